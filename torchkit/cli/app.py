@@ -1,0 +1,84 @@
+"""The Typer app and the error boundary every command runs inside."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import typer
+from typer.core import TyperGroup
+
+from torchkit import __version__
+from torchkit.cli import console
+
+DEBUG_ENV = "TORCHKIT_DEBUG"
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "no")
+
+
+def describe_unexpected(error: BaseException) -> tuple[str, str]:
+    """Turn an exception that escaped core into (what, hint) for the one-line error."""
+    name = type(error).__name__
+    if name == "OutOfMemoryError" or "out of memory" in str(error).lower():
+        return "the GPU ran out of memory", "use a smaller --batch-size, --amp or a smaller model"
+    text = str(error).strip().splitlines()
+    what = f"{name}: {text[0]}" if text else name
+    return what, f"set {DEBUG_ENV}=1 to see the traceback"
+
+
+class TorchkitGroup(TyperGroup):
+    """Runs commands so that failures end in one `Error: <what> (<hint>)` line on stderr."""
+
+    def invoke(self, ctx):
+        from torchkit.core.errors import TorchkitError
+
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise
+        except TorchkitError as error:
+            _report(error, str(error))
+            raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            console.stderr.print("Interrupted.")
+            raise typer.Exit(130) from None
+        except Exception as error:
+            what, hint = describe_unexpected(error)
+            _report(error, f"{what} ({hint})")
+            raise typer.Exit(1) from None
+
+
+def _report(error: BaseException, line: str) -> None:
+    if debug_enabled():
+        console.stderr.print("".join(traceback.format_exception(error)), markup=False, highlight=False)
+    console.stderr.print(f"[bold red]Error:[/] {line}", highlight=False, soft_wrap=True, markup=True)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"torchkit {__version__}")
+        raise typer.Exit()
+
+
+app = typer.Typer(
+    cls=TorchkitGroup,
+    name="torchkit",
+    help="Train, evaluate and inspect PyTorch image models from the shell.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", help="Show the version and exit.", callback=_version_callback,
+        is_eager=True,
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show informational logs on stderr."),
+) -> None:
+    console.install_log_handler(verbose)

@@ -1,0 +1,49 @@
+"""Options shared by several commands, so each is spelled and documented once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from torchkit.cli.render import OutputFormat
+
+
+def _complete_device(incomplete: str) -> list[str]:
+    return [d for d in ("auto", "cpu", "cuda", "cuda:0", "cuda:1", "mps") if d.startswith(incomplete)]
+
+
+FormatOption = Annotated[
+    OutputFormat, typer.Option("--format", help="Output format.", case_sensitive=False)
+]
+OutputOption = Annotated[
+    Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
+    typer.Option("--output", "-o", help="Write the result to FILE instead of stdout.", dir_okay=False),
+]
+ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing outputs.")]
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        "--device", help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_device
+    ),
+]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed for Python, NumPy and torch.")]
+DeterministicOption = Annotated[
+    bool,
+    typer.Option("--deterministic", help="Also make cuDNN and torch use deterministic algorithms."),
+]
+TrustCheckpointOption = Annotated[
+    bool,
+    typer.Option(
+        "--trust-checkpoint",
+        help="Allow checkpoints that hold arbitrary pickled objects (runs code from the file).",
+    ),
+]
+StrictOption = Annotated[
+    bool, typer.Option("--strict", help="Stop at the first unreadable file instead of skipping it.")
+]
+WorkersOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option("--workers", "-j", help="Worker processes (default: a sensible number for this machine).", min=0),
+]

@@ -1,0 +1,122 @@
+"""One implementation of `--format table|csv|json` and `-o/--output FILE` for every command."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from torchkit.cli import console
+from torchkit.core.files import atomic_write_text, check_output
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+@dataclass
+class Table:
+    """Rows for the table and CSV formats. `columns` are the header labels."""
+
+    columns: list[str]
+    rows: list[Sequence[Any]]
+    title: str | None = None
+    align_right: set[str] = field(default_factory=set)
+
+
+def format_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(format_cell(v) for v in value)
+    return str(value)
+
+
+def to_json_value(value: Any) -> Any:
+    """Plain JSON: NaN and infinities become null, tuples lists, paths strings."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return to_json_value(value.item())
+    return value
+
+
+def render_json(data: Any) -> str:
+    return json.dumps(to_json_value(data), indent=2, ensure_ascii=False) + "\n"
+
+
+def render_csv(table: Table) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(table.columns)
+    for row in table.rows:
+        writer.writerow(["" if v is None else v for v in row])
+    return buffer.getvalue()
+
+
+def rich_table(table: Table) -> RichTable:
+    rendered = RichTable(title=table.title, title_justify="left", header_style="bold")
+    for column in table.columns:
+        rendered.add_column(column, justify="right" if column in table.align_right else "left")
+    for row in table.rows:
+        rendered.add_row(*(format_cell(v) for v in row))
+    return rendered
+
+
+def emit(
+    *,
+    tables: list[Table],
+    data: Any,
+    fmt: OutputFormat = OutputFormat.table,
+    output: Path | None = None,
+    force: bool = False,
+    csv_table: int = 0,
+) -> None:
+    """Write the result: tables (one or more), CSV of `tables[csv_table]`, or `data` as JSON;
+    to stdout, or atomically to `output` (which needs --force to replace an existing file)."""
+    if output is not None:
+        check_output(output, force)
+    if fmt == OutputFormat.json:
+        text = render_json(data)
+    elif fmt == OutputFormat.csv:
+        text = render_csv(tables[csv_table])
+    elif output is None:
+        for table in tables:
+            console.stdout.print(rich_table(table))
+        return
+    else:
+        buffer = io.StringIO()
+        plain = Console(file=buffer, width=200, no_color=True, color_system=None)
+        for table in tables:
+            plain.print(rich_table(table))
+        text = buffer.getvalue()
+    if output is None:
+        # Plain write, not rich: machine-readable output must not be wrapped or styled.
+        console.stdout.file.write(text)
+        console.stdout.file.flush()
+    else:
+        atomic_write_text(output, text)
+        console.note(f"wrote {output}")

@@ -1,0 +1,1 @@
+"""The torchkit library: one module per command, no CLI code, no printing."""

@@ -1,0 +1,149 @@
+"""Loading and saving checkpoints safely.
+
+A torchkit checkpoint is a dict of tensors and plain Python values, so it loads with
+`torch.load(..., weights_only=True)`: loading never runs code from the file. Arbitrary pickles
+(a whole pickled `nn.Module`, say) load only with `trust=True` (`--trust-checkpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.errors import CheckpointError
+from torchkit.core.files import atomic_path, require_input
+
+FORMAT_VERSION = 1
+CHECKPOINT_KEYS = (
+    "format_version",
+    "torchkit_version",
+    "arch",
+    "num_classes",
+    "classes",
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "epoch",
+    "global_step",
+    "best_metric",
+    "rng_state",
+    "config",
+    "preprocess",
+)
+
+
+def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
+    """Load a checkpoint on the CPU, whatever device it was saved from."""
+    import torch
+
+    source = require_input(path, what="checkpoint", kind="file")
+    if source.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
+    if source.suffix == ".safetensors":
+        return _load_safetensors(source)
+    try:
+        return torch.load(source, map_location="cpu", weights_only=not trust)
+    except pickle.UnpicklingError as error:
+        if trust:
+            raise CheckpointError(f"cannot unpickle checkpoint {source}: {error}") from error
+        raise CheckpointError(
+            f"{source} holds objects other than tensors and plain values (a pickled model?)",
+            "pass --trust-checkpoint to load it anyway, only if you trust where it came from",
+        ) from error
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
+        raise CheckpointError(
+            f"cannot read checkpoint {source}: {_first_line(error)}",
+            "the file may be truncated or not a PyTorch checkpoint",
+        ) from error
+
+
+def _load_safetensors(source: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(source), device="cpu")
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"cannot read safetensors file {source}: {error}") from error
+
+
+def save_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Write atomically: killing the process at any moment leaves the previous file intact."""
+    import torch
+
+    with atomic_path(path) as tmp:
+        torch.save(dict(checkpoint), tmp)
+
+
+def is_torchkit_checkpoint(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and "format_version" in obj and "model" in obj
+
+
+def extract_state_dict(obj: Any) -> dict:
+    """The model weights of a torchkit checkpoint, a plain state dict, a common wrapper
+    (`{'state_dict': ...}`, `{'model': ...}`), or a pickled module (trusted loading only)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return strip_module_prefix(obj.state_dict())
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"a checkpoint holding a {type(obj).__name__} has no model weights")
+    if is_torchkit_checkpoint(obj):
+        return strip_module_prefix(obj["model"])
+    if obj and all(isinstance(value, torch.Tensor) for value in obj.values()):
+        return strip_module_prefix(obj)
+    for key in ("model_ema", "state_dict", "model", "model_state_dict", "net", "module"):
+        if key in obj:
+            return extract_state_dict(obj[key])
+    raise CheckpointError(
+        "cannot find model weights in the checkpoint",
+        f"its top-level keys are: {', '.join(map(str, list(obj)[:10]))}",
+    )
+
+
+def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
+    """Remove the `module.` prefix (DataParallel/DDP) and `_orig_mod.` (torch.compile)."""
+    cleaned = {}
+    for key, value in state_dict.items():
+        for prefix in ("module.", "_orig_mod."):
+            if key.startswith(prefix):
+                key = key[len(prefix) :]
+        cleaned[key] = value
+    return cleaned
+
+
+def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "checkpoint") -> None:
+    """`load_state_dict(strict=True)` with a one-line summary of what does not fit."""
+    own = model.state_dict()
+    missing = [key for key in own if key not in state_dict]
+    unexpected = [key for key in state_dict if key not in own]
+    mismatched = [
+        f"{key} {tuple(state_dict[key].shape)} vs {tuple(own[key].shape)}"
+        for key in own
+        if key in state_dict
+        and hasattr(state_dict[key], "shape")
+        and tuple(state_dict[key].shape) != tuple(own[key].shape)
+    ]
+    if missing or unexpected or mismatched:
+        parts = []
+        if mismatched:
+            parts.append(f"{len(mismatched)} shape mismatches (first: {mismatched[0]})")
+        if missing:
+            parts.append(f"{len(missing)} missing keys (first: {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected keys (first: {unexpected[0]})")
+        raise CheckpointError(
+            f"the weights in {source} do not fit the model: " + "; ".join(parts),
+            "check --model and --num-classes",
+        )
+    model.load_state_dict(state_dict, strict=True)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

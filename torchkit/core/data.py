@@ -1,0 +1,365 @@
+"""Datasets: image folders, split roots, CSV indexes and the built-in `digits`; transforms; a
+Dataset that skips unreadable images instead of crashing the DataLoader."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.errors import InputError, UsageError
+
+IMAGE_EXTENSIONS = frozenset(
+    {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".jfif"}
+)
+SPLIT_NAMES = ("train", "val", "test")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DIGITS = "digits"
+
+
+@dataclass
+class Samples:
+    """A labelled set of images: files on disk (`paths`) or arrays in memory (`images`)."""
+
+    classes: list[str]
+    labels: list[int]
+    paths: list[str] | None = None
+    images: Any = None  # uint8 array (N, H, W) or (N, H, W, C) for in-memory data
+    source: str = ""
+    ids: list[str] = field(default_factory=list)  # a printable name per sample
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices: Sequence[int]) -> Samples:
+        return Samples(
+            classes=self.classes,
+            labels=[self.labels[i] for i in indices],
+            paths=None if self.paths is None else [self.paths[i] for i in indices],
+            images=None if self.images is None else self.images[list(indices)],
+            source=self.source,
+            ids=[self.ids[i] for i in indices] if self.ids else [],
+        )
+
+    def class_counts(self) -> list[int]:
+        counts = [0] * len(self.classes)
+        for label in self.labels:
+            counts[label] += 1
+        return counts
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def stratified_split(
+    labels: Sequence[int], fractions: Sequence[float], seed: int
+) -> list[list[int]]:
+    """Split indices class by class in the given proportions, seeded and reproducible.
+
+    Counts per class are allocated by largest remainder, so every part that is due a share gets
+    one; each class is shuffled with its own generator seeded from (seed, label) so adding a
+    class does not change how the others are split.
+    """
+    import numpy as np
+
+    total = float(sum(fractions))
+    weights = [f / total for f in fractions]
+    parts: list[list[int]] = [[] for _ in fractions]
+    by_class: dict[int, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_class.setdefault(label, []).append(index)
+    for label in sorted(by_class):
+        members = by_class[label]
+        rng = np.random.default_rng([seed, label])
+        order = [members[i] for i in rng.permutation(len(members))]
+        counts = largest_remainder_counts(len(order), weights)
+        start = 0
+        for part, count in zip(parts, counts, strict=True):
+            part.extend(order[start : start + count])
+            start += count
+    return [sorted(part) for part in parts]
+
+
+def largest_remainder_counts(n: int, weights: Sequence[float]) -> list[int]:
+    """Integers summing to n, proportional to weights (Hamilton's method)."""
+    exact = [n * w for w in weights]
+    counts = [int(x) for x in exact]
+    remainders = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in remainders[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def digits_splits() -> dict[str, Samples]:
+    """scikit-learn's 1,797 real 8x8 digits, split 80/10/10 stratified with seed 0."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    # Pixel values are 0..16; scale to 0..255 so they behave like any 8-bit grayscale image.
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = [int(y) for y in bunch.target]
+    classes = [str(c) for c in range(10)]
+    ids = [f"digits/{i:04d}" for i in range(len(labels))]
+    everything = Samples(classes, labels, images=images, source=DIGITS, ids=ids)
+    parts = stratified_split(labels, (0.8, 0.1, 0.1), seed=0)
+    return {name: everything.subset(part) for name, part in zip(SPLIT_NAMES, parts, strict=True)}
+
+
+def discover_image_folder(
+    root: str | os.PathLike, *, classes: Sequence[str] | None = None, allow_empty_classes=True
+) -> Samples:
+    """`ROOT/<class>/<image>` (searched recursively inside each class folder)."""
+    folder = Path(root)
+    if not folder.is_dir():
+        raise InputError(f"dataset folder not found: {folder}", "check --data")
+    class_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not class_dirs:
+        if any(is_image_file(p) for p in folder.iterdir()):
+            raise InputError(
+                f"{folder} holds images but no class folders",
+                "arrange it as ROOT/<class>/<image>",
+            )
+        raise InputError(f"no class folders in {folder}", "arrange it as ROOT/<class>/<image>")
+    names = [d.name for d in class_dirs]
+    class_list = list(classes) if classes is not None else names
+    index_of = {name: i for i, name in enumerate(class_list)}
+    unknown = [name for name in names if name not in index_of]
+    if unknown:
+        raise InputError(
+            f"class folder(s) {', '.join(unknown[:5])} in {folder} are not among the model's "
+            f"{len(class_list)} classes",
+            "the classes are: " + ", ".join(class_list[:10]) + (" ..." if len(class_list) > 10 else ""),
+        )
+    paths, labels = [], []
+    for class_dir in class_dirs:
+        files = sorted(
+            str(p) for p in class_dir.rglob("*") if p.is_file() and is_image_file(p)
+        )
+        paths.extend(files)
+        labels.extend([index_of[class_dir.name]] * len(files))
+    if not paths:
+        raise InputError(f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS)))
+    ids = [os.path.relpath(p, folder) for p in paths]
+    return Samples(class_list, labels, paths=paths, source=str(folder), ids=ids)
+
+
+def read_csv_index(
+    csv_path: str | os.PathLike, *, classes: Sequence[str] | None = None
+) -> Samples:
+    """A CSV with `path,label` columns; relative paths are relative to the CSV's folder.
+    Labels are class names (or integers, taken as names too unless `classes` says otherwise)."""
+    source = Path(csv_path)
+    if not source.is_file():
+        raise InputError(f"CSV index not found: {source}")
+    with source.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not {"path", "label"} <= set(reader.fieldnames):
+            raise InputError(
+                f"{source} needs `path` and `label` columns", f"it has: {reader.fieldnames}"
+            )
+        rows = [(row["path"], row["label"]) for row in reader]
+    if not rows:
+        raise InputError(f"no rows in CSV index {source}")
+    names = sorted({label for _, label in rows}, key=_natural_key)
+    class_list = list(classes) if classes is not None else names
+    index_of = {name: i for i, name in enumerate(class_list)}
+    unknown = [name for name in names if name not in index_of]
+    if unknown:
+        raise InputError(f"label(s) {', '.join(unknown[:5])} in {source} are not known classes")
+    base = source.parent
+    paths = [str(p if os.path.isabs(p) else base / p) for p, _ in rows]
+    labels = [index_of[label] for _, label in rows]
+    return Samples(class_list, labels, paths=paths, source=str(source), ids=[p for p, _ in rows])
+
+
+def _natural_key(text: str):
+    return (0, int(text), "") if text.strip().lstrip("-").isdigit() else (1, 0, text)
+
+
+def load_samples(path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
+    """An image folder or a CSV index."""
+    if str(path).lower().endswith(".csv"):
+        return read_csv_index(path, classes=classes)
+    return discover_image_folder(path, classes=classes)
+
+
+def resolve_splits(
+    data: str, *, val_split: float | None = None, seed: int = 0
+) -> dict[str, Samples]:
+    """The train/val(/test) sets named by `--data`.
+
+    `digits`; a root with `train/` and `val/` (and optionally `test/`); or one image folder or
+    CSV index split on the fly into train and val with `val_split` (stratified, seeded).
+    """
+    if data == DIGITS:
+        return digits_splits()
+    root = Path(data)
+    if not root.exists():
+        raise InputError(f"dataset not found: {root}", "give a folder, a CSV index or `digits`")
+    if root.is_dir() and (root / "train").is_dir():
+        train = load_samples(root / "train")
+        splits = {"train": train}
+        for name in ("val", "test"):
+            if (root / name).is_dir():
+                splits[name] = load_samples(root / name, classes=train.classes)
+        if "val" not in splits:
+            if not val_split:
+                raise InputError(f"{root} has train/ but no val/", "add val/ or pass --val-split")
+            return _split_on_the_fly(train, val_split, seed) | (
+                {"test": splits["test"]} if "test" in splits else {}
+            )
+        return splits
+    whole = load_samples(root)
+    if not val_split:
+        raise UsageError(
+            f"{root} is a single image set, not a train/val root", "pass --val-split 0.1"
+        )
+    return _split_on_the_fly(whole, val_split, seed)
+
+
+def _split_on_the_fly(whole: Samples, val_split: float, seed: int) -> dict[str, Samples]:
+    if not 0 < val_split < 1:
+        raise UsageError(f"--val-split must be between 0 and 1, not {val_split}")
+    train_idx, val_idx = stratified_split(whole.labels, (1 - val_split, val_split), seed)
+    return {"train": whole.subset(train_idx), "val": whole.subset(val_idx)}
+
+
+@dataclass
+class Preprocess:
+    """What eval-time preprocessing a model expects; stored in every torchkit checkpoint."""
+
+    image_size: int = 224
+    resize_size: int = 256
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    in_channels: int = 3
+    interpolation: str = "bilinear"
+
+    def to_dict(self) -> dict:
+        return {
+            "image_size": self.image_size,
+            "resize_size": self.resize_size,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "in_channels": self.in_channels,
+            "interpolation": self.interpolation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Preprocess:
+        data = data or {}
+        default = cls()
+        return cls(
+            image_size=int(data.get("image_size", default.image_size)),
+            resize_size=int(data.get("resize_size", default.resize_size)),
+            mean=tuple(float(v) for v in data.get("mean", default.mean)),
+            std=tuple(float(v) for v in data.get("std", default.std)),
+            in_channels=int(data.get("in_channels", default.in_channels)),
+            interpolation=str(data.get("interpolation", default.interpolation)),
+        )
+
+
+def eval_transform(preprocess: Preprocess):
+    """Resize the shorter side, centre-crop, to tensor, normalise (torchvision's eval recipe)."""
+    from torchvision import transforms as T
+
+    mode = T.InterpolationMode(preprocess.interpolation)
+    return T.Compose(
+        [
+            T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
+            T.CenterCrop(preprocess.image_size),
+            T.ToTensor(),
+            T.Normalize(preprocess.mean, preprocess.std),
+        ]
+    )
+
+
+def train_transform(
+    preprocess: Preprocess, *, flip: bool = True, crop_scale: tuple[float, float] = (0.08, 1.0)
+):
+    """RandomResizedCrop + horizontal flip, to tensor, normalise (torchvision's train recipe)."""
+    from torchvision import transforms as T
+
+    mode = T.InterpolationMode(preprocess.interpolation)
+    steps = [T.RandomResizedCrop(preprocess.image_size, scale=crop_scale, interpolation=mode, antialias=True)]
+    if flip:
+        steps.append(T.RandomHorizontalFlip())
+    steps += [T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)]
+    return T.Compose(steps)
+
+
+def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
+    """A torch Dataset over `samples` whose items are (tensor, label, index, error).
+
+    An unreadable image gives `(None, label, index, "path: reason")` instead of raising, so one
+    corrupt file does not kill a DataLoader worker; `collate_skipping_unreadable` drops it and
+    reports it to the main process, which counts it (or stops, with --strict).
+    """
+    import torch
+    from PIL import Image
+
+    class _ImageDataset(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(samples)
+
+        def __getitem__(self, index: int):
+            label = samples.labels[index]
+            try:
+                if samples.images is not None:
+                    image = Image.fromarray(samples.images[index])
+                else:
+                    with Image.open(samples.paths[index]) as handle:
+                        image = handle.convert(mode)
+                if image.mode != mode:
+                    image = image.convert(mode)
+                return transform(image), label, index, ""
+            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+                name = samples.paths[index] if samples.paths else str(index)
+                return None, label, index, f"{name}: {error}"
+
+    return _ImageDataset()
+
+
+@dataclass
+class Batch:
+    images: Any
+    labels: Any
+    indices: Any
+    errors: list[str]
+
+
+def collate_skipping_unreadable(items: list) -> Batch:
+    import torch
+
+    good = [item for item in items if item[0] is not None]
+    errors = [item[3] for item in items if item[0] is None]
+    if not good:
+        return Batch(None, None, None, errors)
+    return Batch(
+        torch.stack([item[0] for item in good]),
+        torch.tensor([item[1] for item in good], dtype=torch.long),
+        torch.tensor([item[2] for item in good], dtype=torch.long),
+        errors,
+    )
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed NumPy and `random` in each DataLoader worker from torch's per-worker seed."""
+    import random
+
+    import numpy as np
+    import torch
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def default_workers() -> int:
+    return max(0, min(8, (os.cpu_count() or 1) - 1))

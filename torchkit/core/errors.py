@@ -1,0 +1,43 @@
+"""The exceptions core raises; the CLI turns each into one `Error: <what> (<hint>)` line."""
+
+from __future__ import annotations
+
+
+class TorchkitError(Exception):
+    """A failure the user can act on. `hint` says what to do about it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class UsageError(TorchkitError):
+    """Options that contradict each other or cannot be parsed: exit code 2, like click."""
+
+    exit_code = 2
+
+
+class InputError(TorchkitError):
+    """A missing, empty, unreadable or malformed input file or folder."""
+
+
+class OutputExistsError(TorchkitError):
+    """An output is already there and `--force` was not given."""
+
+
+class CheckpointError(TorchkitError):
+    """A checkpoint that cannot be loaded, or does not fit the model."""
+
+
+class DeviceError(TorchkitError):
+    """A device that was asked for but is not available."""
+
+
+class OfflineError(TorchkitError):
+    """Something needed a download and the network is not reachable."""

@@ -1,0 +1,97 @@
+"""Writing files so that nothing is lost: no silent overwrite, no half-written output."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from torchkit.core.errors import InputError, OutputExistsError
+
+
+def check_output(path: str | os.PathLike, force: bool, *, what: str = "output") -> Path:
+    """Refuse to replace an existing file or non-empty folder unless `force` is set."""
+    target = Path(path)
+    if target.exists() and not force:
+        if target.is_dir() and not any(target.iterdir()):
+            return target
+        raise OutputExistsError(f"{what} already exists: {target}", "pass --force to overwrite it")
+    return target
+
+
+def require_input(path: str | os.PathLike, *, what: str = "input", kind: str = "any") -> Path:
+    """Return `path` if it exists (as a file or folder when `kind` says so), else a clear error."""
+    source = Path(path)
+    if not source.exists():
+        raise InputError(f"{what} not found: {source}", "check the path")
+    if kind == "file" and not source.is_file():
+        raise InputError(f"{what} is not a file: {source}")
+    if kind == "dir" and not source.is_dir():
+        raise InputError(f"{what} is not a folder: {source}")
+    return source
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
+    """Open a temporary file beside `path`; rename it into place only if the block succeeds.
+
+    The temporary file is in the same folder so the final `os.replace` is atomic: a crash or a
+    kill at any moment leaves either the old file or the new one, never a truncated mix.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, mode, **open_kwargs) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_write(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path` for writers that want a file name (torch.save,
+    savefig); it is renamed into place when the block succeeds."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{target.stem}.", suffix=f".tmp{target.suffix}", dir=target.parent
+    )
+    os.close(fd)
+    try:
+        yield Path(tmp_name)
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def prepare_output_dir(path: str | os.PathLike, force: bool, *, what: str = "output folder") -> Path:
+    """Create an output folder; an existing non-empty one needs `force` and is then emptied."""
+    folder = check_output(path, force, what=what)
+    if folder.exists() and not folder.is_dir():
+        raise OutputExistsError(f"{what} is a file, not a folder: {folder}")
+    if force and folder.is_dir() and any(folder.iterdir()):
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
