@@ -52,8 +52,12 @@ class TorchkitGroup(TyperGroup):
 
 def _report(error: BaseException, line: str) -> None:
     if debug_enabled():
-        console.stderr.print("".join(traceback.format_exception(error)), markup=False, highlight=False)
-    console.stderr.print(f"[bold red]Error:[/] {line}", highlight=False, soft_wrap=True, markup=True)
+        console.stderr.print(
+            "".join(traceback.format_exception(error)), markup=False, highlight=False
+        )
+    console.stderr.print(
+        f"[bold red]Error:[/] {line}", highlight=False, soft_wrap=True, markup=True
+    )
 
 
 def _version_callback(value: bool) -> None:
@@ -76,9 +80,15 @@ app = typer.Typer(
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", "-V", help="Show the version and exit.", callback=_version_callback,
+        False,
+        "--version",
+        "-V",
+        help="Show the version and exit.",
+        callback=_version_callback,
         is_eager=True,
     ),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show informational logs on stderr."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Show informational logs on stderr."
+    ),
 ) -> None:
     console.install_log_handler(verbose)

@@ -11,7 +11,9 @@ from torchkit.cli.render import OutputFormat
 
 
 def _complete_device(incomplete: str) -> list[str]:
-    return [d for d in ("auto", "cpu", "cuda", "cuda:0", "cuda:1", "mps") if d.startswith(incomplete)]
+    return [
+        d for d in ("auto", "cpu", "cuda", "cuda:0", "cuda:1", "mps") if d.startswith(incomplete)
+    ]
 
 
 FormatOption = Annotated[
@@ -19,7 +21,9 @@ FormatOption = Annotated[
 ]
 OutputOption = Annotated[
     Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
-    typer.Option("--output", "-o", help="Write the result to FILE instead of stdout.", dir_okay=False),
+    typer.Option(
+        "--output", "-o", help="Write the result to FILE instead of stdout.", dir_okay=False
+    ),
 ]
 ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing outputs.")]
 DeviceOption = Annotated[
@@ -45,5 +49,10 @@ StrictOption = Annotated[
 ]
 WorkersOption = Annotated[
     Optional[int],  # noqa: UP045
-    typer.Option("--workers", "-j", help="Worker processes (default: a sensible number for this machine).", min=0),
+    typer.Option(
+        "--workers",
+        "-j",
+        help="Worker processes (default: a sensible number for this machine).",
+        min=0,
+    ),
 ]

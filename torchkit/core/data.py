@@ -134,24 +134,24 @@ def discover_image_folder(
         raise InputError(
             f"class folder(s) {', '.join(unknown[:5])} in {folder} are not among the model's "
             f"{len(class_list)} classes",
-            "the classes are: " + ", ".join(class_list[:10]) + (" ..." if len(class_list) > 10 else ""),
+            "the classes are: "
+            + ", ".join(class_list[:10])
+            + (" ..." if len(class_list) > 10 else ""),
         )
     paths, labels = [], []
     for class_dir in class_dirs:
-        files = sorted(
-            str(p) for p in class_dir.rglob("*") if p.is_file() and is_image_file(p)
-        )
+        files = sorted(str(p) for p in class_dir.rglob("*") if p.is_file() and is_image_file(p))
         paths.extend(files)
         labels.extend([index_of[class_dir.name]] * len(files))
     if not paths:
-        raise InputError(f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS)))
+        raise InputError(
+            f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS))
+        )
     ids = [os.path.relpath(p, folder) for p in paths]
     return Samples(class_list, labels, paths=paths, source=str(folder), ids=ids)
 
 
-def read_csv_index(
-    csv_path: str | os.PathLike, *, classes: Sequence[str] | None = None
-) -> Samples:
+def read_csv_index(csv_path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
     """A CSV with `path,label` columns; relative paths are relative to the CSV's folder.
     Labels are class names (or integers, taken as names too unless `classes` says otherwise)."""
     source = Path(csv_path)
@@ -176,6 +176,31 @@ def read_csv_index(
     paths = [str(p if os.path.isabs(p) else base / p) for p, _ in rows]
     labels = [index_of[label] for _, label in rows]
     return Samples(class_list, labels, paths=paths, source=str(source), ids=[p for p, _ in rows])
+
+
+def discover_flat_folder(root: str | os.PathLike) -> Samples:
+    """A folder of images with no class folders (searched recursively): one unnamed class ""."""
+    folder = Path(root)
+    if not folder.is_dir():
+        raise InputError(f"folder not found: {folder}", "check the path")
+    paths = sorted(str(p) for p in folder.rglob("*") if p.is_file() and is_image_file(p))
+    if not paths:
+        raise InputError(
+            f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS))
+        )
+    ids = [os.path.relpath(p, folder) for p in paths]
+    return Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)
+
+
+def load_image_set(path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
+    """An image folder (ROOT/<class>/<image>), a CSV index, or a flat folder of images."""
+    source = Path(path)
+    if source.is_dir() and classes is None:
+        has_class_dirs = any(p.is_dir() and not p.name.startswith(".") for p in source.iterdir())
+        has_top_images = any(p.is_file() and is_image_file(p) for p in source.iterdir())
+        if has_top_images or not has_class_dirs:
+            return discover_flat_folder(source)
+    return load_samples(source, classes=classes)
 
 
 def _natural_key(text: str):
@@ -287,7 +312,11 @@ def train_transform(
     from torchvision import transforms as T
 
     mode = T.InterpolationMode(preprocess.interpolation)
-    steps = [T.RandomResizedCrop(preprocess.image_size, scale=crop_scale, interpolation=mode, antialias=True)]
+    steps = [
+        T.RandomResizedCrop(
+            preprocess.image_size, scale=crop_scale, interpolation=mode, antialias=True
+        )
+    ]
     if flip:
         steps.append(T.RandomHorizontalFlip())
     steps += [T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)]

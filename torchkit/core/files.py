@@ -86,7 +86,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-def prepare_output_dir(path: str | os.PathLike, force: bool, *, what: str = "output folder") -> Path:
+def prepare_output_dir(
+    path: str | os.PathLike, force: bool, *, what: str = "output folder"
+) -> Path:
     """Create an output folder; an existing non-empty one needs `force` and is then emptied."""
     folder = check_output(path, force, what=what)
     if folder.exists() and not folder.is_dir():

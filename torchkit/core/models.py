@@ -146,7 +146,9 @@ def _build_from_callable(spec: str, num_classes: int, weights: str | None):
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as error:
-        raise UsageError(f"cannot import model {spec!r}: {error}", "use package.module:Callable")
+        raise UsageError(
+            f"cannot import model {spec!r}: {error}", "use package.module:Callable"
+        ) from error
     params = _accepted_params(factory)
     kwargs = {"num_classes": num_classes} if "num_classes" in params else {}
     model = factory(**kwargs)
@@ -214,7 +216,9 @@ def model_from_checkpoint(checkpoint: dict):
         arch = checkpoint["arch"]
         num_classes = int(checkpoint["num_classes"])
     except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"checkpoint lacks {error}", "is it a torchkit checkpoint?") from error
+        raise CheckpointError(
+            f"checkpoint lacks {error}", "is it a torchkit checkpoint?"
+        ) from error
     preprocess = checkpoint.get("preprocess") or {}
     model = build_model(
         arch,
