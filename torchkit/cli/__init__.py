@@ -11,7 +11,7 @@ import importlib
 from torchkit.cli.app import app
 
 # Each module defines `register(app)`; order is the order of `torchkit --help`.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("video_info",)
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"torchkit.cli.{_name}").register(app)

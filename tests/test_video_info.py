@@ -1,0 +1,480 @@
+"""`torchkit video-info` and `torchkit.core.video`: metadata, exact counts, errors, TSN sampling."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from torchkit.cli import app
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.video import (
+    find_videos,
+    fourcc_to_text,
+    inspect_videos,
+    probe_video,
+    sniff_container,
+    tsn_frame_indices,
+)
+
+runner = CliRunner()
+
+# (name, fourcc, width, height, fps, frames, container, codecs FFmpeg may report for it)
+VIDEO_SPECS = [
+    ("mjpg.avi", "MJPG", 32, 24, 29.97, 17, "avi", {"MJPG"}),
+    ("mpeg4.mp4", "mp4v", 48, 32, 25.0, 10, "mp4", {"FMP4", "mp4v"}),
+    ("mpeg4.mov", "mp4v", 40, 24, 30.0, 8, "mov", {"FMP4", "mp4v"}),
+    ("lossless.mkv", "FFV1", 40, 30, 12.5, 12, "mkv", {"ffv1", "FFV1"}),
+    ("vp8.webm", "VP80", 32, 16, 24.0, 9, "webm", {"VP80", "VP8 "}),
+]
+
+
+def frame_pixels(index: int, width: int, height: int) -> np.ndarray:
+    """A distinct random picture per frame, so a wrong frame index cannot go unnoticed."""
+    return np.random.default_rng(index).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def write_video(path: Path, fourcc: str, width: int, height: int, fps: float, frames: int) -> bool:
+    writer = cv2.VideoWriter(
+        str(path), cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*fourcc), fps, (width, height)
+    )
+    if not writer.isOpened():
+        return False
+    for index in range(frames):
+        writer.write(frame_pixels(index, width, height))
+    writer.release()
+    return path.exists() and path.stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> dict[str, Path]:
+    """The videos this OpenCV build can write (a build without an encoder skips its cases)."""
+    root = tmp_path_factory.mktemp("videos")
+    made = {}
+    for name, fourcc, width, height, fps, frames, _, _ in VIDEO_SPECS:
+        if write_video(root / name, fourcc, width, height, fps, frames):
+            made[name] = root / name
+    return made
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory, videos) -> dict[str, Path]:
+    """Files a real user trips over: truncated, empty, text named .mp4, header-only damage."""
+    root = tmp_path_factory.mktemp("broken")
+    files = {}
+    if "mpeg4.mp4" in videos:  # the moov atom is at the end: cut it off
+        data = videos["mpeg4.mp4"].read_bytes()
+        (root / "truncated.mp4").write_bytes(data[: len(data) // 2])
+        files["truncated"] = root / "truncated.mp4"
+    (root / "empty.mp4").write_bytes(b"")
+    files["empty"] = root / "empty.mp4"
+    (root / "notes.mp4").write_text("these are my holiday notes, not a video\n")
+    files["text"] = root / "notes.mp4"
+    if "vp8.webm" in videos:  # the header still says 9 frames, the data holds fewer
+        data = videos["vp8.webm"].read_bytes()
+        (root / "cut.webm").write_bytes(data[: len(data) * 7 // 10])
+        files["cut_webm"] = root / "cut.webm"
+    return files
+
+
+def need(mapping: dict, key: str) -> Path:
+    if key not in mapping:
+        pytest.skip(f"this OpenCV build cannot write {key}")
+    return mapping[key]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["video-info", *[str(a) for a in args]])
+
+
+def table_text(folder: Path, *args: str) -> str:
+    """The table as a file (-o renders it 200 columns wide, so no cell is cut short)."""
+    target = folder / "table.txt"
+    invoke(*args, "-o", target, "--force")
+    return target.read_text()
+
+
+def json_rows(*args: str) -> tuple[int, list[dict]]:
+    result = invoke(*args, "--format", "json")
+    return result.exit_code, json.loads(result.stdout)
+
+
+# --- TSN sampling: the pure function -------------------------------------------------------------
+
+
+def segment_bounds(n: int, k: int) -> list[tuple[int, int]]:
+    edges = [i * n // k for i in range(k + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(k)]
+
+
+def test_tsn_test_mode_divisible_matches_the_tsn_reference_formula():
+    # The TSN reference: offset (n / K) // 2 into each of K segments of n // K frames.
+    for n, k in [(12, 3), (16, 4), (9, 9), (96, 8)]:
+        step = n // k
+        expected = [step // 2 + step * i for i in range(k)]
+        assert tsn_frame_indices(n, k, "test") == expected
+
+
+def test_tsn_k_equals_one_takes_the_middle_frame_or_any_frame_in_train():
+    assert tsn_frame_indices(10, 1, "test") == [5]
+    assert tsn_frame_indices(1, 1, "test") == [0]
+    draws = {tsn_frame_indices(10, 1, "train", seed)[0] for seed in range(200)}
+    assert draws == set(range(10))  # uniform over the whole video, every frame reachable
+
+
+def test_tsn_k_equals_frames_takes_every_frame_in_both_modes():
+    assert tsn_frame_indices(7, 7, "test") == list(range(7))
+    assert tsn_frame_indices(7, 7, "train", 3) == list(range(7))
+
+
+@pytest.mark.parametrize("mode", ["test", "train"])
+def test_tsn_fewer_frames_than_segments_repeats_in_order(mode):
+    assert tsn_frame_indices(3, 7, mode, 0) == [0, 0, 0, 1, 1, 2, 2]
+    assert tsn_frame_indices(1, 4, mode, 0) == [0, 0, 0, 0]
+    assert tsn_frame_indices(4, 5, mode, 0) == [0, 0, 1, 2, 3]
+
+
+def test_tsn_frames_not_divisible_by_k_use_all_frames():
+    # 10 frames, 3 segments: frames 0-2, 3-5, 6-9 (no frame left out, unlike n // K strides).
+    assert tsn_frame_indices(10, 3, "test") == [1, 4, 8]
+    assert tsn_frame_indices(7, 2, "test") == [1, 5]
+    for n, k in [(10, 3), (11, 4), (101, 7), (5, 4)]:
+        for mode, seed in [("test", None), ("train", 0), ("train", 1)]:
+            indices = tsn_frame_indices(n, k, mode, seed)
+            assert len(indices) == k and indices == sorted(indices)
+            for index, (start, stop) in zip(indices, segment_bounds(n, k), strict=True):
+                assert start <= index < stop
+                if mode == "test":
+                    assert index == start + (stop - start) // 2
+
+
+def test_tsn_train_mode_is_seeded_and_uniform_within_segments():
+    assert tsn_frame_indices(100, 5, "train", 7) == tsn_frame_indices(100, 5, "train", 7)
+    assert tsn_frame_indices(100, 5, "train", 7) != tsn_frame_indices(100, 5, "train", 8)
+    generator = np.random.default_rng(0)
+    draws = np.array([tsn_frame_indices(10, 3, "train", generator) for _ in range(600)])
+    for column, (start, stop) in enumerate(segment_bounds(10, 3)):
+        values, counts = np.unique(draws[:, column], return_counts=True)
+        assert values.tolist() == list(range(start, stop))
+        expected = 600 / (stop - start)
+        assert np.all(np.abs(counts - expected) < 0.3 * expected)
+
+
+def test_tsn_rejects_zero_frames_and_bad_arguments():
+    with pytest.raises(InputError, match="no frames"):
+        tsn_frame_indices(0, 3)
+    with pytest.raises(UsageError):
+        tsn_frame_indices(10, 0)
+    with pytest.raises(UsageError):
+        tsn_frame_indices(10, 3, "middle")
+
+
+# --- small helpers -------------------------------------------------------------------------------
+
+
+def test_sniff_container_and_fourcc():
+    assert sniff_container(b"RIFF\x00\x00\x00\x00AVI LIST") == "avi"
+    assert sniff_container(b"\x00\x00\x00\x1cftypisom") == "mp4"
+    assert sniff_container(b"\x00\x00\x00\x14ftypqt  ") == "mov"
+    assert sniff_container(b"\x1a\x45\xdf\xa3\x9fB\x86\x81\x01B\xf7\x81\x01B\x82\x84webm") == "webm"
+    assert sniff_container(b"\x1a\x45\xdf\xa3\xa3B\x86\x81\x01B\x82\x88matroska") == "mkv"
+    assert sniff_container(b"G" + b"x" * 300) is None  # one 'G' is not an MPEG-TS sync pattern
+    assert sniff_container(b"hello world") is None
+    assert fourcc_to_text(cv2.VideoWriter_fourcc(*"MJPG")) == "MJPG"
+    assert fourcc_to_text(0.0) is None
+
+
+# --- metadata ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", VIDEO_SPECS, ids=[s[0] for s in VIDEO_SPECS])
+def test_every_field_of_generated_videos(videos, spec):
+    name, _, width, height, fps, frames, container, codecs = spec
+    path = need(videos, name)
+    code, rows = json_rows(path)
+    assert code == 0
+    (row,) = rows
+    assert row["path"] == str(path)
+    assert row["size_bytes"] == os.path.getsize(path)
+    assert (row["width"], row["height"]) == (width, height)
+    assert row["frames"] == frames and row["frames_header"] == frames
+    assert row["frames_source"] == "header" and row["frames_decoded"] is None
+    assert row["fps"] == pytest.approx(fps, rel=1e-6)
+    assert row["duration_s"] == pytest.approx(frames / fps, rel=1e-6)
+    assert row["codec"] in codecs
+    assert row["container"] == container
+    assert row["error"] is None and row["frame_indices"] is None
+
+
+def test_fps_is_a_float_not_truncated(tmp_path, videos):
+    path = need(videos, "mjpg.avi")
+    _, (row,) = json_rows(path)
+    assert row["fps"] == 29.97
+    table = table_text(tmp_path, path)
+    assert "29.97 " in table and "0.567" in table and "32x24" in table  # 17 / 29.97 s
+
+
+def test_exact_counts_by_decoding(tmp_path, videos):
+    paths = list(videos.values())
+    code, rows = json_rows(*paths, "--exact")
+    assert code == 0
+    written = {spec[0]: spec[5] for spec in VIDEO_SPECS}
+    for row in rows:
+        expected = written[Path(row["path"]).name]
+        assert row["frames_decoded"] == expected == row["frames"]
+        assert row["frames_source"] == "decoded"
+    assert "frames (decoded)" in table_text(tmp_path, *paths, "--exact")
+    assert "frames (header)" in table_text(tmp_path, *paths)
+
+
+def test_exact_reports_both_counts_when_the_header_is_wrong(tmp_path, broken):
+    cut = need(broken, "cut_webm")
+    reference = cv2.VideoCapture(str(cut), cv2.CAP_FFMPEG)
+    decodable = 0
+    while reference.read()[0]:
+        decodable += 1
+    _, (header_row,) = json_rows(cut)
+    assert header_row["frames"] == 9 and header_row["error"] is None
+    code, (row,) = json_rows(cut, "--exact")
+    assert code == 0
+    assert (row["frames"], row["frames_header"], row["frames_decoded"]) == (decodable, 9, decodable)
+    assert 0 < decodable < 9
+    result = invoke(cut, "--exact")
+    assert "different number of frames" in result.stderr
+    assert f"{decodable} (header 9)" in table_text(tmp_path, cut, "--exact")
+
+
+def test_folders_are_searched_recursively_in_sorted_order_without_hidden_files(tmp_path, videos):
+    source = need(videos, "mjpg.avi")
+    (tmp_path / "b" / "deep").mkdir(parents=True)
+    (tmp_path / "a").mkdir()
+    for target in ["b/deep/z.avi", "a/y.AVI", "x.avi"]:
+        (tmp_path / target).write_bytes(source.read_bytes())
+    (tmp_path / "readme.txt").write_text("not a video")
+    (tmp_path / "._x.avi").write_bytes(b"\x00\x05\x16\x07")  # a macOS resource fork
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "w.avi").write_bytes(source.read_bytes())
+    code, rows = json_rows(tmp_path, tmp_path / "x.avi")  # x.avi named twice: reported once
+    assert code == 0
+    names = [Path(row["path"]).relative_to(tmp_path).as_posix() for row in rows]
+    assert names == ["a/y.AVI", "b/deep/z.avi", "x.avi"]
+    assert all(row["frames"] == 17 for row in rows)
+
+
+def test_csv_has_raw_values_under_the_json_names(videos):
+    path = need(videos, "mjpg.avi")
+    result = invoke(path, "--format", "csv", "--segments", "3")
+    assert result.exit_code == 0
+    (row,) = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert row["size_bytes"] == str(os.path.getsize(path))
+    assert (row["width"], row["height"], row["frames"]) == ("32", "24", "17")
+    assert row["fps"] == "29.97" and float(row["duration_s"]) == pytest.approx(17 / 29.97)
+    assert (row["codec"], row["container"], row["error"]) == ("MJPG", "avi", "")
+    assert row["frame_indices"] == "2 8 14"
+
+
+def test_parallel_and_sequential_give_the_same_rows(videos):
+    paths = list(videos.values())
+    _, sequential = json_rows(*paths, "-j", "0", "-k", "4", "--sample-mode", "train")
+    _, parallel = json_rows(*paths, "-j", "4", "-k", "4", "--sample-mode", "train")
+    assert sequential == parallel
+    assert [row["path"] for row in parallel] == [str(p) for p in paths]
+
+
+def test_progress_callback_counts_every_video(videos):
+    calls = []
+    inspect_videos(list(videos.values()), workers=2, progress=lambda d, t: calls.append((d, t)))
+    total = len(videos)
+    assert calls[0] == (0, total) and calls[-1] == (total, total) and len(calls) == total + 1
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def test_broken_files_are_rows_with_errors_and_exit_1(tmp_path, videos, broken):
+    good = need(videos, "mjpg.avi")
+    paths = [good, broken["empty"], broken["text"], need(broken, "truncated")]
+    result = invoke(*paths, "--format", "json")
+    assert result.exit_code == 1
+    rows = {Path(row["path"]).name: row for row in json.loads(result.stdout)}
+    assert rows["mjpg.avi"]["error"] is None and rows["mjpg.avi"]["frames"] == 17
+    assert rows["empty.mp4"]["error"] == "empty file" and rows["empty.mp4"]["size_bytes"] == 0
+    assert rows["notes.mp4"]["error"] == "not a video file"
+    assert rows["notes.mp4"]["container"] is None and rows["notes.mp4"]["width"] is None
+    assert rows["truncated.mp4"]["error"] == "truncated or corrupt mp4 file"
+    assert rows["truncated.mp4"]["container"] == "mp4"
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: 3 of 4 videos could not be read (see the error column; --skip-errors exits 0)"
+    )
+    assert "Traceback" not in result.stderr
+    table = table_text(tmp_path, *paths)
+    assert "error" in table and "empty file" in table and "truncated or corrupt mp4 file" in table
+
+
+def test_skip_errors_exits_0_with_a_warning(videos, broken):
+    result = invoke(need(videos, "mjpg.avi"), broken["text"], "--skip-errors", "--format", "json")
+    assert result.exit_code == 0
+    assert [row["error"] for row in json.loads(result.stdout)] == [None, "not a video file"]
+    assert "Warning: 1 of 2 videos could not be read" in result.stderr
+
+
+def test_probe_video_never_raises(tmp_path, broken):
+    missing = probe_video(tmp_path / "gone.mp4")
+    assert missing.error and "cannot read" in missing.error
+    assert probe_video(broken["empty"]).error == "empty file"
+
+
+def test_missing_path_and_empty_folder_are_one_line_errors(tmp_path, videos):
+    result = invoke(tmp_path / "nope.mp4")
+    assert result.exit_code == 1
+    assert (
+        result.stderr.strip() == f"Error: path not found: {tmp_path / 'nope.mp4'} (check the path)"
+    )
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "photo.jpg").write_bytes(b"\xff\xd8")
+    result = invoke(tmp_path / "empty")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: no video files in {tmp_path / 'empty'} (looked for ")
+    # Beside other videos an empty folder is only a warning.
+    result = invoke(tmp_path / "empty", need(videos, "mjpg.avi"))
+    assert result.exit_code == 0 and "Warning: no video files in" in result.stderr
+    with pytest.raises(InputError):
+        find_videos([tmp_path / "nope.mp4"])
+
+
+def test_output_file_needs_force(tmp_path, videos):
+    target = tmp_path / "info.json"
+    path = need(videos, "mjpg.avi")
+    assert invoke(path, "--format", "json", "-o", target).exit_code == 0
+    assert json.loads(target.read_text())[0]["frames"] == 17
+    result = invoke(path, "-o", target)
+    assert result.exit_code == 1 and "already exists" in result.stderr
+    assert json.loads(target.read_text())[0]["frames"] == 17  # untouched
+    assert invoke(path, "--format", "csv", "-o", target, "--force").exit_code == 0
+    assert target.read_text().startswith("path,size_bytes,width,height,frames,")
+
+
+# --- segments and frame extraction ---------------------------------------------------------------
+
+
+def test_segments_in_test_and_train_mode(tmp_path, videos):
+    path = need(videos, "mjpg.avi")
+    _, (row,) = json_rows(path, "--segments", "4")
+    assert row["frame_indices"] == tsn_frame_indices(17, 4, "test") == [2, 6, 10, 14]
+    _, (first,) = json_rows(path, "-k", "4", "--sample-mode", "train", "--seed", "5")
+    _, (again,) = json_rows(path, "-k", "4", "--sample-mode", "train", "--seed", "5")
+    assert first["frame_indices"] == again["frame_indices"]
+    for index, (start, stop) in zip(first["frame_indices"], segment_bounds(17, 4), strict=True):
+        assert start <= index < stop
+    by_seed = {
+        seed: json_rows(path, "-k", "4", "--sample-mode", "train", "--seed", seed)[1][0]
+        for seed in ("1", "2", "3")
+    }
+    assert len({tuple(row["frame_indices"]) for row in by_seed.values()}) > 1
+    _, (many,) = json_rows(path, "-k", "20")  # more segments than frames
+    assert many["frame_indices"] == sorted(i % 17 for i in range(20))
+    assert "2 6 10 14" in table_text(tmp_path, path, "-k", "4")
+
+
+def test_extract_frames_writes_the_sampled_frames_losslessly(tmp_path, videos):
+    path = need(videos, "lossless.mkv")  # FFV1: decoded frames equal what was written
+    out = tmp_path / "frames"
+    result = invoke(path, "-k", "3", "--extract-frames", out, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["frame_indices"] == [2, 6, 10]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "lossless_000002.png",
+        "lossless_000006.png",
+        "lossless_000010.png",
+    ]
+    assert row["frame_files"] == [str(out / f"lossless_{i:06d}.png") for i in (2, 6, 10)]
+    for index in (2, 6, 10):
+        written = cv2.imread(str(out / f"lossless_{index:06d}.png"))
+        np.testing.assert_array_equal(written, frame_pixels(index, 40, 30))
+    assert "wrote 3 frames" in result.stderr
+    again = invoke(path, "-k", "3", "--extract-frames", out)
+    assert again.exit_code == 1 and "already exists" in again.stderr
+    assert invoke(path, "-k", "2", "--extract-frames", out, "--force").exit_code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["lossless_000003.png", "lossless_000009.png"]
+
+
+def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
+    source = need(videos, "lossless.mkv")
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "clip.mkv").write_bytes(source.read_bytes())
+    out = tmp_path / "frames"
+    code, rows = json_rows(tmp_path / "one", tmp_path / "two", "-k", "14", "--extract-frames", out)
+    assert code == 0
+    assert rows[0]["frame_indices"] == [0, 0, 1, 1] + list(range(2, 12))
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == 24 and "clip_000011.png" in names and "clip-2_000011.png" in names
+    assert rows[1]["frame_files"][0] == str(out / "clip-2_000000.png")
+
+
+def test_extract_frames_past_a_lying_header_is_an_error_row(tmp_path, broken):
+    cut = need(broken, "cut_webm")
+    # 9 segments of the 9 frames the header promises: the last one cannot be decoded.
+    result = invoke(cut, "-k", "9", "--extract-frames", tmp_path / "f", "--format", "json")
+    assert result.exit_code == 1
+    (row,) = json.loads(result.stdout)
+    assert "past the end" in row["error"] and "--exact" in row["error"]
+    exact = invoke(
+        cut, "-k", "9", "--extract-frames", tmp_path / "g", "--exact", "--format", "json"
+    )
+    assert exact.exit_code == 0
+    assert json.loads(exact.stdout)[0]["error"] is None
+
+
+def test_extract_frames_needs_segments(tmp_path, videos):
+    result = invoke(need(videos, "mjpg.avi"), "--extract-frames", tmp_path / "f")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: --extract-frames needs --segments K")
+    assert invoke(need(videos, "mjpg.avi"), "--segments", "0").exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("frames", "message"),
+    [(0, "the video has no frames to sample"), (None, "the container does not say how many")],
+)
+def test_zero_or_unknown_frame_count_is_an_error_row_when_sampling(
+    monkeypatch, videos, frames, message
+):
+    import torchkit.core.video as video
+
+    original = video.probe_video
+
+    def without_frames(path, *, exact=False):
+        info = original(path, exact=exact)
+        info.frames = frames
+        return info
+
+    monkeypatch.setattr(video, "probe_video", without_frames)
+    (info,) = inspect_videos([need(videos, "mjpg.avi")], segments=3)
+    assert info.error.startswith(message) and info.frame_indices is None
+
+
+# --- fast start ----------------------------------------------------------------------------------
+
+
+def test_help_does_not_import_cv2_or_torch():
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from torchkit.cli import app\n"
+        "result = CliRunner().invoke(app, ['video-info', '--help'])\n"
+        "assert result.exit_code == 0 and '--segments' in result.stdout, result.stdout\n"
+        "heavy = {'cv2', 'torch'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,0 +1,250 @@
+"""`torchkit video-info`: metadata of videos, exact frame counts, TSN segment sampling."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.options import ForceOption, FormatOption, OutputOption
+from torchkit.cli.render import OutputFormat, Table, emit
+
+CSV_COLUMNS = [
+    "path",
+    "size_bytes",
+    "width",
+    "height",
+    "frames",
+    "frames_source",
+    "frames_header",
+    "frames_decoded",
+    "fps",
+    "duration_s",
+    "codec",
+    "container",
+    "frame_indices",
+    "frame_files",
+    "error",
+]
+
+
+class SampleMode(str, Enum):
+    test = "test"
+    train = "train"
+
+
+def video_info(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Video files, or folders searched recursively for video files.",
+            metavar="PATH",
+            show_default=False,
+        ),
+    ],
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Count frames by decoding them (slow, but right where container headers are "
+            "estimates: variable frame rate, some AVI/MKV/WebM/MPEG files).",
+        ),
+    ] = False,
+    skip_errors: Annotated[
+        bool,
+        typer.Option("--skip-errors", help="Exit 0 even when some videos could not be read."),
+    ] = False,
+    segments: Annotated[
+        Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--segments",
+            "-k",
+            min=1,
+            metavar="K",
+            help="Also give the K frame indices Temporal Segment Networks sample: one frame "
+            "from each of K equal segments.",
+            show_default=False,
+        ),
+    ] = None,
+    sample_mode: Annotated[
+        SampleMode,
+        typer.Option(
+            "--sample-mode",
+            case_sensitive=False,
+            help="test: the middle frame of each segment; train: a random frame of each.",
+        ),
+    ] = SampleMode.test,
+    seed: Annotated[
+        int,
+        typer.Option("--seed", help="Seed of the train-mode sampling (same seed, same frames)."),
+    ] = 0,
+    extract_frames: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--extract-frames",
+            help="Write the sampled frames to DIR as PNG files <video>_<frame>.png.",
+            file_okay=False,
+            metavar="DIR",
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--workers",
+            "-j",
+            min=0,
+            help="Videos read at the same time (threads; default: twice the CPU count, "
+            "0 or 1: one at a time).",
+            show_default=False,
+        ),
+    ] = None,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Width, height, frames, fps, duration, codec, container and size of videos.
+
+    Unreadable, truncated or non-video files are reported as rows with an error, and the exit
+    code is 1 at the end (0 with --skip-errors).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from torchkit.core.errors import InputError
+    from torchkit.core.files import check_output
+    from torchkit.core.video import inspect_videos
+
+    if output is not None:
+        check_output(output, force)  # fail before the work, not after it
+    with Progress(
+        TextColumn("reading videos"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console.stderr,
+        disable=not console.stderr.is_terminal,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("videos", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        infos = inspect_videos(
+            paths,
+            exact=exact,
+            segments=segments,
+            sample_mode=sample_mode.value,
+            seed=seed,
+            extract_dir=extract_frames,
+            force=force,
+            workers=workers,
+            progress=advance,
+        )
+
+    if fmt == OutputFormat.csv:
+        table = _csv_table(infos)
+    else:
+        table = _table(infos, exact=exact, segments=segments is not None)
+    emit(
+        tables=[table],
+        data=[info.to_dict() for info in infos],
+        fmt=fmt,
+        output=output,
+        force=force,
+    )
+    differing = sum(info.frames_differ for info in infos)
+    if differing:
+        console.note(
+            f"{differing} of {len(infos)} videos decode to a different number of frames than "
+            "their header says"
+        )
+    if extract_frames is not None:
+        written = {f for info in infos for f in info.frame_files or []}
+        console.note(f"wrote {len(written)} frames to {extract_frames}")
+    failed = sum(info.error is not None for info in infos)
+    if failed and skip_errors:
+        console.warn(f"{failed} of {len(infos)} videos could not be read")
+    elif failed:
+        raise InputError(
+            f"{failed} of {len(infos)} videos could not be read",
+            "see the error column; --skip-errors exits 0",
+        )
+
+
+def _table(infos: list, *, exact: bool, segments: bool) -> Table:
+    """The terminal table: sizes, fps and durations formatted for people."""
+    frames_label = "frames (decoded)" if exact else "frames (header)"
+    columns = ["path", "size", "resolution", frames_label, "fps", "duration (s)", "codec"]
+    columns.append("container")
+    if segments:
+        columns.append("frame indices")
+    if any(info.error for info in infos):
+        columns.append("error")
+    rows = []
+    for info in infos:
+        frames: Any = info.frames
+        if info.frames_differ:
+            frames = f"{info.frames} (header {info.frames_header})"
+        resolution = None if info.width is None else f"{info.width}x{info.height}"
+        row: list[Any] = [
+            info.path,
+            _human_size(info.size_bytes),
+            resolution,
+            frames,
+            _format_fps(info.fps),
+            None if info.duration_s is None else f"{info.duration_s:.3f}",
+            info.codec,
+            info.container,
+        ]
+        if segments:
+            row.append(_join(info.frame_indices, " "))
+        if "error" in columns:
+            row.append(info.error)
+        rows.append(row)
+    table = Table(
+        columns=columns,
+        rows=rows,
+        align_right={"size", "resolution", frames_label, "fps", "duration (s)"},
+    )
+    return table
+
+
+def _csv_table(infos: list) -> Table:
+    """The CSV form: raw values (bytes, full-precision fps) under the JSON key names."""
+    return Table(columns=CSV_COLUMNS, rows=[_csv_row(info) for info in infos])
+
+
+def _csv_row(info) -> list[Any]:
+    values = info.to_dict()
+    values["frame_indices"] = _join(info.frame_indices, " ")
+    values["frame_files"] = _join(info.frame_files, ";")
+    return [values[column] for column in CSV_COLUMNS]
+
+
+def _join(values: list | None, separator: str) -> str | None:
+    return None if values is None else separator.join(str(v) for v in values)
+
+
+def _format_fps(fps: float | None) -> str | None:
+    """29.97 stays 29.97 and 25.0 shows as 25 (3 decimals at most; JSON/CSV carry all of them)."""
+    if fps is None:
+        return None
+    return f"{fps:.3f}".rstrip("0").rstrip(".")
+
+
+def _human_size(size: int | None) -> str | None:
+    if size is None:
+        return None
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("video-info")(video_info)

@@ -1,0 +1,481 @@
+"""Video metadata (size, frames, fps, duration, codec, container) read with OpenCV, many files at
+once; exact frame counting by decoding; Temporal Segment Network (TSN) frame sampling.
+
+OpenCV is imported inside functions only, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.files import atomic_write_bytes, prepare_output_dir
+
+logger = logging.getLogger("torchkit")
+
+VIDEO_EXTENSIONS = frozenset(
+    {
+        ".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".flv", ".wmv", ".asf", ".mpg", ".mpeg",
+        ".m2v", ".ts", ".mts", ".m2ts", ".3gp", ".3g2", ".ogv", ".mxf", ".vob", ".dv", ".y4m",
+    }
+)  # fmt: skip
+SAMPLE_MODES = ("test", "train")
+SNIFF_BYTES = 512  # enough for an EBML DocType and two MPEG-TS packet starts
+
+ProgressCallback = Callable[[int, int], None]  # (videos done, videos in total)
+
+
+@dataclass
+class VideoInfo:
+    """What is known about one video. `frames` is the count shown: `frames_decoded` when frames
+    were counted by decoding (`frames_source == "decoded"`), else the container's estimate."""
+
+    path: str
+    size_bytes: int | None = None
+    width: int | None = None
+    height: int | None = None
+    frames: int | None = None
+    frames_source: str | None = None
+    frames_header: int | None = None
+    frames_decoded: int | None = None
+    fps: float | None = None
+    duration_s: float | None = None
+    codec: str | None = None
+    container: str | None = None
+    frame_indices: list[int] | None = None
+    frame_files: list[str] | None = None
+    error: str | None = None
+
+    @property
+    def frames_differ(self) -> bool:
+        return (
+            self.frames_decoded is not None
+            and self.frames_header is not None
+            and self.frames_decoded != self.frames_header
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size_bytes": self.size_bytes,
+            "width": self.width,
+            "height": self.height,
+            "frames": self.frames,
+            "frames_source": self.frames_source,
+            "frames_header": self.frames_header,
+            "frames_decoded": self.frames_decoded,
+            "fps": self.fps,
+            "duration_s": self.duration_s,
+            "codec": self.codec,
+            "container": self.container,
+            "frame_indices": self.frame_indices,
+            "frame_files": self.frame_files,
+            "error": self.error,
+        }
+
+
+@dataclass
+class SegmentOptions:
+    """TSN sampling for each video, and where to write the sampled frames (if anywhere)."""
+
+    num_segments: int
+    mode: str = "test"
+    seed: int = 0
+    extract_dir: Path | None = None
+    names: dict[str, str] = field(default_factory=dict)  # video path -> file name prefix
+
+
+# --- TSN sampling -------------------------------------------------------------------------------
+
+
+def tsn_frame_indices(
+    num_frames: int, num_segments: int, mode: str = "test", rng: Any = None
+) -> list[int]:
+    """The `num_segments` sorted frame indices Temporal Segment Networks sample from a video.
+
+    The frames are cut into K segments as equal as integers allow (segment i holds frames
+    `i*n//K` up to `(i+1)*n//K - 1`, so no frame is left out). Test mode takes the middle frame of
+    each segment; train mode one uniformly random frame of each (`rng`: a seed or a
+    `numpy.random.Generator`). With fewer frames than segments, every frame is taken once and the
+    rest repeated in order (0, 1, 2, 0, 1, ...), sorted, in both modes: exactly K indices.
+    """
+    if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 1:
+        raise UsageError(f"the number of segments must be a positive integer, not {num_segments}")
+    if mode not in SAMPLE_MODES:
+        raise UsageError(f"unknown sample mode {mode!r}", "use 'test' or 'train'")
+    if num_frames is None or num_frames < 1:
+        raise InputError(
+            "the video has no frames to sample",
+            "check the file, or pass --exact to count frames by decoding",
+        )
+    n, k = int(num_frames), num_segments
+    if n < k:
+        return sorted(i % n for i in range(k))
+    bounds = [i * n // k for i in range(k + 1)]
+    lengths = [bounds[i + 1] - bounds[i] for i in range(k)]
+    if mode == "test":
+        # The upper middle for even lengths, as in the TSN reference (offset (n / K) // 2).
+        return [bounds[i] + lengths[i] // 2 for i in range(k)]
+    import numpy as np
+
+    generator = np.random.default_rng(rng)
+    offsets = generator.integers(0, lengths)
+    return [bounds[i] + int(offsets[i]) for i in range(k)]
+
+
+# --- finding videos -----------------------------------------------------------------------------
+
+
+def is_video_file(path: str | os.PathLike) -> bool:
+    return Path(path).suffix.lower() in VIDEO_EXTENSIONS
+
+
+def _is_visible_video(path: Path, root: Path) -> bool:
+    # Hidden files are not videos to report: macOS leaves "._clip.mp4" resource forks beside
+    # every clip on shared drives, and tools keep caches in dot-folders.
+    hidden = any(part.startswith(".") for part in path.relative_to(root).parts)
+    return not hidden and is_video_file(path) and path.is_file()
+
+
+def find_videos(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Files as given (whatever their extension) and video files found recursively in folders
+    (hidden ones left out), sorted within each folder, each once, in the order given."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    named = [Path(p) for p in paths]
+    if not named:
+        raise UsageError("no video files or folders given", "pass one or more paths")
+    for path in named:
+        if not path.exists():
+            raise InputError(f"path not found: {path}", "check the path")
+        if path.is_dir():
+            videos = sorted(
+                (p for p in path.rglob("*") if _is_visible_video(p, path)),
+                key=lambda p: p.as_posix(),
+            )
+            if not videos:
+                if len(named) == 1:
+                    raise InputError(
+                        f"no video files in {path}",
+                        f"looked for {', '.join(sorted(VIDEO_EXTENSIONS))}",
+                    )
+                logger.warning("no video files in %s", path)
+            candidates = videos
+        else:
+            candidates = [path]
+        for candidate in candidates:
+            key = os.path.normcase(os.path.abspath(candidate))
+            if key not in seen:
+                seen.add(key)
+                found.append(candidate)
+    if not found:
+        raise InputError("no video files found in the given folders", "check the paths")
+    return found
+
+
+# --- reading one video --------------------------------------------------------------------------
+
+
+def sniff_container(head: bytes) -> str | None:
+    """The container format from a file's first bytes (None when it is not one we recognise)."""
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "avi"
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand == b"qt  ":
+            return "mov"
+        return "3gp" if brand.startswith(b"3g") else "mp4"
+    if head[4:8] in (b"moov", b"mdat", b"wide", b"free"):
+        return "mov"
+    if head[:4] == b"\x1a\x45\xdf\xa3":  # EBML: Matroska, or WebM when the DocType says so
+        return "webm" if b"webm" in head else "mkv"
+    if head[:3] == b"FLV":
+        return "flv"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[:4] == b"\x00\x00\x01\xba":
+        return "mpeg-ps"
+    if head[:4] == b"\x00\x00\x01\xb3":
+        return "mpeg-video"
+    if head[:1] == b"\x47" and head[188:189] == b"\x47":  # sync bytes of two 188-byte packets
+        return "mpeg-ts"
+    if head[:8] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11":
+        return "asf"
+    if head[:9] == b"YUV4MPEG2":
+        return "y4m"
+    if head[:4] == b"\x06\x0e\x2b\x34":
+        return "mxf"
+    return None
+
+
+def fourcc_to_text(code: float) -> str | None:
+    """OpenCV's CAP_PROP_FOURCC number as its four characters (None for 0 or unprintable)."""
+    number = int(code) if code and math.isfinite(code) else 0
+    if number <= 0:
+        return None
+    text = "".join(chr((number >> (8 * i)) & 0xFF) for i in range(4))
+    text = text.strip("\x00 ")
+    return text if text and text.isprintable() and text.isascii() else None
+
+
+def _import_cv2():
+    # FFmpeg's own log lines ("moov atom not found") would litter stderr for every broken file;
+    # the error column says it instead. Users can still set these variables themselves.
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
+    import cv2
+
+    return cv2
+
+
+def _positive_int(value: float) -> int | None:
+    return int(round(value)) if value and math.isfinite(value) and value > 0 else None
+
+
+def _describe_unopenable(size: int, container: str | None) -> str:
+    if size == 0:
+        return "empty file"
+    if container is None:
+        return "not a video file"
+    return f"truncated or corrupt {container} file"
+
+
+def _open_capture(cv2, path: Path):
+    capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    if not capture.isOpened():
+        capture.release()
+        return None
+    return capture
+
+
+def count_frames(capture) -> int:
+    """Frames counted by decoding them (grab without retrieving, so no colour conversion)."""
+    count = 0
+    while capture.grab():
+        count += 1
+    return count
+
+
+def probe_video(path: str | os.PathLike, *, exact: bool = False) -> VideoInfo:
+    """The metadata of one video. Failures become `VideoInfo.error`, never exceptions."""
+    info = VideoInfo(path=str(path))
+    try:
+        _probe_into(info, Path(path), exact)
+    except Exception as error:  # one bad file must not stop the others
+        info.error = _error_text(error)
+    return info
+
+
+def _error_text(error: BaseException) -> str:
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, OSError):
+        return f"cannot read: {error.strerror or error}"
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _probe_into(info: VideoInfo, path: Path, exact: bool) -> None:
+    cv2 = _import_cv2()
+    info.size_bytes = path.stat().st_size
+    with open(path, "rb") as handle:
+        head = handle.read(SNIFF_BYTES)
+    sniffed = sniff_container(head)
+    info.container = sniffed
+    if info.size_bytes == 0:
+        info.error = _describe_unopenable(0, sniffed)
+        return
+    capture = _open_capture(cv2, path)
+    if capture is None:
+        info.error = _describe_unopenable(info.size_bytes, sniffed)
+        return
+    if info.container is None:  # FFmpeg knows a format we do not sniff: trust the name
+        info.container = path.suffix.lower().lstrip(".") or None
+    try:
+        width = _positive_int(capture.get(cv2.CAP_PROP_FRAME_WIDTH))
+        height = _positive_int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        info.width, info.height = width, height
+        fps = capture.get(cv2.CAP_PROP_FPS)
+        info.fps = float(fps) if fps and math.isfinite(fps) and fps > 0 else None
+        info.frames_header = _positive_int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        info.codec = fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
+        if width is None or height is None:
+            info.error = "no video stream"
+            return
+        if exact:
+            info.frames_decoded = count_frames(capture)
+            info.frames, info.frames_source = info.frames_decoded, "decoded"
+            if info.frames_decoded == 0:
+                info.error = "no frame decodes (truncated or corrupt)"
+                return
+        else:
+            # Decoding one frame is what tells a readable video from a header with broken data.
+            if not capture.grab():
+                info.error = "no frame decodes (truncated or corrupt)"
+                return
+            info.frames, info.frames_source = info.frames_header, "header"
+    finally:
+        capture.release()
+    if info.frames is not None and info.fps:
+        info.duration_s = info.frames / info.fps
+
+
+# --- sampled frames -----------------------------------------------------------------------------
+
+
+def frame_file_name(prefix: str, index: int) -> str:
+    return f"{prefix}_{index:06d}.png"
+
+
+def extract_frames(
+    path: str | os.PathLike, indices: Sequence[int], out_dir: Path, prefix: str
+) -> list[Path]:
+    """Decode `path` from the start and write the frames at `indices` (sorted, repeats allowed)
+    as PNG files `<prefix>_<index>.png` in `out_dir`; one path per index, in order.
+
+    Frames are read sequentially (grab, retrieve only the wanted ones) because seeking by frame
+    number is inexact for many codecs."""
+    cv2 = _import_cv2()
+    wanted = sorted(set(indices))
+    written: dict[int, Path] = {}
+    capture = _open_capture(cv2, Path(path))
+    if capture is None:
+        raise InputError(f"cannot open {path} to extract frames")
+    try:
+        position = 0
+        for index in wanted:
+            while position <= index:
+                if not capture.grab():
+                    raise InputError(
+                        f"only {position} frames could be decoded, frame {index} is past the end",
+                        "the frame count in the header is wrong; pass --exact",
+                    )
+                position += 1
+            ok, frame = capture.retrieve()
+            if not ok or frame is None:
+                raise InputError(f"frame {index} could not be decoded")
+            ok, encoded = cv2.imencode(".png", frame)
+            if not ok:
+                raise InputError(f"frame {index} could not be encoded as PNG")
+            target = out_dir / frame_file_name(prefix, index)
+            atomic_write_bytes(target, encoded.tobytes())
+            written[index] = target
+    finally:
+        capture.release()
+    return [written[index] for index in indices]
+
+
+def frame_name_prefixes(videos: Sequence[Path]) -> dict[str, str]:
+    """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems."""
+    prefixes: dict[str, str] = {}
+    used: set[str] = set()
+    for video in videos:
+        stem = video.stem or "video"
+        prefix, n = stem, 1
+        while prefix in used:
+            n += 1
+            prefix = f"{stem}-{n}"
+        used.add(prefix)
+        prefixes[str(video)] = prefix
+    return prefixes
+
+
+def _sample_into(info: VideoInfo, options: SegmentOptions, rng: Any) -> None:
+    if info.frames is None:
+        info.error = "the container does not say how many frames it holds (pass --exact)"
+        return
+    try:
+        info.frame_indices = tsn_frame_indices(info.frames, options.num_segments, options.mode, rng)
+        if options.extract_dir is not None:
+            files = extract_frames(
+                info.path, info.frame_indices, options.extract_dir, options.names[info.path]
+            )
+            info.frame_files = [str(f) for f in files]
+    except Exception as error:
+        info.error = _error_text(error)
+
+
+# --- many videos --------------------------------------------------------------------------------
+
+
+def default_video_workers() -> int:
+    """Threads: OpenCV releases the GIL while it opens and decodes, and reading headers waits on
+    the disk more than on the CPU, so a few more threads than cores pay off."""
+    return max(1, min(16, 2 * (os.cpu_count() or 1)))
+
+
+def inspect_videos(
+    paths: Sequence[str | os.PathLike],
+    *,
+    exact: bool = False,
+    segments: int | None = None,
+    sample_mode: str = "test",
+    seed: int = 0,
+    extract_dir: str | os.PathLike | None = None,
+    force: bool = False,
+    workers: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> list[VideoInfo]:
+    """Metadata of every video in `paths` (files, or folders searched recursively), in order.
+
+    `exact` counts frames by decoding. `segments` also samples TSN frame indices from each
+    video's frame count (train mode draws from an independent stream per video, seeded by
+    `seed` and the video's position, so results do not depend on the thread schedule);
+    `extract_dir` writes those frames as PNG. Unreadable videos come back with `error` set.
+    """
+    if segments is not None and segments < 1:
+        raise UsageError(f"--segments must be at least 1, not {segments}")
+    if sample_mode not in SAMPLE_MODES:
+        raise UsageError(f"unknown sample mode {sample_mode!r}", "use 'test' or 'train'")
+    if extract_dir is not None and segments is None:
+        raise UsageError("--extract-frames needs --segments K", "say how many frames to sample")
+    videos = find_videos(paths)
+    options = None
+    if segments is not None:
+        options = SegmentOptions(segments, sample_mode, seed)
+        if extract_dir is not None:
+            options.extract_dir = prepare_output_dir(extract_dir, force, what="frames folder")
+            options.names = frame_name_prefixes(videos)
+    streams = _per_video_seeds(seed, len(videos)) if options and sample_mode == "train" else None
+
+    def work(position: int) -> VideoInfo:
+        info = probe_video(videos[position], exact=exact)
+        if options is not None and info.error is None:
+            _sample_into(info, options, streams[position] if streams else None)
+        return info
+
+    total = len(videos)
+    if progress:
+        progress(0, total)
+    threads = default_video_workers() if workers is None else workers
+    results: list[VideoInfo] = []
+    if threads <= 1 or total == 1:
+        for position in range(total):
+            results.append(work(position))
+            if progress:
+                progress(position + 1, total)
+        return results
+    pool = ThreadPoolExecutor(max_workers=min(threads, total), thread_name_prefix="video-info")
+    try:
+        # map keeps the input order; results arrive in order, which is what the table shows.
+        for done, info in enumerate(pool.map(work, range(total)), start=1):
+            results.append(info)
+            if progress:
+                progress(done, total)
+    finally:
+        # On Ctrl-C, drop the videos not started yet instead of reading them all first.
+        pool.shutdown(wait=True, cancel_futures=True)
+    return results
+
+
+def _per_video_seeds(seed: int, count: int) -> list[Any]:
+    import numpy as np
+
+    return list(np.random.SeedSequence(seed).spawn(count))
