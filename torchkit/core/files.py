@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -46,6 +47,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        _apply_umask(tmp_name)
         with os.fdopen(fd, mode, **open_kwargs) as handle:
             yield handle
             handle.flush()
@@ -55,6 +57,20 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def _apply_umask(path: str) -> None:
+    """mkstemp makes files 0600; give outputs the usual permissions (0666 less the umask)."""
+    os.chmod(path, 0o666 & ~_UMASK)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -78,6 +94,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     )
     os.close(fd)
     try:
+        _apply_umask(tmp_name)
         yield Path(tmp_name)
         os.replace(tmp_name, target)
     except BaseException:
@@ -97,3 +114,33 @@ def prepare_output_dir(
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+@contextlib.contextmanager
+def atomic_dir(
+    path: str | os.PathLike, force: bool, *, what: str = "output folder"
+) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `path` to fill; it replaces `path` only if the
+    block succeeds, so a crash or a failure never leaves a half-written output folder.
+
+    An existing non-empty `path` needs `force` (checked before the block runs). The temporary
+    folder is made with `mkdir`, not `mkdtemp`, so it gets the usual umask permissions.
+    """
+    target = check_output(path, force, what=what)
+    if target.exists() and not target.is_dir():
+        raise OutputExistsError(f"{what} is a file, not a folder: {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.partial"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if target.exists():
+            old = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.old"
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -95,7 +95,8 @@ def build_model(
     if name not in available:
         raise UsageError(f"unknown model {name!r}", suggest(name, [*BUILTIN_MODELS, *available]))
     if weights is None or weights == "":
-        return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+        extra = {"image_size": image_size} if name.startswith("vit_") else {}
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
     if not os.path.exists(weights):
         if is_checkpoint_path(weights):
             raise InputError(f"weights file not found: {weights}", "check the path")
