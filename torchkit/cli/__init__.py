@@ -7,17 +7,26 @@ shell completion stay fast; commands import core inside their functions.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 from torchkit.cli.app import app
 
 # Each module defines `register(app)`; order is the order of `torchkit --help`.
-COMMAND_MODULES: tuple[str, ...] = ("video_info",)
+COMMAND_MODULES: tuple[str, ...] = ("video_info", "convert")
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"torchkit.cli.{_name}").register(app)
 
 
 def main() -> None:
+    if os.environ.get("_TORCHKIT_COMPLETE"):
+        # zsh and fish completions carry each option's help, which Typer renders with rich at
+        # the terminal width: a wrapped line would turn into a bogus completion candidate.
+        os.environ.setdefault("TERMINAL_WIDTH", "100000")
+        rich_utils = sys.modules.get("typer.rich_utils")  # read at its import; set it if too late
+        if rich_utils is not None:
+            rich_utils.MAX_WIDTH = int(os.environ["TERMINAL_WIDTH"])
     app(prog_name="torchkit")
 
 

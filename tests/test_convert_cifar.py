@@ -1,0 +1,444 @@
+"""`torchkit convert cifar`: tiny CIFAR-10/100 sets built here in the real file format (one of them
+byte for byte as Python 2's cPickle wrote the originals), pixels checked against the images the
+rows were made from, and the restricted unpickler / archive checks tried with hostile files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer.main
+import typer.testing
+from PIL import Image
+from typer.testing import CliRunner
+
+from torchkit.cli import app
+from torchkit.core.convert.cifar import convert_cifar, read_cifar
+from torchkit.core.convert.safe_pickle import restricted_loads
+from torchkit.core.errors import InputError
+
+runner = CliRunner()
+COMMAND = typer.main.get_command(app)
+
+
+@pytest.fixture(autouse=True)
+def _build_cli_once(monkeypatch):
+    """typer rebuilds the whole command tree (every command's signature) on each invoke, which
+    costs more than the conversions tested here: build it once for the module."""
+    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: COMMAND)
+
+
+PER_BATCH = 20
+CIFAR10_CLASSES = [f"c10_{i}" for i in range(10)]
+FINE = [f"fine_{i:02d}" for i in range(100)]
+COARSE = [f"coarse_{i:02d}" for i in range(20)]
+
+
+# --- building CIFAR files -----------------------------------------------------------------------
+
+
+def py2_pickle(obj) -> bytes:
+    """Protocol 2 as Python 2's cPickle wrote the real CIFAR batches: str as (SHORT_)BINSTRING,
+    arrays through numpy.core.multiarray._reconstruct with the raw bytes in a string."""
+    out = bytearray(b"\x80\x02")
+
+    def string(data: bytes) -> None:
+        if len(data) < 256:
+            out.extend(b"U" + bytes([len(data)]) + data)
+        else:
+            out.extend(b"T" + struct.pack("<i", len(data)) + data)
+
+    def integer(value: int) -> None:
+        if 0 <= value < 256:
+            out.extend(b"K" + bytes([value]))
+        else:
+            out.extend(b"J" + struct.pack("<i", value))
+
+    def emit(o) -> None:
+        if isinstance(o, dict):
+            out.extend(b"}(")
+            for key, value in o.items():
+                emit(key)
+                emit(value)
+            out.extend(b"u")
+        elif isinstance(o, list):
+            out.extend(b"](")
+            for value in o:
+                emit(value)
+            out.extend(b"e")
+        elif isinstance(o, bytes):
+            string(o)
+        elif isinstance(o, int):
+            integer(o)
+        elif isinstance(o, np.ndarray):
+            out.extend(
+                b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\nK\x00\x85U\x01b\x87R"
+            )
+            out.extend(b"(K\x01(")
+            for dim in o.shape:
+                integer(dim)
+            out.extend(b"tcnumpy\ndtype\nU\x02u1K\x00K\x01\x87R")
+            out.extend(b"(K\x03U\x01|NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb\x89")
+            string(o.tobytes())
+            out.extend(b"tb")
+        else:
+            raise TypeError(type(o))
+
+    emit(obj)
+    return bytes(out + b".")
+
+
+def cifar_rows(images: np.ndarray) -> np.ndarray:
+    """(N, 32, 32, 3) -> (N, 3072): the red plane row-major, then green, then blue (the format
+    description on the CIFAR page)."""
+    planes = [images[..., c].reshape(len(images), -1) for c in range(3)]
+    return np.concatenate(planes, axis=1)
+
+
+def make_cifar10(root: Path, rng: np.random.Generator, *, batches: int = 5) -> dict:
+    """Write a CIFAR-10 folder; return {split: (images, labels)} to check against."""
+    root.mkdir(parents=True)
+    truth = {"train": ([], []), "test": ([], [])}
+    names = [f"data_batch_{i}" for i in range(1, batches + 1)] + ["test_batch"]
+    for number, name in enumerate(names):
+        images = rng.integers(0, 256, (PER_BATCH, 32, 32, 3), dtype=np.uint8)
+        labels = [int(x) for x in rng.integers(0, 10, PER_BATCH)]
+        batch = {
+            b"batch_label": f"batch {number}".encode(),
+            b"labels": labels,
+            b"data": cifar_rows(images),
+            b"filenames": [f"img_{number}_{i}.png".encode() for i in range(PER_BATCH)],
+        }
+        # Mix the encodings real users meet: Python 2's cPickle, Python 3 protocols 2 and 5.
+        blob = (
+            py2_pickle(batch)
+            if number % 3 == 0
+            else pickle.dumps(batch, protocol=2 if number % 3 == 1 else 5)
+        )
+        (root / name).write_bytes(blob)
+        split = "test" if name == "test_batch" else "train"
+        truth[split][0].append(images)
+        truth[split][1].extend(labels)
+    meta = {
+        b"num_cases_per_batch": PER_BATCH,
+        b"label_names": [n.encode() for n in CIFAR10_CLASSES],
+        b"num_vis": 3072,
+    }
+    (root / "batches.meta").write_bytes(py2_pickle(meta))
+    (root / "readme.html").write_text("<html></html>")
+    return {split: (np.concatenate(imgs), np.array(lbls)) for split, (imgs, lbls) in truth.items()}
+
+
+def make_cifar100(root: Path, rng: np.random.Generator) -> dict:
+    root.mkdir(parents=True)
+    truth = {}
+    for split in ("train", "test"):
+        images = rng.integers(0, 256, (PER_BATCH, 32, 32, 3), dtype=np.uint8)
+        fine = rng.integers(0, 100, PER_BATCH)
+        coarse = fine // 5
+        batch = {
+            b"filenames": [f"{split}_{i}.png".encode() for i in range(PER_BATCH)],
+            b"batch_label": split.encode(),
+            b"fine_labels": [int(x) for x in fine],
+            b"coarse_labels": [int(x) for x in coarse],
+            b"data": cifar_rows(images),
+        }
+        (root / split).write_bytes(py2_pickle(batch))
+        truth[split] = (images, fine, coarse)
+    meta = {
+        b"fine_label_names": [n.encode() for n in FINE],
+        b"coarse_label_names": [n.encode() for n in COARSE],
+    }
+    (root / "meta").write_bytes(pickle.dumps(meta, protocol=2))
+    (root / "file.txt~").write_text("")
+    return truth
+
+
+def make_archive(folder: Path, archive: Path, arcname: str) -> Path:
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=arcname)
+    return archive
+
+
+def add_member(archive: Path, name: str, data: bytes = b"x", **attrs) -> None:
+    """Rewrite `archive` with one more member named `name` (tarfile would refuse to write
+    some names through `add`, so the TarInfo is made by hand)."""
+    with tarfile.open(archive, "r:gz") as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar]
+    with tarfile.open(archive, "w:gz") as tar:
+        for member, content in members:
+            tar.addfile(member, io.BytesIO(content) if content is not None else None)
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        for key, value in attrs.items():
+            setattr(info, key, value)
+        tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+
+
+@pytest.fixture(scope="module")
+def cifar10(tmp_path_factory) -> tuple[Path, Path, dict]:
+    base = tmp_path_factory.mktemp("c10")
+    folder = base / "cifar-10-batches-py"
+    truth = make_cifar10(folder, np.random.default_rng(0))
+    archive = make_archive(folder, base / "cifar-10-python.tar.gz", "cifar-10-batches-py")
+    return folder, archive, truth
+
+
+@pytest.fixture(scope="module")
+def cifar100(tmp_path_factory) -> tuple[Path, Path, dict]:
+    base = tmp_path_factory.mktemp("c100")
+    folder = base / "cifar-100-python"
+    truth = make_cifar100(folder, np.random.default_rng(1))
+    archive = make_archive(folder, base / "cifar-100-python.tar.gz", "cifar-100-python")
+    return folder, archive, truth
+
+
+def check_output_tree(out: Path, truth: dict, classes: list[str], label_index: int = 1) -> None:
+    """Every image is at split/<class of its label>/<index>.png with exactly its pixels."""
+    for split, values in truth.items():
+        images, labels = values[0], values[label_index]
+        width = len(str(len(images) - 1))
+        written = sorted(
+            p.relative_to(out / split).as_posix() for p in (out / split).rglob("*.png")
+        )
+        expected = sorted(f"{classes[label]}/{i:0{width}d}.png" for i, label in enumerate(labels))
+        assert written == expected
+        for index, label in enumerate(labels):
+            with Image.open(out / split / classes[label] / f"{index:0{width}d}.png") as image:
+                assert image.mode == "RGB"
+                np.testing.assert_array_equal(np.asarray(image), images[index])
+    assert sorted(p.name for p in out.iterdir()) == ["test", "train"]
+    for split in truth:
+        assert sorted(p.name for p in (out / split).iterdir()) == sorted(classes)
+
+
+# --- conversions --------------------------------------------------------------------------------
+
+
+def test_cifar10_folder_pixels_exact(cifar10, tmp_path):
+    folder, _, truth = cifar10
+    out = tmp_path / "png"
+    result = runner.invoke(
+        app, ["convert", "cifar", str(folder), str(out), "--workers", "0", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["dataset"] == "cifar-10"
+    assert report["label_type"] is None
+    assert report["splits"] == {"train": 5 * PER_BATCH, "test": PER_BATCH}
+    assert report["images"] == 6 * PER_BATCH
+    assert report["classes"] == CIFAR10_CLASSES
+    assert report["class_counts"]["train"] == np.bincount(truth["train"][1], minlength=10).tolist()
+    check_output_tree(out, truth, CIFAR10_CLASSES)
+    # Nothing beside the output folder: the temporary build folder was renamed into place.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["png"]
+
+
+def test_cifar10_archive_in_parallel_matches_torchvision_order(cifar10, tmp_path):
+    _, archive, truth = cifar10
+    out = tmp_path / "png"
+    result = runner.invoke(app, ["convert", "cifar", str(archive), str(out), "--workers", "2"])
+    assert result.exit_code == 0, result.stderr
+    assert "cifar-10" in result.stdout and "train" in result.stdout
+    check_output_tree(out, truth, CIFAR10_CLASSES)
+
+
+def test_cifar10_folder_found_from_its_parent(cifar10):
+    folder, _, truth = cifar10
+    data = read_cifar(folder.parent)
+    np.testing.assert_array_equal(data.images["train"], truth["train"][0])
+    np.testing.assert_array_equal(data.labels["test"], truth["test"][1])
+
+
+@pytest.mark.parametrize("label_type", ["fine", "coarse"])
+def test_cifar100_archive_fine_and_coarse(cifar100, tmp_path, label_type):
+    _, archive, truth = cifar100
+    out = tmp_path / "png"
+    args = ["convert", "cifar", str(archive), str(out), "--label-type", label_type, "-j", "0"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["dataset"] == "cifar-100"
+    assert report["label_type"] == label_type
+    classes = FINE if label_type == "fine" else COARSE
+    assert report["classes"] == classes
+    check_output_tree(out, truth, classes, label_index=1 if label_type == "fine" else 2)
+
+
+def test_progress_reaches_total(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    calls = []
+    report = convert_cifar(
+        folder, tmp_path / "out", workers=2, progress=lambda d, t: calls.append((d, t))
+    )
+    assert calls[-1] == (6 * PER_BATCH, 6 * PER_BATCH)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    assert report.images == 6 * PER_BATCH
+
+
+def test_existing_output_needs_force(cifar10, tmp_path):
+    folder, _, truth = cifar10
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: output folder already exists")
+    assert "--force" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
+    assert result.exit_code == 0, result.stderr
+    assert not (out / "keep.txt").exists()
+    check_output_tree(out, truth, CIFAR10_CLASSES)
+
+
+def test_coarse_labels_of_cifar10_is_a_usage_error(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    result = runner.invoke(
+        app, ["convert", "cifar", str(folder), str(tmp_path / "o"), "--label-type", "coarse"]
+    )
+    assert result.exit_code == 2
+    assert "CIFAR-10 has no coarse labels" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+# --- hostile and broken input -------------------------------------------------------------------
+
+
+class _RunsShell:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _copy_folder(folder: Path, target: Path) -> Path:
+    target.mkdir(parents=True)
+    for path in folder.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
+
+
+def test_malicious_pickle_is_refused(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    evil = _copy_folder(folder, tmp_path / "evil")
+    marker = tmp_path / "pwned"
+    (evil / "data_batch_3").write_bytes(pickle.dumps({b"data": _RunsShell(marker)}))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["convert", "cifar", str(evil), str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: refused to unpickle data_batch_3")
+    assert "system" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not marker.exists()
+    assert not out.exists()
+    # The same pickle through the plain unpickler would have run the command: the test is real.
+    pickle.loads((evil / "data_batch_3").read_bytes())
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pickle.dumps(__import__("builtins").eval),  # a global that is not data
+        b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00xX\x08\x00\x00\x00zlib_cod\x86R.",
+        b"\x80\x02cnumpy\nload\nX\x01\x00\x00\x00x\x85R.",
+    ],
+)
+def test_restricted_unpickler_refuses_other_globals(payload):
+    with pytest.raises(InputError, match="refused"):
+        restricted_loads(payload, source="x")
+
+
+def test_truncated_batch_is_a_clear_error(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    broken = _copy_folder(folder, tmp_path / "broken")
+    blob = (broken / "test_batch").read_bytes()
+    (broken / "test_batch").write_bytes(blob[: len(blob) // 2])
+    result = runner.invoke(app, ["convert", "cifar", str(broken), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "Error: cannot unpickle test_batch" in result.stderr
+    assert "truncated" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "attrs"),
+    [
+        ("../escape.txt", {}),
+        ("/tmp/absolute.txt", {}),
+        ("cifar-10-batches-py/../../escape", {}),
+        ("cifar-10-batches-py/link", {"type": tarfile.SYMTYPE, "linkname": "../../etc/passwd"}),
+    ],
+)
+def test_archive_member_outside_its_folder_is_refused(cifar10, tmp_path, name, attrs):
+    _, archive, _ = cifar10
+    hostile = tmp_path / "hostile.tar.gz"
+    hostile.write_bytes(archive.read_bytes())
+    add_member(hostile, name, **attrs)
+    out = tmp_path / "sub" / "out"
+    result = runner.invoke(app, ["convert", "cifar", str(hostile), str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: refused to read")
+    assert "outside" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.tar.gz"]
+
+
+def test_tar_that_is_not_cifar(tmp_path):
+    archive = tmp_path / "photos.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("photos/a.jpg")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    result = runner.invoke(app, ["convert", "cifar", str(archive), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "is not a CIFAR-10 or CIFAR-100 python dataset" in result.stderr
+
+
+def test_truncated_archive(cifar10, tmp_path):
+    _, archive, _ = cifar10
+    cut = tmp_path / "cut.tar.gz"
+    data = archive.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    result = runner.invoke(app, ["convert", "cifar", str(cut), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "Error: cannot read archive" in result.stderr
+
+
+def test_missing_batch_and_missing_source(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    partial = _copy_folder(folder, tmp_path / "partial")
+    (partial / "data_batch_2").unlink()
+    result = runner.invoke(app, ["convert", "cifar", str(partial), str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert "data_batch_2 is missing" in result.stderr
+    result = runner.invoke(app, ["convert", "cifar", str(tmp_path / "nope"), str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: CIFAR source not found")
+
+
+def test_class_name_that_is_a_path_is_refused(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    bad = _copy_folder(folder, tmp_path / "bad")
+    names = [n.encode() for n in CIFAR10_CLASSES]
+    names[4] = b"../../outside"
+    (bad / "batches.meta").write_bytes(py2_pickle({b"label_names": names}))
+    result = runner.invoke(app, ["convert", "cifar", str(bad), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "unusable class name" in result.stderr
+    assert not (tmp_path / "outside").exists()
+
+
+def test_output_that_holds_the_input_is_refused(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    copy = _copy_folder(folder, tmp_path / "data" / "cifar")
+    result = runner.invoke(app, ["convert", "cifar", str(copy), str(tmp_path / "data"), "--force"])
+    assert result.exit_code == 2
+    assert (copy / "batches.meta").exists()

@@ -1,0 +1,451 @@
+"""`torchkit convert tensor`: every conversion checked against what the PyTorch / NumPy idiom
+gives (`to_tensor`, `np.asarray(Image.open(...))`, `make_grid`, `ImageOps.exif_transpose`), round
+trips checked pixel for pixel, and bad files checked for one clear error line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+import typer.main
+import typer.testing
+from PIL import Image, ImageOps
+from safetensors.torch import load_file, save_file
+from torchvision.transforms.functional import to_tensor
+from torchvision.utils import make_grid
+from typer.testing import CliRunner
+
+from torchkit.cli import app
+from torchkit.core.convert import pixels as px
+from torchkit.core.convert.tensor import read_image
+
+runner = CliRunner()
+RNG = np.random.default_rng(0)
+COMMAND = typer.main.get_command(app)
+
+
+@pytest.fixture(autouse=True)
+def _build_cli_once(monkeypatch):
+    """typer rebuilds the whole command tree (every command's signature) on each invoke, which
+    costs more than the conversions tested here: build it once for the module."""
+    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: COMMAND)
+
+
+def convert(*args: str | Path):
+    return runner.invoke(app, ["convert", "tensor", *map(str, args)])
+
+
+def ok(*args: str | Path):
+    result = convert(*args)
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def random_image(mode: str, size=(7, 5)) -> Image.Image:
+    """A (width 7, height 5) image with random pixels in `mode`."""
+    width, height = size
+    channels = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}[mode]
+    shape = (height, width) if channels == 1 else (height, width, channels)
+    return Image.fromarray(RNG.integers(0, 256, shape, dtype=np.uint8), mode)
+
+
+def load_pt(path: Path) -> torch.Tensor:
+    return torch.load(path, weights_only=True)
+
+
+# --- the conventions ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "LA"])
+def test_image_to_pt_is_to_tensor_and_to_npy_is_asarray(tmp_path, mode):
+    src = tmp_path / "a.png"
+    random_image(mode).save(src)
+    ok(src, tmp_path / "a.pt")
+    ok(src, tmp_path / "a.npy")
+    with Image.open(src) as image:
+        expected_tensor = to_tensor(image)
+        expected_array = np.asarray(image)
+    tensor = load_pt(tmp_path / "a.pt")
+    assert tensor.dtype == torch.float32
+    assert torch.equal(tensor, expected_tensor)  # bit for bit, not approximately
+    array = np.load(tmp_path / "a.npy")
+    assert array.dtype == np.uint8 and array.shape == expected_array.shape
+    np.testing.assert_array_equal(array, expected_array)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_round_trip_png_npy_pt_png_is_exact(tmp_path, mode):
+    image = random_image(mode)
+    image.save(tmp_path / "a.png")
+    ok(tmp_path / "a.png", tmp_path / "a.npy")
+    ok(tmp_path / "a.npy", tmp_path / "a.pt")
+    ok(tmp_path / "a.pt", tmp_path / "b.safetensors")
+    ok(tmp_path / "b.safetensors", tmp_path / "b.png")
+    with Image.open(tmp_path / "b.png") as back:
+        assert back.mode == mode
+        np.testing.assert_array_equal(np.asarray(back), np.asarray(image))
+
+
+def test_float16_tensor_round_trip_is_exact(tmp_path):
+    image = random_image("RGB")
+    image.save(tmp_path / "a.png")
+    ok(tmp_path / "a.png", tmp_path / "a.pt", "--dtype", "float16")
+    assert load_pt(tmp_path / "a.pt").dtype == torch.float16
+    ok(tmp_path / "a.pt", tmp_path / "b.png")
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "b.png")), np.asarray(image))
+
+
+def test_layout_dtype_and_scale_options(tmp_path):
+    image = random_image("RGB")
+    image.save(tmp_path / "a.png")
+    pixels = np.array(image)
+    ok(tmp_path / "a.png", tmp_path / "a.npy", "--layout", "chw", "--dtype", "float32")
+    np.testing.assert_array_equal(
+        np.load(tmp_path / "a.npy"), pixels.transpose(2, 0, 1).astype(np.float32) / np.float32(255)
+    )
+    ok(tmp_path / "a.png", tmp_path / "b.pt", "--layout", "hwc", "--scale", "255")
+    assert torch.equal(load_pt(tmp_path / "b.pt"), torch.from_numpy(pixels.astype(np.float32)))
+    ok(tmp_path / "a.png", tmp_path / "d.npy", "--scale", "255")
+    np.testing.assert_array_equal(np.load(tmp_path / "d.npy"), pixels.astype(np.float32))
+    ok(tmp_path / "a.png", tmp_path / "c.pt", "--dtype", "uint8")
+    assert torch.equal(load_pt(tmp_path / "c.pt"), torch.from_numpy(pixels).permute(2, 0, 1))
+    # Reading back: the same options describe the input when the output is an image.
+    ok(tmp_path / "b.pt", tmp_path / "b.png", "--layout", "hwc", "--scale", "255")
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "b.png")), pixels)
+    ok(tmp_path / "c.pt", tmp_path / "c.png")
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "c.png")), pixels)
+
+
+def test_float_outside_unit_range_is_clamped_with_a_warning(tmp_path):
+    values = torch.tensor([[[-0.5, 0.0, 0.5, 1.0, 1.5, 300.0]]])  # (1, 1, 6)
+    torch.save(values, tmp_path / "t.pt")
+    result = ok(tmp_path / "t.pt", tmp_path / "t.png")
+    assert "Warning:" in result.stderr and "3 values outside [0, 1] were clamped" in result.stderr
+    # round(x * 255) after clamping; `.byte()` would have wrapped -0.5 to 129 and 1.5 to 126.
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(tmp_path / "t.png")), [[0, 0, 128, 255, 255, 255]]
+    )
+
+
+def test_sixteen_bit_gray_and_colour_keep_their_depth(tmp_path):
+    gray = RNG.integers(0, 65536, (5, 7), dtype=np.uint16)
+    Image.fromarray(gray).save(tmp_path / "g.png")
+    colour = RNG.integers(0, 65536, (5, 7, 3), dtype=np.uint16)
+    cv2.imwrite(str(tmp_path / "c.png"), colour[..., ::-1])  # OpenCV is BGR
+    for name, truth in (("g", gray), ("c", colour)):
+        ok(tmp_path / f"{name}.png", tmp_path / f"{name}.npy")
+        array = np.load(tmp_path / f"{name}.npy")
+        assert array.dtype == np.uint16
+        np.testing.assert_array_equal(array, truth)
+        ok(tmp_path / f"{name}.npy", tmp_path / f"{name}.tiff")
+        back = cv2.imread(str(tmp_path / f"{name}.tiff"), cv2.IMREAD_UNCHANGED)
+        np.testing.assert_array_equal(back if back.ndim == 2 else back[..., ::-1], truth)
+        ok(tmp_path / f"{name}.png", tmp_path / f"{name}.pt")
+        tensor = load_pt(tmp_path / f"{name}.pt")
+        expected = truth.astype(np.float32) / np.float32(65535)
+        expected = expected[None] if expected.ndim == 2 else expected.transpose(2, 0, 1)
+        assert torch.equal(tensor, torch.from_numpy(expected))
+    result = ok(tmp_path / "g.png", tmp_path / "g.jpg")
+    assert "16-bit values were scaled to 8 bits" in result.stderr
+
+
+def test_palette_images_keep_their_colours(tmp_path):
+    rgb = random_image("RGB").quantize(colors=6)
+    rgb.save(tmp_path / "p.png")
+    transparent = random_image("RGB").quantize(colors=4)
+    transparent.info["transparency"] = 0
+    transparent.save(tmp_path / "t.png", transparency=0)
+    ok(tmp_path / "p.png", tmp_path / "p.npy")
+    ok(tmp_path / "t.png", tmp_path / "t.npy")
+    with Image.open(tmp_path / "p.png") as image:
+        np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), np.asarray(image.convert("RGB")))
+    with Image.open(tmp_path / "t.png") as image:
+        expected = np.asarray(image.convert("RGBA"))
+    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), expected)
+    assert (expected[..., 3] == 0).any()
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied_like_pil(tmp_path, orientation):
+    image = random_image("RGB", size=(6, 4))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    image.save(tmp_path / "o.png", exif=exif)
+    with Image.open(tmp_path / "o.png") as opened:
+        expected = np.asarray(ImageOps.exif_transpose(opened))
+    np.testing.assert_array_equal(read_image(tmp_path / "o.png").array, expected)
+    raw = read_image(tmp_path / "o.png", exif=False).array
+    np.testing.assert_array_equal(raw, np.asarray(image))
+
+
+def test_no_exif_option(tmp_path):
+    image = random_image("RGB", size=(6, 4))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    image.save(tmp_path / "o.png", exif=exif)
+    ok(tmp_path / "o.png", tmp_path / "turned.npy")
+    ok(tmp_path / "o.png", tmp_path / "raw.npy", "--no-exif")
+    assert np.load(tmp_path / "turned.npy").shape == (6, 4, 3)
+    np.testing.assert_array_equal(np.load(tmp_path / "raw.npy"), np.asarray(image))
+
+
+# --- tensors, dicts, batches --------------------------------------------------------------------
+
+
+def test_dict_of_tensors_needs_key_when_ambiguous(tmp_path):
+    image = torch.rand(3, 4, 5)
+    torch.save({"image": image, "mask": torch.rand(1, 4, 5), "epoch": 3}, tmp_path / "d.pt")
+    result = convert(tmp_path / "d.pt", tmp_path / "d.png")
+    assert result.exit_code == 2
+    assert "holds 2 tensors" in result.stderr and "--key" in result.stderr
+    ok(tmp_path / "d.pt", tmp_path / "d.png", "--key", "image")
+    expected = torch.round(image * 255).to(torch.uint8).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "d.png")), expected)
+    result = convert(tmp_path / "d.pt", tmp_path / "e.png", "--key", "nope")
+    assert result.exit_code == 2 and "no key 'nope'" in result.stderr
+
+
+def test_safetensors_in_and_out(tmp_path):
+    image = random_image("RGB")
+    image.save(tmp_path / "a.png")
+    ok(tmp_path / "a.png", tmp_path / "a.safetensors")
+    tensors = load_file(tmp_path / "a.safetensors")
+    assert list(tensors) == ["image"]
+    assert torch.equal(tensors["image"], to_tensor(image))
+    save_file({"x": to_tensor(image).to(torch.bfloat16)}, tmp_path / "b.safetensors")
+    ok(tmp_path / "b.safetensors", tmp_path / "b.npy")
+    expected = torch.round(to_tensor(image).to(torch.bfloat16).float() * 255).to(torch.uint8)
+    np.testing.assert_array_equal(np.load(tmp_path / "b.npy"), expected.permute(1, 2, 0).numpy())
+
+
+def test_batch_becomes_one_image_per_item_or_a_grid(tmp_path):
+    batch = torch.randint(0, 256, (3, 3, 4, 5), dtype=torch.uint8)
+    torch.save(batch, tmp_path / "batch.pt")
+    result = ok(tmp_path / "batch.pt", tmp_path / "out", "--to", "png")
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["batch_0.png", "batch_1.png", "batch_2.png"]
+    assert "batch_2.png" in result.stdout
+    for i in range(3):
+        np.testing.assert_array_equal(
+            np.asarray(Image.open(tmp_path / "out" / f"batch_{i}.png")),
+            batch[i].permute(1, 2, 0).numpy(),
+        )
+    ok(tmp_path / "batch.pt", tmp_path / "grid.png", "--grid", "--nrow", "2")
+    expected = make_grid(batch, nrow=2).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "grid.png")), expected)
+    result = convert(tmp_path / "batch.pt", tmp_path / "one.png")
+    assert result.exit_code == 2
+    assert "batch of 3 images" in result.stderr and "--grid" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("count", "channels", "nrow"), [(1, 3, 8), (5, 1, 2), (10, 3, 8), (9, 4, 3)]
+)
+def test_grid_matches_torchvision_make_grid(count, channels, nrow):
+    batch = torch.rand(count, channels, 3, 4)
+    expected = make_grid(batch, nrow=nrow).permute(1, 2, 0).numpy()
+    grid = px.make_grid(px.Pixels(batch.permute(0, 2, 3, 1).numpy()), nrow=nrow)
+    np.testing.assert_array_equal(grid.array, expected)
+
+
+def test_npy_batch_and_ambiguous_shapes(tmp_path):
+    batch = RNG.integers(0, 256, (2, 4, 5, 3), dtype=np.uint8)  # NHWC
+    np.save(tmp_path / "b.npy", batch)
+    ok(tmp_path / "b.npy", tmp_path / "b.pt")
+    assert torch.equal(load_pt(tmp_path / "b.pt"), to_tensor_batch(batch))
+    np.save(tmp_path / "mnist.npy", RNG.integers(0, 256, (10, 28, 28), dtype=np.uint8))
+    result = convert(tmp_path / "mnist.npy", tmp_path / "m.png")
+    assert result.exit_code == 1
+    assert "(N, 1, H, W)" in result.stderr
+
+
+def to_tensor_batch(batch: np.ndarray) -> torch.Tensor:
+    return torch.stack([to_tensor(image) for image in batch])
+
+
+# --- folders ------------------------------------------------------------------------------------
+
+
+def make_tree(root: Path) -> dict[str, np.ndarray]:
+    """Good images in nested folders, plus a corrupt PNG, a zero-byte .npy and a text file."""
+    truth = {}
+    for relative in ("a.png", "sub/b.png", "sub/deeper/c.bmp", "d.tiff"):
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image = random_image("RGB")
+        image.save(path)
+        truth[relative] = np.array(image)
+    np.save(root / "sub" / "e.npy", RNG.integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    truth["sub/e.npy"] = np.load(root / "sub" / "e.npy")
+    good = (root / "a.png").read_bytes()
+    (root / "sub" / "broken.png").write_bytes(good[: len(good) // 2])
+    (root / "empty.npy").write_bytes(b"")
+    (root / "notes.txt").write_text("not an image")
+    return truth
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_folder_converts_good_files_and_counts_the_rest(tmp_path, workers):
+    src = tmp_path / "src"
+    truth = make_tree(src)
+    before = snapshot(src)
+    dst = tmp_path / "dst"
+    result = ok(src, dst, "--to", "pt", "--workers", workers, "--format", "json")
+    summary = json.loads(result.stdout)
+    assert summary["converted"] == 5
+    assert summary["failed"] == 2
+    assert summary["skipped"] == 1
+    assert summary["skipped_files"] == ["notes.txt"]
+    assert sorted(f["path"] for f in summary["failures"]) == ["empty.npy", "sub/broken.png"]
+    assert "is empty (0 bytes)" in result.stderr and "cannot read image" in result.stderr
+    written = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
+    assert written == sorted(str(Path(r).with_suffix(".pt")) for r in truth)
+    for relative, pixels in truth.items():
+        tensor = load_pt(dst / Path(relative).with_suffix(".pt"))
+        assert torch.equal(tensor, to_tensor(pixels))
+    assert snapshot(src) == before  # inputs are never modified
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+
+
+def test_folder_strict_stops_and_writes_nothing(tmp_path):
+    src = tmp_path / "src"
+    make_tree(src)
+    result = convert(src, tmp_path / "dst", "--to", "npy", "--strict", "-j", "0")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ")
+    assert "--strict" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_folder_table_output_and_existing_destination(tmp_path):
+    src = tmp_path / "src"
+    make_tree(src)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "old.txt").write_text("keep")
+    result = convert(src, dst, "--to", "png", "-j", "0")
+    assert result.exit_code == 1 and "already exists" in result.stderr
+    assert (dst / "old.txt").exists()
+    result = ok(src, dst, "--to", "png", "-j", "0", "--force", "--format", "csv")
+    assert result.stdout.splitlines() == [
+        "converted,skipped,failed,files written,destination",
+        f"5,1,2,5,{dst}",
+    ]
+    assert not (dst / "old.txt").exists()
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(dst / "sub" / "e.png")), np.load(src / "sub" / "e.npy")
+    )
+
+
+def test_folder_outputs_that_would_collide(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    random_image("RGB").save(src / "x.png")
+    random_image("RGB").save(src / "x.bmp")
+    result = convert(src, tmp_path / "dst", "--to", "npy")
+    assert result.exit_code == 2
+    assert "would both become x.npy" in result.stderr
+
+
+def test_folder_needs_to_and_must_not_overlap(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    random_image("RGB").save(src / "x.png")
+    assert convert(src, tmp_path / "dst").exit_code == 2
+    result = convert(src, src / "inner", "--to", "npy")
+    assert result.exit_code == 2 and "overlap" in result.stderr
+    result = convert(src, tmp_path, "--to", "npy", "--force")
+    assert result.exit_code == 2
+    assert (src / "x.png").exists()
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+class _RunsShell:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_bad_single_files(tmp_path):
+    random_image("RGBA").save(tmp_path / "rgba.png")
+    (tmp_path / "empty.npy").write_bytes(b"")
+    (tmp_path / "text.npy").write_text("hello")
+    np.save(tmp_path / "objects.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    good = (tmp_path / "rgba.png").read_bytes()
+    (tmp_path / "cut.png").write_bytes(good[:60])
+    marker = tmp_path / "pwned"
+    torch.save({"x": _RunsShell(marker)}, tmp_path / "object.pt")
+    (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04garbage")
+    cases = [
+        (("missing.png", "x.npy"), 1, "Error: source not found"),
+        (("rgba.png", "x.xyz"), 2, "Error: unknown file extension '.xyz'"),
+        (("notes.txt", "x.npy"), 2, "unknown file extension '.txt'"),
+        (("empty.npy", "x.png"), 1, "is empty (0 bytes)"),
+        (("text.npy", "x.png"), 1, "is not a .npy file"),
+        (("objects.npy", "x.png"), 1, "holds Python objects"),
+        (("cut.png", "x.npy"), 1, "cannot read image"),
+        (("object.pt", "x.png"), 1, "holds a pickled Python object"),
+        (("cut.pt", "x.png"), 1, "cannot read"),
+        (("rgba.png", "x.jpg"), 1, "JPEG cannot store an alpha channel"),
+        (("rgba.png", "x.png", "--dtype", "float32"), 2, "--dtype sets the dtype"),
+        (("rgba.png", "rgba.png", "--force"), 2, "the destination is the source"),
+    ]
+    (tmp_path / "notes.txt").write_text("x")
+    for args, code, message in cases:
+        src, *rest = args
+        result = convert(tmp_path / src, *(tmp_path / a if "." in a else a for a in rest))
+        assert result.exit_code == code, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert not marker.exists()
+    assert (tmp_path / "rgba.png").read_bytes() == good
+    assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.png").exists()
+
+
+def test_existing_file_needs_force(tmp_path):
+    random_image("RGB").save(tmp_path / "a.png")
+    (tmp_path / "a.npy").write_bytes(b"old")
+    result = convert(tmp_path / "a.png", tmp_path / "a.npy")
+    assert result.exit_code == 1
+    assert "already exists" in result.stderr and "--force" in result.stderr
+    assert (tmp_path / "a.npy").read_bytes() == b"old"
+    ok(tmp_path / "a.png", tmp_path / "a.npy", "--force")
+    assert np.load(tmp_path / "a.npy").shape == (5, 7, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "a.png"]  # no temp files
+    # An existing -o report is refused before anything is converted.
+    (tmp_path / "report.json").write_text("{}")
+    result = convert(
+        tmp_path / "a.png", tmp_path / "b.pt", "--format", "json", "-o", tmp_path / "report.json"
+    )
+    assert result.exit_code == 1 and "already exists" in result.stderr
+    assert not (tmp_path / "b.pt").exists()
+    ok(
+        tmp_path / "a.png",
+        tmp_path / "b.pt",
+        "--format",
+        "json",
+        "-o",
+        tmp_path / "report.json",
+        "--force",
+    )
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["written"] == [
+        {"path": str(tmp_path / "b.pt"), "shape": [3, 5, 7], "dtype": "float32"}
+    ]

@@ -1,0 +1,382 @@
+"""`torchkit convert tensor|cifar|checkpoint`: the Typer layer over `torchkit.core.convert`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.app import TorchkitGroup
+from torchkit.cli.options import (
+    ForceOption,
+    FormatOption,
+    OutputOption,
+    StrictOption,
+    TrustCheckpointOption,
+    WorkersOption,
+)
+from torchkit.cli.render import OutputFormat, Table, emit
+
+convert_app = typer.Typer(
+    cls=TorchkitGroup,
+    help="Convert images, arrays and tensors; CIFAR batches to PNG folders; checkpoints.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+
+
+class TargetFormat(str, Enum):
+    png = "png"
+    jpg = "jpg"
+    jpeg = "jpeg"
+    bmp = "bmp"
+    webp = "webp"
+    tif = "tif"
+    tiff = "tiff"
+    npy = "npy"
+    pt = "pt"
+    pth = "pth"
+    safetensors = "safetensors"
+
+
+class Layout(str, Enum):
+    chw = "chw"
+    hwc = "hwc"
+
+
+class ArrayDtype(str, Enum):
+    uint8 = "uint8"
+    float32 = "float32"
+    float16 = "float16"
+
+
+class Scale(str, Enum):
+    one = "1"
+    full = "255"
+
+
+class LabelType(str, Enum):
+    fine = "fine"
+    coarse = "coarse"
+
+
+class WeightDtype(str, Enum):
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    float32 = "float32"
+
+
+@contextlib.contextmanager
+def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr (hidden when stderr is not a terminal), fed (done, total)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console.stderr,
+        disable=not console.stderr.is_terminal,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _check_report_output(output: Path | None, force: bool) -> None:
+    """Refuse an existing -o FILE before the work, not after it."""
+    if output is not None:
+        from torchkit.core.files import check_output
+
+        check_output(output, force)
+
+
+def _shape(shape) -> str:
+    return "x".join(str(n) for n in shape)
+
+
+def tensor(
+    src: Annotated[
+        Path, typer.Argument(help="An image, .npy, .pt/.pth or .safetensors file, or a folder.")
+    ],
+    dst: Annotated[
+        Path,
+        typer.Argument(help="The output file (format from its extension) or folder (see --to)."),
+    ],
+    to: Annotated[
+        Optional[TargetFormat],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option("--to", help="Output format when DST is a folder.", case_sensitive=False),
+    ] = None,
+    layout: Annotated[
+        Optional[Layout],  # noqa: UP045
+        typer.Option(
+            "--layout",
+            help="Axis order of the array/tensor side [default: hwc for .npy, chw for .pt and "
+            ".safetensors].",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
+    dtype: Annotated[
+        Optional[ArrayDtype],  # noqa: UP045
+        typer.Option(
+            "--dtype",
+            help="dtype of a written array/tensor [default: uint8 for .npy (uint16 for 16-bit "
+            "images), float32 for .pt and .safetensors].",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
+    scale: Annotated[
+        Optional[Scale],  # noqa: UP045
+        typer.Option(
+            "--scale",
+            help="Float values in [0, 1] or [0, 255] (implies float32 for .npy) [default: 1].",
+            show_default=False,
+        ),
+    ] = None,
+    key: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--key",
+            help="The tensor to read from a dict in a .pt/.safetensors file (and the "
+            "name written to .safetensors; default 'image').",
+        ),
+    ] = None,
+    grid: Annotated[
+        bool,
+        typer.Option("--grid", help="Tile a batch into one image, as torchvision's make_grid."),
+    ] = False,
+    nrow: Annotated[int, typer.Option("--nrow", help="Images per grid row.", min=1)] = 8,
+    no_exif: Annotated[
+        bool, typer.Option("--no-exif", help="Ignore the EXIF orientation of images.")
+    ] = False,
+    quality: Annotated[
+        int, typer.Option("--quality", help="JPEG/WebP quality.", min=1, max=100)
+    ] = 95,
+    workers: WorkersOption = None,
+    strict: StrictOption = False,
+    force: ForceOption = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+) -> None:
+    """Convert between image files, NumPy .npy, torch .pt and .safetensors, by extension. A
+    tensor is CHW float32 in [0, 1] (like to_tensor), an array HWC uint8 (like
+    np.asarray(Image.open(...))); 8-bit pixels survive round trips exactly. A folder is converted
+    recursively, in parallel, keeping its layout.
+
+    [dim]Examples:[/]
+      torchkit convert tensor photo.jpg photo.pt
+      torchkit convert tensor batch.pt grid.png --grid
+      torchkit convert tensor images/ arrays/ --to npy --workers 4
+    """
+    from torchkit.core.convert.tensor import TensorOptions, convert_tensor
+
+    _check_report_output(output, force)
+
+    options = TensorOptions(
+        to=to.value if to else None,
+        layout=layout.value if layout else None,
+        dtype=dtype.value if dtype else None,
+        scale=int(scale.value) if scale else None,
+        key=key,
+        exif=not no_exif,
+        grid=grid,
+        nrow=nrow,
+        quality=quality,
+    )
+    with _progress("converting") as progress:
+        report = convert_tensor(
+            src,
+            dst,
+            options,
+            force=force,
+            workers=workers,
+            strict=strict,
+            progress=progress,
+        )
+    if report.folder:
+        table = Table(
+            ["converted", "skipped", "failed", "files written", "destination"],
+            [
+                [
+                    report.converted,
+                    report.skipped,
+                    report.failed,
+                    len(report.written),
+                    report.destination,
+                ]
+            ],
+            align_right={"converted", "skipped", "failed", "files written"},
+        )
+    else:
+        table = Table(
+            ["file", "shape", "dtype"],
+            [[w.path, _shape(w.shape), w.dtype] for w in report.written],
+        )
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+
+
+def cifar(
+    src: Annotated[
+        Path,
+        typer.Argument(
+            help="cifar-10-python.tar.gz, cifar-100-python.tar.gz or the folder extracted from it."
+        ),
+    ],
+    out: Annotated[Path, typer.Argument(help="The output folder.")],
+    label_type: Annotated[
+        Optional[LabelType],  # noqa: UP045
+        typer.Option(
+            "--label-type",
+            help="CIFAR-100 class folders from the fine (100) or coarse (20) labels "
+            "[default: fine].",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
+    workers: WorkersOption = None,
+    force: ForceOption = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+) -> None:
+    """Write CIFAR-10/100 python batches as PNG folders: OUT/{train,test}/<class>/<index>.png,
+    with exactly the pickled pixels; <index> is the image's position in its split, as
+    torchvision's CIFAR10/CIFAR100 number them. Archives are read without extracting them and
+    pickles with a restricted unpickler: a file that tries to build anything but data is refused.
+
+    [dim]Examples:[/]
+      torchkit convert cifar cifar-10-python.tar.gz cifar10/
+      torchkit convert cifar cifar-100-python/ cifar100-coarse/ --label-type coarse
+    """
+    from torchkit.core.convert.cifar import convert_cifar
+
+    _check_report_output(output, force)
+
+    with _progress("writing PNGs") as progress:
+        report = convert_cifar(
+            src,
+            out,
+            label_type=label_type.value if label_type else None,
+            force=force,
+            workers=workers,
+            progress=progress,
+        )
+    rows = [
+        [split, count, len(report.classes), str(Path(report.output) / split)]
+        for split, count in report.counts.items()
+    ]
+    title = report.dataset + (f" ({report.label_type} labels)" if report.label_type else "")
+    table = Table(
+        ["split", "images", "classes", "folder"], rows, title=title, align_right={"images"}
+    )
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+    if report.seconds:
+        console.note(
+            f"{report.images} images in {report.seconds:.1f} s "
+            f"({report.images / report.seconds:,.0f} images/s)"
+        )
+
+
+def checkpoint(
+    src: Annotated[Path, typer.Argument(help="A checkpoint (.pt, .pth, .bin, .safetensors...).")],
+    dst: Annotated[
+        Path, typer.Argument(help="The output: .safetensors, or .pt/.pth for a plain state dict.")
+    ],
+    key: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--key",
+            help="Where the state dict is (model, state_dict, net, model_ema...) "
+            "[default: found automatically when unambiguous].",
+            show_default=False,
+        ),
+    ] = None,
+    strip_prefix: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--strip-prefix",
+            help="Remove this prefix from the keys that have it; '' keeps every key "
+            "[default: 'module.' when every key has it].",
+            show_default=False,
+        ),
+    ] = None,
+    add_prefix: Annotated[
+        str, typer.Option("--add-prefix", help="Prepend this to every key.", show_default=False)
+    ] = "",
+    dtype: Annotated[
+        Optional[WeightDtype],  # noqa: UP045
+        typer.Option(
+            "--dtype", help="Cast floating-point tensors.", case_sensitive=False, show_default=False
+        ),
+    ] = None,
+    trust_checkpoint: TrustCheckpointOption = False,
+    force: ForceOption = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+) -> None:
+    """Turn a checkpoint saved on any device into a plain CPU state dict (.pt or .safetensors):
+    the state dict is picked out of a training checkpoint, a DataParallel/DDP 'module.' prefix
+    is stripped, tensors are optionally cast. Loading is weights_only unless --trust-checkpoint.
+
+    [dim]Examples:[/]
+      torchkit convert checkpoint ddp_epoch90.pth resnet50.safetensors
+      torchkit convert checkpoint last.ckpt model.pt --key model_ema --dtype float16
+    """
+    from torchkit.core.convert.checkpoint import convert_checkpoint
+
+    _check_report_output(output, force)
+
+    report = convert_checkpoint(
+        src,
+        dst,
+        key=key,
+        strip_prefix=strip_prefix,
+        add_prefix=add_prefix,
+        dtype=dtype.value if dtype else None,
+        trust=trust_checkpoint,
+        force=force,
+    )
+    rows = [
+        ["source", report.source],
+        ["destination", report.destination],
+        ["state dict key", report.key or "(top level)"],
+        ["tensors", report.tensors],
+        ["parameters", report.parameters],
+        ["tensor bytes before", report.bytes_before],
+        ["tensor bytes after", report.bytes_after],
+        ["file bytes before", report.file_bytes_before],
+        ["file bytes after", report.file_bytes_after],
+        ["keys renamed", report.keys_renamed],
+        ["prefix stripped", report.prefix_stripped or ""],
+        ["prefix added", report.prefix_added or ""],
+        ["dtype", report.dtype or "unchanged"],
+        ["tensors cast", report.tensors_cast],
+        ["shared tensors copied", report.shared_tensors_copied],
+        ["entries left out", len(report.skipped_entries)],
+    ]
+    table = Table(["quantity", "value"], rows)
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+
+
+def register(app: typer.Typer) -> None:
+    convert_app.command("tensor")(tensor)
+    convert_app.command("cifar")(cifar)
+    convert_app.command("checkpoint")(checkpoint)
+    app.add_typer(convert_app, name="convert")

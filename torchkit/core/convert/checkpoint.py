@@ -1,0 +1,299 @@
+"""`convert checkpoint`: any checkpoint -> a plain CPU state dict in .pt or .safetensors.
+
+Loading goes through `core.checkpoint.load_checkpoint` (CPU `map_location`, `weights_only=True`
+unless trusted). The state dict is picked out of a training checkpoint, DataParallel/DDP's
+`module.` prefix is stripped when every key has it, floating-point tensors can be cast, and the
+result is written atomically. safetensors cannot store two names for one memory, so tensors that
+share storage (tied weights) are written as copies: every key loads back with
+`load_state_dict(strict=True)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
+from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.files import atomic_path, check_output, require_input
+
+log = logging.getLogger("torchkit")
+
+TORCH_EXTENSIONS = (".pt", ".pth", ".bin", ".ckpt")
+OUTPUT_EXTENSIONS = (*TORCH_EXTENSIONS, ".safetensors")
+DTYPES = ("float16", "bfloat16", "float32")
+# Where training scripts keep the weights, most usual first (timm, Lightning, torchvision refs).
+STATE_DICT_KEYS = (
+    "state_dict",
+    "model",
+    "model_state_dict",
+    "model_state",
+    "net",
+    "network",
+    "module",
+    "weights",
+    "params",
+    "model_ema",
+    "state_dict_ema",
+    "ema",
+)
+AUTO_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
+
+
+@dataclass
+class CheckpointReport:
+    source: str
+    destination: str
+    key: str | None
+    tensors: int
+    parameters: int
+    bytes_before: int
+    bytes_after: int
+    file_bytes_before: int
+    file_bytes_after: int
+    keys_renamed: int
+    prefix_stripped: str | None
+    prefix_added: str | None
+    dtype: str | None
+    tensors_cast: int
+    shared_tensors_copied: int
+    skipped_entries: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__, skipped_entries=list(self.skipped_entries))
+
+
+def _is_tensor_dict(value: Any) -> bool:
+    import torch
+
+    return (
+        isinstance(value, Mapping)
+        and len(value) > 0
+        and all(isinstance(v, torch.Tensor) for v in value.values())
+    )
+
+
+def _is_module(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.nn.Module)
+
+
+def _keys_hint(obj: Mapping) -> str:
+    keys = [str(k) for k in obj]
+    return "its top-level keys are: " + ", ".join(keys[:12]) + (" ..." if len(keys) > 12 else "")
+
+
+def _lookup(obj: Any, key: str) -> Any:
+    """`obj[key]`, or a dotted path `a.b` through nested dicts when `key` itself is absent."""
+    if isinstance(obj, Mapping) and key in obj:
+        return obj[key]
+    node = obj
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            hint = _keys_hint(obj) if isinstance(obj, Mapping) else None
+            raise UsageError(f"the checkpoint has no key {key!r}", hint)
+        node = node[part]
+    return node
+
+
+def pick_state_dict(obj: Any, key: str | None = None) -> tuple[Mapping, str | None]:
+    """The state dict inside a checkpoint and the key it was found under (None: top level).
+
+    Without `key` it must be unambiguous: a flat dict of tensors; a torchkit checkpoint's
+    `model`; or the one entry that is a dict of tensors (entries with the usual names, such as
+    `state_dict` or `model`, first). Several candidates (say `model` and `model_ema`) need `key`.
+    """
+    if _is_module(obj):
+        return obj.state_dict(), None
+    if key is not None:
+        value = _lookup(obj, key)
+        if _is_module(value):
+            return value.state_dict(), key
+        if not isinstance(value, Mapping) or not value:
+            raise CheckpointError(f"checkpoint[{key!r}] is a {type(value).__name__}, not weights")
+        return value, key
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"the checkpoint holds a {type(obj).__name__}, not model weights")
+    if _is_tensor_dict(obj):
+        return obj, None
+    if is_torchkit_checkpoint(obj) and _is_tensor_dict(obj["model"]):
+        return obj["model"], "model"
+    candidates = [k for k, v in obj.items() if _is_tensor_dict(v) or _is_module(v)]
+    known = [k for k in candidates if k in STATE_DICT_KEYS]
+    chosen = known if known else candidates
+    if len(chosen) == 1:
+        value = obj[chosen[0]]
+        return (value.state_dict() if _is_module(value) else value), str(chosen[0])
+    if not chosen:
+        raise CheckpointError("cannot find a state dict in the checkpoint", _keys_hint(obj))
+    raise CheckpointError(
+        "the checkpoint holds several state dicts: " + ", ".join(map(str, chosen)),
+        "pick one with --key " + str(chosen[0]),
+    )
+
+
+def rename_keys(
+    names: list[str], strip_prefix: str | None, add_prefix: str
+) -> tuple[dict[str, str], str | None]:
+    """{old: new} and the prefix actually stripped.
+
+    `strip_prefix=None` strips `module.` (and torch.compile's `_orig_mod.`) only when every key
+    has it, as DataParallel/DDP leave them; "" strips nothing; any other text is stripped from
+    the keys that start with it.
+    """
+    stripped = ""
+    renamed = {name: name for name in names}
+    if strip_prefix is None:
+        current = list(names)
+        changed = True
+        while changed and current:
+            changed = False
+            for prefix in AUTO_PREFIXES:
+                if all(name.startswith(prefix) for name in current):
+                    current = [name[len(prefix) :] for name in current]
+                    stripped += prefix
+                    changed = True
+        renamed = dict(zip(names, current, strict=True))
+        partial = sum(name.startswith("module.") for name in current)
+        if partial:
+            log.warning(
+                f"{partial} of {len(names)} keys start with 'module.' and were left as they are "
+                "(pass --strip-prefix module. to strip it where present)"
+            )
+    elif strip_prefix:
+        hits = [name for name in names if name.startswith(strip_prefix)]
+        if not hits:
+            log.warning(f"no key starts with {strip_prefix!r}; nothing was stripped")
+        else:
+            stripped = strip_prefix
+        renamed = {
+            name: name[len(strip_prefix) :] if name.startswith(strip_prefix) else name
+            for name in names
+        }
+    if add_prefix:
+        renamed = {old: add_prefix + new for old, new in renamed.items()}
+    seen: dict[str, str] = {}
+    for old, new in renamed.items():
+        if not new:
+            raise CheckpointError(f"stripping the prefix leaves the key {old!r} empty")
+        if new in seen:
+            raise CheckpointError(
+                f"renaming makes two keys the same: {seen[new]!r} and {old!r} -> {new!r}",
+                "check --strip-prefix and --add-prefix",
+            )
+        seen[new] = old
+    return renamed, stripped or None
+
+
+def _nbytes(tensor: Any) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _unshare(tensors: dict[str, Any]) -> int:
+    """Copy tensors that share memory with another one (safetensors stores each name's own
+    bytes); return how many were copied."""
+    seen: set[int] = set()
+    copied = 0
+    for name, tensor in tensors.items():
+        if tensor.numel() == 0:
+            continue
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen or _nbytes(tensor) != tensor.untyped_storage().nbytes():
+            tensors[name] = tensor.clone()
+            copied += storage in seen
+        seen.add(storage)
+    return copied
+
+
+def convert_checkpoint(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    key: str | None = None,
+    strip_prefix: str | None = None,
+    add_prefix: str = "",
+    dtype: str | None = None,
+    trust: bool = False,
+    force: bool = False,
+) -> CheckpointReport:
+    """Load `src` on the CPU, pick the state dict, rename and cast it, write `dst`
+    (.safetensors, or a plain state dict for .pt/.pth/.bin/.ckpt)."""
+    import torch
+
+    source = require_input(src, what="checkpoint", kind="file")
+    target = Path(dst)
+    if target.suffix.lower() not in OUTPUT_EXTENSIONS:
+        raise UsageError(
+            f"cannot tell the output format from {target.name!r}",
+            "end DST with .safetensors or .pt (.pth, .bin, .ckpt)",
+        )
+    if dtype is not None and dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if target.exists() and target.resolve() == source.resolve():
+        raise UsageError("DST is the source checkpoint", "inputs are never overwritten")
+    check_output(target, force)
+
+    obj = load_checkpoint(source, trust=trust)
+    state, picked = pick_state_dict(obj, key)
+    tensors: dict[str, Any] = {}
+    skipped = []
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            tensors[str(name)] = value
+        else:
+            skipped.append(str(name))
+    if skipped:
+        log.warning(
+            f"{len(skipped)} entries are not tensors and were left out: {', '.join(skipped[:5])}"
+            + (" ..." if len(skipped) > 5 else "")
+        )
+    if not tensors:
+        raise CheckpointError("the state dict holds no tensors")
+
+    renamed, stripped = rename_keys(list(tensors), strip_prefix, add_prefix)
+    cast_to = getattr(torch, dtype) if dtype else None
+    out: dict[str, Any] = {}
+    cast = 0
+    for old, tensor in tensors.items():
+        tensor = tensor.detach()
+        if cast_to is not None and tensor.is_floating_point() and tensor.dtype != cast_to:
+            tensor = tensor.to(cast_to)
+            cast += 1
+        out[renamed[old]] = tensor if tensor.is_contiguous() else tensor.contiguous()
+
+    shared = 0
+    if target.suffix.lower() == ".safetensors":
+        from safetensors.torch import save_file
+
+        shared = _unshare(out)
+        try:
+            with atomic_path(target) as tmp:
+                save_file(out, str(tmp), metadata={"format": "pt"})
+        except (ValueError, RuntimeError) as error:
+            raise CheckpointError(f"cannot write {target} as safetensors: {error}") from None
+    else:
+        save_checkpoint(out, target)
+
+    return CheckpointReport(
+        source=str(source),
+        destination=str(target),
+        key=picked,
+        tensors=len(out),
+        parameters=sum(t.numel() for t in out.values()),
+        bytes_before=sum(_nbytes(t) for t in tensors.values()),
+        bytes_after=sum(_nbytes(t) for t in out.values()),
+        file_bytes_before=source.stat().st_size,
+        file_bytes_after=target.stat().st_size,
+        keys_renamed=sum(old != new for old, new in renamed.items()),
+        prefix_stripped=stripped,
+        prefix_added=add_prefix or None,
+        dtype=dtype,
+        tensors_cast=cast,
+        shared_tensors_copied=shared,
+        skipped_entries=skipped,
+    )

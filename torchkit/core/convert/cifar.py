@@ -1,0 +1,380 @@
+"""CIFAR-10 / CIFAR-100 "python version" (archive or folder) to PNG image folders.
+
+Layout written: `OUT/{train,test}/<class>/<index>.png`, where `<index>` is the image's position in
+its split (the batches concatenated in order, as torchvision's `CIFAR10`/`CIFAR100` number them),
+zero-padded so that names sort in that order.
+
+Archives are never extracted: the members needed are read into memory, and an archive with a
+member path that could escape a folder (`../`, absolute) is refused outright. The pickles are read
+with a restricted unpickler (see `safe_pickle`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
+from torchkit.core.convert.safe_pickle import restricted_loads
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.files import atomic_dir, require_input
+
+CIFAR10 = "cifar-10"
+CIFAR100 = "cifar-100"
+SIDE = 32
+ROW_BYTES = 3 * SIDE * SIDE
+LABEL_TYPES = ("fine", "coarse")
+SPLITS = ("train", "test")
+
+_CIFAR10_TRAIN = re.compile(r"data_batch_(\d+)")
+_CIFAR_NAMES = re.compile(r"data_batch_\d+|test_batch|batches\.meta|train|test|meta")
+
+
+@dataclass
+class CifarData:
+    """The decoded dataset: per split, images as (N, 32, 32, 3) RGB uint8 and labels (N,)."""
+
+    dataset: str
+    classes: list[str]
+    images: dict[str, Any]
+    labels: dict[str, Any]
+    label_type: str | None = None
+
+
+@dataclass
+class CifarReport:
+    dataset: str
+    label_type: str | None
+    output: str
+    classes: list[str]
+    counts: dict[str, int]
+    class_counts: dict[str, list[int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def images(self) -> int:
+        return sum(self.counts.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "dataset": self.dataset,
+            "label_type": self.label_type,
+            "output": self.output,
+            "images": self.images,
+            "splits": dict(self.counts),
+            "classes": list(self.classes),
+            "class_counts": {k: list(v) for k, v in self.class_counts.items()},
+            "seconds": round(self.seconds, 3),
+            "images_per_second": round(self.images / self.seconds, 1) if self.seconds else None,
+        }
+
+
+# --- finding the files ------------------------------------------------------------------------
+
+
+def _unsafe_member_path(name: str) -> bool:
+    path = PurePosixPath(name.replace("\\", "/"))
+    return path.is_absolute() or ".." in path.parts or bool(re.match(r"^[A-Za-z]:", name))
+
+
+def _is_wanted(relative: str) -> bool:
+    """A file a CIFAR folder holds, at the top or one folder down (`cifar-10-batches-py/...`)."""
+    parts = PurePosixPath(relative).parts
+    return 1 <= len(parts) <= 2 and bool(_CIFAR_NAMES.fullmatch(parts[-1]))
+
+
+def _read_archive(archive: Path) -> dict[str, bytes]:
+    """The CIFAR members of a tar archive (any compression), read in one streaming pass."""
+    found: dict[str, bytes] = {}
+    try:
+        with tarfile.open(archive, mode="r|*") as tar:
+            for member in tar:
+                if _unsafe_member_path(member.name) or (
+                    (member.issym() or member.islnk()) and _unsafe_member_path(member.linkname)
+                ):
+                    raise InputError(
+                        f"refused to read {archive}: its member {member.name!r} points outside "
+                        "its folder",
+                        "the archive is not a genuine CIFAR download; it may be malicious",
+                    )
+                name = PurePosixPath(member.name.replace("\\", "/")).as_posix()
+                if member.isfile() and _is_wanted(name):
+                    handle = tar.extractfile(member)
+                    if handle is not None:
+                        found[name] = handle.read()
+    except InputError:
+        raise
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
+        raise InputError(
+            f"cannot read archive {archive}: {error or type(error).__name__}",
+            "the file is truncated or not a .tar.gz archive",
+        ) from None
+    return found
+
+
+def _read_folder(folder: Path) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    children = [path for path in folder.iterdir() if not path.name.startswith(".")]
+    grandchildren = [path for child in children if child.is_dir() for path in child.iterdir()]
+    for path in children + grandchildren:
+        relative = path.relative_to(folder).as_posix()
+        if path.is_file() and _is_wanted(relative):
+            found[relative] = path.read_bytes()
+    return found
+
+
+def _group_files(files: Mapping[str, bytes], source: Path) -> tuple[str, dict[str, bytes]]:
+    """Pick the one folder holding a CIFAR meta file; return (dataset, {basename: bytes})."""
+    groups: dict[str, dict[str, bytes]] = {}
+    for relative, data in files.items():
+        path = PurePosixPath(relative)
+        groups.setdefault(str(path.parent), {})[path.name] = data
+    candidates = []
+    for folder, members in sorted(groups.items()):
+        if "batches.meta" in members:
+            candidates.append((CIFAR10, folder, members))
+        elif "meta" in members and ("train" in members or "test" in members):
+            candidates.append((CIFAR100, folder, members))
+    if not candidates:
+        raise InputError(
+            f"{source} is not a CIFAR-10 or CIFAR-100 python dataset (no batches.meta or meta)",
+            "give cifar-10-python.tar.gz, cifar-100-python.tar.gz or the folder extracted from it",
+        )
+    if len(candidates) > 1:
+        where = ", ".join(f"{folder} ({dataset})" for dataset, folder, _ in candidates)
+        raise InputError(f"{source} holds several CIFAR datasets: {where}", "point at one of them")
+    dataset, _, members = candidates[0]
+    return dataset, members
+
+
+def _split_files(dataset: str, members: Mapping[str, bytes], source: Path) -> dict[str, list]:
+    """{split: [(name, bytes), ...]} in the order torchvision reads them."""
+    if dataset == CIFAR100:
+        missing = [name for name in ("train", "test") if name not in members]
+        if missing:
+            raise InputError(f"{source} is an incomplete CIFAR-100 folder: {missing[0]} is missing")
+        return {"train": [("train", members["train"])], "test": [("test", members["test"])]}
+    numbers = sorted(int(m.group(1)) for n in members if (m := _CIFAR10_TRAIN.fullmatch(n)))
+    if not numbers or numbers != list(range(1, len(numbers) + 1)):
+        expected = next(i for i in range(1, len(numbers) + 2) if i not in numbers)
+        raise InputError(
+            f"{source} is an incomplete CIFAR-10 folder: data_batch_{expected} is missing"
+        )
+    if "test_batch" not in members:
+        raise InputError(f"{source} is an incomplete CIFAR-10 folder: test_batch is missing")
+    train = [(f"data_batch_{i}", members[f"data_batch_{i}"]) for i in numbers]
+    return {"train": train, "test": [("test_batch", members["test_batch"])]}
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> Any:
+    return value.decode("latin1") if isinstance(value, bytes) else value
+
+
+def _as_dict(obj: Any, source: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise InputError(f"{source} is not a CIFAR file: it holds a {type(obj).__name__}")
+    return {_text(key): value for key, value in obj.items()}
+
+
+def _class_names(meta: Mapping[str, Any], key: str, source: str) -> list[str]:
+    names = meta.get(key)
+    if not isinstance(names, (list, tuple)) or not names:
+        raise InputError(f"{source} has no {key} list", "it is not a CIFAR meta file")
+    classes = []
+    for raw in names:
+        name = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+        # Class names become folder names: refuse anything that is not one plain path component.
+        if (
+            not isinstance(name, str)
+            or name.strip() in ("", ".", "..")
+            or any(c in name for c in "/\\\0")
+        ):
+            raise InputError(f"{source} has an unusable class name {raw!r}", "it must be a name")
+        classes.append(name)
+    if len(set(classes)) != len(classes):
+        raise InputError(f"{source} lists the same class name twice")
+    return classes
+
+
+def _decode_batch(raw: bytes, source: str, label_key: str, num_classes: int) -> tuple[Any, Any]:
+    import numpy as np
+
+    batch = _as_dict(restricted_loads(raw, source=source), source)
+    data = batch.get("data")
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2:
+        raise InputError(f"{source} has no uint8 `data` array", "it is not a CIFAR batch")
+    if data.shape[1] != ROW_BYTES:
+        raise InputError(
+            f"{source} holds rows of {data.shape[1]} bytes, not {ROW_BYTES} (32x32 RGB)",
+            "it is not a CIFAR batch",
+        )
+    if label_key not in batch:
+        raise InputError(f"{source} has no `{label_key}` list", "it is not a CIFAR batch")
+    try:
+        labels = np.asarray(batch[label_key], dtype=np.int64).reshape(-1)
+    except (TypeError, ValueError) as error:
+        raise InputError(f"{source} has unreadable labels: {error}") from None
+    if len(labels) != len(data):
+        raise InputError(f"{source} has {len(data)} images but {len(labels)} labels")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise InputError(
+            f"{source} has labels outside 0..{num_classes - 1}", "the meta file does not match"
+        )
+    # Each row is 1024 red, 1024 green, then 1024 blue bytes, each plane row-major.
+    images = data.reshape(-1, 3, SIDE, SIDE).transpose(0, 2, 3, 1)
+    return images, labels
+
+
+def read_cifar(src: str | os.PathLike, *, label_type: str | None = None) -> CifarData:
+    """Decode a CIFAR-10/100 python archive or folder. `label_type` (fine|coarse) is CIFAR-100's
+    choice of labels; fine by default."""
+    import numpy as np
+
+    source = require_input(src, what="CIFAR source")
+    if label_type is not None and label_type not in LABEL_TYPES:
+        raise UsageError(f"--label-type must be fine or coarse, not {label_type!r}")
+    if source.is_dir():
+        files = _read_folder(source)
+    elif tarfile.is_tarfile(source):
+        files = _read_archive(source)
+    else:
+        raise InputError(
+            f"{source} is neither a folder nor a tar archive",
+            "give cifar-10-python.tar.gz, cifar-100-python.tar.gz or the folder extracted from it",
+        )
+    dataset, members = _group_files(files, source)
+    split_files = _split_files(dataset, members, source)
+    meta_name = "batches.meta" if dataset == CIFAR10 else "meta"
+    meta = _as_dict(restricted_loads(members[meta_name], source=meta_name), meta_name)
+    if dataset == CIFAR10:
+        if label_type == "coarse":
+            raise UsageError("CIFAR-10 has no coarse labels", "--label-type is for CIFAR-100 only")
+        label_type = None
+        classes = _class_names(meta, "label_names", meta_name)
+        label_key = "labels"
+    else:
+        label_type = label_type or "fine"
+        classes = _class_names(meta, f"{label_type}_label_names", meta_name)
+        label_key = f"{label_type}_labels"
+    images: dict[str, Any] = {}
+    labels: dict[str, Any] = {}
+    for split, parts in split_files.items():
+        decoded = [_decode_batch(raw, name, label_key, len(classes)) for name, raw in parts]
+        images[split] = np.concatenate([d[0] for d in decoded])
+        labels[split] = np.concatenate([d[1] for d in decoded])
+    return CifarData(dataset, classes, images, labels, label_type)
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def image_paths(labels, classes: list[str], split: str) -> list[str]:
+    """`split/<class>/<index>.png` for each image, the index zero-padded to sort in order."""
+    width = len(str(max(len(labels) - 1, 0)))
+    return [f"{split}/{classes[label]}/{index:0{width}d}.png" for index, label in enumerate(labels)]
+
+
+def _write_pngs(task: tuple[str, Any, list[str]]) -> int:
+    """Worker: encode each (32, 32, 3) BGR image as PNG and write it under `root`."""
+    import cv2
+
+    root, images, paths = task
+    for image, relative in zip(images, paths, strict=True):
+        ok, encoded = cv2.imencode(".png", image)
+        if not ok:
+            raise OSError(f"cannot encode {relative} as PNG")
+        with open(os.path.join(root, relative), "wb") as handle:
+            handle.write(encoded.tobytes())
+    return len(paths)
+
+
+def write_cifar(
+    data: CifarData,
+    out: str | os.PathLike,
+    *,
+    force: bool = False,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CifarReport:
+    """Write `data` as PNG folders into `out` (built beside it and renamed into place)."""
+    import numpy as np
+
+    started = time.perf_counter()
+    workers = default_workers() if workers is None else workers
+    total = sum(len(v) for v in data.labels.values())
+    done = 0
+    class_counts = {}
+    with atomic_dir(out, force) as root:
+        tasks = []
+        for split in SPLITS:
+            labels = data.labels[split]
+            class_counts[split] = np.bincount(labels, minlength=len(data.classes)).tolist()
+            for name in data.classes:
+                (root / split / name).mkdir(parents=True)
+            paths = image_paths(labels.tolist(), data.classes, split)
+            # Each chunk holds one class and neighbouring chunks different classes, so workers
+            # create files in different folders (file creation in one folder serialises on the
+            # folder's lock in the kernel).
+            for label in range(len(data.classes)):
+                members = np.flatnonzero(labels == label)
+                # OpenCV writes BGR: one contiguous copy per class instead of one per image.
+                bgr = np.ascontiguousarray(data.images[split][members][..., ::-1])
+                for number, chunk in enumerate(chunked(range(len(members)), workers)):
+                    chosen = members[chunk.start : chunk.stop]
+                    task = (str(root), bgr[chunk.start : chunk.stop], [paths[i] for i in chosen])
+                    tasks.append(((number, split, label), task))
+        tasks = [task for _, task in sorted(tasks, key=lambda item: item[0])]
+
+        def advance(count: int) -> None:
+            nonlocal done
+            done += count
+            if progress is not None:
+                progress(done, total)
+
+        map_chunks(_write_pngs, tasks, workers=workers, on_result=advance)
+    return CifarReport(
+        dataset=data.dataset,
+        label_type=data.label_type,
+        output=str(out),
+        classes=list(data.classes),
+        counts={split: len(data.labels[split]) for split in SPLITS},
+        class_counts=class_counts,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def convert_cifar(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    label_type: str | None = None,
+    force: bool = False,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CifarReport:
+    """CIFAR-10/100 python archive or folder -> `out/{train,test}/<class>/<index>.png`."""
+    from torchkit.core.files import check_output
+
+    source = require_input(src, what="CIFAR source")
+    target = Path(out)
+    if target.resolve() == source.resolve() or source.resolve().is_relative_to(target.resolve()):
+        raise UsageError(
+            f"the output folder {target} holds the input {source}",
+            "choose an output folder outside the input",
+        )
+    check_output(target, force, what="output folder")  # fail before the slow read
+    started = time.perf_counter()
+    data = read_cifar(source, label_type=label_type)
+    report = write_cifar(data, target, force=force, workers=workers, progress=progress)
+    report.seconds = time.perf_counter() - started
+    return report

@@ -1,0 +1,271 @@
+"""What an array of pixels means, and converting it between the PyTorch and NumPy conventions.
+
+Everything read is first put in one canonical form, `Pixels`: channels last, (H, W, C) or
+(N, H, W, C) with C in 1..4, and a dtype that says how to read the values:
+
+- uint8: raw 8-bit pixels, 0..255;
+- uint16: raw 16-bit pixels, 0..65535 (16-bit PNG/TIFF);
+- float: intensities where 1.0 is full scale (what `to_tensor` gives).
+
+Writers then produce what each format expects. The conversions are exact where the formats allow
+it: uint8 -> float32 is `v / 255` in float32 (bit-identical to torchvision's `to_tensor`) and
+float -> uint8 is `round(x * 255)`, so 8-bit pixels survive any number of round trips. Floats are
+clamped to [0, 1] (with a warning) before they become integers: never wrapped, as `.byte()` would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.errors import InputError
+
+LAYOUTS = ("chw", "hwc")
+DTYPES = ("uint8", "float32", "float16")
+SCALES = (1, 255)
+MAX_CHANNELS = 4
+
+Warn = Callable[[str], None]
+
+
+@dataclass
+class Pixels:
+    """An image (H, W, C) or a batch (N, H, W, C), channels last; see the module docstring."""
+
+    array: Any  # numpy.ndarray
+    name: str = ""
+    scale: int = 1  # the scale float values were given in (for messages only)
+
+    @property
+    def batch(self) -> bool:
+        return self.array.ndim == 4
+
+    @property
+    def is_float(self) -> bool:
+        return self.array.dtype.kind == "f"
+
+    def images(self) -> list[Pixels]:
+        """The single images of a batch (or this image)."""
+        if not self.batch:
+            return [self]
+        return [Pixels(image, self.name, self.scale) for image in self.array]
+
+
+def _channels_ok(count: int) -> bool:
+    return 1 <= count <= MAX_CHANNELS
+
+
+def _choose_layout(shape: tuple[int, ...], default: str) -> str:
+    """CHW or HWC for a 3-D (or 4-D batch) shape: the one that gives 1..4 channels, or the
+    format's convention when both (or neither) do."""
+    chw = _channels_ok(shape[-3])
+    hwc = _channels_ok(shape[-1])
+    if chw and not hwc:
+        return "chw"
+    if hwc and not chw:
+        return "hwc"
+    return default
+
+
+def from_array(
+    array: Any,
+    *,
+    name: str,
+    layout: str | None = None,
+    default_layout: str = "hwc",
+    scale: int | None = None,
+) -> Pixels:
+    """Interpret a NumPy array read from a .npy/.pt/.safetensors file.
+
+    2-D is (H, W); 3-D is one image in `layout` (guessed from the shape when None); 4-D is a
+    batch. Integer arrays are raw pixels (0..255, or 0..65535 when they need 16 bits); float
+    arrays are intensities in [0, 1], or in [0, 255] with `scale=255`.
+    """
+    import numpy as np
+
+    shape = tuple(array.shape)
+    if array.ndim not in (2, 3, 4) or 0 in shape:
+        raise InputError(
+            f"{name} holds an array of shape {shape}, not an image",
+            "expected (H, W), (C, H, W) / (H, W, C), or a batch (N, C, H, W) / (N, H, W, C)",
+        )
+    if array.ndim == 2:
+        array = array[..., None]
+    else:
+        chosen = layout or _choose_layout(shape, default_layout)
+        if chosen == "chw":
+            array = np.moveaxis(array, -3, -1)
+        if not _channels_ok(array.shape[-1]):
+            hint = (
+                "a batch of grayscale images needs a channel axis: (N, 1, H, W)"
+                if array.ndim == 3
+                else "pass --layout chw or --layout hwc"
+            )
+            raise InputError(
+                f"{name} has shape {shape}: as {chosen.upper()} that is "
+                f"{array.shape[-1]} channels, not 1 to {MAX_CHANNELS}",
+                hint,
+            )
+    array = np.ascontiguousarray(array)
+    kind = array.dtype.kind
+    if kind == "b":
+        return Pixels(array.astype(np.uint8) * np.uint8(255), name)
+    if array.dtype in (np.uint8, np.uint16):
+        return Pixels(array, name)
+    if kind in "iu":
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high > 65535:
+            raise InputError(
+                f"{name} holds integers from {low} to {high}, not pixel values",
+                "integer images must lie in 0..255 (or 0..65535 for 16 bits)",
+            )
+        return Pixels(array.astype(np.uint8 if high <= 255 else np.uint16), name)
+    if kind == "f":
+        if array.dtype != np.float64:
+            array = array.astype(np.float32)
+        if scale == 255:
+            array = array / array.dtype.type(255)
+        return Pixels(array, name, scale or 1)
+    raise InputError(f"{name} holds {array.dtype} values, not pixels")
+
+
+def _float_to_uint8(pixels: Pixels, warn: Warn | None) -> Any:
+    import numpy as np
+
+    array = pixels.array
+    bad = ~np.isfinite(array)
+    if bad.any():
+        if warn:
+            warn(f"{pixels.name}: {int(bad.sum())} NaN or infinite values were set to 0")
+        array = np.where(bad, 0, array)
+    low, high = float(array.min()), float(array.max())
+    if low < 0 or high > 1:
+        outside = int(((array < 0) | (array > 1)).sum())
+        if warn:
+            s = pixels.scale
+            warn(
+                f"{pixels.name}: {outside} values outside [0, {s}] were clamped "
+                f"(min {low * s:.4g}, max {high * s:.4g})"
+            )
+        array = np.clip(array, 0, 1)
+    return np.rint(array * 255).astype(np.uint8)
+
+
+def _uint16_to_uint8(array: Any) -> Any:
+    import numpy as np
+
+    # 65535 / 257 == 255 exactly: the 8-bit value whose 16-bit expansion is closest.
+    return np.rint(array / 257.0).astype(np.uint8)
+
+
+def to_uint8(pixels: Pixels, warn: Warn | None = None) -> Any:
+    import numpy as np
+
+    if pixels.array.dtype == np.uint8:
+        return pixels.array
+    if pixels.array.dtype == np.uint16:
+        return _uint16_to_uint8(pixels.array)
+    return _float_to_uint8(pixels, warn)
+
+
+def to_float(pixels: Pixels, dtype: str = "float32", scale: int = 1) -> Any:
+    """Intensities as float32/float16 in [0, 1] (`scale=1`) or [0, 255] (`scale=255`)."""
+    import numpy as np
+
+    array = pixels.array
+    if array.dtype == np.uint8:
+        values = array.astype(np.float32)
+        result = values if scale == 255 else values / np.float32(255)
+    elif array.dtype == np.uint16:
+        values = array.astype(np.float32)
+        result = values / np.float32(257) if scale == 255 else values / np.float32(65535)
+    else:
+        result = array * 255 if scale == 255 else array
+    return result.astype(np.float16 if dtype == "float16" else np.float32)
+
+
+def to_array(
+    pixels: Pixels,
+    *,
+    layout: str,
+    dtype: str,
+    scale: int | None = None,
+    warn: Warn | None = None,
+) -> Any:
+    """The array a .npy/.pt/.safetensors file stores: `layout` chw|hwc, `dtype` uint8, uint16
+    (16-bit sources only), float32 or float16. A single-channel HWC image is (H, W), as
+    `np.asarray(PIL.Image.open(...))` gives; a single-channel CHW image is (1, H, W), as
+    `to_tensor` gives."""
+    import numpy as np
+
+    if dtype == "uint8":
+        array = to_uint8(pixels, warn)
+    elif dtype == "uint16":
+        if pixels.array.dtype != np.uint16:
+            raise ValueError("uint16 output is only for 16-bit sources")
+        array = pixels.array
+    else:
+        array = to_float(pixels, dtype, scale or 1)
+    if layout == "chw":
+        array = np.moveaxis(array, -1, -3)
+    elif not pixels.batch and array.shape[-1] == 1:
+        array = array[..., 0]
+    return np.ascontiguousarray(array)
+
+
+def to_image(pixels: Pixels, *, sixteen_bit: bool, warn: Warn | None = None) -> Any:
+    """(H, W) or (H, W, C) uint8 for an image file; uint16 kept where the format has 16 bits."""
+    import numpy as np
+
+    if pixels.array.dtype == np.uint16 and not sixteen_bit:
+        if warn:
+            warn(f"{pixels.name}: the format stores 8 bits; 16-bit values were scaled to 8 bits")
+        array = _uint16_to_uint8(pixels.array)
+    elif pixels.array.dtype == np.uint16:
+        array = pixels.array
+    else:
+        array = to_uint8(pixels, warn)
+    return array[..., 0] if array.shape[-1] == 1 else array
+
+
+def make_grid(pixels: Pixels, *, nrow: int = 8, padding: int = 2, pad_value: float = 0) -> Pixels:
+    """One image tiling a batch, exactly as `torchvision.utils.make_grid` (without normalize):
+    `nrow` images a row, `padding` pixels of `pad_value` around each; grayscale becomes RGB."""
+    import numpy as np
+
+    array = pixels.array if pixels.batch else pixels.array[None]
+    if array.shape[-1] == 1:
+        array = np.repeat(array, 3, axis=-1)
+    count, height, width, channels = array.shape
+    if count == 1:
+        return Pixels(np.ascontiguousarray(array[0]), pixels.name, pixels.scale)
+    columns = min(nrow, count)
+    rows = -(-count // columns)
+    cell_h, cell_w = height + padding, width + padding
+    fill = pad_value if array.dtype.kind == "f" else int(pad_value)
+    grid = np.full(
+        (cell_h * rows + padding, cell_w * columns + padding, channels), fill, dtype=array.dtype
+    )
+    for index in range(count):
+        top = (index // columns) * cell_h + padding
+        left = (index % columns) * cell_w + padding
+        grid[top : top + height, left : left + width] = array[index]
+    return Pixels(grid, pixels.name, pixels.scale)
+
+
+def apply_exif_orientation(array: Any, orientation: int) -> Any:
+    """Turn an (H, W, ...) array the way EXIF orientation 1..8 says, as PIL's exif_transpose."""
+    import numpy as np
+
+    transforms = {
+        2: lambda a: a[:, ::-1],
+        3: lambda a: a[::-1, ::-1],
+        4: lambda a: a[::-1],
+        5: lambda a: np.swapaxes(a, 0, 1),
+        6: lambda a: np.rot90(a, -1),
+        7: lambda a: np.rot90(a, 2).swapaxes(0, 1),
+        8: lambda a: np.rot90(a, 1),
+    }
+    transform = transforms.get(orientation)
+    return array if transform is None else np.ascontiguousarray(transform(array))

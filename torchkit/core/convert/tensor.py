@@ -1,0 +1,636 @@
+"""`convert tensor`: image files <-> NumPy .npy <-> torch .pt/.pth <-> .safetensors.
+
+One file to one file (or to several, for a batch written as images), or a whole folder tree in
+worker processes. The format of each file is chosen by its extension. See `pixels` for what the
+values mean on each side and how they are converted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.convert import pixels as px
+from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
+from torchkit.core.errors import InputError, TorchkitError, UsageError
+from torchkit.core.files import atomic_dir, atomic_path, check_output, require_input
+
+log = logging.getLogger("torchkit")
+
+IMAGE_FORMATS = {
+    ".png": "PNG",
+    ".jpg": "JPEG",
+    ".jpeg": "JPEG",
+    ".bmp": "BMP",
+    ".webp": "WEBP",
+    ".tif": "TIFF",
+    ".tiff": "TIFF",
+}
+ARRAY_EXTENSIONS = (".npy",)
+TENSOR_EXTENSIONS = (".pt", ".pth", ".safetensors")
+EXTENSIONS = (*IMAGE_FORMATS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
+SIXTEEN_BIT_FORMATS = ("PNG", "TIFF")
+DEFAULT_TENSOR_NAME = "image"
+
+
+def kind_of(extension: str) -> str:
+    """'image', 'array' (.npy) or 'tensor' (.pt, .pth, .safetensors)."""
+    extension = extension.lower()
+    if extension in IMAGE_FORMATS:
+        return "image"
+    if extension in ARRAY_EXTENSIONS:
+        return "array"
+    if extension in TENSOR_EXTENSIONS:
+        return "tensor"
+    raise UsageError(
+        f"unknown file extension {extension or '(none)'!r}", "supported: " + " ".join(EXTENSIONS)
+    )
+
+
+@dataclass
+class TensorOptions:
+    """How to read and write the array/tensor side of a conversion.
+
+    `layout`, `dtype` and `scale` describe the array or tensor side: the output when it is a
+    .npy/.pt/.safetensors file, else the input. None means the convention of the format: .npy is
+    HWC uint8 (uint16 for 16-bit images), .pt and .safetensors are CHW float32 in [0, 1]. A
+    `scale` for a .npy output implies float32.
+    """
+
+    to: str | None = None  # output extension (".png") when the destination is a folder
+    layout: str | None = None
+    dtype: str | None = None
+    scale: int | None = None
+    key: str | None = None
+    exif: bool = True
+    grid: bool = False
+    nrow: int = 8
+    quality: int = 95
+
+
+@dataclass
+class Written:
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass
+class FileResult:
+    source: str
+    written: list[Written] = field(default_factory=list)
+    error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TensorReport:
+    source: str
+    destination: str
+    folder: bool
+    converted: int = 0
+    skipped: int = 0
+    failed: int = 0
+    written: list[Written] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    skipped_files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        data = {
+            "source": self.source,
+            "destination": self.destination,
+            "converted": self.converted,
+            "skipped": self.skipped,
+            "failed": self.failed,
+            "files_written": len(self.written),
+            "failures": [{"path": path, "error": error} for path, error in self.failures],
+            "skipped_files": list(self.skipped_files),
+        }
+        if not self.folder:
+            data["written"] = [w.to_dict() for w in self.written]
+        return data
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _read_sixteen_bit_colour(path: Path) -> Any:
+    """PIL reads 16-bit RGB(A) PNG/TIFF as 8 bits; OpenCV keeps all 16 (in BGR order)."""
+    import cv2
+
+    array = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if array is None or array.ndim != 3:
+        raise OSError("OpenCV cannot decode this 16-bit image")
+    return array[..., [2, 1, 0, 3][: array.shape[-1]]]
+
+
+def _pil_to_array(image) -> Any:
+    import numpy as np
+
+    mode = image.mode
+    if mode.startswith("I;16"):
+        return np.asarray(image).astype(np.uint16)
+    if mode == "I":
+        array = np.asarray(image)
+        if array.size and (array.min() < 0 or array.max() > 65535):
+            raise ValueError("32-bit integer pixels outside 0..65535")
+        return array.astype(np.uint16)
+    if mode == "F":
+        return np.asarray(image, dtype=np.float32)
+    if mode == "P":
+        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+    elif mode in ("1",):
+        image = image.convert("L")
+    elif mode in ("PA", "RGBa"):
+        image = image.convert("RGBA")
+    elif mode == "La":
+        image = image.convert("LA")
+    elif mode not in ("L", "LA", "RGB", "RGBA"):  # CMYK, YCbCr, LAB, HSV, RGBX...
+        image = image.convert("RGB")
+    return np.asarray(image)
+
+
+def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None = None) -> px.Pixels:
+    """An image file as Pixels: grayscale, RGBA and 16-bit keep their channels and depth,
+    palette images become RGB(A), EXIF orientation is applied unless `exif=False`."""
+    from PIL import Image
+
+    source = Path(path)
+    try:
+        with Image.open(source) as image:
+            # The tile (which says 16-bit) is gone once the image is loaded, and getexif() of a
+            # PNG loads it: look first.
+            tile = image.tile[0].args if image.tile else None
+            orientation = image.getexif().get(0x0112, 1) if exif else 1
+            rawmode = tile[0] if isinstance(tile, tuple) else (tile or "")
+            if image.mode in ("RGB", "RGBA") and ";16" in str(rawmode):
+                array = _read_sixteen_bit_colour(source)
+            else:
+                array = _pil_to_array(image)
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as error:
+        raise InputError(
+            f"cannot read image {source}: {_reason(error)}",
+            "the file is truncated, corrupt or not an image",
+        ) from None
+    if array.ndim == 2:
+        array = array[..., None]
+    array = px.apply_exif_orientation(array, int(orientation or 1))
+    return px.Pixels(array, name or source.name)
+
+
+def read_npy(path: str | os.PathLike) -> Any:
+    import numpy as np
+
+    source = Path(path)
+    with open(source, "rb") as handle:
+        magic = handle.read(6)
+    if not magic:
+        raise InputError(f"{source} is empty (0 bytes)", "it is not a NumPy array file")
+    if magic != b"\x93NUMPY":
+        raise InputError(f"{source} is not a .npy file (no NumPy header)")
+    try:
+        array = np.load(source, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        if "allow_pickle" in str(error):
+            raise InputError(
+                f"{source} holds Python objects, not numbers",
+                "it can only be loaded by unpickling, which could run code",
+            ) from None
+        raise InputError(
+            f"cannot read {source}: {_reason(error)}", "the file is truncated or corrupt"
+        ) from None
+    return array
+
+
+def _pick_tensor(obj: Any, key: str | None, source: Path) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if key is not None:
+            raise UsageError(f"{source} holds a single tensor", "drop --key")
+        return obj
+    if not isinstance(obj, Mapping):
+        raise InputError(
+            f"{source} holds a {type(obj).__name__}, not a tensor or a dict of tensors"
+        )
+    tensors = {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if key is not None:
+        if key not in obj:
+            raise UsageError(
+                f"{source} has no key {key!r}", "its keys are: " + ", ".join(map(str, list(obj)))
+            )
+        if not isinstance(obj[key], torch.Tensor):
+            raise InputError(f"{source}[{key!r}] is a {type(obj[key]).__name__}, not a tensor")
+        return obj[key]
+    if len(tensors) == 1:
+        return next(iter(tensors.values()))
+    if not tensors:
+        raise InputError(f"{source} holds no tensors")
+    raise UsageError(
+        f"{source} holds {len(tensors)} tensors", "pick one with --key: " + ", ".join(tensors)
+    )
+
+
+def _tensor_to_numpy(tensor: Any) -> Any:
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.is_complex():
+        raise InputError("complex tensors are not images")
+    if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16
+        tensor = tensor.float()
+    return tensor.contiguous().numpy()
+
+
+def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
+    """A tensor from a .pt/.pth file (loaded with weights_only=True, on the CPU) as NumPy."""
+    import torch
+
+    source = Path(path)
+    if source.stat().st_size == 0:
+        raise InputError(f"{source} is empty (0 bytes)", "it is not a PyTorch file")
+    try:
+        obj = torch.load(source, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "weights only" not in str(error).lower():
+            raise InputError(
+                f"cannot read {source}: {_reason(error)}",
+                "the file is truncated or not a PyTorch file",
+            ) from None
+        raise InputError(
+            f"{source} holds a pickled Python object, not tensors",
+            "only tensors and dicts of tensors are read (weights_only=True), so loading "
+            "never runs code from the file",
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
+        raise InputError(
+            f"cannot read {source}: {_reason(error)}",
+            "the file is truncated or not a PyTorch file",
+        ) from None
+    return _tensor_to_numpy(_pick_tensor(obj, key, source))
+
+
+def read_safetensors(path: str | os.PathLike, key: str | None = None) -> Any:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    source = Path(path)
+    try:
+        tensors = load_file(str(source), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise InputError(
+            f"cannot read {source}: {_reason(error)}",
+            "the file is truncated or not a .safetensors file",
+        ) from None
+    return _tensor_to_numpy(_pick_tensor(tensors, key, source))
+
+
+def read_pixels(
+    path: Path, options: TensorOptions, *, describes_input: bool, name: str | None = None
+) -> px.Pixels:
+    """Read any supported file. `describes_input`: the layout/scale options are the input's."""
+    extension = path.suffix.lower()
+    kind = kind_of(extension)
+    name = name or path.name
+    if kind == "image":
+        return read_image(path, exif=options.exif, name=name)
+    if kind == "array":
+        array, default_layout = read_npy(path), "hwc"
+    elif extension == ".safetensors":
+        array, default_layout = read_safetensors(path, options.key), "chw"
+    else:
+        array, default_layout = read_torch(path, options.key), "chw"
+    return px.from_array(
+        array,
+        name=name,
+        layout=options.layout if describes_input else None,
+        default_layout=default_layout,
+        scale=options.scale if describes_input else None,
+    )
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def _write_image(path: Path, array: Any, quality: int) -> None:
+    import numpy as np
+
+    image_format = IMAGE_FORMATS[path.suffix.lower()]
+    channels = 1 if array.ndim == 2 else array.shape[-1]
+    if image_format == "JPEG" and channels not in (1, 3):
+        raise InputError(
+            f"JPEG cannot store {'an alpha channel' if channels in (2, 4) else 'this image'}",
+            "write PNG, WebP or TIFF instead",
+        )
+    if image_format == "BMP" and channels == 2:
+        raise InputError("BMP cannot store grayscale with alpha", "write PNG or TIFF instead")
+    with atomic_path(path) as tmp:
+        if array.dtype == np.uint16 and channels in (3, 4):
+            import cv2
+
+            bgr = array[..., [2, 1, 0, 3][:channels]]
+            if not cv2.imwrite(str(tmp), np.ascontiguousarray(bgr)):
+                raise InputError(f"cannot write 16-bit image {path}")
+            return
+        from PIL import Image
+
+        image = Image.fromarray(array)
+        extra = {"quality": quality} if image_format in ("JPEG", "WEBP") else {}
+        image.save(tmp, format=image_format, **extra)
+
+
+def _write_npy(path: Path, array: Any) -> None:
+    import numpy as np
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+
+
+def _write_torch(path: Path, array: Any, name: str) -> None:
+    import torch
+
+    tensor = torch.from_numpy(array)
+    with atomic_path(path) as tmp:
+        if path.suffix.lower() == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file({name: tensor}, str(tmp))
+        else:
+            torch.save(tensor, tmp)
+
+
+def write_pixels(
+    pixels: px.Pixels,
+    target: Path,
+    options: TensorOptions,
+    warn: px.Warn,
+) -> Written:
+    """Write one image (or, for array/tensor formats, one batch) to `target`."""
+    extension = target.suffix.lower()
+    kind = kind_of(extension)
+    if kind == "image":
+        # 16-bit gray+alpha has no writer here (PIL has no such mode, OpenCV no 2-channel PNG).
+        sixteen = IMAGE_FORMATS[extension] in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
+        array = px.to_image(pixels, sixteen_bit=sixteen, warn=warn)
+        _write_image(target, array, options.quality)
+    else:
+        layout = options.layout or ("hwc" if kind == "array" else "chw")
+        if options.dtype:
+            dtype = options.dtype
+        elif kind == "array" and options.scale is None:
+            dtype = "uint16" if str(pixels.array.dtype) == "uint16" else "uint8"
+        else:
+            dtype = "float32"
+        array = px.to_array(pixels, layout=layout, dtype=dtype, scale=options.scale, warn=warn)
+        if kind == "array":
+            _write_npy(target, array)
+        else:
+            _write_torch(target, array, options.key or DEFAULT_TENSOR_NAME)
+    return Written(str(target), tuple(int(n) for n in array.shape), str(array.dtype))
+
+
+def convert_file(
+    source: Path,
+    target: Path,
+    options: TensorOptions,
+    *,
+    split_batch: bool,
+    force: bool = True,
+    name: str | None = None,
+) -> FileResult:
+    """Convert one file. A batch written as images becomes `<stem>_<i><ext>` beside `target`
+    when `split_batch`, else it needs --grid. Raises TorchkitError on bad input."""
+    result = FileResult(str(source))
+    target_kind = kind_of(target.suffix)
+    source_kind = kind_of(source.suffix)
+    pixels = read_pixels(
+        source,
+        options,
+        describes_input=target_kind == "image" and source_kind != "image",
+        name=name,
+    )
+    if options.grid:
+        pixels = px.make_grid(pixels, nrow=options.nrow)
+    if target_kind == "image" and pixels.batch:
+        images = pixels.images()
+        if len(images) == 1:
+            outputs = [(images[0], target)]
+        elif not split_batch:
+            raise UsageError(
+                f"{source} holds a batch of {len(images)} images; {target} is one image",
+                "give a folder as DST (with --to) for one file per image, or pass --grid",
+            )
+        else:
+            width = len(str(len(images) - 1))
+            outputs = [
+                (image, target.with_name(f"{target.stem}_{i:0{width}d}{target.suffix}"))
+                for i, image in enumerate(images)
+            ]
+    else:
+        outputs = [(pixels, target)]
+    if not force:
+        for _, path in outputs:
+            check_output(path, force)
+    for image, path in outputs:
+        result.written.append(write_pixels(image, path, options, result.warnings.append))
+    return result
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or path.is_relative_to(folder)
+
+
+def _target_extension(to: str | None) -> str | None:
+    if to is None:
+        return None
+    extension = "." + to.lower().lstrip(".")
+    kind_of(extension)  # validates
+    return extension
+
+
+def _validate(options: TensorOptions, target_kind: str | None) -> None:
+    if options.dtype == "uint8" and options.scale == 1:
+        raise UsageError("--scale 1 needs a float --dtype", "uint8 values are always 0..255")
+    if options.dtype and target_kind == "image":
+        raise UsageError(
+            "--dtype sets the dtype of .npy/.pt/.safetensors outputs",
+            "image files are 8-bit (16-bit for 16-bit PNG/TIFF sources)",
+        )
+    if options.nrow < 1:
+        raise UsageError("--nrow must be at least 1")
+
+
+def _scan(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(convertible, skipped) files under `folder`, recursively, hidden ones left out."""
+    convertible, skipped = [], []
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+            continue
+        (convertible if path.suffix.lower() in EXTENSIONS else skipped).append(relative)
+    return convertible, skipped
+
+
+def _convert_chunk(task: tuple[str, str, list[Path], str, TensorOptions]) -> list[FileResult]:
+    """Worker: convert files of a folder; failures are reported, not raised."""
+    source_root, target_root, relatives, extension, options = task
+    results = []
+    for relative in relatives:
+        source = Path(source_root) / relative
+        target = Path(target_root) / relative.with_suffix(extension)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            result = convert_file(source, target, options, split_batch=True, name=str(relative))
+            result.written = [
+                Written(os.path.relpath(w.path, target_root), w.shape, w.dtype)
+                for w in result.written
+            ]
+        except TorchkitError as error:
+            result = FileResult(str(relative), error=str(error))
+        except Exception as error:  # a broken file must not stop the others
+            result = FileResult(str(relative), error=f"{type(error).__name__}: {_reason(error)}")
+        result.source = str(relative)
+        results.append(result)
+    return results
+
+
+def convert_tensor(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    options: TensorOptions | None = None,
+    *,
+    force: bool = False,
+    workers: int | None = None,
+    strict: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> TensorReport:
+    """Convert one file, or every supported file of a folder tree, by extension."""
+    options = options or TensorOptions()
+    source = require_input(src, what="source")
+    target = Path(dst)
+    to = _target_extension(options.to)
+    if source.is_dir():
+        return _convert_folder(source, target, to, options, force, workers, strict, progress)
+
+    kind_of(source.suffix)  # an unknown source extension is a usage error
+    if target.is_dir() or (target.suffix == "" and not target.exists()):
+        if to is None:
+            raise UsageError(f"{target} is a folder", "pass --to png|npy|pt|safetensors|...")
+        file_target, split_batch = target / (source.stem + to), True
+    else:
+        if to is not None and to != target.suffix.lower():
+            raise UsageError(f"--to {options.to} contradicts the extension of {target}")
+        kind_of(target.suffix)
+        file_target, split_batch = target, False
+    _validate(options, kind_of(file_target.suffix))
+    if _is_within(file_target, source):
+        raise UsageError("the destination is the source", "inputs are never overwritten")
+    if not split_batch:
+        check_output(file_target, force)
+    result = convert_file(source, file_target, options, split_batch=split_batch, force=force)
+    for message in result.warnings:
+        log.warning(message)
+    report = TensorReport(str(source), str(target), folder=False, converted=1)
+    report.written = result.written
+    if progress is not None:
+        progress(1, 1)
+    return report
+
+
+def _convert_folder(
+    source: Path,
+    target: Path,
+    to: str | None,
+    options: TensorOptions,
+    force: bool,
+    workers: int | None,
+    strict: bool,
+    progress: Callable[[int, int], None] | None,
+) -> TensorReport:
+    if to is None:
+        raise UsageError(
+            "converting a folder needs the output format", "pass --to png|npy|pt|safetensors|..."
+        )
+    _validate(options, kind_of(to))
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{source} is a folder but {target} is a file", "give a folder as DST")
+    if _is_within(target, source) or _is_within(source, target):
+        raise UsageError(
+            f"{source} and {target} overlap", "write the output outside the input folder"
+        )
+    files, skipped = _scan(source)
+    if not files:
+        raise InputError(f"no convertible files in {source}", "supported: " + " ".join(EXTENSIONS))
+    seen: dict[Path, Path] = {}
+    for relative in files:
+        output = relative.with_suffix(to)
+        if output in seen:
+            raise UsageError(
+                f"{seen[output]} and {relative} would both become {output}",
+                "convert them separately",
+            )
+        seen[output] = relative
+
+    workers = default_workers() if workers is None else workers
+    if workers > 1 and (
+        to in TENSOR_EXTENSIONS or any(f.suffix.lower() in TENSOR_EXTENSIONS for f in files)
+    ):
+        import torch  # noqa: F401 - import once here, not in every forked worker
+
+    report = TensorReport(str(source), str(target), folder=True, skipped=len(skipped))
+    report.skipped_files = [str(p) for p in skipped]
+    done = 0
+
+    def collect(results: list[FileResult]) -> None:
+        nonlocal done
+        for result in results:
+            done += 1
+            for message in result.warnings:
+                log.warning(message)
+            if result.error is None:
+                report.converted += 1
+                report.written.extend(result.written)
+                continue
+            if strict:
+                raise InputError(
+                    f"{result.source}: {result.error}", "drop --strict to skip files that fail"
+                )
+            report.failed += 1
+            report.failures.append((result.source, result.error))
+            log.warning(f"skipped {result.source}: {result.error}")
+        if progress is not None:
+            progress(done, len(files))
+
+    with atomic_dir(target, force) as root:
+        tasks = [
+            (str(source), str(root), list(chunk), to, options)
+            for chunk in chunked(files, workers, most=64)
+        ]
+        map_chunks(_convert_chunk, tasks, workers=workers, on_result=collect)
+        if report.converted == 0:
+            first_path, first_error = report.failures[0]
+            raise InputError(
+                f"none of the {len(files)} files in {source} could be converted",
+                f"first failure: {first_path}: {first_error}",
+            )
+    report.failures.sort()
+    report.written.sort(key=lambda w: w.path)
+    return report
