@@ -1,0 +1,475 @@
+"""`torchkit summary` and `torchkit.core.summary`: checked against torchinfo 1.8.0 on torchvision
+models, and against hand counts where torchinfo is wrong."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import weakref
+
+import pytest
+import torch
+import torchinfo
+from torch import nn
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.errors import UsageError
+from torchkit.core.summary import summarize
+from torchkit.core.summary.loading import load_model
+from torchkit.core.summary.run import full_shapes, parse_input_size
+
+# --- agreement with torchinfo ------------------------------------------------------------------
+
+
+def torchinfo_corrected(model: nn.Module, shape: tuple[int, ...]) -> tuple[int, list, list]:
+    """torchinfo's total params, and its leaf rows (type, mult-adds) in call order with the one
+    known error fixed: a Linear layer applies its parameters once per row of its input, not
+    once per sample."""
+    result = torchinfo.summary(model, input_size=shape, verbose=0, depth=100)
+    leaves = []
+    for layer in result.summary_list:
+        if not layer.is_leaf_layer:
+            continue
+        macs = layer.macs
+        if isinstance(layer.module, nn.Linear) and len(layer.output_size) > 2:
+            macs = math.prod(layer.output_size[:-1]) * layer.num_params
+        leaves.append((layer.class_name, macs))
+    return result.total_params, leaves, result
+
+
+def build_without_init(name: str, sample_shape: tuple[int, ...]) -> nn.Module:
+    """The model with uninitialised weights: counting needs no values, and initialising VGG's
+    or ViT's ~100M parameters would take most of this test's time."""
+    try:
+        with torch.device("meta"):
+            model = load_model(name, sample_shape=sample_shape).model
+    except NotImplementedError:  # RegNet computes its widths with tensors while building
+        return load_model(name, sample_shape=sample_shape).model
+    return model.to_empty(device="cpu")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "resnet18",
+        "vgg11",
+        "mobilenet_v3_small",
+        "efficientnet_b0",
+        "densenet121",
+        "vit_b_16",
+        "convnext_tiny",
+        "regnet_y_400mf",
+    ],
+)
+def test_agrees_with_torchinfo_on_torchvision_models(name):
+    # 32x32 keeps this fast; ViT is built for that size (image_size=32, so 4 patches + class).
+    model = build_without_init(name, (3, 32, 32))
+    shape = (1, 3, 32, 32)
+    ours = summarize(model, [shape])
+    total_params, leaves, raw = torchinfo_corrected(model, shape)
+
+    assert ours.total_params == total_params == sum(p.numel() for p in model.parameters())
+    our_leaves = [(row.type, row.mult_adds) for row in ours.layers if row.leaf]
+    assert our_leaves == leaves  # one row per leaf call, in the same order, same mult-adds
+    expected = sum(macs for _, macs in leaves)
+    assert abs(ours.total_mult_adds - expected) <= 0.01 * expected
+    if name in ("vit_b_16", "convnext_tiny"):
+        # their MLPs are Linear layers on 3-D/4-D inputs, which torchinfo undercounts
+        assert raw.total_mult_adds < 0.9 * ours.total_mult_adds
+    else:
+        assert raw.total_mult_adds == ours.total_mult_adds
+    # FLOPs measured by torch: 2 per mult-add of every matmul/convolution, and more for ViT's
+    # attention products, which no module's parameters account for.
+    assert ours.flops > 1.5 * ours.total_mult_adds
+
+
+# --- hand counts where torchinfo is wrong ---------------------------------------------------
+
+
+def test_linear_on_a_sequence_counts_every_row():
+    model = nn.Sequential(nn.Linear(8, 4))
+    ours = summarize(model, [(2, 5, 8)])
+    assert ours.total_mult_adds == 2 * 5 * (8 * 4 + 4)  # 360
+    assert torchinfo.summary(model, input_size=(2, 5, 8), verbose=0).total_mult_adds == 72
+
+
+class TiedLanguageModel(nn.Module):
+    """The head's weight is the embedding's (a tied-weights language model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.embed(tokens))
+
+
+def test_tied_weights_are_counted_once():
+    model = TiedLanguageModel()
+    ours = summarize(model, [(2, 3)], dtype=torch.long)
+    assert ours.total_params == 10 * 4 + 10  # embedding matrix once, plus the head's bias
+    assert ours.params_mb == 50 * 4 / 1e6
+    assert [(r.name, r.params) for r in ours.layers] == [("", 50), ("embed", 40), ("head", 50)]
+    info = torchinfo.summary(model, input_size=(2, 3), dtypes=[torch.long], verbose=0)
+    assert info.total_params == 90  # torchinfo counts the shared matrix twice
+
+
+class SharedLayer(nn.Module):
+    """One Linear held by two parents and called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = nn.Linear(4, 4)
+        self.a = nn.Sequential(shared, nn.ReLU())
+        self.b = nn.Sequential(shared)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_shared_module_appears_per_call_and_counts_once():
+    ours = summarize(SharedLayer(), [(2, 4)])
+    assert ours.total_params == 20
+    rows = [(r.depth, r.name, r.type, r.call, r.mult_adds) for r in ours.layers]
+    assert rows == [
+        (0, "", "SharedLayer", 1, 2 * 2 * 20),
+        (1, "a", "Sequential", 1, 2 * 20),
+        (2, "a.0", "Linear", 1, 2 * 20),
+        (2, "a.1", "ReLU", 1, 0),
+        (1, "b", "Sequential", 1, 2 * 20),
+        (2, "a.0", "Linear", 2, 2 * 20),  # the second call, under b
+    ]
+    assert ours.total_mult_adds == 80  # the work is done twice
+    assert torchinfo.summary(SharedLayer(), input_size=(2, 4), verbose=0).total_params == 60
+
+
+class ScaledConv(nn.Module):
+    """A parameter held by the parent itself, a frozen layer, and buffers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+        self.scale = nn.Parameter(torch.ones(8, 1, 1))
+        self.act = nn.ReLU(inplace=True)
+        self.flat = nn.Flatten()
+        self.norm.requires_grad_(False)
+
+    def forward(self, x):
+        return self.flat(self.act(self.norm(self.conv(x)) * self.scale))
+
+
+def test_hand_counts_of_parameters_mult_adds_and_memory():
+    ours = summarize(ScaledConv(), [(2, 3, 5, 5)])
+    conv_params = 8 * 3 * 9 + 8
+    assert ours.total_params == conv_params + 16 + 8
+    assert ours.trainable_params == conv_params + 8 and ours.non_trainable_params == 16
+    assert ours.layers[0].trainable == "partial"
+    conv, norm = ours.layers[1], ours.layers[2]
+    assert conv.mult_adds == 2 * 5 * 5 * conv_params  # every output position of every sample
+    assert norm.mult_adds == 2 * 16 and norm.trainable == "no"  # torchinfo: once per sample
+    assert ours.total_mult_adds == conv.mult_adds + norm.mult_adds
+    assert ours.flops == 2 * (2 * 8 * 5 * 5) * (3 * 9)  # torch counts the convolution only
+    assert ours.input_mb == 2 * 3 * 5 * 5 * 4 / 1e6
+    assert ours.params_mb == ours.total_params * 4 / 1e6
+    assert ours.buffers_mb == (8 + 8) * 4 / 1e6 + 8 / 1e6  # running mean/var + int64 counter
+    # New activations: conv and norm outputs (the in-place ReLU and the Flatten view allocate
+    # nothing), kept for backward and matched by their gradients.
+    assert ours.forward_backward_mb == 2 * 2 * (2 * 8 * 5 * 5 * 4) / 1e6
+    assert ours.total_mb == pytest.approx(
+        ours.input_mb + ours.forward_backward_mb + ours.params_mb + ours.buffers_mb
+    )
+
+
+class Attention(nn.Module):
+    """Matmuls without parameters: only FlopCounterMode sees them."""
+
+    def forward(self, x):
+        weights = torch.softmax(x @ x.transpose(1, 2), dim=-1)
+        return weights @ x
+
+
+def test_attention_flops_come_from_the_flop_counter():
+    ours = summarize(Attention(), [(2, 6, 4)])
+    assert ours.total_mult_adds == 0
+    assert ours.flops == 2 * (2 * 2 * 6 * 6 * 4)  # two (6x4)(4x6)-sized products per sample
+    assert summarize(Attention(), [(2, 6, 4)], count_flops=False).flops is None
+
+
+class MultiOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = nn.Linear(3, 2)
+        self.right = nn.Linear(5, 2)
+
+    def forward(self, a, b):
+        return {"out": self.left(a), "aux": (self.right(b), None)}
+
+
+def test_multiple_inputs_and_structured_outputs():
+    ours = summarize(MultiOutput(), [(1, 3), (1, 5)])
+    assert ours.input_shapes == [[1, 3], [1, 5]]
+    assert ours.layers[0].input_shape == [[1, 3], [1, 5]]
+    assert ours.layers[0].output_shape == {"out": [1, 2], "aux": [[1, 2], None]}
+
+
+# --- the user's model is left as it was ------------------------------------------------------
+
+
+@pytest.mark.parametrize("on_meta", [True, False])
+def test_model_is_not_changed_moved_or_kept(on_meta):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(), nn.Flatten())
+    model.train()
+    model[2].eval()  # mixed modes must come back as they were
+    modes = [m.training for m in model.modules()]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+
+    ours = summarize(model, [(2, 3, 6, 6)], on_meta=on_meta)
+
+    assert [m.training for m in model.modules()] == modes
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert ours.device == "cpu"
+    reference = weakref.ref(model)
+    del model
+    gc.collect()
+    assert reference() is None  # the summary holds no reference to it
+
+
+class ValueDependent(nn.Module):
+    """Reads a tensor value, which the meta device cannot give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y if y.sum().item() > -1e9 else -y
+
+
+@pytest.mark.parametrize("make", [ScaledConv, Attention, TiedLanguageModel, SharedLayer])
+def test_meta_pass_gives_what_running_the_model_gives(make):
+    torch.manual_seed(0)
+    model = make()
+    shape, dtype = {
+        ScaledConv: ((2, 3, 5, 5), None),
+        Attention: ((2, 6, 4), None),
+        TiedLanguageModel: ((2, 3), torch.long),
+        SharedLayer: ((2, 4), None),
+    }[make]
+    assert summarize(model, [shape], dtype=dtype) == summarize(
+        model, [shape], dtype=dtype, on_meta=False
+    )
+
+
+def test_value_dependent_model_runs_for_real_and_lazy_model_stays_lazy():
+    ours = summarize(ValueDependent(), [(2, 3)])
+    assert ours.total_params == 12 and ours.total_mult_adds == 2 * 12
+    assert ours.flops == 2 * 2 * 3 * 3
+    lazy = nn.Sequential(nn.LazyLinear(4), nn.ReLU())
+    ours = summarize(lazy, [(2, 3)])
+    assert ours.total_params == 16 and ours.layers[1].params == 16
+    assert ours.layers[1].mult_adds == 2 * 16
+    # the user's lazy layer is not initialised behind their back
+    assert isinstance(lazy[0].weight, nn.parameter.UninitializedParameter)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_model_on_gpu_stays_there():
+    model = nn.Sequential(nn.Linear(3, 2)).cuda()
+    ours = summarize(model, [(4, 3)])
+    assert ours.device.startswith("cuda") and next(model.parameters()).is_cuda
+
+
+def test_a_failing_forward_pass_is_a_usage_error_and_leaves_no_hooks():
+    model = nn.Sequential(nn.Linear(3, 2))
+    with pytest.raises(UsageError, match=r"cannot run on an input of shape \(1, 4\)"):
+        summarize(model, [(1, 4)])
+    assert not model[0]._forward_hooks and not model[0]._forward_pre_hooks
+
+
+# --- input sizes ---------------------------------------------------------------------------
+
+
+def test_input_size_parsing_and_batch():
+    assert parse_input_size("3,224,224") == parse_input_size("3x224x224") == (3, 224, 224)
+    assert parse_input_size("(1, 3, 8, 8)") == (1, 3, 8, 8)
+    with pytest.raises(UsageError):
+        parse_input_size("3,a,4")
+    with pytest.raises(UsageError):
+        parse_input_size("3,0,4")
+    with pytest.raises(UsageError):
+        parse_input_size("3,x,4")
+    assert full_shapes([(3, 8, 8)], None, image_model=True) == [(1, 3, 8, 8)]
+    assert full_shapes([(2, 3, 8, 8)], None, image_model=True) == [(2, 3, 8, 8)]
+    assert full_shapes([(3, 8, 8)], 4, image_model=True) == [(4, 3, 8, 8)]
+    assert full_shapes([(5,)], 2, image_model=False) == [(2, 5)]
+    with pytest.raises(UsageError, match="contradicts"):
+        full_shapes([(2, 3, 8, 8)], 4, image_model=True)
+    with pytest.raises(UsageError, match="C,H,W or N,C,H,W"):
+        full_shapes([(8, 8)], None, image_model=True)
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def invoke_json(runner, *args):
+    result = runner.invoke(app, ["summary", *args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_json_output_of_a_named_model(runner):
+    data = invoke_json(runner, "resnet18", "--input-size", "3", "32", "32", "--depth", "1")
+    assert set(data) == {"model", "input_shapes", "dtype", "device", "layers", "totals"}
+    assert data["input_shapes"] == [[1, 3, 32, 32]] and data["dtype"] == "float32"
+    assert set(data["totals"]) == {
+        "total_params",
+        "trainable_params",
+        "non_trainable_params",
+        "total_mult_adds",
+        "flops",
+        "input_mb",
+        "forward_backward_mb",
+        "params_mb",
+        "buffers_mb",
+        "total_mb",
+    }
+    assert data["totals"]["total_params"] == 11_689_512  # torchvision's documented count
+    assert max(layer["depth"] for layer in data["layers"]) == 1
+    assert [layer["name"] for layer in data["layers"][:3]] == ["", "conv1", "bn1"]
+    assert data["layers"][1] == {
+        "index": 1,
+        "depth": 1,
+        "name": "conv1",
+        "type": "Conv2d",
+        "input_shape": [1, 3, 32, 32],
+        "output_shape": [1, 64, 16, 16],
+        "params": 9408,
+        "trainable": "yes",
+        "mult_adds": 9408 * 16 * 16,
+        "call": 1,
+        "leaf": True,
+    }
+    # N,C,H,W is taken as it is: a batch of 2 doubles the work
+    double = invoke_json(runner, "resnet18", "-i", "2,3,32,32", "--depth", "0")
+    assert double["input_shapes"] == [[2, 3, 32, 32]] and len(double["layers"]) == 1
+    assert double["totals"]["total_mult_adds"] == 2 * data["totals"]["total_mult_adds"]
+
+
+def test_table_and_csv_output(runner, tmp_path):
+    table = runner.invoke(app, ["summary", "convnet", "-i", "1,12,12", "--num-classes", "3"])
+    assert table.exit_code == 0, table.stderr
+    for text in ("ConvNet on input 1×1×12×12", "Total params", "FLOPs", "Linear", "1×3"):
+        assert text in table.stdout
+    out = tmp_path / "layers.csv"
+    result = runner.invoke(app, ["summary", "convnet", "--format", "csv", "-o", str(out)])
+    assert result.exit_code == 0, result.stderr
+    lines = out.read_text().splitlines()
+    assert lines[0] == "depth,name,type,input_shape,output_shape,params,trainable,mult_adds,call"
+    assert lines[1].startswith('0,,ConvNet,"[1, 3, 28, 28]","[1, 10]",')  # default 3x28x28
+    params = sum(p.numel() for p in load_model("convnet").model.parameters())
+    assert lines[-1].startswith(f",(total),,,,{params},")
+    again = runner.invoke(app, ["summary", "convnet", "--format", "csv", "-o", str(out)])
+    assert again.exit_code == 1 and "already exists" in again.stderr
+
+
+def test_checkpoint_model_uses_its_image_size(runner, tmp_path):
+    model = load_model("convnet", sample_shape=(1, 10, 10), num_classes=4).model
+    path = tmp_path / "best.pt"
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 4,
+            "classes": list("abcd"),
+            "model": model.state_dict(),
+            "preprocess": {"image_size": 10, "in_channels": 1},
+        },
+        path,
+    )
+    data = invoke_json(runner, str(path))
+    assert data["input_shapes"] == [[1, 1, 10, 10]]
+    assert data["layers"][0]["output_shape"] == [1, 4]
+    state_dict = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), state_dict)
+    refused = runner.invoke(app, ["summary", str(state_dict)])
+    assert refused.exit_code == 1 and "--weights PATH" in refused.stderr
+    loaded = invoke_json(
+        runner, "convnet", "--weights", str(state_dict), "--num-classes", "4", "-i", "1,10,10"
+    )
+    assert loaded["totals"]["total_params"] == data["totals"]["total_params"]
+
+
+def two_inputs() -> nn.Module:
+    return MultiOutput()
+
+
+def test_callable_model_with_two_inputs_and_dtype(runner):
+    data = invoke_json(runner, f"{__name__}:two_inputs", "-i", "3", "-i", "5", "--dtype", "float64")
+    assert data["input_shapes"] == [[1, 3], [1, 5]] and data["dtype"] == "float64"
+    assert data["totals"]["params_mb"] == (3 * 2 + 2 + 5 * 2 + 2) * 8 / 1e6
+    needs_size = runner.invoke(app, ["summary", f"{__name__}:two_inputs"])
+    assert needs_size.exit_code == 2 and "--input-size" in needs_size.stderr
+
+
+def test_list_models(runner):
+    data = json.loads(runner.invoke(app, ["summary", "--list", "--format", "json"]).stdout)
+    assert {"resnet50", "vit_b_16", "convnet"} <= set(data["models"])
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["resnet19"], 2, "unknown model 'resnet19'"),
+        ([], 2, "give a MODEL"),
+        (["convnet", "-i", "3,x,4"], 2, "invalid input size"),
+        (["convnet", "-i", "3,,4"], 2, "invalid input size"),
+        (["convnet", "-i", "3", "5", "-i", "4"], 2, "which input size"),
+        (["convnet", "-i", "2,3,28,28", "-b", "4"], 2, "contradicts"),
+        (["resnet18", "-i", "1,32,32"], 2, "cannot run on an input of shape (1, 1, 32, 32)"),
+        (["convnet", "--dtype", "float8"], 2, "unknown dtype"),
+        (["missing/best.pt"], 1, "checkpoint not found"),
+    ],
+)
+def test_errors_are_one_line(runner, args, code, message):
+    result = runner.invoke(app, ["summary", *args])
+    assert result.exit_code == code, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_truncated_checkpoint(runner, tmp_path):
+    path = tmp_path / "cut.pt"
+    torch.save({"model": {"w": torch.ones(100)}}, path)
+    path.write_bytes(path.read_bytes()[:50])
+    result = runner.invoke(app, ["summary", str(path)])
+    assert result.exit_code == 1 and "cannot read checkpoint" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_device_without_cuda(runner):
+    result = runner.invoke(app, ["summary", "convnet", "--device", "cuda"])
+    assert result.exit_code == 1 and "CUDA is not available" in result.stderr
+
+
+def test_help_stays_light():
+    code = (
+        "import sys; from torchkit.cli import app; from typer.testing import CliRunner; "
+        "r = CliRunner(); "
+        "[r.invoke(app, [c, '--help']) for c in ('summary', 'convert-syncbn')]; "
+        "print(sorted(m for m in ('torch', 'torchvision', 'torchinfo') if m in sys.modules))"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,397 @@
+"""BatchNorm <-> SyncBatchNorm conversion (`torchkit.core.syncbn`) and `torchkit convert-syncbn`."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.errors import UsageError
+from torchkit.core.syncbn import (
+    RECORDED_DIM_ATTR,
+    checkpoint_uses_sync_bn,
+    convert_batchnorm,
+    find_batchnorm_layers,
+    mark_checkpoint,
+)
+
+
+class Block(nn.Module):
+    """A BatchNorm one level down, to check that nested children are really replaced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.norm = nn.Sequential(nn.BatchNorm2d(4, eps=1e-3, momentum=None))
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def mixed_model() -> nn.Module:
+    """BatchNorm1d/2d/3d with every flag combination, trained a little so the running
+    statistics are not their defaults."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        Block(),
+        nn.Flatten(),
+        nn.Linear(4 * 6 * 6, 6),
+        nn.BatchNorm1d(6, affine=False),
+        nn.Unflatten(1, (6, 1, 1, 1)),
+        nn.BatchNorm3d(6, momentum=0.3, track_running_stats=False),
+        nn.Flatten(),
+        nn.BatchNorm1d(6),
+    )
+    model.train()
+    for _ in range(3):
+        model(torch.randn(8, 3, 8, 8))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.affine:
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.5, 0.5)
+    model[-1].weight.requires_grad_(False)  # a frozen layer must stay frozen
+    model.eval()
+    model[0].train()  # mixed modes must be kept as they are
+    return model
+
+
+def batchnorm_dims(model: nn.Module) -> list[str]:
+    return [type(m).__name__ for m in model.modules() if "BatchNorm" in type(m).__name__]
+
+
+def test_to_sync_keeps_every_value_flag_and_output():
+    model = mixed_model()
+    x = torch.randn(5, 3, 8, 8)
+    reference = copy.deepcopy(model).eval()(x)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    modes = [m.training for m in model.modules()]
+    old_params = list(model.parameters())
+    group = object()  # stands for a process group: it must be handed to every layer
+
+    converted, rows = convert_batchnorm(model, to="sync", process_group=group)
+
+    assert converted is model
+    assert batchnorm_dims(converted) == ["SyncBatchNorm"] * 4
+    assert [row["from_type"] for row in rows] == [
+        "BatchNorm2d",
+        "BatchNorm1d",
+        "BatchNorm3d",
+        "BatchNorm1d",
+    ]
+    assert [row["name"] for row in rows] == ["0.norm.0", "3", "5", "7"]
+    assert rows[1] == {
+        "name": "3",
+        "from_type": "BatchNorm1d",
+        "to_type": "SyncBatchNorm",
+        "num_features": 6,
+        "affine": False,
+        "track_running_stats": True,
+        "dim_source": None,
+    }
+    after = converted.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert after["0.norm.0.num_batches_tracked"].item() == 3
+    # the very same Parameter objects: an optimizer built before still points at them
+    assert all(a is b for a, b in zip(converted.parameters(), old_params, strict=True))
+    assert [m.training for m in converted.modules()] == modes
+    assert converted[-1].weight.requires_grad is False
+    assert converted[0].norm[0].momentum is None and converted[0].norm[0].eps == 1e-3
+    assert converted[5].momentum == 0.3 and converted[5].running_mean is None
+    assert all(m.process_group is group for m in converted.modules() if hasattr(m, "process_group"))
+    converted.eval()
+    assert torch.equal(converted(x), reference)
+
+
+def test_revert_restores_the_original_types_values_and_outputs():
+    original = mixed_model()
+    x = torch.randn(5, 3, 8, 8)
+    expected = copy.deepcopy(original).eval()(x)
+    modes = [m.training for m in original.modules()]
+    synced, _ = convert_batchnorm(copy.deepcopy(original), to="sync")
+
+    reverted, rows = convert_batchnorm(synced, to="bn")
+
+    assert batchnorm_dims(reverted) == batchnorm_dims(original)
+    assert {row["dim_source"] for row in rows} == {"recorded at conversion"}
+    assert [m.training for m in reverted.modules()] == modes
+    state, reference = reverted.state_dict(), original.state_dict()
+    assert list(state) == list(reference)
+    assert all(torch.equal(state[k], reference[k]) for k in reference)
+    assert reverted[-1].weight.requires_grad is False
+    assert torch.equal(reverted.eval()(x), expected)
+
+
+def test_sync_layer_trains_like_batchnorm_without_a_process_group():
+    """On one process SyncBatchNorm falls back to batch_norm: a training step must update the
+    running statistics exactly as BatchNorm does."""
+    torch.manual_seed(1)
+    plain = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    synced, _ = convert_batchnorm(copy.deepcopy(plain), to="sync")
+    x = torch.randn(4, 3, 6, 6)
+    assert torch.equal(synced(x), plain(x))
+    assert torch.equal(synced[1].running_var, plain[1].running_var)
+    assert synced[1].num_batches_tracked.item() == 1
+
+
+def test_recorded_dimensionality_survives_pickling_and_deepcopy():
+    synced, _ = convert_batchnorm(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))
+    buffer = io.BytesIO()
+    torch.save(synced, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert getattr(loaded[1], RECORDED_DIM_ATTR) == 1
+    assert getattr(copy.deepcopy(synced)[1], RECORDED_DIM_ATTR) == 1
+    assert type(convert_batchnorm(loaded, to="bn")[0][1]) is nn.BatchNorm1d
+
+
+def test_root_batchnorm_and_shared_layers():
+    bn = nn.BatchNorm2d(3)
+    converted, rows = convert_batchnorm(bn)
+    assert isinstance(converted, nn.SyncBatchNorm) and rows[0]["name"] == "(model)"
+    assert converted.weight is bn.weight
+
+    shared = nn.BatchNorm1d(4)
+    model = nn.Module()
+    model.a = nn.Sequential(nn.Linear(4, 4), shared)
+    model.b = nn.Sequential(shared)
+    converted, rows = convert_batchnorm(model)
+    assert len(rows) == 1  # one layer, held by two parents
+    assert converted.a[1] is converted.b[0]
+    assert isinstance(converted.b[0], nn.SyncBatchNorm)
+
+
+def test_revert_without_record_uses_the_input_or_the_neighbouring_layer():
+    # Made with SyncBatchNorm directly: nothing recorded.
+    model = nn.Sequential(
+        nn.Conv1d(2, 4, 3), nn.SyncBatchNorm(4), nn.Flatten(), nn.Linear(8, 3), nn.SyncBatchNorm(3)
+    )
+    reverted, rows = convert_batchnorm(model, to="bn")
+    assert batchnorm_dims(reverted) == ["BatchNorm1d", "BatchNorm1d"]
+    assert rows[0]["dim_source"] == "like 0 (Conv1d)"
+
+    volume = nn.Sequential(nn.SyncBatchNorm(2), nn.Identity())
+    volume.train()
+    reverted, rows = convert_batchnorm(
+        volume, to="bn", example_inputs=(torch.randn(2, 2, 3, 3, 3),)
+    )
+    assert type(reverted[0]) is nn.BatchNorm3d and rows[0]["dim_source"] == "5-D input"
+    assert reverted.training and reverted[0].training  # the forward pass did not change modes
+    assert reverted[0].num_batches_tracked.item() == 0  # nor the statistics
+
+    with pytest.raises(UsageError, match="BatchNorm1d, 2d or 3d"):
+        convert_batchnorm(nn.Sequential(nn.SyncBatchNorm(2), nn.ReLU()), to="bn")
+
+
+def test_bad_target_and_lazy_layers_are_usage_errors():
+    with pytest.raises(UsageError, match="unknown conversion target"):
+        convert_batchnorm(nn.BatchNorm1d(2), to="batchnorm")
+    with pytest.raises(UsageError, match="lazy BatchNorm"):
+        convert_batchnorm(nn.Sequential(nn.LazyBatchNorm2d()))
+
+
+def test_find_and_mark():
+    model = mixed_model()
+    assert [r["type"] for r in find_batchnorm_layers(model)] == batchnorm_dims(model)
+    assert find_batchnorm_layers(model, sync=True) == []
+    checkpoint = {"config": {"lr": 0.1}, "model": {}}
+    marked = mark_checkpoint(checkpoint, sync=True)
+    assert checkpoint_uses_sync_bn(marked) and not checkpoint_uses_sync_bn(checkpoint)
+    assert checkpoint == {"config": {"lr": 0.1}, "model": {}}  # the input is not modified
+    assert marked["config"] == {"lr": 0.1, "sync_bn": True}
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def tiny_pickled_model() -> nn.Module:
+    """Standard layers only, so the pickle loads anywhere."""
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(16, 5)
+    )
+    model.train()
+    model(torch.randn(4, 3, 4, 4))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def resnet_checkpoint(tmp_path_factory):
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=3)
+    path = tmp_path_factory.mktemp("ckpt") / "best.pt"
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "torchkit_version": "0.1.0",
+            "arch": "resnet18",
+            "num_classes": 3,
+            "classes": ["a", "b", "c"],
+            "model": model.state_dict(),
+            "epoch": 4,
+            "config": {"lr": 0.1},
+            "preprocess": {"image_size": 32, "in_channels": 3},
+        },
+        path,
+    )
+    return path
+
+
+def test_report_lists_every_batchnorm_of_a_named_model(runner):
+    import torchvision
+
+    result = runner.invoke(app, ["convert-syncbn", "resnet18", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    expected = [
+        name
+        for name, m in torchvision.models.resnet18().named_modules()
+        if isinstance(m, nn.BatchNorm2d)
+    ]
+    assert report["count"] == len(expected) == 20
+    assert [row["name"] for row in report["layers"]] == expected
+    assert set(report["layers"][0]) == {
+        "name",
+        "type",
+        "num_features",
+        "affine",
+        "track_running_stats",
+    }
+    table = runner.invoke(app, ["convert-syncbn", "resnet18"])
+    assert "20 BatchNorm layers of resnet18 would become SyncBatchNorm" in table.stdout
+    assert "layer4.1.bn2" in table.stdout
+
+
+def test_checkpoint_is_marked_and_keeps_its_weights(runner, resnet_checkpoint, tmp_path):
+    source_bytes = resnet_checkpoint.read_bytes()
+    destination = tmp_path / "sync.pt"
+    result = runner.invoke(
+        app, ["convert-syncbn", str(resnet_checkpoint), str(destination), "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["kind"] == "torchkit checkpoint" and report["count"] == 20
+    assert resnet_checkpoint.read_bytes() == source_bytes  # the input is never modified
+    original = torch.load(resnet_checkpoint, weights_only=True)
+    converted = torch.load(destination, weights_only=True)
+    assert converted["config"] == {"lr": 0.1, "sync_bn": True}
+    assert converted["epoch"] == 4 and converted["classes"] == ["a", "b", "c"]
+    assert all(torch.equal(converted["model"][k], v) for k, v in original["model"].items())
+
+    again = runner.invoke(app, ["convert-syncbn", str(resnet_checkpoint), str(destination)])
+    assert again.exit_code == 1
+    assert again.stderr.startswith("Error: output already exists") and "--force" in again.stderr
+
+    back = tmp_path / "back.pt"
+    reverted = runner.invoke(
+        app, ["convert-syncbn", str(destination), str(back), "--revert", "--format", "json"]
+    )
+    assert reverted.exit_code == 0, reverted.stderr
+    assert json.loads(reverted.stdout)["layers"][0]["to_type"] == "BatchNorm2d"
+    assert torch.load(back, weights_only=True)["config"]["sync_bn"] is False
+
+    # the report of a marked checkpoint lists the SyncBatchNorm layers --revert would undo
+    report = runner.invoke(
+        app, ["convert-syncbn", str(destination), "--revert", "--format", "json"]
+    )
+    assert json.loads(report.stdout)["count"] == 20
+    assert json.loads(report.stdout)["marked_sync_bn"] is True
+
+
+def test_pickled_model_is_converted_and_reverted(runner, tmp_path):
+    model = tiny_pickled_model()
+    x = torch.randn(2, 3, 4, 4)
+    expected = model(x)
+    source, synced, back = tmp_path / "net.pt", tmp_path / "sync.pt", tmp_path / "back.pt"
+    torch.save(model, source)
+
+    refused = runner.invoke(app, ["convert-syncbn", str(source), str(synced)])
+    assert refused.exit_code == 1 and "--trust-checkpoint" in refused.stderr
+    assert not synced.exists()
+
+    result = runner.invoke(app, ["convert-syncbn", str(source), str(synced), "--trust-checkpoint"])
+    assert result.exit_code == 0, result.stderr
+    assert "1 layers converted to SyncBatchNorm" in result.stdout
+    loaded = torch.load(synced, weights_only=False)
+    assert isinstance(loaded[1], nn.SyncBatchNorm)
+    assert torch.equal(loaded.eval()(x), expected)
+
+    result = runner.invoke(
+        app,
+        [
+            "convert-syncbn",
+            str(synced),
+            str(back),
+            "--trust-checkpoint",
+            "--revert",
+            "-o",
+            str(tmp_path / "report.csv"),
+            "--format",
+            "csv",
+        ],
+    )
+    assert result.exit_code == 0, result.stderr
+    csv_lines = (tmp_path / "report.csv").read_text().splitlines()
+    assert csv_lines[0].split(",")[-1] == "dim_source"
+    assert csv_lines[1].startswith("1,SyncBatchNorm,BatchNorm2d,4,")
+    restored = torch.load(back, weights_only=False)
+    assert type(restored[1]) is nn.BatchNorm2d
+    assert torch.equal(restored.eval()(x), expected)
+    state, reference = restored.state_dict(), model.state_dict()
+    assert all(torch.equal(state[k], reference[k]) for k in reference)
+
+
+def test_pickled_sync_model_without_record_needs_an_input_size(runner, tmp_path):
+    model = nn.Sequential(nn.SyncBatchNorm(3), nn.Flatten())
+    source = tmp_path / "net.pt"
+    torch.save(model, source)
+    args = [
+        "convert-syncbn",
+        str(source),
+        str(tmp_path / "bn.pt"),
+        "--trust-checkpoint",
+        "--revert",
+    ]
+    failed = runner.invoke(app, args)
+    assert failed.exit_code == 2 and "--input-size" in failed.stderr
+    worked = runner.invoke(app, [*args, "--input-size", "3,4,4", "--format", "json"])
+    assert worked.exit_code == 0, worked.stderr
+    assert json.loads(worked.stdout)["layers"][0]["to_type"] == "BatchNorm2d"
+
+
+@pytest.mark.parametrize(
+    ("make", "code", "message"),
+    [
+        (lambda p: torch.save(nn.Linear(2, 2).state_dict(), p), 1, "plain state dict"),
+        (lambda p: p.write_bytes(b""), 1, "checkpoint is empty"),
+        (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip"), 1, "cannot read checkpoint"),
+        (lambda p: None, 1, "model file not found"),
+    ],
+)
+def test_bad_sources_are_one_line_errors(runner, tmp_path, make, code, message):
+    source = tmp_path / "in.pt"
+    make(source)
+    result = runner.invoke(app, ["convert-syncbn", str(source), str(tmp_path / "out.pt")])
+    assert result.exit_code == code
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_destination_cannot_be_the_source(runner, resnet_checkpoint):
+    path = str(resnet_checkpoint)
+    result = runner.invoke(app, ["convert-syncbn", path, path, "--force"])
+    assert result.exit_code == 2 and "same file as SRC" in result.stderr
+
+
+def test_unknown_model_name(runner):
+    result = runner.invoke(app, ["convert-syncbn", "resnet19"])
+    assert result.exit_code == 2 and "unknown model 'resnet19'" in result.stderr

@@ -1,0 +1,134 @@
+"""`torchkit convert-syncbn`: BatchNorm <-> SyncBatchNorm for a model or a saved model."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.options import ForceOption, FormatOption, OutputOption, TrustCheckpointOption
+from torchkit.cli.render import OutputFormat, Table, emit
+
+REPORT_COLUMNS = ["name", "type", "num_features", "affine", "track_running_stats"]
+CONVERSION_COLUMNS = [
+    "name",
+    "from_type",
+    "to_type",
+    "num_features",
+    "affine",
+    "track_running_stats",
+    "dim_source",
+]
+
+
+def convert_syncbn(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="The model: a name (torchvision, convnet, package.module:Callable), a torchkit "
+            "checkpoint, or a pickled model (--trust-checkpoint).",
+            metavar="SRC",
+            show_default=False,
+        ),
+    ],
+    destination: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Argument(
+            help="Write the converted model here. Without DST, only report the layers.",
+            metavar="DST",
+            show_default=False,
+        ),
+    ] = None,
+    revert: Annotated[
+        bool,
+        typer.Option(
+            "--revert",
+            help="SyncBatchNorm back to BatchNorm1d/2d/3d, to run a model trained with "
+            "SyncBatchNorm on a CPU or one GPU.",
+        ),
+    ] = False,
+    input_size: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--input-size",
+            "-i",
+            metavar="SIZE",
+            help="With --revert: one sample's shape (e.g. 3,224,224), to see which BatchNorm "
+            "each SyncBatchNorm layer stands for when the file does not say.",
+            show_default=False,
+        ),
+    ] = None,
+    num_classes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--num-classes", min=1, help="Classifier outputs of a named model."),
+    ] = None,
+    weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--weights", metavar="PATH", help="Weights for a named model."),
+    ] = None,
+    trust_checkpoint: TrustCheckpointOption = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Report the BatchNorm layers that would become SyncBatchNorm, or convert a saved model.
+
+    [bold]torchkit convert-syncbn resnet50[/] lists the layers. [bold]torchkit convert-syncbn
+    best.pt best-syncbn.pt[/] marks a torchkit checkpoint so that [bold]train --resume[/]
+    rebuilds it with SyncBatchNorm; a pickled model ([bold]--trust-checkpoint[/]) is converted.
+    [bold]--revert[/] goes back to BatchNorm.
+    """
+    from torchkit.core import syncbn
+    from torchkit.core.files import check_output
+
+    if output is not None:
+        check_output(output, force)  # before any work, not after DST is written
+    if destination is None:
+        if input_size is not None:
+            raise typer.BadParameter("goes with SRC DST --revert", param_hint="'--input-size'")
+        report = syncbn.batchnorm_report(
+            source,
+            revert=revert,
+            num_classes=num_classes,
+            weights=weights,
+            trust=trust_checkpoint,
+        )
+        columns = REPORT_COLUMNS
+        title = (
+            f"{report['count']} {'SyncBatchNorm' if revert else 'BatchNorm'} layers of "
+            f"{report['model']} would become {report['target']}"
+        )
+    else:
+        if weights is not None or num_classes is not None:
+            raise typer.BadParameter(
+                "go with a model name, not with SRC DST", param_hint="'--weights/--num-classes'"
+            )
+        sample_shape = None
+        if input_size is not None:
+            from torchkit.core.summary.run import parse_input_size
+
+            sample_shape = parse_input_size(input_size)
+        report = syncbn.convert_saved_model(
+            source,
+            destination,
+            revert=revert,
+            trust=trust_checkpoint,
+            force=force,
+            sample_shape=sample_shape,
+        )
+        columns = CONVERSION_COLUMNS if revert else CONVERSION_COLUMNS[:-1]
+        title = f"{report['count']} layers converted to {report['target']} ({report['kind']})"
+    table = Table(
+        columns=columns,
+        rows=[[row[c] for c in columns] for row in report["layers"]],
+        title=title,
+        align_right={"num_features"},
+    )
+    emit(tables=[table], data=report, fmt=fmt, output=output, force=force)
+    if destination is not None:
+        console.note(f"wrote {report['destination']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert-syncbn")(convert_syncbn)

@@ -1,0 +1,282 @@
+"""`torchkit summary`: a Keras-like layer table with shapes, parameters, mult-adds and memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from torchkit.cli.options import (
+    DeviceOption,
+    ForceOption,
+    FormatOption,
+    OutputOption,
+    TrustCheckpointOption,
+)
+from torchkit.cli.render import OutputFormat, Table, emit
+
+LAYER_COLUMNS = [
+    "depth",
+    "name",
+    "type",
+    "input_shape",
+    "output_shape",
+    "params",
+    "trainable",
+    "mult_adds",
+    "call",
+]
+TOTAL_LABELS = {
+    "total_params": "Total params",
+    "trainable_params": "Trainable params",
+    "non_trainable_params": "Non-trainable params",
+    "total_mult_adds": "Total mult-adds",
+    "flops": "FLOPs (FlopCounterMode)",
+    "input_mb": "Input size (MB)",
+    "forward_backward_mb": "Forward/backward pass size (MB)",
+    "params_mb": "Params size (MB)",
+    "buffers_mb": "Buffers size (MB)",
+    "total_mb": "Estimated total size (MB)",
+}
+
+
+def summary(
+    ctx: typer.Context,
+    model: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Argument(
+            help="A torchvision model name, convnet, package.module:Callable, or a torchkit "
+            "checkpoint.",
+            metavar="MODEL",
+            show_default=False,
+        ),
+    ] = None,
+    list_models: Annotated[
+        bool, typer.Option("--list", help="List the model names and exit.")
+    ] = False,
+    input_size: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--input-size",
+            "-i",
+            metavar="SIZE",
+            help="Input shape: C H W (one sample; --batch-size is added) or N,C,H,W. Repeat "
+            "for models with several inputs. Default: the checkpoint's image size, or 3,224,224.",
+            show_default=False,
+        ),
+    ] = None,
+    batch_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--batch-size", "-b", min=1, help="Batch size. [default: 1]"),
+    ] = None,
+    depth: Annotated[
+        int,
+        typer.Option("--depth", "-d", min=0, help="Nesting depth of the rows shown."),
+    ] = 3,
+    num_classes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--num-classes",
+            min=1,
+            help="Classifier outputs. [default: 1000 for torchvision, 10 for convnet]",
+        ),
+    ] = None,
+    weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--weights",
+            metavar="PATH",
+            help="Load these weights (state dict or checkpoint) into the model named by MODEL.",
+        ),
+    ] = None,
+    dtype: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--dtype",
+            help="Run in this dtype: float32, float16, bfloat16, float64; an integer dtype "
+            "(int64...) makes integer inputs for the model.",
+        ),
+    ] = None,
+    device: DeviceOption = "cpu",
+    flops: Annotated[
+        bool,
+        typer.Option("--flops/--no-flops", help="Measure FLOPs with torch's FlopCounterMode."),
+    ] = True,
+    trust_checkpoint: TrustCheckpointOption = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Show a model's layers, one row per module call: shapes, parameters, mult-adds, memory.
+
+    Examples: [bold]torchkit summary resnet50[/], [bold]torchkit summary vit_b_16 -i 3,384,384
+    --depth 2[/], [bold]torchkit summary runs/best.pt --format json -o summary.json[/].
+    """
+    if list_models:
+        _emit_model_list(fmt, output, force)
+        return
+    model, sizes = _positional_sizes(model, input_size or [], ctx.args)
+    if model is None:
+        raise typer.BadParameter("give a MODEL, or --list for the names", param_hint="MODEL")
+
+    from torchkit.core.files import check_output
+    from torchkit.core.summary.run import parse_input_size, summarize_model
+
+    if output is not None:
+        check_output(output, force)  # before the model is built
+
+    result = summarize_model(
+        model,
+        input_sizes=[parse_input_size(size) for size in sizes],
+        batch_size=batch_size,
+        num_classes=num_classes,
+        weights=weights,
+        trust=trust_checkpoint,
+        dtype=dtype,
+        device=device,
+        count_flops=flops,
+    )
+    rows = result.layers_up_to(depth)
+    layer_table = Table(
+        columns=["Layer (type)", "Input", "Output", "Params", "Trainable", "Mult-adds"],
+        rows=[
+            [
+                _layer_label(row),
+                _compact_shape(row.input_shape),
+                _compact_shape(row.output_shape),
+                f"{row.params:,}" if row.params else "",
+                row.trainable,
+                f"{row.mult_adds:,}" if row.mult_adds else "",
+            ]
+            for row in rows
+        ],
+        title=f"{result.model} on input {', '.join(map(_compact_shape, result.input_shapes))} "
+        f"({result.dtype}, {result.device})",
+        align_right={"Params", "Mult-adds"},
+    )
+    totals = result.totals()
+    totals_table = Table(
+        columns=["Total", "Value"],
+        rows=[[TOTAL_LABELS[key], _total_text(key, value)] for key, value in totals.items()],
+        align_right={"Value"},
+    )
+    csv_table = Table(
+        columns=LAYER_COLUMNS,
+        rows=[
+            [
+                row.depth,
+                row.name,
+                row.type,
+                _shape_text(row.input_shape),
+                _shape_text(row.output_shape),
+                row.params,
+                row.trainable or "",
+                row.mult_adds,
+                row.call,
+            ]
+            for row in rows
+        ]
+        + [["", "(total)", "", "", "", totals["total_params"], "", totals["total_mult_adds"], ""]],
+    )
+    if fmt == OutputFormat.csv:
+        emit(tables=[csv_table], data=None, fmt=fmt, output=output, force=force)
+    else:
+        emit(
+            tables=[layer_table, totals_table],
+            data=result.to_dict(depth),
+            fmt=fmt,
+            output=output,
+            force=force,
+        )
+
+
+def _positional_sizes(
+    model: str | None, sizes: list[str], extra: list[str]
+) -> tuple[str | None, list[str]]:
+    """Let `--input-size 3 224 224` work: the shell splits it, so 224 and 224 arrive as extra
+    arguments; they belong to the (single) --input-size given."""
+    tokens = ([model] if model is not None else []) + list(extra)
+    names = [t for t in tokens if not t.strip().isdigit()]
+    numbers = [t for t in tokens if t.strip().isdigit()]
+    if len(names) > 1:
+        raise typer.BadParameter(
+            f"unexpected extra arguments: {' '.join(names[1:])}", param_hint="MODEL"
+        )
+    if numbers:
+        if len(sizes) != 1:
+            raise typer.BadParameter(
+                f"cannot tell which input size {' '.join(numbers)} belongs to",
+                param_hint="'--input-size'",
+            )
+        sizes = [" ".join([sizes[0], *numbers])]
+    return (names[0] if names else None), sizes
+
+
+def _emit_model_list(fmt: OutputFormat, output: Path | None, force: bool) -> None:
+    from torchkit.core.models import list_models
+
+    names = list_models()
+    emit(
+        tables=[Table(columns=["model"], rows=[[name] for name in names])],
+        data={"models": names},
+        fmt=fmt,
+        output=output,
+        force=force,
+    )
+
+
+def _layer_label(row: Any) -> str:
+    """`conv1 (Conv2d)`, indented by depth; the model's own row is just its type."""
+    label = f"{row.name.rsplit('.', 1)[-1]} ({row.type})" if row.name else row.type
+    if row.call > 1:
+        label += f" call {row.call}"
+    return "  " * row.depth + label
+
+
+def _compact_shape(shape: Any) -> str:
+    """1×64×56×56 for a tensor; [a, b] and {key: a} for tuples, lists and dicts of them."""
+    if shape is None:
+        return ""
+    if isinstance(shape, str):
+        return shape
+    if isinstance(shape, dict):
+        return "{" + ", ".join(f"{k}: {_compact_shape(v)}" for k, v in shape.items()) + "}"
+    if shape and all(isinstance(n, int) for n in shape):
+        return "×".join(map(str, shape))
+    if not shape:
+        return "scalar" if isinstance(shape, list) else ""
+    return "[" + ", ".join(_compact_shape(item) for item in shape) + "]"
+
+
+def _shape_text(shape: Any) -> str:
+    if shape is None:
+        return ""
+    if isinstance(shape, str):
+        return shape
+    return json.dumps(shape, separators=(", ", ": "))
+
+
+def _total_text(key: str, value: Any) -> str:
+    if value is None:
+        return "not measured"
+    if key.endswith("_mb"):
+        return f"{value:,.2f}"
+    if key in ("total_mult_adds", "flops"):
+        return f"{value:,} ({_readable(value)})"
+    return f"{value:,}"
+
+
+def _readable(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:g}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "summary",
+        context_settings={"allow_extra_args": True},
+    )(summary)
