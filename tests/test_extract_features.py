@@ -1,0 +1,580 @@
+"""`torchkit extract-features`: features checked against torchvision's create_feature_extractor and
+the classic truncated nn.Sequential on the same preprocessed tensors; OUT layout, formats, resume,
+unreadable images and the error lines."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import types
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from conftest import write_image_folder
+from PIL import Image
+from torch import nn
+from torchvision import transforms as T
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.features import FeatureRequest, extract_features
+
+ATOL = 1e-5
+MODELS_MODULE = "tk_extract_test_models"  # `MODULE:Callable` specs point here
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """Six 40x40 RGB images in two classes, plus one 48x36 image so resizing is exercised."""
+    root = write_image_folder(
+        tmp_path_factory.mktemp("data") / "imgs", {"cat": 3, "dog": 2}, size=40
+    )
+    pixels = np.random.default_rng(1).integers(0, 256, (36, 48, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(root / "dog" / "wide.png")
+    return root
+
+
+@pytest.fixture
+def models_module(monkeypatch):
+    """A module that `MODULE:Callable` can import, holding factories the test sets."""
+    module = types.ModuleType(MODELS_MODULE)
+    monkeypatch.setitem(sys.modules, MODELS_MODULE, module)
+    return module
+
+
+def reference_batch(root: Path, paths: list[str], *, resize: int, crop: int, mean, std):
+    """The preprocessing written out by hand (torchvision's eval recipe), stacked in order."""
+    transform = T.Compose(
+        [T.Resize(resize), T.CenterCrop(crop), T.ToTensor(), T.Normalize(mean, std)]
+    )
+    return torch.stack([transform(Image.open(root / p).convert("RGB")) for p in paths])
+
+
+def read_index(out: Path) -> list[dict]:
+    with (out / "index.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def run(runner, *args: str):
+    return runner.invoke(app, ["extract-features", *args])
+
+
+def assert_close(actual: np.ndarray, expected: torch.Tensor) -> None:
+    assert actual.shape == tuple(expected.shape)
+    np.testing.assert_allclose(actual, expected.numpy(), atol=ATOL, rtol=0)
+
+
+def test_resnet18_checkpoint_matches_torchvision_and_truncated_sequential(runner, images, tmp_path):
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=2).eval()
+    preprocess = {
+        "image_size": 32,
+        "resize_size": 36,
+        "mean": [0.5, 0.4, 0.3],
+        "std": [0.2, 0.25, 0.3],
+        "in_channels": 3,
+        "interpolation": "bilinear",
+    }
+    checkpoint = tmp_path / "resnet.pt"
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "resnet18",
+            "num_classes": 2,
+            "classes": ["cat", "dog"],
+            "model": model.state_dict(),
+            "preprocess": preprocess,
+        },
+        checkpoint,
+    )
+    out = tmp_path / "out"
+    layers = ["-l", "penultimate", "-l", "layer3", "-l", "layer4.1.bn2", "-l", "logits"]
+    result = run(runner, str(checkpoint), str(images), str(out), *layers, "-b", "4", "-j", "0")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+
+    index = read_index(out)
+    paths = [row["path"] for row in index]
+    assert paths == ["cat/cat_0.png", "cat/cat_1.png", "cat/cat_2.png"] + [
+        "dog/dog_0.png",
+        "dog/dog_1.png",
+        "dog/wide.png",
+    ]
+    assert [row["row"] for row in index] == [str(i) for i in range(6)]
+    assert [row["label"] for row in index] == ["cat"] * 3 + ["dog"] * 3
+    assert all(row["error"] == "" for row in index)
+
+    x = reference_batch(
+        images, paths, resize=36, crop=32, mean=preprocess["mean"], std=preprocess["std"]
+    )
+    with torch.no_grad():
+        # The classic recipe: everything but the fc layer, as an nn.Sequential.
+        truncated = nn.Sequential(*list(model.children())[:-1])
+        penultimate = truncated(x).flatten(1)
+        maps = create_feature_extractor(model, ["layer3", "layer4.1.bn2"])(x)
+        logits = model(x)
+    assert_close(np.load(out / "penultimate.npy"), penultimate)
+    assert_close(np.load(out / "layer3.npy"), maps["layer3"].mean(dim=(2, 3)))
+    assert_close(np.load(out / "layer4.1.bn2.npy"), maps["layer4.1.bn2"].mean(dim=(2, 3)))
+    assert_close(np.load(out / "logits.npy"), logits)
+
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["arch"] == "resnet18"
+    assert meta["classes"] == ["cat", "dog"]
+    assert meta["preprocess"] == preprocess
+    assert meta["preprocess_source"] == "checkpoint"
+    assert meta["num_images"] == meta["num_rows"] == 6
+    by_name = {layer["name"]: layer for layer in meta["layers"]}
+    assert by_name["penultimate"]["node"] == "flatten"
+    assert by_name["layer3"]["node"] == "layer3.1.relu_1"
+    assert by_name["layer3"]["shape"] == [6, 256]
+    assert by_name["layer3"]["output_shape"] == [256, 2, 2]
+    assert by_name["logits"] == {
+        "name": "logits",
+        "node": "fc",
+        "file": "logits.npy",
+        "shape": [6, 2],
+        "output_shape": [2],
+        "dtype": "float32",
+    }
+    assert not (out / ".partial").exists()
+
+
+def test_vgg11_matches_truncated_sequential_with_pool_none_flatten(
+    runner, images, tmp_path, models_module
+):
+    # A real vgg11, built empty and filled with seeded random weights; fc6 (4096 x 25088) repeats
+    # a 4096 x 512 block 49 times, which costs a copy instead of 102M random draws.
+    with torch.device("meta"):
+        model = torchvision.models.vgg11(num_classes=3)
+    model = model.to_empty(device="cpu").eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name == "classifier.0.weight":
+                block = torch.empty(4096, 512).uniform_(-0.03, 0.03, generator=generator)
+                parameter.copy_(block.repeat(1, 49))
+            else:
+                parameter.uniform_(-0.03, 0.03, generator=generator)
+    models_module.vgg = lambda: model
+    out = tmp_path / "out"
+    options = ["--image-size", "32", "--resize-size", "32", "--mean", "0.5", "--std", "0.25"]
+    layers = ["-l", "penultimate", "-l", "classifier.3", "-l", "features", "-l", "features.18"]
+    result = run(
+        runner,
+        f"{MODELS_MODULE}:vgg",
+        str(images),
+        str(out),
+        *layers,
+        *options,
+        "--pool",
+        "none",
+        "--flatten",
+        "-j",
+        "0",
+    )
+    assert result.exit_code == 0, result.stderr
+    paths = [row["path"] for row in read_index(out)]
+    x = reference_batch(images, paths, resize=32, crop=32, mean=[0.5] * 3, std=[0.25] * 3)
+    with torch.no_grad():
+        pool5 = model.features(x)
+        flat = torch.flatten(model.avgpool(pool5), 1)
+        fc7 = nn.Sequential(*list(model.classifier.children())[:-1])(flat)  # the head's input
+        # The cheat-sheet's "fc7" cuts three layers: fc7 before its ReLU.
+        fc7_linear = nn.Sequential(*list(model.classifier.children())[:-3])(flat)
+        conv5_2 = model.features[:-2](x)  # before its ReLU(inplace=True)
+    assert_close(np.load(out / "penultimate.npy"), fc7)
+    assert_close(np.load(out / "classifier.3.npy"), fc7_linear)
+    assert_close(np.load(out / "features.npy"), pool5.flatten(1))
+    assert_close(np.load(out / "features.18.npy"), conv5_2.flatten(1))
+    assert (conv5_2 < 0).any()  # so the in-place ReLU would have shown
+    meta = json.loads((out / "meta.json").read_text())
+    assert [layer["node"] for layer in meta["layers"]] == [
+        "classifier.5",
+        "classifier.3",
+        "features.20",
+        "features.18",
+    ]
+    assert meta["preprocess"]["mean"] == [0.5] * 3
+
+
+def test_weights_path_keeps_its_head_and_uses_the_standard_transform(runner, images, tmp_path):
+    torch.manual_seed(1)
+    model = torchvision.models.resnet18(num_classes=5).eval()
+    weights = tmp_path / "weights.pth"
+    torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, weights)
+    out = tmp_path / "out"
+    result = run(
+        runner, "resnet18", str(images), str(out), "--weights", str(weights), "-l", "logits",
+        "--image-size", "32", "-j", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    paths = [row["path"] for row in read_index(out)]
+    # torchvision's ResNet eval transform, scaled: resize 256/224 of the crop, ImageNet stats.
+    x = reference_batch(
+        images, paths, resize=37, crop=32, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
+    )
+    with torch.no_grad():
+        assert_close(np.load(out / "logits.npy"), model(x))
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["preprocess_source"] == "torchvision"
+    assert meta["preprocess"]["resize_size"] == 37
+
+    plain = run(runner, str(weights), str(images), str(tmp_path / "o2"))
+    assert plain.exit_code == 1
+    assert "holds weights but not the architecture" in plain.stderr
+    assert "--weights" in plain.stderr
+    assert "Traceback" not in plain.stderr
+
+
+def test_list_layers_names_shapes_and_aliases(runner):
+    result = run(runner, "resnet18", "--list-layers", "--image-size", "32", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    layers = {row["name"]: row for row in data["layers"]}
+    _, eval_nodes = get_graph_node_names(torchvision.models.resnet18())
+    assert [row["name"] for row in data["layers"] if row["alias_of"] is None] == eval_nodes
+    assert layers["layer4.1.relu_1"]["output_shape"] == [512, 1, 1]
+    assert layers["conv1"]["op"] == "Conv2d"
+    assert layers["penultimate"]["alias_of"] == "flatten"
+    assert layers["penultimate"]["output_shape"] == [512]
+    assert layers["logits"] == {
+        "name": "logits",
+        "op": "alias",
+        "output_shape": [1000],
+        "alias_of": "fc",
+    }
+    assert data["image_size"] == 32 and data["traced"] is True
+
+    table = run(runner, "resnet18", "--list-layers", "--image-size", "32", "--format", "csv")
+    assert table.exit_code == 0
+    assert "layer4.1.relu_1,ReLU,512x1x1" in table.stdout.splitlines()
+
+    wrong = run(runner, "resnet18", "--list-layers", "--format", "npy")
+    assert wrong.exit_code == 2
+    assert "Error: --format npy does not apply to --list-layers" in wrong.stderr
+
+
+def test_unknown_layer_lists_close_names(runner, images, tmp_path):
+    result = run(runner, "resnet18", str(images), str(tmp_path / "out"), "-l", "layer4.1.relu1")
+    assert result.exit_code == 2
+    assert "Error: resnet18 has no layer 'layer4.1.relu1'" in result.stderr
+    assert "did you mean layer4.1.relu_1" in result.stderr
+    assert "--list-layers" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+class Branchy(nn.Module):
+    """torch.fx cannot trace the data-dependent `if`: layers come from hooks on modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = self.body(x)
+        if x.sum() > 0:
+            x = x * 2
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_untraceable_model_uses_hooks(runner, images, tmp_path, models_module):
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    models_module.branchy = lambda: model
+    out = tmp_path / "out"
+    result = run(
+        runner, f"{MODELS_MODULE}:branchy", str(images), str(out), "-l", "penultimate",
+        "-l", "body.0", "-l", "logits", "--image-size", "16", "--resize-size", "16",
+        "--channels-last", "-j", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "cannot trace" in result.stderr
+    paths = [row["path"] for row in read_index(out)]
+    x = reference_batch(
+        images, paths, resize=16, crop=16, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]
+    )
+    with torch.no_grad():
+        conv = model.body[0](x)
+        logits = model(x)
+        pooled = model.body(x).mean(dim=(2, 3)) * 2
+    assert_close(np.load(out / "body.0.npy"), conv.mean(dim=(2, 3)))  # before the in-place ReLU
+    assert_close(np.load(out / "penultimate.npy"), pooled)
+    assert_close(np.load(out / "logits.npy"), logits)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["layers"][0]["node"] == "<input of the classifier>"
+
+
+def test_unreadable_images_are_recorded_or_fatal_with_strict(runner, tmp_path):
+    root = tmp_path / "imgs"
+    write_image_folder(root, {"a": 2, "b": 2}, size=20)
+    (root / "a" / "a_bad.png").write_bytes(b"not a png")
+    (root / "b" / "b_0.png").write_bytes(b"")  # zero bytes
+    out = tmp_path / "out"
+    args = ["convnet", str(root), str(out), "--image-size", "16", "-b", "2", "-j", "0"]
+    result = run(runner, *args, "-l", "features")
+    assert result.exit_code == 0, result.stderr
+    assert "skipped 2 unreadable image(s)" in result.stderr
+    index = read_index(out)
+    assert [(r["row"], r["path"]) for r in index] == [
+        ("0", "a/a_0.png"),
+        ("1", "a/a_1.png"),
+        ("", "a/a_bad.png"),
+        ("", "b/b_0.png"),
+        ("2", "b/b_1.png"),
+    ]
+    assert "cannot identify image file" in index[2]["error"]
+    assert index[3]["error"] and index[4]["error"] == ""
+    features = np.load(out / "features.npy")
+    assert features.shape == (3, 64)
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["num_images"], meta["num_rows"], meta["num_skipped"]) == (5, 3, 2)
+
+    # The rows of the readable images are their features, as in a folder without the bad ones.
+    (root / "a" / "a_bad.png").unlink()
+    (root / "b" / "b_0.png").unlink()
+    clean = tmp_path / "clean"
+    assert run(runner, *args[:2], str(clean), *args[3:], "-l", "features").exit_code == 0
+    assert np.array_equal(np.load(clean / "features.npy"), features)
+
+    (root / "a" / "a_bad.png").write_bytes(b"not a png")
+    strict = run(runner, *args, "-l", "features", "--strict", "--force")
+    assert strict.exit_code == 1
+    assert "Error: cannot read image" in strict.stderr and "a_bad.png" in strict.stderr
+    assert "Traceback" not in strict.stderr
+
+
+def test_existing_out_needs_force_or_resume(runner, images, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    args = ["convnet", str(images), str(out), "--image-size", "16", "-j", "0"]
+    refused = run(runner, *args)
+    assert refused.exit_code == 1
+    assert "Error: output folder already exists" in refused.stderr
+    assert "--force" in refused.stderr
+    assert (out / "notes.txt").read_text() == "keep me"
+
+    nothing = run(runner, *args, "--resume")
+    assert nothing.exit_code == 1
+    assert "nothing to resume" in nothing.stderr
+
+    both = run(runner, *args, "--resume", "--force")
+    assert both.exit_code == 2
+    assert "--resume and --force contradict each other" in both.stderr
+
+    forced = run(runner, *args, "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert not (out / "notes.txt").exists()
+    assert (out / "penultimate.npy").is_file()  # the default layer
+
+    again = run(runner, *args, "--resume")
+    assert again.exit_code == 0
+    assert "already complete" in again.stderr
+
+    other = run(runner, *args, "--resume", "--normalize", "l2")
+    assert other.exit_code == 2
+    assert "another model, layers, options or images" in other.stderr
+
+
+def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path):
+    root = tmp_path / "imgs"
+    write_image_folder(root, {"a": 4, "b": 3}, size=20)
+    (root / "a" / "a_00.png").write_bytes(b"broken")  # 2nd image: before the interruption
+    (root / "b" / "b_9.png").write_bytes(b"broken")  # last image: after it
+    options = ["--image-size", "16", "-l", "features", "-l", "penultimate", "-b", "2"]
+
+    full = tmp_path / "full"
+    result = run(runner, "convnet", str(root), str(full), *options, "-j", "1")
+    assert result.exit_code == 0, result.stderr
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def stop_after_two_batches(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == 3:  # the initial call, then two batches
+            raise Stop
+
+    part = tmp_path / "part"
+    request = FeatureRequest(
+        "convnet", str(root), str(part), layers=["features", "penultimate"], image_size=16,
+        batch_size=2, workers=0,
+    )  # fmt: skip
+    with pytest.raises(Stop):
+        extract_features(request, progress=stop_after_two_batches)
+    assert calls == [0, 2, 4]
+    assert (part / ".partial" / "progress.json").is_file()
+    assert not (part / "meta.json").exists()
+
+    refused = run(runner, "convnet", str(root), str(part), *options)
+    assert refused.exit_code == 1
+    assert "holds an interrupted extraction" in refused.stderr
+    assert "--resume" in refused.stderr
+
+    resumed = run(runner, "convnet", str(root), str(part), *options, "--resume", "-j", "0")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert "resumed at image 5" in resumed.stderr
+    for name in ("features.npy", "penultimate.npy"):
+        assert np.array_equal(np.load(part / name), np.load(full / name))
+    assert (part / "index.csv").read_text() == (full / "index.csv").read_text()
+    assert (part / "meta.json").read_text() == (full / "meta.json").read_text()
+    assert not (part / ".partial").exists()
+
+    # Random weights come from --seed: another seed is another model.
+    other = tmp_path / "other"
+    assert run(runner, "convnet", str(root), str(other), *options, "--seed", "1").exit_code == 0
+    assert not np.allclose(np.load(other / "penultimate.npy"), np.load(full / "penultimate.npy"))
+
+
+def test_pt_and_safetensors_float16_l2(runner, images, tmp_path):
+    from safetensors.numpy import load_file
+
+    common = ["convnet", str(images)]
+    options = ["--image-size", "16", "-l", "features", "-l", "logits", "--normalize", "l2"]
+    reference = tmp_path / "npy"
+    result = run(runner, *common, str(reference), *options, "--pool", "max", "-j", "0")
+    assert result.exit_code == 0, result.stderr
+    pt = tmp_path / "pt"
+    result = run(runner, *common, str(pt), *options, "--pool", "max", "--format", "pt",
+                 "--dtype", "float16", "-j", "0")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    st = tmp_path / "st"
+    result = run(runner, *common, str(st), *options, "--pool", "none", "--format", "safetensors",
+                 "-j", "0")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+
+    expected = np.load(reference / "features.npy")
+    assert expected.shape == (6, 64)
+    np.testing.assert_allclose(np.linalg.norm(expected, axis=1), 1.0, rtol=1e-5)
+    from_pt = torch.load(pt / "features.pt", weights_only=True)
+    assert from_pt.dtype == torch.float16 and from_pt.shape == (6, 64)
+    np.testing.assert_allclose(from_pt.float().numpy(), expected, atol=1e-3)
+    assert {p.name for p in pt.iterdir()} == {"features.pt", "logits.pt", "index.csv", "meta.json"}
+
+    maps = load_file(str(st / "features.safetensors"))["features"]
+    assert maps.dtype == np.float32 and maps.shape == (6, 64, 6, 6)
+    np.testing.assert_allclose(np.linalg.norm(maps.reshape(6, -1), axis=1), 1.0, rtol=1e-5)
+    # Unit-norm maps, max-pooled, then scaled to unit norm again, give the max-pooled reference.
+    pooled = maps.max(axis=(2, 3))
+    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    np.testing.assert_allclose(pooled, expected, atol=1e-5)
+    logits = load_file(str(st / "logits.safetensors"))["logits"]
+    np.testing.assert_allclose(logits, np.load(reference / "logits.npy"), atol=1e-6)
+
+
+def test_weights_default_offline_is_a_clear_error(runner, images, tmp_path, monkeypatch):
+    import torchvision.models._api as api
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(api, "load_state_dict_from_url", offline)
+    result = run(runner, "resnet18", str(images), str(tmp_path / "out"), "--weights", "DEFAULT")
+    assert result.exit_code == 1
+    assert "Error: cannot download the DEFAULT weights of resnet18" in result.stderr
+    assert "--weights PATH" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    unknown = run(runner, "resnet18", str(images), str(tmp_path / "out"), "--weights", "NOPE")
+    assert unknown.exit_code == 2
+    assert "unknown weights 'NOPE' for resnet18" in unknown.stderr
+
+    builtin = run(runner, "convnet", str(images), str(tmp_path / "out"), "--weights", "DEFAULT")
+    assert builtin.exit_code == 2
+    assert "--weights DEFAULT: there is no such file" in builtin.stderr
+
+
+def test_command_line_mistakes(runner, images, tmp_path):
+    missing = run(runner, "resnet18")
+    assert missing.exit_code == 2
+    assert "IMAGES and OUT are needed" in missing.stderr
+    no_images = run(runner, "resnet18", str(tmp_path / "nope"), str(tmp_path / "out"))
+    assert no_images.exit_code == 1
+    assert "Error:" in no_images.stderr and "nope" in no_images.stderr
+    bad_format = run(runner, "convnet", str(images), str(tmp_path / "o"), "--format", "json")
+    assert bad_format.exit_code == 2
+    assert "not an array format" in bad_format.stderr
+    with_images = run(runner, "resnet18", str(images), "--list-layers")
+    assert with_images.exit_code == 2
+    assert "--list-layers takes only MODEL" in with_images.stderr
+    bad_mean = run(runner, "convnet", str(images), str(tmp_path / "o"), "--mean", "0.1,0.2")
+    assert bad_mean.exit_code == 2
+    assert "--mean has 2 values but the images have 3 channels" in bad_mean.stderr
+
+
+def test_csv_index_and_flat_folder(runner, images, tmp_path):
+    index_csv = tmp_path / "index.csv"
+    index_csv.write_text(f"path,label\n{images}/dog/wide.png,dog\n{images}/cat/cat_1.png,cat\n")
+    options = ["--image-size", "16", "-l", "logits", "-j", "0"]
+    from_csv = tmp_path / "csv"
+    assert run(runner, "convnet", str(index_csv), str(from_csv), *options).exit_code == 0
+    rows = read_index(from_csv)
+    assert [(r["path"], r["label"]) for r in rows] == [
+        (f"{images}/dog/wide.png", "dog"),
+        (f"{images}/cat/cat_1.png", "cat"),
+    ]
+    flat = tmp_path / "flat"
+    assert run(runner, "convnet", str(images / "cat"), str(flat), *options).exit_code == 0
+    flat_rows = read_index(flat)
+    assert [(r["path"], r["label"]) for r in flat_rows] == [
+        ("cat_0.png", ""),
+        ("cat_1.png", ""),
+        ("cat_2.png", ""),
+    ]
+    # The same image gives the same row whichever way it was listed.
+    assert np.array_equal(np.load(from_csv / "logits.npy")[1], np.load(flat / "logits.npy")[1])
+
+
+def test_channels_last_and_amp(runner, images, tmp_path):
+    options = ["--image-size", "16", "-l", "features", "-l", "logits", "-j", "0"]
+    plain, fast, amp = tmp_path / "plain", tmp_path / "fast", tmp_path / "amp"
+    assert run(runner, "convnet", str(images), str(plain), *options).exit_code == 0
+    result = run(runner, "convnet", str(images), str(fast), *options, "--channels-last")
+    assert result.exit_code == 0, result.stderr
+    result = run(runner, "convnet", str(images), str(amp), *options, "--amp")
+    assert result.exit_code == 0, result.stderr
+    for name in ("features.npy", "logits.npy"):
+        expected = np.load(plain / name)
+        np.testing.assert_allclose(np.load(fast / name), expected, atol=ATOL)
+        # bfloat16 keeps about 3 significant digits.
+        low = np.load(amp / name)
+        assert low.dtype == np.float32
+        np.testing.assert_allclose(low, expected, atol=0.05 * np.abs(expected).max())
+    assert json.loads((amp / "meta.json").read_text())["amp"] is True
+
+
+def test_shrinking_a_npy_in_place_keeps_the_rows(tmp_path):
+    from numpy.lib.format import open_memmap
+
+    from torchkit.core.features.store import _shrink_npy
+
+    path = tmp_path / "a.npy"
+    array = open_memmap(path, mode="w+", dtype="float32", shape=(1000, 3))
+    array[:] = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+    array.flush()
+    del array
+    _shrink_npy(path, 7)
+    shrunk = np.load(path)
+    assert shrunk.shape == (7, 3)
+    assert np.array_equal(shrunk, np.arange(21, dtype=np.float32).reshape(7, 3))
+    assert path.stat().st_size == 128 + 7 * 3 * 4
+
+
+def test_cli_module_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, torchkit.cli.extract_features; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,344 @@
+"""`torchkit extract-features MODEL IMAGES OUT`: features of named layers for a set of images."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.options import (
+    DeviceOption,
+    ForceOption,
+    StrictOption,
+    TrustCheckpointOption,
+    WorkersOption,
+)
+from torchkit.cli.render import OutputFormat, Table, emit
+
+ARRAY_FORMATS = ("npy", "pt", "safetensors")
+LISTING_FORMATS = tuple(f.value for f in OutputFormat)
+
+
+class Pool(str, Enum):
+    avg = "avg"
+    max = "max"
+    none = "none"
+
+
+class Normalize(str, Enum):
+    l2 = "l2"
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+def _complete_format(incomplete: str) -> list[str]:
+    return [f for f in (*ARRAY_FORMATS, *LISTING_FORMATS) if f.startswith(incomplete)]
+
+
+def extract_features_command(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A torchvision model name (resnet18), `convnet`, package.module:Callable, "
+            "or a torchkit checkpoint.",
+            metavar="MODEL",
+            show_default=False,
+        ),
+    ],
+    images: Annotated[
+        Optional[Path],  # noqa: UP045 - typer needs Optional
+        typer.Argument(
+            help="An image folder (ROOT/<class>/<image>), a flat folder of images, or a CSV "
+            "index with path,label columns.",
+            metavar="IMAGES",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Argument(
+            help="Output folder: one array file per layer, index.csv, meta.json.",
+            metavar="OUT",
+            show_default=False,
+        ),
+    ] = None,
+    layer: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--layer",
+            "-l",
+            help="A layer to keep, by node name (layer4.1.relu_1), module name (layer4), "
+            "`penultimate` (the classifier's input) or `logits`. Repeat for several; all come "
+            "from one forward pass. Default: penultimate.",
+            show_default=False,
+        ),
+    ] = None,
+    list_layers: Annotated[
+        bool,
+        typer.Option("--list-layers", help="Print the layer names of MODEL and exit."),
+    ] = False,
+    weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--weights",
+            help="DEFAULT (torchvision's pretrained weights: needs the internet or a warm "
+            "cache) or PATH to a state dict/checkpoint. Default: random initialisation.",
+            show_default=False,
+        ),
+    ] = None,
+    pool: Annotated[
+        Optional[Pool],  # noqa: UP045
+        typer.Option(
+            "--pool",
+            help="Reduce (C, H, W) maps over H and W. Default: avg.",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
+    flatten: Annotated[
+        bool, typer.Option("--flatten", help="Store each image's feature as one vector.")
+    ] = False,
+    normalize: Annotated[
+        Optional[Normalize],  # noqa: UP045
+        typer.Option(
+            "--normalize",
+            help="Scale each image's feature to unit L2 norm.",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
+    dtype: Annotated[
+        Dtype, typer.Option("--dtype", help="Stored precision.", case_sensitive=False)
+    ] = Dtype.float32,
+    file_format: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--format",
+            help="Array files: npy (default), pt or safetensors. With --list-layers: table "
+            "(default), csv or json.",
+            autocompletion=_complete_format,
+            show_default=False,
+        ),
+    ] = None,
+    image_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--image-size",
+            help="Crop size (default: the checkpoint's or the model's standard one). The "
+            "resize keeps the model's resize/crop ratio unless --resize-size is given.",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
+    resize_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--resize-size", help="Shorter side before the centre crop.", min=1),
+    ] = None,
+    mean: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--mean", help="Per-channel mean, e.g. 0.485,0.456,0.406 (or one value)."),
+    ] = None,
+    std: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--std", help="Per-channel std, e.g. 0.229,0.224,0.225 (or one value)."),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", help="Images per forward pass.", min=1)
+    ] = 64,
+    workers: WorkersOption = None,
+    device: DeviceOption = "auto",
+    amp: Annotated[
+        bool,
+        typer.Option("--amp", help="Mixed precision (float16 on CUDA, bfloat16 on CPU)."),
+    ] = False,
+    channels_last: Annotated[
+        bool, typer.Option("--channels-last", help="Run the model in channels-last layout.")
+    ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Continue an interrupted run into the same OUT."),
+    ] = False,
+    force: ForceOption = False,
+    strict: StrictOption = False,
+    trust_checkpoint: TrustCheckpointOption = False,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", help="Seed of the random initialisation when there are no --weights."
+        ),
+    ] = 0,
+) -> None:
+    """Features of named layers of a model for every image of a folder or CSV index.
+
+    Writes OUT/<layer>.npy (one row per readable image, in the order of OUT/index.csv),
+    OUT/index.csv (row, path, label, error) and OUT/meta.json (model, layers, shapes,
+    preprocessing). Arrays are filled in place on disk, so datasets bigger than RAM work, and
+    --resume continues a run that was stopped.
+    """
+    from torchkit.core.errors import UsageError
+    from torchkit.core.features.source import parse_floats
+
+    if list_layers:
+        if images is not None or out is not None:
+            raise UsageError("--list-layers takes only MODEL", "drop IMAGES and OUT")
+        _list_layers(model, weights, trust_checkpoint, image_size, file_format or "table")
+        return
+    if images is None or out is None:
+        raise UsageError("IMAGES and OUT are needed", "or pass --list-layers to see the layers")
+    array_format = file_format or "npy"
+    if array_format not in ARRAY_FORMATS:
+        raise UsageError(
+            f"--format {array_format} is not an array format", "use npy, pt or safetensors"
+        )
+
+    from torchkit.core.features import FeatureRequest, extract_features
+
+    request = FeatureRequest(
+        model=model,
+        images=str(images),
+        out=str(out),
+        weights=weights,
+        layers=list(layer or []),
+        pool=pool.value if pool else None,
+        flatten=flatten,
+        normalize=normalize.value if normalize else None,
+        dtype=dtype.value,
+        file_format=array_format,
+        image_size=image_size,
+        resize_size=resize_size,
+        mean=parse_floats(mean, "--mean"),
+        std=parse_floats(std, "--std"),
+        batch_size=batch_size,
+        workers=workers,
+        device=device,
+        amp=amp,
+        channels_last=channels_last,
+        strict=strict,
+        resume=resume,
+        force=force,
+        trust_checkpoint=trust_checkpoint,
+        seed=seed,
+    )
+    try:
+        with _progress_bar() as update:
+            result = extract_features(request, progress=update)
+    except KeyboardInterrupt:
+        if (out / ".partial").is_dir():
+            console.note(f"the rows done so far are kept in {out}; add --resume to continue")
+        raise
+    _report(result)
+
+
+def _list_layers(
+    model: str, weights: str | None, trust: bool, image_size: int | None, fmt: str
+) -> None:
+    from torchkit.core.errors import UsageError
+    from torchkit.core.features import list_layers
+
+    if fmt not in LISTING_FORMATS:
+        raise UsageError(
+            f"--format {fmt} does not apply to --list-layers", "use table, csv or json"
+        )
+    listing = list_layers(model, weights=weights, trust_checkpoint=trust, image_size=image_size)
+    rows = [
+        [
+            info.name,
+            f"alias of {info.alias_of}" if info.alias_of else info.op,
+            "x".join(map(str, info.shape)) if info.shape is not None else "",
+        ]
+        for info in listing.layers
+    ]
+    table = Table(
+        columns=["layer", "op", "output_shape"],
+        rows=rows,
+        title=f"{listing.arch} layers ({listing.image_size}x{listing.image_size} input)",
+    )
+    data = {
+        "model": listing.arch,
+        "image_size": listing.image_size,
+        "traced": listing.traced,
+        "layers": [
+            {
+                "name": info.name,
+                "op": info.op,
+                "output_shape": info.shape,
+                "alias_of": info.alias_of,
+            }
+            for info in listing.layers
+        ],
+    }
+    emit(tables=[table], data=data, fmt=OutputFormat(fmt))
+
+
+class _progress_bar:
+    """A rich progress bar on stderr (hidden when stderr is not a terminal) with images/s."""
+
+    def __enter__(self):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+        from rich.text import Text
+
+        class Speed(ProgressColumn):
+            def render(self, task) -> Text:
+                speed = task.finished_speed or task.speed
+                return Text(f"{speed:.1f} img/s" if speed else "- img/s", style="cyan")
+
+        self._progress = Progress(
+            TextColumn("extracting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            Speed(),
+            TimeRemainingColumn(),
+            console=console.stderr,
+            disable=not console.stderr.is_terminal,
+        )
+        self._progress.start()
+        self._task = None
+
+        def update(done: int, total: int) -> None:
+            if self._task is None:
+                # A resumed run starts part-way: count speed from here only.
+                self._task = self._progress.add_task("extract", total=total, completed=done)
+            else:
+                self._progress.update(self._task, completed=done)
+
+        return update
+
+    def __exit__(self, *exc) -> None:
+        self._progress.stop()
+
+
+def _report(result) -> None:
+    if result.already_complete:
+        console.note(f"{result.out} is already complete; nothing to do")
+        return
+    for layer in result.layers:
+        shape = "x".join(map(str, layer.shape))
+        console.note(f"{layer.name} ({layer.node}): {shape} {layer.dtype} -> {layer.file}")
+    speed = f", {result.images_per_second:.1f} images/s" if result.seconds > 0 else ""
+    resumed = f" (resumed at image {result.resumed_from + 1})" if result.resumed_from else ""
+    console.note(
+        f"wrote {result.num_rows} rows for {result.num_images} images to {result.out}"
+        f"{resumed}{speed}"
+    )
+    if result.skipped:
+        console.warn(
+            f"skipped {len(result.skipped)} unreadable image(s); "
+            f"see the error column of {result.out / 'index.csv'}"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("extract-features")(extract_features_command)

@@ -1,0 +1,423 @@
+"""`extract-features`: the features of named layers for every image of a folder or CSV index."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchkit import __version__
+from torchkit.core.data import Samples
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.features.layers import (
+    NORMALIZATIONS,
+    POOLS,
+    FeatureExtractor,
+    LayerGraph,
+    LayerInfo,
+    reduce_feature,
+)
+from torchkit.core.features.source import apply_overrides, load_model_source
+from torchkit.core.features.store import DTYPES, FILE_FORMATS, FeatureStore
+from torchkit.core.files import require_input
+
+logger = logging.getLogger("torchkit")
+
+DEFAULT_LAYERS = ("penultimate",)
+_WARN_UNREADABLE = 10  # warnings for the first few unreadable images; the rest are counted
+# How often the progress record is saved: a killed run redoes at most this much work, and fast
+# GPU runs do not wait on an fsync per batch. Ctrl-C and errors save it at once.
+COMMIT_INTERVAL_S = 2.0
+
+
+@dataclass
+class FeatureRequest:
+    """Everything `torchkit extract-features` is asked to do."""
+
+    model: str
+    images: str
+    out: str
+    weights: str | None = None
+    layers: list[str] = field(default_factory=lambda: list(DEFAULT_LAYERS))
+    pool: str | None = None  # None: avg for 4-D maps
+    flatten: bool = False
+    normalize: str | None = None
+    dtype: str = "float32"
+    file_format: str = "npy"
+    image_size: int | None = None
+    resize_size: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    batch_size: int = 64
+    workers: int | None = None
+    device: str = "auto"
+    amp: bool = False
+    channels_last: bool = False
+    strict: bool = False
+    resume: bool = False
+    force: bool = False
+    trust_checkpoint: bool = False
+    seed: int = 0  # makes a randomly initialised model (no --weights) the same in every run
+
+
+@dataclass
+class LayerOutput:
+    name: str
+    node: str
+    file: Path
+    shape: list[int]  # (rows, ...) as stored
+    dtype: str
+
+
+@dataclass
+class ExtractionResult:
+    out: Path
+    num_images: int
+    num_rows: int
+    skipped: list[tuple[str, str]]  # (image, why)
+    layers: list[LayerOutput]
+    resumed_from: int = 0  # images already done when this run started
+    already_complete: bool = False
+    seconds: float = 0.0
+
+    @property
+    def images_per_second(self) -> float:
+        processed = self.num_images - self.resumed_from
+        return processed / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class LayerListing:
+    arch: str
+    image_size: int
+    traced: bool
+    layers: list[LayerInfo]
+
+
+def list_layers(
+    model: str,
+    *,
+    weights: str | None = None,
+    trust_checkpoint: bool = False,
+    image_size: int | None = None,
+) -> LayerListing:
+    """The layer names of MODEL (and the aliases), with per-image output shapes."""
+    source = load_model_source(
+        model, weights=weights, trust=trust_checkpoint, image_size=image_size
+    )
+    preprocess = apply_overrides(source.preprocess, image_size=image_size)
+    graph = LayerGraph(source.model, arch=source.arch)
+    rows = graph.describe(preprocess.image_size, preprocess.in_channels)
+    return LayerListing(source.arch, preprocess.image_size, graph.traced, rows)
+
+
+def extract_features(
+    request: FeatureRequest, *, progress: Callable[[int, int], None] | None = None
+) -> ExtractionResult:
+    """Run the model over every image once, keeping the requested layers; write OUT.
+
+    `progress(done, total)` is called as images are processed (first with the images a resumed
+    run had already done).
+    """
+    import torch
+
+    from torchkit.core.data import eval_transform, load_image_set
+    from torchkit.core.device import resolve_device
+
+    _validate(request)
+    samples = load_image_set(require_input(request.images, what="IMAGES"))
+    # A randomly initialised model (no --weights) must be the same again when a run resumes;
+    # the caller's RNG state is left as it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(request.seed)
+        source = load_model_source(
+            request.model,
+            weights=request.weights,
+            trust=request.trust_checkpoint,
+            image_size=request.image_size,
+        )
+    preprocess = apply_overrides(
+        source.preprocess,
+        image_size=request.image_size,
+        resize_size=request.resize_size,
+        mean=request.mean,
+        std=request.std,
+    )
+    graph = LayerGraph(source.model, arch=source.arch)
+    layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
+    settings = {
+        "model": request.model,
+        "arch": source.arch,
+        "weights": request.weights,
+        "layers": [{"name": layer.name, "node": layer.node} for layer in layers],
+        "pool": request.pool or "avg",
+        "flatten": request.flatten,
+        "normalize": request.normalize,
+        "dtype": request.dtype,
+        "format": request.file_format,
+        "amp": request.amp,
+        "seed": request.seed,
+        "preprocess": preprocess.to_dict(),
+    }
+    fingerprint = _fingerprint(settings, samples)
+    device = resolve_device(request.device)
+    extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.channels_last)
+    try:
+        store, finished = FeatureStore.open(
+            request.out, fingerprint, len(samples), resume=request.resume, force=request.force
+        )
+        if store is None:
+            return _result_from_meta(Path(request.out), finished)
+        resumed_from = store.progress.done
+        started = time.perf_counter()
+        transform = eval_transform(preprocess)
+        loader = _loader(samples, transform, preprocess.in_channels, request, device)
+        _extract_rows(store, extractor, loader, samples, request, device, progress)
+        seconds = time.perf_counter() - started
+    finally:
+        extractor.close()
+
+    state = store.progress
+    if state.rows == 0:
+        raise InputError(
+            f"none of the {len(samples)} images in {request.images} could be read",
+            "index.csv is not written; check the files",
+        )
+    index_rows = _index_rows(samples, state.errors)
+    meta = {
+        "torchkit_version": __version__,
+        **settings,
+        "classes": source.classes,
+        "images": str(request.images),
+        "num_images": len(samples),
+        "num_rows": state.rows,
+        "num_skipped": len(state.errors),
+        "preprocess_source": source.preprocess_source,
+        "layers": [
+            {
+                "name": layer.name,
+                "node": layer.node,
+                "file": f"{state.layers[layer.name]['file']}.{request.file_format}",
+                "shape": [state.rows, *state.layers[layer.name]["shape"]],
+                "output_shape": state.layers[layer.name]["output_shape"],
+                "dtype": request.dtype,
+            }
+            for layer in layers
+        ],
+        "fingerprint": fingerprint,
+    }
+    store.finish(request.file_format, index_rows, meta)
+    result = _result_from_meta(Path(request.out), meta)
+    result.already_complete = False
+    result.resumed_from = resumed_from
+    result.seconds = seconds
+    return result
+
+
+def _extract_rows(
+    store: FeatureStore,
+    extractor: FeatureExtractor,
+    loader,
+    samples: Samples,
+    request: FeatureRequest,
+    device,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Fill the store batch by batch from where its progress record says, saving that record
+    every COMMIT_INTERVAL_S, at the end, and when anything stops the loop."""
+    import torch
+
+    state = store.progress
+    if state.done:
+        logger.info("resuming at image %d of %d", state.done + 1, len(samples))
+    autocast_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+    memory_format = torch.channels_last if request.channels_last else torch.contiguous_format
+    last_commit = time.perf_counter()
+    if progress:
+        progress(state.done, len(samples))
+    try:
+        for indices, images, failures in loader(state.done):
+            for index, reason in failures:
+                _skip(samples, index, reason, request.strict, state.errors)
+            if images is not None:
+                images = images.to(device, non_blocking=True, memory_format=memory_format)
+                with (
+                    torch.inference_mode(),
+                    torch.autocast(device.type, dtype=autocast_dtype, enabled=request.amp),
+                ):
+                    outputs = extractor(images)
+                layers = extractor.layers
+                arrays = {layer.name: _reduce(outputs, layer, request, images) for layer in layers}
+                if not store.allocated:
+                    for layer in layers:
+                        _warn_pool(request.pool, layer.name, list(outputs[layer.name].shape[1:]))
+                    store.allocate(_layer_specs(layers, outputs, arrays))
+                store.write(state.rows, arrays)
+                state.rows += len(images)
+            state.done = max(indices) + 1
+            if time.perf_counter() - last_commit >= COMMIT_INTERVAL_S:
+                store.commit()
+                last_commit = time.perf_counter()
+            if progress:
+                progress(state.done, len(samples))
+    except BaseException:
+        # Ctrl-C, --strict, a failing layer...: record the batches that are complete, so that
+        # --resume goes on from there (the record never counts a batch that is not written).
+        store.commit()
+        raise
+    store.commit()
+
+
+def _validate(request: FeatureRequest) -> None:
+    choices = {
+        "--pool": (request.pool, POOLS),
+        "--normalize": (request.normalize, NORMALIZATIONS),
+        "--dtype": (request.dtype, DTYPES),
+        "--format": (request.file_format, FILE_FORMATS),
+    }
+    for option, (value, allowed) in choices.items():
+        if value is not None and value not in allowed:
+            raise UsageError(f"{option} must be one of {', '.join(allowed)}, not {value!r}")
+    if request.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
+    if request.workers is not None and request.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, not {request.workers}")
+
+
+def _fingerprint(settings: dict, samples: Samples) -> str:
+    """What makes two runs' rows interchangeable: --resume continues only a matching run."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
+    ids = samples.ids or samples.paths or []
+    for name, label in zip(ids, samples.labels, strict=False):
+        digest.update(f"\n{name}\t{label}".encode())
+    digest.update(f"\n{len(samples)}".encode())
+    return digest.hexdigest()
+
+
+def _loader(samples: Samples, transform, in_channels: int, request: FeatureRequest, device):
+    """A function start -> iterator of (indices, image batch or None, [(index, why)])."""
+    import torch
+
+    from torchkit.core.data import default_workers, make_dataset
+
+    dataset = make_dataset(samples, transform, mode="L" if in_channels == 1 else "RGB")
+    workers = default_workers() if request.workers is None else request.workers
+
+    def collate(items):
+        indices = [item[2] for item in items]
+        good = [item for item in items if item[0] is not None]
+        failures = [(item[2], item[3]) for item in items if item[0] is None]
+        images = torch.stack([item[0] for item in good]) if good else None
+        return indices, images, failures
+
+    def batches(start: int):
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=request.batch_size,
+            sampler=range(start, len(samples)),
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=device.type == "cuda",
+            prefetch_factor=4 if workers else None,
+        )
+        yield from loader
+
+    return batches
+
+
+def _skip(samples: Samples, index: int, reason: str, strict: bool, errors: dict) -> None:
+    path = samples.paths[index] if samples.paths else str(index)
+    why = reason[len(path) + 2 :] if reason.startswith(f"{path}: ") else reason
+    if strict:
+        raise InputError(
+            f"cannot read image {path}: {why}", "fix or remove it, or drop --strict to skip it"
+        )
+    if len(errors) < _WARN_UNREADABLE:
+        logger.warning("skipping unreadable image %s: %s", path, why)
+    errors[index] = why
+
+
+def _reduce(outputs: dict, layer, request: FeatureRequest, images):
+    raw = outputs[layer.name]
+    _check_batch(raw, layer.name, len(images))
+    features = reduce_feature(
+        raw,
+        name=layer.name,
+        pool=request.pool,
+        normalize=request.normalize,
+        flatten=request.flatten,
+        dtype=request.dtype,
+    )
+    return features.cpu().numpy()
+
+
+def _check_batch(value, name: str, batch: int) -> None:
+    shape = getattr(value, "shape", None)
+    if shape is not None and (len(shape) == 0 or shape[0] != batch):
+        raise UsageError(
+            f"layer {name} gives shape {tuple(shape)}, not one row per image",
+            "pick another layer (--list-layers)",
+        )
+
+
+def _warn_pool(pool: str | None, name: str, shape: list[int]) -> None:
+    if pool in ("avg", "max") and len(shape) != 3:
+        logger.warning(
+            "layer %s gives %s per image, not a (C, H, W) map: --pool %s does not apply to it",
+            name,
+            tuple(shape),
+            pool,
+        )
+
+
+def _layer_specs(layers, outputs: dict, arrays: dict) -> dict[str, dict]:
+    return {
+        layer.name: {
+            "shape": list(arrays[layer.name].shape[1:]),
+            "dtype": str(arrays[layer.name].dtype),
+            "output_shape": list(outputs[layer.name].shape[1:]),
+        }
+        for layer in layers
+    }
+
+
+def _index_rows(samples: Samples, errors: dict[int, str]) -> list[list]:
+    """One line per image in index order: its row in the arrays (empty if skipped)."""
+    rows, row = [], 0
+    ids = samples.ids or samples.paths or [str(i) for i in range(len(samples))]
+    for index, name in enumerate(ids):
+        label = samples.classes[samples.labels[index]]
+        if index in errors:
+            rows.append(["", name, label, errors[index]])
+        else:
+            rows.append([row, name, label, ""])
+            row += 1
+    return rows
+
+
+def _result_from_meta(out: Path, meta: dict) -> ExtractionResult:
+    errors = []
+    index_path = out / "index.csv"
+    if index_path.is_file():
+        import csv
+
+        with index_path.open(newline="", encoding="utf-8") as handle:
+            errors = [(r["path"], r["error"]) for r in csv.DictReader(handle) if r["error"]]
+    return ExtractionResult(
+        out=out,
+        num_images=int(meta["num_images"]),
+        num_rows=int(meta["num_rows"]),
+        skipped=errors,
+        layers=[
+            LayerOutput(
+                layer["name"], layer["node"], out / layer["file"], layer["shape"], layer["dtype"]
+            )
+            for layer in meta["layers"]
+        ],
+        resumed_from=int(meta["num_images"]),
+        already_complete=True,
+    )

@@ -1,0 +1,381 @@
+"""Layers of a model by name and an extractor that returns several of them from one forward pass.
+
+Names are torch.fx node names as `torchvision.models.feature_extraction` gives them
+(`layer4.1.relu_1`); a module name (`layer4`, `features`) stands for its last node, as in
+`create_feature_extractor`. Two aliases cover the classic choices: `penultimate` (the input of the
+classifier head: ResNet's pooled feature, VGG's fc7 after its ReLU) and `logits` (the model's
+output). Models that torch.fx cannot trace fall back to forward hooks on module names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.errors import TorchkitError, UsageError
+
+logger = logging.getLogger("torchkit")
+
+ALIASES = ("penultimate", "logits")
+POOLS = ("avg", "max", "none")
+NORMALIZATIONS = ("l2",)
+# Resolved "nodes" that are not graph nodes: captured by hooks instead.
+HEAD_INPUT = "<input of the classifier>"
+MODEL_OUTPUT = "<model output>"
+
+
+@dataclass
+class LayerInfo:
+    """One row of `--list-layers`: a node (or alias) and its per-image output shape."""
+
+    name: str
+    op: str
+    shape: list[int] | None
+    alias_of: str | None = None
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str  # as the user asked for it
+    node: str  # the graph node (or module name, or HEAD_INPUT / MODEL_OUTPUT) it reads
+
+
+class LayerGraph:
+    """The named layers of one model (in eval mode) and what each alias points at."""
+
+    def __init__(self, model: Any, *, arch: str = "model") -> None:
+        model.eval()
+        self.model = model
+        self.arch = arch
+        self.head_name = _head_name(model)
+        self.nodes: list[str] = []
+        self.ops: dict[str, str] = {}
+        self.penultimate_node: str | None = None
+        self.logits_node: str | None = None
+        self.trace_error: str | None = None
+        self._graph_module = None
+        try:
+            self._trace()
+        except Exception as error:  # dynamic control flow and the like: fx cannot trace it
+            self.trace_error = _first_line(error)
+            logger.warning(
+                "torch.fx cannot trace %s (%s); layers are module names, read with hooks",
+                arch,
+                self.trace_error,
+            )
+            self.nodes = [name for name, _ in model.named_modules() if name]
+            self.ops = {name: type(m).__name__ for name, m in model.named_modules() if name}
+        self._node_set = set(self.nodes)
+
+    @property
+    def traced(self) -> bool:
+        return self._graph_module is not None
+
+    def _trace(self) -> None:
+        from torch import fx
+        from torchvision.models.feature_extraction import NodePathTracer
+
+        tracer = NodePathTracer()
+        graph = tracer.trace(self.model)
+        qualname = tracer.node_to_qualname
+        for node in graph.nodes:
+            if node.op == "output":
+                result = node.args[0] if node.args else None
+                if isinstance(result, fx.Node):
+                    self.logits_node = qualname.get(result)
+                continue
+            name = qualname.get(node)
+            if name is None:
+                continue
+            self.nodes.append(name)
+            self.ops[name] = _describe_node(node, self.model)
+            if (
+                self.penultimate_node is None
+                and node.op == "call_module"
+                and node.target == self.head_name
+                and node.args
+                and isinstance(node.args[0], fx.Node)
+            ):
+                self.penultimate_node = qualname.get(node.args[0])
+        self._graph_module = fx.GraphModule(tracer.root, graph)
+        self._qualname = qualname
+
+    def lookup(self, name: str) -> str | None:
+        """The node `name` reads, or None when the model has no such layer."""
+        if name in self._node_set:
+            return name
+        if self.traced:
+            # A module name stands for its last node (create_feature_extractor's rule).
+            prefix = name + "."
+            matches = [node for node in self.nodes if node.startswith(prefix)]
+            if matches:
+                return matches[-1]
+        if name == "penultimate":
+            if self.penultimate_node:
+                return self.penultimate_node
+            return HEAD_INPUT if self.head_name else None
+        if name == "logits":
+            if self.traced:
+                return self.logits_node
+            return MODEL_OUTPUT
+        return None
+
+    def resolve(self, requested: list[str]) -> list[Layer]:
+        """The layers asked for (duplicates dropped), or a UsageError naming close matches."""
+        layers, unknown = [], []
+        for name in dict.fromkeys(requested):
+            node = self.lookup(name)
+            if node is None:
+                unknown.append(name)
+            else:
+                layers.append(Layer(name, node))
+        if unknown:
+            choices = [*ALIASES, *self.nodes, *_module_prefixes(self.nodes)]
+            close = difflib.get_close_matches(unknown[0], choices, n=4, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            names = ", ".join(repr(n) for n in unknown)
+            raise UsageError(
+                f"{self.arch} has no layer {names}",
+                hint + f"`torchkit extract-features {self.arch} --list-layers` lists them",
+            )
+        return layers
+
+    def describe(self, image_size: int, in_channels: int) -> list[LayerInfo]:
+        """Every layer and alias with the shape it gives for one image of that size."""
+        shapes = self._shapes(image_size, in_channels)
+        rows = [LayerInfo(n, self.ops.get(n, ""), shapes.get(n)) for n in self.nodes]
+        for alias in ALIASES:
+            node = self.lookup(alias)
+            if node is not None and alias not in self._node_set:
+                rows.append(LayerInfo(alias, "alias", shapes.get(node), alias_of=node))
+        return rows
+
+    def _shapes(self, image_size: int, in_channels: int) -> dict[str, list[int]]:
+        import torch
+
+        example = torch.zeros(1, in_channels, image_size, image_size)
+        shapes: dict[str, list[int]] = {}
+        try:
+            with torch.inference_mode():
+                if self.traced:
+                    from torch.fx.passes.shape_prop import ShapeProp
+
+                    ShapeProp(self._graph_module).propagate(example)
+                    for node, name in self._qualname.items():
+                        meta = node.meta.get("tensor_meta")
+                        if meta is not None and hasattr(meta, "shape"):
+                            shapes[name] = list(meta.shape)[1:]
+                else:
+                    layers = [Layer(n, n) for n in self.nodes]
+                    for alias in ALIASES:
+                        node = self.lookup(alias)
+                        if node in _MARKERS:
+                            layers.append(Layer(node, node))
+                    extractor = FeatureExtractor(self, layers)
+                    try:
+                        for name, value in extractor(example).items():
+                            if isinstance(value, torch.Tensor):
+                                shapes[name] = list(value.shape)[1:]
+                    finally:
+                        extractor.close()
+        except Exception as error:
+            logger.warning(
+                "cannot run a %dx%d image through %s (%s); shapes left out",
+                image_size,
+                image_size,
+                self.arch,
+                _first_line(error),
+            )
+        return shapes
+
+
+class FeatureExtractor:
+    """Calls the model once and returns {layer name: tensor} for the layers asked for."""
+
+    def __init__(self, graph: LayerGraph, layers: list[Layer]) -> None:
+        self.layers = list(layers)
+        self._graph = graph
+        self._captured: dict[str, Any] = {}
+        self._hooks: list[Any] = []  # handles, removed by close(): the model is the caller's
+        self._fx = graph.traced
+        nodes = list(dict.fromkeys(x.node for x in self.layers if x.node not in _MARKERS))
+        if self._fx:
+            from torchvision.models.feature_extraction import create_feature_extractor
+
+            if self._needs(HEAD_INPUT):
+                # Keep the graph whole so that the head runs and its pre-hook sees its input.
+                if graph.logits_node is None:
+                    raise _no_head_input(graph.arch)
+                nodes = list(dict.fromkeys([*nodes, graph.logits_node]))
+            self.module = create_feature_extractor(
+                graph.model, return_nodes=nodes, suppress_diff_warning=True
+            ).eval()
+            _snapshot_outputs(self.module)
+        else:
+            self.module = graph.model
+            for node in nodes:
+                module = self.module.get_submodule(node)
+                self._hooks.append(module.register_forward_hook(self._keep_output(node)))
+        if self._needs(HEAD_INPUT):
+            try:
+                head = self.module.get_submodule(graph.head_name)
+            except AttributeError as error:
+                raise _no_head_input(graph.arch) from error
+            self._hooks.append(head.register_forward_pre_hook(self._keep_input(HEAD_INPUT)))
+
+    def close(self) -> None:
+        """Remove the hooks (they sit on modules shared with the caller's model)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+
+    def _needs(self, marker: str) -> bool:
+        return any(layer.node == marker for layer in self.layers)
+
+    def _keep_output(self, key: str):
+        def hook(module, inputs, output):
+            self._captured[key] = snapshot(output)
+
+        return hook
+
+    def _keep_input(self, key: str):
+        def hook(module, inputs):
+            if key not in self._captured:
+                self._captured[key] = snapshot(inputs[0]) if inputs else None
+
+        return hook
+
+    def to(self, device, *, channels_last: bool = False) -> FeatureExtractor:
+        import torch
+
+        self.module.to(device)
+        if channels_last:
+            self.module.to(memory_format=torch.channels_last)
+        return self
+
+    def __call__(self, images) -> dict[str, Any]:
+        self._captured.clear()
+        output = self.module(images)
+        results = {}
+        for layer in self.layers:
+            if layer.node == MODEL_OUTPUT:
+                value = output
+            elif layer.node == HEAD_INPUT:
+                if HEAD_INPUT not in self._captured:
+                    raise _no_head_input(self._graph.arch)
+                value = self._captured[HEAD_INPUT]
+            elif self._fx:
+                value = output[layer.node]
+            else:
+                if layer.node not in self._captured:
+                    raise TorchkitError(
+                        f"layer {layer.name} of {self._graph.arch} did not run in the forward pass",
+                        "pick another layer (--list-layers)",
+                    )
+                value = self._captured[layer.node]
+            results[layer.name] = value
+        self._captured.clear()
+        return results
+
+
+def reduce_feature(
+    value: Any,
+    *,
+    name: str,
+    pool: str | None = None,
+    normalize: str | None = None,
+    flatten: bool = False,
+    dtype: str = "float32",
+):
+    """Pool a (N, C, H, W) map over H and W (avg by default; `none` keeps it), scale each row to
+    unit L2 norm, flatten to (N, D), cast. Arithmetic is in float32 whatever the model ran in."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TorchkitError(
+            f"layer {name} gives a {type(value).__name__}, not a tensor",
+            "pick another layer (--list-layers)",
+        )
+    features = value.float()
+    if features.ndim == 4 and pool in (None, "avg"):
+        features = features.mean(dim=(2, 3))
+    elif features.ndim == 4 and pool == "max":
+        features = features.amax(dim=(2, 3))
+    if normalize == "l2":
+        norms = features.flatten(1).norm(dim=1).clamp_min(1e-12)
+        features = features / norms.view(-1, *([1] * (features.ndim - 1)))
+    if flatten and features.ndim > 2:
+        features = features.flatten(1)
+    return features.to(getattr(torch, dtype))
+
+
+_MARKERS = (HEAD_INPUT, MODEL_OUTPUT)
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of a tensor as it is now: later in-place ops (ReLU(inplace=True) after a conv,
+    ResNet's `out += identity` after bn2) would otherwise change the feature we keep."""
+    import torch
+
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _snapshot_outputs(graph_module) -> None:
+    """Make the feature extractor return a snapshot of each node taken right where it is computed,
+    not the tensor itself, which in-place ops further down the graph may overwrite."""
+    graph = graph_module.graph
+    output = next(node for node in graph.nodes if node.op == "output")
+    returned = output.args[0]
+    kept = {}
+    for name, node in returned.items():
+        with graph.inserting_after(node):
+            kept[name] = graph.call_function(snapshot, (node,))
+    output.args = (kept,)
+    graph_module.recompile()
+
+
+def _head_name(model) -> str | None:
+    from torchkit.core.models import find_head
+
+    try:
+        return find_head(model)[0]
+    except UsageError:
+        return None
+
+
+def _no_head_input(arch: str) -> TorchkitError:
+    return TorchkitError(
+        f"cannot find the input of the classifier of {arch}",
+        "pick the layer by name instead of `penultimate` (--list-layers)",
+    )
+
+
+def _describe_node(node, model) -> str:
+    if node.op == "placeholder":
+        return "input"
+    if node.op == "call_module":
+        try:
+            return type(model.get_submodule(node.target)).__name__
+        except AttributeError:
+            return str(node.target)
+    if node.op == "call_method":
+        return f".{node.target}()"
+    if node.op == "get_attr":
+        return "attribute"
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _module_prefixes(nodes: list[str]) -> list[str]:
+    prefixes = {}
+    for node in nodes:
+        parts = node.split(".")
+        for depth in range(1, len(parts)):
+            prefixes[".".join(parts[:depth])] = None
+    return list(prefixes)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

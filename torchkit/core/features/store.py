@@ -1,0 +1,330 @@
+"""The OUT folder of extract-features: one array file per layer, `index.csv` and `meta.json`.
+
+While a run goes on, each layer's rows are written batch by batch into a memory-mapped `.npy` in
+`OUT/.partial/` (so a dataset bigger than RAM works), and `progress.json` there records how far it
+got once those rows are flushed. A crash or Ctrl-C leaves a state `--resume` continues from.
+`finish()` moves the arrays into OUT (npy) or streams them into `.pt` / `.safetensors` files, then
+writes `index.csv` and `meta.json`: an OUT with `meta.json` and no `.partial/` is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.files import atomic_path, atomic_write, atomic_write_text, prepare_output_dir
+
+PARTIAL_DIR = ".partial"
+PROGRESS_FILE = "progress.json"
+META_FILE = "meta.json"
+INDEX_FILE = "index.csv"
+FILE_FORMATS = ("npy", "pt", "safetensors")
+DTYPES = ("float32", "float16")
+_SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16"}
+_CHUNK_BYTES = 64 * 2**20  # streaming copies never hold more than this in memory
+
+
+@dataclass
+class Progress:
+    """How far a run got: a prefix of the image list, and what it wrote."""
+
+    done: int = 0  # images processed, in index order
+    rows: int = 0  # rows written to every array (unreadable images get none)
+    errors: dict[int, str] = field(default_factory=dict)  # image index -> why it was skipped
+    layers: dict[str, dict] = field(default_factory=dict)  # name -> file, shape, dtype, ...
+
+    def to_json(self, fingerprint: str, total: int) -> dict:
+        return {
+            "fingerprint": fingerprint,
+            "total": total,
+            "done": self.done,
+            "rows": self.rows,
+            "errors": {str(k): v for k, v in self.errors.items()},
+            "layers": self.layers,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Progress:
+        return cls(
+            done=int(data["done"]),
+            rows=int(data["rows"]),
+            errors={int(k): str(v) for k, v in data.get("errors", {}).items()},
+            layers=dict(data.get("layers", {})),
+        )
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise InputError(f"cannot read {path}: {error}", "pass --force to start over") from error
+
+
+class FeatureStore:
+    """Memory-mapped arrays in OUT/.partial, the progress record, and the final layout."""
+
+    def __init__(self, out: Path, fingerprint: str, total: int, progress: Progress) -> None:
+        self.out = out
+        self.partial = out / PARTIAL_DIR
+        self.fingerprint = fingerprint
+        self.total = total
+        self.progress = progress
+        self._arrays: dict[str, Any] = {}
+
+    @classmethod
+    def open(
+        cls, out: str | os.PathLike, fingerprint: str, total: int, *, resume: bool, force: bool
+    ) -> tuple[FeatureStore | None, dict | None]:
+        """(store, None) to work in, or (None, meta) when `--resume` finds OUT already complete.
+
+        An existing OUT is refused unless `force` (start over) or `resume` (continue it, if it
+        was started with the same fingerprint: same model, layers, options and images).
+        """
+        folder = Path(out)
+        if resume and force:
+            raise UsageError(
+                "--resume and --force contradict each other",
+                "--resume continues OUT, --force starts it over",
+            )
+        if folder.exists() and not folder.is_dir():
+            raise OutputExistsError(f"output folder is a file: {folder}", "give a folder path")
+        partial, meta_path = folder / PARTIAL_DIR, folder / META_FILE
+        has_content = folder.is_dir() and any(folder.iterdir())
+        if resume and has_content:
+            progress_path = partial / PROGRESS_FILE
+            if progress_path.is_file():
+                state = read_json(progress_path)
+                _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "interrupted")
+                return cls(folder, fingerprint, total, Progress.from_json(state)), None
+            if meta_path.is_file():
+                meta = read_json(meta_path)
+                _check_fingerprint(meta.get("fingerprint"), fingerprint, folder, "finished")
+                shutil.rmtree(partial, ignore_errors=True)
+                return None, meta
+            if not partial.is_dir():
+                raise InputError(
+                    f"nothing to resume in {folder}: it holds no extract-features run",
+                    "give another OUT, or pass --force to replace it",
+                )
+            shutil.rmtree(partial)  # stopped before its first batch was recorded
+        elif has_content and not force:
+            if partial.is_dir():
+                raise OutputExistsError(
+                    f"output folder holds an interrupted extraction: {folder}",
+                    "pass --resume to continue it, or --force to start over",
+                )
+            raise OutputExistsError(
+                f"output folder already exists: {folder}", "pass --force to overwrite it"
+            )
+        else:
+            prepare_output_dir(folder, force)
+        partial.mkdir(parents=True, exist_ok=True)
+        return cls(folder, fingerprint, total, Progress()), None
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.progress.layers)
+
+    def allocate(self, layers: dict[str, dict]) -> None:
+        """Create one (total, *shape) array per layer. `layers[name]` has `shape` (per row),
+        `dtype` and anything else worth recording; a file name is added."""
+        from numpy.lib.format import open_memmap
+
+        used: set[str] = set()
+        for name, info in layers.items():
+            stem = _file_stem(name, used)
+            info = {**info, "file": stem}
+            self.progress.layers[name] = info
+            self._arrays[name] = open_memmap(
+                self._partial_array(stem),
+                mode="w+",
+                dtype=info["dtype"],
+                shape=(self.total, *info["shape"]),
+            )
+
+    def _partial_array(self, stem: str) -> Path:
+        return self.partial / f"{stem}.npy"
+
+    def _array(self, name: str):
+        if name not in self._arrays:
+            import numpy as np
+
+            path = self._partial_array(self.progress.layers[name]["file"])
+            try:
+                self._arrays[name] = np.load(path, mmap_mode="r+")
+            except (OSError, ValueError) as error:
+                raise InputError(
+                    f"cannot reopen {path} to resume: {error}", "pass --force to start over"
+                ) from error
+        return self._arrays[name]
+
+    def write(self, row: int, arrays: dict[str, Any]) -> None:
+        for name, values in arrays.items():
+            self._array(name)[row : row + len(values)] = values
+
+    def commit(self) -> None:
+        """Flush the arrays, then record the progress (in that order, so that what the record
+        claims is on disk)."""
+        for array in self._arrays.values():
+            array.flush()
+        atomic_write_text(
+            self.partial / PROGRESS_FILE,
+            json.dumps(self.progress.to_json(self.fingerprint, self.total)),
+        )
+
+    def finish(self, file_format: str, index_rows: list[list], meta: dict) -> dict[str, Path]:
+        """Put every layer's file in OUT, then index.csv and meta.json; returns the files."""
+        rows = self.progress.rows
+        self._close_arrays()
+        files = {}
+        for name, info in self.progress.layers.items():
+            source = self._partial_array(info["file"])
+            target = self.out / f"{info['file']}.{file_format}"
+            files[name] = target
+            if not source.exists() and target.exists():
+                continue  # moved by a run that stopped while finishing
+            _shrink_npy(source, rows)
+            if file_format == "npy":
+                os.replace(source, target)
+            elif file_format == "pt":
+                _write_pt(source, target)
+            else:
+                _write_safetensors(source, target, name)
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(["row", "path", "label", "error"])
+        writer.writerows(index_rows)
+        atomic_write_text(self.out / INDEX_FILE, buffer.getvalue())
+        atomic_write_text(self.out / META_FILE, json.dumps(meta, indent=2) + "\n")
+        shutil.rmtree(self.partial, ignore_errors=True)
+        return files
+
+    def _close_arrays(self) -> None:
+        for array in self._arrays.values():
+            array.flush()
+            mm = getattr(array, "_mmap", None)
+            if mm is not None:
+                mm.close()
+        self._arrays.clear()
+
+
+def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str) -> None:
+    if found != expected:
+        raise UsageError(
+            f"{folder} holds a {what} extraction with another model, layers, options or images",
+            "resume with the same command line, or pass --force to start over",
+        )
+
+
+def _file_stem(name: str, used: set[str]) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "layer"
+    candidate, count = stem, 1
+    while candidate in used:
+        count += 1
+        candidate = f"{stem}_{count}"
+    used.add(candidate)
+    return candidate
+
+
+def _shrink_npy(path: Path, rows: int) -> None:
+    """Cut a .npy to its first `rows` rows in place (unreadable images left rows unused).
+
+    NumPy pads .npy headers so the first dimension can change without moving the data, so this
+    rewrites the header and truncates; a header that does not fit is handled by copying."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    with open(path, "r+b") as handle:
+        version = npy.read_magic(handle)
+        read_header = npy.read_array_header_2_0 if version >= (2, 0) else npy.read_array_header_1_0
+        shape, fortran, dtype = read_header(handle)
+        if shape[0] == rows:
+            return
+        data_start = handle.tell()
+        header = io.BytesIO()
+        write_header = (
+            npy.write_array_header_2_0 if version >= (2, 0) else npy.write_array_header_1_0
+        )
+        new_shape = (rows, *shape[1:])
+        write_header(
+            header,
+            {"descr": npy.dtype_to_descr(dtype), "fortran_order": fortran, "shape": new_shape},
+        )
+        if len(header.getvalue()) == data_start:
+            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            handle.seek(0)
+            handle.write(header.getvalue())
+            handle.truncate(data_start + rows * row_bytes)
+            return
+    source = np.load(path, mmap_mode="r")
+    with atomic_path(path) as tmp:
+        copy = npy.open_memmap(tmp, mode="w+", dtype=source.dtype, shape=new_shape)
+        for start, stop in _chunks(source, rows):
+            copy[start:stop] = source[start:stop]
+        copy.flush()
+        del copy
+    del source
+
+
+def _chunks(array, rows: int):
+    row_bytes = max(1, array[:1].nbytes)
+    step = max(1, _CHUNK_BYTES // row_bytes)
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+def _write_pt(source: Path, target: Path) -> None:
+    """A .pt holding one tensor (loads with weights_only=True). The tensor shares the memory map,
+    so torch.save streams it from disk rather than from a copy in RAM."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    array = np.load(source, mmap_mode="c")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # from_numpy on a memory map
+        tensor = torch.from_numpy(array)
+    with atomic_path(target) as tmp:
+        torch.save(tensor, tmp)
+    del tensor, array
+    with contextlib.suppress(FileNotFoundError):
+        source.unlink()
+
+
+def _write_safetensors(source: Path, target: Path, key: str) -> None:
+    """A .safetensors holding one tensor named `key`, written chunk by chunk: the format is a
+    JSON header (padded to 8 bytes) after its little-endian u64 length, then the raw data."""
+    import numpy as np
+
+    array = np.load(source, mmap_mode="r")
+    dtype_name = str(array.dtype)
+    header = {
+        key: {
+            "dtype": _SAFETENSORS_DTYPES[dtype_name],
+            "shape": list(array.shape),
+            "data_offsets": [0, int(array.nbytes)],
+        },
+        "__metadata__": {"format": "torchkit extract-features"},
+    }
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    little = array.dtype.newbyteorder("<")
+    with atomic_write(target, "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)))
+        handle.write(raw)
+        for start, stop in _chunks(array, len(array)):
+            handle.write(np.ascontiguousarray(array[start:stop], dtype=little).tobytes())
+    del array
+    with contextlib.suppress(FileNotFoundError):
+        source.unlink()
