@@ -1,0 +1,458 @@
+"""`torchkit split`: largest-remainder stratified counts, reproducibility, --group, every mode
+(copy, symlink, hardlink, move, manifest), crash-safe moves, OUT safety and bad input."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torchkit.cli import app
+from torchkit.core import split as split_module
+from torchkit.core.data import (
+    discover_image_folder,
+    largest_remainder_counts,
+    list_image_files,
+    read_csv_index,
+    stratified_split,
+)
+from torchkit.core.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.split import parse_ratio, split_dataset
+
+ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)
+
+
+def make_files(root: Path, counts: dict[str, int], *, prefix=None) -> Path:
+    """ROOT/<class>/<class>_<i>.png with distinct contents (split never decodes them)."""
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            stem = f"{prefix(name, i) if prefix else f'{name}_{i:02d}'}"
+            (root / name / f"{stem}.png").write_bytes(f"{name}/{i}".encode() * 3)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int]]:
+    """Relative path -> (SHA-256, mtime_ns) of every file: to prove a folder was not touched."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            found[path.relative_to(root).as_posix()] = (digest, path.stat().st_mtime_ns)
+    return found
+
+
+def manifest(out: Path) -> list[dict[str, str]]:
+    with (out / "split.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def assignment(out: Path) -> dict[str, str]:
+    """Source path relative to its dataset root's parent -> split."""
+    return {"/".join(Path(r["source"]).parts[-2:]): r["split"] for r in manifest(out)}
+
+
+# --------------------------------------------------------------------------- allocation
+
+
+def test_largest_remainder_gives_15_2_2_not_split_folders_15_1_3():
+    weights = parse_ratio("8:1:1")
+    assert largest_remainder_counts(19, weights) == [15, 2, 2]
+    # split-folders: int(0.8 * 19) = 15 train, int(0.1 * 19) = 1 val, the rest (3) test.
+    assert [int(0.8 * 19), int(0.1 * 19), 19 - int(0.8 * 19) - int(0.1 * 19)] == [15, 1, 3]
+    assert largest_remainder_counts(5, weights) == [4, 1, 0]
+    assert largest_remainder_counts(5, weights, at_least_one=True) == [3, 1, 1]
+    assert largest_remainder_counts(3, weights, at_least_one=True) == [1, 1, 1]
+    assert largest_remainder_counts(2, weights, at_least_one=True) == [2, 0, 0]  # too few
+
+
+def test_largest_remainder_properties():
+    rng = random.Random(0)
+    for _ in range(300):
+        n = rng.randint(0, 500)
+        raw = [rng.randint(1, 9) for _ in range(rng.choice([2, 3]))]
+        weights = [Fraction(r, sum(raw)) for r in raw]
+        counts = largest_remainder_counts(n, weights)
+        assert sum(counts) == n
+        for count, weight in zip(counts, weights, strict=True):
+            assert math_floor(n * weight) <= count <= math_floor(n * weight) + 1
+        fixed = largest_remainder_counts(n, weights, at_least_one=True)
+        assert sum(fixed) == n
+        if n >= len(weights):
+            assert min(fixed) >= 1
+
+
+def math_floor(value: Fraction) -> int:
+    return value.numerator // value.denominator
+
+
+def test_default_stratified_split_is_unchanged():
+    """Callers that pass no keys (train --val-split, digits) keep the generator-based order."""
+    rng = random.Random(5)
+    labels = [rng.randrange(4) for _ in range(97)]
+    parts = stratified_split(labels, (0.8, 0.1, 0.1), seed=3)
+    expected: list[list[int]] = [[], [], []]
+    for label in sorted(set(labels)):  # the original algorithm, written out
+        members = [i for i, lab in enumerate(labels) if lab == label]
+        order = [members[i] for i in np.random.default_rng([3, label]).permutation(len(members))]
+        counts = largest_remainder_counts(len(order), [0.8, 0.1, 0.1])
+        start = 0
+        for part, count in zip(expected, counts, strict=True):
+            part.extend(order[start : start + count])
+            start += count
+    assert parts == [sorted(p) for p in expected]
+
+
+def test_keyed_split_ignores_listing_order_and_is_pinned():
+    keys = [f"cat/cat_{i:02d}.png" for i in range(10)] + [f"dog/dog_{i:02d}.png" for i in range(7)]
+    labels = [0] * 10 + [1] * 7
+    weights = parse_ratio("8:1:1")
+    parts = stratified_split(labels, weights, 0, keys=keys, at_least_one=True)
+    named = [sorted(keys[i] for i in part) for part in parts]
+    # Pinned: the same split on every machine, Python and NumPy version, forever.
+    assert named[1] == ["cat/cat_04.png", "dog/dog_05.png"]
+    assert named[2] == ["cat/cat_02.png", "dog/dog_06.png"]
+    order = list(range(len(keys)))
+    random.Random(1).shuffle(order)
+    shuffled = stratified_split(
+        [labels[i] for i in order], weights, 0, keys=[keys[i] for i in order], at_least_one=True
+    )
+    assert [sorted(keys[order[i]] for i in part) for part in shuffled] == named
+
+
+def test_fast_listing_matches_rglob(tmp_path):
+    root = make_files(tmp_path / "tree", {"a": 2, "b": 1})
+    (root / "a" / "deep" / ".hidden").mkdir(parents=True)
+    (root / "a" / "deep" / ".hidden" / "x.JPG").write_bytes(b"x")
+    (root / "a" / "notes.txt").write_text("x")
+    (root / "a" / "folder.png").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "y.png").write_bytes(b"y")
+    (root / "b" / "linked").symlink_to(tmp_path / "elsewhere")
+    (root / "b" / "link.png").symlink_to(root / "a" / "a_00.png")
+    (root / "b" / "broken.png").symlink_to(tmp_path / "nothing.png")
+    for folder in (root, root / "a", root / "b"):
+        expected = sorted(
+            str(p)
+            for p in folder.rglob("*")
+            if p.is_file() and p.suffix.lower() in {".png", ".jpg"}
+        )
+        assert list_image_files(folder) == expected
+
+
+# --------------------------------------------------------------------------- the split itself
+
+
+def test_cli_counts_per_class_are_largest_remainder(runner, tmp_path):
+    root = make_files(tmp_path / "data", {"a": 19, "b": 10, "c": 5, "d": 2})
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["split", str(root), str(out), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    by_class = {c["name"]: [c["train"], c["val"], c["test"]] for c in report["classes"]}
+    assert by_class == {"a": [15, 2, 2], "b": [8, 1, 1], "c": [3, 1, 1], "d": [2, 0, 0]}
+    assert report["splits"] == {"train": 28, "val": 4, "test": 4} and report["files"] == 36
+    assert "d (2: none in val/test)" in result.stderr  # too small a class: warned, not fatal
+    rows = manifest(out)
+    assert len(rows) == 36 and {r["split"] for r in rows} == {"train", "val", "test"}
+    for row in rows:  # split.csv matches the files on disk
+        assert (out / row["path"]).read_bytes() == Path(row["source"]).read_bytes()
+        assert row["path"].startswith(f"{row['split']}/{row['label']}/")
+    table = runner.invoke(app, ["split", str(root), str(tmp_path / "o2"), "--format", "csv"])
+    assert table.stdout.splitlines()[0] == "class,train,val,test,total"
+    assert "a,15,2,2,19" in table.stdout.splitlines() and "total,28,4,4,36" in table.stdout
+
+
+def test_two_part_ratio_names_and_no_stratify(runner, tmp_path):
+    root = make_files(tmp_path / "data", {"a": 6, "b": 4})
+    out = tmp_path / "out"
+    args = ["split", str(root), str(out), "--ratio", "0.7,0.3", "--names", "fit,check"]
+    result = runner.invoke(app, [*args, "--no-stratify", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["splits"] == {"fit": 7, "check": 3} and report["stratified"] is False
+    assert sorted(p.name for p in out.iterdir()) == ["check", "fit", "split.csv"]
+
+
+def test_reproducible_and_independent_of_listing_order(tmp_path):
+    one = make_files(tmp_path / "one" / "data", {"a": 12, "b": 9})
+    two = tmp_path / "two" / "data"  # the same files, created in the opposite order
+    for path in sorted(one.rglob("*.png"), reverse=True):
+        target = two / path.relative_to(one)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    split_dataset(one, tmp_path / "o1", mode="manifest", seed=4)
+    split_dataset(two, tmp_path / "o2", mode="manifest", seed=4)
+    split_dataset(one, tmp_path / "o3", mode="manifest", seed=5)
+    assert assignment(tmp_path / "o1") == assignment(tmp_path / "o2")
+    assert assignment(tmp_path / "o1") != assignment(tmp_path / "o3")
+
+
+def test_group_keeps_groups_together(runner, tmp_path):
+    def patient(name, i):
+        return f"p{i // 3 + (100 if name == 'malignant' else 0)}_{name}_{i}"  # 3 per patient
+
+    root = make_files(tmp_path / "data", {"benign": 24, "malignant": 15}, prefix=patient)
+    (root / "benign" / "loose.png").write_bytes(b"unmatched")
+    out = tmp_path / "out"
+    args = ["split", str(root), str(out), "--group", r"^(p\d+)_", "--mode", "manifest"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert "1 file name(s) do not match --group" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["groups"] == 8 + 5 + 1
+    split_of: dict[str, set[str]] = {}
+    for row in manifest(out):
+        name = Path(row["source"]).name
+        split_of.setdefault(name.split("_")[0] if name != "loose.png" else name, set()).add(
+            row["split"]
+        )
+    assert all(len(splits) == 1 for splits in split_of.values())  # no patient in two splits
+    # Every split still gets patients of each class (5 malignant patients, 3 splits).
+    assert all(c[s] > 0 for c in report["classes"][:2] for s in ("train", "val", "test"))
+
+
+def test_group_bad_regex_or_no_match(runner, tmp_path):
+    root = make_files(tmp_path / "data", {"a": 3})
+    bad = runner.invoke(app, ["split", str(root), str(tmp_path / "o"), "--group", "(unclosed"])
+    assert bad.exit_code == 2 and ERROR_LINE.search(bad.stderr)
+    none = runner.invoke(app, ["split", str(root), str(tmp_path / "o"), "--group", "^zzz(\\d)"])
+    assert none.exit_code == 2 and "matches no file name" in none.stderr
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- modes
+
+
+@pytest.mark.parametrize("mode", ["copy", "symlink", "hardlink", "manifest"])
+def test_modes_leave_root_untouched(tmp_path, mode):
+    root = make_files(tmp_path / "data", {"a": 5, "b": 4})
+    before = snapshot(root)
+    out = tmp_path / "out"
+    result = split_dataset(root, out, mode=mode)
+    assert snapshot(root) == before
+    rows = manifest(out)
+    assert len(rows) == 9 and list(rows[0]) == ["path", "label", "split", "source"]
+    for row in rows:
+        placed = out / row["path"]
+        source = Path(row["source"])
+        assert source.is_absolute() and placed.read_bytes() == source.read_bytes()
+        if mode == "symlink":
+            assert placed.is_symlink() and os.readlink(placed) == str(source)
+        elif mode == "hardlink":
+            assert placed.stat().st_ino == source.stat().st_ino
+        elif mode == "copy":
+            assert not placed.is_symlink() and placed.stat().st_ino != source.stat().st_ino
+    if mode == "manifest":
+        assert sorted(p.name for p in out.iterdir()) == ["split.csv"]
+        loaded = read_csv_index(out / "split.csv")  # the manifest works as a CSV index
+        assert sorted(loaded.paths) == sorted(str(out / r["path"]) for r in rows)
+    else:
+        assert discover_image_folder(out / "train").classes == ["a", "b"]
+    assert result.totals == [5, 2, 2]  # a: 5 -> 3/1/1, b: 4 -> 2/1/1 (one each)
+
+
+def test_move_moves_and_verifies(tmp_path):
+    root = make_files(tmp_path / "data", {"a": 5, "b": 4})
+    before = snapshot(root)
+    out = tmp_path / "out"
+    split_dataset(root, out, mode="move")
+    assert not list(root.rglob("*.png"))
+    after = {row["source"]: row["path"] for row in manifest(out)}
+    for relative, (digest, _) in before.items():
+        moved = out / after[str(root / relative)]
+        assert hashlib.sha256(moved.read_bytes()).hexdigest() == digest
+    journal = json.loads((out / ".torchkit-split.json").read_text())
+    assert journal["state"] == "done"
+    # OUT now holds the only copies: --force must not delete them.
+    with pytest.raises(OutputExistsError, match="only copies"):
+        split_dataset(tmp_path / "other", out, force=True)
+
+
+def test_move_interrupted_half_way_loses_nothing_and_resumes(tmp_path, monkeypatch):
+    root = make_files(tmp_path / "data", {"a": 6, "b": 5})
+    contents = {p.name: p.read_bytes() for p in root.rglob("*.png")}
+    out = tmp_path / "out"
+    real_move = split_module.move_file
+    moved = []
+
+    def crash_after_four(source, dest):
+        if len(moved) == 4:
+            raise KeyboardInterrupt  # the power goes out
+        real_move(source, dest)
+        moved.append(source)
+
+    monkeypatch.setattr(split_module, "move_file", crash_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        split_dataset(root, out, mode="move", seed=2)
+    in_root = {p.name for p in root.rglob("*.png")}
+    in_out = {p.name for p in out.rglob("*.png")}
+    assert len(in_out) == 4 and not in_root & in_out and in_root | in_out == set(contents)
+    assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "moving"
+
+    monkeypatch.setattr(split_module, "move_file", real_move)
+    with pytest.raises(UsageError, match="unfinished move"):  # another command is refused
+        split_dataset(root, out, mode="copy", force=True)
+    result = split_dataset(root, out, mode="move", seed=2)
+    assert result.resumed and result.totals == [7, 2, 2]
+    assert not list(root.rglob("*.png"))
+    for path in out.rglob("*.png"):
+        assert path.read_bytes() == contents[path.name]
+    reference = tmp_path / "reference"
+    split_dataset(make_files(tmp_path / "copy" / "data", {"a": 6, "b": 5}), reference, seed=2)
+    planned = sorted(r["path"] for r in manifest(reference))
+    assert sorted(r["path"] for r in manifest(out)) == planned
+
+
+def test_move_across_filesystems_copies_verifies_then_removes(tmp_path, monkeypatch):
+    root = make_files(tmp_path / "data", {"a": 3})
+    contents = {p.name: p.read_bytes() for p in root.rglob("*.png")}
+
+    def no_rename(source, dest):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(split_module.os, "rename", no_rename)
+    split_dataset(root, tmp_path / "out", mode="move", ratio="2:1")
+    assert not list(root.rglob("*.png"))
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").rglob("*.png")} == contents
+    assert not list((tmp_path / "out").rglob(".torchkit-move-*"))
+
+
+def test_move_keeps_source_when_the_copy_differs(tmp_path, monkeypatch):
+    source = tmp_path / "a.png"
+    source.write_bytes(b"precious")
+
+    def no_rename(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    def bad_copy(src, dst):
+        Path(dst).write_bytes(b"precioux")  # a flipped byte on the way
+
+    monkeypatch.setattr(split_module.os, "rename", no_rename)
+    monkeypatch.setattr(split_module.shutil, "copy2", bad_copy)
+    (tmp_path / "dest").mkdir()
+    with pytest.raises(InputError, match="differs"):
+        split_module.move_file(str(source), str(tmp_path / "dest" / "a.png"))
+    assert source.read_bytes() == b"precious" and not any((tmp_path / "dest").iterdir())
+
+
+# --------------------------------------------------------------------------- OUT safety
+
+
+def test_out_needs_force_and_force_replaces_only_the_split(runner, tmp_path):
+    root = make_files(tmp_path / "data", {"a": 4, "b": 4})
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["split", str(root), str(out), "--names", "x,y,z"]).exit_code == 0
+    (out / "keep.txt").write_text("mine")
+    again = runner.invoke(app, ["split", str(root), str(out)])
+    assert again.exit_code == 1 and ERROR_LINE.search(again.stderr)
+    assert "not empty" in again.stderr and "--force" in again.stderr
+    forced = runner.invoke(app, ["split", str(root), str(out), "--force", "--ratio", "1:1"])
+    assert forced.exit_code == 0, forced.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "split.csv", "train", "val"]
+
+
+def test_out_inside_root_and_root_inside_a_split_are_refused(runner, tmp_path):
+    root = make_files(tmp_path / "data", {"a": 3})
+    inside = runner.invoke(app, ["split", str(root), str(root / "splits")])
+    assert inside.exit_code == 2 and "inside the dataset" in inside.stderr
+    assert not (root / "splits").exists()
+    holder = tmp_path / "holder"
+    make_files(holder / "train", {"a": 3})
+    (holder / "split.csv").write_text("path,label,split\n")
+    result = runner.invoke(app, ["split", str(holder / "train"), str(holder), "--force"])
+    assert result.exit_code == 2 and "holds the input" in result.stderr
+    assert len(list((holder / "train").rglob("*.png"))) == 3
+
+
+# --------------------------------------------------------------------------- other inputs
+
+
+def test_flat_folder_and_csv_index(tmp_path):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(10):
+        (flat / f"f{i}.png").write_bytes(bytes([i]))
+    split_dataset(flat, tmp_path / "o1")
+    assert len(list((tmp_path / "o1" / "train").glob("*.png"))) == 8
+    assert {r["label"] for r in manifest(tmp_path / "o1")} == {""}
+
+    make_files(tmp_path / "x", {"a": 2})
+    make_files(tmp_path / "y", {"a": 2})  # same file names in another folder
+    index = tmp_path / "index.csv"
+    index.write_text(
+        "path,label\nx/a/a_00.png,cat\nx/a/a_01.png,cat\ny/a/a_00.png,cat\ny/a/a_01.png,dog\n"
+    )
+    split_dataset(index, tmp_path / "o2", ratio="1:1")
+    rows = manifest(tmp_path / "o2")
+    assert len({r["path"] for r in rows}) == 4  # colliding names were made unique
+    for row in rows:
+        assert (tmp_path / "o2" / row["path"]).read_bytes() == Path(row["source"]).read_bytes()
+        assert row["path"].startswith(f"{row['split']}/{row['label']}/")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--ratio", "0.7,0.2"], 2, "adds up to 0.9"),
+        (["--ratio", "1"], 2, "two or three parts"),
+        (["--ratio", "8:1:1:1"], 2, "two or three parts"),
+        (["--ratio", "a:b"], 2, "cannot read --ratio"),
+        (["--ratio", "8:0:2"], 2, "must be positive"),
+        (["--names", "train,val"], 2, "one name per part"),
+        (["--names", "a,a,b"], 2, "must differ"),
+        (["--mode", "teleport"], 2, "teleport"),
+    ],
+)
+def test_cli_bad_options(runner, tmp_path, args, code, message):
+    root = make_files(tmp_path / "data", {"a": 3})
+    result = runner.invoke(app, ["split", str(root), str(tmp_path / "out"), *args])
+    assert result.exit_code == code, result.stderr
+    assert ERROR_LINE.search(result.stderr) and message in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: p / "missing", "dataset not found"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "no images"),
+        (lambda p: _write(p / "i.csv", "file,label\na.png,x\n"), "needs `path` and `label`"),
+        (lambda p: _write(p / "i.csv", "path,label\nnope.png,x\n"), "do not exist: nope.png"),
+        (lambda p: _write(p / "i.csv", "path,label\ni.csv,x\n./i.csv,y\n"), "same file twice"),
+    ],
+)
+def test_cli_bad_input(runner, tmp_path, setup, message):
+    result = runner.invoke(app, ["split", str(setup(tmp_path)), str(tmp_path / "out")])
+    assert result.exit_code == 1, result.stdout
+    assert ERROR_LINE.search(result.stderr) and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_non_image_files_and_empty_classes_are_warned(runner, tmp_path, caplog):
+    root = make_files(tmp_path / "data", {"a": 3, "b": 3})
+    (root / "a" / "labels.txt").write_text("x")
+    (root / "empty").mkdir()
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        calls = []
+        result = split_dataset(root, tmp_path / "out", progress=lambda d, t: calls.append((d, t)))
+    assert "skipped 1 non-image file(s), e.g. a/labels.txt" in caplog.text
+    assert "no images are left out: empty" in caplog.text
+    assert result.totals == [2, 2, 2] and calls[-1] == (6, 6)
+    assert not (tmp_path / "out" / "train" / "empty").exists()

@@ -1,0 +1,251 @@
+"""`torchkit dataset-stats ROOT`: exact mean/std per channel and a health report of a dataset."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.options import (
+    ForceOption,
+    FormatOption,
+    OutputOption,
+    StrictOption,
+    WorkersOption,
+)
+from torchkit.cli.render import OutputFormat, Table, emit
+
+
+class StatsMode(str, Enum):
+    rgb = "rgb"
+    gray = "gray"
+    native = "native"
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr (only on a terminal) fed by core's (done, total) callback.
+
+    It refreshes on each update instead of from a thread, so no thread is running when the
+    stats pass forks its worker processes.
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console.stderr,
+        disable=not console.stderr.is_terminal,
+        transient=True,
+        auto_refresh=False,
+    ) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, refresh=True)
+
+        yield update
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit} ({size} bytes)"
+        value /= 1024
+    return f"{size} B"
+
+
+def _counts(mapping: dict[str, int]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in mapping.items())
+
+
+def _normalize_line(mean: list[float], std: list[float]) -> str:
+    def numbers(values: list[float]) -> str:
+        return ", ".join(f"{v:.4f}" for v in values)
+
+    return f"Normalize(mean=[{numbers(mean)}], std=[{numbers(std)}])"
+
+
+def _tables(stats) -> list[Table]:
+    channels = Table(
+        ["channel", "mean", "std"],
+        [[c, m, s] for c, m, s in zip(stats.channels, stats.mean, stats.std, strict=True)],
+        title=f"Channels ({stats.mode}"
+        + (f", resize {stats.resize}" if stats.resize else "")
+        + ")",
+        align_right={"mean", "std"},
+    )
+    width, height = stats.width, stats.height
+    summary = Table(
+        ["statistic", "value"],
+        [
+            ["normalize", _normalize_line(stats.mean, stats.std)],
+            ["images", f"{stats.images} readable of {stats.files} image files"],
+            ["classes", len(stats.classes)],
+            ["imbalance ratio", stats.imbalance_ratio],
+            ["width min / median / max", f"{width.min} / {width.median:g} / {width.max}"],
+            ["height min / median / max", f"{height.min} / {height.median:g} / {height.max}"],
+            ["colour modes", _counts(stats.modes)],
+            ["file formats", _counts(stats.formats)],
+            ["total size", _human_bytes(stats.total_bytes)],
+            ["pixels per channel", stats.pixels],
+            ["unreadable files", len(stats.unreadable)],
+            ["duplicate files", f"{stats.duplicate_files} (in {len(stats.duplicates)} groups)"],
+            ["non-image files skipped", len(stats.non_image_files)],
+        ],
+        title=f"Dataset {stats.source}",
+    )
+    share = max(stats.images, 1)
+    classes = Table(
+        ["class", "images", "share"],
+        [[c.name or "(unlabelled)", c.images, c.images / share] for c in stats.classes],
+        title="Images per class",
+        align_right={"images", "share"},
+    )
+    tables = [summary, channels, classes]
+    if stats.unreadable:
+        tables.append(
+            Table(
+                ["file", "error"],
+                [[u.path, u.error] for u in stats.unreadable],
+                title=f"Unreadable files ({len(stats.unreadable)}, skipped)",
+            )
+        )
+    if stats.duplicates:
+        rows = [
+            [number, path, ", ".join(group.classes)]
+            for number, group in enumerate(stats.duplicates, 1)
+            for path in group.paths
+        ]
+        tables.append(
+            Table(["group", "file", "classes"], rows, title="Exact duplicates (same bytes)")
+        )
+    return tables
+
+
+def _long_table(stats) -> Table:
+    """Everything in one `section,name,value` table for --format csv."""
+    rows: list[list] = []
+    for channel, mean, std in zip(stats.channels, stats.mean, stats.std, strict=True):
+        rows += [["mean", channel, mean], ["std", channel, std]]
+    rows += [
+        ["summary", "files", stats.files],
+        ["summary", "images", stats.images],
+        ["summary", "pixels", stats.pixels],
+        ["summary", "classes", len(stats.classes)],
+        ["summary", "imbalance_ratio", stats.imbalance_ratio],
+        ["summary", "total_bytes", stats.total_bytes],
+        ["summary", "unreadable", len(stats.unreadable)],
+        ["summary", "duplicate_files", stats.duplicate_files],
+        ["summary", "non_image_files", len(stats.non_image_files)],
+    ]
+    for axis, values in (("width", stats.width), ("height", stats.height)):
+        rows += [[axis, key, getattr(values, key)] for key in ("min", "median", "max")]
+    rows += [["class", c.name, c.images] for c in stats.classes]
+    rows += [["mode", key, value] for key, value in stats.modes.items()]
+    rows += [["format", key, value] for key, value in stats.formats.items()]
+    rows += [["unreadable", u.path, u.error] for u in stats.unreadable]
+    rows += [
+        ["duplicate", path, number]
+        for number, group in enumerate(stats.duplicates, 1)
+        for path in group.paths
+    ]
+    return Table(["section", "name", "value"], rows)
+
+
+def dataset_stats(
+    root: Annotated[
+        Path,
+        typer.Argument(
+            help="Image folder (ROOT/<class>/<image>), flat folder of images, or CSV index "
+            "with path,label columns.",
+            show_default=False,
+        ),
+    ],
+    mode: Annotated[
+        StatsMode,
+        typer.Option(
+            "--mode",
+            help="rgb: convert as torchvision's ImageFolder loader does; gray: grayscale; "
+            "native: the files' own channels (all images must have the same).",
+            case_sensitive=False,
+        ),
+    ] = StatsMode.rgb,
+    resize: Annotated[
+        Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--resize",
+            min=1,
+            help="Measure after resizing the shorter side to N pixels, as transforms.Resize(N).",
+            show_default=False,
+        ),
+    ] = None,
+    workers: WorkersOption = None,
+    strict: StrictOption = False,
+    plot: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--plot",
+            help="Also draw the class histogram and the image-size scatter to FILE "
+            "(.png, .pdf, .svg or .jpg).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Per-channel mean and std (exact, for transforms.Normalize), class counts, image sizes,
+    colour modes, formats, unreadable files and exact duplicates of an image dataset.
+
+    One pass over the images in worker processes (--workers, default: all cores).
+    """
+    from torchkit.core.errors import UsageError
+    from torchkit.core.files import check_output
+    from torchkit.core.stats import check_plot_output, compute_dataset_stats, plot_dataset_stats
+
+    # Refuse outputs that would fail before the long pass, not after it.
+    if output is not None:
+        check_output(output, force)
+    if plot is not None:
+        check_plot_output(plot, force)
+        if output is not None and plot.resolve() == output.resolve():
+            raise UsageError("--plot and --output name the same file")
+    with progress_bar("Reading images") as update:
+        stats = compute_dataset_stats(
+            root,
+            mode=mode.value,
+            resize=resize,
+            workers=workers,
+            strict=strict,
+            progress=update,
+        )
+    emit(
+        tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
+        data=stats.to_dict(),
+        fmt=fmt,
+        output=output,
+        force=force,
+    )
+    if plot is not None:
+        written = plot_dataset_stats(stats, plot, force=force)
+        console.note(f"wrote {written}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dataset-stats")(dataset_stats)

@@ -1,0 +1,549 @@
+"""`dataset-stats`: exact per-channel mean/std and a health report of an image dataset.
+
+One pass over the files, in worker processes. Each worker reads a file once: the bytes are hashed
+(exact duplicates) and decoded from memory. Pixels are not summed as floats but counted into
+per-channel histograms (PIL's C `histogram()` for 8-bit images, `np.bincount` for 16-bit ones).
+Histograms add up exactly in any order, so the result does not depend on how the work was split,
+and the mean and variance come out of exact integer (rational) arithmetic: weighted by pixel, not
+the average of per-image means that the classic `compute_mean_and_std` recipe returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import math
+import os
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data import Samples, scan_image_set
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.files import atomic_path, check_output
+
+log = logging.getLogger("torchkit")
+
+STATS_MODES = ("rgb", "gray", "native")
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+SINGLE_CHANNEL_MODES = frozenset({"1", "L", "I", "F"} | SIXTEEN_BIT_MODES)
+_MAX_CHUNK = 64
+
+Progress = Callable[[int, int], None]  # (files done, files in total)
+
+
+@dataclass
+class SizeRange:
+    min: int
+    median: float
+    max: int
+
+
+@dataclass
+class ClassCount:
+    name: str
+    images: int
+
+
+@dataclass
+class Unreadable:
+    path: str
+    error: str
+
+
+@dataclass
+class DuplicateGroup:
+    """Files with byte-for-byte identical contents (`paths`), and the classes they are in."""
+
+    paths: list[str]
+    classes: list[str]
+
+
+@dataclass
+class DatasetStats:
+    source: str
+    mode: str
+    resize: int | None
+    channels: list[str]
+    mean: list[float]
+    std: list[float]
+    pixels: int  # per channel, over all readable images
+    files: int  # image files found
+    images: int  # of which readable
+    classes: list[ClassCount]
+    imbalance_ratio: float | None  # largest class / smallest class (inf if one is empty)
+    width: SizeRange | None
+    height: SizeRange | None
+    modes: dict[str, int]
+    formats: dict[str, int]
+    total_bytes: int
+    unreadable: list[Unreadable]
+    duplicates: list[DuplicateGroup]
+    non_image_files: list[str]
+    # One (width, height, label) per readable image, for the plot; not part of to_dict().
+    sizes: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+
+    @property
+    def duplicate_files(self) -> int:
+        """Files that are a copy of another one (each group counts all but its first file)."""
+        return sum(len(group.paths) - 1 for group in self.duplicates)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "mode": self.mode,
+            "resize": self.resize,
+            "channels": self.channels,
+            "mean": self.mean,
+            "std": self.std,
+            "pixels": self.pixels,
+            "files": self.files,
+            "images": self.images,
+            "unreadable_count": len(self.unreadable),
+            "duplicate_files": self.duplicate_files,
+            "non_image_files": len(self.non_image_files),
+            "num_classes": len(self.classes),
+            "classes": [{"name": c.name, "images": c.images} for c in self.classes],
+            "imbalance_ratio": self.imbalance_ratio,
+            "width": None if self.width is None else vars(self.width).copy(),
+            "height": None if self.height is None else vars(self.height).copy(),
+            "modes": self.modes,
+            "formats": self.formats,
+            "total_bytes": self.total_bytes,
+            "unreadable": [{"path": u.path, "error": u.error} for u in self.unreadable],
+            "duplicates": [{"paths": d.paths, "classes": d.classes} for d in self.duplicates],
+        }
+
+
+# --------------------------------------------------------------------------- per-image work
+
+
+def target_mode(image_mode: str, info: dict, mode: str) -> str:
+    """The PIL mode pixels are counted in: what ImageFolder's loader gives (`rgb`), grayscale
+    (`gray`), or the file's own channels (`native`; palettes are expanded, bilevel becomes L)."""
+    if mode == "rgb":
+        return "RGB"
+    if mode == "gray":
+        return "L"
+    if image_mode == "P":
+        return "RGBA" if "transparency" in info else "RGB"
+    if image_mode == "PA":
+        return "RGBA"
+    if image_mode == "1":
+        return "L"
+    return image_mode
+
+
+def channel_names(pil_mode: str, bands: Sequence[str]) -> tuple[str, ...]:
+    return ("L",) if pil_mode in SINGLE_CHANNEL_MODES else tuple(bands)
+
+
+def resized_size(width: int, height: int, shorter: int) -> tuple[int, int]:
+    """The size `torchvision.transforms.Resize(shorter)` gives (shorter side to `shorter`)."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_long = int(shorter * long / short)
+    return (shorter, new_long) if width <= height else (new_long, shorter)
+
+
+class _Accumulator:
+    """Pixel counts per (channel names, full scale): an int64 histogram of shape (C, scale + 1)
+    for integer images, or exact rational sums for float images (scale 1). Mergeable."""
+
+    def __init__(self) -> None:
+        self.histograms: dict[tuple[tuple[str, ...], int], Any] = {}
+        self.float_sums: dict[tuple[str, ...], list] = {}  # names -> [count, sums, squares]
+        self.examples: dict[tuple[str, ...], str] = {}  # a file per channel layout, for errors
+
+    def add_image(self, image, channels: tuple[str, ...], example: str) -> None:
+        import numpy as np
+
+        self.examples.setdefault(channels, example)
+        if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":
+            values = np.asarray(image)
+            if image.mode in SIXTEEN_BIT_MODES or (values.min() >= 0 and values.max() <= 65535):
+                counts = np.bincount(values.astype(np.uint16, copy=False).ravel(), minlength=65536)
+                self._add_histogram(channels, 65535, counts.reshape(1, -1))
+                return
+        if image.mode in ("I", "F"):  # 32-bit values: summed in their own units
+            values = np.asarray(image, dtype=np.float64).ravel()
+            entry = self.float_sums.setdefault(channels, [0, [Fraction(0)], [Fraction(0)]])
+            entry[0] += values.size
+            entry[1][0] += Fraction(float(values.sum()))
+            entry[2][0] += Fraction(float(np.dot(values, values)))
+            return
+        # 8 bits per channel: PIL counts every band in C, exactly.
+        counts = np.array(image.histogram(), dtype=np.int64).reshape(len(channels), 256)
+        self._add_histogram(channels, 255, counts)
+
+    def _add_histogram(self, channels: tuple[str, ...], scale: int, counts) -> None:
+        key = (channels, scale)
+        if key in self.histograms:
+            self.histograms[key] += counts
+        else:
+            self.histograms[key] = counts.astype("int64", copy=True)
+
+    def merge(self, other: _Accumulator) -> None:
+        for (channels, scale), counts in other.histograms.items():
+            self._add_histogram(channels, scale, counts)
+        for channels, (count, sums, squares) in other.float_sums.items():
+            entry = self.float_sums.setdefault(channels, [0, [Fraction(0)], [Fraction(0)]])
+            entry[0] += count
+            entry[1] = [a + b for a, b in zip(entry[1], sums, strict=True)]
+            entry[2] = [a + b for a, b in zip(entry[2], squares, strict=True)]
+        for channels, example in other.examples.items():
+            self.examples.setdefault(channels, example)
+
+    def layouts(self) -> list[tuple[str, ...]]:
+        seen = {channels for channels, _ in self.histograms} | set(self.float_sums)
+        return sorted(seen, key=len)
+
+    def moments(self) -> tuple[tuple[str, ...], list[float], list[float], int]:
+        """(channels, mean, std, pixels per channel) in [0, 1] units, exact until the final
+        rounding to float. Needs a single channel layout."""
+        (channels,) = self.layouts()
+        pixels = 0
+        sums = [Fraction(0)] * len(channels)
+        squares = [Fraction(0)] * len(channels)
+        for (names, scale), counts in self.histograms.items():
+            if names != channels:
+                continue
+            pixels += int(counts[0].sum())
+            for c in range(len(channels)):
+                # Python ints: 16-bit squares times large counts would overflow int64.
+                row = [(v, int(n)) for v, n in enumerate(counts[c].tolist()) if n]
+                sums[c] += Fraction(sum(n * v for v, n in row), scale)
+                squares[c] += Fraction(sum(n * v * v for v, n in row), scale**2)
+        if channels in self.float_sums:
+            count, float_sums, float_squares = self.float_sums[channels]
+            pixels += count
+            sums = [s + f for s, f in zip(sums, float_sums, strict=True)]
+            squares = [s + f for s, f in zip(squares, float_squares, strict=True)]
+        mean = [s / pixels for s in sums]
+        variance = [q / pixels - m * m for q, m in zip(squares, mean, strict=True)]
+        variance = [max(v, Fraction(0)) for v in variance]  # float-image sums may round below
+        return channels, [float(m) for m in mean], [math.sqrt(v) for v in variance], pixels
+
+
+@dataclass
+class _ChunkResult:
+    records: list[tuple]  # (index, width, height, mode, format, bytes, sha256)
+    errors: list[tuple[int, str, int]]  # (index, reason, bytes read or 0)
+    accumulator: _Accumulator
+    sixteen_bit: int = 0  # 16-bit images that --mode rgb/gray clip to 8 bits, as PIL does
+
+
+def _describe(error: BaseException, size: int | None = None) -> str:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(error, FileNotFoundError):
+        return "file not found"
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, UnidentifiedImageError):  # its message names a BytesIO object
+        return "empty file" if size == 0 else "not an image PIL can read"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def scan_files(
+    start: int, paths: Sequence[str], ids: Sequence[str], mode: str, resize: int | None
+) -> _ChunkResult:
+    """Read, hash, decode and count the pixels of `paths` (a chunk starting at index `start`)."""
+    from PIL import Image
+
+    result = _ChunkResult([], [], _Accumulator())
+    with warnings.catch_warnings():
+        # PIL's warnings (palette transparency, bomb sizes, odd EXIF) would interleave with the
+        # progress bar from every worker; the files still count, or are listed as unreadable.
+        warnings.simplefilter("ignore")
+        for offset, path in enumerate(paths):
+            index = start + offset
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except OSError as error:
+                result.errors.append((index, _describe(error), 0))
+                continue
+            try:
+                with Image.open(io.BytesIO(data)) as image:
+                    native_mode, file_format, (width, height) = image.mode, image.format, image.size
+                    wanted = target_mode(image.mode, image.info, mode)
+                    pixels = image if image.mode == wanted else image.convert(wanted)
+                    pixels.load()
+                    if resize:
+                        size = resized_size(width, height, resize)
+                        pixels = pixels.resize(size, Image.Resampling.BILINEAR)
+                    channels = channel_names(pixels.mode, pixels.getbands())
+                    result.accumulator.add_image(pixels, channels, ids[offset])
+            except Exception as error:  # noqa: BLE001 - any decoder failure means unreadable
+                result.errors.append((index, _describe(error, len(data)), len(data)))
+                continue
+            if (native_mode in SIXTEEN_BIT_MODES or native_mode == "I") and mode != "native":
+                result.sixteen_bit += 1
+            digest = hashlib.sha256(data).digest()
+            result.records.append(
+                (index, width, height, native_mode, file_format or "?", len(data), digest)
+            )
+    return result
+
+
+def _scan_task(task: tuple) -> _ChunkResult:
+    return scan_files(*task)
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def default_stats_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _chunks(samples: Samples, workers: int, mode: str, resize: int | None) -> list[tuple]:
+    n = len(samples)
+    size = max(1, min(_MAX_CHUNK, math.ceil(n / max(1, workers * 4))))
+    paths, ids = samples.paths, samples.ids
+    return [
+        (start, paths[start : start + size], ids[start : start + size], mode, resize)
+        for start in range(0, n, size)
+    ]
+
+
+def _run_chunks(tasks: list[tuple], workers: int):
+    """Yield chunk results, in-process for one worker, else from a process pool."""
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            yield _scan_task(task)
+        return
+    import multiprocessing
+    import sys
+
+    # fork on Linux, as torch's DataLoader does: workers start at once and a script that calls
+    # this without an `if __name__ == "__main__"` guard still works (spawn and forkserver would
+    # re-run it). The CLI's progress bar refreshes without a thread, so nothing else is running.
+    use_fork = sys.platform.startswith("linux")
+    context = multiprocessing.get_context("fork" if use_fork else "spawn")
+    if use_fork:  # import once here, not once per worker (about half a CPU-second each)
+        import numpy  # noqa: F401
+        from PIL import Image
+
+        Image.init()  # every format plugin
+    with context.Pool(min(workers, len(tasks)), initializer=_ignore_interrupts) as pool:
+        yield from pool.imap_unordered(_scan_task, tasks)
+
+
+def _ignore_interrupts() -> None:
+    """Ctrl-C is for the parent, which stops the pool; workers dying on it one by one would
+    print a traceback each."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def warn_empty_classes(samples: Samples) -> list[str]:
+    empty = [name for name, n in zip(samples.classes, samples.class_counts(), strict=True) if not n]
+    if empty:
+        log.warning(
+            f"{len(empty)} class folder(s) hold no images: {', '.join(empty[:10])}"
+            + (" ..." if len(empty) > 10 else "")
+        )
+    return empty
+
+
+def compute_dataset_stats(
+    source: str | os.PathLike,
+    *,
+    mode: str = "rgb",
+    resize: int | None = None,
+    workers: int | None = None,
+    strict: bool = False,
+    progress: Progress | None = None,
+) -> DatasetStats:
+    """Statistics of the image folder, flat folder or CSV index at `source`.
+
+    `mode`: `rgb` (as torchvision's ImageFolder loader converts), `gray`, or `native` (the files'
+    own channels; all images must then have the same ones). `resize`: count pixels after resizing
+    the shorter side to this many pixels (bilinear, as `transforms.Resize` does). Unreadable files
+    are listed and skipped, or raise InputError with `strict`.
+    """
+    if mode not in STATS_MODES:
+        raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
+    if resize is not None and resize < 1:
+        raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
+    samples, non_images = scan_image_set(source)
+    if non_images:
+        log.warning(
+            f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}",
+        )
+    warn_empty_classes(samples)
+    workers = default_stats_workers() if workers is None else workers
+    tasks = _chunks(samples, workers, mode, resize)
+    total = len(samples)
+    accumulator = _Accumulator()
+    records: list[tuple] = []
+    errors: list[tuple[int, str, int]] = []
+    sixteen_bit = done = 0
+    if progress:
+        progress(0, total)
+    for result in _run_chunks(tasks, workers):
+        if strict and result.errors:
+            index, reason, _ = min(result.errors)
+            raise InputError(
+                f"unreadable image {samples.ids[index]}: {reason}",
+                "fix or remove it, or leave out --strict to skip unreadable files",
+            )
+        accumulator.merge(result.accumulator)
+        records.extend(result.records)
+        errors.extend(result.errors)
+        sixteen_bit += result.sixteen_bit
+        done += len(result.records) + len(result.errors)
+        if progress:
+            progress(done, total)
+    records.sort()
+    errors.sort()
+    if not records:
+        index, reason, _ = errors[0]
+        raise InputError(
+            f"none of the {total} image files in {samples.source} could be read",
+            f"the first, {samples.ids[index]}: {reason}",
+        )
+    if errors:
+        log.warning(f"skipped {len(errors)} unreadable file(s) (listed in the report)")
+    if sixteen_bit:
+        log.warning(
+            f"{sixteen_bit} image(s) have 16 or 32 bits per pixel: --mode {mode} clips them to "
+            "0..255 as PIL and torchvision's loader do; --mode native measures their full range"
+        )
+    return _summarise(samples, mode, resize, accumulator, records, errors, non_images)
+
+
+def _summarise(
+    samples: Samples,
+    mode: str,
+    resize: int | None,
+    accumulator: _Accumulator,
+    records: list[tuple],
+    errors: list[tuple[int, str, int]],
+    non_images: list[str],
+) -> DatasetStats:
+    import numpy as np
+
+    layouts = accumulator.layouts()
+    if len(layouts) > 1:
+        found = "; ".join(
+            f"{'/'.join(names)} (e.g. {accumulator.examples[names]})" for names in layouts
+        )
+        raise InputError(
+            f"--mode native needs images with the same channels, found: {found}",
+            "use --mode rgb or --mode gray",
+        )
+    if layouts:
+        channels, mean, std, pixels = accumulator.moments()
+    else:
+        channels, mean, std, pixels = _NO_PIXELS[mode], [], [], 0
+    counts = [0] * len(samples.classes)
+    for index, *_ in records:
+        counts[samples.labels[index]] += 1
+    nonzero = [n for n in counts if n]
+    imbalance = None if not nonzero else (math.inf if 0 in counts else max(counts) / min(counts))
+    widths = np.array([r[1] for r in records])
+    heights = np.array([r[2] for r in records])
+    by_digest: dict[bytes, list[int]] = {}
+    for index, *_, digest in records:
+        by_digest.setdefault(digest, []).append(index)
+    duplicates = [
+        DuplicateGroup(
+            [samples.ids[i] for i in group],
+            sorted({samples.classes[samples.labels[i]] for i in group}),
+        )
+        for group in sorted(g for g in by_digest.values() if len(g) > 1)
+    ]
+    return DatasetStats(
+        source=samples.source,
+        mode=mode,
+        resize=resize,
+        channels=list(channels),
+        mean=mean,
+        std=std,
+        pixels=pixels,
+        files=len(samples),
+        images=len(records),
+        classes=[ClassCount(n, c) for n, c in zip(samples.classes, counts, strict=True)],
+        imbalance_ratio=imbalance,
+        width=_size_range(widths),
+        height=_size_range(heights),
+        modes=dict(Counter(r[3] for r in records).most_common()),
+        formats=dict(Counter(r[4] for r in records).most_common()),
+        total_bytes=sum(r[5] for r in records) + sum(e[2] for e in errors),
+        unreadable=[Unreadable(samples.ids[i], reason) for i, reason, _ in errors],
+        duplicates=duplicates,
+        non_image_files=non_images,
+        sizes=[(r[1], r[2], samples.labels[r[0]]) for r in records],
+    )
+
+
+_NO_PIXELS = {"rgb": ("R", "G", "B"), "gray": ("L",), "native": ()}
+
+
+def _size_range(values) -> SizeRange | None:
+    import numpy as np
+
+    if not len(values):
+        return None
+    return SizeRange(int(values.min()), float(np.median(values)), int(values.max()))
+
+
+# --------------------------------------------------------------------------- plot
+
+
+PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_plot_output(path: str | os.PathLike, force: bool) -> Path:
+    """Refuse a plot path that exists (without `force`) or has a format we cannot write,
+    before the long pass over the images rather than after it."""
+    target = check_output(path, force, what="plot")
+    if target.suffix.lower() not in PLOT_FORMATS:
+        raise UsageError(
+            f"cannot tell the plot format from {target.name!r}",
+            "end the name in " + ", ".join(PLOT_FORMATS),
+        )
+    return target
+
+
+def plot_dataset_stats(stats: DatasetStats, path: str | os.PathLike, *, force: bool) -> Path:
+    """Class histogram and image-size scatter, saved (atomically) as an image at `path`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    target = check_plot_output(path, force)
+    figure = Figure(figsize=(12, 5), layout="constrained")
+    FigureCanvasAgg(figure)
+    bars, scatter = figure.subplots(1, 2, width_ratios=(3, 2))
+    names = [c.name or "(unlabelled)" for c in stats.classes]
+    bars.bar(range(len(names)), [c.images for c in stats.classes], color="tab:blue")
+    if len(names) <= 60:  # beyond that the labels are an unreadable smear
+        bars.set_xticks(range(len(names)), names, rotation=90 if len(names) > 8 else 0)
+    bars.set_xlabel(f"class ({len(names)})")
+    bars.set_ylabel("images")
+    bars.set_title(f"Images per class ({stats.images} images)")
+    bars.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if stats.sizes:
+        widths, heights, _ = zip(*stats.sizes, strict=True)
+        scatter.scatter(widths, heights, s=18, alpha=0.5, color="tab:orange", linewidths=0)
+        scatter.set_xlim(left=0, right=max(widths) * 1.05)
+        scatter.set_ylim(bottom=0, top=max(heights) * 1.05)
+    scatter.set_xlabel("width (px)")
+    scatter.set_ylabel("height (px)")
+    scatter.set_title("Image sizes")
+    with atomic_path(target) as temporary:
+        figure.savefig(temporary, format=target.suffix.lstrip(".").lower(), dpi=100)
+    return target
