@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import traceback
+from typing import NoReturn
 
 import typer
+from rich.markup import escape
+from typer._click.exceptions import NoArgsIsHelpError
+from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperGroup
 
 from torchkit import __version__
@@ -29,13 +33,22 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
 
 
 class TorchkitGroup(TyperGroup):
-    """Runs commands so that failures end in one `Error: <what> (<hint>)` line on stderr."""
+    """Runs commands so that failures end in one `Error: <what> (<hint>)` line on stderr, and
+    command-line mistakes in one such line too (exit code 2), instead of click's usage panel."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except ClickUsageError as error:
+            _usage_error(error)
 
     def invoke(self, ctx):
         from torchkit.core.errors import TorchkitError
 
         try:
             return super().invoke(ctx)
+        except ClickUsageError as error:
+            _usage_error(error)
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except TorchkitError as error:
@@ -50,13 +63,24 @@ class TorchkitGroup(TyperGroup):
             raise typer.Exit(1) from None
 
 
+def _usage_error(error: ClickUsageError) -> NoReturn:
+    """Report a bad command line as `Error: <what> (see 'torchkit CMD --help')`, exit 2."""
+    if isinstance(error, NoArgsIsHelpError):  # bare `torchkit`: click shows the help
+        raise error
+    ctx = getattr(error, "ctx", None)
+    command = ctx.command_path if ctx is not None else "torchkit"
+    _report(error, f"{error.format_message().rstrip('.')} (see '{command} --help')")
+    raise typer.Exit(error.exit_code) from None
+
+
 def _report(error: BaseException, line: str) -> None:
     if debug_enabled():
         console.stderr.print(
             "".join(traceback.format_exception(error)), markup=False, highlight=False
         )
+    # The message is escaped: paths and shapes like "x[1].png" or "[3, 224]" are not markup.
     console.stderr.print(
-        f"[bold red]Error:[/] {line}", highlight=False, soft_wrap=True, markup=True
+        f"[bold red]Error:[/] {escape(line)}", highlight=False, soft_wrap=True, markup=True
     )
 
 

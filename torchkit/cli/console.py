@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from rich.console import Console
+from rich.markup import escape
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -19,7 +20,12 @@ class _StderrHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         label = {logging.WARNING: "Warning", logging.ERROR: "Error"}.get(record.levelno, "Note")
         style = "yellow" if record.levelno >= logging.WARNING else "dim"
-        stderr.print(f"[{style}]{label}:[/] {record.getMessage()}", highlight=False, markup=True)
+        stderr.print(
+            f"[{style}]{label}:[/] {escape(record.getMessage())}",
+            highlight=False,
+            markup=True,
+            soft_wrap=True,
+        )
 
 
 def install_log_handler(verbose: bool = False) -> None:
@@ -32,8 +38,8 @@ def install_log_handler(verbose: bool = False) -> None:
 
 def note(message: str) -> None:
     """A remark for the user on stderr (never mixed into results)."""
-    stderr.print(f"[dim]Note:[/] {message}", highlight=False)
+    stderr.print(f"[dim]Note:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[yellow]Warning:[/] {message}", highlight=False)
+    stderr.print(f"[yellow]Warning:[/] {escape(message)}", highlight=False, soft_wrap=True)

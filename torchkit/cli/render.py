@@ -59,8 +59,8 @@ def to_json_value(value: Any) -> Any:
         return [to_json_value(v) for v in value]
     if isinstance(value, Path):
         return str(value)
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return to_json_value(value.item())
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy / torch scalars and arrays
+        return to_json_value(value.tolist())
     return value
 
 
@@ -80,10 +80,22 @@ def render_csv(table: Table) -> str:
 def rich_table(table: Table) -> RichTable:
     rendered = RichTable(title=table.title, title_justify="left", header_style="bold")
     for column in table.columns:
-        rendered.add_column(column, justify="right" if column in table.align_right else "left")
+        # fold, not ellipsis: a long path must wrap inside its cell, never lose characters.
+        rendered.add_column(
+            column, justify="right" if column in table.align_right else "left", overflow="fold"
+        )
     for row in table.rows:
         rendered.add_row(*(format_cell(v) for v in row))
     return rendered
+
+
+def render_plain_tables(tables: list[Table], width: int = 1000) -> str:
+    """Tables as uncoloured text, each only as wide as its content (up to `width`)."""
+    buffer = io.StringIO()
+    plain = Console(file=buffer, width=width, no_color=True, color_system=None)
+    for table in tables:
+        plain.print(rich_table(table))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
 def emit(
@@ -103,16 +115,14 @@ def emit(
         text = render_json(data)
     elif fmt == OutputFormat.csv:
         text = render_csv(tables[csv_table])
-    elif output is None:
+    elif output is None and console.stdout.is_terminal:
         for table in tables:
             console.stdout.print(rich_table(table))
         return
     else:
-        buffer = io.StringIO()
-        plain = Console(file=buffer, width=200, no_color=True, color_system=None)
-        for table in tables:
-            plain.print(rich_table(table))
-        text = buffer.getvalue()
+        # A file or a pipe: plain text, as wide as the table needs (not the 80 columns rich
+        # assumes without a terminal), so rows stay on one line for grep and friends.
+        text = render_plain_tables(tables)
     if output is None:
         # Plain write, not rich: machine-readable output must not be wrapped or styled.
         console.stdout.file.write(text)

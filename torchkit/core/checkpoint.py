@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import zipfile
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,17 +49,43 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
     try:
         return torch.load(source, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as error:
-        if trust:
-            raise CheckpointError(f"cannot unpickle checkpoint {source}: {error}") from error
+        blocked = None if trust else _blocked_global(error)
+        if blocked is None:
+            # weights_only also fails on garbage ("Unsupported operand"): that is not a model.
+            raise _unreadable(source, error) from error
         raise CheckpointError(
-            f"{source} holds objects other than tensors and plain values (a pickled model?)",
+            f"{source} holds a pickled {blocked}, not only tensors and plain values",
             "pass --trust-checkpoint to load it anyway, only if you trust where it came from",
         ) from error
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
+    except (AttributeError, ImportError) as error:  # trusted pickle of a class we cannot import
         raise CheckpointError(
-            f"cannot read checkpoint {source}: {_first_line(error)}",
-            "the file may be truncated or not a PyTorch checkpoint",
+            f"cannot unpickle checkpoint {source}: {_first_line(error)}",
+            "it pickles classes from the code that saved it; make that code importable, "
+            "or save a state_dict instead",
         ) from error
+    except Exception as error:  # truncated or junk files raise anything (KeyError, EOFError...)
+        raise _unreadable(source, error) from error
+
+
+def _blocked_global(error: BaseException) -> str | None:
+    """The class weights_only refused ("Unsupported global: GLOBAL torch.nn...Linear"), if any."""
+    match = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    if match:
+        return match.group(1)
+    # Other wordings of a refused class (not the advice text, which names safe_globals).
+    return "object" if re.search(r"\bGLOBAL\b|Unsupported class", str(error)) else None
+
+
+def _unreadable(source: Path, error: BaseException) -> CheckpointError:
+    text = str(error)
+    # weights_only wraps the real reason in a paragraph of advice; keep only the reason.
+    detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+    reason = (detail.group(1) if detail else _first_line(error).split(". ")[0]).strip()
+    name = type(error).__name__
+    return CheckpointError(
+        f"cannot read checkpoint {source}: {name if reason == name else f'{name}: {reason}'}",
+        "the file may be truncated or not a PyTorch checkpoint",
+    )
 
 
 def _load_safetensors(source: Path) -> dict:
@@ -110,9 +136,9 @@ def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
     """Remove the `module.` prefix (DataParallel/DDP) and `_orig_mod.` (torch.compile)."""
     cleaned = {}
     for key, value in state_dict.items():
-        for prefix in ("module.", "_orig_mod."):
-            if key.startswith(prefix):
-                key = key[len(prefix) :]
+        # Wrappers nest in either order: DDP(compile(m)) and compile(DDP(m)).
+        while key.startswith(("module.", "_orig_mod.")):
+            key = key.partition(".")[2]
         cleaned[key] = value
     return cleaned
 

@@ -1,0 +1,10 @@
+_torchkit_completion() {
+    local IFS=$'
+'
+    COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \
+                   COMP_CWORD=$COMP_CWORD \
+                   _TORCHKIT_COMPLETE=complete_bash $1 ) )
+    return 0
+}
+
+complete -o default -F _torchkit_completion torchkit

@@ -1,0 +1,1 @@
+complete --command torchkit --no-files --arguments "(env _TORCHKIT_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) torchkit)" --condition "env _TORCHKIT_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) torchkit"

@@ -1,0 +1,71 @@
+"""Write completions/torchkit.{bash,zsh,fish} from the app with Typer's own completion machinery.
+
+    uv run python scripts/generate_completions.py          # (re)write the files
+    uv run python scripts/generate_completions.py --check  # exit 1 if a committed file is stale
+
+The scripts are what `torchkit --show-completion` prints: thin shell glue that calls torchkit back
+with `_TORCHKIT_COMPLETE=complete_<shell>`, so commands and options added later complete without
+regenerating; only a change of program name or of Typer's templates makes them stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from typer._completion_shared import get_completion_script
+from typer.main import get_command
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPLETIONS = ROOT / "completions"
+SHELLS = ("bash", "zsh", "fish")
+
+
+def program_name() -> str:
+    """The name the app is installed under (`[project.scripts]` and `Typer(name=...)`)."""
+    from torchkit.cli import app
+
+    name = get_command(app).name
+    if not name:
+        raise SystemExit("the torchkit app has no name")
+    return name
+
+
+def completion_scripts() -> dict[str, str]:
+    """File name -> contents, for every supported shell."""
+    prog = program_name()
+    # The variable Typer's own `--show-completion` uses: _TORCHKIT_COMPLETE for `torchkit`.
+    complete_var = "_{}_COMPLETE".format(prog.replace("-", "_").upper())
+    return {
+        f"{prog}.{shell}": get_completion_script(
+            prog_name=prog, complete_var=complete_var, shell=shell
+        )
+        + "\n"
+        for shell in SHELLS
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report stale files")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, text in completion_scripts().items():
+        path = COMPLETIONS / name
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        stale.append(name)
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
+    if args.check and stale:
+        print("stale: " + ", ".join(stale) + " (run scripts/generate_completions.py)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""`torchkit env` and `torchkit.core.env`: the report, its formats, the diagnostics and
+`--require-cuda`, on this machine and with simulated GPUs, drivers and broken installs."""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from torchkit.cli import app
+from torchkit.cli.env import report_tables
+from torchkit.core import env
+from torchkit.core.env import (
+    check_torchvision_ops,
+    collect_env,
+    require_usable_cuda,
+    visible_device_entries,
+)
+from torchkit.core.errors import DeviceError
+
+CUDA_BUILD = torch.version.cuda is not None
+NO_CUDA = not torch.cuda.is_available()
+GIB = 1024**3
+DRIVER_MESSAGE = (
+    "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
+    "installed a driver from http://www.nvidia.com/Download/index.aspx"
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No CUDA_VISIBLE_DEVICES from the caller's shell."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+# The CUDA version simulated builds claim: the real one where torch has it, so that torchvision
+# (built for it) does not look mismatched.
+SIMULATED_CUDA = torch.version.cuda or "12.4"
+
+
+def simulate_no_gpu(monkeypatch, init_error: str, *, cuda=SIMULATED_CUDA, driver=(None, None)):
+    """A torch build (`cuda` None: CPU only) on a machine where CUDA does not initialise."""
+
+    def failing_init():
+        raise RuntimeError(init_error)
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "init", failing_init)
+    monkeypatch.setattr(env, "nvidia_driver", lambda: driver)
+
+
+def fake_gpu(index: int, *, usable: bool = True, error: str | None = None) -> dict:
+    return {
+        "index": index,
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": f"GPU-{index}",
+        "total_memory_bytes": 80 * GIB,
+        "free_memory_bytes": int(79.5 * GIB),
+        "compute_capability": "9.0",
+        "multiprocessors": 132,
+        "usable": usable,
+        "error": error,
+    }
+
+
+# The report ------------------------------------------------------------------------------------
+
+
+def test_report_matches_independent_sources(clean_env):
+    report = collect_env()
+    assert report["python"] == {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
+    assert report["platform"]["system"] == platform.system()
+    assert report["cpu"]["logical_cores"] == os.cpu_count()
+    assert 1 <= report["cpu"]["usable_cores"] <= os.cpu_count()
+    assert report["cpu"]["model"]
+    info = report["torch"]
+    assert info["version"] == torch.__version__
+    assert info["cuda_version"] == torch.version.cuda
+    assert info["cuda_available"] == torch.cuda.is_available()
+    assert info["intra_op_threads"] == torch.get_num_threads()
+    assert info["inter_op_threads"] == torch.get_num_interop_threads()
+    assert info["build"] == (f"CUDA {torch.version.cuda}" if CUDA_BUILD else info["build"])
+    number = torch.backends.cudnn.version()
+    if number:
+        assert info["cudnn_version"].split(".")[0] == str(number)[0]
+    dist = report["distributed"]
+    assert dist["gloo"] == torch.distributed.is_gloo_available()
+    assert dist["nccl"] == torch.distributed.is_nccl_available()
+    if dist["nccl"]:
+        assert dist["nccl_version"] == ".".join(map(str, torch.cuda.nccl.version()))
+    packages = report["packages"]
+    assert packages["numpy"] == np.__version__
+    assert packages["torchvision"] == importlib.metadata.version("torchvision")
+    assert packages["scikit_learn"] == importlib.metadata.version("scikit-learn")
+    assert set(packages) >= {"pillow", "opencv", "pandas", "typer", "rich"}
+    assert report["cuda"]["visible_devices"] is None
+    assert len(report["gpus"]) == report["cuda"]["device_count"]
+    assert report["cuda"]["usable"] == any(gpu["usable"] for gpu in report["gpus"])
+
+
+def test_json_format(runner, clean_env):
+    result = runner.invoke(app, ["env", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["torchkit_version"] and data["torch"]["version"] == torch.__version__
+    assert isinstance(data["cpu"]["logical_cores"], int)
+    assert isinstance(data["torch"]["cuda_available"], bool)
+    assert isinstance(data["diagnostics"], list) and isinstance(data["gpus"], list)
+    assert all(re.fullmatch(r"[a-z0-9_]+", key) for key in data)  # snake_case keys
+
+
+def test_table_and_csv_formats(runner, clean_env):
+    table = runner.invoke(app, ["env"])
+    assert table.exit_code == 0
+    for label in ("Python executable", "torch build", "cuDNN", "CUDA_VISIBLE_DEVICES", "NCCL"):
+        assert label in table.stdout
+    assert "Packages" in table.stdout and "scikit_learn" in table.stdout
+    assert sys.executable in table.stdout
+    rows = list(csv.reader(io.StringIO(runner.invoke(app, ["env", "--format", "csv"]).stdout)))
+    assert rows[0] == ["key", "value"]
+    values = dict(rows[1:])
+    assert values["torch.version"] == torch.__version__
+    assert values["python.executable"] == sys.executable
+    assert values["packages.numpy"] == np.__version__
+    assert values["cpu.logical_cores"] == str(os.cpu_count())
+    if not torch.cuda.is_available():
+        assert values["gpus"] == ""  # the key is there even with no GPU
+
+
+def test_output_file_and_force(runner, tmp_path, clean_env):
+    target = tmp_path / "env.json"
+    assert runner.invoke(app, ["env", "--format", "json", "-o", str(target)]).exit_code == 0
+    assert json.loads(target.read_text())["torch"]["version"] == torch.__version__
+    refused = runner.invoke(app, ["env", "-o", str(target)])
+    assert refused.exit_code == 1 and "--force" in refused.stderr
+    assert runner.invoke(app, ["env", "-o", str(target), "--force"]).exit_code == 0
+    assert "torch build" in target.read_text()
+
+
+# Diagnostics and --require-cuda ----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not (CUDA_BUILD and NO_CUDA), reason="needs a CUDA build of torch, no GPU")
+def test_this_machine_cuda_build_without_driver(runner, clean_env):
+    result = runner.invoke(app, ["env", "--require-cuda", "--format", "json"])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert any(
+        line.startswith(f"Warning: torch {torch.__version__} is a CUDA {torch.version.cuda} build")
+        for line in lines
+    )
+    assert re.fullmatch(r"Error: no usable CUDA GPU: .+ \(.+\)", lines[-1])
+    assert json.loads(result.stdout)["cuda"]["usable"] is False  # the report is still printed
+
+
+def test_cuda_build_without_driver_simulated(runner, monkeypatch, clean_env):
+    simulate_no_gpu(monkeypatch, DRIVER_MESSAGE)
+    report = collect_env()
+    assert report["diagnostics"] == [
+        f"torch {torch.__version__} is a CUDA {SIMULATED_CUDA} build but cannot use CUDA: "
+        "Found no NVIDIA driver on your system"
+    ]
+    assert report["cuda"]["problem"] == "Found no NVIDIA driver on your system"
+    with pytest.raises(DeviceError) as caught:
+        require_usable_cuda(report)
+    assert str(caught.value) == (
+        "no usable CUDA GPU: Found no NVIDIA driver on your system "
+        "(install or update the NVIDIA driver (nvidia-smi should list the GPU))"
+    )
+    result = runner.invoke(app, ["env", "--require-cuda"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[0].startswith("Warning: torch ")
+    assert result.stderr.splitlines()[-1].startswith("Error: no usable CUDA GPU: Found no NVIDIA")
+
+
+@pytest.mark.parametrize("value", ["", "-1", "none", "NoDevFiles"])
+def test_cuda_visible_devices_hiding_every_gpu(monkeypatch, runner, value):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    simulate_no_gpu(monkeypatch, "No CUDA GPUs are available", driver=("550.54.15", 2))
+    report = collect_env()
+    message = f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU"
+    assert report["diagnostics"] == [message + "; unset it or list the GPUs to use, e.g. 0 or 0,1"]
+    assert report["cuda"]["problem"] == message
+    assert report["cuda"]["visible_devices"] == value
+    assert report["cuda"]["driver_version"] == "550.54.15"
+    result = runner.invoke(app, ["env", "--require-cuda"])
+    assert result.exit_code == 1
+    row = next(line for line in result.stdout.splitlines() if "CUDA_VISIBLE_DEVICES" in line)
+    assert row.split("│")[2].strip() == repr(value)
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: no usable CUDA GPU: {message} (unset CUDA_VISIBLE_DEVICES or list GPU indices)"
+    )
+
+
+def test_cuda_visible_devices_past_the_last_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    simulate_no_gpu(monkeypatch, "No CUDA GPUs are available", driver=("550.54.15", 2))
+    assert collect_env()["cuda"]["problem"] == "CUDA_VISIBLE_DEVICES='4,5' hides every GPU"
+
+
+def test_visible_device_parsing():
+    assert visible_device_entries("0,1") == ["0", "1"]
+    assert visible_device_entries(" 1 , 0") == ["1", "0"]
+    assert visible_device_entries("0,-1,1") == ["0"]  # CUDA stops at the first invalid entry
+    assert visible_device_entries("GPU-8a6f,MIG-1c2d") == ["GPU-8a6f", "MIG-1c2d"]
+    assert visible_device_entries("") == visible_device_entries("-1") == []
+
+
+def test_cpu_only_torch_on_a_gpu_machine(monkeypatch, clean_env):
+    simulate_no_gpu(monkeypatch, "unused", cuda=None, driver=("550.54.15", 1))
+    report = collect_env()
+    assert report["torch"]["build"] == "CPU only"
+    assert report["cuda"]["problem"] == f"torch {torch.__version__} is a CPU-only build"
+    assert report["diagnostics"] == [
+        f"the NVIDIA driver sees 1 GPU(s) but torch {torch.__version__} is a CPU-only build; "
+        "install a CUDA build of torch to use them"
+    ]
+
+
+def test_cpu_only_torch_on_a_cpu_machine_is_not_a_problem(monkeypatch, clean_env):
+    simulate_no_gpu(monkeypatch, "unused", cuda=None)
+    report = collect_env()
+    assert report["diagnostics"] == []
+    with pytest.raises(DeviceError, match="CPU-only build"):
+        require_usable_cuda(report)
+
+
+def test_gpus_that_cannot_run_code(clean_env):
+    diagnostics: list[str] = []
+    cuda = {"visible_devices": None, "driver_gpu_count": 2, "usable": False}
+    broken = "CUDA error: no kernel image is available for execution on the device"
+    gpus = [fake_gpu(0), fake_gpu(1, usable=False, error=broken)]
+    env._diagnose_cuda(torch, cuda, gpus, None, diagnostics)
+    assert cuda["usable"] is True and cuda["problem"] is None
+    assert diagnostics == [f"GPU 1 (NVIDIA H100 80GB HBM3) cannot run CUDA code: {broken}"]
+    gpus[0].update(usable=False, error=broken)
+    env._diagnose_cuda(torch, cuda, gpus, None, [])
+    assert cuda["usable"] is False
+    assert cuda["problem"] == f"none of the 2 CUDA GPU(s) runs code: {broken}"
+
+
+def test_gpu_probe_reads_properties_and_runs_a_kernel():
+    props = SimpleNamespace(
+        name="NVIDIA A100", uuid="GPU-1234", total_memory=40 * GIB, major=8, minor=0,
+        multi_processor_count=108,
+    )  # fmt: skip
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(
+            get_device_properties=lambda i: props, mem_get_info=lambda i: (39 * GIB, 40 * GIB)
+        ),
+        device=lambda kind, index: "cpu",
+        ones=lambda n, device: torch.ones(n),
+    )
+    info = env._gpu_info(fake, 0)
+    assert info == {
+        "index": 0,
+        "name": "NVIDIA A100",
+        "uuid": "GPU-1234",
+        "total_memory_bytes": 40 * GIB,
+        "free_memory_bytes": 39 * GIB,
+        "compute_capability": "8.0",
+        "multiprocessors": 108,
+        "usable": True,
+        "error": None,
+    }
+
+    def no_kernel(n, device):
+        raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+
+    fake.ones = no_kernel
+    info = env._gpu_info(fake, 0)
+    assert info["usable"] is False and info["error"].startswith("CUDA error: no kernel image")
+
+
+def test_gpu_rows_and_require_cuda_success(runner, monkeypatch):
+    report = collect_env()
+    report["gpus"] = [fake_gpu(0)]
+    report["cuda"].update(device_count=1, usable=True, problem=None, hint=None)
+    require_usable_cuda(report)  # no error
+    gpu_table = report_tables(report)[1]
+    assert gpu_table.title == "GPUs"
+    assert gpu_table.rows == [[0, "NVIDIA H100 80GB HBM3", 80.0, 79.5, "9.0", 132, True]]
+    monkeypatch.setattr(env, "collect_env", lambda: report)
+    result = runner.invoke(app, ["env", "--require-cuda"])
+    assert result.exit_code == 0, result.stderr
+    assert "NVIDIA H100 80GB HBM3" in result.stdout and "79.50" in result.stdout
+    data = json.loads(runner.invoke(app, ["env", "--format", "json"]).stdout)
+    assert data["gpus"][0]["total_memory_bytes"] == 80 * GIB
+
+
+def test_torch_warnings_while_probing_become_diagnostics(monkeypatch, clean_env):
+    def warn_and_fail():
+        import warnings
+
+        warnings.warn("Found GPU0 Tesla K80 of cuda capability 3.7.", UserWarning, stacklevel=1)
+        warnings.warn("torch.cuda.something is deprecated", FutureWarning, stacklevel=1)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", warn_and_fail)
+    diagnostics = collect_env()["diagnostics"]
+    assert "Found GPU0 Tesla K80 of cuda capability 3.7." in diagnostics
+    assert not any("deprecated" in d for d in diagnostics)
+
+
+def test_report_without_an_importable_torch(monkeypatch, runner, clean_env):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    report = collect_env()
+    assert report["torch"] is None and report["gpus"] == []
+    assert report["diagnostics"][0].startswith("torch cannot be imported: ")
+    assert report["packages"]["numpy"] == np.__version__
+    result = runner.invoke(app, ["env", "--require-cuda"])
+    assert result.exit_code == 1
+    assert "Python executable" in result.stdout
+    assert result.stderr.splitlines()[-1].startswith(
+        "Error: no usable CUDA GPU: torch cannot be imported"
+    )
+
+
+def test_cudnn_version_formats():
+    def fake(number):
+        return SimpleNamespace(
+            backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: number))
+        )
+
+    assert env._cudnn_version(fake(92600)) == "9.26.0"
+    assert env._cudnn_version(fake(90100)) == "9.1.0"
+    assert env._cudnn_version(fake(8902)) == "8.9.2"
+    assert env._cudnn_version(fake(None)) is None
+
+
+# torchvision operators -------------------------------------------------------------------------
+
+
+def test_torchvision_operators_work_here():
+    assert check_torchvision_ops(torch) is None
+
+
+def test_torchvision_operators_that_fail_to_load(monkeypatch, runner, clean_env):
+    def broken(torch_module, spec):
+        raise OSError("_C_stable.so: undefined symbol: _ZN3c1017RegisterOperators")
+
+    monkeypatch.setattr(env, "_load_torchvision_ops", broken)
+    version = importlib.metadata.version("torchvision")
+    message = check_torchvision_ops(torch)
+    assert message == (
+        f"torchvision {version} cannot run its operators with torch {torch.__version__}: "
+        "_C_stable.so: undefined symbol: _ZN3c1017RegisterOperators; "
+        "install the torchvision release built for this torch"
+    )
+    assert message in collect_env()["diagnostics"]
+    result = runner.invoke(app, ["env", "--format", "json"])
+    assert result.exit_code == 0
+    assert f"Warning: {message}" in result.stderr.splitlines()
+
+
+def test_torchvision_operator_giving_wrong_results(monkeypatch):
+    monkeypatch.setattr(env, "_load_torchvision_ops", lambda torch_module, spec: None)
+    monkeypatch.setattr(
+        torch.ops.torchvision, "nms", lambda boxes, scores, iou: torch.tensor([1, 0, 2])
+    )
+    assert "nms gave [1, 0, 2] instead of [0, 2]" in check_torchvision_ops(torch)
+
+
+@pytest.mark.skipif(not CUDA_BUILD, reason="needs CUDA builds of torch and torchvision")
+def test_torchvision_built_for_another_cuda(monkeypatch):
+    built_for = int(torch.ops.torchvision._cuda_version())
+    if built_for <= 0:
+        pytest.skip("torchvision is a CPU build")
+    other = "11.8" if built_for // 1000 != 11 else "12.4"
+    monkeypatch.setattr(torch.version, "cuda", other)
+    message = check_torchvision_ops(torch)
+    assert message.startswith(f"torchvision {importlib.metadata.version('torchvision')} was built ")
+    assert f"CUDA {built_for // 1000}.x but torch {torch.__version__} for CUDA {other}" in message
+
+
+# A real process --------------------------------------------------------------------------------
+
+
+def test_real_process_report_is_fast_path_json(tmp_path):
+    """`python -m torchkit env` end to end: JSON on stdout, problems on stderr, the exit code of
+    --require-cuda, and torchvision's operators checked without importing torchvision.models."""
+    environment = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "torchkit", "env", "--format", "json",
+         "--require-cuda"],
+        capture_output=True, text=True, env=environment, timeout=300,
+    )  # fmt: skip
+    data = json.loads(done.stdout)
+    assert data["torch"]["version"] == torch.__version__
+    messages = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "torchvision.models" not in imported and "sklearn" not in imported
+    assert not any("torchvision" in message for message in messages)  # operators load
+    if data["cuda"]["usable"]:
+        assert done.returncode == 0
+    else:
+        assert done.returncode == 1
+        assert messages[-1].startswith("Error: no usable CUDA GPU: ")
+
+
+@pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU")
+def test_require_cuda_passes_on_a_gpu_machine(runner, clean_env):
+    result = runner.invoke(app, ["env", "--require-cuda", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["cuda"]["usable"] and data["gpus"][0]["usable"]
+    assert data["gpus"][0]["total_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory

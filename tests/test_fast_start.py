@@ -1,0 +1,70 @@
+"""`torchkit --help` and every `torchkit COMMAND --help` stay fast: none of them imports torch,
+torchvision, cv2, pandas, sklearn or matplotlib. New commands are covered automatically."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib")
+
+# Runs in a fresh interpreter: calls the real entry point (`torchkit.cli.main`) once per command
+# path, the way the console script does, and records which heavy packages are loaded after each.
+SCRIPT = r"""
+import contextlib, io, json, sys
+
+HEAVY = set(sys.argv[1].split(","))
+
+def heavy_loaded():
+    return sorted({name.split(".")[0] for name in sys.modules} & HEAVY)
+
+before = heavy_loaded()
+from typer.main import get_command
+import torchkit.cli
+
+def command_paths(command, prefix):
+    yield prefix
+    for name, child in sorted(getattr(command, "commands", {}).items()):
+        if not getattr(child, "hidden", False):
+            yield from command_paths(child, prefix + [name])
+
+results = []
+for path in command_paths(get_command(torchkit.cli.app), []):
+    sys.argv = ["torchkit", *path, "--help"]
+    out = io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out):
+        try:
+            torchkit.cli.main()
+        except SystemExit as done:
+            code = done.code or 0
+    results.append(
+        {"path": path, "code": code, "help": out.getvalue(), "heavy": heavy_loaded()}
+    )
+print(json.dumps({"before": before, "results": results}))
+"""
+
+
+def test_help_of_every_command_imports_nothing_heavy():
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, ",".join(HEAVY)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["before"] == []
+    results = report["results"]
+    paths = [" ".join(r["path"]) for r in results]
+    assert paths[0] == "" and "env" in paths  # the root help and at least `env`
+    for result in results:
+        name = "torchkit " + " ".join(result["path"])
+        assert result["code"] == 0, f"{name} --help exited {result['code']}"
+        assert "Usage:" in result["help"], name
+        assert result["heavy"] == [], f"{name} --help imported {result['heavy']}"
+    root_help = results[0]["help"]
+    for path in paths[1:]:
+        if " " not in path:  # every top-level command is listed in `torchkit --help`
+            assert path in root_help

@@ -1,0 +1,557 @@
+"""The shared machinery every command relies on: rendering, the error boundary, atomic files,
+output checks, devices, seeding and checkpoint loading."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import typer
+from torch import nn
+
+from torchkit.cli.app import TorchkitGroup
+from torchkit.cli.options import ForceOption, FormatOption, OutputOption
+from torchkit.cli.render import OutputFormat, Table, emit, render_json, to_json_value
+from torchkit.core.checkpoint import (
+    extract_state_dict,
+    load_checkpoint,
+    load_weights_into,
+    save_checkpoint,
+    strip_module_prefix,
+)
+from torchkit.core.device import resolve_device
+from torchkit.core.errors import (
+    CheckpointError,
+    DeviceError,
+    InputError,
+    OutputExistsError,
+    UsageError,
+)
+from torchkit.core.files import (
+    atomic_path,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_output,
+    prepare_output_dir,
+    require_input,
+)
+from torchkit.core.seeding import capture_rng_state, restore_rng_state, seed_everything
+
+ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$")
+LONG_VALUE = "/data/" + "very-long-folder-name/" * 8 + "model.pt"
+
+# A small app built like the real one (TorchkitGroup, shared options, emit) to test the machinery
+# on its own, independently of any command.
+demo = typer.Typer(cls=TorchkitGroup, pretty_exceptions_enable=False)
+
+
+@demo.callback()
+def _demo_root() -> None:
+    pass
+
+
+@demo.command("table")
+def _demo_table(
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    rows = [["alpha", 1, 0.5, True], ["beta", 2, float("nan"), False], ["path", 3, 1e-3, None]]
+    data = {
+        "rows": [
+            {"name": "alpha", "count": 1, "score": 0.5, "ok": True},
+            {"name": "beta", "count": 2, "score": float("nan"), "ok": False},
+        ],
+        "path": LONG_VALUE,
+        "mean": np.float32(0.25),
+        "counts": np.array([1, 2, 3]),
+    }
+    table = Table(["name", "count", "score", "ok"], rows, title="demo")
+    other = Table(["key", "value"], [["path", LONG_VALUE]])
+    emit(tables=[table, other], data=data, fmt=fmt, output=output, force=force)
+
+
+@demo.command("fail")
+def _demo_fail(kind: str) -> None:
+    if kind == "input":
+        raise InputError("bad file [bold]x[/bold].png with shape [1, 2] [/]", "check [red]")
+    if kind == "usage":
+        raise UsageError("--a and --b contradict each other", "pass only one")
+    if kind == "oom":
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    if kind == "interrupt":
+        raise KeyboardInterrupt
+    raise ValueError("something odd\nsecond line")
+
+
+# Rendering -------------------------------------------------------------------------------------
+
+
+def test_json_output_has_real_numbers_and_null_for_nan(runner):
+    result = runner.invoke(demo, ["table", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["rows"][0] == {"name": "alpha", "count": 1, "score": 0.5, "ok": True}
+    assert data["rows"][1]["score"] is None  # NaN is not valid JSON
+    assert isinstance(data["rows"][0]["count"], int)
+    assert data["mean"] == 0.25 and isinstance(data["mean"], float)  # numpy scalar
+    assert data["counts"] == [1, 2, 3]  # numpy array
+    assert result.stderr == ""
+
+
+def test_to_json_value_handles_tensors_paths_and_infinities():
+    value = {
+        1: (float("inf"), -float("inf")),
+        "t": torch.tensor([[1.5, float("nan")]]),
+        "s": torch.tensor(3),
+        "p": Path("a/b"),
+    }
+    assert to_json_value(value) == {"1": [None, None], "t": [[1.5, None]], "s": 3, "p": "a/b"}
+    assert json.loads(render_json(value))["t"] == [[1.5, None]]
+
+
+def test_csv_output_is_the_first_table(runner):
+    result = runner.invoke(demo, ["table", "--format", "csv"])
+    assert result.exit_code == 0
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert rows[0] == ["name", "count", "score", "ok"]
+    assert rows[1] == ["alpha", "1", "0.5", "True"]
+    assert rows[2][:2] == ["beta", "2"] and rows[2][2] == "nan"
+    assert rows[3] == ["path", "3", "0.001", ""]  # None is an empty cell
+    assert len(rows) == 4
+
+
+def test_table_output_is_plain_and_keeps_long_values_whole(runner):
+    result = runner.invoke(demo, ["table"])
+    assert result.exit_code == 0
+    assert "\x1b[" not in result.stdout  # no colour when stdout is not a terminal
+    assert "demo" in result.stdout
+    assert LONG_VALUE in result.stdout  # not cut with an ellipsis at 80 columns
+    lines = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
+    assert "0.5000" in lines["alpha"] and "yes" in lines["alpha"]
+    assert "nan" in lines["beta"] and "no" in lines["beta"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "csv", "json"])
+def test_output_file_needs_force_to_be_replaced(runner, tmp_path, fmt):
+    target = tmp_path / f"out.{fmt}"
+    first = runner.invoke(demo, ["table", "--format", fmt, "-o", str(target)])
+    assert first.exit_code == 0, first.stderr
+    assert first.stdout == ""  # the result went to the file
+    written = target.read_text()
+    assert "alpha" in written and "\x1b[" not in written
+    if fmt == "json":
+        assert json.loads(written)["rows"][0]["count"] == 1
+    if fmt == "table":
+        assert LONG_VALUE in written
+
+    target.write_text("keep me")
+    refused = runner.invoke(demo, ["table", "--format", fmt, "-o", str(target)])
+    assert refused.exit_code == 1
+    assert refused.stderr == (
+        f"Error: output already exists: {target} (pass --force to overwrite it)\n"
+    )
+    assert target.read_text() == "keep me"
+
+    forced = runner.invoke(demo, ["table", "--format", fmt, "-o", str(target), "--force"])
+    assert forced.exit_code == 0
+    assert target.read_text() == written
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]  # no temp files left
+
+
+# The error boundary ----------------------------------------------------------------------------
+
+
+def test_torchkit_error_is_one_line_and_markup_is_not_interpreted(runner):
+    result = runner.invoke(demo, ["fail", "input"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: bad file [bold]x[/bold].png with shape [1, 2] [/] (check [red])\n"
+    )
+    assert result.stdout == ""
+
+
+def test_core_usage_error_exits_2(runner):
+    result = runner.invoke(demo, ["fail", "usage"])
+    assert result.exit_code == 2
+    assert result.stderr == "Error: --a and --b contradict each other (pass only one)\n"
+
+
+def test_unexpected_exception_is_one_line_with_a_debug_hint(runner):
+    result = runner.invoke(demo, ["fail", "other"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: ValueError: something odd (set TORCHKIT_DEBUG=1 to see the traceback)\n"
+    )
+
+
+def test_out_of_memory_gets_a_useful_hint(runner):
+    result = runner.invoke(demo, ["fail", "oom"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: the GPU ran out of memory (use a smaller --batch-size")
+
+
+def test_keyboard_interrupt_exits_130(runner):
+    result = runner.invoke(demo, ["fail", "interrupt"])
+    assert result.exit_code == 130
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_env_shows_the_traceback(runner, monkeypatch):
+    monkeypatch.setenv("TORCHKIT_DEBUG", "1")
+    result = runner.invoke(demo, ["fail", "other"])
+    assert result.exit_code == 1
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "ValueError: something odd" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: ValueError: something odd")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["table", "--format", "xml"], "Invalid value for '--format'"),
+        (["table", "--bogus"], "No such option: --bogus"),
+        (["nosuch"], "No such command 'nosuch'"),
+    ],
+)
+def test_command_line_mistakes_are_one_line_and_exit_2(runner, args, message):
+    result = runner.invoke(demo, args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and ERROR_LINE.match(lines[0]), result.stderr
+    assert message in lines[0] and "--help')" in lines[0]
+
+
+def test_real_process_error_is_one_line_exit_1(run_torchkit, tmp_path):
+    existing = tmp_path / "report.json"
+    existing.write_text("{}")
+    done = run_torchkit("env", "--format", "json", "-o", str(existing))
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        f"Error: output already exists: {existing} (pass --force to overwrite it)"
+    ]
+    assert done.stdout == ""
+    assert existing.read_text() == "{}"
+
+
+def test_real_process_usage_error_exits_2(run_torchkit):
+    done = run_torchkit("env", "--format", "yaml")
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and ERROR_LINE.match(lines[0]), done.stderr
+    assert "Traceback" not in done.stderr and "\x1b[" not in done.stderr  # a pipe: no colour
+
+
+def test_real_process_colour_only_on_terminals_and_never_with_no_color(run_torchkit):
+    # FORCE_COLOR makes rich treat the pipe as a terminal; NO_COLOR must still win over it.
+    coloured = run_torchkit("env", "--format", "yaml", env={"FORCE_COLOR": "1"})
+    assert "\x1b[1;31mError:" in coloured.stderr
+    plain = run_torchkit("env", "--format", "yaml", env={"FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert plain.returncode == 2
+    assert not re.search(r"\x1b\[[0-9;]*3[0-9]m", plain.stderr)  # no foreground colour
+
+
+def test_real_process_debug_shows_traceback(run_torchkit, tmp_path):
+    existing = tmp_path / "report.json"
+    existing.write_text("{}")
+    done = run_torchkit("env", "-o", str(existing), env={"TORCHKIT_DEBUG": "1"})
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "OutputExistsError" in done.stderr
+    assert ERROR_LINE.match(done.stderr.strip().splitlines()[-1])
+
+
+# Files -----------------------------------------------------------------------------------------
+
+
+def test_atomic_write_failure_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "report.csv"
+    target.write_text("old contents")
+    with pytest.raises(RuntimeError, match="disk on fire"), atomic_write(target) as handle:
+        handle.write("half of the new")
+        raise RuntimeError("disk on fire")
+    assert target.read_text() == "old contents"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.csv"]
+
+
+def test_atomic_writers_replace_and_create_folders(tmp_path):
+    target = tmp_path / "sub" / "dir" / "out.txt"
+    atomic_write_text(target, "a,b\n")
+    assert target.read_text() == "a,b\n"
+    atomic_write_bytes(target, b"\x00\x01")
+    assert target.read_bytes() == b"\x00\x01"
+    assert [p.name for p in target.parent.iterdir()] == ["out.txt"]
+
+
+def test_atomic_path_renames_only_on_success(tmp_path):
+    target = tmp_path / "model.pt"
+    with atomic_path(target) as tmp:
+        assert tmp.parent == tmp_path and tmp != target
+        torch.save({"w": torch.ones(2)}, tmp)
+        assert not target.exists()
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(2))
+    with pytest.raises(KeyboardInterrupt), atomic_path(target) as tmp:
+        tmp.write_bytes(b"partial")
+        raise KeyboardInterrupt
+    assert torch.load(target, weights_only=True)["w"].shape == (2,)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
+
+
+def test_check_output(tmp_path):
+    assert check_output(tmp_path / "new.csv", force=False) == tmp_path / "new.csv"
+    existing = tmp_path / "old.csv"
+    existing.write_text("x")
+    with pytest.raises(OutputExistsError) as caught:
+        check_output(existing, force=False, what="report")
+    assert str(caught.value) == f"report already exists: {existing} (pass --force to overwrite it)"
+    assert check_output(existing, force=True) == existing
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert check_output(empty, force=False) == empty  # an empty folder holds nothing to lose
+    (empty / "f").write_text("x")
+    with pytest.raises(OutputExistsError):
+        check_output(empty, force=False)
+
+
+def test_prepare_output_dir(tmp_path):
+    out = prepare_output_dir(tmp_path / "a" / "b", force=False)
+    assert out.is_dir()
+    (out / "old.png").write_text("x")
+    with pytest.raises(OutputExistsError):
+        prepare_output_dir(out, force=False)
+    assert (out / "old.png").exists()
+    assert list(prepare_output_dir(out, force=True).iterdir()) == []
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OutputExistsError, match="is a file"):
+        prepare_output_dir(blocker, force=True)
+
+
+def test_require_input(tmp_path):
+    with pytest.raises(InputError, match="not found") as caught:
+        require_input(tmp_path / "missing.pt", what="checkpoint")
+    assert caught.value.hint == "check the path"
+    with pytest.raises(InputError, match="not a file"):
+        require_input(tmp_path, kind="file")
+    with pytest.raises(InputError, match="not a folder"):
+        require_input(__file__, kind="dir")
+
+
+# Devices and seeding ---------------------------------------------------------------------------
+
+
+def test_resolve_device_cpu_and_bad_names():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CPU ") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    for bad in ("bogus", "gpu", "auto:1", "cuda:x"):
+        with pytest.raises(UsageError, match="unknown device"):
+            resolve_device(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without usable CUDA")
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:1"])
+def test_resolve_device_cuda_unavailable(spec):
+    with pytest.raises(DeviceError) as caught:
+        resolve_device(spec)
+    assert "CUDA is not available" in caught.value.message
+    assert "torchkit env" in caught.value.hint and "--device cpu" in caught.value.hint
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_resolve_device_cuda_index_out_of_range():
+    count = torch.cuda.device_count()
+    assert resolve_device("cuda") == torch.device("cuda", 0)
+    with pytest.raises(DeviceError, match="only"):
+        resolve_device(f"cuda:{count}")
+
+
+def _draws() -> tuple:
+    return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+
+def test_seed_everything_repeats_python_numpy_and_torch():
+    seed_everything(123)
+    first = _draws()
+    seed_everything(123)
+    assert _draws() == first
+    seed_everything(124)
+    assert _draws() != first
+
+
+def test_deterministic_mode_is_switched_on(monkeypatch):
+    # The real call imports torch._inductor (20 s on a busy 2-core box): record it instead.
+    calls = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seed_everything(0, deterministic=True)
+    assert calls == [((True,), {"warn_only": True})]
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    calls.clear()
+    seed_everything(0)
+    assert calls == []
+
+
+def test_rng_state_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    seed_everything(7)
+    np.random.randn()  # leaves a cached Gaussian in NumPy's legacy state
+    state = capture_rng_state()
+    expected = _draws()
+    save_checkpoint({"rng_state": state}, tmp_path / "ckpt.pt")
+    seed_everything(99)
+    restore_rng_state(load_checkpoint(tmp_path / "ckpt.pt")["rng_state"])
+    assert _draws() == expected
+
+
+# Checkpoints -----------------------------------------------------------------------------------
+
+
+def _state_dict() -> dict:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).state_dict()
+
+
+def test_load_checkpoint_refuses_pickled_modules_without_trust(tmp_path):
+    path = tmp_path / "whole_model.pt"
+    torch.save(nn.Linear(3, 2), path)
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    assert "torch.nn.modules.linear.Linear" in caught.value.message
+    assert "--trust-checkpoint" in caught.value.hint
+    assert isinstance(load_checkpoint(path, trust=True), nn.Linear)
+
+
+def test_load_checkpoint_plain_state_dict_and_legacy_format(tmp_path):
+    state = _state_dict()
+    torch.save(state, tmp_path / "new.pt")
+    torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    for name in ("new.pt", "old.pt"):
+        loaded = load_checkpoint(tmp_path / name)
+        assert loaded.keys() == state.keys()
+        assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.pt", b"", "checkpoint is empty (0 bytes)"),
+        ("junk.pt", b"this is not a checkpoint\n" * 4, "cannot read checkpoint"),
+        ("text.pt", b"{'a': 1}", "cannot read checkpoint"),
+    ],
+)
+def test_load_checkpoint_bad_files(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    for trust in (False, True):
+        with pytest.raises(CheckpointError, match=re.escape(message)) as caught:
+            load_checkpoint(path, trust=trust)
+        assert "--trust-checkpoint" not in str(caught.value)  # garbage is not a pickled model
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_load_checkpoint_truncated(tmp_path, legacy):
+    whole = tmp_path / "whole.pt"
+    torch.save(_state_dict(), whole, _use_new_zipfile_serialization=not legacy)
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(cut)
+    assert caught.value.message.startswith(f"cannot read checkpoint {cut}")
+    assert caught.value.hint == "the file may be truncated or not a PyTorch checkpoint"
+
+
+def test_load_checkpoint_missing_file(tmp_path):
+    with pytest.raises(InputError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_load_checkpoint_safetensors(tmp_path):
+    from safetensors.torch import save_file
+
+    state = _state_dict()
+    save_file(state, str(tmp_path / "w.safetensors"))
+    loaded = load_checkpoint(tmp_path / "w.safetensors")
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes((tmp_path / "w.safetensors").read_bytes()[:40])
+    with pytest.raises(CheckpointError, match="cannot read safetensors file"):
+        load_checkpoint(broken)
+
+
+def test_save_checkpoint_is_atomic_and_loads_weights_only(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"format_version": 1, "model": _state_dict(), "classes": ["a"]}, path)
+    assert load_checkpoint(path)["classes"] == ["a"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+def test_strip_module_prefix():
+    tensor = torch.zeros(1)
+    state = {
+        "module.fc.weight": tensor,
+        "_orig_mod.module.conv.bias": tensor,  # torch.compile(DDP(model))
+        "module._orig_mod.bn.weight": tensor,  # DDP(torch.compile(model))
+        "head.module_list.0": tensor,  # "module" inside a name stays
+    }
+    assert list(strip_module_prefix(state)) == [
+        "fc.weight",
+        "conv.bias",
+        "bn.weight",
+        "head.module_list.0",
+    ]
+
+
+def test_extract_state_dict_from_the_usual_wrappers():
+    state = _state_dict()
+    prefixed = {f"module.{k}": v for k, v in state.items()}
+    torchkit_ckpt = {"format_version": 1, "model": prefixed, "optimizer": {"lr": 0.1}}
+    for wrapped in (
+        state,
+        prefixed,
+        torchkit_ckpt,
+        {"state_dict": prefixed, "epoch": 3},
+        {"model_state_dict": state, "optimizer_state_dict": {}},
+        {"net": state},
+    ):
+        assert list(extract_state_dict(wrapped)) == list(state)
+    module = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert list(extract_state_dict(module)) == list(state)
+    with pytest.raises(CheckpointError, match="its top-level keys are: epoch, lr"):
+        extract_state_dict({"epoch": 1, "lr": 0.1})
+    with pytest.raises(CheckpointError, match="holding a list"):
+        extract_state_dict([1, 2])
+
+
+def test_load_weights_into_explains_the_mismatch():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    state = _state_dict()
+    state["2.weight"] = torch.zeros(5, 4)
+    state["extra.bias"] = torch.zeros(1)
+    del state["0.bias"]
+    with pytest.raises(CheckpointError) as caught:
+        load_weights_into(model, state, source="best.pt")
+    message = caught.value.message
+    assert message.startswith("the weights in best.pt do not fit the model: ")
+    assert "1 shape mismatches (first: 2.weight (5, 4) vs (2, 4))" in message
+    assert "1 missing keys (first: 0.bias)" in message
+    assert "1 unexpected keys (first: extra.bias)" in message
+    assert "--num-classes" in caught.value.hint
+    good = _state_dict()
+    load_weights_into(model, good)
+    assert torch.equal(model[0].weight, good["0.weight"])
+    with torch.no_grad():
+        assert not math.isnan(float(model(torch.ones(1, 3)).sum()))

@@ -1,0 +1,146 @@
+"""`torchkit env`: the torch / CUDA / GPU report, and `--require-cuda` for scripts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from torchkit.cli.options import ForceOption, FormatOption, OutputOption
+from torchkit.cli.render import OutputFormat, Table, emit
+
+_GIB = 1024**3
+
+
+def env_command(
+    require_cuda: Annotated[
+        bool,
+        typer.Option(
+            "--require-cuda",
+            help="Exit with status 1 unless a usable CUDA GPU is present "
+            "(`torchkit env --require-cuda && torchkit train ...`).",
+        ),
+    ] = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Report Python, OS, CPU, torch build, CUDA, cuDNN, NCCL, GPUs and package versions.
+
+    Problems (a CUDA build of torch with no usable driver, CUDA_VISIBLE_DEVICES hiding every GPU,
+    torchvision operators that do not load) are shown as warnings on stderr.
+    """
+    from torchkit.core.env import collect_env, require_usable_cuda
+    from torchkit.core.files import check_output
+
+    if output is not None:
+        check_output(output, force)  # before the slow part, not after it
+    report = collect_env()
+    tables = [flat_table(report)] if fmt == OutputFormat.csv else report_tables(report)
+    emit(tables=tables, data=report, fmt=fmt, output=output, force=force)
+    if require_cuda:
+        require_usable_cuda(report)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("env")(env_command)
+
+
+def report_tables(report: dict[str, Any]) -> list[Table]:
+    """The report for people: an overview, one row per GPU, and the package versions."""
+    tables = [Table(["item", "value"], _overview_rows(report), title="torchkit env")]
+    if report["gpus"]:
+        tables.append(
+            Table(
+                ["gpu", "name", "memory GiB", "free GiB", "capability", "SMs", "usable"],
+                [
+                    [
+                        gpu["index"],
+                        gpu["name"],
+                        _gib(gpu["total_memory_bytes"]),
+                        _gib(gpu["free_memory_bytes"]),
+                        gpu["compute_capability"],
+                        gpu["multiprocessors"],
+                        gpu["usable"],
+                    ]
+                    for gpu in report["gpus"]
+                ],
+                title="GPUs",
+                align_right={"gpu", "memory GiB", "free GiB", "SMs"},
+            )
+        )
+    tables.append(
+        Table(
+            ["package", "version"],
+            [[name, version or "not installed"] for name, version in report["packages"].items()],
+            title="Packages",
+        )
+    )
+    return tables
+
+
+def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
+    python, system, cpu = report["python"], report["platform"], report["cpu"]
+    rows: list[list[Any]] = [
+        ["torchkit", report["torchkit_version"]],
+        ["Python", f"{python['version']} ({python['implementation']})"],
+        ["Python executable", python["executable"]],
+        ["platform", system["description"]],
+        ["CPU", cpu["model"]],
+        ["CPU cores", f"{cpu['logical_cores']} ({cpu['usable_cores']} usable by this process)"],
+    ]
+    torch_info, dist, cuda = report["torch"], report["distributed"], report["cuda"]
+    if torch_info is not None:
+        rows += [
+            ["torch", torch_info["version"]],
+            ["torch build", torch_info["build"]],
+            ["cuDNN", torch_info["cudnn_version"] or "none"],
+            ["CUDA architectures", " ".join(torch_info["cuda_arch_list"]) or "none"],
+            ["CUDA available", torch_info["cuda_available"]],
+            ["MPS available", torch_info["mps_available"]],
+            ["CPU capability", torch_info["cpu_capability"]],
+            ["intra-op threads", torch_info["intra_op_threads"]],
+            ["inter-op threads", torch_info["inter_op_threads"]],
+        ]
+    if dist is not None:
+        backends = [name for name in ("gloo", "nccl", "mpi") if dist[name]]
+        rows += [
+            ["distributed backends", ", ".join(backends) or "none"],
+            ["NCCL", dist["nccl_version"] or "none"],
+        ]
+    visible = cuda["visible_devices"]
+    driver = cuda["driver_version"]
+    rows += [
+        ["CUDA_VISIBLE_DEVICES", "(not set)" if visible is None else repr(visible)],
+        [
+            "NVIDIA driver",
+            f"{driver} ({cuda['driver_gpu_count']} GPUs)" if driver else "not found",
+        ],
+        ["CUDA GPUs", cuda["device_count"]],
+        ["usable CUDA GPU", "yes" if cuda["usable"] else f"no: {cuda['problem']}"],
+    ]
+    return rows
+
+
+def flat_table(report: dict[str, Any]) -> Table:
+    """Every value of the report as one `key,value` row (`gpus.0.name`, `packages.numpy`)."""
+    return Table(["key", "value"], [[key, value] for key, value in _flatten(report, "")])
+
+
+def _flatten(value: Any, prefix: str) -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = list(enumerate(value))
+    else:
+        return [(prefix, value)]
+    if not items:
+        return [(prefix, None)]  # keep the key: `gpus` with no GPUs
+    rows: list[tuple[str, Any]] = []
+    for key, item in items:
+        rows += _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    return rows
+
+
+def _gib(value: int | None) -> float | None:
+    return None if value is None else round(value / _GIB, 2)

@@ -1,0 +1,491 @@
+"""`torchkit env`: what this machine offers PyTorch, as a plain dict, and what is wrong with it.
+
+Everything is read in-process (no pip or conda subprocess): package versions come from
+`importlib.metadata`, the NVIDIA driver from NVML through ctypes, and torchvision's operators are
+checked by loading its extension library, which is much faster than importing torchvision (whose
+`models` package pulls in torch._dynamo).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import platform
+import subprocess
+import sys
+import warnings
+from typing import Any
+
+from torchkit import __version__
+from torchkit.core.errors import DeviceError
+
+logger = logging.getLogger("torchkit")
+
+# Report key -> distributions that provide it (the first one installed wins).
+PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torchvision", ("torchvision",)),
+    ("numpy", ("numpy",)),
+    ("pillow", ("pillow", "pillow-simd")),
+    (
+        "opencv",
+        (
+            "opencv-python-headless",
+            "opencv-python",
+            "opencv-contrib-python-headless",
+            "opencv-contrib-python",
+        ),
+    ),
+    ("pandas", ("pandas",)),
+    ("scikit_learn", ("scikit-learn",)),
+    ("typer", ("typer",)),
+    ("rich", ("rich",)),
+    ("safetensors", ("safetensors",)),
+    ("matplotlib", ("matplotlib",)),
+    ("tensorboard", ("tensorboard",)),
+)
+
+# torchvision's C++ operator library has been called `_C` and, in newer releases, `_C_stable`.
+_TORCHVISION_LIBRARIES = ("_C_stable", "_C")
+
+
+def collect_env() -> dict[str, Any]:
+    """The environment report. Problems found are in `diagnostics` and logged as warnings."""
+    diagnostics: list[str] = []
+    report: dict[str, Any] = {
+        "torchkit_version": __version__,
+        "python": python_info(),
+        "platform": platform_info(),
+        "cpu": cpu_info(),
+    }
+    report.update(_torch_sections(diagnostics))
+    report["packages"] = package_versions()
+    report["diagnostics"] = diagnostics
+    for message in diagnostics:
+        logger.warning(message)
+    return report
+
+
+def require_usable_cuda(report: dict[str, Any]) -> None:
+    """Raise DeviceError unless the report found at least one CUDA GPU that runs code."""
+    cuda = report["cuda"]
+    if cuda["usable"]:
+        return
+    problem = cuda["problem"] or "no CUDA GPU found"
+    raise DeviceError(f"no usable CUDA GPU: {problem}", cuda.get("hint") or "see `torchkit env`")
+
+
+def python_info() -> dict[str, Any]:
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
+
+
+def platform_info() -> dict[str, Any]:
+    return {
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "description": platform.platform(),
+    }
+
+
+def cpu_info() -> dict[str, Any]:
+    logical = os.cpu_count()
+    try:
+        usable = len(os.sched_getaffinity(0))  # what taskset / container cpusets allow
+    except (AttributeError, OSError):
+        usable = logical
+    return {"model": cpu_model(), "logical_cores": logical, "usable_cores": usable}
+
+
+def cpu_model() -> str:
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    key, _, value = line.partition(":")
+                    # x86 says "model name"; some ARM kernels "Hardware", "Processor" or "CPU part".
+                    if key.strip() in ("model name", "Hardware", "Processor", "cpu model"):
+                        return value.strip()
+        except OSError:
+            pass
+    elif sys.platform == "darwin":
+        try:
+            result = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=2,
+                check=False,
+            )
+            if result.returncode == 0 and result.stdout.strip():
+                return result.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions (None: not installed), from metadata, without importing anything."""
+    versions: dict[str, str | None] = {}
+    for key, distributions in PACKAGES:
+        versions[key] = None
+        for name in distributions:
+            try:
+                versions[key] = importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def nvidia_driver() -> tuple[str | None, int | None]:
+    """(driver version, GPUs the driver sees) from NVML, which ignores CUDA_VISIBLE_DEVICES;
+    (None, None) when there is no NVIDIA driver."""
+    names = {"win32": ("nvml.dll",), "linux": ("libnvidia-ml.so.1", "libnvidia-ml.so")}
+    for name in names.get("linux" if sys.platform.startswith("linux") else sys.platform, ()):
+        try:
+            nvml = ctypes.CDLL(name)
+        except OSError:
+            continue
+        try:
+            if nvml.nvmlInit_v2() != 0:
+                return None, None
+        except AttributeError:
+            return None, None
+        try:
+            buffer = ctypes.create_string_buffer(96)
+            version = None
+            if nvml.nvmlSystemGetDriverVersion(buffer, ctypes.c_uint(96)) == 0:
+                version = buffer.value.decode(errors="replace")
+            count = ctypes.c_uint(0)
+            gpus = count.value if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0 else None
+            return version, gpus
+        finally:
+            nvml.nvmlShutdown()
+    return None, None
+
+
+def visible_device_entries(value: str) -> list[str]:
+    """The devices CUDA_VISIBLE_DEVICES lets through, parsed as the CUDA runtime does: a
+    comma-separated list of indices or GPU-/MIG- UUIDs that ends at the first invalid entry
+    (so "", "-1" and "none" hide every GPU)."""
+    entries = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if entry.startswith(("GPU-", "MIG-")) or entry.isdigit():
+            entries.append(entry)
+        else:
+            break
+    return entries
+
+
+def _torch_sections(diagnostics: list[str]) -> dict[str, Any]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    driver_version, driver_gpus = nvidia_driver()
+    cuda: dict[str, Any] = {
+        "visible_devices": visible,
+        "driver_version": driver_version,
+        "driver_gpu_count": driver_gpus,
+        "device_count": 0,
+        "usable": False,
+        "problem": None,
+        "hint": None,
+    }
+    try:
+        import torch
+    except Exception as error:  # a broken install must still give a report
+        message = f"torch cannot be imported: {_first_line(error)}"
+        diagnostics.append(message)
+        cuda.update(problem=message, hint="reinstall torch")
+        return {"torch": None, "distributed": None, "cuda": cuda, "gpus": []}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch_section = _torch_build(torch)
+        gpus, init_error = _probe_gpus(torch)
+        distributed = _distributed(torch)
+    cuda["device_count"] = len(gpus)
+    _diagnose_cuda(torch, cuda, gpus, init_error, diagnostics)
+    # What torch itself warned about while probing (an unsupported GPU, say) matters too.
+    for warning in caught:
+        if issubclass(warning.category, (DeprecationWarning, FutureWarning)):
+            continue  # about torch's API, not about this machine
+        message = _first_line(warning.message)
+        if message and message not in diagnostics:
+            diagnostics.append(message)
+    torchvision_problem = check_torchvision_ops(torch)
+    if torchvision_problem:
+        diagnostics.append(torchvision_problem)
+    return {"torch": torch_section, "distributed": distributed, "cuda": cuda, "gpus": gpus}
+
+
+def _torch_build(torch) -> dict[str, Any]:
+    cuda_version = torch.version.cuda
+    hip_version = getattr(torch.version, "hip", None)
+    if cuda_version:
+        build = f"CUDA {cuda_version}"
+    elif hip_version:
+        build = f"ROCm {hip_version}"
+    else:
+        build = "CPU only"
+    try:
+        arch_list = list(torch.cuda.get_arch_list()) if (cuda_version or hip_version) else []
+    except Exception:
+        arch_list = []
+    mps = getattr(torch.backends, "mps", None)
+    try:
+        cpu_capability = torch.backends.cpu.get_cpu_capability()
+    except Exception:
+        cpu_capability = None
+    return {
+        "version": torch.__version__,
+        "build": build,
+        "cuda_version": cuda_version,
+        "hip_version": hip_version,
+        "cudnn_version": _cudnn_version(torch),
+        "cuda_arch_list": arch_list,
+        "cuda_available": bool(torch.cuda.is_available()),
+        "mps_available": bool(mps is not None and mps.is_available()),
+        "cpu_capability": cpu_capability,
+        "intra_op_threads": torch.get_num_threads(),
+        "inter_op_threads": torch.get_num_interop_threads(),
+    }
+
+
+def _cudnn_version(torch) -> str | None:
+    try:
+        number = torch.backends.cudnn.version()
+    except Exception:
+        return None
+    if not number:
+        return None
+    # cuDNN 9 encodes 9.26.0 as 92600; cuDNN 8 encoded 8.9.2 as 8902.
+    if number >= 90000:
+        major, minor, patch = number // 10000, number % 10000 // 100, number % 100
+    else:
+        major, minor, patch = number // 1000, number % 1000 // 100, number % 100
+    return f"{major}.{minor}.{patch}"
+
+
+def _distributed(torch) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "available": False,
+        "gloo": False,
+        "nccl": False,
+        "mpi": False,
+        "nccl_version": None,
+    }
+    try:
+        import torch.distributed as dist
+    except Exception:
+        return section
+    if not dist.is_available():
+        return section
+    section["available"] = True
+    for name in ("gloo", "nccl", "mpi"):
+        try:
+            section[name] = bool(getattr(dist, f"is_{name}_available")())
+        except Exception:
+            section[name] = False
+    if section["nccl"]:
+        try:
+            section["nccl_version"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+        except Exception:
+            section["nccl_version"] = None
+    return section
+
+
+def _probe_gpus(torch) -> tuple[list[dict[str, Any]], str | None]:
+    """Each visible GPU, tried with a tiny computation; or why CUDA could not be initialised."""
+    if not torch.cuda.is_available():
+        if not (torch.version.cuda or getattr(torch.version, "hip", None)):
+            return [], None
+        try:
+            torch.cuda.init()
+        except Exception as error:
+            # "Found no NVIDIA driver on your system. Please check that ...": keep the finding.
+            return [], _first_line(error).split(". ")[0].rstrip(".")
+        return [], "no CUDA device found"
+    return [_gpu_info(torch, index) for index in range(torch.cuda.device_count())], None
+
+
+def _gpu_info(torch, index: int) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "index": index,
+        "name": None,
+        "uuid": None,
+        "total_memory_bytes": None,
+        "free_memory_bytes": None,
+        "compute_capability": None,
+        "multiprocessors": None,
+        "usable": False,
+        "error": None,
+    }
+    try:
+        props = torch.cuda.get_device_properties(index)
+        info.update(
+            name=props.name,
+            uuid=str(props.uuid) if getattr(props, "uuid", None) is not None else None,
+            total_memory_bytes=int(props.total_memory),
+            compute_capability=f"{props.major}.{props.minor}",
+            multiprocessors=int(props.multi_processor_count),
+        )
+        free, _total = torch.cuda.mem_get_info(index)
+        info["free_memory_bytes"] = int(free)
+        # A kernel launch proves the build has code for this GPU and the device accepts work.
+        probe = torch.ones(8, device=torch.device("cuda", index))
+        if float((probe + probe).sum().item()) != 16.0:
+            raise RuntimeError("a test computation gave a wrong result")
+        info["usable"] = True
+    except Exception as error:
+        info["error"] = _first_line(error)
+    return info
+
+
+def _diagnose_cuda(
+    torch,
+    cuda: dict[str, Any],
+    gpus: list[dict[str, Any]],
+    init_error: str | None,
+    diagnostics: list[str],
+) -> None:
+    """Fill cuda.usable / problem / hint and add the warnings a user needs to see."""
+    cuda.update(usable=False, problem=None, hint=None)
+    visible = cuda["visible_devices"]
+    driver_gpus = cuda["driver_gpu_count"]
+    hides_all = visible is not None and not gpus and _hides_every_gpu(visible, driver_gpus)
+    if hides_all:
+        diagnostics.append(
+            f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU; "
+            "unset it or list the GPUs to use, e.g. 0 or 0,1"
+        )
+        cuda.update(
+            problem=f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU",
+            hint="unset CUDA_VISIBLE_DEVICES or list GPU indices",
+        )
+    if torch.version.cuda:
+        build = f"CUDA {torch.version.cuda}"
+    elif getattr(torch.version, "hip", None):
+        build = f"ROCm {torch.version.hip}"
+    else:
+        cuda.update(
+            problem=f"torch {torch.__version__} is a CPU-only build",
+            hint="install a CUDA build of torch (see pytorch.org)",
+        )
+        if driver_gpus:
+            diagnostics.append(
+                f"the NVIDIA driver sees {driver_gpus} GPU(s) but torch {torch.__version__} is a "
+                "CPU-only build; install a CUDA build of torch to use them"
+            )
+        return
+    if not gpus:
+        reason = init_error or "no CUDA device found"
+        # Hiding every GPU explains "no CUDA GPUs are available", but not a missing driver.
+        if not hides_all or "driver" in reason.lower():
+            diagnostics.append(
+                f"torch {torch.__version__} is a {build} build but cannot use CUDA: {reason}"
+            )
+            cuda.update(
+                problem=reason,
+                hint="install or update the NVIDIA driver (nvidia-smi should list the GPU)"
+                if torch.version.cuda
+                else "install or update the ROCm driver (rocm-smi should list the GPU)",
+            )
+        return
+    broken = [gpu for gpu in gpus if not gpu["usable"]]
+    for gpu in broken:
+        diagnostics.append(
+            f"GPU {gpu['index']} ({gpu['name']}) cannot run CUDA code: {gpu['error']}"
+        )
+    if len(broken) == len(gpus):
+        cuda.update(
+            problem=f"none of the {len(gpus)} CUDA GPU(s) runs code: {broken[0]['error']}",
+            hint="check nvidia-smi and that this torch build supports the GPU",
+        )
+        return
+    cuda.update(usable=True, problem=None, hint=None)
+
+
+def _hides_every_gpu(visible: str, driver_gpus: int | None) -> bool:
+    entries = visible_device_entries(visible)
+    if not entries:
+        return True
+    # Indices past the driver's GPU count select nothing either (CUDA_VISIBLE_DEVICES=4 on 2 GPUs).
+    if driver_gpus:
+        return all(entry.isdigit() and int(entry) >= driver_gpus for entry in entries)
+    return False
+
+
+def check_torchvision_ops(torch) -> str | None:
+    """None when torchvision's C++ operators load and compute correctly with this torch, else a
+    one-line description of the problem. (None also when torchvision is not installed.)"""
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return None
+    tv_version = _distribution_version("torchvision") or "?"
+    prefix = f"torchvision {tv_version} cannot run its operators with torch {torch.__version__}"
+    advice = "install the torchvision release built for this torch"
+    try:
+        _load_torchvision_ops(torch, spec)
+        boxes = torch.tensor(
+            [[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]]
+        )
+        keep = torch.ops.torchvision.nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5)
+        if keep.tolist() != [0, 2]:
+            return f"{prefix}: nms gave {keep.tolist()} instead of [0, 2]; {advice}"
+        built_for = int(torch.ops.torchvision._cuda_version())
+    except Exception as error:
+        return f"{prefix}: {_first_line(error)}; {advice}"
+    if built_for > 0 and torch.version.cuda:
+        # torchvision encodes CUDA 12.4 as 12040.
+        tv_major, torch_major = built_for // 1000, int(torch.version.cuda.split(".")[0])
+        if tv_major != torch_major:
+            return (
+                f"torchvision {tv_version} was built for CUDA {tv_major}.x but torch "
+                f"{torch.__version__} for CUDA {torch.version.cuda}; {advice}"
+            )
+    return None
+
+
+def _load_torchvision_ops(torch, spec) -> None:
+    """Register torchvision's operators the way torchvision.extension does, without running
+    torchvision/__init__.py; fall back to the real import where the library is not found."""
+    if hasattr(torch.ops.torchvision, "nms"):
+        return
+    locations = list(spec.submodule_search_locations or [])
+    if os.name != "nt" and locations:
+        finder = importlib.machinery.FileFinder(
+            locations[0],
+            (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+        )
+        for name in _TORCHVISION_LIBRARIES:
+            library = finder.find_spec(name)
+            if library is not None and library.origin:
+                torch.ops.load_library(library.origin)
+                return
+    import torchvision  # noqa: F401  (registers the operators, or raises why it cannot)
+
+    if not torchvision.extension._has_ops():
+        raise RuntimeError("torchvision's C++ extension did not load")
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _first_line(error: object) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
