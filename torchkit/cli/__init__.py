@@ -13,7 +13,7 @@ import sys
 from torchkit.cli.app import app
 
 # Each module defines `register(app)`; order is the order of `torchkit --help`.
-COMMAND_MODULES: tuple[str, ...] = ("env", "dataset_stats", "split", "video_info", "convert", "summary", "convert_syncbn", "extract_features")
+COMMAND_MODULES: tuple[str, ...] = ("env", "evaluate", "dataset_stats", "split", "video_info", "convert", "summary", "convert_syncbn", "extract_features")
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"torchkit.cli.{_name}").register(app)

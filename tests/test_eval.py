@@ -1,0 +1,628 @@
+"""`torchkit eval`: end to end through the CLI, every number checked against scikit-learn (from
+the written predictions.csv) or a hand-written PyTorch loop."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, top_k_accuracy_score
+from typer.testing import CliRunner
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.data import Preprocess, eval_transform
+from torchkit.core.models import build_model
+
+runner = CliRunner()
+
+# Label order of the checkpoint is deliberately not alphabetical: folders are matched by name.
+CLASSES = ["cherry", "apple", "elder", "banana", "date"]
+ABSENT = "elder"  # in the checkpoint, not in the test folder: zero support
+SIZE = 16
+PREPROCESS = Preprocess(
+    image_size=SIZE, resize_size=SIZE, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), in_channels=3
+)
+PER_CLASS_COLUMNS = [
+    "Class",
+    "Label",
+    "# occurrence",
+    "Precision",
+    "Recall",
+    "F1",
+    "Confused class 1",
+    "Confused class 2",
+    "Confused class 3",
+    "Confused class 4",
+    "Confused class 5",
+]
+
+
+def _class_images(label: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Noisy images whose mean colour leans a little towards the class's: a tiny convnet
+    trained for a few steps gets about two thirds of them right."""
+    signs = np.array([[1, -1, -1], [-1, 1, -1], [-1, -1, 1], [1, 1, -1], [-1, 1, 1]])
+    noise = rng.normal(0, 60, size=(count, SIZE, SIZE, 3))
+    return np.clip(128 + 16 * signs[label] + noise, 0, 255).astype(np.uint8)
+
+
+def _to_tensor(images: np.ndarray) -> torch.Tensor:
+    return (torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255 - 0.5) / 0.5
+
+
+def _checkpoint(model, arch, classes, preprocess) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "torchkit_version": "0.1.0",
+        "arch": arch,
+        "num_classes": len(classes),
+        "classes": list(classes),
+        "model": model.state_dict(),
+        "optimizer": None,
+        "scheduler": None,
+        "scaler": None,
+        "epoch": 1,
+        "global_step": 10,
+        "best_metric": 0.5,
+        "rng_state": None,
+        "config": {"lr": 0.01},
+        "preprocess": preprocess.to_dict(),
+    }
+
+
+def _train(model, images: torch.Tensor, labels: torch.Tensor, steps: int, batch: int = 32):
+    """A few Adam steps on shuffled batches: a model that is right often, not always."""
+    torch.manual_seed(0)
+    order = torch.randperm(len(labels))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is faster, above all on a busy machine
+    try:
+        model.train()
+        for step in range(steps):
+            idx = order[(step * batch + torch.arange(batch)) % len(labels)]
+            optimizer.zero_grad()
+            F.cross_entropy(model(images[idx]), labels[idx]).backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A trained tiny convnet checkpoint and a split dataset root with an odd number of images
+    (41: the 2-rank run cannot split it evenly) and one checkpoint class with no images."""
+    root = tmp_path_factory.mktemp("eval")
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    train_x = np.concatenate([_class_images(c, 40, rng) for c in range(5)])
+    train_y = torch.arange(5).repeat_interleave(40)
+    model = _train(
+        build_model("convnet", 5, image_size=SIZE), _to_tensor(train_x), train_y, steps=12
+    )
+    ckpt = root / "model.pt"
+    save_checkpoint(_checkpoint(model, "convnet", CLASSES, PREPROCESS), ckpt)
+    data = root / "data"
+    counts = {"cherry": 12, "apple": 11, "banana": 10, "date": 8}
+    for name, count in counts.items():
+        folder = data / "test" / name
+        folder.mkdir(parents=True)
+        for i, pixels in enumerate(_class_images(CLASSES.index(name), count, rng)):
+            Image.fromarray(pixels).save(folder / f"{name}_{i:02d}.png")
+    (data / "test" / ABSENT).mkdir()  # an empty class folder
+    (data / "val" / "apple").mkdir(parents=True)
+    Image.fromarray(_class_images(1, 1, rng)[0]).save(data / "val" / "apple" / "a.png")
+    return {"root": root, "ckpt": ckpt, "data": data, "model": model, "n": sum(counts.values())}
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["eval", *map(str, args)])
+
+
+def _reference(model, paths: list[str], tta: bool = False):
+    """A hand-written evaluation: the probabilities of each image (flip TTA averages them)."""
+    transform = eval_transform(PREPROCESS)
+    x = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+    with torch.no_grad():
+        probs = model(x).softmax(1)
+        if tta:
+            probs = (probs + model(x.flip(3)).softmax(1)) / 2
+    return probs
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames), list(reader)
+
+
+@pytest.fixture(scope="module")
+def report(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "out"
+    result = invoke(
+        setup["ckpt"], "--data", setup["data"], "--out", out, "--format", "json",
+        "--topk", "3", "--workers", "0", "--batch-size", "7",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    return {"out": out, "json": json.loads(result.stdout), "stderr": result.stderr}
+
+
+def test_reports_agree_with_sklearn_from_predictions_csv(setup, report):
+    out, shown = report["out"], report["json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "metrics.json",
+            "per_class.csv",
+            "confusion_matrix.csv",
+            "confusion_matrix.png",
+            "predictions.csv",
+            "errors.png",
+        ]
+    )
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics == shown  # the same numbers on stdout and on disk
+    columns, rows = _read_csv(out / "predictions.csv")
+    assert columns[:8] == [
+        "path",
+        "true_label",
+        "true_class",
+        "predicted_label",
+        "predicted_class",
+        "confidence",
+        "correct",
+        "loss",
+    ]
+    assert columns[8:] == [f"top{i}_{kind}" for i in (1, 2, 3) for kind in ("label", "prob")]
+    assert len(rows) == setup["n"] == metrics["num_images"]
+    y_true = np.array([int(r["true_label"]) for r in rows])
+    y_pred = np.array([int(r["predicted_label"]) for r in rows])
+    assert all(CLASSES[int(r["true_label"])] == r["true_class"] for r in rows)
+    assert all(Path(r["path"]).parent.name == r["true_class"] for r in rows)  # matched by name
+    assert 0 < metrics["accuracy"] < 1, "the fixture model should make some mistakes"
+    labels = list(range(len(CLASSES)))
+
+    assert metrics["accuracy"] == pytest.approx(np.mean(y_true == y_pred), abs=1e-12)
+    # Top-k from the ranked labels written per image (score = minus the rank).
+    score = np.full((len(rows), len(CLASSES)), -100.0)
+    for i, r in enumerate(rows):
+        for rank in (1, 2, 3):
+            score[i, int(r[f"top{rank}_label"])] = -rank
+    assert metrics["topk"] == 3
+    assert metrics["topk_accuracy"] == pytest.approx(
+        top_k_accuracy_score(y_true, score, k=3, labels=labels), abs=1e-12
+    )
+    for average in ("macro", "weighted"):
+        p, r, f, _ = precision_recall_fscore_support(
+            y_true, y_pred, average=average, zero_division=0
+        )
+        assert metrics[f"precision_{average}"] == pytest.approx(p, abs=1e-12)
+        assert metrics[f"recall_{average}"] == pytest.approx(r, abs=1e-12)
+        assert metrics[f"f1_{average}"] == pytest.approx(f, abs=1e-12)
+    _, _, f_micro, _ = precision_recall_fscore_support(y_true, y_pred, average="micro")
+    assert metrics["f1_micro"] == pytest.approx(f_micro, abs=1e-12)
+    losses = np.array([float(r["loss"]) for r in rows])
+    assert metrics["loss"] == pytest.approx(losses.mean(), rel=1e-6)
+
+    # per_class.csv: the issue's columns, sklearn's numbers, zero support for the absent class.
+    p, r, f, s = precision_recall_fscore_support(
+        y_true, y_pred, labels=labels, average=None, zero_division=0
+    )
+    cm = confusion_matrix(y_true, y_pred, labels=labels)
+    header, per_class = _read_csv(out / "per_class.csv")
+    assert header == PER_CLASS_COLUMNS
+    assert [row["Class"] for row in per_class] == CLASSES
+    for label, row in enumerate(per_class):
+        assert int(row["Label"]) == label
+        assert int(row["# occurrence"]) == s[label]
+        assert float(row["Precision"]) == pytest.approx(p[label], abs=1e-12)
+        assert float(row["Recall"]) == pytest.approx(r[label], abs=1e-12)
+        assert float(row["F1"]) == pytest.approx(f[label], abs=1e-12)
+        off_diagonal = [(-cm[label, j], j) for j in labels if j != label and cm[label, j] > 0]
+        expected = sorted(off_diagonal)[:5]
+        confused = [row[f"Confused class {i}"] for i in range(1, 6)]
+        assert confused == [f"{CLASSES[j]}:{-n}" for n, j in expected] + [""] * (5 - len(expected))
+    absent = CLASSES.index(ABSENT)
+    assert per_class[absent]["# occurrence"] == "0"
+    assert metrics["per_class"][absent]["support"] == 0
+
+    with (out / "confusion_matrix.csv").open(newline="") as handle:
+        table = list(csv.reader(handle))
+    assert table[0][1:] == CLASSES
+    assert [row[0] for row in table[1:]] == CLASSES
+    np.testing.assert_array_equal(np.array([row[1:] for row in table[1:]], dtype=int), cm)
+
+    for name in ("confusion_matrix.png", "errors.png"):
+        with Image.open(out / name) as image:
+            assert image.format == "PNG" and min(image.size) > 100
+
+
+def test_numbers_match_a_hand_written_loop(setup, report):
+    _, rows = _read_csv(report["out"] / "predictions.csv")
+    probs = _reference(setup["model"], [r["path"] for r in rows])
+    labels = torch.tensor([int(r["true_label"]) for r in rows])
+    assert [int(r["predicted_label"]) for r in rows] == probs.argmax(1).tolist()
+    np.testing.assert_allclose(
+        [float(r["confidence"]) for r in rows], probs.max(1).values.numpy(), rtol=1e-5
+    )
+    reference_loss = F.nll_loss(probs.log(), labels).item()
+    assert report["json"]["loss"] == pytest.approx(reference_loss, rel=1e-5)
+
+
+def test_tta_flip_averages_image_and_mirror(setup, tmp_path):
+    out = tmp_path / "tta"
+    result = invoke(
+        setup["ckpt"], "--data", setup["data"], "--tta", "flip", "--out", out,
+        "--workers", "0", "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    _, rows = _read_csv(out / "predictions.csv")
+    probs = _reference(setup["model"], [r["path"] for r in rows], tta=True)
+    assert [int(r["predicted_label"]) for r in rows] == probs.argmax(1).tolist()
+    np.testing.assert_allclose(
+        [float(r["top1_prob"]) for r in rows], probs.max(1).values.numpy(), rtol=1e-5
+    )
+    assert json.loads(result.stdout)["tta"] == "flip"
+
+
+def test_table_output_and_split_choice(setup, report):
+    result = invoke(setup["ckpt"], "--data", setup["data"], "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    for text in ("Accuracy (top-1)", "Top-5 accuracy", "F1 (macro)", "F1 (micro)", "Loss"):
+        assert text in result.stdout
+    assert "Confused with" in result.stdout and ABSENT in result.stdout
+    result = invoke(setup["ckpt"], "--data", setup["data"], "--topk", "9", "--format", "json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["topk"] == len(CLASSES)
+    assert "Warning: --topk 9 is more than the 5 classes; using 5" in result.stderr
+    # --split val picks the other folder; csv prints the per-class table.
+    result = invoke(
+        setup["ckpt"], "--data", setup["data"], "--split", "val", "--format", "csv",
+        "--workers", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "Class,Label,Support,Precision,Recall,F1,Confused with"
+    assert lines[2].startswith("apple,1,1,")
+    assert lines[1] == "cherry,0,0,0.0,0.0,0.0,"  # no images, never predicted, confused with none
+
+
+def test_many_classes_table_leaves_out_empty_rows(setup, tmp_path):
+    classes = [*CLASSES, *(f"extra_{i:02d}" for i in range(55))]
+    torch.manual_seed(0)
+    model = build_model("convnet", len(classes), image_size=SIZE)
+    ckpt = tmp_path / "many.pt"
+    save_checkpoint(_checkpoint(model, "convnet", classes, PREPROCESS), ckpt)
+    result = invoke(ckpt, "--data", setup["data"], "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(invoke(ckpt, "--data", setup["data"], "--format", "json").stdout)
+    shown = [c for c in data["per_class"] if c["support"] or c["predicted"]]
+    assert len(data["per_class"]) == 60 and len(shown) < 60
+    words = " ".join(result.stdout.split())  # the title may wrap
+    assert f"{60 - len(shown)} classes without images or predictions not shown" in words
+    assert all(f"│ {c['class']} " in result.stdout for c in shown)
+
+
+def test_output_file_and_out_dir_need_force(setup, report, tmp_path):
+    target = tmp_path / "metrics.json"
+    args = [setup["ckpt"], "--data", setup["data"], "--format", "json", "--workers", "0"]
+    assert invoke(*args, "-o", target).exit_code == 0
+    assert json.loads(target.read_text())["accuracy"] == report["json"]["accuracy"]
+    again = invoke(*args, "-o", target)
+    assert again.exit_code == 1 and "Error: output already exists" in again.stderr
+
+    refused = invoke(*args, "--out", report["out"])
+    assert refused.exit_code == 1
+    assert "already exists" in refused.stderr and "--force" in refused.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    assert invoke(*args, "--out", out, "--force").exit_code == 0
+    assert not (out / "old.txt").exists() and (out / "metrics.json").is_file()
+
+
+def test_channels_last_workers_and_amp(setup, report):
+    base = [setup["ckpt"], "--data", setup["data"], "--format", "json", "--device", "cpu"]
+    result = invoke(*base, "--channels-last", "--workers", "1", "--batch-size", "16", "--topk", "3")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["per_class"] == report["json"]["per_class"]  # same predictions
+    assert data["loss"] == pytest.approx(report["json"]["loss"], rel=1e-5)
+    result = invoke(*base, "--amp", "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["amp"] is True and data["num_images"] == setup["n"]
+    assert data["loss"] == pytest.approx(report["json"]["loss"], rel=0.05)  # bfloat16 on CPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu(setup, report):
+    result = invoke(
+        setup["ckpt"], "--data", setup["data"], "--device", "cuda", "--format", "json",
+        "--workers", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["device"].startswith("cuda")
+    assert data["accuracy"] == report["json"]["accuracy"]
+    assert data["loss"] == pytest.approx(report["json"]["loss"], rel=1e-4)
+
+
+def test_digits_reproduces_the_test_accuracy_train_reported(tmp_path):
+    """The issue's target: `train --data digits` reports a test accuracy for best.pt; `eval`
+    of best.pt on digits gives exactly that number."""
+    pytest.importorskip("torchkit.cli.train", reason="needs `torchkit train`")
+    run = tmp_path / "run"
+    trained = runner.invoke(
+        app,
+        [
+            "train", "--data", "digits", "--epochs", "1", "--image-size", "8",
+            "--batch-size", "128", "--workers", "0", "--out", str(run), "--format", "json",
+        ],
+    )  # fmt: skip
+    assert trained.exit_code == 0, trained.stderr
+    reported = json.loads(trained.stdout)
+    result = invoke(run / "best.pt", "--data", "digits", "--format", "json", "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["split"] == "test" and data["num_images"] == reported["test_size"] == 179
+    assert data["accuracy"] == reported["test_top1"]
+    assert data["topk"] == 5 and data["topk_accuracy"] == reported["test_top5"]
+    assert data["loss"] == pytest.approx(reported["test_loss"], rel=1e-5)
+
+
+def test_csv_index_gives_the_same_numbers(setup, report, tmp_path):
+    _, rows = _read_csv(report["out"] / "predictions.csv")
+    index = tmp_path / "test.csv"
+    with index.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "label"])
+        writer.writerows([r["path"], r["true_class"]] for r in rows)
+    result = invoke(setup["ckpt"], "--data", index, "--format", "json", "--topk", "3")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("num_images", "accuracy", "topk_accuracy", "per_class"):
+        assert data[key] == report["json"][key], key
+
+
+def test_ema_weights(setup, report, tmp_path):
+    torch.manual_seed(1)
+    untrained = build_model("convnet", len(CLASSES), image_size=SIZE)
+    checkpoint = _checkpoint(untrained, "convnet", CLASSES, PREPROCESS)
+    ckpt = tmp_path / "ema.pt"
+    save_checkpoint(checkpoint, ckpt)
+    args = ["--data", setup["data"], "--format", "json", "--workers", "0", "--topk", "3"]
+    missing = invoke(ckpt, *args, "--ema")
+    assert missing.exit_code == 1 and "holds no EMA weights" in missing.stderr
+    # The EMA copy holds the trained weights (as AveragedModel saves them: module. + counter).
+    ema_state = {f"module.{k}": v for k, v in setup["model"].state_dict().items()}
+    checkpoint["model_ema"] = {**ema_state, "n_averaged": torch.tensor(3)}
+    save_checkpoint(checkpoint, ckpt)
+    result = invoke(ckpt, *args, "--ema")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["ema"] is True and data["per_class"] == report["json"]["per_class"]
+    plain = json.loads(invoke(ckpt, *args).stdout)
+    assert plain["ema"] is False and plain["loss"] != data["loss"]
+
+
+def test_plain_state_dict_with_module_prefix(setup, tmp_path):
+    from torchkit.core.evaluate.source import default_preprocess
+
+    weights = tmp_path / "weights.pth"
+    torch.save({f"module.{k}": v for k, v in setup["model"].state_dict().items()}, weights)
+    names = tmp_path / "classes.txt"
+    names.write_text("\n".join(CLASSES) + "\n")
+    result = invoke(
+        weights, "--model", "convnet", "--classes", names, "--image-size", SIZE,
+        "--data", setup["data"], "--format", "json", "--workers", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["classes"] == CLASSES and data["model_source"] == "state dict"
+    # Plain weights carry no preprocessing: ImageNet statistics, resize to size/0.875, crop.
+    transform = eval_transform(default_preprocess(SIZE, 3))
+    paths = sorted((setup["data"] / "test").glob("*/*.png"))
+    x = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+    truth = torch.tensor([CLASSES.index(p.parent.name) for p in paths])
+    with torch.no_grad():
+        correct = int((setup["model"](x).argmax(1) == truth).sum())
+    assert data["num_images"] == len(paths) and data["accuracy"] == correct / len(paths)
+
+    # Without --classes the class folders, sorted, name the labels.
+    base = [weights, "--model", "convnet", "--data", setup["data"], "--image-size", SIZE]
+    result = invoke(*base, "--workers", "0", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["classes"] == sorted(CLASSES)
+    result = invoke(*base, "--num-classes", "6")
+    assert result.exit_code == 2
+    assert "model has 6 outputs but the data has 5 classes" in result.stderr
+    assert "--classes" in result.stderr
+    result = invoke(*base, "--classes", ",".join([*CLASSES, "fig"]))  # 6 names, 5 outputs
+    assert result.exit_code == 1
+    assert "Error: the weights in" in result.stderr and "do not fit" in result.stderr
+
+
+def test_plain_state_dict_errors(setup, tmp_path):
+    weights = tmp_path / "weights.pth"
+    torch.save(setup["model"].state_dict(), weights)
+    result = invoke(weights, "--data", setup["data"])
+    assert result.exit_code == 2
+    assert "holds plain weights" in result.stderr and "--model" in result.stderr
+    result = invoke(
+        weights, "--model", "resnet18", "--num-classes", "5", "--classes", ",".join(CLASSES),
+        "--data", setup["data"],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "do not fit the model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_pickled_model_needs_trust(setup, tmp_path):
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 14 * 14, 5)
+    )
+    path = tmp_path / "whole.pt"
+    torch.save(module, path)
+    args = [path, "--data", setup["data"], "--classes", ",".join(CLASSES), "--image-size", SIZE]
+    refused = invoke(*args)
+    assert refused.exit_code == 1
+    assert "Error:" in refused.stderr and "--trust-checkpoint" in refused.stderr
+    result = invoke(*args, "--trust-checkpoint", "--format", "json", "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["model_source"] == "pickled model" and data["num_images"] == setup["n"]
+
+
+def test_torchvision_default_weights_offline_is_a_clear_error(setup, monkeypatch, tmp_path):
+    import urllib.error
+
+    import torchvision.models._api as api
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(api, "load_state_dict_from_url", offline)
+    imagenet = tmp_path / "imagenet"
+    for name in ("tench", "goldfish"):  # folders named like the weights' categories
+        (imagenet / name).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(imagenet / name / "x.png")
+    result = invoke("--model", "resnet18", "--weights", "DEFAULT", "--data", imagenet)
+    assert result.exit_code == 1
+    assert "Error: cannot download the DEFAULT weights of resnet18" in result.stderr
+    assert "--weights PATH" in result.stderr and "Traceback" not in result.stderr
+    # Folders named otherwise are not among its 1000 ImageNet categories.
+    result = invoke("--model", "resnet18", "--weights", "DEFAULT", "--data", setup["data"])
+    assert result.exit_code == 1 and "not among the model's 1000 classes" in result.stderr
+    unknown = invoke("--model", "resnet18", "--weights", "NOPE", "--data", setup["data"])
+    assert unknown.exit_code == 2 and "choose from DEFAULT" in unknown.stderr
+
+
+@pytest.fixture
+def bad_checkpoints(tmp_path):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "garbage.pt").write_bytes(os.urandom(256))
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("missing.pt", "Error: checkpoint not found"),
+        ("empty.pt", "Error: checkpoint is empty"),
+        ("garbage.pt", "Error: cannot read checkpoint"),
+    ],
+)
+def test_bad_checkpoints(setup, bad_checkpoints, name, message):
+    result = invoke(bad_checkpoints / name, "--data", setup["data"])
+    assert result.exit_code == 1
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_truncated_checkpoint(setup, tmp_path):
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(setup["ckpt"].read_bytes()[:2000])
+    result = invoke(truncated, "--data", setup["data"])
+    assert result.exit_code == 1 and "Error: cannot read checkpoint" in result.stderr
+
+
+def test_bad_data(setup, tmp_path):
+    ckpt = setup["ckpt"]
+    empty = tmp_path / "empty"
+    (empty / "apple").mkdir(parents=True)
+    result = invoke(ckpt, "--data", empty)
+    assert result.exit_code == 1 and "Error: no images in" in result.stderr
+    unknown = tmp_path / "unknown"
+    (unknown / "kiwi").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(unknown / "kiwi" / "k.png")
+    result = invoke(ckpt, "--data", unknown)
+    assert result.exit_code == 1
+    assert "kiwi" in result.stderr and "not among the model's 5 classes" in result.stderr
+    result = invoke(ckpt, "--data", tmp_path / "nowhere")
+    assert result.exit_code == 1 and "Error: dataset not found" in result.stderr
+    result = invoke(ckpt, "--data", setup["data"], "--split", "train")
+    assert result.exit_code == 1 and "has no train/ folder" in result.stderr
+    result = invoke(ckpt, "--data", "digits")
+    assert result.exit_code == 1 and "are not among the model's" in result.stderr
+
+
+def test_unreadable_image_is_skipped_and_counted_or_fatal_with_strict(setup, tmp_path):
+    data = tmp_path / "data"
+    rng = np.random.default_rng(1)
+    for name in ("apple", "date"):
+        (data / name).mkdir(parents=True)
+        for i, pixels in enumerate(_class_images(CLASSES.index(name), 3, rng)):
+            Image.fromarray(pixels).save(data / name / f"{i}.png")
+    (data / "date" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    result = invoke(setup["ckpt"], "--data", data, "--format", "json", "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["num_images"] == 6 and payload["num_skipped"] == 1
+    assert payload["skipped_files"][0].startswith(str(data / "date" / "broken.png"))
+    assert "Warning: skipped 1 unreadable image" in result.stderr
+    strict = invoke(setup["ckpt"], "--data", data, "--strict", "--workers", "0")
+    assert strict.exit_code == 1
+    assert "Error: unreadable image" in strict.stderr and "broken.png" in strict.stderr
+    for image in data.glob("*/[0-9].png"):
+        image.unlink()
+    nothing = invoke(setup["ckpt"], "--data", data, "--workers", "0")
+    assert nothing.exit_code == 1
+    assert "Error: none of the 1 images" in nothing.stderr and "could be read" in nothing.stderr
+
+
+def test_confusion_matrix_png_is_readable_with_100_classes(tmp_path):
+    from torchkit.core.evaluate.reports import plot_confusion_matrix
+
+    rng = np.random.default_rng(0)
+    cm = rng.integers(0, 3, size=(100, 100)) + np.eye(100, dtype=int) * 20
+    path = tmp_path / "cm.png"
+    plot_confusion_matrix(cm, [f"class_{i:03d}" for i in range(100)], path, normalize=True)
+    with Image.open(path) as image:
+        width, height = image.size
+    assert min(width, height) >= 100 * 22  # at least 22 pixels (a 7-point name) per class
+    assert not list(tmp_path.glob(".*.tmp*"))  # written atomically, no leftovers
+
+
+def test_torchrun_two_processes_give_the_same_numbers(setup, report, tmp_path):
+    """2 Gloo processes over 41 images (21 + 20: nothing padded, nothing dropped)."""
+    out = tmp_path / "ddp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+        "--standalone", "-m", "torchkit", "eval", str(setup["ckpt"]),
+        "--data", str(setup["data"]), "--out", str(out), "--format", "json", "--topk", "3",
+        "--workers", "0", "--batch-size", "7",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ddp = json.loads(proc.stdout)  # printed once, by rank 0 only
+    single = report["json"]
+    assert ddp["world_size"] == 2 and single["world_size"] == 1
+    for key in ("num_images", "accuracy", "topk_accuracy", "f1_macro", "f1_weighted", "per_class"):
+        assert ddp[key] == single[key], key
+    assert ddp["loss"] == pytest.approx(single["loss"], rel=1e-6)
+    ddp_rows = _read_csv(out / "predictions.csv")[1]
+    single_rows = _read_csv(report["out"] / "predictions.csv")[1]
+    assert [r["path"] for r in ddp_rows] == [r["path"] for r in single_rows]
+    assert [r["predicted_label"] for r in ddp_rows] == [r["predicted_label"] for r in single_rows]
+    assert (out / "confusion_matrix.csv").read_text() == (
+        report["out"] / "confusion_matrix.csv"
+    ).read_text()
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys; from typer.testing import CliRunner; from torchkit.cli import app;"
+        "r = CliRunner().invoke(app, ['eval', '--help']); assert r.exit_code == 0, r.output;"
+        "heavy = [m for m in ('torch', 'torchvision', 'cv2', 'pandas', 'sklearn', 'matplotlib')"
+        " if m in sys.modules]; assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

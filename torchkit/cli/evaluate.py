@@ -1,0 +1,299 @@
+"""`torchkit eval`: accuracy, top-k, per-class precision/recall/F1, confusion matrix, reports."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.options import (
+    DeviceOption,
+    ForceOption,
+    FormatOption,
+    OutputOption,
+    StrictOption,
+    TrustCheckpointOption,
+    WorkersOption,
+)
+from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.core.files import check_output
+
+# With more classes than this, the terminal's per-class table leaves out the classes that have
+# no images and were never predicted (per_class.csv and JSON always list every class).
+COMPACT_TABLE_ABOVE = 50
+
+
+class TTA(str, Enum):
+    none = "none"
+    flip = "flip"
+
+
+def eval_command(
+    checkpoint: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Argument(
+            help="torchkit checkpoint, plain state dict (with --model) or pickled model "
+            "(with --trust-checkpoint). Leave out for --model NAME --weights DEFAULT.",
+            show_default=False,
+            metavar="CHECKPOINT",
+        ),
+    ] = None,
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            "-d",
+            help="Image folder ROOT/<class>/<image>, a split root with test/, a CSV index "
+            "(path,label) or `digits`.",
+            show_default=False,
+        ),
+    ] = ...,
+    split: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--split", help="Split folder of a split root (default: test)."),
+    ] = None,
+    model: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--model", "-m", help="Architecture of a plain state dict or of --weights DEFAULT."
+        ),
+    ] = None,
+    num_classes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--num-classes",
+            min=1,
+            help="Outputs of a plain state dict's model (default: the "
+            "number of classes in the data).",
+        ),
+    ] = None,
+    weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--weights",
+            help="torchvision pretrained weights (DEFAULT, IMAGENET1K_V1...) or a "
+            "weights file, with --model.",
+        ),
+    ] = None,
+    classes: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--classes",
+            help="Class names in label order: a text file (one per line) or a,b,c. Default: "
+            "from the checkpoint, else the data's class folders in sorted order.",
+        ),
+    ] = None,
+    image_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--image-size", min=1, help="Input size for plain state dicts (default 224)."),
+    ] = None,
+    ema: Annotated[
+        bool, typer.Option("--ema", help="Evaluate the checkpoint's EMA weights.")
+    ] = False,
+    topk: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--topk",
+            "-k",
+            min=1,
+            help="k of the top-k accuracy (default 5, or the number of classes if fewer).",
+        ),
+    ] = None,
+    tta: Annotated[
+        TTA,
+        typer.Option(
+            "--tta",
+            help="Test-time augmentation: flip averages the image and its mirror.",
+            case_sensitive=False,
+        ),
+    ] = TTA.none,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", min=1, help="Images per batch.")
+    ] = 64,
+    workers: WorkersOption = None,
+    device: DeviceOption = "auto",
+    amp: Annotated[
+        bool, typer.Option("--amp", help="Mixed precision (float16 on GPUs, bfloat16 on CPUs).")
+    ] = False,
+    channels_last: Annotated[
+        bool, typer.Option("--channels-last", help="channels-last memory format (faster convs).")
+    ] = False,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--out",
+            help="Write metrics.json, per_class.csv, confusion_matrix.csv/.png, "
+            "predictions.csv and errors.png into this folder.",
+            file_okay=False,
+        ),
+    ] = None,
+    normalize: Annotated[
+        bool,
+        typer.Option("--normalize", help="Normalise confusion_matrix.png per true class."),
+    ] = False,
+    show_errors: Annotated[
+        int,
+        typer.Option("--show-errors", min=1, help="Most confident mistakes drawn in errors.png."),
+    ] = 25,
+    strict: StrictOption = False,
+    trust_checkpoint: TrustCheckpointOption = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Evaluate a classifier: top-1/top-k accuracy, precision, recall, F1, loss and a confusion
+    matrix, overall and per class.
+
+    Examples:
+
+      torchkit eval runs/best.pt --data digits
+
+      torchkit eval best.pt --data dataset/ --split val --tta flip --out report/
+
+      torchkit eval weights.pth --model resnet18 --num-classes 10 --data test.csv
+
+      torchrun --nproc_per_node=2 -m torchkit eval best.pt --data dataset/
+    """
+    from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
+
+    if output is not None:
+        check_output(output, force)
+    spec = ModelSpec(
+        checkpoint=checkpoint,
+        model=model,
+        num_classes=num_classes,
+        weights=weights,
+        classes=parse_class_names(classes) if classes else None,
+        image_size=image_size,
+        trust_checkpoint=trust_checkpoint,
+        ema=ema,
+    )
+    options = EvalOptions(
+        data=data,
+        split=split,
+        batch_size=batch_size,
+        workers=workers,
+        device=device,
+        amp=amp,
+        channels_last=channels_last,
+        tta=tta.value,
+        topk=topk,
+        strict=strict,
+        out_dir=None if out is None else str(out),
+        normalize=normalize,
+        force=force,
+        max_errors_shown=show_errors,
+    )
+    with _ProgressBar() as advance:
+        result = evaluate(spec, options, progress=advance)
+    if result is None:  # a torchrun rank other than 0: rank 0 reports
+        return
+    if result.written:
+        console.note(
+            f"wrote {len(result.written)} reports to {out} in {result.report_seconds:.2f} s"
+        )
+    emit(
+        tables=[summary_table(result), per_class_table(result)],
+        data=result.to_dict(),
+        fmt=fmt,
+        output=output,
+        force=force,
+        csv_table=1,
+    )
+
+
+def summary_table(result) -> Table:
+    m = result.metrics
+    rows = [
+        ("Accuracy (top-1)", m.accuracy),
+        (f"Top-{m.topk} accuracy", m.topk_accuracy),
+        ("Precision (macro)", m.precision_macro),
+        ("Recall (macro)", m.recall_macro),
+        ("F1 (macro)", m.f1_macro),
+        ("Precision (weighted)", m.precision_weighted),
+        ("Recall (weighted)", m.recall_weighted),
+        ("F1 (weighted)", m.f1_weighted),
+        ("F1 (micro)", m.f1_micro),
+        ("Loss", result.loss),
+        ("Images", result.num_images),
+        ("Skipped (unreadable)", len(result.skipped)),
+        ("Images/s", _rate(result.images_per_second)),
+    ]
+    return Table(["Metric", "Value"], rows, title="Evaluation", align_right={"Value"})
+
+
+def _rate(value: float) -> int | None:
+    return None if value != value else int(round(value))  # NaN (no time measured): blank
+
+
+def per_class_table(result) -> Table:
+    m = result.metrics
+    rows = []
+    compact = len(result.classes) > COMPACT_TABLE_ABOVE
+    for label, name in enumerate(result.classes):
+        if compact and m.support[label] == 0 and m.predicted[label] == 0:
+            continue
+        confused = " ".join(f"{other}:{count}" for other, count in result.confused_with(label))
+        rows.append(
+            [
+                name,
+                label,
+                int(m.support[label]),
+                float(m.precision[label]),
+                float(m.recall[label]),
+                float(m.f1[label]),
+                confused,
+            ]
+        )
+    title = "Per class (a precision or recall with nothing to divide by is 0)"
+    if len(rows) < len(result.classes):
+        left_out = len(result.classes) - len(rows)
+        title += f"; {left_out} classes without images or predictions not shown"
+    return Table(
+        ["Class", "Label", "Support", "Precision", "Recall", "F1", "Confused with"],
+        rows,
+        title=title,
+        align_right={"Label", "Support", "Precision", "Recall", "F1"},
+    )
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr (hidden when stderr is not a terminal), fed by core's
+    `progress(done, total)` callback."""
+
+    def __enter__(self):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("evaluating"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console.stderr,
+            # Under torchrun only rank 0 shows progress (it evaluates its share of the images).
+            disable=not console.stderr.is_terminal or os.environ.get("RANK", "0") != "0",
+            transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("eval", total=None)
+        return self.advance
+
+    def advance(self, done: int, total: int) -> None:
+        self._progress.update(self._task, completed=done, total=total)
+
+    def __exit__(self, *exc) -> None:
+        self._progress.stop()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)

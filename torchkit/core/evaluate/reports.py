@@ -1,0 +1,284 @@
+"""The files `eval --out DIR` writes: metrics.json, per_class.csv, confusion_matrix.csv,
+predictions.csv, confusion_matrix.png and errors.png; each one atomically."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from torchkit.core.evaluate.metrics import CONFUSED_SHOWN
+from torchkit.core.files import atomic_path, atomic_write_text, prepare_output_dir
+
+if TYPE_CHECKING:
+    from torchkit.core.evaluate.runner import EvalResult
+
+PER_CLASS_COLUMNS = [
+    "Class",
+    "Label",
+    "# occurrence",
+    "Precision",
+    "Recall",
+    "F1",
+    *[f"Confused class {i}" for i in range(1, CONFUSED_SHOWN + 1)],
+]
+REPORT_FILES = (
+    "metrics.json",
+    "per_class.csv",
+    "confusion_matrix.csv",
+    "predictions.csv",
+    "confusion_matrix.png",
+    "errors.png",
+)
+
+
+def write_reports(
+    result: EvalResult,
+    out_dir: str | os.PathLike,
+    *,
+    force: bool = False,
+    normalize: bool = False,
+    max_errors_shown: int = 25,
+) -> list[Path]:
+    """Write every report into `out_dir` (an existing non-empty folder needs `force`)."""
+    folder = prepare_output_dir(out_dir, force)
+    paths = [folder / name for name in REPORT_FILES]
+    atomic_write_text(paths[0], json.dumps(json_safe(result.to_dict()), indent=2) + "\n")
+    atomic_write_text(paths[1], _csv_text(PER_CLASS_COLUMNS, per_class_rows(result)))
+    classes = result.classes
+    cm = result.metrics.confusion
+    atomic_write_text(
+        paths[2],
+        _csv_text(
+            ["true \\ predicted", *classes],
+            [[name, *row.tolist()] for name, row in zip(classes, cm, strict=True)],
+        ),
+    )
+    atomic_write_text(paths[3], _csv_text(prediction_columns(result), prediction_rows(result)))
+    plot_confusion_matrix(cm, classes, paths[4], normalize=normalize)
+    plot_errors(result, paths[5], max_shown=max_errors_shown)
+    return paths
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON: NaN and infinities become null, NumPy scalars Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _csv_text(columns: list[str], rows) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def per_class_rows(result: EvalResult) -> list[list]:
+    m = result.metrics
+    rows = []
+    for label, name in enumerate(result.classes):
+        confused = [f"{other}:{count}" for other, count in result.confused_with(label)]
+        confused += [""] * (CONFUSED_SHOWN - len(confused))
+        rows.append(
+            [
+                name,
+                label,
+                int(m.support[label]),
+                repr(float(m.precision[label])),
+                repr(float(m.recall[label])),
+                repr(float(m.f1[label])),
+                *confused,
+            ]
+        )
+    return rows
+
+
+def prediction_columns(result: EvalResult) -> list[str]:
+    columns = [
+        "path",
+        "true_label",
+        "true_class",
+        "predicted_label",
+        "predicted_class",
+        "confidence",
+        "correct",
+        "loss",
+    ]
+    for rank in range(1, result.predictions.topk_labels.shape[1] + 1):
+        columns += [f"top{rank}_label", f"top{rank}_prob"]
+    return columns
+
+
+def prediction_rows(result: EvalResult):
+    """One row per image; probabilities with 9 significant digits (float32 round-trips)."""
+    p = result.predictions
+    classes = result.classes
+    for i in range(len(p)):
+        true, predicted = int(p.labels[i]), int(p.predicted[i])
+        row = [
+            result.sample_name(int(p.indices[i])),
+            true,
+            classes[true],
+            predicted,
+            classes[predicted],
+            f"{p.confidence[i]:.9g}",
+            int(true == predicted),
+            f"{p.loss[i]:.9g}",
+        ]
+        for label, prob in zip(p.topk_labels[i], p.topk_probs[i], strict=True):
+            row += [int(label), f"{prob:.9g}"]
+        yield row
+
+
+def _short(name: str, limit: int = 24) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "\u2026"
+
+
+def plot_confusion_matrix(
+    cm: np.ndarray, classes: list[str], path: str | os.PathLike, *, normalize: bool = False
+) -> None:
+    """A heatmap that stays readable with many classes: each class gets at least 0.22 inch
+    (22 pixels, room for a 7-point name), counts are written in the cells up to 30 classes,
+    and above 150 classes only every n-th name is shown.
+
+    The layout is computed here in inches rather than by matplotlib's constrained layout,
+    which draws the figure several times (seconds for 100 classes)."""
+    from matplotlib.figure import Figure
+
+    n = len(classes)
+    values = cm.astype(np.float64)
+    if normalize:
+        totals = values.sum(axis=1, keepdims=True)
+        values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
+    step = max(1, math.ceil(n / 150))
+    ticks = np.arange(0, n, step)
+    names = [_short(classes[i]) for i in ticks]
+    font = float(np.clip(13.0 - n / 12.0, 7.0, 10.0))
+    side = float(np.clip(0.22 * len(ticks), 4.0, 40.0))  # the matrix, in inches
+    label_room = max(len(name) for name in names) * font * 0.62 / 72 + 0.5
+    left, bottom, top, right = label_room, label_room, 0.5, 1.3
+    width, height = left + side + right, bottom + side + top
+    fig = Figure(figsize=(width, height), dpi=100)
+    ax = fig.add_axes((left / width, bottom / height, side / width, side / height))
+    cax = fig.add_axes(((left + side + 0.25) / width, bottom / height, 0.2 / width, side / height))
+    image = ax.imshow(
+        values,
+        cmap="Blues",
+        interpolation="nearest",
+        vmin=0.0,
+        vmax=1.0 if normalize else None,
+        aspect="auto",
+    )
+    fig.colorbar(image, cax=cax, label="fraction of the row" if normalize else "images")
+    ax.set_xticks(ticks, names, rotation=90, fontsize=font)
+    ax.set_yticks(ticks, names, fontsize=font)
+    ax.set_xlabel("Predicted class")
+    ax.set_ylabel("True class")
+    kind = "normalised per true class" if normalize else "image counts"
+    ax.set_title(f"Confusion matrix ({kind}, {int(cm.sum())} images)")
+    if n <= 30:
+        threshold = values.max() / 2 if values.max() > 0 else 1.0
+        for i in range(n):
+            for j in range(n):
+                if cm[i, j] == 0:
+                    continue
+                text = f"{values[i, j]:.2f}" if normalize else str(int(cm[i, j]))
+                ax.text(
+                    j,
+                    i,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=font * 0.9,
+                    color="white" if values[i, j] > threshold else "black",
+                )
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+
+
+ERROR_TILE = 128  # pixels per image in errors.png
+_TITLE, _PAD, _HEADER = 36, 10, 32
+
+
+def _tile(result: EvalResult, index: int) -> np.ndarray:
+    """The image as an RGB tile of ERROR_TILE x ERROR_TILE pixels (scaled to fit, centred;
+    small images such as 8x8 digits are enlarged with nearest-neighbour to stay crisp)."""
+    from PIL import Image
+
+    tile = np.full((ERROR_TILE, ERROR_TILE, 3), 235, dtype=np.uint8)
+    samples = result.samples
+    try:
+        if samples.images is not None:
+            image = Image.fromarray(np.asarray(samples.images[index])).convert("RGB")
+        else:
+            with Image.open(samples.paths[index]) as handle:
+                image = handle.convert("RGB")
+    except (OSError, ValueError):
+        return tile
+    scale = ERROR_TILE / max(image.size)
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    method = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
+    pixels = np.asarray(image.resize(size, method))
+    top, left = (ERROR_TILE - size[1]) // 2, (ERROR_TILE - size[0]) // 2
+    tile[top : top + size[1], left : left + size[0]] = pixels
+    return tile
+
+
+def plot_errors(result: EvalResult, path: str | os.PathLike, *, max_shown: int = 25) -> None:
+    """A grid of the most confident mistakes, each titled with its true and predicted class.
+
+    The images are pasted into one canvas and the titles drawn as figure text: a grid of
+    matplotlib axes would cost seconds for 25 images."""
+    from matplotlib.figure import Figure
+
+    p = result.predictions
+    wrong = np.flatnonzero(p.predicted != p.labels)
+    order = wrong[np.argsort(-p.confidence[wrong], kind="stable")][:max_shown]
+    cols = max(1, min(5, len(order)))
+    rows = max(1, math.ceil(len(order) / cols))
+    width = max(cols * (ERROR_TILE + _PAD) + _PAD, 360)
+    height = _HEADER + rows * (_TITLE + ERROR_TILE + _PAD) + _PAD
+    canvas = np.full((height, width, 3), 255, dtype=np.uint8)
+    fig = Figure(figsize=(width / 100, height / 100), dpi=100)
+    if len(order) == 0:
+        heading = f"No mistakes among {len(p)} images"
+    else:
+        heading = f"The {len(order)} most confident of {len(wrong)} mistakes"
+    fig.text(0.5, 1 - 8 / height, heading, ha="center", va="top", fontsize=11)
+    for n, row in enumerate(order):
+        r, c = divmod(n, cols)
+        left = _PAD + c * (ERROR_TILE + _PAD)
+        top = _HEADER + r * (_TITLE + ERROR_TILE + _PAD) + _TITLE
+        canvas[top : top + ERROR_TILE, left : left + ERROR_TILE] = _tile(
+            result, int(p.indices[row])
+        )
+        x = (left + ERROR_TILE / 2) / width
+        true = _short(result.classes[int(p.labels[row])], 18)
+        predicted = _short(result.classes[int(p.predicted[row])], 18)
+        fig.text(x, 1 - (top - 20) / height, f"true: {true}", ha="center", va="bottom", fontsize=8)
+        fig.text(
+            x,
+            1 - (top - 3) / height,
+            f"pred: {predicted} ({p.confidence[row]:.2f})",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="#b00020",
+        )
+    fig.figimage(canvas, 0, 0, zorder=0)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)

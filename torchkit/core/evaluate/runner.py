@@ -1,0 +1,514 @@
+"""Running a classifier over a set of images and turning its outputs into `eval`'s results.
+
+Inference is batched, under `torch.inference_mode()`, with optional flip test-time
+augmentation, autocast and channels-last. Unreadable images are skipped and counted (or fatal
+with `strict`). Under torchrun each process takes every world_size-th image, so the shards cover
+the data exactly once, and the predictions are gathered on every rank; only rank 0 returns a
+result and writes the reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from torchkit.core.data import Samples
+from torchkit.core.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.evaluate.metrics import ClassificationMetrics, compute_metrics, most_confused
+from torchkit.core.evaluate.source import (
+    IMAGE_MODES,
+    ModelSpec,
+    load_eval_samples,
+    open_model_source,
+)
+from torchkit.core.files import check_output
+
+log = logging.getLogger("torchkit")
+
+TTA_MODES = ("none", "flip")
+DEFAULT_TOPK = 5
+Progress = Callable[[int, int], None]  # (images done, images in this process's share)
+
+
+@dataclass
+class EvalOptions:
+    """How to evaluate: the data, the inference settings and where the reports go."""
+
+    data: str
+    split: str | None = None
+    batch_size: int = 64
+    workers: int | None = None
+    device: str = "auto"
+    amp: bool = False
+    channels_last: bool = False
+    tta: str = "none"
+    topk: int | None = None  # None: 5, or the number of classes if fewer
+    strict: bool = False
+    out_dir: str | None = None
+    normalize: bool = False
+    force: bool = False
+    max_errors_shown: int = 25
+
+
+@dataclass
+class Predictions:
+    """Per-image outputs, one row per readable image, ordered by `indices` (into the Samples)."""
+
+    indices: np.ndarray  # (N,) int64
+    labels: np.ndarray  # (N,) int64 true labels
+    topk_labels: np.ndarray  # (N, k) int64, best first
+    topk_probs: np.ndarray  # (N, k) float32 softmax probabilities of those labels
+    loss: np.ndarray  # (N,) float32 cross-entropy of each image
+
+    @property
+    def predicted(self) -> np.ndarray:
+        return self.topk_labels[:, 0]
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return self.topk_probs[:, 0]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @classmethod
+    def concatenate(cls, parts: list[Predictions], k: int) -> Predictions:
+        """Join the parts and order the rows by sample index."""
+        parts = [p for p in parts if len(p)] or [cls.empty(k)]
+        joined = cls(
+            indices=np.concatenate([p.indices for p in parts]),
+            labels=np.concatenate([p.labels for p in parts]),
+            topk_labels=np.concatenate([p.topk_labels for p in parts]),
+            topk_probs=np.concatenate([p.topk_probs for p in parts]),
+            loss=np.concatenate([p.loss for p in parts]),
+        )
+        order = np.argsort(joined.indices, kind="stable")
+        return cls(
+            joined.indices[order],
+            joined.labels[order],
+            joined.topk_labels[order],
+            joined.topk_probs[order],
+            joined.loss[order],
+        )
+
+    @classmethod
+    def empty(cls, k: int) -> Predictions:
+        return cls(
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros((0, k), np.int64),
+            np.zeros((0, k), np.float32),
+            np.zeros(0, np.float32),
+        )
+
+
+@dataclass
+class EvalResult:
+    """Everything `eval` reports (on rank 0)."""
+
+    classes: list[str]
+    metrics: ClassificationMetrics
+    predictions: Predictions
+    samples: Samples
+    loss: float
+    skipped: list[str]  # "path: reason" of each unreadable image
+    seconds: float  # wall time of the inference loop (data loading included)
+    info: dict[str, Any]
+    report_seconds: float | None = None
+    written: list[str] = field(default_factory=list)
+
+    @property
+    def num_images(self) -> int:
+        return len(self.predictions)
+
+    @property
+    def images_per_second(self) -> float:
+        return self.num_images / self.seconds if self.seconds > 0 else float("nan")
+
+    def sample_name(self, index: int) -> str:
+        """The path of an image (or its id for in-memory data such as digits)."""
+        if self.samples.paths is not None:
+            return self.samples.paths[index]
+        return self.samples.ids[index] if self.samples.ids else str(index)
+
+    def confused_with(self, label: int) -> list[tuple[str, int]]:
+        return [(self.classes[j], n) for j, n in most_confused(self.metrics.confusion, label)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """metrics.json and `--format json`: snake_case keys, plain numbers."""
+        m = self.metrics
+        return {
+            **self.info,
+            "num_images": self.num_images,
+            "num_skipped": len(self.skipped),
+            "num_classes": len(self.classes),
+            "accuracy": m.accuracy,
+            "topk": m.topk,
+            "topk_accuracy": m.topk_accuracy,
+            "loss": self.loss,
+            "precision_macro": m.precision_macro,
+            "recall_macro": m.recall_macro,
+            "f1_macro": m.f1_macro,
+            "precision_weighted": m.precision_weighted,
+            "recall_weighted": m.recall_weighted,
+            "f1_weighted": m.f1_weighted,
+            "f1_micro": m.f1_micro,
+            "macro_averaged_classes": m.averaged_classes,
+            "zero_division": 0,
+            "seconds": self.seconds,
+            "images_per_second": self.images_per_second,
+            "classes": list(self.classes),
+            "per_class": [
+                {
+                    "class": name,
+                    "label": label,
+                    "support": int(m.support[label]),
+                    "predicted": int(m.predicted[label]),
+                    "precision": float(m.precision[label]),
+                    "recall": float(m.recall[label]),
+                    "f1": float(m.f1[label]),
+                    "confused_with": [
+                        {"class": other, "count": count}
+                        for other, count in self.confused_with(label)
+                    ],
+                }
+                for label, name in enumerate(self.classes)
+            ],
+            "skipped_files": list(self.skipped),
+        }
+
+
+class ShardSampler:
+    """Indices rank, rank + world_size, ...: the shards of all ranks cover every image exactly
+    once (torch's DistributedSampler pads the shards with repeated images, which would then be
+    counted twice)."""
+
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1) -> None:
+        self.indices = range(rank, size, world_size)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+@dataclass
+class DistributedContext:
+    rank: int = 0
+    world_size: int = 1
+    owns_group: bool = False  # we initialised the process group, so we tear it down
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device_spec: str):
+    """(DistributedContext, torch.device): a process group when run under torchrun
+    (NCCL on GPUs, Gloo on CPUs), one device per local rank."""
+    import torch
+    import torch.distributed as dist
+
+    from torchkit.core.device import resolve_device
+
+    device = resolve_device(device_spec)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1 and not dist.is_initialized():
+        return DistributedContext(), device
+    if device.type == "cuda" and device_spec.strip().lower() in ("auto", "cuda"):
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    owns = False
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        owns = True
+    return DistributedContext(dist.get_rank(), dist.get_world_size(), owns), device
+
+
+def resolve_topk(topk: int | None, num_classes: int) -> int:
+    if topk is None:
+        return min(DEFAULT_TOPK, num_classes)
+    if topk < 1:
+        raise UsageError(f"--topk must be at least 1, not {topk}")
+    if topk > num_classes:
+        log.warning("--topk %d is more than the %d classes; using %d", topk, *(num_classes,) * 2)
+        return num_classes
+    return topk
+
+
+def predict(
+    model,
+    loader,
+    device,
+    *,
+    k: int,
+    tta: str = "none",
+    amp: bool = False,
+    channels_last: bool = False,
+    strict: bool = False,
+    progress: Progress | None = None,
+) -> tuple[Predictions, list[str]]:
+    """Run `model` over `loader` (batches from `collate_skipping_unreadable`).
+
+    With flip TTA the softmax probabilities of the image and its mirror are averaged (in log
+    space, stably). Ranking uses the raw logits when there is no TTA, so the predicted class is
+    exactly `logits.argmax()`. Returns the predictions and the unreadable images; with `strict`
+    it stops at the first unreadable image.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    total = len(loader.sampler) if hasattr(loader, "sampler") else 0
+    autocast_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    parts: dict[str, list] = {name: [] for name in ("indices", "labels", "top", "probs", "loss")}
+    errors: list[str] = []
+    done = 0
+    with torch.inference_mode():
+        for batch in loader:
+            errors.extend(batch.errors)
+            done += len(batch.errors)
+            if strict and errors:
+                break
+            if batch.images is not None:
+                images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
+                labels = batch.labels.to(device, non_blocking=True)
+                views = torch.cat([images, images.flip(3)]) if tta == "flip" else images
+                with torch.autocast(device.type, dtype=autocast_dtype, enabled=amp):
+                    logits = model(views)
+                logits = logits.float()
+                log_probs = F.log_softmax(logits, dim=1)
+                if tta == "flip":
+                    log_probs = torch.logsumexp(
+                        log_probs.view(2, len(images), -1), dim=0
+                    ) - math.log(2)
+                    scores = log_probs
+                else:
+                    scores = logits
+                top = scores.topk(k, dim=1).indices
+                parts["top"].append(top.cpu())
+                parts["probs"].append(log_probs.gather(1, top).exp().cpu())
+                parts["loss"].append(-log_probs.gather(1, labels[:, None]).squeeze(1).cpu())
+                parts["indices"].append(batch.indices)
+                parts["labels"].append(batch.labels)
+                done += len(images)
+            if progress is not None:
+                progress(done, total)
+    if not parts["indices"]:
+        return Predictions.empty(k), errors
+    return (
+        Predictions(
+            indices=torch.cat(parts["indices"]).numpy(),
+            labels=torch.cat(parts["labels"]).numpy(),
+            topk_labels=torch.cat(parts["top"]).numpy(),
+            topk_probs=torch.cat(parts["probs"]).numpy(),
+            loss=torch.cat(parts["loss"]).numpy(),
+        ),
+        errors,
+    )
+
+
+def _gather(
+    local: Predictions, errors: list[str], seconds: float, k: int, ctx: DistributedContext
+) -> tuple[Predictions, list[str], float]:
+    """All ranks' predictions, ordered by sample index, on every rank."""
+    if ctx.world_size == 1:
+        return local, errors, seconds
+    import torch.distributed as dist
+
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, (local, errors, seconds))
+    merged = Predictions.concatenate([part[0] for part in gathered], k)
+    if len(np.unique(merged.indices)) != len(merged):
+        raise RuntimeError("an image was evaluated by two ranks")  # ShardSampler's invariant
+    all_errors = [error for part in gathered for error in part[1]]
+    return merged, all_errors, max(part[2] for part in gathered)
+
+
+def evaluate(
+    spec: ModelSpec, options: EvalOptions, progress: Progress | None = None
+) -> EvalResult | None:
+    """Evaluate a classifier on a labelled image set; write the reports when `out_dir` is set.
+
+    Returns the result on rank 0 (or in a single process) and None on the other ranks.
+    """
+    if options.tta not in TTA_MODES:
+        raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
+    if options.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {options.batch_size}")
+    if options.out_dir is not None:
+        folder = check_output(options.out_dir, options.force, what="output folder")
+        if folder.exists() and not folder.is_dir():
+            raise OutputExistsError(f"--out {folder} is a file, not a folder")
+
+    ctx, device = setup_distributed(options.device)
+    previous_level = log.level
+    if not ctx.is_main:
+        log.setLevel(logging.ERROR)  # only rank 0 warns
+    try:
+        run = _run(spec, options, device, ctx, progress)
+    finally:
+        log.setLevel(previous_level)
+        if ctx.owns_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    if run is None:
+        return None
+    result, errors = run
+    if errors:
+        log.warning(
+            "skipped %d unreadable image(s) (first: %s); --strict makes this an error",
+            len(errors),
+            errors[0],
+        )
+    if options.out_dir is not None:
+        from torchkit.core.evaluate.reports import write_reports
+
+        start = time.perf_counter()
+        written = write_reports(
+            result,
+            options.out_dir,
+            force=options.force,
+            normalize=options.normalize,
+            max_errors_shown=options.max_errors_shown,
+        )
+        result.written = [str(path) for path in written]
+        result.report_seconds = time.perf_counter() - start
+    return result
+
+
+def _run(
+    spec: ModelSpec,
+    options: EvalOptions,
+    device,
+    ctx: DistributedContext,
+    progress: Progress | None,
+) -> tuple[EvalResult, list[str]] | None:
+    import torch
+
+    from torchkit.core.data import (
+        collate_skipping_unreadable,
+        default_workers,
+        eval_transform,
+        make_dataset,
+    )
+
+    source = open_model_source(spec)
+    samples = load_eval_samples(options.data, split=options.split, classes=source.classes)
+    classes = list(source.classes or samples.classes)
+    num_classes = source.num_classes or len(classes)
+    if len(classes) != num_classes:
+        raise UsageError(
+            f"the model has {num_classes} outputs but the data has {len(classes)} classes "
+            f"({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})",
+            "pass --classes with the model's class names in label order",
+        )
+    preprocess = source.preprocess
+    mode = IMAGE_MODES.get(preprocess.in_channels)
+    if mode is None:
+        raise UsageError(f"cannot feed images to a model with {preprocess.in_channels} channels")
+    model = source.build(num_classes)
+    k = resolve_topk(options.topk, num_classes)
+
+    model.eval()
+    model.to(device)
+    if options.channels_last:
+        model.to(memory_format=torch.channels_last)
+    dataset = make_dataset(samples, eval_transform(preprocess), mode=mode)
+    workers = default_workers() if options.workers is None else options.workers
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=options.batch_size,
+        sampler=ShardSampler(len(samples), ctx.rank, ctx.world_size),
+        num_workers=workers,
+        collate_fn=collate_skipping_unreadable,
+        pin_memory=device.type == "cuda",
+        multiprocessing_context=_fork_context() if workers > 0 else None,
+    )
+    log.info(
+        "evaluating %d images of %s with %s on %s",
+        len(samples),
+        samples.source,
+        source.arch,
+        device,
+    )
+    start = time.perf_counter()
+    local, errors = predict(
+        model,
+        loader,
+        device,
+        k=k,
+        tta=options.tta,
+        amp=options.amp,
+        channels_last=options.channels_last,
+        strict=options.strict,
+        progress=progress if ctx.is_main else None,
+    )
+    seconds = time.perf_counter() - start
+    predictions, errors, seconds = _gather(local, errors, seconds, k, ctx)
+
+    if errors and options.strict:
+        raise InputError(
+            f"unreadable image {errors[0]}", "fix or remove it, or drop --strict to skip it"
+        )
+    if not ctx.is_main:
+        return None
+    if len(predictions) == 0:
+        raise InputError(f"none of the {len(samples)} images in {samples.source} could be read")
+    metrics = compute_metrics(
+        predictions.labels, predictions.predicted, predictions.topk_labels, num_classes, k
+    )
+    info = {
+        "checkpoint": spec.checkpoint or spec.weights,
+        "arch": source.arch,
+        "model_source": source.origin,
+        **source.details,
+        "data": options.data,
+        "split": _split_name(options),
+        "device": str(device),
+        "world_size": ctx.world_size,
+        "batch_size": options.batch_size,
+        "tta": options.tta,
+        "amp": options.amp,
+        "ema": spec.ema,
+    }
+    result = EvalResult(
+        classes=classes,
+        metrics=metrics,
+        predictions=predictions,
+        samples=samples,
+        loss=float(predictions.loss.astype(np.float64).mean()),
+        skipped=errors,
+        seconds=seconds,
+        info=info,
+    )
+    return result, errors
+
+
+def _fork_context():
+    """fork where there is one: make_dataset's Dataset class is local, so spawn or forkserver
+    (the default on Linux from Python 3.14) could not pickle it."""
+    import multiprocessing
+
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return None
+
+
+def _split_name(options: EvalOptions) -> str | None:
+    if options.split:
+        return options.split
+    if options.data == "digits":
+        return "test"
+    path = os.path.join(options.data, "test")
+    return "test" if os.path.isdir(path) else None
