@@ -10,10 +10,21 @@ import importlib
 import os
 import sys
 
-from torchkit.cli.app import app
+from torchkit.cli.app import app, exit_quietly_on_broken_pipe
 
 # Each module defines `register(app)`; order is the order of `torchkit --help`.
-COMMAND_MODULES: tuple[str, ...] = ("env", "evaluate", "dataset_stats", "split", "video_info", "convert", "summary", "convert_syncbn", "extract_features")
+COMMAND_MODULES: tuple[str, ...] = (
+    "env",
+    "train",
+    "evaluate",
+    "convert",
+    "dataset_stats",
+    "split",
+    "summary",
+    "extract_features",
+    "video_info",
+    "convert_syncbn",
+)
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"torchkit.cli.{_name}").register(app)
@@ -27,7 +38,10 @@ def main() -> None:
         rich_utils = sys.modules.get("typer.rich_utils")  # read at its import; set it if too late
         if rich_utils is not None:
             rich_utils.MAX_WIDTH = int(os.environ["TERMINAL_WIDTH"])
-    app(prog_name="torchkit")
+    try:
+        app(prog_name="torchkit")
+    except BrokenPipeError:
+        exit_quietly_on_broken_pipe()
 
 
 __all__ = ["app", "main"]

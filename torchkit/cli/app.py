@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from typing import NoReturn
 
@@ -54,6 +55,8 @@ class TorchkitGroup(TyperGroup):
         except TorchkitError as error:
             _report(error, str(error))
             raise typer.Exit(error.exit_code) from None
+        except BrokenPipeError:
+            exit_quietly_on_broken_pipe()
         except KeyboardInterrupt:
             console.stderr.print("Interrupted.")
             raise typer.Exit(130) from None
@@ -71,6 +74,14 @@ def _usage_error(error: ClickUsageError) -> NoReturn:
     command = ctx.command_path if ctx is not None else "torchkit"
     _report(error, f"{error.format_message().rstrip('.')} (see '{command} --help')")
     raise typer.Exit(error.exit_code) from None
+
+
+def exit_quietly_on_broken_pipe() -> None:
+    """`torchkit ... | head`: the reader left. Stop without an error message (and without
+    Python's complaint when stdout is flushed at exit), with exit code 1 as click does."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(1)
 
 
 def _report(error: BaseException, line: str) -> None:

@@ -1,0 +1,759 @@
+"""`torchkit train`: image-classification training, one process or many (torchrun)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from typer._click.core import ParameterSource
+
+from torchkit.cli import console
+from torchkit.cli.options import (
+    DeterministicOption,
+    DeviceOption,
+    ForceOption,
+    FormatOption,
+    OutputOption,
+    SeedOption,
+    StrictOption,
+    WorkersOption,
+)
+from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.core.files import check_output
+from torchkit.core.train.config import TrainConfig
+
+DEFAULTS = TrainConfig()
+DATA_HELP = "Data and transforms"
+OPTIM_HELP = "Optimisation"
+OUT_HELP = "Outputs and checkpoints"
+MODEL_HELP = "Model and fine-tuning"
+
+
+class Optimizer(str, Enum):
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"
+    rmsprop = "rmsprop"
+
+
+class Scheduler(str, Enum):
+    cosine = "cosine"
+    step = "step"
+    multistep = "multistep"
+    exponential = "exponential"
+    plateau = "plateau"
+    none = "none"
+
+
+class AmpDtype(str, Enum):
+    auto = "auto"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+def _floats(text: str | None, option: str, count: int | None = None) -> tuple[float, ...] | None:
+    """`0.485,0.456,0.406` (commas or spaces) -> floats."""
+    if text is None:
+        return None
+    try:
+        values = tuple(float(p) for p in text.replace(",", " ").split())
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected numbers like 0.5,0.5, not {text!r}", param_hint=option
+        ) from None
+    if not values or (count is not None and len(values) != count):
+        raise typer.BadParameter(
+            f"expected {count or 'some'} number(s), not {text!r}", param_hint=option
+        )
+    return values
+
+
+def _ints(text: str | None, option: str) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(p) for p in text.replace(",", " ").split())
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected epochs like 30,60, not {text!r}", param_hint=option
+        ) from None
+
+
+def train_command(
+    ctx: typer.Context,
+    data: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--data",
+            "-d",
+            help="ROOT with train/ and val/ (and test/) image folders, one image folder or CSV "
+            "index (path,label) with --val-split, or `digits` (the default: 1,797 8x8 digits "
+            "from scikit-learn, split 80/10/10).",
+            show_default=False,
+            rich_help_panel=DATA_HELP,
+        ),
+    ] = None,
+    val_split: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--val-split",
+            help="Hold out this share of a single image set for validation "
+            "(stratified, seeded with --seed).",
+            rich_help_panel=DATA_HELP,
+        ),
+    ] = None,
+    model: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--model",
+            "-m",
+            help="torchvision model name, `convnet` or package.module:Callable. Default: convnet "
+            "for digits, resnet18 for image folders.",
+            rich_help_panel=MODEL_HELP,
+            show_default=False,
+        ),
+    ] = None,
+    weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--weights",
+            help="Start from pretrained weights: DEFAULT (torchvision's; needs the internet or "
+            "a warm cache) or a checkpoint / state-dict file. The head is replaced.",
+            rich_help_panel=MODEL_HELP,
+        ),
+    ] = None,
+    freeze_backbone: Annotated[
+        bool,
+        typer.Option(
+            "--freeze-backbone",
+            help="Train only the classifier head (backbone "
+            "weights and normalisation statistics stay as they are).",
+            rich_help_panel=MODEL_HELP,
+        ),
+    ] = DEFAULTS.freeze_backbone,
+    backbone_lr: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--backbone-lr",
+            help="Learning rate of the backbone (the head uses --lr).",
+            rich_help_panel=MODEL_HELP,
+        ),
+    ] = None,
+    head_lr_mult: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--head-lr-mult",
+            help="The head's learning rate is --lr times this.",
+            rich_help_panel=MODEL_HELP,
+        ),
+    ] = None,
+    sync_bn: Annotated[
+        bool,
+        typer.Option(
+            "--sync-bn",
+            help="BatchNorm -> SyncBatchNorm under torchrun (CUDA only).",
+            rich_help_panel=MODEL_HELP,
+        ),
+    ] = DEFAULTS.sync_bn,
+    image_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--image-size",
+            min=1,
+            show_default=False,
+            rich_help_panel=DATA_HELP,
+            help="Training crop size. Default: 16 for digits, 224 for image folders.",
+        ),
+    ] = None,
+    resize_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--resize-size",
+            min=1,
+            show_default=False,
+            rich_help_panel=DATA_HELP,
+            help="Evaluation resize before the centre crop. Default: --image-size for "
+            "digits, --image-size/0.875 for image folders.",
+        ),
+    ] = None,
+    mean: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--mean",
+            rich_help_panel=DATA_HELP,
+            help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (the ImageNet "
+            "default; `torchkit dataset-stats` computes your data's).",
+        ),
+    ] = None,
+    std: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--std",
+            rich_help_panel=DATA_HELP,
+            help="Normalisation std per channel, e.g. 0.229,0.224,0.225.",
+        ),
+    ] = None,
+    flip: Annotated[
+        Optional[bool],  # noqa: UP045
+        typer.Option(
+            "--flip/--no-flip",
+            show_default=False,
+            rich_help_panel=DATA_HELP,
+            help="Random horizontal flips. Default: on, off for digits.",
+        ),
+    ] = None,
+    crop_scale: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--crop-scale",
+            show_default=False,
+            rich_help_panel=DATA_HELP,
+            help="RandomResizedCrop area range MIN,MAX. Default: 0.08,1 (0.6,1 for digits).",
+        ),
+    ] = None,
+    epochs: Annotated[
+        int,
+        typer.Option("--epochs", "-e", min=1, help="Epochs to train.", rich_help_panel=OPTIM_HELP),
+    ] = DEFAULTS.epochs,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size",
+            "-b",
+            min=1,
+            rich_help_panel=OPTIM_HELP,
+            help="Images per batch and process (torchrun: global = N x this).",
+        ),
+    ] = DEFAULTS.batch_size,
+    optimizer: Annotated[
+        Optimizer, typer.Option("--optimizer", case_sensitive=False, rich_help_panel=OPTIM_HELP)
+    ] = Optimizer(DEFAULTS.optimizer),
+    lr: Annotated[
+        float, typer.Option("--lr", help="Peak learning rate.", rich_help_panel=OPTIM_HELP)
+    ] = DEFAULTS.lr,
+    momentum: Annotated[
+        float,
+        typer.Option("--momentum", help="SGD / RMSprop momentum.", rich_help_panel=OPTIM_HELP),
+    ] = DEFAULTS.momentum,
+    nesterov: Annotated[
+        bool,
+        typer.Option("--nesterov", help="Nesterov momentum (SGD).", rich_help_panel=OPTIM_HELP),
+    ] = DEFAULTS.nesterov,
+    weight_decay: Annotated[
+        float,
+        typer.Option(
+            "--weight-decay",
+            "--wd",
+            rich_help_panel=OPTIM_HELP,
+            help="Weight decay (not on biases and normalisation weights).",
+        ),
+    ] = DEFAULTS.weight_decay,
+    decay_all: Annotated[
+        bool,
+        typer.Option(
+            "--decay-all",
+            rich_help_panel=OPTIM_HELP,
+            help="Weight decay on every parameter, biases and norms included.",
+        ),
+    ] = DEFAULTS.decay_all,
+    scheduler: Annotated[
+        Scheduler,
+        typer.Option(
+            "--scheduler",
+            case_sensitive=False,
+            rich_help_panel=OPTIM_HELP,
+            help="cosine anneals per iteration; step, multistep and "
+            "exponential decay per epoch; plateau on val top-1.",
+        ),
+    ] = Scheduler(DEFAULTS.scheduler),
+    warmup_epochs: Annotated[
+        float,
+        typer.Option(
+            "--warmup-epochs",
+            min=0,
+            rich_help_panel=OPTIM_HELP,
+            help="Linear warm-up, stepped per iteration (fractions allowed).",
+        ),
+    ] = DEFAULTS.warmup_epochs,
+    min_lr: Annotated[
+        float,
+        typer.Option("--min-lr", min=0, help="Final lr of cosine.", rich_help_panel=OPTIM_HELP),
+    ] = DEFAULTS.min_lr,
+    step_size: Annotated[
+        int,
+        typer.Option(
+            "--step-size", min=1, help="step: epochs between decays.", rich_help_panel=OPTIM_HELP
+        ),
+    ] = DEFAULTS.step_size,
+    milestones: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--milestones",
+            help="multistep: epochs to decay at, e.g. 30,60.",
+            rich_help_panel=OPTIM_HELP,
+        ),
+    ] = None,
+    gamma: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--gamma",
+            show_default=False,
+            rich_help_panel=OPTIM_HELP,
+            help="Decay factor: 0.1 (step, multistep, plateau), 0.95 (exponential).",
+        ),
+    ] = None,
+    patience: Annotated[
+        int,
+        typer.Option(
+            "--patience",
+            min=0,
+            help="plateau: epochs without improvement before the lr decays.",
+            rich_help_panel=OPTIM_HELP,
+        ),
+    ] = DEFAULTS.patience,
+    label_smoothing: Annotated[
+        float,
+        typer.Option(
+            "--label-smoothing",
+            help="Cross-entropy label smoothing (0.1 is usual).",
+            rich_help_panel=OPTIM_HELP,
+        ),
+    ] = DEFAULTS.label_smoothing,
+    mixup_alpha: Annotated[
+        float,
+        typer.Option(
+            "--mixup-alpha", help="Mixup Beta(a, a); 0 = off.", rich_help_panel=OPTIM_HELP
+        ),
+    ] = DEFAULTS.mixup_alpha,
+    cutmix_alpha: Annotated[
+        float,
+        typer.Option(
+            "--cutmix-alpha",
+            help="CutMix Beta(a, a); 0 = off. With mixup: one or the other per batch.",
+            rich_help_panel=OPTIM_HELP,
+        ),
+    ] = DEFAULTS.cutmix_alpha,
+    l1: Annotated[
+        float,
+        typer.Option(
+            "--l1", help="L1 penalty weight on the decayed weights.", rich_help_panel=OPTIM_HELP
+        ),
+    ] = DEFAULTS.l1,
+    clip_grad: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--clip-grad", help="Clip the gradient norm to this.", rich_help_panel=OPTIM_HELP
+        ),
+    ] = None,
+    accum_steps: Annotated[
+        int,
+        typer.Option(
+            "--accum-steps",
+            min=1,
+            rich_help_panel=OPTIM_HELP,
+            help="Accumulate gradients over this many batches per update.",
+        ),
+    ] = DEFAULTS.accum_steps,
+    ema: Annotated[
+        bool,
+        typer.Option(
+            "--ema",
+            help="Keep an EMA of the weights, evaluated alongside.",
+            rich_help_panel=OPTIM_HELP,
+        ),
+    ] = DEFAULTS.ema,
+    ema_decay: Annotated[
+        float,
+        typer.Option(
+            "--ema-decay",
+            help="EMA decay per update (warmed up over the first updates).",
+            rich_help_panel=OPTIM_HELP,
+        ),
+    ] = DEFAULTS.ema_decay,
+    amp: Annotated[
+        bool,
+        typer.Option(
+            "--amp",
+            rich_help_panel=OPTIM_HELP,
+            help="Mixed precision: bf16 (or fp16 with a GradScaler) on CUDA, bf16 on CPU.",
+        ),
+    ] = DEFAULTS.amp,
+    amp_dtype: Annotated[
+        AmpDtype,
+        typer.Option(
+            "--amp-dtype",
+            case_sensitive=False,
+            rich_help_panel=OPTIM_HELP,
+            help="auto: bf16 where the GPU supports it, else fp16.",
+        ),
+    ] = AmpDtype(DEFAULTS.amp_dtype),
+    channels_last: Annotated[
+        bool,
+        typer.Option(
+            "--channels-last", help="channels-last memory format.", rich_help_panel=OPTIM_HELP
+        ),
+    ] = DEFAULTS.channels_last,
+    compile: Annotated[
+        bool, typer.Option("--compile", help="torch.compile the model.", rich_help_panel=OPTIM_HELP)
+    ] = DEFAULTS.compile,
+    seed: SeedOption = DEFAULTS.seed,
+    deterministic: DeterministicOption = DEFAULTS.deterministic,
+    device: DeviceOption = DEFAULTS.device,
+    workers: WorkersOption = None,
+    strict: StrictOption = DEFAULTS.strict,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--out",
+            file_okay=False,
+            show_default=False,
+            rich_help_panel=OUT_HELP,
+            help="Run folder (default runs/<model>-<timestamp>; with --resume, the "
+            "resumed run's folder).",
+        ),
+    ] = None,
+    resume: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--resume",
+            rich_help_panel=OUT_HELP,
+            help="Continue a run exactly: its folder (last.pt) or a checkpoint file.",
+        ),
+    ] = None,
+    save_every: Annotated[
+        int,
+        typer.Option(
+            "--save-every",
+            min=0,
+            rich_help_panel=OUT_HELP,
+            help="Also keep epoch-NNN.pt every N epochs (0 = never).",
+        ),
+    ] = DEFAULTS.save_every,
+    keep: Annotated[
+        int,
+        typer.Option(
+            "--keep",
+            min=0,
+            rich_help_panel=OUT_HELP,
+            help="Keep only the newest N epoch-NNN.pt (0 = all).",
+        ),
+    ] = DEFAULTS.keep,
+    early_stop: Annotated[
+        int,
+        typer.Option(
+            "--early-stop",
+            min=0,
+            rich_help_panel=OUT_HELP,
+            help="Stop after N epochs without a better val top-1 (0 = off).",
+        ),
+    ] = DEFAULTS.early_stop,
+    tensorboard: Annotated[
+        bool,
+        typer.Option(
+            "--tensorboard",
+            rich_help_panel=OUT_HELP,
+            help="Also log to OUT/tensorboard (needs the tensorboard package).",
+        ),
+    ] = DEFAULTS.tensorboard,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Train an image classifier: checkpoints (last.pt, best.pt), metrics.csv, curves.png and
+    config.json in the run folder, a summary at the end (test accuracy of best.pt).
+
+    Examples:
+
+      torchkit train  (convnet on the built-in digits)
+
+      torchkit train --data flowers/ --model resnet18 --weights DEFAULT --epochs 10
+
+      torchkit train --data images/ --val-split 0.1 --amp --ema --mixup-alpha 0.2
+
+      torchkit train --resume runs/convnet-20250101-120000
+
+      torchrun --nproc_per_node=2 -m torchkit train --data flowers/ --batch-size 32
+    """
+    from torchkit.core.train import run_training
+
+    if output is not None:
+        check_output(output, force)
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    if data is None and resume is None and is_main:
+        console.note(
+            "no --data given: training on digits, the 1,797 8x8 handwritten digits "
+            "bundled with scikit-learn"
+        )
+    config = TrainConfig(
+        data=data if data is not None else DEFAULTS.data,
+        val_split=val_split,
+        image_size=image_size,
+        resize_size=resize_size,
+        mean=_floats(mean, "--mean"),
+        std=_floats(std, "--std"),
+        flip=flip,
+        crop_scale=_floats(crop_scale, "--crop-scale", 2),
+        workers=workers,
+        strict=strict,
+        model=model,
+        weights=weights,
+        freeze_backbone=freeze_backbone,
+        backbone_lr=backbone_lr,
+        head_lr_mult=head_lr_mult,
+        sync_bn=sync_bn,
+        epochs=epochs,
+        batch_size=batch_size,
+        optimizer=optimizer.value,
+        lr=lr,
+        momentum=momentum,
+        nesterov=nesterov,
+        weight_decay=weight_decay,
+        decay_all=decay_all,
+        scheduler=scheduler.value,
+        warmup_epochs=warmup_epochs,
+        min_lr=min_lr,
+        step_size=step_size,
+        milestones=_ints(milestones, "--milestones"),
+        gamma=gamma,
+        patience=patience,
+        label_smoothing=label_smoothing,
+        mixup_alpha=mixup_alpha,
+        cutmix_alpha=cutmix_alpha,
+        l1=l1,
+        clip_grad=clip_grad,
+        accum_steps=accum_steps,
+        ema=ema,
+        ema_decay=ema_decay,
+        amp=amp,
+        amp_dtype=amp_dtype.value,
+        channels_last=channels_last,
+        compile=compile,
+        seed=seed,
+        deterministic=deterministic,
+        device=device,
+        out=None if out is None else str(out),
+        force=force,
+        resume=resume,
+        save_every=save_every,
+        keep=keep,
+        early_stop=early_stop,
+        tensorboard=tensorboard,
+    )
+    if not is_main:  # torchrun: rank 0 reports, the others stay quiet
+        import logging
+
+        logging.getLogger("torchkit").setLevel(logging.ERROR)
+    display = _Display(enabled=is_main)
+    with _StopOnCtrlC() as stop, display:
+        display.stop = stop
+        result = run_training(config, display, overrides=_given_options(ctx))
+    if not result.is_main:
+        if result.interrupted:
+            raise typer.Exit(130)
+        return
+    emit(tables=[summary_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)
+    if result.interrupted:
+        console.stderr.print(
+            f"Interrupted: saved {result.out_dir / 'last.pt'}; continue with "
+            f"`torchkit train --resume {result.out_dir}`",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(130)
+
+
+# CLI parameters that are not training options.
+_NOT_OPTIONS = {"fmt", "output"}
+
+
+def _given_options(ctx: typer.Context) -> list[str]:
+    """Names of the options given on the command line (they override a resumed run's)."""
+    given = []
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if name not in _NOT_OPTIONS and source in (
+            ParameterSource.COMMANDLINE,
+            ParameterSource.ENVIRONMENT,
+        ):
+            given.append(name)
+    return given
+
+
+class _StopOnCtrlC:
+    """The first Ctrl-C asks the run to stop after the current update (it saves last.pt and
+    exits with 130); a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> _StopOnCtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class _Display:
+    """Progress bar per epoch and one log line per epoch on stderr (rank 0 only)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.stop: _StopOnCtrlC | None = None
+        self._progress = None
+        self._task = None
+        self._epochs = 0
+        self._told_stop = False
+
+    def __enter__(self) -> _Display:
+        if self.enabled:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                console=console.stderr,
+                disable=not console.stderr.is_terminal,
+                transient=True,
+            )
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    # TrainCallbacks ---------------------------------------------------------------------------
+
+    def on_start(self, info) -> None:
+        if not self.enabled:
+            return
+        self._epochs = info.epochs
+        sizes = f"{info.train_size} train / {info.val_size} val"
+        if info.test_size:
+            sizes += f" / {info.test_size} test"
+        what = "continuing" if info.resumed_from else "training"
+        where = f"{info.device}" + (f" x {info.world_size}" if info.world_size > 1 else "")
+        console.note(
+            f"{what} {info.model} ({info.trainable:,} trainable parameters) on "
+            f"{info.config.data}: {sizes} images, {len(info.classes)} classes, {where}; "
+            f"writing {info.out_dir}"
+        )
+        if info.resumed_from:
+            console.note(f"resumed from {info.resumed_from} after epoch {info.start_epoch}")
+
+    def on_epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None:
+        if self._progress is None:
+            return
+        if self._task is not None:
+            self._progress.remove_task(self._task)
+        self._task = self._progress.add_task(
+            f"epoch {epoch}/{epochs}", total=steps, completed=done, stats=""
+        )
+
+    def on_step(self, info) -> None:
+        if self.stop is not None and self.stop.requested and not self._told_stop:
+            self._told_stop = True
+            console.stderr.print(
+                "Stopping: saving last.pt after this step (Ctrl-C again to quit at once)",
+                highlight=False,
+                markup=False,
+            )
+        if self._progress is None or self._task is None:
+            return
+        stats = (
+            f"loss {info.loss:.4f}  top1 {info.top1:.4f}  lr {info.lr:.2e}  "
+            f"{info.images_per_s:,.0f} img/s"
+        )
+        self._progress.update(self._task, completed=info.step, stats=stats)
+
+    def on_eval(self, split: str) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, stats=f"evaluating {split}")
+
+    def on_epoch_end(self, row: dict, is_best: bool) -> None:
+        if not self.enabled:
+            return
+        if self._progress is not None and self._task is not None:
+            self._progress.remove_task(self._task)
+            self._task = None
+        width = len(str(self._epochs))
+        line = (
+            f"epoch {row['epoch']:>{width}}/{self._epochs}  "
+            f"train loss {row['train_loss']:.4f} top1 {row['train_top1']:.4f}  "
+            f"val loss {row['val_loss']:.4f} top1 {row['val_top1']:.4f} "
+            f"top5 {row['val_top5']:.4f}"
+        )
+        if "val_ema_top1" in row:
+            line += f" ema {row['val_ema_top1']:.4f}"
+        line += (
+            f"  lr {row['lr']:.2e}  {row['epoch_time_s']:.1f}s  "
+            f"{row['images_per_s']:,.0f} img/s" + ("  *best" if is_best else "")
+        )
+        console.stderr.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    def should_stop(self) -> bool:
+        return self.stop is not None and self.stop.requested
+
+
+def summary_table(result) -> Table:
+    """The end-of-run table (JSON gets `result.to_dict()`, with every epoch's metrics)."""
+    sizes = f"{result.train_size} train / {result.val_size} val"
+    if result.test_size:
+        sizes += f" / {result.test_size} test"
+    rows: list[tuple[str, object]] = [
+        ("Model", result.model),
+        ("Data", f"{result.data} ({sizes})"),
+        ("Epochs", result.epochs),
+        ("Best epoch", result.best_epoch),
+        ("Best val top-1", result.best_val_top1),
+        ("Best val top-5", result.best_val_top5),
+    ]
+    if result.test_weights:
+        weights = result.test_weights
+        rows += [
+            (f"Test top-1 ({weights})", result.test_top1),
+            (f"Test top-5 ({weights})", result.test_top5),
+            (f"Test loss ({weights})", result.test_loss),
+        ]
+        if result.test_ema_top1 is not None:
+            rows.append((f"Test top-1, EMA weights ({weights})", result.test_ema_top1))
+    rows += [
+        ("Last train loss", result.last_train_loss),
+        ("Train images/s", "" if result.images_per_s is None else f"{result.images_per_s:,.0f}"),
+        ("Time", f"{result.total_seconds:.1f} s"),
+    ]
+    if result.skipped_images:
+        rows.append(("Skipped (unreadable)", result.skipped_images))
+    if result.stopped_early:
+        rows.append(("Stopped early", True))
+    if result.interrupted:
+        rows.append(("Interrupted", True))
+    rows.append(("Run folder", str(result.out_dir)))
+    return Table(["Metric", "Value"], rows, title="Training", align_right={"Value"})
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)

@@ -1,0 +1,148 @@
+"""Training checkpoints: what goes in, where they go, and reading one back to resume.
+
+OUT/last.pt after every epoch (and on Ctrl-C), OUT/best.pt when the validation top-1 improves,
+OUT/epoch-NNN.pt every --save-every epochs (the newest --keep of them kept). Each is written to a
+temporary file and renamed, and last.pt is written last: it is the commit point of an epoch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torchkit import __version__
+from torchkit.core.checkpoint import (
+    FORMAT_VERSION,
+    is_torchkit_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from torchkit.core.errors import CheckpointError
+
+LAST, BEST = "last.pt", "best.pt"
+PERIODIC = re.compile(r"^epoch-(\d+)\.pt$")
+# Keys a checkpoint needs to continue a run (best.pt and epoch-NNN.pt have them too).
+RESUME_KEYS = ("model", "optimizer", "scheduler", "epoch", "config", "classes", "arch")
+
+
+def build_checkpoint(
+    *,
+    arch: str,
+    classes: list[str],
+    model_state: Mapping[str, Any],
+    optimizer: Any,
+    schedule: Any,
+    scaler: Any,
+    ema: Any,
+    epoch: int,
+    global_step: int,
+    best_metric: float | None,
+    best_epoch: int | None,
+    config: dict,
+    preprocess: dict,
+    history: list[dict],
+    epoch_progress: dict | None = None,
+) -> dict:
+    """A torchkit checkpoint (DESIGN.md): tensors and plain values only.
+
+    `epoch` counts completed epochs; `epoch_progress` is set when the run stopped inside the
+    next epoch (Ctrl-C): how far it got, so --resume continues from there.
+    """
+    from torchkit.core.seeding import capture_rng_state
+
+    checkpoint = {
+        "format_version": FORMAT_VERSION,
+        "torchkit_version": __version__,
+        "arch": arch,
+        "num_classes": len(classes),
+        "classes": list(classes),
+        "model": dict(model_state),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": schedule.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "epoch": int(epoch),
+        "global_step": int(global_step),
+        "best_metric": best_metric,
+        "best_epoch": best_epoch,
+        "rng_state": capture_rng_state(),
+        "config": config,
+        "preprocess": preprocess,
+        "history": [dict(row) for row in history],
+        "epoch_progress": epoch_progress,
+    }
+    if ema is not None:
+        checkpoint["model_ema"] = ema.state_dict()
+        checkpoint["ema_updates"] = int(ema.updates)
+    return checkpoint
+
+
+def periodic_name(epoch: int) -> str:
+    return f"epoch-{epoch:03d}.pt"
+
+
+def save_epoch(
+    folder: Path,
+    checkpoint: dict,
+    *,
+    is_best: bool,
+    save_every: int,
+    keep: int,
+) -> list[Path]:
+    """Write best.pt (if improved), epoch-NNN.pt (if due), then last.pt; prune old periodic
+    ones. Returns the files written."""
+    written = []
+    epoch = checkpoint["epoch"]
+    if is_best:
+        save_checkpoint(checkpoint, folder / BEST)
+        written.append(folder / BEST)
+    if save_every and epoch % save_every == 0:
+        save_checkpoint(checkpoint, folder / periodic_name(epoch))
+        written.append(folder / periodic_name(epoch))
+    save_checkpoint(checkpoint, folder / LAST)
+    written.append(folder / LAST)
+    if keep:
+        prune_periodic(folder, keep)
+    return written
+
+
+def prune_periodic(folder: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest epoch-NNN.pt files."""
+    found = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := PERIODIC.match(p.name)))
+    removed = [path for _, path in found[: max(0, len(found) - keep)]]
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
+
+
+def resume_path(spec: str) -> Path:
+    """--resume DIR (its last.pt) or FILE."""
+    path = Path(spec)
+    if path.is_dir():
+        candidate = path / LAST
+        if not candidate.is_file():
+            raise CheckpointError(
+                f"no {LAST} in {path}", "give the run folder of an earlier `torchkit train`"
+            )
+        return candidate
+    if not path.exists():
+        raise CheckpointError(f"checkpoint to resume not found: {path}", "check --resume")
+    return path
+
+
+def load_for_resume(spec: str) -> tuple[Path, dict]:
+    path = resume_path(spec)
+    checkpoint = load_checkpoint(path)
+    if not is_torchkit_checkpoint(checkpoint):
+        raise CheckpointError(
+            f"{path} is not a torchkit training checkpoint",
+            "--resume continues a `torchkit train` run; use --weights for other weights",
+        )
+    missing = [key for key in RESUME_KEYS if key not in checkpoint]
+    if missing:
+        raise CheckpointError(
+            f"{path} cannot continue a run: it has no {', '.join(missing)}",
+            "use it with --weights to start a new run from its weights",
+        )
+    return path, checkpoint

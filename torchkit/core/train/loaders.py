@@ -1,0 +1,262 @@
+"""Datasets and DataLoaders for training, reproducible whatever the workers or processes.
+
+The train order of epoch e is a permutation seeded with (seed + e), split over ranks as
+DistributedSampler does; the augmentation of image i in epoch e draws from torch's generator
+seeded with (seed, e, i). So a run gives the same batches with 0 or 8 workers, persistent or not,
+with one process or several, and a resumed run (even mid-epoch) continues exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data import (
+    DIGITS,
+    Preprocess,
+    Samples,
+    collate_skipping_unreadable,
+    eval_transform,
+    make_dataset,
+    resolve_splits,
+    seed_worker,
+    train_transform,
+)
+from torchkit.core.errors import InputError
+from torchkit.core.train.config import TrainConfig
+
+log = logging.getLogger("torchkit")
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-spread 63-bit seed from integers (splitmix64 over each part in turn)."""
+    state = 0x9E3779B97F4A7C15
+    for part in parts:
+        state = (state ^ (part & _MASK64)) & _MASK64
+        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1
+
+
+def load_splits(config: TrainConfig) -> dict[str, Samples]:
+    """train/val(/test) named by --data, with clear errors for data that cannot train."""
+    splits = resolve_splits(config.data, val_split=config.val_split, seed=config.seed)
+    if config.val_split and (config.data == DIGITS or (Path(config.data) / "val").is_dir()):
+        log.warning("--val-split is ignored: %s has its own validation split", config.data)
+    train = splits["train"]
+    if len(train.classes) < 2:
+        raise InputError(
+            f"{config.data} has only one class ({train.classes[0] or 'no class folders'})",
+            "a classifier needs at least two class folders",
+        )
+    counts = train.class_counts()
+    empty = [name for name, count in zip(train.classes, counts, strict=True) if count == 0]
+    if empty:
+        raise InputError(
+            f"class {', '.join(repr(e) for e in empty[:5])} has no training images",
+            "add images to the folder or remove it",
+        )
+    if len(splits.get("val", [])) == 0:
+        raise InputError("the validation set is empty", "use a larger --val-split or add images")
+    return splits
+
+
+def preprocess_for(config: TrainConfig) -> Preprocess:
+    return Preprocess(
+        image_size=int(config.image_size),
+        resize_size=int(config.resize_size),
+        mean=tuple(config.mean),
+        std=tuple(config.std),
+        in_channels=3,
+    )
+
+
+class EpochSampler:
+    """Yields (epoch, index) pairs: this rank's share of epoch `epoch`'s order.
+
+    Shuffled orders are `randperm(n)` seeded with seed + epoch (as DistributedSampler), padded
+    by repetition to a multiple of the world size, then every world_size-th from `rank`. So
+    the global batch j of a world of N processes with batch B holds the same images as batch j
+    of one process with batch N x B. `skip` leaves out the first images (mid-epoch resume).
+    """
+
+    def __init__(self, size: int, *, shuffle: bool, seed: int, rank: int = 0, world: int = 1):
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world = rank, world
+        self.epoch = 0
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+
+    def _order(self) -> list[int]:
+        import torch
+
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        else:
+            order = list(range(self.size))
+        if self.world > 1:
+            padded = -(-self.size // self.world) * self.world
+            order = (order * (padded // max(1, len(order)) + 1))[:padded]
+            order = order[self.rank :: self.world]
+        return order
+
+    def __iter__(self):
+        for index in self._order()[self.skip :]:
+            yield (self.epoch, index)
+
+    def __len__(self) -> int:
+        return max(0, -(-self.size // self.world) - self.skip)
+
+
+class SeededDataset:
+    """Wraps a dataset: item (epoch, i) is item i with torch's generator seeded from
+    (seed, epoch, i), so its random augmentation does not depend on who loads it or when. In
+    the main process (workers=0) the generator's state is restored afterwards, so the model's
+    random numbers (dropout, mixup) are not disturbed."""
+
+    def __init__(self, inner: Any, seed: int) -> None:
+        self.inner, self.seed = inner, seed
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, key):
+        import torch
+
+        epoch, index = key
+        generator = torch.default_generator
+        in_main = torch.utils.data.get_worker_info() is None
+        saved = generator.get_state() if in_main else None
+        generator.manual_seed(mix_seed(self.seed, epoch, index))
+        try:
+            return self.inner[index]
+        finally:
+            if saved is not None:
+                generator.set_state(saved)
+
+
+class ShardSampler:
+    """Every world_size-th index from `rank`, in order: evaluation shards that cover the data
+    exactly once (no padding, so no image counts twice)."""
+
+    def __init__(self, size: int, rank: int = 0, world: int = 1) -> None:
+        self.indices = list(range(rank, size, world))
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def _worker_init(worker_id: int) -> None:
+    # Ctrl-C reaches the whole process group: the main process handles it (saving a
+    # checkpoint) and shuts the workers down; a worker dying of it would break that.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    seed_worker(worker_id)
+
+
+@dataclass
+class Loaders:
+    train: Any
+    train_sampler: EpochSampler
+    val: Any
+    test: Any | None
+    train_size: int
+    val_size: int
+    test_size: int
+
+
+def default_workers_for(data: str) -> int:
+    """In-memory digits decode in microseconds: worker processes only add overhead there."""
+    from torchkit.core.data import default_workers
+
+    return 0 if data == DIGITS else default_workers()
+
+
+def build_loaders(
+    splits: dict[str, Samples],
+    preprocess: Preprocess,
+    config: TrainConfig,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    pin_memory: bool = False,
+) -> Loaders:
+    import torch
+
+    workers = config.workers if config.workers is not None else default_workers_for(config.data)
+    common: dict[str, Any] = {
+        "num_workers": workers,
+        "collate_fn": collate_skipping_unreadable,
+        "pin_memory": pin_memory,
+    }
+    if workers > 0:
+        common.update(
+            persistent_workers=True,
+            worker_init_fn=_worker_init,
+            prefetch_factor=4,
+            multiprocessing_context=_mp_context(),
+        )
+    train_set = SeededDataset(
+        make_dataset(
+            splits["train"],
+            train_transform(
+                preprocess, flip=bool(config.flip), crop_scale=tuple(config.crop_scale)
+            ),
+        ),
+        config.seed,
+    )
+    sampler = EpochSampler(
+        len(splits["train"]), shuffle=True, seed=config.seed, rank=rank, world=world
+    )
+    generator = torch.Generator()
+    generator.manual_seed(config.seed)
+    train = torch.utils.data.DataLoader(
+        train_set, batch_size=config.batch_size, sampler=sampler, generator=generator, **common
+    )
+
+    def eval_loader(samples: Samples, persistent: bool):
+        dataset = make_dataset(samples, eval_transform(preprocess))
+        options = dict(common)
+        if not persistent:
+            options.pop("persistent_workers", None)
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_size=config.batch_size,
+            sampler=ShardSampler(len(samples), rank, world),
+            **options,
+        )
+
+    test = splits.get("test")
+    return Loaders(
+        train=train,
+        train_sampler=sampler,
+        val=eval_loader(splits["val"], persistent=True),
+        test=eval_loader(test, persistent=False) if test is not None and len(test) else None,
+        train_size=len(splits["train"]),
+        val_size=len(splits["val"]),
+        test_size=len(test) if test is not None else 0,
+    )
+
+
+def _mp_context():
+    """fork where there is one: make_dataset's class is local, so spawn could not pickle it
+    (and Python 3.14 makes forkserver the default on Linux). Workers never touch CUDA."""
+    import multiprocessing
+
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return None

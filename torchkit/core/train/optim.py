@@ -1,0 +1,238 @@
+"""Parameter groups, the optimiser and the learning-rate schedule.
+
+Groups: weight decay only on the weights of convolutions and linear layers, not on biases and
+normalisation parameters (decaying those only hurts; `--decay-all` turns it off), and the
+classifier head apart from the backbone so it can get a larger learning rate.
+
+The schedule is a pure function of the optimiser update count (plus the plateau state), set on
+every update: warm-up ramps linearly per iteration, cosine anneals per iteration, step /
+multistep / exponential decay at epoch boundaries (their options are in epochs), plateau decays
+after `patience` epochs without a better validation accuracy. Resuming restores it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.train.config import TrainConfig
+
+NORM_TYPES_NAMES = ("BatchNorm", "GroupNorm", "LayerNorm", "InstanceNorm", "LocalResponseNorm")
+
+
+@dataclass
+class ParamGroupSpec:
+    name: str  # backbone/head + decay/no_decay
+    params: list
+    names: list[str]
+    lr: float
+    weight_decay: float
+
+
+def _is_norm(module: Any) -> bool:
+    from torch import nn
+
+    norms = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+    return isinstance(module, norms) or any(n in type(module).__name__ for n in NORM_TYPES_NAMES)
+
+
+def no_decay_names(model: Any) -> set[str]:
+    """Parameters that get no weight decay: biases, normalisation weights, and every other
+    parameter of one dimension (scales, offsets); plus what the model's `no_weight_decay()`
+    names (position embeddings and class tokens of vision transformers)."""
+    names: set[str] = set()
+    for module_name, module in model.named_modules():
+        prefix = f"{module_name}." if module_name else ""
+        for param_name, param in module.named_parameters(recurse=False):
+            if param.ndim <= 1 or param_name == "bias" or _is_norm(module):
+                names.add(prefix + param_name)
+    extra = getattr(model, "no_weight_decay", None)
+    if callable(extra):
+        wanted = set(extra())
+        names |= {
+            n for n, _ in model.named_parameters() if n in wanted or n.split(".")[-1] in wanted
+        }
+    return names
+
+
+def head_prefix(model: Any) -> str:
+    from torchkit.core.models import find_head
+
+    name, _ = find_head(model)
+    return name
+
+
+def is_head_param(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def freeze_backbone(model: Any) -> int:
+    """requires_grad=False on everything but the head; returns the number frozen."""
+    prefix = head_prefix(model)
+    frozen = 0
+    for name, param in model.named_parameters():
+        if not is_head_param(name, prefix):
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen
+
+
+def set_frozen_norms_eval(model: Any) -> None:
+    """Keep the normalisation layers of a frozen backbone in eval mode, so their running
+    statistics stay those of the pretrained weights (frozen means frozen)."""
+    prefix = head_prefix(model)
+    for name, module in model.named_modules():
+        if name and not is_head_param(name, prefix) and _is_norm(module):
+            module.eval()
+
+
+def param_groups(model: Any, config: TrainConfig) -> list[ParamGroupSpec]:
+    """Backbone and head groups, each split into decayed and not decayed parameters."""
+    prefix = head_prefix(model)
+    skip_decay = set() if config.decay_all else no_decay_names(model)
+    head_lr, backbone_lr = config.lr, config.lr
+    if config.backbone_lr is not None:
+        backbone_lr = config.backbone_lr
+    if config.head_lr_mult is not None:
+        head_lr = config.lr * config.head_lr_mult
+    buckets: dict[str, ParamGroupSpec] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        part = "head" if is_head_param(name, prefix) else "backbone"
+        decay = name not in skip_decay
+        key = f"{part}_{'decay' if decay else 'no_decay'}"
+        if key not in buckets:
+            buckets[key] = ParamGroupSpec(
+                name=key,
+                params=[],
+                names=[],
+                lr=head_lr if part == "head" else backbone_lr,
+                weight_decay=config.weight_decay if decay else 0.0,
+            )
+        buckets[key].params.append(param)
+        buckets[key].names.append(name)
+    order = ("backbone_decay", "backbone_no_decay", "head_decay", "head_no_decay")
+    return [buckets[k] for k in order if k in buckets and buckets[k].lr > 0]
+
+
+def build_optimizer(groups: list[ParamGroupSpec], config: TrainConfig):
+    """The optimiser over `groups`; each group remembers its `base_lr` for the schedule."""
+    import torch
+
+    from torchkit.core.errors import UsageError
+
+    if not groups:
+        raise UsageError("no parameters to train", "did --freeze-backbone freeze everything?")
+    torch_groups = [
+        {
+            "params": g.params,
+            "lr": g.lr,
+            "base_lr": g.lr,
+            "weight_decay": g.weight_decay,
+            "group_name": g.name,
+        }
+        for g in groups
+    ]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            torch_groups, lr=config.lr, momentum=config.momentum, nesterov=config.nesterov
+        )
+    if config.optimizer == "adam":
+        return torch.optim.Adam(torch_groups, lr=config.lr)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(torch_groups, lr=config.lr)
+    return torch.optim.RMSprop(torch_groups, lr=config.lr, momentum=config.momentum, alpha=0.9)
+
+
+class LRSchedule:
+    """Sets each group's lr to base_lr x factor(update) after every optimiser update.
+
+    `updates_per_epoch` is the number of optimiser updates in one epoch (batches / accum).
+    """
+
+    def __init__(self, optimizer, config: TrainConfig, updates_per_epoch: int) -> None:
+        self.optimizer = optimizer
+        self.kind = config.scheduler
+        self.epochs = config.epochs
+        self.per_epoch = max(1, updates_per_epoch)
+        self.warmup = int(round(config.warmup_epochs * self.per_epoch))
+        self.total = config.epochs * self.per_epoch
+        self.gamma = config.gamma_value()
+        self.step_size = config.step_size
+        self.milestones = sorted(config.milestones)
+        self.patience = config.patience
+        self.min_lr = config.min_lr
+        self.base_lr = config.lr
+        self.updates = 0
+        # Plateau state: best validation metric, epochs without a better one, current scale.
+        self.plateau_best: float | None = None
+        self.plateau_bad = 0
+        self.plateau_scale = 1.0
+        self._apply()
+
+    def factor(self, update: int) -> float:
+        """Multiplier of the base lr for optimiser update number `update` (0-based)."""
+        ramp = min(1.0, (update + 1) / self.warmup) if self.warmup > 0 else 1.0
+        epoch = update // self.per_epoch
+        if self.kind == "cosine":
+            span = max(1, self.total - self.warmup)
+            t = min(max(update - self.warmup, 0), span) / span
+            floor = self.min_lr / self.base_lr if self.base_lr > 0 else 0.0
+            decay = floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+        elif self.kind == "step":
+            decay = self.gamma ** (epoch // self.step_size)
+        elif self.kind == "multistep":
+            decay = self.gamma ** sum(1 for m in self.milestones if epoch >= m)
+        elif self.kind == "exponential":
+            decay = self.gamma**epoch
+        elif self.kind == "plateau":
+            decay = self.plateau_scale
+        else:
+            decay = 1.0
+        return ramp * decay
+
+    def _apply(self) -> None:
+        scale = self.factor(self.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["base_lr"] * scale
+
+    def step(self) -> None:
+        """Call after each optimiser update: sets the lr for the next one."""
+        self.updates += 1
+        self._apply()
+
+    def epoch_end(self, metric: float | None) -> None:
+        """Plateau: a validation accuracy not better than the best for `patience` + 1 epochs in
+        a row multiplies the lr by gamma (ReduceLROnPlateau, mode max, threshold 1e-4 rel)."""
+        if self.kind != "plateau" or metric is None:
+            return
+        if self.plateau_best is None or metric > self.plateau_best * (1 + 1e-4):
+            self.plateau_best = metric
+            self.plateau_bad = 0
+        else:
+            self.plateau_bad += 1
+            if self.plateau_bad > self.patience:
+                self.plateau_scale *= self.gamma
+                self.plateau_bad = 0
+        self._apply()
+
+    def current_lr(self) -> float:
+        """The lr of the first group (the backbone's, or the head's when it alone trains)."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict(self) -> dict:
+        return {
+            "updates": self.updates,
+            "plateau_best": self.plateau_best,
+            "plateau_bad": self.plateau_bad,
+            "plateau_scale": self.plateau_scale,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.updates = int(state["updates"])
+        self.plateau_best = state.get("plateau_best")
+        self.plateau_bad = int(state.get("plateau_bad", 0))
+        self.plateau_scale = float(state.get("plateau_scale", 1.0))
+        self._apply()

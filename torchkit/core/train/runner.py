@@ -1,0 +1,664 @@
+"""`run_training(config, callbacks) -> TrainResult`: the whole run, from options to best.pt."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from torchkit.core.checkpoint import load_checkpoint, load_weights_into
+from torchkit.core.data import DIGITS
+from torchkit.core.errors import CheckpointError, DeviceError, OutputExistsError, UsageError
+from torchkit.core.files import check_output
+from torchkit.core.train import distributed as dist_utils
+from torchkit.core.train.checkpoints import BEST, build_checkpoint, load_for_resume, save_epoch
+from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
+from torchkit.core.train.loaders import build_loaders, load_splits, mix_seed, preprocess_for
+from torchkit.core.train.loop import (
+    EpochProgress,
+    StepContext,
+    StepInfo,
+    UnreadableImages,
+    evaluate,
+    train_one_epoch,
+)
+from torchkit.core.train.outputs import (
+    TensorBoardLog,
+    check_tensorboard,
+    versions,
+    write_config_json,
+    write_curves_png,
+    write_metrics_csv,
+)
+
+log = logging.getLogger("torchkit")
+
+TOPK = 5
+# Plotting takes a good fraction of a second: curves.png is redrawn at most this often during
+# the run, and always at its end. metrics.csv is rewritten after every epoch.
+CURVES_EVERY_S = 30.0
+
+
+@dataclass
+class RunInfo:
+    """Told to `on_start` once everything is loaded, before the first step."""
+
+    out_dir: Path
+    device: str
+    world_size: int
+    model: str
+    parameters: int
+    trainable: int
+    classes: list[str]
+    train_size: int
+    val_size: int
+    test_size: int
+    epochs: int
+    start_epoch: int  # completed epochs (0 unless resumed)
+    steps_per_epoch: int
+    resumed_from: str | None
+    best_val_top1: float | None  # of the resumed run so far
+    config: TrainConfig
+
+
+class TrainCallbacks:
+    """Hooks for a progress display; every method is optional. Called on rank 0 only."""
+
+    def on_start(self, info: RunInfo) -> None: ...
+
+    def on_epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None: ...
+
+    def on_step(self, info: StepInfo) -> None: ...
+
+    def on_eval(self, split: str) -> None: ...
+
+    def on_epoch_end(self, row: dict, is_best: bool) -> None: ...
+
+    def should_stop(self) -> bool:
+        """Polled after each optimiser update: True saves last.pt and stops (Ctrl-C)."""
+        return False
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    model: str
+    data: str
+    epochs: int  # epochs completed in total (resumed runs included)
+    best_epoch: int | None
+    best_val_top1: float | None
+    best_val_top5: float | None
+    test_top1: float | None = None
+    test_top5: float | None = None
+    test_loss: float | None = None
+    train_size: int = 0
+    val_size: int = 0
+    test_size: int = 0
+    test_weights: str | None = None  # which checkpoint's weights the test numbers are of
+    test_ema_top1: float | None = None
+    last_train_loss: float | None = None
+    last_train_top1: float | None = None
+    train_seconds: float = 0.0  # this invocation's training + evaluation time
+    total_seconds: float = 0.0  # from the call to the return
+    images_per_s: float | None = None
+    stopped_early: bool = False
+    interrupted: bool = False
+    skipped_images: int = 0
+    resumed_from: str | None = None
+    is_main: bool = True
+    world_size: int = 1
+    history: list[dict] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["out_dir"] = str(self.out_dir)
+        data.pop("is_main")
+        return data
+
+
+def run_training(
+    config: TrainConfig,
+    callbacks: TrainCallbacks | None = None,
+    *,
+    overrides: Collection[str] | None = None,
+) -> TrainResult:
+    """Train as `config` says. With `config.resume`, the saved run's options are used except
+    those named in `overrides` (default: the options of `config` that differ from the defaults).
+    """
+    import torch
+
+    started = time.perf_counter()
+    flags = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+    ctx = dist_utils.setup(config.device)
+    try:
+        return _Run(config, callbacks or TrainCallbacks(), overrides, ctx, started).run()
+    except torch.OutOfMemoryError as error:
+        raise DeviceError(
+            f"the GPU ran out of memory with --batch-size {config.batch_size}",
+            "use a smaller --batch-size (with --accum-steps to keep the effective batch), "
+            "--amp, or a smaller --image-size",
+        ) from error
+    finally:
+        dist_utils.teardown(ctx)
+        torch.use_deterministic_algorithms(flags[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[1:]
+
+
+class _Run:
+    """The state of one run; `run()` drives it."""
+
+    def __init__(self, config, callbacks, overrides, ctx, started) -> None:
+        self.requested = config
+        self.callbacks = callbacks
+        self.overrides = overrides
+        self.ctx = ctx
+        self.started = started
+        self.checkpoint: dict | None = None
+        self.resumed_from: Path | None = None
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _config(self) -> TrainConfig:
+        config = self.requested
+        if config.resume:
+            self.resumed_from, self.checkpoint = load_for_resume(config.resume)
+            config = merge_for_resume(self.checkpoint["config"], config, self.overrides)
+        return resolve_defaults(config, is_digits=config.data == DIGITS)
+
+    def _out_dir(self, config: TrainConfig) -> tuple[Path, bool]:
+        """The run folder, and whether it continues an existing run in place."""
+        if config.out:
+            out = Path(config.out)
+        elif self.resumed_from is not None:
+            out = self.resumed_from.parent
+        else:
+            out = Path(dist_utils.broadcast_from_main(self.ctx, str(_default_out(config.model))))
+        in_place = (
+            self.resumed_from is not None and out.resolve() == self.resumed_from.parent.resolve()
+        )
+        if not in_place:
+            try:
+                check_output(out, config.force, what="output folder")
+            except OutputExistsError as error:
+                raise OutputExistsError(
+                    f"output folder already exists: {out}",
+                    f"pass --resume {out} to continue that run, --force to overwrite it, "
+                    "or choose another --out",
+                ) from error
+            if out.exists() and not out.is_dir():
+                raise OutputExistsError(f"--out is a file, not a folder: {out}")
+        return out, in_place
+
+    def _amp(self, config: TrainConfig):
+        """(autocast factory, GradScaler or None, dtype name)."""
+        import torch
+
+        device = self.ctx.device
+        if not config.amp:
+            return contextlib.nullcontext, None, "float32"
+        if device.type == "cuda":
+            bf16 = config.amp_dtype == "bf16" or (
+                config.amp_dtype == "auto" and torch.cuda.is_bf16_supported()
+            )
+            dtype = torch.bfloat16 if bf16 else torch.float16
+            scaler = None if bf16 else torch.amp.GradScaler("cuda")
+        else:
+            if config.amp_dtype == "fp16":
+                raise UsageError(
+                    "--amp-dtype fp16 needs a CUDA GPU", "use --amp-dtype bf16 (or auto) on CPUs"
+                )
+            dtype, scaler = torch.bfloat16, None
+        return (lambda: torch.autocast(device.type, dtype=dtype)), scaler, str(dtype).split(".")[-1]
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        self._setup()
+        self._write_run_files()
+        self._announce()
+        self._train()
+        self._test()
+        self.result.total_seconds = time.perf_counter() - self.started
+        return self.result
+
+    def _setup(self) -> None:
+        """Everything that can fail on bad input, before anything is written."""
+        import torch
+
+        from torchkit.core.models import build_model
+        from torchkit.core.seeding import seed_everything
+
+        ctx = self.ctx
+        config = self.config = self._config()
+        sync_bn = dist_utils.check_sync_bn(ctx, config.sync_bn)
+        if config.tensorboard:
+            check_tensorboard()
+        self.autocast, self.scaler, self.amp_dtype = self._amp(config)
+        self.out, self.in_place = self._out_dir(config)
+        seed_everything(config.seed, config.deterministic)
+        if ctx.device.type == "cuda" and not config.deterministic:
+            torch.backends.cudnn.benchmark = True
+
+        splits = load_splits(config)
+        self.classes = list(splits["train"].classes)
+        self.arch = str(config.model)
+        if self.checkpoint is not None:
+            self._check_resumed_classes()
+            self.arch = self.checkpoint["arch"]
+        self.preprocess = preprocess_for(config)
+        model = build_model(
+            self.arch,
+            len(self.classes),
+            weights=config.weights if self.checkpoint is None else None,
+            image_size=self.preprocess.image_size,
+            in_channels=self.preprocess.in_channels,
+        )
+        self.parameters = sum(p.numel() for p in model.parameters())
+        if config.freeze_backbone:
+            from torchkit.core.train.optim import freeze_backbone
+
+            freeze_backbone(model)
+        if sync_bn:
+            model = dist_utils.convert_sync_bn(model)
+        model.to(ctx.device)
+        if config.channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.loaders = build_loaders(
+            splits,
+            self.preprocess,
+            config,
+            rank=ctx.rank,
+            world=ctx.world_size,
+            pin_memory=ctx.device.type == "cuda",
+        )
+        self.steps_per_epoch = len(self.loaders.train)
+        if self.steps_per_epoch == 0:
+            raise UsageError("no training batches", "is the training set empty?")
+        self._build_training_state()
+
+    def _check_resumed_classes(self) -> None:
+        saved = list(self.checkpoint["classes"])
+        if saved != self.classes:
+            raise CheckpointError(
+                f"the checkpoint was trained on {len(saved)} classes ({_names(saved)}), the "
+                f"data has {len(self.classes)} ({_names(self.classes)})",
+                "resume with the data the run started with",
+            )
+
+    def _build_training_state(self) -> None:
+        """Optimiser, schedule, EMA and wrappers, restored from the checkpoint when resuming."""
+        import torch
+
+        from torchkit.core.train.ema import ModelEMA
+        from torchkit.core.train.optim import (
+            LRSchedule,
+            build_optimizer,
+            param_groups,
+            set_frozen_norms_eval,
+        )
+
+        config, model, checkpoint = self.config, self.model, self.checkpoint
+        updates_per_epoch = math.ceil(self.steps_per_epoch / config.accum_steps)
+        self.groups = param_groups(model, config)
+        self.optimizer = build_optimizer(self.groups, config)
+        self.schedule = LRSchedule(self.optimizer, config, updates_per_epoch)
+        self.start_epoch, self.best_metric, self.best_epoch = 0, None, None
+        self.history: list[dict] = []
+        self.progress = EpochProgress()
+        if checkpoint is not None:
+            load_weights_into(model, checkpoint["model"], source=str(self.resumed_from))
+            try:
+                self.optimizer.load_state_dict(checkpoint["optimizer"])
+            except (ValueError, KeyError) as error:
+                raise CheckpointError(
+                    f"the optimizer state in {self.resumed_from} does not fit: {error}",
+                    "resume with the same --optimizer and --freeze-backbone as the run",
+                ) from error
+            self.schedule.load_state_dict(checkpoint["scheduler"])
+            if self.scaler is not None and checkpoint.get("scaler"):
+                self.scaler.load_state_dict(checkpoint["scaler"])
+            self.start_epoch = int(checkpoint["epoch"])
+            self.best_metric = checkpoint.get("best_metric")
+            self.best_epoch = checkpoint.get("best_epoch")
+            self.history = [dict(r) for r in checkpoint.get("history", [])][: self.start_epoch]
+            self.progress = EpochProgress.from_dict(checkpoint.get("epoch_progress"))
+        self.ema = None
+        if config.ema:
+            self.ema = ModelEMA(model, config.ema_decay)
+            if checkpoint is not None and "model_ema" in checkpoint:
+                self.ema.load_state_dict(checkpoint["model_ema"], checkpoint.get("ema_updates", 0))
+        wrapped = dist_utils.wrap_ddp(model, self.ctx) if self.ctx.is_distributed else model
+        if config.compile:
+            wrapped = torch.compile(wrapped)
+        self.step_ctx = StepContext(
+            model=wrapped,
+            module=model,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            criterion=torch.nn.CrossEntropyLoss(label_smoothing=config.label_smoothing),
+            device=self.ctx.device,
+            scaler=self.scaler,
+            ema=self.ema,
+            autocast=self.autocast,
+            channels_last=config.channels_last,
+            accum_steps=config.accum_steps,
+            clip_grad=config.clip_grad,
+            l1=config.l1,
+            # L1 goes where weight decay goes: weights, not biases and norms (unless --decay-all).
+            l1_params=[p for g in self.groups if not g.name.endswith("no_decay") for p in g.params],
+            mixup_alpha=config.mixup_alpha,
+            cutmix_alpha=config.cutmix_alpha,
+            distributed=self.ctx.is_distributed,
+            frozen_norms=(lambda: set_frozen_norms_eval(model)) if config.freeze_backbone else None,
+        )
+
+    def _write_run_files(self) -> None:
+        """The run folder and config.json (rank 0), once every check has passed."""
+        ctx, config, out = self.ctx, self.config, self.out
+        # The barrier keeps rank 0 from creating the folder before every rank has checked it.
+        dist_utils.barrier(ctx)
+        if ctx.is_main:
+            if not self.in_place and config.force and out.exists():
+                from torchkit.core.files import prepare_output_dir
+
+                prepare_output_dir(out, True)
+            out.mkdir(parents=True, exist_ok=True)
+            loaders = self.loaders
+            write_config_json(
+                out / "config.json",
+                {
+                    "options": config.to_dict(),
+                    "defaults_from_data": list(config.data_defaults),
+                    "classes": self.classes,
+                    "num_classes": len(self.classes),
+                    "arch": self.arch,
+                    "preprocess": self.preprocess.to_dict(),
+                    "data_sizes": {
+                        "train": loaders.train_size,
+                        "val": loaders.val_size,
+                        "test": loaders.test_size,
+                    },
+                    "world_size": ctx.world_size,
+                    "global_batch_size": config.batch_size * ctx.world_size,
+                    "device": str(ctx.device),
+                    "amp_dtype": self.amp_dtype,
+                    "resumed_from": self._resumed_name(),
+                    "versions": versions(),
+                },
+            )
+        dist_utils.barrier(ctx)
+        self.tensorboard = (
+            TensorBoardLog(out / "tensorboard", purge_step=self.start_epoch + 1)
+            if config.tensorboard and ctx.is_main
+            else None
+        )
+        self.unreadable = UnreadableImages(config.strict)
+        self.result = TrainResult(
+            out_dir=out,
+            model=self.arch,
+            data=config.data,
+            epochs=self.start_epoch,
+            best_epoch=self.best_epoch,
+            best_val_top1=self.best_metric,
+            best_val_top5=_row_value(self.history, self.best_epoch, "val_top5"),
+            resumed_from=self._resumed_name(),
+            train_size=self.loaders.train_size,
+            val_size=self.loaders.val_size,
+            test_size=self.loaders.test_size,
+            is_main=ctx.is_main,
+            world_size=ctx.world_size,
+            history=self.history,
+            config=config.to_dict(),
+        )
+
+    def _resumed_name(self) -> str | None:
+        return str(self.resumed_from) if self.resumed_from else None
+
+    def _announce(self) -> None:
+        if not self.ctx.is_main:
+            return
+        self.callbacks.on_start(
+            RunInfo(
+                out_dir=self.out,
+                device=str(self.ctx.device),
+                world_size=self.ctx.world_size,
+                model=self.arch,
+                parameters=self.parameters,
+                trainable=sum(p.numel() for g in self.groups for p in g.params),
+                classes=self.classes,
+                train_size=self.loaders.train_size,
+                val_size=self.loaders.val_size,
+                test_size=self.loaders.test_size,
+                epochs=self.config.epochs,
+                start_epoch=self.start_epoch,
+                steps_per_epoch=self.steps_per_epoch,
+                resumed_from=self._resumed_name(),
+                best_val_top1=self.best_metric,
+                config=self.config,
+            )
+        )
+        if self.start_epoch >= self.config.epochs and self.progress.batches == 0:
+            log.warning(
+                "the run has already trained %d of %d epochs: nothing to train "
+                "(pass a larger --epochs to continue it)",
+                self.start_epoch,
+                self.config.epochs,
+            )
+
+    # -- epochs ------------------------------------------------------------------------------
+
+    def _checkpoint(self, epochs_done: int, epoch_progress: dict | None) -> dict:
+        return build_checkpoint(
+            arch=self.arch,
+            classes=self.classes,
+            model_state=self.model.state_dict(),
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            scaler=self.scaler,
+            ema=self.ema,
+            epoch=epochs_done,
+            global_step=self.schedule.updates,
+            best_metric=self.best_metric,
+            best_epoch=self.best_epoch,
+            config=self.config.to_dict(),
+            preprocess=self.preprocess.to_dict(),
+            history=self.history,
+            epoch_progress=epoch_progress,
+        )
+
+    def _should_stop(self) -> bool:
+        wanted = self.callbacks.should_stop() if self.ctx.is_main else False
+        return dist_utils.any_rank(self.ctx, wanted)
+
+    def _evaluate(self, module, loader, *, full_precision: bool = False) -> dict:
+        """Loss, top-1 and top-5 over the whole of `loader`'s data (summed over ranks)."""
+        sums = evaluate(
+            module,
+            loader,
+            self.ctx.device,
+            topk=TOPK,
+            unreadable=self.unreadable,
+            autocast=contextlib.nullcontext if full_precision else self.autocast,
+            channels_last=self.config.channels_last and not full_precision,
+        )
+        loss_sum, top1, topk, count = dist_utils.all_reduce_sum(self.ctx, sums.as_list())
+        count = max(count, 1.0)
+        return {"loss": loss_sum / count, "top1": top1 / count, "top5": topk / count}
+
+    def _train(self) -> None:
+        from torchkit.core.seeding import restore_rng_state, seed_everything
+
+        ctx, config, result = self.ctx, self.config, self.result
+        train_started = time.perf_counter()
+        images_seen, images_seconds = 0.0, 0.0
+        mid_epoch = self.progress.batches > 0
+        curves_written = time.perf_counter()  # first plot after CURVES_EVERY_S, or at the end
+        for epoch in range(self.start_epoch, config.epochs):
+            # Random numbers are a function of (seed, rank, epoch), so a resumed run draws what
+            # the uninterrupted one did; inside an epoch, the saved state is restored instead.
+            if mid_epoch:
+                restore_rng_state(self.checkpoint["rng_state"])
+                mid_epoch = False
+            else:
+                seed_everything(mix_seed(config.seed, ctx.rank, epoch), config.deterministic)
+                self.progress = EpochProgress()
+            progress = self.progress
+            self.loaders.train_sampler.set_epoch(epoch, skip=progress.batches * config.batch_size)
+            if ctx.is_main:
+                self.callbacks.on_epoch_start(
+                    epoch + 1, config.epochs, self.steps_per_epoch, progress.batches
+                )
+            finished = train_one_epoch(
+                self.step_ctx,
+                self.loaders.train,
+                progress,
+                self.unreadable,
+                on_step=self.callbacks.on_step if ctx.is_main else None,
+                should_stop=self._should_stop,
+            )
+            if not finished:
+                if ctx.is_main:
+                    save_epoch(
+                        self.out,
+                        self._checkpoint(epoch, progress.to_dict()),
+                        is_best=False,
+                        save_every=0,
+                        keep=0,
+                    )
+                result.interrupted = True
+                break
+            row = self._epoch_row(epoch, progress)
+            images_seen += row["images_per_s"] * row["epoch_time_s"]
+            images_seconds += row["epoch_time_s"]
+            self.history.append(row)
+            self.schedule.epoch_end(row["val_top1"])
+            is_best = self._is_best(row)
+            if is_best:
+                self.best_metric, self.best_epoch = row["val_top1"], epoch + 1
+            if ctx.is_main:
+                save_epoch(
+                    self.out,
+                    self._checkpoint(epoch + 1, None),
+                    is_best=is_best,
+                    save_every=config.save_every,
+                    keep=config.keep,
+                )
+                write_metrics_csv(self.out / "metrics.csv", self.history)
+                if time.perf_counter() - curves_written > CURVES_EVERY_S:
+                    write_curves_png(self.out / "curves.png", self.history)
+                    curves_written = time.perf_counter()
+                if self.tensorboard is not None:
+                    self.tensorboard.epoch(row)
+                self.callbacks.on_epoch_end(row, is_best)
+            result.epochs = epoch + 1
+            if config.early_stop and epoch + 1 - self.best_epoch >= config.early_stop:
+                result.stopped_early = True
+                break
+            if epoch + 1 < config.epochs and self._should_stop():
+                result.interrupted = True
+                break
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if ctx.is_main and self.history:
+            write_curves_png(self.out / "curves.png", self.history)
+        result.best_epoch, result.best_val_top1 = self.best_epoch, self.best_metric
+        result.best_val_top5 = _row_value(self.history, self.best_epoch, "val_top5")
+        result.skipped_images = self.unreadable.count
+        if self.history:
+            result.last_train_loss = self.history[-1]["train_loss"]
+            result.last_train_top1 = self.history[-1]["train_top1"]
+        if images_seconds > 0:
+            result.images_per_s = images_seen / images_seconds
+        result.train_seconds = time.perf_counter() - train_started
+
+    def _epoch_row(self, epoch: int, progress: EpochProgress) -> dict:
+        """metrics.csv's row: training sums reduced over ranks, then validation."""
+        loss_sum, correct, seen = dist_utils.all_reduce_sum(
+            self.ctx, [progress.loss_sum, progress.correct, float(progress.seen)]
+        )
+        if self.ctx.is_main:
+            self.callbacks.on_eval("val")
+        val = self._evaluate(self.model, self.loaders.val)
+        row = {
+            "epoch": epoch + 1,
+            "train_loss": loss_sum / max(seen, 1.0),
+            "train_top1": correct / max(seen, 1.0),
+            "val_loss": val["loss"],
+            "val_top1": val["top1"],
+            "val_top5": val["top5"],
+            "lr": progress.last_lr,
+            "epoch_time_s": progress.seconds,
+            "images_per_s": seen / max(progress.seconds, 1e-9),
+        }
+        if self.ema is not None:
+            ema = self._evaluate(self.ema.module, self.loaders.val)
+            row |= {
+                "val_ema_loss": ema["loss"],
+                "val_ema_top1": ema["top1"],
+                "val_ema_top5": ema["top5"],
+            }
+        return row
+
+    def _is_best(self, row: dict) -> bool:
+        """The highest val top-1; on a tie (small val sets saturate) the lower val loss."""
+        if self.best_metric is None or row["val_top1"] > self.best_metric:
+            return True
+        best_loss = _row_value(self.history, self.best_epoch, "val_loss")
+        return row["val_top1"] == self.best_metric and (
+            best_loss is not None and row["val_loss"] < best_loss
+        )
+
+    def _test(self) -> None:
+        """Test metrics of best.pt's weights, in full precision (as `torchkit eval` computes)."""
+        result = self.result
+        if self.loaders.test is None or result.interrupted or self.best_epoch is None:
+            return
+        dist_utils.barrier(self.ctx)  # best.pt is written by rank 0
+        if self.ctx.is_main:
+            self.callbacks.on_eval("test")
+        best = load_checkpoint(self.out / BEST)
+        load_weights_into(self.model, best["model"], source=str(self.out / BEST))
+        test = self._evaluate(self.model, self.loaders.test, full_precision=True)
+        result.test_top1, result.test_top5 = test["top1"], test["top5"]
+        result.test_loss = test["loss"]
+        result.test_weights = BEST
+        if self.ema is not None and "model_ema" in best:
+            self.ema.module.load_state_dict(best["model_ema"])
+            ema = self._evaluate(self.ema.module, self.loaders.test, full_precision=True)
+            result.test_ema_top1 = ema["top1"]
+
+
+def _default_out(model: str | None) -> Path:
+    """runs/<model>-<timestamp>, with a suffix if a run started in the same second."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = str(model).replace(":", "-").replace("/", "-").replace(".", "-")
+    out = Path("runs") / f"{name}-{stamp}"
+    suffix = 2
+    while out.exists():
+        out = Path("runs") / f"{name}-{stamp}-{suffix}"
+        suffix += 1
+    return out
+
+
+def _names(classes: list[str]) -> str:
+    shown = ", ".join(map(str, classes[:5]))
+    return shown + (", ..." if len(classes) > 5 else "")
+
+
+def _row_value(history: list[dict], epoch: int | None, key: str) -> float | None:
+    for row in history:
+        if row["epoch"] == epoch:
+            return row.get(key)
+    return None
