@@ -62,7 +62,7 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runn
     config = json.loads((out / "config.json").read_text())
     options = config["options"]
     assert (options["model"], options["image_size"], options["flip"]) == ("convnet", 16, False)
-    assert options["crop_scale"] == [0.6, 1.0] and options["resize_size"] == 16
+    assert options["crop_scale"] == [0.85, 1.0] and options["resize_size"] == 16
     assert {"model", "image_size", "flip", "crop_scale"} <= set(config["defaults_from_data"])
     assert config["classes"] == [str(d) for d in range(10)]
     assert config["data_sizes"] == {"train": 1438, "val": 180, "test": 179}

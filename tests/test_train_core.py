@@ -31,7 +31,7 @@ def test_config_round_trips_through_its_dict():
 def test_digits_defaults_differ_from_image_folder_defaults_and_are_recorded():
     digits = resolve_defaults(TrainConfig(), is_digits=True)
     folder = resolve_defaults(TrainConfig(data="images/"), is_digits=False)
-    assert (digits.model, digits.flip, digits.crop_scale) == ("convnet", False, (0.6, 1.0))
+    assert (digits.model, digits.flip, digits.crop_scale) == ("convnet", False, (0.85, 1.0))
     assert digits.resize_size == digits.image_size  # no centre crop for 8x8 digits
     assert (folder.model, folder.image_size, folder.resize_size, folder.flip) == (
         "resnet18",

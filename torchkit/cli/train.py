@@ -213,7 +213,7 @@ def train_command(
             "--crop-scale",
             show_default=False,
             rich_help_panel=DATA_HELP,
-            help="RandomResizedCrop area range MIN,MAX. Default: 0.08,1 (0.6,1 for digits).",
+            help="RandomResizedCrop area range MIN,MAX. Default: 0.08,1 (0.85,1 for digits).",
         ),
     ] = None,
     epochs: Annotated[

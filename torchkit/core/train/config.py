@@ -26,7 +26,7 @@ DIGITS_DEFAULTS: dict[str, Any] = {
     "model": "convnet",
     "image_size": 16,  # the 8x8 digits upsampled 2x: the convnet's two 3x3 convolutions need room
     "flip": False,  # mirrored digits are other symbols
-    "crop_scale": (0.6, 1.0),  # RandomResizedCrop's 8% would cut most of the stroke away
+    "crop_scale": (0.85, 1.0),  # RandomResizedCrop's 8% would cut most of the stroke away
 }
 FOLDER_DEFAULTS: dict[str, Any] = {
     "model": "resnet18",
@@ -59,7 +59,7 @@ class TrainConfig:
     head_lr_mult: float | None = None
     sync_bn: bool = False
     # Optimisation
-    epochs: int = 30
+    epochs: int = 20
     batch_size: int = 64
     optimizer: str = "adamw"
     lr: float = 3e-3
@@ -74,7 +74,7 @@ class TrainConfig:
     milestones: tuple[int, ...] = ()
     gamma: float | None = None
     patience: int = 5
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.1
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     l1: float = 0.0

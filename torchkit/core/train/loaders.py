@@ -128,20 +128,34 @@ class SeededDataset:
 
     def __init__(self, inner: Any, seed: int) -> None:
         self.inner, self.seed = inner, seed
+        self._epoch_seeds: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.inner)
 
+    def item_seed(self, epoch: int, index: int) -> int:
+        base = self._epoch_seeds.get(epoch)
+        if base is None:
+            base = self._epoch_seeds[epoch] = mix_seed(self.seed, epoch)
+        return mix_seed(base, index)
+
     def __getitem__(self, key):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list) -> list:
+        """A whole batch at once (the DataLoader calls this when it exists): the main process's
+        generator state is saved and restored once per batch, not once per image."""
         import torch
 
-        epoch, index = key
         generator = torch.default_generator
         in_main = torch.utils.data.get_worker_info() is None
         saved = generator.get_state() if in_main else None
-        generator.manual_seed(mix_seed(self.seed, epoch, index))
         try:
-            return self.inner[index]
+            items = []
+            for epoch, index in keys:
+                generator.manual_seed(self.item_seed(epoch, index))
+                items.append(self.inner[index])
+            return items
         finally:
             if saved is not None:
                 generator.set_state(saved)
