@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,6 +18,7 @@ from torchkit.cli.options import (
     TrustCheckpointOption,
     WorkersOption,
 )
+from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
 
 convert_app = typer.Typer(
@@ -69,34 +68,6 @@ class WeightDtype(str, Enum):
     float16 = "float16"
     bfloat16 = "bfloat16"
     float32 = "float32"
-
-
-@contextlib.contextmanager
-def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr (hidden when stderr is not a terminal), fed (done, total)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console.stderr,
-        disable=not console.stderr.is_terminal,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(label, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield update
 
 
 def _check_report_output(output: Path | None, force: bool) -> None:
@@ -201,7 +172,7 @@ def tensor(
         nrow=nrow,
         quality=quality,
     )
-    with _progress("converting") as progress:
+    with progress_bar("converting") as progress:
         report = convert_tensor(
             src,
             dst,
@@ -269,7 +240,7 @@ def cifar(
 
     _check_report_output(output, force)
 
-    with _progress("writing PNGs") as progress:
+    with progress_bar("writing PNGs") as progress:
         report = convert_cifar(
             src,
             out,

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.dataset_stats import progress_bar
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
+from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
 
 
