@@ -40,7 +40,11 @@ def test_digits_defaults_differ_from_image_folder_defaults_and_are_recorded():
         True,
     )
     assert folder.crop_scale == (0.08, 1.0)
-    assert set(digits.data_defaults) == {"model", "image_size", "resize_size", "flip", "crop_scale"}
+    assert set(digits.data_defaults) == {
+        "model", "image_size", "resize_size", "flip", "crop_scale", "best_metric", "ema",
+    }  # fmt: skip
+    assert (digits.best_metric, folder.best_metric) == ("loss", "top1")
+    assert (digits.ema, folder.ema) == (True, False)
     explicit = resolve_defaults(TrainConfig(flip=True, image_size=12), is_digits=True)
     assert explicit.flip is True and explicit.resize_size == 12
     assert "flip" not in explicit.data_defaults and "image_size" not in explicit.data_defaults
@@ -56,6 +60,7 @@ def test_digits_defaults_differ_from_image_folder_defaults_and_are_recorded():
         ({"image_size": 32, "resize_size": 16}, "smaller than --image-size"),
         ({"label_smoothing": 1.0}, "--label-smoothing"),
         ({"mean": (0.1, 0.2)}, "--mean"),
+        ({"best_metric": "top5"}, "--best-metric"),
     ],
 )
 def test_contradictory_options_are_refused(changes, message):
@@ -184,6 +189,26 @@ def test_plateau_matches_reduce_lr_on_plateau():
     )
     assert ours == pytest.approx(reference)
     assert min(ours) < 0.1  # it did decay
+
+
+def test_plateau_on_the_loss_matches_reduce_lr_on_plateau_in_min_mode():
+    losses = [1.0, 0.9, 0.9, 0.95, 0.9, 0.8, 0.8, 0.8, 0.85, 0.8]
+    config = TrainConfig(lr=0.1, epochs=10, warmup_epochs=0, scheduler="plateau", patience=1)
+    schedule = LRSchedule(_optimizer(0.1), config, 2)
+    ours = []
+    for loss in losses:
+        ours += [schedule.current_lr()] * 2
+        schedule.step()
+        schedule.step()
+        schedule.epoch_end(loss, higher_is_better=False)
+    param = nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    reference_scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=1)
+    reference = []
+    for loss in losses:
+        reference += [optimizer.param_groups[0]["lr"]] * 2
+        reference_scheduler.step(loss)
+    assert ours == pytest.approx(reference) and min(ours) < 0.1
 
 
 def test_warmup_is_linear_per_iteration_then_cosine():

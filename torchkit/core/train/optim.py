@@ -7,7 +7,8 @@ classifier head apart from the backbone so it can get a larger learning rate.
 The schedule is a pure function of the optimiser update count (plus the plateau state), set on
 every update: warm-up ramps linearly per iteration, cosine anneals per iteration, step /
 multistep / exponential decay at epoch boundaries (their options are in epochs), plateau decays
-after `patience` epochs without a better validation accuracy. Resuming restores it exactly.
+after `patience` epochs without a better validation metric (--best-metric). Resuming restores
+it exactly.
 """
 
 from __future__ import annotations
@@ -203,12 +204,17 @@ class LRSchedule:
         self.updates += 1
         self._apply()
 
-    def epoch_end(self, metric: float | None) -> None:
-        """Plateau: a validation accuracy not better than the best for `patience` + 1 epochs in
-        a row multiplies the lr by gamma (ReduceLROnPlateau, mode max, threshold 1e-4 rel)."""
+    def epoch_end(self, metric: float | None, *, higher_is_better: bool = True) -> None:
+        """Plateau: a validation metric not better than the best for `patience` + 1 epochs in a
+        row multiplies the lr by gamma (ReduceLROnPlateau with threshold 1e-4, relative)."""
         if self.kind != "plateau" or metric is None:
             return
-        if self.plateau_best is None or metric > self.plateau_best * (1 + 1e-4):
+        best = self.plateau_best
+        if higher_is_better:
+            improved = best is None or metric > best * (1 + 1e-4)
+        else:
+            improved = best is None or metric < best * (1 - 1e-4)
+        if improved:
             self.plateau_best = metric
             self.plateau_bad = 0
         else:

@@ -94,6 +94,8 @@ class TrainResult:
     best_epoch: int | None
     best_val_top1: float | None
     best_val_top5: float | None
+    best_metric: str = "top1"  # what picked best.pt: val "top1" or val "loss"...
+    best_by_ema: bool = False  # ...of the EMA weights (--ema) rather than the model's
     test_top1: float | None = None
     test_top5: float | None = None
     test_loss: float | None = None
@@ -411,8 +413,10 @@ class _Run:
             data=config.data,
             epochs=self.start_epoch,
             best_epoch=self.best_epoch,
-            best_val_top1=self.best_metric,
-            best_val_top5=_row_value(self.history, self.best_epoch, "val_top5"),
+            best_val_top1=self._best_value("top1"),
+            best_val_top5=self._best_value("top5"),
+            best_metric=self.config.best_metric,
+            best_by_ema=bool(self.config.ema),
             resumed_from=self._resumed_name(),
             train_size=self.loaders.train_size,
             val_size=self.loaders.val_size,
@@ -445,7 +449,7 @@ class _Run:
                 start_epoch=self.start_epoch,
                 steps_per_epoch=self.steps_per_epoch,
                 resumed_from=self._resumed_name(),
-                best_val_top1=self.best_metric,
+                best_val_top1=self._best_value("top1"),
                 config=self.config,
             )
         )
@@ -543,10 +547,14 @@ class _Run:
             images_seen += row["images_per_s"] * row["epoch_time_s"]
             images_seconds += row["epoch_time_s"]
             self.history.append(row)
-            self.schedule.epoch_end(row["val_top1"])
+            self.schedule.epoch_end(
+                row.get(self.metric_key, row[f"val_{config.best_metric}"]),
+                higher_is_better=config.best_metric == "top1",
+            )
             is_best = self._is_best(row)
             if is_best:
-                self.best_metric, self.best_epoch = row["val_top1"], epoch + 1
+                self.best_epoch = epoch + 1
+                self.best_metric = self._best_value(config.best_metric)
             if ctx.is_main:
                 save_epoch(
                     self.out,
@@ -573,8 +581,9 @@ class _Run:
             self.tensorboard.close()
         if ctx.is_main and self.history:
             write_curves_png(self.out / "curves.png", self.history)
-        result.best_epoch, result.best_val_top1 = self.best_epoch, self.best_metric
-        result.best_val_top5 = _row_value(self.history, self.best_epoch, "val_top5")
+        result.best_epoch = self.best_epoch
+        result.best_val_top1 = self._best_value("top1")
+        result.best_val_top5 = self._best_value("top5")
         result.skipped_images = self.unreadable.count
         if self.history:
             result.last_train_loss = self.history[-1]["train_loss"]
@@ -611,14 +620,37 @@ class _Run:
             }
         return row
 
+    @property
+    def watched(self) -> str:
+        """The prefix of the validation columns that pick best.pt: the EMA weights' when --ema
+        is on (as timm does: the average is the model one keeps), the model's otherwise."""
+        return "val_ema_" if self.config.ema else "val_"
+
+    @property
+    def metric_key(self) -> str:
+        return self.watched + self.config.best_metric
+
+    def _best_value(self, name: str) -> float | None:
+        """`name` ("top1", "top5", "loss") of the watched weights at the best epoch."""
+        for row in self.history:
+            if row["epoch"] == self.best_epoch:
+                return row.get(self.watched + name, row.get(f"val_{name}"))
+        return None
+
     def _is_best(self, row: dict) -> bool:
-        """The highest val top-1; on a tie (small val sets saturate) the lower val loss."""
-        if self.best_metric is None or row["val_top1"] > self.best_metric:
+        """Better on --best-metric (higher top-1, or lower loss); a tie goes to the other one
+        (small validation sets often tie on top-1)."""
+        if self.best_epoch is None:
             return True
-        best_loss = _row_value(self.history, self.best_epoch, "val_loss")
-        return row["val_top1"] == self.best_metric and (
-            best_loss is not None and row["val_loss"] < best_loss
-        )
+        best = next(r for r in self.history if r["epoch"] == self.best_epoch)
+
+        def key(values: dict) -> tuple[float, float]:
+            # A run resumed with --ema turned on has earlier rows without the EMA columns.
+            loss = values.get(self.watched + "loss", values["val_loss"])
+            top1 = values.get(self.watched + "top1", values["val_top1"])
+            return (-loss, top1) if self.config.best_metric == "loss" else (top1, -loss)
+
+        return key(row) > key(best)
 
     def _test(self) -> None:
         """Test metrics of best.pt's weights, in full precision (as `torchkit eval` computes)."""
@@ -655,10 +687,3 @@ def _default_out(model: str | None) -> Path:
 def _names(classes: list[str]) -> str:
     shown = ", ".join(map(str, classes[:5]))
     return shown + (", ..." if len(classes) > 5 else "")
-
-
-def _row_value(history: list[dict], epoch: int | None, key: str) -> float | None:
-    for row in history:
-        if row["epoch"] == epoch:
-            return row.get(key)
-    return None
