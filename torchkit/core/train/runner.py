@@ -6,7 +6,10 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
+import shutil
 import time
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -168,6 +171,9 @@ class _Run:
         self.started = started
         self.checkpoint: dict | None = None
         self.resumed_from: Path | None = None
+        # --force over an existing run: the old folder, set aside until the new run has saved
+        # its first checkpoint, and put back if the new one fails before that.
+        self.replaced: Path | None = None
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -227,9 +233,14 @@ class _Run:
 
     def run(self) -> TrainResult:
         self._setup()
-        self._write_run_files()
-        self._announce()
-        self._train()
+        try:
+            self._write_run_files()
+            self._announce()
+            self._train()
+        except BaseException:
+            self._put_back_replaced()
+            raise
+        self._drop_replaced()
         self._test()
         self.result.total_seconds = time.perf_counter() - self.started
         return self.result
@@ -372,10 +383,9 @@ class _Run:
         # The barrier keeps rank 0 from creating the folder before every rank has checked it.
         dist_utils.barrier(ctx)
         if ctx.is_main:
-            if not self.in_place and config.force and out.exists():
-                from torchkit.core.files import prepare_output_dir
-
-                prepare_output_dir(out, True)
+            if not self.in_place and config.force and out.is_dir() and any(out.iterdir()):
+                self.replaced = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.replaced"
+                os.replace(out, self.replaced)
             out.mkdir(parents=True, exist_ok=True)
             loaders = self.loaders
             write_config_json(
@@ -426,6 +436,18 @@ class _Run:
             history=self.history,
             config=config.to_dict(),
         )
+
+    def _drop_replaced(self) -> None:
+        if self.replaced is not None:
+            shutil.rmtree(self.replaced, ignore_errors=True)
+            self.replaced = None
+
+    def _put_back_replaced(self) -> None:
+        """The new run failed before its first checkpoint: the old run comes back untouched."""
+        if self.replaced is not None and self.replaced.is_dir():
+            shutil.rmtree(self.out, ignore_errors=True)
+            os.replace(self.replaced, self.out)
+            self.replaced = None
 
     def _resumed_name(self) -> str | None:
         return str(self.resumed_from) if self.resumed_from else None
@@ -541,6 +563,7 @@ class _Run:
                         save_every=0,
                         keep=0,
                     )
+                    self._drop_replaced()
                 result.interrupted = True
                 break
             row = self._epoch_row(epoch, progress)
@@ -563,6 +586,7 @@ class _Run:
                     save_every=config.save_every,
                     keep=config.keep,
                 )
+                self._drop_replaced()
                 write_metrics_csv(self.out / "metrics.csv", self.history)
                 if time.perf_counter() - curves_written > CURVES_EVERY_S:
                     write_curves_png(self.out / "curves.png", self.history)
