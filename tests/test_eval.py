@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,9 @@ from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, t
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from torchkit.core.data import Preprocess, eval_transform
-from torchkit.core.models import build_model
+from torchkit.core.models import build_model, model_from_checkpoint
 
 runner = CliRunner()
 
@@ -449,6 +450,54 @@ def test_plain_state_dict_with_module_prefix(setup, tmp_path):
     result = invoke(*base, "--classes", ",".join([*CLASSES, "fig"]))  # 6 names, 5 outputs
     assert result.exit_code == 1
     assert "Error: the weights in" in result.stderr and "do not fit" in result.stderr
+
+
+def _accuracy_with(model, data: Path, preprocess: Preprocess) -> float:
+    transform = eval_transform(preprocess)
+    paths = sorted((data / "test").glob("*/*.png"))
+    x = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+    truth = torch.tensor([CLASSES.index(p.parent.name) for p in paths])
+    with torch.no_grad():
+        return int((model(x).argmax(1) == truth).sum()) / len(paths)
+
+
+def test_preprocessing_options_for_plain_weights_and_over_a_checkpoint(setup, tmp_path):
+    weights = tmp_path / "weights.pth"
+    torch.save(setup["model"].state_dict(), weights)
+    # The statistics the weights were trained with, given by hand to plain weights.
+    result = invoke(
+        weights, "--model", "convnet", "--classes", ",".join(CLASSES), "--image-size", SIZE,
+        "--resize-size", SIZE, "--mean", "0.5", "--std", "0.5,0.5,0.5",
+        "--data", setup["data"], "--format", "json", "--workers", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["preprocess"] == PREPROCESS.to_dict()
+    assert data["accuracy"] == _accuracy_with(setup["model"], setup["data"], PREPROCESS)
+
+    # Over a checkpoint's own preprocessing: only what is given changes.
+    result = invoke(
+        setup["ckpt"], "--std", "0.25", "--resize-size", 20, "--data", setup["data"],
+        "--format", "json", "--workers", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    changed = replace(PREPROCESS, resize_size=20, std=(0.25, 0.25, 0.25))
+    data = json.loads(result.stdout)
+    assert data["preprocess"] == changed.to_dict()
+    model = model_from_checkpoint(load_checkpoint(setup["ckpt"])).eval()
+    assert data["accuracy"] == _accuracy_with(model, setup["data"], changed)
+
+    # The convnet's classifier is sized for 16x16 inputs: another size is one clear error.
+    result = invoke(setup["ckpt"], "--image-size", 12, "--data", setup["data"], "--workers", "0")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert "Error: the model fails on 12x12 images" in result.stderr
+    assert "check --image-size" in result.stderr
+    result = invoke(setup["ckpt"], "--std", "0,1,1", "--data", setup["data"])
+    assert result.exit_code == 2 and "--std values must be positive" in result.stderr
+    result = invoke(setup["ckpt"], "--mean", "0.5,0.5", "--data", setup["data"])
+    assert result.exit_code == 2 and "--mean has 2 values" in result.stderr
+    result = invoke(setup["ckpt"], "--mean", "half", "--data", setup["data"])
+    assert result.exit_code == 2 and "--mean must be numbers" in result.stderr
 
 
 def test_plain_state_dict_errors(setup, tmp_path):

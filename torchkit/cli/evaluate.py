@@ -89,7 +89,37 @@ def eval_command(
     ] = None,
     image_size: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option("--image-size", min=1, help="Input size for plain state dicts (default 224)."),
+        typer.Option(
+            "--image-size",
+            min=1,
+            help="Input size (centre crop). Default: the checkpoint's or the weights'; 224 "
+            "for plain state dicts.",
+        ),
+    ] = None,
+    resize_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--resize-size",
+            min=1,
+            help="Shorter side before the centre crop. Default: the checkpoint's, else "
+            "image size / 0.875.",
+        ),
+    ] = None,
+    mean: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--mean",
+            help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (or one value). "
+            "Default: the checkpoint's, else ImageNet's.",
+        ),
+    ] = None,
+    std: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--std",
+            help="Normalisation std per channel, e.g. 0.229,0.224,0.225 (or one value). "
+            "Default: the checkpoint's, else ImageNet's.",
+        ),
     ] = None,
     ema: Annotated[
         bool, typer.Option("--ema", help="Evaluate the checkpoint's EMA weights.")
@@ -159,6 +189,7 @@ def eval_command(
       torchrun --nproc_per_node=2 -m torchkit eval best.pt --data dataset/
     """
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
+    from torchkit.core.preprocessing import parse_floats
 
     if output is not None:
         check_output(output, force)
@@ -169,6 +200,9 @@ def eval_command(
         weights=weights,
         classes=parse_class_names(classes) if classes else None,
         image_size=image_size,
+        resize_size=resize_size,
+        mean=parse_floats(mean, "--mean"),
+        std=parse_floats(std, "--std"),
         trust_checkpoint=trust_checkpoint,
         ema=ema,
     )

@@ -182,7 +182,7 @@ def extract_features_command(
     --resume continues a run that was stopped.
     """
     from torchkit.core.errors import UsageError
-    from torchkit.core.features.source import parse_floats
+    from torchkit.core.preprocessing import parse_floats
 
     if list_layers:
         if images is not None or out is not None:

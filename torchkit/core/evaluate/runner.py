@@ -283,9 +283,7 @@ def predict(
                 images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
                 labels = batch.labels.to(device, non_blocking=True)
                 views = torch.cat([images, images.flip(3)]) if tta == "flip" else images
-                with torch.autocast(device.type, dtype=autocast_dtype, enabled=amp):
-                    logits = model(views)
-                logits = logits.float()
+                logits = _forward(model, views, device, autocast_dtype, amp, first=not parts["top"])
                 log_probs = F.log_softmax(logits, dim=1)
                 if tta == "flip":
                     log_probs = torch.logsumexp(
@@ -315,6 +313,27 @@ def predict(
         ),
         errors,
     )
+
+
+def _forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
+    """The model's logits in float32. A model that fails on the very first batch does not take
+    this input size (a fixed-size network given another --image-size): say so in one line."""
+    import torch
+
+    try:
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=amp):
+            return model(images).float()
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as error:
+        if not first:
+            raise
+        size = "x".join(map(str, images.shape[-2:]))
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputError(
+            f"the model fails on {size} images: {message}",
+            "check --image-size: it must be a size this model accepts",
+        ) from error
 
 
 def _gather(
@@ -481,6 +500,7 @@ def _run(
         "tta": options.tta,
         "amp": options.amp,
         "ema": spec.ema,
+        "preprocess": source.preprocess.to_dict(),
     }
     result = EvalResult(
         classes=classes,

@@ -47,8 +47,15 @@ class ModelSpec:
     weights: str | None = None
     classes: list[str] | None = None
     image_size: int | None = None
+    resize_size: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
     trust_checkpoint: bool = False
     ema: bool = False
+
+
+# Sources without preprocessing of their own: ImageNet's, at --image-size.
+PLAIN_ORIGINS = ("state dict", "pickled model")
 
 
 @dataclass
@@ -82,7 +89,23 @@ def parse_class_names(spec: str) -> list[str]:
 
 
 def open_model_source(spec: ModelSpec) -> ModelSource:
-    """Read the checkpoint (or torchvision's weight metadata) named by `spec`."""
+    """Read the checkpoint (or torchvision's weight metadata) named by `spec`, with the
+    preprocessing it comes with, changed by `--image-size/--resize-size/--mean/--std`."""
+    from torchkit.core.preprocessing import apply_overrides
+
+    source = _open_model_source(spec)
+    source.preprocess = apply_overrides(
+        source.preprocess,
+        # Plain weights already took --image-size as their input size (resize at 256/224).
+        image_size=None if source.origin in PLAIN_ORIGINS else spec.image_size,
+        resize_size=spec.resize_size,
+        mean=spec.mean,
+        std=spec.std,
+    )
+    return source
+
+
+def _open_model_source(spec: ModelSpec) -> ModelSource:
     checkpoint = spec.checkpoint
     if spec.weights and checkpoint:
         raise UsageError(
@@ -154,11 +177,6 @@ def _torchkit_source(checkpoint: Mapping, spec: ModelSpec, path: str) -> ModelSo
         raise UsageError(
             f"--model {spec.model} contradicts the checkpoint, which holds a {arch}",
             "drop --model: a torchkit checkpoint names its architecture",
-        )
-    if spec.image_size is not None:
-        raise UsageError(
-            "--image-size is for plain state dicts",
-            "a torchkit checkpoint carries its preprocessing",
         )
     try:
         num_classes = int(checkpoint["num_classes"])

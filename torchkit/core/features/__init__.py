@@ -19,8 +19,9 @@ from torchkit.core.features.layers import (
     LayerInfo,
     reduce_feature,
 )
-from torchkit.core.features.source import ModelSource, apply_overrides, load_model_source
+from torchkit.core.features.source import ModelSource, load_model_source
 from torchkit.core.features.store import DTYPES, FILE_FORMATS, FeatureStore
+from torchkit.core.preprocessing import apply_overrides
 
 __all__ = [
     "ALIASES",

@@ -21,9 +21,10 @@ from torchkit.core.features.layers import (
     LayerInfo,
     reduce_feature,
 )
-from torchkit.core.features.source import apply_overrides, load_model_source
+from torchkit.core.features.source import load_model_source
 from torchkit.core.features.store import DTYPES, FILE_FORMATS, FeatureStore
 from torchkit.core.files import require_input
+from torchkit.core.preprocessing import apply_overrides
 
 logger = logging.getLogger("torchkit")
 
