@@ -79,6 +79,10 @@ def broken(tmp_path_factory, videos) -> dict[str, Path]:
     files["empty"] = root / "empty.mp4"
     (root / "notes.mp4").write_text("these are my holiday notes, not a video\n")
     files["text"] = root / "notes.mp4"
+    if "mjpg.avi" in videos:  # a copy cut short right after the header: no frame data at all
+        data = videos["mjpg.avi"].read_bytes()
+        (root / "header_only.avi").write_bytes(data[: data.find(b"movi") + 4])
+        files["header_only"] = root / "header_only.avi"
     if "vp8.webm" in videos:  # the header still says 9 frames, the data holds fewer
         data = videos["vp8.webm"].read_bytes()
         (root / "cut.webm").write_bytes(data[: len(data) * 7 // 10])
@@ -320,6 +324,15 @@ def test_broken_files_are_rows_with_errors_and_exit_1(tmp_path, videos, broken):
     assert "error" in table and "empty file" in table and "truncated or corrupt mp4 file" in table
 
 
+def test_a_header_without_frames_is_caught_by_the_decode_check(broken):
+    header_only = need(broken, "header_only")
+    code, rows = json_rows(header_only)
+    assert code == 1 and rows[0]["error"] == "no frame decodes (truncated or corrupt)"
+    assert rows[0]["width"] and rows[0]["frames_header"] == 17  # what the header claims
+    code, rows = json_rows(header_only, "--no-decode-check")
+    assert code == 0 and rows[0]["error"] is None and rows[0]["frames"] == 17
+
+
 def test_skip_errors_exits_0_with_a_warning(videos, broken):
     result = invoke(need(videos, "mjpg.avi"), broken["text"], "--skip-errors", "--format", "json")
     assert result.exit_code == 0
@@ -454,8 +467,8 @@ def test_zero_or_unknown_frame_count_is_an_error_row_when_sampling(
 
     original = video.probe_video
 
-    def without_frames(path, *, exact=False):
-        info = original(path, exact=exact)
+    def without_frames(path, **options):
+        info = original(path, **options)
         info.frames = frames
         return info
 

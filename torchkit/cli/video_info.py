@@ -53,6 +53,15 @@ def video_info(
             "estimates: variable frame rate, some AVI/MKV/WebM/MPEG files).",
         ),
     ] = False,
+    decode_check: Annotated[
+        bool,
+        typer.Option(
+            "--decode-check/--no-decode-check",
+            help="Decode the first frame of each video to prove it is readable (a copy cut "
+            "short after its header opens and reports frames it does not have). "
+            "--no-decode-check reads headers only: about twice as fast.",
+        ),
+    ] = True,
     skip_errors: Annotated[
         bool,
         typer.Option("--skip-errors", help="Exit 0 even when some videos could not be read."),
@@ -135,6 +144,7 @@ def video_info(
         infos = inspect_videos(
             paths,
             exact=exact,
+            decode_check=decode_check,
             segments=segments,
             sample_mode=sample_mode.value,
             seed=seed,
