@@ -401,6 +401,10 @@ def test_with_ema_best_pt_is_picked_by_the_ema_weights(runner, split_root, tmp_p
     assert summary["best_by_ema"] is True and summary["best_epoch"] == lowest["epoch"]
     assert summary["best_val_top1"] == lowest["val_ema_top1"]
     assert load(out / "best.pt")["epoch"] == lowest["epoch"]
+    # Each epoch's line shows the EMA metrics that mark it *best.
+    line = next(x for x in result.stderr.splitlines() if x.startswith(f"epoch {lowest['epoch']}/"))
+    assert f"ema loss {lowest['val_ema_loss']:.4f} top1 {lowest['val_ema_top1']:.4f}" in line
+    assert line.endswith("*best")  # the lowest EMA loss of all beat every epoch before it
 
 
 def test_no_ema_turns_the_digits_default_off(runner, tmp_path):

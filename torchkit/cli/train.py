@@ -726,8 +726,8 @@ class _Display:
             f"val loss {row['val_loss']:.4f} top1 {row['val_top1']:.4f} "
             f"top5 {row['val_top5']:.4f}"
         )
-        if "val_ema_top1" in row:
-            line += f" ema {row['val_ema_top1']:.4f}"
+        if "val_ema_top1" in row:  # the EMA weights' metrics pick best.pt: show both
+            line += f"  ema loss {row['val_ema_loss']:.4f} top1 {row['val_ema_top1']:.4f}"
         line += (
             f"  lr {row['lr']:.2e}  {row['epoch_time_s']:.1f}s  "
             f"{row['images_per_s']:,.0f} img/s" + ("  *best" if is_best else "")
