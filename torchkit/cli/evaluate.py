@@ -15,6 +15,7 @@ from torchkit.cli.options import (
     ForceOption,
     FormatOption,
     OutputOption,
+    StatsOption,
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
@@ -121,6 +122,7 @@ def eval_command(
             "Default: the checkpoint's, else ImageNet's.",
         ),
     ] = None,
+    stats: StatsOption = None,
     ema: Annotated[
         bool, typer.Option("--ema", help="Evaluate the checkpoint's EMA weights.")
     ] = False,
@@ -189,10 +191,11 @@ def eval_command(
       torchrun --nproc_per_node=2 -m torchkit eval best.pt --data dataset/
     """
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
-    from torchkit.core.preprocessing import parse_floats
+    from torchkit.core.preprocessing import mean_std_options
 
     if output is not None:
         check_output(output, force)
+    mean_values, std_values = mean_std_options(mean, std, None if stats is None else str(stats))
     spec = ModelSpec(
         checkpoint=checkpoint,
         model=model,
@@ -201,8 +204,8 @@ def eval_command(
         classes=parse_class_names(classes) if classes else None,
         image_size=image_size,
         resize_size=resize_size,
-        mean=parse_floats(mean, "--mean"),
-        std=parse_floats(std, "--std"),
+        mean=mean_values,
+        std=std_values,
         trust_checkpoint=trust_checkpoint,
         ema=ema,
     )

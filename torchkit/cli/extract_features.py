@@ -12,6 +12,7 @@ from torchkit.cli import console
 from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
+    StatsOption,
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
@@ -148,6 +149,7 @@ def extract_features_command(
         Optional[str],  # noqa: UP045
         typer.Option("--std", help="Per-channel std, e.g. 0.229,0.224,0.225 (or one value)."),
     ] = None,
+    stats: StatsOption = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", "-b", help="Images per forward pass.", min=1)
     ] = 64,
@@ -182,7 +184,7 @@ def extract_features_command(
     --resume continues a run that was stopped.
     """
     from torchkit.core.errors import UsageError
-    from torchkit.core.preprocessing import parse_floats
+    from torchkit.core.preprocessing import mean_std_options
 
     if list_layers:
         if images is not None or out is not None:
@@ -199,6 +201,7 @@ def extract_features_command(
 
     from torchkit.core.features import FeatureRequest, extract_features
 
+    mean_values, std_values = mean_std_options(mean, std, None if stats is None else str(stats))
     request = FeatureRequest(
         model=model,
         images=str(images),
@@ -212,8 +215,8 @@ def extract_features_command(
         file_format=array_format,
         image_size=image_size,
         resize_size=resize_size,
-        mean=parse_floats(mean, "--mean"),
-        std=parse_floats(std, "--std"),
+        mean=mean_values,
+        std=std_values,
         batch_size=batch_size,
         workers=workers,
         device=device,

@@ -56,3 +56,12 @@ WorkersOption = Annotated[
         min=0,
     ),
 ]
+StatsOption = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--stats",
+        show_default=False,
+        dir_okay=False,
+        help="Mean and std from `torchkit dataset-stats ROOT --format json -o FILE`.",
+    ),
+]

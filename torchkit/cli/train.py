@@ -20,6 +20,7 @@ from torchkit.cli.options import (
     FormatOption,
     OutputOption,
     SeedOption,
+    StatsOption,
     StrictOption,
     WorkersOption,
 )
@@ -59,23 +60,6 @@ class AmpDtype(str, Enum):
     auto = "auto"
     bf16 = "bf16"
     fp16 = "fp16"
-
-
-def _floats(text: str | None, option: str, count: int | None = None) -> tuple[float, ...] | None:
-    """`0.485,0.456,0.406` (commas or spaces) -> floats."""
-    if text is None:
-        return None
-    try:
-        values = tuple(float(p) for p in text.replace(",", " ").split())
-    except ValueError:
-        raise typer.BadParameter(
-            f"expected numbers like 0.5,0.5, not {text!r}", param_hint=option
-        ) from None
-    if not values or (count is not None and len(values) != count):
-        raise typer.BadParameter(
-            f"expected {count or 'some'} number(s), not {text!r}", param_hint=option
-        )
-    return values
 
 
 def _ints(text: str | None, option: str) -> tuple[int, ...]:
@@ -203,6 +187,7 @@ def train_command(
             help="Normalisation std per channel, e.g. 0.229,0.224,0.225.",
         ),
     ] = None,
+    stats: StatsOption = None,
     flip: Annotated[
         Optional[bool],  # noqa: UP045
         typer.Option(
@@ -498,10 +483,12 @@ def train_command(
 
       torchrun --nproc_per_node=2 -m torchkit train --data flowers/ --batch-size 32
     """
+    from torchkit.core.preprocessing import mean_std_options, parse_floats
     from torchkit.core.train import run_training
 
     if output is not None:
         check_output(output, force)
+    mean_values, std_values = mean_std_options(mean, std, None if stats is None else str(stats))
     is_main = int(os.environ.get("RANK", "0")) == 0
     if data is None and resume is None and is_main:
         console.note(
@@ -513,10 +500,10 @@ def train_command(
         val_split=val_split,
         image_size=image_size,
         resize_size=resize_size,
-        mean=_floats(mean, "--mean"),
-        std=_floats(std, "--std"),
+        mean=mean_values,
+        std=std_values,
         flip=flip,
-        crop_scale=_floats(crop_scale, "--crop-scale", 2),
+        crop_scale=parse_floats(crop_scale, "--crop-scale", 2),
         workers=workers,
         strict=strict,
         model=model,

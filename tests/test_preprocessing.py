@@ -1,0 +1,116 @@
+"""`--stats FILE` (the JSON `torchkit dataset-stats` writes) and `--mean/--std` parsing, shared by
+train, eval and extract-features."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import write_image_folder
+from typer.testing import CliRunner
+
+from torchkit.cli import app
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.preprocessing import mean_std_options, parse_floats, read_stats_file
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def stats_file(tmp_path):
+    """A stats file written by the real `torchkit dataset-stats` for a split root's train/."""
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"ant": 4, "bee": 4}, seed=1)
+    write_image_folder(root / "val", {"ant": 2, "bee": 2}, seed=2)
+    path = tmp_path / "stats.json"
+    result = runner.invoke(
+        app, ["dataset-stats", str(root / "train"), "--format", "json", "-o", str(path)]
+    )
+    assert result.exit_code == 0, result.stderr
+    return path
+
+
+def test_read_stats_file_gives_the_dataset_stats_numbers(stats_file):
+    written = json.loads(stats_file.read_text())
+    mean, std = read_stats_file(stats_file)
+    assert list(mean) == written["mean"] and list(std) == written["std"] and len(mean) == 3
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "stats file not found"),
+        (b"", "cannot read stats file"),
+        (b"\xff\xfe not json", "cannot read stats file"),
+        (b"[1, 2]", "has no per-channel mean and std"),
+        (b'{"mean": [0.5, 0.5, 0.5]}', "has no per-channel mean and std"),
+        (b'{"mean": [0.5, 0.5], "std": [0.2]}', "has no per-channel mean and std"),
+        (b'{"mean": ["a"], "std": [0.2]}', "has no per-channel mean and std"),
+        (
+            b'{"mode": "native", "mean": [0.1, 0.2, 0.3, 0.4], "std": [0.1, 0.1, 0.1, 0.1]}',
+            "statistics for 4 channels (mode native)",
+        ),
+        (b'{"mean": [0.5], "std": [0.0]}', "std of 0"),
+    ],
+)
+def test_bad_stats_files_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "stats.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InputError, match=re.escape(message)):
+        read_stats_file(path)
+
+
+def test_mean_std_options():
+    assert mean_std_options("0.5", "0.25,0.25,0.25", None) == ((0.5,), (0.25, 0.25, 0.25))
+    assert mean_std_options(None, None, None) == (None, None)
+    with pytest.raises(UsageError, match="--stats gives the mean and std"):
+        mean_std_options("0.5", None, "stats.json")
+    assert parse_floats("0.08 1", "--crop-scale", 2) == (0.08, 1.0)
+    for text, message in [
+        ("0.1", "needs 2 numbers"),
+        ("a,b", "must be numbers"),
+        (",", "at least"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            parse_floats(text, "--crop-scale", 2)
+    with pytest.raises(UsageError, match="finite"):
+        parse_floats("nan,1", "--crop-scale", 2)
+
+
+def test_train_eval_and_extract_features_take_stats(stats_file, tmp_path):
+    mean, std = read_stats_file(stats_file)
+    data = tmp_path / "data"
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--model", "convnet", "--image-size", "8"]
+    args += ["--epochs", "1", "--batch-size", "4", "--workers", "0", "--stats", str(stats_file)]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.stderr
+    options = json.loads((out / "config.json").read_text())["options"]
+    assert (tuple(options["mean"]), tuple(options["std"])) == (mean, std)
+
+    result = runner.invoke(app, [*args, "--mean", "0.5", "--out", str(tmp_path / "other")])
+    assert result.exit_code == 2 and "--stats gives the mean and std" in result.stderr
+    assert not (tmp_path / "other").exists()
+    result = runner.invoke(app, [*args[:-1], str(tmp_path / "nope.json")])
+    assert result.exit_code == 1 and "Error: stats file not found" in result.stderr
+
+    evaluated = runner.invoke(
+        app,
+        ["eval", str(out / "best.pt"), "--data", str(data), "--split", "val", "--workers", "0",
+         "--stats", str(stats_file), "--format", "json"],
+    )  # fmt: skip
+    assert evaluated.exit_code == 0, evaluated.stderr
+    preprocess = json.loads(evaluated.stdout)["preprocess"]
+    assert (tuple(preprocess["mean"]), tuple(preprocess["std"])) == (mean, std)
+
+    features = tmp_path / "features"
+    extracted = runner.invoke(
+        app,
+        ["extract-features", str(out / "best.pt"), str(data / "val"), str(features),
+         "--workers", "0", "--stats", str(stats_file)],
+    )  # fmt: skip
+    assert extracted.exit_code == 0, extracted.stderr
+    preprocess = json.loads((features / "meta.json").read_text())["preprocess"]
+    assert (tuple(preprocess["mean"]), tuple(preprocess["std"])) == (mean, std)
