@@ -346,10 +346,21 @@ def test_unreadable_images_are_recorded_or_fatal_with_strict(runner, tmp_path):
     assert np.array_equal(np.load(clean / "features.npy"), features)
 
     (root / "a" / "a_bad.png").write_bytes(b"not a png")
-    strict = run(runner, *args, "-l", "features", "--strict", "--force")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    # --force whose run fails before writing a row (the bad image is in the first batch of 64)
+    # puts the previous OUT back as it was.
+    first_batch = [*args[:-4], "-b", "64", "-j", "0"]
+    strict = run(runner, *first_batch, "-l", "features", "--strict", "--force")
     assert strict.exit_code == 1
     assert "Error: cannot read image" in strict.stderr and "a_bad.png" in strict.stderr
     assert "Traceback" not in strict.stderr
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not list(tmp_path.glob(".out*"))
+    # Once a batch is written the new run replaces it (and can be resumed).
+    strict = run(runner, *args, "-l", "features", "--strict", "--force")
+    assert strict.exit_code == 1 and "a_bad.png" in strict.stderr
+    assert not (out / "features.npy").exists() and not list(tmp_path.glob(".out*"))
+    assert "interrupted extraction" in run(runner, *args, "-l", "features").stderr
 
 
 def test_existing_out_needs_force_or_resume(runner, images, tmp_path):

@@ -555,3 +555,25 @@ def test_load_weights_into_explains_the_mismatch():
     assert torch.equal(model[0].weight, good["0.weight"])
     with torch.no_grad():
         assert not math.isnan(float(model(torch.ones(1, 3)).sum()))
+
+
+def test_set_aside_restores_or_discards_the_old_folder(tmp_path):
+    from torchkit.core.files import SetAside
+
+    old = tmp_path / "out"
+    old.mkdir()
+    (old / "mine.txt").write_text("keep")
+    aside = SetAside(old)
+    assert not old.exists()
+    old.mkdir()
+    (old / "half-written").write_text("x")
+    aside.restore()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in old.iterdir()] == ["mine.txt"]
+
+    aside = SetAside(old)
+    old.mkdir()
+    (old / "new.txt").write_text("new")
+    aside.discard()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in old.iterdir()] == ["new.txt"]

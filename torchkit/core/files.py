@@ -144,3 +144,22 @@ def atomic_dir(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class SetAside:
+    """An existing output folder moved out of the way (`--force`) so that a new run can fill its
+    place: `discard()` it once the new run has written something worth keeping, `restore()` it
+    if the new run failed before that, so a failed `--force` loses nothing."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.aside = self.folder.parent / f".{self.folder.name}.{uuid.uuid4().hex[:12]}.replaced"
+        os.replace(self.folder, self.aside)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.aside, ignore_errors=True)
+
+    def restore(self) -> None:
+        if self.aside.is_dir():
+            shutil.rmtree(self.folder, ignore_errors=True)
+            os.replace(self.aside, self.folder)

@@ -167,6 +167,7 @@ def extract_features(
     fingerprint = _fingerprint(settings, samples)
     device = resolve_device(request.device)
     extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.channels_last)
+    store = None
     try:
         store, finished = FeatureStore.open(
             request.out, fingerprint, len(samples), resume=request.resume, force=request.force
@@ -179,9 +180,30 @@ def extract_features(
         loader = _loader(samples, transform, preprocess.in_channels, request, device)
         _extract_rows(store, extractor, loader, samples, request, device, progress)
         seconds = time.perf_counter() - started
+        meta = _finish(store, request, samples, source, settings, layers, fingerprint)
+    except BaseException:
+        if store is not None:  # failed before writing a row: the replaced OUT comes back
+            store.put_back_replaced()
+        raise
     finally:
         extractor.close()
+    result = _result_from_meta(Path(request.out), meta)
+    result.already_complete = False
+    result.resumed_from = resumed_from
+    result.seconds = seconds
+    return result
 
+
+def _finish(
+    store: FeatureStore,
+    request: FeatureRequest,
+    samples: Samples,
+    source,
+    settings: dict,
+    layers: list,
+    fingerprint: str,
+) -> dict:
+    """Move the arrays into OUT and write index.csv and meta.json; returns the meta."""
     state = store.progress
     if state.rows == 0:
         raise InputError(
@@ -212,11 +234,7 @@ def extract_features(
         "fingerprint": fingerprint,
     }
     store.finish(request.file_format, index_rows, meta)
-    result = _result_from_meta(Path(request.out), meta)
-    result.already_complete = False
-    result.resumed_from = resumed_from
-    result.seconds = seconds
-    return result
+    return meta
 
 
 def _extract_rows(

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.files import atomic_path, atomic_write, atomic_write_text, prepare_output_dir
+from torchkit.core.files import (
+    SetAside,
+    atomic_path,
+    atomic_write,
+    atomic_write_text,
+    prepare_output_dir,
+)
 
 PARTIAL_DIR = ".partial"
 PROGRESS_FILE = "progress.json"
@@ -80,6 +86,9 @@ class FeatureStore:
         self.total = total
         self.progress = progress
         self._arrays: dict[str, Any] = {}
+        # --force over an existing OUT: the old folder, set aside until this run has written a
+        # row, and put back (`put_back_replaced`) if it fails before that.
+        self.replaced: SetAside | None = None
 
     @classmethod
     def open(
@@ -126,10 +135,23 @@ class FeatureStore:
             raise OutputExistsError(
                 f"output folder already exists: {folder}", "pass --force to overwrite it"
             )
-        else:
-            prepare_output_dir(folder, force)
+        replaced = SetAside(folder) if force and has_content else None
+        prepare_output_dir(folder, force)
         partial.mkdir(parents=True, exist_ok=True)
-        return cls(folder, fingerprint, total, Progress()), None
+        store = cls(folder, fingerprint, total, Progress())
+        store.replaced = replaced
+        return store, None
+
+    def drop_replaced(self) -> None:
+        if self.replaced is not None:
+            self.replaced.discard()
+            self.replaced = None
+
+    def put_back_replaced(self) -> None:
+        """This run failed before writing a row: the old OUT comes back untouched."""
+        if self.replaced is not None:
+            self.replaced.restore()
+            self.replaced = None
 
     @property
     def allocated(self) -> bool:
@@ -181,6 +203,8 @@ class FeatureStore:
             self.partial / PROGRESS_FILE,
             json.dumps(self.progress.to_json(self.fingerprint, self.total)),
         )
+        if self.progress.rows > 0:
+            self.drop_replaced()
 
     def finish(self, file_format: str, index_rows: list[list], meta: dict) -> dict[str, Path]:
         """Put every layer's file in OUT, then index.csv and meta.json; returns the files."""

@@ -6,10 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
-import shutil
 import time
-import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,7 +15,7 @@ from pathlib import Path
 from torchkit.core.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.data import DIGITS
 from torchkit.core.errors import CheckpointError, DeviceError, OutputExistsError, UsageError
-from torchkit.core.files import check_output
+from torchkit.core.files import SetAside, check_output
 from torchkit.core.train import distributed as dist_utils
 from torchkit.core.train.checkpoints import BEST, build_checkpoint, load_for_resume, save_epoch
 from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
@@ -173,7 +170,7 @@ class _Run:
         self.resumed_from: Path | None = None
         # --force over an existing run: the old folder, set aside until the new run has saved
         # its first checkpoint, and put back if the new one fails before that.
-        self.replaced: Path | None = None
+        self.replaced: SetAside | None = None
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -384,8 +381,7 @@ class _Run:
         dist_utils.barrier(ctx)
         if ctx.is_main:
             if not self.in_place and config.force and out.is_dir() and any(out.iterdir()):
-                self.replaced = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}.replaced"
-                os.replace(out, self.replaced)
+                self.replaced = SetAside(out)
             out.mkdir(parents=True, exist_ok=True)
             loaders = self.loaders
             write_config_json(
@@ -439,14 +435,13 @@ class _Run:
 
     def _drop_replaced(self) -> None:
         if self.replaced is not None:
-            shutil.rmtree(self.replaced, ignore_errors=True)
+            self.replaced.discard()
             self.replaced = None
 
     def _put_back_replaced(self) -> None:
         """The new run failed before its first checkpoint: the old run comes back untouched."""
-        if self.replaced is not None and self.replaced.is_dir():
-            shutil.rmtree(self.out, ignore_errors=True)
-            os.replace(self.replaced, self.out)
+        if self.replaced is not None:
+            self.replaced.restore()
             self.replaced = None
 
     def _resumed_name(self) -> str | None:
