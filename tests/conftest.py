@@ -21,6 +21,25 @@ def runner() -> CliRunner:
     return CliRunner()
 
 
+@pytest.fixture(scope="session")
+def _torchkit_command():
+    import typer.main
+
+    from torchkit.cli import app
+
+    return typer.main.get_command(app)
+
+
+@pytest.fixture
+def cli_built_once(monkeypatch, _torchkit_command):
+    """typer rebuilds the whole command tree (every command's signature) on each invoke, which
+    costs more than a quick command: modules of many small invocations reuse one tree
+    (`pytestmark = pytest.mark.usefixtures("cli_built_once")`)."""
+    import typer.testing
+
+    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: _torchkit_command)
+
+
 def run_torchkit_process(
     *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
 ) -> subprocess.CompletedProcess:

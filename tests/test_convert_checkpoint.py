@@ -10,8 +10,6 @@ from unittest import mock
 import pytest
 import torch
 import torch.serialization
-import typer.main
-import typer.testing
 from safetensors.torch import load_file, save_file
 from torch import nn
 from typer.testing import CliRunner
@@ -22,14 +20,7 @@ from torchkit.core.convert.checkpoint import pick_state_dict, rename_keys
 from torchkit.core.errors import CheckpointError
 
 runner = CliRunner()
-COMMAND = typer.main.get_command(app)
-
-
-@pytest.fixture(autouse=True)
-def _build_cli_once(monkeypatch):
-    """typer rebuilds the whole command tree (every command's signature) on each invoke, which
-    costs more than the conversions tested here: build it once for the module."""
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: COMMAND)
+pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 
 def convert(*args: str | Path):

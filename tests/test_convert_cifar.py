@@ -14,8 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import typer.main
-import typer.testing
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -25,14 +23,7 @@ from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.errors import InputError
 
 runner = CliRunner()
-COMMAND = typer.main.get_command(app)
-
-
-@pytest.fixture(autouse=True)
-def _build_cli_once(monkeypatch):
-    """typer rebuilds the whole command tree (every command's signature) on each invoke, which
-    costs more than the conversions tested here: build it once for the module."""
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: COMMAND)
+pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 
 PER_BATCH = 20

@@ -12,8 +12,6 @@ import cv2
 import numpy as np
 import pytest
 import torch
-import typer.main
-import typer.testing
 from PIL import Image, ImageOps
 from safetensors.torch import load_file, save_file
 from torchvision.transforms.functional import to_tensor
@@ -26,14 +24,7 @@ from torchkit.core.convert.tensor import read_image
 
 runner = CliRunner()
 RNG = np.random.default_rng(0)
-COMMAND = typer.main.get_command(app)
-
-
-@pytest.fixture(autouse=True)
-def _build_cli_once(monkeypatch):
-    """typer rebuilds the whole command tree (every command's signature) on each invoke, which
-    costs more than the conversions tested here: build it once for the module."""
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: COMMAND)
+pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 
 def convert(*args: str | Path):

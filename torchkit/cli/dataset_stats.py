@@ -12,6 +12,7 @@ from torchkit.cli import console
 from torchkit.cli.options import (
     ForceOption,
     FormatOption,
+    ImageSetArgument,
     OutputOption,
     StrictOption,
     WorkersOption,
@@ -134,14 +135,7 @@ def _long_table(stats) -> Table:
 
 
 def dataset_stats(
-    root: Annotated[
-        Path,
-        typer.Argument(
-            help="Image folder (ROOT/<class>/<image>), flat folder of images, or CSV index "
-            "with path,label columns.",
-            show_default=False,
-        ),
-    ],
+    root: ImageSetArgument,
     mode: Annotated[
         StatsMode,
         typer.Option(

@@ -65,3 +65,11 @@ StatsOption = Annotated[
         help="Mean and std from `torchkit dataset-stats ROOT --format json -o FILE`.",
     ),
 ]
+ImageSetArgument = Annotated[
+    Path,
+    typer.Argument(
+        help="Image folder (ROOT/<class>/<image>), flat folder of images, or CSV index "
+        "with path,label columns.",
+        show_default=False,
+    ),
+]

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.options import ForceOption, FormatOption, OutputOption
+from torchkit.cli.options import ForceOption, FormatOption, ImageSetArgument, OutputOption
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -50,14 +50,7 @@ def _describe(result) -> str:
 
 
 def split(
-    root: Annotated[
-        Path,
-        typer.Argument(
-            help="Image folder (ROOT/<class>/<image>), flat folder of images, or CSV index "
-            "with path,label columns.",
-            show_default=False,
-        ),
-    ],
+    root: ImageSetArgument,
     out: Annotated[
         Path,
         typer.Argument(

@@ -140,7 +140,9 @@ def _load_pretrained_path(model, path: str, *, replace_head_for: int) -> None:
         replace_head(model, replace_head_for)
 
 
-def _build_from_callable(spec: str, num_classes: int, weights: str | None):
+def call_model_factory(spec: str, *, num_classes: int | None = None) -> tuple[Any, bool]:
+    """Import `package.module:Callable` and call it, with `num_classes` when it is given and the
+    callable accepts it. Returns (the nn.Module it built, whether num_classes was passed)."""
     import torch
 
     module_name, _, attr = spec.partition(":")
@@ -150,12 +152,16 @@ def _build_from_callable(spec: str, num_classes: int, weights: str | None):
         raise UsageError(
             f"cannot import model {spec!r}: {error}", "use package.module:Callable"
         ) from error
-    params = _accepted_params(factory)
-    kwargs = {"num_classes": num_classes} if "num_classes" in params else {}
-    model = factory(**kwargs)
+    takes_classes = num_classes is not None and "num_classes" in _accepted_params(factory)
+    model = factory(num_classes=num_classes) if takes_classes else factory()
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
-    if not kwargs:
+    return model, takes_classes
+
+
+def _build_from_callable(spec: str, num_classes: int, weights: str | None):
+    model, took_classes = call_model_factory(spec, num_classes=num_classes)
+    if not took_classes:
         replace_head(model, num_classes)
     if weights:
         _load_pretrained_path(model, weights, replace_head_for=num_classes)

@@ -3,14 +3,13 @@ weights file), the built-in `convnet`, `module:Callable`, or a torchkit checkpoi
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass, replace
 from typing import Any
 
 from torchkit.core.data import Preprocess
 from torchkit.core.errors import CheckpointError, UsageError
-from torchkit.core.models import BUILTIN_MODELS, is_checkpoint_path
+from torchkit.core.models import BUILTIN_MODELS, call_model_factory, is_checkpoint_path
 
 # The crop and resize a built-in `convnet` (MNIST-sized) expects when nothing else says.
 CONVNET_PREPROCESS = Preprocess(image_size=28, resize_size=28)
@@ -91,18 +90,7 @@ def _from_checkpoint_file(path: str, trust: bool) -> ModelSource:
 
 
 def _from_callable(spec: str, weights: str | None, trust: bool) -> ModelSource:
-    import torch
-
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise UsageError(
-            f"cannot import model {spec!r}: {error}", "use package.module:Callable"
-        ) from error
-    model = factory()
-    if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+    model, _ = call_model_factory(spec)
     source = ModelSource(model, spec, spec, weights, None, Preprocess(), "defaults")
     if weights is not None:
         _load_weights_file(source, weights, trust)

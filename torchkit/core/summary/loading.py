@@ -4,14 +4,18 @@ Always built with random weights unless a weights file is given: nothing is down
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.errors import CheckpointError, InputError, UsageError
-from torchkit.core.models import BUILTIN_MODELS, build_model, is_checkpoint_path
+from torchkit.core.models import (
+    BUILTIN_MODELS,
+    build_model,
+    call_model_factory,
+    is_checkpoint_path,
+)
 
 DEFAULT_IMAGE_SHAPE = (3, 224, 224)
 CONVNET_IMAGE_SHAPE = (3, 28, 28)
@@ -103,18 +107,7 @@ def _from_callable(spec: str, *, num_classes: int | None, weights: str | None) -
     if num_classes is not None or weights:
         model = build_model(spec, num_classes or 1000, weights=weights)
         return LoadedModel(model, spec, "callable", None, False)
-    import torch
-
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise UsageError(
-            f"cannot import model {spec!r}: {error}", "use package.module:Callable"
-        ) from error
-    model = factory()
-    if not isinstance(model, torch.nn.Module):
-        raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+    model, _ = call_model_factory(spec)
     return LoadedModel(model, spec, "callable", None, False)
 
 

@@ -6,7 +6,21 @@ metrics.csv, curves.png, TensorBoard), distributed (torchrun/DDP) and runner (th
 Nothing here imports torch at module level.
 """
 
+from typing import Any
+
 from torchkit.core.train.config import TrainConfig
-from torchkit.core.train.runner import RunInfo, TrainCallbacks, TrainResult, run_training
+
+_FROM_RUNNER = ("RunInfo", "TrainCallbacks", "TrainResult", "run_training")
+
+
+def __getattr__(name: str) -> Any:
+    # The CLI imports TrainConfig for its defaults on every start (even `--help`): the runner
+    # and everything it imports load only when a run is wanted.
+    if name in _FROM_RUNNER:
+        from torchkit.core.train import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["RunInfo", "TrainCallbacks", "TrainConfig", "TrainResult", "run_training"]
