@@ -132,7 +132,8 @@ def test_split_root_trains_and_summary_table_names_the_weights(runner, split_roo
     )
     assert result.exit_code == 0, result.stderr
     assert "--val-split is ignored" in result.stderr  # the root has its own val/
-    assert "Test top-1 (best.pt)" in result.stdout
+    assert "Test top-1 (best.pt)" in result.stdout and "(by val top1)" in result.stdout
+    assert "EMA weights" not in result.stdout
     assert "(12 train / 6 val / 6 test)" in result.stdout
     assert "epoch 2/2" in result.stderr  # one log line per epoch on stderr
     checkpoint = load(out / "last.pt")
@@ -405,6 +406,20 @@ def test_with_ema_best_pt_is_picked_by_the_ema_weights(runner, split_root, tmp_p
     line = next(x for x in result.stderr.splitlines() if x.startswith(f"epoch {lowest['epoch']}/"))
     assert f"ema loss {lowest['val_ema_loss']:.4f} top1 {lowest['val_ema_top1']:.4f}" in line
     assert line.endswith("*best")  # the lowest EMA loss of all beat every epoch before it
+
+
+def test_summary_table_says_the_ema_weights_picked_best_pt(runner, tmp_path):
+    table = tmp_path / "table.txt"  # -o renders it wide, so no label is cut short
+    result = train(runner, "--epochs", "1", "--out", str(tmp_path / "r"), "-o", str(table))
+    assert result.exit_code == 0, result.stderr
+    text = table.read_text()
+    for label in (
+        "1 (by val loss, EMA weights)",
+        "Best val top-1 (EMA weights)",
+        "Test top-1 (best.pt)",
+        "Test top-1, EMA weights (best.pt)",
+    ):
+        assert label in text
 
 
 def test_no_ema_turns_the_digits_default_off(runner, tmp_path):

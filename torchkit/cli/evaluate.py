@@ -195,7 +195,7 @@ def eval_command(
 
     if output is not None:
         check_output(output, force)
-    mean_values, std_values = mean_std_options(mean, std, None if stats is None else str(stats))
+    mean_values, std_values = mean_std_options(mean, std, stats)
     spec = ModelSpec(
         checkpoint=checkpoint,
         model=model,

@@ -201,7 +201,7 @@ def extract_features_command(
 
     from torchkit.core.features import FeatureRequest, extract_features
 
-    mean_values, std_values = mean_std_options(mean, std, None if stats is None else str(stats))
+    mean_values, std_values = mean_std_options(mean, std, stats)
     request = FeatureRequest(
         model=model,
         images=str(images),

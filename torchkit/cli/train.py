@@ -488,7 +488,7 @@ def train_command(
 
     if output is not None:
         check_output(output, force)
-    mean_values, std_values = mean_std_options(mean, std, None if stats is None else str(stats))
+    mean_values, std_values = mean_std_options(mean, std, stats)
     is_main = int(os.environ.get("RANK", "0")) == 0
     if data is None and resume is None and is_main:
         console.note(

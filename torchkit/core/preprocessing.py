@@ -119,7 +119,7 @@ def _numbers(values) -> bool:
 
 
 def mean_std_options(
-    mean: str | None, std: str | None, stats: str | None
+    mean: str | None, std: str | None, stats: str | os.PathLike | None
 ) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
     """`--mean`, `--std` and `--stats FILE` (which stands for both) as numbers."""
     if stats is not None:
