@@ -32,6 +32,7 @@ from torchkit import __version__
 from torchkit.core.data import SPLIT_NAMES, Samples, scan_image_set, stratified_split
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.files import atomic_write, atomic_write_text
+from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
 
@@ -40,8 +41,6 @@ MANIFEST = "split.csv"
 JOURNAL = ".torchkit-split.json"  # move mode only: the record that OUT holds the only copies
 _MOVE_TEMP = ".torchkit-move-"  # prefix of a cross-device copy that is not verified yet
 _COPY_THREADS = 8
-
-Progress = Callable[[int, int], None]  # (files done, files in total)
 
 
 @dataclass

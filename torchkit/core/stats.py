@@ -17,7 +17,7 @@ import math
 import os
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 from torchkit.core.data import Samples, scan_image_set
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.files import atomic_path, check_output
+from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
 
@@ -33,8 +34,6 @@ STATS_MODES = ("rgb", "gray", "native")
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 SINGLE_CHANNEL_MODES = frozenset({"1", "L", "I", "F"} | SIXTEEN_BIT_MODES)
 _MAX_CHUNK = 64
-
-Progress = Callable[[int, int], None]  # (files done, files in total)
 
 
 @dataclass

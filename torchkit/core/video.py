@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.files import atomic_write_bytes, prepare_output_dir
+from torchkit.core.progress import Progress
 
 logger = logging.getLogger("torchkit")
 
@@ -28,8 +29,6 @@ VIDEO_EXTENSIONS = frozenset(
 )  # fmt: skip
 SAMPLE_MODES = ("test", "train")
 SNIFF_BYTES = 512  # enough for an EBML DocType and two MPEG-TS packet starts
-
-ProgressCallback = Callable[[int, int], None]  # (videos done, videos in total)
 
 
 @dataclass
@@ -428,7 +427,7 @@ def inspect_videos(
     extract_dir: str | os.PathLike | None = None,
     force: bool = False,
     workers: int | None = None,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> list[VideoInfo]:
     """Metadata of every video in `paths` (files, or folders searched recursively), in order.
 

@@ -16,7 +16,7 @@ import re
 import tarfile
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,6 +25,7 @@ from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
 from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.files import atomic_dir, require_input
+from torchkit.core.progress import Progress
 
 CIFAR10 = "cifar-10"
 CIFAR100 = "cifar-100"
@@ -304,7 +305,7 @@ def write_cifar(
     *,
     force: bool = False,
     workers: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> CifarReport:
     """Write `data` as PNG folders into `out` (built beside it and renamed into place)."""
     import numpy as np
@@ -360,7 +361,7 @@ def convert_cifar(
     label_type: str | None = None,
     force: bool = False,
     workers: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> CifarReport:
     """CIFAR-10/100 python archive or folder -> `out/{train,test}/<class>/<index>.png`."""
     from torchkit.core.files import check_output

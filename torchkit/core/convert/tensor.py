@@ -11,7 +11,7 @@ import logging
 import os
 import pickle
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from torchkit.core.convert import pixels as px
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
 from torchkit.core.errors import InputError, TorchkitError, UsageError
 from torchkit.core.files import atomic_dir, atomic_path, check_output, require_input
+from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
 
@@ -520,7 +521,7 @@ def convert_tensor(
     force: bool = False,
     workers: int | None = None,
     strict: bool = False,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> TensorReport:
     """Convert one file, or every supported file of a folder tree, by extension."""
     options = options or TensorOptions()
@@ -563,7 +564,7 @@ def _convert_folder(
     force: bool,
     workers: int | None,
     strict: bool,
-    progress: Callable[[int, int], None] | None,
+    progress: Progress | None,
 ) -> TensorReport:
     if to is None:
         raise UsageError(

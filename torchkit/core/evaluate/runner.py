@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +28,12 @@ from torchkit.core.evaluate.source import (
     open_model_source,
 )
 from torchkit.core.files import check_output
+from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
 
 TTA_MODES = ("none", "flip")
 DEFAULT_TOPK = 5
-Progress = Callable[[int, int], None]  # (images done, images in this process's share)
 
 
 @dataclass

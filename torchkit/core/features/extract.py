@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from torchkit.core.features.source import load_model_source
 from torchkit.core.features.store import DTYPES, FILE_FORMATS, FeatureStore
 from torchkit.core.files import require_input
 from torchkit.core.preprocessing import apply_overrides
+from torchkit.core.progress import Progress
 
 logger = logging.getLogger("torchkit")
 
@@ -117,7 +117,7 @@ def list_layers(
 
 
 def extract_features(
-    request: FeatureRequest, *, progress: Callable[[int, int], None] | None = None
+    request: FeatureRequest, *, progress: Progress | None = None
 ) -> ExtractionResult:
     """Run the model over every image once, keeping the requested layers; write OUT.
 
@@ -244,7 +244,7 @@ def _extract_rows(
     samples: Samples,
     request: FeatureRequest,
     device,
-    progress: Callable[[int, int], None] | None,
+    progress: Progress | None,
 ) -> None:
     """Fill the store batch by batch from where its progress record says, saving that record
     every COMMIT_INTERVAL_S, at the end, and when anything stops the loop."""
