@@ -14,8 +14,11 @@ from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
     FormatOption,
+    MeanOption,
     OutputOption,
+    ResizeSizeOption,
     StatsOption,
+    StdOption,
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
@@ -97,31 +100,9 @@ def eval_command(
             "for plain state dicts.",
         ),
     ] = None,
-    resize_size: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(
-            "--resize-size",
-            min=1,
-            help="Shorter side before the centre crop. Default: the checkpoint's, else "
-            "image size / 0.875.",
-        ),
-    ] = None,
-    mean: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--mean",
-            help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (or one value). "
-            "Default: the checkpoint's, else ImageNet's.",
-        ),
-    ] = None,
-    std: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--std",
-            help="Normalisation std per channel, e.g. 0.229,0.224,0.225 (or one value). "
-            "Default: the checkpoint's, else ImageNet's.",
-        ),
-    ] = None,
+    resize_size: ResizeSizeOption = None,
+    mean: MeanOption = None,
+    std: StdOption = None,
     stats: StatsOption = None,
     ema: Annotated[
         bool, typer.Option("--ema", help="Evaluate the checkpoint's EMA weights.")

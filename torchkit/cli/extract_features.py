@@ -12,7 +12,10 @@ from torchkit.cli import console
 from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
+    MeanOption,
+    ResizeSizeOption,
     StatsOption,
+    StdOption,
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
@@ -137,18 +140,9 @@ def extract_features_command(
             show_default=False,
         ),
     ] = None,
-    resize_size: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option("--resize-size", help="Shorter side before the centre crop.", min=1),
-    ] = None,
-    mean: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--mean", help="Per-channel mean, e.g. 0.485,0.456,0.406 (or one value)."),
-    ] = None,
-    std: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--std", help="Per-channel std, e.g. 0.229,0.224,0.225 (or one value)."),
-    ] = None,
+    resize_size: ResizeSizeOption = None,
+    mean: MeanOption = None,
+    std: StdOption = None,
     stats: StatsOption = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", "-b", help="Images per forward pass.", min=1)

@@ -73,3 +73,32 @@ ImageSetArgument = Annotated[
         show_default=False,
     ),
 ]
+# Preprocessing on top of what a model comes with (eval, extract-features).
+ResizeSizeOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--resize-size",
+        min=1,
+        show_default=False,
+        help="Shorter side before the centre crop. Default: the checkpoint's, else keeps the "
+        "model's resize/crop ratio (256/224 for ImageNet models).",
+    ),
+]
+MeanOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--mean",
+        show_default=False,
+        help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (or one value). "
+        "Default: the checkpoint's, else the model's (ImageNet's).",
+    ),
+]
+StdOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--std",
+        show_default=False,
+        help="Normalisation std per channel, e.g. 0.229,0.224,0.225 (or one value). "
+        "Default: the checkpoint's, else the model's (ImageNet's).",
+    ),
+]
