@@ -566,7 +566,7 @@ class _Run:
             images_seconds += row["epoch_time_s"]
             self.history.append(row)
             self.schedule.epoch_end(
-                row.get(self.metric_key, row[f"val_{config.best_metric}"]),
+                self._watched_value(row, config.best_metric),
                 higher_is_better=config.best_metric == "top1",
             )
             is_best = self._is_best(row)
@@ -645,15 +645,16 @@ class _Run:
         is on (as timm does: the average is the model one keeps), the model's otherwise."""
         return "val_ema_" if self.config.ema else "val_"
 
-    @property
-    def metric_key(self) -> str:
-        return self.watched + self.config.best_metric
+    def _watched_value(self, row: dict, name: str) -> float | None:
+        """`name` ("top1", "top5", "loss") of the watched weights in a metrics row (a run
+        resumed with --ema turned on has earlier rows without the EMA columns)."""
+        return row.get(self.watched + name, row.get(f"val_{name}"))
 
     def _best_value(self, name: str) -> float | None:
-        """`name` ("top1", "top5", "loss") of the watched weights at the best epoch."""
+        """`name` of the watched weights at the best epoch."""
         for row in self.history:
             if row["epoch"] == self.best_epoch:
-                return row.get(self.watched + name, row.get(f"val_{name}"))
+                return self._watched_value(row, name)
         return None
 
     def _is_best(self, row: dict) -> bool:
@@ -664,9 +665,8 @@ class _Run:
         best = next(r for r in self.history if r["epoch"] == self.best_epoch)
 
         def key(values: dict) -> tuple[float, float]:
-            # A run resumed with --ema turned on has earlier rows without the EMA columns.
-            loss = values.get(self.watched + "loss", values["val_loss"])
-            top1 = values.get(self.watched + "top1", values["val_top1"])
+            loss = self._watched_value(values, "loss")
+            top1 = self._watched_value(values, "top1")
             return (-loss, top1) if self.config.best_metric == "loss" else (top1, -loss)
 
         return key(row) > key(best)
