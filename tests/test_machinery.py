@@ -577,3 +577,12 @@ def test_set_aside_restores_or_discards_the_old_folder(tmp_path):
     aside.discard()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert [p.name for p in old.iterdir()] == ["new.txt"]
+
+
+def test_first_line_of_an_error():
+    from torchkit.core.errors import first_line
+
+    error = RuntimeError("\n  mat1 and mat2 shapes cannot be multiplied  \nsecond line\n")
+    assert first_line(error) == "mat1 and mat2 shapes cannot be multiplied"
+    assert first_line(error, with_type=True).startswith("RuntimeError: mat1 and mat2")
+    assert first_line(ValueError()) == first_line(ValueError(), with_type=True) == "ValueError"

@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 
 from torchkit import __version__
 from torchkit.cli import console
+from torchkit.core.errors import first_line
 
 DEBUG_ENV = "TORCHKIT_DEBUG"
 
@@ -28,9 +29,7 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
     name = type(error).__name__
     if name == "OutOfMemoryError" or "out of memory" in str(error).lower():
         return "the GPU ran out of memory", "use a smaller --batch-size, --amp or a smaller model"
-    text = str(error).strip().splitlines()
-    what = f"{name}: {text[0]}" if text else name
-    return what, f"set {DEBUG_ENV}=1 to see the traceback"
+    return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
 
 
 class TorchkitGroup(TyperGroup):

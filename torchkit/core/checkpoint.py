@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import CheckpointError
+from torchkit.core.errors import CheckpointError, first_line
 from torchkit.core.files import atomic_path, require_input
 
 FORMAT_VERSION = 1
@@ -59,7 +59,7 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         ) from error
     except (AttributeError, ImportError) as error:  # trusted pickle of a class we cannot import
         raise CheckpointError(
-            f"cannot unpickle checkpoint {source}: {_first_line(error)}",
+            f"cannot unpickle checkpoint {source}: {first_line(error)}",
             "it pickles classes from the code that saved it; make that code importable, "
             "or save a state_dict instead",
         ) from error
@@ -80,7 +80,7 @@ def _unreadable(source: Path, error: BaseException) -> CheckpointError:
     text = str(error)
     # weights_only wraps the real reason in a paragraph of advice; keep only the reason.
     detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
-    reason = (detail.group(1) if detail else _first_line(error).split(". ")[0]).strip()
+    reason = (detail.group(1) if detail else first_line(error).split(". ")[0]).strip()
     name = type(error).__name__
     return CheckpointError(
         f"cannot read checkpoint {source}: {name if reason == name else f'{name}: {reason}'}",
@@ -168,8 +168,3 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
             "check --model and --num-classes",
         )
     model.load_state_dict(state_dict, strict=True)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -21,7 +21,7 @@ import warnings
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.errors import DeviceError
+from torchkit.core.errors import DeviceError, first_line
 
 logger = logging.getLogger("torchkit")
 
@@ -201,7 +201,7 @@ def _torch_sections(diagnostics: list[str]) -> dict[str, Any]:
     try:
         import torch
     except Exception as error:  # a broken install must still give a report
-        message = f"torch cannot be imported: {_first_line(error)}"
+        message = f"torch cannot be imported: {first_line(error)}"
         diagnostics.append(message)
         cuda.update(problem=message, hint="reinstall torch")
         return {"torch": None, "distributed": None, "cuda": cuda, "gpus": []}
@@ -217,7 +217,7 @@ def _torch_sections(diagnostics: list[str]) -> dict[str, Any]:
     for warning in caught:
         if issubclass(warning.category, (DeprecationWarning, FutureWarning)):
             continue  # about torch's API, not about this machine
-        message = _first_line(warning.message)
+        message = first_line(warning.message)
         if message and message not in diagnostics:
             diagnostics.append(message)
     torchvision_problem = check_torchvision_ops(torch)
@@ -311,7 +311,7 @@ def _probe_gpus(torch) -> tuple[list[dict[str, Any]], str | None]:
             torch.cuda.init()
         except Exception as error:
             # "Found no NVIDIA driver on your system. Please check that ...": keep the finding.
-            return [], _first_line(error).split(". ")[0].rstrip(".")
+            return [], first_line(error).split(". ")[0].rstrip(".")
         return [], "no CUDA device found"
     return [_gpu_info(torch, index) for index in range(torch.cuda.device_count())], None
 
@@ -345,7 +345,7 @@ def _gpu_info(torch, index: int) -> dict[str, Any]:
             raise RuntimeError("a test computation gave a wrong result")
         info["usable"] = True
     except Exception as error:
-        info["error"] = _first_line(error)
+        info["error"] = first_line(error)
     return info
 
 
@@ -445,7 +445,7 @@ def check_torchvision_ops(torch) -> str | None:
             return f"{prefix}: nms gave {keep.tolist()} instead of [0, 2]; {advice}"
         built_for = int(torch.ops.torchvision._cuda_version())
     except Exception as error:
-        return f"{prefix}: {_first_line(error)}; {advice}"
+        return f"{prefix}: {first_line(error)}; {advice}"
     if built_for > 0 and torch.version.cuda:
         # torchvision encodes CUDA 12.4 as 12040.
         tv_major, torch_major = built_for // 1000, int(torch.version.cuda.split(".")[0])
@@ -484,8 +484,3 @@ def _distribution_version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _first_line(error: object) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__

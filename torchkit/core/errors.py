@@ -41,3 +41,14 @@ class DeviceError(TorchkitError):
 
 class OfflineError(TorchkitError):
     """Something needed a download and the network is not reachable."""
+
+
+def first_line(error: object, *, with_type: bool = False) -> str:
+    """The first non-blank line of an exception's message (or its type's name), after
+    "TypeName: " with `with_type`: library errors (PyTorch's shape errors, FFmpeg's) run to many
+    lines, and torchkit reports one."""
+    name = type(error).__name__
+    for line in str(error).splitlines():
+        if line.strip():
+            return f"{name}: {line.strip()}" if with_type else line.strip()
+    return name

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data import Samples, scan_image_set
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.errors import InputError, UsageError, first_line
 from torchkit.core.files import atomic_path, check_output
 from torchkit.core.progress import Progress
 
@@ -245,8 +245,7 @@ def _describe(error: BaseException, size: int | None = None) -> str:
         return "permission denied"
     if isinstance(error, UnidentifiedImageError):  # its message names a BytesIO object
         return "empty file" if size == 0 else "not an image PIL can read"
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    return first_line(error, with_type=True)
 
 
 def scan_files(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.errors import InputError, UsageError, first_line
 from torchkit.core.files import atomic_write_bytes, prepare_output_dir
 from torchkit.core.progress import Progress
 
@@ -283,8 +283,7 @@ def _error_text(error: BaseException) -> str:
         return "permission denied"
     if isinstance(error, OSError):
         return f"cannot read: {error.strerror or error}"
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+    return first_line(error)
 
 
 def _probe_into(info: VideoInfo, path: Path, exact: bool, decode_check: bool) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from torchkit.core.convert import pixels as px
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
-from torchkit.core.errors import InputError, TorchkitError, UsageError
+from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
 from torchkit.core.files import atomic_dir, atomic_path, check_output, require_input
 from torchkit.core.progress import Progress
 
@@ -124,11 +124,6 @@ class TensorReport:
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _reason(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
 def _read_sixteen_bit_colour(path: Path) -> Any:
     """PIL reads 16-bit RGB(A) PNG/TIFF as 8 bits; OpenCV keeps all 16 (in BGR order)."""
     import cv2
@@ -184,7 +179,7 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
                 array = _pil_to_array(image)
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as error:
         raise InputError(
-            f"cannot read image {source}: {_reason(error)}",
+            f"cannot read image {source}: {first_line(error)}",
             "the file is truncated, corrupt or not an image",
         ) from None
     if array.ndim == 2:
@@ -212,7 +207,7 @@ def read_npy(path: str | os.PathLike) -> Any:
                 "it can only be loaded by unpickling, which could run code",
             ) from None
         raise InputError(
-            f"cannot read {source}: {_reason(error)}", "the file is truncated or corrupt"
+            f"cannot read {source}: {first_line(error)}", "the file is truncated or corrupt"
         ) from None
     return array
 
@@ -269,7 +264,7 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
     except pickle.UnpicklingError as error:
         if "weights only" not in str(error).lower():
             raise InputError(
-                f"cannot read {source}: {_reason(error)}",
+                f"cannot read {source}: {first_line(error)}",
                 "the file is truncated or not a PyTorch file",
             ) from None
         raise InputError(
@@ -279,7 +274,7 @@ def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
         raise InputError(
-            f"cannot read {source}: {_reason(error)}",
+            f"cannot read {source}: {first_line(error)}",
             "the file is truncated or not a PyTorch file",
         ) from None
     return _tensor_to_numpy(_pick_tensor(obj, key, source))
@@ -294,7 +289,7 @@ def read_safetensors(path: str | os.PathLike, key: str | None = None) -> Any:
         tensors = load_file(str(source), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise InputError(
-            f"cannot read {source}: {_reason(error)}",
+            f"cannot read {source}: {first_line(error)}",
             "the file is truncated or not a .safetensors file",
         ) from None
     return _tensor_to_numpy(_pick_tensor(tensors, key, source))
@@ -507,7 +502,7 @@ def _convert_chunk(task: tuple[str, str, list[Path], str, TensorOptions]) -> lis
         except TorchkitError as error:
             result = FileResult(str(relative), error=str(error))
         except Exception as error:  # a broken file must not stop the others
-            result = FileResult(str(relative), error=f"{type(error).__name__}: {_reason(error)}")
+            result = FileResult(str(relative), error=first_line(error, with_type=True))
         result.source = str(relative)
         results.append(result)
     return results

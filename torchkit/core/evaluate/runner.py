@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.data import Samples
-from torchkit.core.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.errors import InputError, OutputExistsError, UsageError, first_line
 from torchkit.core.evaluate.metrics import ClassificationMetrics, compute_metrics, most_confused
 from torchkit.core.evaluate.source import (
     IMAGE_MODES,
@@ -328,9 +328,8 @@ def _forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
         if not first:
             raise
         size = "x".join(map(str, images.shape[-2:]))
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InputError(
-            f"the model fails on {size} images: {message}",
+            f"the model fails on {size} images: {first_line(error)}",
             "check --image-size: it must be a size this model accepts",
         ) from error
 

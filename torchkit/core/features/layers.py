@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import TorchkitError, UsageError
+from torchkit.core.errors import TorchkitError, UsageError, first_line
 
 logger = logging.getLogger("torchkit")
 
@@ -59,7 +59,7 @@ class LayerGraph:
         try:
             self._trace()
         except Exception as error:  # dynamic control flow and the like: fx cannot trace it
-            self.trace_error = _first_line(error)
+            self.trace_error = first_line(error)
             logger.warning(
                 "torch.fx cannot trace %s (%s); layers are module names, read with hooks",
                 arch,
@@ -186,7 +186,7 @@ class LayerGraph:
                 image_size,
                 image_size,
                 self.arch,
-                _first_line(error),
+                first_line(error),
             )
         return shapes
 
@@ -374,8 +374,3 @@ def _module_prefixes(nodes: list[str]) -> list[str]:
         for depth in range(1, len(parts)):
             prefixes[".".join(parts[:depth])] = None
     return list(prefixes)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

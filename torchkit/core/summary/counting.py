@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torchkit.core.errors import TorchkitError, UsageError
+from torchkit.core.errors import TorchkitError, UsageError, first_line
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte
 log = logging.getLogger("torchkit")
@@ -423,9 +423,9 @@ def summarize(
             raise
         except Exception as error:
             shapes = ", ".join(str(shape) for shape, _ in specs)
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise UsageError(
-                f"{type(model).__name__} cannot run on an input of shape {shapes}: {first_line}",
+                f"{type(model).__name__} cannot run on an input of shape {shapes}: "
+                f"{first_line(error)}",
                 "check --input-size (and --dtype)",
             ) from error
 
