@@ -11,9 +11,11 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    ChannelsLastOption,
     DeviceOption,
     ForceOption,
     FormatOption,
+    InferenceAmpOption,
     MeanOption,
     OutputOption,
     ResizeSizeOption,
@@ -129,12 +131,8 @@ def eval_command(
     ] = 64,
     workers: WorkersOption = None,
     device: DeviceOption = "auto",
-    amp: Annotated[
-        bool, typer.Option("--amp", help="Mixed precision (float16 on GPUs, bfloat16 on CPUs).")
-    ] = False,
-    channels_last: Annotated[
-        bool, typer.Option("--channels-last", help="channels-last memory format (faster convs).")
-    ] = False,
+    amp: InferenceAmpOption = False,
+    channels_last: ChannelsLastOption = False,
     out: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(

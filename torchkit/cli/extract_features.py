@@ -10,8 +10,10 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    ChannelsLastOption,
     DeviceOption,
     ForceOption,
+    InferenceAmpOption,
     MeanOption,
     ResizeSizeOption,
     StatsOption,
@@ -149,13 +151,8 @@ def extract_features_command(
     ] = 64,
     workers: WorkersOption = None,
     device: DeviceOption = "auto",
-    amp: Annotated[
-        bool,
-        typer.Option("--amp", help="Mixed precision (float16 on CUDA, bfloat16 on CPU)."),
-    ] = False,
-    channels_last: Annotated[
-        bool, typer.Option("--channels-last", help="Run the model in channels-last layout.")
-    ] = False,
+    amp: InferenceAmpOption = False,
+    channels_last: ChannelsLastOption = False,
     resume: Annotated[
         bool,
         typer.Option("--resume", help="Continue an interrupted run into the same OUT."),

@@ -73,6 +73,14 @@ ImageSetArgument = Annotated[
         show_default=False,
     ),
 ]
+# Inference (eval, extract-features).
+InferenceAmpOption = Annotated[
+    bool, typer.Option("--amp", help="Mixed precision (float16 on CUDA, bfloat16 on CPU).")
+]
+ChannelsLastOption = Annotated[
+    bool,
+    typer.Option("--channels-last", help="Run the model in the channels-last memory format."),
+]
 # Preprocessing on top of what a model comes with (eval, extract-features).
 ResizeSizeOption = Annotated[
     Optional[int],  # noqa: UP045
