@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from typing import NoReturn
 
 import typer
@@ -43,10 +47,11 @@ class TorchkitGroup(TyperGroup):
             _usage_error(error)
 
     def invoke(self, ctx):
-        from torchkit.core.errors import TorchkitError
+        from torchkit.core.errors import Terminated, TorchkitError
 
         try:
-            return super().invoke(ctx)
+            with _terminate_like_interrupt():
+                return super().invoke(ctx)
         except ClickUsageError as error:
             _usage_error(error)
         except (typer.Exit, typer.Abort, typer.TyperException):
@@ -56,13 +61,40 @@ class TorchkitGroup(TyperGroup):
             raise typer.Exit(error.exit_code) from None
         except BrokenPipeError:
             exit_quietly_on_broken_pipe()
-        except KeyboardInterrupt:
-            console.stderr.print("Interrupted.")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as error:
+            # The clean-up (workers stopped, a set-aside output put back) has run by now.
+            terminated = isinstance(error, Terminated)
+            console.stderr.print("Terminated." if terminated else "Interrupted.")
+            raise typer.Exit(143 if terminated else 130) from None
         except Exception as error:
             what, hint = describe_unexpected(error)
             _report(error, f"{what} ({hint})")
             raise typer.Exit(1) from None
+
+
+@contextlib.contextmanager
+def _terminate_like_interrupt() -> Iterator[None]:
+    """SIGTERM raises `Terminated` (a KeyboardInterrupt) so it unwinds like Ctrl-C: every
+    clean-up runs. Only the first signal raises; later ones are ignored so that they cannot
+    break the clean-up half-way (SIGKILL still works)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from torchkit.core.errors import Terminated
+
+    def raise_once(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, raise_once)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _usage_error(error: ClickUsageError) -> NoReturn:

@@ -52,3 +52,12 @@ def first_line(error: object, *, with_type: bool = False) -> str:
         if line.strip():
             return f"{name}: {line.strip()}" if with_type else line.strip()
     return name
+
+
+class OutputWriteError(TorchkitError):
+    """An output that cannot be written: a full disk, a read-only file system, no permission."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `timeout`, an OOM killer), handled exactly like Ctrl-C: every
+    `except KeyboardInterrupt` clean-up runs; the command exits with 143 instead of 130."""

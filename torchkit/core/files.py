@@ -12,11 +12,16 @@ from pathlib import Path
 from typing import IO
 
 from torchkit.core.errors import InputError, OutputExistsError
+from torchkit.core.outputs import is_special_file
+from torchkit.core.outputs import reporting_write_errors as _reporting
 
 
 def check_output(path: str | os.PathLike, force: bool, *, what: str = "output") -> Path:
-    """Refuse to replace an existing file or non-empty folder unless `force` is set."""
+    """Refuse to replace an existing file or non-empty folder unless `force` is set. Special
+    files (FIFOs, /dev/stdout) are written into, so they always pass."""
     target = Path(path)
+    if is_special_file(target):
+        return target
     if target.exists() and not force:
         if target.is_dir() and not any(target.iterdir()):
             return target
@@ -44,15 +49,21 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
     kill at any moment leaves either the old file or the new one, never a truncated mix.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        _apply_umask(tmp_name)
-        with os.fdopen(fd, mode, **open_kwargs) as handle:
+    if is_special_file(target):  # a FIFO or /dev/stdout is written into, never replaced
+        with _reporting(target), open(target, mode, **open_kwargs) as handle:
             yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
+        return
+    with _reporting(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with _reporting(target):
+            _apply_umask(tmp_name)
+            with os.fdopen(fd, mode, **open_kwargs) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
@@ -88,15 +99,21 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path` for writers that want a file name (torch.save,
     savefig); it is renamed into place when the block succeeds."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(
-        prefix=f".{target.stem}.", suffix=f".tmp{target.suffix}", dir=target.parent
-    )
-    os.close(fd)
+    if is_special_file(target):  # the writer writes straight into the FIFO or device
+        with _reporting(target):
+            yield target
+        return
+    with _reporting(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{target.stem}.", suffix=f".tmp{target.suffix}", dir=target.parent
+        )
+        os.close(fd)
     try:
-        _apply_umask(tmp_name)
-        yield Path(tmp_name)
-        os.replace(tmp_name, target)
+        with _reporting(target):
+            _apply_umask(tmp_name)
+            yield Path(tmp_name)
+            os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)

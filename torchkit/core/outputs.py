@@ -1,0 +1,575 @@
+"""The output-safety layer: every output a command writes goes through here, so the rule that
+torchkit never loses a user's file is enforced in one place.
+
+- An output may not be, contain or lie inside an input of the same command (`check_overlap`).
+- `--force` replaces a folder only if it is empty or torchkit wrote it (a `.torchkit` marker, or
+  only files that command writes); `/`, `~`, the working directory and its parents never.
+- A folder being written is locked (`.NAME.torchkit-lock` beside it, `flock`); a second command
+  on the same folder is refused at once with the holder's PID.
+- An old output replaced with `--force` is set aside (`.NAME.<hex>.replaced`) and put back if
+  the new run fails, is interrupted or terminated before it has written something worth keeping;
+  one left behind by a killed run is put back (or reported) by the next run on that folder.
+
+Everything is checked before any work; nothing here prints (warnings go to the `torchkit` log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchkit import __version__
+from torchkit.core.errors import OutputExistsError, OutputWriteError, TorchkitError
+
+log = logging.getLogger("torchkit")
+
+MARKER = ".torchkit"
+LOCK_SUFFIX = ".torchkit-lock"
+PARTIAL_SUFFIX = ".partial"
+REPLACED_SUFFIX = ".replaced"
+DISCARDED_SUFFIX = ".discarded"
+
+# errno values that only writing causes, and those that reading an input can cause too (these
+# count as write errors only when they name the output or nothing).
+WRITE_ONLY_ERRNOS = frozenset((errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG))
+WRITE_ERRNOS = WRITE_ONLY_ERRNOS | {errno.EACCES, errno.EPERM, errno.EIO, errno.ENAMETOOLONG}
+
+
+class OutputOverlapError(TorchkitError):
+    """An output that is, contains or lies inside an input of the same command."""
+
+
+class OutputLockedError(TorchkitError):
+    """Another torchkit process is writing the same output folder."""
+
+
+@dataclass(frozen=True)
+class InputPath:
+    """Something a command reads: a file, or a folder whose whole tree it reads."""
+
+    path: Path
+    what: str
+
+    @classmethod
+    def of(cls, path: str | os.PathLike, what: str) -> InputPath:
+        return cls(Path(path), what)
+
+
+def _real(path: str | os.PathLike) -> Path:
+    """The path with `~`, `..` and symlinks resolved (as far as it exists)."""
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+
+
+def _is_within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def _shown(path: str | os.PathLike) -> str:
+    return os.fspath(path)
+
+
+def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPath | None]) -> None:
+    """Refuse an output that is an input, contains one (so replacing it would delete the input)
+    or lies inside an input folder (so writing it would change the input)."""
+    out = _real(output)
+    for item in inputs:
+        if item is None:
+            continue
+        source = _real(item.path)
+        if out == source:
+            raise OutputOverlapError(
+                f"{what} {_shown(output)} is the {item.what} {_shown(item.path)}",
+                "choose another output",
+            )
+        if _is_within(source, out):
+            raise OutputOverlapError(
+                f"{what} {_shown(output)} contains the {item.what} {_shown(item.path)}",
+                "choose an output outside the inputs",
+            )
+        if _is_within(out, source) and os.path.isdir(source):
+            raise OutputOverlapError(
+                f"{what} {_shown(output)} lies inside the {item.what} {_shown(item.path)}",
+                "choose an output outside the inputs",
+            )
+
+
+def folders_of_files(paths: Iterable[str | os.PathLike], what: str) -> list[InputPath]:
+    """The distinct folders that hold `paths` (e.g. the images a CSV index names), as inputs: an
+    output folder may not contain them nor lie inside one."""
+    folders = {os.path.dirname(os.path.abspath(os.fspath(p))) for p in paths}
+    return [InputPath(Path(folder), what) for folder in sorted(folders)]
+
+
+def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[InputPath]:
+    """The inputs behind a `--data`/IMAGES argument: a folder (its whole tree), a CSV index (the
+    file, and the folders of the images it names) or a single file; nothing for `digits`."""
+    if data is None or os.fspath(data) == "digits":
+        return []
+    source = Path(data)
+    if source.is_dir():
+        return [InputPath(source, f"{what} folder")]
+    if not source.is_file():
+        return []
+    inputs = [InputPath(source, f"{what} file")]
+    if source.suffix.lower() == ".csv":
+        inputs += folders_of_files(_csv_paths(source), f"images of {source}")
+    return inputs
+
+
+def _csv_paths(index: Path) -> list[str]:
+    import csv
+
+    try:
+        with index.open(newline="", encoding="utf-8-sig") as handle:
+            rows = csv.DictReader(handle)
+            if not rows.fieldnames or "path" not in rows.fieldnames:
+                return []
+            named = [row["path"] for row in rows if row.get("path")]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []  # the command's own reader reports what is wrong with it
+    return [p if os.path.isabs(p) else os.path.join(index.parent, p) for p in named]
+
+
+def _protected_reason(real: Path) -> str | None:
+    cwd = _real(os.getcwd())
+    if real == cwd:
+        return "the working directory"
+    if real in cwd.parents:
+        return "a parent of the working directory"
+    if real == _real(Path.home()):
+        return "the home folder"
+    return None
+
+
+def check_not_protected(folder: str | os.PathLike, what: str) -> None:
+    """`/`, the home folder, the working directory and its parents are never an output folder."""
+    reason = _protected_reason(_real(folder))
+    if reason:
+        raise OutputOverlapError(
+            f"{what} {_shown(folder)} is {reason}",
+            "torchkit never writes over it: give a new folder",
+        )
+
+
+# -- special files ----------------------------------------------------------------------------
+
+
+def is_special_file(path: str | os.PathLike) -> bool:
+    """A FIFO, device, socket or /dev/stdout: written into, never replaced by a regular file."""
+    text = os.fspath(path)
+    if text.startswith(("/dev/", "/proc/")):
+        return True
+    try:
+        mode = os.stat(text).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def check_output_file(
+    path: str | os.PathLike,
+    force: bool,
+    inputs: Iterable[InputPath | None] = (),
+    *,
+    what: str = "output",
+) -> Path:
+    """Check a file output (`-o FILE`, DST) before any work: not an input nor inside an input
+    folder, not a folder, and not an existing file unless `force`. Special files pass: they are
+    written into."""
+    target = Path(path)
+    if is_special_file(target):
+        return target
+    check_overlap(target, what, inputs)
+    if target.is_dir():
+        raise OutputExistsError(f"{what} is a folder, not a file: {target}", "give a file name")
+    if (target.exists() or target.is_symlink()) and not force:
+        raise OutputExistsError(f"{what} already exists: {target}", "pass --force to overwrite it")
+    return target
+
+
+# -- write errors -----------------------------------------------------------------------------
+
+
+def is_write_error(error: BaseException, target: str | os.PathLike | None = None) -> bool:
+    """An error that says the output side cannot be written (full disk, read-only, no
+    permission), including torch.save's RuntimeError from its zip writer. A permission or I/O
+    error that names a file other than `target` (or its temporary sibling) is an input's."""
+    if isinstance(error, OSError):
+        if error.errno in WRITE_ONLY_ERRNOS:
+            return True
+        if error.errno not in WRITE_ERRNOS:
+            return False
+        if error.filename is None or target is None:
+            return True
+        named = os.path.abspath(os.fspath(error.filename))
+        out = os.path.abspath(os.fspath(target))
+        return (
+            named == out
+            or os.path.dirname(named) == os.path.dirname(out)
+            or _is_within(Path(named), Path(out))
+        )
+    if isinstance(error, RuntimeError):
+        text = str(error).lower()
+        return "file write failed" in text or "no space left" in text
+    return False
+
+
+def write_error(target: str | os.PathLike, error: BaseException) -> OutputWriteError:
+    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    if isinstance(error, RuntimeError) and not isinstance(error, OSError):
+        reason = "the disk is full or not writable"
+    return OutputWriteError(
+        f"cannot write {_shown(target)}: {reason.splitlines()[0] if reason else 'write failed'}",
+        "free some space, check the permissions, or choose another output",
+    )
+
+
+@contextlib.contextmanager
+def reporting_write_errors(target: str | os.PathLike) -> Iterator[None]:
+    """Turn a full disk or read-only output inside the block into one fatal OutputWriteError."""
+    try:
+        yield
+    except OutputWriteError:
+        raise
+    except (OSError, RuntimeError) as error:
+        if is_write_error(error, target):
+            raise write_error(target, error) from error
+        raise
+
+
+# -- the marker and --force ---------------------------------------------------------------------
+
+
+def write_marker(folder: Path, command: str) -> None:
+    record = {
+        "written_by": "torchkit",
+        "command": command,
+        "torchkit_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    with reporting_write_errors(folder / MARKER):
+        (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+
+def is_torchkit_folder(folder: Path, known_files: Collection[str] = ()) -> bool:
+    """Written by torchkit: it carries the marker, or (for folders written before the marker
+    existed) holds only names the command writes (`known_files`, shell-style patterns)."""
+    if (folder / MARKER).is_file():
+        return True
+    if not known_files:
+        return False
+    from fnmatch import fnmatch
+
+    names = [entry.name for entry in os.scandir(folder)]
+    return bool(names) and all(any(fnmatch(n, pattern) for pattern in known_files) for n in names)
+
+
+def _is_empty_dir(folder: Path) -> bool:
+    with os.scandir(folder) as entries:
+        return next(entries, None) is None
+
+
+def check_replaceable(
+    folder: Path, force: bool, *, what: str, known_files: Collection[str] = (), hint: str = ""
+) -> bool:
+    """May `folder` be written? Returns whether it has content that `--force` will replace."""
+    if not (folder.exists() or folder.is_symlink()):
+        return False
+    if folder.is_symlink():
+        raise OutputExistsError(
+            f"{what} is a symbolic link: {folder}", "give the real folder or a new name"
+        )
+    if not folder.is_dir():
+        raise OutputExistsError(f"{what} is a file, not a folder: {folder}", "give a folder name")
+    if _is_empty_dir(folder):
+        return False
+    if not force:
+        raise OutputExistsError(
+            f"{what} already exists: {folder}", hint or "pass --force to overwrite it"
+        )
+    if not is_torchkit_folder(folder, known_files):
+        raise OutputExistsError(
+            f"{what} {folder} is not empty and was not written by torchkit",
+            "--force only replaces torchkit's own outputs: choose another folder, or remove "
+            "it yourself",
+        )
+    return True
+
+
+# -- locking -------------------------------------------------------------------------------------
+
+
+def lock_path(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}{LOCK_SUFFIX}"
+
+
+class FolderLock:
+    """An exclusive `flock` on `.NAME.torchkit-lock` beside the folder. The kernel drops it when
+    the process dies (even by SIGKILL), so a stale lock never blocks anyone."""
+
+    def __init__(self, folder: Path, what: str) -> None:
+        import fcntl
+
+        self.path = lock_path(folder)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(folder, error) from error
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as error:
+                raise write_error(folder, error) from error
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise OutputLockedError(
+                    f"{what} {folder} is being written by another torchkit process"
+                    + (f" (PID {holder})" if holder else ""),
+                    "wait for it to finish, or choose another folder",
+                ) from None
+            # The holder before us may have removed the file after we opened it: only a lock
+            # on the file that is still at the path counts.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        self.fd = fd
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self.fd)
+        self.fd = None
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+# -- set aside, put back --------------------------------------------------------------------------
+
+
+def _sibling(folder: Path, suffix: str) -> Path:
+    return folder.parent / f".{folder.name}.{uuid.uuid4().hex[:12]}{suffix}"
+
+
+def _leftovers(folder: Path, suffix: str) -> list[Path]:
+    prefix = f".{folder.name}."
+    try:
+        names = os.listdir(folder.parent)
+    except OSError:
+        return []
+    return sorted(
+        folder.parent / n
+        for n in names
+        if n.startswith(prefix) and n.endswith(suffix) and len(n) == len(prefix) + 12 + len(suffix)
+    )
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _discard(path: Path) -> None:
+    """Rename first (atomic), then delete: a kill half-way through the delete leaves a
+    `.discarded` folder, never a half-deleted one that looks like a set-aside output."""
+    gone = path.with_name(path.name.rsplit(".", 1)[0] + DISCARDED_SUFFIX)
+    try:
+        os.replace(path, gone)
+    except OSError:
+        gone = path
+    _remove_tree(gone)
+
+
+def recover_leftovers(folder: Path) -> list[str]:
+    """Clean up after a torchkit run on `folder` that was killed (SIGKILL, power cut), with the
+    folder's lock held: half-written temporaries are removed, a set-aside old output is put back
+    when the killed run had not written anything worth keeping. Returns what was done, as
+    sentences for a warning."""
+    notes: list[str] = []
+    for leftover in _leftovers(folder, PARTIAL_SUFFIX) + _leftovers(folder, DISCARDED_SUFFIX):
+        _remove_tree(leftover)
+    for aside in _leftovers(folder, REPLACED_SUFFIX):
+        current = folder.exists() or folder.is_symlink()
+        # Only a folder that a torchkit run created and never marked as worth keeping (the
+        # set-aside would be gone) is removed to make room.
+        if (
+            current
+            and folder.is_dir()
+            and not folder.is_symlink()
+            and (_is_empty_dir(folder) or (folder / MARKER).is_file())
+        ):
+            _remove_tree(folder)
+            current = False
+        if current:
+            notes.append(
+                f"an earlier output of {folder}, set aside by a torchkit run that was killed, is "
+                f"still at {aside}: move it back or remove it"
+            )
+            continue
+        os.replace(aside, folder)
+        notes.append(f"put back {folder}, which a killed torchkit run had set aside")
+    return notes
+
+
+class OutputFolder:
+    """One output folder of one command, from the checks to the end of the run.
+
+    Create it before the slow work (the checks and the lock happen at once), call `begin()` when
+    the first file is about to be written (an old output is set aside, the folder made and
+    marked), `keep()` once the new output is worth more than the old one, and `finish(ok)` at
+    the end (or use it as a context manager): a run that fails before `keep()` leaves the old
+    output back in place and no trace of itself.
+
+    `resume=True` continues an existing folder in place: no `--force` rules, nothing set aside.
+    `atomic=True` fills a hidden temporary folder that replaces the output only at the end, so
+    the output never holds a half-written result.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        command: str,
+        force: bool = False,
+        inputs: Iterable[InputPath | None] = (),
+        known_files: Collection[str] = (),
+        what: str = "output folder",
+        resume: bool = False,
+        atomic: bool = False,
+        exists_hint: str = "",
+    ) -> None:
+        self.final = Path(path)
+        self.command = command
+        self.what = what
+        self.resume = resume
+        self.atomic = atomic
+        self.notes: list[str] = []
+        self._aside: Path | None = None
+        self._began = False
+        self._kept = False
+        self._lock: FolderLock | None = None
+        self._existed = self.final.is_dir()
+        check_not_protected(self.final, what)
+        check_overlap(self.final, what, inputs)
+        if not resume:
+            self.has_content = check_replaceable(
+                self.final, force, what=what, known_files=known_files, hint=exists_hint
+            )
+        else:
+            self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)
+        self._lock = FolderLock(self.final, what)
+        try:
+            self.notes = recover_leftovers(self.final)
+            for note in self.notes:
+                log.warning(note)
+            if not resume and self.notes:  # what was put back must pass the checks again
+                self.has_content = check_replaceable(
+                    self.final, force, what=what, known_files=known_files, hint=exists_hint
+                )
+        except BaseException:
+            self.release()
+            raise
+        self.path = self.final  # where to write; a temporary folder once begun with `atomic`
+
+    def begin(self) -> Path:
+        """Set the old output aside (with `--force`), make the folder and mark it."""
+        if self._began:
+            return self.path
+        self._began = True
+        with reporting_write_errors(self.final):
+            if self.atomic:
+                self.path = _sibling(self.final, PARTIAL_SUFFIX)
+                self.path.mkdir(parents=True)
+            else:
+                if self.has_content and not self.resume:
+                    aside = _sibling(self.final, REPLACED_SUFFIX)
+                    os.replace(self.final, aside)
+                    self._aside = aside
+                self.final.mkdir(parents=True, exist_ok=True)
+            if not (self.path / MARKER).exists():
+                write_marker(self.path, self.command)
+        return self.path
+
+    def keep(self) -> None:
+        """The new output is worth keeping: the set-aside old one is deleted, and a later
+        failure leaves the new one in place."""
+        if self._kept or not self._began:
+            return
+        if self.atomic:
+            with reporting_write_errors(self.final):
+                if self.final.exists():
+                    old = _sibling(self.final, REPLACED_SUFFIX)
+                    os.replace(self.final, old)
+                    os.replace(self.path, self.final)
+                    _discard(old)
+                else:
+                    os.replace(self.path, self.final)
+            self.path = self.final
+        elif self._aside is not None:
+            _discard(self._aside)
+            self._aside = None
+        self._kept = True
+
+    def abandon(self) -> None:
+        """The run failed before `keep()`: remove what it wrote and put the old output back."""
+        if self._began and not self._kept:
+            if self.atomic:
+                _remove_tree(self.path)
+            else:
+                if not self.resume and (self._aside is not None or not self.has_content):
+                    _remove_tree(self.final)
+                    if self._existed and self._aside is None:
+                        self.final.mkdir()  # the user's empty folder stays
+                if self._aside is not None:
+                    os.replace(self._aside, self.final)
+                    self._aside = None
+            self.path = self.final
+        self._began = False
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def finish(self, ok: bool) -> None:
+        try:
+            if ok:
+                self.keep()
+            else:
+                self.abandon()
+        finally:
+            self.release()
+
+    def __enter__(self) -> OutputFolder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish(exc_type is None)
