@@ -72,6 +72,25 @@ class TorchkitGroup(TyperGroup):
             raise typer.Exit(1) from None
 
 
+def _raise_once(signum, frame) -> None:
+    from torchkit.core.errors import Terminated
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _reset_in_child() -> None:
+    # Forked workers (DataLoader, pools) must not unwind like the command: SIGTERM kills them
+    # outright, as it would have before the command started.
+    if signal.getsignal(signal.SIGTERM) is _raise_once:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
 @contextlib.contextmanager
 def _terminate_like_interrupt() -> Iterator[None]:
     """SIGTERM raises `Terminated` (a KeyboardInterrupt) so it unwinds like Ctrl-C: every
@@ -80,16 +99,9 @@ def _terminate_like_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    from torchkit.core.errors import Terminated
-
-    def raise_once(signum, frame) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
-        signal.signal(sig, raise_once)
+        signal.signal(sig, _raise_once)
     try:
         yield
     finally:

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from torchkit.cli import console
-from torchkit.core.files import atomic_write_text, check_output
+from torchkit.core.files import atomic_write_text
+from torchkit.core.outputs import check_output_file
 
 
 class OutputFormat(str, Enum):
@@ -109,8 +110,10 @@ def emit(
 ) -> None:
     """Write the result: tables (one or more), CSV of `tables[csv_table]`, or `data` as JSON;
     to stdout, or atomically to `output` (which needs --force to replace an existing file)."""
+    if output is not None and str(output) == "-":
+        output = None  # `-o -`: stdout, as most Unix tools read it
     if output is not None:
-        check_output(output, force)
+        check_output_file(output, force)
     if fmt == OutputFormat.json:
         text = render_json(data)
     elif fmt == OutputFormat.csv:

@@ -1,0 +1,402 @@
+"""The output-safety layer (core/outputs.py) on its own: overlap with inputs, protected folders,
+`--force` only over torchkit's folders, the lock, set-aside and put back (also across SIGTERM and
+SIGKILL of a real process), write errors and special files."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import processes_in_group, signal_and_wait, wait_until
+
+from torchkit.core.errors import OutputExistsError, OutputWriteError
+from torchkit.core.files import atomic_path, atomic_write_text, check_output
+from torchkit.core.outputs import (
+    MARKER,
+    FolderLock,
+    InputPath,
+    OutputFolder,
+    OutputLockedError,
+    OutputOverlapError,
+    check_not_protected,
+    check_output_file,
+    check_overlap,
+    data_inputs,
+    is_special_file,
+    is_write_error,
+    recover_leftovers,
+)
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _old_run(folder: Path) -> Path:
+    """A folder torchkit wrote earlier (it carries the marker)."""
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text("{}\n")
+    (folder / "result.json").write_text('{"old": true}\n')
+    return folder
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    root = tmp_path / "ds"
+    (root / "cat").mkdir(parents=True)
+    (root / "cat" / "1.png").write_bytes(b"png")
+    return root
+
+
+# Overlap with inputs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("ds", "is the data folder"),
+        ("ds/run", "lies inside the data folder"),
+        ("ds/cat/1.png", "lies inside the data folder"),
+        (".", "contains the data folder"),
+    ],
+)
+def test_overlap_with_a_data_folder_is_refused(tmp_path, dataset, monkeypatch, output, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputOverlapError, match=message):
+        check_overlap(output, "output folder", [InputPath.of("ds", "data folder")])
+
+
+def test_overlap_sees_through_symlinks_and_dotdot(tmp_path, dataset):
+    link = tmp_path / "link"
+    link.symlink_to(dataset)
+    with pytest.raises(OutputOverlapError, match="is the data folder"):
+        check_overlap(link, "output folder", [InputPath.of(dataset, "data folder")])
+    with pytest.raises(OutputOverlapError, match="lies inside"):
+        check_overlap(
+            tmp_path / "x" / ".." / "ds" / "new", "-o", [InputPath(dataset, "data folder")]
+        )
+
+
+def test_overlap_with_a_file_input(tmp_path):
+    checkpoint = tmp_path / "run" / "best.pt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(b"weights")
+    inputs = [InputPath(checkpoint, "checkpoint"), None]
+    with pytest.raises(OutputOverlapError, match="is the checkpoint"):
+        check_overlap(checkpoint, "-o", inputs)
+    with pytest.raises(OutputOverlapError, match="contains the checkpoint"):
+        check_overlap(tmp_path / "run", "--out", inputs)
+    check_overlap(tmp_path / "run" / "eval", "--out", inputs)  # beside a file input is fine
+
+
+def test_data_inputs_of_a_csv_index_are_the_file_and_its_image_folders(tmp_path, dataset):
+    index = tmp_path / "index.csv"
+    index.write_text("\ufeffpath,label\nds/cat/1.png,cat\n", encoding="utf-8")
+    inputs = data_inputs(index)
+    assert [(i.path, i.what) for i in inputs] == [
+        (index, "data file"),
+        (dataset / "cat", f"images of {index}"),
+    ]
+    check_overlap(tmp_path / "stats.json", "-o", inputs)  # beside the index: fine
+    with pytest.raises(OutputOverlapError, match="is the data file"):
+        check_overlap(index, "-o", inputs)
+    with pytest.raises(OutputOverlapError, match="contains the images of"):
+        check_overlap(dataset, "--out", inputs)
+    assert data_inputs("digits") == [] and data_inputs(None) == []
+    assert data_inputs(dataset) == [InputPath(dataset, "data folder")]
+
+
+def test_the_working_directory_its_parents_and_home_are_never_outputs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for folder, reason in [
+        (".", "is the working directory"),
+        ("..", "is a parent of the working directory"),
+        ("/", "is a parent of the working directory"),
+        (str(tmp_path), "is the working directory"),
+        ("~", "is the home folder"),
+    ]:
+        with pytest.raises(OutputOverlapError, match=reason):
+            check_not_protected(folder, "output folder")
+    check_not_protected("new", "output folder")
+
+
+# --force and the marker ------------------------------------------------------------------------
+
+
+def test_force_replaces_only_empty_or_torchkit_folders(tmp_path):
+    user = tmp_path / "photos"
+    user.mkdir()
+    (user / "holiday.jpg").write_bytes(b"jpg")
+    with pytest.raises(OutputExistsError, match="was not written by torchkit"):
+        OutputFolder(user, command="eval", force=True)
+    with pytest.raises(OutputExistsError, match="already exists.*pass --force"):
+        OutputFolder(_old_run(tmp_path / "run"), command="eval")
+    (tmp_path / "empty").mkdir()
+    for path, known in [(tmp_path / "run", ()), (tmp_path / "empty", ()), (user, ("*.jpg",))]:
+        OutputFolder(path, command="eval", force=True, known_files=known).release()
+    assert (user / "holiday.jpg").read_bytes() == b"jpg"  # checks touch nothing
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputExistsError, match="is a file, not a folder"):
+        OutputFolder(tmp_path / "file", command="eval", force=True)
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    with pytest.raises(OutputExistsError, match="symbolic link"):
+        OutputFolder(tmp_path / "link", command="eval", force=True)
+
+
+def test_a_new_output_is_marked_and_replaces_the_old_only_when_kept(tmp_path):
+    run = _old_run(tmp_path / "run")
+    before = _tree_digest(run)
+    with pytest.raises(RuntimeError), OutputFolder(run, command="eval", force=True) as out:
+        (out.begin() / "partial.json").write_text("{}")
+        raise RuntimeError("the new run failed")
+    assert _tree_digest(run) == before  # put back, byte for byte
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no lock file, no set-aside left
+    with OutputFolder(run, command="eval", force=True) as out:
+        (out.begin() / "new.json").write_text("{}")
+    assert sorted(os.listdir(run)) == [MARKER, "new.json"]
+    assert '"command": "eval"' in (run / MARKER).read_text()
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_after_keep_a_failure_leaves_the_new_output(tmp_path):
+    run = _old_run(tmp_path / "run")
+    out = OutputFolder(run, command="train", force=True)
+    (out.begin() / "last.pt").write_bytes(b"new")
+    out.keep()
+    out.finish(ok=False)
+    assert (run / "last.pt").read_bytes() == b"new" and not (run / "result.json").exists()
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
+def test_a_failed_run_keeps_the_users_empty_folder(tmp_path):
+    empty = tmp_path / "out"
+    empty.mkdir()
+    out = OutputFolder(empty, command="eval")
+    (out.begin() / "x").write_text("x")
+    out.finish(ok=False)
+    assert empty.is_dir() and os.listdir(empty) == []
+    fresh = OutputFolder(tmp_path / "new" / "deeper", command="eval")
+    fresh.begin()
+    fresh.finish(ok=False)
+    assert not (tmp_path / "new" / "deeper").exists()
+
+
+def test_atomic_output_appears_whole_or_not_at_all(tmp_path):
+    run = _old_run(tmp_path / "frames")
+    before = _tree_digest(run)
+    out = OutputFolder(run, command="convert", force=True, atomic=True)
+    partial = out.begin()
+    assert partial != run and partial.name.endswith(".partial")
+    (partial / "a.png").write_bytes(b"a")
+    assert _tree_digest(run) == before  # nothing visible until kept
+    out.finish(ok=True)
+    assert sorted(os.listdir(run)) == [MARKER, "a.png"]
+    assert sorted(os.listdir(tmp_path)) == ["frames"]
+
+
+# The lock --------------------------------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
+    first = OutputFolder(tmp_path / "run", command="train")
+    with pytest.raises(
+        OutputLockedError, match=f"another torchkit process \\(PID {os.getpid()}\\)"
+    ):
+        OutputFolder(tmp_path / "run", command="train")
+    first.release()
+    OutputFolder(tmp_path / "run", command="train").release()
+    assert not list(tmp_path.iterdir())  # the lock file goes with the lock
+
+
+def test_the_lock_is_held_across_processes_and_dropped_when_the_holder_is_killed(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from torchkit.core.outputs import FolderLock; "
+            f"FolderLock(pathlib.Path({str(tmp_path / 'run')!r}), 'x'); "
+            "print('locked', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(OutputLockedError, match=f"PID {holder.pid}"):
+        FolderLock(tmp_path / "run", "output folder")
+    holder.kill()  # SIGKILL: no clean-up ran, the kernel drops the lock
+    holder.wait()
+    FolderLock(tmp_path / "run", "output folder").release()
+
+
+# Leftovers of killed runs ----------------------------------------------------------------------
+
+
+def test_recover_puts_back_a_set_aside_output(tmp_path):
+    aside = _old_run(tmp_path / ".run.0123456789ab.replaced")
+    partial = tmp_path / ".run.ba9876543210.partial"
+    partial.mkdir()
+    notes = recover_leftovers(tmp_path / "run")
+    assert notes == [f"put back {tmp_path / 'run'}, which a killed torchkit run had set aside"]
+    assert (tmp_path / "run" / "result.json").exists()
+    assert not aside.exists() and not partial.exists()
+
+
+def test_recover_replaces_a_killed_runs_marked_folder_but_never_a_users(tmp_path):
+    _old_run(tmp_path / ".run.0123456789ab.replaced")
+    killed = tmp_path / "run"
+    killed.mkdir()
+    (killed / MARKER).write_text("{}")
+    recover_leftovers(killed)
+    assert (killed / "result.json").exists()  # the old output is back in its place
+
+    _old_run(tmp_path / ".data.0123456789ab.replaced")
+    user = tmp_path / "data"
+    user.mkdir()
+    (user / "mine.txt").write_text("mine")
+    notes = recover_leftovers(user)
+    assert "is still at" in notes[0] and (user / "mine.txt").read_text() == "mine"
+    assert (tmp_path / ".data.0123456789ab.replaced").is_dir()
+
+
+# Real processes: SIGTERM and SIGKILL -----------------------------------------------------------
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, typer
+    from pathlib import Path
+    from torchkit.cli.app import TorchkitGroup
+    from torchkit.core.outputs import OutputFolder
+
+    app = typer.Typer(cls=TorchkitGroup, pretty_exceptions_enable=False)
+
+    @app.callback()
+    def root() -> None:
+        pass
+
+    @app.command()
+    def write(out: Path, force: bool = False, workers: int = 0) -> None:
+        import multiprocessing, time
+        children = [multiprocessing.Process(target=time.sleep, args=(600,), daemon=True)
+                    for _ in range(workers)]
+        for child in children:
+            child.start()
+        with OutputFolder(out, command="demo", force=force) as folder:
+            (folder.begin() / "new.txt").write_text("half")
+            print("writing", flush=True)
+            while True:
+                time.sleep(0.05)
+
+    app()
+    """
+)
+
+
+@pytest.fixture
+def writer_script(tmp_path: Path) -> Path:
+    script = tmp_path / "writer.py"
+    script.write_text(_WRITER)
+    return script
+
+
+def _start(script: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(script), "write", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "word"), [(15, 143, "Terminated."), (2, 130, "Interrupted.")]
+)
+def test_sigterm_and_sigint_put_the_old_output_back(tmp_path, writer_script, signum, code, word):
+    run = _old_run(tmp_path / "run")
+    before = _tree_digest(run)
+    process = _start(writer_script, str(run), "--force", "--workers", "1")
+    wait_until(lambda: (run / "new.txt").exists(), process=process, what="the new output")
+    rc, _, err = signal_and_wait(process, signum)
+    assert (rc, err.strip().splitlines()[-1]) == (code, word)
+    assert _tree_digest(run) == before
+    assert sorted(os.listdir(tmp_path)) == ["run", "writer.py"]
+    wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="the children to go")
+
+
+def test_a_sigkilled_runs_set_aside_is_put_back_by_the_next_run(tmp_path, writer_script):
+    run = _old_run(tmp_path / "run")
+    before = _tree_digest(run)
+    process = _start(writer_script, str(run), "--force")
+    wait_until(lambda: (run / "new.txt").exists(), process=process, what="the new output")
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
+    assert any(name.endswith(".replaced") for name in os.listdir(tmp_path))
+    OutputFolder(run, command="demo", force=True).release()  # the next run on that folder
+    assert _tree_digest(run) == before
+    assert sorted(os.listdir(tmp_path)) == ["run", "writer.py"]
+
+
+# Write errors and special files ----------------------------------------------------------------
+
+
+def test_write_errors_are_told_from_input_errors(tmp_path):
+    assert is_write_error(OSError(errno.ENOSPC, "No space left on device"))
+    assert is_write_error(OSError(errno.EROFS, "Read-only file system", "/elsewhere"))
+    out = tmp_path / "out.csv"
+    assert is_write_error(OSError(errno.EACCES, "Permission denied", str(out)), out)
+    assert not is_write_error(OSError(errno.EACCES, "Permission denied", "/data/x.png"), out)
+    assert not is_write_error(OSError(errno.ENOENT, "No such file", str(out)), out)
+    assert is_write_error(RuntimeError("[enforce fail at inline_container.cc] file write failed"))
+    assert not is_write_error(RuntimeError("shape mismatch"))
+
+
+def test_a_full_disk_is_one_error_naming_the_output_and_leaves_no_temporary(small_tmpfs):
+    disk = small_tmpfs(64)
+    target = disk / "report.csv"
+    with pytest.raises(OutputWriteError, match=f"cannot write {target}: No space left"):
+        atomic_write_text(target, "x" * 200_000)
+    with pytest.raises(OutputWriteError, match="cannot write"), atomic_path(disk / "m.pt") as tmp:
+        tmp.write_bytes(b"x" * 200_000)
+    assert os.listdir(disk) == []
+
+
+def test_special_files_are_written_into_never_replaced(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert is_special_file(fifo) and is_special_file("/dev/stdout")
+    assert not is_special_file(tmp_path / "plain")
+    assert check_output_file(fifo, force=False) == fifo
+    assert check_output(fifo, force=False) == fifo
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    atomic_write_text(fifo, "through the pipe\n")
+    reader.join(timeout=10)
+    assert received == [b"through the pipe\n"]
+    assert is_special_file(fifo) and sorted(os.listdir(tmp_path)) == ["pipe"]
+    atomic_write_text("/dev/null", "discarded")
+
+
+def test_check_output_file(tmp_path, dataset):
+    existing = tmp_path / "stats.json"
+    existing.write_text("{}")
+    with pytest.raises(OutputExistsError, match="pass --force"):
+        check_output_file(existing, force=False)
+    assert check_output_file(existing, force=True) == existing
+    with pytest.raises(OutputExistsError, match="is a folder"):
+        check_output_file(dataset, force=True)
+    with pytest.raises(OutputOverlapError, match="lies inside the data folder"):
+        check_output_file(dataset / "stats.json", True, data_inputs(dataset), what="-o")
