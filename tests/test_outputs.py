@@ -190,7 +190,7 @@ def test_a_failed_run_keeps_the_users_empty_folder(tmp_path):
     fresh = OutputFolder(tmp_path / "new" / "deeper", command="eval")
     fresh.begin()
     fresh.finish(ok=False)
-    assert not (tmp_path / "new" / "deeper").exists()
+    assert not (tmp_path / "new").exists()  # nor the parent made for it
 
 
 def test_atomic_output_appears_whole_or_not_at_all(tmp_path):

@@ -181,7 +181,7 @@ def test_two_part_ratio_names_and_no_stratify(runner, tmp_path):
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["splits"] == {"fit": 7, "check": 3} and report["stratified"] is False
-    assert sorted(p.name for p in out.iterdir()) == ["check", "fit", "split.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [".torchkit", "check", "fit", "split.csv"]
 
 
 def test_reproducible_and_independent_of_listing_order(tmp_path):
@@ -254,7 +254,7 @@ def test_modes_leave_root_untouched(tmp_path, mode):
         elif mode == "copy":
             assert not placed.is_symlink() and placed.stat().st_ino != source.stat().st_ino
     if mode == "manifest":
-        assert sorted(p.name for p in out.iterdir()) == ["split.csv"]
+        assert sorted(p.name for p in out.iterdir()) == [".torchkit", "split.csv"]
         loaded = read_csv_index(out / "split.csv")  # the manifest works as a CSV index
         assert sorted(loaded.paths) == sorted(str(out / r["path"]) for r in rows)
     else:
@@ -286,10 +286,10 @@ def test_move_interrupted_half_way_loses_nothing_and_resumes(tmp_path, monkeypat
     real_move = split_module.move_file
     moved = []
 
-    def crash_after_four(source, dest):
+    def crash_after_four(source, dest, **options):
         if len(moved) == 4:
             raise KeyboardInterrupt  # the power goes out
-        real_move(source, dest)
+        real_move(source, dest, **options)
         moved.append(source)
 
     monkeypatch.setattr(split_module, "move_file", crash_after_four)
@@ -356,22 +356,24 @@ def test_out_needs_force_and_force_replaces_only_the_split(runner, tmp_path):
     (out / "keep.txt").write_text("mine")
     again = runner.invoke(app, ["split", str(root), str(out)])
     assert again.exit_code == 1 and ERROR_LINE.search(again.stderr)
-    assert "not empty" in again.stderr and "--force" in again.stderr
+    assert "already exists" in again.stderr and "--force" in again.stderr
     forced = runner.invoke(app, ["split", str(root), str(out), "--force", "--ratio", "1:1"])
     assert forced.exit_code == 0, forced.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "split.csv", "train", "val"]
+    listed = sorted(p.name for p in out.iterdir())
+    assert listed == [".torchkit", "keep.txt", "split.csv", "train", "val"]
+    assert (out / "keep.txt").read_text() == "mine"
 
 
 def test_out_inside_root_and_root_inside_a_split_are_refused(runner, tmp_path):
     root = make_files(tmp_path / "data", {"a": 3})
     inside = runner.invoke(app, ["split", str(root), str(root / "splits")])
-    assert inside.exit_code == 2 and "inside the dataset" in inside.stderr
+    assert inside.exit_code == 1 and "lies inside the data folder" in inside.stderr
     assert not (root / "splits").exists()
     holder = tmp_path / "holder"
     make_files(holder / "train", {"a": 3})
     (holder / "split.csv").write_text("path,label,split\n")
     result = runner.invoke(app, ["split", str(holder / "train"), str(holder), "--force"])
-    assert result.exit_code == 2 and "holds the input" in result.stderr
+    assert result.exit_code == 1 and "contains the data folder" in result.stderr
     assert len(list((holder / "train").rglob("*.png"))) == 3
 
 
@@ -408,6 +410,8 @@ def test_flat_folder_and_csv_index(tmp_path):
         (["--ratio", "1"], 2, "two or three parts"),
         (["--ratio", "8:1:1:1"], 2, "two or three parts"),
         (["--ratio", "a:b"], 2, "cannot read --ratio"),
+        (["--ratio", "1e100000000:1"], 2, "cannot read --ratio"),  # no 100-million-digit number
+        (["--ratio", "1" * 40 + ":1"], 2, "cannot read --ratio"),
         (["--ratio", "8:0:2"], 2, "must be positive"),
         (["--names", "train,val"], 2, "one name per part"),
         (["--names", "a,a,b"], 2, "must differ"),
@@ -439,7 +443,8 @@ def _write(path: Path, text: str) -> Path:
     ],
 )
 def test_cli_bad_input(runner, tmp_path, setup, message):
-    result = runner.invoke(app, ["split", str(setup(tmp_path)), str(tmp_path / "out")])
+    (tmp_path / "in").mkdir()  # OUT may not lie in the folder of the images an index names
+    result = runner.invoke(app, ["split", str(setup(tmp_path / "in")), str(tmp_path / "out")])
     assert result.exit_code == 1, result.stdout
     assert ERROR_LINE.search(result.stderr) and message in result.stderr
     assert "Traceback" not in result.stderr

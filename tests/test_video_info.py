@@ -406,6 +406,7 @@ def test_extract_frames_writes_the_sampled_frames_losslessly(tmp_path, videos):
     (row,) = json.loads(result.stdout)
     assert row["frame_indices"] == [2, 6, 10]
     assert sorted(p.name for p in out.iterdir()) == [
+        ".torchkit",  # the marker: torchkit wrote this folder, --force may replace it
         "lossless_000002.png",
         "lossless_000006.png",
         "lossless_000010.png",
@@ -418,7 +419,8 @@ def test_extract_frames_writes_the_sampled_frames_losslessly(tmp_path, videos):
     again = invoke(path, "-k", "3", "--extract-frames", out)
     assert again.exit_code == 1 and "already exists" in again.stderr
     assert invoke(path, "-k", "2", "--extract-frames", out, "--force").exit_code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["lossless_000003.png", "lossless_000009.png"]
+    frames = sorted(p.name for p in out.glob("*.png"))
+    assert frames == ["lossless_000003.png", "lossless_000009.png"]
 
 
 def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
@@ -430,7 +432,7 @@ def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
     code, rows = json_rows(tmp_path / "one", tmp_path / "two", "-k", "14", "--extract-frames", out)
     assert code == 0
     assert rows[0]["frame_indices"] == [0, 0, 1, 1] + list(range(2, 12))
-    names = sorted(p.name for p in out.iterdir())
+    names = sorted(p.name for p in out.glob("*.png"))
     assert len(names) == 24 and "clip_000011.png" in names and "clip-2_000011.png" in names
     assert rows[1]["frame_files"][0] == str(out / "clip-2_000000.png")
 

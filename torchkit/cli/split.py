@@ -109,26 +109,32 @@ def split(
     """Split a dataset into OUT/train, OUT/val and OUT/test (8:1:1 by default), stratified by
     class and reproducible, and write OUT/split.csv (path, label, split, source).
 
-    ROOT is never modified except by --mode move. A non-empty OUT needs --force, which replaces
-    only an earlier split in it (its split folders and split.csv).
+    ROOT is never modified except by --mode move. OUT may not be ROOT, lie inside it or hold
+    it. A non-empty OUT needs --force, which replaces only an earlier split in it (its split
+    folders and split.csv) and is refused for any other folder. Rerunning an interrupted move
+    finishes it; rerunning a finished one says so and changes nothing.
     """
-    from torchkit.core.files import check_output
-    from torchkit.core.split import split_dataset
+    from torchkit.core.split import check_report_file, split_dataset
 
+    split_names = None if names is None else names.split(",")
     if output is not None:
-        check_output(output, force)
+        check_report_file(output, force, root, out, split_names)
     with progress_bar(f"Splitting ({mode.value})") as update:
         result = split_dataset(
             root,
             out,
             ratio=ratio,
-            names=None if names is None else names.split(","),
+            names=split_names,
             seed=seed,
             stratify=stratify,
             group=group,
             mode=mode.value,
             force=force,
             progress=update,
+        )
+    if result.already_done:
+        console.note(
+            f"the move of {result.source} into {result.out} is already done: nothing to move"
         )
     console.note(_describe(result))
     emit(tables=[_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)

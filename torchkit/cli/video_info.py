@@ -74,7 +74,7 @@ def video_info(
             min=1,
             metavar="K",
             help="Also give the K frame indices Temporal Segment Networks sample: one frame "
-            "from each of K equal segments.",
+            "from each of K equal segments (at most 10,000).",
             show_default=False,
         ),
     ] = None,
@@ -88,13 +88,16 @@ def video_info(
     ] = SampleMode.test,
     seed: Annotated[
         int,
-        typer.Option("--seed", help="Seed of the train-mode sampling (same seed, same frames)."),
+        typer.Option(
+            "--seed", min=0, help="Seed of the train-mode sampling (same seed, same frames)."
+        ),
     ] = 0,
     extract_frames: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
             "--extract-frames",
-            help="Write the sampled frames to DIR as PNG files <video>_<frame>.png.",
+            help="Write the sampled frames to DIR as PNG files <video>_<frame>.png (a new or "
+            "empty folder; --force replaces only an earlier frames folder).",
             file_okay=False,
             metavar="DIR",
             show_default=False,
@@ -106,8 +109,8 @@ def video_info(
             "--workers",
             "-j",
             min=0,
-            help="Videos read at the same time (threads; default: twice the CPU count, "
-            "0 or 1: one at a time).",
+            help="Videos read at the same time (threads; default: twice the CPU count up to "
+            "16, at most 64; 0 or 1: one at a time).",
             show_default=False,
         ),
     ] = None,
@@ -123,11 +126,8 @@ def video_info(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from torchkit.core.errors import InputError
-    from torchkit.core.files import check_output
     from torchkit.core.video import inspect_videos
 
-    if output is not None:
-        check_output(output, force)  # fail before the work, not after it
     with Progress(
         TextColumn("reading videos"),
         BarColumn(),
@@ -152,6 +152,7 @@ def video_info(
             force=force,
             workers=workers,
             progress=advance,
+            report=output,  # checked against the videos before the work, not after it
         )
 
     if fmt == OutputFormat.csv:
@@ -173,7 +174,10 @@ def video_info(
         )
     if extract_frames is not None:
         written = {f for info in infos for f in info.frame_files or []}
-        console.note(f"wrote {len(written)} frames to {extract_frames}")
+        if written:
+            console.note(f"wrote {len(written)} frames to {extract_frames}")
+        else:
+            console.note(f"no frame was written: {extract_frames} is as it was")
     failed = sum(info.error is not None for info in infos)
     if failed and skip_errors:
         console.warn(f"{failed} of {len(infos)} videos could not be read")

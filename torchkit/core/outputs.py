@@ -321,6 +321,9 @@ class FolderLock:
         import fcntl
 
         self.path = lock_path(folder)
+        # Parents made only for the lock are removed again on release if still empty, so a
+        # command refused for bad input leaves no new folders behind.
+        self.made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -360,6 +363,9 @@ class FolderLock:
             os.unlink(self.path)
         os.close(self.fd)
         self.fd = None
+        for parent in self.made:  # innermost first; rmdir refuses a folder that has content
+            with contextlib.suppress(OSError):
+                parent.rmdir()
 
 
 def _read_pid(fd: int) -> int | None:
@@ -517,6 +523,20 @@ class OutputFolder:
             if not (self.path / MARKER).exists():
                 write_marker(self.path, self.command)
         return self.path
+
+    @contextlib.contextmanager
+    def reporting_write_errors(self) -> Iterator[Path]:
+        """Write errors inside the block name the output folder, not its hidden temporary."""
+        try:
+            yield self.path
+        except OutputWriteError as error:
+            if self.path == self.final:
+                raise
+            raise write_error(self.final, error.__cause__ or error) from error
+        except (OSError, RuntimeError) as error:
+            if is_write_error(error, self.path):
+                raise write_error(self.final, error) from error
+            raise
 
     def keep(self) -> None:
         """The new output is worth keeping: the set-aside old one is deleted, and a later

@@ -8,11 +8,18 @@ files at 8:1:1 give 15/2/2), with at least one file of a class in every split wh
 Files are copied, linked or moved into OUT/<split>/<class>/..., or only listed (`manifest`); every
 mode writes OUT/split.csv (path, label, split, source). `move` is safe against a crash: the plan
 is written first, each file is renamed (atomic) or copied, verified and only then removed, and
-rerunning the same command finishes an interrupted move.
+rerunning the same command finishes an interrupted move (or, once it is done, says so).
+
+OUT goes through `core.outputs` (never the dataset, inside it or holding it, nor `.`; locked while
+it is written; `--force` only over an empty folder or an earlier split). `--force` replaces only
+the earlier split (its split folders and split.csv; other files in OUT stay): they are set aside
+in OUT/.torchkit-split-replaced and put back if the new split fails or is interrupted, and by the
+next run on OUT if it was killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import hashlib
@@ -21,6 +28,8 @@ import logging
 import os
 import re
 import shutil
+import signal
+import threading
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +41,18 @@ from torchkit import __version__
 from torchkit.core.data import SPLIT_NAMES, Samples, scan_image_set, stratified_split
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.files import atomic_write, atomic_write_text
+from torchkit.core.outputs import (
+    MARKER,
+    OutputFolder,
+    OutputOverlapError,
+    check_not_protected,
+    check_output_file,
+    check_overlap,
+    check_replaceable,
+    data_inputs,
+    reporting_write_errors,
+    write_marker,
+)
 from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
@@ -40,7 +61,11 @@ SPLIT_MODES = ("copy", "symlink", "hardlink", "move", "manifest")
 MANIFEST = "split.csv"
 JOURNAL = ".torchkit-split.json"  # move mode only: the record that OUT holds the only copies
 _MOVE_TEMP = ".torchkit-move-"  # prefix of a cross-device copy that is not verified yet
+RESERVED_PREFIX = ".torchkit"  # the marker, the journal, temporaries: never a split name
+_REPLACED = ".torchkit-split-replaced"  # the earlier split, set aside while --force replaces it
+_DISCARDED = ".torchkit-split-discarded"  # the same, being deleted once the new split is kept
 _COPY_THREADS = 8
+WHAT = "output folder"
 
 
 @dataclass
@@ -58,6 +83,7 @@ class SplitResult:
     counts: list[list[int]]  # [class][split]
     manifest: str
     resumed: bool = False
+    already_done: bool = False  # a rerun of a finished move: nothing was touched
 
     @property
     def totals(self) -> list[int]:
@@ -87,6 +113,9 @@ class SplitResult:
 # --------------------------------------------------------------------------- options
 
 
+_RATIO_PART = re.compile(r"(?=.{1,32}$)(\d+(\.\d*)?|\.\d+|\d+/\d+)")
+
+
 def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
     """`8:1:1`, `0.7,0.3`, `70:20:10`...: two or three positive parts, as exact fractions of 1.
 
@@ -95,6 +124,10 @@ def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
     """
     raw = [str(p) for p in text] if not isinstance(text, str) else re.split(r"[:,]", text)
     hint = "write it like 8:1:1 or 0.7,0.3 (two or three parts)"
+    # Plain numbers only, and short ones: Fraction("1e100000000") would compute a number of
+    # 100 million digits (the command would hang and run out of memory).
+    if any(not _RATIO_PART.fullmatch(p.strip()) for p in raw):
+        raise UsageError(f"cannot read --ratio {text!r}", hint)
     try:
         parts = [Fraction(p.strip()) for p in raw]
     except (ValueError, ZeroDivisionError):
@@ -120,11 +153,29 @@ def check_names(names: Sequence[str], parts: int) -> list[str]:
             "give one name per part, e.g. --names train,val,test",
         )
     for name in names:
-        if not name or name in (".", "..") or "/" in name or "\\" in name or name == MANIFEST:
+        if not is_folder_name(name):
             raise UsageError(f"{name!r} cannot be a split folder name", "use names like train")
+        if name.casefold() == MANIFEST or name.casefold().startswith(RESERVED_PREFIX):
+            # casefold: on macOS and Windows `.TorchKit-split.json` is the journal too
+            raise UsageError(
+                f"{name!r} cannot be a split folder name: torchkit keeps its own files in OUT "
+                f"under {MANIFEST} and names starting with {RESERVED_PREFIX}",
+                "use names like train",
+            )
     if len({n.casefold() for n in names}) != len(names):
         raise UsageError(f"split names must differ: {', '.join(names)}", "e.g. train,val,test")
     return names
+
+
+def is_folder_name(name: str) -> bool:
+    """A name that can be one folder on this system: not empty, `.` or `..`, no separator or NUL,
+    encodable, at most 255 bytes."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        return False
+    try:
+        return len(os.fsencode(name)) <= 255
+    except UnicodeError:
+        return False
 
 
 def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> tuple[list[str], int]:
@@ -198,10 +249,6 @@ def _destinations(samples: Samples, split_of: list[int], names: list[str], is_cs
     return dests
 
 
-def _is_within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def _check_csv_sources(samples: Samples, source: Path) -> None:
     missing = [i for i, p in zip(samples.ids, samples.paths, strict=True) if not os.path.isfile(p)]
     if missing:
@@ -226,11 +273,14 @@ def _check_csv_sources(samples: Samples, source: Path) -> None:
 
 def _read_journal(out: Path) -> dict | None:
     try:
-        return json.loads((out / JOURNAL).read_text(encoding="utf-8"))
+        record = json.loads((out / JOURNAL).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read {out / JOURNAL}: {error}") from None
+    if not isinstance(record, dict):
+        raise InputError(f"cannot read {out / JOURNAL}: not a torchkit split journal")
+    return record
 
 
 def _write_journal(out: Path, record: dict) -> None:
@@ -238,54 +288,151 @@ def _write_journal(out: Path, record: dict) -> None:
 
 
 def _previous_split_names(out: Path) -> set[str]:
+    """The split folders of the earlier split in OUT, as its split.csv names them."""
     try:
         with (out / MANIFEST).open(newline="", encoding="utf-8") as handle:
-            return {row.get("split") or "" for row in csv.DictReader(handle)}
+            names = {row.get("split") or "" for row in csv.DictReader(handle)}
     except (OSError, csv.Error, UnicodeDecodeError):
         return set()
+    return {n for n in names if is_folder_name(n) and not n.startswith(RESERVED_PREFIX)}
 
 
-def _check_out(out: Path, force: bool, journal: dict | None) -> None:
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"output folder is a file: {out}", "choose a folder")
-    if not (out.is_dir() and any(out.iterdir())):
+def _known_files(out: Path) -> list[str]:
+    """What an earlier split (one written before OUT carried torchkit's marker) holds: split.csv
+    and the split folders it names. Without a split.csv nothing is known, so `--force` needs the
+    marker: a bare `train/` may be anybody's."""
+    if not (out / MANIFEST).is_file():
+        return []
+    return [MANIFEST, *(glob_escape(n) for n in sorted(_previous_split_names(out)))]
+
+
+def glob_escape(name: str) -> str:
+    """`name` as an fnmatch pattern that matches only itself."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _discard_replaced(out: Path) -> None:
+    """Delete the set-aside earlier split: renamed first (atomic), so that a kill half-way
+    through the delete never leaves a half-deleted split that looks like one to put back."""
+    aside, gone = out / _REPLACED, out / _DISCARDED
+    if gone.is_dir():
+        shutil.rmtree(gone, ignore_errors=True)
+    if aside.is_dir():
+        os.replace(aside, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
+def _put_back_replaced(out: Path) -> list[str]:
+    """Put the set-aside earlier split back in place of a new one that did not finish (whatever
+    a killed run left under those names is its own unfinished output)."""
+    aside = out / _REPLACED
+    if not aside.is_dir():
+        return []
+    names = sorted(os.listdir(aside))
+    for name in names:
+        _remove(out / name)
+        os.replace(aside / name, out / name)
+    aside.rmdir()
+    return names
+
+
+def recover_split_leftovers(out: Path) -> None:
+    """What a killed split left in OUT, with OUT's lock held: an earlier split still set aside
+    is put back (a move that had started, with its journal written, had discarded it already),
+    one being deleted is deleted."""
+    if (out / _DISCARDED).exists():
+        shutil.rmtree(out / _DISCARDED, ignore_errors=True)
+    if (out / _REPLACED).is_dir():
+        journal = _read_journal(out)
+        if journal is not None and journal.get("mode") == "move":
+            _discard_replaced(out)  # killed after the move's plan was written: it is finished
+        else:
+            names = _put_back_replaced(out)
+            log.warning(
+                f"put back the earlier split in {out} ({', '.join(names)}), which a killed "
+                "torchkit split had set aside"
+            )
+
+
+class _SplitOutput:
+    """OUT while one split writes it: made and marked, the earlier split set aside, and on
+    failure everything this run wrote removed and the earlier split put back."""
+
+    def __init__(self, out: Path, doomed: list[str]) -> None:
+        self.out = out
+        self.doomed = doomed
+        self.existed = out.is_dir()
+        self.marked = False
+        self.created: list[str] = []  # names this run writes at the top of OUT
+
+    def begin(self, names: list[str], mode: str) -> None:
+        # Everything this run may write at the top of OUT (the journal only exists for a move,
+        # and an earlier move's journal never gets this far): removed again by abandon().
+        self.created = [*names, MANIFEST] + ([JOURNAL] if mode == "move" else [])
+        with reporting_write_errors(self.out):
+            self.out.mkdir(parents=True, exist_ok=True)
+            if not (self.out / MARKER).exists():
+                write_marker(self.out, "split")
+                self.marked = True
+            present = [n for n in self.doomed if os.path.lexists(self.out / n)]
+            if present:
+                (self.out / _REPLACED).mkdir()
+                for name in present:
+                    os.replace(self.out / name, self.out / _REPLACED / name)
+
+    def keep(self) -> None:
+        with reporting_write_errors(self.out):
+            _discard_replaced(self.out)
+
+    def abandon(self) -> None:
+        for name in self.created:
+            _remove(self.out / name)
+        _put_back_replaced(self.out)
+        if self.marked:
+            (self.out / MARKER).unlink(missing_ok=True)
+        if not self.existed:
+            with contextlib.suppress(OSError):
+                self.out.rmdir()
+
+
+def check_report_file(
+    output: str | os.PathLike,
+    force: bool,
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    names: Sequence[str] | None = None,
+) -> None:
+    """Check the `-o FILE` report of a split before any work: not the dataset nor inside it (the
+    output-safety rules), and not OUT nor a file the split writes there (split.csv, its own
+    `.torchkit*` files, anything inside a split folder: in move mode the only copies). A file
+    of your own beside the split is fine."""
+    check_output_file(output, force, data_inputs(source), what="output")
+    if str(output).startswith(("/dev/", "/proc/")):
         return
-    if not force:
-        raise OutputExistsError(
-            f"output folder is not empty: {out}", "pass --force to replace the split in it"
-        )
-    if journal is not None and journal.get("mode") == "move":
-        raise OutputExistsError(
-            f"{out} holds files moved there from {journal.get('root')}: the only copies",
-            "move them elsewhere first, or choose another output folder",
-        )
+    inside = os.path.relpath(os.path.realpath(output), os.path.realpath(out))
+    if inside == os.pardir or inside.startswith(os.pardir + os.sep):
+        return
+    first = inside.split(os.sep)[0].casefold()
+    split_folders = {n.casefold() for n in (names or SPLIT_NAMES)}
+    ours = first in split_folders | {MANIFEST} or first.startswith(RESERVED_PREFIX)
+    if inside != "." and not ours:
+        return
+    raise OutputOverlapError(
+        f"output {output} is "
+        + ("the output folder" if inside == "." else "a file the split writes in")
+        + f" {out}",
+        "choose another output file",
+    )
 
 
-def _prepare_out(out: Path, names: list[str], force: bool, protected: list[str]) -> None:
-    """Make OUT ready: it must be empty, or (with `force`) an earlier split in it is removed:
-    its split folders and split.csv only, never other files, and never the only copies left by
-    an earlier `--mode move`. `protected` are real paths (the inputs) that must survive."""
-    _check_out(out, force, _read_journal(out) if out.is_dir() else None)
-    if out.is_dir() and any(out.iterdir()):
-        doomed = [
-            out / name
-            for name in sorted(set(names) | _previous_split_names(out))
-            if name and name not in (".", "..") and "/" not in name and "\\" not in name
-        ]
-        for folder in doomed:
-            real = os.path.realpath(folder)
-            if any(_is_within(p, real) for p in protected):
-                raise UsageError(
-                    f"--force would delete {folder}, which holds the input",
-                    "choose another output folder",
-                )
-        for folder in doomed:
-            if folder.is_symlink() or folder.is_file():
-                folder.unlink()
-            elif folder.is_dir():
-                shutil.rmtree(folder)
-        (out / MANIFEST).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+# --------------------------------------------------------------------------- file operations
 
 
 def _relative_to(sources: list[str], out: Path) -> list[str]:
@@ -317,9 +464,6 @@ def _write_manifest(out: Path, plan: _Plan, names: list[str], mode: str) -> None
         writer.writerows(zip(paths, plan.labels, split_names, plan.sources, strict=True))
 
 
-# --------------------------------------------------------------------------- file operations
-
-
 def _file_digest(path: str | os.PathLike) -> bytes:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -328,13 +472,87 @@ def _file_digest(path: str | os.PathLike) -> bytes:
     return digest.digest()
 
 
-def move_file(source: str, dest: str) -> None:
+@contextlib.contextmanager
+def _signals_deferred():
+    """SIGINT and SIGTERM wait until the block is done (then raise as usual): for the few steps
+    that leave a file in two places if they are cut short."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "pthread_sigmask"
+    ):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class LinkTargets:
+    """Where a moved symbolic link must point so that it keeps pointing at the same file.
+
+    A link to a file that the same move moves points to that file's new place, as a relative
+    link inside OUT (so OUT can itself be moved later). Any other relative link is rewritten as
+    an absolute one (not re-relativised: an absolute link survives OUT being moved too): the
+    system reads a relative target from the link's own folder, so the real path of the folder
+    that target text names (its `..` resolved after symbolic links, as the system does),
+    followed by its last name, is the very same file from anywhere, and no longer depends on
+    ROOT's folders, which are empty after the move. The last name is not resolved, so a link
+    to a link stays one. An absolute link keeps its text."""
+
+    def __init__(self, sources: Sequence[str], targets: Sequence[str]) -> None:
+        self._pairs = (sources, targets)
+        self._moved_to: dict[str, str] | None = None  # built on the first link only
+
+    def _moved(self) -> dict[str, str]:
+        if self._moved_to is None:
+            sources, targets = self._pairs
+            real_dirs: dict[str, str] = {}  # the files share a few folders: resolve those once
+            self._moved_to = {}
+            for source, target in zip(sources, targets, strict=True):
+                if os.path.islink(source):
+                    continue
+                folder, name = os.path.split(source)
+                if folder not in real_dirs:
+                    real_dirs[folder] = os.path.realpath(folder)
+                # Already moved or not, a file that is no link is at its folder's real path.
+                self._moved_to[os.path.join(real_dirs[folder], name)] = target
+        return self._moved_to
+
+    def __call__(self, link: str, dest: str) -> str:
+        text = os.readlink(link)
+        moved_to = self._moved().get(os.path.realpath(link))
+        if moved_to is not None:
+            return os.path.relpath(moved_to, os.path.dirname(dest))
+        if os.path.isabs(text):
+            return text
+        folder, name = os.path.split(os.path.join(os.path.dirname(link), text))
+        return os.path.join(os.path.realpath(folder), name)
+
+
+def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
     """Move one file so that it is never lost: a rename where possible (atomic: the file is in
     exactly one place at every moment); across filesystems a copy to a temporary name beside
     `dest`, flushed to disk and compared byte for byte (SHA-256) with the source, renamed into
-    place, and only then is the source removed."""
+    place, and only then is the source removed.
+
+    A symbolic link is not renamed (a relative one would point elsewhere from its new folder):
+    a new link with the target `links` gives (see `LinkTargets`; the same target, absolute,
+    without it) is made beside `dest`, renamed into place, and the old link removed."""
     if os.path.lexists(dest):
         raise OutputExistsError(f"{dest} already exists", "it would be overwritten by the move")
+    folder, name = os.path.split(dest)
+    temporary = os.path.join(folder, f"{_MOVE_TEMP}{name}")
+    if os.path.islink(source):
+        target = (links or LinkTargets((), ()))(source, dest)
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        os.symlink(target, temporary)
+        with _signals_deferred():  # never the link in both places, nor in none
+            os.replace(temporary, dest)
+            os.unlink(source)
+        return
     size = os.stat(source).st_size
     try:
         os.rename(source, dest)
@@ -342,19 +560,45 @@ def move_file(source: str, dest: str) -> None:
         if error.errno != errno.EXDEV:
             raise
     else:
-        if os.stat(dest).st_size != size:  # a rename cannot change a file; checked anyway
+        if os.lstat(dest).st_size != size:  # a rename cannot change a file; checked anyway
             raise InputError(f"{dest} does not match {source} after the move")
         return
-    folder, name = os.path.split(dest)
-    temporary = os.path.join(folder, f"{_MOVE_TEMP}{name}")
     shutil.copy2(source, temporary)
     with open(temporary, "rb") as handle:
         os.fsync(handle.fileno())
     if os.stat(temporary).st_size != size or _file_digest(temporary) != _file_digest(source):
         os.unlink(temporary)
         raise InputError(f"the copy of {source} in {folder} differs from it; the source is kept")
-    os.replace(temporary, dest)
-    os.unlink(source)
+    with _signals_deferred():
+        os.replace(temporary, dest)
+        os.unlink(source)
+
+
+def _copy_all(sources: list[str], targets: list[str], progress: Progress | None) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    total = len(sources)
+    # Copies wait on the disk, not the CPU: a few threads keep it busy.
+    pool = ThreadPoolExecutor(_COPY_THREADS)
+    try:
+        for done, _ in enumerate(pool.map(shutil.copy2, sources, targets), 1):
+            if progress and (done % 256 == 0 or done == total):
+                progress(done, total)
+    finally:
+        # On an error, Ctrl-C or SIGTERM the copies not started yet are dropped, not made.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _check_hardlinks(plan: _Plan, out: Path) -> None:
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    out_device = os.stat(existing).st_dev
+    if any(os.stat(s).st_dev != out_device for s in plan.sources):
+        raise UsageError(
+            "--mode hardlink needs ROOT and OUT on the same filesystem",
+            "use --mode symlink or --mode copy",
+        )
 
 
 def _place_files(plan: _Plan, out: Path, mode: str, progress: Progress | None) -> None:
@@ -363,25 +607,13 @@ def _place_files(plan: _Plan, out: Path, mode: str, progress: Progress | None) -
         (out / folder).mkdir(parents=True, exist_ok=True)
     targets = [os.path.join(out, d) for d in plan.dests]
     if mode == "copy":
-        from concurrent.futures import ThreadPoolExecutor
-
-        # Copies wait on the disk, not the CPU: a few threads keep it busy.
-        with ThreadPoolExecutor(_COPY_THREADS) as pool:
-            for done, _ in enumerate(pool.map(shutil.copy2, plan.sources, targets), 1):
-                if progress and (done % 256 == 0 or done == total):
-                    progress(done, total)
+        _copy_all(plan.sources, targets, progress)
         return
-    if mode == "hardlink":
-        out_device = os.stat(out).st_dev
-        if any(os.stat(s).st_dev != out_device for s in plan.sources):
-            raise UsageError(
-                "--mode hardlink needs ROOT and OUT on the same filesystem",
-                "use --mode symlink or --mode copy",
-            )
+    links = LinkTargets(plan.sources, targets)
     operation: Callable[[str, str], Any] = {
         "symlink": lambda s, d: os.symlink(s, d),
         "hardlink": os.link,
-        "move": move_file,
+        "move": lambda s, d: move_file(s, d, links=links),
     }[mode]
     for done, (source, target) in enumerate(zip(plan.sources, targets, strict=True), 1):
         operation(source, target)
@@ -407,19 +639,52 @@ def split_dataset(
 ) -> SplitResult:
     """Split the image folder, flat folder or CSV index `source` into `out`/<split>/...
 
-    See the module docstring. Raises UsageError for bad options, InputError for bad input and
-    OutputExistsError for a non-empty `out` without `force`.
+    See the module docstring. Raises UsageError for bad options, InputError for bad input,
+    OutputOverlapError for an OUT that is, holds or lies inside the dataset (or is `.`),
+    OutputExistsError for a non-empty `out` without `force` (or, with it, one that is not an
+    earlier split) and OutputLockedError while another process writes `out`.
     """
     if mode not in SPLIT_MODES:
         raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(SPLIT_MODES))
     fractions = parse_ratio(ratio)
     names = check_names(SPLIT_NAMES[: len(fractions)] if names is None else names, len(fractions))
     out = Path(out)
+    inputs = data_inputs(source)
+    # Before anything else, even the journal: OUT is never the dataset, in it or around it.
+    check_not_protected(out, WHAT)
+    check_overlap(out, WHAT, inputs)
     journal = _read_journal(out) if out.is_dir() else None
     if journal is not None and journal.get("state") == "moving":
-        return _resume_move(source, out, journal, mode, progress)
-    _check_out(out, force, journal)  # before the scan, not after it
+        with OutputFolder(out, command="split", inputs=inputs, what=WHAT, resume=True):
+            journal = _read_journal(out)  # under the lock: another run may have finished it
+            if journal is not None and journal.get("state") == "moving":
+                return _resume_move(source, out, journal, mode, progress)
+    if journal is not None and journal.get("mode") == "move":
+        if mode == "move" and _same_move(journal, source, names, fractions, seed, stratify, group):
+            return _move_result(source, out, journal, already_done=True)
+        raise OutputExistsError(
+            f"{out} holds files moved there from {journal.get('root')}: the only copies",
+            "move them elsewhere first, or choose another output folder",
+        )
 
+    # The lock first (and what a killed split left put back), then the --force rules.
+    with OutputFolder(out, command="split", inputs=inputs, what=WHAT, resume=True):
+        recover_split_leftovers(out)
+        check_replaceable(
+            out,
+            force,
+            what=WHAT,
+            known_files=_known_files(out),
+            hint="pass --force to replace the split in it",
+        )
+        return _split_into(
+            source, out, fractions, names, seed, stratify, group, mode, progress, inputs
+        )
+
+
+def _split_into(
+    source, out: Path, fractions, names, seed, stratify, group, mode, progress, inputs
+) -> SplitResult:
     samples, non_images = scan_image_set(source)
     root = Path(source)
     is_csv = root.is_file()
@@ -430,13 +695,6 @@ def split_dataset(
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
     if is_csv:
         _check_csv_sources(samples, root)
-    root_real = os.path.realpath(root.parent if is_csv else root)
-    out_real = os.path.realpath(out)
-    if not is_csv and _is_within(out_real, root_real):
-        raise UsageError(
-            f"the output folder {out} is inside the dataset {root}",
-            "choose an output folder outside it",
-        )
 
     keys = _sample_keys(samples)
     groups, n_groups = group_names(samples, keys, group) if group else (None, None)
@@ -462,32 +720,9 @@ def split_dataset(
         dests=[] if mode == "manifest" else _destinations(samples, split_of, names, is_csv),
         splits=split_of,
     )
-    protected = [root_real] + ([os.path.realpath(p) for p in sources] if is_csv else [])
-    _prepare_out(out, names, force, protected)
-    if mode == "move":
-        # The plan goes to disk before the first file moves: an interrupted move can be finished.
-        _write_manifest(out, plan, names, mode)
-        record = {
-            "state": "moving",
-            "mode": "move",
-            "root": os.path.realpath(root),
-            "names": names,
-            "ratio": [float(f) for f in fractions],
-            "seed": seed,
-            "stratified": stratify,
-            "group": group,
-            "torchkit_version": __version__,
-        }
-        _write_journal(out, record)
-        _place_files(plan, out, mode, progress)
-        _write_journal(out, record | {"state": "done"})
-    else:
-        if mode != "manifest":
-            _place_files(plan, out, mode, progress)
-        _write_manifest(out, plan, names, mode)
-    if progress and mode == "manifest":
-        progress(len(samples), len(samples))
-    return SplitResult(
+    if mode == "hardlink":
+        _check_hardlinks(plan, out)
+    result = SplitResult(
         source=str(root),
         out=str(out),
         mode=mode,
@@ -501,6 +736,50 @@ def split_dataset(
         counts=counts,
         manifest=str(out / MANIFEST),
     )
+
+    writing = _SplitOutput(out, sorted(set(names) | _previous_split_names(out) | {MANIFEST}))
+    try:
+        writing.begin(names, mode)
+        if mode == "move":
+            # The plan goes to disk before the first file moves: an interrupted move can be
+            # finished, so from here on nothing is undone; the earlier split is discarded.
+            _write_manifest(out, plan, names, mode)
+            record = {
+                "state": "moving",
+                "mode": "move",
+                "root": os.path.realpath(root),
+                "names": names,
+                "ratio": [float(f) for f in fractions],
+                "seed": seed,
+                "stratified": stratify,
+                "group": group,
+                "groups": n_groups,
+                "classes": list(samples.classes),
+                "counts": counts,
+                "torchkit_version": __version__,
+            }
+            _write_journal(out, record)
+    except BaseException:
+        writing.abandon()
+        raise
+    if mode == "move":
+        writing.keep()
+        with _finish_hint(root, out), reporting_write_errors(out):
+            _place_files(plan, out, mode, progress)
+            _write_journal(out, record | {"state": "done"})
+        return result
+    try:
+        with reporting_write_errors(out):
+            if mode != "manifest":
+                _place_files(plan, out, mode, progress)
+            _write_manifest(out, plan, names, mode)
+    except BaseException:
+        writing.abandon()
+        raise
+    writing.keep()
+    if progress and mode == "manifest":
+        progress(len(samples), len(samples))
+    return result
 
 
 def _warn_small(classes: list[str], counts: list[list[int]], names: list[str], stratify: bool):
@@ -524,6 +803,70 @@ def _warn_small(classes: list[str], counts: list[list[int]], names: list[str], s
         )
 
 
+@contextlib.contextmanager
+def _finish_hint(root: Path, out: Path):
+    """A move that stops half-way (an error, Ctrl-C, SIGTERM) says how to finish it."""
+    try:
+        yield
+    except BaseException:
+        log.warning(
+            f"the move into {out} stopped half-way: every file is in {root} or in {out}; "
+            f"finish it with: torchkit split {root} {out} --mode move"
+        )
+        raise
+
+
+def _same_move(journal: dict, source, names, fractions, seed, stratify, group) -> bool:
+    """Is this command line the one that made the (finished) move recorded in `journal`?"""
+    return (
+        journal.get("root") == os.path.realpath(source)
+        and journal.get("names") == list(names)
+        and journal.get("ratio") == [float(f) for f in fractions]
+        and journal.get("seed") == seed
+        and journal.get("stratified") == stratify
+        and journal.get("group") == group
+    )
+
+
+def _plan_rows(out: Path) -> list[dict[str, str]]:
+    try:
+        with (out / MANIFEST).open(newline="", encoding="utf-8") as handle:
+            return list(csv.DictReader(handle))
+    except (OSError, csv.Error, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read the plan {out / MANIFEST}: {error}") from None
+
+
+def _move_result(
+    source, out: Path, journal: dict, *, rows=None, resumed=False, already_done=False
+) -> SplitResult:
+    """The summary of the move recorded in `journal`: what the first run reported."""
+    names = list(journal["names"])
+    classes, counts = journal.get("classes"), journal.get("counts")
+    if classes is None or counts is None:  # a journal of torchkit 0.x: count the plan
+        rows = _plan_rows(out) if rows is None else rows
+        classes = sorted({row["label"] for row in rows})
+        index = {name: i for i, name in enumerate(classes)}
+        counts = [[0] * len(names) for _ in classes]
+        for row in rows:
+            counts[index[row["label"]]][names.index(row["split"])] += 1
+    return SplitResult(
+        source=str(source),
+        out=str(out),
+        mode="move",
+        names=names,
+        ratio=list(journal["ratio"]),
+        seed=int(journal["seed"]),
+        stratified=bool(journal["stratified"]),
+        group=journal.get("group"),
+        groups=journal.get("groups"),
+        classes=list(classes),
+        counts=[list(row) for row in counts],
+        manifest=str(out / MANIFEST),
+        resumed=resumed,
+        already_done=already_done,
+    )
+
+
 def _resume_move(
     source: str | os.PathLike, out: Path, journal: dict, mode: str, progress: Progress | None
 ) -> SplitResult:
@@ -535,51 +878,50 @@ def _resume_move(
             f"finish it with: torchkit split {journal.get('root')} {out} --mode move",
         )
     log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")
-    names = list(journal["names"])
-    try:
-        with (out / MANIFEST).open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except OSError as error:
-        raise InputError(f"cannot read the plan {out / MANIFEST}: {error}") from None
-    for row in rows:
-        target = os.path.join(out, row["path"])
-        stale = os.path.join(os.path.dirname(target), _MOVE_TEMP + os.path.basename(target))
-        if os.path.lexists(stale):  # an unverified copy: the source is still there
-            os.unlink(stale)
-    for done, row in enumerate(rows, 1):
-        source_file, target = row["source"], os.path.join(out, row["path"])
+    rows = _plan_rows(out)
+    with reporting_write_errors(out):
+        _discard_replaced(out)  # killed before it was discarded: the move had started
+        for row in rows:
+            target = os.path.join(out, row["path"])
+            stale = os.path.join(os.path.dirname(target), _MOVE_TEMP + os.path.basename(target))
+            if os.path.lexists(stale):  # an unverified copy: the source is still there
+                os.unlink(stale)
+    sources = [row["source"] for row in rows]
+    targets = [os.path.join(out, row["path"]) for row in rows]
+    links = LinkTargets(sources, targets)
+    with _finish_hint(root, out):
+        _finish_rows(sources, targets, out, links, progress)
+    _write_journal(out, journal | {"state": "done"})
+    return _move_result(root, out, journal, rows=rows, resumed=True)
+
+
+def _finish_rows(sources, targets, out: Path, links: LinkTargets, progress) -> None:
+    for done, (source_file, target) in enumerate(zip(sources, targets, strict=True), 1):
         have_source, have_target = os.path.lexists(source_file), os.path.lexists(target)
         if have_source and not have_target:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            move_file(source_file, target)
+            with reporting_write_errors(out):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+            move_file(source_file, target, links=links)
         elif have_source and have_target:  # stopped between the copy and removing the source
-            if _file_digest(source_file) != _file_digest(target):
+            if not _same_file(source_file, target):
                 raise InputError(
                     f"{source_file} and {target} both exist and differ", "compare them by hand"
                 )
             os.unlink(source_file)
         elif not have_target:
-            raise InputError(f"{row['path']} is neither in {out} nor at {source_file}")
+            raise InputError(f"{target} is neither in {out} nor at {source_file}")
         if progress:
-            progress(done, len(rows))
-    _write_journal(out, journal | {"state": "done"})
-    classes = sorted({row["label"] for row in rows})
-    index = {name: i for i, name in enumerate(classes)}
-    counts = [[0] * len(names) for _ in classes]
-    for row in rows:
-        counts[index[row["label"]]][names.index(row["split"])] += 1
-    return SplitResult(
-        source=str(root),
-        out=str(out),
-        mode="move",
-        names=names,
-        ratio=list(journal["ratio"]),
-        seed=int(journal["seed"]),
-        stratified=bool(journal["stratified"]),
-        group=journal.get("group"),
-        groups=None,
-        classes=classes,
-        counts=counts,
-        manifest=str(out / MANIFEST),
-        resumed=True,
-    )
+            progress(done, len(sources))
+
+
+def _same_file(source: str, target: str) -> bool:
+    """A source that is still there beside its moved copy: the same bytes (for a link, the
+    same file it points to; one that points nowhere is a link the move had made already)."""
+    if os.path.islink(source) != os.path.islink(target):
+        return False  # e.g. a link to the source: removing the source would lose it
+    if os.path.islink(source):
+        try:
+            return os.path.samestat(os.stat(source), os.stat(target))
+        except OSError:
+            return True
+    return _file_digest(source) == _file_digest(target)

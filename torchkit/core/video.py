@@ -6,17 +6,20 @@ OpenCV is imported inside functions only, so importing this module stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError, first_line
-from torchkit.core.files import atomic_write_bytes, prepare_output_dir
+from torchkit.core.errors import InputError, OutputWriteError, UsageError, first_line
+from torchkit.core.files import atomic_write_bytes
+from torchkit.core.outputs import InputPath, OutputFolder, check_output_file, write_error
 from torchkit.core.progress import Progress
 
 logger = logging.getLogger("torchkit")
@@ -29,6 +32,22 @@ VIDEO_EXTENSIONS = frozenset(
 )  # fmt: skip
 SAMPLE_MODES = ("test", "train")
 SNIFF_BYTES = 512  # enough for an EBML DocType and two MPEG-TS packet starts
+
+# Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
+# makes the command run out of memory. The K frame indices of every video are part of its row
+# (table, CSV, JSON), so they are held in memory and printed: 10,000 is far beyond any TSN
+# setting (3 to 32 segments) and still a dense sampling of a long clip, with rows of tens of KiB.
+# Frames themselves are streamed: decoded one at a time, written and dropped, so neither a long
+# video nor a large K holds more than one frame. Each worker thread holds an open decoder (FFmpeg
+# starts its own threads for it): 64 at once is more than a disk or the cores can feed. --seed
+# is any whole number of 0 or more (NumPy's seeds), of any size: it is hashed, not allocated.
+MAX_SEGMENTS = 10_000
+MAX_WORKERS = 64
+FRAME_FILES = ("*_[0-9][0-9][0-9][0-9][0-9][0-9]*.png",)  # <video>_<frame, 6+ digits>.png
+
+
+class _Stopped(Exception):
+    """The run is being stopped (Ctrl-C, SIGTERM, a write error): a worker drops its video."""
 
 
 @dataclass
@@ -107,6 +126,11 @@ def tsn_frame_indices(
     """
     if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 1:
         raise UsageError(f"the number of segments must be a positive integer, not {num_segments}")
+    if num_segments > MAX_SEGMENTS:
+        raise UsageError(
+            f"{num_segments} segments are more than {MAX_SEGMENTS:,}",
+            f"sample at most {MAX_SEGMENTS:,} frames per video",
+        )
     if mode not in SAMPLE_MODES:
         raise UsageError(f"unknown sample mode {mode!r}", "use 'test' or 'train'")
     if num_frames is None or num_frames < 1:
@@ -254,16 +278,23 @@ def _open_capture(cv2, path: Path):
     return capture
 
 
-def count_frames(capture) -> int:
-    """Frames counted by decoding them (grab without retrieving, so no colour conversion)."""
+def count_frames(capture, stop: threading.Event | None = None) -> int:
+    """Frames counted by decoding them (grab without retrieving, so no colour conversion); one
+    frame at a time, so a video of any length counts in constant memory."""
     count = 0
     while capture.grab():
         count += 1
+        if stop is not None and count % 64 == 0 and stop.is_set():
+            raise _Stopped()
     return count
 
 
 def probe_video(
-    path: str | os.PathLike, *, exact: bool = False, decode_check: bool = True
+    path: str | os.PathLike,
+    *,
+    exact: bool = False,
+    decode_check: bool = True,
+    stop: threading.Event | None = None,
 ) -> VideoInfo:
     """The metadata of one video. Failures become `VideoInfo.error`, never exceptions.
 
@@ -272,7 +303,9 @@ def probe_video(
     about doubles the time per file. `exact` decodes every frame anyway."""
     info = VideoInfo(path=str(path))
     try:
-        _probe_into(info, Path(path), exact, decode_check)
+        _probe_into(info, Path(path), exact, decode_check, stop)
+    except _Stopped:
+        raise
     except Exception as error:  # one bad file must not stop the others
         info.error = _error_text(error)
     return info
@@ -286,7 +319,9 @@ def _error_text(error: BaseException) -> str:
     return first_line(error)
 
 
-def _probe_into(info: VideoInfo, path: Path, exact: bool, decode_check: bool) -> None:
+def _probe_into(
+    info: VideoInfo, path: Path, exact: bool, decode_check: bool, stop: threading.Event | None
+) -> None:
     cv2 = _import_cv2()
     info.size_bytes = path.stat().st_size
     with open(path, "rb") as handle:
@@ -314,7 +349,7 @@ def _probe_into(info: VideoInfo, path: Path, exact: bool, decode_check: bool) ->
             info.error = "no video stream"
             return
         if exact:
-            info.frames_decoded = count_frames(capture)
+            info.frames_decoded = count_frames(capture, stop)
             info.frames, info.frames_source = info.frames_decoded, "decoded"
             if info.frames_decoded == 0:
                 info.error = "no frame decodes (truncated or corrupt)"
@@ -339,13 +374,18 @@ def frame_file_name(prefix: str, index: int) -> str:
 
 
 def extract_frames(
-    path: str | os.PathLike, indices: Sequence[int], out_dir: Path, prefix: str
+    path: str | os.PathLike,
+    indices: Sequence[int],
+    out_dir: Path,
+    prefix: str,
+    stop: threading.Event | None = None,
 ) -> list[Path]:
     """Decode `path` from the start and write the frames at `indices` (sorted, repeats allowed)
     as PNG files `<prefix>_<index>.png` in `out_dir`; one path per index, in order.
 
     Frames are read sequentially (grab, retrieve only the wanted ones) because seeking by frame
-    number is inexact for many codecs."""
+    number is inexact for many codecs; one frame is in memory at a time. `stop` set ends it
+    early (`_Stopped`)."""
     cv2 = _import_cv2()
     wanted = sorted(set(indices))
     written: dict[int, Path] = {}
@@ -356,6 +396,8 @@ def extract_frames(
         position = 0
         for index in wanted:
             while position <= index:
+                if stop is not None and position % 64 == 0 and stop.is_set():
+                    raise _Stopped()
                 if not capture.grab():
                     raise InputError(
                         f"only {position} frames could be decoded, frame {index} is past the end",
@@ -391,22 +433,64 @@ def frame_name_prefixes(videos: Sequence[Path]) -> dict[str, str]:
     return prefixes
 
 
-def _sample_into(info: VideoInfo, options: SegmentOptions, rng: Any) -> None:
+def _sample_into(
+    info: VideoInfo,
+    options: SegmentOptions,
+    rng: Any,
+    frames_folder: _FramesFolder | None = None,
+    stop: threading.Event | None = None,
+) -> None:
     if info.frames is None:
         info.error = "the container does not say how many frames it holds (pass --exact)"
         return
     try:
         info.frame_indices = tsn_frame_indices(info.frames, options.num_segments, options.mode, rng)
-        if options.extract_dir is not None:
+        if frames_folder is not None:
+            folder = frames_folder.begin()  # only now, after every check: the first frame
             files = extract_frames(
-                info.path, info.frame_indices, options.extract_dir, options.names[info.path]
+                info.path, info.frame_indices, folder, options.names[info.path], stop
             )
-            info.frame_files = [str(f) for f in files]
+            info.frame_files = [str(options.extract_dir / f.name) for f in files]
+            frames_folder.wrote(len(files))
+    except _Stopped:
+        raise
+    except OutputWriteError as error:
+        # A full disk is the output's error, not this video's. The frames go to a hidden
+        # temporary folder: the error names the folder that was asked for.
+        raise write_error(options.extract_dir, error.__cause__ or error) from error
     except Exception as error:
         info.error = _error_text(error)
 
 
+class _FramesFolder:
+    """The `--extract-frames` folder, begun by the first worker thread about to write a frame:
+    frames go to a hidden temporary folder beside it that replaces it (and an old one, with
+    --force) only at the end, so it never holds a half-written set of frames."""
+
+    def __init__(self, folder: OutputFolder) -> None:
+        self.folder = folder
+        self.frames = 0
+        self._lock = threading.Lock()
+
+    def begin(self) -> Path:
+        with self._lock:
+            return self.folder.begin()
+
+    def wrote(self, count: int) -> None:
+        with self._lock:
+            self.frames += count
+
+
 # --- many videos --------------------------------------------------------------------------------
+
+
+def video_inputs(
+    paths: Iterable[str | os.PathLike], videos: Iterable[str | os.PathLike] = ()
+) -> list[InputPath]:
+    """What video-info reads: every path given (a folder: its whole tree) and every video found
+    (a link in a folder: the video it points to). No output may be, hold or lie in one."""
+    inputs = [InputPath.of(p, "video folder" if os.path.isdir(p) else "video") for p in paths]
+    return inputs + [InputPath.of(v, "video") for v in videos]
 
 
 def default_video_workers() -> int:
@@ -427,37 +511,106 @@ def inspect_videos(
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    report: str | os.PathLike | None = None,
 ) -> list[VideoInfo]:
     """Metadata of every video in `paths` (files, or folders searched recursively), in order.
 
     `exact` counts frames by decoding; `decode_check` decodes the first (see `probe_video`).
     `segments` also samples TSN frame indices from each video's frame count (train mode draws
     from an independent stream per video, seeded by `seed` and the video's position, so results
-    do not depend on the thread schedule); `extract_dir` writes those frames as PNG. Unreadable
-    videos come back with `error` set.
+    do not depend on the thread schedule); `extract_dir` writes those frames as PNG (through
+    `core.outputs`: never a video or a folder of them, `--force` only over an earlier frames
+    folder, locked, filled beside it and put in place at the end: the old one stays if the run
+    fails, is stopped or writes no frame). `report` is the `-o` file the caller will write:
+    checked with the rest, before any work. Unreadable videos come back with `error` set.
     """
-    if segments is not None and segments < 1:
-        raise UsageError(f"--segments must be at least 1, not {segments}")
+    if segments is not None and not 1 <= segments <= MAX_SEGMENTS:
+        raise UsageError(
+            f"--segments must be between 1 and {MAX_SEGMENTS:,}, not {segments}",
+            "every video's row holds its K frame indices",
+        )
+    if workers is not None and not 0 <= workers <= MAX_WORKERS:
+        raise UsageError(
+            f"--workers must be between 0 and {MAX_WORKERS}, not {workers}",
+            "more videos at once than a disk or the cores can feed only costs memory",
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"--seed must be a whole number of 0 or more, not {seed}")
     if sample_mode not in SAMPLE_MODES:
         raise UsageError(f"unknown sample mode {sample_mode!r}", "use 'test' or 'train'")
     if extract_dir is not None and segments is None:
         raise UsageError("--extract-frames needs --segments K", "say how many frames to sample")
     videos = find_videos(paths)
+    inputs = video_inputs(paths, videos)
+    if report is not None:
+        check_output_file(report, force, inputs)
+    with contextlib.ExitStack() as stack:
+        frames_folder = None
+        if segments is not None and extract_dir is not None:
+            out = OutputFolder(
+                extract_dir,
+                command="video-info",
+                force=force,
+                inputs=inputs,
+                known_files=FRAME_FILES,
+                what="frames folder",
+                atomic=True,  # filled as a hidden temporary folder, in place at once at the end
+            )
+            stack.callback(out.release)
+            frames_folder = _FramesFolder(out)
+        results = _inspect(
+            videos, exact, decode_check, segments, sample_mode, seed, frames_folder, workers,
+            progress,
+        )  # fmt: skip
+        if frames_folder is not None:
+            # Keep the new frames (they replace the old folder) once there are any; with none
+            # written, the old frames folder stays as if nothing had run.
+            if frames_folder.frames:
+                frames_folder.folder.keep()
+            else:
+                frames_folder.folder.abandon()
+        return results
+
+
+def _inspect(
+    videos: list[Path],
+    exact: bool,
+    decode_check: bool,
+    segments: int | None,
+    sample_mode: str,
+    seed: int,
+    frames_folder: _FramesFolder | None,
+    workers: int | None,
+    progress: Progress | None,
+) -> list[VideoInfo]:
     options = None
     if segments is not None:
         options = SegmentOptions(segments, sample_mode, seed)
-        if extract_dir is not None:
-            options.extract_dir = prepare_output_dir(extract_dir, force, what="frames folder")
+        if frames_folder is not None:
+            options.extract_dir = frames_folder.folder.final
             options.names = frame_name_prefixes(videos)
     streams = _per_video_seeds(seed, len(videos)) if options and sample_mode == "train" else None
+    stop = threading.Event()
 
     def work(position: int) -> VideoInfo:
-        info = probe_video(videos[position], exact=exact, decode_check=decode_check)
+        if stop.is_set():
+            raise _Stopped()
+        info = probe_video(videos[position], exact=exact, decode_check=decode_check, stop=stop)
         if options is not None and info.error is None:
-            _sample_into(info, options, streams[position] if streams else None)
+            _sample_into(info, options, streams[position] if streams else None, frames_folder, stop)
         return info
 
-    total = len(videos)
+    try:
+        return _run_all(work, len(videos), workers, progress, stop)
+    except BaseException:
+        if frames_folder is not None:
+            frames_folder.folder.abandon()  # this run's frames removed, the old folder stays
+        raise
+
+
+def _run_all(
+    work, total: int, workers: int | None, progress: Progress | None, stop: threading.Event
+) -> list[VideoInfo]:
     if progress:
         progress(0, total)
     threads = default_video_workers() if workers is None else workers
@@ -475,6 +628,9 @@ def inspect_videos(
             results.append(info)
             if progress:
                 progress(done, total)
+    except BaseException:
+        stop.set()  # the workers still decoding stop at their next frames
+        raise
     finally:
         # On Ctrl-C, drop the videos not started yet instead of reading them all first.
         pool.shutdown(wait=True, cancel_futures=True)

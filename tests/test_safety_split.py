@@ -1,0 +1,349 @@
+"""`torchkit split` never loses a file (issue #13), seen as a user sees it: real processes, exit
+codes, the `Error:` line, and the bytes of every input file before and after.
+
+OUT is never ROOT, inside it, around it or `.`; `--force` only over an earlier split; a locked OUT
+is refused; `--mode move` keeps symbolic links pointing at their files, refuses split names that
+are torchkit's own, says a finished move is done; SIGTERM mid-copy puts the earlier split back,
+mid-move leaves every file in exactly one place and a rerun finishes it; a full disk is an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import (
+    processes_in_group,
+    run_torchkit_process,
+    signal_and_wait,
+    start_torchkit_process,
+    wait_until,
+)
+
+# A real torchkit process whose renames, replaces and copies into one folder are slowed down (a
+# slow disk), so that a signal reliably lands in the middle of the work.
+SLOW_IO = textwrap.dedent(
+    """
+    import os, shutil, time
+
+    _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
+
+    def _slowed(function, destination_argument):
+        def slow(*args, **kwargs):
+            if _where in os.fspath(args[destination_argument]):
+                time.sleep(float(_delay))
+            return function(*args, **kwargs)
+        return slow
+
+    if _where:
+        os.rename = _slowed(os.rename, 1)
+        os.replace = _slowed(os.replace, 1)
+        shutil.copy2 = _slowed(shutil.copy2, 1)
+    """
+)
+
+
+def slow_env(tmp_path: Path, where: Path, delay: float = 0.1) -> dict[str, str]:
+    folder = tmp_path / "slow-io"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SLOW_IO)
+    return {"PYTHONPATH": str(folder), "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}"}
+
+
+def make_files(root: Path, counts: dict[str, int]) -> Path:
+    """ROOT/<class>/<class>_<i>.png with distinct bytes (split never decodes them)."""
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            (root / name / f"{name}_{i:02d}.png").write_bytes(f"{name}/{i}".encode() * 7)
+    return root
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Relative path -> SHA-256 of every file (a link: '-> target'), hidden ones included."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            found[relative] = "-> " + os.readlink(path)
+        elif path.is_file():
+            found[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def contents(root: Path) -> dict[str, str]:
+    """File name -> SHA-256 of the images under `root` (names are unique in these tests)."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in root.rglob("*.png")
+        if ".torchkit" not in p.as_posix()
+    }
+
+
+def split(*args, **kwargs):
+    return run_torchkit_process("split", *[str(a) for a in args], **kwargs)
+
+
+def run_together(cases: list[list], cwd: Path | None = None) -> list[subprocess.CompletedProcess]:
+    """`torchkit split ARGS` for each case, all started at once (independent refusals: the
+    wall time of one, not of all)."""
+    started = [start_torchkit_process("split", *[str(a) for a in args], cwd=cwd) for args in cases]
+    results = []
+    for process in started:
+        out, err = process.communicate(timeout=300)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return results
+
+
+def error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("Error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[-1]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_files(tmp_path / "data", {"cat": 5, "dog": 4})
+
+
+# --------------------------------------------------------------------------- OUT and the inputs
+
+
+@pytest.mark.parametrize("mode", ["move", "manifest"])
+def test_out_that_is_in_or_holds_the_dataset_is_refused_and_nothing_moves(tmp_path, data, mode):
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\ndata/cat/cat_00.png,cat\ndata/dog/dog_00.png,dog\n")
+    holder = tmp_path / "holder"  # an earlier split that holds the dataset in one of its splits
+    make_files(holder / "train", {"cat": 2})
+    (holder / "split.csv").write_text("path,label,split,source\n")
+    before = tree(tmp_path)
+    cases = [
+        ([data, data], "is the data folder"),
+        ([data, data / "splits"], "lies inside the data folder"),
+        ([data / "cat", data, "--force"], "contains the data folder"),
+        ([holder / "train", holder, "--force"], "contains the data folder"),
+        ([data, tmp_path, "--force"], "contains the data folder"),
+        ([index, data / "cat" / "out"], "lies inside the images of"),
+        ([index, tmp_path / "data", "--force"], "contains the"),
+    ]
+    results = run_together([[*args, "--mode", mode] for args, _ in cases])
+    for (args, message), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert message in error_line(result), args
+    # `.` and its parents: never, whatever they hold.
+    here = [[data, out, "--force", "--mode", mode] for out in (".", "..")]
+    for result in run_together(here, cwd=tmp_path / "holder"):
+        assert result.returncode == 1 and "working directory" in error_line(result)
+    assert tree(tmp_path) == before  # not a byte changed, nothing created, no lock left
+
+
+def test_force_over_a_folder_that_is_not_a_split_is_refused(tmp_path, data):
+    mine = tmp_path / "mine"
+    make_files(mine, {"train": 2})  # a `train/` of the user's own, no split.csv, no marker
+    (mine / "notes.txt").write_text("precious")
+    before, data_before = tree(mine), tree(data)
+    for mode in ("move", "copy"):
+        result = split(data, mine, "--force", "--mode", mode)
+        assert result.returncode == 1
+        assert "was not written by torchkit" in error_line(result)
+    assert tree(mine) == before and tree(data) == data_before
+
+
+def test_force_replaces_an_earlier_split_without_marker_and_keeps_other_files(tmp_path, data):
+    out = tmp_path / "out"
+    assert split(data, out, "--names", "a,b,c").returncode == 0
+    (out / ".torchkit").unlink()  # as torchkit 0.x wrote it: split.csv and the split folders
+    result = split(data, out, "--force", "--ratio", "1:1")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".torchkit", "split.csv", "train", "val"]
+    (out / "keep.txt").write_text("mine")  # now marked: --force replaces the split, not this
+    assert split(data, out, "--force").returncode == 0
+    assert (out / "keep.txt").read_text() == "mine" and (out / "test").is_dir()
+
+
+def test_report_file_may_not_be_an_input_or_a_file_the_split_writes(tmp_path, data):
+    index = tmp_path / "index.csv"
+    index.write_text("path,label\ndata/cat/cat_00.png,cat\ndata/dog/dog_00.png,dog\n")
+    out = tmp_path / "out"
+    before = tree(tmp_path)
+    cases = [
+        ([index, out, "-o", index, "--force"], "is the data file"),
+        ([data, out, "-o", data / "cat" / "report.json"], "lies inside the data folder"),
+        ([data, out, "-o", out / "split.csv", "--force"], "a file the split writes"),
+        ([data, out, "-o", out / "train" / "r.json"], "a file the split writes"),
+        ([data, out, "-o", out, "--force"], "the output folder"),
+    ]
+    results = run_together([[*args, "--mode", "move"] for args, _ in cases])
+    for (args, message), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert message in error_line(result), args
+    assert tree(tmp_path) == before
+    # A report of your own beside the split is fine.
+    assert split(data, out, "-o", out / "report.txt").returncode == 0
+    assert "total" in (out / "report.txt").read_text()
+
+
+def test_a_second_split_into_a_locked_out_is_refused_at_once(tmp_path, data):
+    from torchkit.core.outputs import FolderLock
+
+    out = tmp_path / "out"
+    before = tree(data)
+    lock = FolderLock(out, "output folder")  # another torchkit process writing OUT
+    try:
+        for mode in ("move", "copy"):
+            result = split(data, out, "--mode", mode)
+            assert result.returncode == 1
+            line = error_line(result)
+            assert "being written by another torchkit process" in line
+            assert f"PID {os.getpid()}" in line
+    finally:
+        lock.release()
+    assert tree(data) == before and not out.exists()
+    assert split(data, out, "--mode", "move").returncode == 0  # once it is free
+
+
+# --------------------------------------------------------------------------- --mode move
+
+
+def test_move_keeps_every_symbolic_link_pointing_at_its_file(tmp_path, data):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "pool.png").write_bytes(b"pooled")
+    (data / "cat" / "out_rel.png").symlink_to("../../shared/pool.png")  # leaves the dataset
+    (data / "cat" / "out_abs.png").symlink_to(shared / "pool.png")
+    (data / "dog" / "in_rel.png").symlink_to("../cat/cat_00.png")  # to a file that moves too
+    (data / "dog" / "in_abs.png").symlink_to(data / "dog" / "dog_01.png")
+    expected = {p.name: p.read_bytes() for p in data.rglob("*.png")}
+    out = tmp_path / "out"
+    result = split(data, out, "--mode", "move", "--ratio", "1:1")
+    assert result.returncode == 0, result.stderr
+    moved = {p.name: p for p in out.rglob("*.png")}
+    assert {name: p.read_bytes() for name, p in moved.items()} == expected
+    assert not list(data.rglob("*.png"))
+    # Links to files that moved along are relative inside OUT; others absolute.
+    assert not os.path.isabs(os.readlink(moved["in_rel.png"]))
+    assert not os.path.isabs(os.readlink(moved["in_abs.png"]))
+    assert os.readlink(moved["out_rel.png"]) == str(shared / "pool.png")
+    # They hold when the emptied dataset folder is deleted and when OUT itself is moved.
+    for folder in sorted(data.rglob("*"), reverse=True):
+        folder.rmdir()
+    data.rmdir()
+    out.rename(tmp_path / "elsewhere")
+    again = {p.name: p.read_bytes() for p in (tmp_path / "elsewhere").rglob("*.png")}
+    assert again == expected
+
+
+def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
+    before = tree(data)
+    names = [
+        "train,val,.torchkit-split.json",
+        "train,.TorchKit,test",
+        "train,val,split.csv",
+        "train,a/b,test",
+        "train,..,test",
+        "train,val," + "x" * 256,
+    ]
+    cases = [[data, tmp_path / "out", "--mode", "move", "--names", n] for n in names]
+    for given, result in zip(names, run_together(cases), strict=True):
+        assert result.returncode == 2, (given, result.stderr)
+        assert "cannot be a split folder name" in error_line(result)
+    assert tree(data) == before and not (tmp_path / "out").exists()
+
+
+def test_rerunning_a_finished_move_says_it_is_done_and_touches_nothing(tmp_path, data):
+    out = tmp_path / "out"
+    args = [data, out, "--mode", "move", "--seed", "3", "--format", "json"]
+    first = split(*args)
+    assert first.returncode == 0, first.stderr
+    after = tree(out)
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    again = split(*args)
+    assert again.returncode == 0, again.stderr
+    assert "already done" in again.stderr
+    assert json.loads(again.stdout) == json.loads(first.stdout)  # the same summary
+    assert tree(out) == after and {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamps
+    # Another split over those only copies is still refused, with or without --force.
+    other = split(data, out, "--mode", "move", "--seed", "4", "--force")
+    assert other.returncode == 1 and "the only copies" in error_line(other)
+    assert tree(out) == after
+
+
+# --------------------------------------------------------------------------- signals, full disk
+
+
+def test_sigterm_mid_move_leaves_every_file_in_one_place_and_a_rerun_finishes(tmp_path):
+    data = make_files(tmp_path / "data", {"cat": 8, "dog": 7})
+    expected = contents(data)
+    out = tmp_path / "out"
+    process = start_torchkit_process(
+        "split", str(data), str(out), "--mode", "move", env=slow_env(tmp_path, out)
+    )
+    wait_until(lambda: len(list(out.rglob("*.png"))) >= 3, process=process, what="a few moves")
+    code, _, err = signal_and_wait(process, signal.SIGTERM)
+    assert code == 143 and "Terminated" in err and "Traceback" not in err
+    assert f"finish it with: torchkit split {data} {out} --mode move" in err
+    assert not processes_in_group(process.pid)
+    in_root, in_out = contents(data), contents(out)
+    assert 3 <= len(in_out) < len(expected)
+    assert not set(in_root) & set(in_out)  # in exactly one place...
+    assert in_root | in_out == expected  # ...each of them, unchanged
+    assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "moving"
+
+    result = split(data, out, "--mode", "move")
+    assert result.returncode == 0, result.stderr
+    assert "finishing the interrupted move" in result.stderr
+    assert contents(out) == expected and not contents(data)
+    assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "done"
+
+
+def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):
+    data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
+    out = tmp_path / "out"
+    assert split(data, out, "--names", "a,b,c").returncode == 0
+    before, data_before = tree(out), tree(data)
+    process = start_torchkit_process(
+        "split", str(data), str(out), "--force", env=slow_env(tmp_path, out / "train")
+    )
+    wait_until(
+        lambda: len(list((out / "train").rglob("*.png"))) >= 2, process=process, what="copies"
+    )
+    assert (out / ".torchkit-split-replaced" / "a").is_dir()  # the earlier split, set aside
+    code, _, err = signal_and_wait(process, signal.SIGTERM)
+    assert code == 143 and "Traceback" not in err
+    assert tree(out) == before and tree(data) == data_before
+    assert sorted(os.listdir(tmp_path)) == ["data", "out", "slow-io"]  # no lock, no leftovers
+
+
+def test_a_killed_force_split_is_put_back_by_the_next_run(tmp_path):
+    data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
+    out = tmp_path / "out"
+    assert split(data, out).returncode == 0
+    before = tree(out)
+    process = start_torchkit_process(
+        "split", str(data), str(out), "--force", "--seed", "1", env=slow_env(tmp_path, out)
+    )
+    wait_until(lambda: (out / ".torchkit-split-replaced").is_dir(), process=process, what="aside")
+    code, _, _ = signal_and_wait(process, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    result = split(data, out)  # the next run on OUT, even one that is refused
+    assert "put back the earlier split" in result.stderr
+    assert result.returncode == 1 and "already exists" in error_line(result)
+    assert tree(out) == before
+
+
+def test_a_full_disk_is_an_error_that_names_out_and_leaves_nothing(tmp_path, small_tmpfs):
+    disk = small_tmpfs(64)  # 16 files of one 4 KiB page each
+    data = make_files(tmp_path / "data", {"cat": 20, "dog": 20})
+    before = tree(data)
+    result = split(data, disk / "out")
+    assert result.returncode == 1, result.stderr
+    line = error_line(result)
+    assert f"cannot write {disk / 'out'}" in line and "No space left" in line
+    assert tree(data) == before and os.listdir(disk) == []
