@@ -205,7 +205,7 @@ def check_output_tree(out: Path, truth: dict, classes: list[str], label_index: i
             with Image.open(out / split / classes[label] / f"{index:0{width}d}.png") as image:
                 assert image.mode == "RGB"
                 np.testing.assert_array_equal(np.asarray(image), images[index])
-    assert sorted(p.name for p in out.iterdir()) == ["test", "train"]
+    assert sorted(p.name for p in out.iterdir()) == [".torchkit", "test", "train"]
     for split in truth:
         assert sorted(p.name for p in (out / split).iterdir()) == sorted(classes)
 
@@ -284,9 +284,38 @@ def test_existing_output_needs_force(cifar10, tmp_path):
     assert result.stderr.startswith("Error: output folder already exists")
     assert "--force" in result.stderr
     assert (out / "keep.txt").read_text() == "mine"
+    # --force replaces only what torchkit wrote: not a folder of the user's own files.
+    result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
+    assert result.exit_code == 1
+    assert "not written by torchkit" in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0"])
+    assert result.exit_code == 0, result.stderr  # an empty folder needs no --force
+    (out / "train" / CIFAR10_CLASSES[0] / "extra.png").write_bytes(b"")
+    result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
+    assert result.exit_code == 0, result.stderr  # torchkit's own output (it has the marker)
+    check_output_tree(out, truth, CIFAR10_CLASSES)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no leftovers
+
+
+def test_force_replaces_an_unmarked_cifar_output_only_if_it_looks_like_one(cifar10, tmp_path):
+    """Folders written before the marker existed: `train`/`test` of class folders of
+    `<index>.png`, and nothing else, are torchkit's; one stray file makes the folder the
+    user's."""
+    folder, _, truth = cifar10
+    out = tmp_path / "out"
+    (out / "train" / "cat").mkdir(parents=True)
+    (out / "test" / "cat").mkdir(parents=True)
+    (out / "train" / "cat" / "007.png").write_bytes(b"old")
+    (out / "train" / "cat" / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
+    assert result.exit_code == 1 and "not written by torchkit" in result.stderr
+    assert (out / "train" / "cat" / "notes.txt").read_text() == "mine"
+    (out / "train" / "cat" / "notes.txt").unlink()
     result = runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0", "--force"])
     assert result.exit_code == 0, result.stderr
-    assert not (out / "keep.txt").exists()
     check_output_tree(out, truth, CIFAR10_CLASSES)
 
 
@@ -379,7 +408,8 @@ def test_archive_member_outside_its_folder_is_refused(cifar10, tmp_path, name, a
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: refused to read")
     assert "outside" in result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostile.tar.gz"]
+    # Nothing written (the lock beside OUT may leave its parent folder behind, empty).
+    assert [p for p in tmp_path.rglob("*") if not p.is_dir()] == [hostile]
 
 
 def test_tar_that_is_not_cifar(tmp_path):
@@ -431,5 +461,6 @@ def test_output_that_holds_the_input_is_refused(cifar10, tmp_path):
     folder, _, _ = cifar10
     copy = _copy_folder(folder, tmp_path / "data" / "cifar")
     result = runner.invoke(app, ["convert", "cifar", str(copy), str(tmp_path / "data"), "--force"])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
+    assert "contains the CIFAR source" in result.stderr
     assert (copy / "batches.meta").exists()

@@ -303,7 +303,8 @@ def test_folder_converts_good_files_and_counts_the_rest(tmp_path, workers):
     assert sorted(f["path"] for f in summary["failures"]) == ["empty.npy", "sub/broken.png"]
     assert "is empty (0 bytes)" in result.stderr and "cannot read image" in result.stderr
     written = sorted(str(p.relative_to(dst)) for p in dst.rglob("*") if p.is_file())
-    assert written == sorted(str(Path(r).with_suffix(".pt")) for r in truth)
+    expected = [str(Path(r).with_suffix(".pt")) for r in truth]
+    assert written == sorted([".torchkit", *expected])  # the marker: torchkit wrote this folder
     for relative, pixels in truth.items():
         tensor = load_pt(dst / Path(relative).with_suffix(".pt"))
         assert torch.equal(tensor, to_tensor(pixels))
@@ -330,12 +331,20 @@ def test_folder_table_output_and_existing_destination(tmp_path):
     result = convert(src, dst, "--to", "png", "-j", "0")
     assert result.exit_code == 1 and "already exists" in result.stderr
     assert (dst / "old.txt").exists()
+    # --force replaces only a folder torchkit wrote, never one of the user's own files.
+    result = convert(src, dst, "--to", "png", "-j", "0", "--force")
+    assert result.exit_code == 1 and "not written by torchkit" in result.stderr
+    assert sorted(p.name for p in dst.iterdir()) == ["old.txt"]
+    (dst / "old.txt").unlink()
+    ok(src, dst, "--to", "npy", "-j", "0")  # an empty folder needs no --force
+    (dst / "old.txt").write_text("stale")
     result = ok(src, dst, "--to", "png", "-j", "0", "--force", "--format", "csv")
     assert result.stdout.splitlines() == [
         "converted,skipped,failed,files written,destination",
         f"5,1,2,5,{dst}",
     ]
-    assert not (dst / "old.txt").exists()
+    assert not (dst / "old.txt").exists() and not list(dst.rglob("*.npy"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
     np.testing.assert_array_equal(
         np.asarray(Image.open(dst / "sub" / "e.png")), np.load(src / "sub" / "e.npy")
     )
@@ -357,9 +366,9 @@ def test_folder_needs_to_and_must_not_overlap(tmp_path):
     random_image("RGB").save(src / "x.png")
     assert convert(src, tmp_path / "dst").exit_code == 2
     result = convert(src, src / "inner", "--to", "npy")
-    assert result.exit_code == 2 and "overlap" in result.stderr
+    assert result.exit_code == 1 and "lies inside the source folder" in result.stderr
     result = convert(src, tmp_path, "--to", "npy", "--force")
-    assert result.exit_code == 2
+    assert result.exit_code == 1 and "contains the source folder" in result.stderr
     assert (src / "x.png").exists()
 
 
@@ -396,7 +405,7 @@ def test_bad_single_files(tmp_path):
         (("cut.pt", "x.png"), 1, "cannot read"),
         (("rgba.png", "x.jpg"), 1, "JPEG cannot store an alpha channel"),
         (("rgba.png", "x.png", "--dtype", "float32"), 2, "--dtype sets the dtype"),
-        (("rgba.png", "rgba.png", "--force"), 2, "the destination is the source"),
+        (("rgba.png", "rgba.png", "--force"), 1, "is the source"),
     ]
     (tmp_path / "notes.txt").write_text("x")
     for args, code, message in cases:

@@ -70,14 +70,6 @@ class WeightDtype(str, Enum):
     float32 = "float32"
 
 
-def _check_report_output(output: Path | None, force: bool) -> None:
-    """Refuse an existing -o FILE before the work, not after it."""
-    if output is not None:
-        from torchkit.core.files import check_output
-
-        check_output(output, force)
-
-
 def _shape(shape) -> str:
     return "x".join(str(n) for n in shape)
 
@@ -158,8 +150,9 @@ def tensor(
       torchkit convert tensor images/ arrays/ --to npy --workers 4
     """
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor
+    from torchkit.core.convert.writes import check_report_output
 
-    _check_report_output(output, force)
+    check_report_output(output, force, source=src, destination=dst)
 
     options = TensorOptions(
         to=to.value if to else None,
@@ -237,8 +230,9 @@ def cifar(
       torchkit convert cifar cifar-100-python/ cifar100-coarse/ --label-type coarse
     """
     from torchkit.core.convert.cifar import convert_cifar
+    from torchkit.core.convert.writes import check_report_output
 
-    _check_report_output(output, force)
+    check_report_output(output, force, source=src, destination=out)
 
     with progress_bar("writing PNGs") as progress:
         report = convert_cifar(
@@ -311,8 +305,9 @@ def checkpoint(
       torchkit convert checkpoint last.ckpt model.pt --key model_ema --dtype float16
     """
     from torchkit.core.convert.checkpoint import convert_checkpoint
+    from torchkit.core.convert.writes import check_report_output
 
-    _check_report_output(output, force)
+    check_report_output(output, force, source=src, destination=dst)
 
     report = convert_checkpoint(
         src,

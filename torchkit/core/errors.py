@@ -16,6 +16,11 @@ class TorchkitError(Exception):
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
+    def __reduce__(self):
+        # Pickled with its hint (an exception pickles only `args`): errors raised in worker
+        # processes reach the parent whole.
+        return (type(self), (self.message, self.hint))
+
 
 class UsageError(TorchkitError):
     """Options that contradict each other or cannot be parsed: exit code 2, like click."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit import __version__
-from torchkit.core.errors import OutputExistsError, OutputWriteError, TorchkitError
+from torchkit.core.errors import OutputExistsError, OutputWriteError, TorchkitError, first_line
 
 log = logging.getLogger("torchkit")
 
@@ -218,20 +218,53 @@ def is_write_error(error: BaseException, target: str | os.PathLike | None = None
             or os.path.dirname(named) == os.path.dirname(out)
             or _is_within(Path(named), Path(out))
         )
-    if isinstance(error, RuntimeError):
-        text = str(error).lower()
-        return "file write failed" in text or "no space left" in text
+    text = str(error).lower()
+    if "(os error 28)" in text or "no space left" in text:  # safetensors' SafetensorError
+        return True
+    if isinstance(error, RuntimeError) or (isinstance(error, OSError) and error.errno is None):
+        # torch.save's C++ stream ("file write failed", "unexpected pos 576 vs 534",
+        # "basic_ios::clear: iostream error") and NumPy's tofile ("120000 requested and 12160
+        # written") do not say why: ask the file system whether it is full or read-only.
+        if target is not None and _file_system_full_or_read_only(target):
+            return True
+        return isinstance(error, RuntimeError) and any(
+            sign in text for sign in ("file write failed", "unexpected pos", "iostream error")
+        )
     return False
 
 
+def _file_system_full_or_read_only(target: str | os.PathLike) -> bool:
+    return _file_system_problem(target) is not None
+
+
+def _file_system_problem(target: str | os.PathLike) -> int | None:
+    """EROFS or ENOSPC when the file system that holds `target` is read-only or (nearly) full."""
+    try:
+        stats = os.statvfs(os.path.dirname(os.path.abspath(os.fspath(target))))
+    except OSError:
+        return None
+    if stats.f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    return errno.ENOSPC if stats.f_bavail * stats.f_frsize < 64 * 1024 else None
+
+
 def write_error(target: str | os.PathLike, error: BaseException) -> OutputWriteError:
-    reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-    if isinstance(error, RuntimeError) and not isinstance(error, OSError):
-        reason = "the disk is full or not writable"
     return OutputWriteError(
-        f"cannot write {_shown(target)}: {reason.splitlines()[0] if reason else 'write failed'}",
+        f"cannot write {_shown(target)}: {_write_failure_reason(target, error)}",
         "free some space, check the permissions, or choose another output",
     )
+
+
+def _write_failure_reason(target: str | os.PathLike, error: BaseException) -> str:
+    """errno's words where there is an errno; otherwise what the file system says now (torch's
+    and NumPy's writers report a short write without the reason)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).lower()
+    if "(os error 28)" in text or "no space left" in text:
+        return os.strerror(errno.ENOSPC)
+    problem = _file_system_problem(target)
+    return os.strerror(problem) if problem else first_line(error) or "the write failed"
 
 
 @contextlib.contextmanager
@@ -521,7 +554,10 @@ class OutputFolder:
                     self._aside = aside
                 self.final.mkdir(parents=True, exist_ok=True)
             if not (self.path / MARKER).exists():
-                write_marker(self.path, self.command)
+                try:
+                    write_marker(self.path, self.command)
+                except OutputWriteError as error:  # name the output, not the hidden temporary
+                    raise write_error(self.final, error.__cause__ or error) from error
         return self.path
 
     @contextlib.contextmanager

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
+from torchkit.core.convert.writes import writing
 from torchkit.core.errors import CheckpointError, UsageError
-from torchkit.core.files import atomic_path, check_output, require_input
+from torchkit.core.files import atomic_path, require_input
+from torchkit.core.outputs import InputPath, check_output_file
 
 log = logging.getLogger("torchkit")
 
@@ -223,8 +225,6 @@ def convert_checkpoint(
 ) -> CheckpointReport:
     """Load `src` on the CPU, pick the state dict, rename and cast it, write `dst`
     (.safetensors, or a plain state dict for .pt/.pth/.bin/.ckpt)."""
-    import torch
-
     source = require_input(src, what="checkpoint", kind="file")
     target = Path(dst)
     if target.suffix.lower() not in OUTPUT_EXTENSIONS:
@@ -234,9 +234,9 @@ def convert_checkpoint(
         )
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    if target.exists() and target.resolve() == source.resolve():
-        raise UsageError("DST is the source checkpoint", "inputs are never overwritten")
-    check_output(target, force)
+    # Before the (slow) load: DST is never the source, and an existing DST needs --force.
+    check_output_file(target, force, [InputPath.of(source, "source checkpoint")])
+    import torch
 
     obj = load_checkpoint(source, trust=trust)
     state, picked = pick_state_dict(obj, key)
@@ -272,12 +272,13 @@ def convert_checkpoint(
 
         shared = _unshare(out)
         try:
-            with atomic_path(target) as tmp:
+            with atomic_path(target) as tmp, writing(target):
                 save_file(out, str(tmp), metadata={"format": "pt"})
         except (ValueError, RuntimeError) as error:
             raise CheckpointError(f"cannot write {target} as safetensors: {error}") from None
     else:
-        save_checkpoint(out, target)
+        with writing(target):
+            save_checkpoint(out, target)
 
     return CheckpointReport(
         source=str(source),

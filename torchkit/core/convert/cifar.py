@@ -16,15 +16,17 @@ import re
 import tarfile
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
 from torchkit.core.convert.safe_pickle import restricted_loads
-from torchkit.core.errors import InputError, UsageError
-from torchkit.core.files import atomic_dir, require_input
+from torchkit.core.convert.writes import named_as_final, writing
+from torchkit.core.errors import InputError, OutputWriteError, UsageError
+from torchkit.core.files import require_input
+from torchkit.core.outputs import MARKER, InputPath, OutputFolder
 from torchkit.core.progress import Progress
 
 CIFAR10 = "cifar-10"
@@ -36,6 +38,7 @@ SPLITS = ("train", "test")
 
 _CIFAR10_TRAIN = re.compile(r"data_batch_(\d+)")
 _CIFAR_NAMES = re.compile(r"data_batch_\d+|test_batch|batches\.meta|train|test|meta")
+_IMAGE_NAME = re.compile(r"\d+\.png")
 
 
 @dataclass
@@ -285,29 +288,91 @@ def image_paths(labels, classes: list[str], split: str) -> list[str]:
     return [f"{split}/{classes[label]}/{index:0{width}d}.png" for index, label in enumerate(labels)]
 
 
-def _write_pngs(task: tuple[str, Any, list[str]]) -> int:
-    """Worker: encode each (32, 32, 3) BGR image as PNG and write it under `root`."""
+def _write_pngs(task: tuple[str, str, Any, list[str]]) -> int:
+    """Worker: encode each (32, 32, 3) BGR image as PNG and write it under `root` (the hidden
+    folder that becomes `final`). A write error is fatal and names the file under `final`."""
     import cv2
 
-    root, images, paths = task
+    root, final, images, paths = task
     for image, relative in zip(images, paths, strict=True):
         ok, encoded = cv2.imencode(".png", image)
         if not ok:
             raise OSError(f"cannot encode {relative} as PNG")
-        with open(os.path.join(root, relative), "wb") as handle:
-            handle.write(encoded.tobytes())
+        target = os.path.join(root, relative)
+        try:
+            with writing(target), open(target, "wb") as handle:
+                handle.write(encoded.tobytes())
+        except OutputWriteError as error:
+            raise named_as_final(error, root, final) from None
     return len(paths)
+
+
+def _looks_like_cifar_output(folder: Path) -> bool:
+    """A folder that `convert cifar` wrote before torchkit marked its outputs: only `train`
+    and `test`, holding only class folders of `<index>.png` files."""
+    try:
+        splits = list(os.scandir(folder))
+        if not splits or any(
+            s.name not in SPLITS or not s.is_dir(follow_symlinks=False) for s in splits
+        ):
+            return False
+        for split in splits:
+            for group in os.scandir(split.path):
+                if not group.is_dir(follow_symlinks=False):
+                    return False
+                for image in os.scandir(group.path):
+                    if not (
+                        _IMAGE_NAME.fullmatch(image.name) and image.is_file(follow_symlinks=False)
+                    ):
+                        return False
+    except OSError:
+        return False
+    return True
+
+
+def output_folder(
+    out: str | os.PathLike, *, force: bool = False, inputs: Iterable[InputPath] = ()
+) -> OutputFolder:
+    """The checked and locked output folder of `convert cifar`: never an input, never inside
+    one; an existing one is replaced (with `force`) only if torchkit wrote it."""
+    target = Path(out)
+    legacy = (
+        force
+        and target.is_dir()
+        and not target.is_symlink()
+        and not (target / MARKER).exists()
+        and _looks_like_cifar_output(target)
+    )
+    return OutputFolder(
+        target,
+        command="convert cifar",
+        force=force,
+        inputs=inputs,
+        known_files=SPLITS if legacy else (),
+        what="output folder",
+        atomic=True,
+    )
 
 
 def write_cifar(
     data: CifarData,
-    out: str | os.PathLike,
+    out: str | os.PathLike | OutputFolder,
     *,
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> CifarReport:
-    """Write `data` as PNG folders into `out` (built beside it and renamed into place)."""
+    """Write `data` as PNG folders into `out`: built in a hidden folder beside it that replaces
+    it only once every image is written, so a failure or an interrupt leaves `out` as it was.
+    `out` may be an `OutputFolder` made (checked and locked) beforehand with `output_folder`."""
+    output = out if isinstance(out, OutputFolder) else output_folder(out, force=force)
+    with output:
+        return _fill(output, data, workers, progress)
+
+
+def _fill(
+    output: OutputFolder, data: CifarData, workers: int | None, progress: Progress | None
+) -> CifarReport:
     import numpy as np
 
     started = time.perf_counter()
@@ -315,38 +380,45 @@ def write_cifar(
     total = sum(len(v) for v in data.labels.values())
     done = 0
     class_counts = {}
-    with atomic_dir(out, force) as root:
-        tasks = []
-        for split in SPLITS:
-            labels = data.labels[split]
-            class_counts[split] = np.bincount(labels, minlength=len(data.classes)).tolist()
-            for name in data.classes:
-                (root / split / name).mkdir(parents=True)
-            paths = image_paths(labels.tolist(), data.classes, split)
-            # Each chunk holds one class and neighbouring chunks different classes, so workers
-            # create files in different folders (file creation in one folder serialises on the
-            # folder's lock in the kernel).
-            for label in range(len(data.classes)):
-                members = np.flatnonzero(labels == label)
-                # OpenCV writes BGR: one contiguous copy per class instead of one per image.
-                bgr = np.ascontiguousarray(data.images[split][members][..., ::-1])
-                for number, chunk in enumerate(chunked(range(len(members)), workers)):
-                    chosen = members[chunk.start : chunk.stop]
-                    task = (str(root), bgr[chunk.start : chunk.stop], [paths[i] for i in chosen])
-                    tasks.append(((number, split, label), task))
-        tasks = [task for _, task in sorted(tasks, key=lambda item: item[0])]
+    final = str(output.final)
+    try:
+        root = output.begin()
+        with writing(root):
+            for split in SPLITS:
+                for name in data.classes:
+                    (root / split / name).mkdir(parents=True)
+    except OutputWriteError as error:
+        raise named_as_final(error, str(output.path), final) from None
+    tasks = []
+    for split in SPLITS:
+        labels = data.labels[split]
+        class_counts[split] = np.bincount(labels, minlength=len(data.classes)).tolist()
+        paths = image_paths(labels.tolist(), data.classes, split)
+        # Each chunk holds one class and neighbouring chunks different classes, so workers
+        # create files in different folders (file creation in one folder serialises on the
+        # folder's lock in the kernel).
+        for label in range(len(data.classes)):
+            members = np.flatnonzero(labels == label)
+            # OpenCV writes BGR: one contiguous copy per class instead of one per image.
+            bgr = np.ascontiguousarray(data.images[split][members][..., ::-1])
+            for number, chunk in enumerate(chunked(range(len(members)), workers)):
+                chosen = members[chunk.start : chunk.stop]
+                images = bgr[chunk.start : chunk.stop]
+                task = (str(root), final, images, [paths[i] for i in chosen])
+                tasks.append(((number, split, label), task))
+    tasks = [task for _, task in sorted(tasks, key=lambda item: item[0])]
 
-        def advance(count: int) -> None:
-            nonlocal done
-            done += count
-            if progress is not None:
-                progress(done, total)
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count
+        if progress is not None:
+            progress(done, total)
 
-        map_chunks(_write_pngs, tasks, workers=workers, on_result=advance)
+    map_chunks(_write_pngs, tasks, workers=workers, on_result=advance)
     return CifarReport(
         dataset=data.dataset,
         label_type=data.label_type,
-        output=str(out),
+        output=final,
         classes=list(data.classes),
         counts={split: len(data.labels[split]) for split in SPLITS},
         class_counts=class_counts,
@@ -363,19 +435,14 @@ def convert_cifar(
     workers: int | None = None,
     progress: Progress | None = None,
 ) -> CifarReport:
-    """CIFAR-10/100 python archive or folder -> `out/{train,test}/<class>/<index>.png`."""
-    from torchkit.core.files import check_output
-
+    """CIFAR-10/100 python archive or folder -> `out/{train,test}/<class>/<index>.png`. The
+    output is checked (never the source nor inside or around it; an existing one replaced only
+    with `force`, and only if torchkit wrote it) and locked before the slow read."""
     source = require_input(src, what="CIFAR source")
-    target = Path(out)
-    if target.resolve() == source.resolve() or source.resolve().is_relative_to(target.resolve()):
-        raise UsageError(
-            f"the output folder {target} holds the input {source}",
-            "choose an output folder outside the input",
-        )
-    check_output(target, force, what="output folder")  # fail before the slow read
+    output = output_folder(out, force=force, inputs=[InputPath.of(source, "CIFAR source")])
     started = time.perf_counter()
-    data = read_cifar(source, label_type=label_type)
-    report = write_cifar(data, target, force=force, workers=workers, progress=progress)
+    with output:
+        data = read_cifar(source, label_type=label_type)
+        report = write_cifar(data, output, workers=workers, progress=progress)
     report.seconds = time.perf_counter() - started
     return report

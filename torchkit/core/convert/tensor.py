@@ -11,15 +11,23 @@ import logging
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchkit.core.convert import pixels as px
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
-from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
-from torchkit.core.files import atomic_dir, atomic_path, check_output, require_input
+from torchkit.core.convert.writes import as_write_error, named_as_final, writing
+from torchkit.core.errors import (
+    InputError,
+    OutputWriteError,
+    TorchkitError,
+    UsageError,
+    first_line,
+)
+from torchkit.core.files import atomic_path, require_input
+from torchkit.core.outputs import InputPath, OutputFolder, check_output_file
 from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
@@ -334,13 +342,16 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
         )
     if image_format == "BMP" and channels == 2:
         raise InputError("BMP cannot store grayscale with alpha", "write PNG or TIFF instead")
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, writing(path):
         if array.dtype == np.uint16 and channels in (3, 4):
             import cv2
 
             bgr = array[..., [2, 1, 0, 3][:channels]]
-            if not cv2.imwrite(str(tmp), np.ascontiguousarray(bgr)):
-                raise InputError(f"cannot write 16-bit image {path}")
+            if not cv2.imwrite(str(tmp), np.ascontiguousarray(bgr)):  # says no more than that
+                raise OutputWriteError(
+                    f"cannot write {path}: OpenCV could not write the 16-bit image",
+                    "free some space, check the permissions, or choose another output",
+                )
             return
         from PIL import Image
 
@@ -352,7 +363,7 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
 def _write_npy(path: Path, array: Any) -> None:
     import numpy as np
 
-    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+    with atomic_path(path) as tmp, writing(path), open(tmp, "wb") as handle:
         np.save(handle, array, allow_pickle=False)
 
 
@@ -360,7 +371,7 @@ def _write_torch(path: Path, array: Any, name: str) -> None:
     import torch
 
     tensor = torch.from_numpy(array)
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp, writing(path):
         if path.suffix.lower() == ".safetensors":
             from safetensors.torch import save_file
 
@@ -406,10 +417,13 @@ def convert_file(
     *,
     split_batch: bool,
     force: bool = True,
+    inputs: Sequence[InputPath] | None = None,
     name: str | None = None,
 ) -> FileResult:
     """Convert one file. A batch written as images becomes `<stem>_<i><ext>` beside `target`
-    when `split_batch`, else it needs --grid. Raises TorchkitError on bad input."""
+    when `split_batch`, else it needs --grid. Raises TorchkitError on bad input. With `inputs`,
+    every file about to be written is checked first (`check_output_file`: not an input, not
+    inside an input folder, an existing one only with `force`)."""
     result = FileResult(str(source))
     target_kind = kind_of(target.suffix)
     source_kind = kind_of(source.suffix)
@@ -438,20 +452,15 @@ def convert_file(
             ]
     else:
         outputs = [(pixels, target)]
-    if not force:
+    if inputs is not None:
         for _, path in outputs:
-            check_output(path, force)
+            check_output_file(path, force, inputs)
     for image, path in outputs:
         result.written.append(write_pixels(image, path, options, result.warnings.append))
     return result
 
 
 # --- the command ------------------------------------------------------------------------------
-
-
-def _is_within(path: Path, folder: Path) -> bool:
-    path, folder = path.resolve(), folder.resolve()
-    return path == folder or path.is_relative_to(folder)
 
 
 def _target_extension(to: str | None) -> str | None:
@@ -485,23 +494,33 @@ def _scan(folder: Path) -> tuple[list[Path], list[Path]]:
     return convertible, skipped
 
 
-def _convert_chunk(task: tuple[str, str, list[Path], str, TensorOptions]) -> list[FileResult]:
-    """Worker: convert files of a folder; failures are reported, not raised."""
-    source_root, target_root, relatives, extension, options = task
+def _convert_chunk(
+    task: tuple[str, str, str, list[Path], str, TensorOptions],
+) -> list[FileResult]:
+    """Worker: convert files of a folder into `target_root` (the temporary folder that becomes
+    `final_root`). A file that cannot be read or converted is reported, not raised; a write
+    error (full disk, read-only) is raised: it is fatal, never a skipped input."""
+    source_root, target_root, final_root, relatives, extension, options = task
     results = []
     for relative in relatives:
         source = Path(source_root) / relative
         target = Path(target_root) / relative.with_suffix(extension)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            with writing(target.parent):
+                target.parent.mkdir(parents=True, exist_ok=True)
             result = convert_file(source, target, options, split_batch=True, name=str(relative))
             result.written = [
                 Written(os.path.relpath(w.path, target_root), w.shape, w.dtype)
                 for w in result.written
             ]
+        except OutputWriteError as error:
+            raise named_as_final(error, target_root, final_root) from None
         except TorchkitError as error:
             result = FileResult(str(relative), error=str(error))
         except Exception as error:  # a broken file must not stop the others
+            found = as_write_error(error, target)
+            if found is not None:
+                raise named_as_final(found, target_root, final_root) from None
             result = FileResult(str(relative), error=first_line(error, with_type=True))
         result.source = str(relative)
         results.append(result)
@@ -518,7 +537,9 @@ def convert_tensor(
     strict: bool = False,
     progress: Progress | None = None,
 ) -> TensorReport:
-    """Convert one file, or every supported file of a folder tree, by extension."""
+    """Convert one file, or every supported file of a folder tree, by extension. Every output
+    is checked before any work: never an input, never inside the input folder, an existing one
+    replaced only with `force` (a folder only if torchkit wrote it)."""
     options = options or TensorOptions()
     source = require_input(src, what="source")
     target = Path(dst)
@@ -537,11 +558,12 @@ def convert_tensor(
         kind_of(target.suffix)
         file_target, split_batch = target, False
     _validate(options, kind_of(file_target.suffix))
-    if _is_within(file_target, source):
-        raise UsageError("the destination is the source", "inputs are never overwritten")
+    inputs = [InputPath.of(source, "source")]
     if not split_batch:
-        check_output(file_target, force)
-    result = convert_file(source, file_target, options, split_batch=split_batch, force=force)
+        check_output_file(file_target, force, inputs)
+    result = convert_file(
+        source, file_target, options, split_batch=split_batch, force=force, inputs=inputs
+    )
     for message in result.warnings:
         log.warning(message)
     report = TensorReport(str(source), str(target), folder=False, converted=1)
@@ -568,22 +590,44 @@ def _convert_folder(
     _validate(options, kind_of(to))
     if target.exists() and not target.is_dir():
         raise UsageError(f"{source} is a folder but {target} is a file", "give a folder as DST")
-    if _is_within(target, source) or _is_within(source, target):
-        raise UsageError(
-            f"{source} and {target} overlap", "write the output outside the input folder"
-        )
+    # Checked and locked before the scan; filled in a hidden folder that replaces DST at the end.
+    output = OutputFolder(
+        target,
+        command="convert tensor",
+        force=force,
+        inputs=[InputPath.of(source, "source folder")],
+        what="output folder",
+        atomic=True,
+    )
+    with output:
+        report = _convert_into(output, source, target, to, options, workers, strict, progress)
+    report.failures.sort()
+    report.written.sort(key=lambda w: w.path)
+    return report
+
+
+def _convert_into(
+    output: OutputFolder,
+    source: Path,
+    target: Path,
+    to: str,
+    options: TensorOptions,
+    workers: int | None,
+    strict: bool,
+    progress: Progress | None,
+) -> TensorReport:
     files, skipped = _scan(source)
     if not files:
         raise InputError(f"no convertible files in {source}", "supported: " + " ".join(EXTENSIONS))
     seen: dict[Path, Path] = {}
     for relative in files:
-        output = relative.with_suffix(to)
-        if output in seen:
+        produced = relative.with_suffix(to)
+        if produced in seen:
             raise UsageError(
-                f"{seen[output]} and {relative} would both become {output}",
+                f"{seen[produced]} and {relative} would both become {produced}",
                 "convert them separately",
             )
-        seen[output] = relative
+        seen[produced] = relative
 
     workers = default_workers() if workers is None else workers
     if workers > 1 and (
@@ -615,18 +659,19 @@ def _convert_folder(
         if progress is not None:
             progress(done, len(files))
 
-    with atomic_dir(target, force) as root:
-        tasks = [
-            (str(source), str(root), list(chunk), to, options)
-            for chunk in chunked(files, workers, most=64)
-        ]
-        map_chunks(_convert_chunk, tasks, workers=workers, on_result=collect)
-        if report.converted == 0:
-            first_path, first_error = report.failures[0]
-            raise InputError(
-                f"none of the {len(files)} files in {source} could be converted",
-                f"first failure: {first_path}: {first_error}",
-            )
-    report.failures.sort()
-    report.written.sort(key=lambda w: w.path)
+    try:
+        root = output.begin()
+    except OutputWriteError as error:
+        raise named_as_final(error, str(output.path), str(target)) from None
+    tasks = [
+        (str(source), str(root), str(target), list(chunk), to, options)
+        for chunk in chunked(files, workers, most=64)
+    ]
+    map_chunks(_convert_chunk, tasks, workers=workers, on_result=collect)
+    if report.converted == 0:
+        first_path, first_error = report.failures[0]
+        raise InputError(
+            f"none of the {len(files)} files in {source} could be converted",
+            f"first failure: {first_path}: {first_error}",
+        )
     return report
