@@ -288,7 +288,7 @@ def test_checkpoint_is_marked_and_keeps_its_weights(runner, resnet_checkpoint, t
 
     again = runner.invoke(app, ["convert-syncbn", str(resnet_checkpoint), str(destination)])
     assert again.exit_code == 1
-    assert again.stderr.startswith("Error: output already exists") and "--force" in again.stderr
+    assert again.stderr.startswith("Error: DST already exists") and "--force" in again.stderr
 
     back = tmp_path / "back.pt"
     reverted = runner.invoke(
@@ -388,8 +388,10 @@ def test_bad_sources_are_one_line_errors(runner, tmp_path, make, code, message):
 
 def test_destination_cannot_be_the_source(runner, resnet_checkpoint):
     path = str(resnet_checkpoint)
+    before = resnet_checkpoint.read_bytes()
     result = runner.invoke(app, ["convert-syncbn", path, path, "--force"])
-    assert result.exit_code == 2 and "same file as SRC" in result.stderr
+    assert result.exit_code == 1 and "is the model file" in result.stderr
+    assert resnet_checkpoint.read_bytes() == before
 
 
 def test_unknown_model_name(runner):

@@ -80,10 +80,9 @@ def convert_syncbn(
     [bold]--revert[/] goes back to BatchNorm.
     """
     from torchkit.core import syncbn
-    from torchkit.core.files import check_output
 
-    if output is not None:
-        check_output(output, force)  # before any work, not after DST is written
+    # Every output, before any work: not SRC nor the weights, not each other, --force to replace.
+    syncbn.check_outputs(source, destination, output, weights=weights, force=force)
     if destination is None:
         if input_size is not None:
             raise typer.BadParameter("goes with SRC DST --revert", param_hint="'--input-size'")

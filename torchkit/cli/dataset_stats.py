@@ -175,17 +175,10 @@ def dataset_stats(
 
     One pass over the images in worker processes (--workers, default: all cores).
     """
-    from torchkit.core.errors import UsageError
-    from torchkit.core.files import check_output
-    from torchkit.core.stats import check_plot_output, compute_dataset_stats, plot_dataset_stats
+    from torchkit.core.stats import check_outputs, compute_dataset_stats, plot_dataset_stats
 
     # Refuse outputs that would fail before the long pass, not after it.
-    if output is not None:
-        check_output(output, force)
-    if plot is not None:
-        check_plot_output(plot, force)
-        if output is not None and plot.resolve() == output.resolve():
-            raise UsageError("--plot and --output name the same file")
+    check_outputs(root, output, plot, force=force)
     with progress_bar("Reading images") as update:
         stats = compute_dataset_stats(
             root,

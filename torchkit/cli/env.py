@@ -31,10 +31,10 @@ def env_command(
     torchvision operators that do not load) are shown as warnings on stderr.
     """
     from torchkit.core.env import collect_env, require_usable_cuda
-    from torchkit.core.files import check_output
+    from torchkit.core.outputs import check_output_file
 
-    if output is not None:
-        check_output(output, force)  # before the slow part, not after it
+    if output is not None and str(output) != "-":  # `-o -` is stdout
+        check_output_file(output, force)  # before the slow part, not after it
     report = collect_env()
     tables = [flat_table(report)] if fmt == OutputFormat.csv else report_tables(report)
     emit(tables=tables, data=report, fmt=fmt, output=output, force=force)

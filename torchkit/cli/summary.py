@@ -121,11 +121,9 @@ def summary(
     if model is None:
         raise typer.BadParameter("give a MODEL, or --list for the names", param_hint="MODEL")
 
-    from torchkit.core.files import check_output
-    from torchkit.core.summary.run import parse_input_size, summarize_model
+    from torchkit.core.summary.run import check_output, parse_input_size, summarize_model
 
-    if output is not None:
-        check_output(output, force)  # before the model is built
+    check_output(model, output, weights=weights, force=force)  # before the model is built
 
     result = summarize_model(
         model,

@@ -161,6 +161,22 @@ def check_not_protected(folder: str | os.PathLike, what: str) -> None:
         )
 
 
+def check_distinct_outputs(*outputs: tuple[str | os.PathLike | None, str]) -> None:
+    """Two outputs of one command (`-o` and `--plot`, DST and `-o`) may not be one file: one
+    would overwrite the other. Special files (/dev/null, a FIFO) may take several."""
+    seen: dict[Path, str] = {}
+    for path, what in outputs:
+        if path is None or os.fspath(path) == "-" or is_special_file(path):
+            continue
+        real = _real(path)
+        if real in seen:
+            raise OutputOverlapError(
+                f"{what} {_shown(path)} is the same file as {seen[real]}",
+                "give each output its own file",
+            )
+        seen[real] = f"{what} {_shown(path)}"
+
+
 # -- special files ----------------------------------------------------------------------------
 
 
@@ -228,7 +244,13 @@ def is_write_error(error: BaseException, target: str | os.PathLike | None = None
         if target is not None and _file_system_full_or_read_only(target):
             return True
         return isinstance(error, RuntimeError) and any(
-            sign in text for sign in ("file write failed", "unexpected pos", "iostream error")
+            sign in text
+            for sign in (
+                "file write failed",
+                "unexpected pos",
+                "inline_container",
+                "iostream error",
+            )
         )
     return False
 

@@ -25,7 +25,14 @@ from typing import Any
 
 from torchkit.core.data import Samples, scan_image_set
 from torchkit.core.errors import InputError, UsageError, first_line
-from torchkit.core.files import atomic_path, check_output
+from torchkit.core.files import atomic_write_bytes
+from torchkit.core.outputs import (
+    InputPath,
+    check_distinct_outputs,
+    check_output_file,
+    data_inputs,
+    is_special_file,
+)
 from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
@@ -333,16 +340,72 @@ def _run_chunks(tasks: list[tuple], workers: int):
         from PIL import Image
 
         Image.init()  # every format plugin
-    with context.Pool(min(workers, len(tasks)), initializer=_ignore_interrupts) as pool:
+    # A signal while the pool starts is held back until `with pool` can stop it: raised inside
+    # Pool(), it would leave the workers (and the pool's thread, which replaces any that die)
+    # running for good.
+    held = _HeldSignals()
+    with held:
+        pool = context.Pool(min(workers, len(tasks)), initializer=_init_worker)
+    with pool:  # any exception, Ctrl-C or SIGTERM in here terminates the workers
+        held.deliver()
         yield from pool.imap_unordered(_scan_task, tasks)
 
 
-def _ignore_interrupts() -> None:
-    """Ctrl-C is for the parent, which stops the pool; workers dying on it one by one would
-    print a traceback each."""
+def _init_worker() -> None:
+    """Ctrl-C is for the parent (it reaches the whole process group), which stops the pool;
+    workers dying on it one by one would print a traceback each. SIGTERM (the parent stopping
+    the pool, or sent to the group) ends a worker at once."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class _HeldSignals:
+    """Hold SIGINT and SIGTERM back in the main thread while the block runs; `deliver()` then
+    raises the first one that came, as its own handler would have. A process forked inside the
+    block (a pool worker not yet initialised) that gets one dies of it as by default."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _HeldSignals:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers belong to the main thread; nothing to hold
+        owner = os.getpid()
+
+        def hold(signum: int, frame: Any) -> None:
+            if os.getpid() != owner:  # a worker forked meanwhile
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            self.received.append(signum)
+
+        for name in self.SIGNALS:
+            number = getattr(signal, name)
+            self.previous[number] = signal.signal(number, hold)
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        import signal
+
+        for number, handler in self.previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        self.previous = {}
+        if exc_type is not None:  # the block failed: nothing to stop, the signal comes now
+            self.deliver()
+
+    def deliver(self) -> None:
+        import signal
+
+        if self.received:
+            signal.raise_signal(self.received[0])
 
 
 def warn_empty_classes(samples: Samples) -> list[str]:
@@ -504,16 +567,47 @@ def _size_range(values) -> SizeRange | None:
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
-def check_plot_output(path: str | os.PathLike, force: bool) -> Path:
-    """Refuse a plot path that exists (without `force`) or has a format we cannot write,
-    before the long pass over the images rather than after it."""
-    target = check_output(path, force, what="plot")
-    if target.suffix.lower() not in PLOT_FORMATS:
+def check_outputs(
+    source: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    plot: str | os.PathLike | None = None,
+    *,
+    force: bool = False,
+) -> None:
+    """Check the report (`-o`) and the plot before the long pass over the images, not after
+    it: neither may be the dataset's index, lie inside its folders, or be the other; an
+    existing file is replaced only with `force`."""
+    inputs = data_inputs(source)
+    if output is not None and os.fspath(output) != "-":  # `-o -` is stdout
+        check_output_file(output, force, inputs, what="output")
+    if plot is not None:
+        check_plot_output(plot, force, inputs)
+        if output is not None and os.fspath(output) != "-":
+            check_distinct_outputs((output, "output (-o)"), (plot, "plot"))
+
+
+def plot_format(path: str | os.PathLike) -> str:
+    """The image format the plot is saved in: from the name, or PNG for a special file
+    without one (`--plot /dev/stdout`, a FIFO)."""
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        if is_special_file(target):
+            return "png"
         raise UsageError(
             f"cannot tell the plot format from {target.name!r}",
             "end the name in " + ", ".join(PLOT_FORMATS),
         )
-    return target
+    return suffix.lstrip(".")
+
+
+def check_plot_output(
+    path: str | os.PathLike, force: bool, inputs: Sequence[InputPath] = ()
+) -> Path:
+    """Refuse a plot path that is an input, exists (without `force`) or has a format we cannot
+    write, before the long pass over the images rather than after it."""
+    plot_format(path)
+    return check_output_file(path, force, inputs, what="plot")
 
 
 def plot_dataset_stats(stats: DatasetStats, path: str | os.PathLike, *, force: bool) -> Path:
@@ -522,7 +616,7 @@ def plot_dataset_stats(stats: DatasetStats, path: str | os.PathLike, *, force: b
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    target = check_plot_output(path, force)
+    target = check_plot_output(path, force, data_inputs(stats.source))
     figure = Figure(figsize=(12, 5), layout="constrained")
     FigureCanvasAgg(figure)
     bars, scatter = figure.subplots(1, 2, width_ratios=(3, 2))
@@ -542,6 +636,9 @@ def plot_dataset_stats(stats: DatasetStats, path: str | os.PathLike, *, force: b
     scatter.set_xlabel("width (px)")
     scatter.set_ylabel("height (px)")
     scatter.set_title("Image sizes")
-    with atomic_path(target) as temporary:
-        figure.savefig(temporary, format=target.suffix.lstrip(".").lower(), dpi=100)
+    # Drawn in memory, then written in one go: savefig seeks, which a FIFO or /dev/stdout
+    # cannot, and the file (or the special file) gets the whole image or nothing.
+    image = io.BytesIO()
+    figure.savefig(image, format=plot_format(target), dpi=100)
+    atomic_write_bytes(target, image.getvalue())
     return target

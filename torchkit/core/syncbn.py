@@ -18,8 +18,8 @@ one is given, else from the nearest convolution / linear / pooling layer registe
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import CheckpointError, InputError, UsageError
@@ -344,6 +344,28 @@ def mark_checkpoint(checkpoint: Mapping[str, Any], *, sync: bool) -> dict:
 # --- the convert-syncbn command --------------------------------------------------------------
 
 
+def check_outputs(
+    source: str | os.PathLike,
+    destination: str | os.PathLike | None = None,
+    output: str | os.PathLike | None = None,
+    *,
+    weights: str | None = None,
+    force: bool = False,
+) -> None:
+    """Check every output of `convert-syncbn` before any work: DST and the report (`-o`) may
+    not be SRC, the weights, nor each other, and replace an existing file only with `force`."""
+    from torchkit.core.outputs import check_distinct_outputs, check_output_file
+    from torchkit.core.summary.loading import model_inputs
+
+    inputs = model_inputs(os.fspath(source), weights)
+    if destination is not None:
+        check_output_file(destination, force, inputs, what="DST")
+    if output is not None and os.fspath(output) != "-":  # `-o -` is stdout
+        check_output_file(output, force, inputs, what="output")
+        if destination is not None:
+            check_distinct_outputs((destination, "DST"), (output, "output (-o)"))
+
+
 def batchnorm_report(
     spec: str,
     *,
@@ -394,17 +416,13 @@ def convert_saved_model(
     import torch
 
     from torchkit.core.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
-    from torchkit.core.files import atomic_path, check_output, require_input
+    from torchkit.core.files import atomic_path, require_input
     from torchkit.core.models import model_from_checkpoint
+    from torchkit.core.outputs import reporting_write_errors
     from torchkit.core.summary.loading import pickled_module
 
     src = require_input(source, what="model file", kind="file")
-    if Path(destination).resolve() == src.resolve():
-        raise UsageError(
-            "DST is the same file as SRC",
-            "write the converted model to a new file; inputs are never modified",
-        )
-    check_output(destination, force)
+    check_outputs(src, destination, force=force)
     loaded = load_checkpoint(src, trust=trust)
     to = "bn" if revert else "sync"
     if is_torchkit_checkpoint(loaded):
@@ -412,7 +430,8 @@ def convert_saved_model(
         model, rows = convert_batchnorm(model, to="sync")
         if revert:
             model, rows = convert_batchnorm(model, to="bn")
-        save_checkpoint(mark_checkpoint(loaded, sync=not revert), destination)
+        with reporting_write_errors(destination):
+            save_checkpoint(mark_checkpoint(loaded, sync=not revert), destination)
         kind = "torchkit checkpoint"
     else:
         module = pickled_module(loaded)
@@ -439,7 +458,7 @@ def convert_saved_model(
             loaded = {k: (converted if v is module else v) for k, v in loaded.items()}
         else:
             loaded = converted
-        with atomic_path(destination) as tmp:
+        with reporting_write_errors(destination), atomic_path(destination) as tmp:
             torch.save(loaded, tmp)
         kind = "pickled model"
     if not rows:

@@ -16,6 +16,7 @@ from torchkit.core.models import (
     call_model_factory,
     is_checkpoint_path,
 )
+from torchkit.core.outputs import InputPath
 
 DEFAULT_IMAGE_SHAPE = (3, 224, 224)
 CONVNET_IMAGE_SHAPE = (3, 28, 28)
@@ -36,6 +37,24 @@ class LoadedModel:
 def is_model_file(spec: str) -> bool:
     """A path to a checkpoint or pickled model (as opposed to a model name)."""
     return os.path.isfile(spec) or (":" not in spec and is_checkpoint_path(spec))
+
+
+def model_inputs(spec: str | None, weights: str | None = None) -> list[InputPath]:
+    """The files a model spec reads, which no output of the command may replace: a checkpoint
+    or pickled model, the source of a `package.module:Callable` found under the working
+    directory, and a `--weights` file. Nothing is imported or loaded."""
+    inputs: list[InputPath] = []
+    if spec and is_model_file(spec):
+        inputs.append(InputPath.of(spec, "model file"))
+    elif spec and ":" in spec and spec.split(":", 1)[0] not in BUILTIN_MODELS:
+        parts = spec.split(":", 1)[0].split(".")
+        for candidate in (os.path.join(*parts) + ".py", os.path.join(*parts, "__init__.py")):
+            if os.path.isfile(candidate):
+                inputs.append(InputPath.of(candidate, "model source"))
+                break
+    if weights and weights != "DEFAULT" and os.path.exists(weights):
+        inputs.append(InputPath.of(weights, "weights file"))
+    return inputs
 
 
 def load_model(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchkit.core.errors import UsageError
 from torchkit.core.summary.counting import ModelSummary, summarize
-from torchkit.core.summary.loading import load_model
+from torchkit.core.summary.loading import load_model, model_inputs
 
 DTYPES = {
     "float32": "float32",
@@ -28,6 +29,17 @@ DTYPES = {
     "uint8": "uint8",
 }
 _SIZE_SEPARATOR = re.compile(r"\s*[,x×]\s*|\s+")
+
+
+def check_output(
+    spec: str | None, output: str | os.PathLike | None, *, weights: str | None, force: bool
+) -> None:
+    """Check `-o` before the model is built: not the checkpoint, weights or model source it
+    reads, and an existing file replaced only with `force` (`-o -` is stdout)."""
+    from torchkit.core.outputs import check_output_file
+
+    if output is not None and os.fspath(output) != "-":
+        check_output_file(output, force, model_inputs(spec, weights), what="output")
 
 
 def parse_input_size(text: str) -> tuple[int, ...]:

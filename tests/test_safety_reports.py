@@ -1,0 +1,377 @@
+"""Issue #13 for the report commands (`summary`, `dataset-stats`, `convert-syncbn`, `env`): no
+output (-o, --plot, DST) may replace an input or land inside a data folder, special files are
+written into and never replaced, a full or read-only disk is one `Error: cannot write` line, and
+SIGTERM stops dataset-stats' workers and writes nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    processes_in_group,
+    run_torchkit_process,
+    signal_and_wait,
+    start_torchkit_process,
+    wait_until,
+    write_image_folder,
+)
+from torch import nn
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+
+pytestmark = pytest.mark.usefixtures("cli_built_once")
+
+NETDEF = """from torch import nn
+
+
+def make():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten())
+"""
+
+
+@pytest.fixture(scope="module")
+def _template(tmp_path_factory) -> Path:
+    """Every kind of input these commands read, made once: an image folder `ds`, a CSV index
+    naming some of its images, a torchkit checkpoint `ck.pt` (and a symlink to it), the same
+    weights as a state dict, a pickled model and a `module:callable` source."""
+    from torchkit.core.summary.loading import load_model
+
+    root = tmp_path_factory.mktemp("template")
+    write_image_folder(root / "ds", {"a": 3, "b": 2})
+    (root / "index.csv").write_text("path,label\nds/a/a_0.png,a\nds/b/b_0.png,b\n")
+    torch.manual_seed(0)
+    model = load_model("convnet", sample_shape=(3, 8, 8), num_classes=2).model
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 2,
+            "classes": ["a", "b"],
+            "model": model.state_dict(),
+            "config": {},
+            "preprocess": {"image_size": 8, "in_channels": 3},
+        },
+        root / "ck.pt",
+    )
+    (root / "ck-link.pt").symlink_to("ck.pt")
+    torch.save(model.state_dict(), root / "weights.pt")
+    torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten()), root / "net.pt")
+    (root / "netdef.py").write_text(NETDEF)
+    return root
+
+
+@pytest.fixture
+def work(_template, tmp_path) -> Path:
+    """A fresh copy of the inputs, the working directory of the command."""
+    target = tmp_path / "work"
+    shutil.copytree(_template, target, symlinks=True)
+    return target
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under `root` (hidden ones too): the bytes' hash of a regular file, the
+    target of a symlink, the kind of anything else (a FIFO is not opened)."""
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder, name)
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                found[str(path.relative_to(root))] = "-> " + os.readlink(path)
+            elif stat.S_ISREG(mode):
+                found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                found[str(path.relative_to(root))] = stat.S_IFMT(mode)
+    return found
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if not line.startswith("Warning:")]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# -- outputs that are, or lie inside, an input: refused before any work, nothing touched ------
+
+
+REFUSED = {
+    "summary -o CHECKPOINT": (["summary", "ck.pt", "-o", "ck.pt", "--force"], "is the model file"),
+    "summary -o LINK-TARGET": (
+        ["summary", "ck-link.pt", "-o", "ck.pt", "--force"],
+        "is the model file",
+    ),
+    "summary -o WEIGHTS": (
+        ["summary", "convnet", "--num-classes", "2", "-i", "3,8,8", "--weights", "weights.pt"]
+        + ["-o", "weights.pt", "--force"],
+        "is the weights file",
+    ),
+    "summary -o MODEL-SOURCE": (
+        ["summary", "netdef:make", "-i", "3,8,8", "-o", "netdef.py", "--force"],
+        "is the model source",
+    ),
+    "dataset-stats -o INDEX": (
+        ["dataset-stats", "index.csv", "-j", "0", "-o", "index.csv", "--force"],
+        "is the data file",
+    ),
+    "dataset-stats -o inside ROOT": (
+        ["dataset-stats", "ds", "-j", "0", "-o", "ds/a/stats.json", "--force"],
+        "lies inside the data folder",
+    ),
+    "dataset-stats -o beside indexed images": (
+        ["dataset-stats", "index.csv", "-j", "0", "-o", "ds/b/stats.json", "--force"],
+        "lies inside the images of index.csv",
+    ),
+    "dataset-stats --plot inside ROOT": (
+        ["dataset-stats", "ds", "-j", "0", "--plot", "ds/plot.png", "--force"],
+        "lies inside the data folder",
+    ),
+    "dataset-stats -o and --plot one file": (
+        ["dataset-stats", "ds", "-j", "0", "-o", "out.png", "--plot", "out.png", "--force"],
+        "is the same file as output",
+    ),
+    "convert-syncbn DST=SRC": (
+        ["convert-syncbn", "ck.pt", "ck.pt", "--force"],
+        "DST ck.pt is the model file",
+    ),
+    "convert-syncbn DST=SRC through a link": (
+        ["convert-syncbn", "ck-link.pt", "ck.pt", "--force"],
+        "DST ck.pt is the model file",
+    ),
+    "convert-syncbn -o SRC": (
+        ["convert-syncbn", "net.pt", "out.pt", "--trust-checkpoint", "-o", "net.pt", "--force"],
+        "output net.pt is the model file",
+    ),
+    "convert-syncbn -o DST": (
+        ["convert-syncbn", "ck.pt", "out.pt", "-o", "out.pt", "--force"],
+        "is the same file as DST",
+    ),
+    "convert-syncbn -o WEIGHTS": (
+        ["convert-syncbn", "convnet", "--num-classes", "2", "--weights", "weights.pt"]
+        + ["-o", "weights.pt", "--force"],
+        "is the weights file",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_output_over_an_input_is_refused_and_nothing_changes(work, case):
+    args, message = REFUSED[case]
+    before = snapshot(work)
+    done = run_torchkit_process(*args, cwd=work)
+    assert done.returncode == 1, done.stderr
+    assert message in one_error_line(done.stderr)
+    assert done.stdout == ""
+    assert snapshot(work) == before  # no byte changed, nothing written, no temporary left
+
+
+def test_model_inputs_name_what_a_spec_reads(work, monkeypatch):
+    from torchkit.core.summary.loading import model_inputs
+
+    monkeypatch.chdir(work)
+    assert [(str(i.path), i.what) for i in model_inputs("ck.pt")] == [("ck.pt", "model file")]
+    assert [str(i.path) for i in model_inputs("netdef:make", "weights.pt")] == [
+        "netdef.py",
+        "weights.pt",
+    ]
+    assert model_inputs("resnet18", "DEFAULT") == [] and model_inputs("convnet") == []
+
+
+# -- special files: written into, never replaced ----------------------------------------------
+
+
+class FifoReader:
+    """A FIFO at `path` read to the end by a thread, as `cat FIFO` would."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        self.path = path
+        self.data: bytes | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with open(self.path, "rb") as handle:
+            self.data = handle.read()
+
+    def result(self) -> bytes:
+        # A command that never opened the FIFO leaves the reader waiting: let it go.
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
+        return self.data or b""
+
+
+def _json(data: bytes) -> dict:
+    return json.loads(data.decode())
+
+
+SPECIAL = {
+    "env": (["env", "--format", "json", "-o", "{0}"], ["{0}"]),
+    "summary": (["summary", "ck.pt", "--format", "json", "-o", "{0}"], ["{0}"]),
+    "dataset-stats": (
+        ["dataset-stats", "index.csv", "-j", "0", "--format", "json", "-o", "{0}"]
+        + ["--plot", "{1}"],
+        ["{0}", "{1}"],
+    ),
+    "convert-syncbn": (
+        ["convert-syncbn", "ck.pt", "{1}", "--format", "json", "-o", "{0}"],
+        ["{0}", "{1}"],
+    ),
+}
+
+
+def _check_special_outputs(command: str, outputs: list[bytes]) -> None:
+    if command == "env":
+        assert "torchkit_version" in _json(outputs[0])
+    elif command == "summary":
+        assert _json(outputs[0])["input_shapes"] == [[1, 3, 8, 8]]
+    elif command == "dataset-stats":
+        assert _json(outputs[0])["images"] == 2
+        assert outputs[1].startswith(b"\x89PNG\r\n\x1a\n")
+    else:
+        assert _json(outputs[0])["kind"] == "torchkit checkpoint"
+        converted = torch.load(io.BytesIO(outputs[1]), weights_only=True)
+        assert converted["config"]["sync_bn"] is True
+
+
+@pytest.mark.parametrize("command", list(SPECIAL))
+def test_outputs_to_fifos_are_written_into(runner, work, monkeypatch, command):
+    monkeypatch.chdir(work)
+    template, _ = SPECIAL[command]
+    readers = [FifoReader(work / "out0.fifo"), FifoReader(work / "out1.fifo")]
+    args = [a.format("out0.fifo", "out1.fifo") for a in template]
+    result = runner.invoke(app, [*args, "--force"])  # --force must not replace them either
+    outputs = [reader.result() for reader in readers]
+    assert result.exit_code == 0, result.stderr
+    _check_special_outputs(command, outputs)
+
+
+@pytest.mark.parametrize("command", list(SPECIAL))
+def test_outputs_to_dev_null_work(runner, work, monkeypatch, command):
+    monkeypatch.chdir(work)
+    template, _ = SPECIAL[command]
+    before = snapshot(work)
+    result = runner.invoke(
+        app, [*(a.format("/dev/null", "/dev/null") for a in template), "--force"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    assert snapshot(work) == before
+
+
+# -- a full or read-only disk: one error line, exit 1, nothing half-written ---------------------
+
+
+def fill(mount: Path) -> Path:
+    """Use up every byte of the file system at `mount`."""
+    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return mount
+
+
+@pytest.fixture
+def full_disk(small_tmpfs) -> Path:
+    return fill(small_tmpfs(64))
+
+
+def test_env_on_a_full_disk_is_an_error(full_disk):
+    target = full_disk / "env.json"
+    done = run_torchkit_process("env", "--format", "json", "-o", str(target))
+    assert done.returncode == 1
+    assert f"Error: cannot write {target}: No space left" in one_error_line(done.stderr)
+    assert os.listdir(full_disk) == ["filler"]  # no half-written file, no temporary
+
+
+def test_env_on_a_read_only_disk_is_an_error(small_tmpfs):
+    mount = small_tmpfs(64)
+    remounted = subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True)
+    if remounted.returncode != 0:
+        pytest.skip("cannot remount the tmpfs read-only")
+    done = run_torchkit_process("env", "-o", str(mount / "env.txt"))
+    assert done.returncode == 1
+    assert "Error: cannot write" in one_error_line(done.stderr)
+    assert "Read-only file system" in done.stderr
+    assert os.listdir(mount) == []
+
+
+FULL_DISK = {
+    "summary -o": ["summary", "ck.pt", "--format", "json", "-o", "{disk}/summary.json"],
+    "dataset-stats -o": ["dataset-stats", "ds", "-j", "0", "--format", "json", "-o", "{disk}/s"],
+    "dataset-stats --plot": ["dataset-stats", "ds", "-j", "0", "--plot", "{disk}/plot.png"],
+    "convert-syncbn DST checkpoint": ["convert-syncbn", "ck.pt", "{disk}/sync.pt"],
+    "convert-syncbn DST pickled": [
+        "convert-syncbn",
+        "net.pt",
+        "{disk}/sync.pt",
+        "--trust-checkpoint",
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(FULL_DISK))
+def test_full_disk_is_one_error_and_leaves_nothing(runner, work, monkeypatch, full_disk, case):
+    monkeypatch.chdir(work)
+    before = snapshot(work)
+    args = [a.format(disk=full_disk) for a in FULL_DISK[case]]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.stderr
+    assert f"Error: cannot write {full_disk}/" in one_error_line(result.stderr)
+    assert os.listdir(full_disk) == ["filler"]
+    assert snapshot(work) == before
+
+
+# -- SIGTERM during dataset-stats' pass ---------------------------------------------------------
+
+
+def _waits_on_a_fifo(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/wchan") as handle:
+            return handle.read() == "wait_for_partner"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("when", ["pool starting", "pool busy"])
+def test_sigterm_stops_dataset_stats_workers_and_writes_nothing(work, when):
+    # An image that is a FIFO nobody writes: the worker reading it waits for good, so the
+    # signal surely arrives while the pool is busy.
+    os.mkfifo(work / "ds" / "a" / "stuck.png")
+    (work / "slow.csv").write_text(
+        "path,label\nds/a/a_0.png,a\nds/a/stuck.png,a\nds/a/a_1.png,a\nds/b/b_0.png,b\n"
+    )
+    before = snapshot(work)
+    process = start_torchkit_process(
+        "dataset-stats", "slow.csv", "-j", "2", "-o", "out.json", "--plot", "out.png", cwd=work
+    )
+    if when == "pool starting":  # the first worker forked: the pool is still being made
+        ready = lambda: len(processes_in_group(process.pid)) >= 2  # noqa: E731
+    else:
+        ready = lambda: any(map(_waits_on_a_fifo, processes_in_group(process.pid)))  # noqa: E731
+    wait_until(ready, process=process, what=when)
+    code, out, err = signal_and_wait(process, signal.SIGTERM, timeout=60)
+    assert code == 143 and "Terminated." in err and "Traceback" not in err
+    wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="no process left")
+    assert snapshot(work) == before
