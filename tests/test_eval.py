@@ -162,6 +162,7 @@ def test_reports_agree_with_sklearn_from_predictions_csv(setup, report):
     out, shown = report["out"], report["json"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [
+            ".torchkit",  # the marker: --force may replace this folder
             "metrics.json",
             "per_class.csv",
             "confusion_matrix.csv",
@@ -316,18 +317,26 @@ def test_output_file_and_out_dir_need_force(setup, report, tmp_path):
     target = tmp_path / "metrics.json"
     args = [setup["ckpt"], "--data", setup["data"], "--format", "json", "--workers", "0"]
     assert invoke(*args, "-o", target).exit_code == 0
-    assert json.loads(target.read_text())["accuracy"] == report["json"]["accuracy"]
+    accuracy = report["json"]["accuracy"]
+    assert json.loads(target.read_text())["accuracy"] == accuracy
     again = invoke(*args, "-o", target)
     assert again.exit_code == 1 and "Error: output already exists" in again.stderr
 
     refused = invoke(*args, "--out", report["out"])
     assert refused.exit_code == 1
     assert "already exists" in refused.stderr and "--force" in refused.stderr
+    # --force replaces an earlier eval's folder, never one with other files in it.
+    earlier = tmp_path / "earlier"
+    assert invoke(*args, "--out", earlier).exit_code == 0
+    (earlier / "metrics.json").write_text("old")
+    assert invoke(*args, "--out", earlier, "--force").exit_code == 0
+    assert json.loads((earlier / "metrics.json").read_text())["accuracy"] == accuracy
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("x")
-    assert invoke(*args, "--out", out, "--force").exit_code == 0
-    assert not (out / "old.txt").exists() and (out / "metrics.json").is_file()
+    refused = invoke(*args, "--out", out, "--force")
+    assert refused.exit_code == 1 and "was not written by torchkit" in refused.stderr
+    assert [p.name for p in out.iterdir()] == ["old.txt"]
 
 
 def test_channels_last_workers_and_amp(setup, report):

@@ -382,10 +382,19 @@ def test_existing_out_needs_force_or_resume(runner, images, tmp_path):
     assert both.exit_code == 2
     assert "--resume and --force contradict each other" in both.stderr
 
-    forced = run(runner, *args, "--force")
-    assert forced.exit_code == 0, forced.stderr
-    assert not (out / "notes.txt").exists()
+    # --force replaces only what torchkit wrote: the user's folder stays as it is.
+    refused = run(runner, *args, "--force")
+    assert refused.exit_code == 1
+    assert "was not written by torchkit" in refused.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "keep me"
+
+    (out / "notes.txt").unlink()  # an empty folder is fine
+    first = run(runner, *args)
+    assert first.exit_code == 0, first.stderr
     assert (out / "penultimate.npy").is_file()  # the default layer
+    forced = run(runner, *args, "--force")  # over its own OUT
+    assert forced.exit_code == 0, forced.stderr
 
     again = run(runner, *args, "--resume")
     assert again.exit_code == 0
@@ -471,7 +480,8 @@ def test_pt_and_safetensors_float16_l2(runner, images, tmp_path):
     from_pt = torch.load(pt / "features.pt", weights_only=True)
     assert from_pt.dtype == torch.float16 and from_pt.shape == (6, 64)
     np.testing.assert_allclose(from_pt.float().numpy(), expected, atol=1e-3)
-    assert {p.name for p in pt.iterdir()} == {"features.pt", "logits.pt", "index.csv", "meta.json"}
+    names = {p.name for p in pt.iterdir()}
+    assert names == {"features.pt", "logits.pt", "index.csv", "meta.json", ".torchkit"}
 
     maps = load_file(str(st / "features.safetensors"))["features"]
     assert maps.dtype == np.float32 and maps.shape == (6, 64, 6, 6)

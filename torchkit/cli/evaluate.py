@@ -26,7 +26,6 @@ from torchkit.cli.options import (
     WorkersOption,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
-from torchkit.core.files import check_output
 
 # With more classes than this, the terminal's per-class table leaves out the classes that have
 # no images and were never predicted (per_class.csv and JSON always list every class).
@@ -170,10 +169,9 @@ def eval_command(
       torchrun --nproc_per_node=2 -m torchkit eval best.pt --data dataset/
     """
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
+    from torchkit.core.evaluate.runner import check_report_file
     from torchkit.core.preprocessing import mean_std_options
 
-    if output is not None:
-        check_output(output, force)
     mean_values, std_values = mean_std_options(mean, std, stats)
     spec = ModelSpec(
         checkpoint=checkpoint,
@@ -203,7 +201,11 @@ def eval_command(
         normalize=normalize,
         force=force,
         max_errors_shown=show_errors,
+        stats_file=None if stats is None else str(stats),
+        classes_file=classes if classes and os.path.isfile(classes) else None,
     )
+    if output is not None and str(output) != "-":  # `-o -` is stdout
+        check_report_file(output, spec, options)  # before any work, not after it
     with _ProgressBar() as advance:
         result = evaluate(spec, options, progress=advance)
     if result is None:  # a torchrun rank other than 0: rank 0 reports

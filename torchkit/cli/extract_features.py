@@ -218,6 +218,7 @@ def extract_features_command(
         force=force,
         trust_checkpoint=trust_checkpoint,
         seed=seed,
+        stats_file=None if stats is None else str(stats),
     )
     try:
         with _progress_bar() as update:

@@ -229,11 +229,11 @@ def is_write_error(error: BaseException, target: str | os.PathLike | None = None
             return True
         named = os.path.abspath(os.fspath(error.filename))
         out = os.path.abspath(os.fspath(target))
-        return (
-            named == out
-            or os.path.dirname(named) == os.path.dirname(out)
-            or _is_within(Path(named), Path(out))
-        )
+        # the output, something inside it, or its temporary sibling (`.NAME.<hex>.tmp`)
+        temporary = os.path.dirname(named) == os.path.dirname(out) and os.path.basename(
+            named
+        ).startswith(f".{Path(out).stem}.")
+        return named == out or temporary or _is_within(Path(named), Path(out))
     text = str(error).lower()
     if "(os error 28)" in text or "no space left" in text:  # safetensors' SafetensorError
         return True

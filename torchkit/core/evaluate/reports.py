@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torchkit.core.evaluate.metrics import CONFUSED_SHOWN
-from torchkit.core.files import atomic_path, atomic_write_text, prepare_output_dir
+from torchkit.core.files import atomic_path, atomic_write_text
+from torchkit.core.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
     from torchkit.core.evaluate.runner import EvalResult
@@ -42,12 +43,14 @@ def write_reports(
     result: EvalResult,
     out_dir: str | os.PathLike,
     *,
-    force: bool = False,
     normalize: bool = False,
     max_errors_shown: int = 25,
 ) -> list[Path]:
-    """Write every report into `out_dir` (an existing non-empty folder needs `force`)."""
-    folder = prepare_output_dir(out_dir, force)
+    """Write every report into `out_dir`, each file atomically. The checks (--force, inputs)
+    are the caller's: `evaluate` hands over the folder of a `core.outputs.OutputFolder`."""
+    folder = Path(out_dir)
+    with reporting_write_errors(folder):
+        folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / name for name in REPORT_FILES]
     atomic_write_text(paths[0], json.dumps(json_safe(result.to_dict()), indent=2) + "\n")
     atomic_write_text(paths[1], _csv_text(PER_CLASS_COLUMNS, per_class_rows(result)))

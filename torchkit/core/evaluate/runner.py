@@ -9,31 +9,51 @@ result and writes the reports.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from torchkit.core.data import Samples
-from torchkit.core.errors import InputError, OutputExistsError, UsageError, first_line
+from torchkit.core.errors import InputError, OutputWriteError, UsageError, first_line
 from torchkit.core.evaluate.metrics import ClassificationMetrics, compute_metrics, most_confused
+from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.source import (
     IMAGE_MODES,
     ModelSpec,
     load_eval_samples,
     open_model_source,
 )
-from torchkit.core.files import check_output
+from torchkit.core.outputs import (
+    InputPath,
+    OutputFolder,
+    OutputOverlapError,
+    check_not_protected,
+    check_output_file,
+    check_overlap,
+    data_inputs,
+    is_special_file,
+)
 from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
 
 TTA_MODES = ("none", "flip")
 DEFAULT_TOPK = 5
+# What an eval --out folder may hold for --force to replace it when it has no `.torchkit`
+# marker (written before the marker existed): the reports, and the temporary files of a
+# report whose writing was killed.
+KNOWN_FILES = (
+    *REPORT_FILES,
+    *(f".{name}.*.tmp" for name in REPORT_FILES),
+    *(f".{Path(name).stem}.*.tmp{Path(name).suffix}" for name in REPORT_FILES),
+)
 
 
 @dataclass
@@ -54,6 +74,10 @@ class EvalOptions:
     normalize: bool = False
     force: bool = False
     max_errors_shown: int = 25
+    # Files read by the caller that no output may replace: --stats (its mean and std come in
+    # through ModelSpec) and a --classes file.
+    stats_file: str | None = None
+    classes_file: str | None = None
 
 
 @dataclass
@@ -351,22 +375,82 @@ def _gather(
     return merged, all_errors, max(part[2] for part in gathered)
 
 
+def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
+    """Everything eval reads, which no output may be, contain or lie inside: the checkpoint or
+    weights file, the data (folder, or CSV index and the folders of its images), --stats and a
+    --classes file."""
+    inputs = [
+        InputPath.of(path, what)
+        for path, what in (
+            (spec.checkpoint, "checkpoint"),
+            (spec.weights, "weights file"),
+            (options.stats_file, "stats file"),
+            (options.classes_file, "classes file"),
+        )
+        if path and os.path.exists(path)
+    ]
+    return inputs + data_inputs(options.data)
+
+
+def check_report_file(output: str | os.PathLike, spec: ModelSpec, options: EvalOptions) -> None:
+    """`-o FILE`, before any work: not an input nor inside an input folder, not an existing
+    file without --force, and not inside --out (which is replaced as a whole)."""
+    target = check_output_file(output, options.force, eval_inputs(spec, options))
+    if options.out_dir is None or is_special_file(target):
+        return
+    real_target = Path(os.path.realpath(target))
+    real_out = Path(os.path.realpath(options.out_dir))
+    if real_target == real_out or real_out in real_target.parents:
+        raise OutputOverlapError(
+            f"output {output} lies inside the --out folder {options.out_dir}",
+            "write it elsewhere: --out already holds metrics.json",
+        )
+
+
+def open_report_folder(spec: ModelSpec, options: EvalOptions) -> OutputFolder | None:
+    """--out, checked and locked before the model and the data are read (None on torchrun
+    ranks other than 0, which only check: rank 0 writes the reports)."""
+    inputs = eval_inputs(spec, options)
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        check_not_protected(options.out_dir, "output folder")
+        check_overlap(options.out_dir, "output folder", inputs)
+        return None
+    return OutputFolder(
+        options.out_dir,
+        command="eval",
+        force=options.force,
+        inputs=inputs,
+        known_files=KNOWN_FILES,
+        # The reports are written into a hidden folder that replaces --out at the end: an old
+        # report stays whole until the new one is complete, and a failed run leaves no trace.
+        atomic=True,
+    )
+
+
 def evaluate(
     spec: ModelSpec, options: EvalOptions, progress: Progress | None = None
 ) -> EvalResult | None:
     """Evaluate a classifier on a labelled image set; write the reports when `out_dir` is set.
 
-    Returns the result on rank 0 (or in a single process) and None on the other ranks.
+    Returns the result on rank 0 (or in a single process) and None on the other ranks. The
+    output folder is checked (and locked) before any work; an old one is replaced only once
+    the new reports are all written.
     """
     if options.tta not in TTA_MODES:
         raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
     if options.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {options.batch_size}")
-    if options.out_dir is not None:
-        folder = check_output(options.out_dir, options.force, what="output folder")
-        if folder.exists() and not folder.is_dir():
-            raise OutputExistsError(f"--out {folder} is a file, not a folder")
+    folder = open_report_folder(spec, options) if options.out_dir is not None else None
+    with folder if folder is not None else contextlib.nullcontext():
+        return _evaluate(spec, options, progress, folder)
 
+
+def _evaluate(
+    spec: ModelSpec,
+    options: EvalOptions,
+    progress: Progress | None,
+    folder: OutputFolder | None,
+) -> EvalResult | None:
     ctx, device = setup_distributed(options.device)
     previous_level = log.level
     if not ctx.is_main:
@@ -388,18 +472,23 @@ def evaluate(
             len(errors),
             errors[0],
         )
-    if options.out_dir is not None:
+    if folder is not None:
         from torchkit.core.evaluate.reports import write_reports
 
         start = time.perf_counter()
-        written = write_reports(
-            result,
-            options.out_dir,
-            force=options.force,
-            normalize=options.normalize,
-            max_errors_shown=options.max_errors_shown,
-        )
-        result.written = [str(path) for path in written]
+        try:
+            written = write_reports(
+                result,
+                folder.begin(),
+                normalize=options.normalize,
+                max_errors_shown=options.max_errors_shown,
+            )
+        except OutputWriteError as error:  # name --out, not the hidden folder it fills
+            raise OutputWriteError(
+                error.message.replace(str(folder.path), str(folder.final)), error.hint
+            ) from error
+        folder.keep()  # the new reports replace the old folder
+        result.written = [str(folder.final / path.name) for path in written]
         result.report_seconds = time.perf_counter() - start
     return result
 

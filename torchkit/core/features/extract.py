@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +23,15 @@ from torchkit.core.features.layers import (
     reduce_feature,
 )
 from torchkit.core.features.source import load_model_source
-from torchkit.core.features.store import DTYPES, FILE_FORMATS, FeatureStore
+from torchkit.core.features.store import (
+    DTYPES,
+    FILE_FORMATS,
+    PARTIAL_DIR,
+    FeatureStore,
+    known_files,
+)
 from torchkit.core.files import require_input
+from torchkit.core.outputs import InputPath, OutputFolder, data_inputs
 from torchkit.core.preprocessing import apply_overrides
 from torchkit.core.progress import Progress
 
@@ -63,6 +72,7 @@ class FeatureRequest:
     force: bool = False
     trust_checkpoint: bool = False
     seed: int = 0  # makes a randomly initialised model (no --weights) the same in every run
+    stats_file: str | None = None  # --stats, read by the caller: only OUT's checks need it
 
 
 @dataclass
@@ -116,20 +126,72 @@ def list_layers(
     return LayerListing(source.arch, preprocess.image_size, graph.traced, rows)
 
 
+def feature_inputs(request: FeatureRequest) -> list[InputPath]:
+    """Everything the run reads, which OUT may not be, contain or lie inside: the model or
+    weights file, IMAGES (folder, or CSV index and the folders of its images), --stats."""
+    inputs = [
+        InputPath.of(path, what)
+        for path, what in (
+            (request.model, "model file"),
+            (request.weights, "weights file"),
+            (request.stats_file, "stats file"),
+        )
+        if path and os.path.isfile(path)  # MODEL may also be a name: `convnet`, `resnet18`
+    ]
+    return inputs + data_inputs(request.images, "IMAGES")
+
+
+def open_output(request: FeatureRequest) -> OutputFolder:
+    """OUT, checked and locked before any work: --resume continues it in place (when it holds
+    something), --force replaces only an earlier extract-features OUT, anything else needs a
+    new or empty folder."""
+    if request.resume and request.force:
+        raise UsageError(
+            "--resume and --force contradict each other",
+            "--resume continues OUT, --force starts it over",
+        )
+    out = Path(request.out)
+    has_content = out.is_dir() and not out.is_symlink() and any(out.iterdir())
+    interrupted = (out / PARTIAL_DIR).is_dir()
+    return OutputFolder(
+        out,
+        command="extract-features",
+        force=request.force,
+        inputs=feature_inputs(request),
+        known_files=known_files(out) if out.is_dir() else (),
+        resume=request.resume and has_content,
+        exists_hint=(
+            "it holds an interrupted extraction: pass --resume to continue it, or --force "
+            "to start over"
+            if interrupted
+            else ""
+        ),
+    )
+
+
 def extract_features(
     request: FeatureRequest, *, progress: Progress | None = None
 ) -> ExtractionResult:
     """Run the model over every image once, keeping the requested layers; write OUT.
 
     `progress(done, total)` is called as images are processed (first with the images a resumed
-    run had already done).
+    run had already done). OUT is checked and locked before the model or the images are read;
+    a run that stops before its first rows are written leaves an old OUT as it was.
     """
+    _validate(request)
+    require_input(request.images, what="IMAGES")
+    with open_output(request) as output:
+        return _extract(request, output, progress)
+
+
+def _extract(
+    request: FeatureRequest, output: OutputFolder, progress: Progress | None
+) -> ExtractionResult:
     import torch
 
     from torchkit.core.data import eval_transform, load_image_set
     from torchkit.core.device import resolve_device
 
-    _validate(request)
     samples = load_image_set(require_input(request.images, what="IMAGES"))
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
     # the caller's RNG state is left as it was.
@@ -167,11 +229,8 @@ def extract_features(
     fingerprint = _fingerprint(settings, samples)
     device = resolve_device(request.device)
     extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.channels_last)
-    store = None
     try:
-        store, finished = FeatureStore.open(
-            request.out, fingerprint, len(samples), resume=request.resume, force=request.force
-        )
+        store, finished = FeatureStore.open(output, fingerprint, len(samples))
         if store is None:
             return _result_from_meta(Path(request.out), finished)
         resumed_from = store.progress.done
@@ -181,10 +240,6 @@ def extract_features(
         _extract_rows(store, extractor, loader, samples, request, device, progress)
         seconds = time.perf_counter() - started
         meta = _finish(store, request, samples, source, settings, layers, fingerprint)
-    except BaseException:
-        if store is not None:  # failed before writing a row: the replaced OUT comes back
-            store.put_back_replaced()
-        raise
     finally:
         extractor.close()
     result = _result_from_meta(Path(request.out), meta)
@@ -284,9 +339,12 @@ def _extract_rows(
             if progress:
                 progress(state.done, len(samples))
     except BaseException:
-        # Ctrl-C, --strict, a failing layer...: record the batches that are complete, so that
-        # --resume goes on from there (the record never counts a batch that is not written).
-        store.commit()
+        # Ctrl-C, SIGTERM, --strict, a failing layer...: record the batches that are complete,
+        # so that --resume goes on from there (the record never counts a batch that is not
+        # written). If even that fails (a full disk), the error that stopped the run is the one
+        # reported, and OUT is not kept.
+        with contextlib.suppress(Exception):
+            store.commit()
         raise
     store.commit()
 

@@ -5,14 +5,21 @@ While a run goes on, each layer's rows are written batch by batch into a memory-
 got once those rows are flushed. A crash or Ctrl-C leaves a state `--resume` continues from.
 `finish()` moves the arrays into OUT (npy) or streams them into `.pt` / `.safetensors` files, then
 writes `index.csv` and `meta.json`: an OUT with `meta.json` and no `.partial/` is complete.
+
+OUT itself is a `core.outputs.OutputFolder`: checked against the inputs and locked before any
+work, made (and an old OUT replaced with --force set aside) only when the first rows are about
+to be written, and kept once rows are on disk; a run stopped before that leaves the old OUT.
+The arrays are reserved on disk when they are created, so a full disk is an error, not SIGBUS.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -21,14 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.files import (
-    SetAside,
-    atomic_path,
-    atomic_write,
-    atomic_write_text,
-    prepare_output_dir,
-)
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.files import atomic_path, atomic_write, atomic_write_text
+from torchkit.core.outputs import OutputFolder, reporting_write_errors, write_error
+
+log = logging.getLogger("torchkit")
 
 PARTIAL_DIR = ".partial"
 PROGRESS_FILE = "progress.json"
@@ -79,79 +83,60 @@ def read_json(path: Path) -> dict:
 class FeatureStore:
     """Memory-mapped arrays in OUT/.partial, the progress record, and the final layout."""
 
-    def __init__(self, out: Path, fingerprint: str, total: int, progress: Progress) -> None:
-        self.out = out
-        self.partial = out / PARTIAL_DIR
+    def __init__(
+        self, output: OutputFolder, fingerprint: str, total: int, progress: Progress
+    ) -> None:
+        self.output = output
+        self.out = output.final
+        self.partial = self.out / PARTIAL_DIR
         self.fingerprint = fingerprint
         self.total = total
         self.progress = progress
         self._arrays: dict[str, Any] = {}
-        # --force over an existing OUT: the old folder, set aside until this run has written a
-        # row, and put back (`put_back_replaced`) if it fails before that.
-        self.replaced: SetAside | None = None
+        self._begun = False  # OUT made (an old one set aside): there is something to record
 
     @classmethod
     def open(
-        cls, out: str | os.PathLike, fingerprint: str, total: int, *, resume: bool, force: bool
+        cls, output: OutputFolder, fingerprint: str, total: int
     ) -> tuple[FeatureStore | None, dict | None]:
         """(store, None) to work in, or (None, meta) when `--resume` finds OUT already complete.
 
-        An existing OUT is refused unless `force` (start over) or `resume` (continue it, if it
-        was started with the same fingerprint: same model, layers, options and images).
+        `output` was opened with `resume=True` only when --resume found something in OUT: then
+        OUT is continued if it was started with the same fingerprint (same model, layers,
+        options and images). Otherwise nothing is written until the first rows are.
         """
-        folder = Path(out)
-        if resume and force:
-            raise UsageError(
-                "--resume and --force contradict each other",
-                "--resume continues OUT, --force starts it over",
-            )
-        if folder.exists() and not folder.is_dir():
-            raise OutputExistsError(f"output folder is a file: {folder}", "give a folder path")
+        folder = output.final
         partial, meta_path = folder / PARTIAL_DIR, folder / META_FILE
-        has_content = folder.is_dir() and any(folder.iterdir())
-        if resume and has_content:
+        if output.resume and output.has_content:
             progress_path = partial / PROGRESS_FILE
             if progress_path.is_file():
                 state = read_json(progress_path)
                 _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "interrupted")
-                return cls(folder, fingerprint, total, Progress.from_json(state)), None
+                store = cls(output, fingerprint, total, Progress.from_json(state))
+                store._begin()
+                return store, None
             if meta_path.is_file():
                 meta = read_json(meta_path)
                 _check_fingerprint(meta.get("fingerprint"), fingerprint, folder, "finished")
-                shutil.rmtree(partial, ignore_errors=True)
+                if partial.is_dir():
+                    output.begin()
+                    shutil.rmtree(partial, ignore_errors=True)
                 return None, meta
             if not partial.is_dir():
                 raise InputError(
                     f"nothing to resume in {folder}: it holds no extract-features run",
                     "give another OUT, or pass --force to replace it",
                 )
+            output.begin()
             shutil.rmtree(partial)  # stopped before its first batch was recorded
-        elif has_content and not force:
-            if partial.is_dir():
-                raise OutputExistsError(
-                    f"output folder holds an interrupted extraction: {folder}",
-                    "pass --resume to continue it, or --force to start over",
-                )
-            raise OutputExistsError(
-                f"output folder already exists: {folder}", "pass --force to overwrite it"
-            )
-        replaced = SetAside(folder) if force and has_content else None
-        prepare_output_dir(folder, force)
-        partial.mkdir(parents=True, exist_ok=True)
-        store = cls(folder, fingerprint, total, Progress())
-        store.replaced = replaced
-        return store, None
+        return cls(output, fingerprint, total, Progress()), None
 
-    def drop_replaced(self) -> None:
-        if self.replaced is not None:
-            self.replaced.discard()
-            self.replaced = None
-
-    def put_back_replaced(self) -> None:
-        """This run failed before writing a row: the old OUT comes back untouched."""
-        if self.replaced is not None:
-            self.replaced.restore()
-            self.replaced = None
+    def _begin(self) -> None:
+        """Make OUT (setting an old one aside with --force) and OUT/.partial."""
+        self.output.begin()
+        self._begun = True
+        with reporting_write_errors(self.out):
+            self.partial.mkdir(parents=True, exist_ok=True)
 
     @property
     def allocated(self) -> bool:
@@ -162,17 +147,19 @@ class FeatureStore:
         `dtype` and anything else worth recording; a file name is added."""
         from numpy.lib.format import open_memmap
 
+        self._begin()
         used: set[str] = set()
-        for name, info in layers.items():
-            stem = _file_stem(name, used)
-            info = {**info, "file": stem}
-            self.progress.layers[name] = info
-            self._arrays[name] = open_memmap(
-                self._partial_array(stem),
-                mode="w+",
-                dtype=info["dtype"],
-                shape=(self.total, *info["shape"]),
-            )
+        with reporting_write_errors(self.out):
+            for name, info in layers.items():
+                stem = _file_stem(name, used)
+                info = {**info, "file": stem}
+                self.progress.layers[name] = info
+                path = self._partial_array(stem)
+                array = open_memmap(
+                    path, mode="w+", dtype=info["dtype"], shape=(self.total, *info["shape"])
+                )
+                self._arrays[name] = array
+                reserve_space(path, self.out, zero_fill_from=array.offset)
 
     def _partial_array(self, stem: str) -> Path:
         return self.partial / f"{stem}.npy"
@@ -188,6 +175,7 @@ class FeatureStore:
                 raise InputError(
                     f"cannot reopen {path} to resume: {error}", "pass --force to start over"
                 ) from error
+            reserve_space(path, self.out)  # a file from an older run may still have holes
         return self._arrays[name]
 
     def write(self, row: int, arrays: dict[str, Any]) -> None:
@@ -196,18 +184,26 @@ class FeatureStore:
 
     def commit(self) -> None:
         """Flush the arrays, then record the progress (in that order, so that what the record
-        claims is on disk)."""
-        for array in self._arrays.values():
-            array.flush()
+        claims is on disk). Once rows are recorded, OUT is kept: an old OUT replaced with
+        --force is discarded, and a run stopped from now on can be resumed."""
+        if not self._begun:
+            return  # nothing written yet: nothing to record, and the old OUT is untouched
+        with reporting_write_errors(self.out):
+            for array in self._arrays.values():
+                array.flush()
         atomic_write_text(
             self.partial / PROGRESS_FILE,
             json.dumps(self.progress.to_json(self.fingerprint, self.total)),
         )
         if self.progress.rows > 0:
-            self.drop_replaced()
+            self.output.keep()
 
     def finish(self, file_format: str, index_rows: list[list], meta: dict) -> dict[str, Path]:
         """Put every layer's file in OUT, then index.csv and meta.json; returns the files."""
+        with reporting_write_errors(self.out):
+            return self._finish(file_format, index_rows, meta)
+
+    def _finish(self, file_format: str, index_rows: list[list], meta: dict) -> dict[str, Path]:
         rows = self.progress.rows
         self._close_arrays()
         files = {}
@@ -240,6 +236,82 @@ class FeatureStore:
             if mm is not None:
                 mm.close()
         self._arrays.clear()
+
+
+def known_files(folder: Path) -> tuple[str, ...]:
+    """The names an extract-features run wrote into `folder`, by its own records (meta.json or
+    .partial/progress.json), so that --force may replace an OUT written before the `.torchkit`
+    marker existed; nothing when the folder holds no such record."""
+    for path in (folder / META_FILE, folder / PARTIAL_DIR / PROGRESS_FILE):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or "fingerprint" not in record:
+            continue
+        layers = record.get("layers") or []
+        if isinstance(layers, list):  # meta.json: [{"file": "stem.npy", ...}, ...]
+            files = [str(layer.get("file", "")).rsplit(".", 1)[0] for layer in _dicts(layers)]
+        elif isinstance(layers, dict):  # progress.json: {name: {"file": "stem", ...}}
+            files = [str(info.get("file", "")) for info in _dicts(layers.values())]
+        else:
+            files = []
+        # Only names `_file_stem` makes: no glob characters, no paths.
+        stems = [stem for stem in files if re.fullmatch(r"[A-Za-z0-9._-]+", stem)]
+        names = [f"{stem}.{ext}" for stem in stems for ext in FILE_FORMATS]
+        temporaries = [f".{name}.*.tmp" for name in (INDEX_FILE, META_FILE, *names)]
+        temporaries += [f".{stem}.*.tmp.{ext}" for stem in stems for ext in FILE_FORMATS]
+        return (PARTIAL_DIR, INDEX_FILE, META_FILE, *names, *temporaries)
+    return ()
+
+
+def _dicts(items) -> list[dict]:
+    return [item for item in items if isinstance(item, dict)]
+
+
+def reserve_space(path: Path, out: Path, *, zero_fill_from: int | None = None) -> None:
+    """Allocate the whole file on disk now (`posix_fallocate`), so that a full disk is an
+    `OutputWriteError` here and not a SIGBUS when a page of its memory map is first written.
+    Where the file system cannot (EOPNOTSUPP, EINVAL), a new file is filled with zeros from
+    `zero_fill_from` (its data, all zeros so far); otherwise the run goes on unreserved."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return
+        except AttributeError:  # no posix_fallocate (macOS)
+            pass
+        except OSError as error:
+            if error.errno not in _NO_FALLOCATE:
+                raise write_error(out, error) from error
+        if zero_fill_from is None:
+            log.debug("cannot reserve %s on this file system; writing it unreserved", path)
+            return
+        zeros = bytes(min(_CHUNK_BYTES, 2**20))
+        offset = zero_fill_from
+        try:
+            while offset < size:
+                offset += os.pwrite(fd, zeros[: min(len(zeros), size - offset)], offset)
+            os.fsync(fd)
+        except OSError as error:
+            raise write_error(out, error) from error
+    finally:
+        os.close(fd)
+
+
+_NO_FALLOCATE = {
+    code
+    for code in (
+        getattr(errno, "EOPNOTSUPP", None),
+        getattr(errno, "ENOTSUP", None),
+        errno.EINVAL,
+        getattr(errno, "ENOSYS", None),
+    )
+    if code is not None
+}
 
 
 def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str) -> None:
@@ -293,6 +365,7 @@ def _shrink_npy(path: Path, rows: int) -> None:
     source = np.load(path, mmap_mode="r")
     with atomic_path(path) as tmp:
         copy = npy.open_memmap(tmp, mode="w+", dtype=source.dtype, shape=new_shape)
+        reserve_space(tmp, path.parent, zero_fill_from=copy.offset)
         for start, stop in _chunks(source, rows):
             copy[start:stop] = source[start:stop]
         copy.flush()
