@@ -33,7 +33,6 @@ from torchkit.core.errors import (
     CheckpointError,
     DeviceError,
     InputError,
-    OutputExistsError,
     UsageError,
 )
 from torchkit.core.files import (
@@ -41,8 +40,6 @@ from torchkit.core.files import (
     atomic_write,
     atomic_write_bytes,
     atomic_write_text,
-    check_output,
-    prepare_output_dir,
     require_input,
 )
 from torchkit.core.seeding import capture_rng_state, restore_rng_state, seed_everything
@@ -307,36 +304,6 @@ def test_atomic_path_renames_only_on_success(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]
 
 
-def test_check_output(tmp_path):
-    assert check_output(tmp_path / "new.csv", force=False) == tmp_path / "new.csv"
-    existing = tmp_path / "old.csv"
-    existing.write_text("x")
-    with pytest.raises(OutputExistsError) as caught:
-        check_output(existing, force=False, what="report")
-    assert str(caught.value) == f"report already exists: {existing} (pass --force to overwrite it)"
-    assert check_output(existing, force=True) == existing
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert check_output(empty, force=False) == empty  # an empty folder holds nothing to lose
-    (empty / "f").write_text("x")
-    with pytest.raises(OutputExistsError):
-        check_output(empty, force=False)
-
-
-def test_prepare_output_dir(tmp_path):
-    out = prepare_output_dir(tmp_path / "a" / "b", force=False)
-    assert out.is_dir()
-    (out / "old.png").write_text("x")
-    with pytest.raises(OutputExistsError):
-        prepare_output_dir(out, force=False)
-    assert (out / "old.png").exists()
-    assert list(prepare_output_dir(out, force=True).iterdir()) == []
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    with pytest.raises(OutputExistsError, match="is a file"):
-        prepare_output_dir(blocker, force=True)
-
-
 def test_require_input(tmp_path):
     with pytest.raises(InputError, match="not found") as caught:
         require_input(tmp_path / "missing.pt", what="checkpoint")
@@ -555,28 +522,6 @@ def test_load_weights_into_explains_the_mismatch():
     assert torch.equal(model[0].weight, good["0.weight"])
     with torch.no_grad():
         assert not math.isnan(float(model(torch.ones(1, 3)).sum()))
-
-
-def test_set_aside_restores_or_discards_the_old_folder(tmp_path):
-    from torchkit.core.files import SetAside
-
-    old = tmp_path / "out"
-    old.mkdir()
-    (old / "mine.txt").write_text("keep")
-    aside = SetAside(old)
-    assert not old.exists()
-    old.mkdir()
-    (old / "half-written").write_text("x")
-    aside.restore()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert [p.name for p in old.iterdir()] == ["mine.txt"]
-
-    aside = SetAside(old)
-    old.mkdir()
-    (old / "new.txt").write_text("new")
-    aside.discard()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert [p.name for p in old.iterdir()] == ["new.txt"]
 
 
 def test_first_line_of_an_error():

@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from torchkit.core.errors import InputError, OutputExistsError
+from torchkit.core.errors import InputError
 from torchkit.core.outputs import is_special_file
 from torchkit.core.outputs import reporting_write_errors as _reporting
-
-
-def check_output(path: str | os.PathLike, force: bool, *, what: str = "output") -> Path:
-    """Refuse to replace an existing file or non-empty folder unless `force` is set. Special
-    files (FIFOs, /dev/stdout) are written into, so they always pass."""
-    target = Path(path)
-    if is_special_file(target):
-        return target
-    if target.exists() and not force:
-        if target.is_dir() and not any(target.iterdir()):
-            return target
-        raise OutputExistsError(f"{what} already exists: {target}", "pass --force to overwrite it")
-    return target
 
 
 def require_input(path: str | os.PathLike, *, what: str = "input", kind: str = "any") -> Path:
@@ -118,65 +103,3 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-
-
-def prepare_output_dir(
-    path: str | os.PathLike, force: bool, *, what: str = "output folder"
-) -> Path:
-    """Create an output folder; an existing non-empty one needs `force` and is then emptied."""
-    folder = check_output(path, force, what=what)
-    if folder.exists() and not folder.is_dir():
-        raise OutputExistsError(f"{what} is a file, not a folder: {folder}")
-    if force and folder.is_dir() and any(folder.iterdir()):
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-@contextlib.contextmanager
-def atomic_dir(
-    path: str | os.PathLike, force: bool, *, what: str = "output folder"
-) -> Iterator[Path]:
-    """Yield an empty temporary folder beside `path` to fill; it replaces `path` only if the
-    block succeeds, so a crash or a failure never leaves a half-written output folder.
-
-    An existing non-empty `path` needs `force` (checked before the block runs). The temporary
-    folder is made with `mkdir`, not `mkdtemp`, so it gets the usual umask permissions.
-    """
-    target = check_output(path, force, what=what)
-    if target.exists() and not target.is_dir():
-        raise OutputExistsError(f"{what} is a file, not a folder: {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.partial"
-    tmp.mkdir()
-    try:
-        yield tmp
-        if target.exists():
-            old = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}.old"
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-class SetAside:
-    """An existing output folder moved out of the way (`--force`) so that a new run can fill its
-    place: `discard()` it once the new run has written something worth keeping, `restore()` it
-    if the new run failed before that, so a failed `--force` loses nothing."""
-
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.folder = Path(folder)
-        self.aside = self.folder.parent / f".{self.folder.name}.{uuid.uuid4().hex[:12]}.replaced"
-        os.replace(self.folder, self.aside)
-
-    def discard(self) -> None:
-        shutil.rmtree(self.aside, ignore_errors=True)
-
-    def restore(self) -> None:
-        if self.aside.is_dir():
-            shutil.rmtree(self.folder, ignore_errors=True)
-            os.replace(self.aside, self.folder)
