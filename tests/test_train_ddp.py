@@ -54,6 +54,7 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     assert summary["world_size"] == 2
     assert done.stderr.count("epoch 2/2") == 1
     assert sorted(p.name for p in out.iterdir()) == [
+        ".torchkit",
         "best.pt",
         "config.json",
         "curves.png",
@@ -74,3 +75,31 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
             assert ddp_row[name] == pytest.approx(row[name], abs=1e-5), name
     assert summary["test_top1"] == pytest.approx(reference["test_top1"], abs=1e-9)
     assert summary["test_size"] == reference["test_size"] == 5
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_a_refusal_on_rank_0_is_an_error_on_every_rank_not_a_hang(tmp_path):
+    """Only rank 0 checks and locks the run folder: when it is refused (here: locked by another
+    process), every rank ends with the same error instead of waiting for rank 0 forever."""
+    from torchkit.core.outputs import FolderLock
+
+    data = tmp_path / "data"
+    write_image_folder(data / "train", {"a": 2, "b": 2}, seed=1)
+    write_image_folder(data / "val", {"a": 1, "b": 1}, seed=2)
+    out = tmp_path / "run"
+    lock = FolderLock(out, "run folder")  # this test process is "the other torchkit run"
+    try:
+        env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+        env.pop("TORCHKIT_DEBUG", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+             "-m", "torchkit", *recipe(data, out, batch_size=2)],
+            capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
+        )  # fmt: skip
+    finally:
+        lock.release()
+    assert done.returncode != 0
+    refusal = f"being written by another torchkit process (PID {os.getpid()})"
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 2 and all(refusal in line for line in errors), done.stderr[-3000:]
+    assert not out.exists()

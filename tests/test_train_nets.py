@@ -4,12 +4,14 @@
 Some carry fault injection driven by environment variables, so a real `torchkit train` process
 can be killed or interrupted at an exact training step without any hook in torchkit itself:
 TORCHKIT_TEST_KILL_AT=N sends SIGKILL, TORCHKIT_TEST_SIGINT_AT=N sends SIGINT (Ctrl-C) to the
-process on the N-th training forward pass (1-based)."""
+process on the N-th training forward pass (1-based). GatedNet stops at a gate instead, for a test
+to signal the process from outside at an exact step (see `GatedNet`)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 import torch
 from torch import nn
@@ -57,6 +59,32 @@ def _inject_fault(count: int) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
 
+class GatedNet(TinyNet):
+    """With TORCHKIT_TEST_GATE_FILE=PATH and TORCHKIT_TEST_GATE_AT=N, its N-th training forward
+    pass (1-based) creates PATH and waits until the test removes it: the test waits for the
+    file, signals the process (or reads its state), then opens the gate."""
+
+    forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            GatedNet.forwards += 1
+            _wait_at_gate(GatedNet.forwards)
+        return super().forward(x)
+
+
+def _wait_at_gate(count: int) -> None:
+    gate = os.environ.get("TORCHKIT_TEST_GATE_FILE")
+    if not gate or os.environ.get("TORCHKIT_TEST_GATE_AT") != str(count):
+        return
+    open(gate, "w").close()
+    deadline = time.monotonic() + 120
+    while os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test never opened the gate")
+        time.sleep(0.01)
+
+
 class AutocastProbe(TinyNet):
     """Records the dtype its linear layer computes in during training (bf16 under --amp)."""
 
@@ -85,5 +113,5 @@ class OutOfMemoryNet(TinyNet):
 
 def test_nets_build_and_run():
     x = torch.zeros(2, 3, 8, 8)
-    for net in (TinyNet(5), NoisyNet(5), AutocastProbe(5)):
+    for net in (TinyNet(5), NoisyNet(5), AutocastProbe(5), GatedNet(5)):
         assert net.eval()(x).shape == (2, 5)

@@ -25,7 +25,6 @@ from torchkit.cli.options import (
     WorkersOption,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
-from torchkit.core.files import check_output
 from torchkit.core.train.config import TrainConfig
 
 DEFAULTS = TrainConfig()
@@ -483,11 +482,12 @@ def train_command(
 
       torchrun --nproc_per_node=2 -m torchkit train --data flowers/ --batch-size 32
     """
+    from torchkit.core.outputs import InputPath
     from torchkit.core.preprocessing import mean_std_options, parse_floats
     from torchkit.core.train import run_training
 
-    if output is not None:
-        check_output(output, force)
+    if output is not None and str(output) == "-":
+        output = None  # `-o -`: stdout
     mean_values, std_values = mean_std_options(mean, std, stats)
     is_main = int(os.environ.get("RANK", "0")) == 0
     if data is None and resume is None and is_main:
@@ -556,22 +556,38 @@ def train_command(
 
         logging.getLogger("torchkit").setLevel(logging.ERROR)
     display = _Display(enabled=is_main)
-    with _StopOnCtrlC() as stop, display:
+    # -o is checked (with the run folder, against every input) by run_training before any work.
+    with _StopOnSignal(graceful_from_start=not is_main) as stop, display:
         display.stop = stop
-        result = run_training(config, display, overrides=_given_options(ctx))
+        result = run_training(
+            config,
+            display,
+            overrides=_given_options(ctx),
+            inputs=[InputPath.of(stats, "--stats file")] if stats is not None else [],
+            output_file=output if is_main else None,
+        )
+    code = 143 if stop.terminated else 130
     if not result.is_main:
         if result.interrupted:
-            raise typer.Exit(130)
+            raise typer.Exit(code)
         return
+    word = "Terminated" if stop.terminated else "Interrupted"
+    if result.interrupted and not result.kept:
+        console.stderr.print(
+            f"{word} before the first checkpoint: nothing kept, {result.out_dir} is as it was",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(code)
     emit(tables=[summary_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)
     if result.interrupted:
         console.stderr.print(
-            f"Interrupted: saved {result.out_dir / 'last.pt'}; continue with "
+            f"{word}: saved {result.out_dir / 'last.pt'}; continue with "
             f"`torchkit train --resume {result.out_dir}`",
             highlight=False,
             markup=False,
         )
-        raise typer.Exit(130)
+        raise typer.Exit(code)
 
 
 # CLI parameters that are not training options.
@@ -591,27 +607,63 @@ def _given_options(ctx: typer.Context) -> list[str]:
     return given
 
 
-class _StopOnCtrlC:
-    """The first Ctrl-C asks the run to stop after the current update (it saves last.pt and
-    exits with 130); a second one interrupts at once."""
+class _StopOnSignal:
+    """Ctrl-C (SIGINT) and SIGTERM during training: the first asks the run to stop after the
+    current update (it saves last.pt and exits with 130, or 143 for SIGTERM); a second one
+    ends it at once. Before training starts and after it ends (loading, the test evaluation)
+    there is nothing to save, so a signal ends the command at once, as in every command.
 
-    def __init__(self) -> None:
+    torchrun's other ranks stop when rank 0 does: they only note a signal
+    (`graceful_from_start`)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, graceful_from_start: bool = False) -> None:
         self.requested = False
-        self._previous = None
+        self.signum: int | None = None
+        self.graceful = graceful_from_start
+        self._previous: dict = {}
 
-    def __enter__(self) -> _StopOnCtrlC:
+    @property
+    def terminated(self) -> bool:
+        return self.signum == signal.SIGTERM
+
+    def __enter__(self) -> _StopOnSignal:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
+        if self.requested or not self.graceful:
+            self.signum = signum
+            self._quit()
         self.requested = True
+        self.signum = signum
+
+    def _quit(self):
+        """End the command now: the clean-up (run folder, workers) runs, undisturbed by
+        further signals."""
+        from torchkit.core.errors import Terminated
+
+        for signum in self._previous:
+            signal.signal(signum, signal.SIG_IGN)
+        raise Terminated() if self.terminated else KeyboardInterrupt()
+
+    def start_training(self) -> None:
+        self.graceful = True
+
+    def end_training(self, stopped: bool) -> None:
+        """A stop asked for after the last check (in the last epoch's evaluation) ends the
+        command now, before the test evaluation."""
+        self.graceful = False
+        if self.requested and not stopped:
+            self._quit()
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, previous)
 
 
 class _Display:
@@ -619,7 +671,7 @@ class _Display:
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.stop: _StopOnCtrlC | None = None
+        self.stop: _StopOnSignal | None = None
         self._progress = None
         self._task = None
         self._epochs = 0
@@ -655,6 +707,8 @@ class _Display:
     # TrainCallbacks ---------------------------------------------------------------------------
 
     def on_start(self, info) -> None:
+        if self.stop is not None:
+            self.stop.start_training()
         if not self.enabled:
             return
         self._epochs = info.epochs
@@ -683,8 +737,9 @@ class _Display:
     def on_step(self, info) -> None:
         if self.stop is not None and self.stop.requested and not self._told_stop:
             self._told_stop = True
+            again = "SIGTERM" if self.stop.terminated else "Ctrl-C"
             console.stderr.print(
-                "Stopping: saving last.pt after this step (Ctrl-C again to quit at once)",
+                f"Stopping after this step ({again} again to quit at once)",
                 highlight=False,
                 markup=False,
             )
@@ -723,6 +778,10 @@ class _Display:
 
     def should_stop(self) -> bool:
         return self.stop is not None and self.stop.requested
+
+    def on_train_end(self, stopped: bool) -> None:
+        if self.stop is not None:
+            self.stop.end_training(stopped)
 
 
 def summary_table(result) -> Table:

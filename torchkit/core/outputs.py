@@ -537,24 +537,23 @@ class OutputFolder:
         self._began = False
         self._kept = False
         self._lock: FolderLock | None = None
-        self._existed = self.final.is_dir()
-        check_not_protected(self.final, what)
+        if not resume:  # continuing in place replaces nothing, wherever it is
+            check_not_protected(self.final, what)
         check_overlap(self.final, what, inputs)
-        if not resume:
-            self.has_content = check_replaceable(
-                self.final, force, what=what, known_files=known_files, hint=exists_hint
-            )
-        else:
-            self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)
+        # Lock first: a second command is refused with the holder's PID whatever its options,
+        # and a killed run's set-aside is put back before the folder is judged.
         self._lock = FolderLock(self.final, what)
         try:
             self.notes = recover_leftovers(self.final)
             for note in self.notes:
                 log.warning(note)
-            if not resume and self.notes:  # what was put back must pass the checks again
+            self._existed = self.final.is_dir()
+            if not resume:
                 self.has_content = check_replaceable(
                     self.final, force, what=what, known_files=known_files, hint=exists_hint
                 )
+            else:
+                self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)
         except BaseException:
             self.release()
             raise

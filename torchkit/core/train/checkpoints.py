@@ -1,8 +1,9 @@
 """Training checkpoints: what goes in, where they go, and reading one back to resume.
 
-OUT/last.pt after every epoch (and on Ctrl-C), OUT/best.pt when the validation top-1 improves,
-OUT/epoch-NNN.pt every --save-every epochs (the newest --keep of them kept). Each is written to a
-temporary file and renamed, and last.pt is written last: it is the commit point of an epoch.
+OUT/last.pt after every epoch (and on Ctrl-C or SIGTERM), OUT/best.pt when the validation metric
+improves, OUT/epoch-NNN.pt every --save-every epochs (the newest --keep of them kept). Each is
+written to a temporary file and renamed, and last.pt is written last: it is the commit point of
+an epoch. A write that fails (a full disk) is a `cannot write` error; the previous files stay.
 """
 
 from __future__ import annotations

@@ -176,10 +176,17 @@ class ShardSampler:
 
 
 def _worker_init(worker_id: int) -> None:
-    # Ctrl-C reaches the whole process group: the main process handles it (saving a
-    # checkpoint) and shuts the workers down; a worker dying of it would break that.
+    # Ctrl-C reaches the whole process group, and so does SIGTERM from `timeout` or a batch
+    # scheduler: the main process handles it (saving a checkpoint) and shuts the workers down
+    # (`Loaders.close`); a worker dying of it would break that. A second SIGTERM (what
+    # multiprocessing sends daemonic children at exit) ends the worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _first_sigterm_ignored)
     seed_worker(worker_id)
+
+
+def _first_sigterm_ignored(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @dataclass
@@ -191,6 +198,18 @@ class Loaders:
     train_size: int
     val_size: int
     test_size: int
+
+    def close(self) -> None:
+        """Stop the worker processes of the loaders now (persistent workers otherwise live
+        until their loader is garbage-collected, which a traceback can put off to exit)."""
+        for loader in (self.train, self.val, self.test):
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is None:
+                continue
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            loader._iterator = None
 
 
 def default_workers_for(data: str) -> int:
@@ -242,24 +261,22 @@ def build_loaders(
         train_set, batch_size=config.batch_size, sampler=sampler, generator=generator, **common
     )
 
-    def eval_loader(samples: Samples, persistent: bool):
-        dataset = make_dataset(samples, eval_transform(preprocess))
-        options = dict(common)
-        if not persistent:
-            options.pop("persistent_workers", None)
+    def eval_loader(samples: Samples):
+        # Persistent like the others (the test set is read once), so that `Loaders.close`
+        # reaches its workers too, even when a signal stops the run in the middle of it.
         return torch.utils.data.DataLoader(
-            dataset,
+            make_dataset(samples, eval_transform(preprocess)),
             batch_size=config.batch_size,
             sampler=ShardSampler(len(samples), rank, world),
-            **options,
+            **common,
         )
 
     test = splits.get("test")
     return Loaders(
         train=train,
         train_sampler=sampler,
-        val=eval_loader(splits["val"], persistent=True),
-        test=eval_loader(test, persistent=False) if test is not None and len(test) else None,
+        val=eval_loader(splits["val"]),
+        test=eval_loader(test) if test is not None and len(test) else None,
         train_size=len(splits["train"]),
         val_size=len(splits["val"]),
         test_size=len(test) if test is not None else 0,

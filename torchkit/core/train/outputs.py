@@ -31,6 +31,21 @@ METRIC_COLUMNS = (
 )
 EMA_COLUMNS = ("val_ema_loss", "val_ema_top1", "val_ema_top5")
 
+# What a run folder holds (shell patterns, top-level names): a folder holding only these is a
+# torchkit run even without the `.torchkit` marker (runs made before it existed), so --force
+# may replace it. The last two are the temporaries of atomic writes that a killed run leaves.
+RUN_FILES = (
+    "config.json",
+    "metrics.csv",
+    "curves.png",
+    "last.pt",
+    "best.pt",
+    "epoch-[0-9][0-9][0-9]*.pt",
+    "tensorboard",
+    ".*.tmp",
+    ".*.tmp.*",
+)
+
 
 def versions() -> dict[str, str]:
     import torch

@@ -6,18 +6,34 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from torchkit.core.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.data import DIGITS
-from torchkit.core.errors import CheckpointError, DeviceError, OutputExistsError, UsageError
-from torchkit.core.files import SetAside, check_output
+from torchkit.core.errors import CheckpointError, DeviceError, TorchkitError, UsageError, first_line
+from torchkit.core.outputs import (
+    MARKER,
+    InputPath,
+    OutputFolder,
+    OutputLockedError,
+    OutputOverlapError,
+    check_output_file,
+    data_inputs,
+    lock_path,
+)
 from torchkit.core.train import distributed as dist_utils
-from torchkit.core.train.checkpoints import BEST, build_checkpoint, load_for_resume, save_epoch
+from torchkit.core.train.checkpoints import (
+    BEST,
+    LAST,
+    build_checkpoint,
+    load_for_resume,
+    save_epoch,
+)
 from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
 from torchkit.core.train.loaders import build_loaders, load_splits, mix_seed, preprocess_for
 from torchkit.core.train.loop import (
@@ -29,6 +45,7 @@ from torchkit.core.train.loop import (
     train_one_epoch,
 )
 from torchkit.core.train.outputs import (
+    RUN_FILES,
     TensorBoardLog,
     check_tensorboard,
     versions,
@@ -81,8 +98,13 @@ class TrainCallbacks:
     def on_epoch_end(self, row: dict, is_best: bool) -> None: ...
 
     def should_stop(self) -> bool:
-        """Polled after each optimiser update: True saves last.pt and stops (Ctrl-C)."""
+        """Polled after each optimiser update and between epochs: True stops the run (Ctrl-C,
+        SIGTERM), saving last.pt when there is a run worth keeping."""
         return False
+
+    def on_train_end(self, stopped: bool) -> None:
+        """The training loop is over (`stopped`: on `should_stop()`); the test evaluation of
+        best.pt may follow. A stop asked for too late to be seen can end the run here."""
 
 
 @dataclass
@@ -111,6 +133,9 @@ class TrainResult:
     images_per_s: float | None = None
     stopped_early: bool = False
     interrupted: bool = False
+    # False when the run stopped (Ctrl-C, SIGTERM) before its first checkpoint with --force
+    # over an earlier run: the new run was removed and the earlier one put back.
+    kept: bool = True
     skipped_images: int = 0
     resumed_from: str | None = None
     is_main: bool = True
@@ -122,6 +147,7 @@ class TrainResult:
         data = dataclasses.asdict(self)
         data["out_dir"] = str(self.out_dir)
         data.pop("is_main")
+        data.pop("kept")
         return data
 
 
@@ -130,21 +156,41 @@ def run_training(
     callbacks: TrainCallbacks | None = None,
     *,
     overrides: Collection[str] | None = None,
+    inputs: Iterable[InputPath] = (),
+    output_file: str | os.PathLike | None = None,
 ) -> TrainResult:
     """Train as `config` says. With `config.resume`, the saved run's options are used except
     those named in `overrides` (default: the options of `config` that differ from the defaults).
+
+    `inputs` are files the caller read for the run (the --stats file): the run folder may not
+    be, contain or lie inside one. `output_file` is where the caller will write the summary
+    (-o FILE): it is checked with the run folder, before any work.
     """
+    started = time.perf_counter()
+    run = _Run(config, callbacks or TrainCallbacks(), overrides, started, inputs, output_file)
+    try:
+        if not config.resume and not dist_utils.launched_by_torchrun():
+            # A new run in one process is checked before torch is even imported: a refused
+            # run folder costs a fraction of a second.
+            run.ctx = dist_utils.DistContext()
+            run.open_output()
+        return _run_with_torch(run, config)
+    except BaseException:
+        run.release_output(ok=False)
+        raise
+
+
+def _run_with_torch(run: _Run, config: TrainConfig) -> TrainResult:
     import torch
 
-    started = time.perf_counter()
     flags = (
         torch.are_deterministic_algorithms_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
-    ctx = dist_utils.setup(config.device)
+    ctx = run.ctx = dist_utils.setup(config.device)
     try:
-        return _Run(config, callbacks or TrainCallbacks(), overrides, ctx, started).run()
+        return run.run()
     except torch.OutOfMemoryError as error:
         raise DeviceError(
             f"the GPU ran out of memory with --batch-size {config.batch_size}",
@@ -153,57 +199,184 @@ def run_training(
         ) from error
     finally:
         dist_utils.teardown(ctx)
-        torch.use_deterministic_algorithms(flags[0])
+        if torch.are_deterministic_algorithms_enabled() != flags[0]:
+            # (only when changed: the call imports torch._dynamo, seconds of start-up)
+            torch.use_deterministic_algorithms(flags[0])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[1:]
 
 
 class _Run:
     """The state of one run; `run()` drives it."""
 
-    def __init__(self, config, callbacks, overrides, ctx, started) -> None:
+    def __init__(self, config, callbacks, overrides, started, inputs, output_file) -> None:
         self.requested = config
         self.callbacks = callbacks
         self.overrides = overrides
-        self.ctx = ctx
+        self.ctx = None  # set before anything else runs
         self.started = started
         self.checkpoint: dict | None = None
         self.resumed_from: Path | None = None
-        # --force over an existing run: the old folder, set aside until the new run has saved
-        # its first checkpoint, and put back if the new one fails before that.
-        self.replaced: SetAside | None = None
+        self.extra_inputs: list[InputPath] = list(inputs)
+        self.output_file: str | os.PathLike | None = output_file
+        self.config: TrainConfig | None = None
+        self.opened: tuple[Path, bool] | None = None
+        self._taken: list[Path] = []  # default run folders locked by runs started with this one
+        # The run folder (rank 0 only): checked and locked before any work, begun when the
+        # first file is written, kept once the first checkpoint is saved. Until then a failure
+        # or a stop removes the new run and puts an earlier one (--force) back.
+        self.output: OutputFolder | None = None
+        self.loaders = None
+        self.tensorboard = None
 
     # -- setup -------------------------------------------------------------------------------
 
     def _config(self) -> TrainConfig:
+        if self.config is not None:
+            return self.config
         config = self.requested
         if config.resume:
             self.resumed_from, self.checkpoint = load_for_resume(config.resume)
             config = merge_for_resume(self.checkpoint["config"], config, self.overrides)
-        return resolve_defaults(config, is_digits=config.data == DIGITS)
+        self.config = resolve_defaults(config, is_digits=config.data == DIGITS)
+        return self.config
 
-    def _out_dir(self, config: TrainConfig) -> tuple[Path, bool]:
-        """The run folder, and whether it continues an existing run in place."""
+    def open_output(self) -> tuple[Path, bool]:
+        """The run folder and whether it continues the resumed run in place, checked and
+        locked (once)."""
+        if self.opened is None:
+            self.opened = self._open_output(self._config())
+        return self.opened
+
+    def _out_path(self, config: TrainConfig) -> tuple[Path, bool]:
+        """The run folder, and whether it continues the resumed run in place (rank 0)."""
         if config.out:
             out = Path(config.out)
         elif self.resumed_from is not None:
             out = self.resumed_from.parent
         else:
-            out = Path(dist_utils.broadcast_from_main(self.ctx, str(_default_out(config.model))))
-        in_place = (
-            self.resumed_from is not None and out.resolve() == self.resumed_from.parent.resolve()
+            out = _default_out(config.model, self._taken)
+        in_place = self.resumed_from is not None and os.path.realpath(out) == os.path.realpath(
+            self.resumed_from.parent
         )
-        if not in_place:
-            try:
-                check_output(out, config.force, what="output folder")
-            except OutputExistsError as error:
-                raise OutputExistsError(
-                    f"output folder already exists: {out}",
-                    f"pass --resume {out} to continue that run, --force to overwrite it, "
-                    "or choose another --out",
-                ) from error
-            if out.exists() and not out.is_dir():
-                raise OutputExistsError(f"--out is a file, not a folder: {out}")
         return out, in_place
+
+    def _inputs(self, config: TrainConfig, in_place: bool) -> list[InputPath]:
+        """What the run reads: the data, the --weights file, the --stats file, and the
+        checkpoint it resumes (unless it continues that run in place)."""
+        inputs = data_inputs(config.data)
+        if config.weights and os.path.exists(config.weights):
+            inputs.append(InputPath.of(config.weights, "--weights file"))
+        inputs += self.extra_inputs
+        if self.resumed_from is not None and not in_place:
+            inputs.append(InputPath(self.resumed_from, "checkpoint to resume"))
+        return inputs
+
+    def _open_output(self, config: TrainConfig) -> tuple[Path, bool]:
+        """Check and lock the run folder (rank 0), before the data and model are loaded, and
+        tell every rank the outcome: a refusal on rank 0 is the same error on every rank."""
+        ctx = self.ctx
+        outcome: tuple = ("ok", "", False)
+        failure: BaseException | None = None
+        if ctx.is_main:
+            try:
+                while True:
+                    out, in_place = self._out_path(config)
+                    inputs = self._inputs(config, in_place)
+                    if in_place:
+                        self._check_in_place_resume(out)
+                    try:
+                        self.output = OutputFolder(
+                            out,
+                            command="train",
+                            force=config.force,
+                            inputs=inputs,
+                            known_files=RUN_FILES,
+                            what="run folder",
+                            resume=in_place,
+                            exists_hint=f"pass --resume {out} to continue that run, --force "
+                            "to overwrite it, or choose another --out",
+                        )
+                        break
+                    except OutputLockedError:
+                        if config.out or self.resumed_from is not None:
+                            raise
+                        # Another run started in the same second took the default name.
+                        self._taken.append(out)
+                if self.output_file is not None:
+                    self._check_output_file(self.output_file, out, inputs, config.force)
+                outcome = ("ok", str(out), in_place)
+            except TorchkitError as error:
+                failure = error
+                outcome = ("error", type(error), error.message, error.hint)
+            except Exception as error:
+                failure = error
+                outcome = ("error", TorchkitError, f"rank 0: {first_line(error)}", None)
+        outcome = dist_utils.broadcast_from_main(ctx, outcome)
+        if failure is not None:
+            self.release_output(ok=False)
+            raise failure
+        if outcome[0] == "error":
+            _, kind, message, hint = outcome
+            raise kind(message, hint)
+        return Path(outcome[1]), bool(outcome[2])
+
+    def _check_in_place_resume(self, out: Path) -> None:
+        """Continuing a run from an earlier checkpoint than its last.pt would overwrite
+        last.pt and the epochs after that checkpoint: that is a new run, in a new folder."""
+        last = out / LAST
+        if self.resumed_from.name == LAST or not last.is_file():
+            return
+        if os.path.samefile(last, self.resumed_from):
+            return
+        raise OutputOverlapError(
+            f"continuing {self.resumed_from} in {out} would overwrite {last} and the epochs "
+            "after that checkpoint",
+            f"continue the run from its last checkpoint with --resume {out}, or start a new "
+            f"run from {self.resumed_from} with --out NEW_FOLDER",
+        )
+
+    def _check_output_file(
+        self, path: str | os.PathLike, out: Path, inputs: list[InputPath], force: bool
+    ) -> None:
+        """-o FILE: not an input, not inside an input folder, and not one of the files the
+        run writes (in the run folder, a new file such as summary.json is fine)."""
+        from fnmatch import fnmatch
+
+        target = check_output_file(path, force, inputs, what="-o")
+        real_out, real = os.path.realpath(out), os.path.realpath(target)
+        if real != real_out and not real.startswith(real_out.rstrip(os.sep) + os.sep):
+            return
+        parts = Path(os.path.relpath(real, real_out)).parts if real != real_out else ()
+        if not parts:
+            raise OutputOverlapError(
+                f"-o {path} is the run folder", "give a file name for the summary"
+            )
+        if parts[0] == MARKER or any(fnmatch(parts[0], name) for name in RUN_FILES):
+            raise OutputOverlapError(
+                f"-o {path} would overwrite the run's own {parts[0]}",
+                f"write the summary elsewhere, e.g. -o {out / 'summary.json'}",
+            )
+
+    def release_output(self, ok: bool) -> None:
+        """Keep the new run or put the old one back, and unlock the folder."""
+        if self.output is not None:
+            output, self.output = self.output, None
+            output.finish(ok)
+
+    def _keep_output(self) -> None:
+        """The first checkpoint is saved: the new run is worth keeping, the old one goes."""
+        if self.output is not None:
+            self.output.keep()
+
+    def _worth_saving(self) -> bool:
+        """Is a checkpoint of a run stopped in the middle of an epoch worth more than what
+        the run folder held before? Yes once the run has saved a checkpoint, when it continues
+        a run in place, or when the folder held nothing; not when it would replace an earlier
+        run (--force) with a first, unfinished epoch."""
+        output = self.output
+        if output is None or output.resume or not output.has_content:
+            return True
+        return self.saved_any
 
     def _amp(self, config: TrainConfig):
         """(autocast factory, GradScaler or None, dtype name)."""
@@ -229,18 +402,29 @@ class _Run:
     # -- the run -----------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        self._setup()
         try:
-            self._write_run_files()
-            self._announce()
-            self._train()
-        except BaseException:
-            self._put_back_replaced()
-            raise
-        self._drop_replaced()
-        self._test()
+            try:
+                self._setup()
+                self._write_run_files()
+                self._announce()
+                self._train()
+                self._test()
+            except BaseException:
+                self._close_tensorboard()
+                self.release_output(ok=False)
+                raise
+            self.release_output(ok=self.result.kept)
+        finally:
+            if self.loaders is not None:
+                self.loaders.close()  # DataLoader workers stop now, whatever happened
         self.result.total_seconds = time.perf_counter() - self.started
         return self.result
+
+    def _close_tensorboard(self) -> None:
+        if self.tensorboard is not None:
+            tensorboard, self.tensorboard = self.tensorboard, None
+            with contextlib.suppress(Exception):
+                tensorboard.close()
 
     def _setup(self) -> None:
         """Everything that can fail on bad input, before anything is written."""
@@ -250,12 +434,13 @@ class _Run:
         from torchkit.core.seeding import seed_everything
 
         ctx = self.ctx
-        config = self.config = self._config()
+        config = self._config()
         sync_bn = dist_utils.check_sync_bn(ctx, config.sync_bn)
         if config.tensorboard:
             check_tensorboard()
         self.autocast, self.scaler, self.amp_dtype = self._amp(config)
-        self.out, self.in_place = self._out_dir(config)
+        self.out, self.in_place = self.open_output()
+        self.saved_any = False  # a checkpoint of this run is on disk
         seed_everything(config.seed, config.deterministic)
         if ctx.device.type == "cuda" and not config.deterministic:
             torch.backends.cudnn.benchmark = True
@@ -377,12 +562,10 @@ class _Run:
     def _write_run_files(self) -> None:
         """The run folder and config.json (rank 0), once every check has passed."""
         ctx, config, out = self.ctx, self.config, self.out
-        # The barrier keeps rank 0 from creating the folder before every rank has checked it.
+        # The barrier keeps rank 0 from writing before every rank has loaded its data.
         dist_utils.barrier(ctx)
         if ctx.is_main:
-            if not self.in_place and config.force and out.is_dir() and any(out.iterdir()):
-                self.replaced = SetAside(out)
-            out.mkdir(parents=True, exist_ok=True)
+            out = self.out = self.output.begin()
             loaders = self.loaders
             write_config_json(
                 out / "config.json",
@@ -432,17 +615,6 @@ class _Run:
             history=self.history,
             config=config.to_dict(),
         )
-
-    def _drop_replaced(self) -> None:
-        if self.replaced is not None:
-            self.replaced.discard()
-            self.replaced = None
-
-    def _put_back_replaced(self) -> None:
-        """The new run failed before its first checkpoint: the old run comes back untouched."""
-        if self.replaced is not None:
-            self.replaced.restore()
-            self.replaced = None
 
     def _resumed_name(self) -> str | None:
         return str(self.resumed_from) if self.resumed_from else None
@@ -550,16 +722,20 @@ class _Run:
                 should_stop=self._should_stop,
             )
             if not finished:
-                if ctx.is_main:
-                    save_epoch(
-                        self.out,
-                        self._checkpoint(epoch, progress.to_dict()),
-                        is_best=False,
-                        save_every=0,
-                        keep=0,
-                    )
-                    self._drop_replaced()
                 result.interrupted = True
+                if ctx.is_main:
+                    if self._worth_saving():
+                        save_epoch(
+                            self.out,
+                            self._checkpoint(epoch, progress.to_dict()),
+                            is_best=False,
+                            save_every=0,
+                            keep=0,
+                        )
+                        self.saved_any = True
+                        self._keep_output()
+                    else:
+                        result.kept = False
                 break
             row = self._epoch_row(epoch, progress)
             images_seen += row["images_per_s"] * row["epoch_time_s"]
@@ -581,7 +757,8 @@ class _Run:
                     save_every=config.save_every,
                     keep=config.keep,
                 )
-                self._drop_replaced()
+                self.saved_any = True
+                self._keep_output()
                 write_metrics_csv(self.out / "metrics.csv", self.history)
                 if time.perf_counter() - curves_written > CURVES_EVERY_S:
                     write_curves_png(self.out / "curves.png", self.history)
@@ -598,8 +775,11 @@ class _Run:
                 break
         if self.tensorboard is not None:
             self.tensorboard.close()
-        if ctx.is_main and self.history:
+            self.tensorboard = None
+        if ctx.is_main and self.history and result.kept:
             write_curves_png(self.out / "curves.png", self.history)
+        if ctx.is_main:
+            self.callbacks.on_train_end(result.interrupted)
         result.best_epoch = self.best_epoch
         result.best_val_top1 = self._best_value("top1")
         result.best_val_top5 = self._best_value("top5")
@@ -691,13 +871,14 @@ class _Run:
             result.test_ema_top1 = ema["top1"]
 
 
-def _default_out(model: str | None) -> Path:
-    """runs/<model>-<timestamp>, with a suffix if a run started in the same second."""
+def _default_out(model: str | None, taken: Collection[Path] = ()) -> Path:
+    """runs/<model>-<timestamp>, with a suffix if a run started in the same second (its folder
+    or its lock exists, or it is in `taken`)."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     name = str(model).replace(":", "-").replace("/", "-").replace(".", "-")
     out = Path("runs") / f"{name}-{stamp}"
     suffix = 2
-    while out.exists():
+    while out.exists() or lock_path(out).exists() or out in taken:
         out = Path("runs") / f"{name}-{stamp}-{suffix}"
         suffix += 1
     return out
