@@ -1,12 +1,21 @@
 """Fixtures shared by the test modules: a CLI runner, a real `python -m torchkit` subprocess, and
-tiny generated image folders. Keep this small; command-specific fixtures live with their tests."""
+tiny generated image folders; and what the output-safety tests (issue #13) share: a hash of a
+folder tree, the `Error:` line, a refusal check, runs side by side, a FIFO reader, a full disk, a
+slow disk. Keep this small; command-specific fixtures live with their tests."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import os
+import shutil
+import stat
 import subprocess
 import sys
-from collections.abc import Callable
+import textwrap
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -157,6 +166,23 @@ def small_tmpfs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
+def fill_disk(mount: Path, *, leave: int = 0) -> Path:
+    """Fill the file system at `mount` with a file `filler`: every byte, or all but `leave`."""
+    if leave:
+        free = os.statvfs(mount)
+        (mount / "filler").write_bytes(bytes(free.f_bavail * free.f_frsize - leave))
+        return mount
+    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return mount
+
+
 def write_image_folder(
     root: Path, counts: dict[str, int], *, size: int = 8, mode: str = "RGB", seed: int = 0
 ) -> Path:
@@ -185,3 +211,158 @@ def make_image_folder() -> Callable[..., Path]:
 def image_folder(tmp_path: Path) -> Path:
     """A tiny image folder: classes `a` (3 images) and `b` (2 images), 8x8 RGB PNGs."""
     return write_image_folder(tmp_path / "images", {"a": 3, "b": 2})
+
+
+# -- the checks of the output-safety tests (issue #13) -------------------------------------------
+
+
+def tree_digest(root: Path, *, folders: bool = True) -> dict[str, str]:
+    """Every entry under `root`, hidden ones too: relative path -> SHA-256 of a file's bytes,
+    `-> TARGET` for a symbolic link (never followed), `dir` for a folder (left out with
+    `folders=False`), the file type of anything else (a FIFO is never opened)."""
+    found: dict[str, str] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder, name)
+            relative = path.relative_to(root).as_posix()
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                found[relative] = "-> " + os.readlink(path)
+            elif stat.S_ISREG(mode):
+                found[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
+            elif stat.S_ISDIR(mode):
+                if folders:
+                    found[relative] = "dir"
+            else:
+                found[relative] = f"file type {stat.S_IFMT(mode):o}"
+    return found
+
+
+@pytest.fixture
+def work(_template: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the module's `_template` fixture (its inputs), the command's working
+    directory."""
+    target = tmp_path / "work"
+    shutil.copytree(_template, target, symlinks=True)
+    return target
+
+
+def check_refused_untouched(args: Sequence[str], message: str, *, cwd: Path) -> None:
+    """`python -m torchkit ARGS` in `cwd` exits 1 with nothing on stdout and one `Error:` line
+    (warnings aside) holding `message`, and no entry under `cwd` changed or appeared."""
+    before = tree_digest(cwd)
+    done = run_torchkit_process(*args, cwd=cwd)
+    assert done.returncode == 1, done.stderr
+    assert message in error_line(done.stderr, besides="warnings")
+    assert done.stdout == ""
+    assert tree_digest(cwd) == before  # no byte changed, nothing written, no lock or temporary
+
+
+def hidden_siblings(folder: Path) -> list[str]:
+    """What torchkit keeps beside `folder` while it writes it (`.NAME.*`: the lock, a set-aside
+    old output, a partial new one): none of it may remain once a command has ended."""
+    return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
+
+
+def error_line(stderr: str, *, besides: str = "anything") -> str:
+    """The one `Error: ` line of `stderr`, which must be its last line, with no traceback;
+    `besides` is what the lines before it may be: "anything", "warnings" or "nothing"."""
+    lines = stderr.splitlines()
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith("Error: "), stderr
+    assert lines[-1] == errors[0], stderr
+    assert "Traceback" not in stderr, stderr
+    if besides == "warnings":
+        assert all(line.startswith("Warning:") for line in lines[:-1]), stderr
+    elif besides == "nothing":
+        assert lines == errors, stderr
+    else:
+        assert besides == "anything", besides
+    return errors[0]
+
+
+def run_together(
+    commands: Sequence[Sequence[object]],
+    *,
+    cwd: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+) -> list[subprocess.CompletedProcess]:
+    """`python -m torchkit ARGS` for each command, all started at once (independent refusals
+    cost the wall time of one); `cwd` is the working directory of all, or a list, one each."""
+    cwds = list(cwd) if isinstance(cwd, list | tuple) else [cwd] * len(commands)
+    started = [
+        start_torchkit_process(*[str(arg) for arg in args], cwd=where)
+        for args, where in zip(commands, cwds, strict=True)
+    ]
+    results = []
+    for process in started:
+        out, err = process.communicate(timeout=300)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return results
+
+
+# A sitecustomize that slows the named calls (renames, copies) whose destination contains a given
+# path down, like a slow disk: a signal then reliably lands in the middle of the work.
+SLOW_IO = textwrap.dedent(
+    """
+    import os, shutil, time
+
+    _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
+
+    def _slowed(function):
+        def slow(source, destination, *args, **kwargs):
+            if _where in os.fspath(destination):
+                time.sleep(float(_delay))
+            return function(source, destination, *args, **kwargs)
+        return slow
+
+    if _where:
+        for _call in os.environ["TORCHKIT_TEST_SLOW_CALLS"].split(","):
+            _module, _, _name = _call.partition(".")
+            _owner = {"os": os, "shutil": shutil}[_module]
+            setattr(_owner, _name, _slowed(getattr(_owner, _name)))
+    """
+)
+
+
+def slow_io_env(
+    tmp_path: Path,
+    where: Path,
+    *,
+    calls: Sequence[str] = ("os.rename", "os.replace", "shutil.copy2"),
+    delay: float = 0.1,
+) -> dict[str, str]:
+    """The environment of a torchkit process whose `calls` into a path containing `where` take
+    `delay` seconds each (its sitecustomize is written to TMP_PATH/slow-io)."""
+    folder = tmp_path / "slow-io"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SLOW_IO)
+    return {
+        "PYTHONPATH": str(folder),
+        "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}",
+        "TORCHKIT_TEST_SLOW_CALLS": ",".join(calls),
+    }
+
+
+class FifoReader:
+    """A FIFO at `path` read to the end by a thread, as `cat FIFO` would."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        self.path = path
+        self.data: bytes | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with open(self.path, "rb") as handle:
+            self.data = handle.read()
+
+    def result(self) -> bytes:
+        """What was written into the FIFO; fails if it is no longer a FIFO."""
+        # A command that never opened the FIFO leaves the reader waiting: let it go.
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
+        return self.data or b""

@@ -5,7 +5,6 @@ SIGKILL of a real process), write errors and special files."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import processes_in_group, signal_and_wait, wait_until
+from conftest import processes_in_group, signal_and_wait, tree_digest, wait_until
 
 from torchkit.core.errors import OutputExistsError, OutputWriteError
 from torchkit.core.files import atomic_path, atomic_write_text
@@ -34,14 +33,6 @@ from torchkit.core.outputs import (
     is_write_error,
     recover_leftovers,
 )
-
-
-def _tree_digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 def _old_run(folder: Path) -> Path:
@@ -157,11 +148,11 @@ def test_force_replaces_only_empty_or_torchkit_folders(tmp_path):
 
 def test_a_new_output_is_marked_and_replaces_the_old_only_when_kept(tmp_path):
     run = _old_run(tmp_path / "run")
-    before = _tree_digest(run)
+    before = tree_digest(run)
     with pytest.raises(RuntimeError), OutputFolder(run, command="eval", force=True) as out:
         (out.begin() / "partial.json").write_text("{}")
         raise RuntimeError("the new run failed")
-    assert _tree_digest(run) == before  # put back, byte for byte
+    assert tree_digest(run) == before  # put back, byte for byte
     assert sorted(os.listdir(tmp_path)) == ["run"]  # no lock file, no set-aside left
     with OutputFolder(run, command="eval", force=True) as out:
         (out.begin() / "new.json").write_text("{}")
@@ -195,12 +186,12 @@ def test_a_failed_run_keeps_the_users_empty_folder(tmp_path):
 
 def test_atomic_output_appears_whole_or_not_at_all(tmp_path):
     run = _old_run(tmp_path / "frames")
-    before = _tree_digest(run)
+    before = tree_digest(run)
     out = OutputFolder(run, command="convert", force=True, atomic=True)
     partial = out.begin()
     assert partial != run and partial.name.endswith(".partial")
     (partial / "a.png").write_bytes(b"a")
-    assert _tree_digest(run) == before  # nothing visible until kept
+    assert tree_digest(run) == before  # nothing visible until kept
     out.finish(ok=True)
     assert sorted(os.listdir(run)) == [MARKER, "a.png"]
     assert sorted(os.listdir(tmp_path)) == ["frames"]
@@ -326,26 +317,26 @@ def _start(script: Path, *args: str) -> subprocess.Popen:
 )
 def test_sigterm_and_sigint_put_the_old_output_back(tmp_path, writer_script, signum, code, word):
     run = _old_run(tmp_path / "run")
-    before = _tree_digest(run)
+    before = tree_digest(run)
     process = _start(writer_script, str(run), "--force", "--workers", "1")
     wait_until(lambda: (run / "new.txt").exists(), process=process, what="the new output")
     rc, _, err = signal_and_wait(process, signum)
     assert (rc, err.strip().splitlines()[-1]) == (code, word)
-    assert _tree_digest(run) == before
+    assert tree_digest(run) == before
     assert sorted(os.listdir(tmp_path)) == ["run", "writer.py"]
     wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="the children to go")
 
 
 def test_a_sigkilled_runs_set_aside_is_put_back_by_the_next_run(tmp_path, writer_script):
     run = _old_run(tmp_path / "run")
-    before = _tree_digest(run)
+    before = tree_digest(run)
     process = _start(writer_script, str(run), "--force")
     wait_until(lambda: (run / "new.txt").exists(), process=process, what="the new output")
     os.killpg(process.pid, signal.SIGKILL)
     process.communicate()
     assert any(name.endswith(".replaced") for name in os.listdir(tmp_path))
     OutputFolder(run, command="demo", force=True).release()  # the next run on that folder
-    assert _tree_digest(run) == before
+    assert tree_digest(run) == before
     assert sorted(os.listdir(tmp_path)) == ["run", "writer.py"]
 
 

@@ -6,27 +6,27 @@ files are written into, never replaced."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import json
 import os
 import pickle
 import shutil
 import signal
-import stat
 import subprocess
 import tarfile
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import (
+    FifoReader,
+    check_refused_untouched,
+    error_line,
+    fill_disk,
     processes_in_group,
     run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
+    tree_digest,
     wait_until,
     write_image_folder,
 )
@@ -79,38 +79,6 @@ def _template(tmp_path_factory) -> Path:
     (root / "mine").mkdir()
     (root / "mine" / "thesis.txt").write_text("years of work")
     return root
-
-
-@pytest.fixture
-def work(_template, tmp_path) -> Path:
-    """A fresh copy of the inputs, the working directory of the command."""
-    target = tmp_path / "work"
-    shutil.copytree(_template, target, symlinks=True)
-    return target
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every entry under `root` (hidden ones too): the bytes' hash of a regular file, the
-    target of a symlink, the kind of anything else (a FIFO is not opened)."""
-    found = {}
-    for folder, dirs, names in os.walk(root):
-        for name in names + dirs:
-            path = Path(folder, name)
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                found[str(path.relative_to(root))] = "-> " + os.readlink(path)
-            elif stat.S_ISREG(mode):
-                found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-            else:
-                found[str(path.relative_to(root))] = str(stat.S_IFMT(mode))
-    return found
-
-
-def one_error_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if not line.startswith("Warning:")]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), stderr
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 # -- outputs that are, contain or lie inside an input: refused before any work ------------------
@@ -207,13 +175,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_output_over_an_input_is_refused_and_nothing_changes(work, case):
-    args, message = REFUSED[case]
-    before = snapshot(work)
-    done = run_torchkit_process(*args, cwd=work)
-    assert done.returncode == 1, done.stderr
-    assert message in one_error_line(done.stderr)
-    assert done.stdout == ""
-    assert snapshot(work) == before  # no byte changed, nothing written, no lock or temporary left
+    check_refused_untouched(*REFUSED[case], cwd=work)
 
 
 def test_force_replaces_torchkits_own_output_folder(work):
@@ -222,7 +184,7 @@ def test_force_replaces_torchkits_own_output_folder(work):
     assert json.loads((work / "arrays" / ".torchkit").read_text())["command"] == "convert tensor"
     again = run_torchkit_process("convert", "tensor", "src", "arrays", "--to", "npy", cwd=work)
     assert again.returncode == 1
-    assert "already exists" in one_error_line(again.stderr)
+    assert "already exists" in error_line(again.stderr, besides="warnings")
     (work / "arrays" / "stale.npy").write_bytes(b"old")
     forced = run_torchkit_process(
         "convert", "tensor", "src", "arrays", "--to", "bmp", "--force", cwd=work
@@ -237,31 +199,18 @@ def test_force_replaces_torchkits_own_output_folder(work):
 # -- a full or read-only disk: one error line, exit 1, the old DST as it was ----------------------
 
 
-def fill(mount: Path) -> Path:
-    """Use up every byte of the file system at `mount`."""
-    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as error:
-        assert error.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return mount
-
-
 def old_output(folder: Path) -> dict[str, str]:
     """An earlier torchkit output at `folder` (it carries the marker): --force may replace it."""
     (folder / "a").mkdir(parents=True)
     (folder / ".torchkit").write_text('{"written_by": "torchkit"}\n')
     (folder / "a" / "old.npy").write_bytes(b"old result")
-    return snapshot(folder)
+    return tree_digest(folder)
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_convert_tensor_on_a_full_disk_is_an_error_not_skipped_inputs(work, small_tmpfs, workers):
     write_image_folder(work / "many", {"a": 30, "b": 30}, size=8)
-    before = snapshot(work)
+    before = tree_digest(work)
     disk = small_tmpfs(96)  # a page per file: room for about 20 of the 60
     dst = disk / "dst"
     old = old_output(dst)
@@ -269,23 +218,25 @@ def test_convert_tensor_on_a_full_disk_is_an_error_not_skipped_inputs(work, smal
         "convert", "tensor", "many", str(dst), "--to", "npy", "-j", workers, "--force", cwd=work
     )
     assert done.returncode == 1, done.stderr
-    line = one_error_line(done.stderr)
+    line = error_line(done.stderr, besides="warnings")
     assert line.startswith(f"Error: cannot write {dst}/")
     assert "No space left on device" in line
     assert "skipped" not in done.stderr and "Warning" not in done.stderr
-    assert snapshot(dst) == old  # the old output as it was, nothing half-written in it
+    assert tree_digest(dst) == old  # the old output as it was, nothing half-written in it
     assert sorted(os.listdir(disk)) == ["dst"]  # no temporary folder, no lock left
-    assert snapshot(work) == before
+    assert tree_digest(work) == before
 
 
 @pytest.mark.parametrize("suffix", ["safetensors", "png"])
 def test_convert_tensor_file_on_a_full_disk_is_an_error(work, small_tmpfs, suffix):
-    disk = fill(small_tmpfs(64))
+    disk = fill_disk(small_tmpfs(64))
     np.save(work / "big.npy", np.zeros((64, 64, 3), dtype=np.uint8))
     target = disk / f"big.{suffix}"
     done = run_torchkit_process("convert", "tensor", "big.npy", str(target), cwd=work)
     assert done.returncode == 1
-    assert f"Error: cannot write {target}: No space left" in one_error_line(done.stderr)
+    assert f"Error: cannot write {target}: No space left" in error_line(
+        done.stderr, besides="warnings"
+    )
     assert os.listdir(disk) == ["filler"]  # no half-written file, no temporary
 
 
@@ -294,17 +245,19 @@ def test_convert_cifar_on_a_full_disk_is_an_error(work, small_tmpfs):
     write_cifar10(work / "big", train=40, test=10)  # 50 PNGs of 3 KiB: more than 64 KiB
     done = run_torchkit_process("convert", "cifar", "big", str(disk / "png"), "-j", "2", cwd=work)
     assert done.returncode == 1, done.stderr
-    line = one_error_line(done.stderr)
+    line = error_line(done.stderr, besides="warnings")
     assert line.startswith(f"Error: cannot write {disk}/png/") and "No space left" in line
     assert os.listdir(disk) == []
 
 
 def test_convert_checkpoint_on_a_full_disk_is_an_error(work, small_tmpfs):
-    disk = fill(small_tmpfs(64))
+    disk = fill_disk(small_tmpfs(64))
     target = disk / "w.pt"  # torch.save says "unexpected pos" or "iostream error", no errno
     done = run_torchkit_process("convert", "checkpoint", "ck.pt", str(target), cwd=work)
     assert done.returncode == 1
-    assert f"Error: cannot write {target}: No space left" in one_error_line(done.stderr)
+    assert f"Error: cannot write {target}: No space left" in error_line(
+        done.stderr, besides="warnings"
+    )
     assert os.listdir(disk) == ["filler"]
 
 
@@ -317,7 +270,7 @@ def test_convert_tensor_on_a_read_only_disk_is_an_error(work, small_tmpfs):
         "convert", "tensor", "src", str(disk / "dst"), "--to", "npy", cwd=work
     )
     assert done.returncode == 1
-    line = one_error_line(done.stderr)
+    line = error_line(done.stderr, besides="warnings")
     assert line.startswith(f"Error: cannot write {disk / 'dst'}") and "Read-only" in line
     assert os.listdir(disk) == []
 
@@ -342,7 +295,7 @@ def many_images(tmp_path_factory) -> Path:
 def test_signal_stops_the_workers_and_keeps_the_old_output(
     many_images, tmp_path, signum, to_group, code, said, had_old
 ):
-    before = snapshot(many_images)
+    before = tree_digest(many_images)
     dst = tmp_path / "dst"
     old = old_output(dst) if had_old else None
     process = start_torchkit_process(
@@ -364,8 +317,8 @@ def test_signal_stops_the_workers_and_keeps_the_old_output(
     assert processes_in_group(process.pid) == []  # no worker left running
     assert sorted(os.listdir(tmp_path)) == (["dst"] if had_old else [])  # no temporary, no lock
     if had_old:
-        assert snapshot(dst) == old
-    assert snapshot(many_images) == before
+        assert tree_digest(dst) == old
+    assert tree_digest(many_images) == before
 
 
 def _fail_or_sleep(chunk: int) -> int:
@@ -411,30 +364,6 @@ def test_map_chunks_stops_at_once_and_leaves_no_worker(how):
 
 
 # -- special files: written into, never replaced ------------------------------------------------
-
-
-class FifoReader:
-    """A FIFO at `path` read to the end by a thread, as `cat FIFO` would."""
-
-    def __init__(self, path: Path) -> None:
-        os.mkfifo(path)
-        self.path = path
-        self.data: bytes | None = None
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        with open(self.path, "rb") as handle:
-            self.data = handle.read()
-
-    def result(self) -> bytes:
-        # A command that never opened the FIFO leaves the reader waiting: let it go.
-        with contextlib.suppress(OSError):
-            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
-        return self.data or b""
 
 
 @pytest.mark.parametrize(

@@ -6,26 +6,21 @@ write` line with nothing half-written under --out. Every check is a real `python
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import (
-    processes_in_group,
+    error_line,
+    hidden_siblings,
+    run_together,
     run_torchkit_process,
-    signal_and_wait,
     start_torchkit_process,
-    wait_until,
-    write_image_folder,
+    tree_digest,
 )
-
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.data import Preprocess
-from torchkit.core.models import build_model
+from safety_world import check_locked_then_terminated, write_world
 
 REPORTS = (
     "metrics.json",
@@ -36,72 +31,13 @@ REPORTS = (
     "errors.png",
 )
 
-# A model whose forward pass, when GATE_FILE is set, creates that file at its GATE_AT-th batch
-# and then waits there until the test stops the run: a deterministic "in the middle of the
-# work" without timing guesses. `float(...)` also keeps torch.fx from tracing it.
-GATE_MODULE = """
-import os
-import time
-
-from torch import nn
-
-
-class Gated(nn.Module):
-    def __init__(self, num_classes=2):
-        super().__init__()
-        self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16))
-        self.head = nn.Linear(16, num_classes)
-        self.calls = 0
-
-    def forward(self, x):
-        real = float(x.abs().sum()) > 0  # images, not a zero example
-        gate = os.environ.get("GATE_FILE")
-        if gate and real:
-            self.calls += 1
-            if self.calls >= int(os.environ.get("GATE_AT", "1")):
-                open(gate, "w").close()
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline:
-                    time.sleep(0.01)
-                raise RuntimeError("the test never stopped this run")
-        return self.head(self.body(x))
-"""
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    """Every input eval reads, made once: an image folder `ds`, a CSV index naming its images,
-    a torchkit checkpoint `run/best.pt`, a stats file, and a gated model's weights."""
-    root = tmp_path_factory.mktemp("eval-safety")
-    write_image_folder(root / "ds", {"a": 3, "b": 3})
-    rows = [f"ds/{c}/{c}_{i}.png,{c}" for c in "ab" for i in range(3)]
-    (root / "index.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
-    torch.manual_seed(0)
-    model = build_model("convnet", 2, image_size=8)
-    preprocess = Preprocess(image_size=8, resize_size=8, mean=(0.5,) * 3, std=(0.5,) * 3)
-    (root / "run").mkdir()
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "torchkit_version": "0.1.0",
-            "arch": "convnet",
-            "num_classes": 2,
-            "classes": ["a", "b"],
-            "model": model.state_dict(),
-            "optimizer": None,
-            "scheduler": None,
-            "scaler": None,
-            "epoch": 1,
-            "global_step": 1,
-            "best_metric": 0.5,
-            "rng_state": None,
-            "config": {},
-            "preprocess": preprocess.to_dict(),
-        },
-        root / "run" / "best.pt",
-    )
-    (root / "stats.json").write_text(json.dumps({"mean": [0.5] * 3, "std": [0.25] * 3}))
-    (root / "gatemod.py").write_text(GATE_MODULE)
+    """Every input eval reads, made once: the shared world (an image folder `ds`, a CSV index
+    naming its images, a torchkit checkpoint `run/best.pt`, a stats file, the gated model)
+    and the gated model's weights `gated.pt`."""
+    root = write_world(tmp_path_factory.mktemp("eval-safety"))
     gated = {
         "body.1.weight": torch.randn(16, 192) * 0.05,
         "body.1.bias": torch.zeros(16),
@@ -112,17 +48,6 @@ def world(tmp_path_factory) -> Path:
     return root
 
 
-def tree(folder: Path) -> dict[str, str]:
-    """Every name under `folder` (hidden ones too) with a hash of its bytes."""
-    found = {}
-    for path in sorted(folder.rglob("*")):
-        if "__pycache__" in path.parts:
-            continue
-        name = str(path.relative_to(folder))
-        found[name] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
-
-
 def older_eval_output(folder: Path, *, marker: bool) -> None:
     """An eval --out folder as an earlier torchkit wrote it (with or before the marker)."""
     folder.mkdir()
@@ -130,11 +55,6 @@ def older_eval_output(folder: Path, *, marker: bool) -> None:
         (folder / name).write_bytes(f"earlier {name}\n".encode())
     if marker:
         (folder / ".torchkit").write_text('{"written_by": "torchkit", "command": "eval"}\n')
-
-
-def leftovers(parent: Path, name: str) -> list[str]:
-    """Hidden siblings of an output (a lock, a set-aside or partial folder)."""
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
 
 
 EVAL = ["eval", "run/best.pt", "--data", "ds", "--workers", "0", "--format", "json"]
@@ -156,16 +76,14 @@ OVERLAPS = [
 
 
 def test_outputs_that_overlap_an_input_are_refused_and_nothing_changes(world):
-    before = tree(world)
+    before = tree_digest(world)
     # All at once: each is refused before torch is imported, so this takes about a second.
-    processes = [start_torchkit_process(*EVAL, *args, cwd=world) for args, _ in OVERLAPS]
-    for process, (args, message) in zip(processes, OVERLAPS, strict=True):
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 1, (args, err)
-        assert err.startswith("Error: ") and message in err, (args, err)
-        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-        assert out == ""
-    assert tree(world) == before  # the inputs' bytes, and no new file anywhere
+    results = run_together([[*EVAL, *args] for args, _ in OVERLAPS], cwd=world)
+    for (args, message), result in zip(OVERLAPS, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert message in error_line(result.stderr, besides="nothing"), args
+        assert result.stdout == ""
+    assert tree_digest(world) == before  # the inputs' bytes, and no new file anywhere
 
 
 def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path):
@@ -173,12 +91,12 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
     mine.mkdir()
     (mine / "notes.txt").write_text("my notes")
     (mine / "metrics.json").write_text("{}")
-    mine_before = tree(mine)
+    mine_before = tree_digest(mine)
     refused = run_torchkit_process(*EVAL, "--out", str(mine), "--force", cwd=world)
     assert refused.returncode == 1
     assert "Error: output folder" in refused.stderr
     assert "was not written by torchkit" in refused.stderr
-    assert tree(mine) == mine_before
+    assert tree_digest(mine) == mine_before
 
     older = tmp_path / "older"
     older_eval_output(older, marker=False)  # written before the .torchkit marker existed
@@ -187,13 +105,13 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
     metrics = json.loads((older / "metrics.json").read_text())
     assert metrics["accuracy"] == json.loads(done.stdout)["accuracy"]
     assert sorted(p.name for p in older.iterdir()) == sorted([".torchkit", *REPORTS])
-    assert leftovers(tmp_path, "older") == []
+    assert hidden_siblings(older) == []
 
 
 def test_sigterm_stops_the_workers_and_a_second_run_is_refused(world, tmp_path):
     previous = tmp_path / "previous"
     older_eval_output(previous, marker=True)
-    before = tree(previous)
+    before = tree_digest(previous)
     started = tmp_path / "started"
     gated = [
         "eval", "gated.pt", "--model", "gatemod:Gated", "--num-classes", "2", "--data", "ds",
@@ -201,21 +119,10 @@ def test_sigterm_stops_the_workers_and_a_second_run_is_refused(world, tmp_path):
         "--force",
     ]  # fmt: skip
     process = start_torchkit_process(*gated, cwd=world, env={"GATE_FILE": str(started)})
-    try:
-        wait_until(started.exists, process=process, what="the first batch")
-        assert len(processes_in_group(process.pid)) >= 3  # eval and its two DataLoader workers
-
-        second = run_torchkit_process(*EVAL, "--out", str(previous), "--force", cwd=world)
-        assert second.returncode == 1
-        assert "is being written by another torchkit process" in second.stderr
-        assert f"PID {process.pid}" in second.stderr
-    finally:
-        code, _, err = signal_and_wait(process, signal.SIGTERM)
-    assert code == 143, err
-    assert "Terminated." in err and "Traceback" not in err
-    wait_until(lambda: not processes_in_group(process.pid), what="the workers to exit")
-    assert tree(previous) == before
-    assert leftovers(tmp_path, "previous") == []  # no lock, no half-written folder
+    second = [*EVAL, "--out", str(previous), "--force"]
+    check_locked_then_terminated(process, started, second, cwd=world)
+    assert tree_digest(previous) == before
+    assert hidden_siblings(previous) == []  # no lock, no half-written folder
 
 
 def test_full_disk_is_an_error_and_leaves_nothing_under_out(world, small_tmpfs):

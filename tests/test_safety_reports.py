@@ -5,26 +5,26 @@ SIGTERM stops dataset-stats' workers and writes nothing."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import io
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import (
+    FifoReader,
+    check_refused_untouched,
+    error_line,
+    fill_disk,
     processes_in_group,
     run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
+    tree_digest,
     wait_until,
     write_image_folder,
 )
@@ -72,38 +72,6 @@ def _template(tmp_path_factory) -> Path:
     torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten()), root / "net.pt")
     (root / "netdef.py").write_text(NETDEF)
     return root
-
-
-@pytest.fixture
-def work(_template, tmp_path) -> Path:
-    """A fresh copy of the inputs, the working directory of the command."""
-    target = tmp_path / "work"
-    shutil.copytree(_template, target, symlinks=True)
-    return target
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Every entry under `root` (hidden ones too): the bytes' hash of a regular file, the
-    target of a symlink, the kind of anything else (a FIFO is not opened)."""
-    found = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = Path(folder, name)
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                found[str(path.relative_to(root))] = "-> " + os.readlink(path)
-            elif stat.S_ISREG(mode):
-                found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-            else:
-                found[str(path.relative_to(root))] = stat.S_IFMT(mode)
-    return found
-
-
-def one_error_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if not line.startswith("Warning:")]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), stderr
-    assert "Traceback" not in stderr
-    return lines[0]
 
 
 # -- outputs that are, or lie inside, an input: refused before any work, nothing touched ------
@@ -170,13 +138,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_output_over_an_input_is_refused_and_nothing_changes(work, case):
-    args, message = REFUSED[case]
-    before = snapshot(work)
-    done = run_torchkit_process(*args, cwd=work)
-    assert done.returncode == 1, done.stderr
-    assert message in one_error_line(done.stderr)
-    assert done.stdout == ""
-    assert snapshot(work) == before  # no byte changed, nothing written, no temporary left
+    check_refused_untouched(*REFUSED[case], cwd=work)
 
 
 def test_model_inputs_name_what_a_spec_reads(work, monkeypatch):
@@ -192,30 +154,6 @@ def test_model_inputs_name_what_a_spec_reads(work, monkeypatch):
 
 
 # -- special files: written into, never replaced ----------------------------------------------
-
-
-class FifoReader:
-    """A FIFO at `path` read to the end by a thread, as `cat FIFO` would."""
-
-    def __init__(self, path: Path) -> None:
-        os.mkfifo(path)
-        self.path = path
-        self.data: bytes | None = None
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        with open(self.path, "rb") as handle:
-            self.data = handle.read()
-
-    def result(self) -> bytes:
-        # A command that never opened the FIFO leaves the reader waiting: let it go.
-        with contextlib.suppress(OSError):
-            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
-        return self.data or b""
 
 
 def _json(data: bytes) -> dict:
@@ -267,41 +205,31 @@ def test_outputs_to_fifos_are_written_into(runner, work, monkeypatch, command):
 def test_outputs_to_dev_null_work(runner, work, monkeypatch, command):
     monkeypatch.chdir(work)
     template, _ = SPECIAL[command]
-    before = snapshot(work)
+    before = tree_digest(work)
     result = runner.invoke(
         app, [*(a.format("/dev/null", "/dev/null") for a in template), "--force"]
     )
     assert result.exit_code == 0, result.stderr
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-    assert snapshot(work) == before
+    assert tree_digest(work) == before
 
 
 # -- a full or read-only disk: one error line, exit 1, nothing half-written ---------------------
 
 
-def fill(mount: Path) -> Path:
-    """Use up every byte of the file system at `mount`."""
-    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as error:
-        assert error.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return mount
-
-
 @pytest.fixture
 def full_disk(small_tmpfs) -> Path:
-    return fill(small_tmpfs(64))
+    """A 64 KiB file system with no byte free."""
+    return fill_disk(small_tmpfs(64))
 
 
 def test_env_on_a_full_disk_is_an_error(full_disk):
     target = full_disk / "env.json"
     done = run_torchkit_process("env", "--format", "json", "-o", str(target))
     assert done.returncode == 1
-    assert f"Error: cannot write {target}: No space left" in one_error_line(done.stderr)
+    assert f"Error: cannot write {target}: No space left" in error_line(
+        done.stderr, besides="warnings"
+    )
     assert os.listdir(full_disk) == ["filler"]  # no half-written file, no temporary
 
 
@@ -312,7 +240,7 @@ def test_env_on_a_read_only_disk_is_an_error(small_tmpfs):
         pytest.skip("cannot remount the tmpfs read-only")
     done = run_torchkit_process("env", "-o", str(mount / "env.txt"))
     assert done.returncode == 1
-    assert "Error: cannot write" in one_error_line(done.stderr)
+    assert "Error: cannot write" in error_line(done.stderr, besides="warnings")
     assert "Read-only file system" in done.stderr
     assert os.listdir(mount) == []
 
@@ -334,13 +262,13 @@ FULL_DISK = {
 @pytest.mark.parametrize("case", list(FULL_DISK))
 def test_full_disk_is_one_error_and_leaves_nothing(runner, work, monkeypatch, full_disk, case):
     monkeypatch.chdir(work)
-    before = snapshot(work)
+    before = tree_digest(work)
     args = [a.format(disk=full_disk) for a in FULL_DISK[case]]
     result = runner.invoke(app, args)
     assert result.exit_code == 1, result.stderr
-    assert f"Error: cannot write {full_disk}/" in one_error_line(result.stderr)
+    assert f"Error: cannot write {full_disk}/" in error_line(result.stderr, besides="warnings")
     assert os.listdir(full_disk) == ["filler"]
-    assert snapshot(work) == before
+    assert tree_digest(work) == before
 
 
 # -- SIGTERM during dataset-stats' pass ---------------------------------------------------------
@@ -362,7 +290,7 @@ def test_sigterm_stops_dataset_stats_workers_and_writes_nothing(work, when):
     (work / "slow.csv").write_text(
         "path,label\nds/a/a_0.png,a\nds/a/stuck.png,a\nds/a/a_1.png,a\nds/b/b_0.png,b\n"
     )
-    before = snapshot(work)
+    before = tree_digest(work)
     process = start_torchkit_process(
         "dataset-stats", "slow.csv", "-j", "2", "-o", "out.json", "--plot", "out.png", cwd=work
     )
@@ -374,4 +302,4 @@ def test_sigterm_stops_dataset_stats_workers_and_writes_nothing(work, when):
     code, out, err = signal_and_wait(process, signal.SIGTERM, timeout=60)
     assert code == 143 and "Terminated." in err and "Traceback" not in err
     wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="no process left")
-    assert snapshot(work) == before
+    assert tree_digest(work) == before

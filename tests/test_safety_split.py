@@ -9,51 +9,23 @@ mid-move leaves every file in exactly one place and a rerun finishes it; a full 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
-import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import (
+    error_line,
     processes_in_group,
+    run_together,
     run_torchkit_process,
     signal_and_wait,
+    slow_io_env,
     start_torchkit_process,
+    tree_digest,
     wait_until,
 )
-
-# A real torchkit process whose renames, replaces and copies into one folder are slowed down (a
-# slow disk), so that a signal reliably lands in the middle of the work.
-SLOW_IO = textwrap.dedent(
-    """
-    import os, shutil, time
-
-    _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
-
-    def _slowed(function, destination_argument):
-        def slow(*args, **kwargs):
-            if _where in os.fspath(args[destination_argument]):
-                time.sleep(float(_delay))
-            return function(*args, **kwargs)
-        return slow
-
-    if _where:
-        os.rename = _slowed(os.rename, 1)
-        os.replace = _slowed(os.replace, 1)
-        shutil.copy2 = _slowed(shutil.copy2, 1)
-    """
-)
-
-
-def slow_env(tmp_path: Path, where: Path, delay: float = 0.1) -> dict[str, str]:
-    folder = tmp_path / "slow-io"
-    folder.mkdir(exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SLOW_IO)
-    return {"PYTHONPATH": str(folder), "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}"}
 
 
 def make_files(root: Path, counts: dict[str, int]) -> Path:
@@ -65,47 +37,18 @@ def make_files(root: Path, counts: dict[str, int]) -> Path:
     return root
 
 
-def tree(root: Path) -> dict[str, str]:
-    """Relative path -> SHA-256 of every file (a link: '-> target'), hidden ones included."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            found[relative] = "-> " + os.readlink(path)
-        elif path.is_file():
-            found[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
-
-
 def contents(root: Path) -> dict[str, str]:
-    """File name -> SHA-256 of the images under `root` (names are unique in these tests)."""
+    """File name -> SHA-256 of the images under `root`, torchkit's own folders left out (names
+    are unique in these tests)."""
     return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in root.rglob("*.png")
-        if ".torchkit" not in p.as_posix()
+        Path(path).name: digest
+        for path, digest in tree_digest(root).items()
+        if path.endswith(".png") and ".torchkit" not in path
     }
 
 
 def split(*args, **kwargs):
     return run_torchkit_process("split", *[str(a) for a in args], **kwargs)
-
-
-def run_together(cases: list[list], cwd: Path | None = None) -> list[subprocess.CompletedProcess]:
-    """`torchkit split ARGS` for each case, all started at once (independent refusals: the
-    wall time of one, not of all)."""
-    started = [start_torchkit_process("split", *[str(a) for a in args], cwd=cwd) for args in cases]
-    results = []
-    for process in started:
-        out, err = process.communicate(timeout=300)
-        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
-    return results
-
-
-def error_line(result) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("Error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[-1]
 
 
 @pytest.fixture
@@ -123,7 +66,7 @@ def test_out_that_is_in_or_holds_the_dataset_is_refused_and_nothing_moves(tmp_pa
     holder = tmp_path / "holder"  # an earlier split that holds the dataset in one of its splits
     make_files(holder / "train", {"cat": 2})
     (holder / "split.csv").write_text("path,label,split,source\n")
-    before = tree(tmp_path)
+    before = tree_digest(tmp_path)
     cases = [
         ([data, data], "is the data folder"),
         ([data, data / "splits"], "lies inside the data folder"),
@@ -133,27 +76,27 @@ def test_out_that_is_in_or_holds_the_dataset_is_refused_and_nothing_moves(tmp_pa
         ([index, data / "cat" / "out"], "lies inside the images of"),
         ([index, tmp_path / "data", "--force"], "contains the"),
     ]
-    results = run_together([[*args, "--mode", mode] for args, _ in cases])
+    results = run_together([["split", *args, "--mode", mode] for args, _ in cases])
     for (args, message), result in zip(cases, results, strict=True):
         assert result.returncode == 1, (args, result.stderr)
-        assert message in error_line(result), args
+        assert message in error_line(result.stderr), args
     # `.` and its parents: never, whatever they hold.
-    here = [[data, out, "--force", "--mode", mode] for out in (".", "..")]
+    here = [["split", data, out, "--force", "--mode", mode] for out in (".", "..")]
     for result in run_together(here, cwd=tmp_path / "holder"):
-        assert result.returncode == 1 and "working directory" in error_line(result)
-    assert tree(tmp_path) == before  # not a byte changed, nothing created, no lock left
+        assert result.returncode == 1 and "working directory" in error_line(result.stderr)
+    assert tree_digest(tmp_path) == before  # not a byte changed, nothing created, no lock left
 
 
 def test_force_over_a_folder_that_is_not_a_split_is_refused(tmp_path, data):
     mine = tmp_path / "mine"
     make_files(mine, {"train": 2})  # a `train/` of the user's own, no split.csv, no marker
     (mine / "notes.txt").write_text("precious")
-    before, data_before = tree(mine), tree(data)
+    before, data_before = tree_digest(mine), tree_digest(data)
     for mode in ("move", "copy"):
         result = split(data, mine, "--force", "--mode", mode)
         assert result.returncode == 1
-        assert "was not written by torchkit" in error_line(result)
-    assert tree(mine) == before and tree(data) == data_before
+        assert "was not written by torchkit" in error_line(result.stderr)
+    assert tree_digest(mine) == before and tree_digest(data) == data_before
 
 
 def test_force_replaces_an_earlier_split_without_marker_and_keeps_other_files(tmp_path, data):
@@ -172,7 +115,7 @@ def test_report_file_may_not_be_an_input_or_a_file_the_split_writes(tmp_path, da
     index = tmp_path / "index.csv"
     index.write_text("path,label\ndata/cat/cat_00.png,cat\ndata/dog/dog_00.png,dog\n")
     out = tmp_path / "out"
-    before = tree(tmp_path)
+    before = tree_digest(tmp_path)
     cases = [
         ([index, out, "-o", index, "--force"], "is the data file"),
         ([data, out, "-o", data / "cat" / "report.json"], "lies inside the data folder"),
@@ -180,11 +123,11 @@ def test_report_file_may_not_be_an_input_or_a_file_the_split_writes(tmp_path, da
         ([data, out, "-o", out / "train" / "r.json"], "a file the split writes"),
         ([data, out, "-o", out, "--force"], "the output folder"),
     ]
-    results = run_together([[*args, "--mode", "move"] for args, _ in cases])
+    results = run_together([["split", *args, "--mode", "move"] for args, _ in cases])
     for (args, message), result in zip(cases, results, strict=True):
         assert result.returncode == 1, (args, result.stderr)
-        assert message in error_line(result), args
-    assert tree(tmp_path) == before
+        assert message in error_line(result.stderr), args
+    assert tree_digest(tmp_path) == before
     # A report of your own beside the split is fine.
     assert split(data, out, "-o", out / "report.txt").returncode == 0
     assert "total" in (out / "report.txt").read_text()
@@ -194,18 +137,18 @@ def test_a_second_split_into_a_locked_out_is_refused_at_once(tmp_path, data):
     from torchkit.core.outputs import FolderLock
 
     out = tmp_path / "out"
-    before = tree(data)
+    before = tree_digest(data)
     lock = FolderLock(out, "output folder")  # another torchkit process writing OUT
     try:
         for mode in ("move", "copy"):
             result = split(data, out, "--mode", mode)
             assert result.returncode == 1
-            line = error_line(result)
+            line = error_line(result.stderr)
             assert "being written by another torchkit process" in line
             assert f"PID {os.getpid()}" in line
     finally:
         lock.release()
-    assert tree(data) == before and not out.exists()
+    assert tree_digest(data) == before and not out.exists()
     assert split(data, out, "--mode", "move").returncode == 0  # once it is free
 
 
@@ -241,7 +184,7 @@ def test_move_keeps_every_symbolic_link_pointing_at_its_file(tmp_path, data):
 
 
 def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
-    before = tree(data)
+    before = tree_digest(data)
     names = [
         "train,val,.torchkit-split.json",
         "train,.TorchKit,test",
@@ -250,11 +193,11 @@ def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
         "train,..,test",
         "train,val," + "x" * 256,
     ]
-    cases = [[data, tmp_path / "out", "--mode", "move", "--names", n] for n in names]
+    cases = [["split", data, tmp_path / "out", "--mode", "move", "--names", n] for n in names]
     for given, result in zip(names, run_together(cases), strict=True):
         assert result.returncode == 2, (given, result.stderr)
-        assert "cannot be a split folder name" in error_line(result)
-    assert tree(data) == before and not (tmp_path / "out").exists()
+        assert "cannot be a split folder name" in error_line(result.stderr)
+    assert tree_digest(data) == before and not (tmp_path / "out").exists()
 
 
 def test_rerunning_a_finished_move_says_it_is_done_and_touches_nothing(tmp_path, data):
@@ -262,17 +205,17 @@ def test_rerunning_a_finished_move_says_it_is_done_and_touches_nothing(tmp_path,
     args = [data, out, "--mode", "move", "--seed", "3", "--format", "json"]
     first = split(*args)
     assert first.returncode == 0, first.stderr
-    after = tree(out)
+    after = tree_digest(out)
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
     again = split(*args)
     assert again.returncode == 0, again.stderr
     assert "already done" in again.stderr
     assert json.loads(again.stdout) == json.loads(first.stdout)  # the same summary
-    assert tree(out) == after and {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamps
+    assert tree_digest(out) == after and {p: p.stat().st_mtime_ns for p in out.rglob("*")} == stamps
     # Another split over those only copies is still refused, with or without --force.
     other = split(data, out, "--mode", "move", "--seed", "4", "--force")
-    assert other.returncode == 1 and "the only copies" in error_line(other)
-    assert tree(out) == after
+    assert other.returncode == 1 and "the only copies" in error_line(other.stderr)
+    assert tree_digest(out) == after
 
 
 # --------------------------------------------------------------------------- signals, full disk
@@ -283,7 +226,7 @@ def test_sigterm_mid_move_leaves_every_file_in_one_place_and_a_rerun_finishes(tm
     expected = contents(data)
     out = tmp_path / "out"
     process = start_torchkit_process(
-        "split", str(data), str(out), "--mode", "move", env=slow_env(tmp_path, out)
+        "split", str(data), str(out), "--mode", "move", env=slow_io_env(tmp_path, out)
     )
     wait_until(lambda: len(list(out.rglob("*.png"))) >= 3, process=process, what="a few moves")
     code, _, err = signal_and_wait(process, signal.SIGTERM)
@@ -307,9 +250,9 @@ def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):
     data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
     out = tmp_path / "out"
     assert split(data, out, "--names", "a,b,c").returncode == 0
-    before, data_before = tree(out), tree(data)
+    before, data_before = tree_digest(out), tree_digest(data)
     process = start_torchkit_process(
-        "split", str(data), str(out), "--force", env=slow_env(tmp_path, out / "train")
+        "split", str(data), str(out), "--force", env=slow_io_env(tmp_path, out / "train")
     )
     wait_until(
         lambda: len(list((out / "train").rglob("*.png"))) >= 2, process=process, what="copies"
@@ -317,7 +260,7 @@ def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):
     assert (out / ".torchkit-split-replaced" / "a").is_dir()  # the earlier split, set aside
     code, _, err = signal_and_wait(process, signal.SIGTERM)
     assert code == 143 and "Traceback" not in err
-    assert tree(out) == before and tree(data) == data_before
+    assert tree_digest(out) == before and tree_digest(data) == data_before
     assert sorted(os.listdir(tmp_path)) == ["data", "out", "slow-io"]  # no lock, no leftovers
 
 
@@ -325,25 +268,25 @@ def test_a_killed_force_split_is_put_back_by_the_next_run(tmp_path):
     data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
     out = tmp_path / "out"
     assert split(data, out).returncode == 0
-    before = tree(out)
+    before = tree_digest(out)
     process = start_torchkit_process(
-        "split", str(data), str(out), "--force", "--seed", "1", env=slow_env(tmp_path, out)
+        "split", str(data), str(out), "--force", "--seed", "1", env=slow_io_env(tmp_path, out)
     )
     wait_until(lambda: (out / ".torchkit-split-replaced").is_dir(), process=process, what="aside")
     code, _, _ = signal_and_wait(process, signal.SIGKILL)
     assert code == -signal.SIGKILL
     result = split(data, out)  # the next run on OUT, even one that is refused
     assert "put back the earlier split" in result.stderr
-    assert result.returncode == 1 and "already exists" in error_line(result)
-    assert tree(out) == before
+    assert result.returncode == 1 and "already exists" in error_line(result.stderr)
+    assert tree_digest(out) == before
 
 
 def test_a_full_disk_is_an_error_that_names_out_and_leaves_nothing(tmp_path, small_tmpfs):
     disk = small_tmpfs(64)  # 16 files of one 4 KiB page each
     data = make_files(tmp_path / "data", {"cat": 20, "dog": 20})
-    before = tree(data)
+    before = tree_digest(data)
     result = split(data, disk / "out")
     assert result.returncode == 1, result.stderr
-    line = error_line(result)
+    line = error_line(result.stderr)
     assert f"cannot write {disk / 'out'}" in line and "No space left" in line
-    assert tree(data) == before and os.listdir(disk) == []
+    assert tree_digest(data) == before and os.listdir(disk) == []

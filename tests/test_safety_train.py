@@ -7,7 +7,6 @@ cannot write` line with the last good checkpoints intact. Every check is a real 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -16,9 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    error_line,
+    hidden_siblings,
     processes_in_group,
+    run_together,
     run_torchkit_process,
     start_torchkit_process,
+    tree_digest,
     wait_until,
     write_image_folder,
 )
@@ -27,32 +30,6 @@ TESTS = Path(__file__).resolve().parent
 # A tiny run: 2 classes x 6 images of 8x8, 8 train / 4 val with --val-split 0.3.
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
 DATA = ["--data", "ds", "--val-split", "0.3"]
-
-
-def digest(root: Path) -> dict[str, str]:
-    """Every file and folder under `root`, hidden ones included: path -> sha256 (or "dir")."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs:
-            found[os.path.relpath(os.path.join(folder, name), root)] = "dir"
-        for name in files:
-            path = os.path.join(folder, name)
-            with open(path, "rb") as handle:
-                found[os.path.relpath(path, root)] = hashlib.sha256(handle.read()).hexdigest()
-    return found
-
-
-def error_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.startswith("Error:")]
-    assert len(lines) == 1, stderr
-    assert "Traceback" not in stderr
-    return lines[0]
-
-
-def siblings(folder: Path) -> list[str]:
-    """What torchkit keeps beside a run folder while it works on it (lock, set-aside old run,
-    temporaries): nothing of it may remain once a command has ended."""
-    return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
 
 
 def old_run(folder: Path, *, marker: bool = True) -> Path:
@@ -85,16 +62,6 @@ def world(tmp_path: Path) -> Path:
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
     return tmp_path
-
-
-def run_all(cases: list[tuple[list[str], Path]]) -> list[tuple[int, str]]:
-    """Run the commands side by side: (exit code, stderr) of each, in order."""
-    processes = [start_torchkit_process("train", *args, cwd=cwd) for args, cwd in cases]
-    results = []
-    for process in processes:
-        _, err = process.communicate(timeout=300)
-        results.append((process.returncode, err))
-    return results
 
 
 def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world):
@@ -130,12 +97,14 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
             "-o index.csv is the data file index.csv",
         ),
     ]
-    before = digest(world)
-    results = run_all([([*TINY, *args], cwd) for args, cwd, _ in cases])
-    for (args, _, expected), (code, stderr) in zip(cases, results, strict=True):
-        assert code == 1, (args, stderr)
-        assert expected in error_line(stderr), args
-    assert digest(world) == before  # not a byte changed, no run folder, no lock left behind
+    before = tree_digest(world)
+    results = run_together(
+        [["train", *TINY, *args] for args, _, _ in cases], cwd=[cwd for _, cwd, _ in cases]
+    )
+    for (args, _, expected), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert expected in error_line(result.stderr), args
+    assert tree_digest(world) == before  # not a byte changed, no run folder, no lock left behind
 
 
 @pytest.fixture
@@ -151,7 +120,7 @@ def trained(tmp_path: Path) -> Path:
 
 def test_resume_never_overwrites_the_run_it_reads_and_continues_in_place(trained):
     world = trained.parent.parent
-    before = digest(world)
+    before = tree_digest(world)
     cases = [
         # The summary may not replace a file of the run (best.pt here: it exists, --force).
         (["--resume", "runs/run", "-o", "runs/run/best.pt", "--force"], "run's own best.pt"),
@@ -159,11 +128,11 @@ def test_resume_never_overwrites_the_run_it_reads_and_continues_in_place(trained
         (["--resume", "runs/run/best.pt"], "would overwrite runs/run/last.pt"),
         (["--resume", "runs/run", "--out", "runs", "--force"], "contains the checkpoint to"),
     ]
-    results = run_all([(args, world) for args, _ in cases])
-    for (args, expected), (code, stderr) in zip(cases, results, strict=True):
-        assert code == 1, (args, stderr)
-        assert expected in error_line(stderr), args
-    assert digest(world) == before
+    results = run_together([["train", *args] for args, _ in cases], cwd=world)
+    for (args, expected), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert expected in error_line(result.stderr), args
+    assert tree_digest(world) == before
 
     # --resume FILE --out ITS_FOLDER --force continues the run in place: --force has nothing to
     # replace, and the run's epochs so far are kept. A summary beside the run's files is fine.
@@ -177,8 +146,8 @@ def test_resume_never_overwrites_the_run_it_reads_and_continues_in_place(trained
     last = torch.load(trained / "last.pt", weights_only=True)
     assert last["epoch"] == 2 and [row["epoch"] for row in last["history"]] == [1, 2]
     assert (trained / "metrics.csv").read_text().count("\n") == 3  # header + epochs 1 and 2
-    assert siblings(trained) == []
-    assert digest(world / "ds") == {k[3:]: v for k, v in before.items() if k.startswith("ds/")}
+    assert hidden_siblings(trained) == []
+    assert tree_digest(world / "ds") == {k[3:]: v for k, v in before.items() if k.startswith("ds/")}
 
 
 def gated(tmp_path: Path, at: int) -> tuple[list[str], dict[str, str], Path]:
@@ -200,7 +169,7 @@ def test_sigkill_then_sigterm_in_the_first_epoch_of_force_give_the_old_run_back(
     it back again, byte for byte, with no process of the command left."""
     write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
     run = old_run(tmp_path / "run")
-    original = digest(run)
+    original = tree_digest(run)
     options, env, gate = gated(tmp_path, at=2)  # the first epoch's second step (of 4)
     args = ["train", *options, "--epochs", "1", "--out", "run", "--force"]
 
@@ -210,7 +179,7 @@ def test_sigkill_then_sigterm_in_the_first_epoch_of_force_give_the_old_run_back(
     killed.communicate()
     gate.unlink()
     leftover = [p.name for p in tmp_path.glob(".run.*.replaced")]
-    assert len(leftover) == 1 and digest(tmp_path / leftover[0]) == original
+    assert len(leftover) == 1 and tree_digest(tmp_path / leftover[0]) == original
     assert (tmp_path / "run" / ".torchkit").is_file()  # the killed run's own folder
 
     again = start_torchkit_process(*args, cwd=tmp_path, env=env)
@@ -222,8 +191,8 @@ def test_sigkill_then_sigterm_in_the_first_epoch_of_force_give_the_old_run_back(
     assert again.returncode == 143, stderr
     assert "put back" in stderr  # the warning of the run that found the leftover
     assert "Terminated before the first checkpoint" in stderr and "Traceback" not in stderr
-    assert digest(run) == original
-    assert siblings(run) == []
+    assert tree_digest(run) == original
+    assert hidden_siblings(run) == []
     assert processes_in_group(again.pid) == []
 
 
@@ -253,7 +222,7 @@ def test_sigterm_after_the_first_checkpoint_keeps_the_run_and_a_second_run_is_lo
     assert first.returncode == 143, stderr
     assert "Terminated: saved run/last.pt" in stderr and "--resume run" in stderr
     assert processes_in_group(first.pid) == []
-    assert siblings(run) == []
+    assert hidden_siblings(run) == []
     # The first run's files only: the old run (and the second run) left nothing in it.
     assert json.loads((run / "config.json").read_text())["options"]["seed"] == 1
     assert not (run / "epoch-002.pt").exists() and not (run / "tensorboard").exists()
@@ -288,14 +257,14 @@ def test_a_full_disk_is_an_error_and_keeps_the_last_good_checkpoints(tmp_path, s
     for name in ("last.pt", "best.pt"):
         assert torch.load(run / name, weights_only=True)["epoch"] == 1
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [".torchkit"]
-    assert siblings(run) == []
-    kept = digest(run)
+    assert hidden_siblings(run) == []
+    kept = tree_digest(run)
 
     forced = run_torchkit_process("train", *args, "--epochs", "1", "--force", cwd=tmp_path)
     assert forced.returncode == 1, forced.stderr
     assert error_line(forced.stderr).startswith(f"Error: cannot write {run}/")
-    assert digest(run) == kept
-    assert siblings(run) == []
+    assert tree_digest(run) == kept
+    assert hidden_siblings(run) == []
 
 
 def test_the_lock_holder_pid_is_in_the_refusal_even_before_any_file_is_written(tmp_path):

@@ -12,50 +12,25 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import textwrap
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 from conftest import (
+    error_line,
     processes_in_group,
+    run_together,
     run_torchkit_process,
     signal_and_wait,
+    slow_io_env,
     start_torchkit_process,
+    tree_digest,
     wait_until,
 )
 
 from torchkit.core.errors import UsageError
 from torchkit.core.video import MAX_SEGMENTS, tsn_frame_indices
-
-# A real torchkit process whose renames into one folder are slowed down (a slow disk), so that a
-# signal reliably lands in the middle of the work.
-SLOW_IO = textwrap.dedent(
-    """
-    import os, time
-
-    _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
-
-    def _slowed(function):
-        def slow(source, destination, *args, **kwargs):
-            if _where in os.fspath(destination):
-                time.sleep(float(_delay))
-            return function(source, destination, *args, **kwargs)
-        return slow
-
-    if _where:
-        os.replace = _slowed(os.replace)
-    """
-)
-
-
-def slow_env(tmp_path: Path, where: Path, delay: float = 0.1) -> dict[str, str]:
-    folder = tmp_path / "slow-io"
-    folder.mkdir(exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SLOW_IO)
-    return {"PYTHONPATH": str(folder), "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}"}
 
 
 def write_video(path: Path, frames: int) -> Path:
@@ -87,40 +62,8 @@ def clips(tmp_path, clip) -> Path:
     return folder
 
 
-def tree(root: Path) -> dict[str, str]:
-    """Relative path -> SHA-256 of every file (a link: '-> target'), hidden ones included."""
-    found = {}
-    for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            found[relative] = "-> " + os.readlink(path)
-        elif path.is_file():
-            found[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return found
-
-
 def video_info(*args, **kwargs):
     return run_torchkit_process("video-info", *[str(a) for a in args], **kwargs)
-
-
-def run_together(cases: list[list], cwd: Path | None = None) -> list[subprocess.CompletedProcess]:
-    """`torchkit video-info ARGS` for each case, all started at once (independent refusals: the
-    wall time of one, not of all)."""
-    started = [
-        start_torchkit_process("video-info", *[str(a) for a in args], cwd=cwd) for args in cases
-    ]
-    results = []
-    for process in started:
-        out, err = process.communicate(timeout=300)
-        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
-    return results
-
-
-def error_line(result) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("Error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[-1]
 
 
 # --------------------------------------------------------------------------- outputs and inputs
@@ -134,7 +77,7 @@ def test_frames_folder_or_report_that_is_in_or_holds_a_video_is_refused(tmp_path
     linked.mkdir()
     (linked / "link.avi").symlink_to(elsewhere / "real.avi")
     (tmp_path / "cwd").mkdir()
-    before = tree(tmp_path)
+    before = tree_digest(tmp_path)
     cases = [
         ([clips, "-k", "2", "--extract-frames", clips, "--force"], "is the video folder"),
         ([clips, "-k", "2", "--extract-frames", clips / "frames"], "lies inside the video folder"),
@@ -145,13 +88,17 @@ def test_frames_folder_or_report_that_is_in_or_holds_a_video_is_refused(tmp_path
         ([clips, "--format", "json", "-o", clips / "b.avi", "--force"], "lies inside the video"),
         ([linked, "-o", elsewhere / "real.avi", "--force"], "is the video"),
     ]
-    for (args, message), result in zip(cases, run_together([c for c, _ in cases]), strict=True):
+    for (args, message), result in zip(
+        cases, run_together([["video-info", *c] for c, _ in cases]), strict=True
+    ):
         assert result.returncode == 1, (args, result.stderr)
-        assert message in error_line(result), args
-    here = [[clips, "-k", "2", "--extract-frames", out, "--force"] for out in (".", "..")]
+        assert message in error_line(result.stderr), args
+    here = [
+        ["video-info", clips, "-k", "2", "--extract-frames", out, "--force"] for out in (".", "..")
+    ]
     for result in run_together(here, cwd=tmp_path / "cwd"):
-        assert result.returncode == 1 and "working directory" in error_line(result)
-    assert tree(tmp_path) == before  # the videos' bytes, and nothing created, no lock left
+        assert result.returncode == 1 and "working directory" in error_line(result.stderr)
+    assert tree_digest(tmp_path) == before  # the videos' bytes, and nothing created, no lock left
 
 
 def test_force_replaces_only_an_earlier_frames_folder(tmp_path, clips):
@@ -159,8 +106,8 @@ def test_force_replaces_only_an_earlier_frames_folder(tmp_path, clips):
     mine.mkdir()
     (mine / "holiday.png").write_bytes(b"not a frame of ours")
     result = video_info(clips, "-k", "2", "--extract-frames", mine, "--force")
-    assert result.returncode == 1 and "was not written by torchkit" in error_line(result)
-    assert tree(mine) == {"holiday.png": hashlib.sha256(b"not a frame of ours").hexdigest()}
+    assert result.returncode == 1 and "was not written by torchkit" in error_line(result.stderr)
+    assert tree_digest(mine) == {"holiday.png": hashlib.sha256(b"not a frame of ours").hexdigest()}
     # Frames written before the marker existed (only <video>_<frame>.png files) may be replaced.
     old = tmp_path / "old"
     old.mkdir()
@@ -182,7 +129,7 @@ def test_a_second_run_on_a_locked_frames_folder_is_refused_at_once(tmp_path, cli
     finally:
         lock.release()
     assert result.returncode == 1
-    line = error_line(result)
+    line = error_line(result.stderr)
     assert "being written by another torchkit process" in line and f"PID {os.getpid()}" in line
     assert not frames.exists()
 
@@ -190,12 +137,12 @@ def test_a_second_run_on_a_locked_frames_folder_is_refused_at_once(tmp_path, cli
 def test_a_run_that_writes_no_frame_puts_the_old_frames_folder_back(tmp_path, clips):
     frames = tmp_path / "frames"
     assert video_info(clips, "-k", "2", "--extract-frames", frames).returncode == 0
-    before = tree(frames)
+    before = tree_digest(frames)
     notes = tmp_path / "notes.mp4"
     notes.write_text("not a video")
     result = video_info(notes, "-k", "5", "--extract-frames", frames, "--force")
-    assert result.returncode == 1 and "could not be read" in error_line(result)
-    assert tree(frames) == before
+    assert result.returncode == 1 and "could not be read" in error_line(result.stderr)
+    assert tree_digest(frames) == before
     assert sorted(os.listdir(tmp_path)) == ["clips", "frames", "notes.mp4"]
 
 
@@ -212,10 +159,10 @@ def test_segments_workers_and_seed_have_bounds_and_the_largest_values_work(tmp_p
         ["-j", "100000000"],
         ["--seed", "-1"],
     ]
-    results = run_together([[video, *args] for args in refused])
+    results = run_together([["video-info", video, *args] for args in refused])
     for args, result in zip(refused, results, strict=True):
         assert result.returncode == 2, (args, result.stderr)
-        assert error_line(result)
+        assert error_line(result.stderr)
     frames = tmp_path / "frames"
     result = video_info(
         clips, "-k", str(MAX_SEGMENTS), "-j", "64", "--sample-mode", "train",
@@ -242,10 +189,10 @@ def test_sigterm_mid_extraction_leaves_the_old_frames_folder(tmp_path, clip):
     video = write_video(tmp_path / "long" / "long.avi", 60)
     frames = tmp_path / "frames"
     assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
-    before = tree(frames)
+    before = tree_digest(frames)
     process = start_torchkit_process(
         "video-info", str(video), "-k", "40", "--extract-frames", str(frames), "--force",
-        env=slow_env(tmp_path, tmp_path / ".frames."),
+        env=slow_io_env(tmp_path, tmp_path / ".frames.", calls=["os.replace"]),
     )  # fmt: skip
     # The new frames go to a hidden folder beside the old one, which they replace at the end.
     wait_until(
@@ -253,20 +200,20 @@ def test_sigterm_mid_extraction_leaves_the_old_frames_folder(tmp_path, clip):
         process=process,
         what="a few new frames",
     )
-    assert tree(frames) == before
+    assert tree_digest(frames) == before
     code, _, err = signal_and_wait(process, signal.SIGTERM)
     assert code == 143 and "Terminated" in err and "Traceback" not in err
     assert not processes_in_group(process.pid)
-    assert tree(frames) == before
+    assert tree_digest(frames) == before
     assert sorted(os.listdir(tmp_path)) == ["frames", "long", "slow-io"]  # no temporary, lock
 
 
 def test_a_full_disk_is_an_error_not_a_skipped_video(tmp_path, small_tmpfs, clips):
     disk = small_tmpfs(16)  # four 4 KiB pages: the lock, the marker, two frames
-    before = tree(clips)
+    before = tree_digest(clips)
     result = video_info(clips, "-k", "10", "--extract-frames", disk / "frames", "-j", "0")
     assert result.returncode == 1, result.stderr
-    line = error_line(result)
+    line = error_line(result.stderr)
     assert f"cannot write {disk / 'frames'}" in line and "No space left" in line
     assert "could not be read" not in result.stderr
-    assert tree(clips) == before and os.listdir(disk) == []
+    assert tree_digest(clips) == before and os.listdir(disk) == []
