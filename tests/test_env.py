@@ -215,12 +215,95 @@ def test_cuda_visible_devices_past_the_last_gpu(monkeypatch):
     assert collect_env()["cuda"]["problem"] == "CUDA_VISIBLE_DEVICES='4,5' hides every GPU"
 
 
-def test_visible_device_parsing():
-    assert visible_device_entries("0,1") == ["0", "1"]
-    assert visible_device_entries(" 1 , 0") == ["1", "0"]
-    assert visible_device_entries("0,-1,1") == ["0"]  # CUDA stops at the first invalid entry
-    assert visible_device_entries("GPU-8a6f,MIG-1c2d") == ["GPU-8a6f", "MIG-1c2d"]
-    assert visible_device_entries("") == visible_device_entries("-1") == []
+@pytest.mark.parametrize(
+    ("value", "driver_gpus", "expected"),
+    [
+        ("0,1", None, ["0", "1"]),
+        (" 1 , 0", None, ["1", "0"]),
+        ("0,-1,1", None, ["0"]),  # CUDA stops at the first invalid entry
+        ("0,1,-1,2", None, ["0", "1"]),
+        ("0,abc,1", None, ["0"]),
+        ("0,,1", None, ["0"]),
+        ("0,1,", None, ["0", "1"]),
+        ("", None, []),
+        ("-1", None, []),
+        ("none", None, []),
+        # strtoul: the leading digits of an entry, an optional sign, leading zeros
+        ("1gpu2,2ampere", None, ["1", "2"]),
+        ("01,+2", None, ["1", "2"]),
+        # a device listed twice: CUDA sees none at all
+        ("0,0", None, []),
+        ("1,0,1", None, []),
+        ("GPU-8a6f,GPU-8a6f", None, []),
+        # indices at or past the driver's GPU count end the list
+        ("0,5,1", 2, ["0"]),
+        ("2,1", 2, []),
+        ("0,5,1", None, ["0", "5", "1"]),  # driver count unknown: not judged
+        # UUIDs: the kind of the first entry only
+        ("GPU-8a6f,GPU-1c2d", None, ["GPU-8a6f", "GPU-1c2d"]),
+        ("GPU-8a6f,MIG-1c2d", None, ["GPU-8a6f"]),
+        ("MIG-1c2d,GPU-8a6f", None, ["MIG-1c2d"]),
+        ("GPU-8a6f,0", None, ["GPU-8a6f"]),
+        ("0,GPU-8a6f,1", None, ["0"]),
+    ],
+)
+def test_visible_device_parsing(value, driver_gpus, expected):
+    """The CUDA runtime's rule, as torch.cuda._parse_visible_devices mirrors it."""
+    assert visible_device_entries(value, driver_gpus) == expected
+
+
+def test_visible_device_parsing_agrees_with_torch(monkeypatch):
+    """Where torch's own emulation of the rule exists, the two read every list alike."""
+    parse = getattr(torch.cuda, "_parse_visible_devices", None)
+    if parse is None:
+        pytest.skip("this torch has no _parse_visible_devices")
+    monkeypatch.setattr(torch.version, "hip", None)
+    values = ["0,1,-1,2", "0,abc,1", "1gpu2,2ampere", "0,0", "GPU-a,MIG-b", "GPU-a,GPU-b", ""]
+    for value in values:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert visible_device_entries(value) == [str(entry) for entry in parse()], value
+
+
+@pytest.mark.parametrize(
+    ("value", "stop", "why", "used"),
+    [
+        ("0,abc,1", "abc", "not a GPU index", "0"),
+        ("0,1,-1,2", "-1", "negative", "0,1"),
+        ("0,5,1", "5", "past the driver's 2 GPU(s)", "0"),
+        ("GPU-8a6f,0", "0", "not a GPU- UUID", "GPU-8a6f"),
+    ],
+)
+def test_cuda_visible_devices_cut_short_is_a_warning(monkeypatch, value, stop, why, used):
+    """The GPUs after the first invalid entry are silently unused by CUDA: env says so."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    monkeypatch.setattr(torch.version, "cuda", SIMULATED_CUDA)
+    monkeypatch.setattr(env, "nvidia_driver", lambda: ("550.54.15", 2))
+    monkeypatch.setattr(env, "_probe_gpus", lambda torch: ([fake_gpu(0)], None))
+    report = collect_env()
+    assert report["cuda"]["usable"] is True
+    assert report["diagnostics"] == [
+        f"CUDA_VISIBLE_DEVICES={value!r} ends at {stop!r} ({why}): CUDA uses only {used} and "
+        "ignores the rest"
+    ]
+
+
+@pytest.mark.parametrize("value", ["0,1", "0,1,", "1"])
+def test_cuda_visible_devices_used_whole_is_not_a_warning(monkeypatch, value):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    monkeypatch.setattr(torch.version, "cuda", SIMULATED_CUDA)
+    monkeypatch.setattr(env, "nvidia_driver", lambda: ("550.54.15", 2))
+    monkeypatch.setattr(env, "_probe_gpus", lambda torch: ([fake_gpu(0)], None))
+    assert collect_env()["diagnostics"] == []
+
+
+@pytest.mark.parametrize("value", ["5,0", "0,0", "2,1"])
+def test_cuda_visible_devices_hiding_every_gpu_by_the_runtime_rule(monkeypatch, value):
+    """An invalid first index, or a repeated one, hides every GPU although a valid index is
+    listed (the old check, which looked at each entry on its own, missed these)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    simulate_no_gpu(monkeypatch, "No CUDA GPUs are available", driver=("550.54.15", 2))
+    report = collect_env()
+    assert report["cuda"]["problem"] == f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU"
 
 
 def test_cpu_only_torch_on_a_gpu_machine(monkeypatch, clean_env):

@@ -27,8 +27,9 @@ def env_command(
 ) -> None:
     """Report Python, OS, CPU, torch build, CUDA, cuDNN, NCCL, GPUs and package versions.
 
-    Problems (a CUDA build of torch with no usable driver, CUDA_VISIBLE_DEVICES hiding every GPU,
-    torchvision operators that do not load) are shown as warnings on stderr.
+    Problems (a CUDA build of torch with no usable driver, CUDA_VISIBLE_DEVICES hiding every GPU
+    or cut short by an invalid entry, torchvision operators that do not load) are shown as
+    warnings on stderr.
     """
     from torchkit.core.env import collect_env, require_usable_cuda
     from torchkit.core.outputs import check_output_file

@@ -15,6 +15,8 @@ from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
     FormatOption,
+    InferenceAmpDtype,
+    InferenceAmpDtypeOption,
     InferenceAmpOption,
     MeanOption,
     OutputOption,
@@ -131,6 +133,7 @@ def eval_command(
     workers: WorkersOption = None,
     device: DeviceOption = "auto",
     amp: InferenceAmpOption = False,
+    amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
     channels_last: ChannelsLastOption = False,
     out: Annotated[
         Optional[Path],  # noqa: UP045
@@ -193,6 +196,7 @@ def eval_command(
         workers=workers,
         device=device,
         amp=amp,
+        amp_dtype=amp_dtype.value,
         channels_last=channels_last,
         tta=tta.value,
         topk=topk,
@@ -241,6 +245,8 @@ def summary_table(result) -> Table:
         ("Skipped (unreadable)", len(result.skipped)),
         ("Images/s", _rate(result.images_per_second)),
     ]
+    if result.num_nonfinite:  # NaN or inf outputs: those predictions mean nothing
+        rows.insert(-1, ("Non-finite outputs", result.num_nonfinite))
     return Table(["Metric", "Value"], rows, title="Evaluation", align_right={"Value"})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -75,7 +76,24 @@ ImageSetArgument = Annotated[
 ]
 # Inference (eval, extract-features).
 InferenceAmpOption = Annotated[
-    bool, typer.Option("--amp", help="Mixed precision (float16 on CUDA, bfloat16 on CPU).")
+    bool, typer.Option("--amp", help="Mixed precision (autocast; the dtype: --amp-dtype).")
+]
+
+
+class InferenceAmpDtype(str, Enum):
+    auto = "auto"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+InferenceAmpDtypeOption = Annotated[
+    InferenceAmpDtype,
+    typer.Option(
+        "--amp-dtype",
+        case_sensitive=False,
+        help="With --amp. auto: bf16 on CPUs and on GPUs with native bf16 (Ampere and later), "
+        "else fp16.",
+    ),
 ]
 ChannelsLastOption = Annotated[
     bool,

@@ -1,10 +1,14 @@
-"""`--device auto|cpu|cuda|cuda:N|mps` parsing."""
+"""`--device auto|cpu|cuda|cuda:N|mps` parsing, the device a process uses (one process or
+torchrun), and the autocast dtype of `--amp-dtype`."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 from torchkit.core.errors import DeviceError, UsageError
+
+log = logging.getLogger("torchkit")
 
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
@@ -40,3 +44,97 @@ def resolve_device(spec: str = "auto"):
             f"use cuda:0 to cuda:{count - 1}",
         )
     return torch.device("cuda", position)
+
+
+AMP_DTYPES = ("auto", "bf16", "fp16")
+_AMP_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def select_device(spec: str = "auto", *, local_rank: int | None = None, world_size: int = 1):
+    """The device this process computes on, made the current one.
+
+    In one process (`local_rank` None) this is `resolve_device(spec)`, and a CUDA device also
+    becomes the current device (`torch.cuda.set_device`): with `--device cuda:1` cuDNN and cuBLAS
+    handles, NCCL, `torch.cuda.current_device()` and tensors made with `device="cuda"` then all
+    use GPU 1, not GPU 0. Under torchrun (`local_rank` given) each process uses the GPU of its
+    LOCAL_RANK: `auto` and `cuda` mean that, and an explicit `cuda:N` is refused, since it would
+    put every rank on the same GPU (the job's GPUs are chosen with CUDA_VISIBLE_DEVICES).
+    """
+    import torch
+
+    match = _DEVICE_PATTERN.match(spec.strip().lower())
+    if local_rank is not None and match and match.group(1) == "cuda" and match.group(2):
+        raise UsageError(
+            f"--device {spec.strip()} names one GPU, but under torchrun each of the "
+            f"{world_size} processes uses the GPU of its LOCAL_RANK",
+            "use --device cuda (or auto), and CUDA_VISIBLE_DEVICES to choose the GPUs",
+        )
+    device = resolve_device(spec)
+    if local_rank is not None and device.type == "cuda":
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise DeviceError(
+                f"the process of LOCAL_RANK {local_rank} needs cuda:{local_rank} but only "
+                f"{count} CUDA device(s) are visible",
+                "use --nproc_per_node no larger than the number of GPUs",
+            )
+        device = torch.device("cuda", local_rank)
+    if device.type == "cuda":
+        if device.index is None:  # auto: the current device
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device
+
+
+def check_amp_dtype(amp: bool, amp_dtype: str) -> None:
+    """--amp-dtype is one of auto, bf16, fp16, and a choice other than auto comes with --amp
+    (without it the choice would silently do nothing)."""
+    if amp_dtype not in AMP_DTYPES:
+        raise UsageError(f"unknown --amp-dtype {amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
+    if amp_dtype != "auto" and not amp:
+        raise UsageError(f"--amp-dtype {amp_dtype} does nothing without --amp", "add --amp")
+
+
+def resolve_amp_dtype(choice: str, device):
+    """The autocast dtype of `--amp-dtype auto|bf16|fp16` on `device` (a torch.dtype).
+
+    auto is bfloat16 where the device computes it natively: CPUs, and CUDA GPUs that support
+    it without emulation (compute capability 8.0 and up); float16 elsewhere (older GPUs, where
+    bfloat16 is only emulated and slow, and MPS). fp16 is allowed on CPUs too (torch has a CPU
+    float16 autocast). Asks the current CUDA device: call `select_device` first.
+    """
+    import torch
+
+    name = str(choice).strip().lower()
+    if name not in AMP_DTYPES:
+        raise UsageError(f"unknown --amp-dtype {choice!r}", "use " + ", ".join(AMP_DTYPES))
+    if name == "fp16":
+        return torch.float16
+    if name == "bf16":
+        if device.type == "cuda" and not cuda_bf16_native():
+            log.warning(
+                "this GPU has no native bfloat16: --amp-dtype bf16 is emulated and slow; "
+                "--amp-dtype fp16 (or auto) is faster here"
+            )
+        return torch.bfloat16
+    if device.type == "cpu" or (device.type == "cuda" and cuda_bf16_native()):
+        return torch.bfloat16
+    return torch.float16
+
+
+def amp_dtype_name(dtype) -> str:
+    """How metrics.json and meta.json record an autocast dtype: bf16 or fp16."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    return _AMP_DTYPE_NAMES.get(name, name)
+
+
+def cuda_bf16_native() -> bool:
+    """Whether the current CUDA device computes bfloat16 natively (not emulated: a T4 or V100
+    answers `torch.cuda.is_bf16_supported()` with True, through emulation)."""
+    import torch
+
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # a torch without the argument
+        major, _minor = torch.cuda.get_device_capability()
+        return major >= 8

@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import warnings
@@ -172,18 +173,43 @@ def nvidia_driver() -> tuple[str | None, int | None]:
     return None, None
 
 
-def visible_device_entries(value: str) -> list[str]:
-    """The devices CUDA_VISIBLE_DEVICES lets through, parsed as the CUDA runtime does: a
-    comma-separated list of indices or GPU-/MIG- UUIDs that ends at the first invalid entry
-    (so "", "-1" and "none" hide every GPU)."""
-    entries = []
-    for raw in value.split(","):
-        entry = raw.strip()
-        if entry.startswith(("GPU-", "MIG-")) or entry.isdigit():
-            entries.append(entry)
+def visible_device_entries(value: str, driver_gpus: int | None = None) -> list[str]:
+    """The devices CUDA_VISIBLE_DEVICES lets through, in order, read as the CUDA runtime reads
+    it (PyTorch's `torch.cuda._parse_visible_devices` mirrors the same rule).
+
+    A comma-separated list that ends at the first invalid entry: "0,1,-1,2" and "0,1,abc,2"
+    give 0 and 1, and "", "-1" and "none" nothing. An index entry is read like strtoul: leading
+    blanks skipped, then the leading digits ("1gpu" is 1); one that does not start with a digit
+    (after an optional sign) or is negative is invalid, and so is an index at or past the
+    driver's GPU count (`driver_gpus`, when known: "0,5,1" on two GPUs gives 0). A list that
+    starts with a GPU- or MIG- UUID takes UUIDs of that kind only, so an index or the other kind
+    of UUID ends it. A device listed twice makes the whole list select nothing. Indices come
+    back as plain numbers ("01" as "1"), UUIDs as written.
+    """
+    items = value.split(",")
+    first = items[0].strip()
+    prefix = next((p for p in ("GPU-", "MIG-") if first.startswith(p)), None)
+    entries: list[str] = []
+    for item in items:
+        if prefix is not None:
+            entry = item.strip()
+            if not entry.startswith(prefix):
+                break
         else:
-            break
+            number = _leading_number(item)
+            if number is None or number < 0 or (driver_gpus and number >= driver_gpus):
+                break
+            entry = str(number)
+        if entry in entries:
+            return []  # a repeated device: CUDA then sees none at all
+        entries.append(entry)
     return entries
+
+
+def _leading_number(text: str) -> int | None:
+    """The integer strtoul would read at the start of `text` (None where it reads nothing)."""
+    match = re.match(r"\s*([+-]?[0-9]+)", text)
+    return int(match.group(1)) if match else None
 
 
 def _torch_sections(diagnostics: list[str]) -> dict[str, Any]:
@@ -361,6 +387,9 @@ def _diagnose_cuda(
     visible = cuda["visible_devices"]
     driver_gpus = cuda["driver_gpu_count"]
     hides_all = visible is not None and not gpus and _hides_every_gpu(visible, driver_gpus)
+    cut_short = None if visible is None else _cut_short(visible, driver_gpus)
+    if cut_short:
+        diagnostics.append(cut_short)
     if hides_all:
         diagnostics.append(
             f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU; "
@@ -413,14 +442,34 @@ def _diagnose_cuda(
     cuda.update(usable=True, problem=None, hint=None)
 
 
+def _cut_short(visible: str, driver_gpus: int | None) -> str | None:
+    """Why CUDA reads only the start of CUDA_VISIBLE_DEVICES, when it drops a later entry
+    ("0,abc,1": 'abc' is not a GPU index); None when every entry is used (a trailing comma
+    drops nothing) or none is (hiding every GPU has its own message)."""
+    entries = visible_device_entries(visible, driver_gpus)
+    items = visible.split(",")
+    dropped = items[len(entries) :]
+    if not entries or not any(item.strip() for item in dropped):
+        return None
+    stop = dropped[0].strip()
+    number = _leading_number(stop)
+    if entries[0].startswith(("GPU-", "MIG-")):
+        why = f"not a {entries[0][:4]} UUID"
+    elif number is None:
+        why = "not a GPU index"
+    elif number < 0:
+        why = "negative"
+    else:
+        why = f"past the driver's {driver_gpus} GPU(s)"
+    return (
+        f"CUDA_VISIBLE_DEVICES={visible!r} ends at {stop!r} ({why}): CUDA uses only "
+        f"{','.join(entries)} and ignores the rest"
+    )
+
+
 def _hides_every_gpu(visible: str, driver_gpus: int | None) -> bool:
-    entries = visible_device_entries(visible)
-    if not entries:
-        return True
-    # Indices past the driver's GPU count select nothing either (CUDA_VISIBLE_DEVICES=4 on 2 GPUs).
-    if driver_gpus:
-        return all(entry.isdigit() and int(entry) >= driver_gpus for entry in entries)
-    return False
+    # Indices past the driver's GPU count end the list too (CUDA_VISIBLE_DEVICES=4 on 2 GPUs).
+    return not visible_device_entries(visible, driver_gpus)
 
 
 def check_torchvision_ops(torch) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.data import Samples
+from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
 from torchkit.core.errors import InputError, OutputWriteError, UsageError, first_line
 from torchkit.core.evaluate.metrics import ClassificationMetrics, compute_metrics, most_confused
 from torchkit.core.evaluate.reports import REPORT_FILES
@@ -66,6 +67,7 @@ class EvalOptions:
     workers: int | None = None
     device: str = "auto"
     amp: bool = False
+    amp_dtype: str = "auto"  # auto, bf16 or fp16 (core.device.resolve_amp_dtype)
     channels_last: bool = False
     tta: str = "none"
     topk: int | None = None  # None: 5, or the number of classes if fewer
@@ -89,6 +91,8 @@ class Predictions:
     topk_labels: np.ndarray  # (N, k) int64, best first
     topk_probs: np.ndarray  # (N, k) float32 softmax probabilities of those labels
     loss: np.ndarray  # (N,) float32 cross-entropy of each image
+    # (N,) bool: the model's outputs for the image were all finite (no NaN or inf logit).
+    finite: np.ndarray
 
     @property
     def predicted(self) -> np.ndarray:
@@ -111,6 +115,7 @@ class Predictions:
             topk_labels=np.concatenate([p.topk_labels for p in parts]),
             topk_probs=np.concatenate([p.topk_probs for p in parts]),
             loss=np.concatenate([p.loss for p in parts]),
+            finite=np.concatenate([p.finite for p in parts]),
         )
         order = np.argsort(joined.indices, kind="stable")
         return cls(
@@ -119,6 +124,7 @@ class Predictions:
             joined.topk_labels[order],
             joined.topk_probs[order],
             joined.loss[order],
+            joined.finite[order],
         )
 
     @classmethod
@@ -129,6 +135,7 @@ class Predictions:
             np.zeros((0, k), np.int64),
             np.zeros((0, k), np.float32),
             np.zeros(0, np.float32),
+            np.zeros(0, bool),
         )
 
 
@@ -146,10 +153,17 @@ class EvalResult:
     info: dict[str, Any]
     report_seconds: float | None = None
     written: list[str] = field(default_factory=list)
+    nonfinite_batches: int = 0  # batches in which the model gave a NaN or inf output
 
     @property
     def num_images(self) -> int:
         return len(self.predictions)
+
+    @property
+    def num_nonfinite(self) -> int:
+        """Images for which the model gave a NaN or infinite output (their predictions and
+        loss mean nothing)."""
+        return int((~self.predictions.finite).sum())
 
     @property
     def images_per_second(self) -> float:
@@ -171,6 +185,7 @@ class EvalResult:
             **self.info,
             "num_images": self.num_images,
             "num_skipped": len(self.skipped),
+            "num_nonfinite": self.num_nonfinite,
             "num_classes": len(self.classes),
             "accuracy": m.accuracy,
             "topk": m.topk,
@@ -236,20 +251,19 @@ class DistributedContext:
 
 def setup_distributed(device_spec: str):
     """(DistributedContext, torch.device): a process group when run under torchrun
-    (NCCL on GPUs, Gloo on CPUs), one device per local rank."""
-    import torch
+    (NCCL on GPUs, Gloo on CPUs), one device per local rank (`select_device`: an explicit
+    cuda:N is refused there); in one process, the device asked for, made the current one."""
     import torch.distributed as dist
 
-    from torchkit.core.device import resolve_device
+    from torchkit.core.device import select_device
 
-    device = resolve_device(device_spec)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1 and not dist.is_initialized():
-        return DistributedContext(), device
-    if device.type == "cuda" and device_spec.strip().lower() in ("auto", "cuda"):
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+        return DistributedContext(), select_device(device_spec)
+    if world_size <= 1:  # a process group the caller made: its size, not torchrun's
+        world_size = dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = select_device(device_spec, local_rank=local_rank, world_size=world_size)
     owns = False
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
@@ -276,25 +290,32 @@ def predict(
     k: int,
     tta: str = "none",
     amp: bool = False,
+    amp_dtype=None,
     channels_last: bool = False,
     strict: bool = False,
     progress: Progress | None = None,
-) -> tuple[Predictions, list[str]]:
+) -> tuple[Predictions, list[str], int]:
     """Run `model` over `loader` (batches from `collate_skipping_unreadable`).
 
     With flip TTA the softmax probabilities of the image and its mirror are averaged (in log
     space, stably). Ranking uses the raw logits when there is no TTA, so the predicted class is
-    exactly `logits.argmax()`. Returns the predictions and the unreadable images; with `strict`
-    it stops at the first unreadable image.
+    exactly `logits.argmax()`. `amp_dtype` is the autocast dtype (default: bfloat16 on CPUs,
+    float16 elsewhere). Returns the predictions (with, per image, whether all its outputs were
+    finite), the unreadable images and the number of batches with a non-finite output; with
+    `strict` it stops at the first unreadable image or the first batch with a non-finite output.
     """
     import torch
     import torch.nn.functional as F
 
     total = len(loader.sampler) if hasattr(loader, "sampler") else 0
-    autocast_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+    if amp_dtype is None:
+        amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    parts: dict[str, list] = {name: [] for name in ("indices", "labels", "top", "probs", "loss")}
+    parts: dict[str, list] = {
+        name: [] for name in ("indices", "labels", "top", "probs", "loss", "finite")
+    }
     errors: list[str] = []
+    nonfinite_batches = 0
     done = 0
     with torch.inference_mode():
         for batch in loader:
@@ -306,7 +327,9 @@ def predict(
                 images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
                 labels = batch.labels.to(device, non_blocking=True)
                 views = torch.cat([images, images.flip(3)]) if tta == "flip" else images
-                logits = _forward(model, views, device, autocast_dtype, amp, first=not parts["top"])
+                logits = _forward(model, views, device, amp_dtype, amp, first=not parts["top"])
+                finite = torch.isfinite(logits).view(-1, len(images), logits.shape[1])
+                finite = finite.all(dim=2).all(dim=0).cpu()
                 log_probs = F.log_softmax(logits, dim=1)
                 if tta == "flip":
                     log_probs = torch.logsumexp(
@@ -321,11 +344,16 @@ def predict(
                 parts["loss"].append(-log_probs.gather(1, labels[:, None]).squeeze(1).cpu())
                 parts["indices"].append(batch.indices)
                 parts["labels"].append(batch.labels)
+                parts["finite"].append(finite)
                 done += len(images)
+                if not bool(finite.all()):
+                    nonfinite_batches += 1
+                    if strict:
+                        break
             if progress is not None:
                 progress(done, total)
     if not parts["indices"]:
-        return Predictions.empty(k), errors
+        return Predictions.empty(k), errors, nonfinite_batches
     return (
         Predictions(
             indices=torch.cat(parts["indices"]).numpy(),
@@ -333,8 +361,10 @@ def predict(
             topk_labels=torch.cat(parts["top"]).numpy(),
             topk_probs=torch.cat(parts["probs"]).numpy(),
             loss=torch.cat(parts["loss"]).numpy(),
+            finite=torch.cat(parts["finite"]).numpy(),
         ),
         errors,
+        nonfinite_batches,
     )
 
 
@@ -359,20 +389,31 @@ def _forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
 
 
 def _gather(
-    local: Predictions, errors: list[str], seconds: float, k: int, ctx: DistributedContext
-) -> tuple[Predictions, list[str], float]:
-    """All ranks' predictions, ordered by sample index, on every rank."""
+    local: Predictions,
+    errors: list[str],
+    seconds: float,
+    nonfinite_batches: int,
+    k: int,
+    ctx: DistributedContext,
+) -> tuple[Predictions, list[str], float, int]:
+    """All ranks' predictions, ordered by sample index, on every rank (with the unreadable
+    images, the slowest rank's time and the batches with a non-finite output)."""
     if ctx.world_size == 1:
-        return local, errors, seconds
+        return local, errors, seconds, nonfinite_batches
     import torch.distributed as dist
 
     gathered: list = [None] * ctx.world_size
-    dist.all_gather_object(gathered, (local, errors, seconds))
+    dist.all_gather_object(gathered, (local, errors, seconds, nonfinite_batches))
     merged = Predictions.concatenate([part[0] for part in gathered], k)
     if len(np.unique(merged.indices)) != len(merged):
         raise RuntimeError("an image was evaluated by two ranks")  # ShardSampler's invariant
     all_errors = [error for part in gathered for error in part[1]]
-    return merged, all_errors, max(part[2] for part in gathered)
+    return (
+        merged,
+        all_errors,
+        max(part[2] for part in gathered),
+        sum(part[3] for part in gathered),
+    )
 
 
 def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
@@ -440,6 +481,7 @@ def evaluate(
         raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
     if options.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {options.batch_size}")
+    check_amp_dtype(options.amp, options.amp_dtype)
     folder = open_report_folder(spec, options) if options.out_dir is not None else None
     with folder if folder is not None else contextlib.nullcontext():
         return _evaluate(spec, options, progress, folder)
@@ -471,6 +513,14 @@ def _evaluate(
             "skipped %d unreadable image(s) (first: %s); --strict makes this an error",
             len(errors),
             errors[0],
+        )
+    if result.nonfinite_batches:
+        log.warning(
+            "%s (%s)",
+            _nonfinite_message(
+                result.predictions, result.samples, result.nonfinite_batches, whole=True
+            ),
+            _nonfinite_hint(result.info["amp_dtype"], strict=False),
         )
     if folder is not None:
         from torchkit.core.evaluate.reports import write_reports
@@ -526,6 +576,8 @@ def _run(
     model = source.build(num_classes)
     k = resolve_topk(options.topk, num_classes)
 
+    amp_dtype = resolve_amp_dtype(options.amp_dtype, device) if options.amp else None
+    info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
     model.eval()
     model.to(device)
     if options.channels_last:
@@ -549,23 +601,31 @@ def _run(
         device,
     )
     start = time.perf_counter()
-    local, errors = predict(
+    local, errors, nonfinite_batches = predict(
         model,
         loader,
         device,
         k=k,
         tta=options.tta,
         amp=options.amp,
+        amp_dtype=amp_dtype,
         channels_last=options.channels_last,
         strict=options.strict,
         progress=progress if ctx.is_main else None,
     )
     seconds = time.perf_counter() - start
-    predictions, errors, seconds = _gather(local, errors, seconds, k, ctx)
+    predictions, errors, seconds, nonfinite_batches = _gather(
+        local, errors, seconds, nonfinite_batches, k, ctx
+    )
 
     if errors and options.strict:
         raise InputError(
             f"unreadable image {errors[0]}", "fix or remove it, or drop --strict to skip it"
+        )
+    if nonfinite_batches and options.strict:
+        raise InputError(
+            _nonfinite_message(predictions, samples, nonfinite_batches),
+            _nonfinite_hint(info_amp_dtype, strict=True),
         )
     if not ctx.is_main:
         return None
@@ -586,6 +646,7 @@ def _run(
         "batch_size": options.batch_size,
         "tta": options.tta,
         "amp": options.amp,
+        "amp_dtype": info_amp_dtype,
         "ema": spec.ema,
         "preprocess": source.preprocess.to_dict(),
     }
@@ -598,8 +659,37 @@ def _run(
         skipped=errors,
         seconds=seconds,
         info=info,
+        nonfinite_batches=nonfinite_batches,
     )
     return result, errors
+
+
+def _nonfinite_message(
+    predictions: Predictions, samples: Samples, batches: int, *, whole: bool = False
+) -> str:
+    """Which images got a NaN or inf output: how many (`whole`: of how many evaluated), in how
+    many batches, and the first of them."""
+    bad = np.flatnonzero(~predictions.finite)
+    first = int(predictions.indices[bad[0]]) if len(bad) else 0
+    if samples.paths is not None:
+        name = samples.paths[first]
+    else:
+        name = samples.ids[first] if samples.ids else str(first)
+    of = f" of {len(predictions)}" if whole else ""
+    return (
+        f"the model's outputs are not finite (NaN or inf) for {len(bad)}{of} image(s) in "
+        f"{batches} batch(es) (first: {name})"
+    )
+
+
+def _nonfinite_hint(amp_dtype: str | None, *, strict: bool) -> str:
+    """`amp_dtype`: the autocast dtype's name (bf16, fp16), None without --amp."""
+    hint = "check the weights (a diverged training run?)"
+    if amp_dtype == "fp16":
+        hint += ", or use --amp-dtype bf16 or drop --amp (float16 overflows past 65504)"
+    if strict:
+        return hint + "; without --strict they are counted and reported"
+    return hint + "; their predictions and loss mean nothing, and --strict makes this an error"
 
 
 def _fork_context():

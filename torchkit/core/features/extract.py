@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data import Samples
+from torchkit.core.device import check_amp_dtype
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.features.layers import (
     NORMALIZATIONS,
@@ -66,6 +67,7 @@ class FeatureRequest:
     workers: int | None = None
     device: str = "auto"
     amp: bool = False
+    amp_dtype: str = "auto"  # auto, bf16 or fp16 (core.device.resolve_amp_dtype)
     channels_last: bool = False
     strict: bool = False
     resume: bool = False
@@ -94,6 +96,7 @@ class ExtractionResult:
     resumed_from: int = 0  # images already done when this run started
     already_complete: bool = False
     seconds: float = 0.0
+    num_nonfinite: int = 0  # rows with a NaN or inf feature (their values mean nothing)
 
     @property
     def images_per_second(self) -> float:
@@ -190,7 +193,7 @@ def _extract(
     import torch
 
     from torchkit.core.data import eval_transform, load_image_set
-    from torchkit.core.device import resolve_device
+    from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
 
     samples = load_image_set(require_input(request.images, what="IMAGES"))
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
@@ -212,6 +215,8 @@ def _extract(
     )
     graph = LayerGraph(source.model, arch=source.arch)
     layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
+    device = select_device(request.device)
+    amp_dtype = resolve_amp_dtype(request.amp_dtype, device) if request.amp else None
     settings = {
         "model": request.model,
         "arch": source.arch,
@@ -223,11 +228,11 @@ def _extract(
         "dtype": request.dtype,
         "format": request.file_format,
         "amp": request.amp,
+        "amp_dtype": None if amp_dtype is None else amp_dtype_name(amp_dtype),
         "seed": request.seed,
         "preprocess": preprocess.to_dict(),
     }
     fingerprint = _fingerprint(settings, samples)
-    device = resolve_device(request.device)
     extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.channels_last)
     try:
         store, finished = FeatureStore.open(output, fingerprint, len(samples))
@@ -237,11 +242,20 @@ def _extract(
         started = time.perf_counter()
         transform = eval_transform(preprocess)
         loader = _loader(samples, transform, preprocess.in_channels, request, device)
-        _extract_rows(store, extractor, loader, samples, request, device, progress)
+        _extract_rows(store, extractor, loader, samples, request, device, amp_dtype, progress)
         seconds = time.perf_counter() - started
         meta = _finish(store, request, samples, source, settings, layers, fingerprint)
     finally:
         extractor.close()
+    if store.progress.nonfinite:
+        logger.warning(
+            "%d of the %d rows have non-finite features (NaN or inf; first: %s): they mean "
+            "nothing (%s; --strict makes this an error)",
+            store.progress.nonfinite,
+            store.progress.rows,
+            store.progress.nonfinite_first,
+            _nonfinite_hint(request, amp_dtype),
+        )
     result = _result_from_meta(Path(request.out), meta)
     result.already_complete = False
     result.resumed_from = resumed_from
@@ -274,6 +288,7 @@ def _finish(
         "num_images": len(samples),
         "num_rows": state.rows,
         "num_skipped": len(state.errors),
+        "num_nonfinite": state.nonfinite,
         "preprocess_source": source.preprocess_source,
         "layers": [
             {
@@ -299,16 +314,20 @@ def _extract_rows(
     samples: Samples,
     request: FeatureRequest,
     device,
+    amp_dtype,
     progress: Progress | None,
 ) -> None:
     """Fill the store batch by batch from where its progress record says, saving that record
-    every COMMIT_INTERVAL_S, at the end, and when anything stops the loop."""
+    every COMMIT_INTERVAL_S, at the end, and when anything stops the loop. Rows with a NaN or
+    inf feature are counted (with `strict`, the first batch that has one is an error, and is
+    not written)."""
     import torch
 
     state = store.progress
     if state.done:
         logger.info("resuming at image %d of %d", state.done + 1, len(samples))
-    autocast_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+    # Without --amp autocast is off, and its dtype only has to be a valid one.
+    autocast_dtype = amp_dtype or (torch.bfloat16 if device.type == "cpu" else torch.float16)
     memory_format = torch.channels_last if request.channels_last else torch.contiguous_format
     last_commit = time.perf_counter()
     if progress:
@@ -326,12 +345,17 @@ def _extract_rows(
                     outputs = extractor(images)
                 layers = extractor.layers
                 arrays = {layer.name: _reduce(outputs, layer, request, images) for layer in layers}
+                failed = {index for index, _reason in failures}
+                rows = [index for index in indices if index not in failed]
+                nonfinite, first = _check_finite(arrays, rows, samples, request, amp_dtype)
                 if not store.allocated:
                     for layer in layers:
                         _warn_pool(request.pool, layer.name, list(outputs[layer.name].shape[1:]))
                     store.allocate(_layer_specs(layers, outputs, arrays))
                 store.write(state.rows, arrays)
                 state.rows += len(images)
+                state.nonfinite += nonfinite
+                state.nonfinite_first = state.nonfinite_first or first
             state.done = max(indices) + 1
             if time.perf_counter() - last_commit >= COMMIT_INTERVAL_S:
                 store.commit()
@@ -349,6 +373,53 @@ def _extract_rows(
     store.commit()
 
 
+def _check_finite(
+    arrays: dict, rows: list[int], samples: Samples, request: FeatureRequest, amp_dtype
+) -> tuple[int, str | None]:
+    """(how many, the first image) of the rows of a batch that have a NaN or inf value in some
+    layer (`rows`: the image index of each row); with --strict any is an error."""
+    import numpy as np
+
+    finite = np.ones(len(rows), dtype=bool)
+    bad_layers = []
+    for name, values in arrays.items():
+        ok = np.isfinite(values.reshape(len(rows), -1)).all(axis=1)
+        if not ok.all():
+            bad_layers.append(name)
+            finite &= ok
+    if not bad_layers:
+        return 0, None
+    first = _image_name(samples, rows[int(np.flatnonzero(~finite)[0])])
+    count = int((~finite).sum())
+    if request.strict:
+        raise InputError(
+            f"layer {', '.join(bad_layers)} gives non-finite values (NaN or inf) for {count} of "
+            f"the {len(rows)} images of a batch (first: {first})",
+            _nonfinite_hint(request, amp_dtype) + "; without --strict they are counted",
+        )
+    return count, first
+
+
+def _nonfinite_hint(request: FeatureRequest, amp_dtype) -> str:
+    import torch
+
+    wider = []
+    if request.dtype == "float16":
+        wider.append("--dtype float32")
+    if amp_dtype == torch.float16:
+        wider.append("--amp-dtype bf16 or no --amp")
+    hint = "check the weights (a diverged training run?)"
+    if wider:
+        hint += f", or use {' or '.join(wider)} (float16 overflows past 65504)"
+    return hint
+
+
+def _image_name(samples: Samples, index: int) -> str:
+    if samples.paths:
+        return samples.paths[index]
+    return samples.ids[index] if samples.ids else str(index)
+
+
 def _validate(request: FeatureRequest) -> None:
     choices = {
         "--pool": (request.pool, POOLS),
@@ -359,6 +430,7 @@ def _validate(request: FeatureRequest) -> None:
     for option, (value, allowed) in choices.items():
         if value is not None and value not in allowed:
             raise UsageError(f"{option} must be one of {', '.join(allowed)}, not {value!r}")
+    check_amp_dtype(request.amp, request.amp_dtype)
     if request.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
     if request.workers is not None and request.workers < 0:
@@ -367,6 +439,8 @@ def _validate(request: FeatureRequest) -> None:
 
 def _fingerprint(settings: dict, samples: Samples) -> str:
     """What makes two runs' rows interchangeable: --resume continues only a matching run."""
+    if settings.get("amp_dtype", "") is None:  # no --amp: as before --amp-dtype existed
+        settings = {key: value for key, value in settings.items() if key != "amp_dtype"}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
     ids = samples.ids or samples.paths or []
     for name, label in zip(ids, samples.labels, strict=False):
@@ -497,4 +571,5 @@ def _result_from_meta(out: Path, meta: dict) -> ExtractionResult:
         ],
         resumed_from=int(meta["num_images"]),
         already_complete=True,
+        num_nonfinite=int(meta.get("num_nonfinite", 0)),
     )

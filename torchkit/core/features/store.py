@@ -52,6 +52,8 @@ class Progress:
     rows: int = 0  # rows written to every array (unreadable images get none)
     errors: dict[int, str] = field(default_factory=dict)  # image index -> why it was skipped
     layers: dict[str, dict] = field(default_factory=dict)  # name -> file, shape, dtype, ...
+    nonfinite: int = 0  # rows with a NaN or inf value in some layer
+    nonfinite_first: str | None = None  # the image of the first of them
 
     def to_json(self, fingerprint: str, total: int) -> dict:
         return {
@@ -61,6 +63,8 @@ class Progress:
             "rows": self.rows,
             "errors": {str(k): v for k, v in self.errors.items()},
             "layers": self.layers,
+            "nonfinite": self.nonfinite,
+            "nonfinite_first": self.nonfinite_first,
         }
 
     @classmethod
@@ -70,6 +74,8 @@ class Progress:
             rows=int(data["rows"]),
             errors={int(k): str(v) for k, v in data.get("errors", {}).items()},
             layers=dict(data.get("layers", {})),
+            nonfinite=int(data.get("nonfinite", 0)),
+            nonfinite_first=data.get("nonfinite_first"),
         )
 
 
