@@ -5,6 +5,7 @@ numbers, augmentation and optimiser state all have to come back exactly."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -112,3 +113,54 @@ def test_ctrl_c_saves_and_resume_continues_mid_epoch_exactly(
 
 def stderr_of(result) -> str:
     return result.stderr + (repr(result.exception) if result.exception else "")
+
+
+# CPU float16 autocast with a GradScaler (issue #14): the fp16 path CUDA takes on GPUs without
+# native bfloat16, with accumulation over 2 batches, clipping (of the unscaled gradients) and the
+# EMA, so its exact resume (the scaler's state included) is tested without a GPU.
+FP16 = [
+    "--amp",
+    "--amp-dtype",
+    "fp16",
+    "--device",
+    "cpu",
+    "--accum-steps",
+    "2",
+    "--clip-grad",
+    "0.5",
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_fp16(data, tmp_path_factory) -> dict:
+    from typer.testing import CliRunner
+
+    out = tmp_path_factory.mktemp("resume") / "straight-fp16"
+    result = CliRunner().invoke(app, [*recipe(data, out, workers=0), *FP16])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((out / "config.json").read_text())["amp_dtype"] == "float16"
+    return torch.load(out / "last.pt", weights_only=True)
+
+
+def test_cpu_fp16_with_a_grad_scaler_stops_and_resumes_exactly(
+    data, uninterrupted_fp16, tmp_path, runner, monkeypatch
+):
+    from test_train_nets import NoisyNet
+
+    out = tmp_path / "stopped"
+    NoisyNet.forwards = 0
+    monkeypatch.setenv("TORCHKIT_TEST_SIGINT_AT", "5")  # Ctrl-C during epoch 2's 2nd batch
+    stopped = runner.invoke(app, [*recipe(data, out, workers=0), *FP16])
+    assert stopped.exit_code == 130, stderr_of(stopped)
+    saved = torch.load(out / "last.pt", weights_only=True)
+    # 2 updates per epoch of 3 batches (after batches 2 and 3): stopped after update 3.
+    assert saved["epoch"] == 1 and saved["epoch_progress"]["batches"] == 2
+    assert saved["global_step"] == 3 and saved["scaler"]["_growth_tracker"] == 3
+
+    monkeypatch.delenv("TORCHKIT_TEST_SIGINT_AT")
+    resumed = runner.invoke(app, ["train", "--resume", str(out)])
+    assert resumed.exit_code == 0, resumed.stderr
+    final = torch.load(out / "last.pt", weights_only=True)
+    assert_bitwise_equal(final, uninterrupted_fp16)
+    assert final["scaler"] == uninterrupted_fp16["scaler"]
+    assert final["scaler"]["scale"] > 0 and final["global_step"] == 6

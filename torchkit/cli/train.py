@@ -25,7 +25,7 @@ from torchkit.cli.options import (
     WorkersOption,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
-from torchkit.core.train.config import TrainConfig
+from torchkit.core.train.config import TrainConfig, resume_help
 
 DEFAULTS = TrainConfig()
 DATA_HELP = "Data and transforms"
@@ -371,7 +371,7 @@ def train_command(
         typer.Option(
             "--amp",
             rich_help_panel=OPTIM_HELP,
-            help="Mixed precision: bf16 (or fp16 with a GradScaler) on CUDA, bf16 on CPU.",
+            help="Mixed precision: bf16, or fp16 with a GradScaler (CUDA and CPU).",
         ),
     ] = DEFAULTS.amp,
     amp_dtype: Annotated[
@@ -380,7 +380,8 @@ def train_command(
             "--amp-dtype",
             case_sensitive=False,
             rich_help_panel=OPTIM_HELP,
-            help="auto: bf16 where the GPU supports it, else fp16.",
+            help="auto: bf16 on CPUs and on GPUs that compute in it natively (Ampere and "
+            "later), fp16 on older GPUs.",
         ),
     ] = AmpDtype(DEFAULTS.amp_dtype),
     channels_last: Annotated[
@@ -395,6 +396,15 @@ def train_command(
     seed: SeedOption = DEFAULTS.seed,
     deterministic: DeterministicOption = DEFAULTS.deterministic,
     device: DeviceOption = DEFAULTS.device,
+    dist_timeout: Annotated[
+        float,
+        typer.Option(
+            "--dist-timeout",
+            metavar="SECONDS",
+            help="torchrun: seconds a process waits for the others in a collective before the "
+            "run ends with an error (a rank that died or hangs), instead of waiting forever.",
+        ),
+    ] = DEFAULTS.dist_timeout,
     workers: WorkersOption = None,
     strict: StrictOption = DEFAULTS.strict,
     out: Annotated[
@@ -413,7 +423,7 @@ def train_command(
         typer.Option(
             "--resume",
             rich_help_panel=OUT_HELP,
-            help="Continue a run exactly: its folder (last.pt) or a checkpoint file.",
+            help=resume_help(),
         ),
     ] = None,
     save_every: Annotated[
@@ -542,6 +552,7 @@ def train_command(
         seed=seed,
         deterministic=deterministic,
         device=device,
+        dist_timeout=dist_timeout,
         out=None if out is None else str(out),
         force=force,
         resume=resume,
@@ -566,12 +577,15 @@ def train_command(
             inputs=[InputPath.of(stats, "--stats file")] if stats is not None else [],
             output_file=output if is_main else None,
         )
-    code = 143 if stop.terminated else 130
+    # Under torchrun a rank may stop because another one was signalled: the run's signal.
+    terminated = stop.terminated or (stop.signum is None and result.stop_signal == signal.SIGTERM)
+    code = 143 if terminated else 130
     if not result.is_main:
-        if result.interrupted:
-            raise typer.Exit(code)
+        # Rank 0's exit code (130 or 143, whichever rank was signalled) is the run's, and
+        # torchrun reports it. The other ranks end with 0 once rank 0 has their state: a
+        # non-zero exit would make torchrun signal rank 0 while it writes last.pt.
         return
-    word = "Terminated" if stop.terminated else "Interrupted"
+    word = "Terminated" if terminated else "Interrupted"
     if result.interrupted and not result.kept:
         console.stderr.print(
             f"{word} before the first checkpoint: nothing kept, {result.out_dir} is as it was",
@@ -603,7 +617,8 @@ def _given_options(ctx: typer.Context) -> list[str]:
             ParameterSource.COMMANDLINE,
             ParameterSource.ENVIRONMENT,
         ):
-            given.append(name)
+            # --stats gives --mean and --std (a resumed run compares and applies those).
+            given += ["mean", "std"] if name == "stats" else [name]
     return given
 
 
@@ -613,8 +628,10 @@ class _StopOnSignal:
     ends it at once. Before training starts and after it ends (loading, the test evaluation)
     there is nothing to save, so a signal ends the command at once, as in every command.
 
-    torchrun's other ranks stop when rank 0 does: they only note a signal
-    (`graceful_from_start`)."""
+    Under torchrun every rank's request is polled and all ranks stop at the same update (rank
+    0 saving last.pt), whichever rank was signalled: a node without rank 0 included. Ranks other
+    than 0 only note a signal, even before training (`graceful_from_start`): they end with the
+    run, never alone in the middle of a collective."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -778,6 +795,9 @@ class _Display:
 
     def should_stop(self) -> bool:
         return self.stop is not None and self.stop.requested
+
+    def stop_signal(self) -> int:
+        return int(self.stop.signum or 0) if self.should_stop() else 0
 
     def on_train_end(self, stopped: bool) -> None:
         if self.stop is not None:

@@ -306,9 +306,20 @@ def read_csv_index(csv_path: str | os.PathLike, *, classes: Sequence[str] | None
             raise InputError(
                 f"{source} needs `path` and `label` columns", f"it has: {reader.fieldnames}"
             )
-        rows = [(row["path"], row["label"]) for row in reader]
+        rows, unlabelled = [], []
+        for row in reader:
+            label = row["label"]
+            if label is None or not label.strip():
+                unlabelled.append(str(reader.line_num))
+            rows.append((row["path"], label))
     if not rows:
         raise InputError(f"no rows in CSV index {source}")
+    if unlabelled:
+        shown = ", ".join(unlabelled[:5]) + (", ..." if len(unlabelled) > 5 else "")
+        raise InputError(
+            f"{source} has {len(unlabelled)} row(s) with an empty label (line {shown})",
+            "every row needs a path and a label",
+        )
     names = sorted({label for _, label in rows}, key=_natural_key)
     class_list = list(classes) if classes is not None else names
     index_of = {name: i for i, name in enumerate(class_list)}
@@ -524,6 +535,13 @@ class Batch:
     labels: Any
     indices: Any
     errors: list[str]
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked memory: what DataLoader(pin_memory=True) calls on a
+        batch that is not a tensor, list or mapping, so that `.to(device, non_blocking=True)`
+        copies asynchronously (without this method the batch stays in pageable memory)."""
+        tensors = (self.images, self.labels, self.indices)
+        return Batch(*(None if t is None else t.pin_memory() for t in tensors), self.errors)
 
 
 def collate_skipping_unreadable(items: list) -> Batch:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+
+log = logging.getLogger("torchkit")
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -22,8 +25,12 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def capture_rng_state() -> dict:
-    """RNG states of Python, NumPy and torch, as plain values that load with weights_only=True."""
+def capture_rng_state(device=None) -> dict:
+    """RNG states of Python, NumPy and torch, as plain values that load with weights_only=True.
+
+    CUDA's is the state of one GPU: `device` (the one training runs on) or the current one, with
+    its index; a process under torchrun uses one GPU, and reading every visible GPU's state would
+    also create a CUDA context on each of them."""
     import numpy as np
     import torch
 
@@ -39,12 +46,18 @@ def capture_rng_state() -> dict:
         },
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    index = _cuda_index(device)
+    if index is not None and torch.cuda.is_initialized():
+        state["cuda"] = [torch.cuda.get_rng_state(index)]
+        state["cuda_device"] = index
     return state
 
 
-def restore_rng_state(state: dict) -> None:
+def restore_rng_state(state: dict, device=None) -> None:
+    """Put back what `capture_rng_state` saved. CUDA's state goes to `device` (or the current
+    GPU) whichever GPU it was saved from. A checkpoint of an older torchkit holds every visible
+    GPU's state: only the training GPU's is restored, so fewer visible GPUs than were saved is
+    fine. Without CUDA, a saved CUDA state is left out with a warning."""
     import numpy as np
     import torch
 
@@ -60,8 +73,38 @@ def restore_rng_state(state: dict) -> None:
         )
     )
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda")
+    if not saved:
+        return
+    index = _cuda_index(device)
+    if index is None:
+        if device is None or getattr(device, "type", "cpu") == "cuda":
+            log.warning("the checkpoint's CUDA random state is not restored: no GPU is available")
+        return
+    if "cuda_device" in state:
+        torch.cuda.set_rng_state(saved[0], index)
+    elif index < len(saved):  # older checkpoints: a list indexed by GPU
+        torch.cuda.set_rng_state(saved[index], index)
+    else:
+        log.warning(
+            "the checkpoint holds the CUDA random state of %d GPU(s), none for cuda:%d: "
+            "random numbers on the GPU start afresh",
+            len(saved),
+            index,
+        )
+
+
+def _cuda_index(device) -> int | None:
+    """The GPU index of `device` (None: the current GPU), or None when it is no GPU or CUDA is
+    not available."""
+    import torch
+
+    if device is not None and getattr(device, "type", str(device)) != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return None
+    index = getattr(device, "index", None) if device is not None else None
+    return torch.cuda.current_device() if index is None else int(index)
 
 
 def _python_state_to_plain(state: tuple) -> dict:

@@ -147,3 +147,46 @@ def load_for_resume(spec: str) -> tuple[Path, dict]:
             "use it with --weights to start a new run from its weights",
         )
     return path, checkpoint
+
+
+def best_checkpoint_for(resumed: Path, checkpoint: dict) -> Path | None:
+    """The file beside `resumed` that holds the weights of `checkpoint`'s best epoch, for a run
+    resumed into another folder to carry its best.pt over: the folder's best.pt or
+    epoch-NNN.pt of that epoch if it belongs to the same run (its history up to that epoch is
+    the checkpoint's), else `resumed` itself when it was saved at the end of the best epoch.
+    None when there is no best epoch yet, or its weights are nowhere to be found."""
+    import torch
+
+    best_epoch = checkpoint.get("best_epoch")
+    if best_epoch is None:
+        return None
+    history = [dict(row) for row in checkpoint.get("history", [])][:best_epoch]
+    for candidate in (resumed.parent / BEST, resumed.parent / periodic_name(best_epoch)):
+        if not candidate.is_file():
+            continue
+        try:
+            saved = torch.load(candidate, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # unreadable or not a checkpoint: not the one we want
+            continue
+        if (
+            isinstance(saved, dict)
+            and saved.get("epoch") == best_epoch
+            and not saved.get("epoch_progress")
+            and saved.get("arch") == checkpoint.get("arch")
+            and list(saved.get("classes", [])) == list(checkpoint.get("classes", []))
+            and [dict(row) for row in saved.get("history", [])][:best_epoch] == history
+        ):
+            return candidate
+    if checkpoint.get("epoch") == best_epoch and not checkpoint.get("epoch_progress"):
+        return resumed
+    return None
+
+
+def copy_checkpoint(source: Path, target: Path) -> None:
+    """Copy a checkpoint file, atomically (a copy cut short leaves no half file)."""
+    import shutil
+
+    from torchkit.core.files import atomic_path
+
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)

@@ -8,6 +8,7 @@ ImageNet recipe. config.json records the resolved values and which ones came fro
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -99,6 +100,8 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     device: str = "auto"
+    # torchrun: seconds a collective waits for the other ranks before the run fails.
+    dist_timeout: float = 1800.0
     # Outputs
     out: str | None = None
     force: bool = False
@@ -169,6 +172,7 @@ def validate(config: TrainConfig) -> None:
     def bad(message: str, hint: str | None = None) -> None:
         raise UsageError(message, hint)
 
+    check_finite(config)
     if config.optimizer not in OPTIMIZERS:
         bad(f"unknown optimizer {config.optimizer!r}", "use " + ", ".join(OPTIMIZERS))
     if config.scheduler not in SCHEDULERS:
@@ -200,6 +204,15 @@ def validate(config: TrainConfig) -> None:
     for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
         if getattr(config, name) < 0:
             bad(f"--{name.replace('_', '-')} must not be negative, not {getattr(config, name)}")
+    if not 0 <= config.momentum < 1:
+        bad(f"--momentum must be in [0, 1), not {config.momentum}")
+    if config.gamma is not None and not 0 < config.gamma <= 1:
+        bad(f"--gamma is a decay factor: it must be in (0, 1], not {config.gamma}")
+    if config.min_lr > config.lr:
+        bad(
+            f"--min-lr {config.min_lr} is larger than --lr {config.lr}",
+            "the schedule anneals from --lr down to --min-lr",
+        )
     if config.clip_grad is not None and config.clip_grad <= 0:
         bad(f"--clip-grad must be positive, not {config.clip_grad}")
     if not 0 < config.ema_decay < 1:
@@ -236,12 +249,66 @@ def validate(config: TrainConfig) -> None:
             bad(f"--{name.replace('_', '-')} must not be negative")
     if config.workers is not None and config.workers < 0:
         bad(f"--workers must not be negative, not {config.workers}")
+    if not config.dist_timeout > 0:
+        bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
 
 
-# Options that define what the checkpoint's weights are: a resumed run cannot change them.
-FIXED_ON_RESUME = ("model", "image_size", "resize_size", "sync_bn")
-# Options that only make sense for the run that starts from scratch.
-IGNORED_ON_RESUME = ("weights", "resume", "force", "out", "data_defaults")
+def option_name(field_name: str) -> str:
+    """The command-line spelling of a TrainConfig field: `min_lr` -> `--min-lr`."""
+    return "--" + field_name.replace("_", "-")
+
+
+def check_finite(config: TrainConfig) -> None:
+    """Every floating-point option (and each value of a tuple of them) is a finite number: a
+    NaN passes every `<` and `>` check, and would train, or freeze part of the model, quietly."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        for item in values:
+            if isinstance(item, float) and not math.isfinite(item):
+                shown = _show(value)
+                raise UsageError(
+                    f"{option_name(f.name)} must be a finite number, not {shown}",
+                    "nan and inf are not option values",
+                )
+
+
+# What `--resume` does with options given again. Those below define the checkpoint's weights,
+# its optimiser state, the data split or what an epoch and an update are: a different value is
+# refused, naming both values. Every other option applies from the resumed step on (the
+# learning rates and weight decay too: see `optim.load_optimizer_state`), and config.json
+# records the values the run trains with.
+FIXED_ON_RESUME: dict[str, str] = {
+    "model": "the weights are of that model",
+    "image_size": "the weights were trained at that size",
+    "resize_size": "the validation metrics so far were measured at that size",
+    "mean": "the weights expect inputs normalised that way",
+    "std": "the weights expect inputs normalised that way",
+    "sync_bn": "the weights and the optimiser state are of that model",
+    "optimizer": "the optimiser state is of that optimiser",
+    "freeze_backbone": "the optimiser state is of those parameters",
+    "decay_all": "the optimiser's parameter groups would change",
+    "batch_size": "the schedule and the place inside the epoch count batches of that size",
+    "accum_steps": "the schedule counts updates of that many batches",
+    "seed": "the data order, the augmentation and --val-split's split follow the seed",
+    "val_split": "another split would move validation images into training",
+    "best_metric": "best.pt and the best epoch so far were picked by it",
+}
+# Options that only make sense for a run that starts from scratch: refused with --resume.
+NEW_RUN_ONLY = {"weights": "the run continues from the checkpoint's weights"}
+# Not training options: how this invocation runs, never compared.
+IGNORED_ON_RESUME = ("resume", "force", "out", "data_defaults", "dist_timeout")
+
+
+def resume_help() -> str:
+    """What `--resume` says about options given again (the CLI's help text)."""
+    fixed = ", ".join(option_name(name) for name in FIXED_ON_RESUME)
+    return (
+        "Continue a run exactly: its folder (last.pt) or a checkpoint file. Options given again "
+        "apply from the resumed step on (--epochs extends the run and its schedule; --lr, "
+        "--weight-decay, the schedule, regularisation, --device, --workers... take effect), "
+        f"except {fixed}, which cannot change."
+    )
 
 
 def merge_for_resume(
@@ -250,36 +317,60 @@ def merge_for_resume(
     """The saved run's options, with `overrides` (option names) taken from `config`.
 
     With `overrides` None, every option of `config` that differs from the default counts as
-    given. Options that define the weights (model, image size) must not change.
+    given. An option of FIXED_ON_RESUME given with another value than the checkpoint's is a
+    CheckpointError naming both values; --weights is a UsageError.
     """
     base = TrainConfig.from_dict(saved)
     defaults = TrainConfig()
+    known = {f.name for f in fields(config)}
     if overrides is None:
-        overrides = [
-            f.name for f in fields(config) if getattr(config, f.name) != getattr(defaults, f.name)
-        ]
+        overrides = [name for name in known if getattr(config, name) != getattr(defaults, name)]
     changes: dict[str, Any] = {}
     for name in overrides:
-        if name in IGNORED_ON_RESUME or name not in {f.name for f in fields(config)}:
+        if name in IGNORED_ON_RESUME or name not in known:
             continue
         value = getattr(config, name)
-        if name in FIXED_ON_RESUME and value is not None and value != getattr(base, name):
+        if name in NEW_RUN_ONLY:
+            if value:
+                raise UsageError(
+                    f"{option_name(name)} cannot be used with --resume",
+                    NEW_RUN_ONLY[name] + f"; drop {option_name(name)}",
+                )
+            continue
+        old = getattr(base, name)
+        if name in FIXED_ON_RESUME:
+            if value is None or _same(name, value, old):
+                continue
             raise CheckpointError(
-                f"the checkpoint was trained with --{name.replace('_', '-')} "
-                f"{_show(getattr(base, name))}, not {_show(value)}",
-                f"drop --{name.replace('_', '-')} to continue the run, or start a new one "
-                "without --resume",
+                f"the checkpoint was trained with {option_name(name)} {_show(old)}, "
+                f"not {_show(value)}",
+                f"{option_name(name)} cannot change on resume: {FIXED_ON_RESUME[name]}; drop "
+                f"it to continue the run, or start a new run from its weights with --weights",
             )
         changes[name] = value
     merged = dataclasses.replace(base, **changes)
     merged.resume = config.resume
     merged.force = config.force
+    merged.dist_timeout = config.dist_timeout
     merged.out = config.out
     merged.weights = None  # the checkpoint's weights replace any pretrained start
     return merged
 
 
+def _same(name: str, value: Any, old: Any) -> bool:
+    """Equal as the run would use them (one --mean value stands for three)."""
+    if name in ("mean", "std") and value is not None and old is not None:
+        return _three(tuple(value), ()) == _three(tuple(old), ())
+    if isinstance(value, (tuple, list)) and isinstance(old, (tuple, list)):
+        return tuple(value) == tuple(old)
+    return value == old
+
+
 def _show(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return " ".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "unset"
     return str(value)

@@ -14,9 +14,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.errors import InputError
+from torchkit.core.errors import InputError, TorchkitError
 
 log = logging.getLogger("torchkit")
+
+# A non-finite loss is looked for every this many optimiser updates (a host sync, and under
+# torchrun one small all-reduce), and always before the epoch ends or a stop saves last.pt.
+FINITE_CHECK_EVERY = 50
+
+
+class DivergedError(TorchkitError):
+    """The training loss became NaN or infinite: the run stops before saving that state."""
+
+
+def accumulator_dtype(device: Any):
+    """The dtype of the metric sums kept on `device`: float64, except on MPS, which has no
+    float64 (float32 there: counts stay exact up to 16 million images per epoch)."""
+    import torch
+
+    return torch.float32 if getattr(device, "type", str(device)) == "mps" else torch.float64
 
 
 @dataclass
@@ -72,6 +88,12 @@ class StepContext:
     cutmix_alpha: float = 0.0
     distributed: bool = False
     frozen_norms: Callable[[], None] | None = None
+    # (channels, height, width) of a training image: under torchrun, a rank whose batch was
+    # all unreadable runs an empty batch of that shape (see `_empty_step`).
+    input_shape: tuple[int, ...] | None = None
+    # The earliest of the ranks' first non-finite-loss batches (-1: none), given this rank's:
+    # every rank stops at the same check (None: a single process).
+    earliest_over_ranks: Callable[[int], int] | None = None
 
 
 class UnreadableImages:
@@ -112,10 +134,13 @@ def train_one_epoch(
     *,
     on_step: Callable[[StepInfo], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    epoch: int = 0,
 ) -> bool:
     """Train over `loader` (already positioned by its sampler). Updates `progress_state` in
     place. Returns False when `should_stop` asked to stop (checked after each optimiser
-    update, so the saved state is always between two updates)."""
+    update, so the saved state is always between two updates). A NaN or infinite loss raises
+    DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
+    returns: the diverged state never reaches a checkpoint."""
     import torch
 
     from torchkit.core.train.mixing import mix_batch
@@ -128,8 +153,35 @@ def train_one_epoch(
     # Micro-batches are grouped into updates from the start of the epoch, so a resumed epoch
     # groups them as the uninterrupted one did (interruptions only happen between updates).
     started = time.perf_counter() - progress_state.seconds
-    loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
-    correct = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    acc = accumulator_dtype(ctx.device)
+    loss_sum = torch.zeros((), dtype=acc, device=ctx.device)
+    correct = torch.zeros((), dtype=acc, device=ctx.device)
+    # The batch number of the first non-finite loss (-1: none), kept on the device: looking
+    # at it waits for the device, so that happens only every FINITE_CHECK_EVERY updates.
+    first_bad = torch.full((), -1, dtype=torch.long, device=ctx.device)
+    updates = 0
+
+    def check_finite(*, weights: bool = False) -> None:
+        """Raise DivergedError if a loss was not finite (on any rank); with `weights`, before
+        a checkpoint, also if a weight is not (a gradient overflowed while the loss did not:
+        the weights are the same on every rank, so each rank finds the same)."""
+        hint = "nothing of this epoch was saved; lower --lr, or add --clip-grad or --warmup-epochs"
+        local = int(first_bad)
+        bad = local if ctx.earliest_over_ranks is None else ctx.earliest_over_ranks(local)
+        if bad >= 0:
+            raise DivergedError(
+                f"the training loss is not finite (NaN or infinite) at epoch {epoch}, step "
+                f"{bad} of {total}: the run diverged",
+                hint,
+            )
+        if weights and not _all_finite(ctx.optimizer):
+            raise DivergedError(
+                f"the weights are not finite (NaN or infinite) at epoch {epoch}, step "
+                f"{progress_state.batches} of {total}, although the loss was: a gradient "
+                "overflowed",
+                hint,
+            )
+
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct
     last_report = 0.0
     for batch in loader:
@@ -169,12 +221,21 @@ def train_one_epoch(
                         mixed.lam * (predicted == mixed.labels_a).sum()
                         + (1 - mixed.lam) * (predicted == mixed.labels_b).sum()
                     )
-                loss_sum += loss.detach().double() * count
-                correct += hits.double()
+                detached = loss.detach()
+                first_bad = torch.where(
+                    torch.isfinite(detached) | (first_bad >= 0), first_bad, progress_state.batches
+                )
+                loss_sum += detached.to(acc) * count
+                correct += hits.to(acc)
             progress_state.seen += count
+        elif ctx.distributed:
+            _empty_step(ctx, is_update, progress_state.batches)
         if is_update:
             progress_state.last_lr = ctx.schedule.current_lr()
             _optimizer_step(ctx)
+            updates += 1
+            if updates % FINITE_CHECK_EVERY == 0:
+                check_finite()
         now = time.perf_counter()
         progress_state.seconds = now - started
         if on_step is not None and (now - last_report > 0.1 or progress_state.batches == total):
@@ -191,18 +252,75 @@ def train_one_epoch(
                 )
             )
         if is_update and should_stop is not None and should_stop():
+            check_finite(weights=True)
             progress_state.loss_sum = base_loss + float(loss_sum)
             progress_state.correct = base_correct + float(correct)
             return False
+    check_finite(weights=True)
     progress_state.loss_sum = base_loss + float(loss_sum)
     progress_state.correct = base_correct + float(correct)
     progress_state.seconds = time.perf_counter() - started
     return True
 
 
+def _all_finite(optimizer: Any) -> bool:
+    """Whether every parameter the optimiser updates is finite (one host sync)."""
+    import torch
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params:
+        return True
+    return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
+
+def _empty_step(ctx: StepContext, is_update: bool, batch: int) -> None:
+    """Forward and backward of an empty batch, for a rank whose images were all unreadable:
+    DDP's buffer broadcast (forward) and gradient all-reduce (backward) are collectives, so a
+    rank that skipped them would leave the others waiting forever. The batch has no images, so
+    it adds nothing to the gradients (the others' are averaged with this rank's zeros), nor to
+    BatchNorm's running statistics, nor to the epoch's loss and accuracy."""
+    import torch
+
+    from torchkit.core.errors import first_line
+
+    shape = ctx.input_shape or (3, 1, 1)
+    images = torch.zeros((0, *shape), device=ctx.device)
+    if ctx.channels_last and images.ndim == 4:
+        images = images.contiguous(memory_format=torch.channels_last)
+    sync = ctx.model.no_sync() if not is_update else None
+    with sync or contextlib.nullcontext():
+        try:
+            with ctx.autocast():
+                outputs = ctx.model(images)
+        except RuntimeError as error:
+            if "timed out" in str(error).lower() or "by peer" in str(error).lower():
+                raise  # a collective failed: not the model's doing
+            raise InputError(
+                f"every image of batch {batch} of this process was unreadable, and the model "
+                "cannot run an empty batch to keep in step with the other processes: "
+                f"{first_line(error)}",
+                "fix or remove the unreadable images (see the warnings)",
+            ) from error
+        zero = outputs.float().sum() * 0.0
+        if ctx.scaler is not None:
+            ctx.scaler.scale(zero).backward()
+        else:
+            zero.backward()
+
+
 def _optimizer_step(ctx: StepContext) -> None:
     import torch
 
+    if ctx.scaler is not None and not any(
+        p.grad is not None for g in ctx.optimizer.param_groups for p in g["params"]
+    ):
+        # No gradient at all (every image of the update unreadable): the GradScaler has
+        # nothing to check for overflows and would refuse to step. Nothing to update.
+        ctx.optimizer.zero_grad(set_to_none=True)
+        ctx.schedule.step()
+        if ctx.ema is not None:
+            ctx.ema.update()
+        return
     if ctx.clip_grad is not None:
         if ctx.scaler is not None:
             ctx.scaler.unscale_(ctx.optimizer)
@@ -248,7 +366,7 @@ def evaluate(
 
     was_training = module.training
     module.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    sums = torch.zeros(4, dtype=accumulator_dtype(device), device=device)
     ctx = StepContext(None, module, None, None, None, device, channels_last=channels_last)
     with torch.inference_mode():
         for batch in loader:
@@ -263,7 +381,7 @@ def evaluate(
             k = min(topk, outputs.shape[1])
             best = outputs.topk(k, dim=1).indices
             hits = best == labels[:, None]
-            sums[0] += F.cross_entropy(outputs, labels, reduction="sum").double()
+            sums[0] += F.cross_entropy(outputs, labels, reduction="sum").to(sums.dtype)
             sums[1] += hits[:, 0].sum()
             sums[2] += hits.any(dim=1).sum()
             sums[3] += labels.shape[0]

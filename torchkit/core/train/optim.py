@@ -147,6 +147,28 @@ def build_optimizer(groups: list[ParamGroupSpec], config: TrainConfig):
     return torch.optim.RMSprop(torch_groups, lr=config.lr, momentum=config.momentum, alpha=0.9)
 
 
+# The hyperparameters of a parameter group that come from the options (not from the state).
+OPTION_KEYS = ("base_lr", "weight_decay", "momentum", "nesterov")
+
+
+def load_optimizer_state(optimizer, state: dict) -> None:
+    """Load a checkpoint's optimiser state (moments, step counts) into `optimizer`, keeping
+    the hyperparameters `optimizer` was built with: torch's `load_state_dict` also restores
+    every group's lr, weight decay and momentum as saved, which would train a run resumed with
+    a new --lr, --weight-decay or --momentum with the old values. (The lr itself is set by the
+    schedule from `base_lr`.) ValueError when the groups do not correspond."""
+    wanted = [{k: g[k] for k in OPTION_KEYS if k in g} for g in optimizer.param_groups]
+    names = [g.get("group_name") for g in optimizer.param_groups]
+    saved_names = [g.get("group_name") for g in state.get("param_groups", [])]
+    if None not in saved_names and saved_names != names:
+        raise ValueError(
+            f"its parameter groups are {', '.join(saved_names)}, this run's {', '.join(names)}"
+        )
+    optimizer.load_state_dict(state)
+    for group, values in zip(optimizer.param_groups, wanted, strict=True):
+        group.update(values)
+
+
 class LRSchedule:
     """Sets each group's lr to base_lr x factor(update) after every optimiser update.
 

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from torchkit.core.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.data import DIGITS
-from torchkit.core.errors import CheckpointError, DeviceError, TorchkitError, UsageError, first_line
+from torchkit.core.errors import (
+    CheckpointError,
+    DeviceError,
+    InputError,
+    TorchkitError,
+    UsageError,
+    first_line,
+)
 from torchkit.core.outputs import (
     MARKER,
     InputPath,
@@ -30,7 +37,9 @@ from torchkit.core.train import distributed as dist_utils
 from torchkit.core.train.checkpoints import (
     BEST,
     LAST,
+    best_checkpoint_for,
     build_checkpoint,
+    copy_checkpoint,
     load_for_resume,
     save_epoch,
 )
@@ -85,7 +94,8 @@ class RunInfo:
 
 
 class TrainCallbacks:
-    """Hooks for a progress display; every method is optional. Called on rank 0 only."""
+    """Hooks for a progress display; every method is optional. Called on rank 0 only, except
+    `should_stop` and `stop_signal`, which every rank polls: a signal to any rank stops all."""
 
     def on_start(self, info: RunInfo) -> None: ...
 
@@ -99,8 +109,15 @@ class TrainCallbacks:
 
     def should_stop(self) -> bool:
         """Polled after each optimiser update and between epochs: True stops the run (Ctrl-C,
-        SIGTERM), saving last.pt when there is a run worth keeping."""
+        SIGTERM), saving last.pt when there is a run worth keeping. Under torchrun, the ranks
+        agree on it about twice a second (`distributed.StopVote`), so the run stops at the
+        same update on every rank, shortly after the request."""
         return False
+
+    def stop_signal(self) -> int:
+        """The signal that made `should_stop()` true (signal.SIGINT, signal.SIGTERM), 0 if
+        none or unknown: told to every rank (`TrainResult.stop_signal`)."""
+        return 0
 
     def on_train_end(self, stopped: bool) -> None:
         """The training loop is over (`stopped`: on `should_stop()`); the test evaluation of
@@ -133,6 +150,9 @@ class TrainResult:
     images_per_s: float | None = None
     stopped_early: bool = False
     interrupted: bool = False
+    # The signal that stopped the run on some rank (0: none or unknown): under torchrun, rank 0
+    # may stop because another rank was sent SIGTERM.
+    stop_signal: int = 0
     # False when the run stopped (Ctrl-C, SIGTERM) before its first checkpoint with --force
     # over an earlier run: the new run was removed and the earlier one put back.
     kept: bool = True
@@ -148,6 +168,7 @@ class TrainResult:
         data["out_dir"] = str(self.out_dir)
         data.pop("is_main")
         data.pop("kept")
+        data.pop("stop_signal")
         return data
 
 
@@ -188,7 +209,7 @@ def _run_with_torch(run: _Run, config: TrainConfig) -> TrainResult:
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
-    ctx = run.ctx = dist_utils.setup(config.device)
+    ctx = run.ctx = dist_utils.setup(config.device, config.dist_timeout)
     try:
         return run.run()
     except torch.OutOfMemoryError as error:
@@ -197,6 +218,12 @@ def _run_with_torch(run: _Run, config: TrainConfig) -> TrainResult:
             "use a smaller --batch-size (with --accum-steps to keep the effective batch), "
             "--amp, or a smaller --image-size",
         ) from error
+    except RuntimeError as error:
+        # A collective that timed out (--dist-timeout) or lost a rank: one error line.
+        described = dist_utils.describe_collective_failure(ctx, error, config.dist_timeout)
+        if described is None:
+            raise
+        raise described from error
     finally:
         dist_utils.teardown(ctx)
         if torch.are_deterministic_algorithms_enabled() != flags[0]:
@@ -359,9 +386,24 @@ class _Run:
 
     def release_output(self, ok: bool) -> None:
         """Keep the new run or put the old one back, and unlock the folder."""
+        if not ok:
+            self._restore_config_json()
         if self.output is not None:
             output, self.output = self.output, None
             output.finish(ok)
+
+    def _restore_config_json(self) -> None:
+        """A run continued in place that fails before its first checkpoint (it diverged, a
+        bad image) puts the run's config.json back: its checkpoints are still the old
+        options', and config.json must describe them."""
+        old = getattr(self, "_old_config_json", None)
+        if old is None or getattr(self, "saved_any", False):
+            return
+        self._old_config_json = None
+        from torchkit.core.files import atomic_write_bytes
+
+        with contextlib.suppress(Exception):  # already failing: keep the first error
+            atomic_write_bytes(self.out / "config.json", old)
 
     def _keep_output(self) -> None:
         """The first checkpoint is saved: the new run is worth keeping, the old one goes."""
@@ -385,19 +427,12 @@ class _Run:
         device = self.ctx.device
         if not config.amp:
             return contextlib.nullcontext, None, "float32"
-        if device.type == "cuda":
-            bf16 = config.amp_dtype == "bf16" or (
-                config.amp_dtype == "auto" and torch.cuda.is_bf16_supported()
-            )
-            dtype = torch.bfloat16 if bf16 else torch.float16
-            scaler = None if bf16 else torch.amp.GradScaler("cuda")
-        else:
-            if config.amp_dtype == "fp16":
-                raise UsageError(
-                    "--amp-dtype fp16 needs a CUDA GPU", "use --amp-dtype bf16 (or auto) on CPUs"
-                )
-            dtype, scaler = torch.bfloat16, None
-        return (lambda: torch.autocast(device.type, dtype=dtype)), scaler, str(dtype).split(".")[-1]
+        name = amp_dtype_for(device.type, config.amp_dtype)
+        dtype = getattr(torch, name)
+        # float16 needs its loss scaled (bfloat16 has float32's range): on CUDA, and on CPUs,
+        # where the same path runs (and is tested) without a GPU.
+        scaler = torch.amp.GradScaler(device.type) if name == "float16" else None
+        return (lambda: torch.autocast(device.type, dtype=dtype)), scaler, name
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -483,6 +518,74 @@ class _Run:
             raise UsageError("no training batches", "is the training set empty?")
         self._build_training_state()
 
+    def _resume_rank_state(self) -> None:
+        """This rank's place in the resumed checkpoint's interrupted epoch (if any): its own
+        epoch sums and random state, when the checkpoint was saved by as many processes as this
+        run has. With another number of processes the run goes on, inexactly, and says so:
+        rank 0 takes the epoch's sums so far, the epoch continues after the images already
+        seen (rounded down to whole batches of the new global batch), with new random numbers."""
+        checkpoint, ctx, config = self.checkpoint, self.ctx, self.config
+        ranks = checkpoint.get("rank_states")
+        saved_world = len(ranks) if ranks else checkpoint.get("world_size")
+        # An older checkpoint (no rank_states) holds rank 0's random state only.
+        self.resume_rng = checkpoint.get("rng_state")
+        if ranks and len(ranks) == ctx.world_size:
+            if self.progress.batches > 0:
+                mine = ranks[ctx.rank]
+                self.progress = EpochProgress.from_dict(mine["progress"])
+                self.resume_rng = mine["rng"]
+            return
+        if saved_world is None and ctx.world_size == 1:
+            return  # an older single-process checkpoint: its state is this process's
+        saved_world = int(saved_world or 1)
+        mid_epoch = self.progress.batches > 0
+        if mid_epoch:
+            saved = self.progress
+            sums = [saved.to_dict()] if not ranks else [r["progress"] for r in ranks]
+            images = saved.batches * config.batch_size * saved_world
+            batches = images // (config.batch_size * ctx.world_size)
+
+            def total(key: str) -> float:
+                return sum(part[key] for part in sums) if ctx.is_main else 0.0
+
+            self.progress = EpochProgress(
+                batches=batches,
+                loss_sum=total("loss_sum"),
+                correct=total("correct"),
+                seen=int(total("seen")),
+                seconds=saved.seconds,
+                last_lr=saved.last_lr,
+            )
+            self.resume_rng = None  # new random numbers: see _restore_rank_rng
+        if saved_world != ctx.world_size:
+            where = (
+                f"; epoch {self.start_epoch + 1} continues after its first "
+                f"{self.progress.batches * config.batch_size * ctx.world_size} images"
+                if mid_epoch
+                else ""
+            )
+            log.warning(
+                "%s was saved by %d process(es), this run has %d: it continues, but not exactly "
+                "as the run would have (the global batch, the steps per epoch, the schedule "
+                "and the random numbers follow the new number%s)",
+                self.resumed_from,
+                saved_world,
+                ctx.world_size,
+                where,
+            )
+
+    def _restore_rank_rng(self, epoch: int) -> None:
+        """The random state of this rank inside the resumed epoch: saved, or (when the
+        checkpoint has none for this rank) seeded from (seed, rank, epoch, batches done)."""
+        from torchkit.core.seeding import restore_rng_state, seed_everything
+
+        if self.resume_rng is not None:
+            restore_rng_state(self.resume_rng, self.ctx.device)
+            return
+        config = self.config
+        seed = mix_seed(config.seed, self.ctx.rank, epoch, self.progress.batches)
+        seed_everything(seed, config.deterministic)
+
     def _check_resumed_classes(self) -> None:
         saved = list(self.checkpoint["classes"])
         if saved != self.classes:
@@ -500,6 +603,7 @@ class _Run:
         from torchkit.core.train.optim import (
             LRSchedule,
             build_optimizer,
+            load_optimizer_state,
             param_groups,
             set_frozen_norms_eval,
         )
@@ -515,11 +619,13 @@ class _Run:
         if checkpoint is not None:
             load_weights_into(model, checkpoint["model"], source=str(self.resumed_from))
             try:
-                self.optimizer.load_state_dict(checkpoint["optimizer"])
+                # The state, with this run's --lr, --weight-decay and --momentum.
+                load_optimizer_state(self.optimizer, checkpoint["optimizer"])
             except (ValueError, KeyError) as error:
                 raise CheckpointError(
                     f"the optimizer state in {self.resumed_from} does not fit: {error}",
-                    "resume with the same --optimizer and --freeze-backbone as the run",
+                    "resume with the same --optimizer, --freeze-backbone and --backbone-lr "
+                    "(zero or not) as the run",
                 ) from error
             self.schedule.load_state_dict(checkpoint["scheduler"])
             if self.scaler is not None and checkpoint.get("scaler"):
@@ -529,6 +635,7 @@ class _Run:
             self.best_epoch = checkpoint.get("best_epoch")
             self.history = [dict(r) for r in checkpoint.get("history", [])][: self.start_epoch]
             self.progress = EpochProgress.from_dict(checkpoint.get("epoch_progress"))
+            self._resume_rank_state()
         self.ema = None
         if config.ema:
             self.ema = ModelEMA(model, config.ema_decay)
@@ -556,8 +663,19 @@ class _Run:
             mixup_alpha=config.mixup_alpha,
             cutmix_alpha=config.cutmix_alpha,
             distributed=self.ctx.is_distributed,
+            input_shape=(self.preprocess.in_channels,) + (self.preprocess.image_size,) * 2,
             frozen_norms=(lambda: set_frozen_norms_eval(model)) if config.freeze_backbone else None,
+            earliest_over_ranks=self._earliest_over_ranks if self.ctx.is_distributed else None,
         )
+
+    def _earliest_over_ranks(self, batch: int) -> int:
+        """The smallest of the ranks' `batch` values that are not -1 (-1 if all are): one
+        all-reduce of a slot per rank."""
+        ctx = self.ctx
+        slots = [0.0] * ctx.world_size
+        slots[ctx.rank] = float(batch + 1)
+        found = [int(v) - 1 for v in dist_utils.all_reduce_sum(ctx, slots) if v > 0]
+        return min(found) if found else -1
 
     def _write_run_files(self) -> None:
         """The run folder and config.json (rank 0), once every check has passed."""
@@ -567,6 +685,8 @@ class _Run:
         if ctx.is_main:
             out = self.out = self.output.begin()
             loaders = self.loaders
+            if self.in_place and (out / "config.json").is_file():
+                self._old_config_json = (out / "config.json").read_bytes()
             write_config_json(
                 out / "config.json",
                 {
@@ -589,6 +709,7 @@ class _Run:
                     "versions": versions(),
                 },
             )
+        self._carry_best(out)
         dist_utils.barrier(ctx)
         self.tensorboard = (
             TensorBoardLog(out / "tensorboard", purge_step=self.start_epoch + 1)
@@ -615,6 +736,30 @@ class _Run:
             history=self.history,
             config=config.to_dict(),
         )
+
+    def _carry_best(self, out: Path) -> None:
+        """A run resumed into another folder starts with the resumed run's best.pt, so the
+        folder holds the best epoch the summary names. If that epoch's weights cannot be found
+        (resumed from an early epoch-NNN.pt whose folder's best.pt is of a later epoch, say),
+        the best epoch starts over, with a warning, rather than naming a best.pt that is not
+        there. Rank 0 looks; every rank learns the outcome."""
+        if self.checkpoint is None or self.in_place or self.best_epoch is None:
+            return
+
+        def carry() -> str | None:
+            found = best_checkpoint_for(self.resumed_from, self.checkpoint)
+            if found is not None:
+                copy_checkpoint(found, out / BEST)
+            return None if found is None else str(found)
+
+        if dist_utils.on_main(self.ctx, carry) is None:
+            log.warning(
+                "the weights of the best epoch so far (%d) are not beside %s: best.pt will "
+                "be the best of the epochs from here on",
+                self.best_epoch,
+                self.resumed_from,
+            )
+            self.best_epoch, self.best_metric = None, None
 
     def _resumed_name(self) -> str | None:
         return str(self.resumed_from) if self.resumed_from else None
@@ -652,8 +797,12 @@ class _Run:
 
     # -- epochs ------------------------------------------------------------------------------
 
-    def _checkpoint(self, epochs_done: int, epoch_progress: dict | None) -> dict:
-        return build_checkpoint(
+    def _checkpoint(
+        self, epochs_done: int, epoch_progress: dict | None, rank_states: list | None = None
+    ) -> dict:
+        """A checkpoint of the run (rank 0). `rank_states`: every rank's random state and
+        epoch sums, in rank order, for a stop inside an epoch (see `_resume_rank_state`)."""
+        checkpoint = build_checkpoint(
             arch=self.arch,
             classes=self.classes,
             model_state=self.model.state_dict(),
@@ -670,10 +819,20 @@ class _Run:
             history=self.history,
             epoch_progress=epoch_progress,
         )
+        checkpoint["world_size"] = self.ctx.world_size
+        if rank_states is not None:
+            checkpoint["rank_states"] = rank_states
+        return checkpoint
 
-    def _should_stop(self) -> bool:
-        wanted = self.callbacks.should_stop() if self.ctx.is_main else False
-        return dist_utils.any_rank(self.ctx, wanted)
+    def _should_stop(self, force: bool = False) -> bool:
+        """Whether every rank stops now (after an optimiser update, or between epochs with
+        `force`): any rank's Ctrl-C or SIGTERM counts, polled about twice a second."""
+        wanted = 0
+        if self.callbacks.should_stop():
+            wanted = int(self.callbacks.stop_signal() or 1)
+        stop = self.stop_vote(wanted, force=force)
+        self.result.stop_signal = self.stop_vote.signal if stop else 0
+        return stop
 
     def _evaluate(self, module, loader, *, full_precision: bool = False) -> dict:
         """Loss, top-1 and top-5 over the whole of `loader`'s data (summed over ranks)."""
@@ -687,13 +846,19 @@ class _Run:
             channels_last=self.config.channels_last and not full_precision,
         )
         loss_sum, top1, topk, count = dist_utils.all_reduce_sum(self.ctx, sums.as_list())
-        count = max(count, 1.0)
+        if count == 0:  # every image unreadable: no metric, not a perfect loss of 0
+            split = "test" if loader is self.loaders.test else "validation"
+            raise InputError(
+                f"none of the {len(loader.dataset)} {split} images could be read",
+                "see the warnings above; fix or remove the unreadable files",
+            )
         return {"loss": loss_sum / count, "top1": top1 / count, "top5": topk / count}
 
     def _train(self) -> None:
-        from torchkit.core.seeding import restore_rng_state, seed_everything
+        from torchkit.core.seeding import capture_rng_state, seed_everything
 
         ctx, config, result = self.ctx, self.config, self.result
+        self.stop_vote = dist_utils.StopVote(ctx)
         train_started = time.perf_counter()
         images_seen, images_seconds = 0.0, 0.0
         mid_epoch = self.progress.batches > 0
@@ -702,7 +867,7 @@ class _Run:
             # Random numbers are a function of (seed, rank, epoch), so a resumed run draws what
             # the uninterrupted one did; inside an epoch, the saved state is restored instead.
             if mid_epoch:
-                restore_rng_state(self.checkpoint["rng_state"])
+                self._restore_rank_rng(epoch)
                 mid_epoch = False
             else:
                 seed_everything(mix_seed(config.seed, ctx.rank, epoch), config.deterministic)
@@ -720,14 +885,20 @@ class _Run:
                 self.unreadable,
                 on_step=self.callbacks.on_step if ctx.is_main else None,
                 should_stop=self._should_stop,
+                epoch=epoch + 1,
             )
             if not finished:
                 result.interrupted = True
+                # Each rank's random state and epoch sums, so that a resumed run continues
+                # every rank exactly (rank 0's alone would be restored on every rank).
+                rank_states = dist_utils.gather_to_main(
+                    ctx, {"rng": capture_rng_state(ctx.device), "progress": progress.to_dict()}
+                )
                 if ctx.is_main:
                     if self._worth_saving():
                         save_epoch(
                             self.out,
-                            self._checkpoint(epoch, progress.to_dict()),
+                            self._checkpoint(epoch, progress.to_dict(), rank_states),
                             is_best=False,
                             save_every=0,
                             keep=0,
@@ -770,7 +941,7 @@ class _Run:
             if config.early_stop and epoch + 1 - self.best_epoch >= config.early_stop:
                 result.stopped_early = True
                 break
-            if epoch + 1 < config.epochs and self._should_stop():
+            if epoch + 1 < config.epochs and self._should_stop(force=True):
                 result.interrupted = True
                 break
         if self.tensorboard is not None:
@@ -796,8 +967,19 @@ class _Run:
         loss_sum, correct, seen = dist_utils.all_reduce_sum(
             self.ctx, [progress.loss_sum, progress.correct, float(progress.seen)]
         )
+        if seen == 0:  # not a training loss of 0 that would even win --best-metric loss
+            raise InputError(
+                f"none of the {self.loaders.train_size} training images could be read in "
+                f"epoch {epoch + 1}",
+                "see the warnings above; fix or remove the unreadable files",
+            )
         if self.ctx.is_main:
             self.callbacks.on_eval("val")
+        # Under torchrun each rank's BatchNorm statistics moved with its own last batch: every
+        # rank validates rank 0's, the ones best.pt and last.pt get (`eval best.pt` agrees).
+        dist_utils.broadcast_buffers(self.ctx, self.model)
+        if self.ema is not None:
+            dist_utils.broadcast_buffers(self.ctx, self.ema.module)
         val = self._evaluate(self.model, self.loaders.val)
         row = {
             "epoch": epoch + 1,
@@ -856,19 +1038,53 @@ class _Run:
         result = self.result
         if self.loaders.test is None or result.interrupted or self.best_epoch is None:
             return
-        dist_utils.barrier(self.ctx)  # best.pt is written by rank 0
         if self.ctx.is_main:
             self.callbacks.on_eval("test")
-        best = load_checkpoint(self.out / BEST)
-        load_weights_into(self.model, best["model"], source=str(self.out / BEST))
+
+        def load_best() -> bool:
+            """best.pt into the model (and the EMA), on rank 0: whether it has EMA weights."""
+            best = load_checkpoint(self.out / BEST)
+            load_weights_into(self.model, best["model"], source=str(self.out / BEST))
+            has_ema = self.ema is not None and "model_ema" in best
+            if has_ema:
+                self.ema.module.load_state_dict(best["model_ema"])
+            return has_ema
+
+        # Only rank 0 opens the run folder (the others need no shared file system): it reads
+        # best.pt and sends the weights to the other ranks.
+        has_ema = dist_utils.on_main(self.ctx, load_best)
+        dist_utils.broadcast_module(self.ctx, self.model)
         test = self._evaluate(self.model, self.loaders.test, full_precision=True)
         result.test_top1, result.test_top5 = test["top1"], test["top5"]
         result.test_loss = test["loss"]
         result.test_weights = BEST
-        if self.ema is not None and "model_ema" in best:
-            self.ema.module.load_state_dict(best["model_ema"])
+        if has_ema:
+            dist_utils.broadcast_module(self.ctx, self.ema.module)
             ema = self._evaluate(self.ema.module, self.loaders.test, full_precision=True)
             result.test_ema_top1 = ema["top1"]
+
+
+def amp_dtype_for(device_type: str, amp_dtype: str) -> str:
+    """The autocast dtype of --amp: "bfloat16" or "float16" (which gets a GradScaler).
+
+    auto: bfloat16 on CPUs, and on GPUs that compute in it natively (Ampere and later);
+    float16 on older GPUs (T4, V100), where `is_bf16_supported()` is true only by emulation,
+    which is slower than float32. fp16 runs on CUDA and on CPUs; other devices take bf16."""
+    import torch
+
+    if amp_dtype == "bf16":
+        return "bfloat16"
+    if amp_dtype == "fp16":
+        if device_type not in ("cuda", "cpu"):
+            raise UsageError(
+                f"--amp-dtype fp16 is not supported on {device_type}",
+                "use --amp-dtype bf16 (or auto), or --device cuda or cpu",
+            )
+        return "float16"
+    if device_type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return "bfloat16" if native else "float16"
+    return "bfloat16"
 
 
 def _default_out(model: str | None, taken: Collection[Path] = ()) -> Path:
