@@ -334,6 +334,29 @@ def test_torchrun_refuses_an_explicit_gpu_before_anything_starts(fake_torchrun, 
     assert fake_cuda == [] and fake_torchrun == []
 
 
+def test_train_takes_its_device_by_the_same_rule(fake_cuda, monkeypatch):
+    """train's process setup: `--device cuda:1` becomes the current GPU; under torchrun each rank
+    takes cuda:LOCAL_RANK and an explicit GPU is refused before the group starts."""
+    import torch.distributed as dist
+
+    from torchkit.core.train.distributed import setup
+
+    assert setup("cuda:1").device == torch.device("cuda", 1)
+    assert fake_cuda == [torch.device("cuda", 1)]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    inits: list = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(inits))
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: inits.append(kwargs))
+    with pytest.raises(UsageError, match="names one GPU, but under torchrun"):
+        setup("cuda:0")
+    assert inits == [] and len(fake_cuda) == 1
+    ctx = setup("cuda")
+    assert ctx.device == torch.device("cuda", 1) and fake_cuda[-1] == torch.device("cuda", 1)
+    assert inits[0]["backend"] == "nccl" and (ctx.rank, ctx.world_size) == (1, 2)
+
+
 def test_torchrun_with_more_ranks_than_gpus_is_a_device_error(fake_torchrun, monkeypatch):
     from torchkit.core.evaluate.runner import setup_distributed
 

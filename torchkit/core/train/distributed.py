@@ -56,26 +56,19 @@ def setup(device_spec: str, timeout_s: float | None = None) -> DistContext:
     collectives give up after `timeout_s` seconds (default `DEFAULT_TIMEOUT_S`)."""
     from datetime import timedelta
 
-    import torch
     import torch.distributed as dist
 
-    from torchkit.core.device import resolve_device
+    from torchkit.core.device import select_device
 
+    # One device rule for every command: a CUDA device becomes the current one, and under
+    # torchrun each rank takes cuda:LOCAL_RANK (an explicit cuda:N is refused).
     if not launched_by_torchrun():
-        return DistContext(device=resolve_device(device_spec))
+        return DistContext(device=select_device(device_spec))
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_spec)
+    device = select_device(device_spec, local_rank=local_rank, world_size=world_size)
     if device.type == "cuda":
-        if local_rank >= torch.cuda.device_count():
-            raise DeviceError(
-                f"rank {rank} needs cuda:{local_rank} but {torch.cuda.device_count()} GPU(s) "
-                "are visible",
-                "use --nproc_per_node no larger than the number of GPUs",
-            )
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
         backend = "nccl"
     elif device.type == "cpu":
         backend = "gloo"
