@@ -458,10 +458,11 @@ def _remove_tree(path: Path) -> None:
             path.unlink()
 
 
-def _discard(path: Path) -> None:
-    """Rename first (atomic), then delete: a kill half-way through the delete leaves a
-    `.discarded` folder, never a half-deleted one that looks like a set-aside output."""
-    gone = path.with_name(path.name.rsplit(".", 1)[0] + DISCARDED_SUFFIX)
+def discard_tree(path: Path, gone: Path | None = None) -> None:
+    """Rename first (atomic) to `gone`, then delete: a kill half-way through the delete leaves
+    a folder named as discarded, never a half-deleted one that looks like a set-aside output."""
+    if gone is None:
+        gone = path.with_name(path.name.rsplit(".", 1)[0] + DISCARDED_SUFFIX)
     try:
         os.replace(path, gone)
     except OSError:
@@ -606,12 +607,12 @@ class OutputFolder:
                     old = _sibling(self.final, REPLACED_SUFFIX)
                     os.replace(self.final, old)
                     os.replace(self.path, self.final)
-                    _discard(old)
+                    discard_tree(old)
                 else:
                     os.replace(self.path, self.final)
             self.path = self.final
         elif self._aside is not None:
-            _discard(self._aside)
+            discard_tree(self._aside)
             self._aside = None
         self._kept = True
 

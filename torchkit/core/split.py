@@ -50,6 +50,7 @@ from torchkit.core.outputs import (
     check_overlap,
     check_replaceable,
     data_inputs,
+    discard_tree,
     reporting_write_errors,
     write_marker,
 )
@@ -325,8 +326,7 @@ def _discard_replaced(out: Path) -> None:
     if gone.is_dir():
         shutil.rmtree(gone, ignore_errors=True)
     if aside.is_dir():
-        os.replace(aside, gone)
-        shutil.rmtree(gone, ignore_errors=True)
+        discard_tree(aside, gone)
 
 
 def _put_back_replaced(out: Path) -> list[str]:
