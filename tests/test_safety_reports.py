@@ -48,13 +48,13 @@ def _template(tmp_path_factory) -> Path:
     """Every kind of input these commands read, made once: an image folder `ds`, a CSV index
     naming some of its images, a torchkit checkpoint `ck.pt` (and a symlink to it), the same
     weights as a state dict, a pickled model and a `module:callable` source."""
-    from torchkit.core.summary.loading import load_model
+    from torchkit.core.models import resolve_model
 
     root = tmp_path_factory.mktemp("template")
     write_image_folder(root / "ds", {"a": 3, "b": 2})
     (root / "index.csv").write_text("path,label\nds/a/a_0.png,a\nds/b/b_0.png,b\n")
     torch.manual_seed(0)
-    model = load_model("convnet", sample_shape=(3, 8, 8), num_classes=2).model
+    model = resolve_model("convnet", in_channels=3, image_size=8, num_classes=2).model
     save_checkpoint(
         {
             "format_version": FORMAT_VERSION,
@@ -142,7 +142,7 @@ def test_output_over_an_input_is_refused_and_nothing_changes(work, case):
 
 
 def test_model_inputs_name_what_a_spec_reads(work, monkeypatch):
-    from torchkit.core.summary.loading import model_inputs
+    from torchkit.core.models import model_inputs
 
     monkeypatch.chdir(work)
     assert [(str(i.path), i.what) for i in model_inputs("ck.pt")] == [("ck.pt", "model file")]

@@ -16,8 +16,8 @@ from torch import nn
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.errors import UsageError
+from torchkit.core.models import resolve_model
 from torchkit.core.summary import summarize
-from torchkit.core.summary.loading import load_model
 from torchkit.core.summary.run import full_shapes, parse_input_size
 
 # --- agreement with torchinfo ------------------------------------------------------------------
@@ -44,9 +44,11 @@ def build_without_init(name: str, sample_shape: tuple[int, ...]) -> nn.Module:
     or ViT's ~100M parameters would take most of this test's time."""
     try:
         with torch.device("meta"):
-            model = load_model(name, sample_shape=sample_shape).model
+            model = resolve_model(
+                name, in_channels=sample_shape[0], image_size=sample_shape[1:]
+            ).model
     except NotImplementedError:  # RegNet computes its widths with tensors while building
-        return load_model(name, sample_shape=sample_shape).model
+        return resolve_model(name, in_channels=sample_shape[0], image_size=sample_shape[1:]).model
     return model.to_empty(device="cpu")
 
 
@@ -375,14 +377,14 @@ def test_table_and_csv_output(runner, tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0] == "depth,name,type,input_shape,output_shape,params,trainable,mult_adds,call"
     assert lines[1].startswith('0,,ConvNet,"[1, 3, 28, 28]","[1, 10]",')  # default 3x28x28
-    params = sum(p.numel() for p in load_model("convnet").model.parameters())
+    params = sum(p.numel() for p in resolve_model("convnet").model.parameters())
     assert lines[-1].startswith(f",(total),,,,{params},")
     again = runner.invoke(app, ["summary", "convnet", "--format", "csv", "-o", str(out)])
     assert again.exit_code == 1 and "already exists" in again.stderr
 
 
 def test_checkpoint_model_uses_its_image_size(runner, tmp_path):
-    model = load_model("convnet", sample_shape=(1, 10, 10), num_classes=4).model
+    model = resolve_model("convnet", in_channels=1, image_size=10, num_classes=4).model
     path = tmp_path / "best.pt"
     save_checkpoint(
         {

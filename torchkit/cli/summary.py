@@ -47,8 +47,9 @@ def summary(
     model: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Argument(
-            help="A torchvision model name, convnet, package.module:Callable, or a torchkit "
-            "checkpoint.",
+            help="A torchvision model name, convnet, package.module:Callable (importable from "
+            "the working directory), a torchkit checkpoint, or a pickled model (with "
+            "--trust-checkpoint).",
             metavar="MODEL",
             show_default=False,
         ),
@@ -80,15 +81,18 @@ def summary(
         typer.Option(
             "--num-classes",
             min=1,
-            help="Classifier outputs. [default: 1000 for torchvision, 10 for convnet]",
+            help="Classifier outputs. [default: those of --weights; else 1000 for torchvision, "
+            "10 for convnet]",
         ),
     ] = None,
     weights: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
             "--weights",
-            metavar="PATH",
-            help="Load these weights (state dict or checkpoint) into the model named by MODEL.",
+            metavar="PATH|NAME",
+            help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
+            ".safetensors; the classifier head takes the size the file gives it) or torchvision's "
+            "DEFAULT (downloaded once).",
         ),
     ] = None,
     dtype: Annotated[

@@ -354,8 +354,8 @@ def check_outputs(
 ) -> None:
     """Check every output of `convert-syncbn` before any work: DST and the report (`-o`) may
     not be SRC, the weights, nor each other, and replace an existing file only with `force`."""
+    from torchkit.core.models import model_inputs
     from torchkit.core.outputs import check_distinct_outputs, check_output_file
-    from torchkit.core.summary.loading import model_inputs
 
     inputs = model_inputs(os.fspath(source), weights)
     if destination is not None:
@@ -376,16 +376,16 @@ def batchnorm_report(
 ) -> dict[str, Any]:
     """The layers `convert_batchnorm` would replace in the model `spec` names: BatchNorm layers,
     or SyncBatchNorm layers with `revert`."""
-    from torchkit.core.summary.loading import load_model
+    from torchkit.core.models import resolve_model
 
-    loaded = load_model(spec, num_classes=num_classes, weights=weights, trust=trust)
+    loaded = resolve_model(spec, num_classes=num_classes, weights=weights, trust=trust)
     model = loaded.model
     if revert and loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
         model, _ = convert_batchnorm(model, to="sync")  # what `train --resume` builds from it
     layers = find_batchnorm_layers(model, sync=revert)
     report = {
         "model": loaded.arch,
-        "origin": loaded.origin,
+        "origin": loaded.source,
         "target": "BatchNorm" if revert else "SyncBatchNorm",
         "layers": layers,
         "count": len(layers),
@@ -415,18 +415,18 @@ def convert_saved_model(
     """
     import torch
 
-    from torchkit.core.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
+    from torchkit.core.checkpoint import is_torchkit_checkpoint, save_checkpoint
     from torchkit.core.files import atomic_path, require_input
-    from torchkit.core.models import model_from_checkpoint
+    from torchkit.core.models import model_from_checkpoint, pickled_module
+    from torchkit.core.models.weights import read_model_file
     from torchkit.core.outputs import reporting_write_errors
-    from torchkit.core.summary.loading import pickled_module
 
     src = require_input(source, what="model file", kind="file")
     check_outputs(src, destination, force=force)
-    loaded = load_checkpoint(src, trust=trust)
+    loaded = read_model_file(src, trust=trust)
     to = "bn" if revert else "sync"
     if is_torchkit_checkpoint(loaded):
-        model = model_from_checkpoint(loaded)
+        model = model_from_checkpoint(loaded, trust=trust)
         model, rows = convert_batchnorm(model, to="sync")
         if revert:
             model, rows = convert_batchnorm(model, to="bn")

@@ -1,7 +1,8 @@
 """`torchkit eval`: metrics and reports for a trained image classifier."""
 
 from torchkit.core.evaluate.metrics import ClassificationMetrics, compute_metrics
-from torchkit.core.evaluate.runner import EvalOptions, EvalResult, Predictions, evaluate
+from torchkit.core.evaluate.results import EvalResult, Predictions
+from torchkit.core.evaluate.runner import EvalOptions, evaluate
 from torchkit.core.evaluate.source import ModelSpec, load_eval_samples, parse_class_names
 
 __all__ = [

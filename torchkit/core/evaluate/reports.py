@@ -18,7 +18,7 @@ from torchkit.core.files import atomic_path, atomic_write_text
 from torchkit.core.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
-    from torchkit.core.evaluate.runner import EvalResult
+    from torchkit.core.evaluate.results import EvalResult
 
 PER_CLASS_COLUMNS = [
     "Class",

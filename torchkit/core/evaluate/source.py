@@ -15,7 +15,6 @@ from typing import Any
 from torchkit.core.checkpoint import (
     extract_state_dict,
     is_torchkit_checkpoint,
-    load_checkpoint,
     load_weights_into,
     strip_module_prefix,
 )
@@ -133,27 +132,17 @@ def _open_model_source(spec: ModelSpec) -> ModelSource:
 
 
 def _load(path: str, trust: bool) -> Any:
-    try:
-        return load_checkpoint(path, trust=trust)
-    except (AttributeError, ModuleNotFoundError, ImportError) as error:
-        # A trusted pickle whose classes cannot be imported here.
-        raise CheckpointError(
-            f"cannot unpickle the model in {path}: {error}",
-            "make the module that defines its class importable (PYTHONPATH), "
-            "or save a state_dict and pass --model",
-        ) from error
+    """The file's contents, read as every command reads model files (a trusted pickle imports
+    its classes with the working directory importable and their prints sent to stderr)."""
+    from torchkit.core.models.weights import read_model_file
+
+    return read_model_file(path, trust=trust)
 
 
 def _as_module(obj: Any):
-    from torch import nn
+    from torchkit.core.models import pickled_module
 
-    if isinstance(obj, nn.Module):
-        return obj
-    if isinstance(obj, Mapping):
-        for key in ("model", "module", "net"):
-            if isinstance(obj.get(key), nn.Module):
-                return obj[key]
-    return None
+    return pickled_module(obj)
 
 
 def _check_num_classes(spec: ModelSpec, found: int, where: str) -> None:

@@ -19,7 +19,6 @@ from torchkit.core.features.layers import (
     LayerInfo,
     reduce_feature,
 )
-from torchkit.core.features.source import ModelSource, load_model_source
 from torchkit.core.features.store import DTYPES, FILE_FORMATS, FeatureStore
 from torchkit.core.preprocessing import apply_overrides
 
@@ -39,10 +38,8 @@ __all__ = [
     "LayerInfo",
     "LayerListing",
     "LayerOutput",
-    "ModelSource",
     "apply_overrides",
     "extract_features",
     "list_layers",
-    "load_model_source",
     "reduce_feature",
 ]

@@ -23,7 +23,6 @@ from torchkit.core.features.layers import (
     LayerInfo,
     reduce_feature,
 )
-from torchkit.core.features.source import load_model_source
 from torchkit.core.features.store import (
     DTYPES,
     FILE_FORMATS,
@@ -32,6 +31,7 @@ from torchkit.core.features.store import (
     known_files,
 )
 from torchkit.core.files import require_input
+from torchkit.core.models import resolve_model
 from torchkit.core.outputs import InputPath, OutputFolder, data_inputs
 from torchkit.core.preprocessing import apply_overrides
 from torchkit.core.progress import Progress
@@ -120,9 +120,7 @@ def list_layers(
     image_size: int | None = None,
 ) -> LayerListing:
     """The layer names of MODEL (and the aliases), with per-image output shapes."""
-    source = load_model_source(
-        model, weights=weights, trust=trust_checkpoint, image_size=image_size
-    )
+    source = resolve_model(model, weights=weights, trust=trust_checkpoint, image_size=image_size)
     preprocess = apply_overrides(source.preprocess, image_size=image_size)
     graph = LayerGraph(source.model, arch=source.arch)
     rows = graph.describe(preprocess.image_size, preprocess.in_channels)
@@ -200,7 +198,7 @@ def _extract(
     # the caller's RNG state is left as it was.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(request.seed)
-        source = load_model_source(
+        source = resolve_model(
             request.model,
             weights=request.weights,
             trust=request.trust_checkpoint,

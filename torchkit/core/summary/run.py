@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchkit.core.errors import UsageError
+from torchkit.core.models import model_inputs, resolve_model
+from torchkit.core.models.builders import BUILTIN_MODELS
 from torchkit.core.summary.counting import ModelSummary, summarize
-from torchkit.core.summary.loading import load_model, model_inputs
 
 DTYPES = {
     "float32": "float32",
@@ -114,8 +115,18 @@ def summarize_model(
     sample = first[1:] if first is not None and len(first) == 4 else first
     if progress is not None:
         progress("building the model")
-    loaded = load_model(
-        spec, num_classes=num_classes, weights=weights, trust=trust, sample_shape=sample
+    image_size = in_channels = None
+    if sample is not None and spec in BUILTIN_MODELS:
+        _require_image_shape(sample, spec)
+    if sample is not None and len(sample) == 3:
+        in_channels, image_size = sample[0], sample[1:]
+    loaded = resolve_model(
+        spec,
+        num_classes=num_classes,
+        weights=weights,
+        trust=trust,
+        image_size=image_size,
+        in_channels=in_channels,
     )
     if not input_sizes:
         if loaded.sample_shape is None:
@@ -130,3 +141,11 @@ def summarize_model(
         model = model.to(torch_dtype)
     model = model.to(target)
     return summarize(model, shapes, dtype=torch_dtype, count_flops=count_flops, progress=progress)
+
+
+def _require_image_shape(shape: Sequence[int], name: str) -> None:
+    if len(shape) != 3:
+        raise UsageError(
+            f"{name} takes images: give the input size as C,H,W (or N,C,H,W), not "
+            f"{','.join(map(str, shape))}"
+        )

@@ -1,0 +1,297 @@
+"""One model resolver: the same MODEL [--weights W] means the same model in `summary`,
+`extract-features` and `convert-syncbn` (same parameter count, same logits for the same input),
+for every kind of spec; plus the user-visible cases of issue #16 as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from conftest import write_image_folder
+from PIL import Image
+from safetensors.torch import save_file
+from torch import nn
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.data import Preprocess, eval_transform
+from torchkit.core.errors import CheckpointError
+from torchkit.core.models import ResolvedModel, resolve_model
+from torchkit.core.models.convnet import convnet_class
+
+PKG = "tk_resolver_pkg"  # the user's package, importable only from the world's folder
+NETS = f"""
+import torch
+from torch import nn
+
+print("hello from {PKG}.nets at import")
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes=4):
+        super().__init__()
+        print("hello from Net.__init__")
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+        )
+        self.fc = nn.Linear(8, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x).flatten(1))
+"""
+CONVNET_PREPROCESS = {
+    "image_size": 28,
+    "resize_size": 28,
+    "mean": [0.5, 0.5, 0.5],
+    "std": [0.25, 0.25, 0.25],
+    "in_channels": 3,
+    "interpolation": "bilinear",
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    """Every kind of model file, written from known modules (the truth each spec must give)."""
+    root = tmp_path_factory.mktemp("world")
+    (root / PKG).mkdir()
+    (root / PKG / "__init__.py").write_text("")
+    (root / PKG / "nets.py").write_text(NETS)
+    write_image_folder(root / "imgs", {"a": 2, "b": 1}, size=32)
+
+    torch.manual_seed(0)
+    convnet = convnet_class()(10, 3, 28).eval()
+    state = convnet.state_dict()
+    torch.save(state, root / "ck.pt")
+    torch.save({f"module.{k}": v for k, v in state.items()}, root / "ddp.pt")
+    torch.save({f"_orig_mod.{k}": v for k, v in state.items()}, root / "compiled.pt")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(root / "ck.safetensors"))
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 10,
+            "classes": [str(i) for i in range(10)],
+            "model": state,
+            "preprocess": CONVNET_PREPROCESS,
+        },
+        root / "tk.pt",
+    )
+
+    resnet = torchvision.models.resnet18()
+    resnet.fc = nn.Linear(512, 2)
+    resnet.eval()
+    torch.save(resnet.state_dict(), root / "finetuned_2class.pt")
+
+    sys.path.insert(0, str(root))  # only to build and pickle the truth; removed at once
+    try:
+        import importlib
+
+        nets = importlib.import_module(f"{PKG}.nets")
+        net = nets.Net().eval()
+        with torch.no_grad():  # BatchNorm statistics that are not the defaults
+            net.features[1].running_mean.uniform_(-1, 1)
+            net.features[1].running_var.uniform_(0.5, 2)
+        torch.save(net, root / "full.pt")
+        torch.save(net.state_dict(), root / "net_sd.pt")
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m == PKG or m.startswith(f"{PKG}.")]:
+            del sys.modules[name]
+    return {"root": root, "convnet": convnet, "resnet": resnet, "net": net}
+
+
+@pytest.fixture
+def in_world(world, monkeypatch):
+    """Run in the world's folder, leaving sys.path and sys.modules as they were."""
+    monkeypatch.chdir(world["root"])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    yield world
+    for name in [m for m in sys.modules if m == PKG or m.startswith(f"{PKG}.")]:
+        del sys.modules[name]
+
+
+# id: (MODEL, --weights, --trust-checkpoint, the truth, input size C,H,W)
+SPECS = {
+    "convnet+state_dict": ("convnet", "ck.pt", False, "convnet", (3, 28, 28)),
+    "torchkit_checkpoint": ("tk.pt", None, False, "convnet", (3, 28, 28)),
+    "convnet+module_prefix": ("convnet", "ddp.pt", False, "convnet", (3, 28, 28)),
+    "convnet+orig_mod_prefix": ("convnet", "compiled.pt", False, "convnet", (3, 28, 28)),
+    "convnet+safetensors": ("convnet", "ck.safetensors", False, "convnet", (3, 28, 28)),
+    "pickled_module+trust": ("full.pt", None, True, "net", (3, 32, 32)),
+    "callable+state_dict": (f"{PKG}.nets:Net", "net_sd.pt", False, "net", (3, 32, 32)),
+    "callable+pickled_weights+trust": (f"{PKG}.nets:Net", "full.pt", True, "net", (3, 32, 32)),
+    "resnet18+finetuned_2class": ("resnet18", "finetuned_2class.pt", False, "resnet", (3, 64, 64)),
+}
+
+
+def options(weights: str | None, trust: bool) -> list[str]:
+    return [
+        *(["--weights", weights] if weights else []),
+        *(["--trust-checkpoint"] if trust else []),
+    ]
+
+
+def resolve(case: str) -> ResolvedModel:
+    spec, weights, trust, _, _ = SPECS[case]
+    return resolve_model(spec, weights=weights, trust=trust)
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("case", SPECS)
+def test_resolve_model_gives_the_saved_model(in_world, case):
+    truth = in_world[SPECS[case][3]]
+    resolved = resolve(case)
+    x = torch.randn(2, *SPECS[case][4], generator=torch.Generator().manual_seed(1))
+    assert n_params(resolved.model) == n_params(truth)
+    with torch.no_grad():
+        torch.testing.assert_close(resolved.model.eval()(x), truth(x), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", SPECS)
+def test_summary_counts_the_same_parameters(in_world, runner, case):
+    spec, weights, trust, truth, size = SPECS[case]
+    result = runner.invoke(
+        app,
+        ["summary", spec, *options(weights, trust), "-i", ",".join(map(str, size)), "--no-flops"]
+        + ["--format", "json"],
+    )
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["totals"]["total_params"] == n_params(in_world[truth])
+
+
+@pytest.mark.parametrize("case", SPECS)
+def test_extract_features_gives_the_same_logits(in_world, runner, tmp_path, case):
+    spec, weights, trust, truth, _ = SPECS[case]
+    out = tmp_path / "out"
+    args = ["extract-features", spec, "imgs", str(out), "-l", "logits", "-j", "0"]
+    if SPECS[case][4][1] != 28:
+        args += ["--image-size", "32", "--resize-size", "32"]  # keep resnet18 fast
+    result = runner.invoke(app, [*args, *options(weights, trust), "--device", "cpu"])
+    assert result.exit_code == 0, result.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    transform = eval_transform(Preprocess.from_dict(meta["preprocess"]))
+    paths = sorted(str(p.relative_to("imgs")) for p in Path("imgs").rglob("*.png"))
+    x = torch.stack([transform(Image.open(Path("imgs") / p).convert("RGB")) for p in paths])
+    with torch.no_grad():
+        expected = in_world[truth](x)
+    np.testing.assert_allclose(np.load(out / "logits.npy"), expected.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("case", SPECS)
+def test_convert_syncbn_sees_the_same_model(in_world, runner, case):
+    spec, weights, trust, truth, _ = SPECS[case]
+    result = runner.invoke(
+        app, ["convert-syncbn", spec, *options(weights, trust), "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    batchnorms = [m for m in in_world[truth].modules() if isinstance(m, nn.BatchNorm2d)]
+    assert json.loads(result.stdout)["count"] == len(batchnorms)
+
+
+def test_the_head_is_sized_from_the_weights(in_world):
+    resolved = resolve_model("resnet18", weights="finetuned_2class.pt")
+    assert resolved.model.fc.out_features == 2
+    assert n_params(resolved.model) == 11_177_538
+    # --num-classes still replaces the head (fine-tuning from the file's weights).
+    assert (
+        resolve_model(
+            "resnet18", weights="finetuned_2class.pt", num_classes=5
+        ).model.fc.out_features
+        == 5
+    )
+
+
+@pytest.mark.parametrize(("spec", "weights"), [("full.pt", None), (f"{PKG}.nets:Net", "full.pt")])
+def test_a_pickled_module_needs_trust_wherever_it_is_loaded(in_world, spec, weights):
+    with pytest.raises(CheckpointError, match="--trust-checkpoint"):
+        resolve_model(spec, weights=weights)
+
+
+# -- what the user sees: real subprocesses of the installed `torchkit` (no `python -m`, which
+#    would make the working directory importable by itself) -----------------------------------
+
+
+def torchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).parent / "torchkit"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [str(script), *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_summary_of_a_printing_callable_keeps_json_on_stdout(world):
+    result = torchkit(
+        "summary",
+        f"{PKG}.nets:Net",
+        "-i",
+        "3,8,8",
+        "--format",
+        "json",
+        "--no-flops",
+        cwd=world["root"],
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)  # nothing but the JSON
+    assert data["totals"]["total_params"] == n_params(world["net"])
+    assert "hello from" not in result.stdout
+    assert "at import" in result.stderr and "Net.__init__" in result.stderr
+
+
+def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(world):
+    result = torchkit(
+        "summary",
+        "resnet18",
+        "--weights",
+        "finetuned_2class.pt",
+        "-i",
+        "3,32,32",
+        "--format",
+        "json",
+        "--no-flops",
+        cwd=world["root"],
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["totals"]["total_params"] == 11_177_538
+    trusted = torchkit(
+        "summary",
+        f"{PKG}.nets:Net",
+        "--weights",
+        "full.pt",
+        "--trust-checkpoint",
+        "-i",
+        "3,8,8",
+        "--format",
+        "json",
+        "--no-flops",
+        cwd=world["root"],
+    )
+    assert trusted.returncode == 0, trusted.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["nosuchpkg.mod:Net"], 2, "cannot import model"),
+        (["resnet81"], 2, "unknown model 'resnet81'"),
+        (["full.pt"], 1, "--trust-checkpoint"),
+        (["convnet", "--weights", "full.pt"], 1, "--trust-checkpoint"),
+        (["ck.pt"], 1, "--weights PATH"),
+    ],
+)
+def test_bad_specs_are_one_error_line(world, args, code, message):
+    result = torchkit("summary", *args, "--format", "json", cwd=world["root"])
+    assert result.returncode == code
+    assert result.stdout == ""
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

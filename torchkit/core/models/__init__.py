@@ -1,0 +1,33 @@
+"""Models: one resolver (`resolve_model`) from a spec to a model, with small modules for each job:
+`builders` (names to architectures), `convnet`, `usercode` (`package.module:Callable`),
+`weights` (reading model files), `heads` (the classifier layer) and `specs` (what a spec reads)."""
+
+from torchkit.core.models.builders import (
+    BUILTIN_MODELS,
+    build_model,
+    is_checkpoint_path,
+    list_models,
+    suggest,
+)
+from torchkit.core.models.heads import find_head, replace_head
+from torchkit.core.models.resolver import ResolvedModel, resolve_model
+from torchkit.core.models.specs import is_model_file, model_inputs
+from torchkit.core.models.usercode import call_model_factory
+from torchkit.core.models.weights import model_from_checkpoint, pickled_module
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "ResolvedModel",
+    "build_model",
+    "call_model_factory",
+    "find_head",
+    "is_checkpoint_path",
+    "is_model_file",
+    "list_models",
+    "model_from_checkpoint",
+    "model_inputs",
+    "pickled_module",
+    "replace_head",
+    "resolve_model",
+    "suggest",
+]

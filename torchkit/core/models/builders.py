@@ -1,0 +1,146 @@
+"""Building an architecture by name: a torchvision classifier, the built-in `convnet`, or
+`package.module:Callable`, with random weights, torchvision's pretrained ones, or a file's."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+from torchkit.core.errors import InputError, OfflineError, UsageError
+from torchkit.core.models.convnet import convnet_class
+from torchkit.core.models.heads import replace_head
+from torchkit.core.models.usercode import call_model_factory
+
+BUILTIN_MODELS = ("convnet",)
+# torchvision builders whose position embeddings fix the image size at construction.
+IMAGE_SIZE_KWARGS = {"vit_": "image_size", "maxvit_": "input_size"}
+
+
+def list_models() -> list[str]:
+    """Names `--model` accepts besides `module:Callable` and checkpoint paths."""
+    import torchvision
+
+    return sorted([*BUILTIN_MODELS, *torchvision.models.list_models(module=torchvision.models)])
+
+
+def suggest(name: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+    if close:
+        return "did you mean " + ", ".join(close) + "?"
+    return "run `torchkit summary --list` for the model names"
+
+
+def is_checkpoint_path(name: str) -> bool:
+    return (
+        os.sep in name
+        or name.endswith((".pt", ".pth", ".ckpt", ".bin", ".safetensors"))
+        or Path(name).is_file()
+    )
+
+
+def is_callable_spec(spec: str) -> bool:
+    return ":" in spec and not os.path.exists(spec)
+
+
+def build_model(
+    name: str,
+    num_classes: int,
+    *,
+    weights: str | None = None,
+    image_size: int | tuple[int, int] = 224,
+    in_channels: int = 3,
+    trust: bool = False,
+):
+    """Build `name` with a head of `num_classes` outputs.
+
+    `weights` is None (random init), a torchvision weights name such as "DEFAULT" (needs the
+    internet or a warm cache), or a path to a state dict / checkpoint. With pretrained weights the
+    model is built with the head the weights have, loaded, then the head is replaced.
+    """
+    from torchkit.core.models.weights import load_weights_file
+
+    if name in BUILTIN_MODELS:
+        side = image_size if isinstance(image_size, int) else image_size[-1]
+        model = convnet_class()(num_classes, in_channels, side)
+        if weights not in (None, ""):
+            load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+        return model
+    if is_callable_spec(name):
+        model, took_classes = call_model_factory(name, num_classes=num_classes)
+        if not took_classes:
+            replace_head(model, num_classes)
+        if weights:
+            load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+        return model
+    require_torchvision_name(name)
+    if weights is None or weights == "":
+        return torchvision_random(name, num_classes, image_size)
+    if not os.path.exists(weights):
+        if is_checkpoint_path(weights):
+            raise InputError(f"weights file not found: {weights}", "check the path")
+        model = torchvision_pretrained(name, weights)
+        replace_head(model, num_classes)
+        return model
+    import torchvision
+
+    model = torchvision.models.get_model(name, weights=None)
+    load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+    return model
+
+
+def require_torchvision_name(name: str) -> None:
+    import torchvision
+
+    available = torchvision.models.list_models(module=torchvision.models)
+    if name not in available:
+        raise UsageError(f"unknown model {name!r}", suggest(name, [*BUILTIN_MODELS, *available]))
+
+
+def torchvision_random(name: str, num_classes: int, image_size: int | tuple[int, int] = 224):
+    """A randomly initialised torchvision model; ViT and MaxViT are built for `image_size`."""
+    import torchvision
+
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    kwarg = next((kw for prefix, kw in IMAGE_SIZE_KWARGS.items() if name.startswith(prefix)), None)
+    extra = {}
+    if kwarg == "image_size":
+        if size[0] != size[1]:
+            raise UsageError(f"{name} takes square images, not {size[0]}x{size[1]}")
+        extra = {"image_size": size[0]}
+    elif kwarg == "input_size" and size != (224, 224):
+        extra = {"input_size": size}
+    try:
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
+    except (ValueError, AssertionError) as error:
+        if not extra:
+            raise
+        raise UsageError(f"cannot build {name} for {size[0]}x{size[1]} images: {error}") from error
+
+
+def torchvision_pretrained(name: str, weights: str):
+    import urllib.error
+
+    import torchvision
+
+    try:
+        return torchvision.models.get_model(name, weights=weights)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise OfflineError(
+            f"cannot download the {weights} weights of {name}: {error}",
+            "connect to the internet once so they are cached in ~/.cache/torch, "
+            "or pass --weights PATH to a local file",
+        ) from error
+    except ValueError as error:
+        raise UsageError(f"unknown weights {weights!r} for {name}: {error}") from error
+
+
+def torchvision_weights_enum(name: str):
+    import torchvision
+
+    try:
+        return torchvision.models.get_model_weights(name)
+    except (ValueError, KeyError):
+        return None

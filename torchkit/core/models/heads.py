@@ -1,0 +1,60 @@
+"""The classifier head: finding it, replacing it, and sizing it from a state dict."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torchkit.core.errors import UsageError
+
+
+def find_head(model) -> tuple[str, Any]:
+    """The classifier layer: the last `nn.Linear` in registration order (or the final 1x1
+    convolution of SqueezeNet-style heads)."""
+    from torch import nn
+
+    last = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            last = (name, module)
+    if last is None:
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1):
+                last = (name, module)
+    if last is None:
+        raise UsageError("cannot find the classifier layer of the model (no nn.Linear)")
+    return last
+
+
+def out_features(layer) -> int:
+    return layer.out_features if hasattr(layer, "out_features") else layer.out_channels
+
+
+def replace_head(model, num_classes: int) -> None:
+    """Swap the classifier for a freshly initialised one with `num_classes` outputs."""
+    from torch import nn
+
+    name, head = find_head(model)
+    if out_features(head) == num_classes:
+        return
+    if isinstance(head, nn.Linear):
+        new = nn.Linear(head.in_features, num_classes, bias=head.bias is not None)
+    else:
+        new = nn.Conv2d(head.in_channels, num_classes, kernel_size=1)
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, attr, new)
+    if hasattr(model, "num_classes"):
+        model.num_classes = num_classes
+
+
+def fit_head_to(model, state: Mapping[str, Any]) -> None:
+    """Resize the head of `model` to the number of outputs the weights in `state` have (a
+    fine-tuned 2-class resnet18 gets a 2-output `fc`). Models without a head are left alone."""
+    try:
+        head_name, head = find_head(model)
+    except UsageError:
+        return
+    weight = state.get(f"{head_name}.weight")
+    if weight is not None and hasattr(weight, "shape") and weight.shape[0] != out_features(head):
+        replace_head(model, int(weight.shape[0]))

@@ -1,0 +1,68 @@
+"""Running the user's model code (`package.module:Callable`, trusted pickles): the working
+directory importable as with `python -m`, and anything it prints sent to stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from torchkit.core.errors import UsageError
+
+
+@contextlib.contextmanager
+def user_code() -> Iterator[None]:
+    """Around an import or call of user code: the working directory on `sys.path` (as `python -m`
+    puts it there) and stdout redirected to stderr, so that machine-readable output stays clean."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)  # after installed packages: a local folder never shadows them
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def import_factory(spec: str):
+    """The callable `package.module:Callable` names."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"invalid model {spec!r}", "use package.module:Callable")
+    top = module_name.split(".")[0]
+    try:
+        with user_code():
+            module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(
+            f"cannot import model {spec!r}: {error}",
+            f"run torchkit from the folder that holds {top}/ or {top}.py, or install it",
+        ) from error
+    try:
+        return getattr(module, attr)
+    except AttributeError as error:
+        raise UsageError(
+            f"cannot import model {spec!r}: {error}", "use package.module:Callable"
+        ) from error
+
+
+def call_model_factory(spec: str, *, num_classes: int | None = None) -> tuple[Any, bool]:
+    """Import `package.module:Callable` and call it, with `num_classes` when it is given and the
+    callable accepts it. Returns (the nn.Module it built, whether num_classes was passed)."""
+    import torch
+
+    factory = import_factory(spec)
+    takes_classes = num_classes is not None and "num_classes" in _accepted_params(factory)
+    with user_code():
+        model = factory(num_classes=num_classes) if takes_classes else factory()
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model, takes_classes
+
+
+def _accepted_params(factory) -> set[str]:
+    try:
+        return set(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):
+        return set()
