@@ -116,3 +116,62 @@ printf '%s\\n' "${{COMPREPLY[@]}}"
     expected = [name for name in top_level_commands() if name.startswith("e")]
     assert sorted(first.split()) == expected and "env" in expected
     assert second.split() == ["table", "csv", "json"]
+
+
+def load_names_generator():
+    spec = importlib.util.spec_from_file_location(
+        "generate_model_names", REPO / "scripts" / "generate_model_names.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_model_names_are_torchvisions_and_convnet():
+    from torchkit.core.models import list_models
+    from torchkit.core.models.names import MODEL_NAMES
+
+    assert list(MODEL_NAMES) == list_models(), "run scripts/generate_model_names.py"
+    generator = load_names_generator()
+    assert generator.names_module(list_models()) == (
+        REPO / "torchkit" / "core" / "models" / "names.py"
+    ).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        "torchkit summary resn",
+        "torchkit extract-features resn",
+        "torchkit convert-syncbn resn",
+        "torchkit eval resn",
+        "torchkit train --model resn",
+    ],
+)
+def test_model_names_complete_without_importing_torch(words):
+    lines, imported = complete(
+        {
+            "_TORCHKIT_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1),
+        }
+    )
+    assert "resnet18" in lines and "resnet50" in lines and "resnext50_32x4d" in lines
+    assert all(line.startswith("resn") for line in lines)
+    assert not imported & HEAVY, f"completion imported {sorted(imported & HEAVY)}"
+
+
+def test_model_specs_complete_model_files_and_folders(tmp_path, monkeypatch):
+    from torchkit.cli.completion import complete_model_name
+
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    for name in ("best.pt", "weights.safetensors", "notes.txt", "conv.pth"):
+        (tmp_path / "runs" / "r1" / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert complete_model_name("run") == ["runs/"]
+    assert complete_model_name("runs/r1/") == [
+        "runs/r1/best.pt",
+        "runs/r1/conv.pth",
+        "runs/r1/weights.safetensors",
+    ]
+    assert complete_model_name("convnet") == ["convnet"]

@@ -425,7 +425,7 @@ def test_ema_weights(setup, report, tmp_path):
 
 
 def test_plain_state_dict_with_module_prefix(setup, tmp_path):
-    from torchkit.core.evaluate.source import default_preprocess
+    from torchkit.core.models.resolver import plain_preprocess
 
     weights = tmp_path / "weights.pth"
     torch.save({f"module.{k}": v for k, v in setup["model"].state_dict().items()}, weights)
@@ -439,7 +439,7 @@ def test_plain_state_dict_with_module_prefix(setup, tmp_path):
     data = json.loads(result.stdout)
     assert data["classes"] == CLASSES and data["model_source"] == "state dict"
     # Plain weights carry no preprocessing: ImageNet statistics, resize to size/0.875, crop.
-    transform = eval_transform(default_preprocess(SIZE, 3))
+    transform = eval_transform(plain_preprocess(3, SIZE))
     paths = sorted((setup["data"] / "test").glob("*/*.png"))
     x = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
     truth = torch.tensor([CLASSES.index(p.parent.name) for p in paths])
@@ -452,13 +452,13 @@ def test_plain_state_dict_with_module_prefix(setup, tmp_path):
     result = invoke(*base, "--workers", "0", "--format", "json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["classes"] == sorted(CLASSES)
-    result = invoke(*base, "--num-classes", "6")
-    assert result.exit_code == 2
-    assert "model has 6 outputs but the data has 5 classes" in result.stderr
-    assert "--classes" in result.stderr
-    result = invoke(*base, "--classes", ",".join([*CLASSES, "fig"]))  # 6 names, 5 outputs
-    assert result.exit_code == 1
-    assert "Error: the weights in" in result.stderr and "do not fit" in result.stderr
+    # The weights have 5 outputs: asking for 6 classes is refused, not scored on a new head.
+    for extra in (["--num-classes", "6"], ["--classes", ",".join([*CLASSES, "fig"])]):
+        result = invoke(*base, *extra)
+        assert result.exit_code == 2
+        assert (
+            "6 classes asked for" in result.stderr and "state dict has 5 outputs" in result.stderr
+        )
 
 
 def _accuracy_with(model, data: Path, preprocess: Preprocess) -> float:
@@ -514,7 +514,7 @@ def test_plain_state_dict_errors(setup, tmp_path):
     torch.save(setup["model"].state_dict(), weights)
     result = invoke(weights, "--data", setup["data"])
     assert result.exit_code == 2
-    assert "holds plain weights" in result.stderr and "--model" in result.stderr
+    assert "holds plain weights" in result.stderr and "--weights" in result.stderr
     result = invoke(
         weights, "--model", "resnet18", "--num-classes", "5", "--classes", ",".join(CLASSES),
         "--data", setup["data"],
@@ -557,11 +557,20 @@ def test_torchvision_default_weights_offline_is_a_clear_error(setup, monkeypatch
     assert result.exit_code == 1
     assert "Error: cannot download the DEFAULT weights of resnet18" in result.stderr
     assert "--weights PATH" in result.stderr and "Traceback" not in result.stderr
-    # Folders named otherwise are not among its 1000 ImageNet categories.
+    # With the weights cached, folders named otherwise are not among its 1000 categories.
+    import torchvision
+
+    import torchkit.core.models.resolver as resolver
+
+    monkeypatch.setattr(
+        resolver,
+        "torchvision_pretrained",
+        lambda name, _: torchvision.models.get_model(name, weights=None),
+    )
     result = invoke("--model", "resnet18", "--weights", "DEFAULT", "--data", setup["data"])
     assert result.exit_code == 1 and "not among the model's 1000 classes" in result.stderr
     unknown = invoke("--model", "resnet18", "--weights", "NOPE", "--data", setup["data"])
-    assert unknown.exit_code == 2 and "choose from DEFAULT" in unknown.stderr
+    assert unknown.exit_code == 2 and "torchvision has: DEFAULT" in unknown.stderr
 
 
 @pytest.fixture

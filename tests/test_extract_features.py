@@ -227,8 +227,8 @@ def test_weights_path_keeps_its_head_and_uses_the_standard_transform(runner, ima
     assert meta["preprocess"]["resize_size"] == 37
 
     plain = run(runner, str(weights), str(images), str(tmp_path / "o2"))
-    assert plain.exit_code == 1
-    assert "holds weights but not the architecture" in plain.stderr
+    assert plain.exit_code == 2
+    assert "holds plain weights (a state dict)" in plain.stderr
     assert "--weights" in plain.stderr
     assert "Traceback" not in plain.stderr
 

@@ -22,7 +22,7 @@ from torch import nn
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.data import Preprocess, eval_transform
-from torchkit.core.errors import CheckpointError
+from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.models import ResolvedModel, resolve_model
 from torchkit.core.models.convnet import convnet_class
 
@@ -121,6 +121,7 @@ def in_world(world, monkeypatch):
 SPECS = {
     "convnet+state_dict": ("convnet", "ck.pt", False, "convnet", (3, 28, 28)),
     "torchkit_checkpoint": ("tk.pt", None, False, "convnet", (3, 28, 28)),
+    "convnet+torchkit_checkpoint": ("convnet", "tk.pt", False, "convnet", (3, 28, 28)),
     "convnet+module_prefix": ("convnet", "ddp.pt", False, "convnet", (3, 28, 28)),
     "convnet+orig_mod_prefix": ("convnet", "compiled.pt", False, "convnet", (3, 28, 28)),
     "convnet+safetensors": ("convnet", "ck.safetensors", False, "convnet", (3, 28, 28)),
@@ -199,17 +200,95 @@ def test_convert_syncbn_sees_the_same_model(in_world, runner, case):
     assert json.loads(result.stdout)["count"] == len(batchnorms)
 
 
+@pytest.mark.parametrize("case", SPECS)
+def test_eval_scores_the_same_logits(in_world, runner, case):
+    """eval's loss and predictions are those of the truth on the same preprocessed images."""
+    spec, weights, trust, truth, _ = SPECS[case]
+    model = in_world[truth]
+    outputs = model.fc.out_features if hasattr(model, "fc") else 10
+    names = ["a", "b", *(f"c{i}" for i in range(2, outputs))]  # imgs/ holds a/ and b/
+    args = ["eval", spec, *options(weights, trust), "--data", "imgs", "--classes", ",".join(names)]
+    if SPECS[case][4][1] != 28:
+        args += ["--image-size", "32", "--resize-size", "32"]
+    result = runner.invoke(app, [*args, "-j", "0", "--device", "cpu", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    transform = eval_transform(Preprocess.from_dict(data["preprocess"]))
+    paths = sorted(Path("imgs").rglob("*.png"))
+    x = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+    labels = torch.tensor([names.index(p.parent.name) for p in paths])
+    with torch.no_grad():
+        logits = model(x)
+    loss = float(nn.functional.cross_entropy(logits, labels))
+    assert data["loss"] == pytest.approx(loss, abs=1e-5)
+    assert data["accuracy"] == pytest.approx(float((logits.argmax(1) == labels).double().mean()))
+
+
+TRAINABLE = [case for case in SPECS if case != "pickled_module+trust"]
+
+
+@pytest.fixture(scope="module")
+def train_data(world) -> Path:
+    root = world["root"] / "trainset"
+    for split, count in (("train", 2), ("val", 1)):
+        write_image_folder(root / split, {"a": count, "b": count}, size=32, seed=len(split))
+    return root
+
+
+@pytest.mark.parametrize("case", TRAINABLE)
+def test_train_starts_from_the_same_weights(in_world, runner, train_data, tmp_path, case):
+    """train MODEL [--weights W] --freeze-backbone: the backbone it saves is the truth's, its
+    parameter count the truth's with a 2-class head."""
+    from torchkit.core.checkpoint import load_checkpoint
+    from torchkit.core.models import find_head
+
+    spec, weights, trust, truth, size = SPECS[case]
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(train_data), "--model", spec, *options(weights, trust)]
+        + ["--freeze-backbone", "--epochs", "1", "--batch-size", "2", "--image-size", str(size[1])]
+        + ["--resize-size", str(size[1]), "-j", "0", "--device", "cpu", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.stderr
+    saved = load_checkpoint(out / "last.pt")
+    reference = in_world[truth]
+    head_name, head = find_head(reference)
+    expected = n_params(reference) - n_params(head) + head.in_features * 2 + 2
+    assert (
+        sum(
+            v.numel()
+            for k, v in saved["model"].items()
+            if "running" not in k and "num_batches" not in k
+        )
+        == expected
+    )
+    for key, value in reference.state_dict().items():
+        if not key.startswith(head_name + "."):
+            torch.testing.assert_close(saved["model"][key], value, rtol=0, atol=0)
+
+
+def test_train_refuses_a_pickled_model_it_cannot_rebuild(in_world, runner, train_data, tmp_path):
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(train_data), "--model", "full.pt", "--trust-checkpoint"]
+        + ["--epochs", "1", "--out", str(tmp_path / "run")],
+    )
+    assert result.exit_code == 2
+    assert "full.pt is a pickled model" in result.stderr and "--weights" in result.stderr
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
 def test_the_head_is_sized_from_the_weights(in_world):
     resolved = resolve_model("resnet18", weights="finetuned_2class.pt")
     assert resolved.model.fc.out_features == 2
     assert n_params(resolved.model) == 11_177_538
-    # --num-classes still replaces the head (fine-tuning from the file's weights).
-    assert (
-        resolve_model(
-            "resnet18", weights="finetuned_2class.pt", num_classes=5
-        ).model.fc.out_features
-        == 5
-    )
+    # Another class count replaces the head only when asked to (fine-tuning, as train does);
+    # otherwise a random head would be used as if the weights had trained it.
+    tuned = resolve_model("resnet18", weights="finetuned_2class.pt", num_classes=5, new_head=True)
+    assert tuned.model.fc.out_features == 5 and tuned.classes is None
+    with pytest.raises(UsageError, match=r"5 classes asked for .* state dict has 2 outputs"):
+        resolve_model("resnet18", weights="finetuned_2class.pt", num_classes=5)
 
 
 @pytest.mark.parametrize(("spec", "weights"), [("full.pt", None), (f"{PKG}.nets:Net", "full.pt")])
@@ -286,7 +365,7 @@ def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(world
         (["resnet81"], 2, "unknown model 'resnet81'"),
         (["full.pt"], 1, "--trust-checkpoint"),
         (["convnet", "--weights", "full.pt"], 1, "--trust-checkpoint"),
-        (["ck.pt"], 1, "--weights PATH"),
+        (["ck.pt"], 2, "MODEL --weights ck.pt"),
     ],
 )
 def test_bad_specs_are_one_error_line(world, args, code, message):

@@ -403,7 +403,7 @@ def test_checkpoint_model_uses_its_image_size(runner, tmp_path):
     state_dict = tmp_path / "weights.pt"
     torch.save(model.state_dict(), state_dict)
     refused = runner.invoke(app, ["summary", str(state_dict)])
-    assert refused.exit_code == 1 and "--weights PATH" in refused.stderr
+    assert refused.exit_code == 2 and f"MODEL --weights {state_dict}" in refused.stderr
     loaded = invoke_json(
         runner, "convnet", "--weights", str(state_dict), "--num-classes", "4", "-i", "1,10,10"
     )

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
+from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption, TrustCheckpointOption
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -30,6 +31,7 @@ def convert_syncbn(
             "checkpoint, or a pickled model (--trust-checkpoint).",
             metavar="SRC",
             show_default=False,
+            autocompletion=complete_model_name,
         ),
     ],
     destination: Annotated[

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
+from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     ChannelsLastOption,
     DeviceOption,
@@ -43,10 +44,11 @@ def eval_command(
     checkpoint: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Argument(
-            help="torchkit checkpoint, plain state dict (with --model) or pickled model "
-            "(with --trust-checkpoint). Leave out for --model NAME --weights DEFAULT.",
+            help="The model: a torchkit checkpoint, a pickled model (with --trust-checkpoint), "
+            "or a model name (torchvision, convnet, package.module:Callable) with --weights.",
             show_default=False,
-            metavar="CHECKPOINT",
+            metavar="MODEL",
+            autocompletion=complete_model_name,
         ),
     ] = None,
     data: Annotated[
@@ -66,7 +68,11 @@ def eval_command(
     model: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
-            "--model", "-m", help="Architecture of a plain state dict or of --weights DEFAULT."
+            "--model",
+            "-m",
+            help="Architecture of the weights in MODEL (a plain state dict): the same as "
+            "NAME --weights FILE.",
+            autocompletion=complete_model_name,
         ),
     ] = None,
     num_classes: Annotated[
@@ -74,16 +80,17 @@ def eval_command(
         typer.Option(
             "--num-classes",
             min=1,
-            help="Outputs of a plain state dict's model (default: the "
-            "number of classes in the data).",
+            help="Outputs of the model, checked against its weights (default: those of the "
+            "weights, else the number of classes in the data).",
         ),
     ] = None,
     weights: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
             "--weights",
-            help="torchvision pretrained weights (DEFAULT, IMAGENET1K_V1...) or a "
-            "weights file, with --model.",
+            help="Weights for a model NAME: torchvision's (DEFAULT, IMAGENET1K_V1...; needs "
+            "the internet or a warm cache) or a file (torchkit checkpoint, state dict, "
+            ".safetensors); the head is sized from the file.",
         ),
     ] = None,
     classes: Annotated[
@@ -167,7 +174,7 @@ def eval_command(
 
       torchkit eval best.pt --data dataset/ --split val --tta flip --out report/
 
-      torchkit eval weights.pth --model resnet18 --num-classes 10 --data test.csv
+      torchkit eval resnet18 --weights finetuned.pth --data test.csv
 
       torchrun --nproc_per_node=2 -m torchkit eval best.pt --data dataset/
     """

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
+from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     ChannelsLastOption,
     DeviceOption,
@@ -54,9 +55,10 @@ def extract_features_command(
         str,
         typer.Argument(
             help="A torchvision model name (resnet18), `convnet`, package.module:Callable, "
-            "or a torchkit checkpoint.",
+            "a torchkit checkpoint, or a pickled model (with --trust-checkpoint).",
             metavar="MODEL",
             show_default=False,
+            autocompletion=complete_model_name,
         ),
     ],
     images: Annotated[

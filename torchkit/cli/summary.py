@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
@@ -52,6 +53,7 @@ def summary(
             "--trust-checkpoint).",
             metavar="MODEL",
             show_default=False,
+            autocompletion=complete_model_name,
         ),
     ] = None,
     list_models: Annotated[

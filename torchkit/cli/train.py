@@ -13,6 +13,7 @@ import typer
 from typer._click.core import ParameterSource
 
 from torchkit.cli import console
+from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     DeterministicOption,
     DeviceOption,
@@ -100,10 +101,11 @@ def train_command(
         typer.Option(
             "--model",
             "-m",
-            help="torchvision model name, `convnet` or package.module:Callable. Default: convnet "
-            "for digits, resnet18 for image folders.",
+            help="torchvision model name, `convnet`, package.module:Callable, or a torchkit "
+            "checkpoint to fine-tune. Default: convnet for digits, resnet18 for image folders.",
             rich_help_panel=MODEL_HELP,
             show_default=False,
+            autocompletion=complete_model_name,
         ),
     ] = None,
     weights: Annotated[
@@ -111,10 +113,20 @@ def train_command(
         typer.Option(
             "--weights",
             help="Start from pretrained weights: DEFAULT (torchvision's; needs the internet or "
-            "a warm cache) or a checkpoint / state-dict file. The head is replaced.",
+            "a warm cache) or a checkpoint / state-dict / .safetensors file. The head is "
+            "replaced when the data's classes differ.",
             rich_help_panel=MODEL_HELP,
         ),
     ] = None,
+    trust_checkpoint: Annotated[
+        bool,
+        typer.Option(
+            "--trust-checkpoint",
+            help="Allow --model/--weights files that hold arbitrary pickled objects (runs code "
+            "from the file).",
+            rich_help_panel=MODEL_HELP,
+        ),
+    ] = False,
     freeze_backbone: Annotated[
         bool,
         typer.Option(
@@ -518,6 +530,7 @@ def train_command(
         strict=strict,
         model=model,
         weights=weights,
+        trust_checkpoint=trust_checkpoint,
         freeze_backbone=freeze_backbone,
         backbone_lr=backbone_lr,
         head_lr_mult=head_lr_mult,

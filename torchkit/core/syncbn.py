@@ -378,7 +378,9 @@ def batchnorm_report(
     or SyncBatchNorm layers with `revert`."""
     from torchkit.core.models import resolve_model
 
-    loaded = resolve_model(spec, num_classes=num_classes, weights=weights, trust=trust)
+    loaded = resolve_model(
+        spec, num_classes=num_classes, weights=weights, trust=trust, new_head=True
+    )
     model = loaded.model
     if revert and loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
         model, _ = convert_batchnorm(model, to="sync")  # what `train --resume` builds from it

@@ -29,7 +29,7 @@ from torchkit.core.evaluate.source import (
     IMAGE_MODES,
     ModelSpec,
     load_eval_samples,
-    open_model_source,
+    resolve_eval_model,
 )
 from torchkit.core.outputs import (
     InputPath,
@@ -279,6 +279,8 @@ def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
     """Everything eval reads, which no output may be, contain or lie inside: the checkpoint or
     weights file, the data (folder, or CSV index and the folders of its images), --stats and a
     --classes file."""
+    from torchkit.core.models import model_inputs
+
     inputs = [
         InputPath.of(path, what)
         for path, what in (
@@ -289,6 +291,8 @@ def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
         )
         if path and os.path.exists(path)
     ]
+    if spec.model:  # the source of a package.module:Callable
+        inputs += model_inputs(spec.model)
     return inputs + data_inputs(options.data)
 
 
@@ -418,21 +422,21 @@ def _run(
         make_dataset,
     )
 
-    source = open_model_source(spec)
-    samples = load_eval_samples(options.data, split=options.split, classes=source.classes)
-    classes = list(source.classes or samples.classes)
-    num_classes = source.num_classes or len(classes)
+    resolved = resolve_eval_model(spec)
+    samples = load_eval_samples(options.data, split=options.split, classes=resolved.classes)
+    classes = list(resolved.classes or samples.classes)
+    num_classes = resolved.num_outputs or len(classes)
     if len(classes) != num_classes:
         raise UsageError(
             f"the model has {num_classes} outputs but the data has {len(classes)} classes "
             f"({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})",
             "pass --classes with the model's class names in label order",
         )
-    preprocess = source.preprocess
+    preprocess = resolved.preprocess
     mode = IMAGE_MODES.get(preprocess.in_channels)
     if mode is None:
         raise UsageError(f"cannot feed images to a model with {preprocess.in_channels} channels")
-    model = source.build(num_classes)
+    model = resolved.model
     k = resolve_topk(options.topk, num_classes)
 
     amp_dtype = resolve_amp_dtype(options.amp_dtype, device) if options.amp else None
@@ -456,7 +460,7 @@ def _run(
         "evaluating %d images of %s with %s on %s",
         len(samples),
         samples.source,
-        source.arch,
+        resolved.arch,
         device,
     )
     start = time.perf_counter()
@@ -495,9 +499,9 @@ def _run(
     )
     info = {
         "checkpoint": spec.checkpoint or spec.weights,
-        "arch": source.arch,
-        "model_source": source.origin,
-        **source.details,
+        "arch": resolved.arch,
+        "model_source": resolved.weights_source or resolved.source,
+        **resolved.details,
         "data": options.data,
         "split": _split_name(options),
         "device": str(device),
@@ -507,7 +511,7 @@ def _run(
         "amp": options.amp,
         "amp_dtype": info_amp_dtype,
         "ema": spec.ema,
-        "preprocess": source.preprocess.to_dict(),
+        "preprocess": preprocess.to_dict(),
     }
     result = EvalResult(
         classes=classes,

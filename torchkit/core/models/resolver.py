@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.data import Preprocess
+from torchkit.core.data import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
@@ -25,7 +25,7 @@ from torchkit.core.models.builders import (
     torchvision_weights_enum,
 )
 from torchkit.core.models.convnet import convnet_class
-from torchkit.core.models.heads import replace_head
+from torchkit.core.models.heads import find_head, out_features, replace_head
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import (
@@ -37,9 +37,8 @@ from torchkit.core.models.weights import (
     weights_only_error,
 )
 
-# The crop and resize a built-in `convnet` (MNIST-sized) expects when nothing else says.
-CONVNET_PREPROCESS = Preprocess(image_size=28, resize_size=28)
 DEFAULT_IMAGE_SIZE = 224
+CONVNET_IMAGE_SIZE = 28  # the built-in `convnet` is MNIST-sized
 
 
 @dataclass
@@ -57,10 +56,31 @@ class ResolvedModel:
     checkpoint: Mapping[str, Any] | None = None  # the torchkit checkpoint it came from
     spec: str = ""
     weights: str | None = None
+    # What the weights came from: torchkit checkpoint | state dict | torchvision weights |
+    # pickled model; None for random weights.
+    weights_source: str | None = None
 
     @property
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def num_outputs(self) -> int | None:
+        """Outputs of the classifier layer; None for a model without one."""
+        try:
+            return out_features(find_head(self.model)[1])
+        except UsageError:
+            return None
+
+    @property
+    def details(self) -> dict[str, Any]:
+        """The training facts a torchkit checkpoint records (epoch, step, best metric...)."""
+        checkpoint = self.checkpoint or {}
+        return {
+            key: checkpoint[key]
+            for key in ("epoch", "global_step", "best_metric", "torchkit_version")
+            if isinstance(checkpoint.get(key), (int, float, str))
+        }
 
 
 def resolve_model(
@@ -72,14 +92,21 @@ def resolve_model(
     trust: bool = False,
     image_size: int | Sequence[int] | None = None,
     in_channels: int | None = None,
+    new_head: bool = False,
+    ema: bool = False,
 ) -> ResolvedModel:
     """Build or load the model `spec` names.
 
-    `num_classes` (or `len(classes)`) replaces the head; without it the head is the one the
-    weights have (a fine-tuned 2-class file gives 2 outputs), else the architecture's default.
+    `num_classes` (or `len(classes)`) sizes the head of a model built without weights; with
+    weights the head is the one they have (a fine-tuned 2-class file gives 2 outputs).
     `image_size` (an int or H, W) and `in_channels` size the models whose layers depend on them
     (`convnet`, ViT, MaxViT) when they are built with random weights. `trust` allows pickles in
     every file loaded (MODEL and `weights`).
+
+    When weights fix the number of outputs and `num_classes` differs, `new_head` swaps in a
+    fresh head of that size (fine-tuning, as `train` does); without it that is an error, since
+    a command that uses the weights' predictions would otherwise score a random head. `ema`
+    takes a torchkit checkpoint's EMA weights instead of the model's.
     """
     weights = weights or None
     if classes and num_classes is None:
@@ -90,17 +117,46 @@ def resolve_model(
                 "--weights goes with a model name; MODEL is already a checkpoint file",
                 "drop --weights, or name the architecture as MODEL",
             )
-        resolved = _from_file(spec, num_classes=num_classes, trust=trust)
-    elif is_callable_spec(spec):
-        resolved = _from_callable(spec, num_classes, weights, trust)
-    elif spec in BUILTIN_MODELS:
-        resolved = _from_convnet(spec, num_classes, weights, trust, image_size, in_channels)
+        resolved = _from_file(spec, trust=trust, ema=ema)
     else:
-        resolved = _from_torchvision(spec, num_classes, weights, trust, image_size)
-    resolved.spec, resolved.weights = spec, weights
+        # The head follows the weights when there are any; num_classes is applied below.
+        build_classes = num_classes if weights is None else None
+        if is_callable_spec(spec):
+            resolved = _from_callable(spec, build_classes)
+        elif spec in BUILTIN_MODELS:
+            channels = in_channels or (_weights_channels(weights, trust) if weights else None)
+            resolved = _from_convnet(spec, build_classes, image_size, channels)
+        else:
+            resolved = _from_torchvision(spec, build_classes, weights, image_size)
+        if weights is not None and resolved.weights_source is None:
+            _load_file_weights(resolved, weights, trust, ema=ema)
+        elif ema:
+            raise UsageError("--ema needs a torchkit checkpoint", "drop --ema")
+    _apply_num_classes(resolved, num_classes, new_head)
     if classes:
         resolved.classes = [str(c) for c in classes]
+    resolved.spec, resolved.weights = spec, weights
     return resolved
+
+
+def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_head: bool) -> None:
+    """Make the head `num_classes` wide: a fresh one under `new_head`, else refuse a mismatch
+    with the weights (a random head would be scored as if it were trained)."""
+    if num_classes is None:
+        return
+    outputs = resolved.num_outputs
+    if outputs is None or outputs == num_classes:
+        if resolved.classes is not None and len(resolved.classes) != num_classes:
+            resolved.classes = None
+        return
+    if resolved.weights_source is not None and not new_head:
+        raise UsageError(
+            f"{num_classes} classes asked for (--num-classes/--classes), but the "
+            f"{resolved.weights_source} has {outputs} outputs",
+            "drop --num-classes (and --classes), or give class names matching the weights",
+        )
+    replace_head(resolved.model, num_classes)
+    resolved.classes = None  # the weights' class names belong to the old head
 
 
 def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, int]:
@@ -112,38 +168,38 @@ def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, in
     return (size[0], size[0]) if len(size) == 1 else (size[0], size[1])
 
 
-def _from_file(path: str, *, num_classes: int | None, trust: bool) -> ResolvedModel:
+def _from_file(path: str, *, trust: bool, ema: bool) -> ResolvedModel:
     from torchkit.core.checkpoint import is_torchkit_checkpoint
 
     loaded = read_model_file(path, trust=trust)
     if is_torchkit_checkpoint(loaded):
-        if num_classes is not None and int(loaded.get("num_classes", -1)) != num_classes:
-            raise UsageError(
-                f"--num-classes {num_classes} does not match the checkpoint's "
-                f"{loaded.get('num_classes')} classes",
-                "leave --num-classes out for a checkpoint",
-            )
         model = model_from_checkpoint(loaded, trust=trust)
+        if ema:
+            _load_ema(model, loaded, path)
         preprocess = Preprocess.from_dict(loaded.get("preprocess"))
         side = preprocess.image_size
         return ResolvedModel(
             model,
             str(loaded["arch"]),
             "torchkit checkpoint",
-            classes=_classes(loaded.get("classes")),
+            classes=_checkpoint_classes(loaded, path),
             preprocess=preprocess,
             preprocess_source="checkpoint" if loaded.get("preprocess") else "defaults",
             sample_shape=(preprocess.in_channels, side, side),
             checkpoint=loaded,
+            weights_source="torchkit checkpoint",
         )
+    if ema:
+        raise UsageError(f"--ema needs a torchkit checkpoint; {path} is not one", "drop --ema")
     module = pickled_module(loaded)
     if module is not None:
         return ResolvedModel(
             module,
             type(module).__name__,
             "pickled model",
-            preprocess=Preprocess(),
+            preprocess=plain_preprocess(stem_channels(module)),
             image_model=False,
+            weights_source="pickled model",
         )
     if is_state_dict(loaded):
         raise weights_only_error(path)
@@ -153,51 +209,56 @@ def _from_file(path: str, *, num_classes: int | None, trust: bool) -> ResolvedMo
     )
 
 
-def _from_callable(
-    spec: str, num_classes: int | None, weights: str | None, trust: bool
-) -> ResolvedModel:
+def _from_callable(spec: str, num_classes: int | None) -> ResolvedModel:
     """`package.module:Callable`. Without num_classes the factory is called with no arguments,
     so models without a classifier head (feature extractors, two-input networks) work too."""
-    model, took_classes = call_model_factory(spec, num_classes=num_classes)
-    if num_classes is not None and not took_classes:
-        replace_head(model, num_classes)
-    resolved = ResolvedModel(model, spec, "callable", preprocess=Preprocess(), image_model=False)
-    if weights is not None:
-        _load_file_weights(resolved, weights, num_classes, trust)
-    return resolved
+    model, _ = call_model_factory(spec, num_classes=num_classes)
+    preprocess = plain_preprocess(stem_channels(model))
+    return ResolvedModel(model, spec, "callable", preprocess=preprocess, image_model=False)
 
 
 def _from_convnet(
     name: str,
     num_classes: int | None,
-    weights: str | None,
-    trust: bool,
     image_size: int | Sequence[int] | None,
     in_channels: int | None,
 ) -> ResolvedModel:
-    side = _size(image_size, CONVNET_PREPROCESS.image_size)[-1]
-    channels = in_channels or CONVNET_PREPROCESS.in_channels
-    preprocess = replace(CONVNET_PREPROCESS, image_size=side, in_channels=channels)
+    side = _size(image_size, CONVNET_IMAGE_SIZE)[-1]
+    channels = in_channels or 3
+    preprocess = plain_preprocess(channels, side)
     model = convnet_class()(num_classes or 10, channels, side)
-    resolved = ResolvedModel(
+    return ResolvedModel(
         model, name, "built-in", preprocess=preprocess, sample_shape=(channels, side, side)
     )
-    if weights is not None:
-        _load_file_weights(resolved, weights, num_classes, trust)
-    return resolved
+
+
+def _weights_channels(path: str, trust: bool) -> int | None:
+    """Input channels of the weights in `path` (dim 1 of the first 4-D weight: the stem), so a
+    grayscale `convnet` file loads without saying --in-channels."""
+    from torchkit.core.checkpoint import extract_state_dict
+
+    if not os.path.isfile(path):
+        return None
+    try:
+        state = extract_state_dict(read_model_file(path, trust=trust))
+    except (CheckpointError, UsageError):
+        return None  # reported properly when the weights are loaded
+    for key, value in state.items():
+        if key.endswith("weight") and getattr(value, "ndim", 0) == 4:
+            return int(value.shape[1])
+    return None
 
 
 def _from_torchvision(
     name: str,
     num_classes: int | None,
     weights: str | None,
-    trust: bool,
     image_size: int | Sequence[int] | None,
 ) -> ResolvedModel:
     require_torchvision_name(name)
     enum = torchvision_weights_enum(name)
     if weights is not None and not os.path.exists(weights) and not is_checkpoint_path(weights):
-        return _torchvision_pretrained(name, weights, enum, num_classes)
+        return _torchvision_pretrained(name, weights, enum)
     if weights is None:
         size = _size(image_size, DEFAULT_IMAGE_SIZE)
         model = torchvision_random(name, num_classes or 1000, size)
@@ -210,16 +271,14 @@ def _from_torchvision(
         model,
         name,
         "torchvision",
-        preprocess=_preprocess_of(enum.DEFAULT) if enum is not None else Preprocess(),
+        preprocess=_preprocess_of(enum.DEFAULT) if enum is not None else plain_preprocess(3),
         preprocess_source="torchvision" if enum is not None else "defaults",
         sample_shape=(3, *size),
     )
-    if weights is not None:
-        _load_file_weights(resolved, weights, num_classes, trust)
     return resolved
 
 
-def _torchvision_pretrained(name: str, weights: str, enum, num_classes: int | None):
+def _torchvision_pretrained(name: str, weights: str, enum):
     """torchvision's own weights (DEFAULT, IMAGENET1K_V1...): downloaded once, then cached."""
     try:
         chosen = enum.verify(weights) if enum is not None else None
@@ -233,9 +292,6 @@ def _torchvision_pretrained(name: str, weights: str, enum, num_classes: int | No
         )
     model = torchvision_pretrained(name, weights)
     categories = [str(c) for c in chosen.meta.get("categories") or []]
-    if num_classes is not None and num_classes != len(categories):
-        replace_head(model, num_classes)
-        categories = []
     preprocess = _preprocess_of(chosen)
     return ResolvedModel(
         model,
@@ -245,14 +301,13 @@ def _torchvision_pretrained(name: str, weights: str, enum, num_classes: int | No
         preprocess=preprocess,
         preprocess_source="torchvision",
         sample_shape=(3, preprocess.image_size, preprocess.image_size),
+        weights_source="torchvision weights",
     )
 
 
-def _load_file_weights(
-    resolved: ResolvedModel, path: str, num_classes: int | None, trust: bool
-) -> None:
-    """Load a weights file into `resolved.model`, taking the classes and preprocessing of a
-    torchkit checkpoint along."""
+def _load_file_weights(resolved: ResolvedModel, path: str, trust: bool, *, ema: bool) -> None:
+    """Load a weights file into `resolved.model` (its head sized from the file), taking the
+    classes and preprocessing of a torchkit checkpoint along."""
     from torchkit.core.checkpoint import is_torchkit_checkpoint
 
     if not os.path.exists(path) and not is_checkpoint_path(path):
@@ -260,15 +315,57 @@ def _load_file_weights(
             f"--weights {path}: there is no such file",
             "weight names such as DEFAULT exist only for torchvision models; give a PATH",
         )
-    loaded = load_weights_file(resolved.model, path, num_classes=num_classes, trust=trust)
-    if is_torchkit_checkpoint(loaded):
-        if num_classes is None:
-            resolved.classes = _classes(loaded.get("classes"))
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UsageError(f"--weights {path} is not a file")
+    loaded = read_model_file(path, trust=trust)
+    torchkit_file = is_torchkit_checkpoint(loaded)
+    if torchkit_file and str(loaded.get("arch")) != resolved.arch:
+        raise UsageError(
+            f"{path} holds a {loaded.get('arch')}, not a {resolved.arch}",
+            f"drop the model name and pass {path} alone, or name {loaded.get('arch')}",
+        )
+    if ema and not torchkit_file:
+        raise UsageError(f"--ema needs a torchkit checkpoint; {path} is not one", "drop --ema")
+    load_weights_file(resolved.model, path, loaded=loaded)
+    if ema:
+        _load_ema(resolved.model, loaded, path)
+    resolved.weights_source = "torchkit checkpoint" if torchkit_file else "state dict"
+    if torchkit_file:
+        resolved.checkpoint = loaded
+        resolved.classes = _checkpoint_classes(loaded, path)
         if loaded.get("preprocess"):
             resolved.preprocess = Preprocess.from_dict(loaded["preprocess"])
             resolved.preprocess_source = "checkpoint"
             side = resolved.preprocess.image_size
             resolved.sample_shape = (resolved.preprocess.in_channels, side, side)
+
+
+def plain_preprocess(in_channels: int, image_size: int = DEFAULT_IMAGE_SIZE) -> Preprocess:
+    """ImageNet-style preprocessing for a model that does not say how it was trained: resize
+    to size/0.875 (torchvision's 256/224), centre-crop, ImageNet statistics (their channel
+    average for models that are not RGB)."""
+    if in_channels == 3:
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+    else:
+        mean = (sum(IMAGENET_MEAN) / 3,) * in_channels
+        std = (sum(IMAGENET_STD) / 3,) * in_channels
+    return Preprocess(
+        image_size=image_size,
+        resize_size=int(round(image_size / 0.875)),
+        mean=mean,
+        std=std,
+        in_channels=in_channels,
+    )
+
+
+def stem_channels(model) -> int:
+    """Input channels of a model: those of its first convolution (3 when it has none)."""
+    from torch import nn
+
+    for module in model.modules():
+        if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            return int(module.in_channels)
+    return 3
 
 
 def _preprocess_of(weights_enum_member) -> Preprocess:
@@ -284,5 +381,22 @@ def _preprocess_of(weights_enum_member) -> Preprocess:
     )
 
 
-def _classes(value: Any) -> list[str] | None:
-    return [str(c) for c in value] if value else None
+def _checkpoint_classes(checkpoint: Mapping[str, Any], path: str) -> list[str] | None:
+    names = [str(c) for c in checkpoint.get("classes") or []]
+    if names and len(names) != int(checkpoint.get("num_classes", len(names))):
+        raise CheckpointError(
+            f"checkpoint {path} names {len(names)} classes but has "
+            f"{checkpoint.get('num_classes')} outputs"
+        )
+    return names or None
+
+
+def _load_ema(model, checkpoint: Mapping[str, Any], path: str) -> None:
+    """The EMA weights `train --ema` stored beside the model's."""
+    from torchkit.core.checkpoint import load_weights_into, strip_module_prefix
+
+    if checkpoint.get("model_ema") is None:
+        raise CheckpointError(f"checkpoint {path} holds no EMA weights", "drop --ema")
+    state = strip_module_prefix(checkpoint["model_ema"])
+    state.pop("n_averaged", None)  # torch.optim.swa_utils.AveragedModel's counter
+    load_weights_into(model, state, source=f"the EMA weights of {path}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchkit.core.errors import CheckpointError, InputError
+from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.models.heads import find_head, fit_head_to, out_features, replace_head
 from torchkit.core.models.usercode import user_code
 
@@ -23,14 +23,20 @@ def read_model_file(path: str, *, trust: bool = False) -> Any:
 
 
 def load_weights_file(
-    model, path: str, *, num_classes: int | None = None, trust: bool = False
+    model,
+    path: str,
+    *,
+    num_classes: int | None = None,
+    trust: bool = False,
+    loaded: Any = None,
 ) -> Any:
-    """Load the weights in `path` into `model`, the head first sized from the weights; then, if
-    `num_classes` differs, replaced by a fresh head of that size (fine-tuning). Returns what the
-    file held, for the callers that want its classes or preprocessing."""
+    """Load the weights in `path` (or what was already `loaded` from it) into `model`, the head
+    first sized from the weights; then, if `num_classes` differs, replaced by a fresh head of
+    that size (fine-tuning). Returns what the file held."""
     from torchkit.core.checkpoint import extract_state_dict, load_weights_into
 
-    loaded = read_model_file(path, trust=trust)
+    if loaded is None:
+        loaded = read_model_file(path, trust=trust)
     state = extract_state_dict(loaded)
     fit_head_to(model, state)
     load_weights_into(model, state, source=path)
@@ -86,8 +92,8 @@ def is_state_dict(loaded: Any) -> bool:
     )
 
 
-def weights_only_error(path: str) -> InputError:
-    return InputError(
-        f"{path} holds weights but not the architecture they belong to (a state dict)",
-        "name the architecture as MODEL and pass this file as --weights PATH",
+def weights_only_error(path: str) -> UsageError:
+    return UsageError(
+        f"{path} holds plain weights (a state dict), not the architecture they belong to",
+        f"name the architecture they belong to: MODEL --weights {path}",
     )

@@ -127,6 +127,7 @@ def summarize_model(
         trust=trust,
         image_size=image_size,
         in_channels=in_channels,
+        new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
     )
     if not input_sizes:
         if loaded.sample_shape is None:

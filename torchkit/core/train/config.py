@@ -65,6 +65,7 @@ class TrainConfig:
     # Model and fine-tuning
     model: str | None = None
     weights: str | None = None
+    trust_checkpoint: bool = False  # pickles allowed in --model/--weights files
     freeze_backbone: bool = False
     backbone_lr: float | None = None
     head_lr_mult: float | None = None
@@ -297,7 +298,14 @@ FIXED_ON_RESUME: dict[str, str] = {
 # Options that only make sense for a run that starts from scratch: refused with --resume.
 NEW_RUN_ONLY = {"weights": "the run continues from the checkpoint's weights"}
 # Not training options: how this invocation runs, never compared.
-IGNORED_ON_RESUME = ("resume", "force", "out", "data_defaults", "dist_timeout")
+IGNORED_ON_RESUME = (
+    "resume",
+    "force",
+    "out",
+    "data_defaults",
+    "dist_timeout",
+    "trust_checkpoint",
+)
 
 
 def resume_help() -> str:

@@ -295,9 +295,9 @@ class _Run:
     def _inputs(self, config: TrainConfig, in_place: bool) -> list[InputPath]:
         """What the run reads: the data, the --weights file, the --stats file, and the
         checkpoint it resumes (unless it continues that run in place)."""
-        inputs = data_inputs(config.data)
-        if config.weights and os.path.exists(config.weights):
-            inputs.append(InputPath.of(config.weights, "--weights file"))
+        from torchkit.core.models import model_inputs
+
+        inputs = data_inputs(config.data) + model_inputs(config.model, config.weights)
         inputs += self.extra_inputs
         if self.resumed_from is not None and not in_place:
             inputs.append(InputPath(self.resumed_from, "checkpoint to resume"))
@@ -470,7 +470,7 @@ class _Run:
         """Everything that can fail on bad input, before anything is written."""
         import torch
 
-        from torchkit.core.models import build_model
+        from torchkit.core.models import resolve_model
         from torchkit.core.seeding import seed_everything
 
         ctx = self.ctx
@@ -492,13 +492,23 @@ class _Run:
             self._check_resumed_classes()
             self.arch = self.checkpoint["arch"]
         self.preprocess = preprocess_for(config)
-        model = build_model(
+        resolved = resolve_model(
             self.arch,
-            len(self.classes),
             weights=config.weights if self.checkpoint is None else None,
+            num_classes=len(self.classes),
+            trust=config.trust_checkpoint,
             image_size=self.preprocess.image_size,
             in_channels=self.preprocess.in_channels,
+            new_head=True,  # fine-tuning: the data's classes, whatever the weights had
         )
+        if resolved.source == "pickled model":
+            raise UsageError(
+                f"{self.arch} is a pickled model: train needs an architecture it can rebuild "
+                "for eval and --resume",
+                "name the architecture as --model and pass the file as --weights",
+            )
+        self.arch = resolved.arch  # a checkpoint given as --model names its architecture
+        model = resolved.model
         self.parameters = sum(p.numel() for p in model.parameters())
         if config.freeze_backbone:
             from torchkit.core.train.optim import freeze_backbone
