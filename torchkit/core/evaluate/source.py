@@ -98,7 +98,7 @@ def _model_and_weights(spec: ModelSpec) -> tuple[str, str | None]:
         if model is None:
             raise UsageError(
                 "nothing to evaluate",
-                "give a MODEL: a checkpoint, or a model NAME with --weights DEFAULT or --weights FILE",
+                "give a MODEL: a checkpoint, or a model NAME with --weights DEFAULT|FILE",
             )
         return model, weights
     if not is_model_file(checkpoint):  # a model name given as CHECKPOINT
