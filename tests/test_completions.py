@@ -20,13 +20,16 @@ HEAVY = {"torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib"}
 CONSOLE_SCRIPT = Path(sys.executable).parent / "torchkit"
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location(
-        "generate_completions", REPO / "scripts" / "generate_completions.py"
-    )
+def load_script(name: str):
+    """scripts/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_generator():
+    return load_script("generate_completions")
 
 
 def top_level_commands() -> list[str]:
@@ -118,21 +121,12 @@ printf '%s\\n' "${{COMPREPLY[@]}}"
     assert second.split() == ["table", "csv", "json"]
 
 
-def load_names_generator():
-    spec = importlib.util.spec_from_file_location(
-        "generate_model_names", REPO / "scripts" / "generate_model_names.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_generated_model_names_are_torchvisions_and_convnet():
     from torchkit.core.models import list_models
     from torchkit.core.models.names import MODEL_NAMES
 
     assert list(MODEL_NAMES) == list_models(), "run scripts/generate_model_names.py"
-    generator = load_names_generator()
+    generator = load_script("generate_model_names")
     assert generator.names_module(list_models()) == (
         REPO / "torchkit" / "core" / "models" / "names.py"
     ).read_text(encoding="utf-8")
