@@ -86,7 +86,7 @@ REFUSED = {
     "summary -o WEIGHTS": (
         ["summary", "convnet", "--num-classes", "2", "-i", "3,8,8", "--weights", "weights.pt"]
         + ["-o", "weights.pt", "--force"],
-        "is the weights file",
+        "is the --weights file",
     ),
     "summary -o MODEL-SOURCE": (
         ["summary", "netdef:make", "-i", "3,8,8", "-o", "netdef.py", "--force"],
@@ -131,7 +131,7 @@ REFUSED = {
     "convert-syncbn -o WEIGHTS": (
         ["convert-syncbn", "convnet", "--num-classes", "2", "--weights", "weights.pt"]
         + ["-o", "weights.pt", "--force"],
-        "is the weights file",
+        "is the --weights file",
     ),
 }
 

@@ -285,7 +285,7 @@ def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
         InputPath.of(path, what)
         for path, what in (
             (spec.checkpoint, "checkpoint"),
-            (spec.weights, "weights file"),
+            (spec.weights, "--weights file"),
             (options.stats_file, "stats file"),
             (options.classes_file, "classes file"),
         )

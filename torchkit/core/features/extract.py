@@ -134,7 +134,7 @@ def feature_inputs(request: FeatureRequest) -> list[InputPath]:
         InputPath.of(path, what)
         for path, what in (
             (request.model, "model file"),
-            (request.weights, "weights file"),
+            (request.weights, "--weights file"),
             (request.stats_file, "stats file"),
         )
         if path and os.path.isfile(path)  # MODEL may also be a name: `convnet`, `resnet18`

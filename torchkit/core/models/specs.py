@@ -29,5 +29,5 @@ def model_inputs(spec: str | None, weights: str | None = None) -> list[InputPath
                 inputs.append(InputPath.of(candidate, "model source"))
                 break
     if weights and weights != "DEFAULT" and os.path.exists(weights):
-        inputs.append(InputPath.of(weights, "weights file"))
+        inputs.append(InputPath.of(weights, "--weights file"))
     return inputs
