@@ -85,12 +85,20 @@ def numpy_reference(root: Path, names: list[str], convert) -> tuple[np.ndarray, 
     return everything.mean(axis=0), everything.std(axis=0)
 
 
+def eight_bit(image):
+    """What torchkit's loaders feed a model: 16-bit samples scaled to 8 bits (not clipped)."""
+    if image.mode.startswith("I;16"):
+        scaled = np.floor(np.asarray(image, dtype=np.float64) * 255 / 65535 + 0.5)
+        return Image.fromarray(scaled.astype(np.uint8))
+    return image
+
+
 def as_rgb(image):
-    return np.asarray(image.convert("RGB")), 255.0
+    return np.asarray(eight_bit(image).convert("RGB")), 255.0
 
 
 def as_gray(image):
-    return np.asarray(image.convert("L"))[..., None], 255.0
+    return np.asarray(eight_bit(image).convert("L"))[..., None], 255.0
 
 
 @pytest.mark.parametrize(("mode", "convert"), [("rgb", as_rgb), ("gray", as_gray)])
@@ -164,7 +172,7 @@ def torchvision_resize_size(width: int, height: int, shorter: int) -> tuple[int,
 
 def test_resize_measures_what_transforms_resize_gives(mixed_folder):
     def resized(image):
-        image = image.convert("RGB")
+        image = eight_bit(image).convert("RGB")
         size = torchvision_resize_size(*image.size, 6)
         return np.asarray(image.resize(size, Image.Resampling.BILINEAR)), 255.0
 

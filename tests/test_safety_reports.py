@@ -282,18 +282,51 @@ def _waits_on_a_fifo(pid: int) -> bool:
         return False
 
 
+# A sitecustomize that makes reading one image hang, like a file on a dead network share: the
+# worker that opens it waits for good on a FIFO nobody writes. (A FIFO named as the image itself
+# is no longer opened at all: dataset-stats counts it as unreadable.)
+HANG_ON_READ = """
+import os
+
+_stuck, _, _fifo = os.environ.get("TORCHKIT_TEST_HANG", "").partition("|")
+_fstat = os.fstat
+
+
+def _hanging_fstat(fd, *args, **kwargs):
+    try:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        name = ""
+    if _stuck and name.endswith(_stuck):
+        open(_fifo, "rb").close()  # blocks: nobody ever writes
+    return _fstat(fd, *args, **kwargs)
+
+
+if _stuck:
+    os.fstat = _hanging_fstat
+"""
+
+
 @pytest.mark.parametrize("when", ["pool starting", "pool busy"])
-def test_sigterm_stops_dataset_stats_workers_and_writes_nothing(work, when):
-    # An image that is a FIFO nobody writes: the worker reading it waits for good, so the
-    # signal surely arrives while the pool is busy.
-    os.mkfifo(work / "ds" / "a" / "stuck.png")
+def test_sigterm_stops_dataset_stats_workers_and_writes_nothing(work, when, tmp_path):
+    # Reading stuck.png hangs: the signal surely arrives while the pool is busy.
+    hook = tmp_path / "hang-on-read"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HANG_ON_READ)
+    os.mkfifo(hook / "never-written")
+    (work / "ds" / "a" / "stuck.png").write_bytes((work / "ds" / "a" / "a_0.png").read_bytes())
     (work / "slow.csv").write_text(
         "path,label\nds/a/a_0.png,a\nds/a/stuck.png,a\nds/a/a_1.png,a\nds/b/b_0.png,b\n"
     )
     before = tree_digest(work)
+    env = {
+        "PYTHONPATH": str(hook),
+        "TORCHKIT_TEST_HANG": f"{os.sep}stuck.png|{hook / 'never-written'}",
+    }
     process = start_torchkit_process(
-        "dataset-stats", "slow.csv", "-j", "2", "-o", "out.json", "--plot", "out.png", cwd=work
-    )
+        "dataset-stats", "slow.csv", "-j", "2", "-o", "out.json", "--plot", "out.png", cwd=work,
+        env=env,
+    )  # fmt: skip
     if when == "pool starting":  # the first worker forked: the pool is still being made
         ready = lambda: len(processes_in_group(process.pid)) >= 2  # noqa: E731
     else:

@@ -166,9 +166,20 @@ def test_val_split_and_csv_index(runner, tmp_path):
         "val": 4,
         "test": 0,
     }
-    missing = train(runner, "--data", str(folder), *FAST, "--out", str(tmp_path / "r2"))
-    assert missing.exit_code == 2
-    assert "pass --val-split" in error_line(missing)
+    # Without --val-split, 0.1 is held out, with a note, and recorded in split.csv.
+    default = train(
+        runner, "--data", str(folder), *FAST, "--epochs", "1", "--out", str(tmp_path / "r2")
+    )
+    assert default.exit_code == 0, default.stderr
+    assert "holding out 0.1 of its images for validation (2 images" in default.stderr
+    assert json.loads((tmp_path / "r2" / "config.json").read_text())["data_sizes"] == {
+        "train": 18,
+        "val": 2,
+        "test": 0,
+    }
+    with (tmp_path / "r2" / "split.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["split"] for row in rows].count("val") == 2 and len(rows) == 20
     index = tmp_path / "index.csv"
     rows = [f"flat/{c}/{c}_{i}.png,{c}" for c in "xy" for i in range(10)]
     index.write_text("path,label\n" + "\n".join(rows) + "\n")
@@ -248,11 +259,12 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
     from test_train_nets import TinyNet
     from torchvision import transforms as T
 
-    from torchkit.core.data import resolve_splits
+    from torchkit.core.datasource import open_data, training_splits
 
     torch.manual_seed(0)  # the seed torchkit builds the model with (--seed 0)
     net = TinyNet(2)
-    train_set = resolve_splits(str(data), val_split=0.5, seed=0)["train"]
+    splits, _ = training_splits(open_data(str(data)), val_split=0.5, seed=0)
+    train_set = splits["train"]
     to_tensor = T.Compose([T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
     from PIL import Image
 

@@ -60,7 +60,10 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
         "curves.png",
         "last.pt",
         "metrics.csv",
+        "split.csv",
     ]
+    # One split.csv, rank 0's, the same as the single process's.
+    assert (out / "split.csv").read_text() == (tmp_path / "single" / "split.csv").read_text()
     config = json.loads((out / "config.json").read_text())
     assert (config["world_size"], config["global_batch_size"]) == (2, 8)
 

@@ -10,12 +10,14 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    DataSplit,
     ForceOption,
     FormatOption,
     ImageSetArgument,
     OutputOption,
     StrictOption,
     WorkersOption,
+    split_option,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -74,7 +76,7 @@ def _tables(stats) -> list[Table]:
             ["duplicate files", f"{stats.duplicate_files} (in {len(stats.duplicates)} groups)"],
             ["non-image files skipped", len(stats.non_image_files)],
         ],
-        title=f"Dataset {stats.source}",
+        title=f"Dataset {stats.source}" + (f" ({stats.split})" if stats.split else ""),
     )
     share = max(stats.images, 1)
     classes = Table(
@@ -109,6 +111,8 @@ def _long_table(stats) -> Table:
     rows: list[list] = []
     for channel, mean, std in zip(stats.channels, stats.mean, stats.std, strict=True):
         rows += [["mean", channel, mean], ["std", channel, std]]
+    if stats.split:
+        rows.append(["summary", "split", stats.split])
     rows += [
         ["summary", "files", stats.files],
         ["summary", "images", stats.images],
@@ -136,12 +140,20 @@ def _long_table(stats) -> Table:
 
 def dataset_stats(
     root: ImageSetArgument,
+    split: Annotated[
+        Optional[DataSplit],  # noqa: UP045 - typer needs Optional on Python 3.10
+        split_option(
+            "train, as normalisation statistics come from training data only; the "
+            "whole of data without splits"
+        ),
+    ] = None,
     mode: Annotated[
         StatsMode,
         typer.Option(
             "--mode",
-            help="rgb: convert as torchvision's ImageFolder loader does; gray: grayscale; "
-            "native: the files' own channels (all images must have the same).",
+            help="rgb: the RGB pixels torchkit's loaders feed a model (16-bit images scaled to "
+            "8 bits); gray: grayscale; native: the files' own channels and bit depth (all "
+            "images must have the same channels).",
             case_sensitive=False,
         ),
     ] = StatsMode.rgb,
@@ -173,7 +185,9 @@ def dataset_stats(
     """Per-channel mean and std (exact, for transforms.Normalize), class counts, image sizes,
     colour modes, formats, unreadable files and exact duplicates of an image dataset.
 
-    One pass over the images in worker processes (--workers, default: all cores).
+    Of a split root or a CSV index with a split column, the train split by default (--split
+    picks another, --split all takes everything). One pass over the images in worker processes
+    (--workers, default: all cores).
     """
     from torchkit.core.stats import check_outputs, compute_dataset_stats, plot_dataset_stats
 
@@ -182,12 +196,15 @@ def dataset_stats(
     with progress_bar("Reading images") as update:
         stats = compute_dataset_stats(
             root,
+            split=None if split is None else split.value,
             mode=mode.value,
             resize=resize,
             workers=workers,
             strict=strict,
             progress=update,
         )
+    for note in stats.notes:
+        console.note(note)
     emit(
         tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
         data=stats.to_dict(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -69,11 +69,35 @@ StatsOption = Annotated[
 ImageSetArgument = Annotated[
     Path,
     typer.Argument(
-        help="Image folder (ROOT/<class>/<image>), flat folder of images, or CSV index "
-        "with path,label columns.",
+        help="Image folder (ROOT/<class>/<image>), split root (ROOT/train/, val/, test/), flat "
+        "folder of images, or CSV index with path,label (and optional split) columns.",
         show_default=False,
     ),
 ]
+
+
+class DataSplit(str, Enum):
+    """A split of split data (`--split`), or all of them."""
+
+    train = "train"
+    val = "val"
+    test = "test"
+    all = "all"
+
+
+def split_option(default_help: str) -> Any:
+    """`--split train|val|test|all` of a data-reading command; `default_help` says what it
+    reads without one."""
+    return typer.Option(
+        "--split",
+        case_sensitive=False,
+        show_default=False,
+        help="The split to read of a split root (train/ val/ test/), of a CSV index with a split "
+        "column, or that a training run recorded; all: every split. An error on data without "
+        f"splits. Default: {default_help}.",
+    )
+
+
 # Inference (eval, extract-features).
 InferenceAmpOption = Annotated[
     bool, typer.Option("--amp", help="Mixed precision (autocast; the dtype: --amp-dtype).")

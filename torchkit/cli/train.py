@@ -80,9 +80,11 @@ def train_command(
         typer.Option(
             "--data",
             "-d",
-            help="ROOT with train/ and val/ (and test/) image folders, one image folder or CSV "
-            "index (path,label) with --val-split, or `digits` (the default: 1,797 8x8 digits "
-            "from scikit-learn, split 80/10/10).",
+            help="A split root (ROOT/train/, val/, test/ image folders), one image folder "
+            "ROOT/<class>/<image>, a CSV index (path,label; a split column makes it split "
+            "data, e.g. `split --mode manifest`'s split.csv), or `digits` (the default: 1,797 "
+            "8x8 digits from scikit-learn, split 80/10/10). Data without a val split gets one "
+            "held out (--val-split). The split used is written to OUT/split.csv.",
             show_default=False,
             rich_help_panel=DATA_HELP,
         ),
@@ -91,8 +93,10 @@ def train_command(
         Optional[float],  # noqa: UP045
         typer.Option(
             "--val-split",
-            help="Hold out this share of a single image set for validation "
-            "(stratified, seeded with --seed).",
+            help="Share held out for validation (stratified, seeded with --seed) when the data "
+            "has no val split: of an image folder or CSV index, or of train/ of a root without "
+            "val/ (as `convert cifar` writes). Default 0.1; ignored, with a warning, for data "
+            "with its own val split.",
             rich_help_panel=DATA_HELP,
         ),
     ] = None,
@@ -489,8 +493,9 @@ def train_command(
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
-    """Train an image classifier: checkpoints (last.pt, best.pt), metrics.csv, curves.png and
-    config.json in the run folder, a summary at the end (test accuracy of best.pt).
+    """Train an image classifier: checkpoints (last.pt, best.pt), metrics.csv, curves.png,
+    config.json and split.csv (path,label,split of every image used) in the run folder, a
+    summary at the end (test accuracy of best.pt).
 
     Examples:
 
@@ -498,7 +503,9 @@ def train_command(
 
       torchkit train --data flowers/ --model resnet18 --weights DEFAULT --epochs 10
 
-      torchkit train --data images/ --val-split 0.1 --amp --ema --mixup-alpha 0.2
+      torchkit train --data images/ --val-split 0.2 --amp --ema --mixup-alpha 0.2
+
+      torchkit train --data out/split.csv  (the manifest of `torchkit split --mode manifest`)
 
       torchkit train --resume runs/convnet-20250101-120000
 
@@ -754,6 +761,8 @@ class _Display:
         )
         if info.resumed_from:
             console.note(f"resumed from {info.resumed_from} after epoch {info.start_epoch}")
+        for note in info.notes:
+            console.note(note)
 
     def on_epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None:
         if self._progress is None:

@@ -1,9 +1,9 @@
-"""Datasets: image folders, split roots, CSV indexes and the built-in `digits`; transforms; a
-Dataset that skips unreadable images instead of crashing the DataLoader."""
+"""Datasets: image folders, CSV indexes and the built-in `digits` (what `--data` names as a whole,
+split roots included, is resolved by `core.datasource`); splitting; transforms; a Dataset that
+skips unreadable images instead of crashing the DataLoader."""
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import os
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.errors import InputError
 
 IMAGE_EXTENSIONS = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".jfif"}
@@ -31,7 +31,11 @@ class Samples:
     paths: list[str] | None = None
     images: Any = None  # uint8 array (N, H, W) or (N, H, W, C) for in-memory data
     source: str = ""
-    ids: list[str] = field(default_factory=list)  # a printable name per sample
+    # The printable name of each sample, the `path` column of every output that names images:
+    # the path relative to the data root (for a CSV index, as the CSV writes it).
+    ids: list[str] = field(default_factory=list)
+    # The split (train, val, test) of each sample, for data that has splits; None otherwise.
+    splits: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -44,6 +48,7 @@ class Samples:
             images=None if self.images is None else self.images[list(indices)],
             source=self.source,
             ids=[self.ids[i] for i in indices] if self.ids else [],
+            splits=None if self.splits is None else [self.splits[i] for i in indices],
         )
 
     def class_counts(self) -> list[int]:
@@ -295,41 +300,12 @@ def discover_image_folder(
 
 
 def read_csv_index(csv_path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
-    """A CSV with `path,label` columns; relative paths are relative to the CSV's folder.
-    Labels are class names (or integers, taken as names too unless `classes` says otherwise)."""
-    source = Path(csv_path)
-    if not source.is_file():
-        raise InputError(f"CSV index not found: {source}")
-    with source.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames is None or not {"path", "label"} <= set(reader.fieldnames):
-            raise InputError(
-                f"{source} needs `path` and `label` columns", f"it has: {reader.fieldnames}"
-            )
-        rows, unlabelled = [], []
-        for row in reader:
-            label = row["label"]
-            if label is None or not label.strip():
-                unlabelled.append(str(reader.line_num))
-            rows.append((row["path"], label))
-    if not rows:
-        raise InputError(f"no rows in CSV index {source}")
-    if unlabelled:
-        shown = ", ".join(unlabelled[:5]) + (", ..." if len(unlabelled) > 5 else "")
-        raise InputError(
-            f"{source} has {len(unlabelled)} row(s) with an empty label (line {shown})",
-            "every row needs a path and a label",
-        )
-    names = sorted({label for _, label in rows}, key=_natural_key)
-    class_list = list(classes) if classes is not None else names
-    index_of = {name: i for i, name in enumerate(class_list)}
-    unknown = [name for name in names if name not in index_of]
-    if unknown:
-        raise InputError(f"label(s) {', '.join(unknown[:5])} in {source} are not known classes")
-    base = source.parent
-    paths = [str(p if os.path.isabs(p) else base / p) for p, _ in rows]
-    labels = [index_of[label] for _, label in rows]
-    return Samples(class_list, labels, paths=paths, source=str(source), ids=[p for p, _ in rows])
+    """Every row of a CSV index (`path,label`, optional `split`), in file order; relative paths
+    are relative to the CSV's folder. Labels are class names (integers too, in numeric order),
+    or mapped onto `classes`. See `torchkit.core.datasource` (this is its `csv_samples`)."""
+    from torchkit.core.datasource import csv_samples
+
+    return csv_samples(csv_path, classes=classes)
 
 
 def discover_flat_folder(root: str | os.PathLike) -> Samples:
@@ -357,76 +333,11 @@ def load_image_set(path: str | os.PathLike, *, classes: Sequence[str] | None = N
     return load_samples(source, classes=classes)
 
 
-def scan_image_set(path: str | os.PathLike) -> tuple[Samples, list[str]]:
-    """`load_image_set` for dataset tools: clear errors for a missing path, a file that is not a
-    CSV index and CSV rows without a path; and, for a folder, the non-image files it left out."""
-    source = Path(path)
-    if not source.exists():
-        raise InputError(f"dataset not found: {source}", "check the path")
-    if source.is_file() and source.suffix.lower() != ".csv":
-        raise InputError(f"{source} is neither a folder nor a CSV index", "give a folder or a .csv")
-    samples = load_image_set(source)
-    if source.is_file():
-        empty = [str(i + 2) for i, name in enumerate(samples.ids) if not name.strip()]
-        if empty:
-            raise InputError(
-                f"{source} has rows with an empty path (line {', '.join(empty[:5])})",
-                "every row needs a path and a label",
-            )
-        return samples, []
-    return samples, list_non_image_files(source)
-
-
-def _natural_key(text: str):
-    return (0, int(text), "") if text.strip().lstrip("-").isdigit() else (1, 0, text)
-
-
 def load_samples(path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
     """An image folder or a CSV index."""
     if str(path).lower().endswith(".csv"):
         return read_csv_index(path, classes=classes)
     return discover_image_folder(path, classes=classes)
-
-
-def resolve_splits(
-    data: str, *, val_split: float | None = None, seed: int = 0
-) -> dict[str, Samples]:
-    """The train/val(/test) sets named by `--data`.
-
-    `digits`; a root with `train/` and `val/` (and optionally `test/`); or one image folder or
-    CSV index split on the fly into train and val with `val_split` (stratified, seeded).
-    """
-    if data == DIGITS:
-        return digits_splits()
-    root = Path(data)
-    if not root.exists():
-        raise InputError(f"dataset not found: {root}", "give a folder, a CSV index or `digits`")
-    if root.is_dir() and (root / "train").is_dir():
-        train = load_samples(root / "train")
-        splits = {"train": train}
-        for name in ("val", "test"):
-            if (root / name).is_dir():
-                splits[name] = load_samples(root / name, classes=train.classes)
-        if "val" not in splits:
-            if not val_split:
-                raise InputError(f"{root} has train/ but no val/", "add val/ or pass --val-split")
-            return _split_on_the_fly(train, val_split, seed) | (
-                {"test": splits["test"]} if "test" in splits else {}
-            )
-        return splits
-    whole = load_samples(root)
-    if not val_split:
-        raise UsageError(
-            f"{root} is a single image set, not a train/val root", "pass --val-split 0.1"
-        )
-    return _split_on_the_fly(whole, val_split, seed)
-
-
-def _split_on_the_fly(whole: Samples, val_split: float, seed: int) -> dict[str, Samples]:
-    if not 0 < val_split < 1:
-        raise UsageError(f"--val-split must be between 0 and 1, not {val_split}")
-    train_idx, val_idx = stratified_split(whole.labels, (1 - val_split, val_split), seed)
-    return {"train": whole.subset(train_idx), "val": whole.subset(val_idx)}
 
 
 @dataclass
@@ -500,12 +411,16 @@ def train_transform(
 def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
     """A torch Dataset over `samples` whose items are (tensor, label, index, error).
 
+    Files are read by `core.image_files.load_image`: 16-bit images scaled to 8 bits, and a path
+    that is not a regular file (a FIFO, a dangling symlink) unreadable without being opened.
     An unreadable image gives `(None, label, index, "path: reason")` instead of raising, so one
     corrupt file does not kill a DataLoader worker; `collate_skipping_unreadable` drops it and
     reports it to the main process, which counts it (or stops, with --strict).
     """
     import torch
     from PIL import Image
+
+    from torchkit.core.image_files import load_image
 
     class _ImageDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -517,8 +432,8 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
                 if samples.images is not None:
                     image = Image.fromarray(samples.images[index])
                 else:
-                    with Image.open(samples.paths[index]) as handle:
-                        image = handle.convert(mode)
+                    # Regular files only (a FIFO would block), high bit depths scaled.
+                    image = load_image(samples.paths[index], mode)
                 if image.mode != mode:
                     image = image.convert(mode)
                 return transform(image), label, index, ""

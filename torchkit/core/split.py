@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.data import SPLIT_NAMES, Samples, scan_image_set, stratified_split
+from torchkit.core.data import SPLIT_NAMES, Samples, stratified_split
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.files import atomic_write, atomic_write_text
 from torchkit.core.outputs import (
@@ -637,7 +637,8 @@ def split_dataset(
     force: bool = False,
     progress: Progress | None = None,
 ) -> SplitResult:
-    """Split the image folder, flat folder or CSV index `source` into `out`/<split>/...
+    """Split the image folder, flat folder or CSV index `source` into `out`/<split>/... (data
+    that is split already is refused: see `load_split_input`).
 
     See the module docstring. Raises UsageError for bad options, InputError for bad input,
     OutputOverlapError for an OUT that is, holds or lies inside the dataset (or is `.`),
@@ -682,12 +683,29 @@ def split_dataset(
         )
 
 
+def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], bool]:
+    """(samples, non-image files left out, whether it is a CSV index) of the data to split:
+    an image folder, a flat folder or a CSV index, read by `core.datasource`. Data that is
+    split already (a split root, a CSV with a split column, digits) is refused."""
+    from torchkit.core.datasource import non_image_files, open_data
+
+    data = open_data(source, allow_unlabelled=True)
+    if data.is_split:
+        hint = (
+            f"split one of its parts (e.g. {Path(data.spec) / 'train'}), or the data it came from"
+            if data.kind == "split root"
+            else "give the data it came from"
+            + (", or drop the CSV's split column" if data.kind == "split csv" else "")
+        )
+        raise InputError(f"{data.describe()} is split already", hint)
+    return data.whole, non_image_files(data), data.kind == "csv"
+
+
 def _split_into(
     source, out: Path, fractions, names, seed, stratify, group, mode, progress, inputs
 ) -> SplitResult:
-    samples, non_images = scan_image_set(source)
+    samples, non_images, is_csv = load_split_input(source)
     root = Path(source)
-    is_csv = root.is_file()
     if non_images:
         log.warning(f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}")
     empty = [n for n, c in zip(samples.classes, samples.class_counts(), strict=True) if not c]

@@ -23,9 +23,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.data import Samples, scan_image_set
+from torchkit.core.data import DIGITS, Samples
 from torchkit.core.errors import InputError, UsageError, first_line
 from torchkit.core.files import atomic_write_bytes
+from torchkit.core.image_files import SIXTEEN_BIT_MODES, NotARegularFile, open_regular_file, to_8bit
 from torchkit.core.outputs import (
     InputPath,
     check_distinct_outputs,
@@ -38,7 +39,6 @@ from torchkit.core.progress import Progress
 log = logging.getLogger("torchkit")
 
 STATS_MODES = ("rgb", "gray", "native")
-SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 SINGLE_CHANNEL_MODES = frozenset({"1", "L", "I", "F"} | SIXTEEN_BIT_MODES)
 _MAX_CHUNK = 64
 
@@ -73,6 +73,7 @@ class DuplicateGroup:
 @dataclass
 class DatasetStats:
     source: str
+    split: str | None  # the split measured (train, val, test, all) of split data; None otherwise
     mode: str
     resize: int | None
     channels: list[str]
@@ -93,6 +94,8 @@ class DatasetStats:
     non_image_files: list[str]
     # One (width, height, label) per readable image, for the plot; not part of to_dict().
     sizes: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+    # Remarks for the user (which split was measured and why); not part of to_dict().
+    notes: list[str] = field(default_factory=list, repr=False)
 
     @property
     def duplicate_files(self) -> int:
@@ -102,6 +105,7 @@ class DatasetStats:
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
+            "split": self.split,
             "mode": self.mode,
             "resize": self.resize,
             "channels": self.channels,
@@ -246,6 +250,8 @@ class _ChunkResult:
 def _describe(error: BaseException, size: int | None = None) -> str:
     from PIL import UnidentifiedImageError
 
+    if isinstance(error, NotARegularFile):
+        return str(error)
     if isinstance(error, FileNotFoundError):
         return "file not found"
     if isinstance(error, PermissionError):
@@ -269,7 +275,7 @@ def scan_files(
         for offset, path in enumerate(paths):
             index = start + offset
             try:
-                with open(path, "rb") as handle:
+                with open_regular_file(path) as handle:  # a FIFO would block forever
                     data = handle.read()
             except OSError as error:
                 result.errors.append((index, _describe(error), 0))
@@ -278,7 +284,10 @@ def scan_files(
                 with Image.open(io.BytesIO(data)) as image:
                     native_mode, file_format, (width, height) = image.mode, image.format, image.size
                     wanted = target_mode(image.mode, image.info, mode)
-                    pixels = image if image.mode == wanted else image.convert(wanted)
+                    # rgb/gray: the 8-bit pixels torchkit's loaders feed a model.
+                    pixels = image if mode == "native" else to_8bit(image)
+                    if pixels.mode != wanted:
+                        pixels = pixels.convert(wanted)
                     pixels.load()
                     if resize:
                         size = resized_size(width, height, resize)
@@ -418,27 +427,57 @@ def warn_empty_classes(samples: Samples) -> list[str]:
     return empty
 
 
+STATS_SPLIT_REASON = "normalisation statistics come from training data only"
+
+
+def load_stats_samples(
+    source: str | os.PathLike, split: str | None = None
+) -> tuple[Samples, list[str], str | None, list[str]]:
+    """(samples, non-image files, the split measured, notes) of what dataset-stats measures:
+    the data `source` names (`core.datasource`); of split data (a split root, a CSV with a
+    split column) its `split`, train by default, with a note; `split` on other data is a
+    UsageError."""
+    from torchkit.core.datasource import non_image_files, open_data, select_split
+
+    if os.fspath(source) == DIGITS:
+        raise InputError(
+            "dataset-stats reads image files, and `digits` is built in",
+            "give an image folder, a split root or a CSV index (./digits for a folder named so)",
+        )
+    data = open_data(source, allow_unlabelled=True)
+    samples, notes = select_split(data, split, default="train", default_reason=STATS_SPLIT_REASON)
+    measured = None
+    if data.is_split:
+        measured = split or "train"
+    covered = None if samples.splits is None else sorted(set(samples.splits))
+    return samples, non_image_files(data, covered), measured, notes
+
+
 def compute_dataset_stats(
     source: str | os.PathLike,
     *,
+    split: str | None = None,
     mode: str = "rgb",
     resize: int | None = None,
     workers: int | None = None,
     strict: bool = False,
     progress: Progress | None = None,
 ) -> DatasetStats:
-    """Statistics of the image folder, flat folder or CSV index at `source`.
+    """Statistics of the image folder, flat folder, split root or CSV index at `source`; of
+    split data, of its `split` (train by default; `all` for every split; see
+    `load_stats_samples`). Class names are the data's classes, never its split names.
 
-    `mode`: `rgb` (as torchvision's ImageFolder loader converts), `gray`, or `native` (the files'
-    own channels; all images must then have the same ones). `resize`: count pixels after resizing
-    the shorter side to this many pixels (bilinear, as `transforms.Resize` does). Unreadable files
-    are listed and skipped, or raise InputError with `strict`.
+    `mode`: `rgb` (as torchkit's loaders convert: 16-bit images scaled to 8 bits), `gray`, or
+    `native` (the files' own channels and bit depth; all images must then have the same
+    channels). `resize`: count pixels after resizing the shorter side to this many pixels
+    (bilinear, as `transforms.Resize` does). Unreadable files are listed and skipped, or raise
+    InputError with `strict`.
     """
     if mode not in STATS_MODES:
         raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
     if resize is not None and resize < 1:
         raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
-    samples, non_images = scan_image_set(source)
+    samples, non_images, measured, notes = load_stats_samples(source, split)
     if non_images:
         log.warning(
             f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}",
@@ -479,10 +518,13 @@ def compute_dataset_stats(
         log.warning(f"skipped {len(errors)} unreadable file(s) (listed in the report)")
     if sixteen_bit:
         log.warning(
-            f"{sixteen_bit} image(s) have 16 or 32 bits per pixel: --mode {mode} clips them to "
-            "0..255 as PIL and torchvision's loader do; --mode native measures their full range"
+            f"{sixteen_bit} image(s) have 16 or 32 bits per pixel: --mode {mode} scales them to "
+            "8 bits (v / 257), as torchkit's loaders feed them to a model; --mode native "
+            "measures their full range"
         )
-    return _summarise(samples, mode, resize, accumulator, records, errors, non_images)
+    stats = _summarise(samples, mode, resize, accumulator, records, errors, non_images)
+    stats.split, stats.notes = measured, notes
+    return stats
 
 
 def _summarise(
@@ -528,6 +570,7 @@ def _summarise(
     ]
     return DatasetStats(
         source=samples.source,
+        split=None,
         mode=mode,
         resize=resize,
         channels=list(channels),

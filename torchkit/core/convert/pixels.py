@@ -21,6 +21,9 @@ from typing import Any
 
 from torchkit.core.errors import InputError
 
+# 16 -> 8 bits: the same conversion as every image loader's (train, eval, dataset-stats).
+from torchkit.core.image_files import uint16_to_uint8 as _uint16_to_uint8
+
 LAYOUTS = ("chw", "hwc")
 DTYPES = ("uint8", "float32", "float16")
 SCALES = (1, 255)
@@ -150,13 +153,6 @@ def _float_to_uint8(pixels: Pixels, warn: Warn | None) -> Any:
             )
         array = np.clip(array, 0, 1)
     return np.rint(array * 255).astype(np.uint8)
-
-
-def _uint16_to_uint8(array: Any) -> Any:
-    import numpy as np
-
-    # 65535 / 257 == 255 exactly: the 8-bit value whose 16-bit expansion is closest.
-    return np.rint(array / 257.0).astype(np.uint8)
 
 
 def to_uint8(pixels: Pixels, warn: Warn | None = None) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torchkit.core.data import (
@@ -21,10 +20,10 @@ from torchkit.core.data import (
     collate_skipping_unreadable,
     eval_transform,
     make_dataset,
-    resolve_splits,
     seed_worker,
     train_transform,
 )
+from torchkit.core.datasource import DataSource, open_data, split_record, training_splits
 from torchkit.core.errors import InputError
 from torchkit.core.train.config import TrainConfig
 
@@ -46,11 +45,24 @@ def mix_seed(*parts: int) -> int:
     return state >> 1
 
 
-def load_splits(config: TrainConfig) -> dict[str, Samples]:
-    """train/val(/test) named by --data, with clear errors for data that cannot train."""
-    splits = resolve_splits(config.data, val_split=config.val_split, seed=config.seed)
-    if config.val_split and (config.data == DIGITS or (Path(config.data) / "val").is_dir()):
-        log.warning("--val-split is ignored: %s has its own validation split", config.data)
+@dataclass
+class TrainData:
+    """What a run trains on: the data --data names, the train/val(/test) it uses, the record
+    that goes into every checkpoint (`data`) and notes for the user."""
+
+    source: DataSource
+    splits: dict[str, Samples]
+    record: dict
+    notes: list[str]
+
+
+def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
+    """train/val(/test) of --data (`core.datasource.training_splits`: a resumed run's
+    `recorded` split comes back exactly), with clear errors for data that cannot train."""
+    source = open_data(config.data)
+    splits, notes = training_splits(
+        source, val_split=config.val_split, seed=config.seed, recorded=recorded
+    )
     train = splits["train"]
     if len(train.classes) < 2:
         raise InputError(
@@ -66,7 +78,7 @@ def load_splits(config: TrainConfig) -> dict[str, Samples]:
         )
     if len(splits.get("val", [])) == 0:
         raise InputError("the validation set is empty", "use a larger --val-split or add images")
-    return splits
+    return TrainData(source, splits, split_record(source, splits), notes)
 
 
 def preprocess_for(config: TrainConfig) -> Preprocess:

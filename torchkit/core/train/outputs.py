@@ -1,4 +1,5 @@
-"""What a run writes besides checkpoints: config.json, metrics.csv, curves.png, TensorBoard.
+"""What a run writes besides checkpoints: config.json, metrics.csv, curves.png, TensorBoard
+(and split.csv: `core.datasource.write_split_csv`).
 
 Every file is rewritten whole and atomically after each epoch from the history kept in the
 checkpoint, so a resumed run (even one killed half-way through writing) shows exactly the epochs
@@ -36,6 +37,7 @@ EMA_COLUMNS = ("val_ema_loss", "val_ema_top1", "val_ema_top5")
 # may replace it. The last two are the temporaries of atomic writes that a killed run leaves.
 RUN_FILES = (
     "config.json",
+    "split.csv",
     "metrics.csv",
     "curves.png",
     "last.pt",

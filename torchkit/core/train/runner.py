@@ -15,6 +15,7 @@ from pathlib import Path
 
 from torchkit.core.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.data import DIGITS
+from torchkit.core.datasource import SPLIT_CSV, write_split_csv
 from torchkit.core.errors import (
     CheckpointError,
     DeviceError,
@@ -91,6 +92,7 @@ class RunInfo:
     resumed_from: str | None
     best_val_top1: float | None  # of the resumed run so far
     config: TrainConfig
+    notes: list[str] = field(default_factory=list)  # about the data (a held-out val split...)
 
 
 class TrainCallbacks:
@@ -485,7 +487,10 @@ class _Run:
         if ctx.device.type == "cuda" and not config.deterministic:
             torch.backends.cudnn.benchmark = True
 
-        splits = load_splits(config)
+        # A resumed run takes back the split it recorded (held-out val images included).
+        recorded = self.checkpoint.get("data") if self.checkpoint is not None else None
+        self.data = load_splits(config, recorded)
+        splits = self.data.splits
         self.classes = list(splits["train"].classes)
         self.arch = str(config.model)
         if self.checkpoint is not None:
@@ -716,6 +721,10 @@ class _Run:
                         "val": loaders.val_size,
                         "test": loaders.test_size,
                     },
+                    "data": {
+                        key: self.data.record[key] for key in ("spec", "kind", "root", "sizes")
+                    }
+                    | {"split_csv": SPLIT_CSV},
                     "world_size": ctx.world_size,
                     "global_batch_size": config.batch_size * ctx.world_size,
                     "device": str(ctx.device),
@@ -724,6 +733,7 @@ class _Run:
                     "versions": versions(),
                 },
             )
+            write_split_csv(out / SPLIT_CSV, self.data.splits)
         self._carry_best(out)
         dist_utils.barrier(ctx)
         self.tensorboard = (
@@ -800,6 +810,7 @@ class _Run:
                 resumed_from=self._resumed_name(),
                 best_val_top1=self._best_value("top1"),
                 config=self.config,
+                notes=list(self.data.notes),
             )
         )
         if self.start_epoch >= self.config.epochs and self.progress.batches == 0:
@@ -835,6 +846,7 @@ class _Run:
             epoch_progress=epoch_progress,
         )
         checkpoint["world_size"] = self.ctx.world_size
+        checkpoint["data"] = self.data.record  # what eval --split val needs to find them
         if rank_states is not None:
             checkpoint["rank_states"] = rank_states
         return checkpoint

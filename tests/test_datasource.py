@@ -1,0 +1,315 @@
+"""The one data resolver (issue #15), in core: what `--data` names, `--split`, train's splits and
+their record, CSV indexes (BOM, errors naming the line), and the image loader's fixes (16-bit
+images scaled to 8 bits, special files never opened)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_image_folder
+from PIL import Image
+
+from torchkit.core.data import make_dataset
+from torchkit.core.datasource import (
+    open_data,
+    select_split,
+    split_record,
+    training_splits,
+    write_split_csv,
+)
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.image_files import NotARegularFile, load_image, open_regular_file
+
+
+def _write(path: Path, text: str, *, bom: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8"))
+    return path
+
+
+@pytest.fixture
+def cifar_like(tmp_path: Path) -> Path:
+    """train/ and test/, no val/: what `convert cifar` writes."""
+    root = tmp_path / "cifar"
+    write_image_folder(root / "train", {"cat": 10, "dog": 10}, seed=1)
+    write_image_folder(root / "test", {"cat": 2, "dog": 2}, seed=2)
+    return root
+
+
+# -- what --data names -------------------------------------------------------------------------
+
+
+def test_a_split_root_has_real_classes_and_ids_relative_to_the_root(tmp_path):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"b": 2, "a": 1})
+    write_image_folder(root / "val", {"a": 1, "c": 1})  # c only in val: after train's classes
+    (root / ".cache").mkdir()  # hidden folders are not splits or classes
+    source = open_data(root)
+    assert (source.kind, source.root, source.whole) == ("split root", str(root), None)
+    assert list(source.splits) == ["train", "val"]
+    assert source.classes == ["a", "b", "c"]
+    train, val = source.splits["train"], source.splits["val"]
+    assert train.ids == ["train/a/a_0.png", "train/b/b_0.png", "train/b/b_1.png"]
+    assert train.splits == ["train"] * 3 and val.splits == ["val"] * 2
+    assert [source.classes[label] for label in val.labels] == ["a", "c"]
+    assert all(Path(p).is_file() for p in train.paths + val.paths)
+
+
+def test_image_folder_flat_folder_and_what_is_refused(tmp_path):
+    folder = write_image_folder(tmp_path / "folder", {"x": 2, "y": 1})
+    source = open_data(folder)
+    assert (source.kind, source.splits, source.classes) == ("image folder", {}, ["x", "y"])
+    assert source.whole.ids == ["x/x_0.png", "x/x_1.png", "y/y_0.png"]
+    assert source.whole.splits is None
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    Image.new("RGB", (4, 4)).save(flat / "one.png")
+    with pytest.raises(InputError, match="holds images but no class folders"):
+        open_data(flat)  # train, eval: labels needed
+    unlabelled = open_data(flat, allow_unlabelled=True)  # dataset-stats, split, predict
+    assert (unlabelled.kind, unlabelled.classes, unlabelled.whole.ids) == (
+        "flat folder",
+        [""],
+        ["one.png"],
+    )
+
+    mixed = write_image_folder(tmp_path / "mixed", {"train": 1, "cat": 1})
+    with pytest.raises(InputError, match=r"mixes split folders \(train/\) with other folders"):
+        open_data(mixed)
+    with pytest.raises(InputError, match="dataset not found"):
+        open_data(tmp_path / "missing")
+    with pytest.raises(InputError, match="neither a folder nor a CSV index"):
+        open_data(flat / "one.png")
+
+
+def test_digits_is_split_data_with_its_own_val():
+    source = open_data("digits")
+    assert (source.kind, source.root, list(source.splits)) == (
+        "digits",
+        "",
+        ["train", "val", "test"],
+    )
+    assert [len(s) for s in source.splits.values()] == [1438, 180, 179]
+    assert source.splits["test"].splits[0] == "test"
+
+
+def test_csv_index_with_bom_paths_as_written_and_a_split_column(tmp_path):
+    write_image_folder(tmp_path / "images", {"cat": 2, "dog": 2})
+    index = _write(
+        tmp_path / "index.csv",
+        "path,label,split\n"
+        "images/cat/cat_0.png,cat,train\n"
+        "images/dog/dog_0.png,dog,train\n"
+        "images/cat/cat_1.png,cat,val\n"
+        "./images/dog/dog_1.png,dog, test \n",
+        bom=True,  # Excel's "CSV UTF-8": the first column is `\ufeffpath` to a plain reader
+    )
+    source = open_data(index)
+    assert (source.kind, source.root, source.whole) == ("split csv", str(tmp_path), None)
+    assert {name: s.ids for name, s in source.splits.items()} == {
+        "train": ["images/cat/cat_0.png", "images/dog/dog_0.png"],
+        "val": ["images/cat/cat_1.png"],
+        "test": ["./images/dog/dog_1.png"],
+    }
+    assert source.classes == ["cat", "dog"]
+    assert all(Path(p).is_file() for s in source.splits.values() for p in s.paths)
+
+    plain = _write(tmp_path / "plain.csv", "path,label\nimages/cat/cat_0.png,cat\n", bom=True)
+    unsplit = open_data(plain)
+    assert (unsplit.kind, unsplit.splits, unsplit.whole.ids) == (
+        "csv",
+        {},
+        ["images/cat/cat_0.png"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("file,label\na.png,x\n", r"needs `path` and `label` columns \(line 1 has file, label\)"),
+        ("", r"needs `path` and `label` columns \(line 1 has nothing: the file is empty\)"),
+        ("path,label\na.png,x\n,y\nb.png,z\n", r"1 row\(s\) with an empty path \(line 3\)"),
+        ('path,label\na.png,x\n"b\nc.png",\n', r"1 row\(s\) with an empty label \(line 4\)"),
+        (
+            "path,label,split\na.png,x,train\nb.png,x,validation\nc.png,x,\n",
+            r"2 row\(s\) with a split other than train, val or test \(line 3 'validation', "
+            r"4 ''\)",
+        ),
+        ("path,label\n", "no rows in CSV index"),
+    ],
+)
+def test_bad_csv_indexes_are_one_line_errors_naming_the_line(tmp_path, text, message):
+    index = _write(tmp_path / "index.csv", text, bom=True)
+    with pytest.raises(InputError, match=message) as refused:
+        open_data(index)
+    assert "\n" not in refused.value.message
+
+
+def test_a_csv_that_is_not_utf8_is_refused_clearly(tmp_path):
+    index = tmp_path / "latin1.csv"
+    index.write_bytes("path,label\ncaf\xe9.png,x\n".encode("latin-1"))
+    with pytest.raises(InputError, match="is not UTF-8 text"):
+        open_data(index)
+
+
+# -- --split -----------------------------------------------------------------------------------
+
+
+def test_select_split_picks_defaults_all_and_refuses_what_cannot_apply(cifar_like, tmp_path):
+    source = open_data(cifar_like)
+    test, notes = select_split(source, None, default="test")
+    assert len(test) == 4 and set(test.splits) == {"test"}
+    assert notes and "using test" in notes[0]
+    everything, _ = select_split(source, "all", default="test")
+    assert len(everything) == 24 and everything.splits == ["train"] * 20 + ["test"] * 4
+    assert everything.ids[-1] == "test/dog/dog_1.png"
+    with pytest.raises(UsageError, match="has no val split") as refused:
+        select_split(source, "val", default="test")
+    assert "it has: train, test" in refused.value.hint
+    with pytest.raises(UsageError, match="unknown --split 'validation'"):
+        select_split(source, "validation", default="test")
+
+    folder = open_data(cifar_like / "train")  # an image folder: no splits
+    whole, notes = select_split(folder, None, default="test")
+    assert len(whole) == 20 and notes == [] and whole.splits is None
+    for split in ("train", "val", "all"):
+        with pytest.raises(UsageError, match=f"--split {split}: .* is not split data"):
+            select_split(folder, split, default="test")
+
+
+# -- train's splits, their record and split.csv ------------------------------------------------
+
+
+def test_a_root_without_val_holds_out_a_stratified_seeded_share_of_train(cifar_like):
+    source = open_data(cifar_like)
+    splits, notes = training_splits(source, val_split=None, seed=0)
+    assert list(splits) == ["train", "val", "test"]
+    assert [len(s) for s in splits.values()] == [18, 2, 4]
+    assert sorted(splits["val"].labels) == [0, 1]  # stratified: one of each class
+    assert not set(splits["val"].ids) & set(splits["train"].ids)
+    assert splits["val"].splits == ["val", "val"] and splits["test"].splits[0] == "test"
+    assert "has no val split (train, test): holding out 0.1 of its train split" in notes[0]
+    again, _ = training_splits(source, val_split=None, seed=0)
+    assert again["val"].ids == splits["val"].ids  # seeded
+    other, _ = training_splits(source, val_split=0.3, seed=0)
+    assert len(other["val"]) == 6
+
+
+def test_the_record_gives_back_exactly_the_held_out_images(cifar_like, tmp_path):
+    splits, _ = training_splits(open_data(cifar_like), val_split=0.2, seed=3)
+    record = split_record(open_data(cifar_like), splits)
+    assert record["held_out"] == {"val": splits["val"].ids}
+    assert (record["held_out_of"], record["root"]) == ("train", str(cifar_like.resolve()))
+    assert record["kind"] == "split root" and record["sizes"] == {"train": 16, "val": 4, "test": 4}
+
+    # Images added since: a fresh split could move validation images into training; the record
+    # keeps the run's (resume), and eval/extract-features pick exactly those with --split val.
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(cifar_like / "train" / "cat" / f"new_{i}.png")
+    source = open_data(cifar_like)
+    resumed, _ = training_splits(source, val_split=0.2, seed=3, recorded=record)
+    assert resumed["val"].ids == splits["val"].ids
+    assert len(resumed["train"]) == 16 + 3  # the new images train
+    val, notes = select_split(source, "val", default="test", recorded=record)
+    assert val.ids == splits["val"].ids and val.splits == ["val"] * 4
+    assert "the val split the training run made: 4 images" in notes
+    train, _ = select_split(source, "train", default="test", recorded=record)
+    assert not set(train.ids) & set(val.ids)
+
+    (cifar_like / "train" / splits["val"].ids[0].split("/", 1)[1]).unlink()
+    with pytest.raises(InputError, match="1 of the 4 images the training run held out for val"):
+        select_split(open_data(cifar_like), "val", default="test", recorded=record)
+
+
+def test_data_with_its_own_val_ignores_val_split_and_records_nothing_held_out(tmp_path, caplog):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 2, "b": 2})
+    write_image_folder(root / "val", {"a": 1, "b": 1})
+    source = open_data(root)
+    splits, notes = training_splits(source, val_split=0.5, seed=0)
+    assert notes == [] and [len(s) for s in splits.values()] == [4, 2]
+    assert "--val-split is ignored" in caplog.text
+    assert split_record(source, splits)["held_out"] == {}
+    with pytest.raises(UsageError, match="--val-split must be between 0 and 1"):
+        training_splits(source, val_split=1.5, seed=0)
+
+
+def test_split_csv_lists_every_image_with_its_class_name_and_split(cifar_like, tmp_path):
+    splits, _ = training_splits(open_data(cifar_like), val_split=None, seed=0)
+    written = write_split_csv(tmp_path / "run" / "split.csv", splits)
+    with written.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["path", "label", "split"]
+    assert len(rows) == 24
+    assert [r["split"] for r in rows] == ["train"] * 18 + ["val"] * 2 + ["test"] * 4
+    assert {r["label"] for r in rows} == {"cat", "dog"}
+    assert all((cifar_like / r["path"]).is_file() for r in rows)  # relative to the data root
+    assert [r["path"] for r in rows if r["split"] == "val"] == splits["val"].ids
+
+
+# -- the loader: 16-bit images, special files --------------------------------------------------
+
+
+def test_16_bit_images_feed_their_8_bit_values_not_white(tmp_path):
+    import torch
+    from torchvision import transforms as T
+
+    values = np.linspace(0, 65535, 64).astype(np.uint16).reshape(8, 8)
+    values[0, :4] = (0, 1, 128, 129)  # rounding at the bottom: 0, 0, 0, 1
+    path = tmp_path / "sixteen.png"
+    Image.fromarray(values).save(path)
+    with Image.open(path) as image:
+        assert image.mode.startswith("I;16")  # really 16 bits on disk
+    expected = np.floor(values.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
+
+    assert np.array_equal(np.asarray(load_image(path, "L")), expected)
+    from torchkit.core.data import Samples
+
+    samples = Samples(["x"], [0], paths=[str(path)], ids=["sixteen.png"])
+    tensor, label, index, error = make_dataset(samples, T.PILToTensor(), mode="RGB")[0]
+    assert error == "" and tensor.shape == (3, 8, 8)
+    for channel in tensor:
+        assert torch.equal(channel, torch.from_numpy(expected))
+    assert int(tensor.max()) == 255 and int(tensor.float().mean()) < 200  # not pure white
+
+    # dataset-stats --mode rgb measures the same 8-bit pixels.
+    from torchkit.core.stats import compute_dataset_stats
+
+    folder = tmp_path / "set" / "x"
+    folder.mkdir(parents=True)
+    os.replace(path, folder / "sixteen.png")
+    stats = compute_dataset_stats(tmp_path / "set", workers=0)
+    assert stats.mean == pytest.approx([expected.mean() / 255] * 3, abs=1e-12)
+
+
+def test_special_files_and_dangling_links_are_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    dangling = tmp_path / "gone.png"
+    dangling.symlink_to(tmp_path / "nowhere.png")
+    results: dict[str, str] = {}
+
+    def attempt() -> None:
+        for name, path in (("fifo", fifo), ("link", dangling), ("dir", tmp_path)):
+            try:
+                open_regular_file(path).close()
+            except NotARegularFile as error:
+                results[name] = str(error)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "opening a FIFO blocked"
+    assert results == {
+        "fifo": "not a regular file (a FIFO)",
+        "link": "not a regular file (a symbolic link to nothing)",
+        "dir": "not a regular file (a folder)",
+    }
+    with pytest.raises(FileNotFoundError):
+        open_regular_file(tmp_path / "missing.png")
