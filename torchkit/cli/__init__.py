@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "env",
     "train",
     "evaluate",
+    "predict",
     "convert",
     "dataset_stats",
     "split",

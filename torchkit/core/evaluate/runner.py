@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import numpy as np
 
 from torchkit.core.data import Samples
 from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
-from torchkit.core.errors import InputError, OutputWriteError, UsageError, first_line
+from torchkit.core.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.evaluate.metrics import compute_metrics
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
@@ -31,6 +30,7 @@ from torchkit.core.evaluate.source import (
     load_eval_samples,
     resolve_eval_model,
 )
+from torchkit.core.inference import TTA_MODES, score_batch
 from torchkit.core.outputs import (
     InputPath,
     OutputFolder,
@@ -45,7 +45,6 @@ from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
 
-TTA_MODES = ("none", "flip")
 DEFAULT_TOPK = 5
 # What an eval --out folder may hold for --force to replace it when it has no `.torchkit`
 # marker (written before the marker existed): the reports, and the temporary files of a
@@ -164,11 +163,8 @@ def predict(
     `strict` it stops at the first unreadable image or the first batch with a non-finite output.
     """
     import torch
-    import torch.nn.functional as F
 
     total = len(loader.sampler) if hasattr(loader, "sampler") else 0
-    if amp_dtype is None:
-        amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     parts: dict[str, list] = {
         name: [] for name in ("indices", "labels", "top", "probs", "loss", "finite")
@@ -185,19 +181,17 @@ def predict(
             if batch.images is not None:
                 images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
                 labels = batch.labels.to(device, non_blocking=True)
-                views = torch.cat([images, images.flip(3)]) if tta == "flip" else images
-                logits = _forward(model, views, device, amp_dtype, amp, first=not parts["top"])
-                finite = torch.isfinite(logits).view(-1, len(images), logits.shape[1])
-                finite = finite.all(dim=2).all(dim=0).cpu()
-                log_probs = F.log_softmax(logits, dim=1)
-                if tta == "flip":
-                    log_probs = torch.logsumexp(
-                        log_probs.view(2, len(images), -1), dim=0
-                    ) - math.log(2)
-                    scores = log_probs
-                else:
-                    scores = logits
-                top = scores.topk(k, dim=1).indices
+                scored = score_batch(
+                    model,
+                    images,
+                    device,
+                    tta=tta,
+                    amp=amp,
+                    amp_dtype=amp_dtype,
+                    first=not parts["top"],
+                )
+                finite, log_probs = scored.finite, scored.log_probs
+                top = scored.scores.topk(k, dim=1).indices
                 parts["top"].append(top.cpu())
                 parts["probs"].append(log_probs.gather(1, top).exp().cpu())
                 parts["loss"].append(-log_probs.gather(1, labels[:, None]).squeeze(1).cpu())
@@ -225,26 +219,6 @@ def predict(
         errors,
         nonfinite_batches,
     )
-
-
-def _forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
-    """The model's logits in float32. A model that fails on the very first batch does not take
-    this input size (a fixed-size network given another --image-size): say so in one line."""
-    import torch
-
-    try:
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=amp):
-            return model(images).float()
-    except torch.OutOfMemoryError:
-        raise
-    except RuntimeError as error:
-        if not first:
-            raise
-        size = "x".join(map(str, images.shape[-2:]))
-        raise InputError(
-            f"the model fails on {size} images: {first_line(error)}",
-            "check --image-size: it must be a size this model accepts",
-        ) from error
 
 
 def _gather(

@@ -1,0 +1,238 @@
+"""`torchkit predict`: rows in input order for folders, files, CSVs and stdin; the classes eval
+predicts; unreadable images; formats; outputs checked and written atomically; torchrun."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.data import Preprocess, eval_transform
+from torchkit.core.models import model_from_checkpoint
+from torchkit.core.models.convnet import convnet_class
+
+CLASSES = ["cat", "dog", "fox"]
+PREPROCESS = Preprocess(image_size=12, resize_size=12, mean=(0.5,) * 3, std=(0.25,) * 3)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("predict")
+    torch.manual_seed(0)
+    model = convnet_class()(3, 3, 12).eval()
+    ckpt = root / "model.pt"
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 3,
+            "classes": CLASSES,
+            "model": model.state_dict(),
+            "preprocess": PREPROCESS.to_dict(),
+        },
+        ckpt,
+    )
+    rng = np.random.default_rng(0)
+    flat = root / "flat"
+    (flat / "sub").mkdir(parents=True)
+    names = ["b.png", "a.png", "sub/c.png", "d.png", "e.png", "f.png", "g.png"]
+    for name in names:
+        Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(flat / name)
+    labelled = root / "labelled"
+    for split in ("train", "test"):
+        for name in CLASSES:
+            (labelled / split / name).mkdir(parents=True)
+            for i in range(2):
+                pixels = rng.integers(0, 256, (14, 14, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(labelled / split / name / f"{i}.png")
+    return {"root": root, "ckpt": ckpt, "flat": flat, "labelled": labelled, "model": model}
+
+
+def invoke(runner, *args, input: str | None = None):
+    return runner.invoke(app, ["predict", *map(str, args)], input=input)
+
+
+def read_csv(text: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def reference(model, paths: list[Path]) -> torch.Tensor:
+    """The logits of a hand-written loop: Preprocess -> transform -> model."""
+    transform = eval_transform(PREPROCESS)
+    x = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+    with torch.no_grad():
+        return model(x)
+
+
+def test_a_flat_folder_gives_one_row_per_image_with_the_models_classes(runner, world):
+    result = invoke(runner, world["ckpt"], world["flat"], "--format", "csv", "-j", "0", "-k", "2")
+    assert result.exit_code == 0, result.stderr
+    rows = read_csv(result.stdout)
+    assert list(rows[0]) == [
+        "path", "class", "probability", "label",
+        "class_1", "probability_1", "class_2", "probability_2", "error",
+    ]  # fmt: skip
+    paths = [row["path"] for row in rows]
+    assert paths == ["a.png", "b.png", "d.png", "e.png", "f.png", "g.png", "sub/c.png"]
+    logits = reference(world["model"], [world["flat"] / p for p in paths])
+    probs = logits.softmax(1)
+    for row, expected, p in zip(rows, logits.argmax(1).tolist(), probs, strict=True):
+        assert int(row["label"]) == expected and row["class"] == CLASSES[expected]
+        assert float(row["probability"]) == pytest.approx(float(p.max()), abs=1e-6)
+        second = int(p.argsort(descending=True)[1])
+        assert row["class_2"] == CLASSES[second]
+        assert float(row["probability_2"]) == pytest.approx(float(p[second]), abs=1e-6)
+        assert row["error"] == ""
+    assert "predicted 7 of 7 images" in result.stderr
+
+
+def test_stdin_paths_keep_their_order_and_a_missing_one_is_an_error_row(runner, world):
+    order = ["sub/c.png", "a.png", "gone.png", "b.png"]
+    lines = "".join(f"{world['flat'] / p}\n" for p in order)
+    result = invoke(runner, world["ckpt"], "-", "--format", "jsonl", "-j", "0", input=lines)
+    assert result.exit_code == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["path"] for row in rows] == [str(world["flat"] / p) for p in order]
+    assert rows[2]["class"] is None and rows[2]["probability"] is None
+    assert "No such file" in rows[2]["error"]
+    good = [row for row in rows if row["error"] is None]
+    assert all(isinstance(r["probability"], float) and isinstance(r["label"], int) for r in good)
+    assert "1 unreadable image(s)" in result.stderr
+
+
+def test_files_and_folders_together_name_every_image_unambiguously(runner, world):
+    flat = world["flat"]
+    result = invoke(runner, world["ckpt"], flat / "a.png", flat / "sub", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [row["path"] for row in rows] == [str(flat / "a.png"), str(flat / "sub" / "c.png")]
+
+
+def test_predictions_are_evals_predicted_classes(runner, world, tmp_path):
+    data = world["labelled"]
+    report = tmp_path / "report"
+    evaluated = runner.invoke(
+        app, ["eval", str(world["ckpt"]), "--data", str(data), "--out", str(report), "-j", "0"]
+    )
+    assert evaluated.exit_code == 0, evaluated.stderr
+    with open(report / "predictions.csv", newline="") as handle:
+        expected = {row["path"]: row["predicted_class"] for row in csv.DictReader(handle)}
+    for tta in ("none", "flip"):
+        result = (
+            invoke(
+                runner, world["ckpt"], data, "--split", "test", "--format", "csv", "--tta", "flip"
+            )
+            if tta == "flip"
+            else invoke(runner, world["ckpt"], data, "--split", "test", "--format", "csv")
+        )
+        assert result.exit_code == 0, result.stderr
+        rows = read_csv(result.stdout)
+        assert {row["split"] for row in rows} == {"test"} and len(rows) == 6
+        if tta == "none":
+            got = {row["path"]: row["class"] for row in rows}
+            assert {Path(p).as_posix().split("test/", 1)[-1] for p in got} == {
+                Path(p).as_posix().split("test/", 1)[-1] for p in expected
+            }
+            by_name = {p.split("test/", 1)[-1]: c for p, c in got.items()}
+            assert all(by_name[p.split("test/", 1)[-1]] == c for p, c in expected.items())
+
+
+def test_split_data_predicts_every_split_with_a_split_column(runner, world):
+    result = invoke(runner, world["ckpt"], world["labelled"], "--format", "csv", "-j", "0")
+    assert result.exit_code == 0, result.stderr
+    rows = read_csv(result.stdout)
+    assert [row["split"] for row in rows] == ["train"] * 6 + ["test"] * 6
+    assert rows[0]["path"].startswith("train/")
+
+
+def test_split_where_there_is_none_is_a_usage_error(runner, world):
+    result = invoke(runner, world["ckpt"], world["flat"], "--split", "val")
+    assert result.exit_code == 2 and result.stderr.startswith("Error: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_unreadable_images_error_rows_skip_errors_and_strict(runner, world, tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    Image.new("RGB", (12, 12)).save(folder / "good.png")
+    (folder / "broken.png").write_bytes(b"not a png")
+    rows = read_csv(invoke(runner, world["ckpt"], folder, "--format", "csv").stdout)
+    assert [(r["path"], r["class"] == "", r["error"] != "") for r in rows] == [
+        ("broken.png", True, True),
+        ("good.png", False, False),
+    ]
+    skipped = invoke(runner, world["ckpt"], folder, "--format", "csv", "--skip-errors")
+    assert [r["path"] for r in read_csv(skipped.stdout)] == ["good.png"]
+    assert "left out (--skip-errors)" in skipped.stderr
+    out = tmp_path / "p.csv"
+    strict = invoke(runner, world["ckpt"], folder, "--strict", "-o", out, "--format", "csv")
+    assert strict.exit_code == 1
+    assert strict.stderr.startswith("Error: unreadable image") and "broken.png" in strict.stderr
+    assert not out.exists() and not list(tmp_path.glob(".p.csv*"))  # nothing half-written
+
+
+def test_logits_are_the_raw_outputs(runner, world):
+    result = invoke(runner, world["ckpt"], world["flat"], "--logits", "--format", "json")
+    rows = json.loads(result.stdout)
+    logits = reference(world["model"], [world["flat"] / row["path"] for row in rows])
+    got = torch.tensor([[row[f"logit_{i}"] for i in range(3)] for row in rows])
+    torch.testing.assert_close(got, logits, rtol=0, atol=1e-5)
+
+
+def test_output_file_rules(runner, world, tmp_path):
+    out = tmp_path / "predictions.csv"
+    out.write_text("mine\n")
+    refused = invoke(runner, world["ckpt"], world["flat"], "-o", out)
+    assert refused.exit_code == 1 and "already exists" in refused.stderr
+    assert out.read_text() == "mine\n"
+    inside = invoke(runner, world["ckpt"], world["flat"], "-o", world["flat"] / "p.csv")
+    assert inside.exit_code == 1 and "inside" in inside.stderr
+    assert not (world["flat"] / "p.csv").exists()
+    written = invoke(runner, world["ckpt"], world["flat"], "-o", out, "--force", "--format", "csv")
+    assert written.exit_code == 0, written.stderr
+    assert len(read_csv(out.read_text())) == 7
+
+
+def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
+    weights = tmp_path / "sd.pt"
+    torch.save(load_checkpoint(world["ckpt"])["model"], weights)
+    result = invoke(
+        runner, "convnet", world["flat"] / "a.png", "--weights", weights, "--classes",
+        "x,y,z", "--image-size", 12, "--resize-size", 12, "--mean", "0.5", "--std", "0.25",
+        "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    row = json.loads(result.stdout)[0]
+    expected = int(reference(world["model"], [world["flat"] / "a.png"]).argmax())
+    assert row["class"] == "xyz"[expected] and row["label"] == expected
+    model = model_from_checkpoint(load_checkpoint(world["ckpt"]))
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_torchrun_two_processes_give_the_same_rows(world, runner, tmp_path):
+    single = invoke(runner, world["ckpt"], world["flat"], "--format", "csv", "-b", "2", "-j", "0")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+        "-m", "torchkit", "predict", str(world["ckpt"]), str(world["flat"]), "--format", "csv",
+        "--batch-size", "2", "--workers", "0", "-o", str(tmp_path / "ddp.csv"),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ddp = read_csv((tmp_path / "ddp.csv").read_text())
+    expected = read_csv(single.stdout)
+    assert [r["path"] for r in ddp] == [r["path"] for r in expected]  # 7 images: 4 + 3 batches
+    assert [r["class"] for r in ddp] == [r["class"] for r in expected]
+    for got, want in zip(ddp, expected, strict=True):
+        assert float(got["probability"]) == pytest.approx(float(want["probability"]), abs=1e-6)

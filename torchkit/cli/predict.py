@@ -1,0 +1,299 @@
+"""`torchkit predict`: the class and probability of every image, streamed in input order."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import IO, Annotated, Any, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.completion import complete_model_name
+from torchkit.cli.options import (
+    ChannelsLastOption,
+    DeviceOption,
+    ForceOption,
+    InferenceAmpDtype,
+    InferenceAmpDtypeOption,
+    InferenceAmpOption,
+    MeanOption,
+    ResizeSizeOption,
+    StatsOption,
+    StdOption,
+    StrictOption,
+    TrustCheckpointOption,
+    WorkersOption,
+)
+
+
+class PredictFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    jsonl = "jsonl"
+
+
+class TTA(str, Enum):
+    none = "none"
+    flip = "flip"
+
+
+def predict_command(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="The model: a torchkit checkpoint, a pickled model (--trust-checkpoint), or a "
+            "model name (torchvision, convnet, package.module:Callable) with --weights.",
+            metavar="MODEL",
+            show_default=False,
+            autocompletion=complete_model_name,
+        ),
+    ],
+    images: Annotated[
+        list[str],
+        typer.Argument(
+            help="Image folders (searched recursively, labelled or not), split roots, CSV "
+            "indexes, image files, or - for paths on stdin (one per line).",
+            metavar="IMAGES...",
+            show_default=False,
+        ),
+    ],
+    weights: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--weights",
+            help="Weights for a model NAME: DEFAULT (torchvision's) or a file (torchkit "
+            "checkpoint, state dict, .safetensors).",
+        ),
+    ] = None,
+    classes: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--classes",
+            help="Class names in label order: a text file (one per line) or a,b,c. Default: the "
+            "checkpoint's, else the output index.",
+        ),
+    ] = None,
+    split: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--split",
+            help="The split of a split root or split CSV to predict (train, val, test; default: "
+            "all, with a split column).",
+        ),
+    ] = None,
+    topk: Annotated[
+        int,
+        typer.Option(
+            "--topk",
+            "-k",
+            min=1,
+            help="Also give the K most likely classes: class_1..class_K, probability_1..K.",
+        ),
+    ] = 1,
+    logits: Annotated[
+        bool, typer.Option("--logits", help="Add the raw outputs: logit_0, logit_1, ...")
+    ] = False,
+    tta: Annotated[
+        TTA,
+        typer.Option("--tta", help="flip averages the image and its mirror.", case_sensitive=False),
+    ] = TTA.none,
+    image_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--image-size", min=1, help="Input size (centre crop). Default: the model's."),
+    ] = None,
+    resize_size: ResizeSizeOption = None,
+    mean: MeanOption = None,
+    std: StdOption = None,
+    stats: StatsOption = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", "-b", min=1, help="Images per batch.")
+    ] = 64,
+    workers: WorkersOption = None,
+    device: DeviceOption = "auto",
+    amp: InferenceAmpOption = False,
+    amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
+    channels_last: ChannelsLastOption = False,
+    skip_errors: Annotated[
+        bool,
+        typer.Option(
+            "--skip-errors", help="Leave unreadable images out (default: a row with an error)."
+        ),
+    ] = False,
+    strict: StrictOption = False,
+    trust_checkpoint: TrustCheckpointOption = False,
+    fmt: Annotated[
+        PredictFormat,
+        typer.Option(
+            "--format",
+            help="Output format; csv and jsonl stream one row per image.",
+            case_sensitive=False,
+        ),
+    ] = PredictFormat.table,
+    output: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--output", "-o", help="Write the rows to FILE instead of stdout.", dir_okay=False
+        ),
+    ] = None,
+    force: ForceOption = False,
+) -> None:
+    """Predict the class of every image: path, class, probability and label (the class index),
+    one row per image in input order; unreadable images get a row with an error.
+
+    Examples:
+
+      torchkit predict runs/best.pt photos/ --format csv -o predictions.csv
+
+      find photos -name '*.jpg' | torchkit predict best.pt - --topk 3 --format jsonl
+
+      torchkit predict best.pt dataset/ --split test --tta flip --format json
+
+      torchkit predict resnet18 --weights finetuned.pth cat.jpg dog.jpg --classes cat,dog
+    """
+    from torchkit.core.evaluate.source import parse_class_names
+    from torchkit.core.outputs import check_output_file
+    from torchkit.core.predict import PredictRequest, PredictRun
+    from torchkit.core.preprocessing import mean_std_options
+
+    mean_values, std_values = mean_std_options(mean, std, stats)
+    request = PredictRequest(
+        model=model,
+        images=list(images),
+        weights=weights,
+        trust_checkpoint=trust_checkpoint,
+        classes=parse_class_names(classes) if classes else None,
+        split=split,
+        topk=topk,
+        logits=logits,
+        batch_size=batch_size,
+        workers=workers,
+        device=device,
+        amp=amp,
+        amp_dtype=amp_dtype.value,
+        channels_last=channels_last,
+        tta=tta.value,
+        image_size=image_size,
+        resize_size=resize_size,
+        mean=mean_values,
+        std=std_values,
+        strict=strict,
+        skip_errors=skip_errors,
+    )
+    to_file = output is not None and str(output) != "-"
+    if to_file:  # before any work
+        check_output_file(output, force, _inputs(request, stats, classes))
+    run = PredictRun(request, stdin=sys.stdin if "-" in images else None)
+    try:
+        run.setup()
+        for note in run.notes:
+            console.note(note)
+        columns = run.columns(run.resolved.num_outputs)
+        if not run.is_main:
+            for _ in run.rows():  # rank 0 writes; the others only compute their batches
+                pass
+            return
+        _write(run, columns, fmt, output if to_file else None)
+    finally:
+        run.close()
+    _report(run, output if to_file else None)
+
+
+def _inputs(request, stats: Path | None, classes: str | None) -> list:
+    import os
+
+    from torchkit.core.models import model_inputs
+    from torchkit.core.outputs import InputPath, data_inputs
+
+    inputs = model_inputs(request.model, request.weights)
+    for item in request.images:
+        if item != "-":
+            inputs += data_inputs(item, "IMAGES")
+    for path, what in ((stats, "--stats file"), (classes, "--classes file")):
+        if path is not None and os.path.isfile(path):
+            inputs.append(InputPath.of(path, what))
+    return inputs
+
+
+def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> None:
+    from torchkit.cli.progress import progress_bar
+    from torchkit.core.files import atomic_write
+
+    with progress_bar("predicting") as advance:
+        rows = run.rows(progress=advance)
+        if output is None:
+            _render(rows, columns, fmt, console.stdout.file)
+            console.stdout.file.flush()
+        else:
+            with atomic_write(output, "w", encoding="utf-8", newline="") as handle:
+                _render(rows, columns, fmt, handle)
+
+
+def _render(rows, columns: list[str], fmt: PredictFormat, handle: IO[str]) -> None:
+    from torchkit.cli.render import Table, render_plain_tables, rich_table, to_json_value
+
+    if fmt == PredictFormat.csv:
+        writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(_csv_row(row))
+    elif fmt == PredictFormat.jsonl:
+        for row in rows:
+            handle.write(json.dumps(to_json_value(_full(row, columns))) + "\n")
+    elif fmt == PredictFormat.json:
+        handle.write("[")
+        for position, row in enumerate(rows):
+            handle.write(",\n" if position else "\n")
+            handle.write(json.dumps(to_json_value(_full(row, columns))))
+        handle.write("\n]\n")
+    else:
+        shown = [c for c in columns if not c.startswith("logit_")]
+        table = Table(
+            shown,
+            [[row.get(c) for c in shown] for row in rows],
+            title="Predictions",
+            align_right={c for c in shown if c.startswith(("probability", "label"))},
+        )
+        if handle is console.stdout.file and console.stdout.is_terminal:
+            console.stdout.print(rich_table(table))
+        else:
+            handle.write(render_plain_tables([table]))
+
+
+def _full(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
+    """Every column in every row (an error row has no class: null)."""
+    full = {column: row.get(column) for column in columns}
+    if full.get("error") == "":
+        full["error"] = None
+    return full
+
+
+def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {key: (repr(value) if isinstance(value, float) else value) for key, value in row.items()}
+
+
+def _report(run, output: Path | None) -> None:
+    summary = run.summary
+    line = (
+        f"predicted {summary.predicted} of {summary.images} images in {summary.seconds:.2f} s"
+        + (f" ({summary.images_per_second:,.0f} images/s)" if summary.predicted else "")
+    )
+    if output is not None:
+        line += f"; wrote {output}"
+    console.note(line)
+    if summary.unreadable:
+        kept = "left out (--skip-errors)" if run.request.skip_errors else "rows with an error"
+        console.warn(
+            f"{summary.unreadable} unreadable image(s), {kept} (first: {summary.first_error}); "
+            "--strict makes this an error"
+        )
+    if summary.nonfinite:
+        console.warn(f"{summary.nonfinite} image(s) with non-finite (NaN or inf) outputs")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("predict")(predict_command)

@@ -1,0 +1,98 @@
+"""What `predict IMAGES...` names: folders (labelled or not, searched recursively), split roots
+and CSV indexes (through the one data resolver, `--split` honoured), image files, and `-` for
+paths on stdin, one per line.
+
+Paths follow the data path convention: with one folder or CSV, relative to its root (recorded
+as `root`); with several inputs, each folder's or CSV's paths are prefixed with the input as
+typed, and image files (given or on stdin) are as typed, so every row names one image.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from torchkit.core.data import Samples, is_image_file
+from torchkit.core.errors import InputError, UsageError
+
+STDIN = "-"
+
+
+@dataclass
+class ImageSet:
+    samples: Samples
+    root: str  # what `path` is relative to ("" when paths are as typed)
+    notes: list[str]
+
+
+def collect_images(
+    items: Sequence[str], *, split: str | None = None, stdin: Iterable[str] | None = None
+) -> ImageSet:
+    """The images `items` name, in order; `stdin` is read for `-`."""
+    from torchkit.core.datasource import open_data, select_split
+
+    if not items:
+        raise UsageError("no IMAGES given", "give folders, image files, CSV indexes or - (stdin)")
+    if list(items).count(STDIN) > 1:
+        raise UsageError("- (stdin) given more than once")
+    sets, notes = [], []
+    for item in items:
+        if item == STDIN:
+            sets.append((item, _files(_stdin_paths(stdin), from_stdin=True), ""))
+            continue
+        if os.path.isfile(item) and is_image_file(item):
+            sets.append((item, _files([item], from_stdin=False), ""))
+            continue
+        if os.path.isfile(item) and not item.lower().endswith(".csv"):
+            raise InputError(f"{item} is neither an image, a folder nor a CSV index")
+        source = open_data(item, allow_unlabelled=True)
+        samples, found_notes = select_split(source, split, default="all")
+        notes += found_notes
+        sets.append((item, samples, source.root))
+    if split is not None and all(root == "" for _, _, root in sets):
+        raise UsageError(f"--split {split}: IMAGES has no folder or CSV with splits")
+    if len(sets) == 1:
+        _, samples, root = sets[0]
+        return ImageSet(samples, root, notes)
+    return ImageSet(_joined(sets), "", notes)
+
+
+def _stdin_paths(stdin: Iterable[str] | None) -> list[str]:
+    if stdin is None:
+        raise UsageError("- reads paths from stdin, but there is none")
+    paths = [line.rstrip("\r\n") for line in stdin]
+    paths = [path for path in paths if path.strip()]
+    if not paths:
+        raise InputError("no image paths on stdin", "pipe one path per line, e.g. find ... |")
+    return paths
+
+
+def _files(paths: list[str], *, from_stdin: bool) -> Samples:
+    """Image files named one by one: no labels; a missing file becomes an error row (on stdin,
+    where a list may name files that are gone) or an error (on the command line)."""
+    if not from_stdin:
+        for path in paths:
+            if not os.path.exists(path):
+                raise InputError(f"image not found: {path}")
+    return Samples([""], [0] * len(paths), paths=list(paths), source="stdin", ids=list(paths))
+
+
+def _joined(sets: list[tuple[str, Samples, str]]) -> Samples:
+    """Several inputs as one list, each path prefixed with its input as typed; the classes of
+    labelled inputs are not merged (predict does not read labels)."""
+    paths: list[str] = []
+    ids: list[str] = []
+    splits: list[str] = []
+    any_split = any(samples.splits for _, samples, _ in sets)
+    for item, samples, root in sets:
+        paths += list(samples.paths or [])
+        ids += [os.path.join(item, name) if root else name for name in samples.ids]
+        if any_split:
+            splits += list(samples.splits or [""] * len(samples))
+    if any(samples.paths is None for _, samples, _ in sets):
+        raise UsageError("digits cannot be combined with other IMAGES", "predict it on its own")
+    joined = Samples([""], [0] * len(paths), paths=paths, source="IMAGES", ids=ids)
+    if any_split:
+        joined.splits = splits
+    return joined

@@ -1,0 +1,360 @@
+"""Running a classifier over images and streaming one row per image, in input order.
+
+Rows come out batch by batch (memory stays flat however many images there are). Under torchrun
+rank r takes batches r, r + world_size, ...; at every step the ranks gather their batches on
+rank 0, which yields them in order: one output, the same rows as one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchkit.core.errors import InputError, TorchkitError, UsageError
+from torchkit.core.predict.inputs import collect_images
+
+log = logging.getLogger("torchkit")
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class PredictRequest:
+    model: str
+    images: list[str]
+    weights: str | None = None
+    trust_checkpoint: bool = False
+    classes: list[str] | None = None
+    split: str | None = None
+    topk: int = 1  # > 1 adds class_1..class_K and probability_1..probability_K
+    logits: bool = False
+    batch_size: int = 64
+    workers: int | None = None
+    device: str = "auto"
+    amp: bool = False
+    amp_dtype: str = "auto"
+    channels_last: bool = False
+    tta: str = "none"
+    image_size: int | None = None
+    resize_size: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    strict: bool = False  # the first unreadable image (or non-finite output) is an error
+    skip_errors: bool = False  # leave unreadable images out instead of an error row
+
+
+@dataclass
+class PredictSummary:
+    images: int = 0
+    predicted: int = 0
+    unreadable: int = 0
+    nonfinite: int = 0
+    first_error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def images_per_second(self) -> float:
+        return self.predicted / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class PredictRun:
+    """`setup()` resolves the model and the images (all checks, before any output); `rows()`
+    streams the predictions; `summary` is complete once `rows()` is exhausted."""
+
+    request: PredictRequest
+    stdin: Iterable[str] | None = None
+    summary: PredictSummary = field(default_factory=PredictSummary)
+    notes: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def setup(self) -> None:
+        from torchkit.core.evaluate.runner import setup_distributed
+        from torchkit.core.evaluate.source import IMAGE_MODES, ModelSpec, resolve_eval_model
+        from torchkit.core.inference import TTA_MODES
+
+        request = self.request
+        if request.tta not in TTA_MODES:
+            raise UsageError(f"unknown --tta {request.tta!r}", "use none or flip")
+        if request.batch_size < 1:
+            raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
+        if request.topk < 1:
+            raise UsageError(f"--topk must be at least 1, not {request.topk}")
+        if request.strict and request.skip_errors:
+            raise UsageError("--strict and --skip-errors contradict each other")
+        self.resolved = resolve_eval_model(
+            ModelSpec(
+                checkpoint=request.model,
+                weights=request.weights,
+                classes=request.classes,
+                image_size=request.image_size,
+                resize_size=request.resize_size,
+                mean=request.mean,
+                std=request.std,
+                trust_checkpoint=request.trust_checkpoint,
+            )
+        )
+        outputs = self.resolved.num_outputs
+        self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
+        self.image_set = collect_images(request.images, split=request.split, stdin=self.stdin)
+        self.notes += self.image_set.notes
+        preprocess = self.resolved.preprocess
+        self.mode = IMAGE_MODES.get(preprocess.in_channels)
+        if self.mode is None:
+            channels = preprocess.in_channels
+            raise UsageError(f"cannot feed images to a model with {channels} channels")
+        self.ctx, self.device = setup_distributed(request.device)
+        self.info = {
+            "model": request.model,
+            "weights": request.weights,
+            "arch": self.resolved.arch,
+            "model_source": self.resolved.weights_source or self.resolved.source,
+            "classes": self.classes,
+            "root": self.image_set.root,
+            "images": len(self.image_set.samples),
+            "device": str(self.device),
+            "world_size": self.ctx.world_size,
+            "tta": request.tta,
+            "preprocess": preprocess.to_dict(),
+        }
+
+    @property
+    def is_main(self) -> bool:
+        return self.ctx.is_main
+
+    def columns(self, num_outputs: int | None = None) -> list[str]:
+        """The columns of every row, in order."""
+        columns = ["path"]
+        if self.image_set.samples.splits:
+            columns.append("split")
+        columns += ["class", "probability", "label"]
+        k = self._k(num_outputs)
+        if k > 1:
+            for rank in range(1, k + 1):
+                columns += [f"class_{rank}", f"probability_{rank}"]
+        if self.request.logits:
+            columns += [f"logit_{i}" for i in range(num_outputs or len(self.classes))]
+        columns.append("error")
+        return columns
+
+    def _k(self, num_outputs: int | None = None) -> int:
+        outputs = num_outputs or len(self.classes) or self.request.topk
+        return min(self.request.topk, outputs)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None) is not None and self.ctx.owns_group:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+            self.ctx.owns_group = False
+
+    def rows(self, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+        """The rows, in input order, on rank 0 (other ranks yield nothing but take part)."""
+        import torch
+
+        from torchkit.core.data import eval_transform, make_dataset
+
+        request, samples, ctx = self.request, self.image_set.samples, self.ctx
+        model = self.resolved.model.eval().to(self.device)
+        memory_format = torch.channels_last if request.channels_last else torch.contiguous_format
+        if request.channels_last:
+            model.to(memory_format=memory_format)
+        dataset = make_dataset(samples, eval_transform(self.resolved.preprocess), mode=self.mode)
+        batches = _interleaved_batches(len(samples), request.batch_size, ctx.rank, ctx.world_size)
+        loader = _loader(dataset, batches, request.workers, self.device)
+        steps = _steps(len(samples), request.batch_size, ctx.world_size)
+        amp_dtype = self._amp_dtype()
+        summary = self.summary
+        summary.images = len(samples)
+        start = time.perf_counter()
+        first = True
+        own = iter(loader)
+        done = 0
+        for _ in range(steps):
+            batch = next(own, None)
+            local = None
+            if batch is not None:
+                try:
+                    local = self._score(model, batch, amp_dtype, memory_format, first=first)
+                except TorchkitError as error:  # every rank stops with it, none waits forever
+                    local = {"failure": error}
+                first = False
+            parts = _gather(local, ctx)
+            failures = [p["failure"] for p in parts if p is not None and "failure" in p]
+            if failures:
+                raise failures[0]
+            rows: list[dict[str, Any]] = []
+            failure = None
+            if ctx.is_main:
+                try:
+                    for part in parts:
+                        if part is not None:
+                            rows += self._rows_of(part)
+                            done += len(part["order"])
+                except TorchkitError as error:  # --strict: rank 0 decides for everyone
+                    failure = error
+            failure = _from_rank_zero(failure, ctx)
+            if failure is not None:
+                raise failure
+            yield from rows
+            if progress is not None and ctx.is_main:
+                progress(done, len(samples))
+        summary.seconds = time.perf_counter() - start
+
+    def _amp_dtype(self):
+        from torchkit.core.device import check_amp_dtype, resolve_amp_dtype
+
+        check_amp_dtype(self.request.amp, self.request.amp_dtype)
+        if not self.request.amp:
+            return None
+        return resolve_amp_dtype(self.request.amp_dtype, self.device)
+
+    def _score(self, model, batch, amp_dtype, memory_format, *, first: bool) -> dict:
+        """One batch's results as plain CPU values (they travel between ranks)."""
+        import torch
+
+        from torchkit.core.inference import score_batch
+
+        good = [item for item in batch if item[0] is not None]
+        failed = [(item[2], item[3]) for item in batch if item[0] is None]
+        result: dict[str, Any] = {"order": sorted(item[2] for item in batch), "failed": failed}
+        if good:
+            images = torch.stack([item[0] for item in good]).to(
+                self.device, non_blocking=True, memory_format=memory_format
+            )
+            with torch.inference_mode():
+                scored = score_batch(
+                    model,
+                    images,
+                    self.device,
+                    tta=self.request.tta,
+                    amp=self.request.amp,
+                    amp_dtype=amp_dtype,
+                    first=first,
+                )
+                k = self._k(scored.scores.shape[1])
+                top = scored.scores.topk(k, dim=1).indices
+                probs = scored.log_probs.gather(1, top).exp()
+            result.update(
+                indices=[item[2] for item in good],
+                top=top.cpu().tolist(),
+                probs=probs.float().cpu().tolist(),
+                finite=scored.finite.tolist(),
+                logits=scored.logits.cpu().tolist() if self.request.logits else None,
+                outputs=int(scored.scores.shape[1]),
+            )
+        return result
+
+    def _rows_of(self, part: dict) -> Iterator[dict[str, Any]]:
+        samples, summary, request = self.image_set.samples, self.summary, self.request
+        by_index: dict[int, tuple] = {}
+        for position, index in enumerate(part.get("indices", [])):
+            by_index[index] = (
+                part["top"][position],
+                part["probs"][position],
+                part["finite"][position],
+                part["logits"][position] if part.get("logits") else None,
+            )
+        errors = dict(part["failed"])
+        for index in part["order"]:
+            row: dict[str, Any] = {"path": samples.ids[index] if samples.ids else str(index)}
+            if samples.splits:
+                row["split"] = samples.splits[index]
+            if index in errors:
+                summary.unreadable += 1
+                message = errors[index]
+                summary.first_error = summary.first_error or message
+                if request.strict:
+                    raise InputError(
+                        f"unreadable image {message}", "fix or remove it, or drop --strict"
+                    )
+                if request.skip_errors:
+                    continue
+                yield {**row, "error": _reason(message)}
+                continue
+            top, probs, finite, logits = by_index[index]
+            if not finite:
+                summary.nonfinite += 1
+                if request.strict:
+                    raise InputError(
+                        f"the model's outputs for {row['path']} are not finite (NaN or inf)",
+                        "check the weights, or drop --amp",
+                    )
+            summary.predicted += 1
+            row.update(class_=self._name(top[0]), probability=probs[0], label=top[0])
+            row["class"] = row.pop("class_")
+            if len(top) > 1:
+                for rank, (label, prob) in enumerate(zip(top, probs, strict=True), start=1):
+                    row[f"class_{rank}"] = self._name(label)
+                    row[f"probability_{rank}"] = prob
+            if logits is not None:
+                row.update({f"logit_{i}": value for i, value in enumerate(logits)})
+            row["error"] = "" if finite else "non-finite output"
+            yield row
+
+    def _name(self, label: int) -> str:
+        return self.classes[label] if label < len(self.classes) else str(label)
+
+
+def _reason(message: str) -> str:
+    """The reason part of "path: reason"."""
+    return message.split(": ", 1)[1] if ": " in message else message
+
+
+def _interleaved_batches(size: int, batch_size: int, rank: int, world: int) -> list[list[int]]:
+    starts = range(rank * batch_size, size, batch_size * world)
+    return [list(range(start, min(start + batch_size, size))) for start in starts]
+
+
+def _steps(size: int, batch_size: int, world: int) -> int:
+    batches = -(-size // batch_size)
+    return -(-batches // world)
+
+
+def _loader(dataset, batches: list[list[int]], workers: int | None, device):
+    import torch
+
+    from torchkit.core.data import default_workers
+
+    workers = default_workers() if workers is None else workers
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=batches,
+        num_workers=workers,
+        collate_fn=list,  # items stay (tensor | None, label, index, error)
+        multiprocessing_context=_fork_context() if workers > 0 else None,
+    )
+
+
+def _fork_context():
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else methods[0])
+
+
+def _gather(local: dict | None, ctx) -> list[dict | None]:
+    """Every rank's batch of this step, in rank order (the input order of interleaved
+    batches), on every rank (so a failure on one rank stops all)."""
+    if ctx.world_size == 1:
+        return [local]
+    import torch.distributed as dist
+
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, local)
+    return gathered
+
+
+def _from_rank_zero(value: Any, ctx) -> Any:
+    if ctx.world_size == 1:
+        return value
+    import torch.distributed as dist
+
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
