@@ -250,7 +250,9 @@ def test_reports_agree_with_sklearn_from_predictions_csv(setup, report):
 
 def test_numbers_match_a_hand_written_loop(setup, report):
     _, rows = _read_csv(report["out"] / "predictions.csv")
-    probs = _reference(setup["model"], [r["path"] for r in rows])
+    root = Path(report["json"]["root"])  # paths are relative to the data root it records
+    assert root == setup["data"] and rows[0]["path"].startswith("test/")
+    probs = _reference(setup["model"], [str(root / r["path"]) for r in rows])
     labels = torch.tensor([int(r["true_label"]) for r in rows])
     assert [int(r["predicted_label"]) for r in rows] == probs.argmax(1).tolist()
     np.testing.assert_allclose(
@@ -268,7 +270,8 @@ def test_tta_flip_averages_image_and_mirror(setup, tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     _, rows = _read_csv(out / "predictions.csv")
-    probs = _reference(setup["model"], [r["path"] for r in rows], tta=True)
+    root = Path(setup["data"])
+    probs = _reference(setup["model"], [str(root / r["path"]) for r in rows], tta=True)
     assert [int(r["predicted_label"]) for r in rows] == probs.argmax(1).tolist()
     np.testing.assert_allclose(
         [float(r["top1_prob"]) for r in rows], probs.max(1).values.numpy(), rtol=1e-5
@@ -395,7 +398,7 @@ def test_csv_index_gives_the_same_numbers(setup, report, tmp_path):
     with index.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["path", "label"])
-        writer.writerows([r["path"], r["true_class"]] for r in rows)
+        writer.writerows([setup["data"] / r["path"], r["true_class"]] for r in rows)
     result = invoke(setup["ckpt"], "--data", index, "--format", "json", "--topk", "3")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
@@ -616,7 +619,7 @@ def test_bad_data(setup, tmp_path):
     result = invoke(ckpt, "--data", tmp_path / "nowhere")
     assert result.exit_code == 1 and "Error: dataset not found" in result.stderr
     result = invoke(ckpt, "--data", setup["data"], "--split", "train")
-    assert result.exit_code == 1 and "has no train/ folder" in result.stderr
+    assert result.exit_code == 2 and "has no train split (it has: val, test" in result.stderr
     result = invoke(ckpt, "--data", "digits")
     assert result.exit_code == 1 and "are not among the model's" in result.stderr
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -176,8 +177,11 @@ def test_unreadable_images_error_rows_skip_errors_and_strict(runner, world, tmp_
     assert [r["path"] for r in read_csv(skipped.stdout)] == ["good.png"]
     assert "left out (--skip-errors)" in skipped.stderr
     out = tmp_path / "p.csv"
-    strict = invoke(runner, world["ckpt"], folder, "--strict", "-o", out, "--format", "csv")
+    strict = invoke(
+        runner, world["ckpt"], folder, "--strict", "-o", out, "--format", "csv", "-j", "1"
+    )
     assert strict.exit_code == 1
+    assert multiprocessing.active_children() == []  # the DataLoader worker is gone
     assert strict.stderr.startswith("Error: unreadable image") and "broken.png" in strict.stderr
     assert not out.exists() and not list(tmp_path.glob(".p.csv*"))  # nothing half-written
 

@@ -214,6 +214,7 @@ def eval_command(
         max_errors_shown=show_errors,
         stats_file=None if stats is None else str(stats),
         classes_file=classes if classes and os.path.isfile(classes) else None,
+        notify=console.note,
     )
     if output is not None and str(output) != "-":  # `-o -` is stdout
         check_report_file(output, spec, options)  # before any work, not after it

@@ -146,6 +146,15 @@ def extract_features_command(
             show_default=False,
         ),
     ] = None,
+    split: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--split",
+            help="Of a split root or split CSV: only this split (train, val, test). Default: "
+            "every split, with a split column in index.csv.",
+            show_default=False,
+        ),
+    ] = None,
     resize_size: ResizeSizeOption = None,
     mean: MeanOption = None,
     std: StdOption = None,
@@ -223,6 +232,7 @@ def extract_features_command(
         resume=resume,
         force=force,
         trust_checkpoint=trust_checkpoint,
+        split=split,
         seed=seed,
         stats_file=None if stats is None else str(stats),
     )

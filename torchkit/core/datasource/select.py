@@ -45,7 +45,9 @@ def select_split(
         raise UsageError(f"unknown --split {split!r}", "use train, val, test or all")
     notes: list[str] = []
     parts = source.splits
-    rebuilt = recorded_splits(source, dict(recorded) if recorded else None)
+    # The record is only read when a split is asked for: other data than the run's (a new test
+    # folder) given without --split is taken whole, not matched against the run's images.
+    rebuilt = recorded_splits(source, dict(recorded) if recorded and split else None)
     if rebuilt is not None:
         parts, notes = rebuilt
     if split is None:

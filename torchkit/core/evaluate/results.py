@@ -99,10 +99,11 @@ class EvalResult:
         return self.num_images / self.seconds if self.seconds > 0 else float("nan")
 
     def sample_name(self, index: int) -> str:
-        """The path of an image (or its id for in-memory data such as digits)."""
-        if self.samples.paths is not None:
-            return self.samples.paths[index]
-        return self.samples.ids[index] if self.samples.ids else str(index)
+        """The `path` of an image: relative to the data root (`info["root"]`), or as the CSV
+        index wrote it (the one path convention of every output)."""
+        if self.samples.ids:
+            return self.samples.ids[index]
+        return self.samples.paths[index] if self.samples.paths is not None else str(index)
 
     def confused_with(self, label: int) -> list[tuple[str, int]]:
         return [(self.classes[j], n) for j, n in most_confused(self.metrics.confusion, label)]

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,7 @@ class EvalOptions:
     # through ModelSpec) and a --classes file.
     stats_file: str | None = None
     classes_file: str | None = None
+    notify: Callable[[str], None] | None = None  # notes about the data, for stderr
 
 
 class ShardSampler:
@@ -397,7 +399,14 @@ def _run(
     )
 
     resolved = resolve_eval_model(spec)
-    samples = load_eval_samples(options.data, split=options.split, classes=resolved.classes)
+    recorded = resolved.checkpoint.get("data") if resolved.checkpoint else None
+    data = load_eval_samples(
+        options.data, split=options.split, classes=resolved.classes, recorded=recorded
+    )
+    samples = data.samples
+    if ctx.is_main and options.notify is not None:
+        for note in data.notes:
+            options.notify(note)
     classes = list(resolved.classes or samples.classes)
     num_classes = resolved.num_outputs or len(classes)
     if len(classes) != num_classes:
@@ -477,7 +486,8 @@ def _run(
         "model_source": resolved.weights_source or resolved.source,
         **resolved.details,
         "data": options.data,
-        "split": _split_name(options),
+        "split": data.split,
+        "root": data.root,
         "device": str(device),
         "world_size": ctx.world_size,
         "batch_size": options.batch_size,
@@ -537,12 +547,3 @@ def _fork_context():
     if "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
     return None
-
-
-def _split_name(options: EvalOptions) -> str | None:
-    if options.split:
-        return options.split
-    if options.data == "digits":
-        return "test"
-    path = os.path.join(options.data, "test")
-    return "test" if os.path.isdir(path) else None

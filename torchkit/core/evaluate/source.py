@@ -7,20 +7,13 @@ torchkit checkpoint, a model name with `--weights DEFAULT|FILE`, a plain state d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from torchkit.core.data import (
-    DIGITS,
-    SPLIT_NAMES,
-    Samples,
-    digits_splits,
-    discover_image_folder,
-    read_csv_index,
-)
-from torchkit.core.errors import InputError, UsageError
-from torchkit.core.files import require_input
+from torchkit.core.data import Samples
+from torchkit.core.errors import UsageError
 
 # Mode PIL converts images to for a given channel count.
 IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -115,63 +108,30 @@ def _model_and_weights(spec: ModelSpec) -> tuple[str, str | None]:
     return checkpoint, None
 
 
+@dataclass
+class EvalData:
+    samples: Samples
+    split: str | None  # the split scored (None: unsplit data, taken whole)
+    root: str  # what the `path` column is relative to ("" for digits)
+    notes: list[str]
+
+
 def load_eval_samples(
-    data: str, *, split: str | None = None, classes: Sequence[str] | None = None
-) -> Samples:
-    """The images `--data` names, labelled in the order of `classes` (matched by name).
+    data: str,
+    *,
+    split: str | None = None,
+    classes: Sequence[str] | None = None,
+    recorded: Mapping[str, Any] | None = None,
+) -> EvalData:
+    """The images `--data` names (the one data resolver), labelled in the order of `classes`
+    (matched by name): of split data (a split root, a CSV with a split column, digits) the test
+    split unless `--split` says otherwise; unsplit data whole, or the split a training run held
+    out of it (`recorded`: the checkpoint's `data` entry) with `--split`."""
+    from torchkit.core.datasource import open_data, select_split
 
-    `digits` (its held-out test split unless `--split` says otherwise); a dataset root with a
-    `test/` (or `--split`) folder; an image folder ROOT/<class>/<image>; or a CSV index.
-    """
-    if data == DIGITS:
-        parts = digits_splits()
-        chosen = split or "test"
-        if chosen not in parts:
-            raise UsageError(f"digits has no split {chosen!r}", "use train, val or test")
-        return _relabel(parts[chosen], classes)
-    source = require_input(data, what="dataset")
-    if source.is_dir():
-        present = [name for name in SPLIT_NAMES if (source / name).is_dir()]
-        if split is not None:
-            if not (source / split).is_dir():
-                raise InputError(
-                    f"{source} has no {split}/ folder",
-                    f"it has {', '.join(present)}" if present else "drop --split",
-                )
-            source = source / split
-        elif present:
-            if "test" not in present:
-                raise InputError(
-                    f"{source} has {', '.join(p + '/' for p in present)} but no test/",
-                    "pass --split val to evaluate on the validation set",
-                )
-            source = source / "test"
-        return discover_image_folder(source, classes=classes)
-    if source.suffix.lower() == ".csv":
-        return read_csv_index(source, classes=classes)
-    raise InputError(
-        f"{source} is neither an image folder nor a CSV index", "give a folder, a .csv or digits"
+    source = open_data(data, classes=classes)
+    samples, notes = select_split(
+        source, split, default="test", recorded=recorded, default_reason="held-out test data"
     )
-
-
-def _relabel(samples: Samples, classes: Sequence[str] | None) -> Samples:
-    """Map an in-memory set's labels onto `classes` by class name."""
-    if classes is None or list(classes) == samples.classes:
-        return samples
-    index_of = {name: i for i, name in enumerate(classes)}
-    unknown = [name for name in samples.classes if name not in index_of]
-    if unknown:
-        raise InputError(
-            f"class(es) {', '.join(unknown[:5])} of {samples.source} are not among the model's "
-            f"{len(classes)} classes",
-            "the classes are: " + ", ".join(list(classes)[:10]),
-        )
-    mapping = [index_of[name] for name in samples.classes]
-    return Samples(
-        classes=list(classes),
-        labels=[mapping[label] for label in samples.labels],
-        paths=samples.paths,
-        images=samples.images,
-        source=samples.source,
-        ids=samples.ids,
-    )
+    used = split or ("test" if source.splits else None)
+    return EvalData(samples, used, source.root, notes)

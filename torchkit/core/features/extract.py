@@ -73,6 +73,8 @@ class FeatureRequest:
     resume: bool = False
     force: bool = False
     trust_checkpoint: bool = False
+    split: str | None = None  # of split data: one split (default: all, with a split column)
+    root: str = ""  # set from the data: what index.csv's paths are relative to
     seed: int = 0  # makes a randomly initialised model (no --weights) the same in every run
     stats_file: str | None = None  # --stats, read by the caller: only OUT's checks need it
 
@@ -190,10 +192,16 @@ def _extract(
 ) -> ExtractionResult:
     import torch
 
-    from torchkit.core.data import eval_transform, load_image_set
+    from torchkit.core.data import eval_transform
+    from torchkit.core.datasource import open_data, select_split
     from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
 
-    samples = load_image_set(require_input(request.images, what="IMAGES"))
+    data = open_data(require_input(request.images, what="IMAGES"), allow_unlabelled=True)
+    # Every split at once (a `split` column tells them apart), unless --split picks one.
+    samples, notes = select_split(data, request.split, default="all")
+    for note in notes:
+        logger.info("%s", note)
+    request.root = data.root
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
     # the caller's RNG state is left as it was.
     with torch.random.fork_rng(devices=[]):
@@ -277,12 +285,14 @@ def _finish(
             f"none of the {len(samples)} images in {request.images} could be read",
             "index.csv is not written; check the files",
         )
-    index_rows = _index_rows(samples, state.errors)
+    index_columns, index_rows = _index_rows(samples, state.errors)
     meta = {
         "torchkit_version": __version__,
         **settings,
         "classes": source.classes,
         "images": str(request.images),
+        "root": request.root,  # what index.csv's paths are relative to
+        "split": request.split or ("all" if samples.splits else None),
         "num_images": len(samples),
         "num_rows": state.rows,
         "num_skipped": len(state.errors),
@@ -301,7 +311,7 @@ def _finish(
         ],
         "fingerprint": fingerprint,
     }
-    store.finish(request.file_format, index_rows, meta)
+    store.finish(request.file_format, index_columns, index_rows, meta)
     return meta
 
 
@@ -534,18 +544,25 @@ def _layer_specs(layers, outputs: dict, arrays: dict) -> dict[str, dict]:
     }
 
 
-def _index_rows(samples: Samples, errors: dict[int, str]) -> list[list]:
-    """One line per image in index order: its row in the arrays (empty if skipped)."""
+INDEX_COLUMNS = ["row", "path", "label", "error"]
+
+
+def _index_rows(samples: Samples, errors: dict[int, str]) -> tuple[list[str], list[list]]:
+    """index.csv: one line per image in index order, its row in the arrays (empty if skipped),
+    its path (relative to the data root), its class name; and its split for split data."""
     rows, row = [], 0
     ids = samples.ids or samples.paths or [str(i) for i in range(len(samples))]
     for index, name in enumerate(ids):
         label = samples.classes[samples.labels[index]]
         if index in errors:
-            rows.append(["", name, label, errors[index]])
+            line = ["", name, label, errors[index]]
         else:
-            rows.append([row, name, label, ""])
+            line = [row, name, label, ""]
             row += 1
-    return rows
+        if samples.splits:
+            line.append(samples.splits[index])
+        rows.append(line)
+    return INDEX_COLUMNS + (["split"] if samples.splits else []), rows
 
 
 def _result_from_meta(out: Path, meta: dict) -> ExtractionResult:

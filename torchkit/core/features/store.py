@@ -204,12 +204,16 @@ class FeatureStore:
         if self.progress.rows > 0:
             self.output.keep()
 
-    def finish(self, file_format: str, index_rows: list[list], meta: dict) -> dict[str, Path]:
+    def finish(
+        self, file_format: str, index_columns: list[str], index_rows: list[list], meta: dict
+    ) -> dict[str, Path]:
         """Put every layer's file in OUT, then index.csv and meta.json; returns the files."""
         with reporting_write_errors(self.out):
-            return self._finish(file_format, index_rows, meta)
+            return self._finish(file_format, index_columns, index_rows, meta)
 
-    def _finish(self, file_format: str, index_rows: list[list], meta: dict) -> dict[str, Path]:
+    def _finish(
+        self, file_format: str, index_columns: list[str], index_rows: list[list], meta: dict
+    ) -> dict[str, Path]:
         rows = self.progress.rows
         self._close_arrays()
         files = {}
@@ -228,7 +232,7 @@ class FeatureStore:
                 _write_safetensors(source, target, name)
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(["row", "path", "label", "error"])
+        writer.writerow(index_columns)
         writer.writerows(index_rows)
         atomic_write_text(self.out / INDEX_FILE, buffer.getvalue())
         atomic_write_text(self.out / META_FILE, json.dumps(meta, indent=2) + "\n")

@@ -175,35 +175,40 @@ class PredictRun:
         first = True
         own = iter(loader)
         done = 0
-        for _ in range(steps):
-            batch = next(own, None)
-            local = None
-            if batch is not None:
-                try:
-                    local = self._score(model, batch, amp_dtype, memory_format, first=first)
-                except TorchkitError as error:  # every rank stops with it, none waits forever
-                    local = {"failure": error}
-                first = False
-            parts = _gather(local, ctx)
-            failures = [p["failure"] for p in parts if p is not None and "failure" in p]
-            if failures:
-                raise failures[0]
-            rows: list[dict[str, Any]] = []
-            failure = None
-            if ctx.is_main:
-                try:
-                    for part in parts:
-                        if part is not None:
-                            rows += self._rows_of(part)
-                            done += len(part["order"])
-                except TorchkitError as error:  # --strict: rank 0 decides for everyone
-                    failure = error
-            failure = _from_rank_zero(failure, ctx)
-            if failure is not None:
-                raise failure
-            yield from rows
-            if progress is not None and ctx.is_main:
-                progress(done, len(samples))
+        try:
+            for _ in range(steps):
+                batch = next(own, None)
+                local = None
+                if batch is not None:
+                    try:
+                        local = self._score(model, batch, amp_dtype, memory_format, first=first)
+                    except TorchkitError as error:  # every rank stops with it, none waits forever
+                        local = {"failure": error}
+                    first = False
+                parts = _gather(local, ctx)
+                failures = [p["failure"] for p in parts if p is not None and "failure" in p]
+                if failures:
+                    raise failures[0]
+                rows: list[dict[str, Any]] = []
+                failure = None
+                if ctx.is_main:
+                    try:
+                        for part in parts:
+                            if part is not None:
+                                rows += self._rows_of(part)
+                                done += len(part["order"])
+                    except TorchkitError as error:  # --strict: rank 0 decides for everyone
+                        failure = error
+                failure = _from_rank_zero(failure, ctx)
+                if failure is not None:
+                    raise failure
+                yield from rows
+                if progress is not None and ctx.is_main:
+                    progress(done, len(samples))
+        finally:
+            # Workers stop when their iterator goes: not only when it is exhausted, but also
+            # when an error leaves this frame alive in a traceback.
+            del own, loader
         summary.seconds = time.perf_counter() - start
 
     def _amp_dtype(self):
