@@ -108,6 +108,11 @@ def test_a_split_train_made_is_the_split_eval_scores(runner, tmp_path, monkeypat
     assert len(val) == 6
     ok(runner, "eval", "run/best.pt", "--data", "flat", "--split", "val", "--out", "r")
     assert set(pd.read_csv("r/predictions.csv")["path"]) == val
+    # extract-features and predict pick the same held-out images.
+    ok(runner, "extract-features", "run/best.pt", "flat", "f", "-l", "logits", "--split", "val")
+    assert set(pd.read_csv("f/index.csv")["path"]) == val
+    ok(runner, "predict", "run/best.pt", "flat", "--split", "val", "--format", "csv", "-o", "p.csv")
+    assert set(pd.read_csv("p.csv")["path"]) == val
     # Without --split the whole folder is scored (it is not split data).
     whole = ok(runner, "eval", "run/best.pt", "--data", "flat", "--format", "json")
     assert json.loads(whole.stdout)["num_images"] == 30

@@ -161,6 +161,8 @@ def test_split_where_there_is_none_is_a_usage_error(runner, world):
     result = invoke(runner, world["ckpt"], world["flat"], "--split", "val")
     assert result.exit_code == 2 and result.stderr.startswith("Error: ")
     assert "Traceback" not in result.stderr
+    files = invoke(runner, world["ckpt"], world["flat"] / "a.png", "--split", "val")
+    assert files.exit_code == 2 and "image files, which have no splits" in files.stderr
 
 
 def test_unreadable_images_error_rows_skip_errors_and_strict(runner, world, tmp_path):

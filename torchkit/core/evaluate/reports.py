@@ -222,14 +222,15 @@ def _tile(result: EvalResult, index: int) -> np.ndarray:
     small images such as 8x8 digits are enlarged with nearest-neighbour to stay crisp)."""
     from PIL import Image
 
+    from torchkit.core.image_files import load_image
+
     tile = np.full((ERROR_TILE, ERROR_TILE, 3), 235, dtype=np.uint8)
     samples = result.samples
     try:
         if samples.images is not None:
             image = Image.fromarray(np.asarray(samples.images[index])).convert("RGB")
         else:
-            with Image.open(samples.paths[index]) as handle:
-                image = handle.convert("RGB")
+            image = load_image(samples.paths[index], "RGB")  # 16-bit scaled, FIFOs never opened
     except (OSError, ValueError):
         return tile
     scale = ERROR_TILE / max(image.size)

@@ -196,12 +196,6 @@ def _extract(
     from torchkit.core.datasource import open_data, select_split
     from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
 
-    data = open_data(require_input(request.images, what="IMAGES"), allow_unlabelled=True)
-    # Every split at once (a `split` column tells them apart), unless --split picks one.
-    samples, notes = select_split(data, request.split, default="all")
-    for note in notes:
-        logger.info("%s", note)
-    request.root = data.root
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
     # the caller's RNG state is left as it was.
     with torch.random.fork_rng(devices=[]):
@@ -212,6 +206,13 @@ def _extract(
             trust=request.trust_checkpoint,
             image_size=request.image_size,
         )
+    data = open_data(require_input(request.images, what="IMAGES"), allow_unlabelled=True)
+    # Every split at once (a `split` column tells them apart), unless --split picks one.
+    recorded = source.checkpoint.get("data") if source.checkpoint else None  # a held-out val
+    samples, notes = select_split(data, request.split, default="all", recorded=recorded)
+    for note in notes:
+        logger.info("%s", note)
+    request.root = data.root
     preprocess = apply_overrides(
         source.preprocess,
         image_size=request.image_size,

@@ -10,8 +10,9 @@ typed, and image files (given or on stdin) are as typed, so every row names one 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torchkit.core.data import Samples, is_image_file
 from torchkit.core.errors import InputError, UsageError
@@ -27,9 +28,14 @@ class ImageSet:
 
 
 def collect_images(
-    items: Sequence[str], *, split: str | None = None, stdin: Iterable[str] | None = None
+    items: Sequence[str],
+    *,
+    split: str | None = None,
+    stdin: Iterable[str] | None = None,
+    recorded: Mapping[str, Any] | None = None,
 ) -> ImageSet:
-    """The images `items` name, in order; `stdin` is read for `-`."""
+    """The images `items` name, in order; `stdin` is read for `-`. `recorded` (the model's
+    checkpoint `data` entry) makes `--split val` pick the images its training run held out."""
     from torchkit.core.datasource import open_data, select_split
 
     if not items:
@@ -37,6 +43,7 @@ def collect_images(
     if list(items).count(STDIN) > 1:
         raise UsageError("- (stdin) given more than once")
     sets, notes = [], []
+    read_as_data = False  # a folder, CSV or digits: where --split can apply
     for item in items:
         if item == STDIN:
             sets.append((item, _files(_stdin_paths(stdin), from_stdin=True), ""))
@@ -46,12 +53,13 @@ def collect_images(
             continue
         if os.path.isfile(item) and not item.lower().endswith(".csv"):
             raise InputError(f"{item} is neither an image, a folder nor a CSV index")
+        read_as_data = True
         source = open_data(item, allow_unlabelled=True)
-        samples, found_notes = select_split(source, split, default="all")
+        samples, found_notes = select_split(source, split, default="all", recorded=recorded)
         notes += found_notes
         sets.append((item, samples, source.root))
-    if split is not None and all(root == "" for _, _, root in sets):
-        raise UsageError(f"--split {split}: IMAGES has no folder or CSV with splits")
+    if split is not None and not read_as_data:
+        raise UsageError(f"--split {split}: IMAGES are image files, which have no splits")
     if len(sets) == 1:
         _, samples, root = sets[0]
         return ImageSet(samples, root, notes)

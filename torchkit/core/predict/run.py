@@ -100,7 +100,13 @@ class PredictRun:
         )
         outputs = self.resolved.num_outputs
         self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
-        self.image_set = collect_images(request.images, split=request.split, stdin=self.stdin)
+        checkpoint = self.resolved.checkpoint
+        self.image_set = collect_images(
+            request.images,
+            split=request.split,
+            stdin=self.stdin,
+            recorded=checkpoint.get("data") if checkpoint else None,
+        )
         self.notes += self.image_set.notes
         preprocess = self.resolved.preprocess
         self.mode = IMAGE_MODES.get(preprocess.in_channels)
