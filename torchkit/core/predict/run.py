@@ -231,13 +231,13 @@ class PredictRun:
 
         from torchkit.core.inference import score_batch
 
-        good = [item for item in batch if item[0] is not None]
-        failed = [(item[2], item[3]) for item in batch if item[0] is None]
-        result: dict[str, Any] = {"order": sorted(item[2] for item in batch), "failed": failed}
-        if good:
-            images = torch.stack([item[0] for item in good]).to(
-                self.device, non_blocking=True, memory_format=memory_format
-            )
+        stacked, indices, failed = batch
+        result: dict[str, Any] = {
+            "order": sorted([*indices, *(index for index, _ in failed)]),
+            "failed": failed,
+        }
+        if indices:
+            images = stacked.to(self.device, non_blocking=True, memory_format=memory_format)
             with torch.inference_mode():
                 scored = score_batch(
                     model,
@@ -252,7 +252,7 @@ class PredictRun:
                 top = scored.scores.topk(k, dim=1).indices
                 probs = scored.log_probs.gather(1, top).exp()
             result.update(
-                indices=[item[2] for item in good],
+                indices=indices,
                 top=top.cpu().tolist(),
                 probs=probs.float().cpu().tolist(),
                 finite=scored.finite.tolist(),
@@ -337,9 +337,21 @@ def _loader(dataset, batches: list[list[int]], workers: int | None, device):
         dataset,
         batch_sampler=batches,
         num_workers=workers,
-        collate_fn=list,  # items stay (tensor | None, label, index, error)
+        collate_fn=_collate,
+        pin_memory=device.type == "cuda",
         multiprocessing_context=_fork_context() if workers > 0 else None,
     )
+
+
+def _collate(items: list) -> tuple[Any, list[int], list[tuple[int, str]]]:
+    """(the readable images stacked, in the worker; their indices; (index, error) of the
+    unreadable ones)."""
+    import torch
+
+    good = [item for item in items if item[0] is not None]
+    stacked = torch.stack([item[0] for item in good]) if good else None
+    failed = [(item[2], item[3]) for item in items if item[0] is None]
+    return stacked, [item[2] for item in good], failed
 
 
 def _fork_context():
