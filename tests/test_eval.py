@@ -696,3 +696,24 @@ def test_help_does_not_import_torch():
         " if m in sys.modules]; assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_errors_png_names_the_files_of_the_mistakes(setup, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    texts: list[str] = []
+    original = Figure.text
+
+    def recording(self, x, y, s, *args, **kwargs):
+        texts.append(s)
+        return original(self, x, y, s, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "text", recording)
+    out = tmp_path / "out"
+    result = invoke(setup["ckpt"], "--data", setup["data"], "--out", out, "--workers", "0")
+    assert result.exit_code == 0, result.stderr
+    _, rows = _read_csv(out / "predictions.csv")
+    wrong = [r for r in rows if r["true_label"] != r["predicted_label"]]
+    assert wrong, "the fixture's model makes mistakes"
+    most_confident = max(wrong, key=lambda r: float(r["confidence"]))
+    assert Path(most_confident["path"]).name in texts

@@ -714,3 +714,22 @@ def test_cuda_fp16_amp_uses_a_grad_scaler_and_sync_bn_warns_for_one_process(
     checkpoint = load(out / "last.pt")
     assert checkpoint["scaler"] and "scale" in checkpoint["scaler"]
     assert json.loads((out / "config.json").read_text())["amp_dtype"] == "float16"
+
+
+def test_a_two_class_run_reports_top_2_not_top_5(runner, tmp_path, make_image_folder):
+    """One rule for k, as eval's: min(5, classes)."""
+    data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6})
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
+         "-j", "0", "--out", str(tmp_path / "run"), "--format", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["topk"] == 2
+    assert " top2 " in result.stderr and " top5 " not in result.stderr
+    table = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
+         "-j", "0", "--out", str(tmp_path / "run2")],
+    )  # fmt: skip
+    assert "Best val top-2" in table.stdout and "top-5" not in table.stdout

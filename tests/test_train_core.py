@@ -312,3 +312,31 @@ def test_sync_bn_is_refused_on_cpu_warned_for_one_process_and_converts_under_ddp
     assert check_sync_bn(DistContext(device=torch.device("cpu")), False) is False
     net = convert_sync_bn(_Net())
     assert isinstance(net.bn, nn.SyncBatchNorm)
+
+
+def test_curves_stay_readable_with_an_outlier_epoch(tmp_path):
+    """One diverging val loss (14.6 among ~0.1) puts the loss on a log axis; epochs are integer
+    ticks; the best epoch is marked; the learning rate has its own panel."""
+    from matplotlib.ticker import MaxNLocator
+
+    from torchkit.core.train.outputs import curves_figure, write_curves_png
+
+    history = [
+        {"epoch": e, "train_loss": 1 / e, "val_loss": 14.6 if e == 3 else 0.1 + 0.01 * e,
+         "train_top1": 0.5 + e / 40, "val_top1": 0.6 + e / 50, "lr": 0.1 / e}
+        for e in range(1, 13)
+    ]  # fmt: skip
+    figure = curves_figure(history, best_epoch=7)
+    loss_ax, acc_ax, lr_ax = figure.axes
+    assert loss_ax.get_yscale() == "log" and acc_ax.get_yscale() == "linear"
+    low, high = loss_ax.get_ylim()
+    assert low < 0.08 and high > 14.6  # every point visible
+    assert lr_ax.get_title().startswith("learning rate")
+    for axes in figure.axes:
+        assert isinstance(axes.xaxis.get_major_locator(), MaxNLocator)
+        assert all(float(t).is_integer() for t in axes.get_xticks())
+        assert any(list(line.get_xdata()) == [7, 7] for line in axes.get_lines())  # best epoch
+    calm = [{**row, "val_loss": 0.2} for row in history]
+    assert curves_figure(calm).axes[0].get_yscale() == "linear"
+    write_curves_png(tmp_path / "curves.png", history, 7)
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

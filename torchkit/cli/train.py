@@ -712,6 +712,7 @@ class _Display:
         self._progress = None
         self._task = None
         self._epochs = 0
+        self._topk = 5  # min(5, classes), told by on_start
         self._told_stop = False
 
     def __enter__(self) -> _Display:
@@ -749,6 +750,7 @@ class _Display:
         if not self.enabled:
             return
         self._epochs = info.epochs
+        self._topk = info.topk
         sizes = f"{info.train_size} train / {info.val_size} val"
         if info.test_size:
             sizes += f" / {info.test_size} test"
@@ -805,7 +807,7 @@ class _Display:
             f"epoch {row['epoch']:>{width}}/{self._epochs}  "
             f"train loss {row['train_loss']:.4f} top1 {row['train_top1']:.4f}  "
             f"val loss {row['val_loss']:.4f} top1 {row['val_top1']:.4f} "
-            f"top5 {row['val_top5']:.4f}"
+            f"top{self._topk} {row['val_top5']:.4f}"
         )
         if "val_ema_top1" in row:  # the EMA weights' metrics pick best.pt: show both
             line += f"  ema loss {row['val_ema_loss']:.4f} top1 {row['val_ema_top1']:.4f}"
@@ -839,13 +841,13 @@ def summary_table(result) -> Table:
         ("Epochs", result.epochs),
         ("Best epoch", f"{result.best_epoch} (by val {best_by})"),
         (f"Best val top-1{of_weights}", result.best_val_top1),
-        (f"Best val top-5{of_weights}", result.best_val_top5),
+        (f"Best val top-{result.topk}{of_weights}", result.best_val_top5),
     ]
     if result.test_weights:
         weights = result.test_weights
         rows += [
             (f"Test top-1 ({weights})", result.test_top1),
-            (f"Test top-5 ({weights})", result.test_top5),
+            (f"Test top-{result.topk} ({weights})", result.test_top5),
             (f"Test loss ({weights})", result.test_loss),
         ]
         if result.test_ema_top1 is not None:

@@ -214,7 +214,7 @@ def plot_confusion_matrix(
 
 
 ERROR_TILE = 128  # pixels per image in errors.png
-_TITLE, _PAD, _HEADER = 36, 10, 32
+_TITLE, _PAD, _HEADER = 52, 10, 32  # three lines above each image: file, true, predicted
 
 
 def _tile(result: EvalResult, index: int) -> np.ndarray:
@@ -243,7 +243,8 @@ def _tile(result: EvalResult, index: int) -> np.ndarray:
 
 
 def plot_errors(result: EvalResult, path: str | os.PathLike, *, max_shown: int = 25) -> None:
-    """A grid of the most confident mistakes, each titled with its true and predicted class.
+    """A grid of the most confident mistakes, each titled with its file name, its true and its
+    predicted class.
 
     The images are pasted into one canvas and the titles drawn as figure text: a grid of
     matplotlib axes would cost seconds for 25 images."""
@@ -273,6 +274,8 @@ def plot_errors(result: EvalResult, path: str | os.PathLike, *, max_shown: int =
         x = (left + ERROR_TILE / 2) / width
         true = _short(result.classes[int(p.labels[row])], 18)
         predicted = _short(result.classes[int(p.predicted[row])], 18)
+        name = _short(os.path.basename(result.sample_name(int(p.indices[row]))), 22)
+        fig.text(x, 1 - (top - 37) / height, name, ha="center", va="bottom", fontsize=7)
         fig.text(x, 1 - (top - 20) / height, f"true: {true}", ha="center", va="bottom", fontsize=8)
         fig.text(
             x,

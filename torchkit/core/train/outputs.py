@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import platform
 from pathlib import Path
 from typing import Any
@@ -91,33 +92,69 @@ def _csv_value(value: Any) -> Any:
     return value
 
 
-def write_curves_png(path: Path, history: list[dict]) -> None:
-    """Loss and top-1 accuracy per epoch, train and validation (and EMA when there is one)."""
+# A loss curve whose values span more than this factor is drawn on a log axis, so one bad epoch
+# (a val loss of 14 among values near 0.1) does not flatten every other point.
+LOG_SCALE_ABOVE = 30.0
+
+
+def write_curves_png(path: Path, history: list[dict], best_epoch: int | None = None) -> None:
+    """curves.png (see `curves_figure`), written atomically."""
+    figure = curves_figure(history, best_epoch)
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=100)
+
+
+def curves_figure(history: list[dict], best_epoch: int | None = None):
+    """Loss, top-1 accuracy and learning rate per epoch: train and validation (and EMA when
+    there is one), integer epoch ticks, a marker at the best epoch, the loss on a log axis when
+    its values span orders of magnitude."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [row["epoch"] for row in history]
-    figure = Figure(figsize=(10, 4))
-    loss_ax, acc_ax = figure.subplots(1, 2)
-    figure.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.9, wspace=0.2)
-    loss_ax.plot(epochs, [r["train_loss"] for r in history], marker=".", label="train")
-    loss_ax.plot(epochs, [r["val_loss"] for r in history], marker=".", label="val")
-    acc_ax.plot(epochs, [r["train_top1"] for r in history], marker=".", label="train")
-    acc_ax.plot(epochs, [r["val_top1"] for r in history], marker=".", label="val")
+    has_lr = any(row.get("lr") is not None for row in history)
+    figure = Figure(figsize=(15 if has_lr else 10, 4))
+    panels = figure.subplots(1, 3 if has_lr else 2)
+    loss_ax, acc_ax = panels[0], panels[1]
+    figure.subplots_adjust(left=0.06, right=0.98, bottom=0.13, top=0.9, wspace=0.25)
+    series = [("train", "train_loss", "train_top1"), ("val", "val_loss", "val_top1")]
     if any("val_ema_top1" in r for r in history):
-        loss_ax.plot(epochs, [r.get("val_ema_loss") for r in history], marker=".", label="val EMA")
-        acc_ax.plot(epochs, [r.get("val_ema_top1") for r in history], marker=".", label="val EMA")
-    loss_ax.set(title="loss", xlabel="epoch")
-    acc_ax.set(title="top-1 accuracy", xlabel="epoch")
-    for axes in (loss_ax, acc_ax):
+        series.append(("val EMA", "val_ema_loss", "val_ema_top1"))
+    losses = []
+    for label, loss_key, top1_key in series:
+        loss = [_number(r.get(loss_key)) for r in history]
+        losses += [v for v in loss if v is not None]
+        loss_ax.plot(epochs, loss, marker=".", label=label)
+        acc_ax.plot(epochs, [_number(r.get(top1_key)) for r in history], marker=".", label=label)
+    positive = [v for v in losses if v > 0]
+    if positive and max(positive) / min(positive) > LOG_SCALE_ABOVE:
+        loss_ax.set_yscale("log")
+    loss_ax.set(title="loss" + (" (log scale)" if loss_ax.get_yscale() == "log" else ""))
+    acc_ax.set(title="top-1 accuracy")
+    if has_lr:
+        lr_ax = panels[2]
+        lr_ax.plot(epochs, [_number(r.get("lr")) for r in history], marker=".", color="tab:gray")
+        lr_ax.set(title="learning rate (end of epoch)")
+    for axes in panels:
+        axes.set_xlabel("epoch")
         axes.grid(alpha=0.3)
-        axes.legend()
-        if len(epochs) < 15:
-            axes.set_xticks(epochs)
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=100)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if best_epoch is not None and best_epoch in epochs:
+            axes.axvline(best_epoch, color="tab:green", linestyle="--", linewidth=1, label="best")
+    loss_ax.legend()
+    acc_ax.legend()
+    return figure
+
+
+def _number(value: Any) -> float | None:
+    """A float to plot; None (a gap) for missing and non-finite values."""
+    if value is None or value == "":
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def check_tensorboard() -> None:

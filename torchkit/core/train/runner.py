@@ -92,6 +92,7 @@ class RunInfo:
     resumed_from: str | None
     best_val_top1: float | None  # of the resumed run so far
     config: TrainConfig
+    topk: int = 5  # the k of the top-k metrics (val_top5...): min(5, number of classes)
     notes: list[str] = field(default_factory=list)  # about the data (a held-out val split...)
 
 
@@ -134,7 +135,7 @@ class TrainResult:
     epochs: int  # epochs completed in total (resumed runs included)
     best_epoch: int | None
     best_val_top1: float | None
-    best_val_top5: float | None
+    best_val_top5: float | None  # top-k with k = topk (the key keeps its name)
     best_metric: str = "top1"  # what picked best.pt: val "top1" or val "loss"...
     best_by_ema: bool = False  # ...of the EMA weights (--ema) rather than the model's
     test_top1: float | None = None
@@ -144,6 +145,7 @@ class TrainResult:
     val_size: int = 0
     test_size: int = 0
     test_weights: str | None = None  # which checkpoint's weights the test numbers are of
+    topk: int = TOPK  # the k of the *_top5 figures: min(5, number of classes), as eval's
     test_ema_top1: float | None = None
     last_train_loss: float | None = None
     last_train_top1: float | None = None
@@ -752,6 +754,7 @@ class _Run:
             best_val_top5=self._best_value("top5"),
             best_metric=self.config.best_metric,
             best_by_ema=bool(self.config.ema),
+            topk=min(TOPK, len(self.classes)),
             resumed_from=self._resumed_name(),
             train_size=self.loaders.train_size,
             val_size=self.loaders.val_size,
@@ -810,6 +813,7 @@ class _Run:
                 resumed_from=self._resumed_name(),
                 best_val_top1=self._best_value("top1"),
                 config=self.config,
+                topk=min(TOPK, len(self.classes)),
                 notes=list(self.data.notes),
             )
         )
@@ -959,7 +963,7 @@ class _Run:
                 self._keep_output()
                 write_metrics_csv(self.out / "metrics.csv", self.history)
                 if time.perf_counter() - curves_written > CURVES_EVERY_S:
-                    write_curves_png(self.out / "curves.png", self.history)
+                    write_curves_png(self.out / "curves.png", self.history, self.best_epoch)
                     curves_written = time.perf_counter()
                 if self.tensorboard is not None:
                     self.tensorboard.epoch(row)
@@ -975,7 +979,7 @@ class _Run:
             self.tensorboard.close()
             self.tensorboard = None
         if ctx.is_main and self.history and result.kept:
-            write_curves_png(self.out / "curves.png", self.history)
+            write_curves_png(self.out / "curves.png", self.history, self.best_epoch)
         if ctx.is_main:
             self.callbacks.on_train_end(result.interrupted)
         result.best_epoch = self.best_epoch
