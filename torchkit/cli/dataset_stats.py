@@ -188,6 +188,16 @@ def dataset_stats(
     Of a split root or a CSV index with a split column, the train split by default (--split
     picks another, --split all takes everything). One pass over the images in worker processes
     (--workers, default: all cores).
+
+    Examples:
+
+      torchkit dataset-stats data/train
+
+      torchkit dataset-stats data/train --resize 256 -j 4
+
+      torchkit dataset-stats out/split.csv --format json -o stats.json  (train rows only)
+
+      torchkit dataset-stats index.csv --strict --plot stats.png
     """
     from torchkit.core.stats import check_outputs, compute_dataset_stats, plot_dataset_stats
 

@@ -184,9 +184,19 @@ def extract_features_command(
     """Features of named layers of a model for every image of a folder or CSV index.
 
     Writes OUT/<layer>.npy (one row per readable image, in the order of OUT/index.csv),
-    OUT/index.csv (row, path, label, error) and OUT/meta.json (model, layers, shapes,
-    preprocessing). Arrays are filled in place on disk, so datasets bigger than RAM work, and
-    --resume continues a run that was stopped.
+    OUT/index.csv (row, path, label, error; and split for split data) and OUT/meta.json (model,
+    layers, shapes, preprocessing). Arrays are filled in place on disk, so datasets bigger than
+    RAM work, and --resume continues a run that was stopped.
+
+    Examples:
+
+      torchkit extract-features resnet50 --list-layers
+
+      torchkit extract-features runs/best.pt data/ feats/ -l penultimate -l logits
+
+      torchkit extract-features resnet50 photos/ feats/ --weights DEFAULT --normalize l2
+
+      torchkit extract-features resnet50 big/ feats/ --resume
     """
     from torchkit.core.errors import UsageError
     from torchkit.core.preprocessing import mean_std_options

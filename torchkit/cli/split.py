@@ -106,13 +106,23 @@ def split(
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
 ) -> None:
-    """Split a dataset into OUT/train, OUT/val and OUT/test (8:1:1 by default), stratified by
+    r"""Split a dataset into OUT/train, OUT/val and OUT/test (8:1:1 by default), stratified by
     class and reproducible, and write OUT/split.csv (path, label, split, source).
 
     ROOT is never modified except by --mode move. OUT may not be ROOT, lie inside it or hold
     it. A non-empty OUT needs --force, which replaces only an earlier split in it (its split
     folders and split.csv) and is refused for any other folder. Rerunning an interrupted move
     finishes it; rerunning a finished one says so and changes nothing.
+
+    Examples:
+
+      torchkit split data/raw data/split  (copy, 8:1:1, seed 0)
+
+      torchkit split data/raw data/split --ratio 0.7,0.3 --mode symlink
+
+      torchkit split data/raw out --mode manifest  (only out/split.csv)
+
+      torchkit split data/raw data/split --group '^(patient\d+)_' --seed 3
     """
     from torchkit.core.split import check_report_file, split_dataset
 
