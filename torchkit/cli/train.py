@@ -489,6 +489,24 @@ def train_command(
             help="Also log to OUT/tensorboard (needs the tensorboard package).",
         ),
     ] = DEFAULTS.tensorboard,
+    config_file: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--config",
+            rich_help_panel=OUT_HELP,
+            help="Take the options of a previous run's config.json (or a JSON/YAML file of "
+            "option names and values) as defaults; options given here override them.",
+            dir_okay=False,
+        ),
+    ] = None,
+    print_config: Annotated[
+        bool,
+        typer.Option(
+            "--print-config",
+            rich_help_panel=OUT_HELP,
+            help="Print the effective options as JSON (to -o FILE if given) and exit.",
+        ),
+    ] = False,
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
     force: ForceOption = False,
@@ -509,6 +527,8 @@ def train_command(
 
       torchkit train --resume runs/convnet-20250101-120000
 
+      torchkit train --config runs/convnet-20250101-120000/config.json --seed 1
+
       torchrun --nproc_per_node=2 -m torchkit train --data flowers/ --batch-size 32
     """
     from torchkit.core.outputs import InputPath
@@ -519,11 +539,6 @@ def train_command(
         output = None  # `-o -`: stdout
     mean_values, std_values = mean_std_options(mean, std, stats)
     is_main = int(os.environ.get("RANK", "0")) == 0
-    if data is None and resume is None and is_main:
-        console.note(
-            "no --data given: training on digits, the 1,797 8x8 handwritten digits "
-            "bundled with scikit-learn"
-        )
     config = TrainConfig(
         data=data if data is not None else DEFAULTS.data,
         val_split=val_split,
@@ -582,6 +597,19 @@ def train_command(
         best_metric=None if best_metric is None else best_metric.value,
         tensorboard=tensorboard,
     )
+    if config_file is not None:
+        config = _with_config_file(config, config_file, ctx)
+    if print_config:
+        from torchkit.core.train.config_file import effective_config
+
+        emit(tables=[], data=effective_config(config), fmt=OutputFormat.json, output=output,
+             force=force)  # fmt: skip
+        return
+    if data is None and resume is None and is_main and config.data == DEFAULTS.data:
+        console.note(
+            "no --data given: training on digits, the 1,797 8x8 handwritten digits "
+            "bundled with scikit-learn"
+        )
     if not is_main:  # torchrun: rank 0 reports, the others stay quiet
         import logging
 
@@ -594,7 +622,11 @@ def train_command(
             config,
             display,
             overrides=_given_options(ctx),
-            inputs=[InputPath.of(stats, "--stats file")] if stats is not None else [],
+            inputs=[
+                InputPath.of(path, what)
+                for path, what in ((stats, "--stats file"), (config_file, "--config file"))
+                if path is not None
+            ],
             output_file=output if is_main else None,
         )
     # Under torchrun a rank may stop because another one was signalled: the run's signal.
@@ -625,7 +657,19 @@ def train_command(
 
 
 # CLI parameters that are not training options.
-_NOT_OPTIONS = {"fmt", "output"}
+_NOT_OPTIONS = {"fmt", "output", "config_file", "print_config", "stats"}
+
+
+def _with_config_file(config: TrainConfig, path: Path, ctx: typer.Context) -> TrainConfig:
+    from torchkit.core.errors import UsageError
+    from torchkit.core.train.config_file import apply_config_file, read_config_file
+
+    if config.resume is not None:
+        raise UsageError(
+            "--config starts a new run from a recipe; --resume continues a run with its own",
+            "drop one of them",
+        )
+    return apply_config_file(config, read_config_file(path), _given_options(ctx))
 
 
 def _given_options(ctx: typer.Context) -> list[str]:
@@ -633,12 +677,12 @@ def _given_options(ctx: typer.Context) -> list[str]:
     given = []
     for name in ctx.params:
         source = ctx.get_parameter_source(name)
-        if name not in _NOT_OPTIONS and source in (
-            ParameterSource.COMMANDLINE,
-            ParameterSource.ENVIRONMENT,
-        ):
-            # --stats gives --mean and --std (a resumed run compares and applies those).
-            given += ["mean", "std"] if name == "stats" else [name]
+        if source not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            continue
+        if name == "stats":  # --stats gives --mean and --std
+            given += ["mean", "std"]
+        elif name not in _NOT_OPTIONS:
+            given.append(name)
     return given
 
 

@@ -1,0 +1,73 @@
+"""`train --config FILE` and `--print-config`: a run replayed from its own config.json ends with
+bitwise-identical weights; the command line overrides the file; unknown keys are errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from torchkit.cli import app
+
+FAST = ["--epochs", "2", "--deterministic", "-j", "0", "--device", "cpu", "--batch-size", "128"]
+
+
+def train(runner, *args):
+    result = runner.invoke(app, ["train", *map(str, args)])
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def test_a_run_replayed_from_its_config_json_ends_with_identical_weights(runner, tmp_path):
+    train(runner, "--data", "digits", "--lr", "0.002", "--out", tmp_path / "first", *FAST)
+    config = tmp_path / "first" / "config.json"
+    train(runner, "--config", config, "--out", tmp_path / "again")
+    first = torch.load(tmp_path / "first" / "last.pt", weights_only=True)
+    again = torch.load(tmp_path / "again" / "last.pt", weights_only=True)
+    assert first["model"].keys() == again["model"].keys()
+    for key, value in first["model"].items():
+        assert torch.equal(value, again["model"][key]), key
+    replayed = json.loads((tmp_path / "again" / "config.json").read_text())["options"]
+    assert replayed["lr"] == 0.002 and replayed["epochs"] == 2 and replayed["deterministic"]
+
+
+def test_the_command_line_overrides_the_file_and_print_config_shows_the_result(runner, tmp_path):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"lr": 0.01, "epochs": 7, "label-smoothing": 0.2}))
+    result = runner.invoke(
+        app, ["train", "--config", str(recipe), "--epochs", "3", "--print-config"]
+    )
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["lr"] == 0.01 and shown["label_smoothing"] == 0.2
+    assert shown["epochs"] == 3  # given on the command line
+    assert shown["model"] == "convnet" and shown["image_size"] == 16  # digits' defaults filled
+    assert not list(tmp_path.glob("runs*"))  # nothing trained, nothing written
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"lr": 0.01, "learning_rate": 0.1}, "unknown option 'learning_rate'"),
+        ({"epoch": 3}, "did you mean epochs?"),
+        ({"lr": "fast"}, "--lr in"),
+        ([1, 2], "not option names and values"),
+    ],
+)
+def test_bad_config_files_are_one_error_line(runner, tmp_path, content, message):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(content))
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code in (1, 2)
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_config_with_resume_is_refused(runner, tmp_path):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text("{}")
+    result = runner.invoke(
+        app, ["train", "--config", str(recipe), "--resume", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 2 and "--config starts a new run" in result.stderr

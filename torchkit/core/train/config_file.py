@@ -1,0 +1,130 @@
+"""`train --config FILE`: a previous run's config.json (its `options`), or a JSON/YAML file of
+option names and values, as the defaults of a new run; the command line overrides it.
+
+Keys are TrainConfig field names (`lr`, `image_size`...; `--lr` and `image-size` spellings are
+accepted too). An unknown key is an error naming it. Run-specific entries of a config.json
+(`out`, `resume`, `force`, the options filled from the data) are not carried over, so a replay
+writes a new run folder and fills data defaults the way the first run did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.train.config import TrainConfig, option_name
+
+# Entries of a run's options that describe that run, not the recipe.
+NOT_CARRIED = ("out", "resume", "force", "data_defaults")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The options in `path`: a config.json's `options` block, or the whole mapping."""
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(f"config file not found: {source}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read config file {source}: {error}") from error
+    data = _parse(text, source)
+    if not isinstance(data, Mapping):
+        raise InputError(f"{source} holds a {type(data).__name__}, not option names and values")
+    options = data.get("options", data) if "options" in data else data
+    if not isinstance(options, Mapping):
+        raise InputError(f"{source}: `options` is not a mapping of option names and values")
+    carried = dict(options)
+    for name in data.get("defaults_from_data", []) if "options" in data else []:
+        carried.pop(name, None)  # filled from the data again, as in the first run
+    for name in NOT_CARRIED:
+        carried.pop(name, None)
+    return _checked(carried, source)
+
+
+def _parse(text: str, source: Path) -> Any:
+    if source.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(
+                f"{source} is YAML, and reading YAML needs PyYAML",
+                "pip install pyyaml, or use JSON",
+            ) from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise InputError(f"{source} is not valid YAML: {error}") from error
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{source} is not valid JSON: {error}") from error
+
+
+def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
+    """Known names, values of the option's type (a number where a number goes...)."""
+    types = {f.name: str(f.type) for f in fields(TrainConfig)}
+    checked: dict[str, Any] = {}
+    for key, value in options.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in types:
+            close = difflib.get_close_matches(name, sorted(types), n=1)
+            hint = f"did you mean {close[0]}?" if close else "the keys are train's option names"
+            raise UsageError(f"unknown option {key!r} in {source}", hint)
+        if isinstance(value, list):
+            value = tuple(value)
+        if not _fits(value, types[name]):
+            raise UsageError(
+                f"{option_name(name)} in {source} is {value!r}, not a {types[name]}",
+                "give the value as the command line would",
+            )
+        checked[name] = value
+    return checked
+
+
+def _fits(value: Any, annotation: str) -> bool:
+    """Whether `value` suits a TrainConfig annotation such as `float | None`."""
+    if value is None:
+        return "None" in annotation
+    if isinstance(value, bool):
+        return "bool" in annotation
+    if isinstance(value, tuple):
+        return "tuple" in annotation and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        )
+    if isinstance(value, int):
+        return "int" in annotation or "float" in annotation
+    if isinstance(value, float):
+        return "float" in annotation
+    if isinstance(value, str):
+        return "str" in annotation
+    return False
+
+
+def apply_config_file(
+    config: TrainConfig, file_options: Mapping[str, Any], given: Collection[str]
+) -> TrainConfig:
+    """`config` (from the command line) with every option not `given` there taken from the
+    file; values are checked as the command line's are when the run starts."""
+    changes = {name: value for name, value in file_options.items() if name not in given}
+    try:
+        return dataclasses.replace(config, **changes)
+    except TypeError as error:  # pragma: no cover - names were checked against the fields
+        raise UsageError(f"bad config file option: {error}") from error
+
+
+def effective_config(config: TrainConfig) -> dict[str, Any]:
+    """What the run will use (data defaults filled), for `--print-config`."""
+    from torchkit.core.data import DIGITS
+    from torchkit.core.train.config import resolve_defaults
+
+    resolved = resolve_defaults(config, is_digits=config.data == DIGITS)
+    return {name: value for name, value in resolved.to_dict().items() if name != "data_defaults"}
+
+
+__all__ = ["apply_config_file", "effective_config", "option_name", "read_config_file"]
