@@ -329,6 +329,15 @@ def train_command(
             rich_help_panel=OPTIM_HELP,
         ),
     ] = DEFAULTS.label_smoothing,
+    class_weights: Annotated[
+        str,
+        typer.Option(
+            "--class-weights",
+            rich_help_panel=OPTIM_HELP,
+            help="Loss weights per class for imbalanced data: none, balanced (n / (k * n_c)) or "
+            "FILE (JSON list or {class: weight}, or one weight / class,weight per line).",
+        ),
+    ] = DEFAULTS.class_weights,
     mixup_alpha: Annotated[
         float,
         typer.Option(
@@ -573,6 +582,7 @@ def train_command(
         gamma=gamma,
         patience=patience,
         label_smoothing=label_smoothing,
+        class_weights=class_weights,
         mixup_alpha=mixup_alpha,
         cutmix_alpha=cutmix_alpha,
         l1=l1,

@@ -87,6 +87,7 @@ class TrainConfig:
     gamma: float | None = None
     patience: int = 5
     label_smoothing: float = 0.1
+    class_weights: str = "none"  # none | balanced | FILE (core.train.class_weights)
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     l1: float = 0.0

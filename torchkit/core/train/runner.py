@@ -44,6 +44,7 @@ from torchkit.core.train.checkpoints import (
     load_for_resume,
     save_epoch,
 )
+from torchkit.core.train.class_weights import class_weights
 from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
 from torchkit.core.train.loaders import build_loaders, load_splits, mix_seed, preprocess_for
 from torchkit.core.train.loop import (
@@ -494,6 +495,9 @@ class _Run:
         self.data = load_splits(config, recorded)
         splits = self.data.splits
         self.classes = list(splits["train"].classes)
+        self.class_weights = class_weights(
+            config.class_weights, self.classes, splits["train"].class_counts()
+        )
         self.arch = str(config.model)
         if self.checkpoint is not None:
             self._check_resumed_classes()
@@ -671,7 +675,12 @@ class _Run:
             module=model,
             optimizer=self.optimizer,
             schedule=self.schedule,
-            criterion=torch.nn.CrossEntropyLoss(label_smoothing=config.label_smoothing),
+            criterion=torch.nn.CrossEntropyLoss(
+                weight=None
+                if self.class_weights is None
+                else torch.tensor(self.class_weights, device=self.ctx.device),
+                label_smoothing=config.label_smoothing,
+            ),
             device=self.ctx.device,
             scaler=self.scaler,
             ema=self.ema,
@@ -716,6 +725,7 @@ class _Run:
                     "defaults_from_data": list(config.data_defaults),
                     "classes": self.classes,
                     "num_classes": len(self.classes),
+                    "class_weights": self.class_weights,
                     "arch": self.arch,
                     "preprocess": self.preprocess.to_dict(),
                     "data_sizes": {

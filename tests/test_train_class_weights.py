@@ -1,0 +1,84 @@
+"""`train --class-weights none|balanced|FILE`: scikit-learn's balanced rule, files by order or
+by name, clear errors, and the weights recorded in config.json and used by the loss."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.utils.class_weight import compute_class_weight
+
+from torchkit.cli import app
+from torchkit.core.errors import InputError, UsageError
+from torchkit.core.train.class_weights import class_weights
+
+CLASSES = ["ant", "bee", "cow"]
+
+
+def test_balanced_is_scikit_learns_rule():
+    counts = [6, 2, 12]
+    labels = np.repeat(np.arange(3), counts)
+    expected = compute_class_weight("balanced", classes=np.arange(3), y=labels)
+    assert class_weights("balanced", CLASSES, counts) == pytest.approx(list(expected))
+    assert class_weights("none", CLASSES, counts) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("w.json", "[1, 2.5, 0.5]"),
+        ("w.json", '{"cow": 0.5, "ant": 1, "bee": 2.5}'),
+        ("w.txt", "1\n2.5\n0.5\n"),
+        ("w.csv", "bee,2.5\nant,1\ncow,0.5\n"),
+    ],
+)
+def test_a_file_gives_weights_by_order_or_by_name(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    assert class_weights(str(path), CLASSES, [1, 1, 1]) == [1.0, 2.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error", "message"),
+    [
+        ("w.json", "[1, 2]", InputError, "gives 2 weights for 3 classes"),
+        ("w.json", '{"ant": 1, "bee": 1, "dog": 1}', InputError, "unknown class 'dog'"),
+        ("w.txt", "1\nx\n2\n", InputError, "'x' is not a number"),
+        ("w.txt", "1\n-1\n2\n", UsageError, "not negative"),
+        ("w.json", "[0, 0, 0]", UsageError, "not all zero"),
+    ],
+)
+def test_bad_weight_files(tmp_path, name, text, error, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(error, match=message):
+        class_weights(str(path), CLASSES, [1, 1, 1])
+    with pytest.raises(UsageError, match="not none, balanced or a file"):
+        class_weights(str(tmp_path / "missing.json"), CLASSES, [1, 1, 1])
+
+
+def test_train_records_and_uses_the_weights(runner, tmp_path, make_image_folder, monkeypatch):
+    import torch
+
+    data = tmp_path / "data"
+    make_image_folder(data / "train", {"ant": 6, "bee": 2})
+    make_image_folder(data / "val", {"ant": 1, "bee": 1}, seed=1)
+    seen = []
+    original = torch.nn.CrossEntropyLoss.__init__
+
+    def recording(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.append(kwargs.get("weight"))
+
+    monkeypatch.setattr(torch.nn.CrossEntropyLoss, "__init__", recording)
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
+         "-j", "0", "--class-weights", "balanced", "--out", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert recorded["class_weights"] == pytest.approx([8 / 12, 8 / 4])
+    assert recorded["options"]["class_weights"] == "balanced"
+    assert [w.tolist() for w in seen if w is not None] == [pytest.approx([8 / 12, 8 / 4])]

@@ -1,0 +1,92 @@
+"""`--class-weights none|balanced|FILE`: per-class weights of the training loss.
+
+`balanced` is scikit-learn's rule, n / (k * n_c) for n training images in k classes, n_c of class
+c: every class then weighs as much in the loss as a class of average size. A FILE gives them
+by hand: JSON (a list in label order, or `{"class": weight}`), or text with one `weight` per line
+in label order, or `class,weight` / `class weight` lines. The validation loss stays unweighted,
+so it compares across settings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchkit.core.errors import InputError, UsageError
+
+NONE, BALANCED = "none", "balanced"
+
+
+def balanced_weights(counts: Sequence[int]) -> list[float]:
+    total, classes = sum(counts), len(counts)
+    if any(count == 0 for count in counts):
+        raise UsageError("--class-weights balanced: a class has no training images")
+    return [total / (classes * count) for count in counts]
+
+
+def class_weights(spec: str, classes: Sequence[str], counts: Sequence[int]) -> list[float] | None:
+    """The weights `spec` gives for `classes` (with `counts` training images each); None for
+    `none`."""
+    if spec == NONE:
+        return None
+    if spec == BALANCED:
+        return balanced_weights(counts)
+    weights = _from_file(Path(spec), list(classes))
+    bad = [w for w in weights if not math.isfinite(w) or w < 0]
+    if bad or not any(weights):
+        raise UsageError(
+            f"--class-weights {spec}: weights must be finite, not negative, and not all zero"
+        )
+    return weights
+
+
+def _from_file(path: Path, classes: list[str]) -> list[float]:
+    if not path.is_file():
+        raise UsageError(
+            f"--class-weights {path}: not none, balanced or a file", "give none, balanced or FILE"
+        )
+    text = path.read_text(encoding="utf-8-sig")
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path} is not valid JSON: {error}") from error
+        if isinstance(data, dict):
+            return _by_name({str(k): v for k, v in data.items()}, classes, path)
+        if isinstance(data, list):
+            return _in_order(data, classes, path)
+        raise InputError(f"{path}: a list of weights or a {{class: weight}} object expected")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    pairs = [line.replace(",", " ").split() for line in lines]
+    if all(len(pair) == 1 for pair in pairs):
+        return _in_order([pair[0] for pair in pairs], classes, path)
+    if all(len(pair) == 2 for pair in pairs):
+        return _by_name({name: value for name, value in pairs}, classes, path)
+    raise InputError(f"{path}: one `weight` or one `class,weight` per line expected")
+
+
+def _number(value, path: Path) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: {value!r} is not a number") from None
+
+
+def _in_order(values: list, classes: list[str], path: Path) -> list[float]:
+    if len(values) != len(classes):
+        raise InputError(
+            f"{path} gives {len(values)} weights for {len(classes)} classes",
+            "one weight per class, in label order: " + ", ".join(classes[:10]),
+        )
+    return [_number(value, path) for value in values]
+
+
+def _by_name(values: dict, classes: list[str], path: Path) -> list[float]:
+    unknown = [name for name in values if name not in classes]
+    missing = [name for name in classes if name not in values]
+    if unknown or missing:
+        what = f"unknown class {unknown[0]!r}" if unknown else f"no weight for {missing[0]!r}"
+        raise InputError(f"{path}: {what}", "the classes are: " + ", ".join(classes[:10]))
+    return [_number(values[name], path) for name in classes]
