@@ -498,6 +498,28 @@ def train_command(
             help="Also log to OUT/tensorboard (needs the tensorboard package).",
         ),
     ] = DEFAULTS.tensorboard,
+    find_lr: Annotated[
+        bool,
+        typer.Option(
+            "--find-lr",
+            rich_help_panel=OPTIM_HELP,
+            help="Instead of training, run the learning-rate range test: an exponential sweep "
+            "from --lr-min to --lr-max over --find-lr-iters steps; writes lr_find.csv and "
+            "lr_find.png to the run folder, prints the suggested --lr, keeps no checkpoint.",
+        ),
+    ] = DEFAULTS.find_lr,
+    lr_min: Annotated[
+        float, typer.Option("--lr-min", rich_help_panel=OPTIM_HELP, help="--find-lr's first lr.")
+    ] = DEFAULTS.lr_min,
+    lr_max: Annotated[
+        float, typer.Option("--lr-max", rich_help_panel=OPTIM_HELP, help="--find-lr's last lr.")
+    ] = DEFAULTS.lr_max,
+    find_lr_iters: Annotated[
+        int,
+        typer.Option(
+            "--find-lr-iters", rich_help_panel=OPTIM_HELP, help="--find-lr's number of steps."
+        ),
+    ] = DEFAULTS.find_lr_iters,
     config_file: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
@@ -583,6 +605,10 @@ def train_command(
         patience=patience,
         label_smoothing=label_smoothing,
         class_weights=class_weights,
+        find_lr=find_lr,
+        lr_min=lr_min,
+        lr_max=lr_max,
+        find_lr_iters=find_lr_iters,
         mixup_alpha=mixup_alpha,
         cutmix_alpha=cutmix_alpha,
         l1=l1,
@@ -655,6 +681,10 @@ def train_command(
             markup=False,
         )
         raise typer.Exit(code)
+    if config.find_lr:
+        emit(tables=[lr_find_table(result)], data=result.to_dict(), fmt=fmt, output=output,
+             force=force)  # fmt: skip
+        return
     emit(tables=[summary_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)
     if result.interrupted:
         console.stderr.print(
@@ -880,6 +910,22 @@ class _Display:
     def on_train_end(self, stopped: bool) -> None:
         if self.stop is not None:
             self.stop.end_training(stopped)
+
+
+def lr_find_table(result) -> Table:
+    """The range test's outcome."""
+    suggested = (
+        "none (the loss never fell)"
+        if result.suggested_lr is None
+        else (f"{result.suggested_lr:.3g}")
+    )
+    rows = [
+        ("Suggested --lr", suggested),
+        ("Steps", result.lr_find_iterations),
+        ("Stopped on a diverging loss", result.lr_find_diverged),
+        ("Files", f"{result.out_dir / 'lr_find.csv'}, {result.out_dir / 'lr_find.png'}"),
+    ]
+    return Table(["Learning-rate range test", "Value"], rows, title="Range test")
 
 
 def summary_table(result) -> Table:

@@ -113,6 +113,11 @@ class TrainConfig:
     early_stop: int = 0
     best_metric: str | None = None  # "top1" or "loss" of the validation set
     tensorboard: bool = False
+    # --find-lr: the learning-rate range test instead of training (core.train.lr_find).
+    find_lr: bool = False
+    lr_min: float = 1e-7
+    lr_max: float = 10.0
+    find_lr_iters: int = 100
     # Filled by resolve_defaults: the option names whose value came from the data.
     data_defaults: tuple[str, ...] = field(default=())
 
@@ -251,6 +256,13 @@ def validate(config: TrainConfig) -> None:
             bad(f"--{name.replace('_', '-')} must not be negative")
     if config.workers is not None and config.workers < 0:
         bad(f"--workers must not be negative, not {config.workers}")
+    if config.find_lr:
+        if not 0 < config.lr_min < config.lr_max:
+            bad(f"--lr-min {config.lr_min} and --lr-max {config.lr_max}: need 0 < MIN < MAX")
+        if config.find_lr_iters < 2:
+            bad(f"--find-lr-iters must be at least 2, not {config.find_lr_iters}")
+        if config.resume is not None:
+            bad("--find-lr starts from the model's weights; it does not continue a run")
     if not config.dist_timeout > 0:
         bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
 

@@ -41,6 +41,8 @@ RUN_FILES = (
     "split.csv",
     "metrics.csv",
     "curves.png",
+    "lr_find.csv",
+    "lr_find.png",
     "last.pt",
     "best.pt",
     "epoch-[0-9][0-9][0-9]*.pt",

@@ -147,6 +147,9 @@ class TrainResult:
     test_size: int = 0
     test_weights: str | None = None  # which checkpoint's weights the test numbers are of
     topk: int = TOPK  # the k of the *_top5 figures: min(5, number of classes), as eval's
+    suggested_lr: float | None = None  # --find-lr: the range test's suggestion
+    lr_find_iterations: int = 0
+    lr_find_diverged: bool = False
     test_ema_top1: float | None = None
     last_train_loss: float | None = None
     last_train_top1: float | None = None
@@ -451,9 +454,12 @@ class _Run:
             try:
                 self._setup()
                 self._write_run_files()
-                self._announce()
-                self._train()
-                self._test()
+                if self.config.find_lr:
+                    self._find_lr()
+                else:
+                    self._announce()
+                    self._train()
+                    self._test()
             except BaseException:
                 self._close_tensorboard()
                 self.release_output(ok=False)
@@ -801,6 +807,33 @@ class _Run:
 
     def _resumed_name(self) -> str | None:
         return str(self.resumed_from) if self.resumed_from else None
+
+    def _find_lr(self) -> None:
+        """The learning-rate range test instead of training: lr_find.csv and lr_find.png in
+        the run folder, no checkpoint, the weights as they were."""
+        from torchkit.core.train.lr_find import find_lr, write_lr_find
+
+        config, loaders = self.config, self.loaders
+        if self.ctx.is_distributed:
+            raise UsageError("--find-lr runs in one process", "run it without torchrun")
+
+        def batches():
+            loaders.train_sampler.set_epoch(0)
+            return iter(loaders.train)
+
+        found = find_lr(
+            self.step_ctx,
+            batches,
+            lr_min=config.lr_min,
+            lr_max=config.lr_max,
+            iterations=config.find_lr_iters,
+        )
+        if self.ctx.is_main:
+            write_lr_find(self.out, found)
+            self._keep_output()
+        self.result.suggested_lr = found.suggested_lr
+        self.result.lr_find_iterations = len(found.lrs)
+        self.result.lr_find_diverged = found.diverged
 
     def _announce(self) -> None:
         if not self.ctx.is_main:

@@ -1,0 +1,82 @@
+"""`train --find-lr`: the range test finds a suggestion inside the sweep on a synthetic problem,
+stops on divergence, restores the weights, and leaves only its files behind."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from torchkit.cli import app
+from torchkit.core.errors import UsageError
+from torchkit.core.train.lr_find import find_lr, lr_schedule, range_test, suggest
+
+
+def test_the_schedule_is_geometric_from_min_to_max():
+    lrs = lr_schedule(1e-6, 1.0, 7)
+    assert lrs[0] == pytest.approx(1e-6) and lrs[-1] == pytest.approx(1.0)
+    assert all(b / a == pytest.approx(10.0) for a, b in zip(lrs, lrs[1:], strict=False))
+    with pytest.raises(UsageError):
+        lr_schedule(1.0, 0.1, 10)
+
+
+def test_a_synthetic_loss_gives_a_suggestion_before_the_minimum_and_stops_on_divergence():
+    """The loss falls fastest around 1e-3 (a logistic drop in log lr), bottoms out, then
+    explodes above 1e-1."""
+
+    def loss_at(lr: float) -> float:
+        x = math.log10(lr)
+        drop = 2.0 / (1 + math.exp(-3 * (x + 3)))  # steepest at lr = 1e-3
+        return 3.0 - drop + (0 if lr < 0.1 else 50 * (x + 1) ** 2)
+
+    result = range_test(
+        lambda batch, lr: loss_at(lr), lambda: iter([None] * 1000), lr_schedule(1e-6, 10, 200)
+    )
+    assert result.diverged and result.lrs[-1] < 10  # stopped before the end of the sweep
+    assert 1e-4 < result.suggested_lr < 1e-2  # near the steepest descent
+    assert result.suggested_lr < result.lrs[result.smoothed.index(min(result.smoothed))]
+    assert suggest([1e-3, 1e-2, 1e-1], [1.0, 1.0, 1.0]) is None  # a flat loss: no suggestion
+
+
+def test_find_lr_restores_the_model_and_the_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = [
+        SimpleNamespace(images=torch.randn(4, 3, 2, 2), labels=torch.randint(0, 3, (4,)))
+        for _ in range(3)
+    ]
+    ctx = SimpleNamespace(
+        module=model, model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(),
+        device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False),
+        scaler=None, channels_last=False,
+    )  # fmt: skip
+    result = find_lr(ctx, lambda: iter(batches), lr_min=1e-4, lr_max=1.0, iterations=10)
+    assert len(result.lrs) == 10  # cycled through the 3 batches
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert optimizer.state_dict()["state"] == {} and optimizer.param_groups[0]["lr"] == 1e-3
+
+
+def test_train_find_lr_writes_its_files_and_no_checkpoint(runner, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", "digits", "--find-lr", "--find-lr-iters", "25", "--out", str(out),
+         "-j", "0", "--format", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["lr_find_iterations"] == 25
+    assert data["suggested_lr"] is None or 1e-7 <= data["suggested_lr"] <= 10
+    with open(out / "lr_find.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["lr", "loss", "smoothed_loss"] and len(rows) == 25
+    assert (out / "lr_find.png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(out.glob("*.pt"))
+    refused = runner.invoke(app, ["train", "--find-lr", "--lr-min", "1", "--lr-max", "0.1"])
+    assert refused.exit_code == 2 and "need 0 < MIN < MAX" in refused.stderr

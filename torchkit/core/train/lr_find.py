@@ -1,0 +1,169 @@
+"""`train --find-lr`: the learning-rate range test (Smith 2015; fastai's `lr_find`).
+
+The learning rate grows exponentially from `lr_min` to `lr_max` over `iterations` optimiser
+steps on training batches; the loss is smoothed with an exponential moving average (bias
+corrected) and the sweep stops once the smoothed loss exceeds `diverge` times its minimum. The
+suggestion is the learning rate where the smoothed loss falls fastest (the steepest negative
+slope against log lr), taken before the minimum. The model's and the optimiser's states are
+restored afterwards: the range test trains nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchkit.core.errors import InputError, UsageError
+
+_END = object()
+
+
+@dataclass
+class LRFindResult:
+    lrs: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    smoothed: list[float] = field(default_factory=list)
+    suggested_lr: float | None = None
+    diverged: bool = False  # stopped early on a diverging loss
+
+    def rows(self) -> list[tuple[float, float, float]]:
+        return list(zip(self.lrs, self.losses, self.smoothed, strict=True))
+
+
+def lr_schedule(lr_min: float, lr_max: float, iterations: int) -> list[float]:
+    """`iterations` learning rates, geometrically spaced from lr_min to lr_max."""
+    if not (0 < lr_min < lr_max) or not math.isfinite(lr_max):
+        raise UsageError(f"--lr-min {lr_min} and --lr-max {lr_max}: need 0 < MIN < MAX")
+    if iterations < 2:
+        raise UsageError(f"--find-lr-iters must be at least 2, not {iterations}")
+    ratio = (lr_max / lr_min) ** (1 / (iterations - 1))
+    return [lr_min * ratio**i for i in range(iterations)]
+
+
+def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
+    """The lr of the steepest descent of the smoothed loss (per unit of log lr), before its
+    minimum; None when the loss never falls."""
+    if len(smoothed) < 3:
+        return None
+    stop = min(range(len(smoothed)), key=smoothed.__getitem__)
+    best, chosen = 0.0, None
+    for i in range(1, max(stop, 1) + 1):
+        slope = (smoothed[i] - smoothed[i - 1]) / (math.log(lrs[i]) - math.log(lrs[i - 1]))
+        if slope < best:
+            best, chosen = slope, lrs[i]
+    return chosen
+
+
+def range_test(
+    step: Callable[[Any, float], float | None],
+    batches: Callable[[], Iterator[Any]],
+    schedule: list[float],
+    *,
+    smoothing: float = 0.98,
+    diverge: float = 4.0,
+) -> LRFindResult:
+    """Run `step(batch, lr) -> loss` over `schedule`, cycling through `batches()`."""
+    result = LRFindResult()
+    average, best = 0.0, math.inf
+    source = batches()
+    for index, lr in enumerate(schedule):
+        batch = next(source, _END)
+        if batch is _END:  # an epoch is shorter than the sweep: start another pass
+            source = batches()
+            batch = next(source, _END)
+            if batch is _END:
+                raise InputError("no training batches for the learning-rate range test")
+        loss = step(batch, lr)
+        if loss is None:
+            continue
+        if not math.isfinite(loss):
+            result.diverged = True
+            break
+        average = smoothing * average + (1 - smoothing) * loss
+        smooth = average / (1 - smoothing ** (index + 1))
+        result.lrs.append(lr)
+        result.losses.append(loss)
+        result.smoothed.append(smooth)
+        best = min(best, smooth)
+        if index > 0 and smooth > diverge * best:
+            result.diverged = True
+            break
+    result.suggested_lr = suggest(result.lrs, result.smoothed)
+    return result
+
+
+def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int) -> LRFindResult:
+    """The range test on `step_ctx`'s model, optimiser and loss (train's own), restoring their
+    states afterwards. `batches()` gives a fresh iterator of train's `Batch` objects."""
+    import torch
+
+    model, optimizer = step_ctx.module, step_ctx.optimizer
+    saved_model = copy.deepcopy(model.state_dict())
+    saved_optimizer = copy.deepcopy(optimizer.state_dict())
+    # Each group keeps its ratio to the base lr (--backbone-lr, --head-lr-mult).
+    base = max(group["lr"] for group in optimizer.param_groups) or 1.0
+    ratios = [group["lr"] / base for group in optimizer.param_groups]
+    memory_format = torch.channels_last if step_ctx.channels_last else torch.contiguous_format
+
+    def step(batch, lr: float) -> float | None:
+        for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
+            group["lr"] = lr * ratio
+        if batch.images is None:  # every image of the batch unreadable: no step
+            return None
+        images = batch.images.to(step_ctx.device, memory_format=memory_format)
+        labels = batch.labels.to(step_ctx.device)
+        step_ctx.model.train()
+        optimizer.zero_grad(set_to_none=True)
+        with step_ctx.autocast():
+            loss = step_ctx.criterion(step_ctx.model(images), labels)
+        if step_ctx.scaler is not None:
+            step_ctx.scaler.scale(loss).backward()
+            step_ctx.scaler.step(optimizer)
+            step_ctx.scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return float(loss.detach())
+
+    try:
+        return range_test(step, batches, lr_schedule(lr_min, lr_max, iterations))
+    finally:
+        model.load_state_dict(saved_model)
+        optimizer.load_state_dict(saved_optimizer)
+        optimizer.zero_grad(set_to_none=True)
+
+
+def write_lr_find(folder, result: LRFindResult) -> list:
+    """lr_find.csv (lr, loss, smoothed_loss) and lr_find.png in `folder`."""
+    import csv
+    import io
+
+    import matplotlib
+
+    from torchkit.core.files import atomic_path, atomic_write_text
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["lr", "loss", "smoothed_loss"])
+    writer.writerows((f"{a:.6g}", f"{b:.6g}", f"{c:.6g}") for a, b, c in result.rows())
+    atomic_write_text(folder / "lr_find.csv", buffer.getvalue())
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6, 4))
+    axes = figure.subplots()
+    axes.plot(result.lrs, result.losses, alpha=0.3, label="loss")
+    axes.plot(result.lrs, result.smoothed, label="smoothed loss")
+    if result.suggested_lr is not None:
+        axes.axvline(result.suggested_lr, color="tab:red", linestyle="--",
+                     label=f"suggested {result.suggested_lr:.2e}")  # fmt: skip
+    axes.set(xscale="log", xlabel="learning rate", ylabel="loss", title="learning-rate range test")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    with atomic_path(folder / "lr_find.png") as tmp:
+        figure.savefig(tmp, format="png", dpi=100)
+    return [folder / "lr_find.csv", folder / "lr_find.png"]
