@@ -29,6 +29,22 @@ from torchkit.cli.render import OutputFormat, Table, emit
 from torchkit.core.train.config import TrainConfig, resume_help
 
 DEFAULTS = TrainConfig()
+
+
+class Augment(str, Enum):
+    none = "none"
+    basic = "basic"
+    trivialaugment = "trivialaugment"
+    randaugment = "randaugment"
+    autoaugment = "autoaugment"
+
+
+class Interpolation(str, Enum):
+    bilinear = "bilinear"
+    bicubic = "bicubic"
+    nearest = "nearest"
+
+
 DATA_HELP = "Data and transforms"
 OPTIM_HELP = "Optimisation"
 OUT_HELP = "Outputs and checkpoints"
@@ -221,6 +237,44 @@ def train_command(
             help="RandomResizedCrop area range MIN,MAX. Default: 0.08,1 (0.85,1 for digits).",
         ),
     ] = None,
+    augment: Annotated[
+        Augment,
+        typer.Option(
+            "--augment",
+            case_sensitive=False,
+            rich_help_panel=DATA_HELP,
+            help="Augmentation policy: none (resize and centre crop), basic (random resized "
+            "crop and flip), or basic plus trivialaugment, randaugment or autoaugment.",
+        ),
+    ] = Augment(DEFAULTS.augment),
+    randaugment_magnitude: Annotated[
+        int,
+        typer.Option(
+            "--randaugment-magnitude",
+            min=0,
+            max=30,
+            rich_help_panel=DATA_HELP,
+            help="Magnitude of --augment randaugment's operations.",
+        ),
+    ] = DEFAULTS.randaugment_magnitude,
+    random_erasing: Annotated[
+        float,
+        typer.Option(
+            "--random-erasing",
+            rich_help_panel=DATA_HELP,
+            help="Probability of erasing a random rectangle of each training image.",
+        ),
+    ] = DEFAULTS.random_erasing,
+    interpolation: Annotated[
+        Interpolation,
+        typer.Option(
+            "--interpolation",
+            case_sensitive=False,
+            rich_help_panel=DATA_HELP,
+            help="Resampling of every resize, in training and (recorded in the checkpoint) in "
+            "eval, predict and export.",
+        ),
+    ] = Interpolation(DEFAULTS.interpolation),
     epochs: Annotated[
         int,
         typer.Option("--epochs", "-e", min=1, help="Epochs to train.", rich_help_panel=OPTIM_HELP),
@@ -579,6 +633,10 @@ def train_command(
         std=std_values,
         flip=flip,
         crop_scale=parse_floats(crop_scale, "--crop-scale", 2),
+        augment=augment.value,
+        randaugment_magnitude=randaugment_magnitude,
+        random_erasing=random_erasing,
+        interpolation=interpolation.value,
         workers=workers,
         strict=strict,
         model=model,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError
+from torchkit.core.errors import InputError, UsageError
 
 IMAGE_EXTENSIONS = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".jfif"}
@@ -390,21 +390,51 @@ def eval_transform(preprocess: Preprocess):
     )
 
 
+AUGMENT_POLICIES = ("none", "basic", "trivialaugment", "randaugment", "autoaugment")
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
 def train_transform(
-    preprocess: Preprocess, *, flip: bool = True, crop_scale: tuple[float, float] = (0.08, 1.0)
+    preprocess: Preprocess,
+    *,
+    flip: bool = True,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    augment: str = "basic",
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
 ):
-    """RandomResizedCrop + horizontal flip, to tensor, normalise (torchvision's train recipe)."""
+    """torchvision's train recipe: RandomResizedCrop + horizontal flip (`basic`), then a policy
+    (`trivialaugment`, `randaugment` at `randaugment_magnitude`, `autoaugment`'s ImageNet
+    policy), to tensor, normalise, RandomErasing with probability `random_erasing`. `none` is
+    the eval transform (resize, centre crop). Random draws come from torch's generator, which
+    the training loaders seed per image and epoch."""
     from torchvision import transforms as T
 
+    if augment not in AUGMENT_POLICIES:
+        raise UsageError(f"unknown --augment {augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
     mode = T.InterpolationMode(preprocess.interpolation)
-    steps = [
-        T.RandomResizedCrop(
-            preprocess.image_size, scale=crop_scale, interpolation=mode, antialias=True
-        )
-    ]
-    if flip:
-        steps.append(T.RandomHorizontalFlip())
+    if augment == "none":
+        steps = [
+            T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
+            T.CenterCrop(preprocess.image_size),
+        ]
+    else:
+        steps = [
+            T.RandomResizedCrop(
+                preprocess.image_size, scale=crop_scale, interpolation=mode, antialias=True
+            )
+        ]
+        if flip:
+            steps.append(T.RandomHorizontalFlip())
+    if augment == "trivialaugment":
+        steps.append(T.TrivialAugmentWide(interpolation=mode))
+    elif augment == "randaugment":
+        steps.append(T.RandAugment(magnitude=randaugment_magnitude, interpolation=mode))
+    elif augment == "autoaugment":
+        steps.append(T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode))
     steps += [T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)]
+    if random_erasing > 0:
+        steps.append(T.RandomErasing(p=random_erasing))
     return T.Compose(steps)
 
 

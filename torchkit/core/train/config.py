@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from torchkit.core.data import AUGMENT_POLICIES, INTERPOLATIONS
 from torchkit.core.errors import CheckpointError, UsageError
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
@@ -60,6 +61,10 @@ class TrainConfig:
     std: tuple[float, ...] | None = None
     flip: bool | None = None
     crop_scale: tuple[float, float] | None = None
+    augment: str = "basic"  # none | basic | trivialaugment | randaugment | autoaugment
+    randaugment_magnitude: int = 9
+    random_erasing: float = 0.0
+    interpolation: str = "bilinear"  # of every resize, train and eval; in the checkpoint
     workers: int | None = None
     strict: bool = False
     # Model and fine-tuning
@@ -186,6 +191,17 @@ def validate(config: TrainConfig) -> None:
         bad(f"unknown scheduler {config.scheduler!r}", "use " + ", ".join(SCHEDULERS))
     if config.best_metric is not None and config.best_metric not in BEST_METRICS:
         bad(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
+    if config.augment not in AUGMENT_POLICIES:
+        bad(f"unknown --augment {config.augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
+    if config.interpolation not in INTERPOLATIONS:
+        bad(
+            f"unknown --interpolation {config.interpolation!r}",
+            "use " + ", ".join(INTERPOLATIONS),
+        )
+    if not 0 <= config.randaugment_magnitude <= 30:
+        bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
+    if not 0 <= config.random_erasing <= 1:
+        bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
     if config.amp_dtype not in AMP_DTYPES:
         bad(f"unknown --amp-dtype {config.amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
     if config.epochs < 1:
@@ -297,6 +313,7 @@ FIXED_ON_RESUME: dict[str, str] = {
     "image_size": "the weights were trained at that size",
     "resize_size": "the validation metrics so far were measured at that size",
     "mean": "the weights expect inputs normalised that way",
+    "interpolation": "the weights were trained on images resized that way",
     "std": "the weights expect inputs normalised that way",
     "sync_bn": "the weights and the optimiser state are of that model",
     "optimizer": "the optimiser state is of that optimiser",

@@ -88,6 +88,7 @@ def preprocess_for(config: TrainConfig) -> Preprocess:
         mean=tuple(config.mean),
         std=tuple(config.std),
         in_channels=3,
+        interpolation=config.interpolation,
     )
 
 
@@ -259,7 +260,12 @@ def build_loaders(
         make_dataset(
             splits["train"],
             train_transform(
-                preprocess, flip=bool(config.flip), crop_scale=tuple(config.crop_scale)
+                preprocess,
+                flip=bool(config.flip),
+                crop_scale=tuple(config.crop_scale),
+                augment=config.augment,
+                randaugment_magnitude=config.randaugment_magnitude,
+                random_erasing=config.random_erasing,
             ),
         ),
         config.seed,
