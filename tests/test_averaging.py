@@ -1,0 +1,88 @@
+"""Checkpoint averaging: the mean NumPy computes, integer buffers from the last checkpoint, a
+torchkit checkpoint that eval reads, and one clear error for mismatched inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torchkit.core.averaging import average_checkpoints
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.models.convnet import convnet_class
+
+
+def checkpoints(tmp_path, count: int = 3, arch: str = "convnet") -> list:
+    paths = []
+    for seed in range(count):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+        if arch == "convnet":
+            model = convnet_class()(3, 3, 12)
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.num_batches_tracked += 10 * (seed + 1)
+        path = tmp_path / f"epoch-{seed:03d}.pt"
+        save_checkpoint(
+            {
+                "format_version": FORMAT_VERSION,
+                "arch": arch,
+                "num_classes": 3,
+                "classes": ["a", "b", "c"],
+                "model": model.state_dict(),
+                "optimizer": {"state": {}},
+                "epoch": seed + 1,
+                "preprocess": {"image_size": 12, "resize_size": 12},
+            },
+            path,
+        )
+        paths.append(path)
+    return paths
+
+
+def test_the_average_is_numpys_mean_and_integers_come_from_the_last(tmp_path):
+    paths = checkpoints(tmp_path)
+    result = average_checkpoints(paths)
+    states = [torch.load(p, weights_only=True)["model"] for p in paths]
+    for key, value in result["model"].items():
+        if value.is_floating_point():
+            expected = np.mean([s[key].double().numpy() for s in states], axis=0)
+            np.testing.assert_allclose(value.numpy(), expected.astype(np.float32), rtol=1e-6)
+            assert value.dtype == states[0][key].dtype
+        else:
+            assert torch.equal(value, states[-1][key])
+    assert result["arch"] == "convnet" and result["epoch"] == 3
+    assert "optimizer" not in result and result["averaged_from"] == [p.name for p in paths]
+
+
+def test_the_averaged_checkpoint_evaluates(tmp_path, runner, make_image_folder):
+    from torchkit.cli import app
+
+    out = tmp_path / "averaged.pt"
+    save_checkpoint(average_checkpoints(checkpoints(tmp_path)), out)
+    data = make_image_folder(tmp_path / "data", {"a": 2, "b": 2, "c": 2}, size=12)
+    result = runner.invoke(app, ["eval", str(out), "--data", str(data), "-j", "0"])
+    assert result.exit_code == 0, result.stderr
+
+
+def test_mismatches_are_clear_errors(tmp_path):
+    paths = checkpoints(tmp_path, 2)
+    (tmp_path / "other").mkdir()
+    other = checkpoints(tmp_path / "other", 1, arch="other")
+    with pytest.raises(UsageError, match="at least two"):
+        average_checkpoints(paths[:1])
+    with pytest.raises(UsageError, match="given twice"):
+        average_checkpoints([paths[0], paths[0]])
+    with pytest.raises(CheckpointError, match="different architectures"):
+        average_checkpoints([paths[0], other[0]])
+    plain = tmp_path / "plain.pt"
+    torch.save(torch.load(paths[0], weights_only=True)["model"], plain)
+    with pytest.raises(CheckpointError, match="mixed"):
+        average_checkpoints([paths[0], plain])
+    shrunk = tmp_path / "shrunk.pt"
+    state = torch.load(paths[1], weights_only=True)["model"]
+    key = next(k for k, v in state.items() if v.ndim == 4)
+    torch.save({**state, key: state[key][:1]}, shrunk)
+    with pytest.raises(CheckpointError, match="different shapes"):
+        average_checkpoints([plain, shrunk])

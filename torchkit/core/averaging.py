@@ -1,0 +1,103 @@
+"""Checkpoint averaging (timm's `avg_checkpoints.py`): the mean of the weights of several
+checkpoints of one model, a cheap accuracy gain from the last or best few epochs.
+
+Floating-point tensors are averaged in float64 and cast back to their dtype; integer tensors
+(BatchNorm's `num_batches_tracked`) are taken from the last checkpoint. Keys and shapes must
+match exactly. From torchkit checkpoints the result is a torchkit checkpoint (the last one's
+architecture, classes and preprocessing, without optimiser state: it evaluates, predicts and
+exports like any other, but does not resume); from plain state dicts, a plain state dict.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.errors import CheckpointError, UsageError
+
+# What an averaged checkpoint keeps of the last input: what eval, predict and export read.
+KEPT_KEYS = (
+    "format_version",
+    "torchkit_version",
+    "arch",
+    "num_classes",
+    "classes",
+    "preprocess",
+    "config",
+    "data",
+    "epoch",
+)
+
+
+def average_state_dicts(states: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict:
+    """The element-wise mean of `states` (see the module doc)."""
+    import torch
+
+    if len(states) < 2:
+        raise UsageError("averaging needs at least two checkpoints")
+    first_keys = list(states[0])
+    for state, name in zip(states[1:], names[1:], strict=True):
+        if list(state) != first_keys and set(state) != set(first_keys):
+            extra = sorted(set(state) - set(first_keys)) or sorted(set(first_keys) - set(state))
+            raise CheckpointError(
+                f"{name} does not hold the same model as {names[0]}: key {extra[0]!r} differs",
+                "average checkpoints of one training run (or one architecture)",
+            )
+    averaged = {}
+    last = states[-1]
+    for key in first_keys:
+        tensors = [state[key] for state in states]
+        shapes = {tuple(t.shape) for t in tensors}
+        if len(shapes) > 1:
+            raise CheckpointError(
+                f"{key} has different shapes in the checkpoints: "
+                + ", ".join("x".join(map(str, s)) or "scalar" for s in sorted(shapes)),
+                "average checkpoints of one model",
+            )
+        if tensors[0].is_floating_point():
+            total = torch.zeros(tensors[0].shape, dtype=torch.float64)
+            for tensor in tensors:
+                total += tensor.to(torch.float64)
+            averaged[key] = (total / len(tensors)).to(tensors[0].dtype)
+        else:
+            averaged[key] = last[key].clone()
+    return averaged
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
+    """Load `paths` (weights only) and average them."""
+    from torchkit.core.checkpoint import (
+        extract_state_dict,
+        is_torchkit_checkpoint,
+        load_checkpoint,
+    )
+
+    if len(paths) < 2:
+        raise UsageError("averaging needs at least two checkpoints", "give two or more")
+    real = [os.path.realpath(p) for p in paths]
+    if len(set(real)) != len(real):
+        raise UsageError("a checkpoint is given twice", "each one counts once in the mean")
+    loaded = [load_checkpoint(path) for path in paths]
+    torchkit = [is_torchkit_checkpoint(item) for item in loaded]
+    if any(torchkit) and not all(torchkit):
+        raise CheckpointError(
+            "torchkit checkpoints and plain state dicts are mixed",
+            "average files of one kind",
+        )
+    names = [str(p) for p in paths]
+    states = [extract_state_dict(item) for item in loaded]
+    if all(torchkit):
+        archs = {str(item.get("arch")) for item in loaded}
+        if len(archs) > 1:
+            raise CheckpointError(
+                f"the checkpoints hold different architectures: {', '.join(sorted(archs))}"
+            )
+    averaged = average_state_dicts(states, names)
+    if not all(torchkit):
+        return averaged
+    result = {key: loaded[-1][key] for key in KEPT_KEYS if key in loaded[-1]}
+    result["model"] = averaged
+    result["averaged_from"] = [Path(p).name for p in paths]
+    return result
