@@ -82,3 +82,41 @@ def test_train_records_and_uses_the_weights(runner, tmp_path, make_image_folder,
     assert recorded["class_weights"] == pytest.approx([8 / 12, 8 / 4])
     assert recorded["options"]["class_weights"] == "balanced"
     assert [w.tolist() for w in seen if w is not None] == [pytest.approx([8 / 12, 8 / 4])]
+
+
+def test_the_balanced_sampler_draws_every_class_equally_often_and_is_seeded():
+    from torchkit.core.data import Samples
+    from torchkit.core.train.loaders import EpochSampler, balanced_sample_weights
+
+    labels = [0] * 90 + [1] * 10
+    samples = Samples(["common", "rare"], labels, paths=[f"{i}.png" for i in labels])
+    weights = balanced_sample_weights(samples)
+    drawn = []
+    for epoch in range(20):
+        sampler = EpochSampler(100, shuffle=True, seed=0, weights=weights)
+        sampler.set_epoch(epoch)
+        drawn += [labels[i] for _, i in sampler]
+    assert len(drawn) == 2000 and 0.45 < sum(drawn) / len(drawn) < 0.55
+    one = EpochSampler(100, shuffle=True, seed=0, weights=weights)
+    two = EpochSampler(100, shuffle=True, seed=0, weights=weights)
+    assert list(one) == list(two)  # the same order for the same seed and epoch (exact resume)
+    # Two ranks share one epoch's draw between them, as the shuffled order is.
+    ranks = [
+        EpochSampler(100, shuffle=True, seed=0, rank=r, world=2, weights=weights) for r in (0, 1)
+    ]
+    whole = [i for _, i in one]
+    assert sorted(i for r in ranks for _, i in r) == sorted(whole)
+
+
+def test_train_balanced_sampler_is_recorded(runner, tmp_path, make_image_folder):
+    data = tmp_path / "data"
+    make_image_folder(data / "train", {"ant": 6, "bee": 2})
+    make_image_folder(data / "val", {"ant": 1, "bee": 1}, seed=1)
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
+         "-j", "0", "--balanced-sampler", "--out", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    options = json.loads((tmp_path / "run" / "config.json").read_text())["options"]
+    assert options["balanced_sampler"] is True

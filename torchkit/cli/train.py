@@ -392,6 +392,15 @@ def train_command(
             "FILE (JSON list or {class: weight}, or one weight / class,weight per line).",
         ),
     ] = DEFAULTS.class_weights,
+    balanced_sampler: Annotated[
+        bool,
+        typer.Option(
+            "--balanced-sampler",
+            rich_help_panel=OPTIM_HELP,
+            help="Draw training images with replacement so every class comes equally often "
+            "(WeightedRandomSampler; seeded, split over torchrun ranks).",
+        ),
+    ] = DEFAULTS.balanced_sampler,
     mixup_alpha: Annotated[
         float,
         typer.Option(
@@ -663,6 +672,7 @@ def train_command(
         patience=patience,
         label_smoothing=label_smoothing,
         class_weights=class_weights,
+        balanced_sampler=balanced_sampler,
         find_lr=find_lr,
         lr_min=lr_min,
         lr_max=lr_max,

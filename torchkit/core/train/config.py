@@ -93,6 +93,7 @@ class TrainConfig:
     patience: int = 5
     label_smoothing: float = 0.1
     class_weights: str = "none"  # none | balanced | FILE (core.train.class_weights)
+    balanced_sampler: bool = False  # draw every class equally often (with replacement)
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     l1: float = 0.0
@@ -322,6 +323,7 @@ FIXED_ON_RESUME: dict[str, str] = {
     "batch_size": "the schedule and the place inside the epoch count batches of that size",
     "accum_steps": "the schedule counts updates of that many batches",
     "seed": "the data order, the augmentation and --val-split's split follow the seed",
+    "balanced_sampler": "the place inside the epoch counts images of that order",
     "val_split": "another split would move validation images into training",
     "best_metric": "best.pt and the best epoch so far were picked by it",
 }

@@ -101,9 +101,21 @@ class EpochSampler:
     of one process with batch N x B. `skip` leaves out the first images (mid-epoch resume).
     """
 
-    def __init__(self, size: int, *, shuffle: bool, seed: int, rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+        weights: list[float] | None = None,
+    ):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world = rank, world
+        # --balanced-sampler: an epoch draws `size` images with replacement, each with this
+        # weight (1 / its class's count), as WeightedRandomSampler does; seeded like the rest.
+        self.weights = weights
         self.epoch = 0
         self.skip = 0
 
@@ -113,7 +125,14 @@ class EpochSampler:
     def _order(self) -> list[int]:
         import torch
 
-        if self.shuffle:
+        if self.weights is not None:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            weights = torch.tensor(self.weights, dtype=torch.float64)
+            order = torch.multinomial(
+                weights, self.size, replacement=True, generator=generator
+            ).tolist()
+        elif self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.size, generator=generator).tolist()
@@ -131,6 +150,12 @@ class EpochSampler:
 
     def __len__(self) -> int:
         return max(0, -(-self.size // self.world) - self.skip)
+
+
+def balanced_sample_weights(samples: Samples) -> list[float]:
+    """1 / (its class's count) for each image: every class is drawn equally often."""
+    counts = samples.class_counts()
+    return [1.0 / counts[label] for label in samples.labels]
 
 
 class SeededDataset:
@@ -271,7 +296,12 @@ def build_loaders(
         config.seed,
     )
     sampler = EpochSampler(
-        len(splits["train"]), shuffle=True, seed=config.seed, rank=rank, world=world
+        len(splits["train"]),
+        shuffle=True,
+        seed=config.seed,
+        rank=rank,
+        world=world,
+        weights=balanced_sample_weights(splits["train"]) if config.balanced_sampler else None,
     )
     generator = torch.Generator()
     generator.manual_seed(config.seed)
