@@ -99,7 +99,7 @@ def test_gpu_ddp_checkpoint_to_safetensors(tmp_path):
     expected = model.state_dict()
     assert report["key"] == "model"
     assert report["tensors"] == len(expected)
-    assert report["parameters"] == sum(t.numel() for t in expected.values())
+    assert report["values"] == sum(t.numel() for t in expected.values())
     nbytes = sum(t.numel() * t.element_size() for t in expected.values())
     assert report["bytes_before"] == report["bytes_after"] == nbytes
     assert report["keys_renamed"] == len(expected)
@@ -115,9 +115,53 @@ def test_plain_pt_state_dict_and_table(tmp_path):
     state = torch.load(tmp_path / "model.pt", weights_only=True)
     assert type(state) is dict
     assert_same_weights(state, model, ordered=True)
-    for label in ("tensors", "parameters", "tensor bytes before", "keys renamed", "module."):
+    for label in ("tensors", "values", "tensor bytes before", "keys renamed", "module."):
         assert label in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp.pth", "model.pt"]
+
+
+def test_values_are_not_called_parameters(tmp_path):
+    """The issue: `parameters 271098` for a model with 269,722 parameters. A state dict holds
+    parameters and buffers (BatchNorm's running statistics and counter) without saying which
+    is which: the report counts values, and says so."""
+    model = small_model()
+    parameters = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() for b in model.buffers())
+    assert buffers > 0
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    report = json.loads(
+        ok(tmp_path / "sd.pt", tmp_path / "a.safetensors", "--format", "json").stdout
+    )
+    assert report["values"] == parameters + buffers
+    assert report["tensors"] == len(model.state_dict())
+    assert "parameters" not in report
+    table = ok(tmp_path / "sd.pt", tmp_path / "b.safetensors").stdout
+    cells = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in table.splitlines()
+        if line.count("│") == 3
+    }
+    assert cells["values (parameters and buffers)"] == str(parameters + buffers)
+    assert "parameters" not in cells
+
+
+def test_json_types(tmp_path):
+    model = small_model()
+    save_as_if_on_gpu(ddp_checkpoint(model), tmp_path / "ddp.pth")
+    report = json.loads(
+        ok(tmp_path / "ddp.pth", tmp_path / "m.pt", "--format", "json", "--dtype", "float16").stdout
+    )
+    kinds = {
+        "source": str, "destination": str, "key": str, "tensors": int, "values": int,
+        "bytes_before": int, "bytes_after": int, "file_bytes_before": int,
+        "file_bytes_after": int, "keys_renamed": int, "prefix_stripped": str,
+        "dtype": str, "tensors_cast": int, "shared_tensors_copied": int, "skipped_entries": list,
+    }  # fmt: skip
+    for key, kind in kinds.items():
+        assert type(report[key]) is kind, key
+    assert report["prefix_added"] is None  # nothing added: null, not "" or "none"
+    plain = json.loads(ok(tmp_path / "m.pt", tmp_path / "n.pt", "--format", "json").stdout)
+    assert plain["key"] is None and plain["dtype"] is None and plain["prefix_stripped"] is None
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -159,15 +159,15 @@ def test_output_file_and_force(runner, tmp_path, clean_env):
 
 @pytest.mark.skipif(not (CUDA_BUILD and NO_CUDA), reason="needs a CUDA build of torch, no GPU")
 def test_this_machine_cuda_build_without_driver(runner, clean_env):
-    result = runner.invoke(app, ["env", "--require-cuda", "--format", "json"])
-    assert result.exit_code == 1
-    lines = result.stderr.strip().splitlines()
-    assert any(
-        line.startswith(f"Warning: torch {torch.__version__} is a CUDA {torch.version.cuda} build")
-        for line in lines
+    report = runner.invoke(app, ["env", "--format", "json"])
+    assert report.exit_code == 0 and json.loads(report.stdout)["cuda"]["usable"] is False
+    assert report.stderr.startswith(
+        f"Warning: torch {torch.__version__} is a CUDA {torch.version.cuda} build"
     )
-    assert re.fullmatch(r"Error: no usable CUDA GPU: .+ \(.+\)", lines[-1])
-    assert json.loads(result.stdout)["cuda"]["usable"] is False  # the report is still printed
+    result = runner.invoke(app, ["env", "--require-cuda", "--format", "json"])
+    assert result.exit_code == 1 and result.stdout == ""  # a script's check: one line
+    (line,) = result.stderr.strip().splitlines()
+    assert re.fullmatch(r"Error: no usable CUDA GPU: .+ \(.+\)", line)
 
 
 def test_cuda_build_without_driver_simulated(runner, monkeypatch, clean_env):
@@ -185,9 +185,11 @@ def test_cuda_build_without_driver_simulated(runner, monkeypatch, clean_env):
         "(install or update the NVIDIA driver (nvidia-smi should list the GPU))"
     )
     result = runner.invoke(app, ["env", "--require-cuda"])
-    assert result.exit_code == 1
-    assert result.stderr.splitlines()[0].startswith("Warning: torch ")
-    assert result.stderr.splitlines()[-1].startswith("Error: no usable CUDA GPU: Found no NVIDIA")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == f"Error: {caught.value}\n"  # one line, no table, no warnings
+    table = runner.invoke(app, ["env"])  # without --require-cuda: the report and the warning
+    assert table.exit_code == 0 and "torch build" in table.stdout
+    assert table.stderr.startswith("Warning: torch ")
 
 
 @pytest.mark.parametrize("value", ["", "-1", "none", "NoDevFiles"])
@@ -200,13 +202,72 @@ def test_cuda_visible_devices_hiding_every_gpu(monkeypatch, runner, value):
     assert report["cuda"]["problem"] == message
     assert report["cuda"]["visible_devices"] == value
     assert report["cuda"]["driver_version"] == "550.54.15"
-    result = runner.invoke(app, ["env", "--require-cuda"])
-    assert result.exit_code == 1
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 0
     row = next(line for line in result.stdout.splitlines() if "CUDA_VISIBLE_DEVICES" in line)
     assert row.split("│")[2].strip() == repr(value)
-    assert result.stderr.splitlines()[-1] == (
-        f"Error: no usable CUDA GPU: {message} (unset CUDA_VISIBLE_DEVICES or list GPU indices)"
+    result = runner.invoke(app, ["env", "--require-cuda"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (
+        f"Error: no usable CUDA GPU: {message} (unset CUDA_VISIBLE_DEVICES or list GPU indices)\n"
     )
+
+
+def simulate_one_gpu(monkeypatch) -> None:
+    """A CUDA build with a driver and one GPU that runs code (torch.cuda mocked)."""
+    monkeypatch.setattr(torch.version, "cuda", SIMULATED_CUDA)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(env, "nvidia_driver", lambda: ("550.54.15", 1))
+    monkeypatch.setattr(env, "_probe_gpus", lambda torch: ([fake_gpu(0)], None))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--require-cuda"],
+        ["--require-cuda", "-q"],
+        ["--quiet", "--require-cuda", "--format", "json"],
+        ["--require-cuda", "--format", "csv"],
+    ],
+)
+def test_require_cuda_without_a_gpu_is_one_line_for_scripts(runner, monkeypatch, clean_env, args):
+    simulate_no_gpu(monkeypatch, DRIVER_MESSAGE)
+    result = runner.invoke(app, ["env", *args])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "Error: no usable CUDA GPU: Found no NVIDIA driver on your system (install or update "
+        "the NVIDIA driver (nvidia-smi should list the GPU))"
+    ]
+
+
+def test_quiet_require_cuda_with_a_gpu_prints_nothing(runner, monkeypatch, clean_env):
+    simulate_one_gpu(monkeypatch)
+    quiet = runner.invoke(app, ["env", "-q", "--require-cuda"])
+    assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "")
+    loud = runner.invoke(app, ["env", "--require-cuda"])  # without -q: the report, as before
+    assert loud.exit_code == 0 and "NVIDIA H100 80GB HBM3" in loud.stdout
+
+
+def test_quiet_prints_only_problems(runner, monkeypatch, clean_env):
+    simulate_no_gpu(monkeypatch, DRIVER_MESSAGE)
+    result = runner.invoke(app, ["env", "--quiet"])
+    assert result.exit_code == 0 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"Warning: torch {torch.__version__} is a CUDA {SIMULATED_CUDA} build but cannot use "
+        "CUDA: Found no NVIDIA driver on your system"
+    ]
+
+
+def test_require_cuda_still_writes_the_report_file(runner, monkeypatch, tmp_path, clean_env):
+    """-o FILE is asked for explicitly: a CI log keeps the report that says why."""
+    simulate_no_gpu(monkeypatch, DRIVER_MESSAGE)
+    target = tmp_path / "env.json"
+    args = ["env", "-q", "--require-cuda", "--format", "json", "-o", str(target)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert json.loads(target.read_text())["cuda"]["usable"] is False
+    assert result.stderr.splitlines()[-1].startswith("Error: no usable CUDA GPU: ")
 
 
 def test_cuda_visible_devices_past_the_last_gpu(monkeypatch):
@@ -380,7 +441,7 @@ def test_gpu_rows_and_require_cuda_success(runner, monkeypatch):
     gpu_table = report_tables(report)[1]
     assert gpu_table.title == "GPUs"
     assert gpu_table.rows == [[0, "NVIDIA H100 80GB HBM3", 80.0, 79.5, "9.0", 132, True]]
-    monkeypatch.setattr(env, "collect_env", lambda: report)
+    monkeypatch.setattr(env, "collect_env", lambda **options: report)
     result = runner.invoke(app, ["env", "--require-cuda"])
     assert result.exit_code == 0, result.stderr
     assert "NVIDIA H100 80GB HBM3" in result.stdout and "79.50" in result.stdout
@@ -408,12 +469,13 @@ def test_report_without_an_importable_torch(monkeypatch, runner, clean_env):
     assert report["torch"] is None and report["gpus"] == []
     assert report["diagnostics"][0].startswith("torch cannot be imported: ")
     assert report["packages"]["numpy"] == np.__version__
+    assert "Python executable" in runner.invoke(app, ["env"]).stdout
     result = runner.invoke(app, ["env", "--require-cuda"])
-    assert result.exit_code == 1
-    assert "Python executable" in result.stdout
-    assert result.stderr.splitlines()[-1].startswith(
-        "Error: no usable CUDA GPU: torch cannot be imported"
-    )
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        line for line in result.stderr.splitlines() if line.startswith("Error: ")
+    ]
+    assert result.stderr.startswith("Error: no usable CUDA GPU: torch cannot be imported")
 
 
 def test_cudnn_version_formats():
@@ -485,17 +547,16 @@ def test_real_process_report_is_fast_path_json(tmp_path):
          "--require-cuda"],
         capture_output=True, text=True, env=environment, timeout=300,
     )  # fmt: skip
-    data = json.loads(done.stdout)
-    assert data["torch"]["version"] == torch.__version__
     messages = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if "|" in line}
     assert "torchvision.models" not in imported and "sklearn" not in imported
     assert not any("torchvision" in message for message in messages)  # operators load
-    if data["cuda"]["usable"]:
+    if torch.cuda.is_available():
         assert done.returncode == 0
+        assert json.loads(done.stdout)["torch"]["version"] == torch.__version__
     else:
-        assert done.returncode == 1
-        assert messages[-1].startswith("Error: no usable CUDA GPU: ")
+        assert done.returncode == 1 and done.stdout == ""
+        assert len(messages) == 1 and messages[0].startswith("Error: no usable CUDA GPU: ")
 
 
 @pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU")

@@ -18,6 +18,7 @@ from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.errors import UsageError
 from torchkit.core.models import resolve_model
 from torchkit.core.summary import summarize
+from torchkit.core.summary.counting import trainable_label
 from torchkit.core.summary.run import full_shapes, parse_input_size
 
 # --- agreement with torchinfo ------------------------------------------------------------------
@@ -170,10 +171,16 @@ def test_hand_counts_of_parameters_mult_adds_and_memory():
     conv_params = 8 * 3 * 9 + 8
     assert ours.total_params == conv_params + 16 + 8
     assert ours.trainable_params == conv_params + 8 and ours.non_trainable_params == 16
-    assert ours.layers[0].trainable == "partial"
+    assert ours.layers[0].trainable is False  # the frozen norm: not every parameter trains
+    assert ours.layers[0].trainable_params == conv_params + 8
+    assert trainable_label(ours.layers[0]) == "partial"
     conv, norm = ours.layers[1], ours.layers[2]
     assert conv.mult_adds == 2 * 5 * 5 * conv_params  # every output position of every sample
-    assert norm.mult_adds == 2 * 16 and norm.trainable == "no"  # torchinfo: once per sample
+    assert norm.mult_adds == 2 * 16  # torchinfo: once per sample
+    assert (norm.trainable, norm.trainable_params, trainable_label(norm)) == (False, 0, "no")
+    assert (conv.trainable, trainable_label(conv)) == (True, "yes")
+    act = next(row for row in ours.layers if row.type == "ReLU")
+    assert (act.trainable, act.trainable_params, trainable_label(act)) == (None, 0, None)
     assert ours.total_mult_adds == conv.mult_adds + norm.mult_adds
     assert ours.flops == 2 * (2 * 8 * 5 * 5) * (3 * 9)  # torch counts the convolution only
     assert ours.input_mb == 2 * 3 * 5 * 5 * 4 / 1e6
@@ -355,7 +362,8 @@ def test_json_output_of_a_named_model(runner):
         "input_shape": [1, 3, 32, 32],
         "output_shape": [1, 64, 16, 16],
         "params": 9408,
-        "trainable": "yes",
+        "trainable_params": 9408,
+        "trainable": True,
         "mult_adds": 9408 * 16 * 16,
         "call": 1,
         "leaf": True,
@@ -364,6 +372,55 @@ def test_json_output_of_a_named_model(runner):
     double = invoke_json(runner, "resnet18", "-i", "2,3,32,32", "--depth", "0")
     assert double["input_shapes"] == [[2, 3, 32, 32]] and len(double["layers"]) == 1
     assert double["totals"]["total_mult_adds"] == 2 * data["totals"]["total_mult_adds"]
+
+
+def test_json_types_of_every_field(runner):
+    """Booleans are booleans, counts integers, sizes floats, an unmeasured value null."""
+    data = invoke_json(runner, "convnet", "-i", "1,12,12", "--no-flops")
+    assert isinstance(data["model"], str) and isinstance(data["dtype"], str)
+    assert data["input_shapes"] == [[1, 1, 12, 12]]
+    layer_types = {
+        "index": int, "depth": int, "name": str, "type": str, "params": int,
+        "trainable_params": int, "mult_adds": int, "call": int, "leaf": bool,
+    }  # fmt: skip
+    for layer in data["layers"]:
+        assert set(layer) == {*layer_types, "trainable", "input_shape", "output_shape"}
+        for key, kind in layer_types.items():
+            assert type(layer[key]) is kind, (key, layer)
+        assert layer["trainable"] in (True, False, None)
+        assert (layer["trainable"] is None) == (layer["params"] == 0)
+        assert isinstance(layer["output_shape"], list)
+    assert any(layer["trainable"] is True for layer in data["layers"])
+    totals = data["totals"]
+    for key in ("total_params", "trainable_params", "non_trainable_params", "total_mult_adds"):
+        assert type(totals[key]) is int, key
+    for key in ("input_mb", "forward_backward_mb", "params_mb", "buffers_mb", "total_mb"):
+        assert type(totals[key]) is float, key
+    assert totals["flops"] is None  # --no-flops: not measured
+    listing = json.loads(runner.invoke(app, ["summary", "--list", "--format", "json"]).stdout)
+    assert all(isinstance(name, str) for name in listing["models"])
+
+
+def test_a_frozen_layer_is_false_in_json_and_no_in_the_table(runner, tmp_path, monkeypatch):
+    (tmp_path / "frozen_net.py").write_text(
+        "from torch import nn\n"
+        "def build():\n"
+        "    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten())\n"
+        "    net[1].requires_grad_(False)\n"
+        "    return net\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = invoke_json(runner, "frozen_net:build", "-i", "3,5,5")
+    by_name = {layer["name"]: layer for layer in data["layers"]}
+    assert by_name[""]["trainable"] is False and by_name[""]["trainable_params"] == 4 * 27 + 4
+    assert by_name["0"]["trainable"] is True and by_name["1"]["trainable"] is False
+    assert by_name["2"]["trainable"] is None  # Flatten has no parameters
+    table = runner.invoke(app, ["summary", "frozen_net:build", "-i", "3,5,5"])
+    assert table.exit_code == 0, table.stderr
+    rows = {line.split("│")[1].strip(): line for line in table.stdout.splitlines() if "│" in line}
+    assert "partial" in rows["Sequential"] and " no " in rows["1 (BatchNorm2d)"]
+    assert " yes " in rows["0 (Conv2d)"]
 
 
 def test_table_and_csv_output(runner, tmp_path):

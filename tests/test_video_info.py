@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -240,21 +241,26 @@ def test_exact_counts_by_decoding(tmp_path, videos):
     assert "frames (header)" in table_text(tmp_path, *paths)
 
 
-def test_exact_reports_both_counts_when_the_header_is_wrong(tmp_path, broken):
+def test_a_cut_copy_is_truncated_with_and_without_exact(tmp_path, broken):
+    """The webm cut at 70%: its header still says 9 frames; only some decode."""
     cut = need(broken, "cut_webm")
     reference = cv2.VideoCapture(str(cut), cv2.CAP_FFMPEG)
     decodable = 0
     while reference.read()[0]:
         decodable += 1
-    _, (header_row,) = json_rows(cut)
-    assert header_row["frames"] == 9 and header_row["error"] is None
-    code, (row,) = json_rows(cut, "--exact")
-    assert code == 0
-    assert (row["frames"], row["frames_header"], row["frames_decoded"]) == (decodable, 9, decodable)
     assert 0 < decodable < 9
-    result = invoke(cut, "--exact")
-    assert "different number of frames" in result.stderr
-    assert f"{decodable} (header 9)" in table_text(tmp_path, cut, "--exact")
+    code, (header_row,) = json_rows(cut)
+    assert code == 1
+    assert header_row["frames"] == 9 and header_row["status"] == "truncated"
+    assert header_row["error"].startswith("truncated: the file holds ")
+    code, (row,) = json_rows(cut, "--exact")
+    assert code == 1 and row["status"] == "truncated"
+    assert (row["frames"], row["frames_header"], row["frames_decoded"]) == (decodable, 9, decodable)
+    table = table_text(tmp_path, cut, "--exact")
+    assert f"{decodable} (header 9)" in table and "truncated" in table
+    result = invoke(cut, "--exact", "--skip-errors")
+    assert result.exit_code == 0
+    assert "Warning: 1 of 1 videos could not be read: 1 truncated" in result.stderr
 
 
 def test_folders_are_searched_recursively_in_sorted_order_without_hidden_files(tmp_path, videos):
@@ -314,30 +320,57 @@ def test_broken_files_are_rows_with_errors_and_exit_1(tmp_path, videos, broken):
     assert rows["empty.mp4"]["error"] == "empty file" and rows["empty.mp4"]["size_bytes"] == 0
     assert rows["notes.mp4"]["error"] == "not a video file"
     assert rows["notes.mp4"]["container"] is None and rows["notes.mp4"]["width"] is None
-    assert rows["truncated.mp4"]["error"] == "truncated or corrupt mp4 file"
+    # OpenCV writes the index (moov) at the end: the cut copy cannot be opened, and its box
+    # sizes still tell that it is a cut copy rather than a corrupt file.
+    assert rows["truncated.mp4"]["status"] == "truncated"
+    assert rows["truncated.mp4"]["error"].startswith("truncated: the file holds ")
     assert rows["truncated.mp4"]["container"] == "mp4"
+    assert [row["status"] for row in rows.values()] == [
+        "ok",
+        "unreadable",
+        "unreadable",
+        "truncated",
+    ]
     assert result.stderr.strip().splitlines()[-1] == (
-        "Error: 3 of 4 videos could not be read (see the error column; --skip-errors exits 0)"
+        "Error: 3 of 4 videos could not be read: 1 truncated, 2 unreadable "
+        "(see the status and error columns; --skip-errors exits 0)"
     )
     assert "Traceback" not in result.stderr
     table = table_text(tmp_path, *paths)
-    assert "error" in table and "empty file" in table and "truncated or corrupt mp4 file" in table
+    assert "error" in table and "empty file" in table and "truncated: the file holds" in table
+    assert "status" in table and "unreadable" in table
 
 
-def test_a_header_without_frames_is_caught_by_the_decode_check(broken):
+def test_a_header_without_frames_is_truncated_even_without_the_decode_check(broken):
     header_only = need(broken, "header_only")
-    code, rows = json_rows(header_only)
-    assert code == 1 and rows[0]["error"] == "no frame decodes (truncated or corrupt)"
-    assert rows[0]["width"] and rows[0]["frames_header"] == 17  # what the header claims
-    code, rows = json_rows(header_only, "--no-decode-check")
-    assert code == 0 and rows[0]["error"] is None and rows[0]["frames"] == 17
+    for options in ([], ["--no-decode-check"], ["--exact"]):
+        code, rows = json_rows(header_only, *options)
+        assert code == 1 and rows[0]["status"] == "truncated", options
+        assert rows[0]["error"].startswith("truncated: the file holds "), options
+        assert rows[0]["width"] and rows[0]["frames_header"] == 17  # what the header claims
+
+
+def test_a_header_whose_frames_do_not_decode_is_unreadable(tmp_path, videos, monkeypatch):
+    """The frame data overwritten (not cut): the size is whole, no frame decodes."""
+    import torchkit.core.video as video
+
+    data = bytearray(need(videos, "mjpg.avi").read_bytes())
+    movi, index = data.find(b"movi") + 4, data.rfind(b"idx1")
+    data[movi:index] = bytes(index - movi)  # every frame zeroed, the file as long as it was
+    path = tmp_path / "zeroed.avi"
+    path.write_bytes(bytes(data))
+    info = video.probe_video(path)
+    assert (info.status, info.error) == ("unreadable", "no frame decodes (truncated or corrupt)")
+    assert video.probe_video(path, decode_check=False).status == "ok"  # headers only
 
 
 def test_skip_errors_exits_0_with_a_warning(videos, broken):
     result = invoke(need(videos, "mjpg.avi"), broken["text"], "--skip-errors", "--format", "json")
     assert result.exit_code == 0
-    assert [row["error"] for row in json.loads(result.stdout)] == [None, "not a video file"]
-    assert "Warning: 1 of 2 videos could not be read" in result.stderr
+    rows = json.loads(result.stdout)
+    assert [row["error"] for row in rows] == [None, "not a video file"]
+    assert [row["status"] for row in rows] == ["ok", "unreadable"]
+    assert "Warning: 1 of 2 videos could not be read: 1 unreadable" in result.stderr
 
 
 def test_probe_video_never_raises(tmp_path, broken):
@@ -374,6 +407,261 @@ def test_output_file_needs_force(tmp_path, videos):
     assert json.loads(target.read_text())[0]["frames"] == 17  # untouched
     assert invoke(path, "--format", "csv", "-o", target, "--force").exit_code == 0
     assert target.read_text().startswith("path,size_bytes,width,height,frames,")
+
+
+# --- truncated copies ---------------------------------------------------------------------------
+
+CUT_FRACTIONS = (0.1, 0.5, 0.9, 0.99)
+TRUNCATION_SPECS = [  # (name, fourcc): 40 frames each, long enough to cut anywhere
+    ("clip.avi", "MJPG"),
+    ("clip.mkv", "FFV1"),
+    ("clip.webm", "VP80"),
+    ("clip.mov", "mp4v"),
+    ("clip.mp4", "mp4v"),
+]
+
+
+def iso_boxes(data: bytes, start: int, end: int):
+    offset = start
+    while offset < end:
+        size, kind = struct.unpack(">I4s", data[offset : offset + 8])
+        yield offset, size, kind
+        offset += size
+
+
+def faststart(data: bytes) -> bytes:
+    """An MP4 with its index (moov) moved before the frames, as cameras, ffmpeg -movflags
+    +faststart and web downloads have it (OpenCV writes it last): a cut copy of such a file
+    still opens, which is what made video-info call it healthy."""
+    top = list(iso_boxes(data, 0, len(data)))
+    moov_at, moov_size = next((o, s) for o, s, k in top if k == b"moov")
+    moov = bytearray(data[moov_at : moov_at + moov_size])
+
+    def shift_chunk_offsets(start: int, end: int) -> None:
+        for offset, size, kind in iso_boxes(moov, start, end):
+            if kind in (b"trak", b"mdia", b"minf", b"stbl"):
+                shift_chunk_offsets(offset + 8, offset + size)
+            elif kind in (b"stco", b"co64"):
+                width, code = (4, ">I") if kind == b"stco" else (8, ">Q")
+                (count,) = struct.unpack(">I", moov[offset + 12 : offset + 16])
+                for i in range(count):
+                    at = offset + 16 + width * i
+                    (value,) = struct.unpack(code, moov[at : at + width])
+                    struct.pack_into(code, moov, at, value + moov_size)
+
+    shift_chunk_offsets(8, moov_size)
+    head = b"".join(data[o : o + s] for o, s, k in top if k == b"ftyp")
+    rest = b"".join(data[o : o + s] for o, s, k in top if k not in (b"ftyp", b"moov"))
+    return head + bytes(moov) + rest
+
+
+@pytest.fixture(scope="module")
+def whole_videos(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("whole")
+    made = {}
+    for name, fourcc in TRUNCATION_SPECS:
+        if write_video(root / name, fourcc, 48, 32, 25.0, 40):
+            made[name] = root / name
+    if "clip.mp4" in made:
+        made["faststart.mp4"] = root / "faststart.mp4"
+        made["faststart.mp4"].write_bytes(faststart(made["clip.mp4"].read_bytes()))
+    return made
+
+
+def cut_copy(source: Path, folder: Path, fraction: float) -> Path:
+    data = source.read_bytes()
+    target = folder / f"{source.stem}-{int(fraction * 100)}{source.suffix}"
+    target.write_bytes(data[: int(len(data) * fraction)])
+    return target
+
+
+def test_faststart_helper_keeps_every_frame(whole_videos):
+    path = need(whole_videos, "faststart.mp4")
+    assert path.read_bytes()[4:8] == b"ftyp" and path.read_bytes()[32:36] == b"moov"
+    original = cv2.VideoCapture(str(whole_videos["clip.mp4"]), cv2.CAP_FFMPEG)
+    moved = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    for _ in range(40):
+        (ok, first), (same, second) = original.read(), moved.read()
+        assert ok and same and np.array_equal(first, second)
+    assert not moved.read()[0]
+
+
+@pytest.mark.parametrize("name", [spec[0] for spec in TRUNCATION_SPECS] + ["faststart.mp4"])
+def test_whole_videos_are_ok_and_their_containers_declare_their_size(whole_videos, name):
+    from torchkit.core.video import declared_size
+
+    path = need(whole_videos, name)
+    info = probe_video(path)
+    assert (info.status, info.error, info.frames) == ("ok", None, 40)
+    assert declared_size(path, info.container, path.stat().st_size) == path.stat().st_size
+    exact = probe_video(path, exact=True)
+    assert (exact.status, exact.frames_decoded) == ("ok", 40)
+
+
+@pytest.mark.parametrize("fraction", CUT_FRACTIONS)
+@pytest.mark.parametrize("name", [spec[0] for spec in TRUNCATION_SPECS] + ["faststart.mp4"])
+def test_cut_copies_are_truncated(tmp_path, whole_videos, name, fraction):
+    """Cut anywhere (even the last 1%), every format is reported truncated, not healthy, in
+    every mode; the container's sizes say so without decoding a frame."""
+    cut = cut_copy(need(whole_videos, name), tmp_path, fraction)
+    for options in ({}, {"decode_check": False}, {"exact": True}):
+        info = probe_video(cut, **options)
+        assert info.status == "truncated", (options, info)
+        assert info.error.startswith("truncated: the file holds "), options
+        declared = int(info.error.split(" of the ")[1].split()[0].replace(",", ""))
+        # As far as the sizes reach: the whole file, or (a cut MP4 that lost its index at the
+        # end) the end of the frame data.
+        assert cut.stat().st_size < declared <= whole_videos[name].stat().st_size
+
+
+@pytest.mark.parametrize("fraction", (0.3, 0.6, 0.9))
+@pytest.mark.parametrize("name", ["clip.avi", "clip.mkv", "clip.webm", "faststart.mp4"])
+def test_cut_copies_are_truncated_by_decoding_where_sizes_say_nothing(
+    tmp_path, whole_videos, monkeypatch, name, fraction
+):
+    """Formats whose sizes are unknown (a live recording, FLV, Ogg...): the decode check seeks
+    to the last frames the header declares; --exact counts short of the header."""
+    import torchkit.core.video as video
+
+    monkeypatch.setattr(video, "declared_size", lambda *args: None)
+    cut = cut_copy(need(whole_videos, name), tmp_path, fraction)
+    info = probe_video(cut)
+    assert info.status == "truncated" and "its header declares does not decode" in info.error
+    exact = probe_video(cut, exact=True)
+    assert exact.status == "truncated"
+    assert (
+        exact.error
+        == f"truncated: {exact.frames_decoded} of the 40 frames its header declares decode"
+    )
+    assert probe_video(cut, decode_check=False).status == "ok"  # headers only: nothing to see
+    assert probe_video(need(whole_videos, name)).status == "ok"
+
+
+def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
+    tmp_path, whole_videos, monkeypatch
+):
+    """Header counts are estimates in some formats (duration x fps) and decoders drop a frame
+    here and there: where the container's sizes say the file is whole, frames short of the
+    header are shown (and noted with --exact) but the file is ok, and its end is not sought."""
+    import torchkit.core.video as video
+
+    path = need(whole_videos, "clip.mkv")
+    opened = video._open_capture
+
+    class Overstating:
+        def __init__(self, capture):
+            self.capture = capture
+
+        def get(self, prop):
+            value = self.capture.get(prop)
+            return value + 5 if prop == cv2.CAP_PROP_FRAME_COUNT else value
+
+        def set(self, *args):
+            raise AssertionError("the end of a whole file is not sought")
+
+        def __getattr__(self, name):
+            return getattr(self.capture, name)
+
+    monkeypatch.setattr(video, "_open_capture", lambda cv2, p: Overstating(opened(cv2, p)))
+    info = probe_video(path)
+    assert (info.status, info.frames_header) == ("ok", 45)
+    exact = probe_video(path, exact=True)
+    assert (exact.status, exact.frames_decoded, exact.frames_differ) == ("ok", 40, True)
+    result = invoke(path, "--exact")
+    assert result.exit_code == 0 and "different number of frames" in result.stderr
+    monkeypatch.setattr(video, "declared_size", lambda *args: None)  # sizes unknown: judged
+    assert probe_video(path, exact=True).status == "truncated"
+
+
+def test_the_cut_mp4_of_the_issue_on_the_command_line(tmp_path, whole_videos):
+    """`a copy of an MP4 cut to its first megabyte` (here: its first third), which opened and
+    was reported healthy, `--exact` showing 71 (header 241) with exit code 0."""
+    whole = need(whole_videos, "faststart.mp4")
+    cut = cut_copy(whole, tmp_path, 1 / 3)
+    result = invoke(whole, cut, "--format", "json")
+    assert result.exit_code == 1
+    rows = json.loads(result.stdout)
+    assert [row["status"] for row in rows] == ["ok", "truncated"]
+    assert rows[1]["frames"] == 40 and rows[1]["width"] == 48  # what the header says
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: 1 of 2 videos could not be read: 1 truncated "
+        "(see the status and error columns; --skip-errors exits 0)"
+    )
+    exact = invoke(cut, "--exact", "--format", "json")
+    assert exact.exit_code == 1
+    (row,) = json.loads(exact.stdout)
+    assert row["status"] == "truncated" and 0 < row["frames_decoded"] < 40
+    assert invoke(cut, "--skip-errors").exit_code == 0
+    table = table_text(tmp_path, whole, cut, "--exact")
+    lines = table.splitlines()
+    header = next(line for line in lines if "status" in line)
+    assert header.index("status") < header.index("error")
+    assert any(cut.name in line and "truncated" in line for line in lines)
+    assert any(whole.name in line and " ok " in line for line in lines)
+    rows = list(csv.DictReader(io.StringIO(invoke(cut, "--format", "csv").stdout)))
+    assert rows[0]["status"] == "truncated" and rows[0]["error"].startswith("truncated: ")
+
+
+def test_container_sizes_of_hand_made_files(tmp_path):
+    from torchkit.core.video import declared_size
+
+    def declared(data: bytes, container: str) -> int | None:
+        path = tmp_path / "file"
+        path.write_bytes(data)
+        return declared_size(path, container, len(data))
+
+    box = lambda kind, payload: struct.pack(">I4s", 8 + len(payload), kind) + payload  # noqa: E731
+    mp4 = box(b"ftyp", b"isom" * 3) + box(b"moov", b"x" * 40) + box(b"mdat", b"y" * 100)
+    assert declared(mp4, "mp4") == len(mp4)
+    assert declared(mp4[:-30], "mp4") == len(mp4)  # the mdat box is cut short
+    assert declared(mp4[:30], "mp4") == 20 + 48  # cut inside moov: where moov would end
+    large = struct.pack(">I4sQ", 1, b"mdat", 16 + 50) + b"z" * 50  # a 64-bit box size
+    assert declared(box(b"ftyp", b"isom") + large, "mp4") == 12 + 66
+    to_end = box(b"ftyp", b"isom") + struct.pack(">I4s", 0, b"mdat") + b"z" * 9  # size 0: to EOF
+    assert declared(to_end, "mp4") == len(to_end)
+    assert declared(mp4 + b"\x00\x00\x00\x10\xff\xfe\xfd\xfc", "mp4") is None  # not a box
+    assert declared(mp4 + bytes(3), "mp4") == len(mp4)  # padding zeros
+    assert declared(mp4 + b"\x00\x00\x00\x10", "mp4") == len(mp4) + 8  # a box header cut
+    riff = b"RIFF" + struct.pack("<I", 4 + 20) + b"AVI " + b"L" * 20
+    assert declared(riff, "avi") == len(riff) and declared(riff[:20], "avi") == len(riff)
+    avix = b"RIFF" + struct.pack("<I", 4 + 9) + b"AVIX" + b"M" * 9  # OpenDML, odd size padded
+    assert declared(riff + avix + b"\x00", "avi") == len(riff) + len(avix) + 1
+    assert declared(riff + avix, "avi") == len(riff) + len(avix) + 1  # the pad byte is missing
+    assert declared(b"RIFF\x00\x00\x00\x00AVI " + b"L" * 20, "avi") is None  # never filled in
+    ebml = bytes.fromhex("1a45dfa3 84") + b"webm"  # EBML header, 4 bytes of data
+    segment = bytes.fromhex("18538067 8a") + b"s" * 10  # Segment, 10 bytes of data
+    assert declared(ebml + segment, "webm") == len(ebml + segment)
+    assert declared(ebml + segment[:-4], "webm") == len(ebml + segment)
+    unknown = bytes.fromhex("18538067 01ffffffffffffff") + b"s" * 10  # a live recording
+    assert declared(ebml + unknown, "mkv") is None
+    packet = b"G" + bytes(187)
+    assert declared(packet * 3, "mpeg-ts") == 3 * 188
+    assert declared(packet * 3 + b"G" + bytes(10), "mpeg-ts") == 4 * 188
+    assert declared(packet, "flv") is None and declared(packet, None) is None
+
+
+def test_json_types_of_every_field(videos, broken):
+    """Numbers are numbers, absent values null, status one of three words: for ok, truncated
+    and unreadable rows alike."""
+    paths = [need(videos, "mjpg.avi"), need(broken, "cut_webm"), broken["text"]]
+    _, rows = json_rows(*paths, "-k", "2")
+    types = {
+        "path": (str,), "size_bytes": (int,), "width": (int, type(None)),
+        "height": (int, type(None)), "frames": (int, type(None)),
+        "frames_source": (str, type(None)), "frames_header": (int, type(None)),
+        "frames_decoded": (int, type(None)), "fps": (float, type(None)),
+        "duration_s": (float, type(None)), "codec": (str, type(None)),
+        "container": (str, type(None)), "frame_indices": (list, type(None)),
+        "frame_files": (list, type(None)), "status": (str,), "error": (str, type(None)),
+    }  # fmt: skip
+    for row in rows:
+        assert set(row) == set(types)
+        for key, allowed in types.items():
+            assert isinstance(row[key], allowed) and not isinstance(row[key], bool), (key, row)
+        assert row["status"] in ("ok", "truncated", "unreadable")
+        assert (row["status"] == "ok") == (row["error"] is None)
+    assert [row["status"] for row in rows] == ["ok", "truncated", "unreadable"]
+    assert all(isinstance(i, int) for i in rows[0]["frame_indices"])
 
 
 # --- segments and frame extraction ---------------------------------------------------------------
@@ -437,18 +725,21 @@ def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
     assert rows[1]["frame_files"][0] == str(out / "clip-2_000000.png")
 
 
-def test_extract_frames_past_a_lying_header_is_an_error_row(tmp_path, broken):
+def test_extract_frames_past_a_lying_header_is_a_truncated_row(tmp_path, broken, monkeypatch):
+    """A header that promises frames the file does not hold, and checks that cannot see it (the
+    container's sizes unknown, no decode check): sampling finds out, and says so."""
+    import torchkit.core.video as video
+
     cut = need(broken, "cut_webm")
+    monkeypatch.setattr(video, "declared_size", lambda *args: None)
     # 9 segments of the 9 frames the header promises: the last one cannot be decoded.
-    result = invoke(cut, "-k", "9", "--extract-frames", tmp_path / "f", "--format", "json")
+    result = invoke(
+        cut, "-k", "9", "--extract-frames", tmp_path / "f", "--no-decode-check", "--format", "json"
+    )
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)
+    assert row["status"] == "truncated"
     assert "past the end" in row["error"] and "--exact" in row["error"]
-    exact = invoke(
-        cut, "-k", "9", "--extract-frames", tmp_path / "g", "--exact", "--format", "json"
-    )
-    assert exact.exit_code == 0
-    assert json.loads(exact.stdout)[0]["error"] is None
 
 
 def test_extract_frames_needs_segments(tmp_path, videos):

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
+import re
 import signal
 import sys
+import textwrap
 import threading
 import traceback
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
-from rich.markup import escape
 from typer._click.exceptions import NoArgsIsHelpError
 from typer._click.exceptions import UsageError as ClickUsageError
-from typer.core import TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from torchkit import __version__
 from torchkit.cli import console
@@ -36,9 +38,142 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
     return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
 
 
+# --- help as a user reads it ------------------------------------------------------------------
+#
+# Typer renders a type for every parameter, flags included (`--amp <bool>`, as if `--amp true`
+# were wanted), names arguments after the Python parameter (`{src}`, `<list[Path]>`), keeps the
+# hard line breaks of a docstring's first line in command lists, and with rich markup takes
+# `[default: ...]` in a help text for a style tag and drops it. The classes below fix that for
+# every command at once: TorchkitGroup gives each command and parameter of the app these classes
+# when the click command tree is built (see `_polish_command`).
+
+# `[default: ...]` and `[required]` in a help text are text, not rich markup (an escaped one is
+# left alone, so that polishing twice changes nothing).
+_BRACKETS_AS_TEXT = re.compile(r"(?<!\\)\[(?=(?:default|required)\b)")
+
+
+def _type_label(param: TyperOption | TyperArgument, ctx) -> str:
+    """`<int>` for a number (its range is shown beside it), `<path>` for a list of paths: what
+    one value looks like, the way `<str>` and `<file>` already read."""
+    label = param.display_type(ctx)  # Typer's own: `<int range>`, `<list[Path]>`...
+    if param.type_descriptor.is_ranged:
+        label = f"<{param.type_descriptor.ranged_type_name}>"
+    inner = re.fullmatch(r"<list\[(.*)\]>", label)
+    if inner:
+        label = f"<{inner.group(1)}>"
+    return label if param.type_descriptor.is_choice else label.lower()
+
+
+class TorchkitOption(TyperOption):
+    """A flag shows no value type; other options show one value's type (or their metavar)."""
+
+    def display_type_rich(self, ctx) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        if self.metavar is not None:
+            return self.metavar
+        label = _type_label(self, ctx)
+        return label + "..." if self.nargs != 1 else label
+
+    def process_value(self, ctx, value):
+        return _process_value(self, super(), ctx, value)
+
+
+class TorchkitArgument(TyperArgument):
+    """Arguments named in capitals as click and the README write them (`SRC`, `[DST]`,
+    `PATH...`), without a type beside the name unless it is a choice."""
+
+    @property
+    def display_name_raw(self) -> str:
+        return self.metavar if self.metavar is not None else (self.name or "").upper()
+
+    def _rich_display_name(self) -> str:
+        name = self.display_name_raw
+        return name + "..." if self.nargs != 1 and not name.endswith("...") else name
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        repeated = self.nargs != 1 or name.endswith("...")
+        name = name.removesuffix("...")
+        name = name if self.required else f"[{name}]"
+        return name + "..." if repeated else name
+
+    def display_type_rich(self, ctx) -> str | None:
+        return _type_label(self, ctx) if self.type_descriptor.is_choice else None
+
+    def process_value(self, ctx, value):
+        return _process_value(self, super(), ctx, value)
+
+
+def _process_value(param, parent, ctx, value):
+    # Shell completion parses with `resilient_parsing` and never uses the values: leaving them
+    # as they are spares every TAB press the import of pydantic, which Typer's coercion needs.
+    if ctx.resilient_parsing:
+        return value
+    return parent.process_value(ctx, value)
+
+
+def _polish_param(param) -> None:
+    if type(param) is TyperOption:
+        param.__class__ = TorchkitOption
+    elif type(param) is TyperArgument:
+        param.__class__ = TorchkitArgument
+    help_text = getattr(param, "help", None)
+    if help_text:
+        param.help = _BRACKETS_AS_TEXT.sub(r"\\[", help_text)
+
+
+def _tidy_help(help_text: str | None) -> str | None:
+    """The docstring with its first paragraph on one line (rich markup keeps line breaks, so a
+    wrapped summary would show its breaks in `torchkit --help`), and each later paragraph
+    dedented on its own, so that an indented Examples block renders the same way whether prose
+    comes before it or not."""
+    if not help_text:
+        return help_text
+    first, *rest = inspect.cleandoc(help_text).split("\n\n")
+    if first.startswith("\b"):
+        return help_text
+    return "\n\n".join([" ".join(first.split()), *(textwrap.dedent(p) for p in rest)])
+
+
+def _polish_command(command) -> None:
+    """Give a command built by Typer the help conventions above (idempotent)."""
+    if type(command) is TyperCommand:
+        command.__class__ = TorchkitCommand
+    command.help = _tidy_help(command.help)
+    for param in command.params:
+        _polish_param(param)
+
+
+class TorchkitCommand(TyperCommand):
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:  # the --help option is made on first use
+            _polish_param(param)
+        return params
+
+
 class TorchkitGroup(TyperGroup):
     """Runs commands so that failures end in one `Error: <what> (<hint>)` line on stderr, and
     command-line mistakes in one such line too (exit code 2), instead of click's usage panel."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _polish_command(self)
+        for command in self.commands.values():
+            _polish_command(command)
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _polish_command(command)
+        return command
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:  # --install-completion and --help are added after __init__
+            _polish_param(param)
+        return params
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:
@@ -128,6 +263,8 @@ def exit_quietly_on_broken_pipe() -> None:
 
 
 def _report(error: BaseException, line: str) -> None:
+    from rich.markup import escape
+
     if debug_enabled():
         console.stderr.print(
             "".join(traceback.format_exception(error)), markup=False, highlight=False
@@ -144,7 +281,90 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-app = typer.Typer(
+# --- shell completion: build only what the word being completed needs ---------------------------
+
+COMPLETE_ENV = "_TORCHKIT_COMPLETE"
+
+
+def _completed_words() -> list[str]:
+    """The words before the one being completed (after `torchkit`), as each shell passes them
+    to Typer's completion classes; [] when they cannot be read."""
+    from typer._click.shell_completion import split_arg_string
+
+    if "COMP_WORDS" in os.environ:  # bash
+        try:
+            cword = int(os.environ.get("COMP_CWORD", ""))
+        except ValueError:
+            return []
+        return split_arg_string(os.environ["COMP_WORDS"])[1:cword]
+    line = os.environ.get("_TYPER_COMPLETE_ARGS", "")  # zsh, fish, PowerShell
+    words = split_arg_string(line)[1:]
+    if "_TYPER_COMPLETE_WORD_TO_COMPLETE" in os.environ:  # PowerShell
+        incomplete = bool(os.environ["_TYPER_COMPLETE_WORD_TO_COMPLETE"])
+    else:
+        incomplete = not line.endswith(" ")
+    return words[:-1] if words and incomplete else words
+
+
+def _placeholder() -> None:
+    """Stands for a command while command names are completed."""
+
+
+def _default_value(value: Any) -> Any:
+    from typer.models import DefaultPlaceholder
+
+    return value.value if isinstance(value, DefaultPlaceholder) else value
+
+
+def _as_placeholder(name: str, help_text: str | None, hidden: bool):
+    from typer.models import CommandInfo
+
+    return CommandInfo(name=name, callback=_placeholder, help=help_text, hidden=hidden)
+
+
+def _for_completion(typer_app: typer.Typer) -> tuple[list, list]:
+    """The (commands, groups) to register while completing: the command being completed alone,
+    or, while its name is being typed, every command as a placeholder with no options (the
+    names, help lines and hidden flags are all completion shows). Building a command (reading
+    its signature, evaluating its annotations) is what a TAB press spends most of its time on."""
+    commands = {info.name: info for info in typer_app.registered_commands if info.name}
+    groups = {
+        _default_value(info.name): info
+        for info in typer_app.registered_groups
+        if _default_value(info.name)
+    }
+    words = [word for word in _completed_words() if not word.startswith("-")]
+    if words and words[0] in commands:
+        return [commands[words[0]]], []
+    if words and words[0] in groups:
+        return [], [groups[words[0]]]
+    if words:  # not a command: complete as usual
+        return list(commands.values()), list(groups.values())
+    placeholders = [
+        _as_placeholder(
+            name, info.help or inspect.getdoc(info.callback), bool(_default_value(info.hidden))
+        )
+        for name, info in commands.items()
+    ]
+    for name, info in groups.items():
+        help_text = _default_value(info.help) or _default_value(info.typer_instance.info.help)
+        placeholders.append(_as_placeholder(name, help_text, bool(_default_value(info.hidden))))
+    return placeholders, []
+
+
+class _TorchkitTyper(typer.Typer):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not os.environ.get(COMPLETE_ENV):
+            return super().__call__(*args, **kwargs)
+        registered = self.registered_commands, self.registered_groups
+        try:
+            self.registered_commands, self.registered_groups = _for_completion(self)
+            return super().__call__(*args, **kwargs)
+        finally:
+            self.registered_commands, self.registered_groups = registered
+
+
+app = _TorchkitTyper(
     cls=TorchkitGroup,
     name="torchkit",
     help="Train, evaluate and inspect PyTorch image models from the shell.",

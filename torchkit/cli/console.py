@@ -1,17 +1,40 @@
 """The two consoles: results on stdout, everything else (progress, warnings, errors) on stderr.
 
 rich turns colour off by itself when the stream is not a terminal and when NO_COLOR is set.
+`console.stdout` and `console.stderr` are made on first use, so that shell completion and
+`--help`, which print neither, do not import rich's console.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
+if TYPE_CHECKING:
+    from rich.console import Console
 
-stdout = Console(soft_wrap=True)
-stderr = Console(stderr=True, soft_wrap=True)
+    stdout: Console
+    stderr: Console
+
+
+def __getattr__(name: str) -> Any:
+    if name not in ("stdout", "stderr"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rich.console import Console
+
+    made = Console(stderr=name == "stderr", soft_wrap=True)
+    globals()[name] = made  # made once: later look-ups find the module attribute
+    return made
+
+
+def _stderr() -> Console:
+    return globals().get("stderr") or __getattr__("stderr")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 class _StderrHandler(logging.Handler):
@@ -20,8 +43,8 @@ class _StderrHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         label = {logging.WARNING: "Warning", logging.ERROR: "Error"}.get(record.levelno, "Note")
         style = "yellow" if record.levelno >= logging.WARNING else "dim"
-        stderr.print(
-            f"[{style}]{label}:[/] {escape(record.getMessage())}",
+        _stderr().print(
+            f"[{style}]{label}:[/] {_escape(record.getMessage())}",
             highlight=False,
             markup=True,
             soft_wrap=True,
@@ -38,8 +61,8 @@ def install_log_handler(verbose: bool = False) -> None:
 
 def note(message: str) -> None:
     """A remark for the user on stderr (never mixed into results)."""
-    stderr.print(f"[dim]Note:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    _stderr().print(f"[dim]Note:[/] {_escape(message)}", highlight=False, soft_wrap=True)
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[yellow]Warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    _stderr().print(f"[yellow]Warning:[/] {_escape(message)}", highlight=False, soft_wrap=True)

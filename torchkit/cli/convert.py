@@ -23,7 +23,18 @@ from torchkit.cli.render import OutputFormat, Table, emit
 
 convert_app = typer.Typer(
     cls=TorchkitGroup,
-    help="Convert images, arrays and tensors; CIFAR batches to PNG folders; checkpoints.",
+    help="""Convert images, arrays and tensors; CIFAR batches to PNG folders; checkpoints.
+
+    Examples:
+
+      torchkit convert tensor photo.jpg photo.pt
+
+      torchkit convert tensor images/ arrays/ --to npy -j 4
+
+      torchkit convert cifar cifar-10-python.tar.gz data/cifar10
+
+      torchkit convert checkpoint ddp_epoch90.pth resnet50.safetensors
+    """,
     no_args_is_help=True,
     rich_markup_mode="rich",
 )
@@ -84,7 +95,15 @@ def tensor(
     ],
     to: Annotated[
         Optional[TargetFormat],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Option("--to", help="Output format when DST is a folder.", case_sensitive=False),
+        typer.Option(
+            "--to",
+            metavar="FORMAT",
+            help="Output format when DST is a folder: "
+            + ", ".join(f.value for f in TargetFormat)
+            + ".",
+            case_sensitive=False,
+            show_default=False,
+        ),
     ] = None,
     layout: Annotated[
         Optional[Layout],  # noqa: UP045
@@ -144,10 +163,15 @@ def tensor(
     np.asarray(Image.open(...))); 8-bit pixels survive round trips exactly. A folder is converted
     recursively, in parallel, keeping its layout.
 
-    [dim]Examples:[/]
+    Examples:
+
       torchkit convert tensor photo.jpg photo.pt
-      torchkit convert tensor batch.pt grid.png --grid
-      torchkit convert tensor images/ arrays/ --to npy --workers 4
+
+      torchkit convert tensor photo.pt photo.png
+
+      torchkit convert tensor samples.pt grid.png --key images --grid --nrow 4
+
+      torchkit convert tensor images/ arrays/ --to npy -j 4
     """
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor
     from torchkit.core.convert.writes import check_report_output
@@ -225,9 +249,11 @@ def cifar(
     torchvision's CIFAR10/CIFAR100 number them. Archives are read without extracting them and
     pickles with a restricted unpickler: a file that tries to build anything but data is refused.
 
-    [dim]Examples:[/]
-      torchkit convert cifar cifar-10-python.tar.gz cifar10/
-      torchkit convert cifar cifar-100-python/ cifar100-coarse/ --label-type coarse
+    Examples:
+
+      torchkit convert cifar cifar-10-python.tar.gz data/cifar10
+
+      torchkit convert cifar cifar-100-python/ data/cifar100-coarse --label-type coarse
     """
     from torchkit.core.convert.cifar import convert_cifar
     from torchkit.core.convert.writes import check_report_output
@@ -300,9 +326,13 @@ def checkpoint(
     the state dict is picked out of a training checkpoint, a DataParallel/DDP 'module.' prefix
     is stripped, tensors are optionally cast. Loading is weights_only unless --trust-checkpoint.
 
-    [dim]Examples:[/]
+    Examples:
+
       torchkit convert checkpoint ddp_epoch90.pth resnet50.safetensors
-      torchkit convert checkpoint last.ckpt model.pt --key model_ema --dtype float16
+
+      torchkit convert checkpoint last.pth ema.pt --key model_ema --dtype float16
+
+      torchkit convert checkpoint model.pth backbone.safetensors --add-prefix backbone.
     """
     from torchkit.core.convert.checkpoint import convert_checkpoint
     from torchkit.core.convert.writes import check_report_output
@@ -324,7 +354,7 @@ def checkpoint(
         ["destination", report.destination],
         ["state dict key", report.key or "(top level)"],
         ["tensors", report.tensors],
-        ["parameters", report.parameters],
+        ["values (parameters and buffers)", report.values],
         ["tensor bytes before", report.bytes_before],
         ["tensor bytes after", report.bytes_after],
         ["file bytes before", report.file_bytes_before],

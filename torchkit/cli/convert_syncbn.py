@@ -76,10 +76,19 @@ def convert_syncbn(
 ) -> None:
     """Report the BatchNorm layers that would become SyncBatchNorm, or convert a saved model.
 
-    [bold]torchkit convert-syncbn resnet50[/] lists the layers. [bold]torchkit convert-syncbn
-    best.pt best-syncbn.pt[/] marks a torchkit checkpoint so that [bold]train --resume[/]
-    rebuilds it with SyncBatchNorm; a pickled model ([bold]--trust-checkpoint[/]) is converted.
-    [bold]--revert[/] goes back to BatchNorm.
+    Without DST, the layers are listed. With DST, a torchkit checkpoint is marked so that
+    [bold]train --resume[/] rebuilds it with SyncBatchNorm, and a pickled model
+    ([bold]--trust-checkpoint[/]) is converted. [bold]--revert[/] goes back to BatchNorm.
+
+    Examples:
+
+      torchkit convert-syncbn resnet50
+
+      torchkit convert-syncbn runs/best.pt runs/best-syncbn.pt
+
+      torchkit convert-syncbn runs/best-syncbn.pt runs/best-bn.pt --revert
+
+      torchkit convert-syncbn net-sync.pt net-bn.pt --trust-checkpoint --revert -i 3,224,224
     """
     from torchkit.core import syncbn
 

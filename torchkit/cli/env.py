@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from torchkit.cli import console
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -17,8 +18,18 @@ def env_command(
         bool,
         typer.Option(
             "--require-cuda",
-            help="Exit with status 1 unless a usable CUDA GPU is present "
-            "(`torchkit env --require-cuda && torchkit train ...`).",
+            help="Exit with status 1 unless a usable CUDA GPU is present. When none is, the "
+            "report is not printed: one `Error: no usable CUDA GPU: ...` line on stderr says "
+            "why (-o FILE still gets the report).",
+        ),
+    ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet",
+            "-q",
+            help="Print no report, only problems on stderr: with --require-cuda, nothing at "
+            "all when a CUDA GPU is usable (-o FILE still gets the report).",
         ),
     ] = False,
     fmt: FormatOption = OutputFormat.table,
@@ -30,15 +41,34 @@ def env_command(
     Problems (a CUDA build of torch with no usable driver, CUDA_VISIBLE_DEVICES hiding every GPU
     or cut short by an invalid entry, torchvision operators that do not load) are shown as
     warnings on stderr.
+
+    Examples:
+
+      torchkit env
+
+      torchkit env --format json -o env.json
+
+      torchkit env --format csv | grep gpus
+
+      torchkit env -q --require-cuda && torchkit train --data flowers/ --device cuda
     """
     from torchkit.core.env import collect_env, require_usable_cuda
     from torchkit.core.outputs import check_output_file
 
-    if output is not None and str(output) != "-":  # `-o -` is stdout
+    if output is not None and str(output) == "-":
+        output = None  # `-o -` is stdout
+    if output is not None:
         check_output_file(output, force)  # before the slow part, not after it
-    report = collect_env()
-    tables = [flat_table(report)] if fmt == OutputFormat.csv else report_tables(report)
-    emit(tables=tables, data=report, fmt=fmt, output=output, force=force)
+    report = collect_env(log_diagnostics=False)
+    # A script asking for CUDA where there is none gets one line, the error: no report on
+    # stdout, and no warnings that only say the same thing at more length.
+    missing_cuda = require_cuda and not report["cuda"]["usable"]
+    if not missing_cuda:
+        for message in report["diagnostics"]:
+            console.warn(message)
+    if output is not None or not (quiet or missing_cuda):
+        tables = [flat_table(report)] if fmt == OutputFormat.csv else report_tables(report)
+        emit(tables=tables, data=report, fmt=fmt, output=output, force=force)
     if require_cuda:
         require_usable_cuda(report)
 

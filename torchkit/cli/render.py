@@ -10,14 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.table import Table as RichTable
+from typing import TYPE_CHECKING, Any
 
 from torchkit.cli import console
-from torchkit.core.files import atomic_write_text
-from torchkit.core.outputs import check_output_file
+
+if TYPE_CHECKING:
+    from rich.table import Table as RichTable
 
 
 class OutputFormat(str, Enum):
@@ -79,6 +77,8 @@ def render_csv(table: Table) -> str:
 
 
 def rich_table(table: Table) -> RichTable:
+    from rich.table import Table as RichTable
+
     rendered = RichTable(title=table.title, title_justify="left", header_style="bold")
     for column in table.columns:
         # fold, not ellipsis: a long path must wrap inside its cell, never lose characters.
@@ -92,6 +92,8 @@ def rich_table(table: Table) -> RichTable:
 
 def render_plain_tables(tables: list[Table], width: int = 1000) -> str:
     """Tables as uncoloured text, each only as wide as its content (up to `width`)."""
+    from rich.console import Console
+
     buffer = io.StringIO()
     plain = Console(file=buffer, width=width, no_color=True, color_system=None)
     for table in tables:
@@ -110,6 +112,9 @@ def emit(
 ) -> None:
     """Write the result: tables (one or more), CSV of `tables[csv_table]`, or `data` as JSON;
     to stdout, or atomically to `output` (which needs --force to replace an existing file)."""
+    from torchkit.core.files import atomic_write_text
+    from torchkit.core.outputs import check_output_file
+
     if output is not None and str(output) == "-":
         output = None  # `-o -`: stdout, as most Unix tools read it
     if output is not None:

@@ -117,8 +117,15 @@ def summary(
 ) -> None:
     """Show a model's layers, one row per module call: shapes, parameters, mult-adds, memory.
 
-    Examples: [bold]torchkit summary resnet50[/], [bold]torchkit summary vit_b_16 -i 3,384,384
-    --depth 2[/], [bold]torchkit summary runs/best.pt --format json -o summary.json[/].
+    Examples:
+
+      torchkit summary resnet50
+
+      torchkit summary vit_b_16 --input-size 3 384 384 -d 2
+
+      torchkit summary runs/best.pt --format json -o summary.json
+
+      torchkit summary mypkg.nets:TwoTower -i 3,64,64 -i 16
     """
     if list_models:
         _emit_model_list(fmt, output, force)
@@ -127,6 +134,7 @@ def summary(
     if model is None:
         raise typer.BadParameter("give a MODEL, or --list for the names", param_hint="MODEL")
 
+    from torchkit.core.summary.counting import trainable_label
     from torchkit.core.summary.run import check_output, parse_input_size, summarize_model
 
     check_output(model, output, weights=weights, force=force)  # before the model is built
@@ -151,7 +159,7 @@ def summary(
                 _compact_shape(row.input_shape),
                 _compact_shape(row.output_shape),
                 f"{row.params:,}" if row.params else "",
-                row.trainable,
+                trainable_label(row),
                 f"{row.mult_adds:,}" if row.mult_adds else "",
             ]
             for row in rows
@@ -176,7 +184,7 @@ def summary(
                 _shape_text(row.input_shape),
                 _shape_text(row.output_shape),
                 row.params,
-                row.trainable or "",
+                trainable_label(row) or "",
                 row.mult_adds,
                 row.call,
             ]

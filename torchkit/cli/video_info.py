@@ -27,6 +27,7 @@ CSV_COLUMNS = [
     "container",
     "frame_indices",
     "frame_files",
+    "status",
     "error",
 ]
 
@@ -57,14 +58,18 @@ def video_info(
         bool,
         typer.Option(
             "--decode-check/--no-decode-check",
-            help="Decode the first frame of each video to prove it is readable (a copy cut "
-            "short after its header opens and reports frames it does not have). "
-            "--no-decode-check reads headers only: about twice as fast.",
+            help="Decode the first frame of each video to prove it is readable and, in formats "
+            "that record no sizes (FLV, Ogg, MPEG-PS...), the last frames its header declares "
+            "to prove it is whole. --no-decode-check decodes nothing: it reads the headers, and "
+            "the sizes MP4/MOV, AVI, MKV/WebM and MPEG-TS files record, which a copy cut short "
+            "falls short of.",
         ),
     ] = True,
     skip_errors: Annotated[
         bool,
-        typer.Option("--skip-errors", help="Exit 0 even when some videos could not be read."),
+        typer.Option(
+            "--skip-errors", help="Exit 0 even when some videos are truncated or unreadable."
+        ),
     ] = False,
     segments: Annotated[
         Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
@@ -120,8 +125,20 @@ def video_info(
 ) -> None:
     """Width, height, frames, fps, duration, codec, container and size of videos.
 
-    Unreadable, truncated or non-video files are reported as rows with an error, and the exit
-    code is 1 at the end (0 with --skip-errors).
+    Each video gets a status: ok; truncated, a copy cut short (the file is shorter than the
+    sizes its container records say or, in formats that record none, the frames its header
+    declares do not all decode); or unreadable (empty, not a video, corrupt). A video that is
+    not ok is a row with its error, and the exit code is 1 at the end (0 with --skip-errors).
+
+    Examples:
+
+      torchkit video-info clips/
+
+      torchkit video-info a.mp4 b.avi --format json
+
+      torchkit video-info clips/ --exact -o info.csv --format csv
+
+      torchkit video-info clip.mp4 -k 8 --sample-mode train --seed 3 --extract-frames frames/
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -178,14 +195,23 @@ def video_info(
             console.note(f"wrote {len(written)} frames to {extract_frames}")
         else:
             console.note(f"no frame was written: {extract_frames} is as it was")
-    failed = sum(info.error is not None for info in infos)
-    if failed and skip_errors:
-        console.warn(f"{failed} of {len(infos)} videos could not be read")
-    elif failed:
-        raise InputError(
-            f"{failed} of {len(infos)} videos could not be read",
-            "see the error column; --skip-errors exits 0",
-        )
+    problems = _problems(infos)
+    if problems and skip_errors:
+        console.warn(problems)
+    elif problems:
+        raise InputError(problems, "see the status and error columns; --skip-errors exits 0")
+
+
+def _problems(infos: list) -> str | None:
+    """`2 of 5 videos could not be read: 1 truncated, 1 unreadable`, or None when all are ok."""
+    from torchkit.core.video import STATUSES
+
+    counts = {status: sum(info.status == status for info in infos) for status in STATUSES}
+    bad = len(infos) - counts["ok"]
+    if not bad:
+        return None
+    kinds = ", ".join(f"{counts[s]} {s}" for s in STATUSES[1:] if counts[s])
+    return f"{bad} of {len(infos)} videos could not be read: {kinds}"
 
 
 def _table(infos: list, *, exact: bool, segments: bool) -> Table:
@@ -195,6 +221,7 @@ def _table(infos: list, *, exact: bool, segments: bool) -> Table:
     columns.append("container")
     if segments:
         columns.append("frame indices")
+    columns.append("status")
     if any(info.error for info in infos):
         columns.append("error")
     rows = []
@@ -215,6 +242,7 @@ def _table(infos: list, *, exact: bool, segments: bool) -> Table:
         ]
         if segments:
             row.append(_join(info.frame_indices, " "))
+        row.append(info.status)
         if "error" in columns:
             row.append(info.error)
         rows.append(row)

@@ -53,8 +53,9 @@ PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
 _TORCHVISION_LIBRARIES = ("_C_stable", "_C")
 
 
-def collect_env() -> dict[str, Any]:
-    """The environment report. Problems found are in `diagnostics` and logged as warnings."""
+def collect_env(*, log_diagnostics: bool = True) -> dict[str, Any]:
+    """The environment report. Problems found are in `diagnostics`, and logged as warnings
+    unless `log_diagnostics` is False (the caller reports them)."""
     diagnostics: list[str] = []
     report: dict[str, Any] = {
         "torchkit_version": __version__,
@@ -65,8 +66,9 @@ def collect_env() -> dict[str, Any]:
     report.update(_torch_sections(diagnostics))
     report["packages"] = package_versions()
     report["diagnostics"] = diagnostics
-    for message in diagnostics:
-        logger.warning(message)
+    if log_diagnostics:
+        for message in diagnostics:
+            logger.warning(message)
     return report
 
 

@@ -31,6 +31,12 @@ VIDEO_EXTENSIONS = frozenset(
     }
 )  # fmt: skip
 SAMPLE_MODES = ("test", "train")
+STATUSES = ("ok", "truncated", "unreadable")
+# The frames the cheap end-of-file check decodes: it seeks to this many frames before the last
+# one the header declares and reads on (seeking lands on a key frame and decodes forward, so
+# this costs at most one group of pictures).
+TAIL_FRAMES = 4
+TS_PACKET = 188
 SNIFF_BYTES = 512  # enough for an EBML DocType and two MPEG-TS packet starts
 
 # Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
@@ -50,10 +56,16 @@ class _Stopped(Exception):
     """The run is being stopped (Ctrl-C, SIGTERM, a write error): a worker drops its video."""
 
 
+class _PastTheEnd(InputError):
+    """A sampled frame the header declares does not decode: the video ends early."""
+
+
 @dataclass
 class VideoInfo:
     """What is known about one video. `frames` is the count shown: `frames_decoded` when frames
-    were counted by decoding (`frames_source == "decoded"`), else the container's estimate."""
+    were counted by decoding (`frames_source == "decoded"`), else the container's estimate.
+    `status` is `ok`, `truncated` (the file ends before what its container structure or its
+    frame count declares) or `unreadable`; `error` says why when it is not `ok`."""
 
     path: str
     size_bytes: int | None = None
@@ -69,7 +81,13 @@ class VideoInfo:
     container: str | None = None
     frame_indices: list[int] | None = None
     frame_files: list[str] | None = None
+    status: str = "ok"
     error: str | None = None
+
+    def fail(self, message: str, status: str = "unreadable") -> None:
+        """Mark the video as not ok: `truncated` (it ends before what its container or header
+        declares) or `unreadable` (anything else that stops it being read)."""
+        self.status, self.error = status, message
 
     @property
     def frames_differ(self) -> bool:
@@ -95,6 +113,7 @@ class VideoInfo:
             "container": self.container,
             "frame_indices": self.frame_indices,
             "frame_files": self.frame_files,
+            "status": self.status,
             "error": self.error,
         }
 
@@ -270,6 +289,169 @@ def _describe_unopenable(size: int, container: str | None) -> str:
     return f"truncated or corrupt {container} file"
 
 
+# --- truncation ---------------------------------------------------------------------------------
+#
+# A copy cut short (a download or transfer that stopped, a disk that filled up) often still opens:
+# its header says how many frames there are and decoding starts fine. Two cheap checks tell it
+# from a whole file. (1) Container structure: MP4/MOV boxes, AVI RIFF chunks, the Matroska/WebM
+# segment and MPEG-TS packets carry their sizes, so reading a few bytes at a few offsets says
+# how long the file must be; a shorter file ends mid-stream. (2) Where the format records no
+# sizes (FLV, Ogg, MPEG-PS, a live recording): decoding at the end, the last frames the header
+# declares sought and decoded (`--exact` decodes them all anyway).
+
+_MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for a corrupt one
+
+
+def declared_size(path: str | os.PathLike, container: str | None, size: int) -> int | None:
+    """How many bytes the container structure of a `size`-byte file says it holds, for the
+    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, MPEG-TS); None when the format
+    does not say or the structure cannot be read (so nothing is claimed about the file)."""
+    if container == "mpeg-ts":
+        return -(-size // TS_PACKET) * TS_PACKET  # a partial last packet ends mid-stream
+    readers = {
+        "mp4": _iso_boxes_end,
+        "mov": _iso_boxes_end,
+        "3gp": _iso_boxes_end,
+        "avi": _riff_chunks_end,
+        "mkv": _ebml_segment_end,
+        "webm": _ebml_segment_end,
+    }
+    reader = readers.get(container or "")
+    if reader is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return reader(handle, size)
+    except OSError:
+        return None
+
+
+def _iso_boxes_end(handle, size: int) -> int | None:
+    """The end of the last top-level box of an ISO base media file (MP4, MOV, 3GP)."""
+    offset = 0
+    for _ in range(_MAX_BOXES):
+        if offset >= size:
+            return offset
+        handle.seek(offset)
+        header = handle.read(16)
+        if len(header) < 8:  # the file ends inside a box header, or a few padding zeros
+            return offset if not header.strip(b"\x00") else offset + 8
+        length = int.from_bytes(header[:4], "big")
+        kind = header[4:8]
+        if not (kind.isascii() and all(32 <= byte < 127 for byte in kind)):
+            return None  # not a box: trailing data we cannot judge
+        if length == 1:  # a 64-bit size follows the type
+            if len(header) < 16:
+                return offset + 16
+            length = int.from_bytes(header[8:16], "big")
+            if length < 16:
+                return None
+        elif length == 0:  # the last box runs to the end of the file
+            return size
+        elif length < 8:
+            return None
+        offset += length
+    return None
+
+
+def _riff_chunks_end(handle, size: int) -> int | None:
+    """The end of the last RIFF chunk of an AVI (OpenDML files over 1 GiB hold several)."""
+    offset = 0
+    for _ in range(_MAX_BOXES):
+        if offset >= size:
+            return offset
+        handle.seek(offset)
+        header = handle.read(12)
+        if len(header) < 12:
+            return offset + 12
+        if header[:4] != b"RIFF" or header[8:12] not in (b"AVI ", b"AVIX"):
+            return None if offset == 0 else offset  # junk after the last chunk is not ours
+        length = int.from_bytes(header[4:8], "little")
+        if length == 0:  # a writer that never went back to fill the size in
+            return None
+        offset += 8 + length + (length & 1)
+    return None
+
+
+def _ebml_number(data: bytes, position: int, *, keep_marker: bool) -> tuple[int, int] | None:
+    """An EBML variable-length number at `position`: (value, its length); an element ID keeps
+    its length marker bit, a size drops it. A size of all ones (unknown) comes back as -1."""
+    if position >= len(data) or data[position] == 0:
+        return None
+    first = data[position]
+    length = 9 - first.bit_length()
+    if position + length > len(data):
+        return None
+    value = int.from_bytes(data[position : position + length], "big")
+    if keep_marker:
+        return value, length
+    value &= (1 << (7 * length)) - 1
+    return (-1 if value == (1 << (7 * length)) - 1 else value), length
+
+
+def _ebml_segment_end(handle, size: int) -> int | None:
+    """The end of the Segment of a Matroska/WebM file (None when it is written as unknown, as
+    live recordings do)."""
+    handle.seek(0)
+    head = handle.read(4096)
+    position = 0
+    for _ in range(8):  # the EBML header, then perhaps Void elements, then the Segment
+        element = _ebml_number(head, position, keep_marker=True)
+        if element is None:
+            return None
+        element_id, id_length = element
+        length = _ebml_number(head, position + id_length, keep_marker=False)
+        if length is None or length[0] < 0:
+            return None
+        data_start = position + id_length + length[1]
+        if element_id == 0x18538067:  # Segment
+            return data_start + length[0]
+        position = data_start + length[0]
+    return None
+
+
+def _shortfall(info: VideoInfo, declared: int | None) -> str | None:
+    if declared is None or info.size_bytes is None or declared <= info.size_bytes:
+        return None
+    return (
+        f"truncated: the file holds {info.size_bytes:,} of the {declared:,} bytes its "
+        f"{info.container} structure declares"
+    )
+
+
+def _frame_slack(header: int) -> int:
+    """Frames a count may fall short of the header by without calling the file truncated: a
+    header count can be an estimate (duration x fps) or count a frame a decoder drops. A real
+    cut loses more, and the container check catches the small ones where the format says."""
+    return max(1, header // 100)
+
+
+def _frames_short(decoded: int, header: int | None) -> str | None:
+    if header is None or decoded >= header - _frame_slack(header):
+        return None
+    return f"truncated: {decoded:,} of the {header:,} frames its header declares decode"
+
+
+def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
+    """Seek to the last frames the header declares and decode them (`decoded` frames have been
+    read already); a message if they are not there. Only the end is decoded: one group of
+    pictures at most, whatever the length of the video."""
+    reached = decoded
+    start = header - TAIL_FRAMES
+    if start > decoded:
+        if not capture.set(cv2.CAP_PROP_POS_FRAMES, start):
+            return None  # this file cannot seek by frame: say nothing rather than guess
+        reached = start
+    while reached < header and capture.grab():
+        reached += 1
+    if reached >= header - _frame_slack(header):
+        return None
+    return (
+        f"truncated: frame {reached + 1:,} of the {header:,} its header declares does not "
+        "decode (--exact counts those that do)"
+    )
+
+
 def _open_capture(cv2, path: Path):
     capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
     if not capture.isOpened():
@@ -296,18 +478,22 @@ def probe_video(
     decode_check: bool = True,
     stop: threading.Event | None = None,
 ) -> VideoInfo:
-    """The metadata of one video. Failures become `VideoInfo.error`, never exceptions.
+    """The metadata of one video. Failures become `VideoInfo.status` and `.error`, never
+    exceptions.
 
-    `decode_check` decodes the first frame, which tells a readable video from one whose header
-    is intact but whose frames are missing or corrupt (a copy cut short after the header); it
-    about doubles the time per file. `exact` decodes every frame anyway."""
+    The sizes the container records are checked against the file's always (a few bytes read):
+    a shorter file is `truncated`. `decode_check` decodes the first frame, which tells a
+    readable video from one whose header is intact but whose frames are missing or corrupt, and,
+    for formats that record no sizes, the last frames the header declares, which tells a whole
+    file from a copy cut short; it about doubles the time per file. `exact` decodes every frame
+    anyway; for formats that record no sizes, a count short of the header's means truncated."""
     info = VideoInfo(path=str(path))
     try:
         _probe_into(info, Path(path), exact, decode_check, stop)
     except _Stopped:
         raise
     except Exception as error:  # one bad file must not stop the others
-        info.error = _error_text(error)
+        info.fail(_error_text(error))
     return info
 
 
@@ -329,11 +515,22 @@ def _probe_into(
     sniffed = sniff_container(head)
     info.container = sniffed
     if info.size_bytes == 0:
-        info.error = _describe_unopenable(0, sniffed)
+        info.fail(_describe_unopenable(0, sniffed))
         return
+    # Read before FFmpeg opens the file: a cut MP4 whose index was at its end cannot be opened,
+    # and this still tells a truncated copy from a corrupt file.
+    declared = declared_size(path, sniffed, info.size_bytes)
+    cut = _shortfall(info, declared)
+    # Where the container's sizes say the file is whole, frames short of the header's count
+    # are an estimate or a decoder's quirk, not a cut: decoding is the evidence only where the
+    # sizes say nothing (and the end is not sought where they do: no time spent).
+    judge_by_frames = declared is None
     capture = _open_capture(cv2, path)
     if capture is None:
-        info.error = _describe_unopenable(info.size_bytes, sniffed)
+        if cut:
+            info.fail(cut, "truncated")
+        else:
+            info.fail(_describe_unopenable(info.size_bytes, sniffed))
         return
     if info.container is None:  # FFmpeg knows a format we do not sniff: trust the name
         info.container = path.suffix.lower().lstrip(".") or None
@@ -346,24 +543,29 @@ def _probe_into(
         info.frames_header = _positive_int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
         info.codec = fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
         if width is None or height is None:
-            info.error = "no video stream"
+            info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
             return
         if exact:
             info.frames_decoded = count_frames(capture, stop)
             info.frames, info.frames_source = info.frames_decoded, "decoded"
-            if info.frames_decoded == 0:
-                info.error = "no frame decodes (truncated or corrupt)"
-                return
+            if info.frames_decoded == 0 and not cut:
+                info.fail("no frame decodes (truncated or corrupt)")
+            elif not cut and judge_by_frames:
+                cut = _frames_short(info.frames_decoded, info.frames_header)
         else:
-            # Decoding one frame is what tells a readable video from a header with broken data.
-            if decode_check and not capture.grab():
-                info.error = "no frame decodes (truncated or corrupt)"
-                return
             info.frames, info.frames_source = info.frames_header, "header"
+            # Decoding the first frame tells a readable video from a header with broken data,
+            # decoding the last ones a whole file from one that stops early.
+            if decode_check and not cut and not capture.grab():
+                info.fail("no frame decodes (truncated or corrupt)")
+            elif decode_check and judge_by_frames and info.frames_header:
+                cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
     finally:
         capture.release()
     if info.frames is not None and info.fps:
         info.duration_s = info.frames / info.fps
+    if cut:
+        info.fail(cut, "truncated")
 
 
 # --- sampled frames -----------------------------------------------------------------------------
@@ -399,7 +601,7 @@ def extract_frames(
                 if stop is not None and position % 64 == 0 and stop.is_set():
                     raise _Stopped()
                 if not capture.grab():
-                    raise InputError(
+                    raise _PastTheEnd(
                         f"only {position} frames could be decoded, frame {index} is past the end",
                         "the frame count in the header is wrong; pass --exact",
                     )
@@ -441,7 +643,7 @@ def _sample_into(
     stop: threading.Event | None = None,
 ) -> None:
     if info.frames is None:
-        info.error = "the container does not say how many frames it holds (pass --exact)"
+        info.fail("the container does not say how many frames it holds (pass --exact)")
         return
     try:
         info.frame_indices = tsn_frame_indices(info.frames, options.num_segments, options.mode, rng)
@@ -458,8 +660,10 @@ def _sample_into(
         # A full disk is the output's error, not this video's. The frames go to a hidden
         # temporary folder: the error names the folder that was asked for.
         raise write_error(options.extract_dir, error.__cause__ or error) from error
+    except _PastTheEnd as error:
+        info.fail(f"truncated: {error.message} ({error.hint})", "truncated")
     except Exception as error:
-        info.error = _error_text(error)
+        info.fail(_error_text(error))
 
 
 class _FramesFolder:
@@ -596,7 +800,7 @@ def _inspect(
         if stop.is_set():
             raise _Stopped()
         info = probe_video(videos[position], exact=exact, decode_check=decode_check, stop=stop)
-        if options is not None and info.error is None:
+        if options is not None and info.status == "ok":
             _sample_into(info, options, streams[position] if streams else None, frames_folder, stop)
         return info
 

@@ -48,11 +48,15 @@ AUTO_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
 
 @dataclass
 class CheckpointReport:
+    """What `convert_checkpoint` wrote. `values` counts the numbers in all tensors: a state
+    dict does not say which tensors are parameters and which are buffers (BatchNorm running
+    statistics, counters), so this is not a parameter count (`torchkit summary` gives that)."""
+
     source: str
     destination: str
     key: str | None
     tensors: int
-    parameters: int
+    values: int
     bytes_before: int
     bytes_after: int
     file_bytes_before: int
@@ -285,7 +289,7 @@ def convert_checkpoint(
         destination=str(target),
         key=picked,
         tensors=len(out),
-        parameters=sum(t.numel() for t in out.values()),
+        values=sum(t.numel() for t in out.values()),
         bytes_before=sum(_nbytes(t) for t in tensors.values()),
         bytes_after=sum(_nbytes(t) for t in out.values()),
         file_bytes_before=source.stat().st_size,

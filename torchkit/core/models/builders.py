@@ -119,12 +119,20 @@ def torchvision_random(name: str, num_classes: int, image_size: int | tuple[int,
 
 
 def torchvision_pretrained(name: str, weights: str):
+    """torchvision's `name` with its `weights` (downloaded once, then read from the cache).
+
+    torch.hub writes `Downloading: "https://..." to ~/.cache/...` with `sys.stdout.write`: that
+    line goes to stderr here, so that stdout carries only a command's result (`--format json`
+    stays parseable the first time the weights are needed, not only later)."""
+    import contextlib
+    import sys
     import urllib.error
 
     import torchvision
 
     try:
-        return torchvision.models.get_model(name, weights=weights)
+        with contextlib.redirect_stdout(sys.stderr):
+            return torchvision.models.get_model(name, weights=weights)
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
         if isinstance(error, FileNotFoundError):
             raise

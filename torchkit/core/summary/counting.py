@@ -49,7 +49,8 @@ class LayerCall:
     input_shape: Any  # a list of ints per tensor, nested as the inputs are
     output_shape: Any
     params: int  # parameters of the module and its submodules, each tensor once
-    trainable: str | None  # "yes", "no", "partial", or None for a module without parameters
+    trainable_params: int  # those of `params` that require grad
+    trainable: bool | None  # every parameter trains; None for a module without parameters
     mult_adds: int  # of this call; a container's is the sum over the leaf calls inside it
     call: int  # 1 for the module's first call, 2 for its second...
     leaf: bool
@@ -169,12 +170,13 @@ def _param_counts(module: Any) -> tuple[int, int]:
     return total, trainable
 
 
-def _trainable_label(total: int, trainable: int) -> str | None:
-    if total == 0:
+def trainable_label(row: LayerCall) -> str | None:
+    """yes, no or partial (some parameters frozen); None for a module without parameters."""
+    if not row.params:
         return None
-    if trainable == total:
+    if row.trainable_params == row.params:
         return "yes"
-    return "no" if trainable == 0 else "partial"
+    return "no" if row.trainable_params == 0 else "partial"
 
 
 def _storage_key(tensor: Any) -> int:
@@ -262,6 +264,7 @@ class _Recorder:
             input_shape=shape_of(_call_inputs(args, kwargs)),
             output_shape=None,
             params=0,
+            trainable_params=0,
             trainable=None,
             mult_adds=0,
             call=self.call_counts[key],
@@ -283,8 +286,8 @@ class _Recorder:
         # Parameters are read after the call: a lazy module has them only from now on.
         if key not in self.param_cache:
             self.param_cache[key] = _param_counts(module)
-        row.params, trainable = self.param_cache[key]
-        row.trainable = _trainable_label(row.params, trainable)
+        row.params, row.trainable_params = self.param_cache[key]
+        row.trainable = row.trainable_params == row.params if row.params else None
         if row.leaf:
             row.mult_adds = leaf_mult_adds(module, output)
             for _, parent in self.stack:
