@@ -86,3 +86,32 @@ def test_mismatches_are_clear_errors(tmp_path):
     torch.save({**state, key: state[key][:1]}, shrunk)
     with pytest.raises(CheckpointError, match="different shapes"):
         average_checkpoints([plain, shrunk])
+
+
+def test_convert_checkpoint_average_writes_a_checkpoint_and_refuses_bad_calls(runner, tmp_path):
+    import json
+
+    from torchkit.cli import app
+
+    paths = [str(p) for p in checkpoints(tmp_path)]
+    out = tmp_path / "avg.pt"
+    result = runner.invoke(
+        app, ["convert", "checkpoint", "--average", *paths, str(out), "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["checkpoints"] == 3 and report["kind"] == "torchkit checkpoint"
+    assert isinstance(report["values"], int) and report["destination"] == str(out)
+    saved = torch.load(out, weights_only=True)
+    expected = average_checkpoints(paths)["model"]
+    assert all(torch.equal(saved["model"][k], v) for k, v in expected.items())
+    again = runner.invoke(app, ["convert", "checkpoint", "--average", *paths, str(out)])
+    assert again.exit_code == 1 and "already exists" in again.stderr
+    onto_input = runner.invoke(
+        app, ["convert", "checkpoint", "--average", *paths, paths[0], "--force"]
+    )
+    assert onto_input.exit_code == 1 and torch.load(paths[0], weights_only=True)["epoch"] == 1
+    one = runner.invoke(app, ["convert", "checkpoint", "--average", paths[0], str(out)])
+    assert one.exit_code == 2 and "two or more checkpoints" in one.stderr
+    three = runner.invoke(app, ["convert", "checkpoint", *paths])
+    assert three.exit_code == 2 and "add --average" in three.stderr

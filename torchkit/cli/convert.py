@@ -286,10 +286,24 @@ def cifar(
 
 
 def checkpoint(
-    src: Annotated[Path, typer.Argument(help="A checkpoint (.pt, .pth, .bin, .safetensors...).")],
-    dst: Annotated[
-        Path, typer.Argument(help="The output: .safetensors, or .pt/.pth for a plain state dict.")
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="SRC DST: a checkpoint (.pt, .pth, .bin, .safetensors...) and the output "
+            "(.safetensors, or .pt/.pth for a plain state dict). With --average: two or more "
+            "checkpoints, then DST.",
+            metavar="SRC... DST",
+            show_default=False,
+        ),
     ],
+    average: Annotated[
+        bool,
+        typer.Option(
+            "--average",
+            help="Average the weights of the SRC checkpoints (timm's avg_checkpoints: floats "
+            "in float64, integer buffers from the last) into DST, a checkpoint eval reads.",
+        ),
+    ] = False,
     key: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -333,10 +347,22 @@ def checkpoint(
       torchkit convert checkpoint last.pth ema.pt --key model_ema --dtype float16
 
       torchkit convert checkpoint model.pth backbone.safetensors --add-prefix backbone.
+
+      torchkit convert checkpoint --average run/epoch-01[89].pt run/last.pt avg.pt
     """
     from torchkit.core.convert.checkpoint import convert_checkpoint
     from torchkit.core.convert.writes import check_report_output
+    from torchkit.core.errors import UsageError
 
+    if average:
+        _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output)
+        return
+    if len(paths) != 2:
+        raise UsageError(
+            f"convert checkpoint takes SRC and DST, not {len(paths)} paths",
+            "to average several checkpoints, add --average",
+        )
+    src, dst = paths
     check_report_output(output, force, source=src, destination=dst)
 
     report = convert_checkpoint(
@@ -369,6 +395,38 @@ def checkpoint(
     ]
     table = Table(["quantity", "value"], rows)
     emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+
+
+def _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output) -> None:
+    from torchkit.core.averaging import write_average
+    from torchkit.core.convert.writes import check_report_output
+    from torchkit.core.errors import UsageError
+
+    if len(paths) < 3:
+        raise UsageError(
+            "--average needs two or more checkpoints and DST",
+            "e.g. convert checkpoint --average epoch-018.pt epoch-019.pt epoch-020.pt avg.pt",
+        )
+    if key is not None or strip_prefix is not None or add_prefix or dtype is not None:
+        raise UsageError(
+            "--average writes the averaged checkpoint as it is",
+            "convert the result afterwards for --key, --strip-prefix, --add-prefix or --dtype",
+        )
+    *sources, destination = paths
+    for source in sources:
+        check_report_output(output, force, source=source, destination=destination)
+    report = write_average(sources, destination, force=force)
+    rows = [
+        ["sources", ", ".join(report["sources"])],
+        ["destination", report["destination"]],
+        ["kind", report["kind"]],
+        ["checkpoints averaged", report["checkpoints"]],
+        ["tensors", report["tensors"]],
+        ["values (parameters and buffers)", report["values"]],
+        ["tensors averaged (floating point)", report["averaged_tensors"]],
+    ]
+    emit(tables=[Table(["quantity", "value"], rows)], data=report, fmt=fmt, output=output,
+         force=force)  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -101,3 +101,36 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
     result["model"] = averaged
     result["averaged_from"] = [Path(p).name for p in paths]
     return result
+
+
+def write_average(
+    sources: Sequence[str | os.PathLike], destination: str | os.PathLike, *, force: bool = False
+) -> dict[str, Any]:
+    """Average `sources` into `destination` (checked before any work: not one of the sources,
+    --force to replace; written atomically). Returns the report."""
+    from torchkit.core.checkpoint import save_checkpoint
+    from torchkit.core.convert.writes import writing
+    from torchkit.core.files import require_input
+    from torchkit.core.outputs import InputPath, check_output_file
+
+    checked = [require_input(path, what="checkpoint", kind="file") for path in sources]
+    target = Path(destination)
+    if target.suffix.lower() not in (".pt", ".pth", ".ckpt", ".bin"):
+        raise UsageError(
+            f"cannot tell the output format from {target.name!r}",
+            "end DST with .pt (a torchkit checkpoint or a state dict, like the inputs)",
+        )
+    check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
+    averaged = average_checkpoints(checked)
+    state = averaged.get("model", averaged)
+    with writing(target):
+        save_checkpoint(averaged, target)
+    return {
+        "sources": [str(path) for path in checked],
+        "destination": str(target),
+        "kind": "torchkit checkpoint" if "model" in averaged else "state dict",
+        "checkpoints": len(checked),
+        "tensors": len(state),
+        "values": sum(int(t.numel()) for t in state.values()),
+        "averaged_tensors": sum(1 for t in state.values() if t.is_floating_point()),
+    }
