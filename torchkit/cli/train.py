@@ -327,7 +327,8 @@ def train_command(
             case_sensitive=False,
             rich_help_panel=OPTIM_HELP,
             help="cosine anneals per iteration; step, multistep and "
-            "exponential decay per epoch; plateau on val top-1.",
+            "exponential decay per epoch; plateau decays when the --best-metric (val top-1 or "
+            "val loss, of the EMA weights with --ema) stops improving.",
         ),
     ] = Scheduler(DEFAULTS.scheduler),
     warmup_epochs: Annotated[
