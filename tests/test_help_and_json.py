@@ -285,3 +285,44 @@ def test_zsh_completion_of_command_names_keeps_their_help():
     text = "\n".join(lines)
     assert '"env":"Report Python, OS, CPU' in text
     assert '"convert":"Convert images, arrays and tensors' in text
+
+
+def test_json_of_the_data_and_training_commands_has_typed_values(tmp_path, make_image_folder):
+    """The same sweep for dataset-stats, split, train, eval and predict: numbers are numbers,
+    flags are booleans, missing values null."""
+    data = make_image_folder(tmp_path / "data", {"a": 4, "b": 4}, size=8)
+    run = tmp_path / "run"
+    runs = [
+        ["dataset-stats", str(data)],
+        ["split", str(data), str(tmp_path / "out"), "--mode", "manifest"],
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs",
+         "1", "-j", "0", "--out", str(run), "--val-split", "0.5"],
+        ["eval", str(run / "best.pt"), "--data", str(data), "-j", "0"],
+        ["predict", str(run / "best.pt"), str(data), "-j", "0"],
+    ]  # fmt: skip
+
+    def values(value):
+        if isinstance(value, dict):
+            for item in value.values():
+                yield from values(item)
+        elif isinstance(value, list):
+            for item in value:
+                yield from values(item)
+        else:
+            yield value
+
+    for args in runs:
+        result = runner.invoke(app, [*args, "--format", "json"])
+        assert result.exit_code == 0, (args, result.stderr)
+        data_out = json.loads(result.stdout)
+        # Options echoed as given are text even when their value is the word none
+        # (`--tta none`, train's `--class-weights none`).
+        if isinstance(data_out, dict):
+            data_out.pop("config", None)
+            data_out.pop("tta", None)
+        texts = {v.strip().lower() for v in values(data_out) if isinstance(v, str)}
+        assert not texts & {"yes", "no", "true", "false", "none", "null", "nan"}, args
+        numeric_looking = [
+            v for v in values(data_out) if isinstance(v, str) and v.replace(".", "", 1).isdigit()
+        ]
+        assert not numeric_looking or args[0] in ("split", "predict"), (args, numeric_looking[:3])
