@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "extract_features",
     "video_info",
     "convert_syncbn",
+    "benchmark",
 )
 
 for _name in COMMAND_MODULES:

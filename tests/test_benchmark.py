@@ -1,0 +1,679 @@
+"""`torchkit benchmark` and `torchkit.core.benchmark`: the JSON it reports, warm-up excluded from
+the timing, --iters/--seconds, batch-size lists, the training step, --find-batch-size, appending
+to a CSV, bad options, the CUDA paths (mocked: synchronisation, peak memory, out of memory), and
+agreement with a hand-written timing loop."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import math
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+from conftest import error_line
+from torch import nn
+
+from torchkit.cli import app
+from torchkit.core.benchmark import (
+    COLUMNS,
+    BenchmarkOptions,
+    Trial,
+    benchmark_model,
+    parse_batch_sizes,
+    percentile,
+    search_batch_size,
+    time_steps,
+)
+from torchkit.core.benchmark import memory as bench_memory
+from torchkit.core.benchmark import run as bench_run
+from torchkit.core.benchmark.memory import MemoryProbe, parse_memory_limit
+from torchkit.core.benchmark.search import OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER
+from torchkit.core.errors import TorchkitError, UsageError
+from torchkit.core.summary import summarize
+
+pytestmark = pytest.mark.usefixtures("cli_built_once")
+
+FAST = ["--device", "cpu", "--warmup", "1", "--iters", "2"]
+
+
+def tiny_conv(channels: int = 1) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(channels, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    )
+
+
+class Recorder(nn.Module):
+    """Counts its calls per input shape, records the mode and grad state of each, and can sleep
+    on the first `slow_calls` calls of each shape (a cold start, as cuDNN's autotuning)."""
+
+    def __init__(self, slow_calls: int = 0, delay: float = 0.0, per_call: float = 0.0) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.slow_calls, self.delay, self.per_call = slow_calls, delay, per_call
+        self.calls: dict[tuple[int, ...], int] = {}
+        self.seen: list[tuple[int, bool, bool, bool]] = []
+
+    def forward(self, x):
+        if x.device.type != "meta":
+            key = tuple(x.shape)
+            self.calls[key] = self.calls.get(key, 0) + 1
+            self.seen.append(
+                (x.shape[0], self.training, torch.is_inference_mode_enabled(), x.requires_grad)
+            )
+            if self.calls[key] <= self.slow_calls:
+                time.sleep(self.delay)
+            if self.per_call:
+                time.sleep(self.per_call)
+        return self.fc(x)
+
+
+def options(**kwargs) -> BenchmarkOptions:
+    kwargs.setdefault("device", "cpu")
+    kwargs.setdefault("warmup", 1)
+    if "seconds" not in kwargs:
+        kwargs.setdefault("iters", 2)
+    return BenchmarkOptions(**kwargs)
+
+
+@pytest.fixture
+def model_module(tmp_path, monkeypatch):
+    """Write `package.module:Callable` code to a fresh module in tmp_path (the working
+    directory); returns its spec."""
+    monkeypatch.chdir(tmp_path)
+    names = []
+
+    def write(code: str, attr: str = "build") -> str:
+        name = f"benchmodel_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{name}.py").write_text(code)
+        importlib.invalidate_caches()
+        names.append(name)
+        return f"{name}:{attr}"
+
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+SLOW_START = """
+import time
+from torch import nn
+
+class SlowStart(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.calls = {}
+
+    def forward(self, x):
+        if x.device.type != "meta":
+            key = tuple(x.shape)
+            self.calls[key] = self.calls.get(key, 0) + 1
+            if self.calls[key] <= 3:  # the first 3 calls of each input shape are slow
+                time.sleep(0.2)
+        return self.fc(x)
+
+def build():
+    return SlowStart()
+"""
+
+
+# --- the JSON -------------------------------------------------------------------------------------
+
+
+def test_json_structure_and_types(runner):
+    args = ["benchmark", "convnet", "-i", "1,28,28", "-b", "1,4", "--mode", "both", *FAST]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["model"] == "convnet" and data["source"] == "built-in"
+    assert data["input_size"] == [1, 28, 28] and data["device"] == "cpu"
+    assert data["threads"] == torch.get_num_threads()
+    counted = summarize(bench_run_model("convnet", (1, 28, 28)), [(1, 1, 28, 28)])
+    assert data["mult_adds_per_image"] == counted.total_mult_adds > 0
+    assert data["flops_per_image"] == counted.flops > 0
+    assert data["params"] == counted.total_params
+    assert data["batch_size_search"] == []
+    assert data["settings"]["modes"] == ["infer", "train"]
+    assert data["settings"]["iters"] == 2 and data["settings"]["warmup"] == 1
+
+    rows = data["results"]
+    assert [(r["mode"], r["batch_size"]) for r in rows] == [
+        ("infer", 1),
+        ("infer", 4),
+        ("train", 1),
+        ("train", 4),
+    ]
+    types = {
+        "model": str,
+        "mode": str,
+        "batch_size": int,
+        "input_size": str,
+        "device": str,
+        "device_name": str,
+        "dtype": str,
+        "amp": bool,
+        "channels_last": bool,
+        "compile": bool,
+        "threads": int,
+        "warmup": int,
+        "iters": int,
+        "timed_s": float,
+        "images_per_s": float,
+        "latency_median_ms": float,
+        "latency_p90_ms": float,
+        "peak_memory_mb": float,
+        "memory_kind": str,
+        "mult_adds_per_image": int,
+        "flops_per_image": int,
+        "step_flops_per_image": int,
+        "tflops": float,
+        "torch_version": str,
+        "timestamp": str,
+    }
+    assert list(types) == list(COLUMNS)
+    for row in rows:
+        assert list(row) == list(COLUMNS)
+        for key, kind in types.items():
+            assert type(row[key]) is kind, (key, row[key])
+        assert row["input_size"] == "1x28x28" and row["dtype"] == "float32"
+        assert row["iters"] == 2 and row["memory_kind"] == "cpu_rss_growth"
+        assert row["peak_memory_mb"] >= 0
+        assert 0 < row["latency_median_ms"] <= row["latency_p90_ms"] * 1.0001
+        assert math.isclose(
+            row["images_per_s"], row["batch_size"] * row["iters"] / row["timed_s"], rel_tol=0.01
+        )
+        factor = 3 if row["mode"] == "train" else 1
+        assert row["step_flops_per_image"] == factor * row["flops_per_image"]
+        expected = row["step_flops_per_image"] * row["images_per_s"] / 1e12
+        assert math.isclose(row["tflops"], expected, rel_tol=0.01, abs_tol=1e-6)
+        assert row["timestamp"].endswith("Z")
+
+
+def bench_run_model(spec: str, sample: tuple[int, ...]) -> nn.Module:
+    from torchkit.core.models import resolve_model
+
+    return resolve_model(spec, in_channels=sample[0], image_size=sample[1:]).model
+
+
+def test_table_and_csv_formats(runner):
+    args = ["benchmark", "convnet", "-i", "1,28,28", "-b", "2", *FAST]
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.stderr
+    assert "Images/s" in table.stdout and "TFLOP/s" in table.stdout and "convnet" in table.stdout
+    as_csv = runner.invoke(app, [*args, "--format", "csv"])
+    assert as_csv.exit_code == 0, as_csv.stderr
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert len(rows) == 1 and list(rows[0]) == list(COLUMNS)
+    assert rows[0]["mode"] == "infer" and rows[0]["batch_size"] == "2"
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def test_timing_loop_excludes_the_warmup_and_syncs_after_each_step():
+    now = [0.0]
+    calls = []
+
+    def step():
+        calls.append("step")
+        now[0] += 10.0 if calls.count("step") <= 2 else 1.0  # two slow warm-up steps
+
+    def sync():
+        calls.append("sync")
+
+    timings = time_steps(step, warmup=2, iters=3, sync=sync, clock=lambda: now[0])
+    assert timings.steps == (1.0, 1.0, 1.0) and timings.total == 3.0
+    assert calls == ["step", "step", "sync"] + ["step", "sync"] * 3
+    assert timings.per_second(8) == 8.0
+
+
+def test_seconds_budget_runs_until_enough_timed_work():
+    now = [0.0]
+
+    def step():
+        now[0] += 0.25
+
+    timings = time_steps(step, warmup=4, seconds=1.0, clock=lambda: now[0])
+    assert timings.iters == 4 and timings.total == 1.0
+    assert time_steps(step, warmup=0, seconds=0.01, clock=lambda: now[0]).iters == 1
+    with pytest.raises(UsageError):
+        time_steps(step, warmup=0, iters=2, seconds=1.0)
+
+
+def test_percentile_interpolates_like_numpy():
+    import numpy as np
+
+    values = [5.0, 1.0, 3.0, 2.0, 4.0, 10.0]
+    for q in (0, 50, 90, 100):
+        assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_warmup_excluded_with_a_model_whose_first_calls_sleep(runner, model_module):
+    spec = model_module(SLOW_START)
+    args = ["benchmark", spec, "-i", "8", "-b", "4", "--device", "cpu", "--iters", "5"]
+    warm = runner.invoke(app, [*args, "--warmup", "3", "--format", "json"])
+    assert warm.exit_code == 0, warm.stderr
+    (row,) = json.loads(warm.stdout)["results"]
+    assert row["latency_median_ms"] < 100 and row["latency_p90_ms"] < 100, row
+    # The same model without a warm-up: the slow calls are timed (so the check above is real).
+    cold = runner.invoke(app, [*args, "--warmup", "0", "--format", "json"])
+    assert cold.exit_code == 0, cold.stderr
+    (row,) = json.loads(cold.stdout)["results"]
+    assert row["latency_median_ms"] >= 190, row
+
+
+def test_iters_counts_timed_steps_and_infer_runs_in_eval_and_inference_mode():
+    model = Recorder()
+    result = benchmark_model(model, (8,), options(batch_sizes=(4,), warmup=2, iters=3))
+    (row,) = result.results
+    assert row.iters == 3 and model.calls[(4, 8)] == 5  # 2 warm-up + 3 timed
+    at_batch = [seen for seen in model.seen if seen[0] == 4]
+    assert all(not training and inference for _, training, inference, _ in at_batch)
+
+
+def test_seconds_runs_for_the_time_asked():
+    model = Recorder(per_call=0.02)
+    result = benchmark_model(model, (8,), options(batch_sizes=(2,), warmup=1, seconds=0.2))
+    (row,) = result.results
+    assert row.timed_s >= 0.2 and 2 <= row.iters <= 11, row
+    assert model.calls[(2, 8)] == row.iters + 1
+
+
+def test_batch_size_lists(runner):
+    assert parse_batch_sizes("1,8,32") == (1, 8, 32)
+    assert parse_batch_sizes(["2", "8,2", "16"]) == (2, 8, 16)
+    args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "--format", "json"]
+    result = runner.invoke(app, [*args, "-b", "3", "-b", "1,3"])
+    assert result.exit_code == 0, result.stderr
+    assert [r["batch_size"] for r in json.loads(result.stdout)["results"]] == [3, 1]
+
+
+def test_train_mode_includes_backward_and_the_optimizer_step():
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    steps = []
+
+    def slow_step(optimizer, args, kwargs):
+        steps.append(type(optimizer).__name__)
+        time.sleep(0.03)
+
+    model = Recorder()
+    before = model.fc.weight.detach().clone()
+    handle = register_optimizer_step_post_hook(slow_step)
+    try:
+        result = benchmark_model(model, (8,), options(batch_sizes=(4,), mode="train", iters=3))
+    finally:
+        handle.remove()
+    (row,) = result.results
+    assert row.mode == "train"
+    # one step at batch 2 before the run (not measured), 1 warm-up, 3 timed: every one an SGD step
+    assert steps == ["SGD"] * 5
+    assert row.latency_median_ms >= 30  # the optimizer step is inside the timed region
+    assert not torch.equal(before, model.fc.weight)  # ...and it really updated the weights
+    at_batch = [seen for seen in model.seen if seen[0] == 4]
+    assert at_batch and all(training and not inference for _, training, inference, _ in at_batch)
+    assert model.fc.weight.grad is None  # gradients and optimizer state dropped afterwards
+
+
+def test_train_loss_covers_auxiliary_outputs_and_models_without_a_classifier():
+    from torchkit.core.benchmark.steps import training_loss
+
+    logits = torch.randn(4, 5, requires_grad=True)
+    aux = torch.randn(4, 5, requires_grad=True)
+    features = torch.randn(4, 3, 7, 7, requires_grad=True)
+    labels = torch.tensor([0, 1, 2, 3])
+    loss = training_loss((logits, aux, features), 4, lambda width: labels)
+    loss.backward()
+    assert logits.grad is not None and aux.grad is not None and features.grad is not None
+    with pytest.raises(UsageError):
+        training_loss(torch.zeros(4, dtype=torch.long), 4, lambda width: labels)
+
+
+# --- --find-batch-size -----------------------------------------------------------------------
+
+
+def synthetic(limit_mb: float, per_image_mb: float = 1.0, fixed_mb: float = 5.0):
+    def try_batch(batch: int, trials: list) -> Trial:
+        peak = fixed_mb + per_image_mb * batch
+        fits = peak <= limit_mb
+        return Trial(batch, fits, peak, "fits" if fits else OVER_LIMIT)
+
+    return try_batch
+
+
+def test_search_doubles_then_bisects_to_the_largest_batch_that_fits():
+    found, stopped_by, trials = search_batch_size(synthetic(105.0), start=1, max_batch=4096)
+    assert found == 100 and stopped_by == OVER_LIMIT
+    tried = [t.batch_size for t in trials]
+    assert tried[:8] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert tried[8:] == [96, 112, 104, 100, 102, 101]
+
+
+def test_search_stops_at_out_of_memory_and_at_the_max_batch():
+    def oom_above_48(batch: int, trials: list) -> Trial:
+        return Trial(batch, batch <= 48, None, "fits" if batch <= 48 else OUT_OF_MEMORY)
+
+    assert search_batch_size(oom_above_48, start=4, max_batch=1000)[:2] == (48, OUT_OF_MEMORY)
+    found, stopped_by, trials = search_batch_size(synthetic(1e9), start=3, max_batch=20)
+    assert (found, stopped_by) == (20, "max batch size")
+    assert [t.batch_size for t in trials] == [3, 6, 12, 20]
+    with pytest.raises(TorchkitError, match="batch 8 does not fit"):
+        search_batch_size(synthetic(1.0), start=8, max_batch=64)
+
+
+def test_find_batch_size_on_cpu_with_a_memory_limit(runner):
+    args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "--find-batch-size"]
+    result = runner.invoke(
+        app, [*args, "--memory-limit", "40MB", "--max-batch-size", "1024", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    (search,) = data["batch_size_search"]
+    (row,) = data["results"]
+    assert search["mode"] == "infer" and search["memory_limit_mb"] == 40.0
+    assert row["batch_size"] == search["batch_size"] >= 1
+    assert search["stopped_by"] in (OVER_LIMIT, "max batch size")
+    trials = search["trials"]
+    assert trials[0]["batch_size"] == 1  # the search starts at 1 without --batch-size
+    chosen = [t for t in trials if t["batch_size"] == search["batch_size"]]
+    assert chosen and chosen[-1]["fits"] and chosen[-1]["peak_memory_mb"] <= 40.0
+    larger = [t for t in trials if t["batch_size"] > search["batch_size"]]
+    assert all(not t["fits"] for t in larger)
+    for trial in trials:
+        assert set(trial) == {"batch_size", "fits", "peak_memory_mb", "reason"}
+
+
+def test_find_batch_size_stops_at_out_of_memory():
+    class OutOfMemoryAbove48(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            if x.shape[0] > 48:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return self.fc(x)
+
+    opts = options(batch_sizes=(4,), find_batch_size=True, memory_limit="100%")
+    result = benchmark_model(OutOfMemoryAbove48(), (8,), opts)
+    (search,) = result.batch_size_search
+    assert (search.batch_size, search.stopped_by) == (48, OUT_OF_MEMORY)
+    assert result.results[0].batch_size == 48
+
+
+def test_find_batch_size_does_not_run_a_batch_predicted_not_to_fit(monkeypatch):
+    monkeypatch.setattr(bench_run, "available_memory", lambda: 400 * 10**6)
+    tried = []
+
+    def trial(self, mode, batch, limit):
+        tried.append(batch)
+        return Trial(batch, True, 100.0 * batch, "fits")  # 100 MB per image
+
+    monkeypatch.setattr(bench_run._Context, "trial", trial)
+    opts = options(batch_sizes=(1,), find_batch_size=True, memory_limit="10GB")
+    result = benchmark_model(Recorder(), (8,), opts)
+    (search,) = result.batch_size_search
+    assert tried == [1, 2, 3]  # 4 would need 400 MB > 90% of the 400 MB available
+    assert search.batch_size == 3 and search.stopped_by == PREDICTED_OVER
+
+
+def test_memory_limit_sizes_and_percentages(monkeypatch):
+    assert parse_memory_limit("2GB").bytes == 2 * 10**9
+    assert parse_memory_limit("512MiB").bytes == 512 * 2**20
+    assert parse_memory_limit("1.5g").bytes == 1_500_000_000
+    assert parse_memory_limit("1000000").bytes == 10**6
+    half = parse_memory_limit("50%")
+    assert half.fraction == 0.5
+    monkeypatch.setattr(bench_memory, "available_memory", lambda: 8 * 10**9)
+    assert half.resolve(torch.device("cpu")) == 4 * 10**9
+    for bad in ("lots", "0", "-1GB", "150%", "0%", "5XB"):
+        with pytest.raises(UsageError):
+            parse_memory_limit(bad)
+
+
+def test_cpu_peak_memory_sees_a_large_temporary_tensor():
+    class Hungry(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            if x.device.type != "meta":
+                scratch = torch.ones(50_000_000)  # 200 MB, freed at once
+                del scratch
+            return self.fc(x)
+
+    if bench_memory.rss_bytes() is None:
+        pytest.skip("no /proc/self/statm here")
+    result = benchmark_model(Hungry(), (8,), options(batch_sizes=(2,)))
+    assert result.results[0].peak_memory_mb >= 150
+
+
+# --- CUDA, mocked ----------------------------------------------------------------------------
+
+
+def test_cuda_probe_reports_max_memory_allocated(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(
+        torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset")
+    )
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123_456_789)
+    probe = MemoryProbe(torch.device("cuda", 0))
+    assert probe.kind == "cuda_max_allocated"
+    probe.start()
+    assert calls == ["sync", "empty", "reset"]
+    assert probe.stop() == 123_456_789 and calls[-1] == "sync"
+
+
+def test_cuda_steps_are_synchronised(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    sync = bench_run._sync(torch.device("cuda", 1))
+    sync()
+    assert synced == [torch.device("cuda", 1)]
+    assert bench_run._sync(torch.device("cpu")) is None
+
+
+def test_cuda_percentage_limit_is_of_the_gpu_memory(monkeypatch):
+    class Properties:
+        total_memory = 80 * 10**9
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    limit = parse_memory_limit("25%").resolve(torch.device("cuda", 0))
+    assert limit == 20 * 10**9
+    assert bench_run._limit_bytes(None, torch.device("cuda", 0)) is None  # OOM decides
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_real_gpu(runner):
+    args = ["benchmark", "convnet", "--device", "cuda", "-b", "8", "--mode", "both"]
+    result = runner.invoke(app, [*args, "--amp", "--iters", "3", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    for row in json.loads(result.stdout)["results"]:
+        assert row["memory_kind"] == "cuda_max_allocated" and row["peak_memory_mb"] > 0
+        assert row["device"].startswith("cuda") and row["amp"] is True
+
+
+# --- --append ---------------------------------------------------------------------------------
+
+
+def test_append_adds_rows_under_one_header(runner, tmp_path):
+    out = tmp_path / "bench.csv"
+    args = ["benchmark", "convnet", "-i", "1,28,28", "-b", "1,2", *FAST, "-o", str(out)]
+    first = runner.invoke(app, [*args, "--append"])
+    assert first.exit_code == 0, first.stderr
+    second = runner.invoke(app, [*args, "--append", "--mode", "train"])
+    assert second.exit_code == 0, second.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["mode"], r["batch_size"]) for r in rows] == [
+        ("infer", "1"),
+        ("infer", "2"),
+        ("train", "1"),
+        ("train", "2"),
+    ]
+    assert out.read_text().count("model,mode,batch_size") == 1
+    # Without --append an existing file is refused (and left alone), as everywhere.
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 1 and "already exists" in error_line(refused.stderr)
+    assert len(list(csv.DictReader(out.open()))) == 4
+
+
+def test_append_follows_the_files_column_order(runner, tmp_path):
+    out = tmp_path / "bench.csv"
+    shuffled = list(reversed(COLUMNS))
+    out.write_text(",".join(shuffled) + "\n")
+    args = ["benchmark", "convnet", "-i", "1,28,28", "-b", "2", *FAST, "-o", str(out)]
+    result = runner.invoke(app, [*args, "--append"])
+    assert result.exit_code == 0, result.stderr
+    (row,) = list(csv.DictReader(out.open()))
+    assert list(row) == shuffled and row["batch_size"] == "2" and row["model"] == "convnet"
+
+
+def test_append_to_a_file_with_other_columns_is_refused_before_any_work(runner, tmp_path):
+    out = tmp_path / "other.csv"
+    out.write_text("model,images_per_s,gpu\nresnet50,100.0,A100\n")
+    before = out.read_bytes()
+    args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "-o", str(out), "--append"]
+    start = time.perf_counter()
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert "columns differ" in line and "missing mode" in line and "gpu" in line
+    assert out.read_bytes() == before
+    assert time.perf_counter() - start < 5  # refused before the model was benchmarked
+
+
+def test_append_leaves_the_file_whole_when_the_write_fails(runner, tmp_path, monkeypatch):
+    import errno
+    import os
+
+    out = tmp_path / "bench.csv"
+    args = ["benchmark", "convnet", "-i", "1,28,28", "-b", "1", *FAST, "-o", str(out), "--append"]
+    assert runner.invoke(app, args).exit_code == 0
+    before = out.read_bytes()
+
+    def full_disk(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "No space left" in error_line(result.stderr)
+    monkeypatch.undo()
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv"]  # no temporary left
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--iters", "0"],
+        ["--iters", "2", "--seconds", "1"],
+        ["--seconds", "0"],
+        ["-b", "0"],
+        ["-b", "a,b"],
+        ["--mode", "fast"],
+        ["--amp-dtype", "fp16"],
+        ["--memory-limit", "1GB"],
+        ["--find-batch-size", "-b", "1,2"],
+        ["--find-batch-size", "--memory-limit", "lots"],
+        ["--find-batch-size", "-b", "64", "--max-batch-size", "32"],
+        ["--append"],
+        ["--append", "-o", "x.csv", "--format", "json"],
+        ["--compile", "--warmup", "0"],
+        ["-i", "3,28"],
+        ["-i", "3,x,28"],
+    ],
+)
+def test_bad_options_exit_2_with_one_error_line(runner, extra):
+    result = runner.invoke(app, ["benchmark", "convnet", "--device", "cpu", *extra])
+    assert result.exit_code == 2, (extra, result.stdout, result.stderr)
+    error_line(result.stderr, besides="nothing")
+
+
+def test_a_model_that_fails_is_one_error_line(runner, model_module):
+    spec = model_module(
+        "from torch import nn\n"
+        "class Broken(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = nn.Linear(8, 4)\n"
+        "    def forward(self, x):\n"
+        "        if x.device.type != 'meta' and x.shape[0] == 4:\n"
+        "            raise RuntimeError('shapes do not match\\nmore detail')\n"
+        "        return self.fc(x)\n"
+        "def build():\n"
+        "    return Broken()\n"
+    )
+    result = runner.invoke(app, ["benchmark", spec, "-i", "8", "-b", "4", *FAST])
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert "fails in infer mode at batch 4" in line and "shapes do not match" in line
+
+
+# --- agreement with a hand-written loop --------------------------------------------------------
+
+
+def hand_written_images_per_s(model, batch: int, mode: str, warmup: int, iters: int) -> float:
+    images = torch.rand(batch, 3, 28, 28)
+    labels = torch.randint(0, 10, (batch,))
+    if mode == "infer":
+        model.eval()
+        with torch.inference_mode():
+            for _ in range(warmup):
+                model(images)
+            start = time.perf_counter()
+            for _ in range(iters):
+                model(images)
+            return batch * iters / (time.perf_counter() - start)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(images), labels).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(iters):
+        step()
+    return batch * iters / (time.perf_counter() - start)
+
+
+@pytest.mark.parametrize("mode", ["infer", "train"])
+def test_agrees_with_a_hand_written_timing_loop(mode):
+    """A generous tolerance (0.5x to 2x) that holds on a noisy 2-core machine; the precise
+    comparison is benchmarks/bench_benchmark.py. Best of 3 interleaved rounds each, on one
+    thread: two OpenMP threads on two busy cores make either figure swing by 3x."""
+    from torchkit.core.models import resolve_model
+
+    model = resolve_model("convnet").model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ours, theirs = [], []
+        for _ in range(3):
+            opts = options(batch_sizes=(16,), mode=mode, iters=8)
+            ours.append(benchmark_model(model, (3, 28, 28), opts).results[0].images_per_s)
+            theirs.append(hand_written_images_per_s(model, 16, mode, warmup=1, iters=8))
+    finally:
+        torch.set_num_threads(threads)
+    ratio = max(ours) / max(theirs)
+    assert 0.5 <= ratio <= 2.0, (ours, theirs)

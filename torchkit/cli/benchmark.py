@@ -1,0 +1,315 @@
+"""`torchkit benchmark`: images/s, latency, peak memory and TFLOP/s of a model, for inference
+and training."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import typer
+
+from torchkit.cli.completion import complete_model_name
+from torchkit.cli.options import (
+    ChannelsLastOption,
+    DeviceOption,
+    ForceOption,
+    InferenceAmpDtype,
+    InferenceAmpDtypeOption,
+    InferenceAmpOption,
+    OutputOption,
+    TrustCheckpointOption,
+)
+from torchkit.cli.render import OutputFormat, Table, emit
+
+
+class BenchmarkMode(str, Enum):
+    infer = "infer"
+    train = "train"
+    both = "both"
+
+
+def benchmark(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A torchvision model name, convnet, package.module:Callable (importable from "
+            "the working directory), a torchkit checkpoint, or a pickled model (with "
+            "--trust-checkpoint).",
+            metavar="MODEL",
+            show_default=False,
+            autocompletion=complete_model_name,
+        ),
+    ],
+    input_size: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--input-size",
+            "-i",
+            metavar="C,H,W",
+            show_default=False,
+            help="One sample's input shape (the batch comes from --batch-size). Default: the "
+            "checkpoint's image size, else 3,224,224 (3,28,28 for convnet).",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--batch-size",
+            "-b",
+            metavar="N[,N...]",
+            show_default=False,
+            help="Batch size, or a list to compare (1,8,32). With --find-batch-size: where the "
+            "search starts. [default: 32; 1 with --find-batch-size]",
+        ),
+    ] = None,
+    mode: Annotated[
+        BenchmarkMode,
+        typer.Option(
+            "--mode",
+            case_sensitive=False,
+            help="infer: forward passes in eval mode under inference_mode. train: forward, "
+            "cross-entropy on random labels, backward and an SGD step. both: one after the "
+            "other.",
+        ),
+    ] = BenchmarkMode.infer,
+    device: DeviceOption = "auto",
+    amp: InferenceAmpOption = False,
+    amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
+    channels_last: ChannelsLastOption = False,
+    compile_model: Annotated[
+        bool,
+        typer.Option(
+            "--compile", help="torch.compile the model first (compiled during the warm-up)."
+        ),
+    ] = False,
+    warmup: Annotated[
+        int,
+        typer.Option("--warmup", min=0, metavar="N", help="Untimed steps before timing."),
+    ] = 5,
+    iters: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--iters",
+            min=1,
+            metavar="N",
+            show_default=False,
+            help="Timed steps per configuration. [default: 20]",
+        ),
+    ] = None,
+    seconds: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--seconds",
+            metavar="S",
+            show_default=False,
+            help="Time steps until this much timed work instead of --iters.",
+        ),
+    ] = None,
+    find_batch_size: Annotated[
+        bool,
+        typer.Option(
+            "--find-batch-size",
+            help="Find the largest batch that fits (doubling, then bisecting) and benchmark "
+            "it: until out of memory on a GPU, until --memory-limit on the CPU.",
+        ),
+    ] = False,
+    memory_limit: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--memory-limit",
+            metavar="SIZE|N%",
+            show_default=False,
+            help="With --find-batch-size: the most peak memory a batch may take (4GB, 512MiB, "
+            "or a percentage of the memory available at the start on the CPU, of the GPU's "
+            "memory on CUDA). Peak memory is the growth of the process's RSS on the CPU, "
+            "max_memory_allocated on CUDA. [default: 50% on the CPU; none on CUDA]",
+        ),
+    ] = None,
+    max_batch_size: Annotated[
+        int,
+        typer.Option("--max-batch-size", min=1, metavar="N", help="Where --find-batch-size stops."),
+    ] = 4096,
+    num_classes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--num-classes",
+            min=1,
+            show_default=False,
+            help="Classifier outputs. [default: those of --weights; else 1000 for torchvision, "
+            "10 for convnet]",
+        ),
+    ] = None,
+    weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--weights",
+            metavar="PATH|NAME",
+            help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
+            ".safetensors) or torchvision's DEFAULT (downloaded once).",
+        ),
+    ] = None,
+    trust_checkpoint: TrustCheckpointOption = False,
+    fmt: Annotated[
+        Optional[OutputFormat],  # noqa: UP045
+        typer.Option(
+            "--format",
+            case_sensitive=False,
+            show_default=False,
+            help="Output format. [default: table; csv with --append]",
+        ),
+    ] = None,
+    output: OutputOption = None,
+    force: ForceOption = False,
+    append: Annotated[
+        bool,
+        typer.Option(
+            "--append",
+            help="Add the rows to the CSV file -o names (it must have the same columns), "
+            "or start it.",
+        ),
+    ] = False,
+) -> None:
+    """Time a model for inference and training: images/s, latency per batch (median, p90),
+    peak memory, mult-adds and FLOPs per image, achieved TFLOP/s.
+
+    Warm-up steps are not timed, CUDA is synchronised around every timed step, and the inputs
+    are made on the device beforehand, so the figures are the model's alone.
+
+    Examples:
+
+      torchkit benchmark resnet50 --batch-size 1,8,32
+
+      torchkit benchmark resnet50 --mode both --amp --channels-last --device cuda
+
+      torchkit benchmark convnet --mode train --find-batch-size --memory-limit 2GB
+
+      torchkit benchmark runs/best.pt --seconds 10 -o bench.csv --append
+    """
+    from torchkit.core.benchmark import (
+        COLUMNS,
+        BenchmarkOptions,
+        check_append_target,
+        check_options,
+        parse_batch_sizes,
+        run_benchmark,
+    )
+    from torchkit.core.errors import UsageError
+    from torchkit.core.summary.run import check_output, parse_input_size
+
+    if output is not None and str(output) == "-":
+        output = None
+    if append and output is None:
+        raise UsageError("--append needs -o FILE", "give the CSV file to add the rows to")
+    if append and fmt not in (None, OutputFormat.csv):
+        raise UsageError(f"--append writes CSV, not {fmt.value}", "drop --format")
+    if append and force:
+        raise UsageError("--append keeps the file, --force replaces it", "give one of them")
+    fmt = fmt or (OutputFormat.csv if append else OutputFormat.table)
+    options = BenchmarkOptions(
+        input_size=parse_input_size(input_size) if input_size is not None else None,
+        batch_sizes=parse_batch_sizes(batch_size or (["1"] if find_batch_size else None)),
+        mode=mode.value,
+        device=device,
+        amp=amp,
+        amp_dtype=amp_dtype.value,
+        channels_last=channels_last,
+        compile=compile_model,
+        warmup=warmup,
+        iters=iters,
+        seconds=seconds,
+        find_batch_size=find_batch_size,
+        memory_limit=memory_limit,
+        max_batch_size=max_batch_size,
+        num_classes=num_classes,
+        weights=weights,
+        trust=trust_checkpoint,
+    )
+    check_options(options)
+    # Outputs are checked before the model is built: not an input, not replaced without
+    # --force; with --append an existing file must have our columns.
+    check_output(model, output, weights=weights, force=force or append)
+    if append:
+        check_append_target(output, COLUMNS)
+
+    from torchkit.cli.progress import progress_bar
+
+    with progress_bar("benchmarking") as progress:
+        result = run_benchmark(model, options, progress=progress)
+
+    csv_table = Table(columns=list(COLUMNS), rows=result.rows())
+    if append:
+        from torchkit.cli import console
+        from torchkit.cli.render import render_csv
+        from torchkit.core.benchmark import append_csv
+
+        append_csv(output, render_csv(csv_table))
+        console.note(f"added {len(result.results)} row(s) to {output}")
+        return
+    tables = [_results_table(result)]
+    if result.batch_size_search:
+        tables.append(_search_table(result))
+    if fmt == OutputFormat.csv:
+        tables = [csv_table]
+    emit(tables=tables, data=result.to_dict(), fmt=fmt, output=output, force=force)
+
+
+def _results_table(result: Any) -> Table:
+    flops = "" if result.flops_per_image is None else f", {_readable(result.flops_per_image)}FLOPs"
+    first = result.results[0] if result.results else None
+    dtype = first.dtype if first is not None else ""
+    settings = [dtype, f"{result.threads} threads"]
+    if first is not None and first.channels_last:
+        settings.append("channels-last")
+    if first is not None and first.compile:
+        settings.append("compiled")
+    return Table(
+        columns=["Mode", "Batch", "Images/s", "Median ms", "p90 ms", "Peak MB", "TFLOP/s", "Iters"],
+        rows=[
+            [
+                row.mode,
+                row.batch_size,
+                f"{row.images_per_s:,.1f}",
+                f"{row.latency_median_ms:,.3f}",
+                f"{row.latency_p90_ms:,.3f}",
+                "" if row.peak_memory_mb is None else f"{row.peak_memory_mb:,.1f}",
+                "" if row.tflops is None else f"{row.tflops:.4f}",
+                row.iters,
+            ]
+            for row in result.results
+        ],
+        title=f"{result.model} on {'x'.join(map(str, result.input_size))} inputs, "
+        f"{result.device} ({result.device_name}), {', '.join(settings)}; per image: "
+        f"{_readable(result.mult_adds_per_image)}mult-adds{flops}",
+        align_right={"Batch", "Images/s", "Median ms", "p90 ms", "Peak MB", "TFLOP/s", "Iters"},
+    )
+
+
+def _search_table(result: Any) -> Table:
+    rows = []
+    for search in result.batch_size_search:
+        for trial in search.trials:
+            peak = "" if trial.peak_memory_mb is None else f"{trial.peak_memory_mb:,.1f}"
+            rows.append([search.mode, trial.batch_size, peak, trial.reason])
+    limits = [
+        f"{s.mode}: batch {s.batch_size} (stopped by {s.stopped_by}"
+        + ("" if s.memory_limit_mb is None else f", limit {s.memory_limit_mb:,.0f} MB")
+        + ")"
+        for s in result.batch_size_search
+    ]
+    return Table(
+        columns=["Mode", "Batch", "Peak MB", "Result"],
+        rows=rows,
+        title="--find-batch-size: " + "; ".join(limits),
+        align_right={"Batch", "Peak MB"},
+    )
+
+
+def _readable(value: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:g} "
+
+
+def register(app: typer.Typer) -> None:
+    app.command("benchmark")(benchmark)

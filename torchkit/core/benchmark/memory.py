@@ -1,0 +1,249 @@
+"""Peak memory of a benchmark step, and what `--memory-limit` means.
+
+- CUDA: `torch.cuda.max_memory_allocated` since `reset_peak_memory_stats` (the tensors the
+  caching allocator handed out at the peak: weights, activations, gradients, optimizer state;
+  the allocator's cache and the CUDA context are not included).
+- CPU: the growth of the process's resident set (RSS) over the run: the peak (Linux `VmHWM`,
+  reset through `/proc/self/clear_refs` before the run) less the RSS before it. Memory freed
+  but kept by the C allocator is handed back first (`malloc_trim`), so a run that follows a
+  bigger one is not flattered by reusing its pages. Where the peak cannot be reset (not
+  Linux, or a kernel that refuses it), a thread samples the RSS every millisecond instead.
+  The weights, loaded before the run, are not part of the growth; on the first run of a
+  process, one-time allocations (oneDNN's kernels and caches) are.
+
+`--memory-limit` is a size (`2GB`, `512MiB`, `1e9` bytes) or a percentage: of the memory
+available when the run starts on the CPU (`MemAvailable`), of the GPU's total memory on CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import os
+import re
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.errors import UsageError
+
+CPU_DEFAULT_LIMIT = "50%"  # of the memory available at the start: room for the OS and others
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 2**10,
+    "kib": 2**10,
+    "mi": 2**20,
+    "mib": 2**20,
+    "gi": 2**30,
+    "gib": 2**30,
+    "ti": 2**40,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """`--memory-limit`: a number of bytes, or a fraction of the device's memory."""
+
+    text: str
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, device: Any) -> int:
+        """The limit in bytes on `device` (a torch.device)."""
+        if self.bytes is not None:
+            return self.bytes
+        return int(self.fraction * device_memory(device))
+
+
+def parse_memory_limit(text: str) -> MemoryLimit:
+    """'2GB', '512MiB', '1.5G', '1000000' (bytes) or '50%'."""
+    cleaned = text.strip()
+    if cleaned.endswith("%"):
+        try:
+            percent = float(cleaned[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 < percent <= 100:
+            raise UsageError(
+                f"invalid --memory-limit {text!r}", "give a percentage in (0, 100], e.g. 50%"
+            )
+        return MemoryLimit(cleaned, fraction=percent / 100)
+    match = _SIZE.match(cleaned)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+        raise UsageError(
+            f"invalid --memory-limit {text!r}", "give a size such as 4GB, 512MiB, or 50%"
+        )
+    return MemoryLimit(cleaned, bytes=int(float(match.group(1)) * _UNITS[unit]))
+
+
+def device_memory(device: Any) -> int:
+    """What a percentage limit is a percentage of: the GPU's total memory, or the memory
+    available to a CPU process now."""
+    if device.type == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    available = available_memory()
+    if available is None:
+        raise UsageError(
+            "cannot tell how much memory this machine has", "give --memory-limit as a size"
+        )
+    return available
+
+
+def available_memory() -> int | None:
+    """Linux's MemAvailable (what can be allocated without swapping), else None."""
+    value = _proc_kib("/proc/meminfo", "MemAvailable:")
+    if value is not None:
+        return value
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def rss_bytes() -> int | None:
+    """The resident set size of this process now (Linux), else None."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _reset_rss_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux 4.0+). False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+    except OSError:
+        return False
+    return _proc_kib("/proc/self/status", "VmHWM:") is not None
+
+
+def release_free_memory() -> None:
+    """Collect garbage and hand the C allocator's free pages back to the OS (glibc)."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list[Any] = []
+
+
+def _malloc_trim():
+    if not _TRIM:
+        function = None
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError, AttributeError):
+                function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        _TRIM.append(function)
+    return _TRIM[0]
+
+
+class _Sampler:
+    """The RSS peak sampled from a thread (every `interval` s) where VmHWM cannot be reset."""
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.peak = rss_bytes() or 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            self.peak = max(self.peak, rss_bytes() or 0)
+
+    def stop(self) -> int:
+        self.stopping.set()
+        self.thread.join()
+        return max(self.peak, rss_bytes() or 0)
+
+
+class MemoryProbe:
+    """Peak memory of what runs between `start()` and `stop()` on `device`."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.kind = "cuda_max_allocated" if device.type == "cuda" else "cpu_rss_growth"
+        self._baseline: int | None = None
+        self._sampler: _Sampler | None = None
+        self._hwm = False
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            gc.collect()
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        release_free_memory()
+        self._baseline = rss_bytes()
+        if self._baseline is None:
+            return  # no way to read the RSS here: the peak is reported as unknown
+        self._hwm = _reset_rss_peak()
+        if not self._hwm:
+            self._sampler = _Sampler()
+
+    def stop(self) -> int | None:
+        """Peak bytes since `start()` (None where it cannot be measured)."""
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.max_memory_allocated(self.device))
+        if self._baseline is None:
+            return None
+        if self._sampler is not None:
+            peak = self._sampler.stop()
+            self._sampler = None
+        else:
+            peak = _proc_kib("/proc/self/status", "VmHWM:") or 0
+        return max(0, peak - self._baseline)
+
+    def cancel(self) -> None:
+        """Stop sampling without a result (the run failed)."""
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's "can't allocate memory"."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, (RuntimeError, MemoryError)) and (
+        "can't allocate memory" in text or "out of memory" in text or isinstance(error, MemoryError)
+    )

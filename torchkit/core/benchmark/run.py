@@ -1,0 +1,562 @@
+"""From a model spec and the options to a `BenchmarkResult`: build the model with the one
+resolver, count its mult-adds and FLOPs with `summary`'s counter, then time each (mode, batch
+size) configuration, or search the largest batch that fits first (`--find-batch-size`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchkit.core.benchmark import search as batch_search
+from torchkit.core.benchmark.memory import (
+    CPU_DEFAULT_LIMIT,
+    MemoryLimit,
+    MemoryProbe,
+    available_memory,
+    is_out_of_memory,
+    parse_memory_limit,
+)
+from torchkit.core.benchmark.report import (
+    MB,
+    BenchmarkResult,
+    BenchmarkRow,
+    utc_timestamp,
+)
+from torchkit.core.benchmark.steps import (
+    MODES,
+    StepSettings,
+    make_infer_step,
+    make_inputs,
+    make_train_step,
+)
+from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
+from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.progress import Progress
+
+log = logging.getLogger("torchkit")
+
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_WARMUP = 5
+DEFAULT_ITERS = 20
+DEFAULT_MAX_BATCH_SIZE = 4096
+TRAIN_FLOPS_FACTOR = 3  # forward + backward (about twice the forward): the usual estimate
+SEARCH_STEPS = 2  # steps per --find-batch-size trial: the first allocates gradients and state
+PRIME_BATCH = {"infer": 1, "train": 2}  # train: BatchNorm needs 2 samples
+SAFE_FRACTION = 0.9  # of the available memory: a CPU trial predicted above it is not run
+
+
+@dataclass
+class BenchmarkOptions:
+    """The options of `torchkit benchmark`, as core takes them."""
+
+    input_size: tuple[int, ...] | None = None  # one sample (C, H, W); None: the model's own
+    batch_sizes: tuple[int, ...] = (DEFAULT_BATCH_SIZE,)
+    mode: str = "infer"  # infer, train or both
+    device: str = "auto"
+    amp: bool = False
+    amp_dtype: str = "auto"  # auto, bf16 or fp16
+    channels_last: bool = False
+    compile: bool = False
+    warmup: int = DEFAULT_WARMUP
+    iters: int | None = None  # None (and no seconds): DEFAULT_ITERS
+    seconds: float | None = None
+    find_batch_size: bool = False
+    memory_limit: str | None = None  # see core.benchmark.memory; CPU default 50%
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    num_classes: int | None = None
+    weights: str | None = None
+    trust: bool = False
+    modes: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        self.modes = MODES if self.mode == "both" else (self.mode,)
+
+
+def parse_batch_sizes(values: Sequence[str] | str | None) -> tuple[int, ...]:
+    """'1,8,32' (or several values of a repeated option) -> (1, 8, 32); repeats dropped."""
+    if values is None:
+        return (DEFAULT_BATCH_SIZE,)
+    if isinstance(values, str):
+        values = [values]
+    sizes: list[int] = []
+    for value in values:
+        for part in str(value).replace(" ", ",").split(","):
+            if not part:
+                continue
+            try:
+                size = int(part)
+            except ValueError:
+                size = 0
+            if size < 1:
+                raise UsageError(
+                    f"invalid --batch-size {value!r}", "give positive integers, e.g. 1,8,32"
+                )
+            if size not in sizes:
+                sizes.append(size)
+    if not sizes:
+        raise UsageError("--batch-size is empty", "give positive integers, e.g. 1,8,32")
+    return tuple(sizes)
+
+
+def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
+    """Everything that can be checked before the model is built; the parsed memory limit."""
+    from torchkit.core.device import check_amp_dtype
+
+    if options.mode not in (*MODES, "both"):
+        raise UsageError(f"unknown --mode {options.mode!r}", "use infer, train or both")
+    check_budget(options.iters, options.seconds)
+    check_amp_dtype(options.amp, options.amp_dtype)
+    if options.warmup < 0:
+        raise UsageError(f"--warmup {options.warmup}: give 0 or more")
+    if options.compile and options.warmup < 1:
+        raise UsageError(
+            "--compile with --warmup 0 would time the compilation",
+            "give --warmup 1 or more (the first steps compile)",
+        )
+    if not options.batch_sizes or min(options.batch_sizes) < 1:
+        raise UsageError("--batch-size must be positive")
+    if options.input_size is not None and (not options.input_size or min(options.input_size) < 1):
+        raise UsageError(f"invalid input size {options.input_size}")
+    if options.find_batch_size:
+        if len(options.batch_sizes) > 1:
+            raise UsageError(
+                "--find-batch-size searches one batch size; --batch-size gives several",
+                "give one --batch-size to start the search from, or none",
+            )
+        if options.max_batch_size < options.batch_sizes[0]:
+            raise UsageError(
+                f"--max-batch-size {options.max_batch_size} is below the start batch "
+                f"{options.batch_sizes[0]}"
+            )
+    elif options.memory_limit is not None:
+        raise UsageError("--memory-limit goes with --find-batch-size", "add --find-batch-size")
+    if options.memory_limit is None:
+        return None
+    return parse_memory_limit(options.memory_limit)
+
+
+def run_benchmark(
+    spec: str, options: BenchmarkOptions, progress: Progress | None = None
+) -> BenchmarkResult:
+    """Benchmark the model `spec` names (any spec of `resolve_model`)."""
+    from torchkit.core.device import resolve_amp_dtype, select_device
+    from torchkit.core.models import resolve_model
+
+    limit = check_options(options)
+    device = select_device(options.device)
+    amp_dtype = resolve_amp_dtype(options.amp_dtype, device) if options.amp else None
+    sample = tuple(options.input_size) if options.input_size else None
+    image_size = in_channels = None
+    if sample is not None and len(sample) == 3:
+        in_channels, image_size = sample[0], sample[1:]
+    resolved = resolve_model(
+        spec,
+        weights=options.weights,
+        trust=options.trust,
+        num_classes=options.num_classes,
+        image_size=image_size,
+        in_channels=in_channels,
+        new_head=True,  # --num-classes sizes the head as fine-tuning would
+    )
+    if sample is None:
+        sample = resolved.sample_shape
+        if sample is None:
+            raise UsageError(
+                f"the input size of {resolved.arch} is not known",
+                "pass --input-size, e.g. 3,224,224",
+            )
+    if resolved.image_model and len(sample) != 3:
+        raise UsageError(
+            f"{resolved.arch} takes images: give --input-size as C,H,W, not "
+            f"{','.join(map(str, sample))}",
+            "the batch comes from --batch-size",
+        )
+    model = resolved.model
+    name, source = resolved.arch, resolved.source
+    del resolved
+    return benchmark_model(
+        model,
+        sample,
+        options,
+        device=device,
+        amp_dtype=amp_dtype,
+        memory_limit=limit,
+        name=name,
+        source=source,
+        progress=progress,
+    )
+
+
+def benchmark_model(
+    model: Any,
+    sample_shape: Sequence[int],
+    options: BenchmarkOptions,
+    *,
+    device: Any = None,
+    amp_dtype: Any = None,
+    memory_limit: MemoryLimit | None = None,
+    name: str | None = None,
+    source: str = "module",
+    progress: Progress | None = None,
+) -> BenchmarkResult:
+    """Benchmark an `nn.Module` on random inputs of `sample_shape` (one sample, no batch).
+
+    The model is moved to `device` (default: the one `options.device` names), and trained in
+    place in train mode (its weights take SGD steps): pass a copy to keep them."""
+    import torch
+
+    from torchkit.core.device import resolve_amp_dtype, select_device
+    from torchkit.core.summary import summarize
+
+    if memory_limit is None:
+        memory_limit = check_options(options)
+    if device is None:
+        device = select_device(options.device)
+        if options.amp and amp_dtype is None:
+            amp_dtype = resolve_amp_dtype(options.amp_dtype, device)
+    sample = tuple(int(n) for n in sample_shape)
+    if options.channels_last and len(sample) != 3:
+        raise UsageError(
+            "--channels-last needs images (an input size C,H,W)", "drop --channels-last"
+        )
+    name = name or type(model).__name__
+
+    # summary's counter, on a meta-device copy at batch 1: per-image figures at no cost.
+    try:
+        counted = summarize(model, [(1, *sample)], count_flops=True)
+    except UsageError as error:  # the model does not take this input: say which option
+        raise UsageError(error.message, "check --input-size") from error
+    model.to(device)
+    if options.channels_last:
+        model.to(memory_format=torch.channels_last)
+    # One graph per batch size and mode (dynamic=False): what a fixed-shape loop would run.
+    runnable = torch.compile(model, dynamic=False) if options.compile else model
+    weights_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    dtype = amp_dtype or weights_dtype or torch.float32
+    context = _Context(
+        name=name,
+        model=runnable,
+        sample=sample,
+        options=options,
+        settings=StepSettings(device, amp_dtype, options.channels_last),
+        device_name=_device_name(device),
+        dtype=str(dtype).removeprefix("torch."),
+        mult_adds=counted.total_mult_adds,
+        flops=counted.flops,
+    )
+    result = BenchmarkResult(
+        model=name,
+        source=source,
+        input_size=list(sample),
+        device=str(device),
+        device_name=context.device_name,
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+        params=counted.total_params,
+        mult_adds_per_image=counted.total_mult_adds,
+        flops_per_image=counted.flops,
+        settings=_settings(options, context.dtype),
+    )
+    with _cudnn_benchmark(device):
+        if options.warmup and not options.compile:  # --warmup 0: nothing runs untimed
+            context.prime()
+        if options.find_batch_size:
+            limit_bytes = _limit_bytes(memory_limit, device)
+            for done, mode in enumerate(options.modes):
+                found = _search(context, mode, limit_bytes)
+                result.batch_size_search.append(found)
+                result.results.append(context.run(mode, found.batch_size))
+                if progress is not None:
+                    progress(done + 1, len(options.modes))
+        else:
+            total = len(options.modes) * len(options.batch_sizes)
+            for mode in options.modes:  # infer first: train changes the weights
+                for batch in options.batch_sizes:
+                    result.results.append(context.run(mode, batch))
+                    if progress is not None:
+                        progress(len(result.results), total)
+    return result
+
+
+@dataclass
+class _Context:
+    name: str
+    model: Any
+    sample: tuple[int, ...]
+    options: BenchmarkOptions
+    settings: StepSettings
+    device_name: str
+    dtype: str
+    mult_adds: int
+    flops: int | None
+
+    @property
+    def device(self) -> Any:
+        return self.settings.device
+
+    def run(self, mode: str, batch: int) -> BenchmarkRow:
+        """Time one configuration; its peak memory spans the warm-up and the timed steps."""
+        import torch
+
+        options = self.options
+        iters = options.iters
+        if iters is None and options.seconds is None:
+            iters = DEFAULT_ITERS
+        probe = MemoryProbe(self.device)
+        log.info("%s: %s at batch %d", self.name, mode, batch)
+        with self._failures(mode, batch, probe):
+            probe.start()
+            step, release = self._step(mode, batch)
+            try:
+                timings = time_steps(
+                    step,
+                    warmup=options.warmup,
+                    iters=iters,
+                    seconds=options.seconds,
+                    sync=_sync(self.device),
+                )
+                peak = probe.stop()
+            finally:
+                release()
+                del step
+        _free(self.device)
+        return self._row(mode, batch, timings, peak, probe.kind, torch.get_num_threads())
+
+    def prime(self) -> None:
+        """One step of each mode at a small batch, not measured: what the first step of a
+        process loads once (oneDNN's kernels and caches, cuBLAS handles, autograd's engine)
+        does not count as the first configuration's memory. A failure here shows again,
+        reported, in the run itself."""
+        for mode in self.options.modes:
+            step = release = None
+            with contextlib.suppress(Exception):
+                step, release = self._step(mode, PRIME_BATCH[mode])
+                step()
+            if release is not None:
+                release()
+            step = release = None
+            _free(self.device)
+
+    def trial(self, mode: str, batch: int, limit_bytes: int | None) -> batch_search.Trial:
+        """A few steps at `batch`: does it fit (no out-of-memory, peak within the limit)?"""
+        probe = MemoryProbe(self.device)
+        out_of_memory = False
+        try:
+            with self._failures(mode, batch, probe, out_of_memory_is_error=False):
+                probe.start()
+                step, release = self._step(mode, batch)
+                try:
+                    for _ in range(SEARCH_STEPS):
+                        step()
+                    peak = probe.stop()
+                finally:
+                    release()
+                    del step
+        except _OutOfMemory:
+            out_of_memory = True  # freed below, once the exception and its frames are gone
+        _free(self.device)
+        if out_of_memory:
+            log.info("batch %d: out of memory", batch)
+            return batch_search.Trial(batch, False, None, batch_search.OUT_OF_MEMORY)
+        fits = limit_bytes is None or peak is None or peak <= limit_bytes
+        peak_mb = None if peak is None else _round(peak / MB, 3)
+        log.info("batch %d: peak %s MB, %s", batch, peak_mb, "fits" if fits else "too much")
+        reason = batch_search.FITS if fits else batch_search.OVER_LIMIT
+        return batch_search.Trial(batch, fits, peak_mb, reason)
+
+    def _step(self, mode: str, batch: int):
+        if self.options.compile:
+            import torch
+
+            # A fresh compilation per configuration, made during its warm-up: the graphs of
+            # earlier ones would otherwise fill dynamo's cache until it falls back to eager.
+            torch.compiler.reset()
+        images = make_inputs((batch, *self.sample), self.settings)
+        if mode == "infer":
+            return make_infer_step(self.model, images, self.settings), lambda: None
+        train = make_train_step(self.model, images, self.settings)
+        return train.step, lambda: train.release(self.model)
+
+    @contextlib.contextmanager
+    def _failures(self, mode: str, batch: int, probe: MemoryProbe, out_of_memory_is_error=True):
+        """Errors of a configuration as one clear line; out of memory as `_OutOfMemory` in a
+        search trial."""
+        try:
+            yield
+        except (TorchkitError, KeyboardInterrupt):
+            probe.cancel()
+            raise
+        except Exception as error:
+            probe.cancel()
+            if is_out_of_memory(error):
+                if not out_of_memory_is_error:
+                    raise _OutOfMemory() from None
+                raise TorchkitError(
+                    f"out of memory in {mode} mode at batch {batch} on {self.device}",
+                    "use a smaller --batch-size, --amp, or --find-batch-size",
+                ) from None
+            shape = "x".join(map(str, self.sample))
+            hint = "check --input-size, --batch-size and --mode"
+            if self.options.compile:
+                hint += ", or drop --compile"
+            raise InputError(
+                f"{self.name} fails in {mode} mode at batch {batch} on {shape} inputs: "
+                f"{first_line(error, with_type=True)}",
+                hint,
+            ) from error
+
+    def _row(
+        self, mode: str, batch: int, timings: Timings, peak: int | None, kind: str, threads: int
+    ) -> BenchmarkRow:
+        import torch
+
+        images_per_s = timings.per_second(batch)
+        factor = TRAIN_FLOPS_FACTOR if mode == "train" else 1
+        step_flops = None if self.flops is None else self.flops * factor
+        tflops = None
+        if step_flops is not None and math.isfinite(images_per_s):
+            tflops = step_flops * images_per_s / 1e12
+        return BenchmarkRow(
+            model=self.name,
+            mode=mode,
+            batch_size=batch,
+            input_size="x".join(map(str, self.sample)),
+            device=str(self.device),
+            device_name=self.device_name,
+            dtype=self.dtype,
+            amp=self.settings.amp_dtype is not None,
+            channels_last=self.options.channels_last,
+            compile=self.options.compile,
+            threads=threads,
+            warmup=self.options.warmup,
+            iters=timings.iters,
+            timed_s=_round(timings.total, 6),
+            images_per_s=_round(images_per_s, 3),
+            latency_median_ms=_round(timings.median * 1000, 4),
+            latency_p90_ms=_round(timings.p90 * 1000, 4),
+            peak_memory_mb=_round(None if peak is None else peak / MB, 3),
+            memory_kind=kind,
+            mult_adds_per_image=self.mult_adds,
+            flops_per_image=self.flops,
+            step_flops_per_image=step_flops,
+            tflops=_round(tflops, 6),
+            torch_version=torch.__version__,
+            timestamp=utc_timestamp(),
+        )
+
+
+class _OutOfMemory(Exception):
+    pass
+
+
+def _search(context: _Context, mode: str, limit_bytes: int | None) -> batch_search.BatchSearch:
+    options = context.options
+    on_cpu = context.device.type != "cuda"
+    available = available_memory() if on_cpu else None
+
+    def try_batch(batch: int, trials: list[batch_search.Trial]) -> batch_search.Trial:
+        predicted = batch_search.predicted_peak(batch, trials)
+        too_big = available is not None and predicted is not None
+        if too_big and predicted * MB > SAFE_FRACTION * available:
+            log.info("batch %d: predicted %.0f MB, not run", batch, predicted)
+            return batch_search.Trial(batch, False, None, batch_search.PREDICTED_OVER)
+        return context.trial(mode, batch, limit_bytes)
+
+    found, stopped_by, trials = batch_search.search_batch_size(
+        try_batch, start=options.batch_sizes[0], max_batch=options.max_batch_size
+    )
+    return batch_search.BatchSearch(
+        mode=mode,
+        batch_size=found,
+        memory_limit_mb=None if limit_bytes is None else _round(limit_bytes / MB, 3),
+        stopped_by=stopped_by,
+        trials=trials,
+    )
+
+
+def _limit_bytes(limit: MemoryLimit | None, device: Any) -> int | None:
+    """The search's limit: --memory-limit; on the CPU 50% of the available memory without one
+    (on CUDA running out of memory is the limit)."""
+    if limit is None and device.type != "cuda":
+        limit = parse_memory_limit(CPU_DEFAULT_LIMIT)
+    return None if limit is None else limit.resolve(device)
+
+
+def _sync(device: Any):
+    """What waits for the device's queued work: CUDA and MPS run asynchronously."""
+    import torch
+
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    if device.type == "mps":
+        return torch.mps.synchronize
+    return None
+
+
+def _free(device: Any) -> None:
+    """Give the GPU's cached blocks back after a configuration (the next one, or a search
+    trial after an out-of-memory, starts clean). On the CPU the next `MemoryProbe.start`
+    collects and trims anyway."""
+    if device.type == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(device: Any):
+    """cuDNN picks its fastest algorithms per input shape (during the warm-up), as a tuned
+    training or inference loop would."""
+    import torch
+
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def _device_name(device: Any) -> str:
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    from torchkit.core.env import cpu_model
+
+    return cpu_model()
+
+
+def _settings(options: BenchmarkOptions, dtype: str) -> dict[str, Any]:
+    return {
+        "modes": list(options.modes),
+        "batch_sizes": list(options.batch_sizes),
+        "warmup": options.warmup,
+        "iters": options.iters
+        if options.iters is not None or options.seconds is not None
+        else DEFAULT_ITERS,
+        "seconds": options.seconds,
+        "amp": options.amp,
+        "dtype": dtype,
+        "channels_last": options.channels_last,
+        "compile": options.compile,
+        "find_batch_size": options.find_batch_size,
+        "memory_limit": options.memory_limit,
+        "max_batch_size": options.max_batch_size if options.find_batch_size else None,
+    }
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    if value is None or not math.isfinite(value):
+        return value
+    return round(value, digits)

@@ -1,0 +1,96 @@
+"""`--find-batch-size`: the largest batch that fits, by doubling from the start batch until a
+trial does not fit (out of memory, or over `--memory-limit`), then bisecting between the last
+batch that fitted and the first that did not. `--max-batch-size` caps the doubling.
+
+The search itself is pure logic over a `try_batch` function, so it is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torchkit.core.errors import TorchkitError
+
+FITS = "fits"
+OUT_OF_MEMORY = "out of memory"
+OVER_LIMIT = "over the memory limit"
+PREDICTED_OVER = "would not fit in the available memory (not run)"
+MAX_BATCH = "max batch size"
+
+
+@dataclass
+class Trial:
+    batch_size: int
+    fits: bool
+    peak_memory_mb: float | None  # None when the trial was not run, or ran out of memory
+    reason: str  # FITS, OUT_OF_MEMORY, OVER_LIMIT or PREDICTED_OVER
+
+
+@dataclass
+class BatchSearch:
+    """What `--find-batch-size` found for one mode."""
+
+    mode: str
+    batch_size: int  # the largest batch that fitted
+    memory_limit_mb: float | None  # None on CUDA without --memory-limit: out of memory decides
+    stopped_by: str  # OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER or MAX_BATCH
+    trials: list[Trial] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def search_batch_size(
+    try_batch: Callable[[int, list[Trial]], Trial],
+    *,
+    start: int,
+    max_batch: int,
+) -> tuple[int, str, list[Trial]]:
+    """(largest batch that fits, why the search stopped, the trials in the order run).
+    `try_batch(batch, trials_so_far)` runs one trial. Assumes that a batch fits when a larger
+    one does (memory grows with the batch)."""
+    trials: list[Trial] = []
+
+    def attempt(batch: int) -> Trial:
+        trial = try_batch(batch, list(trials))
+        trials.append(trial)
+        return trial
+
+    first = attempt(start)
+    if not first.fits:
+        raise TorchkitError(
+            f"batch {start} does not fit: {first.reason}"
+            + (f" ({first.peak_memory_mb:.1f} MB)" if first.peak_memory_mb is not None else ""),
+            "start lower with --batch-size, raise --memory-limit, or use --amp",
+        )
+    good, bad = start, None
+    while bad is None:
+        if good >= max_batch:
+            return good, MAX_BATCH, trials
+        batch = min(good * 2, max_batch)
+        trial = attempt(batch)
+        if trial.fits:
+            good = batch
+        else:
+            bad, reason = batch, trial.reason
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        trial = attempt(middle)
+        if trial.fits:
+            good = middle
+        else:
+            bad, reason = middle, trial.reason
+    return good, reason, trials
+
+
+def predicted_peak(batch: int, trials: list[Trial]) -> float | None:
+    """Peak memory (MB) expected at `batch`, scaled from the largest batch that fitted:
+    memory grows at most in proportion with the batch (weights and fixed buffers do not grow),
+    so this errs on the high side. None before any trial fitted."""
+    fitted = [t for t in trials if t.fits and t.peak_memory_mb is not None]
+    if not fitted:
+        return None
+    largest = max(fitted, key=lambda t: t.batch_size)
+    return largest.peak_memory_mb * batch / largest.batch_size

@@ -1,0 +1,150 @@
+"""One benchmark step of a model, as a closure the timing loop calls.
+
+- infer: `model.eval()`, `torch.inference_mode()`, autocast under --amp, the forward pass.
+- train: `model.train()`, forward under autocast, cross-entropy on random labels, backward,
+  and an SGD step (momentum 0.9, so the optimizer keeps state as real training does); float16
+  gets a GradScaler, as `torchkit train` uses one.
+
+The inputs and labels are made once, on the device, before any timing: a step measures the
+model, not the data pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MODES = ("infer", "train")
+SGD_LR = 1e-4
+SGD_MOMENTUM = 0.9
+
+
+@dataclass
+class StepSettings:
+    device: Any  # torch.device
+    amp_dtype: Any = None  # a torch dtype under --amp, else None
+    channels_last: bool = False
+
+
+def make_inputs(shape: Sequence[int], settings: StepSettings, seed: int = 0) -> Any:
+    """A random batch of `shape` on the device (channels-last when asked for), made from a
+    private generator so that the caller's random state is left alone."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.rand(*shape, generator=generator).to(settings.device)
+    if settings.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
+def _autocast(settings: StepSettings):
+    import torch
+
+    if settings.amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(settings.device.type, dtype=settings.amp_dtype)
+
+
+def make_infer_step(model: Any, images: Any, settings: StepSettings) -> Callable[[], Any]:
+    import torch
+
+    model.eval()
+
+    def step() -> Any:
+        with torch.inference_mode(), _autocast(settings):
+            return model(images)
+
+    return step
+
+
+@dataclass
+class TrainStep:
+    """The train step and what it keeps alive (to be dropped after the run)."""
+
+    step: Callable[[], Any]
+    optimizer: Any
+
+    def release(self, model: Any) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer = None
+        for param in model.parameters():
+            param.grad = None
+
+
+def make_train_step(model: Any, images: Any, settings: StepSettings) -> TrainStep:
+    import torch
+
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        from torchkit.core.errors import UsageError
+
+        raise UsageError("the model has no trainable parameters", "benchmark it with --mode infer")
+    optimizer = torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM)
+    float16 = settings.amp_dtype == torch.float16
+    scaler = torch.amp.GradScaler(settings.device.type) if float16 else None
+    generator = torch.Generator().manual_seed(1)
+    labels: dict[int, Any] = {}  # random labels per output width, made on the first step
+
+    def labels_for(width: int) -> Any:
+        if width not in labels:
+            drawn = torch.randint(0, width, (images.shape[0],), generator=generator)
+            labels[width] = drawn.to(settings.device)
+        return labels[width]
+
+    def step() -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        with _autocast(settings):
+            output = model(images)
+        loss = training_loss(output, images.shape[0], labels_for)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss
+
+    return TrainStep(step, optimizer)
+
+
+def training_loss(output: Any, batch: int, labels_for: Callable[[int], Any]) -> Any:
+    """Cross-entropy on random labels for every (batch, classes) tensor of the output (a
+    classifier's logits; Inception's auxiliary logits too, as its training adds them); the
+    mean of any other floating-point output, so that models without a classifier train too."""
+    import torch
+    import torch.nn.functional as F
+
+    terms = []
+    for tensor in _tensors(output):
+        if not tensor.is_floating_point():
+            continue
+        if tensor.ndim == 2 and tensor.shape[0] == batch and tensor.shape[1] > 1:
+            terms.append(F.cross_entropy(tensor.float(), labels_for(int(tensor.shape[1]))))
+        else:
+            terms.append(tensor.float().mean())
+    if not terms:
+        from torchkit.core.errors import UsageError
+
+        raise UsageError(
+            "the model's output has no floating-point tensor to train on",
+            "benchmark it with --mode infer",
+        )
+    return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
+
+
+def _tensors(obj: Any) -> Iterator[Any]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item)
