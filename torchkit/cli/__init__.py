@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "split",
     "summary",
     "extract_features",
+    "export",
     "video_info",
     "convert_syncbn",
     "benchmark",

@@ -1,0 +1,626 @@
+"""`torchkit export` and `torchkit.core.export`: round trips through each format's own runtime
+(onnxruntime, torch.jit.load, torch.export.load) at batch 1 and 3, a fixed batch that refuses
+another, float16, the classes and preprocessing read back, `load_exported`; and the failures:
+corrupt checkpoint, unknown format, unwritable or protected OUT, a model that cannot export, a
+verification that fails (nothing at OUT)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+import torch
+import torchvision
+from conftest import error_line, fill_disk, run_torchkit_process
+from torch import nn
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.data import Preprocess
+from torchkit.core.errors import InputError
+from torchkit.core.export import (
+    EXPORTED_PROGRAM,
+    FORMATS,
+    ONNX,
+    TORCHSCRIPT,
+    ExportedModel,
+    load_exported,
+    sniff_format,
+)
+from torchkit.core.export.loading import RuntimeFailure
+from torchkit.core.models.convnet import convnet_class
+
+pytestmark = [
+    pytest.mark.usefixtures("cli_built_once"),
+    # the tests load files with torch's own APIs too, deprecated ones included
+    pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:You are using the legacy:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:The feature will be removed:DeprecationWarning"),
+]
+
+CLASSES = ["cat", "dog", "fox"]
+PREPROCESS = Preprocess(
+    image_size=28, resize_size=32, mean=(0.5,) * 3, std=(0.25,) * 3, interpolation="bicubic"
+)
+SUFFIX = {ONNX: ".onnx", TORCHSCRIPT: ".ts", EXPORTED_PROGRAM: ".pt2"}
+PKG = "exportnets"
+NETS = '''
+import torch
+from torch import nn
+
+
+class Svd(nn.Module):
+    """Singular values: no ONNX symbolic, no float16 kernel on the CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.linalg.svdvals(self.conv(x).mean((2, 3)).reshape(-1, 2, 2))
+
+
+class Branchy(nn.Module):
+    """A Python branch on a tensor value: torch.export cannot follow it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        if y.sum() > 0:
+            return y
+        return -y
+
+
+class Scaled(nn.Module):
+    """A tensor turned into a Python float: tracing warns, the constant it keeps is right."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x).mean((2, 3)) * float(x.abs().max() > -1)
+
+
+class Attention(nn.Module):
+    """Patches through nn.MultiheadAttention, as in ViT: in eval mode under no_grad it takes
+    a fast path (aten::_native_multi_head_attention) that ONNX cannot express."""
+
+    def __init__(self):
+        super().__init__()
+        self.patches = nn.Conv2d(3, 8, 4, stride=4)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        tokens = self.patches(x).flatten(2).transpose(1, 2)
+        mixed, _ = self.attention(tokens, tokens, tokens, need_weights=False)
+        return self.head(mixed.mean(1))
+
+
+class BatchOfTwo(nn.Module):
+    """Code that tests the batch size: torch.export specialises it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        return y * 1.0 if x.shape[0] == 2 else y
+
+
+class Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x).mean((2, 3))
+        return y, y
+'''
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict:
+    """A convnet torchkit checkpoint (classes, preprocessing), resnet18 weights with 4 outputs,
+    a corrupt checkpoint and a package of models that do not export; with the truth modules."""
+    root = tmp_path_factory.mktemp("export")
+    torch.manual_seed(0)
+    convnet = convnet_class()(3, 3, 28).eval()
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 3,
+            "classes": CLASSES,
+            "model": convnet.state_dict(),
+            "preprocess": PREPROCESS.to_dict(),
+        },
+        root / "convnet.pt",
+    )
+    resnet = torchvision.models.resnet18(num_classes=4)
+    with torch.no_grad():  # BatchNorm statistics that are not the defaults
+        for module in resnet.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 2)
+    resnet.eval()
+    torch.save(resnet.state_dict(), root / "resnet18_4.pt")
+    (root / "bad.pt").write_bytes(b"this is not a checkpoint\n" * 10)
+    (root / PKG).mkdir()
+    (root / PKG / "__init__.py").write_text("")
+    (root / PKG / "nets.py").write_text(NETS)
+    return {"root": root, "convnet": convnet, "resnet18": resnet}
+
+
+MODELS = {
+    "convnet": lambda root: [str(root / "convnet.pt")],
+    "resnet18": lambda root: [
+        "resnet18",
+        "--weights",
+        str(root / "resnet18_4.pt"),
+        "--image-size",
+        "32",
+    ],
+}
+SAMPLE = {"convnet": (3, 28, 28), "resnet18": (3, 32, 32)}
+
+
+def export(runner, *args: str):
+    """`torchkit export ARGS --format json`: (result, parsed JSON or None)."""
+    result = runner.invoke(app, ["export", *args, "--format", "json"])
+    data = json.loads(result.stdout) if result.exit_code == 0 else None
+    return result, data
+
+
+def batch(n: int, shape: tuple[int, ...], seed: int = 5) -> torch.Tensor:
+    return torch.randn((n, *shape), generator=torch.Generator().manual_seed(seed))
+
+
+def truth(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return model(x).numpy()
+
+
+def own_runtime(path: Path, fmt: str):
+    """The exported file loaded with its format's own API (not torchkit's loader): a function
+    from a tensor to a NumPy array."""
+    if fmt == ONNX:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return lambda x: session.run(None, {name: x.numpy()})[0]
+    if fmt == TORCHSCRIPT:
+        module = torch.jit.load(str(path))
+    else:
+        module = torch.export.load(str(path)).module()
+
+    def run(x):
+        with torch.no_grad():
+            return module(x).numpy()
+
+    return run
+
+
+def own_metadata(path: Path, fmt: str) -> dict:
+    """What the file says about the model, read with the format's own API."""
+    if fmt == ONNX:
+        props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+        return {k.removeprefix("torchkit."): json.loads(v) for k, v in props.items()}
+    extra = {"torchkit.json": ""}
+    if fmt == TORCHSCRIPT:
+        torch.jit.load(str(path), _extra_files=extra)
+    else:
+        torch.export.load(str(path), extra_files=extra)
+    return json.loads(extra["torchkit.json"])
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Temporary files the export may have left beside OUT."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["convnet", "resnet18"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_in_the_formats_own_runtime_at_batch_1_and_3(runner, world, tmp_path, fmt, name):
+    out = tmp_path / f"model{SUFFIX[fmt]}"
+    result, data = export(runner, *MODELS[name](world["root"]), str(out))
+    assert result.exit_code == 0, result.stderr
+    sample = SAMPLE[name]
+    assert data["format"] == fmt and data["path"] == str(out)
+    assert data["verified"] is True and data["verified_batch_sizes"] == [1, 3]
+    assert 0 <= data["max_abs_diff"] <= data["tolerance"]
+    assert data["dynamic_batch"] is True and data["batch_size"] is None
+    assert data["input_shape"] == list(sample) and data["dtype"] == "float32"
+    assert data["opset"] == (17 if fmt == ONNX else None)
+    assert data["file_bytes"] == out.stat().st_size
+    assert leftovers(tmp_path) == []
+
+    if fmt == ONNX:
+        onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+    model = world[name]
+    run = own_runtime(out, fmt)
+    for n in (1, 3):  # the dynamic batch dimension
+        x = batch(n, sample)
+        np.testing.assert_allclose(run(x), truth(model, x), rtol=1e-4, atol=1e-4)
+
+    stored = own_metadata(out, fmt)
+    assert stored["arch"] == name and stored["format"] == fmt
+    assert stored["input_shape"] == list(sample) and stored["batch_size"] is None
+    if name == "convnet":  # a torchkit checkpoint's classes and preprocessing travel along
+        assert stored["classes"] == CLASSES
+        assert stored["preprocess"] == PREPROCESS.to_dict()
+    else:  # a state dict has no class names; --image-size keeps torchvision's crop ratio
+        assert stored["classes"] is None
+        assert stored["preprocess"]["image_size"] == 32
+        assert stored["preprocess"]["resize_size"] == round(32 * 256 / 224)
+
+    loaded = load_exported(out)  # what `predict` will use
+    assert loaded.format == fmt and loaded.arch == name
+    assert loaded.classes == (CLASSES if name == "convnet" else None)
+    assert loaded.input_shape == sample and loaded.batch_size is None
+    if name == "convnet":
+        assert loaded.preprocess == PREPROCESS
+    x = batch(5, sample, seed=9)
+    logits = loaded(x.numpy())  # NumPy in, NumPy out
+    assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
+    np.testing.assert_allclose(logits, truth(model, x), rtol=1e-4, atol=1e-4)
+    assert torch.allclose(loaded(x), torch.from_numpy(logits))  # a tensor in, a tensor out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_static_batch_is_fixed_and_refuses_batch_3(runner, world, tmp_path, fmt):
+    out = tmp_path / f"fixed{SUFFIX[fmt]}"
+    convnet = str(world["root"] / "convnet.pt")
+    result, data = export(runner, convnet, str(out), "--static-batch", "--batch-size", "2")
+    assert result.exit_code == 0, result.stderr
+    assert data["dynamic_batch"] is False and data["batch_size"] == 2
+    assert data["verified_batch_sizes"] == [2]
+    run = own_runtime(out, fmt)
+    x = batch(2, SAMPLE["convnet"])
+    np.testing.assert_allclose(run(x), truth(world["convnet"], x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match=r"(?i)batch|dimension|size|shape|guard"):
+        run(batch(3, SAMPLE["convnet"]))
+    assert own_metadata(out, fmt)["batch_size"] == 2
+
+    loaded = load_exported(out)
+    assert loaded.batch_size == 2
+    x = batch(5, SAMPLE["convnet"], seed=3)  # run in slices of 2, the last one padded
+    np.testing.assert_allclose(loaded(x).numpy(), truth(world["convnet"], x), atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float16_weights_and_inputs(runner, world, tmp_path, fmt):
+    out = tmp_path / f"half{SUFFIX[fmt]}"
+    result, data = export(runner, str(world["root"] / "convnet.pt"), str(out), "--dtype", "float16")
+    assert result.exit_code == 0, result.stderr
+    assert data["dtype"] == "float16" and data["verified"] is True
+    assert (data["atol"], data["rtol"]) == (1e-2, 2e-2)  # float16's defaults
+    assert data["max_abs_diff"] <= data["tolerance"]
+    x = batch(3, SAMPLE["convnet"])
+    expected = truth(world["convnet"], x)
+    output = own_runtime(out, fmt)(x.half())  # the file takes float16 inputs
+    assert output.dtype == np.float16
+    np.testing.assert_allclose(output.astype(np.float32), expected, atol=2e-2, rtol=2e-2)
+    if fmt == ONNX:
+        session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        assert session.get_inputs()[0].type == "tensor(float16)"
+    loaded = load_exported(out)
+    assert loaded.dtype == "float16"
+    logits = loaded(x)  # float32 in (cast for the model), float32 out
+    assert logits.dtype == torch.float32
+    np.testing.assert_allclose(logits.numpy(), expected, atol=2e-2, rtol=2e-2)
+    # a bit smaller than float32: the weights take half the bytes
+    assert out.stat().st_size < 0.6 * (world["root"] / "convnet.pt").stat().st_size
+
+
+def test_opset_is_the_one_asked_for(runner, world, tmp_path):
+    out = tmp_path / "m.onnx"
+    result, data = export(runner, str(world["root"] / "convnet.pt"), str(out), "--opset", "13")
+    assert result.exit_code == 0, result.stderr
+    assert data["opset"] == 13
+    opsets = {o.domain: o.version for o in onnx.load(str(out)).opset_import}
+    assert opsets[""] == 13
+
+
+def test_to_names_the_format_of_any_file_name(runner, world, tmp_path):
+    out = tmp_path / "model.bin"
+    result, data = export(runner, "convnet", str(out), "--to", "exported-program")
+    assert result.exit_code == 0, result.stderr
+    assert data["format"] == EXPORTED_PROGRAM and sniff_format(out) == EXPORTED_PROGRAM
+    assert load_exported(out).classes is None  # a model built here has no class names
+
+
+def test_table_csv_and_report_file(runner, world, tmp_path):
+    convnet = str(world["root"] / "convnet.pt")
+    table = runner.invoke(app, ["export", convnet, str(tmp_path / "a.onnx")])
+    assert table.exit_code == 0, table.stderr
+    for words in ("max abs diff", "yes, in onnxruntime at batch 1, 3", "Nx3x28x28", "tolerance"):
+        assert words in table.stdout
+    csv = runner.invoke(app, ["export", convnet, str(tmp_path / "b.pt2"), "--format", "csv"])
+    header, row = csv.stdout.splitlines()
+    assert header.split(",")[:3] == ["format", "path", "arch"] and "max_abs_diff" in header
+    assert row.startswith(f"exported-program,{tmp_path / 'b.pt2'},convnet,")
+    report = tmp_path / "report.json"
+    done = runner.invoke(
+        app, ["export", convnet, str(tmp_path / "c.ts"), "--format", "json", "-o", str(report)]
+    )
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout == ""
+    assert json.loads(report.read_text())["format"] == TORCHSCRIPT
+
+
+def test_no_verify_says_so(runner, world, tmp_path):
+    out = tmp_path / "m.ts"
+    result, data = export(runner, str(world["root"] / "convnet.pt"), str(out), "--no-verify")
+    assert result.exit_code == 0, result.stderr
+    assert data["verified"] is False and data["max_abs_diff"] is None
+    assert data["verified_batch_sizes"] == []
+    assert "not verified (--no-verify)" in result.stderr
+    assert out.is_file()
+
+
+def test_a_missing_out_folder_is_made(runner, world, tmp_path):
+    out = tmp_path / "new" / "deeper" / "m.onnx"
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(out))
+    assert result.exit_code == 0, result.stderr
+    assert out.is_file()
+
+
+# -- load_exported -------------------------------------------------------------------------------
+
+
+def test_load_exported_reads_an_onnx_file_torchkit_did_not_write(world, tmp_path):
+    out = tmp_path / "plain.onnx"
+    torch.onnx.export(
+        world["convnet"], (batch(1, SAMPLE["convnet"]),), str(out), dynamo=False, opset_version=17
+    )
+    loaded = load_exported(out)
+    assert loaded.classes is None and loaded.preprocess is None and loaded.input_shape is None
+    x = batch(1, SAMPLE["convnet"])
+    np.testing.assert_allclose(loaded(x.numpy()), truth(world["convnet"], x), atol=1e-4)
+
+
+def test_load_exported_refuses_what_is_not_an_exported_model(world, tmp_path):
+    assert sniff_format(world["root"] / "convnet.pt") is None  # a checkpoint, not a TorchScript
+    with pytest.raises(InputError, match="not an exported model"):
+        load_exported(world["root"] / "convnet.pt")
+    with pytest.raises(InputError, match="not found"):
+        load_exported(tmp_path / "missing.onnx")
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not protobuf")
+    with pytest.raises(RuntimeFailure, match="onnxruntime cannot load"):
+        load_exported(broken)
+
+
+# -- refusals and failures: one Error line, nothing at OUT ---------------------------------------
+
+
+def test_a_corrupt_checkpoint_is_one_error_line(runner, world, tmp_path):
+    out = tmp_path / "m.onnx"
+    result, _ = export(runner, str(world["root"] / "bad.pt"), str(out))
+    assert result.exit_code == 1
+    assert "bad.pt" in error_line(result.stderr, besides="nothing")
+    assert not out.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["m.tflite"], "cannot tell the export format from 'm.tflite'"),
+        (["m.onnx", "--to", "tflite"], "Invalid value for '--to'"),
+        (["m.pt2", "--to", "onnx"], "--to onnx contradicts the extension"),
+        (["m.ts", "--opset", "13"], "--opset goes with ONNX"),
+        (["m.onnx", "--opset", "99"], "--opset 99 is not one"),
+    ],
+)
+def test_unknown_formats_and_options_are_usage_errors(
+    runner, world, tmp_path, monkeypatch, args, message
+):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["export", str(world["root"] / "convnet.pt"), *args])
+    assert result.exit_code == 2
+    assert message in error_line(result.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_is_an_input_is_refused(runner, world):
+    root = world["root"]
+    before = digest(root / "convnet.pt")
+    for args in (
+        [str(root / "convnet.pt"), str(root / "convnet.pt"), "--to", "torchscript", "--force"],
+        ["resnet18", "--weights", str(root / "resnet18_4.pt"), str(root / "resnet18_4.pt")],
+    ):
+        result, _ = export(runner, *args, "--force")
+        assert result.exit_code == 1
+        assert "is the" in error_line(result.stderr, besides="nothing")
+    assert digest(root / "convnet.pt") == before
+    report = runner.invoke(
+        app, ["export", "convnet", str(root / "x.onnx"), "-o", str(root / "x.onnx")]
+    )
+    assert report.exit_code == 1
+    assert "is the exported model" in error_line(report.stderr)
+    assert not (root / "x.onnx").exists()
+
+
+def test_an_existing_out_needs_force(runner, world, tmp_path):
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"precious")
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(out))
+    assert result.exit_code == 1
+    assert "already exists" in error_line(result.stderr, besides="nothing")
+    assert out.read_bytes() == b"precious"
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(out), "--force")
+    assert result.exit_code == 0, result.stderr
+    assert load_exported(out).classes == CLASSES
+    assert leftovers(tmp_path) == []
+
+
+def test_an_out_folder_that_is_a_file_is_one_error_line(runner, world, tmp_path):
+    (tmp_path / "file").write_text("x")
+    result, _ = export(runner, "convnet", str(tmp_path / "file" / "m.onnx"))
+    assert result.exit_code == 1
+    assert "is a file, not a folder" in error_line(result.stderr)
+
+
+def test_an_unwritable_out_folder_is_one_error_line(runner, world, small_tmpfs):
+    disk = small_tmpfs(64)
+    remounted = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True)
+    if remounted.returncode != 0:
+        pytest.skip("cannot remount the tmpfs read-only")
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(disk / "m.onnx"))
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(f"Error: cannot write {disk / 'm.onnx'}") and "Read-only" in line
+    assert os.listdir(disk) == []
+
+
+@pytest.mark.parametrize("fmt", [ONNX, TORCHSCRIPT])
+def test_a_full_disk_is_one_error_line_and_leaves_nothing(runner, world, small_tmpfs, fmt):
+    disk = fill_disk(small_tmpfs(64))
+    out = disk / f"m{SUFFIX[fmt]}"
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(out))
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(f"Error: cannot write {out}: No space left")
+    assert os.listdir(disk) == ["filler"]
+
+
+def test_an_operator_onnx_lacks_is_one_error_line_naming_it(world, tmp_path):
+    # A real process: the exporter's C++ graph dump goes to file descriptor 2, not sys.stderr.
+    out = tmp_path / "svd.onnx"
+    done = run_torchkit_process(
+        "export", f"{PKG}.nets:Svd", str(out), "--image-size", "8", cwd=world["root"]
+    )
+    assert done.returncode == 1
+    line = error_line(done.stderr, besides="nothing")
+    assert "aten::linalg_svdvals" in line and "not supported" in line
+    assert done.stdout == "" and not out.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("model", "out", "extra", "message"),
+    [
+        (f"{PKG}.nets:Branchy", "b.pt2", [], "data-dependent control flow"),
+        (f"{PKG}.nets:BatchOfTwo", "b.pt2", [], "with a dynamic batch size: the model fixes"),
+        (f"{PKG}.nets:Pair", "p.onnx", [], "returns a tuple, not one tensor of logits"),
+        (f"{PKG}.nets:Svd", "s.ts", ["--dtype", "float16"], "cannot run in float16 on the CPU"),
+        ("convnet.pt", "c.onnx", ["--image-size", "32"], "does not run on an input of shape"),
+    ],
+)
+def test_a_model_that_cannot_export_is_one_error_line(
+    runner, world, tmp_path, monkeypatch, model, out, extra, message
+):
+    monkeypatch.chdir(world["root"])  # package.module:Callable imports from here
+    size = [] if extra[:1] == ["--image-size"] else ["--image-size", "8"]
+    result, _ = export(runner, model, str(tmp_path / out), *size, *extra)
+    assert result.exit_code == 1
+    assert message in error_line(result.stderr, besides="nothing")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", [ONNX, TORCHSCRIPT])
+def test_tracer_warnings_are_one_warning_line(runner, world, tmp_path, monkeypatch, fmt):
+    monkeypatch.chdir(world["root"])
+    out = tmp_path / f"scaled{SUFFIX[fmt]}"
+    result, data = export(runner, f"{PKG}.nets:Scaled", str(out), "--image-size", "8")
+    assert result.exit_code == 0, result.stderr
+    assert data["verified"] is True
+    warnings = result.stderr.splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith(f"Warning: tracing for {fmt} warned: ")
+    assert "Converting a tensor to a Python float" in warnings[0]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_attention_models_export_like_vit(runner, world, tmp_path, monkeypatch, fmt):
+    monkeypatch.chdir(world["root"])
+    out = tmp_path / f"attention{SUFFIX[fmt]}"
+    result, data = export(runner, f"{PKG}.nets:Attention", str(out), "--image-size", "16")
+    assert result.exit_code == 0, result.stderr
+    assert data["verified"] is True and data["num_classes"] == 3
+    assert result.stderr == ""  # torch's own shape checks are no tracer warnings for the user
+
+
+def test_ema_of_a_checkpoint_without_one_is_one_error_line(runner, world, tmp_path):
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(tmp_path / "m.onnx"), "--ema")
+    assert result.exit_code == 1
+    assert "holds no EMA weights" in error_line(result.stderr, besides="nothing")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_wrong_shape_is_one_clear_runtime_failure(runner, world, tmp_path):
+    for fmt in FORMATS:
+        out = tmp_path / f"fixed{SUFFIX[fmt]}"
+        convnet = str(world["root"] / "convnet.pt")
+        result, _ = export(runner, convnet, str(out), "--static-batch", "-b", "2", "--no-verify")
+        assert result.exit_code == 0, result.stderr
+        loaded = load_exported(out)
+        with pytest.raises(RuntimeFailure) as failure:
+            loaded.run_batch(batch(3, SAMPLE["convnet"]))  # one call, no slicing
+        assert "fails on an input of shape 3x3x28x28" in failure.value.message
+        assert "\n" not in failure.value.message
+        assert failure.value.hint == "the model takes float32 inputs of shape 2x3x28x28"
+        if fmt == TORCHSCRIPT:
+            assert failure.value.message.endswith("RuntimeError: expected a batch of 2, got 3")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_failed_verification_leaves_nothing_at_out(runner, world, tmp_path, monkeypatch, fmt):
+    real_run = ExportedModel.run_batch
+    monkeypatch.setattr(ExportedModel, "run_batch", lambda self, data: real_run(self, data) + 0.5)
+    out = tmp_path / "new" / f"m{SUFFIX[fmt]}"
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(out))
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert "differ from PyTorch's by up to 0.5" in line and "beyond the tolerance" in line
+    assert list(tmp_path.iterdir()) == []  # no file, no temporary, not even the folder made
+
+    old = tmp_path / f"old{SUFFIX[fmt]}"
+    old.write_bytes(b"the earlier export")
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(old), "--force")
+    assert result.exit_code == 1
+    assert old.read_bytes() == b"the earlier export"  # replaced only by a verified file
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "hint"),
+    [
+        ("boom", "--static-batch if the model fixes its batch size"),
+        # onnxruntime's CPU kernels lack some float16 operators: the file may still serve a GPU
+        (
+            "NOT_IMPLEMENTED : Could not find an implementation for Conv(11)",
+            "lacks a kernel this model needs (float16 often)",
+        ),
+    ],
+)
+def test_a_runtime_failure_in_verification_is_one_error_line(
+    runner, world, tmp_path, monkeypatch, reason, hint
+):
+    def broken(self, data):
+        raise RuntimeFailure(f"onnxruntime fails on an input of shape 3x3x28x28: {reason}")
+
+    monkeypatch.setattr(ExportedModel, "run_batch", broken)
+    out = tmp_path / "m.onnx"
+    result, _ = export(runner, str(world["root"] / "convnet.pt"), str(out))
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert "verification failed: onnxruntime fails" in line and hint in line
+    assert not out.exists() and leftovers(tmp_path) == []

@@ -1,0 +1,241 @@
+"""`torchkit export`: a model -> ONNX, TorchScript or torch.export, verified against PyTorch."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from torchkit.cli import console
+from torchkit.cli.completion import complete_model_name
+from torchkit.cli.options import ForceOption, FormatOption, OutputOption, TrustCheckpointOption
+from torchkit.cli.render import OutputFormat, Table, emit
+
+
+class ExportFormat(str, Enum):
+    onnx = "onnx"
+    torchscript = "torchscript"
+    exported_program = "exported-program"
+
+
+class ExportDtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+def export(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="The model: a torchkit checkpoint, a model name (torchvision, convnet, "
+            "package.module:Callable) with --weights, or a pickled model (--trust-checkpoint).",
+            metavar="MODEL",
+            show_default=False,
+            autocompletion=complete_model_name,
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Argument(
+            help="The file to write: .onnx (ONNX), .ts or .pt (TorchScript), .pt2 "
+            "(torch.export); any other name with --to.",
+            metavar="OUT",
+            show_default=False,
+            dir_okay=False,
+        ),
+    ],
+    to: Annotated[
+        Optional[ExportFormat],  # noqa: UP045 - typer needs Optional on Python 3.10
+        typer.Option(
+            "--to",
+            case_sensitive=False,
+            show_default=False,
+            help="The format. Default: from OUT's extension.",
+        ),
+    ] = None,
+    weights: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--weights",
+            metavar="PATH|NAME",
+            help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
+            ".safetensors) or torchvision's DEFAULT.",
+        ),
+    ] = None,
+    num_classes: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--num-classes", min=1, help="Classifier outputs of a model built here."),
+    ] = None,
+    ema: Annotated[
+        bool, typer.Option("--ema", help="Export the checkpoint's EMA weights.")
+    ] = False,
+    image_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--image-size",
+            min=1,
+            show_default=False,
+            help="Input height and width. Default: the model's (its checkpoint's, its weights', "
+            "28 for convnet, 224 otherwise).",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size",
+            "-b",
+            min=1,
+            help="The batch size fixed by --static-batch; without it, the first batch size "
+            "verified.",
+        ),
+    ] = 1,
+    static_batch: Annotated[
+        bool,
+        typer.Option(
+            "--static-batch",
+            help="Fix the batch dimension to --batch-size (default: any batch size).",
+        ),
+    ] = False,
+    opset: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--opset", min=1, show_default=False, help="ONNX opset. [default: 17]"),
+    ] = None,
+    dtype: Annotated[
+        ExportDtype,
+        typer.Option(
+            "--dtype",
+            case_sensitive=False,
+            help="Weights and input dtype of the exported model.",
+        ),
+    ] = ExportDtype.float32,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify/--no-verify",
+            help="Load the file with its runtime and compare its outputs with PyTorch's.",
+        ),
+    ] = True,
+    atol: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--atol",
+            min=0,
+            show_default=False,
+            help="Absolute tolerance of the verification. [default: 1e-4 float32, 1e-2 float16]",
+        ),
+    ] = None,
+    rtol: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--rtol",
+            min=0,
+            show_default=False,
+            help="Tolerance relative to the largest PyTorch output: outputs pass within "
+            "atol + rtol x max |output|. [default: 1e-3 float32, 2e-2 float16]",
+        ),
+    ] = None,
+    trust_checkpoint: TrustCheckpointOption = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Export a model to ONNX, TorchScript or torch.export, verified against PyTorch.
+
+    The file is loaded back with its own runtime (onnxruntime, torch.jit.load,
+    torch.export.load) and run on seeded random batches: outputs farther from
+    PyTorch's than the tolerance fail the export, and nothing is left at OUT.
+    The classes and preprocessing are stored in the file (ONNX metadata_props
+    torchkit.*; torchkit.json inside TorchScript and torch.export archives).
+
+    Examples:
+
+      torchkit export runs/exp1/best.pt model.onnx
+
+      torchkit export runs/exp1/best.pt model.pt2 --static-batch -b 8
+
+      torchkit export resnet50 --weights DEFAULT r50.onnx --dtype float16
+    """
+    from torchkit.cli.progress import progress_bar
+    from torchkit.core.export import ExportRequest, check_outputs, export_model
+
+    check_outputs(model, out, output, weights=weights, force=force)
+    request = ExportRequest(
+        model=model,
+        out=str(out),
+        to=to.value if to else None,
+        weights=weights,
+        num_classes=num_classes,
+        trust=trust_checkpoint,
+        ema=ema,
+        image_size=image_size,
+        batch_size=batch_size,
+        static_batch=static_batch,
+        opset=opset,
+        dtype=dtype.value,
+        atol=atol,
+        rtol=rtol,
+        verify=verify,
+        force=force,
+    )
+    with progress_bar("Exporting") as progress:
+        result = export_model(request, progress=progress)
+    data = result.to_dict()
+    if fmt == OutputFormat.csv:
+        # One row, the JSON keys as columns: easy to append to a log of exports.
+        tables = [Table(columns=list(data), rows=[[_csv_cell(v) for v in data.values()]])]
+    else:
+        tables = [_result_table(data)]
+    emit(tables=tables, data=data, fmt=fmt, output=output, force=force)
+    if not result.verified:
+        console.warn(f"{result.path} was not verified (--no-verify)")
+
+
+def _shape(data: dict) -> str:
+    batch = "N" if data["dynamic_batch"] else str(data["batch_size"])
+    return "x".join([batch, *map(str, data["input_shape"])])
+
+
+def _csv_cell(value):
+    if isinstance(value, list):
+        return "x".join(map(str, value))
+    return value
+
+
+def _result_table(data: dict) -> Table:
+    diff = data["max_abs_diff"]
+    rows = [
+        ["format", data["format"]],
+        ["path", data["path"]],
+        ["model", data["arch"]],
+        ["opset", data["opset"] if data["opset"] is not None else ""],
+        ["dtype", data["dtype"]],
+        ["dynamic batch", data["dynamic_batch"]],
+        ["input shape", _shape(data)],
+        ["classes", data["num_classes"] if data["num_classes"] is not None else ""],
+        ["class names stored", data["classes_stored"]],
+        ["metadata", data["metadata"]],
+        ["file size (bytes)", f"{data['file_bytes']:,}"],
+        [
+            "verified",
+            f"yes, in {data['runtime']} at batch "
+            + ", ".join(map(str, data["verified_batch_sizes"]))
+            if data["verified"]
+            else "no (--no-verify)",
+        ],
+        ["max abs diff", f"{diff:.3g}" if diff is not None else ""],
+        [
+            "tolerance",
+            f"{data['tolerance']:.3g} (atol {data['atol']:g} + rtol {data['rtol']:g} x max "
+            "|output|)"
+            if data["tolerance"] is not None
+            else "",
+        ],
+        ["seconds", f"{data['seconds']:.2f}"],
+    ]
+    return Table(columns=["quantity", "value"], rows=rows, title=f"Exported {data['path']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)

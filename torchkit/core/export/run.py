@@ -1,0 +1,321 @@
+"""`export_model`: MODEL -> a verified ONNX / TorchScript / torch.export file at OUT.
+
+Order: every option and output checked (no work yet), the model resolved and run once in
+PyTorch (its reference outputs), the file written under a temporary name beside OUT, loaded
+back with its own runtime and compared, and only then renamed to OUT. A failure at any step
+leaves OUT as it was (absent, or the old file that --force would have replaced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.errors import OutputWriteError, UsageError, first_line
+from torchkit.core.export import formats as fm
+from torchkit.core.export.metadata import build_metadata
+from torchkit.core.export.verification import (
+    Verification,
+    reference_outputs,
+    verification_batches,
+    verify,
+)
+from torchkit.core.export.writing import (
+    ExportError,
+    write_exported_program,
+    write_onnx,
+    write_torchscript,
+)
+from torchkit.core.files import atomic_path
+from torchkit.core.models import model_inputs
+from torchkit.core.outputs import (
+    InputPath,
+    check_output_file,
+    is_special_file,
+    reporting_write_errors,
+)
+
+Progress = Callable[[int, int], None]
+STEPS = 4  # model, reference, export, verification
+
+
+@dataclass
+class ExportRequest:
+    model: str
+    out: str
+    to: str | None = None  # onnx | torchscript | exported-program; default: OUT's extension
+    weights: str | None = None
+    num_classes: int | None = None
+    trust: bool = False
+    ema: bool = False
+    image_size: int | None = None  # default: the model's (checkpoint, weights, builder)
+    batch_size: int = 1
+    static_batch: bool = False
+    opset: int | None = None  # ONNX only; default formats.DEFAULT_OPSET
+    dtype: str = "float32"
+    atol: float | None = None  # default: formats.DEFAULT_TOLERANCES[dtype]
+    rtol: float | None = None
+    verify: bool = True
+    force: bool = False
+
+
+@dataclass
+class ExportResult:
+    format: str
+    path: str
+    arch: str
+    runtime: str
+    opset: int | None
+    dtype: str
+    dynamic_batch: bool
+    batch_size: int | None  # None: any batch size
+    input_shape: list[int]  # one sample: C, H, W
+    num_classes: int | None
+    classes_stored: bool
+    preprocess_source: str
+    metadata: str  # where the classes and preprocessing are stored
+    file_bytes: int
+    verified: bool
+    max_abs_diff: float | None
+    tolerance: float | None
+    atol: float
+    rtol: float
+    verified_batch_sizes: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_outputs(
+    model: str,
+    out: str | os.PathLike,
+    report: str | os.PathLike | None = None,
+    *,
+    weights: str | None = None,
+    force: bool = False,
+) -> None:
+    """OUT and the `-o` report, before any work: neither is a file the model is read from, the
+    report is not OUT, and an existing file is replaced only with `force`."""
+    inputs = model_inputs(model, weights)
+    _check_out(out, inputs, force)
+    if report is not None and os.fspath(report) != "-":
+        check_output_file(
+            report, force, [*inputs, InputPath.of(out, "exported model")], what="report"
+        )
+
+
+def _check_out(out: str | os.PathLike, inputs: list[InputPath], force: bool) -> Path:
+    target = Path(out)
+    if is_special_file(target):
+        raise UsageError(
+            f"cannot export to {target}: the file is read back to verify it",
+            "give a regular file name",
+        )
+    check_output_file(target, force, inputs, what="output")
+    parent = target.absolute().parent
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputWriteError(
+            f"cannot write {target}: {existing} is a file, not a folder", "choose another output"
+        )
+    if parent.is_dir():
+        # A folder we may not write into is found now, not after a slow export.
+        with reporting_write_errors(target):
+            fd, probe = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=parent)
+            os.close(fd)
+            os.unlink(probe)
+    return target
+
+
+def export_model(request: ExportRequest, progress: Progress | None = None) -> ExportResult:
+    """Export, verify and write; see the module's docstring for the order of things."""
+    import torch
+
+    from torchkit.core.models import resolve_model
+
+    started = time.perf_counter()
+    fmt = fm.choose_format(request.out, request.to)
+    opset = fm.check_opset(fmt, request.opset)
+    dtype = fm.check_dtype(request.dtype)
+    tolerance = fm.tolerance_for(dtype, request.atol, request.rtol)
+    if request.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
+    if request.image_size is not None and request.image_size < 1:
+        raise UsageError(f"--image-size must be positive, not {request.image_size}")
+    target = _check_out(request.out, model_inputs(request.model, request.weights), request.force)
+    step = _stepper(progress)
+
+    resolved = resolve_model(
+        request.model,
+        weights=request.weights,
+        num_classes=request.num_classes,
+        trust=request.trust,
+        image_size=request.image_size,
+        ema=request.ema,
+    )
+    model = resolved.model.to("cpu").float().eval()
+    arch = resolved.arch
+    step()
+
+    preprocess, sample = _input_of(resolved, request.image_size)
+    dynamic = not request.static_batch
+    sizes = [request.batch_size]
+    if dynamic:
+        sizes.append(request.batch_size + 2)  # a second size shows the batch is not fixed
+    example_size = max(2, request.batch_size) if dynamic else request.batch_size
+    batches = verification_batches(sample, sizes if request.verify else sizes[:1])
+    references = _reference(model, batches, arch=arch)
+    example = verification_batches(sample, [example_size], seed=1)[0]
+    if dtype == "float16":
+        model = model.to(torch.float16)
+        example = example.to(torch.float16)
+        _check_float16(model, example, arch)
+    step()
+
+    metadata = build_metadata(
+        fmt=fmt,
+        arch=arch,
+        classes=resolved.classes,
+        preprocess=preprocess,
+        input_shape=sample,
+        batch_size=None if dynamic else request.batch_size,
+        dtype=dtype,
+        opset=opset,
+        weights_source=resolved.weights_source,
+    )
+    verification: Verification | None = None
+    with _parents_removed_on_failure(target), atomic_path(target) as temporary:
+        kwargs = {"target": target, "dynamic": dynamic, "metadata": metadata}
+        if fmt == fm.ONNX:
+            write_onnx(model, example, temporary, opset=opset, **kwargs)
+        elif fmt == fm.TORCHSCRIPT:
+            write_torchscript(model, example, temporary, **kwargs)
+        else:
+            write_exported_program(model, example, temporary, **kwargs)
+        step()
+        if request.verify:
+            verification = verify(temporary, fmt, batches, references, tolerance)
+        file_bytes = temporary.stat().st_size
+    step()
+
+    return ExportResult(
+        format=fmt,
+        path=os.fspath(target),
+        arch=arch,
+        runtime=fm.RUNTIMES[fmt],
+        opset=opset,
+        dtype=dtype,
+        dynamic_batch=dynamic,
+        batch_size=None if dynamic else request.batch_size,
+        input_shape=list(sample),
+        num_classes=int(references[0].shape[1]) if references[0].ndim == 2 else None,
+        classes_stored=bool(resolved.classes),
+        preprocess_source=resolved.preprocess_source,
+        metadata=fm.METADATA_PLACES[fmt],
+        file_bytes=file_bytes,
+        verified=verification is not None,
+        max_abs_diff=verification.max_abs_diff if verification else None,
+        tolerance=verification.tolerance if verification else None,
+        atol=tolerance.atol,
+        rtol=tolerance.rtol,
+        verified_batch_sizes=verification.batch_sizes if verification else [],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _stepper(progress: Progress | None) -> Callable[[], None]:
+    done = 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, STEPS)
+
+    return step
+
+
+def _input_of(resolved: Any, image_size: int | None) -> tuple[Any, tuple[int, ...]]:
+    """The preprocessing stored with the export and one sample's input shape (C, H, W):
+    --image-size, else the model's own size (its checkpoint's, its builder's)."""
+    from torchkit.core.models.resolver import plain_preprocess, stem_channels
+    from torchkit.core.preprocessing import apply_overrides
+
+    preprocess = resolved.preprocess or plain_preprocess(stem_channels(resolved.model))
+    known = tuple(resolved.sample_shape) if resolved.sample_shape else None
+    channels = known[0] if known else preprocess.in_channels
+    if image_size is not None:
+        preprocess = apply_overrides(preprocess, image_size=image_size)
+        return preprocess, (channels, image_size, image_size)
+    if known is not None and len(known) == 3:
+        return preprocess, known
+    return preprocess, (channels, preprocess.image_size, preprocess.image_size)
+
+
+def _reference(model: Any, batches: list[Any], *, arch: str) -> list[Any]:
+    """The PyTorch outputs every exported output is compared with; the model must give one
+    tensor with the batch first."""
+    import torch
+
+    shape = "x".join(map(str, batches[0].shape))
+    try:
+        outputs = reference_outputs(model, batches)
+    except Exception as error:
+        raise ExportError(
+            f"{arch} does not run on an input of shape {shape}: "
+            f"{first_line(error, with_type=True)}",
+            "give the image size it was trained at with --image-size; a model that fixes its "
+            "batch size needs --static-batch --batch-size N",
+        ) from error
+    for batch, output in zip(batches, outputs, strict=True):
+        if not isinstance(output, torch.Tensor):
+            raise ExportError(
+                f"{arch} returns a {type(output).__name__}, not one tensor of logits",
+                "export needs a model whose forward returns a single tensor",
+            )
+        if output.ndim == 0 or output.shape[0] != batch.shape[0]:
+            raise ExportError(
+                f"{arch} gives an output of shape {tuple(output.shape)} for a batch of "
+                f"{batch.shape[0]}: not one row per image"
+            )
+    return [output.float() for output in outputs]
+
+
+def _check_float16(model: Any, example: Any, arch: str) -> None:
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(example)
+    except Exception as error:
+        raise ExportError(
+            f"{arch} cannot run in float16 on the CPU with this torch: "
+            f"{first_line(error, with_type=True)}",
+            "export float32 (drop --dtype float16)",
+        ) from error
+
+
+@contextlib.contextmanager
+def _parents_removed_on_failure(target: Path):
+    """The folders `atomic_path` makes for OUT are removed again if the export fails."""
+    missing: list[Path] = []
+    folder = target.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    try:
+        yield
+    except BaseException:
+        for made in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise

@@ -1,0 +1,114 @@
+"""Checking an exported file against the PyTorch model it came from: loaded with its own
+runtime, run on seeded random batches, compared output by output."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.errors import TorchkitError
+from torchkit.core.export.formats import Tolerance
+from torchkit.core.export.loading import RUNNERS, ExportedModel, RuntimeFailure, load_exported
+
+SEED = 0
+
+
+class VerificationError(TorchkitError):
+    """The exported model does not load, does not run, or gives other outputs than PyTorch."""
+
+
+@dataclass
+class Verification:
+    batch_sizes: list[int]
+    max_abs_diff: float  # over every output of every batch; inf when one is not finite
+    reference_scale: float  # max |PyTorch output|
+    tolerance: float  # atol + rtol * reference_scale
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+
+def verification_batches(
+    sample_shape: Sequence[int], batch_sizes: Sequence[int], seed: int = SEED
+) -> list[Any]:
+    """Seeded standard-normal batches (what normalised images look like), one per size."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn((n, *sample_shape), generator=generator) for n in batch_sizes]
+
+
+def reference_outputs(model: Any, batches: Sequence[Any]) -> list[Any]:
+    """The PyTorch model's outputs (eval mode, no autograd), as it returns them."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return [model(batch) for batch in batches]
+
+
+def verify(
+    path: str | os.PathLike,
+    fmt: str,
+    batches: Sequence[Any],
+    references: Sequence[Any],
+    tolerance: Tolerance,
+) -> Verification:
+    """Load `path` with its runtime, run each batch, compare with `references`; raise
+    `VerificationError` when it fails to load or run, or differs beyond the tolerance."""
+    runtime = RUNNERS[fmt]
+    try:
+        exported = load_exported(path, fmt)
+    except RuntimeFailure as error:
+        raise VerificationError(error.message, error.hint) from error
+    worst = 0.0
+    scale = 0.0
+    for batch, reference in zip(batches, references, strict=True):
+        output = _run(exported, batch, runtime)
+        if tuple(output.shape) != tuple(reference.shape):
+            raise VerificationError(
+                f"{runtime} gives outputs of shape {tuple(output.shape)} for a batch of "
+                f"{batch.shape[0]}, PyTorch {tuple(reference.shape)}",
+                "pass --static-batch if the model fixes its batch size",
+            )
+        diff = (output - reference).abs().max().item() if output.numel() else 0.0
+        worst = max(worst, diff if math.isfinite(diff) else math.inf)
+        scale = max(scale, reference.abs().max().item() if reference.numel() else 0.0)
+    result = Verification(
+        batch_sizes=[int(batch.shape[0]) for batch in batches],
+        max_abs_diff=worst,
+        reference_scale=scale,
+        tolerance=tolerance.bound(scale),
+    )
+    if not result.passed:
+        raise VerificationError(
+            f"the exported model's outputs in {runtime} differ from PyTorch's by up to "
+            f"{_number(worst)}, beyond the tolerance {_number(result.tolerance)} "
+            f"(atol {tolerance.atol:g} + rtol {tolerance.rtol:g} x max |output| "
+            f"{_number(scale)})",
+            "raise --atol/--rtol if that much is expected; nothing was written",
+        )
+    return result
+
+
+def _run(exported: ExportedModel, batch: Any, runtime: str) -> Any:
+    try:
+        return exported.run_batch(batch)
+    except RuntimeFailure as error:
+        text = error.message
+        if "NOT_IMPLEMENTED" in text or "Could not find an implementation" in text:
+            hint = (
+                f"{runtime} on the CPU lacks a kernel this model needs (float16 often): export "
+                "float32, or pass --no-verify to keep the file for a runtime that has it"
+            )
+        else:
+            hint = "pass --static-batch if the model fixes its batch size"
+        raise VerificationError(f"verification failed: {text}", hint) from error
+
+
+def _number(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.3g}"

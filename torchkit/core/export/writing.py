@@ -1,0 +1,273 @@
+"""Turning a model into each format's file: the exporter's step (whose failures become one
+`ExportError` naming the operator or reason) and the save step (whose failures are write
+errors naming the output).
+
+ONNX goes through torch's TorchScript-based exporter (`torch.onnx.export(..., dynamo=False)`):
+it writes exactly the opset asked for, needs no onnxscript, and is three times faster than the
+torch.export-based one on a ResNet; the result is checked in onnxruntime anyway. TorchScript is
+`torch.jit.trace`, wrapped in a scripted shape check; torch.export is `torch.export.export`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from torchkit.core.convert.writes import writing
+from torchkit.core.errors import TorchkitError, first_line
+from torchkit.core.export import metadata as meta
+from torchkit.core.export.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT
+
+log = logging.getLogger("torchkit")
+
+ONNX_MAX_BYTES = 2 * 1024**3  # protobuf's limit: larger models need ONNX's external data files
+
+
+class ExportError(TorchkitError):
+    """The exporter could not turn the model into the format."""
+
+
+@contextlib.contextmanager
+def exporter_output_hidden() -> Iterator[list[str]]:
+    """Around an exporter: Python warnings and what it prints (torch's ONNX exporter dumps whole
+    graphs from C++ when it fails, torch.export logs pages) are kept out of the user's terminal
+    and of the command's results. Yields a list that receives the tracer's warnings (a traced
+    branch or shape that became a constant), which are worth a line."""
+    tracer: list[str] = []
+    with _output_discarded(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield tracer
+        finally:
+            for item in caught:
+                if item.category.__name__ == "TracerWarning" and not _library_code(item.filename):
+                    tracer.append(_first_sentence(first_line(item.message)))
+
+
+@contextlib.contextmanager
+def _output_discarded() -> Iterator[None]:
+    """stdout and stderr discarded for the block: sys.stdout/sys.stderr (torch's loggers look
+    them up when they write) and file descriptors 1 and 2 (C++ writes there directly; torch's
+    ONNX exporter prints its graph dumps on 1)."""
+    sink_text = io.StringIO()
+    with (
+        contextlib.redirect_stdout(sink_text),
+        contextlib.redirect_stderr(sink_text),
+        tempfile.TemporaryFile() as sink,
+        contextlib.ExitStack() as restore,
+    ):
+        for fd, stream in ((1, sys.__stdout__), (2, sys.__stderr__)):
+            try:
+                if stream is not None:
+                    stream.flush()
+                saved = os.dup(fd)
+            except (OSError, ValueError):  # no such descriptor (an embedding application)
+                continue
+            restore.callback(os.close, saved)
+            restore.callback(os.dup2, saved, fd)
+            restore.callback(_flush, stream)
+            os.dup2(sink.fileno(), fd)
+        yield
+
+
+def _flush(stream: Any) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        stream.flush()
+
+
+def _library_code(filename: str) -> bool:
+    """A file of torch or torchvision: their tracer warnings are shape checks (torch._assert,
+    MultiheadAttention's mask checks) that hold for every input of the exported shape."""
+    folders = []
+    for name in ("torch", "torchvision"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            folders.append(os.path.dirname(os.path.abspath(module.__file__)) + os.sep)
+    return os.path.abspath(filename).startswith(tuple(folders))
+
+
+def _first_sentence(line: str) -> str:
+    """Exporters' messages run to several sentences on one line; the first says what."""
+    for end in (". ", "! "):
+        head, found, _ = line.partition(end)
+        if found and head:
+            return head + end.strip() if end == "! " else head
+    return line
+
+
+def report_tracer_warnings(tracer: list[str], fmt: str) -> None:
+    if tracer:
+        more = f" (and {len(tracer) - 1} more)" if len(tracer) > 1 else ""
+        log.warning(
+            f"tracing for {fmt} warned: {tracer[0]}{more}; the exported graph keeps what the "
+            "example input did there"
+        )
+
+
+def export_failure(error: BaseException, *, arch: str, fmt: str) -> ExportError:
+    """The exporter's exception as one line naming the operator or the reason."""
+    name = type(error).__name__
+    text = str(error)
+    line = _first_sentence(first_line(error))
+    if name == "UnsupportedOperatorError" or ("is not supported" in line and "operator" in line):
+        return ExportError(
+            f"cannot export {arch} to ONNX: {line}",
+            "try another --opset, or export to .pt2 (torch.export) or .ts (TorchScript)",
+        )
+    if "Constraints violated" in text or ("specialized" in text and "batch" in text):
+        return ExportError(
+            f"cannot export {arch} with a dynamic batch size: the model fixes it ({line})",
+            "pass --static-batch (with --batch-size N)",
+        )
+    if "GuardOnDataDependent" in name or "data-dependent" in text or "data dependent" in text:
+        return ExportError(
+            f"cannot export {arch} to {fmt}: the model branches on tensor values "
+            f"(data-dependent control flow: {line})",
+            "torch.export needs torch.cond for that; .onnx and .ts trace the branch this input "
+            "takes",
+        )
+    return ExportError(
+        f"cannot export {arch} to {fmt}: {first_line(error, with_type=True)}",
+        "set TORCHKIT_DEBUG=1 for the exporter's traceback",
+    )
+
+
+def parameter_bytes(model: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def write_onnx(
+    model: Any,
+    example: Any,
+    path: os.PathLike,
+    *,
+    target: os.PathLike,
+    dynamic: bool,
+    opset: int,
+    metadata: dict[str, Any],
+) -> None:
+    """Export to ONNX in memory, add the metadata props, save at `path` (errors name
+    `target`)."""
+    import onnx
+    import torch
+
+    if parameter_bytes(model) >= ONNX_MAX_BYTES:
+        raise ExportError(
+            f"{metadata['arch']} holds more than 2 GB of weights, more than one ONNX file can",
+            "export to .pt2 (torch.export) or .ts (TorchScript)",
+        )
+    buffer = io.BytesIO()
+    axes = {meta.INPUT_NAME: {0: "batch"}, meta.OUTPUT_NAME: {0: "batch"}} if dynamic else None
+    with exporter_output_hidden() as tracer:
+        try:
+            # With autograd on: under no_grad, eval-mode nn.MultiheadAttention (ViT...) takes
+            # its fast path, aten::_native_multi_head_attention, which ONNX has no symbolic for.
+            with torch.enable_grad():
+                torch.onnx.export(
+                    model,
+                    (example,),
+                    buffer,
+                    dynamo=False,
+                    opset_version=opset,
+                    input_names=[meta.INPUT_NAME],
+                    output_names=[meta.OUTPUT_NAME],
+                    dynamic_axes=axes,
+                    do_constant_folding=True,
+                )
+        except Exception as error:
+            raise export_failure(error, arch=metadata["arch"], fmt=ONNX) from error
+    report_tracer_warnings(tracer, ONNX)
+    proto = onnx.load_model_from_string(buffer.getvalue())
+    for key, value in meta.to_onnx_props(metadata).items():
+        prop = proto.metadata_props.add()
+        prop.key, prop.value = key, value
+    _write_bytes(path, memoryview(proto.SerializeToString()), target)
+
+
+def _shape_checked(traced: Any, shape: tuple[int, ...], batch_size: int | None) -> Any:
+    """A scripted module around the traced one that refuses inputs of another shape (a trace
+    runs on any shape and would quietly give wrong answers; ONNX and torch.export check too)."""
+    import torch
+
+    class ShapeChecked(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module, sample: list[int], batch: int) -> None:
+            super().__init__()
+            self.inner = inner
+            self.sample = sample
+            self.batch = batch  # 0: any batch size
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            shape = list(x.shape)
+            if len(shape) != len(self.sample) + 1 or shape[1:] != self.sample:
+                raise RuntimeError(f"expected input of shape [N, {self.sample}], got {shape}")
+            if self.batch > 0 and shape[0] != self.batch:
+                raise RuntimeError(f"expected a batch of {self.batch}, got {shape[0]}")
+            return self.inner(x)
+
+    return torch.jit.script(ShapeChecked(traced, list(shape), batch_size or 0))
+
+
+def write_torchscript(
+    model: Any,
+    example: Any,
+    path: os.PathLike,
+    *,
+    target: os.PathLike,
+    dynamic: bool,
+    metadata: dict[str, Any],
+) -> None:
+    import torch
+
+    with exporter_output_hidden() as tracer:
+        try:
+            with torch.enable_grad():  # as for ONNX: the graph keeps portable attention ops
+                traced = torch.jit.trace(model, example, check_trace=False)
+            module = _shape_checked(
+                traced, tuple(example.shape[1:]), None if dynamic else example.shape[0]
+            )
+        except Exception as error:
+            raise export_failure(error, arch=metadata["arch"], fmt=TORCHSCRIPT) from error
+    report_tracer_warnings(tracer, TORCHSCRIPT)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # "torch.jit.save is deprecated"
+        torch.jit.save(module, buffer, _extra_files={meta.EXTRA_FILE: meta.to_extra_file(metadata)})
+    _write_bytes(path, buffer.getbuffer(), target)
+
+
+def write_exported_program(
+    model: Any,
+    example: Any,
+    path: os.PathLike,
+    *,
+    target: os.PathLike,
+    dynamic: bool,
+    metadata: dict[str, Any],
+) -> None:
+    import torch
+
+    shapes = ({0: torch.export.Dim("batch", min=1)},) if dynamic else None
+    with exporter_output_hidden():
+        try:
+            program = torch.export.export(model, (example,), dynamic_shapes=shapes)
+        except Exception as error:
+            raise export_failure(error, arch=metadata["arch"], fmt=EXPORTED_PROGRAM) from error
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer, extra_files={meta.EXTRA_FILE: meta.to_extra_file(metadata)})
+    _write_bytes(path, buffer.getbuffer(), target)
+
+
+def _write_bytes(path: os.PathLike, data: memoryview, target: os.PathLike) -> None:
+    """torch's savers are given a buffer, written here: torch.jit.save straight to a file on a
+    full disk aborts the whole process from C++."""
+    with writing(target), open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
