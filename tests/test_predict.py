@@ -242,3 +242,23 @@ def test_torchrun_two_processes_give_the_same_rows(world, runner, tmp_path):
     assert [r["class"] for r in ddp] == [r["class"] for r in expected]
     for got, want in zip(ddp, expected, strict=True):
         assert float(got["probability"]) == pytest.approx(float(want["probability"]), abs=1e-6)
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".ts"])
+def test_an_exported_model_predicts_the_same_classes(runner, world, tmp_path, suffix):
+    exported = tmp_path / f"model{suffix}"
+    made = runner.invoke(app, ["export", str(world["ckpt"]), str(exported)])
+    assert made.exit_code == 0, made.stderr
+    expected = read_csv(invoke(runner, world["ckpt"], world["flat"], "--format", "csv").stdout)
+    args = [exported, world["flat"], "--format", "csv", "-j", "0"]
+    if suffix == ".ts":  # TorchScript runs code from the file: trusted only
+        refused = invoke(runner, *args)
+        assert refused.exit_code == 2 and "--trust-checkpoint" in refused.stderr
+        args.append("--trust-checkpoint")
+    result = invoke(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    rows = read_csv(result.stdout)
+    assert [r["path"] for r in rows] == [r["path"] for r in expected]
+    assert [r["class"] for r in rows] == [r["class"] for r in expected]  # classes from the file
+    for got, want in zip(rows, expected, strict=True):
+        assert float(got["probability"]) == pytest.approx(float(want["probability"]), abs=1e-4)

@@ -46,8 +46,10 @@ def predict_command(
     model: Annotated[
         str,
         typer.Argument(
-            help="The model: a torchkit checkpoint, a pickled model (--trust-checkpoint), or a "
-            "model name (torchvision, convnet, package.module:Callable) with --weights.",
+            help="The model: a torchkit checkpoint, a file `torchkit export` wrote (.onnx; "
+            "TorchScript and .pt2 with --trust-checkpoint), a pickled model "
+            "(--trust-checkpoint), or a model name (torchvision, convnet, "
+            "package.module:Callable) with --weights.",
             metavar="MODEL",
             show_default=False,
             autocompletion=complete_model_name,
@@ -154,6 +156,8 @@ def predict_command(
       torchkit predict best.pt dataset/ --split test --tta flip --format json
 
       torchkit predict resnet18 --weights finetuned.pth cat.jpg dog.jpg --classes cat,dog
+
+      torchkit predict model.onnx photos/ --format csv  (classes from the exported file)
     """
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.outputs import check_output_file

@@ -86,18 +86,22 @@ class PredictRun:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:
             raise UsageError("--strict and --skip-errors contradict each other")
-        self.resolved = resolve_eval_model(
-            ModelSpec(
-                checkpoint=request.model,
-                weights=request.weights,
-                classes=request.classes,
-                image_size=request.image_size,
-                resize_size=request.resize_size,
-                mean=request.mean,
-                std=request.std,
-                trust_checkpoint=request.trust_checkpoint,
+        exported = exported_format(request.model) if request.weights is None else None
+        if exported is not None:
+            self.resolved = _resolve_exported(request, exported)
+        else:
+            self.resolved = resolve_eval_model(
+                ModelSpec(
+                    checkpoint=request.model,
+                    weights=request.weights,
+                    classes=request.classes,
+                    image_size=request.image_size,
+                    resize_size=request.resize_size,
+                    mean=request.mean,
+                    std=request.std,
+                    trust_checkpoint=request.trust_checkpoint,
+                )
             )
-        )
         outputs = self.resolved.num_outputs
         self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
         checkpoint = self.resolved.checkpoint
@@ -310,6 +314,58 @@ class PredictRun:
 
     def _name(self, label: int) -> str:
         return self.classes[label] if label < len(self.classes) else str(label)
+
+
+def exported_format(path: str) -> str | None:
+    """onnx, torchscript or exported-program for a file `torchkit export` wrote; None else."""
+    from torchkit.core.export.formats import sniff_format
+
+    return sniff_format(path)
+
+
+def _resolve_exported(request: PredictRequest, fmt: str):
+    """An exported model as the resolver's ResolvedModel: its classes and preprocessing come
+    from the file. TorchScript and torch.export archives run code from the file, so they need
+    --trust-checkpoint, as pickles do; ONNX does not."""
+    import torch
+
+    from torchkit.core.export import load_exported
+    from torchkit.core.models import ResolvedModel
+    from torchkit.core.preprocessing import apply_overrides
+
+    if fmt != "onnx" and not request.trust_checkpoint:
+        raise UsageError(
+            f"{request.model} is a {fmt} file, whose code runs when it is loaded",
+            "pass --trust-checkpoint if you trust it, or export to ONNX",
+        )
+    exported = load_exported(request.model, fmt)
+
+    class Exported(torch.nn.Module):
+        def forward(self, images):
+            return exported(images.contiguous())
+
+    classes = list(request.classes) if request.classes else exported.classes
+    if request.classes and exported.classes and len(request.classes) != len(exported.classes):
+        raise UsageError(
+            f"{len(request.classes)} classes asked for, but {request.model} has "
+            f"{len(exported.classes)} outputs",
+            "drop --classes, or give one name per output",
+        )
+    preprocess = apply_overrides(
+        exported.preprocess,
+        image_size=request.image_size,
+        resize_size=request.resize_size,
+        mean=request.mean,
+        std=request.std,
+    )
+    return ResolvedModel(
+        Exported(),
+        str(exported.arch or fmt),
+        f"exported ({fmt})",
+        classes=classes or None,
+        preprocess=preprocess,
+        weights_source=f"exported ({fmt})",
+    )
 
 
 def _reason(message: str) -> str:
