@@ -337,8 +337,12 @@ def invoke_json(runner, *args):
 
 def test_json_output_of_a_named_model(runner):
     data = invoke_json(runner, "resnet18", "--input-size", "3", "32", "32", "--depth", "1")
-    assert set(data) == {"model", "input_shapes", "dtype", "device", "layers", "totals"}
+    assert set(data) == {
+        "model", "input_shapes", "inputs", "dtype", "device", "layers", "totals", "notes"
+    }  # fmt: skip
     assert data["input_shapes"] == [[1, 3, 32, 32]] and data["dtype"] == "float32"
+    assert data["inputs"] == [{"name": None, "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    assert data["notes"] == []
     assert set(data["totals"]) == {
         "total_params",
         "trainable_params",
@@ -475,8 +479,12 @@ def test_callable_model_with_two_inputs_and_dtype(runner):
     data = invoke_json(runner, f"{__name__}:two_inputs", "-i", "3", "-i", "5", "--dtype", "float64")
     assert data["input_shapes"] == [[1, 3], [1, 5]] and data["dtype"] == "float64"
     assert data["totals"]["params_mb"] == (3 * 2 + 2 + 5 * 2 + 2) * 8 / 1e6
-    needs_size = runner.invoke(app, ["summary", f"{__name__}:two_inputs"])
-    assert needs_size.exit_code == 2 and "--input-size" in needs_size.stderr
+    # no input size known: parameters only, with a note on stderr saying what -i would add
+    tree = runner.invoke(app, ["summary", f"{__name__}:two_inputs", "--format", "json"])
+    assert tree.exit_code == 0 and "mult-adds" in tree.stderr and "--input-size" in tree.stderr
+    tree_data = json.loads(tree.stdout)
+    assert tree_data["totals"]["total_params"] == 3 * 2 + 2 + 5 * 2 + 2
+    assert tree_data["totals"]["total_mult_adds"] is None and tree_data["inputs"] == []
 
 
 def test_list_models(runner):

@@ -64,9 +64,13 @@ def summary(
         typer.Option(
             "--input-size",
             "-i",
-            metavar="SIZE",
-            help="Input shape: C H W (one sample; --batch-size is added) or N,C,H,W. Repeat "
-            "for models with several inputs. Default: the checkpoint's image size, or 3,224,224.",
+            metavar="[NAME=]SHAPE[:DTYPE]",
+            help="One input of forward: SHAPE is one sample's shape, C H W or 3,224,224 "
+            "(--batch-size is added; an image model's N,C,H,W is taken as is); NAME= passes it "
+            "as a keyword argument (input_ids=128:long); :DTYPE sets its dtype (long, int, bool, "
+            "float16, bfloat16, float32...); () is a sample with no dimensions. Repeat for "
+            "several inputs. Default: the checkpoint's image size, or 3,224,224; none known "
+            "(a module:Callable): parameters only.",
             show_default=False,
         ),
     ] = None,
@@ -74,6 +78,30 @@ def summary(
         Optional[int],  # noqa: UP045
         typer.Option("--batch-size", "-b", min=1, help="Batch size. [default: 1]"),
     ] = None,
+    no_batch_dim: Annotated[
+        bool,
+        typer.Option(
+            "--no-batch-dim",
+            help="Take every --input-size as the full shape, nothing added: () is a 0-d tensor "
+            "(a diffusion timestep), 7 a 1-D one.",
+        ),
+    ] = False,
+    params_only: Annotated[
+        bool,
+        typer.Option(
+            "--params-only",
+            help="No forward pass: modules and parameter counts from the module tree "
+            "(mult-adds, FLOPs and activation memory need a forward pass).",
+        ),
+    ] = False,
+    train_mode: Annotated[
+        bool,
+        typer.Option(
+            "--train-mode",
+            help="Run the forward pass in training mode (e.g. GoogLeNet's auxiliary heads); "
+            "the model's modes and buffers are put back.",
+        ),
+    ] = False,
     depth: Annotated[
         int,
         typer.Option("--depth", "-d", min=0, help="Nesting depth of the rows shown."),
@@ -117,15 +145,20 @@ def summary(
 ) -> None:
     """Show a model's layers, one row per module call: shapes, parameters, mult-adds, memory.
 
-    Examples:
+    Mult-adds follow torchinfo's rule (a Linear layer counted per row of its input); a pruned
+    layer (torch.nn.utils.prune) counts the dense operation its forward runs, pruned zeros
+    included. A TorchScript module takes no hooks: its rows come from the module tree, without
+    mult-adds.
 
-      torchkit summary resnet50
+    Examples:
 
       torchkit summary vit_b_16 --input-size 3 384 384 -d 2
 
       torchkit summary runs/best.pt --format json -o summary.json
 
-      torchkit summary mypkg.nets:TwoTower -i 3,64,64 -i 16
+      torchkit summary mypkg.nets:Bert -i input_ids=128:long -i attention_mask=128:long
+
+      torchkit summary mypkg.nets:UNet --no-batch-dim -i 1,4,32,32 -i "t=():long"
     """
     if list_models:
         _emit_model_list(fmt, output, force)
@@ -134,14 +167,15 @@ def summary(
     if model is None:
         raise typer.BadParameter("give a MODEL, or --list for the names", param_hint="MODEL")
 
+    from torchkit.cli import console
     from torchkit.core.summary.counting import trainable_label
-    from torchkit.core.summary.run import check_output, parse_input_size, summarize_model
+    from torchkit.core.summary.run import check_output, parse_input, summarize_model
 
     check_output(model, output, weights=weights, force=force)  # before the model is built
 
     result = summarize_model(
         model,
-        input_sizes=[parse_input_size(size) for size in sizes],
+        input_sizes=[parse_input(size) for size in sizes],
         batch_size=batch_size,
         num_classes=num_classes,
         weights=weights,
@@ -149,7 +183,12 @@ def summary(
         dtype=dtype,
         device=device,
         count_flops=flops,
+        no_batch_dim=no_batch_dim,
+        params_only=params_only,
+        train_mode=train_mode,
     )
+    for note in result.notes:
+        console.note(note)
     rows = result.layers_up_to(depth)
     layer_table = Table(
         columns=["Layer (type)", "Input", "Output", "Params", "Trainable", "Mult-adds"],
@@ -164,8 +203,7 @@ def summary(
             ]
             for row in rows
         ],
-        title=f"{result.model} on input {', '.join(map(_compact_shape, result.input_shapes))} "
-        f"({result.dtype}, {result.device})",
+        title=_title(result),
         align_right={"Params", "Mult-adds"},
     )
     totals = result.totals()
@@ -202,6 +240,21 @@ def summary(
             output=output,
             force=force,
         )
+
+
+def _title(result: Any) -> str:
+    """`ResNet on input 1×3×224×224 (float32, cpu)`; named inputs and their own dtypes shown."""
+    if not result.inputs:
+        return f"{result.model}: parameters only ({result.dtype}, {result.device})"
+    shown = []
+    for item in result.inputs:
+        text = _compact_shape(item["shape"]) or "scalar"
+        if item["name"]:
+            text = f"{item['name']}={text}"
+        if item["dtype"] != result.dtype:
+            text += f":{item['dtype']}"
+        shown.append(text)
+    return f"{result.model} on input {', '.join(shown)} ({result.dtype}, {result.device})"
 
 
 def _positional_sizes(

@@ -10,6 +10,13 @@ once per row of its input, i.e. `prod(output.shape[:-1])` times, not once per sa
 length). Parameter totals count each parameter tensor once, however many modules hold it or
 call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, which sees every matmul and
 convolution, including the attention products that per-module counting cannot see.
+
+A pruned layer (`torch.nn.utils.prune`) holds `weight_orig` and a `weight_mask` buffer and computes
+`weight = weight_orig * weight_mask` before each call; its mult-adds are those of the dense
+operation the forward runs (pruned zeros included), counted as for `weight`.
+
+Without a forward pass (`summarize_tree`: no input size, or a TorchScript module, on which hooks
+cannot run) the rows come from the module tree: parameters only, mult-adds unknown (None).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchkit.core.errors import TorchkitError, UsageError, first_line
@@ -51,9 +58,20 @@ class LayerCall:
     params: int  # parameters of the module and its submodules, each tensor once
     trainable_params: int  # those of `params` that require grad
     trainable: bool | None  # every parameter trains; None for a module without parameters
-    mult_adds: int  # of this call; a container's is the sum over the leaf calls inside it
+    mult_adds: int | None  # of this call (a container's: the sum over the leaf calls inside
+    # it); None in a summary without a hooked forward pass
     call: int  # 1 for the module's first call, 2 for its second...
     leaf: bool
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of the forward pass: its full shape (batch included), its dtype (None: the
+    default, `--dtype` or the model's), and its keyword (None: passed positionally)."""
+
+    shape: tuple[int, ...]
+    dtype: Any = None
+    name: str | None = None
 
 
 @dataclass
@@ -66,13 +84,16 @@ class ModelSummary:
     total_params: int
     trainable_params: int
     non_trainable_params: int
-    total_mult_adds: int
-    flops: int | None  # None when FLOP counting was turned off
-    input_mb: float
-    forward_backward_mb: float  # leaf outputs, kept for the backward pass, and their gradients
+    total_mult_adds: int | None  # None without a hooked forward pass (see summarize_tree)
+    flops: int | None  # None when FLOP counting was turned off or no forward ran
+    input_mb: float | None
+    forward_backward_mb: float | None  # leaf outputs, kept for backward, and their gradients
     params_mb: float
     buffers_mb: float
-    total_mb: float
+    total_mb: float | None
+    # name (None when positional), shape and dtype of each input, in the order given
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was not measured, and why
 
     def totals(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in TOTAL_KEYS}
@@ -84,10 +105,12 @@ class ModelSummary:
         return {
             "model": self.model,
             "input_shapes": self.input_shapes,
+            "inputs": self.inputs,
             "dtype": self.dtype,
             "device": self.device,
             "layers": [asdict(row) for row in self.layers_up_to(depth)],
             "totals": self.totals(),
+            "notes": self.notes,
         }
 
 
@@ -153,6 +176,8 @@ def leaf_mult_adds(module: Any, output: Any) -> int:
         positions = batch
     total = 0
     for name, param in module.named_parameters():
+        if name.endswith("_orig") and hasattr(module, name[: -len("_orig")] + "_mask"):
+            name = name[: -len("_orig")]  # torch.nn.utils.prune: the dense weight it computes
         if name in ("weight", "bias"):
             total += positions * param.numel()
         elif "weight" in name or "bias" in name:
@@ -221,20 +246,24 @@ def model_dtype(model: Any):
     return torch.float32
 
 
-def make_inputs(shapes: Sequence[Sequence[int]], dtype: Any, device: Any) -> list[Any]:
-    """Random inputs (uniform in [0, 1), zeros for integer dtypes) from a private generator, so
-    the caller's random state is left alone."""
+def make_inputs(
+    shapes: Sequence[Sequence[int]], dtype: Any, device: Any, dtypes: Sequence[Any] | None = None
+) -> list[Any]:
+    """Random inputs (uniform in [0, 1), zeros for integer and bool dtypes) from a private
+    generator, so the caller's random state is left alone. `dtypes`: one per shape, else
+    `dtype` for all."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
     inputs = []
-    for shape in shapes:
+    for index, shape in enumerate(shapes):
         if any(int(n) <= 0 for n in shape):
             raise UsageError(f"input size {tuple(shape)} has a dimension that is not positive")
-        if dtype.is_floating_point:
-            tensor = torch.rand(*shape, generator=generator).to(dtype)
+        kind = dtypes[index] if dtypes is not None else dtype
+        if kind.is_floating_point:
+            tensor = torch.rand(tuple(shape), generator=generator).to(kind)
         else:
-            tensor = torch.zeros(*shape, dtype=dtype)
+            tensor = torch.zeros(tuple(shape), dtype=kind)
         inputs.append(tensor.to(device))
     return inputs
 
@@ -330,8 +359,15 @@ def _to_meta(tensor: Any) -> Any:
     return meta
 
 
-def _record(model: Any, inputs: list[Any], count_flops: bool) -> tuple[_Recorder, int | None]:
-    """One eval-mode, no-grad forward pass with the hooks; every module's mode is put back."""
+def _record(
+    model: Any,
+    inputs: list[Any],
+    count_flops: bool,
+    kwargs: dict[str, Any] | None = None,
+    train_mode: bool = False,
+) -> tuple[_Recorder, int | None]:
+    """One no-grad forward pass with the hooks, in eval mode (training mode with
+    `train_mode`); every module's mode is put back."""
     import torch
 
     recorder = _Recorder(model)
@@ -345,16 +381,16 @@ def _record(model: Any, inputs: list[Any], count_flops: bool) -> tuple[_Recorder
         for module in {id(m): m for m in model.modules()}.values():
             handles.append(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
-        model.eval()
+        model.train(train_mode)
         with torch.no_grad():
             if count_flops:
                 from torch.utils.flop_counter import FlopCounterMode
 
                 with FlopCounterMode(display=False) as counter:
-                    model(*inputs)
+                    model(*inputs, **(kwargs or {}))
                 flops = int(counter.get_total_flops())
             else:
-                model(*inputs)
+                model(*inputs, **(kwargs or {}))
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for handle in handles:
@@ -364,41 +400,82 @@ def _record(model: Any, inputs: list[Any], count_flops: bool) -> tuple[_Recorder
     return recorder, flops
 
 
+def _normalise_specs(input_shapes: Sequence[Any] | None, default_dtype: Any) -> list[InputSpec]:
+    """InputSpecs from full shapes (tuples of ints) or InputSpecs, each with a dtype."""
+    if not input_shapes:
+        raise UsageError("no input size given", "pass --input-size, e.g. 3,224,224")
+    specs = []
+    for item in input_shapes:
+        spec = item if isinstance(item, InputSpec) else InputSpec(tuple(item))
+        shape = tuple(int(n) for n in spec.shape)
+        if any(n <= 0 for n in shape):
+            raise UsageError(f"input size {shape} has a dimension that is not positive")
+        specs.append(InputSpec(shape, spec.dtype or default_dtype, spec.name))
+    names = [spec.name for spec in specs if spec.name is not None]
+    if len(set(names)) != len(names):
+        raise UsageError("an input name is given twice", "name each keyword input once")
+    return specs
+
+
+def _split(values: Sequence[Any], specs: Sequence[InputSpec]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional arguments (in order) and keyword arguments for the forward call."""
+    args = [value for value, spec in zip(values, specs, strict=True) if spec.name is None]
+    kwargs = {spec.name: value for value, spec in zip(values, specs, strict=True) if spec.name}
+    return args, kwargs
+
+
+def _input_descriptions(specs: Sequence[InputSpec]) -> list[dict[str, Any]]:
+    return [{"name": s.name, "shape": list(s.shape), "dtype": _dtype_name(s.dtype)} for s in specs]
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def is_script_module(model: Any) -> bool:
+    import torch
+
+    return isinstance(model, torch.jit.ScriptModule)
+
+
 def summarize(
     model: Any,
-    input_shapes: Sequence[Sequence[int]] | None = None,
+    input_shapes: Sequence[Any] | None = None,
     *,
     inputs: Sequence[Any] | None = None,
     dtype: Any = None,
     count_flops: bool = True,
     on_meta: bool = True,
+    train_mode: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ModelSummary:
-    """Summarize `model` on random inputs of `input_shapes` (full shapes, batch included) or on
-    the given `inputs` (tensors).
+    """Summarize `model` on random inputs of `input_shapes` (full shapes, batch included, or
+    InputSpecs with a dtype and a keyword each) or on the given `inputs` (tensors, positional).
 
     The forward pass runs on a meta-device copy of the model (`on_meta`): shapes, parameters
     and FLOPs come out the same, at no compute and no memory. A model that cannot run there
     (it reads tensor values: `.item()`, data-dependent shapes...) runs for real instead, on its
-    own device with inputs in its dtype (or `dtype`), in eval mode under no_grad, with every
-    module's train/eval flag put back afterwards. Either way the model is not moved, changed or
-    kept.
+    own device with inputs in its dtype (or `dtype`), under no_grad, with every module's
+    train/eval flag put back afterwards. It runs in eval mode, or in training mode with
+    `train_mode` (then a real run's buffers, such as BatchNorm's running statistics, and the
+    random state are put back too). Either way the model is not moved, changed or kept.
+
+    A TorchScript module cannot take hooks: its rows come from the module tree (see
+    `summarize_tree`), with the model's output shape and FLOPs from one forward pass.
     """
     import torch
 
     if inputs is None:
-        if not input_shapes:
-            raise UsageError("no input size given", "pass --input-size, e.g. 3,224,224")
         input_dtype = dtype or model_dtype(model)
         device = model_device(model)
-        specs = [(tuple(int(n) for n in shape), input_dtype) for shape in input_shapes]
-        for shape, _ in specs:
-            if any(n <= 0 for n in shape):
-                raise UsageError(f"input size {shape} has a dimension that is not positive")
+        specs = _normalise_specs(input_shapes, input_dtype)
     else:
         inputs = list(inputs)
         device = inputs[0].device if inputs else model_device(model)
-        specs = [(tuple(t.shape), t.dtype) for t in inputs]
+        specs = [InputSpec(tuple(t.shape), t.dtype) for t in inputs]
+        input_dtype = specs[0].dtype if specs else model_dtype(model)
+    if is_script_module(model):
+        return _summarize_script(model, specs, inputs, device, input_dtype, count_flops, train_mode)
 
     recorder = flops = state = None
     if on_meta:
@@ -406,8 +483,10 @@ def summarize(
             progress("forward pass on the meta device")
         try:
             copy_on_meta = meta_copy(model)
-            meta_inputs = [torch.empty(shape, dtype=dt, device="meta") for shape, dt in specs]
-            recorder, flops = _record(copy_on_meta, meta_inputs, count_flops)
+            meta_args, meta_kwargs = _split(
+                [torch.empty(s.shape, dtype=s.dtype, device="meta") for s in specs], specs
+            )
+            recorder, flops = _record(copy_on_meta, meta_args, count_flops, meta_kwargs, train_mode)
             state = _state_sizes(copy_on_meta)  # lazy parameters exist only in the copy
         except Exception as error:  # noqa: BLE001 - any failure means: run it for real
             log.info("the meta-device pass failed (%s); running the model for real", error)
@@ -418,27 +497,28 @@ def summarize(
         if progress is not None:
             progress(f"forward pass on {device}")
         if inputs is None:
-            inputs = make_inputs([shape for shape, _ in specs], specs[0][1], device)
+            inputs = make_inputs([s.shape for s in specs], None, device, [s.dtype for s in specs])
+        args, kwargs = _split(inputs, specs)
         try:
-            recorder, flops = _record(model, inputs, count_flops)
+            with _state_kept(model, device, enabled=train_mode):
+                recorder, flops = _record(model, args, count_flops, kwargs, train_mode)
             state = _state_sizes(model)
         except TorchkitError:
             raise
         except Exception as error:
-            shapes = ", ".join(str(shape) for shape, _ in specs)
             raise UsageError(
-                f"{type(model).__name__} cannot run on an input of shape {shapes}: "
+                f"{type(model).__name__} cannot run on an input of shape {_shapes_text(specs)}: "
                 f"{first_line(error)}",
                 "check --input-size (and --dtype)",
             ) from error
 
     total_params, trainable_params, param_bytes, buffer_bytes = state
-    input_bytes = sum(math.prod(shape) * _element_size(dt) for shape, dt in specs)
+    input_bytes = sum(math.prod(s.shape) * _element_size(s.dtype) for s in specs)
     forward_backward = 2 * recorder.activation_bytes
     return ModelSummary(
         model=type(model).__name__,
-        input_shapes=[list(shape) for shape, _ in specs],
-        dtype=str(specs[0][1]).removeprefix("torch.") if specs else "",
+        input_shapes=[list(s.shape) for s in specs],
+        dtype=_dtype_name(input_dtype),
         device=str(device),
         layers=recorder.rows,
         total_params=total_params,
@@ -451,7 +531,150 @@ def summarize(
         params_mb=param_bytes / MB,
         buffers_mb=buffer_bytes / MB,
         total_mb=(input_bytes + forward_backward + param_bytes + buffer_bytes) / MB,
+        inputs=_input_descriptions(specs),
     )
+
+
+def _shapes_text(specs: Sequence[InputSpec]) -> str:
+    return ", ".join(f"{s.name}={s.shape}" if s.name else str(s.shape) for s in specs)
+
+
+class _state_kept:  # noqa: N801 - used as a context manager
+    """Puts back the model's buffers and the random state after a training-mode forward
+    (BatchNorm updates its running statistics, Dropout draws random numbers)."""
+
+    def __init__(self, model: Any, device: Any, *, enabled: bool) -> None:
+        self.model, self.device, self.enabled = model, device, enabled
+
+    def __enter__(self) -> None:
+        if not self.enabled:
+            return
+        import torch
+
+        self.buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        devices = [self.device] if getattr(self.device, "type", "cpu") == "cuda" else []
+        self.rng = torch.random.fork_rng(devices=devices)
+        self.rng.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.enabled:
+            return
+        import torch
+
+        self.rng.__exit__(*exc)
+        with torch.no_grad():
+            for buffer, saved in self.buffers:
+                buffer.copy_(saved)
+
+
+def _module_type(module: Any) -> str:
+    """The class name; a TorchScript module's original one (Linear, not RecursiveScriptModule)."""
+    return getattr(module, "original_name", None) or type(module).__name__
+
+
+def _tree_rows(model: Any) -> list[LayerCall]:
+    """One row per module of the tree (each module once, under its first name), depth-first."""
+    rows = []
+    for name, module in model.named_modules():
+        params, trainable = _param_counts(module)
+        rows.append(
+            LayerCall(
+                index=len(rows),
+                depth=name.count(".") + 1 if name else 0,
+                name=name,
+                type=_module_type(module),
+                input_shape=None,
+                output_shape=None,
+                params=params,
+                trainable_params=trainable,
+                trainable=trainable == params if params else None,
+                mult_adds=None,
+                call=1,
+                leaf=next(module.children(), None) is None,
+            )
+        )
+    return rows
+
+
+def summarize_tree(model: Any, *, notes: Sequence[str] = ()) -> ModelSummary:
+    """Parameters only, from the module tree: no input, no forward pass, no hooks. Mult-adds,
+    FLOPs and activation memory are None (not measured)."""
+    total_params, trainable_params, param_bytes, buffer_bytes = _state_sizes(model)
+    return ModelSummary(
+        model=_module_type(model),
+        input_shapes=[],
+        dtype=_dtype_name(model_dtype(model)),
+        device=str(model_device(model)),
+        layers=_tree_rows(model),
+        total_params=total_params,
+        trainable_params=trainable_params,
+        non_trainable_params=total_params - trainable_params,
+        total_mult_adds=None,
+        flops=None,
+        input_mb=None,
+        forward_backward_mb=None,
+        params_mb=param_bytes / MB,
+        buffers_mb=buffer_bytes / MB,
+        total_mb=None,
+        notes=list(notes),
+    )
+
+
+SCRIPT_NOTE = (
+    "TorchScript module: layers and parameters come from the module tree; mult-adds and layer "
+    "shapes are unavailable (a ScriptModule takes no hooks)"
+)
+
+
+def _summarize_script(
+    model: Any,
+    specs: list[InputSpec],
+    inputs: list[Any] | None,
+    device: Any,
+    input_dtype: Any,
+    count_flops: bool,
+    train_mode: bool,
+) -> ModelSummary:
+    """A TorchScript module: rows from the tree, and one real forward pass (no hooks) for the
+    model's output shape, FLOPs and input size."""
+    import torch
+
+    if inputs is None:
+        inputs = make_inputs([s.shape for s in specs], None, device, [s.dtype for s in specs])
+    args, kwargs = _split(inputs, specs)
+    modes = [(m, m.training) for m in model.modules()]
+    flops = None
+    try:
+        with _state_kept(model, device, enabled=train_mode), torch.no_grad():
+            model.train(train_mode)
+            if count_flops:
+                from torch.utils.flop_counter import FlopCounterMode
+
+                with FlopCounterMode(display=False) as counter:
+                    output = model(*args, **kwargs)
+                flops = int(counter.get_total_flops())
+            else:
+                output = model(*args, **kwargs)
+    except TorchkitError:
+        raise
+    except Exception as error:
+        raise UsageError(
+            f"{_module_type(model)} cannot run on an input of shape {_shapes_text(specs)}: "
+            f"{first_line(error)}",
+            "check --input-size (and --dtype)",
+        ) from error
+    finally:
+        for module, training in modes:
+            module.training = training
+    result = summarize_tree(model, notes=[SCRIPT_NOTE])
+    result.layers[0].input_shape = shape_of(_call_inputs(tuple(args), kwargs))
+    result.layers[0].output_shape = shape_of(output)
+    result.input_shapes = [list(s.shape) for s in specs]
+    result.inputs = _input_descriptions(specs)
+    result.dtype = _dtype_name(input_dtype)
+    result.flops = flops
+    result.input_mb = sum(math.prod(s.shape) * _element_size(s.dtype) for s in specs) / MB
+    return result
 
 
 def _state_sizes(model: Any) -> tuple[int, int, int, int]:

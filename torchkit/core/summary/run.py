@@ -5,12 +5,20 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.errors import UsageError
 from torchkit.core.models import model_inputs, resolve_model
 from torchkit.core.models.builders import BUILTIN_MODELS
-from torchkit.core.summary.counting import ModelSummary, summarize
+from torchkit.core.summary.counting import (
+    SCRIPT_NOTE,
+    InputSpec,
+    ModelSummary,
+    is_script_module,
+    summarize,
+    summarize_tree,
+)
 
 DTYPES = {
     "float32": "float32",
@@ -28,6 +36,7 @@ DTYPES = {
     "int32": "int32",
     "int": "int32",
     "uint8": "uint8",
+    "bool": "bool",
 }
 _SIZE_SEPARATOR = re.compile(r"\s*[,x×]\s*|\s+")
 
@@ -43,9 +52,40 @@ def check_output(
         check_output_file(output, force, model_inputs(spec, weights), what="output")
 
 
-def parse_input_size(text: str) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class InputArg:
+    """One `-i [NAME=]SHAPE[:DTYPE]` as given: the shape without the batch dimension (unless
+    --no-batch-dim), the keyword it is passed as (None: positional), the dtype's name."""
+
+    size: tuple[int, ...]
+    name: str | None = None
+    dtype: str | None = None
+
+
+def parse_input(text: str) -> InputArg:
+    """`[NAME=]SHAPE[:DTYPE]`: '3,224,224', 'input_ids=1,128:long', 't=():long', 'mask=128:bool'.
+    SHAPE '()' (or 'scalar') has no dimensions."""
+    name = dtype = None
+    rest = text.strip()
+    if "=" in rest:
+        name, rest = (part.strip() for part in rest.split("=", 1))
+        if not name.isidentifier():
+            raise UsageError(
+                f"invalid input name {name!r} in {text!r}",
+                "name a keyword argument of forward, e.g. input_ids=1,128:long",
+            )
+    if ":" in rest:
+        rest, dtype = (part.strip() for part in rest.rsplit(":", 1))
+        parse_dtype(dtype)  # an unknown dtype is an error now, before the model is built
+    if rest.replace(" ", "") in ("()", "[]", "scalar"):
+        return InputArg((), name, dtype)
+    return InputArg(parse_input_size(rest, text), name, dtype)
+
+
+def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
     """'3,224,224', '3x224x224', '3 224 224' or '(1, 3, 224, 224)' -> a tuple of ints."""
     cleaned = text.strip().strip("()[]")
+    text = given if given is not None else text
     try:
         size = tuple(int(part) for part in _SIZE_SEPARATOR.split(cleaned))
     except ValueError:  # not a number, or an empty part as in "3,,4"
@@ -56,13 +96,13 @@ def parse_input_size(text: str) -> tuple[int, ...]:
 
 
 def parse_dtype(name: str):
-    import torch
-
     key = DTYPES.get(name.strip().lower().removeprefix("torch."))
     if key is None:
         raise UsageError(
             f"unknown dtype {name!r}", "use " + ", ".join(sorted(set(DTYPES.values())))
         )
+    import torch
+
     return getattr(torch, key)
 
 
@@ -71,9 +111,18 @@ def full_shapes(
     batch_size: int | None,
     *,
     image_model: bool,
+    no_batch_dim: bool = False,
 ) -> list[tuple[int, ...]]:
     """Add the batch dimension. For an image model a 4-number size already has it
-    (N,C,H,W); any other size is the shape of one sample and gets `batch_size` (default 1)."""
+    (N,C,H,W); any other size is the shape of one sample and gets `batch_size` (default 1).
+    With `no_batch_dim` every size is the full shape, as given."""
+    if no_batch_dim:
+        if batch_size is not None:
+            raise UsageError(
+                "--batch-size contradicts --no-batch-dim",
+                "give the batch in each --input-size, or drop --no-batch-dim",
+            )
+        return [tuple(size) for size in sizes]
     shapes = []
     for size in sizes:
         if image_model and len(size) == 4:
@@ -96,7 +145,7 @@ def full_shapes(
 def summarize_model(
     spec: str,
     *,
-    input_sizes: Sequence[Sequence[int]] = (),
+    input_sizes: Sequence[Sequence[int] | InputArg] = (),
     batch_size: int | None = None,
     num_classes: int | None = None,
     weights: str | None = None,
@@ -104,15 +153,26 @@ def summarize_model(
     dtype: str | None = None,
     device: str = "cpu",
     count_flops: bool = True,
+    no_batch_dim: bool = False,
+    params_only: bool = False,
+    train_mode: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ModelSummary:
-    """Build (or load) the model `spec` names on `device` and summarize it."""
+    """Build (or load) the model `spec` names on `device` and summarize it: with a forward pass
+    on the inputs `input_sizes` describe (or the size the model is known to take), or from the
+    module tree alone (`params_only`, and when no input size is given or known)."""
     from torchkit.core.device import resolve_device
 
+    args = [size if isinstance(size, InputArg) else InputArg(tuple(size)) for size in input_sizes]
+    if params_only and args:
+        raise UsageError("--params-only runs no forward pass", "drop --input-size")
+    if params_only and train_mode:
+        raise UsageError("--params-only runs no forward pass", "drop --train-mode")
     torch_dtype = parse_dtype(dtype) if dtype else None
     target = resolve_device(device)
-    first = tuple(input_sizes[0]) if input_sizes else None
-    sample = first[1:] if first is not None and len(first) == 4 else first
+    first = next((arg.size for arg in args if arg.name is None), None)
+    batched = first is not None and (no_batch_dim or len(first) == 4)
+    sample = first[1:] if batched else first
     if progress is not None:
         progress("building the model")
     image_size = in_channels = None
@@ -129,19 +189,43 @@ def summarize_model(
         in_channels=in_channels,
         new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
     )
-    if not input_sizes:
-        if loaded.sample_shape is None:
-            raise UsageError(
-                f"the input size of {loaded.arch} is not known", "pass --input-size, e.g. 3,224,224"
+    notes = []
+    if not args and not params_only:
+        if loaded.sample_shape is not None:
+            args = [InputArg(tuple(loaded.sample_shape))]
+            no_batch_dim = False  # the known size is one sample's
+        else:
+            notes.append(
+                f"the input size of {loaded.arch} is not known: parameters only; mult-adds, "
+                "FLOPs and activation memory need --input-size (-i), e.g. -i 3,224,224"
             )
-        input_sizes = [loaded.sample_shape]
-    shapes = full_shapes(input_sizes, batch_size, image_model=loaded.image_model)
     model: Any = loaded.model
+    image_model = loaded.image_model
     del loaded
     if torch_dtype is not None and torch_dtype.is_floating_point:
         model = model.to(torch_dtype)
     model = model.to(target)
-    return summarize(model, shapes, dtype=torch_dtype, count_flops=count_flops, progress=progress)
+    if not args:
+        if train_mode:
+            raise UsageError("--train-mode needs a forward pass", "give --input-size (-i)")
+        if is_script_module(model):
+            notes.insert(0, SCRIPT_NOTE)
+        return summarize_tree(model, notes=notes)
+    shapes = full_shapes(
+        [arg.size for arg in args], batch_size, image_model=image_model, no_batch_dim=no_batch_dim
+    )
+    specs = [
+        InputSpec(shape, parse_dtype(arg.dtype) if arg.dtype else None, arg.name)
+        for shape, arg in zip(shapes, args, strict=True)
+    ]
+    return summarize(
+        model,
+        specs,
+        dtype=torch_dtype,
+        count_flops=count_flops,
+        train_mode=train_mode,
+        progress=progress,
+    )
 
 
 def _require_image_shape(shape: Sequence[int], name: str) -> None:

@@ -1,0 +1,304 @@
+"""`torchkit summary` beyond image models (issue #21): named, typed and unbatched inputs,
+parameter-only summaries, TorchScript modules, pruned layers and training mode. Every total is
+counted by hand on a tiny generated model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import prune
+
+from torchkit.cli import app
+from torchkit.core.errors import UsageError
+from torchkit.core.summary import summarize
+from torchkit.core.summary.counting import InputSpec, summarize_tree
+from torchkit.core.summary.run import InputArg, full_shapes, parse_input
+
+HERE = __name__
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:FutureWarning")
+
+
+def invoke(runner, *args):
+    return runner.invoke(app, ["summary", *args, "--format", "json"])
+
+
+def invoke_json(runner, *args):
+    result = invoke(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# --- the -i grammar ----------------------------------------------------------------------------
+
+
+def test_parse_input_grammar():
+    assert parse_input("3,224,224") == InputArg((3, 224, 224))
+    assert parse_input("3 224 224") == InputArg((3, 224, 224))
+    assert parse_input("input_ids=1,128:long") == InputArg((1, 128), "input_ids", "long")
+    assert parse_input(" mask = 128 : bool ") == InputArg((128,), "mask", "bool")
+    assert parse_input("t=():long") == InputArg((), "t", "long")
+    assert parse_input("scalar") == InputArg(())
+    for dtype in ("int", "float16", "bfloat16", "float32"):
+        assert parse_input(f"4:{dtype}") == InputArg((4,), None, dtype)
+    for bad, message in [
+        ("1,2:float8", "unknown dtype"),
+        ("1x=3", "invalid input name"),
+        ("x=1,a", "invalid input size"),
+        ("x=", "invalid input size"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            parse_input(bad)
+    assert full_shapes([(), (4,)], None, image_model=False, no_batch_dim=True) == [(), (4,)]
+    assert full_shapes([()], 3, image_model=False) == [(3,)]  # one number per sample
+    with pytest.raises(UsageError, match="contradicts --no-batch-dim"):
+        full_shapes([(4,)], 2, image_model=False, no_batch_dim=True)
+
+
+class TokenModel(nn.Module):
+    """A transformer-style model: keyword inputs, an integer and a boolean one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, input_ids, attention_mask=None):
+        hidden = self.embed(input_ids)
+        if attention_mask is not None:
+            hidden = hidden * attention_mask.unsqueeze(-1)
+        return self.head(hidden)
+
+
+def token_model() -> nn.Module:
+    return TokenModel()
+
+
+def test_keyword_inputs_with_their_dtypes(runner):
+    data = invoke_json(
+        runner, f"{HERE}:token_model", "-i", "input_ids=5:long", "-i", "attention_mask=5:bool"
+    )
+    assert data["inputs"] == [
+        {"name": "input_ids", "shape": [1, 5], "dtype": "int64"},
+        {"name": "attention_mask", "shape": [1, 5], "dtype": "bool"},
+    ]
+    assert data["input_shapes"] == [[1, 5], [1, 5]]
+    assert data["layers"][0]["input_shape"] == {"input_ids": [1, 5], "attention_mask": [1, 5]}
+    assert data["layers"][0]["output_shape"] == [1, 5, 3]
+    totals = data["totals"]
+    assert totals["total_params"] == 10 * 4 + 4 * 3 + 3
+    # the embedding once per sample (torchinfo's rule), the head once per token
+    assert totals["total_mult_adds"] == 1 * 40 + 5 * 15
+    assert totals["input_mb"] == (5 * 8 + 5 * 1) / 1e6  # int64 ids, one-byte booleans
+    table = runner.invoke(
+        app, ["summary", f"{HERE}:token_model", "-i", "input_ids=5:long", "-b", "2"]
+    )
+    assert table.exit_code == 0, table.stderr
+    assert "TokenModel on input input_ids=2×5:int64 (float32, cpu)" in table.stdout
+
+
+class Denoiser(nn.Module):
+    """A diffusion-style step: a batch of samples and one 0-d timestep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 3)
+
+    def forward(self, x, t):
+        return self.net(x) * t
+
+
+def denoiser() -> nn.Module:
+    return Denoiser()
+
+
+def vector_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 3))
+
+
+def test_shapes_without_a_batch_dimension(runner):
+    data = invoke_json(runner, f"{HERE}:denoiser", "--no-batch-dim", "-i", "2,4", "-i", "t=():long")
+    assert data["inputs"] == [
+        {"name": None, "shape": [2, 4], "dtype": "float32"},
+        {"name": "t", "shape": [], "dtype": "int64"},
+    ]
+    assert data["layers"][0]["output_shape"] == [2, 3]
+    assert data["totals"]["total_mult_adds"] == 2 * (4 * 3 + 3)
+    one_d = invoke_json(runner, f"{HERE}:vector_model", "--no-batch-dim", "-i", "4")
+    assert one_d["input_shapes"] == [[4]] and one_d["layers"][0]["output_shape"] == [3]
+    assert one_d["totals"]["total_mult_adds"] == 15  # one row
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-i", "4:float8"], "unknown dtype 'float8'"),
+        (["-i", "9x=4"], "invalid input name"),
+        (["-i", "4", "--no-batch-dim", "-b", "2"], "contradicts --no-batch-dim"),
+        (["-i", "x=4", "-i", "x=4"], "given twice"),
+        (["-i", "4", "--params-only"], "--params-only runs no forward pass"),
+        (["-i", "input_ids=5:float32"], "cannot run on an input of shape input_ids=(1, 5)"),
+    ],
+)
+def test_input_errors_are_one_line(runner, args, message):
+    model = f"{HERE}:token_model" if "input_ids" in " ".join(args) else f"{HERE}:vector_model"
+    result = runner.invoke(app, ["summary", model, *args])
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --- parameters only ------------------------------------------------------------------------
+
+
+def nested() -> nn.Module:
+    return nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
+
+
+def test_params_only_lists_the_module_tree():
+    model = nested()
+    model[0].requires_grad_(False)
+    ours = summarize_tree(model)
+    rows = [(r.depth, r.name, r.type, r.params, r.trainable, r.mult_adds) for r in ours.layers]
+    assert rows == [
+        (0, "", "Sequential", 26, False, None),
+        (1, "0", "Linear", 16, False, None),
+        (1, "1", "Sequential", 10, True, None),
+        (2, "1.0", "ReLU", 0, None, None),
+        (2, "1.1", "Linear", 10, True, None),
+    ]
+    assert (ours.total_params, ours.trainable_params, ours.non_trainable_params) == (26, 10, 16)
+    assert ours.total_mult_adds is None and ours.flops is None and ours.total_mb is None
+    assert ours.params_mb == 26 * 4 / 1e6
+
+
+def test_params_only_option_and_the_default_without_an_input_size(runner):
+    data = invoke_json(runner, "convnet", "--params-only")
+    assert data["inputs"] == [] and data["input_shapes"] == []
+    assert data["totals"]["total_mult_adds"] is None and data["totals"]["flops"] is None
+    with_forward = invoke_json(runner, "convnet")
+    assert data["totals"]["total_params"] == with_forward["totals"]["total_params"]
+    assert all(layer["mult_adds"] is None for layer in data["layers"])
+    table = runner.invoke(app, ["summary", f"{HERE}:nested"])  # no -i, nothing known
+    assert table.exit_code == 0, table.stderr
+    assert "Note:" in table.stderr and "mult-adds" in table.stderr and "-i" in table.stderr
+    assert "Sequential: parameters only" in table.stdout and "not measured" in table.stdout
+    csv = runner.invoke(app, ["summary", f"{HERE}:nested", "--format", "csv"])
+    assert csv.exit_code == 0 and csv.stdout.splitlines()[-1] == ",(total),,,,26,,,"
+
+
+# --- TorchScript ------------------------------------------------------------------------------
+
+
+def scripted() -> nn.Module:
+    return torch.jit.script(nested())
+
+
+def test_torchscript_module_from_the_tree_with_flops():
+    ours = summarize(scripted(), [(2, 3)])
+    assert [(r.name, r.type, r.params) for r in ours.layers] == [
+        ("", "Sequential", 26),
+        ("0", "Linear", 16),
+        ("1", "Sequential", 10),
+        ("1.0", "ReLU", 0),
+        ("1.1", "Linear", 10),
+    ]
+    assert ours.model == "Sequential" and ours.total_params == 26
+    assert ours.total_mult_adds is None and "TorchScript" in ours.notes[0]
+    assert ours.layers[0].output_shape == [2, 2]
+    assert ours.flops == 2 * 2 * (3 * 4 + 4 * 2)  # the forward still runs, without hooks
+
+
+def test_torchscript_in_the_command(runner, tmp_path):
+    result = invoke(runner, f"{HERE}:scripted", "-i", "3")
+    assert result.exit_code == 0, result.stderr
+    assert "TorchScript" in result.stderr and "register_forward_pre_hook" not in result.stderr
+    data = json.loads(result.stdout)
+    assert data["totals"]["total_params"] == 26 and data["totals"]["total_mult_adds"] is None
+    path = tmp_path / "scripted.pt"
+    scripted().save(str(path))
+    loaded = invoke(runner, str(path), "--trust-checkpoint")  # no input size known
+    assert loaded.exit_code == 0, loaded.stderr
+    assert json.loads(loaded.stdout)["totals"]["total_params"] == 26
+    assert "TorchScript" in loaded.stderr
+
+
+# --- pruned layers ---------------------------------------------------------------------------
+
+
+def test_pruned_layers_count_the_dense_operations_the_forward_runs():
+    torch.manual_seed(0)
+    linear = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3))
+    before = (summarize(linear, [(2, 8)]), summarize(conv, [(1, 3, 5, 5)]))
+    for layer in (linear[0], linear[2], conv[0]):
+        prune.l1_unstructured(layer, "weight", amount=0.5)
+    after = (summarize(linear, [(2, 8)]), summarize(conv, [(1, 3, 5, 5)]))
+    assert after[0].total_mult_adds == before[0].total_mult_adds == 2 * 2 * (64 + 8)
+    assert after[1].total_mult_adds == before[1].total_mult_adds == 3 * 3 * (4 * 27 + 4)
+    assert after[0].total_params == 2 * (64 + 8)  # weight_orig, as stored
+    assert [r.mult_adds for r in after[0].layers if r.leaf] == [144, 0, 144]
+    assert summarize(linear, [(2, 8)], on_meta=False).total_mult_adds == 288
+
+
+# --- training mode ------------------------------------------------------------------------------
+
+
+class AuxNet(nn.Module):
+    """An auxiliary head that runs only in training mode, as GoogLeNet's do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.norm = nn.BatchNorm1d(4)
+        self.aux = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.norm(self.body(x))
+        return (x, self.aux(x)) if self.training else x
+
+
+def aux_net() -> nn.Module:
+    return AuxNet()
+
+
+@pytest.mark.parametrize("on_meta", [True, False])
+def test_train_mode_runs_the_training_branches_and_restores_everything(on_meta):
+    model = AuxNet()
+    model.norm.eval()  # a mixed mode comes back as it was
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    evaluated = summarize(model, [(2, 4)], on_meta=on_meta)
+    trained = summarize(model, [(2, 4)], on_meta=on_meta, train_mode=True)
+    assert evaluated.total_mult_adds == 2 * 20 + 2 * 8  # body per row, norm per sample
+    assert trained.total_mult_adds == 2 * 20 + 2 * 8 + 2 * 10  # and the auxiliary head
+    assert [r.name for r in trained.layers] == ["", "body", "norm", "aux"]
+    assert trained.layers[0].output_shape == [[2, 4], [2, 2]]
+    assert [m.training for m in model.modules()] == [True, True, False, True]
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_train_mode_option(runner):
+    data = invoke_json(runner, f"{HERE}:aux_net", "-i", "4", "-b", "2", "--train-mode")
+    assert data["totals"]["total_mult_adds"] == 76
+    assert (
+        invoke_json(runner, f"{HERE}:aux_net", "-i", "4", "-b", "2")["totals"]["total_mult_adds"]
+        == 56
+    )
+    result = runner.invoke(app, ["summary", f"{HERE}:aux_net", "--train-mode"])
+    assert result.exit_code == 2 and "--train-mode needs a forward pass" in result.stderr
+
+
+def test_input_spec_keywords_in_core():
+    ours = summarize(
+        TokenModel(),
+        [
+            InputSpec((2, 3), torch.long, "input_ids"),
+            InputSpec((2, 3), torch.bool, "attention_mask"),
+        ],
+    )
+    assert ours.total_mult_adds == 2 * 40 + 2 * 3 * 15
+    assert ours.dtype == "float32" and [i["dtype"] for i in ours.inputs] == ["int64", "bool"]
