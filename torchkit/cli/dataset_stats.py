@@ -21,6 +21,7 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
 
 
 class StatsMode(str, Enum):
@@ -74,6 +75,7 @@ def _tables(stats) -> list[Table]:
             ["pixels per channel", stats.pixels],
             ["unreadable files", len(stats.unreadable)],
             ["duplicate files", f"{stats.duplicate_files} (in {len(stats.duplicates)} groups)"],
+            *_leakage_rows(stats),
             ["non-image files skipped", len(stats.non_image_files)],
         ],
         title=f"Dataset {stats.source}" + (f" ({stats.split})" if stats.split else ""),
@@ -103,6 +105,60 @@ def _tables(stats) -> list[Table]:
         tables.append(
             Table(["group", "file", "classes"], rows, title="Exact duplicates (same bytes)")
         )
+    tables += _pair_tables(stats)
+    return tables
+
+
+SHOWN_PAIRS = 20  # pairs the table shows; JSON and --leakage-csv have all of them
+
+
+def _leakage_rows(stats) -> list[list]:
+    rows = []
+    if stats.leakage_checked:
+        counts = stats.leakage_counts()
+        rows.append(
+            [
+                "leakage across splits",
+                f"{counts['exact']} exact, {counts['near']} near "
+                f"(pHash distance <= {stats.near_threshold}; {stats.hashed_files} images hashed)",
+            ]
+        )
+    if stats.within_checked:
+        label = "near duplicates within a split" if stats.split else "near duplicates"
+        rows.append(
+            [
+                label,
+                f"{len(stats.near_duplicates)} pairs (pHash distance <= {stats.near_threshold})",
+            ]
+        )
+    return rows
+
+
+def _pair_tables(stats) -> list[Table]:
+    tables = []
+    for pairs, title in (
+        (stats.leakage, "Leakage: the same image in different splits"),
+        (
+            stats.near_duplicates,
+            "Near duplicates within a split" if stats.split else "Near duplicates",
+        ),
+    ):
+        if not pairs:
+            continue
+        shown = pairs[:SHOWN_PAIRS]
+        more = (
+            f"; the first {SHOWN_PAIRS}, all in --format json or --leakage-csv FILE"
+            if len(pairs) > SHOWN_PAIRS
+            else ""
+        )
+        tables.append(
+            Table(
+                ["path_a", "split_a", "path_b", "split_b", "kind", "distance"],
+                [[p.path_a, p.split_a, p.path_b, p.split_b, p.kind, p.distance] for p in shown],
+                title=f"{title} ({len(pairs)} pairs{more})",
+                align_right={"distance"},
+            )
+        )
     return tables
 
 
@@ -124,6 +180,17 @@ def _long_table(stats) -> Table:
         ["summary", "duplicate_files", stats.duplicate_files],
         ["summary", "non_image_files", len(stats.non_image_files)],
     ]
+    if stats.leakage_checked:
+        counts = stats.leakage_counts()
+        rows += [
+            ["summary", "leakage_exact", counts["exact"]],
+            ["summary", "leakage_near", counts["near"]],
+        ]
+    if stats.near_threshold is not None:
+        rows += [
+            ["summary", "near_threshold", stats.near_threshold],
+            ["summary", "near_duplicates", len(stats.near_duplicates)],
+        ]
     for axis, values in (("width", stats.width), ("height", stats.height)):
         rows += [[axis, key, getattr(values, key)] for key in ("min", "median", "max")]
     rows += [["class", c.name, c.images] for c in stats.classes]
@@ -178,16 +245,54 @@ def dataset_stats(
             show_default=False,
         ),
     ] = None,
+    leakage: Annotated[
+        bool,
+        typer.Option(
+            "--leakage/--no-leakage",
+            help="Of split data, also read the other splits' files (hashed, not measured) and "
+            "list exact and near duplicates that lie in different splits.",
+        ),
+    ] = True,
+    near_threshold: Annotated[
+        int,
+        typer.Option(
+            "--near-threshold",
+            metavar="BITS",
+            min=0,
+            max=MAX_THRESHOLD,
+            help="Near duplicates: 64-bit pHashes at most this many bits apart (re-encoded and "
+            "resized copies are within a few bits, unrelated images about 32).",
+        ),
+    ] = DEFAULT_NEAR_THRESHOLD,
+    near_duplicates: Annotated[
+        bool,
+        typer.Option(
+            "--near-duplicates",
+            help="Also list near duplicates within one split (of data without splits: within "
+            "the data).",
+        ),
+    ] = False,
+    leakage_csv: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--leakage-csv",
+            help="Write every duplicate pair to FILE: path_a,split_a,path_b,split_b,kind,distance.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
     """Per-channel mean and std (exact, for transforms.Normalize), class counts, image sizes,
-    colour modes, formats, unreadable files and exact duplicates of an image dataset.
+    colour modes, formats, unreadable files, exact duplicates and leakage between splits of an
+    image dataset.
 
     Of a split root or a CSV index with a split column, the train split by default (--split
-    picks another, --split all takes everything). One pass over the images in worker processes
-    (--workers, default: all cores).
+    picks another, --split all takes everything); the files of every split are hashed in the
+    same pass to find the same image (same bytes, or a pHash within --near-threshold bits) in
+    two splits. One pass over the images in worker processes (--workers, default: all cores).
 
     Examples:
 
@@ -198,11 +303,18 @@ def dataset_stats(
       torchkit dataset-stats out/split.csv --format json -o stats.json  (train rows only)
 
       torchkit dataset-stats index.csv --strict --plot stats.png
+
+      torchkit dataset-stats data/split --near-duplicates --leakage-csv pairs.csv
     """
-    from torchkit.core.stats import check_outputs, compute_dataset_stats, plot_dataset_stats
+    from torchkit.core.stats import (
+        check_outputs,
+        compute_dataset_stats,
+        plot_dataset_stats,
+        write_pairs_csv,
+    )
 
     # Refuse outputs that would fail before the long pass, not after it.
-    check_outputs(root, output, plot, force=force)
+    check_outputs(root, output, plot, force=force, leakage_csv=leakage_csv)
     with progress_bar("Reading images") as update:
         stats = compute_dataset_stats(
             root,
@@ -212,6 +324,10 @@ def dataset_stats(
             workers=workers,
             strict=strict,
             progress=update,
+            leakage=leakage,
+            near_threshold=near_threshold,
+            near_duplicates=near_duplicates,
+            pairs_required=leakage_csv is not None,
         )
     for note in stats.notes:
         console.note(note)
@@ -225,6 +341,10 @@ def dataset_stats(
     if plot is not None:
         written = plot_dataset_stats(stats, plot, force=force)
         console.note(f"wrote {written}")
+    if leakage_csv is not None:
+        written = write_pairs_csv(stats, leakage_csv, force=force)
+        pairs = len(stats.leakage) + len(stats.near_duplicates)
+        console.note(f"wrote {written} ({pairs} pairs)")
 
 
 def register(app: typer.Typer) -> None:

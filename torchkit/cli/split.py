@@ -28,12 +28,25 @@ def _table(result) -> Table:
         for name, row in zip(result.classes, result.counts, strict=True)
     ]
     rows.append(["total", *result.totals, sum(result.totals)])
-    return Table(["class", *result.names, "total"], rows, align_right={*result.names, "total"})
+    columns = ["class", *result.names, "total"]
+    if result.repeats is not None:  # --oversample: the extra copies in the first split
+        repeats = f"{result.names[0]} repeats"
+        columns.append(repeats)
+        for row, extra in zip(rows, [*result.repeats, sum(result.repeats)], strict=True):
+            row.append(extra)
+    return Table(columns, rows, align_right=set(columns) - {"class"})
 
 
 def _describe(result) -> str:
     done = {"copy": "copied", "symlink": "linked", "hardlink": "hard-linked", "move": "moved"}
-    ratio = ":".join(f"{r:g}" for r in result.ratio)
+    if result.fixed is not None:
+        per = " per class" if result.stratified else ""
+        sizes = ", ".join(
+            f"{n} in {name}" for n, name in zip(result.fixed, result.names[1:], strict=True)
+        )
+        ratio = f"fixed: {sizes}{per}"
+    else:
+        ratio = "ratio " + ":".join(f"{r:g}" for r in result.ratio)
     how = "stratified" if result.stratified else "not stratified"
     group = f", {result.groups} groups by --group" if result.groups else ""
     files = sum(result.totals)
@@ -43,9 +56,23 @@ def _describe(result) -> str:
         else f"{done[result.mode]} {files} files into {result.out}"
     )
     resumed = "finished the interrupted move: " if result.resumed else ""
+    repeats = (
+        f", {sum(result.repeats)} repeats balance {result.names[0]}"
+        if result.repeats is not None
+        else ""
+    )
     return (
-        f"{resumed}{action} (ratio {ratio}, seed {result.seed}, {how}{group}); "
+        f"{resumed}{action} ({ratio}, seed {result.seed}, {how}{group}{repeats}); "
         f"the split is in {result.manifest}"
+    )
+
+
+def _dedup_note(result) -> str | None:
+    if not result.dedup or not result.dedup_groups:
+        return None
+    return (
+        f"kept {result.dedup_groups} group(s) of byte-identical files ({result.dedup_files} "
+        "files) in one split each; --no-dedup-groups splits them like other files"
     )
 
 
@@ -59,12 +86,33 @@ def split(
         ),
     ],
     ratio: Annotated[
-        str,
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
             "--ratio",
-            help="Two or three parts: proportions like 8:1:1 or 70:30, or fractions like 0.7,0.3.",
+            help="Two or three parts: proportions like 8:1:1 or 70:30, or fractions like 0.7,0.3 "
+            "(default: 8:1:1).",
+            show_default=False,
         ),
-    ] = "8:1:1",
+    ] = None,
+    fixed: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--fixed",
+            metavar="N[,M]",
+            help="Instead of --ratio: N images of each class in val (and M in test), the rest "
+            "in train.",
+            show_default=False,
+        ),
+    ] = None,
+    oversample: Annotated[
+        bool,
+        typer.Option(
+            "--oversample",
+            help="Balance the train classes by repeating images up to the largest class "
+            "(extra copies or links with their own names, repeated rows with --mode manifest; "
+            "numbered in split.csv's repeat column).",
+        ),
+    ] = False,
     names: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -93,6 +141,14 @@ def split(
             show_default=False,
         ),
     ] = None,
+    dedup_groups: Annotated[
+        bool,
+        typer.Option(
+            "--dedup-groups/--no-dedup-groups",
+            help="Keep byte-identical files in the same split (with --group too), so no copy "
+            "of a training image lands in val or test.",
+        ),
+    ] = True,
     mode: Annotated[
         SplitMode,
         typer.Option(
@@ -109,6 +165,10 @@ def split(
     r"""Split a dataset into OUT/train, OUT/val and OUT/test (8:1:1 by default), stratified by
     class and reproducible, and write OUT/split.csv (path, label, split, source).
 
+    Byte-identical files always land in the same split (--no-dedup-groups: not). --fixed N,M
+    takes N images per class for val and M for test instead of a ratio; --oversample repeats
+    train images until every class has as many as the largest.
+
     ROOT is never modified except by --mode move. OUT may not be ROOT, lie inside it or hold
     it. A non-empty OUT needs --force, which replaces only an earlier split in it (its split
     folders and split.csv) and is refused for any other folder. Rerunning an interrupted move
@@ -123,6 +183,8 @@ def split(
       torchkit split data/raw out --mode manifest  (only out/split.csv)
 
       torchkit split data/raw data/split --group '^(patient\d+)_' --seed 3
+
+      torchkit split data/raw data/split --fixed 20,20 --oversample --mode symlink
     """
     from torchkit.core.split import check_report_file, split_dataset
 
@@ -141,12 +203,18 @@ def split(
             mode=mode.value,
             force=force,
             progress=update,
+            dedup=dedup_groups,
+            fixed=fixed,
+            oversample=oversample,
         )
     if result.already_done:
         console.note(
             f"the move of {result.source} into {result.out} is already done: nothing to move"
         )
     console.note(_describe(result))
+    kept = _dedup_note(result)
+    if kept:
+        console.note(kept)
     emit(tables=[_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)
 
 

@@ -5,10 +5,20 @@ The assignment is decided by names alone: each file (or `--group`) is ranked by 
 order the filesystem lists files in. Counts per class are allocated by largest remainder (19
 files at 8:1:1 give 15/2/2), with at least one file of a class in every split when it has enough.
 
+Byte-identical files (the same photo saved twice) always land in the same split, as if they were
+one file (`dedup`, on by default; combined with `--group` when both apply): found by size first,
+then content hash (`core.hashing.content_groups`), so only files that share a size are read.
+`fixed` takes N images per class for val (and M for test) and leaves the rest in train, as
+split-folders' `fixed` does; `oversample` balances the train classes by repeating images
+(round-robin over each class's files in their seeded order) up to the largest class: extra
+copies or links under distinct names (`<stem>-repeat<k><suffix>`), or repeated rows in a
+manifest, each numbered in split.csv's `repeat` column (0 for the image itself).
+
 Files are copied, linked or moved into OUT/<split>/<class>/..., or only listed (`manifest`); every
-mode writes OUT/split.csv (path, label, split, source). `move` is safe against a crash: the plan
-is written first, each file is renamed (atomic) or copied, verified and only then removed, and
-rerunning the same command finishes an interrupted move (or, once it is done, says so).
+mode writes OUT/split.csv (path, label, split, source; and repeat with `oversample`). `move` is
+safe against a crash: the plan is written first, each file is renamed (atomic) or copied,
+verified and only then removed, and rerunning the same command finishes an interrupted move
+(or, once it is done, says so).
 
 OUT goes through `core.outputs` (never the dataset, inside it or holding it, nor `.`; locked while
 it is written; `--force` only over an empty folder or an earlier split). `--force` replaces only
@@ -41,6 +51,7 @@ from torchkit import __version__
 from torchkit.core.data import SPLIT_NAMES, Samples, stratified_split
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.files import atomic_write, atomic_write_text
+from torchkit.core.hashing import content_groups
 from torchkit.core.outputs import (
     MARKER,
     OutputFolder,
@@ -85,10 +96,19 @@ class SplitResult:
     manifest: str
     resumed: bool = False
     already_done: bool = False  # a rerun of a finished move: nothing was touched
+    dedup: bool = True  # byte-identical files kept in one split
+    dedup_groups: int = 0  # groups of byte-identical files (two or more) kept together
+    dedup_files: int = 0  # the files in them
+    fixed: list[int] | None = None  # --fixed: images per class in the second (and third) split
+    repeats: list[int] | None = None  # --oversample: extra train copies per class
 
     @property
     def totals(self) -> list[int]:
         return [sum(row[j] for row in self.counts) for j in range(len(self.names))]
+
+    @property
+    def oversample(self) -> bool:
+        return self.repeats is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,11 +120,21 @@ class SplitResult:
             "stratified": self.stratified,
             "group": self.group,
             "groups": self.groups,
+            "dedup_groups": self.dedup_groups if self.dedup else None,
+            "dedup_files": self.dedup_files if self.dedup else None,
+            "fixed": self.fixed,
+            "oversample": self.oversample,
             "files": sum(self.totals),
+            "repeats": sum(self.repeats) if self.repeats is not None else 0,
             "splits": dict(zip(self.names, self.totals, strict=True)),
             "classes": [
-                {"name": name, **dict(zip(self.names, row, strict=True)), "total": sum(row)}
-                for name, row in zip(self.classes, self.counts, strict=True)
+                {
+                    "name": name,
+                    **dict(zip(self.names, row, strict=True)),
+                    "total": sum(row),
+                    **({"repeats": self.repeats[i]} if self.repeats is not None else {}),
+                }
+                for i, (name, row) in enumerate(zip(self.classes, self.counts, strict=True))
             ],
             "manifest": self.manifest,
             "resumed": self.resumed,
@@ -144,6 +174,18 @@ def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
             "fractions must add up to 1; or give proportions like 8:1:1",
         )
     return [p / total for p in parts]
+
+
+def parse_fixed(text: str | Sequence[int]) -> list[int]:
+    """`N` or `N,M`: N images per class in the second split (val), M in the third (test)."""
+    raw = [str(p).strip() for p in text] if not isinstance(text, str) else text.split(",")
+    hint = "e.g. --fixed 10 (10 per class in val) or --fixed 10,20 (and 20 in test)"
+    if len(raw) not in (1, 2) or not all(re.fullmatch(r"\d{1,9}", p.strip()) for p in raw):
+        raise UsageError(f"cannot read --fixed {text!r}", hint)
+    counts = [int(p) for p in raw]
+    if any(c < 1 for c in counts):
+        raise UsageError(f"every count of --fixed must be at least 1: {text!r}", hint)
+    return counts
 
 
 def check_names(names: Sequence[str], parts: int) -> list[str]:
@@ -218,6 +260,127 @@ class _Plan:
     labels: list[str]  # class name per file
     dests: list[str]  # relative to OUT, "/"-separated
     splits: list[int]  # index into names
+    repeats: list[int] | None = None  # --oversample: 0 for a file, k for its k-th repeat
+
+
+def dedup_units(
+    paths: Sequence[str], keys: Sequence[str], groups: Sequence[str] | None
+) -> tuple[list[str] | None, int, int]:
+    """(the unit of each file, groups of byte-identical files, files in them): files with the
+    same bytes share a unit, and so do files of one `--group` (`groups`, else each file is its
+    own unit, named by its key). A unit is named by the smallest name among its members' own,
+    so a dataset without duplicates is split exactly as before. None: no duplicates at all."""
+    identical = content_groups(paths)
+    if not identical:
+        return (None if groups is None else list(groups)), 0, 0
+    own = list(groups) if groups is not None else list(keys)
+    parent: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        root = name
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while parent.get(name, name) != root:  # path compression
+            parent[name], name = root, parent[name]
+        return root
+
+    for members in identical:
+        roots = {find(own[i]) for i in members}
+        smallest = min(roots)
+        for root in roots:
+            parent[root] = smallest
+    units = [find(name) for name in own]
+    return units, len(identical), sum(len(members) for members in identical)
+
+
+def _unit_rank(seed: int, name: str) -> bytes:
+    """The seeded rank of a unit (file or group), as `core.data.stratified_split` ranks them."""
+    return hashlib.sha256(f"{seed}\0".encode() + name.encode("utf-8", "surrogateescape")).digest()
+
+
+def fixed_split(
+    labels: Sequence[int],
+    fixed: Sequence[int],
+    seed: int,
+    units: Sequence[str],
+    classes: Sequence[str],
+    names: Sequence[str],
+    stratify: bool,
+) -> list[list[int]]:
+    """Indices per split for `--fixed N[,M]`: N images of each class in the second split, M in
+    the third, the rest in the first. Units (files or groups) are taken in their seeded order
+    (as the ratio split takes them), each to the split furthest below its count; a group never
+    splits, so with groups the counts are met as closely as groups allow. A class with fewer
+    than N + M + 1 images is an InputError naming it."""
+    by_class: dict[int, int] = {}
+    for label in labels:
+        by_class[label] = by_class.get(label, 0) + 1
+    need = sum(fixed) + 1
+    wanted = ", ".join(f"{n} in {name}" for n, name in zip(fixed, names[1:], strict=True))
+    for label, count in sorted(by_class.items()):
+        if count < need:
+            what = f"class {classes[label] or '(unlabelled)'!r}" if stratify else "the dataset"
+            raise InputError(
+                f"{what} has {count} image(s): --fixed {','.join(map(str, fixed))} needs at "
+                f"least {need}: {wanted} and 1 in {names[0]}",
+                "lower --fixed, or add images" + (" to that class" if stratify else ""),
+            )
+    members: dict[str, list[int]] = {}
+    for index, name in enumerate(units):
+        members.setdefault(name, []).append(index)
+    strata: dict[int, list[tuple[bytes, str]]] = {}
+    for name, indices in members.items():
+        votes: dict[int, int] = {}
+        for index in indices:
+            votes[labels[index]] = votes.get(labels[index], 0) + 1
+        label = min(votes, key=lambda lab: (-votes[lab], lab))  # majority, then smallest
+        strata.setdefault(label, []).append((_unit_rank(seed, name), name))
+    parts: list[list[int]] = [[] for _ in range(len(fixed) + 1)]
+    for label in sorted(strata):
+        ranked = [members[name] for _, name in sorted(strata[label])]
+        total = sum(len(unit) for unit in ranked)
+        targets = [total - sum(fixed), *fixed]
+        filled = [0] * len(targets)
+        for unit in ranked:
+            part = max(range(len(targets)), key=lambda j: (targets[j] - filled[j], -j))
+            parts[part].extend(unit)
+            filled[part] += len(unit)
+    return [sorted(part) for part in parts]
+
+
+def oversample_repeats(
+    labels: Sequence[int], split_of: Sequence[int], keys: Sequence[str], seed: int, classes: int
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """([(file index, repeat number)], extra copies per class) that bring every class of the
+    first split (train) up to its largest class: each class's files in their seeded order,
+    round-robin, so no file is repeated twice before every other one is repeated once."""
+    train: dict[int, list[int]] = {}
+    for index, (label, part) in enumerate(zip(labels, split_of, strict=True)):
+        if part == 0:
+            train.setdefault(label, []).append(index)
+    extra = [0] * classes
+    if not train:
+        return [], extra
+    largest = max(len(files) for files in train.values())
+    repeats: list[tuple[int, int]] = []
+    for label in sorted(train):
+        files = sorted(train[label], key=lambda i: _unit_rank(seed, keys[i]))
+        extra[label] = largest - len(files)
+        repeats += [(files[r % len(files)], r // len(files) + 1) for r in range(extra[label])]
+    return repeats, extra
+
+
+def _repeat_dest(dest: str, number: int, taken: set[str]) -> str:
+    """`<split>/<class>/<stem>-repeat<k><suffix>` beside `dest`, not yet in `taken`."""
+    folder, name = dest.rsplit("/", 1) if "/" in dest else ("", dest)
+    stem, suffix = os.path.splitext(name)
+    prefix = f"{folder}/" if folder else ""
+    candidate, extra = f"{prefix}{stem}-repeat{number}{suffix}", 0
+    while candidate.casefold() in taken:
+        extra += 1
+        candidate = f"{prefix}{stem}-repeat{number}-{extra}{suffix}"
+    taken.add(candidate.casefold())
+    return candidate
 
 
 def _sample_keys(samples: Samples) -> list[str]:
@@ -455,13 +618,33 @@ def _relative_to(sources: list[str], out: Path) -> list[str]:
 
 def _write_manifest(out: Path, plan: _Plan, names: list[str], mode: str) -> None:
     """OUT/split.csv: path (relative to OUT, so the file works as a CSV index), label, split,
-    source (absolute)."""
+    source (absolute); and `repeat` (0 for a file, k for its k-th extra copy) when the train
+    classes were oversampled."""
     paths = plan.dests if mode != "manifest" else _relative_to(plan.sources, out)
     split_names = [names[j] for j in plan.splits]
+    columns = [paths, plan.labels, split_names, plan.sources]
+    header = ["path", "label", "split", "source"]
+    if plan.repeats is not None:
+        columns.append(plan.repeats)
+        header.append("repeat")
     with atomic_write(out / MANIFEST, "w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(["path", "label", "split", "source"])
-        writer.writerows(zip(paths, plan.labels, split_names, plan.sources, strict=True))
+        writer.writerow(header)
+        writer.writerows(zip(*columns, strict=True))
+
+
+def _add_repeats(plan: _Plan, repeats: list[tuple[int, int]], mode: str) -> None:
+    """Append --oversample's repeats to the plan: the same source and label in the first
+    split, under a name of its own (none in a manifest: the row is repeated)."""
+    plan.repeats = [0] * len(plan.sources)
+    taken = {d.casefold() for d in plan.dests}
+    for index, number in repeats:
+        plan.sources.append(plan.sources[index])
+        plan.labels.append(plan.labels[index])
+        plan.splits.append(plan.splits[index])
+        plan.repeats.append(number)
+        if mode != "manifest":
+            plan.dests.append(_repeat_dest(plan.dests[index], number, taken))
 
 
 def _file_digest(path: str | os.PathLike) -> bytes:
@@ -628,7 +811,7 @@ def split_dataset(
     source: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    ratio: str | Sequence[float] = "8:1:1",
+    ratio: str | Sequence[float] | None = None,
     names: Sequence[str] | None = None,
     seed: int = 0,
     stratify: bool = True,
@@ -636,9 +819,16 @@ def split_dataset(
     mode: str = "copy",
     force: bool = False,
     progress: Progress | None = None,
+    dedup: bool = True,
+    fixed: str | Sequence[int] | None = None,
+    oversample: bool = False,
 ) -> SplitResult:
     """Split the image folder, flat folder or CSV index `source` into `out`/<split>/... (data
     that is split already is refused: see `load_split_input`).
+
+    `ratio` (8:1:1 by default) or `fixed` (`N[,M]` images per class in val[, test], the rest in
+    train) sets the sizes; `dedup` keeps byte-identical files in one split; `oversample`
+    balances train's classes by repeating images (not with `mode="move"`).
 
     See the module docstring. Raises UsageError for bad options, InputError for bad input,
     OutputOverlapError for an OUT that is, holds or lies inside the dataset (or is `.`),
@@ -647,8 +837,18 @@ def split_dataset(
     """
     if mode not in SPLIT_MODES:
         raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(SPLIT_MODES))
-    fractions = parse_ratio(ratio)
-    names = check_names(SPLIT_NAMES[: len(fractions)] if names is None else names, len(fractions))
+    if fixed is not None and ratio is not None:
+        raise UsageError("--fixed and --ratio both set the sizes of the splits", "give one of them")
+    if oversample and mode == "move":
+        raise UsageError(
+            "--oversample cannot --mode move: the repeats need the files where they are",
+            "use --mode copy, symlink, hardlink or manifest",
+        )
+    counts = None if fixed is None else parse_fixed(fixed)
+    fractions = None if counts is not None else parse_ratio("8:1:1" if ratio is None else ratio)
+    parts = len(counts) + 1 if counts is not None else len(fractions)
+    names = check_names(SPLIT_NAMES[:parts] if names is None else names, parts)
+    options = _Options(fractions, counts, names, seed, stratify, group, mode, dedup, oversample)
     out = Path(out)
     inputs = data_inputs(source)
     # Before anything else, even the journal: OUT is never the dataset, in it or around it.
@@ -661,7 +861,7 @@ def split_dataset(
             if journal is not None and journal.get("state") == "moving":
                 return _resume_move(source, out, journal, mode, progress)
     if journal is not None and journal.get("mode") == "move":
-        if mode == "move" and _same_move(journal, source, names, fractions, seed, stratify, group):
+        if mode == "move" and _same_move(journal, source, options):
             return _move_result(source, out, journal, already_done=True)
         raise OutputExistsError(
             f"{out} holds files moved there from {journal.get('root')}: the only copies",
@@ -678,9 +878,7 @@ def split_dataset(
             known_files=_known_files(out),
             hint="pass --force to replace the split in it",
         )
-        return _split_into(
-            source, out, fractions, names, seed, stratify, group, mode, progress, inputs
-        )
+        return _split_into(source, out, options, progress)
 
 
 def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], bool]:
@@ -701,9 +899,26 @@ def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], boo
     return data.whole, non_image_files(data), data.kind == "csv"
 
 
-def _split_into(
-    source, out: Path, fractions, names, seed, stratify, group, mode, progress, inputs
-) -> SplitResult:
+@dataclass
+class _Options:
+    fractions: list[Fraction] | None  # --ratio, or None with --fixed
+    fixed: list[int] | None
+    names: list[str]
+    seed: int
+    stratify: bool
+    group: str | None
+    mode: str
+    dedup: bool
+    oversample: bool
+
+    @property
+    def ratio(self) -> list[float] | None:
+        return None if self.fractions is None else [float(f) for f in self.fractions]
+
+
+def _split_into(source, out: Path, options: _Options, progress) -> SplitResult:
+    names, seed, stratify = options.names, options.seed, options.stratify
+    group, mode = options.group, options.mode
     samples, non_images, is_csv = load_split_input(source)
     root = Path(source)
     if non_images:
@@ -713,11 +928,24 @@ def _split_into(
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
     if is_csv:
         _check_csv_sources(samples, root)
-
+        sources = [os.path.abspath(p) for p in samples.paths]
+    else:  # ids are relative to ROOT: one abspath instead of 100,000
+        base = os.path.abspath(root) + os.sep
+        sources = [base + i for i in samples.ids]
     keys = _sample_keys(samples)
     groups, n_groups = group_names(samples, keys, group) if group else (None, None)
+    units, dedup_groups, dedup_files = (
+        dedup_units(sources, keys, groups) if options.dedup else (groups, 0, 0)
+    )
     labels = samples.labels if stratify else [0] * len(samples)
-    parts = stratified_split(labels, fractions, seed, keys=keys, groups=groups, at_least_one=True)
+    if options.fixed is not None:
+        parts = fixed_split(
+            labels, options.fixed, seed, units or keys, samples.classes, names, stratify
+        )
+    else:
+        parts = stratified_split(
+            labels, options.fractions, seed, keys=keys, groups=units, at_least_one=True
+        )
     split_of = [0] * len(samples)
     for j, members in enumerate(parts):
         for index in members:
@@ -725,27 +953,30 @@ def _split_into(
     counts = [[0] * len(names) for _ in samples.classes]
     for label, j in zip(samples.labels, split_of, strict=True):
         counts[label][j] += 1
-    _warn_small(samples.classes, counts, names, stratify)
+    if options.fixed is None:
+        _warn_small(samples.classes, counts, names, stratify)
 
-    if is_csv:
-        sources = [os.path.abspath(p) for p in samples.paths]
-    else:  # ids are relative to ROOT: one abspath instead of 100,000
-        base = os.path.abspath(root) + os.sep
-        sources = [base + i for i in samples.ids]
     plan = _Plan(
         sources=sources,
         labels=[samples.classes[label] for label in samples.labels],
         dests=[] if mode == "manifest" else _destinations(samples, split_of, names, is_csv),
         splits=split_of,
     )
+    extra = None
+    if options.oversample:
+        repeats, extra = oversample_repeats(
+            samples.labels, split_of, keys, seed, len(samples.classes)
+        )
+        _add_repeats(plan, repeats, mode)
     if mode == "hardlink":
         _check_hardlinks(plan, out)
+    totals = [sum(row[j] for row in counts) for j in range(len(names))]
     result = SplitResult(
         source=str(root),
         out=str(out),
         mode=mode,
         names=names,
-        ratio=[float(f) for f in fractions],
+        ratio=options.ratio or [t / max(1, sum(totals)) for t in totals],
         seed=seed,
         stratified=stratify,
         group=group,
@@ -753,6 +984,11 @@ def _split_into(
         classes=list(samples.classes),
         counts=counts,
         manifest=str(out / MANIFEST),
+        dedup=options.dedup,
+        dedup_groups=dedup_groups,
+        dedup_files=dedup_files,
+        fixed=options.fixed,
+        repeats=extra,
     )
 
     writing = _SplitOutput(out, sorted(set(names) | _previous_split_names(out) | {MANIFEST}))
@@ -767,11 +1003,15 @@ def _split_into(
                 "mode": "move",
                 "root": os.path.realpath(root),
                 "names": names,
-                "ratio": [float(f) for f in fractions],
+                "ratio": result.ratio,
+                "fixed": options.fixed,
                 "seed": seed,
                 "stratified": stratify,
                 "group": group,
                 "groups": n_groups,
+                "dedup": options.dedup,
+                "dedup_groups": dedup_groups,
+                "dedup_files": dedup_files,
                 "classes": list(samples.classes),
                 "counts": counts,
                 "torchkit_version": __version__,
@@ -834,15 +1074,18 @@ def _finish_hint(root: Path, out: Path):
         raise
 
 
-def _same_move(journal: dict, source, names, fractions, seed, stratify, group) -> bool:
-    """Is this command line the one that made the (finished) move recorded in `journal`?"""
+def _same_move(journal: dict, source, options: _Options) -> bool:
+    """Is this command line the one that made the (finished) move recorded in `journal`?
+    (A journal older than --fixed and dedup groups had neither: it matches the defaults.)"""
     return (
         journal.get("root") == os.path.realpath(source)
-        and journal.get("names") == list(names)
-        and journal.get("ratio") == [float(f) for f in fractions]
-        and journal.get("seed") == seed
-        and journal.get("stratified") == stratify
-        and journal.get("group") == group
+        and journal.get("names") == list(options.names)
+        and journal.get("fixed") == options.fixed
+        and (options.fixed is not None or journal.get("ratio") == options.ratio)
+        and journal.get("seed") == options.seed
+        and journal.get("stratified") == options.stratify
+        and journal.get("group") == options.group
+        and journal.get("dedup", options.dedup) == options.dedup
     )
 
 
@@ -882,6 +1125,10 @@ def _move_result(
         manifest=str(out / MANIFEST),
         resumed=resumed,
         already_done=already_done,
+        dedup=bool(journal.get("dedup", False)),
+        dedup_groups=int(journal.get("dedup_groups") or 0),
+        dedup_files=int(journal.get("dedup_files") or 0),
+        fixed=journal.get("fixed"),
     )
 
 

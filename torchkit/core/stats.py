@@ -6,6 +6,14 @@ per-channel histograms (PIL's C `histogram()` for 8-bit images, `np.bincount` fo
 Histograms add up exactly in any order, so the result does not depend on how the work was split,
 and the mean and variance come out of exact integer (rational) arithmetic: weighted by pixel, not
 the average of per-image means that the classic `compute_mean_and_std` recipe returns.
+
+Leakage between splits (issue #20). Of split data (a split root, a CSV with a split column) the
+statistics are of one split (train by default), but the files of the other splits are read in
+the same pass too, hashed and not measured: each file's SHA-256 (exact copies) and 64-bit pHash
+(`core.hashing`: from a reduced decode, or for a measured file from the decode its statistics
+need) go to `core.neardup.find_pairs`, which lists the exact
+and near duplicates whose members lie in different splits (and, with `near_duplicates`, those
+within one split). `leakage=False` skips that (and the other splits' files).
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ from typing import Any
 
 from torchkit.core.data import DIGITS, Samples
 from torchkit.core.errors import InputError, UsageError, first_line
-from torchkit.core.files import atomic_write_bytes
+from torchkit.core.files import atomic_write_bytes, atomic_write_text
 from torchkit.core.image_files import SIXTEEN_BIT_MODES, NotARegularFile, open_regular_file, to_8bit
+from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD, DuplicatePair
 from torchkit.core.outputs import (
     InputPath,
     check_distinct_outputs,
@@ -96,6 +105,17 @@ class DatasetStats:
     sizes: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
     # Remarks for the user (which split was measured and why); not part of to_dict().
     notes: list[str] = field(default_factory=list, repr=False)
+    # Leakage (split data): exact and near duplicates whose members lie in different splits,
+    # found among the files of every split; near duplicates within one split on request.
+    leakage_checked: bool = False
+    near_threshold: int | None = None
+    leakage: list[DuplicatePair] = field(default_factory=list)
+    near_duplicates: list[DuplicatePair] = field(default_factory=list)
+    within_checked: bool = False  # near duplicates within a split were looked for
+    hashed_files: int = 0  # files of every split that took part in the duplicate search
+
+    def leakage_counts(self) -> dict[str, int]:
+        return {kind: sum(1 for p in self.leakage if p.kind == kind) for kind in ("exact", "near")}
 
     @property
     def duplicate_files(self) -> int:
@@ -127,6 +147,12 @@ class DatasetStats:
             "total_bytes": self.total_bytes,
             "unreadable": [{"path": u.path, "error": u.error} for u in self.unreadable],
             "duplicates": [{"paths": d.paths, "classes": d.classes} for d in self.duplicates],
+            "leakage_checked": self.leakage_checked,
+            "near_threshold": self.near_threshold,
+            "leakage_exact": self.leakage_counts()["exact"],
+            "leakage_near": self.leakage_counts()["near"],
+            "leakage": [p.to_dict() for p in self.leakage],
+            "near_duplicates": [p.to_dict() for p in self.near_duplicates],
         }
 
 
@@ -245,6 +271,9 @@ class _ChunkResult:
     errors: list[tuple[int, str, int]]  # (index, reason, bytes read or 0)
     accumulator: _Accumulator
     sixteen_bit: int = 0  # 16-bit images that --mode rgb/gray clip to 8 bits, as PIL does
+    # (index, sha256, pHash) of every decodable image, with `perceptual` (leakage check)
+    hashes: list[tuple[int, bytes, int]] = field(default_factory=list)
+    hash_errors: int = 0  # files of other splits (hashed, not measured) that could not be read
 
 
 def _describe(error: BaseException, size: int | None = None) -> str:
@@ -262,12 +291,25 @@ def _describe(error: BaseException, size: int | None = None) -> str:
 
 
 def scan_files(
-    start: int, paths: Sequence[str], ids: Sequence[str], mode: str, resize: int | None
+    start: int,
+    paths: Sequence[str],
+    ids: Sequence[str],
+    mode: str,
+    resize: int | None,
+    measure: bool = True,
+    perceptual: bool = False,
 ) -> _ChunkResult:
-    """Read, hash, decode and count the pixels of `paths` (a chunk starting at index `start`)."""
+    """Read, hash, decode and count the pixels of `paths` (a chunk starting at index `start`).
+    `perceptual`: also each image's pHash (`result.hashes`). Without `measure` the files are
+    only read and hashed (the other splits' files of the leakage check): nothing is counted."""
     from PIL import Image
 
+    from torchkit.core.hashing import phash_image
+
     result = _ChunkResult([], [], _Accumulator())
+    if not measure:
+        _hash_files(start, paths, result)
+        return result
     with warnings.catch_warnings():
         # PIL's warnings (palette transparency, bomb sizes, odd EXIF) would interleave with the
         # progress bar from every worker; the files still count, or are listed as unreadable.
@@ -280,6 +322,7 @@ def scan_files(
             except OSError as error:
                 result.errors.append((index, _describe(error), 0))
                 continue
+            phash = None
             try:
                 with Image.open(io.BytesIO(data)) as image:
                     native_mode, file_format, (width, height) = image.mode, image.format, image.size
@@ -289,6 +332,8 @@ def scan_files(
                     if pixels.mode != wanted:
                         pixels = pixels.convert(wanted)
                     pixels.load()
+                    if perceptual:  # from this decode: no second one (see core.hashing)
+                        phash = phash_image(image)
                     if resize:
                         size = resized_size(width, height, resize)
                         pixels = pixels.resize(size, Image.Resampling.BILINEAR)
@@ -303,7 +348,50 @@ def scan_files(
             result.records.append(
                 (index, width, height, native_mode, file_format or "?", len(data), digest)
             )
+            if phash is not None:
+                result.hashes.append((index, digest, phash))
     return result
+
+
+def _hash_files(start: int, paths: Sequence[str], result: _ChunkResult) -> None:
+    """SHA-256 and pHash of each file (`core.hashing.hash_file`); unreadable ones are counted."""
+    from torchkit.core.hashing import hash_file
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for offset, path in enumerate(paths):
+            try:
+                digest, phash = hash_file(path)
+            except OSError:
+                result.hash_errors += 1
+                continue
+            if phash is None:  # not an image PIL can decode: unreadable, no copy of anything
+                result.hash_errors += 1
+                continue
+            result.hashes.append((start + offset, digest, phash))
+
+
+def hash_pass(
+    paths: Sequence[str], *, workers: int | None = None, progress: Progress | None = None
+) -> list[tuple[bytes, int] | None]:
+    """(SHA-256, pHash) of every file, or None for one that cannot be read or decoded: the
+    pass the leakage check makes over the files it does not measure, in worker processes."""
+    workers = default_stats_workers() if workers is None else workers
+    n = len(paths)
+    size = max(1, min(_MAX_CHUNK, math.ceil(n / max(1, workers * 4))))
+    tasks = [
+        (start, paths[start : start + size], paths[start : start + size], "rgb", None, False, True)
+        for start in range(0, n, size)
+    ]
+    found: list[tuple[bytes, int] | None] = [None] * n
+    done = 0
+    for result in _run_chunks(tasks, workers):
+        for index, digest, phash in result.hashes:
+            found[index] = (digest, phash)
+        done += len(result.hashes) + result.hash_errors
+        if progress:
+            progress(done, n)
+    return found
 
 
 def _scan_task(task: tuple) -> _ChunkResult:
@@ -320,12 +408,32 @@ def default_stats_workers() -> int:
         return os.cpu_count() or 1
 
 
-def _chunks(samples: Samples, workers: int, mode: str, resize: int | None) -> list[tuple]:
+def _chunks(
+    samples: Samples,
+    workers: int,
+    mode: str,
+    resize: int | None,
+    *,
+    offset: int = 0,
+    measure: bool = True,
+    perceptual: bool = False,
+    total: int | None = None,
+) -> list[tuple]:
+    """`scan_files` tasks for `samples`, whose indices start at `offset`; chunks are sized for
+    `total` files in all (all the tasks of the pass)."""
     n = len(samples)
-    size = max(1, min(_MAX_CHUNK, math.ceil(n / max(1, workers * 4))))
+    size = max(1, min(_MAX_CHUNK, math.ceil((total or n) / max(1, workers * 4))))
     paths, ids = samples.paths, samples.ids
     return [
-        (start, paths[start : start + size], ids[start : start + size], mode, resize)
+        (
+            offset + start,
+            paths[start : start + size],
+            ids[start : start + size],
+            mode,
+            resize,
+            measure,
+            perceptual,
+        )
         for start in range(0, n, size)
     ]
 
@@ -437,7 +545,16 @@ def load_stats_samples(
     the data `source` names (`core.datasource`); of split data (a split root, a CSV with a
     split column) its `split`, train by default, with a note; `split` on other data is a
     UsageError."""
-    from torchkit.core.datasource import non_image_files, open_data, select_split
+    samples, non_images, measured, notes, _ = _stats_data(source, split)
+    return samples, non_images, measured, notes
+
+
+def _stats_data(
+    source: str | os.PathLike, split: str | None
+) -> tuple[Samples, list[str], str | None, list[str], Samples | None]:
+    """`load_stats_samples`, and the samples of the splits not measured (None for data
+    without splits or when every split is measured)."""
+    from torchkit.core.datasource import concatenate, non_image_files, open_data, select_split
 
     if os.fspath(source) == DIGITS:
         raise InputError(
@@ -450,7 +567,20 @@ def load_stats_samples(
     if data.is_split:
         measured = split or "train"
     covered = None if samples.splits is None else sorted(set(samples.splits))
-    return samples, non_image_files(data, covered), measured, notes
+    others = None
+    if data.is_split:
+        rest = [part for name, part in data.splits.items() if name not in (covered or [])]
+        rest = [part for part in rest if len(part)]
+        others = concatenate(rest) if rest else None
+    return samples, non_image_files(data, covered), measured, notes, others
+
+
+def check_near_threshold(threshold: int) -> None:
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise UsageError(
+            f"--near-threshold must be between 0 and {MAX_THRESHOLD} bits, not {threshold}",
+            f"{DEFAULT_NEAR_THRESHOLD} (the default) finds re-encoded and resized copies",
+        )
 
 
 def compute_dataset_stats(
@@ -462,6 +592,10 @@ def compute_dataset_stats(
     workers: int | None = None,
     strict: bool = False,
     progress: Progress | None = None,
+    leakage: bool = True,
+    near_threshold: int = DEFAULT_NEAR_THRESHOLD,
+    near_duplicates: bool = False,
+    pairs_required: bool = False,
 ) -> DatasetStats:
     """Statistics of the image folder, flat folder, split root or CSV index at `source`; of
     split data, of its `split` (train by default; `all` for every split; see
@@ -472,24 +606,55 @@ def compute_dataset_stats(
     channels). `resize`: count pixels after resizing the shorter side to this many pixels
     (bilinear, as `transforms.Resize` does). Unreadable files are listed and skipped, or raise
     InputError with `strict`.
+
+    `leakage` (split data): also read and hash the files of the splits not measured, and list
+    the exact and near (pHash within `near_threshold` bits) duplicates whose members lie in
+    different splits. `near_duplicates`: also list near duplicates within one split (of data
+    without splits: within the data). `pairs_required` (a pair CSV was asked for): a
+    UsageError, before the pass, when neither applies.
     """
     if mode not in STATS_MODES:
         raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
     if resize is not None and resize < 1:
         raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
-    samples, non_images, measured, notes = load_stats_samples(source, split)
+    check_near_threshold(near_threshold)
+    samples, non_images, measured, notes, others = _stats_data(source, split)
     if non_images:
         log.warning(
             f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}",
         )
     warn_empty_classes(samples)
+    checked = measured is not None and leakage
+    perceptual = checked or near_duplicates
+    if pairs_required and not perceptual:
+        raise UsageError(
+            f"--leakage-csv: {source} has no splits to compare"
+            if measured is None
+            else "--leakage-csv with --no-leakage lists nothing",
+            "give split data (a split root or a CSV with a split column), or add "
+            "--near-duplicates to list near duplicates within a split",
+        )
+    if not (measured is not None and (leakage or near_duplicates)):
+        others = None
+    if others is not None:
+        splits_read = ", ".join(dict.fromkeys(others.splits or []))
+        notes.append(
+            f"also reading {splits_read} ({len(others)} files, hashed, not measured) to find "
+            "duplicates" + ("; --no-leakage skips them" if checked else "")
+        )
     workers = default_stats_workers() if workers is None else workers
-    tasks = _chunks(samples, workers, mode, resize)
-    total = len(samples)
+    extra = 0 if others is None else len(others)
+    total = len(samples) + extra
+    tasks = _chunks(samples, workers, mode, resize, perceptual=perceptual, total=total)
+    if others is not None:
+        tasks += _chunks(
+            others, workers, mode, resize, offset=len(samples), measure=False, total=total
+        )
     accumulator = _Accumulator()
     records: list[tuple] = []
     errors: list[tuple[int, str, int]] = []
-    sixteen_bit = done = 0
+    hashes: list[tuple[int, bytes, int]] = []
+    sixteen_bit = done = hash_errors = 0
     if progress:
         progress(0, total)
     for result in _run_chunks(tasks, workers):
@@ -502,8 +667,11 @@ def compute_dataset_stats(
         accumulator.merge(result.accumulator)
         records.extend(result.records)
         errors.extend(result.errors)
+        hashes.extend(result.hashes)
+        hash_errors += result.hash_errors
         sixteen_bit += result.sixteen_bit
         done += len(result.records) + len(result.errors)
+        done += result.hash_errors + sum(1 for h in result.hashes if h[0] >= len(samples))
         if progress:
             progress(done, total)
     records.sort()
@@ -516,6 +684,11 @@ def compute_dataset_stats(
         )
     if errors:
         log.warning(f"skipped {len(errors)} unreadable file(s) (listed in the report)")
+    if hash_errors:
+        log.warning(
+            f"{hash_errors} file(s) of the other splits could not be read: they take no part "
+            "in the duplicate search"
+        )
     if sixteen_bit:
         log.warning(
             f"{sixteen_bit} image(s) have 16 or 32 bits per pixel: --mode {mode} scales them to "
@@ -524,7 +697,61 @@ def compute_dataset_stats(
         )
     stats = _summarise(samples, mode, resize, accumulator, records, errors, non_images)
     stats.split, stats.notes = measured, notes
+    if perceptual:
+        _find_duplicates(stats, samples, others, hashes, checked, near_threshold, near_duplicates)
     return stats
+
+
+def _find_duplicates(
+    stats: DatasetStats,
+    samples: Samples,
+    others: Samples | None,
+    hashes: list[tuple[int, bytes, int]],
+    checked: bool,
+    threshold: int,
+    within: bool,
+) -> None:
+    """Fill in the leakage report of `stats` from the hashes of the pass."""
+    from torchkit.core.neardup import find_pairs
+
+    n = len(samples)
+    ids = list(samples.ids) + ([] if others is None else list(others.ids))
+    own = samples.splits if samples.splits is not None else [stats.split] * n
+    splits = list(own) + ([] if others is None else list(others.splits or []))
+    digests: list[bytes | None] = [None] * len(ids)
+    phashes: list[int | None] = [None] * len(ids)
+    for index, digest, phash in hashes:
+        digests[index], phashes[index] = digest, phash
+    leaked, near = find_pairs(ids, splits, digests, phashes, threshold=threshold, within=within)
+    stats.leakage_checked = checked
+    stats.near_threshold = threshold
+    stats.leakage = leaked if checked else []
+    stats.near_duplicates = near
+    stats.within_checked = within
+    stats.hashed_files = len(hashes)
+    counts = stats.leakage_counts()
+    if stats.leakage:
+        log.warning(
+            f"{counts['exact']} exact and {counts['near']} near duplicate pair(s) cross splits: "
+            "their files are in more than one split (listed in the report)"
+        )
+
+
+def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool) -> Path:
+    """Every pair of the leakage report (and the near duplicates within a split), as CSV
+    `path_a,split_a,path_b,split_b,kind,distance`, written atomically."""
+    import csv
+
+    from torchkit.core.neardup import PAIR_COLUMNS
+
+    target = check_output_file(path, force, data_inputs(stats.source), what="leakage CSV")
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(PAIR_COLUMNS)
+    for pair in [*stats.leakage, *stats.near_duplicates]:
+        writer.writerow(["" if v is None else v for v in pair.to_dict().values()])
+    atomic_write_text(target, buffer.getvalue())
+    return target
 
 
 def _summarise(
@@ -616,17 +843,20 @@ def check_outputs(
     plot: str | os.PathLike | None = None,
     *,
     force: bool = False,
+    leakage_csv: str | os.PathLike | None = None,
 ) -> None:
-    """Check the report (`-o`) and the plot before the long pass over the images, not after
-    it: neither may be the dataset's index, lie inside its folders, or be the other; an
-    existing file is replaced only with `force`."""
+    """Check the report (`-o`), the plot and the leakage CSV before the long pass over the
+    images, not after it: none may be the dataset's index, lie inside its folders, or be
+    another; an existing file is replaced only with `force`."""
     inputs = data_inputs(source)
-    if output is not None and os.fspath(output) != "-":  # `-o -` is stdout
-        check_output_file(output, force, inputs, what="output")
+    report = output if output is not None and os.fspath(output) != "-" else None  # `-o -`
+    if report is not None:
+        check_output_file(report, force, inputs, what="output")
     if plot is not None:
         check_plot_output(plot, force, inputs)
-        if output is not None and os.fspath(output) != "-":
-            check_distinct_outputs((output, "output (-o)"), (plot, "plot"))
+    if leakage_csv is not None:
+        check_output_file(leakage_csv, force, inputs, what="leakage CSV")
+    check_distinct_outputs((report, "output (-o)"), (plot, "plot"), (leakage_csv, "leakage CSV"))
 
 
 def plot_format(path: str | os.PathLike) -> str:

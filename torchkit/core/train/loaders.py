@@ -9,6 +9,7 @@ with one process or several, and a resumed run (even mid-epoch) continues exactl
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +79,56 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
         )
     if len(splits.get("val", [])) == 0:
         raise InputError("the validation set is empty", "use a larger --val-split or add images")
+    if log.isEnabledFor(logging.WARNING):  # not on the ranks that print nothing
+        warn_cross_split_copies(config.data, splits)
     return TrainData(source, splits, split_record(source, splits), notes)
+
+
+def cross_split_copies(splits: dict[str, Samples]) -> tuple[int, int]:
+    """(files, groups): the image files of `splits` that have a byte-identical copy in another
+    split, and the groups of identical files they form. Cheap: files are grouped by size
+    first, and only files that share a size with a file of another split are read
+    (`core.hashing.content_groups`). (0, 0) for in-memory data (digits)."""
+    from torchkit.core.hashing import content_groups
+
+    if any(samples.paths is None for samples in splits.values()):
+        return 0, 0
+    paths: list[str] = []
+    owner: list[str] = []
+    for name, samples in splits.items():
+        paths += samples.paths
+        owner += [name] * len(samples)
+    by_size: dict[int, list[int]] = {}
+    for index, path in enumerate(paths):
+        try:
+            by_size.setdefault(os.stat(path).st_size, []).append(index)
+        except OSError:
+            continue
+    # Only sizes that occur in two splits can hide a copy across splits.
+    candidates = [
+        index
+        for members in by_size.values()
+        if len({owner[i] for i in members}) > 1
+        for index in members
+    ]
+    files = groups = 0
+    for group in content_groups([paths[i] for i in candidates]):
+        if len({owner[candidates[i]] for i in group}) > 1:
+            files += len(group)
+            groups += 1
+    return files, groups
+
+
+def warn_cross_split_copies(data: str, splits: dict[str, Samples]) -> None:
+    """One warning line when byte-identical files lie in different splits of the run."""
+    files, groups = cross_split_copies(splits)
+    if files:
+        log.warning(
+            f"{files} images have a byte-identical copy in another of the run's splits "
+            f"({'/'.join(splits)}; {groups} group(s)): val and test figures are inflated; "
+            f"see them with `torchkit dataset-stats {data}` (`torchkit split` keeps copies "
+            "in one split)"
+        )
 
 
 def preprocess_for(config: TrainConfig) -> Preprocess:

@@ -1,0 +1,473 @@
+"""Benchmark: torchkit's near-duplicate hashes and search against imagededup's PHash.
+
+Builds, in the same run, a folder of synthetic "photos" (smooth backgrounds and shapes, 128 to
+640 px, half JPEG and half PNG; images come in families of four that share a background: hard
+negatives) and plants copies of every third image: re-encoded (JPEG quality 50/75/95, PNG),
+resized (0.5x, 0.75x, 2x, a 128 px thumbnail), slightly brighter, slightly blurred, and, reported
+apart, cropped by 5% on each side. Then:
+
+1. Quality: recall of the planted pairs and the false pairs (any other pair within the
+   threshold) at thresholds 4 to 12, for torchkit's pHash (`core.hashing`, reduced decode) and
+   for imagededup's PHash on the same files; torchkit's search (`core.neardup.near_pairs`) is
+   checked against all pairs. This is how the default `--near-threshold` was chosen.
+2. Speed: images/s of torchkit's hash pass (`core.stats.hash_pass`: SHA-256 + pHash per file,
+   worker processes) and of imagededup's `encode_images` with as many workers, on the same
+   files, JPEG and PNG apart and together (best of --repeat runs, run in turns).
+3. Scaling: the hash pass on --scale images (default 10,000; 96 to 320 px) and a fifth of
+   them, and the search on those hashes and on 10k and 100k (--search-sizes; 1M takes
+   minutes) random hashes with 10% planted copies: time and peak memory.
+4. What the leakage check costs `dataset-stats` on a split root (--stats-images, 8:1:1, the
+   JPEG/PNG folder of bench_dataset_stats.py): the default run (train measured, val and test
+   hashed) against --no-leakage.
+
+imagededup is a dev-only dependency (`uv add --dev imagededup`); without it the comparison is
+skipped with a message and an independent pHash written from imagededup's definition (DCT-II of
+the 32x32 gray image, 8x8 low frequencies, >= median of the 63 AC terms) stands in for the
+quality part, at full decode.
+
+    uv run python benchmarks/bench_near_duplicates.py              # about 5 minutes on 2 cores
+    uv run python benchmarks/bench_near_duplicates.py --images 400 --scale 2000   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+PLANTED = (
+    "jpeg q50",
+    "jpeg q75",
+    "jpeg q95",
+    "png re-encode",
+    "resize 0.5x",
+    "resize 0.75x (png)",
+    "resize 2x",
+    "thumbnail 128 px",
+    "brightness +10%",
+    "blur radius 1",
+)
+HARD = ("crop 5% a side",)
+
+
+def scene(rng, width: int, height: int, family: int):
+    """A synthetic photo: a smooth background shared by the family, shapes of its own, noise."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    background = np.random.default_rng(family)
+    yy, xx = np.mgrid[0:height, 0:width] / max(width, height)
+    base = np.zeros((height, width, 3))
+    for c in range(3):
+        a, b, p = background.uniform(-1, 1, 3)
+        base[..., c] = 128 + 90 * np.sin(3 * a * xx + 3 * b * yy + 6 * p)
+    image = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(3, 9))):
+        x0, y0 = rng.uniform(-0.2, 1.0, 2) * (width, height)
+        w, h = rng.uniform(0.1, 0.5, 2) * (width, height)
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        box = [x0, y0, x0 + w, y0 + h]
+        kind = int(rng.integers(0, 3))
+        if kind == 0:
+            draw.ellipse(box, fill=colour)
+        elif kind == 1:
+            draw.rectangle(box, fill=colour)
+        else:
+            draw.line(box, fill=colour, width=int(rng.integers(2, 12)))
+    pixels = np.asarray(image, dtype=np.float64) + rng.normal(0, 8, (height, width, 3))
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    return image.filter(ImageFilter.GaussianBlur(0.8))
+
+
+def planted_copy(image, kind: str, path_stem: Path) -> Path:
+    from PIL import Image, ImageEnhance, ImageFilter
+
+    w, h = image.size
+    jpeg = path_stem.with_suffix(".jpg")
+    png = path_stem.with_suffix(".png")
+    if kind.startswith("jpeg"):
+        image.save(jpeg, quality=int(kind.split("q")[1]))
+        return jpeg
+    if kind == "png re-encode":
+        image.save(png, compress_level=9)
+        return png
+    if kind == "resize 0.5x":
+        image.resize((w // 2, h // 2), Image.Resampling.LANCZOS).save(jpeg, quality=90)
+        return jpeg
+    if kind == "resize 0.75x (png)":
+        image.resize((w * 3 // 4, h * 3 // 4), Image.Resampling.BILINEAR).save(png)
+        return png
+    if kind == "resize 2x":
+        image.resize((w * 2, h * 2), Image.Resampling.BICUBIC).save(jpeg, quality=90)
+        return jpeg
+    if kind == "thumbnail 128 px":
+        image.resize((128, max(1, 128 * h // w))).save(jpeg, quality=85)
+        return jpeg
+    if kind == "brightness +10%":
+        ImageEnhance.Brightness(image).enhance(1.1).save(jpeg, quality=90)
+        return jpeg
+    if kind == "blur radius 1":
+        image.filter(ImageFilter.GaussianBlur(1)).save(jpeg, quality=90)
+        return jpeg
+    if kind == "crop 5% a side":
+        image.crop((w // 20, h // 20, w - w // 20, h - h // 20)).save(jpeg, quality=90)
+        return jpeg
+    raise ValueError(kind)
+
+
+def _make_chunk(task) -> list[tuple[str, str | None, str | None]]:
+    """Images [start, stop) of the folder: (path, planted kind or None, original path)."""
+    root, start, stop, seed, low, high, plant = task
+    root = Path(root)
+    made = []
+    kinds = PLANTED + HARD
+    for i in range(start, stop):
+        rng = np.random.default_rng([seed, i])
+        width, height = (int(v) for v in rng.integers(low, high + 1, 2))
+        image = scene(rng, width, height, family=10_000 + i // 4)
+        fmt = "jpeg" if i % 2 else "png"
+        folder = root / fmt
+        path = folder / f"img_{i:06d}.{'jpg' if fmt == 'jpeg' else 'png'}"
+        image.save(path, **({"quality": 90} if fmt == "jpeg" else {}))
+        made.append((str(path), None, None))
+        if plant and i % 3 == 0:
+            kind = kinds[(i // 3) % len(kinds)]
+            copy_folder = root / "copies"
+            copy = planted_copy(image, kind, copy_folder / f"copy_{i:06d}")
+            made.append((str(copy), kind, str(path)))
+    return made
+
+
+def make_folder(root: Path, images: int, *, low: int, high: int, plant: bool, workers: int):
+    """The benchmark folder, generated in worker processes."""
+    import multiprocessing
+
+    for name in ("jpeg", "png", "copies"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    step = max(1, images // (workers * 8))
+    tasks = [
+        (str(root), s, min(images, s + step), 0, low, high, plant) for s in range(0, images, step)
+    ]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        chunks = pool.map(_make_chunk, tasks)
+    return [item for chunk in chunks for item in chunk]
+
+
+# --------------------------------------------------------------------------- hashes
+
+
+def reference_phash(path: str) -> int:
+    """pHash written from imagededup's definition, independently of torchkit: full decode,
+    RGB, Lanczos to 32x32, gray, DCT-II (explicit matrix), 8x8, >= median of the AC terms."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        small = image.convert("RGB").resize((32, 32), Image.Resampling.LANCZOS).convert("L")
+    pixels = np.asarray(small, dtype=np.float64)
+    n = np.arange(32)
+    basis = np.cos(np.pi * np.outer(np.arange(8), 2 * n + 1) / 64)
+    coefficients = (basis @ pixels @ basis.T).ravel()
+    bits = coefficients >= np.median(coefficients[1:])
+    return int("".join("1" if b else "0" for b in bits), 2)
+
+
+def imagededup_hashes(root: Path, paths: list[str], workers: int) -> list[int]:
+    import logging
+
+    from imagededup.methods import PHash
+
+    for name in list(logging.root.manager.loggerDict):  # its INFO lines on every call
+        if name.startswith("imagededup"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+    encoded = PHash(verbose=False).encode_images(
+        image_dir=str(root), recursive=True, num_enc_workers=workers
+    )
+    by_name = {os.path.normpath(os.path.join(str(root), k)): v for k, v in encoded.items()}
+    return [int(by_name[os.path.normpath(p)], 16) for p in paths]
+
+
+def torchkit_hashes(paths: list[str], workers: int) -> list[int]:
+    from torchkit.core.stats import hash_pass
+
+    return [h[1] for h in hash_pass(paths, workers=workers)]
+
+
+def have_imagededup() -> bool:
+    try:
+        import imagededup.methods  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def quality(made, torchkit, oracle, oracle_name: str) -> None:
+    from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs, popcount
+
+    paths = [p for p, _, _ in made]
+    index = {p: i for i, p in enumerate(paths)}
+    truth = {
+        (min(index[p], index[o]), max(index[p], index[o])): kind
+        for p, kind, o in made
+        if kind is not None
+    }
+    print(
+        f"\n1. Quality: {len(paths)} images, {len(truth)} planted copies "
+        f"({sum(k in HARD for k in truth.values())} of them 5% crops, reported apart)"
+    )
+    results = {}
+    for name, hashes in (("torchkit", torchkit), (oracle_name, oracle)):
+        values = np.array(hashes, dtype=np.uint64)
+        distance = popcount(values[:, None] ^ values[None, :])
+        results[name] = distance
+        if name == "torchkit":  # the search finds exactly what comparing every pair finds
+            a, b, _ = near_pairs(values, 12)
+            brute = np.argwhere(np.triu(distance <= 12, 1))
+            assert {(int(i), int(j)) for i, j in brute} == set(
+                zip(a.tolist(), b.tolist(), strict=True)
+            )
+            print("   torchkit's search (multi-index hashing) == all pairs compared: yes")
+    print("\n   distance of each planted copy to its original (mean / max):")
+    print(f"   {'copy':<20} {'torchkit':>14} {oracle_name:>22}")
+    for kind in PLANTED + HARD:
+        pairs = [p for p, k in truth.items() if k == kind]
+        cells = []
+        for name in ("torchkit", oracle_name):
+            d = np.array([results[name][i, j] for i, j in pairs])
+            cells.append(f"{d.mean():5.2f} / {d.max():3d}")
+        print(f"   {kind:<20} {cells[0]:>14} {cells[1]:>22}")
+    upper = np.triu_indices(len(paths), 1)
+    planted_mask = np.zeros(len(upper[0]), dtype=bool)
+    hard_mask = np.zeros_like(planted_mask)
+    n = len(paths)
+    for (i, j), kind in truth.items():
+        position = i * n - i * (i + 1) // 2 + (j - i - 1)  # the pair's place in triu order
+        planted_mask[position] = True
+        hard_mask[position] = kind in HARD
+    easy = planted_mask & ~hard_mask
+    print(
+        "\n   threshold | recall (planted, crops apart) and false pairs"
+        f"\n   {'':9} | {'torchkit':^30} | {oracle_name:^30}"
+    )
+    for threshold in range(4, 13):
+        cells = []
+        for name in ("torchkit", oracle_name):
+            close = results[name][upper] <= threshold
+            recall = close[easy].mean()
+            crops = close[hard_mask].mean() if hard_mask.any() else float("nan")
+            false = int((close & ~planted_mask).sum())
+            cells.append(f"{100 * recall:5.1f}% ({100 * crops:5.1f}%) {false:5d} false")
+        mark = " <- default" if threshold == DEFAULT_NEAR_THRESHOLD else ""
+        print(f"   {threshold:>9} | {cells[0]:^30} | {cells[1]:^30}{mark}")
+
+
+def best_time(action, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the pools' workers, reaped when
+    each pool closes): on a shared machine a steadier figure than wall time."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def best_of_turns(actions: dict, repeat: int) -> dict[str, tuple[float, float]]:
+    """Best (wall, CPU) seconds of each action, run in turns (a, b, a, b, ...) so that a
+    change in the machine's load hits all of them alike."""
+    best = {label: (float("inf"), float("inf")) for label in actions}
+    for _ in range(repeat):
+        for label, action in actions.items():
+            start, cpu = time.perf_counter(), cpu_seconds()
+            action()
+            wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+            best[label] = (min(best[label][0], wall), min(best[label][1], cpu))
+    return best
+
+
+def speed(root: Path, made, workers: int, repeat: int, oracle: bool) -> None:
+    originals = [p for p, kind, _ in made if kind is None]
+    print(
+        f"\n2. Speed: hash pass, {workers} worker processes each, best of {repeat} in turns;"
+        "\n   images/s by wall time, and CPU ms per image (steadier on a shared machine)"
+    )
+    if not oracle:
+        print("   imagededup is not installed: its timing is skipped (uv add --dev imagededup)")
+    groups = {
+        "jpeg": [p for p in originals if p.endswith(".jpg")],
+        "png": [p for p in originals if p.endswith(".png")],
+    }
+    groups["both"] = groups["jpeg"] + groups["png"]
+    for name, paths in groups.items():
+        actions = {"torchkit": lambda paths=paths: torchkit_hashes(paths, workers)}
+        if oracle:
+            folders = ["jpeg", "png"] if name == "both" else [name]
+            actions["imagededup"] = lambda folders=folders: [
+                imagededup_hashes(root / f, groups[f], workers) for f in folders
+            ]
+        best = best_of_turns(actions, repeat)
+        n = len(paths)
+        cells = [
+            f"{label} {n / wall:7.1f}/s {1000 * cpu / n:5.2f} ms CPU"
+            for label, (wall, cpu) in best.items()
+        ]
+        line = f"   {name:<5} {n:5d} images: " + ", ".join(cells)
+        if oracle:
+            (tk_wall, tk_cpu), (their_wall, their_cpu) = best["torchkit"], best["imagededup"]
+            line += f"  ({their_wall / tk_wall:.2f}x wall, {their_cpu / tk_cpu:.2f}x CPU)"
+        print(line)
+
+
+def search_scaling(sizes: list[int]) -> None:
+    from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs, plan_search
+
+    print(f"\n   search (near_pairs, threshold {DEFAULT_NEAR_THRESHOLD}) on random 64-bit hashes")
+    print("   with 10% planted copies (up to 6 bits flipped):")
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        base = rng.integers(0, 2**63, n, dtype=np.uint64) * np.uint64(2)
+        planted = n // 10
+        flips = np.zeros(planted, dtype=np.uint64)
+        for bit_count in range(1, 7):
+            chosen = rng.integers(0, 64, (planted, bit_count))
+            mask = rng.random(planted) < 0.3
+            for column in range(bit_count):
+                flips[mask] |= np.uint64(1) << chosen[mask, column].astype(np.uint64)
+        values = np.concatenate([base, base[:planted] ^ flips])
+        tracemalloc.start()
+        start = time.perf_counter()
+        a, _, _ = near_pairs(values, DEFAULT_NEAR_THRESHOLD)
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(
+            f"   {len(values):9d} hashes: {seconds:7.2f} s, peak {peak / 2**20:7.1f} MiB, "
+            f"{len(a)} pairs, {plan_search(len(values), DEFAULT_NEAR_THRESHOLD)} chunks"
+        )
+
+
+def scaling(work: Path, images: int, workers: int, sizes: list[int]) -> None:
+    from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs
+
+    print(f"\n3. Scaling: the hash pass on {images} and {images // 5} images (96 to 320 px)")
+    root = work / "scale"
+    start = time.perf_counter()
+    made = make_folder(root, images, low=96, high=320, plant=False, workers=workers)
+    print(f"   (generated in {time.perf_counter() - start:.0f} s)")
+    paths = [p for p, _, _ in made]
+    for count in (images // 5, images):
+        subset = paths[:count]
+        start = time.perf_counter()
+        hashes = torchkit_hashes(subset, workers)
+        seconds = time.perf_counter() - start
+        print(f"   {count:7d} images: {seconds:7.2f} s, {count / seconds:8.1f} images/s")
+    values = np.array(hashes, dtype=np.uint64)
+    tracemalloc.start()
+    start = time.perf_counter()
+    a, _, _ = near_pairs(values, DEFAULT_NEAR_THRESHOLD)
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(
+        f"   search on their {len(values)} pHashes: {seconds:.3f} s, peak {peak / 2**20:.1f} "
+        f"MiB, {len(a)} pairs within {DEFAULT_NEAR_THRESHOLD} bits"
+    )
+    search_scaling(sizes)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def stats_cost(work: Path, images: int, workers: int, repeat: int) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_dataset_stats import make_folder as make_stats_folder
+
+    from torchkit.core.stats import compute_dataset_stats
+
+    root = work / "stats"
+    make_stats_folder(root / "all", images)
+    for index, path in enumerate(sorted((root / "all").rglob("*.*"))):
+        split = ("train",) * 8 + ("val", "test")
+        target = root / "split" / split[index % 10] / path.parent.name / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+    data = root / "split"
+    print(f"\n4. dataset-stats on a split root of {images} images (8:1:1), {workers} workers")
+    timings = {}
+    for label, leakage in (("--no-leakage", False), ("default (leakage)", True)):
+        timings[label] = best_time(
+            lambda leakage=leakage: compute_dataset_stats(data, workers=workers, leakage=leakage),
+            repeat,
+        )
+    base = timings["--no-leakage"]
+    for label, seconds in timings.items():
+        print(f"   {label:<18} {seconds:7.2f} s  ({seconds / base:.2f}x)")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=1200, help="originals of parts 1 and 2")
+    parser.add_argument("--scale", type=int, default=10_000, help="images of part 3 (0: skip)")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--search-sizes",
+        default="10000,100000",
+        help="hash counts of the search scaling (1000000 takes minutes)",
+    )
+    parser.add_argument("--stats-images", type=int, default=3000, help="part 4 (0: skip)")
+    parser.add_argument("--workers", type=int, default=None, help="default: all cores")
+    args = parser.parse_args()
+
+    from torchkit.core.stats import default_stats_workers
+
+    workers = args.workers or default_stats_workers()
+    oracle = have_imagededup()
+    print(f"machine: {os.cpu_count()} CPUs, {workers} workers; Python {sys.version.split()[0]}")
+    work = Path(tempfile.mkdtemp(prefix="tk-bench-neardup-"))
+    try:
+        root = work / "data"
+        start = time.perf_counter()
+        made = make_folder(root, args.images, low=128, high=640, plant=True, workers=workers)
+        print(f"generated {len(made)} images in {time.perf_counter() - start:.0f} s")
+        paths = [p for p, _, _ in made]
+        ours = torchkit_hashes(paths, workers)
+        if oracle:
+            theirs = [*imagededup_hashes(root, paths, workers)]
+            name = "imagededup PHash"
+        else:
+            print(
+                "imagededup is not installed (uv add --dev imagededup): comparing with an "
+                "independent pHash written from its definition instead"
+            )
+            theirs = [reference_phash(p) for p in paths]
+            name = "reference pHash"
+        quality(made, ours, theirs, name)
+        speed(root, made, workers, args.repeat, oracle)
+        if args.scale:
+            sizes = [int(n) for n in args.search_sizes.split(",") if n]
+            scaling(work, args.scale, workers, sizes)
+        if args.stats_images:
+            stats_cost(work, args.stats_images, workers, args.repeat)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
