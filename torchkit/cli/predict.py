@@ -192,6 +192,7 @@ def predict_command(
     if to_file:  # before any work
         check_output_file(output, force, _inputs(request, stats, classes))
     run = PredictRun(request, stdin=sys.stdin if "-" in images else None)
+    ok = False
     try:
         run.setup()
         for note in run.notes:
@@ -200,10 +201,12 @@ def predict_command(
         if not run.is_main:
             for _ in run.rows():  # rank 0 writes; the others only compute their batches
                 pass
+            ok = True
             return
         _write(run, columns, fmt, output if to_file else None)
+        ok = True
     finally:
-        run.close()
+        run.close(ok)
     _report(run, output if to_file else None)
 
 

@@ -336,13 +336,21 @@ def _evaluate(
     previous_level = log.level
     if not ctx.is_main:
         log.setLevel(logging.ERROR)  # only rank 0 warns
+    ok = False
     try:
         run = _run(spec, options, device, ctx, progress)
+        ok = True
     finally:
         log.setLevel(previous_level)
         if ctx.owns_group:
             import torch.distributed as dist
 
+            # Every rank waits for the others before Gloo goes (a rank tearing it down while
+            # another still talks to it aborts that process); not after a failure, which the
+            # other ranks may never reach.
+            with contextlib.suppress(Exception):
+                if ok:
+                    dist.barrier()
             dist.destroy_process_group()
     if run is None:
         return None

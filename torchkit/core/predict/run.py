@@ -155,11 +155,17 @@ class PredictRun:
         outputs = num_outputs or len(self.classes) or self.request.topk
         return min(self.request.topk, outputs)
 
-    def close(self) -> None:
+    def close(self, ok: bool = False) -> None:
+        """Tear down the process group this run made. After a run that ended well on every
+        rank, the ranks first wait for each other: Gloo torn down on one rank while another
+        still talks to it aborts that process ("terminate called without an active
+        exception"). After a failure nobody waits (a rank that never got here would hang it)."""
         if getattr(self, "ctx", None) is not None and self.ctx.owns_group:
             import torch.distributed as dist
 
             with contextlib.suppress(Exception):
+                if ok:
+                    dist.barrier()
                 dist.destroy_process_group()
             self.ctx.owns_group = False
 
