@@ -302,3 +302,13 @@ def test_input_spec_keywords_in_core():
     )
     assert ours.total_mult_adds == 2 * 40 + 2 * 3 * 15
     assert ours.dtype == "float32" and [i["dtype"] for i in ours.inputs] == ["int64", "bool"]
+
+
+def test_a_torchscript_file_without_trust_says_why(tmp_path, runner):
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(scripted, str(path))
+    result = runner.invoke(app, ["summary", str(path)])
+    assert result.exit_code == 1
+    assert "is a TorchScript archive, whose code runs when it is loaded" in result.stderr
+    assert "--trust-checkpoint" in result.stderr and "weights_only" not in result.stderr

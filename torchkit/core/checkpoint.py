@@ -46,6 +46,8 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
     if source.suffix == ".safetensors":
         return _load_safetensors(source)
+    if not trust:
+        _refuse_code_archives(source)
     try:
         return torch.load(source, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as error:
@@ -65,6 +67,20 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         ) from error
     except Exception as error:  # truncated or junk files raise anything (KeyError, EOFError...)
         raise _unreadable(source, error) from error
+
+
+def _refuse_code_archives(source: Path) -> None:
+    """TorchScript and torch.export archives run code from the file when loaded: say so, rather
+    than torch's "Cannot use weights_only=True with TorchScript archives"."""
+    from torchkit.core.export.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
+
+    kind = sniff_format(source)
+    if kind in (TORCHSCRIPT, EXPORTED_PROGRAM):
+        what = "a TorchScript archive" if kind == TORCHSCRIPT else "a torch.export archive"
+        raise CheckpointError(
+            f"{source} is {what}, whose code runs when it is loaded",
+            "pass --trust-checkpoint to load it, only if you trust where it came from",
+        )
 
 
 def _blocked_global(error: BaseException) -> str | None:
