@@ -8,7 +8,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     ChannelsLastOption,
     DeviceOption,
@@ -16,8 +15,10 @@ from torchkit.cli.options import (
     InferenceAmpDtype,
     InferenceAmpDtypeOption,
     InferenceAmpOption,
+    ModelArgument,
     OutputOption,
     TrustCheckpointOption,
+    WeightsOption,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -29,17 +30,7 @@ class BenchmarkMode(str, Enum):
 
 
 def benchmark(
-    model: Annotated[
-        str,
-        typer.Argument(
-            help="A torchvision model name, convnet, package.module:Callable (importable from "
-            "the working directory), a torchkit checkpoint, or a pickled model (with "
-            "--trust-checkpoint).",
-            metavar="MODEL",
-            show_default=False,
-            autocompletion=complete_model_name,
-        ),
-    ],
+    model: ModelArgument,
     input_size: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -139,15 +130,7 @@ def benchmark(
             "10 for convnet]",
         ),
     ] = None,
-    weights: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--weights",
-            metavar="PATH|NAME",
-            help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
-            ".safetensors) or torchvision's DEFAULT (downloaded once).",
-        ),
-    ] = None,
+    weights: WeightsOption = None,
     trust_checkpoint: TrustCheckpointOption = False,
     fmt: Annotated[
         Optional[OutputFormat],  # noqa: UP045

@@ -9,8 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.completion import complete_model_name
-from torchkit.cli.options import ForceOption, FormatOption, OutputOption, TrustCheckpointOption
+from torchkit.cli.options import (
+    ForceOption,
+    FormatOption,
+    ModelArgument,
+    OutputOption,
+    TrustCheckpointOption,
+    WeightsOption,
+)
 from torchkit.cli.render import OutputFormat, Table, emit
 
 
@@ -26,16 +32,7 @@ class ExportDtype(str, Enum):
 
 
 def export(
-    model: Annotated[
-        str,
-        typer.Argument(
-            help="The model: a torchkit checkpoint, a model name (torchvision, convnet, "
-            "package.module:Callable) with --weights, or a pickled model (--trust-checkpoint).",
-            metavar="MODEL",
-            show_default=False,
-            autocompletion=complete_model_name,
-        ),
-    ],
+    model: ModelArgument,
     out: Annotated[
         Path,
         typer.Argument(
@@ -55,15 +52,7 @@ def export(
             help="The format. Default: from OUT's extension.",
         ),
     ] = None,
-    weights: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--weights",
-            metavar="PATH|NAME",
-            help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
-            ".safetensors) or torchvision's DEFAULT.",
-        ),
-    ] = None,
+    weights: WeightsOption = None,
     num_classes: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option("--num-classes", min=1, help="Classifier outputs of a model built here."),

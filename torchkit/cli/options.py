@@ -45,6 +45,36 @@ TrustCheckpointOption = Annotated[
         help="Allow checkpoints that hold arbitrary pickled objects (runs code from the file).",
     ),
 ]
+
+
+def _complete_model(incomplete: str) -> list[str]:
+    from torchkit.cli.completion import complete_model_name
+
+    return complete_model_name(incomplete)
+
+
+# MODEL and --weights of the commands that take any model spec (the one model resolver).
+ModelArgument = Annotated[
+    str,
+    typer.Argument(
+        help="A torchvision model name, convnet or package.module:Callable (importable from the "
+        "working directory), a torchkit checkpoint, or a pickled model (with "
+        "--trust-checkpoint).",
+        metavar="MODEL",
+        show_default=False,
+        autocompletion=_complete_model,
+    ),
+]
+WeightsOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--weights",
+        metavar="PATH|NAME",
+        help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
+        ".safetensors; the classifier head takes the size the file gives it) or torchvision's "
+        "DEFAULT (downloaded once).",
+    ),
+]
 StrictOption = Annotated[
     bool, typer.Option("--strict", help="Stop at the first unreadable file instead of skipping it.")
 ]

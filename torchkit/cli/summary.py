@@ -15,6 +15,7 @@ from torchkit.cli.options import (
     FormatOption,
     OutputOption,
     TrustCheckpointOption,
+    WeightsOption,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -115,16 +116,7 @@ def summary(
             "10 for convnet]",
         ),
     ] = None,
-    weights: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--weights",
-            metavar="PATH|NAME",
-            help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
-            ".safetensors; the classifier head takes the size the file gives it) or torchvision's "
-            "DEFAULT (downloaded once).",
-        ),
-    ] = None,
+    weights: WeightsOption = None,
     dtype: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(

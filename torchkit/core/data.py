@@ -438,6 +438,18 @@ def train_transform(
     return T.Compose(steps)
 
 
+def loader_context():
+    """The multiprocessing context of DataLoaders over `make_dataset`: fork where there is one,
+    because the Dataset class is local and spawn or forkserver (the Linux default from Python
+    3.14) could not pickle it; None (the platform's default) elsewhere. Workers never touch
+    CUDA."""
+    import multiprocessing
+
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return None
+
+
 def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
     """A torch Dataset over `samples` whose items are (tensor, label, index, error).
 

@@ -403,6 +403,7 @@ def _run(
         collate_skipping_unreadable,
         default_workers,
         eval_transform,
+        loader_context,
         make_dataset,
     )
 
@@ -445,7 +446,7 @@ def _run(
         num_workers=workers,
         collate_fn=collate_skipping_unreadable,
         pin_memory=device.type == "cuda",
-        multiprocessing_context=_fork_context() if workers > 0 else None,
+        multiprocessing_context=loader_context() if workers > 0 else None,
     )
     log.info(
         "evaluating %d images of %s with %s on %s",
@@ -545,13 +546,3 @@ def _nonfinite_hint(amp_dtype: str | None, *, strict: bool) -> str:
     if strict:
         return hint + "; without --strict they are counted and reported"
     return hint + "; their predictions and loss mean nothing, and --strict makes this an error"
-
-
-def _fork_context():
-    """fork where there is one: make_dataset's Dataset class is local, so spawn or forkserver
-    (the default on Linux from Python 3.14) could not pickle it."""
-    import multiprocessing
-
-    if "fork" in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    return None

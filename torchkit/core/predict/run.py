@@ -86,7 +86,10 @@ class PredictRun:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:
             raise UsageError("--strict and --skip-errors contradict each other")
-        exported = exported_format(request.model) if request.weights is None else None
+        from torchkit.core.export.formats import sniff_format
+
+        # onnx, torchscript or exported-program for a file `torchkit export` wrote; else None.
+        exported = sniff_format(request.model) if request.weights is None else None
         if exported is not None:
             self.resolved = _resolve_exported(request, exported)
         else:
@@ -322,13 +325,6 @@ class PredictRun:
         return self.classes[label] if label < len(self.classes) else str(label)
 
 
-def exported_format(path: str) -> str | None:
-    """onnx, torchscript or exported-program for a file `torchkit export` wrote; None else."""
-    from torchkit.core.export.formats import sniff_format
-
-    return sniff_format(path)
-
-
 def _resolve_exported(request: PredictRequest, fmt: str):
     """An exported model as the resolver's ResolvedModel: its classes and preprocessing come
     from the file. TorchScript and torch.export archives run code from the file, so they need
@@ -392,7 +388,7 @@ def _steps(size: int, batch_size: int, world: int) -> int:
 def _loader(dataset, batches: list[list[int]], workers: int | None, device):
     import torch
 
-    from torchkit.core.data import default_workers
+    from torchkit.core.data import default_workers, loader_context
 
     workers = default_workers() if workers is None else workers
     return torch.utils.data.DataLoader(
@@ -401,7 +397,7 @@ def _loader(dataset, batches: list[list[int]], workers: int | None, device):
         num_workers=workers,
         collate_fn=_collate,
         pin_memory=device.type == "cuda",
-        multiprocessing_context=_fork_context() if workers > 0 else None,
+        multiprocessing_context=loader_context() if workers > 0 else None,
     )
 
 
@@ -414,13 +410,6 @@ def _collate(items: list) -> tuple[Any, list[int], list[tuple[int, str]]]:
     stacked = torch.stack([item[0] for item in good]) if good else None
     failed = [(item[2], item[3]) for item in items if item[0] is None]
     return stacked, [item[2] for item in good], failed
-
-
-def _fork_context():
-    import multiprocessing
-
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else methods[0])
 
 
 def _gather(local: dict | None, ctx) -> list[dict | None]:

@@ -20,6 +20,7 @@ from torchkit.core.data import (
     Samples,
     collate_skipping_unreadable,
     eval_transform,
+    loader_context,
     make_dataset,
     seed_worker,
     train_transform,
@@ -329,7 +330,7 @@ def build_loaders(
             persistent_workers=True,
             worker_init_fn=_worker_init,
             prefetch_factor=4,
-            multiprocessing_context=_mp_context(),
+            multiprocessing_context=loader_context(),
         )
     train_set = SeededDataset(
         make_dataset(
@@ -379,13 +380,3 @@ def build_loaders(
         val_size=len(splits["val"]),
         test_size=len(test) if test is not None else 0,
     )
-
-
-def _mp_context():
-    """fork where there is one: make_dataset's class is local, so spawn could not pickle it
-    (and Python 3.14 makes forkserver the default on Linux). Workers never touch CUDA."""
-    import multiprocessing
-
-    if "fork" in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    return None
