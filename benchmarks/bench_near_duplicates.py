@@ -11,8 +11,13 @@ apart, cropped by 5% on each side. Then:
    for imagededup's PHash on the same files; torchkit's search (`core.neardup.near_pairs`) is
    checked against all pairs. This is how the default `--near-threshold` was chosen.
 2. Speed: images/s of torchkit's hash pass (`core.stats.hash_pass`: SHA-256 + pHash per file,
-   worker processes) and of imagededup's `encode_images` with as many workers, on the same
-   files, JPEG and PNG apart and together (best of --repeat runs, run in turns).
+   worker processes) and of imagededup's `encode_images` with as many workers (its defaults
+   otherwise), on the same files, JPEG and PNG apart and together (best of --repeat runs, run
+   in turns). Then, in this one process, CPU ms per image of torchkit's `hash_file` and of
+   imagededup's `encode_image`, and for PNG of decoding alone (PIL, which both use; OpenCV's
+   libpng): a PNG must be decoded whole (no reduced decode: zlib, then row filters that each
+   depend on the row above), so imagededup's time over the faster decode bounds the ratio any
+   pHash can reach on PNG.
 3. Scaling: the hash pass on --scale images (default 10,000; 96 to 320 px) and a fifth of
    them, and the search on those hashes and on 10k and 100k (--search-sizes; 1M takes
    minutes) random hashes with 10% planted copies: time and peak memory.
@@ -334,6 +339,55 @@ def speed(root: Path, made, workers: int, repeat: int, oracle: bool) -> None:
             (tk_wall, tk_cpu), (their_wall, their_cpu) = best["torchkit"], best["imagededup"]
             line += f"  ({their_wall / tk_wall:.2f}x wall, {their_cpu / tk_cpu:.2f}x CPU)"
         print(line)
+    per_image(groups, repeat=max(3, repeat), oracle=oracle)
+
+
+def per_image(groups: dict[str, list[str]], repeat: int, oracle: bool) -> None:
+    """CPU ms per image in this process (no pool): torchkit's hash_file and imagededup's
+    encode_image, best of `repeat` in turns; for PNG also the whole decode alone (PIL, OpenCV),
+    which no pHash of a PNG can skip: imagededup / decode bounds the ratio it can reach."""
+    import io
+
+    import cv2
+    from PIL import Image
+
+    from torchkit.core.hashing import hash_file
+
+    phash = None
+    if oracle:
+        from imagededup.methods import PHash
+
+        phash = PHash(verbose=False)
+    print(f"\n   in one process, CPU ms per image (best of {repeat} in turns):")
+    for name in ("jpeg", "png"):
+        paths = groups[name]
+        data = [Path(p).read_bytes() for p in paths]
+
+        def pil_decode(data=data):
+            for d in data:
+                with Image.open(io.BytesIO(d)) as image:
+                    image.load()
+
+        actions = {"torchkit hash_file": lambda paths=paths: [hash_file(p) for p in paths]}
+        if phash is not None:
+            actions["imagededup encode_image"] = lambda paths=paths: [
+                phash.encode_image(image_file=p) for p in paths
+            ]
+        if name == "png":
+            actions["PIL decode only"] = pil_decode
+            actions["OpenCV decode only"] = lambda data=data: [
+                cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_UNCHANGED) for d in data
+            ]
+        best = best_of_turns(actions, repeat)
+        cells = [f"{label} {1000 * cpu / len(paths):.2f}" for label, (_, cpu) in best.items()]
+        print(f"   {name:<5} " + ", ".join(cells))
+        if oracle:
+            theirs = best["imagededup encode_image"][1]
+            line = f"         imagededup / torchkit {theirs / best['torchkit hash_file'][1]:.2f}x"
+            if name == "png":
+                decode = min(best["PIL decode only"][1], best["OpenCV decode only"][1])
+                line += f"; imagededup / the faster decode alone {theirs / decode:.2f}x (the bound)"
+            print(line)
 
 
 def search_scaling(sizes: list[int]) -> None:

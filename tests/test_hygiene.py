@@ -130,6 +130,29 @@ def test_phash_of_16_bit_and_palette_images():
         hashing.phash_bytes(b"not an image")
 
 
+def test_phash_resize_is_the_mean_of_each_cell():
+    """The 32x32 image hashed is the mean of each cell (a box filter, after an exact integer
+    reduction of large images): an image made of equal blocks gives back its 32x32 pattern
+    exactly, whatever the block size, and hashes as the pattern does. A smoothing filter
+    (Hamming, Lanczos) would mix neighbouring blocks."""
+    pattern = scene(6, 32, 32).convert("L")
+    expected = hashing.phash_image(pattern)
+    for width, height in ((2, 2), (3, 5), (10, 8)):  # 320 x 256: reduced by 2 first
+        blocks = pattern.resize((32 * width, 32 * height), Image.Resampling.NEAREST)
+        assert np.array_equal(np.asarray(hashing._cell_means(blocks)), np.asarray(pattern))
+        assert hashing.phash_bytes(encoded(blocks, "PNG")) == expected
+
+
+def test_jpeg_reduced_decode_agrees_with_a_whole_decode():
+    """dataset-stats hashes a measured JPEG from its whole decode, the others' from a reduced
+    one: the two agree to within a few bits."""
+    data = encoded(scene(9, 640, 480), "JPEG", quality=90)
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        whole = hashing.phash_image(image)
+    assert bits_apart(hashing.phash_bytes(data), whole) <= 4
+
+
 # --------------------------------------------------------------------------- the search
 
 

@@ -8,6 +8,7 @@ import io
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -262,3 +263,119 @@ def test_an_exported_model_predicts_the_same_classes(runner, world, tmp_path, su
     assert [r["class"] for r in rows] == [r["class"] for r in expected]  # classes from the file
     for got, want in zip(rows, expected, strict=True):
         assert float(got["probability"]) == pytest.approx(float(want["probability"]), abs=1e-4)
+
+
+def test_csv_is_the_json_rows_formatted_with_repr_floats_and_empty_fields(runner, world, tmp_path):
+    """The CSV writer takes lists, not dicts: every field is where its column says, floats
+    are written as repr writes them, and an unreadable image's row has empty class fields."""
+    folder = tmp_path / "imgs"
+    shutil.copytree(world["flat"], folder)
+    (folder / "broken.png").write_bytes(b"not a png")
+    args = [world["ckpt"], folder, "-k", "2", "--logits", "-j", "0"]
+    as_csv = invoke(runner, *args, "--format", "csv")
+    as_json = invoke(runner, *args, "--format", "json")
+    assert as_csv.exit_code == 0 and as_json.exit_code == 0, as_csv.stderr
+    rows = json.loads(as_json.stdout)
+    columns = list(rows[0])
+    assert columns[-1] == "error" and columns[:4] == ["path", "class", "probability", "label"]
+    expected = ",".join(columns) + "\n"
+    for row in rows:
+        fields = ["" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else
+                  str(row[c]) for c in columns]  # fmt: skip
+        expected += ",".join(fields) + "\n"
+    assert as_csv.stdout == expected
+    broken = next(line for line in as_csv.stdout.splitlines() if line.startswith("broken.png"))
+    assert broken.count(",") == len(columns) - 1 and broken.split(",")[1:-1] == [""] * (
+        len(columns) - 2
+    )
+
+
+def test_a_checkpoint_is_loaded_without_drawing_random_weights(world):
+    """predict builds a checkpoint's model without random init (its weights replace them):
+    no random numbers are drawn, and the model is exactly the normally built one."""
+    from torchkit.core.predict import PredictRequest, PredictRun
+
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    run = PredictRun(PredictRequest(model=str(world["ckpt"]), images=[str(world["flat"])]))
+    run.setup()
+    assert torch.equal(torch.get_rng_state(), state)  # a normal build draws ~50k numbers
+    built = model_from_checkpoint(load_checkpoint(world["ckpt"]))
+    assert not torch.equal(torch.get_rng_state(), state)
+    ours, theirs = run.resolved.model.state_dict(), built.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
+    run.close()
+
+
+def test_skipped_init_holds_only_in_its_thread_and_is_undone(world):
+    import threading
+
+    from torchkit.core.predict.loading import skipped_weight_init
+
+    original = torch.nn.init.normal_
+    inside, other_ready, other_done = {}, threading.Event(), threading.Event()
+
+    def other_thread():
+        other_ready.wait(10)
+        inside["other"] = torch.nn.init.normal_(torch.zeros(1000))
+        other_done.set()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    with skipped_weight_init() as skipped:
+        tensor = torch.zeros(1000)
+        assert torch.nn.init.normal_(tensor) is tensor and not tensor.any()  # left as it was
+        assert skipped == [tensor.data_ptr()]
+        other_ready.set()  # another thread initialises while this one skips
+        assert other_done.wait(10)
+    thread.join()
+    assert inside["other"].std() > 0.5  # it drew its random numbers
+    assert torch.nn.init.normal_ is original
+    assert torch.nn.init.normal_(torch.zeros(1000)).std() > 0.5
+
+
+def test_a_tensor_left_uninitialised_that_the_load_does_not_write_means_a_normal_build():
+    """A non-persistent buffer filled by nn.init is not in the state dict: the model is built
+    again with its random values rather than kept with uninitialised memory."""
+    from types import SimpleNamespace
+
+    from torchkit.core.predict.loading import resolve_loaded_model
+
+    class Toy(torch.nn.Module):
+        def __init__(self, buffer: bool):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2)
+            if buffer:
+                noise = torch.nn.init.ones_(torch.empty(4))
+                self.register_buffer("noise", noise, persistent=False)
+
+    builds = []
+
+    def resolve(buffer: bool):
+        model = Toy(buffer)
+        model.linear.load_state_dict({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)})
+        builds.append(model)
+        return SimpleNamespace(model=model, arch="toy", weights_source="torchkit checkpoint")
+
+    resolved = resolve_loaded_model(lambda: resolve(True), from_file=True)
+    assert len(builds) == 2 and resolved.model is builds[1]
+    assert torch.equal(resolved.model.noise, torch.ones(4))
+    builds.clear()
+    # Without the buffer every tensor left uninitialised is loaded: one build, kept.
+    assert resolve_loaded_model(lambda: resolve(False), from_file=True).model is builds[0]
+    assert len(builds) == 1 and torch.equal(builds[0].linear.weight, torch.zeros(2, 4))
+
+
+def test_a_row_with_values_outside_the_header_is_an_error_not_dropped():
+    from torchkit.core.errors import InputError
+    from torchkit.core.predict.run import _aligned
+
+    header = ["path", "class", "probability", "label", "logit_0", "error"]
+    keys = ["path", "class", "probability", "label", "logit_0", "logit_1", "error"]
+    with pytest.raises(InputError, match="logit_1"):
+        _aligned(keys, ["a.png", "x", 0.5, 0, 1.0, 2.0, ""], header)
+    fewer = ["path", "class", "probability", "label", "error"]
+    assert _aligned(fewer, ["a.png", "x", 0.5, 0, ""], header) == [
+        "a.png", "x", 0.5, 0, None, "",
+    ]  # fmt: skip

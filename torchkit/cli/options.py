@@ -57,9 +57,9 @@ def _complete_model(incomplete: str) -> list[str]:
 ModelArgument = Annotated[
     str,
     typer.Argument(
-        help="A torchvision model name, convnet or package.module:Callable (importable from the "
-        "working directory), a torchkit checkpoint, or a pickled model (with "
-        "--trust-checkpoint).",
+        help="A torchvision model name, convnet, package.module:Callable (importable from the "
+        "working directory), timm/NAME (a timm model, with the timm extra), a torchkit "
+        "checkpoint, or a pickled model (with --trust-checkpoint).",
         metavar="MODEL",
         show_default=False,
         autocompletion=_complete_model,
@@ -71,8 +71,9 @@ WeightsOption = Annotated[
         "--weights",
         metavar="PATH|NAME",
         help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
-        ".safetensors; the classifier head takes the size the file gives it) or torchvision's "
-        "DEFAULT (downloaded once).",
+        ".safetensors; the classifier head takes the size the file gives it), or DEFAULT: the "
+        "pretrained weights of torchvision or timm (downloaded once); timm models also take a "
+        "timm pretrained tag (a1_in1k).",
     ),
 ]
 StrictOption = Annotated[

@@ -231,24 +231,22 @@ def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> 
     from torchkit.core.files import atomic_write
 
     with progress_bar("predicting") as advance:
-        rows = run.rows(progress=advance)
         if output is None:
-            _render(rows, columns, fmt, console.stdout.file)
+            _render(run, columns, fmt, console.stdout.file, advance)
             console.stdout.file.flush()
         else:
             with atomic_write(output, "w", encoding="utf-8", newline="") as handle:
-                _render(rows, columns, fmt, handle)
+                _render(run, columns, fmt, handle, advance)
 
 
-def _render(rows, columns: list[str], fmt: PredictFormat, handle: IO[str]) -> None:
+def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progress) -> None:
     from torchkit.cli.render import Table, render_plain_tables, rich_table, to_json_value
 
     if fmt == PredictFormat.csv:
-        writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(_csv_row(row))
-    elif fmt == PredictFormat.jsonl:
+        write_csv(run.records(progress=progress), columns, handle)
+        return
+    rows = run.rows(progress=progress)
+    if fmt == PredictFormat.jsonl:
         for row in rows:
             handle.write(json.dumps(to_json_value(_full(row, columns))) + "\n")
     elif fmt == PredictFormat.json:
@@ -279,8 +277,12 @@ def _full(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
     return full
 
 
-def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {key: (repr(value) if isinstance(value, float) else value) for key, value in row.items()}
+def write_csv(records, columns: list[str], handle: IO[str]) -> None:
+    """The header, then one line per record (a list of values in column order): floats as
+    repr writes them (shortest round-trip), None as an empty field."""
+    writer = csv.writer(handle, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(records)
 
 
 def _report(run, output: Path | None) -> None:

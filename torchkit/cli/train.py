@@ -45,6 +45,11 @@ class Interpolation(str, Enum):
     nearest = "nearest"
 
 
+class Decode(str, Enum):
+    fast = "fast"
+    exact = "exact"
+
+
 DATA_HELP = "Data and transforms"
 OPTIM_HELP = "Optimisation"
 OUT_HELP = "Outputs and checkpoints"
@@ -121,8 +126,9 @@ def train_command(
         typer.Option(
             "--model",
             "-m",
-            help="torchvision model name, `convnet`, package.module:Callable, or a torchkit "
-            "checkpoint to fine-tune. Default: convnet for digits, resnet18 for image folders.",
+            help="torchvision model name, `convnet`, package.module:Callable, timm/NAME (a timm "
+            "model, with the timm extra), or a torchkit checkpoint to fine-tune. Default: "
+            "convnet for digits, resnet18 for image folders.",
             rich_help_panel=MODEL_HELP,
             show_default=False,
             autocompletion=complete_model_name,
@@ -132,9 +138,9 @@ def train_command(
         Optional[str],  # noqa: UP045
         typer.Option(
             "--weights",
-            help="Start from pretrained weights: DEFAULT (torchvision's; needs the internet or "
-            "a warm cache) or a checkpoint / state-dict / .safetensors file. The head is "
-            "replaced when the data's classes differ.",
+            help="Start from pretrained weights: DEFAULT (torchvision's or timm's; needs the "
+            "internet or a warm cache), a timm pretrained tag, or a checkpoint / state-dict / "
+            ".safetensors file. The head is replaced when the data's classes differ.",
             rich_help_panel=MODEL_HELP,
         ),
     ] = None,
@@ -265,6 +271,17 @@ def train_command(
             help="Probability of erasing a random rectangle of each training image.",
         ),
     ] = DEFAULTS.random_erasing,
+    decode: Annotated[
+        Decode,
+        typer.Option(
+            "--decode",
+            case_sensitive=False,
+            rich_help_panel=DATA_HELP,
+            help="How training JPEGs are decoded: fast = at 1/2, 1/4 or 1/8 of their size where "
+            "the random crop still has --image-size pixels across (the same crops; pixels within "
+            "about 0.5/255 on average); exact = whole, as eval does.",
+        ),
+    ] = DEFAULTS.decode,
     interpolation: Annotated[
         Interpolation,
         typer.Option(
@@ -647,6 +664,7 @@ def train_command(
         randaugment_magnitude=randaugment_magnitude,
         random_erasing=random_erasing,
         interpolation=interpolation.value,
+        decode=Decode(decode).value,
         workers=workers,
         strict=strict,
         model=model,

@@ -243,15 +243,34 @@ def largest_remainder_counts(
     return counts
 
 
-def digits_splits() -> dict[str, Samples]:
-    """scikit-learn's 1,797 real 8x8 digits, split 80/10/10 stratified with seed 0."""
+def _sklearn_digits() -> tuple[Any, Any]:
+    """(images N,8,8 floats 0..16, targets) of scikit-learn's digits: read from the CSV that
+    ships inside scikit-learn, as `load_digits` reads it, without importing sklearn.datasets
+    (2 s, a tenth of the README's training run); `load_digits` itself if the file moved."""
+    import importlib.util
+
     import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            data = np.loadtxt(path, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
+    return bunch.images, bunch.target
+
+
+def digits_splits() -> dict[str, Samples]:
+    """scikit-learn's 1,797 real 8x8 digits, split 80/10/10 stratified with seed 0."""
+    import numpy as np
+
+    pixels, targets = _sklearn_digits()
     # Pixel values are 0..16; scale to 0..255 so they behave like any 8-bit grayscale image.
-    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)
-    labels = [int(y) for y in bunch.target]
+    images = np.rint(pixels * (255.0 / 16.0)).astype(np.uint8)
+    labels = [int(y) for y in targets]
     classes = [str(c) for c in range(10)]
     ids = [f"digits/{i:04d}" for i in range(len(labels))]
     everything = Samples(classes, labels, images=images, source=DIGITS, ids=ids)
@@ -402,17 +421,29 @@ def train_transform(
     augment: str = "basic",
     randaugment_magnitude: int = 9,
     random_erasing: float = 0.0,
+    decode: str = "exact",
 ):
     """torchvision's train recipe: RandomResizedCrop + horizontal flip (`basic`), then a policy
     (`trivialaugment`, `randaugment` at `randaugment_magnitude`, `autoaugment`'s ImageNet
     policy), to tensor, normalise, RandomErasing with probability `random_erasing`. `none` is
     the eval transform (resize, centre crop). Random draws come from torch's generator, which
-    the training loaders seed per image and epoch."""
+    the training loaders seed per image and epoch.
+
+    `decode="fast"` (with a random crop): the same transform on PIL images, but `make_dataset`
+    decodes JPEG files at 1/2, 1/4 or 1/8 of their size where the crop keeps `image_size`
+    pixels (`core.decode`); `exact` decodes every image whole."""
     from torchvision import transforms as T
+
+    from torchkit.core.decode import check_decode
 
     if augment not in AUGMENT_POLICIES:
         raise UsageError(f"unknown --augment {augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
+    check_decode(decode)
     mode = T.InterpolationMode(preprocess.interpolation)
+    if decode == "fast" and augment != "none":
+        return _fast_train_transform(
+            preprocess, flip, crop_scale, augment, randaugment_magnitude, random_erasing
+        )
     if augment == "none":
         steps = [
             T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
@@ -438,6 +469,37 @@ def train_transform(
     return T.Compose(steps)
 
 
+def _fast_train_transform(
+    preprocess: Preprocess,
+    flip: bool,
+    crop_scale: tuple[float, float],
+    augment: str,
+    randaugment_magnitude: int,
+    random_erasing: float,
+):
+    """`train_transform`'s steps with its crop a `ReducedDecodeCrop` and ToTensor + Normalize
+    fused (bit for bit the same), in the same order, drawing the same random numbers."""
+    from torchvision import transforms as T
+
+    from torchkit.core.decode import FileTrainTransform, NormalizedTensor, ReducedDecodeCrop
+
+    mode = T.InterpolationMode(preprocess.interpolation)
+    crop = ReducedDecodeCrop(
+        preprocess.image_size, scale=crop_scale, interpolation=preprocess.interpolation
+    )
+    steps: list = [T.RandomHorizontalFlip()] if flip else []
+    if augment == "trivialaugment":
+        steps.append(T.TrivialAugmentWide(interpolation=mode))
+    elif augment == "randaugment":
+        steps.append(T.RandAugment(magnitude=randaugment_magnitude, interpolation=mode))
+    elif augment == "autoaugment":
+        steps.append(T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode))
+    steps.append(NormalizedTensor(preprocess.mean, preprocess.std))
+    if random_erasing > 0:
+        steps.append(T.RandomErasing(p=random_erasing))
+    return FileTrainTransform(crop, T.Compose(steps))
+
+
 def loader_context():
     """The multiprocessing context of DataLoaders over `make_dataset`: fork where there is one,
     because the Dataset class is local and spawn or forkserver (the Linux default from Python
@@ -458,11 +520,16 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
     An unreadable image gives `(None, label, index, "path: reason")` instead of raising, so one
     corrupt file does not kill a DataLoader worker; `collate_skipping_unreadable` drops it and
     reports it to the main process, which counts it (or stops, with --strict).
+
+    A transform with a `from_file(path, mode)` method (`train_transform(decode="fast")`) reads
+    image files itself, through the same opener.
     """
     import torch
     from PIL import Image
 
     from torchkit.core.image_files import load_image
+
+    from_file = getattr(transform, "from_file", None)
 
     class _ImageDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -473,6 +540,8 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
             try:
                 if samples.images is not None:
                     image = Image.fromarray(samples.images[index])
+                elif from_file is not None:
+                    return from_file(samples.paths[index], mode), label, index, ""
                 else:
                     # Regular files only (a FIFO would block), high bit depths scaled.
                     image = load_image(samples.paths[index], mode)

@@ -14,8 +14,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import stat
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
@@ -83,14 +86,19 @@ def to_8bit(image: Any) -> Any:
     return Image.fromarray(uint16_to_uint8(values))
 
 
-def load_image(path: str | os.PathLike, mode: str) -> Any:
-    """The image file at `path` as a PIL image in `mode` (e.g. RGB), read as described above.
-    Raises OSError (NotARegularFile included), ValueError or PIL's errors for unreadable files."""
+@contextlib.contextmanager
+def opened_image(path: str | os.PathLike, *, in_memory: bool = False) -> Iterator[Any]:
+    """The image file at `path` opened by PIL, its header read and its pixels not yet decoded
+    (so a JPEG can still be `draft`-ed to a reduced size), closed on leaving the block: whatever
+    is kept must be a loaded copy. Regular files only; raises as `load_image` does.
+    `in_memory`: the file is read whole first, in one call (PIL reads a JPEG's header in dozens
+    of small reads)."""
     from PIL import Image, UnidentifiedImageError
 
     with open_regular_file(path) as handle:
+        source = io.BytesIO(handle.read()) if in_memory else handle
         try:
-            image = Image.open(handle)
+            image = Image.open(source)
         except UnidentifiedImageError:
             # PIL names the file object (`<_io.BufferedReader name=13>`): name the path, as
             # Image.open(path) does, so messages and reports do not change from run to run.
@@ -98,5 +106,12 @@ def load_image(path: str | os.PathLike, mode: str) -> Any:
                 f"cannot identify image file {os.fspath(path)!r}"
             ) from None
         with image:
-            # convert() always returns a loaded copy: nothing refers to the file afterwards.
-            return to_8bit(image).convert(mode)
+            yield image
+
+
+def load_image(path: str | os.PathLike, mode: str) -> Any:
+    """The image file at `path` as a PIL image in `mode` (e.g. RGB), read as described above.
+    Raises OSError (NotARegularFile included), ValueError or PIL's errors for unreadable files."""
+    with opened_image(path) as image:
+        # convert() always returns a loaded copy: nothing refers to the file afterwards.
+        return to_8bit(image).convert(mode)

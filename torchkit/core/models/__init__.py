@@ -1,11 +1,13 @@
 """Models: one resolver (`resolve_model`) from a spec to a model, with small modules for each job:
 `builders` (names to architectures), `convnet`, `usercode` (`package.module:Callable`),
+`timm_models` (`timm/NAME`, the optional timm extra),
 `weights` (reading model files), `heads` (the classifier layer) and `specs` (what a spec reads)."""
 
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     build_model,
     is_checkpoint_path,
+    is_timm_spec,
     list_models,
     suggest,
 )
@@ -23,6 +25,7 @@ __all__ = [
     "find_head",
     "is_checkpoint_path",
     "is_model_file",
+    "is_timm_spec",
     "list_models",
     "model_from_checkpoint",
     "model_inputs",

@@ -1,5 +1,6 @@
-"""Building an architecture by name: a torchvision classifier, the built-in `convnet`, or
-`package.module:Callable`, with random weights, torchvision's pretrained ones, or a file's."""
+"""Building an architecture by name: a torchvision classifier, the built-in `convnet`,
+`package.module:Callable`, or a timm model (`timm/NAME`), with random weights, the library's
+pretrained ones, or a file's."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ from pathlib import Path
 from torchkit.core.errors import InputError, OfflineError, UsageError
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import replace_head
+from torchkit.core.models.timm_models import (
+    TIMM_PREFIX,
+    create_timm_model,
+    timm_pretrained,
+)
 from torchkit.core.models.usercode import call_model_factory
 
 BUILTIN_MODELS = ("convnet",)
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 # torchvision builders whose position embeddings fix the image size at construction.
 IMAGE_SIZE_KWARGS = {"vit_": "image_size", "maxvit_": "input_size"}
 
@@ -32,10 +39,21 @@ def suggest(name: str, choices: list[str]) -> str:
 
 
 def is_checkpoint_path(name: str) -> bool:
+    if is_timm_spec(name):
+        return False
+    return os.sep in name or name.endswith(MODEL_FILE_SUFFIXES) or Path(name).is_file()
+
+
+def is_timm_spec(spec: str) -> bool:
+    """`timm/NAME` or `timm/NAME.TAG`: a timm model, unless that path exists (an existing file
+    or folder wins) or it ends like a model file (`timm/x.pt` is a path that is missing)."""
+    rest = spec[len(TIMM_PREFIX) :]
     return (
-        os.sep in name
-        or name.endswith((".pt", ".pth", ".ckpt", ".bin", ".safetensors"))
-        or Path(name).is_file()
+        spec.startswith(TIMM_PREFIX)
+        and "/" not in rest
+        and os.sep not in rest
+        and not rest.endswith(MODEL_FILE_SUFFIXES)
+        and not os.path.exists(spec)
     )
 
 
@@ -73,6 +91,8 @@ def build_model(
         if weights:
             load_weights_file(model, weights, num_classes=num_classes, trust=trust)
         return model
+    if is_timm_spec(name):
+        return _build_timm(name, num_classes, weights, image_size, in_channels, trust)
     require_torchvision_name(name)
     if weights is None or weights == "":
         return torchvision_random(name, num_classes, image_size)
@@ -89,12 +109,53 @@ def build_model(
     return model
 
 
+def _build_timm(
+    spec: str,
+    num_classes: int,
+    weights: str | None,
+    image_size: int | tuple[int, int],
+    in_channels: int,
+    trust: bool,
+):
+    """A timm model built as `resolve_model` builds it for the same image size and channels
+    (so a checkpoint's weights fit the model rebuilt from its `arch`)."""
+    from torchkit.core.models.weights import load_weights_file
+
+    if not weights:
+        return create_timm_model(
+            spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
+        )
+    if not os.path.exists(weights):
+        if is_checkpoint_path(weights):
+            raise InputError(f"weights file not found: {weights}", "check the path")
+        model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
+        replace_head(model, num_classes)
+        return model
+    model = create_timm_model(spec, image_size=image_size, in_channels=in_channels)
+    load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+    return model
+
+
 def require_torchvision_name(name: str) -> None:
     import torchvision
 
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
-        raise UsageError(f"unknown model {name!r}", suggest(name, [*BUILTIN_MODELS, *available]))
+        hint = suggest(name, [*BUILTIN_MODELS, *available])
+        if _timm_has(name):
+            hint = f"timm has it: {TIMM_PREFIX}{name}"
+        raise UsageError(f"unknown model {name!r}", hint)
+
+
+def _timm_has(name: str) -> bool:
+    """Whether `name` is a timm model (timm looked at only when it is installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("timm") is None:
+        return False
+    import timm
+
+    return name in timm.list_models()
 
 
 def torchvision_random(name: str, num_classes: int, image_size: int | tuple[int, int] = 224):

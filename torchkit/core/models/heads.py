@@ -9,10 +9,14 @@ from torchkit.core.errors import UsageError
 
 
 def find_head(model) -> tuple[str, Any]:
-    """The classifier layer: the last `nn.Linear` in registration order (or the final 1x1
-    convolution of SqueezeNet-style heads)."""
+    """The classifier layer: the one a timm model names (`get_classifier`), else the last
+    `nn.Linear` in registration order (or the final 1x1 convolution of SqueezeNet-style
+    heads)."""
     from torch import nn
 
+    named = _timm_classifier(model)
+    if named is not None:
+        return named
     last = None
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
@@ -26,6 +30,25 @@ def find_head(model) -> tuple[str, Any]:
     return last
 
 
+def _timm_classifier(model) -> tuple[str, Any] | None:
+    """(name, layer) of the classifier of a timm model; None for other models, and for timm
+    models whose `get_classifier` is not one layer (DeiT's two heads: the generic search)."""
+    from torch import nn
+
+    if not (_is_timm_style(model) and callable(getattr(model, "get_classifier", None))):
+        return None
+    classifier = model.get_classifier()
+    if not isinstance(classifier, (nn.Linear, nn.Conv2d)):
+        return None
+    return next(((n, m) for n, m in model.named_modules() if m is classifier), None)
+
+
+def _is_timm_style(model) -> bool:
+    """A model with timm's classifier API (`reset_classifier(num_classes)`), which knows its
+    head better than a search does (attention-pool heads, distillation heads...)."""
+    return callable(getattr(model, "reset_classifier", None))
+
+
 def out_features(layer) -> int:
     return layer.out_features if hasattr(layer, "out_features") else layer.out_channels
 
@@ -36,6 +59,9 @@ def replace_head(model, num_classes: int) -> None:
 
     name, head = find_head(model)
     if out_features(head) == num_classes:
+        return
+    if _is_timm_style(model):
+        model.reset_classifier(num_classes)  # every head of the model, freshly initialised
         return
     if isinstance(head, nn.Linear):
         new = nn.Linear(head.in_features, num_classes, bias=head.bias is not None)

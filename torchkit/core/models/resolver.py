@@ -1,8 +1,9 @@
 """`resolve_model`: the one way every command turns MODEL [--weights W] into a model.
 
-A spec is a torchvision name, `convnet`, `package.module:Callable`, or a model file (a torchkit
-checkpoint, or a pickled module under `trust`). `--weights` goes with a name: torchvision's
-`DEFAULT`/`IMAGENET1K_V1`..., or a file (torchkit checkpoint, state dict with or without
+A spec is a torchvision name, `convnet`, `package.module:Callable`, a timm model `timm/NAME`
+(the optional extra), or a model file (a torchkit checkpoint, or a pickled module under
+`trust`). `--weights` goes with a name: torchvision's `DEFAULT`/`IMAGENET1K_V1`..., timm's
+`DEFAULT` or a timm pretrained tag, or a file (torchkit checkpoint, state dict with or without
 `module.`/`_orig_mod.`, `.safetensors`) whose classifier sizes the head.
 """
 
@@ -19,6 +20,7 @@ from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     is_callable_spec,
     is_checkpoint_path,
+    is_timm_spec,
     require_torchvision_name,
     torchvision_pretrained,
     torchvision_random,
@@ -27,6 +29,14 @@ from torchkit.core.models.builders import (
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import find_head, out_features, replace_head
 from torchkit.core.models.specs import is_model_file
+from torchkit.core.models.timm_models import (
+    base_name,
+    create_timm_model,
+    imagenet_classes,
+    timm_preprocess,
+    timm_pretrained,
+    timm_sample_shape,
+)
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import (
     is_state_dict,
@@ -47,17 +57,17 @@ class ResolvedModel:
 
     model: Any
     arch: str
-    source: str  # torchvision | built-in | callable | torchkit checkpoint | pickled model
+    source: str  # torchvision | timm | built-in | callable | torchkit checkpoint | pickled model
     classes: list[str] | None = None
     preprocess: Preprocess | None = None
-    preprocess_source: str = "defaults"  # checkpoint | torchvision | defaults
+    preprocess_source: str = "defaults"  # checkpoint | torchvision | timm | defaults
     sample_shape: tuple[int, ...] | None = None  # one sample's input (C, H, W), when known
     image_model: bool = True  # True when the model takes N,C,H,W images
     checkpoint: Mapping[str, Any] | None = None  # the torchkit checkpoint it came from
     spec: str = ""
     weights: str | None = None
     # What the weights came from: torchkit checkpoint | state dict | torchvision weights |
-    # pickled model; None for random weights.
+    # timm weights | pickled model; None for random weights.
     weights_source: str | None = None
 
     @property
@@ -100,8 +110,8 @@ def resolve_model(
     `num_classes` (or `len(classes)`) sizes the head of a model built without weights; with
     weights the head is the one they have (a fine-tuned 2-class file gives 2 outputs).
     `image_size` (an int or H, W) and `in_channels` size the models whose layers depend on them
-    (`convnet`, ViT, MaxViT) when they are built with random weights. `trust` allows pickles in
-    every file loaded (MODEL and `weights`).
+    (`convnet`, ViT, MaxViT) when they are built with random weights, and timm models however
+    they are built. `trust` allows pickles in every file loaded (MODEL and `weights`).
 
     When weights fix the number of outputs and `num_classes` differs, `new_head` swaps in a
     fresh head of that size (fine-tuning, as `train` does); without it that is an error, since
@@ -126,6 +136,8 @@ def resolve_model(
         elif spec in BUILTIN_MODELS:
             channels = in_channels or (_weights_channels(weights, trust) if weights else None)
             resolved = _from_convnet(spec, build_classes, image_size, channels)
+        elif is_timm_spec(spec):
+            resolved = _from_timm(spec, build_classes, weights, image_size, in_channels, trust)
         else:
             resolved = _from_torchvision(spec, build_classes, weights, image_size)
         if weights is not None and resolved.weights_source is None:
@@ -243,6 +255,10 @@ def _weights_channels(path: str, trust: bool) -> int | None:
         state = extract_state_dict(read_model_file(path, trust=trust))
     except (CheckpointError, UsageError):
         return None  # reported properly when the weights are loaded
+    return _stem_channels_of(state)
+
+
+def _stem_channels_of(state: Mapping[str, Any]) -> int | None:
     for key, value in state.items():
         if key.endswith("weight") and getattr(value, "ndim", 0) == 4:
             return int(value.shape[1])
@@ -276,6 +292,59 @@ def _from_torchvision(
         sample_shape=(3, *size),
     )
     return resolved
+
+
+def _from_timm(
+    spec: str,
+    num_classes: int | None,
+    weights: str | None,
+    image_size: int | Sequence[int] | None,
+    in_channels: int | None,
+    trust: bool,
+) -> ResolvedModel:
+    """`timm/NAME[.TAG]`: random weights (offline), timm's pretrained ones (`DEFAULT` or a
+    tag), or a file's, loaded after this returns. A torchkit checkpoint as the file says the
+    image size and channels the model was built for (a ViT's position embeddings)."""
+    pretrained = weights is not None and not os.path.exists(weights)
+    pretrained = pretrained and not is_checkpoint_path(weights)
+    if weights is not None and not pretrained and (image_size is None or in_channels is None):
+        recorded_size, recorded_channels = _weights_input(weights, trust)
+        image_size = image_size or recorded_size
+        in_channels = in_channels or recorded_channels
+    if pretrained:
+        model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
+    else:
+        model = create_timm_model(
+            spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
+        )
+    preprocess = timm_preprocess(model, image_size=image_size, in_channels=in_channels)
+    return ResolvedModel(
+        model,
+        spec,
+        "timm",
+        classes=imagenet_classes(model) if pretrained else None,
+        preprocess=preprocess,
+        preprocess_source="timm",
+        sample_shape=timm_sample_shape(preprocess, image_size),
+        weights_source="timm weights" if pretrained else None,
+    )
+
+
+def _weights_input(path: str, trust: bool) -> tuple[int | None, int | None]:
+    """(image size, input channels) of the weights in `path`: those a torchkit checkpoint's
+    preprocessing records, else (None, the stem's channels); Nones when unknown."""
+    from torchkit.core.checkpoint import extract_state_dict, is_torchkit_checkpoint
+
+    if not os.path.isfile(path):
+        return None, None
+    try:
+        loaded = read_model_file(path, trust=trust)
+        if is_torchkit_checkpoint(loaded) and loaded.get("preprocess"):
+            preprocess = Preprocess.from_dict(loaded["preprocess"])
+            return preprocess.image_size, preprocess.in_channels
+        return None, _stem_channels_of(extract_state_dict(loaded))
+    except (CheckpointError, UsageError):
+        return None, None  # reported properly when the weights are loaded
 
 
 def _torchvision_pretrained(name: str, weights: str, enum):
@@ -313,13 +382,13 @@ def _load_file_weights(resolved: ResolvedModel, path: str, trust: bool, *, ema: 
     if not os.path.exists(path) and not is_checkpoint_path(path):
         raise UsageError(
             f"--weights {path}: there is no such file",
-            "weight names such as DEFAULT exist only for torchvision models; give a PATH",
+            "weight names such as DEFAULT exist only for torchvision and timm models; give a PATH",
         )
     if os.path.exists(path) and not os.path.isfile(path):
         raise UsageError(f"--weights {path} is not a file")
     loaded = read_model_file(path, trust=trust)
     torchkit_file = is_torchkit_checkpoint(loaded)
-    if torchkit_file and str(loaded.get("arch")) != resolved.arch:
+    if torchkit_file and not _same_architecture(str(loaded.get("arch")), resolved.arch):
         raise UsageError(
             f"{path} holds a {loaded.get('arch')}, not a {resolved.arch}",
             f"drop the model name and pass {path} alone, or name {loaded.get('arch')}",
@@ -338,6 +407,14 @@ def _load_file_weights(resolved: ResolvedModel, path: str, trust: bool, *, ema: 
             resolved.preprocess_source = "checkpoint"
             side = resolved.preprocess.image_size
             resolved.sample_shape = (resolved.preprocess.in_channels, side, side)
+
+
+def _same_architecture(recorded: str, named: str) -> bool:
+    """A checkpoint's `arch` is the architecture MODEL names; timm's pretrained tags
+    (`timm/resnet18.a1_in1k`) name weights, not another architecture."""
+    if is_timm_spec(recorded) and is_timm_spec(named):
+        return base_name(recorded) == base_name(named)
+    return recorded == named
 
 
 def plain_preprocess(in_channels: int, image_size: int = DEFAULT_IMAGE_SIZE) -> Preprocess:

@@ -87,23 +87,32 @@ class PredictRun:
         if request.strict and request.skip_errors:
             raise UsageError("--strict and --skip-errors contradict each other")
         from torchkit.core.export.formats import sniff_format
+        from torchkit.core.models import is_model_file
+        from torchkit.core.predict.loading import resolve_loaded_model
 
         # onnx, torchscript or exported-program for a file `torchkit export` wrote; else None.
         exported = sniff_format(request.model) if request.weights is None else None
         if exported is not None:
             self.resolved = _resolve_exported(request, exported)
         else:
-            self.resolved = resolve_eval_model(
-                ModelSpec(
-                    checkpoint=request.model,
-                    weights=request.weights,
-                    classes=request.classes,
-                    image_size=request.image_size,
-                    resize_size=request.resize_size,
-                    mean=request.mean,
-                    std=request.std,
-                    trust_checkpoint=request.trust_checkpoint,
-                )
+            spec = ModelSpec(
+                checkpoint=request.model,
+                weights=request.weights,
+                classes=request.classes,
+                image_size=request.image_size,
+                resize_size=request.resize_size,
+                mean=request.mean,
+                std=request.std,
+                trust_checkpoint=request.trust_checkpoint,
+            )
+            # A checkpoint's weights replace every random one: skip drawing them (loading.py).
+            from_file = (
+                request.weights is None
+                and not request.trust_checkpoint
+                and is_model_file(request.model)
+            )
+            self.resolved = resolve_loaded_model(
+                lambda: resolve_eval_model(spec), from_file=from_file
             )
         outputs = self.resolved.num_outputs
         self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
@@ -173,7 +182,26 @@ class PredictRun:
             self.ctx.owns_group = False
 
     def rows(self, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
-        """The rows, in input order, on rank 0 (other ranks yield nothing but take part)."""
+        """The rows, in input order, on rank 0 (other ranks yield nothing but take part), as
+        dicts: an unreadable image's row has only `path` (`split`) and `error`."""
+        class_at = 2 if self.image_set.samples.splits else 1
+        for keys, values in self._records(progress):
+            row = dict(zip(keys, values, strict=True))
+            if values[class_at] is None:  # an unreadable image: its path, split and error
+                row = {key: value for key, value in row.items() if value is not None}
+            yield row
+
+    def records(self, progress: Progress | None = None) -> Iterator[list[Any]]:
+        """The rows as lists of values in the order of `columns(resolved.num_outputs)` (None
+        where a row has no value): what a CSV writer takes, with no dict per row."""
+        header = self.columns(self.resolved.num_outputs)
+        for keys, values in self._records(progress):
+            if keys is not self._header:
+                values = _aligned(keys, values, header)
+            yield values
+
+    def _records(self, progress: Progress | None) -> Iterator[tuple[list[str], list[Any]]]:
+        """(the columns, the values) of every row, batch by batch."""
         import torch
 
         from torchkit.core.data import eval_transform, make_dataset
@@ -190,6 +218,8 @@ class PredictRun:
         amp_dtype = self._amp_dtype()
         summary = self.summary
         summary.images = len(samples)
+        self._header = self.columns(self.resolved.num_outputs)
+        self._keys_by_outputs = {self.resolved.num_outputs: self._header}
         start = time.perf_counter()
         first = True
         own = iter(loader)
@@ -208,20 +238,20 @@ class PredictRun:
                 failures = [p["failure"] for p in parts if p is not None and "failure" in p]
                 if failures:
                     raise failures[0]
-                rows: list[dict[str, Any]] = []
+                records: list[tuple[list[str], list[Any]]] = []
                 failure = None
                 if ctx.is_main:
                     try:
                         for part in parts:
                             if part is not None:
-                                rows += self._rows_of(part)
+                                records += self._records_of(part)
                                 done += len(part["order"])
                     except TorchkitError as error:  # --strict: rank 0 decides for everyone
                         failure = error
                 failure = _from_rank_zero(failure, ctx)
                 if failure is not None:
                     raise failure
-                yield from rows
+                yield from records
                 if progress is not None and ctx.is_main:
                     progress(done, len(samples))
         finally:
@@ -274,21 +304,36 @@ class PredictRun:
             )
         return result
 
-    def _rows_of(self, part: dict) -> Iterator[dict[str, Any]]:
+    def _keys(self, outputs: int) -> list[str]:
+        """The columns of the rows of a batch with `outputs` outputs per image: one list
+        shared by all its rows, the header itself when the model's head said as much."""
+        keys = self._keys_by_outputs.get(outputs)
+        if keys is None:
+            keys = self.columns(outputs)
+            if keys == self._header:
+                keys = self._header
+            self._keys_by_outputs[outputs] = keys
+        return keys
+
+    def _records_of(self, part: dict) -> list[tuple[list[str], list[Any]]]:
+        """One batch's rows, in input order: values lists, built once per batch from the
+        per-batch lists of classes and probabilities (no dict per row)."""
         samples, summary, request = self.image_set.samples, self.summary, self.request
-        by_index: dict[int, tuple] = {}
-        for position, index in enumerate(part.get("indices", [])):
-            by_index[index] = (
-                part["top"][position],
-                part["probs"][position],
-                part["finite"][position],
-                part["logits"][position] if part.get("logits") else None,
-            )
+        ids, splits, classes = samples.ids, samples.splits, self.classes
         errors = dict(part["failed"])
+        indices = part.get("indices", [])
+        position_of = {index: position for position, index in enumerate(indices)}
+        if indices:
+            tops, probs, finite = part["top"], part["probs"], part["finite"]
+            logits = part.get("logits")
+            k = len(tops[0])
+            keys = self._keys(part["outputs"])
+            names = [classes[i] if i < len(classes) else str(i) for i in range(part["outputs"])]
+        records = []
         for index in part["order"]:
-            row: dict[str, Any] = {"path": samples.ids[index] if samples.ids else str(index)}
-            if samples.splits:
-                row["split"] = samples.splits[index]
+            values: list[Any] = [ids[index] if ids else str(index)]
+            if splits:
+                values.append(splits[index])
             if index in errors:
                 summary.unreadable += 1
                 message = errors[index]
@@ -299,30 +344,30 @@ class PredictRun:
                     )
                 if request.skip_errors:
                     continue
-                yield {**row, "error": _reason(message)}
+                header = self._header
+                values += [None] * (len(header) - len(values) - 1)
+                values.append(_reason(message))
+                records.append((header, values))
                 continue
-            top, probs, finite, logits = by_index[index]
-            if not finite:
+            position = position_of[index]
+            top, prob, ok = tops[position], probs[position], finite[position]
+            if not ok:
                 summary.nonfinite += 1
                 if request.strict:
                     raise InputError(
-                        f"the model's outputs for {row['path']} are not finite (NaN or inf)",
+                        f"the model's outputs for {values[0]} are not finite (NaN or inf)",
                         "check the weights, or drop --amp",
                     )
             summary.predicted += 1
-            row.update(class_=self._name(top[0]), probability=probs[0], label=top[0])
-            row["class"] = row.pop("class_")
-            if len(top) > 1:
-                for rank, (label, prob) in enumerate(zip(top, probs, strict=True), start=1):
-                    row[f"class_{rank}"] = self._name(label)
-                    row[f"probability_{rank}"] = prob
-            if logits is not None:
-                row.update({f"logit_{i}": value for i, value in enumerate(logits)})
-            row["error"] = "" if finite else "non-finite output"
-            yield row
-
-    def _name(self, label: int) -> str:
-        return self.classes[label] if label < len(self.classes) else str(label)
+            values += (names[top[0]], prob[0], top[0])
+            if k > 1:
+                for label, p in zip(top, prob, strict=True):
+                    values += (names[label], p)
+            if logits:
+                values += logits[position]
+            values.append("" if ok else "non-finite output")
+            records.append((keys, values))
+        return records
 
 
 def _resolve_exported(request: PredictRequest, fmt: str):
@@ -370,6 +415,19 @@ def _resolve_exported(request: PredictRequest, fmt: str):
     )
 
 
+def _aligned(keys: list[str], values: list[Any], header: list[str]) -> list[Any]:
+    """A row whose columns differ from the header (a model with more or fewer outputs than it
+    has classes), in the header's order; values without a column are an error, not dropped."""
+    row = dict(zip(keys, values, strict=True))
+    extra = [key for key, value in row.items() if key not in header and value is not None]
+    if extra:
+        raise InputError(
+            f"the model gives outputs that have no column ({', '.join(extra[:3])})",
+            "give --classes with one name per output",
+        )
+    return [row.get(column) for column in header]
+
+
 def _reason(message: str) -> str:
     """The reason part of "path: reason"."""
     return message.split(": ", 1)[1] if ": " in message else message
@@ -403,11 +461,12 @@ def _loader(dataset, batches: list[list[int]], workers: int | None, device):
 
 def _collate(items: list) -> tuple[Any, list[int], list[tuple[int, str]]]:
     """(the readable images stacked, in the worker; their indices; (index, error) of the
-    unreadable ones)."""
-    import torch
+    unreadable ones). default_collate stacks a worker's batch straight into shared memory, where
+    torch.stack would need a second copy to send it to the main process."""
+    from torch.utils.data import default_collate
 
     good = [item for item in items if item[0] is not None]
-    stacked = torch.stack([item[0] for item in good]) if good else None
+    stacked = default_collate([item[0] for item in good]) if good else None
     failed = [(item[2], item[3]) for item in items if item[0] is None]
     return stacked, [item[2] for item in good], failed
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torchkit.core.data import AUGMENT_POLICIES, INTERPOLATIONS
+from torchkit.core.decode import DECODE_MODES
 from torchkit.core.errors import CheckpointError, UsageError
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
@@ -65,6 +66,9 @@ class TrainConfig:
     randaugment_magnitude: int = 9
     random_erasing: float = 0.0
     interpolation: str = "bilinear"  # of every resize, train and eval; in the checkpoint
+    # fast | exact: training JPEGs decoded at 1/2..1/8 where the random crop keeps
+    # image-size pixels across (core.decode); exact decodes them whole.
+    decode: str = "fast"
     workers: int | None = None
     strict: bool = False
     # Model and fine-tuning
@@ -201,6 +205,8 @@ def validate(config: TrainConfig) -> None:
         )
     if not 0 <= config.randaugment_magnitude <= 30:
         bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
+    if config.decode not in DECODE_MODES:
+        bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_MODES))
     if not 0 <= config.random_erasing <= 1:
         bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
     if config.amp_dtype not in AMP_DTYPES:

@@ -240,6 +240,14 @@ class SeededDataset:
         in_main = torch.utils.data.get_worker_info() is None
         saved = generator.get_state() if in_main else None
         try:
+            if hasattr(self.inner, "draw"):
+                # In-memory images: per-image random draws, one batched transform.
+                indices = [index for _, index in keys]
+                draws = []
+                for epoch, index in keys:
+                    generator.manual_seed(self.item_seed(epoch, index))
+                    draws.append(self.inner.draw(index))
+                return self.inner.items(indices, draws)
             items = []
             for epoch, index in keys:
                 generator.manual_seed(self.item_seed(epoch, index))
@@ -308,6 +316,47 @@ def default_workers_for(data: str) -> int:
     return 0 if data == DIGITS else default_workers()
 
 
+def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig):
+    """The train split's dataset: in-memory images (digits) transformed in torch, files
+    through `make_dataset` and torchvision's transforms."""
+    from torchkit.core.train import memory_images
+
+    if memory_images.supports(
+        samples, augment=config.augment, random_erasing=config.random_erasing
+    ):
+        return memory_images.MemoryImages(
+            samples,
+            preprocess,
+            train=True,
+            flip=bool(config.flip),
+            crop_scale=tuple(config.crop_scale),
+            augment=config.augment,
+        )
+    return make_dataset(
+        samples,
+        train_transform(
+            preprocess,
+            flip=bool(config.flip),
+            crop_scale=tuple(config.crop_scale),
+            augment=config.augment,
+            randaugment_magnitude=config.randaugment_magnitude,
+            random_erasing=config.random_erasing,
+            # JPEGs decoded at a reduced size where the crop allows (core.decode); `exact`
+            # decodes them whole.
+            decode=config.decode,
+        ),
+    )
+
+
+def eval_dataset(samples: Samples, preprocess: Preprocess):
+    """Evaluation images: transformed once when they are in memory (digits)."""
+    from torchkit.core.train import memory_images
+
+    if memory_images.supports(samples):
+        return memory_images.MemoryImages(samples, preprocess, train=False)
+    return make_dataset(samples, eval_transform(preprocess))
+
+
 def build_loaders(
     splits: dict[str, Samples],
     preprocess: Preprocess,
@@ -332,20 +381,7 @@ def build_loaders(
             prefetch_factor=4,
             multiprocessing_context=loader_context(),
         )
-    train_set = SeededDataset(
-        make_dataset(
-            splits["train"],
-            train_transform(
-                preprocess,
-                flip=bool(config.flip),
-                crop_scale=tuple(config.crop_scale),
-                augment=config.augment,
-                randaugment_magnitude=config.randaugment_magnitude,
-                random_erasing=config.random_erasing,
-            ),
-        ),
-        config.seed,
-    )
+    train_set = SeededDataset(train_dataset(splits["train"], preprocess, config), config.seed)
     sampler = EpochSampler(
         len(splits["train"]),
         shuffle=True,
@@ -364,7 +400,7 @@ def build_loaders(
         # Persistent like the others (the test set is read once), so that `Loaders.close`
         # reaches its workers too, even when a signal stops the run in the middle of it.
         return torch.utils.data.DataLoader(
-            make_dataset(samples, eval_transform(preprocess)),
+            eval_dataset(samples, preprocess),
             batch_size=config.batch_size,
             sampler=ShardSampler(len(samples), rank, world),
             **common,

@@ -53,13 +53,20 @@ RUN_FILES = (
 
 
 def versions() -> dict[str, str]:
-    import torch
-    import torchvision
+    import importlib.metadata
 
+    import torch
+
+    # The installed distribution's version (as `torchkit env` reports it): importing
+    # torchvision only for its version would add 2 s to runs that do not use it (digits).
+    try:
+        torchvision = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        torchvision = ""
     return {
         "torchkit": __version__,
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": torchvision,
         "python": platform.python_version(),
         "cuda": torch.version.cuda or "",
     }

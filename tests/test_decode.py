@@ -1,0 +1,263 @@
+"""Fast decoding of training JPEGs (`core.decode`, `train_transform(decode="fast")`): the
+reduction rule, the same crops as the exact path (pixel for pixel where nothing is reduced, within
+a few levels where a JPEG is), every kind of file and every policy through the train dataset,
+seeding, and eval pixels left exactly as they were."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from torchkit.core.data import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Preprocess,
+    Samples,
+    eval_transform,
+    make_dataset,
+    train_transform,
+)
+from torchkit.core.decode import NormalizedTensor, ReducedDecodeCrop, reduction_for
+from torchkit.core.errors import UsageError
+from torchkit.core.image_files import load_image
+
+SIZE = 64
+PREPROCESS = Preprocess(image_size=SIZE, resize_size=73)
+LEVELS = torch.tensor(IMAGENET_STD).view(3, 1, 1) * 255  # normalised units -> 8-bit levels
+
+
+def photo(width: int, height: int, seed: int = 0) -> np.ndarray:
+    """Smooth, structured RGB content (gradients and waves, a little grain), like a photo."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = []
+    for c in range(3):
+        fx, fy = rng.uniform(2, 9, 2) * 2 * np.pi
+        channels.append(
+            128 + 60 * np.sin(fx * x / width + c) * np.cos(fy * y / height) + 40 * x / width
+        )
+    pixels = np.stack(channels, axis=-1) + rng.normal(0, 3, (height, width, 3))
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("decode")
+    paths = {name: folder / name for name in (
+        "big.jpg", "small.jpg", "photo.jpg", "gray.jpg", "cmyk.jpg", "rgb.png", "gray16.png",
+        "exif_small.jpg", "exif_big.jpg", "truncated.jpg", "garbage.jpg",
+    )}  # fmt: skip
+    # Large photos upsampled from small ones: smooth, and quick to make.
+    big = Image.fromarray(photo(500, 375)).resize((2000, 1500), Image.BICUBIC)
+    big.save(paths["big.jpg"], quality=90)
+    Image.fromarray(photo(100, 100, 1)).save(paths["small.jpg"], quality=90)
+    Image.fromarray(photo(500, 375, 2)).save(paths["photo.jpg"], quality=90)
+    Image.fromarray(photo(600, 450, 3)).convert("L").save(paths["gray.jpg"], quality=90)
+    Image.fromarray(photo(600, 450, 4)).convert("CMYK").save(paths["cmyk.jpg"], quality=90)
+    Image.fromarray(photo(120, 90, 5)).save(paths["rgb.png"])
+    sixteen = (photo(120, 90, 6)[..., 0].astype(np.uint16) * 257).astype(np.uint16)
+    Image.fromarray(sixteen).save(paths["gray16.png"])  # I;16
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees to display": neither path applies it
+    Image.fromarray(photo(100, 80, 7)).save(paths["exif_small.jpg"], quality=90, exif=exif)
+    turned = Image.fromarray(photo(400, 300, 8)).resize((1600, 1200), Image.BICUBIC)
+    turned.save(paths["exif_big.jpg"], quality=90, exif=exif)
+    data = paths["photo.jpg"].read_bytes()
+    paths["truncated.jpg"].write_bytes(data[: len(data) // 2])
+    paths["garbage.jpg"].write_bytes(b"not an image at all")
+    return paths
+
+
+def _items(paths: list[Path], decode: str, **options) -> list[tuple]:
+    """(tensor, label, index, error) of each file through the train dataset, item i drawn
+    with torch seeded i (what the training loaders do, per image and epoch)."""
+    samples = Samples(["a"], [0] * len(paths), paths=[str(p) for p in paths])
+    dataset = make_dataset(samples, train_transform(PREPROCESS, decode=decode, **options))
+    items = []
+    for index in range(len(paths)):
+        torch.manual_seed(index)
+        items.append(dataset[index])
+    return items
+
+
+def test_the_reduction_rule():
+    # The largest of 1/2/4/8 that leaves the crop's shorter side at least image_size pixels.
+    assert reduction_for(1500, 1500, 64) == 8
+    assert reduction_for(5000, 4000, 64) == 8  # libjpeg goes no further than 1/8
+    assert reduction_for(600, 256, 64) == 4
+    assert reduction_for(600, 255, 64) == 2
+    assert reduction_for(200, 150, 64) == 2
+    assert reduction_for(128, 900, 64) == 2
+    assert reduction_for(127, 900, 64) == 1
+    assert reduction_for(400, 300, 224) == 1
+
+
+def test_a_large_jpeg_decodes_reduced_and_a_small_one_whole(files):
+    crop = ReducedDecodeCrop(SIZE)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        image, box, reduction = crop.decode(files["big.jpg"], "RGB")
+        # Any crop of 8-100% of 2000x1500 is at least 424 px across: at least 1/4 at 64 px.
+        assert reduction in (4, 8)
+        assert image.size == (math.ceil(2000 / reduction), math.ceil(1500 / reduction))
+        left, top, right, bottom = box
+        assert 0 <= left < right <= image.width and 0 <= top < bottom <= image.height
+        # The crop kept at least SIZE pixels across, and 1/(2k) would not have.
+        assert min(right - left, bottom - top) >= SIZE
+        assert reduction == 8 or min(right - left, bottom - top) < 2 * SIZE
+    torch.manual_seed(0)
+    image, box, reduction = crop.decode(files["small.jpg"], "RGB")
+    assert reduction == 1 and image.size == (100, 100)
+
+
+def test_the_crop_is_the_exact_paths_crop(files):
+    # The same crop box, drawn from the same random numbers, decoded at 1/k: the pixels stay
+    # within a few levels of the exact path's (a wrong box would be a different picture).
+    crop = ReducedDecodeCrop(SIZE)
+    full = Image.open(files["big.jpg"]).convert("RGB")
+    for seed in range(4):
+        torch.manual_seed(seed)
+        fast = np.asarray(crop.from_file(files["big.jpg"], "RGB"), dtype=np.float32)
+        torch.manual_seed(seed)
+        exact = np.asarray(crop(full), dtype=np.float32)
+        assert fast.shape == exact.shape == (SIZE, SIZE, 3)
+        assert np.abs(fast - exact).mean() < 2.0
+
+
+def test_every_kind_of_file_through_the_train_dataset(files):
+    names = ["big.jpg", "photo.jpg", "small.jpg", "gray.jpg", "cmyk.jpg", "rgb.png",
+             "gray16.png", "exif_small.jpg", "exif_big.jpg"]  # fmt: skip
+    paths = [files[name] for name in names]
+    fast, exact = _items(paths, "fast"), _items(paths, "exact")
+    mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+    low, high = (0 - mean) / torch.tensor(IMAGENET_STD).view(3, 1, 1), (1 - mean) * 255 / LEVELS
+    for name, (tensor, _, _, error), reference in zip(names, fast, exact, strict=True):
+        assert error == "" and reference[3] == "", name
+        assert tensor.shape == reference[0].shape == (3, SIZE, SIZE), name
+        assert tensor.dtype == reference[0].dtype == torch.float32, name
+        assert (tensor >= low - 1e-6).all() and (tensor <= high + 1e-6).all(), name
+        difference = ((tensor - reference[0]) * LEVELS).abs()
+        if name in ("small.jpg", "rgb.png", "gray16.png", "exif_small.jpg"):
+            # Never reduced (too small to, or not a JPEG): the exact path's tensor, bit for bit.
+            assert torch.equal(tensor, reference[0]), name
+        else:
+            assert difference.mean() < 2.5, (name, difference.mean())
+    gray = fast[names.index("gray.jpg")][0] * LEVELS + mean * 255  # back to 8-bit levels
+    assert (gray.max(0).values - gray.min(0).values).max() < 0.01  # gray in RGB: equal channels
+    sixteen = fast[names.index("gray16.png")][0]
+    assert sixteen.mean() < high.mean() - 0.5  # scaled to 8 bits, not clipped to white
+
+
+def test_exif_orientation_is_not_applied_as_by_the_exact_path(files):
+    torch.manual_seed(0)
+    image, _, reduction = ReducedDecodeCrop(SIZE).decode(files["exif_big.jpg"], "RGB")
+    assert reduction > 1 and image.width > image.height  # stored 1600x1200, not turned
+
+
+def test_unreadable_files_are_reported_as_by_the_exact_path(files):
+    paths = [files["truncated.jpg"], files["garbage.jpg"]]
+    fast, exact = _items(paths, "fast"), _items(paths, "exact")
+    for path, item, reference in zip(paths, fast, exact, strict=True):
+        assert item[0] is None and reference[0] is None
+        assert item[3] == reference[3] and item[3].startswith(f"{path}: ")
+    assert "truncated" in fast[0][3] and "cannot identify image file" in fast[1][3]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"augment": "trivialaugment"}, {"augment": "randaugment"}, {"augment": "autoaugment"},
+     {"augment": "basic", "random_erasing": 1.0}, {"augment": "basic", "flip": False}],
+    ids=["trivialaugment", "randaugment", "autoaugment", "erasing", "no-flip"],
+)  # fmt: skip
+def test_policies_draw_the_same_random_numbers_and_are_seeded(files, options):
+    paths = [files["small.jpg"], files["big.jpg"]]
+    fast, exact = _items(paths, "fast", **options), _items(paths, "exact", **options)
+    again = _items(paths, "fast", **options)
+    # Not reduced: the same image out of the same draws, whatever the policy did to it.
+    assert torch.equal(fast[0][0], exact[0][0])
+    assert torch.equal(fast[1][0], again[1][0])  # reduced: still seeded
+    assert fast[1][0].shape == (3, SIZE, SIZE)
+
+
+def test_seeded_batches_with_workers_or_without(tmp_path):
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    for split, count in (("train", 4), ("val", 1)):
+        for label in ("a", "b"):
+            folder = tmp_path / "data" / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                seed = hash((split, label, i)) % 1000
+                Image.fromarray(photo(400, 300, seed)).save(folder / f"{i}.jpg", quality=85)
+    batches = []
+    for workers in (0, 2, 0):
+        config = TrainConfig(data=str(tmp_path / "data"), image_size=32, workers=workers,
+                             batch_size=8, seed=5)  # fmt: skip
+        config = resolve_defaults(config, is_digits=False)
+        loaders = build_loaders(load_splits(config).splits, preprocess_for(config), config)
+        try:
+            loaders.train_sampler.set_epoch(1)
+            batches.append(next(iter(loaders.train)))
+        finally:
+            loaders.close()
+    assert all(torch.equal(b.images, batches[0].images) for b in batches[1:])
+    assert all(torch.equal(b.indices, batches[0].indices) for b in batches[1:])
+
+
+def test_in_memory_images_and_the_none_policy_keep_the_exact_path():
+    images = np.stack([photo(40, 30, seed) for seed in range(3)])
+    samples = Samples(["a"], [0, 0, 0], images=images)
+    for augment in ("basic", "none"):
+        datasets = [
+            make_dataset(samples, train_transform(PREPROCESS, augment=augment, decode=decode))
+            for decode in ("fast", "exact")
+        ]
+        for index in range(3):
+            outputs = []
+            for dataset in datasets:
+                torch.manual_seed(index)
+                outputs.append(dataset[index][0])
+            assert torch.equal(*outputs)
+    assert not hasattr(train_transform(PREPROCESS, augment="none", decode="fast"), "from_file")
+
+
+def test_normalized_tensor_is_to_tensor_then_normalize_bit_for_bit():
+    statistics = {
+        "RGB": (IMAGENET_MEAN, IMAGENET_STD),
+        "L": ((0.45,), (0.27,)),
+        "RGBA": ((0.4, 0.5, 0.6, 0.5), (0.2, 0.3, 0.25, 0.3)),  # not 8-bit RGB/L: torchvision's
+    }
+    for mode, (mean, std) in statistics.items():
+        image = Image.fromarray(photo(33, 21)).convert(mode)
+        expected = T.Compose([T.ToTensor(), T.Normalize(mean, std)])(image)
+        result = NormalizedTensor(mean, std)(image)
+        assert result.is_contiguous() and torch.equal(result, expected), mode
+
+
+def test_eval_pixels_are_unchanged(files):
+    # eval, predict and extract-features read files through load_image and eval_transform:
+    # PIL's pixels, resized and cropped by torchvision, as before.
+    names = ["photo.jpg", "big.jpg", "cmyk.jpg", "gray16.png"]
+    samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
+    dataset = make_dataset(samples, eval_transform(PREPROCESS))
+    reference = T.Compose([T.Resize(73), T.CenterCrop(SIZE), T.ToTensor(),
+                           T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])  # fmt: skip
+    for index, name in enumerate(names):
+        image = Image.open(files[name])
+        if image.mode == "I;16":
+            image = Image.fromarray(np.rint(np.asarray(image) / 257.0).astype(np.uint8))
+        expected = image.convert("RGB")
+        assert np.array_equal(np.asarray(load_image(files[name], "RGB")), np.asarray(expected))
+        assert torch.equal(dataset[index][0], reference(expected)), name
+
+
+def test_an_unknown_decode_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown --decode 'turbo'"):
+        train_transform(PREPROCESS, decode="turbo")

@@ -1,0 +1,471 @@
+"""timm models through the one model resolver (issue #19): `timm/NAME` builds offline with a head
+for the classes and timm's preprocessing, an existing path named like one is still a file, bad
+names and a missing timm are one error line, `--weights DEFAULT` reads the Hugging Face cache
+and fails clearly offline, and a checkpoint trained from `timm/NAME` is taken alone by every
+command. The truths are timm's own models and configs, built here independently."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import error_line, run_torchkit_process, write_image_folder
+from PIL import Image
+from safetensors.torch import save_file
+from torch import nn
+
+from torchkit.cli import app
+from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.data import Preprocess, eval_transform
+from torchkit.core.errors import OfflineError, TorchkitError, UsageError
+from torchkit.core.models import (
+    build_model,
+    find_head,
+    is_model_file,
+    is_timm_spec,
+    model_from_checkpoint,
+    model_inputs,
+    replace_head,
+    resolve_model,
+)
+from torchkit.core.models.convnet import convnet_class
+
+timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.usefixtures("cli_built_once")
+
+HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def seeded(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+
+
+# -- resolve_model("timm/NAME") ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["test_vit", "test_resnet", "test_efficientnet"])
+def test_a_timm_name_builds_offline_with_the_classes_head_and_timms_preprocessing(name):
+    resolved = resolve_model(f"timm/{name}", num_classes=3)
+    truth = timm.create_model(name, num_classes=3)
+    config = truth.pretrained_cfg
+    side = config["input_size"][1]
+
+    assert (resolved.arch, resolved.source, resolved.weights_source) == (
+        f"timm/{name}",
+        "timm",
+        None,
+    )
+    assert resolved.num_outputs == 3 and n_params(resolved.model) == n_params(truth)
+    assert resolved.sample_shape == tuple(config["input_size"])
+    with torch.no_grad():
+        assert resolved.model.eval()(seeded(2, *resolved.sample_shape)).shape == (2, 3)
+    assert resolved.preprocess_source == "timm"
+    assert resolved.preprocess == Preprocess(
+        image_size=side,
+        resize_size=math.floor(side / config["crop_pct"]),
+        mean=tuple(config["mean"]),
+        std=tuple(config["std"]),
+        in_channels=3,
+        interpolation=config["interpolation"],
+    )
+
+
+def test_image_size_and_channels_size_the_model_and_its_preprocessing():
+    vit = resolve_model("timm/test_vit", num_classes=2, image_size=32)
+    # A ViT's position embeddings are built for the size: (32 / patch 16)^2 + the class token.
+    assert (
+        vit.model.pos_embed.shape[1]
+        == timm.create_model("test_vit", img_size=32).pos_embed.shape[1]
+    )
+    assert vit.model.pos_embed.shape[1] != timm.create_model("test_vit").pos_embed.shape[1]
+    assert vit.sample_shape == (3, 32, 32)
+    assert (vit.preprocess.image_size, vit.preprocess.resize_size) == (32, math.floor(32 / 0.95))
+    with torch.no_grad():
+        assert vit.model.eval()(seeded(1, 3, 32, 32)).shape == (1, 2)
+
+    # A convolutional network takes no img_size: any size, and a 1-channel stem for grayscale.
+    resnet = resolve_model("timm/test_resnet", num_classes=2, image_size=(32, 48), in_channels=1)
+    assert resnet.sample_shape == (1, 32, 48)
+    assert resnet.preprocess.in_channels == 1 and len(resnet.preprocess.mean) == 1
+    with torch.no_grad():
+        assert resnet.model.eval()(seeded(1, 1, 32, 48)).shape == (1, 2)
+
+
+def test_a_tag_picks_its_pretrained_config():
+    resolved = resolve_model("timm/resnet18.tv_in1k", num_classes=2, image_size=32)
+    config = timm.create_model("resnet18.tv_in1k").pretrained_cfg
+    assert resolved.arch == "timm/resnet18.tv_in1k"
+    assert resolved.preprocess.interpolation == config["interpolation"] == "bilinear"
+    assert resolved.preprocess.resize_size == math.floor(32 / config["crop_pct"])
+
+
+def test_an_existing_path_named_like_a_timm_model_is_still_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert is_timm_spec("timm/test_vit") and not is_model_file("timm/test_vit")
+    assert model_inputs("timm/test_vit") == []
+
+    torch.manual_seed(0)
+    convnet = convnet_class()(10, 3, 28).eval()
+    (tmp_path / "timm").mkdir()
+    for name in ("x.pt", "test_vit"):  # with a model file's suffix, and without one
+        save_checkpoint(
+            {
+                "format_version": FORMAT_VERSION,
+                "arch": "convnet",
+                "num_classes": 10,
+                "model": convnet.state_dict(),
+                "preprocess": {"image_size": 28, "in_channels": 3},
+            },
+            tmp_path / "timm" / name,
+        )
+        spec = f"timm/{name}"
+        assert not is_timm_spec(spec) and is_model_file(spec)
+        resolved = resolve_model(spec)
+        assert (resolved.source, resolved.arch) == ("torchkit checkpoint", "convnet")
+        with torch.no_grad():
+            x = seeded(2, 3, 28, 28)
+            torch.testing.assert_close(resolved.model.eval()(x), convnet(x), rtol=0, atol=0)
+    # A missing file keeps its meaning: a path, not a timm name.
+    assert not is_timm_spec("timm/missing.pt")
+    with pytest.raises(TorchkitError, match="not found: timm/missing.pt"):
+        resolve_model("timm/missing.pt")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message", "hint"),
+    [
+        ("timm/test_vitt", "unknown timm model 'test_vitt'", "did you mean timm/test_vit"),
+        ("timm/resnet18.bogus", "timm has no tag 'bogus' for resnet18", "a1_in1k"),
+        ("timm/", "timm/ needs a model name", "timm/resnet18"),
+        ("resnet10t", "unknown model 'resnet10t'", "timm has it: timm/resnet10t"),
+    ],
+)
+def test_unknown_names_are_usage_errors_with_suggestions(spec, message, hint):
+    with pytest.raises(UsageError) as caught:
+        resolve_model(spec)
+    assert caught.value.message.startswith(message) and hint in (caught.value.hint or "")
+
+
+def test_without_timm_a_timm_spec_says_how_to_install_the_extra(monkeypatch, runner):
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` fails as if not installed
+    with pytest.raises(TorchkitError) as caught:
+        resolve_model("timm/test_vit", num_classes=2)
+    assert caught.value.exit_code == 1
+    assert "uv sync --extra timm" in str(caught.value) and "torchkit[timm]" in str(caught.value)
+
+    result = runner.invoke(app, ["summary", "timm/test_vit", "--format", "json"])
+    assert result.exit_code == 1 and result.stdout == ""
+    line = error_line(result.stderr, besides="nothing")
+    assert "timm/ models need the timm package" in line and "--extra timm" in line
+    # Other models do not need timm, and an unknown name does not look for it.
+    assert resolve_model("convnet", num_classes=2).source == "built-in"
+    with pytest.raises(UsageError, match="unknown model 'resnet10t'"):
+        resolve_model("resnet10t")
+
+
+def test_timm_heads_are_found_and_replaced_through_timms_classifier_api(tmp_path):
+    convnext = timm.create_model("test_convnext", num_classes=4)
+    assert find_head(convnext)[0] == "head.fc"
+    replace_head(convnext, 7)
+    assert convnext.num_classes == 7 and convnext.get_classifier().out_features == 7
+
+    # DeiT's distilled model has two heads: sizing it from 2-class weights replaces both.
+    truth = timm.create_model("deit_tiny_distilled_patch16_224", num_classes=2, img_size=32)
+    torch.save(truth.state_dict(), tmp_path / "deit_2class.pt")
+    resolved = resolve_model(
+        "timm/deit_tiny_distilled_patch16_224",
+        weights=str(tmp_path / "deit_2class.pt"),
+        image_size=32,
+    )
+    assert resolved.weights_source == "state dict" and resolved.sample_shape == (3, 32, 32)
+    assert resolved.model.head.out_features == resolved.model.head_dist.out_features == 2
+    x = seeded(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(resolved.model.eval()(x), truth.eval()(x), rtol=0, atol=0)
+
+
+def test_weights_path_loads_a_state_dict_into_a_timm_model(tmp_path):
+    truth = timm.create_model("test_resnet", num_classes=2).eval()
+    save_file(truth.state_dict(), str(tmp_path / "resnet.safetensors"))
+    resolved = resolve_model("timm/test_resnet", weights=str(tmp_path / "resnet.safetensors"))
+    assert resolved.num_outputs == 2 and resolved.weights_source == "state dict"
+    x = seeded(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(resolved.model.eval()(x), truth(x), rtol=0, atol=0)
+    # build_model (what rebuilds a checkpoint's arch) loads a file too, then sizes the head.
+    built = build_model("timm/test_resnet", 2, weights=str(tmp_path / "resnet.safetensors"))
+    with torch.no_grad():
+        torch.testing.assert_close(built.eval()(x), truth(x), rtol=0, atol=0)
+    assert (
+        build_model(
+            "timm/test_resnet", 5, weights=str(tmp_path / "resnet.safetensors")
+        ).fc.out_features
+        == 5
+    )
+    with pytest.raises(TorchkitError, match="weights file not found"):
+        build_model("timm/test_resnet", 2, weights=str(tmp_path / "missing.pt"))
+    with pytest.raises(UsageError, match="5 classes asked for .* state dict has 2 outputs"):
+        resolve_model(
+            "timm/test_resnet", weights=str(tmp_path / "resnet.safetensors"), num_classes=5
+        )
+
+
+def test_a_checkpoint_arch_is_rebuilt_for_its_image_size():
+    trained = resolve_model("timm/test_vit", num_classes=2, image_size=32).model.eval()
+    checkpoint = {
+        "format_version": FORMAT_VERSION,
+        "arch": "timm/test_vit",
+        "num_classes": 2,
+        "model": trained.state_dict(),
+        "preprocess": {"image_size": 32, "in_channels": 3},
+    }
+    rebuilt = model_from_checkpoint(checkpoint).eval()
+    x = seeded(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(x), trained(x), rtol=0, atol=0)
+    assert build_model("timm/test_vit", 5, image_size=32).get_classifier().out_features == 5
+
+
+# -- timm's pretrained weights: the Hugging Face cache, and offline ------------------------------
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache, offline: huggingface_hub reads its settings at import, so
+    they are set on its constants as well as in the environment."""
+    from huggingface_hub import constants
+
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return home / "hub"
+
+
+def cache_weights(hub: Path, repo: str, model: nn.Module) -> None:
+    """`model`'s weights as `hf_hub_download(repo, "model.safetensors")` finds them cached."""
+    folder = hub / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(HUB_COMMIT)
+    (folder / "snapshots" / HUB_COMMIT).mkdir(parents=True)
+    save_file(model.state_dict(), str(folder / "snapshots" / HUB_COMMIT / "model.safetensors"))
+
+
+def test_default_weights_offline_are_one_clear_error(hub_cache, runner):
+    with pytest.raises(OfflineError) as caught:
+        resolve_model("timm/test_resnet", weights="DEFAULT")
+    assert caught.value.message.startswith("cannot download the pretrained weights of timm/")
+    assert "~/.cache/huggingface" in caught.value.hint and "--weights PATH" in caught.value.hint
+    result = runner.invoke(app, ["summary", "timm/test_resnet", "--weights", "DEFAULT"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "cannot download" in error_line(result.stderr, besides="warnings")
+
+
+def test_default_weights_offline_in_a_real_process(tmp_path):
+    result = run_torchkit_process(
+        "summary",
+        "timm/test_resnet",
+        "--weights",
+        "DEFAULT",
+        "--format",
+        "json",
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    line = error_line(result.stderr, besides="warnings")
+    assert line.startswith(
+        "Error: cannot download the pretrained weights of timm/test_resnet: they are not in the "
+        "cache and the Hub cannot be reached ("
+    )
+
+
+def test_default_weights_come_from_the_cache_with_imagenet_classes(hub_cache, runner):
+    torch.manual_seed(3)
+    truth = timm.create_model("test_resnet").eval()
+    cache_weights(hub_cache, truth.pretrained_cfg["hf_hub_id"], truth)
+    x = seeded(2, 3, 160, 160)
+
+    for weights in ("DEFAULT", truth.pretrained_cfg["tag"]):  # timm's default tag, by name
+        resolved = resolve_model("timm/test_resnet", weights=weights)
+        assert resolved.weights_source == "timm weights" and resolved.num_outputs == 1000
+        assert resolved.classes[:2] == ["tench", "goldfish"] and len(resolved.classes) == 1000
+        with torch.no_grad():
+            torch.testing.assert_close(resolved.model.eval()(x), truth(x), rtol=0, atol=0)
+
+    # Fine-tuning replaces the head when asked to; otherwise 3 classes contradict the weights.
+    with pytest.raises(UsageError, match="3 classes asked for .* timm weights has 1000 outputs"):
+        resolve_model("timm/test_resnet", weights="DEFAULT", num_classes=3)
+    tuned = resolve_model("timm/test_resnet", weights="DEFAULT", num_classes=3, new_head=True)
+    assert tuned.num_outputs == 3 and tuned.classes is None
+    rebuilt = build_model("timm/test_resnet", 3, weights="DEFAULT", image_size=160)
+    for model in (tuned.model, rebuilt):  # the backbone is the weights', the head is new
+        state = model.state_dict()
+        assert state["fc.weight"].shape == (3, truth.fc.in_features)
+        for key, value in truth.state_dict().items():
+            if not key.startswith("fc."):
+                torch.testing.assert_close(state[key], value, rtol=0, atol=0)
+
+    # The first download's messages never reach stdout: the JSON parses.
+    result = runner.invoke(
+        app,
+        ["summary", "timm/test_resnet", "--weights", "DEFAULT", "--no-flops", "--format", "json"],
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["totals"]["total_params"] == n_params(truth)
+
+
+@pytest.mark.parametrize(
+    ("spec", "weights", "message"),
+    [
+        ("timm/test_coatnet", "DEFAULT", "timm has no pretrained weights for timm/test_coatnet"),
+        ("timm/resnet18", "nope", "unknown weights 'nope' for timm/resnet18"),
+        ("timm/resnet18.a1_in1k", "tv_in1k", "--weights tv_in1k contradicts the tag"),
+    ],
+)
+def test_bad_pretrained_weights_are_usage_errors(hub_cache, spec, weights, message):
+    with pytest.raises(UsageError, match=message):
+        resolve_model(spec, weights=weights)
+
+
+# -- train --model timm/NAME, then every command takes best.pt alone -----------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    """A timm ViT trained one epoch at 32 px (its position embeddings depend on the size), and
+    the truth: timm's own model of that size with the checkpoint's weights."""
+    from typer.testing import CliRunner
+
+    root = tmp_path_factory.mktemp("timm_train")
+    for split, count in (("train", 3), ("val", 2)):
+        write_image_folder(
+            root / "data" / split, {"a": count, "b": count}, size=32, seed=len(split)
+        )
+    out = root / "run"
+    result = CliRunner().invoke(
+        app,
+        ["train", "--data", str(root / "data"), "--model", "timm/test_vit", "--epochs", "1"]
+        + ["--batch-size", "3", "--image-size", "32", "--resize-size", "32", "-j", "0"]
+        + ["--device", "cpu", "--seed", "0", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.stderr
+    checkpoint = load_checkpoint(out / "best.pt")
+    truth = timm.create_model("test_vit", num_classes=2, img_size=32)
+    truth.load_state_dict(checkpoint["model"])
+    truth.eval()
+    paths = sorted((root / "data" / "val").rglob("*.png"))
+    transform = eval_transform(Preprocess.from_dict(checkpoint["preprocess"]))
+    x = torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])
+    with torch.no_grad():
+        logits = truth(x)
+    return {
+        "root": root,
+        "best": str(out / "best.pt"),
+        "checkpoint": checkpoint,
+        "truth": truth,
+        "paths": paths,
+        "labels": torch.tensor([("a", "b").index(p.parent.name) for p in paths]),
+        "logits": logits,
+    }
+
+
+def test_train_records_the_timm_arch_and_its_image_size(trained):
+    checkpoint = trained["checkpoint"]
+    assert checkpoint["arch"] == "timm/test_vit" and checkpoint["classes"] == ["a", "b"]
+    assert checkpoint["preprocess"]["image_size"] == 32
+
+
+@pytest.mark.parametrize("form", ["checkpoint", "name+weights"])
+def test_eval_scores_the_timm_checkpoint(trained, runner, form):
+    model = (
+        [trained["best"]]
+        if form == "checkpoint"
+        else ["timm/test_vit", "--weights", trained["best"]]
+    )
+    result = runner.invoke(
+        app,
+        ["eval", *model, "--data", str(trained["root"] / "data"), "--split", "val"]
+        + ["-j", "0", "--device", "cpu", "--format", "json"],
+    )
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    loss = float(nn.functional.cross_entropy(trained["logits"], trained["labels"]))
+    assert data["loss"] == pytest.approx(loss, abs=1e-5)
+    assert data["preprocess"]["image_size"] == 32
+
+
+def test_predict_gives_the_truths_probabilities(trained, runner):
+    result = runner.invoke(
+        app,
+        ["predict", trained["best"], str(trained["root"] / "data" / "val")]
+        + ["-j", "0", "--device", "cpu", "--format", "json"],
+    )
+    assert result.exit_code == 0, result.stderr
+    rows = sorted(json.loads(result.stdout), key=lambda row: row["path"])
+    probabilities = trained["logits"].softmax(1)
+    assert [row["class"] for row in rows] == [("a", "b")[i] for i in probabilities.argmax(1)]
+    np.testing.assert_allclose(
+        [row["probability"] for row in rows], probabilities.max(1).values.numpy(), atol=1e-5
+    )
+
+
+def test_summary_and_benchmark_count_the_truths_parameters(trained, runner):
+    summary = runner.invoke(app, ["summary", trained["best"], "--no-flops", "--format", "json"])
+    assert summary.exit_code == 0, summary.stderr
+    assert json.loads(summary.stdout)["totals"]["total_params"] == n_params(trained["truth"])
+    bench = runner.invoke(
+        app,
+        ["benchmark", trained["best"], "-b", "1", "--warmup", "0", "--iters", "1"]
+        + ["--device", "cpu", "--format", "json"],
+    )
+    assert bench.exit_code == 0, bench.stderr
+    data = json.loads(bench.stdout)
+    assert data["params"] == n_params(trained["truth"]) and data["input_size"] == [3, 32, 32]
+
+
+def test_export_writes_a_verified_onnx_of_the_truth(trained, runner, tmp_path):
+    import onnxruntime
+
+    out = tmp_path / "model.onnx"
+    result = runner.invoke(app, ["export", trained["best"], str(out), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["verified"] is True and data["arch"] == "timm/test_vit"
+    session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x = seeded(2, 3, 32, 32)
+    (output,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(output, trained["truth"](x).numpy(), atol=1e-4)
+
+
+def test_extract_features_gives_the_truths_logits(trained, runner, tmp_path):
+    out = tmp_path / "features"
+    result = runner.invoke(
+        app,
+        ["extract-features", trained["best"], str(trained["root"] / "data" / "val"), str(out)]
+        + ["-l", "logits", "-j", "0", "--device", "cpu"],
+    )
+    assert result.exit_code == 0, result.stderr
+    np.testing.assert_allclose(np.load(out / "logits.npy"), trained["logits"].numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["best.pt", "timm/test_resnet"])
+def test_convert_syncbn_takes_timm_models(trained, runner, spec):
+    spec = trained["best"] if spec == "best.pt" else spec
+    truth = trained["truth"] if spec == trained["best"] else timm.create_model("test_resnet")
+    result = runner.invoke(app, ["convert-syncbn", spec, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    batchnorms = [m for m in truth.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert json.loads(result.stdout)["count"] == len(batchnorms)
+    assert spec != "timm/test_resnet" or len(batchnorms) > 0

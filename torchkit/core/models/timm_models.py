@@ -1,0 +1,244 @@
+"""timm models, the optional `torchkit[timm]` extra: `timm/NAME` (or `timm/NAME.TAG`, a timm
+pretrained tag) built offline with random weights, or with timm's pretrained weights from the
+Hugging Face Hub (downloaded once, then read from the cache).
+
+timm is imported only when a timm spec is built, never when the package is merely looked at."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from torchkit.core.data import INTERPOLATIONS, Preprocess
+from torchkit.core.errors import OfflineError, TorchkitError, UsageError, first_line
+
+TIMM_PREFIX = "timm/"
+DEFAULT_WEIGHTS = "DEFAULT"
+
+
+def import_timm():
+    """The timm package, or a one-line error saying how to install the extra."""
+    try:
+        import timm
+        import timm.data
+    except ImportError as error:
+        raise TorchkitError(
+            "timm/ models need the timm package, which is not installed",
+            "install the extra: uv sync --extra timm, or pip install 'torchkit[timm]'",
+        ) from error
+    return timm
+
+
+def timm_name(spec: str) -> str:
+    """`NAME[.TAG]` of the spec `timm/NAME[.TAG]`."""
+    return spec[len(TIMM_PREFIX) :] if spec.startswith(TIMM_PREFIX) else spec
+
+
+def base_name(spec: str) -> str:
+    """The architecture of a timm spec, without its pretrained tag (`timm/resnet18`)."""
+    return TIMM_PREFIX + timm_name(spec).partition(".")[0]
+
+
+def require_timm_name(spec: str) -> str:
+    """The `NAME[.TAG]` of a timm spec, checked against timm's registry: an unknown name or tag
+    is a UsageError with the close matches."""
+    timm = import_timm()
+    name = timm_name(spec)
+    arch, _, tag = name.partition(".")
+    if not arch:
+        raise UsageError("timm/ needs a model name after it", "for example timm/resnet18")
+    if arch not in timm.list_models():
+        raise UsageError(f"unknown timm model {arch!r}", suggest_timm(arch, timm.list_models()))
+    if tag and f"{arch}.{tag}" not in _pretrained_tags(arch):
+        raise UsageError(
+            f"timm has no tag {tag!r} for {arch}", "its tags: " + _tag_list(arch, with_random=True)
+        )
+    return name
+
+
+def suggest_timm(name: str, names: Sequence[str]) -> str:
+    """Close matches among timm's model names, as specs (`timm/resnet18`)."""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if not close:
+        close = [candidate for candidate in names if name.lower() in candidate][:3]
+    if close:
+        return "did you mean " + ", ".join(TIMM_PREFIX + c for c in close) + "?"
+    return "timm.list_models() gives the names timm knows"
+
+
+def create_timm_model(
+    spec: str,
+    *,
+    num_classes: int | None = None,
+    image_size: int | Sequence[int] | None = None,
+    in_channels: int | None = None,
+    pretrained: bool = False,
+):
+    """`timm.create_model` for `timm/NAME[.TAG]`: `num_classes` outputs (timm's default, the
+    pretrained head's, when None), `in_channels` input channels, and for the models whose
+    layers depend on the image size (ViTs' position embeddings) `image_size`."""
+    timm = import_timm()
+    name = require_timm_name(spec)
+    kwargs: dict[str, Any] = {}
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    if in_channels is not None:
+        kwargs["in_chans"] = in_channels
+    size = _size_pair(image_size)
+    if size is not None:
+        kwargs["img_size"] = size[0] if size[0] == size[1] else size
+    try:
+        try:
+            return timm.create_model(name, pretrained=pretrained, **kwargs)
+        except TypeError as error:
+            # Most convolutional networks take any size and have no `img_size` argument.
+            if "img_size" not in str(error):
+                raise
+            del kwargs["img_size"]
+            return timm.create_model(name, pretrained=pretrained, **kwargs)
+    except (ValueError, AssertionError) as error:
+        if size is None:
+            raise
+        raise UsageError(
+            f"cannot build {spec} for {size[0]}x{size[1]} images: {first_line(error)}",
+            "choose another --image-size",
+        ) from error
+
+
+def timm_pretrained(
+    spec: str,
+    weights: str,
+    *,
+    image_size: int | Sequence[int] | None = None,
+    in_channels: int | None = None,
+):
+    """timm's pretrained `spec` for `--weights DEFAULT` (the spec's tag, else timm's default
+    one) or `--weights TAG`, with the head the weights have. Downloads go through the Hugging
+    Face cache; anything a library prints goes to stderr, so that stdout carries only a
+    command's result."""
+    name = require_timm_name(spec)
+    arch, _, spec_tag = name.partition(".")
+    if weights != DEFAULT_WEIGHTS:
+        if spec_tag and weights != spec_tag:
+            raise UsageError(
+                f"--weights {weights} contradicts the tag of {spec}",
+                f"use --weights {DEFAULT_WEIGHTS} for the tag {spec_tag}",
+            )
+        if f"{arch}.{weights}" not in _pretrained_tags(arch):
+            raise UsageError(
+                f"unknown weights {weights!r} for {base_name(spec)}",
+                f"timm has: {DEFAULT_WEIGHTS}, {_tag_list(arch)}; or pass --weights PATH",
+            )
+        name = f"{arch}.{weights}"
+    if not _has_weights(name):
+        raise UsageError(
+            f"timm has no pretrained weights for {TIMM_PREFIX}{name}",
+            "train it from random weights (drop --weights), or pass --weights PATH",
+        )
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return create_timm_model(
+                TIMM_PREFIX + name,
+                image_size=image_size,
+                in_channels=in_channels,
+                pretrained=True,
+            )
+    except (OSError, ConnectionError, TimeoutError) as error:
+        raise OfflineError(
+            f"cannot download the pretrained weights of {TIMM_PREFIX}{name}: "
+            + _download_failure(error),
+            "connect to the internet once so they are cached in ~/.cache/huggingface, or "
+            "pass --weights PATH to a local file",
+        ) from error
+
+
+def timm_preprocess(
+    model,
+    *,
+    image_size: int | Sequence[int] | None = None,
+    in_channels: int | None = None,
+) -> Preprocess:
+    """The eval preprocessing of the model's `pretrained_cfg` (timm's `resolve_data_config`):
+    input size, resize to size / crop_pct, mean, std, interpolation; `image_size` replaces the
+    input size (the crop ratio is kept)."""
+    from timm.data import resolve_data_config
+
+    config = resolve_data_config({}, model=model)
+    size = _size_pair(image_size)
+    side = size[0] if size is not None else int(config["input_size"][1])
+    channels = in_channels or int(config["input_size"][0])
+    mean, std = tuple(config["mean"]), tuple(config["std"])
+    if len(mean) != channels:  # a grayscale or multispectral stem: the RGB average per channel
+        mean = (sum(mean) / len(mean),) * channels
+        std = (sum(std) / len(std),) * channels
+    interpolation = str(config.get("interpolation") or "bilinear")
+    crop_pct = float(config.get("crop_pct") or 1.0)
+    return Preprocess(
+        image_size=side,
+        resize_size=int(math.floor(side / crop_pct)),  # timm's own eval transform
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
+        in_channels=channels,
+        interpolation=interpolation if interpolation in INTERPOLATIONS else "bilinear",
+    )
+
+
+def timm_sample_shape(preprocess: Preprocess, image_size: int | Sequence[int] | None):
+    """One sample's (C, H, W): `image_size` when given (H and W may differ), else the
+    preprocessing's square size."""
+    size = _size_pair(image_size) or (preprocess.image_size, preprocess.image_size)
+    return (preprocess.in_channels, *size)
+
+
+def imagenet_classes(model) -> list[str] | None:
+    """The class names of a pretrained timm head, when they are ImageNet's (timm ships them):
+    the first name of each synset, as torchvision's categories (`tench`, `goldfish`...)."""
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    subset = infer_imagenet_subset(model)
+    if subset is None:
+        return None
+    names = [d.split(",")[0].strip() for d in ImageNetInfo(subset).label_descriptions()]
+    outputs = getattr(model, "num_classes", None)
+    return names if outputs == len(names) else None
+
+
+def _pretrained_tags(arch: str) -> list[str]:
+    """`arch.tag` for every tag timm registers for `arch` (with or without weights)."""
+    from timm.models import get_arch_pretrained_cfgs
+
+    return list(get_arch_pretrained_cfgs(arch))
+
+
+def _has_weights(name: str) -> bool:
+    from timm.models import get_pretrained_cfg
+
+    config = get_pretrained_cfg(name)
+    return config is not None and bool(config.hf_hub_id or config.url or config.file)
+
+
+def _tag_list(arch: str, *, with_random: bool = False) -> str:
+    tags = [
+        tag.partition(".")[2] for tag in _pretrained_tags(arch) if with_random or _has_weights(tag)
+    ]
+    return ", ".join(tags) if tags else "none"
+
+
+def _download_failure(error: BaseException) -> str:
+    """Why the weights could not be had, in a few words (the Hub's messages run long)."""
+    if isinstance(error, FileNotFoundError):  # huggingface_hub's LocalEntryNotFoundError
+        return "they are not in the cache and the Hub cannot be reached"
+    return first_line(error)
+
+
+def _size_pair(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
+    if image_size is None:
+        return None
+    if isinstance(image_size, int):
+        return (image_size, image_size)
+    size = tuple(int(n) for n in image_size)
+    return (size[0], size[0]) if len(size) == 1 else (size[0], size[1])
