@@ -457,16 +457,24 @@ def train_transform(
         ]
         if flip:
             steps.append(T.RandomHorizontalFlip())
-    if augment == "trivialaugment":
-        steps.append(T.TrivialAugmentWide(interpolation=mode))
-    elif augment == "randaugment":
-        steps.append(T.RandAugment(magnitude=randaugment_magnitude, interpolation=mode))
-    elif augment == "autoaugment":
-        steps.append(T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode))
+    steps += _policy_steps(augment, randaugment_magnitude, mode)
     steps += [T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)]
     if random_erasing > 0:
         steps.append(T.RandomErasing(p=random_erasing))
     return T.Compose(steps)
+
+
+def _policy_steps(augment: str, randaugment_magnitude: int, mode) -> list:
+    """The --augment policy's own transform (none for `basic` and `none`)."""
+    from torchvision import transforms as T
+
+    if augment == "trivialaugment":
+        return [T.TrivialAugmentWide(interpolation=mode)]
+    if augment == "randaugment":
+        return [T.RandAugment(magnitude=randaugment_magnitude, interpolation=mode)]
+    if augment == "autoaugment":
+        return [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)]
+    return []
 
 
 def _fast_train_transform(
@@ -488,12 +496,7 @@ def _fast_train_transform(
         preprocess.image_size, scale=crop_scale, interpolation=preprocess.interpolation
     )
     steps: list = [T.RandomHorizontalFlip()] if flip else []
-    if augment == "trivialaugment":
-        steps.append(T.TrivialAugmentWide(interpolation=mode))
-    elif augment == "randaugment":
-        steps.append(T.RandAugment(magnitude=randaugment_magnitude, interpolation=mode))
-    elif augment == "autoaugment":
-        steps.append(T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode))
+    steps += _policy_steps(augment, randaugment_magnitude, mode)
     steps.append(NormalizedTensor(preprocess.mean, preprocess.std))
     if random_erasing > 0:
         steps.append(T.RandomErasing(p=random_erasing))
