@@ -33,6 +33,7 @@ from torchkit.core.models.timm_models import (
     base_name,
     create_timm_model,
     imagenet_classes,
+    size_pair,
     timm_preprocess,
     timm_pretrained,
     timm_sample_shape,
@@ -172,12 +173,7 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
 
 
 def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, int]:
-    if image_size is None:
-        return (default, default)
-    if isinstance(image_size, int):
-        return (image_size, image_size)
-    size = tuple(int(n) for n in image_size)
-    return (size[0], size[0]) if len(size) == 1 else (size[0], size[1])
+    return size_pair(image_size) or (default, default)
 
 
 def _from_file(path: str, *, trust: bool, ema: bool) -> ResolvedModel:

@@ -88,7 +88,7 @@ def create_timm_model(
         kwargs["num_classes"] = num_classes
     if in_channels is not None:
         kwargs["in_chans"] = in_channels
-    size = _size_pair(image_size)
+    size = size_pair(image_size)
     if size is not None:
         kwargs["img_size"] = size[0] if size[0] == size[1] else size
     try:
@@ -168,7 +168,7 @@ def timm_preprocess(
     from timm.data import resolve_data_config
 
     config = resolve_data_config({}, model=model)
-    size = _size_pair(image_size)
+    size = size_pair(image_size)
     side = size[0] if size is not None else int(config["input_size"][1])
     channels = in_channels or int(config["input_size"][0])
     mean, std = tuple(config["mean"]), tuple(config["std"])
@@ -190,7 +190,7 @@ def timm_preprocess(
 def timm_sample_shape(preprocess: Preprocess, image_size: int | Sequence[int] | None):
     """One sample's (C, H, W): `image_size` when given (H and W may differ), else the
     preprocessing's square size."""
-    size = _size_pair(image_size) or (preprocess.image_size, preprocess.image_size)
+    size = size_pair(image_size) or (preprocess.image_size, preprocess.image_size)
     return (preprocess.in_channels, *size)
 
 
@@ -235,7 +235,8 @@ def _download_failure(error: BaseException) -> str:
     return first_line(error)
 
 
-def _size_pair(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
+def size_pair(image_size: int | Sequence[int] | None) -> tuple[int, int] | None:
+    """(H, W) of an `--image-size` given as N, (N,) or (H, W); None when not given."""
     if image_size is None:
         return None
     if isinstance(image_size, int):
