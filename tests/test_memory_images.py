@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -95,3 +97,18 @@ def test_decode_is_validated_and_recorded():
     with pytest.raises(UsageError, match="unknown --decode 'sloppy'"):
         validate(resolve_defaults(TrainConfig(decode="sloppy"), is_digits=True))
     assert TrainConfig().decode == "fast"
+
+
+def test_train_decode_option_is_recorded_and_checked(runner, tmp_path):
+    from torchkit.cli import app
+
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", "digits", "--epochs", "1", "--decode", "exact", "--out", str(out),
+         "-j", "0", "--format", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((out / "config.json").read_text())["options"]["decode"] == "exact"
+    refused = runner.invoke(app, ["train", "--data", "digits", "--decode", "sloppy"])
+    assert refused.exit_code == 2 and "--decode" in refused.stderr
