@@ -1,4 +1,4 @@
-"""In-memory training images (digits) in torch: the same crops and pixels as the PIL path."""
+"""In-memory training images (digits) in torch: RandomResizedCrop's crops, PIL's pixels."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ import torch
 from PIL import Image
 
 from torchkit.core.data import _sklearn_digits, digits_splits, eval_transform, make_dataset
-from torchkit.core.data import train_transform as pil_train_transform
 from torchkit.core.train.config import TrainConfig, resolve_defaults
-from torchkit.core.train.loaders import SeededDataset, eval_dataset, preprocess_for, train_dataset
-from torchkit.core.train.memory_images import MemoryImages, axis_matrix, supports
+from torchkit.core.train.loaders import (
+    SeededDataset,
+    eval_dataset,
+    mix_seed,
+    preprocess_for,
+    train_dataset,
+)
+from torchkit.core.train.memory_images import MemoryImages, axis_matrix, supports, uniforms
 
 
 @pytest.fixture(scope="module")
@@ -31,31 +36,72 @@ def test_digits_are_read_without_sklearn_datasets_and_equal_load_digits():
 
 
 @pytest.mark.parametrize("flip", [False, True])
-def test_train_items_take_the_crops_and_pixels_of_the_pil_path(digits, flip):
+def test_train_items_are_the_pil_resized_crops_of_their_draws(digits, flip):
+    import torchvision.transforms.functional as TF
+
     config = resolve_defaults(TrainConfig(), is_digits=True)
     preprocess = preprocess_for(config)
     scale = tuple(config.crop_scale) if not flip else (0.3, 1.0)
-    pil = SeededDataset(
-        make_dataset(digits["train"], pil_train_transform(preprocess, flip=flip, crop_scale=scale)),
-        seed=3,
-    )
-    memory = SeededDataset(
-        MemoryImages(digits["train"], preprocess, train=True, flip=flip, crop_scale=scale), seed=3
-    )
+    images = MemoryImages(digits["train"], preprocess, train=True, flip=flip, crop_scale=scale)
+    memory = SeededDataset(images, seed=3)
     keys = [(epoch, index) for epoch in (0, 5) for index in range(0, len(digits["train"]), 7)]
-    expected = pil.__getitems__(keys)
+    draws = images.draw([memory.item_seed(epoch, index) for epoch, index in keys])
+    assert any(draw[4] for draw in draws) == flip
+    state = torch.get_rng_state()
     got = memory.__getitems__(keys)
+    # The model's generator is left as it was (dropout draws do not depend on the data).
+    assert torch.equal(state, torch.get_rng_state())
     one_level = 1.0 / 255 / min(preprocess.std) + 1e-6  # PIL rounds its fixed-point filter
-    for (want, label, index, error), (have, label2, index2, error2) in zip(
-        expected, got, strict=True
-    ):
-        assert (label, index, error) == (label2, index2, error2)
+    size = [preprocess.image_size] * 2
+    for (_, index), (top, left, h, w, flipped), item in zip(keys, draws, got, strict=True):
+        pil = Image.fromarray(digits["train"].images[index]).convert("RGB")
+        pil = TF.resized_crop(pil, top, left, h, w, size, TF.InterpolationMode.BILINEAR)
+        want = TF.normalize(TF.to_tensor(TF.hflip(pil) if flipped else pil), *_mean_std(preprocess))
+        have, label, got_index, error = item
+        assert (label, got_index, error) == (digits["train"].labels[index], index, "")
         assert have.shape == want.shape == (3, 16, 16) and have.dtype == torch.float32
         assert (have - want).abs().max().item() <= one_level
-    # The model's generator is left as it was (dropout draws do not depend on the data).
-    state = torch.get_rng_state()
-    memory.__getitems__(keys[:4])
-    assert torch.equal(state, torch.get_rng_state())
+
+
+def _mean_std(preprocess):
+    return list(preprocess.mean), list(preprocess.std)
+
+
+def test_draws_depend_on_the_image_seed_alone_and_follow_random_resized_crop(digits):
+    from torchvision.transforms import RandomResizedCrop
+
+    preprocess = preprocess_for(resolve_defaults(TrainConfig(), is_digits=True))
+    images = MemoryImages(digits["train"], preprocess, train=True, flip=True, crop_scale=(0.3, 1))
+    seeds = [mix_seed(7, index) for index in range(4000)]
+    draws = images.draw(seeds)
+    assert images.draw(seeds[10:20][::-1]) == draws[10:20][::-1]  # batch order does not matter
+    other_run = SeededDataset(images, seed=8)
+    assert images.draw([other_run.item_seed(0, index) for index in range(20)]) != images.draw(
+        [SeededDataset(images, seed=7).item_seed(0, index) for index in range(20)]
+    )
+    boxes = np.array([draw[:4] for draw in draws])
+    top, left, h, w = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= 8).all() and (left + w <= 8).all()
+    flips = np.array([draw[4] for draw in draws])
+    assert 0.45 < flips.mean() < 0.55
+    # Same distribution as torchvision's get_params (area and aspect draws, tries, fallback).
+    torch.manual_seed(0)
+    blank = torch.zeros(1, 8, 8)
+    reference = np.array(
+        [RandomResizedCrop.get_params(blank, (0.3, 1.0), (3 / 4, 4 / 3)) for _ in range(4000)]
+    )
+    assert np.abs(boxes.mean(0) - reference.mean(0)).max() < 0.1
+    assert np.abs(boxes.std(0) - reference.std(0)).max() < 0.1
+    whole = (boxes[:, 2:] == 8).all(1).mean(), (reference[:, 2:] == 8).all(1).mean()
+    assert abs(whole[0] - whole[1]) < 0.02
+
+
+def test_uniforms_are_uniform_and_independent():
+    values = uniforms(np.arange(50_000, dtype=np.uint64), 3)
+    assert values.shape == (50_000, 3) and values.min() >= 0 and values.max() < 1
+    assert np.abs(np.histogram(values[:, 0], bins=10, range=(0, 1))[0] / 5000 - 1).max() < 0.05
+    assert abs(np.corrcoef(values[:, 0], values[:, 1])[0, 1]) < 0.02
+    assert abs(np.corrcoef(values[:-1, 2], values[1:, 2])[0, 1]) < 0.02
 
 
 def test_eval_items_equal_the_pil_eval_transform_exactly(digits):

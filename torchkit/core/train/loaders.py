@@ -2,8 +2,9 @@
 
 The train order of epoch e is a permutation seeded with (seed + e), split over ranks as
 DistributedSampler does; the augmentation of image i in epoch e draws from torch's generator
-seeded with (seed, e, i). So a run gives the same batches with 0 or 8 workers, persistent or not,
-with one process or several, and a resumed run (even mid-epoch) continues exactly.
+seeded with (seed, e, i) (in-memory images: from a generator keyed by that seed). So a run
+gives the same batches with 0 or 8 workers, persistent or not, with one process or several,
+and a resumed run (even mid-epoch) continues exactly.
 """
 
 from __future__ import annotations
@@ -234,20 +235,18 @@ class SeededDataset:
     def __getitems__(self, keys: list) -> list:
         """A whole batch at once (the DataLoader calls this when it exists): the main process's
         generator state is saved and restored once per batch, not once per image."""
+        if hasattr(self.inner, "draw"):
+            # In-memory images: draws keyed by each image's seed (torch's generator is not
+            # used), then one batched transform.
+            indices = [index for _, index in keys]
+            draws = self.inner.draw([self.item_seed(epoch, index) for epoch, index in keys])
+            return self.inner.items(indices, draws)
         import torch
 
         generator = torch.default_generator
         in_main = torch.utils.data.get_worker_info() is None
         saved = generator.get_state() if in_main else None
         try:
-            if hasattr(self.inner, "draw"):
-                # In-memory images: per-image random draws, one batched transform.
-                indices = [index for _, index in keys]
-                draws = []
-                for epoch, index in keys:
-                    generator.manual_seed(self.item_seed(epoch, index))
-                    draws.append(self.inner.draw(index))
-                return self.inner.items(indices, draws)
             items = []
             for epoch, index in keys:
                 generator.manual_seed(self.item_seed(epoch, index))

@@ -2,18 +2,21 @@
 
 The image-file path turns every item into a PIL image and runs torchvision's transforms on it:
 about 0.5 ms an image, more than the convnet's whole training step on an 8x8 digit. Here the
-same recipe runs on tensors: RandomResizedCrop's parameters are drawn exactly as torchvision
-draws them (same calls on torch's generator, in the same order, so a seeded item gets the crop
-the PIL path would give it), the crop is resized bilinearly with half-pixel centres and rounded
-to 8 bits as PIL does, then flipped and normalised. Evaluation images do not change between
-epochs, so they are transformed once. Nothing here imports torchvision (2 s of start-up).
+same recipe runs on tensors, a batch at a time: RandomResizedCrop's boxes are drawn as
+torchvision draws them (area, log-uniform aspect, 10 tries, centre-crop fallback) but from a
+counter-based generator keyed by each image's seed, vectorised over the batch (torch's
+generator, called a dozen times per image, cost as much as the convnet's step); the crop is
+resized bilinearly with half-pixel centres and rounded to 8 bits as PIL does, then flipped and
+normalised. Evaluation images do not change between epochs, so they are transformed once.
+Nothing here imports torchvision (2 s of start-up).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
+
+import numpy as np
 
 from torchkit.core.data import Preprocess, Samples
 
@@ -26,32 +29,56 @@ def supports(samples: Samples, *, augment: str = "basic", random_erasing: float 
     return samples.images is not None and augment in ("basic", "none") and random_erasing == 0
 
 
-@functools.lru_cache(maxsize=8)
-def _log_ratio(ratio: tuple[float, float]) -> Any:
-    # In float32 as torchvision computes it, so that the same draws give the same crop.
-    import torch
+# splitmix64's constants: the increment (golden ratio) and the two multipliers.
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+# Uniforms drawn per image: (area, aspect, top, left) for each of 10 crop tries, then the flip.
+CROP_TRIES = 10
+_DRAWS = 4 * CROP_TRIES + 1
 
-    return torch.log(torch.tensor(ratio))
+
+def uniforms(seeds: Any, count: int) -> np.ndarray:
+    """(len(seeds), count) floats in [0, 1): draw k of seed s is splitmix64(s + k * golden),
+    a counter-based generator, so a whole batch is drawn in a few array operations and each
+    image's draws depend on its seed alone."""
+    keys = np.asarray(seeds, dtype=np.uint64)[:, None] + (
+        np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+    )
+    with np.errstate(over="ignore"):  # uint64 arithmetic is meant to wrap
+        z = (keys ^ (keys >> np.uint64(30))) * np.uint64(_MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def crop_params(
-    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float] = CROP_RATIO
-) -> tuple[int, int, int, int]:
-    """(top, left, h, w) of a random crop of `scale` of the area and `ratio` aspect: the draws
-    of torchvision's `RandomResizedCrop.get_params` (10 tries, then the centre crop)."""
-    import torch
+def crop_boxes(
+    draws: np.ndarray,
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float] = CROP_RATIO,
+) -> np.ndarray:
+    """(N, 4) int (top, left, h, w) boxes by RandomResizedCrop's recipe from `draws` (N, 40
+    uniforms): an area in `scale` of the image and a log-uniform aspect in `ratio`, the first
+    of 10 tries that fits, then the centre crop clamped to `ratio` if none does."""
+    tries = draws[:, : 4 * CROP_TRIES].reshape(len(draws), CROP_TRIES, 4)
+    area = height * width * (scale[0] + (scale[1] - scale[0]) * tries[..., 0])
+    log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
+    aspect = np.exp(log_low + (log_high - log_low) * tries[..., 1])
+    w = np.round(np.sqrt(area * aspect)).astype(np.int64)
+    h = np.round(np.sqrt(area / aspect)).astype(np.int64)
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = fits.argmax(axis=1)
+    rows = np.arange(len(draws))
+    h, w, chosen = h[rows, first], w[rows, first], tries[rows, first]
+    top = np.floor(chosen[:, 2] * (height - h + 1)).astype(np.int64)
+    left = np.floor(chosen[:, 3] * (width - w + 1)).astype(np.int64)
+    boxes = np.stack([top, left, h, w], axis=1)
+    boxes[~fits.any(axis=1)] = _centre_box(height, width, ratio)
+    return boxes
 
-    area = height * width
-    log_ratio = _log_ratio(ratio)
-    for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
-        aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1])).item()
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
-            left = int(torch.randint(0, width - w + 1, size=(1,)).item())
-            return top, left, h, w
+
+def _centre_box(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, ...]:
     in_ratio = width / height
     if in_ratio < min(ratio):
         w, h = width, int(round(width / min(ratio)))
@@ -151,15 +178,14 @@ class MemoryImages:
             self.pixels, self.preprocess.resize_size, self.preprocess.image_size
         )
 
-    def draw(self, index: int) -> tuple[int, int, int, int, bool]:
-        """The random part of item `index`'s transform, drawn from torch's generator as
-        torchvision's Compose([RandomResizedCrop, RandomHorizontalFlip]) draws it."""
-        import torch
-
+    def draw(self, seeds: list[int]) -> list[tuple[int, int, int, int, bool]]:
+        """The random part of the transform of the images with these seeds (one each):
+        (top, left, h, w, flipped), RandomResizedCrop then RandomHorizontalFlip."""
         height, width = self.pixels.shape[-2:]
-        top, left, h, w = crop_params(height, width, self.crop_scale)
-        flipped = bool(self.flip and torch.rand(1).item() < 0.5)
-        return top, left, h, w, flipped
+        draws = uniforms(seeds, _DRAWS)
+        boxes = crop_boxes(draws, height, width, self.crop_scale).tolist()
+        flips = (draws[:, -1] < 0.5) & self.flip
+        return [(*box, bool(flipped)) for box, flipped in zip(boxes, flips, strict=True)]
 
     def _matrix(self, axis: int, start: int, span: int) -> Any:
         key = (axis, start, span)
@@ -189,9 +215,11 @@ class MemoryImages:
         if self._fixed is not None:
             batch = self._fixed[indices]
         else:
-            batch = self.render(
-                indices, draws if draws is not None else [self.draw(i) for i in indices]
-            )
+            if draws is None:  # not under SeededDataset: seeds from torch's generator
+                import torch
+
+                draws = self.draw(torch.randint(0, 2**62, (len(indices),)).tolist())
+            batch = self.render(indices, draws)
         return [(image, self.labels[i], i, "") for image, i in zip(batch, indices, strict=True)]
 
     def __getitem__(self, index: int):
