@@ -18,8 +18,12 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pytest
-from typer.testing import CliRunner
+from torchkit.bytecode import keep_bytecode_cache
+
+keep_bytecode_cache()  # as the CLI does: torch's bytecode cached under PYTHONDONTWRITEBYTECODE
+
+import pytest  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

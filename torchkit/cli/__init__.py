@@ -10,7 +10,11 @@ import importlib
 import os
 import sys
 
-from torchkit.cli.app import app, exit_quietly_on_broken_pipe
+from torchkit.bytecode import keep_bytecode_cache
+
+keep_bytecode_cache()  # before typer, rich and (later) torch are imported
+
+from torchkit.cli.app import app, exit_quietly_on_broken_pipe  # noqa: E402
 
 # Each module defines `register(app)`; order is the order of `torchkit --help`.
 COMMAND_MODULES: tuple[str, ...] = (

@@ -1,0 +1,89 @@
+"""torchkit caches bytecode inside its environment even under PYTHONDONTWRITEBYTECODE, and writes
+no __pycache__ folder anywhere else (the user's model code included)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from torchkit import bytecode
+
+SHOW = "import sys, torchkit.cli; print(sys.pycache_prefix, sys.dont_write_bytecode)"
+
+
+def _python(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", bytecode.SWITCH)
+    }
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def test_cli_caches_bytecode_in_the_environment_not_beside_user_code(tmp_path):
+    (tmp_path / "tinynet.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            def build(num_classes=3):
+                return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, num_classes))
+            """
+        )
+    )
+    done = _python(
+        "-m",
+        "torchkit",
+        "summary",
+        "tinynet:build",
+        "-i",
+        "3,2,2",
+        "--format",
+        "json",
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.rglob("__pycache__")) and not list(tmp_path.rglob("*.pyc"))
+    cache = os.path.join(sys.prefix, bytecode.CACHE_FOLDER)
+    mirrored = (
+        cache + os.path.join(str(tmp_path.resolve()), "tinynet.") + sys.implementation.cache_tag
+    )
+    assert os.path.isfile(mirrored + ".pyc")
+    torch_pyc = cache + os.path.dirname(__import__("torch").__file__)
+    assert os.path.isdir(torch_pyc)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"PYTHONDONTWRITEBYTECODE": "1"},
+            f"{os.path.join(sys.prefix, '.torchkit-pycache')} False",
+        ),
+        ({"PYTHONDONTWRITEBYTECODE": "1", "TORCHKIT_BYTECODE_CACHE": "0"}, "None True"),
+        ({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/tmp/own"}, "/tmp/own True"),
+    ],
+)
+def test_the_cache_is_only_set_up_where_nothing_else_decides(env, expected):
+    done = _python("-c", SHOW, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
+
+
+def test_nothing_changes_outside_a_writable_virtual_environment(monkeypatch):
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.delenv(bytecode.SWITCH, raising=False)
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix)
+    assert bytecode.keep_bytecode_cache() is None
+    assert sys.dont_write_bytecode is True and sys.pycache_prefix is None

@@ -1,0 +1,34 @@
+"""Python's bytecode cache for torchkit's environment, kept even under PYTHONDONTWRITEBYTECODE.
+
+Without cached bytecode every torchkit process compiles torch's Python sources again (seconds
+on every start). Where PYTHONDONTWRITEBYTECODE is set (containers, CI images) nothing is ever
+cached, and uv's `compile-bytecode` setting, the usual remedy, recompiles the whole environment
+on every `uv run` instead (astral-sh/uv#12202: 12,000 files, about 2 s each time). So when the
+variable is set and torchkit runs from a virtual environment it may write to, bytecode is cached
+in one folder inside that environment (Python's PYTHONPYCACHEPREFIX mechanism): no source tree,
+the user's model code included, gets a __pycache__ folder. A PYTHONPYCACHEPREFIX of the user's
+own is kept; TORCHKIT_BYTECODE_CACHE=0 turns this off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+CACHE_FOLDER = ".torchkit-pycache"
+SWITCH = "TORCHKIT_BYTECODE_CACHE"
+
+
+def keep_bytecode_cache() -> str | None:
+    """Cache bytecode under <venv>/.torchkit-pycache where PYTHONDONTWRITEBYTECODE would stop
+    all caching; call before the heavy imports. Returns the folder, or None if left alone."""
+    if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
+        return None
+    if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    if sys.prefix == sys.base_prefix or not os.access(sys.prefix, os.W_OK):
+        return None  # not a virtual environment of ours to write in
+    folder = os.path.join(sys.prefix, CACHE_FOLDER)
+    sys.pycache_prefix = folder
+    sys.dont_write_bytecode = False
+    return folder
