@@ -3,6 +3,7 @@ schedulers, hand-computed mixup/cutmix/EMA, and the config round trip."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -14,7 +15,7 @@ from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_de
 from torchkit.core.train.ema import ModelEMA
 from torchkit.core.train.loaders import EpochSampler, SeededDataset, ShardSampler, mix_seed
 from torchkit.core.train.mixing import cutmix, mix_batch, mixup
-from torchkit.core.train.optim import LRSchedule, no_decay_names, param_groups
+from torchkit.core.train.optim import LRSchedule, build_optimizer, no_decay_names, param_groups
 
 
 def test_config_round_trips_through_its_dict():
@@ -340,3 +341,42 @@ def test_curves_stay_readable_with_an_outlier_epoch(tmp_path):
     assert curves_figure(calm).axes[0].get_yscale() == "linear"
     write_curves_png(tmp_path / "curves.png", history, 7)
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw", "rmsprop"])
+def test_optimizers_use_fused_steps_on_cpu_with_the_plain_steps_values(name):
+    from torchkit.core.models.convnet import convnet_class
+
+    config = TrainConfig(optimizer=name, lr=0.01, weight_decay=0.05, momentum=0.9)
+    torch.manual_seed(0)
+    model = convnet_class()(10, 3, 12)
+    reference = copy.deepcopy(model)
+    optimizer = build_optimizer(param_groups(model, config), config)
+    assert optimizer.defaults.get("fused") is (True if name != "rmsprop" else None)
+    # The reference: torch's plain single-tensor step over the same groups.
+    plain_groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": list(ref_group)}
+        for group, ref_group in zip(
+            optimizer.param_groups,
+            _same_groups(model, reference, optimizer),
+            strict=True,
+        )
+    ]
+    plain_class = type(optimizer)
+    kwargs = {"foreach": False, "fused": None} if name != "rmsprop" else {"foreach": False}
+    plain = plain_class(plain_groups, **kwargs)
+    inputs, labels = torch.randn(16, 3, 12, 12), torch.randint(0, 10, (16,))
+    for net, opt in ((model, optimizer), (reference, plain)):
+        torch.manual_seed(1)
+        for _ in range(5):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(inputs), labels).backward()
+            opt.step()
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _same_groups(model, reference, optimizer):
+    """The reference model's parameters, grouped as `optimizer` groups `model`'s."""
+    by_id = {id(p): q for p, q in zip(model.parameters(), reference.parameters(), strict=True)}
+    return [[by_id[id(p)] for p in group["params"]] for group in optimizer.param_groups]

@@ -224,3 +224,7 @@ class MemoryImages:
 
     def __getitem__(self, index: int):
         return self.items([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple]:
+        """A batch in one call (the DataLoader uses this when it exists)."""
+        return self.items(indices)
