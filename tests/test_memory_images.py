@@ -59,7 +59,7 @@ def test_train_items_are_the_pil_resized_crops_of_their_draws(digits, flip):
         want = TF.normalize(TF.to_tensor(TF.hflip(pil) if flipped else pil), *_mean_std(preprocess))
         have, label, got_index, error = item
         assert (label, got_index, error) == (digits["train"].labels[index], index, "")
-        assert have.shape == want.shape == (3, 16, 16) and have.dtype == torch.float32
+        assert have.shape == want.shape == (3, *size) and have.dtype == torch.float32
         assert (have - want).abs().max().item() <= one_level
 
 
@@ -104,8 +104,17 @@ def test_uniforms_are_uniform_and_independent():
     assert abs(np.corrcoef(values[:-1, 2], values[1:, 2])[0, 1]) < 0.02
 
 
-def test_eval_items_equal_the_pil_eval_transform_exactly(digits):
-    preprocess = preprocess_for(resolve_defaults(TrainConfig(), is_digits=True))
+@pytest.mark.parametrize(
+    ("image_size", "resize_size", "interpolation"),
+    [(12, 12, "bilinear"), (16, 16, "bilinear"), (10, 13, "bicubic"), (9, 9, "nearest")],
+)
+def test_eval_items_equal_the_pil_eval_transform_exactly(
+    digits, image_size, resize_size, interpolation
+):
+    config = TrainConfig(
+        image_size=image_size, resize_size=resize_size, interpolation=interpolation
+    )
+    preprocess = preprocess_for(resolve_defaults(config, is_digits=True))
     pil = make_dataset(digits["test"], eval_transform(preprocess))
     memory = eval_dataset(digits["test"], preprocess)
     assert isinstance(memory, MemoryImages)
@@ -132,6 +141,10 @@ def test_other_policies_and_files_take_the_pil_path(digits):
     assert not supports(digits["train"], random_erasing=0.5)
     config = resolve_defaults(TrainConfig(augment="trivialaugment"), is_digits=True)
     assert not isinstance(train_dataset(digits["train"], preprocess, config), MemoryImages)
+    config = resolve_defaults(TrainConfig(interpolation="bicubic"), is_digits=True)
+    bicubic = preprocess_for(config)
+    assert not isinstance(train_dataset(digits["train"], bicubic, config), MemoryImages)
+    assert isinstance(eval_dataset(digits["test"], bicubic), MemoryImages)
     config = resolve_defaults(TrainConfig(), is_digits=True)
     assert isinstance(train_dataset(digits["train"], preprocess, config), MemoryImages)
 

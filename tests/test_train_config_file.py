@@ -42,7 +42,7 @@ def test_the_command_line_overrides_the_file_and_print_config_shows_the_result(r
     shown = json.loads(result.stdout)
     assert shown["lr"] == 0.01 and shown["label_smoothing"] == 0.2
     assert shown["epochs"] == 3  # given on the command line
-    assert shown["model"] == "convnet" and shown["image_size"] == 16  # digits' defaults filled
+    assert shown["model"] == "convnet" and shown["image_size"] == 12  # digits' defaults filled
     assert not list(tmp_path.glob("runs*"))  # nothing trained, nothing written
 
 

@@ -43,12 +43,19 @@ def test_digits_defaults_differ_from_image_folder_defaults_and_are_recorded():
     assert folder.crop_scale == (0.08, 1.0)
     assert set(digits.data_defaults) == {
         "model", "image_size", "resize_size", "flip", "crop_scale", "best_metric", "ema",
+        "epochs", "batch_size", "channels_last",
     }  # fmt: skip
     assert (digits.best_metric, folder.best_metric) == ("loss", "top1")
+    assert (digits.image_size, digits.batch_size, digits.epochs) == (12, 32, 25)
+    assert (folder.batch_size, folder.epochs) == (64, 20)
+    assert (digits.channels_last, folder.channels_last) == (True, False)
     assert (digits.ema, folder.ema) == (True, False)
-    explicit = resolve_defaults(TrainConfig(flip=True, image_size=12), is_digits=True)
-    assert explicit.flip is True and explicit.resize_size == 12
-    assert "flip" not in explicit.data_defaults and "image_size" not in explicit.data_defaults
+    explicit = resolve_defaults(
+        TrainConfig(flip=True, image_size=16, epochs=3, channels_last=False), is_digits=True
+    )
+    assert explicit.flip is True and explicit.resize_size == 16
+    assert (explicit.epochs, explicit.channels_last) == (3, False)
+    assert not {"flip", "image_size", "epochs", "channels_last"} & set(explicit.data_defaults)
 
 
 @pytest.mark.parametrize(

@@ -26,9 +26,19 @@ from torchkit.cli.options import (
     WorkersOption,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
-from torchkit.core.train.config import TrainConfig, resume_help
+from torchkit.core.train.config import DIGITS_DEFAULTS, FOLDER_DEFAULTS, TrainConfig, resume_help
 
 DEFAULTS = TrainConfig()
+
+
+def _data_default(name: str) -> str:
+    """'Default: X for digits, Y for image folders.' from the one table of data defaults."""
+
+    def shown(value) -> str:
+        return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+    digits, folders = shown(DIGITS_DEFAULTS[name]), shown(FOLDER_DEFAULTS[name])
+    return f"Default: {digits} for digits, {folders} for image folders."
 
 
 class Augment(str, Enum):
@@ -193,7 +203,7 @@ def train_command(
             min=1,
             show_default=False,
             rich_help_panel=DATA_HELP,
-            help="Training crop size. Default: 16 for digits, 224 for image folders.",
+            help=f"Training crop size. {_data_default('image_size')}",
         ),
     ] = None,
     resize_size: Annotated[
@@ -293,19 +303,28 @@ def train_command(
         ),
     ] = Interpolation(DEFAULTS.interpolation),
     epochs: Annotated[
-        int,
-        typer.Option("--epochs", "-e", min=1, help="Epochs to train.", rich_help_panel=OPTIM_HELP),
-    ] = DEFAULTS.epochs,
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--epochs",
+            "-e",
+            min=1,
+            show_default=False,
+            rich_help_panel=OPTIM_HELP,
+            help=f"Epochs to train. {_data_default('epochs')}",
+        ),
+    ] = None,
     batch_size: Annotated[
-        int,
+        Optional[int],  # noqa: UP045
         typer.Option(
             "--batch-size",
             "-b",
             min=1,
+            show_default=False,
             rich_help_panel=OPTIM_HELP,
-            help="Images per batch and process (torchrun: global = N x this).",
+            help="Images per batch and process (torchrun: global = N x this). "
+            + _data_default("batch_size"),
         ),
-    ] = DEFAULTS.batch_size,
+    ] = None,
     optimizer: Annotated[
         Optimizer, typer.Option("--optimizer", case_sensitive=False, rich_help_panel=OPTIM_HELP)
     ] = Optimizer(DEFAULTS.optimizer),
@@ -491,11 +510,14 @@ def train_command(
         ),
     ] = AmpDtype(DEFAULTS.amp_dtype),
     channels_last: Annotated[
-        bool,
+        Optional[bool],  # noqa: UP045
         typer.Option(
-            "--channels-last", help="channels-last memory format.", rich_help_panel=OPTIM_HELP
+            "--channels-last/--no-channels-last",
+            show_default=False,
+            rich_help_panel=OPTIM_HELP,
+            help=f"channels-last memory format. {_data_default('channels_last')}",
         ),
-    ] = DEFAULTS.channels_last,
+    ] = None,
     compile: Annotated[
         bool, typer.Option("--compile", help="torch.compile the model.", rich_help_panel=OPTIM_HELP)
     ] = DEFAULTS.compile,

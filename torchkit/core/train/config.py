@@ -28,7 +28,13 @@ DEFAULT_GAMMA = {"step": 0.1, "multistep": 0.1, "exponential": 0.95, "plateau": 
 # Defaults that depend on the data (see `resolve_defaults`).
 DIGITS_DEFAULTS: dict[str, Any] = {
     "model": "convnet",
-    "image_size": 16,  # the 8x8 digits upsampled 2x: the convnet's two 3x3 convolutions need room
+    # The 8x8 digits upsampled 1.5x: the convnet's two 3x3 convolutions need room. The size,
+    # batch size and epochs were chosen over seeds 0-7 (README, Performance): 12 px with
+    # batches of 32 for 25 epochs is at least as accurate as 16 px, 64, 20 epochs, and faster.
+    "image_size": 12,
+    "batch_size": 32,
+    "epochs": 25,
+    "channels_last": True,  # about 15% faster convolutions on CPUs for this convnet
     "flip": False,  # mirrored digits are other symbols
     "crop_scale": (0.85, 1.0),  # RandomResizedCrop's 8% would cut most of the stroke away
     # 180 validation images: top-1 moves in steps of 0.56% and saturates within a few epochs,
@@ -42,6 +48,9 @@ DIGITS_DEFAULTS: dict[str, Any] = {
 FOLDER_DEFAULTS: dict[str, Any] = {
     "model": "resnet18",
     "image_size": 224,
+    "batch_size": 64,
+    "epochs": 20,
+    "channels_last": False,
     "flip": True,
     "crop_scale": (0.08, 1.0),
     "best_metric": "top1",
@@ -80,8 +89,8 @@ class TrainConfig:
     head_lr_mult: float | None = None
     sync_bn: bool = False
     # Optimisation
-    epochs: int = 20
-    batch_size: int = 64
+    epochs: int | None = None
+    batch_size: int | None = None
     optimizer: str = "adamw"
     lr: float = 3e-3
     momentum: float = 0.9
@@ -107,7 +116,7 @@ class TrainConfig:
     ema_decay: float = 0.999
     amp: bool = False
     amp_dtype: str = "auto"
-    channels_last: bool = False
+    channels_last: bool | None = None
     compile: bool = False
     seed: int = 0
     deterministic: bool = False
@@ -211,9 +220,9 @@ def validate(config: TrainConfig) -> None:
         bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
     if config.amp_dtype not in AMP_DTYPES:
         bad(f"unknown --amp-dtype {config.amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
-    if config.epochs < 1:
+    if config.epochs is not None and config.epochs < 1:
         bad(f"--epochs must be at least 1, not {config.epochs}")
-    if config.batch_size < 1:
+    if config.batch_size is not None and config.batch_size < 1:
         bad(f"--batch-size must be at least 1, not {config.batch_size}")
     if config.accum_steps < 1:
         bad(f"--accum-steps must be at least 1, not {config.accum_steps}")

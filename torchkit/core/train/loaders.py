@@ -321,7 +321,10 @@ def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig)
     from torchkit.core.train import memory_images
 
     if memory_images.supports(
-        samples, augment=config.augment, random_erasing=config.random_erasing
+        samples,
+        augment=config.augment,
+        random_erasing=config.random_erasing,
+        interpolation=config.interpolation,
     ):
         return memory_images.MemoryImages(
             samples,
@@ -351,7 +354,7 @@ def eval_dataset(samples: Samples, preprocess: Preprocess):
     """Evaluation images: transformed once when they are in memory (digits)."""
     from torchkit.core.train import memory_images
 
-    if memory_images.supports(samples):
+    if samples.images is not None:  # any interpolation: PIL does the resize (eval_pixels)
         return memory_images.MemoryImages(samples, preprocess, train=False)
     return make_dataset(samples, eval_transform(preprocess))
 

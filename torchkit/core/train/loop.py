@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.errors import InputError, TorchkitError
+from torchkit.core.train import dynamo_free
 
 log = logging.getLogger("torchkit")
 
@@ -330,7 +331,7 @@ def _optimizer_step(ctx: StepContext) -> None:
         ctx.scaler.step(ctx.optimizer)
         ctx.scaler.update()
     else:
-        ctx.optimizer.step()
+        dynamo_free.step(ctx.optimizer)
     ctx.optimizer.zero_grad(set_to_none=True)
     ctx.schedule.step()
     if ctx.ema is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
+from torchkit.core.train import dynamo_free
 
 _END = object()
 
@@ -125,7 +126,7 @@ def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int)
             step_ctx.scaler.update()
         else:
             loss.backward()
-            optimizer.step()
+            dynamo_free.step(optimizer)
         return float(loss.detach())
 
     try:

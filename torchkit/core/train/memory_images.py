@@ -24,9 +24,21 @@ from torchkit.core.data import Preprocess, Samples
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
-def supports(samples: Samples, *, augment: str = "basic", random_erasing: float = 0.0) -> bool:
-    """In-memory images under the policies implemented here (others take the PIL path)."""
-    return samples.images is not None and augment in ("basic", "none") and random_erasing == 0
+def supports(
+    samples: Samples,
+    *,
+    augment: str = "basic",
+    random_erasing: float = 0.0,
+    interpolation: str = "bilinear",
+) -> bool:
+    """In-memory images under the training policies implemented here (others take the PIL
+    path): crops resized bilinearly, no policy beyond crop and flip."""
+    return (
+        samples.images is not None
+        and augment in ("basic", "none")
+        and random_erasing == 0
+        and interpolation == "bilinear"
+    )
 
 
 # splitmix64's constants: the increment (golden ratio) and the two multipliers.
@@ -111,23 +123,30 @@ def axis_matrix(length: int, start: int, span: int, size: int) -> Any:
     return matrix.float()
 
 
-def _resize_shorter_crop(pixels: Any, resize: int, size: int) -> Any:
-    """torchvision's eval recipe on N,C,H,W 0..255 floats: resize the shorter side to `resize`,
-    centre-crop `size`, rounded to 8 bits like PIL."""
-    import torch.nn.functional as F
+def eval_pixels(images: np.ndarray, resize: int, size: int, interpolation: str) -> Any:
+    """torchvision's eval recipe (`core.data.eval_transform`) on N,H,W[,C] uint8 images, with
+    PIL as torchvision runs it on PIL images, so the pixels are the same to the bit: resize the
+    shorter side to `resize` (the longer one to int(resize * long / short)), centre-crop
+    `size`. N,C,H,W floats 0..255. Done once per split, so PIL's cost does not matter."""
+    import torch
+    from PIL import Image
 
-    height, width = pixels.shape[-2:]
-    if height <= width:
-        target = (resize, int(resize * width / height))
-    else:
-        target = (int(resize * height / width), resize)
-    if target != (height, width):
-        pixels = F.interpolate(
-            pixels, size=target, mode="bilinear", align_corners=False, antialias=True
-        )
-        pixels = pixels.round_().clamp_(0, 255)
-    top, left = max(0, (target[0] - size) // 2), max(0, (target[1] - size) // 2)
-    return pixels[..., top : top + size, left : left + size]
+    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+    out = []
+    for pixels in images:
+        image = Image.fromarray(pixels)
+        width, height = image.size
+        short, long = min(width, height), max(width, height)
+        target = (resize, int(resize * long / short))
+        target_wh = target if width <= height else target[::-1]
+        if target_wh != (width, height):
+            image = image.resize(target_wh, resample[interpolation])
+        width, height = image.size
+        top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
+        image = image.crop((left, top, left + size, top + size))
+        array = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
+        out.append(array.unsqueeze(-1) if array.ndim == 2 else array)
+    return torch.stack(out).permute(0, 3, 1, 2).float()
 
 
 class MemoryImages:
@@ -146,8 +165,13 @@ class MemoryImages:
     ) -> None:
         import torch
 
-        if not supports(samples, augment=augment):
-            raise ValueError("MemoryImages takes in-memory images under basic/none augmentation")
+        interpolation = preprocess.interpolation if train else "bilinear"  # eval: any (PIL)
+        if not supports(samples, augment=augment, interpolation=interpolation):
+            raise ValueError(
+                "MemoryImages takes in-memory images, basic/none augmentation, and bilinear "
+                "resizing for training"
+            )
+        self.images = samples.images
         pixels = torch.from_numpy(samples.images)
         if pixels.ndim == 3:
             pixels = pixels.unsqueeze(-1)
@@ -174,9 +198,11 @@ class MemoryImages:
         return (pixels / 255.0 - self.mean) / self.std
 
     def _fixed_transform(self) -> Any:
-        return _resize_shorter_crop(
-            self.pixels, self.preprocess.resize_size, self.preprocess.image_size
+        preprocess = self.preprocess
+        pixels = eval_pixels(
+            self.images, preprocess.resize_size, preprocess.image_size, preprocess.interpolation
         )
+        return pixels.expand(-1, self.pixels.shape[1], -1, -1)  # gray to RGB, as PIL does
 
     def draw(self, seeds: list[int]) -> list[tuple[int, int, int, int, bool]]:
         """The random part of the transform of the images with these seeds (one each):

@@ -59,6 +59,7 @@ from torchkit.core.train.outputs import (
     RUN_FILES,
     TensorBoardLog,
     check_tensorboard,
+    preload_plotting,
     versions,
     write_config_json,
     write_curves_png,
@@ -266,6 +267,7 @@ class _Run:
         # or a stop removes the new run and puts an earlier one (--force) back.
         self.output: OutputFolder | None = None
         self.loaders = None
+        self.plotting = None  # the thread importing matplotlib (outputs.preload_plotting)
         self.tensorboard = None
 
     # -- setup -------------------------------------------------------------------------------
@@ -468,6 +470,8 @@ class _Run:
         finally:
             if self.loaders is not None:
                 self.loaders.close()  # DataLoader workers stop now, whatever happened
+            if self.plotting is not None:
+                self.plotting.join()
         self.result.total_seconds = time.perf_counter() - self.started
         return self.result
 
@@ -631,6 +635,7 @@ class _Run:
         """Optimiser, schedule, EMA and wrappers, restored from the checkpoint when resuming."""
         import torch
 
+        from torchkit.core.train import dynamo_free
         from torchkit.core.train.ema import ModelEMA
         from torchkit.core.train.optim import (
             LRSchedule,
@@ -643,6 +648,8 @@ class _Run:
         config, model, checkpoint = self.config, self.model, self.checkpoint
         updates_per_epoch = math.ceil(self.steps_per_epoch / config.accum_steps)
         self.groups = param_groups(model, config)
+        if not config.compile:
+            dynamo_free.mark_not_compiled()
         self.optimizer = build_optimizer(self.groups, config)
         self.schedule = LRSchedule(self.optimizer, config, updates_per_epoch)
         self.start_epoch, self.best_metric, self.best_epoch = 0, None, None
@@ -937,6 +944,8 @@ class _Run:
         images_seen, images_seconds = 0.0, 0.0
         mid_epoch = self.progress.batches > 0
         curves_written = time.perf_counter()  # first plot after CURVES_EVERY_S, or at the end
+        if ctx.is_main and self.plotting is None:
+            self.plotting = preload_plotting()
         for epoch in range(self.start_epoch, config.epochs):
             # Random numbers are a function of (seed, rank, epoch), so a resumed run draws what
             # the uninterrupted one did; inside an epoch, the saved state is restored instead.
