@@ -13,6 +13,7 @@ Should torch rename these internals, the marks are inert attributes and `step()`
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from typing import Any
@@ -65,7 +66,12 @@ def _undecorated_step(optimizer: Any):
     )
     if any(hook is None or len(hook) for hook in hooks):
         return None
-    decorated = type(optimizer).step
+    return _unwrapped_step(type(optimizer))
+
+
+@functools.lru_cache(maxsize=16)
+def _unwrapped_step(optimizer_class: type):
+    decorated = optimizer_class.step
     undecorated = inspect.unwrap(decorated)
     if undecorated is decorated or undecorated.__name__ != "step":
         return None

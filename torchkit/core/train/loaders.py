@@ -235,11 +235,11 @@ class SeededDataset:
     def __getitems__(self, keys: list) -> list:
         """A whole batch at once (the DataLoader calls this when it exists): the main process's
         generator state is saved and restored once per batch, not once per image."""
-        if hasattr(self.inner, "draw"):
+        if hasattr(self.inner, "draw_arrays"):
             # In-memory images: draws keyed by each image's seed (torch's generator is not
             # used), then one batched transform.
             indices = [index for _, index in keys]
-            draws = self.inner.draw([self.item_seed(epoch, index) for epoch, index in keys])
+            draws = self.inner.draw_arrays([self.item_seed(e, i) for e, i in keys])
             return self.inner.items(indices, draws)
         import torch
 
@@ -359,6 +359,10 @@ def eval_dataset(samples: Samples, preprocess: Preprocess):
     return make_dataset(samples, eval_transform(preprocess))
 
 
+# Evaluation batch size for in-memory images (digits' val/test) when --batch-size is smaller.
+IN_MEMORY_EVAL_BATCH = 256
+
+
 def build_loaders(
     splits: dict[str, Samples],
     preprocess: Preprocess,
@@ -401,9 +405,15 @@ def build_loaders(
     def eval_loader(samples: Samples):
         # Persistent like the others (the test set is read once), so that `Loaders.close`
         # reaches its workers too, even when a signal stops the run in the middle of it.
+        dataset = eval_dataset(samples, preprocess)
+        # In-memory images are transformed already: batches of tiny images cost more in
+        # per-batch overhead than in compute, and forward-only batches hold no activations.
+        batch_size = config.batch_size
+        if samples.images is not None:
+            batch_size = max(batch_size, IN_MEMORY_EVAL_BATCH)
         return torch.utils.data.DataLoader(
-            eval_dataset(samples, preprocess),
-            batch_size=config.batch_size,
+            dataset,
+            batch_size=batch_size,
             sampler=ShardSampler(len(samples), rank, world),
             **common,
         )

@@ -188,7 +188,7 @@ class MemoryImages:
         self.mean = torch.tensor(preprocess.mean, dtype=torch.float32).view(-1, 1, 1)
         self.std = torch.tensor(preprocess.std, dtype=torch.float32).view(-1, 1, 1)
         # Evaluation (and augment=none) transforms are deterministic: computed once, here.
-        self._matrices: dict[tuple[int, int, int], Any] = {}
+        self._matrices: dict[int, Any] = {}  # resize matrices by axis (`_matrix_table`)
         self._fixed = None if self.random_crop else self._normalise(self._fixed_transform())
 
     def __len__(self) -> int:
@@ -207,32 +207,48 @@ class MemoryImages:
     def draw(self, seeds: list[int]) -> list[tuple[int, int, int, int, bool]]:
         """The random part of the transform of the images with these seeds (one each):
         (top, left, h, w, flipped), RandomResizedCrop then RandomHorizontalFlip."""
+        boxes, flips = self.draw_arrays(seeds)
+        return [(*box, bool(flipped)) for box, flipped in zip(boxes.tolist(), flips, strict=True)]
+
+    def draw_arrays(self, seeds: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """`draw` as arrays: (N, 4) boxes (top, left, h, w) and (N,) flips."""
         height, width = self.pixels.shape[-2:]
         draws = uniforms(seeds, _DRAWS)
-        boxes = crop_boxes(draws, height, width, self.crop_scale).tolist()
-        flips = (draws[:, -1] < 0.5) & self.flip
-        return [(*box, bool(flipped)) for box, flipped in zip(boxes, flips, strict=True)]
+        boxes = crop_boxes(draws, height, width, self.crop_scale)
+        return boxes, (draws[:, -1] < 0.5) & self.flip
 
-    def _matrix(self, axis: int, start: int, span: int) -> Any:
-        key = (axis, start, span)
-        matrix = self._matrices.get(key)
-        if matrix is None:
-            length = self.pixels.shape[-2 + axis]
-            matrix = self._matrices[key] = axis_matrix(
-                length, start, span, self.preprocess.image_size
-            )
-        return matrix
+    def _matrix_table(self, axis: int) -> Any:
+        """table[start, span]: the resize matrix of pixels start..start+span of the axis (every
+        box a crop can have), so a batch's matrices are one indexing operation."""
+        table = self._matrices.get(axis)
+        if table is None:
+            import torch
 
-    def render(self, indices: list[int], draws: list[tuple[int, int, int, int, bool]]) -> Any:
-        """The batch of items `indices` under `draws`: crops resized by two matrix products."""
+            length, size = self.pixels.shape[-2 + axis], self.preprocess.image_size
+            table = torch.zeros(length, length + 1, size, length)
+            for start in range(length):
+                for span in range(1, length - start + 1):
+                    table[start, span] = axis_matrix(length, start, span, size)
+            self._matrices[axis] = table
+        return table
+
+    def render(self, indices: list[int], draws: Any) -> Any:
+        """The batch of items `indices` under `draws` ((boxes, flips) arrays, or one
+        (top, left, h, w, flipped) per item): crops resized by two matrix products."""
         import torch
 
-        rows = torch.stack([self._matrix(0, top, h) for top, _, h, _, _ in draws])
-        cols = torch.stack([self._matrix(1, left, w) for _, left, _, w, _ in draws])
+        if isinstance(draws, tuple):
+            boxes, flips = draws
+        else:
+            boxes = np.array([draw[:4] for draw in draws], dtype=np.int64).reshape(-1, 4)
+            flips = np.array([draw[4] for draw in draws], dtype=bool)
+        boxes = torch.from_numpy(boxes)
+        rows = self._matrix_table(0)[boxes[:, 0], boxes[:, 2]]
+        cols = self._matrix_table(1)[boxes[:, 1], boxes[:, 3]]
         images = rows.unsqueeze(1) @ self.pixels[indices] @ cols.transpose(1, 2).unsqueeze(1)
         images = images.round_().clamp_(0, 255)
-        flipped = [i for i, draw in enumerate(draws) if draw[4]]
-        if flipped:
+        if flips.any():
+            flipped = torch.from_numpy(np.flatnonzero(flips))
             images[flipped] = images[flipped].flip(-1)
         return self._normalise(images)
 
@@ -244,7 +260,7 @@ class MemoryImages:
             if draws is None:  # not under SeededDataset: seeds from torch's generator
                 import torch
 
-                draws = self.draw(torch.randint(0, 2**62, (len(indices),)).tolist())
+                draws = self.draw_arrays(torch.randint(0, 2**62, (len(indices),)).tolist())
             batch = self.render(indices, draws)
         return [(image, self.labels[i], i, "") for image, i in zip(batch, indices, strict=True)]
 
