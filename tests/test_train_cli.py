@@ -61,8 +61,8 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runn
 
     config = json.loads((out / "config.json").read_text())
     options = config["options"]
-    assert (options["model"], options["image_size"], options["flip"]) == ("convnet", 16, False)
-    assert options["crop_scale"] == [0.85, 1.0] and options["resize_size"] == 16
+    assert (options["model"], options["image_size"], options["flip"]) == ("convnet", 12, False)
+    assert options["crop_scale"] == [0.85, 1.0] and options["resize_size"] == 12
     assert options["best_metric"] == "loss" and summary["best_metric"] == "loss"
     assert options["ema"] is True and summary["best_by_ema"] is True
     assert {"model", "image_size", "flip", "crop_scale", "best_metric", "ema"} <= set(

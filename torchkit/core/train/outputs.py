@@ -110,7 +110,8 @@ LOG_SCALE_ABOVE = 30.0
 def preload_plotting():
     """Import matplotlib in a background thread (about a second): the import then overlaps
     the training instead of delaying curves.png and the end of the run. Returns the thread
-    (join it before the process may exit: an import cut short at exit can crash it)."""
+    (join it before the process may exit: an import cut short at exit can crash it). Only in
+    a process that will not fork: a child forked mid-import would wait on its lock for ever."""
     import threading
 
     def load() -> None:

@@ -944,7 +944,9 @@ class _Run:
         images_seen, images_seconds = 0.0, 0.0
         mid_epoch = self.progress.batches > 0
         curves_written = time.perf_counter()  # first plot after CURVES_EVERY_S, or at the end
-        if ctx.is_main and self.plotting is None:
+        # Not with DataLoader workers: they are forked, and a fork while another thread holds
+        # an import lock leaves the child waiting on that lock for ever.
+        if ctx.is_main and self.plotting is None and self.loaders.train.num_workers == 0:
             self.plotting = preload_plotting()
         for epoch in range(self.start_epoch, config.epochs):
             # Random numbers are a function of (seed, rank, epoch), so a resumed run draws what
