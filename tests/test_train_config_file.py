@@ -71,3 +71,17 @@ def test_config_with_resume_is_refused(runner, tmp_path):
         app, ["train", "--config", str(recipe), "--resume", str(tmp_path / "run")]
     )
     assert result.exit_code == 2 and "--config starts a new run" in result.stderr
+
+
+def test_a_config_json_recorded_before_decode_existed_replays_exact_decoding(tmp_path):
+    from torchkit.core.train.config_file import read_config_file
+
+    old = tmp_path / "config.json"
+    old.write_text(json.dumps({"options": {"data": "ds", "lr": 0.01}, "defaults_from_data": []}))
+    assert read_config_file(old)["decode"] == "exact"
+    recipe = tmp_path / "recipe.json"  # a hand-written recipe: today's defaults apply
+    recipe.write_text(json.dumps({"lr": 0.01}))
+    assert "decode" not in read_config_file(recipe)
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"options": {"decode": "fast"}, "defaults_from_data": []}))
+    assert read_config_file(new)["decode"] == "fast"

@@ -387,3 +387,13 @@ def _same_groups(model, reference, optimizer):
     """The reference model's parameters, grouped as `optimizer` groups `model`'s."""
     by_id = {id(p): q for p, q in zip(model.parameters(), reference.parameters(), strict=True)}
     return [[by_id[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+
+
+def test_resuming_a_run_recorded_before_decode_existed_decodes_exactly():
+    saved = resolve_defaults(TrainConfig(epochs=3), is_digits=True).to_dict()
+    assert merge_for_resume(saved, TrainConfig(resume="run"), overrides=None).decode == "fast"
+    del saved["decode"]  # what runs recorded before --decode have
+    merged = merge_for_resume(saved, TrainConfig(resume="run"), overrides=None)
+    assert merged.decode == "exact"  # what they trained with: a bitwise continuation
+    again = merge_for_resume(saved, TrainConfig(decode="fast", resume="run"), overrides=["decode"])
+    assert again.decode == "fast"  # asked for on the command line

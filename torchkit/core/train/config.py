@@ -161,6 +161,17 @@ class TrainConfig:
         return self.gamma if self.gamma is not None else DEFAULT_GAMMA.get(self.scheduler, 0.1)
 
 
+# Options added after runs were already being recorded, with the value those runs trained with
+# where it is not today's default: a recorded run's options (a checkpoint's, a config.json's)
+# without the key get this value, so resuming or replaying an old run repeats it exactly.
+BEFORE_THE_OPTION_EXISTED: dict[str, Any] = {"decode": "exact"}
+
+
+def with_pre_option_values(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded run's options, with the values of options it predates filled in."""
+    return {**BEFORE_THE_OPTION_EXISTED, **recorded}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
@@ -375,7 +386,7 @@ def merge_for_resume(
     given. An option of FIXED_ON_RESUME given with another value than the checkpoint's is a
     CheckpointError naming both values; --weights is a UsageError.
     """
-    base = TrainConfig.from_dict(saved)
+    base = TrainConfig.from_dict(with_pre_option_values(saved))
     defaults = TrainConfig()
     known = {f.name for f in fields(config)}
     if overrides is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
-from torchkit.core.train.config import TrainConfig, option_name
+from torchkit.core.train.config import TrainConfig, option_name, with_pre_option_values
 
 # Entries of a run's options that describe that run, not the recipe.
 NOT_CARRIED = ("out", "resume", "force", "data_defaults")
@@ -39,7 +39,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     options = data.get("options", data) if "options" in data else data
     if not isinstance(options, Mapping):
         raise InputError(f"{source}: `options` is not a mapping of option names and values")
-    carried = dict(options)
+    # A run's config.json: options it predates take the value the run used.
+    carried = with_pre_option_values(options) if "options" in data else dict(options)
     for name in data.get("defaults_from_data", []) if "options" in data else []:
         carried.pop(name, None)  # filled from the data again, as in the first run
     for name in NOT_CARRIED:
