@@ -85,3 +85,23 @@ def test_a_config_json_recorded_before_decode_existed_replays_exact_decoding(tmp
     new = tmp_path / "new.json"
     new.write_text(json.dumps({"options": {"decode": "fast"}, "defaults_from_data": []}))
     assert read_config_file(new)["decode"] == "fast"
+
+
+def test_data_dependent_defaults_in_print_config_and_help(runner):
+    from torchkit.core.train.config import DIGITS_DEFAULTS, FOLDER_DEFAULTS
+
+    shown = runner.invoke(app, ["train", "--print-config"])
+    assert shown.exit_code == 0, shown.stderr
+    digits = json.loads(shown.stdout)
+    assert (digits["epochs"], digits["batch_size"], digits["channels_last"]) == (25, 32, True)
+    assert (digits["image_size"], digits["resize_size"]) == (12, 12)
+    off = runner.invoke(app, ["train", "--no-channels-last", "-e", "3", "--print-config"])
+    assert off.exit_code == 0, off.stderr
+    given = json.loads(off.stdout)
+    assert (given["channels_last"], given["epochs"], given["batch_size"]) == (False, 3, 32)
+    help_text = " ".join(
+        runner.invoke(app, ["train", "--help"], env={"COLUMNS": "300"}).stdout.split()
+    )
+    for name in ("epochs", "image_size"):
+        wanted = f"Default: {DIGITS_DEFAULTS[name]} for digits, {FOLDER_DEFAULTS[name]} for image"
+        assert wanted in help_text

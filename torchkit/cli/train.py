@@ -35,7 +35,11 @@ def _data_default(name: str) -> str:
     """'Default: X for digits, Y for image folders.' from the one table of data defaults."""
 
     def shown(value) -> str:
-        return ("on" if value else "off") if isinstance(value, bool) else str(value)
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, tuple):
+            return ",".join(f"{v:g}" for v in value)
+        return str(value)
 
     digits, folders = shown(DIGITS_DEFAULTS[name]), shown(FOLDER_DEFAULTS[name])
     return f"Default: {digits} for digits, {folders} for image folders."
@@ -137,8 +141,8 @@ def train_command(
             "--model",
             "-m",
             help="torchvision model name, `convnet`, package.module:Callable, timm/NAME (a timm "
-            "model, with the timm extra), or a torchkit checkpoint to fine-tune. Default: "
-            "convnet for digits, resnet18 for image folders.",
+            "model, with the timm extra), or a torchkit checkpoint to fine-tune. "
+            + _data_default("model"),
             rich_help_panel=MODEL_HELP,
             show_default=False,
             autocompletion=complete_model_name,
@@ -241,7 +245,7 @@ def train_command(
             "--flip/--no-flip",
             show_default=False,
             rich_help_panel=DATA_HELP,
-            help="Random horizontal flips. Default: on, off for digits.",
+            help=f"Random horizontal flips. {_data_default('flip')}",
         ),
     ] = None,
     crop_scale: Annotated[
@@ -250,7 +254,7 @@ def train_command(
             "--crop-scale",
             show_default=False,
             rich_help_panel=DATA_HELP,
-            help="RandomResizedCrop area range MIN,MAX. Default: 0.08,1 (0.85,1 for digits).",
+            help=f"RandomResizedCrop area range MIN,MAX. {_data_default('crop_scale')}",
         ),
     ] = None,
     augment: Annotated[
@@ -479,7 +483,7 @@ def train_command(
             "--ema/--no-ema",
             show_default=False,
             help="Keep an exponential moving average of the weights, evaluated alongside; its "
-            "val metric then picks best.pt. Default: off; on for digits.",
+            "val metric then picks best.pt. " + _data_default("ema"),
             rich_help_panel=OPTIM_HELP,
         ),
     ] = None,

@@ -8,6 +8,11 @@ import random
 
 log = logging.getLogger("torchkit")
 
+# splitmix64 (Steele, Lea and Flood, 2014): its state increment and its output function's two
+# multipliers; `train.loaders.mix_seed` and `train.memory_images.uniforms` are splitmix64.
+SPLITMIX_INCREMENT = 0x9E3779B97F4A7C15
+SPLITMIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
     """Seed Python, NumPy and torch (all devices); optionally make cuDNN and torch deterministic."""

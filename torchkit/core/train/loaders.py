@@ -28,6 +28,7 @@ from torchkit.core.data import (
 )
 from torchkit.core.datasource import DataSource, open_data, split_record, training_splits
 from torchkit.core.errors import InputError
+from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS
 from torchkit.core.train.config import TrainConfig
 
 log = logging.getLogger("torchkit")
@@ -37,13 +38,14 @@ _MASK64 = (1 << 64) - 1
 
 def mix_seed(*parts: int) -> int:
     """A well-spread 63-bit seed from integers (splitmix64 over each part in turn)."""
-    state = 0x9E3779B97F4A7C15
+    first, second = SPLITMIX_MULTIPLIERS
+    state = SPLITMIX_INCREMENT
     for part in parts:
         state = (state ^ (part & _MASK64)) & _MASK64
-        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        state = (state + SPLITMIX_INCREMENT) & _MASK64
         z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        z = ((z ^ (z >> 30)) * first) & _MASK64
+        z = ((z ^ (z >> 27)) * second) & _MASK64
         state = z ^ (z >> 31)
     return state >> 1
 

@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.data import Preprocess, Samples
-
-# torchvision's RandomResizedCrop default aspect-ratio range.
-CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+from torchkit.core.decode import CROP_RATIO
+from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS
 
 
 def supports(
@@ -41,9 +40,6 @@ def supports(
     )
 
 
-# splitmix64's constants: the increment (golden ratio) and the two multipliers.
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1, _MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 # Uniforms drawn per image: (area, aspect, top, left) for each of 10 crop tries, then the flip.
 CROP_TRIES = 10
 _DRAWS = 4 * CROP_TRIES + 1
@@ -53,12 +49,13 @@ def uniforms(seeds: Any, count: int) -> np.ndarray:
     """(len(seeds), count) floats in [0, 1): draw k of seed s is splitmix64(s + k * golden),
     a counter-based generator, so a whole batch is drawn in a few array operations and each
     image's draws depend on its seed alone."""
-    keys = np.asarray(seeds, dtype=np.uint64)[:, None] + (
-        np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
-    )
     with np.errstate(over="ignore"):  # uint64 arithmetic is meant to wrap
-        z = (keys ^ (keys >> np.uint64(30))) * np.uint64(_MIX1)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+        keys = np.asarray(seeds, dtype=np.uint64)[:, None] + (
+            np.arange(1, count + 1, dtype=np.uint64) * np.uint64(SPLITMIX_INCREMENT)
+        )
+        first, second = (np.uint64(m) for m in SPLITMIX_MULTIPLIERS)
+        z = (keys ^ (keys >> np.uint64(30))) * first
+        z = (z ^ (z >> np.uint64(27))) * second
         z = z ^ (z >> np.uint64(31))
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
@@ -131,7 +128,7 @@ def eval_pixels(images: np.ndarray, resize: int, size: int, interpolation: str) 
     import torch
     from PIL import Image
 
-    resample = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "nearest": Image.NEAREST}
+    resample = Image.Resampling[interpolation.upper()]  # bilinear, bicubic, nearest
     out = []
     for pixels in images:
         image = Image.fromarray(pixels)
@@ -140,7 +137,7 @@ def eval_pixels(images: np.ndarray, resize: int, size: int, interpolation: str) 
         target = (resize, int(resize * long / short))
         target_wh = target if width <= height else target[::-1]
         if target_wh != (width, height):
-            image = image.resize(target_wh, resample[interpolation])
+            image = image.resize(target_wh, resample)
         width, height = image.size
         top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
         image = image.crop((left, top, left + size, top + size))
@@ -232,16 +229,12 @@ class MemoryImages:
             self._matrices[axis] = table
         return table
 
-    def render(self, indices: list[int], draws: Any) -> Any:
-        """The batch of items `indices` under `draws` ((boxes, flips) arrays, or one
-        (top, left, h, w, flipped) per item): crops resized by two matrix products."""
+    def render(self, indices: list[int], draws: tuple[np.ndarray, np.ndarray]) -> Any:
+        """The batch of items `indices` under `draws` (`draw_arrays`' boxes and flips): crops
+        resized by two matrix products."""
         import torch
 
-        if isinstance(draws, tuple):
-            boxes, flips = draws
-        else:
-            boxes = np.array([draw[:4] for draw in draws], dtype=np.int64).reshape(-1, 4)
-            flips = np.array([draw[4] for draw in draws], dtype=bool)
+        boxes, flips = draws
         boxes = torch.from_numpy(boxes)
         rows = self._matrix_table(0)[boxes[:, 0], boxes[:, 2]]
         cols = self._matrix_table(1)[boxes[:, 1], boxes[:, 3]]
