@@ -23,7 +23,15 @@ from torchkit.core.data import (
     make_dataset,
     train_transform,
 )
-from torchkit.core.decode import NormalizedTensor, ReducedDecodeCrop, reduction_for
+from torchkit.core.decode import (
+    CropDraws,
+    HorizontalFlip,
+    NormalizedPixels,
+    NormalizedTensor,
+    PixelTensor,
+    ReducedDecodeCrop,
+    reduction_for,
+)
 from torchkit.core.errors import UsageError
 from torchkit.core.image_files import load_image
 
@@ -51,7 +59,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("decode")
     paths = {name: folder / name for name in (
         "big.jpg", "small.jpg", "photo.jpg", "gray.jpg", "cmyk.jpg", "rgb.png", "gray16.png",
-        "exif_small.jpg", "exif_big.jpg", "truncated.jpg", "garbage.jpg",
+        "exif_small.jpg", "exif_big.jpg", "truncated.jpg", "garbage.jpg", "corrupt.jpg",
     )}  # fmt: skip
     # Large photos upsampled from small ones: smooth, and quick to make.
     big = Image.fromarray(photo(500, 375)).resize((2000, 1500), Image.BICUBIC)
@@ -71,6 +79,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     data = paths["photo.jpg"].read_bytes()
     paths["truncated.jpg"].write_bytes(data[: len(data) // 2])
     paths["garbage.jpg"].write_bytes(b"not an image at all")
+    # Whole, but a run of 0xFF bytes in the middle of its scan: libjpeg stops on it with an
+    # error (after the rows above it decoded fine, so a decode that stopped early would not).
+    corrupt = bytearray(paths["big.jpg"].read_bytes())
+    corrupt[len(corrupt) // 3 : len(corrupt) // 3 + 8] = b"\xff" * 8
+    paths["corrupt.jpg"].write_bytes(bytes(corrupt))
     return paths
 
 
@@ -161,12 +174,19 @@ def test_exif_orientation_is_not_applied_as_by_the_exact_path(files):
 
 
 def test_unreadable_files_are_reported_as_by_the_exact_path(files):
-    paths = [files["truncated.jpg"], files["garbage.jpg"]]
+    paths = [files["truncated.jpg"], files["garbage.jpg"], files["corrupt.jpg"]]
     fast, exact = _items(paths, "fast"), _items(paths, "exact")
     for path, item, reference in zip(paths, fast, exact, strict=True):
         assert item[0] is None and reference[0] is None
         assert item[3] == reference[3] and item[3].startswith(f"{path}: ")
     assert "truncated" in fast[0][3] and "cannot identify image file" in fast[1][3]
+    assert "broken data stream" in fast[2][3]
+    # Whatever crop is drawn (one in the rows above the damage included), in every epoch.
+    crop = ReducedDecodeCrop(SIZE)
+    for seed in range(6):
+        torch.manual_seed(seed)
+        with pytest.raises(OSError, match="broken data stream"):
+            crop.from_file(files["corrupt.jpg"], "RGB")
 
 
 @pytest.mark.parametrize(
@@ -261,3 +281,122 @@ def test_eval_pixels_are_unchanged(files):
 def test_an_unknown_decode_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown --decode 'turbo'"):
         train_transform(PREPROCESS, decode="turbo")
+
+
+@pytest.mark.parametrize(
+    ("scale", "ratio"), [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 0.9), (0.2, 5.0))]
+)
+def test_crop_draws_are_get_params_draw_for_draw(scale, ratio):
+    # The same boxes from the same seeds, and the generator left in the same state, for
+    # images from tiny and extreme (the centre-crop fallback) to large.
+    draws = CropDraws(scale, ratio)
+    sizes = [(500, 375), (375, 500), (2000, 1500), (64, 64), (3, 1), (1, 2), (1000, 40)]
+    for seed in range(300):
+        for width, height in sizes:
+            image = Image.new("L", (width, height))
+            torch.manual_seed(seed)
+            expected = T.RandomResizedCrop.get_params(image, list(scale), list(ratio))
+            after = torch.rand(1)
+            torch.manual_seed(seed)
+            assert draws.draw(width, height) == expected, (seed, width, height)
+            assert torch.equal(torch.rand(1), after)
+
+
+def test_horizontal_flip_is_random_horizontal_flip():
+    image = Image.fromarray(photo(20, 10))
+    for seed in range(20):
+        torch.manual_seed(seed)
+        expected = np.asarray(T.RandomHorizontalFlip()(image))
+        torch.manual_seed(seed)
+        assert np.array_equal(np.asarray(HorizontalFlip()(image)), expected)
+
+
+def test_pixels_then_normalised_batches_are_to_tensor_then_normalize():
+    mean, std = IMAGENET_MEAN, IMAGENET_STD
+    images = [Image.fromarray(photo(17, 13, seed)) for seed in range(5)]
+    pixels = torch.stack([PixelTensor()(image) for image in images])
+    assert pixels.dtype == torch.uint8 and pixels.shape == (5, 3, 13, 17)
+    for image, item in zip(images, pixels, strict=True):
+        assert torch.equal(item, T.PILToTensor()(image))
+    gray = Image.fromarray(photo(9, 7)).convert("L")
+    assert torch.equal(PixelTensor()(gray), T.PILToTensor()(gray))
+    expected = torch.stack([T.Compose([T.ToTensor(), T.Normalize(mean, std)])(i) for i in images])
+    normalized = NormalizedPixels(mean, std)
+    plain = normalized(pixels)
+    assert plain.is_contiguous() and torch.equal(plain, expected)
+    last = normalized(pixels, torch.channels_last)
+    assert last.is_contiguous(memory_format=torch.channels_last) and torch.equal(last, expected)
+
+
+def test_the_train_dataset_gives_pixels_unless_random_erasing_needs_tensors(files):
+    paths = [files["big.jpg"], files["small.jpg"], files["cmyk.jpg"], files["gray16.png"]]
+    samples = Samples(["a"], [0] * len(paths), paths=[str(p) for p in paths])
+    for erasing in (0.0, 1.0):
+        transform = train_transform(PREPROCESS, decode="fast", random_erasing=erasing)
+        pixels = make_dataset(samples, transform, pixels=True)
+        tensors = make_dataset(samples, transform)
+        for index in range(len(paths)):
+            torch.manual_seed(index)
+            item = pixels[index][0]
+            torch.manual_seed(index)
+            reference = tensors[index][0]
+            assert reference.dtype == torch.float32
+            if erasing:
+                assert torch.equal(item, reference)
+            else:
+                assert item.dtype == torch.uint8 and item.shape == (3, SIZE, SIZE)
+                assert torch.equal(transform.normalized(item), reference)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels-last"])
+def test_training_on_pixel_batches_ends_with_the_weights_of_tensor_batches(
+    tmp_path, monkeypatch, channels_last
+):
+    # The train loader passes 8-bit pixels and the loop normalises them on the device: the
+    # model sees the very floats the per-image ToTensor + Normalize gave, so a run's weights
+    # are bit for bit those of a run whose loader normalised each image.
+    import dataclasses
+
+    from torchkit.core.train import TrainConfig, loaders, loop, run_training
+
+    for split, count in (("train", 6), ("val", 2)):
+        for label in ("a", "b"):
+            folder = tmp_path / "data" / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                seed = hash((split, label, i)) % 1000
+                Image.fromarray(photo(300, 200, seed)).save(folder / f"{i}.jpg", quality=85)
+    config = TrainConfig(
+        data=str(tmp_path / "data"), model="test_train_nets:TinyNet", image_size=32,
+        batch_size=4, epochs=2, seed=3, deterministic=True, workers=0, ema=False,
+        channels_last=channels_last, device="cpu", out=str(tmp_path / "pixels"),
+    )  # fmt: skip
+    dtypes: list = []
+    to_device = loop.to_device
+
+    def recording(batch, ctx):
+        if torch.is_grad_enabled():  # a training step (evaluation runs without gradients)
+            dtypes.append(batch.images.dtype)
+        images, labels = to_device(batch, ctx)
+        assert images.dtype == torch.float32
+        assert images.is_contiguous(
+            memory_format=torch.channels_last if channels_last else torch.contiguous_format
+        )
+        return images, labels
+
+    monkeypatch.setattr(loop, "to_device", recording)
+    run_training(config)
+    assert dtypes and set(dtypes) == {torch.uint8}
+    dtypes.clear()
+    make_dataset_ = loaders.make_dataset
+    monkeypatch.setattr(
+        loaders, "make_dataset", lambda *a, pixels=False, **k: make_dataset_(*a, **k)
+    )
+    run_training(dataclasses.replace(config, out=str(tmp_path / "tensors")))
+    assert dtypes and set(dtypes) == {torch.float32}
+    ours, reference = (
+        torch.load(tmp_path / name / "last.pt", weights_only=True)["model"]
+        for name in ("pixels", "tensors")
+    )
+    assert ours.keys() == reference.keys()
+    assert all(torch.equal(ours[key], reference[key]) for key in reference)

@@ -485,22 +485,26 @@ def _fast_train_transform(
     randaugment_magnitude: int,
     random_erasing: float,
 ):
-    """`train_transform`'s steps with its crop a `ReducedDecodeCrop` and ToTensor + Normalize
-    fused (bit for bit the same), in the same order, drawing the same random numbers."""
+    """`train_transform`'s steps with its crop a `ReducedDecodeCrop`, its flip and ToTensor +
+    Normalize leaner equivalents (bit for bit the same), in the same order, drawing the same
+    random numbers."""
     from torchvision import transforms as T
 
-    from torchkit.core.decode import FileTrainTransform, NormalizedTensor, ReducedDecodeCrop
+    from torchkit.core.decode import (
+        FileTrainTransform,
+        HorizontalFlip,
+        NormalizedPixels,
+        ReducedDecodeCrop,
+    )
 
     mode = T.InterpolationMode(preprocess.interpolation)
     crop = ReducedDecodeCrop(
         preprocess.image_size, scale=crop_scale, interpolation=preprocess.interpolation
     )
-    steps: list = [T.RandomHorizontalFlip()] if flip else []
+    steps: list = [HorizontalFlip()] if flip else []
     steps += _policy_steps(augment, randaugment_magnitude, mode)
-    steps.append(NormalizedTensor(preprocess.mean, preprocess.std))
-    if random_erasing > 0:
-        steps.append(T.RandomErasing(p=random_erasing))
-    return FileTrainTransform(crop, T.Compose(steps))
+    after = [T.RandomErasing(p=random_erasing)] if random_erasing > 0 else []
+    return FileTrainTransform(crop, steps, NormalizedPixels(preprocess.mean, preprocess.std), after)
 
 
 def loader_context():
@@ -515,7 +519,7 @@ def loader_context():
     return None
 
 
-def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
+def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool = False):
     """A torch Dataset over `samples` whose items are (tensor, label, index, error).
 
     Files are read by `core.image_files.load_image`: 16-bit images scaled to 8 bits, and a path
@@ -525,14 +529,17 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB"):
     reports it to the main process, which counts it (or stops, with --strict).
 
     A transform with a `from_file(path, mode)` method (`train_transform(decode="fast")`) reads
-    image files itself, through the same opener.
+    image files itself, through the same opener. With `pixels`, such a transform's
+    `pixels_from_file` is called instead: its items are uint8 pixels where it can give them
+    (`FileTrainTransform.gives_pixels`), which the training loop normalises a batch at a time
+    on the device (`FileTrainTransform.normalized`), a quarter of the bytes to pass along.
     """
     import torch
     from PIL import Image
 
     from torchkit.core.image_files import load_image
 
-    from_file = getattr(transform, "from_file", None)
+    from_file = getattr(transform, "pixels_from_file" if pixels else "from_file", None)
 
     class _ImageDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:

@@ -25,6 +25,7 @@ and the same errors for unreadable files. Only the crop step changes, so every p
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -54,6 +55,68 @@ def reduction_for(crop_width: int, crop_height: int, image_size: int) -> int:
     return reduction
 
 
+def _pil_resample(interpolation: str) -> Any:
+    from PIL import Image
+
+    return Image.Resampling[interpolation.upper()]  # bilinear, bicubic, nearest
+
+
+class CropDraws:
+    """RandomResizedCrop.get_params(image, scale, ratio) from an image's width and height: the
+    same random numbers drawn from torch's generator in the same order, the same box, in a
+    quarter of the time (no tensors built per draw, the log of the ratio range taken once)."""
+
+    def __init__(self, scale: tuple[float, float], ratio: tuple[float, float]) -> None:
+        import torch
+
+        self.scale, self.ratio = (float(scale[0]), float(scale[1])), tuple(ratio)
+        # get_params takes the float32 log of the range and draws between its two values.
+        log_ratio = torch.log(torch.tensor(self.ratio))
+        self.log_ratio = (float(log_ratio[0]), float(log_ratio[1]))
+        self._float, self._int = torch.empty(1), torch.empty(1, dtype=torch.int64)
+
+    def draw(self, width: int, height: int) -> tuple[int, int, int, int]:
+        """(top, left, height, width) of the crop, as get_params returns it."""
+        area = height * width
+        for _ in range(10):
+            target_area = area * self._float.uniform_(*self.scale).item()
+            aspect_ratio = self._float.uniform_(*self.log_ratio).exp_().item()
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                top = self._int.random_(0, height - h + 1).item()
+                left = self._int.random_(0, width - w + 1).item()
+                return int(top), int(left), h, w
+        # No draw fitted: the centre crop at the nearest allowed aspect ratio, as get_params.
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w, h = width, int(round(width / min(self.ratio)))
+        elif in_ratio > max(self.ratio):
+            w, h = int(round(height * max(self.ratio))), height
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+
+class HorizontalFlip:
+    """RandomHorizontalFlip(p) on PIL images: the same draw (torch.rand(1) < p), without a
+    Module's call overhead."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = p
+
+    def __call__(self, image: Any) -> Any:
+        import torch
+        from PIL import Image
+
+        if torch.rand(1) < self.p:
+            return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return image
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(p={self.p})"
+
+
 class ReducedDecodeCrop:
     """torchvision's RandomResizedCrop(image_size, scale, interpolation) whose `from_file`
     decodes a JPEG at a reduced size where the crop allows it (module doc). Called on a PIL
@@ -77,6 +140,8 @@ class ReducedDecodeCrop:
             interpolation=T.InterpolationMode(interpolation),
             antialias=True,
         )
+        self.draws = CropDraws(self.exact.scale, self.exact.ratio)
+        self.resample = _pil_resample(interpolation)
 
     def __call__(self, image: Any) -> Any:
         return self.exact(image)
@@ -90,9 +155,7 @@ class ReducedDecodeCrop:
         in_memory = os.fspath(path).lower().endswith(JPEG_SUFFIXES)
         with opened_image(path, in_memory=in_memory) as image:
             # Drawn from the header's size, before any pixel is decoded: the exact path's draws.
-            top, left, height, width = self.exact.get_params(
-                image, self.exact.scale, self.exact.ratio
-            )
+            top, left, height, width = self.draws.draw(image.width, image.height)
             reduction = 1
             if image.format == "JPEG":
                 wanted = reduction_for(width, height, self.image_size)
@@ -101,6 +164,8 @@ class ReducedDecodeCrop:
                     drafted = image.draft(None, (full_width // wanted, image.height // wanted))
                     if drafted is not None:  # (mode, box of the full image in reduced pixels)
                         reduction = round(full_width / drafted[1][2])
+            # Decoded whole, even below the crop: a JPEG stopped early ends in the error a
+            # corrupt one gives, and a file refused in one epoch must be refused in every one.
             if image.mode == mode:
                 image.load()  # the pixels outlive the file; no copy needed
             else:
@@ -110,68 +175,126 @@ class ReducedDecodeCrop:
 
     def from_file(self, path: str | os.PathLike, mode: str) -> Any:
         """The crop of the image file at `path`, `image_size` square, in `mode` (PIL)."""
-        import torchvision.transforms.functional as F
-
         image, box, reduction = self.decode(path, mode)
-        if reduction == 1:  # the exact path's crop and resize, pixel for pixel
-            left, top, right, bottom = box
-            return F.resized_crop(
-                image,
-                top,
-                left,
-                bottom - top,
-                right - left,
-                [self.image_size, self.image_size],
-                self.exact.interpolation,
-                antialias=True,
-            )
+        size = (self.image_size, self.image_size)
+        if reduction == 1:
+            # The exact path's crop then resize (torchvision's resized_crop on a PIL image),
+            # pixel for pixel: the filter stops at the crop's edges.
+            return image.crop(box).resize(size, self.resample)
         # PIL crops and resizes in one pass, with a fractional box: the crop scaled by 1/k.
-        resample = F.pil_modes_mapping[self.exact.interpolation]
-        return image.resize((self.image_size, self.image_size), resample, box=box)
+        return image.resize(size, self.resample, box=box)
+
+
+class PixelTensor:
+    """PILToTensor for 8-bit RGB or L images: a uint8 (C, H, W) tensor, a view of the pixels in
+    PIL's (H, W, C) order (so a stacked batch is channels-last in memory). Other modes go
+    through torchvision's PILToTensor."""
+
+    def __call__(self, image: Any) -> Any:
+        import torch
+
+        if image.mode not in ("RGB", "L"):
+            from torchvision.transforms.functional import pil_to_tensor
+
+            return pil_to_tensor(image)
+        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        channels = len(image.mode)
+        return pixels.view(image.height, image.width, channels).permute(2, 0, 1)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NormalizedPixels:
+    """uint8 pixels (C, H, W) or a batch of them (N, C, H, W) as ToTensor then Normalize(mean,
+    std) would give them, bit for bit: the same float32 operations in the same order (/255,
+    -mean, /std), one pass per operation over a whole batch. The mean and std tensors are
+    built once per device."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        self.mean, self.std = tuple(mean), tuple(std)
+        self._tensors: dict[Any, tuple[Any, Any]] = {}
+
+    def __call__(self, pixels: Any, memory_format: Any = None) -> Any:
+        import torch
+
+        tensors = self._tensors.get(pixels.device)
+        if tensors is None:  # built in the process (and on the device) that uses them
+            tensors = self._tensors[pixels.device] = tuple(
+                torch.tensor(values, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
+                for values in (self.mean, self.std)
+            )
+        mean, std = tensors
+        memory_format = memory_format or torch.contiguous_format
+        images = pixels.to(torch.float32, memory_format=memory_format).div_(255)
+        return images.sub_(mean).div_(std)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(mean={self.mean}, std={self.std})"
 
 
 class NormalizedTensor:
-    """ToTensor then Normalize(mean, std) for 8-bit RGB or L images, bit for bit (the same
-    float32 operations in the same order), without re-building the mean and std tensors and
-    re-checking the input for every image."""
+    """ToTensor then Normalize(mean, std) for 8-bit RGB or L images, bit for bit: PixelTensor
+    then NormalizedPixels. Other modes go through torchvision's ToTensor and Normalize."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         from torchvision import transforms as T
 
-        self.mean, self.std = tuple(mean), tuple(std)
-        self.fallback = T.Compose([T.ToTensor(), T.Normalize(self.mean, self.std)])
-        self._tensors: Any = None
+        self.pixels, self.normalized = PixelTensor(), NormalizedPixels(mean, std)
+        self.fallback = T.Compose([T.ToTensor(), T.Normalize(tuple(mean), tuple(std))])
 
     def __call__(self, image: Any) -> Any:
-        import numpy as np
-        import torch
-
         if image.mode not in ("RGB", "L"):
             return self.fallback(image)
-        if self._tensors is None:  # built in the worker that uses them
-            self._tensors = tuple(
-                torch.tensor(values, dtype=torch.float32).view(-1, 1, 1)
-                for values in (self.mean, self.std)
-            )
-        mean, std = self._tensors
-        pixels = torch.from_numpy(np.array(image))  # a writable copy
-        pixels = pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1)
-        tensor = pixels.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
-        return tensor.sub_(mean).div_(std)
+        return self.normalized(self.pixels(image))
 
 
 class FileTrainTransform:
-    """The train transform as `crop` then `rest`: called on a PIL image it is the exact path;
-    `make_dataset` calls `from_file` on image files, which decodes through `crop.from_file`."""
+    """The train transform as `crop`, `steps` on the PIL crop (flip, policy), then `pixels`
+    (8-bit tensor) and `after` (normalisation, random erasing): called on a PIL image it is the
+    exact path; `make_dataset` calls `from_file` on image files, which decodes through
+    `crop.from_file`, or `pixels_from_file` where the loader normalises whole batches."""
 
-    def __init__(self, crop: ReducedDecodeCrop, rest: Any) -> None:
-        self.crop, self.rest = crop, rest
+    def __init__(
+        self, crop: ReducedDecodeCrop, steps: list, normalized: NormalizedPixels, after: list
+    ) -> None:
+        self.crop, self.steps, self.normalized, self.after = crop, steps, normalized, after
+        self.pixels = PixelTensor()
+        self.fallback = NormalizedTensor(normalized.mean, normalized.std)
+
+    def _tensor(self, image: Any) -> Any:
+        for step in self.steps:
+            image = step(image)
+        tensor = self.fallback(image)  # normalised, whatever the mode
+        for step in self.after:
+            tensor = step(tensor)
+        return tensor
 
     def __call__(self, image: Any) -> Any:
-        return self.rest(self.crop(image))
+        return self._tensor(self.crop(image))
 
     def from_file(self, path: str | os.PathLike, mode: str) -> Any:
-        return self.rest(self.crop.from_file(path, mode))
+        return self._tensor(self.crop.from_file(path, mode))
+
+    @property
+    def gives_pixels(self) -> bool:
+        """Whether `pixels_from_file` gives 8-bit pixels (nothing after normalisation)."""
+        return not self.after
+
+    def pixels_from_file(self, path: str | os.PathLike, mode: str) -> Any:
+        """The uint8 (C, H, W) pixels of `from_file` before normalisation (`self.normalized`
+        turns them into `from_file`'s tensor, bit for bit), where nothing comes after it; else
+        `from_file`'s tensor."""
+        image = self.crop.from_file(path, mode)
+        for step in self.steps:
+            image = step(image)
+        if self.after:
+            tensor = self.fallback(image)
+            for step in self.after:
+                tensor = step(tensor)
+            return tensor
+        return self.pixels(image)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(crop={self.crop.exact!r}, rest={self.rest!r})"
+        steps = [*self.steps, self.fallback, *self.after]
+        return f"{type(self).__name__}(crop={self.crop.exact!r}, steps={steps!r})"

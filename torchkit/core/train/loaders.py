@@ -349,6 +349,8 @@ def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig)
             # decodes them whole.
             decode=config.decode,
         ),
+        # uint8 batches where the transform allows: the loop normalises them (to_device).
+        pixels=True,
     )
 
 

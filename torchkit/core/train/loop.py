@@ -95,6 +95,9 @@ class StepContext:
     # The earliest of the ranks' first non-finite-loss batches (-1: none), given this rank's:
     # every rank stops at the same check (None: a single process).
     earliest_over_ranks: Callable[[int], int] | None = None
+    # Turns a uint8 batch (what the train loader gives for image files) into the model's
+    # input on the device: ToTensor + Normalize, bit for bit (core.decode.NormalizedPixels).
+    normalized_pixels: Callable[..., Any] | None = None
 
 
 class UnreadableImages:
@@ -118,11 +121,19 @@ class UnreadableImages:
 
 
 def to_device(batch, ctx: StepContext):
+    """The batch's images and labels on the device, images as the model takes them: 8-bit
+    pixels (a quarter of the bytes to copy) normalised there, in the memory format asked for."""
     import torch
 
     images = batch.images.to(ctx.device, non_blocking=True)
     labels = batch.labels.to(ctx.device, non_blocking=True)
-    if ctx.channels_last and images.ndim == 4:
+    channels_last = ctx.channels_last and images.ndim == 4
+    if images.dtype == torch.uint8:
+        if ctx.normalized_pixels is None:
+            raise TypeError("a batch of 8-bit pixels, and no normalisation to apply to it")
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        images = ctx.normalized_pixels(images, layout)
+    elif channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     return images, labels
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.train import dynamo_free
+from torchkit.core.train.loop import to_device
 
 _END = object()
 
@@ -99,7 +100,6 @@ def range_test(
 def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int) -> LRFindResult:
     """The range test on `step_ctx`'s model, optimiser and loss (train's own), restoring their
     states afterwards. `batches()` gives a fresh iterator of train's `Batch` objects."""
-    import torch
 
     model, optimizer = step_ctx.module, step_ctx.optimizer
     saved_model = copy.deepcopy(model.state_dict())
@@ -107,15 +107,13 @@ def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int)
     # Each group keeps its ratio to the base lr (--backbone-lr, --head-lr-mult).
     base = max(group["lr"] for group in optimizer.param_groups) or 1.0
     ratios = [group["lr"] / base for group in optimizer.param_groups]
-    memory_format = torch.channels_last if step_ctx.channels_last else torch.contiguous_format
 
     def step(batch, lr: float) -> float | None:
         for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
             group["lr"] = lr * ratio
         if batch.images is None:  # every image of the batch unreadable: no step
             return None
-        images = batch.images.to(step_ctx.device, memory_format=memory_format)
-        labels = batch.labels.to(step_ctx.device)
+        images, labels = to_device(batch, step_ctx)
         step_ctx.model.train()
         optimizer.zero_grad(set_to_none=True)
         with step_ctx.autocast():

@@ -16,6 +16,7 @@ from pathlib import Path
 from torchkit.core.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.data import DIGITS
 from torchkit.core.datasource import SPLIT_CSV, write_split_csv
+from torchkit.core.decode import NormalizedPixels
 from torchkit.core.errors import (
     CheckpointError,
     DeviceError,
@@ -708,6 +709,7 @@ class _Run:
             cutmix_alpha=config.cutmix_alpha,
             distributed=self.ctx.is_distributed,
             input_shape=(self.preprocess.in_channels,) + (self.preprocess.image_size,) * 2,
+            normalized_pixels=NormalizedPixels(self.preprocess.mean, self.preprocess.std),
             frozen_norms=(lambda: set_frozen_norms_eval(model)) if config.freeze_backbone else None,
             earliest_over_ranks=self._earliest_over_ranks if self.ctx.is_distributed else None,
         )
