@@ -5,6 +5,7 @@ counted by hand on a tiny generated model."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -219,7 +220,9 @@ def test_torchscript_in_the_command(runner, tmp_path):
     assert data["totals"]["total_params"] == 26 and data["totals"]["total_mult_adds"] is None
     path = tmp_path / "scripted.pt"
     scripted().save(str(path))
-    loaded = invoke(runner, str(path), "--trust-checkpoint")  # no input size known
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.load's "dispatching to torch.jit.load" included
+        loaded = invoke(runner, str(path), "--trust-checkpoint")  # no input size known
     assert loaded.exit_code == 0, loaded.stderr
     assert json.loads(loaded.stdout)["totals"]["total_params"] == 26
     assert "TorchScript" in loaded.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,12 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
     if not trust:
         _refuse_code_archives(source)
     try:
+        if _is_torchscript(source):  # what torch.load hands it to, with a warning
+            with warnings.catch_warnings():
+                # "torch.jit.load is deprecated": the user asked for this file, and the
+                # commands that read it say what it is.
+                warnings.simplefilter("ignore", FutureWarning)
+                return torch.jit.load(str(source), map_location="cpu")
         return torch.load(source, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as error:
         blocked = None if trust else _blocked_global(error)
@@ -81,6 +88,12 @@ def _refuse_code_archives(source: Path) -> None:
             f"{source} is {what}, whose code runs when it is loaded",
             "pass --trust-checkpoint to load it, only if you trust where it came from",
         )
+
+
+def _is_torchscript(source: Path) -> bool:
+    from torchkit.core.export.formats import TORCHSCRIPT, sniff_format
+
+    return sniff_format(source) == TORCHSCRIPT
 
 
 def _blocked_global(error: BaseException) -> str | None:
