@@ -99,6 +99,18 @@ def _items(paths: list[Path], decode: str, **options) -> list[tuple]:
     return items
 
 
+def _jpeg_split_folder(root: Path, *, train: int, val: int, size: tuple[int, int]) -> None:
+    """ROOT/{train,val}/{a,b}/i.jpg: that many photos of `size` per class, each its own."""
+    seed = 0
+    for split, count in (("train", train), ("val", val)):
+        for label in ("a", "b"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                seed += 1
+                Image.fromarray(photo(*size, seed)).save(folder / f"{i}.jpg", quality=85)
+
+
 def test_the_reduction_rule():
     # The largest of 1/2/4/8 that leaves the crop's shorter side at least image_size pixels.
     assert reduction_for(1500, 1500, 64) == 8
@@ -209,13 +221,7 @@ def test_seeded_batches_with_workers_or_without(tmp_path):
     from torchkit.core.train.config import TrainConfig, resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
 
-    for split, count in (("train", 4), ("val", 1)):
-        for label in ("a", "b"):
-            folder = tmp_path / "data" / split / label
-            folder.mkdir(parents=True)
-            for i in range(count):
-                seed = hash((split, label, i)) % 1000
-                Image.fromarray(photo(400, 300, seed)).save(folder / f"{i}.jpg", quality=85)
+    _jpeg_split_folder(tmp_path / "data", train=4, val=1, size=(400, 300))
     batches = []
     for workers in (0, 2, 0):
         config = TrainConfig(data=str(tmp_path / "data"), image_size=32, workers=workers,
@@ -359,13 +365,7 @@ def test_training_on_pixel_batches_ends_with_the_weights_of_tensor_batches(
 
     from torchkit.core.train import TrainConfig, loaders, loop, run_training
 
-    for split, count in (("train", 6), ("val", 2)):
-        for label in ("a", "b"):
-            folder = tmp_path / "data" / split / label
-            folder.mkdir(parents=True)
-            for i in range(count):
-                seed = hash((split, label, i)) % 1000
-                Image.fromarray(photo(300, 200, seed)).save(folder / f"{i}.jpg", quality=85)
+    _jpeg_split_folder(tmp_path / "data", train=6, val=2, size=(300, 200))
     config = TrainConfig(
         data=str(tmp_path / "data"), model="test_train_nets:TinyNet", image_size=32,
         batch_size=4, epochs=2, seed=3, deterministic=True, workers=0, ema=False,
