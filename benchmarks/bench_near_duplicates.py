@@ -429,10 +429,16 @@ def scaling(work: Path, images: int, workers: int, sizes: list[int]) -> None:
     paths = [p for p, _, _ in made]
     for count in (images // 5, images):
         subset = paths[:count]
+        tracemalloc.start()  # the main process's Python memory: the paths in, the hashes out
         start = time.perf_counter()
         hashes = torchkit_hashes(subset, workers)
         seconds = time.perf_counter() - start
-        print(f"   {count:7d} images: {seconds:7.2f} s, {count / seconds:8.1f} images/s")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(
+            f"   {count:7d} images: {seconds:7.2f} s, {count / seconds:8.1f} images/s, "
+            f"peak {peak / 2**20:.1f} MiB in the main process"
+        )
     values = np.array(hashes, dtype=np.uint64)
     tracemalloc.start()
     start = time.perf_counter()
