@@ -7,20 +7,24 @@ trained on at 64 pixels gives up most of its pixels in that resize. libjpeg can 
 inverse DCT and colour conversion, and leaves the resize a fraction of the pixels to filter.
 
 The rule (`reduction_for`): the crop's parameters are drawn first, from the size in the file's
-header, by the very `RandomResizedCrop.get_params` call the exact path makes (same draws from
-torch's generator, so a seeded image gets the same crop box, and everything after the crop the
-same random numbers); then the JPEG is decoded at the largest reduction 1/k, k in 1, 2, 4, 8,
-that leaves the crop at least `image_size` pixels on its shorter side, and the crop box (scaled
-by 1/k, sub-pixel exact) is resized to `image_size` from the reduced image. So the final resize
-still shrinks (or keeps) the crop, as it does on the full image, and never enlarges it more than
-the exact path does: the model sees the same content at the same scale, filtered by libjpeg's
-scaled DCT instead of by PIL's bilinear filter alone (see `benchmarks/bench_decode.py` for the
-difference in pixels and in accuracy).
+header, with the draws of the exact path's `RandomResizedCrop.get_params` (`CropDraws`: the same
+random numbers from torch's generator, so a seeded image gets the same crop box, and everything
+after the crop the same random numbers); then the JPEG is decoded at the largest reduction 1/k,
+k in 1, 2, 4, 8, that leaves the crop at least `image_size` pixels on its shorter side, and the
+crop box (scaled by 1/k, sub-pixel exact) is resized to `image_size` from the reduced image. So
+the final resize still shrinks (or keeps) the crop, as it does on the full image, and never
+enlarges it more than the exact path does: the model sees the same content at the same scale,
+filtered by libjpeg's scaled DCT instead of by PIL's bilinear filter alone (see
+`benchmarks/bench_decode.py` for the difference in pixels and in accuracy).
 
 Everything else is exactly the exact path's: images that are not JPEGs, crops too small to
 reduce, in-memory images, 16-bit scaling, mode conversion (CMYK, grayscale), no EXIF rotation,
 and the same errors for unreadable files. Only the crop step changes, so every policy
 (trivialaugment, randaugment, autoaugment, random erasing) runs after it as before.
+
+The training loader takes the crops as 8-bit pixels (`FileTrainTransform.pixels_from_file`) and
+the loop normalises whole batches (`NormalizedPixels`), bit for bit what ToTensor + Normalize
+give each image.
 """
 
 from __future__ import annotations
