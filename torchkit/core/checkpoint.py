@@ -47,10 +47,13 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
     if source.suffix == ".safetensors":
         return _load_safetensors(source)
+    from torchkit.core.export.formats import TORCHSCRIPT, sniff_format
+
+    kind = sniff_format(source)
     if not trust:
-        _refuse_code_archives(source)
+        _refuse_code_archives(source, kind)
     try:
-        if _is_torchscript(source):  # what torch.load hands it to, with a warning
+        if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
             with warnings.catch_warnings():
                 # "torch.jit.load is deprecated": the user asked for this file, and the
                 # commands that read it say what it is.
@@ -76,24 +79,18 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         raise _unreadable(source, error) from error
 
 
-def _refuse_code_archives(source: Path) -> None:
-    """TorchScript and torch.export archives run code from the file when loaded: say so, rather
-    than torch's "Cannot use weights_only=True with TorchScript archives"."""
-    from torchkit.core.export.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
+def _refuse_code_archives(source: Path, kind: str | None) -> None:
+    """TorchScript and torch.export archives (`kind`, from `sniff_format`) run code from the
+    file when loaded: say so, rather than torch's "Cannot use weights_only=True with
+    TorchScript archives"."""
+    from torchkit.core.export.formats import EXPORTED_PROGRAM, TORCHSCRIPT
 
-    kind = sniff_format(source)
     if kind in (TORCHSCRIPT, EXPORTED_PROGRAM):
         what = "a TorchScript archive" if kind == TORCHSCRIPT else "a torch.export archive"
         raise CheckpointError(
             f"{source} is {what}, whose code runs when it is loaded",
             "pass --trust-checkpoint to load it, only if you trust where it came from",
         )
-
-
-def _is_torchscript(source: Path) -> bool:
-    from torchkit.core.export.formats import TORCHSCRIPT, sniff_format
-
-    return sniff_format(source) == TORCHSCRIPT
 
 
 def _blocked_global(error: BaseException) -> str | None:

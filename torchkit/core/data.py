@@ -493,7 +493,7 @@ def _fast_train_transform(
     from torchkit.core.decode import (
         FileTrainTransform,
         HorizontalFlip,
-        NormalizedPixels,
+        NormalizedTensor,
         ReducedDecodeCrop,
     )
 
@@ -504,7 +504,7 @@ def _fast_train_transform(
     steps: list = [HorizontalFlip()] if flip else []
     steps += _policy_steps(augment, randaugment_magnitude, mode)
     after = [T.RandomErasing(p=random_erasing)] if random_erasing > 0 else []
-    return FileTrainTransform(crop, steps, NormalizedPixels(preprocess.mean, preprocess.std), after)
+    return FileTrainTransform(crop, steps, NormalizedTensor(preprocess.mean, preprocess.std), after)
 
 
 def loader_context():
@@ -531,8 +531,8 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool
     A transform with a `from_file(path, mode)` method (`train_transform(decode="fast")`) reads
     image files itself, through the same opener. With `pixels`, such a transform's
     `pixels_from_file` is called instead: its items are uint8 pixels where it can give them
-    (`FileTrainTransform.gives_pixels`), which the training loop normalises a batch at a time
-    on the device (`FileTrainTransform.normalized`), a quarter of the bytes to pass along.
+    (no random erasing), which the training loop normalises a batch at a time on the device
+    (`FileTrainTransform.normalized`), a quarter of the bytes to pass along.
     """
     import torch
     from PIL import Image

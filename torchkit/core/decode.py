@@ -59,7 +59,8 @@ def reduction_for(crop_width: int, crop_height: int, image_size: int) -> int:
     return reduction
 
 
-def _pil_resample(interpolation: str) -> Any:
+def pil_resample(interpolation: str) -> Any:
+    """PIL's resampling filter for an --interpolation name."""
     from PIL import Image
 
     return Image.Resampling[interpolation.upper()]  # bilinear, bicubic, nearest
@@ -145,7 +146,7 @@ class ReducedDecodeCrop:
             antialias=True,
         )
         self.draws = CropDraws(self.exact.scale, self.exact.ratio)
-        self.resample = _pil_resample(interpolation)
+        self.resample = pil_resample(interpolation)
 
     def __call__(self, image: Any) -> Any:
         return self.exact(image)
@@ -254,22 +255,25 @@ class NormalizedTensor:
 
 
 class FileTrainTransform:
-    """The train transform as `crop`, `steps` on the PIL crop (flip, policy), then `pixels`
-    (8-bit tensor) and `after` (normalisation, random erasing): called on a PIL image it is the
-    exact path; `make_dataset` calls `from_file` on image files, which decodes through
+    """The train transform as `crop`, `steps` on the PIL crop (flip, policy), `to_tensor`
+    (ToTensor + Normalize) and `after` (random erasing): called on a PIL image it is the exact
+    path; `make_dataset` calls `from_file` on image files, which decodes through
     `crop.from_file`, or `pixels_from_file` where the loader normalises whole batches."""
 
     def __init__(
-        self, crop: ReducedDecodeCrop, steps: list, normalized: NormalizedPixels, after: list
+        self, crop: ReducedDecodeCrop, steps: list, to_tensor: NormalizedTensor, after: list
     ) -> None:
-        self.crop, self.steps, self.normalized, self.after = crop, steps, normalized, after
-        self.pixels = PixelTensor()
-        self.fallback = NormalizedTensor(normalized.mean, normalized.std)
+        self.crop, self.steps, self.to_tensor, self.after = crop, steps, to_tensor, after
+        # What turns `pixels_from_file`'s pixels into `from_file`'s tensor, bit for bit.
+        self.normalized = to_tensor.normalized
 
-    def _tensor(self, image: Any) -> Any:
+    def _stepped(self, image: Any) -> Any:
         for step in self.steps:
             image = step(image)
-        tensor = self.fallback(image)  # normalised, whatever the mode
+        return image
+
+    def _tensor(self, image: Any) -> Any:
+        tensor = self.to_tensor(self._stepped(image))
         for step in self.after:
             tensor = step(tensor)
         return tensor
@@ -280,25 +284,13 @@ class FileTrainTransform:
     def from_file(self, path: str | os.PathLike, mode: str) -> Any:
         return self._tensor(self.crop.from_file(path, mode))
 
-    @property
-    def gives_pixels(self) -> bool:
-        """Whether `pixels_from_file` gives 8-bit pixels (nothing after normalisation)."""
-        return not self.after
-
     def pixels_from_file(self, path: str | os.PathLike, mode: str) -> Any:
-        """The uint8 (C, H, W) pixels of `from_file` before normalisation (`self.normalized`
-        turns them into `from_file`'s tensor, bit for bit), where nothing comes after it; else
-        `from_file`'s tensor."""
-        image = self.crop.from_file(path, mode)
-        for step in self.steps:
-            image = step(image)
+        """The uint8 (C, H, W) pixels of `from_file` before normalisation, where nothing comes
+        after it (random erasing works on normalised tensors: then `from_file`'s tensor)."""
         if self.after:
-            tensor = self.fallback(image)
-            for step in self.after:
-                tensor = step(tensor)
-            return tensor
-        return self.pixels(image)
+            return self.from_file(path, mode)
+        return self.to_tensor.pixels(self._stepped(self.crop.from_file(path, mode)))
 
     def __repr__(self) -> str:
-        steps = [*self.steps, self.fallback, *self.after]
+        steps = [*self.steps, self.to_tensor, *self.after]
         return f"{type(self).__name__}(crop={self.crop.exact!r}, steps={steps!r})"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.data import Preprocess, Samples
-from torchkit.core.decode import CROP_RATIO
+from torchkit.core.decode import CROP_RATIO, pil_resample
 from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS
 
 
@@ -128,7 +128,7 @@ def eval_pixels(images: np.ndarray, resize: int, size: int, interpolation: str) 
     import torch
     from PIL import Image
 
-    resample = Image.Resampling[interpolation.upper()]  # bilinear, bicubic, nearest
+    resample = pil_resample(interpolation)
     out = []
     for pixels in images:
         image = Image.fromarray(pixels)
