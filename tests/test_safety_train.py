@@ -234,7 +234,8 @@ def test_sigterm_after_the_first_checkpoint_keeps_the_run_and_a_second_run_is_lo
     )
 
     resumed = run_torchkit_process(
-        "train", "--resume", "run", "--workers", "0", "--format", "json", cwd=tmp_path,
+        "train", "--resume", "run", "--workers", "0", "--format", "json", "--trust-checkpoint",
+        cwd=tmp_path,
         env={"PYTHONPATH": str(TESTS)},
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr

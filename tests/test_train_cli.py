@@ -459,13 +459,14 @@ def test_best_metric_loss_picks_the_lowest_validation_loss(runner, split_root, t
 def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
     out = tmp_path / "run"
     assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
-    more = train(runner, "--resume", str(out), "--epochs", "4", "--format", "json")
+    trusted = "--trust-checkpoint"  # the run's model is code (test_train_nets:TinyNet)
+    more = train(runner, "--resume", str(out), "--epochs", "4", "--format", "json", trusted)
     assert more.exit_code == 0, more.stderr
     summary = json.loads(more.stdout)
     assert summary["epochs"] == 4 and summary["resumed_from"] == str(out / "last.pt")
     assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3, 4]
     assert load(out / "last.pt")["epoch"] == 4
-    done = train(runner, "--resume", str(out))
+    done = train(runner, "--resume", str(out), trusted)
     assert done.exit_code == 0 and "nothing to train" in done.stderr
 
 

@@ -259,7 +259,9 @@ def evaluate_in_process(runner, checkpoint: Path, data: Path, split: str) -> dic
     from torchkit.cli import app
 
     done = runner.invoke(
-        app, ["eval", str(checkpoint), "--data", str(data), "--split", split, "--format", "json"]
+        app,
+        ["eval", str(checkpoint), "--data", str(data), "--split", split, "--format", "json"]
+        + ["--trust-checkpoint"],  # the run's model is code (BNNet)
     )
     assert done.exit_code == 0, done.stderr
     return json.loads(done.stdout)
@@ -383,7 +385,9 @@ def test_a_stopped_ddp_run_resumes_exactly_as_the_uninterrupted_one(interrupted,
     state was restored on both ranks, and the weights differed)."""
     out, _ = interrupted
     reference, reference_done, _, _ = uninterrupted
-    rank0, rank1 = run_ranks("train", "--resume", str(out), "--format", "json")
+    rank0, rank1 = run_ranks(
+        "train", "--resume", str(out), "--format", "json", "--trust-checkpoint"
+    )
     assert (rank0.returncode, rank1.returncode) == (0, 0), rank0.stderr[-3000:]
     ours = torch.load(out / "last.pt", weights_only=True)
     theirs = torch.load(reference / "last.pt", weights_only=True)
@@ -407,7 +411,9 @@ def test_resuming_with_another_number_of_processes_goes_on_and_says_so(
     branch = tmp_path / "branch"
     stopped = out.parent / "stopped.pt"
     done = runner.invoke(
-        app, ["train", "--resume", str(stopped), "--out", str(branch), "--format", "json"]
+        app,
+        ["train", "--resume", str(stopped), "--out", str(branch), "--format", "json"]
+        + ["--trust-checkpoint"],  # the run's model is code (BNNet)
     )
     assert done.exit_code == 0, done.stderr
     assert "was saved by 2 process(es), this run has 1: it continues, but not exactly" in (

@@ -204,7 +204,7 @@ def test_a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_good_epo
         # The example: a run that diverges in its first epoch keeps nothing.
         ["train", "--data", data, *FAST, "--lr", "1e30", "--epochs", "2", "--out", fresh],
         # --lr applies for real on resume: 1e30 makes epoch 3 diverge.
-        ["train", "--resume", resumed, "--lr", "1e30", "--epochs", "4"],
+        ["train", "--resume", resumed, "--lr", "1e30", "--epochs", "4", "--trust-checkpoint"],
     ]  # fmt: skip
     plain = {k: v for k, v in {**os.environ, **ENV}.items() if k != "TORCHKIT_DEBUG"}
     envs = [{**plain, "TORCHKIT_TEST_NAN_AT": "5"}, plain, plain]  # NaN at epoch 2, batch 2
@@ -371,7 +371,9 @@ def test_resume_trains_with_the_new_lr_and_weight_decay_that_config_json_records
     out = tmp_path / "run"
     shutil.copytree(trained, out)
     result = runner.invoke(
-        app, ["train", "--resume", str(out), "--epochs", "3", "--lr", "0.5", "--wd", "0.001"]
+        app,
+        ["train", "--resume", str(out), "--epochs", "3", "--lr", "0.5", "--wd", "0.001"]
+        + ["--trust-checkpoint"],  # TinyNet is code the checkpoint names
     )
     assert result.exit_code == 0, result.stderr
     with (out / "metrics.csv").open(newline="") as handle:
@@ -411,7 +413,9 @@ def test_resume_into_another_folder_carries_best_pt(trained, tmp_path, runner):
 
     out = tmp_path / "r2"
     result = runner.invoke(
-        app, ["train", "--resume", str(trained), "--out", str(out), "--format", "json"]
+        app,
+        ["train", "--resume", str(trained), "--out", str(out), "--format", "json"]
+        + ["--trust-checkpoint"],  # TinyNet is code the checkpoint names
     )
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)

@@ -81,7 +81,7 @@ def test_sigkill_then_resume_is_bitwise_identical(data, uninterrupted, tmp_path,
     assert survivor["epoch"] == 1 and survivor["epoch_progress"] is None
     assert not list(out.glob(".*.tmp*"))  # no half-written temporary left behind
 
-    resumed = runner.invoke(app, ["train", "--resume", str(out)])
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--trust-checkpoint"])
     assert resumed.exit_code == 0, resumed.stderr
     assert "resumed from" in resumed.stderr
     final = torch.load(out / "last.pt", weights_only=True)
@@ -106,7 +106,7 @@ def test_ctrl_c_saves_and_resume_continues_mid_epoch_exactly(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
 
     monkeypatch.delenv("TORCHKIT_TEST_SIGINT_AT")
-    resumed = runner.invoke(app, ["train", "--resume", str(out)])
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--trust-checkpoint"])
     assert resumed.exit_code == 0, resumed.stderr
     assert_bitwise_equal(torch.load(out / "last.pt", weights_only=True), uninterrupted)
 
@@ -158,7 +158,7 @@ def test_cpu_fp16_with_a_grad_scaler_stops_and_resumes_exactly(
     assert saved["global_step"] == 3 and saved["scaler"]["_growth_tracker"] == 3
 
     monkeypatch.delenv("TORCHKIT_TEST_SIGINT_AT")
-    resumed = runner.invoke(app, ["train", "--resume", str(out)])
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--trust-checkpoint"])
     assert resumed.exit_code == 0, resumed.stderr
     final = torch.load(out / "last.pt", weights_only=True)
     assert_bitwise_equal(final, uninterrupted_fp16)

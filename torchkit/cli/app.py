@@ -118,6 +118,8 @@ def _polish_param(param) -> None:
         param.__class__ = TorchkitOption
     elif type(param) is TyperArgument:
         param.__class__ = TorchkitArgument
+    if param.name == "help" and param.callback is not None:
+        param.callback = _writing_stdout(param.callback)
     help_text = getattr(param, "help", None)
     if help_text:
         param.help = _BRACKETS_AS_TEXT.sub(r"\\[", help_text)
@@ -146,6 +148,10 @@ def _polish_command(command) -> None:
 
 
 class TorchkitCommand(TyperCommand):
+    def format_help(self, ctx, formatter):
+        with _reporting_stdout_write_errors():  # rich prints the help to stdout right here
+            return super().format_help(ctx, formatter)
+
     def get_params(self, ctx):
         params = super().get_params(ctx)
         for param in params:  # the --help option is made on first use
@@ -168,6 +174,10 @@ class TorchkitGroup(TyperGroup):
         if command is not None:
             _polish_command(command)
         return command
+
+    def format_help(self, ctx, formatter):
+        with _reporting_stdout_write_errors():  # also bare `torchkit`, which shows the help
+            return super().format_help(ctx, formatter)
 
     def get_params(self, ctx):
         params = super().get_params(ctx)
@@ -277,8 +287,44 @@ def _report(error: BaseException, line: str) -> None:
 
 def _version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"torchkit {__version__}")
+        with _reporting_stdout_write_errors():
+            typer.echo(f"torchkit {__version__}")
         raise typer.Exit()
+
+
+@contextlib.contextmanager
+def _reporting_stdout_write_errors() -> Iterator[None]:
+    """`torchkit --help > /dev/full`: one `Error:` line, as for a command's results, not a
+    traceback (the help and the version are written while the command line is parsed, before
+    any command's error boundary). A reader that left (`| head`) stays quiet, as elsewhere."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        reason = error.strerror or first_line(error)
+        _report(
+            error,
+            f"cannot write to standard output: {reason} (free some space, or send "
+            "the output elsewhere)",
+        )
+        # What is left in stdout's buffer must not fail again (with Python's complaint) at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise typer.Exit(1) from None
+
+
+def _writing_stdout(callback):
+    """The help option's callback, with its write errors reported as above (idempotent)."""
+    if getattr(callback, "_torchkit_stdout", False):
+        return callback
+
+    def show_help(*args: Any, **kwargs: Any) -> Any:
+        with _reporting_stdout_write_errors():
+            return callback(*args, **kwargs)
+
+    show_help._torchkit_stdout = True  # type: ignore[attr-defined]
+    return show_help
 
 
 # --- shell completion: build only what the word being completed needs ---------------------------

@@ -287,7 +287,9 @@ def _search_table(result: Any) -> Table:
     )
 
 
-def _readable(value: float) -> str:
+def _readable(value: float | None) -> str:
+    if value is None:  # not counted (a TorchScript module)
+        return "unknown "
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.2f} {unit}"

@@ -304,6 +304,14 @@ def checkpoint(
             "in float64, integer buffers from the last) into DST, a checkpoint eval reads.",
         ),
     ] = False,
+    allow_nonfinite: Annotated[
+        bool,
+        typer.Option(
+            "--allow-nonfinite",
+            help="With --average: average checkpoints holding NaN or infinite values (refused "
+            "by default: the average would not be finite either).",
+        ),
+    ] = False,
     key: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -355,8 +363,10 @@ def checkpoint(
     from torchkit.core.errors import UsageError
 
     if average:
-        _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output)
+        _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output, allow_nonfinite)
         return
+    if allow_nonfinite:
+        raise UsageError("--allow-nonfinite applies to --average only", "add --average")
     if len(paths) != 2:
         raise UsageError(
             f"convert checkpoint takes SRC and DST, not {len(paths)} paths",
@@ -397,7 +407,9 @@ def checkpoint(
     emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
 
 
-def _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output) -> None:
+def _average(
+    paths, key, strip_prefix, add_prefix, dtype, force, fmt, output, allow_nonfinite=False
+) -> None:
     from torchkit.core.averaging import write_average
     from torchkit.core.convert.writes import check_report_output
     from torchkit.core.errors import UsageError
@@ -415,7 +427,7 @@ def _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output) ->
     *sources, destination = paths
     for source in sources:
         check_report_output(output, force, source=source, destination=destination)
-    report = write_average(sources, destination, force=force)
+    report = write_average(sources, destination, force=force, allow_nonfinite=allow_nonfinite)
     rows = [
         ["sources", ", ".join(report["sources"])],
         ["destination", report["destination"]],

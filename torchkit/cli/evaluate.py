@@ -12,6 +12,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
+    AllowUntrainedOption,
     ChannelsLastOption,
     DeviceOption,
     ForceOption,
@@ -44,8 +45,9 @@ def eval_command(
     checkpoint: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Argument(
-            help="The model: a torchkit checkpoint, a pickled model (with --trust-checkpoint), "
-            "or a model name (torchvision, convnet, package.module:Callable) with --weights.",
+            help="The model: a torchkit checkpoint, an exported .onnx (.ts and .pt2 with "
+            "--trust-checkpoint), a pickled model (with --trust-checkpoint), or a model name "
+            "(torchvision, convnet, package.module:Callable) with --weights.",
             show_default=False,
             metavar="MODEL",
             autocompletion=complete_model_name,
@@ -161,6 +163,7 @@ def eval_command(
     ] = 25,
     strict: StrictOption = False,
     trust_checkpoint: TrustCheckpointOption = False,
+    allow_untrained: AllowUntrainedOption = False,
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
     force: ForceOption = False,
@@ -195,6 +198,7 @@ def eval_command(
         std=std_values,
         trust_checkpoint=trust_checkpoint,
         ema=ema,
+        allow_untrained=allow_untrained,
     )
     options = EvalOptions(
         data=data,

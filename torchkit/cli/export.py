@@ -179,6 +179,11 @@ def export(
     emit(tables=tables, data=data, fmt=fmt, output=output, force=force)
     if not result.verified:
         console.warn(f"{result.path} was not verified (--no-verify)")
+    if result.random_weights:
+        console.warn(
+            f"{result.path} holds random weights ({model} came with no --weights): fine for "
+            "trying a runtime, not for predictions"
+        )
 
 
 def _shape(data: dict) -> str:

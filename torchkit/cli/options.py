@@ -42,7 +42,16 @@ TrustCheckpointOption = Annotated[
     bool,
     typer.Option(
         "--trust-checkpoint",
-        help="Allow checkpoints that hold arbitrary pickled objects (runs code from the file).",
+        help="Allow model files that run code when loaded: pickled objects, TorchScript and "
+        "torch.export archives, and checkpoints whose arch is package.module:Callable.",
+    ),
+]
+AllowUntrainedOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-untrained",
+        help="Run a model that comes with no trained weights (a model name without --weights, "
+        "or package.module:Callable that loads its own): refused by default.",
     ),
 ]
 
@@ -59,7 +68,8 @@ ModelArgument = Annotated[
     typer.Argument(
         help="A torchvision model name, convnet, package.module:Callable (importable from the "
         "working directory), timm/NAME (a timm model, with the timm extra), a torchkit "
-        "checkpoint, or a pickled model (with --trust-checkpoint).",
+        "checkpoint, a file `torchkit export` wrote, or a pickled model (with "
+        "--trust-checkpoint).",
         metavar="MODEL",
         show_default=False,
         autocompletion=_complete_model,

@@ -14,6 +14,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
+    AllowUntrainedOption,
     ChannelsLastOption,
     DeviceOption,
     ForceOption,
@@ -128,6 +129,7 @@ def predict_command(
     ] = False,
     strict: StrictOption = False,
     trust_checkpoint: TrustCheckpointOption = False,
+    allow_untrained: AllowUntrainedOption = False,
     fmt: Annotated[
         PredictFormat,
         typer.Option(
@@ -170,6 +172,7 @@ def predict_command(
         images=list(images),
         weights=weights,
         trust_checkpoint=trust_checkpoint,
+        allow_untrained=allow_untrained,
         classes=parse_class_names(classes) if classes else None,
         split=split,
         topk=topk,
@@ -291,6 +294,8 @@ def _report(run, output: Path | None) -> None:
         f"predicted {summary.predicted} of {summary.images} images in {summary.seconds:.2f} s"
         + (f" ({summary.images_per_second:,.0f} images/s)" if summary.predicted else "")
     )
+    if summary.unreadable:  # "predicted 0 of 3 images ...; 3 unreadable": no success implied
+        line += f"; {summary.unreadable} unreadable"
     if output is not None:
         line += f"; wrote {output}"
     console.note(line)

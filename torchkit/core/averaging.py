@@ -3,7 +3,9 @@ checkpoints of one model, a cheap accuracy gain from the last or best few epochs
 
 Floating-point tensors are averaged in float64 and cast back to their dtype; integer tensors
 (BatchNorm's `num_batches_tracked`) are taken from the last checkpoint. Keys and shapes must
-match exactly. From torchkit checkpoints the result is a torchkit checkpoint (the last one's
+match exactly. A checkpoint holding a NaN or infinite value (a diverged epoch) is refused,
+naming the file and the tensor: its average is NaN too; `allow_nonfinite` averages it anyway.
+From torchkit checkpoints the result is a torchkit checkpoint (the last one's
 architecture, classes and preprocessing, without optimiser state: it evaluates, predicts and
 exports like any other, but does not resume); from plain state dicts, a plain state dict.
 """
@@ -31,12 +33,34 @@ KEPT_KEYS = (
 )
 
 
-def average_state_dicts(states: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict:
+def first_nonfinite(state: Mapping[str, Any]) -> str | None:
+    """The key of the first floating-point tensor of `state` holding a NaN or an infinity."""
+    import torch
+
+    for key, tensor in state.items():
+        floating = isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+        if floating and not bool(torch.isfinite(tensor).all()):
+            return str(key)
+    return None
+
+
+def average_state_dicts(
+    states: Sequence[Mapping[str, Any]], names: Sequence[str], *, allow_nonfinite: bool = False
+) -> dict:
     """The element-wise mean of `states` (see the module doc)."""
     import torch
 
     if len(states) < 2:
         raise UsageError("averaging needs at least two checkpoints")
+    if not allow_nonfinite:
+        for state, name in zip(states, names, strict=True):
+            key = first_nonfinite(state)
+            if key is not None:
+                raise CheckpointError(
+                    f"{name} holds a non-finite value (NaN or infinite) in {key!r}: its average "
+                    "would not be finite either",
+                    "leave out checkpoints of a diverged run, or pass --allow-nonfinite",
+                )
     first_keys = list(states[0])
     for state, name in zip(states[1:], names[1:], strict=True):
         if list(state) != first_keys and set(state) != set(first_keys):
@@ -66,8 +90,11 @@ def average_state_dicts(states: Sequence[Mapping[str, Any]], names: Sequence[str
     return averaged
 
 
-def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
-    """Load `paths` (weights only) and average them."""
+def average_checkpoints(
+    paths: Sequence[str | os.PathLike], *, allow_nonfinite: bool = False
+) -> dict:
+    """Load `paths` (weights only) and average them (non-finite values refused unless
+    `allow_nonfinite`)."""
     from torchkit.core.checkpoint import (
         extract_state_dict,
         is_torchkit_checkpoint,
@@ -94,7 +121,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
             raise CheckpointError(
                 f"the checkpoints hold different architectures: {', '.join(sorted(archs))}"
             )
-    averaged = average_state_dicts(states, names)
+    averaged = average_state_dicts(states, names, allow_nonfinite=allow_nonfinite)
     if not all(torchkit):
         return averaged
     result = {key: loaded[-1][key] for key in KEPT_KEYS if key in loaded[-1]}
@@ -104,10 +131,15 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict:
 
 
 def write_average(
-    sources: Sequence[str | os.PathLike], destination: str | os.PathLike, *, force: bool = False
+    sources: Sequence[str | os.PathLike],
+    destination: str | os.PathLike,
+    *,
+    force: bool = False,
+    allow_nonfinite: bool = False,
 ) -> dict[str, Any]:
     """Average `sources` into `destination` (checked before any work: not one of the sources,
-    --force to replace; written atomically). Returns the report."""
+    --force to replace; written atomically; nothing written when a source holds a NaN or an
+    infinity, unless `allow_nonfinite`). Returns the report."""
     from torchkit.core.checkpoint import save_checkpoint
     from torchkit.core.convert.writes import writing
     from torchkit.core.files import require_input
@@ -121,7 +153,7 @@ def write_average(
             "end DST with .pt (a torchkit checkpoint or a state dict, like the inputs)",
         )
     check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
-    averaged = average_checkpoints(checked)
+    averaged = average_checkpoints(checked, allow_nonfinite=allow_nonfinite)
     state = averaged.get("model", averaged)
     with writing(target):
         save_checkpoint(averaged, target)

@@ -5,13 +5,14 @@ skips unreadable images instead of crashing the DataLoader."""
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.errors import CheckpointError, InputError, UsageError
 
 IMAGE_EXTENSIONS = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".jfif"}
@@ -62,12 +63,14 @@ def is_image_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in IMAGE_EXTENSIONS
 
 
-def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """(image files, other files not hidden) under `folder`, unsorted, spelled as pathlib spells
-    them; symlinked files are included, symlinked folders not entered and unreadable folders
-    skipped, as `Path.rglob` does."""
+def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
+    """(image files, other files not hidden, symbolic links named like images that point
+    nowhere) under `folder`, unsorted, spelled as pathlib spells them; symlinked files are
+    included, symlinked folders not entered and unreadable folders skipped, as `Path.rglob`
+    does."""
     images: list[str] = []
     others: list[str] = []
+    dangling: list[str] = []
     pending = [str(Path(folder))]
     while pending:
         directory = pending.pop()
@@ -80,18 +83,23 @@ def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
                         if entry.is_dir(follow_symlinks=False):
                             pending.append(prefix + name)
                             continue
-                        if not entry.is_file():
+                        is_file = entry.is_file()
+                        if not is_file and not entry.is_symlink():
                             continue
                     except OSError:  # vanished while listing
                         continue
                     dot = name.rfind(".")  # Path.suffix's rule, without making a Path
-                    if 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS:
+                    image = 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS
+                    if not is_file:  # a link to a folder, a FIFO... or to nothing
+                        if image and not os.path.exists(prefix + name):
+                            dangling.append(prefix + name)
+                    elif image:
                         images.append(prefix + name)
                     elif not name.startswith("."):
                         others.append(prefix + name)
         except OSError:
             continue
-    return images, others
+    return images, others, dangling
 
 
 def list_image_files(folder: str | os.PathLike) -> list[str]:
@@ -105,6 +113,12 @@ def list_non_image_files(folder: str | os.PathLike) -> list[str]:
     """Files under `folder` that image datasets leave out (not hidden ones such as .DS_Store),
     relative to `folder`, sorted."""
     return relative_ids(sorted(_scan_tree(folder)[1]), folder)
+
+
+def list_dangling_image_links(folder: str | os.PathLike) -> list[str]:
+    """Symbolic links under `folder`, recursively, named like image files but pointing nowhere,
+    sorted (spelled as `list_image_files` spells paths, which leaves them out)."""
+    return sorted(_scan_tree(folder)[2])
 
 
 def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
@@ -381,17 +395,107 @@ class Preprocess:
         }
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> Preprocess:
+    def from_dict(cls, data: dict | None, source: str | None = None) -> Preprocess:
+        """The preprocessing a checkpoint or an exported file records (`to_dict`'s keys; a
+        missing one takes the default). A value of the wrong kind (a size that is not a whole
+        number, a mean that is not numbers) is a CheckpointError naming `source` (the file;
+        "the model's file" when not given) and the field. Whether the values can be used is
+        `check`'s question: commands that feed images ask it once overrides are applied."""
         data = data or {}
         default = cls()
+        where = source or "the model's file"
+
+        def bad(name: str, why: str) -> CheckpointError:
+            return CheckpointError(
+                f"the preprocessing recorded in {where} is unusable: {name} is "
+                f"{_shown_value(data.get(name))}, {why}",
+                "the file is damaged or was not written by torchkit",
+            )
+
+        def whole(name: str, fallback: int) -> int:
+            value = data.get(name, fallback)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad(name, "not a whole number")
+            if isinstance(value, float) and not value.is_integer():
+                raise bad(name, "not a whole number")
+            return int(value)
+
+        def numbers(name: str, fallback: tuple[float, ...]) -> tuple[float, ...]:
+            values = data.get(name, fallback)
+            if isinstance(values, (int, float)) and not isinstance(values, bool):
+                values = [values]
+            try:
+                if isinstance(values, (str, bytes, dict)) or any(
+                    isinstance(v, (bool, str, bytes)) for v in values
+                ):
+                    raise TypeError(name)
+                return tuple(float(v) for v in values)
+            except (TypeError, ValueError):
+                raise bad(name, "not a list of numbers") from None
+
+        channels = whole("in_channels", default.in_channels)
+        mean, std = default.mean, default.std
+        if channels != len(mean):  # not recorded: ImageNet's, averaged over a non-RGB stem's
+            mean, std = (sum(mean) / len(mean),) * channels, (sum(std) / len(std),) * channels
         return cls(
-            image_size=int(data.get("image_size", default.image_size)),
-            resize_size=int(data.get("resize_size", default.resize_size)),
-            mean=tuple(float(v) for v in data.get("mean", default.mean)),
-            std=tuple(float(v) for v in data.get("std", default.std)),
-            in_channels=int(data.get("in_channels", default.in_channels)),
+            image_size=whole("image_size", default.image_size),
+            resize_size=whole("resize_size", default.resize_size),
+            mean=numbers("mean", mean),
+            std=numbers("std", std),
+            in_channels=channels,
             interpolation=str(data.get("interpolation", default.interpolation)),
         )
+
+    def problem(self) -> tuple[str, str] | None:
+        """(field, what is wrong with it) for the first value images cannot be preprocessed
+        with, None when all can: sizes and channels positive whole numbers, mean and std one
+        finite value per input channel (or one for all), std above 0 (dividing by 0 turns
+        every pixel into inf or NaN)."""
+        for name in ("image_size", "resize_size", "in_channels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return name, f"{name} is {value!r}, not a positive whole number"
+        for name in ("mean", "std"):
+            values = list(getattr(self, name))
+            if len(values) not in (1, self.in_channels):
+                return name, (
+                    f"{name} has {len(values)} value(s) for {self.in_channels}-channel images "
+                    f"({_shown_value(values)})"
+                )
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                return name, f"{name} {_shown_value(values)} is not all finite numbers"
+        if any(v <= 0 for v in self.std):
+            return "std", (
+                f"std {_shown_value(list(self.std))} has a value that is not above 0 (images "
+                "would be divided by it)"
+            )
+        return None
+
+    def check(self, source: str) -> Preprocess:
+        """`self`, or a CheckpointError naming `source` (the model file it came from) and the
+        first unusable value (see `problem`): one error before any image is read, instead of
+        every image failing, or a shape error after the output has begun."""
+        found = self.problem()
+        if found is not None:
+            name, what = found
+            option = {"image_size": "--image-size", "resize_size": "--resize-size"}.get(
+                name, f"--{name}"
+            )
+            raise CheckpointError(
+                f"the preprocessing recorded in {source} is unusable: {what}",
+                f"it is the model file's fault, not the images'; give {option} to override it"
+                if name != "in_channels"
+                else "the file is damaged or was not written by torchkit",
+            )
+        return self
+
+
+def _shown_value(value: Any) -> str:
+    """A recorded value for a message: short, lists as lists, floats as written."""
+    if isinstance(value, (list, tuple)):
+        shown = [float(v) if isinstance(v, (int, float)) else v for v in list(value)[:8]]
+        return repr(shown)[:-1] + (", ...]" if len(value) > 8 else "]")
+    return repr(value)
 
 
 def eval_transform(preprocess: Preprocess):
@@ -431,7 +535,10 @@ def train_transform(
 
     `decode="fast"` (with a random crop): the same transform on PIL images, but `make_dataset`
     decodes JPEG files at 1/2, 1/4 or 1/8 of their size where the crop keeps `image_size`
-    pixels (`core.decode`); `exact` decodes every image whole."""
+    pixels (`core.decode`); `exact` decodes every image whole. `device` (flip and crop only):
+    the fast path's transform on PIL images and non-JPEG files, while JPEG files reach the
+    batch as their bytes, crop box and flip, decoded on the training device
+    (`core.device_decode`)."""
     from torchvision import transforms as T
 
     from torchkit.core.decode import check_decode
@@ -439,6 +546,12 @@ def train_transform(
     if augment not in AUGMENT_POLICIES:
         raise UsageError(f"unknown --augment {augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
     check_decode(decode)
+    if decode == "device":
+        from torchkit.core.device_decode import DeviceDecodeTransform, check_device_decode
+
+        check_device_decode(augment, random_erasing)
+        fast = _fast_train_transform(preprocess, flip, crop_scale, augment, 9, 0.0)
+        return DeviceDecodeTransform(fast, flip=flip, interpolation=preprocess.interpolation)
     mode = T.InterpolationMode(preprocess.interpolation)
     if decode == "fast" and augment != "none":
         return _fast_train_transform(

@@ -30,8 +30,11 @@ def apply_overrides(
     if image_size is not None:
         if image_size < 1:
             raise UsageError(f"--image-size must be positive, not {image_size}")
-        ratio = preprocess.resize_size / preprocess.image_size
-        result = replace(result, image_size=image_size, resize_size=round(image_size * ratio))
+        resize = preprocess.resize_size  # kept when the model's sizes give no ratio to keep
+        if preprocess.image_size > 0 and preprocess.resize_size > 0:
+            ratio = preprocess.resize_size / preprocess.image_size
+            resize = max(1, round(image_size * ratio))
+        result = replace(result, image_size=image_size, resize_size=resize)
     if resize_size is not None:
         if resize_size < 1:
             raise UsageError(f"--resize-size must be positive, not {resize_size}")
@@ -48,6 +51,8 @@ def apply_overrides(
 
 
 def _per_channel(values: tuple[float, ...], channels: int, option: str) -> tuple[float, ...]:
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UsageError(f"{option} must be finite numbers, not {list(values)}")
     if len(values) == 1:
         return tuple(values) * channels
     if len(values) != channels:

@@ -572,7 +572,47 @@ def _stats_data(
         rest = [part for name, part in data.splits.items() if name not in (covered or [])]
         rest = [part for part in rest if len(part)]
         others = concatenate(rest) if rest else None
+    samples = _with_dangling_links(data, samples, covered)
     return samples, non_image_files(data, covered), measured, notes, others
+
+
+def _with_dangling_links(data: Any, samples: Samples, covered: list[str] | None) -> Samples:
+    """`samples` and, after them, the symbolic links named like images that point nowhere in
+    the folders they were listed from. A folder listing leaves such links out, a CSV index
+    names them: either way they are unreadable files, counted and listed (fatal with
+    `--strict`) by the one read that every file gets."""
+    from torchkit.core.data import list_dangling_image_links, relative_ids
+    from torchkit.core.datasource import concatenate
+
+    if data.kind not in ("image folder", "flat folder", "split root") or not samples.paths:
+        return samples
+    root = Path(data.root)
+    found: list[tuple[str | None, int, str]] = []  # (split, label, path)
+    if data.kind == "flat folder":
+        found = [(None, 0, path) for path in list_dangling_image_links(root)]
+    else:
+        index_of = {name: i for i, name in enumerate(samples.classes)}
+        bases = [(None, root)] if data.kind == "image folder" else []
+        bases += [(name, root / name) for name in (covered or []) if data.kind == "split root"]
+        for split, base in bases:
+            for name in sorted(index_of):
+                if (base / name).is_dir():
+                    found += [
+                        (split, index_of[name], path)
+                        for path in list_dangling_image_links(base / name)
+                    ]
+    if not found:
+        return samples
+    paths = [path for *_, path in found]
+    links = Samples(
+        classes=samples.classes,
+        labels=[label for _, label, _ in found],
+        paths=paths,
+        source=samples.source,
+        ids=relative_ids(paths, root),
+        splits=None if samples.splits is None else [split or "" for split, *_ in found],
+    )
+    return concatenate([samples, links])
 
 
 def check_near_threshold(threshold: int) -> None:

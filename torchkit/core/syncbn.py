@@ -379,7 +379,12 @@ def batchnorm_report(
     from torchkit.core.models import resolve_model
 
     loaded = resolve_model(
-        spec, num_classes=num_classes, weights=weights, trust=trust, new_head=True
+        spec,
+        num_classes=num_classes,
+        weights=weights,
+        trust=trust,
+        new_head=True,
+        command="convert-syncbn",
     )
     model = loaded.model
     if revert and loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
@@ -420,15 +425,22 @@ def convert_saved_model(
     from torchkit.core.checkpoint import is_torchkit_checkpoint, save_checkpoint
     from torchkit.core.files import atomic_path, require_input
     from torchkit.core.models import model_from_checkpoint, pickled_module
+    from torchkit.core.models.resolver import EXPORTED_TITLES, exported_format_of
     from torchkit.core.models.weights import read_model_file
     from torchkit.core.outputs import reporting_write_errors
 
     src = require_input(source, what="model file", kind="file")
+    fmt = exported_format_of(src)
+    if fmt is not None:
+        raise UsageError(
+            f"{src} is {EXPORTED_TITLES[fmt]}, which convert-syncbn cannot convert",
+            "convert the torchkit checkpoint it was exported from, then export again",
+        )
     check_outputs(src, destination, force=force)
     loaded = read_model_file(src, trust=trust)
     to = "bn" if revert else "sync"
     if is_torchkit_checkpoint(loaded):
-        model = model_from_checkpoint(loaded, trust=trust)
+        model = model_from_checkpoint(loaded, trust=trust, source=str(src))
         model, rows = convert_batchnorm(model, to="sync")
         if revert:
             model, rows = convert_batchnorm(model, to="bn")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,9 +85,14 @@ def parse_batch_sizes(values: Sequence[str] | str | None) -> tuple[int, ...]:
         values = [values]
     sizes: list[int] = []
     for value in values:
-        for part in str(value).replace(" ", ",").split(","):
+        # Commas (with or without spaces around them) or spaces separate sizes; an empty item
+        # (`1,,2`, `,1`, `8,`) is a typo, not a size left out.
+        for part in re.split(r"\s*,\s*|\s+", str(value).strip()):
             if not part:
-                continue
+                raise UsageError(
+                    f"invalid --batch-size {value!r}: an empty item",
+                    "give positive integers separated by commas, e.g. 1,8,32",
+                )
             try:
                 size = int(part)
             except ValueError:
@@ -161,6 +167,8 @@ def run_benchmark(
         image_size=image_size,
         in_channels=in_channels,
         new_head=True,  # --num-classes sizes the head as fine-tuning would
+        exported="module",
+        command="benchmark",
     )
     if sample is None:
         sample = resolved.sample_shape

@@ -5,8 +5,11 @@ its split (the batches concatenated in order, as torchvision's `CIFAR10`/`CIFAR1
 zero-padded so that names sort in that order.
 
 Archives are never extracted: the members needed are read into memory, and an archive with a
-member path that could escape a folder (`../`, absolute) is refused outright. The pickles are read
-with a restricted unpickler (see `safe_pickle`).
+member path that could escape a folder (`../`, absolute) is refused outright. What a member may
+expand to is bounded (`MAX_MEMBER_BYTES`, and `MAX_ARCHIVE_BYTES` for all of them), checked on
+its tar header before a byte of it is decompressed and again while it is read in chunks: a small
+crafted archive cannot make the process hold gigabytes. The pickles are read with a restricted
+unpickler (see `safe_pickle`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,14 @@ SIDE = 32
 ROW_BYTES = 3 * SIDE * SIDE
 LABEL_TYPES = ("fine", "coarse")
 SPLITS = ("train", "test")
+
+MIB = 1 << 20
+# The largest genuine member, CIFAR-100's `train`, is 155 MB, and a whole archive expands to about
+# 180 MB: a member (or file of a folder) over MAX_MEMBER_BYTES, or an archive whose members add up
+# to more than MAX_ARCHIVE_BYTES, is not a CIFAR download, and is refused before it is read.
+MAX_MEMBER_BYTES = 512 * MIB
+MAX_ARCHIVE_BYTES = 2048 * MIB
+_CHUNK_BYTES = 4 * MIB
 
 _CIFAR10_TRAIN = re.compile(r"data_batch_(\d+)")
 _CIFAR_NAMES = re.compile(r"data_batch_\d+|test_batch|batches\.meta|train|test|meta")
@@ -94,9 +105,31 @@ def _is_wanted(relative: str) -> bool:
     return 1 <= len(parts) <= 2 and bool(_CIFAR_NAMES.fullmatch(parts[-1]))
 
 
+def _too_large(source: Path, name: str, size: int) -> InputError:
+    return InputError(
+        f"refused to read {source}: {name} expands to {size / MIB:,.0f} MiB, more than the "
+        f"{MAX_MEMBER_BYTES / MIB:,.0f} MiB a CIFAR file may hold (the largest, CIFAR-100's "
+        "train, is 155 MB)",
+        "it is not a genuine CIFAR download; it may be crafted to exhaust memory",
+    )
+
+
+def _read_bounded(handle: Any, source: Path, name: str) -> bytes:
+    """All of `handle`, read in chunks, refused as soon as it passes MAX_MEMBER_BYTES (never
+    read whole first)."""
+    data = bytearray()
+    while chunk := handle.read(_CHUNK_BYTES):
+        data += chunk
+        if len(data) > MAX_MEMBER_BYTES:
+            raise _too_large(source, name, len(data))
+    return bytes(data)
+
+
 def _read_archive(archive: Path) -> dict[str, bytes]:
-    """The CIFAR members of a tar archive (any compression), read in one streaming pass."""
+    """The CIFAR members of a tar archive (any compression), read in one streaming pass. Each
+    member's size is checked on its header before its data is decompressed (read or skipped)."""
     found: dict[str, bytes] = {}
+    expanded = 0
     try:
         with tarfile.open(archive, mode="r|*") as tar:
             for member in tar:
@@ -109,10 +142,19 @@ def _read_archive(archive: Path) -> dict[str, bytes]:
                         "the archive is not a genuine CIFAR download; it may be malicious",
                     )
                 name = PurePosixPath(member.name.replace("\\", "/")).as_posix()
+                if member.size > MAX_MEMBER_BYTES:
+                    raise _too_large(archive, f"its member {member.name!r}", member.size)
+                expanded += member.size
+                if expanded > MAX_ARCHIVE_BYTES:
+                    raise InputError(
+                        f"refused to read {archive}: its members expand to more than "
+                        f"{MAX_ARCHIVE_BYTES / MIB:,.0f} MiB (a CIFAR archive holds about 180 MB)",
+                        "it is not a genuine CIFAR download; it may be crafted to exhaust memory",
+                    )
                 if member.isfile() and _is_wanted(name):
                     handle = tar.extractfile(member)
                     if handle is not None:
-                        found[name] = handle.read()
+                        found[name] = _read_bounded(handle, archive, f"its member {member.name!r}")
     except InputError:
         raise
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
@@ -127,10 +169,22 @@ def _read_folder(folder: Path) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     children = [path for path in folder.iterdir() if not path.name.startswith(".")]
     grandchildren = [path for child in children if child.is_dir() for path in child.iterdir()]
+    expanded = 0
     for path in children + grandchildren:
         relative = path.relative_to(folder).as_posix()
         if path.is_file() and _is_wanted(relative):
-            found[relative] = path.read_bytes()
+            size = path.stat().st_size
+            if size > MAX_MEMBER_BYTES:
+                raise _too_large(folder, relative, size)
+            expanded += size
+            if expanded > MAX_ARCHIVE_BYTES:
+                raise InputError(
+                    f"refused to read {folder}: its CIFAR files add up to more than "
+                    f"{MAX_ARCHIVE_BYTES / MIB:,.0f} MiB (a CIFAR dataset holds about 180 MB)",
+                    "it is not a genuine CIFAR folder",
+                )
+            with open(path, "rb") as handle:
+                found[relative] = _read_bounded(handle, folder, relative)
     return found
 
 

@@ -34,6 +34,7 @@ class ModelSpec:
     std: tuple[float, ...] | None = None
     trust_checkpoint: bool = False
     ema: bool = False
+    allow_untrained: bool = False  # run a model whose weights are random
 
 
 def parse_class_names(spec: str) -> list[str]:
@@ -52,7 +53,7 @@ def parse_class_names(spec: str) -> list[str]:
     return names
 
 
-def resolve_eval_model(spec: ModelSpec):
+def resolve_eval_model(spec: ModelSpec, *, command: str = "eval"):
     """The model `spec` names, through the one model resolver, with the preprocessing it comes
     with changed by `--image-size/--resize-size/--mean/--std`.
 
@@ -71,6 +72,9 @@ def resolve_eval_model(spec: ModelSpec):
         trust=spec.trust_checkpoint,
         image_size=spec.image_size,
         ema=spec.ema,
+        exported="runtime",
+        command=command,
+        require_trained=not spec.allow_untrained,
     )
     resolved.preprocess = apply_overrides(
         resolved.preprocess,
@@ -79,6 +83,10 @@ def resolve_eval_model(spec: ModelSpec):
         mean=spec.mean,
         std=spec.std,
     )
+    # The options were checked above: what is still unusable came with the model (a std of 0
+    # would make every image "unreadable", a mean too long a shape error mid-output).
+    from_weights = weights is not None and resolved.preprocess_source == "checkpoint"
+    resolved.preprocess.check(weights if from_weights else model)
     return resolved
 
 

@@ -72,6 +72,17 @@ class ExportedModel:
     def dtype(self) -> str:
         return str(self.metadata.get("dtype") or "float32")
 
+    @property
+    def num_outputs(self) -> int | None:
+        """Logits per image, when the file says (torchkit's metadata, an ONNX output shape)."""
+        value = self.metadata.get("num_outputs")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def module(self) -> Any:
+        """The torch module a TorchScript or torch.export file holds (None for ONNX)."""
+        return None if self._numpy_runtime else self._run
+
     def __call__(self, batch: Any) -> Any:
         import numpy as np
         import torch
@@ -136,6 +147,30 @@ class ExportedModel:
         return f"the model takes {self.dtype} inputs of shape {'x'.join([batch, *map(str, shape)])}"
 
 
+def exported_classifier(exported: ExportedModel) -> Any:
+    """`exported` as a torch module (what eval and predict run): it runs in its own runtime on
+    the CPU and returns the logits on the device of its input. The class is made on first use,
+    so that importing this module needs no torch."""
+    global _classifier_class
+    if _classifier_class is None:
+        import torch
+
+        class ExportedClassifier(torch.nn.Module):
+            def __init__(self, exported: ExportedModel) -> None:
+                super().__init__()
+                self.exported = exported
+
+            def forward(self, images):
+                logits = self.exported(images.float().contiguous())
+                return logits.to(images.device)
+
+        _classifier_class = ExportedClassifier
+    return _classifier_class(exported)
+
+
+_classifier_class: Any = None
+
+
 RUNNERS = {ONNX: "onnxruntime", TORCHSCRIPT: "TorchScript", EXPORTED_PROGRAM: "torch.export"}
 
 
@@ -186,13 +221,15 @@ def _load_onnx(source: Path) -> ExportedModel:
     props = session.get_modelmeta().custom_metadata_map
     input_name = session.get_inputs()[0].name
     output_name = session.get_outputs()[0].name
+    metadata = meta.from_onnx_props(props)
+    width = session.get_outputs()[0].shape[-1] if session.get_outputs()[0].shape else None
+    if isinstance(width, int) and "num_outputs" not in metadata:
+        metadata["num_outputs"] = width
 
     def run(array):
         return session.run([output_name], {input_name: array})[0]
 
-    return ExportedModel(
-        os.fspath(source), ONNX, meta.from_onnx_props(props), run, _numpy_runtime=True
-    )
+    return ExportedModel(os.fspath(source), ONNX, metadata, run, _numpy_runtime=True)
 
 
 def _load_torchscript(source: Path) -> ExportedModel:

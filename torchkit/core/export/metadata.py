@@ -30,6 +30,7 @@ def build_metadata(
     dtype: str,
     opset: int | None,
     weights_source: str | None,
+    num_outputs: int | None = None,
 ) -> dict[str, Any]:
     """The fields stored with an exported model; `batch_size` None means a dynamic batch."""
     return {
@@ -46,6 +47,7 @@ def build_metadata(
         "input_name": INPUT_NAME,
         "output_name": OUTPUT_NAME,
         "weights": weights_source,
+        "num_outputs": num_outputs,
     }
 
 

@@ -88,6 +88,7 @@ class ExportResult:
     rtol: float
     verified_batch_sizes: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    random_weights: bool = False  # no weights file or pretrained weights: a model to try, not use
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,9 +162,12 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         trust=request.trust,
         image_size=request.image_size,
         ema=request.ema,
+        command="export",
     )
     model = resolved.model.to("cpu").float().eval()
     arch = resolved.arch
+    # A callable may load trained weights itself: only known random weights are reported.
+    random_weights = resolved.weights_source is None and resolved.source != "callable"
     step()
 
     preprocess, sample = _input_of(resolved, request.image_size)
@@ -191,6 +195,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         dtype=dtype,
         opset=opset,
         weights_source=resolved.weights_source,
+        num_outputs=resolved.num_outputs,
     )
     verification: Verification | None = None
     with _parents_removed_on_failure(target), atomic_path(target) as temporary:
@@ -229,6 +234,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         rtol=tolerance.rtol,
         verified_batch_sizes=verification.batch_sizes if verification else [],
         seconds=time.perf_counter() - started,
+        random_weights=random_weights,
     )
 
 

@@ -122,7 +122,13 @@ def list_layers(
     image_size: int | None = None,
 ) -> LayerListing:
     """The layer names of MODEL (and the aliases), with per-image output shapes."""
-    source = resolve_model(model, weights=weights, trust=trust_checkpoint, image_size=image_size)
+    source = resolve_model(
+        model,
+        weights=weights,
+        trust=trust_checkpoint,
+        image_size=image_size,
+        command="extract-features",
+    )
     preprocess = apply_overrides(source.preprocess, image_size=image_size)
     graph = LayerGraph(source.model, arch=source.arch)
     rows = graph.describe(preprocess.image_size, preprocess.in_channels)
@@ -205,6 +211,7 @@ def _extract(
             weights=request.weights,
             trust=request.trust_checkpoint,
             image_size=request.image_size,
+            command="extract-features",
         )
     data = open_data(require_input(request.images, what="IMAGES"), allow_unlabelled=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.

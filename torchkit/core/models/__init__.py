@@ -12,7 +12,7 @@ from torchkit.core.models.builders import (
     suggest,
 )
 from torchkit.core.models.heads import find_head, replace_head
-from torchkit.core.models.resolver import ResolvedModel, resolve_model
+from torchkit.core.models.resolver import ResolvedModel, exported_format_of, resolve_model
 from torchkit.core.models.specs import is_model_file, model_inputs
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import model_from_checkpoint, pickled_module
@@ -22,6 +22,7 @@ __all__ = [
     "ResolvedModel",
     "build_model",
     "call_model_factory",
+    "exported_format_of",
     "find_head",
     "is_checkpoint_path",
     "is_model_file",

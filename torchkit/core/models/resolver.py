@@ -68,8 +68,11 @@ class ResolvedModel:
     spec: str = ""
     weights: str | None = None
     # What the weights came from: torchkit checkpoint | state dict | torchvision weights |
-    # timm weights | pickled model; None for random weights.
+    # timm weights | pickled model | exported (FORMAT); None for random weights.
     weights_source: str | None = None
+    exported_format: str | None = None  # onnx | torchscript | exported-program
+    # Outputs when the model has no classifier layer to read them from (an exported file).
+    known_outputs: int | None = None
 
     @property
     def num_params(self) -> int:
@@ -81,7 +84,7 @@ class ResolvedModel:
         try:
             return out_features(find_head(self.model)[1])
         except UsageError:
-            return None
+            return self.known_outputs
 
     @property
     def details(self) -> dict[str, Any]:
@@ -105,6 +108,9 @@ def resolve_model(
     in_channels: int | None = None,
     new_head: bool = False,
     ema: bool = False,
+    exported: str = "refuse",
+    command: str = "this command",
+    require_trained: bool = False,
 ) -> ResolvedModel:
     """Build or load the model `spec` names.
 
@@ -118,7 +124,17 @@ def resolve_model(
     fresh head of that size (fine-tuning, as `train` does); without it that is an error, since
     a command that uses the weights' predictions would otherwise score a random head. `ema`
     takes a torchkit checkpoint's EMA weights instead of the model's.
+
+    A file `torchkit export` wrote (ONNX, TorchScript, torch.export) is taken as `exported`
+    says: "runtime" (a module that runs it in its own runtime on the CPU: predict, eval),
+    "module" (TorchScript as the ScriptModule it holds, others refused: summary, benchmark),
+    or "refuse" (one error that names `command`). TorchScript and
+    torch.export run code from the file, so they need `trust`, as do pickles and the
+    `package.module:Callable` a checkpoint names. `require_trained` refuses a model whose
+    weights are random (no weights file, no pretrained weights): predict and eval.
     """
+    if exported not in EXPORTED_USES:
+        raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
     weights = weights or None
     if classes and num_classes is None:
         num_classes = len(classes)
@@ -128,7 +144,13 @@ def resolve_model(
                 "--weights goes with a model name; MODEL is already a checkpoint file",
                 "drop --weights, or name the architecture as MODEL",
             )
-        resolved = _from_file(spec, trust=trust, ema=ema)
+        fmt = exported_format_of(spec)
+        if fmt is not None:
+            if ema:
+                raise UsageError(f"--ema needs a torchkit checkpoint; {spec} is not one")
+            resolved = _from_exported(spec, fmt, trust=trust, use=exported, command=command)
+        else:
+            resolved = _from_file(spec, trust=trust, ema=ema)
     else:
         # The head follows the weights when there are any; num_classes is applied below.
         build_classes = num_classes if weights is None else None
@@ -145,11 +167,81 @@ def resolve_model(
             _load_file_weights(resolved, weights, trust, ema=ema)
         elif ema:
             raise UsageError("--ema needs a torchkit checkpoint", "drop --ema")
+    if require_trained and resolved.weights_source is None:
+        raise untrained_error(spec, resolved.source)
     _apply_num_classes(resolved, num_classes, new_head)
     if classes:
         resolved.classes = [str(c) for c in classes]
     resolved.spec, resolved.weights = spec, weights
     return resolved
+
+
+EXPORTED_USES = ("refuse", "runtime", "module")
+EXPORTED_TITLES = {
+    "onnx": "an ONNX model",
+    "torchscript": "a TorchScript archive",
+    "exported-program": "a torch.export archive",
+}
+
+
+def exported_format_of(path: str) -> str | None:
+    """onnx, torchscript or exported-program for a file `torchkit export` writes; else None."""
+    from torchkit.core.export.formats import sniff_format
+
+    return sniff_format(path)
+
+
+def untrained_error(spec: str, source: str) -> UsageError:
+    """A model whose weights no file or library gave: its answers would be noise."""
+    if source == "callable":
+        return UsageError(
+            f"{spec} is built by your code with no --weights file, so torchkit cannot tell "
+            "whether its weights are trained",
+            f"pass --weights FILE, or --allow-untrained if {spec} loads trained weights itself",
+        )
+    return UsageError(
+        f"{spec} has random weights (no --weights given): its answers would be noise",
+        "pass a checkpoint as MODEL or --weights DEFAULT|FILE; --allow-untrained to run it anyway",
+    )
+
+
+def _from_exported(path: str, fmt: str, *, trust: bool, use: str, command: str) -> ResolvedModel:
+    """A file `torchkit export` wrote, with the classes and preprocessing stored in it."""
+    from torchkit.core.export.formats import ONNX, TORCHSCRIPT
+    from torchkit.core.export.loading import exported_classifier, load_exported
+
+    title = EXPORTED_TITLES[fmt]
+    if use == "refuse" or (use == "module" and fmt != TORCHSCRIPT):
+        raise UsageError(
+            f"{path} is {title}, which {command} cannot take",
+            "give the torchkit checkpoint it was exported from",
+        )
+    if fmt != ONNX and not trust:
+        raise CheckpointError(
+            f"{path} is {title}, whose code runs when it is loaded",
+            "pass --trust-checkpoint to load it, only if you trust where it came from; "
+            "ONNX files need no trust",
+        )
+    exported = load_exported(path, fmt)
+    shape = exported.input_shape
+    preprocess = exported.preprocess
+    if preprocess is None:  # not written by torchkit: ImageNet-style, sized from its input
+        channels = shape[0] if shape else 3
+        preprocess = plain_preprocess(channels, shape[-1] if shape else DEFAULT_IMAGE_SIZE)
+    model = exported_classifier(exported) if use == "runtime" else exported.module
+    classes = exported.classes
+    return ResolvedModel(
+        model,
+        str(exported.arch or fmt),
+        f"exported ({fmt})",
+        classes=classes,
+        preprocess=preprocess,
+        preprocess_source="exported file" if exported.preprocess is not None else "defaults",
+        sample_shape=shape,  # None when the file does not say (not written by torchkit)
+        weights_source=f"exported ({fmt})",
+        exported_format=fmt,
+        known_outputs=len(classes) if classes else exported.num_outputs,
+    )
 
 
 def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_head: bool) -> None:
@@ -181,7 +273,7 @@ def _from_file(path: str, *, trust: bool, ema: bool) -> ResolvedModel:
 
     loaded = read_model_file(path, trust=trust)
     if is_torchkit_checkpoint(loaded):
-        model = model_from_checkpoint(loaded, trust=trust)
+        model = model_from_checkpoint(loaded, trust=trust, source=path)
         if ema:
             _load_ema(model, loaded, path)
         preprocess = Preprocess.from_dict(loaded.get("preprocess"))
@@ -382,6 +474,13 @@ def _load_file_weights(resolved: ResolvedModel, path: str, trust: bool, *, ema: 
         )
     if os.path.exists(path) and not os.path.isfile(path):
         raise UsageError(f"--weights {path} is not a file")
+    fmt = exported_format_of(path)
+    if fmt is not None:
+        raise UsageError(
+            f"--weights {path} is {EXPORTED_TITLES[fmt]}, not a weights file",
+            f"pass {path} alone as MODEL where a command takes exported files (predict, eval), "
+            "or give the checkpoint it was exported from",
+        )
     loaded = read_model_file(path, trust=trust)
     torchkit_file = is_torchkit_checkpoint(loaded)
     if torchkit_file and not _same_architecture(str(loaded.get("arch")), resolved.arch):

@@ -45,18 +45,17 @@ def load_weights_file(
     return loaded
 
 
-def model_from_checkpoint(checkpoint: Mapping[str, Any], *, trust: bool = False):
-    """Rebuild the model a torchkit checkpoint was trained with and load its weights."""
+def model_from_checkpoint(
+    checkpoint: Mapping[str, Any], *, trust: bool = False, source: str = "the checkpoint"
+):
+    """Rebuild the model a torchkit checkpoint was trained with and load its weights. An `arch`
+    that names code (`package.module:Callable`) is imported only with `trust`: a file never
+    chooses what runs without the user's say."""
     from torchkit.core.checkpoint import extract_state_dict, load_weights_into
     from torchkit.core.models.builders import build_model
 
-    try:
-        arch = checkpoint["arch"]
-        num_classes = int(checkpoint["num_classes"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(
-            f"checkpoint lacks {error}", "is it a torchkit checkpoint?"
-        ) from error
+    arch, num_classes = checkpoint_arch(checkpoint, source)
+    require_trusted_arch(arch, source, trust)
     preprocess = checkpoint.get("preprocess") or {}
     model = build_model(
         arch,
@@ -67,6 +66,34 @@ def model_from_checkpoint(checkpoint: Mapping[str, Any], *, trust: bool = False)
     )
     load_weights_into(model, extract_state_dict(checkpoint), source=f"the {arch} checkpoint")
     return model
+
+
+def checkpoint_arch(checkpoint: Mapping[str, Any], source: str) -> tuple[str, int]:
+    """(arch, num_classes) of a torchkit checkpoint, checked: a name and a positive count."""
+    for key in ("arch", "num_classes"):
+        if key not in checkpoint:
+            raise CheckpointError(f"{source} has no {key!r} entry", "is it a torchkit checkpoint?")
+    arch, num_classes = checkpoint["arch"], checkpoint["num_classes"]
+    if not isinstance(arch, str) or not arch.strip():
+        raise CheckpointError(f"{source} has an invalid arch {arch!r}", "it must be a model name")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise CheckpointError(
+            f"{source} has an invalid num_classes {num_classes!r}",
+            "it must be a positive whole number; the file is damaged or not torchkit's",
+        )
+    return arch, num_classes
+
+
+def require_trusted_arch(arch: str, source: str, trust: bool) -> None:
+    """Refuse, without `trust`, an architecture a file names that would import the user's code."""
+    from torchkit.core.models.builders import is_callable_spec
+
+    if is_callable_spec(arch) and not trust:
+        raise CheckpointError(
+            f"{source} names the model code {arch!r}, which would be imported and run to "
+            "build the model",
+            "pass --trust-checkpoint to allow it, only if you trust where the file came from",
+        )
 
 
 def pickled_module(loaded: Any) -> Any:

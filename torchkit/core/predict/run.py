@@ -28,6 +28,7 @@ class PredictRequest:
     images: list[str]
     weights: str | None = None
     trust_checkpoint: bool = False
+    allow_untrained: bool = False  # predict with random weights (a model built by code, a test)
     classes: list[str] | None = None
     split: str | None = None
     topk: int = 1  # > 1 adds class_1..class_K and probability_1..probability_K
@@ -86,36 +87,35 @@ class PredictRun:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:
             raise UsageError("--strict and --skip-errors contradict each other")
-        from torchkit.core.export.formats import sniff_format
-        from torchkit.core.models import is_model_file
+        from torchkit.core.models import exported_format_of, is_model_file
         from torchkit.core.predict.loading import resolve_loaded_model
 
-        # onnx, torchscript or exported-program for a file `torchkit export` wrote; else None.
-        exported = sniff_format(request.model) if request.weights is None else None
-        if exported is not None:
-            self.resolved = _resolve_exported(request, exported)
-        else:
-            spec = ModelSpec(
-                checkpoint=request.model,
-                weights=request.weights,
-                classes=request.classes,
-                image_size=request.image_size,
-                resize_size=request.resize_size,
-                mean=request.mean,
-                std=request.std,
-                trust_checkpoint=request.trust_checkpoint,
-            )
-            # A checkpoint's weights replace every random one: skip drawing them (loading.py).
-            from_file = (
-                request.weights is None
-                and not request.trust_checkpoint
-                and is_model_file(request.model)
-            )
-            self.resolved = resolve_loaded_model(
-                lambda: resolve_eval_model(spec), from_file=from_file
-            )
+        spec = ModelSpec(
+            checkpoint=request.model,
+            weights=request.weights,
+            classes=request.classes,
+            image_size=request.image_size,
+            resize_size=request.resize_size,
+            mean=request.mean,
+            std=request.std,
+            trust_checkpoint=request.trust_checkpoint,
+            allow_untrained=request.allow_untrained,
+        )
+        # A checkpoint's weights replace every random one: skip drawing them (loading.py).
+        from_file = (
+            request.weights is None
+            and not request.trust_checkpoint
+            and is_model_file(request.model)
+            and exported_format_of(request.model) is None
+        )
+        self.resolved = resolve_loaded_model(
+            lambda: resolve_eval_model(spec, command="predict"), from_file=from_file
+        )
         outputs = self.resolved.num_outputs
         self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
+        if self._k(outputs) < request.topk:
+            k = self._k(outputs)
+            self.notes.append(f"--topk {request.topk} is more than the {k} classes; using {k}")
         checkpoint = self.resolved.checkpoint
         self.image_set = collect_images(
             request.images,
@@ -368,51 +368,6 @@ class PredictRun:
             values.append("" if ok else "non-finite output")
             records.append((keys, values))
         return records
-
-
-def _resolve_exported(request: PredictRequest, fmt: str):
-    """An exported model as the resolver's ResolvedModel: its classes and preprocessing come
-    from the file. TorchScript and torch.export archives run code from the file, so they need
-    --trust-checkpoint, as pickles do; ONNX does not."""
-    import torch
-
-    from torchkit.core.export import load_exported
-    from torchkit.core.models import ResolvedModel
-    from torchkit.core.preprocessing import apply_overrides
-
-    if fmt != "onnx" and not request.trust_checkpoint:
-        raise UsageError(
-            f"{request.model} is a {fmt} file, whose code runs when it is loaded",
-            "pass --trust-checkpoint if you trust it, or export to ONNX",
-        )
-    exported = load_exported(request.model, fmt)
-
-    class Exported(torch.nn.Module):
-        def forward(self, images):
-            return exported(images.contiguous())
-
-    classes = list(request.classes) if request.classes else exported.classes
-    if request.classes and exported.classes and len(request.classes) != len(exported.classes):
-        raise UsageError(
-            f"{len(request.classes)} classes asked for, but {request.model} has "
-            f"{len(exported.classes)} outputs",
-            "drop --classes, or give one name per output",
-        )
-    preprocess = apply_overrides(
-        exported.preprocess,
-        image_size=request.image_size,
-        resize_size=request.resize_size,
-        mean=request.mean,
-        std=request.std,
-    )
-    return ResolvedModel(
-        Exported(),
-        str(exported.arch or fmt),
-        f"exported ({fmt})",
-        classes=classes or None,
-        preprocess=preprocess,
-        weights_source=f"exported ({fmt})",
-    )
 
 
 def _aligned(keys: list[str], values: list[Any], header: list[str]) -> list[Any]:

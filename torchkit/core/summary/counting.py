@@ -7,9 +7,12 @@ convolution's weight and bias are applied at every output position of every samp
 layer's parameters once per sample) with one correction: a Linear layer applies its parameters
 once per row of its input, i.e. `prod(output.shape[:-1])` times, not once per sample (torchinfo
 1.8.0 undercounts Linear layers on 3-D inputs, such as a transformer's MLP, by the sequence
-length). Parameter totals count each parameter tensor once, however many modules hold it or
-call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, which sees every matmul and
-convolution, including the attention products that per-module counting cannot see.
+length); and only what runs counts: a parameter that no operation of the call reads (a forward
+that returns its input, a bias it skips) adds no mult-adds, as it adds no FLOPs (a dispatch mode
+records what the operations read). Parameter totals count each parameter tensor once, however
+many modules hold it or call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`,
+which sees every matmul and convolution, including the attention products that per-module
+counting cannot see.
 
 A pruned layer (`torch.nn.utils.prune`) holds `weight_orig` and a `weight_mask` buffer and computes
 `weight = weight_orig * weight_mask` before each call; its mult-adds are those of the dense
@@ -30,6 +33,8 @@ from typing import Any
 from torchkit.core.errors import TorchkitError, UsageError, first_line
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte
+# torch counts a tensor's elements in a signed 64-bit integer: no tensor holds more.
+MAX_NUMEL = 2**63 - 1
 log = logging.getLogger("torchkit")
 TOTAL_KEYS = (
     "total_params",
@@ -159,8 +164,12 @@ def _call_inputs(args: tuple, kwargs: dict) -> Any:
 # --- counting ------------------------------------------------------------------------------
 
 
-def leaf_mult_adds(module: Any, output: Any) -> int:
-    """Mult-adds of one call of a leaf module (torchinfo's definition, Linear corrected)."""
+def leaf_mult_adds(module: Any, output: Any, used: set[int] | None = None) -> int:
+    """Mult-adds of one call of a leaf module (torchinfo's definition, Linear corrected).
+
+    `used`: the storages (`_storage_key`) of the tensors an operation read during the call, as
+    the summary's forward pass records them; a parameter no operation read (a forward that
+    returns its input, a bias it skips) adds nothing. None: every parameter counts."""
     from torch import nn
 
     first = next(_tensors(output), None)
@@ -176,8 +185,12 @@ def leaf_mult_adds(module: Any, output: Any) -> int:
         positions = batch
     total = 0
     for name, param in module.named_parameters():
+        applied = param
         if name.endswith("_orig") and hasattr(module, name[: -len("_orig")] + "_mask"):
             name = name[: -len("_orig")]  # torch.nn.utils.prune: the dense weight it computes
+            applied = getattr(module, name, param)
+        if used is not None and _storage_key(applied) not in used:
+            continue  # no operation of this call read it: nothing ran with it
         if name in ("weight", "bias"):
             total += positions * param.numel()
         elif "weight" in name or "bias" in name:
@@ -281,6 +294,10 @@ class _Recorder:
         self.call_counts: dict[int, int] = {}
         self.param_cache: dict[int, tuple[int, int]] = {}
         self.activation_bytes = 0
+        # Row index of each leaf call in progress -> the storages its operations read so far
+        # (filled by _UsedTensors while `tracking`; without it every parameter counts).
+        self.tracking = False
+        self.leaf_reads: dict[int, set[int]] = {}
 
     def pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
         key = id(module)
@@ -301,6 +318,8 @@ class _Recorder:
         )
         self.rows.append(row)
         self.stack.append((key, row))
+        if row.leaf:
+            self.leaf_reads[row.index] = set()
 
     def post_hook(self, module: Any, args: tuple, output: Any) -> None:
         key = id(module)
@@ -310,6 +329,8 @@ class _Recorder:
         if position is None:
             return
         _, row = self.stack.pop(position)
+        for _, unfinished in self.stack[position:]:
+            self.leaf_reads.pop(unfinished.index, None)
         del self.stack[position:]  # calls that never returned (an exception inside them)
         row.output_shape = shape_of(output)
         # Parameters are read after the call: a lazy module has them only from now on.
@@ -318,10 +339,44 @@ class _Recorder:
         row.params, row.trainable_params = self.param_cache[key]
         row.trainable = row.trainable_params == row.params if row.params else None
         if row.leaf:
-            row.mult_adds = leaf_mult_adds(module, output)
+            reads = self.leaf_reads.pop(row.index, None)
+            row.mult_adds = leaf_mult_adds(module, output, reads if self.tracking else None)
             for _, parent in self.stack:
                 parent.mult_adds += row.mult_adds
             self.activation_bytes += _new_output_bytes(args, output)
+
+
+def _add_storages(obj: Any, found: set[int]) -> None:
+    """The storages of the tensors in `obj` (nested in tuples, lists and dicts) into `found`."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        found.add(_storage_key(obj))
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _add_storages(item, found)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _add_storages(item, found)
+
+
+def _used_tensors(recorder: _Recorder) -> Any:
+    """A dispatch mode that records, for each leaf call in progress, the storages of the
+    tensors the operations it runs read: an operation that runs reaches the dispatcher, and
+    reading a shape or a dtype does not. A parameter is counted only if it is one of them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class UsedTensors(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if recorder.leaf_reads:
+                found: set[int] = set()
+                _add_storages(args, found)
+                _add_storages(kwargs, found)
+                for reads in recorder.leaf_reads.values():
+                    reads |= found
+            return func(*args, **(kwargs or {}))
+
+    return UsedTensors()
 
 
 def meta_copy(model: Any) -> Any:
@@ -382,7 +437,8 @@ def _record(
             handles.append(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
         model.train(train_mode)
-        with torch.no_grad():
+        recorder.tracking = True
+        with torch.no_grad(), _used_tensors(recorder):
             if count_flops:
                 from torch.utils.flop_counter import FlopCounterMode
 
@@ -410,11 +466,52 @@ def _normalise_specs(input_shapes: Sequence[Any] | None, default_dtype: Any) -> 
         shape = tuple(int(n) for n in spec.shape)
         if any(n <= 0 for n in shape):
             raise UsageError(f"input size {shape} has a dimension that is not positive")
+        check_numel(shape, shape)
         specs.append(InputSpec(shape, spec.dtype or default_dtype, spec.name))
     names = [spec.name for spec in specs if spec.name is not None]
     if len(set(names)) != len(names):
         raise UsageError("an input name is given twice", "name each keyword input once")
     return specs
+
+
+def check_numel(shape: Sequence[int], given: Any) -> None:
+    """Refuse a shape (`given`: as the user wrote it) with more elements than a tensor holds."""
+    numel = math.prod(shape)
+    if numel > MAX_NUMEL:
+        raise UsageError(
+            f"input size {given!r} is too large: {numel:,} values, more than a tensor can hold",
+            "give the size of a real input, e.g. 3,224,224",
+        )
+
+
+def _free_memory(device: Any) -> int | None:
+    """Bytes that can be allocated on `device` now: free GPU memory on CUDA, MemAvailable on
+    the CPU; None where it cannot be told."""
+    import torch
+
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        if device.type == "cpu":
+            from torchkit.core.benchmark.memory import available_memory
+
+            return available_memory()
+    except (RuntimeError, OSError, ValueError):
+        return None
+    return None
+
+
+def check_inputs_fit(specs: Sequence[InputSpec], device: Any) -> None:
+    """Refuse, before allocating them, inputs that the device's free memory cannot hold (a
+    real forward pass would fail there, or push the machine into swap)."""
+    needed = sum(math.prod(s.shape) * _element_size(s.dtype) for s in specs)
+    free = _free_memory(device)
+    if free is not None and needed > free:
+        raise UsageError(
+            f"an input of shape {_shapes_text(specs)} takes {needed / 1e9:,.1f} GB, more than "
+            f"the {free / 1e9:,.1f} GB free on {device}",
+            "give a smaller --input-size or --batch-size",
+        )
 
 
 def _split(values: Sequence[Any], specs: Sequence[InputSpec]) -> tuple[list[Any], dict[str, Any]]:
@@ -497,6 +594,7 @@ def summarize(
         if progress is not None:
             progress(f"forward pass on {device}")
         if inputs is None:
+            check_inputs_fit(specs, device)
             inputs = make_inputs([s.shape for s in specs], None, device, [s.dtype for s in specs])
         args, kwargs = _split(inputs, specs)
         try:
@@ -640,6 +738,7 @@ def _summarize_script(
     import torch
 
     if inputs is None:
+        check_inputs_fit(specs, device)
         inputs = make_inputs([s.shape for s in specs], None, device, [s.dtype for s in specs])
     args, kwargs = _split(inputs, specs)
     modes = [(m, m.training) for m in model.modules()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from torchkit.core.summary.counting import (
     SCRIPT_NOTE,
     InputSpec,
     ModelSummary,
+    check_numel,
     is_script_module,
     summarize,
     summarize_tree,
@@ -92,6 +94,7 @@ def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
         size = ()
     if not size or any(n <= 0 for n in size):
         raise UsageError(f"invalid input size {text!r}", "give positive integers, e.g. 3,224,224")
+    check_numel(size, text)  # before anything (a model built for it, say) is sized by it
     return size
 
 
@@ -139,6 +142,8 @@ def full_shapes(
             )
         else:
             shapes.append((batch_size or 1, *size))
+    for shape in shapes:
+        check_numel(shape, ",".join(map(str, shape)))
     return shapes
 
 
@@ -180,15 +185,18 @@ def summarize_model(
         _require_image_shape(sample, spec)
     if sample is not None and len(sample) == 3:
         in_channels, image_size = sample[0], sample[1:]
-    loaded = resolve_model(
-        spec,
-        num_classes=num_classes,
-        weights=weights,
-        trust=trust,
-        image_size=image_size,
-        in_channels=in_channels,
-        new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
-    )
+    with _sized_by_input(spec, sample):
+        loaded = resolve_model(
+            spec,
+            num_classes=num_classes,
+            weights=weights,
+            trust=trust,
+            image_size=image_size,
+            in_channels=in_channels,
+            new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
+            exported="module",
+            command="summary",
+        )
     notes = []
     if not args and not params_only:
         if loaded.sample_shape is not None:
@@ -226,6 +234,29 @@ def summarize_model(
         train_mode=train_mode,
         progress=progress,
     )
+
+
+@contextlib.contextmanager
+def _sized_by_input(spec: str, sample: Sequence[int] | None):
+    """Building a model sized by the input (convnet's classifier grows with the image) that
+    needs more memory than there is: a usage error naming the input size, not a traceback."""
+    import torch
+
+    try:
+        yield
+    except (MemoryError, RuntimeError) as error:
+        oom = isinstance(error, (MemoryError, torch.OutOfMemoryError)) or (
+            "can't allocate memory" in str(error)
+        )
+        if sample is None or not oom:
+            raise
+        wanted = re.search(r"allocate (\d+) bytes", str(error))
+        amount = f" ({int(wanted.group(1)) / 1e9:,.1f} GB at once)" if wanted else ""
+        raise UsageError(
+            f"{spec} built for an input of size {','.join(map(str, sample))} needs more memory "
+            f"than there is{amount}",
+            "give a smaller --input-size",
+        ) from error
 
 
 def _require_image_shape(shape: Sequence[int], name: str) -> None:

@@ -9,7 +9,6 @@ so it compares across settings.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,10 +48,9 @@ def _from_file(path: Path, classes: list[str]) -> list[float]:
         )
     text = path.read_text(encoding="utf-8-sig")
     if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path} is not valid JSON: {error}") from error
+        from torchkit.core.train.config_file import load_json
+
+        data = load_json(text, path, what="class")  # a class given twice is an InputError
         if isinstance(data, dict):
             return _by_name({str(k): v for k, v in data.items()}, classes, path)
         if isinstance(data, list):
@@ -63,7 +61,15 @@ def _from_file(path: Path, classes: list[str]) -> list[float]:
     if all(len(pair) == 1 for pair in pairs):
         return _in_order([pair[0] for pair in pairs], classes, path)
     if all(len(pair) == 2 for pair in pairs):
-        return _by_name({name: value for name, value in pairs}, classes, path)
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise InputError(
+                    f"class {name!r} is given twice in {path}",
+                    "give each class once: which value was meant is not clear",
+                )
+            seen.add(name)
+        return _by_name(dict(pairs), classes, path)
     raise InputError(f"{path}: one `weight` or one `class,weight` per line expected")
 
 

@@ -5,6 +5,11 @@ Keys are TrainConfig field names (`lr`, `image_size`...; `--lr` and `image-size`
 accepted too). An unknown key is an error naming it. Run-specific entries of a config.json
 (`out`, `resume`, `force`, the options filled from the data) are not carried over, so a replay
 writes a new run folder and fills data defaults the way the first run did.
+
+A hand-written file (no `options` block) is a recipe for one run: its `out` is honoured as
+`--out` would be (relative to the working directory; `--out` on the command line overrides it),
+while `resume` and `force` are refused, naming the command-line option to use instead: a recipe
+starts a new run, and replacing an output takes a `--force` typed for that run.
 """
 
 from __future__ import annotations
@@ -43,9 +48,35 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     carried = with_pre_option_values(options) if "options" in data else dict(options)
     for name in data.get("defaults_from_data", []) if "options" in data else []:
         carried.pop(name, None)  # filled from the data again, as in the first run
-    for name in NOT_CARRIED:
-        carried.pop(name, None)
+    if "options" in data:
+        for name in NOT_CARRIED:
+            carried.pop(name, None)
+    else:
+        _refuse_run_keys(carried, source)
+        carried.pop("data_defaults", None)  # what a run records, never an option
     return _checked(carried, source)
+
+
+# Keys of a hand-written recipe that name what one command line does, not a recipe: refused
+# (`out` is honoured as --out).
+NOT_IN_A_RECIPE = {
+    "resume": (
+        "--config starts a new run from a recipe",
+        "continue a run with `torchkit train --resume RUN`, without --config",
+    ),
+    "force": (
+        "replacing an existing output takes --force on the command line",
+        "remove it from the file and give --force when you mean it",
+    ),
+}
+
+
+def _refuse_run_keys(options: Mapping[str, Any], source: Path) -> None:
+    for key in options:
+        name = str(key).lstrip("-").replace("-", "_")
+        if name in NOT_IN_A_RECIPE:
+            why, hint = NOT_IN_A_RECIPE[name]
+            raise UsageError(f"{key!r} in {source} is not taken from a config file: {why}", hint)
 
 
 def _parse(text: str, source: Path) -> Any:
@@ -58,13 +89,69 @@ def _parse(text: str, source: Path) -> Any:
                 "pip install pyyaml, or use JSON",
             ) from None
         try:
-            return yaml.safe_load(text)
+            return yaml.load(text, Loader=_unique_keys_yaml_loader())  # a SafeLoader
+        except DuplicateKey as error:
+            raise error.input_error(source) from None
         except yaml.YAMLError as error:
             raise InputError(f"{source} is not valid YAML: {error}") from error
+    return load_json(text, source)
+
+
+class DuplicateKey(ValueError):
+    """A key given twice in one mapping of a JSON or YAML file (both keep the last silently)."""
+
+    def __init__(self, key: Any, line: int | None = None) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+    def input_error(self, source: str | Path, what: str = "key") -> InputError:
+        where = f", the second time on line {self.line}" if self.line else ""
+        return InputError(
+            f"{what} {self.key!r} is given twice in {source}{where}",
+            f"give each {what} once: which value was meant is not clear",
+        )
+
+
+def _no_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def load_json(text: str, source: str | Path, what: str = "key") -> Any:
+    """`json.loads(text)`, a key given twice in one object being an InputError naming it (and
+    `what` it is) and `source`, as is invalid JSON."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_no_duplicate_pairs)
+    except DuplicateKey as error:
+        raise error.input_error(source, what) from None
     except json.JSONDecodeError as error:
         raise InputError(f"{source} is not valid JSON: {error}") from error
+
+
+def _unique_keys_yaml_loader() -> type:
+    """PyYAML's SafeLoader, a key given twice in one mapping raising DuplicateKey."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges, and may be overridden: that is YAML's rule
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in seen:
+                        raise DuplicateKey(key, key_node.start_mark.line + 1)
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader reports it
+                    pass
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
@@ -77,6 +164,11 @@ def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
             close = difflib.get_close_matches(name, sorted(types), n=1)
             hint = f"did you mean {close[0]}?" if close else "the keys are train's option names"
             raise UsageError(f"unknown option {key!r} in {source}", hint)
+        if name in checked:  # `lr` and `--lr`: one option given twice
+            raise InputError(
+                f"{option_name(name)} is given twice in {source}",
+                "give each key once: which value was meant is not clear",
+            )
         if isinstance(value, list):
             value = tuple(value)
         if not _fits(value, types[name]):

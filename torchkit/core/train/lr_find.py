@@ -35,6 +35,46 @@ class LRFindResult:
         return list(zip(self.lrs, self.losses, self.smoothed, strict=True))
 
 
+# Training options the range test has no use for: it runs --find-lr-iters plain optimiser steps
+# (no schedule, accumulation, clipping, L1, mixup or EMA), validates nothing, saves no checkpoint.
+NOT_USED_BY_FIND_LR = (
+    "epochs",
+    "scheduler",
+    "warmup_epochs",
+    "min_lr",
+    "step_size",
+    "milestones",
+    "gamma",
+    "patience",
+    "accum_steps",
+    "clip_grad",
+    "l1",
+    "mixup_alpha",
+    "cutmix_alpha",
+    "ema",
+    "ema_decay",
+    "save_every",
+    "keep",
+    "early_stop",
+    "best_metric",
+)
+
+
+def ignored_options(config: Any) -> list[str]:
+    """The options of `config` (a TrainConfig, before data defaults are filled) that are set
+    away from their defaults but that --find-lr ignores, as `--epochs` spellings, for a note."""
+    from dataclasses import fields
+
+    from torchkit.core.train.config import option_name
+
+    defaults = {f.name: f.default for f in fields(config)}
+    return [
+        option_name(name)
+        for name in NOT_USED_BY_FIND_LR
+        if getattr(config, name) != defaults.get(name)
+    ]
+
+
 def lr_schedule(lr_min: float, lr_max: float, iterations: int) -> list[float]:
     """`iterations` learning rates, geometrically spaced from lr_min to lr_max."""
     if not (0 < lr_min < lr_max) or not math.isfinite(lr_max):
@@ -101,6 +141,8 @@ def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int)
     """The range test on `step_ctx`'s model, optimiser and loss (train's own), restoring their
     states afterwards. `batches()` gives a fresh iterator of train's `Batch` objects."""
 
+    from torchkit.core.device_decode import decoded_batch
+
     model, optimizer = step_ctx.module, step_ctx.optimizer
     saved_model = copy.deepcopy(model.state_dict())
     saved_optimizer = copy.deepcopy(optimizer.state_dict())
@@ -111,6 +153,7 @@ def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int)
     def step(batch, lr: float) -> float | None:
         for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
             group["lr"] = lr * ratio
+        batch = decoded_batch(batch, step_ctx.device)  # JPEG bytes (--decode device) decoded
         if batch.images is None:  # every image of the batch unreadable: no step
             return None
         images, labels = to_device(batch, step_ctx)

@@ -1,0 +1,322 @@
+"""Issue #29 (trust, round three), the model side: a file never chooses code to run without
+--trust-checkpoint, a model with random weights is refused where its answers would be used, and
+every command that takes a MODEL takes the files `torchkit export` writes (or says it cannot)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import error_line, run_torchkit_process, write_image_folder
+
+from torchkit.cli import app
+
+pytestmark = pytest.mark.usefixtures("cli_built_once")
+
+CLASSES = ["a", "b", "c"]
+SIDE = 16
+
+
+def _checkpoint(arch: str = "convnet", **changes) -> dict:
+    """A torchkit checkpoint of a 3-class 16 px convnet with fixed (seeded) weights."""
+    import torch
+
+    from torchkit.core.models.convnet import convnet_class
+
+    torch.manual_seed(0)
+    model = convnet_class()(3, 3, SIDE)
+    checkpoint = {
+        "format_version": 1,
+        "torchkit_version": "test",
+        "arch": arch,
+        "num_classes": 3,
+        "classes": list(CLASSES),
+        "model": model.state_dict(),
+        "preprocess": {
+            "image_size": SIDE,
+            "resize_size": SIDE,
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.25, 0.25, 0.25],
+            "in_channels": 3,
+        },
+    }
+    checkpoint.update(changes)
+    return checkpoint
+
+
+def _save(checkpoint: dict, path: Path) -> Path:
+    import torch
+
+    torch.save(checkpoint, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """Images, a checkpoint, and the three files `torchkit export` writes from it."""
+    root = tmp_path_factory.mktemp("trust3")
+    write_image_folder(root / "images", dict.fromkeys(CLASSES, 4), size=SIDE)
+    _save(_checkpoint(), root / "model.pt")
+    for name in ("model.onnx", "model.ts", "model.pt2"):
+        done = run_torchkit_process("export", str(root / "model.pt"), str(root / name), cwd=root)
+        assert done.returncode == 0, done.stderr
+    return root
+
+
+def _invoke(runner, args, cwd: Path):
+    import os
+
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return runner.invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(old)
+
+
+# -- 1. a checkpoint's arch never imports code without --trust-checkpoint ------------------------
+
+
+def _marker_module(folder: Path, name: str) -> Path:
+    """`name.py` in `folder`: importing it writes `name.imported`; `Net` builds a convnet."""
+    (folder / f"{name}.py").write_text(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+            Path(__file__).with_name("{name}.imported").write_text("imported")
+
+            def Net(num_classes=3):
+                from torchkit.core.models.convnet import convnet_class
+                return convnet_class()(num_classes, 3, {SIDE})
+            """
+        )
+    )
+    return folder / f"{name}.imported"
+
+
+COMMANDS = {
+    "predict": ["predict", "{model}", "{images}"],
+    "eval": ["eval", "{model}", "--data", "{images}"],
+    "summary": ["summary", "{model}"],
+    "benchmark": ["benchmark", "{model}", "--iters", "1", "--warmup", "0"],
+    "export": ["export", "{model}", "{out}/x.onnx"],
+    "extract-features": ["extract-features", "{model}", "{images}", "{out}/features"],
+    "convert-syncbn": ["convert-syncbn", "{model}", "{out}/sync.pt"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_checkpoint_arch_naming_code_is_not_imported_without_trust(
+    runner, world, tmp_path, command
+):
+    module = f"marker_{command.replace('-', '_')}"
+    imported = _marker_module(tmp_path, module)
+    model = _save(_checkpoint(f"{module}:Net"), tmp_path / "named.pt")
+    args = [
+        part.format(model=model, images=world / "images", out=tmp_path)
+        for part in COMMANDS[command]
+    ]
+    result = _invoke(runner, args, tmp_path)
+    assert result.exit_code == 1, result.output
+    line = error_line(result.stderr)
+    assert f"names the model code '{module}:Net'" in line
+    assert "--trust-checkpoint" in line
+    assert not imported.exists()
+    assert result.stdout == ""
+
+
+def test_a_trusted_checkpoint_arch_is_imported_and_used(runner, world, tmp_path):
+    imported = _marker_module(tmp_path, "marker_trusted")
+    model = _save(_checkpoint("marker_trusted:Net"), tmp_path / "named.pt")
+    result = _invoke(
+        runner,
+        ["predict", model, world / "images", "--trust-checkpoint", "--format", "json"],
+        tmp_path,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert imported.exists()
+    assert len(json.loads(result.stdout)) == 12
+
+
+def test_os_abort_as_arch_is_one_error_line_not_a_crash(world, tmp_path):
+    """The reported attack: `arch = "os:abort"` killed five commands with SIGABRT (134)."""
+    model = _save(_checkpoint("os:abort"), tmp_path / "abort.pt")
+    done = run_torchkit_process("predict", str(model), str(world / "images"), cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "names the model code 'os:abort'" in error_line(done.stderr)
+
+
+def test_resume_of_a_run_whose_arch_is_code_needs_trust(runner, world, tmp_path):
+    _marker_module(tmp_path, "marker_resume")
+    run = tmp_path / "run"
+    args = ["train", "--data", world / "images", "--model", "marker_resume:Net"]
+    args += ["--epochs", "1", "--image-size", SIDE, "--val-split", "0.25", "--out", run]
+    result = _invoke(runner, args, tmp_path)
+    assert result.exit_code == 0, result.stderr
+    (tmp_path / "marker_resume.imported").unlink()
+    resume = ["train", "--resume", run, "--epochs", "2"]
+    result = _invoke(runner, resume, tmp_path)
+    assert result.exit_code == 1, result.stderr
+    assert "names the model code 'marker_resume:Net'" in error_line(result.stderr)
+    assert not (tmp_path / "marker_resume.imported").exists()
+    result = _invoke(runner, [*resume, "--trust-checkpoint"], tmp_path)
+    assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_classes": "three"}, "has an invalid num_classes 'three'"),
+        ({"num_classes": 0}, "has an invalid num_classes 0"),
+        ({"arch": 7}, "has an invalid arch 7"),
+    ],
+)
+def test_checkpoint_fields_of_the_wrong_kind_are_named(runner, world, tmp_path, changes, message):
+    model = _save(_checkpoint(**changes), tmp_path / "bad.pt")
+    result = _invoke(runner, ["predict", model, world / "images"], tmp_path)
+    assert result.exit_code == 1, result.output
+    assert message in error_line(result.stderr)
+    assert result.stdout == ""
+
+
+def test_a_checkpoint_without_num_classes_says_which_entry(runner, world, tmp_path):
+    checkpoint = _checkpoint()
+    del checkpoint["num_classes"]
+    model = _save(checkpoint, tmp_path / "bad.pt")
+    result = _invoke(runner, ["eval", model, "--data", world / "images"], tmp_path)
+    assert result.exit_code == 1
+    assert "has no 'num_classes' entry" in error_line(result.stderr)
+
+
+# -- 2. random weights are refused where their answers would be used ----------------------------
+
+
+@pytest.mark.parametrize("command", ["predict", "eval"])
+def test_a_model_name_without_weights_is_refused(runner, world, tmp_path, command):
+    args = COMMANDS[command]
+    args = [part.format(model="convnet", images=world / "images") for part in args]
+    result = _invoke(runner, args, tmp_path)
+    assert result.exit_code == 2, result.output
+    line = error_line(result.stderr)
+    assert "convnet has random weights" in line and "--allow-untrained" in line
+    assert result.stdout == ""
+
+
+def test_a_callable_without_weights_is_refused_with_its_own_hint(runner, world, tmp_path):
+    _marker_module(tmp_path, "marker_callable")
+    result = _invoke(runner, ["predict", "marker_callable:Net", world / "images"], tmp_path)
+    assert result.exit_code == 2
+    line = error_line(result.stderr)
+    assert "cannot tell whether its weights are trained" in line
+    assert "--allow-untrained if marker_callable:Net loads trained weights itself" in line
+
+
+def test_allow_untrained_runs_it_anyway(runner, world, tmp_path):
+    args = ["predict", "convnet", world / "images", "--allow-untrained", "--format", "json"]
+    args += ["--image-size", SIDE]
+    result = _invoke(runner, args, tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads(result.stdout)) == 12
+
+
+def test_export_of_random_weights_says_so(runner, tmp_path):
+    args = ["export", "convnet", tmp_path / "random.onnx", "--format", "json"]
+    result = _invoke(runner, args, tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["random_weights"] is True
+    assert "holds random weights" in result.stderr
+
+
+def test_export_of_a_checkpoint_does_not_warn(world, runner, tmp_path):
+    args = ["export", world / "model.pt", tmp_path / "m.onnx", "--format", "json"]
+    result = _invoke(runner, args, tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["random_weights"] is False
+    assert "random weights" not in result.stderr
+
+
+# -- 3. exported files are models everywhere (or one clear error) -------------------------------
+
+
+def _eval_json(runner, model, world, *extra):
+    args = ["eval", model, "--data", world / "images", "--format", "json", *extra]
+    result = _invoke(runner, args, world)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.ts", "model.pt2"])
+def test_eval_of_an_exported_file_matches_its_checkpoint(runner, world, name):
+    """The stored preprocessing and classes are used: the same figures as the checkpoint's
+    (the reported `eval m.ts` fed 224 px images to a 16 px model)."""
+    reference = _eval_json(runner, world / "model.pt", world)
+    trust = [] if name.endswith(".onnx") else ["--trust-checkpoint"]
+    exported = _eval_json(runner, world / name, world, *trust)
+    for key in ("num_images", "num_classes", "accuracy", "topk_accuracy", "preprocess"):
+        assert exported[key] == reference[key], key
+    assert exported["loss"] == pytest.approx(reference["loss"], abs=1e-4)
+    assert exported["model_source"] == f"exported ({exported['arch'] and _format(name)})"
+
+
+def _format(name: str) -> str:
+    return {"onnx": "onnx", "ts": "torchscript", "pt2": "exported-program"}[name.split(".")[1]]
+
+
+@pytest.mark.parametrize("name", ["model.ts", "model.pt2"])
+@pytest.mark.parametrize("command", ["predict", "eval"])
+def test_code_archives_need_trust(runner, world, command, name):
+    args = [part.format(model=world / name, images=world / "images") for part in COMMANDS[command]]
+    result = _invoke(runner, args, world)
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert "whose code runs when it is loaded" in line and "--trust-checkpoint" in line
+    assert "Error: Error:" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        ("summary", "model.onnx"),
+        ("summary", "model.pt2"),
+        ("benchmark", "model.onnx"),
+        ("benchmark", "model.pt2"),
+        ("extract-features", "model.onnx"),
+        ("extract-features", "model.ts"),
+        ("export", "model.onnx"),
+        ("convert-syncbn", "model.ts"),
+    ],
+)
+def test_commands_that_cannot_take_an_exported_file_say_so(runner, world, tmp_path, command, name):
+    args = [
+        part.format(model=world / name, images=world / "images", out=tmp_path)
+        for part in COMMANDS[command]
+    ]
+    result = _invoke(runner, [*args, "--trust-checkpoint"], world)
+    assert result.exit_code == 2, result.output
+    line = error_line(result.stderr)
+    assert f"{world / name} is " in line and "cannot" in line
+    assert "Unpickling" not in result.stderr and "truncated" not in result.stderr
+
+
+def test_train_from_an_exported_file_is_refused(runner, world, tmp_path):
+    base = ["train", "--data", world / "images", "--val-split", "0.25", "--epochs", "1"]
+    base += ["--out", tmp_path / "run"]
+    result = _invoke(runner, [*base, "--model", world / "model.onnx"], world)
+    assert result.exit_code == 2
+    assert "which train cannot take" in error_line(result.stderr)
+    result = _invoke(
+        runner, [*base, "--model", "convnet", "--weights", world / "model.onnx"], world
+    )
+    assert result.exit_code == 2
+    assert "is an ONNX model, not a weights file" in error_line(result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_summary_and_benchmark_take_a_trusted_torchscript_file(runner, world):
+    result = _invoke(runner, ["summary", world / "model.ts", "--trust-checkpoint"], world)
+    assert result.exit_code == 0, result.stderr
+    args = ["benchmark", world / "model.ts", "--trust-checkpoint", "--iters", "1"]
+    result = _invoke(runner, [*args, "--warmup", "0", "--batch-size", "2"], world)
+    assert result.exit_code == 0, result.stderr
