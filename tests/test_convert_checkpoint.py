@@ -90,8 +90,9 @@ def assert_same_weights(state: dict, model: nn.Module, *, ordered: bool = False)
 def test_gpu_ddp_checkpoint_to_safetensors(tmp_path):
     model = small_model()
     save_as_if_on_gpu(ddp_checkpoint(model), tmp_path / "ddp.pth")
-    with pytest.raises(RuntimeError, match="CUDA"):  # the file really needs map_location
-        torch.load(tmp_path / "ddp.pth", weights_only=True)
+    if not torch.cuda.is_available():  # the file really needs map_location
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(tmp_path / "ddp.pth", weights_only=True)
     result = ok(tmp_path / "ddp.pth", tmp_path / "model.safetensors", "--format", "json")
     report = json.loads(result.stdout)
     state = load_file(tmp_path / "model.safetensors")

@@ -127,7 +127,8 @@ def setup(tmp_path_factory):
 
 
 def invoke(*args: str):
-    return runner.invoke(app, ["eval", *map(str, args)])
+    # On the CPU, as the hand-written references compute (a later --device wins).
+    return runner.invoke(app, ["eval", "--device", "cpu", *map(str, args)])
 
 
 def _reference(model, paths: list[str], tta: bool = False):
@@ -668,7 +669,7 @@ def test_torchrun_two_processes_give_the_same_numbers(setup, report, tmp_path):
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
         "--standalone", "-m", "torchkit", "eval", str(setup["ckpt"]),
         "--data", str(setup["data"]), "--out", str(out), "--format", "json", "--topk", "3",
-        "--workers", "0", "--batch-size", "7",
+        "--workers", "0", "--batch-size", "7", "--device", "cpu",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)

@@ -361,8 +361,31 @@ def test_torchrun_with_more_ranks_than_gpus_is_a_device_error(fake_torchrun, mon
     from torchkit.core.evaluate.runner import setup_distributed
 
     monkeypatch.setenv("LOCAL_RANK", "2")
-    with pytest.raises(DeviceError, match="LOCAL_RANK 2 needs cuda:2 but only 2 CUDA device"):
+    with pytest.raises(DeviceError, match="started 3 processes on this node, one per GPU, but "):
         setup_distributed("cuda")
+    assert fake_torchrun == []
+
+
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_every_rank_stops_when_the_node_has_fewer_gpus_than_processes(
+    fake_torchrun, monkeypatch, command
+):
+    """Rank 0 of `torchrun --nproc_per_node=2` on a 1-GPU machine has a GPU of its own, but stops
+    with the same error as rank 1 before any process group or collective: it used to wait in
+    init_process_group until torchrun killed it."""
+    from torchkit.core.evaluate.runner import setup_distributed
+    from torchkit.core.train.distributed import setup
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(DeviceError) as caught:
+        (setup_distributed if command == "eval" else setup)("cuda")
+    assert str(caught.value) == (
+        "torchrun started 2 processes on this node, one per GPU, but only 1 CUDA device(s) are "
+        "visible (use --nproc_per_node no larger than the number of GPUs)"
+    )
     assert fake_torchrun == []
 
 

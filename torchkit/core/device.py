@@ -72,9 +72,13 @@ def select_device(spec: str = "auto", *, local_rank: int | None = None, world_si
     device = resolve_device(spec)
     if local_rank is not None and device.type == "cuda":
         count = torch.cuda.device_count()
-        if local_rank >= count:
+        # Every rank of the node checks the node's process count, not only its own rank: a
+        # rank with a GPU would otherwise wait in the first collective for the one that failed,
+        # until torchrun kills it.
+        local_world = max(_local_world_size(), local_rank + 1)
+        if local_world > count:
             raise DeviceError(
-                f"the process of LOCAL_RANK {local_rank} needs cuda:{local_rank} but only "
+                f"torchrun started {local_world} processes on this node, one per GPU, but only "
                 f"{count} CUDA device(s) are visible",
                 "use --nproc_per_node no larger than the number of GPUs",
             )
@@ -84,6 +88,16 @@ def select_device(spec: str = "auto", *, local_rank: int | None = None, world_si
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     return device
+
+
+def _local_world_size() -> int:
+    """The processes torchrun started on this node (LOCAL_WORLD_SIZE; 1 when unset)."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def check_amp_dtype(amp: bool, amp_dtype: str) -> None:
