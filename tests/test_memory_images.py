@@ -155,7 +155,7 @@ def test_decode_is_validated_and_recorded():
 
     with pytest.raises(UsageError, match="unknown --decode 'sloppy'"):
         validate(resolve_defaults(TrainConfig(decode="sloppy"), is_digits=True))
-    assert TrainConfig().decode == "fast"
+    assert TrainConfig().decode == "auto"  # fast unless training on CUDA from JPEGs
 
 
 def test_train_decode_option_is_recorded_and_checked(runner, tmp_path):

@@ -60,6 +60,8 @@ class Interpolation(str, Enum):
 
 
 class Decode(str, Enum):
+    auto = "auto"
+    device = "device"
     fast = "fast"
     exact = "exact"
 
@@ -293,7 +295,11 @@ def train_command(
             rich_help_panel=DATA_HELP,
             help="How training JPEGs are decoded: fast = at 1/2, 1/4 or 1/8 of their size where "
             "the random crop still has --image-size pixels across (the same crops; pixels within "
-            "about 0.5/255 on average); exact = whole, as eval does.",
+            "about 0.5/255 on average); exact = whole, as eval does; device = whole batches on "
+            "the training device (nvJPEG on CUDA), cropped, resized and flipped there (the same "
+            "crops; pixels within 1/255 of exact on the CPU; flip and crop only, no PIL "
+            "policies or random erasing); auto = device when training on CUDA from JPEG files, "
+            "fast otherwise.",
         ),
     ] = DEFAULTS.decode,
     interpolation: Annotated[
@@ -633,7 +639,9 @@ def train_command(
             "--config",
             rich_help_panel=OUT_HELP,
             help="Take the options of a previous run's config.json (or a JSON/YAML file of "
-            "option names and values) as defaults; options given here override them.",
+            "option names and values) as defaults; options given here override them. A "
+            "config.json's out, resume and force are not carried over; a hand-written file's "
+            "`out:` is used as --out, and `resume:` or `force:` in it is an error.",
             dir_okay=False,
         ),
     ] = None,
@@ -754,6 +762,15 @@ def train_command(
         emit(tables=[], data=effective_config(config), fmt=OutputFormat.json, output=output,
              force=force)  # fmt: skip
         return
+    if config.find_lr and is_main:
+        from torchkit.core.train.lr_find import ignored_options
+
+        ignored = ignored_options(config)
+        if ignored:
+            console.note(
+                f"--find-lr runs the learning-rate range test only (--find-lr-iters steps, no "
+                f"training): {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored"
+            )
     if data is None and resume is None and is_main and config.data == DEFAULTS.data:
         console.note(
             "no --data given: training on digits, the 1,797 8x8 handwritten digits "

@@ -35,8 +35,12 @@ from typing import Any
 
 from torchkit.core.errors import UsageError
 
-# `exact`: every image fully decoded (the eval path's pixels); `fast`: JPEGs reduced as above.
-DECODE_MODES = ("fast", "exact")
+# `exact`: every image fully decoded (the eval path's pixels); `fast`: JPEGs reduced as above;
+# `device`: JPEGs decoded, cropped and resized on the training device (core.device_decode).
+DECODE_MODES = ("fast", "exact", "device")
+# What `train --decode` takes: `auto` is `device` when training on CUDA from JPEG files, else
+# `fast` (core.device_decode.resolve_decode, chosen when the run starts).
+DECODE_CHOICES = ("auto", *DECODE_MODES)
 REDUCTIONS = (1, 2, 4, 8)  # what libjpeg's scaled DCT offers through PIL's draft
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)  # RandomResizedCrop's default aspect-ratio range
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")

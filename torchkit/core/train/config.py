@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torchkit.core.data import AUGMENT_POLICIES, INTERPOLATIONS
-from torchkit.core.decode import DECODE_MODES
+from torchkit.core.decode import DECODE_CHOICES
 from torchkit.core.errors import CheckpointError, UsageError
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
@@ -75,9 +75,11 @@ class TrainConfig:
     randaugment_magnitude: int = 9
     random_erasing: float = 0.0
     interpolation: str = "bilinear"  # of every resize, train and eval; in the checkpoint
-    # fast | exact: training JPEGs decoded at 1/2..1/8 where the random crop keeps
-    # image-size pixels across (core.decode); exact decodes them whole.
-    decode: str = "fast"
+    # fast | exact | device | auto: training JPEGs decoded at 1/2..1/8 where the random crop
+    # keeps image-size pixels across (core.decode); exact decodes them whole; device decodes
+    # them on the training device (core.device_decode); auto (chosen when the run starts, and
+    # recorded resolved): device when training on CUDA from JPEG files, fast otherwise.
+    decode: str = "auto"
     workers: int | None = None
     strict: bool = False
     # Model and fine-tuning
@@ -225,8 +227,12 @@ def validate(config: TrainConfig) -> None:
         )
     if not 0 <= config.randaugment_magnitude <= 30:
         bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
-    if config.decode not in DECODE_MODES:
-        bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_MODES))
+    if config.decode not in DECODE_CHOICES:
+        bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_CHOICES))
+    if config.decode == "device":
+        from torchkit.core.device_decode import check_device_decode
+
+        check_device_decode(config.augment, config.random_erasing)
     if not 0 <= config.random_erasing <= 1:
         bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
     if config.amp_dtype not in AMP_DTYPES:
@@ -418,6 +424,7 @@ def merge_for_resume(
     merged.resume = config.resume
     merged.force = config.force
     merged.dist_timeout = config.dist_timeout
+    merged.trust_checkpoint = config.trust_checkpoint  # this invocation's say, not the saved run's
     merged.out = config.out
     merged.weights = None  # the checkpoint's weights replace any pretrained start
     return merged

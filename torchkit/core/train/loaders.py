@@ -81,7 +81,7 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
             f"class {', '.join(repr(e) for e in empty[:5])} has no training images",
             "add images to the folder or remove it",
         )
-    if len(splits.get("val", [])) == 0:
+    if len(splits.get("val", [])) == 0 and not config.find_lr:  # the range test never validates
         raise InputError("the validation set is empty", "use a larger --val-split or add images")
     if log.isEnabledFor(logging.WARNING):  # not on the ranks that print nothing
         warn_cross_split_copies(config.data, splits)
@@ -346,8 +346,9 @@ def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig)
             randaugment_magnitude=config.randaugment_magnitude,
             random_erasing=config.random_erasing,
             # JPEGs decoded at a reduced size where the crop allows (core.decode); `exact`
-            # decodes them whole.
-            decode=config.decode,
+            # decodes them whole; `device` leaves them to the main process (device_decode).
+            # `auto` is resolved by the run (runner); unresolved, it is `fast`.
+            decode="fast" if config.decode == "auto" else config.decode,
         ),
         # uint8 batches where the transform allows: the loop normalises them (to_device).
         pixels=True,
@@ -375,7 +376,12 @@ def build_loaders(
     rank: int = 0,
     world: int = 1,
     pin_memory: bool = False,
+    drop_last: bool = False,
 ) -> Loaders:
+    """The train, val and test loaders. `pin_memory`: batches in page-locked memory (CUDA),
+    copied with non_blocking. `drop_last`: the train loader leaves out each epoch's last
+    partial batch (when this rank has a full one), so a GPU run meets one batch shape only
+    (cuDNN autotunes each new shape); the runner asks for it on CUDA with cudnn.benchmark."""
     import torch
 
     workers = config.workers if config.workers is not None else default_workers_for(config.data)
@@ -402,8 +408,21 @@ def build_loaders(
     )
     generator = torch.Generator()
     generator.manual_seed(config.seed)
+    train_collate = collate_skipping_unreadable
+    if config.decode == "device":
+        from torchkit.core.device_decode import collate_encoded
+
+        train_collate = collate_encoded  # JPEG bytes, decoded on the device by the loop
+    # Only where every epoch of this rank has a full batch: dropping the only one would leave
+    # nothing to train on.
+    drop_last = drop_last and len(sampler) >= config.batch_size
     train = torch.utils.data.DataLoader(
-        train_set, batch_size=config.batch_size, sampler=sampler, generator=generator, **common
+        train_set,
+        batch_size=config.batch_size,
+        sampler=sampler,
+        generator=generator,
+        **{**common, "collate_fn": train_collate},
+        drop_last=drop_last,
     )
 
     def eval_loader(samples: Samples):

@@ -25,7 +25,12 @@ FINITE_CHECK_EVERY = 50
 
 
 class DivergedError(TorchkitError):
-    """The training loss became NaN or infinite: the run stops before saving that state."""
+    """The training or validation loss became NaN or infinite (or the weights did): the run
+    stops before saving that state."""
+
+
+# What a DivergedError tells the user to do, whichever loss showed the divergence.
+DIVERGED_HINT = "nothing of this epoch was saved; lower --lr, or add --clip-grad or --warmup-epochs"
 
 
 def accumulator_dtype(device: Any):
@@ -148,13 +153,15 @@ def train_one_epoch(
     should_stop: Callable[[], bool] | None = None,
     epoch: int = 0,
 ) -> bool:
-    """Train over `loader` (already positioned by its sampler). Updates `progress_state` in
+    """Train over `loader` (already positioned by its sampler); batches of JPEG bytes
+    (`--decode device`) are decoded on the device first. Updates `progress_state` in
     place. Returns False when `should_stop` asked to stop (checked after each optimiser
     update, so the saved state is always between two updates). A NaN or infinite loss raises
     DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
     returns: the diverged state never reaches a checkpoint."""
     import torch
 
+    from torchkit.core.device_decode import decoded_batch
     from torchkit.core.train.mixing import mix_batch
 
     ctx.model.train()
@@ -177,7 +184,7 @@ def train_one_epoch(
         """Raise DivergedError if a loss was not finite (on any rank); with `weights`, before
         a checkpoint, also if a weight is not (a gradient overflowed while the loss did not:
         the weights are the same on every rank, so each rank finds the same)."""
-        hint = "nothing of this epoch was saved; lower --lr, or add --clip-grad or --warmup-epochs"
+        hint = DIVERGED_HINT
         local = int(first_bad)
         bad = local if ctx.earliest_over_ranks is None else ctx.earliest_over_ranks(local)
         if bad >= 0:
@@ -197,6 +204,7 @@ def train_one_epoch(
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct
     last_report = 0.0
     for batch in loader:
+        batch = decoded_batch(batch, ctx.device)  # as it is unless it holds JPEG bytes
         if batch.errors:
             unreadable.report(batch.errors)
         progress_state.batches += 1

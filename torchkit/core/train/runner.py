@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from torchkit.core.checkpoint import load_checkpoint, load_weights_into
-from torchkit.core.data import DIGITS
+from torchkit.core.data import DIGITS, Samples
 from torchkit.core.datasource import SPLIT_CSV, write_split_csv
 from torchkit.core.decode import NormalizedPixels
 from torchkit.core.errors import (
@@ -49,6 +49,8 @@ from torchkit.core.train.class_weights import class_weights
 from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
 from torchkit.core.train.loaders import build_loaders, load_splits, mix_seed, preprocess_for
 from torchkit.core.train.loop import (
+    DIVERGED_HINT,
+    DivergedError,
     EpochProgress,
     StepContext,
     StepInfo,
@@ -505,14 +507,18 @@ class _Run:
         recorded = self.checkpoint.get("data") if self.checkpoint is not None else None
         self.data = load_splits(config, recorded)
         splits = self.data.splits
+        config = self._resolve_decode(config, splits["train"])
         self.classes = list(splits["train"].classes)
         self.class_weights = class_weights(
             config.class_weights, self.classes, splits["train"].class_counts()
         )
         self.arch = str(config.model)
         if self.checkpoint is not None:
+            from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
+
             self._check_resumed_classes()
-            self.arch = self.checkpoint["arch"]
+            self.arch, _ = checkpoint_arch(self.checkpoint, str(self.resumed_from))
+            require_trusted_arch(self.arch, str(self.resumed_from), config.trust_checkpoint)
         self.preprocess = preprocess_for(config)
         resolved = resolve_model(
             self.arch,
@@ -522,6 +528,7 @@ class _Run:
             image_size=self.preprocess.image_size,
             in_channels=self.preprocess.in_channels,
             new_head=True,  # fine-tuning: the data's classes, whatever the weights had
+            command="train",
         )
         if resolved.source == "pickled model":
             raise UsageError(
@@ -549,11 +556,42 @@ class _Run:
             rank=ctx.rank,
             world=ctx.world_size,
             pin_memory=ctx.device.type == "cuda",
+            drop_last=self.drop_last,
         )
         self.steps_per_epoch = len(self.loaders.train)
         if self.steps_per_epoch == 0:
             raise UsageError("no training batches", "is the training set empty?")
         self._build_training_state()
+
+    def _resolve_decode(self, config: TrainConfig, train: Samples) -> TrainConfig:
+        """The run's config with `--decode auto` chosen for this device and data (recorded as
+        chosen from the data, so a replayed config.json chooses again), and `drop_last` set:
+        on CUDA with cudnn.benchmark (not --deterministic) the train loader leaves out each
+        epoch's last partial batch, as timm does, so cuDNN autotunes one batch shape only. A
+        resumed run keeps what its checkpoint did (older ones: no drop), and CPU runs never
+        drop: their batches and figures are as they were."""
+        import torch
+
+        from torchkit.core.device_decode import resolve_decode
+
+        if self.checkpoint is not None:
+            self.drop_last = bool(self.checkpoint.get("drop_last", False))
+        else:
+            self.drop_last = self.ctx.device.type == "cuda" and torch.backends.cudnn.benchmark
+        decode, note = resolve_decode(
+            config.decode,
+            device_type=self.ctx.device.type,
+            paths=train.paths,
+            augment=config.augment,
+            random_erasing=config.random_erasing,
+        )
+        if note is not None:
+            self.data.notes.append(note)
+        if decode == config.decode:
+            return config
+        defaults = tuple(sorted({*config.data_defaults, "decode"}))
+        self.config = dataclasses.replace(config, decode=decode, data_defaults=defaults)
+        return self.config
 
     def _resume_rank_state(self) -> None:
         """This rank's place in the resumed checkpoint's interrupted epoch (if any): its own
@@ -902,6 +940,7 @@ class _Run:
             epoch_progress=epoch_progress,
         )
         checkpoint["world_size"] = self.ctx.world_size
+        checkpoint["drop_last"] = self.drop_last  # a resumed run batches its epochs alike
         checkpoint["data"] = self.data.record  # what eval --split val needs to find them
         if rank_states is not None:
             checkpoint["rank_states"] = rank_states
@@ -1086,7 +1125,23 @@ class _Run:
                 "val_ema_top1": ema["top1"],
                 "val_ema_top5": ema["top5"],
             }
+        self._check_val_finite(row, epoch + 1)
         return row
+
+    @staticmethod
+    def _check_val_finite(row: dict, epoch: int) -> None:
+        """A NaN or infinite validation loss is the divergence signal too (weights that are
+        finite but so large that the logits overflow, BatchNorm statistics gone infinite): the
+        run stops as for a non-finite training loss, before the epoch is saved or ranked. The
+        loss is summed over ranks, so every rank stops here alike."""
+        checked = (("val_loss", "validation loss"), ("val_ema_loss", "EMA validation loss"))
+        for column, what in checked:
+            if column in row and not math.isfinite(row[column]):
+                raise DivergedError(
+                    f"the {what} is not finite (NaN or infinite) at epoch {epoch}: the run "
+                    "diverged",
+                    DIVERGED_HINT,
+                )
 
     @property
     def watched(self) -> str:

@@ -1,0 +1,571 @@
+"""Training JPEGs decoded on the device (`core.device_decode`, `train --decode device`), tested
+with device="cpu" (torchvision decodes JPEG batches with libjpeg-turbo there), and on CUDA where
+there is a GPU (`-m cuda`).
+
+The tolerance (measured on photo-like 500x375 and 375x500 JPEGs, quality 90, RGB and grayscale,
+40 seeds, 64 and 224 px crops): on the CPU the device path's 8-bit crops are within 1 level of
+255 of the exact PIL path's (PIL decodes whole, crops, resizes, flips), mean 0.09-0.17 levels
+(bilinear, bicubic), identical for nearest; the tests hold max 1, mean 0.25. Against the fast
+path (reduced decode) the mean stays under 2.5 levels, the fast path's own distance from exact.
+The crop boxes and flips are the fast and exact paths' own, draw for draw.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from torchkit.core.data import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Batch,
+    Preprocess,
+    Samples,
+    collate_skipping_unreadable,
+    make_dataset,
+    train_transform,
+)
+from torchkit.core.decode import NormalizedPixels, pil_resample
+from torchkit.core.device_decode import (
+    DeviceDecodeTransform,
+    EncodedImages,
+    EncodedJpeg,
+    collate_encoded,
+    decode_jpegs,
+    decoded_batch,
+    resize_crop,
+    resolve_decode,
+)
+from torchkit.core.errors import UsageError
+
+SIZE = 64
+PREPROCESS = Preprocess(image_size=SIZE, resize_size=73)
+MAX_LEVELS, MEAN_LEVELS = 1.0, 0.25  # device (CPU) vs exact PIL path, 8-bit levels
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def photo(width: int, height: int, seed: int = 0) -> np.ndarray:
+    """Smooth, structured RGB content (gradients and waves, a little grain), like a photo."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = []
+    for c in range(3):
+        fx, fy = rng.uniform(2, 9, 2) * 2 * np.pi
+        channels.append(
+            128 + 60 * np.sin(fx * x / width + c) * np.cos(fy * y / height) + 40 * x / width
+        )
+    pixels = np.stack(channels, axis=-1) + rng.normal(0, 3, (height, width, 3))
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("device-decode")
+    names = ("wide.jpg", "tall.jpg", "gray.jpg", "cmyk.jpg", "rgb.png", "png_named.jpg",
+             "trailing.jpg", "truncated.jpg", "garbage.jpg", "magic.jpg", "corrupt.jpg",
+             "big.jpg", "mpo.jpg")  # fmt: skip
+    paths = {name: folder / name for name in names}
+    Image.fromarray(photo(500, 375, 1)).save(paths["wide.jpg"], quality=90)
+    Image.fromarray(photo(375, 500, 2)).save(paths["tall.jpg"], quality=90)
+    Image.fromarray(photo(500, 375, 3)).convert("L").save(paths["gray.jpg"], quality=90)
+    Image.fromarray(photo(300, 200, 4)).convert("CMYK").save(paths["cmyk.jpg"], quality=90)
+    Image.fromarray(photo(120, 90, 5)).save(paths["rgb.png"])
+    Image.fromarray(photo(120, 90, 6)).save(paths["png_named.jpg"], format="PNG")
+    paths["trailing.jpg"].write_bytes(paths["wide.jpg"].read_bytes() + b"junk after the end")
+    data = paths["tall.jpg"].read_bytes()
+    paths["truncated.jpg"].write_bytes(data[: len(data) // 2])
+    paths["garbage.jpg"].write_bytes(b"not an image at all")
+    paths["magic.jpg"].write_bytes(b"\xff\xd8\xff" + bytes(100))
+    # A camera's multi-picture JPEG (PIL says MPO): the first picture is the image.
+    second = Image.fromarray(photo(300, 200, 10))
+    Image.fromarray(photo(300, 200, 9)).save(
+        paths["mpo.jpg"], format="MPO", save_all=True, append_images=[second], quality=90
+    )
+    big = Image.fromarray(photo(500, 375, 7)).resize((1000, 750), Image.BICUBIC)
+    big.save(paths["big.jpg"], quality=90)
+    # Whole (it ends with the end-of-image marker, so it reaches the decoder), but a run of 0xFF
+    # bytes in its scan: libjpeg stops on it, in torchvision as in PIL (test_decode's file).
+    buffer = io.BytesIO()
+    huge = Image.fromarray(photo(500, 375, 0)).resize((2000, 1500), Image.BICUBIC)
+    huge.save(buffer, format="JPEG", quality=90)
+    corrupt = bytearray(buffer.getvalue())
+    corrupt[len(corrupt) // 3 : len(corrupt) // 3 + 8] = b"\xff" * 8
+    paths["corrupt.jpg"].write_bytes(bytes(corrupt))
+    return paths
+
+
+def _dataset(paths: list[Path], decode: str, **options):
+    samples = Samples(["a", "b"], [i % 2 for i in range(len(paths))], paths=[str(p) for p in paths])
+    transform = train_transform(PREPROCESS, decode=decode, **options)
+    return make_dataset(samples, transform, pixels=True), transform
+
+
+def _items(paths: list[Path], decode: str, **options) -> list[tuple]:
+    """Item i of the train dataset drawn with torch seeded i (as the loaders seed each image)."""
+    dataset, _ = _dataset(paths, decode, **options)
+    items = []
+    for index in range(len(paths)):
+        torch.manual_seed(index)
+        items.append(dataset[index])
+    return items
+
+
+def _exact_pixels(path: Path, seed: int, interpolation: str = "bilinear", size: int = SIZE):
+    """The exact path's 8-bit crop: PIL decodes whole, RandomResizedCrop, RandomHorizontalFlip."""
+    mode = T.InterpolationMode(interpolation)
+    steps = T.Compose([T.RandomResizedCrop(size, interpolation=mode), T.RandomHorizontalFlip()])
+    image = Image.open(path).convert("RGB")
+    torch.manual_seed(seed)
+    return T.PILToTensor()(steps(image))
+
+
+def _decoded(items: list[tuple], device: str = "cpu") -> Batch:
+    return decoded_batch(collate_encoded(items), device)
+
+
+def _levels(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.to(torch.float32) - b.to(torch.float32)).abs()
+
+
+def test_crop_boxes_and_flips_are_the_fast_and_exact_paths_draws(files):
+    # The same random numbers in the same order: the box and the flip of each seed are
+    # RandomResizedCrop.get_params' and RandomHorizontalFlip's, and torch's generator is left
+    # where the fast path leaves it.
+    _, transform = _dataset([], "device")
+    _, fast = _dataset([], "fast")
+    for name in ("wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "trailing.jpg"):
+        path = files[name]
+        image = Image.open(path)
+        flips = 0
+        for seed in range(25):
+            torch.manual_seed(seed)
+            item = transform.pixels_from_file(path, "RGB")
+            after = torch.rand(1)
+            if name == "trailing.jpg":  # bytes after the end marker: today's path
+                assert isinstance(item, torch.Tensor)
+                continue
+            assert isinstance(item, EncodedJpeg)
+            torch.manual_seed(seed)
+            expected = T.RandomResizedCrop.get_params(image, [0.08, 1.0], [3 / 4, 4 / 3])
+            flip = bool(torch.rand(1) < 0.5)
+            assert item.box == expected and item.flip == flip, (name, seed)
+            flips += flip
+            torch.manual_seed(seed)
+            fast.pixels_from_file(path, "RGB")
+            assert torch.equal(torch.rand(1), after)
+        assert name == "trailing.jpg" or 0 < flips < 25
+    torch.manual_seed(0)
+    no_flip = train_transform(PREPROCESS, decode="device", flip=False)
+    assert no_flip.pixels_from_file(files["wide.jpg"], "RGB").flip is False
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest"])
+def test_pixels_are_within_the_stated_tolerance_of_the_exact_path(files, interpolation):
+    preprocess = Preprocess(image_size=SIZE, resize_size=73, interpolation=interpolation)
+    names = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "mpo.jpg"]
+    samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
+    dataset = make_dataset(samples, train_transform(preprocess, decode="device"), pixels=True)
+    differences = []
+    for seed in range(12):
+        items = []
+        for index in range(len(names)):
+            torch.manual_seed(seed * 100 + index)
+            items.append(dataset[index])
+        batch = _decoded(items)
+        assert collate_encoded(items).images.encoded_at == [0, 1, 2, 3, 4]  # all on the device
+        assert batch.images.dtype == torch.uint8 and batch.images.shape == (5, 3, SIZE, SIZE)
+        for index, name in enumerate(names):
+            expected = _exact_pixels(files[name], seed * 100 + index, interpolation)
+            differences.append(_levels(batch.images[index], expected))
+    levels = torch.stack(differences)
+    if interpolation == "nearest":
+        assert levels.max() == 0  # nearest-exact picks PIL's pixel
+    assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS, (
+        float(levels.max()),
+        float(levels.mean()),
+    )
+
+
+def test_gray_jpegs_give_three_equal_channels_as_pil_converts_them(files):
+    torch.manual_seed(3)
+    batch = _decoded([_dataset([files["gray.jpg"]], "device")[0][0]])
+    image = batch.images[0].to(torch.int16)
+    assert torch.equal(image[0], image[1]) and torch.equal(image[1], image[2])
+
+
+def test_the_fast_path_is_as_far_from_exact_as_ever(files):
+    # Reduced decoding (fast) against whole decoding (device, exact): the same crops, a few
+    # levels apart on average, as test_decode measures for fast against exact.
+    paths = [files["big.jpg"], files["wide.jpg"], files["tall.jpg"]]
+    device = _decoded(_items(paths, "device")).images
+    fast = torch.stack([item[0] for item in _items(paths, "fast")])
+    assert _levels(device, fast).mean() < 2.5
+
+
+def test_interpolate_is_closer_to_pil_than_roi_align(files):
+    # Why the crops are resized image by image with F.interpolate(antialias=True) rather than
+    # by one torchvision.ops.roi_align over the batch: roi_align averages bilinear samples and
+    # lands several levels from PIL's filter.
+    from torchvision.ops import roi_align
+
+    data = files["wide.jpg"].read_bytes()
+    image = decode_jpegs([torch.frombuffer(bytearray(data), dtype=torch.uint8)], "cpu")[0]
+    full = Image.open(files["wide.jpg"]).convert("RGB")
+    ours, roi = [], []
+    for seed in range(10):
+        torch.manual_seed(seed)
+        top, left, height, width = T.RandomResizedCrop.get_params(full, [0.08, 1], [3 / 4, 4 / 3])
+        crop = full.crop((left, top, left + width, top + height))
+        expected = T.PILToTensor()(crop.resize((SIZE, SIZE), pil_resample("bilinear")))
+        resized = resize_crop(image, (top, left, height, width), SIZE, "bilinear")
+        ours.append(_levels(resized.round(), expected))
+        box = torch.tensor([[0, left, top, left + width, top + height]], dtype=torch.float32)
+        aligned = roi_align(image[None].float(), box, (SIZE, SIZE), 1.0, -1, aligned=True)
+        roi.append(_levels(aligned[0].round(), expected))
+    assert torch.stack(ours).mean() < torch.stack(roi).mean() / 2
+    assert torch.stack(ours).max() <= MAX_LEVELS < torch.stack(roi).max()
+
+
+def test_what_is_not_a_plain_jpeg_takes_todays_path_in_the_worker(files):
+    # PNGs (by suffix or by content), CMYK JPEGs and JPEGs with bytes after their end: the fast
+    # path's own crop, bit for bit, from the same draws.
+    names = ["rgb.png", "png_named.jpg", "cmyk.jpg", "trailing.jpg"]
+    paths = [files[name] for name in names]
+    device, fast = _items(paths, "device"), _items(paths, "fast")
+    for name, item, reference in zip(names, device, fast, strict=True):
+        assert isinstance(item[0], torch.Tensor) and item[0].dtype == torch.uint8, name
+        assert torch.equal(item[0], reference[0]) and item[1:] == reference[1:], name
+
+
+def test_a_batch_mixes_both_paths_in_order(files):
+    names = ["wide.jpg", "rgb.png", "gray.jpg", "cmyk.jpg", "tall.jpg"]
+    paths = [files[name] for name in names]
+    items = _items(paths, "device")
+    batch = collate_encoded(items)
+    assert isinstance(batch.images, EncodedImages) and len(batch.images) == 5
+    assert batch.images.encoded_at == [0, 2, 4] and batch.images.pixels_at == [1, 3]
+    assert batch.images.data.numel() == sum(files[n].stat().st_size for n in names[::2])
+    decoded = decoded_batch(batch, "cpu")
+    assert decoded.images.shape == (5, 3, SIZE, SIZE) and decoded.errors == []
+    assert decoded.indices.tolist() == [0, 1, 2, 3, 4]
+    assert decoded.labels.tolist() == [0, 1, 0, 1, 0]
+    for index in (1, 3):
+        assert torch.equal(decoded.images[index], items[index][0])
+    for index in (0, 2, 4):
+        expected = _exact_pixels(paths[index], index)
+        assert _levels(decoded.images[index], expected).max() <= MAX_LEVELS
+    # No JPEG for the device: exactly what the other paths' collate gives.
+    plain = collate_encoded([items[1], items[3]])
+    reference = collate_skipping_unreadable([items[1], items[3]])
+    assert torch.equal(plain.images, reference.images) and plain.errors == reference.errors
+    assert decoded_batch(plain, "cpu") is plain
+
+
+def test_unreadable_files_are_reported_and_skipped_as_today(files):
+    # Truncated (no end marker) and unidentifiable files fail in the worker, a corrupt scan in
+    # the main process (the decoder, then PIL): the same `path: reason` as today's path, and
+    # the batch keeps the readable images with their labels.
+    names = ["truncated.jpg", "wide.jpg", "garbage.jpg", "corrupt.jpg", "magic.jpg", "tall.jpg"]
+    paths = [files[name] for name in names]
+    device, fast = _items(paths, "device"), _items(paths, "fast")
+    batch = _decoded(device)
+    expected = [item[3] for item in fast if item[0] is None]
+    assert len(expected) == 4 and sorted(batch.errors) == sorted(expected)
+    assert any("broken data stream" in error for error in batch.errors)
+    assert any("truncated" in error for error in batch.errors)
+    assert any(f"cannot identify image file '{files['garbage.jpg']}'" in e for e in batch.errors)
+    assert batch.indices.tolist() == [1, 5] and batch.labels.tolist() == [1, 1]
+    assert batch.images.shape == (2, 3, SIZE, SIZE)
+    # Every image unreadable: no images, the errors.
+    nothing = _decoded([device[3]])
+    assert nothing.images is None and nothing.labels is None and len(nothing.errors) == 1
+
+
+def test_a_jpeg_the_device_cannot_decode_is_decoded_by_pil(files, monkeypatch):
+    # nvJPEG refuses some JPEGs libjpeg reads: PIL decodes those in the main process with the
+    # box and flip drawn for them, as the exact path would.
+    from torchkit.core import device_decode
+
+    real = device_decode.decode_jpegs
+    monkeypatch.setattr(
+        device_decode,
+        "decode_jpegs",
+        lambda chunks, device: [None if i == 1 else x for i, x in enumerate(real(chunks, device))],
+    )
+    paths = [files["wide.jpg"], files["tall.jpg"], files["gray.jpg"]]
+    batch = _decoded(_items(paths, "device"))
+    assert batch.errors == [] and batch.images.shape == (3, 3, SIZE, SIZE)
+    assert torch.equal(batch.images[1], _exact_pixels(files["tall.jpg"], 1))
+
+
+def test_a_decoder_that_refuses_everything_leaves_it_to_pil_and_says_so(files, monkeypatch, caplog):
+    # torchvision built without nvJPEG, say: every JPEG still trains (PIL, in the main
+    # process), and one warning says why the run is slow.
+    import torchvision.io
+
+    from torchkit.core import device_decode
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no JPEG decoder on this device")
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", refuse)
+    monkeypatch.setattr(device_decode, "_WARNED", set())
+    paths = [files["wide.jpg"], files["gray.jpg"]]
+    with caplog.at_level("WARNING", logger="torchkit"):
+        for _ in range(2):
+            batch = _decoded(_items(paths, "device"))
+    assert batch.errors == [] and batch.images.shape == (2, 3, SIZE, SIZE)
+    for index, path in enumerate(paths):
+        assert torch.equal(batch.images[index], _exact_pixels(path, index))
+    warnings = [r.getMessage() for r in caplog.records if "refused every image" in r.getMessage()]
+    assert len(warnings) == 1 and "no JPEG decoder on this device" in warnings[0]
+
+
+def test_from_file_is_the_decoded_crop_normalised(files):
+    # make_dataset without `pixels`: one image decoded on the CPU as the device path decodes it.
+    samples = Samples(["a"], [0], paths=[str(files["wide.jpg"])])
+    transform = train_transform(PREPROCESS, decode="device")
+    assert isinstance(transform, DeviceDecodeTransform)
+    torch.manual_seed(4)
+    tensor = make_dataset(samples, transform)[0][0]
+    torch.manual_seed(4)
+    pixels = _decoded([make_dataset(samples, transform, pixels=True)[0]]).images
+    assert torch.equal(tensor, NormalizedPixels(IMAGENET_MEAN, IMAGENET_STD)(pixels)[0])
+    failed = make_dataset(Samples(["a"], [0], paths=[str(files["corrupt.jpg"])]), transform)[0]
+    assert failed[0] is None and "broken data stream" in failed[3]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"augment": "trivialaugment"}, {"augment": "randaugment"}, {"augment": "autoaugment"},
+     {"augment": "basic", "random_erasing": 0.5}, {"augment": "none"}],
+    ids=["trivialaugment", "randaugment", "autoaugment", "erasing", "none"],
+)  # fmt: skip
+def test_pil_policies_are_refused_on_the_device_and_keep_fast_under_auto(options):
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+
+    with pytest.raises(UsageError, match="--decode device cannot run these transforms"):
+        train_transform(PREPROCESS, decode="device", **options)
+    with pytest.raises(UsageError, match="--decode device cannot run these transforms"):
+        resolve_defaults(TrainConfig(data="x", decode="device", **options), is_digits=False)
+    decode, note = resolve_decode(
+        "auto",
+        device_type="cuda",
+        paths=["a.jpg"],
+        augment=options["augment"],
+        random_erasing=options.get("random_erasing", 0.0),
+    )
+    assert decode == "fast" and "--decode fast" in note
+
+
+def test_auto_is_device_on_cuda_from_jpeg_files_and_fast_otherwise():
+    def resolved(decode="auto", device_type="cuda", paths=("a.jpg", "b.JPEG", "c.png")):
+        return resolve_decode(
+            decode, device_type=device_type, paths=list(paths) if paths else paths,
+            augment="basic", random_erasing=0.0,
+        )  # fmt: skip
+
+    assert resolved() == ("device", None)
+    assert resolved(device_type="cpu") == ("fast", None)  # today's default on CPUs
+    assert resolved(device_type="mps") == ("fast", None)
+    assert resolved(paths=("a.png", "b.png", "c.jpg")) == ("fast", None)
+    assert resolved(paths=None) == ("fast", None)  # in-memory images (digits)
+    for explicit in ("device", "fast", "exact"):
+        assert resolved(explicit, device_type="cpu") == (explicit, None)
+
+
+def test_decode_options_are_validated():
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+
+    assert TrainConfig().decode == "auto"
+    with pytest.raises(UsageError, match="unknown --decode 'gpu'"):
+        resolve_defaults(TrainConfig(data="x", decode="gpu"), is_digits=False)
+    with pytest.raises(UsageError, match="unknown --decode 'auto'"):
+        train_transform(PREPROCESS, decode="auto")  # resolved by the run, never by a transform
+
+
+def _jpeg_folder(root: Path, *, train: int, val: int) -> Path:
+    seed = 0
+    for split, count in (("train", train), ("val", val)):
+        for label in ("a", "b"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                seed += 1
+                Image.fromarray(photo(60, 45, seed)).save(folder / f"{i}.jpg", quality=85)
+    (root / "train" / "a" / "odd.png").write_bytes(  # one non-JPEG among them
+        _png_bytes(photo(40, 30, 99))
+    )
+    return root
+
+
+def _png_bytes(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_seeded_batches_are_the_same_with_workers_or_without(tmp_path):
+    # Workers read the bytes and draw; the main process decodes: the same batches whoever reads
+    # them (the bytes reach the main process through one shared-memory block per batch).
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    root = _jpeg_folder(tmp_path / "data", train=5, val=1)
+    batches = []
+    for workers in (0, 2):
+        config = resolve_defaults(
+            TrainConfig(data=str(root), image_size=16, workers=workers, batch_size=8, seed=5,
+                        decode="device"),
+            is_digits=False,
+        )  # fmt: skip
+        loaders = build_loaders(load_splits(config).splits, preprocess_for(config), config)
+        try:
+            loaders.train_sampler.set_epoch(1)
+            raw = next(iter(loaders.train))
+            assert isinstance(raw.images, EncodedImages) and len(raw.images.pixels_at) <= 1
+            batches.append(decoded_batch(raw, "cpu"))
+        finally:
+            loaders.close()
+    assert torch.equal(batches[0].images, batches[1].images)
+    assert torch.equal(batches[0].indices, batches[1].indices)
+    assert torch.equal(batches[0].labels, batches[1].labels)
+
+
+def test_drop_last_is_asked_for_and_never_drops_the_only_batch(tmp_path):
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    root = _jpeg_folder(tmp_path / "data", train=5, val=1)  # 11 training images
+    lengths = {}
+    for batch_size, drop_last in ((4, False), (4, True), (16, True)):
+        config = resolve_defaults(
+            TrainConfig(data=str(root), image_size=16, workers=0, batch_size=batch_size),
+            is_digits=False,
+        )
+        loaders = build_loaders(
+            load_splits(config).splits, preprocess_for(config), config, drop_last=drop_last
+        )
+        lengths[batch_size, drop_last] = len(loaders.train)
+    assert lengths == {(4, False): 3, (4, True): 2, (16, True): 1}
+
+
+def test_train_decode_device_on_the_cpu_trains_and_writes_checkpoints(runner, tmp_path):
+    from torchkit.cli import app
+
+    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(root), "--model", "test_train_nets:TinyNet", "--image-size",
+         "16", "--batch-size", "4", "--epochs", "2", "--decode", "device", "--device", "cpu",
+         "-j", "0", "--out", str(out), "--format", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert len(summary["history"]) == 2
+    assert all(np.isfinite(row["train_loss"]) for row in summary["history"])
+    assert (out / "last.pt").is_file() and (out / "best.pt").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["options"]["decode"] == "device"
+    assert "decode" not in config["defaults_from_data"]  # asked for
+    checkpoint = torch.load(out / "last.pt", weights_only=True)
+    assert checkpoint["config"]["decode"] == "device"
+    assert checkpoint["drop_last"] is False  # a CPU run batches its epochs as before
+
+
+def test_the_default_on_the_cpu_is_fast_and_recorded_as_chosen(tmp_path):
+    from torchkit.core.train import TrainConfig, run_training
+
+    root = _jpeg_folder(tmp_path / "data", train=2, val=1)
+    config = TrainConfig(
+        data=str(root), model="test_train_nets:TinyNet", image_size=16, batch_size=4, epochs=1,
+        workers=0, device="cpu", out=str(tmp_path / "run"),
+    )  # fmt: skip
+    assert config.decode == "auto"
+    run_training(config)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert recorded["options"]["decode"] == "fast"
+    assert "decode" in recorded["defaults_from_data"]  # a replay chooses again
+
+
+def test_the_loop_decodes_device_batches(tmp_path, monkeypatch):
+    # Every training step gets normalised float images from uint8 crops the loop decoded.
+    from torchkit.core.train import TrainConfig, loop, run_training
+
+    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
+    seen: list = []
+    to_device = loop.to_device
+
+    def recording(batch, ctx):
+        if torch.is_grad_enabled():
+            seen.append((type(batch.images), batch.images.dtype, batch.images.device.type))
+        return to_device(batch, ctx)
+
+    monkeypatch.setattr(loop, "to_device", recording)
+    config = TrainConfig(
+        data=str(root), model="test_train_nets:TinyNet", image_size=16, batch_size=4, epochs=1,
+        workers=0, device="cpu", decode="device", channels_last=True, out=str(tmp_path / "run"),
+    )  # fmt: skip
+    run_training(config)
+    assert seen and set(seen) == {(torch.Tensor, torch.uint8, "cpu")}
+
+
+def test_refused_on_the_command_line_with_a_pil_policy(runner, tmp_path):
+    from torchkit.cli import app
+
+    result = runner.invoke(
+        app, ["train", "--data", str(tmp_path), "--decode", "device", "--augment", "randaugment"]
+    )
+    assert result.exit_code == 2
+    assert "--decode device cannot run these transforms" in result.stderr
+
+
+# -- CUDA ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_gpu_decode_is_the_cpu_decode_within_tolerance(files):
+    # nvJPEG's IDCT and chroma upsampling are not libjpeg's: a few levels apart at most.
+    names = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "rgb.png", "corrupt.jpg"]
+    items = _items([files[name] for name in names], "device")
+    cpu = _decoded(items, "cpu")
+    gpu = _decoded(items, "cuda")
+    assert gpu.images.device.type == "cuda" and gpu.images.dtype == torch.uint8
+    assert gpu.errors == cpu.errors and len(gpu.errors) == 1
+    assert torch.equal(gpu.labels, cpu.labels) and torch.equal(gpu.indices, cpu.indices)
+    levels = _levels(gpu.images.cpu(), cpu.images)
+    assert levels.mean() <= 1.0 and levels.max() <= 12, (float(levels.mean()), levels.max())
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_pinned_batches_reach_the_gpu(tmp_path):
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
+    config = resolve_defaults(
+        TrainConfig(data=str(root), image_size=16, workers=2, batch_size=4, decode="device"),
+        is_digits=False,
+    )
+    loaders = build_loaders(
+        load_splits(config).splits, preprocess_for(config), config, pin_memory=True
+    )
+    try:
+        loaders.train_sampler.set_epoch(0)
+        for raw in loaders.train:
+            if isinstance(raw.images, EncodedImages):
+                assert raw.images.data.is_pinned() and raw.labels.is_pinned()
+            batch = decoded_batch(raw, "cuda")
+            assert batch.images.device.type == "cuda" and batch.images.dtype == torch.uint8
+    finally:
+        loaders.close()

@@ -1,0 +1,457 @@
+"""Training JPEGs decoded on the device (`train --decode device`): the loader workers only read
+each file's bytes and draw its random crop and flip; the main process decodes the whole batch
+in one call (`torchvision.io.decode_jpeg(list, device=...)`: nvJPEG on CUDA, libjpeg-turbo on
+the CPU), then crops, resizes and flips each image there, and the loop normalises the batch as
+it normalises the other paths' 8-bit batches (`core.decode.NormalizedPixels`).
+
+The draws are the fast path's (`core.decode.CropDraws` on the size in the JPEG's header, then
+the flip's `torch.rand(1) < 0.5`): the same random numbers from torch's generator in the same
+order, so a seeded image gets the same crop box and the same flip as with `--decode fast` or
+`exact`. The crop is then taken from the whole decoded image (no reduced decode) and resized to
+`image_size` by `torch.nn.functional.interpolate` with antialiasing (bilinear and bicubic;
+`nearest-exact` for nearest), in float32, rounded to 8 bits. That is torchvision's port of PIL's
+resampling filters, so it is what PIL's `crop(box).resize(size)` computes up to rounding:
+`torchvision.ops.roi_align`, one call for the whole batch, averages bilinear samples instead
+of applying PIL's filter, and lands much further from PIL's pixels (below).
+
+Measured on the CPU (photo-like 500x375 and 375x500 JPEGs, quality 90, RGB and grayscale, 40
+seeds, 64 and 224 px crops; `tests/test_device_decode.py` holds it): libjpeg-turbo's pixels
+through `decode_jpeg` are PIL's, bit for bit, so against the exact path (PIL decodes whole,
+crops, resizes) the device path's 8-bit crops differ by at most 1 level of 255, mean 0.09-0.17
+(bilinear and bicubic; the float resize is not rounded between its two passes as PIL's is),
+and not at all for nearest; `roi_align` differs by up to 5 levels (mean 0.4). Against the fast
+path (reduced decode) the mean difference is the fast path's own distance from the exact path,
+under 2.5 levels. The tests hold max 1, mean 0.25. nvJPEG's IDCT and chroma upsampling are not
+libjpeg's, so on CUDA the decode itself differs by a few levels (tested against the CPU decode
+where there is a GPU).
+
+What takes today's path (the fast path's PIL crop, made in the worker) for one item: files that
+are not JPEGs (by their first bytes), JPEGs PIL reads as neither RGB nor grayscale (CMYK,
+YCCK), JPEGs that do not end with the end-of-image marker (truncated ones: PIL refuses them as
+before, and the worker reports them as before). A JPEG the device cannot decode is decoded by
+PIL in the main process with the same box and flip, and one PIL cannot decode either is
+skipped with the error today's path gives (`path: reason`), counted or fatal (--strict) as
+before. Policies that work on PIL images (trivialaugment, randaugment, autoaugment), random
+erasing and `--augment none` are not run on the device: `--decode device` refuses them
+(`device_decode_refusal`), and `--decode auto` takes `fast` for them.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.decode import JPEG_SUFFIXES, pil_resample
+from torchkit.core.errors import UsageError
+
+log = logging.getLogger("torchkit")
+
+JPEG_START = b"\xff\xd8\xff"  # SOI and the first marker's 0xFF
+JPEG_END = b"\xff\xd9"  # EOI
+# PIL modes of JPEGs decode_jpeg(mode=RGB) turns into PIL's RGB pixels (CMYK it converts
+# differently: those take PIL's path).
+DEVICE_MODES = ("RGB", "L")
+# torchvision 0.29 deprecates its decoders in favour of TorchCodec, with a warning each call.
+_DEPRECATION = r"The image decoding and encoding capabilities of TorchVision are deprecated"
+
+
+def device_decode_refusal(augment: str, random_erasing: float) -> str | None:
+    """Why the device path cannot run these train transforms (None: it can)."""
+    if augment == "none":
+        return "--augment none resizes and centre-crops in PIL, with no random crop"
+    if augment != "basic":
+        return f"--augment {augment} works on PIL images in the loader workers"
+    if random_erasing > 0:
+        return "--random-erasing draws its boxes in the loader workers after the crop"
+    return None
+
+
+def check_device_decode(augment: str, random_erasing: float) -> None:
+    """A UsageError for `--decode device` with transforms it cannot run."""
+    why = device_decode_refusal(augment, random_erasing)
+    if why is not None:
+        raise UsageError(f"--decode device cannot run these transforms: {why}", "use --decode fast")
+
+
+def resolve_decode(
+    decode: str,
+    *,
+    device_type: str,
+    paths: list[str] | None,
+    augment: str,
+    random_erasing: float,
+) -> tuple[str, str | None]:
+    """(mode, note) for `--decode auto`: `device` when training on CUDA from JPEG files (at
+    least half of the training files named .jpg/.jpeg/.jfif) with transforms the device path
+    runs, `fast` otherwise; the note says why a CUDA run on JPEGs keeps `fast`. Any other
+    `decode` is returned as it is."""
+    if decode != "auto":
+        return decode, None
+    if device_type != "cuda" or not paths:
+        return "fast", None
+    jpegs = sum(1 for path in paths if str(path).lower().endswith(JPEG_SUFFIXES))
+    if 2 * jpegs < len(paths):
+        return "fast", None
+    why = device_decode_refusal(augment, random_erasing)
+    if why is not None:
+        return "fast", f"training JPEGs are decoded in the loader workers (--decode fast): {why}"
+    return "device", None
+
+
+@dataclass
+class EncodedJpeg:
+    """What a worker gives for a JPEG: its bytes, the crop drawn for it (top, left, height,
+    width, in the pixels of the whole image), whether to flip it, and what to resize it to."""
+
+    data: bytes
+    box: tuple[int, int, int, int]
+    flip: bool
+    path: str
+    size: int
+    interpolation: str
+
+
+class DeviceDecodeTransform:
+    """The train transform of `--decode device`. `pixels_from_file` (what the train dataset
+    calls in the workers) gives an `EncodedJpeg` for JPEGs the device path takes, and today's
+    uint8 crop (`fallback.pixels_from_file`) for anything else (module doc). On PIL images
+    (in-memory data) it is the fast path's transform."""
+
+    def __init__(self, fallback: Any, *, flip: bool, interpolation: str = "bilinear") -> None:
+        self.fallback = fallback  # a core.decode.FileTrainTransform: crop, flip, no policy
+        self.draws = fallback.crop.draws
+        self.size = fallback.crop.image_size
+        self.flip = bool(flip)
+        self.interpolation = interpolation
+        self.normalized = fallback.normalized
+
+    def __call__(self, image: Any) -> Any:
+        return self.fallback(image)
+
+    def pixels_from_file(self, path: str | os.PathLike, mode: str) -> Any:
+        import torch
+        from PIL import Image, UnidentifiedImageError
+
+        from torchkit.core.image_files import open_regular_file
+
+        name = os.fspath(path)
+        if mode != "RGB" or not name.lower().endswith(JPEG_SUFFIXES):
+            return self.fallback.pixels_from_file(path, mode)
+        with open_regular_file(path) as handle:
+            data = handle.read()
+        if not data.startswith(JPEG_START):
+            return self.fallback.pixels_from_file(path, mode)
+        try:
+            image = Image.open(io.BytesIO(data))  # the header only: no pixel is decoded
+        except UnidentifiedImageError:
+            # As `core.image_files.opened_image` words it: the path, not the file object.
+            raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+        with image:
+            width, height = image.size
+            # Zero padding after the end marker is common and harmless; anything else there
+            # (or no end marker: a truncated file) takes PIL's path, which judges it as before.
+            whole = data.rstrip(b"\x00").endswith(JPEG_END)
+            # MPO: a camera's JPEG with more pictures after the first, which both decode.
+            jpeg = image.format in ("JPEG", "MPO")
+            if not (jpeg and image.mode in DEVICE_MODES and whole):
+                return self.fallback.pixels_from_file(path, mode)  # nothing drawn yet
+        # The fast path's draws, in its order: the crop from the header's size, then the flip.
+        top, left, crop_height, crop_width = self.draws.draw(width, height)
+        flip = bool(torch.rand(1) < 0.5) if self.flip else False
+        return EncodedJpeg(
+            data, (top, left, crop_height, crop_width), flip, name, self.size, self.interpolation
+        )
+
+    def from_file(self, path: str | os.PathLike, mode: str) -> Any:
+        """The normalised (C, H, W) tensor of one file, decoded on the CPU as the device path
+        would decode it (what `make_dataset` calls without `pixels`)."""
+        item = self.pixels_from_file(path, mode)
+        if isinstance(item, EncodedJpeg):
+            images = collate_encoded([(item, 0, 0, "")]).images
+            pixels, _, failures = images.decode("cpu")
+            if failures:
+                raise failures[0][1]
+            item = pixels[0]
+        return self.normalized(item)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(size={self.size}, flip={self.flip}, "
+            f"interpolation={self.interpolation!r}, fallback={self.fallback!r})"
+        )
+
+
+def _byte_buffer(size: int) -> Any:
+    """An empty uint8 tensor of `size` bytes: in shared memory in a DataLoader worker (as
+    default_collate allocates its batches), so the batch reaches the main process uncopied."""
+    import torch
+
+    if torch.utils.data.get_worker_info() is not None:
+        try:
+            prototype = torch.empty(0, dtype=torch.uint8)
+            storage = prototype._typed_storage()._new_shared(size, device=prototype.device)
+            return prototype.new(storage).resize_(size)
+        except (AttributeError, RuntimeError, TypeError):
+            pass
+    return torch.empty(size, dtype=torch.uint8)
+
+
+class EncodedImages:
+    """A batch's images as the workers left them: the JPEGs' bytes end to end in one uint8
+    tensor (one shared-memory block per batch, not one per image; `data.split(lengths)` gives
+    the per-image byte tensors decode_jpeg takes), their boxes and flips, and the 8-bit crops of
+    the items that took today's path, with each one's place in the batch."""
+
+    def __init__(
+        self,
+        data: Any,
+        lengths: list[int],
+        boxes: list[tuple[int, int, int, int]],
+        flips: list[bool],
+        paths: list[str],
+        encoded_at: list[int],
+        pixels: Any,
+        pixels_at: list[int],
+        size: int,
+        interpolation: str,
+    ) -> None:
+        self.data, self.lengths, self.boxes, self.flips = data, lengths, boxes, flips
+        self.paths, self.encoded_at = paths, encoded_at
+        self.pixels, self.pixels_at = pixels, pixels_at
+        self.size, self.interpolation = size, interpolation
+
+    def __len__(self) -> int:
+        return len(self.encoded_at) + len(self.pixels_at)
+
+    def pin_memory(self) -> EncodedImages:
+        """The same batch in page-locked memory (DataLoader(pin_memory=True) calls it through
+        `Batch.pin_memory`): the bytes reach the GPU's decoder asynchronously."""
+        return EncodedImages(
+            self.data.pin_memory(),
+            self.lengths,
+            self.boxes,
+            self.flips,
+            self.paths,
+            self.encoded_at,
+            None if self.pixels is None else self.pixels.pin_memory(),
+            self.pixels_at,
+            self.size,
+            self.interpolation,
+        )
+
+    def decode(self, device: Any) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
+        """(pixels, kept, failures): the batch's uint8 (N, 3, size, size) crops on `device`
+        (None if none was readable), the batch positions they are of, in order, and (position,
+        error) of each JPEG that neither the device nor PIL could decode."""
+        import torch
+
+        device = torch.device(device)
+        chunks = list(self.data.split(self.lengths)) if self.lengths else []
+        decoded = decode_jpegs(chunks, device)
+        crops: dict[int, Any] = {}
+        failures: list[tuple[int, BaseException]] = []
+        resized = []
+        for j, image in enumerate(decoded):
+            position = self.encoded_at[j]
+            top, left, height, width = self.boxes[j]
+            if image is None or image.shape[-2] < top + height or image.shape[-1] < left + width:
+                # The device could not decode it (or not to the header's size): PIL can.
+                try:
+                    crops[position] = pil_crop(
+                        self.paths[j], self.boxes[j], self.flips[j], self.size, self.interpolation
+                    ).to(device, non_blocking=True)
+                except pil_errors() as error:
+                    failures.append((position, error))
+                continue
+            crop = resize_crop(image, self.boxes[j], self.size, self.interpolation)
+            resized.append((position, crop.flip(-1) if self.flips[j] else crop))
+        if resized:
+            # Rounded to 8 bits in one pass, as PIL's resize rounds its output.
+            batch = torch.stack([crop for _, crop in resized]).round_().clamp_(0, 255)
+            batch = batch.to(torch.uint8)
+            for (position, _), crop in zip(resized, batch, strict=True):
+                crops[position] = crop
+        if self.pixels_at:
+            pixels = self.pixels.to(device, non_blocking=True)
+            for position, crop in zip(self.pixels_at, pixels, strict=True):
+                crops[position] = crop
+        kept = sorted(crops)
+        if not kept:
+            return None, kept, failures
+        return torch.stack([crops[position] for position in kept]), kept, failures
+
+
+def pil_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises for an unreadable image (`core.data.make_dataset` catches the same)."""
+    from PIL import Image
+
+    return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def decode_jpegs(chunks: list, device: Any) -> list:
+    """Each JPEG of `chunks` (1-D uint8 CPU tensors) decoded to a uint8 (3, H, W) RGB tensor on
+    `device`, in one batched call; when that call fails (one bad file fails it all), one call
+    per image, None for each image that fails."""
+    if not chunks:
+        return []
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_DEPRECATION)
+        try:
+            return list(decode_jpeg(chunks, mode=ImageReadMode.RGB, device=device))
+        except torch.OutOfMemoryError:
+            raise  # the run's own error (a smaller --batch-size), not a bad file
+        except RuntimeError:
+            pass
+        decoded, first_error = [], None
+        for chunk in chunks:
+            try:
+                decoded.append(decode_jpeg([chunk], mode=ImageReadMode.RGB, device=device)[0])
+            except torch.OutOfMemoryError:
+                raise
+            except RuntimeError as error:
+                decoded.append(None)
+                first_error = first_error or error
+        if len(chunks) > 1 and all(image is None for image in decoded):
+            _warn_once(device, first_error)
+        return decoded
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(device: Any, error: BaseException | None) -> None:
+    """One warning per device when its decoder refused a whole batch, file by file: a decoder
+    that cannot run (torchvision without nvJPEG) leaves every JPEG to PIL in the main process."""
+    from torchkit.core.errors import first_line
+
+    if str(device) in _WARNED:
+        return
+    _WARNED.add(str(device))
+    log.warning(
+        "the %s JPEG decoder refused every image of a batch (%s): PIL decodes such images in "
+        "the main process, slowly; --decode fast decodes them in the loader workers",
+        device,
+        first_line(error) if error is not None else "?",
+    )
+
+
+# (torch mode, antialias) of F.interpolate for each --interpolation: the antialiased filters
+# are torchvision's port of PIL's (bilinear and bicubic, a = -0.5); nearest-exact picks PIL's
+# nearest pixel.
+_MODES = {
+    "bilinear": ("bilinear", True),
+    "bicubic": ("bicubic", True),
+    "nearest": ("nearest-exact", False),
+}
+
+
+def resize_crop(image: Any, box: tuple[int, int, int, int], size: int, interpolation: str) -> Any:
+    """The crop `box` (top, left, height, width) of a (C, H, W) image resized to `size` x
+    `size`, as float32 (not rounded) on the image's device: PIL's crop then resize."""
+    import torch
+    import torch.nn.functional as F
+
+    top, left, height, width = box
+    crop = image[:, top : top + height, left : left + width].unsqueeze(0).to(torch.float32)
+    mode, antialias = _MODES[interpolation]
+    if mode == "nearest-exact":
+        resized = F.interpolate(crop, size=(size, size), mode=mode)
+    else:
+        resized = F.interpolate(
+            crop, size=(size, size), mode=mode, align_corners=False, antialias=antialias
+        )
+    return resized[0]
+
+
+def pil_crop(
+    path: str, box: tuple[int, int, int, int], flip: bool, size: int, interpolation: str
+) -> Any:
+    """Today's path for one JPEG, with a box and flip already drawn: PIL decodes it whole, crops,
+    resizes and flips; its uint8 (3, size, size) pixels. Raises what PIL raises."""
+    from PIL import Image
+
+    from torchkit.core.decode import PixelTensor
+    from torchkit.core.image_files import opened_image, to_8bit
+
+    with opened_image(path, in_memory=True) as image:
+        image = to_8bit(image).convert("RGB")
+    top, left, height, width = box
+    image = image.crop((left, top, left + width, top + height))
+    image = image.resize((size, size), pil_resample(interpolation))
+    if flip:
+        image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return PixelTensor()(image).contiguous()
+
+
+def collate_encoded(items: list) -> Any:
+    """`core.data.collate_skipping_unreadable` for the device path's items: a `Batch` whose
+    images are `EncodedImages` when any item is an `EncodedJpeg` (otherwise exactly what
+    collate_skipping_unreadable gives)."""
+    import numpy as np
+    import torch
+
+    from torchkit.core.data import Batch, collate_skipping_unreadable
+
+    good = [item for item in items if item[0] is not None]
+    encoded = [(at, item[0]) for at, item in enumerate(good) if isinstance(item[0], EncodedJpeg)]
+    if not encoded:
+        return collate_skipping_unreadable(items)
+    errors = [item[3] for item in items if item[0] is None]
+    lengths = [len(jpeg.data) for _, jpeg in encoded]
+    data = _byte_buffer(sum(lengths))
+    view = data.numpy()
+    offset = 0
+    for (_, jpeg), length in zip(encoded, lengths, strict=True):
+        view[offset : offset + length] = np.frombuffer(jpeg.data, dtype=np.uint8)
+        offset += length
+    others = [(at, item[0]) for at, item in enumerate(good) if not isinstance(item[0], EncodedJpeg)]
+    first = encoded[0][1]
+    images = EncodedImages(
+        data,
+        lengths,
+        [jpeg.box for _, jpeg in encoded],
+        [jpeg.flip for _, jpeg in encoded],
+        [jpeg.path for _, jpeg in encoded],
+        [at for at, _ in encoded],
+        torch.utils.data.default_collate([pixels for _, pixels in others]) if others else None,
+        [at for at, _ in others],
+        first.size,
+        first.interpolation,
+    )
+    return Batch(
+        images,
+        torch.tensor([item[1] for item in good], dtype=torch.long),
+        torch.tensor([item[2] for item in good], dtype=torch.long),
+        errors,
+    )
+
+
+def decoded_batch(batch: Any, device: Any) -> Any:
+    """`batch` with its `EncodedImages` decoded on `device` (uint8 crops there), the items
+    nothing could decode dropped (labels and indices too) and reported in `errors` as today's
+    path reports them (`path: reason`); any other batch as it is."""
+    import torch
+
+    from torchkit.core.data import Batch
+
+    images = batch.images
+    if not isinstance(images, EncodedImages):
+        return batch
+    pixels, kept, failures = images.decode(device)
+    errors = list(batch.errors)
+    for position, error in sorted(failures, key=lambda failure: failure[0]):
+        errors.append(f"{images.paths[images.encoded_at.index(position)]}: {error}")
+    if pixels is None:
+        return Batch(None, None, None, errors)
+    labels, indices = batch.labels, batch.indices
+    if len(kept) < len(images):
+        keep = torch.tensor(kept, dtype=torch.long)
+        labels, indices = labels[keep], indices[keep]
+    return Batch(pixels, labels, indices, errors)
