@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The GPU check (issue #30): one command that, on a machine with one CUDA GPU, times torchkit's
+# training against its baselines in the same run and prints one table (stdout):
+#   - resnet50 steady-epoch images/s (epochs 2-3) against `torchkit benchmark --mode train`
+#     (the model alone: inputs already on the GPU, an SGD step), the ratio showing how much of
+#     the model's speed a real epoch keeps (data loading, optimiser, metrics);
+#   - resnet18 epochs 2 and 3 images/s against a plain PyTorch loop (benchmarks/plain_loop.py:
+#     torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, DataLoader, same
+#     batch size, workers, AMP and channels-last) on the same JPEG folder;
+#   - first-epoch against steady-epoch seconds, for resnet50 and for the digits job;
+#   - the wall time of the README's main job (`torchkit train`, digits).
+# With TIMM_SCRIPTS pointing at a folder holding timm's train.py and benchmark.py (and timm
+# installed), rows against them are added at the end; nothing else needs timm.
+#
+#   bash benchmarks/gpu_check.sh                        # python3 must have torch, torchvision...
+#   PY=.venv/bin/python DEV=cpu bash benchmarks/gpu_check.sh     # small dry run on a CPU
+#
+# The project is put on PYTHONPATH (nothing is installed). Settings (environment):
+#   DEV      cuda or cpu (cuda)
+#   SMALL    1: resnet18 in place of resnet50, 200 images, 32 px, batch 16, and on a CPU one
+#            torch thread unless OMP_NUM_THREADS is set (default: 1 with DEV=cpu, else 0)
+#   N IMG B E NJ   images (8000), pixels (224), batch size (256), epochs (3), workers (cores - 2)
+#   AMP      1: --amp --channels-last on every side (default); 0: fp32
+#   PY       the Python to run (python3)
+#   OUT      where the table (gpu_check.md), the figures (gpu_check.json) and the full log
+#            (gpu_check.log) go (/tmp/gpu-check); the images and runs live in a temporary folder
+#   BUDGET   seconds for all steps (345, so the check ends within 6 minutes): a step that would
+#            overrun is cut, and its rows read n/a
+set -u
+export PYTHONUNBUFFERED=1 NO_COLOR=1 COLUMNS=150 PYTHONWARNINGS=ignore TERM=dumb
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+DEV=${DEV:-cuda}
+if [ "$DEV" = cpu ]; then SMALL=${SMALL:-1}; else SMALL=${SMALL:-0}; fi
+if [ "$SMALL" = 1 ]; then
+  BIG=${BIG:-resnet18}; N=${N:-200}; IMG=${IMG:-32}; B=${B:-16}; ITERS=10
+else
+  BIG=${BIG:-resnet50}; N=${N:-8000}; IMG=${IMG:-224}; B=${B:-256}; ITERS=30
+fi
+E=${E:-3}
+# On a CPU, torch's threads share the cores with the loader's workers: one thread (unless
+# OMP_NUM_THREADS says otherwise), or a busy machine slows every step several times over.
+[ "$DEV" = cpu ] && [ "$SMALL" = 1 ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+NJ=${NJ:-$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))}
+AMP=${AMP:-1}
+if [ "$AMP" = 1 ]; then AMPF=(--amp --channels-last); else AMPF=(); fi
+PY=${PY:-python3}
+BUDGET=${BUDGET:-345}
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+LOG=$OUT/gpu_check.log
+: > "$LOG"
+W=$(mktemp -d "${TMPDIR:-/tmp}/torchkit-gpu-check.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+export PYTHONPATH=$ROOT${TIMM_SCRIPTS:+:$TIMM_SCRIPTS}${PYTHONPATH:+:$PYTHONPATH}
+TK=("$PY" -m torchkit)
+START=$SECONDS
+: > "$W/steps.txt"
+
+step() { # NAME TIMEOUT CMD... : run with a timeout (cut to the budget left), log everything
+  local name=$1 to=$2; shift 2
+  local left=$(( BUDGET - (SECONDS - START) ))
+  [ "$left" -lt "$to" ] && to=$left
+  if [ "$to" -lt 10 ]; then
+    printf -- "--- %-14s skipped: the %s s budget is spent\n" "$name" "$BUDGET" | tee -a "$LOG" >&2
+    return 1
+  fi
+  local s=$EPOCHREALTIME rc
+  echo "=== $name: $*" >> "$LOG"
+  timeout -k 5 "$to" "$@" >> "$LOG" 2>&1
+  rc=$?
+  local e
+  e=$(awk -v a="$s" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')
+  echo "$name $rc $e" >> "$W/steps.txt"
+  printf -- "--- %-14s rc=%-3s %6.1fs\n" "$name" "$rc" "$e" | tee -a "$LOG" >&2
+  return $rc
+}
+
+train_args=(--image-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" "${AMPF[@]}" --lr 0.001
+            --device "$DEV")
+# The README's main job (digits, its defaults) first: its wall time includes CUDA's start-up.
+step digits 120 "${TK[@]}" train --out "$W/digits" --device "$DEV"
+step jpegs 120 "$PY" "$HERE/make_jpegs.py" "$W/jp" "$N"
+step tk-big 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --out "$W/big"
+step benchmark 90 "${TK[@]}" benchmark "$BIG" -b "$B" --mode train "${AMPF[@]}" --device "$DEV" \
+  --input-size "3,$IMG,$IMG" --iters "$ITERS" --format json -o "$W/bench.json"
+step plain-resnet18 120 "$PY" "$HERE/plain_loop.py" "$W/jp" --model resnet18 "${train_args[@]}" \
+  -o "$W/plain.json"
+step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
+  --warmup-epochs 0 --out "$W/r18"
+if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data
+  timm_args=(--data-dir "$W/jp" --train-split train --val-split val --num-classes 10
+             --img-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" --opt adamw --lr 0.001
+             --warmup-epochs 0 --color-jitter 0 --log-interval 5 --checkpoint-hist 1)
+  [ "$AMP" = 1 ] && timm_args+=(--amp --amp-dtype bfloat16 --channels-last)
+  [ "$DEV" = cpu ] && timm_args+=(--device cpu)
+  step timm-resnet18 150 "$PY" "$TIMM_SCRIPTS/train.py" --model resnet18 "${timm_args[@]}" \
+    --output "$W/timm"
+  bench_amp=()
+  [ "$AMP" = 1 ] && bench_amp=(--amp --amp-dtype bfloat16 --channels-last)
+  step timm-benchmark 90 "$PY" "$TIMM_SCRIPTS/benchmark.py" --model "$BIG" -b "$B" \
+    --bench train --img-size "$IMG" --num-bench-iter "$ITERS" --device "$DEV" "${bench_amp[@]}"
+fi
+
+"$PY" "$HERE/gpu_check_table.py" "$W" "$LOG" "$OUT" "$BIG" "$DEV" "$N" "$IMG" "$B" "$NJ" "$AMP"
+echo "done in $(( SECONDS - START )) s; table, figures and log in $OUT" >&2

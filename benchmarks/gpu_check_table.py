@@ -1,0 +1,149 @@
+"""The table of `gpu_check.sh`, from its work folder: the run folders' metrics.csv, the JSON
+files of `torchkit benchmark` and `plain_loop.py`, the log (timm's lines) and the step times.
+
+    python benchmarks/gpu_check_table.py WORK LOG OUT MODEL DEVICE IMAGES SIZE BATCH WORKERS AMP
+
+Prints the table (Markdown) and writes it to OUT/gpu_check.md, the figures to OUT/gpu_check.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import sys
+
+work, log, out, big, dev, n, img, batch, workers, amp = sys.argv[1:]
+steps = {}
+with open(os.path.join(work, "steps.txt")) as lines:
+    for line in lines:
+        name, rc, seconds = line.split()
+        steps[name] = (int(rc), float(seconds))
+
+
+def epochs(run):
+    try:
+        with open(os.path.join(work, run, "metrics.csv")) as f:
+            return [(float(r["epoch_time_s"]), float(r["images_per_s"])) for r in csv.DictReader(f)]
+    except (OSError, KeyError, ValueError):
+        return []
+
+
+def steady(rows):
+    """Images/s and mean seconds of the epochs after the first."""
+    rest = rows[1:]
+    if not rest:
+        return None, None
+    seconds = sum(s for s, _ in rest)
+    return sum(s * r for s, r in rest) / seconds, seconds / len(rest)
+
+
+def load(name):
+    try:
+        with open(os.path.join(work, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def epoch_rate(rows, index):
+    return rows[index][1] if len(rows) > index else None
+
+
+big_rows, r18_rows, digit_rows = epochs("big"), epochs("r18"), epochs("digits")
+plain = load("plain.json")
+plain_rows = [(r["epoch_time_s"], r["images_per_s"]) for r in plain["epochs"]] if plain else []
+bench = load("bench.json")
+bench_rate = bench["results"][0]["images_per_s"] if bench and bench.get("results") else None
+big_rate, big_steady_s = steady(big_rows)
+_, digit_steady_s = steady(digit_rows)
+with open(log, errors="replace") as f:
+    text = f.read()
+
+rows = [  # (what, torchkit, against)
+    (f"{big} steady epoch img/s vs `torchkit benchmark --mode train`", big_rate, bench_rate),
+]
+for index in (1, 2):
+    rows.append(
+        (
+            f"resnet18 epoch {index + 1} img/s vs plain PyTorch loop",
+            epoch_rate(r18_rows, index),
+            epoch_rate(plain_rows, index),
+        )
+    )
+rows += [
+    (f"{big} first vs steady epoch s", big_rows[0][0] if big_rows else None, big_steady_s),
+    ("digits first vs steady epoch s", digit_rows[0][0] if digit_rows else None, digit_steady_s),
+    (
+        "digits main job wall s",
+        steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None,
+        "",  # nothing to compare with
+    ),
+]
+if "timm-resnet18" in steps:  # timm logs "Train: EPOCH [...] ... (avg s, avg images/s)"
+    found = re.findall(r"Train: 2 \[.*?\(\s*[\d.]+s,\s*([\d.]+)/s\)", text)
+    rows.append(
+        (
+            "resnet18 epoch 3 img/s vs timm train.py (its running mean)",
+            epoch_rate(r18_rows, 2),
+            float(found[-1]) if found else None,
+        )
+    )
+if "timm-benchmark" in steps:
+    found = re.findall(r"Train benchmark of .*? done\. ([\d.]+) samples/sec", text)
+    rows.append(
+        (
+            f"{big} `torchkit benchmark --mode train` vs timm benchmark.py",
+            bench_rate,
+            float(found[-1]) if found else None,
+        )
+    )
+
+
+def cell(value):
+    if value is None:
+        return "n/a"
+    if value == "":
+        return ""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+
+
+try:  # the header only
+    import torch
+
+    device = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "CPU"
+    torch_version, threads = torch.__version__, torch.get_num_threads()
+except Exception as error:  # a broken CUDA still gets its table
+    device, torch_version, threads = f"{dev} ({type(error).__name__})", "?", "?"
+head = (
+    f"torchkit GPU check: {device} ({dev}), torch {torch_version}, {os.cpu_count()} cores, "
+    f"{threads} torch threads; "
+    f"{n} JPEGs at {img} px, batch {batch}, {workers} workers, "
+    f"{'AMP + channels-last' if amp == '1' else 'fp32'}"
+)
+width = max(len(what) for what, *_ in rows)
+lines = [
+    head,
+    "",
+    f"| {'what':<{width}} | {'torchkit':>9} | {'against':>9} | {'ratio':>5} |",
+    f"|{'-' * (width + 2)}|{'-' * 10}:|{'-' * 10}:|{'-' * 6}:|",
+]
+figures = []
+for what, ours, theirs in rows:
+    compared = theirs != ""
+    ratio = ours / theirs if compared and ours is not None and theirs else None
+    shown = f"{ratio:.2f}" if ratio is not None else "n/a" if compared else ""
+    lines.append(f"| {what:<{width}} | {cell(ours):>9} | {cell(theirs):>9} | {shown:>5} |")
+    figures.append(
+        {"what": what, "torchkit": ours, "against": theirs if compared else None, "ratio": ratio}
+    )
+failed = [f"{name} (rc {rc})" for name, (rc, _) in steps.items() if rc != 0]
+if failed:
+    lines += ["", "failed or cut: " + ", ".join(failed) + f"; see {log}"]
+table = "\n".join(lines)
+print(table)
+with open(os.path.join(out, "gpu_check.md"), "w") as f:
+    f.write(table + "\n")
+with open(os.path.join(out, "gpu_check.json"), "w") as f:
+    json.dump({"header": head, "rows": figures, "steps": steps}, f, indent=1)
