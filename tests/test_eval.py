@@ -177,29 +177,30 @@ def test_reports_agree_with_sklearn_from_predictions_csv(setup, report):
     columns, rows = _read_csv(out / "predictions.csv")
     assert columns[:8] == [
         "path",
-        "true_label",
-        "true_class",
-        "predicted_label",
-        "predicted_class",
-        "confidence",
+        "label",
+        "label_index",
+        "class",
+        "class_index",
+        "probability",
         "correct",
         "loss",
     ]
-    assert columns[8:] == [f"top{i}_{kind}" for i in (1, 2, 3) for kind in ("label", "prob")]
+    assert columns[8:] == [f"{kind}_{i}" for i in (1, 2, 3) for kind in ("class", "probability")]
     assert len(rows) == setup["n"] == metrics["num_images"]
-    y_true = np.array([int(r["true_label"]) for r in rows])
-    y_pred = np.array([int(r["predicted_label"]) for r in rows])
-    assert all(CLASSES[int(r["true_label"])] == r["true_class"] for r in rows)
-    assert all(Path(r["path"]).parent.name == r["true_class"] for r in rows)  # matched by name
+    y_true = np.array([int(r["label_index"]) for r in rows])
+    y_pred = np.array([int(r["class_index"]) for r in rows])
+    assert all(CLASSES[int(r["label_index"])] == r["label"] for r in rows)
+    assert all(CLASSES[int(r["class_index"])] == r["class"] == r["class_1"] for r in rows)
+    assert all(Path(r["path"]).parent.name == r["label"] for r in rows)  # matched by name
     assert 0 < metrics["accuracy"] < 1, "the fixture model should make some mistakes"
     labels = list(range(len(CLASSES)))
 
     assert metrics["accuracy"] == pytest.approx(np.mean(y_true == y_pred), abs=1e-12)
-    # Top-k from the ranked labels written per image (score = minus the rank).
+    # Top-k from the ranked classes written per image (score = minus the rank).
     score = np.full((len(rows), len(CLASSES)), -100.0)
     for i, r in enumerate(rows):
         for rank in (1, 2, 3):
-            score[i, int(r[f"top{rank}_label"])] = -rank
+            score[i, CLASSES.index(r[f"class_{rank}"])] = -rank
     assert metrics["topk"] == 3
     assert metrics["topk_accuracy"] == pytest.approx(
         top_k_accuracy_score(y_true, score, k=3, labels=labels), abs=1e-12
@@ -254,10 +255,10 @@ def test_numbers_match_a_hand_written_loop(setup, report):
     root = Path(report["json"]["root"])  # paths are relative to the data root it records
     assert root == setup["data"] and rows[0]["path"].startswith("test/")
     probs = _reference(setup["model"], [str(root / r["path"]) for r in rows])
-    labels = torch.tensor([int(r["true_label"]) for r in rows])
-    assert [int(r["predicted_label"]) for r in rows] == probs.argmax(1).tolist()
+    labels = torch.tensor([int(r["label_index"]) for r in rows])
+    assert [int(r["class_index"]) for r in rows] == probs.argmax(1).tolist()
     np.testing.assert_allclose(
-        [float(r["confidence"]) for r in rows], probs.max(1).values.numpy(), rtol=1e-5
+        [float(r["probability"]) for r in rows], probs.max(1).values.numpy(), rtol=1e-5
     )
     reference_loss = F.nll_loss(probs.log(), labels).item()
     assert report["json"]["loss"] == pytest.approx(reference_loss, rel=1e-5)
@@ -273,9 +274,9 @@ def test_tta_flip_averages_image_and_mirror(setup, tmp_path):
     _, rows = _read_csv(out / "predictions.csv")
     root = Path(setup["data"])
     probs = _reference(setup["model"], [str(root / r["path"]) for r in rows], tta=True)
-    assert [int(r["predicted_label"]) for r in rows] == probs.argmax(1).tolist()
+    assert [int(r["class_index"]) for r in rows] == probs.argmax(1).tolist()
     np.testing.assert_allclose(
-        [float(r["top1_prob"]) for r in rows], probs.max(1).values.numpy(), rtol=1e-5
+        [float(r["probability_1"]) for r in rows], probs.max(1).values.numpy(), rtol=1e-5
     )
     assert json.loads(result.stdout)["tta"] == "flip"
 
@@ -399,7 +400,7 @@ def test_csv_index_gives_the_same_numbers(setup, report, tmp_path):
     with index.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["path", "label"])
-        writer.writerows([setup["data"] / r["path"], r["true_class"]] for r in rows)
+        writer.writerows([setup["data"] / r["path"], r["label"]] for r in rows)
     result = invoke(setup["ckpt"], "--data", index, "--format", "json", "--topk", "3")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
@@ -683,7 +684,7 @@ def test_torchrun_two_processes_give_the_same_numbers(setup, report, tmp_path):
     ddp_rows = _read_csv(out / "predictions.csv")[1]
     single_rows = _read_csv(report["out"] / "predictions.csv")[1]
     assert [r["path"] for r in ddp_rows] == [r["path"] for r in single_rows]
-    assert [r["predicted_label"] for r in ddp_rows] == [r["predicted_label"] for r in single_rows]
+    assert [r["class_index"] for r in ddp_rows] == [r["class_index"] for r in single_rows]
     assert (out / "confusion_matrix.csv").read_text() == (
         report["out"] / "confusion_matrix.csv"
     ).read_text()
@@ -714,7 +715,7 @@ def test_errors_png_names_the_files_of_the_mistakes(setup, tmp_path, monkeypatch
     result = invoke(setup["ckpt"], "--data", setup["data"], "--out", out, "--workers", "0")
     assert result.exit_code == 0, result.stderr
     _, rows = _read_csv(out / "predictions.csv")
-    wrong = [r for r in rows if r["true_label"] != r["predicted_label"]]
+    wrong = [r for r in rows if r["label"] != r["class"]]
     assert wrong, "the fixture's model makes mistakes"
-    most_confident = max(wrong, key=lambda r: float(r["confidence"]))
+    most_confident = max(wrong, key=lambda r: float(r["probability"]))
     assert Path(most_confident["path"]).name in texts

@@ -85,17 +85,21 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
     assert set(index["label"]) == set(CLASSES)  # class names, never split names
     logits = np.load("feats/logits.npy")
 
-    joined = predictions.merge(index, on="path", how="inner")
+    # One vocabulary: `label` is the true class name in both, so they join on it too.
+    joined = predictions.merge(index, on=["path", "label"], how="inner")
     assert len(joined) == 6 and (joined["split"] == "val").all()
     # eval's predicted class is the argmax of the features' logits for the same image
     argmax = logits[joined["row"].astype(int)].argmax(1)
-    assert [CLASSES[i] for i in argmax] == list(joined["predicted_class"])
+    assert [CLASSES[i] for i in argmax] == list(joined["class"])
 
     predicted = ok(runner, "predict", "run/best.pt", "out/split.csv", "--split", "val",
                    "--format", "csv", "-o", "predict.csv")  # fmt: skip
     assert "wrote predict.csv" in predicted.stderr
-    rows = pd.read_csv("predict.csv").merge(predictions, on="path")
-    assert len(rows) == 6 and (rows["class"] == rows["predicted_class"]).all()
+    # predict's rows and eval's predictions.csv agree column for column on what they share.
+    shared = ["path", "label", "class", "class_index"]
+    rows = pd.read_csv("predict.csv").merge(predictions, on=shared)
+    assert len(rows) == 6
+    assert np.allclose(rows["probability_x"], rows["probability_y"], atol=1e-6)
 
 
 def test_a_split_train_made_is_the_split_eval_scores(runner, tmp_path, monkeypatch):
@@ -113,8 +117,11 @@ def test_a_split_train_made_is_the_split_eval_scores(runner, tmp_path, monkeypat
     assert set(pd.read_csv("f/index.csv")["path"]) == val
     ok(runner, "predict", "run/best.pt", "flat", "--split", "val", "--format", "csv", "-o", "p.csv")
     assert set(pd.read_csv("p.csv")["path"]) == val
-    # Without --split the whole folder is scored (it is not split data).
-    whole = ok(runner, "eval", "run/best.pt", "--data", "flat", "--format", "json")
+    # Without --split, the run's own data is scored on what it held out (issue #31), and
+    # --split all scores the whole folder.
+    held = ok(runner, "eval", "run/best.pt", "--data", "flat", "--format", "json")
+    assert json.loads(held.stdout)["num_images"] == 6
+    whole = ok(runner, "eval", "run/best.pt", "--data", "flat", "--split", "all", "--format=json")
     assert json.loads(whole.stdout)["num_images"] == 30
 
 

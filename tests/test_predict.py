@@ -83,7 +83,7 @@ def test_a_flat_folder_gives_one_row_per_image_with_the_models_classes(runner, w
     assert result.exit_code == 0, result.stderr
     rows = read_csv(result.stdout)
     assert list(rows[0]) == [
-        "path", "class", "probability", "label",
+        "path", "label", "class", "class_index", "probability",
         "class_1", "probability_1", "class_2", "probability_2", "error",
     ]  # fmt: skip
     paths = [row["path"] for row in rows]
@@ -91,7 +91,8 @@ def test_a_flat_folder_gives_one_row_per_image_with_the_models_classes(runner, w
     logits = reference(world["model"], [world["flat"] / p for p in paths])
     probs = logits.softmax(1)
     for row, expected, p in zip(rows, logits.argmax(1).tolist(), probs, strict=True):
-        assert int(row["label"]) == expected and row["class"] == CLASSES[expected]
+        assert int(row["class_index"]) == expected and row["class"] == CLASSES[expected]
+        assert row["label"] == ""  # a flat folder: the true class is not known
         assert float(row["probability"]) == pytest.approx(float(p.max()), abs=1e-6)
         second = int(p.argsort(descending=True)[1])
         assert row["class_2"] == CLASSES[second]
@@ -110,7 +111,9 @@ def test_stdin_paths_keep_their_order_and_a_missing_one_is_an_error_row(runner, 
     assert rows[2]["class"] is None and rows[2]["probability"] is None
     assert "No such file" in rows[2]["error"]
     good = [row for row in rows if row["error"] is None]
-    assert all(isinstance(r["probability"], float) and isinstance(r["label"], int) for r in good)
+    assert all(
+        isinstance(r["probability"], float) and isinstance(r["class_index"], int) for r in good
+    )
     assert "1 unreadable image(s)" in result.stderr
 
 
@@ -130,7 +133,7 @@ def test_predictions_are_evals_predicted_classes(runner, world, tmp_path):
     )
     assert evaluated.exit_code == 0, evaluated.stderr
     with open(report / "predictions.csv", newline="") as handle:
-        expected = {row["path"]: row["predicted_class"] for row in csv.DictReader(handle)}
+        expected = {row["path"]: row["class"] for row in csv.DictReader(handle)}
     for tta in ("none", "flip"):
         result = (
             invoke(
@@ -223,7 +226,7 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     assert result.exit_code == 0, result.stderr
     row = json.loads(result.stdout)[0]
     expected = int(reference(world["model"], [world["flat"] / "a.png"]).argmax())
-    assert row["class"] == "xyz"[expected] and row["label"] == expected
+    assert row["class"] == "xyz"[expected] and row["class_index"] == expected
     model = model_from_checkpoint(load_checkpoint(world["ckpt"]))
     assert sum(p.numel() for p in model.parameters()) > 0
 
@@ -278,7 +281,8 @@ def test_csv_is_the_json_rows_formatted_with_repr_floats_and_empty_fields(runner
     assert as_csv.exit_code == 0 and as_json.exit_code == 0, as_csv.stderr
     rows = json.loads(as_json.stdout)
     columns = list(rows[0])
-    assert columns[-1] == "error" and columns[:4] == ["path", "class", "probability", "label"]
+    assert columns[-1] == "error"
+    assert columns[:5] == ["path", "label", "class", "class_index", "probability"]
     expected = ",".join(columns) + "\n"
     for row in rows:
         fields = ["" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else
@@ -372,11 +376,11 @@ def test_a_row_with_values_outside_the_header_is_an_error_not_dropped():
     from torchkit.core.errors import InputError
     from torchkit.core.predict.run import _aligned
 
-    header = ["path", "class", "probability", "label", "logit_0", "error"]
-    keys = ["path", "class", "probability", "label", "logit_0", "logit_1", "error"]
+    header = ["path", "label", "class", "class_index", "probability", "logit_0", "error"]
+    keys = ["path", "label", "class", "class_index", "probability", "logit_0", "logit_1", "error"]
     with pytest.raises(InputError, match="logit_1"):
-        _aligned(keys, ["a.png", "x", 0.5, 0, 1.0, 2.0, ""], header)
-    fewer = ["path", "class", "probability", "label", "error"]
-    assert _aligned(fewer, ["a.png", "x", 0.5, 0, ""], header) == [
-        "a.png", "x", 0.5, 0, None, "",
+        _aligned(keys, ["a.png", "", "x", 0, 0.5, 1.0, 2.0, ""], header)
+    fewer = ["path", "label", "class", "class_index", "probability", "error"]
+    assert _aligned(fewer, ["a.png", "", "x", 0, 0.5, ""], header) == [
+        "a.png", "", "x", 0, 0.5, None, "",
     ]  # fmt: skip

@@ -54,18 +54,25 @@ def eval_command(
         ),
     ] = None,
     data: Annotated[
-        str,
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
             "--data",
             "-d",
             help="Image folder ROOT/<class>/<image>, a split root with test/, a CSV index "
-            "(path,label) or `digits`.",
+            "(path,label) or `digits`. Default: the data a torchkit checkpoint was trained on "
+            "(scored on its held-out split).",
             show_default=False,
         ),
-    ] = ...,
+    ] = None,
     split: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option("--split", help="Split folder of a split root (default: test)."),
+        typer.Option(
+            "--split",
+            help="train, val, test or all: a split of a split root, of a CSV index with a split "
+            "column or of digits, or the val split a training run held out of unsplit data. "
+            "Default: test; on the data a checkpoint was trained on without a test split, the "
+            "val split its run held out.",
+        ),
     ] = None,
     model: Annotated[
         Optional[str],  # noqa: UP045
@@ -183,6 +190,7 @@ def eval_command(
     """
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
     from torchkit.core.evaluate.runner import check_report_file
+    from torchkit.core.evaluate.source import recorded_data
     from torchkit.core.preprocessing import mean_std_options
 
     mean_values, std_values = mean_std_options(mean, std, stats)
@@ -201,7 +209,7 @@ def eval_command(
         allow_untrained=allow_untrained,
     )
     options = EvalOptions(
-        data=data,
+        data=data if data is not None else _recorded_data(recorded_data, spec),
         split=split,
         batch_size=batch_size,
         workers=workers,
@@ -238,6 +246,12 @@ def eval_command(
         force=force,
         csv_table=1,
     )
+
+
+def _recorded_data(find, spec) -> str:
+    data, note = find(spec)
+    console.note(note)
+    return data
 
 
 def summary_table(result) -> Table:

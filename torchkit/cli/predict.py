@@ -264,7 +264,7 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
             shown,
             [[row.get(c) for c in shown] for row in rows],
             title="Predictions",
-            align_right={c for c in shown if c.startswith(("probability", "label"))},
+            align_right={c for c in shown if c.startswith(("probability", "class_index"))},
         )
         if handle is console.stdout.file and console.stdout.is_terminal:
             console.stdout.print(rich_table(table))

@@ -31,6 +31,7 @@ def select_split(
     default: str,
     recorded: Mapping | None = None,
     default_reason: str = "",
+    held_out_default: bool = False,
 ) -> tuple[Samples, list[str]]:
     """The samples `--split` names in `source`, and notes for the user.
 
@@ -40,9 +41,17 @@ def select_split(
     split data, and in unsplit data (or a split root without val/) whose held-out split a
     training run recorded (`recorded`: the checkpoint's `data` entry). Anywhere else it is a
     UsageError, never ignored.
+
+    `held_out_default` (eval): without --split, the data a training run used (`recorded`, same
+    root) that has no test split of its own gives the split the run held out (its val), not
+    the whole data, most of which the model trained on.
     """
     if split is not None and split not in SPLIT_CHOICES:
         raise UsageError(f"unknown --split {split!r}", "use train, val, test or all")
+    if split is None and held_out_default and recorded and "test" not in source.splits:
+        held_out = _held_out_of_run(source, recorded)
+        if held_out is not None:
+            return held_out
     notes: list[str] = []
     parts = source.splits
     # The record is only read when a split is asked for: other data than the run's (a new test
@@ -76,6 +85,34 @@ def select_split(
     if parts[split] is not source.splits.get(split):
         notes.append(f"the {split} split the training run made: {len(parts[split])} images")
     return parts[split], notes
+
+
+def is_run_data(source: DataSource, recorded: Mapping) -> bool:
+    """Whether `source` is the data a training run recorded (`recorded`: its `data` entry)."""
+    import os
+
+    if source.kind == "digits" or recorded.get("kind") == "digits":
+        return source.kind == recorded.get("kind")
+    root = recorded.get("root")
+    return bool(root) and bool(source.root) and os.path.abspath(source.root) == root
+
+
+def _held_out_of_run(source: DataSource, recorded: Mapping) -> tuple[Samples, list[str]] | None:
+    """The val split a run held out of `source` (or `source`'s own val), with a note saying so;
+    None when `source` is not the run's data or the run held nothing out."""
+    if not is_run_data(source, recorded):
+        return None
+    rebuilt = recorded_splits(source, dict(recorded))
+    parts, notes = rebuilt if rebuilt is not None else (dict(source.splits), [])
+    if "val" not in parts:
+        return None
+    held = parts["val"]
+    notes.append(
+        f"{source.spec} is the data the model was trained on: scoring the val split its run "
+        f"held out ({len(held)} images), not the images it trained on; --split train or "
+        "--split all scores those too"
+    )
+    return held, notes
 
 
 def training_splits(

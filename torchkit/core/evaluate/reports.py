@@ -111,39 +111,43 @@ def per_class_rows(result: EvalResult) -> list[list]:
 
 
 def prediction_columns(result: EvalResult) -> list[str]:
+    """The vocabulary of every output that names images (predict's rows too): `label` the true
+    class name, `class` the predicted one, `class_index` its index, `probability` its
+    probability, `class_K`/`probability_K` the K-th most probable (K up to the top-k used)."""
     columns = [
         "path",
-        "true_label",
-        "true_class",
-        "predicted_label",
-        "predicted_class",
-        "confidence",
+        "label",
+        "label_index",
+        "class",
+        "class_index",
+        "probability",
         "correct",
         "loss",
     ]
     for rank in range(1, result.predictions.topk_labels.shape[1] + 1):
-        columns += [f"top{rank}_label", f"top{rank}_prob"]
+        columns += [f"class_{rank}", f"probability_{rank}"]
     return columns
 
 
 def prediction_rows(result: EvalResult):
-    """One row per image; probabilities with 9 significant digits (float32 round-trips)."""
+    """One row per image; probabilities with 9 significant digits (float32 round-trips), as
+    predict writes them."""
     p = result.predictions
     classes = result.classes
     for i in range(len(p)):
         true, predicted = int(p.labels[i]), int(p.predicted[i])
         row = [
             result.sample_name(int(p.indices[i])),
-            true,
             classes[true],
-            predicted,
+            true,
             classes[predicted],
+            predicted,
             f"{p.confidence[i]:.9g}",
             int(true == predicted),
             f"{p.loss[i]:.9g}",
         ]
-        for label, prob in zip(p.topk_labels[i], p.topk_probs[i], strict=True):
-            row += [int(label), f"{prob:.9g}"]
+        for index, prob in zip(p.topk_labels[i], p.topk_probs[i], strict=True):
+            row += [classes[int(index)], f"{prob:.9g}"]
         yield row
 
 

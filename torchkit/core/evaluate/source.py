@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data import Samples
-from torchkit.core.errors import UsageError
+from torchkit.core.errors import InputError, UsageError
 
 # Mode PIL converts images to for a given channel count.
 IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
@@ -139,7 +139,57 @@ def load_eval_samples(
 
     source = open_data(data, classes=classes)
     samples, notes = select_split(
-        source, split, default="test", recorded=recorded, default_reason="held-out test data"
+        source,
+        split,
+        default="test",
+        recorded=recorded,
+        default_reason="held-out test data",
+        held_out_default=True,
     )
-    used = split or ("test" if source.splits else None)
+    used = split or _split_of(samples) or ("test" if source.splits else None)
     return EvalData(samples, used, source.root, notes)
+
+
+def recorded_data(spec: ModelSpec) -> tuple[str, str]:
+    """`--data` when it is not given: the data the checkpoint's training run recorded (digits,
+    its image folder or split root, its CSV index), and a note saying so. UsageError when the
+    model records none; InputError when that data is no longer where the run read it."""
+    import os
+
+    from torchkit.core.checkpoint import is_torchkit_checkpoint
+    from torchkit.core.models import exported_format_of, is_model_file
+    from torchkit.core.models.weights import read_model_file
+
+    missing = UsageError(
+        "--data is missing", "give the images to score: --data FOLDER, a CSV index or digits"
+    )
+    model, weights = _model_and_weights(spec)  # "nothing to evaluate" comes first
+    path = weights or model
+    if not path or not is_model_file(path) or not os.path.isfile(path):
+        raise missing
+    if exported_format_of(path) is not None:
+        raise missing
+    loaded = read_model_file(path, trust=spec.trust_checkpoint)
+    record = loaded.get("data") if is_torchkit_checkpoint(loaded) else None
+    if not isinstance(record, Mapping) or not record.get("kind"):
+        raise UsageError(
+            "--data is missing", f"{path} records no training data: give --data FOLDER|CSV|digits"
+        )
+    kind, root, typed = record.get("kind"), str(record.get("root") or ""), str(record.get("spec"))
+    if kind == "digits":
+        return "digits", f"--data digits: the data {path} was trained on"
+    data = root
+    if kind in ("csv", "split csv"):  # the index lies in its root (paths relative to it)
+        data = typed if os.path.isabs(typed) else os.path.join(root, os.path.basename(typed))
+    if not data or not os.path.exists(data):
+        raise InputError(
+            f"the data {path} was trained on is no longer at {data or typed}",
+            "give --data where it is now",
+        )
+    return data, f"--data {data}: the data {path} was trained on"
+
+
+def _split_of(samples: Samples) -> str | None:
+    """The one split every sample belongs to (a held-out val chosen by default), else None."""
+    names = set(samples.splits or ())
+    return names.pop() if len(names) == 1 else None

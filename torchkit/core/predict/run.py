@@ -153,7 +153,9 @@ class PredictRun:
         columns = ["path"]
         if self.image_set.samples.splits:
             columns.append("split")
-        columns += ["class", "probability", "label"]
+        # The one vocabulary of outputs that name images (eval's predictions.csv too): label
+        # the true class name ("" when unknown), class the predicted one, class_index its index.
+        columns += ["label", "class", "class_index", "probability"]
         k = self._k(num_outputs)
         if k > 1:
             for rank in range(1, k + 1):
@@ -184,7 +186,7 @@ class PredictRun:
     def rows(self, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
         """The rows, in input order, on rank 0 (other ranks yield nothing but take part), as
         dicts: an unreadable image's row has only `path` (`split`) and `error`."""
-        class_at = 2 if self.image_set.samples.splits else 1
+        class_at = 3 if self.image_set.samples.splits else 2
         for keys, values in self._records(progress):
             row = dict(zip(keys, values, strict=True))
             if values[class_at] is None:  # an unreadable image: its path, split and error
@@ -320,6 +322,7 @@ class PredictRun:
         per-batch lists of classes and probabilities (no dict per row)."""
         samples, summary, request = self.image_set.samples, self.summary, self.request
         ids, splits, classes = samples.ids, samples.splits, self.classes
+        labels, label_names = samples.labels, samples.classes
         errors = dict(part["failed"])
         indices = part.get("indices", [])
         position_of = {index: position for position, index in enumerate(indices)}
@@ -334,6 +337,7 @@ class PredictRun:
             values: list[Any] = [ids[index] if ids else str(index)]
             if splits:
                 values.append(splits[index])
+            values.append(label_names[labels[index]] if labels else "")
             if index in errors:
                 summary.unreadable += 1
                 message = errors[index]
@@ -359,15 +363,21 @@ class PredictRun:
                         "check the weights, or drop --amp",
                     )
             summary.predicted += 1
-            values += (names[top[0]], prob[0], top[0])
+            prob = [_digits(p) for p in prob]
+            values += (names[top[0]], top[0], prob[0])
             if k > 1:
                 for label, p in zip(top, prob, strict=True):
                     values += (names[label], p)
             if logits:
-                values += logits[position]
+                values += [_digits(v) for v in logits[position]]
             values.append("" if ok else "non-finite output")
             records.append((keys, values))
         return records
+
+
+def _digits(value: float) -> float:
+    """9 significant digits, as eval's predictions.csv writes them: a float32 round-trips."""
+    return float(f"{value:.9g}")
 
 
 def _aligned(keys: list[str], values: list[Any], header: list[str]) -> list[Any]:
