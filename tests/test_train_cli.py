@@ -726,8 +726,14 @@ def test_a_two_class_run_reports_top_2_not_top_5(runner, tmp_path, make_image_fo
          "-j", "0", "--out", str(tmp_path / "run"), "--format", "json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["topk"] == 2
+    summary = json.loads(result.stdout)
+    assert summary["topk"] == 2
     assert " top2 " in result.stderr and " top5 " not in result.stderr
+    # Files and JSON name the k used (issue #31): no `top5` anywhere for 2 classes.
+    assert "best_val_top2" in summary and "best_val_top5" not in summary
+    assert "test_top5" not in summary and "val_top2" in summary["history"][0]
+    header = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "val_top2" in header and not any("top5" in name for name in header)
     table = runner.invoke(
         app,
         ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",

@@ -84,11 +84,22 @@ def metric_columns(history: list[dict]) -> list[str]:
     return columns
 
 
-def write_metrics_csv(path: Path, history: list[dict]) -> None:
+def named_for_k(name: str, topk: int) -> str:
+    """A metric's name as users see it: the history keeps `*_top5` (checkpoints of every
+    version resume), files and reports name the k used (`val_top2` with 2 classes)."""
+    return name[: -len("top5")] + f"top{topk}" if name.endswith("top5") else name
+
+
+def row_named_for_k(row: dict, topk: int) -> dict:
+    return {named_for_k(key, topk): value for key, value in row.items()}
+
+
+def write_metrics_csv(path: Path, history: list[dict], topk: int = 5) -> None:
+    """metrics.csv: one row per epoch; the top-k columns are named for `topk`."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     columns = metric_columns(history)
-    writer.writerow(columns)
+    writer.writerow([named_for_k(name, topk) for name in columns])
     for row in history:
         writer.writerow([_csv_value(row.get(name)) for name in columns])
     atomic_write_text(path, buffer.getvalue())

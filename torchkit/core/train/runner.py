@@ -176,11 +176,17 @@ class TrainResult:
     config: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
+        """The JSON report: top-k keys named for the k used (`best_val_top2`, `test_top2` and
+        the history's `val_top2` with 2 classes), as in metrics.csv."""
+        from torchkit.core.train.outputs import named_for_k, row_named_for_k
+
         data = dataclasses.asdict(self)
         data["out_dir"] = str(self.out_dir)
         data.pop("is_main")
         data.pop("kept")
         data.pop("stop_signal")
+        data = {named_for_k(key, self.topk): value for key, value in data.items()}
+        data["history"] = [row_named_for_k(row, self.topk) for row in self.history]
         return data
 
 
@@ -1056,7 +1062,9 @@ class _Run:
                 )
                 self.saved_any = True
                 self._keep_output()
-                write_metrics_csv(self.out / "metrics.csv", self.history)
+                write_metrics_csv(
+                    self.out / "metrics.csv", self.history, min(TOPK, len(self.classes))
+                )
                 if time.perf_counter() - curves_written > CURVES_EVERY_S:
                     write_curves_png(self.out / "curves.png", self.history, self.best_epoch)
                     curves_written = time.perf_counter()
