@@ -13,10 +13,12 @@ from torchkit.cli.app import TorchkitGroup
 from torchkit.cli.options import (
     ForceOption,
     FormatOption,
+    OutOption,
     OutputOption,
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
+    product_path,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -90,9 +92,14 @@ def tensor(
         Path, typer.Argument(help="An image, .npy, .pt/.pth or .safetensors file, or a folder.")
     ],
     dst: Annotated[
-        Path,
-        typer.Argument(help="The output file (format from its extension) or folder (see --to)."),
-    ],
+        Optional[Path],  # noqa: UP045
+        typer.Argument(
+            help="The output file (format from its extension) or folder (see --to); or --out.",
+            metavar="DST",
+            show_default=False,
+        ),
+    ] = None,
+    out_option: OutOption = None,
     to: Annotated[
         Optional[TargetFormat],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -176,6 +183,7 @@ def tensor(
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor
     from torchkit.core.convert.writes import check_report_output
 
+    dst = product_path(dst, out_option, name="DST")
     check_report_output(output, force, source=src, destination=dst)
 
     options = TensorOptions(
@@ -228,7 +236,11 @@ def cifar(
             help="cifar-10-python.tar.gz, cifar-100-python.tar.gz or the folder extracted from it."
         ),
     ],
-    out: Annotated[Path, typer.Argument(help="The output folder.")],
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Argument(help="The output folder; or --out.", metavar="OUT", show_default=False),
+    ] = None,
+    out_option: OutOption = None,
     label_type: Annotated[
         Optional[LabelType],  # noqa: UP045
         typer.Option(
@@ -258,6 +270,7 @@ def cifar(
     from torchkit.core.convert.cifar import convert_cifar
     from torchkit.core.convert.writes import check_report_output
 
+    out = product_path(out, out_option)
     check_report_output(output, force, source=src, destination=out)
 
     with progress_bar("writing PNGs") as progress:
@@ -296,6 +309,7 @@ def checkpoint(
             show_default=False,
         ),
     ],
+    out_option: OutOption = None,
     average: Annotated[
         bool,
         typer.Option(
@@ -362,6 +376,8 @@ def checkpoint(
     from torchkit.core.convert.writes import check_report_output
     from torchkit.core.errors import UsageError
 
+    if out_option is not None:  # --out DST: every path given is a source
+        paths = [*paths, out_option]
     if average:
         _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output, allow_nonfinite)
         return

@@ -8,7 +8,14 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.completion import complete_model_name
-from torchkit.cli.options import ForceOption, FormatOption, OutputOption, TrustCheckpointOption
+from torchkit.cli.options import (
+    ForceOption,
+    FormatOption,
+    OutOption,
+    OutputOption,
+    TrustCheckpointOption,
+    product_path,
+)
 from torchkit.cli.render import OutputFormat, Table, emit
 
 REPORT_COLUMNS = ["name", "type", "num_features", "affine", "track_running_stats"]
@@ -37,11 +44,12 @@ def convert_syncbn(
     destination: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Argument(
-            help="Write the converted model here. Without DST, only report the layers.",
+            help="Write the converted model here (or --out). Without it, only report the layers.",
             metavar="DST",
             show_default=False,
         ),
     ] = None,
+    out_option: OutOption = None,
     revert: Annotated[
         bool,
         typer.Option(
@@ -92,6 +100,9 @@ def convert_syncbn(
     """
     from torchkit.core import syncbn
 
+    destination = product_path(destination, out_option, required=False, name="DST")
+    if destination is not None:
+        destination = str(destination)
     # Every output, before any work: not SRC nor the weights, not each other, --force to replace.
     syncbn.check_outputs(source, destination, output, weights=weights, force=force)
     if destination is None:

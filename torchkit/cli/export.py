@@ -13,9 +13,11 @@ from torchkit.cli.options import (
     ForceOption,
     FormatOption,
     ModelArgument,
+    OutOption,
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
+    product_path,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -34,15 +36,16 @@ class ExportDtype(str, Enum):
 def export(
     model: ModelArgument,
     out: Annotated[
-        Path,
+        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Argument(
             help="The file to write: .onnx (ONNX), .ts or .pt (TorchScript), .pt2 "
-            "(torch.export); any other name with --to.",
+            "(torch.export); any other name with --to. Or --out.",
             metavar="OUT",
             show_default=False,
             dir_okay=False,
         ),
-    ],
+    ] = None,
+    out_option: OutOption = None,
     to: Annotated[
         Optional[ExportFormat],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -149,6 +152,7 @@ def export(
     from torchkit.cli.progress import progress_bar
     from torchkit.core.export import ExportRequest, check_outputs, export_model
 
+    out = product_path(out, out_option)
     check_outputs(model, out, output, weights=weights, force=force)
     request = ExportRequest(
         model=model,

@@ -18,12 +18,14 @@ from torchkit.cli.options import (
     InferenceAmpDtypeOption,
     InferenceAmpOption,
     MeanOption,
+    OutOption,
     ResizeSizeOption,
     StatsOption,
     StdOption,
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
+    product_path,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -73,11 +75,12 @@ def extract_features_command(
     out: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Argument(
-            help="Output folder: one array file per layer, index.csv, meta.json.",
+            help="Output folder: one array file per layer, index.csv, meta.json (or --out).",
             metavar="OUT",
             show_default=False,
         ),
     ] = None,
+    out_option: OutOption = None,
     layer: Annotated[
         Optional[list[str]],  # noqa: UP045
         typer.Option(
@@ -201,6 +204,7 @@ def extract_features_command(
     from torchkit.core.errors import UsageError
     from torchkit.core.preprocessing import mean_std_options
 
+    out = product_path(out, out_option, required=False)
     if list_layers:
         if images is not None or out is not None:
             raise UsageError("--list-layers takes only MODEL", "drop IMAGES and OUT")

@@ -27,6 +27,33 @@ OutputOption = Annotated[
     ),
 ]
 ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing outputs.")]
+# The one rule for output locations (README, "Conventions"): `--out` names what a command makes
+# (a file or folder; a positional OUT is the same thing), `-o/--output` only the printed report.
+OutOption = Annotated[
+    Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
+    typer.Option(
+        "--out",
+        help="What the command writes (the same as the positional OUT; give one of them).",
+        show_default=False,
+    ),
+]
+
+
+def product_path(positional: Any, option: Any, *, required: bool = True, name: str = "OUT"):
+    """OUT given positionally or as --out (the same thing); both naming two places, or neither
+    when one is required, is a usage error."""
+    from torchkit.core.errors import UsageError
+
+    if positional is not None and option is not None and Path(positional) != Path(option):
+        raise UsageError(
+            f"{name} {positional} and --out {option} name two outputs", "give one of them"
+        )
+    chosen = option if option is not None else positional
+    if chosen is None and required:
+        raise UsageError(f"missing {name}", f"give it after the inputs, or as --out {name}")
+    return chosen
+
+
 DeviceOption = Annotated[
     str,
     typer.Option(

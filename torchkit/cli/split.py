@@ -9,7 +9,14 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.options import ForceOption, FormatOption, ImageSetArgument, OutputOption
+from torchkit.cli.options import (
+    ForceOption,
+    FormatOption,
+    ImageSetArgument,
+    OutOption,
+    OutputOption,
+    product_path,
+)
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -79,12 +86,14 @@ def _dedup_note(result) -> str | None:
 def split(
     root: ImageSetArgument,
     out: Annotated[
-        Path,
+        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Argument(
-            help="Output folder: OUT/<split>/<class>/<image> and OUT/split.csv.",
+            help="Output folder: OUT/<split>/<class>/<image> and OUT/split.csv (or --out).",
+            metavar="OUT",
             show_default=False,
         ),
-    ],
+    ] = None,
+    out_option: OutOption = None,
     ratio: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -188,6 +197,7 @@ def split(
     """
     from torchkit.core.split import check_report_file, split_dataset
 
+    out = product_path(out, out_option)
     split_names = None if names is None else names.split(",")
     if output is not None:
         check_report_file(output, force, root, out, split_names)

@@ -110,6 +110,22 @@ def _ints(text: str | None, option: str) -> tuple[int, ...]:
         ) from None
 
 
+def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
+    """`train -o myrun` meant `--out myrun` (the run folder) far more often than a summary file
+    without an extension: say so instead of writing a text file and a run elsewhere."""
+    from torchkit.core.errors import UsageError
+    from torchkit.core.outputs import is_special_file
+
+    if output is None or out is not None or output.suffix or is_special_file(output):
+        return
+    raise UsageError(
+        f"-o/--output names the file train's printed summary goes to, and {output} has no "
+        "extension",
+        f"the run folder is --out: did you mean --out {output}? (or -o {output}.json with "
+        "--format json for the summary)",
+    )
+
+
 def train_command(
     ctx: typer.Context,
     data: Annotated[
@@ -683,6 +699,7 @@ def train_command(
 
     if output is not None and str(output) == "-":
         output = None  # `-o -`: stdout
+    _refuse_output_meant_as_out(output, out)
     mean_values, std_values = mean_std_options(mean, std, stats)
     is_main = int(os.environ.get("RANK", "0")) == 0
     config = TrainConfig(
