@@ -179,6 +179,7 @@ def test_json_structure_and_types(runner):
         "tflops": float,
         "torch_version": str,
         "timestamp": str,
+        "spec": str,
     }
     assert list(types) == list(COLUMNS)
     for row in rows:
@@ -352,7 +353,9 @@ def synthetic(limit_mb: float, per_image_mb: float = 1.0, fixed_mb: float = 5.0)
 
 
 def test_search_doubles_then_bisects_to_the_largest_batch_that_fits():
-    found, stopped_by, trials = search_batch_size(synthetic(105.0), start=1, max_batch=4096)
+    found, stopped_by, trials = search_batch_size(
+        synthetic(105.0), start=1, max_batch=4096, precision=0
+    )
     assert found == 100 and stopped_by == OVER_LIMIT
     tried = [t.batch_size for t in trials]
     assert tried[:8] == [1, 2, 4, 8, 16, 32, 64, 128]

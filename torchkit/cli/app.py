@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import inspect
 import os
 import re
@@ -143,8 +145,46 @@ def _polish_command(command) -> None:
     if type(command) is TyperCommand:
         command.__class__ = TorchkitCommand
     command.help = _tidy_help(command.help)
+    _add_verbose_option(command)
     for param in command.params:
         _polish_param(param)
+
+
+VERBOSE_HELP = "Show informational logs on stderr."
+
+
+def _add_verbose_option(command) -> None:
+    """`-v/--verbose` after the command name too (`torchkit env -v`), as before it: every
+    command and group takes it, unless it has a `-v` or `--verbose` of its own (the app's
+    own, before the command name, is one)."""
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    if taken & {"-v", "--verbose"}:
+        return
+    command.params.append(copy.copy(_verbose_template()))
+
+
+def _verbose_flag(ctx, param, value: bool) -> bool:
+    if value and not ctx.resilient_parsing:
+        console.install_log_handler(True)  # after the app's callback: a later -v wins
+    return value
+
+
+@functools.cache
+def _verbose_template():
+    """The `-v/--verbose` option the commands are given, made by Typer as the app's own is."""
+    probe = typer.Typer()
+
+    @probe.command()
+    def _probe(
+        verbose: bool = typer.Option(
+            False, "--verbose", "-v", help=VERBOSE_HELP, callback=_verbose_flag
+        ),
+    ) -> None:
+        """Stands for a command: Typer builds its `--verbose` option."""
+
+    (option,) = [p for p in typer.main.get_command(probe).params if p.name == "verbose"]
+    option.expose_value = False  # the commands' functions do not take it
+    return option
 
 
 class TorchkitCommand(TyperCommand):
@@ -431,8 +471,6 @@ def _root(
         callback=_version_callback,
         is_eager=True,
     ),
-    verbose: bool = typer.Option(
-        False, "--verbose", "-v", help="Show informational logs on stderr."
-    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     console.install_log_handler(verbose)

@@ -101,7 +101,9 @@ def benchmark(
         typer.Option(
             "--find-batch-size",
             help="Find the largest batch that fits (doubling, then bisecting) and benchmark "
-            "it: until out of memory on a GPU, until --memory-limit on the CPU.",
+            "it: until out of memory on a GPU, until --memory-limit on the CPU. The search "
+            "stops within 10%: once the smallest batch that did not fit is at most 10% above "
+            "the largest that did (JSON: precision, not_fitting).",
         ),
     ] = False,
     memory_limit: Annotated[
@@ -147,8 +149,9 @@ def benchmark(
         bool,
         typer.Option(
             "--append",
-            help="Add the rows to the CSV file -o names (it must have the same columns), "
-            "or start it.",
+            help="Add the rows to the CSV file -o names (it must have the same columns; a file "
+            "of an earlier torchkit without the spec column takes the rows without it), or "
+            "start it.",
         ),
     ] = False,
 ) -> None:
@@ -217,7 +220,9 @@ def benchmark(
     from torchkit.cli.progress import progress_bar
 
     with progress_bar("benchmarking") as progress:
-        result = run_benchmark(model, options, progress=progress)
+        result = run_benchmark(
+            model, options, progress=progress, search_progress=_search_status(progress.status)
+        )
 
     csv_table = Table(columns=list(COLUMNS), rows=result.rows())
     if append:
@@ -225,8 +230,13 @@ def benchmark(
         from torchkit.cli.render import render_csv
         from torchkit.core.benchmark import append_csv
 
-        append_csv(output, render_csv(csv_table))
+        left_out = append_csv(output, render_csv(csv_table))
         console.note(f"added {len(result.results)} row(s) to {output}")
+        if left_out:
+            console.note(
+                f"{output} has no {', '.join(left_out)} column (an earlier torchkit wrote it): "
+                "the rows were added without it; write a new file (-o NEW.csv) to record it"
+            )
         return
     tables = [_results_table(result)]
     if result.batch_size_search:
@@ -276,7 +286,8 @@ def _search_table(result: Any) -> Table:
     limits = [
         f"{s.mode}: batch {s.batch_size} (stopped by {s.stopped_by}"
         + ("" if s.memory_limit_mb is None else f", limit {s.memory_limit_mb:,.0f} MB")
-        + ")"
+        + ("" if s.not_fitting is None else f"; {s.not_fitting} did not fit")
+        + f"; within {s.precision:.0%})"
         for s in result.batch_size_search
     ]
     return Table(
@@ -285,6 +296,29 @@ def _search_table(result: Any) -> Table:
         title="--find-batch-size: " + "; ".join(limits),
         align_right={"Batch", "Peak MB"},
     )
+
+
+def _search_status(status: Any) -> Any:
+    """The --find-batch-size callback: which batch runs now and the bracket so far, then the
+    timing of the batch found."""
+
+    def show(mode: str, batch: int, trials: list[Any], searching: bool) -> None:
+        if not searching:
+            status(f"timing the batch found ({mode}, {batch})")
+            return
+        fitted = [t.batch_size for t in trials if t.fits]
+        failed = [t.batch_size for t in trials if not t.fits]
+        known = []
+        if fitted:
+            known.append(f"{max(fitted)} fits")
+        if failed:
+            known.append(f"{min(failed)} does not")
+        status(
+            f"finding the batch size ({mode}): trying {batch}"
+            + (f" ({', '.join(known)})" if known else "")
+        )
+
+    return show
 
 
 def _readable(value: float | None) -> str:

@@ -92,7 +92,7 @@ def tensor(
         Path, typer.Argument(help="An image, .npy, .pt/.pth or .safetensors file, or a folder.")
     ],
     dst: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Argument(
             help="The output file (format from its extension) or folder (see --to); or --out.",
             metavar="DST",
@@ -101,7 +101,7 @@ def tensor(
     ] = None,
     out_option: OutOption = None,
     to: Annotated[
-        Optional[TargetFormat],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[TargetFormat],
         typer.Option(
             "--to",
             metavar="FORMAT",
@@ -113,7 +113,7 @@ def tensor(
         ),
     ] = None,
     layout: Annotated[
-        Optional[Layout],  # noqa: UP045
+        Optional[Layout],
         typer.Option(
             "--layout",
             help="Axis order of the array/tensor side [default: hwc for .npy, chw for .pt and "
@@ -123,7 +123,7 @@ def tensor(
         ),
     ] = None,
     dtype: Annotated[
-        Optional[ArrayDtype],  # noqa: UP045
+        Optional[ArrayDtype],
         typer.Option(
             "--dtype",
             help="dtype of a written array/tensor [default: uint8 for .npy (uint16 for 16-bit "
@@ -133,7 +133,7 @@ def tensor(
         ),
     ] = None,
     scale: Annotated[
-        Optional[Scale],  # noqa: UP045
+        Optional[Scale],
         typer.Option(
             "--scale",
             help="Float values in [0, 1] or [0, 255] (implies float32 for .npy) [default: 1].",
@@ -141,7 +141,7 @@ def tensor(
         ),
     ] = None,
     key: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--key",
             help="The tensor to read from a dict in a .pt/.safetensors file (and the "
@@ -237,12 +237,12 @@ def cifar(
         ),
     ],
     out: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Argument(help="The output folder; or --out.", metavar="OUT", show_default=False),
     ] = None,
     out_option: OutOption = None,
     label_type: Annotated[
-        Optional[LabelType],  # noqa: UP045
+        Optional[LabelType],
         typer.Option(
             "--label-type",
             help="CIFAR-100 class folders from the fine (100) or coarse (20) labels "
@@ -327,7 +327,7 @@ def checkpoint(
         ),
     ] = False,
     key: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--key",
             help="Where the state dict is (model, state_dict, net, model_ema...) "
@@ -336,7 +336,7 @@ def checkpoint(
         ),
     ] = None,
     strip_prefix: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--strip-prefix",
             help="Remove this prefix from the keys that have it; '' keeps every key "
@@ -348,7 +348,7 @@ def checkpoint(
         str, typer.Option("--add-prefix", help="Prepend this to every key.", show_default=False)
     ] = "",
     dtype: Annotated[
-        Optional[WeightDtype],  # noqa: UP045
+        Optional[WeightDtype],
         typer.Option(
             "--dtype", help="Cast floating-point tensors.", case_sensitive=False, show_default=False
         ),
@@ -401,6 +401,14 @@ def checkpoint(
         trust=trust_checkpoint,
         force=force,
     )
+    if report.not_taken:
+        from torchkit.cli import console
+
+        others = ", ".join(report.not_taken)
+        console.note(
+            f"took state_dict (as timm's tools do); the checkpoint also holds {others}: "
+            f"--key {report.not_taken[0]} for those weights"
+        )
     rows = [
         ["source", report.source],
         ["destination", report.destination],

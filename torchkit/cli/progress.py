@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from torchkit.cli import console
 
 
+class ProgressUpdate:
+    """Core's (done, total) callback for a progress bar; `status(text)` shows what is being
+    done now beside the label (`status(None)` clears it)."""
+
+    def __init__(self, bar: Any, task: Any, label: str) -> None:
+        self._bar, self._task, self._label = bar, task, label
+
+    def __call__(self, done: int, total: int) -> None:
+        self._bar.update(self._task, completed=done, total=total, refresh=True)
+
+    def status(self, text: str | None) -> None:
+        from rich.markup import escape
+
+        description = self._label if not text else f"{self._label}: {escape(text)}"
+        self._bar.update(self._task, description=description, refresh=True)
+
+
 @contextmanager
-def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(label: str) -> Iterator[ProgressUpdate]:
     """A progress bar on stderr (only on a terminal) fed by core's (done, total) callback.
 
     It refreshes on each update instead of from a thread, so no thread is running when the
@@ -24,7 +42,7 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
     )
 
     with Progress(
-        TextColumn(label),
+        TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
@@ -34,8 +52,4 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
         auto_refresh=False,
     ) as bar:
         task = bar.add_task(label, total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, refresh=True)
-
-        yield update
+        yield ProgressUpdate(bar, task, label)

@@ -47,6 +47,12 @@ PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("safetensors", ("safetensors",)),
     ("matplotlib", ("matplotlib",)),
     ("tensorboard", ("tensorboard",)),
+    ("onnx", ("onnx",)),  # export --format onnx
+    (
+        "onnxruntime",  # export's check and predict of .onnx models
+        ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"),
+    ),
+    ("timm", ("timm",)),  # timm/ model names
 )
 
 # torchvision's C++ operator library has been called `_C` and, in newer releases, `_C_stable`.

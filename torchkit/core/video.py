@@ -257,6 +257,36 @@ def sniff_container(head: bytes) -> str | None:
     return None
 
 
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
+    """The format ("PNG", "JPEG", "GIF"...) when the file is a still image (one frame), which
+    FFmpeg would otherwise open as a one-frame "video" at a made-up 25 fps; None for anything
+    else, an animated GIF, PNG or WebP included (those are left to FFmpeg)."""
+    kind = next((name for magic, name in _IMAGE_MAGIC if head.startswith(magic)), None)
+    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        kind = "WebP"
+    if kind is None:
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            frames = int(getattr(image, "n_frames", 1) or 1)
+    except Exception:  # the magic bytes, but not an image PIL reads: leave it to FFmpeg
+        return None
+    return kind if frames <= 1 else None
+
+
 def fourcc_to_text(code: float) -> str | None:
     """OpenCV's CAP_PROP_FOURCC number as its four characters (None for 0 or unprintable)."""
     number = int(code) if code and math.isfinite(code) else 0
@@ -516,6 +546,10 @@ def _probe_into(
     info.container = sniffed
     if info.size_bytes == 0:
         info.fail(_describe_unopenable(0, sniffed))
+        return
+    image = None if sniffed else still_image_format(path, head)
+    if image is not None:
+        info.fail(f"a still image ({image}), not a video")
         return
     # Read before FFmpeg opens the file: a cut MP4 whose index was at its end cannot be opened,
     # and this still tells a truncated copy from a corrupt file.

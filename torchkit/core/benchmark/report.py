@@ -48,9 +48,15 @@ class BenchmarkRow:
     tflops: float | None  # achieved: step_flops_per_image * images_per_s / 1e12
     torch_version: str
     timestamp: str  # UTC, ISO 8601
+    # MODEL as given (resnet18, runs/best.pt, pkg.mod:Fn), with " --weights W" if given; last,
+    # so that the columns of earlier versions keep their places.
+    spec: str
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(BenchmarkRow))
+# Columns newer than files that earlier versions wrote: a file without them still takes rows
+# (--append), without those values.
+ADDED_COLUMNS: tuple[str, ...] = ("spec",)
 
 
 @dataclass
@@ -111,25 +117,29 @@ def _read_existing(path: Path) -> str | None:
         raise OutputExistsError(f"cannot read {path}: {error.strerror or error}") from None
 
 
-def check_append_target(path: str | os.PathLike, columns: list[str] | tuple[str, ...]) -> None:
+def check_append_target(path: str | os.PathLike, columns: list[str] | tuple[str, ...]) -> list[str]:
     """Before any work: the CSV file `path` (when it exists and is not empty) has exactly
-    `columns` (in any order), or an error naming the difference."""
+    `columns` (in any order), or an error naming the difference; an older file may lack the
+    ADDED_COLUMNS. Returns the columns the rows will be written without."""
     target = Path(os.path.realpath(path))
     text = _read_existing(target)
     if text is None:
-        return
-    _require_same_columns(target, _header(text), list(columns))
+        return []
+    return _require_same_columns(target, _header(text), list(columns))
 
 
-def _require_same_columns(path: Path, found: list[str] | None, wanted: list[str]) -> None:
+def _require_same_columns(path: Path, found: list[str] | None, wanted: list[str]) -> list[str]:
+    """The ADDED_COLUMNS that `found` lacks (left out of the rows), or an error when the
+    columns differ otherwise."""
     if found is None:
-        return
+        return []
     if len(set(found)) != len(found):
         raise OutputExistsError(
             f"cannot append to {path}: its header names a column twice",
             "give a CSV file that torchkit benchmark wrote, or a new file",
         )
-    missing = [c for c in wanted if c not in found]
+    left_out = [c for c in wanted if c not in found and c in ADDED_COLUMNS]
+    missing = [c for c in wanted if c not in found and c not in ADDED_COLUMNS]
     extra = [c for c in found if c not in wanted]
     if missing or extra:
         parts = []
@@ -141,12 +151,14 @@ def _require_same_columns(path: Path, found: list[str] | None, wanted: list[str]
             f"cannot append to {path}: its columns differ ({'; '.join(parts)})",
             "write to a new file (-o NEW.csv), or compare with the torchkit that wrote it",
         )
+    return left_out
 
 
-def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) -> None:
+def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) -> list[str]:
     """Append the rows of `csv_text` (a header line, then rows) to the CSV file `path`, in the
     file's column order, or write `csv_text` as it is where there is no file yet (or an empty
-    one, or a special file such as /dev/stdout).
+    one, or a special file such as /dev/stdout). Returns the columns left out of the rows: the
+    ADDED_COLUMNS a file from an earlier version does not have.
 
     The file is replaced as a whole (a new file renamed into place), so it is never left half
     written; a second process appending at the same time waits for the first (a lock beside
@@ -156,16 +168,16 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
     target = Path(path)
     if is_special_file(target):
         atomic_write_text(target, csv_text)
-        return
+        return []
     target = Path(os.path.realpath(target))  # a symlink's file is appended to, not replaced
     with _locked(target, wait_s):
         existing = _read_existing(target)
         found = _header(existing) if existing is not None else None
         if found is None:
             atomic_write_text(target, csv_text)
-            return
+            return []
         new_rows = list(csv.DictReader(io.StringIO(csv_text)))
-        _require_same_columns(target, found, _header(csv_text) or [])
+        left_out = _require_same_columns(target, found, _header(csv_text) or [])
         newline = "\r\n" if "\r\n" in existing.split("\n", 1)[0] + "\n" else "\n"
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator=newline)
@@ -173,6 +185,7 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
             writer.writerow([row[name] for name in found])
         joiner = "" if existing.endswith(("\n", "\r")) else newline
         atomic_write_text(target, existing + joiner + buffer.getvalue())
+    return left_out
 
 
 @contextlib.contextmanager

@@ -146,9 +146,13 @@ def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
 
 
 def run_benchmark(
-    spec: str, options: BenchmarkOptions, progress: Progress | None = None
+    spec: str,
+    options: BenchmarkOptions,
+    progress: Progress | None = None,
+    search_progress: batch_search.SearchProgress | None = None,
 ) -> BenchmarkResult:
-    """Benchmark the model `spec` names (any spec of `resolve_model`)."""
+    """Benchmark the model `spec` names (any spec of `resolve_model`). `search_progress` hears
+    of each `--find-batch-size` trial before it runs."""
     from torchkit.core.device import resolve_amp_dtype, select_device
     from torchkit.core.models import resolve_model
 
@@ -194,8 +198,10 @@ def run_benchmark(
         amp_dtype=amp_dtype,
         memory_limit=limit,
         name=name,
+        spec=spec if options.weights is None else f"{spec} --weights {options.weights}",
         source=source,
         progress=progress,
+        search_progress=search_progress,
     )
 
 
@@ -208,8 +214,10 @@ def benchmark_model(
     amp_dtype: Any = None,
     memory_limit: MemoryLimit | None = None,
     name: str | None = None,
+    spec: str | None = None,
     source: str = "module",
     progress: Progress | None = None,
+    search_progress: batch_search.SearchProgress | None = None,
 ) -> BenchmarkResult:
     """Benchmark an `nn.Module` on random inputs of `sample_shape` (one sample, no batch).
 
@@ -232,6 +240,7 @@ def benchmark_model(
             "--channels-last needs images (an input size C,H,W)", "drop --channels-last"
         )
     name = name or type(model).__name__
+    spec = spec or name
 
     # summary's counter, on a meta-device copy at batch 1: per-image figures at no cost.
     try:
@@ -247,6 +256,7 @@ def benchmark_model(
     dtype = amp_dtype or weights_dtype or torch.float32
     context = _Context(
         name=name,
+        spec=spec,
         model=runnable,
         sample=sample,
         options=options,
@@ -275,7 +285,7 @@ def benchmark_model(
         if options.find_batch_size:
             limit_bytes = _limit_bytes(memory_limit, device)
             for done, mode in enumerate(options.modes):
-                found = _search(context, mode, limit_bytes)
+                found = _search(context, mode, limit_bytes, search_progress)
                 result.batch_size_search.append(found)
                 result.results.append(context.run(mode, found.batch_size))
                 if progress is not None:
@@ -293,6 +303,7 @@ def benchmark_model(
 @dataclass
 class _Context:
     name: str
+    spec: str  # the model spec as given, for the rows
     model: Any
     sample: tuple[int, ...]
     options: BenchmarkOptions
@@ -430,6 +441,7 @@ class _Context:
             tflops = step_flops * images_per_s / 1e12
         return BenchmarkRow(
             model=self.name,
+            spec=self.spec,
             mode=mode,
             batch_size=batch,
             input_size="x".join(map(str, self.sample)),
@@ -461,12 +473,19 @@ class _OutOfMemory(Exception):
     pass
 
 
-def _search(context: _Context, mode: str, limit_bytes: int | None) -> batch_search.BatchSearch:
+def _search(
+    context: _Context,
+    mode: str,
+    limit_bytes: int | None,
+    search_progress: batch_search.SearchProgress | None = None,
+) -> batch_search.BatchSearch:
     options = context.options
     on_cpu = context.device.type != "cuda"
     available = available_memory() if on_cpu else None
 
     def try_batch(batch: int, trials: list[batch_search.Trial]) -> batch_search.Trial:
+        if search_progress is not None:
+            search_progress(mode, batch, trials, True)
         predicted = batch_search.predicted_peak(batch, trials)
         too_big = available is not None and predicted is not None
         if too_big and predicted * MB > SAFE_FRACTION * available:
@@ -475,14 +494,22 @@ def _search(context: _Context, mode: str, limit_bytes: int | None) -> batch_sear
         return context.trial(mode, batch, limit_bytes)
 
     found, stopped_by, trials = batch_search.search_batch_size(
-        try_batch, start=options.batch_sizes[0], max_batch=options.max_batch_size
+        try_batch,
+        start=options.batch_sizes[0],
+        max_batch=options.max_batch_size,
+        precision=batch_search.PRECISION,
     )
+    if search_progress is not None:
+        search_progress(mode, found, trials, False)
+    not_fitting = [t.batch_size for t in trials if not t.fits]
     return batch_search.BatchSearch(
         mode=mode,
         batch_size=found,
         memory_limit_mb=None if limit_bytes is None else _round(limit_bytes / MB, 3),
         stopped_by=stopped_by,
         trials=trials,
+        precision=batch_search.PRECISION,
+        not_fitting=min(not_fitting) if not_fitting else None,
     )
 
 

@@ -1,6 +1,9 @@
 """`--find-batch-size`: the largest batch that fits, by doubling from the start batch until a
 trial does not fit (out of memory, or over `--memory-limit`), then bisecting between the last
-batch that fitted and the first that did not. `--max-batch-size` caps the doubling.
+batch that fitted and the first that did not, until the two are within `PRECISION` (10%) of each
+other: a batch within 10% of the largest that fits is found in a few trials, where an exact
+search would run several more of the largest, slowest trials for the last few percent.
+`--max-batch-size` caps the doubling.
 
 The search itself is pure logic over a `try_batch` function, so it is tested without a GPU.
 """
@@ -18,6 +21,11 @@ OUT_OF_MEMORY = "out of memory"
 OVER_LIMIT = "over the memory limit"
 PREDICTED_OVER = "would not fit in the available memory (not run)"
 MAX_BATCH = "max batch size"
+PRECISION = 0.1  # stop once the smallest batch that did not fit is <= 110% of the largest that did
+
+SearchProgress = Callable[[str, int, list["Trial"], bool], None]
+"""(mode, batch, the trials run so far, searching): called before each trial with searching
+True, and once the search is over with the batch found (about to be timed) and False."""
 
 
 @dataclass
@@ -37,6 +45,8 @@ class BatchSearch:
     memory_limit_mb: float | None  # None on CUDA without --memory-limit: out of memory decides
     stopped_by: str  # OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER or MAX_BATCH
     trials: list[Trial] = field(default_factory=list)
+    precision: float = PRECISION  # the search stopped once not_fitting <= batch_size * (1 + this)
+    not_fitting: int | None = None  # the smallest batch that did not fit (None: MAX_BATCH)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,10 +57,13 @@ def search_batch_size(
     *,
     start: int,
     max_batch: int,
+    precision: float = PRECISION,
 ) -> tuple[int, str, list[Trial]]:
     """(largest batch that fits, why the search stopped, the trials in the order run).
     `try_batch(batch, trials_so_far)` runs one trial. Assumes that a batch fits when a larger
-    one does (memory grows with the batch)."""
+    one does (memory grows with the batch). The bisection stops once the smallest batch that
+    did not fit is at most `precision` (a fraction) above the largest that fitted: the batch
+    found is then within that much of the largest that fits; `precision=0` searches exactly."""
     trials: list[Trial] = []
 
     def attempt(batch: int) -> Trial:
@@ -75,7 +88,7 @@ def search_batch_size(
             good = batch
         else:
             bad, reason = batch, trial.reason
-    while bad - good > 1:
+    while bad - good > max(1, precision * good):
         middle = (good + bad) // 2
         trial = attempt(middle)
         if trial.fits:

@@ -43,6 +43,8 @@ STATE_DICT_KEYS = (
     "state_dict_ema",
     "ema",
 )
+# Exponential-moving-average copies kept beside `state_dict` (timm): its tools take `state_dict`.
+EMA_KEYS = ("model_ema", "state_dict_ema", "ema")
 AUTO_PREFIXES = ("module.", "_orig_mod.")  # DataParallel/DDP, torch.compile
 
 
@@ -68,9 +70,14 @@ class CheckpointReport:
     tensors_cast: int
     shared_tensors_copied: int
     skipped_entries: list[str] = field(default_factory=list)
+    not_taken: list[str] = field(default_factory=list)  # EMA weights beside the state_dict taken
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__, skipped_entries=list(self.skipped_entries))
+        return dict(
+            self.__dict__,
+            skipped_entries=list(self.skipped_entries),
+            not_taken=list(self.not_taken),
+        )
 
 
 def _is_tensor_dict(value: Any) -> bool:
@@ -112,7 +119,9 @@ def pick_state_dict(obj: Any, key: str | None = None) -> tuple[Mapping, str | No
 
     Without `key` it must be unambiguous: a flat dict of tensors; a torchkit checkpoint's
     `model`; or the one entry that is a dict of tensors (entries with the usual names, such as
-    `state_dict` or `model`, first). Several candidates (say `model` and `model_ema`) need `key`.
+    `state_dict` or `model`, first). Several candidates (say `model` and `model_ema`) need `key`,
+    except `state_dict` beside EMA copies only (`model_ema`, `state_dict_ema`): `state_dict`, as
+    timm's tools take it (`ema_alternatives` names the others for a note).
     """
     if _is_module(obj):
         return obj.state_dict(), None
@@ -132,6 +141,8 @@ def pick_state_dict(obj: Any, key: str | None = None) -> tuple[Mapping, str | No
     candidates = [k for k, v in obj.items() if _is_tensor_dict(v) or _is_module(v)]
     known = [k for k in candidates if k in STATE_DICT_KEYS]
     chosen = known if known else candidates
+    if len(chosen) > 1 and "state_dict" in chosen and set(chosen) <= {"state_dict", *EMA_KEYS}:
+        chosen = ["state_dict"]
     if len(chosen) == 1:
         value = obj[chosen[0]]
         return (value.state_dict() if _is_module(value) else value), str(chosen[0])
@@ -141,6 +152,13 @@ def pick_state_dict(obj: Any, key: str | None = None) -> tuple[Mapping, str | No
         "the checkpoint holds several state dicts: " + ", ".join(map(str, chosen)),
         "pick one with --key " + str(chosen[0]),
     )
+
+
+def ema_alternatives(obj: Any, picked: str | None) -> list[str]:
+    """The EMA weights a checkpoint holds beside the `state_dict` taken without --key."""
+    if picked != "state_dict" or not isinstance(obj, Mapping):
+        return []
+    return [k for k in EMA_KEYS if k in obj and (_is_tensor_dict(obj[k]) or _is_module(obj[k]))]
 
 
 def rename_keys(
@@ -244,6 +262,7 @@ def convert_checkpoint(
 
     obj = load_checkpoint(source, trust=trust)
     state, picked = pick_state_dict(obj, key)
+    not_taken = ema_alternatives(obj, picked) if key is None else []
     tensors: dict[str, Any] = {}
     skipped = []
     for name, value in state.items():
@@ -301,4 +320,5 @@ def convert_checkpoint(
         tensors_cast=cast,
         shared_tensors_copied=shared,
         skipped_entries=skipped,
+        not_taken=not_taken,
     )

@@ -655,7 +655,7 @@ def _convert_into(
                 )
             report.failed += 1
             report.failures.append((result.source, result.error))
-            log.warning(f"skipped {result.source}: {result.error}")
+            log.warning(f"failed to convert {result.source}: {result.error}")  # "failed" column
         if progress is not None:
             progress(done, len(files))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +65,7 @@ def open_data(
     classes: Sequence[str] | None = None,
     allow_unlabelled: bool = False,
 ) -> DataSource:
-    """The data `spec` names (the grammar of DESIGN.md):
+    """The data `spec` names (the one `--data` grammar of every command):
 
     - `digits`: scikit-learn's 8x8 digits, split 80/10/10 (always the built-in set: a folder of
       that name is `./digits`);
@@ -126,14 +126,9 @@ def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
     if classes == samples.classes:
         return samples
     index_of = {name: i for i, name in enumerate(classes)}
-    present = sorted({samples.classes[label] for label in samples.labels})
-    unknown = [name for name in present if name not in index_of]
+    unknown = _unknown_classes(samples, index_of)
     if unknown:
-        raise InputError(
-            f"class(es) {', '.join(unknown[:5])} of {where} are not among the model's "
-            f"{len(classes)} classes",
-            "the classes are: " + ", ".join(classes[:10]) + (" ..." if len(classes) > 10 else ""),
-        )
+        raise _unknown_classes_error(unknown, where, classes)
     mapping = [index_of.get(name, -1) for name in samples.classes]
     return Samples(
         classes=classes,
@@ -143,6 +138,20 @@ def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
         source=samples.source,
         ids=samples.ids,
         splits=samples.splits,
+    )
+
+
+def _unknown_classes(samples: Samples, known: Collection[str]) -> list[str]:
+    """The class names `samples` uses that are not in `known`, sorted."""
+    present = sorted({samples.classes[label] for label in samples.labels})
+    return [name for name in present if name not in known]
+
+
+def _unknown_classes_error(unknown: Sequence[str], where: str, classes: list[str]) -> InputError:
+    return InputError(
+        f"class(es) {', '.join(unknown[:5])} of {where} are not among the model's "
+        f"{len(classes)} classes",
+        "the classes are: " + ", ".join(classes[:10]) + (" ..." if len(classes) > 10 else ""),
     )
 
 
@@ -158,6 +167,13 @@ def _split_source(
     spec: str, kind: str, root: str, parts: dict[str, Samples], classes: Sequence[str] | None
 ) -> DataSource:
     names = list(classes) if classes is not None else _union_classes(parts)
+    # A class the model lacks is named with every split that has it (all are relabelled here,
+    # before one is picked): "of digits (train)" alone misleads a run that reads test.
+    unknown = {name: _unknown_classes(parts[name], set(names)) for name in parts}
+    failing = [name for name in SPLIT_NAMES if unknown.get(name)]
+    if failing:
+        every = sorted({label for name in failing for label in unknown[name]})
+        raise _unknown_classes_error(every, f"{spec} ({', '.join(failing)})", names)
     splits = {
         name: tagged(relabelled(parts[name], names, f"{spec} ({name})"), name)
         for name in SPLIT_NAMES
