@@ -2,8 +2,9 @@
 
     uv run python benchmarks/bench_help.py [--repeat 5]
 
-The CLI must not import torch for help or completion (DESIGN.md, fast start); the target is
-under a quarter of the time it takes just to import torch and torchvision. Exits 1 if missed.
+The CLI must not import torch for help or completion (fast start: heavy imports live inside the
+functions that need them); the target is under a quarter of the time it takes just to import
+torch and torchvision. Exits 1 if missed.
 Also times `torchkit env --help` and a bash completion request, which must be as light.
 """
 

@@ -20,9 +20,9 @@ from torchkit.core.data import (
     eval_transform,
     largest_remainder_counts,
     make_dataset,
-    read_csv_index,
     stratified_split,
 )
+from torchkit.core.datasource import csv_samples
 from torchkit.core.errors import InputError, OfflineError, UsageError
 from torchkit.core.models import build_model, find_head, model_from_checkpoint, replace_head
 
@@ -128,7 +128,7 @@ def test_read_csv_index(tmp_path, make_image_folder):
     index.write_text(
         "path,label\nx/x_0.png,10\nx/x_1.png,2\n" + f"{(root / 'x' / 'x_2.png').resolve()},2\n"
     )
-    samples = read_csv_index(index)
+    samples = csv_samples(index)
     assert samples.classes == ["2", "10"]  # numbers in natural order, not "10" < "2"
     assert samples.labels == [1, 0, 0]
     assert samples.paths[0] == str(root / "x" / "x_0.png")  # relative to the CSV's folder
@@ -136,7 +136,7 @@ def test_read_csv_index(tmp_path, make_image_folder):
     bad = tmp_path / "bad.csv"
     bad.write_text("file,class\na.png,1\n")
     with pytest.raises(InputError, match="needs `path` and `label` columns"):
-        read_csv_index(bad)
+        csv_samples(bad)
 
 
 def test_collate_skips_unreadable_images(tmp_path, make_image_folder):

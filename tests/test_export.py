@@ -34,7 +34,7 @@ from torchkit.core.export import (
     load_exported,
     sniff_format,
 )
-from torchkit.core.export.loading import RuntimeFailure
+from torchkit.core.exported.loading import RuntimeFailure
 from torchkit.core.models.convnet import convnet_class
 
 pytestmark = [

@@ -23,9 +23,9 @@ from torchkit.core.data import (
     discover_image_folder,
     largest_remainder_counts,
     list_image_files,
-    read_csv_index,
     stratified_split,
 )
+from torchkit.core.datasource import csv_samples
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.split import parse_ratio, split_dataset
 
@@ -255,7 +255,7 @@ def test_modes_leave_root_untouched(tmp_path, mode):
             assert not placed.is_symlink() and placed.stat().st_ino != source.stat().st_ino
     if mode == "manifest":
         assert sorted(p.name for p in out.iterdir()) == [".torchkit", "split.csv"]
-        loaded = read_csv_index(out / "split.csv")  # the manifest works as a CSV index
+        loaded = csv_samples(out / "split.csv")  # the manifest works as a CSV index
         assert sorted(loaded.paths) == sorted(str(out / r["path"]) for r in rows)
     else:
         assert discover_image_folder(out / "train").classes == ["a", "b"]

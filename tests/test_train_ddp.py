@@ -74,7 +74,8 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(tmp_pat
     for key, value in theirs["model"].items():
         assert torch.allclose(ours["model"][key], value, atol=1e-5), key
     for ddp_row, row in zip(summary["history"], reference["history"], strict=True):
-        for name in ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5"):
+        topk = f"val_top{summary['topk']}"  # named for the k used
+        for name in ("train_loss", "train_top1", "val_loss", "val_top1", topk):
             assert ddp_row[name] == pytest.approx(row[name], abs=1e-5), name
     assert summary["test_top1"] == pytest.approx(reference["test_top1"], abs=1e-9)
     assert summary["test_size"] == reference["test_size"] == 5

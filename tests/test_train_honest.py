@@ -315,12 +315,12 @@ def test_no_readable_training_or_validation_image_and_an_unlabelled_csv_row_are_
 
 
 def test_read_csv_index_refuses_empty_labels_with_their_lines(tmp_path):
-    from torchkit.core.data import read_csv_index
+    from torchkit.core.datasource import csv_samples
 
     index = tmp_path / "index.csv"
     index.write_text('path,label\na.png,cat\nb.png, \n"c\nd.png",dog\ne.png,\nf.png\n')
     with pytest.raises(InputError, match=r"3 row\(s\) with an empty label \(line 3, 6, 7\)"):
-        read_csv_index(index)
+        csv_samples(index)
 
 
 # -- 5. resume: options apply for real or are refused ---------------------------------------------

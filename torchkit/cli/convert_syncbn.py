@@ -42,7 +42,7 @@ def convert_syncbn(
         ),
     ],
     destination: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Argument(
             help="Write the converted model here (or --out). Without it, only report the layers.",
             metavar="DST",
@@ -59,7 +59,7 @@ def convert_syncbn(
         ),
     ] = False,
     input_size: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--input-size",
             "-i",
@@ -70,11 +70,11 @@ def convert_syncbn(
         ),
     ] = None,
     num_classes: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option("--num-classes", min=1, help="Classifier outputs of a named model."),
     ] = None,
     weights: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option("--weights", metavar="PATH", help="Weights for a named model."),
     ] = None,
     trust_checkpoint: TrustCheckpointOption = False,

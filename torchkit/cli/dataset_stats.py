@@ -208,7 +208,7 @@ def _long_table(stats) -> Table:
 def dataset_stats(
     root: ImageSetArgument,
     split: Annotated[
-        Optional[DataSplit],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[DataSplit],
         split_option(
             "train, as normalisation statistics come from training data only; the "
             "whole of data without splits"
@@ -225,7 +225,7 @@ def dataset_stats(
         ),
     ] = StatsMode.rgb,
     resize: Annotated[
-        Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[int],
         typer.Option(
             "--resize",
             min=1,
@@ -236,7 +236,7 @@ def dataset_stats(
     workers: WorkersOption = None,
     strict: StrictOption = False,
     plot: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Option(
             "--plot",
             help="Also draw the class histogram and the image-size scatter to FILE "
@@ -273,7 +273,7 @@ def dataset_stats(
         ),
     ] = False,
     leakage_csv: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Option(
             "--leakage-csv",
             help="Write every duplicate pair to FILE: path_a,split_a,path_b,split_b,kind,distance.",

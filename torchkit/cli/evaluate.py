@@ -43,7 +43,7 @@ class TTA(str, Enum):
 
 def eval_command(
     checkpoint: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Argument(
             help="The model: a torchkit checkpoint, an exported .onnx (.ts and .pt2 with "
             "--trust-checkpoint), a pickled model (with --trust-checkpoint), or a model name "
@@ -54,7 +54,7 @@ def eval_command(
         ),
     ] = None,
     data: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Option(
             "--data",
             "-d",
@@ -65,7 +65,7 @@ def eval_command(
         ),
     ] = None,
     split: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--split",
             help="train, val, test or all: a split of a split root, of a CSV index with a split "
@@ -75,7 +75,7 @@ def eval_command(
         ),
     ] = None,
     model: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--model",
             "-m",
@@ -85,7 +85,7 @@ def eval_command(
         ),
     ] = None,
     num_classes: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--num-classes",
             min=1,
@@ -94,7 +94,7 @@ def eval_command(
         ),
     ] = None,
     weights: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--weights",
             help="Weights for a model NAME: torchvision's (DEFAULT, IMAGENET1K_V1...; needs "
@@ -103,7 +103,7 @@ def eval_command(
         ),
     ] = None,
     classes: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--classes",
             help="Class names in label order: a text file (one per line) or a,b,c. Default: "
@@ -111,7 +111,7 @@ def eval_command(
         ),
     ] = None,
     image_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--image-size",
             min=1,
@@ -127,7 +127,7 @@ def eval_command(
         bool, typer.Option("--ema", help="Evaluate the checkpoint's EMA weights.")
     ] = False,
     topk: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--topk",
             "-k",
@@ -152,7 +152,7 @@ def eval_command(
     amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
     channels_last: ChannelsLastOption = False,
     out: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Option(
             "--out",
             help="Write metrics.json, per_class.csv, confusion_matrix.csv/.png, "

@@ -36,7 +36,7 @@ class ExportDtype(str, Enum):
 def export(
     model: ModelArgument,
     out: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[Path],
         typer.Argument(
             help="The file to write: .onnx (ONNX), .ts or .pt (TorchScript), .pt2 "
             "(torch.export); any other name with --to. Or --out.",
@@ -47,7 +47,7 @@ def export(
     ] = None,
     out_option: OutOption = None,
     to: Annotated[
-        Optional[ExportFormat],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[ExportFormat],
         typer.Option(
             "--to",
             case_sensitive=False,
@@ -57,14 +57,14 @@ def export(
     ] = None,
     weights: WeightsOption = None,
     num_classes: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option("--num-classes", min=1, help="Classifier outputs of a model built here."),
     ] = None,
     ema: Annotated[
         bool, typer.Option("--ema", help="Export the checkpoint's EMA weights.")
     ] = False,
     image_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--image-size",
             min=1,
@@ -91,7 +91,7 @@ def export(
         ),
     ] = False,
     opset: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option("--opset", min=1, show_default=False, help="ONNX opset. [default: 17]"),
     ] = None,
     dtype: Annotated[
@@ -110,7 +110,7 @@ def export(
         ),
     ] = True,
     atol: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--atol",
             min=0,
@@ -119,7 +119,7 @@ def export(
         ),
     ] = None,
     rtol: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--rtol",
             min=0,

@@ -64,7 +64,7 @@ def extract_features_command(
         ),
     ],
     images: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional
+        Optional[Path],
         typer.Argument(
             help="An image folder (ROOT/<class>/<image>), a flat folder of images, or a CSV "
             "index with path,label columns.",
@@ -73,7 +73,7 @@ def extract_features_command(
         ),
     ] = None,
     out: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Argument(
             help="Output folder: one array file per layer, index.csv, meta.json (or --out).",
             metavar="OUT",
@@ -82,7 +82,7 @@ def extract_features_command(
     ] = None,
     out_option: OutOption = None,
     layer: Annotated[
-        Optional[list[str]],  # noqa: UP045
+        Optional[list[str]],
         typer.Option(
             "--layer",
             "-l",
@@ -97,7 +97,7 @@ def extract_features_command(
         typer.Option("--list-layers", help="Print the layer names of MODEL and exit."),
     ] = False,
     weights: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--weights",
             help="DEFAULT (torchvision's pretrained weights: needs the internet or a warm "
@@ -106,7 +106,7 @@ def extract_features_command(
         ),
     ] = None,
     pool: Annotated[
-        Optional[Pool],  # noqa: UP045
+        Optional[Pool],
         typer.Option(
             "--pool",
             help="Reduce (C, H, W) maps over H and W. Default: avg.",
@@ -118,7 +118,7 @@ def extract_features_command(
         bool, typer.Option("--flatten", help="Store each image's feature as one vector.")
     ] = False,
     normalize: Annotated[
-        Optional[Normalize],  # noqa: UP045
+        Optional[Normalize],
         typer.Option(
             "--normalize",
             help="Scale each image's feature to unit L2 norm.",
@@ -130,7 +130,7 @@ def extract_features_command(
         Dtype, typer.Option("--dtype", help="Stored precision.", case_sensitive=False)
     ] = Dtype.float32,
     file_format: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--format",
             help="Array files: npy (default), pt or safetensors. With --list-layers: table "
@@ -140,7 +140,7 @@ def extract_features_command(
         ),
     ] = None,
     image_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--image-size",
             help="Crop size (default: the checkpoint's or the model's standard one). The "
@@ -150,7 +150,7 @@ def extract_features_command(
         ),
     ] = None,
     split: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--split",
             help="Of a split root or split CSV: only this split (train, val, test). Default: "

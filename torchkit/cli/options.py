@@ -21,7 +21,7 @@ FormatOption = Annotated[
     OutputFormat, typer.Option("--format", help="Output format.", case_sensitive=False)
 ]
 OutputOption = Annotated[
-    Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
+    Optional[Path],
     typer.Option(
         "--output", "-o", help="Write the result to FILE instead of stdout.", dir_okay=False
     ),
@@ -30,7 +30,7 @@ ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing o
 # The one rule for output locations (README, "Conventions"): `--out` names what a command makes
 # (a file or folder; a positional OUT is the same thing), `-o/--output` only the printed report.
 OutOption = Annotated[
-    Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
+    Optional[Path],
     typer.Option(
         "--out",
         help="What the command writes (the same as the positional OUT; give one of them).",
@@ -103,7 +103,7 @@ ModelArgument = Annotated[
     ),
 ]
 WeightsOption = Annotated[
-    Optional[str],  # noqa: UP045
+    Optional[str],
     typer.Option(
         "--weights",
         metavar="PATH|NAME",
@@ -117,7 +117,7 @@ StrictOption = Annotated[
     bool, typer.Option("--strict", help="Stop at the first unreadable file instead of skipping it.")
 ]
 WorkersOption = Annotated[
-    Optional[int],  # noqa: UP045
+    Optional[int],
     typer.Option(
         "--workers",
         "-j",
@@ -126,7 +126,7 @@ WorkersOption = Annotated[
     ),
 ]
 StatsOption = Annotated[
-    Optional[Path],  # noqa: UP045
+    Optional[Path],
     typer.Option(
         "--stats",
         show_default=False,
@@ -193,7 +193,7 @@ ChannelsLastOption = Annotated[
 ]
 # Preprocessing on top of what a model comes with (eval, extract-features).
 ResizeSizeOption = Annotated[
-    Optional[int],  # noqa: UP045
+    Optional[int],
     typer.Option(
         "--resize-size",
         min=1,
@@ -203,7 +203,7 @@ ResizeSizeOption = Annotated[
     ),
 ]
 MeanOption = Annotated[
-    Optional[str],  # noqa: UP045
+    Optional[str],
     typer.Option(
         "--mean",
         show_default=False,
@@ -212,7 +212,7 @@ MeanOption = Annotated[
     ),
 ]
 StdOption = Annotated[
-    Optional[str],  # noqa: UP045
+    Optional[str],
     typer.Option(
         "--std",
         show_default=False,

@@ -66,7 +66,7 @@ def predict_command(
         ),
     ],
     weights: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Option(
             "--weights",
             help="Weights for a model NAME: DEFAULT (torchvision's) or a file (torchkit "
@@ -74,7 +74,7 @@ def predict_command(
         ),
     ] = None,
     classes: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--classes",
             help="Class names in label order: a text file (one per line) or a,b,c. Default: the "
@@ -82,7 +82,7 @@ def predict_command(
         ),
     ] = None,
     split: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--split",
             help="The split of a split root or split CSV to predict (train, val, test; default: "
@@ -106,7 +106,7 @@ def predict_command(
         typer.Option("--tta", help="flip averages the image and its mirror.", case_sensitive=False),
     ] = TTA.none,
     image_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option("--image-size", min=1, help="Input size (centre crop). Default: the model's."),
     ] = None,
     resize_size: ResizeSizeOption = None,
@@ -139,7 +139,7 @@ def predict_command(
         ),
     ] = PredictFormat.table,
     output: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Option(
             "--output", "-o", help="Write the rows to FILE instead of stdout.", dir_okay=False
         ),

@@ -86,7 +86,7 @@ def _dedup_note(result) -> str | None:
 def split(
     root: ImageSetArgument,
     out: Annotated[
-        Optional[Path],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[Path],
         typer.Argument(
             help="Output folder: OUT/<split>/<class>/<image> and OUT/split.csv (or --out).",
             metavar="OUT",
@@ -95,7 +95,7 @@ def split(
     ] = None,
     out_option: OutOption = None,
     ratio: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Option(
             "--ratio",
             help="Two or three parts: proportions like 8:1:1 or 70:30, or fractions like 0.7,0.3 "
@@ -104,7 +104,7 @@ def split(
         ),
     ] = None,
     fixed: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--fixed",
             metavar="N[,M]",
@@ -123,7 +123,7 @@ def split(
         ),
     ] = False,
     names: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Option(
             "--names",
             help="Split folder names, one per part (default: train,val,test).",
@@ -141,7 +141,7 @@ def split(
         int, typer.Option("--seed", help="Seed of the shuffle: same seed, same split, anywhere.")
     ] = 0,
     group: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--group",
             metavar="REGEX",

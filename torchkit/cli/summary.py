@@ -47,7 +47,7 @@ TOTAL_LABELS = {
 def summary(
     ctx: typer.Context,
     model: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Argument(
             help="A torchvision model name, convnet, package.module:Callable (importable from "
             "the working directory), a torchkit checkpoint, or a pickled model (with "
@@ -61,7 +61,7 @@ def summary(
         bool, typer.Option("--list", help="List the model names and exit.")
     ] = False,
     input_size: Annotated[
-        Optional[list[str]],  # noqa: UP045
+        Optional[list[str]],
         typer.Option(
             "--input-size",
             "-i",
@@ -76,7 +76,7 @@ def summary(
         ),
     ] = None,
     batch_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option("--batch-size", "-b", min=1, help="Batch size. [default: 1]"),
     ] = None,
     no_batch_dim: Annotated[
@@ -108,7 +108,7 @@ def summary(
         typer.Option("--depth", "-d", min=0, help="Nesting depth of the rows shown."),
     ] = 3,
     num_classes: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--num-classes",
             min=1,
@@ -118,7 +118,7 @@ def summary(
     ] = None,
     weights: WeightsOption = None,
     dtype: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--dtype",
             help="Run in this dtype: float32, float16, bfloat16, float64; an integer dtype "

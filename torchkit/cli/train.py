@@ -129,7 +129,7 @@ def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
 def train_command(
     ctx: typer.Context,
     data: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Option(
             "--data",
             "-d",
@@ -143,7 +143,7 @@ def train_command(
         ),
     ] = None,
     val_split: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--val-split",
             help="Share held out for validation (stratified, seeded with --seed) when the data "
@@ -154,7 +154,7 @@ def train_command(
         ),
     ] = None,
     model: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--model",
             "-m",
@@ -167,7 +167,7 @@ def train_command(
         ),
     ] = None,
     weights: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--weights",
             help="Start from pretrained weights: DEFAULT (torchvision's or timm's; needs the "
@@ -195,7 +195,7 @@ def train_command(
         ),
     ] = DEFAULTS.freeze_backbone,
     backbone_lr: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--backbone-lr",
             help="Learning rate of the backbone (the head uses --lr).",
@@ -203,7 +203,7 @@ def train_command(
         ),
     ] = None,
     head_lr_mult: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--head-lr-mult",
             help="The head's learning rate is --lr times this.",
@@ -219,7 +219,7 @@ def train_command(
         ),
     ] = DEFAULTS.sync_bn,
     image_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--image-size",
             min=1,
@@ -229,7 +229,7 @@ def train_command(
         ),
     ] = None,
     resize_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--resize-size",
             min=1,
@@ -240,7 +240,7 @@ def train_command(
         ),
     ] = None,
     mean: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--mean",
             rich_help_panel=DATA_HELP,
@@ -249,7 +249,7 @@ def train_command(
         ),
     ] = None,
     std: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--std",
             rich_help_panel=DATA_HELP,
@@ -258,7 +258,7 @@ def train_command(
     ] = None,
     stats: StatsOption = None,
     flip: Annotated[
-        Optional[bool],  # noqa: UP045
+        Optional[bool],
         typer.Option(
             "--flip/--no-flip",
             show_default=False,
@@ -267,7 +267,7 @@ def train_command(
         ),
     ] = None,
     crop_scale: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--crop-scale",
             show_default=False,
@@ -329,7 +329,7 @@ def train_command(
         ),
     ] = Interpolation(DEFAULTS.interpolation),
     epochs: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--epochs",
             "-e",
@@ -340,7 +340,7 @@ def train_command(
         ),
     ] = None,
     batch_size: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--batch-size",
             "-b",
@@ -413,7 +413,7 @@ def train_command(
         ),
     ] = DEFAULTS.step_size,
     milestones: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--milestones",
             help="multistep: epochs to decay at, e.g. 30,60.",
@@ -421,7 +421,7 @@ def train_command(
         ),
     ] = None,
     gamma: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--gamma",
             show_default=False,
@@ -485,7 +485,7 @@ def train_command(
         ),
     ] = DEFAULTS.l1,
     clip_grad: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--clip-grad", help="Clip the gradient norm to this.", rich_help_panel=OPTIM_HELP
         ),
@@ -500,7 +500,7 @@ def train_command(
         ),
     ] = DEFAULTS.accum_steps,
     ema: Annotated[
-        Optional[bool],  # noqa: UP045
+        Optional[bool],
         typer.Option(
             "--ema/--no-ema",
             show_default=False,
@@ -536,7 +536,7 @@ def train_command(
         ),
     ] = AmpDtype(DEFAULTS.amp_dtype),
     channels_last: Annotated[
-        Optional[bool],  # noqa: UP045
+        Optional[bool],
         typer.Option(
             "--channels-last/--no-channels-last",
             show_default=False,
@@ -562,7 +562,7 @@ def train_command(
     workers: WorkersOption = None,
     strict: StrictOption = DEFAULTS.strict,
     out: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Option(
             "--out",
             file_okay=False,
@@ -573,7 +573,7 @@ def train_command(
         ),
     ] = None,
     resume: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--resume",
             rich_help_panel=OUT_HELP,
@@ -608,7 +608,7 @@ def train_command(
         ),
     ] = DEFAULTS.early_stop,
     best_metric: Annotated[
-        Optional[BestMetric],  # noqa: UP045
+        Optional[BestMetric],
         typer.Option(
             "--best-metric",
             case_sensitive=False,
@@ -650,7 +650,7 @@ def train_command(
         ),
     ] = DEFAULTS.find_lr_iters,
     config_file: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Option(
             "--config",
             rich_help_panel=OUT_HELP,

@@ -72,7 +72,7 @@ def video_info(
         ),
     ] = False,
     segments: Annotated[
-        Optional[int],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[int],
         typer.Option(
             "--segments",
             "-k",
@@ -98,7 +98,7 @@ def video_info(
         ),
     ] = 0,
     extract_frames: Annotated[
-        Optional[Path],  # noqa: UP045
+        Optional[Path],
         typer.Option(
             "--extract-frames",
             help="Write the sampled frames to DIR as PNG files <video>_<frame>.png (a new or "
@@ -109,7 +109,7 @@ def video_info(
         ),
     ] = None,
     workers: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--workers",
             "-j",

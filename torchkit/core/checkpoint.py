@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import CheckpointError, first_line
+from torchkit.core.exported.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
 from torchkit.core.files import atomic_path, require_input
 
 FORMAT_VERSION = 1
@@ -47,8 +48,6 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
         raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
     if source.suffix == ".safetensors":
         return _load_safetensors(source)
-    from torchkit.core.export.formats import TORCHSCRIPT, sniff_format
-
     kind = sniff_format(source)
     if not trust:
         _refuse_code_archives(source, kind)
@@ -83,8 +82,6 @@ def _refuse_code_archives(source: Path, kind: str | None) -> None:
     """TorchScript and torch.export archives (`kind`, from `sniff_format`) run code from the
     file when loaded: say so, rather than torch's "Cannot use weights_only=True with
     TorchScript archives"."""
-    from torchkit.core.export.formats import EXPORTED_PROGRAM, TORCHSCRIPT
-
     if kind in (TORCHSCRIPT, EXPORTED_PROGRAM):
         what = "a TorchScript archive" if kind == TORCHSCRIPT else "a torch.export archive"
         raise CheckpointError(

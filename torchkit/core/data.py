@@ -1,5 +1,5 @@
-"""Datasets: image folders, CSV indexes and the built-in `digits` (what `--data` names as a whole,
-split roots included, is resolved by `core.datasource`); splitting; transforms; a Dataset that
+"""Datasets: image folders and the built-in `digits` (CSV indexes, and what `--data` names as a
+whole, split roots included, are read by `core.datasource`); splitting; transforms; a Dataset that
 skips unreadable images instead of crashing the DataLoader."""
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Batch and its collate live in core.batches (below core.device_decode); named here too.
+from torchkit.core.batches import Batch as Batch
+from torchkit.core.batches import collate_skipping_unreadable as collate_skipping_unreadable
 from torchkit.core.errors import CheckpointError, InputError, UsageError
 
 IMAGE_EXTENSIONS = frozenset(
@@ -332,15 +335,6 @@ def discover_image_folder(
     return Samples(class_list, labels, paths=paths, source=str(folder), ids=ids)
 
 
-def read_csv_index(csv_path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
-    """Every row of a CSV index (`path,label`, optional `split`), in file order; relative paths
-    are relative to the CSV's folder. Labels are class names (integers too, in numeric order),
-    or mapped onto `classes`. See `torchkit.core.datasource` (this is its `csv_samples`)."""
-    from torchkit.core.datasource import csv_samples
-
-    return csv_samples(csv_path, classes=classes)
-
-
 def discover_flat_folder(root: str | os.PathLike) -> Samples:
     """A folder of images with no class folders (searched recursively): one unnamed class ""."""
     folder = Path(root)
@@ -353,24 +347,6 @@ def discover_flat_folder(root: str | os.PathLike) -> Samples:
         )
     ids = relative_ids(paths, folder)
     return Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)
-
-
-def load_image_set(path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
-    """An image folder (ROOT/<class>/<image>), a CSV index, or a flat folder of images."""
-    source = Path(path)
-    if source.is_dir() and classes is None:
-        has_class_dirs = any(p.is_dir() and not p.name.startswith(".") for p in source.iterdir())
-        has_top_images = any(p.is_file() and is_image_file(p) for p in source.iterdir())
-        if has_top_images or not has_class_dirs:
-            return discover_flat_folder(source)
-    return load_samples(source, classes=classes)
-
-
-def load_samples(path: str | os.PathLike, *, classes: Sequence[str] | None = None) -> Samples:
-    """An image folder or a CSV index."""
-    if str(path).lower().endswith(".csv"):
-        return read_csv_index(path, classes=classes)
-    return discover_image_folder(path, classes=classes)
 
 
 @dataclass
@@ -676,39 +652,6 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool
                 return None, label, index, f"{name}: {error}"
 
     return _ImageDataset()
-
-
-@dataclass
-class Batch:
-    images: Any
-    labels: Any
-    indices: Any
-    errors: list[str]
-
-    def pin_memory(self) -> Batch:
-        """The same batch in page-locked memory: what DataLoader(pin_memory=True) calls on a
-        batch that is not a tensor, list or mapping, so that `.to(device, non_blocking=True)`
-        copies asynchronously (without this method the batch stays in pageable memory)."""
-        tensors = (self.images, self.labels, self.indices)
-        return Batch(*(None if t is None else t.pin_memory() for t in tensors), self.errors)
-
-
-def collate_skipping_unreadable(items: list) -> Batch:
-    import torch
-
-    good = [item for item in items if item[0] is not None]
-    errors = [item[3] for item in items if item[0] is None]
-    if not good:
-        return Batch(None, None, None, errors)
-    return Batch(
-        # default_collate stacks a DataLoader worker's batch straight into shared memory: a
-        # plain stack would be copied there again to reach the main process, and fresh pages
-        # for every batch cost as much kernel time as the copy.
-        torch.utils.data.default_collate([item[0] for item in good]),
-        torch.tensor([item[1] for item in good], dtype=torch.long),
-        torch.tensor([item[2] for item in good], dtype=torch.long),
-        errors,
-    )
 
 
 def seed_worker(worker_id: int) -> None:

@@ -45,6 +45,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from torchkit.core.batches import Batch, collate_skipping_unreadable
 from torchkit.core.decode import JPEG_SUFFIXES, pil_resample
 from torchkit.core.errors import UsageError
 
@@ -391,13 +392,11 @@ def pil_crop(
 
 
 def collate_encoded(items: list) -> Any:
-    """`core.data.collate_skipping_unreadable` for the device path's items: a `Batch` whose
+    """`core.batches.collate_skipping_unreadable` for the device path's items: a `Batch` whose
     images are `EncodedImages` when any item is an `EncodedJpeg` (otherwise exactly what
     collate_skipping_unreadable gives)."""
     import numpy as np
     import torch
-
-    from torchkit.core.data import Batch, collate_skipping_unreadable
 
     good = [item for item in items if item[0] is not None]
     encoded = [(at, item[0]) for at, item in enumerate(good) if isinstance(item[0], EncodedJpeg)]
@@ -438,8 +437,6 @@ def decoded_batch(batch: Any, device: Any) -> Any:
     nothing could decode dropped (labels and indices too) and reported in `errors` as today's
     path reports them (`path: reason`); any other batch as it is."""
     import torch
-
-    from torchkit.core.data import Batch
 
     images = batch.images
     if not isinstance(images, EncodedImages):

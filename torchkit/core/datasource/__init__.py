@@ -1,9 +1,9 @@
 """The one data resolver: what `--data` (or IMAGES) names, for every command that reads images.
 
-The grammar (DESIGN.md): an image folder `ROOT/<class>/<image>`; a split root whose subfolders
-are `train/`, `val/` and/or `test/`, each an image folder; a CSV index `path,label` with an
-optional `split` column (paths relative to the CSV's folder; UTF-8 with or without BOM); or
-`digits`. A CSV with a `split` column is split data everywhere, like a split root.
+The grammar, the same for every command: an image folder `ROOT/<class>/<image>`; a split root
+whose subfolders are `train/`, `val/` and/or `test/`, each an image folder; a CSV index
+`path,label` with an optional `split` column (paths relative to the CSV's folder; UTF-8 with or
+without BOM); or `digits`. A CSV with a `split` column is split data everywhere, like a split root.
 
 One path convention: `Samples.ids[i]` is the `path` column of every output that names image i,
 relative to `DataSource.root` (a split root's include the split folder, `train/cat/1.png`; a CSV
@@ -28,7 +28,7 @@ API
     write_split_csv(path, splits)               RUN/split.csv: path,label,split (atomic)
     non_image_files(source, splits=None)        what a folder source leaves out
     csv_samples(path, *, classes=None, allow_unlabelled=False) -> Samples
-        every row of a CSV index in file order (what `core.data.read_csv_index` returns)
+        every row of a CSV index in file order, labels as class names or mapped onto `classes`
 
 How each command uses it:
     train             open_data(--data); training_splits(..., recorded=resumed checkpoint's

@@ -1,8 +1,9 @@
 """`torchkit export`: a model -> ONNX, TorchScript or torch.export, verified in the format's own
 runtime, with its classes and preprocessing stored in the file. Small modules, one job each:
-`formats` (names, extensions, options, tolerances), `metadata` (what the file says about the
-model), `writing` (the exporters), `loading` (`load_exported`: the runtimes), `verification`
-(exported vs PyTorch) and `run` (`export_model`: the order of things)."""
+`formats` (options, tolerances), `writing` (the exporters), `verification` (exported vs
+PyTorch) and `run` (`export_model`: the order of things). Reading an exported file (format names
+and `sniff_format`, the metadata stored with the model, `load_exported`: the runtimes) is
+`core.exported`'s, below `core.models`, which takes exported files as models."""
 
 from torchkit.core.export.formats import (
     DEFAULT_OPSET,
@@ -15,10 +16,10 @@ from torchkit.core.export.formats import (
     choose_format,
     sniff_format,
 )
-from torchkit.core.export.loading import ExportedModel, RuntimeFailure, load_exported
 from torchkit.core.export.run import ExportRequest, ExportResult, check_outputs, export_model
 from torchkit.core.export.verification import VerificationError
 from torchkit.core.export.writing import ExportError
+from torchkit.core.exported.loading import ExportedModel, RuntimeFailure, load_exported
 
 __all__ = [
     "DEFAULT_OPSET",

@@ -1,31 +1,50 @@
 """The export formats: names, file extensions, which options each takes, and the verification
-tolerances of each dtype. Nothing here imports torch."""
+tolerances of each dtype. Nothing here imports torch. The names, extensions, runtimes and
+`sniff_format` live in `core.exported.formats` (which reading an exported file needs, below
+`core.models`), and are named here too."""
 
 from __future__ import annotations
 
 import os
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.errors import UsageError
+from torchkit.core.exported.formats import (
+    EXPORTED_PROGRAM,
+    EXTENSIONS,
+    FORMATS,
+    ONNX,
+    RUNTIMES,
+    TORCHSCRIPT,
+    all_extensions,
+    format_of_extension,
+    sniff_format,
+)
 
-ONNX = "onnx"
-TORCHSCRIPT = "torchscript"
-EXPORTED_PROGRAM = "exported-program"
-FORMATS = (ONNX, TORCHSCRIPT, EXPORTED_PROGRAM)
+__all__ = [
+    "DEFAULT_OPSET",
+    "DEFAULT_TOLERANCES",
+    "DTYPES",
+    "EXPORTED_PROGRAM",
+    "EXTENSIONS",
+    "FALLBACK_OPSET_RANGE",
+    "FORMATS",
+    "METADATA_PLACES",
+    "ONNX",
+    "RUNTIMES",
+    "TORCHSCRIPT",
+    "Tolerance",
+    "all_extensions",
+    "check_dtype",
+    "check_opset",
+    "choose_format",
+    "format_of_extension",
+    "opset_range",
+    "sniff_format",
+    "tolerance_for",
+]
 
-# The extension that names each format; the first one is the format's usual name.
-EXTENSIONS: dict[str, tuple[str, ...]] = {
-    ONNX: (".onnx",),
-    TORCHSCRIPT: (".ts", ".pt"),
-    EXPORTED_PROGRAM: (".pt2",),
-}
-RUNTIMES = {
-    ONNX: "onnxruntime",
-    TORCHSCRIPT: "torch.jit.load",
-    EXPORTED_PROGRAM: "torch.export.load",
-}
 # Where the classes and preprocessing travel with the model.
 METADATA_PLACES = {
     ONNX: "ONNX metadata_props (torchkit.*)",
@@ -60,18 +79,6 @@ DEFAULT_TOLERANCES = {
     "float32": Tolerance(atol=1e-4, rtol=1e-3),
     "float16": Tolerance(atol=1e-2, rtol=2e-2),
 }
-
-
-def all_extensions() -> list[str]:
-    return [ext for exts in EXTENSIONS.values() for ext in exts]
-
-
-def format_of_extension(path: str | os.PathLike) -> str | None:
-    suffix = Path(path).suffix.lower()
-    for name, extensions in EXTENSIONS.items():
-        if suffix in extensions:
-            return name
-    return None
 
 
 def choose_format(out: str | os.PathLike, to: str | None) -> str:
@@ -142,25 +149,3 @@ def tolerance_for(dtype: str, atol: float | None, rtol: float | None) -> Toleran
         atol=default.atol if atol is None else float(atol),
         rtol=default.rtol if rtol is None else float(rtol),
     )
-
-
-def sniff_format(path: str | os.PathLike) -> str | None:
-    """The format of an exported file, from its extension (.onnx) or its zip archive's entries
-    (TorchScript holds `code/`, torch.export's `archive_format`); None for anything else (a
-    checkpoint, a state dict, a file that is not there)."""
-    source = Path(path)
-    if not source.is_file():
-        return None
-    if source.suffix.lower() == ".onnx":
-        return ONNX
-    try:
-        with zipfile.ZipFile(source) as archive:
-            names = archive.namelist()
-    except (OSError, zipfile.BadZipFile):
-        return None
-    entries = {name.split("/", 1)[1] for name in names if "/" in name}
-    if "archive_format" in entries:
-        return EXPORTED_PROGRAM
-    if "constants.pkl" in entries or any(name.startswith("code/") for name in entries):
-        return TORCHSCRIPT
-    return None

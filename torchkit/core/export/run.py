@@ -19,7 +19,6 @@ from typing import Any
 
 from torchkit.core.errors import OutputWriteError, UsageError, first_line
 from torchkit.core.export import formats as fm
-from torchkit.core.export.metadata import build_metadata
 from torchkit.core.export.verification import (
     Verification,
     reference_outputs,
@@ -32,6 +31,7 @@ from torchkit.core.export.writing import (
     write_onnx,
     write_torchscript,
 )
+from torchkit.core.exported.metadata import build_metadata
 from torchkit.core.files import atomic_path
 from torchkit.core.models import model_inputs
 from torchkit.core.outputs import (

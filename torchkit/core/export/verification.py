@@ -11,7 +11,7 @@ from typing import Any
 
 from torchkit.core.errors import TorchkitError
 from torchkit.core.export.formats import Tolerance
-from torchkit.core.export.loading import RUNNERS, ExportedModel, RuntimeFailure, load_exported
+from torchkit.core.exported.loading import RUNNERS, ExportedModel, RuntimeFailure, load_exported
 
 SEED = 0
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from torchkit.core.convert.writes import writing
 from torchkit.core.errors import TorchkitError, first_line
-from torchkit.core.export import metadata as meta
-from torchkit.core.export.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT
+from torchkit.core.exported import metadata as meta
+from torchkit.core.exported.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT
 
 log = logging.getLogger("torchkit")
 

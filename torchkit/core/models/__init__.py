@@ -9,13 +9,14 @@ from torchkit.core.models.builders import (
     is_checkpoint_path,
     is_timm_spec,
     list_models,
+    model_from_checkpoint,
     suggest,
 )
 from torchkit.core.models.heads import find_head, replace_head
 from torchkit.core.models.resolver import ResolvedModel, exported_format_of, resolve_model
 from torchkit.core.models.specs import is_model_file, model_inputs
 from torchkit.core.models.usercode import call_model_factory
-from torchkit.core.models.weights import model_from_checkpoint, pickled_module
+from torchkit.core.models.weights import pickled_module
 
 __all__ = [
     "BUILTIN_MODELS",

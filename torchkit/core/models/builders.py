@@ -1,12 +1,15 @@
 """Building an architecture by name: a torchvision classifier, the built-in `convnet`,
 `package.module:Callable`, or a timm model (`timm/NAME`), with random weights, the library's
-pretrained ones, or a file's."""
+pretrained ones, or a file's; and the model a torchkit checkpoint names, rebuilt
+(`model_from_checkpoint`)."""
 
 from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from torchkit.core.errors import InputError, OfflineError, UsageError
 from torchkit.core.models.convnet import convnet_class
@@ -16,7 +19,12 @@ from torchkit.core.models.timm_models import (
     create_timm_model,
     timm_pretrained,
 )
-from torchkit.core.models.usercode import call_model_factory
+from torchkit.core.models.usercode import call_model_factory, is_callable_spec
+from torchkit.core.models.weights import (
+    checkpoint_arch,
+    load_weights_file,
+    require_trusted_arch,
+)
 
 BUILTIN_MODELS = ("convnet",)
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
@@ -57,10 +65,6 @@ def is_timm_spec(spec: str) -> bool:
     )
 
 
-def is_callable_spec(spec: str) -> bool:
-    return ":" in spec and not os.path.exists(spec)
-
-
 def build_model(
     name: str,
     num_classes: int,
@@ -76,8 +80,6 @@ def build_model(
     internet or a warm cache), or a path to a state dict / checkpoint. With pretrained weights the
     model is built with the head the weights have, loaded, then the head is replaced.
     """
-    from torchkit.core.models.weights import load_weights_file
-
     if name in BUILTIN_MODELS:
         side = image_size if isinstance(image_size, int) else image_size[-1]
         model = convnet_class()(num_classes, in_channels, side)
@@ -109,6 +111,28 @@ def build_model(
     return model
 
 
+def model_from_checkpoint(
+    checkpoint: Mapping[str, Any], *, trust: bool = False, source: str = "the checkpoint"
+):
+    """Rebuild the model a torchkit checkpoint was trained with and load its weights. An `arch`
+    that names code (`package.module:Callable`) is imported only with `trust`: a file never
+    chooses what runs without the user's say."""
+    from torchkit.core.checkpoint import extract_state_dict, load_weights_into
+
+    arch, num_classes = checkpoint_arch(checkpoint, source)
+    require_trusted_arch(arch, source, trust)
+    preprocess = checkpoint.get("preprocess") or {}
+    model = build_model(
+        arch,
+        num_classes,
+        image_size=int(preprocess.get("image_size", 224)),
+        in_channels=int(preprocess.get("in_channels", 3)),
+        trust=trust,
+    )
+    load_weights_into(model, extract_state_dict(checkpoint), source=f"the {arch} checkpoint")
+    return model
+
+
 def _build_timm(
     spec: str,
     num_classes: int,
@@ -119,8 +143,6 @@ def _build_timm(
 ):
     """A timm model built as `resolve_model` builds it for the same image size and channels
     (so a checkpoint's weights fit the model rebuilt from its `arch`)."""
-    from torchkit.core.models.weights import load_weights_file
-
     if not weights:
         return create_timm_model(
             spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels

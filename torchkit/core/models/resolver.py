@@ -16,11 +16,14 @@ from typing import Any
 
 from torchkit.core.data import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.exported.formats import ONNX, TORCHSCRIPT, sniff_format
+from torchkit.core.exported.loading import exported_classifier, load_exported
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     is_callable_spec,
     is_checkpoint_path,
     is_timm_spec,
+    model_from_checkpoint,
     require_torchvision_name,
     torchvision_pretrained,
     torchvision_random,
@@ -42,7 +45,6 @@ from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import (
     is_state_dict,
     load_weights_file,
-    model_from_checkpoint,
     pickled_module,
     read_model_file,
     weights_only_error,
@@ -186,8 +188,6 @@ EXPORTED_TITLES = {
 
 def exported_format_of(path: str) -> str | None:
     """onnx, torchscript or exported-program for a file `torchkit export` writes; else None."""
-    from torchkit.core.export.formats import sniff_format
-
     return sniff_format(path)
 
 
@@ -207,9 +207,6 @@ def untrained_error(spec: str, source: str) -> UsageError:
 
 def _from_exported(path: str, fmt: str, *, trust: bool, use: str, command: str) -> ResolvedModel:
     """A file `torchkit export` wrote, with the classes and preprocessing stored in it."""
-    from torchkit.core.export.formats import ONNX, TORCHSCRIPT
-    from torchkit.core.export.loading import exported_classifier, load_exported
-
     title = EXPORTED_TITLES[fmt]
     if use == "refuse" or (use == "module" and fmt != TORCHSCRIPT):
         raise UsageError(

@@ -14,6 +14,11 @@ from typing import Any
 from torchkit.core.errors import UsageError
 
 
+def is_callable_spec(spec: str) -> bool:
+    """`package.module:Callable`, unless a file of that name exists."""
+    return ":" in spec and not os.path.exists(spec)
+
+
 @contextlib.contextmanager
 def user_code() -> Iterator[None]:
     """Around an import or call of user code: the working directory on `sys.path` (as `python -m`

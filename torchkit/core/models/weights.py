@@ -8,7 +8,7 @@ from typing import Any
 
 from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.models.heads import find_head, fit_head_to, out_features, replace_head
-from torchkit.core.models.usercode import user_code
+from torchkit.core.models.usercode import is_callable_spec, user_code
 
 
 def read_model_file(path: str, *, trust: bool = False) -> Any:
@@ -45,29 +45,6 @@ def load_weights_file(
     return loaded
 
 
-def model_from_checkpoint(
-    checkpoint: Mapping[str, Any], *, trust: bool = False, source: str = "the checkpoint"
-):
-    """Rebuild the model a torchkit checkpoint was trained with and load its weights. An `arch`
-    that names code (`package.module:Callable`) is imported only with `trust`: a file never
-    chooses what runs without the user's say."""
-    from torchkit.core.checkpoint import extract_state_dict, load_weights_into
-    from torchkit.core.models.builders import build_model
-
-    arch, num_classes = checkpoint_arch(checkpoint, source)
-    require_trusted_arch(arch, source, trust)
-    preprocess = checkpoint.get("preprocess") or {}
-    model = build_model(
-        arch,
-        num_classes,
-        image_size=int(preprocess.get("image_size", 224)),
-        in_channels=int(preprocess.get("in_channels", 3)),
-        trust=trust,
-    )
-    load_weights_into(model, extract_state_dict(checkpoint), source=f"the {arch} checkpoint")
-    return model
-
-
 def checkpoint_arch(checkpoint: Mapping[str, Any], source: str) -> tuple[str, int]:
     """(arch, num_classes) of a torchkit checkpoint, checked: a name and a positive count."""
     for key in ("arch", "num_classes"):
@@ -86,8 +63,6 @@ def checkpoint_arch(checkpoint: Mapping[str, Any], source: str) -> tuple[str, in
 
 def require_trusted_arch(arch: str, source: str, trust: bool) -> None:
     """Refuse, without `trust`, an architecture a file names that would import the user's code."""
-    from torchkit.core.models.builders import is_callable_spec
-
     if is_callable_spec(arch) and not trust:
         raise CheckpointError(
             f"{source} names the model code {arch!r}, which would be imported and run to "

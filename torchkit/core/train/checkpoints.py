@@ -46,7 +46,8 @@ def build_checkpoint(
     history: list[dict],
     epoch_progress: dict | None = None,
 ) -> dict:
-    """A torchkit checkpoint (DESIGN.md): tensors and plain values only.
+    """A torchkit checkpoint: tensors and plain values only, so that it loads with
+    `torch.load(weights_only=True)`.
 
     `epoch` counts completed epochs; `epoch_progress` is set when the run stopped inside the
     next epoch (Ctrl-C): how far it got, so --resume continues from there.

@@ -14,8 +14,8 @@ from typing import Any
 
 from torchkit.core.data import Preprocess
 from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
-from torchkit.core.export import metadata as meta
-from torchkit.core.export.formats import (
+from torchkit.core.exported import metadata as meta
+from torchkit.core.exported.formats import (
     EXPORTED_PROGRAM,
     FORMATS,
     ONNX,

@@ -1,0 +1,41 @@
+"""The batches of a DataLoader over `core.data.make_dataset`: images, labels, sample indices and
+the errors of the unreadable files the batch left out. Its own module, below `core.data` and
+`core.device_decode`, which both build batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Batch:
+    images: Any
+    labels: Any
+    indices: Any
+    errors: list[str]
+
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked memory: what DataLoader(pin_memory=True) calls on a
+        batch that is not a tensor, list or mapping, so that `.to(device, non_blocking=True)`
+        copies asynchronously (without this method the batch stays in pageable memory)."""
+        tensors = (self.images, self.labels, self.indices)
+        return Batch(*(None if t is None else t.pin_memory() for t in tensors), self.errors)
+
+
+def collate_skipping_unreadable(items: list) -> Batch:
+    import torch
+
+    good = [item for item in items if item[0] is not None]
+    errors = [item[3] for item in items if item[0] is None]
+    if not good:
+        return Batch(None, None, None, errors)
+    return Batch(
+        # default_collate stacks a DataLoader worker's batch straight into shared memory: a
+        # plain stack would be copied there again to reach the main process, and fresh pages
+        # for every batch cost as much kernel time as the copy.
+        torch.utils.data.default_collate([item[0] for item in good]),
+        torch.tensor([item[1] for item in good], dtype=torch.long),
+        torch.tensor([item[2] for item in good], dtype=torch.long),
+        errors,
+    )

@@ -1,0 +1,59 @@
+"""The exported formats: names, file extensions, runtimes, and `sniff_format` (what a file is,
+from its name or its archive's entries). Imports nothing but the standard library."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+ONNX = "onnx"
+TORCHSCRIPT = "torchscript"
+EXPORTED_PROGRAM = "exported-program"
+FORMATS = (ONNX, TORCHSCRIPT, EXPORTED_PROGRAM)
+
+# The extension that names each format; the first one is the format's usual name.
+EXTENSIONS: dict[str, tuple[str, ...]] = {
+    ONNX: (".onnx",),
+    TORCHSCRIPT: (".ts", ".pt"),
+    EXPORTED_PROGRAM: (".pt2",),
+}
+RUNTIMES = {
+    ONNX: "onnxruntime",
+    TORCHSCRIPT: "torch.jit.load",
+    EXPORTED_PROGRAM: "torch.export.load",
+}
+
+
+def all_extensions() -> list[str]:
+    return [ext for exts in EXTENSIONS.values() for ext in exts]
+
+
+def format_of_extension(path: str | os.PathLike) -> str | None:
+    suffix = Path(path).suffix.lower()
+    for name, extensions in EXTENSIONS.items():
+        if suffix in extensions:
+            return name
+    return None
+
+
+def sniff_format(path: str | os.PathLike) -> str | None:
+    """The format of an exported file, from its extension (.onnx) or its zip archive's entries
+    (TorchScript holds `code/`, torch.export's `archive_format`); None for anything else (a
+    checkpoint, a state dict, a file that is not there)."""
+    source = Path(path)
+    if not source.is_file():
+        return None
+    if source.suffix.lower() == ".onnx":
+        return ONNX
+    try:
+        with zipfile.ZipFile(source) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return None
+    entries = {name.split("/", 1)[1] for name in names if "/" in name}
+    if "archive_format" in entries:
+        return EXPORTED_PROGRAM
+    if "constants.pkl" in entries or any(name.startswith("code/") for name in entries):
+        return TORCHSCRIPT
+    return None
