@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import error_line
 from PIL import Image
 
 from torchkit.cli import app
@@ -384,3 +385,18 @@ def test_a_row_with_values_outside_the_header_is_an_error_not_dropped():
     assert _aligned(fewer, ["a.png", "", "x", 0, 0.5, ""], header) == [
         "a.png", "", "x", 0, 0.5, None, "",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nothere.jpg", "image not found: {path} (check the path)"),
+        ("nothere", "IMAGES not found: {path} (give image files"),
+    ],
+)
+def test_a_missing_image_or_folder_is_named_as_such(runner, world, tmp_path, name, message):
+    """Issue #31: `predict run/best.pt nothere.jpg` said "dataset not found"."""
+    path = tmp_path / name
+    result = invoke(runner, world["ckpt"], path)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert message.format(path=path) in error_line(result.stderr)

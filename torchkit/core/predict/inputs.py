@@ -53,6 +53,15 @@ def collect_images(
             continue
         if os.path.isfile(item) and not item.lower().endswith(".csv"):
             raise InputError(f"{item} is neither an image, a folder nor a CSV index")
+        if item != "digits" and not os.path.lexists(item):
+            # A missing image is not a missing dataset: say what was looked for.
+            what = "image" if is_image_file(item) else "IMAGES"
+            raise InputError(
+                f"{what} not found: {item}",
+                "check the path"
+                if what == "image"
+                else "give image files, folders, CSV indexes, digits or - (stdin)",
+            )
         read_as_data = True
         source = open_data(item, allow_unlabelled=True)
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
