@@ -116,3 +116,18 @@ def test_without_data_a_model_that_records_none_is_a_usage_error(runner, tmp_pat
     result = _eval(runner)
     assert result.exit_code == 2
     assert "nothing to evaluate" in error_line(result.stderr)
+
+
+def test_a_class_the_model_lacks_matters_only_in_the_split_scored(runner, flat_run, tmp_path):
+    """Issue #31: eval of test/ complained about a class "of digits (train)". A class only the
+    train split has does not stop eval of test/, and one in test/ is named with its split."""
+    root = tmp_path / "root"
+    write_image_folder(root / "train", {**CLASSES, "zebra": 2}, size=12)
+    write_image_folder(root / "test", {"a": 2, "b": 2}, size=12, seed=5)
+    model = flat_run / "run" / "best.pt"
+    result = _eval(runner, model, "--data", root)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["num_images"] == 4
+    result = _eval(runner, model, "--data", root, "--split", "train")
+    assert result.exit_code == 1
+    assert f"class(es) zebra of {root} (train) are not among" in error_line(result.stderr)

@@ -136,8 +136,11 @@ def load_eval_samples(
     split unless `--split` says otherwise; unsplit data whole, or the split a training run held
     out of it (`recorded`: the checkpoint's `data` entry) with `--split`."""
     from torchkit.core.datasource import open_data, select_split
+    from torchkit.core.datasource.source import relabelled
 
-    source = open_data(data, classes=classes)
+    # Labelled by the model's classes after the split is chosen: a class the model lacks is an
+    # error only in the images scored, and names their split.
+    source = open_data(data)
     samples, notes = select_split(
         source,
         split,
@@ -147,6 +150,9 @@ def load_eval_samples(
         held_out_default=True,
     )
     used = split or _split_of(samples) or ("test" if source.splits else None)
+    if classes:
+        where = f"{source.spec} ({used})" if used else source.spec
+        samples = relabelled(samples, classes, where)
     return EvalData(samples, used, source.root, notes)
 
 
