@@ -146,8 +146,9 @@ def predict_command(
     ] = None,
     force: ForceOption = False,
 ) -> None:
-    """Predict the class of every image: path, class, probability and label (the class index),
-    one row per image in input order; unreadable images get a row with an error.
+    """Predict the class of every image: path, label (the true class, when known), class,
+    class_index and probability, one row per image in input order; unreadable images get a row
+    with an error.
 
     Examples:
 
