@@ -9,7 +9,8 @@ from torchkit.core.train import TrainConfig, run_training
 
 
 def test_the_default_digits_run_reaches_the_target(tmp_path):
-    result = run_training(TrainConfig(out=str(tmp_path / "run")))
+    # On the CPU, where the README's figures are measured (a GPU computes another float order).
+    result = run_training(TrainConfig(out=str(tmp_path / "run"), device="cpu"))
     assert result.epochs == 25 and result.test_size == 179
     assert result.best_by_ema and result.best_metric == "loss"
     assert result.test_top1 >= 0.99, result.history
