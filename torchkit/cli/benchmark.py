@@ -15,10 +15,12 @@ from torchkit.cli.options import (
     InferenceAmpDtype,
     InferenceAmpDtypeOption,
     InferenceAmpOption,
-    ModelArgument,
+    ModelOption,
+    OptionalModelArgument,
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
+    model_and_rest,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -30,7 +32,8 @@ class BenchmarkMode(str, Enum):
 
 
 def benchmark(
-    model: ModelArgument,
+    model: OptionalModelArgument = None,
+    model_option: ModelOption = None,
     input_size: Annotated[
         Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Option(
@@ -181,6 +184,10 @@ def benchmark(
     )
     from torchkit.core.errors import UsageError
     from torchkit.core.summary.run import check_output, parse_input_size
+
+    model, extra = model_and_rest(model, model_option, [])
+    if extra:
+        raise UsageError(f"MODEL given twice: {extra[0]} and --model {model}", "give one of them")
 
     if output is not None and str(output) == "-":
         output = None

@@ -39,6 +39,29 @@ OutOption = Annotated[
 ]
 
 
+ModelOption = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
+    typer.Option(
+        "--model",
+        metavar="MODEL",
+        help="The model, as the MODEL argument takes it (give one of them).",
+        show_default=False,
+    ),
+]
+
+
+def model_and_rest(positional: Any, option: Any, rest: list[Any]) -> tuple[Any, list[Any]]:
+    """MODEL given first or as --model: with --model, what the shell put in MODEL's place is the
+    first of the arguments that follow (`predict --model ck.pt photos/`)."""
+    from torchkit.core.errors import UsageError
+
+    if option is None:
+        if positional is None:
+            raise UsageError("missing MODEL", "give it first, or as --model MODEL")
+        return positional, rest
+    return option, ([positional] if positional is not None else []) + list(rest)
+
+
 def product_path(positional: Any, option: Any, *, required: bool = True, name: str = "OUT"):
     """OUT given positionally or as --out (the same thing); both naming two places, or neither
     when one is required, is a usage error."""
@@ -97,6 +120,19 @@ ModelArgument = Annotated[
         "working directory), timm/NAME (a timm model, with the timm extra), a torchkit "
         "checkpoint, a file `torchkit export` wrote, or a pickled model (with "
         "--trust-checkpoint).",
+        metavar="MODEL",
+        show_default=False,
+        autocompletion=_complete_model,
+    ),
+]
+# MODEL where `--model` may stand for it (model_and_rest).
+OptionalModelArgument = Annotated[
+    Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
+    typer.Argument(
+        help="A torchvision model name, convnet, package.module:Callable (importable from the "
+        "working directory), timm/NAME (a timm model, with the timm extra), a torchkit "
+        "checkpoint, a file `torchkit export` wrote, or a pickled model (with "
+        "--trust-checkpoint); or --model.",
         metavar="MODEL",
         show_default=False,
         autocompletion=_complete_model,

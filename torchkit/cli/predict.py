@@ -22,12 +22,14 @@ from torchkit.cli.options import (
     InferenceAmpDtypeOption,
     InferenceAmpOption,
     MeanOption,
+    ModelOption,
     ResizeSizeOption,
     StatsOption,
     StdOption,
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
+    model_and_rest,
 )
 
 
@@ -45,26 +47,27 @@ class TTA(str, Enum):
 
 def predict_command(
     model: Annotated[
-        str,
+        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
         typer.Argument(
             help="The model: a torchkit checkpoint, a file `torchkit export` wrote (.onnx; "
             "TorchScript and .pt2 with --trust-checkpoint), a pickled model "
             "(--trust-checkpoint), or a model name (torchvision, convnet, "
-            "package.module:Callable) with --weights.",
+            "package.module:Callable) with --weights; or --model.",
             metavar="MODEL",
             show_default=False,
             autocompletion=complete_model_name,
         ),
-    ],
+    ] = None,
     images: Annotated[
-        list[str],
+        Optional[list[str]],  # noqa: UP045
         typer.Argument(
             help="Image folders (searched recursively, labelled or not), split roots, CSV "
             "indexes, image files, or - for paths on stdin (one per line).",
             metavar="IMAGES...",
             show_default=False,
         ),
-    ],
+    ] = None,
+    model_option: ModelOption = None,
     weights: Annotated[
         Optional[str],
         typer.Option(
@@ -167,6 +170,7 @@ def predict_command(
     from torchkit.core.predict import PredictRequest, PredictRun
     from torchkit.core.preprocessing import mean_std_options
 
+    model, images = model_and_rest(model, model_option, list(images or []))
     mean_values, std_values = mean_std_options(mean, std, stats)
     request = PredictRequest(
         model=model,

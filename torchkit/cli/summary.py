@@ -13,6 +13,7 @@ from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
     FormatOption,
+    ModelOption,
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
@@ -57,6 +58,7 @@ def summary(
             autocompletion=complete_model_name,
         ),
     ] = None,
+    model_option: ModelOption = None,
     list_models: Annotated[
         bool, typer.Option("--list", help="List the model names and exit.")
     ] = False,
@@ -155,7 +157,14 @@ def summary(
     if list_models:
         _emit_model_list(fmt, output, force)
         return
-    model, sizes = _positional_sizes(model, input_size or [], ctx.args)
+    if model_option is not None:  # --model NAME: what stands in MODEL's place is a size
+        extra = ([model] if model is not None else []) + list(ctx.args)
+        named, sizes = _positional_sizes(None, input_size or [], extra)
+        if named is not None:
+            raise typer.BadParameter(f"unexpected extra argument: {named}", param_hint="MODEL")
+        model = model_option
+    else:
+        model, sizes = _positional_sizes(model, input_size or [], ctx.args)
     if model is None:
         raise typer.BadParameter("give a MODEL, or --list for the names", param_hint="MODEL")
 

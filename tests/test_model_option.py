@@ -1,0 +1,58 @@
+"""Issue #32: `--model NAME` is accepted wherever a MODEL argument is (summary and predict
+exited 2), meaning the same model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import error_line, write_image_folder
+
+from torchkit.cli import app
+
+pytestmark = pytest.mark.usefixtures("cli_built_once")
+
+
+def test_summary_takes_model_as_an_option(runner):
+    positional = runner.invoke(app, ["summary", "convnet", "--format", "json"])
+    option = runner.invoke(app, ["summary", "--model", "convnet", "--format", "json"])
+    assert positional.exit_code == option.exit_code == 0, option.stderr
+    assert json.loads(option.stdout)["totals"] == json.loads(positional.stdout)["totals"]
+    sized = runner.invoke(app, ["summary", "--model", "convnet", "-i", "3", "28", "28"])
+    assert sized.exit_code == 0, sized.stderr
+
+
+def test_predict_takes_model_as_an_option(runner, tmp_path):
+    import torch
+
+    from torchkit.core.models.convnet import convnet_class
+
+    images = write_image_folder(tmp_path / "images", {"a": 2, "b": 2}, size=12)
+    model = convnet_class()(2, 3, 12)
+    checkpoint = {"format_version": 1, "arch": "convnet", "num_classes": 2, "classes": ["a", "b"]}
+    checkpoint.update(model=model.state_dict(), preprocess={"image_size": 12, "in_channels": 3})
+    torch.save(checkpoint, tmp_path / "model.pt")
+    args = ["--format", "csv", "--device", "cpu", "-j", "0"]
+    positional = runner.invoke(app, ["predict", str(tmp_path / "model.pt"), str(images), *args])
+    option = runner.invoke(
+        app, ["predict", "--model", str(tmp_path / "model.pt"), str(images), *args]
+    )
+    assert positional.exit_code == option.exit_code == 0, option.stderr
+    assert option.stdout == positional.stdout and len(option.stdout.splitlines()) == 5
+
+
+def test_benchmark_takes_model_as_an_option_once(runner):
+    args = ["--iters", "1", "--warmup", "0", "-b", "2", "--format", "json"]
+    result = runner.invoke(app, ["benchmark", "--model", "convnet", *args])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["model"] == "convnet"
+    twice = runner.invoke(app, ["benchmark", "convnet", "--model", "resnet18", *args])
+    assert twice.exit_code == 2
+    assert "MODEL given twice" in error_line(twice.stderr)
+
+
+@pytest.mark.parametrize("command", ["predict", "benchmark"])
+def test_no_model_at_all_is_one_usage_error(runner, command):
+    result = runner.invoke(app, [command])
+    assert result.exit_code == 2
+    assert "missing MODEL (give it first, or as --model MODEL)" in error_line(result.stderr)
