@@ -23,15 +23,8 @@ def test_summary_takes_model_as_an_option(runner):
 
 
 def test_predict_takes_model_as_an_option(runner, tmp_path):
-    import torch
-
-    from torchkit.core.models.convnet import convnet_class
-
+    _checkpoint(tmp_path)
     images = write_image_folder(tmp_path / "images", {"a": 2, "b": 2}, size=12)
-    model = convnet_class()(2, 3, 12)
-    checkpoint = {"format_version": 1, "arch": "convnet", "num_classes": 2, "classes": ["a", "b"]}
-    checkpoint.update(model=model.state_dict(), preprocess={"image_size": 12, "in_channels": 3})
-    torch.save(checkpoint, tmp_path / "model.pt")
     args = ["--format", "csv", "--device", "cpu", "-j", "0"]
     positional = runner.invoke(app, ["predict", str(tmp_path / "model.pt"), str(images), *args])
     option = runner.invoke(
@@ -56,3 +49,32 @@ def test_no_model_at_all_is_one_usage_error(runner, command):
     result = runner.invoke(app, [command])
     assert result.exit_code == 2
     assert "missing MODEL (give it first, or as --model MODEL)" in error_line(result.stderr)
+
+
+def _checkpoint(tmp_path):
+    import torch
+
+    from torchkit.core.models.convnet import convnet_class
+
+    model = convnet_class()(2, 3, 12)
+    checkpoint = {"format_version": 1, "arch": "convnet", "num_classes": 2, "classes": ["a", "b"]}
+    checkpoint.update(model=model.state_dict(), preprocess={"image_size": 12, "in_channels": 3})
+    torch.save(checkpoint, tmp_path / "model.pt")
+    return tmp_path / "model.pt"
+
+
+def test_export_and_extract_features_take_model_as_an_option(runner, tmp_path):
+    model = _checkpoint(tmp_path)
+    images = write_image_folder(tmp_path / "images", {"a": 2, "b": 2}, size=12)
+    exported = runner.invoke(app, ["export", "--model", str(model), str(tmp_path / "m.onnx")])
+    assert exported.exit_code == 0, exported.stderr
+    assert (tmp_path / "m.onnx").is_file()
+    args = ["extract-features", "--model", str(model), str(images), str(tmp_path / "f")]
+    features = runner.invoke(app, [*args, "--device", "cpu", "-j", "0"])
+    assert features.exit_code == 0, features.stderr
+    assert (tmp_path / "f" / "index.csv").is_file()
+    extra = runner.invoke(app, [*args, str(tmp_path / "g")])
+    assert extra.exit_code == 2
+    assert "unexpected extra argument" in error_line(extra.stderr)
+    missing = runner.invoke(app, ["export", "--model", str(model)])
+    assert missing.exit_code == 2 and "missing OUT" in error_line(missing.stderr)

@@ -12,11 +12,13 @@ from torchkit.cli import console
 from torchkit.cli.options import (
     ForceOption,
     FormatOption,
-    ModelArgument,
+    ModelOption,
+    OptionalModelArgument,
     OutOption,
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
+    model_and_rest,
     product_path,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -34,7 +36,7 @@ class ExportDtype(str, Enum):
 
 
 def export(
-    model: ModelArgument,
+    model: OptionalModelArgument = None,
     out: Annotated[
         Optional[Path],
         typer.Argument(
@@ -46,6 +48,7 @@ def export(
         ),
     ] = None,
     out_option: OutOption = None,
+    model_option: ModelOption = None,
     to: Annotated[
         Optional[ExportFormat],
         typer.Option(
@@ -150,9 +153,13 @@ def export(
       torchkit export resnet50 --weights DEFAULT r50.onnx --dtype float16
     """
     from torchkit.cli.progress import progress_bar
+    from torchkit.core.errors import UsageError
     from torchkit.core.export import ExportRequest, check_outputs, export_model
 
-    out = product_path(out, out_option)
+    model, rest = model_and_rest(model, model_option, [out] if out is not None else [])
+    if len(rest) > 1:
+        raise UsageError(f"unexpected extra argument: {rest[1]}", "give MODEL and OUT")
+    out = product_path(rest[0] if rest else None, out_option)
     check_outputs(model, out, output, weights=weights, force=force)
     request = ExportRequest(
         model=model,

@@ -18,6 +18,7 @@ from torchkit.cli.options import (
     InferenceAmpDtypeOption,
     InferenceAmpOption,
     MeanOption,
+    ModelOption,
     OutOption,
     ResizeSizeOption,
     StatsOption,
@@ -25,6 +26,7 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WorkersOption,
+    model_and_rest,
     product_path,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -54,15 +56,15 @@ def _complete_format(incomplete: str) -> list[str]:
 
 def extract_features_command(
     model: Annotated[
-        str,
+        Optional[str],
         typer.Argument(
             help="A torchvision model name (resnet18), `convnet`, package.module:Callable, "
-            "a torchkit checkpoint, or a pickled model (with --trust-checkpoint).",
+            "a torchkit checkpoint, or a pickled model (with --trust-checkpoint); or --model.",
             metavar="MODEL",
             show_default=False,
             autocompletion=complete_model_name,
         ),
-    ],
+    ] = None,
     images: Annotated[
         Optional[Path],
         typer.Argument(
@@ -81,6 +83,7 @@ def extract_features_command(
         ),
     ] = None,
     out_option: OutOption = None,
+    model_option: ModelOption = None,
     layer: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -204,6 +207,11 @@ def extract_features_command(
     from torchkit.core.errors import UsageError
     from torchkit.core.preprocessing import mean_std_options
 
+    given = [Path(p) for p in (images, out) if p is not None]
+    model, rest = model_and_rest(model, model_option, given)
+    if len(rest) > 2:
+        raise UsageError(f"unexpected extra argument: {rest[2]}", "give MODEL, IMAGES and OUT")
+    images, out = (list(rest) + [None, None])[:2]
     out = product_path(out, out_option, required=False)
     if list_layers:
         if images is not None or out is not None:
