@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_decode import photo  # the same photo-like test images
 from torchvision import transforms as T
 
 from torchkit.core.data import (
@@ -49,20 +50,6 @@ SIZE = 64
 PREPROCESS = Preprocess(image_size=SIZE, resize_size=73)
 MAX_LEVELS, MEAN_LEVELS = 1.0, 0.25  # device (CPU) vs exact PIL path, 8-bit levels
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def photo(width: int, height: int, seed: int = 0) -> np.ndarray:
-    """Smooth, structured RGB content (gradients and waves, a little grain), like a photo."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    channels = []
-    for c in range(3):
-        fx, fy = rng.uniform(2, 9, 2) * 2 * np.pi
-        channels.append(
-            128 + 60 * np.sin(fx * x / width + c) * np.cos(fy * y / height) + 40 * x / width
-        )
-    pixels = np.stack(channels, axis=-1) + rng.normal(0, 3, (height, width, 3))
-    return np.clip(pixels, 0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import error_line, hidden_siblings, write_image_folder
+from test_train_nets import TinyNet
 from torch import nn
 
 from torchkit.cli import app
@@ -105,21 +106,15 @@ def test_the_core_refuses_before_averaging():
 # --- 2. a non-finite validation loss stops the run -----------------------------------------------
 
 
-class EvalNanNet(nn.Module):
-    """TinyNet's layers; from its `nan_from`-th evaluation forward pass (1-based) on, the output
-    is NaN (training passes stay finite: only the validation loss shows the divergence)."""
+class EvalNanNet(TinyNet):
+    """TinyNet; from its `nan_from`-th evaluation forward pass (1-based) on, the output is NaN
+    (training passes stay finite: only the validation loss shows the divergence)."""
 
     evals = 0
     nan_from = 2
 
-    def __init__(self, num_classes: int = 3) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.pool = nn.AdaptiveAvgPool2d(2)
-        self.fc = nn.Linear(16, num_classes)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.fc(self.pool(torch.relu(self.conv(x))).flatten(1))
+        out = super().forward(x)
         if not self.training:
             EvalNanNet.evals += 1
             if EvalNanNet.evals >= EvalNanNet.nan_from:

@@ -4,6 +4,7 @@ torchrun), and the autocast dtype of `--amp-dtype`."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 from torchkit.core.errors import DeviceError, UsageError
@@ -92,8 +93,6 @@ def select_device(spec: str = "auto", *, local_rank: int | None = None, world_si
 
 def _local_world_size() -> int:
     """The processes torchrun started on this node (LOCAL_WORLD_SIZE; 1 when unset)."""
-    import os
-
     try:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:

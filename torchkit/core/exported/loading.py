@@ -147,30 +147,6 @@ class ExportedModel:
         return f"the model takes {self.dtype} inputs of shape {'x'.join([batch, *map(str, shape)])}"
 
 
-def exported_classifier(exported: ExportedModel) -> Any:
-    """`exported` as a torch module (what eval and predict run): it runs in its own runtime on
-    the CPU and returns the logits on the device of its input. The class is made on first use,
-    so that importing this module needs no torch."""
-    global _classifier_class
-    if _classifier_class is None:
-        import torch
-
-        class ExportedClassifier(torch.nn.Module):
-            def __init__(self, exported: ExportedModel) -> None:
-                super().__init__()
-                self.exported = exported
-
-            def forward(self, images):
-                logits = self.exported(images.float().contiguous())
-                return logits.to(images.device)
-
-        _classifier_class = ExportedClassifier
-    return _classifier_class(exported)
-
-
-_classifier_class: Any = None
-
-
 RUNNERS = {ONNX: "onnxruntime", TORCHSCRIPT: "TorchScript", EXPORTED_PROGRAM: "torch.export"}
 
 

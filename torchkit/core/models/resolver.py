@@ -17,7 +17,7 @@ from typing import Any
 from torchkit.core.data import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.exported.formats import ONNX, TORCHSCRIPT, sniff_format
-from torchkit.core.exported.loading import exported_classifier, load_exported
+from torchkit.core.exported.loading import load_exported
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     is_callable_spec,
@@ -225,7 +225,12 @@ def _from_exported(path: str, fmt: str, *, trust: bool, use: str, command: str) 
     if preprocess is None:  # not written by torchkit: ImageNet-style, sized from its input
         channels = shape[0] if shape else 3
         preprocess = plain_preprocess(channels, shape[-1] if shape else DEFAULT_IMAGE_SIZE)
-    model = exported_classifier(exported) if use == "runtime" else exported.module
+    if use == "runtime":
+        from torchkit.core.exported.classifier import ExportedClassifier
+
+        model = ExportedClassifier(exported)
+    else:
+        model = exported.module
     classes = exported.classes
     return ResolvedModel(
         model,
