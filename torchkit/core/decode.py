@@ -37,7 +37,7 @@ from torchkit.core.errors import UsageError
 
 # `exact`: every image fully decoded (the eval path's pixels); `fast`: JPEGs reduced as above;
 # `device`: JPEGs decoded, cropped and resized on the training device (core.device_decode).
-DECODE_MODES = ("fast", "exact", "device")
+DECODE_MODES = ("device", "fast", "exact")
 # What `train --decode` takes: `auto` is `device` when training on CUDA from JPEG files, else
 # `fast` (core.device_decode.resolve_decode, chosen when the run starts).
 DECODE_CHOICES = ("auto", *DECODE_MODES)

@@ -8,6 +8,7 @@ ImageNet recipe. config.json records the resolved values and which ones came fro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
@@ -16,6 +17,17 @@ from typing import Any
 from torchkit.core.data import AUGMENT_POLICIES, INTERPOLATIONS
 from torchkit.core.decode import DECODE_CHOICES
 from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.preprocessing import parse_floats
+from torchkit.core.train.option_specs import (
+    DATA_PANEL,
+    MODEL_PANEL,
+    OPTIM_PANEL,
+    OUTPUTS_PANEL,
+    OptionSpec,
+    default_flag,
+    option,
+    option_specs,
+)
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULERS = ("cosine", "step", "multistep", "exponential", "plateau", "none")
@@ -58,88 +70,436 @@ FOLDER_DEFAULTS: dict[str, Any] = {
 }
 
 
+def data_default_help(name: str) -> str:
+    """'Default: X for digits, Y for image folders.' of an option whose default depends on the
+    data, for its help text."""
+
+    def shown(value: Any) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, tuple):
+            return ",".join(f"{v:g}" for v in value)
+        return str(value)
+
+    digits, folders = shown(DIGITS_DEFAULTS[name]), shown(FOLDER_DEFAULTS[name])
+    return f"Default: {digits} for digits, {folders} for image folders."
+
+
+def parse_milestones(text: str | None, flag: str) -> tuple[int, ...]:
+    """`--milestones 30,60` (commas or spaces) -> (30, 60); not given -> (). An
+    OptionSpec.parse: a ValueError is a bad value of `flag`."""
+    if not text:
+        return ()
+    try:
+        return tuple(int(p) for p in text.replace(",", " ").split())
+    except ValueError:
+        raise ValueError(f"expected epochs like 30,60, not {text!r}") from None
+
+
+# What `--resume` does with options given again. Those below define the checkpoint's weights,
+# its optimiser state, the data split or what an epoch and an update are: a different value is
+# refused, naming both values. Every other option applies from the resumed step on (the
+# learning rates and weight decay too: see `optim.load_optimizer_state`), and config.json
+# records the values the run trains with.
+FIXED_ON_RESUME: dict[str, str] = {
+    "model": "the weights are of that model",
+    "image_size": "the weights were trained at that size",
+    "resize_size": "the validation metrics so far were measured at that size",
+    "mean": "the weights expect inputs normalised that way",
+    "interpolation": "the weights were trained on images resized that way",
+    "std": "the weights expect inputs normalised that way",
+    "sync_bn": "the weights and the optimiser state are of that model",
+    "optimizer": "the optimiser state is of that optimiser",
+    "freeze_backbone": "the optimiser state is of those parameters",
+    "decay_all": "the optimiser's parameter groups would change",
+    "batch_size": "the schedule and the place inside the epoch count batches of that size",
+    "accum_steps": "the schedule counts updates of that many batches",
+    "seed": "the data order, the augmentation and --val-split's split follow the seed",
+    "balanced_sampler": "the place inside the epoch counts images of that order",
+    "val_split": "another split would move validation images into training",
+    "best_metric": "best.pt and the best epoch so far were picked by it",
+}
+# Options that only make sense for a run that starts from scratch: refused with --resume.
+NEW_RUN_ONLY = {"weights": "the run continues from the checkpoint's weights"}
+# Not training options: how this invocation runs, never compared.
+IGNORED_ON_RESUME = (
+    "resume",
+    "force",
+    "out",
+    "data_defaults",
+    "dist_timeout",
+    "trust_checkpoint",
+)
+
+
+def resume_help() -> str:
+    """What `--resume` says about options given again (its help text). Written before the
+    options table exists, so the names are the fields' plain spellings (a test holds them to
+    the table)."""
+    fixed = ", ".join(default_flag(name) for name in FIXED_ON_RESUME)
+    return (
+        "Continue a run exactly: its folder (last.pt) or a checkpoint file. Options given again "
+        "apply from the resumed step on (--epochs extends the run and its schedule; --lr, "
+        "--weight-decay, the schedule, regularisation, --device, --workers... take effect), "
+        f"except {fixed}, which cannot change."
+    )
+
+
 @dataclass
 class TrainConfig:
-    """The options of one training run. None means "chosen from the data" (see module doc)."""
+    """The options of one training run. None means "chosen from the data" (see module doc).
+
+    Each field is also the command-line option of the same name: its metadata (`option`) is
+    the option's help, panel and spelling, and `torchkit train` is generated from it. The field
+    order is the order of `--help`, panel by panel.
+    """
 
     # Data
-    data: str = "digits"
-    val_split: float | None = None
-    image_size: int | None = None
-    resize_size: int | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    flip: bool | None = None
-    crop_scale: tuple[float, float] | None = None
-    augment: str = "basic"  # none | basic | trivialaugment | randaugment | autoaugment
-    randaugment_magnitude: int = 9
-    random_erasing: float = 0.0
-    interpolation: str = "bilinear"  # of every resize, train and eval; in the checkpoint
+    data: str = option(
+        "digits",
+        panel=DATA_PANEL,
+        flags=("--data", "-d"),
+        show_default=False,
+        help="A split root (ROOT/train/, val/, test/ image folders), one image folder "
+        "ROOT/<class>/<image>, a CSV index (path,label; a split column makes it split data, "
+        "e.g. `split --mode manifest`'s split.csv), or `digits` (the default: 1,797 8x8 digits "
+        "from scikit-learn, split 80/10/10). Data without a val split gets one held out "
+        "(--val-split). The split used is written to OUT/split.csv.",
+    )
+    val_split: float | None = option(
+        None,
+        panel=DATA_PANEL,
+        help="Share held out for validation (stratified, seeded with --seed) when the data has "
+        "no val split: of an image folder or CSV index, or of train/ of a root without val/ (as "
+        "`convert cifar` writes). Default 0.1; ignored, with a warning, for data with its own "
+        "val split.",
+    )
+    image_size: int | None = option(
+        None,
+        panel=DATA_PANEL,
+        minimum=1,
+        show_default=False,
+        help=f"Training crop size. {data_default_help('image_size')}",
+    )
+    resize_size: int | None = option(
+        None,
+        panel=DATA_PANEL,
+        minimum=1,
+        show_default=False,
+        help="Evaluation resize before the centre crop. Default: --image-size for digits, "
+        "--image-size/0.875 for image folders.",
+    )
+    mean: tuple[float, ...] | None = option(
+        None,
+        panel=DATA_PANEL,
+        parse=parse_floats,
+        help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (the ImageNet default; "
+        "`torchkit dataset-stats` computes your data's).",
+    )
+    std: tuple[float, ...] | None = option(
+        None,
+        panel=DATA_PANEL,
+        parse=parse_floats,
+        help="Normalisation std per channel, e.g. 0.229,0.224,0.225.",
+    )
+    flip: bool | None = option(
+        None,
+        panel=DATA_PANEL,
+        flags=("--flip/--no-flip",),
+        show_default=False,
+        help=f"Random horizontal flips. {data_default_help('flip')}",
+    )
+    crop_scale: tuple[float, float] | None = option(
+        None,
+        panel=DATA_PANEL,
+        parse=functools.partial(parse_floats, count=2),
+        show_default=False,
+        help=f"RandomResizedCrop area range MIN,MAX. {data_default_help('crop_scale')}",
+    )
+    augment: str = option(
+        "basic",
+        panel=DATA_PANEL,
+        choices=AUGMENT_POLICIES,
+        help="Augmentation policy: none (resize and centre crop), basic (random resized crop and "
+        "flip), or basic plus trivialaugment, randaugment or autoaugment.",
+    )
+    randaugment_magnitude: int = option(
+        9,
+        panel=DATA_PANEL,
+        minimum=0,
+        maximum=30,
+        help="Magnitude of --augment randaugment's operations.",
+    )
+    random_erasing: float = option(
+        0.0,
+        panel=DATA_PANEL,
+        help="Probability of erasing a random rectangle of each training image.",
+    )
     # fast | exact | device | auto: training JPEGs decoded at 1/2..1/8 where the random crop
     # keeps image-size pixels across (core.decode); exact decodes them whole; device decodes
     # them on the training device (core.device_decode); auto (chosen when the run starts, and
     # recorded resolved): device when training on CUDA from JPEG files, fast otherwise.
-    decode: str = "auto"
-    workers: int | None = None
-    strict: bool = False
+    decode: str = option(
+        "auto",
+        panel=DATA_PANEL,
+        choices=DECODE_CHOICES,
+        help="How training JPEGs are decoded: fast = at 1/2, 1/4 or 1/8 of their size where the "
+        "random crop still has --image-size pixels across (the same crops; pixels within about "
+        "0.5/255 on average); exact = whole, as eval does; device = whole batches on the "
+        "training device (nvJPEG on CUDA), cropped, resized and flipped there (the same crops; "
+        "pixels within 1/255 of exact on the CPU; flip and crop only, no PIL policies or random "
+        "erasing); auto = device when training on CUDA from JPEG files, fast otherwise.",
+    )
+    interpolation: str = option(  # of every resize, train and eval; in the checkpoint
+        "bilinear",
+        panel=DATA_PANEL,
+        choices=INTERPOLATIONS,
+        help="Resampling of every resize, in training and (recorded in the checkpoint) in eval, "
+        "predict and export.",
+    )
     # Model and fine-tuning
-    model: str | None = None
-    weights: str | None = None
-    trust_checkpoint: bool = False  # pickles allowed in --model/--weights files
-    freeze_backbone: bool = False
-    backbone_lr: float | None = None
-    head_lr_mult: float | None = None
-    sync_bn: bool = False
+    model: str | None = option(
+        None,
+        panel=MODEL_PANEL,
+        flags=("--model", "-m"),
+        show_default=False,
+        completion="model",
+        help="torchvision model name, `convnet`, package.module:Callable, timm/NAME (a timm "
+        "model, with the timm extra), or a torchkit checkpoint to fine-tune. "
+        + data_default_help("model"),
+    )
+    weights: str | None = option(
+        None,
+        panel=MODEL_PANEL,
+        help="Start from pretrained weights: DEFAULT (torchvision's or timm's; needs the internet "
+        "or a warm cache), a timm pretrained tag, or a checkpoint / state-dict / .safetensors "
+        "file. The head is replaced when the data's classes differ.",
+    )
+    trust_checkpoint: bool = option(  # pickles allowed in --model/--weights files
+        False,
+        panel=MODEL_PANEL,
+        help="Allow --model/--weights files that hold arbitrary pickled objects (runs code from "
+        "the file).",
+    )
+    freeze_backbone: bool = option(
+        False,
+        panel=MODEL_PANEL,
+        help="Train only the classifier head (backbone weights and normalisation statistics stay "
+        "as they are).",
+    )
+    backbone_lr: float | None = option(
+        None, panel=MODEL_PANEL, help="Learning rate of the backbone (the head uses --lr)."
+    )
+    head_lr_mult: float | None = option(
+        None, panel=MODEL_PANEL, help="The head's learning rate is --lr times this."
+    )
+    sync_bn: bool = option(
+        False, panel=MODEL_PANEL, help="BatchNorm -> SyncBatchNorm under torchrun (CUDA only)."
+    )
     # Optimisation
-    epochs: int | None = None
-    batch_size: int | None = None
-    optimizer: str = "adamw"
-    lr: float = 3e-3
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 0.05
-    decay_all: bool = False
-    scheduler: str = "cosine"
-    warmup_epochs: float = 1.0
-    min_lr: float = 0.0
-    step_size: int = 30
-    milestones: tuple[int, ...] = ()
-    gamma: float | None = None
-    patience: int = 5
-    label_smoothing: float = 0.1
-    class_weights: str = "none"  # none | balanced | FILE (core.train.class_weights)
-    balanced_sampler: bool = False  # draw every class equally often (with replacement)
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-    l1: float = 0.0
-    clip_grad: float | None = None
-    accum_steps: int = 1
-    ema: bool | None = None  # with EMA on, its weights' val metric picks best.pt
-    ema_decay: float = 0.999
-    amp: bool = False
-    amp_dtype: str = "auto"
-    channels_last: bool | None = None
-    compile: bool = False
-    seed: int = 0
-    deterministic: bool = False
-    device: str = "auto"
+    epochs: int | None = option(
+        None,
+        panel=OPTIM_PANEL,
+        flags=("--epochs", "-e"),
+        minimum=1,
+        show_default=False,
+        help=f"Epochs to train. {data_default_help('epochs')}",
+    )
+    batch_size: int | None = option(
+        None,
+        panel=OPTIM_PANEL,
+        flags=("--batch-size", "-b"),
+        minimum=1,
+        show_default=False,
+        help="Images per batch and process (torchrun: global = N x this). "
+        + data_default_help("batch_size"),
+    )
+    optimizer: str = option(
+        "adamw",
+        panel=OPTIM_PANEL,
+        choices=OPTIMIZERS,
+        help="sgd (with --momentum and --nesterov), adam, adamw or rmsprop (with --momentum).",
+    )
+    lr: float = option(3e-3, panel=OPTIM_PANEL, help="Peak learning rate.")
+    momentum: float = option(0.9, panel=OPTIM_PANEL, help="SGD / RMSprop momentum.")
+    nesterov: bool = option(False, panel=OPTIM_PANEL, help="Nesterov momentum (SGD).")
+    weight_decay: float = option(
+        0.05,
+        panel=OPTIM_PANEL,
+        flags=("--weight-decay", "--wd"),
+        help="Weight decay (not on biases and normalisation weights).",
+    )
+    decay_all: bool = option(
+        False,
+        panel=OPTIM_PANEL,
+        help="Weight decay on every parameter, biases and norms included.",
+    )
+    scheduler: str = option(
+        "cosine",
+        panel=OPTIM_PANEL,
+        choices=SCHEDULERS,
+        help="cosine anneals per iteration; step, multistep and exponential decay per epoch; "
+        "plateau decays when the --best-metric (val top-1 or val loss, of the EMA weights with "
+        "--ema) stops improving.",
+    )
+    warmup_epochs: float = option(
+        1.0,
+        panel=OPTIM_PANEL,
+        minimum=0,
+        help="Linear warm-up, stepped per iteration (fractions allowed).",
+    )
+    min_lr: float = option(0.0, panel=OPTIM_PANEL, minimum=0, help="Final lr of cosine.")
+    step_size: int = option(30, panel=OPTIM_PANEL, minimum=1, help="step: epochs between decays.")
+    milestones: tuple[int, ...] = option(
+        (),
+        panel=OPTIM_PANEL,
+        parse=parse_milestones,
+        help="multistep: epochs to decay at, e.g. 30,60.",
+    )
+    gamma: float | None = option(
+        None,
+        panel=OPTIM_PANEL,
+        show_default=False,
+        help="Decay factor: 0.1 (step, multistep, plateau), 0.95 (exponential).",
+    )
+    patience: int = option(
+        5,
+        panel=OPTIM_PANEL,
+        minimum=0,
+        help="plateau: epochs without improvement before the lr decays.",
+    )
+    label_smoothing: float = option(
+        0.1, panel=OPTIM_PANEL, help="Cross-entropy label smoothing (0.1 is usual)."
+    )
+    class_weights: str = option(  # none | balanced | FILE (core.train.class_weights)
+        "none",
+        panel=OPTIM_PANEL,
+        help="Loss weights per class for imbalanced data: none, balanced (n / (k * n_c)) or FILE "
+        "(JSON list or {class: weight}, or one weight / class,weight per line).",
+    )
+    balanced_sampler: bool = option(
+        False,
+        panel=OPTIM_PANEL,
+        help="Draw training images with replacement so every class comes equally often "
+        "(WeightedRandomSampler; seeded, split over torchrun ranks).",
+    )
+    mixup_alpha: float = option(0.0, panel=OPTIM_PANEL, help="Mixup Beta(a, a); 0 = off.")
+    cutmix_alpha: float = option(
+        0.0,
+        panel=OPTIM_PANEL,
+        help="CutMix Beta(a, a); 0 = off. With mixup: one or the other per batch.",
+    )
+    l1: float = option(0.0, panel=OPTIM_PANEL, help="L1 penalty weight on the decayed weights.")
+    clip_grad: float | None = option(
+        None, panel=OPTIM_PANEL, help="Clip the gradient norm to this."
+    )
+    accum_steps: int = option(
+        1,
+        panel=OPTIM_PANEL,
+        minimum=1,
+        help="Accumulate gradients over this many batches per update.",
+    )
+    ema: bool | None = option(  # with EMA on, its weights' val metric picks best.pt
+        None,
+        panel=OPTIM_PANEL,
+        flags=("--ema/--no-ema",),
+        show_default=False,
+        help="Keep an exponential moving average of the weights, evaluated alongside; its val "
+        "metric then picks best.pt. " + data_default_help("ema"),
+    )
+    ema_decay: float = option(
+        0.999,
+        panel=OPTIM_PANEL,
+        help="EMA decay per update (warmed up over the first updates).",
+    )
+    amp: bool = option(
+        False,
+        panel=OPTIM_PANEL,
+        help="Mixed precision: bf16, or fp16 with a GradScaler (CUDA and CPU).",
+    )
+    amp_dtype: str = option(
+        "auto",
+        panel=OPTIM_PANEL,
+        choices=AMP_DTYPES,
+        help="auto: bf16 on CPUs and on GPUs that compute in it natively (Ampere and later), "
+        "fp16 on older GPUs.",
+    )
+    channels_last: bool | None = option(
+        None,
+        panel=OPTIM_PANEL,
+        flags=("--channels-last/--no-channels-last",),
+        show_default=False,
+        help=f"channels-last memory format. {data_default_help('channels_last')}",
+    )
+    compile: bool = option(False, panel=OPTIM_PANEL, help="torch.compile the model.")
+    # How this run executes (the options every command shares, in the general panel)
+    seed: int = option(0, shared=True)
+    deterministic: bool = option(False, shared=True)
+    device: str = option("auto", shared=True)
     # torchrun: seconds a collective waits for the other ranks before the run fails.
-    dist_timeout: float = 1800.0
+    dist_timeout: float = option(
+        1800.0,
+        metavar="SECONDS",
+        help="torchrun: seconds a process waits for the others in a collective before the run "
+        "ends with an error (a rank that died or hangs), instead of waiting forever.",
+    )
+    workers: int | None = option(None, shared=True)
+    strict: bool = option(False, shared=True)
     # Outputs
-    out: str | None = None
-    force: bool = False
-    resume: str | None = None
-    save_every: int = 0
-    keep: int = 0
-    early_stop: int = 0
-    best_metric: str | None = None  # "top1" or "loss" of the validation set
-    tensorboard: bool = False
+    out: str | None = option(
+        None,
+        panel=OUTPUTS_PANEL,
+        folder=True,
+        show_default=False,
+        help="Run folder (default runs/<model>-<timestamp>; with --resume, the resumed run's "
+        "folder).",
+    )
+    force: bool = option(False, shared=True)
+    resume: str | None = option(None, panel=OUTPUTS_PANEL, help=resume_help())
+    save_every: int = option(
+        0,
+        panel=OUTPUTS_PANEL,
+        minimum=0,
+        help="Also keep epoch-NNN.pt every N epochs (0 = never).",
+    )
+    keep: int = option(
+        0,
+        panel=OUTPUTS_PANEL,
+        minimum=0,
+        help="Keep only the newest N epoch-NNN.pt (0 = all).",
+    )
+    early_stop: int = option(
+        0,
+        panel=OUTPUTS_PANEL,
+        minimum=0,
+        help="Stop after N epochs without a better val metric, see --best-metric (0 = off).",
+    )
+    best_metric: str | None = option(  # "top1" or "loss" of the validation set
+        None,
+        panel=OUTPUTS_PANEL,
+        choices=BEST_METRICS,
+        show_default=False,
+        help="Validation metric that picks best.pt (and that --early-stop and the plateau "
+        "schedule watch). Default: top1; loss for digits, whose 180 validation images saturate "
+        "top-1 within a few epochs.",
+    )
+    tensorboard: bool = option(
+        False,
+        panel=OUTPUTS_PANEL,
+        help="Also log to OUT/tensorboard (needs the tensorboard package).",
+    )
     # --find-lr: the learning-rate range test instead of training (core.train.lr_find).
-    find_lr: bool = False
-    lr_min: float = 1e-7
-    lr_max: float = 10.0
-    find_lr_iters: int = 100
-    # Filled by resolve_defaults: the option names whose value came from the data.
+    find_lr: bool = option(
+        False,
+        panel=OPTIM_PANEL,
+        help="Instead of training, run the learning-rate range test: an exponential sweep from "
+        "--lr-min to --lr-max over --find-lr-iters steps; writes lr_find.csv and lr_find.png to "
+        "the run folder, prints the suggested --lr, keeps no checkpoint.",
+    )
+    lr_min: float = option(1e-7, panel=OPTIM_PANEL, help="--find-lr's first lr.")
+    lr_max: float = option(10.0, panel=OPTIM_PANEL, help="--find-lr's last lr.")
+    find_lr_iters: int = option(100, panel=OPTIM_PANEL, help="--find-lr's number of steps.")
+    # Filled by resolve_defaults: the option names whose value came from the data (not an option).
     data_defaults: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,6 +521,10 @@ class TrainConfig:
 
     def gamma_value(self) -> float:
         return self.gamma if self.gamma is not None else DEFAULT_GAMMA.get(self.scheduler, 0.1)
+
+
+# Every option of `torchkit train`, by field name, in the order of its help.
+TRAIN_OPTIONS: dict[str, OptionSpec] = option_specs(TrainConfig)
 
 
 # Options added after runs were already being recorded, with the value those runs trained with
@@ -259,7 +623,7 @@ def validate(config: TrainConfig) -> None:
         bad(f"--label-smoothing must be in [0, 1), not {config.label_smoothing}")
     for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
         if getattr(config, name) < 0:
-            bad(f"--{name.replace('_', '-')} must not be negative, not {getattr(config, name)}")
+            bad(f"{option_name(name)} must not be negative, not {getattr(config, name)}")
     if not 0 <= config.momentum < 1:
         bad(f"--momentum must be in [0, 1), not {config.momentum}")
     if config.gamma is not None and not 0 < config.gamma <= 1:
@@ -302,7 +666,7 @@ def validate(config: TrainConfig) -> None:
         bad(f"--step-size must be at least 1, not {config.step_size}")
     for name in ("save_every", "keep", "early_stop", "patience"):
         if getattr(config, name) < 0:
-            bad(f"--{name.replace('_', '-')} must not be negative")
+            bad(f"{option_name(name)} must not be negative")
     if config.workers is not None and config.workers < 0:
         bad(f"--workers must not be negative, not {config.workers}")
     if config.find_lr:
@@ -318,7 +682,8 @@ def validate(config: TrainConfig) -> None:
 
 def option_name(field_name: str) -> str:
     """The command-line spelling of a TrainConfig field: `min_lr` -> `--min-lr`."""
-    return "--" + field_name.replace("_", "-")
+    spec = TRAIN_OPTIONS.get(field_name)
+    return spec.name if spec is not None else default_flag(field_name)
 
 
 def check_finite(config: TrainConfig) -> None:
@@ -336,53 +701,6 @@ def check_finite(config: TrainConfig) -> None:
                 )
 
 
-# What `--resume` does with options given again. Those below define the checkpoint's weights,
-# its optimiser state, the data split or what an epoch and an update are: a different value is
-# refused, naming both values. Every other option applies from the resumed step on (the
-# learning rates and weight decay too: see `optim.load_optimizer_state`), and config.json
-# records the values the run trains with.
-FIXED_ON_RESUME: dict[str, str] = {
-    "model": "the weights are of that model",
-    "image_size": "the weights were trained at that size",
-    "resize_size": "the validation metrics so far were measured at that size",
-    "mean": "the weights expect inputs normalised that way",
-    "interpolation": "the weights were trained on images resized that way",
-    "std": "the weights expect inputs normalised that way",
-    "sync_bn": "the weights and the optimiser state are of that model",
-    "optimizer": "the optimiser state is of that optimiser",
-    "freeze_backbone": "the optimiser state is of those parameters",
-    "decay_all": "the optimiser's parameter groups would change",
-    "batch_size": "the schedule and the place inside the epoch count batches of that size",
-    "accum_steps": "the schedule counts updates of that many batches",
-    "seed": "the data order, the augmentation and --val-split's split follow the seed",
-    "balanced_sampler": "the place inside the epoch counts images of that order",
-    "val_split": "another split would move validation images into training",
-    "best_metric": "best.pt and the best epoch so far were picked by it",
-}
-# Options that only make sense for a run that starts from scratch: refused with --resume.
-NEW_RUN_ONLY = {"weights": "the run continues from the checkpoint's weights"}
-# Not training options: how this invocation runs, never compared.
-IGNORED_ON_RESUME = (
-    "resume",
-    "force",
-    "out",
-    "data_defaults",
-    "dist_timeout",
-    "trust_checkpoint",
-)
-
-
-def resume_help() -> str:
-    """What `--resume` says about options given again (the CLI's help text)."""
-    fixed = ", ".join(option_name(name) for name in FIXED_ON_RESUME)
-    return (
-        "Continue a run exactly: its folder (last.pt) or a checkpoint file. Options given again "
-        "apply from the resumed step on (--epochs extends the run and its schedule; --lr, "
-        "--weight-decay, the schedule, regularisation, --device, --workers... take effect), "
-        f"except {fixed}, which cannot change."
-    )
-
-
 def merge_for_resume(
     saved: Mapping[str, Any], config: TrainConfig, overrides: Collection[str] | None
 ) -> TrainConfig:
@@ -394,7 +712,7 @@ def merge_for_resume(
     """
     base = TrainConfig.from_dict(with_pre_option_values(saved))
     defaults = TrainConfig()
-    known = {f.name for f in fields(config)}
+    known = TRAIN_OPTIONS.keys()
     if overrides is None:
         overrides = [name for name in known if getattr(config, name) != getattr(defaults, name)]
     changes: dict[str, Any] = {}

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
-from torchkit.core.train.config import TrainConfig, option_name, with_pre_option_values
+from torchkit.core.train.config import (
+    TRAIN_OPTIONS,
+    TrainConfig,
+    option_name,
+    with_pre_option_values,
+)
 
 # Entries of a run's options that describe that run, not the recipe.
 NOT_CARRIED = ("out", "resume", "force", "data_defaults")
@@ -71,9 +76,14 @@ NOT_IN_A_RECIPE = {
 }
 
 
+def _field_name(key: Any) -> str:
+    """The option a key of a file names: `lr`, `--lr`, `image-size` and `image_size` alike."""
+    return str(key).lstrip("-").replace("-", "_")
+
+
 def _refuse_run_keys(options: Mapping[str, Any], source: Path) -> None:
     for key in options:
-        name = str(key).lstrip("-").replace("-", "_")
+        name = _field_name(key)
         if name in NOT_IN_A_RECIPE:
             why, hint = NOT_IN_A_RECIPE[name]
             raise UsageError(f"{key!r} in {source} is not taken from a config file: {why}", hint)
@@ -156,10 +166,10 @@ def _unique_keys_yaml_loader() -> type:
 
 def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
     """Known names, values of the option's type (a number where a number goes...)."""
-    types = {f.name: str(f.type) for f in fields(TrainConfig)}
+    types = {f.name: str(f.type) for f in fields(TrainConfig) if f.name in TRAIN_OPTIONS}
     checked: dict[str, Any] = {}
     for key, value in options.items():
-        name = str(key).lstrip("-").replace("-", "_")
+        name = _field_name(key)
         if name not in types:
             close = difflib.get_close_matches(name, sorted(types), n=1)
             hint = f"did you mean {close[0]}?" if close else "the keys are train's option names"
@@ -217,7 +227,7 @@ def effective_config(config: TrainConfig) -> dict[str, Any]:
     from torchkit.core.train.config import resolve_defaults
 
     resolved = resolve_defaults(config, is_digits=config.data == DIGITS)
-    return {name: value for name, value in resolved.to_dict().items() if name != "data_defaults"}
+    return {name: value for name, value in resolved.to_dict().items() if name in TRAIN_OPTIONS}
 
 
 __all__ = ["apply_config_file", "effective_config", "option_name", "read_config_file"]
