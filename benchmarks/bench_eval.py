@@ -75,7 +75,7 @@ def hand_written(checkpoint: Path, root: Path, batch_size: int, workers: int) ->
 
 def torchkit_eval(checkpoint: Path, root: Path, batch_size: int, workers: int, out=None):
     return evaluate(
-        ModelSpec(checkpoint=str(checkpoint)),
+        ModelSpec(model=str(checkpoint)),
         EvalOptions(data=str(root), batch_size=batch_size, workers=workers, out_dir=out),
     )
 

@@ -237,8 +237,8 @@ def test_the_graph_sees_every_kind_of_import():
     assert len(modules()) > 50
     # a function-local import
     assert "torchkit.core.checkpoint" in edges["torchkit.core.models.resolver"]
-    # `from torchkit.core.models import resolve_model`: the submodule that defines it
-    assert "torchkit.core.models.resolver" in edges["torchkit.core.summary.run"]
+    # `from torchkit.core.models import resolve_spec`: the submodule that defines it
+    assert "torchkit.core.models.spec" in edges["torchkit.core.summary.run"]
     assert "torchkit.core.models" not in edges["torchkit.core.summary.run"]
     # a package's lazy re-export (inside `__getattr__`) is kept, its eager ones are not
     assert "torchkit.core.train.runner" in edges["torchkit.core.train"]

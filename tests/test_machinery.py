@@ -399,7 +399,7 @@ def test_load_checkpoint_refuses_pickled_modules_without_trust(tmp_path):
         load_checkpoint(path)
     assert "torch.nn.modules.linear.Linear" in caught.value.message
     assert "--trust-checkpoint" in caught.value.hint
-    assert isinstance(load_checkpoint(path, trust=True), nn.Linear)
+    assert isinstance(load_checkpoint(path, trust_checkpoint=True), nn.Linear)
 
 
 def test_load_checkpoint_plain_state_dict_and_legacy_format(tmp_path):
@@ -425,7 +425,7 @@ def test_load_checkpoint_bad_files(tmp_path, name, content, message):
     path.write_bytes(content)
     for trust in (False, True):
         with pytest.raises(CheckpointError, match=re.escape(message)) as caught:
-            load_checkpoint(path, trust=trust)
+            load_checkpoint(path, trust_checkpoint=trust)
         assert "--trust-checkpoint" not in str(caught.value)  # garbage is not a pickled model
 
 

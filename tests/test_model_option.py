@@ -10,8 +10,6 @@ from conftest import error_line, write_image_folder
 
 from torchkit.cli import app
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
-
 
 def test_summary_takes_model_as_an_option(runner):
     positional = runner.invoke(app, ["summary", "convnet", "--format", "json"])

@@ -1,6 +1,7 @@
 """One model resolver: the same MODEL [--weights W] means the same model in `summary`,
 `extract-features` and `convert-syncbn` (same parameter count, same logits for the same input),
-for every kind of spec; plus the user-visible cases of issue #16 as real subprocesses."""
+for every kind of spec; plus the user-visible cases of issue #16 (one error line, the JSON
+alone on stdout of a real process)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import write_image_folder
+from conftest import run_torchkit_in_process, write_image_folder
 from PIL import Image
 from safetensors.torch import save_file
 from torch import nn
@@ -141,7 +142,7 @@ def options(weights: str | None, trust: bool) -> list[str]:
 
 def resolve(case: str) -> ResolvedModel:
     spec, weights, trust, _, _ = SPECS[case]
-    return resolve_model(spec, weights=weights, trust=trust)
+    return resolve_model(spec, weights=weights, trust_checkpoint=trust)
 
 
 def n_params(model: nn.Module) -> int:
@@ -297,8 +298,9 @@ def test_a_pickled_module_needs_trust_wherever_it_is_loaded(in_world, spec, weig
         resolve_model(spec, weights=weights)
 
 
-# -- what the user sees: real subprocesses of the installed `torchkit` (no `python -m`, which
-#    would make the working directory importable by itself) -----------------------------------
+# -- what the user sees: with the working directory off sys.path, as for the installed
+#    `torchkit` (`python -m` would make it importable by itself); a real subprocess where
+#    stdout is the subject -------------------------------------------------------------------
 
 
 def torchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -327,35 +329,15 @@ def test_summary_of_a_printing_callable_keeps_json_on_stdout(world):
     assert "at import" in result.stderr and "Net.__init__" in result.stderr
 
 
-def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(world):
-    result = torchkit(
-        "summary",
-        "resnet18",
-        "--weights",
-        "finetuned_2class.pt",
-        "-i",
-        "3,32,32",
-        "--format",
-        "json",
-        "--no-flops",
-        cwd=world["root"],
-    )
-    assert result.returncode == 0, result.stderr
+def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(in_world, runner):
+    summary = ["summary", "-i", "3,32,32", "--format", "json", "--no-flops"]
+    result = runner.invoke(app, [*summary, "resnet18", "--weights", "finetuned_2class.pt"])
+    assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["totals"]["total_params"] == 11_177_538
-    trusted = torchkit(
-        "summary",
-        f"{PKG}.nets:Net",
-        "--weights",
-        "full.pt",
-        "--trust-checkpoint",
-        "-i",
-        "3,8,8",
-        "--format",
-        "json",
-        "--no-flops",
-        cwd=world["root"],
+    trusted = runner.invoke(
+        app, [*summary, f"{PKG}.nets:Net", "--weights", "full.pt", "--trust-checkpoint"]
     )
-    assert trusted.returncode == 0, trusted.stderr
+    assert trusted.exit_code == 0, trusted.stderr
 
 
 @pytest.mark.parametrize(
@@ -368,8 +350,8 @@ def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(world
         (["ck.pt"], 2, "MODEL --weights ck.pt"),
     ],
 )
-def test_bad_specs_are_one_error_line(world, args, code, message):
-    result = torchkit("summary", *args, "--format", "json", cwd=world["root"])
+def test_bad_specs_are_one_error_line(in_world, args, code, message):
+    result = run_torchkit_in_process("summary", *args, "--format", "json", cwd=in_world["root"])
     assert result.returncode == code
     assert result.stdout == ""
     assert result.stderr.startswith("Error: ") and message in result.stderr

@@ -16,11 +16,11 @@ from torchkit.cli.options import (
     InferenceAmpDtypeOption,
     InferenceAmpOption,
     ModelOption,
-    OptionalModelArgument,
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
     model_and_rest,
+    model_argument,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -32,10 +32,10 @@ class BenchmarkMode(str, Enum):
 
 
 def benchmark(
-    model: OptionalModelArgument = None,
+    model: Annotated[Optional[str], model_argument("module")] = None,
     model_option: ModelOption = None,
     input_size: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
+        Optional[str],
         typer.Option(
             "--input-size",
             "-i",
@@ -46,7 +46,7 @@ def benchmark(
         ),
     ] = None,
     batch_size: Annotated[
-        Optional[list[str]],  # noqa: UP045
+        Optional[list[str]],
         typer.Option(
             "--batch-size",
             "-b",
@@ -81,7 +81,7 @@ def benchmark(
         typer.Option("--warmup", min=0, metavar="N", help="Untimed steps before timing."),
     ] = 5,
     iters: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--iters",
             min=1,
@@ -91,7 +91,7 @@ def benchmark(
         ),
     ] = None,
     seconds: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[float],
         typer.Option(
             "--seconds",
             metavar="S",
@@ -110,7 +110,7 @@ def benchmark(
         ),
     ] = False,
     memory_limit: Annotated[
-        Optional[str],  # noqa: UP045
+        Optional[str],
         typer.Option(
             "--memory-limit",
             metavar="SIZE|N%",
@@ -126,7 +126,7 @@ def benchmark(
         typer.Option("--max-batch-size", min=1, metavar="N", help="Where --find-batch-size stops."),
     ] = 4096,
     num_classes: Annotated[
-        Optional[int],  # noqa: UP045
+        Optional[int],
         typer.Option(
             "--num-classes",
             min=1,
@@ -138,7 +138,7 @@ def benchmark(
     weights: WeightsOption = None,
     trust_checkpoint: TrustCheckpointOption = False,
     fmt: Annotated[
-        Optional[OutputFormat],  # noqa: UP045
+        Optional[OutputFormat],
         typer.Option(
             "--format",
             case_sensitive=False,
@@ -215,7 +215,7 @@ def benchmark(
         max_batch_size=max_batch_size,
         num_classes=num_classes,
         weights=weights,
-        trust=trust_checkpoint,
+        trust_checkpoint=trust_checkpoint,
     )
     check_options(options)
     # Outputs are checked before the model is built: not an input, not replaced without

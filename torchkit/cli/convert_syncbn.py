@@ -7,13 +7,14 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     ForceOption,
     FormatOption,
     OutOption,
     OutputOption,
     TrustCheckpointOption,
+    WeightsOption,
+    model_argument,
     product_path,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -31,16 +32,8 @@ CONVERSION_COLUMNS = [
 
 
 def convert_syncbn(
-    source: Annotated[
-        str,
-        typer.Argument(
-            help="The model: a name (torchvision, convnet, package.module:Callable), a torchkit "
-            "checkpoint, or a pickled model (--trust-checkpoint).",
-            metavar="SRC",
-            show_default=False,
-            autocompletion=complete_model_name,
-        ),
-    ],
+    # SRC, not MODEL: with DST it is the saved model converted (and there is no --model).
+    source: Annotated[str, model_argument(metavar="SRC", or_model_option=False)],
     destination: Annotated[
         Optional[str],
         typer.Argument(
@@ -73,10 +66,7 @@ def convert_syncbn(
         Optional[int],
         typer.Option("--num-classes", min=1, help="Classifier outputs of a named model."),
     ] = None,
-    weights: Annotated[
-        Optional[str],
-        typer.Option("--weights", metavar="PATH", help="Weights for a named model."),
-    ] = None,
+    weights: WeightsOption = None,
     trust_checkpoint: TrustCheckpointOption = False,
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
@@ -113,7 +103,7 @@ def convert_syncbn(
             revert=revert,
             num_classes=num_classes,
             weights=weights,
-            trust=trust_checkpoint,
+            trust_checkpoint=trust_checkpoint,
         )
         columns = REPORT_COLUMNS
         title = (
@@ -134,7 +124,7 @@ def convert_syncbn(
             source,
             destination,
             revert=revert,
-            trust=trust_checkpoint,
+            trust_checkpoint=trust_checkpoint,
             force=force,
             sample_shape=sample_shape,
         )

@@ -13,12 +13,12 @@ from torchkit.cli.options import (
     ForceOption,
     FormatOption,
     ModelOption,
-    OptionalModelArgument,
     OutOption,
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
     model_and_rest,
+    model_argument,
     product_path,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -36,7 +36,7 @@ class ExportDtype(str, Enum):
 
 
 def export(
-    model: OptionalModelArgument = None,
+    model: Annotated[Optional[str], model_argument()] = None,
     out: Annotated[
         Optional[Path],
         typer.Argument(
@@ -167,7 +167,7 @@ def export(
         to=to.value if to else None,
         weights=weights,
         num_classes=num_classes,
-        trust=trust_checkpoint,
+        trust_checkpoint=trust_checkpoint,
         ema=ema,
         image_size=image_size,
         batch_size=batch_size,

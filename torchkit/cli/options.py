@@ -39,17 +39,6 @@ OutOption = Annotated[
 ]
 
 
-ModelOption = Annotated[
-    Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
-    typer.Option(
-        "--model",
-        metavar="MODEL",
-        help="The model, as the MODEL argument takes it (give one of them).",
-        show_default=False,
-    ),
-]
-
-
 def model_and_rest(positional: Any, option: Any, rest: list[Any]) -> tuple[Any, list[Any]]:
     """MODEL given first or as --model: with --model, what the shell put in MODEL's place is the
     first of the arguments that follow (`predict --model ck.pt photos/`)."""
@@ -88,14 +77,6 @@ DeterministicOption = Annotated[
     bool,
     typer.Option("--deterministic", help="Also make cuDNN and torch use deterministic algorithms."),
 ]
-TrustCheckpointOption = Annotated[
-    bool,
-    typer.Option(
-        "--trust-checkpoint",
-        help="Allow model files that run code when loaded: pickled objects, TorchScript and "
-        "torch.export archives, and checkpoints whose arch is package.module:Callable.",
-    ),
-]
 AllowUntrainedOption = Annotated[
     bool,
     typer.Option(
@@ -112,29 +93,60 @@ def _complete_model(incomplete: str) -> list[str]:
     return complete_model_name(incomplete)
 
 
-# MODEL and --weights of the commands that take any model spec (the one model resolver).
-ModelArgument = Annotated[
-    str,
-    typer.Argument(
-        help="A torchvision model name, convnet, package.module:Callable (importable from the "
+# The model inputs of every command that takes a model spec (the one model resolver): MODEL,
+# --model, --weights and --trust-checkpoint, each with one help text.
+
+# What MODEL's help adds for the files `torchkit export` writes, by how the command takes them
+# (the resolver's `exported`: refused, run in their own runtime, or loaded as TorchScript).
+_EXPORTED_FILES = {
+    "refuse": "",
+    "runtime": ", a file `torchkit export` wrote (.onnx; .ts and .pt2 with --trust-checkpoint)",
+    "module": ", a TorchScript file `torchkit export` wrote (with --trust-checkpoint)",
+}
+
+
+def model_help(exported: str = "refuse", *, or_model_option: bool = True) -> str:
+    """MODEL's help: the model grammar, the exported files the command takes (`exported`, as
+    the resolver's) and, where --model may stand for MODEL, that it may."""
+    text = (
+        "A torchvision model name, convnet, package.module:Callable (importable from the "
         "working directory), timm/NAME (a timm model, with the timm extra), a torchkit "
-        "checkpoint, a file `torchkit export` wrote, or a pickled model (with "
-        "--trust-checkpoint).",
-        metavar="MODEL",
+        f"checkpoint{_EXPORTED_FILES[exported]}, or a pickled model (with --trust-checkpoint)"
+    )
+    return text + ("; or --model." if or_model_option else ".")
+
+
+def model_argument(
+    exported: str = "refuse", *, metavar: str = "MODEL", or_model_option: bool = True
+) -> Any:
+    """The MODEL argument (`typer.Argument`) of a command that resolves it taking exported files
+    as `exported` says; `or_model_option`: --model may stand for it (`model_and_rest`)."""
+    return typer.Argument(
+        help=model_help(exported, or_model_option=or_model_option),
+        metavar=metavar,
         show_default=False,
         autocompletion=_complete_model,
+    )
+
+
+ModelOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model",
+        metavar="MODEL",
+        help="The model, as the MODEL argument takes it (give one of them).",
+        show_default=False,
     ),
 ]
-# MODEL where `--model` may stand for it (model_and_rest).
-OptionalModelArgument = Annotated[
-    Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10 annotations
-    typer.Argument(
-        help="A torchvision model name, convnet, package.module:Callable (importable from the "
-        "working directory), timm/NAME (a timm model, with the timm extra), a torchkit "
-        "checkpoint, a file `torchkit export` wrote, or a pickled model (with "
-        "--trust-checkpoint); or --model.",
-        metavar="MODEL",
-        show_default=False,
+# eval's --model also names the architecture of a weights file given as MODEL (`FILE --model
+# NAME`, the older spelling of `NAME --weights FILE`): so its own help, and -m.
+EvalModelOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--model",
+        "-m",
+        help="Architecture of the weights in MODEL (a plain state dict): the same as "
+        "NAME --weights FILE.",
         autocompletion=_complete_model,
     ),
 ]
@@ -143,10 +155,20 @@ WeightsOption = Annotated[
     typer.Option(
         "--weights",
         metavar="PATH|NAME",
-        help="Weights for the model MODEL names: a file (state dict, torchkit checkpoint, "
+        help="Weights for a model given by name: a file (torchkit checkpoint, state dict, "
         ".safetensors; the classifier head takes the size the file gives it), or DEFAULT: the "
-        "pretrained weights of torchvision or timm (downloaded once); timm models also take a "
-        "timm pretrained tag (a1_in1k).",
+        "pretrained weights of torchvision or timm (downloaded once: needs the internet or a "
+        "warm cache); torchvision also takes a weights name (IMAGENET1K_V1), timm a pretrained "
+        "tag (a1_in1k). Without it, a torchvision, convnet or timm model has random weights.",
+        show_default=False,
+    ),
+]
+TrustCheckpointOption = Annotated[
+    bool,
+    typer.Option(
+        "--trust-checkpoint",
+        help="Allow model files that run code when loaded: pickled objects, TorchScript and "
+        "torch.export archives, and checkpoints whose arch is package.module:Callable.",
     ),
 ]
 StrictOption = Annotated[

@@ -12,7 +12,6 @@ from typing import IO, Annotated, Any, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     AllowUntrainedOption,
     ChannelsLastOption,
@@ -28,8 +27,10 @@ from torchkit.cli.options import (
     StdOption,
     StrictOption,
     TrustCheckpointOption,
+    WeightsOption,
     WorkersOption,
     model_and_rest,
+    model_argument,
 )
 
 
@@ -46,20 +47,9 @@ class TTA(str, Enum):
 
 
 def predict_command(
-    model: Annotated[
-        Optional[str],  # noqa: UP045 - typer needs Optional on Python 3.10
-        typer.Argument(
-            help="The model: a torchkit checkpoint, a file `torchkit export` wrote (.onnx; "
-            "TorchScript and .pt2 with --trust-checkpoint), a pickled model "
-            "(--trust-checkpoint), or a model name (torchvision, convnet, "
-            "package.module:Callable) with --weights; or --model.",
-            metavar="MODEL",
-            show_default=False,
-            autocompletion=complete_model_name,
-        ),
-    ] = None,
+    model: Annotated[Optional[str], model_argument("runtime")] = None,
     images: Annotated[
-        Optional[list[str]],  # noqa: UP045
+        Optional[list[str]],
         typer.Argument(
             help="Image folders (searched recursively, labelled or not), split roots, CSV "
             "indexes, image files, or - for paths on stdin (one per line).",
@@ -68,14 +58,7 @@ def predict_command(
         ),
     ] = None,
     model_option: ModelOption = None,
-    weights: Annotated[
-        Optional[str],
-        typer.Option(
-            "--weights",
-            help="Weights for a model NAME: DEFAULT (torchvision's) or a file (torchkit "
-            "checkpoint, state dict, .safetensors).",
-        ),
-    ] = None,
+    weights: WeightsOption = None,
     classes: Annotated[
         Optional[str],
         typer.Option(

@@ -8,7 +8,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
@@ -17,6 +16,7 @@ from torchkit.cli.options import (
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
+    model_argument,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
 
@@ -47,17 +47,7 @@ TOTAL_LABELS = {
 
 def summary(
     ctx: typer.Context,
-    model: Annotated[
-        Optional[str],
-        typer.Argument(
-            help="A torchvision model name, convnet, package.module:Callable (importable from "
-            "the working directory), a torchkit checkpoint, or a pickled model (with "
-            "--trust-checkpoint).",
-            metavar="MODEL",
-            show_default=False,
-            autocompletion=complete_model_name,
-        ),
-    ] = None,
+    model: Annotated[Optional[str], model_argument("module")] = None,
     model_option: ModelOption = None,
     list_models: Annotated[
         bool, typer.Option("--list", help="List the model names and exit.")
@@ -180,7 +170,7 @@ def summary(
         batch_size=batch_size,
         num_classes=num_classes,
         weights=weights,
-        trust=trust_checkpoint,
+        trust_checkpoint=trust_checkpoint,
         dtype=dtype,
         device=device,
         count_flops=flops,

@@ -2,7 +2,7 @@
 
 A torchkit checkpoint is a dict of tensors and plain Python values, so it loads with
 `torch.load(..., weights_only=True)`: loading never runs code from the file. Arbitrary pickles
-(a whole pickled `nn.Module`, say) load only with `trust=True` (`--trust-checkpoint`).
+(a whole pickled `nn.Module`, say) load only with `trust_checkpoint=True` (`--trust-checkpoint`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ CHECKPOINT_KEYS = (
 )
 
 
-def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
+def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) -> Any:
     """Load a checkpoint on the CPU, whatever device it was saved from."""
     import torch
 
@@ -49,7 +49,7 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
     if source.suffix == ".safetensors":
         return _load_safetensors(source)
     kind = sniff_format(source)
-    if not trust:
+    if not trust_checkpoint:
         _refuse_code_archives(source, kind)
     try:
         if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
@@ -58,9 +58,9 @@ def load_checkpoint(path: str | os.PathLike, *, trust: bool = False) -> Any:
                 # commands that read it say what it is.
                 warnings.simplefilter("ignore", FutureWarning)
                 return torch.jit.load(str(source), map_location="cpu")
-        return torch.load(source, map_location="cpu", weights_only=not trust)
+        return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
     except pickle.UnpicklingError as error:
-        blocked = None if trust else _blocked_global(error)
+        blocked = None if trust_checkpoint else _blocked_global(error)
         if blocked is None:
             # weights_only also fails on garbage ("Unsupported operand"): that is not a model.
             raise _unreadable(source, error) from error

@@ -372,20 +372,16 @@ def batchnorm_report(
     revert: bool = False,
     num_classes: int | None = None,
     weights: str | None = None,
-    trust: bool = False,
+    trust_checkpoint: bool = False,
 ) -> dict[str, Any]:
     """The layers `convert_batchnorm` would replace in the model `spec` names: BatchNorm layers,
     or SyncBatchNorm layers with `revert`."""
-    from torchkit.core.models import resolve_model
+    from torchkit.core.models import ModelSpec, resolve_spec
 
-    loaded = resolve_model(
-        spec,
-        num_classes=num_classes,
-        weights=weights,
-        trust=trust,
-        new_head=True,
-        command="convert-syncbn",
+    named = ModelSpec(
+        model=spec, weights=weights, trust_checkpoint=trust_checkpoint, num_classes=num_classes
     )
+    loaded = resolve_spec(named, command="convert-syncbn", new_head=True)
     model = loaded.model
     if revert and loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
         model, _ = convert_batchnorm(model, to="sync")  # what `train --resume` builds from it
@@ -407,7 +403,7 @@ def convert_saved_model(
     destination: str,
     *,
     revert: bool = False,
-    trust: bool = False,
+    trust_checkpoint: bool = False,
     force: bool = False,
     sample_shape: Sequence[int] | None = None,
 ) -> dict[str, Any]:
@@ -437,10 +433,10 @@ def convert_saved_model(
             "convert the torchkit checkpoint it was exported from, then export again",
         )
     check_outputs(src, destination, force=force)
-    loaded = read_model_file(src, trust=trust)
+    loaded = read_model_file(src, trust_checkpoint=trust_checkpoint)
     to = "bn" if revert else "sync"
     if is_torchkit_checkpoint(loaded):
-        model = model_from_checkpoint(loaded, trust=trust, source=str(src))
+        model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=str(src))
         model, rows = convert_batchnorm(model, to="sync")
         if revert:
             model, rows = convert_batchnorm(model, to="bn")
@@ -464,7 +460,8 @@ def convert_saved_model(
             raise CheckpointError(f"{src} is neither a torchkit checkpoint nor a pickled model")
         example = None
         if sample_shape:
-            from torchkit.core.summary.counting import make_inputs, model_device, model_dtype
+            from torchkit.core.models.inputs import make_inputs
+            from torchkit.core.summary.counting import model_device, model_dtype
 
             example = make_inputs([(1, *sample_shape)], model_dtype(module), model_device(module))
         converted, rows = convert_batchnorm(module, to=to, example_inputs=example)

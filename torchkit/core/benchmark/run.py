@@ -31,11 +31,11 @@ from torchkit.core.benchmark.steps import (
     MODES,
     StepSettings,
     make_infer_step,
-    make_inputs,
     make_train_step,
 )
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
 from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.models.inputs import make_inputs
 from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
@@ -70,7 +70,7 @@ class BenchmarkOptions:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     num_classes: int | None = None
     weights: str | None = None
-    trust: bool = False
+    trust_checkpoint: bool = False
     modes: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -154,25 +154,24 @@ def run_benchmark(
     """Benchmark the model `spec` names (any spec of `resolve_model`). `search_progress` hears
     of each `--find-batch-size` trial before it runs."""
     from torchkit.core.device import resolve_amp_dtype, select_device
-    from torchkit.core.models import resolve_model
+    from torchkit.core.models import ModelSpec, resolve_spec
 
     limit = check_options(options)
     device = select_device(options.device)
     amp_dtype = resolve_amp_dtype(options.amp_dtype, device) if options.amp else None
     sample = tuple(options.input_size) if options.input_size else None
-    image_size = in_channels = None
-    if sample is not None and len(sample) == 3:
-        in_channels, image_size = sample[0], sample[1:]
-    resolved = resolve_model(
-        spec,
+    model_spec = ModelSpec(
+        model=spec,
         weights=options.weights,
-        trust=options.trust,
+        trust_checkpoint=options.trust_checkpoint,
         num_classes=options.num_classes,
-        image_size=image_size,
-        in_channels=in_channels,
-        new_head=True,  # --num-classes sizes the head as fine-tuning would
-        exported="module",
+        sample_shape=sample,
+    )
+    resolved = resolve_spec(
+        model_spec,
         command="benchmark",
+        exported="module",
+        new_head=True,  # --num-classes sizes the head as fine-tuning would
     )
     if sample is None:
         sample = resolved.sample_shape
@@ -394,7 +393,10 @@ class _Context:
             # A fresh compilation per configuration, made during its warm-up: the graphs of
             # earlier ones would otherwise fill dynamo's cache until it falls back to eager.
             torch.compiler.reset()
-        images = make_inputs((batch, *self.sample), self.settings)
+        settings = self.settings
+        (images,) = make_inputs(
+            [(batch, *self.sample)], device=settings.device, channels_last=settings.channels_last
+        )
         if mode == "infer":
             return make_infer_step(self.model, images, self.settings), lambda: None
         train = make_train_step(self.model, images, self.settings)

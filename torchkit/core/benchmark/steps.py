@@ -12,9 +12,11 @@ model, not the data pipeline.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from torchkit.core.models.inputs import iter_tensors
 
 MODES = ("infer", "train")
 SGD_LR = 1e-4
@@ -26,18 +28,6 @@ class StepSettings:
     device: Any  # torch.device
     amp_dtype: Any = None  # a torch dtype under --amp, else None
     channels_last: bool = False
-
-
-def make_inputs(shape: Sequence[int], settings: StepSettings, seed: int = 0) -> Any:
-    """A random batch of `shape` on the device (channels-last when asked for), made from a
-    private generator so that the caller's random state is left alone."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    images = torch.rand(*shape, generator=generator).to(settings.device)
-    if settings.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    return images
 
 
 def _autocast(settings: StepSettings):
@@ -120,7 +110,7 @@ def training_loss(output: Any, batch: int, labels_for: Callable[[int], Any]) -> 
     import torch.nn.functional as F
 
     terms = []
-    for tensor in _tensors(output):
+    for tensor in iter_tensors(output):
         if not tensor.is_floating_point():
             continue
         if tensor.ndim == 2 and tensor.shape[0] == batch and tensor.shape[1] > 1:
@@ -135,16 +125,3 @@ def training_loss(output: Any, batch: int, labels_for: Callable[[int], Any]) -> 
             "benchmark it with --mode infer",
         )
     return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
-
-
-def _tensors(obj: Any) -> Iterator[Any]:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)

@@ -3,7 +3,8 @@
 from torchkit.core.evaluate.metrics import ClassificationMetrics, compute_metrics
 from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.runner import EvalOptions, evaluate
-from torchkit.core.evaluate.source import ModelSpec, load_eval_samples, parse_class_names
+from torchkit.core.evaluate.source import load_eval_samples, parse_class_names
+from torchkit.core.models.spec import ModelSpec
 
 __all__ = [
     "ClassificationMetrics",

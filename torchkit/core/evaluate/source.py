@@ -1,8 +1,9 @@
 """What `eval` evaluates: a model with its class names and preprocessing, and a set of images.
 
-The model is resolved as every command resolves one (`torchkit.core.models.resolve_model`): a
-torchkit checkpoint, a model name with `--weights DEFAULT|FILE`, a plain state dict with
-`--model NAME`, or a pickled `nn.Module` (trusted loading only).
+The model is a `ModelSpec`, resolved as every command resolves one
+(`torchkit.core.models.resolve_spec`): a torchkit checkpoint, a model name with
+`--weights DEFAULT|FILE`, a plain state dict with `--model NAME`, or a pickled `nn.Module`
+(trusted loading only).
 """
 
 from __future__ import annotations
@@ -14,27 +15,10 @@ from typing import Any
 
 from torchkit.core.data import Samples
 from torchkit.core.errors import InputError, UsageError
+from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 
 # Mode PIL converts images to for a given channel count.
 IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
-
-
-@dataclass
-class ModelSpec:
-    """The model as the user named it on the command line."""
-
-    checkpoint: str | None = None
-    model: str | None = None
-    num_classes: int | None = None
-    weights: str | None = None
-    classes: list[str] | None = None
-    image_size: int | None = None
-    resize_size: int | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    trust_checkpoint: bool = False
-    ema: bool = False
-    allow_untrained: bool = False  # run a model whose weights are random
 
 
 def parse_class_names(spec: str) -> list[str]:
@@ -51,69 +35,6 @@ def parse_class_names(spec: str) -> list[str]:
         duplicates = sorted({name for name in names if names.count(name) > 1})
         raise UsageError(f"--classes names {', '.join(duplicates[:5])} more than once")
     return names
-
-
-def resolve_eval_model(spec: ModelSpec, *, command: str = "eval"):
-    """The model `spec` names, through the one model resolver, with the preprocessing it comes
-    with changed by `--image-size/--resize-size/--mean/--std`.
-
-    `CHECKPOINT` may be a model file or a model name; `--model NAME` with a file is the older
-    spelling of `NAME --weights FILE` (a plain state dict needs it to say its architecture).
-    """
-    from torchkit.core.models import resolve_model
-    from torchkit.core.preprocessing import apply_overrides
-
-    model, weights = _model_and_weights(spec)
-    resolved = resolve_model(
-        model,
-        weights=weights,
-        num_classes=spec.num_classes,
-        classes=spec.classes,
-        trust=spec.trust_checkpoint,
-        image_size=spec.image_size,
-        ema=spec.ema,
-        exported="runtime",
-        command=command,
-        require_trained=not spec.allow_untrained,
-    )
-    resolved.preprocess = apply_overrides(
-        resolved.preprocess,
-        image_size=spec.image_size,
-        resize_size=spec.resize_size,
-        mean=spec.mean,
-        std=spec.std,
-    )
-    # The options were checked above: what is still unusable came with the model (a std of 0
-    # would make every image "unreadable", a mean too long a shape error mid-output).
-    from_weights = weights is not None and resolved.preprocess_source == "checkpoint"
-    resolved.preprocess.check(weights if from_weights else model)
-    return resolved
-
-
-def _model_and_weights(spec: ModelSpec) -> tuple[str, str | None]:
-    """(MODEL, --weights) for the resolver from eval's CHECKPOINT/--model/--weights."""
-    from torchkit.core.models import is_model_file
-
-    checkpoint, model, weights = spec.checkpoint, spec.model, spec.weights
-    if checkpoint is None:
-        if model is None:
-            raise UsageError(
-                "nothing to evaluate",
-                "give a MODEL: a checkpoint, or a model NAME with --weights DEFAULT|FILE",
-            )
-        return model, weights
-    if not is_model_file(checkpoint):  # a model name given as CHECKPOINT
-        if model is not None and model != checkpoint:
-            raise UsageError(f"MODEL {checkpoint} contradicts --model {model}", "drop --model")
-        return checkpoint, weights
-    if weights is not None:
-        raise UsageError(
-            "give either a model file or --weights, not both",
-            "--weights goes with a model name: NAME --weights DEFAULT or NAME --weights FILE",
-        )
-    if model is not None:
-        return model, checkpoint  # `FILE --model NAME`: NAME --weights FILE
-    return checkpoint, None
 
 
 @dataclass
@@ -169,13 +90,14 @@ def recorded_data(spec: ModelSpec) -> tuple[str, str]:
     missing = UsageError(
         "--data is missing", "give the images to score: --data FOLDER, a CSV index or digits"
     )
-    model, weights = _model_and_weights(spec)  # "nothing to evaluate" comes first
+    model, weights = spec.named()  # "nothing to evaluate" comes first
+    refuse_weights_with_file(model, weights)
     path = weights or model
     if not path or not is_model_file(path) or not os.path.isfile(path):
         raise missing
     if exported_format_of(path) is not None:
         raise missing
-    loaded = read_model_file(path, trust=spec.trust_checkpoint)
+    loaded = read_model_file(path, trust_checkpoint=spec.trust_checkpoint)
     record = loaded.get("data") if is_torchkit_checkpoint(loaded) else None
     if not isinstance(record, Mapping) or not record.get("kind"):
         raise UsageError(

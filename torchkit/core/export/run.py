@@ -52,7 +52,7 @@ class ExportRequest:
     to: str | None = None  # onnx | torchscript | exported-program; default: OUT's extension
     weights: str | None = None
     num_classes: int | None = None
-    trust: bool = False
+    trust_checkpoint: bool = False
     ema: bool = False
     image_size: int | None = None  # default: the model's (checkpoint, weights, builder)
     batch_size: int = 1
@@ -141,7 +141,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     """Export, verify and write; see the module's docstring for the order of things."""
     import torch
 
-    from torchkit.core.models import resolve_model
+    from torchkit.core.models import ModelSpec, resolve_spec
 
     started = time.perf_counter()
     fmt = fm.choose_format(request.out, request.to)
@@ -155,15 +155,15 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     target = _check_out(request.out, model_inputs(request.model, request.weights), request.force)
     step = _stepper(progress)
 
-    resolved = resolve_model(
-        request.model,
+    spec = ModelSpec(
+        model=request.model,
         weights=request.weights,
+        trust_checkpoint=request.trust_checkpoint,
         num_classes=request.num_classes,
-        trust=request.trust,
-        image_size=request.image_size,
         ema=request.ema,
-        command="export",
+        image_size=request.image_size,
     )
+    resolved = resolve_spec(spec, command="export")
     model = resolved.model.to("cpu").float().eval()
     arch = resolved.arch
     # A callable may load trained weights itself: only known random weights are reported.
@@ -251,16 +251,15 @@ def _stepper(progress: Progress | None) -> Callable[[], None]:
 
 
 def _input_of(resolved: Any, image_size: int | None) -> tuple[Any, tuple[int, ...]]:
-    """The preprocessing stored with the export and one sample's input shape (C, H, W):
-    --image-size, else the model's own size (its checkpoint's, its builder's)."""
+    """The preprocessing stored with the export (--image-size applied by `resolve_spec`) and one
+    sample's input shape (C, H, W): --image-size, else the model's own size (its checkpoint's,
+    its builder's)."""
     from torchkit.core.models.resolver import plain_preprocess, stem_channels
-    from torchkit.core.preprocessing import apply_overrides
 
     preprocess = resolved.preprocess or plain_preprocess(stem_channels(resolved.model))
     known = tuple(resolved.sample_shape) if resolved.sample_shape else None
     channels = known[0] if known else preprocess.in_channels
     if image_size is not None:
-        preprocess = apply_overrides(preprocess, image_size=image_size)
         return preprocess, (channels, image_size, image_size)
     if known is not None and len(known) == 3:
         return preprocess, known

@@ -31,9 +31,8 @@ from torchkit.core.features.store import (
     known_files,
 )
 from torchkit.core.files import require_input
-from torchkit.core.models import resolve_model
+from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.outputs import InputPath, OutputFolder, data_inputs
-from torchkit.core.preprocessing import apply_overrides
 from torchkit.core.progress import Progress
 
 logger = logging.getLogger("torchkit")
@@ -122,14 +121,11 @@ def list_layers(
     image_size: int | None = None,
 ) -> LayerListing:
     """The layer names of MODEL (and the aliases), with per-image output shapes."""
-    source = resolve_model(
-        model,
-        weights=weights,
-        trust=trust_checkpoint,
-        image_size=image_size,
-        command="extract-features",
+    spec = ModelSpec(
+        model=model, weights=weights, trust_checkpoint=trust_checkpoint, image_size=image_size
     )
-    preprocess = apply_overrides(source.preprocess, image_size=image_size)
+    source = resolve_spec(spec, command="extract-features")
+    preprocess = source.preprocess
     graph = LayerGraph(source.model, arch=source.arch)
     rows = graph.describe(preprocess.image_size, preprocess.in_channels)
     return LayerListing(source.arch, preprocess.image_size, graph.traced, rows)
@@ -206,13 +202,16 @@ def _extract(
     # the caller's RNG state is left as it was.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(request.seed)
-        source = resolve_model(
-            request.model,
+        spec = ModelSpec(
+            model=request.model,
             weights=request.weights,
-            trust=request.trust_checkpoint,
+            trust_checkpoint=request.trust_checkpoint,
             image_size=request.image_size,
-            command="extract-features",
+            resize_size=request.resize_size,
+            mean=request.mean,
+            std=request.std,
         )
+        source = resolve_spec(spec, command="extract-features")
     data = open_data(require_input(request.images, what="IMAGES"), allow_unlabelled=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.
     recorded = source.checkpoint.get("data") if source.checkpoint else None  # a held-out val
@@ -220,13 +219,7 @@ def _extract(
     for note in notes:
         logger.info("%s", note)
     request.root = data.root
-    preprocess = apply_overrides(
-        source.preprocess,
-        image_size=request.image_size,
-        resize_size=request.resize_size,
-        mean=request.mean,
-        std=request.std,
-    )
+    preprocess = source.preprocess
     graph = LayerGraph(source.model, arch=source.arch)
     layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
     device = select_device(request.device)

@@ -1,7 +1,9 @@
 """Models: one resolver (`resolve_model`) from a spec to a model, with small modules for each job:
 `builders` (names to architectures), `convnet`, `usercode` (`package.module:Callable`),
 `timm_models` (`timm/NAME`, the optional timm extra),
-`weights` (reading model files), `heads` (the classifier layer) and `specs` (what a spec reads)."""
+`weights` (reading model files), `heads` (the classifier layer), `specs` (what a spec reads),
+`spec` (a model as a command names it, resolved with its preprocessing options) and `inputs`
+(inputs made up for a model)."""
 
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
@@ -14,12 +16,14 @@ from torchkit.core.models.builders import (
 )
 from torchkit.core.models.heads import find_head, replace_head
 from torchkit.core.models.resolver import ResolvedModel, exported_format_of, resolve_model
+from torchkit.core.models.spec import ModelSpec, resolve_spec
 from torchkit.core.models.specs import is_model_file, model_inputs
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import pickled_module
 
 __all__ = [
     "BUILTIN_MODELS",
+    "ModelSpec",
     "ResolvedModel",
     "build_model",
     "call_model_factory",
@@ -34,5 +38,6 @@ __all__ = [
     "pickled_module",
     "replace_head",
     "resolve_model",
+    "resolve_spec",
     "suggest",
 ]

@@ -72,7 +72,7 @@ def build_model(
     weights: str | None = None,
     image_size: int | tuple[int, int] = 224,
     in_channels: int = 3,
-    trust: bool = False,
+    trust_checkpoint: bool = False,
 ):
     """Build `name` with a head of `num_classes` outputs.
 
@@ -84,17 +84,21 @@ def build_model(
         side = image_size if isinstance(image_size, int) else image_size[-1]
         model = convnet_class()(num_classes, in_channels, side)
         if weights not in (None, ""):
-            load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+            load_weights_file(
+                model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint
+            )
         return model
     if is_callable_spec(name):
         model, took_classes = call_model_factory(name, num_classes=num_classes)
         if not took_classes:
             replace_head(model, num_classes)
         if weights:
-            load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+            load_weights_file(
+                model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint
+            )
         return model
     if is_timm_spec(name):
-        return _build_timm(name, num_classes, weights, image_size, in_channels, trust)
+        return _build_timm(name, num_classes, weights, image_size, in_channels, trust_checkpoint)
     require_torchvision_name(name)
     if weights is None or weights == "":
         return torchvision_random(name, num_classes, image_size)
@@ -107,27 +111,27 @@ def build_model(
     import torchvision
 
     model = torchvision.models.get_model(name, weights=None)
-    load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+    load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
 
 def model_from_checkpoint(
-    checkpoint: Mapping[str, Any], *, trust: bool = False, source: str = "the checkpoint"
+    checkpoint: Mapping[str, Any], *, trust_checkpoint: bool = False, source: str = "the checkpoint"
 ):
     """Rebuild the model a torchkit checkpoint was trained with and load its weights. An `arch`
-    that names code (`package.module:Callable`) is imported only with `trust`: a file never
-    chooses what runs without the user's say."""
+    that names code (`package.module:Callable`) is imported only with `trust_checkpoint`: a file
+    never chooses what runs without the user's say."""
     from torchkit.core.checkpoint import extract_state_dict, load_weights_into
 
     arch, num_classes = checkpoint_arch(checkpoint, source)
-    require_trusted_arch(arch, source, trust)
+    require_trusted_arch(arch, source, trust_checkpoint)
     preprocess = checkpoint.get("preprocess") or {}
     model = build_model(
         arch,
         num_classes,
         image_size=int(preprocess.get("image_size", 224)),
         in_channels=int(preprocess.get("in_channels", 3)),
-        trust=trust,
+        trust_checkpoint=trust_checkpoint,
     )
     load_weights_into(model, extract_state_dict(checkpoint), source=f"the {arch} checkpoint")
     return model
@@ -139,7 +143,7 @@ def _build_timm(
     weights: str | None,
     image_size: int | tuple[int, int],
     in_channels: int,
-    trust: bool,
+    trust_checkpoint: bool,
 ):
     """A timm model built as `resolve_model` builds it for the same image size and channels
     (so a checkpoint's weights fit the model rebuilt from its `arch`)."""
@@ -154,7 +158,7 @@ def _build_timm(
         replace_head(model, num_classes)
         return model
     model = create_timm_model(spec, image_size=image_size, in_channels=in_channels)
-    load_weights_file(model, weights, num_classes=num_classes, trust=trust)
+    load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
 

@@ -2,9 +2,9 @@
 
 A spec is a torchvision name, `convnet`, `package.module:Callable`, a timm model `timm/NAME`
 (the optional extra), or a model file (a torchkit checkpoint, or a pickled module under
-`trust`). `--weights` goes with a name: torchvision's `DEFAULT`/`IMAGENET1K_V1`..., timm's
-`DEFAULT` or a timm pretrained tag, or a file (torchkit checkpoint, state dict with or without
-`module.`/`_orig_mod.`, `.safetensors`) whose classifier sizes the head.
+`trust_checkpoint`). `--weights` goes with a name: torchvision's `DEFAULT`/`IMAGENET1K_V1`...,
+timm's `DEFAULT` or a timm pretrained tag, or a file (torchkit checkpoint, state dict with or
+without `module.`/`_orig_mod.`, `.safetensors`) whose classifier sizes the head.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def resolve_model(
     weights: str | None = None,
     num_classes: int | None = None,
     classes: Sequence[str] | None = None,
-    trust: bool = False,
+    trust_checkpoint: bool = False,
     image_size: int | Sequence[int] | None = None,
     in_channels: int | None = None,
     new_head: bool = False,
@@ -120,7 +120,8 @@ def resolve_model(
     weights the head is the one they have (a fine-tuned 2-class file gives 2 outputs).
     `image_size` (an int or H, W) and `in_channels` size the models whose layers depend on them
     (`convnet`, ViT, MaxViT) when they are built with random weights, and timm models however
-    they are built. `trust` allows pickles in every file loaded (MODEL and `weights`).
+    they are built. `trust_checkpoint` allows pickles in every file loaded (MODEL and
+    `weights`).
 
     When weights fix the number of outputs and `num_classes` differs, `new_head` swaps in a
     fresh head of that size (fine-tuning, as `train` does); without it that is an error, since
@@ -130,10 +131,10 @@ def resolve_model(
     A file `torchkit export` wrote (ONNX, TorchScript, torch.export) is taken as `exported`
     says: "runtime" (a module that runs it in its own runtime on the CPU: predict, eval),
     "module" (TorchScript as the ScriptModule it holds, others refused: summary, benchmark),
-    or "refuse" (one error that names `command`). TorchScript and
-    torch.export run code from the file, so they need `trust`, as do pickles and the
-    `package.module:Callable` a checkpoint names. `require_trained` refuses a model whose
-    weights are random (no weights file, no pretrained weights): predict and eval.
+    or "refuse" (one error that names `command`). TorchScript and torch.export run code from
+    the file, so they need `trust_checkpoint`, as do pickles and the `package.module:Callable` a
+    checkpoint names. `require_trained` refuses a model whose weights are random (no weights
+    file, no pretrained weights): predict and eval.
     """
     if exported not in EXPORTED_USES:
         raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
@@ -150,23 +151,29 @@ def resolve_model(
         if fmt is not None:
             if ema:
                 raise UsageError(f"--ema needs a torchkit checkpoint; {spec} is not one")
-            resolved = _from_exported(spec, fmt, trust=trust, use=exported, command=command)
+            resolved = _from_exported(
+                spec, fmt, trust_checkpoint=trust_checkpoint, use=exported, command=command
+            )
         else:
-            resolved = _from_file(spec, trust=trust, ema=ema)
+            resolved = _from_file(spec, trust_checkpoint=trust_checkpoint, ema=ema)
     else:
         # The head follows the weights when there are any; num_classes is applied below.
         build_classes = num_classes if weights is None else None
         if is_callable_spec(spec):
             resolved = _from_callable(spec, build_classes)
         elif spec in BUILTIN_MODELS:
-            channels = in_channels or (_weights_channels(weights, trust) if weights else None)
+            channels = in_channels or (
+                _weights_channels(weights, trust_checkpoint) if weights else None
+            )
             resolved = _from_convnet(spec, build_classes, image_size, channels)
         elif is_timm_spec(spec):
-            resolved = _from_timm(spec, build_classes, weights, image_size, in_channels, trust)
+            resolved = _from_timm(
+                spec, build_classes, weights, image_size, in_channels, trust_checkpoint
+            )
         else:
             resolved = _from_torchvision(spec, build_classes, weights, image_size)
         if weights is not None and resolved.weights_source is None:
-            _load_file_weights(resolved, weights, trust, ema=ema)
+            _load_file_weights(resolved, weights, trust_checkpoint, ema=ema)
         elif ema:
             raise UsageError("--ema needs a torchkit checkpoint", "drop --ema")
     if require_trained and resolved.weights_source is None:
@@ -205,7 +212,9 @@ def untrained_error(spec: str, source: str) -> UsageError:
     )
 
 
-def _from_exported(path: str, fmt: str, *, trust: bool, use: str, command: str) -> ResolvedModel:
+def _from_exported(
+    path: str, fmt: str, *, trust_checkpoint: bool, use: str, command: str
+) -> ResolvedModel:
     """A file `torchkit export` wrote, with the classes and preprocessing stored in it."""
     title = EXPORTED_TITLES[fmt]
     if use == "refuse" or (use == "module" and fmt != TORCHSCRIPT):
@@ -213,7 +222,7 @@ def _from_exported(path: str, fmt: str, *, trust: bool, use: str, command: str) 
             f"{path} is {title}, which {command} cannot take",
             "give the torchkit checkpoint it was exported from",
         )
-    if fmt != ONNX and not trust:
+    if fmt != ONNX and not trust_checkpoint:
         raise CheckpointError(
             f"{path} is {title}, whose code runs when it is loaded",
             "pass --trust-checkpoint to load it, only if you trust where it came from; "
@@ -270,12 +279,12 @@ def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, in
     return size_pair(image_size) or (default, default)
 
 
-def _from_file(path: str, *, trust: bool, ema: bool) -> ResolvedModel:
+def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel:
     from torchkit.core.checkpoint import is_torchkit_checkpoint
 
-    loaded = read_model_file(path, trust=trust)
+    loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     if is_torchkit_checkpoint(loaded):
-        model = model_from_checkpoint(loaded, trust=trust, source=path)
+        model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=path)
         if ema:
             _load_ema(model, loaded, path)
         preprocess = Preprocess.from_dict(loaded.get("preprocess"))
@@ -334,7 +343,7 @@ def _from_convnet(
     )
 
 
-def _weights_channels(path: str, trust: bool) -> int | None:
+def _weights_channels(path: str, trust_checkpoint: bool) -> int | None:
     """Input channels of the weights in `path` (dim 1 of the first 4-D weight: the stem), so a
     grayscale `convnet` file loads without saying --in-channels."""
     from torchkit.core.checkpoint import extract_state_dict
@@ -342,7 +351,7 @@ def _weights_channels(path: str, trust: bool) -> int | None:
     if not os.path.isfile(path):
         return None
     try:
-        state = extract_state_dict(read_model_file(path, trust=trust))
+        state = extract_state_dict(read_model_file(path, trust_checkpoint=trust_checkpoint))
     except (CheckpointError, UsageError):
         return None  # reported properly when the weights are loaded
     return _stem_channels_of(state)
@@ -390,7 +399,7 @@ def _from_timm(
     weights: str | None,
     image_size: int | Sequence[int] | None,
     in_channels: int | None,
-    trust: bool,
+    trust_checkpoint: bool,
 ) -> ResolvedModel:
     """`timm/NAME[.TAG]`: random weights (offline), timm's pretrained ones (`DEFAULT` or a
     tag), or a file's, loaded after this returns. A torchkit checkpoint as the file says the
@@ -398,7 +407,7 @@ def _from_timm(
     pretrained = weights is not None and not os.path.exists(weights)
     pretrained = pretrained and not is_checkpoint_path(weights)
     if weights is not None and not pretrained and (image_size is None or in_channels is None):
-        recorded_size, recorded_channels = _weights_input(weights, trust)
+        recorded_size, recorded_channels = _weights_input(weights, trust_checkpoint)
         image_size = image_size or recorded_size
         in_channels = in_channels or recorded_channels
     if pretrained:
@@ -420,7 +429,7 @@ def _from_timm(
     )
 
 
-def _weights_input(path: str, trust: bool) -> tuple[int | None, int | None]:
+def _weights_input(path: str, trust_checkpoint: bool) -> tuple[int | None, int | None]:
     """(image size, input channels) of the weights in `path`: those a torchkit checkpoint's
     preprocessing records, else (None, the stem's channels); Nones when unknown."""
     from torchkit.core.checkpoint import extract_state_dict, is_torchkit_checkpoint
@@ -428,7 +437,7 @@ def _weights_input(path: str, trust: bool) -> tuple[int | None, int | None]:
     if not os.path.isfile(path):
         return None, None
     try:
-        loaded = read_model_file(path, trust=trust)
+        loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
         if is_torchkit_checkpoint(loaded) and loaded.get("preprocess"):
             preprocess = Preprocess.from_dict(loaded["preprocess"])
             return preprocess.image_size, preprocess.in_channels
@@ -464,7 +473,9 @@ def _torchvision_pretrained(name: str, weights: str, enum):
     )
 
 
-def _load_file_weights(resolved: ResolvedModel, path: str, trust: bool, *, ema: bool) -> None:
+def _load_file_weights(
+    resolved: ResolvedModel, path: str, trust_checkpoint: bool, *, ema: bool
+) -> None:
     """Load a weights file into `resolved.model` (its head sized from the file), taking the
     classes and preprocessing of a torchkit checkpoint along."""
     from torchkit.core.checkpoint import is_torchkit_checkpoint
@@ -483,7 +494,7 @@ def _load_file_weights(resolved: ResolvedModel, path: str, trust: bool, *, ema: 
             f"pass {path} alone as MODEL where a command takes exported files (predict, eval), "
             "or give the checkpoint it was exported from",
         )
-    loaded = read_model_file(path, trust=trust)
+    loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     torchkit_file = is_torchkit_checkpoint(loaded)
     if torchkit_file and not _same_architecture(str(loaded.get("arch")), resolved.arch):
         raise UsageError(

@@ -1,4 +1,4 @@
-"""timm models, the optional `torchkit[timm]` extra: `timm/NAME` (or `timm/NAME.TAG`, a timm
+"""timm models, torchkit's optional `timm` extra: `timm/NAME` (or `timm/NAME.TAG`, a timm
 pretrained tag) built offline with random weights, or with timm's pretrained weights from the
 Hugging Face Hub (downloaded once, then read from the cache).
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchkit.core.data import INTERPOLATIONS, Preprocess
-from torchkit.core.errors import OfflineError, TorchkitError, UsageError, first_line
+from torchkit.core.errors import OfflineError, UsageError, first_line
 
 TIMM_PREFIX = "timm/"
 DEFAULT_WEIGHTS = "DEFAULT"
@@ -22,14 +22,10 @@ DEFAULT_WEIGHTS = "DEFAULT"
 
 def import_timm():
     """The timm package, or a one-line error saying how to install the extra."""
-    try:
-        import timm
-        import timm.data
-    except ImportError as error:
-        raise TorchkitError(
-            "timm/ models need the timm package, which is not installed",
-            "install the extra: uv sync --extra timm, or pip install 'torchkit[timm]'",
-        ) from error
+    from torchkit.core.extras import import_extra
+
+    timm = import_extra("timm", "timm", "a timm/ model")
+    import_extra("timm.data", "timm", "a timm/ model")
     return timm
 
 

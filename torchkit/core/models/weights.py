@@ -11,15 +11,15 @@ from torchkit.core.models.heads import find_head, fit_head_to, out_features, rep
 from torchkit.core.models.usercode import is_callable_spec, user_code
 
 
-def read_model_file(path: str, *, trust: bool = False) -> Any:
+def read_model_file(path: str, *, trust_checkpoint: bool = False) -> Any:
     """What `path` holds, loaded on the CPU. A trusted pickle may import the user's classes: the
     working directory is importable and their prints go to stderr."""
     from torchkit.core.checkpoint import load_checkpoint
 
-    if not trust:
+    if not trust_checkpoint:
         return load_checkpoint(path)
     with user_code():
-        return load_checkpoint(path, trust=True)
+        return load_checkpoint(path, trust_checkpoint=True)
 
 
 def load_weights_file(
@@ -27,7 +27,7 @@ def load_weights_file(
     path: str,
     *,
     num_classes: int | None = None,
-    trust: bool = False,
+    trust_checkpoint: bool = False,
     loaded: Any = None,
 ) -> Any:
     """Load the weights in `path` (or what was already `loaded` from it) into `model`, the head
@@ -36,7 +36,7 @@ def load_weights_file(
     from torchkit.core.checkpoint import extract_state_dict, load_weights_into
 
     if loaded is None:
-        loaded = read_model_file(path, trust=trust)
+        loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     state = extract_state_dict(loaded)
     fit_head_to(model, state)
     load_weights_into(model, state, source=path)
@@ -61,9 +61,10 @@ def checkpoint_arch(checkpoint: Mapping[str, Any], source: str) -> tuple[str, in
     return arch, num_classes
 
 
-def require_trusted_arch(arch: str, source: str, trust: bool) -> None:
-    """Refuse, without `trust`, an architecture a file names that would import the user's code."""
-    if is_callable_spec(arch) and not trust:
+def require_trusted_arch(arch: str, source: str, trust_checkpoint: bool) -> None:
+    """Refuse, without `trust_checkpoint`, an architecture a file names that would import the
+    user's code."""
+    if is_callable_spec(arch) and not trust_checkpoint:
         raise CheckpointError(
             f"{source} names the model code {arch!r}, which would be imported and run to "
             "build the model",

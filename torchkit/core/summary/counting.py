@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchkit.core.errors import TorchkitError, UsageError, first_line
+from torchkit.core.models.inputs import iter_tensors, make_inputs
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte
 # torch counts a tensor's elements in a signed 64-bit integer: no tensor holds more.
@@ -122,20 +123,6 @@ class ModelSummary:
 # --- shapes --------------------------------------------------------------------------------
 
 
-def _tensors(obj: Any) -> Iterator[Any]:
-    """Every tensor in a (nested) tuple, list or dict."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)
-
-
 def shape_of(obj: Any) -> Any:
     """Shapes, nested as the value is: a tensor gives [N, C, H, W], a tuple or list of tensors a
     list of those, a dict a dict of them; anything else its type name."""
@@ -153,7 +140,7 @@ def shape_of(obj: Any) -> Any:
 
 
 def _call_inputs(args: tuple, kwargs: dict) -> Any:
-    tensor_kwargs = {k: v for k, v in kwargs.items() if any(True for _ in _tensors(v))}
+    tensor_kwargs = {k: v for k, v in kwargs.items() if any(True for _ in iter_tensors(v))}
     if len(args) == 1 and not tensor_kwargs:
         return args[0]
     if tensor_kwargs:
@@ -172,7 +159,7 @@ def leaf_mult_adds(module: Any, output: Any, used: set[int] | None = None) -> in
     returns its input, a bias it skips) adds nothing. None: every parameter counts."""
     from torch import nn
 
-    first = next(_tensors(output), None)
+    first = next(iter_tensors(output), None)
     if first is None:
         return 0
     shape = list(first.shape)
@@ -229,10 +216,10 @@ def _storage_key(tensor: Any) -> int:
 def _new_output_bytes(args: tuple, output: Any) -> int:
     """Bytes of the output tensors that do not share memory with the inputs (an in-place
     ReLU or a view like Flatten allocates nothing)."""
-    inputs = {_storage_key(t) for t in _tensors(args)}
+    inputs = {_storage_key(t) for t in iter_tensors(args)}
     seen: set[int] = set()
     total = 0
-    for tensor in _tensors(output):
+    for tensor in iter_tensors(output):
         key = _storage_key(tensor)
         if key in inputs or key in seen:
             continue
@@ -257,28 +244,6 @@ def model_dtype(model: Any):
         if tensor.is_floating_point():
             return tensor.dtype
     return torch.float32
-
-
-def make_inputs(
-    shapes: Sequence[Sequence[int]], dtype: Any, device: Any, dtypes: Sequence[Any] | None = None
-) -> list[Any]:
-    """Random inputs (uniform in [0, 1), zeros for integer and bool dtypes) from a private
-    generator, so the caller's random state is left alone. `dtypes`: one per shape, else
-    `dtype` for all."""
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    inputs = []
-    for index, shape in enumerate(shapes):
-        if any(int(n) <= 0 for n in shape):
-            raise UsageError(f"input size {tuple(shape)} has a dimension that is not positive")
-        kind = dtypes[index] if dtypes is not None else dtype
-        if kind.is_floating_point:
-            tensor = torch.rand(tuple(shape), generator=generator).to(kind)
-        else:
-            tensor = torch.zeros(tuple(shape), dtype=kind)
-        inputs.append(tensor.to(device))
-    return inputs
 
 
 class _Recorder:

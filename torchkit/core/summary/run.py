@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.errors import UsageError
-from torchkit.core.models import model_inputs, resolve_model
+from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS
 from torchkit.core.summary.counting import (
     SCRIPT_NOTE,
@@ -154,7 +154,7 @@ def summarize_model(
     batch_size: int | None = None,
     num_classes: int | None = None,
     weights: str | None = None,
-    trust: bool = False,
+    trust_checkpoint: bool = False,
     dtype: str | None = None,
     device: str = "cpu",
     count_flops: bool = True,
@@ -180,22 +180,21 @@ def summarize_model(
     sample = first[1:] if batched else first
     if progress is not None:
         progress("building the model")
-    image_size = in_channels = None
     if sample is not None and spec in BUILTIN_MODELS:
         _require_image_shape(sample, spec)
-    if sample is not None and len(sample) == 3:
-        in_channels, image_size = sample[0], sample[1:]
+    named = ModelSpec(
+        model=spec,
+        weights=weights,
+        trust_checkpoint=trust_checkpoint,
+        num_classes=num_classes,
+        sample_shape=None if sample is None else tuple(sample),
+    )
     with _sized_by_input(spec, sample):
-        loaded = resolve_model(
-            spec,
-            num_classes=num_classes,
-            weights=weights,
-            trust=trust,
-            image_size=image_size,
-            in_channels=in_channels,
-            new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
-            exported="module",
+        loaded = resolve_spec(
+            named,
             command="summary",
+            exported="module",
+            new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
         )
     notes = []
     if not args and not params_only:

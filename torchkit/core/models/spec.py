@@ -1,0 +1,124 @@
+"""A model as a command names it, and the one function that resolves it.
+
+`ModelSpec` holds what the command line says about the model: MODEL (a name or a model file),
+`--weights`, `--trust-checkpoint`, the head (`--num-classes`, `--classes`), `--ema`, and the
+preprocessing options on top of what the model comes with (`--image-size`, `--resize-size`,
+`--mean`, `--std`). `resolve_spec` turns it into a model through the one model resolver
+(`resolve_model`) and applies those options, so every command gives one spec one meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchkit.core.errors import UsageError
+from torchkit.core.models.resolver import ResolvedModel, resolve_model
+from torchkit.core.models.specs import is_model_file
+
+
+@dataclass
+class ModelSpec:
+    """The model as the user named it on the command line."""
+
+    model: str | None = None  # MODEL: a model name or a model file
+    # eval's --model: the architecture of a weights file given as MODEL (`FILE --model NAME`,
+    # the older spelling of `NAME --weights FILE`), or the model when MODEL is left out.
+    arch: str | None = None
+    weights: str | None = None
+    trust_checkpoint: bool = False
+    num_classes: int | None = None
+    classes: list[str] | None = None
+    ema: bool = False
+    allow_untrained: bool = False  # run a model whose weights are random
+    # Preprocessing on top of the model's own (and the size a model built here is made for).
+    image_size: int | None = None
+    resize_size: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    # One sample's input (C, H, W) that sizes a model built here (convnet, ViT, timm models):
+    # summary's and benchmark's --input-size.
+    sample_shape: tuple[int, ...] | None = None
+
+    def named(self) -> tuple[str, str | None]:
+        """(MODEL, --weights) as the resolver takes them: `FILE --model NAME` is
+        `NAME --weights FILE`, and without MODEL, --model names the model."""
+        model, arch, weights = self.model, self.arch, self.weights
+        if model is None:
+            if arch is None:  # only eval lets MODEL be left out (for --model)
+                raise UsageError(
+                    "nothing to evaluate",
+                    "give a MODEL: a checkpoint, or a model NAME with --weights DEFAULT|FILE",
+                )
+            return arch, weights
+        if arch is None:
+            return model, weights
+        if not is_model_file(model):  # a model name given as MODEL
+            if arch != model:
+                raise UsageError(f"MODEL {model} contradicts --model {arch}", "drop --model")
+            return model, weights
+        refuse_weights_with_file(model, weights)
+        return arch, model
+
+
+def refuse_weights_with_file(model: str, weights: str | None) -> None:
+    """eval's and predict's words for a model file given with --weights (other commands leave
+    it to the resolver, which says it its own way)."""
+    if weights is not None and is_model_file(model):
+        raise UsageError(
+            "give either a model file or --weights, not both",
+            "--weights goes with a model name: NAME --weights DEFAULT or NAME --weights FILE",
+        )
+
+
+def resolve_spec(
+    spec: ModelSpec,
+    *,
+    command: str,
+    exported: str = "refuse",
+    new_head: bool = False,
+    predicting: bool = False,
+) -> ResolvedModel:
+    """The model `spec` names, through the one model resolver, with the preprocessing it comes
+    with changed by `--image-size/--resize-size/--mean/--std`.
+
+    `exported` and `new_head` are `resolve_model`'s. `predicting`: the command reports the
+    model's predictions (eval, predict), so random weights are refused unless
+    `spec.allow_untrained`, and preprocessing the model file records that no image could go
+    through is an error before any image is read.
+    """
+    from torchkit.core.preprocessing import apply_overrides
+
+    model, weights = spec.named()
+    if predicting:
+        refuse_weights_with_file(model, weights)
+    image_size, in_channels = spec.image_size, None
+    if spec.sample_shape is not None and len(spec.sample_shape) == 3:
+        in_channels, image_size = spec.sample_shape[0], tuple(spec.sample_shape[1:])
+    resolved = resolve_model(
+        model,
+        weights=weights,
+        num_classes=spec.num_classes,
+        classes=spec.classes,
+        trust_checkpoint=spec.trust_checkpoint,
+        image_size=image_size,
+        in_channels=in_channels,
+        new_head=new_head,
+        ema=spec.ema,
+        exported=exported,
+        command=command,
+        require_trained=predicting and not spec.allow_untrained,
+    )
+    if resolved.preprocess is not None:
+        resolved.preprocess = apply_overrides(
+            resolved.preprocess,
+            image_size=spec.image_size,
+            resize_size=spec.resize_size,
+            mean=spec.mean,
+            std=spec.std,
+        )
+    if predicting:
+        # The options were checked above: what is still unusable came with the model (a std of
+        # 0 would make every image "unreadable", a mean too long a shape error mid-output).
+        from_weights = weights is not None and resolved.preprocess_source == "checkpoint"
+        resolved.preprocess.check(weights if from_weights else model)
+    return resolved
