@@ -283,10 +283,10 @@ def fake_cuda(monkeypatch):
 
 def test_one_process_cuda_index_becomes_the_current_device(fake_cuda):
     from torchkit.core.device import select_device
-    from torchkit.core.evaluate.runner import setup_distributed
+    from torchkit.core.distributed import setup
 
-    ctx, device = setup_distributed("cuda:1")
-    assert (ctx.world_size, device) == (1, torch.device("cuda", 1))
+    ctx = setup("cuda:1")
+    assert (ctx.world_size, ctx.device) == (1, torch.device("cuda", 1))
     assert fake_cuda == [torch.device("cuda", 1)]  # cudnn handles, NCCL, current_device agree
     assert select_device("auto") == torch.device("cuda", 0)
     assert fake_cuda[-1] == torch.device("cuda", 0)
@@ -311,21 +311,21 @@ def fake_torchrun(monkeypatch, fake_cuda):
 
 @pytest.mark.parametrize("spec", ["cuda", "auto", " CUDA "])
 def test_torchrun_ranks_use_the_gpu_of_their_local_rank(fake_torchrun, fake_cuda, spec):
-    from torchkit.core.evaluate.runner import setup_distributed
+    from torchkit.core.distributed import setup
 
-    ctx, device = setup_distributed(spec)
-    assert (ctx.rank, ctx.world_size, ctx.owns_group) == (1, 2, True)
-    assert device == torch.device("cuda", 1)
+    ctx = setup(spec)
+    assert (ctx.rank, ctx.world_size, ctx.initialised_here) == (1, 2, True)
+    assert ctx.device == torch.device("cuda", 1)
     assert fake_cuda == [torch.device("cuda", 1)]
-    assert fake_torchrun == [{"backend": "nccl"}]
+    assert [kwargs["backend"] for kwargs in fake_torchrun] == ["nccl"]
 
 
 @pytest.mark.parametrize("spec", ["cuda:0", "cuda:1"])
 def test_torchrun_refuses_an_explicit_gpu_before_anything_starts(fake_torchrun, fake_cuda, spec):
-    from torchkit.core.evaluate.runner import setup_distributed
+    from torchkit.core.distributed import setup
 
     with pytest.raises(UsageError) as caught:
-        setup_distributed(spec)
+        setup(spec)
     assert str(caught.value) == (
         f"--device {spec} names one GPU, but under torchrun each of the 2 processes uses the "
         "GPU of its LOCAL_RANK (use --device cuda (or auto), and CUDA_VISIBLE_DEVICES to "
@@ -339,7 +339,7 @@ def test_train_takes_its_device_by_the_same_rule(fake_cuda, monkeypatch):
     takes cuda:LOCAL_RANK and an explicit GPU is refused before the group starts."""
     import torch.distributed as dist
 
-    from torchkit.core.train.distributed import setup
+    from torchkit.core.distributed import setup
 
     assert setup("cuda:1").device == torch.device("cuda", 1)
     assert fake_cuda == [torch.device("cuda", 1)]
@@ -358,30 +358,26 @@ def test_train_takes_its_device_by_the_same_rule(fake_cuda, monkeypatch):
 
 
 def test_torchrun_with_more_ranks_than_gpus_is_a_device_error(fake_torchrun, monkeypatch):
-    from torchkit.core.evaluate.runner import setup_distributed
+    from torchkit.core.distributed import setup
 
     monkeypatch.setenv("LOCAL_RANK", "2")
     with pytest.raises(DeviceError, match="started 3 processes on this node, one per GPU, but "):
-        setup_distributed("cuda")
+        setup("cuda")
     assert fake_torchrun == []
 
 
-@pytest.mark.parametrize("command", ["eval", "train"])
-def test_every_rank_stops_when_the_node_has_fewer_gpus_than_processes(
-    fake_torchrun, monkeypatch, command
-):
+def test_every_rank_stops_when_the_node_has_fewer_gpus_than_processes(fake_torchrun, monkeypatch):
     """Rank 0 of `torchrun --nproc_per_node=2` on a 1-GPU machine has a GPU of its own, but stops
     with the same error as rank 1 before any process group or collective: it used to wait in
     init_process_group until torchrun killed it."""
-    from torchkit.core.evaluate.runner import setup_distributed
-    from torchkit.core.train.distributed import setup
+    from torchkit.core.distributed import setup
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(DeviceError) as caught:
-        (setup_distributed if command == "eval" else setup)("cuda")
+        setup("cuda")  # (eval's, predict's and train's)
     assert str(caught.value) == (
         "torchrun started 2 processes on this node, one per GPU, but only 1 CUDA device(s) are "
         "visible (use --nproc_per_node no larger than the number of GPUs)"

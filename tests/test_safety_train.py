@@ -3,7 +3,8 @@ or lie inside an input (the data, a CSV index and its images, --weights, --stats
 it resumes); --force replaces only an earlier torchkit run, and only once the new run has saved
 its first checkpoint; SIGTERM is handled like Ctrl-C (exit 143, last.pt saved, workers stopped);
 a second run on the same folder is refused while the first runs; a full disk is one `Error:
-cannot write` line with the last good checkpoints intact. Every check is a real process."""
+cannot write` line with the last good checkpoints intact. Signals, locks held by a running
+train and full disks are real processes; refusals and finished runs run in this process."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from conftest import (
     error_line,
     hidden_siblings,
     processes_in_group,
-    run_together,
+    run_each_in_process,
+    run_torchkit_in_process,
     run_torchkit_process,
     start_torchkit_process,
     tree_digest,
@@ -98,7 +100,7 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
         ),
     ]
     before = tree_digest(world)
-    results = run_together(
+    results = run_each_in_process(
         [["train", *TINY, *args] for args, _, _ in cases], cwd=[cwd for _, cwd, _ in cases]
     )
     for (args, _, expected), result in zip(cases, results, strict=True):
@@ -111,7 +113,7 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
 def trained(tmp_path: Path) -> Path:
     """A finished one-epoch run in `runs/run`, on `ds`."""
     write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
-    done = run_torchkit_process(
+    done = run_torchkit_in_process(
         "train", *TINY, *DATA, "--epochs", "1", "--out", "runs/run", cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
@@ -128,7 +130,7 @@ def test_resume_never_overwrites_the_run_it_reads_and_continues_in_place(trained
         (["--resume", "runs/run/best.pt"], "would overwrite runs/run/last.pt"),
         (["--resume", "runs/run", "--out", "runs", "--force"], "contains the checkpoint to"),
     ]
-    results = run_together([["train", *args] for args, _ in cases], cwd=world)
+    results = run_each_in_process([["train", *args] for args, _ in cases], cwd=world)
     for (args, expected), result in zip(cases, results, strict=True):
         assert result.returncode == 1, (args, result.stderr)
         assert expected in error_line(result.stderr), args
@@ -137,7 +139,7 @@ def test_resume_never_overwrites_the_run_it_reads_and_continues_in_place(trained
     # --resume FILE --out ITS_FOLDER --force continues the run in place: --force has nothing to
     # replace, and the run's epochs so far are kept. A summary beside the run's files is fine.
     summary = trained / "summary.json"
-    done = run_torchkit_process(
+    done = run_torchkit_in_process(
         "train", "--resume", "runs/run/last.pt", "--out", "runs/run", "--force", "--epochs", "2",
         "--format", "json", "-o", str(summary), cwd=world,
     )  # fmt: skip
@@ -211,7 +213,7 @@ def test_sigterm_after_the_first_checkpoint_keeps_the_run_and_a_second_run_is_lo
     wait_until(gate.exists, process=first, what="the second epoch")
     assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 1
 
-    second = run_torchkit_process(*args, "--seed", "2", cwd=tmp_path)
+    second = run_torchkit_in_process(*args, "--seed", "2", cwd=tmp_path)  # not the lock holder
     assert second.returncode == 1, second.stderr
     line = error_line(second.stderr)
     assert "being written by another torchkit process" in line and f"PID {first.pid}" in line
@@ -233,10 +235,9 @@ def test_sigterm_after_the_first_checkpoint_keeps_the_run_and_a_second_run_is_lo
         2,
     )
 
-    resumed = run_torchkit_process(
+    resumed = run_torchkit_in_process(  # test_train_nets is importable here
         "train", "--resume", "run", "--workers", "0", "--format", "json", "--trust-checkpoint",
         cwd=tmp_path,
-        env={"PYTHONPATH": str(TESTS)},
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["epochs"] == 3
@@ -269,13 +270,14 @@ def test_a_full_disk_is_an_error_and_keeps_the_last_good_checkpoints(tmp_path, s
 
 
 def test_the_lock_holder_pid_is_in_the_refusal_even_before_any_file_is_written(tmp_path):
-    """The lock is taken before the data is read: a run refused by it costs nothing."""
+    """The lock is taken before the data is read: a run refused by it costs nothing. (The
+    lock is an flock of its own open file: held here, it refuses a run in this process too.)"""
     from torchkit.core.outputs import FolderLock
 
     write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
     lock = FolderLock(tmp_path / "run", "run folder")
     try:
-        done = run_torchkit_process("train", *TINY, *DATA, "--out", "run", cwd=tmp_path)
+        done = run_torchkit_in_process("train", *TINY, *DATA, "--out", "run", cwd=tmp_path)
     finally:
         lock.release()
     assert done.returncode == 1
@@ -287,8 +289,10 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path,
     """runs/<model>-<timestamp> is taken by a run that holds its lock even before its folder
     exists: the next run started in that second gets the next name instead of being refused
     (or, before the lock existed, mixing its files into the other run's)."""
+    from torchkit.core.distributed import DistContext
     from torchkit.core.outputs import FolderLock
-    from torchkit.core.train import TrainConfig, runner
+    from torchkit.core.train import TrainConfig, run_folder
+    from torchkit.core.train.setup import plan_run
 
     class Frozen:
         @staticmethod
@@ -297,20 +301,19 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path,
 
             return datetime.datetime(2026, 1, 2, 3, 4, 5)
 
-    monkeypatch.setattr(runner, "datetime", Frozen)
+    monkeypatch.setattr(run_folder, "datetime", Frozen)
     monkeypatch.chdir(tmp_path)
-    first = runner._default_out("convnet")
+    first = run_folder.default_out("convnet")
     assert first == Path("runs/convnet-20260102-030405")
     lock = FolderLock(first, "run folder")
     try:
-        assert runner._default_out("convnet") == Path("runs/convnet-20260102-030405-2")
-        run = runner._Run(TrainConfig(model="convnet"), None, None, 0.0, (), None)
-        run.ctx = runner.dist_utils.DistContext()
+        assert run_folder.default_out("convnet") == Path("runs/convnet-20260102-030405-2")
+        folder = run_folder.RunFolder()
         # The race: the name looked free when picked, then the lock says otherwise.
-        monkeypatch.setattr(runner, "lock_path", lambda folder: tmp_path / "no-such-lock")
-        out, in_place = run.open_output()
+        monkeypatch.setattr(run_folder, "lock_path", lambda folder: tmp_path / "no-such-lock")
+        out, in_place = folder.open(DistContext(), plan_run(TrainConfig(model="convnet"), None))
         assert out == Path("runs/convnet-20260102-030405-2") and not in_place
-        run.release_output(ok=False)
+        folder.release(ok=False)
     finally:
         lock.release()
     assert list(tmp_path.glob("runs/*")) == []  # no folder made, no lock left

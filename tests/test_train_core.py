@@ -308,7 +308,8 @@ def test_seeded_dataset_gives_the_same_augmentation_wherever_it_runs():
 
 
 def test_sync_bn_is_refused_on_cpu_warned_for_one_process_and_converts_under_ddp(caplog):
-    from torchkit.core.train.distributed import DistContext, check_sync_bn, convert_sync_bn
+    from torchkit.core.distributed import DistContext
+    from torchkit.core.train.ddp import check_sync_bn, convert_sync_bn
 
     with pytest.raises(UsageError, match="--sync-bn needs CUDA"):
         check_sync_bn(DistContext(device=torch.device("cpu"), world_size=2), True)

@@ -28,7 +28,7 @@ import torch
 from conftest import REPO, write_image_folder
 from torch import nn
 
-from torchkit.core.train import distributed as dist_utils
+from torchkit.core import distributed as dist_utils
 
 TESTS = Path(__file__).resolve().parent
 NET = "test_train_ddp_honest:BNNet"
@@ -482,7 +482,7 @@ def test_ranks_that_do_not_all_join_within_dist_timeout_are_one_error(monkeypatc
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", no_peer)
     with pytest.raises(DeviceError) as caught:
-        dist_utils.setup("cpu", 2)
+        dist_utils.setup("cpu", 2, timeout_option="--dist-timeout")
     assert str(caught.value).startswith(
         "rank 0: the 2 processes of the run did not all join within 2 s: Timed out after 3"
     )

@@ -453,7 +453,7 @@ def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_
 
 
 def test_amp_auto_takes_bf16_only_on_gpus_that_compute_it_natively(monkeypatch):
-    from torchkit.core.train.runner import _Run, amp_dtype_for
+    from torchkit.core.train.setup import amp_dtype_for, build_amp
 
     asked = []
 
@@ -474,10 +474,11 @@ def test_amp_auto_takes_bf16_only_on_gpus_that_compute_it_natively(monkeypatch):
     for device, amp_dtype, expected in (
         ("cuda", "auto", "float16"), ("cpu", "auto", "bfloat16"), ("cpu", "fp16", "float16"),
     ):  # fmt: skip
-        run = SimpleNamespace(ctx=SimpleNamespace(device=torch.device(device)))
         with warnings.catch_warnings():  # (a CUDA GradScaler without CUDA warns and disables)
             warnings.simplefilter("ignore")
-            _, scaler, name = _Run._amp(run, TrainConfig(amp=True, amp_dtype=amp_dtype))
+            _, scaler, name = build_amp(
+                torch.device(device), TrainConfig(amp=True, amp_dtype=amp_dtype)
+            )
         assert name == expected
         if expected == "float16":
             assert isinstance(scaler, torch.amp.GradScaler) and scaler._device == device

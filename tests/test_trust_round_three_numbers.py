@@ -32,7 +32,6 @@ from torch import nn
 from torchkit.cli import app
 from torchkit.core.errors import CheckpointError, InputError, UsageError
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 HERE = Path(__file__).stem
 MIB = 1 << 20
 
@@ -169,14 +168,14 @@ def test_a_nan_validation_loss_in_epoch_two_keeps_epoch_one(runner, tmp_path):
 
 
 def test_a_nan_ema_validation_loss_is_divergence_too():
+    from torchkit.core.train.epochs import check_val_finite
     from torchkit.core.train.loop import DivergedError
-    from torchkit.core.train.runner import _Run
 
-    _Run._check_val_finite({"val_loss": 0.5, "val_ema_loss": 0.4}, 3)  # finite: nothing
+    check_val_finite({"val_loss": 0.5, "val_ema_loss": 0.4}, 3)  # finite: nothing
     with pytest.raises(DivergedError, match="the EMA validation loss is not finite .* epoch 3"):
-        _Run._check_val_finite({"val_loss": 0.5, "val_ema_loss": math.inf}, 3)
+        check_val_finite({"val_loss": 0.5, "val_ema_loss": math.inf}, 3)
     with pytest.raises(DivergedError, match="lower --lr"):
-        _Run._check_val_finite({"val_loss": math.nan}, 1)
+        check_val_finite({"val_loss": math.nan}, 1)
 
 
 # --- 3. mult-adds count what runs ----------------------------------------------------------------

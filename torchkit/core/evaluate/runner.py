@@ -21,17 +21,14 @@ import numpy as np
 
 from torchkit.core.data import Samples
 from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
+from torchkit.core.distributed import DistContext, all_gather, setup, teardown
 from torchkit.core.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.evaluate.metrics import compute_metrics
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
-from torchkit.core.evaluate.source import (
-    IMAGE_MODES,
-    ModelSpec,
-    load_eval_samples,
-    resolve_eval_model,
-)
+from torchkit.core.evaluate.source import IMAGE_MODES, load_eval_samples
 from torchkit.core.inference import TTA_MODES, score_batch
+from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.outputs import (
     InputPath,
     OutputFolder,
@@ -96,39 +93,6 @@ class ShardSampler:
 
     def __len__(self) -> int:
         return len(self.indices)
-
-
-@dataclass
-class DistributedContext:
-    rank: int = 0
-    world_size: int = 1
-    owns_group: bool = False  # we initialised the process group, so we tear it down
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device_spec: str):
-    """(DistributedContext, torch.device): a process group when run under torchrun
-    (NCCL on GPUs, Gloo on CPUs), one device per local rank (`select_device`: an explicit
-    cuda:N is refused there); in one process, the device asked for, made the current one."""
-    import torch.distributed as dist
-
-    from torchkit.core.device import select_device
-
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1 and not dist.is_initialized():
-        return DistributedContext(), select_device(device_spec)
-    if world_size <= 1:  # a process group the caller made: its size, not torchrun's
-        world_size = dist.get_world_size()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = select_device(device_spec, local_rank=local_rank, world_size=world_size)
-    owns = False
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-        owns = True
-    return DistributedContext(dist.get_rank(), dist.get_world_size(), owns), device
 
 
 def resolve_topk(topk: int | None, num_classes: int) -> int:
@@ -229,16 +193,13 @@ def _gather(
     seconds: float,
     nonfinite_batches: int,
     k: int,
-    ctx: DistributedContext,
+    ctx: DistContext,
 ) -> tuple[Predictions, list[str], float, int]:
     """All ranks' predictions, ordered by sample index, on every rank (with the unreadable
     images, the slowest rank's time and the batches with a non-finite output)."""
     if ctx.world_size == 1:
         return local, errors, seconds, nonfinite_batches
-    import torch.distributed as dist
-
-    gathered: list = [None] * ctx.world_size
-    dist.all_gather_object(gathered, (local, errors, seconds, nonfinite_batches))
+    gathered = all_gather(ctx, (local, errors, seconds, nonfinite_batches))
     merged = Predictions.concatenate([part[0] for part in gathered], k)
     if len(np.unique(merged.indices)) != len(merged):
         raise RuntimeError("an image was evaluated by two ranks")  # ShardSampler's invariant
@@ -260,15 +221,15 @@ def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
     inputs = [
         InputPath.of(path, what)
         for path, what in (
-            (spec.checkpoint, "checkpoint"),
+            (spec.model, "checkpoint"),
             (spec.weights, "--weights file"),
             (options.stats_file, "stats file"),
             (options.classes_file, "classes file"),
         )
         if path and os.path.exists(path)
     ]
-    if spec.model:  # the source of a package.module:Callable
-        inputs += model_inputs(spec.model)
+    if spec.arch:  # the source of a package.module:Callable
+        inputs += model_inputs(spec.arch)
     return inputs + data_inputs(options.data)
 
 
@@ -332,26 +293,17 @@ def _evaluate(
     progress: Progress | None,
     folder: OutputFolder | None,
 ) -> EvalResult | None:
-    ctx, device = setup_distributed(options.device)
+    ctx = setup(options.device)
     previous_level = log.level
     if not ctx.is_main:
         log.setLevel(logging.ERROR)  # only rank 0 warns
     ok = False
     try:
-        run = _run(spec, options, device, ctx, progress)
+        run = _run(spec, options, ctx, progress)
         ok = True
     finally:
         log.setLevel(previous_level)
-        if ctx.owns_group:
-            import torch.distributed as dist
-
-            # Every rank waits for the others before Gloo goes (a rank tearing it down while
-            # another still talks to it aborts that process); not after a failure, which the
-            # other ranks may never reach.
-            with contextlib.suppress(Exception):
-                if ok:
-                    dist.barrier()
-            dist.destroy_process_group()
+        teardown(ctx, wait=ok)
     if run is None:
         return None
     result, errors = run
@@ -393,8 +345,7 @@ def _evaluate(
 def _run(
     spec: ModelSpec,
     options: EvalOptions,
-    device,
-    ctx: DistributedContext,
+    ctx: DistContext,
     progress: Progress | None,
 ) -> tuple[EvalResult, list[str]] | None:
     import torch
@@ -407,7 +358,8 @@ def _run(
         make_dataset,
     )
 
-    resolved = resolve_eval_model(spec)
+    device = ctx.device
+    resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
     recorded = resolved.checkpoint.get("data") if resolved.checkpoint else None
     data = load_eval_samples(
         options.data, split=options.split, classes=resolved.classes, recorded=recorded
@@ -490,7 +442,7 @@ def _run(
         predictions.labels, predictions.predicted, predictions.topk_labels, num_classes, k
     )
     info = {
-        "checkpoint": spec.checkpoint or spec.weights,
+        "checkpoint": spec.model or spec.weights,
         "arch": resolved.arch,
         "model_source": resolved.weights_source or resolved.source,
         **resolved.details,

@@ -7,7 +7,6 @@ rank 0, which yields them in order: one output, the same rows as one process.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -74,8 +73,8 @@ class PredictRun:
     info: dict[str, Any] = field(default_factory=dict)
 
     def setup(self) -> None:
-        from torchkit.core.evaluate.runner import setup_distributed
-        from torchkit.core.evaluate.source import IMAGE_MODES, ModelSpec, resolve_eval_model
+        from torchkit.core.distributed import setup
+        from torchkit.core.evaluate.source import IMAGE_MODES
         from torchkit.core.inference import TTA_MODES
 
         request = self.request
@@ -87,11 +86,11 @@ class PredictRun:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:
             raise UsageError("--strict and --skip-errors contradict each other")
-        from torchkit.core.models import exported_format_of, is_model_file
+        from torchkit.core.models import ModelSpec, exported_format_of, is_model_file, resolve_spec
         from torchkit.core.predict.loading import resolve_loaded_model
 
         spec = ModelSpec(
-            checkpoint=request.model,
+            model=request.model,
             weights=request.weights,
             classes=request.classes,
             image_size=request.image_size,
@@ -109,7 +108,8 @@ class PredictRun:
             and exported_format_of(request.model) is None
         )
         self.resolved = resolve_loaded_model(
-            lambda: resolve_eval_model(spec, command="predict"), from_file=from_file
+            lambda: resolve_spec(spec, command="predict", exported="runtime", predicting=True),
+            from_file=from_file,
         )
         outputs = self.resolved.num_outputs
         self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
@@ -129,7 +129,8 @@ class PredictRun:
         if self.mode is None:
             channels = preprocess.in_channels
             raise UsageError(f"cannot feed images to a model with {channels} channels")
-        self.ctx, self.device = setup_distributed(request.device)
+        self.ctx = setup(request.device)
+        self.device = self.ctx.device
         self.info = {
             "model": request.model,
             "weights": request.weights,
@@ -174,14 +175,10 @@ class PredictRun:
         rank, the ranks first wait for each other: Gloo torn down on one rank while another
         still talks to it aborts that process ("terminate called without an active
         exception"). After a failure nobody waits (a rank that never got here would hang it)."""
-        if getattr(self, "ctx", None) is not None and self.ctx.owns_group:
-            import torch.distributed as dist
+        if getattr(self, "ctx", None) is not None:
+            from torchkit.core.distributed import teardown
 
-            with contextlib.suppress(Exception):
-                if ok:
-                    dist.barrier()
-                dist.destroy_process_group()
-            self.ctx.owns_group = False
+            teardown(self.ctx, wait=ok)
 
     def rows(self, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
         """The rows, in input order, on rank 0 (other ranks yield nothing but take part), as

@@ -1,31 +1,27 @@
-"""DistributedDataParallel under torchrun: process group, device per rank, reductions.
+"""Processes under torchrun: the process group, the device of each rank, and the collectives.
 
-`torchrun --nproc_per_node=N -m torchkit train ...` sets RANK, WORLD_SIZE and LOCAL_RANK; a
+`torchrun --nproc_per_node=N -m torchkit COMMAND ...` sets RANK, WORLD_SIZE and LOCAL_RANK; a
 plain run is a world of one and every function here is then a no-op. NCCL drives GPUs, Gloo
-CPUs. Only rank 0 writes files and reports; metrics are summed over ranks.
-
-What every rank must agree on (or the collectives inside DDP hang): whether to stop (`StopVote`,
-polled about twice a second, not every step), the state of BatchNorm buffers before validation
-(`broadcast_buffers`), and the weights the test evaluation uses (`broadcast_module`: only rank 0
-opens files in the run folder, so no shared file system is needed). `init_process_group` gets
-`--dist-timeout`: a rank that stops answering ends the run with an error, not a hang.
+everything else. Only rank 0 writes files and reports. Every command that runs under torchrun
+(train, eval, predict) starts and ends its process group here, with the same collective
+timeout: a rank that stops answering ends the run with an error, not a hang.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import DeviceError, TorchkitError, UsageError, first_line
+from torchkit.core.errors import DeviceError, TorchkitError, first_line
 
-log = logging.getLogger("torchkit")
-
-# How long a collective waits for the other ranks before the run fails (--dist-timeout):
-# torch's default for Gloo, and long enough for rank 0 to write a large checkpoint alone.
+# How long a collective waits for the other ranks before the run fails (train's --dist-timeout;
+# the other commands always wait this long): torch's default for Gloo, and long enough for rank
+# 0 to write a large checkpoint alone.
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -36,7 +32,7 @@ class DistContext:
     local_rank: int = 0
     device: Any = None
     backend: str | None = None
-    initialised_here: bool = False
+    initialised_here: bool = False  # `setup` made the process group, so `teardown` ends it
 
     @property
     def is_main(self) -> bool:
@@ -51,9 +47,24 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def setup(device_spec: str, timeout_s: float | None = None) -> DistContext:
+def joins_process_group() -> bool:
+    """Whether `setup` starts or joins a process group: under torchrun, or where the caller
+    made one (which needs torch.distributed imported: without it, nothing is imported here)."""
+    if launched_by_torchrun():
+        return True
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def setup(
+    device_spec: str, timeout_s: float | None = None, *, timeout_option: str | None = None
+) -> DistContext:
     """The device of this process and, under torchrun, the initialised process group, whose
-    collectives give up after `timeout_s` seconds (default `DEFAULT_TIMEOUT_S`)."""
+    collectives give up after `timeout_s` seconds (default `DEFAULT_TIMEOUT_S`).
+
+    A process group that already exists (made by the caller) is joined as it is, with its
+    ranks. `timeout_option` is the command's option that sets `timeout_s`, named in the hint
+    when the ranks do not all join in time."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -62,45 +73,52 @@ def setup(device_spec: str, timeout_s: float | None = None) -> DistContext:
 
     # One device rule for every command: a CUDA device becomes the current one, and under
     # torchrun each rank takes cuda:LOCAL_RANK (an explicit cuda:N is refused).
-    if not launched_by_torchrun():
+    if not joins_process_group():
         return DistContext(device=select_device(device_spec))
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
+    existing = dist.is_initialized()
+    if existing:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = select_device(device_spec, local_rank=local_rank, world_size=world_size)
-    if device.type == "cuda":
-        backend = "nccl"
-    elif device.type == "cpu":
-        backend = "gloo"
-    else:
-        raise UsageError(
-            f"distributed training on {device.type} is not supported", "use cuda or cpu"
+    if existing:
+        return DistContext(rank, world_size, local_rank, device, dist.get_backend())
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    seconds = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        dist.init_process_group(
+            backend=backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=seconds)
         )
-    initialised_here = False
-    if not dist.is_initialized():
-        seconds = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-        try:
-            dist.init_process_group(
-                backend=backend,
-                rank=rank,
-                world_size=world_size,
-                timeout=timedelta(seconds=seconds),
-            )
-        except RuntimeError as error:  # (DistStoreError, DistNetworkError...)
-            raise DeviceError(
-                f"rank {rank}: the {world_size} processes of the run did not all join within "
-                f"{seconds:g} s: {first_line(error)}",
-                "start every rank (torchrun --nproc_per_node / --nnodes), or raise --dist-timeout",
-            ) from error
-        initialised_here = True
-    return DistContext(rank, world_size, local_rank, device, backend, initialised_here)
+    except RuntimeError as error:  # (DistStoreError, DistNetworkError...)
+        hint = "start every rank (torchrun --nproc_per_node / --nnodes)"
+        if timeout_option:
+            hint += f", or raise {timeout_option}"
+        raise DeviceError(
+            f"rank {rank}: the {world_size} processes of the run did not all join within "
+            f"{seconds:g} s: {first_line(error)}",
+            hint,
+        ) from error
+    return DistContext(rank, world_size, local_rank, device, backend, initialised_here=True)
 
 
-def teardown(ctx: DistContext) -> None:
+def teardown(ctx: DistContext, *, wait: bool = False) -> None:
+    """End the process group `setup` made (once; a group it joined stays). With `wait` (a run
+    that ended well on every rank) the ranks first wait for each other: Gloo torn down on one
+    rank while another still talks to it aborts that process ("terminate called without an
+    active exception"). After a failure nobody waits: a rank that never gets here would hang
+    the others. A failure to end the group is ignored: the run's own outcome is what counts."""
+    if not ctx.initialised_here:
+        return
+    ctx.initialised_here = False
     import torch.distributed as dist
 
-    if ctx.initialised_here and dist.is_initialized():
-        dist.destroy_process_group()
+    with contextlib.suppress(Exception):
+        if wait:
+            barrier(ctx)
+    with contextlib.suppress(Exception):
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _reduce_device(ctx: DistContext):
@@ -209,6 +227,17 @@ def gather_to_main(ctx: DistContext, value: Any) -> list[Any] | None:
     return gathered
 
 
+def all_gather(ctx: DistContext, value: Any) -> list[Any]:
+    """Every rank's `value` (picklable), in rank order, on every rank."""
+    if not ctx.is_distributed:
+        return [value]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def on_main(ctx: DistContext, work: Callable[[], Any]) -> Any:
     """`work()` on rank 0 only, its (picklable) result on every rank; when it fails, the same
     error on every rank instead of the others waiting for rank 0 forever."""
@@ -273,29 +302,6 @@ def broadcast_module(ctx: DistContext, module: Any) -> None:
     broadcast_tensors(ctx, [*module.parameters(), *module.buffers()])
 
 
-def describe_collective_failure(
-    ctx: DistContext, error: BaseException, timeout_s: float | None
-) -> TorchkitError | None:
-    """The error to report when a collective gave up under torchrun: it timed out
-    (--dist-timeout) or lost a peer (another rank died); None for any other error."""
-    if not ctx.is_distributed or not isinstance(error, RuntimeError):
-        return None
-    text = str(error).lower()
-    if "timed out" in text or "timeout" in text:
-        seconds = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-        return DeviceError(
-            f"rank {ctx.rank}: another process of the run did not answer within {seconds:g} s",
-            "look at the other ranks' output; raise --dist-timeout if one of them "
-            "legitimately works alone that long",
-        )
-    if "closed by peer" in text or "reset by peer" in text or "broken pipe" in text:
-        return DeviceError(
-            f"rank {ctx.rank}: another process of the run ended",
-            "its own output names the first error",
-        )
-    return None
-
-
 def barrier(ctx: DistContext) -> None:
     if ctx.is_distributed:
         import torch.distributed as dist
@@ -304,37 +310,3 @@ def barrier(ctx: DistContext) -> None:
             dist.barrier(device_ids=[ctx.local_rank])
         else:
             dist.barrier()
-
-
-def check_sync_bn(ctx: DistContext, sync_bn: bool) -> bool:
-    """Whether to convert BatchNorm to SyncBatchNorm. SyncBatchNorm cannot train on CPU tensors
-    (torch raises "expected input tensor to be on GPU"), so that is refused before training;
-    a single process has nothing to synchronise with, which gets a warning."""
-    if not sync_bn:
-        return False
-    if ctx.device is None or ctx.device.type != "cuda":
-        raise UsageError(
-            "--sync-bn needs CUDA GPUs: SyncBatchNorm cannot train on CPU tensors",
-            "drop --sync-bn, or train on GPUs with torchrun --nproc_per_node=N",
-        )
-    if not ctx.is_distributed:
-        log.warning("--sync-bn has no effect in a single process; BatchNorm is kept as it is")
-        return False
-    return True
-
-
-def convert_sync_bn(model: Any) -> Any:
-    """BatchNorm -> SyncBatchNorm with the shared conversion of `torchkit convert-syncbn`."""
-    from torchkit.core.syncbn import convert_batchnorm
-
-    converted, rows = convert_batchnorm(model, to="sync")
-    log.info("--sync-bn: converted %d BatchNorm layers to SyncBatchNorm", len(rows))
-    return converted
-
-
-def wrap_ddp(model: Any, ctx: DistContext) -> Any:
-    from torch.nn.parallel import DistributedDataParallel
-
-    if ctx.device.type == "cuda":
-        return DistributedDataParallel(model, device_ids=[ctx.device.index])
-    return DistributedDataParallel(model)

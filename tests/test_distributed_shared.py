@@ -1,0 +1,109 @@
+"""One process setup for every command under torchrun (`torchkit.core.distributed`): eval and
+predict start their process group as train does, with the same collective timeout, and end
+only a group they started."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+from PIL import Image
+
+from torchkit.core import distributed
+from torchkit.core.errors import DeviceError
+
+
+@pytest.fixture
+def rank_without_peers(monkeypatch) -> list[dict]:
+    """This process as rank 0 of a torchrun job of 2 whose other rank never comes: the process
+    group's start is recorded, then fails as torch's store does when a peer is missing."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    starts: list[dict] = []
+
+    def no_peer(**kwargs):
+        starts.append(kwargs)
+        raise dist.DistStoreError("Timed out after 1801 seconds waiting for clients. 1/2 joined.")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", no_peer)
+    return starts
+
+
+def _check_one_start(starts: list[dict], error: DeviceError) -> None:
+    assert starts == [
+        {
+            "backend": "gloo",
+            "rank": 0,
+            "world_size": 2,
+            "timeout": timedelta(seconds=distributed.DEFAULT_TIMEOUT_S),
+        }
+    ]
+    assert error.message == (
+        "rank 0: the 2 processes of the run did not all join within 1800 s: Timed out after "
+        "1801 seconds waiting for clients. 1/2 joined."
+    )
+    # eval and predict have no --dist-timeout to suggest
+    assert error.hint == "start every rank (torchrun --nproc_per_node / --nnodes)"
+
+
+def test_eval_starts_its_process_group_with_the_collective_timeout(rank_without_peers):
+    from torchkit.core.evaluate import EvalOptions, evaluate
+    from torchkit.core.models import ModelSpec
+
+    with pytest.raises(DeviceError) as caught:
+        evaluate(ModelSpec(model="convnet"), EvalOptions(data="digits", device="cpu"))
+    _check_one_start(rank_without_peers, caught.value)
+
+
+def test_predict_starts_its_process_group_with_the_collective_timeout(rank_without_peers, tmp_path):
+    from torchkit.core.predict.run import PredictRequest, PredictRun
+
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    run = PredictRun(
+        PredictRequest(model="convnet", images=[str(tmp_path)], allow_untrained=True, device="cpu")
+    )
+    with pytest.raises(DeviceError) as caught:
+        run.setup()
+    _check_one_start(rank_without_peers, caught.value)
+
+
+def test_train_names_its_timeout_option_in_the_hint(rank_without_peers):
+    with pytest.raises(DeviceError) as caught:
+        distributed.setup("cpu", 5, timeout_option="--dist-timeout")
+    assert rank_without_peers[0]["timeout"] == timedelta(seconds=5)
+    assert caught.value.hint.endswith(", or raise --dist-timeout")
+
+
+def test_teardown_ends_only_a_group_setup_started_and_only_once(monkeypatch):
+    ended: list[str] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: ended.append("destroyed"))
+    monkeypatch.setattr(dist, "barrier", lambda **kwargs: ended.append("barrier"))
+
+    joined = distributed.DistContext(rank=0, world_size=2, backend="gloo")
+    distributed.teardown(joined, wait=True)
+    assert ended == []  # the caller's group stays
+
+    started = distributed.DistContext(rank=0, world_size=2, backend="gloo", initialised_here=True)
+    distributed.teardown(started, wait=True)
+    distributed.teardown(started, wait=True)  # a second call has nothing left to end
+    assert ended == ["barrier", "destroyed"]
+
+
+def test_a_group_the_caller_made_is_joined_with_its_ranks(monkeypatch):
+    """Without torchrun's variables, a process group that already exists decides the ranks."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 3)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: pytest.fail("started"))
+    assert distributed.joins_process_group()
+    ctx = distributed.setup("cpu")
+    assert (ctx.rank, ctx.world_size, ctx.backend, ctx.initialised_here) == (1, 3, "gloo", False)
+    assert ctx.device.type == "cpu"

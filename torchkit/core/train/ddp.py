@@ -1,0 +1,79 @@
+"""Training under torchrun: what DistributedDataParallel needs beyond the shared process setup
+(`torchkit.core.distributed`): the devices DDP trains on, SyncBatchNorm, the DDP wrapper, and
+the one error line of a collective that gave up (--dist-timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torchkit.core.distributed import DEFAULT_TIMEOUT_S, DistContext
+from torchkit.core.errors import DeviceError, TorchkitError, UsageError
+
+log = logging.getLogger("torchkit")
+
+
+def check_ddp_device(ctx: DistContext) -> None:
+    """DDP trains with NCCL on CUDA GPUs and with Gloo on CPUs, on nothing else."""
+    if ctx.is_distributed and ctx.device.type not in ("cuda", "cpu"):
+        raise UsageError(
+            f"distributed training on {ctx.device.type} is not supported", "use cuda or cpu"
+        )
+
+
+def check_sync_bn(ctx: DistContext, sync_bn: bool) -> bool:
+    """Whether to convert BatchNorm to SyncBatchNorm. SyncBatchNorm cannot train on CPU tensors
+    (torch raises "expected input tensor to be on GPU"), so that is refused before training;
+    a single process has nothing to synchronise with, which gets a warning."""
+    if not sync_bn:
+        return False
+    if ctx.device is None or ctx.device.type != "cuda":
+        raise UsageError(
+            "--sync-bn needs CUDA GPUs: SyncBatchNorm cannot train on CPU tensors",
+            "drop --sync-bn, or train on GPUs with torchrun --nproc_per_node=N",
+        )
+    if not ctx.is_distributed:
+        log.warning("--sync-bn has no effect in a single process; BatchNorm is kept as it is")
+        return False
+    return True
+
+
+def convert_sync_bn(model: Any) -> Any:
+    """BatchNorm -> SyncBatchNorm with the shared conversion of `torchkit convert-syncbn`."""
+    from torchkit.core.syncbn import convert_batchnorm
+
+    converted, rows = convert_batchnorm(model, to="sync")
+    log.info("--sync-bn: converted %d BatchNorm layers to SyncBatchNorm", len(rows))
+    return converted
+
+
+def wrap_ddp(model: Any, ctx: DistContext) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if ctx.device.type == "cuda":
+        return DistributedDataParallel(model, device_ids=[ctx.device.index])
+    return DistributedDataParallel(model)
+
+
+def describe_collective_failure(
+    ctx: DistContext, error: BaseException, timeout_s: float | None
+) -> TorchkitError | None:
+    """The error to report when a collective gave up under torchrun: it timed out
+    (--dist-timeout) or lost a peer (another rank died); None for any other error."""
+    if not ctx.is_distributed or not isinstance(error, RuntimeError):
+        return None
+    text = str(error).lower()
+    if "timed out" in text or "timeout" in text:
+        seconds = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        return DeviceError(
+            f"rank {ctx.rank}: another process of the run did not answer within {seconds:g} s",
+            "look at the other ranks' output; raise --dist-timeout if one of them "
+            "legitimately works alone that long",
+        )
+    if "closed by peer" in text or "reset by peer" in text or "broken pipe" in text:
+        return DeviceError(
+            f"rank {ctx.rank}: another process of the run ended",
+            "its own output names the first error",
+        )
+    return None

@@ -1,0 +1,147 @@
+"""--resume: a run goes on where its checkpoint stopped, exactly when it can.
+
+The weights, optimiser, schedule and loss scaler come back from the checkpoint; a checkpoint
+saved inside an epoch also gives every rank its own epoch sums and random state, so the epoch
+continues as if never interrupted. With another number of processes the run goes on,
+inexactly, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.checkpoint import load_weights_into
+from torchkit.core.distributed import DistContext
+from torchkit.core.errors import CheckpointError
+from torchkit.core.train.config import TrainConfig
+from torchkit.core.train.loaders import mix_seed
+from torchkit.core.train.loop import EpochProgress
+
+log = logging.getLogger("torchkit")
+
+
+@dataclass
+class ResumePoint:
+    """Where a run picks up: the epochs done, the best epoch so far, metrics.csv's rows, and
+    this rank's place in the epoch in progress (its sums, and its random state: None seeds
+    it, `restore_rank_rng`). A new run starts from the defaults."""
+
+    start_epoch: int = 0
+    best_metric: float | None = None
+    best_epoch: int | None = None
+    history: list[dict] = field(default_factory=list)
+    progress: EpochProgress = field(default_factory=EpochProgress)
+    rng: Any = None
+
+
+def resume_point(
+    checkpoint: dict, ctx: DistContext, config: TrainConfig, resumed_from: Path
+) -> ResumePoint:
+    start_epoch = int(checkpoint["epoch"])
+    progress, rng = rank_progress(checkpoint, ctx, config, resumed_from)
+    return ResumePoint(
+        start_epoch=start_epoch,
+        best_metric=checkpoint.get("best_metric"),
+        best_epoch=checkpoint.get("best_epoch"),
+        history=[dict(row) for row in checkpoint.get("history", [])][:start_epoch],
+        progress=progress,
+        rng=rng,
+    )
+
+
+def restore_training(
+    checkpoint: dict, resumed_from: Path, *, model: Any, optimizer: Any, schedule: Any, scaler: Any
+) -> None:
+    """The checkpoint's weights, optimiser state (with this run's --lr, --weight-decay and
+    --momentum), schedule and loss scale, in place."""
+    from torchkit.core.train.optim import load_optimizer_state
+
+    load_weights_into(model, checkpoint["model"], source=str(resumed_from))
+    try:
+        load_optimizer_state(optimizer, checkpoint["optimizer"])
+    except (ValueError, KeyError) as error:
+        raise CheckpointError(
+            f"the optimizer state in {resumed_from} does not fit: {error}",
+            "resume with the same --optimizer, --freeze-backbone and --backbone-lr "
+            "(zero or not) as the run",
+        ) from error
+    schedule.load_state_dict(checkpoint["scheduler"])
+    if scaler is not None and checkpoint.get("scaler"):
+        scaler.load_state_dict(checkpoint["scaler"])
+
+
+def rank_progress(
+    checkpoint: dict, ctx: DistContext, config: TrainConfig, resumed_from: Path
+) -> tuple[EpochProgress, Any]:
+    """This rank's place in the checkpoint's interrupted epoch (if any) and the random state
+    to continue it with (None: seed it, `restore_rank_rng`).
+
+    Its own epoch sums and random state, when the checkpoint was saved by as many processes as
+    this run has. With another number of processes: rank 0 takes the epoch's sums so far, the
+    epoch continues after the images already seen (rounded down to whole batches of the new
+    global batch), with new random numbers."""
+    progress = EpochProgress.from_dict(checkpoint.get("epoch_progress"))
+    ranks = checkpoint.get("rank_states")
+    saved_world = len(ranks) if ranks else checkpoint.get("world_size")
+    # An older checkpoint (no rank_states) holds rank 0's random state only.
+    rng = checkpoint.get("rng_state")
+    if ranks and len(ranks) == ctx.world_size:
+        if progress.batches > 0:
+            mine = ranks[ctx.rank]
+            return EpochProgress.from_dict(mine["progress"]), mine["rng"]
+        return progress, rng
+    if saved_world is None and ctx.world_size == 1:
+        return progress, rng  # an older single-process checkpoint: its state is this process's
+    saved_world = int(saved_world or 1)
+    mid_epoch = progress.batches > 0
+    if mid_epoch:
+        saved = progress
+        sums = [saved.to_dict()] if not ranks else [r["progress"] for r in ranks]
+        images = saved.batches * config.batch_size * saved_world
+        batches = images // (config.batch_size * ctx.world_size)
+
+        def total(key: str) -> float:
+            return sum(part[key] for part in sums) if ctx.is_main else 0.0
+
+        progress = EpochProgress(
+            batches=batches,
+            loss_sum=total("loss_sum"),
+            correct=total("correct"),
+            seen=int(total("seen")),
+            seconds=saved.seconds,
+            last_lr=saved.last_lr,
+        )
+        rng = None  # new random numbers: see restore_rank_rng
+    if saved_world != ctx.world_size:
+        where = (
+            f"; epoch {int(checkpoint['epoch']) + 1} continues after its first "
+            f"{progress.batches * config.batch_size * ctx.world_size} images"
+            if mid_epoch
+            else ""
+        )
+        log.warning(
+            "%s was saved by %d process(es), this run has %d: it continues, but not exactly "
+            "as the run would have (the global batch, the steps per epoch, the schedule "
+            "and the random numbers follow the new number%s)",
+            resumed_from,
+            saved_world,
+            ctx.world_size,
+            where,
+        )
+    return progress, rng
+
+
+def restore_rank_rng(
+    rng: Any, ctx: DistContext, config: TrainConfig, epoch: int, progress: EpochProgress
+) -> None:
+    """The random state of this rank inside the resumed epoch: saved (`rng`), or (when the
+    checkpoint has none for this rank) seeded from (seed, rank, epoch, batches done)."""
+    from torchkit.core.seeding import restore_rng_state, seed_everything
+
+    if rng is not None:
+        restore_rng_state(rng, ctx.device)
+        return
+    seed_everything(mix_seed(config.seed, ctx.rank, epoch, progress.batches), config.deterministic)

@@ -1,0 +1,311 @@
+"""The run folder of `torchkit train`: picked, checked and locked before any work, and every
+file the run writes into it (config.json, split.csv, the checkpoints, metrics.csv, curves.png,
+lr_find.*, TensorBoard).
+
+Only rank 0 touches the folder; a refusal there is the same error on every rank. The folder is
+begun when the first file is written and kept once the first checkpoint is saved: until then a
+failure or a stop removes the new run and puts an earlier one (--force) back, and a run
+continued in place gets its config.json back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Collection, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchkit.core import distributed
+from torchkit.core.datasource import SPLIT_CSV, write_split_csv
+from torchkit.core.errors import TorchkitError, first_line
+from torchkit.core.outputs import (
+    MARKER,
+    InputPath,
+    OutputFolder,
+    OutputLockedError,
+    OutputOverlapError,
+    check_output_file,
+    data_inputs,
+    lock_path,
+)
+from torchkit.core.train.checkpoints import (
+    BEST,
+    LAST,
+    best_checkpoint_for,
+    copy_checkpoint,
+    save_epoch,
+)
+from torchkit.core.train.outputs import (
+    RUN_FILES,
+    TensorBoardLog,
+    write_config_json,
+    write_curves_png,
+    write_metrics_csv,
+)
+
+if TYPE_CHECKING:
+    from torchkit.core.distributed import DistContext
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.setup import RunPlan
+
+
+class RunFolder:
+    """One run's folder, from the checks to the end of the run. `open` checks and locks it
+    (every rank learns the outcome); the writing methods run on rank 0 only."""
+
+    def __init__(
+        self, inputs: Iterable[InputPath] = (), output_file: str | os.PathLike | None = None
+    ) -> None:
+        self.extra_inputs: list[InputPath] = list(inputs)  # read by the caller (--stats)
+        self.output_file = output_file  # the caller's -o FILE, checked with the folder
+        self.path: Path | None = None
+        self.in_place = False  # continues the resumed run in its own folder
+        self.output: OutputFolder | None = None  # rank 0, from `open` to `release`
+        self.taken: list[Path] = []  # default folders locked by runs started with this one
+        self.old_config_json: bytes | None = None  # of a run continued in place
+        self.saved_any = False  # a checkpoint of this run is on disk
+        self.tensorboard: TensorBoardLog | None = None
+
+    # -- before any work ---------------------------------------------------------------------
+
+    def open(self, ctx: DistContext, plan: RunPlan) -> tuple[Path, bool]:
+        """The run folder and whether it continues the resumed run in place, checked and
+        locked (once) before the data and model are loaded."""
+        if self.path is None:
+            self.path, self.in_place = self._open(ctx, plan)
+        return self.path, self.in_place
+
+    def _open(self, ctx: DistContext, plan: RunPlan) -> tuple[Path, bool]:
+        """Check and lock the folder (rank 0) and tell every rank the outcome: a refusal on
+        rank 0 is the same error on every rank."""
+        outcome: tuple = ("ok", "", False)
+        failure: BaseException | None = None
+        if ctx.is_main:
+            try:
+                out, in_place = self._lock(plan)
+                outcome = ("ok", str(out), in_place)
+            except TorchkitError as error:
+                failure = error
+                outcome = ("error", type(error), error.message, error.hint)
+            except Exception as error:
+                failure = error
+                outcome = ("error", TorchkitError, f"rank 0: {first_line(error)}", None)
+        outcome = distributed.broadcast_from_main(ctx, outcome)
+        if failure is not None:
+            self.release(ok=False)
+            raise failure
+        if outcome[0] == "error":
+            _, kind, message, hint = outcome
+            raise kind(message, hint)
+        return Path(outcome[1]), bool(outcome[2])
+
+    def _lock(self, plan: RunPlan) -> tuple[Path, bool]:
+        config = plan.config
+        while True:
+            out, in_place = self._out_path(plan)
+            inputs = self._inputs(plan, in_place)
+            if in_place:
+                _check_in_place_resume(plan.resumed_from, out)
+            try:
+                self.output = OutputFolder(
+                    out,
+                    command="train",
+                    force=config.force,
+                    inputs=inputs,
+                    known_files=RUN_FILES,
+                    what="run folder",
+                    resume=in_place,
+                    exists_hint=f"pass --resume {out} to continue that run, --force "
+                    "to overwrite it, or choose another --out",
+                )
+                break
+            except OutputLockedError:
+                if config.out or plan.resumed_from is not None:
+                    raise
+                # Another run started in the same second took the default name.
+                self.taken.append(out)
+        if self.output_file is not None:
+            _check_output_file(self.output_file, out, inputs, config.force)
+        return out, in_place
+
+    def _out_path(self, plan: RunPlan) -> tuple[Path, bool]:
+        """The run folder, and whether it continues the resumed run in place."""
+        config, resumed_from = plan.config, plan.resumed_from
+        if config.out:
+            out = Path(config.out)
+        elif resumed_from is not None:
+            out = resumed_from.parent
+        else:
+            out = default_out(config.model, self.taken)
+        in_place = resumed_from is not None and os.path.realpath(out) == os.path.realpath(
+            resumed_from.parent
+        )
+        return out, in_place
+
+    def _inputs(self, plan: RunPlan, in_place: bool) -> list[InputPath]:
+        """What the run reads: the data, the --weights file, the --stats file, and the
+        checkpoint it resumes (unless it continues that run in place)."""
+        from torchkit.core.models import model_inputs
+
+        config = plan.config
+        inputs = data_inputs(config.data) + model_inputs(config.model, config.weights)
+        inputs += self.extra_inputs
+        if plan.resumed_from is not None and not in_place:
+            inputs.append(InputPath(plan.resumed_from, "checkpoint to resume"))
+        return inputs
+
+    # -- writing (rank 0) --------------------------------------------------------------------
+
+    def begin(self, config_json: dict[str, Any], splits: dict) -> Path:
+        """Make the folder (an earlier run set aside with --force) and write config.json and
+        split.csv, once every check has passed."""
+        out = self.path = self.output.begin()
+        if self.in_place and (out / "config.json").is_file():
+            self.old_config_json = (out / "config.json").read_bytes()
+        write_config_json(out / "config.json", config_json)
+        write_split_csv(out / SPLIT_CSV, splits)
+        return out
+
+    def carry_best(self, ctx: DistContext, resumed_from: Path, checkpoint: dict) -> bool:
+        """A run resumed into another folder starts with the resumed run's best.pt, so the
+        folder holds the best epoch the summary names: whether that epoch's weights were found
+        (rank 0 looks; every rank learns the outcome)."""
+
+        def carry() -> str | None:
+            found = best_checkpoint_for(resumed_from, checkpoint)
+            if found is not None:
+                copy_checkpoint(found, self.path / BEST)
+            return None if found is None else str(found)
+
+        return distributed.on_main(ctx, carry) is not None
+
+    def open_tensorboard(self, purge_step: int) -> None:
+        self.tensorboard = TensorBoardLog(self.path / "tensorboard", purge_step=purge_step)
+
+    def close_tensorboard(self) -> None:
+        if self.tensorboard is not None:
+            tensorboard, self.tensorboard = self.tensorboard, None
+            tensorboard.close()
+
+    def save_epoch(
+        self,
+        checkpoint: dict,
+        history: list[dict],
+        topk: int,
+        *,
+        is_best: bool,
+        config: TrainConfig,
+    ) -> None:
+        """The checkpoints of a finished epoch (best.pt if it is the best), metrics.csv and
+        the epoch's TensorBoard scalars. The first checkpoint makes the new run worth keeping."""
+        save_epoch(
+            self.path, checkpoint, is_best=is_best, save_every=config.save_every, keep=config.keep
+        )
+        self._saved()
+        write_metrics_csv(self.path / "metrics.csv", history, topk)
+        if self.tensorboard is not None:
+            self.tensorboard.epoch(history[-1])
+
+    def save_stopped(self, checkpoint: dict) -> bool:
+        """last.pt of a run stopped inside an epoch, if it is worth more than what the folder
+        held before: yes once the run has saved a checkpoint, when it continues a run in place,
+        or when the folder held nothing; not when it would replace an earlier run (--force)
+        with a first, unfinished epoch. Whether it was saved (else the new run goes)."""
+        output = self.output
+        if not (output is None or output.resume or not output.has_content or self.saved_any):
+            return False
+        save_epoch(self.path, checkpoint, is_best=False, save_every=0, keep=0)
+        self._saved()
+        return True
+
+    def _saved(self) -> None:
+        self.saved_any = True
+        if self.output is not None:
+            self.output.keep()  # the new run is worth keeping, the old one goes
+
+    def write_curves(self, history: list[dict], best_epoch: int | None) -> None:
+        write_curves_png(self.path / "curves.png", history, best_epoch)
+
+    def write_lr_find(self, found: Any) -> None:
+        """lr_find.csv and lr_find.png of the range test: the run's only result."""
+        from torchkit.core.train.lr_find import write_lr_find
+
+        write_lr_find(self.path, found)
+        if self.output is not None:
+            self.output.keep()
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def release(self, ok: bool) -> None:
+        """Keep the new run or put the old one back, and unlock the folder."""
+        if not ok:
+            with contextlib.suppress(Exception):  # already failing: keep the first error
+                self.close_tensorboard()
+            self._restore_config_json()
+        if self.output is not None:
+            output, self.output = self.output, None
+            output.finish(ok)
+
+    def _restore_config_json(self) -> None:
+        """A run continued in place that fails before its first checkpoint (it diverged, a
+        bad image) puts the run's config.json back: its checkpoints are still the old
+        options', and config.json must describe them."""
+        old, self.old_config_json = self.old_config_json, None
+        if old is None or self.saved_any:
+            return
+        from torchkit.core.files import atomic_write_bytes
+
+        with contextlib.suppress(Exception):  # already failing: keep the first error
+            atomic_write_bytes(self.path / "config.json", old)
+
+
+def _check_in_place_resume(resumed_from: Path, out: Path) -> None:
+    """Continuing a run from an earlier checkpoint than its last.pt would overwrite last.pt
+    and the epochs after that checkpoint: that is a new run, in a new folder."""
+    last = out / LAST
+    if resumed_from.name == LAST or not last.is_file():
+        return
+    if os.path.samefile(last, resumed_from):
+        return
+    raise OutputOverlapError(
+        f"continuing {resumed_from} in {out} would overwrite {last} and the epochs after that "
+        "checkpoint",
+        f"continue the run from its last checkpoint with --resume {out}, or start a new run "
+        f"from {resumed_from} with --out NEW_FOLDER",
+    )
+
+
+def _check_output_file(
+    path: str | os.PathLike, out: Path, inputs: list[InputPath], force: bool
+) -> None:
+    """-o FILE: not an input, not inside an input folder, and not one of the files the run
+    writes (in the run folder, a new file such as summary.json is fine)."""
+    from fnmatch import fnmatch
+
+    target = check_output_file(path, force, inputs, what="-o")
+    real_out, real = os.path.realpath(out), os.path.realpath(target)
+    if real != real_out and not real.startswith(real_out.rstrip(os.sep) + os.sep):
+        return
+    parts = Path(os.path.relpath(real, real_out)).parts if real != real_out else ()
+    if not parts:
+        raise OutputOverlapError(f"-o {path} is the run folder", "give a file name for the summary")
+    if parts[0] == MARKER or any(fnmatch(parts[0], name) for name in RUN_FILES):
+        raise OutputOverlapError(
+            f"-o {path} would overwrite the run's own {parts[0]}",
+            f"write the summary elsewhere, e.g. -o {out / 'summary.json'}",
+        )
+
+
+def default_out(model: str | None, taken: Collection[Path] = ()) -> Path:
+    """runs/<model>-<timestamp>, with a suffix if a run started in the same second (its folder
+    or its lock exists, or it is in `taken`)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = str(model).replace(":", "-").replace("/", "-").replace(".", "-")
+    out = Path("runs") / f"{name}-{stamp}"
+    suffix = 2
+    while out.exists() or lock_path(out).exists() or out in taken:
+        out = Path("runs") / f"{name}-{stamp}-{suffix}"
+        suffix += 1
+    return out

@@ -1,0 +1,354 @@
+"""Setting a run up: the options it goes by (`plan_run`), --amp (`build_amp`), then everything
+that can fail on bad input, before anything is written (`prepare_state`): data, model,
+optimiser, schedule, EMA and the DDP wrapper, restored from the checkpoint when resuming."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchkit.core import distributed
+from torchkit.core.data import DIGITS, Preprocess
+from torchkit.core.decode import NormalizedPixels
+from torchkit.core.distributed import DistContext
+from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.train import ddp
+from torchkit.core.train.checkpoints import load_for_resume
+from torchkit.core.train.class_weights import class_weights
+from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
+from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
+from torchkit.core.train.loop import StepContext, UnreadableImages
+from torchkit.core.train.resume import ResumePoint, restore_training, resume_point
+from torchkit.core.train.state import Amp, TrainState
+
+
+@dataclass
+class RunPlan:
+    """The options a run goes by (a resumed run's own, with the options given again; defaults
+    filled in for the data) and the checkpoint it continues."""
+
+    config: TrainConfig
+    resumed_from: Path | None = None
+    checkpoint: dict | None = None
+
+
+def plan_run(requested: TrainConfig, overrides) -> RunPlan:
+    """`requested` with `--resume`'s checkpoint read and merged (`overrides`: the options given
+    again; None: those that differ from the defaults). A new run imports no torch here."""
+    config, resumed_from, checkpoint = requested, None, None
+    if config.resume:
+        resumed_from, checkpoint = load_for_resume(config.resume)
+        config = merge_for_resume(checkpoint["config"], config, overrides)
+    config = resolve_defaults(config, is_digits=config.data == DIGITS)
+    return RunPlan(config, resumed_from, checkpoint)
+
+
+def build_amp(device: Any, config: TrainConfig) -> Amp:
+    """--amp on `device`: autocast and, for float16, a GradScaler."""
+    import torch
+
+    if not config.amp:
+        return Amp(contextlib.nullcontext, None, "float32")
+    name = amp_dtype_for(device.type, config.amp_dtype)
+    dtype = getattr(torch, name)
+    # float16 needs its loss scaled (bfloat16 has float32's range): on CUDA, and on CPUs,
+    # where the same path runs (and is tested) without a GPU.
+    scaler = torch.amp.GradScaler(device.type) if name == "float16" else None
+    return Amp(lambda: torch.autocast(device.type, dtype=dtype), scaler, name)
+
+
+def amp_dtype_for(device_type: str, amp_dtype: str) -> str:
+    """The autocast dtype of --amp: "bfloat16" or "float16" (which gets a GradScaler).
+
+    auto: bfloat16 on CPUs, and on GPUs that compute in it natively (Ampere and later);
+    float16 on older GPUs (T4, V100), where `is_bf16_supported()` is true only by emulation,
+    which is slower than float32. fp16 runs on CUDA and on CPUs; other devices take bf16."""
+    import torch
+
+    if amp_dtype == "bf16":
+        return "bfloat16"
+    if amp_dtype == "fp16":
+        if device_type not in ("cuda", "cpu"):
+            raise UsageError(
+                f"--amp-dtype fp16 is not supported on {device_type}",
+                "use --amp-dtype bf16 (or auto), or --device cuda or cpu",
+            )
+        return "float16"
+    if device_type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return "bfloat16" if native else "float16"
+    return "bfloat16"
+
+
+def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> TrainState:
+    """Data, model and training state of the run (restored from the checkpoint when resuming),
+    everything checked before anything is written. The data loaders' workers are stopped
+    again if a later step fails."""
+    import torch
+
+    from torchkit.core.seeding import seed_everything
+
+    config, checkpoint = plan.config, plan.checkpoint
+    seed_everything(config.seed, config.deterministic)
+    if ctx.device.type == "cuda" and not config.deterministic:
+        torch.backends.cudnn.benchmark = True
+    # A resumed run takes back the split it recorded (held-out val images included).
+    data = load_splits(config, checkpoint.get("data") if checkpoint is not None else None)
+    train = data.splits["train"]
+    drop_last = _drop_last(ctx, checkpoint)
+    config = _resolve_decode(ctx, config, data)
+    classes = list(train.classes)
+    weights = class_weights(config.class_weights, classes, train.class_counts())
+    arch = str(config.model)
+    if checkpoint is not None:
+        from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
+
+        _check_resumed_classes(checkpoint, classes)
+        arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
+        require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
+    preprocess = preprocess_for(config)
+    model, arch, parameters = _build_model(
+        ctx, config, arch, len(classes), preprocess, sync_bn, from_checkpoint=checkpoint is not None
+    )
+    loaders = build_loaders(
+        data.splits,
+        preprocess,
+        config,
+        rank=ctx.rank,
+        world=ctx.world_size,
+        pin_memory=ctx.device.type == "cuda",
+        drop_last=drop_last,
+    )
+    try:
+        if len(loaders.train) == 0:
+            raise UsageError("no training batches", "is the training set empty?")
+        groups, optimizer, schedule = _optimisation(model, config, len(loaders.train))
+        point = ResumePoint()
+        if checkpoint is not None:
+            restore_training(
+                checkpoint,
+                plan.resumed_from,
+                model=model,
+                optimizer=optimizer,
+                schedule=schedule,
+                scaler=amp.scaler,
+            )
+            point = resume_point(checkpoint, ctx, config, plan.resumed_from)
+        ema = _ema(model, config, checkpoint)
+        step_ctx = _step_context(
+            ctx, config, model, groups, optimizer, schedule, ema, amp, weights, preprocess
+        )
+    except BaseException:
+        loaders.close()
+        raise
+    return TrainState(
+        config=config,
+        data=data,
+        classes=classes,
+        class_weights=weights,
+        arch=arch,
+        preprocess=preprocess,
+        model=model,
+        parameters=parameters,
+        loaders=loaders,
+        drop_last=drop_last,
+        amp=amp,
+        groups=groups,
+        optimizer=optimizer,
+        schedule=schedule,
+        ema=ema,
+        step_ctx=step_ctx,
+        unreadable=UnreadableImages(config.strict),
+        resumed_from=plan.resumed_from,
+        start_epoch=point.start_epoch,
+        best_metric=point.best_metric,
+        best_epoch=point.best_epoch,
+        history=point.history,
+        progress=point.progress,
+        resume_rng=point.rng,
+    )
+
+
+def _drop_last(ctx: DistContext, checkpoint: dict | None) -> bool:
+    """Whether the train loader leaves out each epoch's last partial batch: on CUDA with
+    cudnn.benchmark (not --deterministic), as timm does, so cuDNN autotunes one batch shape
+    only. A resumed run keeps what its checkpoint did (older ones: no drop), and CPU runs never
+    drop: their batches and figures are as they were."""
+    import torch
+
+    if checkpoint is not None:
+        return bool(checkpoint.get("drop_last", False))
+    return ctx.device.type == "cuda" and torch.backends.cudnn.benchmark
+
+
+def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> TrainConfig:
+    """The run's config with `--decode auto` chosen for this device and data (recorded as
+    chosen from the data, so a replayed config.json chooses again)."""
+    from torchkit.core.device_decode import resolve_decode
+
+    decode, note = resolve_decode(
+        config.decode,
+        device_type=ctx.device.type,
+        paths=data.splits["train"].paths,
+        augment=config.augment,
+        random_erasing=config.random_erasing,
+    )
+    if note is not None:
+        data.notes.append(note)
+    if decode == config.decode:
+        return config
+    defaults = tuple(sorted({*config.data_defaults, "decode"}))
+    return dataclasses.replace(config, decode=decode, data_defaults=defaults)
+
+
+def _check_resumed_classes(checkpoint: dict, classes: list[str]) -> None:
+    saved = list(checkpoint["classes"])
+    if saved != classes:
+        raise CheckpointError(
+            f"the checkpoint was trained on {len(saved)} classes ({_names(saved)}), the "
+            f"data has {len(classes)} ({_names(classes)})",
+            "resume with the data the run started with",
+        )
+
+
+def _names(classes: list[str]) -> str:
+    shown = ", ".join(map(str, classes[:5]))
+    return shown + (", ..." if len(classes) > 5 else "")
+
+
+def _build_model(
+    ctx: DistContext,
+    config: TrainConfig,
+    arch: str,
+    num_classes: int,
+    preprocess: Preprocess,
+    sync_bn: bool,
+    *,
+    from_checkpoint: bool,
+) -> tuple[Any, str, int]:
+    """(model on the device, its architecture's name, its parameter count): a new head for the
+    data's classes, whatever the weights had (a resumed run's weights come later)."""
+    import torch
+
+    from torchkit.core.models import resolve_model
+
+    resolved = resolve_model(
+        arch,
+        weights=None if from_checkpoint else config.weights,
+        num_classes=num_classes,
+        trust_checkpoint=config.trust_checkpoint,
+        image_size=preprocess.image_size,
+        in_channels=preprocess.in_channels,
+        new_head=True,  # fine-tuning: the data's classes, whatever the weights had
+        command="train",
+    )
+    if resolved.source == "pickled model":
+        raise UsageError(
+            f"{arch} is a pickled model: train needs an architecture it can rebuild "
+            "for eval and --resume",
+            "name the architecture as --model and pass the file as --weights",
+        )
+    model = resolved.model
+    parameters = sum(p.numel() for p in model.parameters())
+    if config.freeze_backbone:
+        from torchkit.core.train.optim import freeze_backbone
+
+        freeze_backbone(model)
+    if sync_bn:
+        model = ddp.convert_sync_bn(model)
+    model.to(ctx.device)
+    if config.channels_last:
+        model.to(memory_format=torch.channels_last)
+    # (a checkpoint given as --model names its architecture)
+    return model, resolved.arch, parameters
+
+
+def _optimisation(model: Any, config: TrainConfig, steps_per_epoch: int) -> tuple:
+    """(parameter groups, optimiser, lr schedule)."""
+    from torchkit.core.train import dynamo_free
+    from torchkit.core.train.optim import LRSchedule, build_optimizer, param_groups
+
+    groups = param_groups(model, config)
+    if not config.compile:
+        dynamo_free.mark_not_compiled()
+    optimizer = build_optimizer(groups, config)
+    updates_per_epoch = math.ceil(steps_per_epoch / config.accum_steps)
+    return groups, optimizer, LRSchedule(optimizer, config, updates_per_epoch)
+
+
+def _ema(model: Any, config: TrainConfig, checkpoint: dict | None) -> Any:
+    """--ema: the running average of `model`'s weights (the checkpoint's when resuming)."""
+    if not config.ema:
+        return None
+    from torchkit.core.train.ema import ModelEMA
+
+    ema = ModelEMA(model, config.ema_decay)
+    if checkpoint is not None and "model_ema" in checkpoint:
+        ema.load_state_dict(checkpoint["model_ema"], checkpoint.get("ema_updates", 0))
+    return ema
+
+
+def _step_context(
+    ctx: DistContext,
+    config: TrainConfig,
+    model: Any,
+    groups: list,
+    optimizer: Any,
+    schedule: Any,
+    ema: Any,
+    amp: Amp,
+    weights: list[float] | None,
+    preprocess: Preprocess,
+) -> StepContext:
+    """What every training step needs: the model wrapped for DDP (and compiled with
+    --compile), the loss, and the step's options."""
+    import torch
+
+    from torchkit.core.train.optim import set_frozen_norms_eval
+
+    wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model
+    if config.compile:
+        wrapped = torch.compile(wrapped)
+    return StepContext(
+        model=wrapped,
+        module=model,
+        optimizer=optimizer,
+        schedule=schedule,
+        criterion=torch.nn.CrossEntropyLoss(
+            weight=None if weights is None else torch.tensor(weights, device=ctx.device),
+            label_smoothing=config.label_smoothing,
+        ),
+        device=ctx.device,
+        scaler=amp.scaler,
+        ema=ema,
+        autocast=amp.autocast,
+        channels_last=config.channels_last,
+        accum_steps=config.accum_steps,
+        clip_grad=config.clip_grad,
+        l1=config.l1,
+        # L1 goes where weight decay goes: weights, not biases and norms (unless --decay-all).
+        l1_params=[p for g in groups if not g.name.endswith("no_decay") for p in g.params],
+        mixup_alpha=config.mixup_alpha,
+        cutmix_alpha=config.cutmix_alpha,
+        distributed=ctx.is_distributed,
+        input_shape=(preprocess.in_channels,) + (preprocess.image_size,) * 2,
+        normalized_pixels=NormalizedPixels(preprocess.mean, preprocess.std),
+        frozen_norms=(lambda: set_frozen_norms_eval(model)) if config.freeze_backbone else None,
+        earliest_over_ranks=(
+            functools.partial(_earliest_over_ranks, ctx) if ctx.is_distributed else None
+        ),
+    )
+
+
+def _earliest_over_ranks(ctx: DistContext, batch: int) -> int:
+    """The smallest of the ranks' `batch` values that are not -1 (-1 if all are): one
+    all-reduce of a slot per rank."""
+    slots = [0.0] * ctx.world_size
+    slots[ctx.rank] = float(batch + 1)
+    found = [int(v) - 1 for v in distributed.all_reduce_sum(ctx, slots) if v > 0]
+    return min(found) if found else -1
