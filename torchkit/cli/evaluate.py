@@ -10,11 +10,11 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     AllowUntrainedOption,
     ChannelsLastOption,
     DeviceOption,
+    EvalModelOption,
     ForceOption,
     FormatOption,
     InferenceAmpDtype,
@@ -27,8 +27,11 @@ from torchkit.cli.options import (
     StdOption,
     StrictOption,
     TrustCheckpointOption,
+    WeightsOption,
     WorkersOption,
+    model_argument,
 )
+from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
 
 # With more classes than this, the terminal's per-class table leaves out the classes that have
@@ -42,17 +45,7 @@ class TTA(str, Enum):
 
 
 def eval_command(
-    checkpoint: Annotated[
-        Optional[str],
-        typer.Argument(
-            help="The model: a torchkit checkpoint, an exported .onnx (.ts and .pt2 with "
-            "--trust-checkpoint), a pickled model (with --trust-checkpoint), or a model name "
-            "(torchvision, convnet, package.module:Callable) with --weights.",
-            show_default=False,
-            metavar="MODEL",
-            autocompletion=complete_model_name,
-        ),
-    ] = None,
+    model: Annotated[Optional[str], model_argument("runtime")] = None,
     data: Annotated[
         Optional[str],
         typer.Option(
@@ -74,16 +67,7 @@ def eval_command(
             "val split its run held out.",
         ),
     ] = None,
-    model: Annotated[
-        Optional[str],
-        typer.Option(
-            "--model",
-            "-m",
-            help="Architecture of the weights in MODEL (a plain state dict): the same as "
-            "NAME --weights FILE.",
-            autocompletion=complete_model_name,
-        ),
-    ] = None,
+    model_option: EvalModelOption = None,
     num_classes: Annotated[
         Optional[int],
         typer.Option(
@@ -93,15 +77,7 @@ def eval_command(
             "weights, else the number of classes in the data).",
         ),
     ] = None,
-    weights: Annotated[
-        Optional[str],
-        typer.Option(
-            "--weights",
-            help="Weights for a model NAME: torchvision's (DEFAULT, IMAGENET1K_V1...; needs "
-            "the internet or a warm cache) or a file (torchkit checkpoint, state dict, "
-            ".safetensors); the head is sized from the file.",
-        ),
-    ] = None,
+    weights: WeightsOption = None,
     classes: Annotated[
         Optional[str],
         typer.Option(
@@ -195,8 +171,8 @@ def eval_command(
 
     mean_values, std_values = mean_std_options(mean, std, stats)
     spec = ModelSpec(
-        checkpoint=checkpoint,
         model=model,
+        arch=model_option,
         num_classes=num_classes,
         weights=weights,
         classes=parse_class_names(classes) if classes else None,
@@ -230,7 +206,10 @@ def eval_command(
     )
     if output is not None and str(output) != "-":  # `-o -` is stdout
         check_report_file(output, spec, options)  # before any work, not after it
-    with _ProgressBar() as advance:
+    # Under torchrun only rank 0 shows progress (it evaluates its share of the images).
+    with progress_bar(
+        "evaluating", refresh_in_thread=True, hidden=os.environ.get("RANK", "0") != "0"
+    ) as advance:
         result = evaluate(spec, options, progress=advance)
     if result is None:  # a torchrun rank other than 0: rank 0 reports
         return
@@ -309,40 +288,6 @@ def per_class_table(result) -> Table:
         title=title,
         align_right={"Label", "Support", "Precision", "Recall", "F1"},
     )
-
-
-class _ProgressBar:
-    """A rich progress bar on stderr (hidden when stderr is not a terminal), fed by core's
-    `progress(done, total)` callback."""
-
-    def __enter__(self):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("evaluating"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=console.stderr,
-            # Under torchrun only rank 0 shows progress (it evaluates its share of the images).
-            disable=not console.stderr.is_terminal or os.environ.get("RANK", "0") != "0",
-            transient=True,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task("eval", total=None)
-        return self.advance
-
-    def advance(self, done: int, total: int) -> None:
-        self._progress.update(self._task, completed=done, total=total)
-
-    def __exit__(self, *exc) -> None:
-        self._progress.stop()
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.completion import complete_model_name
 from torchkit.cli.options import (
     ChannelsLastOption,
     DeviceOption,
@@ -25,10 +24,13 @@ from torchkit.cli.options import (
     StdOption,
     StrictOption,
     TrustCheckpointOption,
+    WeightsOption,
     WorkersOption,
     model_and_rest,
+    model_argument,
     product_path,
 )
+from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
 
 ARRAY_FORMATS = ("npy", "pt", "safetensors")
@@ -55,16 +57,7 @@ def _complete_format(incomplete: str) -> list[str]:
 
 
 def extract_features_command(
-    model: Annotated[
-        Optional[str],
-        typer.Argument(
-            help="A torchvision model name (resnet18), `convnet`, package.module:Callable, "
-            "a torchkit checkpoint, or a pickled model (with --trust-checkpoint); or --model.",
-            metavar="MODEL",
-            show_default=False,
-            autocompletion=complete_model_name,
-        ),
-    ] = None,
+    model: Annotated[Optional[str], model_argument()] = None,
     images: Annotated[
         Optional[Path],
         typer.Argument(
@@ -99,15 +92,7 @@ def extract_features_command(
         bool,
         typer.Option("--list-layers", help="Print the layer names of MODEL and exit."),
     ] = False,
-    weights: Annotated[
-        Optional[str],
-        typer.Option(
-            "--weights",
-            help="DEFAULT (torchvision's pretrained weights: needs the internet or a warm "
-            "cache) or PATH to a state dict/checkpoint. Default: random initialisation.",
-            show_default=False,
-        ),
-    ] = None,
+    weights: WeightsOption = None,
     pool: Annotated[
         Optional[Pool],
         typer.Option(
@@ -259,7 +244,13 @@ def extract_features_command(
         stats_file=None if stats is None else str(stats),
     )
     try:
-        with _progress_bar() as update:
+        with progress_bar(
+            "extracting",
+            rate_unit="img/s",
+            keep=True,
+            refresh_in_thread=True,
+            count_from_first_update=True,  # a resumed run's speed counts from where it starts
+        ) as update:
             result = extract_features(request, progress=update)
     except KeyboardInterrupt:
         if (out / ".partial").is_dir():
@@ -269,7 +260,7 @@ def extract_features_command(
 
 
 def _list_layers(
-    model: str, weights: str | None, trust: bool, image_size: int | None, fmt: str
+    model: str, weights: str | None, trust_checkpoint: bool, image_size: int | None, fmt: str
 ) -> None:
     from torchkit.core.errors import UsageError
     from torchkit.core.features import list_layers
@@ -278,7 +269,9 @@ def _list_layers(
         raise UsageError(
             f"--format {fmt} does not apply to --list-layers", "use table, csv or json"
         )
-    listing = list_layers(model, weights=weights, trust_checkpoint=trust, image_size=image_size)
+    listing = list_layers(
+        model, weights=weights, trust_checkpoint=trust_checkpoint, image_size=image_size
+    )
     rows = [
         [
             info.name,
@@ -307,50 +300,6 @@ def _list_layers(
         ],
     }
     emit(tables=[table], data=data, fmt=OutputFormat(fmt))
-
-
-class _progress_bar:
-    """A rich progress bar on stderr (hidden when stderr is not a terminal) with images/s."""
-
-    def __enter__(self):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            ProgressColumn,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-        from rich.text import Text
-
-        class Speed(ProgressColumn):
-            def render(self, task) -> Text:
-                speed = task.finished_speed or task.speed
-                return Text(f"{speed:.1f} img/s" if speed else "- img/s", style="cyan")
-
-        self._progress = Progress(
-            TextColumn("extracting"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            Speed(),
-            TimeRemainingColumn(),
-            console=console.stderr,
-            disable=not console.stderr.is_terminal,
-        )
-        self._progress.start()
-        self._task = None
-
-        def update(done: int, total: int) -> None:
-            if self._task is None:
-                # A resumed run starts part-way: count speed from here only.
-                self._task = self._progress.add_task("extract", total=total, completed=done)
-            else:
-                self._progress.update(self._task, completed=done)
-
-        return update
-
-    def __exit__(self, *exc) -> None:
-        self._progress.stop()
 
 
 def _report(result) -> None:

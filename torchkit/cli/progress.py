@@ -1,5 +1,7 @@
-"""The progress bars commands show on stderr: fed by core's (done, total) callbacks, and
-`train`'s per-epoch display (`TrainProgress`)."""
+"""The one place commands draw progress on stderr: `stderr_progress` makes every rich Progress
+(hidden when stderr is not a terminal), `progress_bar` feeds one from core's (done, total)
+callback, and `TrainProgress` is `train`'s per-epoch display. rich is imported only when a bar
+is made, so `--help` and shell completion never load it."""
 
 from __future__ import annotations
 
@@ -10,53 +12,116 @@ from typing import TYPE_CHECKING, Any
 from torchkit.cli import console
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, ProgressColumn
+
     from torchkit.core.train.stop_signal import StopOnSignal
+
+
+def stderr_progress(
+    *columns: ProgressColumn | str,
+    transient: bool = True,
+    refresh_in_thread: bool = True,
+    hidden: bool = False,
+) -> Progress:
+    """A rich Progress on stderr, drawn only when stderr is a terminal (and not `hidden`), so
+    piped or captured stderr holds no bar. `transient` bars are erased when they stop.
+
+    `refresh_in_thread=False` redraws on each update instead of from a thread, for work that
+    forks processes while the bar is up.
+    """
+    from rich.progress import Progress
+
+    return Progress(
+        *columns,
+        console=console.stderr,
+        disable=hidden or not console.stderr.is_terminal,
+        transient=transient,
+        auto_refresh=refresh_in_thread,
+    )
 
 
 class ProgressUpdate:
     """Core's (done, total) callback for a progress bar; `status(text)` shows what is being
     done now beside the label (`status(None)` clears it)."""
 
-    def __init__(self, bar: Any, task: Any, label: str) -> None:
-        self._bar, self._task, self._label = bar, task, label
+    def __init__(
+        self, bar: Any, label: str, *, refresh: bool, count_from_first_update: bool
+    ) -> None:
+        self._bar, self._label, self._refresh = bar, label, refresh
+        self._description = label
+        # A task made at the first update counts speed and time from the count it is given
+        # (a resumed run starts part-way); until then the bar shows nothing.
+        self._task = None if count_from_first_update else bar.add_task(label, total=None)
 
     def __call__(self, done: int, total: int) -> None:
-        self._bar.update(self._task, completed=done, total=total, refresh=True)
+        if self._task is None:
+            self._task = self._bar.add_task(self._description, total=total, completed=done)
+            if self._refresh:
+                self._bar.refresh()
+        else:
+            self._bar.update(self._task, completed=done, total=total, refresh=self._refresh)
 
     def status(self, text: str | None) -> None:
         from rich.markup import escape
 
-        description = self._label if not text else f"{self._label}: {escape(text)}"
-        self._bar.update(self._task, description=description, refresh=True)
+        self._description = self._label if not text else f"{self._label}: {escape(text)}"
+        if self._task is not None:
+            self._bar.update(self._task, description=self._description, refresh=self._refresh)
 
 
 @contextmanager
-def progress_bar(label: str) -> Iterator[ProgressUpdate]:
-    """A progress bar on stderr (only on a terminal) fed by core's (done, total) callback.
+def progress_bar(
+    label: str,
+    *,
+    eta: bool = True,
+    rate_unit: str | None = None,
+    keep: bool = False,
+    refresh_in_thread: bool = False,
+    hidden: bool = False,
+    count_from_first_update: bool = False,
+) -> Iterator[ProgressUpdate]:
+    """A bar on stderr fed by core's (done, total) callback: `label, bar, done/total`, then the
+    speed in `rate_unit` per second if given, then the time left if `eta`.
 
-    It refreshes on each update instead of from a thread, so no thread is running when the
-    stats pass forks its worker processes.
+    `keep` leaves the finished bar on the terminal instead of erasing it. By default it redraws
+    on each update rather than from a thread, so no thread is running when a stats pass forks
+    its worker processes; `refresh_in_thread` lets the bar move between updates. `hidden` keeps
+    it off the terminal too (a torchrun rank other than 0). `count_from_first_update`: see
+    `ProgressUpdate`.
     """
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-    with Progress(
+    columns: list[ProgressColumn] = [
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console.stderr,
-        disable=not console.stderr.is_terminal,
-        transient=True,
-        auto_refresh=False,
+    ]
+    if rate_unit:
+        columns.append(_rate_column(rate_unit))
+    if eta:
+        columns.append(TimeRemainingColumn())
+    with stderr_progress(
+        *columns, transient=not keep, refresh_in_thread=refresh_in_thread, hidden=hidden
     ) as bar:
-        task = bar.add_task(label, total=None)
-        yield ProgressUpdate(bar, task, label)
+        yield ProgressUpdate(
+            bar,
+            label,
+            refresh=not refresh_in_thread,
+            count_from_first_update=count_from_first_update,
+        )
+
+
+def _rate_column(unit: str) -> ProgressColumn:
+    """`12.3 img/s` (`- img/s` before there is a speed to show)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Rate(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:.1f} {unit}" if speed else f"- {unit}", style="cyan")
+
+    return Rate()
 
 
 class TrainProgress:
@@ -74,23 +139,14 @@ class TrainProgress:
 
     def __enter__(self) -> TrainProgress:
         if self.enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(
+            self._progress = stderr_progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[stats]}"),
                 TimeElapsedColumn(),
-                console=console.stderr,
-                disable=not console.stderr.is_terminal,
-                transient=True,
             )
             self._progress.__enter__()
         return self

@@ -10,6 +10,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
+from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
 
 CSV_COLUMNS = [
@@ -140,24 +141,10 @@ def video_info(
 
       torchkit video-info clip.mp4 -k 8 --sample-mode train --seed 3 --extract-frames frames/
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from torchkit.core.errors import InputError
     from torchkit.core.video import inspect_videos
 
-    with Progress(
-        TextColumn("reading videos"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=console.stderr,
-        disable=not console.stderr.is_terminal,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("videos", total=None)
-
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
+    with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
         infos = inspect_videos(
             paths,
             exact=exact,
