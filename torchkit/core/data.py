@@ -611,8 +611,9 @@ def loader_context():
 def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool = False):
     """A torch Dataset over `samples` whose items are (tensor, label, index, error).
 
-    Files are read by `core.image_files.load_image`: 16-bit images scaled to 8 bits, and a path
-    that is not a regular file (a FIFO, a dangling symlink) unreadable without being opened.
+    Files are read by `core.image_files.load_image`: 16-bit images scaled to 8 bits, the pixels
+    as stored (no EXIF rotation), and a path that is not a regular file (a FIFO, a dangling
+    symlink) unreadable without being opened.
     An unreadable image gives `(None, label, index, "path: reason")` instead of raising, so one
     corrupt file does not kill a DataLoader worker; `collate_skipping_unreadable` drops it and
     reports it to the main process, which counts it (or stops, with --strict).
@@ -626,9 +627,10 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool
     import torch
     from PIL import Image
 
-    from torchkit.core.image_files import load_image
+    from torchkit.core.image_files import load_image, unreadable_image_errors
 
     from_file = getattr(transform, "pixels_from_file" if pixels else "from_file", None)
+    unreadable = unreadable_image_errors()
 
     class _ImageDataset(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -647,7 +649,7 @@ def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool
                 if image.mode != mode:
                     image = image.convert(mode)
                 return transform(image), label, index, ""
-            except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+            except unreadable as error:
                 name = samples.paths[index] if samples.paths else str(index)
                 return None, label, index, f"{name}: {error}"
 

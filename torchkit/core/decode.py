@@ -17,10 +17,11 @@ enlarges it more than the exact path does: the model sees the same content at th
 filtered by libjpeg's scaled DCT instead of by PIL's bilinear filter alone (see
 `benchmarks/bench_decode.py` for the difference in pixels and in accuracy).
 
-Everything else is exactly the exact path's: images that are not JPEGs, crops too small to
-reduce, in-memory images, 16-bit scaling, mode conversion (CMYK, grayscale), no EXIF rotation,
-and the same errors for unreadable files. Only the crop step changes, so every policy
-(trivialaugment, randaugment, autoaugment, random erasing) runs after it as before.
+Everything else is exactly the exact path's (`core.image_files`): images that are not JPEGs,
+crops too small to reduce, in-memory images, 16-bit scaling, mode conversion (CMYK, grayscale),
+the pixels as stored (no EXIF rotation), and the same errors for unreadable files. Only the crop
+step changes, so every policy (trivialaugment, randaugment, autoaugment, random erasing) runs
+after it as before.
 
 The training loader takes the crops as 8-bit pixels (`FileTrainTransform.pixels_from_file`) and
 the loop normalises whole batches (`NormalizedPixels`), bit for bit what ToTensor + Normalize
@@ -158,7 +159,7 @@ class ReducedDecodeCrop:
     def decode(self, path: str | os.PathLike, mode: str) -> tuple[Any, tuple, int]:
         """(image, crop box in its pixels, reduction k): the file at `path` in `mode`, decoded
         at 1/k, and the crop drawn for it as (left, top, right, bottom), scaled by 1/k."""
-        from torchkit.core.image_files import opened_image, to_8bit
+        from torchkit.core.image_files import opened_image, pixels_in_mode
 
         # A JPEG is read whole in one call: PIL reads its header in dozens of small reads.
         in_memory = os.fspath(path).lower().endswith(JPEG_SUFFIXES)
@@ -175,10 +176,8 @@ class ReducedDecodeCrop:
                         reduction = round(full_width / drafted[1][2])
             # Decoded whole, even below the crop: a JPEG stopped early ends in the error a
             # corrupt one gives, and a file refused in one epoch must be refused in every one.
-            if image.mode == mode:
-                image.load()  # the pixels outlive the file; no copy needed
-            else:
-                image = to_8bit(image).convert(mode)  # a loaded copy
+            # As stored, as every loader reads it: the crop was drawn from the stored size.
+            image = pixels_in_mode(image, mode, exif=False)
         box = (left, top, left + width, top + height)
         return image, tuple(v / reduction for v in box) if reduction > 1 else box, reduction
 

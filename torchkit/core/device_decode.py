@@ -2,7 +2,8 @@
 each file's bytes and draw its random crop and flip; the main process decodes the whole batch
 in one call (`torchvision.io.decode_jpeg(list, device=...)`: nvJPEG on CUDA, libjpeg-turbo on
 the CPU), then crops, resizes and flips each image there, and the loop normalises the batch as
-it normalises the other paths' 8-bit batches (`core.decode.NormalizedPixels`).
+it normalises the other paths' 8-bit batches (`core.decode.NormalizedPixels`). The pixels are
+the ones stored, EXIF orientation ignored, as every loader reads them (`core.image_files`).
 
 The draws are the fast path's (`core.decode.CropDraws` on the size in the JPEG's header, then
 the flip's `torch.rand(1) < 0.5`): the same random numbers from torch's generator in the same
@@ -38,7 +39,6 @@ erasing and `--augment none` are not run on the device: `--decode device` refuse
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import warnings
@@ -135,23 +135,17 @@ class DeviceDecodeTransform:
 
     def pixels_from_file(self, path: str | os.PathLike, mode: str) -> Any:
         import torch
-        from PIL import Image, UnidentifiedImageError
 
-        from torchkit.core.image_files import open_regular_file
+        from torchkit.core.image_files import opened_image, read_regular_file
 
         name = os.fspath(path)
         if mode != "RGB" or not name.lower().endswith(JPEG_SUFFIXES):
             return self.fallback.pixels_from_file(path, mode)
-        with open_regular_file(path) as handle:
-            data = handle.read()
+        data = read_regular_file(path)
         if not data.startswith(JPEG_START):
             return self.fallback.pixels_from_file(path, mode)
-        try:
-            image = Image.open(io.BytesIO(data))  # the header only: no pixel is decoded
-        except UnidentifiedImageError:
-            # As `core.image_files.opened_image` words it: the path, not the file object.
-            raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
-        with image:
+        # The header only: no pixel is decoded. Unreadable: the error every loader gives.
+        with opened_image(data, name=name) as image:
             width, height = image.size
             # Zero padding after the end marker is common and harmless; anything else there
             # (or no end marker: a truncated file) takes PIL's path, which judges it as before.
@@ -302,10 +296,12 @@ def decode_jpegs(chunks: list, device: Any) -> list:
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    # The pixels as stored, as every loader reads them (core.image_files' EXIF rule).
+    decode = {"mode": ImageReadMode.RGB, "device": device, "apply_exif_orientation": False}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_DEPRECATION)
         try:
-            return list(decode_jpeg(chunks, mode=ImageReadMode.RGB, device=device))
+            return list(decode_jpeg(chunks, **decode))
         except torch.OutOfMemoryError:
             raise  # the run's own error (a smaller --batch-size), not a bad file
         except RuntimeError:
@@ -313,7 +309,7 @@ def decode_jpegs(chunks: list, device: Any) -> list:
         decoded, first_error = [], None
         for chunk in chunks:
             try:
-                decoded.append(decode_jpeg([chunk], mode=ImageReadMode.RGB, device=device)[0])
+                decoded.append(decode_jpeg([chunk], **decode)[0])
             except torch.OutOfMemoryError:
                 raise
             except RuntimeError as error:
@@ -379,10 +375,10 @@ def pil_crop(
     from PIL import Image
 
     from torchkit.core.decode import PixelTensor
-    from torchkit.core.image_files import opened_image, to_8bit
+    from torchkit.core.image_files import opened_image, pixels_in_mode
 
     with opened_image(path, in_memory=True) as image:
-        image = to_8bit(image).convert("RGB")
+        image = pixels_in_mode(image, "RGB", exif=False)  # as stored, as the workers read it
     top, left, height, width = box
     image = image.crop((left, top, left + width, top + height))
     image = image.resize((size, size), pil_resample(interpolation))

@@ -24,19 +24,20 @@
   of a JPEG to within a few bits (identical for most images).
 
 Images are read as every loader reads them (`core.image_files`: regular files only, 16-bit
-images scaled to 8 bits). Nothing here prints or imports anything heavy at import time.
+images scaled to 8 bits, the pixels as stored: the EXIF orientation is not applied, so a photo
+and its rotated-by-tag copy hash as the pictures a model is fed). Nothing here prints or imports
+anything heavy at import time.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchkit.core.image_files import open_regular_file, to_8bit
+from torchkit.core.image_files import open_regular_file, opened_image, read_regular_file, to_8bit
 
 HASH_BITS = 64
 _SIDE = 32  # the image is resized to _SIDE x _SIDE before the DCT
@@ -153,29 +154,32 @@ def phash_image(image: Any) -> int:
     return int.from_bytes(np.packbits(bits).tobytes(), "big")
 
 
+def _reduced_phash(image: Any) -> int:
+    """`phash_image` of an opened image, from a reduced decode where the format allows it."""
+    if image.format == "JPEG":
+        image.draft("L", (_DRAFT, _DRAFT))
+    return phash_image(image)
+
+
 def phash_bytes(data: bytes) -> int:
     """The 64-bit pHash of an image file's contents, from a reduced decode where the format
-    allows it (JPEG). Raises PIL's errors (or OSError) for data that is not a readable image."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        if image.format == "JPEG":
-            image.draft("L", (_DRAFT, _DRAFT))
-        return phash_image(image)
+    allows it (JPEG). Raises `core.image_files.unreadable_image_errors()` for data that is not
+    a readable image."""
+    with opened_image(data) as image:
+        return _reduced_phash(image)
 
 
 def phash_file(path: str | os.PathLike) -> int:
-    """`phash_bytes` of the file at `path` (regular files only)."""
-    with open_regular_file(path) as handle:
-        return phash_bytes(handle.read())
+    """`phash_bytes` of the file at `path` (regular files only; errors name the path)."""
+    with opened_image(path, in_memory=True) as image:
+        return _reduced_phash(image)
 
 
 def hash_file(path: str | os.PathLike, *, perceptual: bool = True) -> tuple[bytes, int | None]:
     """(SHA-256 of the bytes, pHash or None) of one file, reading it once. The pHash is None
     when `perceptual` is off or the bytes are not an image PIL can decode; OSError when the
     file cannot be read at all."""
-    with open_regular_file(path) as handle:
-        data = handle.read()
+    data = read_regular_file(path)
     digest = hashlib.sha256(data).digest()
     if not perceptual:
         return digest, None

@@ -1,11 +1,13 @@
 """`dataset-stats`: exact per-channel mean/std and a health report of an image dataset.
 
 One pass over the files, in worker processes. Each worker reads a file once: the bytes are hashed
-(exact duplicates) and decoded from memory. Pixels are not summed as floats but counted into
-per-channel histograms (PIL's C `histogram()` for 8-bit images, `np.bincount` for 16-bit ones).
-Histograms add up exactly in any order, so the result does not depend on how the work was split,
-and the mean and variance come out of exact integer (rational) arithmetic: weighted by pixel, not
-the average of per-image means that the classic `compute_mean_and_std` recipe returns.
+(exact duplicates) and decoded from memory, as every loader decodes them (`core.image_files`:
+16-bit scaled to 8 bits for rgb/gray, the pixels as stored). Pixels are not summed as floats but
+counted into per-channel histograms (PIL's C `histogram()` for 8-bit images, `np.bincount` for
+16-bit ones). Histograms add up exactly in any order, so the result does not depend on how the
+work was split, and the mean and variance come out of exact integer (rational) arithmetic:
+weighted by pixel, not the average of per-image means that the classic `compute_mean_and_std`
+recipe returns.
 
 Leakage between splits (issue #20). Of split data (a split root, a CSV with a split column) the
 statistics are of one split (train by default), but the files of the other splits are read in
@@ -34,7 +36,14 @@ from typing import Any
 from torchkit.core.data import DIGITS, Samples
 from torchkit.core.errors import InputError, UsageError, first_line
 from torchkit.core.files import atomic_write_bytes, atomic_write_text
-from torchkit.core.image_files import SIXTEEN_BIT_MODES, NotARegularFile, open_regular_file, to_8bit
+from torchkit.core.image_files import (
+    SIXTEEN_BIT_MODES,
+    NotARegularFile,
+    expanded_mode,
+    opened_image,
+    pixels_in_mode,
+    read_regular_file,
+)
 from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD, DuplicatePair
 from torchkit.core.outputs import (
     InputPath,
@@ -166,13 +175,7 @@ def target_mode(image_mode: str, info: dict, mode: str) -> str:
         return "RGB"
     if mode == "gray":
         return "L"
-    if image_mode == "P":
-        return "RGBA" if "transparency" in info else "RGB"
-    if image_mode == "PA":
-        return "RGBA"
-    if image_mode == "1":
-        return "L"
-    return image_mode
+    return expanded_mode(image_mode, info)
 
 
 def channel_names(pil_mode: str, bands: Sequence[str]) -> tuple[str, ...]:
@@ -317,21 +320,20 @@ def scan_files(
         for offset, path in enumerate(paths):
             index = start + offset
             try:
-                with open_regular_file(path) as handle:  # a FIFO would block forever
-                    data = handle.read()
+                data = read_regular_file(path)  # a FIFO would block forever: refused
             except OSError as error:
                 result.errors.append((index, _describe(error), 0))
                 continue
             phash = None
             try:
-                with Image.open(io.BytesIO(data)) as image:
+                with opened_image(data) as image:
                     native_mode, file_format, (width, height) = image.mode, image.format, image.size
                     wanted = target_mode(image.mode, image.info, mode)
-                    # rgb/gray: the 8-bit pixels torchkit's loaders feed a model.
-                    pixels = image if mode == "native" else to_8bit(image)
-                    if pixels.mode != wanted:
-                        pixels = pixels.convert(wanted)
-                    pixels.load()
+                    if mode == "native":  # the file's own channels, at their own depth
+                        pixels = image if image.mode == wanted else image.convert(wanted)
+                        pixels.load()
+                    else:  # the 8-bit pixels torchkit's loaders feed a model, as stored
+                        pixels = pixels_in_mode(image, wanted, exif=False)
                     if perceptual:  # from this decode: no second one (see core.hashing)
                         phash = phash_image(image)
                     if resize:

@@ -19,6 +19,7 @@ from typing import Any
 
 from torchkit.core.errors import InputError, OutputWriteError, UsageError, first_line
 from torchkit.core.files import atomic_write_bytes
+from torchkit.core.image_files import opened_image
 from torchkit.core.outputs import InputPath, OutputFolder, check_output_file, write_error
 from torchkit.core.progress import Progress
 
@@ -278,9 +279,7 @@ def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
     if kind is None:
         return None
     try:
-        from PIL import Image
-
-        with Image.open(path) as image:
+        with opened_image(path) as image:
             frames = int(getattr(image, "n_frames", 1) or 1)
     except Exception:  # the magic bytes, but not an image PIL reads: leave it to FFmpeg
         return None

@@ -248,20 +248,3 @@ def make_grid(pixels: Pixels, *, nrow: int = 8, padding: int = 2, pad_value: flo
         left = (index % columns) * cell_w + padding
         grid[top : top + height, left : left + width] = array[index]
     return Pixels(grid, pixels.name, pixels.scale)
-
-
-def apply_exif_orientation(array: Any, orientation: int) -> Any:
-    """Turn an (H, W, ...) array the way EXIF orientation 1..8 says, as PIL's exif_transpose."""
-    import numpy as np
-
-    transforms = {
-        2: lambda a: a[:, ::-1],
-        3: lambda a: a[::-1, ::-1],
-        4: lambda a: a[::-1],
-        5: lambda a: np.swapaxes(a, 0, 1),
-        6: lambda a: np.rot90(a, -1),
-        7: lambda a: np.rot90(a, 2).swapaxes(0, 1),
-        8: lambda a: np.rot90(a, 1),
-    }
-    transform = transforms.get(orientation)
-    return array if transform is None else np.ascontiguousarray(transform(array))

@@ -226,7 +226,7 @@ def _tile(result: EvalResult, index: int) -> np.ndarray:
     small images such as 8x8 digits are enlarged with nearest-neighbour to stay crisp)."""
     from PIL import Image
 
-    from torchkit.core.image_files import load_image
+    from torchkit.core.image_files import load_image, unreadable_image_errors
 
     tile = np.full((ERROR_TILE, ERROR_TILE, 3), 235, dtype=np.uint8)
     samples = result.samples
@@ -235,7 +235,7 @@ def _tile(result: EvalResult, index: int) -> np.ndarray:
             image = Image.fromarray(np.asarray(samples.images[index])).convert("RGB")
         else:
             image = load_image(samples.paths[index], "RGB")  # 16-bit scaled, FIFOs never opened
-    except (OSError, ValueError):
+    except unreadable_image_errors():
         return tile
     scale = ERROR_TILE / max(image.size)
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))

@@ -1,0 +1,331 @@
+"""One image-decoding module (`core.image_files`) with one EXIF rule: every entry point that
+feeds a model or measures pixels (load_image and the train/eval dataset, the reduced and device
+decodes of training, dataset-stats, the perceptual hash) reads the pixels as stored, and
+`convert tensor` turns them by their EXIF orientation unless asked not to; 16-bit, CMYK and
+palette images give the same pixels through every entry point that takes them; an unreadable
+file raises the same error wherever it is read. Tiny images, in process."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from torchkit.core.convert import pixels as px
+from torchkit.core.convert.tensor import read_image
+from torchkit.core.data import Preprocess, Samples, make_dataset, train_transform
+from torchkit.core.decode import ReducedDecodeCrop
+from torchkit.core.device_decode import DeviceDecodeTransform, EncodedJpeg, decode_jpegs
+from torchkit.core.errors import InputError
+from torchkit.core.hashing import hash_file, phash_bytes, phash_file, phash_image
+from torchkit.core.image_files import (
+    NotARegularFile,
+    apply_exif_orientation,
+    exif_orientation,
+    load_image,
+    opened_image,
+    pixels_in_mode,
+    unreadable_image_errors,
+)
+from torchkit.core.stats import scan_files
+from torchkit.core.video import still_image_format
+
+TURNED = 6  # EXIF "rotate 90 degrees clockwise to display"
+
+
+def picture(width: int, height: int, seed: int = 0) -> np.ndarray:
+    """RGB content that looks different turned: a ramp across, another down, some noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([255 * x / width, 255 * y / height, 128 + 0 * x], axis=-1)
+    return np.clip(pixels + rng.normal(0, 20, pixels.shape), 0, 255).astype(np.uint8)
+
+
+def with_orientation(orientation: int) -> Image.Exif:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("image-decoding")
+    paths = {name: folder / name for name in (
+        "plain.jpg", "turned.jpg", "gray16.png", "rgb16.png", "cmyk.jpg", "palette.png",
+        "clear_palette.png", "garbage.jpg", "truncated.jpg",
+    )}  # fmt: skip
+    # The same pixels encoded the same way, with and without the tag: the same scan data.
+    stored = Image.fromarray(picture(48, 32))
+    stored.save(paths["plain.jpg"], quality=95)
+    stored.save(paths["turned.jpg"], quality=95, exif=with_orientation(TURNED))
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 65536, (20, 30), dtype=np.uint16)).save(paths["gray16.png"])
+    rgb16 = rng.integers(0, 65536, (20, 30, 3), dtype=np.uint16)
+    import cv2
+
+    cv2.imwrite(str(paths["rgb16.png"]), rgb16[..., ::-1])  # PIL cannot write 16-bit colour
+    Image.fromarray(picture(30, 20, 2)).convert("CMYK").save(paths["cmyk.jpg"], quality=95)
+    palette = Image.fromarray(picture(30, 20, 3)).convert("P", palette=Image.Palette.ADAPTIVE)
+    palette.save(paths["palette.png"])
+    palette.save(paths["clear_palette.png"], transparency=0)
+    # JPEG's first bytes, then nothing PIL can identify: both device and PIL paths look at it.
+    paths["garbage.jpg"].write_bytes(b"\xff\xd8\xff" + b"not a picture" * 8)
+    data = paths["plain.jpg"].read_bytes()
+    paths["truncated.jpg"].write_bytes(data[: len(data) // 2])
+    return paths
+
+
+def pil_stored(path: Path, mode: str = "RGB") -> np.ndarray:
+    """What torchvision's ImageFolder (PIL's loader) gives: the pixels as stored."""
+    with Image.open(path) as image:
+        return np.asarray(image.convert(mode))
+
+
+def histogram(pixels: np.ndarray) -> np.ndarray:
+    """(C, 256) counts of an (H, W, C) uint8 array, as dataset-stats counts pixels."""
+    return np.stack([np.bincount(pixels[..., c].ravel(), minlength=256) for c in range(3)])
+
+
+def scanned(path: Path, mode: str = "rgb"):
+    """dataset-stats' pass over one file, pHash included."""
+    return scan_files(0, [str(path)], [path.name], mode, None, True, True)
+
+
+def dataset_pixels(path: Path, mode: str = "RGB") -> np.ndarray:
+    """The pixels the train/eval/predict/extract-features dataset hands its transform."""
+    samples = Samples(["a"], [0], paths=[str(path)])
+    item, _, _, error = make_dataset(samples, np.asarray, mode=mode)[0]
+    assert error == ""
+    return item
+
+
+def reduced_decode(path: Path, mode: str = "RGB") -> np.ndarray:
+    """`train --decode fast`'s decode, at full size for an image this small."""
+    image, _, reduction = ReducedDecodeCrop(64).decode(path, mode)
+    assert reduction == 1
+    return np.asarray(image)
+
+
+def device_transform() -> DeviceDecodeTransform:
+    fallback = train_transform(Preprocess(image_size=16, resize_size=18), decode="fast")
+    return DeviceDecodeTransform(fallback, flip=True)
+
+
+# --------------------------------------------------------------------------- the EXIF rule
+
+
+def test_the_exif_rule_is_one_function_every_caller_must_answer(files):
+    for function in (exif_orientation, pixels_in_mode):
+        parameter = inspect.signature(function).parameters["exif"]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameter.default is inspect.Parameter.empty, function.__name__
+    with opened_image(files["turned.jpg"]) as image:
+        assert exif_orientation(image, exif=False) == 1
+        assert exif_orientation(image, exif=True) == TURNED
+    with opened_image(files["plain.jpg"]) as image:
+        assert exif_orientation(image, exif=True) == 1
+
+
+def test_a_turned_jpeg_is_read_as_stored_by_everything_that_feeds_or_measures(files):
+    plain, turned = files["plain.jpg"], files["turned.jpg"]
+    stored = pil_stored(plain)
+    assert np.array_equal(pil_stored(turned), stored)
+    viewed = np.asarray(ImageOps.exif_transpose(Image.open(turned)).convert("RGB"))
+    assert viewed.shape == (48, 32, 3)  # the tag turns the 48x32 picture upright
+
+    assert np.array_equal(np.asarray(load_image(turned, "RGB")), stored)
+    assert np.array_equal(dataset_pixels(turned), stored)
+    assert np.array_equal(reduced_decode(turned), stored)
+
+    # The device path: the crop is drawn from the stored size, the bytes decoded as stored.
+    torch.manual_seed(0)
+    item = device_transform().pixels_from_file(turned, "RGB")
+    torch.manual_seed(0)
+    reference = device_transform().pixels_from_file(plain, "RGB")
+    assert isinstance(item, EncodedJpeg) and item.box == reference.box
+    (decoded,) = decode_jpegs([torch.frombuffer(bytearray(item.data), dtype=torch.uint8)], "cpu")
+    assert np.array_equal(decoded.permute(1, 2, 0).numpy(), stored)
+
+    # dataset-stats: the stored size, the stored pixels counted, the stored picture's pHash.
+    result = scanned(turned)
+    (record,) = result.records
+    assert record[1:3] == (48, 32)
+    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(stored))
+    ((_, _, stats_hash),) = result.hashes
+    assert stats_hash == phash_image(Image.fromarray(stored))
+    assert stats_hash != phash_image(Image.fromarray(viewed))
+
+    # The near-duplicate hash (dataset-stats' leakage check): a turned copy is the same picture.
+    assert hash_file(turned)[1] == hash_file(plain)[1] == phash_file(turned)
+    assert phash_bytes(turned.read_bytes()) == phash_bytes(plain.read_bytes())
+
+
+def test_convert_tensor_turns_the_picture_unless_told_not_to(files):
+    plain, turned = files["plain.jpg"], files["turned.jpg"]
+    stored = read_image(plain).array
+    viewed = np.asarray(ImageOps.exif_transpose(Image.open(turned)).convert("RGB"))
+    assert np.array_equal(read_image(turned).array, viewed)
+    assert np.array_equal(read_image(turned).array, apply_exif_orientation(stored, TURNED))
+    assert np.array_equal(read_image(turned, exif=False).array, stored)
+    # The same function answers both: asked for the picture as viewed, the loaders' decode
+    # gives convert tensor's pixels.
+    with opened_image(turned) as image:
+        assert np.array_equal(np.asarray(pixels_in_mode(image, "RGB", exif=True)), viewed)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_orientation_turns_arrays_and_images_alike(tmp_path, orientation):
+    path = tmp_path / f"o{orientation}.png"  # lossless: pixels compare exactly
+    Image.fromarray(picture(5, 3, orientation)).save(path, exif=with_orientation(orientation))
+    viewed = np.asarray(ImageOps.exif_transpose(Image.open(path)).convert("RGB"))
+    assert np.array_equal(read_image(path).array, viewed)
+    with opened_image(path) as image:
+        assert np.array_equal(np.asarray(pixels_in_mode(image, "RGB", exif=True)), viewed)
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), picture(5, 3, orientation))
+
+
+# --------------------------------------------------------------------------- the same pixels
+
+
+def test_a_16_bit_grayscale_png_gives_the_same_8_bit_pixels_everywhere(files):
+    path = files["gray16.png"]
+    with Image.open(path) as image:
+        assert image.mode == "I;16"
+        raw = np.asarray(image).astype(np.uint16)
+    eight = np.rint(raw / 257.0).astype(np.uint8)  # 65535 -> 255: scaled, not clipped
+    rgb = np.repeat(eight[..., None], 3, axis=-1)
+
+    assert np.array_equal(np.asarray(load_image(path, "L")), eight)
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), rgb)
+    assert np.array_equal(dataset_pixels(path), rgb)
+    assert np.array_equal(reduced_decode(path), rgb)
+    result = scanned(path)
+    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(rgb))
+    assert result.hashes[0][2] == phash_image(Image.fromarray(eight)) == phash_file(path)
+    gray = scanned(path, "gray").accumulator.histograms[(("L",), 255)]
+    assert np.array_equal(gray[0], np.bincount(eight.ravel(), minlength=256))
+    # convert tensor keeps all 16 bits; made 8-bit, they are the loaders' pixels.
+    pixels = read_image(path)
+    assert pixels.array.dtype == np.uint16 and np.array_equal(pixels.array[..., 0], raw)
+    assert np.array_equal(px.to_image(pixels, sixteen_bit=False), eight)
+
+
+def test_a_16_bit_colour_png_gives_the_same_pixels_in_every_loader(files):
+    # PIL reads 16-bit colour as 8 bits itself; every loader gets those same pixels.
+    path = files["rgb16.png"]
+    stored = pil_stored(path)
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), stored)
+    assert np.array_equal(dataset_pixels(path), stored)
+    assert np.array_equal(reduced_decode(path), stored)
+    result = scanned(path)
+    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(stored))
+    assert read_image(path).array.dtype == np.uint16  # convert tensor keeps the 16 bits
+
+
+@pytest.mark.parametrize("name", ["cmyk.jpg", "palette.png"])
+def test_cmyk_and_palette_images_give_the_same_rgb_pixels_everywhere(files, name):
+    path = files[name]
+    stored = pil_stored(path)
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), stored)
+    assert np.array_equal(dataset_pixels(path), stored)
+    assert np.array_equal(reduced_decode(path), stored)
+    assert np.array_equal(read_image(path).array, stored)
+    result = scanned(path)
+    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(stored))
+    assert result.hashes[0][2] == phash_image(Image.fromarray(stored))
+
+
+def test_a_transparent_palette_keeps_its_alpha_where_channels_are_kept(files):
+    path = files["clear_palette.png"]
+    rgba = pil_stored(path, "RGBA")
+    assert (rgba[..., 3] == 0).any()
+    native = scanned(path, "native").accumulator.histograms
+    assert list(native) == [(("R", "G", "B", "A"), 255)]
+    counts = np.stack([np.bincount(rgba[..., c].ravel(), minlength=256) for c in range(4)])
+    assert np.array_equal(native[(("R", "G", "B", "A"), 255)], counts)
+    assert np.array_equal(read_image(path).array, rgba)
+    # The loaders feed RGB: the same colours, the alpha dropped.
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), rgba[..., :3])
+
+
+# --------------------------------------------------------------------------- unreadable files
+
+
+def _errors_of_every_reader(path: Path) -> dict[str, BaseException]:
+    """What each entry point raises for `path`."""
+    readers = {
+        "load_image": lambda: load_image(path, "RGB"),
+        "reduced decode": lambda: ReducedDecodeCrop(64).decode(path, "RGB"),
+        "device decode": lambda: device_transform().pixels_from_file(path, "RGB"),
+        "phash": lambda: phash_file(path),
+    }
+    raised = {}
+    for name, read in readers.items():
+        with pytest.raises(BaseException) as caught:
+            read()
+        raised[name] = caught.value
+    return raised
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "message"),
+    [
+        ("garbage.jpg", UnidentifiedImageError, "cannot identify image file"),
+        ("truncated.jpg", OSError, "truncated"),
+    ],
+)
+def test_an_unreadable_image_is_the_same_error_everywhere(files, name, kind, message):
+    path = files[name]
+    raised = _errors_of_every_reader(path)
+    for reader, error in raised.items():
+        assert type(error) is type(raised["load_image"]), reader
+        assert isinstance(error, kind) and isinstance(error, unreadable_image_errors()), reader
+        assert message in str(error), reader
+    if kind is UnidentifiedImageError:  # named by its path, whichever reader met it
+        assert {str(error) for error in raised.values()} == {
+            f"cannot identify image file {os.fspath(path)!r}"
+        }
+    # What the commands make of it: a skipped item, a listed file, no pHash, convert's error.
+    _, _, _, item_error = make_dataset(Samples(["a"], [0], paths=[str(path)]), np.asarray)[0]
+    assert item_error == f"{path}: {raised['load_image']}"
+    result = scanned(path)
+    assert [index for index, _, _ in result.errors] == [0] and not result.records
+    assert hash_file(path)[1] is None
+    with pytest.raises(InputError, match="cannot read image"):
+        read_image(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_is_refused_by_every_reader_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe.jpg"
+    os.mkfifo(fifo)
+    for reader, error in _errors_of_every_reader(fifo).items():
+        assert isinstance(error, NotARegularFile), reader
+        assert str(error) == "not a regular file (a FIFO)", reader
+    result = scanned(fifo)
+    assert result.errors == [(0, "not a regular file (a FIFO)", 0)]
+    with pytest.raises(OSError):
+        hash_file(fifo)
+    with pytest.raises(InputError, match=r"not a regular file \(a FIFO\)"):
+        read_image(fifo)
+    assert still_image_format(fifo, b"\xff\xd8\xff") is None  # video-info leaves it to FFmpeg
+
+
+def test_bytes_and_paths_open_alike(files):
+    data = files["turned.jpg"].read_bytes()
+    with opened_image(data) as from_bytes, opened_image(files["turned.jpg"]) as from_path:
+        assert from_bytes.size == from_path.size and from_bytes.format == "JPEG"
+        assert np.array_equal(
+            np.asarray(pixels_in_mode(from_bytes, "RGB", exif=False)),
+            np.asarray(pixels_in_mode(from_path, "RGB", exif=False)),
+        )
+    with (
+        pytest.raises(UnidentifiedImageError, match="'named.jpg'"),
+        opened_image(b"junk", name="named.jpg"),
+    ):
+        pass
