@@ -180,8 +180,8 @@ def tensor(
 
       torchkit convert tensor images/ arrays/ --to npy -j 4
     """
+    from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor
-    from torchkit.core.convert.writes import check_report_output
 
     dst = product_path(dst, out_option, name="DST")
     check_report_output(output, force, source=src, destination=dst)
@@ -268,7 +268,7 @@ def cifar(
       torchkit convert cifar cifar-100-python/ data/cifar100-coarse --label-type coarse
     """
     from torchkit.core.convert.cifar import convert_cifar
-    from torchkit.core.convert.writes import check_report_output
+    from torchkit.core.convert.report_file import check_report_output
 
     out = product_path(out, out_option)
     check_report_output(output, force, source=src, destination=out)
@@ -373,7 +373,7 @@ def checkpoint(
       torchkit convert checkpoint --average run/epoch-01[89].pt run/last.pt avg.pt
     """
     from torchkit.core.convert.checkpoint import convert_checkpoint
-    from torchkit.core.convert.writes import check_report_output
+    from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.errors import UsageError
 
     if out_option is not None:  # --out DST: every path given is a source
@@ -398,7 +398,7 @@ def checkpoint(
         strip_prefix=strip_prefix,
         add_prefix=add_prefix,
         dtype=dtype.value if dtype else None,
-        trust=trust_checkpoint,
+        trust_checkpoint=trust_checkpoint,
         force=force,
     )
     if report.not_taken:
@@ -435,7 +435,7 @@ def _average(
     paths, key, strip_prefix, add_prefix, dtype, force, fmt, output, allow_nonfinite=False
 ) -> None:
     from torchkit.core.averaging import write_average
-    from torchkit.core.convert.writes import check_report_output
+    from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.errors import UsageError
 
     if len(paths) < 3:

@@ -141,9 +141,8 @@ def write_average(
     --force to replace; written atomically; nothing written when a source holds a NaN or an
     infinity, unless `allow_nonfinite`). Returns the report."""
     from torchkit.core.checkpoint import save_checkpoint
-    from torchkit.core.convert.writes import writing
     from torchkit.core.files import require_input
-    from torchkit.core.outputs import InputPath, check_output_file
+    from torchkit.core.outputs import InputPath, check_output_file, reporting_write_errors
 
     checked = [require_input(path, what="checkpoint", kind="file") for path in sources]
     target = Path(destination)
@@ -155,7 +154,7 @@ def write_average(
     check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
     averaged = average_checkpoints(checked, allow_nonfinite=allow_nonfinite)
     state = averaged.get("model", averaged)
-    with writing(target):
+    with reporting_write_errors(target):
         save_checkpoint(averaged, target)
     return {
         "sources": [str(path) for path in checked],

@@ -20,6 +20,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import time
@@ -260,14 +261,22 @@ def _file_system_full_or_read_only(target: str | os.PathLike) -> bool:
 
 
 def _file_system_problem(target: str | os.PathLike) -> int | None:
-    """EROFS or ENOSPC when the file system that holds `target` is read-only or (nearly) full."""
+    """EROFS or ENOSPC when the file system that holds `target` is read-only or (nearly) full:
+    of bytes, or of inodes."""
     try:
         stats = os.statvfs(os.path.dirname(os.path.abspath(os.fspath(target))))
     except OSError:
         return None
     if stats.f_flag & os.ST_RDONLY:
         return errno.EROFS
-    return errno.ENOSPC if stats.f_bavail * stats.f_frsize < 64 * 1024 else None
+    if stats.f_bavail * stats.f_frsize < _NEARLY_FULL or (stats.f_files and not stats.f_favail):
+        return errno.ENOSPC
+    return None
+
+
+_NEARLY_FULL = 64 * 1024  # bytes free: a writer that failed here ran out of space
+# safetensors reports a full disk as "I/O error: No space left on device (os error 28)".
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def write_error(target: str | os.PathLike, error: BaseException) -> OutputWriteError:
@@ -289,17 +298,44 @@ def _write_failure_reason(target: str | os.PathLike, error: BaseException) -> st
     return os.strerror(problem) if problem else first_line(error) or "the write failed"
 
 
+def as_write_error(error: BaseException, target: str | os.PathLike) -> OutputWriteError | None:
+    """The OutputWriteError that `error`, raised while writing `target`, means; None when it is
+    not about the output side. Writers report a full disk in many ways: an OSError with an
+    errno, safetensors' "I/O error: ... (os error 28)", torch.save's C++ stream ("unexpected pos
+    576 vs 534"), NumPy's "120000 requested and 12160 written" (the file system says why)."""
+    if isinstance(error, OutputWriteError):
+        return error
+    if is_write_error(error, target):
+        return write_error(target, error)
+    text = str(error)
+    match = _OS_ERROR.search(text)
+    if match and "I/O error" in text:
+        code = int(match.group(1))
+        cause = OSError(code, os.strerror(code))
+        if is_write_error(cause, target):
+            return write_error(target, cause)
+    return None
+
+
 @contextlib.contextmanager
 def reporting_write_errors(target: str | os.PathLike) -> Iterator[None]:
-    """Turn a full disk or read-only output inside the block into one fatal OutputWriteError."""
+    """Turn a full disk or read-only output inside the block into one fatal OutputWriteError
+    (a full disk must never look like a bad input)."""
     try:
         yield
     except OutputWriteError:
         raise
-    except (OSError, RuntimeError) as error:
-        if is_write_error(error, target):
-            raise write_error(target, error) from error
-        raise
+    except Exception as error:
+        found = as_write_error(error, target)
+        if found is None:
+            raise
+        raise found from error
+
+
+def named_as_final(error: OutputWriteError, temporary: str, final: str) -> OutputWriteError:
+    """The write error with a hidden temporary path replaced by the output's, so that the
+    message names what the user asked for."""
+    return OutputWriteError(error.message.replace(temporary, final), error.hint)
 
 
 # -- the marker and --force ---------------------------------------------------------------------

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
-from torchkit.core.convert.writes import writing
 from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.files import atomic_path, require_input
-from torchkit.core.outputs import InputPath, check_output_file
+from torchkit.core.outputs import InputPath, check_output_file, reporting_write_errors
 
 log = logging.getLogger("torchkit")
 
@@ -242,7 +241,7 @@ def convert_checkpoint(
     strip_prefix: str | None = None,
     add_prefix: str = "",
     dtype: str | None = None,
-    trust: bool = False,
+    trust_checkpoint: bool = False,
     force: bool = False,
 ) -> CheckpointReport:
     """Load `src` on the CPU, pick the state dict, rename and cast it, write `dst`
@@ -260,7 +259,7 @@ def convert_checkpoint(
     check_output_file(target, force, [InputPath.of(source, "source checkpoint")])
     import torch
 
-    obj = load_checkpoint(source, trust=trust)
+    obj = load_checkpoint(source, trust_checkpoint=trust_checkpoint)
     state, picked = pick_state_dict(obj, key)
     not_taken = ema_alternatives(obj, picked) if key is None else []
     tensors: dict[str, Any] = {}
@@ -295,12 +294,12 @@ def convert_checkpoint(
 
         shared = _unshare(out)
         try:
-            with atomic_path(target) as tmp, writing(target):
+            with atomic_path(target) as tmp, reporting_write_errors(target):
                 save_file(out, str(tmp), metadata={"format": "pt"})
         except (ValueError, RuntimeError) as error:
             raise CheckpointError(f"cannot write {target} as safetensors: {error}") from None
     else:
-        with writing(target):
+        with reporting_write_errors(target):
             save_checkpoint(out, target)
 
     return CheckpointReport(

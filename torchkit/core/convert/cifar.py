@@ -26,10 +26,15 @@ from typing import Any
 
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
 from torchkit.core.convert.safe_pickle import restricted_loads
-from torchkit.core.convert.writes import named_as_final, writing
 from torchkit.core.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.files import require_input
-from torchkit.core.outputs import MARKER, InputPath, OutputFolder
+from torchkit.core.outputs import (
+    MARKER,
+    InputPath,
+    OutputFolder,
+    named_as_final,
+    reporting_write_errors,
+)
 from torchkit.core.progress import Progress
 
 CIFAR10 = "cifar-10"
@@ -354,7 +359,7 @@ def _write_pngs(task: tuple[str, str, Any, list[str]]) -> int:
             raise OSError(f"cannot encode {relative} as PNG")
         target = os.path.join(root, relative)
         try:
-            with writing(target), open(target, "wb") as handle:
+            with reporting_write_errors(target), open(target, "wb") as handle:
                 handle.write(encoded.tobytes())
         except OutputWriteError as error:
             raise named_as_final(error, root, final) from None
@@ -437,7 +442,7 @@ def _fill(
     final = str(output.final)
     try:
         root = output.begin()
-        with writing(root):
+        with reporting_write_errors(root):
             for split in SPLITS:
                 for name in data.classes:
                     (root / split / name).mkdir(parents=True)

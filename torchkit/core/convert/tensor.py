@@ -18,7 +18,6 @@ from typing import Any
 
 from torchkit.core.convert import pixels as px
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
-from torchkit.core.convert.writes import as_write_error, named_as_final, writing
 from torchkit.core.errors import (
     InputError,
     OutputWriteError,
@@ -27,7 +26,22 @@ from torchkit.core.errors import (
     first_line,
 )
 from torchkit.core.files import atomic_path, require_input
-from torchkit.core.outputs import InputPath, OutputFolder, check_output_file
+from torchkit.core.image_files import (
+    apply_exif_orientation,
+    exif_orientation,
+    expanded_mode,
+    opened_image,
+    read_regular_file,
+    unreadable_image_errors,
+)
+from torchkit.core.outputs import (
+    InputPath,
+    OutputFolder,
+    as_write_error,
+    check_output_file,
+    named_as_final,
+    reporting_write_errors,
+)
 from torchkit.core.progress import Progress
 
 log = logging.getLogger("torchkit")
@@ -132,11 +146,12 @@ class TensorReport:
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _read_sixteen_bit_colour(path: Path) -> Any:
+def _read_sixteen_bit_colour(data: bytes) -> Any:
     """PIL reads 16-bit RGB(A) PNG/TIFF as 8 bits; OpenCV keeps all 16 (in BGR order)."""
     import cv2
+    import numpy as np
 
-    array = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    array = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if array is None or array.ndim != 3:
         raise OSError("OpenCV cannot decode this 16-bit image")
     return array[..., [2, 1, 0, 3][: array.shape[-1]]]
@@ -155,44 +170,39 @@ def _pil_to_array(image) -> Any:
         return array.astype(np.uint16)
     if mode == "F":
         return np.asarray(image, dtype=np.float32)
-    if mode == "P":
-        image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-    elif mode in ("1",):
-        image = image.convert("L")
-    elif mode in ("PA", "RGBa"):
-        image = image.convert("RGBA")
-    elif mode == "La":
-        image = image.convert("LA")
-    elif mode not in ("L", "LA", "RGB", "RGBA"):  # CMYK, YCbCr, LAB, HSV, RGBX...
-        image = image.convert("RGB")
-    return np.asarray(image)
+    # A file's own channels, as dataset-stats --mode native counts them: palettes expanded,
+    # bilevel as L; then the four layouts an image file can be written back in.
+    wanted = {"RGBa": "RGBA", "La": "LA"}.get(mode, expanded_mode(mode, image.info))
+    if wanted not in ("L", "LA", "RGB", "RGBA"):  # CMYK, YCbCr, LAB, HSV, RGBX...
+        wanted = "RGB"
+    return np.asarray(image if wanted == mode else image.convert(wanted))
 
 
 def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None = None) -> px.Pixels:
     """An image file as Pixels: grayscale, RGBA and 16-bit keep their channels and depth,
-    palette images become RGB(A), EXIF orientation is applied unless `exif=False`."""
-    from PIL import Image
-
+    palette images become RGB(A), EXIF orientation is applied unless `exif=False` (the picture
+    as viewed: see `core.image_files` for the one EXIF rule)."""
     source = Path(path)
     try:
-        with Image.open(source) as image:
+        data = read_regular_file(source)
+        with opened_image(data, name=os.fspath(source)) as image:
             # The tile (which says 16-bit) is gone once the image is loaded, and getexif() of a
             # PNG loads it: look first.
             tile = image.tile[0].args if image.tile else None
-            orientation = image.getexif().get(0x0112, 1) if exif else 1
+            orientation = exif_orientation(image, exif=exif)
             rawmode = tile[0] if isinstance(tile, tuple) else (tile or "")
             if image.mode in ("RGB", "RGBA") and ";16" in str(rawmode):
-                array = _read_sixteen_bit_colour(source)
+                array = _read_sixteen_bit_colour(data)
             else:
                 array = _pil_to_array(image)
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as error:
+    except unreadable_image_errors() as error:
         raise InputError(
             f"cannot read image {source}: {first_line(error)}",
             "the file is truncated, corrupt or not an image",
         ) from None
     if array.ndim == 2:
         array = array[..., None]
-    array = px.apply_exif_orientation(array, int(orientation or 1))
+    array = apply_exif_orientation(array, orientation)
     return px.Pixels(array, name or source.name)
 
 
@@ -342,7 +352,7 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
         )
     if image_format == "BMP" and channels == 2:
         raise InputError("BMP cannot store grayscale with alpha", "write PNG or TIFF instead")
-    with atomic_path(path) as tmp, writing(path):
+    with atomic_path(path) as tmp, reporting_write_errors(path):
         if array.dtype == np.uint16 and channels in (3, 4):
             import cv2
 
@@ -363,7 +373,7 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
 def _write_npy(path: Path, array: Any) -> None:
     import numpy as np
 
-    with atomic_path(path) as tmp, writing(path), open(tmp, "wb") as handle:
+    with atomic_path(path) as tmp, reporting_write_errors(path), open(tmp, "wb") as handle:
         np.save(handle, array, allow_pickle=False)
 
 
@@ -371,7 +381,7 @@ def _write_torch(path: Path, array: Any, name: str) -> None:
     import torch
 
     tensor = torch.from_numpy(array)
-    with atomic_path(path) as tmp, writing(path):
+    with atomic_path(path) as tmp, reporting_write_errors(path):
         if path.suffix.lower() == ".safetensors":
             from safetensors.torch import save_file
 
@@ -506,7 +516,7 @@ def _convert_chunk(
         source = Path(source_root) / relative
         target = Path(target_root) / relative.with_suffix(extension)
         try:
-            with writing(target.parent):
+            with reporting_write_errors(target.parent):
                 target.parent.mkdir(parents=True, exist_ok=True)
             result = convert_file(source, target, options, split_batch=True, name=str(relative))
             result.written = [

@@ -20,10 +20,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torchkit.core.convert.writes import writing
 from torchkit.core.errors import TorchkitError, first_line
 from torchkit.core.exported import metadata as meta
 from torchkit.core.exported.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT
+from torchkit.core.outputs import reporting_write_errors
 
 log = logging.getLogger("torchkit")
 
@@ -155,9 +155,11 @@ def write_onnx(
 ) -> None:
     """Export to ONNX in memory, add the metadata props, save at `path` (errors name
     `target`)."""
-    import onnx
     import torch
 
+    from torchkit.core.extras import import_extra
+
+    onnx = import_extra("onnx", "export", "exporting to ONNX")
     if parameter_bytes(model) >= ONNX_MAX_BYTES:
         raise ExportError(
             f"{metadata['arch']} holds more than 2 GB of weights, more than one ONNX file can",
@@ -267,7 +269,7 @@ def write_exported_program(
 def _write_bytes(path: os.PathLike, data: memoryview, target: os.PathLike) -> None:
     """torch's savers are given a buffer, written here: torch.jit.save straight to a file on a
     full disk aborts the whole process from C++."""
-    with writing(target), open(path, "wb") as handle:
+    with reporting_write_errors(target), open(path, "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())

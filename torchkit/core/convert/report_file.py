@@ -1,0 +1,27 @@
+"""`convert`'s `-o FILE` report: checked against the conversion's source and destination before
+any work."""
+
+from __future__ import annotations
+
+import os
+
+from torchkit.core.outputs import InputPath, check_output_file
+
+
+def check_report_output(
+    output: str | os.PathLike | None,
+    force: bool,
+    *,
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+) -> None:
+    """Check a `-o FILE` report before any work: it is never the source (nor inside a source
+    folder) nor the destination file, and an existing file needs `force`. A report inside an
+    existing destination folder is fine (`convert tensor a.png . --to npy -o report.json`).
+    `-` (stdout) and special files (FIFOs, /dev/stdout) are written into, so they pass."""
+    if output is None or os.fspath(output) == "-":
+        return
+    inputs = [InputPath.of(source, "source")]
+    if not os.path.isdir(destination):
+        inputs.append(InputPath.of(destination, "destination"))
+    check_output_file(output, force, inputs, what="report")
