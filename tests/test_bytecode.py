@@ -87,3 +87,30 @@ def test_nothing_changes_outside_a_writable_virtual_environment(monkeypatch):
     monkeypatch.setattr(sys, "prefix", sys.base_prefix)
     assert bytecode.keep_bytecode_cache() is None
     assert sys.dont_write_bytecode is True and sys.pycache_prefix is None
+
+
+def test_an_environment_the_installer_compiled_is_read_as_it_is(monkeypatch, tmp_path):
+    """pip (and `uv pip install --compile-bytecode`) write __pycache__ beside the sources; Python
+    reads it even under PYTHONDONTWRITEBYTECODE, so a second cache would only cost disk."""
+    import py_compile
+
+    package = tmp_path / "compiledpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 1\n")
+    (tmp_path / "plainpkg").mkdir()
+    (tmp_path / "plainpkg" / "__init__.py").write_text("VALUE = 2\n")
+    py_compile.compile(str(package / "__init__.py"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert bytecode.installer_compiled("compiledpkg")
+    assert not bytecode.installer_compiled("plainpkg")
+    assert not bytecode.installer_compiled("no_such_package_anywhere")
+    assert "compiledpkg" not in sys.modules  # found, not imported
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.delenv(bytecode.SWITCH, raising=False)
+    monkeypatch.setattr(bytecode, "installer_compiled", lambda package: package == "torch")
+    if sys.prefix == sys.base_prefix or not os.access(sys.prefix, os.W_OK):
+        pytest.skip("needs a writable virtual environment")
+    assert bytecode.keep_bytecode_cache() is None
+    assert sys.dont_write_bytecode is True and sys.pycache_prefix is None

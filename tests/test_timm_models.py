@@ -36,7 +36,6 @@ from torchkit.core.models import (
 from torchkit.core.models.convnet import convnet_class
 
 timm = pytest.importorskip("timm")
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
 
@@ -160,12 +159,12 @@ def test_without_timm_a_timm_spec_says_how_to_install_the_extra(monkeypatch, run
     with pytest.raises(TorchkitError) as caught:
         resolve_model("timm/test_vit", num_classes=2)
     assert caught.value.exit_code == 1
-    assert "uv sync --extra timm" in str(caught.value) and "torchkit[timm]" in str(caught.value)
+    assert "uv sync --extra timm" in str(caught.value) and "[timm]'" in str(caught.value)
 
     result = runner.invoke(app, ["summary", "timm/test_vit", "--format", "json"])
     assert result.exit_code == 1 and result.stdout == ""
     line = error_line(result.stderr, besides="nothing")
-    assert "timm/ models need the timm package" in line and "--extra timm" in line
+    assert "a timm/ model needs the timm package" in line and "--extra timm" in line
     # Other models do not need timm, and an unknown name does not look for it.
     assert resolve_model("convnet", num_classes=2).source == "built-in"
     with pytest.raises(UsageError, match="unknown model 'resnet10t'"):

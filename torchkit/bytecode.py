@@ -7,11 +7,15 @@ on every `uv run` instead (astral-sh/uv#12202: 12,000 files, about 2 s each time
 variable is set and torchkit runs from a virtual environment it may write to, bytecode is cached
 in one folder inside that environment (Python's PYTHONPYCACHEPREFIX mechanism): no source tree,
 the user's model code included, gets a __pycache__ folder. A PYTHONPYCACHEPREFIX of the user's
-own is kept; TORCHKIT_BYTECODE_CACHE=0 turns this off.
+own is kept; TORCHKIT_BYTECODE_CACHE=0 turns this off. Where the installer already compiled the
+environment (pip does; `uv pip install --compile-bytecode` too), Python reads that bytecode even
+under PYTHONDONTWRITEBYTECODE, and a prefix would make it ignore it and compile a second copy:
+then nothing is changed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -28,7 +32,21 @@ def keep_bytecode_cache() -> str | None:
         return None
     if sys.prefix == sys.base_prefix or not os.access(sys.prefix, os.W_OK):
         return None  # not a virtual environment of ours to write in
+    if installer_compiled("torch"):
+        return None
     folder = os.path.join(sys.prefix, CACHE_FOLDER)
     sys.pycache_prefix = folder
     sys.dont_write_bytecode = False
     return folder
+
+
+def installer_compiled(package: str) -> bool:
+    """Whether `package` (found without importing it) has bytecode beside its sources for this
+    Python, as installers that compile write it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return False
+    return os.path.exists(importlib.util.cache_from_source(spec.origin))

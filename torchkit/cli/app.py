@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import typer
-from typer._click.exceptions import NoArgsIsHelpError
-from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from torchkit import __version__
@@ -26,6 +24,13 @@ from torchkit.cli import console
 from torchkit.core.errors import first_line
 
 DEBUG_ENV = "TORCHKIT_DEBUG"
+
+# The command-line errors of the click that typer runs on (vendored as a private module since
+# typer 0.26): `typer.BadParameter` is public and derives from click's UsageError, so the class
+# is found through it instead of importing a private module.
+ClickUsageError: type[Exception] = next(
+    base for base in typer.BadParameter.__mro__ if base.__name__ == "UsageError"
+)
 
 
 def debug_enabled() -> bool:
@@ -296,7 +301,7 @@ def _terminate_like_interrupt() -> Iterator[None]:
 
 def _usage_error(error: ClickUsageError) -> NoReturn:
     """Report a bad command line as `Error: <what> (see 'torchkit CMD --help')`, exit 2."""
-    if isinstance(error, NoArgsIsHelpError):  # bare `torchkit`: click shows the help
+    if type(error).__name__ == "NoArgsIsHelpError":  # bare `torchkit`: click shows the help
         raise error
     ctx = getattr(error, "ctx", None)
     command = ctx.command_path if ctx is not None else "torchkit"
@@ -375,8 +380,6 @@ COMPLETE_ENV = "_TORCHKIT_COMPLETE"
 def _completed_words() -> list[str]:
     """The words before the one being completed (after `torchkit`), as each shell passes them
     to Typer's completion classes; [] when they cannot be read."""
-    from typer._click.shell_completion import split_arg_string
-
     if "COMP_WORDS" in os.environ:  # bash
         try:
             cword = int(os.environ.get("COMP_CWORD", ""))
@@ -390,6 +393,23 @@ def _completed_words() -> list[str]:
     else:
         incomplete = not line.endswith(" ")
     return words[:-1] if words and incomplete else words
+
+
+def split_arg_string(line: str) -> list[str]:
+    """The words of a partly typed command line, as a POSIX shell splits them; an unclosed
+    quote keeps what follows it as the last word (the one being typed)."""
+    import shlex
+
+    lexer = shlex.shlex(line, posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    words: list[str] = []
+    try:
+        for token in lexer:
+            words.append(token)
+    except ValueError:  # no closing quotation
+        words.append(lexer.token)
+    return words
 
 
 def _placeholder() -> None:

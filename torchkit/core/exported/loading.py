@@ -187,7 +187,9 @@ def load_exported(path: str | os.PathLike, fmt: str | None = None) -> ExportedMo
 
 
 def _load_onnx(source: Path) -> ExportedModel:
-    import onnxruntime
+    from torchkit.core.extras import import_extra
+
+    onnxruntime = import_extra("onnxruntime", "export", f"running the ONNX model {source}")
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only: no optimizer notes on the user's terminal

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.errors import TorchkitError
 from torchkit.core.files import atomic_path, atomic_write_text
 
 METRIC_COLUMNS = (
@@ -203,10 +202,11 @@ def check_tensorboard() -> None:
     import importlib.util
 
     if importlib.util.find_spec("tensorboard") is None:
-        raise TorchkitError(
+        from torchkit.core.extras import MissingExtraError, install_hint
+
+        raise MissingExtraError(
             "--tensorboard needs the tensorboard package, which is not installed",
-            "install it (pip install 'torchkit[tensorboard]' or uv sync --extra tensorboard), "
-            "or drop --tensorboard",
+            install_hint("tensorboard") + ", or drop --tensorboard",
         )
 
 
