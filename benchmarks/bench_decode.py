@@ -251,14 +251,11 @@ def compare_pixels(root: Path, size: int, count: int = 200) -> None:
     import numpy as np
     import torch
 
-    from torchkit.core.data import (
-        IMAGENET_STD,
-        Preprocess,
-        discover_image_folder,
-        make_dataset,
-        train_transform,
-    )
+    from torchkit.core.dataset import make_dataset
+    from torchkit.core.datasource.discovery import discover_image_folder
     from torchkit.core.decode import ReducedDecodeCrop
+    from torchkit.core.preprocessing import IMAGENET_STD, Preprocess
+    from torchkit.core.transforms import train_transform
 
     samples = discover_image_folder(root / "train")
     samples = samples.subset(range(0, len(samples), max(1, len(samples) // count)))

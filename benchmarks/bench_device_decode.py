@@ -86,9 +86,11 @@ def pixels(root: Path, args, device, count: int = 64) -> None:
     """The device path's crops against the exact PIL path's (same seeds): 8-bit levels."""
     import torch
 
-    from torchkit.core.data import Preprocess, discover_image_folder, make_dataset
-    from torchkit.core.data import train_transform as transform_for
+    from torchkit.core.dataset import make_dataset
+    from torchkit.core.datasource.discovery import discover_image_folder
     from torchkit.core.device_decode import collate_encoded, decoded_batch
+    from torchkit.core.preprocessing import Preprocess
+    from torchkit.core.transforms import train_transform as transform_for
 
     samples = discover_image_folder(root / "train")
     samples = samples.subset(range(0, len(samples), max(1, len(samples) // count)))

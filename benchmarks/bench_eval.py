@@ -21,9 +21,10 @@ import torch
 from PIL import Image
 
 from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
-from torchkit.core.data import Preprocess, eval_transform
 from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate
 from torchkit.core.models import build_model, model_from_checkpoint
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import eval_transform
 
 
 def make_folder(root: Path, images: int, classes: int, size: int) -> None:

@@ -36,8 +36,9 @@ from bench_eval import make_checkpoint, make_folder
 from PIL import Image
 
 from torchkit.cli.predict import write_csv
-from torchkit.core.data import Preprocess, eval_transform
 from torchkit.core.predict import PredictRequest, PredictRun
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import eval_transform
 
 
 def plain_pytorch(checkpoint: Path, root: Path, batch_size: int, workers: int) -> str:

@@ -63,12 +63,21 @@ def _type_label(param: TyperOption | TyperArgument, ctx) -> str:
     """`<int>` for a number (its range is shown beside it), `<path>` for a list of paths: what
     one value looks like, the way `<str>` and `<file>` already read."""
     label = param.display_type(ctx)  # Typer's own: `<int range>`, `<list[Path]>`...
-    if param.type_descriptor.is_ranged:
+    if _is_ranged(param):
         label = f"<{param.type_descriptor.ranged_type_name}>"
     inner = re.fullmatch(r"<list\[(.*)\]>", label)
     if inner:
         label = f"<{inner.group(1)}>"
     return label if param.type_descriptor.is_choice else label.lower()
+
+
+def _is_ranged(param: TyperOption | TyperArgument) -> bool:
+    """A number with a min or max. On Python 3.10 `list[str]` passes `inspect.isclass`, and
+    typer's number check then fails on it with a TypeError: a list is not a ranged number."""
+    try:
+        return bool(param.type_descriptor.is_ranged)
+    except TypeError:
+        return False
 
 
 class TorchkitOption(TyperOption):

@@ -1,5 +1,5 @@
-"""The batches of a DataLoader over `core.data.make_dataset`: images, labels, sample indices and
-the errors of the unreadable files the batch left out. Its own module, below `core.data` and
+"""The batches of a DataLoader over `core.dataset.make_dataset`: images, labels, sample indices
+and the errors of the unreadable files the batch left out. Its own module, below the loaders and
 `core.device_decode`, which both build batches."""
 
 from __future__ import annotations

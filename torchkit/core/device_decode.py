@@ -281,7 +281,7 @@ class EncodedImages:
 
 
 def pil_errors() -> tuple[type[BaseException], ...]:
-    """What PIL raises for an unreadable image (`core.data.make_dataset` catches the same)."""
+    """What PIL raises for an unreadable image (`core.dataset.make_dataset` catches the same)."""
     from PIL import Image
 
     return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.data import SPLIT_NAMES
+from torchkit.core.datasource.splitting import SPLIT_NAMES
 
 BITS = 64
 # The default `--near-threshold`, measured with benchmarks/bench_near_duplicates.py (1,600

@@ -1,16 +1,147 @@
-"""`--image-size/--resize-size/--mean/--std` given on the command line, applied on top of the
-preprocessing a model comes with (its checkpoint's, its torchvision weights', or ImageNet's)."""
+"""What preprocessing a model expects (`Preprocess`, recorded in every checkpoint and exported
+model), and `--image-size/--resize-size/--mean/--std` given on the command line, applied on top
+of the preprocessing a model comes with (its checkpoint's, its torchvision weights', or
+ImageNet's)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from torchkit.core.data import Preprocess
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.errors import CheckpointError, InputError, UsageError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+@dataclass
+class Preprocess:
+    """What eval-time preprocessing a model expects; stored in every torchkit checkpoint."""
+
+    image_size: int = 224
+    resize_size: int = 256
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    in_channels: int = 3
+    interpolation: str = "bilinear"
+
+    def to_dict(self) -> dict:
+        return {
+            "image_size": self.image_size,
+            "resize_size": self.resize_size,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "in_channels": self.in_channels,
+            "interpolation": self.interpolation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict | None, source: str | None = None) -> Preprocess:
+        """The preprocessing a checkpoint or an exported file records (`to_dict`'s keys; a
+        missing one takes the default). A value of the wrong kind (a size that is not a whole
+        number, a mean that is not numbers) is a CheckpointError naming `source` (the file;
+        "the model's file" when not given) and the field. Whether the values can be used is
+        `check`'s question: commands that feed images ask it once overrides are applied."""
+        data = data or {}
+        default = cls()
+        where = source or "the model's file"
+
+        def bad(name: str, why: str) -> CheckpointError:
+            return CheckpointError(
+                f"the preprocessing recorded in {where} is unusable: {name} is "
+                f"{_shown_value(data.get(name))}, {why}",
+                "the file is damaged or was not written by torchkit",
+            )
+
+        def whole(name: str, fallback: int) -> int:
+            value = data.get(name, fallback)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad(name, "not a whole number")
+            if isinstance(value, float) and not value.is_integer():
+                raise bad(name, "not a whole number")
+            return int(value)
+
+        def numbers(name: str, fallback: tuple[float, ...]) -> tuple[float, ...]:
+            values = data.get(name, fallback)
+            if isinstance(values, (int, float)) and not isinstance(values, bool):
+                values = [values]
+            try:
+                if isinstance(values, (str, bytes, dict)) or any(
+                    isinstance(v, (bool, str, bytes)) for v in values
+                ):
+                    raise TypeError(name)
+                return tuple(float(v) for v in values)
+            except (TypeError, ValueError):
+                raise bad(name, "not a list of numbers") from None
+
+        channels = whole("in_channels", default.in_channels)
+        mean, std = default.mean, default.std
+        if channels != len(mean):  # not recorded: ImageNet's, averaged over a non-RGB stem's
+            mean, std = (sum(mean) / len(mean),) * channels, (sum(std) / len(std),) * channels
+        return cls(
+            image_size=whole("image_size", default.image_size),
+            resize_size=whole("resize_size", default.resize_size),
+            mean=numbers("mean", mean),
+            std=numbers("std", std),
+            in_channels=channels,
+            interpolation=str(data.get("interpolation", default.interpolation)),
+        )
+
+    def problem(self) -> tuple[str, str] | None:
+        """(field, what is wrong with it) for the first value images cannot be preprocessed
+        with, None when all can: sizes and channels positive whole numbers, mean and std one
+        finite value per input channel (or one for all), std above 0 (dividing by 0 turns
+        every pixel into inf or NaN)."""
+        for name in ("image_size", "resize_size", "in_channels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return name, f"{name} is {value!r}, not a positive whole number"
+        for name in ("mean", "std"):
+            values = list(getattr(self, name))
+            if len(values) not in (1, self.in_channels):
+                return name, (
+                    f"{name} has {len(values)} value(s) for {self.in_channels}-channel images "
+                    f"({_shown_value(values)})"
+                )
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                return name, f"{name} {_shown_value(values)} is not all finite numbers"
+        if any(v <= 0 for v in self.std):
+            return "std", (
+                f"std {_shown_value(list(self.std))} has a value that is not above 0 (images "
+                "would be divided by it)"
+            )
+        return None
+
+    def check(self, source: str) -> Preprocess:
+        """`self`, or a CheckpointError naming `source` (the model file it came from) and the
+        first unusable value (see `problem`): one error before any image is read, instead of
+        every image failing, or a shape error after the output has begun."""
+        found = self.problem()
+        if found is not None:
+            name, what = found
+            option = {"image_size": "--image-size", "resize_size": "--resize-size"}.get(
+                name, f"--{name}"
+            )
+            raise CheckpointError(
+                f"the preprocessing recorded in {source} is unusable: {what}",
+                f"it is the model file's fault, not the images'; give {option} to override it"
+                if name != "in_channels"
+                else "the file is damaged or was not written by torchkit",
+            )
+        return self
+
+
+def _shown_value(value: Any) -> str:
+    """A recorded value for a message: short, lists as lists, floats as written."""
+    if isinstance(value, (list, tuple)):
+        shown = [float(v) if isinstance(v, (int, float)) else v for v in list(value)[:8]]
+        return repr(shown)[:-1] + (", ...]" if len(value) > 8 else "]")
+    return repr(value)
 
 
 def apply_overrides(

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.data import SPLIT_NAMES, Samples, stratified_split
+from torchkit.core.datasource.samples import Samples
+from torchkit.core.datasource.splitting import SPLIT_NAMES, stratified_split
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.files import atomic_write, atomic_write_text
 from torchkit.core.hashing import content_groups
@@ -294,7 +295,8 @@ def dedup_units(
 
 
 def _unit_rank(seed: int, name: str) -> bytes:
-    """The seeded rank of a unit (file or group), as `core.data.stratified_split` ranks them."""
+    """The seeded rank of a unit (file or group), as `core.datasource.splitting.stratified_split`
+    ranks them."""
     return hashlib.sha256(f"{seed}\0".encode() + name.encode("utf-8", "surrogateescape")).digest()
 
 

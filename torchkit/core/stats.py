@@ -33,7 +33,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.data import DIGITS, Samples
+from torchkit.core.datasource.digits import DIGITS
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.errors import InputError, UsageError, first_line
 from torchkit.core.files import atomic_write_bytes, atomic_write_text
 from torchkit.core.image_files import (
@@ -583,8 +584,8 @@ def _with_dangling_links(data: Any, samples: Samples, covered: list[str] | None)
     the folders they were listed from. A folder listing leaves such links out, a CSV index
     names them: either way they are unreadable files, counted and listed (fatal with
     `--strict`) by the one read that every file gets."""
-    from torchkit.core.data import list_dangling_image_links, relative_ids
     from torchkit.core.datasource import concatenate
+    from torchkit.core.datasource.discovery import list_dangling_image_links, relative_ids
 
     if data.kind not in ("image folder", "flat folder", "split root") or not samples.paths:
         return samples

@@ -42,6 +42,11 @@ How each command uses it:
                       select_split(..., default="all"): `split` column from Samples.splits,
                       `label` the class name, `path` from Samples.ids
     predict           open_data(IMAGES, allow_unlabelled=True); select_split(..., default="all")
+
+Modules beneath it, each imported directly: `samples` (the `Samples` record every reader gives),
+`discovery` (image files and folders on disk), `digits` (the built-in `digits`), `splitting`
+(split names and the seeded stratified split), `csv_index` (reading a CSV index), `source`,
+`select` and `record` (the API above).
 """
 
 from torchkit.core.datasource.record import (

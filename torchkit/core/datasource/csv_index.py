@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchkit.core.data import SPLIT_NAMES
+from torchkit.core.datasource.splitting import SPLIT_NAMES
 from torchkit.core.errors import InputError
 
 _SHOWN = 5  # line numbers named in one error

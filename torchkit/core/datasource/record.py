@@ -15,8 +15,9 @@ import io
 import os
 from pathlib import Path
 
-from torchkit.core.data import SPLIT_NAMES, Samples
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.datasource.source import DataSource, tagged
+from torchkit.core.datasource.splitting import SPLIT_NAMES
 from torchkit.core.errors import InputError
 
 RECORD_VERSION = 1

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from torchkit.core.data import SPLIT_NAMES, Samples, stratified_split
 from torchkit.core.datasource.record import recorded_splits
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.datasource.source import DataSource, concatenate, tagged
+from torchkit.core.datasource.splitting import SPLIT_NAMES, stratified_split
 from torchkit.core.errors import InputError, UsageError
 
 log = logging.getLogger("torchkit")

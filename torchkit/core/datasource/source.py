@@ -7,18 +7,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchkit.core.data import (
-    DIGITS,
-    SPLIT_NAMES,
-    Samples,
-    digits_splits,
+from torchkit.core.datasource.csv_index import absolute_paths, class_order, read_index_rows
+from torchkit.core.datasource.digits import DIGITS, digits_splits
+from torchkit.core.datasource.discovery import (
     discover_flat_folder,
     discover_image_folder,
     is_image_file,
     list_non_image_files,
     relative_ids,
 )
-from torchkit.core.datasource.csv_index import absolute_paths, class_order, read_index_rows
+from torchkit.core.datasource.samples import Samples
+from torchkit.core.datasource.splitting import SPLIT_NAMES
 from torchkit.core.errors import InputError
 
 KINDS = ("digits", "image folder", "flat folder", "split root", "csv", "split csv")

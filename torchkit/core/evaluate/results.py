@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.data import Samples
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.evaluate.metrics import ClassificationMetrics, most_confused
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torchkit.core.data import Samples
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
 from torchkit.core.distributed import DistContext, all_gather, setup, teardown
 from torchkit.core.errors import InputError, OutputWriteError, UsageError
@@ -350,13 +350,9 @@ def _run(
 ) -> tuple[EvalResult, list[str]] | None:
     import torch
 
-    from torchkit.core.data import (
-        collate_skipping_unreadable,
-        default_workers,
-        eval_transform,
-        loader_context,
-        make_dataset,
-    )
+    from torchkit.core.batches import collate_skipping_unreadable
+    from torchkit.core.dataset import default_workers, loader_context, make_dataset
+    from torchkit.core.transforms import eval_transform
 
     device = ctx.device
     resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.data import Samples
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 

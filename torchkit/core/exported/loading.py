@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.data import Preprocess
 from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
 from torchkit.core.exported import metadata as meta
 from torchkit.core.exported.formats import (
@@ -23,6 +22,7 @@ from torchkit.core.exported.formats import (
     TORCHSCRIPT,
     sniff_format,
 )
+from torchkit.core.preprocessing import Preprocess
 
 
 class RuntimeFailure(TorchkitError):

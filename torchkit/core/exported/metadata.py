@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.data import Preprocess
+from torchkit.core.preprocessing import Preprocess
 
 METADATA_VERSION = 1
 EXTRA_FILE = "torchkit.json"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit import __version__
-from torchkit.core.data import Samples
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.device import check_amp_dtype
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.features.layers import (
@@ -194,9 +194,9 @@ def _extract(
 ) -> ExtractionResult:
     import torch
 
-    from torchkit.core.data import eval_transform
     from torchkit.core.datasource import open_data, select_split
     from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
+    from torchkit.core.transforms import eval_transform
 
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
     # the caller's RNG state is left as it was.
@@ -462,7 +462,7 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
     """A function start -> iterator of (indices, image batch or None, [(index, why)])."""
     import torch
 
-    from torchkit.core.data import default_workers, make_dataset
+    from torchkit.core.dataset import default_workers, make_dataset
 
     dataset = make_dataset(samples, transform, mode="L" if in_channels == 1 else "RGB")
     workers = default_workers() if request.workers is None else request.workers

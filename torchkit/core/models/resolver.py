@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.data import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.exported.formats import ONNX, TORCHSCRIPT, sniff_format
 from torchkit.core.exported.loading import load_exported
@@ -49,6 +48,7 @@ from torchkit.core.models.weights import (
     read_model_file,
     weights_only_error,
 )
+from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 DEFAULT_IMAGE_SIZE = 224
 CONVNET_IMAGE_SIZE = 28  # the built-in `convnet` is MNIST-sized

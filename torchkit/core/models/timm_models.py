@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from torchkit.core.data import INTERPOLATIONS, Preprocess
 from torchkit.core.errors import OfflineError, UsageError, first_line
+from torchkit.core.preprocessing import INTERPOLATIONS, Preprocess
 
 TIMM_PREFIX = "timm/"
 DEFAULT_WEIGHTS = "DEFAULT"

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.data import Samples, is_image_file
+from torchkit.core.datasource.discovery import is_image_file
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.errors import InputError, UsageError
 
 STDIN = "-"

@@ -203,7 +203,8 @@ class PredictRun:
         """(the columns, the values) of every row, batch by batch."""
         import torch
 
-        from torchkit.core.data import eval_transform, make_dataset
+        from torchkit.core.dataset import make_dataset
+        from torchkit.core.transforms import eval_transform
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
         model = self.resolved.model.eval().to(self.device)
@@ -408,7 +409,7 @@ def _steps(size: int, batch_size: int, world: int) -> int:
 def _loader(dataset, batches: list[list[int]], workers: int | None, device):
     import torch
 
-    from torchkit.core.data import default_workers, loader_context
+    from torchkit.core.dataset import default_workers, loader_context
 
     workers = default_workers() if workers is None else workers
     return torch.utils.data.DataLoader(

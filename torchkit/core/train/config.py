@@ -14,10 +14,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from torchkit.core.data import AUGMENT_POLICIES, INTERPOLATIONS
 from torchkit.core.decode import DECODE_CHOICES
 from torchkit.core.errors import CheckpointError, UsageError
-from torchkit.core.preprocessing import parse_floats
+from torchkit.core.preprocessing import INTERPOLATIONS, parse_floats
 from torchkit.core.train.option_specs import (
     DATA_PANEL,
     MODEL_PANEL,
@@ -28,6 +27,7 @@ from torchkit.core.train.option_specs import (
     option,
     option_specs,
 )
+from torchkit.core.transforms import AUGMENT_POLICIES
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULERS = ("cosine", "step", "multistep", "exponential", "plateau", "none")
@@ -546,7 +546,7 @@ def _plain(value: Any) -> Any:
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     """Fill the None options from the data; the names filled go into `data_defaults`."""
-    from torchkit.core.data import IMAGENET_MEAN, IMAGENET_STD
+    from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
     table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
     chosen = {name: value for name, value in table.items() if getattr(config, name) is None}

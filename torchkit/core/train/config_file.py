@@ -223,7 +223,7 @@ def apply_config_file(
 
 def effective_config(config: TrainConfig) -> dict[str, Any]:
     """What the run will use (data defaults filled), for `--print-config`."""
-    from torchkit.core.data import DIGITS
+    from torchkit.core.datasource.digits import DIGITS
     from torchkit.core.train.config import resolve_defaults
 
     resolved = resolve_defaults(config, is_digits=config.data == DIGITS)

@@ -15,21 +15,16 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.data import (
-    DIGITS,
-    Preprocess,
-    Samples,
-    collate_skipping_unreadable,
-    eval_transform,
-    loader_context,
-    make_dataset,
-    seed_worker,
-    train_transform,
-)
+from torchkit.core.batches import collate_skipping_unreadable
+from torchkit.core.dataset import loader_context, make_dataset, seed_worker
 from torchkit.core.datasource import DataSource, open_data, split_record, training_splits
+from torchkit.core.datasource.digits import DIGITS
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.errors import InputError
+from torchkit.core.preprocessing import Preprocess
 from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS
 from torchkit.core.train.config import TrainConfig
+from torchkit.core.transforms import eval_transform, train_transform
 
 log = logging.getLogger("torchkit")
 
@@ -312,7 +307,7 @@ class Loaders:
 
 def default_workers_for(data: str) -> int:
     """In-memory digits decode in microseconds: worker processes only add overhead there."""
-    from torchkit.core.data import default_workers
+    from torchkit.core.dataset import default_workers
 
     return 0 if data == DIGITS else default_workers()
 

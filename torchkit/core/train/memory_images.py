@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.data import Preprocess, Samples
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import CROP_RATIO, pil_resample
+from torchkit.core.preprocessing import Preprocess
 from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS
 
 
@@ -121,7 +122,7 @@ def axis_matrix(length: int, start: int, span: int, size: int) -> Any:
 
 
 def eval_pixels(images: np.ndarray, resize: int, size: int, interpolation: str) -> Any:
-    """torchvision's eval recipe (`core.data.eval_transform`) on N,H,W[,C] uint8 images, with
+    """torchvision's eval recipe (`core.transforms.eval_transform`) on N,H,W[,C] uint8 images, with
     PIL as torchvision runs it on PIL images, so the pixels are the same to the bit: resize the
     shorter side to `resize` (the longer one to int(resize * long / short)), centre-crop
     `size`. N,C,H,W floats 0..255. Done once per split, so PIL's cost does not matter."""
@@ -147,7 +148,7 @@ def eval_pixels(images: np.ndarray, resize: int, size: int, interpolation: str) 
 
 
 class MemoryImages:
-    """A map-style dataset of (tensor, label, index, "") items, like `core.data.make_dataset`'s,
+    """A map-style dataset of (tensor, label, index, "") items, like `core.dataset.make_dataset`'s,
     for `samples` whose pixels are in memory (N,H,W or N,H,W,C uint8)."""
 
     def __init__(

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core import distributed
-from torchkit.core.data import DIGITS, Preprocess
+from torchkit.core.datasource.digits import DIGITS
 from torchkit.core.decode import NormalizedPixels
 from torchkit.core.distributed import DistContext
 from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.preprocessing import Preprocess
 from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights

@@ -1,0 +1,43 @@
+"""`Samples`: a labelled set of images, what every reader of data gives and every command reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Samples:
+    """A labelled set of images: files on disk (`paths`) or arrays in memory (`images`)."""
+
+    classes: list[str]
+    labels: list[int]
+    paths: list[str] | None = None
+    images: Any = None  # uint8 array (N, H, W) or (N, H, W, C) for in-memory data
+    source: str = ""
+    # The printable name of each sample, the `path` column of every output that names images:
+    # the path relative to the data root (for a CSV index, as the CSV writes it).
+    ids: list[str] = field(default_factory=list)
+    # The split (train, val, test) of each sample, for data that has splits; None otherwise.
+    splits: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, indices: Sequence[int]) -> Samples:
+        return Samples(
+            classes=self.classes,
+            labels=[self.labels[i] for i in indices],
+            paths=None if self.paths is None else [self.paths[i] for i in indices],
+            images=None if self.images is None else self.images[list(indices)],
+            source=self.source,
+            ids=[self.ids[i] for i in indices] if self.ids else [],
+            splits=None if self.splits is None else [self.splits[i] for i in indices],
+        )
+
+    def class_counts(self) -> list[int]:
+        counts = [0] * len(self.classes)
+        for label in self.labels:
+            counts[label] += 1
+        return counts

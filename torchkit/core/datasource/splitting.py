@@ -1,0 +1,136 @@
+"""Seeded, stratified splitting: the split names, `stratified_split` and the largest-remainder
+counts it allocates by."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+SPLIT_NAMES = ("train", "val", "test")
+
+
+def stratified_split(
+    labels: Sequence[int],
+    fractions: Sequence[float],
+    seed: int,
+    *,
+    keys: Sequence[str] | None = None,
+    groups: Sequence[str] | None = None,
+    at_least_one: bool = False,
+) -> list[list[int]]:
+    """Split indices class by class in the given proportions, seeded and reproducible.
+
+    Counts per class are allocated by largest remainder, so every part that is due a share gets
+    one; each class is shuffled with its own generator seeded from (seed, label) so adding a
+    class does not change how the others are split.
+
+    With `keys` (a stable name per sample, e.g. its path relative to the dataset root; equal keys
+    stay together) the order within a class is a SHA-256 of (seed, key) instead: the same on every
+    machine and NumPy version, and independent of the order the samples are listed in. With
+    `groups`, samples of one group always land in the same part: a group counts in the class most
+    of its samples have, and groups are dealt, in that hashed order, to the part furthest below
+    its share of the class's samples (exact for groups of one, close otherwise). `at_least_one`:
+    every part with a positive fraction gets at least one sample (or group) of each class that has
+    enough of them (see `largest_remainder_counts`).
+    """
+    import numpy as np
+
+    total = sum(fractions)  # Fractions stay exact; floats and ints divide as before
+    weights = [f / total for f in fractions]
+    if keys is not None or groups is not None:
+        units = groups if groups is not None else keys
+        return _split_units(labels, weights, seed, units, at_least_one)
+    parts: list[list[int]] = [[] for _ in fractions]
+    by_class: dict[int, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_class.setdefault(label, []).append(index)
+    for label in sorted(by_class):
+        members = by_class[label]
+        rng = np.random.default_rng([seed, label])
+        order = [members[i] for i in rng.permutation(len(members))]
+        counts = largest_remainder_counts(len(order), weights, at_least_one=at_least_one)
+        start = 0
+        for part, count in zip(parts, counts, strict=True):
+            part.extend(order[start : start + count])
+            start += count
+    return [sorted(part) for part in parts]
+
+
+def _split_units(
+    labels: Sequence[int], weights: Sequence, seed: int, unit_names: Sequence[str], at_least_one
+) -> list[list[int]]:
+    members: dict[str, list[int]] = {}
+    for index, name in enumerate(unit_names):
+        if name in members:
+            members[name].append(index)
+        else:
+            members[name] = [index]
+    salt = f"{seed}\0".encode()  # the rank of a unit depends on the seed and its name only
+    strata: dict[int, list[tuple[bytes, str]]] = {}
+    for name, indices in members.items():
+        if len(indices) == 1:
+            label = labels[indices[0]]
+        else:
+            votes: dict[int, int] = {}
+            for index in indices:
+                votes[labels[index]] = votes.get(labels[index], 0) + 1
+            label = min(votes, key=lambda lab: (-votes[lab], lab))  # majority, then smallest
+        rank = hashlib.sha256(salt + name.encode("utf-8", "surrogateescape")).digest()
+        strata.setdefault(label, []).append((rank, name))
+    parts: list[list[int]] = [[] for _ in weights]
+    for label in sorted(strata):
+        units = [members[name] for _, name in sorted(strata[label])]
+        targets = largest_remainder_counts(
+            sum(len(unit) for unit in units), weights, at_least_one=at_least_one
+        )
+        dealt = _deal_units(units, targets, weights, at_least_one)
+        for part, chosen in zip(parts, dealt, strict=True):
+            for unit in chosen:
+                part.extend(unit)
+    return [sorted(part) for part in parts]
+
+
+def _deal_units(
+    units: list[list[int]], targets: list[int], weights: Sequence, at_least_one: bool
+) -> list[list[list[int]]]:
+    """Give each unit to the part with the most samples still missing from its target."""
+    candidates = [j for j, w in enumerate(weights) if w > 0]
+    filled = [0] * len(targets)
+    chosen: list[list[list[int]]] = [[] for _ in targets]
+    for unit in units:
+        part, gap = candidates[0], targets[candidates[0]] - filled[candidates[0]]
+        for j in candidates[1:]:  # the largest gap; the earlier part on a tie
+            if targets[j] - filled[j] > gap:
+                part, gap = j, targets[j] - filled[j]
+        chosen[part].append(unit)
+        filled[part] += len(unit)
+    if at_least_one and len(units) >= len(candidates):
+        for j in candidates:
+            if not chosen[j]:  # big groups filled the other parts: take the donor's smallest
+                donor = max(candidates, key=lambda d: (len(chosen[d]), -d))
+                smallest = min(range(len(chosen[donor])), key=lambda u: len(chosen[donor][u]))
+                chosen[j].append(chosen[donor].pop(smallest))
+    return chosen
+
+
+def largest_remainder_counts(
+    n: int, weights: Sequence[float], *, at_least_one: bool = False
+) -> list[int]:
+    """Integers summing to n, proportional to weights (Hamilton's method).
+
+    With `at_least_one`, when n is at least the number of parts with a positive weight, a part
+    that came out 0 takes one from the largest part: 5 at 8:1:1 gives 3/1/1, not 4/1/0.
+    """
+    exact = [n * w for w in weights]
+    counts = [int(x) for x in exact]
+    remainders = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in remainders[: n - sum(counts)]:
+        counts[i] += 1
+    positive = [i for i, w in enumerate(weights) if w > 0]
+    if at_least_one and n >= len(positive):
+        for i in positive:
+            if counts[i] == 0:
+                donor = max(positive, key=lambda j: (counts[j], exact[j] - counts[j], -j))
+                counts[donor] -= 1
+                counts[i] += 1
+    return counts
