@@ -1,6 +1,9 @@
-"""Classification metrics from true labels, predictions and top-k predictions, in NumPy.
+"""Classification metrics from true labels, predictions and top-k predictions.
 
-The definitions follow scikit-learn (the tests check every number against it):
+scikit-learn's `sklearn.metrics` computes the confusion matrix, the per-class scores and their
+averages (the top-k accuracy is counted here). It is imported when metrics are computed, not
+with this module: with scipy and pandas, it takes a second or more to import. The definitions
+are scikit-learn's:
 - precision = tp / predicted, recall = tp / support, F1 = 2 tp / (support + predicted); a ratio
   whose denominator is 0 is defined as 0 (scikit-learn's `zero_division=0`), so a class with no
   images has recall 0 and a class never predicted has precision 0;
@@ -9,10 +12,12 @@ The definitions follow scikit-learn (the tests check every number against it):
   does not drag the averages down;
 - weighted averages weight each class by its support; micro F1 pools all decisions (for
   single-label classification it equals the accuracy).
+No images at all (which scikit-learn refuses) give zero counts and scores.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,36 +49,11 @@ class ClassificationMetrics:
     averaged_classes: int  # how many classes the macro averages are taken over
 
 
-def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
-    """C[i, j] = number of images of class i predicted as class j."""
-    y_true = np.asarray(y_true, dtype=np.int64)
-    y_pred = np.asarray(y_pred, dtype=np.int64)
-    flat = np.bincount(y_true * num_classes + y_pred, minlength=num_classes * num_classes)
-    return flat.reshape(num_classes, num_classes)
-
-
-def _divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-    """numerator / denominator, 0 where the denominator is 0 (scikit-learn's zero_division=0)."""
-    numerator = np.asarray(numerator, dtype=np.float64)
-    denominator = np.asarray(denominator, dtype=np.float64)
-    out = np.zeros(np.broadcast(numerator, denominator).shape, dtype=np.float64)
-    np.divide(numerator, denominator, out=out, where=denominator != 0)
-    return out
-
-
-def per_class_scores(confusion: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(precision, recall, f1, support, predicted) for every class of a confusion matrix."""
-    tp = np.diag(confusion).astype(np.int64)
-    support = confusion.sum(axis=1)
-    predicted = confusion.sum(axis=0)
-    precision = _divide(tp, predicted)
-    recall = _divide(tp, support)
-    f1 = _divide(2 * tp, support + predicted)
-    return precision, recall, f1, support, predicted
-
-
 def topk_accuracy(y_true: np.ndarray, topk_labels: np.ndarray, k: int) -> float:
-    """Fraction of images whose true class is among the first `k` columns of `topk_labels`."""
+    """Fraction of images whose true class is among the first `k` columns of `topk_labels`.
+
+    Counted here: scikit-learn's `top_k_accuracy_score` wants every class's score, eval keeps the
+    top k labels."""
     y_true = np.asarray(y_true, dtype=np.int64)
     if len(y_true) == 0:
         return 0.0
@@ -99,39 +79,72 @@ def compute_metrics(
     """
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
-    cm = confusion_matrix(y_true, y_pred, num_classes)
-    precision, recall, f1, support, predicted = per_class_scores(cm)
-    present = (support > 0) | (predicted > 0)
-    averaged = int(present.sum())
+    if len(y_true) == 0:
+        return _no_images(num_classes, k)
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
-    def macro(values: np.ndarray) -> float:
-        return float(values[present].mean()) if averaged else 0.0
+    every_class = np.arange(num_classes)
 
-    def weighted(values: np.ndarray) -> float:
-        total = support.sum()
-        return float(np.average(values, weights=support)) if total else 0.0
+    def scores(labels: np.ndarray, average: str | None) -> tuple:
+        return precision_recall_fscore_support(
+            y_true, y_pred, labels=labels, average=average, zero_division=0
+        )[:3]
 
-    tp_total = int(np.trace(cm))
-    # Pooled over all decisions; with one label per image it equals the accuracy.
-    micro_f1 = float(_divide(2 * tp_total, predicted.sum() + support.sum()))
-    n = len(y_true)
+    with warnings.catch_warnings():
+        # Raised for any 1 x 1 matrix, even one whose single label was passed in `labels`.
+        warnings.filterwarnings("ignore", "A single label was found", UserWarning)
+        cm = confusion_matrix(y_true, y_pred, labels=every_class).astype(np.int64)
+    # From the matrix: scikit-learn returns a float support when a class has no images.
+    support, predicted = cm.sum(axis=1), cm.sum(axis=0)
+    precision, recall, f1 = scores(every_class, None)
+    # The classes scikit-learn's default labels=None averages over, named so they can be counted.
+    present = np.flatnonzero((support > 0) | (predicted > 0))
+    macro = [float(value) for value in scores(present, "macro")]
+    # Over every class: those with no images weigh 0, and the sum runs as it always has here.
+    weighted = [float(value) for value in scores(every_class, "weighted")]
     return ClassificationMetrics(
-        num_samples=n,
+        num_samples=len(y_true),
         confusion=cm,
         support=support,
         predicted=predicted,
         precision=precision,
         recall=recall,
         f1=f1,
-        accuracy=float(tp_total / n) if n else 0.0,
+        accuracy=float(accuracy_score(y_true, y_pred)),
         topk=k,
         topk_accuracy=topk_accuracy(y_true, topk_labels, k),
-        precision_macro=macro(precision),
-        recall_macro=macro(recall),
-        f1_macro=macro(f1),
-        precision_weighted=weighted(precision),
-        recall_weighted=weighted(recall),
-        f1_weighted=weighted(f1),
-        f1_micro=micro_f1,
-        averaged_classes=averaged,
+        precision_macro=macro[0],
+        recall_macro=macro[1],
+        f1_macro=macro[2],
+        precision_weighted=weighted[0],
+        recall_weighted=weighted[1],
+        f1_weighted=weighted[2],
+        f1_micro=float(scores(present, "micro")[2]),
+        averaged_classes=len(present),
+    )
+
+
+def _no_images(num_classes: int, k: int) -> ClassificationMetrics:
+    """The metrics of an empty evaluation: every count and score 0."""
+    counts = np.zeros(num_classes, dtype=np.int64)
+    scores = np.zeros(num_classes, dtype=np.float64)
+    return ClassificationMetrics(
+        num_samples=0,
+        confusion=np.zeros((num_classes, num_classes), dtype=np.int64),
+        support=counts,
+        predicted=counts.copy(),
+        precision=scores,
+        recall=scores.copy(),
+        f1=scores.copy(),
+        accuracy=0.0,
+        topk=k,
+        topk_accuracy=0.0,
+        precision_macro=0.0,
+        recall_macro=0.0,
+        f1_macro=0.0,
+        precision_weighted=0.0,
+        recall_weighted=0.0,
+        f1_weighted=0.0,
+        f1_micro=0.0,
+        averaged_classes=0,
     )

@@ -29,6 +29,7 @@ PER_CLASS_COLUMNS = [
     "F1",
     *[f"Confused class {i}" for i in range(1, CONFUSED_SHOWN + 1)],
 ]
+CONFUSION_CORNER = "true \\ predicted"  # confusion_matrix.csv's first header cell
 REPORT_FILES = (
     "metrics.json",
     "per_class.csv",
@@ -56,13 +57,7 @@ def write_reports(
     atomic_write_text(paths[1], _csv_text(PER_CLASS_COLUMNS, per_class_rows(result)))
     classes = result.classes
     cm = result.metrics.confusion
-    atomic_write_text(
-        paths[2],
-        _csv_text(
-            ["true \\ predicted", *classes],
-            [[name, *row.tolist()] for name, row in zip(classes, cm, strict=True)],
-        ),
-    )
+    atomic_write_text(paths[2], confusion_csv_text(cm, classes))
     atomic_write_text(paths[3], _csv_text(prediction_columns(result), prediction_rows(result)))
     plot_confusion_matrix(cm, classes, paths[4], normalize=normalize)
     plot_errors(result, paths[5], max_shown=max_errors_shown)
@@ -88,6 +83,16 @@ def _csv_text(columns: list[str], rows) -> str:
     writer.writerow(columns)
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def confusion_csv_text(cm: np.ndarray, classes: list[str]) -> str:
+    """confusion_matrix.csv: a header `true \\ predicted,CLASS...`, then per true class its name
+    and its counts per predicted class."""
+    # Imported here, as it takes a second; eval has mostly loaded it already (scikit-learn does).
+    import pandas as pd
+
+    table = pd.DataFrame(cm, index=pd.Index(classes, name=CONFUSION_CORNER), columns=classes)
+    return table.to_csv(lineterminator="\n")
 
 
 def per_class_rows(result: EvalResult) -> list[list]:

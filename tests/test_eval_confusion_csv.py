@@ -1,0 +1,57 @@
+"""confusion_matrix.csv, written by pandas, has the bytes the csv module wrote before: checked
+against csv.writer on class names that need quoting or look like numbers or missing values."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pytest
+
+from torchkit.core.evaluate.reports import CONFUSION_CORNER, confusion_csv_text
+
+AWKWARD_NAMES = [
+    "a,b",
+    'say "hi"',
+    "line\nbreak",
+    "carriage\rreturn",
+    " leading space",
+    "trailing space ",
+    "1",
+    "1.0",
+    "nan",
+    "NA",
+    "None",
+    "True",
+    "inf",
+    "é✓",
+    "back\\slash",
+    "tab\tx",
+]
+
+
+def _csv_writer_text(cm: np.ndarray, classes: list[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([CONFUSION_CORNER, *classes])
+    writer.writerows([[name, *row.tolist()] for name, row in zip(classes, cm, strict=True)])
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, len(AWKWARD_NAMES)])
+def test_confusion_csv_bytes_equal_the_csv_module(size):
+    rng = np.random.default_rng(size)
+    for start in range(len(AWKWARD_NAMES) - size + 1):
+        classes = AWKWARD_NAMES[start : start + size]
+        cm = rng.integers(0, 1000, (size, size)).astype(np.int64)
+        assert confusion_csv_text(cm, classes) == _csv_writer_text(cm, classes), classes
+
+
+def test_confusion_csv_reads_back_as_the_matrix():
+    classes = ["cat", "dog", "a,b"]
+    cm = np.array([[5, 1, 0], [2, 7, 0], [0, 0, 0]], dtype=np.int64)
+    table = list(csv.reader(io.StringIO(confusion_csv_text(cm, classes))))
+    assert table[0] == [CONFUSION_CORNER, *classes]
+    assert [row[0] for row in table[1:]] == classes
+    np.testing.assert_array_equal(np.array([row[1:] for row in table[1:]], dtype=int), cm)
