@@ -1,7 +1,8 @@
-"""Fixtures shared by the test modules: a CLI runner, a real `python -m torchkit` subprocess, and
-tiny generated image folders; and what the output-safety tests (issue #13) share: a hash of a
-folder tree, the `Error:` line, a refusal check, runs side by side, a FIFO reader, a full disk, a
-slow disk. Keep this small; command-specific fixtures live with their tests."""
+"""Fixtures shared by the test modules: a CLI runner (one command tree for the whole session),
+`torchkit` run in this process or as a real `python -m torchkit` subprocess, and tiny generated
+image folders; and what the output-safety tests (issue #13) share: a hash of a folder tree, the
+`Error:` line, a refusal check, a FIFO reader, a full disk, a slow disk. Keep this small;
+command-specific fixtures live with their tests."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ from pathlib import Path
 
 from torchkit.bytecode import keep_bytecode_cache
 
-keep_bytecode_cache()  # as the CLI does: torch's bytecode cached under PYTHONDONTWRITEBYTECODE
+# As the CLI does: torch's bytecode cached under PYTHONDONTWRITEBYTECODE. Every Python a test
+# starts (torchrun's launcher, `python -c` checks) reads the same cache rather than compiling
+# torch's sources again, about 2.5 s of CPU each; test_bytecode.py runs without it.
+BYTECODE_CACHE = keep_bytecode_cache()
+if BYTECODE_CACHE:
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", BYTECODE_CACHE)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One worker per core already: torch's intra-op threads (one per core in every worker and
     # in every torchkit process a test starts) would only fight over the same cores. Set before
@@ -48,22 +54,36 @@ def _torchkit_command():
     return typer.main.get_command(app)
 
 
-@pytest.fixture
-def cli_built_once(monkeypatch, _torchkit_command):
+@pytest.fixture(scope="session", autouse=True)
+def cli_built_once(_torchkit_command):
     """typer rebuilds the whole command tree (every command's signature) on each invoke, which
-    costs more than a quick command: modules of many small invocations reuse one tree
-    (`pytestmark = pytest.mark.usefixtures("cli_built_once")`)."""
+    costs more than a quick command (about 0.4 s): every `runner.invoke(app, ...)` of the
+    session reuses one tree. Any other app (and a reloaded torchkit app) is built as usual."""
     import typer.testing
 
-    monkeypatch.setattr(typer.testing, "_get_command", lambda _app: _torchkit_command)
+    from torchkit.cli import app
+
+    build = typer.testing._get_command
+
+    def built_once(given):
+        return _torchkit_command if given is app else build(given)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(typer.testing, "_get_command", built_once)
+        yield
+
+
+# The environment a test's torchkit run never inherits: tests say what they want.
+INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")
 
 
 def run_torchkit_process(
     *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
 ) -> subprocess.CompletedProcess:
-    """Run `python -m torchkit ARGS` in a real process (about a second without torch)."""
-    inherited = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")  # tests say what they want
-    full_env = {key: value for key, value in os.environ.items() if key not in inherited}
+    """Run `python -m torchkit ARGS` in a real process (about a second without torch, three
+    with it): for checks whose subject is the process (signals, torchrun, the interpreter's
+    exit, imports, a hook in sitecustomize); `run_torchkit_in_process` does the rest."""
+    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "torchkit", *args],
@@ -80,13 +100,43 @@ def run_torchkit() -> Callable[..., subprocess.CompletedProcess]:
     return run_torchkit_process
 
 
+def run_torchkit_in_process(
+    *args: object, cwd: str | os.PathLike | None = None
+) -> subprocess.CompletedProcess:
+    """`torchkit ARGS` through the app in this process, in `cwd`, with the result of
+    `run_torchkit_process` (exit code, stdout, stderr apart): a refusal costs milliseconds,
+    not an interpreter and its imports. An exception the CLI lets escape fails the test."""
+    from torchkit.cli import app
+
+    environment = dict.fromkeys(INHERITED)  # unset while it runs
+    words = [str(arg) for arg in args]
+    with contextlib.chdir(cwd or REPO):
+        result = CliRunner().invoke(
+            app, words, env=environment, catch_exceptions=False, prog_name="torchkit"
+        )
+    return subprocess.CompletedProcess(words, result.exit_code, result.stdout, result.stderr)
+
+
+def run_each_in_process(
+    commands: Sequence[Sequence[object]],
+    *,
+    cwd: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+) -> list[subprocess.CompletedProcess]:
+    """`run_torchkit_in_process` for each command in turn; `cwd` is the working directory of
+    all, or a list, one each."""
+    cwds = list(cwd) if isinstance(cwd, list | tuple) else [cwd] * len(commands)
+    return [
+        run_torchkit_in_process(*args, cwd=where)
+        for args, where in zip(commands, cwds, strict=True)
+    ]
+
+
 def start_torchkit_process(
     *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
 ) -> subprocess.Popen:
     """Start `python -m torchkit ARGS` in its own session (process group = its PID, so that
     `processes_in_group` finds every worker it started); stdout and stderr are pipes."""
-    inherited = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")
-    full_env = {key: value for key, value in os.environ.items() if key not in inherited}
+    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
     full_env.update(env or {})
     return subprocess.Popen(
         [sys.executable, "-m", "torchkit", *args],
@@ -257,10 +307,10 @@ def work(_template: Path, tmp_path: Path) -> Path:
 
 
 def check_refused_untouched(args: Sequence[str], message: str, *, cwd: Path) -> None:
-    """`python -m torchkit ARGS` in `cwd` exits 1 with nothing on stdout and one `Error:` line
-    (warnings aside) holding `message`, and no entry under `cwd` changed or appeared."""
+    """`torchkit ARGS` in `cwd` exits 1 with nothing on stdout and one `Error:` line (warnings
+    aside) holding `message`, and no entry under `cwd` changed or appeared."""
     before = tree_digest(cwd)
-    done = run_torchkit_process(*args, cwd=cwd)
+    done = run_torchkit_in_process(*args, cwd=cwd)
     assert done.returncode == 1, done.stderr
     assert message in error_line(done.stderr, besides="warnings")
     assert done.stdout == ""
@@ -288,25 +338,6 @@ def error_line(stderr: str, *, besides: str = "anything") -> str:
     else:
         assert besides == "anything", besides
     return errors[0]
-
-
-def run_together(
-    commands: Sequence[Sequence[object]],
-    *,
-    cwd: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-) -> list[subprocess.CompletedProcess]:
-    """`python -m torchkit ARGS` for each command, all started at once (independent refusals
-    cost the wall time of one); `cwd` is the working directory of all, or a list, one each."""
-    cwds = list(cwd) if isinstance(cwd, list | tuple) else [cwd] * len(commands)
-    started = [
-        start_torchkit_process(*[str(arg) for arg in args], cwd=where)
-        for args, where in zip(commands, cwds, strict=True)
-    ]
-    results = []
-    for process in started:
-        out, err = process.communicate(timeout=300)
-        results.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
-    return results
 
 
 # A sitecustomize that slows the named calls (renames, copies) whose destination contains a given
@@ -375,3 +406,29 @@ class FifoReader:
         assert not self.thread.is_alive()
         assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
         return self.data or b""
+
+
+# -- the GPU ---------------------------------------------------------------------------------------
+# The default run is the CPU suite, the same on every machine: with a GPU visible, `--device
+# auto` would move the many tests written against CPU references (bitwise resumes, torchrun with
+# Gloo, a hand-written loop's numbers) onto it. The GPU tests carry the `cuda` marker and run with
+# `uv run pytest -m cuda`, which leaves the GPU visible (as TORCHKIT_TESTS_SEE_GPU=1 does for any
+# run, to see what the CPU tests do on a GPU).
+_GPU_HIDDEN = pytest.StashKey[bool]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    see_gpu = os.environ.get("TORCHKIT_TESTS_SEE_GPU", "") not in ("", "0")
+    hidden = "cuda" not in (config.option.markexpr or "") and not see_gpu
+    config.stash[_GPU_HIDDEN] = hidden
+    if hidden:  # before any test module imports torch
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.stash[_GPU_HIDDEN]:
+        return
+    skip = pytest.mark.skip(reason="GPU test: run `uv run pytest -m cuda` (the default run is CPU)")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip, append=False)

@@ -37,8 +37,6 @@ from torchkit.core.benchmark.search import OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_
 from torchkit.core.errors import TorchkitError, UsageError
 from torchkit.core.summary import summarize
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
-
 FAST = ["--device", "cpu", "--warmup", "1", "--iters", "2"]
 
 

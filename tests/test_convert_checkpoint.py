@@ -20,7 +20,6 @@ from torchkit.core.convert.checkpoint import pick_state_dict, rename_keys
 from torchkit.core.errors import CheckpointError
 
 runner = CliRunner()
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 
 def convert(*args: str | Path):
@@ -335,6 +334,7 @@ def test_bad_input_and_existing_output(tmp_path):
     assert_same_weights(torch.load(tmp_path / "exists.pt", weights_only=True), model)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_real_cuda_checkpoint(tmp_path):
     model = small_model().cuda()

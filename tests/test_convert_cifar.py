@@ -23,7 +23,6 @@ from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.errors import InputError
 
 runner = CliRunner()
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 
 PER_BATCH = 20

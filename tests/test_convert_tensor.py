@@ -24,7 +24,6 @@ from torchkit.core.convert.tensor import read_image
 
 runner = CliRunner()
 RNG = np.random.default_rng(0)
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 
 def convert(*args: str | Path):

@@ -1,4 +1,5 @@
-"""Basics of core.data and core.models that every command builds on."""
+"""Basics of the data (`core.datasource`, `core.dataset`, `core.transforms`) and core.models
+that every command builds on."""
 
 from __future__ import annotations
 
@@ -12,19 +13,16 @@ import pytest
 import torch
 from PIL import Image
 
-from torchkit.core.data import (
-    Preprocess,
-    collate_skipping_unreadable,
-    digits_splits,
-    discover_image_folder,
-    eval_transform,
-    largest_remainder_counts,
-    make_dataset,
-    stratified_split,
-)
+from torchkit.core.batches import collate_skipping_unreadable
+from torchkit.core.dataset import make_dataset
 from torchkit.core.datasource import csv_samples
+from torchkit.core.datasource.digits import digits_splits
+from torchkit.core.datasource.discovery import discover_image_folder
+from torchkit.core.datasource.splitting import largest_remainder_counts, stratified_split
 from torchkit.core.errors import InputError, OfflineError, UsageError
 from torchkit.core.models import build_model, find_head, model_from_checkpoint, replace_head
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import eval_transform
 
 
 def hamilton(n: int, weights: list[Fraction]) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 from conftest import write_image_folder
 from PIL import Image
 
-from torchkit.core.data import make_dataset
+from torchkit.core.dataset import make_dataset
 from torchkit.core.datasource import (
     open_data,
     select_split,
@@ -269,7 +269,7 @@ def test_16_bit_images_feed_their_8_bit_values_not_white(tmp_path):
     expected = np.floor(values.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
 
     assert np.array_equal(np.asarray(load_image(path, "L")), expected)
-    from torchkit.core.data import Samples
+    from torchkit.core.datasource.samples import Samples
 
     samples = Samples(["x"], [0], paths=[str(path)], ids=["sixteen.png"])
     tensor, label, index, error = make_dataset(samples, T.PILToTensor(), mode="RGB")[0]

@@ -14,15 +14,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from torchkit.core.data import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Preprocess,
-    Samples,
-    eval_transform,
-    make_dataset,
-    train_transform,
-)
+from torchkit.core.dataset import make_dataset
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import (
     CropDraws,
     HorizontalFlip,
@@ -34,6 +27,8 @@ from torchkit.core.decode import (
 )
 from torchkit.core.errors import UsageError
 from torchkit.core.image_files import load_image
+from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from torchkit.core.transforms import eval_transform, train_transform
 
 SIZE = 64
 PREPROCESS = Preprocess(image_size=SIZE, resize_size=73)

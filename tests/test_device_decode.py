@@ -23,16 +23,9 @@ from PIL import Image
 from test_decode import photo  # the same photo-like test images
 from torchvision import transforms as T
 
-from torchkit.core.data import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Batch,
-    Preprocess,
-    Samples,
-    collate_skipping_unreadable,
-    make_dataset,
-    train_transform,
-)
+from torchkit.core.batches import Batch, collate_skipping_unreadable
+from torchkit.core.dataset import make_dataset
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import NormalizedPixels, pil_resample
 from torchkit.core.device_decode import (
     DeviceDecodeTransform,
@@ -45,6 +38,8 @@ from torchkit.core.device_decode import (
     resolve_decode,
 )
 from torchkit.core.errors import UsageError
+from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from torchkit.core.transforms import train_transform
 
 SIZE = 64
 PREPROCESS = Preprocess(image_size=SIZE, resize_size=73)

@@ -559,6 +559,7 @@ def test_real_process_report_is_fast_path_json(tmp_path):
         assert len(messages) == 1 and messages[0].startswith("Error: no usable CUDA GPU: ")
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(NO_CUDA, reason="needs a CUDA GPU")
 def test_require_cuda_passes_on_a_gpu_machine(runner, clean_env):
     result = runner.invoke(app, ["env", "--require-cuda", "--format", "json"])

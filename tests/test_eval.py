@@ -21,8 +21,9 @@ from typer.testing import CliRunner
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
-from torchkit.core.data import Preprocess, eval_transform
 from torchkit.core.models import build_model, model_from_checkpoint
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import eval_transform
 
 runner = CliRunner()
 
@@ -358,6 +359,7 @@ def test_channels_last_workers_and_amp(setup, report):
     assert data["loss"] == pytest.approx(report["json"]["loss"], rel=0.05)  # bfloat16 on CPU
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_matches_cpu(setup, report):
     result = invoke(

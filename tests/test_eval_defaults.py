@@ -14,7 +14,6 @@ from conftest import error_line, write_image_folder
 
 from torchkit.cli import app
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 CLASSES = {"a": 8, "b": 8, "c": 8}  # 24 images; --val-split 0.25 holds out 6
 
 
@@ -26,16 +25,13 @@ def _train(runner, data: str, out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def flat_run(tmp_path_factory, _torchkit_command) -> Path:
+def flat_run(tmp_path_factory) -> Path:
     """An unsplit folder and a run that trained on it (its val split held out and recorded)."""
-    import typer.testing
     from typer.testing import CliRunner
 
     root = tmp_path_factory.mktemp("defaults")
     write_image_folder(root / "raw", CLASSES, size=12)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(typer.testing, "_get_command", lambda _app: _torchkit_command)
-        _train(CliRunner(), str(root / "raw"), root / "run")
+    _train(CliRunner(), str(root / "raw"), root / "run")
     return root
 
 

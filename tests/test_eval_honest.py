@@ -15,14 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_torchkit_process, write_image_folder
+from conftest import REPO, run_torchkit_in_process, run_torchkit_process, write_image_folder
 from typer.testing import CliRunner
 
 from torchkit.cli import app
+from torchkit.core.batches import Batch
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.data import Batch, Preprocess
 from torchkit.core.errors import DeviceError, UsageError
 from torchkit.core.models import build_model
+from torchkit.core.preprocessing import Preprocess
 
 runner = CliRunner()
 CLASSES = ["a", "b"]
@@ -126,7 +127,7 @@ def test_eval_of_a_finite_model_reports_zero_and_no_warning(world):
 
 def test_eval_strict_fails_on_a_nan_model_with_one_error_line(world, tmp_path):
     out = tmp_path / "report"
-    done = run_torchkit_process(*map(str, eval_args(world, "nan", "--strict", "--out", out)))
+    done = run_torchkit_in_process(*eval_args(world, "nan", "--strict", "--out", out))
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert error_lines(done.stderr) == [
@@ -224,7 +225,7 @@ def test_extract_features_of_a_nan_model_warns_and_records_the_count(world, tmp_
 
 def test_extract_features_strict_fails_on_a_nan_model_before_writing(world, tmp_path):
     out = tmp_path / "features"
-    done = run_torchkit_process(*map(str, features_args(world, "nan", out, "--strict")))
+    done = run_torchkit_in_process(*features_args(world, "nan", out, "--strict"))
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     first = world["data"] / "a" / "a_0.png"
@@ -513,7 +514,7 @@ def test_fingerprint_without_amp_is_the_one_older_versions_wrote():
     """An interrupted run of an earlier version (no amp_dtype key) can still be resumed."""
     import hashlib
 
-    from torchkit.core.data import Samples
+    from torchkit.core.datasource.samples import Samples
     from torchkit.core.features.extract import _fingerprint
 
     samples = Samples(classes=["a"], labels=[0], paths=["a/x.png"], source="s")

@@ -23,7 +23,6 @@ from torch import nn
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.data import Preprocess
 from torchkit.core.errors import InputError
 from torchkit.core.export import (
     EXPORTED_PROGRAM,
@@ -36,9 +35,9 @@ from torchkit.core.export import (
 )
 from torchkit.core.exported.loading import RuntimeFailure
 from torchkit.core.models.convnet import convnet_class
+from torchkit.core.preprocessing import Preprocess
 
 pytestmark = [
-    pytest.mark.usefixtures("cli_built_once"),
     # the tests load files with torch's own APIs too, deprecated ones included
     pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning"),
     pytest.mark.filterwarnings("ignore:You are using the legacy:DeprecationWarning"),

@@ -23,7 +23,6 @@ from torchkit.core.split import split_dataset
 from torchkit.core.stats import compute_dataset_stats
 
 ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 
 def scene(seed: int, width: int = 96, height: int = 72) -> Image.Image:

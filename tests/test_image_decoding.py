@@ -18,7 +18,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from torchkit.core.convert import pixels as px
 from torchkit.core.convert.tensor import read_image
-from torchkit.core.data import Preprocess, Samples, make_dataset, train_transform
+from torchkit.core.dataset import make_dataset
+from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import ReducedDecodeCrop
 from torchkit.core.device_decode import DeviceDecodeTransform, EncodedJpeg, decode_jpegs
 from torchkit.core.errors import InputError
@@ -32,7 +33,9 @@ from torchkit.core.image_files import (
     pixels_in_mode,
     unreadable_image_errors,
 )
+from torchkit.core.preprocessing import Preprocess
 from torchkit.core.stats import scan_files
+from torchkit.core.transforms import train_transform
 from torchkit.core.video import still_image_format
 
 TURNED = 6  # EXIF "rotate 90 degrees clockwise to display"

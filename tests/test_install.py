@@ -16,7 +16,6 @@ from torchkit.core.extras import EXTRAS, MissingExtraError, import_extra, instal
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 

@@ -1,7 +1,7 @@
 """The layering of torchkit, read from the source with `ast` (nothing is imported):
 
 (a) no import cycles among `torchkit.core` modules, and none among its packages (`core.models`,
-    `core.export`, `core.data`...) save the known ones listed below;
+    `core.export`, `core.datasource`...) save the known ones listed below;
 (b) `torchkit.core` never imports `torchkit.cli`, typer, click or rich.
 
 Every import counts, at any level: one inside a function is as much an arrow as one at the top

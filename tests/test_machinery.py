@@ -336,6 +336,7 @@ def test_resolve_device_cuda_unavailable(spec):
     assert "torchkit env" in caught.value.hint and "--device cpu" in caught.value.hint
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_resolve_device_cuda_index_out_of_range():
     count = torch.cuda.device_count()

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from torchkit.core.data import _sklearn_digits, digits_splits, eval_transform, make_dataset
+from torchkit.core.dataset import make_dataset
+from torchkit.core.datasource.digits import _sklearn_digits, digits_splits
 from torchkit.core.train.config import TrainConfig, resolve_defaults
 from torchkit.core.train.loaders import (
     SeededDataset,
@@ -19,6 +20,7 @@ from torchkit.core.train.loaders import (
     train_dataset,
 )
 from torchkit.core.train.memory_images import MemoryImages, axis_matrix, supports, uniforms
+from torchkit.core.transforms import eval_transform
 
 
 @pytest.fixture(scope="module")

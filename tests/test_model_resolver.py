@@ -22,10 +22,11 @@ from torch import nn
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.data import Preprocess, eval_transform
 from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.models import ResolvedModel, resolve_model
 from torchkit.core.models.convnet import convnet_class
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import eval_transform
 
 PKG = "tk_resolver_pkg"  # the user's package, importable only from the world's folder
 NETS = f"""

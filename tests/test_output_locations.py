@@ -10,8 +10,6 @@ from conftest import error_line, tree_digest, write_image_folder
 
 from torchkit.cli import app
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
-
 
 @pytest.fixture
 def inputs(tmp_path: Path) -> Path:

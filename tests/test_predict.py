@@ -21,9 +21,10 @@ from PIL import Image
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
-from torchkit.core.data import Preprocess, eval_transform
 from torchkit.core.models import model_from_checkpoint
 from torchkit.core.models.convnet import convnet_class
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import eval_transform
 
 CLASSES = ["cat", "dog", "fox"]
 PREPROCESS = Preprocess(image_size=12, resize_size=12, mean=(0.5,) * 3, std=(0.25,) * 3)

@@ -43,12 +43,8 @@ def _words(line: str) -> list[str]:
     return words
 
 
-def test_the_readme_has_examples_of_every_command():
-    from typer.main import get_command
-
-    from torchkit.cli import app
-
-    names = set(get_command(app).commands)
+def test_the_readme_has_examples_of_every_command(_torchkit_command):
+    names = set(_torchkit_command.commands)
     used = {_words(line)[0] for line in COMMANDS if _words(line)}
     assert names <= used, sorted(names - used)
 

@@ -23,6 +23,7 @@ from conftest import (
     error_line,
     fill_disk,
     processes_in_group,
+    run_torchkit_in_process,
     run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
@@ -32,8 +33,6 @@ from conftest import (
 )
 
 from torchkit.cli import app
-
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 CLASSES = [f"class_{i}" for i in range(10)]
 
@@ -179,14 +178,15 @@ def test_output_over_an_input_is_refused_and_nothing_changes(work, case):
 
 
 def test_force_replaces_torchkits_own_output_folder(work):
-    first = run_torchkit_process("convert", "tensor", "src", "arrays", "--to", "npy", cwd=work)
+    convert = ["convert", "tensor", "src", "arrays", "--to", "npy"]
+    first = run_torchkit_in_process(*convert, cwd=work)
     assert first.returncode == 0, first.stderr
     assert json.loads((work / "arrays" / ".torchkit").read_text())["command"] == "convert tensor"
-    again = run_torchkit_process("convert", "tensor", "src", "arrays", "--to", "npy", cwd=work)
+    again = run_torchkit_in_process(*convert, cwd=work)
     assert again.returncode == 1
     assert "already exists" in error_line(again.stderr, besides="warnings")
     (work / "arrays" / "stale.npy").write_bytes(b"old")
-    forced = run_torchkit_process(
+    forced = run_torchkit_in_process(
         "convert", "tensor", "src", "arrays", "--to", "bmp", "--force", cwd=work
     )
     assert forced.returncode == 0, forced.stderr
@@ -398,7 +398,7 @@ def test_report_to_dev_stdout(work):
 def test_report_beside_the_outputs_in_the_working_directory(work):
     """DST `.` is fine for a single file (written into the folder, not replacing it), and so is
     a report in it: only the destination file itself is refused as a report."""
-    done = run_torchkit_process(
+    done = run_torchkit_in_process(
         "convert", "tensor", "one.png", ".", "--to", "npy", "--format", "json",
         "-o", "report.json", cwd=work,
     )  # fmt: skip

@@ -2,7 +2,9 @@
 (the data, a CSV index and its images, the checkpoint, --stats), --force replaces only an earlier
 eval's folder, SIGTERM stops the DataLoader workers and leaves an old --out as it was, a second
 run on the same --out is refused while the first runs, and a full disk is one `Error: cannot
-write` line with nothing half-written under --out. Every check is a real `python -m torchkit`."""
+write` line with nothing half-written under --out. Signals, a lock held by a running eval and a
+full disk are real `python -m torchkit` processes; refusals and finished runs run in this
+process."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import torch
 from conftest import (
     error_line,
     hidden_siblings,
-    run_together,
+    run_each_in_process,
+    run_torchkit_in_process,
     run_torchkit_process,
     start_torchkit_process,
     tree_digest,
@@ -77,8 +80,7 @@ OVERLAPS = [
 
 def test_outputs_that_overlap_an_input_are_refused_and_nothing_changes(world):
     before = tree_digest(world)
-    # All at once: each is refused before torch is imported, so this takes about a second.
-    results = run_together([[*EVAL, *args] for args, _ in OVERLAPS], cwd=world)
+    results = run_each_in_process([[*EVAL, *args] for args, _ in OVERLAPS], cwd=world)
     for (args, message), result in zip(OVERLAPS, results, strict=True):
         assert result.returncode == 1, (args, result.stderr)
         assert message in error_line(result.stderr, besides="nothing"), args
@@ -92,7 +94,7 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
     (mine / "notes.txt").write_text("my notes")
     (mine / "metrics.json").write_text("{}")
     mine_before = tree_digest(mine)
-    refused = run_torchkit_process(*EVAL, "--out", str(mine), "--force", cwd=world)
+    refused = run_torchkit_in_process(*EVAL, "--out", str(mine), "--force", cwd=world)
     assert refused.returncode == 1
     assert "Error: output folder" in refused.stderr
     assert "was not written by torchkit" in refused.stderr
@@ -100,7 +102,7 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
 
     older = tmp_path / "older"
     older_eval_output(older, marker=False)  # written before the .torchkit marker existed
-    done = run_torchkit_process(*EVAL, "--out", str(older), "--force", cwd=world)
+    done = run_torchkit_in_process(*EVAL, "--out", str(older), "--force", cwd=world)
     assert done.returncode == 0, done.stderr
     metrics = json.loads((older / "metrics.json").read_text())
     assert metrics["accuracy"] == json.loads(done.stdout)["accuracy"]

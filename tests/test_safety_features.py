@@ -3,7 +3,8 @@ images, a CSV index and its images, the model file, --stats), --force replaces o
 extract-features OUT, SIGTERM before the first rows puts nothing at risk and stops the workers,
 SIGTERM after them keeps a resumable OUT, a second run on the same OUT is refused while the
 first runs, and a full disk is `Error: cannot write` (exit 1), never SIGBUS, with the old OUT
-back in place. Every check is a real `python -m torchkit`."""
+back in place. Signals, a lock held by a running extraction and a full disk are real
+`python -m torchkit` processes; refusals and finished runs run in this process."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from conftest import (
     fill_disk,
     hidden_siblings,
     processes_in_group,
-    run_together,
+    run_each_in_process,
+    run_torchkit_in_process,
     run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
@@ -55,8 +57,8 @@ def older_output(folder: Path, *, marker: bool) -> None:
 
 
 def refused(args: list[str], cwd: Path):
-    """Run `python -m torchkit ARGS` in `cwd`: it must fail (exit 1) with one `Error:` line."""
-    result = run_torchkit_process(*args, cwd=cwd)
+    """Run `torchkit ARGS` in `cwd`: it must fail (exit 1) with one `Error:` line."""
+    result = run_torchkit_in_process(*args, cwd=cwd)
     assert result.returncode == 1, result.stderr
     error_line(result.stderr, besides="nothing")
     return result
@@ -84,8 +86,7 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_changes(world):
     commands += [
         ["extract-features", "run/best.pt", "index.csv", *args] for args, _ in CSV_OVERLAPS
     ]
-    # All at once: each is refused before torch is imported, so this takes about a second.
-    results = run_together(commands, cwd=world)
+    results = run_each_in_process(commands, cwd=world)
     for (args, message), result in zip(OVERLAPS + CSV_OVERLAPS, results, strict=True):
         assert result.returncode == 1, (args, result.stderr)
         assert message in error_line(result.stderr, besides="nothing"), args
@@ -107,7 +108,7 @@ def test_force_replaces_an_earlier_extraction_and_nothing_else(world, tmp_path):
 
     older = tmp_path / "older"
     older_output(older, marker=False)  # written before the .torchkit marker existed
-    done = run_torchkit_process(*FEATURES, str(older), "--force", cwd=world)
+    done = run_torchkit_in_process(*FEATURES, str(older), "--force", cwd=world)
     assert done.returncode == 0, done.stderr
     assert np.load(older / "features.5.npy").shape == (6, 64)
     assert json.loads((older / "meta.json").read_text())["num_rows"] == 6
@@ -147,7 +148,7 @@ def test_sigterm_after_the_first_rows_keeps_a_resumable_out(world, tmp_path):
     assert not (out / "meta.json").exists() and not (out / "features.5.npy").exists()
     assert hidden_siblings(out) == []  # the replaced OUT is gone, as is the lock
 
-    resumed = run_torchkit_process(*GATED, str(out), "--resume", "--workers", "0", cwd=world)
+    resumed = run_torchkit_in_process(*GATED, str(out), "--resume", "--workers", "0", cwd=world)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed at image 3" in resumed.stderr
     assert np.load(out / "body.npy").shape == (6, 16)

@@ -33,8 +33,6 @@ from torch import nn
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
-
 NETDEF = """from torch import nn
 
 

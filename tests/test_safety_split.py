@@ -1,5 +1,6 @@
-"""`torchkit split` never loses a file (issue #13), seen as a user sees it: real processes, exit
-codes, the `Error:` line, and the bytes of every input file before and after.
+"""`torchkit split` never loses a file (issue #13), seen as a user sees it: exit codes, the
+`Error:` line, and the bytes of every input file before and after; signals and a full disk in
+real processes.
 
 OUT is never ROOT, inside it, around it or `.`; `--force` only over an earlier split; a locked OUT
 is refused; `--mode move` keeps symbolic links pointing at their files, refuses split names that
@@ -18,7 +19,8 @@ import pytest
 from conftest import (
     error_line,
     processes_in_group,
-    run_together,
+    run_each_in_process,
+    run_torchkit_in_process,
     run_torchkit_process,
     signal_and_wait,
     slow_io_env,
@@ -48,7 +50,7 @@ def contents(root: Path) -> dict[str, str]:
 
 
 def split(*args, **kwargs):
-    return run_torchkit_process("split", *[str(a) for a in args], **kwargs)
+    return run_torchkit_in_process("split", *args, **kwargs)
 
 
 @pytest.fixture
@@ -76,13 +78,13 @@ def test_out_that_is_in_or_holds_the_dataset_is_refused_and_nothing_moves(tmp_pa
         ([index, data / "cat" / "out"], "lies inside the images of"),
         ([index, tmp_path / "data", "--force"], "contains the"),
     ]
-    results = run_together([["split", *args, "--mode", mode] for args, _ in cases])
+    results = run_each_in_process([["split", *args, "--mode", mode] for args, _ in cases])
     for (args, message), result in zip(cases, results, strict=True):
         assert result.returncode == 1, (args, result.stderr)
         assert message in error_line(result.stderr), args
     # `.` and its parents: never, whatever they hold.
     here = [["split", data, out, "--force", "--mode", mode] for out in (".", "..")]
-    for result in run_together(here, cwd=tmp_path / "holder"):
+    for result in run_each_in_process(here, cwd=tmp_path / "holder"):
         assert result.returncode == 1 and "working directory" in error_line(result.stderr)
     assert tree_digest(tmp_path) == before  # not a byte changed, nothing created, no lock left
 
@@ -123,7 +125,7 @@ def test_report_file_may_not_be_an_input_or_a_file_the_split_writes(tmp_path, da
         ([data, out, "-o", out / "train" / "r.json"], "a file the split writes"),
         ([data, out, "-o", out, "--force"], "the output folder"),
     ]
-    results = run_together([["split", *args, "--mode", "move"] for args, _ in cases])
+    results = run_each_in_process([["split", *args, "--mode", "move"] for args, _ in cases])
     for (args, message), result in zip(cases, results, strict=True):
         assert result.returncode == 1, (args, result.stderr)
         assert message in error_line(result.stderr), args
@@ -138,7 +140,7 @@ def test_a_second_split_into_a_locked_out_is_refused_at_once(tmp_path, data):
 
     out = tmp_path / "out"
     before = tree_digest(data)
-    lock = FolderLock(out, "output folder")  # another torchkit process writing OUT
+    lock = FolderLock(out, "output folder")  # as another torchkit process writing OUT would
     try:
         for mode in ("move", "copy"):
             result = split(data, out, "--mode", mode)
@@ -194,7 +196,7 @@ def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
         "train,val," + "x" * 256,
     ]
     cases = [["split", data, tmp_path / "out", "--mode", "move", "--names", n] for n in names]
-    for given, result in zip(names, run_together(cases), strict=True):
+    for given, result in zip(names, run_each_in_process(cases), strict=True):
         assert result.returncode == 2, (given, result.stderr)
         assert "cannot be a split folder name" in error_line(result.stderr)
     assert tree_digest(data) == before and not (tmp_path / "out").exists()
@@ -285,7 +287,7 @@ def test_a_full_disk_is_an_error_that_names_out_and_leaves_nothing(tmp_path, sma
     disk = small_tmpfs(64)  # 16 files of one 4 KiB page each
     data = make_files(tmp_path / "data", {"cat": 20, "dog": 20})
     before = tree_digest(data)
-    result = split(data, disk / "out")
+    result = run_torchkit_process("split", str(data), str(disk / "out"))
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
     assert f"cannot write {disk / 'out'}" in line and "No space left" in line

@@ -1,5 +1,6 @@
-"""`torchkit video-info` never loses a file (issue #13), seen as a user sees it: real processes,
-exit codes, the `Error:` line, and the bytes of the videos before and after.
+"""`torchkit video-info` never loses a file (issue #13), seen as a user sees it: exit codes, the
+`Error:` line, and the bytes of the videos before and after; a signal and a full disk in real
+processes.
 
 `--extract-frames DIR` is never a video, a folder of them or inside one, nor `.`; `--force` only
 over an earlier frames folder; a locked DIR is refused; the old frames folder is back after
@@ -20,7 +21,8 @@ import pytest
 from conftest import (
     error_line,
     processes_in_group,
-    run_together,
+    run_each_in_process,
+    run_torchkit_in_process,
     run_torchkit_process,
     signal_and_wait,
     slow_io_env,
@@ -63,7 +65,7 @@ def clips(tmp_path, clip) -> Path:
 
 
 def video_info(*args, **kwargs):
-    return run_torchkit_process("video-info", *[str(a) for a in args], **kwargs)
+    return run_torchkit_in_process("video-info", *args, **kwargs)
 
 
 # --------------------------------------------------------------------------- outputs and inputs
@@ -89,14 +91,14 @@ def test_frames_folder_or_report_that_is_in_or_holds_a_video_is_refused(tmp_path
         ([linked, "-o", elsewhere / "real.avi", "--force"], "is the video"),
     ]
     for (args, message), result in zip(
-        cases, run_together([["video-info", *c] for c, _ in cases]), strict=True
+        cases, run_each_in_process([["video-info", *c] for c, _ in cases]), strict=True
     ):
         assert result.returncode == 1, (args, result.stderr)
         assert message in error_line(result.stderr), args
     here = [
         ["video-info", clips, "-k", "2", "--extract-frames", out, "--force"] for out in (".", "..")
     ]
-    for result in run_together(here, cwd=tmp_path / "cwd"):
+    for result in run_each_in_process(here, cwd=tmp_path / "cwd"):
         assert result.returncode == 1 and "working directory" in error_line(result.stderr)
     assert tree_digest(tmp_path) == before  # the videos' bytes, and nothing created, no lock left
 
@@ -123,7 +125,7 @@ def test_a_second_run_on_a_locked_frames_folder_is_refused_at_once(tmp_path, cli
     from torchkit.core.outputs import FolderLock
 
     frames = tmp_path / "frames"
-    lock = FolderLock(frames, "frames folder")  # another torchkit process writing it
+    lock = FolderLock(frames, "frames folder")  # as another torchkit process writing it would
     try:
         result = video_info(clips, "-k", "2", "--extract-frames", frames)
     finally:
@@ -159,7 +161,7 @@ def test_segments_workers_and_seed_have_bounds_and_the_largest_values_work(tmp_p
         ["-j", "100000000"],
         ["--seed", "-1"],
     ]
-    results = run_together([["video-info", video, *args] for args in refused])
+    results = run_each_in_process([["video-info", video, *args] for args in refused])
     for args, result in zip(refused, results, strict=True):
         assert result.returncode == 2, (args, result.stderr)
         assert error_line(result.stderr)
@@ -211,7 +213,8 @@ def test_sigterm_mid_extraction_leaves_the_old_frames_folder(tmp_path, clip):
 def test_a_full_disk_is_an_error_not_a_skipped_video(tmp_path, small_tmpfs, clips):
     disk = small_tmpfs(16)  # four 4 KiB pages: the lock, the marker, two frames
     before = tree_digest(clips)
-    result = video_info(clips, "-k", "10", "--extract-frames", disk / "frames", "-j", "0")
+    args = [clips, "-k", "10", "--extract-frames", disk / "frames", "-j", "0"]
+    result = run_torchkit_process("video-info", *map(str, args))
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
     assert f"cannot write {disk / 'frames'}" in line and "No space left" in line

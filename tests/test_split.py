@@ -19,13 +19,9 @@ import pytest
 
 from torchkit.cli import app
 from torchkit.core import split as split_module
-from torchkit.core.data import (
-    discover_image_folder,
-    largest_remainder_counts,
-    list_image_files,
-    stratified_split,
-)
 from torchkit.core.datasource import csv_samples
+from torchkit.core.datasource.discovery import discover_image_folder, list_image_files
+from torchkit.core.datasource.splitting import largest_remainder_counts, stratified_split
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.split import parse_ratio, split_dataset
 

@@ -290,6 +290,7 @@ def test_value_dependent_model_runs_for_real_and_lazy_model_stays_lazy():
     assert isinstance(lazy[0].weight, nn.parameter.UninitializedParameter)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_model_on_gpu_stays_there():
     model = nn.Sequential(nn.Linear(3, 2)).cuda()

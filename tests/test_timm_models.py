@@ -21,7 +21,6 @@ from torch import nn
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
-from torchkit.core.data import Preprocess, eval_transform
 from torchkit.core.errors import OfflineError, TorchkitError, UsageError
 from torchkit.core.models import (
     build_model,
@@ -34,6 +33,8 @@ from torchkit.core.models import (
     resolve_model,
 )
 from torchkit.core.models.convnet import convnet_class
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import eval_transform
 
 timm = pytest.importorskip("timm")
 

@@ -12,7 +12,8 @@ from PIL import Image
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import load_checkpoint
-from torchkit.core.data import AUGMENT_POLICIES, Preprocess, train_transform
+from torchkit.core.preprocessing import Preprocess
+from torchkit.core.transforms import AUGMENT_POLICIES, train_transform
 
 PREPROCESS = Preprocess(image_size=24, resize_size=28)
 

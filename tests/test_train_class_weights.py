@@ -85,7 +85,7 @@ def test_train_records_and_uses_the_weights(runner, tmp_path, make_image_folder,
 
 
 def test_the_balanced_sampler_draws_every_class_equally_often_and_is_seeded():
-    from torchkit.core.data import Samples
+    from torchkit.core.datasource.samples import Samples
     from torchkit.core.train.loaders import EpochSampler, balanced_sample_weights
 
     labels = [0] * 90 + [1] * 10

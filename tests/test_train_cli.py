@@ -97,8 +97,10 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runn
     assert not any(key.startswith("module.") for key in best["model"])
 
     # The test accuracy, recomputed independently from best.pt with the stored preprocessing.
-    from torchkit.core.data import Preprocess, digits_splits, eval_transform
+    from torchkit.core.datasource.digits import digits_splits
     from torchkit.core.models import model_from_checkpoint
+    from torchkit.core.preprocessing import Preprocess
+    from torchkit.core.transforms import eval_transform
 
     model = model_from_checkpoint(best).eval()
     transform = eval_transform(Preprocess.from_dict(best["preprocess"]))
@@ -690,6 +692,7 @@ def test_bad_option_values_are_usage_errors(runner, tmp_path):
     assert both.exit_code == 2 and "give one" in error_line(both)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_fp16_amp_uses_a_grad_scaler_and_sync_bn_warns_for_one_process(
     runner, split_root, tmp_path

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, write_image_folder
+from conftest import REPO, run_torchkit_in_process, write_image_folder
 from torch import nn
 
 from torchkit.core import distributed as dist_utils
@@ -490,8 +490,8 @@ def test_ranks_that_do_not_all_join_within_dist_timeout_are_one_error(monkeypatc
 
 
 @pytest.mark.parametrize("value", ["0", "-5"])
-def test_a_dist_timeout_that_is_not_positive_is_a_usage_error(value, run_torchkit, tmp_path):
-    done = run_torchkit("train", "--dist-timeout", value, "--out", str(tmp_path / "run"))
+def test_a_dist_timeout_that_is_not_positive_is_a_usage_error(value, tmp_path):
+    done = run_torchkit_in_process("train", "--dist-timeout", value, "--out", tmp_path / "run")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         f"Error: --dist-timeout must be a positive number of seconds, not {float(value)}"

@@ -27,7 +27,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, error_line, run_together, tree_digest, write_image_folder
+from conftest import (
+    REPO,
+    error_line,
+    run_each_in_process,
+    run_torchkit_in_process,
+    tree_digest,
+    write_image_folder,
+)
 from torch import nn
 
 from torchkit.core.errors import CheckpointError, InputError, UsageError
@@ -175,7 +182,7 @@ def test_non_finite_options_are_usage_errors_naming_the_option(tmp_path):
         ("--gamma", "nan"), ("--val-split", "nan"),
     ]  # fmt: skip
     # (--epochs 1: the code before the check trained them, for 1 epoch rather than 20.)
-    results = run_together(
+    results = run_each_in_process(
         [["train", option, value, "--epochs", "1", "--out", tmp_path / f"r{i}"]
          for i, (option, value) in enumerate(cases)]
     )  # fmt: skip
@@ -190,7 +197,7 @@ def test_non_finite_options_are_usage_errors_naming_the_option(tmp_path):
 
 
 def test_a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_good_epoch(
-    world, trained, tmp_path
+    world, trained, tmp_path, monkeypatch
 ):
     data = str(world / "data")
     nan_run, fresh = tmp_path / "nan", tmp_path / "fresh"
@@ -206,20 +213,15 @@ def test_a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_good_epo
         # --lr applies for real on resume: 1e30 makes epoch 3 diverge.
         ["train", "--resume", resumed, "--lr", "1e30", "--epochs", "4", "--trust-checkpoint"],
     ]  # fmt: skip
-    plain = {k: v for k, v in {**os.environ, **ENV}.items() if k != "TORCHKIT_DEBUG"}
-    envs = [{**plain, "TORCHKIT_TEST_NAN_AT": "5"}, plain, plain]  # NaN at epoch 2, batch 2
-    started = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torchkit", *map(str, args)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env=env,
-        )  # fmt: skip
-        for args, env in zip(commands, envs, strict=True)
-    ]
-    results = [process.communicate(timeout=300) + (process.returncode,) for process in started]
+    results = []
+    for args, nan_at in zip(commands, ["5", None, None], strict=True):  # epoch 2, batch 2
+        NanNet.forwards = 0
+        if nan_at:
+            monkeypatch.setenv("TORCHKIT_TEST_NAN_AT", nan_at)
+        else:
+            monkeypatch.delenv("TORCHKIT_TEST_NAN_AT", raising=False)
+        done = run_torchkit_in_process(*args)
+        results.append((done.stdout, done.stderr, done.returncode))
 
     (_, err, code) = results[0]
     assert code == 1, err[-3000:]
@@ -290,10 +292,9 @@ def test_under_ddp_a_nan_on_one_rank_stops_every_rank_with_the_same_error(world,
 
 
 def test_no_readable_training_or_validation_image_and_an_unlabelled_csv_row_are_errors(
-    world, tmp_path, monkeypatch
+    world, tmp_path
 ):
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # for test_train_nets:TinyNet
-    results = run_together(
+    results = run_each_in_process(
         [
             ["train", "--data", world / "bad-train", *FAST, "--epochs", "2",
              "--best-metric", "loss", "--out", tmp_path / "t"],
@@ -326,8 +327,7 @@ def test_read_csv_index_refuses_empty_labels_with_their_lines(tmp_path):
 # -- 5. resume: options apply for real or are refused ---------------------------------------------
 
 
-def test_resume_refuses_options_that_cannot_change_naming_both_values(trained, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # for test_train_nets:TinyNet
+def test_resume_refuses_options_that_cannot_change_naming_both_values(trained):
     before = tree_digest(trained)
     cases = [
         (["--optimizer", "sgd"], "trained with --optimizer adamw, not sgd"),
@@ -335,7 +335,7 @@ def test_resume_refuses_options_that_cannot_change_naming_both_values(trained, m
         (["--seed", "3"], "trained with --seed 0, not 3"),
         (["--freeze-backbone"], "trained with --freeze-backbone off, not on"),
     ]
-    results = run_together([["train", "--resume", trained, *args] for args, _ in cases])
+    results = run_each_in_process([["train", "--resume", trained, *args] for args, _ in cases])
     for (args, expected), result in zip(cases, results, strict=True):
         assert result.returncode == 1, (args, result.stderr[-2000:])
         line = error_line(result.stderr)
@@ -519,7 +519,9 @@ def test_the_loader_pins_batches_when_asked(monkeypatch):
     real loader is what pin_memory() returned, for images, labels and indices."""
     import numpy as np
 
-    from torchkit.core.data import Batch, Preprocess, Samples
+    from torchkit.core.batches import Batch
+    from torchkit.core.datasource.samples import Samples
+    from torchkit.core.preprocessing import Preprocess
     from torchkit.core.train.loaders import build_loaders
 
     pinned: list[torch.Tensor] = []
@@ -546,7 +548,7 @@ def test_the_loader_pins_batches_when_asked(monkeypatch):
 
 
 def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch):
-    from torchkit.core.data import Batch
+    from torchkit.core.batches import Batch
     from torchkit.core.train import loop
 
     assert loop.accumulator_dtype(torch.device("mps")) == torch.float32  # MPS has no float64

@@ -21,10 +21,9 @@ from conftest import REPO, write_image_folder
 TESTS = Path(__file__).resolve().parent
 
 # Seven Python processes (3 torchrun agents, 4 ranks) importing torch: about 35 s on 2 cores.
-pytestmark = [
-    pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing"),
-    pytest.mark.slow,
-]
+pytestmark = pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="torch.distributed missing"
+)
 
 
 def free_ports(count: int) -> list[int]:

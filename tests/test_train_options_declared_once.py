@@ -13,8 +13,6 @@ from torchkit.cli.spec_options import field_value
 from torchkit.core.train.config import FIXED_ON_RESUME, TRAIN_OPTIONS, TrainConfig, option_name
 from torchkit.core.train.config_file import NOT_IN_A_RECIPE, effective_config
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
-
 # Parameters of `train` that are not training options, and those every command has.
 NOT_TRAINING_OPTIONS = {"stats", "config_file", "print_config", "fmt", "output"}
 EVERY_COMMAND = {"verbose", "help"}

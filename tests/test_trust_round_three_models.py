@@ -9,11 +9,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import error_line, run_torchkit_process, write_image_folder
+from conftest import (
+    error_line,
+    run_torchkit_in_process,
+    run_torchkit_process,
+    write_image_folder,
+)
 
 from torchkit.cli import app
-
-pytestmark = pytest.mark.usefixtures("cli_built_once")
 
 CLASSES = ["a", "b", "c"]
 SIDE = 16
@@ -60,7 +63,7 @@ def world(tmp_path_factory) -> Path:
     write_image_folder(root / "images", dict.fromkeys(CLASSES, 4), size=SIDE)
     _save(_checkpoint(), root / "model.pt")
     for name in ("model.onnx", "model.ts", "model.pt2"):
-        done = run_torchkit_process("export", str(root / "model.pt"), str(root / name), cwd=root)
+        done = run_torchkit_in_process("export", root / "model.pt", root / name, cwd=root)
         assert done.returncode == 0, done.stderr
     return root
 

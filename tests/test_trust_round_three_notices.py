@@ -17,11 +17,9 @@ from conftest import REPO, error_line, write_image_folder
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.data import Preprocess
 from torchkit.core.errors import CheckpointError
 from torchkit.core.models.convnet import convnet_class
-
-pytestmark = pytest.mark.usefixtures("cli_built_once")
+from torchkit.core.preprocessing import Preprocess
 
 CLASSES = ["a", "b"]
 GOOD = Preprocess(image_size=12, resize_size=12, mean=(0.5,) * 3, std=(0.25,) * 3)

@@ -26,8 +26,6 @@ from torchkit.core.benchmark.search import OVER_LIMIT
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.errors import InputError
 
-pytestmark = pytest.mark.usefixtures("cli_built_once")
-
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
 FAST = ["--device", "cpu", "--warmup", "0", "--iters", "1"]
@@ -309,10 +307,8 @@ def leaf_commands(command, path=()):
         yield from leaf_commands(child, (*path, name))
 
 
-def test_verbose_works_after_the_command_name(runner, monkeypatch, tmp_path):
-    from typer.main import get_command
-
-    for path, command in leaf_commands(get_command(app)):
+def test_verbose_works_after_the_command_name(runner, monkeypatch, tmp_path, _torchkit_command):
+    for path, command in leaf_commands(_torchkit_command):
         opts = {opt for param in command.params for opt in getattr(param, "opts", ())}
         assert {"-v", "--verbose"} <= opts, path
     logger = logging.getLogger("torchkit")
