@@ -22,11 +22,14 @@ from pathlib import Path
 from torchkit.bytecode import keep_bytecode_cache
 
 # As the CLI does: torch's bytecode cached under PYTHONDONTWRITEBYTECODE. Every Python a test
-# starts (torchrun's launcher, `python -c` checks) reads the same cache rather than compiling
-# torch's sources again, about 2.5 s of CPU each; test_bytecode.py runs without it.
+# starts (torchrun's launcher, `python -c` checks) reads and fills the same cache rather than
+# compiling torch's sources again, about 2.5 s of CPU each: on a fresh clone (CI) the cache
+# starts empty, and what only those processes import would otherwise be compiled every time.
+# test_bytecode.py sets the variables it tests itself.
 BYTECODE_CACHE = keep_bytecode_cache()
 if BYTECODE_CACHE:
     os.environ.setdefault("PYTHONPYCACHEPREFIX", BYTECODE_CACHE)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the prefix keeps sources free of .pyc
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One worker per core already: torch's intra-op threads (one per core in every worker and
     # in every torchkit process a test starts) would only fight over the same cores. Set before
