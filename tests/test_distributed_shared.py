@@ -107,3 +107,25 @@ def test_a_group_the_caller_made_is_joined_with_its_ranks(monkeypatch):
     ctx = distributed.setup("cpu")
     assert (ctx.rank, ctx.world_size, ctx.backend, ctx.initialised_here) == (1, 3, "gloo", False)
     assert ctx.device.type == "cpu"
+
+
+def test_extract_features_under_torchrun_is_refused_on_every_rank_before_any_work(
+    monkeypatch, tmp_path
+):
+    """extract-features runs in one process: under torchrun every rank would write the same OUT
+    (the second refused by its lock mid-run). Each rank says so and exits 2; nothing is made."""
+    from conftest import error_line, run_torchkit_in_process
+
+    images = tmp_path / "images"
+    images.mkdir()
+    out = tmp_path / "feats"
+    for rank in ("0", "1"):
+        env = {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank, "LOCAL_WORLD_SIZE": "2"}
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        result = run_torchkit_in_process("extract-features", "convnet", images, out, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        line = error_line(result.stderr)
+        assert line.startswith("Error: extract-features runs in one process: under torchrun")
+        assert "run it without torchrun" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from torchkit import __version__
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.device import check_amp_dtype
+from torchkit.core.distributed import launched_by_torchrun
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.features.layers import (
     NORMALIZATIONS,
@@ -440,6 +441,14 @@ def _validate(request: FeatureRequest) -> None:
         if value is not None and value not in allowed:
             raise UsageError(f"{option} must be one of {', '.join(allowed)}, not {value!r}")
     check_amp_dtype(request.amp, request.amp_dtype)
+    if launched_by_torchrun():
+        # Every rank would extract every image into the same OUT (the second one refused by
+        # its lock, mid-run): say so before anything starts, on every rank.
+        raise UsageError(
+            "extract-features runs in one process: under torchrun every rank would write the "
+            "same OUT",
+            "run it without torchrun (it uses one device: --device)",
+        )
     if request.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
     if request.workers is not None and request.workers < 0:
