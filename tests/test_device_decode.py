@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_decode import photo  # the same photo-like test images
+from test_decode import _jpeg_split_folder, photo  # the same photo-like test images
 from torchvision import transforms as T
 
 from torchkit.core.batches import Batch, collate_skipping_unreadable
@@ -374,14 +374,7 @@ def test_decode_options_are_validated():
 
 
 def _jpeg_folder(root: Path, *, train: int, val: int) -> Path:
-    seed = 0
-    for split, count in (("train", train), ("val", val)):
-        for label in ("a", "b"):
-            folder = root / split / label
-            folder.mkdir(parents=True)
-            for i in range(count):
-                seed += 1
-                Image.fromarray(photo(60, 45, seed)).save(folder / f"{i}.jpg", quality=85)
+    _jpeg_split_folder(root, train=train, val=val, size=(60, 45))
     (root / "train" / "a" / "odd.png").write_bytes(  # one non-JPEG among them
         _png_bytes(photo(40, 30, 99))
     )

@@ -25,6 +25,7 @@ from torchkit.core.outputs import (
     OutputFolder,
     OutputLockedError,
     OutputOverlapError,
+    as_write_error,
     check_not_protected,
     check_output_file,
     check_overlap,
@@ -32,6 +33,7 @@ from torchkit.core.outputs import (
     is_special_file,
     is_write_error,
     recover_leftovers,
+    reporting_write_errors,
 )
 
 
@@ -352,6 +354,33 @@ def test_write_errors_are_told_from_input_errors(tmp_path):
     assert not is_write_error(OSError(errno.ENOENT, "No such file", str(out)), out)
     assert is_write_error(RuntimeError("[enforce fail at inline_container.cc] file write failed"))
     assert not is_write_error(RuntimeError("shape mismatch"))
+
+
+def test_every_writer_s_way_of_saying_the_disk_is_full_is_one_write_error(tmp_path, monkeypatch):
+    """safetensors' "(os error 28)" (not an OSError), and a short write on a file system out
+    of inodes (torch.save's C++ stream says only "unexpected pos"), are write errors naming the
+    output, through the one `reporting_write_errors` every command uses."""
+    out = tmp_path / "w.safetensors"
+
+    class SafetensorError(Exception):
+        pass
+
+    full = pytest.raises(OutputWriteError, match=f"cannot write {out}: No space left")
+    with full, reporting_write_errors(out):
+        raise SafetensorError("Error while serializing: I/O error: (os error 28)")
+    other = pytest.raises(ValueError, match="not about the output")  # passes through
+    with other, reporting_write_errors(out):
+        raise ValueError("not about the output")
+
+    real = os.statvfs(tmp_path)
+
+    class NoInodes:
+        f_flag, f_bavail, f_frsize = 0, real.f_bavail, real.f_frsize
+        f_files, f_favail = 1000, 0
+
+    monkeypatch.setattr(os, "statvfs", lambda path: NoInodes)
+    found = as_write_error(RuntimeError("unexpected pos 576 vs 534"), out)
+    assert isinstance(found, OutputWriteError) and "No space left" in found.message
 
 
 def test_a_full_disk_is_one_error_naming_the_output_and_leaves_no_temporary(small_tmpfs):
