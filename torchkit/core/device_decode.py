@@ -294,6 +294,45 @@ def decode_jpegs(chunks: list, device: Any) -> list:
     if not chunks:
         return []
     import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return _decode_each(chunks, device)
+    # nvJPEG's hardware engine writes its outputs without waiting for the stream it is given,
+    # and torchvision allocates them on the caller's stream: from the caching allocator's
+    # blocks just freed there, which kernels still queued on that stream (the last step's
+    # backward and optimiser) have yet to read. Training then reads overwritten activations:
+    # NaN losses within a few steps (seen on an H100; pytorch/vision#9606). Decoding on a
+    # stream of its own takes the outputs from that stream's blocks, which nothing queued
+    # reads; the caller's stream then waits for the decode, and owns the outputs.
+    current = torch.cuda.current_stream(device)
+    side = _decode_stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        decoded = _decode_each(chunks, device)
+    current.wait_stream(side)
+    for image in decoded:
+        if image is not None:
+            image.record_stream(current)
+    return decoded
+
+
+_STREAMS: dict[Any, Any] = {}
+
+
+def _decode_stream(device: Any) -> Any:
+    """One CUDA stream per device for the decoder (streams are not freed: one is enough)."""
+    import torch
+
+    stream = _STREAMS.get(device)
+    if stream is None:
+        stream = _STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
+def _decode_each(chunks: list, device: Any) -> list:
+    """decode_jpegs on the current stream: one batched call, else one call per image."""
+    import torch
     from torchvision.io import ImageReadMode, decode_jpeg
 
     # The pixels as stored, as every loader reads them (core.image_files' EXIF rule).

@@ -1,0 +1,90 @@
+"""Training on a CUDA GPU (issue #30): a bf16 step through the JPEG path that `--decode auto`
+picks there (nvJPEG), torchrun with one process, and NCCL's collectives on the GPU.
+Each carries the `cuda` marker: `uv run pytest -m cuda` on a machine with a CUDA GPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+from test_decode import _jpeg_split_folder
+
+from torchkit.cli import app
+
+TESTS = Path(__file__).resolve().parent
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.cuda, needs_cuda]
+
+RECIPE = ["--model", "resnet18", "--image-size", "32", "--batch-size", "8", "--epochs", "1",
+          "--workers", "2", "--warmup-epochs", "0", "--format", "json"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("gpu-jpegs")
+    _jpeg_split_folder(root, train=8, val=2, size=(120, 90))
+    return root
+
+
+def _rows(out: Path) -> list[dict]:
+    with (out / "metrics.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_bf16_training_on_cuda_decodes_jpegs_on_the_gpu(runner, jpegs, tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--data", str(jpegs), *RECIPE, "--device", "cuda", "--amp",
+            "--channels-last", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["amp_dtype"] == "bfloat16"  # native bf16 from Ampere on: no GradScaler
+    # --decode auto, on CUDA from JPEG files: nvJPEG.
+    assert config["options"]["decode"] == "device" and "decode" in config["defaults_from_data"]
+    checkpoint = torch.load(out / "last.pt", map_location="cpu", weights_only=True)
+    assert not checkpoint.get("scaler")
+    rows = _rows(out)
+    assert len(rows) == 1 and math.isfinite(float(rows[0]["train_loss"]))
+
+
+def test_nccl_collectives_on_the_gpu():
+    """A one-GPU machine cannot hold two NCCL ranks (one GPU each), so the NCCL group here is the
+    caller's own, of one process, which `setup` joins as it is."""
+    from torchkit.core import distributed
+
+    port = 29_500 + os.getpid() % 1000
+    torch.distributed.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
+    try:
+        ctx = distributed.setup("cuda")
+        assert ctx.backend == "nccl" and ctx.device.type == "cuda"
+        assert distributed.all_reduce_sum(ctx, [1.0, 2.5]) == [1.0, 2.5]
+        assert distributed.all_reduce_max(ctx, [3.0]) == [3.0]
+        assert distributed.broadcast_from_main(ctx, {"epoch": 2}) == {"epoch": 2}
+        distributed.teardown(ctx)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def test_torchrun_with_one_nccl_process_trains(jpegs, tmp_path):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+         "-m", "torchkit", "train", "--data", str(jpegs), *RECIPE, "--amp", "--out", str(out)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["world_size"] == 1
+    assert (out / "best.pt").is_file() and len(_rows(out)) == 1
