@@ -411,7 +411,9 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path)
     write_image_folder(root, {"a": 4, "b": 3}, size=20)
     (root / "a" / "a_00.png").write_bytes(b"broken")  # 2nd image: before the interruption
     (root / "b" / "b_9.png").write_bytes(b"broken")  # last image: after it
-    options = ["--image-size", "16", "-l", "features", "-l", "penultimate", "-b", "2"]
+    # Bitwise comparisons: the CPU's kernels (a GPU's may pick other algorithms per run).
+    options = ["--image-size", "16", "-l", "features", "-l", "penultimate", "-b", "2",
+               "--device", "cpu"]  # fmt: skip
 
     full = tmp_path / "full"
     result = run(runner, "convnet", str(root), str(full), *options, "-j", "1")
@@ -430,7 +432,7 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path)
     part = tmp_path / "part"
     request = FeatureRequest(
         "convnet", str(root), str(part), layers=["features", "penultimate"], image_size=16,
-        batch_size=2, workers=0,
+        batch_size=2, workers=0, device="cpu",
     )  # fmt: skip
     with pytest.raises(Stop):
         extract_features(request, progress=stop_after_two_batches)

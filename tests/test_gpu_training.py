@@ -34,6 +34,16 @@ def jpegs(tmp_path_factory) -> Path:
     return root
 
 
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [tensor for value in obj for tensor in _tensors(value)]
+    return []
+
+
 def _rows(out: Path) -> list[dict]:
     with (out / "metrics.csv").open(newline="") as handle:
         return list(csv.DictReader(handle))
@@ -49,8 +59,10 @@ def test_bf16_training_on_cuda_decodes_jpegs_on_the_gpu(runner, jpegs, tmp_path)
     assert config["amp_dtype"] == "bfloat16"  # native bf16 from Ampere on: no GradScaler
     # --decode auto, on CUDA from JPEG files: nvJPEG.
     assert config["options"]["decode"] == "device" and "decode" in config["defaults_from_data"]
-    checkpoint = torch.load(out / "last.pt", map_location="cpu", weights_only=True)
+    checkpoint = torch.load(out / "last.pt", weights_only=True)  # no map_location
     assert not checkpoint.get("scaler")
+    # CPU tensors only: the checkpoint loads as it is on a machine without a GPU.
+    assert all(tensor.device.type == "cpu" for tensor in _tensors(checkpoint))
     rows = _rows(out)
     assert len(rows) == 1 and math.isfinite(float(rows[0]["train_loss"]))
 

@@ -399,3 +399,14 @@ def test_resuming_a_run_recorded_before_decode_existed_decodes_exactly():
     assert merged.decode == "exact"  # what they trained with: a bitwise continuation
     again = merge_for_resume(saved, TrainConfig(decode="fast", resume="run"), overrides=["decode"])
     assert again.decode == "fast"  # asked for on the command line
+
+
+def test_checkpoint_structure_is_kept_and_cpu_tensors_are_not_copied():
+    """`on_cpu` puts a GPU run's checkpoint tensors on the CPU (tested on a GPU in
+    test_gpu_training); on a CPU run it copies nothing and keeps every container's type."""
+    from torchkit.core.checkpoint import on_cpu
+
+    kept = torch.ones(2)
+    moved = on_cpu({"a": [kept, (torch.zeros(3), 1)], "b": "x"})
+    assert moved["a"][0] is kept and moved["b"] == "x" and moved["a"][1][1] == 1
+    assert isinstance(moved["a"][1], tuple) and torch.equal(moved["a"][1][0], torch.zeros(3))

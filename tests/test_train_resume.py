@@ -34,7 +34,7 @@ def recipe(data: Path, out: Path, workers: int) -> list[str]:
         "train", "--data", str(data), "--model", "test_train_nets:NoisyNet", "--image-size",
         "8", "--batch-size", "4", "--epochs", "3", "--deterministic", "--seed", "7",
         "--mixup-alpha", "0.4", "--ema", "--lr", "0.01", "--workers", str(workers),
-        "--out", str(out),
+        "--out", str(out), "--device", "cpu",  # bitwise comparisons: the CPU's kernels
     ]  # fmt: skip
 
 

@@ -55,8 +55,9 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
         if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
             with warnings.catch_warnings():
                 # "torch.jit.load is deprecated": the user asked for this file, and the
-                # commands that read it say what it is.
+                # commands that read it say what it is (a DeprecationWarning up to torch 2.11).
                 warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
                 return torch.jit.load(str(source), map_location="cpu")
         return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
     except pickle.UnpicklingError as error:
@@ -127,6 +128,23 @@ def save_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> N
 
     with atomic_path(path) as tmp:
         torch.save(dict(checkpoint), tmp)
+
+
+def on_cpu(obj: Any) -> Any:
+    """`obj` with every tensor in its dicts, lists and tuples on the CPU: a checkpoint of a GPU
+    run then loads with a plain `torch.load` on any machine (torch.save copies each tensor to
+    host memory anyway). CPU tensors are kept as they are, not copied."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu() if obj.device.type != "cpu" else obj
+    if isinstance(obj, dict):
+        return {key: on_cpu(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [on_cpu(value) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(on_cpu(value) for value in obj)
+    return obj
 
 
 def is_torchkit_checkpoint(obj: Any) -> bool:

@@ -304,10 +304,11 @@ def decode_jpegs(chunks: list, device: Any) -> list:
     # backward and optimiser) have yet to read. Training then reads overwritten activations:
     # NaN losses within a few steps (seen on an H100; pytorch/vision#9606). Decoding on a
     # stream of its own takes the outputs from that stream's blocks, which nothing queued
-    # reads; the caller's stream then waits for the decode, and owns the outputs.
+    # reads; the caller's stream then waits for the decode, and owns the outputs. The decode
+    # does not wait for the caller's stream (its inputs are host bytes): it runs while the
+    # last step's kernels still run, as the decode in a loader worker would.
     current = torch.cuda.current_stream(device)
     side = _decode_stream(device)
-    side.wait_stream(current)
     with torch.cuda.stream(side):
         decoded = _decode_each(chunks, device)
     current.wait_stream(side)

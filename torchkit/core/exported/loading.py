@@ -215,7 +215,9 @@ def _load_torchscript(source: Path) -> ExportedModel:
 
     extra = {meta.EXTRA_FILE: ""}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # "torch.jit.load is deprecated"
+        # "torch.jit.load is deprecated": a FutureWarning, a DeprecationWarning up to torch 2.11.
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         module = torch.jit.load(os.fspath(source), map_location="cpu", _extra_files=extra)
     module.eval()
     return ExportedModel(

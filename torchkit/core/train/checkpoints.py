@@ -18,6 +18,7 @@ from torchkit.core.checkpoint import (
     FORMAT_VERSION,
     is_torchkit_checkpoint,
     load_checkpoint,
+    on_cpu,
     save_checkpoint,
 )
 from torchkit.core.errors import CheckpointError
@@ -46,8 +47,8 @@ def build_checkpoint(
     history: list[dict],
     epoch_progress: dict | None = None,
 ) -> dict:
-    """A torchkit checkpoint: tensors and plain values only, so that it loads with
-    `torch.load(weights_only=True)`.
+    """A torchkit checkpoint: CPU tensors and plain values only, so that it loads with
+    `torch.load(weights_only=True)` on any machine, with a GPU or without.
 
     `epoch` counts completed epochs; `epoch_progress` is set when the run stopped inside the
     next epoch (Ctrl-C): how far it got, so --resume continues from there.
@@ -77,7 +78,7 @@ def build_checkpoint(
     if ema is not None:
         checkpoint["model_ema"] = ema.state_dict()
         checkpoint["ema_updates"] = int(ema.updates)
-    return checkpoint
+    return on_cpu(checkpoint)
 
 
 def periodic_name(epoch: int) -> str:
