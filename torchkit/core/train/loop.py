@@ -103,6 +103,9 @@ class StepContext:
     # Turns a uint8 batch (what the train loader gives for image files) into the model's
     # input on the device: ToTensor + Normalize, bit for bit (core.decode.NormalizedPixels).
     normalized_pixels: Callable[..., Any] | None = None
+    # Decode batches of JPEG bytes (--decode device) in a thread, one batch ahead of the step
+    # (core.decode_ahead); otherwise the loop decodes each batch itself.
+    decode_ahead: bool = False
 
 
 class UnreadableImages:
@@ -161,6 +164,7 @@ def train_one_epoch(
     returns: the diverged state never reaches a checkpoint."""
     import torch
 
+    from torchkit.core.decode_ahead import DecodedAhead
     from torchkit.core.device_decode import decoded_batch
     from torchkit.core.train.mixing import mix_batch
 
@@ -203,79 +207,87 @@ def train_one_epoch(
 
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct
     last_report = 0.0
-    for batch in loader:
-        batch = decoded_batch(batch, ctx.device)  # as it is unless it holds JPEG bytes
-        if batch.errors:
-            unreadable.report(batch.errors)
-        progress_state.batches += 1
-        is_update = progress_state.batches % accum == 0 or progress_state.batches == total
-        if batch.images is not None:
-            images, labels = to_device(batch, ctx)
-            mixed = mix_batch(images, labels, ctx.mixup_alpha, ctx.cutmix_alpha)
-            if mixed is not None:
-                images = mixed.images
-            sync = ctx.model.no_sync() if ctx.distributed and not is_update else None
-            with sync or contextlib.nullcontext():
-                with ctx.autocast():
-                    outputs = ctx.model(images)
-                    if mixed is None:
-                        loss = ctx.criterion(outputs, labels)
+    ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
+    batches = loader if ahead is None else ahead
+    try:
+        for batch in batches:
+            batch = decoded_batch(batch, ctx.device)  # as it is unless it holds JPEG bytes
+            if batch.errors:
+                unreadable.report(batch.errors)
+            progress_state.batches += 1
+            is_update = progress_state.batches % accum == 0 or progress_state.batches == total
+            if batch.images is not None:
+                images, labels = to_device(batch, ctx)
+                mixed = mix_batch(images, labels, ctx.mixup_alpha, ctx.cutmix_alpha)
+                if mixed is not None:
+                    images = mixed.images
+                sync = ctx.model.no_sync() if ctx.distributed and not is_update else None
+                with sync or contextlib.nullcontext():
+                    with ctx.autocast():
+                        outputs = ctx.model(images)
+                        if mixed is None:
+                            loss = ctx.criterion(outputs, labels)
+                        else:
+                            loss = mixed.lam * ctx.criterion(outputs, mixed.labels_a) + (
+                                1 - mixed.lam
+                            ) * ctx.criterion(outputs, mixed.labels_b)
+                    if ctx.l1 > 0:
+                        loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
+                    scaled = loss / accum
+                    if ctx.scaler is not None:
+                        ctx.scaler.scale(scaled).backward()
                     else:
-                        loss = mixed.lam * ctx.criterion(outputs, mixed.labels_a) + (
-                            1 - mixed.lam
-                        ) * ctx.criterion(outputs, mixed.labels_b)
-                if ctx.l1 > 0:
-                    loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
-                scaled = loss / accum
-                if ctx.scaler is not None:
-                    ctx.scaler.scale(scaled).backward()
-                else:
-                    scaled.backward()
-            with torch.no_grad():
-                count = labels.shape[0]
-                predicted = outputs.argmax(dim=1)
-                if mixed is None:
-                    hits = (predicted == labels).sum()
-                else:
-                    hits = (
-                        mixed.lam * (predicted == mixed.labels_a).sum()
-                        + (1 - mixed.lam) * (predicted == mixed.labels_b).sum()
+                        scaled.backward()
+                with torch.no_grad():
+                    count = labels.shape[0]
+                    predicted = outputs.argmax(dim=1)
+                    if mixed is None:
+                        hits = (predicted == labels).sum()
+                    else:
+                        hits = (
+                            mixed.lam * (predicted == mixed.labels_a).sum()
+                            + (1 - mixed.lam) * (predicted == mixed.labels_b).sum()
+                        )
+                    detached = loss.detach()
+                    first_bad = torch.where(
+                        torch.isfinite(detached) | (first_bad >= 0),
+                        first_bad,
+                        progress_state.batches,
                     )
-                detached = loss.detach()
-                first_bad = torch.where(
-                    torch.isfinite(detached) | (first_bad >= 0), first_bad, progress_state.batches
+                    loss_sum += detached.to(acc) * count
+                    correct += hits.to(acc)
+                progress_state.seen += count
+            elif ctx.distributed:
+                _empty_step(ctx, is_update, progress_state.batches)
+            if is_update:
+                progress_state.last_lr = ctx.schedule.current_lr()
+                _optimizer_step(ctx)
+                updates += 1
+                if updates % FINITE_CHECK_EVERY == 0:
+                    check_finite()
+            now = time.perf_counter()
+            progress_state.seconds = now - started
+            if on_step is not None and (now - last_report > 0.1 or progress_state.batches == total):
+                last_report = now
+                seen = max(1, progress_state.seen)
+                on_step(
+                    StepInfo(
+                        step=progress_state.batches,
+                        steps=total,
+                        loss=(base_loss + float(loss_sum)) / seen,
+                        top1=(base_correct + float(correct)) / seen,
+                        lr=ctx.schedule.current_lr(),
+                        images_per_s=progress_state.seen / max(progress_state.seconds, 1e-9),
+                    )
                 )
-                loss_sum += detached.to(acc) * count
-                correct += hits.to(acc)
-            progress_state.seen += count
-        elif ctx.distributed:
-            _empty_step(ctx, is_update, progress_state.batches)
-        if is_update:
-            progress_state.last_lr = ctx.schedule.current_lr()
-            _optimizer_step(ctx)
-            updates += 1
-            if updates % FINITE_CHECK_EVERY == 0:
-                check_finite()
-        now = time.perf_counter()
-        progress_state.seconds = now - started
-        if on_step is not None and (now - last_report > 0.1 or progress_state.batches == total):
-            last_report = now
-            seen = max(1, progress_state.seen)
-            on_step(
-                StepInfo(
-                    step=progress_state.batches,
-                    steps=total,
-                    loss=(base_loss + float(loss_sum)) / seen,
-                    top1=(base_correct + float(correct)) / seen,
-                    lr=ctx.schedule.current_lr(),
-                    images_per_s=progress_state.seen / max(progress_state.seconds, 1e-9),
-                )
-            )
-        if is_update and should_stop is not None and should_stop():
-            check_finite(weights=True)
-            progress_state.loss_sum = base_loss + float(loss_sum)
-            progress_state.correct = base_correct + float(correct)
-            return False
+            if is_update and should_stop is not None and should_stop():
+                check_finite(weights=True)
+                progress_state.loss_sum = base_loss + float(loss_sum)
+                progress_state.correct = base_correct + float(correct)
+                return False
+    finally:
+        if ahead is not None:
+            ahead.close()
     check_finite(weights=True)
     progress_state.loss_sum = base_loss + float(loss_sum)
     progress_state.correct = base_correct + float(correct)

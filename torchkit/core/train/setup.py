@@ -310,6 +310,7 @@ def _step_context(
     --compile), the loss, and the step's options."""
     import torch
 
+    from torchkit.core import decode_ahead
     from torchkit.core.train.optim import set_frozen_norms_eval
 
     wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model
@@ -339,6 +340,8 @@ def _step_context(
         distributed=ctx.is_distributed,
         input_shape=(preprocess.in_channels,) + (preprocess.image_size,) * 2,
         normalized_pixels=NormalizedPixels(preprocess.mean, preprocess.std),
+        # On a GPU the JPEGs of the next batch are decoded while this one trains.
+        decode_ahead=decode_ahead.decodes_ahead(config.decode, ctx.device),
         frozen_norms=(lambda: set_frozen_norms_eval(model)) if config.freeze_backbone else None,
         earliest_over_ranks=(
             functools.partial(_earliest_over_ranks, ctx) if ctx.is_distributed else None

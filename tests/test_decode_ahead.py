@@ -1,0 +1,176 @@
+"""Batches of JPEG bytes decoded one batch ahead in a thread (`core.decode_ahead`), the way
+training feeds a GPU with `--decode device`: same batches in the same order as decoding them in
+the loop, errors raised in the loop, no thread left behind, and a training run with it equal,
+bit for bit, to one without it (tested with device="cpu")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import processes_in_group, start_torchkit_process, wait_until
+from test_decode import _jpeg_split_folder
+
+from torchkit.cli import app
+from torchkit.core import decode_ahead
+from torchkit.core.batches import Batch
+from torchkit.core.decode_ahead import DecodedAhead, decodes_ahead
+from torchkit.core.device_decode import EncodedImages, decoded_batch
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _threads() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == "torchkit-decode")
+
+
+class Loader:
+    """`count` plain batches (decoded_batch passes them through), failing at `fail_at`."""
+
+    def __init__(self, count: int, fail_at: int | None = None) -> None:
+        self.count, self.fail_at, self.given = count, fail_at, 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        for index in range(self.count):
+            if index == self.fail_at:
+                raise ValueError(f"unreadable batch {index}")
+            self.given += 1
+            yield Batch(torch.full((1, 3, 2, 2), index, dtype=torch.uint8), torch.tensor([index]),
+                        torch.tensor([index]), [])  # fmt: skip
+
+
+def test_only_device_decoding_on_a_gpu_decodes_ahead():
+    assert decodes_ahead("device", "cuda") and decodes_ahead("device", torch.device("cuda", 1))
+    assert not decodes_ahead("device", "cpu") and not decodes_ahead("fast", "cuda")
+
+
+def test_batches_come_in_the_loaders_order_and_the_thread_ends():
+    loader = Loader(7)
+    ahead = DecodedAhead(loader, "cpu")
+    assert len(ahead) == 7
+    assert [int(batch.labels) for batch in ahead] == list(range(7))
+    assert _threads() == 0
+    with pytest.raises(RuntimeError, match="iterated once"):
+        iter(ahead).__next__()
+
+
+def test_an_error_in_the_loader_is_raised_in_the_loop_after_the_batches_before_it():
+    seen = []
+    with pytest.raises(ValueError, match="unreadable batch 3"):
+        for batch in DecodedAhead(Loader(6, fail_at=3), "cpu"):
+            seen.append(int(batch.labels))
+    assert seen == [0, 1, 2] and _threads() == 0
+
+
+def test_leaving_early_stops_the_thread_within_the_batches_ahead():
+    loader = Loader(50)
+    with DecodedAhead(loader, "cpu", ahead=2) as ahead:
+        for batch in ahead:
+            assert int(batch.labels) == 0
+            break
+    assert _threads() == 0
+    # The batch trained on, the `ahead` waiting, at most one in the thread's hands.
+    assert loader.given <= 1 + 2 + 1
+
+
+def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    root = tmp_path / "data"
+    _jpeg_split_folder(root, train=6, val=1, size=(120, 90))
+    (root / "train" / "a" / "0.jpg").write_bytes(b"\xff\xd8\xff" + bytes(100))  # unreadable
+    config = resolve_defaults(
+        TrainConfig(data=str(root), image_size=16, workers=0, batch_size=4, decode="device"),
+        is_digits=False,
+    )
+    loaders = build_loaders(load_splits(config).splits, preprocess_for(config), config)
+    try:
+        loaders.train_sampler.set_epoch(0)
+        raw = list(loaders.train)
+        assert any(isinstance(batch.images, EncodedImages) for batch in raw)
+        expected = [decoded_batch(batch, "cpu") for batch in raw]
+        loaders.train_sampler.set_epoch(0)
+        got = list(DecodedAhead(loaders.train, "cpu"))
+    finally:
+        loaders.close()
+    assert len(got) == len(expected) == 3
+    assert sum(len(batch.errors) for batch in got) == 1
+    for ours, theirs in zip(got, expected, strict=True):
+        assert torch.equal(ours.images, theirs.images) and torch.equal(ours.labels, theirs.labels)
+        assert ours.errors == theirs.errors
+
+
+def test_training_that_decodes_ahead_equals_training_that_does_not(runner, tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    _jpeg_split_folder(root, train=6, val=2, size=(120, 90))
+    args = ["train", "--data", str(root), "--model", "convnet", "--image-size", "16", "-b", "4",
+            "--epochs", "2", "--workers", "1", "--decode", "device", "--device", "cpu",
+            "--format", "json"]  # fmt: skip
+    plain = runner.invoke(app, [*args, "--out", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.stderr
+    monkeypatch.setattr(decode_ahead, "decodes_ahead", lambda decode, device: True)
+    made = []
+
+    class Counted(DecodedAhead):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(decode_ahead, "DecodedAhead", Counted)
+    ahead = runner.invoke(app, [*args, "--out", str(tmp_path / "ahead")])
+    assert ahead.exit_code == 0, ahead.stderr
+    assert len(made) == 2 and _threads() == 0  # one per epoch
+    weights = [torch.load(tmp_path / name / "last.pt", weights_only=True)["model"]
+               for name in ("plain", "ahead")]  # fmt: skip
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+    losses = [json.loads(result.stdout)["last_train_loss"] for result in (plain, ahead)]
+    assert losses[0] == losses[1]
+
+
+FORCE_AHEAD = """\
+import os
+from torchkit.core import decode_ahead
+
+def decodes_ahead(decode, device):  # as on a GPU, here on the CPU
+    open(os.environ["TORCHKIT_TEST_AHEAD_MARK"], "w").close()
+    return True
+
+decode_ahead.decodes_ahead = decodes_ahead
+"""
+
+
+def test_sigterm_while_decoding_ahead_saves_the_run_and_leaves_no_process(tmp_path):
+    """SIGTERM to the process group (as `timeout` sends it) mid-epoch, while the thread holds
+    decoded batches and the workers read more: last.pt is saved, exit 143, nothing left."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FORCE_AHEAD)
+    _jpeg_split_folder(tmp_path / "data", train=8, val=2, size=(120, 90))
+    gate = tmp_path / "gate"
+    mark = tmp_path / "decoded-ahead"
+    env = {"PYTHONPATH": f"{site}:{TESTS}", "TORCHKIT_TEST_GATE_FILE": str(gate),
+           "TORCHKIT_TEST_GATE_AT": "3", "TORCHKIT_TEST_AHEAD_MARK": str(mark)}  # fmt: skip
+    args = ["train", "--data", "data", "--model", "test_train_nets:GatedNet", "--image-size",
+            "8", "-b", "2", "--workers", "2", "--epochs", "2", "--decode", "device",
+            "--device", "cpu", "--out", "run"]  # fmt: skip
+    process = start_torchkit_process(*args, cwd=tmp_path, env=env)
+    wait_until(gate.exists, process=process, what="the third step")
+    assert mark.exists()  # the run decodes ahead
+    os.killpg(process.pid, signal.SIGTERM)
+    gate.unlink()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert "Terminated: saved run/last.pt" in stderr
+    assert processes_in_group(process.pid) == []
+    saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert (saved["epoch"], saved["epoch_progress"]["batches"]) == (0, 3)
