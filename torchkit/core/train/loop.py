@@ -167,6 +167,7 @@ def train_one_epoch(
     from torchkit.core.decode_ahead import DecodedAhead
     from torchkit.core.device_decode import decoded_batch
     from torchkit.core.train.mixing import mix_batch
+    from torchkit.core.train.timeline import EpochTimeline
 
     ctx.model.train()
     if ctx.frozen_norms is not None:
@@ -207,10 +208,13 @@ def train_one_epoch(
 
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct
     last_report = 0.0
+    timeline = EpochTimeline(ctx.device, started) if EpochTimeline.wanted() else None
     ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
     batches = loader if ahead is None else ahead
     try:
         for batch in batches:
+            if timeline is not None:
+                timeline.batch_arrived()
             batch = decoded_batch(batch, ctx.device)  # as it is unless it holds JPEG bytes
             if batch.errors:
                 unreadable.report(batch.errors)
@@ -263,6 +267,8 @@ def train_one_epoch(
                 progress_state.last_lr = ctx.schedule.current_lr()
                 _optimizer_step(ctx)
                 updates += 1
+                if timeline is not None:
+                    timeline.stepped()
                 if updates % FINITE_CHECK_EVERY == 0:
                     check_finite()
             now = time.perf_counter()
@@ -292,6 +298,8 @@ def train_one_epoch(
     progress_state.loss_sum = base_loss + float(loss_sum)
     progress_state.correct = base_correct + float(correct)
     progress_state.seconds = time.perf_counter() - started
+    if timeline is not None:
+        timeline.report(epoch, progress_state.seconds)
     return True
 
 

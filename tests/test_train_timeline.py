@@ -1,0 +1,35 @@
+"""`train -v` says where each epoch's time went before it ran at speed (core/train/timeline.py):
+the first batch, the first steps, the rest; nothing without -v."""
+
+from __future__ import annotations
+
+import re
+
+from torchkit.cli import app
+
+# 16 images, 12 of them training images in batches of 2: 6 steps an epoch.
+ARGS = ["train", "--model", "convnet", "--epochs", "2", "--image-size", "8", "-b", "2",
+        "--val-split", "0.25", "--device", "cpu", "--workers", "0"]  # fmt: skip
+LINE = re.compile(
+    r"epoch (\d): first batch after (\d+\.\d\d) s, 5 steps done after (\d+\.\d\d) s, "
+    r"the other (\d+) steps took (\d+\.\d\d) s"
+)
+
+
+def test_verbose_training_logs_each_epochs_timeline(runner, tmp_path, make_image_folder):
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    result = runner.invoke(app, [*ARGS, "--data", str(data), "--out", str(tmp_path / "run"), "-v"])
+    assert result.exit_code == 0, result.stderr
+    found = [LINE.search(line) for line in result.stderr.splitlines()]
+    found = [match for match in found if match]
+    assert [match[1] for match in found] == ["1", "2"]
+    for match in found:
+        first_batch, first_steps = float(match[2]), float(match[3])
+        assert 0 <= first_batch <= first_steps and int(match[4]) == 1
+
+
+def test_without_verbose_there_is_no_timeline(runner, tmp_path, make_image_folder):
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    result = runner.invoke(app, [*ARGS, "--data", str(data), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.stderr
+    assert "first batch after" not in result.stderr
