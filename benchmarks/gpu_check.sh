@@ -79,16 +79,16 @@ step() { # NAME TIMEOUT CMD... : run with a timeout (cut to the budget left), lo
 train_args=(--image-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" "${AMPF[@]}" --lr 0.001
             --device "$DEV")
 # The README's main job (digits, its defaults) first: its wall time includes CUDA's start-up.
-step digits 120 "${TK[@]}" train --out "$W/digits" --device "$DEV"
+step digits 120 "${TK[@]}" train --out "$W/digits" --device "$DEV" -v
 step jpegs 120 "$PY" "$HERE/make_jpegs.py" "$W/jp" "$N"
 step tk-big 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
-  --warmup-epochs 0 --out "$W/big"
+  --warmup-epochs 0 --out "$W/big" -v
 step benchmark 90 "${TK[@]}" benchmark "$BIG" -b "$B" --mode train "${AMPF[@]}" --device "$DEV" \
   --input-size "3,$IMG,$IMG" --iters "$ITERS" --format json -o "$W/bench.json"
 step plain-resnet18 120 "$PY" "$HERE/plain_loop.py" "$W/jp" --model resnet18 "${train_args[@]}" \
   -o "$W/plain.json"
 step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
-  --warmup-epochs 0 --out "$W/r18"
+  --warmup-epochs 0 --out "$W/r18" -v
 if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data
   timm_args=(--data-dir "$W/jp" --train-split train --val-split val --num-classes 10
              --img-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" --opt adamw --lr 0.001

@@ -138,6 +138,16 @@ for what, ours, theirs in rows:
     figures.append(
         {"what": what, "torchkit": ours, "against": theirs if compared else None, "ratio": ratio}
     )
+# `train -v`'s line for each run's first epoch (core/train/timeline.py): where its time went.
+first_epochs = []
+with open(log, errors="replace") as handle:
+    for text in handle:
+        if text.startswith("=== "):
+            run = text[4:].split(":", 1)[0]
+        elif "epoch 1: first batch after" in text:
+            first_epochs.append(f"{run}: {text.split('epoch 1: ', 1)[1].strip()}")
+if first_epochs:
+    lines += ["", "first epochs (train -v):", *(f"- {line}" for line in first_epochs)]
 failed = [f"{name} (rc {rc})" for name, (rc, _) in steps.items() if rc != 0]
 if failed:
     lines += ["", "failed or cut: " + ", ".join(failed) + f"; see {log}"]
@@ -146,4 +156,6 @@ print(table)
 with open(os.path.join(out, "gpu_check.md"), "w") as f:
     f.write(table + "\n")
 with open(os.path.join(out, "gpu_check.json"), "w") as f:
-    json.dump({"header": head, "rows": figures, "steps": steps}, f, indent=1)
+    json.dump(
+        {"header": head, "rows": figures, "steps": steps, "first_epochs": first_epochs}, f, indent=1
+    )
