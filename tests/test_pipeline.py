@@ -62,6 +62,8 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
         "val",
         "--out",
         "report",
+        "--device",
+        "cpu",
     )
     predictions = pd.read_csv("report/predictions.csv")
     metrics = json.loads(Path("report/metrics.json").read_text())
@@ -79,6 +81,8 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
         "logits",
         "-j",
         "0",
+        "--device",
+        "cpu",
     )
     index = pd.read_csv("feats/index.csv")
     assert index["split"].value_counts().to_dict() == sizes
@@ -93,7 +97,7 @@ def test_readme_pipeline_joins_on_path(runner, tmp_path, monkeypatch):
     assert [CLASSES[i] for i in argmax] == list(joined["class"])
 
     predicted = ok(runner, "predict", "run/best.pt", "out/split.csv", "--split", "val",
-                   "--format", "csv", "-o", "predict.csv")  # fmt: skip
+                   "--format", "csv", "-o", "predict.csv", "--device", "cpu")  # fmt: skip
     assert "wrote predict.csv" in predicted.stderr
     # predict's rows and eval's predictions.csv agree column for column on what they share.
     shared = ["path", "label", "class", "class_index"]

@@ -51,7 +51,9 @@ def error_line(result) -> str:
 
 def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runner, tmp_path):
     out = tmp_path / "run"
-    result = train(runner, "--epochs", "1", "--out", str(out), "--format", "json")
+    # On the CPU, as the hand-written check below and eval's exact agreement compute.
+    args = ["--epochs", "1", "--out", str(out), "--format", "json", "--device", "cpu"]
+    result = train(runner, *args)
     assert result.exit_code == 0, result.stderr
     assert "no --data given: training on digits" in result.stderr
     summary = json.loads(result.stdout)
@@ -115,12 +117,15 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runn
 
     # And `torchkit eval` on the checkpoint agrees exactly.
     evaluated = runner.invoke(
-        app, ["eval", str(out / "best.pt"), "--data", "digits", "--format", "json"]
+        app,
+        ["eval", str(out / "best.pt"), "--data", "digits", "--format", "json", "--device", "cpu"],
     )
     assert evaluated.exit_code == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["accuracy"] == pytest.approx(summary["test_top1"], abs=1e-9)
     evaluated = runner.invoke(
-        app, ["eval", str(out / "best.pt"), "--ema", "--data", "digits", "--format", "json"]
+        app,
+        ["eval", str(out / "best.pt"), "--ema", "--data", "digits", "--format", "json"]
+        + ["--device", "cpu"],
     )
     assert evaluated.exit_code == 0, evaluated.stderr
     accuracy = json.loads(evaluated.stdout)["accuracy"]
@@ -243,6 +248,8 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
         "0.1",
         "--clip-grad",
         "0.05",
+        "--device",
+        "cpu",  # the classic loop below runs on the CPU
     ]
     full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
     halves = train(
@@ -347,6 +354,8 @@ def test_regularisers_amp_channels_last_ema_and_periodic_checkpoints(runner, spl
         "3",
         "--model",
         "test_train_nets:AutocastProbe",
+        "--device",
+        "cpu",  # --amp's dtype is the device's: bfloat16 on the CPU
         "--amp",
         "--channels-last",
         "--ema",
@@ -394,6 +403,8 @@ def test_early_stop(runner, split_root, tmp_path):
         "1e-30",  # updates vanish in float32: the val metrics repeat exactly
         "--early-stop",
         "2",
+        "--device",
+        "cpu",  # exactly: the CPU's kernels
         "--out",
         str(tmp_path / "r"),
         "--format",

@@ -261,7 +261,8 @@ def evaluate_in_process(runner, checkpoint: Path, data: Path, split: str) -> dic
     done = runner.invoke(
         app,
         ["eval", str(checkpoint), "--data", str(data), "--split", split, "--format", "json"]
-        + ["--trust-checkpoint"],  # the run's model is code (BNNet)
+        + ["--trust-checkpoint"]  # the run's model is code (BNNet)
+        + ["--device", "cpu"],  # the run's numbers are the CPU's
     )
     assert done.exit_code == 0, done.stderr
     return json.loads(done.stdout)
@@ -386,7 +387,7 @@ def test_a_stopped_ddp_run_resumes_exactly_as_the_uninterrupted_one(interrupted,
     out, _ = interrupted
     reference, reference_done, _, _ = uninterrupted
     rank0, rank1 = run_ranks(
-        "train", "--resume", str(out), "--format", "json", "--trust-checkpoint"
+        "train", "--resume", str(out), "--format", "json", "--trust-checkpoint", "--device", "cpu"
     )
     assert (rank0.returncode, rank1.returncode) == (0, 0), rank0.stderr[-3000:]
     ours = torch.load(out / "last.pt", weights_only=True)

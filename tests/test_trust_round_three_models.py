@@ -245,7 +245,7 @@ def test_export_of_a_checkpoint_does_not_warn(world, runner, tmp_path):
 
 def _eval_json(runner, model, world, *extra):
     args = ["eval", model, "--data", world / "images", "--format", "json", *extra]
-    result = _invoke(runner, args, world)
+    result = _invoke(runner, [*args, "--device", "cpu"], world)  # the same figures: the CPU's
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
