@@ -483,6 +483,32 @@ def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
     assert done.exit_code == 0 and "nothing to train" in done.stderr
 
 
+def test_resume_runs_on_the_saved_device_unless_another_is_given(
+    runner, split_root, tmp_path, monkeypatch
+):
+    """--device is an option like the others: a resumed run keeps the saved one (it used to
+    take the command line's default, `auto`, which on a GPU machine moved a CPU run onto the
+    GPU halfway). --dist-timeout stays this invocation's own (IGNORED_ON_RESUME)."""
+    from torchkit.core import distributed
+
+    out = tmp_path / "run"
+    first = [*FAST, "--epochs", "1", "--device", "cpu", "--dist-timeout", "77"]
+    assert train(runner, "--data", str(split_root), *first, "--out", str(out)).exit_code == 0
+    asked = []
+    setup = distributed.setup
+
+    def spy(device_spec, timeout_s=None, **kwargs):
+        asked.append((device_spec, timeout_s))
+        return setup(device_spec, timeout_s, **kwargs)
+
+    monkeypatch.setattr(distributed, "setup", spy)
+    trusted = "--trust-checkpoint"
+    assert train(runner, "--resume", str(out), "--epochs", "2", trusted).exit_code == 0
+    again = train(runner, "--resume", str(out), "--epochs", "3", "--device", "auto", trusted)
+    assert again.exit_code == 0, again.stderr
+    assert asked == [("cpu", 1800.0), ("auto", 1800.0)]
+
+
 def test_compile_wraps_the_model(runner, split_root, tmp_path, monkeypatch):
     compiled = []
 

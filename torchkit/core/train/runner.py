@@ -81,10 +81,14 @@ def _run_with_torch(
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
+    # The options first: a resumed run's device and collective timeout are its saved ones
+    # unless given again, like every other option.
+    plan = plan or plan_run(config, overrides)
+    config = plan.config
     ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
     try:
         ddp.check_ddp_device(ctx)
-        result = _train(ctx, plan or plan_run(config, overrides), folder, callbacks, started)
+        result = _train(ctx, plan, folder, callbacks, started)
         # Every rank leaves together: a rank tearing down Gloo while another still finishes its
         # last collective made the latter abort at exit ("terminate called without an active
         # exception", seen in about one full test run in four).
