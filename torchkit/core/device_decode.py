@@ -263,12 +263,17 @@ class EncodedImages:
                     failures.append((position, error))
                 continue
             crop = resize_crop(image, self.boxes[j], self.size, self.interpolation)
-            resized.append((position, crop.flip(-1) if self.flips[j] else crop))
+            resized.append((position, crop, self.flips[j]))
         if resized:
-            # Rounded to 8 bits in one pass, as PIL's resize rounds its output.
-            batch = torch.stack([crop for _, crop in resized]).round_().clamp_(0, 255)
+            # Rounded to 8 bits in one pass, as PIL's resize rounds its output; the mirrored
+            # ones flipped in one pass too (a kernel per image costs the host more than the
+            # device: on a GPU the host is what keeps up with the steps).
+            batch = torch.stack([crop for _, crop, _ in resized]).round_().clamp_(0, 255)
             batch = batch.to(torch.uint8)
-            for (position, _), crop in zip(resized, batch, strict=True):
+            flipped = [at for at, (_, _, flip) in enumerate(resized) if flip]
+            if flipped:
+                batch[flipped] = batch[flipped].flip(-1)
+            for (position, _, _), crop in zip(resized, batch, strict=True):
                 crops[position] = crop
         if self.pixels_at:
             pixels = self.pixels.to(device, non_blocking=True)
