@@ -55,6 +55,13 @@ trap 'rm -rf "$W"' EXIT
 export PYTHONPATH=$ROOT${TIMM_SCRIPTS:+:$TIMM_SCRIPTS}${PYTHONPATH:+:$PYTHONPATH}
 TK=("$PY" -m torchkit)
 START=$SECONDS
+# Before any step: a Python that cannot run torchkit at all (a package missing, say pydantic,
+# which typer 0.29 needs) would fail every step the same way, in minutes of a lent GPU.
+if ! preflight=$("$PY" -m torchkit --version 2>&1); then
+  echo "the GPU check cannot start: $PY -m torchkit --version failed:" >&2
+  echo "$preflight" | tail -3 >&2
+  exit 2
+fi
 : > "$W/steps.txt"
 
 step() { # NAME TIMEOUT CMD... : run with a timeout (cut to the budget left), log everything

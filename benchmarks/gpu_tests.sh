@@ -31,6 +31,11 @@ if ! (cd / && "$PY" -c 'import torchkit.cli' 2>/dev/null); then
   fi
 fi
 cd "$ROOT" || exit 1
+if ! preflight=$("$PY" -m torchkit --version 2>&1); then # e.g. a missing package: stop now
+  echo "cannot run torchkit with $PY:" >&2
+  echo "$preflight" | tail -3 >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1 NO_COLOR=1
 [ $# -eq 0 ] && set -- tests
 "$PY" -m pytest -m cuda -p no:cacheprovider -q -n "$WORKERS" -rfEs "$@" > "$OUT/cuda.log" 2>&1
