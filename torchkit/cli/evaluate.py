@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,14 +13,9 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import (
     AllowUntrainedOption,
-    ChannelsLastOption,
-    DeviceOption,
     EvalModelOption,
     ForceOption,
     FormatOption,
-    InferenceAmpDtype,
-    InferenceAmpDtypeOption,
-    InferenceAmpOption,
     MeanOption,
     OutputOption,
     ResizeSizeOption,
@@ -28,11 +24,12 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
-    WorkersOption,
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
+from torchkit.core.run_options import RunOptions
 
 # With more classes than this, the terminal's per-class table leaves out the classes that have
 # no images and were never predicted (per_class.csv and JSON always list every class).
@@ -44,6 +41,7 @@ class TTA(str, Enum):
     flip = "flip"
 
 
+@with_run_options()
 def eval_command(
     model: Annotated[Optional[str], model_argument("runtime")] = None,
     data: Annotated[
@@ -119,14 +117,7 @@ def eval_command(
             case_sensitive=False,
         ),
     ] = TTA.none,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", "-b", min=1, help="Images per batch.")
-    ] = 64,
-    workers: WorkersOption = None,
-    device: DeviceOption = "auto",
-    amp: InferenceAmpOption = False,
-    amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
-    channels_last: ChannelsLastOption = False,
+    run: RunOptions = DEFAULT_RUN,
     out: Annotated[
         Optional[Path],
         typer.Option(
@@ -187,12 +178,7 @@ def eval_command(
     options = EvalOptions(
         data=data if data is not None else _recorded_data(recorded_data, spec),
         split=split,
-        batch_size=batch_size,
-        workers=workers,
-        device=device,
-        amp=amp,
-        amp_dtype=amp_dtype.value,
-        channels_last=channels_last,
+        **asdict(run),
         tta=tta.value,
         topk=topk,
         strict=strict,

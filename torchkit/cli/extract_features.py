@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,12 +11,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
-    ChannelsLastOption,
-    DeviceOption,
     ForceOption,
-    InferenceAmpDtype,
-    InferenceAmpDtypeOption,
-    InferenceAmpOption,
     MeanOption,
     ModelOption,
     OutOption,
@@ -25,13 +21,14 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
-    WorkersOption,
     model_and_rest,
     model_argument,
     product_path,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
+from torchkit.core.run_options import RunOptions
 
 ARRAY_FORMATS = ("npy", "pt", "safetensors")
 LISTING_FORMATS = tuple(f.value for f in OutputFormat)
@@ -56,6 +53,7 @@ def _complete_format(incomplete: str) -> list[str]:
     return [f for f in (*ARRAY_FORMATS, *LISTING_FORMATS) if f.startswith(incomplete)]
 
 
+@with_run_options(batch_help="Images per forward pass.")
 def extract_features_command(
     model: Annotated[Optional[str], model_argument()] = None,
     images: Annotated[
@@ -150,14 +148,7 @@ def extract_features_command(
     mean: MeanOption = None,
     std: StdOption = None,
     stats: StatsOption = None,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", "-b", help="Images per forward pass.", min=1)
-    ] = 64,
-    workers: WorkersOption = None,
-    device: DeviceOption = "auto",
-    amp: InferenceAmpOption = False,
-    amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
-    channels_last: ChannelsLastOption = False,
+    run: RunOptions = DEFAULT_RUN,
     resume: Annotated[
         bool,
         typer.Option("--resume", help="Continue an interrupted run into the same OUT."),
@@ -229,12 +220,7 @@ def extract_features_command(
         resize_size=resize_size,
         mean=mean_values,
         std=std_values,
-        batch_size=batch_size,
-        workers=workers,
-        device=device,
-        amp=amp,
-        amp_dtype=amp_dtype.value,
-        channels_last=channels_last,
+        **asdict(run),
         strict=strict,
         resume=resume,
         force=force,

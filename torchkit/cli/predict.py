@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Any, Optional
@@ -14,12 +15,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import (
     AllowUntrainedOption,
-    ChannelsLastOption,
-    DeviceOption,
     ForceOption,
-    InferenceAmpDtype,
-    InferenceAmpDtypeOption,
-    InferenceAmpOption,
     MeanOption,
     ModelOption,
     ResizeSizeOption,
@@ -28,10 +24,11 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
-    WorkersOption,
     model_and_rest,
     model_argument,
 )
+from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
+from torchkit.core.run_options import RunOptions
 
 
 class PredictFormat(str, Enum):
@@ -46,6 +43,7 @@ class TTA(str, Enum):
     flip = "flip"
 
 
+@with_run_options()
 def predict_command(
     model: Annotated[Optional[str], model_argument("runtime")] = None,
     images: Annotated[
@@ -99,14 +97,7 @@ def predict_command(
     mean: MeanOption = None,
     std: StdOption = None,
     stats: StatsOption = None,
-    batch_size: Annotated[
-        int, typer.Option("--batch-size", "-b", min=1, help="Images per batch.")
-    ] = 64,
-    workers: WorkersOption = None,
-    device: DeviceOption = "auto",
-    amp: InferenceAmpOption = False,
-    amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
-    channels_last: ChannelsLastOption = False,
+    run: RunOptions = DEFAULT_RUN,
     skip_errors: Annotated[
         bool,
         typer.Option(
@@ -165,12 +156,7 @@ def predict_command(
         split=split,
         topk=topk,
         logits=logits,
-        batch_size=batch_size,
-        workers=workers,
-        device=device,
-        amp=amp,
-        amp_dtype=amp_dtype.value,
-        channels_last=channels_last,
+        **asdict(run),
         tta=tta.value,
         image_size=image_size,
         resize_size=resize_size,
@@ -182,23 +168,23 @@ def predict_command(
     to_file = output is not None and str(output) != "-"
     if to_file:  # before any work
         check_output_file(output, force, _inputs(request, stats, classes))
-    run = PredictRun(request, stdin=sys.stdin if "-" in images else None)
+    predicting = PredictRun(request, stdin=sys.stdin if "-" in images else None)
     ok = False
     try:
-        run.setup()
-        for note in run.notes:
+        predicting.setup()
+        for note in predicting.notes:
             console.note(note)
-        columns = run.columns(run.resolved.num_outputs)
-        if not run.is_main:
-            for _ in run.rows():  # rank 0 writes; the others only compute their batches
+        columns = predicting.columns(predicting.resolved.num_outputs)
+        if not predicting.is_main:
+            for _ in predicting.rows():  # rank 0 writes; the others only compute their batches
                 pass
             ok = True
             return
-        _write(run, columns, fmt, output if to_file else None)
+        _write(predicting, columns, fmt, output if to_file else None)
         ok = True
     finally:
-        run.close(ok)
-    _report(run, output if to_file else None)
+        predicting.close(ok)
+    _report(predicting, output if to_file else None)
 
 
 def _inputs(request, stats: Path | None, classes: str | None) -> list:

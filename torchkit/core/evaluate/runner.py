@@ -40,6 +40,7 @@ from torchkit.core.outputs import (
     is_special_file,
 )
 from torchkit.core.progress import Progress
+from torchkit.core.run_options import RunOptions
 
 log = logging.getLogger("torchkit")
 
@@ -55,17 +56,12 @@ KNOWN_FILES = (
 
 
 @dataclass
-class EvalOptions:
-    """How to evaluate: the data, the inference settings and where the reports go."""
+class EvalOptions(RunOptions):
+    """How to evaluate: the data, the inference settings (RunOptions's, inherited) and where the
+    reports go."""
 
     data: str
     split: str | None = None
-    batch_size: int = 64
-    workers: int | None = None
-    device: str = "auto"
-    amp: bool = False
-    amp_dtype: str = "auto"  # auto, bf16 or fp16 (core.device.resolve_amp_dtype)
-    channels_last: bool = False
     tta: str = "none"
     topk: int | None = None  # None: 5, or the number of classes if fewer
     strict: bool = False

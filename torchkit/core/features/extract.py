@@ -35,6 +35,7 @@ from torchkit.core.files import require_input
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.outputs import InputPath, OutputFolder, data_inputs
 from torchkit.core.progress import Progress
+from torchkit.core.run_options import RunOptions
 
 logger = logging.getLogger("torchkit")
 
@@ -46,8 +47,9 @@ COMMIT_INTERVAL_S = 2.0
 
 
 @dataclass
-class FeatureRequest:
-    """Everything `torchkit extract-features` is asked to do."""
+class FeatureRequest(RunOptions):
+    """Everything `torchkit extract-features` is asked to do (how it runs the model: RunOptions's
+    fields)."""
 
     model: str
     images: str
@@ -63,12 +65,6 @@ class FeatureRequest:
     resize_size: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
-    batch_size: int = 64
-    workers: int | None = None
-    device: str = "auto"
-    amp: bool = False
-    amp_dtype: str = "auto"  # auto, bf16 or fp16 (core.device.resolve_amp_dtype)
-    channels_last: bool = False
     strict: bool = False
     resume: bool = False
     force: bool = False

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit.core.errors import InputError, TorchkitError, UsageError
 from torchkit.core.predict.inputs import collect_images
+from torchkit.core.run_options import RunOptions
 
 log = logging.getLogger("torchkit")
 
@@ -22,7 +23,9 @@ Progress = Callable[[int, int], None]
 
 
 @dataclass
-class PredictRequest:
+class PredictRequest(RunOptions):
+    """What `torchkit predict` is asked to do; how it runs the model: RunOptions's fields."""
+
     model: str
     images: list[str]
     weights: str | None = None
@@ -32,12 +35,6 @@ class PredictRequest:
     split: str | None = None
     topk: int = 1  # > 1 adds class_1..class_K and probability_1..probability_K
     logits: bool = False
-    batch_size: int = 64
-    workers: int | None = None
-    device: str = "auto"
-    amp: bool = False
-    amp_dtype: str = "auto"
-    channels_last: bool = False
     tta: str = "none"
     image_size: int | None = None
     resize_size: int | None = None
