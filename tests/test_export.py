@@ -623,3 +623,28 @@ def test_a_runtime_failure_in_verification_is_one_error_line(
     line = error_line(result.stderr, besides="nothing")
     assert "verification failed: onnxruntime fails" in line and hint in line
     assert not out.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("category", [FutureWarning, DeprecationWarning])
+def test_torch_jit_loads_deprecation_warning_is_not_the_users(tmp_path, monkeypatch, category):
+    """torch.jit.load warns that it is deprecated: a FutureWarning now, a DeprecationWarning up
+    to torch 2.11, which made `summary FILE` fail where warnings are errors. Both loaders of
+    TorchScript files (checkpoints handed to torch.load, exported files) go through jit_load."""
+    import warnings
+
+    from torchkit.core.checkpoint import load_checkpoint
+    from torchkit.core.exported.loading import load_exported
+
+    path = tmp_path / "scripted.pt"
+    torch.jit.script(nn.Linear(2, 2)).save(str(path))
+    real = torch.jit.load
+
+    def deprecated(*args, **kwargs):
+        warnings.warn("`torch.jit.load` is deprecated", category, stacklevel=2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.jit, "load", deprecated)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert isinstance(load_checkpoint(path, trust_checkpoint=True), torch.jit.ScriptModule)
+        assert load_exported(path).module is not None

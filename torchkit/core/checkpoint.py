@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,12 +52,9 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
         _refuse_code_archives(source, kind)
     try:
         if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
-            with warnings.catch_warnings():
-                # "torch.jit.load is deprecated": the user asked for this file, and the
-                # commands that read it say what it is (a DeprecationWarning up to torch 2.11).
-                warnings.simplefilter("ignore", FutureWarning)
-                warnings.simplefilter("ignore", DeprecationWarning)
-                return torch.jit.load(str(source), map_location="cpu")
+            from torchkit.core.exported.loading import jit_load
+
+            return jit_load(source)
         return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
     except pickle.UnpicklingError as error:
         blocked = None if trust_checkpoint else _blocked_global(error)

@@ -210,15 +210,21 @@ def _load_onnx(source: Path) -> ExportedModel:
     return ExportedModel(os.fspath(source), ONNX, metadata, run, _numpy_runtime=True)
 
 
-def _load_torchscript(source: Path) -> ExportedModel:
+def jit_load(source: str | os.PathLike, **kwargs: Any) -> Any:
+    """`torch.jit.load(source, map_location="cpu", **kwargs)` without its "torch.jit.load is
+    deprecated" warning (a FutureWarning, a DeprecationWarning up to torch 2.11): the user
+    asked for this file, and the commands that read it say what it is."""
     import torch
 
-    extra = {meta.EXTRA_FILE: ""}
     with warnings.catch_warnings():
-        # "torch.jit.load is deprecated": a FutureWarning, a DeprecationWarning up to torch 2.11.
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        module = torch.jit.load(os.fspath(source), map_location="cpu", _extra_files=extra)
+        return torch.jit.load(os.fspath(source), map_location="cpu", **kwargs)
+
+
+def _load_torchscript(source: Path) -> ExportedModel:
+    extra = {meta.EXTRA_FILE: ""}
+    module = jit_load(source, _extra_files=extra)
     module.eval()
     return ExportedModel(
         os.fspath(source), TORCHSCRIPT, meta.from_extra_file(extra[meta.EXTRA_FILE]), module
