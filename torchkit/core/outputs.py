@@ -486,12 +486,17 @@ def _leftovers(folder: Path, suffix: str) -> list[Path]:
     )
 
 
-def _remove_tree(path: Path) -> None:
+def remove_tree(path: Path, *, ignore_errors: bool = True) -> None:
+    """Delete `path`: a folder with everything in it, or a file or link (never what a link
+    points to); a missing path is nothing to do. `ignore_errors=False` raises what the delete
+    raises, for a caller whose next step needs the path gone."""
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+    elif ignore_errors:
         with contextlib.suppress(OSError):
             path.unlink()
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def discard_tree(path: Path, gone: Path | None = None) -> None:
@@ -503,7 +508,7 @@ def discard_tree(path: Path, gone: Path | None = None) -> None:
         os.replace(path, gone)
     except OSError:
         gone = path
-    _remove_tree(gone)
+    remove_tree(gone)
 
 
 def recover_leftovers(folder: Path) -> list[str]:
@@ -513,7 +518,7 @@ def recover_leftovers(folder: Path) -> list[str]:
     sentences for a warning."""
     notes: list[str] = []
     for leftover in _leftovers(folder, PARTIAL_SUFFIX) + _leftovers(folder, DISCARDED_SUFFIX):
-        _remove_tree(leftover)
+        remove_tree(leftover)
     for aside in _leftovers(folder, REPLACED_SUFFIX):
         current = folder.exists() or folder.is_symlink()
         # Only a folder that a torchkit run created and never marked as worth keeping (the
@@ -524,7 +529,7 @@ def recover_leftovers(folder: Path) -> list[str]:
             and not folder.is_symlink()
             and (_is_empty_dir(folder) or (folder / MARKER).is_file())
         ):
-            _remove_tree(folder)
+            remove_tree(folder)
             current = False
         if current:
             notes.append(
@@ -656,10 +661,10 @@ class OutputFolder:
         """The run failed before `keep()`: remove what it wrote and put the old output back."""
         if self._began and not self._kept:
             if self.atomic:
-                _remove_tree(self.path)
+                remove_tree(self.path)
             else:
                 if not self.resume and (self._aside is not None or not self.has_content):
-                    _remove_tree(self.final)
+                    remove_tree(self.final)
                     if self._existed and self._aside is None:
                         self.final.mkdir()  # the user's empty folder stays
                 if self._aside is not None:

@@ -63,6 +63,7 @@ from torchkit.core.outputs import (
     check_replaceable,
     data_inputs,
     discard_tree,
+    remove_tree,
     reporting_write_errors,
     write_marker,
 )
@@ -477,19 +478,12 @@ def glob_escape(name: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", name)
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
-
-
 def _discard_replaced(out: Path) -> None:
     """Delete the set-aside earlier split: renamed first (atomic), so that a kill half-way
     through the delete never leaves a half-deleted split that looks like one to put back."""
     aside, gone = out / _REPLACED, out / _DISCARDED
     if gone.is_dir():
-        shutil.rmtree(gone, ignore_errors=True)
+        remove_tree(gone)
     if aside.is_dir():
         discard_tree(aside, gone)
 
@@ -502,7 +496,7 @@ def _put_back_replaced(out: Path) -> list[str]:
         return []
     names = sorted(os.listdir(aside))
     for name in names:
-        _remove(out / name)
+        remove_tree(out / name, ignore_errors=False)
         os.replace(aside / name, out / name)
     aside.rmdir()
     return names
@@ -513,7 +507,7 @@ def recover_split_leftovers(out: Path) -> None:
     is put back (a move that had started, with its journal written, had discarded it already),
     one being deleted is deleted."""
     if (out / _DISCARDED).exists():
-        shutil.rmtree(out / _DISCARDED, ignore_errors=True)
+        remove_tree(out / _DISCARDED)
     if (out / _REPLACED).is_dir():
         journal = _read_journal(out)
         if journal is not None and journal.get("mode") == "move":
@@ -558,7 +552,7 @@ class _SplitOutput:
 
     def abandon(self) -> None:
         for name in self.created:
-            _remove(self.out / name)
+            remove_tree(self.out / name, ignore_errors=False)
         _put_back_replaced(self.out)
         if self.marked:
             (self.out / MARKER).unlink(missing_ok=True)
