@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.files import atomic_path, atomic_write, atomic_write_text
-from torchkit.core.outputs import OutputFolder, reporting_write_errors, write_error
+from torchkit.core.outputs import OutputFolder, remove_tree, reporting_write_errors, write_error
 
 log = logging.getLogger("torchkit")
 
@@ -126,7 +125,7 @@ class FeatureStore:
                 _check_fingerprint(meta.get("fingerprint"), fingerprint, folder, "finished")
                 if partial.is_dir():
                     output.begin()
-                    shutil.rmtree(partial, ignore_errors=True)
+                    remove_tree(partial)
                 return None, meta
             if not partial.is_dir():
                 raise InputError(
@@ -134,7 +133,7 @@ class FeatureStore:
                     "give another OUT, or pass --force to replace it",
                 )
             output.begin()
-            shutil.rmtree(partial)  # stopped before its first batch was recorded
+            remove_tree(partial, ignore_errors=False)  # stopped before its first batch was recorded
         return cls(output, fingerprint, total, Progress()), None
 
     def _begin(self) -> None:
@@ -236,7 +235,7 @@ class FeatureStore:
         writer.writerows(index_rows)
         atomic_write_text(self.out / INDEX_FILE, buffer.getvalue())
         atomic_write_text(self.out / META_FILE, json.dumps(meta, indent=2) + "\n")
-        shutil.rmtree(self.partial, ignore_errors=True)
+        remove_tree(self.partial)
         return files
 
     def _close_arrays(self) -> None:
