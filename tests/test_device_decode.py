@@ -24,6 +24,7 @@ from test_decode import _jpeg_split_folder, photo  # the same photo-like test im
 from torchvision import transforms as T
 
 from torchkit.core.batches import Batch, collate_skipping_unreadable
+from torchkit.core.crop_resize import resize_crop, resize_crops
 from torchkit.core.dataset import make_dataset
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import NormalizedPixels, pil_resample
@@ -34,7 +35,6 @@ from torchkit.core.device_decode import (
     collate_encoded,
     decode_jpegs,
     decoded_batch,
-    resize_crop,
     resolve_decode,
 )
 from torchkit.core.errors import UsageError
@@ -148,8 +148,17 @@ def test_crop_boxes_and_flips_are_the_fast_and_exact_paths_draws(files):
     assert no_flip.pixels_from_file(files["wide.jpg"], "RGB").flip is False
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["per-image", "batched"])
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic", "nearest"])
-def test_pixels_are_within_the_stated_tolerance_of_the_exact_path(files, interpolation):
+def test_pixels_are_within_the_stated_tolerance_of_the_exact_path(
+    files, interpolation, batched, monkeypatch
+):
+    # Both ways to resize (core.crop_resize): the CPU's own (image by image) and CUDA's (the
+    # whole batch in two products), each through the whole decode path.
+    monkeypatch.setattr(
+        "torchkit.core.device_decode.resize_crops",
+        lambda *args, **kwargs: resize_crops(*args, **kwargs, batched=batched),
+    )
     preprocess = Preprocess(image_size=SIZE, resize_size=73, interpolation=interpolation)
     names = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "mpo.jpg"]
     samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
@@ -192,9 +201,9 @@ def test_the_fast_path_is_as_far_from_exact_as_ever(files):
 
 
 def test_interpolate_is_closer_to_pil_than_roi_align(files):
-    # Why the crops are resized image by image with F.interpolate(antialias=True) rather than
-    # by one torchvision.ops.roi_align over the batch: roi_align averages bilinear samples and
-    # lands several levels from PIL's filter.
+    # Why the crops are resized with PIL's filter (F.interpolate(antialias=True), or the batched
+    # products of core.crop_resize) rather than by one torchvision.ops.roi_align over the
+    # batch: roi_align averages bilinear samples and lands several levels from PIL's filter.
     from torchvision.ops import roi_align
 
     data = files["wide.jpg"].read_bytes()
@@ -208,6 +217,9 @@ def test_interpolate_is_closer_to_pil_than_roi_align(files):
         expected = T.PILToTensor()(crop.resize((SIZE, SIZE), pil_resample("bilinear")))
         resized = resize_crop(image, (top, left, height, width), SIZE, "bilinear")
         ours.append(_levels(resized.round(), expected))
+        batched = resize_crops([image], [(top, left, height, width)], [False], SIZE, "bilinear",
+                               batched=True)  # fmt: skip
+        ours.append(_levels(batched[0], expected))
         box = torch.tensor([[0, left, top, left + width, top + height]], dtype=torch.float32)
         aligned = roi_align(image[None].float(), box, (SIZE, SIZE), 1.0, -1, aligned=True)
         roi.append(_levels(aligned[0].round(), expected))

@@ -1,7 +1,8 @@
 """Training JPEGs decoded on the device (`train --decode device`): the loader workers only read
 each file's bytes and draw its random crop and flip; the main process decodes the whole batch
 in one call (`torchvision.io.decode_jpeg(list, device=...)`: nvJPEG on CUDA, libjpeg-turbo on
-the CPU), then crops, resizes and flips each image there, and the loop normalises the batch as
+the CPU), then crops, resizes and flips the images there (`core.crop_resize`: on CUDA the
+whole batch in two batched products, on a CPU image by image), and the loop normalises the batch as
 it normalises the other paths' 8-bit batches (`core.decode.NormalizedPixels`). The pixels are
 the ones stored, EXIF orientation ignored, as every loader reads them (`core.image_files`).
 
@@ -9,10 +10,9 @@ The draws are the fast path's (`core.decode.CropDraws` on the size in the JPEG's
 the flip's `torch.rand(1) < 0.5`): the same random numbers from torch's generator in the same
 order, so a seeded image gets the same crop box and the same flip as with `--decode fast` or
 `exact`. The crop is then taken from the whole decoded image (no reduced decode) and resized to
-`image_size` by `torch.nn.functional.interpolate` with antialiasing (bilinear and bicubic;
-`nearest-exact` for nearest), in float32, rounded to 8 bits. That is torchvision's port of PIL's
-resampling filters, so it is what PIL's `crop(box).resize(size)` computes up to rounding:
-`torchvision.ops.roi_align`, one call for the whole batch, averages bilinear samples instead
+`image_size` with PIL's filters (bilinear and bicubic antialiased, nearest-exact for nearest),
+in float32, rounded to 8 bits: what PIL's `crop(box).resize(size)` computes up to rounding.
+`torchvision.ops.roi_align`, the usual one call for a batch, averages bilinear samples instead
 of applying PIL's filter, and lands much further from PIL's pixels (below).
 
 Measured on the CPU (photo-like 500x375 and 375x500 JPEGs, quality 90, RGB and grayscale, 40
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.batches import Batch, collate_skipping_unreadable
+from torchkit.core.crop_resize import resize_crops
 from torchkit.core.decode import JPEG_SUFFIXES, pil_resample
 from torchkit.core.errors import UsageError
 
@@ -249,7 +250,7 @@ class EncodedImages:
         decoded = decode_jpegs(chunks, device)
         crops: dict[int, Any] = {}
         failures: list[tuple[int, BaseException]] = []
-        resized = []
+        readable: list[tuple[int, Any, tuple[int, int, int, int], bool]] = []
         for j, image in enumerate(decoded):
             position = self.encoded_at[j]
             top, left, height, width = self.boxes[j]
@@ -262,18 +263,13 @@ class EncodedImages:
                 except pil_errors() as error:
                     failures.append((position, error))
                 continue
-            crop = resize_crop(image, self.boxes[j], self.size, self.interpolation)
-            resized.append((position, crop, self.flips[j]))
-        if resized:
-            # Rounded to 8 bits in one pass, as PIL's resize rounds its output; the mirrored
-            # ones flipped in one pass too (a kernel per image costs the host more than the
-            # device: on a GPU the host is what keeps up with the steps).
-            batch = torch.stack([crop for _, crop, _ in resized]).round_().clamp_(0, 255)
-            batch = batch.to(torch.uint8)
-            flipped = [at for at, (_, _, flip) in enumerate(resized) if flip]
-            if flipped:
-                batch[flipped] = batch[flipped].flip(-1)
-            for (position, _, _), crop in zip(resized, batch, strict=True):
+            readable.append((position, image, self.boxes[j], self.flips[j]))
+        if readable:
+            images = [image for _, image, _, _ in readable]
+            boxes = [box for _, _, box, _ in readable]
+            flips = [flip for _, _, _, flip in readable]
+            resized = resize_crops(images, boxes, flips, self.size, self.interpolation)
+            for (position, _, _, _), crop in zip(readable, resized, strict=True):
                 crops[position] = crop
         if self.pixels_at:
             pixels = self.pixels.to(device, non_blocking=True)
@@ -382,34 +378,6 @@ def _warn_once(device: Any, error: BaseException | None) -> None:
         device,
         first_line(error) if error is not None else "?",
     )
-
-
-# (torch mode, antialias) of F.interpolate for each --interpolation: the antialiased filters
-# are torchvision's port of PIL's (bilinear and bicubic, a = -0.5); nearest-exact picks PIL's
-# nearest pixel.
-_MODES = {
-    "bilinear": ("bilinear", True),
-    "bicubic": ("bicubic", True),
-    "nearest": ("nearest-exact", False),
-}
-
-
-def resize_crop(image: Any, box: tuple[int, int, int, int], size: int, interpolation: str) -> Any:
-    """The crop `box` (top, left, height, width) of a (C, H, W) image resized to `size` x
-    `size`, as float32 (not rounded) on the image's device: PIL's crop then resize."""
-    import torch
-    import torch.nn.functional as F
-
-    top, left, height, width = box
-    crop = image[:, top : top + height, left : left + width].unsqueeze(0).to(torch.float32)
-    mode, antialias = _MODES[interpolation]
-    if mode == "nearest-exact":
-        resized = F.interpolate(crop, size=(size, size), mode=mode)
-    else:
-        resized = F.interpolate(
-            crop, size=(size, size), mode=mode, align_corners=False, antialias=antialias
-        )
-    return resized[0]
 
 
 def pil_crop(

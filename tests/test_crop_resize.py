@@ -1,0 +1,110 @@
+"""The device path's two ways to crop and resize (core.crop_resize): the batched products give
+the per-image F.interpolate's pixels, their weights are PIL's, and the batch stays in order
+through chunks and flips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchkit.core import crop_resize
+from torchkit.core.crop_resize import filter_weights, resize_crops
+
+MODES = ["bilinear", "bicubic", "nearest"]
+PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def _batch(count: int, seed: int, smallest: int = 5, largest: int = 90):
+    """Random uint8 images of random sizes, a random crop box and flip for each."""
+    rng = np.random.default_rng(seed)
+    images, boxes, flips = [], [], []
+    for _ in range(count):
+        height, width = rng.integers(smallest, largest + 1, size=2)
+        images.append(torch.from_numpy(rng.integers(0, 256, (3, height, width), dtype=np.uint8)))
+        crop_height, crop_width = rng.integers(1, height + 1), rng.integers(1, width + 1)
+        top = rng.integers(0, height - crop_height + 1)
+        left = rng.integers(0, width - crop_width + 1)
+        boxes.append((int(top), int(left), int(crop_height), int(crop_width)))
+        flips.append(bool(rng.random() < 0.5))
+    return images, boxes, flips
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("size", [7, 32])  # shrinking and enlarging most crops
+def test_the_batched_products_give_the_per_image_pixels(mode, size):
+    images, boxes, flips = _batch(24, seed=size)
+    per_image = resize_crops(images, boxes, flips, size, mode, batched=False)
+    batched = resize_crops(images, boxes, flips, size, mode, batched=True)
+    assert batched.dtype == torch.uint8 and batched.shape == (24, 3, size, size)
+    levels = (per_image.int() - batched.int()).abs()
+    # Float sums in another order: a value at .5 may round the other way, nothing more.
+    assert levels.max() <= 1 and (levels > 0).float().mean() < 1e-2
+    if mode == "nearest":
+        assert levels.max() == 0  # the same pixel picked, no arithmetic
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_the_weights_are_pils_own(mode):
+    # PIL resizes a float ("F") image without rounding: resizing the identity matrix row by
+    # row gives, in column j of each output row, the weight of input pixel j.
+    for length, size in [(37, 9), (375, 64), (9, 37), (64, 64), (1, 5)]:
+        identity = Image.fromarray(np.eye(length, dtype=np.float32), mode="F")
+        resized = np.asarray(identity.resize((size, length), PIL_FILTERS[mode]))  # (L, S)
+        ours = filter_weights([length], size, length + 3, mode, "cpu")[0]  # padded extent
+        np.testing.assert_allclose(ours[:, :length].numpy(), resized.T, atol=2e-6)
+        assert torch.all(ours[:, length:] == 0)
+
+
+def test_nearest_picks_torchs_nearest_exact_pixel():
+    for length, size in [(37, 9), (9, 37), (224, 224), (500, 224)]:
+        line = torch.arange(length, dtype=torch.float32).view(1, 1, 1, -1)
+        expected = torch.nn.functional.interpolate(line, size=(1, size), mode="nearest-exact")
+        weights = filter_weights([length], size, length, "nearest", "cpu")[0]
+        assert torch.equal(weights @ line.flatten(), expected.flatten())
+
+
+def test_a_flip_is_the_mirrored_crop_and_chunks_keep_the_order(monkeypatch):
+    images, boxes, _ = _batch(10, seed=3)
+    plain = resize_crops(images, boxes, [False] * 10, 16, "bilinear", batched=True)
+    flips = [at % 3 == 0 for at in range(10)]
+    # Several chunks, largest crops first: the order must come back.
+    largest = max(height * width for _, _, height, width in boxes)
+    monkeypatch.setattr(crop_resize, "CHUNK_ELEMENTS", 3 * largest * 2)
+    assert len(crop_resize._chunks(boxes, 3)) >= 3
+    mirrored = resize_crops(images, boxes, flips, 16, "bilinear", batched=True)
+    for at in range(10):
+        expected = plain[at].flip(-1) if flips[at] else plain[at]
+        assert torch.equal(mirrored[at], expected), at
+
+
+class _CountKernels(TorchDispatchMode):
+    """Counts the operators that compute something (views compute nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_batched_way_costs_one_operator_per_image(mode):
+    # What a GPU's host pays per batch: each image's copy into the buffer, and a fixed number
+    # for the batch; image by image, several per image.
+    def operators(count: int, batched: bool) -> int:
+        images, boxes, flips = _batch(count, seed=count, largest=20)
+        flips[0] = True
+        with _CountKernels() as counter:
+            resize_crops(images, boxes, flips, 8, mode, batched=batched)
+        return counter.count
+
+    per_image = operators(40, False) - operators(20, False)
+    batched = operators(40, True) - operators(20, True)
+    assert batched == 20  # 20 more images: 20 more copies, nothing else
+    assert per_image >= 40

@@ -1,0 +1,224 @@
+"""The device path's crop and resize (`core.device_decode`): each decoded JPEG's crop box
+resized to `size` x `size` with PIL's filters, as PIL's `crop(box).resize(size)` computes it up
+to rounding, then flipped if drawn so, as uint8.
+
+Two ways to the same pixels:
+- one image at a time (`resize_crop`): `torch.nn.functional.interpolate` with antialiasing,
+  torchvision's port of PIL's filters. On a CPU that is the cheapest;
+- the whole batch at once (`resize_crops(..., batched=True)`, the default on CUDA). The
+  resize of each crop is two matrix products, `rows @ crop @ columns.T`, where `rows` and
+  `columns` hold the filter's weights as PIL computes them (centre, support, normalised
+  taps). For a batch, every crop is copied into one zero-padded float buffer (one copy per
+  image: the only per-image kernel), and the weights of all crops are computed at once; then two
+  batched products resize everything, and the flips cost nothing, because a mirrored crop's
+  column weights are the same rows reversed. On a GPU the host is what keeps up with the steps:
+  the per-image path issues about five operators per image (slice, convert, resize, stack,
+  round), the batched one one per image and about twenty per batch.
+
+Both give float32 values within float rounding of each other (products summed in another order),
+so the 8-bit crops agree to at most 1 level, almost everywhere exactly (tests/test_crop_resize.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (torch mode, antialias) of F.interpolate for each --interpolation: the antialiased filters
+# are torchvision's port of PIL's (bilinear and bicubic, a = -0.5); nearest-exact picks PIL's
+# nearest pixel.
+INTERPOLATE_MODES = {
+    "bilinear": ("bilinear", True),
+    "bicubic": ("bicubic", True),
+    "nearest": ("nearest-exact", False),
+}
+# PIL's filter supports (in input pixels at scale 1).
+_SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
+# Float elements of one chunk's padded buffer (3 channels): 48M, 192 MB. A batch of 256 crops
+# of 500 x 375 photos fits in two or three chunks; a bigger one would only hold more memory.
+CHUNK_ELEMENTS = 48 * 2**20
+
+
+def resize_crop(image: Any, box: tuple[int, int, int, int], size: int, interpolation: str) -> Any:
+    """The crop `box` (top, left, height, width) of a (C, H, W) image resized to `size` x
+    `size`, as float32 (not rounded) on the image's device: PIL's crop then resize."""
+    import torch
+    import torch.nn.functional as F
+
+    top, left, height, width = box
+    crop = image[:, top : top + height, left : left + width].unsqueeze(0).to(torch.float32)
+    mode, antialias = INTERPOLATE_MODES[interpolation]
+    if mode == "nearest-exact":
+        resized = F.interpolate(crop, size=(size, size), mode=mode)
+    else:
+        resized = F.interpolate(
+            crop, size=(size, size), mode=mode, align_corners=False, antialias=antialias
+        )
+    return resized[0]
+
+
+def resize_crops(
+    images: list,
+    boxes: list[tuple[int, int, int, int]],
+    flips: list[bool],
+    size: int,
+    interpolation: str,
+    *,
+    batched: bool | None = None,
+) -> Any:
+    """The uint8 (N, C, size, size) crops of `images` ((C, H, W) uint8 tensors on one device):
+    each `box` (top, left, height, width) resized, rounded to 8 bits as PIL's resize rounds its
+    output, and mirrored where `flips` says. `batched`: the batch at once (module doc); None:
+    on CUDA only, where launches cost more than the products' arithmetic."""
+    import torch
+
+    if not images:
+        raise ValueError("resize_crops needs at least one image")
+    device = images[0].device
+    if batched is None:
+        batched = device.type == "cuda"
+    if not batched:
+        # A kernel per image costs the host more than the device, so the rounding and the
+        # flips are one pass each over the whole batch.
+        pairs = zip(images, boxes, strict=True)
+        stacked = torch.stack(
+            [resize_crop(image, box, size, interpolation) for image, box in pairs]
+        )
+        out = stacked.round_().clamp_(0, 255).to(torch.uint8)
+        mirrored = [at for at, flip in enumerate(flips) if flip]
+        if mirrored:
+            out[mirrored] = out[mirrored].flip(-1)
+        return out
+    heights = [box[2] for box in boxes]
+    widths = [box[3] for box in boxes]
+    rows = filter_weights(heights, size, max(heights), interpolation, device)
+    columns = filter_weights(widths, size, max(widths), interpolation, device)
+    if any(flips):
+        mirrored = host_tensor(flips, torch.bool, device).view(-1, 1, 1)
+        columns = torch.where(mirrored, columns.flip(1), columns)
+    channels = images[0].shape[0]
+    chunks = _chunks(boxes, channels)
+    if len(chunks) == 1:
+        return _resize_chunk(images, boxes, rows, columns)
+    out = torch.empty((len(images), channels, size, size), dtype=torch.uint8, device=device)
+    for chunk in chunks:
+        index = host_tensor(chunk, torch.long, device)
+        tallest = max(heights[at] for at in chunk)
+        widest = max(widths[at] for at in chunk)
+        out[index] = _resize_chunk(
+            [images[at] for at in chunk],
+            [boxes[at] for at in chunk],
+            rows[index, :, :tallest],
+            columns[index, :, :widest],
+        )
+    return out
+
+
+def host_tensor(values: list, dtype: Any, device: Any) -> Any:
+    """`values` as a tensor on `device`, copied from page-locked memory without waiting: a plain
+    copy from pageable memory would wait for every kernel queued on the stream (on a GPU, the
+    training step's, which the decode is meant to run beside)."""
+    import torch
+
+    tensor = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def _chunks(boxes: list[tuple[int, int, int, int]], channels: int) -> list[list[int]]:
+    """The batch's positions in groups whose padded buffers hold at most CHUNK_ELEMENTS floats:
+    the whole batch in its order when it fits, else largest crops first, so that crops of like
+    sizes share a buffer and little of it is padding."""
+    tallest = max(box[2] for box in boxes)
+    widest = max(box[3] for box in boxes)
+    if len(boxes) * channels * tallest * widest <= CHUNK_ELEMENTS:
+        return [list(range(len(boxes)))]
+    order = sorted(range(len(boxes)), key=lambda at: boxes[at][2] * boxes[at][3], reverse=True)
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    tallest = widest = 0
+    for at in order:
+        _, _, height, width = boxes[at]
+        grown = (len(current) + 1) * channels * max(tallest, height) * max(widest, width)
+        if current and grown > CHUNK_ELEMENTS:
+            chunks.append(current)
+            current, tallest, widest = [], 0, 0
+        current.append(at)
+        tallest, widest = max(tallest, height), max(widest, width)
+    chunks.append(current)
+    return chunks
+
+
+def _resize_chunk(
+    images: list, boxes: list[tuple[int, int, int, int]], rows: Any, columns: Any
+) -> Any:
+    """`rows @ crop @ columns.T` for each crop: `rows` (N, S, H) and `columns` (N, S, W) are the
+    crops' weights, H and W the tallest and widest crop of the chunk."""
+    import torch
+
+    channels = images[0].shape[0]
+    # Zeros, not empty memory: the padding meets weights of 0, and 0 * NaN would be NaN.
+    crops = torch.zeros(
+        (len(images), channels, rows.shape[-1], columns.shape[-1]),
+        dtype=torch.float32,
+        device=images[0].device,
+    )
+    for at, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
+        crops[at, :, :height, :width].copy_(image[:, top : top + height, left : left + width])
+    # (N, 1, S, H) @ (N, C, H, W) @ (N, 1, W, S): the rows, then the columns, of every channel.
+    resized = torch.matmul(torch.matmul(rows.unsqueeze(1), crops), columns.unsqueeze(1).mT)
+    return resized.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def filter_weights(lengths: list[int], size: int, extent: int, mode: str, device: Any) -> Any:
+    """(N, size, extent) float32: row i of matrix n holds the weights by which output pixel i of
+    a line of `lengths[n]` input pixels, resized to `size`, sums those pixels (0 from
+    `lengths[n]` on), as PIL's resample computes them (and torch's antialiased interpolate):
+    the filter centred on input coordinate (i + 0.5) * scale, stretched by the scale when
+    shrinking, its taps from trunc(centre - support + 0.5) up to trunc(centre + support + 0.5),
+    normalised to sum 1. `nearest`: torch's nearest-exact, input pixel floor((i + 0.5) * scale)."""
+    import math
+
+    import torch
+
+    count = len(lengths)
+    if mode == "nearest":
+        # In float32, as torch computes the source index, so the same pixel is picked.
+        length = host_tensor(lengths, torch.float32, device).view(-1, 1)
+        outputs = torch.arange(size, dtype=torch.float32, device=device) + 0.5
+        source = torch.floor(outputs * (length / size)).to(torch.long)
+        source = torch.minimum(source, length.to(torch.long) - 1)
+        weights = torch.zeros((count, size, extent), dtype=torch.float32, device=device)
+        return weights.scatter_(2, source.unsqueeze(-1), 1.0)
+    # Only each output pixel's taps are computed, (N, size, taps), then placed in the matrix.
+    taps = 2 * math.ceil(_SUPPORT[mode] * max(1.0, max(lengths) / size)) + 1
+    length = host_tensor(lengths, torch.float64, device).view(-1, 1, 1)
+    scale = length / size
+    stretch = scale.clamp(min=1.0)  # the filter widens only when shrinking
+    support = _SUPPORT[mode] * stretch
+    centre = scale * (torch.arange(size, dtype=torch.float64, device=device).view(1, -1, 1) + 0.5)
+    first = torch.trunc(centre - support + 0.5).clamp(min=0)
+    end = torch.minimum(torch.trunc(centre + support + 0.5), length)
+    inputs = first + torch.arange(taps, dtype=torch.float64, device=device)
+    inside = inputs < end
+    weights = torch.where(inside, _filter(mode, (inputs - centre + 0.5) * (1.0 / stretch)), 0.0)
+    total = weights.sum(-1, keepdim=True)
+    weights = torch.where(total != 0, weights / total, weights)
+    # Taps past the line go to one spare column, cut off after: each kept index is unique.
+    index = torch.where(inside, inputs, extent).to(torch.long)
+    dense = torch.zeros((count, size, extent + 1), dtype=torch.float32, device=device)
+    return dense.scatter_(2, index, weights.to(torch.float32))[:, :, :extent]
+
+
+def _filter(mode: str, x: Any) -> Any:
+    """PIL's filter at distance x (in input pixels, stretched): the triangle for bilinear, Keys'
+    cubic with a = -0.5 for bicubic."""
+    import torch
+
+    x = x.abs()
+    if mode == "bilinear":
+        return (1.0 - x).clamp(min=0.0)
+    a = -0.5
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
+    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, 0.0))
