@@ -138,16 +138,19 @@ for what, ours, theirs in rows:
     figures.append(
         {"what": what, "torchkit": ours, "against": theirs if compared else None, "ratio": ratio}
     )
-# `train -v`'s line for each run's first epoch (core/train/timeline.py): where its time went.
+# `train -v`'s lines for each run's first two epochs (core/train/timeline.py): where the first
+# epoch's time went, and whether a steady epoch waited for data (the loader or the decode
+# thread) or for the model.
 first_epochs = []
 with open(log, errors="replace") as handle:
     for text in handle:
         if text.startswith("=== "):
             run = text[4:].split(":", 1)[0]
-        elif "epoch 1: first batch after" in text:
-            first_epochs.append(f"{run}: {text.split('epoch 1: ', 1)[1].strip()}")
+        for epoch in ("epoch 1: ", "epoch 2: "):
+            if epoch + "first batch after" in text:
+                first_epochs.append(f"{run} {epoch}{text.split(epoch, 1)[1].strip()}")
 if first_epochs:
-    lines += ["", "first epochs (train -v):", *(f"- {line}" for line in first_epochs)]
+    lines += ["", "epochs 1 and 2 (train -v):", *(f"- {line}" for line in first_epochs)]
 failed = [f"{name} (rc {rc})" for name, (rc, _) in steps.items() if rc != 0]
 if failed:
     lines += ["", "failed or cut: " + ", ".join(failed) + f"; see {log}"]

@@ -81,6 +81,28 @@ def test_leaving_early_stops_the_thread_within_the_batches_ahead():
     assert loader.given <= 1 + 2 + 1
 
 
+def test_the_thread_counts_its_time_decoding_and_waiting_for_the_loader(monkeypatch):
+    # For `train -v`: a fake clock in which each batch takes 1 s to come from the loader and
+    # 3 s to decode.
+    clock = [0.0]
+    monkeypatch.setattr(decode_ahead.time, "perf_counter", lambda: clock[0])
+
+    class SlowLoader(Loader):
+        def __iter__(self):
+            for batch in super().__iter__():
+                clock[0] += 1.0
+                yield batch
+
+    def slow_decode(batch, device):
+        clock[0] += 3.0
+        return batch
+
+    monkeypatch.setattr("torchkit.core.device_decode.decoded_batch", slow_decode)
+    ahead = DecodedAhead(SlowLoader(4), "cpu")
+    assert len(list(ahead)) == 4
+    assert ahead.decode_seconds == 12.0 and ahead.loader_seconds == 4.0
+
+
 def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):
     from torchkit.core.train.config import TrainConfig, resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for

@@ -146,7 +146,8 @@ def test_shapes_without_a_batch_dimension(runner):
 def test_input_errors_are_one_line(runner, args, message):
     model = f"{HERE}:token_model" if "input_ids" in " ".join(args) else f"{HERE}:vector_model"
     result = runner.invoke(app, ["summary", model, *args])
-    assert result.exit_code == 2, result.stderr
+    # stdout too: on one GPU machine (torch 2.11) the last case once exited 0, unexplained.
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 

@@ -1,9 +1,12 @@
 """`train -v` says where each epoch's time went before it ran at speed (core/train/timeline.py):
-the first batch, the first steps, the rest; nothing without -v."""
+the first batch, the first steps, the rest, and how long the loop waited for batches; nothing
+without -v."""
 
 from __future__ import annotations
 
 import re
+
+import torch
 
 from torchkit.cli import app
 
@@ -12,7 +15,7 @@ ARGS = ["train", "--model", "convnet", "--epochs", "2", "--image-size", "8", "-b
         "--val-split", "0.25", "--device", "cpu", "--workers", "0"]  # fmt: skip
 LINE = re.compile(
     r"epoch (\d): first batch after (\d+\.\d\d) s, 5 steps done after (\d+\.\d\d) s, "
-    r"the other (\d+) steps took (\d+\.\d\d) s"
+    r"the other (\d+) steps took (\d+\.\d\d) s; (\d+\.\d\d) s of (\d+\.\d\d) s waiting for batches$"
 )
 
 
@@ -26,6 +29,7 @@ def test_verbose_training_logs_each_epochs_timeline(runner, tmp_path, make_image
     for match in found:
         first_batch, first_steps = float(match[2]), float(match[3])
         assert 0 <= first_batch <= first_steps and int(match[4]) == 1
+        assert float(match[6]) <= float(match[7])  # waited within the epoch
 
 
 def test_without_verbose_there_is_no_timeline(runner, tmp_path, make_image_folder):
@@ -33,3 +37,24 @@ def test_without_verbose_there_is_no_timeline(runner, tmp_path, make_image_folde
     result = runner.invoke(app, [*ARGS, "--data", str(data), "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.stderr
     assert "first batch after" not in result.stderr
+
+
+def test_the_wait_for_batches_is_the_time_spent_in_the_loaders_next(monkeypatch):
+    # A fake clock: each batch takes 2 s to come, and the loop works 5 s on each.
+    from torchkit.core.train import timeline as module
+
+    clock = [100.0]
+    monkeypatch.setattr(module.time, "perf_counter", lambda: clock[0])
+
+    def loader():
+        for index in range(3):
+            clock[0] += 2.0
+            yield index
+
+    line = module.EpochTimeline(torch.device("cpu"), clock[0])
+    seen = []
+    for batch in line.timed(loader()):
+        line.batch_arrived()
+        seen.append(batch)
+        clock[0] += 5.0
+    assert seen == [0, 1, 2] and line.waited == 6.0 and line.first_batch == 2.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,6 +43,10 @@ class DecodedAhead:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ready: queue.Queue = queue.Queue(maxsize=ahead)
+        # Seconds the thread spent in the decode, and waiting for the loader's next batch
+        # (written by the thread; read after close, for `train -v`).
+        self.decode_seconds = 0.0
+        self.loader_seconds = 0.0
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -79,10 +84,17 @@ class DecodedAhead:
             device = torch.device(self.device)
             if device.type == "cuda" and device.index is not None:
                 torch.cuda.set_device(device)  # a thread starts on GPU 0, not on the loop's
-            for batch in self.loader:
-                if self._stop.is_set():
-                    return
-                if not self._put(("batch", decoded_batch(batch, self.device))):
+            batches = iter(self.loader)
+            while True:
+                asked = time.perf_counter()
+                batch = next(batches, _END)
+                decoding = time.perf_counter()
+                self.loader_seconds += decoding - asked
+                if batch is _END or self._stop.is_set():
+                    break
+                decoded = decoded_batch(batch, self.device)
+                self.decode_seconds += time.perf_counter() - decoding
+                if not self._put(("batch", decoded)):
                     return
                 if self._stop.is_set():  # taken by close(): read nothing more from the loader
                     return

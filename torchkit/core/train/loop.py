@@ -211,6 +211,8 @@ def train_one_epoch(
     timeline = EpochTimeline(ctx.device, started) if EpochTimeline.wanted() else None
     ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
     batches = loader if ahead is None else ahead
+    if timeline is not None:
+        batches = timeline.timed(batches)
     try:
         for batch in batches:
             if timeline is not None:
@@ -299,7 +301,7 @@ def train_one_epoch(
     progress_state.correct = base_correct + float(correct)
     progress_state.seconds = time.perf_counter() - started
     if timeline is not None:
-        timeline.report(epoch, progress_state.seconds)
+        timeline.report(epoch, progress_state.seconds, ahead)
     return True
 
 

@@ -2,12 +2,16 @@
 until the first batch came (loader workers starting, the first files read), how long the first
 steps took (cuDNN autotuning each new shape, CUDA loading kernels on first use, the decoder's
 set-up), and the rest. A first epoch much slower than the others is then explained by its
-own line, on any machine."""
+own line, on any machine. Every epoch's line also says how long the loop waited for batches
+(time the device may have idled for want of data: near zero when the model is what limits the
+rate), and with `--decode device` on a GPU how the decode thread spent its time: decoding, or
+waiting for the loader's workers."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 log = logging.getLogger("torchkit")
@@ -24,10 +28,23 @@ class EpochTimeline:
         self.first_batch: float | None = None
         self.first_steps: float | None = None
         self.steps = 0
+        self.waited = 0.0  # seconds the loop spent waiting for its next batch
 
     @staticmethod
     def wanted() -> bool:
         return log.isEnabledFor(logging.INFO)
+
+    def timed(self, batches: Iterable) -> Iterator:
+        """`batches`, adding the time each one took to come to `waited`."""
+        iterator = iter(batches)
+        while True:
+            asked = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self.waited += time.perf_counter() - asked
+            yield batch
 
     def batch_arrived(self) -> None:
         if self.first_batch is None:
@@ -42,7 +59,9 @@ class EpochTimeline:
                 torch.cuda.synchronize(self.device)
             self.first_steps = time.perf_counter() - self.started
 
-    def report(self, epoch: int, seconds: float) -> None:
+    def report(self, epoch: int, seconds: float, ahead: Any = None) -> None:
+        """Log the epoch's line; `ahead`: the epoch's `DecodedAhead`, whose thread's times
+        are added."""
         if self.first_batch is None:
             return
         line = f"epoch {epoch}: first batch after {self.first_batch:.2f} s"
@@ -50,5 +69,11 @@ class EpochTimeline:
             line += (
                 f", {FIRST_STEPS} steps done after {self.first_steps:.2f} s, the other "
                 f"{self.steps - FIRST_STEPS} steps took {seconds - self.first_steps:.2f} s"
+            )
+        line += f"; {self.waited:.2f} s of {seconds:.2f} s waiting for batches"
+        if ahead is not None:
+            line += (
+                f" (the decode thread: {ahead.decode_seconds:.2f} s decoding, "
+                f"{ahead.loader_seconds:.2f} s waiting for the loader)"
             )
         log.info("%s", line)
