@@ -8,7 +8,6 @@ its checkpoint has.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -115,26 +114,6 @@ def _csv_value(value: Any) -> Any:
 # A loss curve whose values span more than this factor is drawn on a log axis, so one bad epoch
 # (a val loss of 14 among values near 0.1) does not flatten every other point.
 LOG_SCALE_ABOVE = 30.0
-
-
-def preload_plotting():
-    """Import matplotlib in a background thread (about a second): the import then overlaps
-    the training instead of delaying curves.png and the end of the run. Returns the thread
-    (join it before the process may exit: an import cut short at exit can crash it). Only in
-    a process that will not fork: a child forked mid-import would wait on its lock for ever."""
-    import threading
-
-    def load() -> None:
-        with contextlib.suppress(Exception):  # the real import reports any problem later
-            import matplotlib
-
-            matplotlib.use("Agg", force=False)
-            import matplotlib.backends.backend_agg  # noqa: F401
-            import matplotlib.figure  # noqa: F401
-
-    thread = threading.Thread(target=load, name="torchkit-preload-matplotlib", daemon=True)
-    thread.start()
-    return thread
 
 
 def write_curves_png(path: Path, history: list[dict], best_epoch: int | None = None) -> None:
