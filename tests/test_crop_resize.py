@@ -108,3 +108,64 @@ def test_the_batched_way_costs_one_operator_per_image(mode):
     batched = operators(40, True) - operators(20, True)
     assert batched == 20  # 20 more images: 20 more copies, nothing else
     assert per_image >= 40
+
+
+def test_a_device_the_batched_way_fails_on_resizes_image_by_image_and_says_so_once(
+    monkeypatch, caplog
+):
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        raise RuntimeError("no kernel image is available for execution on the device\nmore")
+
+    monkeypatch.setattr(crop_resize, "_PER_IMAGE", set())
+    monkeypatch.setattr(crop_resize, "_resize_batched", failing)
+    monkeypatch.setattr(
+        crop_resize, "batched_by_default", lambda device: not crop_resize._PER_IMAGE
+    )
+    images, boxes, flips = _batch(6, seed=5)
+    expected = resize_crops(images, boxes, flips, 16, "bicubic", batched=False)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        for _ in range(3):
+            assert torch.equal(resize_crops(images, boxes, flips, 16, "bicubic"), expected)
+    assert len(calls) == 1  # tried once
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        "resizing the batch at once failed on cpu (no kernel image is available for execution "
+        "on the device): resizing image by image"
+    ]
+
+
+def test_out_of_memory_in_the_batched_way_is_the_runs_error(monkeypatch):
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(crop_resize, "_PER_IMAGE", set())
+    monkeypatch.setattr(crop_resize, "_resize_batched", out_of_memory)
+    monkeypatch.setattr(crop_resize, "batched_by_default", lambda device: True)
+    images, boxes, flips = _batch(2, seed=6)
+    with pytest.raises(torch.OutOfMemoryError):
+        resize_crops(images, boxes, flips, 16, "bilinear")
+
+
+def test_the_cpu_resizes_image_by_image_unless_told():
+    assert not crop_resize.batched_by_default(torch.device("cpu"))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", MODES)
+def test_on_the_gpu_the_batched_way_gives_the_per_image_pixels(mode):
+    # Real sizes (photos of 375x500 in both orientations, crops to 224) on the GPU, where the
+    # batched way is the default, against the per-image way on the same GPU and on the CPU.
+    images, boxes, flips = _batch(64, seed=7, smallest=300, largest=500)
+    gpu = [image.cuda() for image in images]
+    assert crop_resize.batched_by_default(gpu[0].device)
+    batched = resize_crops(gpu, boxes, flips, 224, mode)
+    per_image = resize_crops(gpu, boxes, flips, 224, mode, batched=False)
+    cpu = resize_crops(images, boxes, flips, 224, mode)
+    for other in (per_image, cpu):
+        levels = (batched.int() - other.cpu().int()).abs()
+        assert levels.max() <= 1 and (levels > 0).float().mean() < 1e-2
+    assert batched.device.type == "cuda" and batched.shape == (64, 3, 224, 224)

@@ -21,7 +21,12 @@ so the 8-bit crops agree to at most 1 level, almost everywhere exactly (tests/te
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from torchkit.core.errors import first_line
+
+log = logging.getLogger("torchkit")
 
 # (torch mode, antialias) of F.interpolate for each --interpolation: the antialiased filters
 # are torchvision's port of PIL's (bilinear and bicubic, a = -0.5); nearest-exact picks PIL's
@@ -36,6 +41,8 @@ _SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}
 # Float elements of one chunk's padded buffer (3 channels): 48M, 192 MB. A batch of 256 crops
 # of 500 x 375 photos fits in two or three chunks; a bigger one would only hold more memory.
 CHUNK_ELEMENTS = 48 * 2**20
+# Devices on which the batched products failed once (resize_crops' automatic choice).
+_PER_IMAGE: set[str] = set()
 
 
 def resize_crop(image: Any, box: tuple[int, int, int, int], size: int, interpolation: str) -> Any:
@@ -74,20 +81,64 @@ def resize_crops(
     if not images:
         raise ValueError("resize_crops needs at least one image")
     device = images[0].device
-    if batched is None:
-        batched = device.type == "cuda"
-    if not batched:
-        # A kernel per image costs the host more than the device, so the rounding and the
-        # flips are one pass each over the whole batch.
-        pairs = zip(images, boxes, strict=True)
-        stacked = torch.stack(
-            [resize_crop(image, box, size, interpolation) for image, box in pairs]
+    if batched is not None:
+        resize = _resize_batched if batched else _resize_each
+        return resize(images, boxes, flips, size, interpolation)
+    if not batched_by_default(device):
+        return _resize_each(images, boxes, flips, size, interpolation)
+    try:
+        return _resize_batched(images, boxes, flips, size, interpolation)
+    except torch.OutOfMemoryError:
+        raise  # the run's own error (a smaller --batch-size)
+    except RuntimeError as error:
+        # A device the batched products fail on still trains, image by image, and says so
+        # once: the two ways give the same pixels.
+        _PER_IMAGE.add(str(device))
+        log.warning(
+            "resizing the batch at once failed on %s (%s): resizing image by image",
+            device,
+            first_line(error),
         )
-        out = stacked.round_().clamp_(0, 255).to(torch.uint8)
-        mirrored = [at for at, flip in enumerate(flips) if flip]
-        if mirrored:
-            out[mirrored] = out[mirrored].flip(-1)
-        return out
+    return _resize_each(images, boxes, flips, size, interpolation)
+
+
+def batched_by_default(device: Any) -> bool:
+    """Whether `resize_crops` resizes the batch at once when not told: on CUDA, unless the
+    batched products already failed on that device."""
+    return device.type == "cuda" and str(device) not in _PER_IMAGE
+
+
+def _resize_each(
+    images: list,
+    boxes: list[tuple[int, int, int, int]],
+    flips: list[bool],
+    size: int,
+    interpolation: str,
+) -> Any:
+    """`resize_crops` image by image: F.interpolate on each crop. A kernel per image costs the
+    host more than the device, so the rounding and the flips are one pass each over the batch."""
+    import torch
+
+    pairs = zip(images, boxes, strict=True)
+    stacked = torch.stack([resize_crop(image, box, size, interpolation) for image, box in pairs])
+    out = stacked.round_().clamp_(0, 255).to(torch.uint8)
+    mirrored = [at for at, flip in enumerate(flips) if flip]
+    if mirrored:
+        out[mirrored] = out[mirrored].flip(-1)
+    return out
+
+
+def _resize_batched(
+    images: list,
+    boxes: list[tuple[int, int, int, int]],
+    flips: list[bool],
+    size: int,
+    interpolation: str,
+) -> Any:
+    """`resize_crops` for the whole batch at once (module doc)."""
+    import torch
+
+    device = images[0].device
     heights = [box[2] for box in boxes]
     widths = [box[3] for box in boxes]
     rows = filter_weights(heights, size, max(heights), interpolation, device)
