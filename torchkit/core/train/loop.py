@@ -167,6 +167,7 @@ def train_one_epoch(
     from torchkit.core.decode_ahead import DecodedAhead
     from torchkit.core.device_decode import decoded_batch
     from torchkit.core.train.mixing import mix_batch
+    from torchkit.core.train.readout import SumsReadout
     from torchkit.core.train.timeline import EpochTimeline
 
     ctx.model.train()
@@ -207,6 +208,7 @@ def train_one_epoch(
             )
 
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct
+    readout = SumsReadout(ctx.device, acc)
     last_report = 0.0
     timeline = EpochTimeline(ctx.device, started) if EpochTimeline.wanted() else None
     ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
@@ -277,13 +279,17 @@ def train_one_epoch(
             progress_state.seconds = now - started
             if on_step is not None and (now - last_report > 0.1 or progress_state.batches == total):
                 last_report = now
-                seen = max(1, progress_state.seen)
+                # The last step's figures are exact; the others are read without waiting for
+                # the device (core.train.readout), so the bar never stalls a GPU.
+                read = readout.exact if progress_state.batches == total else readout.read
+                shown_loss, shown_correct, shown_seen = read(loss_sum, correct, progress_state.seen)
+                shown_seen = max(1, shown_seen)
                 on_step(
                     StepInfo(
                         step=progress_state.batches,
                         steps=total,
-                        loss=(base_loss + float(loss_sum)) / seen,
-                        top1=(base_correct + float(correct)) / seen,
+                        loss=(base_loss + shown_loss) / shown_seen,
+                        top1=(base_correct + shown_correct) / shown_seen,
                         lr=ctx.schedule.current_lr(),
                         images_per_s=progress_state.seen / max(progress_state.seconds, 1e-9),
                     )
