@@ -9,14 +9,19 @@ Two ways to the same pixels:
   resize of each crop is two matrix products, `rows @ crop @ columns.T`, where `rows` and
   `columns` hold the filter's weights as PIL computes them (centre, support, normalised
   taps). For a batch, every crop is copied into one zero-padded float buffer (one copy per
-  image: the only per-image kernel), and the weights of all crops are computed at once; then two
+  image: the only per-image kernel), and the weights of all crops are computed at once; then
   batched products resize everything, and the flips cost nothing, because a mirrored crop's
-  column weights are the same rows reversed. On a GPU the host is what keeps up with the steps:
-  the per-image path issues about five operators per image (slice, convert, resize, stack,
-  round), the batched one one per image and about twenty per batch.
+  column weights are the same rows reversed. Chunks of the batch (largest crops first) bound
+  the memory it takes (368 MiB at the peak for 256 whole 500x500 photos, measured on a CPU).
+  On a GPU the host is what keeps up with the steps: the per-image path issues about five
+  operators per image (slice, convert, resize, stack, round), the batched one one per image
+  and a few dozen per chunk.
 
 Both give float32 values within float rounding of each other (products summed in another order),
 so the 8-bit crops agree to at most 1 level, almost everywhere exactly (tests/test_crop_resize.py).
+That holds for float32 products; torchkit never enables TF32 for them
+(`torch.backends.cuda.matmul.allow_tf32`, global to the process), with which about 2% of
+pixels would be 1 level off.
 """
 
 from __future__ import annotations
@@ -76,7 +81,6 @@ def resize_crops(
     each `box` (top, left, height, width) resized, rounded to 8 bits as PIL's resize rounds its
     output, and mirrored where `flips` says. `batched`: the batch at once (module doc); None:
     on CUDA only, where launches cost more than the products' arithmetic."""
-    import torch
 
     if not images:
         raise ValueError("resize_crops needs at least one image")
@@ -88,9 +92,9 @@ def resize_crops(
         return _resize_each(images, boxes, flips, size, interpolation)
     try:
         return _resize_batched(images, boxes, flips, size, interpolation)
-    except torch.OutOfMemoryError:
-        raise  # the run's own error (a smaller --batch-size)
     except RuntimeError as error:
+        if _device_failure(error):
+            raise  # the run's own error: out of memory, or a CUDA error that stays
         # A device the batched products fail on still trains, image by image, and says so
         # once: the two ways give the same pixels.
         _PER_IMAGE.add(str(device))
@@ -100,6 +104,19 @@ def resize_crops(
             first_line(error),
         )
     return _resize_each(images, boxes, flips, size, interpolation)
+
+
+def _device_failure(error: BaseException) -> bool:
+    """Whether `error` is the device's, not the batched products': out of memory (cuBLAS says
+    so in its own words), or a CUDA error, which stays on the device and fails whatever runs
+    next (an earlier kernel's may surface here first)."""
+    import torch
+
+    accelerator = getattr(torch, "AcceleratorError", ())
+    if isinstance(error, (torch.OutOfMemoryError, accelerator)):
+        return True
+    text = str(error)
+    return "CUDA error" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text or "out of memory" in text
 
 
 def batched_by_default(device: Any) -> bool:
@@ -122,9 +139,9 @@ def _resize_each(
     pairs = zip(images, boxes, strict=True)
     stacked = torch.stack([resize_crop(image, box, size, interpolation) for image, box in pairs])
     out = stacked.round_().clamp_(0, 255).to(torch.uint8)
-    mirrored = [at for at, flip in enumerate(flips) if flip]
-    if mirrored:
-        out[mirrored] = out[mirrored].flip(-1)
+    if any(flips):  # a mask from page-locked memory: indexing by a list would wait for the GPU
+        mirrored = host_tensor(flips, torch.bool, out.device).view(-1, 1, 1, 1)
+        out = torch.where(mirrored, out.flip(-1), out)
     return out
 
 
@@ -135,31 +152,22 @@ def _resize_batched(
     size: int,
     interpolation: str,
 ) -> Any:
-    """`resize_crops` for the whole batch at once (module doc)."""
+    """`resize_crops` for the whole batch at once (module doc), a chunk at a time."""
     import torch
 
     device = images[0].device
-    heights = [box[2] for box in boxes]
-    widths = [box[3] for box in boxes]
-    rows = filter_weights(heights, size, max(heights), interpolation, device)
-    columns = filter_weights(widths, size, max(widths), interpolation, device)
-    if any(flips):
-        mirrored = host_tensor(flips, torch.bool, device).view(-1, 1, 1)
-        columns = torch.where(mirrored, columns.flip(1), columns)
     channels = images[0].shape[0]
     chunks = _chunks(boxes, channels)
     if len(chunks) == 1:
-        return _resize_chunk(images, boxes, rows, columns)
+        return _resize_chunk(images, boxes, flips, size, interpolation)
     out = torch.empty((len(images), channels, size, size), dtype=torch.uint8, device=device)
     for chunk in chunks:
-        index = host_tensor(chunk, torch.long, device)
-        tallest = max(heights[at] for at in chunk)
-        widest = max(widths[at] for at in chunk)
-        out[index] = _resize_chunk(
+        out[host_tensor(chunk, torch.long, device)] = _resize_chunk(
             [images[at] for at in chunk],
             [boxes[at] for at in chunk],
-            rows[index, :, :tallest],
-            columns[index, :, :widest],
+            [flips[at] for at in chunk],
+            size,
+            interpolation,
         )
     return out
 
@@ -201,33 +209,47 @@ def _chunks(boxes: list[tuple[int, int, int, int]], channels: int) -> list[list[
 
 
 def _resize_chunk(
-    images: list, boxes: list[tuple[int, int, int, int]], rows: Any, columns: Any
+    images: list,
+    boxes: list[tuple[int, int, int, int]],
+    flips: list[bool],
+    size: int,
+    interpolation: str,
 ) -> Any:
-    """`rows @ crop @ columns.T` for each crop: `rows` (N, S, H) and `columns` (N, S, W) are the
-    crops' weights, H and W the tallest and widest crop of the chunk."""
+    """`rows @ crop @ columns.T` for each crop of the chunk, the weights sized to the chunk's
+    tallest and widest crop."""
     import torch
 
-    channels = images[0].shape[0]
+    device = images[0].device
+    heights = [box[2] for box in boxes]
+    widths = [box[3] for box in boxes]
+    tallest, widest = max(heights), max(widths)
+    count, channels = len(images), images[0].shape[0]
+    rows = filter_weights(heights, size, tallest, interpolation, device)
+    mirrored = host_tensor(flips, torch.bool, device) if any(flips) else None
+    columns = filter_weights(widths, size, widest, interpolation, device, mirrored=mirrored)
     # Zeros, not empty memory: the padding meets weights of 0, and 0 * NaN would be NaN.
-    crops = torch.zeros(
-        (len(images), channels, rows.shape[-1], columns.shape[-1]),
-        dtype=torch.float32,
-        device=images[0].device,
-    )
+    crops = torch.zeros((count, channels, tallest, widest), dtype=torch.float32, device=device)
     for at, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
         crops[at, :, :height, :width].copy_(image[:, top : top + height, left : left + width])
-    # (N, 1, S, H) @ (N, C, H, W) @ (N, 1, W, S): the rows, then the columns, of every channel.
-    resized = torch.matmul(torch.matmul(rows.unsqueeze(1), crops), columns.unsqueeze(1).mT)
+    # The columns of every channel's rows in one product, (N, C*H, W) @ (N, W, S); then the
+    # rows, a product per channel: weights broadcast over the channels would be copied.
+    across = torch.bmm(crops.view(count, channels * tallest, widest), columns.mT)
+    del crops
+    across = across.view(count, channels, tallest, size)
+    resized = torch.stack([torch.bmm(rows, across[:, c]) for c in range(channels)], dim=1)
     return resized.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def filter_weights(lengths: list[int], size: int, extent: int, mode: str, device: Any) -> Any:
+def filter_weights(
+    lengths: list[int], size: int, extent: int, mode: str, device: Any, *, mirrored: Any = None
+) -> Any:
     """(N, size, extent) float32: row i of matrix n holds the weights by which output pixel i of
     a line of `lengths[n]` input pixels, resized to `size`, sums those pixels (0 from
     `lengths[n]` on), as PIL's resample computes them (and torch's antialiased interpolate):
     the filter centred on input coordinate (i + 0.5) * scale, stretched by the scale when
     shrinking, its taps from trunc(centre - support + 0.5) up to trunc(centre + support + 0.5),
-    normalised to sum 1. `nearest`: torch's nearest-exact, input pixel floor((i + 0.5) * scale)."""
+    normalised to sum 1. `nearest`: torch's nearest-exact, input pixel floor((i + 0.5) * scale).
+    `mirrored`: a (N,) bool tensor; the rows of those matrices in reverse order (a flip)."""
     import math
 
     import torch
@@ -239,6 +261,8 @@ def filter_weights(lengths: list[int], size: int, extent: int, mode: str, device
         outputs = torch.arange(size, dtype=torch.float32, device=device) + 0.5
         source = torch.floor(outputs * (length / size)).to(torch.long)
         source = torch.minimum(source, length.to(torch.long) - 1)
+        if mirrored is not None:
+            source = torch.where(mirrored.view(-1, 1), source.flip(1), source)
         weights = torch.zeros((count, size, extent), dtype=torch.float32, device=device)
         return weights.scatter_(2, source.unsqueeze(-1), 1.0)
     # Only each output pixel's taps are computed, (N, size, taps), then placed in the matrix.
@@ -257,6 +281,10 @@ def filter_weights(lengths: list[int], size: int, extent: int, mode: str, device
     weights = torch.where(total != 0, weights / total, weights)
     # Taps past the line go to one spare column, cut off after: each kept index is unique.
     index = torch.where(inside, inputs, extent).to(torch.long)
+    if mirrored is not None:  # flipped while small: (N, size, taps), not (N, size, extent)
+        flip = mirrored.view(-1, 1, 1)
+        weights = torch.where(flip, weights.flip(1), weights)
+        index = torch.where(flip, index.flip(1), index)
     dense = torch.zeros((count, size, extent + 1), dtype=torch.float32, device=device)
     return dense.scatter_(2, index, weights.to(torch.float32))[:, :, :extent]
 

@@ -4,8 +4,9 @@ steps took (cuDNN autotuning each new shape, CUDA loading kernels on first use, 
 set-up), and the rest. A first epoch much slower than the others is then explained by its
 own line, on any machine. Every epoch's line also says how long the loop waited for batches
 (time the device may have idled for want of data: near zero when the model is what limits the
-rate), and with `--decode device` on a GPU how the decode thread spent its time: decoding, or
-waiting for the loader's workers."""
+rate), and with `--decode device` on a GPU how the decode thread spent its time: decoding
+(the host's time in the decode and resize calls: nvJPEG holds it until its batch is decoded,
+the resize kernels it only queues), or waiting for the loader's workers."""
 
 from __future__ import annotations
 
