@@ -137,16 +137,27 @@ def test_a_device_the_batched_way_fails_on_resizes_image_by_image_and_says_so_on
     ]
 
 
-def test_out_of_memory_in_the_batched_way_is_the_runs_error(monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+    ],
+    ids=["out-of-memory", "cublas-alloc", "sticky-cuda-error"],
+)
+def test_the_devices_own_errors_in_the_batched_way_are_the_runs_errors(monkeypatch, error):
+    # Not a reason to resize image by image: they would fail that way too, or later.
     def out_of_memory(*args):
-        raise torch.OutOfMemoryError("CUDA out of memory")
+        raise error
 
     monkeypatch.setattr(crop_resize, "_PER_IMAGE", set())
     monkeypatch.setattr(crop_resize, "_resize_batched", out_of_memory)
     monkeypatch.setattr(crop_resize, "batched_by_default", lambda device: True)
     images, boxes, flips = _batch(2, seed=6)
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(type(error)):
         resize_crops(images, boxes, flips, 16, "bilinear")
+    assert not crop_resize._PER_IMAGE
 
 
 def test_the_cpu_resizes_image_by_image_unless_told():
