@@ -10,6 +10,8 @@ Two figures per side, in milliseconds per batch (median of --turns, the sides ta
     uv run python benchmarks/bench_crop_resize.py                 # CPU: tiny crops, then 224 px
     python benchmarks/bench_crop_resize.py --device cuda          # 256 crops of 500x375 to 224
 
+`benchmarks/gpu_check.sh` runs it and puts the host figures in its table (`--json FILE`).
+
 The tiny case (12x16 images, 4 px crops) leaves the CPU almost no arithmetic: it measures what
 each way costs the host in operators, as a GPU's host pays for them. With real sizes a CPU does
 the arithmetic itself, where the batched products' dense matrices are many times the work of the
@@ -19,6 +21,7 @@ per-image filter: the reason the CPU keeps the per-image way.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -60,7 +63,7 @@ def _timed(images, boxes, flips, size, batched, device) -> tuple[float, float]:
     return host * 1000, (time.perf_counter() - start) * 1000
 
 
-def run_case(name, count, height, width, size, device, turns) -> None:
+def run_case(name, count, height, width, size, device, turns) -> dict:
     images, boxes, flips = _batch(count, height, width, device)
     figures = {False: ([], []), True: ([], [])}
     for batched in (False, True):  # warm-up: first calls allocate, load kernels
@@ -78,6 +81,15 @@ def run_case(name, count, height, width, size, device, turns) -> None:
             f"  {label}: per-image {per_image[index]:8.2f} ms  batched {batched[index]:8.2f} ms  "
             f"per-image / batched {per_image[index] / batched[index]:5.2f}x"
         )
+    return {
+        "name": name,
+        "images": count,
+        "size": size,
+        "per_image_host_ms": per_image[0],
+        "batched_host_ms": batched[0],
+        "per_image_done_ms": per_image[1],
+        "batched_done_ms": batched[1],
+    }
 
 
 def main() -> None:
@@ -88,15 +100,21 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--turns", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"torch {torch.__version__}, device {device}, {args.threads} CPU thread(s)")
     if device.type == "cpu":
-        run_case("tiny", args.batch_size, 12, 16, 4, device, args.turns)
-        run_case("real", 32, 375, 500, 224, device, max(3, args.turns // 2))
+        cases = [
+            run_case("tiny", args.batch_size, 12, 16, 4, device, args.turns),
+            run_case("real", 32, 375, 500, 224, device, max(3, args.turns // 2)),
+        ]
     else:
-        run_case("real", args.batch_size, 375, 500, 224, device, args.turns)
+        cases = [run_case("real", args.batch_size, 375, 500, 224, device, args.turns)]
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": str(device), "cases": cases}, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
 #     torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, DataLoader, same
 #     batch size, workers, AMP and channels-last) on the same JPEG folder;
 #   - first-epoch against steady-epoch seconds, for resnet50 and for the digits job;
-#   - the wall time of the README's main job (`torchkit train`, digits).
+#   - the wall time of the README's main job (`torchkit train`, digits);
+#   - the host's milliseconds per batch of the device path's crop and resize, batched against
+#     image by image (benchmarks/bench_crop_resize.py).
 # With TIMM_SCRIPTS pointing at a folder holding timm's train.py and benchmark.py (and timm
 # installed), rows against them are added at the end; nothing else needs timm.
 #
@@ -96,6 +98,9 @@ step plain-resnet18 120 "$PY" "$HERE/plain_loop.py" "$W/jp" --model resnet18 "${
   -o "$W/plain.json"
 step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --out "$W/r18" -v
+# The device path's crop and resize, batched against image by image (what the host pays).
+step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
+  --turns 5 --json "$W/resize.json"
 if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data
   timm_args=(--data-dir "$W/jp" --train-split train --val-split val --num-classes 10
              --img-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" --opt adamw --lr 0.001

@@ -81,6 +81,17 @@ rows += [
         "",  # nothing to compare with
     ),
 ]
+resize = load("resize.json")
+if resize and resize.get("cases"):
+    case = resize["cases"][0]  # on a GPU the real sizes; on a CPU the tiny case (host cost)
+    rows.append(
+        (
+            f"crop+resize host ms, {case['images']} crops to {case['size']} px: batched vs "
+            "per-image",
+            case["batched_host_ms"],
+            case["per_image_host_ms"],
+        )
+    )
 if "timm-resnet18" in steps:  # timm logs "Train: EPOCH [...] ... (avg s, avg images/s)"
     found = re.findall(r"Train: 2 \[.*?\(\s*[\d.]+s,\s*([\d.]+)/s\)", text)
     rows.append(
