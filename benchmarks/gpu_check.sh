@@ -8,6 +8,8 @@
 #     torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, DataLoader, same
 #     batch size, workers, AMP and channels-last) on the same JPEG folder;
 #   - first-epoch against steady-epoch seconds, for resnet50 and for the digits job;
+#   - resnet18 with a share of the JPEGs decoded by the loader workers beside nvJPEG
+#     (--decode-cpu-share SHARE) against all on the GPU;
 #   - the wall time of the README's main job (`torchkit train`, digits);
 #   - the host's milliseconds per batch of the device path's crop and resize, batched against
 #     image by image (benchmarks/bench_crop_resize.py).
@@ -23,6 +25,7 @@
 #            torch thread unless OMP_NUM_THREADS is set (default: 1 with DEV=cpu, else 0)
 #   N IMG B E NJ   images (8000), pixels (224), batch size (256), epochs (3), workers (cores - 2)
 #   AMP      1: --amp --channels-last on every side (default); 0: fp32
+#   SHARE    the --decode-cpu-share of the second resnet18 run (0.35)
 #   PY       the Python to run (python3)
 #   OUT      where the table (gpu_check.md), the figures (gpu_check.json) and the full log
 #            (gpu_check.log) go (/tmp/gpu-check); the images and runs live in a temporary folder
@@ -45,6 +48,7 @@ E=${E:-3}
 [ "$DEV" = cpu ] && [ "$SMALL" = 1 ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 NJ=${NJ:-$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))}
 AMP=${AMP:-1}
+SHARE=${SHARE:-0.35}
 if [ "$AMP" = 1 ]; then AMPF=(--amp --channels-last); else AMPF=(); fi
 PY=${PY:-python3}
 BUDGET=${BUDGET:-345}
@@ -98,6 +102,9 @@ step plain-resnet18 120 "$PY" "$HERE/plain_loop.py" "$W/jp" --model resnet18 "${
   -o "$W/plain.json"
 step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --out "$W/r18" -v
+# A share of the JPEGs decoded by the loader workers beside nvJPEG (--decode-cpu-share).
+step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
+  --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/r18share" -v
 # The device path's crop and resize, batched against image by image (what the host pays).
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
   --turns 5 --json "$W/resize.json"

@@ -52,6 +52,7 @@ def epoch_rate(rows, index):
 
 
 big_rows, r18_rows, digit_rows = epochs("big"), epochs("r18"), epochs("digits")
+share_rows = epochs("r18share")
 plain = load("plain.json")
 plain_rows = [(r["epoch_time_s"], r["images_per_s"]) for r in plain["epochs"]] if plain else []
 bench = load("bench.json")
@@ -72,6 +73,13 @@ for index in (1, 2):
             epoch_rate(plain_rows, index),
         )
     )
+rows.append(
+    (
+        "resnet18 epoch 3 img/s, --decode-cpu-share vs none",
+        epoch_rate(share_rows, 2),
+        epoch_rate(r18_rows, 2),
+    )
+)
 rows += [
     (f"{big} first vs steady epoch s", big_rows[0][0] if big_rows else None, big_steady_s),
     ("digits first vs steady epoch s", digit_rows[0][0] if digit_rows else None, digit_steady_s),

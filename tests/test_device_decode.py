@@ -35,6 +35,7 @@ from torchkit.core.device_decode import (
     collate_encoded,
     decode_jpegs,
     decoded_batch,
+    decoded_on_cpu,
     resolve_decode,
 )
 from torchkit.core.errors import UsageError
@@ -453,7 +454,7 @@ def test_train_decode_device_on_the_cpu_trains_and_writes_checkpoints(runner, tm
         app,
         ["train", "--data", str(root), "--model", "test_train_nets:TinyNet", "--image-size",
          "16", "--batch-size", "4", "--epochs", "2", "--decode", "device", "--device", "cpu",
-         "-j", "0", "--out", str(out), "--format", "json"],
+         "-j", "0", "--out", str(out), "--format", "json", "--decode-cpu-share", "0.5"],
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -462,6 +463,7 @@ def test_train_decode_device_on_the_cpu_trains_and_writes_checkpoints(runner, tm
     assert (out / "last.pt").is_file() and (out / "best.pt").is_file()
     config = json.loads((out / "config.json").read_text())
     assert config["options"]["decode"] == "device"
+    assert config["options"]["decode_cpu_share"] == 0.5
     assert "decode" not in config["defaults_from_data"]  # asked for
     checkpoint = torch.load(out / "last.pt", weights_only=True)
     assert checkpoint["config"]["decode"] == "device"
@@ -481,6 +483,32 @@ def test_the_default_on_the_cpu_is_fast_and_recorded_as_chosen(tmp_path):
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
     assert recorded["options"]["decode"] == "fast"
     assert "decode" in recorded["defaults_from_data"]  # a replay chooses again
+
+
+def test_a_cpu_share_under_auto_on_the_cpu_is_dropped_and_said(runner, tmp_path):
+    # auto takes fast on a CPU: nothing to share, and a resume must not meet a fast run with a
+    # share (which validation refuses).
+    from torchkit.cli import app
+
+    root = _jpeg_folder(tmp_path / "data", train=2, val=1)
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(root), "--model", "test_train_nets:TinyNet", "--image-size",
+         "16", "--batch-size", "4", "--epochs", "1", "--device", "cpu", "-j", "0",
+         "--decode-cpu-share", "0.4", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "--decode-cpu-share 0.4 has nothing to share: --decode auto chose fast" in " ".join(
+        result.stderr.split()
+    )
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["options"]["decode"] == "fast"
+    assert recorded["options"]["decode_cpu_share"] == 0.0
+    resumed = runner.invoke(
+        app, ["train", "--resume", str(out), "--epochs", "2", "--trust-checkpoint"]
+    )
+    assert resumed.exit_code == 0, resumed.stderr
 
 
 def test_the_loop_decodes_device_batches(tmp_path, monkeypatch):
@@ -503,6 +531,53 @@ def test_the_loop_decodes_device_batches(tmp_path, monkeypatch):
     )  # fmt: skip
     run_training(config)
     assert seen and set(seen) == {(torch.Tensor, torch.uint8, "cpu")}
+
+
+def test_the_cpu_share_is_a_stable_fraction_of_the_files():
+    paths = [f"/data/train/class{i % 7}/image_{i:05d}.jpg" for i in range(20000)]
+    for share in (0.0, 0.3, 0.5, 1.0):
+        chosen = [path for path in paths if decoded_on_cpu(path, share)]
+        assert abs(len(chosen) / len(paths) - share) < 0.015, share
+    # The same files every time (no salted hash), and a larger share keeps the smaller's.
+    assert decoded_on_cpu(paths[0], 0.3) == decoded_on_cpu(paths[0], 0.3)
+    smaller = {path for path in paths if decoded_on_cpu(path, 0.3)}
+    assert smaller <= {path for path in paths if decoded_on_cpu(path, 0.5)}
+
+
+def test_the_cpu_share_is_decoded_by_the_fast_path_with_the_same_draws(files):
+    # The files given to the workers get the fast path's own crop, bit for bit, from the same
+    # random numbers; the others reach the batch as bytes, as before.
+    names = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "mpo.jpg"]
+    paths = [files[name] for name in names]
+    shared = _items(paths, "device", decode_cpu_share=0.5)
+    device = _items(paths, "device")
+    fast = _items(paths, "fast")
+    on_cpu = [decoded_on_cpu(str(path), 0.5) for path in paths]
+    assert 0 < sum(on_cpu) < len(paths)  # both kinds among these five
+    for item, device_item, fast_item, cpu in zip(shared, device, fast, on_cpu, strict=True):
+        if cpu:
+            assert torch.equal(item[0], fast_item[0])
+        else:
+            assert isinstance(item[0], EncodedJpeg) and item[0].box == device_item[0].box
+    batch = _decoded(shared)
+    assert batch.images.shape == (5, 3, SIZE, SIZE) and batch.labels.tolist() == [0, 1, 0, 1, 0]
+    assert collate_encoded(shared).images.pixels_at == [at for at, cpu in enumerate(on_cpu) if cpu]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--decode-cpu-share", "1.5"], "--decode-cpu-share is a fraction in [0, 1], not 1.5"),
+        (["--decode-cpu-share", "nan"], "--decode-cpu-share"),
+        (["--decode", "fast", "--decode-cpu-share", "0.3"], "--decode fast decodes nothing there"),
+    ],
+)
+def test_a_bad_cpu_share_is_one_error_line(runner, tmp_path, args, message):
+    from torchkit.cli import app
+
+    result = runner.invoke(app, ["train", "--data", str(tmp_path), *args])
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_refused_on_the_command_line_with_a_pil_policy(runner, tmp_path):

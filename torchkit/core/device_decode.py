@@ -26,7 +26,9 @@ under 2.5 levels. The tests hold max 1, mean 0.25. nvJPEG's IDCT and chroma upsa
 libjpeg's, so on CUDA the decode itself differs by a few levels (tested against the CPU decode
 where there is a GPU).
 
-What takes today's path (the fast path's PIL crop, made in the worker) for one item: files that
+What takes today's path (the fast path's PIL crop, made in the worker) for one item: the
+`--decode-cpu-share` of the JPEGs (by a CRC-32 of the path: the same files every epoch), so
+that the workers' cores decode beside the device's decoder, files that
 are not JPEGs (by their first bytes), JPEGs PIL reads as neither RGB nor grayscale (CMYK,
 YCCK), JPEGs that do not end with the end-of-image marker (truncated ones: PIL refuses them as
 before, and the worker reports them as before). A JPEG the device cannot decode is decoded by
@@ -123,13 +125,21 @@ class DeviceDecodeTransform:
     uint8 crop (`fallback.pixels_from_file`) for anything else (module doc). On PIL images
     (in-memory data) it is the fast path's transform."""
 
-    def __init__(self, fallback: Any, *, flip: bool, interpolation: str = "bilinear") -> None:
+    def __init__(
+        self,
+        fallback: Any,
+        *,
+        flip: bool,
+        interpolation: str = "bilinear",
+        cpu_share: float = 0.0,
+    ) -> None:
         self.fallback = fallback  # a core.decode.FileTrainTransform: crop, flip, no policy
         self.draws = fallback.crop.draws
         self.size = fallback.crop.image_size
         self.flip = bool(flip)
         self.interpolation = interpolation
         self.normalized = fallback.normalized
+        self.cpu_share = float(cpu_share)
 
     def __call__(self, image: Any) -> Any:
         return self.fallback(image)
@@ -142,6 +152,8 @@ class DeviceDecodeTransform:
         name = os.fspath(path)
         if mode != "RGB" or not name.lower().endswith(JPEG_SUFFIXES):
             return self.fallback.pixels_from_file(path, mode)
+        if self.cpu_share > 0 and decoded_on_cpu(name, self.cpu_share):
+            return self.fallback.pixels_from_file(path, mode)  # the same draws, in the worker
         data = read_regular_file(path)
         if not data.startswith(JPEG_START):
             return self.fallback.pixels_from_file(path, mode)
@@ -177,8 +189,18 @@ class DeviceDecodeTransform:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(size={self.size}, flip={self.flip}, "
-            f"interpolation={self.interpolation!r}, fallback={self.fallback!r})"
+            f"interpolation={self.interpolation!r}, cpu_share={self.cpu_share}, "
+            f"fallback={self.fallback!r})"
         )
+
+
+def decoded_on_cpu(path: str, share: float) -> bool:
+    """Whether `--decode-cpu-share share` gives the JPEG at `path` to the loader workers: a
+    stable hash of the path (CRC-32, not Python's salted hash), so the same files every epoch,
+    in every worker and every run, and no random number taken from the crops' generator."""
+    import zlib
+
+    return zlib.crc32(path.encode("utf-8", "surrogateescape")) < share * 2**32
 
 
 def _byte_buffer(size: int) -> Any:

@@ -33,6 +33,7 @@ def train_transform(
     randaugment_magnitude: int = 9,
     random_erasing: float = 0.0,
     decode: str = "exact",
+    decode_cpu_share: float = 0.0,
 ):
     """torchvision's train recipe: RandomResizedCrop + horizontal flip (`basic`), then a policy
     (`trivialaugment`, `randaugment` at `randaugment_magnitude`, `autoaugment`'s ImageNet
@@ -45,7 +46,7 @@ def train_transform(
     pixels (`core.decode`); `exact` decodes every image whole. `device` (flip and crop only):
     the fast path's transform on PIL images and non-JPEG files, while JPEG files reach the
     batch as their bytes, crop box and flip, decoded on the training device
-    (`core.device_decode`)."""
+    (`core.device_decode`), but for `decode_cpu_share` of them, which take the fast path."""
     from torchvision import transforms as T
 
     from torchkit.core.decode import check_decode
@@ -58,7 +59,12 @@ def train_transform(
 
         check_device_decode(augment, random_erasing)
         fast = _fast_train_transform(preprocess, flip, crop_scale, augment, 9, 0.0)
-        return DeviceDecodeTransform(fast, flip=flip, interpolation=preprocess.interpolation)
+        return DeviceDecodeTransform(
+            fast,
+            flip=flip,
+            interpolation=preprocess.interpolation,
+            cpu_share=decode_cpu_share,
+        )
     mode = T.InterpolationMode(preprocess.interpolation)
     if decode == "fast" and augment != "none":
         return _fast_train_transform(

@@ -250,6 +250,16 @@ class TrainConfig:
         "pixels within 1/255 of exact on the CPU; flip and crop only, no PIL policies or random "
         "erasing); auto = device when training on CUDA from JPEG files, fast otherwise.",
     )
+    # With device decoding, a share of the JPEGs (by a hash of their paths: the same files every
+    # epoch) is decoded by the loader workers as `fast` decodes them: a GPU's JPEG decoder and
+    # the CPU's cores then work side by side (DALI's hardware/CPU split).
+    decode_cpu_share: float = option(
+        0.0,
+        panel=DATA_PANEL,
+        help="With --decode device: the fraction of training JPEGs (the same files every epoch, "
+        "by a hash of their paths) that the loader workers decode as --decode fast does, beside "
+        "the device's decoder; the same crops. 0 = all on the device.",
+    )
     interpolation: str = option(  # of every resize, train and eval; in the checkpoint
         "bilinear",
         panel=DATA_PANEL,
@@ -599,6 +609,14 @@ def validate(config: TrainConfig) -> None:
         check_device_decode(config.augment, config.random_erasing)
     if not 0 <= config.random_erasing <= 1:
         bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
+    if not 0 <= config.decode_cpu_share <= 1:
+        bad(f"--decode-cpu-share is a fraction in [0, 1], not {config.decode_cpu_share}")
+    if config.decode_cpu_share > 0 and config.decode in ("fast", "exact"):
+        bad(
+            f"--decode-cpu-share shares the decoding with the device, and --decode "
+            f"{config.decode} decodes nothing there",
+            "use --decode device (or auto, on CUDA)",
+        )
     if config.amp_dtype not in AMP_DTYPES:
         bad(f"unknown --amp-dtype {config.amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
     if config.epochs is not None and config.epochs < 1:

@@ -344,6 +344,7 @@ def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig)
             # decodes them whole; `device` leaves them to the main process (device_decode).
             # `auto` is resolved by the run (runner); unresolved, it is `fast`.
             decode="fast" if config.decode == "auto" else config.decode,
+            decode_cpu_share=config.decode_cpu_share,
         ),
         # uint8 batches where the transform allows: the loop normalises them (to_device).
         pixels=True,

@@ -204,7 +204,18 @@ def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> T
     if decode == config.decode:
         return config
     defaults = tuple(sorted({*config.data_defaults, "decode"}))
-    return dataclasses.replace(config, decode=decode, data_defaults=defaults)
+    share = config.decode_cpu_share
+    if decode != "device" and share > 0:
+        # Nothing is decoded on the device to share with: the run is recorded as it trains
+        # (a resume of a `fast` run with a share would be refused).
+        data.notes.append(
+            f"--decode-cpu-share {share:g} has nothing to share: --decode auto chose {decode} "
+            "for this run, which decodes every JPEG in the loader workers"
+        )
+        share = 0.0
+    return dataclasses.replace(
+        config, decode=decode, decode_cpu_share=share, data_defaults=defaults
+    )
 
 
 def _check_resumed_classes(checkpoint: dict, classes: list[str]) -> None:
