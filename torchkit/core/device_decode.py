@@ -291,6 +291,8 @@ class EncodedImages:
             boxes = [box for _, _, box, _ in readable]
             flips = [flip for _, _, _, flip in readable]
             resized = resize_crops(images, boxes, flips, self.size, self.interpolation)
+            if len(readable) == len(self):  # the whole batch, in order: already one tensor
+                return resized, list(range(len(self))), failures
             for (position, _, _, _), crop in zip(readable, resized, strict=True):
                 crops[position] = crop
         if self.pixels_at:
