@@ -14,6 +14,7 @@ turns, so a busy machine skews neither) and the ratio device / fast.
 
     uv run python benchmarks/bench_device_decode.py                      # CPU, 64 px
     uv run python benchmarks/bench_device_decode.py --device cuda --size 224 --workers 8
+    ... --cpu-share 0.35     # and the device path with a share decoded by the workers
 
 On a CPU the device path decodes every JPEG whole, in the main process: expect it slower than
 the fast path there (that is why `--decode auto` keeps `fast` on CPUs). On a GPU, nvJPEG decodes
@@ -23,6 +24,7 @@ the batch while the workers only read files and draw crops.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -36,14 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import make_jpeg_folder  # noqa: E402
 
 
-def _loaders(root: Path, args, decode: str, device):
+def _loaders(root: Path, args, decode: str, device, share: float = 0.0):
     from torchkit.core.train import TrainConfig
     from torchkit.core.train.config import resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
 
     config = resolve_defaults(
         TrainConfig(data=str(root), image_size=args.size, batch_size=args.batch_size,
-                    workers=args.workers, decode=decode, seed=0),
+                    workers=args.workers, decode=decode, decode_cpu_share=share, seed=0),
         is_digits=False,
     )  # fmt: skip
     data = load_splits(config)
@@ -52,7 +54,7 @@ def _loaders(root: Path, args, decode: str, device):
     ), config
 
 
-def rate(root: Path, args, decode: str, device) -> float:
+def rate(root: Path, args, decode: str, device, share: float = 0.0) -> float:
     """Best images/s of the train loader's epochs after the first, each batch taken to the
     device as the training loop takes it (decoded there for `device`), normalised."""
     import torch
@@ -60,7 +62,7 @@ def rate(root: Path, args, decode: str, device) -> float:
     from torchkit.core.decode import NormalizedPixels
     from torchkit.core.device_decode import decoded_batch
 
-    loaders, config = _loaders(root, args, decode, device)
+    loaders, config = _loaders(root, args, decode, device, share)
     normalized = NormalizedPixels(config.mean, config.std)
     rates = []
     try:
@@ -135,6 +137,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="turns")
     parser.add_argument("--keep", type=Path, help="generate the JPEGs here once, reuse them")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, main process")
+    parser.add_argument(
+        "--cpu-share", type=float, default=0.0, help="also time --decode-cpu-share F (device)"
+    )
+    parser.add_argument("--json", help="also write the median images/s to this file")
+    parser.add_argument("--no-pixels", action="store_true", help="skip the pixel comparison")
     args = parser.parse_args()
 
     import torch
@@ -156,22 +163,31 @@ def main() -> None:
             f"{args.size}, batch {args.batch_size}, {args.workers} workers, "
             f"{torch.get_num_threads()} main-process threads"
         )
-        rates: dict[str, list[float]] = {"fast": [], "device": []}
+        sides = {"fast": ("fast", 0.0), "device": ("device", 0.0)}
+        if args.cpu_share > 0:
+            sides[f"device, --decode-cpu-share {args.cpu_share:g}"] = ("device", args.cpu_share)
+        rates: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.repeat):
-            for decode in rates:
-                rates[decode].append(rate(root, args, decode, device))
+            for name, (decode, share) in sides.items():
+                rates[name].append(rate(root, args, decode, device, share))
         print(f"\ntrain data path to {device} ({args.repeat} turns, best epoch after the first)")
-        for decode, values in rates.items():
-            print(f"  --decode {decode:6s} median {statistics.median(values):7.0f} images/s   "
+        for name, values in rates.items():
+            print(f"  --decode {name:6s} median {statistics.median(values):7.0f} images/s   "
                   "turns: " + ", ".join(f"{v:.0f}" for v in values))  # fmt: skip
-        ratios = sorted(d / f for d, f in zip(rates["device"], rates["fast"], strict=True))
-        print(
-            f"  ratio device / fast: median {statistics.median(ratios):.2f}  (per turn: "
-            + ", ".join(f"{r:.2f}" for r in ratios)
-            + ")",
-            flush=True,
-        )
-        pixels(root, args, device)
+        for name in list(rates)[1:]:
+            ratios = sorted(d / f for d, f in zip(rates[name], rates["fast"], strict=True))
+            print(
+                f"  ratio {name} / fast: median {statistics.median(ratios):.2f}  (per turn: "
+                + ", ".join(f"{r:.2f}" for r in ratios)
+                + ")",
+                flush=True,
+            )
+        if args.json:
+            medians = {name: statistics.median(values) for name, values in rates.items()}
+            with open(args.json, "w") as handle:
+                json.dump({"device": str(device), "images_per_s": medians}, handle, indent=1)
+        if not args.no_pixels:
+            pixels(root, args, device)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

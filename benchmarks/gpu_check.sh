@@ -10,6 +10,8 @@
 #   - first-epoch against steady-epoch seconds, for resnet50 and for the digits job;
 #   - resnet18 with a share of the JPEGs decoded by the loader workers beside nvJPEG
 #     (--decode-cpu-share SHARE) against all on the GPU;
+#   - the train data path alone (no model): --decode device, with the share, and fast
+#     (benchmarks/bench_device_decode.py), the ceiling the decode sets on training;
 #   - the wall time of the README's main job (`torchkit train`, digits);
 #   - the host's milliseconds per batch of the device path's crop and resize, batched against
 #     image by image (benchmarks/bench_crop_resize.py).
@@ -105,6 +107,11 @@ step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@
 # A share of the JPEGs decoded by the loader workers beside nvJPEG (--decode-cpu-share).
 step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/r18share" -v
+# The train data path alone, no model (the decode thread's ceiling): device, device with the
+# share, fast, on the same JPEGs.
+step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$W/jp" \
+  --size "$IMG" --batch-size "$B" --workers "$NJ" --repeat 1 --epochs 3 --cpu-share "$SHARE" \
+  --json "$W/datapath.json" --no-pixels
 # The device path's crop and resize, batched against image by image (what the host pays).
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
   --turns 5 --json "$W/resize.json"

@@ -89,6 +89,15 @@ rows += [
         "",  # nothing to compare with
     ),
 ]
+datapath = load("datapath.json")
+if datapath and datapath.get("images_per_s"):
+    rates = datapath["images_per_s"]
+    shared = next((name for name in rates if "share" in name), None)
+    rows.append(("data path alone img/s: --decode device vs fast", rates.get("device"),
+                 rates.get("fast")))  # fmt: skip
+    if shared is not None:
+        rows.append((f"data path alone img/s: {shared} vs none", rates[shared],
+                     rates.get("device")))  # fmt: skip
 resize = load("resize.json")
 if resize and resize.get("cases"):
     case = resize["cases"][0]  # on a GPU the real sizes; on a CPU the tiny case (host cost)
