@@ -300,6 +300,32 @@ def test_a_jpeg_the_device_cannot_decode_is_decoded_by_pil(files, monkeypatch):
     assert torch.equal(batch.images[1], _exact_pixels(files["tall.jpg"], 1))
 
 
+def test_a_decoder_that_takes_no_lists_decodes_one_by_one_from_then_on(files, monkeypatch):
+    # torchvision 0.19 decodes lists of JPEGs on CUDA only: on the CPU each image is decoded
+    # alone, and the list is not offered again.
+    import torchvision.io
+
+    from torchkit.core import device_decode
+
+    decode_jpeg = torchvision.io.decode_jpeg
+    calls = []
+
+    def no_lists(data, **kwargs):
+        calls.append(type(data).__name__)
+        if isinstance(data, list):
+            raise RuntimeError("Expected a value of type 'Tensor' for argument 'data'")
+        return decode_jpeg(data, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", no_lists)
+    monkeypatch.setattr(device_decode, "_NO_LISTS", set())
+    paths = [files["wide.jpg"], files["tall.jpg"]]
+    expected = _decoded(_items(paths, "device")).images
+    assert calls == ["list", "Tensor", "Tensor"]
+    calls.clear()
+    assert torch.equal(_decoded(_items(paths, "device")).images, expected)
+    assert calls == ["Tensor", "Tensor"]
+
+
 def test_a_decoder_that_refuses_everything_leaves_it_to_pil_and_says_so(files, monkeypatch, caplog):
     # torchvision built without nvJPEG, say: every JPEG still trains (PIL, in the main
     # process), and one warning says why the run is slow.

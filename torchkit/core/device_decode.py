@@ -365,24 +365,33 @@ def _decode_each(chunks: list, device: Any) -> list:
     decode = {"mode": ImageReadMode.RGB, "device": device, "apply_exif_orientation": False}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_DEPRECATION)
-        try:
-            return list(decode_jpeg(chunks, **decode))
-        except torch.OutOfMemoryError:
-            raise  # the run's own error (a smaller --batch-size), not a bad file
-        except RuntimeError:
-            pass
+        if str(device) not in _NO_LISTS:
+            try:
+                return list(decode_jpeg(chunks, **decode))
+            except torch.OutOfMemoryError:
+                raise  # the run's own error (a smaller --batch-size), not a bad file
+            except RuntimeError:
+                pass
         decoded, first_error = [], None
         for chunk in chunks:
-            try:
-                decoded.append(decode_jpeg([chunk], **decode)[0])
+            try:  # one tensor, not a list of one: torchvision 0.19 takes lists on CUDA only
+                decoded.append(decode_jpeg(chunk, **decode))
             except torch.OutOfMemoryError:
                 raise
             except RuntimeError as error:
                 decoded.append(None)
                 first_error = first_error or error
+        if first_error is None and len(chunks) > 1:
+            # Every image decoded alone, so the list itself was refused: decode alone from now.
+            _NO_LISTS.add(str(device))
         if len(chunks) > 1 and all(image is None for image in decoded):
             _warn_once(device, first_error)
         return decoded
+
+
+# Devices whose decode_jpeg refused a list of JPEGs that it decoded one by one (torchvision 0.19
+# on the CPU).
+_NO_LISTS: set[str] = set()
 
 
 _WARNED: set[str] = set()
