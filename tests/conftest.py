@@ -103,6 +103,17 @@ def run_torchkit() -> Callable[..., subprocess.CompletedProcess]:
     return run_torchkit_process
 
 
+@contextlib.contextmanager
+def working_directory(path: str | os.PathLike):
+    """`contextlib.chdir` (Python 3.11) for the suite on Python 3.10 too."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 def run_torchkit_in_process(
     *args: object, cwd: str | os.PathLike | None = None
 ) -> subprocess.CompletedProcess:
@@ -113,7 +124,7 @@ def run_torchkit_in_process(
 
     environment = dict.fromkeys(INHERITED)  # unset while it runs
     words = [str(arg) for arg in args]
-    with contextlib.chdir(cwd or REPO):
+    with working_directory(cwd or REPO):
         result = CliRunner().invoke(
             app, words, env=environment, catch_exceptions=False, prog_name="torchkit"
         )

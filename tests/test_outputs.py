@@ -17,7 +17,7 @@ import pytest
 from conftest import processes_in_group, signal_and_wait, tree_digest, wait_until
 
 from torchkit.core.errors import OutputExistsError, OutputWriteError
-from torchkit.core.files import atomic_path, atomic_write_text
+from torchkit.core.files import atomic_path, atomic_write_text, torch_save
 from torchkit.core.outputs import (
     MARKER,
     FolderLock,
@@ -419,3 +419,15 @@ def test_check_output_file(tmp_path, dataset):
         check_output_file(dataset, force=True)
     with pytest.raises(OutputOverlapError, match="lies inside the data folder"):
         check_output_file(dataset / "stats.json", True, data_inputs(dataset), what="-o")
+
+
+def test_torch_save_on_a_full_disk_raises_no_space_with_its_errno(small_tmpfs):
+    # Given a path, torch 2.4 wrote this small a checkpoint to a full disk as an empty file and
+    # returned; later versions raise C++ stream text ("iostream error") with no errno.
+    import torch
+    from conftest import fill_disk
+
+    disk = fill_disk(small_tmpfs(64))
+    with pytest.raises(OSError) as raised:
+        torch_save({"w": torch.ones(3)}, disk / "w.pt")
+    assert raised.value.errno == errno.ENOSPC

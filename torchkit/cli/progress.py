@@ -31,13 +31,22 @@ def stderr_progress(
     """
     from rich.progress import Progress
 
-    return Progress(
+    progress = Progress(
         *columns,
         console=console.stderr,
         disable=hidden or not console.stderr.is_terminal,
         transient=transient,
         auto_refresh=refresh_in_thread,
     )
+    if progress.disable:
+        # rich before Textualize/rich#3905 (December 2025; 13.8 is allowed) stops a hidden bar
+        # too, printing an empty line where stderr is not a terminal: above the `Error:` line.
+        progress.stop = _nothing_to_stop  # type: ignore[method-assign]
+    return progress
+
+
+def _nothing_to_stop() -> None:
+    """A hidden bar's stop: it never started."""
 
 
 class ProgressUpdate:

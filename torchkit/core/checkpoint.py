@@ -16,7 +16,7 @@ from typing import Any
 
 from torchkit.core.errors import CheckpointError, first_line
 from torchkit.core.exported.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
-from torchkit.core.files import atomic_path, require_input
+from torchkit.core.files import atomic_path, require_input, torch_save
 
 FORMAT_VERSION = 1
 CHECKPOINT_KEYS = (
@@ -120,10 +120,8 @@ def _load_safetensors(source: Path) -> dict:
 
 def save_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
     """Write atomically: killing the process at any moment leaves the previous file intact."""
-    import torch
-
     with atomic_path(path) as tmp:
-        torch.save(dict(checkpoint), tmp)
+        torch_save(dict(checkpoint), tmp)
 
 
 def on_cpu(obj: Any) -> Any:

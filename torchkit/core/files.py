@@ -103,3 +103,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+def torch_save(obj: object, path: str | os.PathLike) -> None:
+    """`torch.save(obj, path)` through a Python file, so that every failed write raises OSError
+    with its errno: given a path, torch 2.4 (which pyproject allows) writes a small object to a
+    full disk as an empty file and returns, and later versions raise C++ stream messages."""
+    import torch
+
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)

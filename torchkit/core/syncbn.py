@@ -419,7 +419,7 @@ def convert_saved_model(
     import torch
 
     from torchkit.core.checkpoint import is_torchkit_checkpoint, save_checkpoint
-    from torchkit.core.files import atomic_path, require_input
+    from torchkit.core.files import atomic_path, require_input, torch_save
     from torchkit.core.models import model_from_checkpoint, pickled_module
     from torchkit.core.models.resolver import EXPORTED_TITLES, exported_format_of
     from torchkit.core.models.weights import read_model_file
@@ -470,7 +470,7 @@ def convert_saved_model(
         else:
             loaded = converted
         with reporting_write_errors(destination), atomic_path(destination) as tmp:
-            torch.save(loaded, tmp)
+            torch_save(loaded, tmp)
         kind = "pickled model"
     if not rows:
         log.warning(

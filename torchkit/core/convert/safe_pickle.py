@@ -28,7 +28,11 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
 
 def _allowed_globals() -> dict[tuple[str, str], Any]:
     import numpy as np
-    from numpy._core import multiarray, numeric
+
+    try:  # NumPy 2
+        from numpy._core import multiarray, numeric
+    except ImportError:  # NumPy 1 (pyproject allows 1.24)
+        from numpy.core import multiarray, numeric
 
     allowed: dict[tuple[str, str], Any] = {
         ("numpy", "ndarray"): np.ndarray,

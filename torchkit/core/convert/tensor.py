@@ -25,7 +25,7 @@ from torchkit.core.errors import (
     UsageError,
     first_line,
 )
-from torchkit.core.files import atomic_path, require_input
+from torchkit.core.files import atomic_path, require_input, torch_save
 from torchkit.core.image_files import (
     apply_exif_orientation,
     exif_orientation,
@@ -188,7 +188,9 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
         with opened_image(data, name=os.fspath(source)) as image:
             # The tile (which says 16-bit) is gone once the image is loaded, and getexif() of a
             # PNG loads it: look first.
-            tile = image.tile[0].args if image.tile else None
+            # Index 3, not `.args`: Pillow before 11 gives plain tuples (decoder, extents,
+            # offset, args), later ones a named tuple.
+            tile = image.tile[0][3] if image.tile else None
             orientation = exif_orientation(image, exif=exif)
             rawmode = tile[0] if isinstance(tile, tuple) else (tile or "")
             if image.mode in ("RGB", "RGBA") and ";16" in str(rawmode):
@@ -387,7 +389,7 @@ def _write_torch(path: Path, array: Any, name: str) -> None:
 
             save_file({name: tensor}, str(tmp))
         else:
-            torch.save(tensor, tmp)
+            torch_save(tensor, tmp)
 
 
 def write_pixels(

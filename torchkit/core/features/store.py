@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
-from torchkit.core.files import atomic_path, atomic_write, atomic_write_text
+from torchkit.core.files import atomic_path, atomic_write, atomic_write_text, torch_save
 from torchkit.core.outputs import OutputFolder, remove_tree, reporting_write_errors, write_error
 
 log = logging.getLogger("torchkit")
@@ -402,7 +402,7 @@ def _write_pt(source: Path, target: Path) -> None:
         warnings.simplefilter("ignore", UserWarning)  # from_numpy on a memory map
         tensor = torch.from_numpy(array)
     with atomic_path(target) as tmp:
-        torch.save(tensor, tmp)
+        torch_save(tensor, tmp)
     del tensor, array
     with contextlib.suppress(FileNotFoundError):
         source.unlink()
