@@ -471,16 +471,23 @@ def test_drop_last_is_asked_for_and_never_drops_the_only_batch(tmp_path):
     assert lengths == {(4, False): 3, (4, True): 2, (16, True): 1}
 
 
-def test_train_decode_device_on_the_cpu_trains_and_writes_checkpoints(runner, tmp_path):
+def _train(runner, root: Path, out: Path, *options: str):
+    """`torchkit train` of TinyNet at 16 px, batches of 4, on the CPU, in this process."""
     from torchkit.cli import app
 
-    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
-    out = tmp_path / "run"
-    result = runner.invoke(
+    return runner.invoke(
         app,
         ["train", "--data", str(root), "--model", "test_train_nets:TinyNet", "--image-size",
-         "16", "--batch-size", "4", "--epochs", "2", "--decode", "device", "--device", "cpu",
-         "-j", "0", "--out", str(out), "--format", "json", "--decode-cpu-share", "0.5"],
+         "16", "--batch-size", "4", "--device", "cpu", "-j", "0", "--out", str(out), *options],
+    )  # fmt: skip
+
+
+def test_train_decode_device_on_the_cpu_trains_and_writes_checkpoints(runner, tmp_path):
+    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
+    out = tmp_path / "run"
+    result = _train(
+        runner, root, out, "--epochs", "2", "--decode", "device", "--format", "json",
+        "--decode-cpu-share", "0.5",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -518,12 +525,7 @@ def test_a_cpu_share_under_auto_on_the_cpu_is_dropped_and_said(runner, tmp_path)
 
     root = _jpeg_folder(tmp_path / "data", train=2, val=1)
     out = tmp_path / "run"
-    result = runner.invoke(
-        app,
-        ["train", "--data", str(root), "--model", "test_train_nets:TinyNet", "--image-size",
-         "16", "--batch-size", "4", "--epochs", "1", "--device", "cpu", "-j", "0",
-         "--decode-cpu-share", "0.4", "--out", str(out)],
-    )  # fmt: skip
+    result = _train(runner, root, out, "--epochs", "1", "--decode-cpu-share", "0.4")
     assert result.exit_code == 0, result.stderr
     assert "--decode-cpu-share 0.4 has nothing to share: --decode auto chose fast" in " ".join(
         result.stderr.split()
