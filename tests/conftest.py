@@ -446,3 +446,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("cuda"):
             item.add_marker(skip, append=False)
+
+
+def _sixteen_bit_gray_mode() -> str:
+    """The mode PIL opens a 16-bit grayscale PNG in: "I" in Pillow 10, "I;16" from Pillow 11."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((2, 2), np.uint16)).save(buffer, format="PNG")
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        return image.mode
+
+
+SIXTEEN_BIT_GRAY = _sixteen_bit_gray_mode()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SIXTEEN_BIT_GRAY
 from PIL import Image
 
 from torchkit.cli import app
@@ -87,7 +88,7 @@ def numpy_reference(root: Path, names: list[str], convert) -> tuple[np.ndarray, 
 
 def eight_bit(image):
     """What torchkit's loaders feed a model: 16-bit samples scaled to 8 bits (not clipped)."""
-    if image.mode.startswith("I;16"):
+    if image.mode.startswith("I;16") or image.mode == SIXTEEN_BIT_GRAY:
         scaled = np.floor(np.asarray(image, dtype=np.float64) * 255 / 65535 + 0.5)
         return Image.fromarray(scaled.astype(np.uint8))
     return image
@@ -131,7 +132,7 @@ def test_native_mode_keeps_16_bit_range(tmp_path):
     _save(root / "b" / "bilevel.png", Image.fromarray(rng.integers(0, 2, (4, 6)) > 0))
 
     def native(image):
-        if image.mode == "I;16":
+        if image.mode == SIXTEEN_BIT_GRAY:
             return np.asarray(image)[..., None], 65535.0
         return np.asarray(image.convert("L"))[..., None], 255.0
 
@@ -141,7 +142,7 @@ def test_native_mode_keeps_16_bit_range(tmp_path):
     assert stats.channels == ["L"]
     np.testing.assert_allclose(stats.mean, expected_mean, rtol=0, atol=1e-12)
     np.testing.assert_allclose(stats.std, expected_std, rtol=0, atol=1e-12)
-    assert stats.modes == {"L": 1, "I;16": 1, "1": 1}
+    assert stats.modes == {"L": 1, SIXTEEN_BIT_GRAY: 1, "1": 1}
 
 
 def test_native_mode_refuses_mixed_channels(mixed_folder):
@@ -205,7 +206,7 @@ def test_report_counts_sizes_modes_formats_bytes(mixed_folder):
         "median": float(np.median(heights)),
         "max": heights.max(),
     }
-    assert report["modes"] == {"RGB": 3, "P": 2, "L": 1, "RGBA": 1, "I;16": 1}
+    assert report["modes"] == {"RGB": 3, "P": 2, "L": 1, "RGBA": 1, SIXTEEN_BIT_GRAY: 1}
     assert report["formats"] == {"PNG": 7, "JPEG": 1}
     image_files = READABLE + UNREADABLE
     assert report["total_bytes"] == sum(os.path.getsize(mixed_folder / n) for n in image_files)

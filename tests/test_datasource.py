@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_image_folder
+from conftest import SIXTEEN_BIT_GRAY, write_image_folder
 from PIL import Image
 
 from torchkit.core.dataset import make_dataset
@@ -265,7 +265,7 @@ def test_16_bit_images_feed_their_8_bit_values_not_white(tmp_path):
     path = tmp_path / "sixteen.png"
     Image.fromarray(values).save(path)
     with Image.open(path) as image:
-        assert image.mode.startswith("I;16")  # really 16 bits on disk
+        assert image.mode == SIXTEEN_BIT_GRAY  # really 16 bits on disk
     expected = np.floor(values.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
 
     assert np.array_equal(np.asarray(load_image(path, "L")), expected)

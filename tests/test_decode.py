@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import SIXTEEN_BIT_GRAY
 from PIL import Image
 from torchvision import transforms as T
 
@@ -272,7 +273,7 @@ def test_eval_pixels_are_unchanged(files):
                            T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])  # fmt: skip
     for index, name in enumerate(names):
         image = Image.open(files[name])
-        if image.mode == "I;16":
+        if image.mode == SIXTEEN_BIT_GRAY:
             image = Image.fromarray(np.rint(np.asarray(image) / 257.0).astype(np.uint8))
         expected = image.convert("RGB")
         assert np.array_equal(np.asarray(load_image(files[name], "RGB")), np.asarray(expected))

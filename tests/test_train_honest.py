@@ -532,8 +532,11 @@ def test_the_loader_pins_batches_when_asked(monkeypatch):
         return copy
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: None)
+    if hasattr(torch, "accelerator"):  # torch 2.6+: the DataLoader asks torch.accelerator
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: None)
+    else:  # torch 2.4 and 2.5 ask torch.cuda
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     samples = Samples(["a", "b"], [0, 1, 0, 1], images=np.zeros((4, 8, 8), np.uint8))
     config = resolve_defaults(TrainConfig(batch_size=2, workers=0), is_digits=True)
     loaders = build_loaders(
