@@ -94,6 +94,28 @@ def test_teardown_ends_only_a_group_setup_started_and_only_once(monkeypatch):
     assert ended == ["barrier", "destroyed"]
 
 
+@pytest.mark.parametrize(("version", "destroyed"), [("2.4.0+cu121", []), ("2.15.0", ["destroyed"])])
+def test_after_a_failure_torch_2_4_leaves_the_group_to_the_exit(monkeypatch, version, destroyed):
+    # torch 2.4's destroy_process_group blocked on Gloo ranks that failed together (a refused
+    # run folder) until torchrun killed them; the ending process lets the OS end the group.
+    import torch
+
+    ended: list[str] = []
+    monkeypatch.setattr(torch, "__version__", version)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: ended.append("destroyed"))
+    failed = distributed.DistContext(rank=1, world_size=2, backend="gloo", initialised_here=True)
+    distributed.teardown(failed, wait=False)
+    assert ended == destroyed
+    ended.clear()
+    ended_well = distributed.DistContext(
+        rank=1, world_size=2, backend="gloo", initialised_here=True
+    )
+    monkeypatch.setattr(dist, "barrier", lambda **kwargs: None)
+    distributed.teardown(ended_well, wait=True)
+    assert ended == ["destroyed"]  # after a last barrier it returns on every version
+
+
 def test_a_group_the_caller_made_is_joined_with_its_ranks(monkeypatch):
     """Without torchrun's variables, a process group that already exists decides the ranks."""
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

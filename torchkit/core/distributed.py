@@ -116,9 +116,22 @@ def teardown(ctx: DistContext, *, wait: bool = False) -> None:
     with contextlib.suppress(Exception):
         if wait:
             barrier(ctx)
+    if not wait and _destroy_hangs_after_a_failure():
+        return  # the process is about to exit with its error: the OS ends the group
     with contextlib.suppress(Exception):
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _destroy_hangs_after_a_failure() -> bool:
+    """torch 2.4 (pyproject allows it): `destroy_process_group` on Gloo ranks that failed
+    together without a last barrier blocks on every rank, until torchrun's SIGTERM and, 30 s
+    later, its SIGKILL (seen with a refused run folder). 2.15 returns at once; the versions in
+    between were not tried and are taken as fixed."""
+    import torch
+
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) < (2, 5)
 
 
 def _reduce_device(ctx: DistContext):
