@@ -95,3 +95,20 @@ def test_a_hidden_bar_draws_nothing_on_a_terminal(stderr):
     with progress_bar("evaluating", hidden=True) as update:
         update(3, 10)
     assert terminal.file.getvalue() == ""
+
+
+def test_a_hidden_bar_never_stops_so_older_rich_prints_no_empty_line(stderr, monkeypatch):
+    # rich before Textualize/rich#3905 (13.8 is allowed) stopped hidden bars too, printing an
+    # empty line where stderr is not a terminal: above a command's `Error:` line.
+    from rich.progress import Progress
+
+    def old_stop(self) -> None:
+        self.live.stop()
+        if not self.console.is_interactive:
+            self.console.print()
+
+    monkeypatch.setattr(Progress, "stop", old_stop)
+    piped = stderr(False)
+    with progress_bar("reading") as update:
+        update(1, 2)
+    assert piped.file.getvalue() == ""

@@ -58,3 +58,21 @@ def test_the_wait_for_batches_is_the_time_spent_in_the_loaders_next(monkeypatch)
         seen.append(batch)
         clock[0] += 5.0
     assert seen == [0, 1, 2] and line.waited == 6.0 and line.first_batch == 2.0
+
+
+def test_with_the_decode_thread_the_line_says_how_it_spent_its_time(caplog):
+    # `--decode device` on a GPU: the DecodedAhead's own counters end the epoch's line.
+    import logging
+    from types import SimpleNamespace
+
+    from torchkit.core.train.timeline import EpochTimeline
+
+    line = EpochTimeline(torch.device("cpu"), 0.0)
+    line.first_batch, line.waited = 0.5, 0.25
+    ahead = SimpleNamespace(decode_seconds=1.5, loader_seconds=0.75)
+    with caplog.at_level(logging.INFO, logger="torchkit"):
+        line.report(2, 3.0, ahead)
+    assert caplog.messages == [
+        "epoch 2: first batch after 0.50 s; 0.25 s of 3.00 s waiting for batches (the decode "
+        "thread: 1.50 s decoding, 0.75 s waiting for the loader)"
+    ]

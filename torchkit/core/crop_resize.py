@@ -112,11 +112,12 @@ def _device_failure(error: BaseException) -> bool:
     next (an earlier kernel's may surface here first)."""
     import torch
 
-    accelerator = getattr(torch, "AcceleratorError", ())
-    if isinstance(error, (torch.OutOfMemoryError, accelerator)):
+    from torchkit.core.device import is_out_of_memory
+
+    if is_out_of_memory(error) or isinstance(error, getattr(torch, "AcceleratorError", ())):
         return True
     text = str(error)
-    return "CUDA error" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text or "out of memory" in text
+    return "CUDA error" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text
 
 
 def batched_by_default(device: Any) -> bool:

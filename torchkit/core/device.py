@@ -151,3 +151,15 @@ def cuda_bf16_native() -> bool:
     except TypeError:  # a torch without the argument
         major, _minor = torch.cuda.get_device_capability()
         return major >= 8
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's "can't allocate memory"."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, (RuntimeError, MemoryError)) and (
+        "can't allocate memory" in text or "out of memory" in text or isinstance(error, MemoryError)
+    )

@@ -352,6 +352,11 @@ def write_marker(folder: Path, command: str) -> None:
         (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
+def remove_marker(folder: Path) -> None:
+    """Take back the marker `write_marker` left (a run that wrote nothing else)."""
+    (folder / MARKER).unlink(missing_ok=True)
+
+
 def is_torchkit_folder(folder: Path, known_files: Collection[str] = ()) -> bool:
     """Written by torchkit: it carries the marker, or (for folders written before the marker
     existed) holds only names the command writes (`known_files`, shell-style patterns)."""

@@ -63,6 +63,7 @@ from torchkit.core.outputs import (
     check_replaceable,
     data_inputs,
     discard_tree,
+    remove_marker,
     remove_tree,
     reporting_write_errors,
     write_marker,
@@ -555,7 +556,7 @@ class _SplitOutput:
             remove_tree(self.out / name, ignore_errors=False)
         _put_back_replaced(self.out)
         if self.marked:
-            (self.out / MARKER).unlink(missing_ok=True)
+            remove_marker(self.out)
         if not self.existed:
             with contextlib.suppress(OSError):
                 self.out.rmdir()

@@ -235,15 +235,3 @@ class MemoryProbe:
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's "can't allocate memory"."""
-    import torch
-
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, (RuntimeError, MemoryError)) and (
-        "can't allocate memory" in text or "out of memory" in text or isinstance(error, MemoryError)
-    )

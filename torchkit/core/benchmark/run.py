@@ -18,7 +18,6 @@ from torchkit.core.benchmark.memory import (
     MemoryLimit,
     MemoryProbe,
     available_memory,
-    is_out_of_memory,
     parse_memory_limit,
 )
 from torchkit.core.benchmark.report import (
@@ -34,6 +33,7 @@ from torchkit.core.benchmark.steps import (
     make_train_step,
 )
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
+from torchkit.core.device import is_out_of_memory
 from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.progress import Progress
