@@ -278,6 +278,32 @@ def test_meta_pass_gives_what_running_the_model_gives(make):
     )
 
 
+class Lookup(nn.Module):
+    """Looks rows up by index, through nn.Embedding or index_select."""
+
+    def __init__(self, through_embedding: bool) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 4)
+        self.through_embedding = through_embedding
+
+    def forward(self, indices):
+        if self.through_embedding:
+            return self.table(indices)
+        return self.table.weight.index_select(0, indices.flatten())
+
+
+@pytest.mark.parametrize("through_embedding", [True, False])
+def test_meta_pass_refuses_float_indices_as_running_the_model_does(through_embedding):
+    # The meta kernels of index_select (and of embedding on torch 2.11) accept float indices,
+    # so the summary of a model that cannot run once exited 0.
+    model = Lookup(through_embedding)
+    for on_meta in (True, False):
+        with pytest.raises(UsageError, match="cannot run on an input of shape") as caught:
+            summarize(model, [(2, 5)], dtype=torch.float32, on_meta=on_meta)
+        assert "int" in str(caught.value).lower()
+    assert summarize(model, [(2, 5)], dtype=torch.long).total_params == 40
+
+
 def test_value_dependent_model_runs_for_real_and_lazy_model_stays_lazy():
     ours = summarize(ValueDependent(), [(2, 3)])
     assert ours.total_params == 12 and ours.total_mult_adds == 2 * 12

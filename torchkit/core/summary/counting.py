@@ -333,6 +333,7 @@ def _used_tensors(recorder: _Recorder) -> Any:
 
     class UsedTensors(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            _check_meta_indices(func, args)
             if recorder.leaf_reads:
                 found: set[int] = set()
                 _add_storages(args, found)
@@ -342,6 +343,35 @@ def _used_tensors(recorder: _Recorder) -> Any:
             return func(*args, **(kwargs or {}))
 
     return UsedTensors()
+
+
+# Operations whose meta kernels accept float indices that their real kernels refuse (torch
+# 2.11's embedding, every version's index_select): (position of the indices, the real error).
+_INDEX_ARGUMENTS = {
+    "aten::embedding": (
+        1,
+        "Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+        "Long, Int; but got {dtype} instead",
+    ),
+    "aten::index_select": (2, "index_select(): Expected dtype int32 or int64 for index"),
+}
+
+
+def _check_meta_indices(func: Any, args: tuple) -> None:
+    """Raise the real kernel's error where a meta kernel would let non-integer indices pass,
+    so that the meta-device pass refuses what a real forward pass refuses."""
+    import torch
+
+    checked = _INDEX_ARGUMENTS.get(func._schema.name)
+    if checked is None or len(args) <= checked[0]:
+        return
+    indices = args[checked[0]]
+    if (
+        isinstance(indices, torch.Tensor)
+        and indices.device.type == "meta"
+        and indices.dtype not in (torch.int64, torch.int32)
+    ):
+        raise RuntimeError(checked[1].format(dtype=indices.dtype))
 
 
 def meta_copy(model: Any) -> Any:
