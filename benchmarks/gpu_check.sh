@@ -14,7 +14,9 @@
 #     (benchmarks/bench_device_decode.py), the ceiling the decode sets on training;
 #   - the wall time of the README's main job (`torchkit train`, digits);
 #   - the host's milliseconds per batch of the device path's crop and resize, batched against
-#     image by image (benchmarks/bench_crop_resize.py).
+#     image by image (benchmarks/bench_crop_resize.py);
+#   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
+#     normalised on the device against float32 ones (benchmarks/bench_inference_loader.py).
 # With TIMM_SCRIPTS pointing at a folder holding timm's train.py and benchmark.py (and timm
 # installed), rows against them are added at the end; nothing else needs timm.
 #
@@ -115,6 +117,10 @@ step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$
 # The device path's crop and resize, batched against image by image (what the host pays).
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
   --turns 5 --json "$W/resize.json"
+# The data path of eval/predict/extract-features alone, no model: 8-bit batches normalised on
+# the device against float32 batches normalised in the workers.
+step eval-loader 60 "$PY" "$HERE/bench_inference_loader.py" --device "$DEV" --data "$W/jp/train" \
+  --size "$IMG" --batch-size "$B" --workers "$NJ" --repeats 1 --json "$W/evalloader.json"
 if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data
   timm_args=(--data-dir "$W/jp" --train-split train --val-split val --num-classes 10
              --img-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" --opt adamw --lr 0.001

@@ -109,6 +109,11 @@ if resize and resize.get("cases"):
             case["per_image_host_ms"],
         )
     )
+loader = load("evalloader.json")
+if loader and loader.get("images_per_s"):
+    rates = loader["images_per_s"]
+    rows.append(("eval data path alone img/s: uint8 vs float32 batches",
+                 rates.get("uint8, normalised"), rates.get("float32 in the workers")))  # fmt: skip
 if "timm-resnet18" in steps:  # timm logs "Train: EPOCH [...] ... (avg s, avg images/s)"
     found = re.findall(r"Train: 2 \[.*?\(\s*[\d.]+s,\s*([\d.]+)/s\)", text)
     rows.append(

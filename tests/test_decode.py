@@ -24,6 +24,7 @@ from torchkit.core.decode import (
     NormalizedTensor,
     PixelTensor,
     ReducedDecodeCrop,
+    model_input,
     reduction_for,
 )
 from torchkit.core.errors import UsageError
@@ -278,6 +279,32 @@ def test_eval_pixels_are_unchanged(files):
         expected = image.convert("RGB")
         assert np.array_equal(np.asarray(load_image(files[name], "RGB")), np.asarray(expected))
         assert torch.equal(dataset[index][0], reference(expected)), name
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_eval_pixels_normalised_on_the_device_are_the_float_transform_bit_for_bit(files, channels):
+    # eval, predict, extract-features and training's validation pass 8-bit crops between
+    # processes and normalise whole batches where the model runs (core.decode.model_input).
+    mode = "RGB" if channels == 3 else "L"
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.45,), (0.27,))
+    preprocess = Preprocess(
+        image_size=SIZE, resize_size=73, in_channels=channels, mean=mean, std=std
+    )
+    names = ["photo.jpg", "big.jpg", "cmyk.jpg", "gray16.png", "rgb.png"]
+    samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
+    floats = make_dataset(samples, eval_transform(preprocess), mode=mode)
+    pixels = make_dataset(samples, eval_transform(preprocess, pixels=True), mode=mode)
+    crops = torch.stack([pixels[i][0] for i in range(len(names))])
+    assert crops.dtype == torch.uint8 and crops.shape == (len(names), channels, SIZE, SIZE)
+    expected = torch.stack([floats[i][0] for i in range(len(names))])
+    normalized = NormalizedPixels(mean, std)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        result = model_input(crops, torch.device("cpu"), normalized, layout)
+        assert result.is_contiguous(memory_format=layout) and torch.equal(result, expected)
+    # float batches (in-memory data's loaders) are moved as they are
+    assert torch.equal(model_input(expected, torch.device("cpu"), None), expected)
+    with pytest.raises(TypeError, match="no normalisation"):
+        model_input(crops, torch.device("cpu"), None)
 
 
 def test_an_unknown_decode_is_a_usage_error():

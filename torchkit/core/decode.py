@@ -241,6 +241,22 @@ class NormalizedPixels:
         return f"{type(self).__name__}(mean={self.mean}, std={self.std})"
 
 
+def model_input(
+    images: Any, device: Any, normalized: NormalizedPixels | None, memory_format: Any = None
+) -> Any:
+    """A loader's image batch on `device` as the model takes it, in `memory_format`: 8-bit
+    pixels are copied as they are (a quarter of float32's bytes to pass between processes, pin
+    and copy) and normalised there by `normalized`; float batches are copied as they are."""
+    import torch
+
+    memory_format = memory_format or torch.contiguous_format
+    if images.dtype == torch.uint8:
+        if normalized is None:
+            raise TypeError("a batch of 8-bit pixels, and no normalisation to apply to it")
+        return normalized(images.to(device, non_blocking=True), memory_format)
+    return images.to(device, non_blocking=True, memory_format=memory_format)
+
+
 class NormalizedTensor:
     """ToTensor then Normalize(mean, std) for 8-bit RGB or L images, bit for bit: PixelTensor
     then NormalizedPixels. Other modes go through torchvision's ToTensor and Normalize."""

@@ -9,19 +9,23 @@ from torchkit.core.preprocessing import Preprocess
 AUGMENT_POLICIES = ("none", "basic", "trivialaugment", "randaugment", "autoaugment")
 
 
-def eval_transform(preprocess: Preprocess):
-    """Resize the shorter side, centre-crop, to tensor, normalise (torchvision's eval recipe)."""
+def eval_transform(preprocess: Preprocess, *, pixels: bool = False):
+    """Resize the shorter side, centre-crop, to tensor, normalise (torchvision's eval recipe).
+    With `pixels` the transform stops at the 8-bit crop, a uint8 (C, H, W) tensor, and the
+    consumer normalises whole batches on its device (`core.decode.model_input`): the same
+    float32 values, bit for bit, from a quarter of the bytes."""
     from torchvision import transforms as T
 
+    from torchkit.core.decode import PixelTensor
+
     mode = T.InterpolationMode(preprocess.interpolation)
-    return T.Compose(
-        [
-            T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
-            T.CenterCrop(preprocess.image_size),
-            T.ToTensor(),
-            T.Normalize(preprocess.mean, preprocess.std),
-        ]
-    )
+    crop = [
+        T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
+        T.CenterCrop(preprocess.image_size),
+    ]
+    if pixels:
+        return T.Compose([*crop, PixelTensor()])
+    return T.Compose([*crop, T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)])
 
 
 def train_transform(

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from torchkit.core.datasource.samples import Samples
+from torchkit.core.decode import NormalizedPixels, model_input
 from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
 from torchkit.core.distributed import DistContext, all_gather, setup, teardown
 from torchkit.core.errors import InputError, OutputWriteError, UsageError
@@ -114,6 +115,7 @@ def predict(
     channels_last: bool = False,
     strict: bool = False,
     progress: Progress | None = None,
+    normalized: NormalizedPixels | None = None,
 ) -> tuple[Predictions, list[str], int]:
     """Run `model` over `loader` (batches from `collate_skipping_unreadable`).
 
@@ -123,6 +125,7 @@ def predict(
     float16 elsewhere). Returns the predictions (with, per image, whether all its outputs were
     finite), the unreadable images and the number of batches with a non-finite output; with
     `strict` it stops at the first unreadable image or the first batch with a non-finite output.
+    Batches of 8-bit pixels are normalised on the device by `normalized`.
     """
     import torch
 
@@ -141,7 +144,7 @@ def predict(
             if strict and errors:
                 break
             if batch.images is not None:
-                images = batch.images.to(device, non_blocking=True, memory_format=memory_format)
+                images = model_input(batch.images, device, normalized, memory_format)
                 labels = batch.labels.to(device, non_blocking=True)
                 scored = score_batch(
                     model,
@@ -381,7 +384,7 @@ def _run(
     model.to(device)
     if options.channels_last:
         model.to(memory_format=torch.channels_last)
-    dataset = make_dataset(samples, eval_transform(preprocess), mode=mode)
+    dataset = make_dataset(samples, eval_transform(preprocess, pixels=True), mode=mode)
     workers = default_workers() if options.workers is None else options.workers
     loader = torch.utils.data.DataLoader(
         dataset,
@@ -411,6 +414,7 @@ def _run(
         channels_last=options.channels_last,
         strict=options.strict,
         progress=progress if ctx.is_main else None,
+        normalized=NormalizedPixels(preprocess.mean, preprocess.std),
     )
     seconds = time.perf_counter() - start
     predictions, errors, seconds, nonfinite_batches = _gather(

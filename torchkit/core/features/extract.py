@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.datasource.samples import Samples
+from torchkit.core.decode import NormalizedPixels, model_input
 from torchkit.core.device import check_amp_dtype
 from torchkit.core.distributed import launched_by_torchrun
 from torchkit.core.errors import InputError, UsageError
@@ -244,9 +245,12 @@ def _extract(
             return _result_from_meta(Path(request.out), finished)
         resumed_from = store.progress.done
         started = time.perf_counter()
-        transform = eval_transform(preprocess)
+        transform = eval_transform(preprocess, pixels=True)  # normalised on the device
         loader = _loader(samples, transform, preprocess.in_channels, request, device)
-        _extract_rows(store, extractor, loader, samples, request, device, amp_dtype, progress)
+        normalized = NormalizedPixels(preprocess.mean, preprocess.std)
+        _extract_rows(
+            store, extractor, loader, samples, request, device, normalized, amp_dtype, progress
+        )
         seconds = time.perf_counter() - started
         meta = _finish(store, request, samples, source, settings, layers, fingerprint)
     finally:
@@ -320,13 +324,14 @@ def _extract_rows(
     samples: Samples,
     request: FeatureRequest,
     device,
+    normalized: NormalizedPixels,
     amp_dtype,
     progress: Progress | None,
 ) -> None:
     """Fill the store batch by batch from where its progress record says, saving that record
     every COMMIT_INTERVAL_S, at the end, and when anything stops the loop. Rows with a NaN or
     inf feature are counted (with `strict`, the first batch that has one is an error, and is
-    not written)."""
+    not written). Batches of 8-bit pixels are normalised on the device by `normalized`."""
     import torch
 
     state = store.progress
@@ -343,7 +348,7 @@ def _extract_rows(
             for index, reason in failures:
                 _skip(samples, index, reason, request.strict, state.errors)
             if images is not None:
-                images = images.to(device, non_blocking=True, memory_format=memory_format)
+                images = model_input(images, device, normalized, memory_format)
                 with (
                     torch.inference_mode(),
                     torch.autocast(device.type, dtype=autocast_dtype, enabled=request.amp),
@@ -466,6 +471,7 @@ def _fingerprint(settings: dict, samples: Samples) -> str:
 def _loader(samples: Samples, transform, in_channels: int, request: FeatureRequest, device):
     """A function start -> iterator of (indices, image batch or None, [(index, why)])."""
     import torch
+    from torch.utils.data import default_collate
 
     from torchkit.core.dataset import default_workers, make_dataset
 
@@ -476,7 +482,8 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
         indices = [item[2] for item in items]
         good = [item for item in items if item[0] is not None]
         failures = [(item[2], item[3]) for item in items if item[0] is None]
-        images = torch.stack([item[0] for item in good]) if good else None
+        # default_collate stacks a worker's batch straight into shared memory (one copy).
+        images = default_collate([item[0] for item in good]) if good else None
         return indices, images, failures
 
     def batches(start: int):

@@ -201,6 +201,7 @@ class PredictRun:
         import torch
 
         from torchkit.core.dataset import make_dataset
+        from torchkit.core.decode import NormalizedPixels
         from torchkit.core.transforms import eval_transform
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
@@ -208,7 +209,9 @@ class PredictRun:
         memory_format = torch.channels_last if request.channels_last else torch.contiguous_format
         if request.channels_last:
             model.to(memory_format=memory_format)
-        dataset = make_dataset(samples, eval_transform(self.resolved.preprocess), mode=self.mode)
+        preprocess = self.resolved.preprocess
+        dataset = make_dataset(samples, eval_transform(preprocess, pixels=True), mode=self.mode)
+        normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         batches = _interleaved_batches(len(samples), request.batch_size, ctx.rank, ctx.world_size)
         loader = _loader(dataset, batches, request.workers, self.device)
         steps = _steps(len(samples), request.batch_size, ctx.world_size)
@@ -227,7 +230,9 @@ class PredictRun:
                 local = None
                 if batch is not None:
                     try:
-                        local = self._score(model, batch, amp_dtype, memory_format, first=first)
+                        local = self._score(
+                            model, batch, amp_dtype, memory_format, normalized, first=first
+                        )
                     except TorchkitError as error:  # every rank stops with it, none waits forever
                         local = {"failure": error}
                     first = False
@@ -265,10 +270,11 @@ class PredictRun:
             return None
         return resolve_amp_dtype(self.request.amp_dtype, self.device)
 
-    def _score(self, model, batch, amp_dtype, memory_format, *, first: bool) -> dict:
+    def _score(self, model, batch, amp_dtype, memory_format, normalized, *, first: bool) -> dict:
         """One batch's results as plain CPU values (they travel between ranks)."""
         import torch
 
+        from torchkit.core.decode import model_input
         from torchkit.core.inference import score_batch
 
         stacked, indices, failed = batch
@@ -277,7 +283,7 @@ class PredictRun:
             "failed": failed,
         }
         if indices:
-            images = stacked.to(self.device, non_blocking=True, memory_format=memory_format)
+            images = model_input(stacked, self.device, normalized, memory_format)
             with torch.inference_mode():
                 scored = score_batch(
                     model,

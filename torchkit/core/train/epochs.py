@@ -252,6 +252,7 @@ def evaluate_over_ranks(
         unreadable=state.unreadable,
         autocast=contextlib.nullcontext if full_precision else state.amp.autocast,
         channels_last=state.config.channels_last and not full_precision,
+        normalized_pixels=state.step_ctx.normalized_pixels,
     )
     loss_sum, top1, topk, count = distributed.all_reduce_sum(ctx, sums.as_list())
     if count == 0:  # every image unreadable: no metric, not a perfect loss of 0

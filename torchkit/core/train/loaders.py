@@ -357,7 +357,7 @@ def eval_dataset(samples: Samples, preprocess: Preprocess):
 
     if samples.images is not None:  # any interpolation: PIL does the resize (eval_pixels)
         return memory_images.MemoryImages(samples, preprocess, train=False)
-    return make_dataset(samples, eval_transform(preprocess))
+    return make_dataset(samples, eval_transform(preprocess, pixels=True))  # see to_device
 
 
 # Evaluation batch size for in-memory images (digits' val/test) when --batch-size is smaller.

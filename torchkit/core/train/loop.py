@@ -405,17 +405,28 @@ def evaluate(
     unreadable: UnreadableImages,
     autocast: Callable[[], Any] = contextlib.nullcontext,
     channels_last: bool = False,
+    normalized_pixels: Callable[..., Any] | None = None,
 ) -> EvalSums:
     """Sums of cross-entropy, top-1 and top-k hits over this process's shard of `loader`
     (the caller reduces them over ranks). `module` is the plain model: no DDP collectives, so
-    shards of different lengths are fine."""
+    shards of different lengths are fine. Batches of 8-bit pixels are normalised on the device
+    by `normalized_pixels`, as in training."""
     import torch
     import torch.nn.functional as F
 
     was_training = module.training
     module.eval()
     sums = torch.zeros(4, dtype=accumulator_dtype(device), device=device)
-    ctx = StepContext(None, module, None, None, None, device, channels_last=channels_last)
+    ctx = StepContext(
+        None,
+        module,
+        None,
+        None,
+        None,
+        device,
+        channels_last=channels_last,
+        normalized_pixels=normalized_pixels,
+    )
     with torch.inference_mode():
         for batch in loader:
             if batch.errors:
