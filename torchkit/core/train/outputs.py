@@ -123,13 +123,21 @@ def write_curves_png(path: Path, history: list[dict], best_epoch: int | None = N
         figure.savefig(tmp, format="png", dpi=100)
 
 
+def import_plotting() -> None:
+    """Import what `curves_figure` draws with (about a second: `core.train.curves_painter`
+    pays it in a helper process, beside the run's start)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.backends.backend_agg  # noqa: F401 - what savefig draws PNGs with
+    import matplotlib.figure  # noqa: F401
+
+
 def curves_figure(history: list[dict], best_epoch: int | None = None):
     """Loss, top-1 accuracy and learning rate per epoch: train and validation (and EMA when
     there is one), integer epoch ticks, a marker at the best epoch, the loss on a log axis when
     its values span orders of magnitude."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
+    import_plotting()
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 

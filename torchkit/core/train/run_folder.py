@@ -37,6 +37,7 @@ from torchkit.core.train.checkpoints import (
     copy_checkpoint,
     save_epoch,
 )
+from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
     RUN_FILES,
     TensorBoardLog,
@@ -67,6 +68,7 @@ class RunFolder:
         self.old_config_json: bytes | None = None  # of a run continued in place
         self.saved_any = False  # a checkpoint of this run is on disk
         self.tensorboard: TensorBoardLog | None = None
+        self.painter: CurvesPainter | None = None  # draws curves.png (`start_painter`)
 
     # -- before any work ---------------------------------------------------------------------
 
@@ -225,8 +227,14 @@ class RunFolder:
         if self.output is not None:
             self.output.keep()  # the new run is worth keeping, the old one goes
 
+    def start_painter(self) -> None:
+        """Start the helper that draws curves.png (rank 0), before the run imports torch."""
+        self.painter = CurvesPainter.start()
+
     def write_curves(self, history: list[dict], best_epoch: int | None) -> None:
-        write_curves_png(self.path / "curves.png", history, best_epoch)
+        path = self.path / "curves.png"
+        if self.painter is None or not self.painter.paint(path, history, best_epoch):
+            write_curves_png(path, history, best_epoch)
 
     def write_lr_find(self, found: Any) -> None:
         """lr_find.csv and lr_find.png of the range test: the run's only result."""
@@ -240,6 +248,9 @@ class RunFolder:
 
     def release(self, ok: bool) -> None:
         """Keep the new run or put the old one back, and unlock the folder."""
+        if self.painter is not None:
+            painter, self.painter = self.painter, None
+            painter.close()
         if not ok:
             with contextlib.suppress(Exception):  # already failing: keep the first error
                 self.close_tensorboard()

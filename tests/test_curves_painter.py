@@ -1,0 +1,164 @@
+"""curves.png drawn by a helper process that imports matplotlib beside the run's start
+(core/train/curves_painter.py): the same file as the run draws itself, the run's own drawing
+whenever the helper cannot answer, and a helper that never outlives its run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import processes_in_group, start_torchkit_process, wait_until
+
+from torchkit.core.train import curves_painter
+from torchkit.core.train.curves_painter import CurvesPainter
+from torchkit.core.train.outputs import write_curves_png
+from torchkit.core.train.run_folder import RunFolder
+
+HISTORY = [
+    {
+        "epoch": epoch,
+        "train_loss": 2.0 / epoch,
+        "train_top1": 0.5 + epoch / 20,
+        "val_loss": 1.5 / epoch if epoch != 2 else float("nan"),  # a gap, as a NaN plots
+        "val_top1": 0.6 + epoch / 25,
+        "lr": 0.1 / epoch,
+    }
+    for epoch in range(1, 6)
+]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purposes
+    status = Path(f"/proc/{pid}/stat")
+    return not status.exists() or status.read_text().split(") ", 1)[1][:1] != "Z"
+
+
+@pytest.fixture
+def painter():
+    started = CurvesPainter.spawn()
+    assert started is not None
+    yield started
+    started.close()
+
+
+def test_the_helper_draws_the_file_the_run_draws(painter, tmp_path):
+    assert painter.paint(tmp_path / "helper.png", HISTORY, 3)
+    write_curves_png(tmp_path / "run.png", HISTORY, 3)
+    assert (tmp_path / "helper.png").read_bytes() == (tmp_path / "run.png").read_bytes()
+    assert painter.paint(tmp_path / "again.png", HISTORY[:2], None)  # one helper, many plots
+    assert (tmp_path / "again.png").stat().st_size > 1000
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    process = painter.process
+    painter.close()
+    assert process.returncode == 0  # it ended because its stdin closed, not killed
+
+
+def test_a_dead_helper_leaves_the_plot_to_the_run(painter, tmp_path):
+    folder = RunFolder()
+    folder.path, folder.painter = tmp_path, painter
+    painter.process.kill()
+    painter.process.wait()
+    folder.write_curves(HISTORY, 2)
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert painter.process is None  # given up: no second try on a dead helper
+
+
+def test_a_failing_helper_leaves_the_error_to_the_run(painter, tmp_path):
+    # A run folder that is a file: the helper cannot write into it, and the run reports it
+    # as it always did, with the error of its own drawing.
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    with pytest.raises(OSError) as own:
+        write_curves_png(blocked / "curves.png", HISTORY, 2)
+    folder = RunFolder()
+    folder.path, folder.painter = blocked, painter
+    with pytest.raises(type(own.value)):
+        folder.write_curves(HISTORY, 2)
+    assert blocked.read_text() == ""
+
+
+def test_switched_off_or_already_imported_no_helper(monkeypatch):
+    monkeypatch.setenv(curves_painter.SWITCH, "0")
+    assert CurvesPainter.start() is None
+    monkeypatch.setenv(curves_painter.SWITCH, "1")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", object())
+    assert CurvesPainter.start() is None
+
+
+def test_ctrl_c_and_sigterm_do_not_stop_the_helper(painter, tmp_path):
+    # The run decides how to stop, and still draws its last plot.
+    assert painter.paint(tmp_path / "first.png", HISTORY, None)  # it is serving by now
+    painter.process.send_signal(signal.SIGINT)
+    painter.process.send_signal(signal.SIGTERM)
+    assert painter.paint(tmp_path / "after.png", HISTORY, None)
+
+
+def test_a_forked_process_does_not_keep_the_helper_alive(painter):
+    # DataLoader workers are forked from the run: their copy of the helper's stdin is closed
+    # at once, or the helper would wait for them after the run closed it.
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the forked child
+        time.sleep(20)
+        os._exit(0)
+    try:
+        process = painter.process
+        started = time.monotonic()
+        painter.close()
+        assert time.monotonic() - started < 4 and process.returncode == 0
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_the_helper_ends_when_its_run_is_killed(tmp_path):
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from torchkit.core.train.curves_painter import CurvesPainter
+        painter = CurvesPainter.spawn()
+        print(painter.process.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        helper = int(run.stdout.readline())
+        assert _alive(helper)
+        run.kill()  # SIGKILL: no cleanup of any kind in the run
+        run.wait()
+        wait_until(lambda: not _alive(helper), timeout=20, what="the helper to exit")
+    finally:
+        run.kill()
+        run.wait()
+
+
+def test_a_real_run_has_its_plot_drawn_by_the_helper_and_leaves_no_process(tmp_path):
+    out = tmp_path / "run"
+    run = start_torchkit_process(
+        "train", "--data", "digits", "--epochs", "1", "--out", str(out), "-v", cwd=tmp_path
+    )
+
+    def helper_running() -> bool:
+        for pid in processes_in_group(run.pid):
+            with contextlib.suppress(OSError):
+                if b"curves_painter" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+        return False
+
+    wait_until(helper_running, process=run, timeout=120, what="the plotting helper")
+    _, stderr = run.communicate(timeout=240)
+    assert run.returncode == 0, stderr
+    assert (out / "curves.png").stat().st_size > 1000
+    assert "plotting helper" not in stderr  # it answered: the run did not draw it itself
+    assert processes_in_group(run.pid) == []
