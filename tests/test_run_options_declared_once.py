@@ -25,6 +25,7 @@ FLAGS = {
     "amp": ["--amp"],
     "amp_dtype": ["--amp-dtype"],
     "channels_last": ["--channels-last"],
+    "decode": ["--decode"],
 }
 
 

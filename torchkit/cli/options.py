@@ -245,6 +245,24 @@ InferenceAmpDtypeOption = Annotated[
         "else fp16.",
     ),
 ]
+
+
+class InferenceDecode(str, Enum):
+    exact = "exact"
+    device = "device"
+
+
+InferenceDecodeOption = Annotated[
+    InferenceDecode,
+    typer.Option(
+        "--decode",
+        case_sensitive=False,
+        help="Where images are decoded, resized and cropped. exact: PIL, in the loader workers "
+        "(torchvision's eval transform). device: JPEGs on the --device (nvJPEG on CUDA, "
+        "libjpeg-turbo on CPUs), resized there with PIL's filters, within 1 level of 255 of "
+        "exact on CPUs (nvJPEG's decode differs by a few levels); other files as exact.",
+    ),
+]
 ChannelsLastOption = Annotated[
     bool,
     typer.Option("--channels-last", help="Run the model in the channels-last memory format."),

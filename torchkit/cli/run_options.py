@@ -18,12 +18,14 @@ from torchkit.cli.options import (
     InferenceAmpDtype,
     InferenceAmpDtypeOption,
     InferenceAmpOption,
+    InferenceDecode,
+    InferenceDecodeOption,
     WorkersOption,
 )
 from torchkit.cli.spec_options import declared_parameters, keyword
 from torchkit.core.run_options import RunOptions
 
-# The defaults, and the placeholder default of a decorated command's `run` (replaced by the six).
+# The defaults, and the placeholder default of a decorated command's `run` (replaced by its fields).
 DEFAULT_RUN = RunOptions()
 RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
 
@@ -37,9 +39,11 @@ def run_parameters(batch_help: str = "Images per batch.") -> list[inspect.Parame
         "amp": InferenceAmpOption,
         "amp_dtype": InferenceAmpDtypeOption,
         "channels_last": ChannelsLastOption,
+        "decode": InferenceDecodeOption,
     }
     defaults = {name: getattr(DEFAULT_RUN, name) for name in RUN_FIELDS}
     defaults["amp_dtype"] = InferenceAmpDtype(DEFAULT_RUN.amp_dtype)  # choices are an Enum
+    defaults["decode"] = InferenceDecode(DEFAULT_RUN.decode)
     return [keyword(name, options[name], defaults[name]) for name in RUN_FIELDS]
 
 
@@ -47,6 +51,7 @@ def run_options_of(values: dict[str, Any]) -> RunOptions:
     """The RunOptions of the run parameters' values, taken out of `values`."""
     given = {name: values.pop(name) for name in RUN_FIELDS}
     given["amp_dtype"] = InferenceAmpDtype(given["amp_dtype"]).value  # the Enum's name, as text
+    given["decode"] = InferenceDecode(given["decode"]).value
     return RunOptions(**given)
 
 
@@ -54,7 +59,7 @@ def with_run_options(
     batch_help: str = "Images per batch.",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a command that takes `run: RunOptions`: its command-line parameters are the
-    six options in `run`'s place (so they keep their place in --help), its `run` their values.
+    options in `run`'s place (so they keep their place in --help), its `run` their values.
     `batch_help`: --batch-size's help, in the command's words."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -34,8 +34,8 @@ from torchkit.core.errors import first_line
 log = logging.getLogger("torchkit")
 
 # (torch mode, antialias) of F.interpolate for each --interpolation: the antialiased filters
-# are torchvision's port of PIL's (bilinear and bicubic, a = -0.5); nearest-exact picks PIL's
-# nearest pixel.
+# are torchvision's port of PIL's (bilinear and bicubic, a = -0.5); nearest takes PIL's own
+# pixel (`pil_nearest_sources`).
 INTERPOLATE_MODES = {
     "bilinear": ("bilinear", True),
     "bicubic": ("bicubic", True),
@@ -50,22 +50,33 @@ CHUNK_ELEMENTS = 48 * 2**20
 _PER_IMAGE: set[str] = set()
 
 
-def resize_crop(image: Any, box: tuple[int, int, int, int], size: int, interpolation: str) -> Any:
+def resize_crop(
+    image: Any,
+    box: tuple[int, int, int, int],
+    size: int,
+    interpolation: str,
+    view: tuple[int, int, int, int] | None = None,
+) -> Any:
     """The crop `box` (top, left, height, width) of a (C, H, W) image resized to `size` x
-    `size`, as float32 (not rounded) on the image's device: PIL's crop then resize."""
+    `size`, as float32 (not rounded) on the image's device: PIL's crop then resize. With a
+    `view` (resized height, resized width, top, left) the crop is resized to the view's
+    height and width and the `size` x `size` window at its top and left is kept: PIL's resize
+    then centre crop (the evaluation transform), where the box is the whole image."""
     import torch
     import torch.nn.functional as F
 
     top, left, height, width = box
     crop = image[:, top : top + height, left : left + width].unsqueeze(0).to(torch.float32)
+    resized_height, resized_width, view_top, view_left = view or (size, size, 0, 0)
+    shape = (resized_height, resized_width)
     mode, antialias = INTERPOLATE_MODES[interpolation]
-    if mode == "nearest-exact":
-        resized = F.interpolate(crop, size=(size, size), mode=mode)
-    else:
-        resized = F.interpolate(
-            crop, size=(size, size), mode=mode, align_corners=False, antialias=antialias
-        )
-    return resized[0]
+    if mode == "nearest-exact":  # PIL's pixels, which differ from nearest-exact at ties
+        rows = pil_nearest_sources(height, resized_height, view_top, size)
+        columns = pil_nearest_sources(width, resized_width, view_left, size)
+        crop = crop[0].index_select(1, host_tensor(rows, torch.long, crop.device))
+        return crop.index_select(2, host_tensor(columns, torch.long, crop.device))
+    resized = F.interpolate(crop, size=shape, mode=mode, align_corners=False, antialias=antialias)
+    return resized[0, :, view_top : view_top + size, view_left : view_left + size]
 
 
 def resize_crops(
@@ -75,23 +86,26 @@ def resize_crops(
     size: int,
     interpolation: str,
     *,
+    views: list | None = None,
     batched: bool | None = None,
 ) -> Any:
     """The uint8 (N, C, size, size) crops of `images` ((C, H, W) uint8 tensors on one device):
     each `box` (top, left, height, width) resized, rounded to 8 bits as PIL's resize rounds its
-    output, and mirrored where `flips` says. `batched`: the batch at once (module doc); None:
+    output, and mirrored where `flips` says. `views`: one (resized height, resized width, top,
+    left) or None per image (`resize_crop`). `batched`: the batch at once (module doc); None:
     on CUDA only, where launches cost more than the products' arithmetic."""
 
     if not images:
         raise ValueError("resize_crops needs at least one image")
+    views = [view or (size, size, 0, 0) for view in (views or [None] * len(images))]
     device = images[0].device
     if batched is not None:
         resize = _resize_batched if batched else _resize_each
-        return resize(images, boxes, flips, size, interpolation)
+        return resize(images, boxes, flips, size, interpolation, views)
     if not batched_by_default(device):
-        return _resize_each(images, boxes, flips, size, interpolation)
+        return _resize_each(images, boxes, flips, size, interpolation, views)
     try:
-        return _resize_batched(images, boxes, flips, size, interpolation)
+        return _resize_batched(images, boxes, flips, size, interpolation, views)
     except RuntimeError as error:
         if _device_failure(error):
             raise  # the run's own error: out of memory, or a CUDA error that stays
@@ -103,7 +117,7 @@ def resize_crops(
             device,
             first_line(error),
         )
-    return _resize_each(images, boxes, flips, size, interpolation)
+    return _resize_each(images, boxes, flips, size, interpolation, views)
 
 
 def _device_failure(error: BaseException) -> bool:
@@ -132,13 +146,16 @@ def _resize_each(
     flips: list[bool],
     size: int,
     interpolation: str,
+    views: list,
 ) -> Any:
     """`resize_crops` image by image: F.interpolate on each crop. A kernel per image costs the
     host more than the device, so the rounding and the flips are one pass each over the batch."""
     import torch
 
-    pairs = zip(images, boxes, strict=True)
-    stacked = torch.stack([resize_crop(image, box, size, interpolation) for image, box in pairs])
+    triples = zip(images, boxes, views, strict=True)
+    stacked = torch.stack(
+        [resize_crop(image, box, size, interpolation, view) for image, box, view in triples]
+    )
     out = stacked.round_().clamp_(0, 255).to(torch.uint8)
     if any(flips):  # a mask from page-locked memory: indexing by a list would wait for the GPU
         mirrored = host_tensor(flips, torch.bool, out.device).view(-1, 1, 1, 1)
@@ -152,6 +169,7 @@ def _resize_batched(
     flips: list[bool],
     size: int,
     interpolation: str,
+    views: list,
 ) -> Any:
     """`resize_crops` for the whole batch at once (module doc), a chunk at a time."""
     import torch
@@ -160,7 +178,7 @@ def _resize_batched(
     channels = images[0].shape[0]
     chunks = _chunks(boxes, channels)
     if len(chunks) == 1:
-        return _resize_chunk(images, boxes, flips, size, interpolation)
+        return _resize_chunk(images, boxes, flips, size, interpolation, views)
     out = torch.empty((len(images), channels, size, size), dtype=torch.uint8, device=device)
     for chunk in chunks:
         out[host_tensor(chunk, torch.long, device)] = _resize_chunk(
@@ -169,6 +187,7 @@ def _resize_batched(
             [flips[at] for at in chunk],
             size,
             interpolation,
+            [views[at] for at in chunk],
         )
     return out
 
@@ -215,6 +234,7 @@ def _resize_chunk(
     flips: list[bool],
     size: int,
     interpolation: str,
+    views: list,
 ) -> Any:
     """`rows @ crop @ columns.T` for each crop of the chunk, the weights sized to the chunk's
     tallest and widest crop."""
@@ -225,9 +245,26 @@ def _resize_chunk(
     widths = [box[3] for box in boxes]
     tallest, widest = max(heights), max(widths)
     count, channels = len(images), images[0].shape[0]
-    rows = filter_weights(heights, size, tallest, interpolation, device)
+    rows = filter_weights(
+        heights,
+        size,
+        tallest,
+        interpolation,
+        device,
+        resized=[view[0] for view in views],
+        offsets=[view[2] for view in views],
+    )
     mirrored = host_tensor(flips, torch.bool, device) if any(flips) else None
-    columns = filter_weights(widths, size, widest, interpolation, device, mirrored=mirrored)
+    columns = filter_weights(
+        widths,
+        size,
+        widest,
+        interpolation,
+        device,
+        mirrored=mirrored,
+        resized=[view[1] for view in views],
+        offsets=[view[3] for view in views],
+    )
     # Zeros, not empty memory: the padding meets weights of 0, and 0 * NaN would be NaN.
     crops = torch.zeros((count, channels, tallest, widest), dtype=torch.float32, device=device)
     for at, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
@@ -241,38 +278,75 @@ def _resize_chunk(
     return resized.round_().clamp_(0, 255).to(torch.uint8)
 
 
+def pil_nearest_sources(length: int, resized: int, offset: int, size: int) -> list[int]:
+    """The input pixel of output pixels offset..offset+size of a line of `length` pixels resized
+    to `resized` by PIL's nearest filter, which steps through the input by the scale, adding it
+    in double precision (ImagingScaleAffine): at the ties a closed form rounds otherwise (torch's
+    nearest-exact picks another pixel for 1 column in 97 of a 500-pixel line resized to 97)."""
+    import numpy as np
+
+    scale = length / resized
+    steps = np.full(offset + size, scale)
+    steps[0] = scale * 0.5
+    positions = np.cumsum(steps)  # sequential: the same additions, in the same order, as PIL
+    return np.minimum(positions.astype(np.int64), length - 1)[offset:].tolist()
+
+
 def filter_weights(
-    lengths: list[int], size: int, extent: int, mode: str, device: Any, *, mirrored: Any = None
+    lengths: list[int],
+    size: int,
+    extent: int,
+    mode: str,
+    device: Any,
+    *,
+    mirrored: Any = None,
+    resized: list[int] | None = None,
+    offsets: list[int] | None = None,
 ) -> Any:
     """(N, size, extent) float32: row i of matrix n holds the weights by which output pixel i of
     a line of `lengths[n]` input pixels, resized to `size`, sums those pixels (0 from
     `lengths[n]` on), as PIL's resample computes them (and torch's antialiased interpolate):
     the filter centred on input coordinate (i + 0.5) * scale, stretched by the scale when
     shrinking, its taps from trunc(centre - support + 0.5) up to trunc(centre + support + 0.5),
-    normalised to sum 1. `nearest`: torch's nearest-exact, input pixel floor((i + 0.5) * scale).
-    `mirrored`: a (N,) bool tensor; the rows of those matrices in reverse order (a flip)."""
+    normalised to sum 1. `nearest`: PIL's nearest pixel (`pil_nearest_sources`).
+    `mirrored`: a (N,) bool tensor; the rows of those matrices in reverse order (a flip).
+    `resized` and `offsets` (one each per line): the line is resized to `resized[n]` pixels
+    and output pixels `offsets[n]` to `offsets[n] + size` are kept (a centre crop after the
+    resize); by default `size` and 0."""
     import math
 
     import torch
 
     count = len(lengths)
+
+    def per_line(values: list[int] | None, default: int, dtype: Any) -> Any:
+        """(N, 1, 1) values, or the default as a number (no copy to the device for it)."""
+        if values is None or all(value == default for value in values):
+            return default
+        return host_tensor(values, dtype, device).view(-1, 1, 1)
+
     if mode == "nearest":
-        # In float32, as torch computes the source index, so the same pixel is picked.
-        length = host_tensor(lengths, torch.float32, device).view(-1, 1)
-        outputs = torch.arange(size, dtype=torch.float32, device=device) + 0.5
-        source = torch.floor(outputs * (length / size)).to(torch.long)
-        source = torch.minimum(source, length.to(torch.long) - 1)
+        out_lengths = resized or [size] * count
+        first_outputs = offsets or [0] * count
+        sources = [
+            pil_nearest_sources(length, out_length, first, size)
+            for length, out_length, first in zip(lengths, out_lengths, first_outputs, strict=True)
+        ]
+        source = host_tensor(sources, torch.long, device)
         if mirrored is not None:
             source = torch.where(mirrored.view(-1, 1), source.flip(1), source)
         weights = torch.zeros((count, size, extent), dtype=torch.float32, device=device)
         return weights.scatter_(2, source.unsqueeze(-1), 1.0)
     # Only each output pixel's taps are computed, (N, size, taps), then placed in the matrix.
-    taps = 2 * math.ceil(_SUPPORT[mode] * max(1.0, max(lengths) / size)) + 1
+    out_lengths = resized or [size] * count
+    widest_scale = max(length / out for length, out in zip(lengths, out_lengths, strict=True))
+    taps = 2 * math.ceil(_SUPPORT[mode] * max(1.0, widest_scale)) + 1
     length = host_tensor(lengths, torch.float64, device).view(-1, 1, 1)
-    scale = length / size
+    scale = length / per_line(resized, size, torch.float64)
     stretch = scale.clamp(min=1.0)  # the filter widens only when shrinking
     support = _SUPPORT[mode] * stretch
-    centre = scale * (torch.arange(size, dtype=torch.float64, device=device).view(1, -1, 1) + 0.5)
+    outputs = torch.arange(size, dtype=torch.float64, device=device).view(1, -1, 1)
+    centre = scale * (outputs + per_line(offsets, 0, torch.float64) + 0.5)
     first = torch.trunc(centre - support + 0.5).clamp(min=0)
     end = torch.minimum(torch.trunc(centre + support + 0.5), length)
     inputs = first + torch.arange(taps, dtype=torch.float64, device=device)

@@ -117,6 +117,9 @@ class EncodedJpeg:
     path: str
     size: int
     interpolation: str
+    # Evaluation's resize then centre crop: (resized height, resized width, top, left) of the
+    # size x size window kept (`eval_view`); None: the box is resized to size x size.
+    view: tuple[int, int, int, int] | None = None
 
 
 class DeviceDecodeTransform:
@@ -147,26 +150,15 @@ class DeviceDecodeTransform:
     def pixels_from_file(self, path: str | os.PathLike, mode: str) -> Any:
         import torch
 
-        from torchkit.core.image_files import opened_image, read_regular_file
-
         name = os.fspath(path)
         if mode != "RGB" or not name.lower().endswith(JPEG_SUFFIXES):
             return self.fallback.pixels_from_file(path, mode)
         if self.cpu_share > 0 and decoded_on_cpu(name, self.cpu_share):
             return self.fallback.pixels_from_file(path, mode)  # the same draws, in the worker
-        data = read_regular_file(path)
-        if not data.startswith(JPEG_START):
-            return self.fallback.pixels_from_file(path, mode)
-        # The header only: no pixel is decoded. Unreadable: the error every loader gives.
-        with opened_image(data, name=name) as image:
-            width, height = image.size
-            # Zero padding after the end marker is common and harmless; anything else there
-            # (or no end marker: a truncated file) takes PIL's path, which judges it as before.
-            whole = data.rstrip(b"\x00").endswith(JPEG_END)
-            # MPO: a camera's JPEG with more pictures after the first, which both decode.
-            jpeg = image.format in ("JPEG", "MPO")
-            if not (jpeg and image.mode in DEVICE_MODES and whole):
-                return self.fallback.pixels_from_file(path, mode)  # nothing drawn yet
+        found = device_jpeg(name)
+        if found is None:
+            return self.fallback.pixels_from_file(path, mode)  # nothing drawn yet
+        data, width, height = found
         # The fast path's draws, in its order: the crop from the header's size, then the flip.
         top, left, crop_height, crop_width = self.draws.draw(width, height)
         flip = bool(torch.rand(1) < 0.5) if self.flip else False
@@ -191,6 +183,85 @@ class DeviceDecodeTransform:
             f"{type(self).__name__}(size={self.size}, flip={self.flip}, "
             f"interpolation={self.interpolation!r}, cpu_share={self.cpu_share}, "
             f"fallback={self.fallback!r})"
+        )
+
+
+def device_jpeg(path: str) -> tuple[bytes, int, int] | None:
+    """(bytes, width, height) of a JPEG file the device path takes, from its header alone (no
+    pixel is decoded); None for a file that takes PIL's path (module doc). An unreadable file
+    raises the error every loader gives."""
+    from torchkit.core.image_files import opened_image, read_regular_file
+
+    data = read_regular_file(path)
+    if not data.startswith(JPEG_START):
+        return None
+    with opened_image(data, name=path) as image:
+        width, height = image.size
+        # Zero padding after the end marker is common and harmless; anything else there (or
+        # no end marker: a truncated file) takes PIL's path, which judges it as before.
+        whole = data.rstrip(b"\x00").endswith(JPEG_END)
+        # MPO: a camera's JPEG with more pictures after the first, which both decode.
+        jpeg = image.format in ("JPEG", "MPO")
+        if not (jpeg and image.mode in DEVICE_MODES and whole):
+            return None
+    return data, width, height
+
+
+def eval_view(
+    width: int, height: int, resize_size: int, image_size: int
+) -> tuple[int, int, int, int] | None:
+    """(resized height, resized width, top, left): what torchvision's Resize(resize_size) then
+    CenterCrop(image_size) do to a width x height image (the shorter side to resize_size, the
+    longer truncated in proportion; the window's corner rounded). None where the resized image
+    is smaller than the crop, which CenterCrop pads: PIL's path does that."""
+    short, long = sorted((width, height))
+    new_long = int(resize_size * long / short)
+    resized_width, resized_height = (
+        (resize_size, new_long) if width <= height else (new_long, resize_size)
+    )
+    if min(resized_width, resized_height) < image_size:
+        return None
+    top = int(round((resized_height - image_size) / 2.0))
+    left = int(round((resized_width - image_size) / 2.0))
+    return resized_height, resized_width, top, left
+
+
+class DeviceEvalTransform:
+    """The evaluation transform (resize, centre crop) of `--decode device` in eval, predict and
+    extract-features: `pixels_from_file` gives an `EncodedJpeg` (the whole image as the box, the
+    resize and crop as its view) for JPEGs the device path takes, and the 8-bit crop of
+    `core.transforms.eval_transform(pixels=True)` for anything else. On PIL images (in-memory
+    data) it is that transform."""
+
+    def __init__(self, preprocess: Any) -> None:
+        from torchkit.core.transforms import eval_transform
+
+        self.pixels = eval_transform(preprocess, pixels=True)
+        self.resize_size, self.size = preprocess.resize_size, preprocess.image_size
+        self.interpolation = preprocess.interpolation
+
+    def __call__(self, image: Any) -> Any:
+        return self.pixels(image)
+
+    def pixels_from_file(self, path: str | os.PathLike, mode: str) -> Any:
+        from torchkit.core.image_files import load_image
+
+        name = os.fspath(path)
+        if mode == "RGB" and name.lower().endswith(JPEG_SUFFIXES):
+            found = device_jpeg(name)
+            if found is not None:
+                data, width, height = found
+                view = eval_view(width, height, self.resize_size, self.size)
+                if view is not None:
+                    box = (0, 0, height, width)
+                    return EncodedJpeg(data, box, False, name, self.size, self.interpolation, view)
+        image = load_image(path, mode)
+        return self.pixels(image if image.mode == mode else image.convert(mode))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(resize_size={self.resize_size}, size={self.size}, "
+            f"interpolation={self.interpolation!r})"
         )
 
 
@@ -236,11 +307,13 @@ class EncodedImages:
         pixels_at: list[int],
         size: int,
         interpolation: str,
+        views: list | None = None,
     ) -> None:
         self.data, self.lengths, self.boxes, self.flips = data, lengths, boxes, flips
         self.paths, self.encoded_at = paths, encoded_at
         self.pixels, self.pixels_at = pixels, pixels_at
         self.size, self.interpolation = size, interpolation
+        self.views = views or [None] * len(encoded_at)  # EncodedJpeg.view of each
 
     def __len__(self) -> int:
         return len(self.encoded_at) + len(self.pixels_at)
@@ -259,6 +332,7 @@ class EncodedImages:
             self.pixels_at,
             self.size,
             self.interpolation,
+            self.views,
         )
 
     def decode(self, device: Any) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
@@ -280,20 +354,25 @@ class EncodedImages:
                 # The device could not decode it (or not to the header's size): PIL can.
                 try:
                     crops[position] = pil_crop(
-                        self.paths[j], self.boxes[j], self.flips[j], self.size, self.interpolation
+                        self.paths[j],
+                        self.boxes[j],
+                        self.flips[j],
+                        self.size,
+                        self.interpolation,
+                        self.views[j],
                     ).to(device, non_blocking=True)
                 except pil_errors() as error:
                     failures.append((position, error))
                 continue
-            readable.append((position, image, self.boxes[j], self.flips[j]))
+            readable.append((position, image, self.boxes[j], self.flips[j], self.views[j]))
         if readable:
-            images = [image for _, image, _, _ in readable]
-            boxes = [box for _, _, box, _ in readable]
-            flips = [flip for _, _, _, flip in readable]
-            resized = resize_crops(images, boxes, flips, self.size, self.interpolation)
+            positions, images, boxes, flips, views = (
+                list(column) for column in zip(*readable, strict=True)
+            )
+            resized = resize_crops(images, boxes, flips, self.size, self.interpolation, views=views)
             if len(readable) == len(self):  # the whole batch, in order: already one tensor
                 return resized, list(range(len(self))), failures
-            for (position, _, _, _), crop in zip(readable, resized, strict=True):
+            for position, crop in zip(positions, resized, strict=True):
                 crops[position] = crop
         if self.pixels_at:
             pixels = self.pixels.to(device, non_blocking=True)
@@ -414,10 +493,16 @@ def _warn_once(device: Any, error: BaseException | None) -> None:
 
 
 def pil_crop(
-    path: str, box: tuple[int, int, int, int], flip: bool, size: int, interpolation: str
+    path: str,
+    box: tuple[int, int, int, int],
+    flip: bool,
+    size: int,
+    interpolation: str,
+    view: tuple[int, int, int, int] | None = None,
 ) -> Any:
     """Today's path for one JPEG, with a box and flip already drawn: PIL decodes it whole, crops,
-    resizes and flips; its uint8 (3, size, size) pixels. Raises what PIL raises."""
+    resizes and flips (with a `view`, resizes to its size and keeps its window, as evaluation
+    does); its uint8 (3, size, size) pixels. Raises what PIL raises."""
     from PIL import Image
 
     from torchkit.core.decode import PixelTensor
@@ -427,7 +512,12 @@ def pil_crop(
         image = pixels_in_mode(image, "RGB", exif=False)  # as stored, as the workers read it
     top, left, height, width = box
     image = image.crop((left, top, left + width, top + height))
-    image = image.resize((size, size), pil_resample(interpolation))
+    if view is None:
+        image = image.resize((size, size), pil_resample(interpolation))
+    else:
+        resized_height, resized_width, view_top, view_left = view
+        image = image.resize((resized_width, resized_height), pil_resample(interpolation))
+        image = image.crop((view_left, view_top, view_left + size, view_top + size))
     if flip:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return PixelTensor()(image).contiguous()
@@ -465,6 +555,7 @@ def collate_encoded(items: list) -> Any:
         [at for at, _ in others],
         first.size,
         first.interpolation,
+        [jpeg.view for _, jpeg in encoded],
     )
     return Batch(
         images,
@@ -494,3 +585,31 @@ def decoded_batch(batch: Any, device: Any) -> Any:
         keep = torch.tensor(kept, dtype=torch.long)
         labels, indices = labels[keep], indices[keep]
     return Batch(pixels, labels, indices, errors)
+
+
+def collate_encoded_with_failures(items: list) -> tuple[Any, list[tuple[int, str]]]:
+    """(`collate_encoded` of the readable items, (index, "path: reason") of the items the
+    workers could not read): for the commands that report unreadable images by index (predict,
+    extract-features)."""
+    failed = [(item[2], item[3]) for item in items if item[0] is None]
+    return collate_encoded([item for item in items if item[0] is not None]), failed
+
+
+def decoded_with_indices(
+    collated: tuple[Any, list[tuple[int, str]]], device: Any
+) -> tuple[Any, list[int], list[tuple[int, str]]]:
+    """What `collate_encoded_with_failures` gave, decoded on `device`: (the uint8 images, or None
+    if none was readable; their dataset indices, in batch order; (index, "path: reason") of every
+    image that the workers, the device and PIL all failed to read)."""
+    batch, failed = collated
+    if batch.images is None:
+        return None, [], failed
+    indices = batch.indices.tolist()
+    if not isinstance(batch.images, EncodedImages):
+        return batch.images, indices, failed
+    encoded = batch.images
+    pixels, kept, failures = encoded.decode(device)
+    for position, error in sorted(failures, key=lambda failure: failure[0]):
+        path = encoded.paths[encoded.encoded_at.index(position)]
+        failed = [*failed, (indices[position], f"{path}: {error}")]
+    return pixels, [indices[position] for position in kept], failed

@@ -1,5 +1,6 @@
 """How an inference command (eval, predict, extract-features) runs its model: batches, loader
-workers, device and precision. Declared once here; each command's request inherits them."""
+workers, device, precision and where images are decoded. Declared once here; each command's
+request inherits them."""
 
 from __future__ import annotations
 
@@ -16,3 +17,6 @@ class RunOptions:
     amp: bool = False  # autocast mixed precision
     amp_dtype: str = "auto"  # auto, bf16 or fp16 (core.device.resolve_amp_dtype)
     channels_last: bool = False  # the model and its inputs in the channels-last memory format
+    # exact: PIL decodes, resizes and crops in the loader workers; device: JPEGs are decoded,
+    # resized and cropped on the device (core.device_decode.DeviceEvalTransform)
+    decode: str = "exact"

@@ -125,9 +125,12 @@ def predict(
     float16 elsewhere). Returns the predictions (with, per image, whether all its outputs were
     finite), the unreadable images and the number of batches with a non-finite output; with
     `strict` it stops at the first unreadable image or the first batch with a non-finite output.
-    Batches of 8-bit pixels are normalised on the device by `normalized`.
+    Batches of 8-bit pixels are normalised on the device by `normalized`; batches of JPEG bytes
+    (`--decode device`) are decoded there first.
     """
     import torch
+
+    from torchkit.core.device_decode import decoded_batch
 
     total = len(loader.sampler) if hasattr(loader, "sampler") else 0
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -139,6 +142,7 @@ def predict(
     done = 0
     with torch.inference_mode():
         for batch in loader:
+            batch = decoded_batch(batch, device)  # as it is unless it holds JPEG bytes
             errors.extend(batch.errors)
             done += len(batch.errors)
             if strict and errors:
@@ -351,6 +355,7 @@ def _run(
 
     from torchkit.core.batches import collate_skipping_unreadable
     from torchkit.core.dataset import default_workers, loader_context, make_dataset
+    from torchkit.core.device_decode import DeviceEvalTransform, collate_encoded
     from torchkit.core.transforms import eval_transform
 
     device = ctx.device
@@ -384,14 +389,18 @@ def _run(
     model.to(device)
     if options.channels_last:
         model.to(memory_format=torch.channels_last)
-    dataset = make_dataset(samples, eval_transform(preprocess, pixels=True), mode=mode)
+    if options.decode == "device":  # JPEGs reach the batch as bytes, decoded on the device
+        transform, collate = DeviceEvalTransform(preprocess), collate_encoded
+    else:
+        transform, collate = eval_transform(preprocess, pixels=True), collate_skipping_unreadable
+    dataset = make_dataset(samples, transform, mode=mode, pixels=True)
     workers = default_workers() if options.workers is None else options.workers
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=options.batch_size,
         sampler=ShardSampler(len(samples), ctx.rank, ctx.world_size),
         num_workers=workers,
-        collate_fn=collate_skipping_unreadable,
+        collate_fn=collate,
         pin_memory=device.type == "cuda",
         multiprocessing_context=loader_context() if workers > 0 else None,
     )

@@ -194,6 +194,7 @@ def _extract(
 
     from torchkit.core.datasource import open_data, select_split
     from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
+    from torchkit.core.device_decode import DeviceEvalTransform
     from torchkit.core.transforms import eval_transform
 
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
@@ -236,6 +237,9 @@ def _extract(
         "amp_dtype": None if amp_dtype is None else amp_dtype_name(amp_dtype),
         "seed": request.seed,
         "preprocess": preprocess.to_dict(),
+        # Other pixels: a store is resumed only with the decode it was started with (named only
+        # for `device`, so the fingerprints of stores made before the option are unchanged).
+        **({"decode": request.decode} if request.decode != "exact" else {}),
     }
     fingerprint = _fingerprint(settings, samples)
     extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.channels_last)
@@ -245,7 +249,10 @@ def _extract(
             return _result_from_meta(Path(request.out), finished)
         resumed_from = store.progress.done
         started = time.perf_counter()
-        transform = eval_transform(preprocess, pixels=True)  # normalised on the device
+        if request.decode == "device":  # JPEGs decoded on the device, batch by batch
+            transform = DeviceEvalTransform(preprocess)
+        else:
+            transform = eval_transform(preprocess, pixels=True)  # normalised on the device
         loader = _loader(samples, transform, preprocess.in_channels, request, device)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         _extract_rows(
@@ -474,12 +481,17 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
     from torch.utils.data import default_collate
 
     from torchkit.core.dataset import default_workers, make_dataset
+    from torchkit.core.device_decode import collate_encoded_with_failures, decoded_with_indices
 
-    dataset = make_dataset(samples, transform, mode="L" if in_channels == 1 else "RGB")
+    mode = "L" if in_channels == 1 else "RGB"
+    dataset = make_dataset(samples, transform, mode=mode, pixels=True)
     workers = default_workers() if request.workers is None else request.workers
+    on_device = request.decode == "device"
 
     def collate(items):
         indices = [item[2] for item in items]
+        if on_device:  # JPEG bytes, decoded in the main process (`batches`)
+            return indices, collate_encoded_with_failures(items)
         good = [item for item in items if item[0] is not None]
         failures = [(item[2], item[3]) for item in items if item[0] is None]
         # default_collate stacks a worker's batch straight into shared memory (one copy).
@@ -496,7 +508,12 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
             pin_memory=device.type == "cuda",
             prefetch_factor=4 if workers else None,
         )
-        yield from loader
+        if not on_device:
+            yield from loader
+            return
+        for indices, collated in loader:
+            images, _, failures = decoded_with_indices(collated, device)
+            yield indices, images, failures
 
     return batches
 

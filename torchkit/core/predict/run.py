@@ -202,6 +202,11 @@ class PredictRun:
 
         from torchkit.core.dataset import make_dataset
         from torchkit.core.decode import NormalizedPixels
+        from torchkit.core.device_decode import (
+            DeviceEvalTransform,
+            collate_encoded_with_failures,
+            decoded_with_indices,
+        )
         from torchkit.core.transforms import eval_transform
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
@@ -210,10 +215,17 @@ class PredictRun:
         if request.channels_last:
             model.to(memory_format=memory_format)
         preprocess = self.resolved.preprocess
-        dataset = make_dataset(samples, eval_transform(preprocess, pixels=True), mode=self.mode)
+        on_device = request.decode == "device"  # JPEGs decoded on the device, batch by batch
+        transform = (
+            DeviceEvalTransform(preprocess)
+            if on_device
+            else eval_transform(preprocess, pixels=True)
+        )
+        dataset = make_dataset(samples, transform, mode=self.mode, pixels=True)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         batches = _interleaved_batches(len(samples), request.batch_size, ctx.rank, ctx.world_size)
-        loader = _loader(dataset, batches, request.workers, self.device)
+        collate = collate_encoded_with_failures if on_device else _collate
+        loader = _loader(dataset, batches, request.workers, self.device, collate)
         steps = _steps(len(samples), request.batch_size, ctx.world_size)
         amp_dtype = self._amp_dtype()
         summary = self.summary
@@ -228,6 +240,8 @@ class PredictRun:
             for _ in range(steps):
                 batch = next(own, None)
                 local = None
+                if batch is not None and on_device:
+                    batch = decoded_with_indices(batch, self.device)
                 if batch is not None:
                     try:
                         local = self._score(
@@ -409,7 +423,7 @@ def _steps(size: int, batch_size: int, world: int) -> int:
     return -(-batches // world)
 
 
-def _loader(dataset, batches: list[list[int]], workers: int | None, device):
+def _loader(dataset, batches: list[list[int]], workers: int | None, device, collate):
     import torch
 
     from torchkit.core.dataset import default_workers, loader_context
@@ -419,7 +433,7 @@ def _loader(dataset, batches: list[list[int]], workers: int | None, device):
         dataset,
         batch_sampler=batches,
         num_workers=workers,
-        collate_fn=_collate,
+        collate_fn=collate,
         pin_memory=device.type == "cuda",
         multiprocessing_context=loader_context() if workers > 0 else None,
     )
