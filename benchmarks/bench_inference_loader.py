@@ -1,9 +1,11 @@
 """Benchmark: the data path of eval, predict and extract-features (and training's validation),
 with 8-bit crops normalised where the model runs (now) against float32 crops normalised in the
-loader workers (before: ToTensor + Normalize in each worker).
+loader workers (before: ToTensor + Normalize in each worker), and with `--decode device` (the
+workers pass the JPEGs' bytes; the main process decodes, resizes and crops them on --device).
 
-Both sides read the same photo-like JPEGs (`make_jpegs.py`) through the same Dataset, resize and
-centre-crop them the same way, and end with the same float32 batch on --device, bit for bit. No
+All sides read the same photo-like JPEGs (`make_jpegs.py`) through the same Dataset, resize and
+centre-crop them the same way, and end with the same float32 batch on --device (bit for bit;
+--decode device within its tolerance). No
 model runs: this is the rate a model could be fed at. Each figure is images per second over the
 whole folder (best of --repeats, the sides taken in turns), with the bytes each batch carries
 from the workers (through shared memory, then pinned memory on CUDA, then to the device).
@@ -25,18 +27,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _loader(samples, preprocess, *, pixels: bool, workers: int, batch: int, device):
+SIDES = {  # what the workers give: float32 crops, 8-bit crops, JPEG bytes (--decode device)
+    "float32 in the workers": "float",
+    "uint8, normalised": "pixels",
+    "--decode device": "device",
+}
+
+
+def _loader(samples, preprocess, *, side: str, workers: int, batch: int, device):
     import torch
 
     from torchkit.core.batches import collate_skipping_unreadable
     from torchkit.core.dataset import loader_context, make_dataset
+    from torchkit.core.device_decode import DeviceEvalTransform, collate_encoded
     from torchkit.core.transforms import eval_transform
 
+    if side == "device":
+        transform, collate = DeviceEvalTransform(preprocess), collate_encoded
+    else:
+        transform = eval_transform(preprocess, pixels=side == "pixels")
+        collate = collate_skipping_unreadable
     return torch.utils.data.DataLoader(
-        make_dataset(samples, eval_transform(preprocess, pixels=pixels)),
+        make_dataset(samples, transform, pixels=True),
         batch_size=batch,
         num_workers=workers,
-        collate_fn=collate_skipping_unreadable,
+        collate_fn=collate,
         pin_memory=device.type == "cuda",
         multiprocessing_context=loader_context() if workers > 0 else None,
     )
@@ -47,12 +62,18 @@ def _rate(loader, device, normalized) -> tuple[float, int]:
     import torch
 
     from torchkit.core.decode import model_input
+    from torchkit.core.device_decode import EncodedImages, decoded_batch
 
     start, count, batch_bytes = time.perf_counter(), 0, 0
     for batch in loader:
-        images = model_input(batch.images, device, normalized)
+        shared = batch.images
+        if isinstance(shared, EncodedImages):  # the JPEGs' bytes, and any 8-bit crops
+            size = shared.data.numel() + (0 if shared.pixels is None else shared.pixels.numel())
+        else:
+            size = shared.numel() * shared.element_size()
+        batch_bytes = max(batch_bytes, size)
+        images = model_input(decoded_batch(batch, device).images, device, normalized)
         count += len(images)
-        batch_bytes = max(batch_bytes, batch.images.numel() * batch.images.element_size())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return count / (time.perf_counter() - start), batch_bytes
@@ -88,11 +109,11 @@ def main() -> None:
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         best: dict[str, tuple[float, int]] = {}
         for _ in range(args.repeats):
-            for side, pixels in (("float32 in the workers", False), ("uint8, normalised", True)):
+            for side, kind in SIDES.items():
                 loader = _loader(
                     samples,
                     preprocess,
-                    pixels=pixels,
+                    side=kind,
                     workers=args.workers,
                     batch=args.batch_size,
                     device=device,
@@ -100,7 +121,7 @@ def main() -> None:
                 rate, size = _rate(loader, device, normalized)
                 if rate > best.get(side, (0.0, 0))[0]:
                     best[side] = (rate, size)
-    before, now = best["float32 in the workers"], best["uint8, normalised"]
+    before, now, device_side = (best[side] for side in SIDES)
     print(
         f"{len(paths)} JPEGs, {args.size} px, batch {args.batch_size}, "
         f"{args.workers} workers, {device}"
@@ -108,6 +129,7 @@ def main() -> None:
     for side, (rate, size) in best.items():
         print(f"  {side:24s} {rate:8,.0f} img/s   {size / 2**20:6.1f} MiB a batch")
     print(f"  ratio (uint8 / float32)  {now[0] / before[0]:8.2f}x")
+    print(f"  ratio (device / uint8)   {device_side[0] / now[0]:8.2f}x")
     if args.json:
         figures = {
             "images_per_s": {side: rate for side, (rate, _) in best.items()},

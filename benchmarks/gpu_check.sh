@@ -16,7 +16,8 @@
 #   - the host's milliseconds per batch of the device path's crop and resize, batched against
 #     image by image (benchmarks/bench_crop_resize.py);
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
-#     normalised on the device against float32 ones (benchmarks/bench_inference_loader.py).
+#     normalised on the device against float32 ones, and --decode device against exact
+#     (benchmarks/bench_inference_loader.py).
 # With TIMM_SCRIPTS pointing at a folder holding timm's train.py and benchmark.py (and timm
 # installed), rows against them are added at the end; nothing else needs timm.
 #
@@ -118,7 +119,7 @@ step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
   --turns 5 --json "$W/resize.json"
 # The data path of eval/predict/extract-features alone, no model: 8-bit batches normalised on
-# the device against float32 batches normalised in the workers.
+# the device against float32 batches normalised in the workers, and --decode device.
 step eval-loader 60 "$PY" "$HERE/bench_inference_loader.py" --device "$DEV" --data "$W/jp/train" \
   --size "$IMG" --batch-size "$B" --workers "$NJ" --repeats 1 --json "$W/evalloader.json"
 if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data

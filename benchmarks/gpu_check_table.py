@@ -114,6 +114,8 @@ if loader and loader.get("images_per_s"):
     rates = loader["images_per_s"]
     rows.append(("eval data path alone img/s: uint8 vs float32 batches",
                  rates.get("uint8, normalised"), rates.get("float32 in the workers")))  # fmt: skip
+    rows.append(("eval data path alone img/s: --decode device vs exact (uint8)",
+                 rates.get("--decode device"), rates.get("uint8, normalised")))  # fmt: skip
 if "timm-resnet18" in steps:  # timm logs "Train: EPOCH [...] ... (avg s, avg images/s)"
     found = re.findall(r"Train: 2 \[.*?\(\s*[\d.]+s,\s*([\d.]+)/s\)", text)
     rows.append(
