@@ -218,3 +218,20 @@ def test_eval_and_extract_features_on_the_device(world):
         assert ours_array.shape == exact_array.shape and len(exact_array) == 11
         scale = np.abs(exact_array).max()
         assert np.abs(ours_array - exact_array).max() <= 0.05 * scale, name
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_eval_decode_is_the_cpu_decode_within_tolerance(files):  # noqa: F811
+    # nvJPEG's IDCT and chroma upsampling are not libjpeg's: a few levels apart at most, as in
+    # training; the resize and crop are the batched products on CUDA.
+    preprocess = Preprocess(image_size=224, resize_size=256)
+    names = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg"]
+    samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
+    dataset = make_dataset(samples, DeviceEvalTransform(preprocess), pixels=True)
+    items = [dataset[index] for index in range(len(names))]
+    cpu = decoded_batch(collate_encoded(items), "cpu")
+    gpu = decoded_batch(collate_encoded(items), "cuda")
+    assert gpu.images.device.type == "cuda" and gpu.images.shape == cpu.images.shape
+    levels = _levels(gpu.images.cpu(), cpu.images)
+    assert levels.mean() <= 1.0 and levels.max() <= 12, (float(levels.mean()), levels.max())
