@@ -423,3 +423,13 @@ def test_training_on_pixel_batches_ends_with_the_weights_of_tensor_batches(
     )
     assert ours.keys() == reference.keys()
     assert all(torch.equal(ours[key], reference[key]) for key in reference)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pixels_normalised_on_the_gpu_are_to_tensor_and_normalize_bit_for_bit():
+    # Every level in every channel: divided by a CPU scalar, CUDA would multiply by 1/255.
+    levels = torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(2, 3, 16, 16)
+    expected = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)(levels.float() / 255)
+    normalized = NormalizedPixels(IMAGENET_MEAN, IMAGENET_STD)
+    assert torch.equal(normalized(levels.cuda()).cpu(), expected)

@@ -235,3 +235,23 @@ def test_gpu_eval_decode_is_the_cpu_decode_within_tolerance(files):  # noqa: F81
     assert gpu.images.device.type == "cuda" and gpu.images.shape == cpu.images.shape
     levels = _levels(gpu.images.cpu(), cpu.images)
     assert levels.mean() <= 1.0 and levels.max() <= 12, (float(levels.mean()), levels.max())
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per-image", "batched"])
+def test_bicubic_clips_its_first_pass_as_pil_does(tmp_path, batched, monkeypatch):
+    # Binary noise: bicubic overshoots past 0 and 255 in the width's pass, which PIL stores in
+    # 8 bits. Unclipped, the crop landed up to 27 levels from PIL's (landscape images, where
+    # every Pillow resizes the width first).
+    monkeypatch.setattr(
+        "torchkit.core.device_decode.resize_crops",
+        lambda *args, **kwargs: resize_crops(*args, **kwargs, batched=batched),
+    )
+    rng = np.random.default_rng(0)
+    path = tmp_path / "noise.jpg"
+    noise = (rng.random((375, 500, 3)) > 0.5).astype(np.uint8) * 255
+    Image.fromarray(noise).save(path, quality=95)
+    preprocess = Preprocess(image_size=224, resize_size=256, interpolation="bicubic")
+    samples = Samples(["a"], [0], paths=[str(path)])
+    dataset = make_dataset(samples, DeviceEvalTransform(preprocess), pixels=True)
+    batch = decoded_batch(collate_encoded([dataset[0]]), "cpu")
+    assert _levels(batch.images[0], _exact(path, preprocess)).max() <= MAX_LEVELS

@@ -58,7 +58,8 @@ def resize_crop(
     view: tuple[int, int, int, int] | None = None,
 ) -> Any:
     """The crop `box` (top, left, height, width) of a (C, H, W) image resized to `size` x
-    `size`, as float32 (not rounded) on the image's device: PIL's crop then resize. With a
+    `size`, as float32 on the image's device: PIL's crop then resize (the width first, rounded
+    to 8 bits as PIL stores it; the height's pass is left unrounded). With a
     `view` (resized height, resized width, top, left) the crop is resized to the view's
     height and width and the `size` x `size` window at its top and left is kept: PIL's resize
     then centre crop (the evaluation transform), where the box is the whole image."""
@@ -75,7 +76,15 @@ def resize_crop(
         columns = pil_nearest_sources(width, resized_width, view_left, size)
         crop = crop[0].index_select(1, host_tensor(rows, torch.long, crop.device))
         return crop.index_select(2, host_tensor(columns, torch.long, crop.device))
-    resized = F.interpolate(crop, size=shape, mode=mode, align_corners=False, antialias=antialias)
+    # PIL stores its first pass in 8 bits, clipping bicubic's overshoot there: unrounded,
+    # bicubic lands up to 27 levels from PIL on high-contrast images. The width goes first, as
+    # in Pillow up to 12; Pillow 13 takes the height first for some shapes (python-pillow/
+    # Pillow#9549), where such pixels stay that far off.
+    across = F.interpolate(
+        crop, size=(height, resized_width), mode=mode, align_corners=False, antialias=antialias
+    )
+    across = across.round_().clamp_(0, 255)
+    resized = F.interpolate(across, size=shape, mode=mode, align_corners=False, antialias=antialias)
     return resized[0, :, view_top : view_top + size, view_left : view_left + size]
 
 
@@ -273,6 +282,7 @@ def _resize_chunk(
     # rows, a product per channel: weights broadcast over the channels would be copied.
     across = torch.bmm(crops.view(count, channels * tallest, widest), columns.mT)
     del crops
+    across.round_().clamp_(0, 255)  # the width's pass in 8 bits, as PIL stores it (above)
     across = across.view(count, channels, tallest, size)
     resized = torch.stack([torch.bmm(rows, across[:, c]) for c in range(channels)], dim=1)
     return resized.round_().clamp_(0, 255).to(torch.uint8)

@@ -230,11 +230,13 @@ class NormalizedPixels:
         if tensors is None:  # built in the process (and on the device) that uses them
             tensors = self._tensors[pixels.device] = tuple(
                 torch.tensor(values, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
-                for values in (self.mean, self.std)
+                for values in ((255.0,), self.mean, self.std)
             )
-        mean, std = tensors
+        # 255 as a tensor on the device: divided by a CPU scalar, CUDA multiplies by its
+        # reciprocal, which is 1 ulp off ToTensor's division for 126 of the 256 levels.
+        levels, mean, std = tensors
         memory_format = memory_format or torch.contiguous_format
-        images = pixels.to(torch.float32, memory_format=memory_format).div_(255)
+        images = pixels.to(torch.float32, memory_format=memory_format).div_(levels)
         return images.sub_(mean).div_(std)
 
     def __repr__(self) -> str:
