@@ -104,9 +104,10 @@ def test_ctrl_c_and_sigterm_do_not_stop_the_helper(painter, tmp_path):
     assert painter.paint(tmp_path / "after.png", HISTORY, None)
 
 
-def test_a_forked_process_does_not_keep_the_helper_alive(painter):
+def test_a_forked_process_does_not_keep_the_helper_alive(painter, tmp_path):
     # DataLoader workers are forked from the run: their copy of the helper's stdin is closed
     # at once, or the helper would wait for them after the run closed it.
+    assert painter.paint(tmp_path / "used.png", HISTORY, None)  # a used helper ends, not killed
     child = os.fork()
     if child == 0:  # pragma: no cover - the forked child
         time.sleep(20)
@@ -119,6 +120,27 @@ def test_a_forked_process_does_not_keep_the_helper_alive(painter):
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+def test_an_unused_helper_is_not_waited_for(painter):
+    # A run refused early (an existing run folder) ends at once, not after matplotlib's import.
+    process = painter.process
+    started = time.monotonic()
+    painter.close()
+    assert time.monotonic() - started < 0.5 and process.returncode is not None
+
+
+def test_the_users_folder_shadows_nothing_and_relative_paths_land_there(tmp_path, monkeypatch):
+    # `python -c` would import a json.py or selectors.py of the working directory first.
+    monkeypatch.chdir(tmp_path)
+    for name in ("json", "selectors", "signal"):
+        (tmp_path / f"{name}.py").write_text("raise SystemExit('shadowed')\n")
+    painter = CurvesPainter.spawn()
+    try:
+        assert painter.paint(Path("relative.png"), HISTORY, None)
+    finally:
+        painter.close()
+    assert (tmp_path / "relative.png").stat().st_size > 1000
 
 
 def test_the_helper_ends_when_its_run_is_killed(tmp_path):

@@ -31,7 +31,9 @@ from torchkit.core.device_decode import (
     decoded_batch,
     decoded_with_indices,
     eval_view,
+    pil_errors,
 )
+from torchkit.core.image_files import unreadable_image_errors
 from torchkit.core.models import build_model
 from torchkit.core.preprocessing import Preprocess
 from torchkit.core.transforms import eval_transform
@@ -110,6 +112,8 @@ def test_everything_else_is_the_exact_paths_pixels(files):  # noqa: F811
         ("trailing.jpg", preprocess),
         ("truncated.jpg", preprocess),
         ("wide.jpg", small),
+        # a filter only PIL has, as a checkpoint's preprocessing may name it
+        ("wide.jpg", Preprocess(image_size=64, resize_size=73, interpolation="lanczos")),
     ]:
         samples = Samples(["a"], [0], paths=[str(files[name])])
         ours = make_dataset(samples, DeviceEvalTransform(settings), pixels=True)[0]
@@ -122,6 +126,8 @@ def test_everything_else_is_the_exact_paths_pixels(files):  # noqa: F811
 
 
 def test_unreadable_files_are_reported_by_index_as_the_exact_path_does(files):  # noqa: F811
+    # what the device path's PIL fallback catches is what the exact path's loader catches
+    assert set(pil_errors()) == set(unreadable_image_errors())
     preprocess = Preprocess(image_size=64, resize_size=73)
     names = ["wide.jpg", "garbage.jpg", "corrupt.jpg", "tall.jpg"]
     samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])

@@ -248,10 +248,13 @@ class DeviceEvalTransform:
         return self.pixels(image)
 
     def pixels_from_file(self, path: str | os.PathLike, mode: str) -> Any:
+        from torchkit.core.crop_resize import INTERPOLATE_MODES
         from torchkit.core.image_files import load_image
 
         name = os.fspath(path)
-        if mode == "RGB" and name.lower().endswith(JPEG_SUFFIXES):
+        # A checkpoint's preprocessing may name a filter only PIL has (lanczos): PIL's path.
+        supported = self.interpolation in INTERPOLATE_MODES
+        if supported and mode == "RGB" and name.lower().endswith(JPEG_SUFFIXES):
             found = device_jpeg(name)
             if found is not None:
                 data, width, height = found
@@ -389,10 +392,10 @@ class EncodedImages:
 
 
 def pil_errors() -> tuple[type[BaseException], ...]:
-    """What PIL raises for an unreadable image (`core.dataset.make_dataset` catches the same)."""
-    from PIL import Image
+    """What PIL raises for an unreadable image: what `core.dataset.make_dataset` catches."""
+    from torchkit.core.image_files import unreadable_image_errors
 
-    return (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+    return unreadable_image_errors()
 
 
 def decode_jpegs(chunks: list, device: Any) -> list:

@@ -240,10 +240,10 @@ class PredictRun:
             for _ in range(steps):
                 batch = next(own, None)
                 local = None
-                if batch is not None and on_device:
-                    batch = decoded_with_indices(batch, self.device)
                 if batch is not None:
                     try:
+                        if on_device:
+                            batch = decoded_with_indices(batch, self.device)
                         local = self._score(
                             model, batch, amp_dtype, memory_format, normalized, first=first
                         )

@@ -34,7 +34,15 @@ SWITCH = "TORCHKIT_CURVES_HELPER"
 # The longest wait for one plot: the first use of matplotlib in an environment builds its font
 # cache (seconds); past this the run draws the plot itself.
 ANSWER_TIMEOUT_S = 120.0
-_SERVE = "from torchkit.core.train.curves_painter import serve\nserve()"
+# `-c` puts the working directory first on sys.path, where a user's json.py or selectors.py
+# would shadow the standard library's: the helper takes it off before importing anything.
+# (Not under PYTHONSAFEPATH, which leaves it out already.)
+_SERVE = """import sys
+if sys.path[:1] == [""]:
+    del sys.path[0]
+from torchkit.core.train.curves_painter import serve
+serve()
+"""
 _live: weakref.WeakSet[CurvesPainter] = weakref.WeakSet()
 
 
@@ -43,7 +51,8 @@ def _close_in_forked_child() -> None:
         painter.forget()
 
 
-os.register_at_fork(after_in_child=_close_in_forked_child)
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_close_in_forked_child)
 
 
 class CurvesPainter:
@@ -51,6 +60,7 @@ class CurvesPainter:
 
     def __init__(self, process: subprocess.Popen) -> None:
         self.process: subprocess.Popen | None = process
+        self.painted = False  # whether it has drawn anything (until then it may be killed)
         _live.add(self)
 
     @classmethod
@@ -86,7 +96,8 @@ class CurvesPainter:
         if process.poll() is not None:
             self.close()
             return False
-        request = {"path": str(path), "history": history, "best_epoch": best_epoch}
+        # Absolute: the helper keeps the working directory it was started in.
+        request = {"path": os.path.abspath(path), "history": history, "best_epoch": best_epoch}
         try:
             line = json.dumps(request).encode() + b"\n"
         except (TypeError, ValueError):  # a value JSON cannot carry: drawn here
@@ -98,6 +109,7 @@ class CurvesPainter:
         except (OSError, ValueError) as error:  # a broken pipe: the helper is gone
             answer = f"no answer ({error})".encode()
         if answer.strip() == b"ok":
+            self.painted = True
             return True
         why = answer.decode(errors="replace").strip() or "no answer"
         log.info("the plotting helper did not draw curves.png: %s", why)
@@ -111,6 +123,8 @@ class CurvesPainter:
             return
         _live.discard(self)
         _close_pipes(process)
+        if not self.painted:  # a run that ends early (a refused folder) waits for no import
+            process.kill()
         try:
             process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -118,11 +132,19 @@ class CurvesPainter:
             process.wait()
 
     def forget(self) -> None:
-        """In a forked child: close this process's copies of the pipes, touch nothing else."""
+        """In a forked child: close this process's copies of the pipes, touch nothing else.
+        The descriptors are pointed at /dev/null rather than the streams closed: closing would
+        flush them and take their locks, which a thread of the parent may have held."""
         process, self.process = self.process, None
         if process is None:
             return
-        _close_pipes(process)
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            for stream in (process.stdin, process.stdout):
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
         process.returncode = 0  # not this process's child: never wait for it
 
 
@@ -135,13 +157,17 @@ def _close_pipes(process: subprocess.Popen) -> None:
 def _environment() -> dict[str, str]:
     """This process's environment, with PYTHONPATH naming the source tree torchkit was
     imported from when it is not installed (a checkout on sys.path), so the helper finds it."""
+    import site
+
     import torchkit
 
     environment = dict(os.environ)
     root = Path(torchkit.__file__).resolve().parents[1]
-    if not root.is_relative_to(Path(sys.prefix).resolve()):
+    installed = [*site.getsitepackages(), site.getusersitepackages()]
+    if not any(Path(folder).resolve() == root for folder in installed):
+        # After the user's own entries: found, without shadowing anything of theirs.
         rest = environment.get("PYTHONPATH", "")
-        environment["PYTHONPATH"] = str(root) + (os.pathsep + rest if rest else "")
+        environment["PYTHONPATH"] = (rest + os.pathsep if rest else "") + str(root)
     return environment
 
 

@@ -50,14 +50,14 @@ def run_training(
     started = time.perf_counter()
     folder = RunFolder(inputs, output_file)
     try:
-        if os.environ.get("RANK", "0") == "0" and not config.find_lr:
-            folder.start_painter()  # curves.png's plotting library loads beside the start
         plan = None
         if not config.resume and not distributed.joins_process_group():
             # A new run in one process is checked before torch is even imported: a refused
             # run folder costs a fraction of a second.
             plan = plan_run(config, overrides)
             folder.open(DistContext(), plan)
+        if os.environ.get("RANK", "0") == "0" and not config.find_lr:
+            folder.start_painter()  # curves.png's plotting library loads beside torch's
         return _run_with_torch(
             config, overrides, plan, folder, callbacks or TrainCallbacks(), started
         )
