@@ -260,7 +260,8 @@ InferenceDecodeOption = Annotated[
         help="Where images are decoded, resized and cropped. exact: PIL, in the loader workers "
         "(torchvision's eval transform). device: JPEGs on the --device (nvJPEG on CUDA, "
         "libjpeg-turbo on CPUs), resized there with PIL's filters, within 1 level of 255 of "
-        "exact on CPUs (nvJPEG's decode differs by a few levels); other files as exact.",
+        "exact on CPUs for photos (nvJPEG's decode differs by a few levels); other files as "
+        "exact.",
     ),
 ]
 ChannelsLastOption = Annotated[
