@@ -39,11 +39,12 @@ def _loader(samples, preprocess, *, side: str, workers: int, batch: int, device)
 
     from torchkit.core.batches import collate_skipping_unreadable
     from torchkit.core.dataset import loader_context, make_dataset
-    from torchkit.core.device_decode import DeviceEvalTransform, collate_encoded
+    from torchkit.core.device_decode import collate_encoded
     from torchkit.core.transforms import eval_transform
 
     if side == "device":
-        transform, collate = DeviceEvalTransform(preprocess), collate_encoded
+        transform = eval_transform(preprocess, pixels=True, decode="device")
+        collate = collate_encoded
     else:
         transform = eval_transform(preprocess, pixels=side == "pixels")
         collate = collate_skipping_unreadable

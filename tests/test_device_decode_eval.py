@@ -24,7 +24,6 @@ from torchkit.core.crop_resize import resize_crops
 from torchkit.core.dataset import make_dataset
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.device_decode import (
-    DeviceEvalTransform,
     EncodedJpeg,
     collate_encoded,
     collate_encoded_with_failures,
@@ -39,6 +38,10 @@ from torchkit.core.preprocessing import Preprocess
 from torchkit.core.transforms import eval_transform
 
 DEVICE_NAMES = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "mpo.jpg"]
+
+
+def _device(preprocess: Preprocess):
+    return eval_transform(preprocess, pixels=True, decode="device")
 
 
 def _exact(path, preprocess: Preprocess) -> torch.Tensor:
@@ -69,7 +72,7 @@ def test_pixels_are_within_the_stated_tolerance_of_the_eval_transform(
         image_size=image_size, resize_size=resize_size, interpolation=interpolation
     )
     samples = Samples(["a"], [0] * len(DEVICE_NAMES), paths=[str(files[n]) for n in DEVICE_NAMES])
-    dataset = make_dataset(samples, DeviceEvalTransform(preprocess), pixels=True)
+    dataset = make_dataset(samples, _device(preprocess), pixels=True)
     items = [dataset[index] for index in range(len(DEVICE_NAMES))]
     assert all(isinstance(item[0], EncodedJpeg) for item in items)  # all on the device
     batch = decoded_batch(collate_encoded(items), "cpu")
@@ -116,7 +119,7 @@ def test_everything_else_is_the_exact_paths_pixels(files):  # noqa: F811
         ("wide.jpg", Preprocess(image_size=64, resize_size=73, interpolation="lanczos")),
     ]:
         samples = Samples(["a"], [0], paths=[str(files[name])])
-        ours = make_dataset(samples, DeviceEvalTransform(settings), pixels=True)[0]
+        ours = make_dataset(samples, _device(settings), pixels=True)[0]
         exact = make_dataset(samples, eval_transform(settings, pixels=True), pixels=True)[0]
         assert not isinstance(ours[0], EncodedJpeg), name
         if exact[0] is None:  # truncated: unreadable, with the same reason
@@ -131,7 +134,7 @@ def test_unreadable_files_are_reported_by_index_as_the_exact_path_does(files):  
     preprocess = Preprocess(image_size=64, resize_size=73)
     names = ["wide.jpg", "garbage.jpg", "corrupt.jpg", "tall.jpg"]
     samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
-    ours = make_dataset(samples, DeviceEvalTransform(preprocess), pixels=True)
+    ours = make_dataset(samples, _device(preprocess), pixels=True)
     exact = make_dataset(samples, eval_transform(preprocess, pixels=True), pixels=True)
     items = [ours[index] for index in range(len(names))]
     pixels, kept, failed = decoded_with_indices(collate_encoded_with_failures(items), "cpu")
@@ -234,7 +237,7 @@ def test_gpu_eval_decode_is_the_cpu_decode_within_tolerance(files):  # noqa: F81
     preprocess = Preprocess(image_size=224, resize_size=256)
     names = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg"]
     samples = Samples(["a"], [0] * len(names), paths=[str(files[n]) for n in names])
-    dataset = make_dataset(samples, DeviceEvalTransform(preprocess), pixels=True)
+    dataset = make_dataset(samples, _device(preprocess), pixels=True)
     items = [dataset[index] for index in range(len(names))]
     cpu = decoded_batch(collate_encoded(items), "cpu")
     gpu = decoded_batch(collate_encoded(items), "cuda")
@@ -258,6 +261,13 @@ def test_bicubic_clips_its_first_pass_as_pil_does(tmp_path, batched, monkeypatch
     Image.fromarray(noise).save(path, quality=95)
     preprocess = Preprocess(image_size=224, resize_size=256, interpolation="bicubic")
     samples = Samples(["a"], [0], paths=[str(path)])
-    dataset = make_dataset(samples, DeviceEvalTransform(preprocess), pixels=True)
+    dataset = make_dataset(samples, _device(preprocess), pixels=True)
     batch = decoded_batch(collate_encoded([dataset[0]]), "cpu")
     assert _levels(batch.images[0], _exact(path, preprocess)).max() <= MAX_LEVELS
+
+
+def test_an_unknown_decode_is_a_usage_error():
+    from torchkit.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown --decode 'turbo'"):
+        eval_transform(Preprocess(), pixels=True, decode="turbo")

@@ -232,15 +232,14 @@ def eval_view(
 
 class DeviceEvalTransform:
     """The evaluation transform (resize, centre crop) of `--decode device` in eval, predict and
-    extract-features: `pixels_from_file` gives an `EncodedJpeg` (the whole image as the box, the
+    extract-features (built by `core.transforms.eval_transform(decode="device")`):
+    `pixels_from_file` gives an `EncodedJpeg` (the whole image as the box, the
     resize and crop as its view) for JPEGs the device path takes, and the 8-bit crop of
     `core.transforms.eval_transform(pixels=True)` for anything else. On PIL images (in-memory
     data) it is that transform."""
 
-    def __init__(self, preprocess: Any) -> None:
-        from torchkit.core.transforms import eval_transform
-
-        self.pixels = eval_transform(preprocess, pixels=True)
+    def __init__(self, pixels: Any, preprocess: Any) -> None:
+        self.pixels = pixels  # `core.transforms.eval_transform(preprocess, pixels=True)`
         self.resize_size, self.size = preprocess.resize_size, preprocess.image_size
         self.interpolation = preprocess.interpolation
 

@@ -9,14 +9,25 @@ from torchkit.core.preprocessing import Preprocess
 AUGMENT_POLICIES = ("none", "basic", "trivialaugment", "randaugment", "autoaugment")
 
 
-def eval_transform(preprocess: Preprocess, *, pixels: bool = False):
+def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str = "exact"):
     """Resize the shorter side, centre-crop, to tensor, normalise (torchvision's eval recipe).
     With `pixels` the transform stops at the 8-bit crop, a uint8 (C, H, W) tensor, and the
     consumer normalises whole batches on its device (`core.decode.model_input`): the same
-    float32 values, bit for bit, from a quarter of the bytes."""
+    float32 values, bit for bit, from a quarter of the bytes. `decode="device"` (with `pixels`):
+    JPEG files reach the batch as their bytes, to be decoded, resized and cropped where the
+    model runs (`core.device_decode.DeviceEvalTransform`); other images as with `exact`."""
     from torchvision import transforms as T
 
     from torchkit.core.decode import PixelTensor
+
+    if decode not in ("exact", "device"):
+        raise UsageError(f"unknown --decode {decode!r}: choose exact or device")
+    if decode == "device":
+        from torchkit.core.device_decode import DeviceEvalTransform
+
+        if not pixels:
+            raise ValueError("decode='device' gives 8-bit crops: it needs pixels=True")
+        return DeviceEvalTransform(eval_transform(preprocess, pixels=True), preprocess)
 
     mode = T.InterpolationMode(preprocess.interpolation)
     crop = [

@@ -355,7 +355,7 @@ def _run(
 
     from torchkit.core.batches import collate_skipping_unreadable
     from torchkit.core.dataset import default_workers, loader_context, make_dataset
-    from torchkit.core.device_decode import DeviceEvalTransform, collate_encoded
+    from torchkit.core.device_decode import collate_encoded
     from torchkit.core.transforms import eval_transform
 
     device = ctx.device
@@ -389,10 +389,9 @@ def _run(
     model.to(device)
     if options.channels_last:
         model.to(memory_format=torch.channels_last)
-    if options.decode == "device":  # JPEGs reach the batch as bytes, decoded on the device
-        transform, collate = DeviceEvalTransform(preprocess), collate_encoded
-    else:
-        transform, collate = eval_transform(preprocess, pixels=True), collate_skipping_unreadable
+    # --decode device: JPEGs reach the batch as their bytes, decoded on the device
+    collate = collate_encoded if options.decode == "device" else collate_skipping_unreadable
+    transform = eval_transform(preprocess, pixels=True, decode=options.decode)
     dataset = make_dataset(samples, transform, mode=mode, pixels=True)
     workers = default_workers() if options.workers is None else options.workers
     loader = torch.utils.data.DataLoader(

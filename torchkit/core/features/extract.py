@@ -194,7 +194,6 @@ def _extract(
 
     from torchkit.core.datasource import open_data, select_split
     from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
-    from torchkit.core.device_decode import DeviceEvalTransform
     from torchkit.core.transforms import eval_transform
 
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
@@ -249,10 +248,8 @@ def _extract(
             return _result_from_meta(Path(request.out), finished)
         resumed_from = store.progress.done
         started = time.perf_counter()
-        if request.decode == "device":  # JPEGs decoded on the device, batch by batch
-            transform = DeviceEvalTransform(preprocess)
-        else:
-            transform = eval_transform(preprocess, pixels=True)  # normalised on the device
+        # 8-bit crops normalised on the device; JPEG bytes decoded there with --decode device
+        transform = eval_transform(preprocess, pixels=True, decode=request.decode)
         loader = _loader(samples, transform, preprocess.in_channels, request, device)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         _extract_rows(

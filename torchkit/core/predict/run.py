@@ -203,7 +203,6 @@ class PredictRun:
         from torchkit.core.dataset import make_dataset
         from torchkit.core.decode import NormalizedPixels
         from torchkit.core.device_decode import (
-            DeviceEvalTransform,
             collate_encoded_with_failures,
             decoded_with_indices,
         )
@@ -216,11 +215,7 @@ class PredictRun:
             model.to(memory_format=memory_format)
         preprocess = self.resolved.preprocess
         on_device = request.decode == "device"  # JPEGs decoded on the device, batch by batch
-        transform = (
-            DeviceEvalTransform(preprocess)
-            if on_device
-            else eval_transform(preprocess, pixels=True)
-        )
+        transform = eval_transform(preprocess, pixels=True, decode=request.decode)
         dataset = make_dataset(samples, transform, mode=self.mode, pixels=True)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         batches = _interleaved_batches(len(samples), request.batch_size, ctx.rank, ctx.world_size)
