@@ -15,6 +15,8 @@
 #   - the wall time of the README's main job (`torchkit train`, digits);
 #   - the host's milliseconds per batch of the device path's crop and resize, batched against
 #     image by image (benchmarks/bench_crop_resize.py);
+#   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
+#     exact;
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
 #     normalised on the device against float32 ones, and --decode device against exact
 #     (benchmarks/bench_inference_loader.py).
@@ -122,6 +124,13 @@ step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-s
 # the device against float32 batches normalised in the workers, and --decode device.
 step eval-loader 60 "$PY" "$HERE/bench_inference_loader.py" --device "$DEV" --data "$W/jp/train" \
   --size "$IMG" --batch-size "$B" --workers "$NJ" --repeats 1 --json "$W/evalloader.json"
+# `torchkit eval` of the trained model over the training JPEGs: PIL in the workers (exact)
+# against --decode device, the same batch, workers, AMP and memory format.
+for decode in exact device; do
+  step "eval-$decode" 60 "${TK[@]}" eval "$W/big/best.pt" --data "$W/jp" --split train \
+    -b "$B" -j "$NJ" "${AMPF[@]}" --device "$DEV" --decode "$decode" --format json \
+    -o "$W/eval_$decode.json"
+done
 if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data
   timm_args=(--data-dir "$W/jp" --train-split train --val-split val --num-classes 10
              --img-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" --opt adamw --lr 0.001

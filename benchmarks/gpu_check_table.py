@@ -116,6 +116,11 @@ if loader and loader.get("images_per_s"):
                  rates.get("uint8, normalised"), rates.get("float32 in the workers")))  # fmt: skip
     rows.append(("eval data path alone img/s: --decode device vs exact (uint8)",
                  rates.get("--decode device"), rates.get("uint8, normalised")))  # fmt: skip
+evals = {decode: load(f"eval_{decode}.json") for decode in ("exact", "device")}
+if any(evals.values()):
+    rates = {d: (e or {}).get("images_per_second") for d, e in evals.items()}
+    rows.append((f"{big} `torchkit eval` img/s: --decode device vs exact",
+                 rates["device"], rates["exact"]))  # fmt: skip
 if "timm-resnet18" in steps:  # timm logs "Train: EPOCH [...] ... (avg s, avg images/s)"
     found = re.findall(r"Train: 2 \[.*?\(\s*[\d.]+s,\s*([\d.]+)/s\)", text)
     rows.append(
