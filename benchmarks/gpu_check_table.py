@@ -187,7 +187,7 @@ with open(log, errors="replace") as handle:
         if text.startswith("=== "):
             run = text[4:].split(":", 1)[0]
         for epoch in ("epoch 1: ", "epoch 2: "):
-            if epoch + "first batch after" in text:
+            if epoch + "first batch after" in text or epoch + "validation took" in text:
                 first_epochs.append(f"{run} {epoch}{text.split(epoch, 1)[1].strip()}")
 if first_epochs:
     lines += ["", "epochs 1 and 2 (train -v):", *(f"- {line}" for line in first_epochs)]

@@ -30,13 +30,17 @@ def test_verbose_training_logs_each_epochs_timeline(runner, tmp_path, make_image
         first_batch, first_steps = float(match[2]), float(match[3])
         assert 0 <= first_batch <= first_steps and int(match[4]) == 1
         assert float(match[6]) <= float(match[7])  # waited within the epoch
+    # and the rest of each epoch: validation, then the checkpoints (and plot) it saved
+    after = [re.search(r"epoch (\d): validation took (\d+\.\d\d) s, saving (\d+\.\d\d) s$", line)
+             for line in result.stderr.splitlines()]  # fmt: skip
+    assert [match[1] for match in after if match] == ["1", "2"]
 
 
 def test_without_verbose_there_is_no_timeline(runner, tmp_path, make_image_folder):
     data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
     result = runner.invoke(app, [*ARGS, "--data", str(data), "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.stderr
-    assert "first batch after" not in result.stderr
+    assert "first batch after" not in result.stderr and "validation took" not in result.stderr
 
 
 def test_the_wait_for_batches_is_the_time_spent_in_the_loaders_next(monkeypatch):

@@ -10,6 +10,7 @@ same on every rank; only rank 0 writes the run folder and calls the display.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from typing import Any
@@ -31,6 +32,9 @@ from torchkit.core.train.loop import (
 from torchkit.core.train.resume import restore_rank_rng
 from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.state import TrainState
+from torchkit.core.train.timeline import EpochTimeline
+
+log = logging.getLogger("torchkit")
 
 # Plotting takes a good fraction of a second: curves.png is redrawn at most this often during
 # the run, and always at its end. metrics.csv is rewritten after every epoch.
@@ -132,7 +136,9 @@ class EpochDriver:
     def _end_epoch(self, epoch: int) -> None:
         """Validate a finished epoch, rank it against the best so far, and save it."""
         state, config = self.state, self.state.config
+        started = time.perf_counter()
         row = epoch_row(self.ctx, state, self.callbacks, epoch)
+        validated = time.perf_counter()
         self.images_seen += row["images_per_s"] * row["epoch_time_s"]
         self.images_seconds += row["epoch_time_s"]
         state.history.append(row)
@@ -152,6 +158,13 @@ class EpochDriver:
             if time.perf_counter() - self.curves_written > CURVES_EVERY_S:
                 self.folder.write_curves(state.history, state.best_epoch)
                 self.curves_written = time.perf_counter()
+            if EpochTimeline.wanted():  # the epoch's time outside its training steps
+                log.info(
+                    "epoch %d: validation took %.2f s, saving %.2f s",
+                    epoch + 1,
+                    validated - started,
+                    time.perf_counter() - validated,
+                )
             self.callbacks.on_epoch_end(row, is_best)
 
     def should_stop(self, force: bool = False) -> bool:
