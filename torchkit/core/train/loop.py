@@ -133,17 +133,12 @@ def to_device(batch, ctx: StepContext):
     pixels (a quarter of the bytes to copy) normalised there, in the memory format asked for."""
     import torch
 
-    images = batch.images.to(ctx.device, non_blocking=True)
-    labels = batch.labels.to(ctx.device, non_blocking=True)
-    channels_last = ctx.channels_last and images.ndim == 4
-    if images.dtype == torch.uint8:
-        if ctx.normalized_pixels is None:
-            raise TypeError("a batch of 8-bit pixels, and no normalisation to apply to it")
-        layout = torch.channels_last if channels_last else torch.contiguous_format
-        images = ctx.normalized_pixels(images, layout)
-    elif channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    return images, labels
+    from torchkit.core.decode import model_input
+
+    channels_last = ctx.channels_last and batch.images.ndim == 4
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    images = model_input(batch.images, ctx.device, ctx.normalized_pixels, layout)
+    return images, batch.labels.to(ctx.device, non_blocking=True)
 
 
 def train_one_epoch(
