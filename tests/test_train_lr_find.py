@@ -54,7 +54,7 @@ def test_find_lr_restores_the_model_and_the_optimizer():
     ctx = SimpleNamespace(
         module=model, model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(),
         device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False),
-        scaler=None, channels_last=False,
+        scaler=None, channels_last=False, normalized_pixels=None,  # float batches: not used
     )  # fmt: skip
     result = find_lr(ctx, lambda: iter(batches), lr_min=1e-4, lr_max=1.0, iterations=10)
     assert len(result.lrs) == 10  # cycled through the 3 batches
