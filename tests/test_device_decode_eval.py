@@ -271,3 +271,15 @@ def test_an_unknown_decode_is_a_usage_error():
 
     with pytest.raises(UsageError, match="unknown --decode 'turbo'"):
         eval_transform(Preprocess(), pixels=True, decode="turbo")
+
+
+def test_extract_features_resumes_only_with_the_decode_it_started_with(world):
+    # Other pixels, other features: a store is not continued with another --decode.
+    out = world["tmp"] / "features"
+    args = ["extract-features", str(world["checkpoint"]), str(world["data"]), str(out)]
+    _invoke(*args, "--decode", "device")
+    other = CliRunner().invoke(app, [*args, "--resume", "--device", "cpu", "-j", "0"])
+    assert other.exit_code == 2
+    assert "another model, layers, options or images" in other.stderr
+    same = _invoke(*args, "--resume", "--decode", "device")
+    assert "already complete" in same.stderr

@@ -341,6 +341,14 @@ class EncodedImages:
             self.views,
         )
 
+    def reasons(self, failures: list[tuple[int, BaseException]]) -> list[tuple[int, str]]:
+        """(position, "path: reason") of `decode`'s failures, in batch order: what today's
+        path reports for an unreadable image."""
+        return [
+            (position, f"{self.paths[self.encoded_at.index(position)]}: {error}")
+            for position, error in sorted(failures, key=lambda failure: failure[0])
+        ]
+
     def decode(self, device: Any) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
         """(pixels, kept, failures): the batch's uint8 (N, 3, size, size) crops on `device`
         (None if none was readable), the batch positions they are of, in order, and (position,
@@ -581,9 +589,7 @@ def decoded_batch(batch: Any, device: Any) -> Any:
     if not isinstance(images, EncodedImages):
         return batch
     pixels, kept, failures = images.decode(device)
-    errors = list(batch.errors)
-    for position, error in sorted(failures, key=lambda failure: failure[0]):
-        errors.append(f"{images.paths[images.encoded_at.index(position)]}: {error}")
+    errors = [*batch.errors, *(reason for _, reason in images.reasons(failures))]
     if pixels is None:
         return Batch(None, None, None, errors)
     labels, indices = batch.labels, batch.indices
@@ -615,7 +621,5 @@ def decoded_with_indices(
         return batch.images, indices, failed
     encoded = batch.images
     pixels, kept, failures = encoded.decode(device)
-    for position, error in sorted(failures, key=lambda failure: failure[0]):
-        path = encoded.paths[encoded.encoded_at.index(position)]
-        failed = [*failed, (indices[position], f"{path}: {error}")]
+    failed = [*failed, *((indices[at], reason) for at, reason in encoded.reasons(failures))]
     return pixels, [indices[position] for position in kept], failed
