@@ -63,6 +63,18 @@ class EpochDriver:
         self.curves_written = time.perf_counter()  # first plot after CURVES_EVERY_S
         self.images_seen = 0.0  # over this invocation's finished epochs, for images/s
         self.images_seconds = 0.0
+        # Where the epochs' time outside their training steps went (`train -v`'s last line).
+        self.validation_seconds = self.saving_seconds = self.curves_seconds = 0.0
+
+    def time_split(self) -> str:
+        """The epochs' wall time (`train_seconds`) split into training steps, validation,
+        saving and the last curves.png, for the run's timeline."""
+        other = self.validation_seconds + self.saving_seconds + self.curves_seconds
+        return (
+            f"training steps {max(0.0, self.result.train_seconds - other):.2f} s, "
+            f"validation {self.validation_seconds:.2f} s, saving {self.saving_seconds:.2f} s, "
+            f"curves.png {self.curves_seconds:.2f} s"
+        )
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -166,6 +178,8 @@ class EpochDriver:
                     time.perf_counter() - validated,
                 )
             self.callbacks.on_epoch_end(row, is_best)
+        self.validation_seconds += validated - started
+        self.saving_seconds += time.perf_counter() - validated
 
     def should_stop(self, force: bool = False) -> bool:
         """Whether every rank stops now (after an optimiser update, or between epochs with
@@ -182,7 +196,9 @@ class EpochDriver:
         state, result = self.state, self.result
         self.folder.close_tensorboard()
         if self.ctx.is_main and state.history and result.kept:
+            drawn = time.perf_counter()
             self.folder.write_curves(state.history, state.best_epoch)
+            self.curves_seconds = time.perf_counter() - drawn
         if self.ctx.is_main:
             self.callbacks.on_train_end(result.interrupted)
         result.best_epoch = state.best_epoch

@@ -26,6 +26,7 @@ from torchkit.core.train.outputs import check_tensorboard, versions
 from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.setup import RunPlan, build_amp, plan_run, prepare_state
 from torchkit.core.train.state import TrainState
+from torchkit.core.train.timeline import EpochTimeline, RunTimeline, process_age
 
 __all__ = ["RunInfo", "TrainCallbacks", "TrainResult", "run_training"]
 
@@ -48,6 +49,7 @@ def run_training(
     (-o FILE): it is checked with the run folder, before any work.
     """
     started = time.perf_counter()
+    before = process_age()
     folder = RunFolder(inputs, output_file)
     try:
         plan = None
@@ -58,8 +60,9 @@ def run_training(
             folder.open(DistContext(), plan)
         if os.environ.get("RANK", "0") == "0" and not config.find_lr:
             folder.start_painter()  # curves.png's plotting library loads beside torch's
+        timeline = RunTimeline(started, before)
         return _run_with_torch(
-            config, overrides, plan, folder, callbacks or TrainCallbacks(), started
+            config, overrides, plan, folder, callbacks or TrainCallbacks(), timeline
         )
     except BaseException:
         folder.release(ok=False)
@@ -72,12 +75,13 @@ def _run_with_torch(
     plan: RunPlan | None,
     folder: RunFolder,
     callbacks: TrainCallbacks,
-    started: float,
+    timeline: RunTimeline,
 ) -> TrainResult:
     """The run in this process (one rank under torchrun), with torch's global switches
     (deterministic algorithms, cuDNN) put back as they were afterwards."""
     import torch
 
+    timeline.mark("importing torch")
     flags = (
         torch.are_deterministic_algorithms_enabled(),
         torch.backends.cudnn.deterministic,
@@ -90,7 +94,7 @@ def _run_with_torch(
     ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
     try:
         ddp.check_ddp_device(ctx)
-        result = _train(ctx, plan, folder, callbacks, started)
+        result = _train(ctx, plan, folder, callbacks, timeline)
         # Every rank leaves together: a rank tearing down Gloo while another still finishes its
         # last collective made the latter abort at exit ("terminate called without an active
         # exception", seen in about one full test run in four).
@@ -117,7 +121,11 @@ def _run_with_torch(
 
 
 def _train(
-    ctx: DistContext, plan: RunPlan, folder: RunFolder, callbacks: TrainCallbacks, started: float
+    ctx: DistContext,
+    plan: RunPlan,
+    folder: RunFolder,
+    callbacks: TrainCallbacks,
+    timeline: RunTimeline,
 ) -> TrainResult:
     """This rank's part of the run: set up, write the run files, train and test (or the range
     test). A failure removes a new run that saved nothing and puts an earlier one back."""
@@ -126,12 +134,17 @@ def _train(
         try:
             state = _set_up(ctx, plan, folder)
             result = _begin(ctx, plan, state, folder)
+            timeline.mark("set-up", "the device, data, model, loaders and run folder")
             if state.config.find_lr:
                 _find_lr(ctx, state, folder, result)
+                timeline.mark("the range test")
             else:
                 _announce(ctx, state, folder, callbacks)
-                EpochDriver(ctx, state, folder, callbacks, result).run()
+                epochs = EpochDriver(ctx, state, folder, callbacks, result)
+                epochs.run()
+                timeline.mark(_epochs_phase(state, result), epochs.time_split())
                 evaluate_best_on_test(ctx, state, folder, callbacks, result)
+                timeline.mark("test")
         except BaseException:
             folder.release(ok=False)
             raise
@@ -139,8 +152,17 @@ def _train(
     finally:
         if state is not None:
             state.loaders.close()  # DataLoader workers stop now, whatever happened
-    result.total_seconds = time.perf_counter() - started
+    timeline.mark("closing")
+    result.total_seconds = time.perf_counter() - timeline.started
+    if ctx.is_main and EpochTimeline.wanted():
+        timeline.report()
     return result
+
+
+def _epochs_phase(state: TrainState, result: TrainResult) -> str:
+    """'N epochs' trained by this invocation (a resumed epoch counts as one)."""
+    trained = result.epochs - state.start_epoch
+    return f"{trained} epoch" + ("" if trained == 1 else "s")
 
 
 def _set_up(ctx: DistContext, plan: RunPlan, folder: RunFolder) -> TrainState:

@@ -6,11 +6,17 @@ own line, on any machine. Every epoch's line also says how long the loop waited 
 (time the device may have idled for want of data: near zero when the model is what limits the
 rate), and with `--decode device` on a GPU how the decode thread spent its time: decoding
 (the host's time in the decode and resize calls: nvJPEG holds it until its batch is decoded,
-the resize kernels it only queues), or waiting for the loader's workers."""
+the resize kernels it only queues), or waiting for the loader's workers.
+
+At the end of the run one more line says where the whole run's wall time went (`RunTimeline`):
+starting Python and the imports before the run began, set-up, the epochs (their training steps,
+validation and saving), curves.png and the test, so a slow job is explained phase by phase.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -78,3 +84,46 @@ class EpochTimeline:
                 f"{ahead.loader_seconds:.2f} s waiting for the loader)"
             )
         log.info("%s", line)
+
+
+def process_age() -> float | None:
+    """Seconds since this process started, from Linux's /proc (None elsewhere, or when it
+    cannot be read): the share of a run's wall time spent before torchkit's code ran."""
+    try:
+        with open("/proc/self/stat") as stat:
+            # Field 22 (start time, clock ticks since boot) counts from after the command name,
+            # which may itself hold spaces and parentheses.
+            started_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as uptime:
+            now = float(uptime.read().split()[0])
+        return max(0.0, now - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class RunTimeline:
+    """The phases of a whole run, for its last `train -v` line: each `mark` closes the phase
+    since the previous one; `details` adds a parenthesised split to a phase."""
+
+    def __init__(self, started: float, before: float | None) -> None:
+        self.started = self.last = started
+        self.before = before  # seconds the process had run when the run began
+        self.phases: list[tuple[str, float, str]] = []
+
+    def mark(self, phase: str, details: str = "") -> None:
+        now = time.perf_counter()
+        self.phases.append((phase, now - self.last, details))
+        self.last = now
+
+    def line(self) -> str:
+        total = self.last - self.started + (self.before or 0.0)
+        since = "since the process started" if self.before is not None else "since the run began"
+        parts = []
+        if self.before is not None:
+            parts.append(f"{self.before:.2f} s before the run began (starting Python, imports)")
+        for phase, seconds, details in self.phases:
+            parts.append(f"{phase} {seconds:.2f} s" + (f" ({details})" if details else ""))
+        return f"run: {total:.2f} s {since}: " + ", ".join(parts)
+
+    def report(self) -> None:
+        log.info("%s", self.line())
