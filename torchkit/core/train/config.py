@@ -129,6 +129,7 @@ IGNORED_ON_RESUME = (
     "data_defaults",
     "dist_timeout",
     "trust_checkpoint",
+    "profile_steps",
 )
 
 
@@ -498,6 +499,17 @@ class TrainConfig:
         panel=OUTPUTS_PANEL,
         help="Also log to OUT/tensorboard (needs the tensorboard package).",
     )
+    profile_steps: int = option(
+        0,
+        panel=OUTPUTS_PANEL,
+        minimum=0,
+        metavar="N",
+        help="Profile the first N training steps of the first two epochs this run trains "
+        "(torch.profiler; CPU, and CUDA on a GPU): OUT/profile/epoch-K.txt lists the "
+        "operators by self time, epoch-K.json is the trace for Perfetto or chrome://tracing. "
+        "The first epoch shows what a run pays once, the second what each step costs. "
+        "0 = off.",
+    )
     # --find-lr: the learning-rate range test instead of training (core.train.lr_find).
     find_lr: bool = option(
         False,
@@ -694,6 +706,8 @@ def validate(config: TrainConfig) -> None:
             bad(f"--find-lr-iters must be at least 2, not {config.find_lr_iters}")
         if config.resume is not None:
             bad("--find-lr starts from the model's weights; it does not continue a run")
+        if config.profile_steps:
+            bad("--profile-steps profiles training epochs, and --find-lr trains none")
     if not config.dist_timeout > 0:
         bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
 
@@ -761,6 +775,7 @@ def merge_for_resume(
     merged.force = config.force
     merged.dist_timeout = config.dist_timeout
     merged.trust_checkpoint = config.trust_checkpoint  # this invocation's say, not the saved run's
+    merged.profile_steps = config.profile_steps  # profiles this invocation, never a saved one
     merged.out = config.out
     merged.weights = None  # the checkpoint's weights replace any pretrained start
     return merged

@@ -32,6 +32,7 @@ from torchkit.core.train.loop import (
 from torchkit.core.train.resume import restore_rank_rng
 from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.state import TrainState
+from torchkit.core.train.step_profiler import EPOCHS_PROFILED, PROFILE_FOLDER, StepProfiler
 from torchkit.core.train.timeline import EpochTimeline
 
 log = logging.getLogger("torchkit")
@@ -65,6 +66,7 @@ class EpochDriver:
         self.images_seconds = 0.0
         # Where the epochs' time outside their training steps went (`train -v`'s last line).
         self.validation_seconds = self.saving_seconds = self.curves_seconds = 0.0
+        self.profiled = 0  # epochs profiled so far (--profile-steps)
 
     def time_split(self) -> str:
         """The epochs' wall time (`train_seconds`) split into training steps, validation,
@@ -127,7 +129,16 @@ class EpochDriver:
             on_step=self.callbacks.on_step if self.ctx.is_main else None,
             should_stop=self.should_stop,
             epoch=epoch + 1,
+            profiler=self._profiler(epoch + 1),
         )
+
+    def _profiler(self, epoch: int) -> StepProfiler | None:
+        """--profile-steps: a profiler for the first two epochs this invocation trains (rank 0)."""
+        steps = self.state.config.profile_steps
+        if not steps or not self.ctx.is_main or self.profiled >= EPOCHS_PROFILED:
+            return None
+        self.profiled += 1
+        return StepProfiler(self.folder.path / PROFILE_FOLDER, epoch, steps, self.ctx.device)
 
     def _save_stopped(self, epoch: int) -> None:
         """last.pt of an epoch stopped in the middle, with each rank's random state and epoch

@@ -150,13 +150,15 @@ def train_one_epoch(
     on_step: Callable[[StepInfo], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     epoch: int = 0,
+    profiler: Any = None,
 ) -> bool:
     """Train over `loader` (already positioned by its sampler); batches of JPEG bytes
     (`--decode device`) are decoded on the device first. Updates `progress_state` in
     place. Returns False when `should_stop` asked to stop (checked after each optimiser
     update, so the saved state is always between two updates). A NaN or infinite loss raises
     DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
-    returns: the diverged state never reaches a checkpoint."""
+    returns: the diverged state never reaches a checkpoint. `profiler` (a `StepProfiler`, for
+    --profile-steps) starts before the first batch is asked for and is told of each update."""
     import torch
 
     from torchkit.core.decode_ahead import DecodedAhead
@@ -210,6 +212,9 @@ def train_one_epoch(
     batches = loader if ahead is None else ahead
     if timeline is not None:
         batches = timeline.timed(batches)
+    if profiler is not None:
+        profiler.start()
+    ended = False
     try:
         for batch in batches:
             if timeline is not None:
@@ -268,6 +273,8 @@ def train_one_epoch(
                 updates += 1
                 if timeline is not None:
                     timeline.stepped()
+                if profiler is not None:
+                    profiler.stepped()
                 if updates % FINITE_CHECK_EVERY == 0:
                     check_finite()
             now = time.perf_counter()
@@ -293,10 +300,14 @@ def train_one_epoch(
                 check_finite(weights=True)
                 progress_state.loss_sum = base_loss + float(loss_sum)
                 progress_state.correct = base_correct + float(correct)
+                ended = True
                 return False
+        ended = True
     finally:
         if ahead is not None:
             ahead.close()
+        if profiler is not None:  # written when the epoch ends or stops, not when it fails
+            profiler.finish() if ended else profiler.abandon()
     check_finite(weights=True)
     progress_state.loss_sum = base_loss + float(loss_sum)
     progress_state.correct = base_correct + float(correct)

@@ -1,0 +1,105 @@
+"""`train --profile-steps N` (core/train/step_profiler.py): torch.profiler over the first N
+training steps of the first two epochs a run trains, written to OUT/profile/epoch-K.txt (the
+operators by self time) and epoch-K.json (the trace)."""
+
+from __future__ import annotations
+
+import json
+
+from torchkit.cli import app
+
+# 16 images, 12 of them training images in batches of 2: 6 steps an epoch.
+ARGS = ["train", "--model", "convnet", "--image-size", "8", "-b", "2", "--val-split", "0.25",
+        "--device", "cpu", "--workers", "0", "--optimizer", "sgd"]  # fmt: skip
+
+
+def _optimizer_steps(trace_path) -> int:
+    events = json.loads(trace_path.read_text())["traceEvents"]
+    return sum(1 for event in events if str(event.get("name", "")).startswith("Optimizer.step#"))
+
+
+def test_the_first_n_steps_of_the_first_two_epochs_are_profiled(
+    runner, tmp_path, make_image_folder, capfd
+):
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        [*ARGS, "--epochs", "3", "--profile-steps", "2", "--data", str(data), "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in (out / "profile").iterdir()) == [
+        "epoch-1.json", "epoch-1.txt", "epoch-2.json", "epoch-2.txt",
+    ]  # fmt: skip
+    for epoch in (1, 2):
+        table = (out / "profile" / f"epoch-{epoch}.txt").read_text()
+        assert table.startswith(
+            f"torchkit train --profile-steps: epoch {epoch}, its first 2 optimiser steps"
+        )
+        assert "operators by self CPU time" in table and "aten::convolution" in table
+        assert "Optimizer.step#SGD.step" in table
+        # the profile stops after the Nth update: the trace holds exactly 2 of the 6
+        assert _optimizer_steps(out / "profile" / f"epoch-{epoch}.json") == 2
+    assert "config.json" in {p.name for p in out.iterdir()}
+    # Kineto's own lines (its start and stop, "no GPU") stay off the terminal
+    assert "USDT" not in capfd.readouterr().err
+
+
+def test_an_epoch_shorter_than_n_steps_is_profiled_whole(runner, tmp_path, make_image_folder):
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    out = tmp_path / "run"
+    args = [*ARGS, "--epochs", "1", "--profile-steps", "50", "--data", str(data), "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in (out / "profile").iterdir()) == ["epoch-1.json", "epoch-1.txt"]
+    table = (out / "profile" / "epoch-1.txt").read_text()
+    assert "epoch 1, its first 6 optimiser steps" in table
+    assert _optimizer_steps(out / "profile" / "epoch-1.json") == 6
+
+
+def test_without_the_option_nothing_is_profiled_and_a_resume_does_not_inherit_it(
+    runner, tmp_path, make_image_folder
+):
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    out = tmp_path / "run"
+    first = [*ARGS, "--epochs", "1", "--profile-steps", "1", "--data", str(data), "--out", str(out)]
+    assert runner.invoke(app, first).exit_code == 0
+    assert [p.name for p in (out / "profile").iterdir()] != []
+    # continued without the option: the saved run's --profile-steps is not taken back
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--epochs", "2"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert not (out / "profile" / "epoch-2.txt").exists()
+    # given again, it profiles this invocation's epochs
+    again = runner.invoke(
+        app, ["train", "--resume", str(out), "--epochs", "3", "--profile-steps", "1"]
+    )
+    assert again.exit_code == 0, again.stderr
+    assert (out / "profile" / "epoch-3.txt").is_file()
+    plain = tmp_path / "plain"
+    args = [*ARGS, "--epochs", "1", "--data", str(data), "--out", str(plain)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert not (plain / "profile").exists()
+
+
+def test_with_find_lr_or_a_negative_count_it_is_one_usage_error(
+    runner, tmp_path, make_image_folder
+):
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    for extra in (["--find-lr"], []):
+        result = runner.invoke(
+            app,
+            [
+                *ARGS,
+                *extra,
+                "--profile-steps",
+                "2" if extra else "-1",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "run"),
+            ],  # fmt: skip
+        )
+        assert result.exit_code == 2
+        errors = [line for line in result.stderr.splitlines() if "rror" in line]
+        assert len(errors) == 1 and "--profile-steps" in errors[0], result.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,101 @@
+"""`train --profile-steps N`: torch.profiler over the first N training steps of two epochs.
+
+The first epoch a run trains and the one after it: the first shows what a run pays once (CUDA
+loading kernels on first use, cuDNN autotuning each new shape, the allocator growing, the
+decoder's set-up, the loader's workers starting), the second what every step costs once that is
+done. Each profile starts before the epoch's first batch is asked for, so waiting for the loader
+is in it too, and stops after its Nth optimiser update (the device synchronised first, so the
+kernels of those steps are all in it). Rank 0 writes, under the run folder:
+
+- `profile/epoch-K.txt`: the operators by self time (self CUDA time on a GPU), with a heading
+  that names the epoch, the steps and their wall time;
+- `profile/epoch-K.json`: the whole trace, for Perfetto (ui.perfetto.dev) or chrome://tracing.
+
+The profiler's own overhead is in that epoch's time (metrics.csv's `epoch_time_s`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.files import atomic_path, atomic_write_text
+
+log = logging.getLogger("torchkit")
+
+PROFILE_FOLDER = "profile"
+EPOCHS_PROFILED = 2
+TABLE_ROWS = 40
+
+
+class StepProfiler:
+    """One epoch's profile: `start` before its first batch, `stepped` after each optimiser
+    update, `finish` when the epoch ends (a no-op once N updates have been profiled), or
+    `abandon` when it fails (nothing is written)."""
+
+    def __init__(self, folder: Path, epoch: int, steps: int, device: Any) -> None:
+        self.folder, self.epoch, self.steps, self.device = folder, epoch, steps, device
+        self.profile: Any = None
+        self.updates = 0
+        self.started = 0.0
+
+    def start(self) -> StepProfiler:
+        from torch.profiler import ProfilerActivity, profile
+
+        # Kineto writes its start and stop to stderr in its own format (and, where there is no
+        # GPU, that it found none): quiet unless the user chose a level.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self.profile = profile(activities=activities)
+        self.profile.__enter__()
+        self.started = time.perf_counter()
+        return self
+
+    def stepped(self) -> None:
+        self.updates += 1
+        if self.updates >= self.steps:
+            self.finish()
+
+    def finish(self) -> None:
+        """Stop profiling (if still on) and write the epoch's table and trace."""
+        profile, self.profile = self.profile, None
+        if profile is None:
+            return
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - self.started
+        profile.__exit__(None, None, None)
+        self.folder.mkdir(exist_ok=True)
+        base = self.folder / f"epoch-{self.epoch}"
+        atomic_write_text(base.with_suffix(".txt"), self._table(profile, seconds))
+        with atomic_path(base.with_suffix(".json")) as trace:
+            profile.export_chrome_trace(str(trace))
+        log.info(
+            "epoch %d: profile of its first %d steps in %s.{txt,json}",
+            self.epoch,
+            self.updates,
+            base,
+        )
+
+    def abandon(self) -> None:
+        profile, self.profile = self.profile, None
+        if profile is not None:
+            profile.__exit__(None, None, None)
+
+    def _table(self, profile: Any, seconds: float) -> str:
+        on_gpu = self.device.type == "cuda"
+        key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+        heading = (
+            f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
+            f"optimiser steps (from before its first batch), {seconds:.3f} s of wall time on "
+            f"{self.device}; operators by {'self CUDA' if on_gpu else 'self CPU'} time, "
+            f"the top {TABLE_ROWS}\n\n"
+        )
+        return heading + profile.key_averages().table(sort_by=key, row_limit=TABLE_ROWS) + "\n"
