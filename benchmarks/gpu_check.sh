@@ -20,6 +20,10 @@
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
 #     normalised on the device against float32 ones, and --decode device against exact
 #     (benchmarks/bench_inference_loader.py).
+# Then, for where the time goes: each run's `train -v` lines for epochs 1 and 2 and its last
+# line (the whole run, phase by phase), and the top operators of `train --profile-steps` over
+# the first steps of epochs 1 and 2, for the digits job and for the big model (their tables
+# land in OUT as profile-digits-epoch-K.txt and profile-big-epoch-K.txt).
 # With TIMM_SCRIPTS pointing at a folder holding timm's train.py and benchmark.py (and timm
 # installed), rows against them are added at the end; nothing else needs timm.
 #
@@ -61,6 +65,7 @@ PY=${PY:-python3}
 BUDGET=${BUDGET:-345}
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
+rm -f "$OUT"/profile-*.txt  # an earlier check's tables
 LOG=$OUT/gpu_check.log
 : > "$LOG"
 W=$(mktemp -d "${TMPDIR:-/tmp}/torchkit-gpu-check.XXXXXX")
@@ -130,6 +135,18 @@ for decode in exact device; do
   step "eval-$decode" 60 "${TK[@]}" eval "$W/big/best.pt" --data "$W/jp" --split train \
     -b "$B" -j "$NJ" "${AMPF[@]}" --device "$DEV" --decode "$decode" --format json \
     -o "$W/eval_$decode.json"
+done
+# torch.profiler over the first steps of epochs 1 and 2 (train --profile-steps), each in a fresh
+# process so that epoch 1 pays every first-time cost: the digits job (a whole epoch: 45 steps)
+# and the big model (10 steps; the later --epochs wins).
+step profile-digits 60 "${TK[@]}" train --out "$W/pdigits" --device "$DEV" --epochs 2 \
+  --profile-steps 45 -v
+step profile-big 120 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --epochs 2 --profile-steps 10 --out "$W/pbig" -v
+for run in digits big; do
+  for table in "$W/p$run"/profile/epoch-*.txt; do
+    [ -f "$table" ] && cp "$table" "$OUT/profile-$run-$(basename "$table")"
+  done
 done
 if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data
   timm_args=(--data-dir "$W/jp" --train-split train --val-split val --num-classes 10

@@ -181,7 +181,7 @@ for what, ours, theirs in rows:
 # `train -v`'s lines for each run's first two epochs (core/train/timeline.py): where the first
 # epoch's time went, and whether a steady epoch waited for data (the loader or the decode
 # thread) or for the model.
-first_epochs = []
+first_epochs, whole_runs = [], []
 with open(log, errors="replace") as handle:
     for text in handle:
         if text.startswith("=== "):
@@ -189,8 +189,19 @@ with open(log, errors="replace") as handle:
         for epoch in ("epoch 1: ", "epoch 2: "):
             if epoch + "first batch after" in text or epoch + "validation took" in text:
                 first_epochs.append(f"{run} {epoch}{text.split(epoch, 1)[1].strip()}")
+        if "run: " in text and " since the " in text:  # the last line: the whole run
+            whole_runs.append(f"{run} {text[text.index('run: ') :].strip()}")
 if first_epochs:
     lines += ["", "epochs 1 and 2 (train -v):", *(f"- {line}" for line in first_epochs)]
+if whole_runs:
+    lines += ["", "where each run's wall time went (train -v):", *(f"- {r}" for r in whole_runs)]
+# `train --profile-steps`: the heading and the top operators of each profiled epoch.
+PROFILE_ROWS = 15
+for name in sorted(os.listdir(out)):
+    if name.startswith("profile-") and name.endswith(".txt"):
+        with open(os.path.join(out, name), errors="replace") as handle:
+            profile = handle.read().splitlines()
+        lines += ["", f"{name}:", *profile[: 5 + PROFILE_ROWS]]
 failed = [f"{name} (rc {rc})" for name, (rc, _) in steps.items() if rc != 0]
 if failed:
     lines += ["", "failed or cut: " + ", ".join(failed) + f"; see {log}"]
@@ -200,5 +211,13 @@ with open(os.path.join(out, "gpu_check.md"), "w") as f:
     f.write(table + "\n")
 with open(os.path.join(out, "gpu_check.json"), "w") as f:
     json.dump(
-        {"header": head, "rows": figures, "steps": steps, "first_epochs": first_epochs}, f, indent=1
+        {
+            "header": head,
+            "rows": figures,
+            "steps": steps,
+            "first_epochs": first_epochs,
+            "whole_runs": whole_runs,
+        },
+        f,
+        indent=1,
     )

@@ -25,7 +25,18 @@ def test_the_first_n_steps_of_the_first_two_epochs_are_profiled(
     out = tmp_path / "run"
     result = runner.invoke(
         app,
-        [*ARGS, "--epochs", "3", "--profile-steps", "2", "--data", str(data), "--out", str(out)],
+        [
+            *ARGS,
+            "--epochs",
+            "3",
+            "--profile-steps",
+            "2",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "-v",
+        ],  # fmt: skip
     )
     assert result.exit_code == 0, result.stderr
     assert sorted(p.name for p in (out / "profile").iterdir()) == [
@@ -41,6 +52,9 @@ def test_the_first_n_steps_of_the_first_two_epochs_are_profiled(
         # the profile stops after the Nth update: the trace holds exactly 2 of the 6
         assert _optimizer_steps(out / "profile" / f"epoch-{epoch}.json") == 2
     assert "config.json" in {p.name for p in out.iterdir()}
+    # the profiler's set-up and writing are not counted as training (train -v's last line)
+    (run,) = [line for line in result.stderr.splitlines() if "run: " in line]
+    assert ", profiling " in run and "3 epochs" in run
     # Kineto's own lines (its start and stop, "no GPU") stay off the terminal
     assert "USDT" not in capfd.readouterr().err
 

@@ -67,16 +67,25 @@ class EpochDriver:
         # Where the epochs' time outside their training steps went (`train -v`'s last line).
         self.validation_seconds = self.saving_seconds = self.curves_seconds = 0.0
         self.profiled = 0  # epochs profiled so far (--profile-steps)
+        self.profile_seconds = 0.0  # the profiler's set-up, and writing its tables and traces
 
     def time_split(self) -> str:
         """The epochs' wall time (`train_seconds`) split into training steps, validation,
-        saving and the last curves.png, for the run's timeline."""
-        other = self.validation_seconds + self.saving_seconds + self.curves_seconds
-        return (
+        saving, the last curves.png (and --profile-steps' tables), for the run's timeline."""
+        other = (
+            self.validation_seconds
+            + self.saving_seconds
+            + self.curves_seconds
+            + self.profile_seconds
+        )
+        split = (
             f"training steps {max(0.0, self.result.train_seconds - other):.2f} s, "
             f"validation {self.validation_seconds:.2f} s, saving {self.saving_seconds:.2f} s, "
             f"curves.png {self.curves_seconds:.2f} s"
         )
+        if self.profiled:
+            split += f", profiling {self.profile_seconds:.2f} s"
+        return split
 
     def run(self) -> None:
         started = time.perf_counter()
@@ -121,7 +130,8 @@ class EpochDriver:
             self.callbacks.on_epoch_start(
                 epoch + 1, config.epochs, state.steps_per_epoch, progress.batches
             )
-        return train_one_epoch(
+        profiler = self._profiler(epoch + 1)
+        finished = train_one_epoch(
             state.step_ctx,
             state.loaders.train,
             progress,
@@ -129,8 +139,13 @@ class EpochDriver:
             on_step=self.callbacks.on_step if self.ctx.is_main else None,
             should_stop=self.should_stop,
             epoch=epoch + 1,
-            profiler=self._profiler(epoch + 1),
+            profiler=profiler,
         )
+        if profiler is not None:  # outside the epoch's time, as its set-up was
+            written = time.perf_counter()
+            profiler.write()
+            self.profile_seconds += time.perf_counter() - written + profiler.setup_seconds
+        return finished
 
     def _profiler(self, epoch: int) -> StepProfiler | None:
         """--profile-steps: a profiler for the first two epochs this invocation trains (rank 0)."""

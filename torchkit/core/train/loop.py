@@ -158,7 +158,7 @@ def train_one_epoch(
     update, so the saved state is always between two updates). A NaN or infinite loss raises
     DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
     returns: the diverged state never reaches a checkpoint. `profiler` (a `StepProfiler`, for
-    --profile-steps) starts before the first batch is asked for and is told of each update."""
+    --profile-steps) starts before the epoch's clock and is told of each update."""
     import torch
 
     from torchkit.core.decode_ahead import DecodedAhead
@@ -170,6 +170,8 @@ def train_one_epoch(
     ctx.model.train()
     if ctx.frozen_norms is not None:
         ctx.frozen_norms()
+    if profiler is not None:  # before the epoch's clock: the profiler's set-up is not the epoch's
+        profiler.start()
     total = progress_state.batches + len(loader)
     accum = ctx.accum_steps
     # Micro-batches are grouped into updates from the start of the epoch, so a resumed epoch
@@ -212,8 +214,6 @@ def train_one_epoch(
     batches = loader if ahead is None else ahead
     if timeline is not None:
         batches = timeline.timed(batches)
-    if profiler is not None:
-        profiler.start()
     ended = False
     try:
         for batch in batches:
@@ -306,8 +306,8 @@ def train_one_epoch(
     finally:
         if ahead is not None:
             ahead.close()
-        if profiler is not None:  # written when the epoch ends or stops, not when it fails
-            profiler.finish() if ended else profiler.abandon()
+        if profiler is not None:  # kept when the epoch ends or stops, not when it fails
+            profiler.stop() if ended else profiler.abandon()
     check_finite(weights=True)
     progress_state.loss_sum = base_loss + float(loss_sum)
     progress_state.correct = base_correct + float(correct)

@@ -33,14 +33,17 @@ TABLE_ROWS = 40
 
 class StepProfiler:
     """One epoch's profile: `start` before its first batch, `stepped` after each optimiser
-    update, `finish` when the epoch ends (a no-op once N updates have been profiled), or
-    `abandon` when it fails (nothing is written)."""
+    update (it stops itself after the Nth), `stop` when the epoch ends or stops, `abandon` when
+    it fails; then `write`, outside the epoch's time (summing the operators and writing the
+    trace takes seconds), writes what a stopped profile recorded."""
 
     def __init__(self, folder: Path, epoch: int, steps: int, device: Any) -> None:
         self.folder, self.epoch, self.steps, self.device = folder, epoch, steps, device
-        self.profile: Any = None
+        self.profile: Any = None  # while profiling
+        self.recorded: Any = None  # once stopped, until written
         self.updates = 0
-        self.started = 0.0
+        self.started = self.seconds = 0.0
+        self.setup_seconds = 0.0  # the profiler's own start (Kineto's set-up: up to seconds)
 
     def start(self) -> StepProfiler:
         from torch.profiler import ProfilerActivity, profile
@@ -51,18 +54,22 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        began = time.perf_counter()
         self.profile = profile(activities=activities)
         self.profile.__enter__()
         self.started = time.perf_counter()
+        self.setup_seconds = self.started - began
         return self
 
     def stepped(self) -> None:
+        if self.profile is None:
+            return
         self.updates += 1
         if self.updates >= self.steps:
-            self.finish()
+            self.stop()
 
-    def finish(self) -> None:
-        """Stop profiling (if still on) and write the epoch's table and trace."""
+    def stop(self) -> None:
+        """Stop profiling (if still on), the device's queued kernels included."""
         profile, self.profile = self.profile, None
         if profile is None:
             return
@@ -70,11 +77,23 @@ class StepProfiler:
 
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - self.started
+        self.seconds = time.perf_counter() - self.started
         profile.__exit__(None, None, None)
+        self.recorded = profile
+
+    def abandon(self) -> None:
+        profile, self.profile = self.profile, None
+        if profile is not None:
+            profile.__exit__(None, None, None)
+
+    def write(self) -> None:
+        """The epoch's table and trace, if a stopped profile is waiting."""
+        profile, self.recorded = self.recorded, None
+        if profile is None:
+            return
         self.folder.mkdir(exist_ok=True)
         base = self.folder / f"epoch-{self.epoch}"
-        atomic_write_text(base.with_suffix(".txt"), self._table(profile, seconds))
+        atomic_write_text(base.with_suffix(".txt"), self._table(profile))
         with atomic_path(base.with_suffix(".json")) as trace:
             profile.export_chrome_trace(str(trace))
         log.info(
@@ -84,18 +103,13 @@ class StepProfiler:
             base,
         )
 
-    def abandon(self) -> None:
-        profile, self.profile = self.profile, None
-        if profile is not None:
-            profile.__exit__(None, None, None)
-
-    def _table(self, profile: Any, seconds: float) -> str:
+    def _table(self, profile: Any) -> str:
         on_gpu = self.device.type == "cuda"
         key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
         heading = (
             f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
-            f"optimiser steps (from before its first batch), {seconds:.3f} s of wall time on "
-            f"{self.device}; operators by {'self CUDA' if on_gpu else 'self CPU'} time, "
+            f"optimiser steps (from before its first batch), {self.seconds:.3f} s of wall time "
+            f"on {self.device}; operators by {'self CUDA' if on_gpu else 'self CPU'} time, "
             f"the top {TABLE_ROWS}\n\n"
         )
         return heading + profile.key_averages().table(sort_by=key, row_limit=TABLE_ROWS) + "\n"
