@@ -14,7 +14,7 @@ from torchkit.bytecode import keep_bytecode_cache
 
 keep_bytecode_cache()  # before typer, rich and (later) torch are imported
 
-from torchkit.cli.app import app, exit_quietly_on_broken_pipe  # noqa: E402
+from torchkit.cli.app import app, exit_quietly_on_broken_pipe, exit_without_teardown  # noqa: E402
 
 # Each module defines `register(app)`; order is the order of `torchkit --help`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -46,9 +46,14 @@ def main() -> None:
         if rich_utils is not None:
             rich_utils.MAX_WIDTH = int(os.environ["TERMINAL_WIDTH"])
     try:
-        app(prog_name="torchkit")
-    except BrokenPipeError:
-        exit_quietly_on_broken_pipe()
+        try:
+            app(prog_name="torchkit")
+        except BrokenPipeError:
+            exit_quietly_on_broken_pipe()
+    except SystemExit as done:
+        if "torch" in sys.modules:
+            exit_without_teardown(done)
+        raise
 
 
 __all__ = ["app", "main"]
