@@ -17,6 +17,7 @@
 #     image by image (benchmarks/bench_crop_resize.py);
 #   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
 #     exact;
+#   - resnet50's first and steady epochs, and the digits job, with --no-cudnn-benchmark;
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
 #     normalised on the device against float32 ones, and --decode device against exact
 #     (benchmarks/bench_inference_loader.py).
@@ -136,6 +137,12 @@ for decode in exact device; do
     -b "$B" -j "$NJ" "${AMPF[@]}" --device "$DEV" --decode "$decode" --format json \
     -o "$W/eval_$decode.json"
 done
+# cuDNN's autotuning off (--no-cudnn-benchmark): the first epoch without it, and the steady
+# rate it buys; the digits job both ways.
+step digits-nobench 120 "${TK[@]}" train --out "$W/digits-nobench" --device "$DEV" \
+  --no-cudnn-benchmark -v
+step tk-big-nobench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --no-cudnn-benchmark --out "$W/big-nobench" -v
 # torch.profiler over the first steps of epochs 1 and 2 (train --profile-steps), each in a fresh
 # process so that epoch 1 pays every first-time cost: the digits job (a whole epoch: 45 steps)
 # and the big model (10 steps; the later --epochs wins).

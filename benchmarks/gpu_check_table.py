@@ -89,6 +89,24 @@ rows += [
         "",  # nothing to compare with
     ),
 ]
+# --no-cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
+nobench_rows, digit_nobench_rows = epochs("big-nobench"), epochs("digits-nobench")
+if nobench_rows or "tk-big-nobench" in steps:
+    nobench_rate, nobench_steady_s = steady(nobench_rows)
+    rows += [
+        (f"{big} first vs steady epoch s, --no-cudnn-benchmark",
+         nobench_rows[0][0] if nobench_rows else None, nobench_steady_s),
+        (f"{big} steady epoch img/s: --no-cudnn-benchmark vs benchmark", nobench_rate, big_rate),
+    ]  # fmt: skip
+if digit_nobench_rows or "digits-nobench" in steps:
+    _, digit_nobench_steady_s = steady(digit_nobench_rows)
+    rows += [
+        ("digits first vs steady epoch s, --no-cudnn-benchmark",
+         digit_nobench_rows[0][0] if digit_nobench_rows else None, digit_nobench_steady_s),
+        ("digits main job wall s: --no-cudnn-benchmark vs benchmark",
+         steps["digits-nobench"][1] if steps.get("digits-nobench", (1,))[0] == 0 else None,
+         steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None),
+    ]  # fmt: skip
 datapath = load("datapath.json")
 if datapath and datapath.get("images_per_s"):
     rates = datapath["images_per_s"]

@@ -100,3 +100,19 @@ def test_torchrun_with_one_nccl_process_trains(jpegs, tmp_path):
     summary = json.loads(done.stdout)
     assert summary["world_size"] == 1
     assert (out / "best.pt").is_file() and len(_rows(out)) == 1
+
+
+def test_cudnn_benchmark_drops_the_partial_batch_and_no_cudnn_benchmark_keeps_it(
+    runner, jpegs, tmp_path
+):
+    # 16 training images (8 a class) in batches of 5: 3 full batches and a partial one.
+    for flag, drop, steps in (("--cudnn-benchmark", True, 3), ("--no-cudnn-benchmark", False, 4)):
+        out = tmp_path / flag
+        args = ["train", "--data", str(jpegs), *RECIPE, "--batch-size", "5", "--device", "cuda",
+                flag, "--out", str(out)]  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        checkpoint = torch.load(out / "last.pt", weights_only=True)
+        assert checkpoint["drop_last"] is drop
+        assert checkpoint["global_step"] == steps
+        assert not torch.backends.cudnn.benchmark  # the run put torch's switch back

@@ -532,3 +532,27 @@ def test_first_line_of_an_error():
     assert first_line(error) == "mat1 and mat2 shapes cannot be multiplied"
     assert first_line(error, with_type=True).startswith("RuntimeError: mat1 and mat2")
     assert first_line(ValueError()) == first_line(ValueError(), with_type=True) == "ValueError"
+
+
+def test_cudnn_benchmark_is_on_for_cuda_unless_turned_off_or_deterministic():
+    from torchkit.core.train import TrainConfig
+    from torchkit.core.train.setup import cudnn_benchmark_for
+
+    assert cudnn_benchmark_for("cuda", TrainConfig())
+    assert cudnn_benchmark_for("cuda", TrainConfig(cudnn_benchmark=True))
+    assert not cudnn_benchmark_for("cuda", TrainConfig(cudnn_benchmark=False))
+    assert not cudnn_benchmark_for("cuda", TrainConfig(deterministic=True))
+    assert not cudnn_benchmark_for("cpu", TrainConfig(cudnn_benchmark=True))
+
+
+def test_cudnn_benchmark_with_deterministic_is_one_usage_error(tmp_path):
+    from conftest import run_torchkit_in_process
+
+    out = tmp_path / "run"
+    done = run_torchkit_in_process(
+        "train", "--cudnn-benchmark", "--deterministic", "--epochs", "1", "--out", out
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "--cudnn-benchmark" in errors[0] and "--deterministic" in errors[0]
+    assert not out.exists()

@@ -443,6 +443,16 @@ class TrainConfig:
         help=f"channels-last memory format. {data_default_help('channels_last')}",
     )
     compile: bool = option(False, panel=OPTIM_PANEL, help="torch.compile the model.")
+    cudnn_benchmark: bool | None = option(
+        None,
+        panel=OPTIM_PANEL,
+        flags=("--cudnn-benchmark/--no-cudnn-benchmark",),
+        show_default=False,
+        help="On CUDA, let cuDNN time its algorithms for each new input shape and keep the "
+        "fastest (torch.backends.cudnn.benchmark; the last partial training batch is then "
+        "dropped, so one shape is tuned). The tuning is paid in the first epoch. Default: on "
+        "on CUDA, off with --deterministic (which cannot use it).",
+    )
     # How this run executes (the options every command shares, in the general panel)
     seed: int = option(0, shared=True)
     deterministic: bool = option(False, shared=True)
@@ -708,6 +718,11 @@ def validate(config: TrainConfig) -> None:
             bad("--find-lr starts from the model's weights; it does not continue a run")
         if config.profile_steps:
             bad("--profile-steps profiles training epochs, and --find-lr trains none")
+    if config.cudnn_benchmark and config.deterministic:
+        bad(
+            "--cudnn-benchmark picks algorithms by timing them, which --deterministic rules out",
+            "drop one of the two",
+        )
     if not config.dist_timeout > 0:
         bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
 

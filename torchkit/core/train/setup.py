@@ -96,7 +96,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
 
     config, checkpoint = plan.config, plan.checkpoint
     seed_everything(config.seed, config.deterministic)
-    if ctx.device.type == "cuda" and not config.deterministic:
+    if cudnn_benchmark_for(ctx.device.type, config):
         torch.backends.cudnn.benchmark = True
     # A resumed run takes back the split it recorded (held-out val images included).
     data = load_splits(config, checkpoint.get("data") if checkpoint is not None else None)
@@ -173,6 +173,14 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         progress=point.progress,
         resume_rng=point.rng,
     )
+
+
+def cudnn_benchmark_for(device_type: str, config: TrainConfig) -> bool:
+    """Whether the run turns cuDNN's autotuning on: on CUDA unless --no-cudnn-benchmark or
+    --deterministic (the runner puts torch's switch back afterwards)."""
+    if device_type != "cuda" or config.deterministic:
+        return False
+    return config.cudnn_benchmark is not False
 
 
 def _drop_last(ctx: DistContext, checkpoint: dict | None) -> bool:
