@@ -173,3 +173,33 @@ def test_train_decode_option_is_recorded_and_checked(runner, tmp_path):
     assert json.loads((out / "config.json").read_text())["options"]["decode"] == "exact"
     refused = runner.invoke(app, ["train", "--data", "digits", "--decode", "sloppy"])
     assert refused.exit_code == 2 and "--decode" in refused.stderr
+
+
+def test_a_whole_epoch_transformed_at_once_gives_each_batch_the_same_pixels(digits, monkeypatch):
+    from torchkit.core.train import memory_images
+
+    preprocess = preprocess_for(resolve_defaults(TrainConfig(), is_digits=True))
+    images = MemoryImages(digits["train"], preprocess, train=True, flip=True, crop_scale=(0.3, 1))
+    assert images.renders_whole_epochs  # the digits: 1,438 images of 3x12x12
+    order = np.random.default_rng(0).permutation(len(images)).tolist()
+    keys = [(epoch, index) for epoch in (0, 1, 0) for index in order]  # an epoch again, too
+    whole = SeededDataset(images, seed=3)
+    for start in range(0, len(keys), 32):
+        batch = keys[start : start + 32]
+        got = whole.__getitems__(batch)
+        # the batch transformed on its own, as data too large for a whole epoch is
+        draws = images.draw_arrays([whole.item_seed(epoch, index) for epoch, index in batch])
+        want = images.items([index for _, index in batch], draws)
+        for (image, label, index, error), expected in zip(got, want, strict=True):
+            assert torch.equal(image, expected[0]) and (label, index, error) == expected[1:]
+    monkeypatch.setattr(memory_images, "WHOLE_EPOCH_BYTES", 1024)
+    assert not images.renders_whole_epochs
+    apart = SeededDataset(images, seed=3).__getitems__(keys[:32])
+    together = SeededDataset(images, seed=3)
+    monkeypatch.undo()
+    assert all(
+        torch.equal(a[0], b[0])
+        for a, b in zip(apart, together.__getitems__(keys[:32]), strict=True)
+    )
+    # evaluation images are transformed once, not per epoch
+    assert not MemoryImages(digits["val"], preprocess, train=False).renders_whole_epochs

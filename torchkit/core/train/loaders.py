@@ -33,6 +33,10 @@ _MASK64 = (1 << 64) - 1
 
 def mix_seed(*parts: int) -> int:
     """A well-spread 63-bit seed from integers (splitmix64 over each part in turn)."""
+    return _splitmix_state(parts) >> 1
+
+
+def _splitmix_state(parts: tuple[int, ...]) -> int:
     first, second = SPLITMIX_MULTIPLIERS
     state = SPLITMIX_INCREMENT
     for part in parts:
@@ -42,7 +46,22 @@ def mix_seed(*parts: int) -> int:
         z = ((z ^ (z >> 30)) * first) & _MASK64
         z = ((z ^ (z >> 27)) * second) & _MASK64
         state = z ^ (z >> 31)
-    return state >> 1
+    return state
+
+
+def mix_seeds(base: int, parts: Any) -> Any:
+    """`mix_seed(base, part)` for each of `parts` (an integer array), in uint64 arithmetic:
+    one array operation per step instead of a Python call per item."""
+    import numpy as np
+
+    first, second = (np.uint64(m) for m in SPLITMIX_MULTIPLIERS)
+    increment = np.uint64(SPLITMIX_INCREMENT)
+    after_base = _splitmix_state((base,))
+    with np.errstate(over="ignore"):  # uint64 arithmetic is meant to wrap
+        state = (np.uint64(after_base) ^ np.asarray(parts).astype(np.uint64)) + increment
+        z = (state ^ (state >> np.uint64(30))) * first
+        z = (z ^ (z >> np.uint64(27))) * second
+        return (z ^ (z >> np.uint64(31))) >> np.uint64(1)
 
 
 @dataclass
@@ -216,15 +235,28 @@ class SeededDataset:
     def __init__(self, inner: Any, seed: int) -> None:
         self.inner, self.seed = inner, seed
         self._epoch_seeds: dict[int, int] = {}
+        self._rendered: tuple[int, Any] | None = None  # (epoch, its images), in-memory data
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def item_seed(self, epoch: int, index: int) -> int:
+        return mix_seed(self._epoch_seed(epoch), index)
+
+    def _epoch_seed(self, epoch: int) -> int:
         base = self._epoch_seeds.get(epoch)
         if base is None:
             base = self._epoch_seeds[epoch] = mix_seed(self.seed, epoch)
-        return mix_seed(base, index)
+        return base
+
+    def _epoch_images(self, epoch: int) -> Any:
+        """Every image of the in-memory dataset as epoch `epoch` transforms it."""
+        if self._rendered is None or self._rendered[0] != epoch:
+            import numpy as np
+
+            seeds = mix_seeds(self._epoch_seed(epoch), np.arange(len(self.inner)))
+            self._rendered = (epoch, self.inner.render_all(self.inner.draw_arrays(seeds)))
+        return self._rendered[1]
 
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
@@ -234,8 +266,12 @@ class SeededDataset:
         generator state is saved and restored once per batch, not once per image."""
         if hasattr(self.inner, "draw_arrays"):
             # In-memory images: draws keyed by each image's seed (torch's generator is not
-            # used), then one batched transform.
+            # used), then one batched transform; small data has its whole epoch transformed
+            # at its first batch, and its batches cut from that (the same pixels).
             indices = [index for _, index in keys]
+            epochs = {epoch for epoch, _ in keys}
+            if len(epochs) == 1 and self.inner.renders_whole_epochs:
+                return self.inner.items_of(self._epoch_images(epochs.pop())[indices], indices)
             draws = self.inner.draw_arrays([self.item_seed(e, i) for e, i in keys])
             return self.inner.items(indices, draws)
         import torch

@@ -41,6 +41,9 @@ def supports(
     )
 
 
+# A training epoch of at most this many bytes of transformed images is transformed at once.
+WHOLE_EPOCH_BYTES = 64 * 2**20
+
 # Uniforms drawn per image: (area, aspect, top, left) for each of 10 crop tries, then the flip.
 CROP_TRIES = 10
 _DRAWS = 4 * CROP_TRIES + 1
@@ -230,7 +233,7 @@ class MemoryImages:
             self._matrices[axis] = table
         return table
 
-    def render(self, indices: list[int], draws: tuple[np.ndarray, np.ndarray]) -> Any:
+    def render(self, indices: list[int] | slice, draws: tuple[np.ndarray, np.ndarray]) -> Any:
         """The batch of items `indices` under `draws` (`draw_arrays`' boxes and flips): crops
         resized by two matrix products."""
         import torch
@@ -246,16 +249,32 @@ class MemoryImages:
             images[flipped] = images[flipped].flip(-1)
         return self._normalise(images)
 
+    @property
+    def renders_whole_epochs(self) -> bool:
+        """Whether a training epoch's images are small enough to be transformed all at once
+        (`render_all`), at the epoch's first batch: one set of array operations an epoch, not
+        one a batch (the digits job: about 1 ms of host time a step, as much as its GPU step)."""
+        size = self.preprocess.image_size
+        return self._fixed is None and len(self) * self.pixels.shape[1] * size * size * 4 <= (
+            WHOLE_EPOCH_BYTES
+        )
+
+    def render_all(self, draws: tuple[np.ndarray, np.ndarray]) -> Any:
+        """Every item under `draws` (one per item, in order): `render` of them all."""
+        return self.render(slice(None), draws)
+
     def items(self, indices: list[int], draws: list | None = None) -> list[tuple]:
         """Dataset items for `indices`; `draws` (one per index) for the random transform."""
         if self._fixed is not None:
-            batch = self._fixed[indices]
-        else:
-            if draws is None:  # not under SeededDataset: seeds from torch's generator
-                import torch
+            return self.items_of(self._fixed[indices], indices)
+        if draws is None:  # not under SeededDataset: seeds from torch's generator
+            import torch
 
-                draws = self.draw_arrays(torch.randint(0, 2**62, (len(indices),)).tolist())
-            batch = self.render(indices, draws)
+            draws = self.draw_arrays(torch.randint(0, 2**62, (len(indices),)).tolist())
+        return self.items_of(self.render(indices, draws), indices)
+
+    def items_of(self, batch: Any, indices: list[int]) -> list[tuple]:
+        """Items (image, label, index, "") of the images `batch` of items `indices`."""
         return [(image, self.labels[i], i, "") for image, i in zip(batch, indices, strict=True)]
 
     def __getitem__(self, index: int):
