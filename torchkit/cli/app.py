@@ -322,7 +322,8 @@ def exit_without_teardown(done: SystemExit) -> None:
     """End the process as `done` says, skipping only the interpreter's teardown of its modules
     and the libraries' static destructors, which take 0.5-0.7 s once torch is loaded (most of
     the time between a command's last line and the shell's prompt). First, everything an exit
-    does that can matter: non-daemon threads are waited for, every atexit handler runs
+    does that can matter: threading's exit hooks run and non-daemon threads are waited for,
+    every atexit handler runs
     (multiprocessing stops its workers, temporary folders go, logging flushes), and stdout and
     stderr are flushed. Every file torchkit writes is closed explicitly before this point."""
     import atexit
@@ -332,9 +333,10 @@ def exit_without_teardown(done: SystemExit) -> None:
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)  # what SystemExit("message") prints
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # The interpreter's own first steps at exit, in its order: threading's exit hooks (an idle
+    # ThreadPoolExecutor's workers are told to stop), then every non-daemon thread is waited
+    # for, then the atexit handlers.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
