@@ -126,17 +126,6 @@ step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$
 # The device path's crop and resize, batched against image by image (what the host pays).
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
   --turns 5 --json "$W/resize.json"
-# The data path of eval/predict/extract-features alone, no model: 8-bit batches normalised on
-# the device against float32 batches normalised in the workers, and --decode device.
-step eval-loader 60 "$PY" "$HERE/bench_inference_loader.py" --device "$DEV" --data "$W/jp/train" \
-  --size "$IMG" --batch-size "$B" --workers "$NJ" --repeats 1 --json "$W/evalloader.json"
-# `torchkit eval` of the trained model over the training JPEGs: PIL in the workers (exact)
-# against --decode device, the same batch, workers, AMP and memory format.
-for decode in exact device; do
-  step "eval-$decode" 60 "${TK[@]}" eval "$W/big/best.pt" --data "$W/jp" --split train \
-    -b "$B" -j "$NJ" "${AMPF[@]}" --device "$DEV" --decode "$decode" --format json \
-    -o "$W/eval_$decode.json"
-done
 # cuDNN's autotuning off (--no-cudnn-benchmark): the first epoch without it, and the steady
 # rate it buys; the digits job both ways.
 step digits-nobench 120 "${TK[@]}" train --out "$W/digits-nobench" --device "$DEV" \
@@ -154,6 +143,19 @@ for run in digits big; do
   for table in "$W/p$run"/profile/epoch-*.txt; do
     [ -f "$table" ] && cp "$table" "$OUT/profile-$run-$(basename "$table")"
   done
+done
+# Then eval's data path and eval itself (the least needed for issue #30's targets: cut first
+# when the budget runs out). The data path of eval/predict/extract-features alone, no model:
+# 8-bit batches normalised on the device against float32 batches normalised in the workers,
+# and --decode device.
+step eval-loader 60 "$PY" "$HERE/bench_inference_loader.py" --device "$DEV" --data "$W/jp/train" \
+  --size "$IMG" --batch-size "$B" --workers "$NJ" --repeats 1 --json "$W/evalloader.json"
+# `torchkit eval` of the trained model over the training JPEGs: PIL in the workers (exact)
+# against --decode device, the same batch, workers, AMP and memory format.
+for decode in exact device; do
+  step "eval-$decode" 60 "${TK[@]}" eval "$W/big/best.pt" --data "$W/jp" --split train \
+    -b "$B" -j "$NJ" "${AMPF[@]}" --device "$DEV" --decode "$decode" --format json \
+    -o "$W/eval_$decode.json"
 done
 if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same data
   timm_args=(--data-dir "$W/jp" --train-split train --val-split val --num-classes 10

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,3 +185,7 @@ def test_a_real_run_has_its_plot_drawn_by_the_helper_and_leaves_no_process(tmp_p
     assert (out / "curves.png").stat().st_size > 1000
     assert "plotting helper" not in stderr  # it answered: the run did not draw it itself
     assert processes_in_group(run.pid) == []
+    # train -v's last line counts from the process's start where torchkit is the program
+    assert re.search(
+        r"run: [\d.]+ s since the process started: [\d.]+ s before the run began", stderr
+    )

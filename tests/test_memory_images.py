@@ -192,14 +192,26 @@ def test_a_whole_epoch_transformed_at_once_gives_each_batch_the_same_pixels(digi
         want = images.items([index for _, index in batch], draws)
         for (image, label, index, error), expected in zip(got, want, strict=True):
             assert torch.equal(image, expected[0]) and (label, index, error) == expected[1:]
+    assert whole._rendered is not None  # the whole-epoch path was the one taken
+    # larger data takes the batch-at-a-time path compared with above
     monkeypatch.setattr(memory_images, "WHOLE_EPOCH_BYTES", 1024)
     assert not images.renders_whole_epochs
-    apart = SeededDataset(images, seed=3).__getitems__(keys[:32])
-    together = SeededDataset(images, seed=3)
-    monkeypatch.undo()
-    assert all(
-        torch.equal(a[0], b[0])
-        for a, b in zip(apart, together.__getitems__(keys[:32]), strict=True)
-    )
+    apart = SeededDataset(images, seed=3)
+    apart.__getitems__(keys[:32])
+    assert apart._rendered is None
     # evaluation images are transformed once, not per epoch
     assert not MemoryImages(digits["val"], preprocess, train=False).renders_whole_epochs
+
+
+def test_a_loader_worker_transforms_its_batches_not_the_whole_epoch(digits, monkeypatch):
+    preprocess = preprocess_for(resolve_defaults(TrainConfig(), is_digits=True))
+    images = MemoryImages(digits["train"], preprocess, train=True)
+    dataset = SeededDataset(images, seed=3)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())  # in a worker
+    keys = [(0, index) for index in range(32)]
+    got = dataset.__getitems__(keys)
+    assert dataset._rendered is None  # each worker would have transformed all 1,438 images
+    monkeypatch.undo()
+    assert all(
+        torch.equal(a[0], b[0]) for a, b in zip(got, dataset.__getitems__(keys), strict=True)
+    )

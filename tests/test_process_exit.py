@@ -83,3 +83,13 @@ def test_main_called_from_someones_python_raises_system_exit_as_before(monkeypat
         main()
     assert done.value.code in (0, None)
     assert json.loads(capsys.readouterr().out)["model"] == "ConvNet"
+
+
+def test_without_stdout_or_stderr_at_all_the_code_stands():
+    # pythonw, or `torchkit ... >&- 2>&-`: Python has no stream objects to flush
+    program = (
+        "import sys; sys.stdout = sys.stderr = None\n"
+        "from torchkit.cli.app import exit_without_teardown\n"
+        "exit_without_teardown(SystemExit(3))"
+    )
+    assert subprocess.run([sys.executable, "-c", program]).returncode == 3

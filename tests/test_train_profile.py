@@ -4,6 +4,7 @@ operators by self time) and epoch-K.json (the trace)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from torchkit.cli import app
@@ -83,6 +84,12 @@ def test_without_the_option_nothing_is_profiled_and_a_resume_does_not_inherit_it
     resumed = runner.invoke(app, ["train", "--resume", str(out), "--epochs", "2"])
     assert resumed.exit_code == 0, resumed.stderr
     assert not (out / "profile" / "epoch-2.txt").exists()
+    # nor does a run replayed from its config.json
+    replayed = runner.invoke(
+        app, ["train", "--config", str(out / "config.json"), "--out", str(tmp_path / "again")]
+    )
+    assert replayed.exit_code == 0, replayed.stderr
+    assert not (tmp_path / "again" / "profile").exists()
     # given again, it profiles this invocation's epochs
     again = runner.invoke(
         app, ["train", "--resume", str(out), "--epochs", "3", "--profile-steps", "1"]
@@ -117,3 +124,64 @@ def test_with_find_lr_or_a_negative_count_it_is_one_usage_error(
         errors = [line for line in result.stderr.splitlines() if "rror" in line]
         assert len(errors) == 1 and "--profile-steps" in errors[0], result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_stopped_mid_epoch_saves_first_keeps_its_profile_and_says_so(
+    tmp_path, make_image_folder, caplog
+):
+    import logging
+
+    from torchkit.core.train import TrainCallbacks, TrainConfig, run_training
+
+    class StopAfterThreeUpdates(TrainCallbacks):
+        polls = 0
+
+        def should_stop(self) -> bool:  # polled after each optimiser update
+            self.polls += 1
+            return self.polls >= 3
+
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    out = tmp_path / "run"
+    config = TrainConfig(
+        data=str(data), model="convnet", image_size=8, batch_size=2, val_split=0.25,
+        device="cpu", workers=0, epochs=2, profile_steps=50, out=str(out),
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="torchkit"):
+        result = run_training(config, StopAfterThreeUpdates())
+    assert result.interrupted and (out / "last.pt").is_file()
+    assert "its first 3 optimiser steps" in (out / "profile" / "epoch-1.txt").read_text()
+    (line,) = [message for message in caplog.messages if message.startswith("run: ")]
+    assert "0 epochs and part of one (stopped) " in line and ", test " not in line, line
+
+
+def test_the_profile_is_kept_when_the_epoch_ends_or_stops_and_dropped_when_it_fails(monkeypatch):
+    from torchkit.core.train import loop
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def start(self) -> None:
+            self.calls.append("start")
+
+        def stop(self) -> None:
+            self.calls.append("stop")
+
+        def abandon(self) -> None:
+            self.calls.append("abandon")
+
+    def epoch_that(outcome):
+        def run(*args, profiler, **kwargs):
+            assert profiler.calls == ["start"]  # started before the epoch runs
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        return run
+
+    for outcome, calls in ((True, "stop"), (False, "stop"), (RuntimeError("diverged"), "abandon")):
+        monkeypatch.setattr(loop, "_train_one_epoch", epoch_that(outcome))
+        profiler = Recorder()
+        with contextlib.suppress(RuntimeError):  # the failure goes on up, as it should
+            assert loop.train_one_epoch(None, None, None, None, profiler=profiler) is outcome
+        assert profiler.calls == ["start", calls]

@@ -14,7 +14,12 @@ from torchkit.bytecode import keep_bytecode_cache
 
 keep_bytecode_cache()  # before typer, rich and (later) torch are imported
 
-from torchkit.cli.app import app, exit_quietly_on_broken_pipe, exit_without_teardown  # noqa: E402
+from torchkit.cli.app import (  # noqa: E402
+    app,
+    exit_quietly_on_broken_pipe,
+    exit_without_teardown,
+    runs_as_the_program,
+)
 
 # Each module defines `register(app)`; order is the order of `torchkit --help`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -51,19 +56,9 @@ def main() -> None:
         except BrokenPipeError:
             exit_quietly_on_broken_pipe()
     except SystemExit as done:
-        if "torch" in sys.modules and _runs_as_the_program():
+        if "torch" in sys.modules and runs_as_the_program():
             exit_without_teardown(done)
         raise
-
-
-def _runs_as_the_program() -> bool:
-    """Whether `main` is this process's program (the `torchkit` script, `python -m torchkit`,
-    `torchrun -m torchkit`), not a call from someone's Python, which may catch SystemExit and
-    carry on: only the program may end the process."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name == "torchkit.__main__":
-        return True
-    return os.path.splitext(os.path.basename(sys.argv[0]))[0] == "torchkit"
 
 
 __all__ = ["app", "main"]

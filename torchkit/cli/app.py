@@ -318,6 +318,16 @@ def _usage_error(error: ClickUsageError) -> NoReturn:
     raise typer.Exit(error.exit_code) from None
 
 
+def runs_as_the_program() -> bool:
+    """Whether `main` is this process's program (the `torchkit` script, `python -m torchkit`,
+    `torchrun -m torchkit`), not a call from someone's Python, which may catch SystemExit and
+    carry on: only the program may end the process."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "torchkit.__main__":
+        return True
+    return os.path.splitext(os.path.basename(sys.argv[0]))[0] == "torchkit"
+
+
 def exit_without_teardown(done: SystemExit) -> None:
     """End the process as `done` says, skipping only the interpreter's teardown of its modules
     and the libraries' static destructors, which take 0.5-0.7 s once torch is loaded (most of
@@ -339,6 +349,8 @@ def exit_without_teardown(done: SystemExit) -> None:
     threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # no stream at all (pythonw, `>&-`): nothing to flush
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # a reader gone, a closed stream: as Python's own exit

@@ -107,11 +107,13 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
 
       torchrun --nproc_per_node=2 -m torchkit train --data flowers/ --batch-size 32
     """
+    from torchkit.cli.app import runs_as_the_program
     from torchkit.cli.progress import TrainProgress
     from torchkit.cli.train_tables import lr_find_table, summary_table
     from torchkit.core.outputs import InputPath
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal
+    from torchkit.core.train.timeline import process_age
 
     stats, config_file = values.pop("stats"), values.pop("config_file")
     print_config, fmt, output = values.pop("print_config"), values.pop("fmt"), values.pop("output")
@@ -162,6 +164,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
                 if path is not None
             ],
             output_file=output if is_main else None,
+            process_age=process_age() if runs_as_the_program() else None,
         )
     # Under torchrun a rank may stop because another one was signalled: the run's signal.
     terminated = stop.terminated or (stop.signum is None and result.stop_signal == signal.SIGTERM)

@@ -9,9 +9,21 @@ import random
 log = logging.getLogger("torchkit")
 
 # splitmix64 (Steele, Lea and Flood, 2014): its state increment and its output function's two
-# multipliers; `train.loaders.mix_seed` and `train.memory_images.uniforms` are splitmix64.
+# multipliers; `train.loaders.mix_seed`/`mix_seeds` and `train.memory_images.uniforms` are
+# splitmix64.
 SPLITMIX_INCREMENT = 0x9E3779B97F4A7C15
 SPLITMIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def splitmix_output(z):
+    """splitmix64's output function on a uint64 NumPy array (its arithmetic wraps, as meant)."""
+    import numpy as np
+
+    first, second = (np.uint64(m) for m in SPLITMIX_MULTIPLIERS)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * first
+        z = (z ^ (z >> np.uint64(27))) * second
+        return z ^ (z >> np.uint64(31))
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

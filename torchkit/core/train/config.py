@@ -449,9 +449,10 @@ class TrainConfig:
         flags=("--cudnn-benchmark/--no-cudnn-benchmark",),
         show_default=False,
         help="On CUDA, let cuDNN time its algorithms for each new input shape and keep the "
-        "fastest (torch.backends.cudnn.benchmark; the last partial training batch is then "
-        "dropped, so one shape is tuned). The tuning is paid in the first epoch. Default: on "
-        "on CUDA, off with --deterministic (which cannot use it).",
+        "fastest (torch.backends.cudnn.benchmark; a new run then drops each epoch's last "
+        "partial training batch, so one shape is tuned; a resumed run keeps its checkpoint's "
+        "batches). The tuning is paid in the first epoch. Default: on on CUDA, off with "
+        "--deterministic (which cannot use it).",
     )
     # How this run executes (the options every command shares, in the general panel)
     seed: int = option(0, shared=True)
@@ -514,7 +515,8 @@ class TrainConfig:
         panel=OUTPUTS_PANEL,
         minimum=0,
         metavar="N",
-        help="Profile the first N training steps of the first two epochs this run trains "
+        help="Profile the first N optimiser steps (N x --accum-steps batches) of the first two "
+        "epochs this run trains "
         "(torch.profiler; CPU, and CUDA on a GPU): OUT/profile/epoch-K.txt lists the "
         "operators by self time, epoch-K.json is the trace for Perfetto or chrome://tracing. "
         "The first epoch shows what a run pays once, the second what each step costs. "

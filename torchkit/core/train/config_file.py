@@ -31,7 +31,7 @@ from torchkit.core.train.config import (
 )
 
 # Entries of a run's options that describe that run, not the recipe.
-NOT_CARRIED = ("out", "resume", "force", "data_defaults")
+NOT_CARRIED = ("out", "resume", "force", "data_defaults", "profile_steps")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

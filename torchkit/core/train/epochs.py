@@ -67,7 +67,15 @@ class EpochDriver:
         # Where the epochs' time outside their training steps went (`train -v`'s last line).
         self.validation_seconds = self.saving_seconds = self.curves_seconds = 0.0
         self.profiled = 0  # epochs profiled so far (--profile-steps)
+        self.profiler: StepProfiler | None = None  # the epoch's, until written
+        self.stopped_in_epoch = False  # a stop (Ctrl-C, SIGTERM) ended an epoch part-way
         self.profile_seconds = 0.0  # the profiler's set-up, and writing its tables and traces
+
+    def phase(self) -> str:
+        """'N epochs' this invocation finished (a resumed one counts), and a stopped one."""
+        finished = self.result.epochs - self.state.start_epoch
+        name = f"{finished} epoch" + ("" if finished == 1 else "s")
+        return name + (" and part of one (stopped)" if self.stopped_in_epoch else "")
 
     def time_split(self) -> str:
         """The epochs' wall time (`train_seconds`) split into training steps, validation,
@@ -110,9 +118,14 @@ class EpochDriver:
                 state.progress = EpochProgress()
             if not self._train_epoch(epoch):
                 result.interrupted = True
-                self._save_stopped(epoch)
+                self.stopped_in_epoch = True
+                saving = time.perf_counter()
+                self._save_stopped(epoch)  # last.pt first: a stop's grace period is short
+                self.saving_seconds += time.perf_counter() - saving
+                self._write_profile()
                 break
             self._end_epoch(epoch)
+            self._write_profile()
             result.epochs = epoch + 1
             if config.early_stop and epoch + 1 - state.best_epoch >= config.early_stop:
                 result.stopped_early = True
@@ -130,8 +143,8 @@ class EpochDriver:
             self.callbacks.on_epoch_start(
                 epoch + 1, config.epochs, state.steps_per_epoch, progress.batches
             )
-        profiler = self._profiler(epoch + 1)
-        finished = train_one_epoch(
+        profiler = self.profiler = self._profiler(epoch + 1)
+        return train_one_epoch(
             state.step_ctx,
             state.loaders.train,
             progress,
@@ -141,11 +154,15 @@ class EpochDriver:
             epoch=epoch + 1,
             profiler=profiler,
         )
-        if profiler is not None:  # outside the epoch's time, as its set-up was
+
+    def _write_profile(self) -> None:
+        """The epoch's --profile-steps table and trace, once the epoch is saved (outside its
+        time, as the profiler's set-up was)."""
+        profiler, self.profiler = self.profiler, None
+        if profiler is not None:
             written = time.perf_counter()
             profiler.write()
             self.profile_seconds += time.perf_counter() - written + profiler.setup_seconds
-        return finished
 
     def _profiler(self, epoch: int) -> StepProfiler | None:
         """--profile-steps: a profiler for the first two epochs this invocation trains (rank 0)."""

@@ -22,7 +22,7 @@ from torchkit.core.datasource.digits import DIGITS
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.errors import InputError
 from torchkit.core.preprocessing import Preprocess
-from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS
+from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.transforms import eval_transform, train_transform
 
@@ -54,14 +54,12 @@ def mix_seeds(base: int, parts: Any) -> Any:
     one array operation per step instead of a Python call per item."""
     import numpy as np
 
-    first, second = (np.uint64(m) for m in SPLITMIX_MULTIPLIERS)
-    increment = np.uint64(SPLITMIX_INCREMENT)
     after_base = _splitmix_state((base,))
     with np.errstate(over="ignore"):  # uint64 arithmetic is meant to wrap
-        state = (np.uint64(after_base) ^ np.asarray(parts).astype(np.uint64)) + increment
-        z = (state ^ (state >> np.uint64(30))) * first
-        z = (z ^ (z >> np.uint64(27))) * second
-        return (z ^ (z >> np.uint64(31))) >> np.uint64(1)
+        state = (np.uint64(after_base) ^ np.asarray(parts).astype(np.uint64)) + np.uint64(
+            SPLITMIX_INCREMENT
+        )
+    return splitmix_output(state) >> np.uint64(1)
 
 
 @dataclass
@@ -270,7 +268,7 @@ class SeededDataset:
             # at its first batch, and its batches cut from that (the same pixels).
             indices = [index for _, index in keys]
             epochs = {epoch for epoch, _ in keys}
-            if len(epochs) == 1 and self.inner.renders_whole_epochs:
+            if len(epochs) == 1 and self.inner.renders_whole_epochs and _in_main_process():
                 return self.inner.items_of(self._epoch_images(epochs.pop())[indices], indices)
             draws = self.inner.draw_arrays([self.item_seed(e, i) for e, i in keys])
             return self.inner.items(indices, draws)
@@ -288,6 +286,13 @@ class SeededDataset:
         finally:
             if saved is not None:
                 generator.set_state(saved)
+
+
+def _in_main_process() -> bool:
+    """Not in a DataLoader worker (each worker would transform a whole epoch for its share)."""
+    import torch
+
+    return torch.utils.data.get_worker_info() is None
 
 
 class ShardSampler:

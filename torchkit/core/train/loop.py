@@ -8,6 +8,7 @@ micro-batches: unscale, clip, optimiser step, zero_grad, lr schedule, EMA.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -152,13 +153,49 @@ def train_one_epoch(
     epoch: int = 0,
     profiler: Any = None,
 ) -> bool:
+    """`_train_one_epoch` (see there), profiled by `profiler` (a `StepProfiler`, for
+    --profile-steps) when given: started before the epoch's clock, told of each optimiser
+    update, and kept when the epoch ends or stops, not when it fails."""
+    run = functools.partial(
+        _train_one_epoch,
+        ctx,
+        loader,
+        progress_state,
+        unreadable,
+        on_step=on_step,
+        should_stop=should_stop,
+        epoch=epoch,
+        profiler=profiler,
+    )
+    if profiler is None:
+        return run()
+    profiler.start()
+    try:
+        finished = run()
+    except BaseException:
+        profiler.abandon()
+        raise
+    profiler.stop()
+    return finished
+
+
+def _train_one_epoch(
+    ctx: StepContext,
+    loader: Any,
+    progress_state: EpochProgress,
+    unreadable: UnreadableImages,
+    *,
+    on_step: Callable[[StepInfo], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    epoch: int = 0,
+    profiler: Any = None,
+) -> bool:
     """Train over `loader` (already positioned by its sampler); batches of JPEG bytes
     (`--decode device`) are decoded on the device first. Updates `progress_state` in
     place. Returns False when `should_stop` asked to stop (checked after each optimiser
     update, so the saved state is always between two updates). A NaN or infinite loss raises
     DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
-    returns: the diverged state never reaches a checkpoint. `profiler` (a `StepProfiler`, for
-    --profile-steps) starts before the epoch's clock and is told of each update."""
+    returns: the diverged state never reaches a checkpoint. `profiler` is told of each update."""
     import torch
 
     from torchkit.core.decode_ahead import DecodedAhead
@@ -170,8 +207,6 @@ def train_one_epoch(
     ctx.model.train()
     if ctx.frozen_norms is not None:
         ctx.frozen_norms()
-    if profiler is not None:  # before the epoch's clock: the profiler's set-up is not the epoch's
-        profiler.start()
     total = progress_state.batches + len(loader)
     accum = ctx.accum_steps
     # Micro-batches are grouped into updates from the start of the epoch, so a resumed epoch
@@ -214,7 +249,6 @@ def train_one_epoch(
     batches = loader if ahead is None else ahead
     if timeline is not None:
         batches = timeline.timed(batches)
-    ended = False
     try:
         for batch in batches:
             if timeline is not None:
@@ -300,14 +334,10 @@ def train_one_epoch(
                 check_finite(weights=True)
                 progress_state.loss_sum = base_loss + float(loss_sum)
                 progress_state.correct = base_correct + float(correct)
-                ended = True
                 return False
-        ended = True
     finally:
         if ahead is not None:
             ahead.close()
-        if profiler is not None:  # kept when the epoch ends or stops, not when it fails
-            profiler.stop() if ended else profiler.abandon()
     check_finite(weights=True)
     progress_state.loss_sum = base_loss + float(loss_sum)
     progress_state.correct = base_correct + float(correct)

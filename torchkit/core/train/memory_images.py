@@ -21,7 +21,7 @@ import numpy as np
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import CROP_RATIO, pil_resample
 from torchkit.core.preprocessing import Preprocess
-from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS
+from torchkit.core.seeding import SPLITMIX_INCREMENT, splitmix_output
 
 
 def supports(
@@ -41,7 +41,8 @@ def supports(
     )
 
 
-# A training epoch of at most this many bytes of transformed images is transformed at once.
+# A training epoch of at most this many bytes of transformed images is transformed at once
+# (the transform's peak is about twice that: the flipped images are copied once).
 WHOLE_EPOCH_BYTES = 64 * 2**20
 
 # Uniforms drawn per image: (area, aspect, top, left) for each of 10 crop tries, then the flip.
@@ -57,10 +58,7 @@ def uniforms(seeds: Any, count: int) -> np.ndarray:
         keys = np.asarray(seeds, dtype=np.uint64)[:, None] + (
             np.arange(1, count + 1, dtype=np.uint64) * np.uint64(SPLITMIX_INCREMENT)
         )
-        first, second = (np.uint64(m) for m in SPLITMIX_MULTIPLIERS)
-        z = (keys ^ (keys >> np.uint64(30))) * first
-        z = (z ^ (z >> np.uint64(27))) * second
-        z = z ^ (z >> np.uint64(31))
+    z = splitmix_output(keys)
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
@@ -247,7 +245,9 @@ class MemoryImages:
         if flips.any():
             flipped = torch.from_numpy(np.flatnonzero(flips))
             images[flipped] = images[flipped].flip(-1)
-        return self._normalise(images)
+        # In place (the same operations as `_normalise`): a whole epoch's images are not copied
+        # three more times.
+        return images.div_(255.0).sub_(self.mean).div_(self.std)
 
     @property
     def renders_whole_epochs(self) -> bool:
@@ -260,7 +260,8 @@ class MemoryImages:
         )
 
     def render_all(self, draws: tuple[np.ndarray, np.ndarray]) -> Any:
-        """Every item under `draws` (one per item, in order): `render` of them all."""
+        """Every item under `draws` (one per item, in order): `render` of them all. In the
+        main process only (`SeededDataset`): each loader worker would transform all of them."""
         return self.render(slice(None), draws)
 
     def items(self, indices: list[int], draws: list | None = None) -> list[tuple]:

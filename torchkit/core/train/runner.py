@@ -26,7 +26,7 @@ from torchkit.core.train.outputs import check_tensorboard, versions
 from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.setup import RunPlan, build_amp, plan_run, prepare_state
 from torchkit.core.train.state import TrainState
-from torchkit.core.train.timeline import EpochTimeline, RunTimeline, process_age
+from torchkit.core.train.timeline import EpochTimeline, RunTimeline
 
 __all__ = ["RunInfo", "TrainCallbacks", "TrainResult", "run_training"]
 
@@ -40,16 +40,18 @@ def run_training(
     overrides: Collection[str] | None = None,
     inputs: Iterable[InputPath] = (),
     output_file: str | os.PathLike | None = None,
+    process_age: float | None = None,
 ) -> TrainResult:
     """Train as `config` says. With `config.resume`, the saved run's options are used except
     those named in `overrides` (default: the options of `config` that differ from the defaults).
 
     `inputs` are files the caller read for the run (the --stats file): the run folder may not
     be, contain or lie inside one. `output_file` is where the caller will write the summary
-    (-o FILE): it is checked with the run folder, before any work.
+    (-o FILE): it is checked with the run folder, before any work. `process_age`: seconds the
+    process had run before this call, where the process is this run's (`train -v`'s last line
+    then counts from the process's start).
     """
     started = time.perf_counter()
-    before = process_age()
     folder = RunFolder(inputs, output_file)
     try:
         plan = None
@@ -60,7 +62,7 @@ def run_training(
             folder.open(DistContext(), plan)
         if os.environ.get("RANK", "0") == "0" and not config.find_lr:
             folder.start_painter()  # curves.png's plotting library loads beside torch's
-        timeline = RunTimeline(started, before)
+        timeline = RunTimeline(started, process_age)
         return _run_with_torch(
             config, overrides, plan, folder, callbacks or TrainCallbacks(), timeline
         )
@@ -142,9 +144,10 @@ def _train(
                 _announce(ctx, state, folder, callbacks)
                 epochs = EpochDriver(ctx, state, folder, callbacks, result)
                 epochs.run()
-                timeline.mark(_epochs_phase(state, result), epochs.time_split())
+                timeline.mark(epochs.phase(), epochs.time_split())
                 evaluate_best_on_test(ctx, state, folder, callbacks, result)
-                timeline.mark("test")
+                if result.test_top1 is not None:
+                    timeline.mark("test")
         except BaseException:
             folder.release(ok=False)
             raise
@@ -157,12 +160,6 @@ def _train(
     if ctx.is_main and EpochTimeline.wanted():
         timeline.report()
     return result
-
-
-def _epochs_phase(state: TrainState, result: TrainResult) -> str:
-    """'N epochs' trained by this invocation (a resumed epoch counts as one)."""
-    trained = result.epochs - state.start_epoch
-    return f"{trained} epoch" + ("" if trained == 1 else "s")
 
 
 def _set_up(ctx: DistContext, plan: RunPlan, folder: RunFolder) -> TrainState:

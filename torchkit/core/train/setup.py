@@ -96,12 +96,12 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
 
     config, checkpoint = plan.config, plan.checkpoint
     seed_everything(config.seed, config.deterministic)
-    if cudnn_benchmark_for(ctx.device.type, config):
-        torch.backends.cudnn.benchmark = True
+    if ctx.device.type == "cuda":  # set either way: the runner puts torch's switch back after
+        torch.backends.cudnn.benchmark = cudnn_benchmark_for(ctx.device.type, config)
     # A resumed run takes back the split it recorded (held-out val images included).
     data = load_splits(config, checkpoint.get("data") if checkpoint is not None else None)
     train = data.splits["train"]
-    drop_last = _drop_last(ctx, checkpoint)
+    drop_last = _drop_last(ctx, config, checkpoint)
     config = _resolve_decode(ctx, config, data)
     classes = list(train.classes)
     weights = class_weights(config.class_weights, classes, train.class_counts())
@@ -183,16 +183,14 @@ def cudnn_benchmark_for(device_type: str, config: TrainConfig) -> bool:
     return config.cudnn_benchmark is not False
 
 
-def _drop_last(ctx: DistContext, checkpoint: dict | None) -> bool:
-    """Whether the train loader leaves out each epoch's last partial batch: on CUDA with
-    cudnn.benchmark (not --deterministic), as timm does, so cuDNN autotunes one batch shape
-    only. A resumed run keeps what its checkpoint did (older ones: no drop), and CPU runs never
-    drop: their batches and figures are as they were."""
-    import torch
-
+def _drop_last(ctx: DistContext, config: TrainConfig, checkpoint: dict | None) -> bool:
+    """Whether the train loader leaves out each epoch's last partial batch: with cuDNN's
+    autotuning (`cudnn_benchmark_for`), as timm does, so cuDNN tunes one batch shape only. A
+    resumed run keeps what its checkpoint did (older ones: no drop), and CPU runs never drop:
+    their batches and figures are as they were."""
     if checkpoint is not None:
         return bool(checkpoint.get("drop_last", False))
-    return ctx.device.type == "cuda" and torch.backends.cudnn.benchmark
+    return cudnn_benchmark_for(ctx.device.type, config)
 
 
 def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> TrainConfig:

@@ -108,7 +108,8 @@ class StepProfiler:
         key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
         heading = (
             f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
-            f"optimiser steps (from before its first batch), {self.seconds:.3f} s of wall time "
+            f"optimiser steps in this run (from before the first batch was asked for), "
+            f"{self.seconds:.3f} s of wall time "
             f"on {self.device}; operators by {'self CUDA' if on_gpu else 'self CPU'} time, "
             f"the top {TABLE_ROWS}\n\n"
         )
