@@ -154,8 +154,8 @@ def test_a_run_stopped_mid_epoch_saves_first_keeps_its_profile_and_says_so(
     assert "0 epochs and part of one (stopped) " in line and ", test " not in line, line
 
 
-def test_the_profile_is_kept_when_the_epoch_ends_or_stops_and_dropped_when_it_fails(monkeypatch):
-    from torchkit.core.train import loop
+def test_the_profile_is_kept_when_the_epoch_ends_or_stops_and_dropped_when_it_fails():
+    from torchkit.core.train.step_profiler import profiling
 
     class Recorder:
         def __init__(self) -> None:
@@ -170,18 +170,12 @@ def test_the_profile_is_kept_when_the_epoch_ends_or_stops_and_dropped_when_it_fa
         def abandon(self) -> None:
             self.calls.append("abandon")
 
-    def epoch_that(outcome):
-        def run(*args, profiler, **kwargs):
-            assert profiler.calls == ["start"]  # started before the epoch runs
-            if isinstance(outcome, Exception):
-                raise outcome
-            return outcome
-
-        return run
-
-    for outcome, calls in ((True, "stop"), (False, "stop"), (RuntimeError("diverged"), "abandon")):
-        monkeypatch.setattr(loop, "_train_one_epoch", epoch_that(outcome))
+    for fails, last in ((False, "stop"), (True, "abandon")):  # ended or stopped; diverged
         profiler = Recorder()
-        with contextlib.suppress(RuntimeError):  # the failure goes on up, as it should
-            assert loop.train_one_epoch(None, None, None, None, profiler=profiler) is outcome
-        assert profiler.calls == ["start", calls]
+        with contextlib.suppress(RuntimeError), profiling(profiler):
+            assert profiler.calls == ["start"]  # started before the epoch runs
+            if fails:
+                raise RuntimeError("the run diverged")  # and the failure goes on up
+        assert profiler.calls == ["start", last]
+    with profiling(None):  # no --profile-steps: nothing to do
+        pass

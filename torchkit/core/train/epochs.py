@@ -32,7 +32,12 @@ from torchkit.core.train.loop import (
 from torchkit.core.train.resume import restore_rank_rng
 from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.state import TrainState
-from torchkit.core.train.step_profiler import EPOCHS_PROFILED, PROFILE_FOLDER, StepProfiler
+from torchkit.core.train.step_profiler import (
+    EPOCHS_PROFILED,
+    PROFILE_FOLDER,
+    StepProfiler,
+    profiling,
+)
 from torchkit.core.train.timeline import EpochTimeline
 
 log = logging.getLogger("torchkit")
@@ -144,16 +149,17 @@ class EpochDriver:
                 epoch + 1, config.epochs, state.steps_per_epoch, progress.batches
             )
         profiler = self.profiler = self._profiler(epoch + 1)
-        return train_one_epoch(
-            state.step_ctx,
-            state.loaders.train,
-            progress,
-            state.unreadable,
-            on_step=self.callbacks.on_step if self.ctx.is_main else None,
-            should_stop=self.should_stop,
-            epoch=epoch + 1,
-            profiler=profiler,
-        )
+        with profiling(profiler):  # started before the epoch's clock
+            return train_one_epoch(
+                state.step_ctx,
+                state.loaders.train,
+                progress,
+                state.unreadable,
+                on_step=self.callbacks.on_step if self.ctx.is_main else None,
+                should_stop=self.should_stop,
+                epoch=epoch + 1,
+                profiler=profiler,
+            )
 
     def _write_profile(self) -> None:
         """The epoch's --profile-steps table and trace, once the epoch is saved (outside its

@@ -8,7 +8,6 @@ micro-batches: unscale, clip, optimiser step, zero_grad, lr schedule, EMA.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -153,49 +152,13 @@ def train_one_epoch(
     epoch: int = 0,
     profiler: Any = None,
 ) -> bool:
-    """`_train_one_epoch` (see there), profiled by `profiler` (a `StepProfiler`, for
-    --profile-steps) when given: started before the epoch's clock, told of each optimiser
-    update, and kept when the epoch ends or stops, not when it fails."""
-    run = functools.partial(
-        _train_one_epoch,
-        ctx,
-        loader,
-        progress_state,
-        unreadable,
-        on_step=on_step,
-        should_stop=should_stop,
-        epoch=epoch,
-        profiler=profiler,
-    )
-    if profiler is None:
-        return run()
-    profiler.start()
-    try:
-        finished = run()
-    except BaseException:
-        profiler.abandon()
-        raise
-    profiler.stop()
-    return finished
-
-
-def _train_one_epoch(
-    ctx: StepContext,
-    loader: Any,
-    progress_state: EpochProgress,
-    unreadable: UnreadableImages,
-    *,
-    on_step: Callable[[StepInfo], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    epoch: int = 0,
-    profiler: Any = None,
-) -> bool:
     """Train over `loader` (already positioned by its sampler); batches of JPEG bytes
     (`--decode device`) are decoded on the device first. Updates `progress_state` in
     place. Returns False when `should_stop` asked to stop (checked after each optimiser
     update, so the saved state is always between two updates). A NaN or infinite loss raises
     DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
-    returns: the diverged state never reaches a checkpoint. `profiler` is told of each update."""
+    returns: the diverged state never reaches a checkpoint. `profiler` (a `StepProfiler`, for
+    --profile-steps, started by the caller: `step_profiler.profiling`) is told of each update."""
     import torch
 
     from torchkit.core.decode_ahead import DecodedAhead

@@ -16,9 +16,11 @@ The profiler's own overhead is in that epoch's time (metrics.csv's `epoch_time_s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,22 @@ log = logging.getLogger("torchkit")
 PROFILE_FOLDER = "profile"
 EPOCHS_PROFILED = 2
 TABLE_ROWS = 40
+
+
+@contextlib.contextmanager
+def profiling(profiler: StepProfiler | None) -> Iterator[None]:
+    """Around an epoch: `profiler` (if any) started before it, kept when the epoch ends or
+    stops, dropped when it fails (a diverged or broken epoch writes no profile)."""
+    if profiler is None:
+        yield
+        return
+    profiler.start()
+    try:
+        yield
+    except BaseException:
+        profiler.abandon()
+        raise
+    profiler.stop()
 
 
 class StepProfiler:
