@@ -1,4 +1,4 @@
-"""`train --profile-steps N`: torch.profiler over the first N training steps of two epochs.
+"""`train --profile-steps N`: torch.profiler over the first N optimiser steps of two epochs.
 
 The first epoch a run trains and the one after it: the first shows what a run pays once (CUDA
 loading kernels on first use, cuDNN autotuning each new shape, the allocator growing, the
@@ -11,7 +11,8 @@ kernels of those steps are all in it). Rank 0 writes, under the run folder:
   that names the epoch, the steps and their wall time;
 - `profile/epoch-K.json`: the whole trace, for Perfetto (ui.perfetto.dev) or chrome://tracing.
 
-The profiler's own overhead is in that epoch's time (metrics.csv's `epoch_time_s`).
+The profiler's overhead on each profiled step is in that epoch's time (metrics.csv's
+`epoch_time_s`); its set-up and the writing (seconds) are not: `train -v`'s last line names them.
 """
 
 from __future__ import annotations
