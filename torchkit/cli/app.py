@@ -333,9 +333,9 @@ def exit_without_teardown(done: SystemExit) -> None:
     and the libraries' static destructors, which take 0.5-0.7 s once torch is loaded (most of
     the time between a command's last line and the shell's prompt). First, everything an exit
     does that can matter: threading's exit hooks run and non-daemon threads are waited for,
-    every atexit handler runs
-    (multiprocessing stops its workers, temporary folders go, logging flushes), and stdout and
-    stderr are flushed. Every file torchkit writes is closed explicitly before this point."""
+    every atexit handler runs (multiprocessing stops its workers, temporary folders go, logging
+    flushes), and stdout and stderr are flushed. Every file torchkit writes is closed
+    explicitly before this point."""
     import atexit
     import threading
 

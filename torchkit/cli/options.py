@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from torchkit.cli.render import OutputFormat
+from torchkit.core.decode import INFERENCE_DECODES
 
 
 def _complete_device(incomplete: str) -> list[str]:
@@ -247,9 +248,8 @@ InferenceAmpDtypeOption = Annotated[
 ]
 
 
-class InferenceDecode(str, Enum):
-    exact = "exact"
-    device = "device"
+# The choices are core's (one list: eval_transform checks the same).
+InferenceDecode = Enum("InferenceDecode", {name: name for name in INFERENCE_DECODES}, type=str)
 
 
 InferenceDecodeOption = Annotated[

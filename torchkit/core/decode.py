@@ -42,6 +42,9 @@ DECODE_MODES = ("device", "fast", "exact")
 # What `train --decode` takes: `auto` is `device` when training on CUDA from JPEG files, else
 # `fast` (core.device_decode.resolve_decode, chosen when the run starts).
 DECODE_CHOICES = ("auto", *DECODE_MODES)
+# What eval, predict and extract-features take (`--decode`): PIL in the loader workers, or JPEGs
+# decoded, resized and cropped where the model runs (core.device_decode.DeviceEvalTransform).
+INFERENCE_DECODES = ("exact", "device")
 REDUCTIONS = (1, 2, 4, 8)  # what libjpeg's scaled DCT offers through PIL's draft
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)  # RandomResizedCrop's default aspect-ratio range
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")

@@ -261,8 +261,7 @@ class DeviceEvalTransform:
                 if view is not None:
                     box = (0, 0, height, width)
                     return EncodedJpeg(data, box, False, name, self.size, self.interpolation, view)
-        image = load_image(path, mode)
-        return self.pixels(image if image.mode == mode else image.convert(mode))
+        return self.pixels(load_image(path, mode))  # already in `mode`
 
     def __repr__(self) -> str:
         return (

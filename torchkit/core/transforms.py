@@ -18,10 +18,10 @@ def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str 
     model runs (`core.device_decode.DeviceEvalTransform`); other images as with `exact`."""
     from torchvision import transforms as T
 
-    from torchkit.core.decode import PixelTensor
+    from torchkit.core.decode import INFERENCE_DECODES, PixelTensor
 
-    if decode not in ("exact", "device"):
-        raise UsageError(f"unknown --decode {decode!r}: choose exact or device")
+    if decode not in INFERENCE_DECODES:
+        raise UsageError(f"unknown --decode {decode!r}: choose {' or '.join(INFERENCE_DECODES)}")
     if decode == "device":
         from torchkit.core.device_decode import DeviceEvalTransform
 
