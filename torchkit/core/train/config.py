@@ -454,6 +454,17 @@ class TrainConfig:
         "batches). The tuning is paid in the first epoch. Default: on on CUDA, off with "
         "--deterministic (which cannot use it).",
     )
+    cuda_graphs: bool = option(
+        False,
+        panel=OPTIM_PANEL,
+        flags=("--cuda-graphs/--no-cuda-graphs",),
+        help="On CUDA, record the whole training step (forward, backward, optimiser, EMA) once "
+        "as a CUDA graph and replay it for every batch: for small models, whose steps wait "
+        "on Python and kernel launches rather than on the GPU (the digits convnet). A new run "
+        "drops each epoch's last partial batch. One process, --optimizer sgd, adam or adamw, "
+        "--accum-steps 1, no --mixup, --cutmix or --compile, and no float16 --amp (bf16 is "
+        "fine).",
+    )
     # How this run executes (the options every command shares, in the general panel)
     seed: int = option(0, shared=True)
     deterministic: bool = option(False, shared=True)
@@ -725,8 +736,31 @@ def validate(config: TrainConfig) -> None:
             "--cudnn-benchmark picks algorithms by timing them, which --deterministic rules out",
             "drop one of the two",
         )
+    if config.cuda_graphs:
+        _check_graphable(config)
     if not config.dist_timeout > 0:
         bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
+
+
+def _check_graphable(config: TrainConfig) -> None:
+    """--cuda-graphs records one fixed update: nothing in it may vary from step to step on
+    the host (mixing draws on the host; accumulation and --compile change the step)."""
+    refusals = (
+        (
+            config.optimizer not in ("sgd", "adam", "adamw"),
+            f"needs a fused optimiser (sgd, adam or adamw), not {config.optimizer}",
+        ),
+        (config.accum_steps > 1, "records one batch per update: it cannot use --accum-steps"),
+        (
+            config.mixup_alpha > 0 or config.cutmix_alpha > 0,
+            "cannot use --mixup or --cutmix: they draw on the host at each step",
+        ),
+        (config.compile, "cannot record a compiled model's step: use one of the two"),
+        (config.find_lr, "speeds up training epochs, and --find-lr trains none"),
+    )
+    for refused, reason in refusals:
+        if refused:
+            raise UsageError(f"--cuda-graphs {reason}", "drop --cuda-graphs, or the other option")
 
 
 def option_name(field_name: str) -> str:

@@ -40,10 +40,24 @@ class ModelEMA:
             if self._float:
                 averages = [a for a, _ in self._float]
                 torch._foreach_mul_(averages, d)
-                torch._foreach_add_(averages, [s.detach() for _, s in self._float], alpha=1 - d)
+                torch._foreach_add_(averages, [s for _, s in self._float], alpha=1 - d)
             for average, source in self._other:
                 average.copy_(source)
         self.updates += 1
+
+    def update_with(self, decay: Any, rest: Any) -> None:
+        """The same update with the decay and 1 - decay given as device scalars, which a CUDA
+        graph reads at each replay (--cuda-graphs): nothing here depends on the host. The
+        caller fills them from `current_decay()` and counts the update (`updates`)."""
+        import torch
+
+        with torch.no_grad():
+            if self._float:
+                averages = [a for a, _ in self._float]
+                torch._foreach_mul_(averages, decay)
+                torch._foreach_add_(averages, torch._foreach_mul([s for _, s in self._float], rest))
+            for average, source in self._other:
+                average.copy_(source)
 
     def state_dict(self) -> dict:
         return self.module.state_dict()

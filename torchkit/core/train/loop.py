@@ -106,6 +106,8 @@ class StepContext:
     # Decode batches of JPEG bytes (--decode device) in a thread, one batch ahead of the step
     # (core.decode_ahead); otherwise the loop decodes each batch itself.
     decode_ahead: bool = False
+    # --cuda-graphs: the step recorded once and replayed (core.train.graphed_step.GraphedStep).
+    graphed: Any = None
 
 
 class UnreadableImages:
@@ -159,12 +161,12 @@ def train_one_epoch(
     DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
     returns: the diverged state never reaches a checkpoint. `profiler` (a `StepProfiler`, for
     --profile-steps, started by the caller: `step_profiler.profiling`) is told of each update."""
-    import torch
 
     from torchkit.core.decode_ahead import DecodedAhead
     from torchkit.core.device_decode import decoded_batch
     from torchkit.core.train.mixing import mix_batch
     from torchkit.core.train.readout import SumsReadout
+    from torchkit.core.train.step_sums import StepSums
     from torchkit.core.train.timeline import EpochTimeline
 
     ctx.model.train()
@@ -176,11 +178,11 @@ def train_one_epoch(
     # groups them as the uninterrupted one did (interruptions only happen between updates).
     started = time.perf_counter() - progress_state.seconds
     acc = accumulator_dtype(ctx.device)
-    loss_sum = torch.zeros((), dtype=acc, device=ctx.device)
-    correct = torch.zeros((), dtype=acc, device=ctx.device)
-    # The batch number of the first non-finite loss (-1: none), kept on the device: looking
-    # at it waits for the device, so that happens only every FINITE_CHECK_EVERY updates.
-    first_bad = torch.full((), -1, dtype=torch.long, device=ctx.device)
+    graphed = ctx.graphed
+    # The first non-finite loss is looked at only every FINITE_CHECK_EVERY updates: that waits
+    # for the device. With --cuda-graphs the graph adds to its own sums, which last the run.
+    sums = graphed.sums if graphed is not None else StepSums(ctx.device, acc)
+    sums.reset()
     updates = 0
 
     def check_finite(*, weights: bool = False) -> None:
@@ -188,7 +190,7 @@ def train_one_epoch(
         a checkpoint, also if a weight is not (a gradient overflowed while the loss did not:
         the weights are the same on every rank, so each rank finds the same)."""
         hint = DIVERGED_HINT
-        local = int(first_bad)
+        local = int(sums.first_bad)
         bad = local if ctx.earliest_over_ranks is None else ctx.earliest_over_ranks(local)
         if bad >= 0:
             raise DivergedError(
@@ -221,7 +223,17 @@ def train_one_epoch(
                 unreadable.report(batch.errors)
             progress_state.batches += 1
             is_update = progress_state.batches % accum == 0 or progress_state.batches == total
-            if batch.images is not None:
+            if graphed is not None:
+                # The whole update in one replay (core.train.graphed_step): one batch each,
+                # no mixing, no DDP, no GradScaler (the config and set-up checked).
+                progress_state.last_lr = ctx.schedule.current_lr()
+                if batch.images is None:
+                    graphed.update_without_batch()
+                else:
+                    images, labels = to_device(batch, ctx)
+                    graphed.step(images, labels, progress_state.batches)
+                    progress_state.seen += labels.shape[0]
+            elif batch.images is not None:
                 images, labels = to_device(batch, ctx)
                 mixed = mix_batch(images, labels, ctx.mixup_alpha, ctx.cutmix_alpha)
                 if mixed is not None:
@@ -243,30 +255,14 @@ def train_one_epoch(
                         ctx.scaler.scale(scaled).backward()
                     else:
                         scaled.backward()
-                with torch.no_grad():
-                    count = labels.shape[0]
-                    predicted = outputs.argmax(dim=1)
-                    if mixed is None:
-                        hits = (predicted == labels).sum()
-                    else:
-                        hits = (
-                            mixed.lam * (predicted == mixed.labels_a).sum()
-                            + (1 - mixed.lam) * (predicted == mixed.labels_b).sum()
-                        )
-                    detached = loss.detach()
-                    first_bad = torch.where(
-                        torch.isfinite(detached) | (first_bad >= 0),
-                        first_bad,
-                        progress_state.batches,
-                    )
-                    loss_sum += detached.to(acc) * count
-                    correct += hits.to(acc)
-                progress_state.seen += count
+                sums.add(loss, outputs, labels, progress_state.batches, mixed)
+                progress_state.seen += labels.shape[0]
             elif ctx.distributed:
                 _empty_step(ctx, is_update, progress_state.batches)
             if is_update:
-                progress_state.last_lr = ctx.schedule.current_lr()
-                _optimizer_step(ctx)
+                if graphed is None:
+                    progress_state.last_lr = ctx.schedule.current_lr()
+                    _optimizer_step(ctx)
                 updates += 1
                 if timeline is not None:
                     timeline.stepped()
@@ -281,7 +277,9 @@ def train_one_epoch(
                 # The last step's figures are exact; the others are read without waiting for
                 # the device (core.train.readout), so the bar never stalls a GPU.
                 read = readout.exact if progress_state.batches == total else readout.read
-                shown_loss, shown_correct, shown_seen = read(loss_sum, correct, progress_state.seen)
+                shown_loss, shown_correct, shown_seen = read(
+                    sums.loss_sum, sums.correct, progress_state.seen
+                )
                 shown_seen = max(1, shown_seen)
                 on_step(
                     StepInfo(
@@ -295,15 +293,15 @@ def train_one_epoch(
                 )
             if is_update and should_stop is not None and should_stop():
                 check_finite(weights=True)
-                progress_state.loss_sum = base_loss + float(loss_sum)
-                progress_state.correct = base_correct + float(correct)
+                progress_state.loss_sum = base_loss + float(sums.loss_sum)
+                progress_state.correct = base_correct + float(sums.correct)
                 return False
     finally:
         if ahead is not None:
             ahead.close()
     check_finite(weights=True)
-    progress_state.loss_sum = base_loss + float(loss_sum)
-    progress_state.correct = base_correct + float(correct)
+    progress_state.loss_sum = base_loss + float(sums.loss_sum)
+    progress_state.correct = base_correct + float(sums.correct)
     progress_state.seconds = time.perf_counter() - started
     if timeline is not None:
         timeline.report(epoch, progress_state.seconds, ahead)

@@ -145,6 +145,8 @@ def _train(
                 epochs = EpochDriver(ctx, state, folder, callbacks, result)
                 epochs.run()
                 timeline.mark(epochs.phase(), epochs.time_split())
+                if state.step_ctx.graphed is not None:
+                    log.info("%s", state.step_ctx.graphed.summary())
                 evaluate_best_on_test(ctx, state, folder, callbacks, result)
                 if result.test_top1 is not None:
                     timeline.mark("test")

@@ -95,6 +95,10 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
     from torchkit.core.seeding import seed_everything
 
     config, checkpoint = plan.config, plan.checkpoint
+    if config.cuda_graphs:
+        from torchkit.core.train.graphed_step import refuse_ungraphable_run
+
+        refuse_ungraphable_run(ctx.device, distributed=ctx.is_distributed, amp_dtype=amp.dtype)
     seed_everything(config.seed, config.deterministic)
     if ctx.device.type == "cuda":  # set either way: the runner puts torch's switch back after
         torch.backends.cudnn.benchmark = cudnn_benchmark_for(ctx.device.type, config)
@@ -144,6 +148,10 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         step_ctx = _step_context(
             ctx, config, model, groups, optimizer, schedule, ema, amp, weights, preprocess
         )
+        if config.cuda_graphs:
+            from torchkit.core.train.graphed_step import GraphedStep
+
+            step_ctx.graphed = GraphedStep(step_ctx, amp.dtype)
     except BaseException:
         loaders.close()
         raise
@@ -185,12 +193,13 @@ def cudnn_benchmark_for(device_type: str, config: TrainConfig) -> bool:
 
 def _drop_last(ctx: DistContext, config: TrainConfig, checkpoint: dict | None) -> bool:
     """Whether the train loader leaves out each epoch's last partial batch: with cuDNN's
-    autotuning (`cudnn_benchmark_for`), as timm does, so cuDNN tunes one batch shape only. A
+    autotuning (`cudnn_benchmark_for`), as timm does, so cuDNN tunes one batch shape only,
+    and with --cuda-graphs, whose graph takes one batch shape (others step eagerly). A
     resumed run keeps what its checkpoint did (older ones: no drop), and CPU runs never drop:
     their batches and figures are as they were."""
     if checkpoint is not None:
         return bool(checkpoint.get("drop_last", False))
-    return cudnn_benchmark_for(ctx.device.type, config)
+    return config.cuda_graphs or cudnn_benchmark_for(ctx.device.type, config)
 
 
 def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> TrainConfig:

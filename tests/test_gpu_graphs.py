@@ -1,0 +1,114 @@
+"""--cuda-graphs on a CUDA GPU: the recorded step trains as the eager one does, the digits job
+runs on it, and a step that cannot be recorded falls back to eager steps with a warning. The
+step itself is checked on the CPU in test_graphed_step.py. `uv run pytest -m cuda`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_graphed_step import SmallNet, batches, make_context, train, weights
+
+from torchkit.cli import app
+from torchkit.core.train.graphed_step import WARMUP_UPDATES, GraphedStep
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.cuda, needs_cuda]
+
+
+def _on_cuda(ctx, model=None):
+    """`ctx` (test_graphed_step.make_context) moved to the GPU, its optimiser rebuilt there."""
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.ema import ModelEMA
+    from torchkit.core.train.optim import LRSchedule, build_optimizer, param_groups
+
+    device = torch.device("cuda")
+    model = (model or ctx.model).to(device)
+    config = TrainConfig(optimizer="adamw", lr=0.05, warmup_epochs=1, epochs=3, weight_decay=0.01)
+    groups = param_groups(model, config)
+    ctx.model = ctx.module = model
+    ctx.optimizer = build_optimizer(groups, config)
+    ctx.schedule = LRSchedule(ctx.optimizer, config, updates_per_epoch=6)
+    ctx.ema = ModelEMA(model, 0.9)
+    ctx.device = device
+    ctx.l1_params = []
+    return ctx
+
+
+def _cuda_batches(count):
+    return [
+        type(batch)(batch.images.cuda(), batch.labels.cuda(), batch.indices, [])
+        for batch in batches(count)
+    ]
+
+
+@pytest.fixture
+def deterministic_cudnn():
+    saved = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved
+
+
+def test_the_recorded_step_trains_as_the_eager_step_does(deterministic_cudnn):
+    data = _cuda_batches(6)
+    eager = _on_cuda(make_context())
+    eager_progress = train(eager, data)
+    graphed = _on_cuda(make_context())
+    graphed.graphed = GraphedStep(graphed, "float32")
+    graphed_progress = train(graphed, data)
+    assert graphed.graphed.graph is not None and graphed.graphed.failure is None
+    assert graphed.graphed.replays == 12 - WARMUP_UPDATES
+    for name, value in weights(eager).items():
+        torch.testing.assert_close(weights(graphed)[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    for ours, theirs in zip(graphed_progress, eager_progress, strict=True):
+        assert ours.loss_sum == pytest.approx(theirs.loss_sum, rel=1e-4)
+        assert ours.correct == theirs.correct
+
+
+class SyncingNet(SmallNet):
+    """A forward that reads a value on the host: it cannot be recorded."""
+
+    def forward(self, x):
+        if float(x.abs().sum()) < 0:  # never true, but a host sync all the same
+            x = -x
+        return super().forward(x)
+
+
+def test_a_step_that_cannot_be_recorded_trains_eagerly_with_a_warning(caplog):
+    data = _cuda_batches(6)
+    ctx = _on_cuda(make_context(), SyncingNet())
+    ctx.graphed = GraphedStep(ctx, "float32")
+    train(ctx, data, epochs=1)
+    assert ctx.graphed.graph is None and ctx.graphed.failure
+    assert "--cuda-graphs: the capture failed" in caplog.text
+    assert ctx.graphed.eager_updates == 6 - WARMUP_UPDATES
+    assert all(torch.isfinite(v).all() for v in weights(ctx).values())
+
+
+def test_the_digits_job_with_cuda_graphs(runner, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--data",
+            "digits",
+            "--device",
+            "cuda",
+            "--cuda-graphs",
+            "--out",
+            str(out),
+            "--epochs",
+            "8",
+            "-v",
+            "--format",
+            "json",
+        ],  # fmt: skip
+    )
+    assert result.exit_code == 0, result.stderr
+    assert f"--cuda-graphs: captured after {WARMUP_UPDATES} eager updates" in result.stderr
+    assert "updates replayed from the graph" in result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["test_top1"] >= 0.95

@@ -1,0 +1,279 @@
+"""--cuda-graphs (core.train.graphed_step): the step a CUDA graph records, checked on the CPU.
+
+Recording needs a GPU (the `cuda` tests in test_gpu_training.py); here the same step runs from
+the same static buffers at every batch (`capture=False`). Checked: it trains as the eager step
+does, updates the epoch's sums in place, and is recordable: the operators it runs, with every
+argument that is not a tensor, are the same at every step (a Python number that changed from
+step to step would be frozen into a graph), and none of them waits for the device.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchkit.cli import app
+from torchkit.core.batches import Batch
+from torchkit.core.errors import UsageError
+from torchkit.core.train import graphed_step, loop
+from torchkit.core.train.config import TrainConfig, validate
+from torchkit.core.train.ema import ModelEMA
+from torchkit.core.train.graphed_step import GraphedStep
+from torchkit.core.train.optim import LRSchedule, build_optimizer, param_groups
+
+
+class SmallNet(nn.Module):
+    """Convolution, BatchNorm (running statistics and a counter) and dropout (random)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
+        self.drop = nn.Dropout(0.25)
+        self.head = nn.Linear(4 * 6 * 6, 3)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.relu(self.norm(self.conv(x)))).flatten(1))
+
+
+def batches(count: int, size: int = 8, seed: int = 0) -> list[Batch]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        Batch(
+            torch.randn(size, 1, 6, 6, generator=generator),
+            torch.randint(0, 3, (size,), generator=generator),
+            torch.arange(size),
+            [],
+        )
+        for _ in range(count)
+    ]
+
+
+def make_context(optimizer: str = "adamw", *, clip_grad=None, l1=0.0, ema=True):
+    torch.manual_seed(0)
+    model = SmallNet()
+    config = TrainConfig(
+        optimizer=optimizer, lr=0.05, warmup_epochs=1, epochs=3, weight_decay=0.01, momentum=0.9
+    )
+    groups = param_groups(model, config)
+    optim = build_optimizer(groups, config)
+    ctx = loop.StepContext(
+        model=model,
+        module=model,
+        optimizer=optim,
+        schedule=LRSchedule(optim, config, updates_per_epoch=6),
+        criterion=nn.CrossEntropyLoss(label_smoothing=0.1),
+        device=torch.device("cpu"),
+        ema=ModelEMA(model, 0.9) if ema else None,
+        clip_grad=clip_grad,
+        l1=l1,
+        l1_params=[p for g in groups if not g.name.endswith("no_decay") for p in g.params],
+    )
+    return ctx
+
+
+def train(ctx, data, epochs: int = 2) -> list[loop.EpochProgress]:
+    torch.manual_seed(1)
+    progress = []
+    for epoch in range(1, epochs + 1):
+        state = loop.EpochProgress()
+        loop.train_one_epoch(ctx, data, state, loop.UnreadableImages(False), epoch=epoch)
+        progress.append(state)
+    return progress
+
+
+def weights(ctx) -> dict[str, torch.Tensor]:
+    state = {f"model.{k}": v for k, v in ctx.model.state_dict().items()}
+    if ctx.ema is not None:
+        state |= {f"ema.{k}": v for k, v in ctx.ema.state_dict().items()}
+    return state
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"optimizer": "adamw"},
+        {"optimizer": "sgd", "clip_grad": 0.5, "l1": 1e-4},
+        {"optimizer": "adam", "ema": False},
+    ],
+    ids=["adamw-ema", "sgd-clip-l1", "adam"],
+)
+def test_the_graphs_step_trains_as_the_eager_step_does(options):
+    """Two epochs of 6 batches with a warm-up schedule (a new lr at every update): weights,
+    EMA, BatchNorm statistics, optimiser state, the lr, and the epoch's loss and accuracy."""
+    data = batches(6)
+    eager = make_context(**options)
+    eager_progress = train(eager, data)
+    graphed = make_context(**options)
+    graphed.graphed = GraphedStep(graphed, "float32")
+    graphed_progress = train(graphed, data)
+
+    for name, value in weights(eager).items():
+        torch.testing.assert_close(weights(graphed)[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    for ours, theirs in zip(graphed_progress, eager_progress, strict=True):
+        assert ours.seen == theirs.seen == 48 and ours.batches == theirs.batches == 6
+        assert ours.loss_sum == pytest.approx(theirs.loss_sum, rel=1e-6)
+        assert ours.correct == theirs.correct
+        assert ours.last_lr == theirs.last_lr
+    assert graphed.schedule.current_lr() == eager.schedule.current_lr()
+    if eager.ema is not None:
+        assert graphed.ema.updates == eager.ema.updates == 12
+    # Checkpoints keep the eager groups: Python learning rates, no `capturable`.
+    for group in graphed.optimizer.state_dict()["param_groups"]:
+        assert isinstance(group["lr"], float) and not group.get("capturable")
+    assert graphed.graphed.eager_updates == 12 and graphed.graphed.replays == 0
+
+
+def test_a_batch_of_another_shape_and_an_empty_one_take_the_eager_way():
+    """A batch that lost images takes the eager step (its gradients not added to the graph's
+    last ones); an update with no readable image moves the schedule and EMA on, no weights."""
+    data = batches(3)
+    short = batches(1, size=5, seed=3)[0]
+    empty = Batch(None, None, None, ["x.png: cannot identify image file"])
+    eager, graphed = make_context(), make_context()
+    graphed.graphed = GraphedStep(graphed, "float32")
+    for ctx in (eager, graphed):
+        torch.manual_seed(1)
+        loop.train_one_epoch(
+            ctx, [*data, short, empty, *data], loop.EpochProgress(), loop.UnreadableImages(False)
+        )
+    for name, value in weights(eager).items():
+        torch.testing.assert_close(weights(graphed)[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert graphed.ema.updates == eager.ema.updates == 8
+
+
+def test_a_non_finite_loss_names_its_batch_as_the_eager_step_does():
+    data = batches(5)
+    data[2] = dataclasses.replace(data[2], images=torch.full_like(data[2].images, float("nan")))
+    ctx = make_context()
+    ctx.graphed = GraphedStep(ctx, "float32")
+    with pytest.raises(loop.DivergedError, match=r"epoch 4, step 3 of 5"):
+        loop.train_one_epoch(ctx, data, loop.EpochProgress(), loop.UnreadableImages(False), epoch=4)
+
+
+class OperatorLog(TorchDispatchMode):
+    """Every operator run, with its arguments other than tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat = torch.utils._pytree.tree_leaves((args, kwargs))
+        values = tuple(_value(a) for a in flat if not isinstance(a, torch.Tensor))
+        self.calls.append((str(func), values))
+        return func(*args, **kwargs)
+
+
+PLAIN_VALUES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format)
+
+
+def _value(argument):
+    """A plain argument as it is; anything else (a profiler's record handle) by its type."""
+    return argument if isinstance(argument, PLAIN_VALUES) else type(argument).__name__
+
+
+@pytest.mark.parametrize("amp_dtype", ["float32", "bfloat16"])
+def test_the_recorded_step_reads_nothing_from_the_host_that_changes(amp_dtype):
+    """What a graph would freeze: the same operators with the same non-tensor arguments at
+    every step, while the lr, the EMA's decay and the batch number change; and nothing that
+    waits for the device (.item(), a tensor turned into a Python number)."""
+    ctx = make_context("adamw", clip_grad=1.0)
+    step = GraphedStep(ctx, amp_dtype)
+    data = batches(4)
+    logs, lrs = [], []
+    for number, batch in enumerate(data, start=1):
+        step._fill(number)
+        lrs.append(float(step.lrs[0]))
+        if number == 1:
+            step.images, step.labels = batch.images.clone(), batch.labels.clone()
+        step.images.copy_(batch.images)
+        step.labels.copy_(batch.labels)
+        ctx.optimizer.zero_grad(set_to_none=True)
+        with OperatorLog() as log:
+            step._body(step.images, step.labels)
+        step._updated()
+        logs.append(log.calls)
+    assert len(set(lrs)) == 4  # the warm-up moved the lr on at every step
+    assert float(step.decay) != 0 and float(step.batch_no) == 4
+    # The first step creates the optimiser's state; the graph is recorded after warm-up.
+    assert logs[2] == logs[1] and logs[3] == logs[1]
+    names = {name for name, _ in logs[1]}
+    assert not names & {"aten._local_scalar_dense.default", "aten.item.default"}
+    assert "aten._fused_adamw_.tensor_lr" in names or any("fused_adamw" in n for n in names)
+
+
+def test_graph_refusals_are_usage_errors(monkeypatch):
+    for options, message in [
+        ({"optimizer": "rmsprop"}, "fused optimiser"),
+        ({"accum_steps": 2}, "--accum-steps"),
+        ({"mixup_alpha": 0.2}, "--mixup"),
+        ({"compile": True}, "compiled"),
+        ({"find_lr": True}, "--find-lr"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            validate(TrainConfig(cuda_graphs=True, **options))
+    cpu = torch.device("cpu")
+    with pytest.raises(UsageError, match="needs a CUDA device, and this run is on cpu"):
+        graphed_step.refuse_ungraphable_run(cpu, distributed=False, amp_dtype="float32")
+    monkeypatch.setattr(graphed_step, "GRAPH_DEVICES", ("cuda", "cpu"))
+    with pytest.raises(UsageError, match="torchrun"):
+        graphed_step.refuse_ungraphable_run(cpu, distributed=True, amp_dtype="float32")
+    with pytest.raises(UsageError, match="float16"):
+        graphed_step.refuse_ungraphable_run(cpu, distributed=False, amp_dtype="float16")
+    graphed_step.refuse_ungraphable_run(cpu, distributed=False, amp_dtype="bfloat16")
+    double = make_context()
+    double.optimizer = torch.optim.AdamW(copy.deepcopy(SmallNet()).double().parameters())
+    with pytest.raises(UsageError, match="fused"):
+        GraphedStep(double, "float32")
+
+
+# -- through `torchkit train` ----------------------------------------------------------------
+
+# 16 images, 12 of them training images in batches of 5: 2 whole batches and one of 2.
+RUN_ARGS = ["train", "--model", "convnet", "--image-size", "8", "-b", "5", "--val-split",
+            "0.25", "--device", "cpu", "--workers", "0", "--cuda-graphs"]  # fmt: skip
+
+
+def test_cuda_graphs_on_a_cpu_is_one_usage_error(runner, tmp_path, make_image_folder):
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    result = runner.invoke(app, [*RUN_ARGS, "--data", str(data), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == (
+        "Error: --cuda-graphs needs a CUDA device, and this run is on cpu (drop --cuda-graphs)"
+    )
+    assert len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_with_the_graphs_step_drops_the_partial_batch_and_resumes(
+    runner, tmp_path, make_image_folder, monkeypatch
+):
+    """The whole run on the graph's step (not recorded on a CPU): the last partial batch is
+    dropped (one batch shape), `train -v` says how the updates were made, and the run resumes."""
+    import torch
+
+    monkeypatch.setattr(graphed_step, "GRAPH_DEVICES", ("cuda", "cpu"))
+    data = make_image_folder(tmp_path / "data", {"a": 8, "b": 8})
+    out = tmp_path / "run"
+    args = [*RUN_ARGS, "--data", str(data), "--out", str(out), "--ema"]
+    result = runner.invoke(app, [*args, "--epochs", "2", "-v"])
+    assert result.exit_code == 0, result.stderr
+    assert (
+        "--cuda-graphs: 0 updates replayed from the graph, 0 warm-up and 4 other eager updates"
+        in result.stderr
+    )
+    checkpoint = torch.load(out / "last.pt", weights_only=True)
+    assert checkpoint["drop_last"] is True and checkpoint["config"]["cuda_graphs"] is True
+    assert checkpoint["ema_updates"] == 4 and checkpoint["global_step"] == 4
+    groups = checkpoint["optimizer"]["param_groups"]
+    assert all(isinstance(g["lr"], float) and not g.get("capturable") for g in groups)
+    resumed = runner.invoke(app, ["train", "--resume", str(out / "last.pt"), "--epochs", "3"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 3

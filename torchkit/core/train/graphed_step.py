@@ -1,0 +1,247 @@
+"""--cuda-graphs: the training step recorded once as a CUDA graph and replayed for every batch.
+
+A small model on a GPU spends its step on the host: Python, autograd and a hundred kernel
+launches, for a few microseconds of GPU work each (the digits convnet: about 4 ms a step on an
+H100, as long as on two CPU cores). A replayed graph launches the whole update at once.
+
+What is recorded: forward (under autocast, its cache off, as graphs need), loss, backward,
+gradient clipping, the fused optimiser's update, the EMA and the epoch's sums. What changes from
+step to step comes from device scalars filled before each replay: each group's learning rate,
+the EMA's decay, the batch's number. The batch is copied into static buffers. Gradients are
+recorded with none present, so each replay writes them afresh.
+
+The first WARMUP_UPDATES updates run the same step eagerly, on a side stream as torch's graph
+docs ask: cuDNN and cuBLAS set themselves up and the optimiser creates its state, outside the
+recording. A batch of another shape (unreadable images left out of it) takes the eager step. If
+the capture fails, a warning says why and the run goes on eagerly.
+
+On other devices nothing is recorded (`capture=False`): the same step runs from the same static
+buffers at every batch, so CPU tests check everything but the recording itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from torchkit.core.errors import UsageError
+from torchkit.core.train import dynamo_free
+from torchkit.core.train.step_sums import StepSums
+
+log = logging.getLogger("torchkit")
+
+# Eager updates before the capture (torch's whole-network capture example uses 3).
+WARMUP_UPDATES = 3
+# The devices a graph is recorded on. Tests add "cpu" to run the graph's step without the
+# recording (`capture=False`).
+GRAPH_DEVICES = ("cuda",)
+
+
+def refuse_ungraphable_run(device: Any, *, distributed: bool, amp_dtype: str) -> None:
+    """The UsageError for a --cuda-graphs run that cannot record its step: not on CUDA,
+    several processes (DDP's hooks all-reduce on the host's schedule), or float16 AMP (its
+    GradScaler decides on the host whether to step). The config's own refusals are in
+    core.train.config."""
+    hint = "drop --cuda-graphs"
+    if device.type not in GRAPH_DEVICES:
+        raise UsageError(f"--cuda-graphs needs a CUDA device, and this run is on {device}", hint)
+    if distributed:
+        raise UsageError("--cuda-graphs trains in one process: not under torchrun", hint)
+    if amp_dtype == "float16":
+        raise UsageError(
+            "--cuda-graphs cannot record float16 AMP's loss scaling",
+            "use --amp-dtype bf16, or drop --cuda-graphs",
+        )
+
+
+class GraphedStep:
+    """`step(images, labels, batch_no)`: one whole optimiser update, the schedule's step and
+    the EMA's count included. `ctx` is the run's StepContext (core.train.loop)."""
+
+    def __init__(self, ctx: Any, amp_dtype: str) -> None:
+        import torch
+
+        from torchkit.core.train.loop import accumulator_dtype
+
+        self.ctx = ctx
+        device = ctx.device
+        self.capture = torch.device(device).type == "cuda"
+        self.sums = StepSums(device, accumulator_dtype(device))
+        self.groups = ctx.optimizer.param_groups
+        if not all(group.get("fused") for group in self.groups):
+            # Only the fused steps take a device learning rate without `capturable` eager.
+            raise UsageError(
+                "--cuda-graphs needs the fused optimiser step, which these parameters cannot "
+                "use (not floating point?)",
+                "drop --cuda-graphs",
+            )
+        self.params = [p for group in self.groups for p in group["params"]]
+        scalar = {"dtype": torch.float32, "device": device}
+        # The fused steps read a device lr as float32 on CUDA (where a Python lr is also cast
+        # to float32), and as a double on CPUs: the same values as a Python lr either way.
+        lr_dtype = torch.float32 if self.capture else torch.float64
+        self.lrs = [torch.zeros((), dtype=lr_dtype, device=device) for _ in self.groups]
+        self.decay = torch.zeros((), **scalar)
+        self.rest = torch.zeros((), **scalar)  # 1 - decay
+        self.batch_no = torch.zeros((), dtype=torch.long, device=device)
+        self.amp_dtype = None if amp_dtype == "float32" else getattr(torch, amp_dtype)
+        self.images: Any = None  # the static batch, shaped by the first one
+        self.labels: Any = None
+        self.graph: Any = None
+        self.warm_updates = 0
+        self.replays = 0
+        self.eager_updates = 0
+        self.failure: str | None = None  # why the capture failed, if it did
+
+    def step(self, images: Any, labels: Any, batch_no: int) -> None:
+        import torch
+
+        self._fill(batch_no)
+        if self.images is None:
+            self.images = torch.empty_like(images)  # the same strides (channels-last kept)
+            self.labels = torch.empty_like(labels)
+        if images.shape != self.images.shape or labels.shape != self.labels.shape:
+            self._eager(images, labels)
+        else:
+            self.images.copy_(images)
+            self.labels.copy_(labels)
+            if self.graph is not None:
+                self.graph.replay()
+                self.replays += 1
+            elif not self.capture or self.failure is not None:
+                self._eager(self.images, self.labels)
+            elif self.warm_updates < WARMUP_UPDATES:
+                self._warm_up()
+            else:
+                self._capture()
+        self._updated()
+
+    def update_without_batch(self) -> None:
+        """An update whose images were all unreadable: no gradient, so the optimiser leaves
+        the weights alone (as the eager step does); the schedule and the EMA still move on."""
+        self.ctx.schedule.step()
+        if self.ctx.ema is not None:
+            self.ctx.ema.update()
+
+    def summary(self) -> str:
+        """For `train -v`: how the run's updates were made."""
+        if self.failure is not None:
+            return f"--cuda-graphs: the capture failed ({self.failure}); eager steps"
+        return (
+            f"--cuda-graphs: {self.replays} updates replayed from the graph, "
+            f"{self.warm_updates} warm-up and {self.eager_updates} other eager updates"
+        )
+
+    def _fill(self, batch_no: int) -> None:
+        for lr, group in zip(self.lrs, self.groups, strict=True):
+            lr.fill_(group["lr"])
+        if self.ctx.ema is not None:
+            decay = self.ctx.ema.current_decay()
+            self.decay.fill_(decay)
+            self.rest.fill_(1 - decay)
+        self.batch_no.fill_(batch_no)
+
+    def _updated(self) -> None:
+        self.ctx.schedule.step()
+        if self.ctx.ema is not None:
+            self.ctx.ema.updates += 1
+
+    def _body(self, images: Any, labels: Any) -> None:
+        """The update, with nothing in it that reads the host or a Python value that changes
+        from step to step (tests/test_graphed_step.py records its operators to check)."""
+        import torch
+
+        ctx = self.ctx
+        with self._autocast():
+            outputs = ctx.model(images)
+            loss = ctx.criterion(outputs, labels)
+        if ctx.l1 > 0:
+            loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
+        loss.backward()
+        if ctx.clip_grad is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, ctx.clip_grad)
+        with self._tensor_lrs():
+            dynamo_free.step(ctx.optimizer)
+        if ctx.ema is not None:
+            ctx.ema.update_with(self.decay, self.rest)
+        self.sums.add(loss, outputs, labels, self.batch_no)
+
+    def _eager(self, images: Any, labels: Any) -> None:
+        # After a replay the gradients hold the graph's last ones: a backward would add to them.
+        self.ctx.optimizer.zero_grad(set_to_none=True)
+        self._body(images, labels)
+        self.ctx.optimizer.zero_grad(set_to_none=True)
+        self.eager_updates += 1
+
+    def _warm_up(self) -> None:
+        import torch
+
+        side = torch.cuda.Stream(self.ctx.device)
+        main = torch.cuda.current_stream(self.ctx.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            self.ctx.optimizer.zero_grad(set_to_none=True)
+            self._body(self.images, self.labels)
+            self.ctx.optimizer.zero_grad(set_to_none=True)
+        main.wait_stream(side)
+        self.warm_updates += 1
+
+    def _capture(self) -> None:
+        import torch
+
+        from torchkit.core.errors import first_line
+
+        self.ctx.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: the loader's pinning thread and the decode thread go on meanwhile.
+            with self._capturable(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._body(self.images, self.labels)
+        except Exception as error:  # noqa: BLE001 - any failure: the eager step still works
+            self.failure = first_line(error)
+            log.warning("--cuda-graphs: the capture failed (%s); training goes on eagerly", error)
+            self._eager(self.images, self.labels)
+            return
+        self.graph = graph
+        log.info("--cuda-graphs: captured after %d eager updates", self.warm_updates)
+        graph.replay()
+        self.replays += 1
+
+    @contextlib.contextmanager
+    def _tensor_lrs(self) -> Iterator[None]:
+        """The groups' learning rates as the device scalars while the optimiser steps; Python
+        numbers again afterwards, for the schedule and the checkpoint."""
+        saved = [group["lr"] for group in self.groups]
+        for group, lr in zip(self.groups, self.lrs, strict=True):
+            group["lr"] = lr
+        try:
+            yield
+        finally:
+            for group, lr in zip(self.groups, saved, strict=True):
+                group["lr"] = lr
+
+    @contextlib.contextmanager
+    def _capturable(self) -> Iterator[None]:
+        """torch's optimisers refuse a capture unless their groups say `capturable`; only
+        during it, so checkpoints keep the eager groups."""
+        saved = [group.get("capturable") for group in self.groups]
+        for group in self.groups:
+            group["capturable"] = True
+        try:
+            yield
+        finally:
+            for group, value in zip(self.groups, saved, strict=True):
+                if value is None:
+                    group.pop("capturable", None)
+                else:
+                    group["capturable"] = value
+
+    def _autocast(self):
+        import torch
+
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        # Autocast's cast cache would hold tensors from the capture: graphs need it off.
+        return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype, cache_enabled=False)

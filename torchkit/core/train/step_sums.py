@@ -1,0 +1,50 @@
+"""The epoch's running training sums, kept on the device.
+
+The loss sum, the correct predictions, and the number of the first batch whose loss was not
+finite (-1: none) are only read every so often (the progress bar, the finite check), so adding
+to them never waits for the device. They are changed in place, never rebound: a CUDA graph that
+adds to them (`--cuda-graphs`, core.train.graphed_step) and the host that reads them share the
+same three tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StepSums:
+    """`add()` after each batch's forward; `reset()` at the start of an epoch."""
+
+    def __init__(self, device: Any, dtype: Any) -> None:
+        import torch
+
+        self.dtype = dtype
+        self.loss_sum = torch.zeros((), dtype=dtype, device=device)
+        self.correct = torch.zeros((), dtype=dtype, device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.correct.zero_()
+        self.first_bad.fill_(-1)
+
+    def add(self, loss: Any, outputs: Any, labels: Any, batch_no: Any, mixed: Any = None) -> None:
+        """Count one batch: `loss` its mean loss, `batch_no` its number in the epoch (an int, or
+        a device scalar in a graph), `mixed` the mixup/cutmix labels and weight if any."""
+        import torch
+
+        with torch.no_grad():
+            count = labels.shape[0]
+            predicted = outputs.argmax(dim=1)
+            if mixed is None:
+                hits = (predicted == labels).sum()
+            else:
+                hits = (
+                    mixed.lam * (predicted == mixed.labels_a).sum()
+                    + (1 - mixed.lam) * (predicted == mixed.labels_b).sum()
+                )
+            detached = loss.detach()
+            keep = torch.isfinite(detached) | (self.first_bad >= 0)
+            self.first_bad.copy_(torch.where(keep, self.first_bad, batch_no))
+            self.loss_sum += detached.to(self.dtype) * count
+            self.correct += hits.to(self.dtype)
