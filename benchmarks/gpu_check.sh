@@ -18,6 +18,7 @@
 #   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
 #     exact;
 #   - resnet50's first and steady epochs, and the digits job, with --no-cudnn-benchmark;
+#   - the digits job with --cuda-graphs (its training step replayed as a CUDA graph);
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
 #     normalised on the device against float32 ones, and --decode device against exact
 #     (benchmarks/bench_inference_loader.py).
@@ -130,6 +131,12 @@ step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-s
 # rate it buys; the digits job both ways.
 step digits-nobench 120 "${TK[@]}" train --out "$W/digits-nobench" --device "$DEV" \
   --no-cudnn-benchmark -v
+# The digits job with its whole training step recorded once as a CUDA graph and replayed
+# (--cuda-graphs): a small model's steps wait on the host. CUDA only.
+if [ "$DEV" != cpu ]; then
+  step digits-graphs 120 "${TK[@]}" train --out "$W/digits-graphs" --device "$DEV" \
+    --cuda-graphs -v
+fi
 step tk-big-nobench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --no-cudnn-benchmark --out "$W/big-nobench" -v
 # torch.profiler over the first steps of epochs 1 and 2 (train --profile-steps), each in a fresh

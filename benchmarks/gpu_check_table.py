@@ -107,6 +107,18 @@ if digit_nobench_rows or "digits-nobench" in steps:
          steps["digits-nobench"][1] if steps.get("digits-nobench", (1,))[0] == 0 else None,
          steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None),
     ]  # fmt: skip
+# --cuda-graphs: the digits job's steps replayed as a CUDA graph, against eager steps.
+digit_graph_rows = epochs("digits-graphs")
+if digit_graph_rows or "digits-graphs" in steps:
+    _, digit_graph_steady_s = steady(digit_graph_rows)
+    rows += [
+        ("digits steady epoch s: --cuda-graphs vs eager", digit_graph_steady_s, digit_steady_s),
+        ("digits first vs steady epoch s, --cuda-graphs",
+         digit_graph_rows[0][0] if digit_graph_rows else None, digit_graph_steady_s),
+        ("digits main job wall s: --cuda-graphs vs eager",
+         steps["digits-graphs"][1] if steps.get("digits-graphs", (1,))[0] == 0 else None,
+         steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None),
+    ]  # fmt: skip
 datapath = load("datapath.json")
 if datapath and datapath.get("images_per_s"):
     rates = datapath["images_per_s"]
@@ -199,7 +211,7 @@ for what, ours, theirs in rows:
 # `train -v`'s lines for each run's first two epochs (core/train/timeline.py): where the first
 # epoch's time went, and whether a steady epoch waited for data (the loader or the decode
 # thread) or for the model.
-first_epochs, whole_runs = [], []
+first_epochs, whole_runs, graph_lines = [], [], []
 with open(log, errors="replace") as handle:
     for text in handle:
         if text.startswith("=== "):
@@ -209,10 +221,14 @@ with open(log, errors="replace") as handle:
                 first_epochs.append(f"{run} {epoch}{text.split(epoch, 1)[1].strip()}")
         if "run: " in text and " since the " in text:  # the last line: the whole run
             whole_runs.append(f"{run} {text[text.index('run: ') :].strip()}")
+        if "--cuda-graphs: " in text:  # captured or not, and how the updates were made
+            graph_lines.append(f"{run} {text[text.index('--cuda-graphs: ') :].strip()}")
 if first_epochs:
     lines += ["", "epochs 1 and 2 (train -v):", *(f"- {line}" for line in first_epochs)]
 if whole_runs:
     lines += ["", "where each run's wall time went (train -v):", *(f"- {r}" for r in whole_runs)]
+if graph_lines:
+    lines += ["", "--cuda-graphs (train -v):", *(f"- {line}" for line in graph_lines)]
 # `train --profile-steps`: the heading and the top operators of each profiled epoch.
 PROFILE_ROWS = 15
 for name in sorted(os.listdir(out)):
