@@ -19,6 +19,7 @@
 #     exact;
 #   - resnet50's first and steady epochs, and the digits job, with --no-cudnn-benchmark;
 #   - the digits job with --cuda-graphs (its training step replayed as a CUDA graph);
+#   - resnet50's steady epochs with its JPEGs decoded by the loader workers (--decode fast);
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
 #     normalised on the device against float32 ones, and --decode device against exact
 #     (benchmarks/bench_inference_loader.py).
@@ -139,6 +140,10 @@ if [ "$DEV" != cpu ]; then
 fi
 step tk-big-nobench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --no-cudnn-benchmark --out "$W/big-nobench" -v
+# The big model with its JPEGs decoded by the loader workers (--decode fast) instead of nvJPEG:
+# whether decoding on the GPU takes time from a model that keeps the GPU busy.
+step tk-big-fast 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --decode fast --out "$W/big-fast" -v
 # torch.profiler over the first steps of epochs 1 and 2 (train --profile-steps), each in a fresh
 # process so that epoch 1 pays every first-time cost: the digits job (a whole epoch: 45 steps)
 # and the big model (10 steps; the later --epochs wins).

@@ -107,6 +107,11 @@ if digit_nobench_rows or "digits-nobench" in steps:
          steps["digits-nobench"][1] if steps.get("digits-nobench", (1,))[0] == 0 else None,
          steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None),
     ]  # fmt: skip
+# --decode fast: the big model's JPEGs decoded by the loader workers, not on the GPU.
+fast_rows = epochs("big-fast")
+if fast_rows or "tk-big-fast" in steps:
+    fast_rate, _ = steady(fast_rows)
+    rows.append((f"{big} steady epoch img/s: --decode fast vs device", fast_rate, big_rate))
 # --cuda-graphs: the digits job's steps replayed as a CUDA graph, against eager steps.
 digit_graph_rows = epochs("digits-graphs")
 if digit_graph_rows or "digits-graphs" in steps:
