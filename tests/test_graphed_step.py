@@ -9,6 +9,7 @@ step to step would be frozen into a graph), and none of them waits for the devic
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 
@@ -277,3 +278,79 @@ def test_a_run_with_the_graphs_step_drops_the_partial_batch_and_resumes(
     resumed = runner.invoke(app, ["train", "--resume", str(out / "last.pt"), "--epochs", "3"])
     assert resumed.exit_code == 0, resumed.stderr
     assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 3
+
+
+# -- the CUDA branches, with torch.cuda's streams and graphs faked ------------------------------
+
+
+class FakeCuda:
+    """Stand-ins for torch.cuda's streams and graphs. A fake capture runs the step and then puts
+    back every tensor it changed (a real capture records kernels without running them); a
+    replay runs it again from the static buffers, writing the gradients afresh as a graph does.
+    `fail` makes the capture raise, as a step that reads the host does on a GPU."""
+
+    def __init__(self, step: GraphedStep, fail: bool = False) -> None:
+        self.step, self.fail = step, fail
+        self.captures, self.capturable_while_capturing = 0, None
+
+    def install(self, monkeypatch) -> None:
+        stream = type("Stream", (), {"wait_stream": lambda self, other: None})
+        monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: stream())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: self)
+        monkeypatch.setattr(torch.cuda, "graph", self.capture)
+        self.step.capture = True
+
+    def _state(self) -> list[torch.Tensor]:
+        ctx = self.step.ctx
+        tensors = [*ctx.model.state_dict().values(), *ctx.ema.state_dict().values()]
+        tensors += [t for s in ctx.optimizer.state.values() for t in s.values()]
+        sums = self.step.sums
+        return [*tensors, sums.loss_sum, sums.correct, sums.first_bad]
+
+    @contextlib.contextmanager
+    def capture(self, graph, capture_error_mode="global"):
+        assert graph is self and capture_error_mode == "thread_local"
+        self.captures += 1
+        self.capturable_while_capturing = [g["capturable"] for g in self.step.groups]
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        saved, rng = [t.clone() for t in self._state()], torch.get_rng_state()
+        yield
+        for tensor, value in zip(self._state(), saved, strict=True):
+            tensor.copy_(value)
+        torch.set_rng_state(rng)
+
+    def replay(self) -> None:
+        self.step.ctx.optimizer.zero_grad(set_to_none=True)
+        self.step._body(self.step.images, self.step.labels)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["captured", "capture-failed"])
+def test_the_cuda_branches_warm_up_capture_and_replay_or_fall_back(monkeypatch, caplog, fail):
+    data = batches(6)
+    eager = make_context()
+    eager_progress = train(eager, data)
+    graphed = make_context()
+    graphed.graphed = step = GraphedStep(graphed, "float32")
+    fake = FakeCuda(step, fail=fail)
+    fake.install(monkeypatch)
+    graphed_progress = train(graphed, data)
+
+    for name, value in weights(eager).items():
+        torch.testing.assert_close(weights(graphed)[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    for ours, theirs in zip(graphed_progress, eager_progress, strict=True):
+        assert ours.loss_sum == pytest.approx(theirs.loss_sum, rel=1e-6)
+        assert ours.correct == theirs.correct
+    # Captured once, after the warm-up, with the groups `capturable` only while capturing.
+    assert fake.captures == 1 and fake.capturable_while_capturing == [True] * len(step.groups)
+    assert all(not group["capturable"] for group in graphed.optimizer.param_groups)
+    assert step.warm_updates == graphed_step.WARMUP_UPDATES
+    if fail:
+        assert step.graph is None and step.replays == 0 and step.eager_updates == 9
+        assert "--cuda-graphs: the capture failed (operation not permitted" in caplog.text
+        assert step.summary().startswith("--cuda-graphs: the capture failed (operation not")
+    else:
+        assert step.graph is fake and step.replays == 9 and step.eager_updates == 0
+        assert "the capture failed" not in caplog.text
