@@ -33,7 +33,10 @@ class SmallNet(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        # No bias before BatchNorm: its gradient is rounding noise, which Adam turns into whole
+        # steps, so a last-bit difference (CUDA's fused step reads a device lr as float32)
+        # would grow into a large one.
+        self.conv = nn.Conv2d(1, 4, 3, padding=1, bias=False)
         self.norm = nn.BatchNorm2d(4)
         self.drop = nn.Dropout(0.25)
         self.head = nn.Linear(4 * 6 * 6, 3)

@@ -79,8 +79,8 @@ class GraphedStep:
             )
         self.params = [p for group in self.groups for p in group["params"]]
         scalar = {"dtype": torch.float32, "device": device}
-        # The fused steps read a device lr as float32 on CUDA (where a Python lr is also cast
-        # to float32), and as a double on CPUs: the same values as a Python lr either way.
+        # CUDA's fused steps read a device lr as float32 (a Python lr as a double: updates may
+        # differ from eager ones in their last bits); CPUs' read it as a double (the same).
         lr_dtype = torch.float32 if self.capture else torch.float64
         self.lrs = [torch.zeros((), dtype=lr_dtype, device=device) for _ in self.groups]
         self.decay = torch.zeros((), **scalar)
