@@ -411,6 +411,8 @@ def evaluate(
     import torch
     import torch.nn.functional as F
 
+    from torchkit.core.padded_batches import BatchPadder, pads_short_batches
+
     was_training = module.training
     module.eval()
     sums = torch.zeros(4, dtype=accumulator_dtype(device), device=device)
@@ -424,6 +426,7 @@ def evaluate(
         channels_last=channels_last,
         normalized_pixels=normalized_pixels,
     )
+    padder = BatchPadder(pads_short_batches(device))
     with torch.inference_mode():
         for batch in loader:
             if batch.errors:
@@ -432,7 +435,7 @@ def evaluate(
                 continue
             images, labels = to_device(batch, ctx)
             with autocast():
-                outputs = module(images)
+                outputs = padder.forward(module, images)
             outputs = outputs.float()
             k = min(topk, outputs.shape[1])
             best = outputs.topk(k, dim=1).indices
