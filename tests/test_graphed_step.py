@@ -250,7 +250,8 @@ def test_cuda_graphs_on_a_cpu_is_one_usage_error(runner, tmp_path, make_image_fo
     result = runner.invoke(app, [*RUN_ARGS, "--data", str(data), "--out", str(tmp_path / "r")])
     assert result.exit_code == 2
     assert result.stderr.splitlines()[0] == (
-        "Error: --cuda-graphs needs a CUDA device, and this run is on cpu (drop --cuda-graphs)"
+        "Error: --cuda-graphs needs a CUDA device, and this run is on cpu (drop --cuda-graphs; "
+        "a resumed run takes --no-cuda-graphs)"
     )
     assert len(result.stderr.splitlines()) == 1
     assert not (tmp_path / "r").exists()
@@ -281,6 +282,16 @@ def test_a_run_with_the_graphs_step_drops_the_partial_batch_and_resumes(
     resumed = runner.invoke(app, ["train", "--resume", str(out / "last.pt"), "--epochs", "3"])
     assert resumed.exit_code == 0, resumed.stderr
     assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 3
+    # Where no graph can be recorded, the run goes on with --no-cuda-graphs, as the error says.
+    monkeypatch.setattr(graphed_step, "GRAPH_DEVICES", ("cuda",))
+    resume = ["train", "--resume", str(out / "last.pt"), "--epochs", "4"]
+    refused = runner.invoke(app, resume)
+    assert refused.exit_code == 2 and "a resumed run takes --no-cuda-graphs" in refused.stderr
+    assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 3
+    eager = runner.invoke(app, [*resume, "--no-cuda-graphs"])
+    assert eager.exit_code == 0, eager.stderr
+    finished = torch.load(out / "last.pt", weights_only=True)
+    assert finished["epoch"] == 4 and finished["drop_last"] is True  # the run's batches kept
 
 
 # -- the CUDA branches, with torch.cuda's streams and graphs faked ------------------------------

@@ -41,8 +41,7 @@ class ModelEMA:
                 averages = [a for a, _ in self._float]
                 torch._foreach_mul_(averages, d)
                 torch._foreach_add_(averages, [s for _, s in self._float], alpha=1 - d)
-            for average, source in self._other:
-                average.copy_(source)
+            self._copy_counters()
         self.updates += 1
 
     def update_with(self, decay: Any, rest: Any) -> None:
@@ -56,8 +55,12 @@ class ModelEMA:
                 averages = [a for a, _ in self._float]
                 torch._foreach_mul_(averages, decay)
                 torch._foreach_add_(averages, torch._foreach_mul([s for _, s in self._float], rest))
-            for average, source in self._other:
-                average.copy_(source)
+            self._copy_counters()
+
+    def _copy_counters(self) -> None:
+        """Integer entries (BatchNorm's batch counters) are copied, not averaged."""
+        for average, source in self._other:
+            average.copy_(source)
 
     def state_dict(self) -> dict:
         return self.module.state_dict()

@@ -44,7 +44,7 @@ def refuse_ungraphable_run(device: Any, *, distributed: bool, amp_dtype: str) ->
     several processes (DDP's hooks all-reduce on the host's schedule), or float16 AMP (its
     GradScaler decides on the host whether to step). The config's own refusals are in
     core.train.config."""
-    hint = "drop --cuda-graphs"
+    hint = "drop --cuda-graphs; a resumed run takes --no-cuda-graphs"
     if device.type not in GRAPH_DEVICES:
         raise UsageError(f"--cuda-graphs needs a CUDA device, and this run is on {device}", hint)
     if distributed:
@@ -52,7 +52,7 @@ def refuse_ungraphable_run(device: Any, *, distributed: bool, amp_dtype: str) ->
     if amp_dtype == "float16":
         raise UsageError(
             "--cuda-graphs cannot record float16 AMP's loss scaling",
-            "use --amp-dtype bf16, or drop --cuda-graphs",
+            f"use --amp-dtype bf16, or {hint}",
         )
 
 
