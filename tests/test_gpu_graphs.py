@@ -56,7 +56,7 @@ def test_the_recorded_step_trains_as_the_eager_step_does(deterministic_cudnn):
     eager = _on_cuda(make_context())
     eager_progress = train(eager, data)
     graphed = _on_cuda(make_context())
-    graphed.graphed = GraphedStep(graphed, "float32")
+    graphed.graphed = GraphedStep(graphed, "float32", 8)
     graphed_progress = train(graphed, data)
     assert graphed.graphed.graph is not None and graphed.graphed.failure is None
     assert graphed.graphed.replays == 12 - WARMUP_UPDATES
@@ -76,15 +76,18 @@ class SyncingNet(SmallNet):
         return super().forward(x)
 
 
-def test_a_step_that_cannot_be_recorded_trains_eagerly_with_a_warning(caplog):
+def test_a_step_that_reads_the_host_is_not_recorded_and_trains_eagerly(caplog):
+    """torch's sync debugging in the last warm-up update finds the host read: no capture is
+    tried (a failed one would leave CUDA's generator in capture mode), and the run goes on."""
     data = _cuda_batches(6)
     ctx = _on_cuda(make_context(), SyncingNet())
-    ctx.graphed = GraphedStep(ctx, "float32")
+    ctx.graphed = GraphedStep(ctx, "float32", 8)
     train(ctx, data, epochs=1)
-    assert ctx.graphed.graph is None and ctx.graphed.failure
-    assert "--cuda-graphs: the capture failed" in caplog.text
+    assert ctx.graphed.graph is None and ctx.graphed.not_recorded
+    assert "--cuda-graphs: the training step is not recorded" in caplog.text
     assert ctx.graphed.eager_updates == 6 - WARMUP_UPDATES
     assert all(torch.isfinite(v).all() for v in weights(ctx).values())
+    assert torch.cuda.get_sync_debug_mode() == 0  # put back
 
 
 def test_the_digits_job_with_cuda_graphs(runner, tmp_path):

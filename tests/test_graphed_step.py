@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchkit.cli import app
 from torchkit.core.batches import Batch
-from torchkit.core.errors import UsageError
+from torchkit.core.errors import DeviceError, UsageError
 from torchkit.core.train import graphed_step, loop
 from torchkit.core.train.config import TrainConfig, validate
 from torchkit.core.train.ema import ModelEMA
@@ -114,7 +114,7 @@ def test_the_graphs_step_trains_as_the_eager_step_does(options):
     eager = make_context(**options)
     eager_progress = train(eager, data)
     graphed = make_context(**options)
-    graphed.graphed = GraphedStep(graphed, "float32")
+    graphed.graphed = GraphedStep(graphed, "float32", 8)
     graphed_progress = train(graphed, data)
 
     for name, value in weights(eager).items():
@@ -140,7 +140,7 @@ def test_a_batch_of_another_shape_and_an_empty_one_take_the_eager_way():
     short = batches(1, size=5, seed=3)[0]
     empty = Batch(None, None, None, ["x.png: cannot identify image file"])
     eager, graphed = make_context(), make_context()
-    graphed.graphed = GraphedStep(graphed, "float32")
+    graphed.graphed = GraphedStep(graphed, "float32", 8)
     for ctx in (eager, graphed):
         torch.manual_seed(1)
         loop.train_one_epoch(
@@ -155,7 +155,7 @@ def test_a_non_finite_loss_names_its_batch_as_the_eager_step_does():
     data = batches(5)
     data[2] = dataclasses.replace(data[2], images=torch.full_like(data[2].images, float("nan")))
     ctx = make_context()
-    ctx.graphed = GraphedStep(ctx, "float32")
+    ctx.graphed = GraphedStep(ctx, "float32", 8)
     with pytest.raises(loop.DivergedError, match=r"epoch 4, step 3 of 5"):
         loop.train_one_epoch(ctx, data, loop.EpochProgress(), loop.UnreadableImages(False), epoch=4)
 
@@ -166,12 +166,15 @@ class OperatorLog(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple] = []
+        self.fused_lrs: list[int] = []  # the data pointers of the fused step's lr arguments
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         flat = torch.utils._pytree.tree_leaves((args, kwargs))
         values = tuple(_value(a) for a in flat if not isinstance(a, torch.Tensor))
         self.calls.append((str(func), values))
+        if "fused_adamw" in str(func):
+            self.fused_lrs.append(kwargs["lr"].data_ptr())
         return func(*args, **kwargs)
 
 
@@ -189,9 +192,17 @@ def test_the_recorded_step_reads_nothing_from_the_host_that_changes(amp_dtype):
     every step, while the lr, the EMA's decay and the batch number change; and nothing that
     waits for the device (.item(), a tensor turned into a Python number)."""
     ctx = make_context("adamw", clip_grad=1.0)
-    step = GraphedStep(ctx, amp_dtype)
+    step = GraphedStep(ctx, amp_dtype, 8)
     data = batches(4)
-    logs, lrs = [], []
+    logs, lrs, fused_lrs = [], [], []
+
+    def device_scalars():  # what a graph reads: the same tensors, changed in place only
+        sums = step.sums
+        tensors = [*step.lrs, step.decay, step.rest, step.batch_no]
+        return [(id(t), t.data_ptr()) for t in [*tensors, sums.loss_sum, sums.correct,
+                                                sums.first_bad]]  # fmt: skip
+
+    scalars = device_scalars()
     for number, batch in enumerate(data, start=1):
         step._fill(number)
         lrs.append(float(step.lrs[0]))
@@ -204,13 +215,17 @@ def test_the_recorded_step_reads_nothing_from_the_host_that_changes(amp_dtype):
             step._body(step.images, step.labels)
         step._updated()
         logs.append(log.calls)
+        fused_lrs.append(log.fused_lrs)
     assert len(set(lrs)) == 4  # the warm-up moved the lr on at every step
     assert float(step.decay) != 0 and float(step.batch_no) == 4
     # The first step creates the optimiser's state; the graph is recorded after warm-up.
     assert logs[2] == logs[1] and logs[3] == logs[1]
     names = {name for name, _ in logs[1]}
     assert not names & {"aten._local_scalar_dense.default", "aten.item.default"}
-    assert "aten._fused_adamw_.tensor_lr" in names or any("fused_adamw" in n for n in names)
+    assert "aten._fused_adamw_.tensor_lr" in names
+    assert device_scalars() == scalars
+    # Each group's update read that group's device lr, at every step.
+    assert all(ptrs == [lr.data_ptr() for lr in step.lrs] for ptrs in fused_lrs)
 
 
 def test_graph_refusals_are_usage_errors(monkeypatch):
@@ -235,7 +250,7 @@ def test_graph_refusals_are_usage_errors(monkeypatch):
     double = make_context()
     double.optimizer = torch.optim.AdamW(copy.deepcopy(SmallNet()).double().parameters())
     with pytest.raises(UsageError, match="fused"):
-        GraphedStep(double, "float32")
+        GraphedStep(double, "float32", 8)
 
 
 # -- through `torchkit train` ----------------------------------------------------------------
@@ -298,14 +313,16 @@ def test_a_run_with_the_graphs_step_drops_the_partial_batch_and_resumes(
 
 
 class FakeCuda:
-    """Stand-ins for torch.cuda's streams and graphs. A fake capture runs the step and then puts
-    back every tensor it changed (a real capture records kernels without running them); a
-    replay runs it again from the static buffers, writing the gradients afresh as a graph does.
-    `fail` makes the capture raise, as a step that reads the host does on a GPU."""
+    """Stand-ins for torch.cuda's streams, sync debugging and graphs. A fake capture runs the
+    step and then puts back every tensor it changed (a real capture records kernels without
+    running them); a replay runs it again from the static buffers, writing the gradients
+    afresh as a graph does. `waits`: what the sync debugging reports in the last warm-up
+    update; `fail`: the capture raises, as torch does (the end of the capture's error, with
+    the cause before it)."""
 
-    def __init__(self, step: GraphedStep, fail: bool = False) -> None:
-        self.step, self.fail = step, fail
-        self.captures, self.capturable_while_capturing = 0, None
+    def __init__(self, step: GraphedStep, *, waits=(), fail: bool = False) -> None:
+        self.step, self.waits, self.fail = step, list(waits), fail
+        self.captures, self.probes, self.capturable_while_capturing = 0, 0, None
 
     def install(self, monkeypatch) -> None:
         stream = type("Stream", (), {"wait_stream": lambda self, other: None})
@@ -314,7 +331,15 @@ class FakeCuda:
         monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
         monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: self)
         monkeypatch.setattr(torch.cuda, "graph", self.capture)
+        monkeypatch.setattr(graphed_step, "_host_waits", self.host_waits)
         self.step.capture = True
+
+    @contextlib.contextmanager
+    def host_waits(self):
+        self.probes += 1
+        found: list[str] = []
+        yield found
+        found += self.waits
 
     def _state(self) -> list[torch.Tensor]:
         ctx = self.step.ctx
@@ -329,7 +354,11 @@ class FakeCuda:
         self.captures += 1
         self.capturable_while_capturing = [g["capturable"] for g in self.step.groups]
         if self.fail:
-            raise RuntimeError("operation not permitted when stream is capturing")
+            try:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            except RuntimeError:
+                # Chained implicitly, as torch's graph __exit__ raises it.
+                raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904
         saved, rng = [t.clone() for t in self._state()], torch.get_rng_state()
         yield
         for tensor, value in zip(self._state(), saved, strict=True):
@@ -341,30 +370,60 @@ class FakeCuda:
         self.step._body(self.step.images, self.step.labels)
 
 
-@pytest.mark.parametrize("fail", [False, True], ids=["captured", "capture-failed"])
-def test_the_cuda_branches_warm_up_capture_and_replay_or_fall_back(monkeypatch, caplog, fail):
-    data = batches(6)
+def _graphed_run(monkeypatch, data, **fake_options):
+    """(eager context and progress, graphed context, its GraphedStep, the fake, its progress)."""
     eager = make_context()
     eager_progress = train(eager, data)
     graphed = make_context()
-    graphed.graphed = step = GraphedStep(graphed, "float32")
-    fake = FakeCuda(step, fail=fail)
+    graphed.graphed = step = GraphedStep(graphed, "float32", 8)
+    fake = FakeCuda(step, **fake_options)
     fake.install(monkeypatch)
-    graphed_progress = train(graphed, data)
+    return eager, eager_progress, graphed, step, fake
 
+
+def _same_training(eager, eager_progress, graphed, graphed_progress) -> None:
     for name, value in weights(eager).items():
         torch.testing.assert_close(weights(graphed)[name], value, rtol=1e-5, atol=1e-6, msg=name)
     for ours, theirs in zip(graphed_progress, eager_progress, strict=True):
         assert ours.loss_sum == pytest.approx(theirs.loss_sum, rel=1e-6)
         assert ours.correct == theirs.correct
+
+
+def test_the_cuda_branches_warm_up_probe_capture_and_replay(monkeypatch, caplog):
+    """A first batch that is short (an unreadable image) steps eagerly and does not size the
+    graph: the whole batches after it are warmed up, probed, recorded once and replayed."""
+    data = [batches(1, size=5, seed=4)[0], *batches(6)]
+    eager, eager_progress, graphed, step, fake = _graphed_run(monkeypatch, data)
+    _same_training(eager, eager_progress, graphed, train(graphed, data))
     # Captured once, after the warm-up, with the groups `capturable` only while capturing.
     assert fake.captures == 1 and fake.capturable_while_capturing == [True] * len(step.groups)
     assert all(not group["capturable"] for group in graphed.optimizer.param_groups)
-    assert step.warm_updates == graphed_step.WARMUP_UPDATES
-    if fail:
-        assert step.graph is None and step.replays == 0 and step.eager_updates == 9
-        assert "--cuda-graphs: the capture failed (operation not permitted" in caplog.text
-        assert step.summary().startswith("--cuda-graphs: the capture failed (operation not")
-    else:
-        assert step.graph is fake and step.replays == 9 and step.eager_updates == 0
-        assert "the capture failed" not in caplog.text
+    assert fake.probes == 1 and step.warm_updates == graphed_step.WARMUP_UPDATES
+    assert step.graph is fake and step.replays == 9 and step.eager_updates == 2
+    assert "not recorded" not in caplog.text and step.images.shape[0] == 8
+
+
+def test_a_step_that_waits_for_the_device_is_not_recorded_and_trains_eagerly(monkeypatch, caplog):
+    data = batches(6)
+    wait = "called a synchronizing CUDA operation"
+    eager, eager_progress, graphed, step, fake = _graphed_run(monkeypatch, data, waits=[wait])
+    _same_training(eager, eager_progress, graphed, train(graphed, data))
+    assert fake.captures == 0 and step.graph is None
+    assert step.replays == 0 and step.eager_updates == 9
+    assert f"not recorded, because it waits for the device ({wait}" in caplog.text
+    assert step.summary().endswith(f"(not recorded: the step waits for the device: {wait})")
+
+
+def test_a_capture_that_fails_all_the_same_stops_the_run_with_its_cause(monkeypatch):
+    """A failed capture leaves CUDA's generator in capture mode: one error, naming the first
+    failure (torch raises the end of the capture's on top of it), not an eager fallback."""
+    data = batches(6)
+    *_, graphed, step, fake = _graphed_run(monkeypatch, data, fail=True)
+    with pytest.raises(DeviceError) as raised:
+        train(graphed, data)
+    assert str(raised.value) == (
+        "--cuda-graphs could not record the training step: operation not permitted when "
+        "stream is capturing (train without --cuda-graphs; a resumed run takes "
+        "--no-cuda-graphs)"
+    )
+    assert fake.captures == 1 and step.graph is None

@@ -33,11 +33,16 @@ class ShapeSpy(nn.Module):
 
 
 def test_only_cuda_with_cudnn_autotuning_pads(monkeypatch):
+    model = ShapeSpy()
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    assert pads_short_batches(torch.device("cuda")) and pads_short_batches("cuda:0")
-    assert not pads_short_batches(torch.device("cpu"))
+    assert pads_short_batches(torch.device("cuda"), model) and pads_short_batches("cuda:0", model)
+    assert not pads_short_batches(torch.device("cpu"), model)
+    # BatchNorm without running statistics uses the batch's own in eval mode: padding would
+    # change the real images' outputs.
+    model.norm = nn.BatchNorm2d(4, track_running_stats=False)
+    assert not pads_short_batches(torch.device("cuda"), model)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    assert not pads_short_batches(torch.device("cuda"))
+    assert not pads_short_batches(torch.device("cuda"), ShapeSpy())
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -75,7 +80,7 @@ def test_validation_pads_where_cudnn_autotunes_and_counts_the_real_images(monkey
     kwargs = {"topk": 3, "unreadable": loop.UnreadableImages(False)}
     plain_model = ShapeSpy()
     plain = loop.evaluate(plain_model, batches, torch.device("cpu"), **kwargs)
-    monkeypatch.setattr(padded_batches, "pads_short_batches", lambda device: True)
+    monkeypatch.setattr(padded_batches, "pads_short_batches", lambda device, model: True)
     padded_model = ShapeSpy()
     padded = loop.evaluate(padded_model, batches, torch.device("cpu"), **kwargs)
     assert [n for n, _ in plain_model.seen] == [8, 8, 3]

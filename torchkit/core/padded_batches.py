@@ -5,9 +5,11 @@ each convolution, forward and backward (NVIDIA/cudnn-frontend#1066: about 1.5 s 
 execution plan on a cold cuDNN 9.10+). Training drops its last partial batch for that reason;
 an inference pass cannot drop images, and its last batch is usually short: a new shape at the
 first validation, and another at the test. Padding that batch with zeros to the size of the
-first keeps one shape. The model is in eval mode, where an image's outputs depend on that image
-alone, and the padding's outputs are dropped. Elsewhere (CPUs, no autotuning) batches are left
-as they are, so CPU figures do not change.
+first (the largest) keeps one shape. The model is in eval mode, where an image's outputs depend
+on that image alone, and the padding's outputs are dropped; a model whose BatchNorm keeps no
+running statistics normalises with the batch's own in eval mode too, so its batches are never
+padded. Elsewhere (CPUs, no autotuning) batches are left as they are, so CPU figures do not
+change.
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ from collections.abc import Callable
 from typing import Any
 
 
-def pads_short_batches(device: Any) -> bool:
-    """Whether inference on `device` pads short batches: CUDA with cuDNN's autotuning on."""
+def pads_short_batches(device: Any, model: Any) -> bool:
+    """Whether inference of `model` on `device` pads short batches: CUDA with cuDNN's
+    autotuning on, and no BatchNorm that uses the batch's statistics in eval mode."""
     import torch
+    from torch.nn.modules.batchnorm import _BatchNorm
 
-    return torch.device(device).type == "cuda" and bool(torch.backends.cudnn.benchmark)
+    if torch.device(device).type != "cuda" or not torch.backends.cudnn.benchmark:
+        return False
+    return not any(
+        isinstance(module, _BatchNorm) and not module.track_running_stats
+        for module in model.modules()
+    )
 
 
 class BatchPadder:
-    """`forward(model, images)`: `model(images)`, a batch shorter than the first one padded to
-    its size (when `enabled`) and the padding's outputs dropped. `padded` counts such batches."""
+    """`forward(model, images)`: `model(images)`, a batch shorter than the largest so far (the
+    first) padded to its size when `enabled`, the padding's outputs dropped. `padded` counts
+    such batches."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled

@@ -12,8 +12,12 @@ recorded with none present, so each replay writes them afresh.
 
 The first WARMUP_UPDATES updates run the same step eagerly, on a side stream as torch's graph
 docs ask: cuDNN and cuBLAS set themselves up and the optimiser creates its state, outside the
-recording. A batch of another shape (unreadable images left out of it) takes the eager step. If
-the capture fails, a warning says why and the run goes on eagerly.
+recording. The last of them runs with torch's sync debugging on: a step that waits for the
+device (a model that reads a value on the host) cannot be recorded, so it is not tried; a
+warning says why and the run goes on eagerly. A capture that fails all the same stops the run
+with one error: a failed capture leaves CUDA's random generator in capture mode, so the process
+cannot go on. A batch of another size than --batch-size (unreadable images left out of it)
+takes the eager step.
 
 On other devices nothing is recorded (`capture=False`): the same step runs from the same static
 buffers at every batch, so CPU tests check everything but the recording itself.
@@ -26,7 +30,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from torchkit.core.errors import UsageError
+from torchkit.core.errors import DeviceError, UsageError
 from torchkit.core.train import dynamo_free
 from torchkit.core.train.step_sums import StepSums
 
@@ -60,7 +64,7 @@ class GraphedStep:
     """`step(images, labels, batch_no)`: one whole optimiser update, the schedule's step and
     the EMA's count included. `ctx` is the run's StepContext (core.train.loop)."""
 
-    def __init__(self, ctx: Any, amp_dtype: str) -> None:
+    def __init__(self, ctx: Any, amp_dtype: str, batch_size: int) -> None:
         import torch
 
         from torchkit.core.train.loop import accumulator_dtype
@@ -87,22 +91,24 @@ class GraphedStep:
         self.rest = torch.zeros((), **scalar)  # 1 - decay
         self.batch_no = torch.zeros((), dtype=torch.long, device=device)
         self.amp_dtype = None if amp_dtype == "float32" else getattr(torch, amp_dtype)
-        self.images: Any = None  # the static batch, shaped by the first one
+        self.batch_size = batch_size  # the batches the graph takes; others step eagerly
+        self.images: Any = None  # the static batch, shaped by the first whole one
         self.labels: Any = None
         self.graph: Any = None
         self.warm_updates = 0
         self.replays = 0
         self.eager_updates = 0
-        self.failure: str | None = None  # why the capture failed, if it did
+        self.empty_updates = 0
+        self.not_recorded: str | None = None  # why the step is not recorded, if it is not
 
     def step(self, images: Any, labels: Any, batch_no: int) -> None:
         import torch
 
         self._fill(batch_no)
-        if self.images is None:
+        if self.images is None and images.shape[0] == self.batch_size:
             self.images = torch.empty_like(images)  # the same strides (channels-last kept)
             self.labels = torch.empty_like(labels)
-        if images.shape != self.images.shape or labels.shape != self.labels.shape:
+        if self.images is None or images.shape != self.images.shape:
             self._eager(images, labels)
         else:
             self.images.copy_(images)
@@ -110,7 +116,7 @@ class GraphedStep:
             if self.graph is not None:
                 self.graph.replay()
                 self.replays += 1
-            elif not self.capture or self.failure is not None:
+            elif not self.capture or self.not_recorded is not None:
                 self._eager(self.images, self.labels)
             elif self.warm_updates < WARMUP_UPDATES:
                 self._warm_up()
@@ -124,15 +130,19 @@ class GraphedStep:
         self.ctx.schedule.step()
         if self.ctx.ema is not None:
             self.ctx.ema.update()
+        self.empty_updates += 1
 
     def summary(self) -> str:
         """For `train -v`: how the run's updates were made."""
-        if self.failure is not None:
-            return f"--cuda-graphs: the capture failed ({self.failure}); eager steps"
-        return (
+        line = (
             f"--cuda-graphs: {self.replays} updates replayed from the graph, "
             f"{self.warm_updates} warm-up and {self.eager_updates} other eager updates"
         )
+        if self.empty_updates:
+            line += f", {self.empty_updates} without a readable image"
+        if self.not_recorded is not None:
+            line += f" (not recorded: {self.not_recorded})"
+        return line
 
     def _fill(self, batch_no: int) -> None:
         for lr, group in zip(self.lrs, self.groups, strict=True):
@@ -181,12 +191,22 @@ class GraphedStep:
         side = torch.cuda.Stream(self.ctx.device)
         main = torch.cuda.current_stream(self.ctx.device)
         side.wait_stream(main)
-        with torch.cuda.stream(side):
+        # The last warm-up update also finds out whether the step can be recorded at all.
+        last = self.warm_updates == WARMUP_UPDATES - 1
+        probe = _host_waits() if last else contextlib.nullcontext([])
+        with torch.cuda.stream(side), probe as waits:
             self.ctx.optimizer.zero_grad(set_to_none=True)
             self._body(self.images, self.labels)
             self.ctx.optimizer.zero_grad(set_to_none=True)
         main.wait_stream(side)
         self.warm_updates += 1
+        if waits:
+            self.not_recorded = f"the step waits for the device: {waits[0]}"
+            log.warning(
+                "--cuda-graphs: the training step is not recorded, because it waits for the "
+                "device (%s; the model reads a value on the host?): training goes on eagerly",
+                waits[0],
+            )
 
     def _capture(self) -> None:
         import torch
@@ -199,11 +219,13 @@ class GraphedStep:
             # thread_local: the loader's pinning thread and the decode thread go on meanwhile.
             with self._capturable(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._body(self.images, self.labels)
-        except Exception as error:  # noqa: BLE001 - any failure: the eager step still works
-            self.failure = first_line(error)
-            log.warning("--cuda-graphs: the capture failed (%s); training goes on eagerly", error)
-            self._eager(self.images, self.labels)
-            return
+        except Exception as error:
+            # torch re-raises the end of the capture's error; the cause is the one before it.
+            cause = error.__context__ or error
+            raise DeviceError(
+                f"--cuda-graphs could not record the training step: {first_line(cause)}",
+                "train without --cuda-graphs; a resumed run takes --no-cuda-graphs",
+            ) from error
         self.graph = graph
         log.info("--cuda-graphs: captured after %d eager updates", self.warm_updates)
         graph.replay()
@@ -245,3 +267,23 @@ class GraphedStep:
             return contextlib.nullcontext()
         # Autocast's cast cache would hold tensors from the capture: graphs need it off.
         return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype, cache_enabled=False)
+
+
+@contextlib.contextmanager
+def _host_waits() -> Iterator[list[str]]:
+    """The list of the synchronizing CUDA operations run meanwhile (torch's sync debug mode,
+    set to warn: the operations still run, so the step is whole)."""
+    import warnings
+
+    import torch
+
+    waits: list[str] = []
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield waits
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    waits += [str(w.message) for w in caught if "synchroniz" in str(w.message)]

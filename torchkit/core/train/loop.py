@@ -426,7 +426,7 @@ def evaluate(
         channels_last=channels_last,
         normalized_pixels=normalized_pixels,
     )
-    padder = BatchPadder(pads_short_batches(device))
+    padder = BatchPadder(pads_short_batches(device, module))
     with torch.inference_mode():
         for batch in loader:
             if batch.errors:

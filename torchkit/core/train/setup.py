@@ -151,7 +151,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         if config.cuda_graphs:
             from torchkit.core.train.graphed_step import GraphedStep
 
-            step_ctx.graphed = GraphedStep(step_ctx, amp.dtype)
+            step_ctx.graphed = GraphedStep(step_ctx, amp.dtype, config.batch_size)
     except BaseException:
         loaders.close()
         raise
