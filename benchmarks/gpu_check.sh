@@ -137,6 +137,9 @@ step digits-nobench 120 "${TK[@]}" train --out "$W/digits-nobench" --device "$DE
 if [ "$DEV" != cpu ]; then
   step digits-graphs 120 "${TK[@]}" train --out "$W/digits-graphs" --device "$DEV" \
     --cuda-graphs -v
+  # ...and without cuDNN's autotuning, should its first epoch be what the graph leaves.
+  step digits-graphs-nobench 120 "${TK[@]}" train --out "$W/digits-graphs-nobench" \
+    --device "$DEV" --cuda-graphs --no-cudnn-benchmark -v
 fi
 step tk-big-nobench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --no-cudnn-benchmark --out "$W/big-nobench" -v

@@ -30,6 +30,16 @@ def epochs(run):
         return []
 
 
+def wall(step):
+    """The seconds a step took, if it ran and succeeded."""
+    rc, seconds = steps.get(step, (1, None))
+    return seconds if rc == 0 else None
+
+
+def first_epoch_s(rows):
+    return rows[0][0] if rows else None
+
+
 def steady(rows):
     """Images/s and mean seconds of the epochs after the first."""
     rest = rows[1:]
@@ -81,11 +91,11 @@ rows.append(
     )
 )
 rows += [
-    (f"{big} first vs steady epoch s", big_rows[0][0] if big_rows else None, big_steady_s),
-    ("digits first vs steady epoch s", digit_rows[0][0] if digit_rows else None, digit_steady_s),
+    (f"{big} first vs steady epoch s", first_epoch_s(big_rows), big_steady_s),
+    ("digits first vs steady epoch s", first_epoch_s(digit_rows), digit_steady_s),
     (
         "digits main job wall s",
-        steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None,
+        wall("digits"),
         "",  # nothing to compare with
     ),
 ]
@@ -95,17 +105,16 @@ if nobench_rows or "tk-big-nobench" in steps:
     nobench_rate, nobench_steady_s = steady(nobench_rows)
     rows += [
         (f"{big} first vs steady epoch s, --no-cudnn-benchmark",
-         nobench_rows[0][0] if nobench_rows else None, nobench_steady_s),
+         first_epoch_s(nobench_rows), nobench_steady_s),
         (f"{big} steady epoch img/s: --no-cudnn-benchmark vs benchmark", nobench_rate, big_rate),
     ]  # fmt: skip
 if digit_nobench_rows or "digits-nobench" in steps:
     _, digit_nobench_steady_s = steady(digit_nobench_rows)
     rows += [
         ("digits first vs steady epoch s, --no-cudnn-benchmark",
-         digit_nobench_rows[0][0] if digit_nobench_rows else None, digit_nobench_steady_s),
+         first_epoch_s(digit_nobench_rows), digit_nobench_steady_s),
         ("digits main job wall s: --no-cudnn-benchmark vs benchmark",
-         steps["digits-nobench"][1] if steps.get("digits-nobench", (1,))[0] == 0 else None,
-         steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None),
+         wall("digits-nobench"), wall("digits")),
     ]  # fmt: skip
 # --decode fast: the big model's JPEGs decoded by the loader workers, not on the GPU.
 fast_rows = epochs("big-fast")
@@ -119,11 +128,19 @@ if digit_graph_rows or "digits-graphs" in steps:
     rows += [
         ("digits steady epoch s: --cuda-graphs vs eager", digit_graph_steady_s, digit_steady_s),
         ("digits first vs steady epoch s, --cuda-graphs",
-         digit_graph_rows[0][0] if digit_graph_rows else None, digit_graph_steady_s),
+         first_epoch_s(digit_graph_rows), digit_graph_steady_s),
         ("digits main job wall s: --cuda-graphs vs eager",
-         steps["digits-graphs"][1] if steps.get("digits-graphs", (1,))[0] == 0 else None,
-         steps["digits"][1] if steps.get("digits", (1,))[0] == 0 else None),
+         wall("digits-graphs"), wall("digits")),
     ]  # fmt: skip
+    graph_nobench_rows = epochs("digits-graphs-nobench")
+    if graph_nobench_rows or "digits-graphs-nobench" in steps:
+        _, graph_nobench_steady_s = steady(graph_nobench_rows)
+        rows += [
+            ("digits first vs steady epoch s, --cuda-graphs --no-cudnn-benchmark",
+             first_epoch_s(graph_nobench_rows), graph_nobench_steady_s),
+            ("digits main job wall s: --cuda-graphs --no-cudnn-benchmark vs eager",
+             wall("digits-graphs-nobench"), wall("digits")),
+        ]  # fmt: skip
 datapath = load("datapath.json")
 if datapath and datapath.get("images_per_s"):
     rates = datapath["images_per_s"]
