@@ -17,14 +17,18 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 pytestmark = [pytest.mark.cuda, needs_cuda]
 
 
-def _on_cuda(ctx, model=None):
-    """`ctx` (test_graphed_step.make_context) moved to the GPU, its optimiser rebuilt there."""
+def _on_cuda(ctx, model=None, *, dropout: bool = True):
+    """`ctx` (test_graphed_step.make_context) moved to the GPU, its optimiser rebuilt there;
+    without `dropout`, whose masks under a graph come from the generator's offsets as torch
+    arranges them for replays, not necessarily the eager run's."""
     from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.ema import ModelEMA
     from torchkit.core.train.optim import LRSchedule, build_optimizer, param_groups
 
     device = torch.device("cuda")
     model = (model or ctx.model).to(device)
+    if not dropout:
+        model.drop = torch.nn.Identity()
     config = TrainConfig(optimizer="adamw", lr=0.05, warmup_epochs=1, epochs=3, weight_decay=0.01)
     groups = param_groups(model, config)
     ctx.model = ctx.module = model
@@ -53,9 +57,9 @@ def deterministic_cudnn():
 
 def test_the_recorded_step_trains_as_the_eager_step_does(deterministic_cudnn):
     data = _cuda_batches(6)
-    eager = _on_cuda(make_context())
+    eager = _on_cuda(make_context(), dropout=False)
     eager_progress = train(eager, data)
-    graphed = _on_cuda(make_context())
+    graphed = _on_cuda(make_context(), dropout=False)
     graphed.graphed = GraphedStep(graphed, "float32", 8)
     graphed_progress = train(graphed, data)
     assert graphed.graphed.graph is not None and graphed.graphed.failure is None
@@ -115,3 +119,32 @@ def test_the_digits_job_with_cuda_graphs(runner, tmp_path):
     assert "updates replayed from the graph" in result.stderr
     summary = json.loads(result.stdout)
     assert summary["test_top1"] >= 0.95
+
+
+def test_dropout_draws_a_new_mask_at_every_replay():
+    """The graph takes its random numbers from the generator's state at each replay, so
+    dropout is not frozen into the recording: with a learning rate too small to matter, the
+    same batch's loss changes from replay to replay only through the mask."""
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.optim import LRSchedule, build_optimizer, param_groups
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(36, 3), torch.nn.Dropout(0.5)
+    ).cuda()
+    config = TrainConfig(optimizer="sgd", lr=1e-9, warmup_epochs=0, epochs=1, momentum=0.0)
+    optimizer = build_optimizer(param_groups(model, config), config)
+    ctx = make_context()
+    ctx.model = ctx.module = model
+    ctx.optimizer, ctx.ema, ctx.device, ctx.l1_params = optimizer, None, torch.device("cuda"), []
+    ctx.schedule = LRSchedule(optimizer, config, updates_per_epoch=12)
+    step = GraphedStep(ctx, "float32", 8)
+    (batch,) = _cuda_batches(1)
+    losses, previous = [], 0.0
+    for number in range(1, 13):
+        step.step(batch.images, batch.labels, number)
+        total = float(step.sums.loss_sum)
+        losses.append(round(total - previous, 5))
+        previous = total
+    assert step.replays == 12 - WARMUP_UPDATES
+    assert len(set(losses[WARMUP_UPDATES:])) > 1  # the replays' masks differ
