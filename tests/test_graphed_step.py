@@ -427,3 +427,27 @@ def test_a_capture_that_fails_all_the_same_stops_the_run_with_its_cause(monkeypa
         "--no-cuda-graphs)"
     )
     assert fake.captures == 1 and step.graph is None
+
+
+def test_the_capture_waits_for_the_profiler_to_stop(monkeypatch):
+    """train --profile-steps: no capture while torch.profiler records (CUPTI and a capture do
+    not mix safely): the updates step eagerly until the profile stops, then it is recorded."""
+
+    class Profiler:  # the loop's view of step_profiler.StepProfiler: stops after 5 updates
+        updates = 0
+
+        @property
+        def recording(self):
+            return self.updates < 5
+
+        def stepped(self):
+            self.updates += 1
+
+    data = batches(6)
+    eager, eager_progress, graphed, step, fake = _graphed_run(monkeypatch, data)
+    torch.manual_seed(1)
+    progress = loop.EpochProgress()
+    unreadable = loop.UnreadableImages(False)
+    loop.train_one_epoch(graphed, data, progress, unreadable, epoch=1, profiler=Profiler())
+    assert step.warm_updates == 3 and step.eager_updates == 2  # updates 4 and 5
+    assert fake.captures == 1 and step.replays == 1

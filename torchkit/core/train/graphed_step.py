@@ -101,7 +101,9 @@ class GraphedStep:
         self.empty_updates = 0
         self.not_recorded: str | None = None  # why the step is not recorded, if it is not
 
-    def step(self, images: Any, labels: Any, batch_no: int) -> None:
+    def step(self, images: Any, labels: Any, batch_no: int, *, may_capture: bool = True) -> None:
+        """`may_capture` False (torch.profiler is recording: CUPTI and a capture do not mix
+        safely) puts the capture off to a later update; the update steps eagerly meanwhile."""
         import torch
 
         self._fill(batch_no)
@@ -120,6 +122,8 @@ class GraphedStep:
                 self._eager(self.images, self.labels)
             elif self.warm_updates < WARMUP_UPDATES:
                 self._warm_up()
+            elif not may_capture:
+                self._eager(self.images, self.labels)
             else:
                 self._capture()
         self._updated()

@@ -231,7 +231,8 @@ def train_one_epoch(
                     graphed.update_without_batch()
                 else:
                     images, labels = to_device(batch, ctx)
-                    graphed.step(images, labels, progress_state.batches)
+                    recording = profiler is not None and profiler.recording
+                    graphed.step(images, labels, progress_state.batches, may_capture=not recording)
                     progress_state.seen += labels.shape[0]
             elif batch.images is not None:
                 images, labels = to_device(batch, ctx)

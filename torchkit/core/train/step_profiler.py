@@ -80,6 +80,10 @@ class StepProfiler:
         self.setup_seconds = self.started - began
         return self
 
+    @property
+    def recording(self) -> bool:
+        return self.profile is not None
+
     def stepped(self) -> None:
         if self.profile is None:
             return
