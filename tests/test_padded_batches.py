@@ -68,16 +68,21 @@ def test_without_padding_the_batches_are_the_models_as_they_come():
     assert [n for n, _ in model.seen] == [8, 3] and padder.padded == 0
 
 
-def test_validation_pads_where_cudnn_autotunes_and_counts_the_real_images(monkeypatch):
-    """`loop.evaluate` (validation and test): the model sees one batch shape, and the loss,
-    top-1, top-k and image count are those of the unpadded pass."""
-    generator = torch.Generator().manual_seed(1)
+def _validation(seed: int) -> tuple[list[Batch], dict]:
+    """Batches of 8, 8 and 3 random images and labels; `loop.evaluate`'s other arguments."""
+    generator = torch.Generator().manual_seed(seed)
     batches = [
         Batch(torch.randn(n, 3, 6, 6, generator=generator), torch.randint(0, 5, (n,),
               generator=generator), torch.arange(n), [])
         for n in (8, 8, 3)
     ]  # fmt: skip
-    kwargs = {"topk": 3, "unreadable": loop.UnreadableImages(False)}
+    return batches, {"topk": 3, "unreadable": loop.UnreadableImages(False)}
+
+
+def test_validation_pads_where_cudnn_autotunes_and_counts_the_real_images(monkeypatch):
+    """`loop.evaluate` (validation and test): the model sees one batch shape, and the loss,
+    top-1, top-k and image count are those of the unpadded pass."""
+    batches, kwargs = _validation(seed=1)
     plain_model = ShapeSpy()
     plain = loop.evaluate(plain_model, batches, torch.device("cpu"), **kwargs)
     monkeypatch.setattr(padded_batches, "pads_short_batches", lambda device, model: True)
@@ -94,13 +99,7 @@ def test_validation_pads_where_cudnn_autotunes_and_counts_the_real_images(monkey
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_with_autotuning_validation_keeps_one_shape(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    generator = torch.Generator().manual_seed(2)
-    batches = [
-        Batch(torch.randn(n, 3, 6, 6, generator=generator), torch.randint(0, 5, (n,),
-              generator=generator), torch.arange(n), [])
-        for n in (8, 8, 3)
-    ]  # fmt: skip
-    kwargs = {"topk": 3, "unreadable": loop.UnreadableImages(False)}
+    batches, kwargs = _validation(seed=2)
     on_cpu = loop.evaluate(ShapeSpy(), batches, torch.device("cpu"), **kwargs)
     model = ShapeSpy().cuda()
     on_gpu = loop.evaluate(model, batches, torch.device("cuda"), **kwargs)
