@@ -20,6 +20,7 @@
 #   - resnet50's first and steady epochs, and the digits job, with --no-cudnn-benchmark;
 #   - the digits job with --cuda-graphs (its training step replayed as a CUDA graph);
 #   - resnet50's steady epochs with its JPEGs decoded by the loader workers (--decode fast);
+#   - resnet50's first and steady epochs with --cudnn-benchmark-limit 3;
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
 #     normalised on the device against float32 ones, and --decode device against exact
 #     (benchmarks/bench_inference_loader.py).
@@ -143,6 +144,10 @@ if [ "$DEV" != cpu ]; then
 fi
 step tk-big-nobench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --no-cudnn-benchmark --out "$W/big-nobench" -v
+# cuDNN timing 3 algorithms a convolution instead of torch's 10 (--cudnn-benchmark-limit): a
+# shorter first epoch, and whether the steady ones lose anything.
+step tk-big-limit 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --cudnn-benchmark-limit 3 --out "$W/big-limit" -v
 # The big model with its JPEGs decoded by the loader workers (--decode fast) instead of nvJPEG:
 # whether decoding on the GPU takes time from a model that keeps the GPU busy.
 step tk-big-fast 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \

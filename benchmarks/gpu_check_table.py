@@ -116,6 +116,15 @@ if digit_nobench_rows or "digits-nobench" in steps:
         ("digits main job wall s: --no-cudnn-benchmark vs benchmark",
          wall("digits-nobench"), wall("digits")),
     ]  # fmt: skip
+# --cudnn-benchmark-limit 3: fewer algorithms timed per convolution (torch's default is 10).
+limit_rows = epochs("big-limit")
+if limit_rows or "tk-big-limit" in steps:
+    limit_rate, limit_steady_s = steady(limit_rows)
+    rows += [
+        (f"{big} first vs steady epoch s, --cudnn-benchmark-limit 3",
+         first_epoch_s(limit_rows), limit_steady_s),
+        (f"{big} steady epoch img/s: --cudnn-benchmark-limit 3 vs 10", limit_rate, big_rate),
+    ]  # fmt: skip
 # --decode fast: the big model's JPEGs decoded by the loader workers, not on the GPU.
 fast_rows = epochs("big-fast")
 if fast_rows or "tk-big-fast" in steps:

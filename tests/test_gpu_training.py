@@ -116,3 +116,22 @@ def test_cudnn_benchmark_drops_the_partial_batch_and_no_cudnn_benchmark_keeps_it
         assert checkpoint["drop_last"] is drop
         assert checkpoint["global_step"] == steps
         assert not torch.backends.cudnn.benchmark  # the run put torch's switch back
+
+
+def test_cudnn_benchmark_limit_is_the_runs_and_put_back(runner, jpegs, tmp_path, monkeypatch):
+    from torchkit.core.train import setup
+
+    seen = []
+    real = setup.set_cudnn_switches
+
+    def spy(device_type, config):
+        real(device_type, config)
+        seen.append((torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit))
+
+    monkeypatch.setattr(setup, "set_cudnn_switches", spy)
+    before = torch.backends.cudnn.benchmark_limit
+    args = ["train", "--data", str(jpegs), *RECIPE, "--device", "cuda",
+            "--cudnn-benchmark-limit", "2", "--out", str(tmp_path / "run")]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert seen == [(True, 2)] and torch.backends.cudnn.benchmark_limit == before

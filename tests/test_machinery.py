@@ -556,3 +556,61 @@ def test_cudnn_benchmark_with_deterministic_is_one_usage_error(tmp_path):
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "--cudnn-benchmark" in errors[0] and "--deterministic" in errors[0]
     assert not out.exists()
+
+
+def test_cudnn_switches_are_set_on_cuda_only_and_the_limit_when_given(monkeypatch):
+    import torch
+
+    from torchkit.core.train import TrainConfig
+    from torchkit.core.train.setup import set_cudnn_switches
+
+    cudnn = torch.backends.cudnn
+    monkeypatch.setattr(cudnn, "benchmark", False)
+    monkeypatch.setattr(cudnn, "benchmark_limit", 10)
+    set_cudnn_switches("cpu", TrainConfig(cudnn_benchmark_limit=2))
+    assert (cudnn.benchmark, cudnn.benchmark_limit) == (False, 10)
+    set_cudnn_switches("cuda", TrainConfig())
+    assert (cudnn.benchmark, cudnn.benchmark_limit) == (True, 10)  # torch's default kept
+    set_cudnn_switches("cuda", TrainConfig(cudnn_benchmark_limit=2))
+    assert (cudnn.benchmark, cudnn.benchmark_limit) == (True, 2)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--cudnn-benchmark-limit", "-1"], "must not be negative, not -1"),
+        (["--cudnn-benchmark-limit", "2", "--no-cudnn-benchmark"], "--no-cudnn-benchmark turns"),
+        (["--cudnn-benchmark-limit", "2", "--deterministic"], "which --deterministic turns off"),
+    ],
+)
+def test_cudnn_benchmark_limit_refusals_are_one_usage_error(tmp_path, options, message):
+    from conftest import run_torchkit_in_process
+
+    out = tmp_path / "run"
+    done = run_torchkit_in_process("train", *options, "--epochs", "1", "--out", out)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0], done.stderr
+    assert not out.exists()
+
+
+def test_a_run_puts_torchs_cudnn_switches_back(monkeypatch, tmp_path):
+    """The runner restores torch's global cuDNN switches, the autotuning limit included."""
+    import torch
+
+    from torchkit.core.train import TrainConfig, run_training
+    from torchkit.core.train import setup as train_setup
+
+    cudnn = torch.backends.cudnn
+    monkeypatch.setattr(cudnn, "benchmark_limit", 7)
+    real = train_setup.set_cudnn_switches
+
+    def as_on_cuda(device_type, config):  # what a CUDA run sets, on this CPU run
+        real("cuda", config)
+        assert cudnn.benchmark_limit == 3
+
+    monkeypatch.setattr(train_setup, "set_cudnn_switches", as_on_cuda)
+    run_training(
+        TrainConfig(out=str(tmp_path / "run"), device="cpu", epochs=1, cudnn_benchmark_limit=3)
+    )
+    assert cudnn.benchmark_limit == 7

@@ -88,6 +88,7 @@ def _run_with_torch(
         torch.are_deterministic_algorithms_enabled(),
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.benchmark_limit,
     )
     # The options first: a resumed run's device and collective timeout are its saved ones
     # unless given again, like every other option.
@@ -119,7 +120,8 @@ def _run_with_torch(
         if torch.are_deterministic_algorithms_enabled() != flags[0]:
             # (only when changed: the call imports torch._dynamo, seconds of start-up)
             torch.use_deterministic_algorithms(flags[0])
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[1:]
+        cudnn = torch.backends.cudnn
+        cudnn.deterministic, cudnn.benchmark, cudnn.benchmark_limit = flags[1:]
 
 
 def _train(

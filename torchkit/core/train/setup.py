@@ -90,7 +90,6 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
     """Data, model and training state of the run (restored from the checkpoint when resuming),
     everything checked before anything is written. The data loaders' workers are stopped
     again if a later step fails."""
-    import torch
 
     from torchkit.core.seeding import seed_everything
 
@@ -100,8 +99,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
 
         refuse_ungraphable_run(ctx.device, distributed=ctx.is_distributed, amp_dtype=amp.dtype)
     seed_everything(config.seed, config.deterministic)
-    if ctx.device.type == "cuda":  # set either way: the runner puts torch's switch back after
-        torch.backends.cudnn.benchmark = cudnn_benchmark_for(ctx.device.type, config)
+    set_cudnn_switches(ctx.device.type, config)
     # A resumed run takes back the split it recorded (held-out val images included).
     data = load_splits(config, checkpoint.get("data") if checkpoint is not None else None)
     train = data.splits["train"]
@@ -181,6 +179,18 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         progress=point.progress,
         resume_rng=point.rng,
     )
+
+
+def set_cudnn_switches(device_type: str, config: TrainConfig) -> None:
+    """On CUDA, cuDNN's autotuning on or off (`cudnn_benchmark_for`: set either way) and how
+    many algorithms it times (--cudnn-benchmark-limit); the runner puts both back after."""
+    import torch
+
+    if device_type != "cuda":
+        return
+    torch.backends.cudnn.benchmark = cudnn_benchmark_for(device_type, config)
+    if config.cudnn_benchmark_limit is not None:
+        torch.backends.cudnn.benchmark_limit = config.cudnn_benchmark_limit
 
 
 def cudnn_benchmark_for(device_type: str, config: TrainConfig) -> bool:
