@@ -461,7 +461,8 @@ class TrainConfig:
         show_default=False,
         help="With cuDNN's autotuning on: how many of its algorithms to time for each "
         "convolution (torch.backends.cudnn.benchmark_limit; 0: all of them). Fewer shortens "
-        "the first epoch, at the risk of missing the fastest algorithm. Default: torch's (10).",
+        "the first epoch, at the risk of missing the fastest algorithm; no effect with the "
+        "autotuning off. Default: torch's (10).",
     )
     cuda_graphs: bool = option(
         False,
@@ -745,15 +746,10 @@ def validate(config: TrainConfig) -> None:
             "--cudnn-benchmark picks algorithms by timing them, which --deterministic rules out",
             "drop one of the two",
         )
-    if config.cudnn_benchmark_limit is not None:
-        if config.cudnn_benchmark_limit < 0:
-            bad(f"--cudnn-benchmark-limit must not be negative, not {config.cudnn_benchmark_limit}")
-        if config.cudnn_benchmark is False or config.deterministic:
-            off = "--no-cudnn-benchmark" if config.cudnn_benchmark is False else "--deterministic"
-            bad(
-                f"--cudnn-benchmark-limit limits cuDNN's autotuning, which {off} turns off",
-                "drop one of the two",
-            )
+    # Not refused with the autotuning off: a resumed run keeps its limit when given
+    # --no-cudnn-benchmark, and there is no value that says "none".
+    if config.cudnn_benchmark_limit is not None and config.cudnn_benchmark_limit < 0:
+        bad(f"--cudnn-benchmark-limit must not be negative, not {config.cudnn_benchmark_limit}")
     if config.cuda_graphs:
         _check_graphable(config)
     if not config.dist_timeout > 0:

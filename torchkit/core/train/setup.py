@@ -182,14 +182,15 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
 
 
 def set_cudnn_switches(device_type: str, config: TrainConfig) -> None:
-    """On CUDA, cuDNN's autotuning on or off (`cudnn_benchmark_for`: set either way) and how
-    many algorithms it times (--cudnn-benchmark-limit); the runner puts both back after."""
+    """On CUDA, cuDNN's autotuning on or off (`cudnn_benchmark_for`: set either way) and, when
+    on, how many algorithms it times (--cudnn-benchmark-limit); the runner puts both back."""
     import torch
 
     if device_type != "cuda":
         return
-    torch.backends.cudnn.benchmark = cudnn_benchmark_for(device_type, config)
-    if config.cudnn_benchmark_limit is not None:
+    benchmark = cudnn_benchmark_for(device_type, config)
+    torch.backends.cudnn.benchmark = benchmark
+    if benchmark and config.cudnn_benchmark_limit is not None:
         torch.backends.cudnn.benchmark_limit = config.cudnn_benchmark_limit
 
 
