@@ -444,7 +444,39 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+# The modules with the most test time (seconds summed, 2026-11-27), longest first. pytest-xdist
+# hands out whole modules (--dist loadscope) in collection order (--no-loadscope-reorder): its
+# own order, by number of tests, sent the 23 s multi-node test and the 15 s digits run last,
+# and one worker finished them alone while the other idled. A module missing here keeps its
+# place after these; a stale entry costs nothing.
+LONGEST_MODULES = (
+    "test_train_ddp_honest",  # 45 s
+    "test_safety_train",  # 30 s
+    "test_train_multinode",  # 23 s, one test
+    "test_train_ddp",  # 23 s, two tests
+    "test_benchmark",
+    "test_eval",
+    "test_model_resolver",
+    "test_export",
+    "test_safety_features",
+    "test_train_digits_target",  # 15 s, one test
+    "test_train_cli",
+    "test_train_honest",
+    "test_train_resume",
+    "test_curves_painter",
+    "test_eval_honest",
+    "test_predict",
+    "test_safety_eval",
+)
+
+
+def _module_rank(item: pytest.Item) -> int:
+    name = item.path.stem
+    return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_module_rank)  # stable: each module's tests keep their order
     if not config.stash[_GPU_HIDDEN]:
         return
     skip = pytest.mark.skip(reason="GPU test: run `uv run pytest -m cuda` (the default run is CPU)")
