@@ -49,6 +49,16 @@ def steady(rows):
     return sum(s * r for s, r in rest) / seconds, seconds / len(rest)
 
 
+def ran(run, step):
+    """The epochs of a run whose step ran (an empty list if it left no metrics), else None."""
+    found = epochs(run)
+    return found if found or step in steps else None
+
+
+def first_vs_steady(what, run_rows):
+    return (what, first_epoch_s(run_rows), steady(run_rows)[1])
+
+
 def load(name):
     try:
         with open(os.path.join(work, name)) as f:
@@ -99,57 +109,47 @@ rows += [
         "",  # nothing to compare with
     ),
 ]
+
+
 # --no-cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
-nobench_rows, digit_nobench_rows = epochs("big-nobench"), epochs("digits-nobench")
-if nobench_rows or "tk-big-nobench" in steps:
-    nobench_rate, nobench_steady_s = steady(nobench_rows)
+if (nobench := ran("big-nobench", "tk-big-nobench")) is not None:
     rows += [
-        (f"{big} first vs steady epoch s, --no-cudnn-benchmark",
-         first_epoch_s(nobench_rows), nobench_steady_s),
-        (f"{big} steady epoch img/s: --no-cudnn-benchmark vs benchmark", nobench_rate, big_rate),
+        first_vs_steady(f"{big} first vs steady epoch s, --no-cudnn-benchmark", nobench),
+        (f"{big} steady epoch img/s: --no-cudnn-benchmark vs benchmark", steady(nobench)[0],
+         big_rate),
     ]  # fmt: skip
-if digit_nobench_rows or "digits-nobench" in steps:
-    _, digit_nobench_steady_s = steady(digit_nobench_rows)
+if (digit_nobench := ran("digits-nobench", "digits-nobench")) is not None:
     rows += [
-        ("digits first vs steady epoch s, --no-cudnn-benchmark",
-         first_epoch_s(digit_nobench_rows), digit_nobench_steady_s),
-        ("digits main job wall s: --no-cudnn-benchmark vs benchmark",
-         wall("digits-nobench"), wall("digits")),
+        first_vs_steady("digits first vs steady epoch s, --no-cudnn-benchmark", digit_nobench),
+        ("digits main job wall s: --no-cudnn-benchmark vs benchmark", wall("digits-nobench"),
+         wall("digits")),
     ]  # fmt: skip
 # --cudnn-benchmark-limit 3: fewer algorithms timed per convolution (torch's default is 10).
-limit_rows = epochs("big-limit")
-if limit_rows or "tk-big-limit" in steps:
-    limit_rate, limit_steady_s = steady(limit_rows)
+if (limited := ran("big-limit", "tk-big-limit")) is not None:
     rows += [
-        (f"{big} first vs steady epoch s, --cudnn-benchmark-limit 3",
-         first_epoch_s(limit_rows), limit_steady_s),
-        (f"{big} steady epoch img/s: --cudnn-benchmark-limit 3 vs 10", limit_rate, big_rate),
+        first_vs_steady(f"{big} first vs steady epoch s, --cudnn-benchmark-limit 3", limited),
+        (f"{big} steady epoch img/s: --cudnn-benchmark-limit 3 vs 10", steady(limited)[0],
+         big_rate),
     ]  # fmt: skip
 # --decode fast: the big model's JPEGs decoded by the loader workers, not on the GPU.
-fast_rows = epochs("big-fast")
-if fast_rows or "tk-big-fast" in steps:
-    fast_rate, _ = steady(fast_rows)
-    rows.append((f"{big} steady epoch img/s: --decode fast vs device", fast_rate, big_rate))
-# --cuda-graphs: the digits job's steps replayed as a CUDA graph, against eager steps.
-digit_graph_rows = epochs("digits-graphs")
-if digit_graph_rows or "digits-graphs" in steps:
-    _, digit_graph_steady_s = steady(digit_graph_rows)
+if (fast := ran("big-fast", "tk-big-fast")) is not None:
+    rows.append((f"{big} steady epoch img/s: --decode fast vs device", steady(fast)[0], big_rate))
+# --cuda-graphs: the digits job's steps replayed as a CUDA graph, against eager steps (and
+# with cuDNN's autotuning off).
+if (graphed := ran("digits-graphs", "digits-graphs")) is not None:
     rows += [
-        ("digits steady epoch s: --cuda-graphs vs eager", digit_graph_steady_s, digit_steady_s),
-        ("digits first vs steady epoch s, --cuda-graphs",
-         first_epoch_s(digit_graph_rows), digit_graph_steady_s),
-        ("digits main job wall s: --cuda-graphs vs eager",
-         wall("digits-graphs"), wall("digits")),
+        ("digits steady epoch s: --cuda-graphs vs eager", steady(graphed)[1], digit_steady_s),
+        first_vs_steady("digits first vs steady epoch s, --cuda-graphs", graphed),
+        ("digits main job wall s: --cuda-graphs vs eager", wall("digits-graphs"),
+         wall("digits")),
     ]  # fmt: skip
-    graph_nobench_rows = epochs("digits-graphs-nobench")
-    if graph_nobench_rows or "digits-graphs-nobench" in steps:
-        _, graph_nobench_steady_s = steady(graph_nobench_rows)
-        rows += [
-            ("digits first vs steady epoch s, --cuda-graphs --no-cudnn-benchmark",
-             first_epoch_s(graph_nobench_rows), graph_nobench_steady_s),
-            ("digits main job wall s: --cuda-graphs --no-cudnn-benchmark vs eager",
-             wall("digits-graphs-nobench"), wall("digits")),
-        ]  # fmt: skip
+if (graphed_nobench := ran("digits-graphs-nobench", "digits-graphs-nobench")) is not None:
+    rows += [
+        first_vs_steady("digits first vs steady epoch s, --cuda-graphs --no-cudnn-benchmark",
+                        graphed_nobench),
+        ("digits main job wall s: --cuda-graphs --no-cudnn-benchmark vs eager",
+         wall("digits-graphs-nobench"), wall("digits")),
+    ]  # fmt: skip
 datapath = load("datapath.json")
 if datapath and datapath.get("images_per_s"):
     rates = datapath["images_per_s"]
