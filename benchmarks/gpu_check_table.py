@@ -59,6 +59,30 @@ def first_vs_steady(what, run_rows):
     return (what, first_epoch_s(run_rows), steady(run_rows)[1])
 
 
+def big_variant(run, step, flag, against):
+    """The big model run with `flag`: its first vs steady epoch, and its steady rate against
+    the default run's (`against` names the default)."""
+    found = ran(run, step)
+    if found is None:
+        return []
+    return [
+        first_vs_steady(f"{big} first vs steady epoch s, {flag}", found),
+        (f"{big} steady epoch img/s: {flag} vs {against}", steady(found)[0], big_rate),
+    ]
+
+
+def digits_variant(step, flag, against):
+    """The digits job run with `flag`: its first vs steady epoch, and its wall time against
+    the default job's (`against` names the default)."""
+    found = ran(step, step)
+    if found is None:
+        return []
+    return [
+        first_vs_steady(f"digits first vs steady epoch s, {flag}", found),
+        (f"digits main job wall s: {flag} vs {against}", wall(step), wall("digits")),
+    ]
+
+
 def load(name):
     try:
         with open(os.path.join(work, name)) as f:
@@ -112,44 +136,21 @@ rows += [
 
 
 # --no-cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
-if (nobench := ran("big-nobench", "tk-big-nobench")) is not None:
-    rows += [
-        first_vs_steady(f"{big} first vs steady epoch s, --no-cudnn-benchmark", nobench),
-        (f"{big} steady epoch img/s: --no-cudnn-benchmark vs benchmark", steady(nobench)[0],
-         big_rate),
-    ]  # fmt: skip
-if (digit_nobench := ran("digits-nobench", "digits-nobench")) is not None:
-    rows += [
-        first_vs_steady("digits first vs steady epoch s, --no-cudnn-benchmark", digit_nobench),
-        ("digits main job wall s: --no-cudnn-benchmark vs benchmark", wall("digits-nobench"),
-         wall("digits")),
-    ]  # fmt: skip
+rows += big_variant("big-nobench", "tk-big-nobench", "--no-cudnn-benchmark", "benchmark")
+rows += digits_variant("digits-nobench", "--no-cudnn-benchmark", "benchmark")
 # --cudnn-benchmark-limit 3: fewer algorithms timed per convolution (torch's default is 10).
-if (limited := ran("big-limit", "tk-big-limit")) is not None:
-    rows += [
-        first_vs_steady(f"{big} first vs steady epoch s, --cudnn-benchmark-limit 3", limited),
-        (f"{big} steady epoch img/s: --cudnn-benchmark-limit 3 vs 10", steady(limited)[0],
-         big_rate),
-    ]  # fmt: skip
+rows += big_variant("big-limit", "tk-big-limit", "--cudnn-benchmark-limit 3", "10")
 # --decode fast: the big model's JPEGs decoded by the loader workers, not on the GPU.
 if (fast := ran("big-fast", "tk-big-fast")) is not None:
     rows.append((f"{big} steady epoch img/s: --decode fast vs device", steady(fast)[0], big_rate))
 # --cuda-graphs: the digits job's steps replayed as a CUDA graph, against eager steps (and
 # with cuDNN's autotuning off).
 if (graphed := ran("digits-graphs", "digits-graphs")) is not None:
-    rows += [
-        ("digits steady epoch s: --cuda-graphs vs eager", steady(graphed)[1], digit_steady_s),
-        first_vs_steady("digits first vs steady epoch s, --cuda-graphs", graphed),
-        ("digits main job wall s: --cuda-graphs vs eager", wall("digits-graphs"),
-         wall("digits")),
-    ]  # fmt: skip
-if (graphed_nobench := ran("digits-graphs-nobench", "digits-graphs-nobench")) is not None:
-    rows += [
-        first_vs_steady("digits first vs steady epoch s, --cuda-graphs --no-cudnn-benchmark",
-                        graphed_nobench),
-        ("digits main job wall s: --cuda-graphs --no-cudnn-benchmark vs eager",
-         wall("digits-graphs-nobench"), wall("digits")),
-    ]  # fmt: skip
+    rows.append(
+        ("digits steady epoch s: --cuda-graphs vs eager", steady(graphed)[1], digit_steady_s)
+    )
+rows += digits_variant("digits-graphs", "--cuda-graphs", "eager")
+rows += digits_variant("digits-graphs-nobench", "--cuda-graphs --no-cudnn-benchmark", "eager")
 datapath = load("datapath.json")
 if datapath and datapath.get("images_per_s"):
     rates = datapath["images_per_s"]

@@ -151,6 +151,20 @@ def test_a_batch_of_another_shape_and_an_empty_one_take_the_eager_way():
     assert graphed.ema.updates == eager.ema.updates == 8
 
 
+def test_the_summary_counts_each_kind_of_update():
+    """`train -v`'s last --cuda-graphs line: eager updates (here: no recording on a CPU, and a
+    short batch) and those without a readable image are counted."""
+    ctx = make_context()
+    ctx.graphed = step = GraphedStep(ctx, "float32", 8)
+    empty = Batch(None, None, None, ["x.png: cannot identify image file"])
+    data = [*batches(2), batches(1, size=5, seed=3)[0], empty]
+    loop.train_one_epoch(ctx, data, loop.EpochProgress(), loop.UnreadableImages(False))
+    assert step.summary() == (
+        "--cuda-graphs: 0 updates replayed from the graph, 0 warm-up and 3 other eager "
+        "updates, 1 without a readable image"
+    )
+
+
 def test_a_non_finite_loss_names_its_batch_as_the_eager_step_does():
     data = batches(5)
     data[2] = dataclasses.replace(data[2], images=torch.full_like(data[2].images, float("nan")))
