@@ -14,7 +14,7 @@ locked() { # the version uv.lock pins for a package
 }
 specs=()
 for name in typer rich torchinfo pydantic pydantic-core annotated-types typing-inspection \
-            typing-extensions shellingham annotated-doc markdown-it-py mdurl pygments; do
+            typing-extensions shellingham annotated-doc markdown-it-py mdurl pygments pytest-xdist; do
   version=$(locked "$name")
   [ -n "$version" ] && specs+=("$name==$version")
 done

@@ -46,6 +46,9 @@
 #            (gpu_check.log) go (/tmp/gpu-check); the images and runs live in a temporary folder
 #   BUDGET   seconds for all steps (345, so the check ends within 6 minutes): a step that would
 #            overrun is cut, and its rows read n/a
+#   ONLY     step names to run, space-separated (all): on a short lease, the rows that matter
+#            now; the others read n/a. The big-model steps need jpegs (or JPEGS), eval needs tk-big
+#   JPEGS    a folder made by make_jpegs.py to use in place of making one (the jpegs step)
 set -u
 export PYTHONUNBUFFERED=1 NO_COLOR=1 COLUMNS=150 PYTHONWARNINGS=ignore TERM=dumb
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -88,6 +91,9 @@ fi
 
 step() { # NAME TIMEOUT CMD... : run with a timeout (cut to the budget left), log everything
   local name=$1 to=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+    return 1
+  fi
   local left=$(( BUDGET - (SECONDS - START) ))
   [ "$left" -lt "$to" ] && to=$left
   if [ "$to" -lt 10 ]; then
@@ -109,7 +115,11 @@ train_args=(--image-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" "${AMPF[@]}" --lr
             --device "$DEV")
 # The README's main job (digits, its defaults) first: its wall time includes CUDA's start-up.
 step digits 120 "${TK[@]}" train --out "$W/digits" --device "$DEV" -v
-step jpegs 120 "$PY" "$HERE/make_jpegs.py" "$W/jp" "$N"
+if [ -n "${JPEGS:-}" ]; then
+  ln -s "$(cd "$JPEGS" && pwd)" "$W/jp"
+else
+  step jpegs 120 "$PY" "$HERE/make_jpegs.py" "$W/jp" "$N"
+fi
 step tk-big 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --out "$W/big" -v
 step benchmark 90 "${TK[@]}" benchmark "$BIG" -b "$B" --mode train "${AMPF[@]}" --device "$DEV" \

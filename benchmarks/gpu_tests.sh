@@ -6,6 +6,7 @@
 #
 #   bash benchmarks/gpu_tests.sh                  # the GPU tests
 #   ALL=1 bash benchmarks/gpu_tests.sh            # and the suite with the GPU visible
+#   CUDA=0 ALL=1 bash benchmarks/gpu_tests.sh     # the suite with the GPU visible alone
 #
 # Settings (environment): PY (python3), WORKERS (pytest-xdist workers: 8), OUT (where the logs
 # go: /tmp/gpu-tests). Arguments (test files) replace `tests`. Where `import torchkit.cli`
@@ -38,10 +39,13 @@ if ! preflight=$("$PY" -m torchkit --version 2>&1); then # e.g. a missing packag
 fi
 export PYTHONUNBUFFERED=1 NO_COLOR=1
 [ $# -eq 0 ] && set -- tests
-"$PY" -m pytest -m cuda -p no:cacheprovider -q -n "$WORKERS" -rfEs "$@" > "$OUT/cuda.log" 2>&1
-rc=$?
-[ "$rc" = 5 ] && rc=0 # no GPU test among the files given
-echo "pytest -m cuda: rc=$rc: $(tail -1 "$OUT/cuda.log")"
+rc=0
+if [ "${CUDA:-1}" = 1 ]; then
+  "$PY" -m pytest -m cuda -p no:cacheprovider -q -n "$WORKERS" -rfEs "$@" > "$OUT/cuda.log" 2>&1
+  rc=$?
+  [ "$rc" = 5 ] && rc=0 # no GPU test among the files given
+  echo "pytest -m cuda: rc=$rc: $(tail -1 "$OUT/cuda.log")"
+fi
 if [ "${ALL:-0}" = 1 ]; then
   TORCHKIT_TESTS_SEE_GPU=1 "$PY" -m pytest -p no:cacheprovider -q -n "$WORKERS" -rfE "$@" \
     > "$OUT/see_gpu.log" 2>&1
