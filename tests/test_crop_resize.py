@@ -177,6 +177,6 @@ def test_on_the_gpu_the_batched_way_gives_the_per_image_pixels(mode):
     per_image = resize_crops(gpu, boxes, flips, 224, mode, batched=False)
     cpu = resize_crops(images, boxes, flips, 224, mode)
     for other in (per_image, cpu):
-        levels = (batched.int() - other.cpu().int()).abs()
+        levels = (batched.cpu().int() - other.cpu().int()).abs()
         assert levels.max() <= 1 and (levels > 0).float().mean() < 1e-2
     assert batched.device.type == "cuda" and batched.shape == (64, 3, 224, 224)

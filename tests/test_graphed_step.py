@@ -465,3 +465,15 @@ def test_the_capture_waits_for_the_profiler_to_stop(monkeypatch):
     loop.train_one_epoch(graphed, data, progress, unreadable, epoch=1, profiler=Profiler())
     assert step.warm_updates == 3 and step.eager_updates == 2  # updates 4 and 5
     assert fake.captures == 1 and step.replays == 1
+
+
+def test_only_warnings_of_an_operation_that_waits_count_as_waits():
+    # torch warns once a process when its sync debugging is switched on: on the first H200 run
+    # that warning was taken for a wait, and no step was ever recorded.
+    switched_on = (
+        "Synchronization debug mode is a prototype feature and does not yet detect all "
+        "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)"
+    )
+    waited = "called a synchronizing CUDA operation (Triggered internally at ...)"
+    assert graphed_step.host_waits_among([switched_on]) == []
+    assert graphed_step.host_waits_among([switched_on, waited, "other"]) == [waited]

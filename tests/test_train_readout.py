@@ -63,11 +63,23 @@ def test_on_a_real_gpu_reading_never_waits_for_queued_kernels():
     readout = SumsReadout(device, torch.float64)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.float64, device=device)
-    assert readout.read(loss_sum, correct, 0) == (0.0, 0.0, 0)
     big = torch.randn(4096, 4096, device=device)
-    for _ in range(20):  # queue work the GPU takes a while over
-        big = big @ big
-        big = big / big.norm()
+
+    def queue_products():  # work the GPU takes a while over
+        nonlocal big
+        for _ in range(20):
+            big = big @ big
+            big = big / big.norm()
+
+    # Every kernel once beforehand: CUDA loads a kernel at its first launch, and that load
+    # most likely waits for the queued work (on the H200 the first copy had landed at once).
+    assert readout.read(loss_sum, correct, 0) == (0.0, 0.0, 0)
+    queue_products()
+    loss_sum += 0.0
+    readout.read(loss_sum, correct, 0)
+    torch.cuda.synchronize()
+    assert readout.read(loss_sum, correct, 0) == (0.0, 0.0, 0)
+    queue_products()
     loss_sum += 2.0
     readout.read(loss_sum, correct, 5)  # starts the copy behind the queued products
     assert readout.read(loss_sum, correct, 5) == (0.0, 0.0, 0)  # nothing landed, no wait

@@ -346,6 +346,11 @@ class Loaders:
             loader._iterator = None
 
 
+def lone_last_batch(images: int, batch_size: int) -> bool:
+    """Whether an epoch of `images` ends in a batch of one image after at least one full one."""
+    return images > batch_size and images % batch_size == 1
+
+
 def default_workers_for(data: str) -> int:
     """In-memory digits decode in microseconds: worker processes only add overhead there."""
     from torchkit.core.dataset import default_workers
@@ -414,11 +419,14 @@ def build_loaders(
     world: int = 1,
     pin_memory: bool = False,
     drop_last: bool = False,
+    drop_lone_image: bool = False,
 ) -> Loaders:
     """The train, val and test loaders. `pin_memory`: batches in page-locked memory (CUDA),
     copied with non_blocking. `drop_last`: the train loader leaves out each epoch's last
     partial batch (when this rank has a full one), so a GPU run meets one batch shape only
-    (cuDNN autotunes each new shape); the runner asks for it on CUDA with cudnn.benchmark."""
+    (cuDNN autotunes each new shape); the runner asks for it on CUDA with cudnn.benchmark.
+    `drop_lone_image`: it leaves the last batch out also when that would hold one image (a
+    model with BatchNorm cannot train on a batch of one: torch raises)."""
     import torch
 
     workers = config.workers if config.workers is not None else default_workers_for(config.data)
@@ -453,6 +461,7 @@ def build_loaders(
     # Only where every epoch of this rank has a full batch: dropping the only one would leave
     # nothing to train on.
     drop_last = drop_last and len(sampler) >= config.batch_size
+    drop_last = drop_last or (drop_lone_image and lone_last_batch(len(sampler), config.batch_size))
     train = torch.utils.data.DataLoader(
         train_set,
         batch_size=config.batch_size,

@@ -17,6 +17,7 @@ from torchkit.core.datasource.digits import DIGITS
 from torchkit.core.decode import NormalizedPixels
 from torchkit.core.distributed import DistContext
 from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.models.norms import has_batch_norm
 from torchkit.core.preprocessing import Preprocess
 from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
@@ -126,7 +127,13 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         world=ctx.world_size,
         pin_memory=ctx.device.type == "cuda",
         drop_last=drop_last,
+        drop_lone_image=has_batch_norm(model),
     )
+    if loaders.train.drop_last and not drop_last:
+        data.notes.append(
+            "each epoch's last training batch is left out: it would hold 1 image, and "
+            "BatchNorm cannot train on a batch of one"
+        )
     try:
         if len(loaders.train) == 0:
             raise UsageError("no training batches", "is the training set empty?")

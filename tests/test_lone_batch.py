@@ -1,0 +1,63 @@
+"""A training set one image over a multiple of the batch size: with BatchNorm the last batch of
+each epoch (one image) is left out, as torch cannot train BatchNorm on a batch of one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import write_image_folder
+
+from torchkit.core.models.norms import has_batch_norm
+from torchkit.core.train.loaders import lone_last_batch
+
+
+@pytest.mark.parametrize(
+    ("images", "batch_size", "lone"),
+    [(9, 4, True), (5, 4, True), (8, 4, False), (10, 4, False), (1, 4, False), (3, 2, True)],
+)
+def test_a_lone_last_batch_is_one_image_after_a_full_batch(images, batch_size, lone):
+    assert lone_last_batch(images, batch_size) is lone
+
+
+def test_batch_norm_is_found_wherever_it_sits():
+    plain = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    nested = torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    )
+    synced = torch.nn.Sequential(torch.nn.SyncBatchNorm(4))
+    assert not has_batch_norm(plain) and not has_batch_norm(torch.nn.GroupNorm(2, 4))
+    assert has_batch_norm(nested) and has_batch_norm(synced)
+
+
+def _train(runner, root, out, model):
+    from torchkit.cli import app
+
+    return runner.invoke(
+        app,
+        ["train", "--data", str(root), "--model", model, "--image-size", "16", "--batch-size",
+         "4", "--epochs", "2", "--device", "cpu", "-j", "0", "--out", str(out)],
+    )  # fmt: skip
+
+
+def test_batch_norm_trains_on_a_set_that_ends_in_one_image(runner, tmp_path):
+    # 9 training images in batches of 4: 4 + 4 + 1. torch raised on the batch of one.
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 5, "b": 4}, size=20)
+    write_image_folder(root / "val", {"a": 1, "b": 1}, size=20, seed=1)
+    result = _train(runner, root, tmp_path / "run", "test_train_nets:NoisyNet")
+    assert result.exit_code == 0, result.stderr
+    assert "each epoch's last training batch is left out: it would hold 1 image" in result.stderr
+    checkpoint = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert checkpoint["global_step"] == 4  # 2 batches an epoch
+    assert checkpoint["drop_last"] is False  # the run's recorded choice is cuDNN's alone
+
+
+def test_a_model_without_batch_norm_keeps_the_lone_image(runner, tmp_path):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 5, "b": 4}, size=20)
+    write_image_folder(root / "val", {"a": 1, "b": 1}, size=20, seed=1)
+    result = _train(runner, root, tmp_path / "run", "test_train_nets:TinyNet")
+    assert result.exit_code == 0, result.stderr
+    assert "left out" not in result.stderr
+    checkpoint = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert checkpoint["global_step"] == 6  # 3 batches an epoch
