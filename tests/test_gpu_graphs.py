@@ -94,27 +94,18 @@ def test_a_step_that_reads_the_host_is_not_recorded_and_trains_eagerly(caplog):
     assert torch.cuda.get_sync_debug_mode() == 0  # put back
 
 
-def test_the_digits_job_with_cuda_graphs(runner, tmp_path):
+@pytest.mark.parametrize("given", [["--cuda-graphs"], []], ids=["given", "by-default"])
+def test_the_digits_job_with_cuda_graphs(runner, tmp_path, given):
     out = tmp_path / "run"
     result = runner.invoke(
         app,
-        [
-            "train",
-            "--data",
-            "digits",
-            "--device",
-            "cuda",
-            "--cuda-graphs",
-            "--out",
-            str(out),
-            "--epochs",
-            "8",
-            "-v",
-            "--format",
-            "json",
-        ],  # fmt: skip
-    )
+        ["train", "--data", "digits", "--device", "cuda", *given, "--out", str(out),
+         "--epochs", "8", "-v", "--format", "json"],
+    )  # fmt: skip
     assert result.exit_code == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["options"]["cuda_graphs"] is True
+    assert ("cuda_graphs" in config["defaults_from_data"]) is not given
     assert f"--cuda-graphs: captured after {WARMUP_UPDATES} eager updates" in result.stderr
     assert "updates replayed from the graph" in result.stderr
     summary = json.loads(result.stdout)

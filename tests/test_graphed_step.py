@@ -472,8 +472,65 @@ def test_only_warnings_of_an_operation_that_waits_count_as_waits():
     # that warning was taken for a wait, and no step was ever recorded.
     switched_on = (
         "Synchronization debug mode is a prototype feature and does not yet detect all "
-        "synchronizing operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:1003.)"
+        "synchronizing operations (Triggered internally at "
+        "/pytorch/torch/csrc/cuda/Module.cpp:1003.)"
     )
     waited = "called a synchronizing CUDA operation (Triggered internally at ...)"
     assert graphed_step.host_waits_among([switched_on]) == []
     assert graphed_step.host_waits_among([switched_on, waited, "other"]) == [waited]
+
+
+# -- the default: on for digits on one CUDA device, where the options allow a graph ----------
+
+
+def _chosen(data="digits", device="cuda", distributed=False, amp_dtype="float32", **options):
+    from types import SimpleNamespace
+
+    from torchkit.core.train.setup import _resolve_cuda_graphs
+
+    ctx = SimpleNamespace(device=torch.device(device), is_distributed=distributed)
+    config = TrainConfig(data=data, **options)
+    return _resolve_cuda_graphs(ctx, config, amp_dtype)
+
+
+def test_the_digits_job_on_one_cuda_device_is_graphed_by_default():
+    # torch.device("cuda") needs no GPU: the choice reads the device's type alone.
+    chosen = _chosen()
+    assert chosen.cuda_graphs is True and "cuda_graphs" in chosen.data_defaults
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"device": "cpu"},
+        {"data": "some/folder"},
+        {"distributed": True},
+        {"amp_dtype": "float16"},
+        {"mixup_alpha": 0.2},
+        {"optimizer": "rmsprop"},
+        {"accum_steps": 2},
+        {"compile": True},
+    ],
+)
+def test_where_a_graph_cannot_record_the_step_the_default_is_eager_not_an_error(case):
+    chosen = _chosen(**case)
+    assert chosen.cuda_graphs is False and "cuda_graphs" in chosen.data_defaults
+
+
+def test_a_given_cuda_graphs_is_kept_as_given():
+    assert _chosen(cuda_graphs=False).cuda_graphs is False
+    given = _chosen(device="cpu", cuda_graphs=True)  # refused later, by refuse_ungraphable_run
+    assert given.cuda_graphs is True and "cuda_graphs" not in given.data_defaults
+
+
+def test_a_resumed_run_chooses_again_unless_given_or_asked_for_at_the_start():
+    from torchkit.core.train.config import merge_for_resume
+
+    chosen_on_a_gpu = {**TrainConfig(data="digits").to_dict(), "cuda_graphs": True}
+    chosen_on_a_gpu["data_defaults"] = ["cuda_graphs", "model"]
+    resumed = TrainConfig(resume="run")
+    assert merge_for_resume(chosen_on_a_gpu, resumed, []).cuda_graphs is None
+    given = dataclasses.replace(resumed, cuda_graphs=False)
+    assert merge_for_resume(chosen_on_a_gpu, given, ["cuda_graphs"]).cuda_graphs is False
+    asked_for = {**chosen_on_a_gpu, "data_defaults": ["model"]}
+    assert merge_for_resume(asked_for, resumed, []).cuda_graphs is True

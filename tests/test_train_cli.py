@@ -70,6 +70,8 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runn
     assert {"model", "image_size", "flip", "crop_scale", "best_metric", "ema"} <= set(
         config["defaults_from_data"]
     )
+    # --cuda-graphs: chosen for the machine (on only on CUDA), and chosen again by a replay.
+    assert options["cuda_graphs"] is False and "cuda_graphs" in config["defaults_from_data"]
     assert config["classes"] == [str(d) for d in range(10)]
     assert config["data_sizes"] == {"train": 1438, "val": 180, "test": 179}
     assert {"torch", "torchvision", "torchkit", "python"} <= set(config["versions"])

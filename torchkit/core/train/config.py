@@ -119,6 +119,10 @@ FIXED_ON_RESUME: dict[str, str] = {
     "val_split": "another split would move validation images into training",
     "best_metric": "best.pt and the best epoch so far were picked by it",
 }
+# Options whose default the run chose for its machine (core.train.setup): a resumed run that
+# was not given one chooses again, for the machine it goes on on (a digits run recorded on a
+# GPU with --cuda-graphs resumes on a CPU).
+CHOSEN_FOR_THE_MACHINE = ("cuda_graphs",)
 # Options that only make sense for a run that starts from scratch: refused with --resume.
 NEW_RUN_ONLY = {"weights": "the run continues from the checkpoint's weights"}
 # Not training options: how this invocation runs, never compared.
@@ -464,16 +468,17 @@ class TrainConfig:
         "the first epoch, at the risk of missing the fastest algorithm; no effect with the "
         "autotuning off. Default: torch's (10).",
     )
-    cuda_graphs: bool = option(
-        False,
+    cuda_graphs: bool | None = option(
+        None,
         panel=OPTIM_PANEL,
         flags=("--cuda-graphs/--no-cuda-graphs",),
+        show_default=False,
         help="On CUDA, record the whole training step (forward, backward, optimiser, EMA) once "
         "as a CUDA graph and replay it for every batch: for small models, whose steps wait "
         "on Python and kernel launches rather than on the GPU (the digits convnet). A new run "
         "drops each epoch's last partial batch. One process, --optimizer sgd, adam or adamw, "
         "--accum-steps 1, no --mixup, --cutmix or --compile, and no float16 --amp (bf16 is "
-        "fine).",
+        "fine). Default: on for digits on one CUDA GPU where those allow it, else off.",
     )
     # How this run executes (the options every command shares, in the general panel)
     seed: int = option(0, shared=True)
@@ -759,6 +764,13 @@ def validate(config: TrainConfig) -> None:
 def _check_graphable(config: TrainConfig) -> None:
     """--cuda-graphs records one fixed update: nothing in it may vary from step to step on
     the host (mixing draws on the host; accumulation and --compile change the step)."""
+    reason = graph_refusal(config)
+    if reason is not None:
+        raise UsageError(f"--cuda-graphs {reason}", "drop --cuda-graphs, or the other option")
+
+
+def graph_refusal(config: TrainConfig) -> str | None:
+    """Why the options rule out --cuda-graphs (the end of its error), or None."""
     refusals = (
         (
             config.optimizer not in ("sgd", "adam", "adamw"),
@@ -772,9 +784,7 @@ def _check_graphable(config: TrainConfig) -> None:
         (config.compile, "cannot record a compiled model's step: use one of the two"),
         (config.find_lr, "speeds up training epochs, and --find-lr trains none"),
     )
-    for refused, reason in refusals:
-        if refused:
-            raise UsageError(f"--cuda-graphs {reason}", "drop --cuda-graphs, or the other option")
+    return next((reason for refused, reason in refusals if refused), None)
 
 
 def option_name(field_name: str) -> str:
@@ -843,6 +853,9 @@ def merge_for_resume(
     merged.profile_steps = config.profile_steps  # profiles this invocation, never a saved one
     merged.out = config.out
     merged.weights = None  # the checkpoint's weights replace any pretrained start
+    for name in CHOSEN_FOR_THE_MACHINE:
+        if name in base.data_defaults and name not in changes:
+            setattr(merged, name, None)  # chosen again where the run goes on
     return merged
 
 

@@ -43,6 +43,15 @@ WARMUP_UPDATES = 3
 GRAPH_DEVICES = ("cuda",)
 
 
+def graphable_run(device: Any, *, distributed: bool, amp_dtype: str) -> bool:
+    """Whether `refuse_ungraphable_run` lets the run through."""
+    try:
+        refuse_ungraphable_run(device, distributed=distributed, amp_dtype=amp_dtype)
+    except UsageError:
+        return False
+    return True
+
+
 def refuse_ungraphable_run(device: Any, *, distributed: bool, amp_dtype: str) -> None:
     """The UsageError for a --cuda-graphs run that cannot record its step: not on CUDA,
     several processes (DDP's hooks all-reduce on the host's schedule), or float16 AMP (its

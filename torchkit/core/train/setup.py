@@ -95,6 +95,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
     from torchkit.core.seeding import seed_everything
 
     config, checkpoint = plan.config, plan.checkpoint
+    config = _resolve_cuda_graphs(ctx, config, amp.dtype)
     if config.cuda_graphs:
         from torchkit.core.train.graphed_step import refuse_ungraphable_run
 
@@ -218,6 +219,25 @@ def _drop_last(ctx: DistContext, config: TrainConfig, checkpoint: dict | None) -
     if checkpoint is not None:
         return bool(checkpoint.get("drop_last", False))
     return config.cuda_graphs or cudnn_benchmark_for(ctx.device.type, config)
+
+
+def _resolve_cuda_graphs(ctx: DistContext, config: TrainConfig, amp_dtype: str) -> TrainConfig:
+    """The run's config with --cuda-graphs chosen where not given (recorded as chosen, so a
+    resumed run or a replayed config.json chooses again): on for the digits data on one CUDA
+    device where the options allow a graph. Its steps wait on the host (a few milliseconds
+    each, for microseconds of GPU work); a big model's keep the GPU busy, and stay eager."""
+    if config.cuda_graphs is not None:
+        return config
+    from torchkit.core.train.config import graph_refusal
+    from torchkit.core.train.graphed_step import graphable_run
+
+    chosen = (
+        config.data == DIGITS
+        and graphable_run(ctx.device, distributed=ctx.is_distributed, amp_dtype=amp_dtype)
+        and graph_refusal(config) is None
+    )
+    defaults = tuple(sorted({*config.data_defaults, "cuda_graphs"}))
+    return dataclasses.replace(config, cuda_graphs=chosen, data_defaults=defaults)
 
 
 def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> TrainConfig:
