@@ -8,9 +8,9 @@
 #     torchvision ImageFolder + RandomResizedCrop/flip/ToTensor/Normalize, DataLoader, same
 #     batch size, workers, AMP and channels-last) on the same JPEG folder;
 #   - first-epoch against steady-epoch seconds, for resnet50 and for the digits job;
-#   - resnet18 with a share of the JPEGs decoded by the loader workers beside nvJPEG
-#     (--decode-cpu-share SHARE) against all on the GPU;
-#   - the train data path alone (no model): --decode device, with the share, and fast
+#   - resnet18 with --decode-cpu-share SHARE (0: all JPEGs decoded on the GPU) against the
+#     default share (the loader workers decode workers / (workers + 20) of them beside nvJPEG);
+#   - the train data path alone (no model): --decode device, with the default share, and fast
 #     (benchmarks/bench_device_decode.py), the ceiling the decode sets on training;
 #   - the wall time of the README's main job (`torchkit train`, digits);
 #   - the host's milliseconds per batch of the device path's crop and resize, batched against
@@ -18,7 +18,8 @@
 #   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
 #     exact;
 #   - resnet50's first and steady epochs, and the digits job, with --no-cudnn-benchmark;
-#   - the digits job with --cuda-graphs (its training step replayed as a CUDA graph);
+#   - the digits job with --no-cuda-graphs (eager steps) against the default (on CUDA its
+#     training step replayed as a CUDA graph);
 #   - resnet50's steady epochs with its JPEGs decoded by the loader workers (--decode fast);
 #   - resnet50's first and steady epochs with --cudnn-benchmark-limit 3;
 #   - the data path of eval, predict and extract-features alone (no model): 8-bit batches
@@ -40,7 +41,7 @@
 #            torch thread unless OMP_NUM_THREADS is set (default: 1 with DEV=cpu, else 0)
 #   N IMG B E NJ   images (8000), pixels (224), batch size (256), epochs (3), workers (cores - 2)
 #   AMP      1: --amp --channels-last on every side (default); 0: fp32
-#   SHARE    the --decode-cpu-share of the second resnet18 run (0.35)
+#   SHARE    the --decode-cpu-share of the second resnet18 run (0)
 #   PY       the Python to run (python3)
 #   OUT      where the table (gpu_check.md), the figures (gpu_check.json) and the full log
 #            (gpu_check.log) go (/tmp/gpu-check); the images and runs live in a temporary folder
@@ -66,7 +67,8 @@ E=${E:-3}
 [ "$DEV" = cpu ] && [ "$SMALL" = 1 ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 NJ=${NJ:-$(( $(nproc) > 2 ? $(nproc) - 2 : 1 ))}
 AMP=${AMP:-1}
-SHARE=${SHARE:-0.35}
+SHARE=${SHARE:-0}
+export SHARE  # the table names it
 if [ "$AMP" = 1 ]; then AMPF=(--amp --channels-last); else AMPF=(); fi
 PY=${PY:-python3}
 BUDGET=${BUDGET:-345}
@@ -128,13 +130,16 @@ step plain-resnet18 120 "$PY" "$HERE/plain_loop.py" "$W/jp" --model resnet18 "${
   -o "$W/plain.json"
 step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --out "$W/r18" -v
-# A share of the JPEGs decoded by the loader workers beside nvJPEG (--decode-cpu-share).
+# Another share of the JPEGs decoded by the loader workers beside nvJPEG (--decode-cpu-share).
 step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/r18share" -v
 # The train data path alone, no model (the decode thread's ceiling): device, device with the
 # share, fast, on the same JPEGs.
+# The share train takes by default (core.device_decode.default_cpu_share) with NJ workers.
+DEFAULT_SHARE=$(awk -v w="$NJ" 'BEGIN { printf "%.2f", w / (w + 20) }')
 step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$W/jp" \
-  --size "$IMG" --batch-size "$B" --workers "$NJ" --repeat 1 --epochs 3 --cpu-share "$SHARE" \
+  --size "$IMG" --batch-size "$B" --workers "$NJ" --repeat 1 --epochs 3 \
+  --cpu-share "$DEFAULT_SHARE" \
   --json "$W/datapath.json" --no-pixels
 # The device path's crop and resize, batched against image by image (what the host pays).
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
@@ -143,14 +148,12 @@ step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-s
 # rate it buys; the digits job both ways.
 step digits-nobench 120 "${TK[@]}" train --out "$W/digits-nobench" --device "$DEV" \
   --no-cudnn-benchmark -v
-# The digits job with its whole training step recorded once as a CUDA graph and replayed
-# (--cuda-graphs): a small model's steps wait on the host. CUDA only.
+# The digits job with its steps eager (--no-cuda-graphs): on CUDA the default records its
+# whole training step once as a CUDA graph and replays it (a small model's steps wait on the
+# host). CUDA only.
 if [ "$DEV" != cpu ]; then
-  step digits-graphs 120 "${TK[@]}" train --out "$W/digits-graphs" --device "$DEV" \
-    --cuda-graphs -v
-  # ...and without cuDNN's autotuning, should its first epoch be what the graph leaves.
-  step digits-graphs-nobench 120 "${TK[@]}" train --out "$W/digits-graphs-nobench" \
-    --device "$DEV" --cuda-graphs --no-cudnn-benchmark -v
+  step digits-eager 120 "${TK[@]}" train --out "$W/digits-eager" --device "$DEV" \
+    --no-cuda-graphs -v
 fi
 step tk-big-nobench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --no-cudnn-benchmark --out "$W/big-nobench" -v

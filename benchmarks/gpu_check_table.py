@@ -119,7 +119,7 @@ for index in (1, 2):
     )
 rows.append(
     (
-        "resnet18 epoch 3 img/s, --decode-cpu-share vs none",
+        f"resnet18 epoch 3 img/s, --decode-cpu-share {os.environ.get('SHARE', '0')} vs default",
         epoch_rate(share_rows, 2),
         epoch_rate(r18_rows, 2),
     )
@@ -143,14 +143,13 @@ rows += big_variant("big-limit", "tk-big-limit", "--cudnn-benchmark-limit 3", "1
 # --decode fast: the big model's JPEGs decoded by the loader workers, not on the GPU.
 if (fast := ran("big-fast", "tk-big-fast")) is not None:
     rows.append((f"{big} steady epoch img/s: --decode fast vs device", steady(fast)[0], big_rate))
-# --cuda-graphs: the digits job's steps replayed as a CUDA graph, against eager steps (and
-# with cuDNN's autotuning off).
-if (graphed := ran("digits-graphs", "digits-graphs")) is not None:
+# The digits job's steps eager (--no-cuda-graphs) against the default, which on CUDA replays
+# them as a CUDA graph.
+if (eager := ran("digits-eager", "digits-eager")) is not None:
     rows.append(
-        ("digits steady epoch s: --cuda-graphs vs eager", steady(graphed)[1], digit_steady_s)
+        ("digits steady epoch s: --no-cuda-graphs vs default", steady(eager)[1], digit_steady_s)
     )
-rows += digits_variant("digits-graphs", "--cuda-graphs", "eager")
-rows += digits_variant("digits-graphs-nobench", "--cuda-graphs --no-cudnn-benchmark", "eager")
+rows += digits_variant("digits-eager", "--no-cuda-graphs", "default")
 datapath = load("datapath.json")
 if datapath and datapath.get("images_per_s"):
     rates = datapath["images_per_s"]
