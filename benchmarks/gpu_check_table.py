@@ -119,7 +119,7 @@ for index in (1, 2):
     )
 rows.append(
     (
-        f"resnet18 epoch 3 img/s, --decode-cpu-share {os.environ.get('SHARE', '0')} vs default",
+        f"resnet18 epoch 3 img/s, --decode-cpu-share {os.environ.get('SHARE', '?')} vs none",
         epoch_rate(share_rows, 2),
         epoch_rate(r18_rows, 2),
     )

@@ -176,7 +176,10 @@ def test_on_the_gpu_the_batched_way_gives_the_per_image_pixels(mode):
     batched = resize_crops(gpu, boxes, flips, 224, mode)
     per_image = resize_crops(gpu, boxes, flips, 224, mode, batched=False)
     cpu = resize_crops(images, boxes, flips, 224, mode)
+    # On the H200 (2026-11-27) a few pixels were 2 levels off (bilinear and bicubic): the
+    # first pass rounds to 8 bits, so a tie rounded the other way there moves every output
+    # pixel its taps reach.
     for other in (per_image, cpu):
         levels = (batched.cpu().int() - other.cpu().int()).abs()
-        assert levels.max() <= 1 and (levels > 0).float().mean() < 1e-2
+        assert levels.max() <= 2 and (levels > 0).float().mean() < 1e-2
     assert batched.device.type == "cuda" and batched.shape == (64, 3, 224, 224)

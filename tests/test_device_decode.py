@@ -516,46 +516,6 @@ def test_the_default_on_the_cpu_is_fast_and_recorded_as_chosen(tmp_path):
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
     assert recorded["options"]["decode"] == "fast"
     assert "decode" in recorded["defaults_from_data"]  # a replay chooses again
-    assert recorded["options"]["decode_cpu_share"] == 0.0
-    assert "decode_cpu_share" in recorded["defaults_from_data"]
-
-
-@pytest.mark.parametrize(
-    ("device", "workers", "share"),
-    [("cuda", 14, 0.41), ("cuda", 8, 0.29), ("cuda", 2, 0.09), ("cuda", 0, 0.0), ("cpu", 8, 0.0)],
-)
-def test_the_default_cpu_share_lets_the_workers_keep_pace_with_the_device(device, workers, share):
-    from torchkit.core.device_decode import DEVICE_DECODER_CORES, default_cpu_share
-
-    assert default_cpu_share(device, workers) == share
-    if share:  # what the workers decode takes them as long as the device takes for the rest
-        workers_seconds = share / workers
-        device_seconds = (1 - share) / DEVICE_DECODER_CORES
-        assert workers_seconds == pytest.approx(device_seconds, rel=0.05)
-
-
-def _resolved(root, device: str, **options):
-    from types import SimpleNamespace
-
-    from torchkit.core.train import TrainConfig
-    from torchkit.core.train.loaders import load_splits
-    from torchkit.core.train.setup import _resolve_decode
-
-    config = TrainConfig(data=str(root), **options)
-    ctx = SimpleNamespace(device=torch.device(device))
-    return _resolve_decode(ctx, config, load_splits(config))
-
-
-def test_on_cuda_the_run_shares_its_jpegs_with_the_workers_by_default(tmp_path):
-    # torch.device("cuda") needs no GPU: the choice reads the device's type alone.
-    root = _jpeg_folder(tmp_path / "data", train=2, val=1)
-    chosen = _resolved(root, "cuda", workers=14)
-    assert (chosen.decode, chosen.decode_cpu_share) == ("device", 0.41)
-    assert {"decode", "decode_cpu_share"} <= set(chosen.data_defaults)
-    given = _resolved(root, "cuda", workers=14, decode_cpu_share=0.0)
-    assert given.decode_cpu_share == 0.0 and "decode_cpu_share" not in given.data_defaults
-    on_cpu = _resolved(root, "cpu", workers=14, decode="device")
-    assert on_cpu.decode_cpu_share == 0.0  # the CPU decodes the "device" share already
 
 
 def test_a_cpu_share_under_auto_on_the_cpu_is_dropped_and_said(runner, tmp_path):

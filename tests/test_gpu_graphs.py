@@ -62,7 +62,7 @@ def test_the_recorded_step_trains_as_the_eager_step_does(deterministic_cudnn):
     graphed = _on_cuda(make_context(), dropout=False)
     graphed.graphed = GraphedStep(graphed, "float32", 8)
     graphed_progress = train(graphed, data)
-    assert graphed.graphed.graph is not None and graphed.graphed.failure is None
+    assert graphed.graphed.graph is not None and graphed.graphed.not_recorded is None
     assert graphed.graphed.replays == 12 - WARMUP_UPDATES
     for name, value in weights(eager).items():
         torch.testing.assert_close(weights(graphed)[name], value, rtol=1e-4, atol=1e-5, msg=name)

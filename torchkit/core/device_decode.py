@@ -110,21 +110,6 @@ def resolve_decode(
     return "device", None
 
 
-# How many loader workers' PIL decoding (the fast path, in a worker each) keeps pace with one
-# process feeding nvJPEG: 6,600 img/s of 500x375 JPEGs cropped to 224 px by the decode thread on
-# an H200 while resnet18 trained, against 309 img/s a core for the fast path (2026-11-27).
-DEVICE_DECODER_CORES = 20
-
-
-def default_cpu_share(device_type: str, workers: int) -> float:
-    """The --decode-cpu-share a run takes by default: on CUDA, the share that `workers` decode
-    in the time nvJPEG decodes the rest (they work side by side, so neither waits); 0 on other
-    devices (their "device" decoder is the CPU already) and without workers."""
-    if device_type != "cuda" or workers <= 0:
-        return 0.0
-    return round(workers / (workers + DEVICE_DECODER_CORES), 2)
-
-
 @dataclass
 class EncodedJpeg:
     """What a worker gives for a JPEG: its bytes, the crop drawn for it (top, left, height,

@@ -258,15 +258,12 @@ class TrainConfig:
     # With device decoding, a share of the JPEGs (by a hash of their paths: the same files every
     # epoch) is decoded by the loader workers as `fast` decodes them: a GPU's JPEG decoder and
     # the CPU's cores then work side by side (DALI's hardware/CPU split).
-    decode_cpu_share: float | None = option(
-        None,
+    decode_cpu_share: float = option(
+        0.0,
         panel=DATA_PANEL,
-        show_default=False,
         help="With --decode device: the fraction of training JPEGs (the same files every epoch, "
         "by a hash of their paths) that the loader workers decode as --decode fast does, beside "
-        "the device's decoder; the same crops. 0 = all on the device. Default: on CUDA, "
-        "workers / (workers + 20), the share at which the workers keep pace with nvJPEG (0.41 "
-        "with 14 workers, 0.29 with 8); 0 elsewhere.",
+        "the device's decoder; the same crops. 0 = all on the device.",
     )
     interpolation: str = option(  # of every resize, train and eval; in the checkpoint
         "bilinear",
@@ -662,10 +659,9 @@ def validate(config: TrainConfig) -> None:
         check_device_decode(config.augment, config.random_erasing)
     if not 0 <= config.random_erasing <= 1:
         bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
-    share = config.decode_cpu_share
-    if share is not None and not 0 <= share <= 1:
-        bad(f"--decode-cpu-share is a fraction in [0, 1], not {share}")
-    if share is not None and share > 0 and config.decode in ("fast", "exact"):
+    if not 0 <= config.decode_cpu_share <= 1:
+        bad(f"--decode-cpu-share is a fraction in [0, 1], not {config.decode_cpu_share}")
+    if config.decode_cpu_share > 0 and config.decode in ("fast", "exact"):
         bad(
             f"--decode-cpu-share shares the decoding with the device, and --decode "
             f"{config.decode} decodes nothing there",

@@ -388,10 +388,9 @@ def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig)
             random_erasing=config.random_erasing,
             # JPEGs decoded at a reduced size where the crop allows (core.decode); `exact`
             # decodes them whole; `device` leaves them to the main process (device_decode).
-            # `auto` and the share's default are resolved by the run (setup); unresolved, they
-            # are `fast` and no share.
+            # `auto` is resolved by the run (runner); unresolved, it is `fast`.
             decode="fast" if config.decode == "auto" else config.decode,
-            decode_cpu_share=config.decode_cpu_share or 0.0,
+            decode_cpu_share=config.decode_cpu_share,
         ),
         # uint8 batches where the transform allows: the loop normalises them (to_device).
         pixels=True,

@@ -23,13 +23,7 @@ from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights
 from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
-from torchkit.core.train.loaders import (
-    TrainData,
-    build_loaders,
-    default_workers_for,
-    load_splits,
-    preprocess_for,
-)
+from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
 from torchkit.core.train.loop import StepContext, UnreadableImages
 from torchkit.core.train.resume import ResumePoint, restore_training, resume_point
 from torchkit.core.train.state import Amp, TrainState
@@ -247,10 +241,9 @@ def _resolve_cuda_graphs(ctx: DistContext, config: TrainConfig, amp_dtype: str) 
 
 
 def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> TrainConfig:
-    """The run's config with `--decode auto` chosen for this device and data, and the
-    --decode-cpu-share not given chosen for it (`default_cpu_share`): both recorded as chosen
-    from the data, so a replayed config.json chooses again; a resumed run keeps the share."""
-    from torchkit.core.device_decode import default_cpu_share, resolve_decode
+    """The run's config with `--decode auto` chosen for this device and data (recorded as
+    chosen from the data, so a replayed config.json chooses again)."""
+    from torchkit.core.device_decode import resolve_decode
 
     decode, note = resolve_decode(
         config.decode,
@@ -261,15 +254,11 @@ def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> T
     )
     if note is not None:
         data.notes.append(note)
-    chosen = set(config.data_defaults)
-    if decode != config.decode:
-        chosen.add("decode")
+    if decode == config.decode:
+        return config
+    defaults = tuple(sorted({*config.data_defaults, "decode"}))
     share = config.decode_cpu_share
-    if share is None:
-        workers = config.workers if config.workers is not None else default_workers_for(config.data)
-        share = default_cpu_share(ctx.device.type, workers) if decode == "device" else 0.0
-        chosen.add("decode_cpu_share")
-    elif decode != "device" and share > 0:
+    if decode != "device" and share > 0:
         # Nothing is decoded on the device to share with: the run is recorded as it trains
         # (a resume of a `fast` run with a share would be refused).
         data.notes.append(
@@ -278,7 +267,7 @@ def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> T
         )
         share = 0.0
     return dataclasses.replace(
-        config, decode=decode, decode_cpu_share=share, data_defaults=tuple(sorted(chosen))
+        config, decode=decode, decode_cpu_share=share, data_defaults=defaults
     )
 
 
