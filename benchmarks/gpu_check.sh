@@ -17,7 +17,8 @@
 #     image by image (benchmarks/bench_crop_resize.py);
 #   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
 #     exact;
-#   - resnet50's first and steady epochs, and the digits job, with --no-cudnn-benchmark;
+#   - resnet50's first and steady epochs, and the digits job, with --cudnn-benchmark (cuDNN's
+#     autotuning, off by default since the H200 run of 2026-11-27);
 #   - the digits job with --no-cuda-graphs (eager steps) against the default (on CUDA its
 #     training step replayed as a CUDA graph);
 #   - resnet50's steady epochs with its JPEGs decoded by the loader workers (--decode fast);
@@ -143,10 +144,10 @@ step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$
 # The device path's crop and resize, batched against image by image (what the host pays).
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \
   --turns 5 --json "$W/resize.json"
-# cuDNN's autotuning off (--no-cudnn-benchmark): the first epoch without it, and the steady
+# cuDNN's autotuning on (--cudnn-benchmark): what it costs the first epoch, and the steady
 # rate it buys; the digits job both ways.
-step digits-nobench 120 "${TK[@]}" train --out "$W/digits-nobench" --device "$DEV" \
-  --no-cudnn-benchmark -v
+step digits-bench 120 "${TK[@]}" train --out "$W/digits-bench" --device "$DEV" \
+  --cudnn-benchmark -v
 # The digits job with its steps eager (--no-cuda-graphs): on CUDA the default records its
 # whole training step once as a CUDA graph and replays it (a small model's steps wait on the
 # host). CUDA only.
@@ -154,8 +155,8 @@ if [ "$DEV" != cpu ]; then
   step digits-eager 120 "${TK[@]}" train --out "$W/digits-eager" --device "$DEV" \
     --no-cuda-graphs -v
 fi
-step tk-big-nobench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
-  --warmup-epochs 0 --no-cudnn-benchmark --out "$W/big-nobench" -v
+step tk-big-bench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --cudnn-benchmark --out "$W/big-bench" -v
 # cuDNN timing 3 algorithms a convolution instead of torch's 10 (--cudnn-benchmark-limit): a
 # shorter first epoch, and whether the steady ones lose anything.
 step tk-big-limit 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \

@@ -534,12 +534,18 @@ def test_first_line_of_an_error():
     assert first_line(ValueError()) == first_line(ValueError(), with_type=True) == "ValueError"
 
 
-def test_cudnn_benchmark_is_on_for_cuda_unless_turned_off_or_deterministic():
+def test_cudnn_benchmark_is_off_unless_asked_for_on_cuda_and_not_deterministic():
     from torchkit.core.train import TrainConfig
     from torchkit.core.train.setup import cudnn_benchmark_for
 
-    assert cudnn_benchmark_for("cuda", TrainConfig())
+    assert not cudnn_benchmark_for("cuda", TrainConfig())
     assert cudnn_benchmark_for("cuda", TrainConfig(cudnn_benchmark=True))
+    # A limit asks for the autotuning, unless it is turned off as well.
+    assert cudnn_benchmark_for("cuda", TrainConfig(cudnn_benchmark_limit=3))
+    assert not cudnn_benchmark_for(
+        "cuda", TrainConfig(cudnn_benchmark_limit=3, cudnn_benchmark=False)
+    )
+    assert not cudnn_benchmark_for("cuda", TrainConfig(cudnn_benchmark=True, deterministic=True))
     assert not cudnn_benchmark_for("cuda", TrainConfig(cudnn_benchmark=False))
     assert not cudnn_benchmark_for("cuda", TrainConfig(deterministic=True))
     assert not cudnn_benchmark_for("cpu", TrainConfig(cudnn_benchmark=True))
@@ -569,7 +575,10 @@ def test_cudnn_switches_are_set_on_cuda_only_and_the_limit_when_given(monkeypatc
     monkeypatch.setattr(cudnn, "benchmark_limit", 10)
     set_cudnn_switches("cpu", TrainConfig(cudnn_benchmark_limit=2))
     assert (cudnn.benchmark, cudnn.benchmark_limit) == (False, 10)
+    monkeypatch.setattr(cudnn, "benchmark", True)
     set_cudnn_switches("cuda", TrainConfig())
+    assert (cudnn.benchmark, cudnn.benchmark_limit) == (False, 10)  # off by default: set
+    set_cudnn_switches("cuda", TrainConfig(cudnn_benchmark=True))
     assert (cudnn.benchmark, cudnn.benchmark_limit) == (True, 10)  # torch's default kept
     # With the autotuning off the limit means nothing (a resumed run may keep one): unset.
     set_cudnn_switches("cuda", TrainConfig(cudnn_benchmark_limit=2, cudnn_benchmark=False))
