@@ -20,6 +20,7 @@ from torchkit.core.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.distributed import DistContext
 from torchkit.core.errors import InputError
 from torchkit.core.train.checkpoints import BEST
+from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.interface import TOPK, TrainCallbacks, TrainResult
 from torchkit.core.train.loaders import mix_seed
 from torchkit.core.train.loop import (
@@ -75,6 +76,7 @@ class EpochDriver:
         self.profiler: StepProfiler | None = None  # the epoch's, until written
         self.stopped_in_epoch = False  # a stop (Ctrl-C, SIGTERM) ended an epoch part-way
         self.profile_seconds = 0.0  # the profiler's set-up, and writing its tables and traces
+        self.starts = EpochStarts(state.loaders.train, state.loaders.train_sampler)
 
     def phase(self) -> str:
         """'N epochs' this invocation finished (a resumed one counts), and a stopped one."""
@@ -129,6 +131,8 @@ class EpochDriver:
                 self.saving_seconds += time.perf_counter() - saving
                 self._write_profile()
                 break
+            if epoch + 1 < config.epochs:
+                self.starts.start_early(epoch + 1)  # the workers read while this one validates
             self._end_epoch(epoch)
             self._write_profile()
             result.epochs = epoch + 1
@@ -143,7 +147,7 @@ class EpochDriver:
         """One epoch of training (from where a resumed one stopped): whether it finished."""
         state, config = self.state, self.state.config
         progress = state.progress
-        state.loaders.train_sampler.set_epoch(epoch, skip=progress.batches * config.batch_size)
+        batches = self.starts.batches(epoch, skip=progress.batches * config.batch_size)
         if self.ctx.is_main:
             self.callbacks.on_epoch_start(
                 epoch + 1, config.epochs, state.steps_per_epoch, progress.batches
@@ -152,7 +156,7 @@ class EpochDriver:
         with profiling(profiler):  # started before the epoch's clock
             return train_one_epoch(
                 state.step_ctx,
-                state.loaders.train,
+                batches,
                 progress,
                 state.unreadable,
                 on_step=self.callbacks.on_step if self.ctx.is_main else None,

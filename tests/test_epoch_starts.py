@@ -1,0 +1,99 @@
+"""The next epoch's batches are asked for while an epoch validates (core.train.epoch_starts):
+the same batches and random draws as an epoch that starts its own iterator."""
+
+from __future__ import annotations
+
+import torch
+from conftest import write_image_folder
+
+from torchkit.core.train import epoch_starts
+from torchkit.core.train.epoch_starts import EpochStarts, StartedBatches
+
+
+class FakeSampler:
+    def __init__(self):
+        self.calls = []
+
+    def set_epoch(self, epoch, skip=0):
+        self.calls.append((epoch, skip))
+
+
+class FakeLoader:
+    def __init__(self, workers=2, persistent=True):
+        self.num_workers, self.persistent_workers = workers, persistent
+        self.iterators = 0
+
+    def __len__(self):
+        return 3
+
+    def __iter__(self):
+        self.iterators += 1
+        return iter([f"batch {self.iterators}.{n}" for n in range(3)])
+
+
+def test_an_epoch_started_early_iterates_the_iterator_made_then():
+    loader, sampler = FakeLoader(), FakeSampler()
+    starts = EpochStarts(loader, sampler)
+    starts.start_early(1)
+    assert sampler.calls == [(1, 0)] and loader.iterators == 1
+    batches = starts.batches(1)
+    assert isinstance(batches, StartedBatches) and len(batches) == 3
+    assert list(batches) == ["batch 1.0", "batch 1.1", "batch 1.2"]
+    assert loader.iterators == 1 and sampler.calls == [(1, 0)]  # no second iterator
+    # The next epoch, not started early: the loader, set to it.
+    assert starts.batches(2) is loader and sampler.calls[-1] == (2, 0)
+
+
+def test_a_resumed_or_other_epoch_sets_the_sampler_itself():
+    loader, sampler = FakeLoader(), FakeSampler()
+    starts = EpochStarts(loader, sampler)
+    assert starts.batches(0, skip=8) is loader and sampler.calls == [(0, 8)]
+    starts.start_early(3)
+    assert starts.batches(4) is loader and sampler.calls[-1] == (4, 0)  # not the one started
+
+
+def test_without_persistent_workers_nothing_starts_early():
+    for loader in (FakeLoader(workers=0), FakeLoader(persistent=False)):
+        sampler = FakeSampler()
+        EpochStarts(loader, sampler).start_early(1)
+        assert loader.iterators == 0 and sampler.calls == []
+
+
+def _run(runner, root, out, workers):
+    from torchkit.cli import app
+
+    return runner.invoke(
+        app,
+        ["train", "--data", str(root), "--model", "test_train_nets:NoisyNet", "--image-size",
+         "8", "--batch-size", "4", "--epochs", "3", "--deterministic", "--lr", "0.01",
+         "--workers", str(workers), "--device", "cpu", "--out", str(out)],
+    )  # fmt: skip
+
+
+def test_a_run_with_workers_started_early_trains_as_one_without_workers(
+    runner, tmp_path, monkeypatch
+):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 5, "b": 6}, size=12, seed=3)
+    write_image_folder(root / "val", {"a": 2, "b": 2}, size=12, seed=4)
+    started = []
+    real = epoch_starts.EpochStarts.start_early
+
+    def spy(self, epoch):
+        started.append((epoch, self.loader.num_workers))
+        real(self, epoch)
+
+    monkeypatch.setattr(epoch_starts.EpochStarts, "start_early", spy)
+    assert _run(runner, root, tmp_path / "workers", 2).exit_code == 0
+    assert started == [(1, 2), (2, 2)]  # after epochs 1 and 2's steps, not after the last
+    assert _run(runner, root, tmp_path / "none", 0).exit_code == 0
+    ours = torch.load(tmp_path / "workers" / "last.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "none" / "last.pt", weights_only=True)
+    for key, value in theirs["model"].items():
+        assert torch.equal(ours["model"][key], value), key
+    rows = [{k: v for k, v in row.items() if "time" not in k and "per_s" not in k}
+            for row in theirs["history"]]  # fmt: skip
+    assert [
+        {k: v for k, v in row.items() if "time" not in k and "per_s" not in k}
+        for row in ours["history"]
+    ] == rows
