@@ -39,11 +39,16 @@ def _train(runner, root, out, model):
     )  # fmt: skip
 
 
-def test_batch_norm_trains_on_a_set_that_ends_in_one_image(runner, tmp_path):
-    # 9 training images in batches of 4: 4 + 4 + 1. torch raised on the batch of one.
-    root = tmp_path / "data"
+def _nine_images(root):
+    """9 training images: in batches of 4, 4 + 4 + 1."""
     write_image_folder(root / "train", {"a": 5, "b": 4}, size=20)
     write_image_folder(root / "val", {"a": 1, "b": 1}, size=20, seed=1)
+    return root
+
+
+def test_batch_norm_trains_on_a_set_that_ends_in_one_image(runner, tmp_path):
+    # torch raised on the batch of one.
+    root = _nine_images(tmp_path / "data")
     result = _train(runner, root, tmp_path / "run", "test_train_nets:NoisyNet")
     assert result.exit_code == 0, result.stderr
     assert "each epoch's last training batch is left out: it would hold 1 image" in result.stderr
@@ -53,9 +58,7 @@ def test_batch_norm_trains_on_a_set_that_ends_in_one_image(runner, tmp_path):
 
 
 def test_a_model_without_batch_norm_keeps_the_lone_image(runner, tmp_path):
-    root = tmp_path / "data"
-    write_image_folder(root / "train", {"a": 5, "b": 4}, size=20)
-    write_image_folder(root / "val", {"a": 1, "b": 1}, size=20, seed=1)
+    root = _nine_images(tmp_path / "data")
     result = _train(runner, root, tmp_path / "run", "test_train_nets:TinyNet")
     assert result.exit_code == 0, result.stderr
     assert "left out" not in result.stderr
