@@ -119,9 +119,9 @@ FIXED_ON_RESUME: dict[str, str] = {
     "val_split": "another split would move validation images into training",
     "best_metric": "best.pt and the best epoch so far were picked by it",
 }
-# Options whose default the run chose for its machine (core.train.setup): a resumed run that
-# was not given one chooses again, for the machine it goes on on (a digits run recorded on a
-# GPU with --cuda-graphs resumes on a CPU).
+# Options whose default the run chose for its machine (core.train.setup): a resumed run not
+# given one chooses again, for the machine it continues on (a digits run recorded on a GPU
+# with --cuda-graphs may resume on a CPU).
 CHOSEN_FOR_THE_MACHINE = ("cuda_graphs",)
 # Options that only make sense for a run that starts from scratch: refused with --resume.
 NEW_RUN_ONLY = {"weights": "the run continues from the checkpoint's weights"}
