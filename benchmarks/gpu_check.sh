@@ -12,7 +12,8 @@
 #     workers beside nvJPEG) against the default (every JPEG on the GPU);
 #   - the train data path alone (no model): --decode device, with the share, and fast
 #     (benchmarks/bench_device_decode.py), the ceiling the decode sets on training;
-#   - the wall time of the README's main job (`torchkit train`, digits);
+#   - the wall time of the README's main job (`torchkit train`, digits), as the machine's first
+#     CUDA process and again right after;
 #   - the host's milliseconds per batch of the device path's crop and resize, batched against
 #     image by image (benchmarks/bench_crop_resize.py);
 #   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
@@ -117,7 +118,11 @@ step() { # NAME TIMEOUT CMD... : run with a timeout (cut to the budget left), lo
 
 train_args=(--image-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" "${AMPF[@]}" --lr 0.001
             --device "$DEV")
-# The README's main job (digits, its defaults) first: its wall time includes CUDA's start-up.
+# The README's main job (digits, its defaults) first, twice: the machine's first CUDA process
+# reads the GPU libraries' kernels from a cold disk (on a fresh H200 its first epoch took 3-4 s
+# more, 2026-11-27), and the second run is the one the other rows compare with. Both wall
+# times include CUDA's start-up.
+step digits-cold 120 "${TK[@]}" train --out "$W/digits-cold" --device "$DEV" -v
 step digits 120 "${TK[@]}" train --out "$W/digits" --device "$DEV" -v
 if [ -n "${JPEGS:-}" ]; then
   ln -s "$(cd "$JPEGS" && pwd)" "$W/jp"

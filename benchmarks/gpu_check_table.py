@@ -133,6 +133,11 @@ rows += [
         "",  # nothing to compare with
     ),
 ]
+if wall("digits-cold") is not None:
+    rows.append(
+        ("digits main job wall s: the machine's first CUDA run vs the next", wall("digits-cold"),
+         wall("digits"))
+    )  # fmt: skip
 
 
 # --cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
