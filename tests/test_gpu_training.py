@@ -106,7 +106,7 @@ def test_cudnn_benchmark_drops_the_partial_batch_and_no_cudnn_benchmark_keeps_it
     runner, jpegs, tmp_path
 ):
     # 16 training images (8 a class) in batches of 6: 2 full batches and a partial one of 4
-    # (not of 1, which a model with BatchNorm leaves out whatever the flag: test_lone_batch.py).
+    # (not of 1, which a model with BatchNorm leaves out whatever the flag: test_batch_sizes.py).
     for flag, drop, steps in (("--cudnn-benchmark", True, 2), ("--no-cudnn-benchmark", False, 3)):
         out = tmp_path / flag
         args = ["train", "--data", str(jpegs), *RECIPE, "--batch-size", "6", "--device", "cuda",

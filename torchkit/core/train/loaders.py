@@ -346,6 +346,23 @@ class Loaders:
             loader._iterator = None
 
 
+# The smallest batch validation splits its images into to share them among the workers.
+MIN_SHARED_EVAL_BATCH = 32
+
+
+def eval_batch_size(images: int, batch_size: int, workers: int) -> int:
+    """Validation's batch size for `images` (this rank's) read by `workers`: --batch-size, or
+    smaller where that leaves workers idle, so that each worker has about two batches. A
+    worker reads and decodes a whole batch alone: on the H200 (14 workers, batch 256) 800
+    validation images made 4 batches, and validating took 1.2-1.7 s of resnet50's 3.5 s
+    epochs while 10 workers waited. Not below MIN_SHARED_EVAL_BATCH; the sums it gives do
+    not depend on the batching."""
+    if workers <= 1:
+        return batch_size
+    shared = -(-images // (2 * workers))
+    return min(batch_size, max(shared, MIN_SHARED_EVAL_BATCH))
+
+
 def lone_last_batch(images: int, batch_size: int) -> bool:
     """Whether an epoch of `images` ends in a batch of one image after at least one full one."""
     return images > batch_size and images % batch_size == 1
@@ -480,6 +497,8 @@ def build_loaders(
         batch_size = config.batch_size
         if samples.images is not None:
             batch_size = max(batch_size, IN_MEMORY_EVAL_BATCH)
+        else:
+            batch_size = eval_batch_size(-(-len(samples) // world), batch_size, workers)
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=batch_size,

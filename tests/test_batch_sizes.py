@@ -1,5 +1,6 @@
-"""A training set one image over a multiple of the batch size: with BatchNorm the last batch of
-each epoch (one image) is left out, as torch cannot train BatchNorm on a batch of one."""
+"""How a run cuts its images into batches: a training set one image over a multiple of the
+batch size leaves that image out with BatchNorm (torch cannot train BatchNorm on a batch of
+one), and validation's batches are sized so that every loader worker has some."""
 
 from __future__ import annotations
 
@@ -64,3 +65,35 @@ def test_a_model_without_batch_norm_keeps_the_lone_image(runner, tmp_path):
     assert "left out" not in result.stderr
     checkpoint = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert checkpoint["global_step"] == 6  # 3 batches an epoch
+
+
+# -- validation's batches shared among the workers (loaders.eval_batch_size) -----------------
+
+
+def test_validation_batches_give_each_worker_about_two():
+    from torchkit.core.train.loaders import MIN_SHARED_EVAL_BATCH, eval_batch_size
+
+    assert eval_batch_size(800, 256, 14) == 32  # 4 batches of 256 left 10 of 14 workers idle
+    assert eval_batch_size(8000, 256, 14) == 256  # enough batches: --batch-size
+    assert eval_batch_size(200, 256, 2) == 50
+    assert eval_batch_size(200, 256, 1) == eval_batch_size(200, 256, 0) == 256  # nobody to share
+    assert eval_batch_size(10, 256, 8) == MIN_SHARED_EVAL_BATCH
+    assert eval_batch_size(10, 16, 8) == 16  # never above --batch-size
+
+
+def test_the_validation_loader_shares_its_images_and_the_figures_stay(tmp_path):
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 4, "b": 4}, size=20)
+    write_image_folder(root / "val", {"a": 40, "b": 40}, size=20, seed=1)
+    config = resolve_defaults(
+        TrainConfig(data=str(root), image_size=16, workers=2, batch_size=64), is_digits=False
+    )
+    loaders = build_loaders(load_splits(config).splits, preprocess_for(config), config)
+    try:
+        assert loaders.val.batch_size == 32  # 80 images, 2 workers: 20 a batch, at least 32
+        assert sum(len(batch.labels) for batch in loaders.val) == 80
+    finally:
+        loaders.close()
