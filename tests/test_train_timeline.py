@@ -49,6 +49,14 @@ def test_verbose_training_logs_each_epochs_timeline(runner, tmp_path, make_image
     _, epochs, split = phases[2]
     parts = [float(x) for x in re.findall(r"(\d+\.\d\d) s", split)]
     assert len(parts) == 4 and abs(sum(parts) - epochs) <= 0.03, run
+    # the set-up's split: its steps, in order, add up to it
+    _, setup, split = phases[1]
+    steps = re.findall(r"([a-z ]+) (\d+\.\d\d) s", split)
+    assert [name.strip() for name, _ in steps] == [
+        "seeds and data", "model", "loaders", "optimiser and the rest",
+        "the device and the run folder",
+    ], run  # fmt: skip
+    assert abs(sum(float(seconds) for _, seconds in steps) - setup) <= 0.03, run
 
 
 def _run_phases(line: str) -> tuple[float, list[tuple[str, float, str]]]:

@@ -138,7 +138,7 @@ def _train(
         try:
             state = _set_up(ctx, plan, folder)
             result = _begin(ctx, plan, state, folder)
-            timeline.mark("set-up", "the device, data, model, loaders and run folder")
+            timeline.mark("set-up", setup_details(state, time.perf_counter() - timeline.last))
             if state.config.find_lr:
                 _find_lr(ctx, state, folder, result)
                 timeline.mark("the range test")
@@ -164,6 +164,15 @@ def _train(
     if ctx.is_main and EpochTimeline.wanted():
         timeline.report()
     return result
+
+
+def setup_details(state: TrainState, seconds: float) -> str:
+    """The set-up phase's split for `train -v`, of its `seconds`: the data, the model (built
+    and on the device), the loaders, the optimiser and the rest of the training state, then
+    what is left (the device, the checks and the run folder)."""
+    steps = list(state.setup_split)
+    steps.append(("the device and the run folder", seconds - sum(s for _, s in steps)))
+    return ", ".join(f"{what} {max(0.0, s):.2f} s" for what, s in steps)
 
 
 def _set_up(ctx: DistContext, plan: RunPlan, folder: RunFolder) -> TrainState:

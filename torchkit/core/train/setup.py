@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
 
     from torchkit.core.seeding import seed_everything
 
+    split = SetupSplit()
     config, checkpoint = plan.config, plan.checkpoint
     config = _resolve_cuda_graphs(ctx, config, amp.dtype)
     if config.cuda_graphs:
@@ -117,9 +119,11 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
     preprocess = preprocess_for(config)
+    split.mark("seeds and data")
     model, arch, parameters = _build_model(
         ctx, config, arch, len(classes), preprocess, sync_bn, from_checkpoint=checkpoint is not None
     )
+    split.mark("model")
     loaders = build_loaders(
         data.splits,
         preprocess,
@@ -135,6 +139,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             "each epoch's last training batch is left out: it would hold 1 image, and "
             "BatchNorm cannot train on a batch of one"
         )
+    split.mark("loaders")
     try:
         if len(loaders.train) == 0:
             raise UsageError("no training batches", "is the training set empty?")
@@ -181,6 +186,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         unreadable=UnreadableImages(config.strict),
         resumed_from=plan.resumed_from,
         start_epoch=point.start_epoch,
+        setup_split=split.marked("optimiser and the rest"),
         best_metric=point.best_metric,
         best_epoch=point.best_epoch,
         history=point.history,
@@ -224,6 +230,23 @@ def _drop_last(ctx: DistContext, config: TrainConfig, checkpoint: dict | None) -
     if checkpoint is not None:
         return bool(checkpoint.get("drop_last", False))
     return config.cuda_graphs or cudnn_benchmark_for(ctx.device.type, config)
+
+
+class SetupSplit:
+    """Seconds of prepare_state's steps: `mark(what)` closes the step since the last mark."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.steps: list[tuple[str, float]] = []
+
+    def mark(self, what: str) -> None:
+        now = time.perf_counter()
+        self.steps.append((what, now - self.last))
+        self.last = now
+
+    def marked(self, last: str) -> list[tuple[str, float]]:
+        self.mark(last)
+        return self.steps
 
 
 def _resolve_cuda_graphs(ctx: DistContext, config: TrainConfig, amp_dtype: str) -> TrainConfig:

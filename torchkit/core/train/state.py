@@ -51,6 +51,8 @@ class TrainState:
     history: list[dict] = field(default_factory=list)  # metrics.csv's rows
     progress: EpochProgress = field(default_factory=EpochProgress)  # of the epoch in progress
     resume_rng: Any = None  # this rank's random state inside the resumed epoch (None: seed)
+    # Where prepare_state's time went, (what, seconds) in order (`train -v`'s last line).
+    setup_split: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def steps_per_epoch(self) -> int:
