@@ -14,65 +14,31 @@ them are the validation set), decoded in the workers.
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-# Runs torchkit's CLI with validation in batches of --batch-size, in a fresh process.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _train_ab import jpeg_parser, train_in_turns  # noqa: E402
+
 WITHOUT = (
-    "import sys; from torchkit.core.train import loaders; "
-    "loaders.eval_batch_size = lambda images, batch_size, workers: batch_size; "
-    "from torchkit.cli import main; sys.argv[0] = 'torchkit'; main()"
+    "from torchkit.core.train import loaders; "
+    "loaders.eval_batch_size = lambda images, batch_size, workers: batch_size"
 )
 VALIDATION = re.compile(r"epoch \d+: validation took ([0-9.]+) s")
 
 
-def run(side: str, data: Path, out: Path, args) -> tuple[float, float]:
-    """(median validation seconds an epoch, the run's wall seconds) of one run."""
-    command = [
-        "train", "--data", str(data), "--model", args.model, "--image-size", str(args.size),
-        "--batch-size", str(args.batch_size), "--epochs", str(args.epochs), "--workers",
-        str(args.workers), "--device", args.device, "--out", str(out), "--force", "-v",
-    ]  # fmt: skip
-    python = ["-c", WITHOUT] if side == "without" else ["-m", "torchkit"]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, *python, *command], capture_output=True, text=True, env=env, timeout=900
-    )
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.exit(f"{side} failed:\n{done.stderr[-2000:]}")
-    return statistics.median(float(s) for s in VALIDATION.findall(done.stderr)), wall
+def read(stderr: str, out: Path) -> float:
+    """The median validation seconds an epoch of one run."""
+    return statistics.median(float(s) for s in VALIDATION.findall(stderr))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--images", type=int, default=2000)
-    parser.add_argument("--size", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--model", default="test_train_nets:TinyNet")
-    parser.add_argument("--turns", type=int, default=3)
+    parser = jpeg_parser(__doc__.split("\n\n")[0], images=2000, batch_size=256, epochs=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as work:
-        data = Path(work) / "jpegs"
-        subprocess.run([sys.executable, str(HERE / "make_jpegs.py"), str(data), str(args.images)],
-                       check=True, capture_output=True)  # fmt: skip
-        results: dict[str, list[tuple[float, float]]] = {"without": [], "with": []}
-        for _ in range(args.turns):
-            for side in results:
-                results[side].append(run(side, data, Path(work) / side, args))
+    results = train_in_turns(args, WITHOUT, [], read)
     print(
         f"{args.images} JPEGs ({args.images // 10} to validate) at {args.size} px, batch "
         f"{args.batch_size}, {args.workers} workers, {args.device}, {args.model}, "
