@@ -43,30 +43,29 @@ WARMUP_UPDATES = 3
 GRAPH_DEVICES = ("cuda",)
 
 
-def graphable_run(device: Any, *, distributed: bool, amp_dtype: str) -> bool:
-    """Whether `refuse_ungraphable_run` lets the run through."""
-    try:
-        refuse_ungraphable_run(device, distributed=distributed, amp_dtype=amp_dtype)
-    except UsageError:
-        return False
-    return True
-
-
-def refuse_ungraphable_run(device: Any, *, distributed: bool, amp_dtype: str) -> None:
-    """The UsageError for a --cuda-graphs run that cannot record its step: not on CUDA,
-    several processes (DDP's hooks all-reduce on the host's schedule), or float16 AMP (its
-    GradScaler decides on the host whether to step). The config's own refusals are in
-    core.train.config."""
+def run_refusal(device: Any, *, distributed: bool, amp_dtype: str) -> tuple[str, str] | None:
+    """(message, hint) of why a --cuda-graphs run cannot record its step, or None: not on
+    CUDA, several processes (DDP's hooks all-reduce on the host's schedule), or float16 AMP
+    (its GradScaler decides on the host whether to step). The config's own refusals are in
+    core.train.config (`graph_refusal`)."""
     hint = "drop --cuda-graphs; a resumed run takes --no-cuda-graphs"
     if device.type not in GRAPH_DEVICES:
-        raise UsageError(f"--cuda-graphs needs a CUDA device, and this run is on {device}", hint)
+        return f"--cuda-graphs needs a CUDA device, and this run is on {device}", hint
     if distributed:
-        raise UsageError("--cuda-graphs trains in one process: not under torchrun", hint)
+        return "--cuda-graphs trains in one process: not under torchrun", hint
     if amp_dtype == "float16":
-        raise UsageError(
+        return (
             "--cuda-graphs cannot record float16 AMP's loss scaling",
             f"use --amp-dtype bf16, or {hint}",
         )
+    return None
+
+
+def refuse_ungraphable_run(device: Any, *, distributed: bool, amp_dtype: str) -> None:
+    """The UsageError of `run_refusal`, if any."""
+    refusal = run_refusal(device, distributed=distributed, amp_dtype=amp_dtype)
+    if refusal is not None:
+        raise UsageError(*refusal)
 
 
 class GraphedStep:

@@ -28,6 +28,7 @@ from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, p
 from torchkit.core.train.loop import StepContext, UnreadableImages
 from torchkit.core.train.resume import ResumePoint, restore_training, resume_point
 from torchkit.core.train.state import Amp, TrainState
+from torchkit.core.train.timeline import RunTimeline
 
 
 @dataclass
@@ -95,7 +96,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
 
     from torchkit.core.seeding import seed_everything
 
-    split = SetupSplit()
+    split = RunTimeline(time.perf_counter(), None)  # where the set-up's time goes (`train -v`)
     config, checkpoint = plan.config, plan.checkpoint
     config = _resolve_cuda_graphs(ctx, config, amp.dtype)
     if config.cuda_graphs:
@@ -186,7 +187,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         unreadable=UnreadableImages(config.strict),
         resumed_from=plan.resumed_from,
         start_epoch=point.start_epoch,
-        setup_split=split.marked("optimiser and the rest"),
+        setup_split=_marked(split, "optimiser and the rest"),
         best_metric=point.best_metric,
         best_epoch=point.best_epoch,
         history=point.history,
@@ -232,21 +233,10 @@ def _drop_last(ctx: DistContext, config: TrainConfig, checkpoint: dict | None) -
     return config.cuda_graphs or cudnn_benchmark_for(ctx.device.type, config)
 
 
-class SetupSplit:
-    """Seconds of prepare_state's steps: `mark(what)` closes the step since the last mark."""
-
-    def __init__(self) -> None:
-        self.last = time.perf_counter()
-        self.steps: list[tuple[str, float]] = []
-
-    def mark(self, what: str) -> None:
-        now = time.perf_counter()
-        self.steps.append((what, now - self.last))
-        self.last = now
-
-    def marked(self, last: str) -> list[tuple[str, float]]:
-        self.mark(last)
-        return self.steps
+def _marked(timeline: RunTimeline, last: str) -> list[tuple[str, float]]:
+    """(step, seconds) of the set-up's timeline, its last step closed as `last`."""
+    timeline.mark(last)
+    return [(step, seconds) for step, seconds, _ in timeline.phases]
 
 
 def _resolve_cuda_graphs(ctx: DistContext, config: TrainConfig, amp_dtype: str) -> TrainConfig:
@@ -256,14 +246,13 @@ def _resolve_cuda_graphs(ctx: DistContext, config: TrainConfig, amp_dtype: str) 
     each, for microseconds of GPU work); a big model's keep the GPU busy, and stay eager."""
     if config.cuda_graphs is not None:
         return config
-    from torchkit.core.train.config import graph_refusal
-    from torchkit.core.train.graphed_step import graphable_run
+    chosen = False
+    if config.data == DIGITS:  # the graph module is imported for digits runs only
+        from torchkit.core.train.config import graph_refusal
+        from torchkit.core.train.graphed_step import run_refusal
 
-    chosen = (
-        config.data == DIGITS
-        and graphable_run(ctx.device, distributed=ctx.is_distributed, amp_dtype=amp_dtype)
-        and graph_refusal(config) is None
-    )
+        refusal = run_refusal(ctx.device, distributed=ctx.is_distributed, amp_dtype=amp_dtype)
+        chosen = refusal is None and graph_refusal(config) is None
     defaults = tuple(sorted({*config.data_defaults, "cuda_graphs"}))
     return dataclasses.replace(config, cuda_graphs=chosen, data_defaults=defaults)
 
