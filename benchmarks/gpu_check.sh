@@ -160,6 +160,10 @@ if [ "$DEV" != cpu ]; then
   step digits-eager 120 "${TK[@]}" train --out "$W/digits-eager" --device "$DEV" \
     --no-cuda-graphs -v
 fi
+# The big model without the warm start (TORCHKIT_COLD_START=1): epoch 1's batches asked for
+# and the GPU's decoder readied only when epoch 1 begins, as before 2026-11-27's second lease.
+step tk-big-cold 150 env TORCHKIT_COLD_START=1 "${TK[@]}" train --data "$W/jp" --model "$BIG" \
+  "${train_args[@]}" --warmup-epochs 0 --out "$W/big-cold" -v
 step tk-big-bench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --cudnn-benchmark --out "$W/big-bench" -v
 # cuDNN timing 3 algorithms a convolution instead of torch's 10 (--cudnn-benchmark-limit): a

@@ -140,6 +140,8 @@ if wall("digits-cold") is not None:
     )  # fmt: skip
 
 
+# TORCHKIT_COLD_START=1: epoch 1's batches and the decoder started when epoch 1 begins.
+rows += big_variant("big-cold", "tk-big-cold", "TORCHKIT_COLD_START=1", "default")
 # --cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
 rows += big_variant("big-bench", "tk-big-bench", "--cudnn-benchmark", "default")
 rows += digits_variant("digits-bench", "--cudnn-benchmark", "default")

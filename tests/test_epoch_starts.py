@@ -85,7 +85,8 @@ def test_a_run_with_workers_started_early_trains_as_one_without_workers(
 
     monkeypatch.setattr(epoch_starts.EpochStarts, "start_early", spy)
     assert _run(runner, root, tmp_path / "workers", 2).exit_code == 0
-    assert started == [(1, 2), (2, 2)]  # after epochs 1 and 2's steps, not after the last
+    # during the set-up, then after epochs 1 and 2's steps, not after the last
+    assert started == [(0, 2), (1, 2), (2, 2)]
     assert _run(runner, root, tmp_path / "none", 0).exit_code == 0
     ours = torch.load(tmp_path / "workers" / "last.pt", weights_only=True)
     theirs = torch.load(tmp_path / "none" / "last.pt", weights_only=True)
@@ -97,3 +98,61 @@ def test_a_run_with_workers_started_early_trains_as_one_without_workers(
         {k: v for k, v in row.items() if "time" not in k and "per_s" not in k}
         for row in ours["history"]
     ] == rows
+
+
+def test_torchkit_cold_start_starts_nothing_during_the_set_up(runner, tmp_path, monkeypatch):
+    # The benchmark switch (benchmarks/gpu_check.sh times the first epoch both ways).
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 5, "b": 6}, size=12, seed=3)
+    write_image_folder(root / "val", {"a": 2, "b": 2}, size=12, seed=4)
+    started = []
+    real = epoch_starts.EpochStarts.start_early
+    monkeypatch.setattr(
+        epoch_starts.EpochStarts,
+        "start_early",
+        lambda self, epoch: (started.append(epoch), real(self, epoch)),
+    )
+    monkeypatch.setenv("TORCHKIT_COLD_START", "1")
+    assert _run(runner, root, tmp_path / "cold", 2).exit_code == 0
+    assert started == [1, 2]
+
+
+def test_a_resumed_run_starts_its_next_epoch_early_and_trains_as_one_without_workers(
+    runner, tmp_path, monkeypatch
+):
+    import shutil
+
+    from torchkit.cli import app
+
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 5, "b": 6}, size=12, seed=3)
+    write_image_folder(root / "val", {"a": 2, "b": 2}, size=12, seed=4)
+    first = runner.invoke(
+        app,
+        ["train", "--data", str(root), "--model", "test_train_nets:NoisyNet", "--image-size",
+         "8", "--batch-size", "4", "--epochs", "2", "--deterministic", "--lr", "0.01",
+         "--workers", "0", "--device", "cpu", "--out", str(tmp_path / "two")],
+    )  # fmt: skip
+    assert first.exit_code == 0, first.stderr
+    started = []
+    real = epoch_starts.EpochStarts.start_early
+    monkeypatch.setattr(
+        epoch_starts.EpochStarts,
+        "start_early",
+        lambda self, epoch: (started.append((epoch, self.loader.num_workers)), real(self, epoch)),
+    )
+    for workers in (2, 0):
+        out = tmp_path / f"resumed-{workers}"
+        shutil.copytree(tmp_path / "two", out)
+        resumed = runner.invoke(
+            app,
+            ["train", "--resume", str(out / "last.pt"), "--epochs", "3", "--workers",
+             str(workers), "--out", str(out), "--trust-checkpoint"],
+        )  # fmt: skip
+        assert resumed.exit_code == 0, resumed.stderr
+    assert started[0] == (2, 2)  # epoch 3, asked for during the set-up
+    ours = torch.load(tmp_path / "resumed-2" / "last.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "resumed-0" / "last.pt", weights_only=True)
+    assert ours["epoch"] == theirs["epoch"] == 3
+    for key, value in theirs["model"].items():
+        assert torch.equal(ours["model"][key], value), key

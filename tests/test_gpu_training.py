@@ -136,3 +136,25 @@ def test_cudnn_benchmark_limit_is_the_runs_and_put_back(runner, jpegs, tmp_path,
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     assert seen == [(True, 2)] and torch.backends.cudnn.benchmark_limit == before
+
+
+def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, monkeypatch):
+    from torchkit.core import decoder_warm_up
+
+    warmed = []
+    real = decoder_warm_up.start_decoder_warm_up
+
+    def spy(ready):
+        path, device, size, _ = ready.args  # functools.partial(ready_decoder, ...)
+        warmed.append((path, torch.device(device).type, size))
+        return real(ready)
+
+    monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", spy)
+    out = tmp_path / "run"
+    args = ["train", "--data", str(jpegs), *RECIPE, "--device", "cuda", "--out", str(out), "-v"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    ((path, device, size),) = warmed
+    assert path.startswith(str(jpegs / "train")) and path.endswith(".jpg")
+    assert (device, size) == ("cuda", 32)
+    assert "starting the workers" in result.stderr and len(_rows(out)) == 1

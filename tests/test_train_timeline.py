@@ -53,8 +53,8 @@ def test_verbose_training_logs_each_epochs_timeline(runner, tmp_path, make_image
     _, setup, split = phases[1]
     steps = re.findall(r"([a-z ]+) (\d+\.\d\d) s", split)
     assert [name.strip() for name, _ in steps] == [
-        "seeds and data", "model", "loaders", "optimiser and the rest",
-        "the device and the run folder",
+        "seeds and data", "loaders", "starting the workers", "model",
+        "the model to the device", "optimiser and the rest", "the run folder",
     ], run  # fmt: skip
     assert abs(sum(float(seconds) for _, seconds in steps) - setup) <= 0.03, run
 

@@ -397,6 +397,31 @@ class EncodedImages:
         return torch.stack([crops[position] for position in kept]), kept, failures
 
 
+# Copies of the JPEG `ready_decoder` decodes at once: a batched call (torchvision decodes lists
+# through nvJPEG's batched API), mirrored and not, as a training batch is.
+READY_COPIES = 4
+
+
+def ready_decoder(path: str, device: Any, size: int, interpolation: str) -> None:
+    """Decode copies of the JPEG at `path` on `device` and resize them to `size`, as a batch
+    is: what a process's first batch would otherwise pay for (`core.decoder_warm_up`)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # a thread starts on GPU 0
+    with open(path, "rb") as file:
+        data = torch.frombuffer(bytearray(file.read()), dtype=torch.uint8)
+    images = [image for image in decode_jpegs([data] * READY_COPIES, device) if image is not None]
+    if images:
+        height, width = images[0].shape[-2:]
+        boxes = [(0, 0, int(height), int(width))] * len(images)
+        flips = [index % 2 == 1 for index in range(len(images))]
+        resize_crops(images, boxes, flips, size, interpolation)
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+
+
 def pil_errors() -> tuple[type[BaseException], ...]:
     """What PIL raises for an unreadable image: what `core.dataset.make_dataset` catches."""
     from torchkit.core.image_files import unreadable_image_errors
@@ -415,6 +440,9 @@ def decode_jpegs(chunks: list, device: Any) -> list:
     device = torch.device(device)
     if device.type != "cuda":
         return _decode_each(chunks, device)
+    from torchkit.core.decoder_warm_up import wait_for_decoder_warm_up
+
+    wait_for_decoder_warm_up()  # the decoder readied during the set-up, if it was
     # nvJPEG's hardware engine writes its outputs without waiting for the stream it is given,
     # and torchvision allocates them on the caller's stream: from the caching allocator's
     # blocks just freed there, which kernels still queued on that stream (the last step's

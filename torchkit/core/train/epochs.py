@@ -20,7 +20,6 @@ from torchkit.core.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.distributed import DistContext
 from torchkit.core.errors import InputError
 from torchkit.core.train.checkpoints import BEST
-from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.interface import TOPK, TrainCallbacks, TrainResult
 from torchkit.core.train.loaders import mix_seed
 from torchkit.core.train.loop import (
@@ -76,7 +75,7 @@ class EpochDriver:
         self.profiler: StepProfiler | None = None  # the epoch's, until written
         self.stopped_in_epoch = False  # a stop (Ctrl-C, SIGTERM) ended an epoch part-way
         self.profile_seconds = 0.0  # the profiler's set-up, and writing its tables and traces
-        self.starts = EpochStarts(state.loaders.train, state.loaders.train_sampler)
+        self.starts = state.epoch_starts
 
     def phase(self) -> str:
         """'N epochs' this invocation finished (a resumed one counts), and a stopped one."""

@@ -167,11 +167,12 @@ def _train(
 
 
 def setup_details(state: TrainState, seconds: float) -> str:
-    """The set-up phase's split for `train -v`, of its `seconds`: the data, the model (built
-    and on the device), the loaders, the optimiser and the rest of the training state, then
-    what is left (the device, the checks and the run folder)."""
+    """The set-up phase's split for `train -v`, of its `seconds`: the data, the loaders,
+    starting their workers, the model (built on the CPU), the model to the device, the
+    optimiser and the rest of the training state, then what is left (the checks and the run
+    folder)."""
     steps = list(state.setup_split)
-    steps.append(("the device and the run folder", seconds - sum(s for _, s in steps)))
+    steps.append(("the run folder", seconds - sum(s for _, s in steps)))
     return ", ".join(f"{what} {max(0.0, s):.2f} s" for what, s in steps)
 
 

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights
 from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
+from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
 from torchkit.core.train.loop import StepContext, UnreadableImages
 from torchkit.core.train.resume import ResumePoint, restore_training, resume_point
@@ -91,8 +93,9 @@ def amp_dtype_for(device_type: str, amp_dtype: str) -> str:
 
 def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> TrainState:
     """Data, model and training state of the run (restored from the checkpoint when resuming),
-    everything checked before anything is written. The data loaders' workers are stopped
-    again if a later step fails."""
+    everything checked before anything is written. The first epoch's batches are asked for
+    (and, decoding on a GPU, its decoder readied) before the model is built, so that both run
+    while the rest sets up; the loaders' workers are stopped again if a later step fails."""
 
     from torchkit.core.seeding import seed_everything
 
@@ -121,10 +124,26 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
     preprocess = preprocess_for(config)
     split.mark("seeds and data")
-    model, arch, parameters = _build_model(
-        ctx, config, arch, len(classes), preprocess, sync_bn, from_checkpoint=checkpoint is not None
-    )
-    split.mark("model")
+    built: list = []  # the model, once built
+
+    def build_model() -> tuple[Any, str, int]:
+        if not built:
+            built.append(
+                _build_model(
+                    ctx,
+                    config,
+                    arch,
+                    len(classes),
+                    preprocess,
+                    sync_bn,
+                    from_checkpoint=checkpoint is not None,
+                )
+            )
+        return built[0]
+
+    # The loaders come first, so that their workers read the first batches (and the GPU's
+    # decoder readies itself) while the model is built and moved to the device. They ask for
+    # the model only when an epoch would end in a batch of one image (BatchNorm refuses it).
     loaders = build_loaders(
         data.splits,
         preprocess,
@@ -133,19 +152,32 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         world=ctx.world_size,
         pin_memory=ctx.device.type == "cuda",
         drop_last=drop_last,
-        drop_lone_image=has_batch_norm(model),
+        drop_lone_image=lambda: has_batch_norm(build_model()[0]),
     )
     if loaders.train.drop_last and not drop_last:
         data.notes.append(
             "each epoch's last training batch is left out: it would hold 1 image, and "
             "BatchNorm cannot train on a batch of one"
         )
+    starts = EpochStarts(loaders.train, loaders.train_sampler)
     split.mark("loaders")
     try:
         if len(loaders.train) == 0:
             raise UsageError("no training batches", "is the training set empty?")
-        groups, optimizer, schedule = _optimisation(model, config, len(loaders.train))
         point = ResumePoint()
+        if checkpoint is not None:
+            point = resume_point(checkpoint, ctx, config, plan.resumed_from)
+        if point.progress.batches == 0 and not config.find_lr and warm_start_wanted():
+            # The workers read the first batches and the GPU's decoder readies itself while
+            # the model is built and the rest is set up (first epoch: issue #30).
+            starts.start_early(point.start_epoch)
+            _warm_decoder(ctx, config, data, preprocess)
+        split.mark("starting the workers")
+        model, arch, parameters = build_model()
+        split.mark("model")
+        _to_device(model, ctx, config)
+        split.mark("the model to the device")
+        groups, optimizer, schedule = _optimisation(model, config, len(loaders.train))
         if checkpoint is not None:
             restore_training(
                 checkpoint,
@@ -155,7 +187,6 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
                 schedule=schedule,
                 scaler=amp.scaler,
             )
-            point = resume_point(checkpoint, ctx, config, plan.resumed_from)
         ema = _ema(model, config, checkpoint)
         step_ctx = _step_context(
             ctx, config, model, groups, optimizer, schedule, ema, amp, weights, preprocess
@@ -177,6 +208,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         model=model,
         parameters=parameters,
         loaders=loaders,
+        epoch_starts=starts,
         drop_last=drop_last,
         amp=amp,
         groups=groups,
@@ -313,9 +345,8 @@ def _build_model(
     *,
     from_checkpoint: bool,
 ) -> tuple[Any, str, int]:
-    """(model on the device, its architecture's name, its parameter count): a new head for the
+    """(model on the CPU, its architecture's name, its parameter count): a new head for the
     data's classes, whatever the weights had (a resumed run's weights come later)."""
-    import torch
 
     from torchkit.core.models import resolve_model
 
@@ -343,11 +374,46 @@ def _build_model(
         freeze_backbone(model)
     if sync_bn:
         model = ddp.convert_sync_bn(model)
+    # (a checkpoint given as --model names its architecture)
+    return model, resolved.arch, parameters
+
+
+def _to_device(model: Any, ctx: DistContext, config: TrainConfig) -> None:
+    """The model on the run's device, channels-last with --channels-last, in place."""
+    import torch
+
     model.to(ctx.device)
     if config.channels_last:
         model.to(memory_format=torch.channels_last)
-    # (a checkpoint given as --model names its architecture)
-    return model, resolved.arch, parameters
+
+
+def warm_start_wanted() -> bool:
+    """Whether the first epoch's batches and the GPU's decoder start during the set-up:
+    yes unless TORCHKIT_COLD_START=1 (benchmarks/gpu_check.sh times the run both ways)."""
+    return os.environ.get("TORCHKIT_COLD_START", "") != "1"
+
+
+def _warm_decoder(
+    ctx: DistContext, config: TrainConfig, data: TrainData, preprocess: Preprocess
+) -> None:
+    """Ready the GPU's JPEG decoder with the first training JPEG (`decoder_warm_up`) when the
+    run decodes on the device."""
+    from torchkit.core import decode_ahead
+    from torchkit.core.decode import JPEG_SUFFIXES
+
+    if not decode_ahead.decodes_ahead(config.decode, ctx.device):
+        return
+    paths = data.splits["train"].paths or []
+    first = next((str(p) for p in paths if str(p).lower().endswith(JPEG_SUFFIXES)), None)
+    if first is not None:
+        from torchkit.core.decoder_warm_up import start_decoder_warm_up
+        from torchkit.core.device_decode import ready_decoder
+
+        start_decoder_warm_up(
+            functools.partial(
+                ready_decoder, first, ctx.device, preprocess.image_size, preprocess.interpolation
+            )
+        )
 
 
 def _optimisation(model: Any, config: TrainConfig, steps_per_epoch: int) -> tuple:

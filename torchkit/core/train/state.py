@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from torchkit.core.preprocessing import Preprocess
 from torchkit.core.train.checkpoints import build_checkpoint
 from torchkit.core.train.config import TrainConfig
+from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.interface import TOPK
 from torchkit.core.train.loaders import Loaders, TrainData
 from torchkit.core.train.loop import EpochProgress, StepContext, UnreadableImages
@@ -36,6 +37,7 @@ class TrainState:
     model: Any  # the plain nn.Module (step_ctx.model is what forward() is called on)
     parameters: int
     loaders: Loaders
+    epoch_starts: EpochStarts  # the train loader's epochs, the first perhaps started early
     drop_last: bool  # the train loader leaves out each epoch's last partial batch
     amp: Amp
     groups: list  # the optimiser's parameter groups
