@@ -140,6 +140,10 @@ step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@
 # A share of the JPEGs decoded by the loader workers beside nvJPEG (--decode-cpu-share).
 step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/r18share" -v
+# The big model with the share: whether the workers' CPU decode frees GPU time for a model that
+# keeps the GPU busy (resnet18's decode thread is bound by the host instead).
+step tk-big-share 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/big-share" -v
 # The train data path alone, no model (the decode thread's ceiling): device, device with the
 # share, fast, on the same JPEGs.
 step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$W/jp" \

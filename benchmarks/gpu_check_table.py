@@ -140,6 +140,15 @@ if wall("digits-cold") is not None:
     )  # fmt: skip
 
 
+# --decode-cpu-share on the big model.
+if (big_share := ran("big-share", "tk-big-share")) is not None:
+    rows.append(
+        (
+            f"{big} steady epoch img/s: --decode-cpu-share {os.environ.get('SHARE', '?')} vs none",
+            steady(big_share)[0],
+            big_rate,
+        )
+    )
 # TORCHKIT_COLD_START=1: epoch 1's batches and the decoder started when epoch 1 begins.
 rows += big_variant("big-cold", "tk-big-cold", "TORCHKIT_COLD_START=1", "default")
 # --cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
