@@ -197,6 +197,9 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             step_ctx.graphed = GraphedStep(step_ctx, amp.dtype, config.batch_size)
     except BaseException:
         loaders.close()
+        from torchkit.core.decoder_warm_up import wait_for_decoder_warm_up
+
+        wait_for_decoder_warm_up()  # not left inside CUDA calls while the process exits
         raise
     return TrainState(
         config=config,
