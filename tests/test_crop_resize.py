@@ -94,9 +94,9 @@ class _CountKernels(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_the_batched_way_costs_one_operator_per_image(mode):
-    # What a GPU's host pays per batch: each image's copy into the buffer, and a fixed number
-    # for the batch; image by image, several per image.
+def test_the_batched_way_costs_the_same_operators_whatever_the_batch_size(mode):
+    # What a GPU's host pays per batch: a fixed number of operators (the crops are gathered in
+    # one, `gathered_crops`); image by image, several per image.
     def operators(count: int, batched: bool) -> int:
         images, boxes, flips = _batch(count, seed=count, largest=20)
         flips[0] = True
@@ -105,9 +105,45 @@ def test_the_batched_way_costs_one_operator_per_image(mode):
         return counter.count
 
     per_image = operators(40, False) - operators(20, False)
-    batched = operators(40, True) - operators(20, True)
-    assert batched == 20  # 20 more images: 20 more copies, nothing else
+    assert operators(40, True) == operators(20, True)
     assert per_image >= 40
+
+
+def _zero_padded_crops(images, boxes, tallest, widest):
+    """What gathered_crops replaced: each crop copied into a zeroed slot."""
+    crops = torch.zeros((len(images), images[0].shape[0], tallest, widest), dtype=images[0].dtype)
+    for at, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
+        crops[at, :, :height, :width].copy_(image[:, top : top + height, left : left + width])
+    return crops
+
+
+def test_gathered_crops_hold_each_crop_in_the_top_left_of_its_slot():
+    generator = torch.Generator().manual_seed(7)
+    shapes = [(30, 41), (17, 9), (44, 44), (12, 60)]  # sizes free
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
+              for h, w in shapes]  # fmt: skip
+    # whole images, a corner crop, and the last image's bottom-right pixels (the windows of
+    # the buffer's last rows run past its end)
+    boxes = [(0, 0, 30, 41), (16, 8, 1, 1), (3, 5, 20, 31), (5, 50, 7, 10)]
+    tallest, widest = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    crops = crop_resize.gathered_crops(images, boxes, tallest, widest)
+    assert crops.shape == (4, 3, tallest, widest) and crops.dtype == torch.uint8
+    for at, (image, (top, left, height, width)) in enumerate(zip(images, boxes, strict=True)):
+        expected = image[:, top : top + height, left : left + width]
+        assert torch.equal(crops[at, :, :height, :width], expected), at
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_gathered_crops_resize_bit_for_bit_as_zero_padded_ones(mode, monkeypatch):
+    # Past each crop the weights are exactly 0, so what the slot holds there changes nothing.
+    images, boxes, flips = _batch(12, seed=11, largest=40)
+    flips[1] = flips[4] = True
+    views = [None] * 12
+    views[2] = (20, 26, 2, 5)  # evaluation's resize then centre crop
+    gathered = resize_crops(images, boxes, flips, 16, mode, views=views, batched=True)
+    monkeypatch.setattr(crop_resize, "gathered_crops", _zero_padded_crops)
+    padded = resize_crops(images, boxes, flips, 16, mode, views=views, batched=True)
+    assert torch.equal(gathered, padded)
 
 
 def test_a_device_the_batched_way_fails_on_resizes_image_by_image_and_says_so_once(
