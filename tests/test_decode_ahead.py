@@ -93,14 +93,16 @@ def test_the_thread_counts_its_time_decoding_and_waiting_for_the_loader(monkeypa
                 clock[0] += 1.0
                 yield batch
 
-    def slow_decode(batch, device):
+    def slow_decode(batch, device, times):
         clock[0] += 3.0
+        times.jpeg_seconds += 2.0  # what EncodedImages.decode adds
         return batch
 
     monkeypatch.setattr("torchkit.core.device_decode.decoded_batch", slow_decode)
     ahead = DecodedAhead(SlowLoader(4), "cpu")
     assert len(list(ahead)) == 4
     assert ahead.decode_seconds == 12.0 and ahead.loader_seconds == 4.0
+    assert ahead.times.jpeg_seconds == 8.0
 
 
 def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):

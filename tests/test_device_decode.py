@@ -263,6 +263,28 @@ def test_a_batch_mixes_both_paths_in_order(files):
     assert decoded_batch(plain, "cpu") is plain
 
 
+def test_the_time_in_the_jpeg_decoder_is_counted_apart(files, monkeypatch):
+    # `train -v` splits the decode thread's time: decode_jpegs, then the crops' resize.
+    from torchkit.core import device_decode
+    from torchkit.core.device_decode import DecodeTimes
+
+    clock = [0.0]
+    monkeypatch.setattr(device_decode.time, "perf_counter", lambda: clock[0])
+    real = device_decode.decode_jpegs
+
+    def slow(chunks, device):
+        clock[0] += 0.5 * len(chunks)
+        return real(chunks, device)
+
+    monkeypatch.setattr(device_decode, "decode_jpegs", slow)
+    times = DecodeTimes()
+    paths = [files[name] for name in ["wide.jpg", "rgb.png", "gray.jpg"]]
+    for _ in range(2):
+        decoded = decoded_batch(collate_encoded(_items(paths, "device")), "cpu", times)
+        assert decoded.images.shape[0] == 3
+    assert times.jpeg_seconds == 2.0  # 2 JPEGs a batch, the PNG not, twice
+
+
 def test_unreadable_files_are_reported_and_skipped_as_today(files):
     # Truncated (no end marker) and unidentifiable files fail in the worker, a corrupt scan in
     # the main process (the decoder, then PIL): the same `path: reason` as today's path, and

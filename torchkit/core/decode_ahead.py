@@ -43,10 +43,14 @@ class DecodedAhead:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._ready: queue.Queue = queue.Queue(maxsize=ahead)
-        # Seconds the thread spent in the decode, and waiting for the loader's next batch
-        # (written by the thread; read after close, for `train -v`).
+        # Seconds the thread spent in the decode (of which `times.jpeg_seconds` in the JPEG
+        # decoder), and waiting for the loader's next batch (written by the thread; read
+        # after close, for `train -v`).
         self.decode_seconds = 0.0
         self.loader_seconds = 0.0
+        from torchkit.core.device_decode import DecodeTimes
+
+        self.times = DecodeTimes()
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -92,7 +96,7 @@ class DecodedAhead:
                 self.loader_seconds += decoding - asked
                 if batch is _END or self._stop.is_set():
                     break
-                decoded = decoded_batch(batch, self.device)
+                decoded = decoded_batch(batch, self.device, self.times)
                 self.decode_seconds += time.perf_counter() - decoding
                 if not self._put(("batch", decoded)):
                     return

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -294,6 +295,14 @@ def _byte_buffer(size: int) -> Any:
     return torch.empty(size, dtype=torch.uint8)
 
 
+@dataclass
+class DecodeTimes:
+    """Where a decoding thread's time goes (`train -v`): seconds inside `decode_jpegs` (the
+    JPEG decoder, and on a GPU its waits), the rest being the crops' resize and assembly."""
+
+    jpeg_seconds: float = 0.0
+
+
 class EncodedImages:
     """A batch's images as the workers left them: the JPEGs' bytes end to end in one uint8
     tensor (one shared-memory block per batch, not one per image; `data.split(lengths)` gives
@@ -348,15 +357,21 @@ class EncodedImages:
             for position, error in sorted(failures, key=lambda failure: failure[0])
         ]
 
-    def decode(self, device: Any) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
+    def decode(
+        self, device: Any, times: DecodeTimes | None = None
+    ) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
         """(pixels, kept, failures): the batch's uint8 (N, 3, size, size) crops on `device`
         (None if none was readable), the batch positions they are of, in order, and (position,
-        error) of each JPEG that neither the device nor PIL could decode."""
+        error) of each JPEG that neither the device nor PIL could decode. `times` gets the
+        seconds spent in `decode_jpegs` added."""
         import torch
 
         device = torch.device(device)
         chunks = list(self.data.split(self.lengths)) if self.lengths else []
+        started = time.perf_counter()
         decoded = decode_jpegs(chunks, device)
+        if times is not None:
+            times.jpeg_seconds += time.perf_counter() - started
         crops: dict[int, Any] = {}
         failures: list[tuple[int, BaseException]] = []
         readable: list[tuple[int, Any, tuple[int, int, int, int], bool]] = []
@@ -606,16 +621,17 @@ def collate_encoded(items: list) -> Any:
     )
 
 
-def decoded_batch(batch: Any, device: Any) -> Any:
+def decoded_batch(batch: Any, device: Any, times: DecodeTimes | None = None) -> Any:
     """`batch` with its `EncodedImages` decoded on `device` (uint8 crops there), the items
     nothing could decode dropped (labels and indices too) and reported in `errors` as today's
-    path reports them (`path: reason`); any other batch as it is."""
+    path reports them (`path: reason`); any other batch as it is. `times`: see
+    `EncodedImages.decode`."""
     import torch
 
     images = batch.images
     if not isinstance(images, EncodedImages):
         return batch
-    pixels, kept, failures = images.decode(device)
+    pixels, kept, failures = images.decode(device, times)
     errors = [*batch.errors, *(reason for _, reason in images.reasons(failures))]
     if pixels is None:
         return Batch(None, None, None, errors)

@@ -80,7 +80,8 @@ class EpochTimeline:
         line += f"; {self.waited:.2f} s of {seconds:.2f} s waiting for batches"
         if ahead is not None:
             line += (
-                f" (the decode thread: {ahead.decode_seconds:.2f} s decoding, "
+                f" (the decode thread: {ahead.decode_seconds:.2f} s decoding, of which "
+                f"{ahead.times.jpeg_seconds:.2f} s in the JPEG decoder, "
                 f"{ahead.loader_seconds:.2f} s waiting for the loader)"
             )
         log.info("%s", line)
