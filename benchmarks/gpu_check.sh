@@ -137,6 +137,10 @@ step plain-resnet18 120 "$PY" "$HERE/plain_loop.py" "$W/jp" --model resnet18 "${
   -o "$W/plain.json"
 step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --out "$W/r18" -v
+# The decode in one thread (TORCHKIT_ONE_DECODE_THREAD=1) instead of two (the JPEG decoder in
+# one, the crops in the other): resnet18 is the model the decoding bounds.
+step tk-r18-one-thread 120 env TORCHKIT_ONE_DECODE_THREAD=1 "${TK[@]}" train --data "$W/jp" \
+  --model resnet18 "${train_args[@]}" --warmup-epochs 0 --out "$W/r18one" -v
 # A share of the JPEGs decoded by the loader workers beside nvJPEG (--decode-cpu-share).
 step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/r18share" -v

@@ -140,6 +140,15 @@ if wall("digits-cold") is not None:
     )  # fmt: skip
 
 
+# The decode in one thread against two (the default).
+if (one_thread := ran("r18one", "tk-r18-one-thread")) is not None:
+    rows.append(
+        (
+            "resnet18 epoch 3 img/s: one decode thread vs two (default)",
+            epoch_rate(one_thread, 2),
+            epoch_rate(r18_rows, 2),
+        )
+    )
 # --decode-cpu-share on the big model.
 if (big_share := ran("big-share", "tk-big-share")) is not None:
     rows.append(

@@ -26,7 +26,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _threads() -> int:
-    return sum(1 for thread in threading.enumerate() if thread.name == "torchkit-decode")
+    return sum(1 for thread in threading.enumerate() if thread.name.startswith("torchkit-decode"))
 
 
 class Loader:
@@ -52,9 +52,10 @@ def test_only_device_decoding_on_a_gpu_decodes_ahead():
     assert not decodes_ahead("device", "cpu") and not decodes_ahead("fast", "cuda")
 
 
-def test_batches_come_in_the_loaders_order_and_the_thread_ends():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batches_come_in_the_loaders_order_and_the_threads_end(threads):
     loader = Loader(7)
-    ahead = DecodedAhead(loader, "cpu")
+    ahead = DecodedAhead(loader, "cpu", threads=threads)
     assert len(ahead) == 7
     assert [int(batch.labels) for batch in ahead] == list(range(7))
     assert _threads() == 0
@@ -62,47 +63,88 @@ def test_batches_come_in_the_loaders_order_and_the_thread_ends():
         iter(ahead).__next__()
 
 
-def test_an_error_in_the_loader_is_raised_in_the_loop_after_the_batches_before_it():
+def test_two_threads_by_default_and_one_with_torchkit_one_decode_thread(monkeypatch):
+    assert DecodedAhead(Loader(1), "cpu").threads == 2
+    monkeypatch.setenv("TORCHKIT_ONE_DECODE_THREAD", "1")
+    assert DecodedAhead(Loader(1), "cpu").threads == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_error_in_the_loader_is_raised_in_the_loop_after_the_batches_before_it(threads):
     seen = []
     with pytest.raises(ValueError, match="unreadable batch 3"):
-        for batch in DecodedAhead(Loader(6, fail_at=3), "cpu"):
+        for batch in DecodedAhead(Loader(6, fail_at=3), "cpu", threads=threads):
             seen.append(int(batch.labels))
     assert seen == [0, 1, 2] and _threads() == 0
 
 
-def test_leaving_early_stops_the_thread_within_the_batches_ahead():
+def test_an_error_making_the_crops_is_raised_in_the_loop_after_the_batches_before_it(
+    monkeypatch,
+):
+    from torchkit.core import device_decode
+
+    real = device_decode.cropped_batch
+
+    def failing(started, device):
+        if int(started.labels) == 2:
+            raise RuntimeError("no crop for batch 2")
+        return real(started, device)
+
+    monkeypatch.setattr(device_decode, "cropped_batch", failing)
+    seen = []
+    with pytest.raises(RuntimeError, match="no crop for batch 2"):
+        for batch in DecodedAhead(Loader(6), "cpu", threads=2):
+            seen.append(int(batch.labels))
+    assert seen == [0, 1] and _threads() == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_leaving_early_stops_the_threads_within_the_batches_ahead(threads):
     loader = Loader(50)
-    with DecodedAhead(loader, "cpu", ahead=2) as ahead:
+    with DecodedAhead(loader, "cpu", ahead=2, threads=threads) as ahead:
         for batch in ahead:
             assert int(batch.labels) == 0
             break
     assert _threads() == 0
-    # The batch trained on, the `ahead` waiting, at most one in the thread's hands.
-    assert loader.given <= 1 + 2 + 1
+    # The batch trained on, the `ahead` waiting, one in each thread's hands, and with two
+    # threads one waiting between them.
+    assert loader.given <= 1 + 2 + threads + (threads - 1)
 
 
-def test_the_thread_counts_its_time_decoding_and_waiting_for_the_loader(monkeypatch):
-    # For `train -v`: a fake clock in which each batch takes 1 s to come from the loader and
-    # 3 s to decode.
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_threads_count_their_time_in_the_decoder_on_the_crops_and_waiting(monkeypatch, threads):
+    # For `train -v`: a fake clock in which each batch takes 1 s to come from the loader, 3 s
+    # in the JPEG decoder and 2 s on its crops.
     clock = [0.0]
+    lock = threading.Lock()
     monkeypatch.setattr(decode_ahead.time, "perf_counter", lambda: clock[0])
+
+    def tick(seconds):
+        with lock:
+            clock[0] += seconds
 
     class SlowLoader(Loader):
         def __iter__(self):
             for batch in super().__iter__():
-                clock[0] += 1.0
+                tick(1.0)
                 yield batch
 
-    def slow_decode(batch, device, times):
-        clock[0] += 3.0
-        times.jpeg_seconds += 2.0  # what EncodedImages.decode adds
+    def slow_decode(batch, device):
+        tick(3.0)
         return batch
 
-    monkeypatch.setattr("torchkit.core.device_decode.decoded_batch", slow_decode)
-    ahead = DecodedAhead(SlowLoader(4), "cpu")
+    def slow_crops(started, device):
+        tick(2.0)
+        return started
+
+    monkeypatch.setattr("torchkit.core.device_decode.jpegs_decoded", slow_decode)
+    monkeypatch.setattr("torchkit.core.device_decode.cropped_batch", slow_crops)
+    ahead = DecodedAhead(SlowLoader(4), "cpu", threads=threads)
     assert len(list(ahead)) == 4
-    assert ahead.decode_seconds == 12.0 and ahead.loader_seconds == 4.0
-    assert ahead.times.jpeg_seconds == 8.0
+    if threads == 1:  # one clock, one thread: exact
+        assert (ahead.jpeg_seconds, ahead.crop_seconds, ahead.loader_seconds) == (12, 8, 4)
+    else:  # each thread's spans also hold the other's ticks made meanwhile
+        assert ahead.jpeg_seconds >= 12 and ahead.crop_seconds >= 8 and ahead.loader_seconds >= 4
 
 
 def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):

@@ -263,26 +263,19 @@ def test_a_batch_mixes_both_paths_in_order(files):
     assert decoded_batch(plain, "cpu") is plain
 
 
-def test_the_time_in_the_jpeg_decoder_is_counted_apart(files, monkeypatch):
-    # `train -v` splits the decode thread's time: decode_jpegs, then the crops' resize.
-    from torchkit.core import device_decode
-    from torchkit.core.device_decode import DecodeTimes
+def test_the_two_halves_of_a_decode_give_what_it_gives(files):
+    # What the two decoding threads do (`core.decode_ahead`): the JPEG decoder, then the crops.
+    from torchkit.core.device_decode import DecodedJpegs, cropped_batch, jpegs_decoded
 
-    clock = [0.0]
-    monkeypatch.setattr(device_decode.time, "perf_counter", lambda: clock[0])
-    real = device_decode.decode_jpegs
-
-    def slow(chunks, device):
-        clock[0] += 0.5 * len(chunks)
-        return real(chunks, device)
-
-    monkeypatch.setattr(device_decode, "decode_jpegs", slow)
-    times = DecodeTimes()
     paths = [files[name] for name in ["wide.jpg", "rgb.png", "gray.jpg"]]
-    for _ in range(2):
-        decoded = decoded_batch(collate_encoded(_items(paths, "device")), "cpu", times)
-        assert decoded.images.shape[0] == 3
-    assert times.jpeg_seconds == 2.0  # 2 JPEGs a batch, the PNG not, twice
+    batch = collate_encoded(_items(paths, "device"))
+    started = jpegs_decoded(batch, "cpu")
+    assert isinstance(started, DecodedJpegs) and len(started.decoded) == 2  # the 2 JPEGs
+    halves, whole = cropped_batch(started, "cpu"), decoded_batch(batch, "cpu")
+    assert torch.equal(halves.images, whole.images) and halves.errors == whole.errors
+    assert torch.equal(halves.labels, whole.labels)
+    plain = collate_encoded(_items([files["rgb.png"]], "device"))  # no JPEG: as it is
+    assert jpegs_decoded(plain, "cpu") is plain and cropped_batch(plain, "cpu") is plain
 
 
 def test_unreadable_files_are_reported_and_skipped_as_today(files):

@@ -1,21 +1,26 @@
-"""Batches of JPEG bytes (`--decode device`) decoded one batch ahead, in a thread of the main
-process, so that the decode of batch k+1 runs while the training step of batch k runs.
+"""Batches of JPEG bytes (`--decode device`) decoded ahead, in threads of the main process, so
+that the decode of batch k+1 runs while the training step of batch k runs.
 
 In the loop's own thread every batch costs the decode (nvJPEG holds the host until its batch is
 done), then the crops' resize kernels, then the step's kernels: the GPU waits for the host
-between steps. In a thread, the decode and the resize of the next batch are issued while the
+between steps. In threads, the decode and the resize of the next batches are issued while the
 main thread issues the step (PyTorch's operators release the GIL while they run), as a DALI or
-FFCV pipeline feeds a GPU. The batches come out in the loader's order, each exactly what
-`decoded_batch` gives for it; the first error in the thread is raised in the loop where the
-batch would have come.
+FFCV pipeline feeds a GPU. Two threads by default: one takes the loader's batches through the
+JPEG decoder (`jpegs_decoded`), the other makes their crops (`cropped_batch`), so that the
+decoder, which bounds resnet18 on the H200 (its thread busy 0.90 s of a 0.93 s epoch), is not
+also kept from the next batch by the crops' operators. `TORCHKIT_ONE_DECODE_THREAD=1` does
+both in one thread (the GPU check times both ways). The batches come out in the loader's order,
+each exactly what `decoded_batch` gives for it; the first error in a thread is raised in the
+loop where the batch would have come.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # How many decoded batches wait for the loop: one being trained on, one ready. More would hold
@@ -33,24 +38,28 @@ def decodes_ahead(decode: str, device: Any) -> bool:
 
 
 class DecodedAhead:
-    """Iterate `loader` with each batch through `decoded_batch(batch, device)`, decoded in a
-    thread up to `ahead` batches before the loop asks for it. `close()` (also at the end of
-    the iteration, and when the loop leaves it early through `with`) stops the thread and waits
-    for it, so the loader's iterator is never used by two threads."""
+    """Iterate `loader` with each batch through `decoded_batch(batch, device)`, decoded in
+    threads up to `ahead` batches before the loop asks for it (module doc). `close()` (also at
+    the end of the iteration, and when the loop leaves it early through `with`) stops the
+    threads and waits for them, so the loader's iterator is never used by two threads."""
 
-    def __init__(self, loader: Any, device: Any, *, ahead: int = AHEAD) -> None:
+    def __init__(
+        self, loader: Any, device: Any, *, ahead: int = AHEAD, threads: int | None = None
+    ) -> None:
         self.loader, self.device, self.ahead = loader, device, ahead
-        self._thread: threading.Thread | None = None
+        if threads is None:
+            threads = 1 if os.environ.get("TORCHKIT_ONE_DECODE_THREAD", "") == "1" else 2
+        self.threads = threads
+        self._started: list[threading.Thread] = []
         self._stop = threading.Event()
+        # JPEGs decoded, waiting for their crops (two threads only); batches ready for the loop.
+        self._decoded: queue.Queue = queue.Queue(maxsize=1)
         self._ready: queue.Queue = queue.Queue(maxsize=ahead)
-        # Seconds the thread spent in the decode (of which `times.jpeg_seconds` in the JPEG
-        # decoder), and waiting for the loader's next batch (written by the thread; read
-        # after close, for `train -v`).
-        self.decode_seconds = 0.0
+        # Seconds spent in the JPEG decoder, on the crops, and waiting for the loader's next
+        # batch (each written by one thread; read after close, for `train -v`).
+        self.jpeg_seconds = 0.0
+        self.crop_seconds = 0.0
         self.loader_seconds = 0.0
-        from torchkit.core.device_decode import DecodeTimes
-
-        self.times = DecodeTimes()
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -62,12 +71,13 @@ class DecodedAhead:
         self.close()
 
     def __iter__(self) -> Iterator[Any]:
-        if self._thread is not None:
+        if self._started:
             raise RuntimeError("a DecodedAhead is iterated once")
-        self._thread = threading.Thread(
-            target=self._decode_all, name="torchkit-decode", daemon=True
-        )
-        self._thread.start()
+        if self.threads == 1:
+            self._start(self._decode_all, "torchkit-decode", self._ready, crop=True)
+        else:
+            self._start(self._decode_all, "torchkit-decode", self._decoded, crop=False)
+            self._start(self._crop_all, "torchkit-decode-crops")
         try:
             while True:
                 kind, value = self._ready.get()
@@ -79,15 +89,25 @@ class DecodedAhead:
         finally:
             self.close()
 
-    def _decode_all(self) -> None:
+    def _start(self, target: Callable, name: str, *args: Any, **kwargs: Any) -> None:
+        thread = threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
+        self._started.append(thread)
+        thread.start()
+
+    def _on_device(self) -> None:
         import torch
 
-        from torchkit.core.device_decode import decoded_batch
+        device = torch.device(self.device)
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # a thread starts on GPU 0, not on the loop's
+
+    def _decode_all(self, out: queue.Queue, *, crop: bool) -> None:
+        """The loader's batches through the JPEG decoder into `out`, and through the crops too
+        when `crop` (one thread)."""
+        from torchkit.core.device_decode import cropped_batch, jpegs_decoded
 
         try:
-            device = torch.device(self.device)
-            if device.type == "cuda" and device.index is not None:
-                torch.cuda.set_device(device)  # a thread starts on GPU 0, not on the loop's
+            self._on_device()
             batches = iter(self.loader)
             while True:
                 asked = time.perf_counter()
@@ -96,37 +116,64 @@ class DecodedAhead:
                 self.loader_seconds += decoding - asked
                 if batch is _END or self._stop.is_set():
                     break
-                decoded = decoded_batch(batch, self.device, self.times)
-                self.decode_seconds += time.perf_counter() - decoding
-                if not self._put(("batch", decoded)):
+                decoded = jpegs_decoded(batch, self.device)
+                cropping = time.perf_counter()
+                self.jpeg_seconds += cropping - decoding
+                if crop:
+                    decoded = cropped_batch(decoded, self.device)
+                    self.crop_seconds += time.perf_counter() - cropping
+                if not self._put(out, ("batch", decoded)):
                     return
                 if self._stop.is_set():  # taken by close(): read nothing more from the loader
                     return
         except BaseException as error:  # noqa: BLE001 - raised again in the loop's thread
-            self._put(("error", error))
+            self._put(out, ("error", error))
             return
-        self._put((_END, None))
+        self._put(out, (_END, None))
 
-    def _put(self, item: tuple) -> bool:
-        """Hand `item` to the loop, waiting while `ahead` batches wait; False once stopped."""
+    def _crop_all(self) -> None:
+        """The crops of what `_decode_all` decoded, in its order, for the loop."""
+        from torchkit.core.device_decode import cropped_batch
+
+        try:
+            self._on_device()
+            while not self._stop.is_set():
+                try:
+                    kind, value = self._decoded.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if kind != "batch":  # the end, or the decoding thread's error: passed on
+                    self._put(self._ready, (kind, value))
+                    return
+                cropping = time.perf_counter()
+                cropped = cropped_batch(value, self.device)
+                self.crop_seconds += time.perf_counter() - cropping
+                if not self._put(self._ready, ("batch", cropped)):
+                    return
+        except BaseException as error:  # noqa: BLE001 - raised again in the loop's thread
+            self._put(self._ready, ("error", error))
+
+    def _put(self, out: queue.Queue, item: tuple) -> bool:
+        """Hand `item` on, waiting while `out` is full; False once stopped."""
         while not self._stop.is_set():
             try:
-                self._ready.put(item, timeout=0.1)
+                out.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
         return False
 
     def close(self) -> None:
-        """Stop the thread and wait for it (it finishes the batch it is decoding)."""
+        """Stop the threads and wait for them (each finishes the batch it holds)."""
         self._stop.set()
-        thread = self._thread
-        if thread is None or thread is threading.current_thread():
-            return
-        while thread.is_alive():
-            try:  # let a thread blocked on a full queue see the stop
-                while True:
-                    self._ready.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.1)
+        for thread in self._started:
+            if thread is threading.current_thread():
+                continue
+            while thread.is_alive():
+                for waiting in (self._decoded, self._ready):  # let a blocked thread see the stop
+                    try:
+                        while True:
+                            waiting.get_nowait()
+                    except queue.Empty:
+                        pass
+                thread.join(timeout=0.1)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -295,14 +294,6 @@ def _byte_buffer(size: int) -> Any:
     return torch.empty(size, dtype=torch.uint8)
 
 
-@dataclass
-class DecodeTimes:
-    """Where a decoding thread's time goes (`train -v`): seconds inside `decode_jpegs` (the
-    JPEG decoder, and on a GPU its waits), the rest being the crops' resize and assembly."""
-
-    jpeg_seconds: float = 0.0
-
-
 class EncodedImages:
     """A batch's images as the workers left them: the JPEGs' bytes end to end in one uint8
     tensor (one shared-memory block per batch, not one per image; `data.split(lengths)` gives
@@ -357,21 +348,26 @@ class EncodedImages:
             for position, error in sorted(failures, key=lambda failure: failure[0])
         ]
 
-    def decode(
-        self, device: Any, times: DecodeTimes | None = None
-    ) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
+    def decode(self, device: Any) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
         """(pixels, kept, failures): the batch's uint8 (N, 3, size, size) crops on `device`
         (None if none was readable), the batch positions they are of, in order, and (position,
-        error) of each JPEG that neither the device nor PIL could decode. `times` gets the
-        seconds spent in `decode_jpegs` added."""
+        error) of each JPEG that neither the device nor PIL could decode."""
+        return self.crops(self.jpegs(device), device)
+
+    def jpegs(self, device: Any) -> list:
+        """The JPEGs decoded whole on `device` (`decode_jpegs`: None for each it could not
+        decode), the first half of `decode`."""
+        chunks = list(self.data.split(self.lengths)) if self.lengths else []
+        return decode_jpegs(chunks, device)
+
+    def crops(
+        self, decoded: list, device: Any
+    ) -> tuple[Any, list[int], list[tuple[int, BaseException]]]:
+        """`decode`'s result from `jpegs`' images: their crops resized, PIL for the JPEGs the
+        device could not decode, and the items the workers decoded put in their places."""
         import torch
 
         device = torch.device(device)
-        chunks = list(self.data.split(self.lengths)) if self.lengths else []
-        started = time.perf_counter()
-        decoded = decode_jpegs(chunks, device)
-        if times is not None:
-            times.jpeg_seconds += time.perf_counter() - started
         crops: dict[int, Any] = {}
         failures: list[tuple[int, BaseException]] = []
         readable: list[tuple[int, Any, tuple[int, int, int, int], bool]] = []
@@ -621,17 +617,38 @@ def collate_encoded(items: list) -> Any:
     )
 
 
-def decoded_batch(batch: Any, device: Any, times: DecodeTimes | None = None) -> Any:
+def decoded_batch(batch: Any, device: Any) -> Any:
     """`batch` with its `EncodedImages` decoded on `device` (uint8 crops there), the items
     nothing could decode dropped (labels and indices too) and reported in `errors` as today's
-    path reports them (`path: reason`); any other batch as it is. `times`: see
-    `EncodedImages.decode`."""
+    path reports them (`path: reason`); any other batch as it is."""
+    return cropped_batch(jpegs_decoded(batch, device), device)
+
+
+class DecodedJpegs:
+    """A batch whose JPEGs `jpegs_decoded` decoded whole, its crops still to make
+    (`cropped_batch`): `decoded_batch` in two halves, for two threads."""
+
+    def __init__(self, batch: Any, decoded: list) -> None:
+        self.batch, self.decoded = batch, decoded
+
+
+def jpegs_decoded(batch: Any, device: Any) -> Any:
+    """The first half of `decoded_batch`: a `DecodedJpegs` for a batch of `EncodedImages`, any
+    other batch as it is."""
+    if not isinstance(batch.images, EncodedImages):
+        return batch
+    return DecodedJpegs(batch, batch.images.jpegs(device))
+
+
+def cropped_batch(started: Any, device: Any) -> Any:
+    """The second half of `decoded_batch`, from what `jpegs_decoded` gave."""
     import torch
 
+    if not isinstance(started, DecodedJpegs):
+        return started
+    batch = started.batch
     images = batch.images
-    if not isinstance(images, EncodedImages):
-        return batch
-    pixels, kept, failures = images.decode(device, times)
+    pixels, kept, failures = images.crops(started.decoded, device)
     errors = [*batch.errors, *(reason for _, reason in images.reasons(failures))]
     if pixels is None:
         return Batch(None, None, None, errors)

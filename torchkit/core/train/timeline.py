@@ -4,9 +4,9 @@ steps took (cuDNN autotuning each new shape, CUDA loading kernels on first use, 
 set-up), and the rest. A first epoch much slower than the others is then explained by its
 own line, on any machine. Every epoch's line also says how long the loop waited for batches
 (time the device may have idled for want of data: near zero when the model is what limits the
-rate), and with `--decode device` on a GPU how the decode thread spent its time: decoding
-(the host's time in the decode and resize calls: nvJPEG holds it until its batch is decoded,
-the resize kernels it only queues), or waiting for the loader's workers.
+rate), and with `--decode device` on a GPU how the decoding threads spent their time: in the
+JPEG decoder (nvJPEG holds the host until its batch is decoded), on the crops (the resize
+kernels are only queued: the host's time issuing them), or waiting for the loader's workers.
 
 At the end of the run one more line says where the whole run's wall time went (`RunTimeline`):
 starting Python and the imports before the run began, set-up, the epochs (their training steps,
@@ -67,7 +67,7 @@ class EpochTimeline:
             self.first_steps = time.perf_counter() - self.started
 
     def report(self, epoch: int, seconds: float, ahead: Any = None) -> None:
-        """Log the epoch's line; `ahead`: the epoch's `DecodedAhead`, whose thread's times
+        """Log the epoch's line; `ahead`: the epoch's `DecodedAhead`, whose threads' times
         are added."""
         if self.first_batch is None:
             return
@@ -80,8 +80,8 @@ class EpochTimeline:
         line += f"; {self.waited:.2f} s of {seconds:.2f} s waiting for batches"
         if ahead is not None:
             line += (
-                f" (the decode thread: {ahead.decode_seconds:.2f} s decoding, of which "
-                f"{ahead.times.jpeg_seconds:.2f} s in the JPEG decoder, "
+                f" (decoding ahead: {ahead.jpeg_seconds:.2f} s in the JPEG decoder, "
+                f"{ahead.crop_seconds:.2f} s on the crops, "
                 f"{ahead.loader_seconds:.2f} s waiting for the loader)"
             )
         log.info("%s", line)
