@@ -702,3 +702,35 @@ def test_pinned_batches_reach_the_gpu(tmp_path):
             assert batch.images.device.type == "cuda" and batch.images.dtype == torch.uint8
     finally:
         loaders.close()
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_decoding_ahead_on_the_gpu_in_one_or_two_threads_gives_the_loops_batches(tmp_path):
+    from torchkit.core.decode_ahead import DecodedAhead
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    root = _jpeg_folder(tmp_path / "data", train=6, val=1)
+    config = resolve_defaults(
+        TrainConfig(data=str(root), image_size=16, workers=2, batch_size=4, decode="device"),
+        is_digits=False,
+    )
+    loaders = build_loaders(
+        load_splits(config).splits, preprocess_for(config), config, pin_memory=True
+    )
+    try:
+        runs = []
+        for threads in (0, 1, 2):  # 0: decoded in the loop
+            loaders.train_sampler.set_epoch(0)
+            if threads:
+                batches = list(DecodedAhead(loaders.train, "cuda", threads=threads))
+            else:
+                batches = [decoded_batch(raw, "cuda") for raw in loaders.train]
+            runs.append([(batch.images.cpu(), batch.labels.tolist()) for batch in batches])
+        for run in runs[1:]:
+            assert len(run) == len(runs[0])
+            for (images, labels), (expected, expected_labels) in zip(run, runs[0], strict=True):
+                assert torch.equal(images, expected) and labels == expected_labels
+    finally:
+        loaders.close()
