@@ -15,6 +15,7 @@ turns, so a busy machine skews neither) and the ratio device / fast.
     uv run python benchmarks/bench_device_decode.py                      # CPU, 64 px
     uv run python benchmarks/bench_device_decode.py --device cuda --size 224 --workers 8
     ... --cpu-share 0.35     # and the device path with a share decoded by the workers
+    ... --ahead              # and decoded ahead, in one thread and in two (as training does)
 
 On a CPU the device path decodes every JPEG whole, in the main process: expect it slower than
 the fast path there (that is why `--decode auto` keeps `fast` on CPUs). On a GPU, nvJPEG decodes
@@ -54,12 +55,15 @@ def _loaders(root: Path, args, decode: str, device, share: float = 0.0):
     ), config
 
 
-def rate(root: Path, args, decode: str, device, share: float = 0.0) -> float:
+def rate(root: Path, args, decode: str, device, share: float = 0.0, threads: int = 0) -> float:
     """Best images/s of the train loader's epochs after the first, each batch taken to the
-    device as the training loop takes it (decoded there for `device`), normalised."""
+    device as the training loop takes it (decoded there for `device`: in this loop, or with
+    `threads` ahead in that many threads, `DecodedAhead`, as training on a GPU decodes),
+    normalised."""
     import torch
 
     from torchkit.core.decode import NormalizedPixels
+    from torchkit.core.decode_ahead import DecodedAhead
     from torchkit.core.device_decode import decoded_batch
 
     loaders, config = _loaders(root, args, decode, device, share)
@@ -69,8 +73,11 @@ def rate(root: Path, args, decode: str, device, share: float = 0.0) -> float:
         for epoch in range(args.epochs):
             loaders.train_sampler.set_epoch(epoch)
             start, seen = time.perf_counter(), 0
-            for batch in loaders.train:
-                batch = decoded_batch(batch, device)
+            if threads:
+                batches = DecodedAhead(loaders.train, device, threads=threads)
+            else:
+                batches = (decoded_batch(batch, device) for batch in loaders.train)
+            for batch in batches:
                 if batch.images is None:
                     continue
                 images = normalized(batch.images.to(device, non_blocking=True))
@@ -140,6 +147,11 @@ def main() -> None:
     parser.add_argument(
         "--cpu-share", type=float, default=0.0, help="also time --decode-cpu-share F (device)"
     )
+    parser.add_argument(
+        "--ahead",
+        action="store_true",
+        help="also time the device path decoded ahead in one thread and in two (DecodedAhead)",
+    )
     parser.add_argument("--json", help="also write the median images/s to this file")
     parser.add_argument("--no-pixels", action="store_true", help="skip the pixel comparison")
     args = parser.parse_args()
@@ -163,23 +175,29 @@ def main() -> None:
             f"{args.size}, batch {args.batch_size}, {args.workers} workers, "
             f"{torch.get_num_threads()} main-process threads"
         )
-        sides = {"fast": ("fast", 0.0), "device": ("device", 0.0)}
+        sides = {"fast": ("fast", 0.0, 0), "device": ("device", 0.0, 0)}
         if args.cpu_share > 0:
-            sides[f"device, --decode-cpu-share {args.cpu_share:g}"] = ("device", args.cpu_share)
+            share_side = f"device, --decode-cpu-share {args.cpu_share:g}"
+            sides[share_side] = ("device", args.cpu_share, 0)
+        if args.ahead:
+            sides["device, ahead in 1 thread"] = ("device", 0.0, 1)
+            sides["device, ahead in 2 threads"] = ("device", 0.0, 2)
         rates: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.repeat):
-            for name, (decode, share) in sides.items():
-                rates[name].append(rate(root, args, decode, device, share))
+            for name, (decode, share, threads) in sides.items():
+                rates[name].append(rate(root, args, decode, device, share, threads))
         print(f"\ntrain data path to {device} ({args.repeat} turns, best epoch after the first)")
         for name, values in rates.items():
-            print(f"  --decode {name:6s} median {statistics.median(values):7.0f} images/s   "
+            print(f"  --decode {name:26s} median {statistics.median(values):7.0f} images/s   "
                   "turns: " + ", ".join(f"{v:.0f}" for v in values))  # fmt: skip
-        for name in list(rates)[1:]:
-            ratios = sorted(d / f for d, f in zip(rates[name], rates["fast"], strict=True))
+        pairs = [(name, "fast") for name in list(rates)[1:]]
+        if args.ahead:
+            pairs.append(("device, ahead in 2 threads", "device, ahead in 1 thread"))
+        for name, against in pairs:
+            ratios = sorted(d / f for d, f in zip(rates[name], rates[against], strict=True))
             print(
-                f"  ratio {name} / fast: median {statistics.median(ratios):.2f}  (per turn: "
-                + ", ".join(f"{r:.2f}" for r in ratios)
-                + ")",
+                f"  ratio {name} / {against}: median {statistics.median(ratios):.2f}  (per "
+                "turn: " + ", ".join(f"{r:.2f}" for r in ratios) + ")",
                 flush=True,
             )
         if args.json:

@@ -148,11 +148,12 @@ step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_
 # keeps the GPU busy (resnet18's decode thread is bound by the host instead).
 step tk-big-share 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/big-share" -v
-# The train data path alone, no model (the decode thread's ceiling): device, device with the
-# share, fast, on the same JPEGs.
-step data-path 90 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$W/jp" \
+# The train data path alone, no model (the decoding's ceiling): device, device with the share,
+# fast, and device decoded ahead in one thread and in two (as training does), on the same
+# JPEGs.
+step data-path 120 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$W/jp" \
   --size "$IMG" --batch-size "$B" --workers "$NJ" --repeat 1 --epochs 3 \
-  --cpu-share "$SHARE" \
+  --cpu-share "$SHARE" --ahead \
   --json "$W/datapath.json" --no-pixels
 # The device path's crop and resize, batched against image by image (what the host pays).
 step crop-resize 60 "$PY" "$HERE/bench_crop_resize.py" --device "$DEV" --batch-size "$B" \

@@ -184,6 +184,9 @@ if datapath and datapath.get("images_per_s"):
     if shared is not None:
         rows.append((f"data path alone img/s: {shared} vs none", rates[shared],
                      rates.get("device")))  # fmt: skip
+    two, one = rates.get("device, ahead in 2 threads"), rates.get("device, ahead in 1 thread")
+    if two is not None and one is not None:
+        rows.append(("data path alone img/s: decoded ahead in 2 threads vs 1", two, one))
 resize = load("resize.json")
 if resize and resize.get("cases"):
     case = resize["cases"][0]  # on a GPU the real sizes; on a CPU the tiny case (host cost)
