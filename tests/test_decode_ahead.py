@@ -98,6 +98,41 @@ def test_an_error_making_the_crops_is_raised_in_the_loop_after_the_batches_befor
     assert seen == [0, 1] and _threads() == 0
 
 
+def test_two_threads_hold_at_most_two_batches_of_whole_images(monkeypatch):
+    # The whole decoded images are the big ones (a batch of 12 MP photos is 9 GB on a GPU):
+    # the decoding thread waits while two such batches are alive, however slow the crops.
+    from torchkit.core import device_decode
+
+    lock, alive, most = threading.Lock(), [0], [0]
+    blocked = threading.Event()
+    real_acquire = DecodedAhead._acquire
+
+    def decoded(batch, device):
+        with lock:
+            alive[0] += 1
+            most[0] = max(most[0], alive[0])
+        return batch
+
+    def cropped(batch, device):
+        if int(batch.labels) == 0:
+            blocked.wait(10)  # until the decoding thread waits for batch 0's images to go
+        with lock:
+            alive[0] -= 1
+        return batch
+
+    def acquire(self, semaphore):
+        with lock:
+            if alive[0] == 2:
+                blocked.set()
+        return real_acquire(self, semaphore)
+
+    monkeypatch.setattr(device_decode, "jpegs_decoded", decoded)
+    monkeypatch.setattr(device_decode, "cropped_batch", cropped)
+    monkeypatch.setattr(DecodedAhead, "_acquire", acquire)
+    assert [int(b.labels) for b in DecodedAhead(Loader(6), "cpu", threads=2)] == list(range(6))
+    assert blocked.is_set() and most[0] == 2 and _threads() == 0
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_leaving_early_stops_the_threads_within_the_batches_ahead(threads):
     loader = Loader(50)

@@ -54,6 +54,10 @@ class DecodedAhead:
         self._stop = threading.Event()
         # JPEGs decoded, waiting for their crops (two threads only); batches ready for the loop.
         self._decoded: queue.Queue = queue.Queue(maxsize=1)
+        # Batches of whole decoded images alive at once (being decoded, waiting, being
+        # cropped): two, where one thread had one. They are the big ones: 256 photos of 12 MP
+        # are 9 GB on the GPU, their crops 38 MB.
+        self._whole = threading.Semaphore(2)
         self._ready: queue.Queue = queue.Queue(maxsize=ahead)
         # Seconds spent in the JPEG decoder, on the crops, and waiting for the loader's next
         # batch (each written by one thread; read after close, for `train -v`).
@@ -116,6 +120,8 @@ class DecodedAhead:
                 self.loader_seconds += decoding - asked
                 if batch is _END or self._stop.is_set():
                     break
+                if not crop and not self._acquire(self._whole):
+                    return
                 decoded = jpegs_decoded(batch, self.device)
                 cropping = time.perf_counter()
                 self.jpeg_seconds += cropping - decoding
@@ -147,11 +153,20 @@ class DecodedAhead:
                     return
                 cropping = time.perf_counter()
                 cropped = cropped_batch(value, self.device)
+                del value  # the whole images: freed before the next batch may be decoded
+                self._whole.release()
                 self.crop_seconds += time.perf_counter() - cropping
                 if not self._put(self._ready, ("batch", cropped)):
                     return
         except BaseException as error:  # noqa: BLE001 - raised again in the loop's thread
             self._put(self._ready, ("error", error))
+
+    def _acquire(self, semaphore: threading.Semaphore) -> bool:
+        """Take `semaphore`, waiting while it is taken; False once stopped."""
+        while not self._stop.is_set():
+            if semaphore.acquire(timeout=0.1):
+                return True
+        return False
 
     def _put(self, out: queue.Queue, item: tuple) -> bool:
         """Hand `item` on, waiting while `out` is full; False once stopped."""
