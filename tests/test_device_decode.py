@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -679,20 +680,26 @@ def test_the_gpu_decoder_never_writes_memory_that_queued_kernels_still_read(file
         assert [tuple(image.shape) for image in decoded] == [(3, 375, 500), (3, 500, 375)]
 
 
-@pytest.mark.cuda
-@needs_cuda
-def test_pinned_batches_reach_the_gpu(tmp_path):
+def _pinned_device_loaders(root: Path, train: int) -> Any:
+    """The train loaders of `--decode device` over a folder of `train` JPEGs a class (and one
+    PNG), 2 workers, batches of 4, pinned as on CUDA."""
     from torchkit.core.train.config import TrainConfig, resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
 
-    root = _jpeg_folder(tmp_path / "data", train=4, val=1)
+    root = _jpeg_folder(root, train=train, val=1)
     config = resolve_defaults(
         TrainConfig(data=str(root), image_size=16, workers=2, batch_size=4, decode="device"),
         is_digits=False,
     )
-    loaders = build_loaders(
+    return build_loaders(
         load_splits(config).splits, preprocess_for(config), config, pin_memory=True
     )
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_pinned_batches_reach_the_gpu(tmp_path):
+    loaders = _pinned_device_loaders(tmp_path / "data", train=4)
     try:
         loaders.train_sampler.set_epoch(0)
         for raw in loaders.train:
@@ -708,17 +715,8 @@ def test_pinned_batches_reach_the_gpu(tmp_path):
 @needs_cuda
 def test_decoding_ahead_on_the_gpu_in_one_or_two_threads_gives_the_loops_batches(tmp_path):
     from torchkit.core.decode_ahead import DecodedAhead
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
-    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
 
-    root = _jpeg_folder(tmp_path / "data", train=6, val=1)
-    config = resolve_defaults(
-        TrainConfig(data=str(root), image_size=16, workers=2, batch_size=4, decode="device"),
-        is_digits=False,
-    )
-    loaders = build_loaders(
-        load_splits(config).splits, preprocess_for(config), config, pin_memory=True
-    )
+    loaders = _pinned_device_loaders(tmp_path / "data", train=6)
     try:
         runs = []
         for threads in (0, 1, 2):  # 0: decoded in the loop
