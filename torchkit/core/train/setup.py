@@ -124,23 +124,18 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
     preprocess = preprocess_for(config)
     split.mark("seeds and data")
-    built: list = []  # the model, once built
-
-    def build_model() -> tuple[Any, str, int]:
-        if not built:
-            built.append(
-                _build_model(
-                    ctx,
-                    config,
-                    arch,
-                    len(classes),
-                    preprocess,
-                    sync_bn,
-                    from_checkpoint=checkpoint is not None,
-                )
-            )
-        return built[0]
-
+    build_model = functools.cache(  # built once, by whichever asks first
+        functools.partial(
+            _build_model,
+            ctx,
+            config,
+            arch,
+            len(classes),
+            preprocess,
+            sync_bn,
+            from_checkpoint=checkpoint is not None,
+        )
+    )
     # The loaders come first, so that their workers read the first batches (and the GPU's
     # decoder readies itself) while the model is built and moved to the device. They ask for
     # the model only when an epoch would end in a batch of one image (BatchNorm refuses it).
