@@ -275,3 +275,34 @@ def test_sigterm_while_decoding_ahead_saves_the_run_and_leaves_no_process(tmp_pa
     assert processes_in_group(process.pid) == []
     saved = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert (saved["epoch"], saved["epoch_progress"]["batches"]) == (0, 3)
+
+
+def test_sigterm_while_the_model_is_built_after_the_workers_started_leaves_nothing(tmp_path):
+    """The warm start asks for epoch 1's batches (and readies the decoder) before the model is
+    built: a SIGTERM then ends the run at once, exit 143, with no worker, thread or run folder
+    left behind."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FORCE_AHEAD)
+    _jpeg_split_folder(tmp_path / "data", train=8, val=2, size=(120, 90))
+    gate = tmp_path / "gate"
+    env = {"PYTHONPATH": f"{site}:{TESTS}", "TORCHKIT_TEST_GATE_FILE": str(gate),
+           "TORCHKIT_TEST_GATE_AT": "build",
+           "TORCHKIT_TEST_AHEAD_MARK": str(tmp_path / "decoded-ahead")}  # fmt: skip
+    args = ["train", "--data", "data", "--model", "test_train_nets:GatedBuildNet",
+            "--image-size", "8", "-b", "2", "--workers", "2", "--epochs", "2", "--decode",
+            "device", "--device", "cpu", "--out", "run"]  # fmt: skip
+    process = start_torchkit_process(*args, cwd=tmp_path, env=env)
+    wait_until(gate.exists, process=process, what="the model's construction")
+    # Epoch 1's loader workers were already reading: forked, so they carry the main process's
+    # command line (the curves helper does not).
+    command = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+    group = [pid for pid in processes_in_group(process.pid) if pid != process.pid]
+    assert sum(Path(f"/proc/{pid}/cmdline").read_bytes() == command for pid in group) == 2
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    gate.unlink(missing_ok=True)
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    assert processes_in_group(process.pid) == []
+    assert not (tmp_path / "run").exists()  # nothing was saved: no run folder left

@@ -73,7 +73,17 @@ class GatedNet(TinyNet):
         return super().forward(x)
 
 
-def _wait_at_gate(count: int) -> None:
+class GatedBuildNet(TinyNet):
+    """TinyNet whose construction waits at the gate (TORCHKIT_TEST_GATE_FILE, with
+    TORCHKIT_TEST_GATE_AT=build): a test signals the process while the model is being built,
+    after the loaders' workers started reading epoch 1."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        _wait_at_gate("build")
+        super().__init__(num_classes)
+
+
+def _wait_at_gate(count: int | str) -> None:
     gate = os.environ.get("TORCHKIT_TEST_GATE_FILE")
     if not gate or os.environ.get("TORCHKIT_TEST_GATE_AT") != str(count):
         return
