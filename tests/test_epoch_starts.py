@@ -4,7 +4,7 @@ the same batches and random draws as an epoch that starts its own iterator."""
 from __future__ import annotations
 
 import torch
-from conftest import write_image_folder
+from conftest import processes_in_group, start_torchkit_process, write_image_folder
 
 from torchkit.core.train import epoch_starts
 from torchkit.core.train.epoch_starts import EpochStarts, StartedBatches
@@ -156,3 +156,20 @@ def test_a_resumed_run_starts_its_next_epoch_early_and_trains_as_one_without_wor
     assert ours["epoch"] == theirs["epoch"] == 3
     for key, value in theirs["model"].items():
         assert torch.equal(ours["model"][key], value), key
+
+
+def test_a_bad_model_after_the_workers_started_is_one_error_and_leaves_nothing(tmp_path):
+    # The warm start forks epoch 1's workers before the model is built: an unknown model is
+    # still one error line, and the workers go with the run.
+    write_image_folder(tmp_path / "data" / "train", {"a": 5, "b": 6}, size=12, seed=3)
+    write_image_folder(tmp_path / "data" / "val", {"a": 2, "b": 2}, size=12, seed=4)
+    process = start_torchkit_process(
+        "train", "--data", "data", "--model", "no_such_model", "--workers", "2",
+        "--device", "cpu", "--out", "run", cwd=tmp_path,
+    )  # fmt: skip
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode != 0
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: unknown model 'no_such_model'"), stderr
+    assert processes_in_group(process.pid) == []
+    assert not (tmp_path / "run").exists()
