@@ -306,3 +306,14 @@ def test_sigterm_while_the_model_is_built_after_the_workers_started_leaves_nothi
     assert "Traceback" not in stderr
     assert processes_in_group(process.pid) == []
     assert not (tmp_path / "run").exists()  # nothing was saved: no run folder left
+
+
+def test_the_decoding_threads_use_the_runs_gpu_not_gpu_0(monkeypatch):
+    # A new thread starts on GPU 0: with --device cuda:1 each decoding thread switches.
+    from torchkit.core.device import use_in_this_thread
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    for device in ("cuda:1", "cuda", "cpu"):
+        use_in_this_thread(device)
+    assert chosen == [torch.device("cuda", 1)]

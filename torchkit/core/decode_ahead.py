@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torchkit.core.device import use_in_this_thread
+
 # How many decoded batches wait for the loop: one being trained on, one ready. More would hold
 # more decoded images in GPU memory and gain nothing once the decode keeps up.
 AHEAD = 2
@@ -98,20 +100,13 @@ class DecodedAhead:
         self._started.append(thread)
         thread.start()
 
-    def _on_device(self) -> None:
-        import torch
-
-        device = torch.device(self.device)
-        if device.type == "cuda" and device.index is not None:
-            torch.cuda.set_device(device)  # a thread starts on GPU 0, not on the loop's
-
     def _decode_all(self, out: queue.Queue, *, crop: bool) -> None:
         """The loader's batches through the JPEG decoder into `out`, and through the crops too
         when `crop` (one thread)."""
         from torchkit.core.device_decode import cropped_batch, jpegs_decoded
 
         try:
-            self._on_device()
+            use_in_this_thread(self.device)
             batches = iter(self.loader)
             while True:
                 asked = time.perf_counter()
@@ -142,7 +137,7 @@ class DecodedAhead:
         from torchkit.core.device_decode import cropped_batch
 
         try:
-            self._on_device()
+            use_in_this_thread(self.device)
             while not self._stop.is_set():
                 try:
                     kind, value = self._decoded.get(timeout=0.1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from typing import Any
 
 from torchkit.core.errors import DeviceError, UsageError
 
@@ -89,6 +90,16 @@ def select_device(spec: str = "auto", *, local_rank: int | None = None, world_si
             device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
     return device
+
+
+def use_in_this_thread(device: Any) -> None:
+    """Make CUDA `device` the current one of the calling thread (a new thread starts on GPU 0,
+    whatever the main thread chose); nothing for other devices or an unnumbered one."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
 
 
 def _local_world_size() -> int:

@@ -418,9 +418,10 @@ def ready_decoder(path: str, device: Any, size: int, interpolation: str) -> None
     is: what a process's first batch would otherwise pay for (`core.decoder_warm_up`)."""
     import torch
 
+    from torchkit.core.device import use_in_this_thread
+
     device = torch.device(device)
-    if device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device)  # a thread starts on GPU 0
+    use_in_this_thread(device)  # called in a thread of its own
     with open(path, "rb") as file:
         data = torch.frombuffer(bytearray(file.read()), dtype=torch.uint8)
     images = [image for image in decode_jpegs([data] * READY_COPIES, device) if image is not None]

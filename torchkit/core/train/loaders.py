@@ -437,15 +437,15 @@ def build_loaders(
     world: int = 1,
     pin_memory: bool = False,
     drop_last: bool = False,
-    drop_lone_image: Callable[[], bool] | bool = False,
+    drop_lone_image: Callable[[], bool] | None = None,
 ) -> Loaders:
     """The train, val and test loaders. `pin_memory`: batches in page-locked memory (CUDA),
     copied with non_blocking. `drop_last`: the train loader leaves out each epoch's last
     partial batch (when this rank has a full one), so a GPU run meets one batch shape only
     (cuDNN autotunes each new shape); the runner asks for it on CUDA with cudnn.benchmark.
     `drop_lone_image`: it leaves the last batch out also when that would hold one image (a
-    model with BatchNorm cannot train on a batch of one: torch raises); a callable is asked
-    only then (training builds its model after its loaders, `setup.prepare_state`)."""
+    model with BatchNorm cannot train on a batch of one: torch raises) and it answers True,
+    asked only then (training builds its model after its loaders, `setup.prepare_state`)."""
     import torch
 
     workers = config.workers if config.workers is not None else default_workers_for(config.data)
@@ -480,8 +480,8 @@ def build_loaders(
     # Only where every epoch of this rank has a full batch: dropping the only one would leave
     # nothing to train on.
     drop_last = drop_last and len(sampler) >= config.batch_size
-    if not drop_last and lone_last_batch(len(sampler), config.batch_size):
-        drop_last = drop_lone_image() if callable(drop_lone_image) else drop_lone_image
+    if not drop_last and drop_lone_image and lone_last_batch(len(sampler), config.batch_size):
+        drop_last = drop_lone_image()
     train = torch.utils.data.DataLoader(
         train_set,
         batch_size=config.batch_size,
