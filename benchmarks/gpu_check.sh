@@ -18,6 +18,9 @@
 #     image by image (benchmarks/bench_crop_resize.py);
 #   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
 #     exact;
+#   - resnet50's first and steady epochs and whole run with the decoded batches held to two
+#     (TORCHKIT_DECODE_AHEAD_MB=0) against the default budget;
+#   - resnet50's first and steady epochs with --cuda-graphs (its steps replayed as a graph);
 #   - resnet50's first and steady epochs, and the digits job, with --cudnn-benchmark (cuDNN's
 #     autotuning, off by default since the H200 run of 2026-11-27);
 #   - the digits job with --no-cuda-graphs (eager steps) against the default (on CUDA its
@@ -173,6 +176,17 @@ fi
 # and the GPU's decoder readied only when epoch 1 begins, as before 2026-11-27's second lease.
 step tk-big-cold 150 env TORCHKIT_COLD_START=1 "${TK[@]}" train --data "$W/jp" --model "$BIG" \
   "${train_args[@]}" --warmup-epochs 0 --out "$W/big-cold" -v
+# The decoded batches held to two (TORCHKIT_DECODE_AHEAD_MB=0), and no epoch decoded before it
+# begins, as before 2026-11-27's third session: the first epoch, the steady ones and the whole
+# run's wall time (the steady epochs now decode their first batches during validation).
+step tk-big-shallow 150 env TORCHKIT_DECODE_AHEAD_MB=0 "${TK[@]}" train --data "$W/jp" \
+  --model "$BIG" "${train_args[@]}" --warmup-epochs 0 --out "$W/big-shallow" -v
+# The big model's steps replayed as a CUDA graph (--cuda-graphs; eager by default): under
+# resnet50 the decode thread spent 1.83 s of a 1.87 s epoch decoding, 3.4 times what the data
+# path alone takes. If the eager step's Python holds the GIL from that thread, the graph's
+# replay (one call a step) gives it back.
+step tk-big-graphs 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+  --warmup-epochs 0 --cuda-graphs --out "$W/big-graphs" -v
 step tk-big-bench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --cudnn-benchmark --out "$W/big-bench" -v
 # cuDNN timing 3 algorithms a convolution instead of torch's 10 (--cudnn-benchmark-limit): a

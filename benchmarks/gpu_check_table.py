@@ -160,6 +160,16 @@ if (big_share := ran("big-share", "tk-big-share")) is not None:
     )
 # TORCHKIT_COLD_START=1: epoch 1's batches and the decoder started when epoch 1 begins.
 rows += big_variant("big-cold", "tk-big-cold", "TORCHKIT_COLD_START=1", "default")
+# TORCHKIT_DECODE_AHEAD_MB=0: two decoded batches at most, no epoch decoded before it begins.
+shallow = "TORCHKIT_DECODE_AHEAD_MB=0"
+rows += big_variant("big-shallow", "tk-big-shallow", shallow, "default")
+if ran("big-shallow", "tk-big-shallow") is not None:
+    # The steady epochs' steps gain what validation's time decoded for them: the whole run's
+    # wall time says whether it was gained or moved.
+    rows.append((f"{big} whole run wall s: default vs {shallow}", wall("tk-big"),
+                 wall("tk-big-shallow")))  # fmt: skip
+# --cuda-graphs: the big model's steps replayed as a graph, against eager steps.
+rows += big_variant("big-graphs", "tk-big-graphs", "--cuda-graphs", "eager (default)")
 # --cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
 rows += big_variant("big-bench", "tk-big-bench", "--cudnn-benchmark", "default")
 rows += digits_variant("digits-bench", "--cudnn-benchmark", "default")

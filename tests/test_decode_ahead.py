@@ -182,6 +182,71 @@ def test_the_threads_count_their_time_in_the_decoder_on_the_crops_and_waiting(mo
         assert ahead.jpeg_seconds >= 12 and ahead.crop_seconds >= 8 and ahead.loader_seconds >= 4
 
 
+def test_the_budget_is_a_64th_of_the_gpu_up_to_512_mib_and_none_on_a_cpu(monkeypatch):
+    from types import SimpleNamespace
+
+    from torchkit.core.decode_ahead import ahead_budget
+
+    monkeypatch.delenv("TORCHKIT_DECODE_AHEAD_MB", raising=False)
+    memory = {0: 8 * 2**30, 1: 80 * 2**30}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=memory[i])
+    )
+    assert ahead_budget("cuda") == ahead_budget("cuda:0") == 128 * 2**20
+    assert ahead_budget(torch.device("cuda", 1)) == 512 * 2**20
+    assert ahead_budget("cpu") == 0
+    for told, budget in (("0", 0), ("1.5", 3 * 2**19), ("64", 64 * 2**20), ("x", 0)):
+        monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", told)
+        assert ahead_budget("cpu") == budget, told
+    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "0")
+    assert ahead_budget("cuda:1") == 0
+
+
+def test_ready_batches_take_the_least_whatever_their_size_then_what_fits_the_budget():
+    from torchkit.core.decode_ahead import ReadyBatches
+
+    ready = ReadyBatches(least=1, budget=100)
+    never = lambda: False  # noqa: E731
+    assert ready.put(("a",), 150, never)  # the least, though over the budget
+    waiting = threading.Event()
+
+    def put_b():
+        assert ready.put(("b",), 30, lambda: waiting.set() or False)
+
+    putter = threading.Thread(target=put_b)
+    putter.start()
+    assert waiting.wait(10)  # 150 + 30 > 100: waits for room
+    assert ready.get() == ("a",)
+    putter.join(10)
+    assert not putter.is_alive() and len(ready) == 1
+    assert ready.put(("c",), 70, never)  # 30 + 70 fits
+    assert [ready.get(), ready.get()] == [("b",), ("c",)] and ready.most == 2
+    assert ready.put(("d",), 10, never) and ready.put(("e",), 95, lambda: True) is False
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_started_early_the_threads_decode_as_many_batches_as_the_budget_holds(threads):
+    # Batches of 12 bytes, a budget of 60: five wait before the loop asks for any (two with
+    # no budget), and then come in the loader's order.
+    for budget, held in ((60, 5), (0, 2)):
+        loader = Loader(9)
+        ahead = DecodedAhead(loader, "cpu", budget=budget, threads=threads)
+        ahead.start()
+        wait_until(lambda: len(ahead._ready) == held, what=f"{held} batches decoded")  # noqa: B023
+        assert [int(batch.labels) for batch in ahead] == list(range(9))
+        assert ahead.ready_at_start == ahead.most_ready == held and _threads() == 0
+
+
+def test_an_early_start_never_asked_for_is_stopped_by_close():
+    ahead = DecodedAhead(Loader(50), "cpu", budget=10**6, threads=2)
+    ahead.start()
+    ahead.start()  # once
+    wait_until(lambda: len(ahead._ready) > 3, what="batches decoded")
+    ahead.close()
+    assert _threads() == 0 and len(ahead._ready) == 0
+
+
 def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):
     from torchkit.core.train.config import TrainConfig, resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
@@ -277,17 +342,20 @@ def test_sigterm_while_decoding_ahead_saves_the_run_and_leaves_no_process(tmp_pa
     assert (saved["epoch"], saved["epoch_progress"]["batches"]) == (0, 3)
 
 
-def test_sigterm_while_the_model_is_built_after_the_workers_started_leaves_nothing(tmp_path):
-    """The warm start asks for epoch 1's batches (and readies the decoder) before the model is
-    built: a SIGTERM then ends the run at once, exit 143, with no worker, thread or run folder
-    left behind."""
+@pytest.mark.parametrize("budget_mb", ["0", "1"])
+def test_sigterm_while_the_model_is_built_after_the_workers_started_leaves_nothing(
+    tmp_path, budget_mb
+):
+    """The warm start asks for epoch 1's batches (and readies the decoder, or with a budget
+    decodes them in threads) before the model is built: a SIGTERM then ends the run at once,
+    exit 143, with no worker, thread or run folder left behind."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(FORCE_AHEAD)
     _jpeg_split_folder(tmp_path / "data", train=8, val=2, size=(120, 90))
     gate = tmp_path / "gate"
     env = {"PYTHONPATH": f"{site}:{TESTS}", "TORCHKIT_TEST_GATE_FILE": str(gate),
-           "TORCHKIT_TEST_GATE_AT": "build",
+           "TORCHKIT_TEST_GATE_AT": "build", "TORCHKIT_DECODE_AHEAD_MB": budget_mb,
            "TORCHKIT_TEST_AHEAD_MARK": str(tmp_path / "decoded-ahead")}  # fmt: skip
     args = ["train", "--data", "data", "--model", "test_train_nets:GatedBuildNet",
             "--image-size", "8", "-b", "2", "--workers", "2", "--epochs", "2", "--decode",

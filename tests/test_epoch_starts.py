@@ -59,6 +59,139 @@ def test_without_persistent_workers_nothing_starts_early():
         assert loader.iterators == 0 and sampler.calls == []
 
 
+class FakeAhead:
+    """What `decode_ahead` makes of an epoch started early: records its start and close."""
+
+    def __init__(self, batches):
+        self.batches, self.started, self.closed = batches, 0, 0
+
+    def start(self):
+        self.started += 1
+
+    def close(self):
+        self.closed += 1
+
+
+def test_an_epoch_started_early_is_decoded_at_once_and_closed_if_never_asked_for():
+    loader, sampler = FakeLoader(), FakeSampler()
+    starts = EpochStarts(loader, sampler, decode_ahead=FakeAhead)
+    assert not starts.decoding_early
+    starts.start_early(1)
+    assert starts.decoding_early
+    first = starts.batches(1)
+    assert isinstance(first, FakeAhead) and (first.started, first.closed) == (1, 0)
+    assert isinstance(first.batches, StartedBatches) and list(first.batches)[0] == "batch 1.0"
+    starts.start_early(2)
+    second = starts._started[1]
+    assert starts.batches(3) is loader and (second.started, second.closed) == (1, 1)
+    starts.start_early(4)
+    third = starts._started[1]
+    starts.close()
+    starts.close()
+    assert third.closed == 1 and not starts.decoding_early
+    assert first.closed == 0  # the one handed out is its epoch's to close
+
+
+def test_early_decoding_decodes_epoch_1_while_the_model_is_built_and_trains_the_same(
+    runner, tmp_path, monkeypatch
+):
+    # --decode device as on a GPU with a budget (TORCHKIT_DECODE_AHEAD_MB): each epoch's
+    # batches are decoded before it begins, the first epoch's while the model is built, and
+    # the run trains bit for bit as one that decodes nothing early and starts cold.
+    import threading
+
+    from test_decode import _jpeg_split_folder
+
+    from torchkit.cli import app
+    from torchkit.core import decode_ahead, decoder_warm_up, device_decode
+    from torchkit.core.train import epochs, setup
+
+    root = tmp_path / "jpegs"
+    _jpeg_split_folder(root, train=9, val=2, size=(48, 36))
+    monkeypatch.setattr(decode_ahead, "decodes_ahead", lambda decode, device: True)
+    decoded, epochs_got, warmed = threading.Event(), [], []
+    real_decode, real_to_device, real_epoch = (
+        device_decode.jpegs_decoded, setup._to_device, epochs.train_one_epoch,
+    )  # fmt: skip
+
+    def jpegs_decoded(batch, device):
+        result = real_decode(batch, device)
+        decoded.set()
+        return result
+
+    def to_device(model, ctx, config):
+        # The model waits here for epoch 1's first batch to be decoded, which only a decode
+        # begun in the set-up can give it.
+        epochs_got.append(("decoded before the model went to the device", decoded.wait(60)))
+        real_to_device(model, ctx, config)
+
+    def train_one_epoch(ctx, batches, *args, **kwargs):
+        early = isinstance(batches, decode_ahead.DecodedAhead) and bool(batches._started)
+        epochs_got.append((kwargs["epoch"], early))
+        return real_epoch(ctx, batches, *args, **kwargs)
+
+    monkeypatch.setattr(device_decode, "jpegs_decoded", jpegs_decoded)
+    monkeypatch.setattr(setup, "_to_device", to_device)
+    monkeypatch.setattr(epochs, "train_one_epoch", train_one_epoch)
+    monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", warmed.append)
+    args = ["train", "--data", str(root), "--model", "convnet", "--image-size", "16",
+            "--batch-size", "2", "--epochs", "2", "--workers", "2", "--decode", "device",
+            "--device", "cpu", "--deterministic"]  # fmt: skip
+    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "1")
+    early = runner.invoke(app, [*args, "--out", str(tmp_path / "early")])
+    assert early.exit_code == 0, early.stderr
+    assert epochs_got == [("decoded before the model went to the device", True), (1, True),
+                          (2, True)]  # fmt: skip
+    assert warmed == []  # decoding the first batches readies the decoder
+    monkeypatch.setattr(setup, "_to_device", real_to_device)
+    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "0")
+    monkeypatch.setenv("TORCHKIT_COLD_START", "1")
+    epochs_got.clear()
+    cold = runner.invoke(app, [*args, "--out", str(tmp_path / "cold")])
+    assert cold.exit_code == 0, cold.stderr
+    assert epochs_got == [(1, False), (2, False)]
+    ours = torch.load(tmp_path / "early" / "last.pt", weights_only=True)["model"]
+    theirs = torch.load(tmp_path / "cold" / "last.pt", weights_only=True)["model"]
+    assert all(torch.equal(ours[key], value) for key, value in theirs.items())
+    assert not [t for t in threading.enumerate() if t.name.startswith("torchkit-decode")]
+
+
+def test_a_stop_between_epochs_stops_the_next_epochs_early_decoding(runner, tmp_path, monkeypatch):
+    import threading
+
+    from test_decode import _jpeg_split_folder
+
+    from torchkit.cli import app
+    from torchkit.core import decode_ahead
+    from torchkit.core.train import epochs
+
+    root = tmp_path / "jpegs"
+    _jpeg_split_folder(root, train=9, val=2, size=(48, 36))
+    monkeypatch.setattr(decode_ahead, "decodes_ahead", lambda decode, device: True)
+    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "1")
+    made = []
+    real_init = decode_ahead.DecodedAhead.__init__
+
+    def init(self, *args, **kwargs):
+        made.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(decode_ahead.DecodedAhead, "__init__", init)
+    # Asked between epochs 1 and 2 (force=True), as after a SIGTERM during validation.
+    monkeypatch.setattr(epochs.EpochDriver, "should_stop", lambda self, force=False: force)
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(root), "--model", "convnet", "--image-size", "16",
+         "--batch-size", "2", "--epochs", "3", "--workers", "2", "--decode", "device",
+         "--device", "cpu", "--out", str(tmp_path / "run"), "--format", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 130, result.stderr  # stopped, as by Ctrl-C
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["epoch"] == 1
+    assert len(made) == 2  # epoch 1's, and epoch 2's started early, never trained
+    assert all(ahead._stop.is_set() for ahead in made)
+    assert not [t for t in threading.enumerate() if t.name.startswith("torchkit-decode")]
+
+
 def _run(runner, root, out, workers):
     from torchkit.cli import app
 

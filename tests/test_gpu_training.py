@@ -139,6 +139,8 @@ def test_cudnn_benchmark_limit_is_the_runs_and_put_back(runner, jpegs, tmp_path,
 
 
 def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, monkeypatch):
+    # With the decoded batches held to two (TORCHKIT_DECODE_AHEAD_MB=0), a warm-up thread
+    # readies the decoder with the first training JPEG.
     from torchkit.core import decoder_warm_up
 
     warmed = []
@@ -150,6 +152,7 @@ def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, mo
         return real(ready)
 
     monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", spy)
+    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "0")
     out = tmp_path / "run"
     args = ["train", "--data", str(jpegs), *RECIPE, "--device", "cuda", "--out", str(out), "-v"]
     result = runner.invoke(app, args)
@@ -158,3 +161,28 @@ def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, mo
     assert path.startswith(str(jpegs / "train")) and path.endswith(".jpg")
     assert (device, size) == ("cuda", 32)
     assert "starting the workers" in result.stderr and len(_rows(out)) == 1
+
+
+def test_a_run_decodes_epoch_1_during_its_set_up(runner, jpegs, tmp_path, monkeypatch):
+    # By default (a budget of decoded batches) epoch 1's batches are decoded on the GPU while
+    # the model is built: the loop gets a DecodedAhead already started, and no warm-up runs.
+    from torchkit.core import decode_ahead, decoder_warm_up
+    from torchkit.core.train import epochs
+
+    warmed, got = [], []
+    real_epoch = epochs.train_one_epoch
+
+    def train_one_epoch(ctx, batches, *args, **kwargs):
+        got.append(isinstance(batches, decode_ahead.DecodedAhead) and bool(batches._started))
+        return real_epoch(ctx, batches, *args, **kwargs)
+
+    monkeypatch.delenv("TORCHKIT_DECODE_AHEAD_MB", raising=False)
+    monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", warmed.append)
+    monkeypatch.setattr(epochs, "train_one_epoch", train_one_epoch)
+    assert decode_ahead.ahead_budget("cuda") > 0
+    out = tmp_path / "run"
+    args = ["train", "--data", str(jpegs), *RECIPE, "--device", "cuda", "--out", str(out), "-v"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert got == [True] and warmed == []
+    assert "batches ready when the epoch began" in result.stderr and len(_rows(out)) == 1

@@ -116,12 +116,15 @@ def test_with_the_decode_thread_the_line_says_how_it_spent_its_time(caplog):
 
     line = EpochTimeline(torch.device("cpu"), 0.0)
     line.first_batch, line.waited = 0.5, 0.25
-    ahead = SimpleNamespace(jpeg_seconds=1.25, crop_seconds=0.5, loader_seconds=0.75)
+    ahead = SimpleNamespace(
+        jpeg_seconds=1.25, crop_seconds=0.5, loader_seconds=0.75, ready_at_start=3, most_ready=5
+    )
     with caplog.at_level(logging.INFO, logger="torchkit"):
         line.report(2, 3.0, ahead)
     assert caplog.messages == [
         "epoch 2: first batch after 0.50 s; 0.25 s of 3.00 s waiting for batches (decoding "
-        "ahead: 1.25 s in the JPEG decoder, 0.50 s on the crops, 0.75 s waiting for the loader)"
+        "ahead: 1.25 s in the JPEG decoder, 0.50 s on the crops, 0.75 s waiting for the loader; "
+        "3 batches ready when the epoch began, at most 5 waiting)"
     ]
 
 

@@ -12,10 +12,18 @@ also kept from the next batch by the crops' operators. `TORCHKIT_ONE_DECODE_THRE
 both in one thread (the GPU check times both ways). The batches come out in the loader's order,
 each exactly what `decoded_batch` gives for it; the first error in a thread is raised in the
 loop where the batch would have come.
+
+The cropped batches ready for the loop are small (256 crops of 224 px in 8 bits: 38 MB), and more
+of them may wait than the two a step needs: up to `ahead_budget` bytes (512 MiB at most, a 64th
+of the GPU's memory). So the decoder goes on while the model's first steps are slow (on the H200,
+resnet50's first 5 steps took 1.13 s against 0.31 s later, and the decoder stopped after two
+batches), and an epoch started early (`start()`, by `core.train.epoch_starts`) decodes its first
+batches while the model is built, or while the epoch before validates.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -25,10 +33,90 @@ from typing import Any
 
 from torchkit.core.device import use_in_this_thread
 
-# How many decoded batches wait for the loop: one being trained on, one ready. More would hold
-# more decoded images in GPU memory and gain nothing once the decode keeps up.
+# How many decoded batches may always wait for the loop, whatever their size: one being trained
+# on, one ready. More wait while their bytes fit in the budget (`ahead_budget`).
 AHEAD = 2
+# The budget's ceiling, and its share of the GPU's memory on a small GPU.
+AHEAD_BYTES = 512 * 2**20
+AHEAD_MEMORY_SHARE = 1 / 64
 _END = object()
+
+
+def ahead_budget(device: Any) -> int:
+    """Bytes of decoded batches that may wait for the loop beyond `AHEAD` batches: on CUDA
+    the smaller of `AHEAD_BYTES` and a 64th of the device's memory, elsewhere none (on a CPU
+    nothing decodes ahead but tests). TORCHKIT_DECODE_AHEAD_MB sets it (0: `AHEAD` batches
+    only, and no epoch decoded before it begins, as before 2026-11-27's third session)."""
+    import torch
+
+    told = os.environ.get("TORCHKIT_DECODE_AHEAD_MB", "").strip()
+    if told:
+        try:
+            return max(0, int(float(told) * 2**20))
+        except ValueError:
+            pass  # a diagnostic switch: a bad value means the default, not an error
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    return int(min(AHEAD_BYTES, total * AHEAD_MEMORY_SHARE))
+
+
+def batch_bytes(item: Any) -> int:
+    """The bytes of a decoded batch's pixels (0 for anything else)."""
+    images = getattr(item, "images", None)
+    if images is None or not hasattr(images, "element_size"):
+        return 0
+    return images.numel() * images.element_size()
+
+
+class ReadyBatches:
+    """The queue between the threads and the loop: `put` waits while at least `least` items
+    wait and one more would take their bytes past `budget`, or until `stopped()`."""
+
+    def __init__(self, least: int, budget: int) -> None:
+        self.least, self.budget = least, budget
+        self._items: collections.deque = collections.deque()
+        self._bytes = 0
+        self._changed = threading.Condition()
+        self.most = 0  # the most items that waited at once
+
+    def __len__(self) -> int:
+        with self._changed:
+            return len(self._items)
+
+    def put(self, item: tuple, size: int, stopped: Callable[[], bool]) -> bool:
+        """Add `item` (`size` bytes) when there is room; False once `stopped()`."""
+        with self._changed:
+            while len(self._items) >= self.least and self._bytes + size > self.budget:
+                if stopped():
+                    return False
+                self._changed.wait(0.1)
+            if stopped():
+                return False
+            self._items.append((item, size))
+            self._bytes += size
+            self.most = max(self.most, len(self._items))
+            self._changed.notify_all()
+            return True
+
+    def get(self) -> tuple:
+        """The first item, waiting for one."""
+        with self._changed:
+            while not self._items:
+                self._changed.wait()
+            item, size = self._items.popleft()
+            self._bytes -= size
+            self._changed.notify_all()
+            return item
+
+    def clear(self) -> None:
+        """Drop what waits (close: a thread waiting for room sees the stop)."""
+        with self._changed:
+            self._items.clear()
+            self._bytes = 0
+            self._changed.notify_all()
 
 
 def decodes_ahead(decode: str, device: Any) -> bool:
@@ -41,12 +129,20 @@ def decodes_ahead(decode: str, device: Any) -> bool:
 
 class DecodedAhead:
     """Iterate `loader` with each batch through `decoded_batch(batch, device)`, decoded in
-    threads up to `ahead` batches before the loop asks for it (module doc). `close()` (also at
-    the end of the iteration, and when the loop leaves it early through `with`) stops the
-    threads and waits for them, so the loader's iterator is never used by two threads."""
+    threads before the loop asks for it: `ahead` batches, and more while they fit in `budget`
+    bytes (default `ahead_budget(device)`; module doc). The threads start at the iteration, or
+    before it with `start()`. `close()` (also at the end of the iteration, and when the loop
+    leaves it early through `with`) stops the threads and waits for them, so the loader's
+    iterator is never used by two threads."""
 
     def __init__(
-        self, loader: Any, device: Any, *, ahead: int = AHEAD, threads: int | None = None
+        self,
+        loader: Any,
+        device: Any,
+        *,
+        ahead: int = AHEAD,
+        budget: int | None = None,
+        threads: int | None = None,
     ) -> None:
         self.loader, self.device, self.ahead = loader, device, ahead
         if threads is None:
@@ -60,12 +156,20 @@ class DecodedAhead:
         # cropped): two, where one thread had one. They are the big ones: 256 photos of 12 MP
         # are 9 GB on the GPU, their crops 38 MB.
         self._whole = threading.Semaphore(2)
-        self._ready: queue.Queue = queue.Queue(maxsize=ahead)
+        self._ready = ReadyBatches(ahead, ahead_budget(device) if budget is None else budget)
+        self._iterated = False
         # Seconds spent in the JPEG decoder, on the crops, and waiting for the loader's next
-        # batch (each written by one thread; read after close, for `train -v`).
+        # batch (each written by one thread; read after close, for `train -v`), and the batches
+        # ready when the loop first asked (more than 0 when started early).
         self.jpeg_seconds = 0.0
         self.crop_seconds = 0.0
         self.loader_seconds = 0.0
+        self.ready_at_start = 0
+
+    @property
+    def most_ready(self) -> int:
+        """The most decoded batches that waited for the loop at once."""
+        return self._ready.most
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -76,14 +180,25 @@ class DecodedAhead:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __iter__(self) -> Iterator[Any]:
+    def start(self) -> None:
+        """Start the threads now (once; the iteration starts them otherwise)."""
         if self._started:
-            raise RuntimeError("a DecodedAhead is iterated once")
+            return
         if self.threads == 1:
             self._start(self._decode_all, "torchkit-decode", self._ready, crop=True)
         else:
             self._start(self._decode_all, "torchkit-decode", self._decoded, crop=False)
             self._start(self._crop_all, "torchkit-decode-crops")
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._iterated:
+            raise RuntimeError("a DecodedAhead is iterated once")
+        self._iterated = True
+        self.ready_at_start = len(self._ready)
+        self.start()
+        return self._batches()
+
+    def _batches(self) -> Iterator[Any]:
         try:
             while True:
                 kind, value = self._ready.get()
@@ -100,7 +215,7 @@ class DecodedAhead:
         self._started.append(thread)
         thread.start()
 
-    def _decode_all(self, out: queue.Queue, *, crop: bool) -> None:
+    def _decode_all(self, out: queue.Queue | ReadyBatches, *, crop: bool) -> None:
         """The loader's batches through the JPEG decoder into `out`, and through the crops too
         when `crop` (one thread)."""
         from torchkit.core.device_decode import cropped_batch, jpegs_decoded
@@ -163,8 +278,11 @@ class DecodedAhead:
                 return True
         return False
 
-    def _put(self, out: queue.Queue, item: tuple) -> bool:
+    def _put(self, out: queue.Queue | ReadyBatches, item: tuple) -> bool:
         """Hand `item` on, waiting while `out` is full; False once stopped."""
+        if isinstance(out, ReadyBatches):
+            size = batch_bytes(item[1]) if item[0] == "batch" else 0
+            return out.put(item, size, self._stop.is_set)
         while not self._stop.is_set():
             try:
                 out.put(item, timeout=0.1)
@@ -180,10 +298,11 @@ class DecodedAhead:
             if thread is threading.current_thread():
                 continue
             while thread.is_alive():
-                for waiting in (self._decoded, self._ready):  # let a blocked thread see the stop
-                    try:
-                        while True:
-                            waiting.get_nowait()
-                    except queue.Empty:
-                        pass
+                self._ready.clear()  # let a blocked thread see the stop
+                try:
+                    while True:
+                        self._decoded.get_nowait()
+                except queue.Empty:
+                    pass
                 thread.join(timeout=0.1)
+        self._ready.clear()  # batches started early and never asked for: freed now

@@ -106,7 +106,10 @@ class EpochDriver:
         # matplotlib is imported when curves.png is first drawn, not in a thread beside the
         # first epoch: there it took the GIL from the loop (digits, 2 cores: epoch 1 took
         # 0.63-1.05 s with it, 0.27-0.44 s without) and the run's wall time gained nothing.
-        self._epochs()
+        try:
+            self._epochs()
+        finally:
+            self.starts.close()  # an epoch started early that will not run (early stop, stop)
         self._finish()
         self.result.train_seconds = time.perf_counter() - started
 

@@ -210,7 +210,10 @@ def train_one_epoch(
     readout = SumsReadout(ctx.device, acc)
     last_report = 0.0
     timeline = EpochTimeline(ctx.device, started) if EpochTimeline.wanted() else None
-    ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
+    if isinstance(loader, DecodedAhead):  # started early (core.train.epoch_starts)
+        ahead = loader
+    else:
+        ahead = DecodedAhead(loader, ctx.device) if ctx.decode_ahead else None
     batches = loader if ahead is None else ahead
     if timeline is not None:
         batches = timeline.timed(batches)

@@ -158,6 +158,7 @@ def _train(
         folder.release(ok=result.kept)
     finally:
         if state is not None:
+            state.epoch_starts.close()  # its decoding threads read from the workers: first
             state.loaders.close()  # DataLoader workers stop now, whatever happened
     timeline.mark("closing")
     result.total_seconds = time.perf_counter() - timeline.started

@@ -10,6 +10,7 @@ import functools
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,9 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             "each epoch's last training batch is left out: it would hold 1 image, and "
             "BatchNorm cannot train on a batch of one"
         )
-    starts = EpochStarts(loaders.train, loaders.train_sampler)
+    starts = EpochStarts(
+        loaders.train, loaders.train_sampler, decode_ahead=_early_decoding(ctx, config)
+    )
     split.mark("loaders")
     try:
         if len(loaders.train) == 0:
@@ -166,7 +169,8 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             # The workers read the first batches and the GPU's decoder readies itself while
             # the model is built and the rest is set up (first epoch: issue #30).
             starts.start_early(point.start_epoch)
-            _warm_decoder(ctx, config, data, preprocess)
+            if not starts.decoding_early:  # else decoding the first batches readies it
+                _warm_decoder(ctx, config, data, preprocess)
         split.mark("starting the workers")
         model, arch, parameters = build_model()
         split.mark("model")
@@ -191,6 +195,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
 
             step_ctx.graphed = GraphedStep(step_ctx, amp.dtype, config.batch_size)
     except BaseException:
+        starts.close()  # its decoding threads read from the workers: stopped first
         loaders.close()
         from torchkit.core.decoder_warm_up import wait_for_decoder_warm_up
 
@@ -389,6 +394,18 @@ def warm_start_wanted() -> bool:
     """Whether the first epoch's batches and the GPU's decoder start during the set-up:
     yes unless TORCHKIT_COLD_START=1 (benchmarks/gpu_check.sh times the run both ways)."""
     return os.environ.get("TORCHKIT_COLD_START", "") != "1"
+
+
+def _early_decoding(ctx: DistContext, config: TrainConfig) -> Callable[[Any], Any] | None:
+    """What decodes an epoch started early (`EpochStarts`): a `DecodedAhead` when the run
+    decodes ahead and may hold more than a step's batches (`decode_ahead.ahead_budget`)."""
+    from torchkit.core import decode_ahead
+
+    if not decode_ahead.decodes_ahead(config.decode, ctx.device):
+        return None
+    if decode_ahead.ahead_budget(ctx.device) == 0:
+        return None
+    return functools.partial(decode_ahead.DecodedAhead, device=ctx.device)
 
 
 def _warm_decoder(

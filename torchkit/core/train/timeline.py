@@ -68,7 +68,7 @@ class EpochTimeline:
 
     def report(self, epoch: int, seconds: float, ahead: Any = None) -> None:
         """Log the epoch's line; `ahead`: the epoch's `DecodedAhead`, whose threads' times
-        are added."""
+        are added (for an epoch started early, with what they did before it began)."""
         if self.first_batch is None:
             return
         line = f"epoch {epoch}: first batch after {self.first_batch:.2f} s"
@@ -82,7 +82,9 @@ class EpochTimeline:
             line += (
                 f" (decoding ahead: {ahead.jpeg_seconds:.2f} s in the JPEG decoder, "
                 f"{ahead.crop_seconds:.2f} s on the crops, "
-                f"{ahead.loader_seconds:.2f} s waiting for the loader)"
+                f"{ahead.loader_seconds:.2f} s waiting for the loader; "
+                f"{ahead.ready_at_start} batches ready when the epoch began, at most "
+                f"{ahead.most_ready} waiting)"
             )
         log.info("%s", line)
 
