@@ -10,9 +10,11 @@ import importlib
 import os
 import sys
 
+from torchkit import torchvision_without_dynamo
 from torchkit.bytecode import keep_bytecode_cache
 
 keep_bytecode_cache()  # before typer, rich and (later) torch are imported
+torchvision_without_dynamo.install()  # before torchvision is imported
 
 from torchkit.cli.app import (  # noqa: E402
     app,

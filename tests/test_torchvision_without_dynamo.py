@@ -1,0 +1,135 @@
+"""torchvision imported without torch._dynamo (`torchkit.torchvision_without_dynamo`): in fresh
+processes, since this one has loaded both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import INHERITED, REPO, write_image_folder
+
+
+def _python(script: str, **env: str) -> list[str]:
+    """Run `script` in a fresh Python; its stdout's lines."""
+    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
+    full_env.pop("TORCHKIT_LIGHT_TORCHVISION", None)
+    full_env.update(env)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True, text=True, env=full_env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[:-1]
+
+
+IMPORTS = """
+import sys
+from torchkit import torchvision_without_dynamo as light
+light.install()
+import torch
+import torchvision
+import torchvision.datasets, torchvision.io, torchvision.models, torchvision.ops
+import torchvision.transforms, torchvision.transforms.v2, torchvision.transforms.v2.functional
+from torchvision import tv_tensors
+
+def loaded():
+    return "torch._dynamo" in sys.modules
+"""
+
+
+def test_torchvision_imports_without_dynamo_and_compiling_still_works():
+    lines = _python(
+        IMPORTS
+        + """
+        print("after the imports", loaded(), light.missing)
+        image = tv_tensors.Image(torch.zeros(1, 2, 2))
+        wrapped = tv_tensors.wrap(torch.ones(1, 2, 2), like=image)
+        print("wrap", type(wrapped).__name__, loaded())
+        resized = torchvision.transforms.v2.Resize(4)(image)
+        print("a v2 transform", tuple(resized.shape), loaded())
+        roi_align = sys.modules["torchvision.ops.roi_align"]
+        print("is_compile_supported", roi_align.is_compile_supported("cpu"), loaded())
+        from torch._dynamo.utils import is_compile_supported
+        print("the real one", is_compile_supported("cpu"))
+        compiled = torch.compile(
+            lambda x: tv_tensors.wrap(x * 2, like=image).sum(), backend="eager"
+        )
+        print("compiled", float(compiled(torch.ones(1, 2, 2))))
+        print("wrap once dynamo is loaded", type(tv_tensors.wrap(image, like=image)).__name__)
+        """.replace("\n        ", "\n")
+    )
+    assert lines == [
+        "after the imports False []",
+        "wrap Image False",
+        "a v2 transform (1, 4, 4) False",
+        "is_compile_supported True True",  # imports the real one when called
+        "the real one True",
+        "compiled 8.0",
+        "wrap once dynamo is loaded Image",
+    ]
+
+
+def test_torchkit_light_torchvision_0_adds_no_finder(monkeypatch):
+    from torchkit import torchvision_without_dynamo as light
+
+    monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
+    monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+    for switch, added in (("0", False), ("off", False), ("1", True)):
+        monkeypatch.setattr(sys, "meta_path", [])
+        monkeypatch.setenv("TORCHKIT_LIGHT_TORCHVISION", switch)
+        light.install()
+        assert [type(finder).__name__ for finder in sys.meta_path] == ["_Finder"] * added
+
+
+def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_is_done():
+    # A torchvision that asked dynamo for more would only lose the saving; once the real
+    # dynamo is loaded, install() adds no finder and torchvision imports as it is.
+    lines = _python(
+        """
+        import sys
+        import torch
+        from torchkit import torchvision_without_dynamo as light
+        light._place()
+        stand_in = sys.modules["torch._dynamo"]
+        print(type(stand_in).__name__, light.dynamo_loaded())
+        config = stand_in.config
+        print(config.__name__, light.missing, type(sys.modules["torch._dynamo"]).__name__)
+        print(light.dynamo_loaded(), hasattr(stand_in, "__file__"))
+        light.install()
+        print(any(type(f).__name__ == "_Finder" for f in sys.meta_path))
+        import torchvision.transforms.v2
+        print(type(sys.modules["torch._dynamo"]).__name__, light.missing)
+        """
+    )
+    assert lines == [
+        "_StandIn False",
+        "torch._dynamo.config ['torch._dynamo.config'] module",
+        "True False",
+        "False",
+        "module ['torch._dynamo.config']",
+    ]
+
+
+def test_train_and_eval_on_an_image_folder_never_import_dynamo(tmp_path):
+    # Whole commands in real processes: the CLI installs the finder before any import of
+    # torchvision (the loaders, the transforms, torchvision's models).
+    write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
+    write_image_folder(tmp_path / "ds" / "val", {"a": 2, "b": 2})
+    env = {key: value for key, value in os.environ.items() if key not in INHERITED}
+    env.pop("TORCHKIT_LIGHT_TORCHVISION", None)
+    for args in (
+        ["train", "--data", "ds", "--model", "resnet18", "--image-size", "16", "--epochs", "1",
+         "--workers", "0", "--device", "cpu", "--out", "run"],
+        ["eval", "run/best.pt", "--data", "ds", "--workers", "0", "--device", "cpu"],
+    ):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "torchkit", *args],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                    if line.startswith("import time:")]  # fmt: skip
+        assert "torchvision.models" in imported and "torchvision.transforms" in imported, args
+        assert not [name for name in imported if name.startswith("torch._dynamo")], args

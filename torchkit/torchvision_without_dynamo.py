@@ -1,0 +1,169 @@
+"""torchvision imported without torch._dynamo: about 2 s of every process that uses torchvision.
+
+`import torchvision` imports torch._dynamo (and with it inductor and sympy) for two names, in
+processes that never compile. `torchvision.ops.roi_align` imports `is_compile_supported` from
+`torch._dynamo.utils`, and calls it only when torchvision's C++ operators are missing or a GPU runs
+deterministic. `torchvision.tv_tensors` decorates `wrap` with `torch.compiler.disable`, which asks
+`torch._dynamo.disable`. So while a torchvision module runs for the first time, stand-ins for
+those two modules answer those names:
+- `is_compile_supported` imports the real one when it is called;
+- `disable(fn)` gives a function that calls `fn` itself while dynamo is not loaded (nothing is
+  being compiled then), and dynamo's disabled version of `fn` once it is.
+Any other name asked of a stand-in imports the real dynamo and answers from it, so a torchvision
+that needs more only loses the saving. The stand-ins leave sys.modules when the module's import
+ends, and `torch.compile` later in the process imports the real dynamo as usual. Nothing is done
+once dynamo is loaded. TORCHKIT_LIGHT_TORCHVISION=0 turns this off. (The same saving for
+torch.optim: `core.train.dynamo_free`.)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+SWITCH = "TORCHKIT_LIGHT_TORCHVISION"
+DYNAMO, DYNAMO_UTILS = "torch._dynamo", "torch._dynamo.utils"
+# torchvision modules running under the stand-ins right now (they import one another).
+_depth = 0
+_lock = threading.RLock()
+# Names the stand-ins were asked for and did not have (each made the real dynamo load).
+missing: list[str] = []
+
+
+def install() -> None:
+    """Import torchvision's modules without torch._dynamo from now on in this process (module
+    doc); before torchvision is first imported."""
+    if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return
+    if DYNAMO in sys.modules or any(isinstance(f, _Finder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _Finder())
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds torchvision's modules as the other finders do, with their loader wrapped."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torchvision" and not name.startswith("torchvision."):
+            return None
+        if DYNAMO in sys.modules and not _placed():
+            return None  # dynamo is loaded: nothing to save
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+class _Loader(importlib.abc.Loader):
+    """The real loader, its module run with the stand-ins in sys.modules."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def create_module(self, spec: Any) -> Any:
+        return self.real.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        global _depth
+        # The module keeps the real loader (importlib.resources, reloads).
+        module.__loader__ = self.real
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.real
+        # The lock guards the count and sys.modules' entries, never an import (a thread
+        # holding it while importing could wait on another importing a torchvision module).
+        with _lock:
+            if _depth == 0 and dynamo_loaded():
+                stand_ins = False
+            else:
+                stand_ins = True
+                if _depth == 0:
+                    _place()
+                _depth += 1
+        if not stand_ins:
+            self.real.exec_module(module)
+            return
+        try:
+            self.real.exec_module(module)
+        finally:
+            with _lock:
+                _depth -= 1
+                if _depth == 0:
+                    _remove()
+
+
+class _StandIn(types.ModuleType):
+    """A stand-in for a dynamo module: any name it lacks comes from the real module."""
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):  # probes of a module's file, path...: as a module without
+            raise AttributeError(attr)
+        missing.append(f"{self.__name__}.{attr}")
+        return getattr(_real(self.__name__), attr)
+
+
+def _placed() -> bool:
+    return isinstance(sys.modules.get(DYNAMO), _StandIn)
+
+
+def _place() -> None:
+    package, utils = _StandIn(DYNAMO), _StandIn(DYNAMO_UTILS)
+    package.__dict__.update(__path__=[], disable=disable, utils=utils)
+    utils.is_compile_supported = is_compile_supported
+    sys.modules[DYNAMO], sys.modules[DYNAMO_UTILS] = package, utils
+
+
+def _remove() -> None:
+    for name in (DYNAMO_UTILS, DYNAMO):
+        if isinstance(sys.modules.get(name), _StandIn):
+            del sys.modules[name]
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(torch.__dict__.get("_dynamo"), _StandIn):
+        del torch._dynamo
+
+
+def _real(name: str) -> types.ModuleType:
+    """The real dynamo module `name`, imported now (the stand-ins taken out first)."""
+    with _lock:
+        _remove()
+    return importlib.import_module(name)
+
+
+def is_compile_supported(device_type: Any) -> Any:
+    """torch._dynamo.utils.is_compile_supported, imported when called."""
+    return _real(DYNAMO_UTILS).is_compile_supported(device_type)
+
+
+def disable(fn: Callable | None = None, recursive: bool = True, **options: Any) -> Any:
+    """torch._dynamo.disable, deferred: `fn` as it is while dynamo is not loaded, dynamo's
+    disabled `fn` once it is (made once)."""
+    if fn is None:
+        return functools.partial(disable, recursive=recursive, **options)
+    disabled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def called(*args: Any, **kwargs: Any) -> Any:
+        if not dynamo_loaded():
+            return fn(*args, **kwargs)
+        if not disabled:
+            disabled.append(sys.modules[DYNAMO].disable(fn, recursive, **options))
+        return disabled[0](*args, **kwargs)
+
+    return called
+
+
+def dynamo_loaded() -> bool:
+    """Whether the real torch._dynamo is loaded in this process."""
+    return DYNAMO in sys.modules and not _placed()
