@@ -21,6 +21,7 @@
 #   - resnet50's first and steady epochs and whole run with the decoded batches held to two
 #     (TORCHKIT_DECODE_AHEAD_MB=0) against the default budget;
 #   - resnet50's first and steady epochs with --cuda-graphs (its steps replayed as a graph);
+#   - resnet50's first and steady epochs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True;
 #   - resnet50's first and steady epochs, and the digits job, with --cudnn-benchmark (cuDNN's
 #     autotuning, off by default since the H200 run of 2026-11-27);
 #   - the digits job with --no-cuda-graphs (eager steps) against the default (on CUDA its
@@ -184,9 +185,16 @@ step tk-big-shallow 150 env TORCHKIT_DECODE_AHEAD_MB=0 "${TK[@]}" train --data "
 # The big model's steps replayed as a CUDA graph (--cuda-graphs; eager by default): under
 # resnet50 the decode thread spent 1.83 s of a 1.87 s epoch decoding, 3.4 times what the data
 # path alone takes. If the eager step's Python holds the GIL from that thread, the graph's
-# replay (one call a step) gives it back.
-step tk-big-graphs 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
-  --warmup-epochs 0 --cuda-graphs --out "$W/big-graphs" -v
+# replay (one call a step) gives it back. CUDA only.
+if [ "$DEV" != cpu ]; then
+  step tk-big-graphs 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
+    --warmup-epochs 0 --cuda-graphs --out "$W/big-graphs" -v
+fi
+# The CUDA caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF, not a torchkit
+# option): fewer cudaMalloc calls while the first steps' memory grows, beside the decoder's.
+step tk-big-expandable 150 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "${TK[@]}" \
+  train --data "$W/jp" --model "$BIG" "${train_args[@]}" --warmup-epochs 0 \
+  --out "$W/big-expandable" -v
 step tk-big-bench 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --cudnn-benchmark --out "$W/big-bench" -v
 # cuDNN timing 3 algorithms a convolution instead of torch's 10 (--cudnn-benchmark-limit): a

@@ -170,6 +170,10 @@ if ran("big-shallow", "tk-big-shallow") is not None:
                  wall("tk-big-shallow")))  # fmt: skip
 # --cuda-graphs: the big model's steps replayed as a graph, against eager steps.
 rows += big_variant("big-graphs", "tk-big-graphs", "--cuda-graphs", "eager (default)")
+# The caching allocator's expandable segments against its default.
+rows += big_variant(
+    "big-expandable", "tk-big-expandable", "expandable_segments:True", "default allocator"
+)
 # --cudnn-benchmark: what cuDNN's autotuning costs the first epoch and buys the others.
 rows += big_variant("big-bench", "tk-big-bench", "--cudnn-benchmark", "default")
 rows += digits_variant("digits-bench", "--cudnn-benchmark", "default")
