@@ -105,6 +105,21 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """`target` (a temporary path of `atomic_path`'s) made a hard link to the finished file
+    `source`: the same bytes written once. A later atomic replace of either name gives that
+    name a new file and leaves the other as it was. Where the file system refuses links (FAT,
+    some network file systems, another device), a copy of the bytes."""
+    import shutil
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def torch_save(obj: object, path: str | os.PathLike) -> None:
     """`torch.save(obj, path)` through a Python file, so that every failed write raises OSError
     with its errno: given a path, torch 2.4 (which pyproject allows) writes a small object to a

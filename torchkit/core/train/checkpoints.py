@@ -19,7 +19,7 @@ from torchkit.core.checkpoint import (
     is_torchkit_checkpoint,
     load_checkpoint,
     on_cpu,
-    save_checkpoint,
+    save_checkpoint_as,
 )
 from torchkit.core.errors import CheckpointError
 
@@ -95,16 +95,13 @@ def save_epoch(
 ) -> list[Path]:
     """Write best.pt (if improved), epoch-NNN.pt (if due), then last.pt; prune old periodic
     ones. Returns the files written."""
-    written = []
     epoch = checkpoint["epoch"]
-    if is_best:
-        save_checkpoint(checkpoint, folder / BEST)
-        written.append(folder / BEST)
+    written = [folder / BEST] if is_best else []
     if save_every and epoch % save_every == 0:
-        save_checkpoint(checkpoint, folder / periodic_name(epoch))
         written.append(folder / periodic_name(epoch))
-    save_checkpoint(checkpoint, folder / LAST)
     written.append(folder / LAST)
+    # best.pt before last.pt, as last.pt names its epoch as the best only once best.pt holds it.
+    save_checkpoint_as(checkpoint, written)
     if keep:
         prune_periodic(folder, keep)
     return written
