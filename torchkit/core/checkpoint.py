@@ -16,7 +16,7 @@ from typing import Any
 
 from torchkit.core.errors import CheckpointError, first_line
 from torchkit.core.exported.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
-from torchkit.core.files import atomic_path, link_or_copy, require_input, torch_save
+from torchkit.core.files import atomic_path, copy_bytes, require_input, torch_save
 
 FORMAT_VERSION = 1
 CHECKPOINT_KEYS = (
@@ -125,16 +125,17 @@ def save_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> N
 
 def save_checkpoint_as(checkpoint: Mapping[str, Any], paths: list[str | os.PathLike]) -> None:
     """One checkpoint under each of `paths` (best.pt, last.pt...), each replaced atomically and
-    in order, serialized once: the first regular file written is hard-linked (or copied) to
-    the others (`files.link_or_copy`). A resnet50 checkpoint with its optimiser's state is
-    about 300 MB, which an epoch that was the best wrote twice."""
+    in order, serialized once: the first regular file written is copied to the others
+    (`files.copy_bytes`, in the kernel). A resnet50 checkpoint with its optimiser's state is
+    about 300 MB, which an epoch that was the best serialized twice. Copies, not hard links:
+    a user who rewrites best.pt in place (`torch.save` to its path) must not change last.pt."""
     written: Path | None = None
     for path in map(Path, paths):
         with atomic_path(path) as tmp:
             if written is None:
                 torch_save(dict(checkpoint), tmp)
             else:
-                link_or_copy(written, tmp)
+                copy_bytes(written, tmp)
         if written is None and path.is_file():  # not a FIFO or device: a file to link to
             written = path
 
