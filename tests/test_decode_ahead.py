@@ -223,6 +223,9 @@ def test_ready_batches_take_the_least_whatever_their_size_then_what_fits_the_bud
     assert ready.put(("c",), 70, never)  # 30 + 70 fits
     assert [ready.get(), ready.get()] == [("b",), ("c",)] and ready.most == 2
     assert ready.put(("d",), 10, never) and ready.put(("e",), 95, lambda: True) is False
+    # The end is an item, not a batch: it never counts among the batches that waited.
+    assert ready.put(("end",), 0, never, is_batch=False) and ready.put(("f",), 0, never)
+    assert (len(ready), ready.batches(), ready.most) == (3, 2, 2)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -233,7 +236,7 @@ def test_started_early_the_threads_decode_as_many_batches_as_the_budget_holds(th
         loader = Loader(9)
         ahead = DecodedAhead(loader, "cpu", budget=budget, threads=threads)
         ahead.start()
-        wait_until(lambda: len(ahead._ready) == held, what=f"{held} batches decoded")  # noqa: B023
+        wait_until(lambda: ahead._ready.batches() == held, what=f"{held} batches")  # noqa: B023
         assert [int(batch.labels) for batch in ahead] == list(range(9))
         assert ahead.ready_at_start == ahead.most_ready == held and _threads() == 0
 
@@ -242,7 +245,7 @@ def test_an_early_start_never_asked_for_is_stopped_by_close():
     ahead = DecodedAhead(Loader(50), "cpu", budget=10**6, threads=2)
     ahead.start()
     ahead.start()  # once
-    wait_until(lambda: len(ahead._ready) > 3, what="batches decoded")
+    wait_until(lambda: ahead._ready.batches() > 3, what="batches decoded")
     ahead.close()
     assert _threads() == 0 and len(ahead._ready) == 0
 

@@ -73,20 +73,29 @@ def batch_bytes(item: Any) -> int:
 
 class ReadyBatches:
     """The queue between the threads and the loop: `put` waits while at least `least` items
-    wait and one more would take their bytes past `budget`, or until `stopped()`."""
+    wait and one more would take their bytes past `budget`, or until `stopped()`. The end and
+    an error are items too, but not batches: `batches()` and `most` count batches only."""
 
     def __init__(self, least: int, budget: int) -> None:
         self.least, self.budget = least, budget
         self._items: collections.deque = collections.deque()
         self._bytes = 0
+        self._batches = 0
         self._changed = threading.Condition()
-        self.most = 0  # the most items that waited at once
+        self.most = 0  # the most batches that waited at once
 
     def __len__(self) -> int:
         with self._changed:
             return len(self._items)
 
-    def put(self, item: tuple, size: int, stopped: Callable[[], bool]) -> bool:
+    def batches(self) -> int:
+        """How many batches wait now."""
+        with self._changed:
+            return self._batches
+
+    def put(
+        self, item: tuple, size: int, stopped: Callable[[], bool], *, is_batch: bool = True
+    ) -> bool:
         """Add `item` (`size` bytes) when there is room; False once `stopped()`."""
         with self._changed:
             while len(self._items) >= self.least and self._bytes + size > self.budget:
@@ -95,9 +104,10 @@ class ReadyBatches:
                 self._changed.wait(0.1)
             if stopped():
                 return False
-            self._items.append((item, size))
+            self._items.append((item, size, is_batch))
             self._bytes += size
-            self.most = max(self.most, len(self._items))
+            self._batches += is_batch
+            self.most = max(self.most, self._batches)
             self._changed.notify_all()
             return True
 
@@ -106,8 +116,9 @@ class ReadyBatches:
         with self._changed:
             while not self._items:
                 self._changed.wait()
-            item, size = self._items.popleft()
+            item, size, is_batch = self._items.popleft()
             self._bytes -= size
+            self._batches -= is_batch
             self._changed.notify_all()
             return item
 
@@ -115,7 +126,7 @@ class ReadyBatches:
         """Drop what waits (close: a thread waiting for room sees the stop)."""
         with self._changed:
             self._items.clear()
-            self._bytes = 0
+            self._bytes = self._batches = 0
             self._changed.notify_all()
 
 
@@ -194,7 +205,7 @@ class DecodedAhead:
         if self._iterated:
             raise RuntimeError("a DecodedAhead is iterated once")
         self._iterated = True
-        self.ready_at_start = len(self._ready)
+        self.ready_at_start = self._ready.batches()
         self.start()
         return self._batches()
 
@@ -281,8 +292,9 @@ class DecodedAhead:
     def _put(self, out: queue.Queue | ReadyBatches, item: tuple) -> bool:
         """Hand `item` on, waiting while `out` is full; False once stopped."""
         if isinstance(out, ReadyBatches):
-            size = batch_bytes(item[1]) if item[0] == "batch" else 0
-            return out.put(item, size, self._stop.is_set)
+            is_batch = item[0] == "batch"
+            size = batch_bytes(item[1]) if is_batch else 0
+            return out.put(item, size, self._stop.is_set, is_batch=is_batch)
         while not self._stop.is_set():
             try:
                 out.put(item, timeout=0.1)
