@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
@@ -54,8 +53,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "torchvision" and not name.startswith("torchvision."):
             return None
-        if DYNAMO in sys.modules and not _placed():
-            return None  # dynamo is loaded: nothing to save
+        if dynamo_loaded():
+            return None  # nothing to save
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
                 continue

@@ -131,13 +131,19 @@ def save_checkpoint_as(checkpoint: Mapping[str, Any], paths: list[str | os.PathL
     a user who rewrites best.pt in place (`torch.save` to its path) must not change last.pt."""
     written: Path | None = None
     for path in map(Path, paths):
+        if written is not None:
+            copy_checkpoint(written, path)
+            continue
         with atomic_path(path) as tmp:
-            if written is None:
-                torch_save(dict(checkpoint), tmp)
-            else:
-                copy_bytes(written, tmp)
-        if written is None and path.is_file():  # not a FIFO or device: a file to link to
+            torch_save(dict(checkpoint), tmp)
+        if path.is_file():  # not a FIFO or device: a file to copy from
             written = path
+
+
+def copy_checkpoint(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Copy a checkpoint file, atomically (a copy cut short leaves no half file)."""
+    with atomic_path(target) as tmp:
+        copy_bytes(source, tmp)
 
 
 def on_cpu(obj: Any) -> Any:

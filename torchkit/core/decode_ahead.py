@@ -155,7 +155,7 @@ class DecodedAhead:
         budget: int | None = None,
         threads: int | None = None,
     ) -> None:
-        self.loader, self.device, self.ahead = loader, device, ahead
+        self.loader, self.device = loader, device
         if threads is None:
             threads = 1 if os.environ.get("TORCHKIT_ONE_DECODE_THREAD", "") == "1" else 2
         self.threads = threads

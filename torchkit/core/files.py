@@ -113,20 +113,20 @@ def copy_bytes(source: str | os.PathLike, target: str | os.PathLike) -> None:
     rewriting one of them in place never changes the other."""
     import shutil
 
+    in_kernel = getattr(os, "copy_file_range", None)  # Linux only
     with open(source, "rb") as reading, open(target, "wb") as writing:
         size = os.fstat(reading.fileno()).st_size
         copied = 0
         try:
-            while copied < size:
-                step = os.copy_file_range(reading.fileno(), writing.fileno(), size - copied)
+            while in_kernel is not None and copied < size:
+                step = in_kernel(reading.fileno(), writing.fileno(), size - copied)
                 if step == 0:
                     break
                 copied += step
-        except (AttributeError, OSError) as error:  # not Linux, or not between these two
-            if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        except OSError as error:  # a full disk is the write's error; any other, not here
+            if error.errno == errno.ENOSPC:
                 raise
-            copied = -1
-        if copied != size:
+        if copied != size:  # the kernel would not copy between these two: Python does
             reading.seek(0)
             writing.seek(0)
             writing.truncate()

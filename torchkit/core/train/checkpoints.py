@@ -179,13 +179,3 @@ def best_checkpoint_for(resumed: Path, checkpoint: dict) -> Path | None:
     if checkpoint.get("epoch") == best_epoch and not checkpoint.get("epoch_progress"):
         return resumed
     return None
-
-
-def copy_checkpoint(source: Path, target: Path) -> None:
-    """Copy a checkpoint file, atomically (a copy cut short leaves no half file)."""
-    import shutil
-
-    from torchkit.core.files import atomic_path
-
-    with atomic_path(target) as tmp:
-        shutil.copyfile(source, tmp)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from typing import Any
 
 # The Optimizer methods decorated with torch._disable_dynamo.
@@ -23,7 +22,9 @@ MARKED_METHODS = ("add_param_group", "zero_grad", "state_dict", "load_state_dict
 
 
 def dynamo_loaded() -> bool:
-    return "torch._dynamo" in sys.modules
+    from torchkit import torchvision_without_dynamo
+
+    return torchvision_without_dynamo.dynamo_loaded()
 
 
 def mark_not_compiled() -> None:

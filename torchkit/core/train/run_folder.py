@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchkit.core import distributed
+from torchkit.core.checkpoint import copy_checkpoint
 from torchkit.core.datasource import SPLIT_CSV, write_split_csv
 from torchkit.core.errors import TorchkitError, first_line
 from torchkit.core.outputs import (
@@ -30,13 +31,7 @@ from torchkit.core.outputs import (
     data_inputs,
     lock_path,
 )
-from torchkit.core.train.checkpoints import (
-    BEST,
-    LAST,
-    best_checkpoint_for,
-    copy_checkpoint,
-    save_epoch,
-)
+from torchkit.core.train.checkpoints import BEST, LAST, best_checkpoint_for, save_epoch
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
     RUN_FILES,
