@@ -56,12 +56,12 @@
 #            overrun is cut, and its rows read n/a
 #   ONLY     step names to run, space-separated (all): on a short lease, the rows that matter
 #            now; the others read n/a. The big-model steps need jpegs (or JPEGS), eval needs tk-big.
-#            ONLY=open: the steps issue #30's open targets and questions need (about 4 minutes)
+#            ONLY=open: the steps issue #30's open targets and questions need (about 5 minutes)
 #   JPEGS    a folder made by make_jpegs.py to use in place of making one (the jpegs step)
 set -u
 if [ "${ONLY:-}" = open ]; then
   ONLY="jpegs tk-big tk-big-shallow tk-big-graphs tk-big-expandable benchmark tk-r18"
-  ONLY+=" tk-r18-one-thread data-path"
+  ONLY+=" tk-r18-one-thread data-path profile-big"
 fi
 export PYTHONUNBUFFERED=1 NO_COLOR=1 COLUMNS=150 PYTHONWARNINGS=ignore TERM=dumb
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -212,11 +212,12 @@ step tk-big-fast 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_arg
   --warmup-epochs 0 --decode fast --out "$W/big-fast" -v
 # torch.profiler over the first steps of epochs 1 and 2 (train --profile-steps), each in a fresh
 # process so that epoch 1 pays every first-time cost: the digits job (a whole epoch: 45 steps)
-# and the big model (10 steps; the later --epochs wins).
+# and the big model (20 steps; the later --epochs wins); on a GPU each epoch also gets
+# epoch-K-gpu.txt: how busy each stream was, the training stream's gaps, the host's waits.
 step profile-digits 60 "${TK[@]}" train --out "$W/pdigits" --device "$DEV" --epochs 2 \
   --profile-steps 45 -v
 step profile-big 120 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
-  --warmup-epochs 0 --epochs 2 --profile-steps 10 --out "$W/pbig" -v
+  --warmup-epochs 0 --epochs 2 --profile-steps 20 --out "$W/pbig" -v
 for run in digits big; do
   for table in "$W/p$run"/profile/epoch-*.txt; do
     [ -f "$table" ] && cp "$table" "$OUT/profile-$run-$(basename "$table")"

@@ -302,13 +302,16 @@ if whole_runs:
     lines += ["", "where each run's wall time went (train -v):", *(f"- {r}" for r in whole_runs)]
 if graph_lines:
     lines += ["", "--cuda-graphs (train -v):", *(f"- {line}" for line in graph_lines)]
-# `train --profile-steps`: the heading and the top operators of each profiled epoch.
+# `train --profile-steps`: the heading and the top operators of each profiled epoch, and on a
+# GPU what each stream did and what the host waited for.
 PROFILE_ROWS = 15
 for name in sorted(os.listdir(out)):
     if name.startswith("profile-") and name.endswith(".txt"):
         with open(os.path.join(out, name), errors="replace") as handle:
             profile = handle.read().splitlines()
-        lines += ["", f"{name}:", *profile[: 5 + PROFILE_ROWS]]
+        # what the GPU did (epoch-K-gpu.txt, read from the trace) is short: whole
+        keep = profile if name.endswith("-gpu.txt") else profile[: 5 + PROFILE_ROWS]
+        lines += ["", f"{name}:", *keep]
 failed = [f"{name} (rc {rc})" for name, (rc, _) in steps.items() if rc != 0]
 if failed:
     lines += ["", "failed or cut: " + ", ".join(failed) + f"; see {log}"]

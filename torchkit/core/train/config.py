@@ -545,8 +545,9 @@ class TrainConfig:
         help="Profile the first N optimiser steps (N x --accum-steps batches) of the first two "
         "epochs this run trains "
         "(torch.profiler; CPU, and CUDA on a GPU): OUT/profile/epoch-K.txt lists the "
-        "operators by self time, epoch-K.json is the trace for Perfetto or chrome://tracing. "
-        "The first epoch shows what a run pays once, the second what each step costs. "
+        "operators by self time, epoch-K.json is the trace for Perfetto or chrome://tracing, "
+        "and on a GPU epoch-K-gpu.txt says how busy each CUDA stream was and what the host "
+        "waited for. The first epoch shows what a run pays once, the second what each step costs. "
         "0 = off.",
     )
     # --find-lr: the learning-rate range test instead of training (core.train.lr_find).

@@ -9,7 +9,10 @@ kernels of those steps are all in it). Rank 0 writes, under the run folder:
 
 - `profile/epoch-K.txt`: the operators by self time (self CUDA time on a GPU), with a heading
   that names the epoch, the steps and their wall time;
-- `profile/epoch-K.json`: the whole trace, for Perfetto (ui.perfetto.dev) or chrome://tracing.
+- `profile/epoch-K.json`: the whole trace, for Perfetto (ui.perfetto.dev) or chrome://tracing;
+- on a GPU, `profile/epoch-K-gpu.txt`: what the GPU did in those steps, from the trace
+  (`core.train.gpu_timeline`): each stream's busy time and kernels, the training stream's idle
+  gaps, and the host's waits for the device by thread.
 
 The profiler's overhead on each profiled step is in that epoch's time (metrics.csv's
 `epoch_time_s`); its set-up and the writing (seconds) are not: `train -v`'s last line names them.
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.files import atomic_path, atomic_write_text
+from torchkit.core.train.gpu_timeline import render_timeline, timeline_of_file
 
 log = logging.getLogger("torchkit")
 
@@ -119,11 +123,29 @@ class StepProfiler:
         atomic_write_text(base.with_suffix(".txt"), self._table(profile))
         with atomic_path(base.with_suffix(".json")) as trace:
             profile.export_chrome_trace(str(trace))
+        written = [f"{base.name}.txt", f"{base.name}.json"]
+        on_gpu = self.device.type == "cuda"
+        try:
+            timeline = timeline_of_file(base.with_suffix(".json")) if on_gpu else None
+        except ValueError as error:  # a trace Kineto wrote badly: the table and trace stand
+            log.warning("epoch %d: the trace could not be read for the GPU's timeline: %s",
+                        self.epoch, error)  # fmt: skip
+            timeline = None
+        if timeline is not None:
+            heading = (
+                f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
+                f"optimiser steps on {self.device}: what the GPU did (the trace's device "
+                f"activity)\n"
+            )
+            gpu = base.parent / f"{base.name}-gpu.txt"
+            atomic_write_text(gpu, render_timeline(timeline, heading))
+            written.append(gpu.name)
         log.info(
-            "epoch %d: profile of its first %d steps in %s.{txt,json}",
+            "epoch %d: profile of its first %d steps in %s: %s",
             self.epoch,
             self.updates,
-            base,
+            self.folder,
+            ", ".join(written),
         )
 
     def _table(self, profile: Any) -> str:
