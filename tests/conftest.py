@@ -81,6 +81,24 @@ def cli_built_once(_torchkit_command):
         yield
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """A test (an in-process command included) leaves SIGINT and SIGTERM as it found them: a
+    handler left behind would change how every later test in the worker is stopped (once a
+    SIGINT left ignored made an in-process Ctrl-C test fail). The handlers are put back, so
+    that one test's leak fails that test alone."""
+    import signal
+
+    names = ("SIGINT", "SIGTERM")
+    before = {name: signal.getsignal(getattr(signal, name)) for name in names}
+    yield
+    after = {name: signal.getsignal(getattr(signal, name)) for name in names}
+    changed = {name: after[name] for name in names if after[name] is not before[name]}
+    for name in changed:
+        signal.signal(getattr(signal, name), before[name])
+    assert not changed, f"the test left signal handlers changed: {changed}"
+
+
 # The environment a test's torchkit run never inherits: tests say what they want.
 INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR", "TORCHKIT_CURVES_HELPER")
 

@@ -15,14 +15,15 @@ from torchkit.core.train.gpu_timeline import gpu_timeline, render_timeline
 from torchkit.core.train.step_profiler import StepProfiler
 
 
-def _device(name, start, end, stream, cat="kernel"):
+def _device(name, start, end, stream, cat="kernel", correlation=None):
     return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": start,
-            "dur": end - start, "args": {"device": 0, "stream": stream}}  # fmt: skip
+            "dur": end - start,
+            "args": {"device": 0, "stream": stream, "correlation": correlation}}  # fmt: skip
 
 
-def _host(name, start, length, tid):
+def _host(name, start, length, tid, correlation=None):
     return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 99, "tid": tid, "ts": start,
-            "dur": length}  # fmt: skip
+            "dur": length, "args": {"correlation": correlation}}  # fmt: skip
 
 
 # Times in microseconds. Stream 7 (the training steps') busy over [0, 2000], [4000, 5500] and
@@ -30,18 +31,20 @@ def _host(name, start, length, tid):
 TRACE = {
     "traceEvents": [
         {"ph": "M", "name": "thread_name", "pid": 99, "tid": 11, "args": {"name": "decode"}},
-        _device("conv", 0, 1000, 7),
-        _device("conv", 500, 2000, 7),  # overlaps the one before: counted once
+        _device("conv", 0, 1000, 7, correlation=1),
+        _device("conv", 500, 2000, 7, correlation=2),  # overlaps the one before: counted once
         _device("gemm", 4000, 5000, 7, cat="Kernel"),  # older Kineto's capitals
         _device("Memcpy HtoD (Pinned -> Device)", 5000, 5500, 7, cat="gpu_memcpy"),
-        _device("relu", 5600, 6000, 7),
+        _device("relu", 5600, 6000, 7, correlation=3),  # the decode thread's crop kernel
         _device("nvjpeg_decode", 2100, 3100, 13),
         _device("nvjpeg_decode", 6000, 7000, 13),
         _device("broken", 100, float("nan"), 7),  # no time: skipped
         _host("cudaStreamSynchronize", 100, 300, 11),
         _host("cudaStreamSynchronize", 3000, 700, 11),
         _host("cudaMemcpy", 10, 50, 12),
-        _host("cudaLaunchKernel", 0, 5000, 12),  # not a wait
+        _host("cudaLaunchKernel", 0, 5000, 12, correlation=1),  # not a wait
+        _host("cudaLaunchKernel", 400, 10, 12, correlation=2),
+        _host("cudaLaunchKernel", 5500, 10, 11, correlation=3),
         _host("cudaMemcpyAsync", 0, 5000, 12),  # not a wait
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 99, "tid": 12, "ts": 0, "dur": 9},
     ]
@@ -68,6 +71,13 @@ def test_busy_idle_and_waits_match_the_hand_count():
     assert (sync.thread, sync.call, sync.count) == ("decode (11)", "cudaStreamSynchronize", 2)
     assert (sync.ms, sync.longest_ms) == (pytest.approx(1.0), pytest.approx(0.7))
     assert (copy.thread, copy.call, copy.count) == ("thread 12", "cudaMemcpy", 1)
+    # kernels by launching thread: 1000 + 1500 us from thread 12, 400 from the decode thread,
+    # the rest (no launch in the trace) unknown: 1000 + 500 + 1000 + 1000
+    assert [(t.thread, t.activities, t.ms) for t in timeline.launchers] == [
+        ("unknown", 4, pytest.approx(3.5)),
+        ("thread 12", 2, pytest.approx(2.5)),
+        ("decode (11)", 1, pytest.approx(0.4)),
+    ]
 
 
 def test_the_text_names_the_figures():
@@ -78,6 +88,7 @@ def test_the_text_names_the_figures():
     assert "3.0 ms of it in 2 gaps of 1 ms or more; other streams busy 2.0 ms" in text
     assert "- cuda:0 stream 13: busy 2.0 ms (28.6%), 2 kernels, copies and memsets" in text
     assert "- decode (11): cudaStreamSynchronize 2x, 1.0 ms (longest 0.70 ms)" in text
+    assert "- decode (11): 0.4 ms in 1 kernels, copies and memsets" in text
 
 
 def test_a_trace_without_device_activity_has_no_timeline():

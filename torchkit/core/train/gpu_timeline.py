@@ -7,6 +7,9 @@ copies, memsets, each with its stream) and the host's CUDA calls (each with its 
 
 - per stream: its kernels and the time it was busy (activities merged where they overlap), and
   its kernels by total time;
+- per host thread that launched them (the launch's correlation id): the device time of its
+  kernels and copies. The decoding threads' crops run on the training thread's stream, so only
+  this tells their kernels from the steps';
 - the busiest stream (the training steps' own) idle: in how many gaps, how long in all, how much
   of it in gaps of 1 ms or more, and how much of that idle time another stream (the JPEG
   decoder's, the decoded crops') was busy;
@@ -63,6 +66,15 @@ class HostWait:
 
 
 @dataclass
+class LaunchingThread:
+    """The device work one host thread launched."""
+
+    thread: str
+    activities: int
+    ms: float  # summed durations (overlaps counted twice)
+
+
+@dataclass
 class GpuTimeline:
     """The device's activity in a trace (module doc). Times in milliseconds."""
 
@@ -75,6 +87,7 @@ class GpuTimeline:
     main_long_gaps_ms: float
     others_while_main_idle_ms: float  # another stream busy while the busiest was idle
     waits: list[HostWait]  # longest first
+    launchers: list[LaunchingThread] = field(default_factory=list)  # most device time first
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -90,6 +103,8 @@ def gpu_timeline(trace: dict[str, Any]) -> GpuTimeline | None:
     by_stream: dict[str, list[tuple[float, float]]] = defaultdict(list)
     kernels: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     waits: dict[tuple[str, str], list[float]] = defaultdict(list)
+    launched_by: dict[Any, str] = {}  # correlation id -> the launching thread
+    device_work: list[tuple[Any, float]] = []  # (correlation id, duration)
     for event in events:
         if event.get("ph") != "X":
             continue
@@ -101,10 +116,15 @@ def gpu_timeline(trace: dict[str, Any]) -> GpuTimeline | None:
             stream = _stream(event)
             by_stream[stream].append((start, start + length))
             kernels[stream][str(event.get("name", "?"))].append(length)
-        elif category in HOST_CATEGORIES and WAITING_CALLS.search(str(event.get("name", ""))):
+            device_work.append(((event.get("args") or {}).get("correlation"), length))
+        elif category in HOST_CATEGORIES:
             key = (event.get("pid"), event.get("tid"))
             thread = threads.get(key, f"thread {event.get('tid')}")
-            waits[(thread, str(event["name"]))].append(length)
+            correlation = (event.get("args") or {}).get("correlation")
+            if correlation is not None:
+                launched_by[correlation] = thread
+            if WAITING_CALLS.search(str(event.get("name", ""))):
+                waits[(thread, str(event["name"]))].append(length)
     if not by_stream:
         return None
     merged = {stream: _merged(spans) for stream, spans in by_stream.items()}
@@ -142,6 +162,7 @@ def gpu_timeline(trace: dict[str, Any]) -> GpuTimeline | None:
             ),
             key=lambda wait: -wait.ms,
         )[:TOP_WAITS],
+        launchers=_launchers(device_work, launched_by),
     )
 
 
@@ -176,6 +197,13 @@ def render_timeline(timeline: GpuTimeline, heading: str = "") -> str:
             f"{stream.activities} kernels, copies and memsets"
         )
         lines += [f"    {ms:9.2f} ms {count:6d}x  {name[:100]}" for name, ms, count in stream.top]
+    if timeline.launchers:
+        lines += ["", "device time by the host thread that launched it (summed durations):"]
+        lines += [
+            f"- {launcher.thread}: {launcher.ms:.1f} ms in {launcher.activities} kernels, "
+            f"copies and memsets"
+            for launcher in timeline.launchers
+        ]
     lines += ["", "the host waiting for the device (by thread and call, longest first):"]
     if not timeline.waits:
         lines.append("- none")
@@ -185,6 +213,22 @@ def render_timeline(timeline: GpuTimeline, heading: str = "") -> str:
         for wait in timeline.waits
     ]
     return "\n".join(lines) + "\n"
+
+
+def _launchers(
+    device_work: list[tuple[Any, float]], launched_by: dict[Any, str]
+) -> list[LaunchingThread]:
+    """Device time per launching thread; work whose launch the trace lacks is "unknown"."""
+    counts: dict[str, int] = defaultdict(int)
+    times: dict[str, float] = defaultdict(float)
+    for correlation, length in device_work:
+        thread = launched_by.get(correlation, "unknown") if correlation is not None else "unknown"
+        counts[thread] += 1
+        times[thread] += length
+    return sorted(
+        (LaunchingThread(thread, counts[thread], times[thread] / 1000) for thread in counts),
+        key=lambda launcher: -launcher.ms,
+    )
 
 
 def _thread_names(events: list[dict[str, Any]]) -> dict[tuple[Any, Any], str]:
