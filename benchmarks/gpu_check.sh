@@ -56,12 +56,18 @@
 #            overrun is cut, and its rows read n/a
 #   ONLY     step names to run, space-separated (all): on a short lease, the rows that matter
 #            now; the others read n/a. The big-model steps need jpegs (or JPEGS), eval needs tk-big.
-#            ONLY=open: the steps issue #30's open targets and questions need (about 5 minutes)
+#            `open` among them stands for the steps issue #30's open targets and questions need
+#            (about 5 minutes): resnet50 and its benchmark, resnet18, the resnet50 profile, then
+#            resnet50 with decoding held to two batches, with the workers decoding (--decode
+#            fast), with --cuda-graphs, resnet18 with one decode thread, and timm's train.py on
+#            resnet18 where TIMM_SCRIPTS is given
 #   JPEGS    a folder made by make_jpegs.py to use in place of making one (the jpegs step)
 set -u
-if [ "${ONLY:-}" = open ]; then
-  ONLY="jpegs tk-big tk-big-shallow tk-big-graphs tk-big-expandable benchmark tk-r18"
-  ONLY+=" tk-r18-one-thread data-path profile-big"
+if [[ " ${ONLY:-} " == *" open "* ]]; then
+  open_steps="jpegs tk-big benchmark tk-r18 profile-big tk-big-shallow tk-big-fast tk-big-graphs"
+  open_steps+=" tk-r18-one-thread timm-resnet18"
+  ONLY=" $ONLY "
+  ONLY="${ONLY/ open / $open_steps }"
 fi
 export PYTHONUNBUFFERED=1 NO_COLOR=1 COLUMNS=150 PYTHONWARNINGS=ignore TERM=dumb
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

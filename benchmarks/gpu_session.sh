@@ -9,7 +9,9 @@
 # Everything lands under OUT (default /tmp/gpu-session; the device tool's $OUT brings it back):
 # tests/ (the pytest logs), check/ (gpu_check.md, .json, .log, the profile tables) and
 # session.txt (each part's exit code and time). SKIP=tests or SKIP=check leaves a part out.
-# Settings for the parts (PY, WORKERS, DEV, ...) pass through the environment.
+# Settings for the parts (PY, WORKERS, DEV, ONLY, ...) pass through the environment; TIMM_SCRIPTS
+# defaults to .whl/timm-scripts where that folder holds timm's train.py (staged beforehand: the
+# timm wheel lacks the scripts).
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
@@ -28,6 +30,9 @@ part() { # NAME CMD...: run a part, record its exit code and seconds
   return 0
 }
 cd "$ROOT" || exit 1
+if [ -z "${TIMM_SCRIPTS:-}" ] && [ -f "$ROOT/.whl/timm-scripts/train.py" ]; then
+  export TIMM_SCRIPTS=$ROOT/.whl/timm-scripts
+fi
 wheels=("$ROOT"/.whl/*.whl)
 if [ -e "${wheels[0]}" ]; then
   part wheels "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
