@@ -470,8 +470,7 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_MODULES = (
     "test_train_ddp_honest",  # 45 s
     "test_safety_train",  # 30 s
-    "test_train_multinode",  # 23 s, one test
-    "test_train_ddp",  # 23 s, two tests
+    "test_train_ddp",  # 35 s: torchrun on one node and on two, the same weights
     "test_benchmark",
     "test_eval",
     "test_model_resolver",
