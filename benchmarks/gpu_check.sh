@@ -252,8 +252,16 @@ if [ -n "${TIMM_SCRIPTS:-}" ]; then # optional: timm's own scripts on the same d
     --output "$W/timm"
   bench_amp=()
   [ "$AMP" = 1 ] && bench_amp=(--amp --amp-dtype bfloat16 --channels-last)
-  step timm-benchmark 90 "$PY" "$TIMM_SCRIPTS/benchmark.py" --model "$BIG" -b "$B" \
-    --bench train --img-size "$IMG" --num-bench-iter "$ITERS" --device "$DEV" "${bench_amp[@]}"
+  # Older benchmark.py scripts have neither --device nor --amp-dtype (their AMP is float16):
+  # not the same settings, so no row.
+  if grep -q -- "--amp-dtype" "$TIMM_SCRIPTS/benchmark.py" &&
+    grep -q -- "'--device'" "$TIMM_SCRIPTS/benchmark.py"; then
+    step timm-benchmark 90 "$PY" "$TIMM_SCRIPTS/benchmark.py" --model "$BIG" -b "$B" \
+      --bench train --img-size "$IMG" --num-bench-iter "$ITERS" --device "$DEV" "${bench_amp[@]}"
+  else
+    echo "--- timm-benchmark   skipped: $TIMM_SCRIPTS/benchmark.py lacks --device or --amp-dtype" |
+      tee -a "$LOG" >&2
+  fi
 fi
 
 "$PY" "$HERE/gpu_check_table.py" "$W" "$LOG" "$OUT" "$BIG" "$DEV" "$N" "$IMG" "$B" "$NJ" "$AMP"
