@@ -388,3 +388,97 @@ def test_the_decoding_threads_use_the_runs_gpu_not_gpu_0(monkeypatch):
     for device in ("cuda:1", "cuda", "cpu"):
         use_in_this_thread(device)
     assert chosen == [torch.device("cuda", 1)]
+
+
+# -- TORCHKIT_DECODE_STREAM=1: the threads' own stream (an experiment for the GPU check) --------
+
+
+def test_the_threads_own_stream_only_when_asked_and_on_a_gpu(monkeypatch):
+    made = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority: made.append(priority) or 7)
+    monkeypatch.delenv("TORCHKIT_DECODE_STREAM", raising=False)
+    assert decode_ahead.decode_stream("cuda") is None  # off by default
+    monkeypatch.setenv("TORCHKIT_DECODE_STREAM", "1")
+    assert decode_ahead.decode_stream("cpu") is None
+    assert decode_ahead.decode_stream("cuda") == 7 and made == [-1]  # high priority
+
+
+class _Event:
+    def __init__(self, log):
+        self.log = log
+
+    def record(self, stream):
+        self.log.append(("recorded", stream, threading.current_thread().name))
+
+
+class _LoopStream:
+    def __init__(self, log):
+        self.log = log
+
+    def wait_event(self, event):
+        self.log.append(("loop waits", event))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_with_their_own_stream_each_batch_comes_with_an_event_the_loop_waits_for(
+    monkeypatch, threads
+):
+    # The CUDA calls are recorded (no GPU here): each thread sets the stream, each batch gets an
+    # event recorded on it by the thread that made its crops, and the loop's stream waits for
+    # that event before the loop has the batch.
+    log: list = []
+    loop_stream = _LoopStream(log)
+    monkeypatch.setattr(decode_ahead, "decode_stream", lambda device: "threads' stream")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: loop_stream)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: log.append(("set", s)))
+    monkeypatch.setattr(torch.cuda, "Event", lambda: _Event(log))
+    got = []
+    for batch in DecodedAhead(Loader(3), "cpu", threads=threads):
+        assert log[-1] == ("loop waits", batch.ready_event)  # waited for, before it came
+        got.append(int(batch.labels))
+    assert got == [0, 1, 2]
+    assert log.count(("set", "threads' stream")) == threads
+    cropping = "torchkit-decode" if threads == 1 else "torchkit-decode-crops"
+    recorded = [entry for entry in log if entry[0] == "recorded"]
+    assert recorded == [("recorded", "threads' stream", cropping)] * 3
+
+
+def test_without_their_own_stream_batches_carry_no_event(monkeypatch):
+    monkeypatch.delenv("TORCHKIT_DECODE_STREAM", raising=False)
+    batches = list(DecodedAhead(Loader(2), "cpu"))
+    assert [getattr(batch, "ready_event", None) for batch in batches] == [None, None]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_on_a_gpu_their_own_stream_gives_the_batches_the_loop_decodes(
+    tmp_path, monkeypatch, threads
+):
+    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+
+    root = tmp_path / "data"
+    _jpeg_split_folder(root, train=12, val=1, size=(120, 90))
+    config = resolve_defaults(
+        TrainConfig(data=str(root), image_size=32, workers=0, batch_size=4, decode="device"),
+        is_digits=False,
+    )
+    loaders = build_loaders(load_splits(config).splits, preprocess_for(config), config)
+    try:
+        loaders.train_sampler.set_epoch(0)
+        raw = list(loaders.train)
+        expected = [decoded_batch(batch, "cuda") for batch in raw]
+        monkeypatch.setenv("TORCHKIT_DECODE_STREAM", "1")
+        loaders.train_sampler.set_epoch(0)
+        got = []
+        for batch in DecodedAhead(loaders.train, "cuda", threads=threads):
+            assert batch.ready_event is not None
+            got.append(batch.images.float() + 0)  # read by a kernel on the loop's stream
+    finally:
+        loaders.close()
+    assert len(got) == len(expected) == 3
+    for ours, theirs in zip(got, expected, strict=True):
+        # the same kernels on another stream: the same pixels (a batch read before its crops
+        # were made would be garbage, far from them)
+        assert (ours - theirs.images.float()).abs().max().item() <= 1
