@@ -250,18 +250,24 @@ def test_an_early_start_never_asked_for_is_stopped_by_close():
     assert _threads() == 0 and len(ahead._ready) == 0
 
 
-def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):
+def _device_decode_loaders(root: Path, image_size: int):
+    """The loaders `train --decode device` builds over the JPEG folder `root`, no workers."""
     from torchkit.core.train.config import TrainConfig, resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
 
+    config = resolve_defaults(
+        TrainConfig(data=str(root), image_size=image_size, workers=0, batch_size=4,
+                    decode="device"),
+        is_digits=False,
+    )  # fmt: skip
+    return build_loaders(load_splits(config).splits, preprocess_for(config), config)
+
+
+def test_jpeg_batches_are_decoded_as_the_loop_decodes_them(tmp_path):
     root = tmp_path / "data"
     _jpeg_split_folder(root, train=6, val=1, size=(120, 90))
     (root / "train" / "a" / "0.jpg").write_bytes(b"\xff\xd8\xff" + bytes(100))  # unreadable
-    config = resolve_defaults(
-        TrainConfig(data=str(root), image_size=16, workers=0, batch_size=4, decode="device"),
-        is_digits=False,
-    )
-    loaders = build_loaders(load_splits(config).splits, preprocess_for(config), config)
+    loaders = _device_decode_loaders(root, 16)
     try:
         loaders.train_sampler.set_epoch(0)
         raw = list(loaders.train)
@@ -408,7 +414,7 @@ class _Event:
         self.log = log
 
     def record(self, stream):
-        self.log.append(("recorded", stream, threading.current_thread().name))
+        self.log.append(("recorded", self, stream, threading.current_thread().name))
 
 
 class _LoopStream:
@@ -434,13 +440,18 @@ def test_with_their_own_stream_each_batch_comes_with_an_event_the_loop_waits_for
     monkeypatch.setattr(torch.cuda, "Event", lambda: _Event(log))
     got = []
     for batch in DecodedAhead(Loader(3), "cpu", threads=threads):
-        assert log[-1] == ("loop waits", batch.ready_event)  # waited for, before it came
+        seen = list(log)  # the threads go on meanwhile: what had happened when the batch came
+        waited = seen.index(("loop waits", batch.ready_event))
+        recorded = [
+            i for i, entry in enumerate(seen) if entry[:2] == ("recorded", batch.ready_event)
+        ]
+        assert recorded and recorded[0] < waited  # recorded after its crops, then waited for
         got.append(int(batch.labels))
     assert got == [0, 1, 2]
     assert log.count(("set", "threads' stream")) == threads
     cropping = "torchkit-decode" if threads == 1 else "torchkit-decode-crops"
-    recorded = [entry for entry in log if entry[0] == "recorded"]
-    assert recorded == [("recorded", "threads' stream", cropping)] * 3
+    recorded = [entry[2:] for entry in log if entry[0] == "recorded"]
+    assert recorded == [("threads' stream", cropping)] * 3
 
 
 def test_without_their_own_stream_batches_carry_no_event(monkeypatch):
@@ -455,16 +466,9 @@ def test_without_their_own_stream_batches_carry_no_event(monkeypatch):
 def test_on_a_gpu_their_own_stream_gives_the_batches_the_loop_decodes(
     tmp_path, monkeypatch, threads
 ):
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
-    from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
-
     root = tmp_path / "data"
     _jpeg_split_folder(root, train=12, val=1, size=(120, 90))
-    config = resolve_defaults(
-        TrainConfig(data=str(root), image_size=32, workers=0, batch_size=4, decode="device"),
-        is_digits=False,
-    )
-    loaders = build_loaders(load_splits(config).splits, preprocess_for(config), config)
+    loaders = _device_decode_loaders(root, 32)
     try:
         loaders.train_sampler.set_epoch(0)
         raw = list(loaders.train)
