@@ -140,12 +140,20 @@ class StepProfiler:
             gpu = base.parent / f"{base.name}-gpu.txt"
             atomic_write_text(gpu, render_timeline(timeline, heading))
             written.append(gpu.name)
+        idle = ""
+        if timeline is not None and timeline.window_ms > 0:
+            share = 100 * timeline.main_idle_ms / timeline.window_ms
+            idle = (
+                f"; the GPU's busiest stream sat idle {timeline.main_idle_ms:.0f} ms of "
+                f"{timeline.window_ms:.0f} ({share:.0f}%)"
+            )
         log.info(
-            "epoch %d: profile of its first %d steps in %s: %s",
+            "epoch %d: profile of its first %d steps in %s: %s%s",
             self.epoch,
             self.updates,
             self.folder,
             ", ".join(written),
+            idle,
         )
 
     def _table(self, profile: Any) -> str:
