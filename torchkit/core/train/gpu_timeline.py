@@ -89,11 +89,6 @@ class GpuTimeline:
     waits: list[HostWait]  # longest first
     launchers: list[LaunchingThread] = field(default_factory=list)  # most device time first
 
-    def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)
-
 
 def gpu_timeline(trace: dict[str, Any]) -> GpuTimeline | None:
     """The timeline of a Chrome trace's events (None when it holds no device activity: a

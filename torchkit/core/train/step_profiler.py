@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.files import atomic_path, atomic_write_text
-from torchkit.core.train.gpu_timeline import render_timeline, timeline_of_file
 
 log = logging.getLogger("torchkit")
 
@@ -124,29 +123,7 @@ class StepProfiler:
         with atomic_path(base.with_suffix(".json")) as trace:
             profile.export_chrome_trace(str(trace))
         written = [f"{base.name}.txt", f"{base.name}.json"]
-        on_gpu = self.device.type == "cuda"
-        try:
-            timeline = timeline_of_file(base.with_suffix(".json")) if on_gpu else None
-        except ValueError as error:  # a trace Kineto wrote badly: the table and trace stand
-            log.warning("epoch %d: the trace could not be read for the GPU's timeline: %s",
-                        self.epoch, error)  # fmt: skip
-            timeline = None
-        if timeline is not None:
-            heading = (
-                f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
-                f"optimiser steps on {self.device}: what the GPU did (the trace's device "
-                f"activity)\n"
-            )
-            gpu = base.parent / f"{base.name}-gpu.txt"
-            atomic_write_text(gpu, render_timeline(timeline, heading))
-            written.append(gpu.name)
-        idle = ""
-        if timeline is not None and timeline.window_ms > 0:
-            share = 100 * timeline.main_idle_ms / timeline.window_ms
-            idle = (
-                f"; the GPU's busiest stream sat idle {timeline.main_idle_ms:.0f} ms of "
-                f"{timeline.window_ms:.0f} ({share:.0f}%)"
-            )
+        idle = self._write_timeline(base, written) if self.device.type == "cuda" else ""
         log.info(
             "epoch %d: profile of its first %d steps in %s: %s%s",
             self.epoch,
@@ -156,12 +133,44 @@ class StepProfiler:
             idle,
         )
 
+    def _write_timeline(self, base: Path, written: list[str]) -> str:
+        """epoch-K-gpu.txt from the trace just written (its name added to `written`); what
+        the log line says of it."""
+        from torchkit.core.train.gpu_timeline import render_timeline, timeline_of_file
+
+        try:
+            timeline = timeline_of_file(base.with_suffix(".json"))
+        except ValueError as error:  # a trace Kineto wrote badly: the table and trace stand
+            log.warning("epoch %d: the trace could not be read for the GPU's timeline: %s",
+                        self.epoch, error)  # fmt: skip
+            return ""
+        if timeline is None:
+            return ""
+        heading = (
+            f"{self._heading()} on {self.device}: what the GPU did (the trace's device activity)\n"
+        )
+        gpu = base.parent / f"{base.name}-gpu.txt"
+        atomic_write_text(gpu, render_timeline(timeline, heading))
+        written.append(gpu.name)
+        if timeline.window_ms <= 0:
+            return ""
+        share = 100 * timeline.main_idle_ms / timeline.window_ms
+        return (
+            f"; the GPU's busiest stream sat idle {timeline.main_idle_ms:.0f} ms of "
+            f"{timeline.window_ms:.0f} ({share:.0f}%)"
+        )
+
+    def _heading(self) -> str:
+        return (
+            f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
+            f"optimiser steps"
+        )
+
     def _table(self, profile: Any) -> str:
         on_gpu = self.device.type == "cuda"
         key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
         heading = (
-            f"torchkit train --profile-steps: epoch {self.epoch}, its first {self.updates} "
-            f"optimiser steps in this run (from before the first batch was asked for), "
+            f"{self._heading()} in this run (from before the first batch was asked for), "
             f"{self.seconds:.3f} s of wall time "
             f"on {self.device}; operators by {'self CUDA' if on_gpu else 'self CPU'} time, "
             f"the top {TABLE_ROWS}\n\n"
