@@ -185,6 +185,27 @@ def test_move_keeps_every_symbolic_link_pointing_at_its_file(tmp_path, data):
     assert again == expected
 
 
+def test_move_never_empties_a_folder_that_a_class_folder_links_to(tmp_path, data):
+    """Before: a class folder linked to one outside ROOT was emptied into OUT (exit 0)."""
+    elsewhere = make_files(tmp_path / "elsewhere", {"bird": 4})
+    link = "bird"
+    (data / link).symlink_to(elsewhere / "bird", target_is_directory=True)
+    before, kept = tree_digest(data), tree_digest(elsewhere)
+    for mode in ("move", "copy"):
+        result = split(data, tmp_path / mode, "--mode", mode)
+        if mode == "move":
+            assert result.returncode == 2
+            assert error_line(result.stderr) == (
+                f"Error: --mode move would empty {elsewhere / 'bird'}, outside {data}: "
+                f"{data / link} leads there through a symbolic link (use --mode copy, symlink "
+                "or hardlink, or put the folder itself in ROOT)"
+            )
+            assert not (tmp_path / "move").exists()
+        else:  # copying reads the files where the link leads, and leaves them
+            assert result.returncode == 0, result.stderr
+        assert tree_digest(data) == before and tree_digest(elsewhere) == kept
+
+
 def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
     before = tree_digest(data)
     names = [

@@ -929,6 +929,8 @@ def _split_into(source, out: Path, options: _Options, progress) -> SplitResult:
     else:  # ids are relative to ROOT: one abspath instead of 100,000
         base = os.path.abspath(root) + os.sep
         sources = [base + i for i in samples.ids]
+        if mode == "move":
+            _refuse_linked_folders(sources, root)
     keys = _sample_keys(samples)
     groups, n_groups = group_names(samples, keys, group) if group else (None, None)
     units, dedup_groups, dedup_files = (
@@ -1035,6 +1037,21 @@ def _split_into(source, out: Path, options: _Options, progress) -> SplitResult:
     if progress and mode == "manifest":
         progress(len(samples), len(samples))
     return result
+
+
+def _refuse_linked_folders(sources: list[str], root: Path) -> None:
+    """--mode move takes only what lies in ROOT: a folder of ROOT that is a symbolic link to
+    one elsewhere (`ROOT/bird -> /data/birds`) would have that folder emptied. (A linked file
+    is moved as the link it is.)"""
+    real_root = os.path.realpath(root)
+    for folder in sorted({os.path.dirname(source) for source in sources}):
+        real = os.path.realpath(folder)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise UsageError(
+                f"--mode move would empty {real}, outside {root}: {folder} leads there "
+                "through a symbolic link",
+                "use --mode copy, symlink or hardlink, or put the folder itself in ROOT",
+            )
 
 
 def _warn_small(classes: list[str], counts: list[list[int]], names: list[str], stratify: bool):
