@@ -379,6 +379,25 @@ def test_probe_video_never_raises(tmp_path, broken):
     assert probe_video(broken["empty"]).error == "empty file"
 
 
+def test_a_fifo_or_a_device_named_on_the_command_line_is_a_row_not_a_hang(tmp_path, videos):
+    """Before: video-info opened a FIFO it was given and waited for a writer forever. A real
+    process, so that a return of the hang fails on the timeout instead of holding the suite."""
+    fifo = tmp_path / "camera.mp4"
+    os.mkfifo(fifo)
+    good = need(videos, "mjpg.avi")
+    done = subprocess.run(
+        [sys.executable, "-m", "torchkit", "video-info", str(fifo), "/dev/null", str(good)]
+        + ["--format", "json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    rows = {row["path"]: row for row in json.loads(done.stdout)}
+    assert rows[str(fifo)]["error"] == "not a regular file (a FIFO)"
+    assert rows["/dev/null"]["error"] == "not a regular file (a device)"
+    assert [row["status"] for row in rows.values()] == ["unreadable", "unreadable", "ok"]
+    assert "Traceback" not in done.stderr
+
+
 def test_missing_path_and_empty_folder_are_one_line_errors(tmp_path, videos):
     result = invoke(tmp_path / "nope.mp4")
     assert result.exit_code == 1

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import os
+import stat
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -538,6 +539,13 @@ def _probe_into(
     info: VideoInfo, path: Path, exact: bool, decode_check: bool, stop: threading.Event | None
 ) -> None:
     cv2 = _import_cv2()
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):  # opening a FIFO waits for a writer: forever
+        kind = (
+            "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        )
+        info.fail(f"not a regular file ({kind})")
+        return
     info.size_bytes = path.stat().st_size
     with open(path, "rb") as handle:
         head = handle.read(SNIFF_BYTES)
