@@ -354,3 +354,29 @@ def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def test_names_from_the_data_are_shown_as_they_are_not_as_markup_or_emoji(tmp_path):
+    """Before: `[red]cat` lost its tag, `:smile:` became an emoji, a CSV label `[/]` failed the
+    command (rich's MarkupError), and a `:fire:` in a missing path became an emoji in the
+    error line."""
+    from conftest import run_torchkit_in_process, write_image_folder
+
+    def rows(text: str) -> list[list[str]]:
+        return [[cell.strip() for cell in line.strip("│").split("│")] for line in text.splitlines()]
+
+    root = tmp_path / "data"
+    names = ["[red]cat", ":smile:", "[bold]"]
+    write_image_folder(root, dict.fromkeys(names, 1))
+    (tmp_path / "index.csv").write_text("path,label\ndata/[red]cat/[red]cat_0.png,[/]\n")
+    table = run_torchkit_in_process("dataset-stats", root, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert [row[:2] for row in rows(table.stdout) if row[-1:] == ["0.3333"]] == [
+        [name, "1"] for name in sorted(names)
+    ]
+    label = run_torchkit_in_process("dataset-stats", "index.csv", cwd=tmp_path)
+    assert label.returncode == 0, label.stderr
+    assert ["[/]", "1", "1.0000"] in rows(label.stdout)
+    missing = run_torchkit_in_process("dataset-stats", "my:fire:data", cwd=tmp_path)
+    assert missing.returncode != 0
+    assert missing.stderr.startswith("Error: dataset not found: my:fire:data ")

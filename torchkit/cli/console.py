@@ -22,7 +22,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from rich.console import Console
 
-    made = Console(stderr=name == "stderr", soft_wrap=True)
+    # emoji=False: `:fire:` in a path or class name is printed as it is, not as an emoji.
+    made = Console(stderr=name == "stderr", soft_wrap=True, emoji=False)
     globals()[name] = made  # made once: later look-ups find the module attribute
     return made
 

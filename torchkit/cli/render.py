@@ -78,15 +78,19 @@ def render_csv(table: Table) -> str:
 
 def rich_table(table: Table) -> RichTable:
     from rich.table import Table as RichTable
+    from rich.text import Text
 
-    rendered = RichTable(title=table.title, title_justify="left", header_style="bold")
+    # Text, not str: a class name, a path or a title from the user's data is shown as it is,
+    # never read as rich markup (`[red]cat`, a `[/]` that failed the command) or an emoji code.
+    title = None if table.title is None else Text(str(table.title))
+    rendered = RichTable(title=title, title_justify="left", header_style="bold")
     for column in table.columns:
         # fold, not ellipsis: a long path must wrap inside its cell, never lose characters.
         rendered.add_column(
             column, justify="right" if column in table.align_right else "left", overflow="fold"
         )
     for row in table.rows:
-        rendered.add_row(*(format_cell(v) for v in row))
+        rendered.add_row(*(Text(format_cell(v)) for v in row))
     return rendered
 
 
@@ -95,7 +99,7 @@ def render_plain_tables(tables: list[Table], width: int = 1000) -> str:
     from rich.console import Console
 
     buffer = io.StringIO()
-    plain = Console(file=buffer, width=width, no_color=True, color_system=None)
+    plain = Console(file=buffer, width=width, no_color=True, color_system=None, emoji=False)
     for table in tables:
         plain.print(rich_table(table))
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
