@@ -330,6 +330,40 @@ def test_summary_of_a_printing_callable_keeps_json_on_stdout(world):
     assert "at import" in result.stderr and "Net.__init__" in result.stderr
 
 
+FORWARD_PRINTS = """
+import torch
+
+
+class Chatty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        print("hello from forward")
+        return self.linear(x)
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["summary", "chatty:Chatty", "-i", "4"],
+        ["benchmark", "chatty:Chatty", "-i", "4", "--iters", "1", "--warmup", "0"],
+        ["export", "chatty:Chatty", "chatty.pt2", "--image-size", "4"],
+    ],
+    ids=["summary", "benchmark", "export"],
+)
+def test_what_a_models_forward_prints_goes_to_stderr_not_into_the_json(tmp_path, args):
+    """Before: prints while the model ran (not while it was imported and built) went to
+    stdout, ahead of the JSON."""
+    (tmp_path / "chatty.py").write_text(FORWARD_PRINTS)
+    result = run_torchkit_in_process(*args, "--format", "json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)  # nothing but the JSON
+    assert "hello from forward" in result.stderr
+
+
 def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(in_world, runner):
     summary = ["summary", "-i", "3,32,32", "--format", "json", "--no-flops"]
     result = runner.invoke(app, [*summary, "resnet18", "--weights", "finetuned_2class.pt"])

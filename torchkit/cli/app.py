@@ -202,6 +202,12 @@ def _verbose_template():
 
 
 class TorchkitCommand(TyperCommand):
+    def invoke(self, ctx):
+        # The command line is parsed (and --help printed) by now: from here on, stdout carries
+        # the command's result alone.
+        with console.results_only_on_stdout():
+            return super().invoke(ctx)
+
     def format_help(self, ctx, formatter):
         with _reporting_stdout_write_errors():  # rich prints the help to stdout right here
             return super().format_help(ctx, formatter)

@@ -7,7 +7,10 @@ rich turns colour off by itself when the stream is not a terminal and when NO_CO
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,9 +26,45 @@ def __getattr__(name: str) -> Any:
     from rich.console import Console
 
     # emoji=False: `:fire:` in a path or class name is printed as it is, not as an emoji.
-    made = Console(stderr=name == "stderr", soft_wrap=True, emoji=False)
+    if name == "stdout":
+        made = Console(file=_Results(), soft_wrap=True, emoji=False)
+    else:
+        made = Console(stderr=True, soft_wrap=True, emoji=False)
     globals()[name] = made  # made once: later look-ups find the module attribute
     return made
+
+
+_results: list = []  # the stream results go to while `results_only_on_stdout` runs
+
+
+class _Results:
+    """The stdout console's file: the stream `results_only_on_stdout` kept for the results,
+    else whatever sys.stdout is at the time of the write (as rich's default)."""
+
+    def _target(self) -> Any:
+        return _results[-1] if _results else sys.stdout
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...
+        return getattr(self._target(), name)
+
+
+@contextlib.contextmanager
+def results_only_on_stdout() -> Iterator[None]:
+    """While a command runs, stdout carries its result and nothing else: whatever else writes
+    to sys.stdout (a `print` in a user's model's forward, a library's progress line) goes to
+    stderr, and `console.stdout` writes to the real stdout."""
+    _results.append(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _results.pop()
 
 
 def _stderr() -> Console:
