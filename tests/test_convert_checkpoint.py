@@ -122,6 +122,19 @@ def test_plain_pt_state_dict_and_table(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp.pth", "model.pt"]
 
 
+def test_safetensors_outputs_get_the_permissions_of_every_other_output(tmp_path):
+    """Before: safetensors' writer made the file anew, 0600 whatever the umask (.pt: 0644)."""
+    import os
+    import stat
+
+    from torchkit.core.files import _UMASK
+
+    torch.save(small_model().state_dict(), tmp_path / "model.pth")
+    for name in ("copy.safetensors", "copy.pt"):
+        ok(tmp_path / "model.pth", tmp_path / name)
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o666 & ~_UMASK, name
+
+
 def test_values_are_not_called_parameters(tmp_path):
     """The issue: `parameters 271098` for a model with 269,722 parameters. A state dict holds
     parameters and buffers (BatchNorm's running statistics and counter) without saying which

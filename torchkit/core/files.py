@@ -99,6 +99,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with _reporting(target):
             _apply_umask(tmp_name)
             yield Path(tmp_name)
+            _apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
             os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
