@@ -394,6 +394,20 @@ def test_destination_cannot_be_the_source(runner, resnet_checkpoint):
     assert resnet_checkpoint.read_bytes() == before
 
 
+@pytest.mark.parametrize("name", ["out.safetensors", "out.txt", "out"])
+def test_a_destination_it_cannot_write_is_a_usage_error(runner, resnet_checkpoint, name):
+    """Before: a torch pickle was written under any name, `.safetensors` included."""
+    destination = resnet_checkpoint.parent / name
+    result = runner.invoke(app, ["convert-syncbn", str(resnet_checkpoint), str(destination)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"Error: cannot tell the output format from {name!r} (end DST with .pt (.pth, .ckpt, "
+        ".bin): convert-syncbn writes a torch file; `torchkit convert checkpoint` makes "
+        "safetensors of it)"
+    )
+    assert not destination.exists()
+
+
 def test_unknown_model_name(runner):
     result = runner.invoke(app, ["convert-syncbn", "resnet19"])
     assert result.exit_code == 2 and "unknown model 'resnet19'" in result.stderr

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import CheckpointError, InputError, UsageError
@@ -344,6 +345,10 @@ def mark_checkpoint(checkpoint: Mapping[str, Any], *, sync: bool) -> dict:
 # --- the convert-syncbn command --------------------------------------------------------------
 
 
+# What DST may end with: the file is a torch.save pickle (a checkpoint or a whole model).
+DESTINATION_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+
+
 def check_outputs(
     source: str | os.PathLike,
     destination: str | os.PathLike | None = None,
@@ -355,10 +360,21 @@ def check_outputs(
     """Check every output of `convert-syncbn` before any work: DST and the report (`-o`) may
     not be SRC, the weights, nor each other, and replace an existing file only with `force`."""
     from torchkit.core.models import model_inputs
-    from torchkit.core.outputs import check_distinct_outputs, check_output_file
+    from torchkit.core.outputs import (
+        check_distinct_outputs,
+        check_output_file,
+        is_special_file,
+    )
 
     inputs = model_inputs(os.fspath(source), weights)
     if destination is not None:
+        named = Path(destination)  # a FIFO or /dev/null takes the bytes whatever its name
+        if named.suffix.lower() not in DESTINATION_SUFFIXES and not is_special_file(named):
+            raise UsageError(
+                f"cannot tell the output format from {named.name!r}",
+                "end DST with .pt (.pth, .ckpt, .bin): convert-syncbn writes a torch file; "
+                "`torchkit convert checkpoint` makes safetensors of it",
+            )
         check_output_file(destination, force, inputs, what="DST")
     if output is not None and os.fspath(output) != "-":  # `-o -` is stdout
         check_output_file(output, force, inputs, what="output")
