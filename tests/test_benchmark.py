@@ -437,7 +437,7 @@ def test_memory_limit_sizes_and_percentages(monkeypatch):
     assert half.fraction == 0.5
     monkeypatch.setattr(bench_memory, "available_memory", lambda: 8 * 10**9)
     assert half.resolve(torch.device("cpu")) == 4 * 10**9
-    for bad in ("lots", "0", "-1GB", "150%", "0%", "5XB"):
+    for bad in ("lots", "0", "-1GB", "150%", "0%", "5XB", "1e400GB", "1e400"):  # inf: no int
         with pytest.raises(UsageError):
             parse_memory_limit(bad)
 

@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
+import math
 import os
 import re
 import sys
@@ -84,11 +85,12 @@ def parse_memory_limit(text: str) -> MemoryLimit:
         return MemoryLimit(cleaned, fraction=percent / 100)
     match = _SIZE.match(cleaned)
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS or float(match.group(1)) <= 0:
+    size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
+    if not 0 < size < math.inf:  # `1e400GB` is inf, which no int holds
         raise UsageError(
             f"invalid --memory-limit {text!r}", "give a size such as 4GB, 512MiB, or 50%"
         )
-    return MemoryLimit(cleaned, bytes=int(float(match.group(1)) * _UNITS[unit]))
+    return MemoryLimit(cleaned, bytes=int(size))
 
 
 def device_memory(device: Any) -> int:
