@@ -152,6 +152,16 @@ def test_input_errors_are_one_line(runner, args, message):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_an_empty_shape_for_an_image_model_is_named_in_the_error(runner):
+    """Before: the error line ended in `not ` with nothing after it."""
+    result = runner.invoke(app, ["summary", "convnet", "-i", "()"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        "Error: convnet takes images: give the input size as C,H,W (or N,C,H,W), not () (no "
+        "dimensions)"
+    )
+
+
 # --- parameters only ------------------------------------------------------------------------
 
 

@@ -262,5 +262,5 @@ def _require_image_shape(shape: Sequence[int], name: str) -> None:
     if len(shape) != 3:
         raise UsageError(
             f"{name} takes images: give the input size as C,H,W (or N,C,H,W), not "
-            f"{','.join(map(str, shape))}"
+            f"{','.join(map(str, shape)) or '() (no dimensions)'}"
         )
