@@ -364,6 +364,29 @@ def test_what_a_models_forward_prints_goes_to_stderr_not_into_the_json(tmp_path,
     assert "hello from forward" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("code", "spec", "exit_code", "message"),
+    [
+        ("def make():\n    raise SystemExit(0)\n", "quits_when_called:make", 1, "sys.exit(0)"),
+        ("import sys\nsys.exit(3)\n", "quits_at_import:make", 1, "sys.exit(3)"),
+        ("def make():\n    pass\n", "../here/by_path:make", 2, "is a path, not a module name"),
+    ],
+    ids=["exit-0-when-called", "exit-3-at-import", "a-relative-path"],
+)
+def test_model_code_that_exits_or_a_path_as_module_is_one_error_line(
+    tmp_path, code, spec, exit_code, message
+):
+    """Before: SystemExit(0) in the model's code ended the command with exit 0 and no output,
+    and `../here/quits:make` was a TypeError from importlib."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / f"{spec.split(':')[0].rsplit('/')[-1]}.py").write_text(code)  # one module a case
+    result = run_torchkit_in_process("summary", spec, "-i", "2", cwd=here)
+    assert result.returncode == exit_code, result.stderr
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
 def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(in_world, runner):
     summary = ["summary", "-i", "3,32,32", "--format", "json", "--no-flops"]
     result = runner.invoke(app, [*summary, "resnet18", "--weights", "finetuned_2class.pt"])

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from torchkit.core.errors import UsageError
+from torchkit.core.errors import InputError, UsageError
 
 
 def is_callable_spec(spec: str) -> bool:
@@ -27,7 +27,13 @@ def user_code() -> Iterator[None]:
     if "" not in sys.path and cwd not in sys.path:
         sys.path.append(cwd)  # after installed packages: a local folder never shadows them
     with contextlib.redirect_stdout(sys.stderr):
-        yield
+        try:
+            yield
+        except SystemExit as error:  # else the command would end with its code, silently
+            raise InputError(
+                f"the model code called sys.exit({error.code!r}) while it was imported or run",
+                "a model module must build its model, not end the program",
+            ) from error
 
 
 def import_factory(spec: str):
@@ -35,6 +41,12 @@ def import_factory(spec: str):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise UsageError(f"invalid model {spec!r}", "use package.module:Callable")
+    if module_name.startswith(".") or "/" in module_name or os.sep in module_name:
+        raise UsageError(
+            f"invalid model {spec!r}: {module_name!r} is a path, not a module name",
+            "run torchkit from the folder that holds the module and name it as "
+            "package.module:Callable",
+        )
     top = module_name.split(".")[0]
     try:
         with user_code():
