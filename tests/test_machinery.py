@@ -413,12 +413,18 @@ def test_load_checkpoint_plain_state_dict_and_legacy_format(tmp_path):
         assert all(torch.equal(loaded[k], state[k]) for k in state)
 
 
+NOT_TORCH = "not a PyTorch checkpoint (neither torch.save's zip archive nor a pickle)"
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
         ("empty.pt", b"", "checkpoint is empty (0 bytes)"),
-        ("junk.pt", b"this is not a checkpoint\n" * 4, "cannot read checkpoint"),
-        ("text.pt", b"{'a': 1}", "cannot read checkpoint"),
+        # Before: torch's own errors ("IndexError: list index out of range", "KeyError: 101").
+        ("junk.pt", b"this is not a checkpoint\n" * 4, NOT_TORCH),
+        ("text.pt", b"{'a': 1}", NOT_TORCH),
+        ("model.py", b"import torch\nprint(1)\n", NOT_TORCH),
+        ("zip.pt", b"PK\x03\x04 not really a zip", "cannot read checkpoint"),
     ],
 )
 def test_load_checkpoint_bad_files(tmp_path, name, content, message):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,12 @@ def _blocked_global(error: BaseException) -> str | None:
 
 
 def _unreadable(source: Path, error: BaseException) -> CheckpointError:
+    if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
+        return CheckpointError(
+            f"cannot read checkpoint {source}: not a PyTorch checkpoint (neither torch.save's "
+            "zip archive nor a pickle)",
+            "give the .pt/.pth file torch.save wrote, or a .safetensors file",
+        )
     text = str(error)
     # weights_only wraps the real reason in a paragraph of advice; keep only the reason.
     detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
@@ -106,6 +113,19 @@ def _unreadable(source: Path, error: BaseException) -> CheckpointError:
         f"cannot read checkpoint {source}: {name if reason == name else f'{name}: {reason}'}",
         "the file may be truncated or not a PyTorch checkpoint",
     )
+
+
+def _looks_saved_by_torch(source: Path) -> bool:
+    """Whether `source` starts as torch.save's files do: a zip archive, or a pickle of protocol
+    2 or later (torch's legacy format). Unknown (unreadable, a FIFO): True."""
+    try:
+        if not stat.S_ISREG(os.stat(source).st_mode):
+            return True
+        with open(source, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return True
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
 
 
 def _load_safetensors(source: Path) -> dict:
