@@ -10,11 +10,12 @@ import importlib
 import os
 import sys
 
-from torchkit import torchvision_without_dynamo
+from torchkit import deferred_signals, torchvision_without_dynamo
 from torchkit.bytecode import keep_bytecode_cache
 
 keep_bytecode_cache()  # before typer, rich and (later) torch are imported
 torchvision_without_dynamo.install()  # before torchvision is imported
+deferred_signals.install()  # first: it hands torchvision to the finder above
 
 from torchkit.cli.app import (  # noqa: E402
     app,

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from torchkit import __version__
+from torchkit import __version__, deferred_signals
 from torchkit.cli import console
 from torchkit.core.errors import first_line
 
@@ -280,15 +280,17 @@ class TorchkitGroup(TyperGroup):
 def _raise_once(signum, frame) -> None:
     from torchkit.core.errors import Terminated
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if deferred_signals.defer(signum):  # inside `import torch`: raised when it is over
+        return
+    deferred_signals.ignore_later((signal.SIGTERM, signal.SIGINT))
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _reset_in_child() -> None:
-    # Forked workers (DataLoader, pools) must not unwind like the command: SIGTERM kills them
-    # outright, as it would have before the command started.
-    if signal.getsignal(signal.SIGTERM) is _raise_once:
+    # Forked workers (DataLoader, pools) must not unwind like the command, nor ignore SIGTERM
+    # as a stopped command does: SIGTERM kills them outright, as before the command started.
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is _raise_once or deferred_signals.is_ignore_later(handler):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

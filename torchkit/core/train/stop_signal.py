@@ -6,6 +6,8 @@ from __future__ import annotations
 import signal
 import threading
 
+from torchkit import deferred_signals
+
 
 class StopOnSignal:
     """Ctrl-C (SIGINT) and SIGTERM during training: the first asks the run to stop after the
@@ -37,6 +39,8 @@ class StopOnSignal:
         return self
 
     def _handle(self, signum, frame) -> None:
+        if deferred_signals.defer(signum):  # inside `import torch`: handled when it is over
+            return
         if self.requested or not self.graceful:
             self.signum = signum
             self._quit()
@@ -48,8 +52,7 @@ class StopOnSignal:
         further signals."""
         from torchkit.core.errors import Terminated
 
-        for signum in self._previous:
-            signal.signal(signum, signal.SIG_IGN)
+        deferred_signals.ignore_later(self._previous)
         raise Terminated() if self.terminated else KeyboardInterrupt()
 
     def start_training(self) -> None:
@@ -64,5 +67,5 @@ class StopOnSignal:
 
     def __exit__(self, *exc) -> None:
         for signum, previous in self._previous.items():
-            if signal.getsignal(signum) is not signal.SIG_IGN:
+            if not deferred_signals.ignores(signal.getsignal(signum)):
                 signal.signal(signum, previous)

@@ -1,0 +1,125 @@
+"""Ctrl-C and SIGTERM during `import torch` (`torchkit.deferred_signals`): held back until the
+import is over, then handled as at any other moment."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+
+import pytest
+from conftest import run_torchkit_process
+
+from torchkit import deferred_signals
+
+# Sends the signals named in TK_TEST_SIGNALS to its own process when numpy is first imported:
+# in a `torchkit train` on digits that is inside `import torch`, from torch._C's C++ set-up.
+SEND_DURING_IMPORT = textwrap.dedent(
+    """
+    import os, signal, sys
+
+    class _Sender:
+        sent = False
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "numpy" and not self.sent:
+                self.sent = True
+                for signame in os.environ["TK_TEST_SIGNALS"].split(","):
+                    os.kill(os.getpid(), getattr(signal, signame))
+            return None
+
+    sys.meta_path.insert(0, _Sender())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("signals", "code", "said"),
+    [("SIGTERM", 143, "Terminated."), ("SIGINT,SIGTERM", 130, "Interrupted.")],
+    ids=["sigterm", "sigint-and-sigterm-at-once"],
+)
+def test_a_signal_during_import_torch_stops_the_command(tmp_path, signals, code, said):
+    """Before: a SIGTERM there was swallowed in torch's C++ and every later signal ignored
+    (the run trained to its end, exit 0); SIGINT and SIGTERM at once printed CPython's
+    "Signal 15 ignored due to race condition"."""
+    (tmp_path / "sitecustomize.py").write_text(SEND_DURING_IMPORT)
+    done = run_torchkit_process(
+        "train", "--epochs", "1", "--out", str(tmp_path / "run"),
+        env={"PYTHONPATH": str(tmp_path), "TK_TEST_SIGNALS": signals},
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == said
+    assert "race condition" not in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists() and done.stdout == ""
+
+
+@pytest.fixture
+def handled(monkeypatch):
+    """SIGUSR1 handled as torchkit's handlers do: deferred inside a held-back import."""
+    seen: list[int] = []
+
+    def handler(signum, frame):
+        if deferred_signals.defer(signum):
+            return
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    yield seen
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_signal_inside_the_block_is_handled_once_when_it_ends(handled):
+    with deferred_signals.signals_deferred():
+        with deferred_signals.signals_deferred():  # torchvision importing torch
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        assert handled == []
+    assert handled == [signal.SIGUSR1]
+    os.kill(os.getpid(), signal.SIGUSR1)  # after it: at once
+    assert handled == [signal.SIGUSR1] * 2
+
+
+def test_only_the_main_threads_first_import_of_the_packages_is_wrapped(monkeypatch):
+    finder = deferred_signals._Finder()
+    others = [f for f in sys.meta_path if not isinstance(f, deferred_signals._Finder)]
+    monkeypatch.setattr(sys, "meta_path", [finder, *others])
+    assert finder.find_spec("numpy") is None  # not one of them: the others find it
+    spec = finder.find_spec("torch")
+    assert isinstance(spec.loader, deferred_signals._Loader)
+    import threading
+
+    found = []
+    thread = threading.Thread(target=lambda: found.append(finder.find_spec("torch")))
+    thread.start()
+    thread.join()
+    assert found == [None]  # handlers run in the main thread only: nothing to hold back
+
+
+def test_torchvision_is_found_through_both_finders(monkeypatch):
+    """torchvision_without_dynamo's finder also asks the other finders: neither may ask the
+    other back (before: a RecursionError on `import torchvision` in every command)."""
+    from torchkit import torchvision_without_dynamo as light
+
+    ours, theirs = deferred_signals._Finder(), light._Finder()
+    others = [
+        f for f in sys.meta_path if not isinstance(f, deferred_signals._Finder | light._Finder)
+    ]
+    monkeypatch.setattr(sys, "meta_path", [ours, theirs, *others])
+    monkeypatch.setattr(light, "dynamo_loaded", lambda: False)  # this process compiled
+    spec = ours.find_spec("torchvision")
+    assert isinstance(spec.loader, deferred_signals._Loader)
+    assert isinstance(spec.loader.real, light._Loader)  # the stand-ins' loader, held back
+
+
+def test_ignore_later_is_a_handler_not_sig_ign():
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        deferred_signals.ignore_later([signal.SIGUSR2])
+        handler = signal.getsignal(signal.SIGUSR2)
+        assert handler is not signal.SIG_IGN and deferred_signals.ignores(handler)
+        os.kill(os.getpid(), signal.SIGUSR2)  # does nothing
+        assert deferred_signals.ignores(signal.SIG_IGN)
+        assert not deferred_signals.ignores(signal.SIG_DFL)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
