@@ -431,3 +431,36 @@ def test_torch_save_on_a_full_disk_raises_no_space_with_its_errno(small_tmpfs):
     with pytest.raises(OSError) as raised:
         torch_save({"w": torch.ones(3)}, disk / "w.pt")
     assert raised.value.errno == errno.ENOSPC
+
+
+def test_a_file_where_a_folder_should_be_is_refused_before_any_work(tmp_path):
+    """Before: `-o notes.txt/x.json` failed only after the whole run, as an internal
+    FileExistsError, and `--out notes.txt/run` as "File exists (free some space...)"."""
+    from conftest import run_torchkit_in_process
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    cases = {
+        "train -o": ["train", "--epochs", "1", "--out", tmp_path / "run", "-o", notes / "x.json"],
+        "train --out": ["train", "--epochs", "1", "--out", notes / "deeper" / "run"],
+        "eval -o": [
+            "eval",
+            "convnet",
+            "--num-classes",
+            "10",
+            "--data",
+            "digits",
+            "-o",
+            notes / "x.json",
+        ],
+        "split OUT": ["split", "digits", notes / "split"],
+    }
+    for name, args in cases.items():
+        done = run_torchkit_in_process(*args, cwd=tmp_path)
+        assert done.returncode == 1, (name, done.stderr)
+        assert (
+            done.stderr.strip()
+            .splitlines()[-1]
+            .endswith(f": {notes} is a file, not a folder (give a path inside a folder)")
+        ), (name, done.stderr)
+        assert notes.read_text() == "mine\n" and not (tmp_path / "run").exists()

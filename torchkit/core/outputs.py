@@ -193,6 +193,19 @@ def is_special_file(path: str | os.PathLike) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def check_folders_above(path: str | os.PathLike, what: str) -> None:
+    """The nearest existing folder above `path` is one: a file there (`-o notes.txt/x.json`)
+    would fail the write only at the end, after all the work, as "File exists"."""
+    for above in Path(os.path.abspath(path)).parents:
+        if above.is_dir():
+            return
+        if above.exists() or above.is_symlink():
+            raise OutputWriteError(
+                f"cannot write {what} {_shown(path)}: {_shown(above)} is a file, not a folder",
+                "give a path inside a folder",
+            )
+
+
 def check_output_file(
     path: str | os.PathLike,
     force: bool,
@@ -201,12 +214,13 @@ def check_output_file(
     what: str = "output",
 ) -> Path:
     """Check a file output (`-o FILE`, DST) before any work: not an input nor inside an input
-    folder, not a folder, and not an existing file unless `force`. Special files pass: they are
-    written into."""
+    folder, not a folder, not below a file, and not an existing file unless `force`. Special
+    files pass: they are written into."""
     target = Path(path)
     if is_special_file(target):
         return target
     check_overlap(target, what, inputs)
+    check_folders_above(target, what)
     if target.is_dir():
         raise OutputExistsError(f"{what} is a folder, not a file: {target}", "give a file name")
     if (target.exists() or target.is_symlink()) and not force:
@@ -587,6 +601,7 @@ class OutputFolder:
         if not resume:  # continuing in place replaces nothing, wherever it is
             check_not_protected(self.final, what)
         check_overlap(self.final, what, inputs)
+        check_folders_above(self.final, what)
         # Lock first: a second command is refused with the holder's PID whatever its options,
         # and a killed run's set-aside is put back before the folder is judged.
         self._lock = FolderLock(self.final, what)
