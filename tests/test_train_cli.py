@@ -729,6 +729,11 @@ def test_bad_option_values_are_usage_errors(runner, tmp_path):
         runner, "--backbone-lr", "0.1", "--head-lr-mult", "2", "--out", str(tmp_path / "r")
     )
     assert both.exit_code == 2 and "give one" in error_line(both)
+    out = str(tmp_path / "r")
+    for command in (["train", "--out", out], ["extract-features", "convnet", "data", out]):
+        huge = runner.invoke(app, [*command, "--seed", str(2**64)])
+        assert huge.exit_code == 2 and "'--seed'" in error_line(huge), huge.stderr
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.cuda

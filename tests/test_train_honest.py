@@ -165,6 +165,15 @@ def test_every_float_option_of_the_config_must_be_finite(name, bad):
         ({"warmup_epochs": -1.0}, "--warmup-epochs must not be negative"),
         ({"val_split": 1.0}, "--val-split must be between 0 and 1"),
         ({"std": (0.2, 0.0, 0.2)}, "--std values must be positive"),
+        # Before: both drops fired before epoch 1, a silent 100x smaller learning rate.
+        (
+            {"scheduler": "multistep", "milestones": (-1, 0)},
+            "--milestones are the epochs after which the learning rate drops, from 1: not -1,0",
+        ),
+        # Before: torch.manual_seed's "Overflow when unpacking long long", an internal error
+        # (a --config file can give what the --seed option's range refuses).
+        ({"seed": 2**64}, "--seed 18446744073709551616 is outside torch's seeds"),
+        ({"seed": -(2**63) - 1}, "--seed -9223372036854775809 is outside torch's seeds"),
     ],
 )
 def test_out_of_range_values_are_refused(changes, message):

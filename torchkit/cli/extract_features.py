@@ -159,7 +159,10 @@ def extract_features_command(
     seed: Annotated[
         int,
         typer.Option(
-            "--seed", help="Seed of the random initialisation when there are no --weights."
+            "--seed",
+            min=-(2**63),
+            max=2**64 - 1,
+            help="Seed of the random initialisation when there are no --weights.",
         ),
     ] = 0,
 ) -> None:

@@ -73,7 +73,10 @@ DeviceOption = Annotated[
         "--device", help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_device
     ),
 ]
-SeedOption = Annotated[int, typer.Option("--seed", help="Seed for Python, NumPy and torch.")]
+SeedOption = Annotated[
+    int,
+    typer.Option("--seed", min=-(2**63), max=2**64 - 1, help="Seed for Python, NumPy and torch."),
+]
 DeterministicOption = Annotated[
     bool,
     typer.Option("--deterministic", help="Also make cuDNN and torch use deterministic algorithms."),

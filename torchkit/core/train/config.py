@@ -85,6 +85,10 @@ def data_default_help(name: str) -> str:
     return f"Default: {digits} for digits, {folders} for image folders."
 
 
+# The seeds torch.manual_seed takes (an int64 or a uint64).
+SEEDS = (-(2**63), 2**64 - 1)
+
+
 def parse_milestones(text: str | None, flag: str) -> tuple[int, ...]:
     """`--milestones 30,60` (commas or spaces) -> (30, 60); not given -> (). An
     OptionSpec.parse: a ValueError is a bad value of `flag`."""
@@ -732,6 +736,14 @@ def validate(config: TrainConfig) -> None:
         bad("--std values must be positive")
     if config.scheduler == "multistep" and not config.milestones:
         bad("--scheduler multistep needs --milestones", "e.g. --milestones 30,60")
+    if any(milestone < 1 for milestone in config.milestones):
+        given = ",".join(map(str, config.milestones))
+        bad(
+            f"--milestones are the epochs after which the learning rate drops, from 1: not {given}",
+            "e.g. --milestones 30,60",
+        )
+    if not SEEDS[0] <= config.seed <= SEEDS[1]:
+        bad(f"--seed {config.seed} is outside torch's seeds, {SEEDS[0]} to {SEEDS[1]}")
     if config.step_size < 1:
         bad(f"--step-size must be at least 1, not {config.step_size}")
     for name in ("save_every", "keep", "early_stop", "patience"):
