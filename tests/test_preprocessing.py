@@ -114,3 +114,22 @@ def test_train_eval_and_extract_features_take_stats(stats_file, tmp_path):
     assert extracted.exit_code == 0, extracted.stderr
     preprocess = json.loads((features / "meta.json").read_text())["preprocess"]
     assert (tuple(preprocess["mean"]), tuple(preprocess["std"])) == (mean, std)
+
+
+def test_an_image_size_beyond_the_machines_memory_is_a_usage_error_before_any_work():
+    """Before: eval, predict, extract-features and train with --image-size 100000 (120 GB an
+    image) had the OOM killer end a loader worker (an internal error) or the command itself.
+    Checked on the options alone: a regression returns here instead of allocating."""
+    from torchkit.core.errors import UsageError
+    from torchkit.core.preprocessing import Preprocess, apply_overrides
+    from torchkit.core.train.config import TrainConfig, validate
+
+    imagenet = Preprocess(image_size=224, resize_size=256)
+    with pytest.raises(UsageError, match=r"^--image-size 100000 \(resized to 114286 first\) "):
+        apply_overrides(imagenet, image_size=100000)
+    with pytest.raises(UsageError, match=r"^--image-size 100000 needs 120\.0 GB for each image"):
+        validate(TrainConfig(image_size=100000))
+    with pytest.raises(UsageError, match=r"^--resize-size 100000 needs"):
+        validate(TrainConfig(image_size=224, resize_size=100000))
+    assert apply_overrides(imagenet, image_size=4096).resize_size == 4681  # sizes people use
+    validate(TrainConfig(image_size=4096))

@@ -171,6 +171,8 @@ def apply_overrides(
             raise UsageError(f"--resize-size must be positive, not {resize_size}")
         result = replace(result, resize_size=resize_size)
     channels = result.in_channels
+    if image_size is not None or resize_size is not None:
+        check_fits_in_memory(result, channels)
     if mean is not None:
         result = replace(result, mean=_per_channel(mean, channels, "--mean"))
     if std is not None:
@@ -179,6 +181,30 @@ def apply_overrides(
             raise UsageError(f"--std values must be positive, not {list(values)}")
         result = replace(result, std=values)
     return result
+
+
+def check_fits_in_memory(preprocess: Preprocess, channels: int) -> None:
+    """`check_image_memory` for the sizes `apply_overrides` made."""
+    side = max(preprocess.image_size, preprocess.resize_size)
+    shown = f"--image-size {preprocess.image_size} (resized to {preprocess.resize_size} first)"
+    check_image_memory(side, channels, shown)
+
+
+def check_image_memory(side: int, channels: int, shown: str) -> None:
+    """One `side`x`side` image in float32 fits in half the machine's memory: a size beyond it
+    (`--image-size 100000`, 120 GB an image) would have the kernel's OOM killer end a loader
+    worker, the command, or another process, rather than give an error."""
+    needed = max(channels, 3) * side * side * 4
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return  # no way to tell here
+    if needed > memory / 2:
+        raise UsageError(
+            f"{shown} needs {needed / 1e9:,.1f} GB for each image, more than half this "
+            f"machine's {memory / 1e9:,.0f} GB",
+            "give a smaller size",
+        )
 
 
 def _per_channel(values: tuple[float, ...], channels: int, option: str) -> tuple[float, ...]:

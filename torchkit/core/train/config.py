@@ -719,6 +719,12 @@ def validate(config: TrainConfig) -> None:
             bad(f"--crop-scale must satisfy 0 < MIN <= MAX <= 1, not {low} {high}")
     if config.image_size is not None and config.image_size < 1:
         bad(f"--image-size must be positive, not {config.image_size}")
+    if config.image_size is not None or config.resize_size is not None:
+        from torchkit.core.preprocessing import check_image_memory
+
+        given = [("--image-size", config.image_size), ("--resize-size", config.resize_size)]
+        option, side = max(((o, v) for o, v in given if v is not None), key=lambda ov: ov[1])
+        check_image_memory(side, 3, f"{option} {side}")
     if (
         config.resize_size is not None
         and config.image_size is not None
