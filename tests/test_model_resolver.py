@@ -370,14 +370,22 @@ def test_what_a_models_forward_prints_goes_to_stderr_not_into_the_json(tmp_path,
         ("def make():\n    raise SystemExit(0)\n", "quits_when_called:make", 1, "sys.exit(0)"),
         ("import sys\nsys.exit(3)\n", "quits_at_import:make", 1, "sys.exit(3)"),
         ("def make():\n    pass\n", "../here/by_path:make", 2, "is a path, not a module name"),
+        (
+            "def make(size):\n    return size\n",
+            "needs_args:make",
+            1,
+            "Error: needs_args:make could not build a model: TypeError: make() missing 1 "
+            "required positional argument: 'size' (fix the callable, or set TORCHKIT_DEBUG=1",
+        ),
     ],
-    ids=["exit-0-when-called", "exit-3-at-import", "a-relative-path"],
+    ids=["exit-0-when-called", "exit-3-at-import", "a-relative-path", "a-failing-callable"],
 )
 def test_model_code_that_exits_or_a_path_as_module_is_one_error_line(
     tmp_path, code, spec, exit_code, message
 ):
     """Before: SystemExit(0) in the model's code ended the command with exit 0 and no output,
-    and `../here/quits:make` was a TypeError from importlib."""
+    `../here/quits:make` was a TypeError from importlib, and a callable that failed was an
+    internal error that did not say it was the model's code."""
     here = tmp_path / "here"
     here.mkdir()
     (here / f"{spec.split(':')[0].rsplit('/')[-1]}.py").write_text(code)  # one module a case

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
 
 
 def is_callable_spec(spec: str) -> bool:
@@ -71,8 +71,16 @@ def call_model_factory(spec: str, *, num_classes: int | None = None) -> tuple[An
 
     factory = import_factory(spec)
     takes_classes = num_classes is not None and "num_classes" in _accepted_params(factory)
-    with user_code():
-        model = factory(num_classes=num_classes) if takes_classes else factory()
+    try:
+        with user_code():
+            model = factory(num_classes=num_classes) if takes_classes else factory()
+    except TorchkitError:
+        raise
+    except Exception as error:  # the user's code failed: say where, in one line
+        raise InputError(
+            f"{spec} could not build a model: {first_line(error, with_type=True)}",
+            "fix the callable, or set TORCHKIT_DEBUG=1 to see the traceback",
+        ) from error
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
     return model, takes_classes
