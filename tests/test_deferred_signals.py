@@ -12,6 +12,7 @@ import pytest
 from conftest import run_torchkit_process
 
 from torchkit import deferred_signals
+from torchkit.import_hooks import WrappingLoader
 
 # Sends the signals named in TK_TEST_SIGNALS to its own process when numpy is first imported:
 # in a `torchkit train` on digits that is inside `import torch`, from torch._C's C++ set-up.
@@ -86,7 +87,7 @@ def test_only_the_main_threads_first_import_of_the_packages_is_wrapped(monkeypat
     monkeypatch.setattr(sys, "meta_path", [finder, *others])
     assert finder.find_spec("numpy") is None  # not one of them: the others find it
     spec = finder.find_spec("torch")
-    assert isinstance(spec.loader, deferred_signals._Loader)
+    assert isinstance(spec.loader, WrappingLoader) and spec.loader.running == finder.running
     import threading
 
     found = []
@@ -108,8 +109,10 @@ def test_torchvision_is_found_through_both_finders(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", [ours, theirs, *others])
     monkeypatch.setattr(light, "dynamo_loaded", lambda: False)  # this process compiled
     spec = ours.find_spec("torchvision")
-    assert isinstance(spec.loader, deferred_signals._Loader)
-    assert isinstance(spec.loader.real, light._Loader)  # the stand-ins' loader, held back
+    assert isinstance(spec.loader, WrappingLoader) and spec.loader.running == ours.running
+    inner = spec.loader.real  # the stand-ins' loader, run with signals held back
+    assert isinstance(inner, WrappingLoader) and inner.running == theirs.running
+    assert type(inner.real).__name__ == "SourceFileLoader"
 
 
 def test_ignore_later_is_a_handler_not_sig_ign():

@@ -19,13 +19,14 @@ program the clean-up starts. A handler that does nothing has neither effect.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import signal
 import sys
 import threading
 import types
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from torchkit.import_hooks import WrappingFinder
 
 PACKAGES = ("torch", "torchvision", "cv2")
 _depth = 0  # imports of PACKAGES running in the main thread now (torchvision imports torch)
@@ -83,43 +84,13 @@ def ignores(handler: Any) -> bool:
     return handler is _ignored or handler is signal.SIG_IGN
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds `PACKAGES` as the other finders do, with their loader wrapped."""
+class _Finder(WrappingFinder):
+    """Finds `PACKAGES` as the other finders do; their first import runs with signals held
+    back."""
 
-    searching = False  # finders that ask the others (torchvision_without_dynamo's) ask us
+    def wants(self, name: str) -> bool:
+        # Python runs signal handlers in the main thread only: elsewhere nothing to hold back.
+        return name in PACKAGES and threading.current_thread() is threading.main_thread()
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in PACKAGES or threading.current_thread() is not threading.main_thread():
-            return None  # Python runs signal handlers in the main thread only
-        if self.searching:
-            return None
-        self.searching = True
-        try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _Loader(spec.loader)
-                    return spec
-            return None
-        finally:
-            self.searching = False
-
-
-class _Loader(importlib.abc.Loader):
-    """The real loader, its module run with signals held back."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-
-    def create_module(self, spec: Any) -> Any:
-        return self.real.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        module.__loader__ = self.real  # the module keeps the real loader (resources, reloads)
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.real
-        with signals_deferred():
-            self.real.exec_module(module)
+    def running(self, module: types.ModuleType) -> contextlib.AbstractContextManager:
+        return signals_deferred()

@@ -18,15 +18,17 @@ torch.optim: `core.train.dynamo_free`.)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
-import importlib.abc
 import os
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from torchkit.import_hooks import WrappingFinder
 
 SWITCH = "TORCHKIT_LIGHT_TORCHVISION"
 DYNAMO, DYNAMO_UTILS = "torch._dynamo", "torch._dynamo.utils"
@@ -47,40 +49,16 @@ def install() -> None:
     sys.meta_path.insert(0, _Finder())
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds torchvision's modules as the other finders do, with their loader wrapped."""
+class _Finder(WrappingFinder):
+    """Finds torchvision's modules as the other finders do; each runs with the stand-ins."""
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torchvision" and not name.startswith("torchvision."):
-            return None
-        if dynamo_loaded():
-            return None  # nothing to save
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
-                return spec
-        return None
+    def wants(self, name: str) -> bool:
+        is_torchvision = name == "torchvision" or name.startswith("torchvision.")
+        return is_torchvision and not dynamo_loaded()  # once it is loaded, nothing to save
 
-
-class _Loader(importlib.abc.Loader):
-    """The real loader, its module run with the stand-ins in sys.modules."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-
-    def create_module(self, spec: Any) -> Any:
-        return self.real.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
+    @contextlib.contextmanager
+    def running(self, module: types.ModuleType) -> Iterator[None]:
         global _depth
-        # The module keeps the real loader (importlib.resources, reloads).
-        module.__loader__ = self.real
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.real
         # The lock guards the count and sys.modules' entries, never an import (a thread
         # holding it while importing could wait on another importing a torchvision module).
         with _lock:
@@ -92,10 +70,10 @@ class _Loader(importlib.abc.Loader):
                     _place()
                 _depth += 1
         if not stand_ins:
-            self.real.exec_module(module)
+            yield
             return
         try:
-            self.real.exec_module(module)
+            yield
         finally:
             with _lock:
                 _depth -= 1
