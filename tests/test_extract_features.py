@@ -602,3 +602,22 @@ def test_cli_module_does_not_import_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_path):
+    """Before: the hint said "pass --force to replace it", which --force then refused."""
+    from conftest import run_torchkit_in_process, write_image_folder
+
+    write_image_folder(tmp_path / "data", {"a": 2, "b": 2})
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep\n")
+    done = run_torchkit_in_process(
+        "extract-features", "convnet", "data", "mine", "--resume", "--device", "cpu", cwd=tmp_path
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "Error: nothing to resume in mine: it holds no extract-features run (give another "
+        "OUT: this folder was not written by torchkit)"
+    )
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -29,7 +29,13 @@ from typing import Any
 
 from torchkit.core.errors import InputError, UsageError
 from torchkit.core.files import atomic_path, atomic_write, atomic_write_text, torch_save
-from torchkit.core.outputs import OutputFolder, remove_tree, reporting_write_errors, write_error
+from torchkit.core.outputs import (
+    OutputFolder,
+    is_torchkit_folder,
+    remove_tree,
+    reporting_write_errors,
+    write_error,
+)
 
 log = logging.getLogger("torchkit")
 
@@ -128,9 +134,14 @@ class FeatureStore:
                     remove_tree(partial)
                 return None, meta
             if not partial.is_dir():
+                # --force replaces only torchkit's own folders: name it only where it would.
+                hint = (
+                    "give another OUT, or pass --force to replace it"
+                    if is_torchkit_folder(Path(folder))
+                    else "give another OUT: this folder was not written by torchkit"
+                )
                 raise InputError(
-                    f"nothing to resume in {folder}: it holds no extract-features run",
-                    "give another OUT, or pass --force to replace it",
+                    f"nothing to resume in {folder}: it holds no extract-features run", hint
                 )
             output.begin()
             remove_tree(partial, ignore_errors=False)  # stopped before its first batch was recorded
