@@ -101,6 +101,7 @@ def discover_image_folder(
                 "arrange it as ROOT/<class>/<image>",
             )
         raise InputError(f"no class folders in {folder}", "arrange it as ROOT/<class>/<image>")
+    _refuse_links_around(folder, class_dirs)
     names = [d.name for d in class_dirs]
     class_list = list(classes) if classes is not None else names
     index_of = {name: i for i, name in enumerate(class_list)}
@@ -124,6 +125,22 @@ def discover_image_folder(
         )
     ids = relative_ids(paths, folder)
     return Samples(class_list, labels, paths=paths, source=str(folder), ids=ids)
+
+
+def _refuse_links_around(folder: Path, class_dirs: list[Path]) -> None:
+    """A class folder that links to ROOT or above would be one more class holding every other
+    class's images again (`ROOT/loop -> ROOT`)."""
+    root = os.path.realpath(folder)
+    for class_dir in class_dirs:
+        if not class_dir.is_symlink():
+            continue
+        real = os.path.realpath(class_dir)
+        if os.path.commonpath([root, real]) == real:
+            raise InputError(
+                f"class folder {class_dir} links to {real}, which holds {folder} itself: its "
+                "images would be counted again under another class",
+                "remove the link, or link to the class's own folder",
+            )
 
 
 def discover_flat_folder(root: str | os.PathLike) -> Samples:
