@@ -61,7 +61,8 @@ def test_out_names_what_the_command_makes(runner, inputs, command):
     assert out.exists()
 
 
-@pytest.mark.parametrize("command", ["split", "export", "convert tensor"])
+# convert checkpoint: before, "takes SRC and DST, not 3 paths".
+@pytest.mark.parametrize("command", ["split", "export", "convert tensor", "convert checkpoint"])
 def test_out_and_a_different_positional_out_are_refused(runner, inputs, command):
     args, out = _commands(inputs)[command]
     before = tree_digest(inputs)
