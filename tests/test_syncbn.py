@@ -408,6 +408,18 @@ def test_a_destination_it_cannot_write_is_a_usage_error(runner, resnet_checkpoin
     assert not destination.exists()
 
 
+def test_a_model_name_with_a_destination_says_what_dst_needs(runner, tmp_path):
+    """Before: "model file not found: resnet18 (check the path)", where the rule is that SRC
+    DST converts a saved file and a name alone lists its layers."""
+    result = runner.invoke(app, ["convert-syncbn", "resnet18", str(tmp_path / "out.pt")])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "Error: model file not found: resnet18 (SRC DST converts a saved checkpoint or model; "
+        "for a model name, leave out DST to list the layers it would convert)"
+    )
+    assert not (tmp_path / "out.pt").exists()
+
+
 def test_unknown_model_name(runner):
     result = runner.invoke(app, ["convert-syncbn", "resnet19"])
     assert result.exit_code == 2 and "unknown model 'resnet19'" in result.stderr

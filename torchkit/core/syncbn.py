@@ -441,6 +441,12 @@ def convert_saved_model(
     from torchkit.core.models.weights import read_model_file
     from torchkit.core.outputs import reporting_write_errors
 
+    if not os.path.exists(source):  # `convert-syncbn resnet18 out.pt`: a name, not a file
+        raise InputError(
+            f"model file not found: {source}",
+            "SRC DST converts a saved checkpoint or model; for a model name, leave out DST to "
+            "list the layers it would convert",
+        )
     src = require_input(source, what="model file", kind="file")
     fmt = exported_format_of(src)
     if fmt is not None:
