@@ -93,3 +93,23 @@ def test_without_stdout_or_stderr_at_all_the_code_stands():
         "exit_without_teardown(SystemExit(3))"
     )
     assert subprocess.run([sys.executable, "-c", program]).returncode == 3
+
+
+def test_a_command_with_no_stdout_at_all_runs_and_its_result_goes_nowhere(monkeypatch):
+    # `torchkit summary ... >&-`: before, results_only_on_stdout's stream was None and the
+    # command failed with an AttributeError (rich itself writes to a null file then).
+    from typer.testing import CliRunner
+
+    from torchkit.cli import app, console
+
+    def without_stdout() -> bool:
+        with console.results_only_on_stdout():  # as a command starts, with sys.stdout None
+            console.stdout.file.write("result\n")
+            console.stdout.file.flush()
+            return console.stdout.file.isatty()
+
+    monkeypatch.setattr(sys, "stdout", None)
+    assert without_stdout() is False
+    monkeypatch.undo()
+    done = CliRunner().invoke(app, ["summary", "convnet", "-i", "1,12,12", "--format", "json"])
+    assert done.exit_code == 0 and json.loads(done.stdout)["model"] == "ConvNet"

@@ -8,6 +8,7 @@ rich turns colour off by itself when the stream is not a terminal and when NO_CO
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import sys
 from collections.abc import Iterator
@@ -37,12 +38,23 @@ def __getattr__(name: str) -> Any:
 _results: list = []  # the stream results go to while `results_only_on_stdout` runs
 
 
+class _Nowhere(io.TextIOBase):
+    """Where results go when there is no stdout: nowhere, as rich writes them then."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+_NOWHERE = _Nowhere()
+
+
 class _Results:
     """The stdout console's file: the stream `results_only_on_stdout` kept for the results,
     else whatever sys.stdout is at the time of the write (as rich's default)."""
 
     def _target(self) -> Any:
-        return _results[-1] if _results else sys.stdout
+        target = _results[-1] if _results else sys.stdout
+        return _NOWHERE if target is None else target  # no stdout at all (`>&-`, pythonw)
 
     def write(self, text: str) -> int:
         return self._target().write(text)
