@@ -6,10 +6,13 @@ command. The truths are timm's own models and configs, built here independently.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +39,17 @@ from torchkit.core.models.convnet import convnet_class
 from torchkit.core.preprocessing import Preprocess
 from torchkit.core.transforms import eval_transform
 
-timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
+# Imported when a test of this module first runs (`_timm`), not when the module is collected:
+# timm imports torch._dynamo, seconds of CPU in a pytest worker that runs none of these tests.
+timm: Any = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _timm() -> None:
+    global timm
+    timm = importlib.import_module("timm")
+
 
 HUB_COMMIT = "0" * 40  # the revision a Hugging Face cache's refs/main points to
 
