@@ -385,9 +385,7 @@ def checkpoint(
         raise UsageError("--allow-nonfinite applies to --average only", "add --average")
     if len(paths) != 2:
         if out_option is not None and len(paths) == 3:  # SRC DST --out DST2
-            raise UsageError(
-                f"DST {paths[1]} and --out {out_option} name two outputs", "give one of them"
-            )
+            product_path(paths[1], out_option, name="DST")
         raise UsageError(
             f"convert checkpoint takes SRC and DST, not {len(paths)} paths",
             "to average several checkpoints, add --average",

@@ -15,11 +15,14 @@ from torchkit.core.outputs import is_special_file
 from torchkit.core.outputs import reporting_write_errors as _reporting
 
 
-def require_input(path: str | os.PathLike, *, what: str = "input", kind: str = "any") -> Path:
-    """Return `path` if it exists (as a file or folder when `kind` says so), else a clear error."""
+def require_input(
+    path: str | os.PathLike, *, what: str = "input", kind: str = "any", hint: str = "check the path"
+) -> Path:
+    """Return `path` if it exists (as a file or folder when `kind` says so), else a clear error
+    (`hint` says what to do when it is missing)."""
     source = Path(path)
     if not source.exists():
-        raise InputError(f"{what} not found: {source}", "check the path")
+        raise InputError(f"{what} not found: {source}", hint)
     if kind == "file" and not source.is_file():
         raise InputError(f"{what} is not a file: {source}")
     if kind == "dir" and not source.is_dir():

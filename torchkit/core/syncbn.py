@@ -345,10 +345,6 @@ def mark_checkpoint(checkpoint: Mapping[str, Any], *, sync: bool) -> dict:
 # --- the convert-syncbn command --------------------------------------------------------------
 
 
-# What DST may end with: the file is a torch.save pickle (a checkpoint or a whole model).
-DESTINATION_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
-
-
 def check_outputs(
     source: str | os.PathLike,
     destination: str | os.PathLike | None = None,
@@ -359,6 +355,7 @@ def check_outputs(
 ) -> None:
     """Check every output of `convert-syncbn` before any work: DST and the report (`-o`) may
     not be SRC, the weights, nor each other, and replace an existing file only with `force`."""
+    from torchkit.core.convert.checkpoint import TORCH_EXTENSIONS  # DST is a torch.save file
     from torchkit.core.models import model_inputs
     from torchkit.core.outputs import (
         check_distinct_outputs,
@@ -369,7 +366,7 @@ def check_outputs(
     inputs = model_inputs(os.fspath(source), weights)
     if destination is not None:
         named = Path(destination)  # a FIFO or /dev/null takes the bytes whatever its name
-        if named.suffix.lower() not in DESTINATION_SUFFIXES and not is_special_file(named):
+        if named.suffix.lower() not in TORCH_EXTENSIONS and not is_special_file(named):
             raise UsageError(
                 f"cannot tell the output format from {named.name!r}",
                 "end DST with .pt (.pth, .ckpt, .bin): convert-syncbn writes a torch file; "
@@ -441,13 +438,14 @@ def convert_saved_model(
     from torchkit.core.models.weights import read_model_file
     from torchkit.core.outputs import reporting_write_errors
 
-    if not os.path.exists(source):  # `convert-syncbn resnet18 out.pt`: a name, not a file
-        raise InputError(
-            f"model file not found: {source}",
-            "SRC DST converts a saved checkpoint or model; for a model name, leave out DST to "
-            "list the layers it would convert",
-        )
-    src = require_input(source, what="model file", kind="file")
+    # `convert-syncbn resnet18 out.pt`: a model name, not a file
+    src = require_input(
+        source,
+        what="model file",
+        kind="file",
+        hint="SRC DST converts a saved checkpoint or model; for a model name, leave out DST to "
+        "list the layers it would convert",
+    )
     fmt = exported_format_of(src)
     if fmt is not None:
         raise UsageError(

@@ -539,14 +539,15 @@ def _probe_into(
     info: VideoInfo, path: Path, exact: bool, decode_check: bool, stop: threading.Event | None
 ) -> None:
     cv2 = _import_cv2()
-    mode = path.stat().st_mode
+    status = path.stat()
+    mode = status.st_mode
     if not stat.S_ISREG(mode):  # opening a FIFO waits for a writer: forever
         kind = (
             "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
         )
         info.fail(f"not a regular file ({kind})")
         return
-    info.size_bytes = path.stat().st_size
+    info.size_bytes = status.st_size
     with open(path, "rb") as handle:
         head = handle.read(SNIFF_BYTES)
     sniffed = sniff_container(head)
