@@ -29,6 +29,14 @@ def test_every_extra_the_code_names_is_declared_with_its_packages():
     assert not runtime & {"onnx", "onnxruntime", "timm", "tensorboard"}
 
 
+def test_the_dev_environment_has_every_extra():
+    """README: the development environment (`uv sync`) has every extra, so their tests run."""
+    dev = {re.split(r"[<>=!~ \[]", r)[0] for r in PYPROJECT["dependency-groups"]["dev"]}
+    for extra, packages in PYPROJECT["project"]["optional-dependencies"].items():
+        names = {re.split(r"[<>=!~ \[]", requirement)[0] for requirement in packages}
+        assert names <= dev, (extra, names - dev)
+
+
 def test_a_missing_extra_is_one_error_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
     with pytest.raises(MissingExtraError) as caught:
