@@ -169,3 +169,12 @@ def test_model_specs_complete_model_files_and_folders(tmp_path, monkeypatch):
         "runs/r1/weights.safetensors",
     ]
     assert complete_model_name("convnet") == ["convnet"]
+
+
+def test_model_specs_complete_the_files_torchkit_export_writes(tmp_path, monkeypatch):
+    from torchkit.cli.completion import complete_model_name
+
+    for name in ("m.onnx", "m.ts", "m.pt2", "m.txt"):
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert complete_model_name("m.") == ["m.onnx", "m.pt2", "m.ts"]

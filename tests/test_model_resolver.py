@@ -22,7 +22,7 @@ from torch import nn
 
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.errors import CheckpointError, InputError, UsageError
 from torchkit.core.models import ResolvedModel, resolve_model
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.preprocessing import Preprocess
@@ -422,3 +422,10 @@ def test_bad_specs_are_one_error_line(in_world, args, code, message):
     assert result.stdout == ""
     assert result.stderr.startswith("Error: ") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["missing.onnx", "missing.ts", "missing.pt2"])
+def test_a_missing_exported_file_is_a_missing_file_not_an_unknown_name(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)  # a bare file name, as typed: not taken for a model name
+    with pytest.raises(InputError, match="not found"):
+        resolve_model(name)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 
-# What a model file is called; directories complete too, so paths can be walked.
-MODEL_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
-
 
 def complete_model_name(incomplete: str) -> list[str]:
     """torchvision names and `convnet` (from the generated list), then model files and folders
@@ -18,6 +15,9 @@ def complete_model_name(incomplete: str) -> list[str]:
 
 
 def _model_files(incomplete: str) -> list[str]:
+    """Model files (core's one list of suffixes) and folders, so that paths can be walked."""
+    from torchkit.core.model_files import MODEL_FILE_SUFFIXES
+
     folder, prefix = os.path.split(incomplete)
     try:
         entries = sorted(os.scandir(folder or "."), key=lambda entry: entry.name)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import InputError, OfflineError, UsageError
+from torchkit.core.model_files import MODEL_FILE_SUFFIXES
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import replace_head
 from torchkit.core.models.timm_models import (
@@ -27,7 +28,6 @@ from torchkit.core.models.weights import (
 )
 
 BUILTIN_MODELS = ("convnet",)
-MODEL_FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 # torchvision builders whose position embeddings fix the image size at construction.
 IMAGE_SIZE_KWARGS = {"vit_": "image_size", "maxvit_": "input_size"}
 
