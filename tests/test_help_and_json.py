@@ -131,7 +131,7 @@ def test_flags_have_no_type_but_options_with_values_do():
     text = help_text(("video-info",))
     rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("│ --")}
     assert "<" not in rows["--exact"] and "<" not in rows["--skip-errors"]
-    assert "<int> [x>=0]" in rows["--seed"] and "<table|csv|json>" in rows["--format"]
+    assert "<int> [x>=0]" in rows["--seed"] and "<table | csv | json>" in rows["--format"]
     assert "K [x>=1]" in rows["--segments"]
     assert usage_line(text).endswith("[OPTIONS] PATH...")
 
@@ -326,3 +326,45 @@ def test_json_of_the_data_and_training_commands_has_typed_values(tmp_path, make_
             v for v in values(data_out) if isinstance(v, str) and v.replace(".", "", 1).isdigit()
         ]
         assert not numeric_looking or args[0] in ("split", "predict"), (args, numeric_looking[:3])
+
+
+def choice_options(path: tuple[str, ...]) -> dict[str, list[str]]:
+    """--option -> its choices, for the options of a command that take one of a few values."""
+    command = get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return {
+        next(opt for opt in param.opts if opt.startswith("--")): [
+            getattr(choice, "value", choice) for choice in param.type_descriptor.choices
+        ]
+        for param in command.params
+        if param.param_type_name == "option"
+        and param.type_descriptor.is_choice
+        and param.metavar is None  # named otherwise (`--to FORMAT`): no choices shown
+        and not param.hidden
+    }
+
+
+@pytest.mark.parametrize("path", [p for p in COMMANDS if p], ids=" ".join)
+def test_choices_wrap_whole_at_80_columns(path):
+    """`train --help` at 80 columns cut `<cosine|step|mul` / `tistep|exponenti` mid-word."""
+    lines = help_text(path, 80).splitlines()
+    for option, choices in choice_options(path).items():
+        start = next(i for i, line in enumerate(lines) if re.match(rf"│ {option}[ ,]", line))
+        end = next(
+            i
+            for i in range(start + 1, len(lines))
+            if re.match(r"│\s*-", lines[i]) or lines[i].startswith("╰")
+        )
+        column = lines[start].index("<")  # the type column, then two spaces, then the help
+        cell = " ".join(line[column:].split("  ")[0].strip() for line in lines[start:end])
+        for choice in choices:
+            assert re.search(rf"[<|] ?{re.escape(str(choice))} ?[|>]", cell), (option, cell)
+
+
+@pytest.mark.parametrize("path", [("train",), ("extract-features",)])
+def test_seed_help_shows_no_20_digit_bounds(path):
+    """`--seed` showed `[-9223372036854775808<=x<=18446744073709551615]`; out-of-range seeds
+    are still usage errors (test_train_cli)."""
+    text = help_text(path, 80)
+    assert "9223372036854775808" not in text and "<=x" not in text

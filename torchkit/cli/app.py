@@ -68,7 +68,11 @@ def _type_label(param: TyperOption | TyperArgument, ctx) -> str:
     inner = re.fullmatch(r"<list\[(.*)\]>", label)
     if inner:
         label = f"<{inner.group(1)}>"
-    return label if param.type_descriptor.is_choice else label.lower()
+    if param.type_descriptor.is_choice:
+        # Spaced, so that a narrow help wraps between choices (rich breaks lines at spaces
+        # only, and folds a long `<a|b|c>` inside a word: `<cosine|step|mul` / `tistep|...`).
+        return label.replace("|", " | ")
+    return label.lower()
 
 
 def _is_ranged(param: TyperOption | TyperArgument) -> bool:

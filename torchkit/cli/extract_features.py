@@ -24,6 +24,7 @@ from torchkit.cli.options import (
     model_and_rest,
     model_argument,
     product_path,
+    seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -160,8 +161,7 @@ def extract_features_command(
         int,
         typer.Option(
             "--seed",
-            min=-(2**63),
-            max=2**64 - 1,
+            callback=seed_in_range,
             help="Seed of the random initialisation when there are no --weights.",
         ),
     ] = 0,

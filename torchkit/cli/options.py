@@ -73,9 +73,23 @@ DeviceOption = Annotated[
         "--device", help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_device
     ),
 ]
+# What Python, NumPy and torch all take as a seed.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+def seed_in_range(value: Optional[int]) -> Optional[int]:
+    """`--seed`'s check, as a callback rather than min/max: click would print the 20-digit
+    bounds beside the option in --help."""
+    if value is not None and value > SEED_MAX:
+        raise typer.BadParameter(f"Input should be less than or equal to {SEED_MAX}")
+    if value is not None and value < SEED_MIN:
+        raise typer.BadParameter(f"Input should be greater than or equal to {SEED_MIN}")
+    return value
+
+
 SeedOption = Annotated[
     int,
-    typer.Option("--seed", min=-(2**63), max=2**64 - 1, help="Seed for Python, NumPy and torch."),
+    typer.Option("--seed", callback=seed_in_range, help="Seed for Python, NumPy and torch."),
 ]
 DeterministicOption = Annotated[
     bool,
