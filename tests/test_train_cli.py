@@ -764,26 +764,40 @@ def test_cuda_fp16_amp_uses_a_grad_scaler_and_sync_bn_warns_for_one_process(
     assert json.loads((out / "config.json").read_text())["amp_dtype"] == "float16"
 
 
-def test_a_two_class_run_reports_top_2_not_top_5(runner, tmp_path, make_image_folder):
-    """One rule for k, as eval's: min(5, classes)."""
+def test_top5_keeps_its_name_for_two_classes_and_is_null_there(runner, tmp_path, make_image_folder):
+    """One rule for top-k, as eval's: always `*_top5` (a script need not know the class count),
+    null/empty where 5 >= the classes (top-5 of 2 classes is 1 by definition), no table row."""
     data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6})
+    args = ["train", "--data", str(data), "--model", "convnet", "--image-size", "8",
+            "--epochs", "1", "-j", "0"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run"), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["topk"] == 5 and summary["num_classes"] == 2
+    assert summary["best_val_top5"] is None and summary["history"][0]["val_top5"] is None
+    assert "best_val_top2" not in summary and "val_top2" not in summary["history"][0]
+    assert " top2 " not in result.stderr and " top5 " not in result.stderr
+    rows = metrics_rows(tmp_path / "run")
+    assert rows[0]["val_top5"] == "" and "val_top2" not in rows[0]
+    table = runner.invoke(app, [*args, "--out", str(tmp_path / "run2")])
+    assert "Best val top-1" in table.stdout
+    assert "top-2" not in table.stdout and "top-5" not in table.stdout
+
+
+def test_csv_summary_is_the_json_plain_values(runner, tmp_path, make_image_folder):
+    """`--format csv`: the JSON's snake_case keys and plain numbers in one row, never the
+    table's display strings (`"3,392"`, `3.9 s`, `2 (by val loss)`)."""
+    data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6, "c": 6, "d": 6, "e": 6, "f": 6})
     result = runner.invoke(
         app,
         ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
-         "-j", "0", "--out", str(tmp_path / "run"), "--format", "json"],
+         "-j", "0", "--out", str(tmp_path / "run"), "--format", "csv"],
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
-    summary = json.loads(result.stdout)
-    assert summary["topk"] == 2
-    assert " top2 " in result.stderr and " top5 " not in result.stderr
-    # Files and JSON name the k used (issue #31): no `top5` anywhere for 2 classes.
-    assert "best_val_top2" in summary and "best_val_top5" not in summary
-    assert "test_top5" not in summary and "val_top2" in summary["history"][0]
-    header = (tmp_path / "run" / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert "val_top2" in header and not any("top5" in name for name in header)
-    table = runner.invoke(
-        app,
-        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
-         "-j", "0", "--out", str(tmp_path / "run2")],
-    )  # fmt: skip
-    assert "Best val top-2" in table.stdout and "top-5" not in table.stdout
+    [row] = list(csv.DictReader(result.stdout.splitlines()))
+    assert int(row["best_epoch"]) == 1 and row["best_metric"] == "top1"
+    assert row["best_by_ema"] == "False" and row["model"] == "convnet"
+    for key in ("best_val_top1", "best_val_top5", "images_per_s", "total_seconds"):
+        assert float(row[key]) >= 0, key
+    assert int(row["train_size"]) + int(row["val_size"]) == 36
+    assert "history" not in row and "config" not in row

@@ -143,7 +143,7 @@ class TrainProgress:
         self._progress = None
         self._task = None
         self._epochs = 0
-        self._topk = 5  # min(5, classes), told by on_start
+        self._shows_top5 = True  # not with 5 classes or fewer (`core.topk`), told by on_start
         self._told_stop = False
 
     def __enter__(self) -> TrainProgress:
@@ -172,7 +172,9 @@ class TrainProgress:
         if not self.enabled:
             return
         self._epochs = info.epochs
-        self._topk = info.topk
+        from torchkit.core.topk import DEFAULT_TOPK, topk_informative
+
+        self._shows_top5 = topk_informative(DEFAULT_TOPK, len(info.classes))
         sizes = f"{info.train_size} train / {info.val_size} val"
         if info.test_size:
             sizes += f" / {info.test_size} test"
@@ -228,9 +230,10 @@ class TrainProgress:
         line = (
             f"epoch {row['epoch']:>{width}}/{self._epochs}  "
             f"train loss {row['train_loss']:.4f} top1 {row['train_top1']:.4f}  "
-            f"val loss {row['val_loss']:.4f} top1 {row['val_top1']:.4f} "
-            f"top{self._topk} {row['val_top5']:.4f}"
+            f"val loss {row['val_loss']:.4f} top1 {row['val_top1']:.4f}"
         )
+        if self._shows_top5:
+            line += f" top5 {row['val_top5']:.4f}"
         if "val_ema_top1" in row:  # the EMA weights' metrics pick best.pt: show both
             line += f"  ema loss {row['val_ema_loss']:.4f} top1 {row['val_ema_top1']:.4f}"
         line += (

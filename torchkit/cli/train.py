@@ -109,7 +109,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     """
     from torchkit.cli.app import runs_as_the_program
     from torchkit.cli.progress import TrainProgress
-    from torchkit.cli.train_tables import lr_find_table, summary_table
+    from torchkit.cli.train_tables import csv_row_table, lr_find_table, summary_table
     from torchkit.core.outputs import InputPath
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal
@@ -182,11 +182,14 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
             markup=False,
         )
         raise typer.Exit(code)
+    data = result.to_dict()
+    if fmt == OutputFormat.csv:  # the JSON's plain values, never the table's display strings
+        table = csv_row_table(data)
+    else:
+        table = lr_find_table(result) if config.find_lr else summary_table(result)
+    emit(tables=[table], data=data, fmt=fmt, output=output, force=force)
     if config.find_lr:
-        emit(tables=[lr_find_table(result)], data=result.to_dict(), fmt=fmt, output=output,
-             force=force)  # fmt: skip
         return
-    emit(tables=[summary_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)
     if result.interrupted:
         console.stderr.print(
             f"{word}: saved {result.out_dir / 'last.pt'}; continue with "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchkit.cli.render import Table
+from torchkit.cli.render import Table, to_json_value
 
 
 def lr_find_table(result) -> Table:
@@ -21,8 +21,20 @@ def lr_find_table(result) -> Table:
     return Table(["Learning-rate range test", "Value"], rows, title="Range test")
 
 
+def csv_row_table(data: dict) -> Table:
+    """`--format csv`: the JSON report's keys as the header and its plain values as one row
+    (the nested history and config left out: they are metrics.csv and config.json)."""
+    scalars = {key: to_json_value(value) for key, value in data.items()}
+    scalars = {key: value for key, value in scalars.items() if not isinstance(value, dict | list)}
+    return Table(list(scalars), [list(scalars.values())])
+
+
 def summary_table(result) -> Table:
-    """The end-of-run table (JSON gets `result.to_dict()`, with every epoch's metrics)."""
+    """The end-of-run table for people (JSON gets `result.to_dict()`, with every epoch's
+    metrics; CSV its plain values, `csv_row_table`)."""
+    from torchkit.core.topk import topk_informative
+
+    shows_topk = topk_informative(result.topk, result.num_classes)
     sizes = f"{result.train_size} train / {result.val_size} val"
     if result.test_size:
         sizes += f" / {result.test_size} test"
@@ -34,15 +46,15 @@ def summary_table(result) -> Table:
         ("Epochs", result.epochs),
         ("Best epoch", f"{result.best_epoch} (by val {best_by})"),
         (f"Best val top-1{of_weights}", result.best_val_top1),
-        (f"Best val top-{result.topk}{of_weights}", result.best_val_top5),
     ]
+    if shows_topk:
+        rows.append((f"Best val top-{result.topk}{of_weights}", result.best_val_top5))
     if result.test_weights:
         weights = result.test_weights
-        rows += [
-            (f"Test top-1 ({weights})", result.test_top1),
-            (f"Test top-{result.topk} ({weights})", result.test_top5),
-            (f"Test loss ({weights})", result.test_loss),
-        ]
+        rows.append((f"Test top-1 ({weights})", result.test_top1))
+        if shows_topk:
+            rows.append((f"Test top-{result.topk} ({weights})", result.test_top5))
+        rows.append((f"Test loss ({weights})", result.test_loss))
         if result.test_ema_top1 is not None:
             rows.append((f"Test top-1, EMA weights ({weights})", result.test_ema_top1))
     rows += [

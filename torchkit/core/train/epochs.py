@@ -220,7 +220,7 @@ class EpochDriver:
         if self.ctx.is_main:
             checkpoint = state.checkpoint(epoch + 1, None, self.ctx.world_size)
             self.folder.save_epoch(
-                checkpoint, state.history, state.topk, is_best=is_best, config=config
+                checkpoint, state.history, len(state.classes), is_best=is_best, config=config
             )
             if time.perf_counter() - self.curves_written > CURVES_EVERY_S:
                 self.folder.write_curves(state.history, state.best_epoch)

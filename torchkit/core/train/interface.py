@@ -9,9 +9,7 @@ from pathlib import Path
 
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.loop import StepInfo
-
-# The k of the top-k figures (val_top5...): min(TOPK, number of classes).
-TOPK = 5
+from torchkit.core.train.outputs import TOPK  # the k of every top-k figure: val_top5...
 
 
 @dataclass
@@ -77,7 +75,7 @@ class TrainResult:
     epochs: int  # epochs completed in total (resumed runs included)
     best_epoch: int | None
     best_val_top1: float | None
-    best_val_top5: float | None  # top-k with k = topk (the key keeps its name)
+    best_val_top5: float | None  # None in outputs with 5 classes or fewer (`core.topk`)
     best_metric: str = "top1"  # what picked best.pt: val "top1" or val "loss"...
     best_by_ema: bool = False  # ...of the EMA weights (--ema) rather than the model's
     test_top1: float | None = None
@@ -87,7 +85,8 @@ class TrainResult:
     val_size: int = 0
     test_size: int = 0
     test_weights: str | None = None  # which checkpoint's weights the test numbers are of
-    topk: int = TOPK  # the k of the *_top5 figures: min(5, number of classes), as eval's
+    topk: int = TOPK  # the k of the *_top5 figures: always 5, as eval's default
+    num_classes: int = 0
     suggested_lr: float | None = None  # --find-lr: the range test's suggestion
     lr_find_iterations: int = 0
     lr_find_diverged: bool = False
@@ -113,15 +112,15 @@ class TrainResult:
     config: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """The JSON report: top-k keys named for the k used (`best_val_top2`, `test_top2` and
-        the history's `val_top2` with 2 classes), as in metrics.csv."""
-        from torchkit.core.train.outputs import named_for_k, row_named_for_k
+        """The JSON report (and `--format csv`'s row): top-k keys `*_top5` whatever the data,
+        null with 5 classes or fewer, as in metrics.csv."""
+        from torchkit.core.train.outputs import topk_blanked
 
         data = dataclasses.asdict(self)
         data["out_dir"] = str(self.out_dir)
         data.pop("is_main")
         data.pop("kept")
         data.pop("stop_signal")
-        data = {named_for_k(key, self.topk): value for key, value in data.items()}
-        data["history"] = [row_named_for_k(row, self.topk) for row in self.history]
+        data = topk_blanked(data, self.num_classes)
+        data["history"] = [topk_blanked(row, self.num_classes) for row in self.history]
         return data

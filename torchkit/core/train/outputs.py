@@ -18,6 +18,10 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.files import atomic_path, atomic_write_text
+from torchkit.core.topk import DEFAULT_TOPK as TOPK
+from torchkit.core.topk import topk_informative, topk_name
+
+TOPK_SUFFIX = "_" + topk_name(TOPK)  # val_top5, val_ema_top5, best_val_top5, test_top5
 
 METRIC_COLUMNS = (
     "epoch",
@@ -82,23 +86,22 @@ def metric_columns(history: list[dict]) -> list[str]:
     return columns
 
 
-def named_for_k(name: str, topk: int) -> str:
-    """A metric's name as users see it: the history keeps `*_top5` (checkpoints of every
-    version resume), files and reports name the k used (`val_top2` with 2 classes)."""
-    return name[: -len("top5")] + f"top{topk}" if name.endswith("top5") else name
+def topk_blanked(row: dict, num_classes: int) -> dict:
+    """A metrics row as outputs carry it: the `*_top5` values None where 5 >= the number of
+    classes (`core.topk`'s rule; checkpoints keep the numbers, so every version resumes)."""
+    if topk_informative(TOPK, num_classes):
+        return row
+    return {key: None if key.endswith(TOPK_SUFFIX) else value for key, value in row.items()}
 
 
-def row_named_for_k(row: dict, topk: int) -> dict:
-    return {named_for_k(key, topk): value for key, value in row.items()}
-
-
-def write_metrics_csv(path: Path, history: list[dict], topk: int = 5) -> None:
-    """metrics.csv: one row per epoch; the top-k columns are named for `topk`."""
+def write_metrics_csv(path: Path, history: list[dict], num_classes: int) -> None:
+    """metrics.csv: one row per epoch; `val_top5` is empty with 5 classes or fewer."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     columns = metric_columns(history)
-    writer.writerow([named_for_k(name, topk) for name in columns])
+    writer.writerow(columns)
     for row in history:
+        row = topk_blanked(row, num_classes)
         writer.writerow([_csv_value(row.get(name)) for name in columns])
     atomic_write_text(path, buffer.getvalue())
 

@@ -190,7 +190,7 @@ class RunFolder:
         self,
         checkpoint: dict,
         history: list[dict],
-        topk: int,
+        num_classes: int,
         *,
         is_best: bool,
         config: TrainConfig,
@@ -201,7 +201,7 @@ class RunFolder:
             self.path, checkpoint, is_best=is_best, save_every=config.save_every, keep=config.keep
         )
         self._saved()
-        write_metrics_csv(self.path / "metrics.csv", history, topk)
+        write_metrics_csv(self.path / "metrics.csv", history, num_classes)
         if self.tensorboard is not None:
             self.tensorboard.epoch(history[-1])
 
