@@ -216,6 +216,22 @@ def test_table_and_csv_formats(runner):
     assert rows[0]["mode"] == "infer" and rows[0]["batch_size"] == "2"
 
 
+def test_random_weights_are_a_note_after_the_results(runner, tmp_path):
+    """Before: nothing said the model had random weights (export warned, predict refused)."""
+    args = ["benchmark", "convnet", "-i", "1,12,12", "-b", "1", *FAST, "--format", "json"]
+    random = runner.invoke(app, args)
+    assert random.exit_code == 0, random.stderr
+    assert random.stderr.splitlines() == [
+        "Note: convnet has random weights (no --weights given): fine for a benchmark (speeds do "
+        "not depend on them)"
+    ]
+    weights = tmp_path / "weights.pt"
+    torch.save(bench_run_model("convnet", (1, 12, 12)).state_dict(), weights)
+    trained = runner.invoke(app, [*args, "--weights", str(weights)])
+    assert trained.exit_code == 0, trained.stderr
+    assert "random weights" not in trained.stderr
+
+
 # --- timing -----------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import write_image_folder
+from conftest import error_line, write_image_folder
 from PIL import Image
 from torch import nn
 from torchvision import transforms as T
@@ -62,8 +62,10 @@ def read_index(out: Path) -> list[dict]:
 
 
 def run(runner, *args: str):
-    # On the CPU, as the hand-written references compute (a later --device wins).
-    return runner.invoke(app, ["extract-features", "--device", "cpu", *args])
+    # On the CPU, as the hand-written references compute (a later --device wins); models with
+    # random weights allowed (the references are computed with the same random weights).
+    command = ["extract-features", "--device", "cpu", "--allow-untrained", *args]
+    return runner.invoke(app, command)
 
 
 def assert_close(actual: np.ndarray, expected: torch.Tensor) -> None:
@@ -432,7 +434,7 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path)
     part = tmp_path / "part"
     request = FeatureRequest(
         "convnet", str(root), str(part), layers=["features", "penultimate"], image_size=16,
-        batch_size=2, workers=0, device="cpu",
+        batch_size=2, workers=0, device="cpu", allow_untrained=True,
     )  # fmt: skip
     with pytest.raises(Stop):
         extract_features(request, progress=stop_after_two_batches)
@@ -604,6 +606,24 @@ def test_cli_module_does_not_import_torch():
     assert result.stdout.strip() == "False"
 
 
+def test_random_weights_are_refused_unless_allowed(runner, images, tmp_path):
+    """Before: a model without weights gave random features, silently (as predict and eval
+    refuse it)."""
+    out = tmp_path / "feats"
+    command = ["extract-features", "convnet", str(images), str(out), "--device", "cpu"]
+    refused = runner.invoke(app, command)
+    assert refused.exit_code == 2
+    assert error_line(refused.stderr, besides="nothing") == (
+        "Error: convnet has random weights (no --weights given): its answers would be noise "
+        "(pass a checkpoint as MODEL or --weights DEFAULT|FILE; --allow-untrained to run it "
+        "anyway)"
+    )
+    assert not out.exists()
+    allowed = runner.invoke(app, [*command, "--allow-untrained", "--image-size", "16"])
+    assert allowed.exit_code == 0, allowed.stderr
+    assert (out / "penultimate.npy").is_file()
+
+
 def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_path):
     """Before: the hint said "pass --force to replace it", which --force then refused."""
     from conftest import run_torchkit_in_process, write_image_folder
@@ -613,8 +633,9 @@ def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_pa
     mine.mkdir()
     (mine / "notes.txt").write_text("keep\n")
     done = run_torchkit_in_process(
-        "extract-features", "convnet", "data", "mine", "--resume", "--device", "cpu", cwd=tmp_path
-    )
+        "extract-features", "convnet", "data", "mine", "--resume", "--device", "cpu",
+        "--allow-untrained", cwd=tmp_path,
+    )  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.strip() == (
         "Error: nothing to resume in mine: it holds no extract-features run (give another "

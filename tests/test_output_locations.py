@@ -34,7 +34,8 @@ def _commands(root: Path) -> dict[str, tuple[list[str], Path]]:
         "split": (["split", images], root / "split"),
         "export": (["export", "convnet", "--image-size", "12"], root / "model.onnx"),
         "extract-features": (
-            ["extract-features", "convnet", images, "--image-size", "12", "-j", "0"],
+            ["extract-features", "convnet", images, "--image-size", "12", "-j", "0",
+             "--allow-untrained"],  # fmt: skip
             root / "features",
         ),
         "convert tensor": (["convert", "tensor", image], root / "a.npy"),

@@ -34,7 +34,7 @@ from safety_world import check_locked_then_terminated, write_world
 FEATURES = ["extract-features", "run/best.pt", "ds", "--workers", "0", "-l", "features.5"]
 GATED = [
     "extract-features", "gatemod:Gated", "ds", "-l", "body", "--image-size", "8",
-    "--resize-size", "8", "--workers", "2", "--batch-size", "2",
+    "--resize-size", "8", "--workers", "2", "--batch-size", "2", "--allow-untrained",
 ]  # fmt: skip
 
 

@@ -540,6 +540,22 @@ def test_errors_are_one_line(runner, args, code, message):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_random_weights_are_a_note_after_the_summary(runner, tmp_path):
+    """Before: nothing said the model had random weights (export warned, predict refused)."""
+    random = runner.invoke(app, ["summary", "convnet", "--params-only", "--format", "json"])
+    assert random.exit_code == 0, random.stderr
+    assert random.stderr.splitlines() == [
+        "Note: convnet has random weights (no --weights given): fine for a summary (shapes and "
+        "counts do not depend on them)"
+    ]
+    assert json.loads(random.stdout)["notes"] == []  # a remark on the run, not the summary's
+    weights = tmp_path / "weights.pt"
+    torch.save(resolve_model("convnet").model.state_dict(), weights)
+    trained = runner.invoke(app, ["summary", "convnet", "--weights", str(weights)])
+    assert trained.exit_code == 0, trained.stderr
+    assert "random weights" not in trained.stderr
+
+
 def test_truncated_checkpoint(runner, tmp_path):
     path = tmp_path / "cut.pt"
     torch.save({"model": {"w": torch.ones(100)}}, path)

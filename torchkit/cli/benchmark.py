@@ -224,16 +224,23 @@ def benchmark(
     if append:
         check_append_target(output, COLUMNS)
 
+    from torchkit.cli import console
     from torchkit.cli.progress import progress_bar
 
+    random_weights: list[str] = []  # noted once the timings are made: an error stays one line
     with progress_bar("benchmarking") as progress:
         result = run_benchmark(
-            model, options, progress=progress, search_progress=_search_status(progress.status)
+            model,
+            options,
+            progress=progress,
+            search_progress=_search_status(progress.status),
+            notify=random_weights.append,
         )
+    for note in random_weights:
+        console.note(note)
 
     csv_table = Table(columns=list(COLUMNS), rows=result.rows())
     if append:
-        from torchkit.cli import console
         from torchkit.cli.render import render_csv
         from torchkit.core.benchmark import append_csv
 

@@ -191,10 +191,9 @@ def export(
     if not result.verified:
         console.warn(f"{result.path} was not verified (--no-verify)")
     if result.random_weights:
-        console.warn(
-            f"{result.path} holds random weights ({model} came with no --weights): fine for "
-            "trying a runtime, not for predictions"
-        )
+        from torchkit.core.models.resolver import untrained_note
+
+        console.note(untrained_note(model, "export"))
 
 
 def _shape(data: dict) -> str:

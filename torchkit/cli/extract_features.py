@@ -11,6 +11,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    AllowUntrainedOption,
     ForceOption,
     MeanOption,
     ModelOption,
@@ -157,12 +158,14 @@ def extract_features_command(
     force: ForceOption = False,
     strict: StrictOption = False,
     trust_checkpoint: TrustCheckpointOption = False,
+    allow_untrained: AllowUntrainedOption = False,
     seed: Annotated[
         int,
         typer.Option(
             "--seed",
             callback=seed_in_range,
-            help="Seed of the random initialisation when there are no --weights.",
+            help="Seed of the random initialisation of a model without weights "
+            "(--allow-untrained).",
         ),
     ] = 0,
 ) -> None:
@@ -230,6 +233,7 @@ def extract_features_command(
         trust_checkpoint=trust_checkpoint,
         split=split,
         seed=seed,
+        allow_untrained=allow_untrained,
         stats_file=None if stats is None else str(stats),
     )
     try:

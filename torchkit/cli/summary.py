@@ -164,6 +164,7 @@ def summary(
 
     check_output(model, output, weights=weights, force=force)  # before the model is built
 
+    random_weights: list[str] = []  # noted once the summary is made: an error stays one line
     result = summarize_model(
         model,
         input_sizes=[parse_input(size) for size in sizes],
@@ -177,8 +178,9 @@ def summary(
         no_batch_dim=no_batch_dim,
         params_only=params_only,
         train_mode=train_mode,
+        notify=random_weights.append,
     )
-    for note in result.notes:
+    for note in [*random_weights, *result.notes]:
         console.note(note)
     rows = result.layers_up_to(depth)
     layer_table = Table(

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,11 +150,14 @@ def run_benchmark(
     options: BenchmarkOptions,
     progress: Progress | None = None,
     search_progress: batch_search.SearchProgress | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> BenchmarkResult:
     """Benchmark the model `spec` names (any spec of `resolve_model`). `search_progress` hears
-    of each `--find-batch-size` trial before it runs."""
+    of each `--find-batch-size` trial before it runs; `notify`, that the model has random
+    weights (a note, not part of the result)."""
     from torchkit.core.device import resolve_amp_dtype, select_device
     from torchkit.core.models import ModelSpec, resolve_spec
+    from torchkit.core.models.resolver import has_random_weights, untrained_note
 
     limit = check_options(options)
     device = select_device(options.device)
@@ -173,6 +176,8 @@ def run_benchmark(
         exported="module",
         new_head=True,  # --num-classes sizes the head as fine-tuning would
     )
+    if notify is not None and has_random_weights(resolved):
+        notify(untrained_note(spec, "benchmark"))
     if sample is None:
         sample = resolved.sample_shape
         if sample is None:

@@ -34,6 +34,7 @@ from torchkit.core.export.writing import (
 from torchkit.core.exported.metadata import build_metadata
 from torchkit.core.files import atomic_path
 from torchkit.core.models import model_inputs
+from torchkit.core.models.resolver import has_random_weights
 from torchkit.core.outputs import (
     InputPath,
     check_output_file,
@@ -166,8 +167,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     resolved = resolve_spec(spec, command="export")
     model = resolved.model.to("cpu").float().eval()
     arch = resolved.arch
-    # A callable may load trained weights itself: only known random weights are reported.
-    random_weights = resolved.weights_source is None and resolved.source != "callable"
+    random_weights = has_random_weights(resolved)  # a note, as summary's and benchmark's
     step()
 
     preprocess, sample = _input_of(resolved, request.image_size)

@@ -73,6 +73,7 @@ class FeatureRequest(RunOptions):
     split: str | None = None  # of split data: one split (default: all, with a split column)
     root: str = ""  # set from the data: what index.csv's paths are relative to
     seed: int = 0  # makes a randomly initialised model (no --weights) the same in every run
+    allow_untrained: bool = False  # features of random weights (refused by default: noise)
     stats_file: str | None = None  # --stats, read by the caller: only OUT's checks need it
 
 
@@ -208,8 +209,9 @@ def _extract(
             resize_size=request.resize_size,
             mean=request.mean,
             std=request.std,
+            allow_untrained=request.allow_untrained,
         )
-        source = resolve_spec(spec, command="extract-features")
+        source = resolve_spec(spec, command="extract-features", needs_training=True)
     data = open_data(require_input(request.images, what="IMAGES"), allow_unlabelled=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.
     recorded = source.checkpoint.get("data") if source.checkpoint else None  # a held-out val

@@ -134,7 +134,7 @@ def resolve_model(
     or "refuse" (one error that names `command`). TorchScript and torch.export run code from
     the file, so they need `trust_checkpoint`, as do pickles and the `package.module:Callable` a
     checkpoint names. `require_trained` refuses a model whose weights are random (no weights
-    file, no pretrained weights): predict and eval.
+    file, no pretrained weights): predict, eval and extract-features.
     """
     if exported not in EXPORTED_USES:
         raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
@@ -210,6 +210,26 @@ def untrained_error(spec: str, source: str) -> UsageError:
         f"{spec} has random weights (no --weights given): its answers would be noise",
         "pass a checkpoint as MODEL or --weights DEFAULT|FILE; --allow-untrained to run it anyway",
     )
+
+
+# Why random weights do no harm to what each command that takes them makes (the note it gives).
+UNTRAINED_FINE = {
+    "summary": "fine for a summary (shapes and counts do not depend on them)",
+    "benchmark": "fine for a benchmark (speeds do not depend on them)",
+    "export": "the file holds them too: fine for trying a runtime, not for predictions",
+}
+
+
+def has_random_weights(resolved: ResolvedModel) -> bool:
+    """Weights no file or library gave, for sure (a model built by code may load its own)."""
+    return resolved.weights_source is None and resolved.source != "callable"
+
+
+def untrained_note(spec: str, command: str) -> str:
+    """The note of a command whose output does not need trained weights (summary, benchmark,
+    export) for a model `has_random_weights`; the commands that need them refuse it
+    (`untrained_error`)."""
+    return f"{spec} has random weights (no --weights given): {UNTRAINED_FINE[command]}"
 
 
 def _from_exported(

@@ -77,6 +77,7 @@ def resolve_spec(
     exported: str = "refuse",
     new_head: bool = False,
     predicting: bool = False,
+    needs_training: bool = False,
 ) -> ResolvedModel:
     """The model `spec` names, through the one model resolver, with the preprocessing it comes
     with changed by `--image-size/--resize-size/--mean/--std`.
@@ -84,7 +85,8 @@ def resolve_spec(
     `exported` and `new_head` are `resolve_model`'s. `predicting`: the command reports the
     model's predictions (eval, predict), so random weights are refused unless
     `spec.allow_untrained`, and preprocessing the model file records that no image could go
-    through is an error before any image is read.
+    through is an error before any image is read. `needs_training`: the command's output means
+    nothing with random weights either (extract-features): refused the same way.
     """
     from torchkit.core.preprocessing import apply_overrides
 
@@ -106,7 +108,7 @@ def resolve_spec(
         ema=spec.ema,
         exported=exported,
         command=command,
-        require_trained=predicting and not spec.allow_untrained,
+        require_trained=(predicting or needs_training) and not spec.allow_untrained,
     )
     if resolved.preprocess is not None:
         resolved.preprocess = apply_overrides(

@@ -12,6 +12,7 @@ from typing import Any
 from torchkit.core.errors import UsageError
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS
+from torchkit.core.models.resolver import has_random_weights, untrained_note
 from torchkit.core.summary.counting import (
     SCRIPT_NOTE,
     InputSpec,
@@ -162,10 +163,12 @@ def summarize_model(
     params_only: bool = False,
     train_mode: bool = False,
     progress: Callable[[str], None] | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> ModelSummary:
     """Build (or load) the model `spec` names on `device` and summarize it: with a forward pass
     on the inputs `input_sizes` describe (or the size the model is known to take), or from the
-    module tree alone (`params_only`, and when no input size is given or known)."""
+    module tree alone (`params_only`, and when no input size is given or known). `notify` hears
+    that the model has random weights (a note, not part of the summary)."""
     from torchkit.core.device import resolve_device
 
     args = [size if isinstance(size, InputArg) else InputArg(tuple(size)) for size in input_sizes]
@@ -196,6 +199,8 @@ def summarize_model(
             exported="module",
             new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
         )
+    if notify is not None and has_random_weights(loaded):
+        notify(untrained_note(spec, "summary"))
     notes = []
     if not args and not params_only:
         if loaded.sample_shape is not None:
