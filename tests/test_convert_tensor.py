@@ -293,7 +293,13 @@ def test_folder_converts_good_files_and_counts_the_rest(tmp_path, workers):
     truth = make_tree(src)
     before = snapshot(src)
     dst = tmp_path / "dst"
-    result = ok(src, dst, "--to", "pt", "--workers", workers, "--format", "json")
+    result = convert(src, dst, "--to", "pt", "--workers", workers, "--format", "json")
+    # As `cp -r`: the good files are converted and the command fails, saying how many did not.
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: 2 of 7 files could not be converted into {dst} "
+        "(the warnings above say which and why; --strict stops at the first)"
+    )
     summary = json.loads(result.stdout)
     assert summary["converted"] == 5
     assert summary["failed"] == 2
@@ -335,9 +341,11 @@ def test_folder_table_output_and_existing_destination(tmp_path):
     assert result.exit_code == 1 and "not written by torchkit" in result.stderr
     assert sorted(p.name for p in dst.iterdir()) == ["old.txt"]
     (dst / "old.txt").unlink()
-    ok(src, dst, "--to", "npy", "-j", "0")  # an empty folder needs no --force
+    result = convert(src, dst, "--to", "npy", "-j", "0")  # an empty folder needs no --force
+    assert result.exit_code == 1 and "2 of 7 files could not be converted" in result.stderr
     (dst / "old.txt").write_text("stale")
-    result = ok(src, dst, "--to", "png", "-j", "0", "--force", "--format", "csv")
+    result = convert(src, dst, "--to", "png", "-j", "0", "--force", "--format", "csv")
+    assert result.exit_code == 1 and "2 of 7 files could not be converted" in result.stderr
     assert result.stdout.splitlines() == [
         "converted,skipped,failed,files written,destination",
         f"5,1,2,5,{dst}",

@@ -227,6 +227,21 @@ def test_convert_tensor_on_a_full_disk_is_an_error_not_skipped_inputs(work, smal
     assert tree_digest(work) == before
 
 
+def test_convert_tensor_short_write_on_a_full_disk_is_an_error(work, small_tmpfs):
+    # Arrays of several pages: NumPy writes part of one and says "30000 requested and 16256
+    # written", an OSError without errno, which must still read as the full disk it is.
+    write_image_folder(work / "large", {"a": 8}, size=100)
+    disk = small_tmpfs(152)  # 38 pages: four arrays of 8, the marker, and 4 pages of a fifth
+    dst = disk / "dst"
+    done = run_torchkit_process(
+        "convert", "tensor", "large", str(dst), "--to", "npy", "-j", "0", cwd=work
+    )
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr, besides="nothing")
+    assert line.startswith(f"Error: cannot write {dst}/a/") and "No space left" in line
+    assert os.listdir(disk) == []  # no half-written DST, no temporary folder
+
+
 @pytest.mark.parametrize("suffix", ["safetensors", "png"])
 def test_convert_tensor_file_on_a_full_disk_is_an_error(work, small_tmpfs, suffix):
     disk = fill_disk(small_tmpfs(64))

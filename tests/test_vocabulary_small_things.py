@@ -166,10 +166,11 @@ def test_convert_tensor_warning_says_failed_like_its_table(runner, tmp_path):
     (source / "a" / "broken.jpg").write_bytes(b"not a jpeg")
     args = ["convert", "tensor", str(source), str(tmp_path / "out"), "--to", "npy", "-j", "1"]
     result = runner.invoke(app, [*args, "--format", "json"])
-    assert result.exit_code == 0, result.stderr
+    assert result.exit_code == 1, result.stderr  # a file that failed fails the command
     report = json.loads(result.stdout)
     assert (report["failed"], report["skipped"]) == (1, 0)
     assert "Warning: failed to convert " in result.stderr and "broken.jpg" in result.stderr
+    assert "Error: 1 of 2 files could not be converted" in result.stderr
     assert "skipped" not in result.stderr
 
 

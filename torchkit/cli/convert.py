@@ -168,7 +168,8 @@ def tensor(
     """Convert between image files, NumPy .npy, torch .pt and .safetensors, by extension. A
     tensor is CHW float32 in [0, 1] (like to_tensor), an array HWC uint8 (like
     np.asarray(Image.open(...))); 8-bit pixels survive round trips exactly. A folder is converted
-    recursively, in parallel, keeping its layout.
+    recursively, in parallel, keeping its layout; a file that cannot be converted is reported
+    and the others are converted, with exit code 1 (as cp -r).
 
     Examples:
 
@@ -227,6 +228,14 @@ def tensor(
             [[w.path, _shape(w.shape), w.dtype] for w in report.written],
         )
     emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+    if report.failed:  # as `cp -r`: the others are converted, and the command failed
+        from torchkit.core.errors import InputError
+
+        raise InputError(
+            f"{report.failed} of {report.converted + report.failed} files could not be "
+            f"converted into {report.destination}",
+            "the warnings above say which and why; --strict stops at the first",
+        )
 
 
 def cifar(

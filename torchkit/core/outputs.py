@@ -235,7 +235,9 @@ def is_write_error(error: BaseException, target: str | os.PathLike | None = None
     """An error that says the output side cannot be written (full disk, read-only, no
     permission), including torch.save's RuntimeError from its zip writer. A permission or I/O
     error that names a file other than `target` (or its temporary sibling) is an input's."""
-    if isinstance(error, OSError):
+    # NumPy's short write ("49152 requested and 28544 written") is an OSError without errno:
+    # the file system below decides, as for torch.save's RuntimeError.
+    if isinstance(error, OSError) and error.errno is not None:
         if error.errno in WRITE_ONLY_ERRNOS:
             return True
         if error.errno not in WRITE_ERRNOS:
