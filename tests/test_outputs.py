@@ -381,6 +381,11 @@ def test_every_writer_s_way_of_saying_the_disk_is_full_is_one_write_error(tmp_pa
     monkeypatch.setattr(os, "statvfs", lambda path: NoInodes)
     found = as_write_error(RuntimeError("unexpected pos 576 vs 534"), out)
     assert isinstance(found, OutputWriteError) and "No space left" in found.message
+    # NumPy's short write is an OSError without errno: the file system says why.
+    found = as_write_error(OSError("49152 requested and 28544 written"), out)
+    assert isinstance(found, OutputWriteError) and "No space left" in found.message
+    monkeypatch.undo()  # on a disk with room, the same words are not the output's problem
+    assert not is_write_error(OSError("49152 requested and 28544 written"), out)
 
 
 def test_a_full_disk_is_one_error_naming_the_output_and_leaves_no_temporary(small_tmpfs):
