@@ -11,6 +11,7 @@ import weakref
 import pytest
 import torch
 import torchinfo
+from conftest import error_line
 from torch import nn
 
 from torchkit.cli import app
@@ -554,6 +555,26 @@ def test_random_weights_are_a_note_after_the_summary(runner, tmp_path):
     trained = runner.invoke(app, ["summary", "convnet", "--weights", str(weights)])
     assert trained.exit_code == 0, trained.stderr
     assert "random weights" not in trained.stderr
+
+
+def test_d_is_no_longer_listed_but_old_scripts_still_run(runner):
+    """-d is --data in train and eval: --depth lists no short flag, and `-d N` (its short flag
+    before) still means --depth N, unlisted. Before: --help listed -d for --depth."""
+    from typer.main import get_command
+
+    params = get_command(app).commands["summary"].params
+    (depth,) = [p for p in params if "--depth" in p.opts]
+    assert depth.opts == ["--depth"]
+    assert all(p.hidden for p in params if "-d" in p.opts)
+    args = ["summary", "convnet", "--params-only", "--format", "json"]
+    short = runner.invoke(app, [*args, "-d", "0"])
+    assert short.exit_code == 0, short.stderr
+    assert short.stdout == runner.invoke(app, [*args, "--depth", "0"]).stdout
+    assert len(json.loads(short.stdout)["layers"]) == 1  # the model's own row only
+    both = runner.invoke(app, [*args, "-d", "0", "--depth", "1"])
+    assert both.exit_code == 2
+    message = "Error: --depth is given twice (also as -d) (give --depth once)"
+    assert error_line(both.stderr) == message
 
 
 def test_truncated_checkpoint(runner, tmp_path):

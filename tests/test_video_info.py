@@ -417,7 +417,7 @@ def test_missing_path_and_empty_folder_are_one_line_errors(tmp_path, videos):
 
 
 def test_output_file_needs_force(tmp_path, videos):
-    target = tmp_path / "info.json"
+    target = tmp_path / "info.txt"  # a name that picks no format: --format does
     path = need(videos, "mjpg.avi")
     assert invoke(path, "--format", "json", "-o", target).exit_code == 0
     assert json.loads(target.read_text())[0]["frames"] == 17
@@ -787,6 +787,24 @@ def test_zero_or_unknown_frame_count_is_an_error_row_when_sampling(
     monkeypatch.setattr(video, "probe_video", without_frames)
     (info,) = inspect_videos([need(videos, "mjpg.avi")], segments=3)
     assert info.error.startswith(message) and info.frame_indices is None
+
+
+def test_k_is_no_longer_listed_but_old_scripts_still_run(videos):
+    """-k is --topk in eval and predict: --segments lists no short flag, and `-k K` (its short
+    flag before) still means --segments K, unlisted. Before: --help listed -k for --segments."""
+    from typer.main import get_command
+
+    params = get_command(app).commands["video-info"].params
+    (segments,) = [p for p in params if "--segments" in p.opts]
+    assert segments.opts == ["--segments"]
+    assert all(p.hidden for p in params if "-k" in p.opts)
+    clip = need(videos, "mjpg.avi")
+    assert json_rows(clip, "-k", "3") == json_rows(clip, "--segments", "3")
+    both = invoke(clip, "-k", "3", "--segments", "3")
+    assert both.exit_code == 2
+    assert both.stderr.strip() == (
+        "Error: --segments is given twice (also as -k) (give --segments once)"
+    )
 
 
 # --- fast start ----------------------------------------------------------------------------------

@@ -52,6 +52,18 @@ def model_and_rest(positional: Any, option: Any, rest: list[Any]) -> tuple[Any, 
     return option, ([positional] if positional is not None else []) + list(rest)
 
 
+def former_short_flag(value: Any, former: Any, *, option: str, flag: str) -> Any:
+    """An option given by its long name, or by the short flag it had before that flag was given
+    its meaning of the other commands (kept, hidden, so that old scripts run); both: an error."""
+    from torchkit.core.errors import UsageError
+
+    if former is None:
+        return value
+    if value is not None:
+        raise UsageError(f"{option} is given twice (also as {flag})", f"give {option} once")
+    return former
+
+
 def product_path(positional: Any, option: Any, *, required: bool = True, name: str = "OUT"):
     """OUT given positionally or as --out (the same thing); both naming two places, or neither
     when one is required, is a usage error."""

@@ -16,6 +16,7 @@ from torchkit.cli.options import (
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
+    former_short_flag,
     model_argument,
 )
 from torchkit.cli.render import OutputFormat, Table, emit
@@ -96,9 +97,16 @@ def summary(
         ),
     ] = False,
     depth: Annotated[
-        int,
-        typer.Option("--depth", "-d", min=0, help="Nesting depth of the rows shown."),
-    ] = 3,
+        Optional[int],
+        typer.Option(
+            "--depth",
+            min=0,
+            show_default=False,
+            help="Nesting depth of the rows shown. [default: 3]",
+        ),
+    ] = None,
+    # -d is --data in train and eval: --depth's former short flag works, unlisted.
+    depth_short: Annotated[Optional[int], typer.Option("-d", min=0, hidden=True)] = None,
     num_classes: Annotated[
         Optional[int],
         typer.Option(
@@ -136,7 +144,7 @@ def summary(
 
     Examples:
 
-      torchkit summary vit_b_16 --input-size 3 384 384 -d 2
+      torchkit summary vit_b_16 --input-size 3 384 384 --depth 2
 
       torchkit summary runs/best.pt --format json -o summary.json
 
@@ -144,6 +152,8 @@ def summary(
 
       torchkit summary mypkg.nets:UNet --no-batch-dim -i 1,4,32,32 -i "t=():long"
     """
+    depth = former_short_flag(depth, depth_short, option="--depth", flag="-d")
+    depth = 3 if depth is None else depth
     if list_models:
         _emit_model_list(fmt, output, force)
         return

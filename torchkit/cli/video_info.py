@@ -76,7 +76,6 @@ def video_info(
         Optional[int],
         typer.Option(
             "--segments",
-            "-k",
             min=1,
             metavar="K",
             help="Also give the K frame indices Temporal Segment Networks sample: one frame "
@@ -84,6 +83,8 @@ def video_info(
             show_default=False,
         ),
     ] = None,
+    # -k is --topk in eval and predict: --segments' former short flag works, unlisted.
+    segments_short: Annotated[Optional[int], typer.Option("-k", min=1, hidden=True)] = None,
     sample_mode: Annotated[
         SampleMode,
         typer.Option(
@@ -139,10 +140,13 @@ def video_info(
 
       torchkit video-info clips/ --exact -o info.csv --format csv
 
-      torchkit video-info clip.mp4 -k 8 --sample-mode train --seed 3 --extract-frames frames/
+      torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/ --seed 3 --extract-frames frames/
     """
+    from torchkit.cli.options import former_short_flag
     from torchkit.core.errors import InputError
     from torchkit.core.video import inspect_videos
+
+    segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
 
     with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
         infos = inspect_videos(
