@@ -35,17 +35,21 @@ PREPROCESS = Preprocess(
     image_size=SIZE, resize_size=SIZE, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), in_channels=3
 )
 PER_CLASS_COLUMNS = [
-    "Class",
-    "Label",
-    "# occurrence",
-    "Precision",
-    "Recall",
-    "F1",
-    "Confused class 1",
-    "Confused class 2",
-    "Confused class 3",
-    "Confused class 4",
-    "Confused class 5",
+    "label",
+    "index",
+    "support",
+    "predicted",
+    "precision",
+    "recall",
+    "f1",
+    "top1",
+    "top5",
+    "loss",
+    "confused_with_1",
+    "confused_with_2",
+    "confused_with_3",
+    "confused_with_4",
+    "confused_with_5",
 ]
 
 
@@ -224,21 +228,30 @@ def test_reports_agree_with_sklearn_from_predictions_csv(setup, report):
     )
     cm = confusion_matrix(y_true, y_pred, labels=labels)
     header, per_class = _read_csv(out / "per_class.csv")
-    assert header == PER_CLASS_COLUMNS
-    assert [row["Class"] for row in per_class] == CLASSES
+    assert header == [name.replace("top5", "top3") for name in PER_CLASS_COLUMNS]  # --topk 3
+    assert [row["label"] for row in per_class] == CLASSES
     for label, row in enumerate(per_class):
-        assert int(row["Label"]) == label
-        assert int(row["# occurrence"]) == s[label]
-        assert float(row["Precision"]) == pytest.approx(p[label], abs=1e-12)
-        assert float(row["Recall"]) == pytest.approx(r[label], abs=1e-12)
-        assert float(row["F1"]) == pytest.approx(f[label], abs=1e-12)
+        assert int(row["index"]) == label
+        assert int(row["support"]) == s[label]
+        assert float(row["precision"]) == pytest.approx(p[label], abs=1e-12)
+        assert float(row["recall"]) == pytest.approx(r[label], abs=1e-12)
+        assert float(row["f1"]) == pytest.approx(f[label], abs=1e-12)
         off_diagonal = [(-cm[label, j], j) for j in labels if j != label and cm[label, j] > 0]
         expected = sorted(off_diagonal)[:5]
-        confused = [row[f"Confused class {i}"] for i in range(1, 6)]
+        confused = [row[f"confused_with_{i}"] for i in range(1, 6)]
         assert confused == [f"{CLASSES[j]}:{-n}" for n, j in expected] + [""] * (5 - len(expected))
+        if s[label]:
+            assert float(row["top1"]) == pytest.approx(r[label], abs=1e-12)
+            assert float(row["top1"]) <= float(row["top3"]) <= 1
+            mine = [float(x["loss"]) for x in rows if int(x["label_index"]) == label]
+            assert float(row["loss"]) == pytest.approx(np.mean(mine), rel=1e-6)
     absent = CLASSES.index(ABSENT)
-    assert per_class[absent]["# occurrence"] == "0"
+    assert per_class[absent]["support"] == "0" and per_class[absent]["top1"] == ""
     assert metrics["per_class"][absent]["support"] == 0
+    # JSON's per-class entries use per_class.csv's names: `label` the name, `index` its index.
+    assert metrics["per_class"][absent]["label"] == ABSENT
+    assert metrics["per_class"][absent]["index"] == absent
+    assert metrics["top1"] == metrics["accuracy"] and metrics["top3"] == metrics["topk_accuracy"]
 
     with (out / "confusion_matrix.csv").open(newline="") as handle:
         table = list(csv.reader(handle))
@@ -285,22 +298,39 @@ def test_tta_flip_averages_image_and_mirror(setup, tmp_path):
 def test_table_output_and_split_choice(setup, report):
     result = invoke(setup["ckpt"], "--data", setup["data"], "--workers", "0")
     assert result.exit_code == 0, result.stderr
-    for text in ("Accuracy (top-1)", "Top-5 accuracy", "F1 (macro)", "F1 (micro)", "Loss"):
+    for text in ("Accuracy (top-1)", "F1 (macro)", "F1 (micro)", "Loss"):
         assert text in result.stdout
+    assert "Top-5" not in result.stdout  # 5 classes: every class is in the top 5
+    result = invoke(setup["ckpt"], "--data", setup["data"], "--topk", "3", "--workers", "0")
+    assert "Top-3 accuracy" in result.stdout
     assert "Confused with" in result.stdout and ABSENT in result.stdout
     result = invoke(setup["ckpt"], "--data", setup["data"], "--topk", "9", "--format", "json")
-    assert result.exit_code == 0 and json.loads(result.stdout)["topk"] == len(CLASSES)
-    assert "Warning: --topk 9 is more than the 5 classes; using 5" in result.stderr
-    # --split val picks the other folder; csv prints the per-class table.
+    data = json.loads(result.stdout)
+    assert result.exit_code == 0 and data["topk"] == 9
+    assert data["top9"] is None and data["topk_accuracy"] is None
+    assert "Warning: --topk 9 with 5 classes: every class is in the top 9" in result.stderr
+    # --split val picks the other folder; csv prints per_class.csv's table and the overall rows.
     result = invoke(
         setup["ckpt"], "--data", setup["data"], "--split", "val", "--format", "csv",
         "--workers", "0",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "Class,Label,Support,Precision,Recall,F1,Confused with"
+    assert lines[0].split(",") == PER_CLASS_COLUMNS
     assert lines[2].startswith("apple,1,1,")
-    assert lines[1] == "cherry,0,0,0.0,0.0,0.0,"  # no images, never predicted, confused with none
+    assert lines[1] == "cherry,0,0,0,0.0,0.0,0.0,,,,,,,,"  # no images, never predicted
+    rows = {row["label"]: row for row in csv.DictReader(lines) if row["index"] == ""}
+    assert list(rows) == ["all", "macro avg", "weighted avg"]
+    data = invoke(
+        setup["ckpt"], "--data", setup["data"], "--split", "val", "--format", "json",
+        "--workers", "0",
+    ).stdout  # fmt: skip
+    data = json.loads(data)
+    assert float(rows["all"]["top1"]) == data["top1"] == data["accuracy"]
+    assert float(rows["all"]["loss"]) == data["loss"] and rows["all"]["top5"] == ""
+    assert float(rows["macro avg"]["f1"]) == data["f1_macro"]
+    assert float(rows["weighted avg"]["recall"]) == data["recall_weighted"]
+    assert int(rows["all"]["support"]) == data["num_images"]
 
 
 def test_many_classes_table_leaves_out_empty_rows(setup, tmp_path):
@@ -316,7 +346,15 @@ def test_many_classes_table_leaves_out_empty_rows(setup, tmp_path):
     assert len(data["per_class"]) == 60 and len(shown) < 60
     words = " ".join(result.stdout.split())  # the title may wrap
     assert f"{60 - len(shown)} classes without images or predictions not shown" in words
-    assert all(f"│ {c['class']} " in result.stdout for c in shown)
+    assert all(f"│ {c['label']} " in result.stdout for c in shown)
+
+
+def assert_same_per_class(got: list[dict], expected: list[dict]) -> None:
+    """The same predictions: equal counts and scores, each class's mean loss up to float32
+    noise (batches of other sizes sum in another order)."""
+    assert [{**c, "loss": None} for c in got] == [{**c, "loss": None} for c in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine["loss"] == (theirs["loss"] and pytest.approx(theirs["loss"], rel=1e-5))
 
 
 def test_output_file_and_out_dir_need_force(setup, report, tmp_path):
@@ -350,7 +388,7 @@ def test_channels_last_workers_and_amp(setup, report):
     result = invoke(*base, "--channels-last", "--workers", "1", "--batch-size", "16", "--topk", "3")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["per_class"] == report["json"]["per_class"]  # same predictions
+    assert_same_per_class(data["per_class"], report["json"]["per_class"])  # same predictions
     assert data["loss"] == pytest.approx(report["json"]["loss"], rel=1e-5)
     result = invoke(*base, "--amp", "--workers", "0")
     assert result.exit_code == 0, result.stderr
@@ -407,8 +445,9 @@ def test_csv_index_gives_the_same_numbers(setup, report, tmp_path):
     result = invoke(setup["ckpt"], "--data", index, "--format", "json", "--topk", "3")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    for key in ("num_images", "accuracy", "topk_accuracy", "per_class"):
+    for key in ("num_images", "accuracy", "topk_accuracy"):
         assert data[key] == report["json"][key], key
+    assert_same_per_class(data["per_class"], report["json"]["per_class"])
 
 
 def test_ema_weights(setup, report, tmp_path):
@@ -427,7 +466,8 @@ def test_ema_weights(setup, report, tmp_path):
     result = invoke(ckpt, *args, "--ema")
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["ema"] is True and data["per_class"] == report["json"]["per_class"]
+    assert data["ema"] is True
+    assert_same_per_class(data["per_class"], report["json"]["per_class"])
     plain = json.loads(invoke(ckpt, *args).stdout)
     assert plain["ema"] is False and plain["loss"] != data["loss"]
 
@@ -681,8 +721,9 @@ def test_torchrun_two_processes_give_the_same_numbers(setup, report, tmp_path):
     ddp = json.loads(proc.stdout)  # printed once, by rank 0 only
     single = report["json"]
     assert ddp["world_size"] == 2 and single["world_size"] == 1
-    for key in ("num_images", "accuracy", "topk_accuracy", "f1_macro", "f1_weighted", "per_class"):
+    for key in ("num_images", "accuracy", "topk_accuracy", "f1_macro", "f1_weighted"):
         assert ddp[key] == single[key], key
+    assert_same_per_class(ddp["per_class"], single["per_class"])
     assert ddp["loss"] == pytest.approx(single["loss"], rel=1e-6)
     ddp_rows = _read_csv(out / "predictions.csv")[1]
     single_rows = _read_csv(report["out"] / "predictions.csv")[1]

@@ -203,14 +203,11 @@ def eval_command(
         console.note(
             f"wrote {len(result.written)} reports to {out} in {result.report_seconds:.2f} s"
         )
-    emit(
-        tables=[summary_table(result), per_class_table(result)],
-        data=result.to_dict(),
-        fmt=fmt,
-        output=output,
-        force=force,
-        csv_table=1,
-    )
+    if fmt == "csv":  # per_class.csv's columns and plain numbers, with the overall rows
+        tables = [Table(result.per_class_columns(), result.per_class_rows(with_summary=True))]
+    else:
+        tables = [summary_table(result), per_class_table(result)]
+    emit(tables=tables, data=result.to_dict(), fmt=fmt, output=output, force=force)
 
 
 def _recorded_data(find, spec) -> str:
@@ -221,9 +218,10 @@ def _recorded_data(find, spec) -> str:
 
 def summary_table(result) -> Table:
     m = result.metrics
-    rows = [
-        ("Accuracy (top-1)", m.accuracy),
-        (f"Top-{m.topk} accuracy", m.topk_accuracy),
+    rows = [("Accuracy (top-1)", m.accuracy)]
+    if result.topk_accuracy is not None and result.topk > 1:  # none where k >= the classes
+        rows.append((f"Top-{result.topk} accuracy", result.topk_accuracy))
+    rows += [
         ("Precision (macro)", m.precision_macro),
         ("Recall (macro)", m.recall_macro),
         ("F1 (macro)", m.f1_macro),
@@ -269,10 +267,10 @@ def per_class_table(result) -> Table:
         left_out = len(result.classes) - len(rows)
         title += f"; {left_out} classes without images or predictions not shown"
     return Table(
-        ["Class", "Label", "Support", "Precision", "Recall", "F1", "Confused with"],
+        ["Class", "Index", "Support", "Precision", "Recall", "F1", "Confused with"],
         rows,
         title=title,
-        align_right={"Label", "Support", "Precision", "Recall", "F1"},
+        align_right={"Index", "Support", "Precision", "Recall", "F1"},
     )
 
 

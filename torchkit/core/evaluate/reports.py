@@ -13,22 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchkit.core.evaluate.metrics import CONFUSED_SHOWN
 from torchkit.core.files import atomic_path, atomic_write_text
 from torchkit.core.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
     from torchkit.core.evaluate.results import EvalResult
 
-PER_CLASS_COLUMNS = [
-    "Class",
-    "Label",
-    "# occurrence",
-    "Precision",
-    "Recall",
-    "F1",
-    *[f"Confused class {i}" for i in range(1, CONFUSED_SHOWN + 1)],
-]
 CONFUSION_CORNER = "true \\ predicted"  # confusion_matrix.csv's first header cell
 REPORT_FILES = (
     "metrics.json",
@@ -54,7 +44,7 @@ def write_reports(
         folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / name for name in REPORT_FILES]
     atomic_write_text(paths[0], json.dumps(json_safe(result.to_dict()), indent=2) + "\n")
-    atomic_write_text(paths[1], _csv_text(PER_CLASS_COLUMNS, per_class_rows(result)))
+    atomic_write_text(paths[1], _csv_text(result.per_class_columns(), result.per_class_rows()))
     classes = result.classes
     cm = result.metrics.confusion
     atomic_write_text(paths[2], confusion_csv_text(cm, classes))
@@ -93,26 +83,6 @@ def confusion_csv_text(cm: np.ndarray, classes: list[str]) -> str:
 
     table = pd.DataFrame(cm, index=pd.Index(classes, name=CONFUSION_CORNER), columns=classes)
     return table.to_csv(lineterminator="\n")
-
-
-def per_class_rows(result: EvalResult) -> list[list]:
-    m = result.metrics
-    rows = []
-    for label, name in enumerate(result.classes):
-        confused = [f"{other}:{count}" for other, count in result.confused_with(label)]
-        confused += [""] * (CONFUSED_SHOWN - len(confused))
-        rows.append(
-            [
-                name,
-                label,
-                int(m.support[label]),
-                repr(float(m.precision[label])),
-                repr(float(m.recall[label])),
-                repr(float(m.f1[label])),
-                *confused,
-            ]
-        )
-    return rows
 
 
 def prediction_columns(result: EvalResult) -> list[str]:

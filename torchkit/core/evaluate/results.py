@@ -8,7 +8,12 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.datasource.samples import Samples
-from torchkit.core.evaluate.metrics import ClassificationMetrics, most_confused
+from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics, most_confused
+from torchkit.core.topk import DEFAULT_TOPK, reported_topk, topk_name
+
+# The rows `eval --format csv` adds below the classes (their `index` is empty): the overall
+# accuracy, top-k, loss and micro F1, then scikit-learn's classification-report averages.
+SUMMARY_ROWS = ("all", "macro avg", "weighted avg")
 
 
 @dataclass
@@ -83,6 +88,7 @@ class EvalResult:
     report_seconds: float | None = None
     written: list[str] = field(default_factory=list)
     nonfinite_batches: int = 0  # batches in which the model gave a NaN or inf output
+    topk: int = DEFAULT_TOPK  # the k asked for: outputs name it `top{k}` (`core.topk`)
 
     @property
     def num_images(self) -> int:
@@ -108,6 +114,87 @@ class EvalResult:
     def confused_with(self, label: int) -> list[tuple[str, int]]:
         return [(self.classes[j], n) for j, n in most_confused(self.metrics.confusion, label)]
 
+    @property
+    def topk_accuracy(self) -> float | None:
+        """The top-k accuracy for the k asked, None where k >= the number of classes."""
+        return reported_topk(self.metrics.topk_accuracy, self.topk, len(self.classes))
+
+    def per_class_columns(self) -> list[str]:
+        """per_class.csv's and `--format csv`'s columns (one set of names: `label` the class
+        name, `index` its index, `top1` its accuracy, `top5` its top-k, `loss` its mean)."""
+        return [
+            "label",
+            "index",
+            "support",
+            "predicted",
+            "precision",
+            "recall",
+            "f1",
+            *dict.fromkeys([topk_name(1), topk_name(self.topk)]),  # one column if k is 1
+            "loss",
+            *[f"confused_with_{i}" for i in range(1, CONFUSED_SHOWN + 1)],
+        ]
+
+    def per_class_records(self) -> list[dict[str, Any]]:
+        """One dict per class, keyed by `per_class_columns()` but for `confused_with` (a list
+        of {"class", "count"}); a class without images has no accuracy or loss (None)."""
+        m, p = self.metrics, self.predictions
+        count = len(self.classes)
+        support = np.bincount(p.labels, minlength=count)
+        top_hits = (p.topk_labels[:, : self.topk] == p.labels[:, None]).any(axis=1)
+        top_hits = np.bincount(p.labels, weights=top_hits, minlength=count)
+        loss_sums = np.bincount(p.labels, weights=p.loss.astype(np.float64), minlength=count)
+        records = []
+        for label, name in enumerate(self.classes):
+            n = int(support[label])
+
+            def mean(total: float, n: int = n) -> float | None:
+                return float(total) / n if n else None
+
+            records.append(
+                {
+                    "label": name,
+                    "index": label,
+                    "support": int(m.support[label]),
+                    "predicted": int(m.predicted[label]),
+                    "precision": float(m.precision[label]),
+                    "recall": float(m.recall[label]),
+                    "f1": float(m.f1[label]),
+                    topk_name(1): mean(m.confusion[label, label]),
+                    topk_name(self.topk): reported_topk(mean(top_hits[label]), self.topk, count),
+                    "loss": mean(loss_sums[label]),
+                    "confused_with": [
+                        {"class": other, "count": number}
+                        for other, number in self.confused_with(label)
+                    ],
+                }
+            )
+        return records
+
+    def per_class_rows(self, *, with_summary: bool = False) -> list[list]:
+        """per_class.csv's rows (confused classes as `name:count`); `with_summary` adds the
+        SUMMARY_ROWS, as `--format csv` prints them."""
+        columns = self.per_class_columns()
+        rows = []
+        for record in self.per_class_records():
+            confused = [f"{c['class']}:{c['count']}" for c in record.pop("confused_with")]
+            confused += [None] * (CONFUSED_SHOWN - len(confused))
+            rows.append([*(record[name] for name in columns[:-CONFUSED_SHOWN]), *confused])
+        if with_summary:
+            m, images = self.metrics, self.num_images
+            summaries = {
+                "all": {"support": images, "predicted": images, "f1": m.f1_micro,
+                        topk_name(1): m.accuracy, topk_name(self.topk): self.topk_accuracy,
+                        "loss": self.loss},
+                "macro avg": {"support": images, "precision": m.precision_macro,
+                              "recall": m.recall_macro, "f1": m.f1_macro},
+                "weighted avg": {"support": images, "precision": m.precision_weighted,
+                                 "recall": m.recall_weighted, "f1": m.f1_weighted},
+            }  # fmt: skip
+            for name, values in summaries.items():
+                rows.append([name if c == "label" else values.get(c) for c in columns])
+        return rows
+
     def to_dict(self) -> dict[str, Any]:
         """metrics.json and `--format json`: snake_case keys, plain numbers."""
         m = self.metrics
@@ -117,9 +204,11 @@ class EvalResult:
             "num_skipped": len(self.skipped),
             "num_nonfinite": self.num_nonfinite,
             "num_classes": len(self.classes),
-            "accuracy": m.accuracy,
-            "topk": m.topk,
-            "topk_accuracy": m.topk_accuracy,
+            topk_name(1): m.accuracy,
+            topk_name(self.topk): self.topk_accuracy,
+            "accuracy": m.accuracy,  # = top1, as before
+            "topk": self.topk,  # the k of top{k}
+            "topk_accuracy": self.topk_accuracy,  # = top{k}, as before
             "loss": self.loss,
             "precision_macro": m.precision_macro,
             "recall_macro": m.recall_macro,
@@ -133,21 +222,6 @@ class EvalResult:
             "seconds": self.seconds,
             "images_per_second": self.images_per_second,
             "classes": list(self.classes),
-            "per_class": [
-                {
-                    "class": name,
-                    "label": label,
-                    "support": int(m.support[label]),
-                    "predicted": int(m.predicted[label]),
-                    "precision": float(m.precision[label]),
-                    "recall": float(m.recall[label]),
-                    "f1": float(m.f1[label]),
-                    "confused_with": [
-                        {"class": other, "count": count}
-                        for other, count in self.confused_with(label)
-                    ],
-                }
-                for label, name in enumerate(self.classes)
-            ],
+            "per_class": self.per_class_records(),
             "skipped_files": list(self.skipped),
         }

@@ -42,10 +42,10 @@ from torchkit.core.outputs import (
 )
 from torchkit.core.progress import Progress
 from torchkit.core.run_options import RunOptions
+from torchkit.core.topk import DEFAULT_TOPK
 
 log = logging.getLogger("torchkit")
 
-DEFAULT_TOPK = 5
 # What an eval --out folder may hold for --force to replace it when it has no `.torchkit`
 # marker (written before the marker existed): the reports, and the temporary files of a
 # report whose writing was killed.
@@ -64,7 +64,7 @@ class EvalOptions(RunOptions):
     data: str
     split: str | None = None
     tta: str = "none"
-    topk: int | None = None  # None: 5, or the number of classes if fewer
+    topk: int | None = None  # None: 5 (`core.topk`); predictions rank at most every class
     strict: bool = False
     out_dir: str | None = None
     normalize: bool = False
@@ -97,10 +97,15 @@ def resolve_topk(topk: int | None, num_classes: int) -> int:
         return min(DEFAULT_TOPK, num_classes)
     if topk < 1:
         raise UsageError(f"--topk must be at least 1, not {topk}")
-    if topk > num_classes:
-        log.warning("--topk %d is more than the %d classes; using %d", topk, *(num_classes,) * 2)
-        return num_classes
-    return topk
+    if topk >= num_classes:  # `core.topk`: the accuracy is 1 by definition, reported as null
+        log.warning(
+            "--topk %d with %d classes: every class is in the top %d, so its accuracy is left "
+            "out (null in JSON and CSV)",
+            topk,
+            num_classes,
+            topk,
+        )
+    return min(topk, num_classes)
 
 
 def predict(
@@ -472,6 +477,7 @@ def _run(
         seconds=seconds,
         info=info,
         nonfinite_batches=nonfinite_batches,
+        topk=options.topk or DEFAULT_TOPK,
     )
     return result, errors
 
