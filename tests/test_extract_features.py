@@ -257,7 +257,9 @@ def test_list_layers_names_shapes_and_aliases(runner):
 
     table = run(runner, "resnet18", "--list-layers", "--image-size", "32", "--format", "csv")
     assert table.exit_code == 0
-    assert "layer4.1.relu_1,ReLU,512x1x1" in table.stdout.splitlines()
+    lines = table.stdout.splitlines()
+    assert lines[0] == "name,op,output_shape,alias_of"  # the JSON's keys, not display text
+    assert "layer4.1.relu_1,ReLU,512x1x1," in lines and "logits,alias,1000,fc" in lines
 
     wrong = run(runner, "resnet18", "--list-layers", "--format", "npy")
     assert wrong.exit_code == 2

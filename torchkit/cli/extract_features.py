@@ -265,19 +265,21 @@ def _list_layers(
     listing = list_layers(
         model, weights=weights, trust_checkpoint=trust_checkpoint, image_size=image_size
     )
-    rows = [
-        [
-            info.name,
-            f"alias of {info.alias_of}" if info.alias_of else info.op,
-            "x".join(map(str, info.shape)) if info.shape is not None else "",
+    if fmt == OutputFormat.csv:  # the JSON's names and values (the shape as 512x1x1)
+        columns = ["name", "op", "output_shape", "alias_of"]
+        rows = [[info.name, info.op, _shape(info.shape), info.alias_of] for info in listing.layers]
+    else:
+        columns = ["layer", "op", "output_shape"]
+        rows = [
+            [
+                info.name,
+                f"alias of {info.alias_of}" if info.alias_of else info.op,
+                _shape(info.shape),
+            ]
+            for info in listing.layers
         ]
-        for info in listing.layers
-    ]
-    table = Table(
-        columns=["layer", "op", "output_shape"],
-        rows=rows,
-        title=f"{listing.arch} layers ({listing.image_size}x{listing.image_size} input)",
-    )
+    title = f"{listing.arch} layers ({listing.image_size}x{listing.image_size} input)"
+    table = Table(columns=columns, rows=rows, title=title)
     data = {
         "model": listing.arch,
         "image_size": listing.image_size,
@@ -293,6 +295,10 @@ def _list_layers(
         ],
     }
     emit(tables=[table], data=data, fmt=OutputFormat(fmt))
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "x".join(map(str, shape)) if shape is not None else ""
 
 
 def _report(result) -> None:
