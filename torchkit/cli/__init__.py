@@ -21,6 +21,7 @@ from torchkit.cli.app import (  # noqa: E402
     app,
     exit_quietly_on_broken_pipe,
     exit_without_teardown,
+    flushed_stdout,
     runs_as_the_program,
 )
 
@@ -58,10 +59,11 @@ def main() -> None:
             app(prog_name="torchkit")
         except BrokenPipeError:
             exit_quietly_on_broken_pipe()
-    except SystemExit as done:
+    except SystemExit as ended:
+        done = flushed_stdout(ended)
         if "torch" in sys.modules and runs_as_the_program():
             exit_without_teardown(done)
-        raise
+        raise done from None
 
 
 __all__ = ["app", "main"]

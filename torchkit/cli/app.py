@@ -370,12 +370,35 @@ def exit_without_teardown(done: SystemExit) -> None:
     os._exit(code or 0)
 
 
-def exit_quietly_on_broken_pipe() -> None:
-    """`torchkit ... | head`: the reader left. Stop without an error message (and without
-    Python's complaint when stdout is flushed at exit), with exit code 1 as click does."""
+# What a shell reports for a GNU tool that SIGPIPE ended (128 + SIGPIPE's number, 13).
+BROKEN_PIPE_EXIT = 141
+
+
+def exit_quietly_on_broken_pipe() -> NoReturn:
+    """`torchkit ... | head -1`: the reader left. Stop as GNU tools do: nothing on stderr (not
+    even Python's complaint when stdout is flushed at exit), exit code 141. The command has
+    unwound by now (its loaders' workers stopped); the exit runs the atexit handlers."""
+    _stdout_to_devnull()
+    raise SystemExit(BROKEN_PIPE_EXIT)
+
+
+def flushed_stdout(done: SystemExit) -> SystemExit:
+    """`done`, or the broken-pipe exit when what is left in stdout's buffer finds that the
+    reader has left (a result small enough to wait in the buffer until the end)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return SystemExit(BROKEN_PIPE_EXIT)
+    except (OSError, ValueError):
+        pass  # a full disk, a closed stream: reported as before, at exit
+    return done
+
+
+def _stdout_to_devnull() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-    raise SystemExit(1)
 
 
 def _report(error: BaseException, line: str) -> None:
@@ -406,6 +429,10 @@ def _reporting_stdout_write_errors() -> Iterator[None]:
     try:
         yield
     except BrokenPipeError:
+        exit_quietly_on_broken_pipe()
+    except SystemExit as done:
+        if isinstance(done.__context__, BrokenPipeError):  # rich's own exit (the help's console)
+            exit_quietly_on_broken_pipe()
         raise
     except OSError as error:
         reason = error.strerror or first_line(error)
@@ -415,8 +442,7 @@ def _reporting_stdout_write_errors() -> Iterator[None]:
             "the output elsewhere)",
         )
         # What is left in stdout's buffer must not fail again (with Python's complaint) at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _stdout_to_devnull()
         raise typer.Exit(1) from None
 
 

@@ -8,8 +8,10 @@ rich turns colour off by itself when the stream is not a terminal and when NO_CO
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,11 +28,17 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own exits with 1 on the spot; the command's error boundary ends it as
+            # GNU tools end (`cli.app.exit_quietly_on_broken_pipe`), after its clean-up.
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
     # emoji=False: `:fire:` in a path or class name is printed as it is, not as an emoji.
     if name == "stdout":
-        made = Console(file=_Results(), soft_wrap=True, emoji=False)
+        made = _Console(file=_Results(), soft_wrap=True, emoji=False)
     else:
-        made = Console(stderr=True, soft_wrap=True, emoji=False)
+        made = _Console(stderr=True, soft_wrap=True, emoji=False)
     globals()[name] = made  # made once: later look-ups find the module attribute
     return made
 

@@ -1,0 +1,72 @@
+"""`torchkit ... | head -1`: when the reader of stdout leaves early, torchkit ends as GNU tools
+do, exit code 141 (128 + SIGPIPE) and nothing on stderr, with its loader workers stopped. Real
+processes: the pipe and the process's exit are the subject."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import INHERITED, REPO, processes_in_group, wait_until, write_image_folder
+
+fcntl = pytest.importorskip("fcntl")
+if not hasattr(fcntl, "F_SETPIPE_SZ"):
+    pytest.skip("needs Linux pipes of a set size", allow_module_level=True)
+
+BROKEN_PIPE_EXIT = 141
+NOISE = ("Error", "Traceback", "Exception ignored", "Broken pipe", "BrokenPipeError")
+
+
+def read_first_line_and_close(*args: str, cwd: os.PathLike | str = REPO):
+    """Run `python -m torchkit ARGS | head -1`: stdout a pipe of one page (so that a few KB of
+    output outlast the reader), read its first line, close it. (exit code, first line, stderr,
+    the PIDs of its process group still alive after it ended)."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+    # Unbuffered, Python's stdout drops what a short write to a pipe leaves out, without an
+    # error (a reader gone mid-write): a shell does not set it.
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in (*INHERITED, "PYTHONUNBUFFERED")
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchkit", *args],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,  # its own process group: its workers can be found
+    )
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        first = reader.readline().decode()
+    try:
+        _, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        raise
+    wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="workers gone")
+    return process.returncode, first, err
+
+
+def test_predict_into_a_closed_pipe_exits_141_silently_and_stops_its_workers(tmp_path):
+    images = write_image_folder(tmp_path / "images", {"a": 150, "b": 150})
+    code, first, err = read_first_line_and_close(
+        "predict", "convnet", str(images), "--allow-untrained", "--format", "csv",
+        "-b", "1", "-j", "2",
+    )  # fmt: skip
+    assert first.startswith("path,")
+    assert code == BROKEN_PIPE_EXIT, err
+    assert err == ""
+
+
+def test_a_rich_table_and_the_help_into_a_closed_pipe_exit_141_silently():
+    code, first, err = read_first_line_and_close("summary", "resnet18", "--input-size", "3,16,16")
+    assert code == BROKEN_PIPE_EXIT, err
+    assert not any(word in err for word in NOISE), err
+    code, first, err = read_first_line_and_close("train", "--help")
+    assert code == BROKEN_PIPE_EXIT and err == "", err
