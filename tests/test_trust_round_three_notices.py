@@ -237,7 +237,8 @@ def test_predict_says_when_topk_is_cut_to_the_classes(runner, world):
          "--format", "json", *CPU],
     )  # fmt: skip
     assert evaluated.exit_code == 0, evaluated.stderr
-    assert "--topk 5 is more than the 2 classes; using 2" in evaluated.stderr
+    assert "--topk 5 with 2 classes: every class is in the top 5" in evaluated.stderr
+    assert json.loads(evaluated.stdout)["top5"] is None  # named for k, null: 1 by definition
 
 
 # -- 6. predict where images are unreadable ----------------------------------------------------
