@@ -221,7 +221,10 @@ def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
 
 
 def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "checkpoint") -> None:
-    """`load_state_dict(strict=True)` with a one-line summary of what does not fit."""
+    """`load_state_dict(strict=True)` with a one-line summary of what does not fit. A state
+    dict saved before PyTorch 0.4.1 has no BatchNorm `num_batches_tracked`: accepted, as torch
+    accepts it, the counters left as the model has them (0 in a new model)."""
+    state_dict = with_batch_counters(model, state_dict)
     own = model.state_dict()
     missing = [key for key in own if key not in state_dict]
     unexpected = [key for key in state_dict if key not in own]
@@ -245,3 +248,26 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
             "check --model and --num-classes",
         )
     model.load_state_dict(state_dict, strict=True)
+
+
+def with_batch_counters(model, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`state_dict` with each `num_batches_tracked` it lacks taken from `model`, as torch's
+    BatchNorm fills it in for a state dict of PyTorch < 0.4.1 (which had no such buffer)."""
+    from collections import OrderedDict
+
+    from torch.nn.modules.batchnorm import _NormBase
+
+    absent = {}
+    for name, module in model.named_modules():
+        counter = getattr(module, "num_batches_tracked", None)
+        key = f"{name}.num_batches_tracked" if name else "num_batches_tracked"
+        if isinstance(module, _NormBase) and counter is not None and key not in state_dict:
+            absent[key] = counter
+    if not absent:
+        return state_dict
+    filled = OrderedDict(state_dict)
+    filled.update(absent)
+    metadata = getattr(state_dict, "_metadata", None)  # torch's per-module versions, kept
+    if metadata is not None:
+        filled._metadata = metadata
+    return filled
