@@ -266,6 +266,29 @@ def test_list_layers_names_shapes_and_aliases(runner):
     assert "Error: --format npy does not apply to --list-layers" in wrong.stderr
 
 
+def test_list_layers_output_name_picks_the_format(runner, tmp_path):
+    listing = tmp_path / "layers.json"
+    result = run(runner, "convnet", "--list-layers", "--image-size", "16", "-o", str(listing))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert json.loads(listing.read_text())["model"] == "convnet"
+    refused = run(runner, "convnet", "--list-layers", "-o", str(listing))
+    assert refused.exit_code == 1 and "already exists" in error_line(refused.stderr)
+
+
+def test_format_npy_pt_safetensors_still_names_the_array_format_with_a_warning(
+    runner, images, tmp_path
+):
+    out = tmp_path / "pt"
+    result = run(runner, "convnet", str(images), str(out), "--image-size", "16", "-j", "0",
+                 "--format", "pt")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "Warning: --format pt is deprecated for array files: use --array-format pt" in (
+        result.stderr
+    )
+    assert (out / "penultimate.pt").is_file()
+
+
 def test_unknown_layer_lists_close_names(runner, images, tmp_path):
     result = run(runner, "resnet18", str(images), str(tmp_path / "out"), "-l", "layer4.1.relu1")
     assert result.exit_code == 2
@@ -473,12 +496,12 @@ def test_pt_and_safetensors_float16_l2(runner, images, tmp_path):
     result = run(runner, *common, str(reference), *options, "--pool", "max", "-j", "0")
     assert result.exit_code == 0, result.stderr
     pt = tmp_path / "pt"
-    result = run(runner, *common, str(pt), *options, "--pool", "max", "--format", "pt",
+    result = run(runner, *common, str(pt), *options, "--pool", "max", "--array-format", "pt",
                  "--dtype", "float16", "-j", "0")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     st = tmp_path / "st"
-    result = run(runner, *common, str(st), *options, "--pool", "none", "--format", "safetensors",
-                 "-j", "0")  # fmt: skip
+    result = run(runner, *common, str(st), *options, "--pool", "none", "--array-format",
+                 "safetensors", "-j", "0")  # fmt: skip
     assert result.exit_code == 0, result.stderr
 
     expected = np.load(reference / "features.npy")
@@ -532,7 +555,10 @@ def test_command_line_mistakes(runner, images, tmp_path):
     assert "Error:" in no_images.stderr and "nope" in no_images.stderr
     bad_format = run(runner, "convnet", str(images), str(tmp_path / "o"), "--format", "json")
     assert bad_format.exit_code == 2
-    assert "not an array format" in bad_format.stderr
+    assert error_line(bad_format.stderr, besides="nothing") == (
+        "Error: --format json applies to the --list-layers listing; a run writes its features "
+        "to OUT (the array files' format is --array-format)"
+    )
     with_images = run(runner, "resnet18", str(images), "--list-layers")
     assert with_images.exit_code == 2
     assert "--list-layers takes only MODEL" in with_images.stderr
@@ -624,6 +650,29 @@ def test_random_weights_are_refused_unless_allowed(runner, images, tmp_path):
     allowed = runner.invoke(app, [*command, "--allow-untrained", "--image-size", "16"])
     assert allowed.exit_code == 0, allowed.stderr
     assert (out / "penultimate.npy").is_file()
+
+
+def test_digits_and_paths_on_stdin_are_images_as_predict_reads_them(runner, images, tmp_path):
+    """IMAGES is read as predict reads it: `digits`, and `-` for paths on stdin (one per line;
+    a listed file that is gone is a row with its error). Before: "IMAGES not found"."""
+    digits = run(runner, "convnet", "digits", str(tmp_path / "d"), "--split", "test",
+                 "--image-size", "8", "-j", "0")  # fmt: skip
+    assert digits.exit_code == 0, digits.stderr
+    rows = read_index(tmp_path / "d")
+    assert len(rows) == 179 and {row["split"] for row in rows} == {"test"}
+    assert np.load(tmp_path / "d" / "penultimate.npy").shape == (179, 128)
+
+    files = sorted(str(p) for p in images.rglob("*.png"))[:3]
+    listed = "\n".join([*files, str(images / "gone.png")]) + "\n"
+    out = tmp_path / "s"
+    command = ["extract-features", "--device", "cpu", "--allow-untrained", "convnet", "-", str(out)]
+    piped = runner.invoke(app, [*command, "--image-size", "16", "-j", "0"], input=listed)
+    assert piped.exit_code == 0, piped.stderr
+    rows = read_index(out)
+    assert [row["path"] for row in rows] == [*files, str(images / "gone.png")]
+    assert [row["row"] for row in rows] == ["0", "1", "2", ""]
+    assert "No such file" in rows[3]["error"]
+    assert np.load(out / "penultimate.npy").shape == (3, 128)
 
 
 def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_path):

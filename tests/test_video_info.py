@@ -14,6 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import error_line
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -804,6 +805,25 @@ def test_k_is_no_longer_listed_but_old_scripts_still_run(videos):
     assert both.exit_code == 2
     assert both.stderr.strip() == (
         "Error: --segments is given twice (also as -k) (give --segments once)"
+    )
+
+
+def test_dash_reads_video_paths_from_stdin(videos, tmp_path):
+    """`-` lists videos on stdin, one per line, as predict and extract-features read images; a
+    listed file that is gone is a row with its error. Before: "path not found: -"."""
+    clip = need(videos, "mjpg.avi")
+    gone = tmp_path / "gone.mp4"
+    listed = f"{clip}\n\n{gone}\n"
+    result = runner.invoke(app, ["video-info", "-", "--format", "json"], input=listed)
+    assert result.exit_code == 1  # one video could not be read
+    rows = json.loads(result.stdout)
+    assert [row["path"] for row in rows] == [str(clip), str(gone)]
+    assert [row["status"] for row in rows] == ["ok", "unreadable"]
+    assert "No such file" in rows[1]["error"]
+    empty = runner.invoke(app, ["video-info", "-"], input="\n")
+    assert empty.exit_code == 1
+    assert error_line(empty.stderr) == (
+        "Error: no video paths on stdin (pipe one path per line, e.g. find ... |)"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
@@ -28,11 +29,18 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import FORMAT_RULE, OutputFormat, Table, emit, resolve_format
 from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
 from torchkit.core.run_options import RunOptions
 
-ARRAY_FORMATS = ("npy", "pt", "safetensors")
+
+class ArrayFormat(str, Enum):
+    npy = "npy"
+    pt = "pt"
+    safetensors = "safetensors"
+
+
+ARRAY_FORMATS = tuple(f.value for f in ArrayFormat)
 LISTING_FORMATS = tuple(f.value for f in OutputFormat)
 
 
@@ -52,7 +60,7 @@ class Dtype(str, Enum):
 
 
 def _complete_format(incomplete: str) -> list[str]:
-    return [f for f in (*ARRAY_FORMATS, *LISTING_FORMATS) if f.startswith(incomplete)]
+    return [f for f in LISTING_FORMATS if f.startswith(incomplete)]
 
 
 @with_run_options(batch_help="Images per forward pass.")
@@ -61,8 +69,9 @@ def extract_features_command(
     images: Annotated[
         Optional[Path],
         typer.Argument(
-            help="An image folder (ROOT/<class>/<image>), a flat folder of images, or a CSV "
-            "index with path,label columns.",
+            help="An image folder (ROOT/<class>/<image>), a split root, a flat folder of "
+            "images, a CSV index with path,label columns, an image file, digits, or - for paths "
+            "on stdin (one per line).",
             metavar="IMAGES",
             show_default=False,
         ),
@@ -117,14 +126,34 @@ def extract_features_command(
     dtype: Annotated[
         Dtype, typer.Option("--dtype", help="Stored precision.", case_sensitive=False)
     ] = Dtype.float32,
-    file_format: Annotated[
+    array_format: Annotated[
+        ArrayFormat,
+        typer.Option(
+            "--array-format",
+            help="The layers' array files: npy, pt or safetensors.",
+            case_sensitive=False,
+        ),
+    ] = ArrayFormat.npy,
+    # A str, not a choice: `--format npy|pt|safetensors`, the array format's name before
+    # --array-format, still works (with a warning).
+    fmt: Annotated[
         Optional[str],
         typer.Option(
             "--format",
-            help="Array files: npy (default), pt or safetensors. With --list-layers: table "
-            "(default), csv or json.",
+            help=f"Format of the --list-layers listing: table, csv or json. {FORMAT_RULE}",
             autocompletion=_complete_format,
+            metavar="<table | csv | json>",
             show_default=False,
+        ),
+    ] = None,
+    output: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--output",
+            "-o",
+            help="Write the --list-layers listing to FILE instead of stdout (FILE.csv or "
+            "FILE.json: in that format). The features go to OUT.",
+            dir_okay=False,
         ),
     ] = None,
     image_size: Annotated[
@@ -189,6 +218,7 @@ def extract_features_command(
     from torchkit.core.errors import UsageError
     from torchkit.core.preprocessing import mean_std_options
 
+    listing_format, array_format = _formats(fmt, output, array_format, list_layers)
     given = [Path(p) for p in (images, out) if p is not None]
     model, rest = model_and_rest(model, model_option, given)
     if len(rest) > 2:
@@ -198,15 +228,10 @@ def extract_features_command(
     if list_layers:
         if images is not None or out is not None:
             raise UsageError("--list-layers takes only MODEL", "drop IMAGES and OUT")
-        _list_layers(model, weights, trust_checkpoint, image_size, file_format or "table")
+        _list_layers(model, weights, trust_checkpoint, image_size, listing_format, output, force)
         return
     if images is None or out is None:
         raise UsageError("IMAGES and OUT are needed", "or pass --list-layers to see the layers")
-    array_format = file_format or "npy"
-    if array_format not in ARRAY_FORMATS:
-        raise UsageError(
-            f"--format {array_format} is not an array format", "use npy, pt or safetensors"
-        )
 
     from torchkit.core.features import FeatureRequest, extract_features
 
@@ -221,7 +246,7 @@ def extract_features_command(
         flatten=flatten,
         normalize=normalize.value if normalize else None,
         dtype=dtype.value,
-        file_format=array_format,
+        file_format=array_format.value,
         image_size=image_size,
         resize_size=resize_size,
         mean=mean_values,
@@ -244,7 +269,8 @@ def extract_features_command(
             refresh_in_thread=True,
             count_from_first_update=True,  # a resumed run's speed counts from where it starts
         ) as update:
-            result = extract_features(request, progress=update)
+            stdin = sys.stdin if str(images) == "-" else None
+            result = extract_features(request, progress=update, stdin=stdin)
     except KeyboardInterrupt:
         if (out / ".partial").is_dir():
             console.note(f"the rows done so far are kept in {out}; add --resume to continue")
@@ -252,16 +278,53 @@ def extract_features_command(
     _report(result)
 
 
-def _list_layers(
-    model: str, weights: str | None, trust_checkpoint: bool, image_size: int | None, fmt: str
-) -> None:
+def _formats(
+    fmt: str | None, output: Path | None, array_format: ArrayFormat, list_layers: bool
+) -> tuple[OutputFormat, ArrayFormat]:
+    """The --list-layers listing's format (--format, else -o's name, as every command's) and the
+    array files' one; `--format npy|pt|safetensors`, --array-format's old spelling, still works
+    for a run."""
     from torchkit.core.errors import UsageError
-    from torchkit.core.features import list_layers
 
-    if fmt not in LISTING_FORMATS:
+    if fmt is not None and fmt.lower() in ARRAY_FORMATS:
+        old = ArrayFormat(fmt.lower())
+        if list_layers:
+            raise UsageError(
+                f"--format {fmt} does not apply to --list-layers", "use table, csv or json"
+            )
+        if array_format not in (ArrayFormat.npy, old):  # npy: --array-format's default
+            raise UsageError(
+                f"--format {fmt} and --array-format {array_format.value} contradict each other",
+                "give only --array-format",
+            )
+        console.warn(f"--format {fmt} is deprecated for array files: use --array-format {fmt}")
+        fmt, array_format = None, old
+    if fmt is not None and fmt.lower() not in LISTING_FORMATS:
+        choices = ", ".join(repr(f) for f in LISTING_FORMATS)
+        raise typer.BadParameter(f"{fmt!r} is not one of {choices}", param_hint="'--format'")
+    if not list_layers and (fmt is not None or output is not None):
+        given = f"--format {fmt}" if fmt is not None else "-o/--output"
         raise UsageError(
-            f"--format {fmt} does not apply to --list-layers", "use table, csv or json"
+            f"{given} applies to the --list-layers listing; a run writes its features to OUT",
+            "the array files' format is --array-format",
         )
+    return resolve_format(None if fmt is None else OutputFormat(fmt.lower()), output), array_format
+
+
+def _list_layers(
+    model: str,
+    weights: str | None,
+    trust_checkpoint: bool,
+    image_size: int | None,
+    fmt: OutputFormat,
+    output: Path | None,
+    force: bool,
+) -> None:
+    from torchkit.core.features import list_layers
+    from torchkit.core.outputs import check_output_file
+
+    if output is not None and str(output) != "-":
+        check_output_file(output, force)  # before the model is built
     listing = list_layers(
         model, weights=weights, trust_checkpoint=trust_checkpoint, image_size=image_size
     )
@@ -294,7 +357,7 @@ def _list_layers(
             for info in listing.layers
         ],
     }
-    emit(tables=[table], data=data, fmt=OutputFormat(fmt))
+    emit(tables=[table], data=data, fmt=fmt, output=output, force=force)
 
 
 def _shape(shape: tuple[int, ...] | None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -42,7 +43,8 @@ def video_info(
     paths: Annotated[
         list[Path],
         typer.Argument(
-            help="Video files, or folders searched recursively for video files.",
+            help="Video files, folders searched recursively for video files, or - for paths "
+            "on stdin (one per line).",
             metavar="PATH",
             show_default=False,
         ),
@@ -140,7 +142,7 @@ def video_info(
 
       torchkit video-info clips/ --exact -o info.csv --format csv
 
-      torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/ --seed 3 --extract-frames frames/
+      torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/
     """
     from torchkit.cli.options import former_short_flag
     from torchkit.core.errors import InputError
@@ -161,6 +163,7 @@ def video_info(
             workers=workers,
             progress=advance,
             report=output,  # checked against the videos before the work, not after it
+            stdin=sys.stdin if any(str(p) == "-" for p in paths) else None,
         )
 
     if fmt == OutputFormat.csv:

@@ -6,11 +6,11 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from torchkit.core.errors import InputError
+from torchkit.core.errors import InputError, UsageError
 from torchkit.core.outputs import is_special_file
 from torchkit.core.outputs import reporting_write_errors as _reporting
 
@@ -28,6 +28,21 @@ def require_input(
     if kind == "dir" and not source.is_dir():
         raise InputError(f"{what} is not a folder: {source}")
     return source
+
+
+STDIN = "-"  # as an input: the paths piped to the command, one per line
+
+
+def read_path_list(stdin: Iterable[str] | None, what: str) -> list[str]:
+    """The paths piped for `-` (predict, extract-features, video-info): one per line, blank
+    lines skipped; `what` they name (image, video) is in the error when there are none."""
+    if stdin is None:
+        raise UsageError("- reads paths from stdin, but there is none")
+    paths = [line.rstrip("\r\n") for line in stdin]
+    paths = [path for path in paths if path.strip()]
+    if not paths:
+        raise InputError(f"no {what} paths on stdin", "pipe one path per line, e.g. find ... |")
+    return paths
 
 
 @contextlib.contextmanager

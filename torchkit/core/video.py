@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.errors import InputError, OutputWriteError, UsageError, first_line
-from torchkit.core.files import atomic_write_bytes
+from torchkit.core.files import STDIN, atomic_write_bytes, read_path_list
 from torchkit.core.image_files import opened_image
 from torchkit.core.outputs import InputPath, OutputFolder, check_output_file, write_error
 from torchkit.core.progress import Progress
@@ -188,18 +188,25 @@ def _is_visible_video(path: Path, root: Path) -> bool:
     return not hidden and is_video_file(path) and path.is_file()
 
 
-def find_videos(paths: Iterable[str | os.PathLike]) -> list[Path]:
+def find_videos(
+    paths: Iterable[str | os.PathLike], stdin: Iterable[str] | None = None
+) -> list[Path]:
     """Files as given (whatever their extension) and video files found recursively in folders
-    (hidden ones left out), sorted within each folder, each once, in the order given."""
+    (hidden ones left out), sorted within each folder, each once, in the order given; `-`: the
+    files `stdin` lists, one per line (one that is gone is a row with its error, as in predict)."""
     found: list[Path] = []
     seen: set[str] = set()
     named = [Path(p) for p in paths]
     if not named:
         raise UsageError("no video files or folders given", "pass one or more paths")
+    if [os.fspath(p) for p in paths].count(STDIN) > 1:
+        raise UsageError("- (stdin) given more than once")
     for path in named:
-        if not path.exists():
+        if os.fspath(path) == STDIN:
+            candidates = [Path(p) for p in read_path_list(stdin, "video")]
+        elif not path.exists():
             raise InputError(f"path not found: {path}", "check the path")
-        if path.is_dir():
+        elif path.is_dir():
             videos = sorted(
                 (p for p in path.rglob("*") if _is_visible_video(p, path)),
                 key=lambda p: p.as_posix(),
@@ -758,6 +765,7 @@ def inspect_videos(
     workers: int | None = None,
     progress: Progress | None = None,
     report: str | os.PathLike | None = None,
+    stdin: Iterable[str] | None = None,
 ) -> list[VideoInfo]:
     """Metadata of every video in `paths` (files, or folders searched recursively), in order.
 
@@ -768,7 +776,8 @@ def inspect_videos(
     `core.outputs`: never a video or a folder of them, `--force` only over an earlier frames
     folder, locked, filled beside it and put in place at the end: the old one stays if the run
     fails, is stopped or writes no frame). `report` is the `-o` file the caller will write:
-    checked with the rest, before any work. Unreadable videos come back with `error` set.
+    checked with the rest, before any work. Unreadable videos come back with `error` set. A
+    path `-` stands for the files `stdin` lists.
     """
     if segments is not None and not 1 <= segments <= MAX_SEGMENTS:
         raise UsageError(
@@ -786,8 +795,8 @@ def inspect_videos(
         raise UsageError(f"unknown sample mode {sample_mode!r}", "use 'test' or 'train'")
     if extract_dir is not None and segments is None:
         raise UsageError("--extract-frames needs --segments K", "say how many frames to sample")
-    videos = find_videos(paths)
-    inputs = video_inputs(paths, videos)
+    videos = find_videos(paths, stdin)
+    inputs = video_inputs([p for p in paths if os.fspath(p) != STDIN], videos)
     if report is not None:
         check_output_file(report, force, inputs)
     with contextlib.ExitStack() as stack:

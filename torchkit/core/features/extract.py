@@ -8,10 +8,12 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit import __version__
+from torchkit.core.datasource.digits import DIGITS
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import NormalizedPixels, model_input
 from torchkit.core.device import check_amp_dtype
@@ -35,6 +37,7 @@ from torchkit.core.features.store import (
 from torchkit.core.files import require_input
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.outputs import InputPath, OutputFolder, data_inputs
+from torchkit.core.predict.inputs import STDIN, collect_images
 from torchkit.core.progress import Progress
 from torchkit.core.run_options import RunOptions
 
@@ -174,26 +177,33 @@ def open_output(request: FeatureRequest) -> OutputFolder:
 
 
 def extract_features(
-    request: FeatureRequest, *, progress: Progress | None = None
+    request: FeatureRequest,
+    *,
+    progress: Progress | None = None,
+    stdin: Iterable[str] | None = None,
 ) -> ExtractionResult:
     """Run the model over every image once, keeping the requested layers; write OUT.
 
     `progress(done, total)` is called as images are processed (first with the images a resumed
     run had already done). OUT is checked and locked before the model or the images are read;
-    a run that stops before its first rows are written leaves an old OUT as it was.
+    a run that stops before its first rows are written leaves an old OUT as it was. IMAGES is
+    read as predict reads it (`collect_images`): `digits`, and `-` for paths on `stdin`.
     """
     _validate(request)
-    require_input(request.images, what="IMAGES")
+    if request.images not in (DIGITS, STDIN):
+        require_input(request.images, what="IMAGES")
     with open_output(request) as output:
-        return _extract(request, output, progress)
+        return _extract(request, output, progress, stdin)
 
 
 def _extract(
-    request: FeatureRequest, output: OutputFolder, progress: Progress | None
+    request: FeatureRequest,
+    output: OutputFolder,
+    progress: Progress | None,
+    stdin: Iterable[str] | None,
 ) -> ExtractionResult:
     import torch
 
-    from torchkit.core.datasource import open_data, select_split
     from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
     from torchkit.core.transforms import eval_transform
 
@@ -212,13 +222,15 @@ def _extract(
             allow_untrained=request.allow_untrained,
         )
         source = resolve_spec(spec, command="extract-features", needs_training=True)
-    data = open_data(require_input(request.images, what="IMAGES"), allow_unlabelled=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.
     recorded = source.checkpoint.get("data") if source.checkpoint else None  # a held-out val
-    samples, notes = select_split(data, request.split, default="all", recorded=recorded)
-    for note in notes:
+    image_set = collect_images(
+        [request.images], split=request.split, stdin=stdin, recorded=recorded
+    )
+    samples = image_set.samples
+    for note in image_set.notes:
         logger.info("%s", note)
-    request.root = data.root
+    request.root = image_set.root
     preprocess = source.preprocess
     graph = LayerGraph(source.model, arch=source.arch)
     layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))

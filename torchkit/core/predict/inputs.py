@@ -17,8 +17,7 @@ from typing import Any
 from torchkit.core.datasource.discovery import is_image_file
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.errors import InputError, UsageError
-
-STDIN = "-"
+from torchkit.core.files import STDIN, read_path_list
 
 
 @dataclass
@@ -47,7 +46,7 @@ def collect_images(
     read_as_data = False  # a folder, CSV or digits: where --split can apply
     for item in items:
         if item == STDIN:
-            sets.append((item, _files(_stdin_paths(stdin), from_stdin=True), ""))
+            sets.append((item, _files(read_path_list(stdin, "image"), from_stdin=True), ""))
             continue
         if os.path.isfile(item) and is_image_file(item):
             sets.append((item, _files([item], from_stdin=False), ""))
@@ -74,16 +73,6 @@ def collect_images(
         _, samples, root = sets[0]
         return ImageSet(samples, root, notes)
     return ImageSet(_joined(sets), "", notes)
-
-
-def _stdin_paths(stdin: Iterable[str] | None) -> list[str]:
-    if stdin is None:
-        raise UsageError("- reads paths from stdin, but there is none")
-    paths = [line.rstrip("\r\n") for line in stdin]
-    paths = [path for path in paths if path.strip()]
-    if not paths:
-        raise InputError("no image paths on stdin", "pipe one path per line, e.g. find ... |")
-    return paths
 
 
 def _files(paths: list[str], *, from_stdin: bool) -> Samples:
