@@ -210,6 +210,26 @@ def test_attention_flops_come_from_the_flop_counter():
     assert summarize(Attention(), [(2, 6, 4)], count_flops=False).flops is None
 
 
+class ReturnsWeightOrig(nn.Module):
+    """No operation: the forward returns a parameter, named as a pruned layer's would be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight_orig = nn.Parameter(torch.ones(8, 16))
+
+    def forward(self, x):
+        return self.weight_orig
+
+
+def test_a_parameter_returned_without_an_operation_adds_no_mult_adds():
+    """It reported 16,384 mult-adds beside 0 FLOPs: FlopCounterMode's alias of each call's
+    output was taken for a read of the parameter."""
+    for count_flops in (True, False):
+        ours = summarize(ReturnsWeightOrig(), [(3, 4, 4)], count_flops=count_flops)
+        assert ours.total_mult_adds == 0 and ours.layers[0].mult_adds == 0
+        assert ours.flops == (0 if count_flops else None)
+
+
 class MultiOutput(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -334,7 +334,10 @@ def _used_tensors(recorder: _Recorder) -> Any:
     class UsedTensors(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             _check_meta_indices(func, args)
-            if recorder.leaf_reads:
+            # A view (alias, detach, t) reads nothing: FlopCounterMode's module tracker aliases
+            # each call's outputs, which made a forward that returns a parameter as it is
+            # count that parameter's mult-adds (and a Linear's `t` is read by its addmm).
+            if recorder.leaf_reads and not getattr(func, "is_view", False):
                 found: set[int] = set()
                 _add_storages(args, found)
                 _add_storages(kwargs, found)
