@@ -120,3 +120,13 @@ def test_train_balanced_sampler_is_recorded(runner, tmp_path, make_image_folder)
     assert result.exit_code == 0, result.stderr
     options = json.loads((tmp_path / "run" / "config.json").read_text())["options"]
     assert options["balanced_sampler"] is True
+
+
+def test_class_weights_with_the_balanced_sampler_warn_that_they_over_correct(runner):
+    both = ["--class-weights", "balanced", "--balanced-sampler"]
+    for given, warned in [(both, True), (both[:2], False), (both[2:], False)]:
+        result = runner.invoke(app, ["train", "--data", "digits", *given, "--print-config"])
+        assert result.exit_code == 0, result.stderr
+        assert ("Warning: --class-weights balanced and --balanced-sampler" in result.stderr) is (
+            warned
+        ), result.stderr

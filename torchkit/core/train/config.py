@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
@@ -28,6 +29,8 @@ from torchkit.core.train.option_specs import (
     option_specs,
 )
 from torchkit.core.transforms import AUGMENT_POLICIES
+
+log = logging.getLogger("torchkit")
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULERS = ("cosine", "step", "multistep", "exponential", "plateau", "none")
@@ -636,7 +639,8 @@ def _three(values: tuple[float, ...] | None, default: tuple[float, ...]) -> tupl
 
 
 def validate(config: TrainConfig) -> None:
-    """Refuse contradictory or out-of-range options before anything is loaded."""
+    """Refuse contradictory or out-of-range options before anything is loaded; warn of
+    options that work against each other."""
 
     def bad(message: str, hint: str | None = None) -> None:
         raise UsageError(message, hint)
@@ -779,6 +783,13 @@ def validate(config: TrainConfig) -> None:
         _check_graphable(config)
     if not config.dist_timeout > 0:
         bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
+    if config.balanced_sampler and config.class_weights != "none":
+        log.warning(
+            "--class-weights %s and --balanced-sampler both correct the class imbalance: "
+            "together they over-correct (rare classes end up outweighing common ones); use one "
+            "of them",
+            config.class_weights,
+        )
 
 
 def _check_graphable(config: TrainConfig) -> None:
