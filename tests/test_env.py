@@ -145,7 +145,7 @@ def test_table_and_csv_formats(runner, clean_env):
 
 
 def test_output_file_and_force(runner, tmp_path, clean_env):
-    target = tmp_path / "env.json"
+    target = tmp_path / "env.txt"  # a name that picks no format: --format does
     assert runner.invoke(app, ["env", "--format", "json", "-o", str(target)]).exit_code == 0
     assert json.loads(target.read_text())["torch"]["version"] == torch.__version__
     refused = runner.invoke(app, ["env", "-o", str(target)])

@@ -130,7 +130,14 @@ def _process_value(param, parent, ctx, value):
     # as they are spares every TAB press the import of pydantic, which Typer's coercion needs.
     if ctx.resilient_parsing:
         return value
-    return parent.process_value(ctx, value)
+    try:
+        return parent.process_value(ctx, value)
+    except ClickUsageError as error:
+        # Typer checks choices in a pydantic validator, whose errors read "Value error, 'yaml'
+        # is not one of ...": the same line as click's own bad choice, without the prefix.
+        if isinstance(getattr(error, "message", None), str):
+            error.message = error.message.removeprefix("Value error, ")
+        raise
 
 
 def _polish_param(param) -> None:

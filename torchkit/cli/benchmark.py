@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     model_and_rest,
     model_argument,
 )
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import OutputFormat, Table, emit, fixed_format, resolve_format
 
 
 class BenchmarkMode(str, Enum):
@@ -143,7 +143,8 @@ def benchmark(
             "--format",
             case_sensitive=False,
             show_default=False,
-            help="Output format. [default: table; csv with --append]",
+            help="Output format. [default: json for -o FILE.json, csv for -o FILE.csv or with "
+            "--append, else table]",
         ),
     ] = None,
     output: OutputOption = None,
@@ -189,15 +190,16 @@ def benchmark(
     if extra:
         raise UsageError(f"MODEL given twice: {extra[0]} and --model {model}", "give one of them")
 
+    if append:  # CSV rows, added to any name (bench.csv, bench.log)
+        fmt = fixed_format(fmt, output, OutputFormat.csv, "--append")
+    else:
+        fmt = resolve_format(fmt, output)
     if output is not None and str(output) == "-":
         output = None
     if append and output is None:
         raise UsageError("--append needs -o FILE", "give the CSV file to add the rows to")
-    if append and fmt not in (None, OutputFormat.csv):
-        raise UsageError(f"--append writes CSV, not {fmt.value}", "drop --format")
     if append and force:
         raise UsageError("--append keeps the file, --force replaces it", "give one of them")
-    fmt = fmt or (OutputFormat.csv if append else OutputFormat.table)
     options = BenchmarkOptions(
         input_size=parse_input_size(input_size) if input_size is not None else None,
         batch_sizes=parse_batch_sizes(batch_size or (["1"] if find_batch_size else None)),

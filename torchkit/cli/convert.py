@@ -21,7 +21,7 @@ from torchkit.cli.options import (
     product_path,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import Table, emit, resolve_format
 
 convert_app = typer.Typer(
     cls=TorchkitGroup,
@@ -162,7 +162,7 @@ def tensor(
     workers: WorkersOption = None,
     strict: StrictOption = False,
     force: ForceOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
 ) -> None:
     """Convert between image files, NumPy .npy, torch .pt and .safetensors, by extension. A
@@ -184,6 +184,7 @@ def tensor(
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor
 
+    fmt = resolve_format(fmt, output)
     dst = product_path(dst, out_option, name="DST")
     check_report_output(output, force, source=src, destination=dst)
 
@@ -262,7 +263,7 @@ def cifar(
     ] = None,
     workers: WorkersOption = None,
     force: ForceOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
 ) -> None:
     """Write CIFAR-10/100 python batches as PNG folders: OUT/{train,test}/<class>/<index>.png,
@@ -279,6 +280,7 @@ def cifar(
     from torchkit.core.convert.cifar import convert_cifar
     from torchkit.core.convert.report_file import check_report_output
 
+    fmt = resolve_format(fmt, output)
     out = product_path(out, out_option)
     check_report_output(output, force, source=src, destination=out)
 
@@ -364,7 +366,7 @@ def checkpoint(
     ] = None,
     trust_checkpoint: TrustCheckpointOption = False,
     force: ForceOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
 ) -> None:
     """Turn a checkpoint saved on any device into a plain CPU state dict (.pt or .safetensors):
@@ -385,6 +387,7 @@ def checkpoint(
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.errors import UsageError
 
+    fmt = resolve_format(fmt, output)
     if out_option is not None:  # --out DST: every path given is a source
         paths = [*paths, out_option]
     if average:

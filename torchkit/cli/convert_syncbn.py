@@ -17,7 +17,7 @@ from torchkit.cli.options import (
     model_argument,
     product_path,
 )
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import Table, emit, resolve_format
 
 REPORT_COLUMNS = ["name", "type", "num_features", "affine", "track_running_stats"]
 CONVERSION_COLUMNS = [
@@ -68,7 +68,7 @@ def convert_syncbn(
     ] = None,
     weights: WeightsOption = None,
     trust_checkpoint: TrustCheckpointOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -90,6 +90,7 @@ def convert_syncbn(
     """
     from torchkit.core import syncbn
 
+    fmt = resolve_format(fmt, output)
     destination = product_path(destination, out_option, required=False, name="DST")
     if destination is not None:
         destination = str(destination)

@@ -20,7 +20,7 @@ from torchkit.cli.options import (
     split_option,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
 
 
@@ -281,7 +281,7 @@ def dataset_stats(
             show_default=False,
         ),
     ] = None,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -313,6 +313,7 @@ def dataset_stats(
         write_pairs_csv,
     )
 
+    fmt = resolve_format(fmt, output)
     # Refuse outputs that would fail before the long pass, not after it.
     check_outputs(root, output, plot, force=force, leakage_csv=leakage_csv)
     with progress_bar("Reading images") as update:

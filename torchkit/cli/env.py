@@ -8,7 +8,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 
 _GIB = 1024**3
 
@@ -32,7 +32,7 @@ def env_command(
             "all when a CUDA GPU is usable (-o FILE still gets the report).",
         ),
     ] = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -55,6 +55,7 @@ def env_command(
     from torchkit.core.env import collect_env, require_usable_cuda
     from torchkit.core.outputs import check_output_file
 
+    fmt = resolve_format(fmt, output)
     if output is not None and str(output) == "-":
         output = None  # `-o -` is stdout
     if output is not None:

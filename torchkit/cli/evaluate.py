@@ -27,7 +27,7 @@ from torchkit.cli.options import (
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import Table, emit, resolve_format
 from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
 from torchkit.core.run_options import RunOptions
 
@@ -138,7 +138,7 @@ def eval_command(
     strict: StrictOption = False,
     trust_checkpoint: TrustCheckpointOption = False,
     allow_untrained: AllowUntrainedOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -160,6 +160,7 @@ def eval_command(
     from torchkit.core.evaluate.source import recorded_data
     from torchkit.core.preprocessing import mean_std_options
 
+    fmt = resolve_format(fmt, output)
     mean_values, std_values = mean_std_options(mean, std, stats)
     spec = ModelSpec(
         model=model,

@@ -21,7 +21,7 @@ from torchkit.cli.options import (
     model_argument,
     product_path,
 )
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 
 
 class ExportFormat(str, Enum):
@@ -132,7 +132,7 @@ def export(
         ),
     ] = None,
     trust_checkpoint: TrustCheckpointOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -156,6 +156,7 @@ def export(
     from torchkit.core.errors import UsageError
     from torchkit.core.export import ExportRequest, check_outputs, export_model
 
+    fmt = resolve_format(fmt, output)
     model, rest = model_and_rest(model, model_option, [out] if out is not None else [])
     if len(rest) > 1:
         raise UsageError(f"unexpected extra argument: {rest[1]}", "give MODEL and OUT")

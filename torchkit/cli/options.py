@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from torchkit.cli.render import OutputFormat
+from torchkit.cli.render import FORMAT_RULE, OutputFormat
 from torchkit.core.decode import INFERENCE_DECODES
 
 
@@ -18,13 +18,20 @@ def _complete_device(incomplete: str) -> list[str]:
     ]
 
 
+# None when not given: the format is then the one -o's name says (render.resolve_format).
 FormatOption = Annotated[
-    OutputFormat, typer.Option("--format", help="Output format.", case_sensitive=False)
+    Optional[OutputFormat],
+    typer.Option(
+        "--format", help=f"Output format. {FORMAT_RULE}", case_sensitive=False, show_default=False
+    ),
 ]
 OutputOption = Annotated[
     Optional[Path],
     typer.Option(
-        "--output", "-o", help="Write the result to FILE instead of stdout.", dir_okay=False
+        "--output",
+        "-o",
+        help="Write the result to FILE instead of stdout (FILE.csv or FILE.json: in that format).",
+        dir_okay=False,
     ),
 ]
 ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing outputs.")]
@@ -219,7 +226,7 @@ StatsOption = Annotated[
         "--stats",
         show_default=False,
         dir_okay=False,
-        help="Mean and std from `torchkit dataset-stats ROOT --format json -o FILE`.",
+        help="Mean and std from `torchkit dataset-stats ROOT -o FILE.json`.",
     ),
 ]
 ImageSetArgument = Annotated[

@@ -108,13 +108,15 @@ def predict_command(
     trust_checkpoint: TrustCheckpointOption = False,
     allow_untrained: AllowUntrainedOption = False,
     fmt: Annotated[
-        PredictFormat,
+        Optional[PredictFormat],
         typer.Option(
             "--format",
-            help="Output format; csv and jsonl stream one row per image.",
+            help="Output format; csv and jsonl stream one row per image. [default: that of -o "
+            "FILE.csv, FILE.json or FILE.jsonl, else table]",
             case_sensitive=False,
+            show_default=False,
         ),
-    ] = PredictFormat.table,
+    ] = None,
     output: Annotated[
         Optional[Path],
         typer.Option(
@@ -139,11 +141,13 @@ def predict_command(
 
       torchkit predict model.onnx photos/ --format csv  (classes from the exported file)
     """
+    from torchkit.cli.render import resolve_format
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.outputs import check_output_file
     from torchkit.core.predict import PredictRequest, PredictRun
     from torchkit.core.preprocessing import mean_std_options
 
+    fmt = resolve_format(fmt, output, PredictFormat)
     model, images = model_and_rest(model, model_option, list(images or []))
     mean_values, std_values = mean_std_options(mean, std, stats)
     request = PredictRequest(

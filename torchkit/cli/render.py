@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchkit.cli import console
 
@@ -22,6 +22,60 @@ class OutputFormat(str, Enum):
     table = "table"
     csv = "csv"
     json = "json"
+
+
+Format = TypeVar("Format", bound=Enum)
+
+# The rule, said once for every command's --format and -o help.
+FORMAT_RULE = "[default: json for -o FILE.json, csv for -o FILE.csv, else table]"
+
+
+def named_format(output: Path | str | None, formats: type[Format]) -> Format | None:
+    """The format `-o`'s extension names (`x.json`: json, `x.CSV`: csv; predict's `x.jsonl`:
+    jsonl), or None: stdout (no -o, `-o -`) and any other name (`.txt`, `/dev/stdout`)."""
+    if output is None or str(output) == "-":
+        return None
+    extension = Path(output).suffix.lower().removeprefix(".")
+    if extension == "table":  # a name, not a format: a table has no extension of its own
+        return None
+    return next((f for f in formats if f.value == extension), None)
+
+
+def resolve_format(
+    given: Format | None, output: Path | str | None, formats: type[Format] = OutputFormat
+) -> Format:
+    """The printed result's format: `--format` as given, else the one -o's name says, else
+    table. A `--format` that contradicts the name (`-o x.json --format csv`) is a usage error,
+    raised before any work."""
+    from torchkit.core.errors import UsageError
+
+    named = named_format(output, formats)
+    if given is None:
+        return named if named is not None else formats("table")
+    if named is not None and named != given:
+        raise UsageError(
+            f"--format {given.value}, but -o {output} names a {named.value.upper()} file",
+            "drop --format: the extension picks the format; or give -o another name",
+        )
+    return given
+
+
+def fixed_format(
+    given: OutputFormat | None, output: Path | str | None, fixed: OutputFormat, mode: str
+) -> OutputFormat:
+    """`fixed`, for a mode that writes one format only (benchmark --append: CSV; train
+    --print-config: JSON): a --format, or an -o name, that says another is a usage error. Any
+    other name (`bench.log`) takes that format."""
+    from torchkit.core.errors import UsageError
+
+    resolved = resolve_format(given, output)
+    chosen = given is not None or named_format(output, OutputFormat) is not None
+    if chosen and resolved != fixed:
+        raise UsageError(
+            f"{mode} writes {fixed.value.upper()}, not {resolved.value}",
+            "drop --format" if given is not None else f"give -o a .{fixed.value} name",
+        )
+    return fixed
 
 
 @dataclass

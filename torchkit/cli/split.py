@@ -18,7 +18,7 @@ from torchkit.cli.options import (
     product_path,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import Table, emit, resolve_format
 
 
 class SplitMode(str, Enum):
@@ -168,7 +168,7 @@ def split(
         ),
     ] = SplitMode.copy,
     force: ForceOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
 ) -> None:
     r"""Split a dataset into OUT/train, OUT/val and OUT/test (8:1:1 by default), stratified by
@@ -197,6 +197,7 @@ def split(
     """
     from torchkit.core.split import check_report_file, split_dataset
 
+    fmt = resolve_format(fmt, output)
     out = product_path(out, out_option)
     split_names = None if names is None else names.split(",")
     if output is not None:

@@ -19,7 +19,7 @@ from torchkit.cli.options import (
     former_short_flag,
     model_argument,
 )
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 
 LAYER_COLUMNS = [
     "depth",
@@ -131,7 +131,7 @@ def summary(
         typer.Option("--flops/--no-flops", help="Measure FLOPs with torch's FlopCounterMode."),
     ] = True,
     trust_checkpoint: TrustCheckpointOption = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -152,6 +152,7 @@ def summary(
 
       torchkit summary mypkg.nets:UNet --no-batch-dim -i 1,4,32,32 -i "t=():long"
     """
+    fmt = resolve_format(fmt, output)
     depth = former_short_flag(depth, depth_short, option="--depth", flag="-d")
     depth = 3 if depth is None else depth
     if list_models:

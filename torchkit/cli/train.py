@@ -17,7 +17,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import FormatOption, OutputOption, StatsOption
-from torchkit.cli.render import OutputFormat, emit
+from torchkit.cli.render import OutputFormat, emit, fixed_format, resolve_format
 from torchkit.cli.spec_options import declared_parameters, field_value, option_parameters
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.option_specs import OUTPUTS_PANEL
@@ -47,7 +47,7 @@ def _not_training_options(
             help="Print the effective options as JSON (to -o FILE if given) and exit.",
         ),
     ] = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
 ) -> None:
     """The parameters of `train` that are not training options (read by `_signature`)."""
@@ -81,8 +81,8 @@ def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
     raise UsageError(
         f"-o/--output names the file train's printed summary goes to, and {output} has no "
         "extension",
-        f"the run folder is --out: did you mean --out {output}? (or -o {output}.json with "
-        "--format json for the summary)",
+        f"the run folder is --out: did you mean --out {output}? (or -o {output}.json for the "
+        "summary as JSON)",
     )
 
 
@@ -118,6 +118,10 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     stats, config_file = values.pop("stats"), values.pop("config_file")
     print_config, fmt, output = values.pop("print_config"), values.pop("fmt"), values.pop("output")
     force = values["force"]
+    if print_config:
+        fmt = fixed_format(fmt, output, OutputFormat.json, "--print-config")
+    else:
+        fmt = resolve_format(fmt, output)
     if output is not None and str(output) == "-":
         output = None  # `-o -`: stdout
     _refuse_output_meant_as_out(output, values["out"])

@@ -12,7 +12,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit
+from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 
 CSV_COLUMNS = [
     "path",
@@ -123,7 +123,7 @@ def video_info(
             show_default=False,
         ),
     ] = None,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
 ) -> None:
@@ -150,6 +150,7 @@ def video_info(
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
 
+    fmt = resolve_format(fmt, output)
     with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
         infos = inspect_videos(
             paths,

@@ -243,7 +243,7 @@ def parse_floats(
 
 
 def read_stats_file(path: str | os.PathLike) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(mean, std) from `torchkit dataset-stats --format json -o FILE`, for `--stats FILE`."""
+    """(mean, std) from `torchkit dataset-stats ROOT -o FILE.json`, for `--stats FILE`."""
     source = Path(path)
     try:
         data = json.loads(source.read_text(encoding="utf-8"))
@@ -252,14 +252,14 @@ def read_stats_file(path: str | os.PathLike) -> tuple[tuple[float, ...], tuple[f
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise InputError(
             f"cannot read stats file {source}: {type(error).__name__}",
-            "write it with `torchkit dataset-stats ROOT --format json -o FILE`",
+            "write it with `torchkit dataset-stats ROOT -o FILE.json`",
         ) from error
     mean = data.get("mean") if isinstance(data, dict) else None
     std = data.get("std") if isinstance(data, dict) else None
     if not _numbers(mean) or not _numbers(std) or len(mean) != len(std):
         raise InputError(
             f"{source} has no per-channel mean and std",
-            "write it with `torchkit dataset-stats ROOT --format json -o FILE`",
+            "write it with `torchkit dataset-stats ROOT -o FILE.json`",
         )
     if len(mean) not in (1, 3):
         mode = data.get("mode", "?")

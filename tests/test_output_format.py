@@ -1,0 +1,147 @@
+"""`-o FILE` picks the printed result's format from its extension (.json, .csv) when --format is
+not given, in every command; a --format that contradicts the name is a usage error before any
+work; a bad choice is click's plain line."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from conftest import error_line, run_torchkit_in_process
+
+# Every command that prints a result: the contradiction is refused before the inputs (which do
+# not exist here) are even looked at.
+COMMANDS = [
+    ["env"],
+    ["convert", "tensor", "nope.png", "out.npy"],
+    ["convert", "cifar", "nope", "out"],
+    ["convert", "checkpoint", "a.pt", "b.pt"],
+    ["convert", "checkpoint", "--average", "a.pt", "b.pt", "avg.pt"],
+    ["dataset-stats", "nope"],
+    ["split", "nope", "out"],
+    ["summary", "convnet"],
+    ["train", "--data", "nope"],
+    ["eval", "convnet", "--data", "nope"],
+    ["predict", "convnet", "nope"],
+    ["export", "convnet", "out.onnx"],
+    ["benchmark", "convnet"],
+    ["benchmark", "convnet", "--append"],
+    ["extract-features", "convnet", "--list-layers"],
+    ["video-info", "nope.mp4"],
+    ["convert-syncbn", "nope.pt"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_format_contradicting_the_output_name_is_a_usage_error_before_any_work(command, tmp_path):
+    done = run_torchkit_in_process(*command, "-o", "report.json", "--format", "csv", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert error_line(done.stderr, besides="nothing") == (
+        "Error: --format csv, but -o report.json names a JSON file (drop --format: the "
+        "extension picks the format; or give -o another name)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_name_picks_the_format(image_folder, tmp_path):
+    stats = tmp_path / "st.json"
+    done = run_torchkit_in_process("dataset-stats", image_folder, "-j", "0", "-o", stats)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(stats.read_text())
+    assert len(data["mean"]) == len(data["std"]) == 3
+    # ... which train reads as it is.
+    config = run_torchkit_in_process("train", "--stats", stats, "--print-config")
+    assert config.returncode == 0, config.stderr
+    assert json.loads(config.stdout)["mean"] == pytest.approx(data["mean"])
+
+    upper = tmp_path / "st.CSV"  # the extension in any case
+    done = run_torchkit_in_process("dataset-stats", image_folder, "-j", "0", "-o", upper)
+    assert done.returncode == 0, done.stderr
+    assert next(csv.reader(upper.open())) == ["section", "name", "value"]
+
+    # Any other name, and stdout, get the table; --format table with a .txt name is no
+    # contradiction, and --format still picks the format of any other name.
+    for name, fmt in (("st.txt", []), ("table.txt", ["--format", "table"])):
+        done = run_torchkit_in_process(
+            "dataset-stats", image_folder, "-j", "0", "-o", tmp_path / name, *fmt
+        )
+        assert done.returncode == 0, done.stderr
+        assert "statistic" in (tmp_path / name).read_text()
+    done = run_torchkit_in_process(
+        "dataset-stats", image_folder, "-j", "0", "-o", tmp_path / "st.log", "--format", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "st.log").read_text())["mean"] == data["mean"]
+    done = run_torchkit_in_process("dataset-stats", image_folder, "-j", "0", "-o", "-")
+    assert done.returncode == 0, done.stderr
+    assert "statistic" in done.stdout
+
+
+def test_predict_output_name_picks_jsonl(image_folder, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    done = run_torchkit_in_process(
+        "predict", "convnet", image_folder, "--allow-untrained", "--device", "cpu", "-o", rows
+    )
+    assert done.returncode == 0, done.stderr
+    lines = rows.read_text().splitlines()
+    assert len(lines) == 5 and all(json.loads(line)["path"] for line in lines)
+
+
+FAST_BENCHMARK = ["benchmark", "convnet", "-i", "1,28,28", "-b", "1", "--device", "cpu"]
+FAST_BENCHMARK += ["--warmup", "0", "--iters", "1"]
+
+
+def test_benchmark_output_name_picks_csv_and_append_writes_csv_only(tmp_path):
+    plain = tmp_path / "b.csv"
+    done = run_torchkit_in_process(*FAST_BENCHMARK, "-o", plain)
+    assert done.returncode == 0, done.stderr
+    assert next(csv.reader(plain.open()))[:3] == ["model", "mode", "batch_size"]
+
+    # --append adds CSV rows whatever the name, unless the name or --format says otherwise.
+    log = tmp_path / "b.log"
+    done = run_torchkit_in_process(*FAST_BENCHMARK, "-o", log, "--append")
+    assert done.returncode == 0, done.stderr
+    assert next(csv.reader(log.open()))[:3] == ["model", "mode", "batch_size"]
+    refused = run_torchkit_in_process(*FAST_BENCHMARK, "-o", tmp_path / "b.json", "--append")
+    assert refused.returncode == 2
+    assert error_line(refused.stderr, besides="nothing") == (
+        "Error: --append writes CSV, not json (give -o a .csv name)"
+    )
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_print_config_writes_json_only(tmp_path):
+    refused = run_torchkit_in_process("train", "--print-config", "-o", tmp_path / "c.csv")
+    assert refused.returncode == 2
+    assert error_line(refused.stderr, besides="nothing") == (
+        "Error: --print-config writes JSON, not csv (give -o a .json name)"
+    )
+    done = run_torchkit_in_process("train", "--print-config", "-o", tmp_path / "c.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "c.json").read_text())["epochs"] > 0
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "value", "choices"),
+    [
+        (["env"], "--format", "yaml", "'table', 'csv', 'json'"),
+        (["train"], "--format", "yaml", "'table', 'csv', 'json'"),
+        (["predict", "convnet", "x"], "--format", "yaml", "'table', 'csv', 'json', 'jsonl'"),
+        (["extract-features", "convnet"], "--format", "yaml", "'table', 'csv', 'json'"),
+        (
+            ["split", "x", "y"],
+            "--mode",
+            "fast",
+            "'copy', 'symlink', 'hardlink', 'move', 'manifest'",
+        ),
+    ],
+)
+def test_a_bad_choice_is_one_plain_line(command, option, value, choices):
+    done = run_torchkit_in_process(*command, option, value)
+    assert done.returncode == 2
+    name = " ".join(command[:1])
+    assert error_line(done.stderr, besides="nothing") == (
+        f"Error: Invalid value for '{option}': '{value}' is not one of {choices} "
+        f"(see 'torchkit {name} --help')"
+    )
