@@ -454,7 +454,7 @@ def _validate(request: FeatureRequest) -> None:
         "--pool": (request.pool, POOLS),
         "--normalize": (request.normalize, NORMALIZATIONS),
         "--dtype": (request.dtype, DTYPES),
-        "--format": (request.file_format, FILE_FORMATS),
+        "--array-format": (request.file_format, FILE_FORMATS),
     }
     for option, (value, allowed) in choices.items():
         if value is not None and value not in allowed:
