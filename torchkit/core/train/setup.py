@@ -18,6 +18,7 @@ from typing import Any
 from torchkit.core import distributed
 from torchkit.core.datasource.digits import DIGITS
 from torchkit.core.decode import NormalizedPixels
+from torchkit.core.device import amp_dtype_name, warn_if_cpu_amp_is_emulated
 from torchkit.core.distributed import DistContext
 from torchkit.core.errors import CheckpointError, UsageError
 from torchkit.core.models.norms import has_batch_norm
@@ -63,6 +64,7 @@ def build_amp(device: Any, config: TrainConfig) -> Amp:
         return Amp(contextlib.nullcontext, None, "float32")
     name = amp_dtype_for(device.type, config.amp_dtype)
     dtype = getattr(torch, name)
+    warn_if_cpu_amp_is_emulated(device.type, amp_dtype_name(dtype))
     # float16 needs its loss scaled (bfloat16 has float32's range): on CUDA, and on CPUs,
     # where the same path runs (and is tested) without a GPU.
     scaler = torch.amp.GradScaler(device.type) if name == "float16" else None
