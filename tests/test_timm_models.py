@@ -284,6 +284,46 @@ def test_default_weights_offline_are_one_clear_error(hub_cache, runner):
     assert "cannot download" in error_line(result.stderr, besides="warnings")
 
 
+@pytest.fixture
+def unreachable_hub(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache, online mode, and a Hub at a local port nothing listens on
+    (refused at once, as with no network): the cache folder."""
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed when the block ends
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    return home / "hub"
+
+
+def test_an_unreachable_hub_fails_at_once_or_reads_the_cache(unreachable_hub):
+    """The Hub's client retried a refused connection with back-off: 49 s before the error."""
+    import time
+
+    from huggingface_hub import constants
+
+    started = time.monotonic()
+    with pytest.raises(OfflineError, match="not in the cache and the Hub cannot be reached"):
+        resolve_model("timm/test_resnet", weights="DEFAULT")
+    assert time.monotonic() - started < 10
+    assert constants.HF_HUB_OFFLINE is False  # offline for that download only
+    truth = timm.create_model("test_resnet").eval()
+    cache_weights(unreachable_hub, truth.pretrained_cfg["hf_hub_id"], truth)
+    started = time.monotonic()
+    resolved = resolve_model("timm/test_resnet", weights="DEFAULT")
+    assert time.monotonic() - started < 10 and resolved.weights_source == "timm weights"
+
+
 def test_default_weights_offline_in_a_real_process(tmp_path):
     result = run_torchkit_process(
         "summary",

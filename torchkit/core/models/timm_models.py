@@ -10,7 +10,7 @@ import contextlib
 import difflib
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchkit.core.errors import OfflineError, UsageError, first_line
@@ -136,7 +136,7 @@ def timm_pretrained(
             "train it from random weights (drop --weights), or pass --weights PATH",
         )
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), _cache_only_when_the_hub_is_unreachable():
             return create_timm_model(
                 TIMM_PREFIX + name,
                 image_size=image_size,
@@ -222,6 +222,40 @@ def _tag_list(arch: str, *, with_random: bool = False) -> str:
         tag.partition(".")[2] for tag in _pretrained_tags(arch) if with_random or _has_weights(tag)
     ]
     return ", ".join(tags) if tags else "none"
+
+
+# How long the one probe of the Hub waits for an answer before taking it for unreachable.
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+@contextlib.contextmanager
+def _cache_only_when_the_hub_is_unreachable() -> Iterator[None]:
+    """Hugging Face's client retries a refused connection with back-off, about 23 s per file
+    (49 s for timm's two files) before it looks in its cache: one probe of the Hub first, with
+    a short timeout, and offline mode (the cache only, at once) while the weights are loaded
+    if it gets no answer."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or _hub_answers(constants.ENDPOINT):
+        yield
+        return
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = False
+
+
+def _hub_answers(endpoint: str) -> bool:
+    """Whether the Hub answers at all (any HTTP status), through its client's own session
+    (proxies and certificates as configured), without retries."""
+    from huggingface_hub import get_session
+
+    try:
+        get_session().head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - whatever the transport raises: no answer
+        return False
+    return True
 
 
 def _download_failure(error: BaseException) -> str:
