@@ -178,3 +178,19 @@ def test_model_specs_complete_the_files_torchkit_export_writes(tmp_path, monkeyp
         (tmp_path / name).write_text("")
     monkeypatch.chdir(tmp_path)
     assert complete_model_name("m.") == ["m.onnx", "m.pt2", "m.ts"]
+
+
+def test_install_completion_installs_the_shell_it_is_given(tmp_path):
+    """`--install-completion zsh` from a bash prompt installed bash's script."""
+    from conftest import run_torchkit_process
+
+    env = {"HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    done = run_torchkit_process("--install-completion", "zsh", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "_TORCHKIT_COMPLETE=complete_zsh" in (tmp_path / ".zfunc" / "_torchkit").read_text()
+    assert "fpath+=~/.zfunc" in (tmp_path / ".zshrc").read_text()
+    assert not (tmp_path / ".bash_completions").exists()
+    shown = run_torchkit_process("--show-completion", "fish", env=env)
+    assert shown.returncode == 0 and "complete --command torchkit" in shown.stdout
+    unknown = run_torchkit_process("--install-completion", "tcsh", env=env)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("Error: unknown shell 'tcsh'")

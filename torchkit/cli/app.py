@@ -552,9 +552,39 @@ def _for_completion(typer_app: typer.Typer) -> tuple[list, list]:
     return placeholders, []
 
 
+# The shells `--install-completion SHELL` and `--show-completion SHELL` name.
+COMPLETION_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_for_named_shell(typer_app: typer.Typer, argv: list[str]) -> None:
+    """`torchkit --install-completion zsh`: Typer's two completion options are flags, so the
+    shell named after them was ignored and the current shell's script installed (bash's, from a
+    bash prompt). Given a shell, they act for that shell (exit 0), or refuse one they do not
+    know (exit 2); anything else is left to Typer."""
+    if len(argv) != 2 or argv[0] not in ("--install-completion", "--show-completion"):
+        return
+    option, shell = argv
+    if shell not in COMPLETION_SHELLS:
+        console.stderr.print(
+            f"[bold red]Error:[/] unknown shell {shell!r} for {option} (use one of "
+            f"{', '.join(COMPLETION_SHELLS)}, or none for the current shell)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise SystemExit(2)
+    from typer.completion import install_callback, show_callback
+
+    act = install_callback if option == "--install-completion" else show_callback
+    command = typer.main.get_command(typer_app)
+    with command.make_context("torchkit", [], resilient_parsing=True) as ctx:
+        ctx.resilient_parsing = False  # the callbacks do nothing while parsing resiliently
+        act(ctx, None, shell)  # exits
+
+
 class _TorchkitTyper(typer.Typer):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not os.environ.get(COMPLETE_ENV):
+            _completion_for_named_shell(self, list(kwargs.get("args") or sys.argv[1:]))
             return super().__call__(*args, **kwargs)
         registered = self.registered_commands, self.registered_groups
         try:
