@@ -171,6 +171,7 @@ def _polish_command(command) -> None:
         command.__class__ = TorchkitCommand
     command.help = _tidy_help(command.help)
     _add_verbose_option(command)
+    _add_quiet_option(command)
     for param in command.params:
         _polish_param(param)
 
@@ -186,6 +187,40 @@ def _add_verbose_option(command) -> None:
     if taken & {"-v", "--verbose"}:
         return
     command.params.append(copy.copy(_verbose_template()))
+
+
+QUIET_HELP = "Print only the result and problems: no progress and no notes on stderr."
+
+
+def _add_quiet_option(command) -> None:
+    """`-q/--quiet`, for every command and group, unless it has its own (env's, which also
+    drops the report)."""
+    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    if taken & {"-q", "--quiet"}:
+        return
+    command.params.append(copy.copy(_quiet_template()))
+
+
+def _quiet_flag(ctx, param, value: bool) -> bool:
+    if value and not ctx.resilient_parsing:
+        console.set_quiet(True)
+    return value
+
+
+@functools.cache
+def _quiet_template():
+    """The `-q/--quiet` option the commands are given, made by Typer as `-v`'s is."""
+    probe = typer.Typer()
+
+    @probe.command()
+    def _probe(
+        quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP, callback=_quiet_flag),
+    ) -> None:
+        """Stands for a command: Typer builds its `--quiet` option."""
+
+    (option,) = [p for p in typer.main.get_command(probe).params if p.name == "quiet"]
+    option.expose_value = False  # the commands' functions do not take it
+    return option
 
 
 def _verbose_flag(ctx, param, value: bool) -> bool:
@@ -257,6 +292,8 @@ class TorchkitGroup(TyperGroup):
         return params
 
     def make_context(self, info_name, args, parent=None, **extra):
+        if parent is None:
+            console.set_quiet(False)  # a new command line (in-process runs share the module)
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except ClickUsageError as error:

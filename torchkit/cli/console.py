@@ -119,8 +119,26 @@ def install_log_handler(verbose: bool = False) -> None:
     logger.propagate = False
 
 
+_quiet = False  # -q/--quiet: no notes and no progress on stderr, only problems
+
+
+def set_quiet(quiet: bool) -> None:
+    """-q/--quiet (every command's): stderr carries only warnings and errors; the result is
+    unchanged. Reset at the start of each command line."""
+    global _quiet
+    _quiet = quiet
+    if quiet:
+        logging.getLogger("torchkit").setLevel(logging.WARNING)
+
+
+def is_quiet() -> bool:
+    return _quiet
+
+
 def note(message: str) -> None:
-    """A remark for the user on stderr (never mixed into results)."""
+    """A remark for the user on stderr (never mixed into results); none with --quiet."""
+    if _quiet:
+        return
     _stderr().print(f"[dim]Note:[/] {_escape(message)}", highlight=False, soft_wrap=True)
 
 

@@ -92,17 +92,17 @@ DeviceOption = Annotated[
         "--device", help="auto, cpu, cuda, cuda:N or mps.", autocompletion=_complete_device
     ),
 ]
-# What Python, NumPy and torch all take as a seed.
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 def seed_in_range(value: Optional[int]) -> Optional[int]:
-    """`--seed`'s check, as a callback rather than min/max: click would print the 20-digit
-    bounds beside the option in --help."""
-    if value is not None and value > SEED_MAX:
-        raise typer.BadParameter(f"Input should be less than or equal to {SEED_MAX}")
-    if value is not None and value < SEED_MIN:
-        raise typer.BadParameter(f"Input should be greater than or equal to {SEED_MIN}")
+    """`--seed`'s check (core's range of seeds), as a callback rather than min/max: click would
+    print the 20-digit bounds beside the option in --help."""
+    from torchkit.core.train.config import SEEDS
+
+    if value is not None and value > SEEDS[1]:
+        raise typer.BadParameter(f"Input should be less than or equal to {SEEDS[1]}")
+    if value is not None and value < SEEDS[0]:
+        raise typer.BadParameter(f"Input should be greater than or equal to {SEEDS[0]}")
     return value
 
 

@@ -34,7 +34,7 @@ def stderr_progress(
     progress = Progress(
         *columns,
         console=console.stderr,
-        disable=hidden or not console.stderr.is_terminal,
+        disable=hidden or console.is_quiet() or not console.stderr.is_terminal,
         transient=transient,
         auto_refresh=refresh_in_thread,
     )
@@ -221,7 +221,7 @@ class TrainProgress:
             self._progress.update(self._task, stats=f"evaluating {split}")
 
     def on_epoch_end(self, row: dict, is_best: bool) -> None:
-        if not self.enabled:
+        if not self.enabled or console.is_quiet():
             return
         if self._progress is not None and self._task is not None:
             self._progress.remove_task(self._task)
