@@ -15,7 +15,7 @@ from torchkit.core.train.config_file import NOT_IN_A_RECIPE, effective_config
 
 # Parameters of `train` that are not training options, and those every command has.
 NOT_TRAINING_OPTIONS = {"stats", "config_file", "print_config", "fmt", "output"}
-EVERY_COMMAND = {"verbose", "help"}
+EVERY_COMMAND = {"verbose", "quiet", "help"}
 # What TrainConfig records about a run, never given on the command line.
 BOOKKEEPING = {"data_defaults"}
 
