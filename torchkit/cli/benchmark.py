@@ -17,6 +17,7 @@ from torchkit.cli.options import (
     InferenceAmpOption,
     ModelOption,
     OutputOption,
+    SquareInputOption,
     TrustCheckpointOption,
     WeightsOption,
     model_and_rest,
@@ -45,6 +46,7 @@ def benchmark(
             "checkpoint's image size, else 3,224,224 (3,28,28 for convnet).",
         ),
     ] = None,
+    image_size: SquareInputOption = None,
     batch_size: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -184,7 +186,8 @@ def benchmark(
         run_benchmark,
     )
     from torchkit.core.errors import UsageError
-    from torchkit.core.summary.run import check_output, parse_input_size
+    from torchkit.core.input_size import parse_input_size
+    from torchkit.core.summary.run import check_output
 
     model, extra = model_and_rest(model, model_option, [])
     if extra:
@@ -202,6 +205,7 @@ def benchmark(
         raise UsageError("--append keeps the file, --force replaces it", "give one of them")
     options = BenchmarkOptions(
         input_size=parse_input_size(input_size) if input_size is not None else None,
+        image_size=image_size,
         batch_sizes=parse_batch_sizes(batch_size or (["1"] if find_batch_size else None)),
         mode=mode.value,
         device=device,

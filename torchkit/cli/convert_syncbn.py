@@ -62,6 +62,16 @@ def convert_syncbn(
             show_default=False,
         ),
     ] = None,
+    image_size: Annotated[
+        Optional[int],
+        typer.Option(
+            "--image-size",
+            min=1,
+            metavar="N",
+            show_default=False,
+            help="With --revert: the sample 3,N,N (as --input-size 3,N,N).",
+        ),
+    ] = None,
     num_classes: Annotated[
         Optional[int],
         typer.Option("--num-classes", min=1, help="Classifier outputs of a named model."),
@@ -97,8 +107,10 @@ def convert_syncbn(
     # Every output, before any work: not SRC nor the weights, not each other, --force to replace.
     syncbn.check_outputs(source, destination, output, weights=weights, force=force)
     if destination is None:
-        if input_size is not None:
-            raise typer.BadParameter("goes with SRC DST --revert", param_hint="'--input-size'")
+        if input_size is not None or image_size is not None:
+            raise typer.BadParameter(
+                "goes with SRC DST --revert", param_hint="'--input-size/--image-size'"
+            )
         report = syncbn.batchnorm_report(
             source,
             revert=revert,
@@ -116,11 +128,17 @@ def convert_syncbn(
             raise typer.BadParameter(
                 "go with a model name, not with SRC DST", param_hint="'--weights/--num-classes'"
             )
+        from torchkit.core.input_size import parse_input_size, square_sample
+
+        if input_size is not None and image_size is not None:
+            raise typer.BadParameter(
+                "--image-size and --input-size both give the sample", param_hint="'--image-size'"
+            )
         sample_shape = None
         if input_size is not None:
-            from torchkit.core.summary.run import parse_input_size
-
             sample_shape = parse_input_size(input_size)
+        elif image_size is not None:
+            sample_shape = square_sample(None, image_size)
         report = syncbn.convert_saved_model(
             source,
             destination,

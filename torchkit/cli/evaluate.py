@@ -24,6 +24,7 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
+    image_size_option,
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
@@ -85,12 +86,10 @@ def eval_command(
         ),
     ] = None,
     image_size: Annotated[
-        Optional[int],
-        typer.Option(
-            "--image-size",
-            min=1,
-            help="Input size (centre crop). Default: the checkpoint's or the weights'; 224 "
-            "for plain state dicts.",
+        Optional[str],
+        image_size_option(
+            "Input size (centre crop). Default: the checkpoint's or the weights'; 224 "
+            "for plain state dicts."
         ),
     ] = None,
     resize_size: ResizeSizeOption = None,

@@ -17,6 +17,7 @@ from torchkit.cli.options import (
     OutputOption,
     TrustCheckpointOption,
     WeightsOption,
+    image_size_option,
     model_and_rest,
     model_argument,
     product_path,
@@ -67,13 +68,10 @@ def export(
         bool, typer.Option("--ema", help="Export the checkpoint's EMA weights.")
     ] = False,
     image_size: Annotated[
-        Optional[int],
-        typer.Option(
-            "--image-size",
-            min=1,
-            show_default=False,
-            help="Input height and width. Default: the model's (its checkpoint's, its weights', "
-            "28 for convnet, 224 otherwise).",
+        Optional[str],
+        image_size_option(
+            "Input height and width. Default: the model's (its checkpoint's, its weights', "
+            "28 for convnet, 224 otherwise)."
         ),
     ] = None,
     batch_size: Annotated[

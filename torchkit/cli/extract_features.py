@@ -23,6 +23,7 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
+    image_size_option,
     model_and_rest,
     model_argument,
     product_path,
@@ -157,13 +158,10 @@ def extract_features_command(
         ),
     ] = None,
     image_size: Annotated[
-        Optional[int],
-        typer.Option(
-            "--image-size",
-            help="Crop size (default: the checkpoint's or the model's standard one). The "
-            "resize keeps the model's resize/crop ratio unless --resize-size is given.",
-            min=1,
-            show_default=False,
+        Optional[str],
+        image_size_option(
+            "Crop size (default: the checkpoint's or the model's standard one). The resize "
+            "keeps the model's resize/crop ratio unless --resize-size is given."
         ),
     ] = None,
     split: Annotated[

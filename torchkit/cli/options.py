@@ -304,6 +304,44 @@ ChannelsLastOption = Annotated[
     bool,
     typer.Option("--channels-last", help="Run the model in the channels-last memory format."),
 ]
+
+
+def _image_side(param: typer.CallbackParam, value: Optional[str]) -> Optional[int]:
+    from torchkit.core.input_size import parse_image_side
+
+    try:
+        return parse_image_side(value, "--image-size")
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def image_size_option(help: str) -> Any:
+    """`--image-size N` of a command that crops images, also spelled `--input-size` (the name
+    summary and benchmark give a sample's shape), which takes C,N,N there as well."""
+    return typer.Option(
+        "--image-size",
+        "--input-size",
+        metavar="N",
+        show_default=False,
+        callback=_image_side,
+        help=f"{help} Also spelled --input-size; C,N,N is read as N.",
+    )
+
+
+# `--image-size N` of a command that takes a sample's shape (summary, benchmark, convert-syncbn):
+# the square input C,N,N, C being the model's channels.
+SquareInputOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--image-size",
+        min=1,
+        metavar="N",
+        show_default=False,
+        help="The input as an N x N image with the model's channels (as --input-size C,N,N).",
+    ),
+]
+
+
 # Preprocessing on top of what a model comes with (eval, extract-features).
 ResizeSizeOption = Annotated[
     Optional[int],

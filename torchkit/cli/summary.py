@@ -14,6 +14,7 @@ from torchkit.cli.options import (
     FormatOption,
     ModelOption,
     OutputOption,
+    SquareInputOption,
     TrustCheckpointOption,
     WeightsOption,
     former_short_flag,
@@ -68,6 +69,7 @@ def summary(
             show_default=False,
         ),
     ] = None,
+    image_size: SquareInputOption = None,
     batch_size: Annotated[
         Optional[int],
         typer.Option("--batch-size", "-b", min=1, help="Batch size. [default: 1]"),
@@ -179,6 +181,7 @@ def summary(
     result = summarize_model(
         model,
         input_sizes=[parse_input(size) for size in sizes],
+        image_size=image_size,
         batch_size=batch_size,
         num_classes=num_classes,
         weights=weights,

@@ -55,6 +55,7 @@ class BenchmarkOptions:
     """The options of `torchkit benchmark`, as core takes them."""
 
     input_size: tuple[int, ...] | None = None  # one sample (C, H, W); None: the model's own
+    image_size: int | None = None  # --image-size N: the sample C,N,N, C the model's channels
     batch_sizes: tuple[int, ...] = (DEFAULT_BATCH_SIZE,)
     mode: str = "infer"  # infer, train or both
     device: str = "auto"
@@ -127,6 +128,10 @@ def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
         raise UsageError("--batch-size must be positive")
     if options.input_size is not None and (not options.input_size or min(options.input_size) < 1):
         raise UsageError(f"invalid input size {options.input_size}")
+    if options.input_size is not None and options.image_size is not None:
+        raise UsageError("--image-size and --input-size both give the input", "give one")
+    if options.image_size is not None and options.image_size < 1:
+        raise UsageError(f"invalid image size {options.image_size}")
     if options.find_batch_size:
         if len(options.batch_sizes) > 1:
             raise UsageError(
@@ -156,6 +161,7 @@ def run_benchmark(
     of each `--find-batch-size` trial before it runs; `notify`, that the model has random
     weights (a note, not part of the result)."""
     from torchkit.core.device import resolve_amp_dtype, select_device
+    from torchkit.core.input_size import square_sample
     from torchkit.core.models import ModelSpec, resolve_spec
     from torchkit.core.models.resolver import has_random_weights, untrained_note
 
@@ -169,6 +175,7 @@ def run_benchmark(
         trust_checkpoint=options.trust_checkpoint,
         num_classes=options.num_classes,
         sample_shape=sample,
+        image_size=options.image_size,
     )
     resolved = resolve_spec(
         model_spec,
@@ -178,6 +185,8 @@ def run_benchmark(
     )
     if notify is not None and has_random_weights(resolved):
         notify(untrained_note(spec, "benchmark"))
+    if options.image_size is not None:
+        sample = square_sample(resolved.sample_shape, options.image_size)
     if sample is None:
         sample = resolved.sample_shape
         if sample is None:

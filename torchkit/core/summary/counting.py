@@ -31,11 +31,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchkit.core.errors import TorchkitError, UsageError, first_line
+from torchkit.core.input_size import check_numel
 from torchkit.core.models.inputs import iter_tensors, make_inputs
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte
-# torch counts a tensor's elements in a signed 64-bit integer: no tensor holds more.
-MAX_NUMEL = 2**63 - 1
 log = logging.getLogger("torchkit")
 TOTAL_KEYS = (
     "total_params",
@@ -470,16 +469,6 @@ def _normalise_specs(input_shapes: Sequence[Any] | None, default_dtype: Any) -> 
     if len(set(names)) != len(names):
         raise UsageError("an input name is given twice", "name each keyword input once")
     return specs
-
-
-def check_numel(shape: Sequence[int], given: Any) -> None:
-    """Refuse a shape (`given`: as the user wrote it) with more elements than a tensor holds."""
-    numel = math.prod(shape)
-    if numel > MAX_NUMEL:
-        raise UsageError(
-            f"input size {given!r} is too large: {numel:,} values, more than a tensor can hold",
-            "give the size of a real input, e.g. 3,224,224",
-        )
 
 
 def _free_memory(device: Any) -> int | None:

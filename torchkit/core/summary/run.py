@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.errors import UsageError
+from torchkit.core.input_size import check_numel, parse_input_size, square_sample
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS
 from torchkit.core.models.resolver import has_random_weights, untrained_note
@@ -17,7 +18,6 @@ from torchkit.core.summary.counting import (
     SCRIPT_NOTE,
     InputSpec,
     ModelSummary,
-    check_numel,
     is_script_module,
     summarize,
     summarize_tree,
@@ -41,7 +41,6 @@ DTYPES = {
     "uint8": "uint8",
     "bool": "bool",
 }
-_SIZE_SEPARATOR = re.compile(r"\s*[,x×]\s*|\s+")
 
 
 def check_output(
@@ -83,20 +82,6 @@ def parse_input(text: str) -> InputArg:
     if rest.replace(" ", "") in ("()", "[]", "scalar"):
         return InputArg((), name, dtype)
     return InputArg(parse_input_size(rest, text), name, dtype)
-
-
-def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
-    """'3,224,224', '3x224x224', '3 224 224' or '(1, 3, 224, 224)' -> a tuple of ints."""
-    cleaned = text.strip().strip("()[]")
-    text = given if given is not None else text
-    try:
-        size = tuple(int(part) for part in _SIZE_SEPARATOR.split(cleaned))
-    except ValueError:  # not a number, or an empty part as in "3,,4"
-        size = ()
-    if not size or any(n <= 0 for n in size):
-        raise UsageError(f"invalid input size {text!r}", "give positive integers, e.g. 3,224,224")
-    check_numel(size, text)  # before anything (a model built for it, say) is sized by it
-    return size
 
 
 def parse_dtype(name: str):
@@ -152,6 +137,7 @@ def summarize_model(
     spec: str,
     *,
     input_sizes: Sequence[Sequence[int] | InputArg] = (),
+    image_size: int | None = None,
     batch_size: int | None = None,
     num_classes: int | None = None,
     weights: str | None = None,
@@ -168,11 +154,15 @@ def summarize_model(
     """Build (or load) the model `spec` names on `device` and summarize it: with a forward pass
     on the inputs `input_sizes` describe (or the size the model is known to take), or from the
     module tree alone (`params_only`, and when no input size is given or known). `notify` hears
-    that the model has random weights (a note, not part of the summary)."""
+    that the model has random weights (a note, not part of the summary). `image_size` N is
+    the input C,N,N with the channels the model takes (`--image-size`, another spelling of
+    `--input-size`)."""
     from torchkit.core.device import resolve_device
 
     args = [size if isinstance(size, InputArg) else InputArg(tuple(size)) for size in input_sizes]
-    if params_only and args:
+    if image_size is not None and args:
+        raise UsageError("--image-size and --input-size both give the input", "give one")
+    if params_only and (args or image_size is not None):
         raise UsageError("--params-only runs no forward pass", "drop --input-size")
     if params_only and train_mode:
         raise UsageError("--params-only runs no forward pass", "drop --train-mode")
@@ -191,6 +181,7 @@ def summarize_model(
         trust_checkpoint=trust_checkpoint,
         num_classes=num_classes,
         sample_shape=None if sample is None else tuple(sample),
+        image_size=image_size,
     )
     with _sized_by_input(spec, sample):
         loaded = resolve_spec(
@@ -202,7 +193,10 @@ def summarize_model(
     if notify is not None and has_random_weights(loaded):
         notify(untrained_note(spec, "summary"))
     notes = []
-    if not args and not params_only:
+    if image_size is not None:
+        args = [InputArg(square_sample(loaded.sample_shape, image_size))]
+        no_batch_dim = False
+    elif not args and not params_only:
         if loaded.sample_shape is not None:
             args = [InputArg(tuple(loaded.sample_shape))]
             no_batch_dim = False  # the known size is one sample's

@@ -17,6 +17,7 @@ from typing import Any
 
 from torchkit.core.decode import DECODE_CHOICES
 from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.input_size import parse_image_side
 from torchkit.core.preprocessing import INTERPOLATIONS, parse_floats
 from torchkit.core.train.option_specs import (
     DATA_PANEL,
@@ -189,9 +190,12 @@ class TrainConfig:
     image_size: int | None = option(
         None,
         panel=DATA_PANEL,
-        minimum=1,
+        flags=("--image-size", "--input-size"),
+        metavar="N",
+        parse=parse_image_side,
         show_default=False,
-        help=f"Training crop size. {data_default_help('image_size')}",
+        help=f"Training crop size. {data_default_help('image_size')} Also spelled --input-size; "
+        "C,N,N is read as N.",
     )
     resize_size: int | None = option(
         None,

@@ -1,0 +1,71 @@
+"""Input sizes as the command line gives them, under either name every command takes.
+
+`--input-size` is one sample's shape (summary, benchmark, convert-syncbn: `3,224,224`);
+`--image-size` is the side of the square crop a command that reads images makes (`224`). Each
+command accepts both names: a shape given where a side is taken names its side by its last two
+numbers (equal: torchkit crops squares), a side given where a shape is taken is the model's
+channels by that side by that side.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+from torchkit.core.errors import UsageError
+
+# torch counts a tensor's elements in a signed 64-bit integer: no tensor holds more.
+MAX_NUMEL = 2**63 - 1
+_SIZE_SEPARATOR = re.compile(r"\s*[,x×]\s*|\s+")
+
+
+def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
+    """'3,224,224', '3x224x224', '3 224 224' or '(1, 3, 224, 224)' -> a tuple of ints
+    (`given`: the text as the user wrote it, for the error message)."""
+    cleaned = text.strip().strip("()[]")
+    text = given if given is not None else text
+    try:
+        size = tuple(int(part) for part in _SIZE_SEPARATOR.split(cleaned))
+    except ValueError:  # not a number, or an empty part as in "3,,4"
+        size = ()
+    if not size or any(n <= 0 for n in size):
+        raise UsageError(f"invalid input size {text!r}", "give positive integers, e.g. 3,224,224")
+    check_numel(size, text)  # before anything (a model built for it, say) is sized by it
+    return size
+
+
+def check_numel(shape: Sequence[int], given: object) -> None:
+    """Refuse a shape (`given`: as the user wrote it) with more elements than a tensor holds."""
+    numel = math.prod(shape)
+    if numel > MAX_NUMEL:
+        raise UsageError(
+            f"input size {given!r} is too large: {numel:,} values, more than a tensor can hold",
+            "give the size of a real input, e.g. 3,224,224",
+        )
+
+
+def parse_image_side(text: str | None, option: str = "--image-size") -> int | None:
+    """The crop side `--image-size`/`--input-size` gives: `224`, or a shape whose last two
+    numbers are equal (`224,224`, `3,224,224`); None when not given. A ValueError says what
+    is wrong with the value (the caller names the option)."""
+    if text is None:
+        return None
+    try:
+        size = parse_input_size(text)
+    except UsageError:
+        raise ValueError(f"{text!r} is not a positive size (give N, or C,N,N)") from None
+    if len(size) > 1 and size[-1] != size[-2]:
+        raise ValueError(
+            f"{text!r} is not square: {option} is the side of a square crop (give N, or C,N,N)"
+        )
+    if len(size) > 4:
+        raise ValueError(f"{text!r} has {len(size)} dimensions (give N, or C,N,N)")
+    return size[-1]
+
+
+def square_sample(known: Sequence[int] | None, side: int) -> tuple[int, int, int]:
+    """One sample of `side` x `side` with the channels of the sample the model is known to take
+    (`known`, C,H,W), 3 when it is not known."""
+    channels = int(known[0]) if known is not None and len(known) == 3 else 3
+    return (channels, side, side)
