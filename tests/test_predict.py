@@ -287,6 +287,8 @@ def test_csv_is_the_json_rows_formatted_with_repr_floats_and_empty_fields(runner
     columns = list(rows[0])
     assert columns[-1] == "error"
     assert columns[:5] == ["path", "label", "class", "class_index", "probability"]
+    # A flat folder: the true label is not known, null in JSON (as an unreadable image's class)
+    assert all(row["label"] is None for row in rows)
     expected = ",".join(columns) + "\n"
     for row in rows:
         fields = ["" if row[c] is None else repr(row[c]) if isinstance(row[c], float) else

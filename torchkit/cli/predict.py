@@ -24,6 +24,7 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
+    image_size_option,
     model_and_rest,
     model_argument,
 )
@@ -90,8 +91,7 @@ def predict_command(
         typer.Option("--tta", help="flip averages the image and its mirror.", case_sensitive=False),
     ] = TTA.none,
     image_size: Annotated[
-        Optional[int],
-        typer.Option("--image-size", min=1, help="Input size (centre crop). Default: the model's."),
+        Optional[str], image_size_option("Input size (centre crop). Default: the model's.")
     ] = None,
     resize_size: ResizeSizeOption = None,
     mean: MeanOption = None,
@@ -251,10 +251,12 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
 
 
 def _full(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
-    """Every column in every row (an error row has no class: null)."""
+    """Every column in every row: what is not known is null (an error row's class, the true
+    label of an image outside any class folder), as the CSV's empty field."""
     full = {column: row.get(column) for column in columns}
-    if full.get("error") == "":
-        full["error"] = None
+    for column in ("error", "label"):
+        if full.get(column) == "":
+            full[column] = None
     return full
 
 
