@@ -17,6 +17,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "export": ("onnx", "onnxruntime"),
     "timm": ("timm",),
     "tensorboard": ("tensorboard",),
+    "webdataset": ("webdataset",),
+    "parquet": ("pyarrow",),
 }
 
 

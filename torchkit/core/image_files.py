@@ -58,7 +58,12 @@ def _kind(mode: int) -> str:
 
 def open_regular_file(path: str | os.PathLike) -> BinaryIO:
     """`open(path, "rb")` for regular files only (following symbolic links); anything else
-    raises `NotARegularFile` without blocking."""
+    raises `NotARegularFile` without blocking. An image stored in a container (a
+    `datasource.stored.StoredImage`: a tar shard's member, a parquet row) opens as its bytes."""
+    from torchkit.core.datasource.stored import StoredImage
+
+    if isinstance(path, StoredImage):
+        return path.open()
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
         fd = os.open(path, flags)

@@ -81,6 +81,11 @@ def open_data(
     text = os.fspath(spec)
     if text == DIGITS:
         return _open_digits(classes)
+    from torchkit.core.datasource.containers import open_container_data
+
+    stored = open_container_data(text, classes, allow_unlabelled)
+    if stored is not None:
+        return stored
     path = Path(text)
     if not path.exists():
         raise InputError(f"dataset not found: {path}", GRAMMAR_HINT)
