@@ -312,6 +312,29 @@ def image_folder(tmp_path: Path) -> Path:
 # -- the checks of the output-safety tests (issue #13) -------------------------------------------
 
 
+def write_convnet_checkpoint(path: Path, *, in_channels: int, image_size: int, classes: str):
+    """A torchkit checkpoint of the built-in convnet for `in_channels` x `image_size` images,
+    one class per letter of `classes`; returns its model."""
+    from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+    from torchkit.core.models import resolve_model
+
+    model = resolve_model(
+        "convnet", in_channels=in_channels, image_size=image_size, num_classes=len(classes)
+    ).model
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": len(classes),
+            "classes": list(classes),
+            "model": model.state_dict(),
+            "preprocess": {"image_size": image_size, "in_channels": in_channels},
+        },
+        path,
+    )
+    return model
+
+
 def tree_digest(root: Path, *, folders: bool = True) -> dict[str, str]:
     """Every entry under `root`, hidden ones too: relative path -> SHA-256 of a file's bytes,
     `-> TARGET` for a symbolic link (never followed), `dir` for a folder (left out with

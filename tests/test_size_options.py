@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import error_line, run_torchkit_in_process
+from conftest import error_line, run_torchkit_in_process, write_convnet_checkpoint
 
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.input_size import parse_image_side, square_sample
-from torchkit.core.models import resolve_model
 
 # The commands that crop images, and the ones that take a sample's shape.
 CROPPING = ["train", "eval", "predict", "export", "extract-features"]
@@ -100,19 +98,8 @@ def test_summary_and_benchmark_take_image_size_as_a_square_input():
 
 
 def test_image_size_keeps_the_channels_of_a_checkpoint(tmp_path):
-    model = resolve_model("convnet", in_channels=1, image_size=10, num_classes=4).model
     path = tmp_path / "best.pt"
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": "convnet",
-            "num_classes": 4,
-            "classes": list("abcd"),
-            "model": model.state_dict(),
-            "preprocess": {"image_size": 10, "in_channels": 1},
-        },
-        path,
-    )
+    write_convnet_checkpoint(path, in_channels=1, image_size=10, classes="abcd")
     result = run_torchkit_in_process("summary", path, "--image-size", "10", "--format", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["input_shapes"] == [[1, 1, 10, 10]]

@@ -11,11 +11,10 @@ import weakref
 import pytest
 import torch
 import torchinfo
-from conftest import error_line
+from conftest import error_line, write_convnet_checkpoint
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.errors import UsageError
 from torchkit.core.models import resolve_model
 from torchkit.core.summary import summarize
@@ -493,19 +492,8 @@ def test_table_and_csv_output(runner, tmp_path):
 
 
 def test_checkpoint_model_uses_its_image_size(runner, tmp_path):
-    model = resolve_model("convnet", in_channels=1, image_size=10, num_classes=4).model
     path = tmp_path / "best.pt"
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": "convnet",
-            "num_classes": 4,
-            "classes": list("abcd"),
-            "model": model.state_dict(),
-            "preprocess": {"image_size": 10, "in_channels": 1},
-        },
-        path,
-    )
+    model = write_convnet_checkpoint(path, in_channels=1, image_size=10, classes="abcd")
     data = invoke_json(runner, str(path))
     assert data["input_shapes"] == [[1, 1, 10, 10]]
     assert data["layers"][0]["output_shape"] == [1, 4]

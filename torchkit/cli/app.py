@@ -177,28 +177,28 @@ def _polish_command(command) -> None:
 
 
 VERBOSE_HELP = "Show informational logs on stderr."
+QUIET_HELP = "Print only the result and problems: no progress and no notes on stderr."
 
 
 def _add_verbose_option(command) -> None:
     """`-v/--verbose` after the command name too (`torchkit env -v`), as before it: every
     command and group takes it, unless it has a `-v` or `--verbose` of its own (the app's
     own, before the command name, is one)."""
-    taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
-    if taken & {"-v", "--verbose"}:
-        return
-    command.params.append(copy.copy(_verbose_template()))
-
-
-QUIET_HELP = "Print only the result and problems: no progress and no notes on stderr."
+    _add_flag(command, "verbose")
 
 
 def _add_quiet_option(command) -> None:
     """`-q/--quiet`, for every command and group, unless it has its own (env's, which also
     drops the report)."""
+    _add_flag(command, "quiet")
+
+
+def _add_flag(command, name: str) -> None:
+    option = _flag_template(name)
     taken = {opt for param in command.params for opt in getattr(param, "opts", ())}
-    if taken & {"-q", "--quiet"}:
+    if taken & set(option.opts):
         return
-    command.params.append(copy.copy(_quiet_template()))
+    command.params.append(copy.copy(option))
 
 
 def _quiet_flag(ctx, param, value: bool) -> bool:
@@ -207,42 +207,34 @@ def _quiet_flag(ctx, param, value: bool) -> bool:
     return value
 
 
-@functools.cache
-def _quiet_template():
-    """The `-q/--quiet` option the commands are given, made by Typer as `-v`'s is."""
-    probe = typer.Typer()
-
-    @probe.command()
-    def _probe(
-        quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP, callback=_quiet_flag),
-    ) -> None:
-        """Stands for a command: Typer builds its `--quiet` option."""
-
-    (option,) = [p for p in typer.main.get_command(probe).params if p.name == "quiet"]
-    option.expose_value = False  # the commands' functions do not take it
-    return option
-
-
 def _verbose_flag(ctx, param, value: bool) -> bool:
     if value and not ctx.resilient_parsing:
         console.install_log_handler(True)  # after the app's callback: a later -v wins
     return value
 
 
+# The flags every command is given: name -> (short flag, help, callback).
+_FLAGS = {
+    "verbose": ("-v", VERBOSE_HELP, _verbose_flag),
+    "quiet": ("-q", QUIET_HELP, _quiet_flag),
+}
+
+
 @functools.cache
-def _verbose_template():
-    """The `-v/--verbose` option the commands are given, made by Typer as the app's own is."""
+def _flag_template(name: str):
+    """The `-v/--verbose` or `-q/--quiet` option the commands are given, made by Typer as the
+    app's own options are."""
+    short, help_text, callback = _FLAGS[name]
     probe = typer.Typer()
 
     @probe.command()
     def _probe(
-        verbose: bool = typer.Option(
-            False, "--verbose", "-v", help=VERBOSE_HELP, callback=_verbose_flag
-        ),
+        flag: bool = typer.Option(False, f"--{name}", short, help=help_text, callback=callback),
     ) -> None:
-        """Stands for a command: Typer builds its `--verbose` option."""
+        """Stands for a command: Typer builds its option."""
 
-    (option,) = [p for p in typer.main.get_command(probe).params if p.name == "verbose"]
+    (option,) = [p for p in typer.main.get_command(probe).params if p.name == "flag"]
+    option.name = name
     option.expose_value = False  # the commands' functions do not take it
     return option
 

@@ -12,6 +12,7 @@ from torchkit.cli.options import (
     FormatOption,
     OutOption,
     OutputOption,
+    SquareInputOption,
     TrustCheckpointOption,
     WeightsOption,
     model_argument,
@@ -62,16 +63,7 @@ def convert_syncbn(
             show_default=False,
         ),
     ] = None,
-    image_size: Annotated[
-        Optional[int],
-        typer.Option(
-            "--image-size",
-            min=1,
-            metavar="N",
-            show_default=False,
-            help="With --revert: the sample 3,N,N (as --input-size 3,N,N).",
-        ),
-    ] = None,
+    image_size: SquareInputOption = None,
     num_classes: Annotated[
         Optional[int],
         typer.Option("--num-classes", min=1, help="Classifier outputs of a named model."),
