@@ -1,4 +1,4 @@
-"""`torchkit convert tensor|cifar|checkpoint`: the Typer layer over `torchkit.core.convert`."""
+"""`torchkit convert tensor|cifar|checkpoint|shards`: the Typer layer over `core.convert`."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ from torchkit.cli.options import (
     TrustCheckpointOption,
     WorkersOption,
     product_path,
+    seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import Table, emit, resolve_format
 
 convert_app = typer.Typer(
     cls=TorchkitGroup,
-    help="""Convert images, arrays and tensors; CIFAR batches to PNG folders; checkpoints.
+    help="""Convert images, arrays and tensors; CIFAR batches to PNG folders; checkpoints;
+    datasets to WebDataset shards.
 
     Examples:
 
@@ -36,6 +38,8 @@ convert_app = typer.Typer(
       torchkit convert cifar cifar-10-python.tar.gz data/cifar10
 
       torchkit convert checkpoint ddp_epoch90.pth resnet50.safetensors
+
+      torchkit convert shards data/imagenet shards/imagenet --shard-size 1GB
     """,
     no_args_is_help=True,
     rich_markup_mode="rich",
@@ -479,8 +483,132 @@ def _average(
          force=force)  # fmt: skip
 
 
+def shards(
+    src: Annotated[
+        Path,
+        typer.Argument(
+            help="The data: an image folder, split root, flat folder, CSV index, digits, or "
+            "anything else --data reads.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Optional[Path],
+        typer.Argument(help="The output folder; or --out.", metavar="OUT", show_default=False),
+    ] = None,
+    out_option: OutOption = None,
+    shard_size: Annotated[
+        Optional[str],
+        typer.Option(
+            "--shard-size",
+            metavar="SIZE",
+            help="Close a shard before it would pass SIZE: 1GB, 500MB (powers of 1000), "
+            "256MiB or 256M (powers of 1024), or bytes; a larger image gets a shard of its "
+            "own [default: 1GB unless --per-shard is given].",
+            show_default=False,
+        ),
+    ] = None,
+    per_shard: Annotated[
+        Optional[int],
+        typer.Option(
+            "--per-shard",
+            metavar="N",
+            min=1,
+            help="At most N samples a shard (with --shard-size: whichever limit comes first).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed",
+            callback=seed_in_range,
+            help="Seed of the shuffle: the same seed, the same shards, byte for byte.",
+        ),
+    ] = 0,
+    shuffle: Annotated[
+        bool,
+        typer.Option(
+            "--shuffle/--no-shuffle",
+            help="Shuffle each split, or keep the order the source lists its images in.",
+        ),
+    ] = True,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Decode every image in full, so that truncated files are skipped too "
+            "(slower; by default each image's header is checked).",
+        ),
+    ] = False,
+    workers: Annotated[
+        Optional[int],
+        typer.Option(
+            "--workers",
+            "-j",
+            help="Threads that read images ahead (default: a sensible number for this "
+            "machine; 0 reads in the main thread).",
+            min=0,
+        ),
+    ] = None,
+    strict: StrictOption = False,
+    force: ForceOption = False,
+    fmt: FormatOption = None,
+    output: OutputOption = None,
+) -> None:
+    """Write a dataset as shuffled WebDataset shards: OUT/{train,val,test}-000000.tar, ...
+    (OUT/shard-000000.tar, ... for data without splits), OUT/classes.txt and OUT/manifest.json
+    (counts per split and class, each shard's size and SHA-256). Each sample is KEY.EXT with
+    the image's bytes as the source file has them (digits: PNG), KEY.cls (the class index) and
+    KEY.json (label and original path). Unreadable images are skipped with a warning. A shard
+    appears only when complete; run the same command again to finish an interrupted run.
+
+    Examples:
+
+      torchkit convert shards data/imagenet shards/imagenet
+
+      torchkit convert shards index.csv shards/ --per-shard 10000 --seed 1
+
+      torchkit convert shards digits shards/digits --no-shuffle
+    """
+    from torchkit.core.convert.report_file import check_report_output
+    from torchkit.core.convert.shards import convert_shards, shard_options
+
+    fmt = resolve_format(fmt, output)
+    out = product_path(out, out_option)
+    options = shard_options(
+        shard_size=shard_size, per_shard=per_shard, seed=seed, shuffle=shuffle, verify=verify
+    )
+    check_report_output(output, force, source=src, destination=out)
+
+    with progress_bar("writing shards") as progress:
+        report = convert_shards(
+            src,
+            out,
+            options=options,
+            strict=strict,
+            force=force,
+            workers=workers,
+            progress=progress,
+        )
+    counts = report.split_counts()
+    rows = [
+        [name, c["shards"], c["samples"], c["bytes"], c["unreadable"]] for name, c in counts.items()
+    ]
+    table = Table(
+        ["split", "shards", "samples", "bytes", "unreadable"],
+        rows,
+        title=f"{report.source} -> {report.output}",
+        align_right={"shards", "samples", "bytes", "unreadable"},
+    )
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+    if report.kept_shards:
+        console.note(f"kept {report.kept_shards} complete shard(s) of an interrupted run")
+
+
 def register(app: typer.Typer) -> None:
     convert_app.command("tensor")(tensor)
     convert_app.command("cifar")(cifar)
     convert_app.command("checkpoint")(checkpoint)
+    convert_app.command("shards")(shards)
     app.add_typer(convert_app, name="convert")

@@ -1,0 +1,390 @@
+"""`torchkit convert shards SRC OUT`: WebDataset shards of any data torchkit reads. The tars are
+checked member by member against the source files, read back by webdataset's own reader, and
+the safety rules (atomic shards, resume, overlap, --force, full disk, signals) tried for real."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.conftest import (
+    error_line,
+    fill_disk,
+    run_torchkit_in_process,
+    slow_io_env,
+    start_torchkit_process,
+    wait_until,
+    write_image_folder,
+)
+from torchkit.core.convert.shards import closed_size, parse_size
+
+
+def convert(*args: object, cwd: Path | None = None):
+    return run_torchkit_in_process("convert", "shards", *args, cwd=cwd)
+
+
+def members(tar_path: Path) -> dict[str, bytes]:
+    with tarfile.open(tar_path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def samples_of(tar_path: Path) -> dict[str, dict[str, bytes]]:
+    """KEY -> {extension: bytes}, grouped as webdataset groups members."""
+    grouped: dict[str, dict[str, bytes]] = {}
+    for name, data in members(tar_path).items():
+        key, _, extension = name.partition(".")
+        grouped.setdefault(key, {})[extension] = data
+    return grouped
+
+
+def shard_files(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("*.tar"))
+
+
+def tree_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != ".torchkit"}
+
+
+@pytest.fixture
+def split_root(tmp_path: Path) -> Path:
+    root = tmp_path / "split"
+    write_image_folder(root / "train", {"cat": 4, "dog": 3}, seed=1)
+    write_image_folder(root / "val", {"cat": 1, "dog": 2}, seed=2)
+    return root
+
+
+def test_tar_members_hold_the_source_bytes_labels_and_paths(tmp_path: Path, image_folder: Path):
+    out = tmp_path / "out"
+    done = convert(image_folder, out, "--per-shard", 2)
+    assert done.returncode == 0, done.stderr
+    assert shard_files(out) == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert (out / "classes.txt").read_text() == "a\nb\n"
+    seen = []
+    for name in shard_files(out):
+        for key, sample in samples_of(out / name).items():
+            assert "." not in key and key.startswith("sample_")
+            assert sorted(sample) == ["cls", "json", "png"]
+            about = json.loads(sample["json"])
+            assert sample["png"] == (image_folder / about["path"]).read_bytes()
+            assert about["label"] == about["path"].split("/")[0]
+            assert int(sample["cls"]) == ["a", "b"].index(about["label"])
+            seen.append(about["path"])
+    assert sorted(seen) == sorted(
+        p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.png")
+    )
+
+
+def test_webdataset_reads_every_sample_with_its_label(tmp_path: Path, split_root: Path):
+    import webdataset
+
+    out = tmp_path / "out"
+    assert convert(split_root, out, "--per-shard", 3).returncode == 0
+    classes = (out / "classes.txt").read_text().splitlines()
+    for split, count in (("train", 7), ("val", 3)):
+        urls = [str(out / name) for name in shard_files(out) if name.startswith(split + "-")]
+        dataset = webdataset.WebDataset(urls, shardshuffle=False).decode("pil")
+        read = list(dataset)
+        assert len(read) == count
+        for sample in read:
+            about = sample["json"]
+            assert about["path"].startswith(f"{split}/")
+            assert classes[sample["cls"]] == about["label"] == about["path"].split("/")[1]
+            assert sample["png"].size == (8, 8)
+            assert sample["__key__"].startswith(f"{split}_")
+
+
+def test_digits_are_written_as_png_per_split(tmp_path: Path):
+    from torchkit.core.datasource import open_data
+
+    out = tmp_path / "digits"
+    assert convert("digits", out, "--no-shuffle", "--per-shard", 1000).returncode == 0
+    assert shard_files(out) == [
+        "test-000000.tar",
+        "train-000000.tar",
+        "train-000001.tar",
+        "val-000000.tar",
+    ]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {k: v["samples"] for k, v in manifest["splits"].items()} == {
+        "train": 1438,
+        "val": 180,
+        "test": 179,
+    }
+    first = samples_of(out / "val-000000.tar")["val_00000000"]
+    val = open_data("digits").splits["val"]
+    assert json.loads(first["json"]) == {"label": val.classes[val.labels[0]], "path": val.ids[0]}
+    pixels = Image.open(io.BytesIO(first["png"]))
+    assert pixels.format == "PNG" and pixels.tobytes() == val.images[0].tobytes()
+
+
+def test_per_shard_and_shard_size_limits(tmp_path: Path, make_image_folder):
+    data = make_image_folder(tmp_path / "data", {"a": 5, "b": 4}, size=16)
+    by_count = tmp_path / "count"
+    assert convert(data, by_count, "--per-shard", 4).returncode == 0
+    counts = [s["samples"] for s in json.loads((by_count / "manifest.json").read_text())["shards"]]
+    assert counts == [4, 4, 1]
+
+    # An 80x80 noise PNG (~19 kB) is larger than the limit: alone in its shard.
+    big = tmp_path / "data" / "a" / "zz_big.png"
+    Image.frombytes("RGB", (80, 80), os.urandom(80 * 80 * 3)).save(big)
+    limit = 12 * 1024
+    by_size = tmp_path / "size"
+    assert convert(data, by_size, "--shard-size", "12KiB", "--no-shuffle").returncode == 0
+    shards = json.loads((by_size / "manifest.json").read_text())["shards"]
+    assert sum(s["samples"] for s in shards) == 10
+    for shard in shards:
+        size = (by_size / shard["name"]).stat().st_size
+        assert size == shard["bytes"]
+        names = members(by_size / shard["name"])
+        if any(name.endswith(".png") and len(data) > limit for name, data in names.items()):
+            assert shard["samples"] == 1  # the oversized image alone
+        else:
+            assert size <= limit
+
+    # Each shard closed only because its next sample would have passed the limit.
+    def tar_bytes(sample: dict[str, bytes]) -> int:
+        return sum(512 + -(-len(data) // 512) * 512 for data in sample.values())
+
+    for shard, following in zip(shards, shards[1:], strict=False):
+        content = sum(tar_bytes(s) for s in samples_of(by_size / shard["name"]).values())
+        first_next = next(iter(samples_of(by_size / following["name"]).values()))
+        assert closed_size(content + tar_bytes(first_next)) > limit
+
+
+def test_the_same_seed_gives_the_same_bytes_and_no_shuffle_keeps_the_order(
+    tmp_path: Path, split_root: Path
+):
+    first, second, other, ordered = (tmp_path / n for n in ("a", "b", "c", "d"))
+    for out, seed in ((first, "7"), (second, "7"), (other, "8")):
+        assert convert(split_root, out, "--seed", seed, "--per-shard", 3).returncode == 0
+    assert tree_bytes(first) == tree_bytes(second)
+    assert tree_bytes(first) != tree_bytes(other)
+    assert convert(split_root, ordered, "--no-shuffle").returncode == 0
+    paths = [
+        json.loads(sample["json"])["path"]
+        for sample in samples_of(ordered / "train-000000.tar").values()
+    ]
+    assert paths == sorted(paths)  # the source lists cat/ then dog/, each in name order
+    with tarfile.open(first / "train-000000.tar") as tar:
+        infos = tar.getmembers()
+    for info in infos:
+        assert (info.mtime, info.uid, info.gid, info.uname) == (0, 0, 0, "torchkit")
+
+
+def test_manifest_counts_and_sha256(tmp_path: Path, split_root: Path):
+    out = tmp_path / "out"
+    done = convert(split_root, out, "--per-shard", 2, "--format", "json")
+    assert done.returncode == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True and manifest["classes"] == ["cat", "dog"]
+    assert manifest["splits"]["train"]["class_counts"] == {"cat": 4, "dog": 3}
+    assert manifest["splits"]["val"]["class_counts"] == {"cat": 1, "dog": 2}
+    assert manifest["options"]["per_shard"] == 2 and manifest["options"]["seed"] == 0
+    for shard in manifest["shards"]:
+        data = (out / shard["name"]).read_bytes()
+        assert shard["bytes"] == len(data)
+        assert shard["sha256"] == hashlib.sha256(data).hexdigest()
+        assert shard["samples"] == len(samples_of(out / shard["name"]))
+    assert sorted(s["name"] for s in manifest["shards"]) == shard_files(out)
+    report = json.loads(done.stdout)
+    assert report["samples"] == 10 and report["shards"] == 6 and report["unreadable"] == 0
+    assert not (out / "manifest.partial.json").exists()
+
+
+def _interrupted_copy(complete: Path, shards_kept: int) -> None:
+    """Make `complete` look like a run stopped after its first `shards_kept` shards."""
+    manifest = json.loads((complete / "manifest.json").read_text())
+    for shard in manifest["shards"][shards_kept:]:
+        (complete / shard["name"]).unlink()
+    manifest["shards"] = manifest["shards"][:shards_kept]
+    manifest["complete"] = False
+    (complete / "manifest.partial.json").write_text(json.dumps(manifest))
+    (complete / "manifest.json").unlink()
+
+
+def test_an_interrupted_run_resumes_and_other_options_need_force(tmp_path: Path, split_root: Path):
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    assert convert(split_root, reference, "--per-shard", 2).returncode == 0
+    assert convert(split_root, out, "--per-shard", 2).returncode == 0
+    _interrupted_copy(out, 2)
+    (out / "train-000001.tar").write_bytes(b"damaged")  # kept only if its SHA-256 matches
+    (out / ".val-000000.tar.x1y2z3.tmp").write_bytes(b"half a shard")
+
+    done = convert(split_root, out, "--per-shard", 2, "--seed", "1")
+    assert done.returncode == 1
+    assert "interrupted convert shards run with --seed 0 instead of 1" in error_line(done.stderr)
+    assert "--force" in error_line(done.stderr)
+
+    done = convert(split_root, out, "--per-shard", 2, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["kept_shards"] == 1  # the damaged second one is written again
+    assert tree_bytes(out) == tree_bytes(reference)
+
+    _interrupted_copy(out, 1)
+    assert convert(split_root, out, "--per-shard", 3, "--force").returncode == 0
+    assert json.loads((out / "manifest.json").read_text())["options"]["per_shard"] == 3
+
+
+def test_a_killed_run_leaves_whole_shards_and_the_same_command_finishes_it(
+    tmp_path: Path, split_root: Path
+):
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
+    assert convert(split_root, reference, "--per-shard", "1").returncode == 0
+    process = start_torchkit_process(*args, env=slow_io_env(tmp_path, out, delay=0.4))
+    try:
+        wait_until(lambda: len(shard_files(out)) >= 3, process=process, what="three shards")
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.communicate(timeout=60)
+    assert not (out / "manifest.json").exists()
+    partial = json.loads((out / "manifest.partial.json").read_text())
+    for shard in partial["shards"]:
+        data = (out / shard["name"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == shard["sha256"]
+    done = convert(*args[2:])
+    assert done.returncode == 0, done.stderr
+    assert "kept" in done.stderr
+    assert tree_bytes(out) == tree_bytes(reference)
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_sigterm_leaves_no_half_shard(tmp_path: Path, split_root: Path):
+    out = tmp_path / "out"
+    args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
+    process = start_torchkit_process(*args, env=slow_io_env(tmp_path, out, delay=0.4))
+    try:
+        wait_until(lambda: len(shard_files(out)) >= 2, process=process, what="two shards")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, stderr
+    assert "Traceback" not in stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert not [n for n in names if n.endswith(".tmp")] and "manifest.json" not in names
+    partial = json.loads((out / "manifest.partial.json").read_text())
+    assert sorted(s["name"] for s in partial["shards"]) == shard_files(out)  # all listed
+
+
+def test_output_overlapping_the_source_or_existing_is_refused(tmp_path: Path, image_folder):
+    for out, words in (
+        (image_folder / "x", "lies inside the source"),
+        (image_folder, "is the source"),
+        (image_folder.parent, "contains the source"),
+    ):
+        done = convert(image_folder, out)
+        assert done.returncode == 1 and words in error_line(done.stderr), done.stderr
+    assert not (image_folder / "x").exists()
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    done = convert(image_folder, theirs)
+    assert "already exists" in error_line(done.stderr)
+    done = convert(image_folder, theirs, "--force")
+    assert "not written by torchkit" in error_line(done.stderr)
+    assert (theirs / "notes.txt").read_text() == "mine"
+
+    out = tmp_path / "out"
+    assert convert(image_folder, out).returncode == 0
+    done = convert(image_folder, out)
+    assert done.returncode == 1 and "already exists" in error_line(done.stderr)
+    assert convert(image_folder, out, "--force", "--per-shard", 1).returncode == 0
+    assert len(shard_files(out)) == 5
+
+
+def test_unreadable_images_are_skipped_and_counted_or_fatal_with_strict(
+    tmp_path: Path, image_folder: Path
+):
+    (image_folder / "a" / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "out"
+    done = convert(image_folder, out, "--per-shard", 2, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert "Warning: skipped unreadable image a/broken.png" in done.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["samples"] == 5 and manifest["unreadable"] == 1
+    assert manifest["unreadable_images"][0]["path"] == "a/broken.png"
+    assert manifest["splits"]["shard"]["class_counts"] == {"a": 3, "b": 2}
+    assert json.loads(done.stdout)["unreadable"] == 1
+
+    strict = tmp_path / "strict"
+    done = convert(image_folder, strict, "--strict", "--no-shuffle")
+    assert done.returncode == 1
+    assert "unreadable image a/broken.png" in error_line(done.stderr)
+    assert not strict.exists()
+
+
+def test_unlabelled_images_have_no_class(tmp_path: Path):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for index in range(3):
+        Image.new("RGB", (4, 4), (index, 0, 0)).save(flat / f"{index}.jpg")
+    out = tmp_path / "out"
+    assert convert(flat, out).returncode == 0
+    samples = samples_of(out / "shard-000000.tar")
+    assert len(samples) == 3
+    for sample in samples.values():
+        assert sorted(sample) == ["jpg", "json"]
+        assert json.loads(sample["json"])["label"] is None
+    assert (out / "classes.txt").read_text() == ""
+
+
+def test_sizes_are_parsed_in_si_and_iec_units(tmp_path: Path, image_folder: Path):
+    assert parse_size("1GB") == 10**9
+    assert parse_size("256MiB") == parse_size("256M") == 256 * 2**20
+    assert parse_size("1.5kb") == 1500 and parse_size("4096") == 4096
+    done = convert(image_folder, tmp_path / "out", "--shard-size", "lots")
+    assert done.returncode == 2 and "--shard-size 'lots' is not a size" in error_line(done.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_webdataset_is_one_error_naming_the_extra(
+    tmp_path: Path, image_folder: Path, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "webdataset", None)
+    done = convert(image_folder, tmp_path / "out")
+    assert done.returncode == 1
+    line = error_line(done.stderr, besides="nothing")
+    assert "convert shards needs the webdataset package" in line and "--extra webdataset" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_is_one_error_and_leaves_no_half_shard(
+    tmp_path: Path, small_tmpfs, make_image_folder
+):
+    data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6}, size=64)
+    mount = small_tmpfs(256)
+    fill_disk(mount, leave=40 * 1024)
+    out = mount / "out"
+    done = convert(data, out, "--per-shard", 2)
+    assert done.returncode == 1
+    assert "No space left on device" in error_line(done.stderr)
+    left = sorted(p.name for p in out.iterdir()) if out.exists() else []
+    assert not [n for n in left if n.endswith(".tmp")]
+
+
+def test_round_trip_dataset_stats_of_the_shards_equal_the_source(tmp_path: Path, split_root: Path):
+    from torchkit.core.datasource.containers import READERS
+
+    if "torchkit.core.datasource.shards" not in READERS:
+        pytest.skip("the shard reader is not there yet")
+    out = tmp_path / "out"
+    assert convert(split_root, out, "--per-shard", 3).returncode == 0
+    stats = {}
+    for data in (split_root, out):
+        done = run_torchkit_in_process("dataset-stats", data, "--split", "all", "--format", "json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        stats[data] = (report["mean"], report["std"], report["classes"], report["images"])
+    assert stats[split_root] == stats[out]

@@ -1,0 +1,851 @@
+"""`convert shards`: any data torchkit reads -> shuffled WebDataset shards, written safely and
+resumably.
+
+Layout of OUT (what the shard reader, `core/datasource/shards.py`, reads as split data):
+
+- `{split}-000000.tar`, ... one set per split (train, val, test); `shard-000000.tar`, ... for
+  data without splits;
+- in each tar, one WebDataset sample per image: `KEY.EXT`, the image's bytes exactly as the
+  source file has them (in-memory data such as `digits`: a PNG), `KEY.cls` its class index as
+  decimal text (labelled data only), `KEY.json` `{"label": name or null, "path": original id}`;
+  KEY is `{split}_{position:08d}` (`sample_...` without splits), the position in the set's
+  writing order, never with a dot (WebDataset groups members by the name up to the first dot);
+- `classes.txt`: the class names, one a line, in label order (empty for unlabelled data);
+- `manifest.json`, written last: the source, the options, counts per split and class, and per
+  shard its name, samples, bytes and SHA-256; the unreadable images skipped.
+
+The same data and options give the same shards byte for byte: the order is a seeded shuffle of
+each split (or the source order), and the tar headers carry fixed times, owners and modes.
+
+Each shard is written to a temporary name and renamed when complete, and the manifest so far is
+kept in `manifest.partial.json` after every shard: a run that is stopped (Ctrl-C, SIGTERM, a
+kill, a full disk) leaves only complete shards, and the same command run again keeps those whose
+size and SHA-256 still match and writes the rest. A run with other data or options is refused
+without `--force`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import sys
+import tarfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from torchkit import __version__
+from torchkit.core.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.files import atomic_write, atomic_write_text
+from torchkit.core.outputs import (
+    MARKER,
+    OutputFolder,
+    check_overlap,
+    check_replaceable,
+    data_inputs,
+)
+from torchkit.core.progress import Progress
+
+log = logging.getLogger("torchkit")
+
+COMMAND = "convert shards"
+WHAT = "output folder"
+MANIFEST = "manifest.json"
+PARTIAL_MANIFEST = "manifest.partial.json"
+CLASSES_FILE = "classes.txt"
+UNSPLIT = "shard"  # the shard names of data without splits: shard-000000.tar
+UNSPLIT_KEY = "sample"  # and its sample keys: sample_00000000
+FORMAT_VERSION = 1
+DEFAULT_SHARD_SIZE = "1GB"
+# Fixed tar header fields, so that the same data and options give the same bytes. An integer
+# mtime: a float one makes tarfile add a PAX header to every member.
+TAR_MTIME = 0
+TAR_OWNER = "torchkit"
+TAR_MODE = 0o444
+_BLOCK = tarfile.BLOCKSIZE
+_RECORD = tarfile.RECORDSIZE  # tarfile pads a closed archive to a multiple of this
+_END_BLOCKS = 2 * _BLOCK  # the two zero blocks that end an archive
+PARTIAL_EVERY_S = 2.0  # the partial manifest is rewritten at most this often
+MAX_WARNED = 10  # unreadable images named one by one; the others are counted
+
+# Sizes: SI units in powers of 1000 (KB, MB, GB, TB), IEC ones (KiB, MiB, GiB, TiB, and K, M,
+# G, T as coreutils reads them) in powers of 1024; a bare number is bytes.
+_UNITS = {"": 1, "b": 1}
+for _power, _letter in enumerate("kmgt", start=1):
+    _UNITS[_letter] = _UNITS[f"{_letter}ib"] = 1024**_power
+    _UNITS[f"{_letter}b"] = 1000**_power
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+_SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
+# What a killed run leaves: the temporary files of atomic_write (`.NAME.<random>.tmp`).
+_TEMPORARY = re.compile(
+    r"\.(?:(?:train|val|test|shard)-\d{6,}\.tar|manifest(?:\.partial)?\.json|classes\.txt)\..+\.tmp"
+)
+_EXTENSION = re.compile(r"[a-z0-9]+")
+# PIL format -> extension, for an image file whose name has none.
+_FORMAT_EXTENSIONS = {"JPEG": "jpg", "TIFF": "tif", "MPO": "jpg"}
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size: `1GB` (10^9), `256MiB` or `256M` (2^20 each), `1.5GB`, `100000`."""
+    match = _SIZE.fullmatch(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise UsageError(
+            f"--shard-size {text!r} is not a size",
+            "e.g. 1GB, 500MB, 256MiB (or 256M), or a number of bytes",
+        )
+    size = int(Fraction(match.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise UsageError(f"--shard-size {text!r} is less than a byte", "e.g. 1GB or 500MB")
+    return size
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    """What decides the shards' bytes (a re-run resumes only with the same)."""
+
+    shard_size: int | None  # bytes a shard may not pass; None: no limit by size
+    per_shard: int | None  # samples in a shard at most; None: no limit by count
+    seed: int = 0
+    shuffle: bool = True
+    verify: bool = False  # decode every image fully (else its header is checked)
+
+    def to_dict(self) -> dict:
+        return {
+            "shard_size": self.shard_size,
+            "per_shard": self.per_shard,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "verify": self.verify,
+        }
+
+
+def shard_options(
+    *,
+    shard_size: str | int | None = None,
+    per_shard: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    verify: bool = False,
+) -> ShardOptions:
+    """The options of `convert shards`: `shard_size` a size (`1GB`) or bytes; with neither
+    limit, shards of at most DEFAULT_SHARD_SIZE. Both: a shard closes at the first reached."""
+    if per_shard is not None and per_shard < 1:
+        raise UsageError(f"--per-shard must be at least 1, not {per_shard}")
+    if isinstance(shard_size, str):
+        shard_size = parse_size(shard_size)
+    elif shard_size is not None and shard_size < 1:
+        raise UsageError(f"--shard-size must be at least one byte, not {shard_size}")
+    if shard_size is None and per_shard is None:
+        shard_size = parse_size(DEFAULT_SHARD_SIZE)
+    return ShardOptions(shard_size, per_shard, seed, shuffle, verify)
+
+
+# --- the plan: which samples, in which order --------------------------------------------------
+
+
+@dataclass
+class ShardSet:
+    """The samples of one split (or of data without splits), in writing order."""
+
+    name: str  # train | val | test | shard: the shard file names
+    key_prefix: str  # train | val | test | sample: the sample keys
+    samples: Any  # datasource.Samples
+    order: list[int]  # sample indices in writing order
+
+    def key(self, position: int) -> str:
+        return f"{self.key_prefix}_{position:08d}"
+
+    def shard_name(self, number: int) -> str:
+        return f"{self.name}-{number:06d}.tar"
+
+
+def plan_sets(data: Any, options: ShardOptions) -> list[ShardSet]:
+    """Each split of `data` (a DataSource), or its whole, in writing order: shuffled with a
+    seed of its own (`SEED:SPLIT`: a split's order does not depend on the others), or as the
+    source lists them with `shuffle=False`."""
+    parts = list(data.splits.items()) if data.is_split else [(UNSPLIT, data.whole)]
+    sets = []
+    for name, samples in parts:
+        order = list(range(len(samples)))
+        if options.shuffle:
+            random.Random(f"{options.seed}:{name}").shuffle(order)
+        sets.append(ShardSet(name, UNSPLIT_KEY if name == UNSPLIT else name, samples, order))
+    return sets
+
+
+def fingerprint(classes: Sequence[str], sets: Sequence[ShardSet]) -> str:
+    """SHA-256 of what the data is: its classes and each set's samples (id, label), in source
+    order. A re-run on other data does not resume."""
+    digest = hashlib.sha256(json.dumps(list(classes)).encode())
+    for shard_set in sets:
+        samples = shard_set.samples
+        for sample_id, label in zip(samples.ids, samples.labels, strict=True):
+            line = f"{shard_set.name}\t{sample_id}\t{label}\n"
+            digest.update(line.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+# --- reading the source -----------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    """One source image, read: its extension and bytes, or why it could not be read."""
+
+    extension: str = ""
+    data: bytes = b""
+    error: str | None = None
+
+
+def _extension(name: str) -> str:
+    suffix = PurePosixPath(name).suffix.lower().lstrip(".")
+    return suffix if _EXTENSION.fullmatch(suffix) else ""
+
+
+def _png(pixels: Any) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
+    """The bytes of sample `index` as the source file has them (in-memory pixels as a PNG),
+    checked to be an image PIL can open (`verify`: decoded in full, so that a truncated file
+    is caught too). An unreadable image is a `Loaded` with its `error`, never an exception."""
+    from torchkit.core.image_files import opened_image, read_regular_file, unreadable_image_errors
+
+    if samples.images is not None:
+        return Loaded("png", _png(samples.images[index]))
+    path = samples.paths[index]
+    name = samples.ids[index] if samples.ids else str(path)
+    try:
+        data = read_regular_file(path)
+        with opened_image(data, name=name) as image:
+            if verify:
+                image.load()
+            image_format = image.format or ""
+    except unreadable_image_errors() as error:
+        from torchkit.core.errors import first_line
+
+        return Loaded(error=first_line(error) or type(error).__name__)
+    extension = _extension(str(path)) or _FORMAT_EXTENSIONS.get(
+        image_format, image_format.lower() or "bin"
+    )
+    return Loaded(extension, data)
+
+
+def read_ahead(
+    function: Callable[[int], Loaded], items: Iterable[int], workers: int
+) -> Iterator[Loaded]:
+    """`function(item)` for each item, in order, computed by `workers` threads a few items
+    ahead (reading files and parsing headers wait on the disk or release the GIL)."""
+    if workers <= 0:
+        yield from map(function, items)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending: deque = deque()
+    iterator = iter(items)
+    with ThreadPoolExecutor(workers, thread_name_prefix="torchkit-shards") as pool:
+        try:
+            for item in iterator:
+                pending.append(pool.submit(function, item))
+                if len(pending) >= 4 * workers:
+                    break
+            while pending:
+                result = pending.popleft().result()
+                for item in iterator:
+                    pending.append(pool.submit(function, item))
+                    break
+                yield result
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+# --- writing shards ---------------------------------------------------------------------------
+
+
+@dataclass
+class ShardRecord:
+    """A complete shard: positions `start` to `end` of its set's order (its samples, and the
+    unreadable images skipped among them)."""
+
+    name: str
+    split: str
+    samples: int
+    bytes: int
+    sha256: str
+    start: int
+    end: int
+    unreadable: list[dict] = field(default_factory=list)  # {"position", "path", "reason"}
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "split": self.split,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "start": self.start,
+            "end": self.end,
+            "unreadable": [dict(entry) for entry in self.unreadable],
+        }
+
+    @classmethod
+    def from_dict(cls, entry: dict) -> ShardRecord:
+        return cls(
+            name=str(entry["name"]),
+            split=str(entry["split"]),
+            samples=int(entry["samples"]),
+            bytes=int(entry["bytes"]),
+            sha256=str(entry["sha256"]),
+            start=int(entry["start"]),
+            end=int(entry["end"]),
+            unreadable=[dict(e) for e in entry.get("unreadable", [])],
+        )
+
+
+def _member_bytes(name: str, size: int) -> int:
+    """What a member takes in the tar: its header (as tarfile writes it) and padded data."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, TAR_MTIME, TAR_MODE
+    info.uname = info.gname = TAR_OWNER
+    header = info.tobuf(tarfile.DEFAULT_FORMAT, tarfile.ENCODING, "surrogateescape")
+    return len(header) + -(-size // _BLOCK) * _BLOCK
+
+
+def closed_size(offset: int) -> int:
+    """The size of a tar archive closed after `offset` bytes of members."""
+    return -(-(offset + _END_BLOCKS) // _RECORD) * _RECORD
+
+
+class _Digesting:
+    """A file object that passes writes on and keeps their count and SHA-256."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.handle.write(data)
+        self.digest.update(data)
+        self.count += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+class _ShardFile:
+    """One shard being written: a temporary file beside its name (atomic_write) that a
+    webdataset TarWriter fills; renamed into place by `close`, removed by `abort`."""
+
+    def __init__(self, path: Path, tar_writer: Any) -> None:
+        self.path = path
+        self._stack = contextlib.ExitStack()
+        handle = self._stack.enter_context(atomic_write(path, "wb"))
+        self._stream = _Digesting(handle)
+        try:
+            self._tar = tar_writer(
+                self._stream,
+                user=TAR_OWNER,
+                group=TAR_OWNER,
+                mode=TAR_MODE,
+                encoder=False,
+                mtime=TAR_MTIME,
+            )
+        except BaseException:
+            self.abort()
+            raise
+        self.samples = 0
+
+    def size_with(self, extra: int) -> int:
+        """The shard's size, closed, with `extra` more bytes of members."""
+        return closed_size(self._tar.tarstream.offset + extra)
+
+    def write(self, sample: dict) -> None:
+        self._tar.write(sample)
+        self.samples += 1
+
+    def close(self) -> tuple[int, str]:
+        """Finish the archive and rename it into place: (bytes, SHA-256)."""
+        self._tar.close()
+        self._stack.close()
+        return self._stream.count, self._stream.digest.hexdigest()
+
+    def abort(self) -> None:
+        """Remove the temporary file (the exception being handled goes on)."""
+        if hasattr(self, "_tar"):  # closed, or tarfile flushes into the closed file when freed
+            with contextlib.suppress(Exception):
+                self._tar.close()
+        self._stack.__exit__(*sys.exc_info())
+
+
+def sample_members(
+    shard_set: ShardSet, position: int, loaded: Loaded, classes: Sequence[str], labelled: bool
+) -> dict:
+    """The WebDataset sample of the image at `position` of the set: `__key__` and members."""
+    index = shard_set.order[position]
+    samples = shard_set.samples
+    label = samples.labels[index]
+    sample: dict = {"__key__": shard_set.key(position), loaded.extension: loaded.data}
+    about = {"label": classes[label] if labelled else None, "path": samples.ids[index]}
+    sample["json"] = json.dumps(about, sort_keys=True).encode()
+    if labelled:
+        sample["cls"] = str(label).encode()
+    return sample
+
+
+def _sample_bytes(sample: dict) -> int:
+    key = sample["__key__"]
+    return sum(_member_bytes(f"{key}.{k}", len(v)) for k, v in sample.items() if k != "__key__")
+
+
+@dataclass
+class _Writing:
+    """What one run shares across sets: where, how, and what to call after each shard."""
+
+    folder: Path
+    options: ShardOptions
+    classes: list[str]
+    labelled: bool
+    strict: bool
+    workers: int
+    tar_writer: Any
+    on_shard: Callable[[], None]
+    advance: Callable[[int], None]
+    warned: int = 0
+
+
+def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) -> None:
+    """Write the shards of `shard_set` after its complete ones in `records` (appended to as
+    each shard is complete)."""
+    options = run.options
+    total = len(shard_set.order)
+    position = records[-1].end if records else 0
+    start = position
+    skipped: list[dict] = []
+    shard: _ShardFile | None = None
+    samples = shard_set.samples
+
+    def load(position: int) -> Loaded:
+        return load_sample(samples, shard_set.order[position], verify=options.verify)
+
+    def finish(end: int) -> None:
+        nonlocal shard, start, skipped
+        assert shard is not None
+        count = shard.samples
+        size, digest = shard.close()
+        shard = None
+        records.append(
+            ShardRecord(
+                shard_set.shard_name(len(records)),
+                shard_set.name,
+                count,
+                size,
+                digest,
+                start,
+                end,
+                skipped,
+            )
+        )
+        start, skipped = end, []
+        run.on_shard()
+
+    try:
+        positions = range(position, total)
+        for position, loaded in zip(
+            positions, read_ahead(load, positions, run.workers), strict=True
+        ):
+            if loaded.error is not None:
+                _skip(run, shard_set, position, loaded.error, skipped)
+                continue
+            sample = sample_members(shard_set, position, loaded, run.classes, run.labelled)
+            if shard is not None and (
+                shard.samples == options.per_shard
+                or (
+                    options.shard_size is not None
+                    and shard.size_with(_sample_bytes(sample)) > options.shard_size
+                )
+            ):
+                finish(position)
+            if shard is None:
+                shard = _ShardFile(run.folder / shard_set.shard_name(len(records)), run.tar_writer)
+            shard.write(sample)
+            run.advance(1)
+        if shard is not None:
+            finish(total)
+    except BaseException:
+        if shard is not None:
+            shard.abort()
+        raise
+    if skipped:  # unreadable images after the last shard: they belong to it
+        if not records:
+            first = skipped[0]
+            raise InputError(
+                f"none of the {total} images of {_set_words(shard_set)} could be read",
+                f"the first, {first['path']}: {first['reason']}",
+            )
+        records[-1].unreadable += skipped
+        records[-1].end = total
+        run.on_shard()
+
+
+def _set_words(shard_set: ShardSet) -> str:
+    return "the data" if shard_set.name == UNSPLIT else f"split {shard_set.name}"
+
+
+def _skip(run: _Writing, shard_set: ShardSet, position: int, reason: str, skipped: list) -> None:
+    sample_id = shard_set.samples.ids[shard_set.order[position]]
+    if run.strict:
+        raise InputError(
+            f"unreadable image {sample_id}: {reason}",
+            "fix or remove it, or leave out --strict to skip unreadable images",
+        )
+    if run.warned < MAX_WARNED:
+        log.warning(f"skipped unreadable image {sample_id}: {reason}")
+    run.warned += 1
+    skipped.append({"position": position, "path": sample_id, "reason": reason})
+    run.advance(1)
+
+
+# --- the manifest, and resuming ---------------------------------------------------------------
+
+
+@dataclass
+class ShardsReport:
+    """What `convert shards` wrote (and what `manifest.json` says)."""
+
+    source: str
+    kind: str
+    root: str
+    output: str
+    classes: list[str]
+    labelled: bool
+    options: ShardOptions
+    fingerprint: str
+    sets: list[ShardSet]
+    records: dict[str, list[ShardRecord]]
+    kept_shards: int = 0  # complete shards of an interrupted run that were kept
+    seconds: float = 0.0
+
+    @property
+    def shards(self) -> list[ShardRecord]:
+        return [record for records in self.records.values() for record in records]
+
+    def split_counts(self, *, per_class: bool = True) -> dict[str, dict]:
+        """Per set: shards, samples, bytes, unreadable images and (`per_class`) samples per
+        class."""
+        counts = {}
+        for shard_set in self.sets:
+            records = self.records.get(shard_set.name, [])
+            counts[shard_set.name] = {
+                "shards": len(records),
+                "samples": sum(r.samples for r in records),
+                "bytes": sum(r.bytes for r in records),
+                "unreadable": sum(len(r.unreadable) for r in records),
+            }
+            if per_class:
+                counts[shard_set.name]["class_counts"] = self._class_counts(shard_set, records)
+        return counts
+
+    def _class_counts(self, shard_set: ShardSet, records: list[ShardRecord]) -> dict[str, int]:
+        if not self.labelled:
+            return {}
+        counts = [0] * len(self.classes)
+        labels = shard_set.samples.labels
+        for record in records:
+            left_out = {entry["position"] for entry in record.unreadable}
+            for position in range(record.start, record.end):
+                if position not in left_out:
+                    counts[labels[shard_set.order[position]]] += 1
+        return dict(zip(self.classes, counts, strict=True))
+
+    def unreadable(self) -> list[dict]:
+        return [
+            {"split": record.split, "path": entry["path"], "reason": entry["reason"]}
+            for record in self.shards
+            for entry in record.unreadable
+        ]
+
+    def manifest(self, *, complete: bool) -> dict:
+        """manifest.json's record; an interrupted run's (not `complete`) leaves out the counts
+        per class (a pass over every sample, after each shard)."""
+        splits = self.split_counts(per_class=complete)
+        return {
+            "written_by": f"torchkit {COMMAND}",
+            "torchkit_version": __version__,
+            "format": "webdataset",
+            "format_version": FORMAT_VERSION,
+            "complete": complete,
+            "source": {"spec": self.source, "kind": self.kind, "root": self.root},
+            "fingerprint": self.fingerprint,
+            "options": self.options.to_dict(),
+            "classes": list(self.classes),
+            "labelled": self.labelled,
+            "samples": sum(s["samples"] for s in splits.values()),
+            "bytes": sum(s["bytes"] for s in splits.values()),
+            "unreadable": sum(s["unreadable"] for s in splits.values()),
+            "splits": splits,
+            "shards": [record.to_dict() for record in self.shards],
+            "unreadable_images": self.unreadable(),
+        }
+
+    def to_dict(self) -> dict:
+        splits = self.split_counts()
+        return {
+            "source": self.source,
+            "kind": self.kind,
+            "output": self.output,
+            "classes": len(self.classes) if self.labelled else 0,
+            "shards": len(self.shards),
+            "samples": sum(s["samples"] for s in splits.values()),
+            "bytes": sum(s["bytes"] for s in splits.values()),
+            "unreadable": sum(s["unreadable"] for s in splits.values()),
+            "kept_shards": self.kept_shards,
+            "options": self.options.to_dict(),
+            "splits": splits,
+            "unreadable_images": self.unreadable(),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class _PartialManifest:
+    """`manifest.partial.json`, rewritten as shards are complete: at once after the first,
+    then at most every PARTIAL_EVERY_S seconds (with many small shards, rewriting the growing
+    list after each would cost more than the shards), and when the run stops early. A shard
+    complete but not yet listed is only written again by the run that resumes."""
+
+    def __init__(self, path: Path, report: ShardsReport) -> None:
+        self.path = path
+        self.report = report
+        self.saved_at: float | None = None
+        self.behind = False
+
+    def shard_done(self) -> None:
+        self.behind = True
+        if self.saved_at is None or time.monotonic() - self.saved_at >= PARTIAL_EVERY_S:
+            self.save()
+
+    def save(self) -> None:
+        manifest = self.report.manifest(complete=False)
+        atomic_write_text(self.path, json.dumps(manifest, indent=1) + "\n")
+        self.saved_at, self.behind = time.monotonic(), False
+
+    def save_quietly(self) -> None:
+        """Save what is behind, if it can (the run is failing already: a full disk stays the
+        error reported)."""
+        if self.behind:
+            with contextlib.suppress(Exception):
+                self.save()
+
+
+def read_partial(folder: Path) -> dict | None:
+    """The partial manifest of an interrupted `convert shards` run in `folder`, or None (no
+    such run: nothing there, a complete output, or a folder torchkit did not write)."""
+    if folder.is_symlink() or not (folder / MARKER).is_file() or (folder / MANIFEST).exists():
+        return None
+    try:
+        partial = json.loads((folder / PARTIAL_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(partial, dict) or partial.get("written_by") != f"torchkit {COMMAND}":
+        return None
+    return partial
+
+
+def _differences(partial: dict, identity: dict) -> list[str]:
+    """How the interrupted run differs from this one, in words (none: it resumes)."""
+    found = []
+    if partial.get("format_version") != FORMAT_VERSION:
+        found.append(f"shard format {partial.get('format_version')}")
+    if partial.get("fingerprint") != identity["fingerprint"]:
+        found.append("other data")
+    before = partial.get("options") or {}
+    for name, value in identity["options"].items():
+        if before.get(name) != value:
+            option = "--" + name.replace("_", "-")
+            found.append(f"{option} {before.get(name)} instead of {value}")
+    return found
+
+
+def _verified(folder: Path, partial: dict, sets: Sequence[ShardSet]) -> dict[str, list]:
+    """The complete shards of the interrupted run that are still as it wrote them, per set:
+    each set's records up to the first shard that is missing or differs in size or SHA-256."""
+    from torchkit.core.hashing import file_digest
+
+    kept: dict[str, list[ShardRecord]] = {s.name: [] for s in sets}
+    try:
+        records = [ShardRecord.from_dict(entry) for entry in partial.get("shards", [])]
+    except (KeyError, TypeError, ValueError):
+        return kept
+    for shard_set in sets:
+        mine = [r for r in records if r.split == shard_set.name]
+        for number, record in enumerate(mine):
+            path = folder / record.name
+            expected_start = mine[number - 1].end if number else 0
+            if (
+                record.name != shard_set.shard_name(number)
+                or record.start != expected_start
+                or not path.is_file()
+                or path.stat().st_size != record.bytes
+                or file_digest(path).hex() != record.sha256
+            ):
+                break
+            kept[shard_set.name].append(record)
+    return kept
+
+
+def _remove_leftovers(folder: Path, keep: Iterable[str] = ()) -> None:
+    """Remove what a killed run left in `folder`: temporary files, and (given `keep`, the
+    shards of the finished output) shard files that are not among them."""
+    kept = set(keep)
+    for entry in os.scandir(folder):
+        stale_shard = kept and _SHARD_FILE.fullmatch(entry.name) and entry.name not in kept
+        if (_TEMPORARY.fullmatch(entry.name) or stale_shard) and entry.is_file(
+            follow_symlinks=False
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+
+
+def _classes_text(classes: Sequence[str], labelled: bool) -> str:
+    if not labelled:
+        return ""
+    broken = [name for name in classes if "\n" in name or "\r" in name]
+    if broken:
+        raise InputError(
+            f"class name {broken[0]!r} has a line break: classes.txt holds one name a line",
+            "rename the class",
+        )
+    return "".join(f"{name}\n" for name in classes)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def convert_shards(
+    src: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    options: ShardOptions | None = None,
+    strict: bool = False,
+    force: bool = False,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> ShardsReport:
+    """Write the data `src` names (any `--data` torchkit reads, unlabelled folders and CSVs
+    too) as WebDataset shards into the folder `out` (module docstring). `out` may not be,
+    contain or lie inside the source; an existing output is replaced only with `force` (and
+    only one torchkit wrote), except an interrupted run of the same command on the same data
+    with the same options, which is finished. Unreadable images are skipped with a warning
+    and counted (`strict`: the first stops the run)."""
+    from torchkit.core.convert.parallel import default_workers
+    from torchkit.core.datasource import open_data
+    from torchkit.core.extras import import_extra
+
+    started = time.perf_counter()
+    options = options or shard_options()
+    target = Path(out)
+    inputs = data_inputs(src, "source")
+    # Refused before the source is listed: an output that overlaps it, or that exists (an
+    # interrupted run of this command aside: whether it resumes depends on the data).
+    check_overlap(target, WHAT, inputs)
+    if read_partial(target) is None and not force:
+        check_replaceable(target, False, what=WHAT)
+    webdataset = import_extra("webdataset", "webdataset", COMMAND)
+    data = open_data(src, allow_unlabelled=True)
+    labelled = data.labelled
+    classes_text = _classes_text(data.classes, labelled)
+    sets = plan_sets(data, options)
+    identity = {"fingerprint": fingerprint(data.classes, sets), "options": options.to_dict()}
+    partial = read_partial(target)
+    differences = _differences(partial, identity) if partial is not None else []
+    if differences and not force:
+        raise OutputExistsError(
+            f"{WHAT} {target} holds an interrupted {COMMAND} run with " + ", ".join(differences),
+            "run it with the same SRC and options to finish it, or pass --force to start over",
+        )
+    resume = partial is not None and not differences
+    report = ShardsReport(
+        source=os.fspath(src),
+        kind=data.kind,
+        root=data.root,
+        output=os.fspath(target),
+        classes=list(data.classes),
+        labelled=labelled,
+        options=options,
+        fingerprint=identity["fingerprint"],
+        sets=sets,
+        records={s.name: [] for s in sets},
+    )
+    output = OutputFolder(target, command=COMMAND, force=force, inputs=inputs, resume=resume)
+    with output:
+        if resume:  # read again under the lock
+            partial = read_partial(target)
+            if partial is not None and not _differences(partial, identity):
+                report.records = _verified(target, partial, sets)
+                report.kept_shards = len(report.shards)
+        folder = output.begin()
+        with output.reporting_write_errors():
+            _remove_leftovers(folder)
+            atomic_write_text(folder / CLASSES_FILE, classes_text)
+        total = sum(len(s.order) for s in sets)
+        done = sum(r.end - r.start for r in report.shards)
+        if progress is not None:
+            progress(done, total)
+
+        def advance(count: int) -> None:
+            nonlocal done
+            done += count
+            if progress is not None:
+                progress(done, total)
+
+        partial_manifest = _PartialManifest(folder / PARTIAL_MANIFEST, report)
+
+        def on_shard() -> None:
+            partial_manifest.shard_done()
+            output.keep()  # complete shards are worth keeping: an interrupt leaves them
+
+        run = _Writing(
+            folder=folder,
+            options=options,
+            classes=list(data.classes),
+            labelled=labelled,
+            strict=strict,
+            workers=default_workers() if workers is None else workers,
+            tar_writer=webdataset.TarWriter,
+            on_shard=on_shard,
+            advance=advance,
+        )
+        with output.reporting_write_errors():
+            try:
+                for shard_set in sets:
+                    write_set(run, shard_set, report.records[shard_set.name])
+            except BaseException:
+                partial_manifest.save_quietly()  # a re-run keeps every complete shard
+                raise
+            report.seconds = time.perf_counter() - started
+            manifest = report.manifest(complete=True)
+            atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+            (folder / PARTIAL_MANIFEST).unlink(missing_ok=True)
+            _remove_leftovers(folder, keep=[r.name for r in report.shards])
+        if run.warned:
+            log.warning(f"skipped {run.warned} unreadable image(s) (listed in {target / MANIFEST})")
+    return report
