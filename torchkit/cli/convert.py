@@ -33,8 +33,6 @@ convert_app = typer.Typer(
 
       torchkit convert tensor photo.jpg photo.pt
 
-      torchkit convert tensor images/ arrays/ --to npy -j 4
-
       torchkit convert cifar cifar-10-python.tar.gz data/cifar10
 
       torchkit convert checkpoint ddp_epoch90.pth resnet50.safetensors
