@@ -304,6 +304,21 @@ def test_output_overlapping_the_source_or_existing_is_refused(tmp_path: Path, im
     assert len(shard_files(out)) == 5
 
 
+def test_shards_named_by_a_pattern_may_not_be_replaced_by_their_output(
+    tmp_path: Path, image_folder: Path
+):
+    from torchkit.core.datasource.containers import READERS
+
+    if "torchkit.core.datasource.shards" not in READERS:
+        pytest.skip("the shard reader is not there yet")
+    out = tmp_path / "out"
+    assert convert(image_folder, out, "--per-shard", 2).returncode == 0
+    pattern = f"{out}/shard-{{000000..000002}}.tar"
+    done = convert(pattern, out, "--force")
+    assert "contains the source file" in error_line(done.stderr)
+    assert convert(pattern, tmp_path / "again", "--no-shuffle").returncode == 0
+
+
 def test_unreadable_images_are_skipped_and_counted_or_fatal_with_strict(
     tmp_path: Path, image_folder: Path
 ):

@@ -1,5 +1,6 @@
 """`torchkit --help` and every `torchkit COMMAND --help` stay fast: none of them imports torch,
-torchvision, cv2, pandas, sklearn or matplotlib. New commands are covered automatically."""
+torchvision, cv2, pandas, sklearn, matplotlib or webdataset. New commands are covered
+automatically."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib")
+HEAVY = ("torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib", "webdataset")
 
 # Runs in a fresh interpreter: calls the real entry point (`torchkit.cli.main`) once per command
 # path, the way the console script does, and records which heavy packages are loaded after each.

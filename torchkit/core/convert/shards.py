@@ -48,6 +48,7 @@ from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.files import atomic_write, atomic_write_text
 from torchkit.core.outputs import (
     MARKER,
+    InputPath,
     OutputFolder,
     check_overlap,
     check_replaceable,
@@ -725,6 +726,22 @@ def _remove_leftovers(folder: Path, keep: Iterable[str] = ()) -> None:
                 os.unlink(entry.path)
 
 
+def _container_inputs(data: Any) -> list[InputPath]:
+    """The container files (tar shards, parquet files) that stored images are read from: a
+    spec such as `OUT/train-{000000..000009}.tar` names no folder that data_inputs sees."""
+    from torchkit.core.datasource.stored import is_stored
+
+    parts = list(data.splits.values()) if data.is_split else [data.whole]
+    readers = {
+        id(path.reader): path.reader
+        for samples in parts
+        for path in samples.paths or ()
+        if is_stored(path)
+    }
+    files = sorted({os.fspath(r.path) for r in readers.values() if getattr(r, "path", None)})
+    return [InputPath.of(file, "source file") for file in files]
+
+
 def _classes_text(classes: Sequence[str], labelled: bool) -> str:
     if not labelled:
         return ""
@@ -771,6 +788,7 @@ def convert_shards(
         check_replaceable(target, False, what=WHAT)
     webdataset = import_extra("webdataset", "webdataset", COMMAND)
     data = open_data(src, allow_unlabelled=True)
+    check_overlap(target, WHAT, _container_inputs(data))
     labelled = data.labelled
     classes_text = _classes_text(data.classes, labelled)
     sets = plan_sets(data, options)
