@@ -4,6 +4,9 @@ The grammar, the same for every command: an image folder `ROOT/<class>/<image>`;
 whose subfolders are `train/`, `val/` and/or `test/`, each an image folder; a CSV index
 `path,label` with an optional `split` column (paths relative to the CSV's folder; UTF-8 with or
 without BOM); or `digits`. A CSV with a `split` column is split data everywhere, like a split root.
+Data in container files is asked first (`containers.READERS`): `parquet` reads Hugging Face
+datasets stored as parquet (HF's folder layout, a folder of `.parquet` files, one file; ids
+`FILE/ROW`), each image a `stored.StoredImage` read by row group.
 
 One path convention: `Samples.ids[i]` is the `path` column of every output that names image i,
 relative to `DataSource.root` (a split root's include the split folder, `train/cat/1.png`; a CSV
@@ -46,7 +49,8 @@ How each command uses it:
 Modules beneath it, each imported directly: `samples` (the `Samples` record every reader gives),
 `discovery` (image files and folders on disk), `digits` (the built-in `digits`), `splitting`
 (split names and the seeded stratified split), `csv_index` (reading a CSV index), `source`,
-`select` and `record` (the API above).
+`select` and `record` (the API above); `containers`, `stored` and the container readers
+(`parquet`).
 """
 
 from torchkit.core.datasource.record import (

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 # The reader modules, asked in this order.
-READERS: tuple[str, ...] = ()
+READERS: tuple[str, ...] = ("torchkit.core.datasource.parquet",)
 
 
 def open_container_data(

@@ -20,7 +20,17 @@ from torchkit.core.datasource.samples import Samples
 from torchkit.core.datasource.splitting import SPLIT_NAMES
 from torchkit.core.errors import InputError
 
-KINDS = ("digits", "image folder", "flat folder", "split root", "csv", "split csv")
+KINDS = (
+    "digits",
+    "image folder",
+    "flat folder",
+    "split root",
+    "csv",
+    "split csv",
+    "parquet",  # datasource.parquet: a folder of HF parquet files
+    "split parquet",
+    "parquet file",
+)
 GRAMMAR_HINT = (
     "give an image folder ROOT/<class>/<image>, a split root ROOT/{train,val,test}/, "
     "a CSV index or `digits`"

@@ -107,7 +107,8 @@ def recorded_data(spec: ModelSpec) -> tuple[str, str]:
     if kind == "digits":
         return "digits", f"--data digits: the data {path} was trained on"
     data = root
-    if kind in ("csv", "split csv"):  # the index lies in its root (paths relative to it)
+    # A CSV index, or one parquet file, lies in its root (paths relative to it).
+    if kind in ("csv", "split csv", "parquet file"):
         data = typed if os.path.isabs(typed) else os.path.join(root, os.path.basename(typed))
     if not data or not os.path.exists(data):
         raise InputError(
