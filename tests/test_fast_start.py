@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib", "webdataset")
+HEAVY = ("torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib", "webdataset", "pyarrow")
 
 # Runs in a fresh interpreter: calls the real entry point (`torchkit.cli.main`) once per command
 # path, the way the console script does, and records which heavy packages are loaded after each.
