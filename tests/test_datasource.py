@@ -164,6 +164,48 @@ def test_bad_csv_indexes_are_one_line_errors_naming_the_line(tmp_path, text, mes
     assert "\n" not in refused.value.message
 
 
+def test_a_csv_index_reads_quoting_unicode_blank_lines_and_odd_spellings_as_written(tmp_path):
+    index = _write(
+        tmp_path / "data" / "index.csv",
+        "path, label ,split,path\n"  # spaces around a name; a repeated column: the last wins
+        '"ignored","cat",train,"a,b.png"\n'
+        "\n"  # a blank line is no row
+        '"x","dog",val,"ünï cödé/ß ""q"".png"\n'
+        "x,cat,test,./c/./d//e.png\n"
+        "x,dog,train,/abs/f.png\n"
+        "x,cat,train\n",  # a short row: its path is empty
+        bom=True,
+    )
+    with pytest.raises(InputError, match=r"1 row\(s\) with an empty path \(line 7\)"):
+        open_data(index)
+    index.write_text(index.read_text(encoding="utf-8-sig").rsplit("x,cat,train\n", 1)[0])
+    samples = open_data(index)
+    ids = [i for name in ("train", "val", "test") for i in samples.splits[name].ids]
+    paths = [p for name in ("train", "val", "test") for p in samples.splits[name].paths]
+    assert ids == ["a,b.png", "/abs/f.png", 'ünï cödé/ß "q".png', "./c/./d//e.png"]
+    base = tmp_path / "data"
+    assert paths == [
+        f"{base}/a,b.png",
+        "/abs/f.png",
+        f'{base}/ünï cödé/ß "q".png',
+        f"{base}/c/d/e.png",  # as pathlib joins it
+    ]
+    assert samples.classes == ["cat", "dog"]
+
+
+def test_a_csv_index_of_many_rows_makes_no_path_object_per_row(tmp_path, monkeypatch):
+    """A million rows: Path objects per row took seconds (issue #48)."""
+    rows = "".join(f"images/c{i % 3}/{i}.png,c{i % 3}\n" for i in range(1000))
+    index = _write(tmp_path / "index.csv", "path,label\n" + rows)
+    joins = []
+    join = Path.__truediv__
+    monkeypatch.setattr(Path, "__truediv__", lambda *a: joins.append(a) or join(*a))
+    samples = open_data(index).whole
+    assert len(joins) < 10
+    assert samples.paths[-1] == f"{tmp_path}/images/c0/999.png"
+    assert samples.ids[-1] == "images/c0/999.png" and samples.labels[-1] == 0
+
+
 def test_a_csv_that_is_not_utf8_is_refused_clearly(tmp_path):
     index = tmp_path / "latin1.csv"
     index.write_bytes("path,label\ncaf\xe9.png,x\n".encode("latin-1"))

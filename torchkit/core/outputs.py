@@ -107,7 +107,15 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
 def folders_of_files(paths: Iterable[str | os.PathLike], what: str) -> list[InputPath]:
     """The distinct folders that hold `paths` (e.g. the images a CSV index names), as inputs: an
     output folder may not contain them nor lie inside one."""
-    folders = {os.path.dirname(os.path.abspath(os.fspath(p))) for p in paths}
+    texts = [os.fspath(p) for p in paths]
+    # A file's folder is abspath(dirname(p)): made absolute once per folder, not per file (a
+    # million CSV rows in a hundred folders). A path ending in `/`, `.` or `..` names no file
+    # in a folder: its own abspath says where it is.
+    ends = tuple(sep + name for sep in (os.sep, os.altsep) if sep for name in ("", ".", ".."))
+    odd = {t for t in texts if t.endswith(ends) or t in ("", ".", "..")}
+    heads = {os.path.dirname(t) for t in texts if t not in odd}
+    folders = {os.path.abspath(head) for head in heads}
+    folders |= {os.path.dirname(os.path.abspath(t)) for t in odd}
     return [InputPath(Path(folder), what) for folder in sorted(folders)]
 
 
@@ -128,17 +136,14 @@ def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[Inpu
 
 
 def _csv_paths(index: Path) -> list[str]:
-    import csv
+    """The files a CSV index names; none where it cannot be read (the command's own reader
+    reports what is wrong with it)."""
+    from torchkit.core.datasource.csv_index import absolute_paths, read_index_rows
 
     try:
-        with index.open(newline="", encoding="utf-8-sig") as handle:
-            rows = csv.DictReader(handle)
-            if not rows.fieldnames or "path" not in rows.fieldnames:
-                return []
-            named = [row["path"] for row in rows if row.get("path")]
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return []  # the command's own reader reports what is wrong with it
-    return [p if os.path.isabs(p) else os.path.join(index.parent, p) for p in named]
+        return absolute_paths(read_index_rows(index, labelled=False))
+    except (OSError, TorchkitError):
+        return []
 
 
 def _protected_reason(real: Path) -> str | None:

@@ -32,6 +32,13 @@ def _lines(numbers: list[int]) -> str:
     return shown + (", ..." if len(numbers) > _SHOWN else "")
 
 
+def _column(columns: list[str], name: str) -> int | None:
+    """Where the column `name` is (the last one of that name, as a dict of the row keeps)."""
+    if name not in columns:
+        return None
+    return len(columns) - 1 - columns[::-1].index(name)
+
+
 def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> IndexRows:
     """The rows of the CSV index at `csv_path`; InputError (one line) for a missing file or
     column, text that is not UTF-8 or not CSV, no rows, and rows with an empty path, an empty
@@ -49,11 +56,11 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     reader = None
     try:
         with source.open(newline="", encoding="utf-8-sig") as handle:
-            reader = csv.DictReader(handle)
-            header = reader.fieldnames
+            # csv.reader, not DictReader: a dict per row is most of the time of a million rows.
+            reader = csv.reader(handle)
+            header = next(reader, None)
             # "path, label" (a space after the comma) names the columns too.
             columns = [] if header is None else [name.strip() for name in header]
-            reader.fieldnames = columns
             if "path" not in columns or (labelled and "label" not in columns):
                 has = ", ".join(columns) if columns else "nothing: the file is empty"
                 raise InputError(
@@ -61,20 +68,25 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                     "the first line names the columns, e.g. path,label or path,label,split"
                     + ("" if labelled else "; label may be left out for unlabelled images"),
                 )
-            has_label, has_split = "label" in columns, "split" in columns
+            path_at = _column(columns, "path")
+            label_at = _column(columns, "label")
+            split_at = _column(columns, "split")
+            has_label, has_split = label_at is not None, split_at is not None
             for row in reader:
-                line = reader.line_num
-                path = row.get("path") or ""
+                if not row:  # a blank line is no row
+                    continue
+                line, width = reader.line_num, len(row)
+                path = row[path_at] if path_at < width else ""
                 if not path.strip():
                     no_path.append(line)
                 paths.append(path)
                 if has_label:
-                    label = row.get("label") or ""
+                    label = row[label_at] if label_at < width else ""
                     if not label.strip():
                         no_label.append(line)
                     labels.append(label)
                 if has_split:
-                    split = (row.get("split") or "").strip()
+                    split = (row[split_at] if split_at < width else "").strip()
                     if split not in SPLIT_NAMES:
                         bad_split.append((line, split))
                     splits.append(split)
@@ -126,7 +138,22 @@ def class_order(labels: Sequence[str], splits: Sequence[str] | None) -> list[str
     return names
 
 
+def _pathlib_may_respell(path: str) -> bool:
+    """Whether `Path(base) / path` may spell `path` differently from `base/path` (`./a`, `a//b`,
+    `a/./b`, `a/.`, a trailing slash); a few paths it keeps as they are answer yes too."""
+    return "//" in path or "/." in path or path[:1] == "." or path[-1:] == "/"
+
+
 def absolute_paths(rows: IndexRows) -> list[str]:
-    """The files the rows name: relative paths joined to the CSV's folder."""
+    """The files the rows name: relative paths joined to the CSV's folder (as `str(base / p)`
+    spells them, but by concatenation where that is the same text: a million Path objects
+    take seconds)."""
     base = rows.source.parent
-    return [p if os.path.isabs(p) else str(base / p) for p in rows.paths]
+    if os.sep != "/":
+        return [p if os.path.isabs(p) else str(base / p) for p in rows.paths]
+    text = str(base)
+    prefix = "" if text == "." else text if text.endswith("/") else text + "/"
+    return [
+        p if p[:1] == "/" else str(base / p) if _pathlib_may_respell(p) else prefix + p
+        for p in rows.paths
+    ]
