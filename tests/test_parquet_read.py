@@ -265,3 +265,11 @@ def test_digits_and_image_folders_never_import_pyarrow(world):
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_split_refuses_parquet_data_it_cannot_copy(world, tmp_path):
+    data = world / "hf" / "data" / "train-00000-of-00002.parquet"
+    result = run_torchkit_in_process("split", data, tmp_path / "out")
+    assert result.returncode == 1
+    assert "holds its images in container files" in error_line(result.stderr)
+    assert not (tmp_path / "out").exists()

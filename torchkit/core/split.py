@@ -883,6 +883,7 @@ def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], boo
     an image folder, a flat folder or a CSV index, read by `core.datasource`. Data that is
     split already (a split root, a CSV with a split column, digits) is refused."""
     from torchkit.core.datasource import non_image_files, open_data
+    from torchkit.core.datasource.stored import is_stored
 
     data = open_data(source, allow_unlabelled=True)
     if data.is_split:
@@ -893,6 +894,12 @@ def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], boo
             + (", or drop the CSV's split column" if data.kind == "split csv" else "")
         )
         raise InputError(f"{data.describe()} is split already", hint)
+    if data.whole.paths and is_stored(data.whole.paths[0]):
+        # Its images lie inside container files: there are no files to copy, link or name.
+        raise InputError(
+            f"{data.describe()} holds its images in container files, not as image files",
+            "train holds a validation split out itself (--val-split), recorded in RUN/split.csv",
+        )
     return data.whole, non_image_files(data), data.kind == "csv"
 
 
