@@ -197,6 +197,17 @@ def test_undecodable_and_null_images_are_counted_unreadable(tmp_path):
     assert "null" in reasons["rows.parquet/2"]
 
 
+def test_each_image_prints_as_its_file_and_row_and_reads_its_own_bytes(tmp_path):
+    from torchkit.core.datasource import open_data
+
+    images = [png(i) for i in range(5)]
+    write_parquet(tmp_path / "data" / "x.parquet", images, [0, 1, 2, 0, 1], row_group_size=2)
+    samples = open_data(tmp_path).whole
+    assert samples.ids == [f"data/x.parquet/{row}" for row in range(5)]
+    assert [str(p) for p in samples.paths] == [str(tmp_path / i) for i in samples.ids]
+    assert [p.read_bytes() for p in samples.paths] == images
+
+
 def write_corrupt(path: Path) -> Path:
     path.write_bytes(b"PAR1 but nothing a parquet reader can use")
     return path

@@ -365,10 +365,11 @@ def _read(
             labels = [index_of[x] if isinstance(x, str) else x for x in file.labels]
         else:
             labels = [0] * len(file.locators)
-        ids = [os.path.join(file.relative, str(row)) for row in range(len(file.locators))]
+        # ids FILE/ROW (ROW: the row in the file); names as a file path would print.
+        ids = [f"{file.relative}{os.sep}{row}" for row in range(len(file.locators))]
         paths = [
-            StoredImage(os.path.join(file.path, str(row)), reader, (index, group, row))
-            for ident, (group, row) in zip(ids, file.locators, strict=True)
+            StoredImage(f"{file.path}{os.sep}{row}", reader, (index, group, in_group))
+            for row, (group, in_group) in enumerate(file.locators)
         ]
         samples = Samples(list(names), labels, paths=paths, source=root, ids=ids)
         parts.setdefault(splits[index] if splits else "", []).append(samples)
