@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 # The reader modules, asked in this order.
-READERS: tuple[str, ...] = ("torchkit.core.datasource.parquet",)
+READERS: tuple[str, ...] = (
+    "torchkit.core.datasource.shards",
+    "torchkit.core.datasource.parquet",
+)
 
 
-def open_container_data(
-    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
-) -> Any:
+def open_container_data(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool) -> Any:
     """The `DataSource` `spec` names if a container reader recognises it, else None (the
     readers import `source`, which asks here: no import back)."""
     for name in READERS:

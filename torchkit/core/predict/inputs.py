@@ -37,6 +37,7 @@ def collect_images(
     """The images `items` name, in order; `stdin` is read for `-`. `recorded` (the model's
     checkpoint `data` entry) makes `--split val` pick the images its training run held out."""
     from torchkit.core.datasource import open_data, select_split
+    from torchkit.core.datasource.containers import open_container_data
 
     if not items:
         raise UsageError("no IMAGES given", "give folders, image files, CSV indexes or - (stdin)")
@@ -51,19 +52,22 @@ def collect_images(
         if os.path.isfile(item) and is_image_file(item):
             sets.append((item, _files([item], from_stdin=False), ""))
             continue
-        if os.path.isfile(item) and not item.lower().endswith(".csv"):
-            raise InputError(f"{item} is neither an image, a folder nor a CSV index")
-        if item != "digits" and not os.path.lexists(item):
-            # A missing image is not a missing dataset: say what was looked for.
-            what = "image" if is_image_file(item) else "IMAGES"
-            raise InputError(
-                f"{what} not found: {item}",
-                "check the path"
-                if what == "image"
-                else "give image files, folders, CSV indexes, digits or - (stdin)",
-            )
+        # Shards (a pattern names no file), a .tar of images, parquet files: data in containers.
+        source = open_container_data(item, None, True)
+        if source is None:
+            if os.path.isfile(item) and not item.lower().endswith(".csv"):
+                raise InputError(f"{item} is neither an image, a folder nor a CSV index")
+            if item != "digits" and not os.path.lexists(item):
+                # A missing image is not a missing dataset: say what was looked for.
+                what = "image" if is_image_file(item) else "IMAGES"
+                raise InputError(
+                    f"{what} not found: {item}",
+                    "check the path"
+                    if what == "image"
+                    else "give image files, folders, CSV indexes, digits or - (stdin)",
+                )
+            source = open_data(item, allow_unlabelled=True)
         read_as_data = True
-        source = open_data(item, allow_unlabelled=True)
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
         notes += found_notes
         sets.append((item, samples, source.root))
