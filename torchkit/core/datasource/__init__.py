@@ -6,7 +6,11 @@ whose subfolders are `train/`, `val/` and/or `test/`, each an image folder; a CS
 without BOM); or `digits`. A CSV with a `split` column is split data everywhere, like a split root.
 Data in container files is asked first (`containers.READERS`): `parquet` reads Hugging Face
 datasets stored as parquet (HF's folder layout, a folder of `.parquet` files, one file; ids
-`FILE/ROW`), each image a `stored.StoredImage` read by row group.
+`FILE/ROW`), each image a `stored.StoredImage` read by row group; `shards` reads WebDataset tar
+shards (a brace pattern `DIR/train-{000000..000127}.tar`, `::` lists, a folder of shards, which
+is split data when they are all `{train,val,test}-NNNNNN.tar`; ids `SHARD/KEY.EXT`) and a `.tar`
+of an image folder or split root (ids the member paths), indexing the tar headers once and
+reading each image by offset and size.
 
 One path convention: `Samples.ids[i]` is the `path` column of every output that names image i,
 relative to `DataSource.root` (a split root's include the split folder, `train/cat/1.png`; a CSV
@@ -50,7 +54,7 @@ Modules beneath it, each imported directly: `samples` (the `Samples` record ever
 `discovery` (image files and folders on disk), `digits` (the built-in `digits`), `splitting`
 (split names and the seeded stratified split), `csv_index` (reading a CSV index), `source`,
 `select` and `record` (the API above); `containers`, `stored` and the container readers
-(`parquet`).
+(`parquet`, `shards`).
 """
 
 from torchkit.core.datasource.record import (

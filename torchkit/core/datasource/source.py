@@ -30,6 +30,11 @@ KINDS = (
     "parquet",  # datasource.parquet: a folder of HF parquet files
     "split parquet",
     "parquet file",
+    "shards",  # datasource.shards: WebDataset tar shards
+    "split shards",  # a folder of {train,val,test}-NNNNNN.tar shards
+    "tar image folder",  # datasource.shards: a .tar of an image folder
+    "tar flat folder",
+    "tar split root",
 )
 GRAMMAR_HINT = (
     "give an image folder ROOT/<class>/<image>, a split root ROOT/{train,val,test}/, "
