@@ -59,13 +59,13 @@
 #            `open` among them stands for the steps issue #30's open targets and questions need
 #            (about 5 minutes): resnet50 and its benchmark, resnet18, the resnet50 profile, then
 #            resnet50 with decoding held to two batches, with the workers decoding (--decode
-#            fast), with --cuda-graphs, with the decoding threads' own stream, resnet18 with
-#            one decode thread, and timm's train.py on resnet18 where TIMM_SCRIPTS is given
+#            fast), with --cuda-graphs, resnet18 with one decode thread, and timm's train.py on
+#            resnet18 where TIMM_SCRIPTS is given
 #   JPEGS    a folder made by make_jpegs.py to use in place of making one (the jpegs step)
 set -u
 if [[ " ${ONLY:-} " == *" open "* ]]; then
   open_steps="jpegs tk-big benchmark tk-r18 profile-big tk-big-shallow tk-big-fast tk-big-graphs"
-  open_steps+=" tk-big-stream tk-r18-one-thread timm-resnet18"
+  open_steps+=" tk-r18-one-thread timm-resnet18"
   ONLY=" $ONLY "
   ONLY="${ONLY/ open / $open_steps }"
 fi
@@ -200,13 +200,6 @@ step tk-big-shallow 150 env TORCHKIT_DECODE_AHEAD_MB=0 "${TK[@]}" train --data "
 if [ "$DEV" != cpu ]; then
   step tk-big-graphs 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
     --warmup-epochs 0 --cuda-graphs --out "$W/big-graphs" -v
-fi
-# The decoding threads' kernels (the crops' resize) on a high-priority stream of their own
-# (TORCHKIT_DECODE_STREAM=1, an experiment) instead of queued between the steps' kernels on
-# the training stream. CUDA only.
-if [ "$DEV" != cpu ]; then
-  step tk-big-stream 150 env TORCHKIT_DECODE_STREAM=1 "${TK[@]}" train --data "$W/jp" \
-    --model "$BIG" "${train_args[@]}" --warmup-epochs 0 --out "$W/big-stream" -v
 fi
 # The CUDA caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF, not a torchkit
 # option): fewer cudaMalloc calls while the first steps' memory grows, beside the decoder's.

@@ -170,10 +170,6 @@ if ran("big-shallow", "tk-big-shallow") is not None:
                  wall("tk-big-shallow")))  # fmt: skip
 # --cuda-graphs: the big model's steps replayed as a graph, against eager steps.
 rows += big_variant("big-graphs", "tk-big-graphs", "--cuda-graphs", "eager (default)")
-# The decoding threads' kernels on a stream of their own, against the training stream.
-rows += big_variant(
-    "big-stream", "tk-big-stream", "TORCHKIT_DECODE_STREAM=1", "the training stream (default)"
-)
 # The caching allocator's expandable segments against its default.
 rows += big_variant(
     "big-expandable", "tk-big-expandable", "expandable_segments:True", "default allocator"

@@ -186,18 +186,3 @@ def test_a_run_decodes_epoch_1_during_its_set_up(runner, jpegs, tmp_path, monkey
     assert result.exit_code == 0, result.stderr
     assert got == [True] and warmed == []
     assert "batches ready when the epoch began" in result.stderr and len(_rows(out)) == 1
-
-
-def test_decoding_on_a_stream_of_its_own_trains_bf16_to_finite_losses(runner, jpegs, tmp_path,
-                                                                      monkeypatch):  # fmt: skip
-    # TORCHKIT_DECODE_STREAM=1 (the GPU check's experiment): the crops are made on the decoding
-    # threads' own stream, and the loop's stream waits for each batch's event.
-    monkeypatch.setenv("TORCHKIT_DECODE_STREAM", "1")
-    out = tmp_path / "run"
-    args = ["train", "--data", str(jpegs), *RECIPE, "--epochs", "2", "--device", "cuda", "--amp",
-            "--channels-last", "--out", str(out)]  # fmt: skip
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.stderr
-    assert json.loads((out / "config.json").read_text())["options"]["decode"] == "device"
-    rows = _rows(out)
-    assert len(rows) == 2 and all(math.isfinite(float(row["train_loss"])) for row in rows)

@@ -13,11 +13,6 @@ both in one thread (the GPU check times both ways). The batches come out in the 
 each exactly what `decoded_batch` gives for it; the first error in a thread is raised in the
 loop where the batch would have come.
 
-`TORCHKIT_DECODE_STREAM=1` (an experiment for the GPU check, off by default) gives the threads a
-CUDA stream of their own, of high priority: by default the crops' kernels go on the stream the
-training steps use, queued between the steps' kernels, where on their own stream they may run
-beside them; each batch then reaches the loop with an event that the loop's stream waits for.
-
 The cropped batches ready for the loop are small (256 crops of 224 px in 8 bits: 38 MB), and more
 of them may wait than the two a step needs: up to `ahead_budget` bytes (512 MiB at most, a 64th
 of the GPU's memory). So the decoder goes on while the model's first steps are slow (on the H200,
@@ -66,20 +61,6 @@ def ahead_budget(device: Any) -> int:
     index = device.index if device.index is not None else torch.cuda.current_device()
     total = torch.cuda.get_device_properties(index).total_memory
     return int(min(AHEAD_BYTES, total * AHEAD_MEMORY_SHARE))
-
-
-def decode_stream(device: Any) -> Any:
-    """The threads' own CUDA stream where TORCHKIT_DECODE_STREAM=1 asks for it on a GPU (high
-    priority: the decoding must keep ahead of the steps), else None: the threads use the
-    stream the loop uses."""
-    import torch
-
-    if os.environ.get("TORCHKIT_DECODE_STREAM", "") != "1":
-        return None
-    device = torch.device(device)
-    if device.type != "cuda":
-        return None
-    return torch.cuda.Stream(device, priority=-1)
 
 
 def batch_bytes(item: Any) -> int:
@@ -187,13 +168,6 @@ class DecodedAhead:
         # are 9 GB on the GPU, their crops 38 MB.
         self._whole = threading.Semaphore(2)
         self._ready = ReadyBatches(ahead, ahead_budget(device) if budget is None else budget)
-        # TORCHKIT_DECODE_STREAM=1: the threads' stream, and the loop's (this thread's now).
-        self._stream = decode_stream(device)
-        self._loop_stream = None
-        if self._stream is not None:
-            import torch
-
-            self._loop_stream = torch.cuda.current_stream(torch.device(device))
         self._iterated = False
         # Seconds spent in the JPEG decoder, on the crops, and waiting for the loader's next
         # batch (each written by one thread; read after close, for `train -v`), and the batches
@@ -243,11 +217,6 @@ class DecodedAhead:
                     return
                 if kind == "error":
                     raise value
-                ready = getattr(value, "ready_event", None)
-                if ready is not None:  # made on the threads' stream: the loop's waits for it
-                    import torch
-
-                    torch.cuda.current_stream(torch.device(self.device)).wait_event(ready)
                 yield value
         finally:
             self.close()
@@ -263,7 +232,7 @@ class DecodedAhead:
         from torchkit.core.device_decode import cropped_batch, jpegs_decoded
 
         try:
-            self._use_stream()
+            use_in_this_thread(self.device)
             batches = iter(self.loader)
             while True:
                 asked = time.perf_counter()
@@ -278,7 +247,7 @@ class DecodedAhead:
                 cropping = time.perf_counter()
                 self.jpeg_seconds += cropping - decoding
                 if crop:
-                    decoded = self._handed_over(cropped_batch(decoded, self.device))
+                    decoded = cropped_batch(decoded, self.device)
                     self.crop_seconds += time.perf_counter() - cropping
                 if not self._put(out, ("batch", decoded)):
                     return
@@ -294,7 +263,7 @@ class DecodedAhead:
         from torchkit.core.device_decode import cropped_batch
 
         try:
-            self._use_stream()
+            use_in_this_thread(self.device)
             while not self._stop.is_set():
                 try:
                     kind, value = self._decoded.get(timeout=0.1)
@@ -304,7 +273,7 @@ class DecodedAhead:
                     self._put(self._ready, (kind, value))
                     return
                 cropping = time.perf_counter()
-                cropped = self._handed_over(cropped_batch(value, self.device))
+                cropped = cropped_batch(value, self.device)
                 del value  # the whole images: freed before the next batch may be decoded
                 self._whole.release()
                 self.crop_seconds += time.perf_counter() - cropping
@@ -312,30 +281,6 @@ class DecodedAhead:
                     return
         except BaseException as error:  # noqa: BLE001 - raised again in the loop's thread
             self._put(self._ready, ("error", error))
-
-    def _use_stream(self) -> None:
-        """The calling thread's device, and its stream where the threads have one."""
-        use_in_this_thread(self.device)
-        if self._stream is not None:
-            import torch
-
-            torch.cuda.set_stream(self._stream)
-
-    def _handed_over(self, batch: Any) -> Any:
-        """`batch` ready for the loop: where the threads have a stream of their own, its pixels
-        marked as used on the loop's stream (the allocator keeps them until the loop's kernels
-        are done) and an event recorded after its kernels (`ready_event`, waited for in
-        `_batches`)."""
-        if self._stream is None:
-            return batch
-        import torch
-
-        images = getattr(batch, "images", None)
-        if isinstance(images, torch.Tensor) and images.is_cuda:
-            images.record_stream(self._loop_stream)
-        batch.ready_event = torch.cuda.Event()
-        batch.ready_event.record(self._stream)
-        return batch
 
     def _acquire(self, semaphore: threading.Semaphore) -> bool:
         """Take `semaphore`, waiting while it is taken; False once stopped."""
