@@ -15,7 +15,7 @@ turns, so a busy machine skews neither) and the ratio device / fast.
     uv run python benchmarks/bench_device_decode.py                      # CPU, 64 px
     uv run python benchmarks/bench_device_decode.py --device cuda --size 224 --workers 8
     ... --cpu-share 0.35     # and the device path with a share decoded by the workers
-    ... --ahead              # and decoded ahead, in one thread and in two (as training does)
+    ... --ahead              # and decoded ahead in the decoding threads (as training does)
 
 On a CPU the device path decodes every JPEG whole, in the main process: expect it slower than
 the fast path there (that is why `--decode auto` keeps `fast` on CPUs). On a GPU, nvJPEG decodes
@@ -55,10 +55,10 @@ def _loaders(root: Path, args, decode: str, device, share: float = 0.0):
     ), config
 
 
-def rate(root: Path, args, decode: str, device, share: float = 0.0, threads: int = 0) -> float:
+def rate(root: Path, args, decode: str, device, share: float = 0.0, ahead: bool = False) -> float:
     """Best images/s of the train loader's epochs after the first, each batch taken to the
     device as the training loop takes it (decoded there for `device`: in this loop, or with
-    `threads` ahead in that many threads, `DecodedAhead`, as training on a GPU decodes),
+    `ahead` in the decoding threads, `DecodedAhead`, as training on a GPU decodes),
     normalised."""
     import torch
 
@@ -73,8 +73,8 @@ def rate(root: Path, args, decode: str, device, share: float = 0.0, threads: int
         for epoch in range(args.epochs):
             loaders.train_sampler.set_epoch(epoch)
             start, seen = time.perf_counter(), 0
-            if threads:
-                batches = DecodedAhead(loaders.train, device, threads=threads)
+            if ahead:
+                batches = DecodedAhead(loaders.train, device)
             else:
                 batches = (decoded_batch(batch, device) for batch in loaders.train)
             for batch in batches:
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument(
         "--ahead",
         action="store_true",
-        help="also time the device path decoded ahead in one thread and in two (DecodedAhead)",
+        help="also time the device path decoded ahead in the decoding threads (DecodedAhead)",
     )
     parser.add_argument("--json", help="also write the median images/s to this file")
     parser.add_argument("--no-pixels", action="store_true", help="skip the pixel comparison")
@@ -175,24 +175,23 @@ def main() -> None:
             f"{args.size}, batch {args.batch_size}, {args.workers} workers, "
             f"{torch.get_num_threads()} main-process threads"
         )
-        sides = {"fast": ("fast", 0.0, 0), "device": ("device", 0.0, 0)}
+        sides = {"fast": ("fast", 0.0, False), "device": ("device", 0.0, False)}
         if args.cpu_share > 0:
             share_side = f"device, --decode-cpu-share {args.cpu_share:g}"
-            sides[share_side] = ("device", args.cpu_share, 0)
+            sides[share_side] = ("device", args.cpu_share, False)
         if args.ahead:
-            sides["device, ahead in 1 thread"] = ("device", 0.0, 1)
-            sides["device, ahead in 2 threads"] = ("device", 0.0, 2)
+            sides["device, ahead"] = ("device", 0.0, True)
         rates: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.repeat):
-            for name, (decode, share, threads) in sides.items():
-                rates[name].append(rate(root, args, decode, device, share, threads))
+            for name, (decode, share, ahead) in sides.items():
+                rates[name].append(rate(root, args, decode, device, share, ahead))
         print(f"\ntrain data path to {device} ({args.repeat} turns, best epoch after the first)")
         for name, values in rates.items():
             print(f"  --decode {name:26s} median {statistics.median(values):7.0f} images/s   "
                   "turns: " + ", ".join(f"{v:.0f}" for v in values))  # fmt: skip
         pairs = [(name, "fast") for name in list(rates)[1:]]
         if args.ahead:
-            pairs.append(("device, ahead in 2 threads", "device, ahead in 1 thread"))
+            pairs.append(("device, ahead", "device"))
         for name, against in pairs:
             ratios = sorted(d / f for d, f in zip(rates[name], rates[against], strict=True))
             print(

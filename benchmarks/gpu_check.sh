@@ -59,13 +59,13 @@
 #            `open` among them stands for the steps issue #30's open targets and questions need
 #            (about 5 minutes): resnet50 and its benchmark, resnet18, the resnet50 profile, then
 #            resnet50 with decoding held to two batches, with the workers decoding (--decode
-#            fast), with --cuda-graphs, resnet18 with one decode thread, and timm's train.py on
-#            resnet18 where TIMM_SCRIPTS is given
+#            fast), with --cuda-graphs, and timm's train.py on resnet18 where TIMM_SCRIPTS is
+#            given
 #   JPEGS    a folder made by make_jpegs.py to use in place of making one (the jpegs step)
 set -u
 if [[ " ${ONLY:-} " == *" open "* ]]; then
   open_steps="jpegs tk-big benchmark tk-r18 profile-big tk-big-shallow tk-big-fast tk-big-graphs"
-  open_steps+=" tk-r18-one-thread timm-resnet18"
+  open_steps+=" timm-resnet18"
   ONLY=" $ONLY "
   ONLY="${ONLY/ open / $open_steps }"
 fi
@@ -152,10 +152,6 @@ step plain-resnet18 120 "$PY" "$HERE/plain_loop.py" "$W/jp" --model resnet18 "${
   -o "$W/plain.json"
 step tk-r18 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --out "$W/r18" -v
-# The decode in one thread (TORCHKIT_ONE_DECODE_THREAD=1) instead of two (the JPEG decoder in
-# one, the crops in the other): resnet18 is the model the decoding bounds.
-step tk-r18-one-thread 120 env TORCHKIT_ONE_DECODE_THREAD=1 "${TK[@]}" train --data "$W/jp" \
-  --model resnet18 "${train_args[@]}" --warmup-epochs 0 --out "$W/r18one" -v
 # A share of the JPEGs decoded by the loader workers beside nvJPEG (--decode-cpu-share).
 step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_args[@]}" \
   --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/r18share" -v
@@ -164,7 +160,7 @@ step tk-r18-share 120 "${TK[@]}" train --data "$W/jp" --model resnet18 "${train_
 step tk-big-share 150 "${TK[@]}" train --data "$W/jp" --model "$BIG" "${train_args[@]}" \
   --warmup-epochs 0 --decode-cpu-share "$SHARE" --out "$W/big-share" -v
 # The train data path alone, no model (the decoding's ceiling): device, device with the share,
-# fast, and device decoded ahead in one thread and in two (as training does), on the same
+# fast, and device decoded ahead (in the decoding threads, as training does), on the same
 # JPEGs.
 step data-path 120 "$PY" "$HERE/bench_device_decode.py" --device "$DEV" --keep "$W/jp" \
   --size "$IMG" --batch-size "$B" --workers "$NJ" --repeat 1 --epochs 3 \

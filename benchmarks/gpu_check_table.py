@@ -140,15 +140,6 @@ if wall("digits-cold") is not None:
     )  # fmt: skip
 
 
-# The decode in one thread against two (the default).
-if (one_thread := ran("r18one", "tk-r18-one-thread")) is not None:
-    rows.append(
-        (
-            "resnet18 epoch 3 img/s: one decode thread vs two (default)",
-            epoch_rate(one_thread, 2),
-            epoch_rate(r18_rows, 2),
-        )
-    )
 # --decode-cpu-share on the big model.
 if (big_share := ran("big-share", "tk-big-share")) is not None:
     rows.append(
@@ -198,9 +189,9 @@ if datapath and datapath.get("images_per_s"):
     if shared is not None:
         rows.append((f"data path alone img/s: {shared} vs none", rates[shared],
                      rates.get("device")))  # fmt: skip
-    two, one = rates.get("device, ahead in 2 threads"), rates.get("device, ahead in 1 thread")
-    if two is not None and one is not None:
-        rows.append(("data path alone img/s: decoded ahead in 2 threads vs 1", two, one))
+    if rates.get("device, ahead") is not None:
+        rows.append(("data path alone img/s: --decode device ahead vs in the loop",
+                     rates["device, ahead"], rates.get("device")))  # fmt: skip
 resize = load("resize.json")
 if resize and resize.get("cases"):
     case = resize["cases"][0]  # on a GPU the real sizes; on a CPU the tiny case (host cost)

@@ -52,10 +52,9 @@ def test_only_device_decoding_on_a_gpu_decodes_ahead():
     assert not decodes_ahead("device", "cpu") and not decodes_ahead("fast", "cuda")
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_batches_come_in_the_loaders_order_and_the_threads_end(threads):
+def test_batches_come_in_the_loaders_order_and_the_threads_end():
     loader = Loader(7)
-    ahead = DecodedAhead(loader, "cpu", threads=threads)
+    ahead = DecodedAhead(loader, "cpu")
     assert len(ahead) == 7
     assert [int(batch.labels) for batch in ahead] == list(range(7))
     assert _threads() == 0
@@ -63,17 +62,10 @@ def test_batches_come_in_the_loaders_order_and_the_threads_end(threads):
         iter(ahead).__next__()
 
 
-def test_two_threads_by_default_and_one_with_torchkit_one_decode_thread(monkeypatch):
-    assert DecodedAhead(Loader(1), "cpu").threads == 2
-    monkeypatch.setenv("TORCHKIT_ONE_DECODE_THREAD", "1")
-    assert DecodedAhead(Loader(1), "cpu").threads == 1
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_an_error_in_the_loader_is_raised_in_the_loop_after_the_batches_before_it(threads):
+def test_an_error_in_the_loader_is_raised_in_the_loop_after_the_batches_before_it():
     seen = []
     with pytest.raises(ValueError, match="unreadable batch 3"):
-        for batch in DecodedAhead(Loader(6, fail_at=3), "cpu", threads=threads):
+        for batch in DecodedAhead(Loader(6, fail_at=3), "cpu"):
             seen.append(int(batch.labels))
     assert seen == [0, 1, 2] and _threads() == 0
 
@@ -93,7 +85,7 @@ def test_an_error_making_the_crops_is_raised_in_the_loop_after_the_batches_befor
     monkeypatch.setattr(device_decode, "cropped_batch", failing)
     seen = []
     with pytest.raises(RuntimeError, match="no crop for batch 2"):
-        for batch in DecodedAhead(Loader(6), "cpu", threads=2):
+        for batch in DecodedAhead(Loader(6), "cpu"):
             seen.append(int(batch.labels))
     assert seen == [0, 1] and _threads() == 0
 
@@ -129,25 +121,23 @@ def test_two_threads_hold_at_most_two_batches_of_whole_images(monkeypatch):
     monkeypatch.setattr(device_decode, "jpegs_decoded", decoded)
     monkeypatch.setattr(device_decode, "cropped_batch", cropped)
     monkeypatch.setattr(DecodedAhead, "_acquire", acquire)
-    assert [int(b.labels) for b in DecodedAhead(Loader(6), "cpu", threads=2)] == list(range(6))
+    assert [int(b.labels) for b in DecodedAhead(Loader(6), "cpu")] == list(range(6))
     assert blocked.is_set() and most[0] == 2 and _threads() == 0
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_leaving_early_stops_the_threads_within_the_batches_ahead(threads):
+def test_leaving_early_stops_the_threads_within_the_batches_ahead():
     loader = Loader(50)
-    with DecodedAhead(loader, "cpu", ahead=2, threads=threads) as ahead:
+    with DecodedAhead(loader, "cpu", ahead=2) as ahead:
         for batch in ahead:
             assert int(batch.labels) == 0
             break
     assert _threads() == 0
-    # The batch trained on, the `ahead` waiting, one in each thread's hands, and with two
-    # threads one waiting between them.
-    assert loader.given <= 1 + 2 + threads + (threads - 1)
+    # The batch trained on, the `ahead` waiting, one in each thread's hands, and one waiting
+    # between them.
+    assert loader.given <= 1 + 2 + 2 + 1
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_threads_count_their_time_in_the_decoder_on_the_crops_and_waiting(monkeypatch, threads):
+def test_the_threads_count_their_time_in_the_decoder_on_the_crops_and_waiting(monkeypatch):
     # For `train -v`: a fake clock in which each batch takes 1 s to come from the loader, 3 s
     # in the JPEG decoder and 2 s on its crops.
     clock = [0.0]
@@ -174,12 +164,10 @@ def test_the_threads_count_their_time_in_the_decoder_on_the_crops_and_waiting(mo
 
     monkeypatch.setattr("torchkit.core.device_decode.jpegs_decoded", slow_decode)
     monkeypatch.setattr("torchkit.core.device_decode.cropped_batch", slow_crops)
-    ahead = DecodedAhead(SlowLoader(4), "cpu", threads=threads)
+    ahead = DecodedAhead(SlowLoader(4), "cpu")
     assert len(list(ahead)) == 4
-    if threads == 1:  # one clock, one thread: exact
-        assert (ahead.jpeg_seconds, ahead.crop_seconds, ahead.loader_seconds) == (12, 8, 4)
-    else:  # each thread's spans also hold the other's ticks made meanwhile
-        assert ahead.jpeg_seconds >= 12 and ahead.crop_seconds >= 8 and ahead.loader_seconds >= 4
+    # One clock for two threads: each thread's spans also hold the other's ticks made meanwhile.
+    assert ahead.jpeg_seconds >= 12 and ahead.crop_seconds >= 8 and ahead.loader_seconds >= 4
 
 
 def test_the_budget_is_a_64th_of_the_gpu_up_to_512_mib_and_none_on_a_cpu(monkeypatch):
@@ -228,13 +216,12 @@ def test_ready_batches_take_the_least_whatever_their_size_then_what_fits_the_bud
     assert (len(ready), ready.batches(), ready.most) == (3, 2, 2)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_started_early_the_threads_decode_as_many_batches_as_the_budget_holds(threads):
+def test_started_early_the_threads_decode_as_many_batches_as_the_budget_holds():
     # Batches of 12 bytes, a budget of 60: five wait before the loop asks for any (two with
     # no budget), and then come in the loader's order.
     for budget, held in ((60, 5), (0, 2)):
         loader = Loader(9)
-        ahead = DecodedAhead(loader, "cpu", budget=budget, threads=threads)
+        ahead = DecodedAhead(loader, "cpu", budget=budget)
         ahead.start()
         wait_until(lambda: ahead._ready.batches() == held, what=f"{held} batches")  # noqa: B023
         assert [int(batch.labels) for batch in ahead] == list(range(9))
@@ -242,7 +229,7 @@ def test_started_early_the_threads_decode_as_many_batches_as_the_budget_holds(th
 
 
 def test_an_early_start_never_asked_for_is_stopped_by_close():
-    ahead = DecodedAhead(Loader(50), "cpu", budget=10**6, threads=2)
+    ahead = DecodedAhead(Loader(50), "cpu", budget=10**6)
     ahead.start()
     ahead.start()  # once
     wait_until(lambda: ahead._ready.batches() > 3, what="batches decoded")

@@ -713,16 +713,16 @@ def test_pinned_batches_reach_the_gpu(tmp_path):
 
 @pytest.mark.cuda
 @needs_cuda
-def test_decoding_ahead_on_the_gpu_in_one_or_two_threads_gives_the_loops_batches(tmp_path):
+def test_decoding_ahead_on_the_gpu_gives_the_loops_batches(tmp_path):
     from torchkit.core.decode_ahead import DecodedAhead
 
     loaders = _pinned_device_loaders(tmp_path / "data", train=6)
     try:
         runs = []
-        for threads in (0, 1, 2):  # 0: decoded in the loop
+        for ahead in (False, True):  # decoded in the loop, then in the decoding threads
             loaders.train_sampler.set_epoch(0)
-            if threads:
-                batches = list(DecodedAhead(loaders.train, "cuda", threads=threads))
+            if ahead:
+                batches = list(DecodedAhead(loaders.train, "cuda"))
             else:
                 batches = [decoded_batch(raw, "cuda") for raw in loaders.train]
             runs.append([(batch.images.cpu(), batch.labels.tolist()) for batch in batches])

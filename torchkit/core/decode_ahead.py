@@ -5,11 +5,11 @@ In the loop's own thread every batch costs the decode (nvJPEG holds the host unt
 done), then the crops' resize kernels, then the step's kernels: the GPU waits for the host
 between steps. In threads, the decode and the resize of the next batches are issued while the
 main thread issues the step (PyTorch's operators release the GIL while they run), as a DALI or
-FFCV pipeline feeds a GPU. Two threads by default: one takes the loader's batches through the
-JPEG decoder (`jpegs_decoded`), the other makes their crops (`cropped_batch`), so that the
-decoder, which bounds resnet18 on the H200 (its thread busy 0.90 s of a 0.93 s epoch), is not
-also kept from the next batch by the crops' operators. `TORCHKIT_ONE_DECODE_THREAD=1` does
-both in one thread (the GPU check times both ways). The batches come out in the loader's order,
+FFCV pipeline feeds a GPU. Two threads: one takes the loader's batches through the JPEG
+decoder (`jpegs_decoded`), the other makes their crops (`cropped_batch`), so that the decoder,
+which bounded resnet18 on the H200 when one thread did both (busy 0.90 s of a 0.93 s epoch), is
+not also kept from the next batch by the crops' operators (on the 2-core CPU the data path ran
+1.34x as fast in two threads as in one). The batches come out in the loader's order,
 each exactly what `decoded_batch` gives for it; the first error in a thread is raised in the
 loop where the batch would have come.
 
@@ -153,18 +153,14 @@ class DecodedAhead:
         *,
         ahead: int = AHEAD,
         budget: int | None = None,
-        threads: int | None = None,
     ) -> None:
         self.loader, self.device = loader, device
-        if threads is None:
-            threads = 1 if os.environ.get("TORCHKIT_ONE_DECODE_THREAD", "") == "1" else 2
-        self.threads = threads
         self._started: list[threading.Thread] = []
         self._stop = threading.Event()
-        # JPEGs decoded, waiting for their crops (two threads only); batches ready for the loop.
+        # JPEGs decoded, waiting for their crops; batches ready for the loop.
         self._decoded: queue.Queue = queue.Queue(maxsize=1)
         # Batches of whole decoded images alive at once (being decoded, waiting, being
-        # cropped): two, where one thread had one. They are the big ones: 256 photos of 12 MP
+        # cropped): two. They are the big ones: 256 photos of 12 MP
         # are 9 GB on the GPU, their crops 38 MB.
         self._whole = threading.Semaphore(2)
         self._ready = ReadyBatches(ahead, ahead_budget(device) if budget is None else budget)
@@ -195,11 +191,8 @@ class DecodedAhead:
         """Start the threads now (once; the iteration starts them otherwise)."""
         if self._started:
             return
-        if self.threads == 1:
-            self._start(self._decode_all, "torchkit-decode", self._ready, crop=True)
-        else:
-            self._start(self._decode_all, "torchkit-decode", self._decoded, crop=False)
-            self._start(self._crop_all, "torchkit-decode-crops")
+        self._start(self._decode_all, "torchkit-decode")
+        self._start(self._crop_all, "torchkit-decode-crops")
 
     def __iter__(self) -> Iterator[Any]:
         if self._iterated:
@@ -221,15 +214,14 @@ class DecodedAhead:
         finally:
             self.close()
 
-    def _start(self, target: Callable, name: str, *args: Any, **kwargs: Any) -> None:
-        thread = threading.Thread(target=target, args=args, kwargs=kwargs, name=name, daemon=True)
+    def _start(self, target: Callable, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
         self._started.append(thread)
         thread.start()
 
-    def _decode_all(self, out: queue.Queue | ReadyBatches, *, crop: bool) -> None:
-        """The loader's batches through the JPEG decoder into `out`, and through the crops too
-        when `crop` (one thread)."""
-        from torchkit.core.device_decode import cropped_batch, jpegs_decoded
+    def _decode_all(self) -> None:
+        """The loader's batches through the JPEG decoder, for `_crop_all`."""
+        from torchkit.core.device_decode import jpegs_decoded
 
         try:
             use_in_this_thread(self.device)
@@ -241,22 +233,18 @@ class DecodedAhead:
                 self.loader_seconds += decoding - asked
                 if batch is _END or self._stop.is_set():
                     break
-                if not crop and not self._acquire(self._whole):
+                if not self._acquire(self._whole):
                     return
                 decoded = jpegs_decoded(batch, self.device)
-                cropping = time.perf_counter()
-                self.jpeg_seconds += cropping - decoding
-                if crop:
-                    decoded = cropped_batch(decoded, self.device)
-                    self.crop_seconds += time.perf_counter() - cropping
-                if not self._put(out, ("batch", decoded)):
+                self.jpeg_seconds += time.perf_counter() - decoding
+                if not self._put(self._decoded, ("batch", decoded)):
                     return
                 if self._stop.is_set():  # taken by close(): read nothing more from the loader
                     return
         except BaseException as error:  # noqa: BLE001 - raised again in the loop's thread
-            self._put(out, ("error", error))
+            self._put(self._decoded, ("error", error))
             return
-        self._put(out, (_END, None))
+        self._put(self._decoded, (_END, None))
 
     def _crop_all(self) -> None:
         """The crops of what `_decode_all` decoded, in its order, for the loop."""
