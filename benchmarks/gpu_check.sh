@@ -180,10 +180,6 @@ if [ "$DEV" != cpu ]; then
   step digits-eager 120 "${TK[@]}" train --out "$W/digits-eager" --device "$DEV" \
     --no-cuda-graphs -v
 fi
-# The big model without the warm start (TORCHKIT_COLD_START=1): epoch 1's batches asked for
-# and the GPU's decoder readied only when epoch 1 begins, as before 2026-11-27's second lease.
-step tk-big-cold 150 env TORCHKIT_COLD_START=1 "${TK[@]}" train --data "$W/jp" --model "$BIG" \
-  "${train_args[@]}" --warmup-epochs 0 --out "$W/big-cold" -v
 # The decoded batches held to two (TORCHKIT_DECODE_AHEAD_MB=0), and no epoch decoded before it
 # begins, as before 2026-11-27's third session: the first epoch, the steady ones and the whole
 # run's wall time (the steady epochs now decode their first batches during validation).

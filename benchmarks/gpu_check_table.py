@@ -149,8 +149,6 @@ if (big_share := ran("big-share", "tk-big-share")) is not None:
             big_rate,
         )
     )
-# TORCHKIT_COLD_START=1: epoch 1's batches and the decoder started when epoch 1 begins.
-rows += big_variant("big-cold", "tk-big-cold", "TORCHKIT_COLD_START=1", "default")
 # TORCHKIT_DECODE_AHEAD_MB=0: two decoded batches at most, no epoch decoded before it begins.
 shallow = "TORCHKIT_DECODE_AHEAD_MB=0"
 rows += big_variant("big-shallow", "tk-big-shallow", shallow, "default")

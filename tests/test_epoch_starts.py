@@ -145,7 +145,7 @@ def test_early_decoding_decodes_epoch_1_while_the_model_is_built_and_trains_the_
     assert warmed == []  # decoding the first batches readies the decoder
     monkeypatch.setattr(setup, "_to_device", real_to_device)
     monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "0")
-    monkeypatch.setenv("TORCHKIT_COLD_START", "1")
+    monkeypatch.setattr(EpochStarts, "start_early", lambda self, epoch: None)  # nothing early
     epochs_got.clear()
     cold = runner.invoke(app, [*args, "--out", str(tmp_path / "cold")])
     assert cold.exit_code == 0, cold.stderr
@@ -231,23 +231,6 @@ def test_a_run_with_workers_started_early_trains_as_one_without_workers(
         {k: v for k, v in row.items() if "time" not in k and "per_s" not in k}
         for row in ours["history"]
     ] == rows
-
-
-def test_torchkit_cold_start_starts_nothing_during_the_set_up(runner, tmp_path, monkeypatch):
-    # The benchmark switch (benchmarks/gpu_check.sh times the first epoch both ways).
-    root = tmp_path / "data"
-    write_image_folder(root / "train", {"a": 5, "b": 6}, size=12, seed=3)
-    write_image_folder(root / "val", {"a": 2, "b": 2}, size=12, seed=4)
-    started = []
-    real = epoch_starts.EpochStarts.start_early
-    monkeypatch.setattr(
-        epoch_starts.EpochStarts,
-        "start_early",
-        lambda self, epoch: (started.append(epoch), real(self, epoch)),
-    )
-    monkeypatch.setenv("TORCHKIT_COLD_START", "1")
-    assert _run(runner, root, tmp_path / "cold", 2).exit_code == 0
-    assert started == [1, 2]
 
 
 def test_a_resumed_run_starts_its_next_epoch_early_and_trains_as_one_without_workers(

@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import functools
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,7 +166,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         point = ResumePoint()
         if checkpoint is not None:
             point = resume_point(checkpoint, ctx, config, plan.resumed_from)
-        if point.progress.batches == 0 and not config.find_lr and warm_start_wanted():
+        if point.progress.batches == 0 and not config.find_lr:
             # The workers read the first batches and the GPU's decoder readies itself while
             # the model is built and the rest is set up (first epoch: issue #30).
             starts.start_early(point.start_epoch)
@@ -390,12 +389,6 @@ def _to_device(model: Any, ctx: DistContext, config: TrainConfig) -> None:
     model.to(ctx.device)
     if config.channels_last:
         model.to(memory_format=torch.channels_last)
-
-
-def warm_start_wanted() -> bool:
-    """Whether the first epoch's batches and the GPU's decoder start during the set-up:
-    yes unless TORCHKIT_COLD_START=1 (benchmarks/gpu_check.sh times the run both ways)."""
-    return os.environ.get("TORCHKIT_COLD_START", "") != "1"
 
 
 def _early_decoding(ctx: DistContext, config: TrainConfig) -> Callable[[Any], Any] | None:
