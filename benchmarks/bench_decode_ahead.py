@@ -1,7 +1,7 @@
 """Benchmark: how far ahead the device path decodes while the training loop is held up, as by a
 model's slow first steps (on the H200, resnet50's first 5 steps took 1.13 s against 0.31 s
-later): the decoded batches held to two (`TORCHKIT_DECODE_AHEAD_MB=0`, as before 2026-11-27's
-third session) against a budget of bytes (`core.decode_ahead.ahead_budget`), and the epoch's
+later): the decoded batches held to two (a budget of 0, as before 2026-11-27's third session)
+against a budget of bytes (`core.decode_ahead.ahead_budget`), and the epoch's
 decode started during a set-up of the same length (`DecodedAhead.start()`, as
 `core.train.epoch_starts` starts it while the model is built).
 
@@ -35,7 +35,7 @@ from bench_decode import make_jpeg_folder  # noqa: E402
 from bench_device_decode import _loaders  # noqa: E402
 
 SIDES = {
-    "two batches (TORCHKIT_DECODE_AHEAD_MB=0)": (0, False),
+    "two batches (budget 0)": (0, False),
     "budget": (None, False),
     "budget, started during the set-up": (None, True),
 }

@@ -18,8 +18,6 @@
 #     image by image (benchmarks/bench_crop_resize.py);
 #   - `torchkit eval` of the trained model over the training JPEGs, --decode device against
 #     exact;
-#   - resnet50's first and steady epochs and whole run with the decoded batches held to two
-#     (TORCHKIT_DECODE_AHEAD_MB=0) against the default budget;
 #   - resnet50's first and steady epochs with --cuda-graphs (its steps replayed as a graph);
 #   - resnet50's first and steady epochs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True;
 #   - resnet50's first and steady epochs, and the digits job, with --cudnn-benchmark (cuDNN's
@@ -58,13 +56,12 @@
 #            now; the others read n/a. The big-model steps need jpegs (or JPEGS), eval needs tk-big.
 #            `open` among them stands for the steps issue #30's open targets and questions need
 #            (about 5 minutes): resnet50 and its benchmark, resnet18, the resnet50 profile, then
-#            resnet50 with decoding held to two batches, with the workers decoding (--decode
-#            fast), with --cuda-graphs, and timm's train.py on resnet18 where TIMM_SCRIPTS is
-#            given
+#            resnet50 with the workers decoding (--decode fast) and with --cuda-graphs, and
+#            timm's train.py on resnet18 where TIMM_SCRIPTS is given
 #   JPEGS    a folder made by make_jpegs.py to use in place of making one (the jpegs step)
 set -u
 if [[ " ${ONLY:-} " == *" open "* ]]; then
-  open_steps="jpegs tk-big benchmark tk-r18 profile-big tk-big-shallow tk-big-fast tk-big-graphs"
+  open_steps="jpegs tk-big benchmark tk-r18 profile-big tk-big-fast tk-big-graphs"
   open_steps+=" timm-resnet18"
   ONLY=" $ONLY "
   ONLY="${ONLY/ open / $open_steps }"
@@ -180,11 +177,6 @@ if [ "$DEV" != cpu ]; then
   step digits-eager 120 "${TK[@]}" train --out "$W/digits-eager" --device "$DEV" \
     --no-cuda-graphs -v
 fi
-# The decoded batches held to two (TORCHKIT_DECODE_AHEAD_MB=0), and no epoch decoded before it
-# begins, as before 2026-11-27's third session: the first epoch, the steady ones and the whole
-# run's wall time (the steady epochs now decode their first batches during validation).
-step tk-big-shallow 150 env TORCHKIT_DECODE_AHEAD_MB=0 "${TK[@]}" train --data "$W/jp" \
-  --model "$BIG" "${train_args[@]}" --warmup-epochs 0 --out "$W/big-shallow" -v
 # The big model's steps replayed as a CUDA graph (--cuda-graphs; eager by default): under
 # resnet50 the decode thread spent 1.83 s of a 1.87 s epoch decoding, 3.4 times what the data
 # path alone takes. If the eager step's Python holds the GIL from that thread, the graph's

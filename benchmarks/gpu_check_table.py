@@ -149,14 +149,6 @@ if (big_share := ran("big-share", "tk-big-share")) is not None:
             big_rate,
         )
     )
-# TORCHKIT_DECODE_AHEAD_MB=0: two decoded batches at most, no epoch decoded before it begins.
-shallow = "TORCHKIT_DECODE_AHEAD_MB=0"
-rows += big_variant("big-shallow", "tk-big-shallow", shallow, "default")
-if ran("big-shallow", "tk-big-shallow") is not None:
-    # The steady epochs' steps gain what validation's time decoded for them: the whole run's
-    # wall time says whether it was gained or moved.
-    rows.append((f"{big} whole run wall s: default vs {shallow}", wall("tk-big"),
-                 wall("tk-big-shallow")))  # fmt: skip
 # --cuda-graphs: the big model's steps replayed as a graph, against eager steps.
 rows += big_variant("big-graphs", "tk-big-graphs", "--cuda-graphs", "eager (default)")
 # The caching allocator's expandable segments against its default.

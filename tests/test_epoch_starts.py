@@ -95,7 +95,7 @@ def test_an_epoch_started_early_is_decoded_at_once_and_closed_if_never_asked_for
 def test_early_decoding_decodes_epoch_1_while_the_model_is_built_and_trains_the_same(
     runner, tmp_path, monkeypatch
 ):
-    # --decode device as on a GPU with a budget (TORCHKIT_DECODE_AHEAD_MB): each epoch's
+    # --decode device as on a GPU with a budget (`ahead_budget`): each epoch's
     # batches are decoded before it begins, the first epoch's while the model is built, and
     # the run trains bit for bit as one that decodes nothing early and starts cold.
     import threading
@@ -137,14 +137,14 @@ def test_early_decoding_decodes_epoch_1_while_the_model_is_built_and_trains_the_
     args = ["train", "--data", str(root), "--model", "convnet", "--image-size", "16",
             "--batch-size", "2", "--epochs", "2", "--workers", "2", "--decode", "device",
             "--device", "cpu", "--deterministic"]  # fmt: skip
-    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "1")
+    monkeypatch.setattr(decode_ahead, "ahead_budget", lambda device: 2**20)
     early = runner.invoke(app, [*args, "--out", str(tmp_path / "early")])
     assert early.exit_code == 0, early.stderr
     assert epochs_got == [("decoded before the model went to the device", True), (1, True),
                           (2, True)]  # fmt: skip
     assert warmed == []  # decoding the first batches readies the decoder
     monkeypatch.setattr(setup, "_to_device", real_to_device)
-    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "0")
+    monkeypatch.setattr(decode_ahead, "ahead_budget", lambda device: 0)
     monkeypatch.setattr(EpochStarts, "start_early", lambda self, epoch: None)  # nothing early
     epochs_got.clear()
     cold = runner.invoke(app, [*args, "--out", str(tmp_path / "cold")])
@@ -168,7 +168,7 @@ def test_a_stop_between_epochs_stops_the_next_epochs_early_decoding(runner, tmp_
     root = tmp_path / "jpegs"
     _jpeg_split_folder(root, train=9, val=2, size=(48, 36))
     monkeypatch.setattr(decode_ahead, "decodes_ahead", lambda decode, device: True)
-    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "1")
+    monkeypatch.setattr(decode_ahead, "ahead_budget", lambda device: 2**20)
     made = []
     real_init = decode_ahead.DecodedAhead.__init__
 

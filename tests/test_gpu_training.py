@@ -139,9 +139,9 @@ def test_cudnn_benchmark_limit_is_the_runs_and_put_back(runner, jpegs, tmp_path,
 
 
 def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, monkeypatch):
-    # With the decoded batches held to two (TORCHKIT_DECODE_AHEAD_MB=0), a warm-up thread
-    # readies the decoder with the first training JPEG.
-    from torchkit.core import decoder_warm_up
+    # With no budget for decoded batches (nothing decoded early), a warm-up thread readies the
+    # decoder with the first training JPEG.
+    from torchkit.core import decode_ahead, decoder_warm_up
 
     warmed = []
     real = decoder_warm_up.start_decoder_warm_up
@@ -152,7 +152,7 @@ def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, mo
         return real(ready)
 
     monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", spy)
-    monkeypatch.setenv("TORCHKIT_DECODE_AHEAD_MB", "0")
+    monkeypatch.setattr(decode_ahead, "ahead_budget", lambda device: 0)
     out = tmp_path / "run"
     args = ["train", "--data", str(jpegs), *RECIPE, "--device", "cuda", "--out", str(out), "-v"]
     result = runner.invoke(app, args)
@@ -176,7 +176,6 @@ def test_a_run_decodes_epoch_1_during_its_set_up(runner, jpegs, tmp_path, monkey
         got.append(isinstance(batches, decode_ahead.DecodedAhead) and bool(batches._started))
         return real_epoch(ctx, batches, *args, **kwargs)
 
-    monkeypatch.delenv("TORCHKIT_DECODE_AHEAD_MB", raising=False)
     monkeypatch.setattr(decoder_warm_up, "start_decoder_warm_up", warmed.append)
     monkeypatch.setattr(epochs, "train_one_epoch", train_one_epoch)
     assert decode_ahead.ahead_budget("cuda") > 0

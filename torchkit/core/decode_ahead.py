@@ -24,7 +24,6 @@ batches while the model is built, or while the epoch before validates.
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import threading
 import time
@@ -45,16 +44,9 @@ _END = object()
 def ahead_budget(device: Any) -> int:
     """Bytes of decoded batches that may wait for the loop beyond `AHEAD` batches: on CUDA
     the smaller of `AHEAD_BYTES` and a 64th of the device's memory, elsewhere none (on a CPU
-    nothing decodes ahead but tests). TORCHKIT_DECODE_AHEAD_MB sets it (0: `AHEAD` batches
-    only, and no epoch decoded before it begins, as before 2026-11-27's third session)."""
+    nothing decodes ahead but tests)."""
     import torch
 
-    told = os.environ.get("TORCHKIT_DECODE_AHEAD_MB", "").strip()
-    if told:
-        try:
-            return max(0, int(float(told) * 2**20))
-        except ValueError:
-            pass  # a diagnostic switch: a bad value means the default, not an error
     device = torch.device(device)
     if device.type != "cuda":
         return 0
