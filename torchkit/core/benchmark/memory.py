@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.errors import UsageError
+from torchkit.core.memory import available_memory, proc_kib
 
 CPU_DEFAULT_LIMIT = "50%"  # of the memory available at the start: room for the OS and others
 _UNITS = {
@@ -108,27 +109,6 @@ def device_memory(device: Any) -> int:
     return available
 
 
-def available_memory() -> int | None:
-    """Linux's MemAvailable (what can be allocated without swapping), else None."""
-    value = _proc_kib("/proc/meminfo", "MemAvailable:")
-    if value is not None:
-        return value
-    with contextlib.suppress(ValueError, OSError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return None
-
-
-def _proc_kib(path: str, key: str) -> int | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def rss_bytes() -> int | None:
     """The resident set size of this process now (Linux), else None."""
     try:
@@ -145,7 +125,7 @@ def _reset_rss_peak() -> bool:
             handle.write("5")
     except OSError:
         return False
-    return _proc_kib("/proc/self/status", "VmHWM:") is not None
+    return proc_kib("/proc/self/status", "VmHWM:") is not None
 
 
 def release_free_memory() -> None:
@@ -229,7 +209,7 @@ class MemoryProbe:
             peak = self._sampler.stop()
             self._sampler = None
         else:
-            peak = _proc_kib("/proc/self/status", "VmHWM:") or 0
+            peak = proc_kib("/proc/self/status", "VmHWM:") or 0
         return max(0, peak - self._baseline)
 
     def cancel(self) -> None:

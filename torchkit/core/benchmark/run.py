@@ -17,7 +17,6 @@ from torchkit.core.benchmark.memory import (
     CPU_DEFAULT_LIMIT,
     MemoryLimit,
     MemoryProbe,
-    available_memory,
     parse_memory_limit,
 )
 from torchkit.core.benchmark.report import (
@@ -35,6 +34,7 @@ from torchkit.core.benchmark.steps import (
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
 from torchkit.core.device import is_out_of_memory
 from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.memory import available_memory
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.progress import Progress
 

@@ -480,7 +480,7 @@ def _free_memory(device: Any) -> int | None:
         if device.type == "cuda":
             return int(torch.cuda.mem_get_info(device)[0])
         if device.type == "cpu":
-            from torchkit.core.benchmark.memory import available_memory
+            from torchkit.core.memory import available_memory
 
             return available_memory()
     except (RuntimeError, OSError, ValueError):
