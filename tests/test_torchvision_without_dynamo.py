@@ -14,7 +14,6 @@ from conftest import INHERITED, REPO, write_image_folder
 def _python(script: str, **env: str) -> list[str]:
     """Run `script` in a fresh Python; its stdout's lines."""
     full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    full_env.pop("TORCHKIT_LIGHT_TORCHVISION", None)
     full_env.update(env)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
@@ -71,16 +70,16 @@ def test_torchvision_imports_without_dynamo_and_compiling_still_works():
     ]
 
 
-def test_torchkit_light_torchvision_0_adds_no_finder(monkeypatch):
+def test_install_adds_the_finder_once_whatever_the_environment(monkeypatch):
     from torchkit import torchvision_without_dynamo as light
 
     monkeypatch.delitem(sys.modules, "torch._dynamo", raising=False)
     monkeypatch.delitem(sys.modules, "torchvision", raising=False)
-    for switch, added in (("0", False), ("off", False), ("1", True)):
-        monkeypatch.setattr(sys, "meta_path", [])
-        monkeypatch.setenv("TORCHKIT_LIGHT_TORCHVISION", switch)
-        light.install()
-        assert [type(finder).__name__ for finder in sys.meta_path] == ["_Finder"] * added
+    monkeypatch.setattr(sys, "meta_path", [])
+    monkeypatch.setenv("TORCHKIT_LIGHT_TORCHVISION", "0")  # the experiment's old switch: gone
+    light.install()
+    light.install()
+    assert [type(finder).__name__ for finder in sys.meta_path] == ["_Finder"]
 
 
 def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_is_done():
@@ -118,7 +117,6 @@ def test_train_and_eval_on_an_image_folder_never_import_dynamo(tmp_path):
     write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
     write_image_folder(tmp_path / "ds" / "val", {"a": 2, "b": 2})
     env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    env.pop("TORCHKIT_LIGHT_TORCHVISION", None)
     for args in (
         ["train", "--data", "ds", "--model", "resnet18", "--image-size", "16", "--epochs", "1",
          "--workers", "0", "--device", "cpu", "--out", "run"],

@@ -12,8 +12,7 @@ those two modules answer those names:
 Any other name asked of a stand-in imports the real dynamo and answers from it, so a torchvision
 that needs more only loses the saving. The stand-ins leave sys.modules when the module's import
 ends, and `torch.compile` later in the process imports the real dynamo as usual. Nothing is done
-once dynamo is loaded. TORCHKIT_LIGHT_TORCHVISION=0 turns this off. (The same saving for
-torch.optim: `core.train.dynamo_free`.)
+once dynamo is loaded. (The same saving for torch.optim: `core.train.dynamo_free`.)
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import os
 import sys
 import threading
 import types
@@ -30,7 +28,6 @@ from typing import Any
 
 from torchkit.import_hooks import WrappingFinder
 
-SWITCH = "TORCHKIT_LIGHT_TORCHVISION"
 DYNAMO, DYNAMO_UTILS = "torch._dynamo", "torch._dynamo.utils"
 # torchvision modules running under the stand-ins right now (they import one another).
 _depth = 0
@@ -42,8 +39,6 @@ missing: list[str] = []
 def install() -> None:
     """Import torchvision's modules without torch._dynamo from now on in this process (module
     doc); before torchvision is first imported."""
-    if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return
     if DYNAMO in sys.modules or any(isinstance(f, _Finder) for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _Finder())
