@@ -25,7 +25,9 @@ It is unique and stable whatever the rows hold (HF's own `image.path` is often e
 
 Opening reads the parquet footers and the label column only, never an image. An image is read by
 (file, row group, row) through `ParquetImages`, which keeps the image column of the last row
-groups it read (LRU, `CACHE_BYTES` per process): a pass in order reads each row group once.
+groups it read (LRU, `CACHE_BYTES` per process): a pass in order reads each row group once, and
+so does train's shuffled order, which takes row groups in random order and shuffles the images
+of as many of them as the cache holds together (`ParquetImages.blocks`, `core.train.loaders`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from torchkit.core.datasource.csv_index import class_order
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.datasource.source import DataSource, _split_source, concatenate, relabelled
 from torchkit.core.datasource.splitting import SPLIT_NAMES
-from torchkit.core.datasource.stored import StoredImage
+from torchkit.core.datasource.stored import Blocks, StoredImage
 from torchkit.core.errors import InputError, first_line
 
 SUFFIX = ".parquet"
@@ -76,19 +78,38 @@ class ParquetImages:
     """Reads images of parquet files by (file index, row group, row in group). Picklable; each
     process opens its own files and keeps its own cache (keyed by pid: nothing crosses a fork)."""
 
-    def __init__(self, files: Sequence[str], columns: Sequence[str]) -> None:
+    def __init__(
+        self,
+        files: Sequence[str],
+        columns: Sequence[str],
+        group_bytes: Sequence[Sequence[int]] = (),
+    ) -> None:
         self.files = list(files)
         self.columns = list(columns)  # the image column of each file
+        # The size of each row group's image column, uncompressed (from the footer), per file.
+        self.group_bytes = [list(sizes) for sizes in group_bytes]
         self._pid = -1
         self._opened: dict[int, Any] = {}
         self._cache: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._cached_bytes = 0
 
     def __getstate__(self) -> dict:
-        return {"files": self.files, "columns": self.columns}
+        return {"files": self.files, "columns": self.columns, "group_bytes": self.group_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["files"], state["columns"])
+        self.__init__(state["files"], state["columns"], state.get("group_bytes", ()))
+
+    def blocks(self, locators: Sequence[tuple[int, int, int]]) -> Blocks:
+        """The row group of each image (numbered in order of first appearance), and how many
+        of the largest fit in the cache at once: an order that keeps to that many row groups
+        at a time reads each one once (`stored.read_blocks`)."""
+        number: dict[tuple[int, int], int] = {}
+        ids = [number.setdefault((file, group), len(number)) for file, group, _ in locators]
+        sizes = [self.group_bytes[f][g] for f, g in number] if self.group_bytes else []
+        largest = max(sizes, default=0)
+        # An eighth to spare: the cached array also holds offsets, the footer's figure not.
+        window = CACHE_BYTES // (largest + largest // 8) if largest > 0 else 1
+        return Blocks(ids, max(1, window))
 
     def read(self, locator: tuple[int, int, int]) -> bytes:
         file, group, row = locator
@@ -101,7 +122,7 @@ class ParquetImages:
         """The image bytes of one row group (a pyarrow binary array, nulls where the image or
         its bytes are null), from the cache or read."""
         if self._pid != os.getpid():  # a fresh process (or a fork): nothing inherited
-            self.__init__(self.files, self.columns)
+            self.__init__(self.files, self.columns, self.group_bytes)
             self._pid = os.getpid()
         key = (file, group)
         cached = self._cache.get(key)
@@ -245,10 +266,15 @@ class _File:
                 "images are an `image` column of HF's Image type ({bytes, path}) or of binary",
             )
         self.label_column = _label_column(schema, self.features)
+        metadata = handle.metadata
         self.locators = [
             (group, row)
-            for group in range(handle.metadata.num_row_groups)
-            for row in range(handle.metadata.row_group(group).num_rows)
+            for group in range(metadata.num_row_groups)
+            for row in range(metadata.row_group(group).num_rows)
+        ]
+        self.group_bytes = [
+            _column_bytes(metadata.row_group(group), self.image_column)
+            for group in range(metadata.num_row_groups)
         ]
         self.labels: list[Any] | None = None
         if self.label_column is not None:
@@ -268,6 +294,17 @@ class _File:
             for row, label in enumerate(self.labels)
             if label is None or (isinstance(label, int) and label < 0)
         ]
+
+
+def _column_bytes(group: Any, column: str) -> int:
+    """The uncompressed size of `column` (all its leaves: an Image's bytes and path) in one
+    row group's metadata."""
+    chunks = (group.column(i) for i in range(group.num_columns))
+    return sum(
+        chunk.total_uncompressed_size
+        for chunk in chunks
+        if chunk.path_in_schema == column or chunk.path_in_schema.startswith(column + ".")
+    )
 
 
 def _hf_features(schema: Any) -> dict:
@@ -357,7 +394,9 @@ def _read(
     files = [_File(root, name) for name in relative]
     labelled = _labelled(files, allow_unlabelled)
     names = _names(spec, root, files, splits) if labelled else [""]
-    reader = ParquetImages([f.path for f in files], [f.image_column for f in files])
+    reader = ParquetImages(
+        [f.path for f in files], [f.image_column for f in files], [f.group_bytes for f in files]
+    )
     index_of = {name: i for i, name in enumerate(names)}
     parts: dict[str, list[Samples]] = {}
     for index, file in enumerate(files):

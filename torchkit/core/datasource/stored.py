@@ -15,6 +15,8 @@ A `StoredImage` is cheap to copy into DataLoader workers (fork) and pickles (spa
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -49,3 +51,26 @@ class StoredImage(str):
 
 def is_stored(path: object) -> bool:
     return isinstance(path, StoredImage)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """How a set of images is read in blocks: `ids[i]` is the block of image i (0, 1, ... in
+    order of first appearance); `window` is how many blocks the reader keeps at once."""
+
+    ids: list[int]
+    window: int
+
+
+def read_blocks(paths: Sequence[str] | None) -> Blocks | None:
+    """The blocks `paths` are read in, where reading one image reads its whole block (a
+    parquet row group: see `parquet.ParquetImages.blocks`), else None (image files, tar
+    members: each read alone). An order that keeps each block's images together, a window
+    of blocks at a time, reads every block once instead of once per image."""
+    if not paths or not is_stored(paths[0]):
+        return None
+    reader = paths[0].reader
+    blocks_of = getattr(reader, "blocks", None)
+    if blocks_of is None or any(not is_stored(p) or p.reader is not reader for p in paths):
+        return None
+    return blocks_of([p.locator for p in paths])

@@ -21,6 +21,7 @@ from torchkit.core.dataset import loader_context, make_dataset, seed_worker
 from torchkit.core.datasource import DataSource, open_data, split_record, training_splits
 from torchkit.core.datasource.digits import DIGITS
 from torchkit.core.datasource.samples import Samples
+from torchkit.core.datasource.stored import Blocks, read_blocks
 from torchkit.core.errors import InputError
 from torchkit.core.preprocessing import Preprocess
 from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
@@ -166,6 +167,8 @@ class EpochSampler:
     by repetition to a multiple of the world size, then every world_size-th from `rank`. So
     the global batch j of a world of N processes with batch B holds the same images as batch j
     of one process with batch N x B. `skip` leaves out the first images (mid-epoch resume).
+    Images read in blocks (`blocks`: parquet row groups) are shuffled by `windowed_order`
+    instead, seeded alike, before the split over ranks.
     """
 
     def __init__(
@@ -177,8 +180,12 @@ class EpochSampler:
         rank: int = 0,
         world: int = 1,
         weights: list[float] | None = None,
+        blocks: Blocks | None = None,
     ):
         self.size, self.shuffle, self.seed = size, shuffle, seed
+        if blocks is not None and len(blocks.ids) != size:
+            raise ValueError(f"{len(blocks.ids)} block ids for {size} images")
+        self.blocks = blocks
         self.rank, self.world = rank, world
         # --balanced-sampler: an epoch draws `size` images with replacement, each with this
         # weight (1 / its class's count), as WeightedRandomSampler does; seeded like the rest.
@@ -202,7 +209,10 @@ class EpochSampler:
         elif self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.size, generator=generator).tolist()
+            if self.blocks is not None:
+                order = windowed_order(self.blocks, generator)
+            else:
+                order = torch.randperm(self.size, generator=generator).tolist()
         else:
             order = list(range(self.size))
         if self.world > 1:
@@ -217,6 +227,23 @@ class EpochSampler:
 
     def __len__(self) -> int:
         return max(0, -(-self.size // self.world) - self.skip)
+
+
+def windowed_order(blocks: Blocks, generator: Any) -> list[int]:
+    """A random order of images read in blocks that reads each block once: the blocks in
+    random order, the images of each `blocks.window` consecutive ones shuffled together. A
+    plain shuffle of parquet images larger than the reader's cache re-reads a row group for
+    nearly every image (5.7-11 ms an image instead of 0.1-0.2 ms)."""
+    import torch
+
+    ids = torch.tensor(blocks.ids, dtype=torch.int64)
+    count = int(ids.max()) + 1 if len(ids) else 0
+    place = torch.empty(count, dtype=torch.int64)
+    place[torch.randperm(count, generator=generator)] = torch.arange(count)
+    window = torch.div(place[ids], blocks.window, rounding_mode="floor")
+    # Sorted by window, then by a random permutation: uniform within each window, no ties.
+    keys = window * len(ids) + torch.randperm(len(ids), generator=generator)
+    return torch.argsort(keys).tolist()
 
 
 def balanced_sample_weights(samples: Samples) -> list[float]:
@@ -469,6 +496,7 @@ def build_loaders(
         rank=rank,
         world=world,
         weights=balanced_sample_weights(splits["train"]) if config.balanced_sampler else None,
+        blocks=read_blocks(splits["train"].paths),
     )
     generator = torch.Generator()
     generator.manual_seed(config.seed)
