@@ -36,11 +36,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # torch is imported; OMP_NUM_THREADS given by the caller wins. (Suite: 7:21 -> 5:51.)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# In this process the first run imports matplotlib and the others reuse it, where a helper
-# process per run (core/train/curves_painter.py) would import it again each time (+40 s for the
-# suite on 2 cores); the torchkit processes tests start (`INHERITED` drops this) use helpers.
-os.environ["TORCHKIT_CURVES_HELPER"] = "0"
-
+# matplotlib imported once here (after OMP_NUM_THREADS: numpy reads it), so that the runs in
+# this process draw curves.png themselves, as a run does where matplotlib is already imported,
+# where a plotting helper process per run (core/train/curves_painter.py) would import it again
+# each time (+40 s for the suite on 2 cores); the torchkit processes tests start use helpers.
+import matplotlib.figure  # noqa: E402, F401
 import pytest  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -100,7 +100,7 @@ def signal_handlers_kept():
 
 
 # The environment a test's torchkit run never inherits: tests say what they want.
-INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR", "TORCHKIT_CURVES_HELPER")
+INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")
 
 
 def run_torchkit_process(

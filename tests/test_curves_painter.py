@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from conftest import processes_in_group, start_torchkit_process, wait_until
 
-from torchkit.core.train import curves_painter
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import write_curves_png
 from torchkit.core.train.run_folder import RunFolder
@@ -89,10 +88,12 @@ def test_a_failing_helper_leaves_the_error_to_the_run(painter, tmp_path):
     assert blocked.read_text() == ""
 
 
-def test_switched_off_or_already_imported_no_helper(monkeypatch):
-    monkeypatch.setenv(curves_painter.SWITCH, "0")
-    assert CurvesPainter.start() is None
-    monkeypatch.setenv(curves_painter.SWITCH, "1")
+def test_a_helper_unless_matplotlib_is_already_imported(monkeypatch):
+    monkeypatch.setenv("TORCHKIT_CURVES_HELPER", "0")  # the experiment's old switch: gone
+    monkeypatch.delitem(sys.modules, "matplotlib.figure")  # imported by conftest
+    started = CurvesPainter.start()
+    assert started is not None
+    started.close()
     monkeypatch.setitem(sys.modules, "matplotlib.figure", object())
     assert CurvesPainter.start() is None
 

@@ -12,7 +12,7 @@ The helper's life is its parent's: it ignores SIGINT and SIGTERM (the run decide
 and may still want its last plot) and exits when its stdin closes, which happens when the run
 closes it or dies in any way. Processes forked from the run (DataLoader workers) close their
 copy of that pipe at once, so that they cannot keep the helper alive. No helper is started where
-matplotlib is already imported (the plot costs no import there) or with TORCHKIT_CURVES_HELPER=0.
+matplotlib is already imported (the plot costs no import there).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from typing import Any
 
 log = logging.getLogger("torchkit")
 
-SWITCH = "TORCHKIT_CURVES_HELPER"
 # The longest wait for one plot: the first use of matplotlib in an environment builds its font
 # cache (seconds); past this the run draws the plot itself.
 ANSWER_TIMEOUT_S = 120.0
@@ -65,9 +64,7 @@ class CurvesPainter:
 
     @classmethod
     def start(cls) -> CurvesPainter | None:
-        """A started helper, or None where none is wanted or it cannot start."""
-        if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-            return None
+        """A started helper, or None where matplotlib is already imported or it cannot start."""
         if "matplotlib.figure" in sys.modules:
             return None
         return cls.spawn()
