@@ -93,6 +93,7 @@ def test_install_hints_never_name_the_package_index_project():
         assert "pip install torchkit" not in install_hint(extra)
         assert "pip install 'torchkit[" not in install_hint(extra)
     sources = [*REPO.joinpath("torchkit").rglob("*.py"), REPO / "README.md"]
+    sources += REPO.joinpath("docs").rglob("*.md")
     for path in sources:
         text = path.read_text()
         assert "pip install 'torchkit[" not in text, path

@@ -1,6 +1,6 @@
 """Issue #31, items 6 and 7: a bounded, visible --find-batch-size; video-info refuses still
 images; env lists onnx, onnxruntime and timm; convert tensor's warning says "failed" as its table
-does; README's file names and video-info JSON shape match the code; the class error of split data
+does; the docs' file names and video-info JSON shape match the code; the class error of split data
 names every split that has the class; benchmark rows record the spec as given; convert
 checkpoint takes `state_dict` beside EMA copies; `-v` after the command name."""
 
@@ -27,12 +27,16 @@ from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
-README = (REPO / "README.md").read_text(encoding="utf-8")
+# What the docs say of each command lives in its page.
+COMMAND_DOCS = {
+    name: (REPO / "docs" / "commands" / f"{name}.md").read_text(encoding="utf-8")
+    for name in ("convert", "video-info")
+}
 FAST = ["--device", "cpu", "--warmup", "0", "--iters", "1"]
 
 
-def readme_line(containing: str) -> str:
-    (line,) = [line for line in README.splitlines() if containing in line]
+def docs_line(containing: str, page: str) -> str:
+    (line,) = [line for line in COMMAND_DOCS[page].splitlines() if containing in line]
     return line
 
 
@@ -174,7 +178,7 @@ def test_convert_tensor_warning_says_failed_like_its_table(runner, tmp_path):
     assert "skipped" not in result.stderr
 
 
-# --- 7d and 7e: README says what the code does ----------------------------------------------------
+# --- 7d and 7e: the docs say what the code does --------------------------------------------------
 
 
 def test_batch_file_names_are_zero_padded_as_readme_says(runner, tmp_path):
@@ -188,9 +192,9 @@ def test_batch_file_names_are_zero_padded_as_readme_says(runner, tmp_path):
         written = sorted(p.name for p in folder.iterdir())
         expected = names or [f"batch_{i:02d}.png" for i in range(12)]
         assert written == expected  # in the order a shell lists them
-    example = readme_line("convert tensor batch.pt frames/ --to png")
+    example = docs_line("convert tensor batch.pt frames/ --to png", "convert")
     assert "frames/batch_0.png" in example  # what a batch of 2 to 10 images gives
-    assert "`batch_00.png` ... `batch_11.png` for 12" in " ".join(README.split())
+    assert "`batch_00.png` ... `batch_11.png` for 12" in " ".join(COMMAND_DOCS["convert"].split())
 
 
 def test_video_info_json_is_an_array_as_readme_says(runner, tmp_path):
@@ -201,7 +205,7 @@ def test_video_info_json_is_an_array_as_readme_says(runner, tmp_path):
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert isinstance(data, list) and len(data) == 1  # one file: still an array of one object
-    assert "a JSON array, one object per video" in readme_line("video-info a.mp4 b.avi")
+    assert "a JSON array, one object per video" in docs_line("video-info a.mp4 b.avi", "video-info")
 
 
 # --- 7g: the class error names the splits that have the class -------------------------------------
