@@ -15,6 +15,7 @@ from typing import Any
 
 # The reader modules, asked in this order.
 READERS: tuple[str, ...] = (
+    "torchkit.core.datasource.http_shards",  # before shards: a URL pattern names no local file
     "torchkit.core.datasource.shards",
     "torchkit.core.datasource.parquet",
 )

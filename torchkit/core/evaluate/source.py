@@ -106,6 +106,10 @@ def recorded_data(spec: ModelSpec) -> tuple[str, str]:
     kind, root, typed = record.get("kind"), str(record.get("root") or ""), str(record.get("spec"))
     if kind == "digits":
         return "digits", f"--data digits: the data {path} was trained on"
+    from torchkit.core.datasource.http_shards import is_url
+
+    if is_url(typed):  # shards named by URL: read again, through the cache
+        return typed, f"--data {typed}: the data {path} was trained on"
     data = root
     # A CSV index, or one parquet file, lies in its root (paths relative to it).
     if kind in ("csv", "split csv", "parquet file"):
