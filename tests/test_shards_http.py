@@ -150,6 +150,25 @@ def test_eval_over_http_scores_as_the_local_shards(world, server):
     assert local["num_images"] == 18
 
 
+def test_extract_features_and_predict_over_http_give_the_local_shards_rows(world, server, tmp_path):
+    url = f"{server.url}/shards/{PATTERN}"
+    for data, out in ((world / "served" / "shards", "local"), (url, "http")):
+        result = run_torchkit_in_process(
+            "extract-features", world / "model.pt", data, "--out", tmp_path / out,
+            "--device", "cpu",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    local = (tmp_path / "local" / "index.csv").read_text()
+    assert (tmp_path / "http" / "index.csv").read_text() == local
+    assert local.splitlines()[1].startswith("0,shard-000000.tar/a_a_0.png,")
+    predicted = run_torchkit_in_process(
+        "predict", world / "model.pt", url, "--format", "csv", "--device", "cpu"
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    assert predicted.stdout.splitlines()[1].startswith("shard-000000.tar/a_a_0.png,")
+    assert len(predicted.stdout.splitlines()) == 1 + 18
+
+
 def test_a_folder_url_reads_the_shards_its_manifest_lists_and_trusts_its_checksums(world, server):
     local = stats(world / "served" / "converted")
     assert stats(f"{server.url}/converted/") == local

@@ -190,7 +190,9 @@ def extract_features(
     read as predict reads it (`collect_images`): `digits`, and `-` for paths on `stdin`.
     """
     _validate(request)
-    if request.images not in (DIGITS, STDIN):
+    from torchkit.core.datasource.http_shards import is_url
+
+    if request.images not in (DIGITS, STDIN) and not is_url(str(request.images)):
         require_input(request.images, what="IMAGES")
     with open_output(request) as output:
         return _extract(request, output, progress, stdin)
