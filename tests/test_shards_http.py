@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import socket
 import threading
 import time
@@ -180,6 +181,14 @@ def test_a_folder_url_reads_the_shards_its_manifest_lists_and_trusts_its_checksu
     assert stats(f"{server.url}/converted") == local
     # manifest.json's sizes and sha256 say the cache is current: no HEAD, no download
     assert not [path for _, path in server.requests if path.endswith(".tar")]
+
+
+def test_another_tools_manifest_json_beside_url_shards_is_not_theirs(world, server):
+    foreign = world / "served" / "foreign"
+    if not foreign.exists():
+        shutil.copytree(world / "served" / "shards", foreign)
+        (foreign / "manifest.json").write_text('{"name": "a web app", "icons": []}')
+    assert stats(f"{server.url}/foreign/{PATTERN}") == stats(world / "served" / "shards")
 
 
 def test_eval_without_data_reads_the_url_shards_a_run_trained_on(server, tmp_path):

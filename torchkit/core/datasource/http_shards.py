@@ -97,15 +97,15 @@ def timeout_s() -> float:
 def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool) -> Any:
     """The shards the URLs in `spec` name (module docstring), fetched into the cache and read
     there; None if `spec` names no URL."""
-    parts = spec.split("::")
     if not is_url(spec):
         return None
+    parts = [_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in spec.split("::")]
+    typed = "::".join(parts)
     if not all(_URL.match(part) for part in parts):
         local = next(part for part in parts if not _URL.match(part))
-        raise InputError(f"{spec} joins URLs and a path on disk ({local})", _HINT)
+        raise InputError(f"{typed} joins URLs and a path on disk ({local})", _HINT)
     from torchkit.core.datasource.shards import _is_tar_name, _open_shards, expand_braces
 
-    typed = "::".join(_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in parts)
     urls = [url for part in typed.split("::") for url in expand_braces(part)]
     names = [_location(url).name for url in urls]
     by_split = False
@@ -249,7 +249,10 @@ def _open_folder(url: str, query: str) -> _Folder:
             continue  # classes.txt comes first, as beside local shards
         data = _get_small(f"{url}/{name}{query}")
         if name == "manifest.json":
-            manifest = _manifest_entries(data, f"{_shown(url)}/{name}")
+            try:
+                manifest = _manifest_entries(data, f"{_shown(url)}/{name}")
+            except InputError as error:  # another tool's manifest.json: no checksums then
+                log.info("%s", error)
         if data is None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path / name)
