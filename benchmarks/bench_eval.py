@@ -24,6 +24,7 @@ from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_check
 from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate
 from torchkit.core.models import build_model, model_from_checkpoint
 from torchkit.core.preprocessing import Preprocess
+from torchkit.core.run_options import InferenceOptions
 from torchkit.core.transforms import eval_transform
 
 
@@ -77,7 +78,11 @@ def hand_written(checkpoint: Path, root: Path, batch_size: int, workers: int) ->
 def torchkit_eval(checkpoint: Path, root: Path, batch_size: int, workers: int, out=None):
     return evaluate(
         ModelSpec(model=str(checkpoint)),
-        EvalOptions(data=str(root), batch_size=batch_size, workers=workers, out_dir=out),
+        EvalOptions(
+            data=str(root),
+            run=InferenceOptions(batch_size=batch_size, workers=workers),
+            out_dir=out,
+        ),
     )
 
 

@@ -70,6 +70,7 @@ def classic_loop(paths: list[Path], model_name: str, out: Path, seed: int) -> fl
 
 def torchkit_run(root: Path, model_name: str, out: Path, seed: int, args) -> float:
     from torchkit.core.features import FeatureRequest, extract_features
+    from torchkit.core.run_options import InferenceOptions
 
     started = time.perf_counter()
     extract_features(
@@ -78,9 +79,9 @@ def torchkit_run(root: Path, model_name: str, out: Path, seed: int, args) -> flo
             images=str(root),
             out=str(out),
             layers=["penultimate"],
-            batch_size=args.batch_size,
-            workers=args.workers,
-            channels_last=args.channels_last,
+            run=InferenceOptions(
+                batch_size=args.batch_size, workers=args.workers, channels_last=args.channels_last
+            ),
             seed=seed,
             force=True,
         )

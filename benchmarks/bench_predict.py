@@ -38,6 +38,7 @@ from PIL import Image
 from torchkit.cli.predict import write_csv
 from torchkit.core.predict import PredictRequest, PredictRun
 from torchkit.core.preprocessing import Preprocess
+from torchkit.core.run_options import InferenceOptions
 from torchkit.core.transforms import eval_transform
 
 
@@ -82,9 +83,7 @@ def torchkit_predict(checkpoint: Path, root: Path, batch_size: int, workers: int
         PredictRequest(
             model=str(checkpoint),
             images=[str(root)],
-            batch_size=batch_size,
-            workers=workers,
-            device="cpu",
+            run=InferenceOptions(batch_size=batch_size, workers=workers, device="cpu"),
         )
     )
     run.setup()

@@ -13,6 +13,7 @@ from PIL import Image
 
 from torchkit.core import distributed
 from torchkit.core.errors import DeviceError
+from torchkit.core.run_options import InferenceOptions
 
 
 @pytest.fixture
@@ -55,7 +56,8 @@ def test_eval_starts_its_process_group_with_the_collective_timeout(rank_without_
     from torchkit.core.models import ModelSpec
 
     with pytest.raises(DeviceError) as caught:
-        evaluate(ModelSpec(model="convnet"), EvalOptions(data="digits", device="cpu"))
+        options = EvalOptions(data="digits", run=InferenceOptions(device="cpu"))
+        evaluate(ModelSpec(model="convnet"), options)
     _check_one_start(rank_without_peers, caught.value)
 
 
@@ -64,7 +66,12 @@ def test_predict_starts_its_process_group_with_the_collective_timeout(rank_witho
 
     Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "a.png")
     run = PredictRun(
-        PredictRequest(model="convnet", images=[str(tmp_path)], allow_untrained=True, device="cpu")
+        PredictRequest(
+            model="convnet",
+            images=[str(tmp_path)],
+            allow_untrained=True,
+            run=InferenceOptions(device="cpu"),
+        )
     )
     with pytest.raises(DeviceError) as caught:
         run.setup()

@@ -24,6 +24,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 from torchkit.cli import app
 from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.features import FeatureRequest, extract_features
+from torchkit.core.run_options import InferenceOptions
 
 ATOL = 1e-5
 MODELS_MODULE = "tk_extract_test_models"  # `MODULE:Callable` specs point here
@@ -459,7 +460,7 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path)
     part = tmp_path / "part"
     request = FeatureRequest(
         "convnet", str(root), str(part), layers=["features", "penultimate"], image_size=16,
-        batch_size=2, workers=0, device="cpu", allow_untrained=True,
+        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
     )  # fmt: skip
     with pytest.raises(Stop):
         extract_features(request, progress=stop_after_two_batches)

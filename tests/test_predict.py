@@ -24,6 +24,7 @@ from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_check
 from torchkit.core.models import model_from_checkpoint
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.preprocessing import Preprocess
+from torchkit.core.run_options import InferenceOptions
 from torchkit.core.transforms import eval_transform
 
 CLASSES = ["cat", "dog", "fox"]
@@ -308,7 +309,9 @@ def test_a_checkpoint_is_loaded_without_drawing_random_weights(world):
 
     torch.manual_seed(0)
     state = torch.get_rng_state()
-    request = PredictRequest(model=str(world["ckpt"]), images=[str(world["flat"])], device="cpu")
+    request = PredictRequest(
+        model=str(world["ckpt"]), images=[str(world["flat"])], run=InferenceOptions(device="cpu")
+    )
     run = PredictRun(request)
     run.setup()
     assert torch.equal(torch.get_rng_state(), state)  # a normal build draws ~50k numbers

@@ -9,12 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from torchkit.cli.options import (
-    ChannelsLastOption,
-    DeviceOption,
     ForceOption,
-    InferenceAmpDtype,
-    InferenceAmpDtypeOption,
-    InferenceAmpOption,
     ModelOption,
     OutputOption,
     SquareInputOption,
@@ -24,6 +19,8 @@ from torchkit.cli.options import (
     model_argument,
 )
 from torchkit.cli.render import OutputFormat, Table, emit, fixed_format, resolve_format
+from torchkit.cli.run_options import DEFAULT_RUN, with_inference_options
+from torchkit.core.run_options import InferenceOptions
 
 
 class BenchmarkMode(str, Enum):
@@ -32,6 +29,9 @@ class BenchmarkMode(str, Enum):
     both = "both"
 
 
+# Its --batch-size is its own (a list of sizes to compare), as are its input sizes (a sample's
+# shape, not a crop): the options it shares with the other inference commands are these.
+@with_inference_options(only=("device", "amp", "amp_dtype", "channels_last"))
 def benchmark(
     model: Annotated[Optional[str], model_argument("module")] = None,
     model_option: ModelOption = None,
@@ -68,10 +68,7 @@ def benchmark(
             "other.",
         ),
     ] = BenchmarkMode.infer,
-    device: DeviceOption = "auto",
-    amp: InferenceAmpOption = False,
-    amp_dtype: InferenceAmpDtypeOption = InferenceAmpDtype.auto,
-    channels_last: ChannelsLastOption = False,
+    run: InferenceOptions = DEFAULT_RUN,
     compile_model: Annotated[
         bool,
         typer.Option(
@@ -208,10 +205,10 @@ def benchmark(
         image_size=image_size,
         batch_sizes=parse_batch_sizes(batch_size or (["1"] if find_batch_size else None)),
         mode=mode.value,
-        device=device,
-        amp=amp,
-        amp_dtype=amp_dtype.value,
-        channels_last=channels_last,
+        device=run.device,
+        amp=run.amp,
+        amp_dtype=run.amp_dtype,
+        channels_last=run.channels_last,
         compile=compile_model,
         warmup=warmup,
         iters=iters,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,21 +15,16 @@ from torchkit.cli.options import (
     EvalModelOption,
     ForceOption,
     FormatOption,
-    MeanOption,
     OutputOption,
-    ResizeSizeOption,
-    StatsOption,
-    StdOption,
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
-    image_size_option,
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import Table, emit, resolve_format
-from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
-from torchkit.core.run_options import RunOptions
+from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
+from torchkit.core.run_options import InferenceOptions, PreprocessOverrides
 
 # With more classes than this, the terminal's per-class table leaves out the classes that have
 # no images and were never predicted (per_class.csv and JSON always list every class).
@@ -42,7 +36,7 @@ class TTA(str, Enum):
     flip = "flip"
 
 
-@with_run_options()
+@with_inference_options()
 def eval_command(
     model: Annotated[Optional[str], model_argument("runtime")] = None,
     data: Annotated[
@@ -85,17 +79,7 @@ def eval_command(
             "from the checkpoint, else the data's class folders in sorted order.",
         ),
     ] = None,
-    image_size: Annotated[
-        Optional[str],
-        image_size_option(
-            "Input size (centre crop). Default: the checkpoint's or the weights'; 224 "
-            "for plain state dicts."
-        ),
-    ] = None,
-    resize_size: ResizeSizeOption = None,
-    mean: MeanOption = None,
-    std: StdOption = None,
-    stats: StatsOption = None,
+    preprocess: PreprocessOverrides = DEFAULT_PREPROCESS,
     ema: Annotated[
         bool, typer.Option("--ema", help="Evaluate the checkpoint's EMA weights.")
     ] = False,
@@ -116,7 +100,7 @@ def eval_command(
             case_sensitive=False,
         ),
     ] = TTA.none,
-    run: RunOptions = DEFAULT_RUN,
+    run: InferenceOptions = DEFAULT_RUN,
     out: Annotated[
         Optional[Path],
         typer.Option(
@@ -157,20 +141,18 @@ def eval_command(
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
     from torchkit.core.evaluate.runner import check_report_file
     from torchkit.core.evaluate.source import recorded_data
-    from torchkit.core.preprocessing import mean_std_options
 
     fmt = resolve_format(fmt, output)
-    mean_values, std_values = mean_std_options(mean, std, stats)
     spec = ModelSpec(
         model=model,
         arch=model_option,
         num_classes=num_classes,
         weights=weights,
         classes=parse_class_names(classes) if classes else None,
-        image_size=image_size,
-        resize_size=resize_size,
-        mean=mean_values,
-        std=std_values,
+        image_size=preprocess.image_size,
+        resize_size=preprocess.resize_size,
+        mean=preprocess.mean,
+        std=preprocess.std,
         trust_checkpoint=trust_checkpoint,
         ema=ema,
         allow_untrained=allow_untrained,
@@ -178,7 +160,7 @@ def eval_command(
     options = EvalOptions(
         data=data if data is not None else _recorded_data(recorded_data, spec),
         split=split,
-        **asdict(run),
+        run=run,
         tta=tta.value,
         topk=topk,
         strict=strict,
@@ -186,7 +168,7 @@ def eval_command(
         normalize=normalize,
         force=force,
         max_errors_shown=show_errors,
-        stats_file=None if stats is None else str(stats),
+        stats_file=preprocess.stats,
         classes_file=classes if classes and os.path.isfile(classes) else None,
         notify=console.note,
     )

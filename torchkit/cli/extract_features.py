@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,16 +13,11 @@ from torchkit.cli import console
 from torchkit.cli.options import (
     AllowUntrainedOption,
     ForceOption,
-    MeanOption,
     ModelOption,
     OutOption,
-    ResizeSizeOption,
-    StatsOption,
-    StdOption,
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
-    image_size_option,
     model_and_rest,
     model_argument,
     product_path,
@@ -31,8 +25,8 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import FORMAT_RULE, OutputFormat, Table, emit, resolve_format
-from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
-from torchkit.core.run_options import RunOptions
+from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
+from torchkit.core.run_options import InferenceOptions, PreprocessOverrides
 
 
 class ArrayFormat(str, Enum):
@@ -64,7 +58,7 @@ def _complete_format(incomplete: str) -> list[str]:
     return [f for f in LISTING_FORMATS if f.startswith(incomplete)]
 
 
-@with_run_options(batch_help="Images per forward pass.")
+@with_inference_options(help_of={"batch_size": "Images per forward pass."})
 def extract_features_command(
     model: Annotated[Optional[str], model_argument()] = None,
     images: Annotated[
@@ -157,13 +151,6 @@ def extract_features_command(
             dir_okay=False,
         ),
     ] = None,
-    image_size: Annotated[
-        Optional[str],
-        image_size_option(
-            "Crop size (default: the checkpoint's or the model's standard one). The resize "
-            "keeps the model's resize/crop ratio unless --resize-size is given."
-        ),
-    ] = None,
     split: Annotated[
         Optional[str],
         typer.Option(
@@ -173,11 +160,8 @@ def extract_features_command(
             show_default=False,
         ),
     ] = None,
-    resize_size: ResizeSizeOption = None,
-    mean: MeanOption = None,
-    std: StdOption = None,
-    stats: StatsOption = None,
-    run: RunOptions = DEFAULT_RUN,
+    preprocess: PreprocessOverrides = DEFAULT_PREPROCESS,
+    run: InferenceOptions = DEFAULT_RUN,
     resume: Annotated[
         bool,
         typer.Option("--resume", help="Continue an interrupted run into the same OUT."),
@@ -214,7 +198,6 @@ def extract_features_command(
       torchkit extract-features resnet50 big/ feats/ --resume
     """
     from torchkit.core.errors import UsageError
-    from torchkit.core.preprocessing import mean_std_options
 
     listing_format, array_format = _formats(fmt, output, array_format, list_layers)
     given = [Path(p) for p in (images, out) if p is not None]
@@ -226,14 +209,15 @@ def extract_features_command(
     if list_layers:
         if images is not None or out is not None:
             raise UsageError("--list-layers takes only MODEL", "drop IMAGES and OUT")
-        _list_layers(model, weights, trust_checkpoint, image_size, listing_format, output, force)
+        _list_layers(
+            model, weights, trust_checkpoint, preprocess.image_size, listing_format, output, force
+        )
         return
     if images is None or out is None:
         raise UsageError("IMAGES and OUT are needed", "or pass --list-layers to see the layers")
 
     from torchkit.core.features import FeatureRequest, extract_features
 
-    mean_values, std_values = mean_std_options(mean, std, stats)
     request = FeatureRequest(
         model=model,
         images=str(images),
@@ -245,11 +229,11 @@ def extract_features_command(
         normalize=normalize.value if normalize else None,
         dtype=dtype.value,
         file_format=array_format.value,
-        image_size=image_size,
-        resize_size=resize_size,
-        mean=mean_values,
-        std=std_values,
-        **asdict(run),
+        image_size=preprocess.image_size,
+        resize_size=preprocess.resize_size,
+        mean=preprocess.mean,
+        std=preprocess.std,
+        run=run,
         strict=strict,
         resume=resume,
         force=force,
@@ -257,7 +241,7 @@ def extract_features_command(
         split=split,
         seed=seed,
         allow_untrained=allow_untrained,
-        stats_file=None if stats is None else str(stats),
+        stats_file=preprocess.stats,
     )
     try:
         with progress_bar(

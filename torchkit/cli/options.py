@@ -9,7 +9,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 from torchkit.cli.render import FORMAT_RULE, OutputFormat
-from torchkit.core.decode import INFERENCE_DECODES
 
 
 def _complete_device(incomplete: str) -> list[str]:
@@ -261,51 +260,6 @@ def split_option(default_help: str) -> Any:
     )
 
 
-# Inference (eval, extract-features).
-InferenceAmpOption = Annotated[
-    bool, typer.Option("--amp", help="Mixed precision (autocast; the dtype: --amp-dtype).")
-]
-
-
-class InferenceAmpDtype(str, Enum):
-    auto = "auto"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-InferenceAmpDtypeOption = Annotated[
-    InferenceAmpDtype,
-    typer.Option(
-        "--amp-dtype",
-        case_sensitive=False,
-        help="With --amp. auto: bf16 on CPUs and on GPUs with native bf16 (Ampere and later), "
-        "else fp16.",
-    ),
-]
-
-
-# The choices are core's (one list: eval_transform checks the same).
-InferenceDecode = Enum("InferenceDecode", {name: name for name in INFERENCE_DECODES}, type=str)
-
-
-InferenceDecodeOption = Annotated[
-    InferenceDecode,
-    typer.Option(
-        "--decode",
-        case_sensitive=False,
-        help="Where images are decoded, resized and cropped. exact: PIL, in the loader workers "
-        "(torchvision's eval transform). device: JPEGs on the --device (nvJPEG on CUDA, "
-        "libjpeg-turbo on CPUs), resized there with PIL's filters, within 1 level of 255 of "
-        "exact on CPUs for photos (nvJPEG's decode differs by a few levels); other files as "
-        "exact.",
-    ),
-]
-ChannelsLastOption = Annotated[
-    bool,
-    typer.Option("--channels-last", help="Run the model in the channels-last memory format."),
-]
-
-
 def _image_side(param: typer.CallbackParam, value: Optional[str]) -> Optional[int]:
     from torchkit.core.input_size import parse_image_side
 
@@ -338,36 +292,5 @@ SquareInputOption = Annotated[
         metavar="N",
         show_default=False,
         help="The input as an N x N image with the model's channels (as --input-size C,N,N).",
-    ),
-]
-
-
-# Preprocessing on top of what a model comes with (eval, extract-features).
-ResizeSizeOption = Annotated[
-    Optional[int],
-    typer.Option(
-        "--resize-size",
-        min=1,
-        show_default=False,
-        help="Shorter side before the centre crop. Default: the checkpoint's, else keeps the "
-        "model's resize/crop ratio (256/224 for ImageNet models).",
-    ),
-]
-MeanOption = Annotated[
-    Optional[str],
-    typer.Option(
-        "--mean",
-        show_default=False,
-        help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (or one value). "
-        "Default: the checkpoint's, else the model's (ImageNet's).",
-    ),
-]
-StdOption = Annotated[
-    Optional[str],
-    typer.Option(
-        "--std",
-        show_default=False,
-        help="Normalisation std per channel, e.g. 0.229,0.224,0.225 (or one value). "
-        "Default: the checkpoint's, else the model's (ImageNet's).",
     ),
 ]

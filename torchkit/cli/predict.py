@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Any, Optional
@@ -16,20 +15,15 @@ from torchkit.cli import console
 from torchkit.cli.options import (
     AllowUntrainedOption,
     ForceOption,
-    MeanOption,
     ModelOption,
-    ResizeSizeOption,
-    StatsOption,
-    StdOption,
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
-    image_size_option,
     model_and_rest,
     model_argument,
 )
-from torchkit.cli.run_options import DEFAULT_RUN, with_run_options
-from torchkit.core.run_options import RunOptions
+from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
+from torchkit.core.run_options import InferenceOptions, PreprocessOverrides
 
 
 class PredictFormat(str, Enum):
@@ -44,7 +38,7 @@ class TTA(str, Enum):
     flip = "flip"
 
 
-@with_run_options()
+@with_inference_options()
 def predict_command(
     model: Annotated[Optional[str], model_argument("runtime")] = None,
     images: Annotated[
@@ -90,14 +84,8 @@ def predict_command(
         TTA,
         typer.Option("--tta", help="flip averages the image and its mirror.", case_sensitive=False),
     ] = TTA.none,
-    image_size: Annotated[
-        Optional[str], image_size_option("Input size (centre crop). Default: the model's.")
-    ] = None,
-    resize_size: ResizeSizeOption = None,
-    mean: MeanOption = None,
-    std: StdOption = None,
-    stats: StatsOption = None,
-    run: RunOptions = DEFAULT_RUN,
+    preprocess: PreprocessOverrides = DEFAULT_PREPROCESS,
+    run: InferenceOptions = DEFAULT_RUN,
     skip_errors: Annotated[
         bool,
         typer.Option(
@@ -145,11 +133,9 @@ def predict_command(
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.outputs import check_output_file
     from torchkit.core.predict import PredictRequest, PredictRun
-    from torchkit.core.preprocessing import mean_std_options
 
     fmt = resolve_format(fmt, output, PredictFormat)
     model, images = model_and_rest(model, model_option, list(images or []))
-    mean_values, std_values = mean_std_options(mean, std, stats)
     request = PredictRequest(
         model=model,
         images=list(images),
@@ -160,18 +146,18 @@ def predict_command(
         split=split,
         topk=topk,
         logits=logits,
-        **asdict(run),
+        run=run,
         tta=tta.value,
-        image_size=image_size,
-        resize_size=resize_size,
-        mean=mean_values,
-        std=std_values,
+        image_size=preprocess.image_size,
+        resize_size=preprocess.resize_size,
+        mean=preprocess.mean,
+        std=preprocess.std,
         strict=strict,
         skip_errors=skip_errors,
     )
     to_file = output is not None and str(output) != "-"
     if to_file:  # before any work
-        check_output_file(output, force, _inputs(request, stats, classes))
+        check_output_file(output, force, _inputs(request, preprocess.stats, classes))
     predicting = PredictRun(request, stdin=sys.stdin if "-" in images else None)
     ok = False
     try:
@@ -191,7 +177,7 @@ def predict_command(
     _report(predicting, output if to_file else None)
 
 
-def _inputs(request, stats: Path | None, classes: str | None) -> list:
+def _inputs(request, stats: str | None, classes: str | None) -> list:
     import os
 
     from torchkit.core.models import model_inputs

@@ -1,82 +1,106 @@
-"""The options of how an inference command runs its model (core.run_options.RunOptions),
-declared once: `@with_run_options()` adds them to a command's signature (Typer reads a
-command's parameters from it) and hands the command one `run: RunOptions` instead."""
+"""The options eval, predict, extract-features and benchmark share (core.run_options), declared
+once: `@with_inference_options()` generates them from their declarations, as train's options
+are generated (cli.spec_options), in place of the command's `run: InferenceOptions` parameter
+(and of its `preprocess: PreprocessOverrides` one), so they keep their place in --help, and
+hands the command the dataclasses of their values."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
-import typer
-
-from torchkit.cli.options import (
-    ChannelsLastOption,
-    DeviceOption,
-    InferenceAmpDtype,
-    InferenceAmpDtypeOption,
-    InferenceAmpOption,
-    InferenceDecode,
-    InferenceDecodeOption,
-    WorkersOption,
+from torchkit.cli.spec_options import declared_parameters, field_value, option_parameters
+from torchkit.core.option_specs import OptionSpec
+from torchkit.core.preprocessing import mean_std_options
+from torchkit.core.run_options import (
+    INFERENCE_OPTIONS,
+    PREPROCESS_OPTIONS,
+    InferenceOptions,
+    PreprocessOverrides,
 )
-from torchkit.cli.spec_options import declared_parameters, keyword
-from torchkit.core.run_options import RunOptions
 
-# The defaults, and the placeholder default of a decorated command's `run` (replaced by its fields).
-DEFAULT_RUN = RunOptions()
-RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunOptions))
-
-
-def run_parameters(batch_help: str = "Images per batch.") -> list[inspect.Parameter]:
-    """The Typer parameters of RunOptions's fields, in its order, with its defaults."""
-    options = {
-        "batch_size": Annotated[int, typer.Option("--batch-size", "-b", min=1, help=batch_help)],
-        "workers": WorkersOption,
-        "device": DeviceOption,
-        "amp": InferenceAmpOption,
-        "amp_dtype": InferenceAmpDtypeOption,
-        "channels_last": ChannelsLastOption,
-        "decode": InferenceDecodeOption,
-    }
-    defaults = {name: getattr(DEFAULT_RUN, name) for name in RUN_FIELDS}
-    defaults["amp_dtype"] = InferenceAmpDtype(DEFAULT_RUN.amp_dtype)  # choices are an Enum
-    defaults["decode"] = InferenceDecode(DEFAULT_RUN.decode)
-    return [keyword(name, options[name], defaults[name]) for name in RUN_FIELDS]
+# The placeholder defaults of a decorated command's `run` and `preprocess`.
+DEFAULT_RUN = InferenceOptions()
+DEFAULT_PREPROCESS = PreprocessOverrides()
+# A command's placeholder parameter -> the dataclass whose options stand in its place.
+GROUPS: dict[str, tuple[type, dict[str, OptionSpec]]] = {
+    "run": (InferenceOptions, INFERENCE_OPTIONS),
+    "preprocess": (PreprocessOverrides, PREPROCESS_OPTIONS),
+}
 
 
-def run_options_of(values: dict[str, Any]) -> RunOptions:
-    """The RunOptions of the run parameters' values, taken out of `values`."""
-    given = {name: values.pop(name) for name in RUN_FIELDS}
-    given["amp_dtype"] = InferenceAmpDtype(given["amp_dtype"]).value  # the Enum's name, as text
-    given["decode"] = InferenceDecode(given["decode"]).value
-    return RunOptions(**given)
-
-
-def with_run_options(
-    batch_help: str = "Images per batch.",
+def with_inference_options(
+    *,
+    only: Collection[str] | None = None,
+    help_of: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a command that takes `run: RunOptions`: its command-line parameters are the
-    options in `run`'s place (so they keep their place in --help), its `run` their values.
-    `batch_help`: --batch-size's help, in the command's words."""
+    """Decorate a command that takes `run: InferenceOptions` and/or `preprocess:
+    PreprocessOverrides`: its command-line parameters are their options, in the placeholder's
+    place; the command gets the dataclasses. By field name: `only` the options this command
+    takes (the others keep the dataclass default), `help_of` and `defaults` the command's own
+    help and default of an option."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         declared = declared_parameters(command)
-        if "run" not in declared:
-            raise TypeError(f"{command.__name__} takes no `run: RunOptions` parameter")
+        taken = {
+            placeholder: {
+                name: dataclasses.replace(spec, help=(help_of or {}).get(name, spec.help))
+                for name, spec in specs.items()
+                if only is None or name in only
+            }
+            for placeholder, (_, specs) in GROUPS.items()
+            if placeholder in declared
+        }
+        if not taken:
+            raise TypeError(f"{command.__name__} takes no `run` or `preprocess` parameter")
         parameters: list[inspect.Parameter] = []
         for name, parameter in declared.items():
-            parameters += run_parameters(batch_help) if name == "run" else [parameter]
+            if name in taken:
+                parameters += option_parameters(GROUPS[name][0], taken[name], defaults).values()
+            else:
+                parameters.append(parameter)
 
         @functools.wraps(command)
-        def with_run(**values: Any) -> Any:
-            run = run_options_of(values)
-            return command(**values, run=run)
+        def with_options(**values: Any) -> Any:
+            groups = {}
+            if "run" in taken:
+                groups["run"] = inference_options_of(values, taken["run"])
+            if "preprocess" in taken:
+                groups["preprocess"] = preprocess_overrides_of(values, taken["preprocess"])
+            return command(**values, **groups)
 
         signature = inspect.Signature(parameters, return_annotation=None)
-        with_run.__signature__ = signature  # type: ignore[attr-defined]
-        return with_run
+        with_options.__signature__ = signature  # type: ignore[attr-defined]
+        return with_options
 
     return decorate
+
+
+def inference_options_of(
+    values: dict[str, Any], specs: Mapping[str, OptionSpec] = INFERENCE_OPTIONS
+) -> InferenceOptions:
+    """The InferenceOptions of the options' command-line values, taken out of `values`."""
+    return InferenceOptions(
+        **{name: field_value(spec, values.pop(name)) for name, spec in specs.items()}
+    )
+
+
+def preprocess_overrides_of(
+    values: dict[str, Any], specs: Mapping[str, OptionSpec] = PREPROCESS_OPTIONS
+) -> PreprocessOverrides:
+    """The PreprocessOverrides of the options' command-line values, taken out of `values`:
+    --stats read for the mean and std it stands for."""
+    mean, std, stats = (values.pop(name, None) for name in ("mean", "std", "stats"))
+    given = {
+        name: field_value(spec, values.pop(name))
+        for name, spec in specs.items()
+        if name not in ("mean", "std", "stats")
+    }
+    mean, std = mean_std_options(mean, std, stats)
+    return PreprocessOverrides(
+        **given, mean=mean, std=std, stats=None if stats is None else str(stats)
+    )

@@ -23,10 +23,11 @@ from torchkit.cli.options import (
     DeviceOption,
     ForceOption,
     SeedOption,
+    StatsOption,
     StrictOption,
     WorkersOption,
 )
-from torchkit.core.train.option_specs import OptionSpec
+from torchkit.core.option_specs import OptionSpec
 
 # Options that every command spells and documents the same way (cli.options), by field name.
 SHARED_OPTIONS = {
@@ -36,18 +37,21 @@ SHARED_OPTIONS = {
     "workers": WorkersOption,
     "strict": StrictOption,
     "force": ForceOption,
+    "stats": StatsOption,
 }
 # What shell completion offers for an option's value, by OptionSpec.completion.
 COMPLETIONS = {"model": complete_model_name}
 
 
 def option_parameters(
-    config_class: type, specs: Mapping[str, OptionSpec]
+    config_class: type,
+    specs: Mapping[str, OptionSpec],
+    defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, inspect.Parameter]:
     """The keyword parameter of each option in `specs` (field name -> OptionSpec), in order,
-    with the field's default."""
+    with the field's default, or the command's own in `defaults`."""
     hints = typing.get_type_hints(config_class)
-    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class)} | dict(defaults or {})
     return {
         name: _parameter(name, spec, hints[name], defaults[name]) for name, spec in specs.items()
     }

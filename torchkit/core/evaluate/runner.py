@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,7 @@ from torchkit.core.outputs import (
     is_special_file,
 )
 from torchkit.core.progress import Progress
-from torchkit.core.run_options import RunOptions
+from torchkit.core.run_options import InferenceOptions
 from torchkit.core.topk import DEFAULT_TOPK
 
 log = logging.getLogger("torchkit")
@@ -57,11 +57,11 @@ KNOWN_FILES = (
 
 
 @dataclass
-class EvalOptions(RunOptions):
-    """How to evaluate: the data, the inference settings (RunOptions's, inherited) and where the
-    reports go."""
+class EvalOptions:
+    """How to evaluate: the data, how the model runs and where the reports go."""
 
     data: str
+    run: InferenceOptions = field(default_factory=InferenceOptions)
     split: str | None = None
     tta: str = "none"
     topk: int | None = None  # None: 5 (`core.topk`); predictions rank at most every class
@@ -287,9 +287,9 @@ def evaluate(
     """
     if options.tta not in TTA_MODES:
         raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
-    if options.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, not {options.batch_size}")
-    check_amp_dtype(options.amp, options.amp_dtype)
+    if options.run.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {options.run.batch_size}")
+    check_amp_dtype(options.run.amp, options.run.amp_dtype)
     folder = open_report_folder(spec, options) if options.out_dir is not None else None
     with folder if folder is not None else contextlib.nullcontext():
         return _evaluate(spec, options, progress, folder)
@@ -301,7 +301,7 @@ def _evaluate(
     progress: Progress | None,
     folder: OutputFolder | None,
 ) -> EvalResult | None:
-    ctx = setup(options.device)
+    ctx = setup(options.run.device)
     previous_level = log.level
     if not ctx.is_main:
         log.setLevel(logging.ERROR)  # only rank 0 warns
@@ -388,20 +388,20 @@ def _run(
     model = resolved.model
     k = resolve_topk(options.topk, num_classes)
 
-    amp_dtype = resolve_amp_dtype(options.amp_dtype, device) if options.amp else None
+    amp_dtype = resolve_amp_dtype(options.run.amp_dtype, device) if options.run.amp else None
     info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
     model.eval()
     model.to(device)
-    if options.channels_last:
+    if options.run.channels_last:
         model.to(memory_format=torch.channels_last)
     # --decode device: JPEGs reach the batch as their bytes, decoded on the device
-    collate = collate_encoded if options.decode == "device" else collate_skipping_unreadable
-    transform = eval_transform(preprocess, pixels=True, decode=options.decode)
+    collate = collate_encoded if options.run.decode == "device" else collate_skipping_unreadable
+    transform = eval_transform(preprocess, pixels=True, decode=options.run.decode)
     dataset = make_dataset(samples, transform, mode=mode, pixels=True)
-    workers = default_workers() if options.workers is None else options.workers
+    workers = default_workers() if options.run.workers is None else options.run.workers
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_size=options.batch_size,
+        batch_size=options.run.batch_size,
         sampler=ShardSampler(len(samples), ctx.rank, ctx.world_size),
         num_workers=workers,
         collate_fn=collate,
@@ -422,9 +422,9 @@ def _run(
         device,
         k=k,
         tta=options.tta,
-        amp=options.amp,
+        amp=options.run.amp,
         amp_dtype=amp_dtype,
-        channels_last=options.channels_last,
+        channels_last=options.run.channels_last,
         strict=options.strict,
         progress=progress if ctx.is_main else None,
         normalized=NormalizedPixels(preprocess.mean, preprocess.std),
@@ -460,9 +460,9 @@ def _run(
         "root": data.root,
         "device": str(device),
         "world_size": ctx.world_size,
-        "batch_size": options.batch_size,
+        "batch_size": options.run.batch_size,
         "tta": options.tta,
-        "amp": options.amp,
+        "amp": options.run.amp,
         "amp_dtype": info_amp_dtype,
         "ema": spec.ema,
         "preprocess": preprocess.to_dict(),

@@ -39,7 +39,7 @@ from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.outputs import InputPath, OutputFolder, data_inputs
 from torchkit.core.predict.inputs import STDIN, collect_images
 from torchkit.core.progress import Progress
-from torchkit.core.run_options import RunOptions
+from torchkit.core.run_options import InferenceOptions
 
 logger = logging.getLogger("torchkit")
 
@@ -51,13 +51,13 @@ COMMIT_INTERVAL_S = 2.0
 
 
 @dataclass
-class FeatureRequest(RunOptions):
-    """Everything `torchkit extract-features` is asked to do (how it runs the model: RunOptions's
-    fields)."""
+class FeatureRequest:
+    """Everything `torchkit extract-features` is asked to do, and how it runs the model (`run`)."""
 
     model: str
     images: str
     out: str
+    run: InferenceOptions = field(default_factory=InferenceOptions)
     weights: str | None = None
     layers: list[str] = field(default_factory=lambda: list(DEFAULT_LAYERS))
     pool: str | None = None  # None: avg for 4-D maps
@@ -236,8 +236,8 @@ def _extract(
     preprocess = source.preprocess
     graph = LayerGraph(source.model, arch=source.arch)
     layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
-    device = select_device(request.device)
-    amp_dtype = resolve_amp_dtype(request.amp_dtype, device) if request.amp else None
+    device = select_device(request.run.device)
+    amp_dtype = resolve_amp_dtype(request.run.amp_dtype, device) if request.run.amp else None
     settings = {
         "model": request.model,
         "arch": source.arch,
@@ -248,16 +248,16 @@ def _extract(
         "normalize": request.normalize,
         "dtype": request.dtype,
         "format": request.file_format,
-        "amp": request.amp,
+        "amp": request.run.amp,
         "amp_dtype": None if amp_dtype is None else amp_dtype_name(amp_dtype),
         "seed": request.seed,
         "preprocess": preprocess.to_dict(),
         # Other pixels: a store is resumed only with the decode it was started with (named only
         # for `device`, so the fingerprints of stores made before the option are unchanged).
-        **({"decode": request.decode} if request.decode != "exact" else {}),
+        **({"decode": request.run.decode} if request.run.decode != "exact" else {}),
     }
     fingerprint = _fingerprint(settings, samples)
-    extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.channels_last)
+    extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.run.channels_last)
     try:
         store, finished = FeatureStore.open(output, fingerprint, len(samples))
         if store is None:
@@ -265,7 +265,7 @@ def _extract(
         resumed_from = store.progress.done
         started = time.perf_counter()
         # 8-bit crops normalised on the device; JPEG bytes decoded there with --decode device
-        transform = eval_transform(preprocess, pixels=True, decode=request.decode)
+        transform = eval_transform(preprocess, pixels=True, decode=request.run.decode)
         loader = _loader(samples, transform, preprocess.in_channels, request, device)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         _extract_rows(
@@ -359,7 +359,7 @@ def _extract_rows(
         logger.info("resuming at image %d of %d", state.done + 1, len(samples))
     # Without --amp autocast is off, and its dtype only has to be a valid one.
     autocast_dtype = amp_dtype or (torch.bfloat16 if device.type == "cpu" else torch.float16)
-    memory_format = torch.channels_last if request.channels_last else torch.contiguous_format
+    memory_format = torch.channels_last if request.run.channels_last else torch.contiguous_format
     last_commit = time.perf_counter()
     if progress:
         progress(state.done, len(samples))
@@ -371,7 +371,7 @@ def _extract_rows(
                 images = model_input(images, device, normalized, memory_format)
                 with (
                     torch.inference_mode(),
-                    torch.autocast(device.type, dtype=autocast_dtype, enabled=request.amp),
+                    torch.autocast(device.type, dtype=autocast_dtype, enabled=request.run.amp),
                 ):
                     outputs = extractor(images)
                 layers = extractor.layers
@@ -461,7 +461,7 @@ def _validate(request: FeatureRequest) -> None:
     for option, (value, allowed) in choices.items():
         if value is not None and value not in allowed:
             raise UsageError(f"{option} must be one of {', '.join(allowed)}, not {value!r}")
-    check_amp_dtype(request.amp, request.amp_dtype)
+    check_amp_dtype(request.run.amp, request.run.amp_dtype)
     if launched_by_torchrun():
         # Every rank would extract every image into the same OUT (the second one refused by
         # its lock, mid-run): say so before anything starts, on every rank.
@@ -470,10 +470,10 @@ def _validate(request: FeatureRequest) -> None:
             "same OUT",
             "run it without torchrun (it uses one device: --device)",
         )
-    if request.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
-    if request.workers is not None and request.workers < 0:
-        raise UsageError(f"--workers must be 0 or more, not {request.workers}")
+    if request.run.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {request.run.batch_size}")
+    if request.run.workers is not None and request.run.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, not {request.run.workers}")
 
 
 def _fingerprint(settings: dict, samples: Samples) -> str:
@@ -498,8 +498,8 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
 
     mode = "L" if in_channels == 1 else "RGB"
     dataset = make_dataset(samples, transform, mode=mode, pixels=True)
-    workers = default_workers() if request.workers is None else request.workers
-    on_device = request.decode == "device"
+    workers = default_workers() if request.run.workers is None else request.run.workers
+    on_device = request.run.decode == "device"
 
     def collate(items):
         indices = [item[2] for item in items]
@@ -514,7 +514,7 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
     def batches(start: int):
         loader = torch.utils.data.DataLoader(
             dataset,
-            batch_size=request.batch_size,
+            batch_size=request.run.batch_size,
             sampler=range(start, len(samples)),
             num_workers=workers,
             collate_fn=collate,

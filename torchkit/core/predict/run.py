@@ -15,7 +15,7 @@ from typing import Any
 
 from torchkit.core.errors import InputError, TorchkitError, UsageError
 from torchkit.core.predict.inputs import collect_images
-from torchkit.core.run_options import RunOptions
+from torchkit.core.run_options import InferenceOptions
 
 log = logging.getLogger("torchkit")
 
@@ -23,11 +23,12 @@ Progress = Callable[[int, int], None]
 
 
 @dataclass
-class PredictRequest(RunOptions):
-    """What `torchkit predict` is asked to do; how it runs the model: RunOptions's fields."""
+class PredictRequest:
+    """What `torchkit predict` is asked to do, and how it runs the model (`run`)."""
 
     model: str
     images: list[str]
+    run: InferenceOptions = field(default_factory=InferenceOptions)
     weights: str | None = None
     trust_checkpoint: bool = False
     allow_untrained: bool = False  # predict with random weights (a model built by code, a test)
@@ -77,8 +78,8 @@ class PredictRun:
         request = self.request
         if request.tta not in TTA_MODES:
             raise UsageError(f"unknown --tta {request.tta!r}", "use none or flip")
-        if request.batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
+        if request.run.batch_size < 1:
+            raise UsageError(f"--batch-size must be at least 1, not {request.run.batch_size}")
         if request.topk < 1:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:
@@ -126,7 +127,7 @@ class PredictRun:
         if self.mode is None:
             channels = preprocess.in_channels
             raise UsageError(f"cannot feed images to a model with {channels} channels")
-        self.ctx = setup(request.device)
+        self.ctx = setup(request.run.device)
         self.device = self.ctx.device
         self.info = {
             "model": request.model,
@@ -210,18 +211,22 @@ class PredictRun:
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
         model = self.resolved.model.eval().to(self.device)
-        memory_format = torch.channels_last if request.channels_last else torch.contiguous_format
-        if request.channels_last:
+        memory_format = (
+            torch.channels_last if request.run.channels_last else torch.contiguous_format
+        )
+        if request.run.channels_last:
             model.to(memory_format=memory_format)
         preprocess = self.resolved.preprocess
-        on_device = request.decode == "device"  # JPEGs decoded on the device, batch by batch
-        transform = eval_transform(preprocess, pixels=True, decode=request.decode)
+        on_device = request.run.decode == "device"  # JPEGs decoded on the device, batch by batch
+        transform = eval_transform(preprocess, pixels=True, decode=request.run.decode)
         dataset = make_dataset(samples, transform, mode=self.mode, pixels=True)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
-        batches = _interleaved_batches(len(samples), request.batch_size, ctx.rank, ctx.world_size)
+        batches = _interleaved_batches(
+            len(samples), request.run.batch_size, ctx.rank, ctx.world_size
+        )
         collate = collate_encoded_with_failures if on_device else _collate
-        loader = _loader(dataset, batches, request.workers, self.device, collate)
-        steps = _steps(len(samples), request.batch_size, ctx.world_size)
+        loader = _loader(dataset, batches, request.run.workers, self.device, collate)
+        steps = _steps(len(samples), request.run.batch_size, ctx.world_size)
         amp_dtype = self._amp_dtype()
         summary = self.summary
         summary.images = len(samples)
@@ -274,10 +279,10 @@ class PredictRun:
     def _amp_dtype(self):
         from torchkit.core.device import check_amp_dtype, resolve_amp_dtype
 
-        check_amp_dtype(self.request.amp, self.request.amp_dtype)
-        if not self.request.amp:
+        check_amp_dtype(self.request.run.amp, self.request.run.amp_dtype)
+        if not self.request.run.amp:
             return None
-        return resolve_amp_dtype(self.request.amp_dtype, self.device)
+        return resolve_amp_dtype(self.request.run.amp_dtype, self.device)
 
     def _score(self, model, batch, amp_dtype, memory_format, normalized, *, first: bool) -> dict:
         """One batch's results as plain CPU values (they travel between ranks)."""
@@ -299,7 +304,7 @@ class PredictRun:
                     images,
                     self.device,
                     tta=self.request.tta,
-                    amp=self.request.amp,
+                    amp=self.request.run.amp,
                     amp_dtype=amp_dtype,
                     first=first,
                 )

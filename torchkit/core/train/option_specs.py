@@ -1,79 +1,14 @@
-"""How an option of a config dataclass is offered on the command line, declared once on its field.
-
-A field declared with `option(default, help=..., ...)` carries an `OptionSpec` in its metadata:
-the help text, the help panel, the flag spellings, the choices, the range... all plain data, so
-that the CLI can generate its parameters from the table, and config files, resume checks and
-error messages can name options the way the command line does, without core knowing the CLI.
-"""
+"""The help panels of `torchkit train --help`; the option machinery is core.option_specs (kept
+importable from here)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from torchkit.core.option_specs import OptionSpec, default_flag, option, option_specs
 
-# The help panels of `torchkit train --help`; an option with no panel is in the general one.
+__all__ = ["OptionSpec", "default_flag", "option", "option_specs"]
+
+# An option with no panel is in the general one.
 DATA_PANEL = "Data and transforms"
 MODEL_PANEL = "Model and fine-tuning"
 OPTIM_PANEL = "Optimisation"
 OUTPUTS_PANEL = "Outputs and checkpoints"
-
-_METADATA_KEY = "option"
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    """One command-line option of a config field.
-
-    `flags` are the spellings (`("--data", "-d")`; `("--flip/--no-flip",)` for an on/off pair);
-    empty means `--field-name`. `parse` turns the option's text into the field's value (given
-    the text, None when the option is not given, and the option's name for error messages; a
-    ValueError is a bad value of that option). `shared` options are declared by the CLI with
-    the same option of the other commands, so their help lives there. `completion` names what
-    shell completion offers for the value ("model": model names).
-    """
-
-    help: str = ""
-    panel: str | None = None
-    flags: tuple[str, ...] = ()
-    choices: tuple[str, ...] = ()
-    minimum: float | None = None
-    maximum: float | None = None
-    show_default: bool = True
-    metavar: str | None = None
-    parse: Callable[[str | None, str], Any] | None = None
-    folder: bool = False
-    completion: str | None = None
-    shared: bool = False
-
-    @property
-    def name(self) -> str:
-        """The option's main spelling: `--weight-decay` of `--weight-decay/--wd`, `--flip` of
-        `--flip/--no-flip`."""
-        return self.flags[0].split("/")[0]
-
-
-def default_flag(field_name: str) -> str:
-    """The spelling of an option that names no flags: `min_lr` -> `--min-lr`."""
-    return "--" + field_name.replace("_", "-")
-
-
-def option(default: Any = dataclasses.MISSING, **spec: Any) -> Any:
-    """A dataclass field with `default` that is a command-line option described by `spec`
-    (the keyword arguments of OptionSpec)."""
-    return dataclasses.field(default=default, metadata={_METADATA_KEY: OptionSpec(**spec)})
-
-
-def option_specs(config_class: type) -> dict[str, OptionSpec]:
-    """The options of a dataclass declared with `option`, by field name, in field order (the
-    order of `--help`), each with its flags filled in."""
-    specs = {}
-    for field in dataclasses.fields(config_class):
-        spec = field.metadata.get(_METADATA_KEY)
-        if spec is None:
-            continue
-        if not spec.flags:
-            spec = dataclasses.replace(spec, flags=(default_flag(field.name),))
-        specs[field.name] = spec
-    return specs
