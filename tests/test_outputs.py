@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import processes_in_group, signal_and_wait, tree_digest, wait_until
 
+from torchkit.core.datasource.inputs import data_inputs
 from torchkit.core.errors import OutputExistsError, OutputWriteError
 from torchkit.core.files import atomic_path, atomic_write_text, torch_save
 from torchkit.core.outputs import (
@@ -29,7 +30,6 @@ from torchkit.core.outputs import (
     check_not_protected,
     check_output_file,
     check_overlap,
-    data_inputs,
     is_special_file,
     is_write_error,
     recover_leftovers,

@@ -180,8 +180,9 @@ def predict_command(
 def _inputs(request, stats: str | None, classes: str | None) -> list:
     import os
 
+    from torchkit.core.datasource.inputs import data_inputs
     from torchkit.core.models import model_inputs
-    from torchkit.core.outputs import InputPath, data_inputs
+    from torchkit.core.outputs import InputPath
 
     inputs = model_inputs(request.model, request.weights)
     for item in request.images:

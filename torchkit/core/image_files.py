@@ -59,8 +59,8 @@ def _kind(mode: int) -> str:
 def open_regular_file(path: str | os.PathLike) -> BinaryIO:
     """`open(path, "rb")` for regular files only (following symbolic links); anything else
     raises `NotARegularFile` without blocking. An image stored in a container (a
-    `datasource.stored.StoredImage`: a tar shard's member, a parquet row) opens as its bytes."""
-    from torchkit.core.datasource.stored import StoredImage
+    `core.stored_image.StoredImage`: a tar shard's member, a parquet row) opens as its bytes."""
+    from torchkit.core.stored_image import StoredImage
 
     if isinstance(path, StoredImage):
         return path.open()

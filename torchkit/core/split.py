@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
+from torchkit.core.datasource.inputs import data_inputs
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.datasource.splitting import SPLIT_NAMES, stratified_split
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
@@ -61,7 +62,6 @@ from torchkit.core.outputs import (
     check_output_file,
     check_overlap,
     check_replaceable,
-    data_inputs,
     discard_tree,
     remove_marker,
     remove_tree,
@@ -883,7 +883,7 @@ def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], boo
     an image folder, a flat folder or a CSV index, read by `core.datasource`. Data that is
     split already (a split root, a CSV with a split column, digits) is refused."""
     from torchkit.core.datasource import non_image_files, open_data
-    from torchkit.core.datasource.stored import is_stored
+    from torchkit.core.stored_image import is_stored
 
     data = open_data(source, allow_unlabelled=True)
     if data.is_split:

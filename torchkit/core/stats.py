@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.datasource.digits import DIGITS
+from torchkit.core.datasource.inputs import data_inputs
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.errors import InputError, UsageError, first_line
 from torchkit.core.files import atomic_write_bytes, atomic_write_text
@@ -50,7 +51,6 @@ from torchkit.core.outputs import (
     InputPath,
     check_distinct_outputs,
     check_output_file,
-    data_inputs,
     is_special_file,
 )
 from torchkit.core.progress import Progress

@@ -44,6 +44,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from torchkit import __version__
+from torchkit.core.datasource.inputs import data_inputs
 from torchkit.core.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.files import atomic_write, atomic_write_text
 from torchkit.core.outputs import (
@@ -52,7 +53,6 @@ from torchkit.core.outputs import (
     OutputFolder,
     check_overlap,
     check_replaceable,
-    data_inputs,
 )
 from torchkit.core.progress import Progress
 
@@ -729,7 +729,7 @@ def _remove_leftovers(folder: Path, keep: Iterable[str] = ()) -> None:
 def _container_inputs(data: Any) -> list[InputPath]:
     """The container files (tar shards, parquet files) that stored images are read from: a
     spec such as `OUT/train-{000000..000009}.tar` names no folder that data_inputs sees."""
-    from torchkit.core.datasource.stored import is_stored
+    from torchkit.core.stored_image import is_stored
 
     parts = list(data.splits.values()) if data.is_split else [data.whole]
     readers = {

@@ -3,7 +3,7 @@ spec that names some (tar shards, a .tar of an image folder, parquet files).
 
 Each reader module has `open_stored(spec, classes, allow_unlabelled) -> DataSource | None`:
 None when `spec` is not its kind (decided from the name and a listing, never by reading the
-data), else the data with `StoredImage` paths (`datasource.stored`). Readers are imported only
+data), else the data with `StoredImage` paths (`core.stored_image`). Readers are imported only
 when `open_data` asks, so that `digits` and `--help` never import them.
 """
 

@@ -44,8 +44,8 @@ from torchkit.core.datasource.csv_index import class_order
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.datasource.source import DataSource, _split_source, concatenate, relabelled
 from torchkit.core.datasource.splitting import SPLIT_NAMES
-from torchkit.core.datasource.stored import Blocks, StoredImage
 from torchkit.core.errors import InputError, first_line
+from torchkit.core.stored_image import Blocks, StoredImage
 
 SUFFIX = ".parquet"
 # HF's split keywords (datasets.data_files.SPLIT_KEYWORDS) -> torchkit's split names.

@@ -46,8 +46,8 @@ from torchkit.core.datasource.discovery import IMAGE_EXTENSIONS, is_image_file
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.datasource.source import DataSource, _split_source, relabelled
 from torchkit.core.datasource.splitting import SPLIT_NAMES
-from torchkit.core.datasource.stored import StoredImage
 from torchkit.core.errors import InputError
+from torchkit.core.stored_image import StoredImage
 
 SHARD_KINDS = ("shards", "split shards")
 TAR_KINDS = ("tar image folder", "tar flat folder", "tar split root")

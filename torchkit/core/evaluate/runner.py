@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from torchkit.core.datasource.inputs import data_inputs
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import NormalizedPixels, model_input
 from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
@@ -37,7 +38,6 @@ from torchkit.core.outputs import (
     check_not_protected,
     check_output_file,
     check_overlap,
-    data_inputs,
     is_special_file,
 )
 from torchkit.core.progress import Progress

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.datasource.digits import DIGITS
+from torchkit.core.datasource.inputs import data_inputs
 from torchkit.core.datasource.samples import Samples
 from torchkit.core.decode import NormalizedPixels, model_input
 from torchkit.core.device import check_amp_dtype
@@ -36,7 +37,7 @@ from torchkit.core.features.store import (
 )
 from torchkit.core.files import require_input
 from torchkit.core.models import ModelSpec, resolve_spec
-from torchkit.core.outputs import InputPath, OutputFolder, data_inputs
+from torchkit.core.outputs import InputPath, OutputFolder
 from torchkit.core.predict.inputs import STDIN, collect_images
 from torchkit.core.progress import Progress
 from torchkit.core.run_options import InferenceOptions

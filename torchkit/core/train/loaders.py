@@ -21,10 +21,10 @@ from torchkit.core.dataset import loader_context, make_dataset, seed_worker
 from torchkit.core.datasource import DataSource, open_data, split_record, training_splits
 from torchkit.core.datasource.digits import DIGITS
 from torchkit.core.datasource.samples import Samples
-from torchkit.core.datasource.stored import Blocks, read_blocks
 from torchkit.core.errors import InputError
 from torchkit.core.preprocessing import Preprocess
 from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
+from torchkit.core.stored_image import Blocks, read_blocks
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.transforms import eval_transform, train_transform
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torchkit.core import distributed
 from torchkit.core.checkpoint import copy_checkpoint
 from torchkit.core.datasource import SPLIT_CSV, write_split_csv
+from torchkit.core.datasource.inputs import data_inputs
 from torchkit.core.errors import TorchkitError, first_line
 from torchkit.core.outputs import (
     MARKER,
@@ -28,7 +29,6 @@ from torchkit.core.outputs import (
     OutputLockedError,
     OutputOverlapError,
     check_output_file,
-    data_inputs,
     lock_path,
 )
 from torchkit.core.train.checkpoints import BEST, LAST, best_checkpoint_for, save_epoch
