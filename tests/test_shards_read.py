@@ -133,6 +133,22 @@ def test_extract_features_of_shards_gives_the_folders_rows_in_shard_order(world,
     np.testing.assert_array_equal(np.load(tmp_path / "shards" / "penultimate.npy"), folder)
 
 
+def test_extract_features_reads_a_pattern_and_a_missing_shard_leaves_no_out(world, tmp_path):
+    pattern = str(world / "shards" / "shard-{000000..000003}.tar")
+    result = run_torchkit_in_process(
+        "extract-features", world / "model.pt", pattern, tmp_path / "feats", "--device", "cpu"
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(np.load(tmp_path / "feats" / "penultimate.npy")) == 18
+    missing = str(world / "shards" / "shard-{000000..000009}.tar")
+    result = run_torchkit_in_process(
+        "extract-features", world / "model.pt", missing, tmp_path / "none", "--device", "cpu"
+    )
+    assert result.returncode == 1
+    assert "shard not found" in error_line(result.stderr)
+    assert not (tmp_path / "none").exists()
+
+
 def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_path):
     result = run_torchkit_in_process(
         "train", "--data", world / "shards", "--model", "convnet", "--image-size", "8",

@@ -483,7 +483,7 @@ def _average(
 
 def shards(
     src: Annotated[
-        Path,
+        str,  # text: a URL must keep its `//`
         typer.Argument(
             help="The data: an image folder, split root, flat folder, CSV index, digits, or "
             "anything else --data reads.",

@@ -62,7 +62,7 @@ def _complete_format(incomplete: str) -> list[str]:
 def extract_features_command(
     model: Annotated[Optional[str], model_argument()] = None,
     images: Annotated[
-        Optional[Path],
+        Optional[str],  # text: a URL must keep its `//`
         typer.Argument(
             help="An image folder (ROOT/<class>/<image>), a split root, a flat folder of "
             "images, a CSV index with path,label columns, an image file, digits, or - for paths "
@@ -200,7 +200,7 @@ def extract_features_command(
     from torchkit.core.errors import UsageError
 
     listing_format, array_format = _formats(fmt, output, array_format, list_layers)
-    given = [Path(p) for p in (images, out) if p is not None]
+    given = [p for p in (images, out) if p is not None]
     model, rest = model_and_rest(model, model_option, given)
     if len(rest) > 2:
         raise UsageError(f"unexpected extra argument: {rest[2]}", "give MODEL, IMAGES and OUT")

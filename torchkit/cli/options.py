@@ -228,8 +228,9 @@ StatsOption = Annotated[
         help="Mean and std from `torchkit dataset-stats ROOT -o FILE.json`.",
     ),
 ]
+# Text, not a Path: a Path would make `https://host/x.tar` `https:/host/x.tar`.
 ImageSetArgument = Annotated[
-    Path,
+    str,
     typer.Argument(
         help="Image folder (ROOT/<class>/<image>), split root (ROOT/train/, val/, test/), flat "
         "folder of images, or CSV index with path,label (and optional split) columns.",

@@ -364,9 +364,14 @@ def _is_tar_name(name: str) -> bool:
     return name.lower().endswith(".tar")
 
 
+def is_shard_pattern(spec: str) -> bool:
+    """Whether `spec` reads as a brace pattern or a `::` list of shards (a name, not a file)."""
+    return ("::" in spec or ("{" in spec and "}" in spec)) and not os.path.exists(spec)
+
+
 def _shard_list(spec: str) -> list[str] | None:
     """The shards a pattern or `::` list names (each must exist), or None if `spec` is neither."""
-    if "::" not in spec and not ("{" in spec and "}" in spec) or os.path.exists(spec):
+    if not is_shard_pattern(spec):
         return None
     names = [name for part in spec.split("::") for name in expand_braces(part)]
     if not names or not all(_is_tar_name(name) for name in names):

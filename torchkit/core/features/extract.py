@@ -192,9 +192,12 @@ def extract_features(
     """
     _validate(request)
     from torchkit.core.datasource.http_shards import is_url
+    from torchkit.core.datasource.shards import is_shard_pattern
 
-    if request.images not in (DIGITS, STDIN) and not is_url(str(request.images)):
-        require_input(request.images, what="IMAGES")
+    images = str(request.images)
+    # A URL or a shard pattern names no file: its reader says what is missing.
+    if images not in (DIGITS, STDIN) and not is_url(images) and not is_shard_pattern(images):
+        require_input(images, what="IMAGES")
     with open_output(request) as output:
         return _extract(request, output, progress, stdin)
 
