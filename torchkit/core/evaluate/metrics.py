@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,19 +72,83 @@ def most_confused(confusion: np.ndarray, label: int, n: int = CONFUSED_SHOWN) ->
 
 
 def compute_metrics(
-    y_true: np.ndarray, y_pred: np.ndarray, topk_labels: np.ndarray, num_classes: int, k: int
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    topk_labels: np.ndarray,
+    num_classes: int,
+    k: int,
+    *,
+    scorer: Any = None,
 ) -> ClassificationMetrics:
     """All metrics for single-label classification into `num_classes` classes.
 
-    `topk_labels` is (N, >=k): each row the predicted classes by decreasing score.
+    `topk_labels` is (N, >=k): each row the predicted classes by decreasing score. `scorer`: a
+    started helper process serving this module (`start_scorer`), which has imported
+    scikit-learn while eval ran; without one, or when it gives no answer, the scores are
+    computed here.
     """
     y_true = np.asarray(y_true, dtype=np.int64)
     y_pred = np.asarray(y_pred, dtype=np.int64)
     if len(y_true) == 0:
         return _no_images(num_classes, k)
+    request = {"y_true": y_true.tolist(), "y_pred": y_pred.tolist(), "num_classes": num_classes}
+    scores = scorer.call(request) if scorer is not None else None
+    if scores is None:
+        scores = answer(request)
+    cm = np.asarray(scores["confusion"], dtype=np.int64).reshape(num_classes, num_classes)
+    macro, weighted = scores["macro"], scores["weighted"]
+    return ClassificationMetrics(
+        num_samples=len(y_true),
+        confusion=cm,
+        support=cm.sum(axis=1),
+        predicted=cm.sum(axis=0),
+        precision=np.asarray(scores["precision"], dtype=np.float64),
+        recall=np.asarray(scores["recall"], dtype=np.float64),
+        f1=np.asarray(scores["f1"], dtype=np.float64),
+        accuracy=float(scores["accuracy"]),
+        topk=k,
+        topk_accuracy=topk_accuracy(y_true, topk_labels, k),
+        precision_macro=macro[0],
+        recall_macro=macro[1],
+        f1_macro=macro[2],
+        precision_weighted=weighted[0],
+        recall_weighted=weighted[1],
+        f1_weighted=weighted[2],
+        f1_micro=float(scores["f1_micro"]),
+        averaged_classes=int(scores["averaged_classes"]),
+    )
+
+
+# scikit-learn's part, as a helper process serves it (core.helper_process): plain values in and
+# out, so that the helper's answer and this process's own are the same numbers.
+SERVICE = "torchkit.core.evaluate.metrics"
+
+
+def start_scorer() -> Any:
+    """A helper process that imports scikit-learn now, beside eval's own start-up, and scores
+    its predictions at the end (`compute_metrics(scorer=...)`); None where scikit-learn is
+    imported already or no helper can start. Close it with `.close()`."""
+    import sys
+
+    if "sklearn.metrics" in sys.modules:
+        return None
+    from torchkit.core.helper_process import HelperProcess
+
+    return HelperProcess.spawn(SERVICE)
+
+
+def prepare() -> None:
+    """The helper's import: scikit-learn's metrics (with scipy, about 1.5 s)."""
+    import sklearn.metrics  # noqa: F401
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    """scikit-learn's confusion matrix, per-class scores and averages of `request`'s labels."""
     from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
-    every_class = np.arange(num_classes)
+    y_true = np.asarray(request["y_true"], dtype=np.int64)
+    y_pred = np.asarray(request["y_pred"], dtype=np.int64)
+    every_class = np.arange(request["num_classes"])
 
     def scores(labels: np.ndarray, average: str | None) -> tuple:
         return precision_recall_fscore_support(
@@ -99,29 +164,18 @@ def compute_metrics(
     precision, recall, f1 = scores(every_class, None)
     # The classes scikit-learn's default labels=None averages over, named so they can be counted.
     present = np.flatnonzero((support > 0) | (predicted > 0))
-    macro = [float(value) for value in scores(present, "macro")]
-    # Over every class: those with no images weigh 0, and the sum runs as it always has here.
-    weighted = [float(value) for value in scores(every_class, "weighted")]
-    return ClassificationMetrics(
-        num_samples=len(y_true),
-        confusion=cm,
-        support=support,
-        predicted=predicted,
-        precision=precision,
-        recall=recall,
-        f1=f1,
-        accuracy=float(accuracy_score(y_true, y_pred)),
-        topk=k,
-        topk_accuracy=topk_accuracy(y_true, topk_labels, k),
-        precision_macro=macro[0],
-        recall_macro=macro[1],
-        f1_macro=macro[2],
-        precision_weighted=weighted[0],
-        recall_weighted=weighted[1],
-        f1_weighted=weighted[2],
-        f1_micro=float(scores(present, "micro")[2]),
-        averaged_classes=len(present),
-    )
+    return {
+        "confusion": cm.tolist(),
+        "precision": np.asarray(precision, dtype=np.float64).tolist(),
+        "recall": np.asarray(recall, dtype=np.float64).tolist(),
+        "f1": np.asarray(f1, dtype=np.float64).tolist(),
+        "accuracy": float(accuracy_score(y_true, y_pred)),
+        "macro": [float(value) for value in scores(present, "macro")],
+        # Over every class: those with no images weigh 0, and the sum runs as it always has.
+        "weighted": [float(value) for value in scores(every_class, "weighted")],
+        "f1_micro": float(scores(present, "micro")[2]),
+        "averaged_classes": len(present),
+    }
 
 
 def _no_images(num_classes: int, k: int) -> ClassificationMetrics:

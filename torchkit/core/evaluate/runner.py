@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from torchkit.core.decode import NormalizedPixels, model_input
 from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
 from torchkit.core.distributed import DistContext, all_gather, setup, teardown
 from torchkit.core.errors import InputError, OutputWriteError, UsageError
-from torchkit.core.evaluate.metrics import compute_metrics
+from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import IMAGE_MODES, load_eval_samples
@@ -290,9 +291,16 @@ def evaluate(
     if options.run.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {options.run.batch_size}")
     check_amp_dtype(options.run.amp, options.run.amp_dtype)
-    folder = open_report_folder(spec, options) if options.out_dir is not None else None
-    with folder if folder is not None else contextlib.nullcontext():
-        return _evaluate(spec, options, progress, folder)
+    # scikit-learn imports in a helper process beside the model and data loading (rank 0 only:
+    # the others compute no metrics), instead of after the images are scored.
+    scorer = start_scorer() if os.environ.get("RANK", "0") == "0" else None
+    try:
+        folder = open_report_folder(spec, options) if options.out_dir is not None else None
+        with folder if folder is not None else contextlib.nullcontext():
+            return _evaluate(spec, options, progress, folder, scorer)
+    finally:
+        if scorer is not None:
+            scorer.close()
 
 
 def _evaluate(
@@ -300,6 +308,7 @@ def _evaluate(
     options: EvalOptions,
     progress: Progress | None,
     folder: OutputFolder | None,
+    scorer: Any = None,
 ) -> EvalResult | None:
     ctx = setup(options.run.device)
     previous_level = log.level
@@ -307,7 +316,7 @@ def _evaluate(
         log.setLevel(logging.ERROR)  # only rank 0 warns
     ok = False
     try:
-        run = _run(spec, options, ctx, progress)
+        run = _run(spec, options, ctx, progress, scorer)
         ok = True
     finally:
         log.setLevel(previous_level)
@@ -355,6 +364,7 @@ def _run(
     options: EvalOptions,
     ctx: DistContext,
     progress: Progress | None,
+    scorer: Any = None,
 ) -> tuple[EvalResult, list[str]] | None:
     import torch
 
@@ -448,7 +458,12 @@ def _run(
     if len(predictions) == 0:
         raise InputError(f"none of the {len(samples)} images in {samples.source} could be read")
     metrics = compute_metrics(
-        predictions.labels, predictions.predicted, predictions.topk_labels, num_classes, k
+        predictions.labels,
+        predictions.predicted,
+        predictions.topk_labels,
+        num_classes,
+        k,
+        scorer=scorer,
     )
     info = {
         "checkpoint": spec.model or spec.weights,

@@ -1,0 +1,103 @@
+"""eval's metrics scored by a helper process that imports scikit-learn beside eval's own start-up
+(core/helper_process.py, core/evaluate/metrics.py): the same numbers as in the process, the
+process's own scoring whenever the helper gives no answer, and eval starts it before the model
+and data load and ends it with the command."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from torchkit.core.evaluate import metrics
+from torchkit.core.evaluate.metrics import compute_metrics
+from torchkit.core.helper_process import HelperProcess
+
+
+def _case(seed: int = 0, n: int = 200, num_classes: int = 6):
+    rng = np.random.default_rng(seed)
+    y_true = rng.integers(0, num_classes - 1, size=n)  # the last class has no images
+    scores = rng.normal(size=(n, num_classes))
+    scores[np.arange(n), y_true] += 1.0
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return y_true, order[:, 0], order[:, :3], num_classes
+
+
+def _equal(a, b) -> None:
+    for field in dataclasses.fields(a):
+        left, right = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(left, np.ndarray):
+            np.testing.assert_array_equal(left, right)
+            assert left.dtype == right.dtype, field.name
+        else:
+            assert left == right, field.name
+
+
+@pytest.fixture
+def scorer():
+    helper = HelperProcess.spawn(metrics.SERVICE)
+    assert helper is not None
+    yield helper
+    helper.close()
+
+
+def test_the_helper_scores_exactly_as_the_process(scorer):
+    y_true, y_pred, topk, num_classes = _case()
+    here = compute_metrics(y_true, y_pred, topk, num_classes, 3)
+    there = compute_metrics(y_true, y_pred, topk, num_classes, 3, scorer=scorer)
+    assert scorer.answered  # the helper did answer: the numbers came from it
+    _equal(there, here)
+    process = scorer.process
+    scorer.close()
+    assert process.returncode == 0  # it ended because its stdin closed
+
+
+def test_a_dead_helper_leaves_the_scoring_to_the_process(scorer):
+    scorer.process.kill()
+    scorer.process.wait()
+    y_true, y_pred, topk, num_classes = _case(1)
+    got = compute_metrics(y_true, y_pred, topk, num_classes, 3, scorer=scorer)
+    _equal(got, compute_metrics(y_true, y_pred, topk, num_classes, 3))
+    assert scorer.process is None  # given up: no second try
+
+
+class _Recorder:
+    """Stands for the helper: records what eval asks and answers as the service would."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events, self.requests, self.closed = events, [], False
+
+    def call(self, request):
+        self.requests.append(request)
+        return metrics.answer(request)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_eval_starts_the_scorer_before_the_model_and_closes_it(monkeypatch, tmp_path):
+    from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, runner
+    from torchkit.core.run_options import InferenceOptions
+
+    events: list[str] = []
+    recorder = _Recorder(events)
+
+    def start():
+        events.append("scorer")
+        return recorder
+
+    resolve = runner.resolve_spec
+
+    def resolve_logged(*args, **kwargs):
+        events.append("model")
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "start_scorer", start)
+    monkeypatch.setattr(runner, "resolve_spec", resolve_logged)
+    spec = ModelSpec(model="convnet", allow_untrained=True, image_size=8)
+    options = EvalOptions(data="digits", run=InferenceOptions(workers=0, device="cpu"))
+    result = evaluate(spec, options)
+    assert events[:2] == ["scorer", "model"]
+    assert len(recorder.requests) == 1 and recorder.closed
+    assert len(recorder.requests[0]["y_true"]) == result.metrics.num_samples == 179
