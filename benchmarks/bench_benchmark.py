@@ -69,9 +69,9 @@ def main() -> None:
     import torch
 
     from torchkit.core.benchmark import BenchmarkOptions, benchmark_model
-    from torchkit.core.device import select_device
     from torchkit.core.env import cpu_model
     from torchkit.core.models import resolve_model
+    from torchkit.core.runtime.device import select_device
 
     torch.set_num_threads(args.threads)
     device = select_device(args.device)

@@ -50,7 +50,7 @@ def _batch(count: int, height: int, width: int, device):
 def _timed(images, boxes, flips, size, batched, device) -> tuple[float, float]:
     import torch
 
-    from torchkit.core.crop_resize import resize_crops
+    from torchkit.core.data.crop_resize import resize_crops
 
     cuda = device.type == "cuda"
     if cuda:

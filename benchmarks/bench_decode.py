@@ -12,7 +12,7 @@ erasing, bilinear), a DataLoader with the same batch size and workers (persisten
 model, AdamW and plain cross-entropy. torchkit is `run_training` (what `torchkit train` runs) on
 the same folder, timed by its recorded train images/s (the train pass of each epoch); its
 `--decode exact` (every JPEG decoded whole, like timm) is timed too, to show what the reduced
-decoding (`torchkit.core.decode`) brings by itself.
+decoding (`torchkit.core.data.decode`) brings by itself.
 
 Figures, all in one run, taken in turns (timm, torchkit, torchkit exact, repeated), each turn
 giving ratios of the best epoch after the first, the median over turns reported, so another job
@@ -251,11 +251,11 @@ def compare_pixels(root: Path, size: int, count: int = 200) -> None:
     import numpy as np
     import torch
 
-    from torchkit.core.dataset import make_dataset
-    from torchkit.core.datasource.discovery import discover_image_folder
-    from torchkit.core.decode import ReducedDecodeCrop
-    from torchkit.core.preprocessing import IMAGENET_STD, Preprocess
-    from torchkit.core.transforms import train_transform
+    from torchkit.core.data.dataset import make_dataset
+    from torchkit.core.data.decode import ReducedDecodeCrop
+    from torchkit.core.data.preprocessing import IMAGENET_STD, Preprocess
+    from torchkit.core.data.sources.discovery import discover_image_folder
+    from torchkit.core.data.transforms import train_transform
 
     samples = discover_image_folder(root / "train")
     samples = samples.subset(range(0, len(samples), max(1, len(samples) // count)))

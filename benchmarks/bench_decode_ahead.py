@@ -46,7 +46,7 @@ def epoch_seconds(loaders, device, budget: int, early: bool, args, epoch: int) -
     started --stall seconds before the loop when `early`."""
     import torch
 
-    from torchkit.core.decode_ahead import DecodedAhead
+    from torchkit.core.data.decode_ahead import DecodedAhead
 
     loaders.train_sampler.set_epoch(epoch)
     ahead = DecodedAhead(loaders.train, device, budget=budget)

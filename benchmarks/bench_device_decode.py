@@ -62,9 +62,9 @@ def rate(root: Path, args, decode: str, device, share: float = 0.0, ahead: bool 
     normalised."""
     import torch
 
-    from torchkit.core.decode import NormalizedPixels
-    from torchkit.core.decode_ahead import DecodedAhead
-    from torchkit.core.device_decode import decoded_batch
+    from torchkit.core.data.decode import NormalizedPixels
+    from torchkit.core.data.decode_ahead import DecodedAhead
+    from torchkit.core.data.device_decode import decoded_batch
 
     loaders, config = _loaders(root, args, decode, device, share)
     normalized = NormalizedPixels(config.mean, config.std)
@@ -95,11 +95,11 @@ def pixels(root: Path, args, device, count: int = 64) -> None:
     """The device path's crops against the exact PIL path's (same seeds): 8-bit levels."""
     import torch
 
-    from torchkit.core.dataset import make_dataset
-    from torchkit.core.datasource.discovery import discover_image_folder
-    from torchkit.core.device_decode import collate_encoded, decoded_batch
-    from torchkit.core.preprocessing import Preprocess
-    from torchkit.core.transforms import train_transform as transform_for
+    from torchkit.core.data.dataset import make_dataset
+    from torchkit.core.data.device_decode import collate_encoded, decoded_batch
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.data.sources.discovery import discover_image_folder
+    from torchkit.core.data.transforms import train_transform as transform_for
 
     samples = discover_image_folder(root / "train")
     samples = samples.subset(range(0, len(samples), max(1, len(samples) // count)))

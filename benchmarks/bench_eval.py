@@ -20,12 +20,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.transforms import eval_transform
 from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate
+from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.models import build_model, model_from_checkpoint
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.run_options import InferenceOptions
-from torchkit.core.transforms import eval_transform
+from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 
 
 def make_folder(root: Path, images: int, classes: int, size: int) -> None:

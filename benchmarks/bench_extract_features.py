@@ -70,7 +70,7 @@ def classic_loop(paths: list[Path], model_name: str, out: Path, seed: int) -> fl
 
 def torchkit_run(root: Path, model_name: str, out: Path, seed: int, args) -> float:
     from torchkit.core.features import FeatureRequest, extract_features
-    from torchkit.core.run_options import InferenceOptions
+    from torchkit.core.inference.options import InferenceOptions
 
     started = time.perf_counter()
     extract_features(

@@ -37,10 +37,10 @@ SIDES = {  # what the workers give: float32 crops, 8-bit crops, JPEG bytes (--de
 def _loader(samples, preprocess, *, side: str, workers: int, batch: int, device):
     import torch
 
-    from torchkit.core.batches import collate_skipping_unreadable
-    from torchkit.core.dataset import loader_context, make_dataset
-    from torchkit.core.device_decode import collate_encoded
-    from torchkit.core.transforms import eval_transform
+    from torchkit.core.data.batches import collate_skipping_unreadable
+    from torchkit.core.data.dataset import loader_context, make_dataset
+    from torchkit.core.data.device_decode import collate_encoded
+    from torchkit.core.data.transforms import eval_transform
 
     if side == "device":
         transform = eval_transform(preprocess, pixels=True, decode="device")
@@ -62,8 +62,8 @@ def _rate(loader, device, normalized) -> tuple[float, int]:
     """Images per second through the loader onto the device, and the bytes of one batch."""
     import torch
 
-    from torchkit.core.decode import model_input
-    from torchkit.core.device_decode import EncodedImages, decoded_batch
+    from torchkit.core.data.decode import model_input
+    from torchkit.core.data.device_decode import EncodedImages, decoded_batch
 
     start, count, batch_bytes = time.perf_counter(), 0, 0
     for batch in loader:
@@ -94,9 +94,9 @@ def main() -> None:
 
     import torch
 
-    from torchkit.core.datasource.samples import Samples
-    from torchkit.core.decode import NormalizedPixels
-    from torchkit.core.preprocessing import Preprocess
+    from torchkit.core.data.decode import NormalizedPixels
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.data.sources.samples import Samples
 
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory() as scratch:

@@ -217,7 +217,7 @@ def have_imagededup() -> bool:
 
 
 def quality(made, torchkit, oracle, oracle_name: str) -> None:
-    from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs, popcount
+    from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs, popcount
 
     paths = [p for p, _, _ in made]
     index = {p: i for i, p in enumerate(paths)}
@@ -351,7 +351,7 @@ def per_image(groups: dict[str, list[str]], repeat: int, oracle: bool) -> None:
     import cv2
     from PIL import Image
 
-    from torchkit.core.hashing import hash_file
+    from torchkit.core.data.hashing import hash_file
 
     phash = None
     if oracle:
@@ -391,7 +391,7 @@ def per_image(groups: dict[str, list[str]], repeat: int, oracle: bool) -> None:
 
 
 def search_scaling(sizes: list[int]) -> None:
-    from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs, plan_search
+    from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs, plan_search
 
     print(f"\n   search (near_pairs, threshold {DEFAULT_NEAR_THRESHOLD}) on random 64-bit hashes")
     print("   with 10% planted copies (up to 6 bits flipped):")
@@ -419,7 +419,7 @@ def search_scaling(sizes: list[int]) -> None:
 
 
 def scaling(work: Path, images: int, workers: int, sizes: list[int]) -> None:
-    from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs
+    from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs
 
     print(f"\n3. Scaling: the hash pass on {images} and {images // 5} images (96 to 320 px)")
     root = work / "scale"

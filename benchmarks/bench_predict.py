@@ -36,10 +36,10 @@ from bench_eval import make_checkpoint, make_folder
 from PIL import Image
 
 from torchkit.cli.predict import write_csv
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.transforms import eval_transform
+from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.predict import PredictRequest, PredictRun
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.run_options import InferenceOptions
-from torchkit.core.transforms import eval_transform
 
 
 def plain_pytorch(checkpoint: Path, root: Path, batch_size: int, workers: int) -> str:

@@ -29,7 +29,7 @@ def main() -> int:
     import torch
     import torchvision
 
-    from torchkit.core.checkpoint import save_checkpoint
+    from torchkit.core.models.checkpoint import save_checkpoint
     from torchkit.core.train.checkpoints import save_epoch
 
     model = getattr(torchvision.models, args.model)(num_classes=1000)

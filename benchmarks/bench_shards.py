@@ -149,9 +149,9 @@ def read_order(work: Path, images: int = 3000, seed: int = 0) -> None:
     plain shuffle against the row-group windows train uses."""
     import torch
 
-    from torchkit.core.datasource import open_data
-    from torchkit.core.datasource.parquet import CACHE_BYTES
-    from torchkit.core.stored_image import read_blocks
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.data.sources.parquet import CACHE_BYTES
+    from torchkit.core.data.stored_image import read_blocks
     from torchkit.core.train.loaders import windowed_order
 
     path = work / "large" / "data" / "train-00000-of-00001.parquet"

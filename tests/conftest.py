@@ -315,8 +315,8 @@ def image_folder(tmp_path: Path) -> Path:
 def write_convnet_checkpoint(path: Path, *, in_channels: int, image_size: int, classes: str):
     """A torchkit checkpoint of the built-in convnet for `in_channels` x `image_size` images,
     one class per letter of `classes`; returns its model."""
-    from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
     from torchkit.core.models import resolve_model
+    from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
     model = resolve_model(
         "convnet", in_channels=in_channels, image_size=image_size, num_classes=len(classes)

@@ -19,9 +19,9 @@ from conftest import (
     write_image_folder,
 )
 
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.models import build_model
-from torchkit.core.preprocessing import Preprocess
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 # A model whose forward pass, when GATE_FILE is set, creates that file at its GATE_AT-th batch
 # and then waits there until the test stops the run: a deterministic "in the middle of the

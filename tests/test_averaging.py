@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchkit.core.averaging import average_checkpoints
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.convert.averaging import average_checkpoints
+from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.models.convnet import convnet_class
 
 

@@ -34,7 +34,7 @@ from torchkit.core.benchmark import memory as bench_memory
 from torchkit.core.benchmark import run as bench_run
 from torchkit.core.benchmark.memory import MemoryProbe, parse_memory_limit
 from torchkit.core.benchmark.search import OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER
-from torchkit.core.errors import TorchkitError, UsageError
+from torchkit.core.io.errors import TorchkitError, UsageError
 from torchkit.core.summary import summarize
 
 FAST = ["--device", "cpu", "--warmup", "1", "--iters", "2"]

@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from torchkit.core import files
-from torchkit.core.outputs import OutputWriteError
+from torchkit.core.io import files
+from torchkit.core.io.outputs import OutputWriteError
 from torchkit.core.train.checkpoints import save_epoch
 
 
@@ -29,7 +29,7 @@ def test_a_best_epoch_is_serialized_once_and_copied_to_its_other_names(tmp_path,
     monkeypatch.setattr(
         files, "torch_save", lambda obj, path: (saved.append(path), real(obj, path))
     )
-    monkeypatch.setattr("torchkit.core.checkpoint.torch_save", files.torch_save)
+    monkeypatch.setattr("torchkit.core.models.checkpoint.torch_save", files.torch_save)
     written = save_epoch(tmp_path, _checkpoint(1), is_best=True, save_every=1, keep=0)
     assert [path.name for path in written] == ["best.pt", "epoch-001.pt", "last.pt"]
     assert len(saved) == 1

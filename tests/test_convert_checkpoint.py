@@ -16,9 +16,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION
 from torchkit.core.convert.checkpoint import pick_state_dict, rename_keys
-from torchkit.core.errors import CheckpointError
+from torchkit.core.io.errors import CheckpointError
+from torchkit.core.models.checkpoint import FORMAT_VERSION
 
 runner = CliRunner()
 
@@ -127,7 +127,7 @@ def test_safetensors_outputs_get_the_permissions_of_every_other_output(tmp_path)
     import os
     import stat
 
-    from torchkit.core.files import _UMASK
+    from torchkit.core.io.files import _UMASK
 
     torch.save(small_model().state_dict(), tmp_path / "model.pth")
     for name in ("copy.safetensors", "copy.pt"):

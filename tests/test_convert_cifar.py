@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from torchkit.cli import app
 from torchkit.core.convert.cifar import convert_cifar, read_cifar
 from torchkit.core.convert.safe_pickle import restricted_loads
-from torchkit.core.errors import InputError
+from torchkit.core.io.errors import InputError
 
 runner = CliRunner()
 

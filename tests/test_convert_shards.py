@@ -103,7 +103,7 @@ def test_webdataset_reads_every_sample_with_its_label(tmp_path: Path, split_root
 
 
 def test_digits_are_written_as_png_per_split(tmp_path: Path):
-    from torchkit.core.datasource import open_data
+    from torchkit.core.data.sources import open_data
 
     out = tmp_path / "digits"
     assert convert("digits", out, "--no-shuffle", "--per-shard", 1000).returncode == 0
@@ -307,9 +307,9 @@ def test_output_overlapping_the_source_or_existing_is_refused(tmp_path: Path, im
 def test_shards_named_by_a_pattern_may_not_be_replaced_by_their_output(
     tmp_path: Path, image_folder: Path
 ):
-    from torchkit.core.datasource.containers import READERS
+    from torchkit.core.data.sources.containers import READERS
 
-    if "torchkit.core.datasource.shards" not in READERS:
+    if "torchkit.core.data.sources.shards" not in READERS:
         pytest.skip("the shard reader is not there yet")
     out = tmp_path / "out"
     assert convert(image_folder, out, "--per-shard", 2).returncode == 0
@@ -390,9 +390,9 @@ def test_a_full_disk_is_one_error_and_leaves_no_half_shard(
 
 
 def test_round_trip_dataset_stats_of_the_shards_equal_the_source(tmp_path: Path, split_root: Path):
-    from torchkit.core.datasource.containers import READERS
+    from torchkit.core.data.sources.containers import READERS
 
-    if "torchkit.core.datasource.shards" not in READERS:
+    if "torchkit.core.data.sources.shards" not in READERS:
         pytest.skip("the shard reader is not there yet")
     out = tmp_path / "out"
     assert convert(split_root, out, "--per-shard", 3).returncode == 0

@@ -13,16 +13,16 @@ import pytest
 import torch
 from PIL import Image
 
-from torchkit.core.batches import collate_skipping_unreadable
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource import csv_samples
-from torchkit.core.datasource.digits import digits_splits
-from torchkit.core.datasource.discovery import discover_image_folder
-from torchkit.core.datasource.splitting import largest_remainder_counts, stratified_split
-from torchkit.core.errors import InputError, OfflineError, UsageError
+from torchkit.core.data.batches import collate_skipping_unreadable
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources import csv_samples
+from torchkit.core.data.sources.digits import digits_splits
+from torchkit.core.data.sources.discovery import discover_image_folder
+from torchkit.core.data.sources.splitting import largest_remainder_counts, stratified_split
+from torchkit.core.data.transforms import eval_transform
+from torchkit.core.io.errors import InputError, OfflineError, UsageError
 from torchkit.core.models import build_model, find_head, model_from_checkpoint, replace_head
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.transforms import eval_transform
 
 
 def hamilton(n: int, weights: list[Fraction]) -> list[int]:

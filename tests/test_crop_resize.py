@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchkit.core import crop_resize
-from torchkit.core.crop_resize import filter_weights, resize_crops
+from torchkit.core.data import crop_resize
+from torchkit.core.data.crop_resize import filter_weights, resize_crops
 
 MODES = ["bilinear", "bicubic", "nearest"]
 PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}

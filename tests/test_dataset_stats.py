@@ -20,7 +20,7 @@ from conftest import SIXTEEN_BIT_GRAY
 from PIL import Image
 
 from torchkit.cli import app
-from torchkit.core.errors import InputError
+from torchkit.core.io.errors import InputError
 from torchkit.core.stats import compute_dataset_stats, resized_size
 
 ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)

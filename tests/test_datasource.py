@@ -14,16 +14,16 @@ import pytest
 from conftest import SIXTEEN_BIT_GRAY, write_image_folder
 from PIL import Image
 
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource import (
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.image_files import NotARegularFile, load_image, open_regular_file
+from torchkit.core.data.sources import (
     open_data,
     select_split,
     split_record,
     training_splits,
     write_split_csv,
 )
-from torchkit.core.errors import InputError, UsageError
-from torchkit.core.image_files import NotARegularFile, load_image, open_regular_file
+from torchkit.core.io.errors import InputError, UsageError
 
 
 def _write(path: Path, text: str, *, bom: bool = False) -> Path:
@@ -324,7 +324,7 @@ def test_16_bit_images_feed_their_8_bit_values_not_white(tmp_path):
     expected = np.floor(values.astype(np.float64) * 255 / 65535 + 0.5).astype(np.uint8)
 
     assert np.array_equal(np.asarray(load_image(path, "L")), expected)
-    from torchkit.core.datasource.samples import Samples
+    from torchkit.core.data.sources.samples import Samples
 
     samples = Samples(["x"], [0], paths=[str(path)], ids=["sixteen.png"])
     tensor, label, index, error = make_dataset(samples, T.PILToTensor(), mode="RGB")[0]

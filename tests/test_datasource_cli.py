@@ -17,8 +17,8 @@ from conftest import REPO, error_line, write_image_folder
 from PIL import Image
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import CHECKPOINT_KEYS
-from torchkit.core.datasource import open_data, select_split
+from torchkit.core.data.sources import open_data, select_split
+from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
 
 TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
 ONE_EPOCH = [*TINY, "--epochs", "1"]

@@ -15,9 +15,8 @@ from conftest import SIXTEEN_BIT_GRAY
 from PIL import Image
 from torchvision import transforms as T
 
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.decode import (
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.decode import (
     CropDraws,
     HorizontalFlip,
     NormalizedPixels,
@@ -27,10 +26,11 @@ from torchkit.core.decode import (
     model_input,
     reduction_for,
 )
-from torchkit.core.errors import UsageError
-from torchkit.core.image_files import load_image
-from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from torchkit.core.transforms import eval_transform, train_transform
+from torchkit.core.data.image_files import load_image
+from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.transforms import eval_transform, train_transform
+from torchkit.core.io.errors import UsageError
 
 SIZE = 64
 PREPROCESS = Preprocess(image_size=SIZE, resize_size=73)

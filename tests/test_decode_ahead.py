@@ -17,10 +17,10 @@ from conftest import processes_in_group, start_torchkit_process, wait_until
 from test_decode import _jpeg_split_folder
 
 from torchkit.cli import app
-from torchkit.core import decode_ahead
-from torchkit.core.batches import Batch
-from torchkit.core.decode_ahead import DecodedAhead, decodes_ahead
-from torchkit.core.device_decode import EncodedImages, decoded_batch
+from torchkit.core.data import decode_ahead
+from torchkit.core.data.batches import Batch
+from torchkit.core.data.decode_ahead import DecodedAhead, decodes_ahead
+from torchkit.core.data.device_decode import EncodedImages, decoded_batch
 
 TESTS = Path(__file__).resolve().parent
 
@@ -73,7 +73,7 @@ def test_an_error_in_the_loader_is_raised_in_the_loop_after_the_batches_before_i
 def test_an_error_making_the_crops_is_raised_in_the_loop_after_the_batches_before_it(
     monkeypatch,
 ):
-    from torchkit.core import device_decode
+    from torchkit.core.data import device_decode
 
     real = device_decode.cropped_batch
 
@@ -93,7 +93,7 @@ def test_an_error_making_the_crops_is_raised_in_the_loop_after_the_batches_befor
 def test_two_threads_hold_at_most_two_batches_of_whole_images(monkeypatch):
     # The whole decoded images are the big ones (a batch of 12 MP photos is 9 GB on a GPU):
     # the decoding thread waits while two such batches are alive, however slow the crops.
-    from torchkit.core import device_decode
+    from torchkit.core.data import device_decode
 
     lock, alive, most = threading.Lock(), [0], [0]
     blocked = threading.Event()
@@ -162,8 +162,8 @@ def test_the_threads_count_their_time_in_the_decoder_on_the_crops_and_waiting(mo
         tick(2.0)
         return started
 
-    monkeypatch.setattr("torchkit.core.device_decode.jpegs_decoded", slow_decode)
-    monkeypatch.setattr("torchkit.core.device_decode.cropped_batch", slow_crops)
+    monkeypatch.setattr("torchkit.core.data.device_decode.jpegs_decoded", slow_decode)
+    monkeypatch.setattr("torchkit.core.data.device_decode.cropped_batch", slow_crops)
     ahead = DecodedAhead(SlowLoader(4), "cpu")
     assert len(list(ahead)) == 4
     # One clock for two threads: each thread's spans also hold the other's ticks made meanwhile.
@@ -173,7 +173,7 @@ def test_the_threads_count_their_time_in_the_decoder_on_the_crops_and_waiting(mo
 def test_the_budget_is_a_64th_of_the_gpu_up_to_512_mib_and_none_on_a_cpu(monkeypatch):
     from types import SimpleNamespace
 
-    from torchkit.core.decode_ahead import ahead_budget
+    from torchkit.core.data.decode_ahead import ahead_budget
 
     memory = {0: 8 * 2**30, 1: 80 * 2**30}
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -186,7 +186,7 @@ def test_the_budget_is_a_64th_of_the_gpu_up_to_512_mib_and_none_on_a_cpu(monkeyp
 
 
 def test_ready_batches_take_the_least_whatever_their_size_then_what_fits_the_budget():
-    from torchkit.core.decode_ahead import ReadyBatches
+    from torchkit.core.data.decode_ahead import ReadyBatches
 
     ready = ReadyBatches(least=1, budget=100)
     never = lambda: False  # noqa: E731
@@ -295,7 +295,7 @@ def test_training_that_decodes_ahead_equals_training_that_does_not(runner, tmp_p
 
 FORCE_AHEAD = """\
 import os
-from torchkit.core import decode_ahead
+from torchkit.core.data import decode_ahead
 
 def decodes_ahead(decode, device):  # as on a GPU, here on the CPU
     open(os.environ["TORCHKIT_TEST_AHEAD_MARK"], "w").close()
@@ -370,7 +370,7 @@ def test_sigterm_while_the_model_is_built_after_the_workers_started_leaves_nothi
 
 def test_the_decoding_threads_use_the_runs_gpu_not_gpu_0(monkeypatch):
     # A new thread starts on GPU 0: with --device cuda:1 each decoding thread switches.
-    from torchkit.core.device import use_in_this_thread
+    from torchkit.core.runtime.device import use_in_this_thread
 
     chosen = []
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)

@@ -10,9 +10,9 @@ import threading
 import pytest
 from PIL import Image
 
-from torchkit.core import device_decode
-from torchkit.core.decoder_warm_up import start_decoder_warm_up, wait_for_decoder_warm_up
-from torchkit.core.device_decode import READY_COPIES, ready_decoder
+from torchkit.core.data import device_decode
+from torchkit.core.data.decoder_warm_up import start_decoder_warm_up, wait_for_decoder_warm_up
+from torchkit.core.data.device_decode import READY_COPIES, ready_decoder
 
 WARM_UP = "torchkit-decoder-warm-up"
 
@@ -102,7 +102,7 @@ def test_a_run_decoding_ahead_readies_the_decoder_and_trains_as_a_cold_one(
     from test_decode import _jpeg_split_folder
 
     from torchkit.cli import app
-    from torchkit.core import decode_ahead, decoder_warm_up
+    from torchkit.core.data import decode_ahead, decoder_warm_up
 
     root = tmp_path / "jpegs"
     _jpeg_split_folder(root, train=5, val=2, size=(48, 36))

@@ -24,12 +24,11 @@ from PIL import Image
 from test_decode import _jpeg_split_folder, photo  # the same photo-like test images
 from torchvision import transforms as T
 
-from torchkit.core.batches import Batch, collate_skipping_unreadable
-from torchkit.core.crop_resize import resize_crop, resize_crops
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.decode import NormalizedPixels, pil_resample
-from torchkit.core.device_decode import (
+from torchkit.core.data.batches import Batch, collate_skipping_unreadable
+from torchkit.core.data.crop_resize import resize_crop, resize_crops
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.decode import NormalizedPixels, pil_resample
+from torchkit.core.data.device_decode import (
     DeviceDecodeTransform,
     EncodedImages,
     EncodedJpeg,
@@ -39,9 +38,10 @@ from torchkit.core.device_decode import (
     decoded_on_cpu,
     resolve_decode,
 )
-from torchkit.core.errors import UsageError
-from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from torchkit.core.transforms import train_transform
+from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.transforms import train_transform
+from torchkit.core.io.errors import UsageError
 
 SIZE = 64
 PREPROCESS = Preprocess(image_size=SIZE, resize_size=73)
@@ -158,7 +158,7 @@ def test_pixels_are_within_the_stated_tolerance_of_the_exact_path(
     # Both ways to resize (core.crop_resize): the CPU's own (image by image) and CUDA's (the
     # whole batch in two products), each through the whole decode path.
     monkeypatch.setattr(
-        "torchkit.core.device_decode.resize_crops",
+        "torchkit.core.data.device_decode.resize_crops",
         lambda *args, **kwargs: resize_crops(*args, **kwargs, batched=batched),
     )
     preprocess = Preprocess(image_size=SIZE, resize_size=73, interpolation=interpolation)
@@ -266,7 +266,7 @@ def test_a_batch_mixes_both_paths_in_order(files):
 
 def test_the_two_halves_of_a_decode_give_what_it_gives(files):
     # What the two decoding threads do (`core.decode_ahead`): the JPEG decoder, then the crops.
-    from torchkit.core.device_decode import DecodedJpegs, cropped_batch, jpegs_decoded
+    from torchkit.core.data.device_decode import DecodedJpegs, cropped_batch, jpegs_decoded
 
     paths = [files[name] for name in ["wide.jpg", "rgb.png", "gray.jpg"]]
     batch = collate_encoded(_items(paths, "device"))
@@ -302,7 +302,7 @@ def test_unreadable_files_are_reported_and_skipped_as_today(files):
 def test_a_jpeg_the_device_cannot_decode_is_decoded_by_pil(files, monkeypatch):
     # nvJPEG refuses some JPEGs libjpeg reads: PIL decodes those in the main process with the
     # box and flip drawn for them, as the exact path would.
-    from torchkit.core import device_decode
+    from torchkit.core.data import device_decode
 
     real = device_decode.decode_jpegs
     monkeypatch.setattr(
@@ -321,7 +321,7 @@ def test_a_decoder_that_takes_no_lists_decodes_one_by_one_from_then_on(files, mo
     # alone, and the list is not offered again.
     import torchvision.io
 
-    from torchkit.core import device_decode
+    from torchkit.core.data import device_decode
 
     decode_jpeg = torchvision.io.decode_jpeg
     calls = []
@@ -347,7 +347,7 @@ def test_a_decoder_that_refuses_everything_leaves_it_to_pil_and_says_so(files, m
     # process), and one warning says why the run is slow.
     import torchvision.io
 
-    from torchkit.core import device_decode
+    from torchkit.core.data import device_decode
 
     def refuse(*args, **kwargs):
         raise RuntimeError("no JPEG decoder on this device")
@@ -714,7 +714,7 @@ def test_pinned_batches_reach_the_gpu(tmp_path):
 @pytest.mark.cuda
 @needs_cuda
 def test_decoding_ahead_on_the_gpu_gives_the_loops_batches(tmp_path):
-    from torchkit.core.decode_ahead import DecodedAhead
+    from torchkit.core.data.decode_ahead import DecodedAhead
 
     loaders = _pinned_device_loaders(tmp_path / "data", train=6)
     try:

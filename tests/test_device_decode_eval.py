@@ -19,11 +19,9 @@ from torchvision import transforms as T
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.crop_resize import resize_crops
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.device_decode import (
+from torchkit.core.data.crop_resize import resize_crops
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.device_decode import (
     EncodedJpeg,
     collate_encoded,
     collate_encoded_with_failures,
@@ -32,10 +30,12 @@ from torchkit.core.device_decode import (
     eval_view,
     pil_errors,
 )
-from torchkit.core.image_files import unreadable_image_errors
+from torchkit.core.data.image_files import unreadable_image_errors
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.transforms import eval_transform
 from torchkit.core.models import build_model
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.transforms import eval_transform
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 DEVICE_NAMES = ["wide.jpg", "tall.jpg", "gray.jpg", "big.jpg", "mpo.jpg"]
 
@@ -64,7 +64,7 @@ def test_pixels_are_within_the_stated_tolerance_of_the_eval_transform(
     monkeypatch,
 ):
     monkeypatch.setattr(
-        "torchkit.core.device_decode.resize_crops",
+        "torchkit.core.data.device_decode.resize_crops",
         lambda *args, **kwargs: resize_crops(*args, **kwargs, batched=batched),
     )
     resize_size, image_size = sizes
@@ -252,7 +252,7 @@ def test_bicubic_clips_its_first_pass_as_pil_does(tmp_path, batched, monkeypatch
     # 8 bits. Unclipped, the crop landed up to 27 levels from PIL's (landscape images, where
     # every Pillow resizes the width first).
     monkeypatch.setattr(
-        "torchkit.core.device_decode.resize_crops",
+        "torchkit.core.data.device_decode.resize_crops",
         lambda *args, **kwargs: resize_crops(*args, **kwargs, batched=batched),
     )
     rng = np.random.default_rng(0)
@@ -267,7 +267,7 @@ def test_bicubic_clips_its_first_pass_as_pil_does(tmp_path, batched, monkeypatch
 
 
 def test_an_unknown_decode_is_a_usage_error():
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     with pytest.raises(UsageError, match="unknown --decode 'turbo'"):
         eval_transform(Preprocess(), pixels=True, decode="turbo")

@@ -1,5 +1,5 @@
-"""One process setup for every command under torchrun (`torchkit.core.distributed`): eval and
-predict start their process group as train does, with the same collective timeout, and end
+"""One process setup for every command under torchrun (`torchkit.core.runtime.distributed`):
+eval and predict start their process group as train does, with the same collective timeout, and end
 only a group they started."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch.distributed as dist
 from PIL import Image
 
-from torchkit.core import distributed
-from torchkit.core.errors import DeviceError
-from torchkit.core.run_options import InferenceOptions
+from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.io.errors import DeviceError
+from torchkit.core.runtime import distributed
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from torchkit.core.env import (
     require_usable_cuda,
     visible_device_entries,
 )
-from torchkit.core.errors import DeviceError
+from torchkit.core.io.errors import DeviceError
 
 CUDA_BUILD = torch.version.cuda is not None
 NO_CUDA = not torch.cuda.is_available()

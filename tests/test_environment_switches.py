@@ -11,7 +11,7 @@ import torchkit
 # TORCHKIT_DEBUG: tracebacks (README, "Errors"); _TORCHKIT_COMPLETE: shell completion (click's
 # protocol); TORCHKIT_BYTECODE_CACHE=0: no bytecode cache written in the environment (README,
 # "Install"); TORCHKIT_CACHE and TORCHKIT_HTTP_TIMEOUT: where shards read over HTTP are cached,
-# and how long a socket operation may take (core/datasource/http_shards.py).
+# and how long a socket operation may take (core/data/sources/http_shards.py).
 DOCUMENTED = {
     "TORCHKIT_DEBUG",
     "_TORCHKIT_COMPLETE",

@@ -103,7 +103,7 @@ def test_early_decoding_decodes_epoch_1_while_the_model_is_built_and_trains_the_
     from test_decode import _jpeg_split_folder
 
     from torchkit.cli import app
-    from torchkit.core import decode_ahead, decoder_warm_up, device_decode
+    from torchkit.core.data import decode_ahead, decoder_warm_up, device_decode
     from torchkit.core.train import epochs, setup
 
     root = tmp_path / "jpegs"
@@ -162,7 +162,7 @@ def test_a_stop_between_epochs_stops_the_next_epochs_early_decoding(runner, tmp_
     from test_decode import _jpeg_split_folder
 
     from torchkit.cli import app
-    from torchkit.core import decode_ahead
+    from torchkit.core.data import decode_ahead
     from torchkit.core.train import epochs
 
     root = tmp_path / "jpegs"

@@ -20,10 +20,10 @@ from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, t
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.transforms import eval_transform
 from torchkit.core.models import build_model, model_from_checkpoint
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.transforms import eval_transform
+from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 
 runner = CliRunner()
 

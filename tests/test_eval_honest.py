@@ -19,11 +19,11 @@ from conftest import REPO, run_torchkit_in_process, run_torchkit_process, write_
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.batches import Batch
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import DeviceError, UsageError
+from torchkit.core.data.batches import Batch
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.io.errors import DeviceError, UsageError
 from torchkit.core.models import build_model
-from torchkit.core.preprocessing import Preprocess
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 runner = CliRunner()
 CLASSES = ["a", "b"]
@@ -283,8 +283,8 @@ def fake_cuda(monkeypatch):
 
 
 def test_one_process_cuda_index_becomes_the_current_device(fake_cuda):
-    from torchkit.core.device import select_device
-    from torchkit.core.distributed import setup
+    from torchkit.core.runtime.device import select_device
+    from torchkit.core.runtime.distributed import setup
 
     ctx = setup("cuda:1")
     assert (ctx.world_size, ctx.device) == (1, torch.device("cuda", 1))
@@ -312,7 +312,7 @@ def fake_torchrun(monkeypatch, fake_cuda):
 
 @pytest.mark.parametrize("spec", ["cuda", "auto", " CUDA "])
 def test_torchrun_ranks_use_the_gpu_of_their_local_rank(fake_torchrun, fake_cuda, spec):
-    from torchkit.core.distributed import setup
+    from torchkit.core.runtime.distributed import setup
 
     ctx = setup(spec)
     assert (ctx.rank, ctx.world_size, ctx.initialised_here) == (1, 2, True)
@@ -323,7 +323,7 @@ def test_torchrun_ranks_use_the_gpu_of_their_local_rank(fake_torchrun, fake_cuda
 
 @pytest.mark.parametrize("spec", ["cuda:0", "cuda:1"])
 def test_torchrun_refuses_an_explicit_gpu_before_anything_starts(fake_torchrun, fake_cuda, spec):
-    from torchkit.core.distributed import setup
+    from torchkit.core.runtime.distributed import setup
 
     with pytest.raises(UsageError) as caught:
         setup(spec)
@@ -340,7 +340,7 @@ def test_train_takes_its_device_by_the_same_rule(fake_cuda, monkeypatch):
     takes cuda:LOCAL_RANK and an explicit GPU is refused before the group starts."""
     import torch.distributed as dist
 
-    from torchkit.core.distributed import setup
+    from torchkit.core.runtime.distributed import setup
 
     assert setup("cuda:1").device == torch.device("cuda", 1)
     assert fake_cuda == [torch.device("cuda", 1)]
@@ -359,7 +359,7 @@ def test_train_takes_its_device_by_the_same_rule(fake_cuda, monkeypatch):
 
 
 def test_torchrun_with_more_ranks_than_gpus_is_a_device_error(fake_torchrun, monkeypatch):
-    from torchkit.core.distributed import setup
+    from torchkit.core.runtime.distributed import setup
 
     monkeypatch.setenv("LOCAL_RANK", "2")
     with pytest.raises(DeviceError, match="started 3 processes on this node, one per GPU, but "):
@@ -371,7 +371,7 @@ def test_every_rank_stops_when_the_node_has_fewer_gpus_than_processes(fake_torch
     """Rank 0 of `torchrun --nproc_per_node=2` on a 1-GPU machine has a GPU of its own, but stops
     with the same error as rank 1 before any process group or collective: it used to wait in
     init_process_group until torchrun killed it."""
-    from torchkit.core.distributed import setup
+    from torchkit.core.runtime.distributed import setup
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("RANK", "0")
@@ -404,7 +404,7 @@ def test_torchrun_explicit_gpu_is_a_usage_error_exit_2(world):
 def test_extract_features_makes_its_gpu_the_current_device(world, tmp_path, monkeypatch):
     """extract-features goes through select_device too: `--device cuda:1` sets GPU 1 current
     (the model then runs on the CPU here, where there is no GPU to run it on)."""
-    from torchkit.core import device as device_module
+    from torchkit.core.runtime import device as device_module
 
     calls: list = []
     real = device_module.select_device
@@ -445,7 +445,7 @@ def bf16_support(monkeypatch):
 
 
 def test_auto_amp_dtype_is_bf16_only_where_the_gpu_has_it_natively(bf16_support):
-    from torchkit.core.device import amp_dtype_name, resolve_amp_dtype
+    from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype
 
     cuda, cpu, mps = torch.device("cuda", 0), torch.device("cpu"), torch.device("mps")
     assert resolve_amp_dtype("auto", cuda) == torch.float16  # pre-Ampere: fp16, not emulation
@@ -463,7 +463,7 @@ def test_auto_amp_dtype_is_bf16_only_where_the_gpu_has_it_natively(bf16_support)
 
 
 def test_explicit_bf16_on_a_gpu_without_native_bf16_warns(bf16_support, caplog):
-    from torchkit.core.device import resolve_amp_dtype
+    from torchkit.core.runtime.device import resolve_amp_dtype
 
     with caplog.at_level(logging.WARNING, logger="torchkit"):
         assert resolve_amp_dtype("bf16", torch.device("cuda", 0)) == torch.bfloat16
@@ -514,7 +514,7 @@ def test_fingerprint_without_amp_is_the_one_older_versions_wrote():
     """An interrupted run of an earlier version (no amp_dtype key) can still be resumed."""
     import hashlib
 
-    from torchkit.core.datasource.samples import Samples
+    from torchkit.core.data.sources.samples import Samples
     from torchkit.core.features.extract import _fingerprint
 
     samples = Samples(classes=["a"], labels=[0], paths=["a/x.png"], source="s")

@@ -1,5 +1,5 @@
 """eval's metrics scored by a helper process that imports scikit-learn beside eval's own start-up
-(core/helper_process.py, core/evaluate/metrics.py): the same numbers as in the process, the
+(core/runtime/helper_process.py, core/evaluate/metrics.py): the same numbers as in the process, the
 process's own scoring whenever the helper gives no answer, and eval starts it before the model
 and data load and ends it with the command."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from torchkit.core.evaluate import metrics
 from torchkit.core.evaluate.metrics import compute_metrics
-from torchkit.core.helper_process import HelperProcess
+from torchkit.core.runtime.helper_process import HelperProcess
 
 
 def _case(seed: int = 0, n: int = 200, num_classes: int = 6):
@@ -78,7 +78,7 @@ class _Recorder:
 
 def test_eval_starts_the_scorer_before_the_model_and_closes_it(monkeypatch, tmp_path):
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, runner
-    from torchkit.core.run_options import InferenceOptions
+    from torchkit.core.inference.options import InferenceOptions
 
     events: list[str] = []
     recorder = _Recorder(events)

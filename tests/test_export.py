@@ -22,8 +22,7 @@ from conftest import error_line, fill_disk, run_torchkit_process
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import InputError
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.export import (
     EXPORTED_PROGRAM,
     FORMATS,
@@ -33,9 +32,10 @@ from torchkit.core.export import (
     load_exported,
     sniff_format,
 )
-from torchkit.core.exported.loading import RuntimeFailure
+from torchkit.core.io.errors import InputError
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.models.convnet import convnet_class
-from torchkit.core.preprocessing import Preprocess
+from torchkit.core.models.exported.loading import RuntimeFailure
 
 pytestmark = [
     # the tests load files with torch's own APIs too, deprecated ones included
@@ -632,8 +632,8 @@ def test_torch_jit_loads_deprecation_warning_is_not_the_users(tmp_path, monkeypa
     TorchScript files (checkpoints handed to torch.load, exported files) go through jit_load."""
     import warnings
 
-    from torchkit.core.checkpoint import load_checkpoint
-    from torchkit.core.exported.loading import load_exported
+    from torchkit.core.models.checkpoint import load_checkpoint
+    from torchkit.core.models.exported.loading import load_exported
 
     path = tmp_path / "scripted.pt"
     torch.jit.script(nn.Linear(2, 2)).save(str(path))

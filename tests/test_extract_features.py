@@ -22,9 +22,9 @@ from torchvision import transforms as T
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.features import FeatureRequest, extract_features
-from torchkit.core.run_options import InferenceOptions
+from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 ATOL = 1e-5
 MODELS_MODULE = "tk_extract_test_models"  # `MODULE:Callable` specs point here

@@ -70,7 +70,7 @@ def test_bf16_training_on_cuda_decodes_jpegs_on_the_gpu(runner, jpegs, tmp_path)
 def test_nccl_collectives_on_the_gpu():
     """A one-GPU machine cannot hold two NCCL ranks (one GPU each), so the NCCL group here is the
     caller's own, of one process, which `setup` joins as it is."""
-    from torchkit.core import distributed
+    from torchkit.core.runtime import distributed
 
     port = 29_500 + os.getpid() % 1000
     torch.distributed.init_process_group(
@@ -141,7 +141,7 @@ def test_cudnn_benchmark_limit_is_the_runs_and_put_back(runner, jpegs, tmp_path,
 def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, monkeypatch):
     # With no budget for decoded batches (nothing decoded early), a warm-up thread readies the
     # decoder with the first training JPEG.
-    from torchkit.core import decode_ahead, decoder_warm_up
+    from torchkit.core.data import decode_ahead, decoder_warm_up
 
     warmed = []
     real = decoder_warm_up.start_decoder_warm_up
@@ -166,7 +166,7 @@ def test_a_run_readies_the_decoder_during_its_set_up(runner, jpegs, tmp_path, mo
 def test_a_run_decodes_epoch_1_during_its_set_up(runner, jpegs, tmp_path, monkeypatch):
     # By default (a budget of decoded batches) epoch 1's batches are decoded on the GPU while
     # the model is built: the loop gets a DecodedAhead already started, and no warm-up runs.
-    from torchkit.core import decode_ahead, decoder_warm_up
+    from torchkit.core.data import decode_ahead, decoder_warm_up
     from torchkit.core.train import epochs
 
     warmed, got = [], []

@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchkit.cli import app
-from torchkit.core.batches import Batch
-from torchkit.core.errors import DeviceError, UsageError
+from torchkit.core.data.batches import Batch
+from torchkit.core.io.errors import DeviceError, UsageError
 from torchkit.core.train import graphed_step, loop
 from torchkit.core.train.config import TrainConfig, validate
 from torchkit.core.train.ema import ModelEMA

@@ -17,8 +17,8 @@ from conftest import write_image_folder
 from PIL import Image, ImageDraw
 
 from torchkit.cli import app
-from torchkit.core import hashing, neardup
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.data import hashing, neardup
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.split import split_dataset
 from torchkit.core.stats import compute_dataset_stats
 

@@ -19,13 +19,11 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from torchkit.core.convert import pixels as px
 from torchkit.core.convert.tensor import read_image
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.decode import ReducedDecodeCrop
-from torchkit.core.device_decode import DeviceDecodeTransform, EncodedJpeg, decode_jpegs
-from torchkit.core.errors import InputError
-from torchkit.core.hashing import hash_file, phash_bytes, phash_file, phash_image
-from torchkit.core.image_files import (
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.decode import ReducedDecodeCrop
+from torchkit.core.data.device_decode import DeviceDecodeTransform, EncodedJpeg, decode_jpegs
+from torchkit.core.data.hashing import hash_file, phash_bytes, phash_file, phash_image
+from torchkit.core.data.image_files import (
     NotARegularFile,
     apply_exif_orientation,
     exif_orientation,
@@ -34,9 +32,11 @@ from torchkit.core.image_files import (
     pixels_in_mode,
     unreadable_image_errors,
 )
-from torchkit.core.preprocessing import Preprocess
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.transforms import train_transform
+from torchkit.core.io.errors import InputError
 from torchkit.core.stats import scan_files
-from torchkit.core.transforms import train_transform
 from torchkit.core.video import still_image_format
 
 TURNED = 6  # EXIF "rotate 90 degrees clockwise to display"

@@ -13,16 +13,16 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.batches import collate_skipping_unreadable
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.decode import NormalizedPixels
+from torchkit.core.data.batches import collate_skipping_unreadable
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.decode import NormalizedPixels
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.transforms import eval_transform
 from torchkit.core.models import build_model
-from torchkit.core.preprocessing import Preprocess
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.train.loaders import eval_dataset
 from torchkit.core.train.loop import UnreadableImages, evaluate
-from torchkit.core.transforms import eval_transform
 
 SIZE = 8
 CLASSES = ["a", "b"]

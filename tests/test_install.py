@@ -11,8 +11,8 @@ import pytest
 from conftest import REPO, error_line
 
 from torchkit.cli import app
-from torchkit.core.errors import TorchkitError
-from torchkit.core.extras import EXTRAS, MissingExtraError, import_extra, install_hint
+from torchkit.core.io.errors import TorchkitError
+from torchkit.core.runtime.extras import EXTRAS, MissingExtraError, import_extra, install_hint
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 

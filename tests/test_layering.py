@@ -35,6 +35,9 @@ FORBIDDEN_PACKAGE_ARROWS = {
     # the floor module core.memory.
     ("torchkit.core.summary", "torchkit.core.benchmark"): "summary counts, benchmark times",
 }
+# The floors of core, lowest first (files and outputs; devices, processes and extras; the data
+# path): each imports only itself and the floors below it, never a model, a command or train.
+FLOORS = ("torchkit.core.io", "torchkit.core.runtime", "torchkit.core.data")
 
 
 class Module:
@@ -238,7 +241,7 @@ def test_the_graph_sees_every_kind_of_import():
     edges = graph()
     assert len(modules()) > 50
     # a function-local import
-    assert "torchkit.core.checkpoint" in edges["torchkit.core.models.resolver"]
+    assert "torchkit.core.models.checkpoint" in edges["torchkit.core.models.resolver"]
     # `from torchkit.core.models import resolve_spec`: the submodule that defines it
     assert "torchkit.core.models.spec" in edges["torchkit.core.summary.run"]
     assert "torchkit.core.models" not in edges["torchkit.core.summary.run"]
@@ -272,6 +275,17 @@ def test_no_core_package_imports_one_above_it():
         f"{source} imports {target} ({reason}):\n    " + "\n    ".join(why[(source, target)])
         for (source, target), reason in FORBIDDEN_PACKAGE_ARROWS.items()
         if target in edges.get(source, {})
+    ]
+    assert not offending, "\n".join(offending)
+
+
+def test_the_floors_import_only_the_floors_below():
+    edges, why = _package_graph()
+    offending = [
+        f"{floor} imports {target}:\n    " + "\n    ".join(why[(floor, target)])
+        for level, floor in enumerate(FLOORS)
+        for target in edges.get(floor, {})
+        if target not in FLOORS[: level + 1]
     ]
     assert not offending, "\n".join(offending)
 

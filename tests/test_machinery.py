@@ -21,28 +21,28 @@ from torch import nn
 from torchkit.cli.app import TorchkitGroup
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
 from torchkit.cli.render import OutputFormat, Table, emit, render_json, to_json_value
-from torchkit.core.checkpoint import (
-    extract_state_dict,
-    load_checkpoint,
-    load_weights_into,
-    save_checkpoint,
-    strip_module_prefix,
-)
-from torchkit.core.device import resolve_device
-from torchkit.core.errors import (
+from torchkit.core.io.errors import (
     CheckpointError,
     DeviceError,
     InputError,
     UsageError,
 )
-from torchkit.core.files import (
+from torchkit.core.io.files import (
     atomic_path,
     atomic_write,
     atomic_write_bytes,
     atomic_write_text,
     require_input,
 )
-from torchkit.core.seeding import capture_rng_state, restore_rng_state, seed_everything
+from torchkit.core.models.checkpoint import (
+    extract_state_dict,
+    load_checkpoint,
+    load_weights_into,
+    save_checkpoint,
+    strip_module_prefix,
+)
+from torchkit.core.runtime.device import resolve_device
+from torchkit.core.runtime.seeding import capture_rng_state, restore_rng_state, seed_everything
 
 ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$")
 LONG_VALUE = "/data/" + "very-long-folder-name/" * 8 + "model.pt"
@@ -532,7 +532,7 @@ def test_load_weights_into_explains_the_mismatch():
 
 
 def test_first_line_of_an_error():
-    from torchkit.core.errors import first_line
+    from torchkit.core.io.errors import first_line
 
     error = RuntimeError("\n  mat1 and mat2 shapes cannot be multiplied  \nsecond line\n")
     assert first_line(error) == "mat1 and mat2 shapes cannot be multiplied"

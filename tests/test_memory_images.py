@@ -9,8 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from torchkit.core.dataset import make_dataset
-from torchkit.core.datasource.digits import _sklearn_digits, digits_splits
+from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.sources.digits import _sklearn_digits, digits_splits
+from torchkit.core.data.transforms import eval_transform
 from torchkit.core.train.config import TrainConfig, resolve_defaults
 from torchkit.core.train.loaders import (
     SeededDataset,
@@ -20,7 +21,6 @@ from torchkit.core.train.loaders import (
     train_dataset,
 )
 from torchkit.core.train.memory_images import MemoryImages, axis_matrix, supports, uniforms
-from torchkit.core.transforms import eval_transform
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_other_policies_and_files_take_the_pil_path(digits):
 
 
 def test_decode_is_validated_and_recorded():
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
     from torchkit.core.train.config import validate
 
     with pytest.raises(UsageError, match="unknown --decode 'sloppy'"):

@@ -21,12 +21,12 @@ from safetensors.torch import save_file
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import CheckpointError, InputError, UsageError
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.transforms import eval_transform
+from torchkit.core.io.errors import CheckpointError, InputError, UsageError
 from torchkit.core.models import ResolvedModel, resolve_model
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.models.convnet import convnet_class
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.transforms import eval_transform
 
 PKG = "tk_resolver_pkg"  # the user's package, importable only from the world's folder
 NETS = f"""
@@ -241,8 +241,8 @@ def train_data(world) -> Path:
 def test_train_starts_from_the_same_weights(in_world, runner, train_data, tmp_path, case):
     """train MODEL [--weights W] --freeze-backbone: the backbone it saves is the truth's, its
     parameter count the truth's with a 2-class head."""
-    from torchkit.core.checkpoint import load_checkpoint
     from torchkit.core.models import find_head
+    from torchkit.core.models.checkpoint import load_checkpoint
 
     spec, weights, trust, truth, size = SPECS[case]
     out = tmp_path / "run"

@@ -11,7 +11,7 @@ import torch
 from typer.main import get_command
 
 from torchkit.cli import app, options
-from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.inputs import iter_tensors, make_inputs

@@ -13,8 +13,8 @@ import torch
 import torchvision
 from conftest import error_line, run_torchkit_in_process, write_image_folder
 
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.models import resolve_model
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 COUNTER = "num_batches_tracked"
 

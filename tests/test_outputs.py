@@ -1,4 +1,4 @@
-"""The output-safety layer (core/outputs.py) on its own: overlap with inputs, protected folders,
+"""The output-safety layer (core/io/outputs.py) on its own: overlap with inputs, protected folders,
 `--force` only over torchkit's folders, the lock, set-aside and put back (also across SIGTERM and
 SIGKILL of a real process), write errors and special files."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import processes_in_group, signal_and_wait, tree_digest, wait_until
 
-from torchkit.core.datasource.inputs import data_inputs
-from torchkit.core.errors import OutputExistsError, OutputWriteError
-from torchkit.core.files import atomic_path, atomic_write_text, torch_save
-from torchkit.core.outputs import (
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.io.errors import OutputExistsError, OutputWriteError
+from torchkit.core.io.files import atomic_path, atomic_write_text, torch_save
+from torchkit.core.io.outputs import (
     MARKER,
     FolderLock,
     InputPath,
@@ -236,7 +236,7 @@ def test_the_lock_is_held_across_processes_and_dropped_when_the_holder_is_killed
         [
             sys.executable,
             "-c",
-            "import sys, pathlib; from torchkit.core.outputs import FolderLock; "
+            "import sys, pathlib; from torchkit.core.io.outputs import FolderLock; "
             f"FolderLock(pathlib.Path({str(tmp_path / 'run')!r}), 'x'); "
             "print('locked', flush=True); sys.stdin.read()",
         ],
@@ -289,7 +289,7 @@ _WRITER = textwrap.dedent(
     import sys, typer
     from pathlib import Path
     from torchkit.cli.app import TorchkitGroup
-    from torchkit.core.outputs import OutputFolder
+    from torchkit.core.io.outputs import OutputFolder
 
     app = typer.Typer(cls=TorchkitGroup, pretty_exceptions_enable=False)
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from torchkit.core import padded_batches
-from torchkit.core.batches import Batch
-from torchkit.core.padded_batches import BatchPadder, pads_short_batches
+from torchkit.core.data import padded_batches
+from torchkit.core.data.batches import Batch
+from torchkit.core.data.padded_batches import BatchPadder, pads_short_batches
 from torchkit.core.train import loop
 
 

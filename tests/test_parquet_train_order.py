@@ -14,9 +14,9 @@ from test_parquet_read import png, write_parquet
 from test_train_resume import assert_bitwise_equal, recipe, stderr_of
 
 from torchkit.cli import app
-from torchkit.core.datasource import open_data
-from torchkit.core.datasource import parquet as parquet_module
-from torchkit.core.stored_image import Blocks, read_blocks
+from torchkit.core.data.sources import open_data
+from torchkit.core.data.sources import parquet as parquet_module
+from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.train.loaders import EpochSampler
 
 

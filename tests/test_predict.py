@@ -20,12 +20,12 @@ from conftest import error_line
 from PIL import Image
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.transforms import eval_transform
+from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.models import model_from_checkpoint
+from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from torchkit.core.models.convnet import convnet_class
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.run_options import InferenceOptions
-from torchkit.core.transforms import eval_transform
 
 CLASSES = ["cat", "dog", "fox"]
 PREPROCESS = Preprocess(image_size=12, resize_size=12, mean=(0.5,) * 3, std=(0.25,) * 3)
@@ -383,7 +383,7 @@ def test_a_tensor_left_uninitialised_that_the_load_does_not_write_means_a_normal
 
 
 def test_a_row_with_values_outside_the_header_is_an_error_not_dropped():
-    from torchkit.core.errors import InputError
+    from torchkit.core.io.errors import InputError
     from torchkit.core.predict.run import _aligned
 
     header = ["path", "label", "class", "class_index", "probability", "logit_0", "error"]

@@ -11,8 +11,8 @@ from conftest import write_image_folder
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.errors import InputError, UsageError
-from torchkit.core.preprocessing import mean_std_options, parse_floats, read_stats_file
+from torchkit.core.data.preprocessing import mean_std_options, parse_floats, read_stats_file
+from torchkit.core.io.errors import InputError, UsageError
 
 runner = CliRunner()
 
@@ -120,8 +120,8 @@ def test_an_image_size_beyond_the_machines_memory_is_a_usage_error_before_any_wo
     """Before: eval, predict, extract-features and train with --image-size 100000 (120 GB an
     image) had the OOM killer end a loader worker (an internal error) or the command itself.
     Checked on the options alone: a regression returns here instead of allocating."""
-    from torchkit.core.errors import UsageError
-    from torchkit.core.preprocessing import Preprocess, apply_overrides
+    from torchkit.core.data.preprocessing import Preprocess, apply_overrides
+    from torchkit.core.io.errors import UsageError
     from torchkit.core.train.config import TrainConfig, validate
 
     imagenet = Preprocess(image_size=224, resize_size=256)

@@ -21,14 +21,14 @@ from torchkit.cli.predict import predict_command
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.evaluate import EvalOptions
 from torchkit.core.features import FeatureRequest
-from torchkit.core.predict import PredictRequest
-from torchkit.core.run_options import (
+from torchkit.core.inference.options import (
     INFERENCE_OPTIONS,
     PREPROCESS_OPTIONS,
     InferenceOptions,
     PreprocessOverrides,
     RunOptions,
 )
+from torchkit.core.predict import PredictRequest
 
 CLI = Path(__file__).resolve().parent.parent / "torchkit" / "cli"
 SHARED = {**INFERENCE_OPTIONS, **PREPROCESS_OPTIONS}

@@ -339,7 +339,7 @@ def test_signal_stops_the_workers_and_keeps_the_old_output(
 def _fail_or_sleep(chunk: int) -> int:
     import time
 
-    from torchkit.core.errors import OutputWriteError
+    from torchkit.core.io.errors import OutputWriteError
 
     if chunk == 0:
         raise OutputWriteError("cannot write x: full", "free some")
@@ -363,7 +363,7 @@ def test_map_chunks_stops_at_once_and_leaves_no_worker(how):
     import time
 
     from torchkit.core.convert.parallel import map_chunks
-    from torchkit.core.errors import OutputWriteError
+    from torchkit.core.io.errors import OutputWriteError
 
     chunks = list(range(40)) if how == "worker error" else list(range(1, 40))
     expected = OutputWriteError if how == "worker error" else KeyboardInterrupt

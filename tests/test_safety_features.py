@@ -176,8 +176,8 @@ def test_reserving_the_arrays_falls_back_or_fails_cleanly(tmp_path, monkeypatch)
     header untouched); a full disk while reserving is one OutputWriteError naming OUT."""
     from numpy.lib.format import open_memmap
 
-    from torchkit.core.errors import OutputWriteError
     from torchkit.core.features.store import reserve_space
+    from torchkit.core.io.errors import OutputWriteError
 
     path = tmp_path / "layer.npy"
     array = open_memmap(path, mode="w+", dtype="float32", shape=(4096, 16))

@@ -31,7 +31,7 @@ from conftest import (
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 NETDEF = """from torch import nn
 

@@ -136,7 +136,7 @@ def test_report_file_may_not_be_an_input_or_a_file_the_split_writes(tmp_path, da
 
 
 def test_a_second_split_into_a_locked_out_is_refused_at_once(tmp_path, data):
-    from torchkit.core.outputs import FolderLock
+    from torchkit.core.io.outputs import FolderLock
 
     out = tmp_path / "out"
     before = tree_digest(data)

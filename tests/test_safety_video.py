@@ -31,7 +31,7 @@ from conftest import (
     wait_until,
 )
 
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 from torchkit.core.video import MAX_SEGMENTS, tsn_frame_indices
 
 
@@ -122,7 +122,7 @@ def test_force_replaces_only_an_earlier_frames_folder(tmp_path, clips):
 
 
 def test_a_second_run_on_a_locked_frames_folder_is_refused_at_once(tmp_path, clips):
-    from torchkit.core.outputs import FolderLock
+    from torchkit.core.io.outputs import FolderLock
 
     frames = tmp_path / "frames"
     lock = FolderLock(frames, "frames folder")  # as another torchkit process writing it would

@@ -236,7 +236,7 @@ def test_a_refusal_or_a_server_error_is_one_error_line(server, tmp_path, code):
 
 
 def test_processes_sharing_the_cache_download_each_shard_once(server):
-    from torchkit.core.datasource.http_shards import fetch_shards
+    from torchkit.core.data.sources.http_shards import fetch_shards
 
     urls = [f"{server.url}/shards/shard-00000{i}.tar" for i in range(4)]
     found = []
@@ -258,7 +258,7 @@ def test_a_connection_that_ends_early_leaves_no_shard(server, tmp_path):
 
 
 def test_a_server_that_never_answers_is_an_error_after_the_timeout(tmp_path, monkeypatch):
-    from torchkit.core.datasource import http_shards
+    from torchkit.core.data.sources import http_shards
 
     monkeypatch.setattr(http_shards, "TIMEOUT_S", 0.3)
     monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
@@ -288,7 +288,7 @@ def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
 
 
 def test_the_cache_folder_follows_torchkit_cache_then_xdg(monkeypatch, tmp_path):
-    from torchkit.core.datasource.http_shards import cache_folder
+    from torchkit.core.data.sources.http_shards import cache_folder
 
     monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "mine"))
     assert cache_folder() == tmp_path / "mine"

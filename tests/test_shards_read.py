@@ -81,7 +81,7 @@ def stats(data: object, *extra: object) -> dict:
 
 
 def test_brace_patterns_expand_as_webdataset_writes_them():
-    from torchkit.core.datasource.shards import expand_braces
+    from torchkit.core.data.sources.shards import expand_braces
 
     assert expand_braces("d/s-{000008..000011}.tar") == [
         "d/s-000008.tar",

@@ -19,10 +19,10 @@ import pytest
 
 from torchkit.cli import app
 from torchkit.core import split as split_module
-from torchkit.core.datasource import csv_samples
-from torchkit.core.datasource.discovery import discover_image_folder, list_image_files
-from torchkit.core.datasource.splitting import largest_remainder_counts, stratified_split
-from torchkit.core.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.data.sources import csv_samples
+from torchkit.core.data.sources.discovery import discover_image_folder, list_image_files
+from torchkit.core.data.sources.splitting import largest_remainder_counts, stratified_split
+from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.split import parse_ratio, split_dataset
 
 ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)

@@ -15,7 +15,7 @@ from conftest import error_line, write_convnet_checkpoint
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 from torchkit.core.models import resolve_model
 from torchkit.core.summary import summarize
 from torchkit.core.summary.counting import trainable_label

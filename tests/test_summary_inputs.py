@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.utils import prune
 
 from torchkit.cli import app
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 from torchkit.core.summary import summarize
 from torchkit.core.summary.counting import InputSpec, summarize_tree
 from torchkit.core.summary.run import InputArg, full_shapes, parse_input

@@ -1,4 +1,5 @@
-"""BatchNorm <-> SyncBatchNorm conversion (`torchkit.core.syncbn`) and `torchkit convert-syncbn`."""
+"""BatchNorm <-> SyncBatchNorm conversion (`torchkit.core.convert.syncbn`) and
+`torchkit convert-syncbn`."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import torch
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import UsageError
-from torchkit.core.syncbn import (
+from torchkit.core.convert.syncbn import (
     RECORDED_DIM_ATTR,
     checkpoint_uses_sync_bn,
     convert_batchnorm,
     find_batchnorm_layers,
     mark_checkpoint,
 )
+from torchkit.core.io.errors import UsageError
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 
 class Block(nn.Module):

@@ -23,8 +23,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
-from torchkit.core.errors import OfflineError, TorchkitError, UsageError
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.transforms import eval_transform
+from torchkit.core.io.errors import OfflineError, TorchkitError, UsageError
 from torchkit.core.models import (
     build_model,
     find_head,
@@ -35,9 +36,8 @@ from torchkit.core.models import (
     replace_head,
     resolve_model,
 )
+from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from torchkit.core.models.convnet import convnet_class
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.transforms import eval_transform
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
 # Imported when a test of this module first runs (`_timm`), not when the module is collected:

@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import load_checkpoint
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.transforms import AUGMENT_POLICIES, train_transform
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.transforms import AUGMENT_POLICIES, train_transform
+from torchkit.core.models.checkpoint import load_checkpoint
 
 PREPROCESS = Preprocess(image_size=24, resize_size=28)
 

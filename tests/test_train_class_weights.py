@@ -10,7 +10,7 @@ import pytest
 from sklearn.utils.class_weight import compute_class_weight
 
 from torchkit.cli import app
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.train.class_weights import class_weights
 
 CLASSES = ["ant", "bee", "cow"]
@@ -85,7 +85,7 @@ def test_train_records_and_uses_the_weights(runner, tmp_path, make_image_folder,
 
 
 def test_the_balanced_sampler_draws_every_class_equally_often_and_is_seeded():
-    from torchkit.core.datasource.samples import Samples
+    from torchkit.core.data.sources.samples import Samples
     from torchkit.core.train.loaders import EpochSampler, balanced_sample_weights
 
     labels = [0] * 90 + [1] * 10

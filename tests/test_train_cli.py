@@ -13,7 +13,7 @@ import torch
 from conftest import write_image_folder
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import CHECKPOINT_KEYS
+from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
 
 TINY = ["--model", "test_train_nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
 FAST = [*TINY, "--workers", "0", "--epochs", "2"]
@@ -101,10 +101,10 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runn
     assert not any(key.startswith("module.") for key in best["model"])
 
     # The test accuracy, recomputed independently from best.pt with the stored preprocessing.
-    from torchkit.core.datasource.digits import digits_splits
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.data.sources.digits import digits_splits
+    from torchkit.core.data.transforms import eval_transform
     from torchkit.core.models import model_from_checkpoint
-    from torchkit.core.preprocessing import Preprocess
-    from torchkit.core.transforms import eval_transform
 
     model = model_from_checkpoint(best).eval()
     transform = eval_transform(Preprocess.from_dict(best["preprocess"]))
@@ -270,7 +270,7 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
     from test_train_nets import TinyNet
     from torchvision import transforms as T
 
-    from torchkit.core.datasource import open_data, training_splits
+    from torchkit.core.data.sources import open_data, training_splits
 
     torch.manual_seed(0)  # the seed torchkit builds the model with (--seed 0)
     net = TinyNet(2)
@@ -491,7 +491,7 @@ def test_resume_runs_on_the_saved_device_unless_another_is_given(
     """--device is an option like the others: a resumed run keeps the saved one (it used to
     take the command line's default, `auto`, which on a GPU machine moved a CPU run onto the
     GPU halfway). --dist-timeout stays this invocation's own (IGNORED_ON_RESUME)."""
-    from torchkit.core import distributed
+    from torchkit.core.runtime import distributed
 
     out = tmp_path / "run"
     first = [*FAST, "--epochs", "1", "--device", "cpu", "--dist-timeout", "77"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults, validate
 from torchkit.core.train.ema import ModelEMA
 from torchkit.core.train.loaders import EpochSampler, SeededDataset, ShardSampler, mix_seed
@@ -308,7 +308,7 @@ def test_seeded_dataset_gives_the_same_augmentation_wherever_it_runs():
 
 
 def test_sync_bn_is_refused_on_cpu_warned_for_one_process_and_converts_under_ddp(caplog):
-    from torchkit.core.distributed import DistContext
+    from torchkit.core.runtime.distributed import DistContext
     from torchkit.core.train.ddp import check_sync_bn, convert_sync_bn
 
     with pytest.raises(UsageError, match="--sync-bn needs CUDA"):
@@ -404,7 +404,7 @@ def test_resuming_a_run_recorded_before_decode_existed_decodes_exactly():
 def test_checkpoint_structure_is_kept_and_cpu_tensors_are_not_copied():
     """`on_cpu` puts a GPU run's checkpoint tensors on the CPU (tested on a GPU in
     test_gpu_training); on a CPU run it copies nothing and keeps every container's type."""
-    from torchkit.core.checkpoint import on_cpu
+    from torchkit.core.models.checkpoint import on_cpu
 
     kept = torch.ones(2)
     moved = on_cpu({"a": [kept, (torch.zeros(3), 1)], "b": "x"})

@@ -192,7 +192,7 @@ def test_two_nodes_train_to_the_same_weights_as_one_node_with_two_processes(laun
 def test_a_refusal_on_rank_0_is_an_error_on_every_rank_not_a_hang(tmp_path):
     """Only rank 0 checks and locks the run folder: when it is refused (here: locked by another
     process), every rank ends with the same error instead of waiting for rank 0 forever."""
-    from torchkit.core.outputs import FolderLock
+    from torchkit.core.io.outputs import FolderLock
 
     data = tmp_path / "data"
     write_image_folder(data / "train", {"a": 2, "b": 2}, seed=1)

@@ -28,7 +28,7 @@ import torch
 from conftest import REPO, run_torchkit_in_process, write_image_folder
 from torch import nn
 
-from torchkit.core import distributed as dist_utils
+from torchkit.core.runtime import distributed as dist_utils
 
 TESTS = Path(__file__).resolve().parent
 NET = "test_train_ddp_honest:BNNet"
@@ -294,7 +294,7 @@ def test_the_empty_batch_adds_nothing_and_a_model_that_cannot_run_one_is_one_err
     """What the rank with no readable image runs: zero gradients, BatchNorm's running statistics
     untouched; a model that cannot take an empty batch is an InputError on that rank (torchrun
     then stops the others), never a rank that silently skips the collectives."""
-    from torchkit.core.errors import InputError
+    from torchkit.core.io.errors import InputError
     from torchkit.core.train.loop import StepContext, _empty_step
 
     model = BNNet().train()
@@ -471,7 +471,7 @@ def test_dist_timeout_reaches_init_process_group(monkeypatch):
 def test_ranks_that_do_not_all_join_within_dist_timeout_are_one_error(monkeypatch):
     import torch.distributed as dist
 
-    from torchkit.core.errors import DeviceError
+    from torchkit.core.io.errors import DeviceError
 
     def no_peer(**kwargs):
         raise dist.DistStoreError(
@@ -581,7 +581,7 @@ def fake_cuda(monkeypatch, count: int) -> list[tuple[int, int]]:
 
 def test_an_older_checkpoint_of_two_gpus_resumes_on_one(monkeypatch):
     """Before: `set_rng_state_all` set GPU 1's state too, which raised IndexError."""
-    from torchkit.core.seeding import capture_rng_state, restore_rng_state
+    from torchkit.core.runtime.seeding import capture_rng_state, restore_rng_state
 
     state = capture_rng_state(torch.device("cpu"))
     state["cuda"] = [torch.tensor([7], dtype=torch.uint8), torch.tensor([8], dtype=torch.uint8)]
@@ -591,7 +591,7 @@ def test_an_older_checkpoint_of_two_gpus_resumes_on_one(monkeypatch):
 
 
 def test_each_rank_saves_its_own_gpu_s_random_state_and_restores_it_on_its_gpu(monkeypatch):
-    from torchkit.core.seeding import capture_rng_state, restore_rng_state
+    from torchkit.core.runtime.seeding import capture_rng_state, restore_rng_state
 
     restored = fake_cuda(monkeypatch, count=4)
     state = capture_rng_state(torch.device("cuda", 3))  # rank 3 of a 4-GPU node
@@ -602,7 +602,7 @@ def test_each_rank_saves_its_own_gpu_s_random_state_and_restores_it_on_its_gpu(m
 
 
 def test_a_cuda_random_state_without_cuda_is_left_out_with_a_warning(monkeypatch, caplog):
-    from torchkit.core.seeding import capture_rng_state, restore_rng_state
+    from torchkit.core.runtime.seeding import capture_rng_state, restore_rng_state
 
     state = capture_rng_state(torch.device("cpu"))
     state["cuda"] = [torch.tensor([7], dtype=torch.uint8)]

@@ -37,7 +37,7 @@ from conftest import (
 )
 from torch import nn
 
-from torchkit.core.errors import CheckpointError, InputError, UsageError
+from torchkit.core.io.errors import CheckpointError, InputError, UsageError
 from torchkit.core.train.config import (
     FIXED_ON_RESUME,
     TrainConfig,
@@ -325,7 +325,7 @@ def test_no_readable_training_or_validation_image_and_an_unlabelled_csv_row_are_
 
 
 def test_read_csv_index_refuses_empty_labels_with_their_lines(tmp_path):
-    from torchkit.core.datasource import csv_samples
+    from torchkit.core.data.sources import csv_samples
 
     index = tmp_path / "index.csv"
     index.write_text('path,label\na.png,cat\nb.png, \n"c\nd.png",dog\ne.png,\nf.png\n')
@@ -528,9 +528,9 @@ def test_the_loader_pins_batches_when_asked(monkeypatch):
     real loader is what pin_memory() returned, for images, labels and indices."""
     import numpy as np
 
-    from torchkit.core.batches import Batch
-    from torchkit.core.datasource.samples import Samples
-    from torchkit.core.preprocessing import Preprocess
+    from torchkit.core.data.batches import Batch
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.data.sources.samples import Samples
     from torchkit.core.train.loaders import build_loaders
 
     pinned: list[torch.Tensor] = []
@@ -560,7 +560,7 @@ def test_the_loader_pins_batches_when_asked(monkeypatch):
 
 
 def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch):
-    from torchkit.core.batches import Batch
+    from torchkit.core.data.batches import Batch
     from torchkit.core.train import loop
 
     assert loop.accumulator_dtype(torch.device("mps")) == torch.float32  # MPS has no float64

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from torchkit.cli import app
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 from torchkit.core.train.lr_find import find_lr, lr_schedule, range_test, suggest
 
 

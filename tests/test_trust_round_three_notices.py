@@ -16,10 +16,10 @@ import torch
 from conftest import REPO, error_line, write_image_folder
 
 from torchkit.cli import app
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import CheckpointError
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.io.errors import CheckpointError
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 from torchkit.core.models.convnet import convnet_class
-from torchkit.core.preprocessing import Preprocess
 
 CLASSES = ["a", "b"]
 GOOD = Preprocess(image_size=12, resize_size=12, mean=(0.5,) * 3, std=(0.25,) * 3)

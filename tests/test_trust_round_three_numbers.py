@@ -30,7 +30,7 @@ from test_train_nets import TinyNet
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.errors import CheckpointError, InputError, UsageError
+from torchkit.core.io.errors import CheckpointError, InputError, UsageError
 
 HERE = Path(__file__).stem
 MIB = 1 << 20
@@ -92,7 +92,7 @@ def test_allow_nonfinite_averages_anyway_and_is_refused_without_average(runner, 
 
 
 def test_the_core_refuses_before_averaging():
-    from torchkit.core.averaging import average_state_dicts, first_nonfinite
+    from torchkit.core.convert.averaging import average_state_dicts, first_nonfinite
 
     states = [_state(0), _state(1), _state(2, math.inf)]
     assert first_nonfinite(states[2]) == "fc.weight" and first_nonfinite(states[0]) is None

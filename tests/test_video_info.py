@@ -18,7 +18,7 @@ from conftest import error_line
 from typer.testing import CliRunner
 
 from torchkit.cli import app
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.video import (
     find_videos,
     fourcc_to_text,

@@ -23,8 +23,8 @@ from torchkit.cli import app
 from torchkit.core.benchmark import COLUMNS, Trial, search_batch_size
 from torchkit.core.benchmark import run as bench_run
 from torchkit.core.benchmark.search import OVER_LIMIT
-from torchkit.core.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.errors import InputError
+from torchkit.core.io.errors import InputError
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 # What the docs say of each command lives in its page.
@@ -212,7 +212,7 @@ def test_video_info_json_is_an_array_as_readme_says(runner, tmp_path):
 
 
 def test_unknown_class_error_names_every_split_that_has_it(tmp_path):
-    from torchkit.core.datasource import open_data
+    from torchkit.core.data.sources import open_data
 
     nine = [str(i) for i in range(9)]
     with pytest.raises(InputError, match=r"9 of digits \(train, val, test\) are not among"):

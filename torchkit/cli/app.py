@@ -21,7 +21,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from torchkit import __version__, deferred_signals
 from torchkit.cli import console
-from torchkit.core.errors import first_line
+from torchkit.core.io.errors import first_line
 
 DEBUG_ENV = "TORCHKIT_DEBUG"
 
@@ -292,7 +292,7 @@ class TorchkitGroup(TyperGroup):
             _usage_error(error)
 
     def invoke(self, ctx):
-        from torchkit.core.errors import Terminated, TorchkitError
+        from torchkit.core.io.errors import Terminated, TorchkitError
 
         try:
             with _terminate_like_interrupt():
@@ -318,7 +318,7 @@ class TorchkitGroup(TyperGroup):
 
 
 def _raise_once(signum, frame) -> None:
-    from torchkit.core.errors import Terminated
+    from torchkit.core.io.errors import Terminated
 
     if deferred_signals.defer(signum):  # inside `import torch`: raised when it is over
         return

@@ -20,7 +20,7 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.render import OutputFormat, Table, emit, fixed_format, resolve_format
 from torchkit.cli.run_options import DEFAULT_RUN, with_inference_options
-from torchkit.core.run_options import InferenceOptions
+from torchkit.core.inference.options import InferenceOptions
 
 
 class BenchmarkMode(str, Enum):
@@ -182,8 +182,8 @@ def benchmark(
         parse_batch_sizes,
         run_benchmark,
     )
-    from torchkit.core.errors import UsageError
     from torchkit.core.input_size import parse_input_size
+    from torchkit.core.io.errors import UsageError
     from torchkit.core.summary.run import check_output
 
     model, extra = model_and_rest(model, model_option, [])

@@ -16,7 +16,7 @@ def complete_model_name(incomplete: str) -> list[str]:
 
 def _model_files(incomplete: str) -> list[str]:
     """Model files (core's one list of suffixes) and folders, so that paths can be walked."""
-    from torchkit.core.model_files import MODEL_FILE_SUFFIXES
+    from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
 
     folder, prefix = os.path.split(incomplete)
     try:

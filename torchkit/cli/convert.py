@@ -232,7 +232,7 @@ def tensor(
         )
     emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
     if report.failed:  # as `cp -r`: the others are converted, and the command failed
-        from torchkit.core.errors import InputError
+        from torchkit.core.io.errors import InputError
 
         raise InputError(
             f"{report.failed} of {report.converted + report.failed} files could not be "
@@ -387,7 +387,7 @@ def checkpoint(
     """
     from torchkit.core.convert.checkpoint import convert_checkpoint
     from torchkit.core.convert.report_file import check_report_output
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     fmt = resolve_format(fmt, output)
     if out_option is not None:  # --out DST: every path given is a source
@@ -450,9 +450,9 @@ def checkpoint(
 def _average(
     paths, key, strip_prefix, add_prefix, dtype, force, fmt, output, allow_nonfinite=False
 ) -> None:
-    from torchkit.core.averaging import write_average
+    from torchkit.core.convert.averaging import write_average
     from torchkit.core.convert.report_file import check_report_output
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     if len(paths) < 3:
         raise UsageError(

@@ -90,7 +90,7 @@ def convert_syncbn(
 
       torchkit convert-syncbn net-sync.pt net-bn.pt --trust-checkpoint --revert -i 3,224,224
     """
-    from torchkit.core import syncbn
+    from torchkit.core.convert import syncbn
 
     fmt = resolve_format(fmt, output)
     destination = product_path(destination, out_option, required=False, name="DST")

@@ -21,7 +21,7 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
-from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
+from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
 
 
 class StatsMode(str, Enum):

@@ -24,7 +24,7 @@ from torchkit.cli.options import (
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import Table, emit, resolve_format
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
-from torchkit.core.run_options import InferenceOptions, PreprocessOverrides
+from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
 # With more classes than this, the terminal's per-class table leaves out the classes that have
 # no images and were never predicted (per_class.csv and JSON always list every class).

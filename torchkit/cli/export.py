@@ -151,8 +151,8 @@ def export(
       torchkit export resnet50 --weights DEFAULT r50.onnx --dtype float16
     """
     from torchkit.cli.progress import progress_bar
-    from torchkit.core.errors import UsageError
     from torchkit.core.export import ExportRequest, check_outputs, export_model
+    from torchkit.core.io.errors import UsageError
 
     fmt = resolve_format(fmt, output)
     model, rest = model_and_rest(model, model_option, [out] if out is not None else [])

@@ -26,7 +26,7 @@ from torchkit.cli.options import (
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import FORMAT_RULE, OutputFormat, Table, emit, resolve_format
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
-from torchkit.core.run_options import InferenceOptions, PreprocessOverrides
+from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
 
 class ArrayFormat(str, Enum):
@@ -197,7 +197,7 @@ def extract_features_command(
 
       torchkit extract-features resnet50 big/ feats/ --resume
     """
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     listing_format, array_format = _formats(fmt, output, array_format, list_layers)
     given = [p for p in (images, out) if p is not None]
@@ -266,7 +266,7 @@ def _formats(
     """The --list-layers listing's format (--format, else -o's name, as every command's) and the
     array files' one; `--format npy|pt|safetensors`, --array-format's old spelling, still works
     for a run."""
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     if fmt is not None and fmt.lower() in ARRAY_FORMATS:
         old = ArrayFormat(fmt.lower())
@@ -303,7 +303,7 @@ def _list_layers(
     force: bool,
 ) -> None:
     from torchkit.core.features import list_layers
-    from torchkit.core.outputs import check_output_file
+    from torchkit.core.io.outputs import check_output_file
 
     if output is not None and str(output) != "-":
         check_output_file(output, force)  # before the model is built

@@ -49,7 +49,7 @@ OutOption = Annotated[
 def model_and_rest(positional: Any, option: Any, rest: list[Any]) -> tuple[Any, list[Any]]:
     """MODEL given first or as --model: with --model, what the shell put in MODEL's place is the
     first of the arguments that follow (`predict --model ck.pt photos/`)."""
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     if option is None:
         if positional is None:
@@ -61,7 +61,7 @@ def model_and_rest(positional: Any, option: Any, rest: list[Any]) -> tuple[Any, 
 def former_short_flag(value: Any, former: Any, *, option: str, flag: str) -> Any:
     """An option given by its long name, or by the short flag it had before that flag was given
     its meaning of the other commands (kept, hidden, so that old scripts run); both: an error."""
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     if former is None:
         return value
@@ -73,7 +73,7 @@ def former_short_flag(value: Any, former: Any, *, option: str, flag: str) -> Any
 def product_path(positional: Any, option: Any, *, required: bool = True, name: str = "OUT"):
     """OUT given positionally or as --out (the same thing); both naming two places, or neither
     when one is required, is a usage error."""
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     if positional is not None and option is not None and Path(positional) != Path(option):
         raise UsageError(

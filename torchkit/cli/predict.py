@@ -23,7 +23,7 @@ from torchkit.cli.options import (
     model_argument,
 )
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
-from torchkit.core.run_options import InferenceOptions, PreprocessOverrides
+from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
 
 class PredictFormat(str, Enum):
@@ -131,7 +131,7 @@ def predict_command(
     """
     from torchkit.cli.render import resolve_format
     from torchkit.core.evaluate.source import parse_class_names
-    from torchkit.core.outputs import check_output_file
+    from torchkit.core.io.outputs import check_output_file
     from torchkit.core.predict import PredictRequest, PredictRun
 
     fmt = resolve_format(fmt, output, PredictFormat)
@@ -180,9 +180,9 @@ def predict_command(
 def _inputs(request, stats: str | None, classes: str | None) -> list:
     import os
 
-    from torchkit.core.datasource.inputs import data_inputs
+    from torchkit.core.data.sources.inputs import data_inputs
+    from torchkit.core.io.outputs import InputPath
     from torchkit.core.models import model_inputs
-    from torchkit.core.outputs import InputPath
 
     inputs = model_inputs(request.model, request.weights)
     for item in request.images:
@@ -196,7 +196,7 @@ def _inputs(request, stats: str | None, classes: str | None) -> list:
 
 def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> None:
     from torchkit.cli.progress import progress_bar
-    from torchkit.core.files import atomic_write
+    from torchkit.core.io.files import atomic_write
 
     with progress_bar("predicting") as advance:
         if output is None:

@@ -47,7 +47,7 @@ def resolve_format(
     """The printed result's format: `--format` as given, else the one -o's name says, else
     table. A `--format` that contradicts the name (`-o x.json --format csv`) is a usage error,
     raised before any work."""
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     named = named_format(output, formats)
     if given is None:
@@ -66,7 +66,7 @@ def fixed_format(
     """`fixed`, for a mode that writes one format only (benchmark --append: CSV; train
     --print-config: JSON): a --format, or an -o name, that says another is a usage error. Any
     other name (`bench.log`) takes that format."""
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     resolved = resolve_format(given, output)
     chosen = given is not None or named_format(output, OutputFormat) is not None
@@ -170,8 +170,8 @@ def emit(
 ) -> None:
     """Write the result: tables (one or more), CSV of `tables[csv_table]`, or `data` as JSON;
     to stdout, or atomically to `output` (which needs --force to replace an existing file)."""
-    from torchkit.core.files import atomic_write_text
-    from torchkit.core.outputs import check_output_file
+    from torchkit.core.io.files import atomic_write_text
+    from torchkit.core.io.outputs import check_output_file
 
     if output is not None and str(output) == "-":
         output = None  # `-o -`: stdout, as most Unix tools read it

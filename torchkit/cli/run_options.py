@@ -13,14 +13,14 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from torchkit.cli.spec_options import declared_parameters, field_value, option_parameters
-from torchkit.core.option_specs import OptionSpec
-from torchkit.core.preprocessing import mean_std_options
-from torchkit.core.run_options import (
+from torchkit.core.data.preprocessing import mean_std_options
+from torchkit.core.inference.options import (
     INFERENCE_OPTIONS,
     PREPROCESS_OPTIONS,
     InferenceOptions,
     PreprocessOverrides,
 )
+from torchkit.core.option_specs import OptionSpec
 
 # The placeholder defaults of a decorated command's `run` and `preprocess`.
 DEFAULT_RUN = InferenceOptions()

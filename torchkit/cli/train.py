@@ -73,8 +73,8 @@ def _signature() -> inspect.Signature:
 def _refuse_output_meant_as_out(output: Path | None, out: Path | None) -> None:
     """`train -o myrun` meant `--out myrun` (the run folder) far more often than a summary file
     without an extension: say so instead of writing a text file and a run elsewhere."""
-    from torchkit.core.errors import UsageError
-    from torchkit.core.outputs import is_special_file
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.outputs import is_special_file
 
     if output is None or out is not None or output.suffix or is_special_file(output):
         return
@@ -110,7 +110,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     from torchkit.cli.app import runs_as_the_program
     from torchkit.cli.progress import TrainProgress
     from torchkit.cli.train_tables import csv_row_table, lr_find_table, summary_table
-    from torchkit.core.outputs import InputPath
+    from torchkit.core.io.outputs import InputPath
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal
     from torchkit.core.train.timeline import process_age
@@ -206,7 +206,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
 
 def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:
     """The TrainConfig of the command line's values: texts parsed, choices as their names."""
-    from torchkit.core.preprocessing import mean_std_options
+    from torchkit.core.data.preprocessing import mean_std_options
 
     values = dict(values)
     mean, std = mean_std_options(values.pop("mean"), values.pop("std"), stats)  # --stats: both
@@ -216,7 +216,7 @@ def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:
 
 
 def _with_config_file(config: TrainConfig, path: Path, given: list[str]) -> TrainConfig:
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
     from torchkit.core.train.config_file import apply_config_file, read_config_file
 
     if config.resume is not None:

@@ -145,7 +145,7 @@ def video_info(
       torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/
     """
     from torchkit.cli.options import former_short_flag
-    from torchkit.core.errors import InputError
+    from torchkit.core.io.errors import InputError
     from torchkit.core.video import inspect_videos
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")

@@ -1,1 +1,2 @@
-"""The torchkit library: one module per command, no CLI code, no printing."""
+"""The torchkit library, by floor: io, runtime, data, models, inference, then one module or
+package per command. No CLI code, no printing."""

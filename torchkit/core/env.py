@@ -22,7 +22,7 @@ import warnings
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.errors import DeviceError, first_line
+from torchkit.core.io.errors import DeviceError, first_line
 
 logger = logging.getLogger("torchkit")
 

@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 
 # torch counts a tensor's elements in a signed 64-bit integer: no tensor holds more.
 MAX_NUMEL = 2**63 - 1

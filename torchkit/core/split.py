@@ -48,13 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.datasource.inputs import data_inputs
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.datasource.splitting import SPLIT_NAMES, stratified_split
-from torchkit.core.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.files import atomic_write, atomic_write_text
-from torchkit.core.hashing import content_groups
-from torchkit.core.outputs import (
+from torchkit.core.data.hashing import content_groups
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, stratified_split
+from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.files import atomic_write, atomic_write_text
+from torchkit.core.io.outputs import (
     MARKER,
     OutputFolder,
     OutputOverlapError,
@@ -68,7 +68,7 @@ from torchkit.core.outputs import (
     reporting_write_errors,
     write_marker,
 )
-from torchkit.core.progress import Progress
+from torchkit.core.io.progress import Progress
 
 log = logging.getLogger("torchkit")
 
@@ -882,8 +882,8 @@ def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], boo
     """(samples, non-image files left out, whether it is a CSV index) of the data to split:
     an image folder, a flat folder or a CSV index, read by `core.datasource`. Data that is
     split already (a split root, a CSV with a split column, digits) is refused."""
-    from torchkit.core.datasource import non_image_files, open_data
-    from torchkit.core.stored_image import is_stored
+    from torchkit.core.data.sources import non_image_files, open_data
+    from torchkit.core.data.stored_image import is_stored
 
     data = open_data(source, allow_unlabelled=True)
     if data.is_split:

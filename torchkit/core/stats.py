@@ -33,12 +33,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.datasource.digits import DIGITS
-from torchkit.core.datasource.inputs import data_inputs
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.errors import InputError, UsageError, first_line
-from torchkit.core.files import atomic_write_bytes, atomic_write_text
-from torchkit.core.image_files import (
+from torchkit.core.data.image_files import (
     SIXTEEN_BIT_MODES,
     NotARegularFile,
     expanded_mode,
@@ -46,14 +41,19 @@ from torchkit.core.image_files import (
     pixels_in_mode,
     read_regular_file,
 )
-from torchkit.core.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD, DuplicatePair
-from torchkit.core.outputs import (
+from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD, DuplicatePair
+from torchkit.core.data.sources.digits import DIGITS
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import InputError, UsageError, first_line
+from torchkit.core.io.files import atomic_write_bytes, atomic_write_text
+from torchkit.core.io.outputs import (
     InputPath,
     check_distinct_outputs,
     check_output_file,
     is_special_file,
 )
-from torchkit.core.progress import Progress
+from torchkit.core.io.progress import Progress
 
 log = logging.getLogger("torchkit")
 
@@ -308,7 +308,7 @@ def scan_files(
     only read and hashed (the other splits' files of the leakage check): nothing is counted."""
     from PIL import Image
 
-    from torchkit.core.hashing import phash_image
+    from torchkit.core.data.hashing import phash_image
 
     result = _ChunkResult([], [], _Accumulator())
     if not measure:
@@ -358,7 +358,7 @@ def scan_files(
 
 def _hash_files(start: int, paths: Sequence[str], result: _ChunkResult) -> None:
     """SHA-256 and pHash of each file (`core.hashing.hash_file`); unreadable ones are counted."""
-    from torchkit.core.hashing import hash_file
+    from torchkit.core.data.hashing import hash_file
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -557,7 +557,7 @@ def _stats_data(
 ) -> tuple[Samples, list[str], str | None, list[str], Samples | None]:
     """`load_stats_samples`, and the samples of the splits not measured (None for data
     without splits or when every split is measured)."""
-    from torchkit.core.datasource import concatenate, non_image_files, open_data, select_split
+    from torchkit.core.data.sources import concatenate, non_image_files, open_data, select_split
 
     if os.fspath(source) == DIGITS:
         raise InputError(
@@ -584,8 +584,8 @@ def _with_dangling_links(data: Any, samples: Samples, covered: list[str] | None)
     the folders they were listed from. A folder listing leaves such links out, a CSV index
     names them: either way they are unreadable files, counted and listed (fatal with
     `--strict`) by the one read that every file gets."""
-    from torchkit.core.datasource import concatenate
-    from torchkit.core.datasource.discovery import list_dangling_image_links, relative_ids
+    from torchkit.core.data.sources import concatenate
+    from torchkit.core.data.sources.discovery import list_dangling_image_links, relative_ids
 
     if data.kind not in ("image folder", "flat folder", "split root") or not samples.paths:
         return samples
@@ -755,7 +755,7 @@ def _find_duplicates(
     within: bool,
 ) -> None:
     """Fill in the leakage report of `stats` from the hashes of the pass."""
-    from torchkit.core.neardup import find_pairs
+    from torchkit.core.data.neardup import find_pairs
 
     n = len(samples)
     ids = list(samples.ids) + ([] if others is None else list(others.ids))
@@ -785,7 +785,7 @@ def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool
     `path_a,split_a,path_b,split_b,kind,distance`, written atomically."""
     import csv
 
-    from torchkit.core.neardup import PAIR_COLUMNS
+    from torchkit.core.data.neardup import PAIR_COLUMNS
 
     target = check_output_file(path, force, data_inputs(stats.source), what="leakage CSV")
     buffer = io.StringIO()

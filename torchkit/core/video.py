@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, OutputWriteError, UsageError, first_line
-from torchkit.core.files import STDIN, atomic_write_bytes, read_path_list
-from torchkit.core.image_files import opened_image
-from torchkit.core.outputs import InputPath, OutputFolder, check_output_file, write_error
-from torchkit.core.progress import Progress
+from torchkit.core.data.image_files import opened_image
+from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, first_line
+from torchkit.core.io.files import STDIN, atomic_write_bytes, read_path_list
+from torchkit.core.io.outputs import InputPath, OutputFolder, check_output_file, write_error
+from torchkit.core.io.progress import Progress
 
 logger = logging.getLogger("torchkit")
 

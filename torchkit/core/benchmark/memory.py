@@ -29,8 +29,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import UsageError
-from torchkit.core.memory import available_memory, proc_kib
+from torchkit.core.io.errors import UsageError
+from torchkit.core.runtime.memory import available_memory, proc_kib
 
 CPU_DEFAULT_LIMIT = "50%"  # of the memory available at the start: room for the OS and others
 _UNITS = {

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.benchmark.search import BatchSearch
-from torchkit.core.errors import OutputExistsError, first_line
-from torchkit.core.outputs import is_special_file
+from torchkit.core.io.errors import OutputExistsError, first_line
+from torchkit.core.io.outputs import is_special_file
 
 MB = 1_000_000  # as `summary` counts megabytes
 
@@ -163,7 +163,7 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
     The file is replaced as a whole (a new file renamed into place), so it is never left half
     written; a second process appending at the same time waits for the first (a lock beside
     the file, up to `wait_s` seconds) instead of losing its rows."""
-    from torchkit.core.files import atomic_write_text
+    from torchkit.core.io.files import atomic_write_text
 
     target = Path(path)
     if is_special_file(target):
@@ -190,7 +190,7 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
 
 @contextlib.contextmanager
 def _locked(target: Path, wait_s: float):
-    from torchkit.core.outputs import FolderLock, OutputLockedError
+    from torchkit.core.io.outputs import FolderLock, OutputLockedError
 
     deadline = time.monotonic() + wait_s
     while True:

@@ -32,11 +32,11 @@ from torchkit.core.benchmark.steps import (
     make_train_step,
 )
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
-from torchkit.core.device import is_out_of_memory
-from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
-from torchkit.core.memory import available_memory
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.io.progress import Progress
 from torchkit.core.models.inputs import make_inputs
-from torchkit.core.progress import Progress
+from torchkit.core.runtime.device import is_out_of_memory
+from torchkit.core.runtime.memory import available_memory
 
 log = logging.getLogger("torchkit")
 
@@ -111,7 +111,7 @@ def parse_batch_sizes(values: Sequence[str] | str | None) -> tuple[int, ...]:
 
 def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
     """Everything that can be checked before the model is built; the parsed memory limit."""
-    from torchkit.core.device import check_amp_dtype
+    from torchkit.core.runtime.device import check_amp_dtype
 
     if options.mode not in (*MODES, "both"):
         raise UsageError(f"unknown --mode {options.mode!r}", "use infer, train or both")
@@ -160,10 +160,10 @@ def run_benchmark(
     """Benchmark the model `spec` names (any spec of `resolve_model`). `search_progress` hears
     of each `--find-batch-size` trial before it runs; `notify`, that the model has random
     weights (a note, not part of the result)."""
-    from torchkit.core.device import resolve_amp_dtype, select_device
     from torchkit.core.input_size import square_sample
     from torchkit.core.models import ModelSpec, resolve_spec
     from torchkit.core.models.resolver import has_random_weights, untrained_note
+    from torchkit.core.runtime.device import resolve_amp_dtype, select_device
 
     limit = check_options(options)
     device = select_device(options.device)
@@ -238,7 +238,7 @@ def benchmark_model(
     place in train mode (its weights take SGD steps): pass a copy to keep them."""
     import torch
 
-    from torchkit.core.device import resolve_amp_dtype, select_device
+    from torchkit.core.runtime.device import resolve_amp_dtype, select_device
     from torchkit.core.summary import summarize
 
     if memory_limit is None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchkit.core.errors import TorchkitError
+from torchkit.core.io.errors import TorchkitError
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"

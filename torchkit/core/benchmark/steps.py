@@ -70,7 +70,7 @@ def make_train_step(model: Any, images: Any, settings: StepSettings) -> TrainSte
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        from torchkit.core.errors import UsageError
+        from torchkit.core.io.errors import UsageError
 
         raise UsageError("the model has no trainable parameters", "benchmark it with --mode infer")
     optimizer = torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM)
@@ -118,7 +118,7 @@ def training_loss(output: Any, batch: int, labels_for: Callable[[int], Any]) -> 
         else:
             terms.append(tensor.float().mean())
     if not terms:
-        from torchkit.core.errors import UsageError
+        from torchkit.core.io.errors import UsageError
 
         raise UsageError(
             "the model's output has no floating-point tensor to train on",

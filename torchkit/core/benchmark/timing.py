@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
-from torchkit.core.errors import CheckpointError, UsageError
-from torchkit.core.files import atomic_path, require_input
-from torchkit.core.outputs import InputPath, check_output_file, reporting_write_errors
+from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.io.files import atomic_path, require_input
+from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
+from torchkit.core.models.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
 
 log = logging.getLogger("torchkit")
 

@@ -26,16 +26,16 @@ from typing import Any
 
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
 from torchkit.core.convert.safe_pickle import restricted_loads
-from torchkit.core.errors import InputError, OutputWriteError, UsageError
-from torchkit.core.files import require_input
-from torchkit.core.outputs import (
+from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
+from torchkit.core.io.files import require_input
+from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
     OutputFolder,
     named_as_final,
     reporting_write_errors,
 )
-from torchkit.core.progress import Progress
+from torchkit.core.io.progress import Progress
 
 CIFAR10 = "cifar-10"
 CIFAR100 = "cifar-100"

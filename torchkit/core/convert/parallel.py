@@ -20,7 +20,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from torchkit.core.errors import TorchkitError
+from torchkit.core.io.errors import TorchkitError
 
 T = TypeVar("T")
 

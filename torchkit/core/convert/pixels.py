@@ -19,10 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import InputError
-
 # 16 -> 8 bits: the same conversion as every image loader's (train, eval, dataset-stats).
-from torchkit.core.image_files import uint16_to_uint8 as _uint16_to_uint8
+from torchkit.core.data.image_files import uint16_to_uint8 as _uint16_to_uint8
+from torchkit.core.io.errors import InputError
 
 LAYOUTS = ("chw", "hwc")
 DTYPES = ("uint8", "float32", "float16")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from torchkit.core.outputs import InputPath, check_output_file
+from torchkit.core.io.outputs import InputPath, check_output_file
 
 
 def check_report_output(

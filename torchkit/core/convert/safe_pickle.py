@@ -11,7 +11,7 @@ import io
 import pickle
 from typing import Any
 
-from torchkit.core.errors import InputError
+from torchkit.core.io.errors import InputError
 
 
 class RefusedPickleError(pickle.UnpicklingError):

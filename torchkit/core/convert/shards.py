@@ -1,7 +1,7 @@
 """`convert shards`: any data torchkit reads -> shuffled WebDataset shards, written safely and
 resumably.
 
-Layout of OUT (what the shard reader, `core/datasource/shards.py`, reads as split data):
+Layout of OUT (what the shard reader, `core/data/sources/shards.py`, reads as split data):
 
 - `{split}-000000.tar`, ... one set per split (train, val, test); `shard-000000.tar`, ... for
   data without splits;
@@ -44,17 +44,17 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.datasource.inputs import data_inputs
-from torchkit.core.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.files import atomic_write, atomic_write_text
-from torchkit.core.outputs import (
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.files import atomic_write, atomic_write_text
+from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
     OutputFolder,
     check_overlap,
     check_replaceable,
 )
-from torchkit.core.progress import Progress
+from torchkit.core.io.progress import Progress
 
 log = logging.getLogger("torchkit")
 
@@ -227,7 +227,11 @@ def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
     """The bytes of sample `index` as the source file has them (in-memory pixels as a PNG),
     checked to be an image PIL can open (`verify`: decoded in full, so that a truncated file
     is caught too). An unreadable image is a `Loaded` with its `error`, never an exception."""
-    from torchkit.core.image_files import opened_image, read_regular_file, unreadable_image_errors
+    from torchkit.core.data.image_files import (
+        opened_image,
+        read_regular_file,
+        unreadable_image_errors,
+    )
 
     if samples.images is not None:
         return Loaded("png", _png(samples.images[index]))
@@ -240,7 +244,7 @@ def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
                 image.load()
             image_format = image.format or ""
     except unreadable_image_errors() as error:
-        from torchkit.core.errors import first_line
+        from torchkit.core.io.errors import first_line
 
         return Loaded(error=first_line(error) or type(error).__name__)
     extension = _extension(str(path)) or _FORMAT_EXTENSIONS.get(
@@ -689,7 +693,7 @@ def _differences(partial: dict, identity: dict) -> list[str]:
 def _verified(folder: Path, partial: dict, sets: Sequence[ShardSet]) -> dict[str, list]:
     """The complete shards of the interrupted run that are still as it wrote them, per set:
     each set's records up to the first shard that is missing or differs in size or SHA-256."""
-    from torchkit.core.hashing import file_digest
+    from torchkit.core.data.hashing import file_digest
 
     kept: dict[str, list[ShardRecord]] = {s.name: [] for s in sets}
     try:
@@ -729,7 +733,7 @@ def _remove_leftovers(folder: Path, keep: Iterable[str] = ()) -> None:
 def _container_inputs(data: Any) -> list[InputPath]:
     """The container files (tar shards, parquet files) that stored images are read from: a
     spec such as `OUT/train-{000000..000009}.tar` names no folder that data_inputs sees."""
-    from torchkit.core.stored_image import is_stored
+    from torchkit.core.data.stored_image import is_stored
 
     parts = list(data.splits.values()) if data.is_split else [data.whole]
     readers = {
@@ -774,8 +778,8 @@ def convert_shards(
     with the same options, which is finished. Unreadable images are skipped with a warning
     and counted (`strict`: the first stops the run)."""
     from torchkit.core.convert.parallel import default_workers
-    from torchkit.core.datasource import open_data
-    from torchkit.core.extras import import_extra
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.runtime.extras import import_extra
 
     started = time.perf_counter()
     options = options or shard_options()

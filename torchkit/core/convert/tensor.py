@@ -18,15 +18,7 @@ from typing import Any
 
 from torchkit.core.convert import pixels as px
 from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
-from torchkit.core.errors import (
-    InputError,
-    OutputWriteError,
-    TorchkitError,
-    UsageError,
-    first_line,
-)
-from torchkit.core.files import atomic_path, require_input, torch_save
-from torchkit.core.image_files import (
+from torchkit.core.data.image_files import (
     apply_exif_orientation,
     exif_orientation,
     expanded_mode,
@@ -34,7 +26,15 @@ from torchkit.core.image_files import (
     read_regular_file,
     unreadable_image_errors,
 )
-from torchkit.core.outputs import (
+from torchkit.core.io.errors import (
+    InputError,
+    OutputWriteError,
+    TorchkitError,
+    UsageError,
+    first_line,
+)
+from torchkit.core.io.files import atomic_path, require_input, torch_save
+from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
     as_write_error,
@@ -42,7 +42,7 @@ from torchkit.core.outputs import (
     named_as_final,
     reporting_write_errors,
 )
-from torchkit.core.progress import Progress
+from torchkit.core.io.progress import Progress
 
 log = logging.getLogger("torchkit")
 

@@ -132,7 +132,7 @@ def start_scorer() -> Any:
 
     if "sklearn.metrics" in sys.modules:
         return None
-    from torchkit.core.helper_process import HelperProcess
+    from torchkit.core.runtime.helper_process import HelperProcess
 
     return HelperProcess.spawn(SERVICE)
 

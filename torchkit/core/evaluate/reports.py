@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchkit.core.files import atomic_path, atomic_write_text
-from torchkit.core.outputs import reporting_write_errors
+from torchkit.core.io.files import atomic_path, atomic_write_text
+from torchkit.core.io.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
     from torchkit.core.evaluate.results import EvalResult
@@ -201,7 +201,7 @@ def _tile(result: EvalResult, index: int) -> np.ndarray:
     small images such as 8x8 digits are enlarged with nearest-neighbour to stay crisp)."""
     from PIL import Image
 
-    from torchkit.core.image_files import load_image, unreadable_image_errors
+    from torchkit.core.data.image_files import load_image, unreadable_image_errors
 
     tile = np.full((ERROR_TILE, ERROR_TILE, 3), 235, dtype=np.uint8)
     samples = result.samples

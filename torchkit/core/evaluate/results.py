@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.datasource.samples import Samples
+from torchkit.core.data.sources.samples import Samples
 from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics, most_confused
 from torchkit.core.topk import DEFAULT_TOPK, reported_topk, topk_name
 

@@ -20,19 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.datasource.inputs import data_inputs
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.decode import NormalizedPixels, model_input
-from torchkit.core.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
-from torchkit.core.distributed import DistContext, all_gather, setup, teardown
-from torchkit.core.errors import InputError, OutputWriteError, UsageError
+from torchkit.core.data.decode import NormalizedPixels, model_input
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.samples import Samples
 from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import IMAGE_MODES, load_eval_samples
-from torchkit.core.inference import TTA_MODES, score_batch
-from torchkit.core.models import ModelSpec, resolve_spec
-from torchkit.core.outputs import (
+from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.inference.scoring import TTA_MODES, score_batch
+from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
+from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
     OutputOverlapError,
@@ -41,8 +39,10 @@ from torchkit.core.outputs import (
     check_overlap,
     is_special_file,
 )
-from torchkit.core.progress import Progress
-from torchkit.core.run_options import InferenceOptions
+from torchkit.core.io.progress import Progress
+from torchkit.core.models import ModelSpec, resolve_spec
+from torchkit.core.runtime.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
+from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
 from torchkit.core.topk import DEFAULT_TOPK
 
 log = logging.getLogger("torchkit")
@@ -136,7 +136,7 @@ def predict(
     """
     import torch
 
-    from torchkit.core.device_decode import decoded_batch
+    from torchkit.core.data.device_decode import decoded_batch
 
     total = len(loader.sampler) if hasattr(loader, "sampler") else 0
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
@@ -368,10 +368,10 @@ def _run(
 ) -> tuple[EvalResult, list[str]] | None:
     import torch
 
-    from torchkit.core.batches import collate_skipping_unreadable
-    from torchkit.core.dataset import default_workers, loader_context, make_dataset
-    from torchkit.core.device_decode import collate_encoded
-    from torchkit.core.transforms import eval_transform
+    from torchkit.core.data.batches import collate_skipping_unreadable
+    from torchkit.core.data.dataset import default_workers, loader_context, make_dataset
+    from torchkit.core.data.device_decode import collate_encoded
+    from torchkit.core.data.transforms import eval_transform
 
     device = ctx.device
     resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 
 # Mode PIL converts images to for a given channel count.
@@ -56,8 +56,8 @@ def load_eval_samples(
     (matched by name): of split data (a split root, a CSV with a split column, digits) the test
     split unless `--split` says otherwise; unsplit data whole, or the split a training run held
     out of it (`recorded`: the checkpoint's `data` entry) with `--split`."""
-    from torchkit.core.datasource import open_data, select_split
-    from torchkit.core.datasource.source import relabelled
+    from torchkit.core.data.sources import open_data, select_split
+    from torchkit.core.data.sources.source import relabelled
 
     # Labelled by the model's classes after the split is chosen: a class the model lacks is an
     # error only in the images scored, and names their split.
@@ -83,8 +83,8 @@ def recorded_data(spec: ModelSpec) -> tuple[str, str]:
     model records none; InputError when that data is no longer where the run read it."""
     import os
 
-    from torchkit.core.checkpoint import is_torchkit_checkpoint
     from torchkit.core.models import exported_format_of, is_model_file
+    from torchkit.core.models.checkpoint import is_torchkit_checkpoint
     from torchkit.core.models.weights import read_model_file
 
     missing = UsageError(
@@ -106,7 +106,7 @@ def recorded_data(spec: ModelSpec) -> tuple[str, str]:
     kind, root, typed = record.get("kind"), str(record.get("root") or ""), str(record.get("spec"))
     if kind == "digits":
         return "digits", f"--data digits: the data {path} was trained on"
-    from torchkit.core.datasource.http_shards import is_url
+    from torchkit.core.data.sources.http_shards import is_url
 
     if is_url(typed):  # shards named by URL: read again, through the cache
         return typed, f"--data {typed}: the data {path} was trained on"

@@ -19,7 +19,7 @@ from torchkit.core.export.formats import (
 from torchkit.core.export.run import ExportRequest, ExportResult, check_outputs, export_model
 from torchkit.core.export.verification import VerificationError
 from torchkit.core.export.writing import ExportError
-from torchkit.core.exported.loading import ExportedModel, RuntimeFailure, load_exported
+from torchkit.core.models.exported.loading import ExportedModel, RuntimeFailure, load_exported
 
 __all__ = [
     "DEFAULT_OPSET",

@@ -9,8 +9,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchkit.core.errors import UsageError
-from torchkit.core.exported.formats import (
+from torchkit.core.io.errors import UsageError
+from torchkit.core.models.exported.formats import (
     EXPORTED_PROGRAM,
     EXTENSIONS,
     FORMATS,

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import OutputWriteError, UsageError, first_line
 from torchkit.core.export import formats as fm
 from torchkit.core.export.verification import (
     Verification,
@@ -31,16 +30,17 @@ from torchkit.core.export.writing import (
     write_onnx,
     write_torchscript,
 )
-from torchkit.core.exported.metadata import build_metadata
-from torchkit.core.files import atomic_path
-from torchkit.core.models import model_inputs
-from torchkit.core.models.resolver import has_random_weights
-from torchkit.core.outputs import (
+from torchkit.core.io.errors import OutputWriteError, UsageError, first_line
+from torchkit.core.io.files import atomic_path
+from torchkit.core.io.outputs import (
     InputPath,
     check_output_file,
     is_special_file,
     reporting_write_errors,
 )
+from torchkit.core.models import model_inputs
+from torchkit.core.models.exported.metadata import build_metadata
+from torchkit.core.models.resolver import has_random_weights
 
 Progress = Callable[[int, int], None]
 STEPS = 4  # model, reference, export, verification

@@ -9,9 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import TorchkitError
 from torchkit.core.export.formats import Tolerance
-from torchkit.core.exported.loading import RUNNERS, ExportedModel, RuntimeFailure, load_exported
+from torchkit.core.io.errors import TorchkitError
+from torchkit.core.models.exported.loading import (
+    RUNNERS,
+    ExportedModel,
+    RuntimeFailure,
+    load_exported,
+)
 
 SEED = 0
 

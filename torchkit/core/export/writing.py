@@ -20,10 +20,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from torchkit.core.errors import TorchkitError, first_line
-from torchkit.core.exported import metadata as meta
-from torchkit.core.exported.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT
-from torchkit.core.outputs import reporting_write_errors
+from torchkit.core.io.errors import TorchkitError, first_line
+from torchkit.core.io.outputs import reporting_write_errors
+from torchkit.core.models.exported import metadata as meta
+from torchkit.core.models.exported.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT
 
 log = logging.getLogger("torchkit")
 
@@ -157,7 +157,7 @@ def write_onnx(
     `target`)."""
     import torch
 
-    from torchkit.core.extras import import_extra
+    from torchkit.core.runtime.extras import import_extra
 
     onnx = import_extra("onnx", "export", "exporting to ONNX")
     if parameter_bytes(model) >= ONNX_MAX_BYTES:

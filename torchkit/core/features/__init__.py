@@ -1,5 +1,6 @@
 """Features of named layers of a model for a folder of images (`torchkit extract-features`)."""
 
+from torchkit.core.data.preprocessing import apply_overrides
 from torchkit.core.features.extract import (
     DEFAULT_LAYERS,
     ExtractionResult,
@@ -20,7 +21,6 @@ from torchkit.core.features.layers import (
     reduce_feature,
 )
 from torchkit.core.features.store import DTYPES, FILE_FORMATS, FeatureStore
-from torchkit.core.preprocessing import apply_overrides
 
 __all__ = [
     "ALIASES",

@@ -13,13 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit import __version__
-from torchkit.core.datasource.digits import DIGITS
-from torchkit.core.datasource.inputs import data_inputs
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.decode import NormalizedPixels, model_input
-from torchkit.core.device import check_amp_dtype
-from torchkit.core.distributed import launched_by_torchrun
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.data.decode import NormalizedPixels, model_input
+from torchkit.core.data.sources.digits import DIGITS
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.samples import Samples
 from torchkit.core.features.layers import (
     NORMALIZATIONS,
     POOLS,
@@ -35,12 +32,15 @@ from torchkit.core.features.store import (
     FeatureStore,
     known_files,
 )
-from torchkit.core.files import require_input
+from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.files import require_input
+from torchkit.core.io.outputs import InputPath, OutputFolder
+from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, resolve_spec
-from torchkit.core.outputs import InputPath, OutputFolder
 from torchkit.core.predict.inputs import STDIN, collect_images
-from torchkit.core.progress import Progress
-from torchkit.core.run_options import InferenceOptions
+from torchkit.core.runtime.device import check_amp_dtype
+from torchkit.core.runtime.distributed import launched_by_torchrun
 
 logger = logging.getLogger("torchkit")
 
@@ -191,8 +191,8 @@ def extract_features(
     read as predict reads it (`collect_images`): `digits`, and `-` for paths on `stdin`.
     """
     _validate(request)
-    from torchkit.core.datasource.http_shards import is_url
-    from torchkit.core.datasource.shards import is_shard_pattern
+    from torchkit.core.data.sources.http_shards import is_url
+    from torchkit.core.data.sources.shards import is_shard_pattern
 
     images = str(request.images)
     # A URL or a shard pattern names no file: its reader says what is missing.
@@ -210,8 +210,8 @@ def _extract(
 ) -> ExtractionResult:
     import torch
 
-    from torchkit.core.device import amp_dtype_name, resolve_amp_dtype, select_device
-    from torchkit.core.transforms import eval_transform
+    from torchkit.core.data.transforms import eval_transform
+    from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype, select_device
 
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
     # the caller's RNG state is left as it was.
@@ -497,8 +497,8 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
     import torch
     from torch.utils.data import default_collate
 
-    from torchkit.core.dataset import default_workers, make_dataset
-    from torchkit.core.device_decode import collate_encoded_with_failures, decoded_with_indices
+    from torchkit.core.data.dataset import default_workers, make_dataset
+    from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
 
     mode = "L" if in_channels == 1 else "RGB"
     dataset = make_dataset(samples, transform, mode=mode, pixels=True)

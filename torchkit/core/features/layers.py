@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import TorchkitError, UsageError, first_line
+from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 
 logger = logging.getLogger("torchkit")
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError
-from torchkit.core.files import atomic_path, atomic_write, atomic_write_text, torch_save
-from torchkit.core.outputs import (
+from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.files import atomic_path, atomic_write, atomic_write_text, torch_save
+from torchkit.core.io.outputs import (
     OutputFolder,
     is_torchkit_folder,
     remove_tree,

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, OfflineError, UsageError
-from torchkit.core.model_files import MODEL_FILE_SUFFIXES
+from torchkit.core.io.errors import InputError, OfflineError, UsageError
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import replace_head
+from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
     create_timm_model,
@@ -121,7 +121,7 @@ def model_from_checkpoint(
     """Rebuild the model a torchkit checkpoint was trained with and load its weights. An `arch`
     that names code (`package.module:Callable`) is imported only with `trust_checkpoint`: a file
     never chooses what runs without the user's say."""
-    from torchkit.core.checkpoint import extract_state_dict, load_weights_into
+    from torchkit.core.models.checkpoint import extract_state_dict, load_weights_into
 
     arch, num_classes = checkpoint_arch(checkpoint, source)
     require_trusted_arch(arch, source, trust_checkpoint)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 
 
 def convnet_class():

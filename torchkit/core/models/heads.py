@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 
 
 def find_head(model) -> tuple[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 
 
 def make_inputs(

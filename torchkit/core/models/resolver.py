@@ -14,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import CheckpointError, UsageError
-from torchkit.core.exported.formats import ONNX, TORCHSCRIPT, sniff_format
-from torchkit.core.exported.loading import load_exported
+from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     is_callable_spec,
@@ -29,6 +28,8 @@ from torchkit.core.models.builders import (
     torchvision_weights_enum,
 )
 from torchkit.core.models.convnet import convnet_class
+from torchkit.core.models.exported.formats import ONNX, TORCHSCRIPT, sniff_format
+from torchkit.core.models.exported.loading import load_exported
 from torchkit.core.models.heads import find_head, out_features, replace_head
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
@@ -48,7 +49,6 @@ from torchkit.core.models.weights import (
     read_model_file,
     weights_only_error,
 )
-from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 
 DEFAULT_IMAGE_SIZE = 224
 CONVNET_IMAGE_SIZE = 28  # the built-in `convnet` is MNIST-sized
@@ -255,7 +255,7 @@ def _from_exported(
         channels = shape[0] if shape else 3
         preprocess = plain_preprocess(channels, shape[-1] if shape else DEFAULT_IMAGE_SIZE)
     if use == "runtime":
-        from torchkit.core.exported.classifier import ExportedClassifier
+        from torchkit.core.models.exported.classifier import ExportedClassifier
 
         model = ExportedClassifier(exported)
     else:
@@ -300,7 +300,7 @@ def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, in
 
 
 def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel:
-    from torchkit.core.checkpoint import is_torchkit_checkpoint
+    from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
     loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     if is_torchkit_checkpoint(loaded):
@@ -366,7 +366,7 @@ def _from_convnet(
 def _weights_channels(path: str, trust_checkpoint: bool) -> int | None:
     """Input channels of the weights in `path` (dim 1 of the first 4-D weight: the stem), so a
     grayscale `convnet` file loads without saying --in-channels."""
-    from torchkit.core.checkpoint import extract_state_dict
+    from torchkit.core.models.checkpoint import extract_state_dict
 
     if not os.path.isfile(path):
         return None
@@ -452,7 +452,7 @@ def _from_timm(
 def _weights_input(path: str, trust_checkpoint: bool) -> tuple[int | None, int | None]:
     """(image size, input channels) of the weights in `path`: those a torchkit checkpoint's
     preprocessing records, else (None, the stem's channels); Nones when unknown."""
-    from torchkit.core.checkpoint import extract_state_dict, is_torchkit_checkpoint
+    from torchkit.core.models.checkpoint import extract_state_dict, is_torchkit_checkpoint
 
     if not os.path.isfile(path):
         return None, None
@@ -498,7 +498,7 @@ def _load_file_weights(
 ) -> None:
     """Load a weights file into `resolved.model` (its head sized from the file), taking the
     classes and preprocessing of a torchkit checkpoint along."""
-    from torchkit.core.checkpoint import is_torchkit_checkpoint
+    from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
     if not os.path.exists(path) and not is_checkpoint_path(path):
         raise UsageError(
@@ -598,7 +598,7 @@ def _checkpoint_classes(checkpoint: Mapping[str, Any], path: str) -> list[str] |
 
 def _load_ema(model, checkpoint: Mapping[str, Any], path: str) -> None:
     """The EMA weights `train --ema` stored beside the model's."""
-    from torchkit.core.checkpoint import load_weights_into, strip_module_prefix
+    from torchkit.core.models.checkpoint import load_weights_into, strip_module_prefix
 
     if checkpoint.get("model_ema") is None:
         raise CheckpointError(f"checkpoint {path} holds no EMA weights", "drop --ema")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchkit.core.errors import UsageError
+from torchkit.core.io.errors import UsageError
 from torchkit.core.models.resolver import ResolvedModel, resolve_model
 from torchkit.core.models.specs import is_model_file
 
@@ -88,7 +88,7 @@ def resolve_spec(
     through is an error before any image is read. `needs_training`: the command's output means
     nothing with random weights either (extract-features): refused the same way.
     """
-    from torchkit.core.preprocessing import apply_overrides
+    from torchkit.core.data.preprocessing import apply_overrides
 
     model, weights = spec.named()
     if predicting:

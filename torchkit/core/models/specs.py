@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from torchkit.core.io.outputs import InputPath
 from torchkit.core.models.builders import BUILTIN_MODELS, is_callable_spec, is_checkpoint_path
-from torchkit.core.outputs import InputPath
 
 
 def is_model_file(spec: str) -> bool:

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from torchkit.core.errors import OfflineError, UsageError, first_line
-from torchkit.core.preprocessing import INTERPOLATIONS, Preprocess
+from torchkit.core.data.preprocessing import INTERPOLATIONS, Preprocess
+from torchkit.core.io.errors import OfflineError, UsageError, first_line
 
 TIMM_PREFIX = "timm/"
 DEFAULT_WEIGHTS = "DEFAULT"
@@ -22,7 +22,7 @@ DEFAULT_WEIGHTS = "DEFAULT"
 
 def import_timm():
     """The timm package, or a one-line error saying how to install the extra."""
-    from torchkit.core.extras import import_extra
+    from torchkit.core.runtime.extras import import_extra
 
     timm = import_extra("timm", "timm", "a timm/ model")
     import_extra("timm.data", "timm", "a timm/ model")

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from torchkit.core.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
 
 
 def is_callable_spec(spec: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.heads import find_head, fit_head_to, out_features, replace_head
 from torchkit.core.models.usercode import is_callable_spec, user_code
 
@@ -14,7 +14,7 @@ from torchkit.core.models.usercode import is_callable_spec, user_code
 def read_model_file(path: str, *, trust_checkpoint: bool = False) -> Any:
     """What `path` holds, loaded on the CPU. A trusted pickle may import the user's classes: the
     working directory is importable and their prints go to stderr."""
-    from torchkit.core.checkpoint import load_checkpoint
+    from torchkit.core.models.checkpoint import load_checkpoint
 
     if not trust_checkpoint:
         return load_checkpoint(path)
@@ -33,7 +33,7 @@ def load_weights_file(
     """Load the weights in `path` (or what was already `loaded` from it) into `model`, the head
     first sized from the weights; then, if `num_classes` differs, replaced by a fresh head of
     that size (fine-tuning). Returns what the file held."""
-    from torchkit.core.checkpoint import extract_state_dict, load_weights_into
+    from torchkit.core.models.checkpoint import extract_state_dict, load_weights_into
 
     if loaded is None:
         loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)

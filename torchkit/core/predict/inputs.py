@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.datasource.discovery import is_image_file
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.errors import InputError, UsageError
-from torchkit.core.files import STDIN, read_path_list
+from torchkit.core.data.sources.discovery import is_image_file
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.files import STDIN, read_path_list
 
 
 @dataclass
@@ -36,8 +36,8 @@ def collect_images(
 ) -> ImageSet:
     """The images `items` name, in order; `stdin` is read for `-`. `recorded` (the model's
     checkpoint `data` entry) makes `--split val` pick the images its training run held out."""
-    from torchkit.core.datasource import open_data, select_split
-    from torchkit.core.datasource.containers import open_container_data
+    from torchkit.core.data.sources import open_data, select_split
+    from torchkit.core.data.sources.containers import open_container_data
 
     if not items:
         raise UsageError("no IMAGES given", "give folders, image files, CSV indexes or - (stdin)")

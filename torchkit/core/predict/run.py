@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.errors import InputError, TorchkitError, UsageError
+from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError
 from torchkit.core.predict.inputs import collect_images
-from torchkit.core.run_options import InferenceOptions
 
 log = logging.getLogger("torchkit")
 
@@ -71,9 +71,9 @@ class PredictRun:
     info: dict[str, Any] = field(default_factory=dict)
 
     def setup(self) -> None:
-        from torchkit.core.distributed import setup
         from torchkit.core.evaluate.source import IMAGE_MODES
-        from torchkit.core.inference import TTA_MODES
+        from torchkit.core.inference.scoring import TTA_MODES
+        from torchkit.core.runtime.distributed import setup
 
         request = self.request
         if request.tta not in TTA_MODES:
@@ -174,7 +174,7 @@ class PredictRun:
         still talks to it aborts that process ("terminate called without an active
         exception"). After a failure nobody waits (a rank that never got here would hang it)."""
         if getattr(self, "ctx", None) is not None:
-            from torchkit.core.distributed import teardown
+            from torchkit.core.runtime.distributed import teardown
 
             teardown(self.ctx, wait=ok)
 
@@ -201,13 +201,13 @@ class PredictRun:
         """(the columns, the values) of every row, batch by batch."""
         import torch
 
-        from torchkit.core.dataset import make_dataset
-        from torchkit.core.decode import NormalizedPixels
-        from torchkit.core.device_decode import (
+        from torchkit.core.data.dataset import make_dataset
+        from torchkit.core.data.decode import NormalizedPixels
+        from torchkit.core.data.device_decode import (
             collate_encoded_with_failures,
             decoded_with_indices,
         )
-        from torchkit.core.transforms import eval_transform
+        from torchkit.core.data.transforms import eval_transform
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
         model = self.resolved.model.eval().to(self.device)
@@ -277,7 +277,7 @@ class PredictRun:
         summary.seconds = time.perf_counter() - start
 
     def _amp_dtype(self):
-        from torchkit.core.device import check_amp_dtype, resolve_amp_dtype
+        from torchkit.core.runtime.device import check_amp_dtype, resolve_amp_dtype
 
         check_amp_dtype(self.request.run.amp, self.request.run.amp_dtype)
         if not self.request.run.amp:
@@ -288,8 +288,8 @@ class PredictRun:
         """One batch's results as plain CPU values (they travel between ranks)."""
         import torch
 
-        from torchkit.core.decode import model_input
-        from torchkit.core.inference import score_batch
+        from torchkit.core.data.decode import model_input
+        from torchkit.core.inference.scoring import score_batch
 
         stacked, indices, failed = batch
         result: dict[str, Any] = {
@@ -426,7 +426,7 @@ def _steps(size: int, batch_size: int, world: int) -> int:
 def _loader(dataset, batches: list[list[int]], workers: int | None, device, collate):
     import torch
 
-    from torchkit.core.dataset import default_workers, loader_context
+    from torchkit.core.data.dataset import default_workers, loader_context
 
     workers = default_workers() if workers is None else workers
     return torch.utils.data.DataLoader(

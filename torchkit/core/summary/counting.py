@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchkit.core.errors import TorchkitError, UsageError, first_line
 from torchkit.core.input_size import check_numel
+from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models.inputs import iter_tensors, make_inputs
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte
@@ -480,7 +480,7 @@ def _free_memory(device: Any) -> int | None:
         if device.type == "cuda":
             return int(torch.cuda.mem_get_info(device)[0])
         if device.type == "cpu":
-            from torchkit.core.memory import available_memory
+            from torchkit.core.runtime.memory import available_memory
 
             return available_memory()
     except (RuntimeError, OSError, ValueError):

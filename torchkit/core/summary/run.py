@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.errors import UsageError
 from torchkit.core.input_size import check_numel, parse_input_size, square_sample
+from torchkit.core.io.errors import UsageError
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
 from torchkit.core.models.builders import BUILTIN_MODELS
 from torchkit.core.models.resolver import has_random_weights, untrained_note
@@ -48,7 +48,7 @@ def check_output(
 ) -> None:
     """Check `-o` before the model is built: not the checkpoint, weights or model source it
     reads, and an existing file replaced only with `force` (`-o -` is stdout)."""
-    from torchkit.core.outputs import check_output_file
+    from torchkit.core.io.outputs import check_output_file
 
     if output is not None and os.fspath(output) != "-":
         check_output_file(output, force, model_inputs(spec, weights), what="output")
@@ -157,7 +157,7 @@ def summarize_model(
     that the model has random weights (a note, not part of the summary). `image_size` N is
     the input C,N,N with the channels the model takes (`--image-size`, another spelling of
     `--input-size`)."""
-    from torchkit.core.device import resolve_device
+    from torchkit.core.runtime.device import resolve_device
 
     args = [size if isinstance(size, InputArg) else InputArg(tuple(size)) for size in input_sizes]
     if image_size is not None and args:

@@ -3,7 +3,7 @@
 Modules: config (the options), loaders (data), optim (param groups, optimiser, lr schedule),
 mixing (mixup/cutmix), ema, loop (train/eval passes), checkpoints, outputs (config.json,
 metrics.csv, curves.png, TensorBoard), ddp (DDP training under torchrun; the process group is
-`torchkit.core.distributed`), setup, state and resume (a run's state, new or resumed),
+`torchkit.core.runtime.distributed`), setup, state and resume (a run's state, new or resumed),
 run_folder (the output folder), epochs (the epoch loop) and runner (the whole run).
 Nothing here imports torch at module level.
 """

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.checkpoint import (
+from torchkit.core.io.errors import CheckpointError
+from torchkit.core.models.checkpoint import (
     FORMAT_VERSION,
     is_torchkit_checkpoint,
     load_checkpoint,
     on_cpu,
     save_checkpoint_as,
 )
-from torchkit.core.errors import CheckpointError
 
 LAST, BEST = "last.pt", "best.pt"
 PERIODIC = re.compile(r"^epoch-(\d+)\.pt$")
@@ -53,7 +53,7 @@ def build_checkpoint(
     `epoch` counts completed epochs; `epoch_progress` is set when the run stopped inside the
     next epoch (Ctrl-C): how far it got, so --resume continues from there.
     """
-    from torchkit.core.seeding import capture_rng_state
+    from torchkit.core.runtime.seeding import capture_rng_state
 
     checkpoint = {
         "format_version": FORMAT_VERSION,

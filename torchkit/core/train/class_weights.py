@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError
 
 NONE, BALANCED = "none", "balanced"
 

@@ -15,10 +15,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from torchkit.core.decode import DECODE_CHOICES
-from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.data.decode import DECODE_CHOICES
+from torchkit.core.data.preprocessing import INTERPOLATIONS, parse_floats
+from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
-from torchkit.core.preprocessing import INTERPOLATIONS, parse_floats
+from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.train.option_specs import (
     DATA_PANEL,
     MODEL_PANEL,
@@ -29,7 +30,6 @@ from torchkit.core.train.option_specs import (
     option,
     option_specs,
 )
-from torchkit.core.transforms import AUGMENT_POLICIES
 
 log = logging.getLogger("torchkit")
 
@@ -619,7 +619,7 @@ def _plain(value: Any) -> Any:
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     """Fill the None options from the data; the names filled go into `data_defaults`."""
-    from torchkit.core.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+    from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
 
     table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
     chosen = {name: value for name, value in table.items() if getattr(config, name) is None}
@@ -668,7 +668,7 @@ def validate(config: TrainConfig) -> None:
     if config.decode not in DECODE_CHOICES:
         bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_CHOICES))
     if config.decode == "device":
-        from torchkit.core.device_decode import check_device_decode
+        from torchkit.core.data.device_decode import check_device_decode
 
         check_device_decode(config.augment, config.random_erasing)
     if not 0 <= config.random_erasing <= 1:
@@ -728,7 +728,7 @@ def validate(config: TrainConfig) -> None:
     if config.image_size is not None and config.image_size < 1:
         bad(f"--image-size must be positive, not {config.image_size}")
     if config.image_size is not None or config.resize_size is not None:
-        from torchkit.core.preprocessing import check_image_memory
+        from torchkit.core.data.preprocessing import check_image_memory
 
         given = [("--image-size", config.image_size), ("--resize-size", config.resize_size)]
         option, side = max(((o, v) for o, v in given if v is not None), key=lambda ov: ov[1])

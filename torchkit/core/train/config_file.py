@@ -22,7 +22,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.train.config import (
     TRAIN_OPTIONS,
     TrainConfig,
@@ -223,7 +223,7 @@ def apply_config_file(
 
 def effective_config(config: TrainConfig) -> dict[str, Any]:
     """What the run will use (data defaults filled), for `--print-config`."""
-    from torchkit.core.datasource.digits import DIGITS
+    from torchkit.core.data.sources.digits import DIGITS
     from torchkit.core.train.config import resolve_defaults
 
     resolved = resolve_defaults(config, is_digits=config.data == DIGITS)

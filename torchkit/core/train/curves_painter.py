@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.helper_process import HelperProcess
+from torchkit.core.runtime.helper_process import HelperProcess
 
 SERVICE = "torchkit.core.train.curves_painter"
 

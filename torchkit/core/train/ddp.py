@@ -1,6 +1,6 @@
 """Training under torchrun: what DistributedDataParallel needs beyond the shared process setup
-(`torchkit.core.distributed`): the devices DDP trains on, SyncBatchNorm, the DDP wrapper, and
-the one error line of a collective that gave up (--dist-timeout).
+(`torchkit.core.runtime.distributed`): the devices DDP trains on, SyncBatchNorm, the DDP wrapper,
+and the one error line of a collective that gave up (--dist-timeout).
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from torchkit.core.distributed import DEFAULT_TIMEOUT_S, DistContext
-from torchkit.core.errors import DeviceError, TorchkitError, UsageError
+from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError
+from torchkit.core.runtime.distributed import DEFAULT_TIMEOUT_S, DistContext
 
 log = logging.getLogger("torchkit")
 
@@ -41,7 +41,7 @@ def check_sync_bn(ctx: DistContext, sync_bn: bool) -> bool:
 
 def convert_sync_bn(model: Any) -> Any:
     """BatchNorm -> SyncBatchNorm with the shared conversion of `torchkit convert-syncbn`."""
-    from torchkit.core.syncbn import convert_batchnorm
+    from torchkit.core.convert.syncbn import convert_batchnorm
 
     converted, rows = convert_batchnorm(model, to="sync")
     log.info("--sync-bn: converted %d BatchNorm layers to SyncBatchNorm", len(rows))

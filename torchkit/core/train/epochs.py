@@ -15,10 +15,10 @@ import math
 import time
 from typing import Any
 
-from torchkit.core import distributed
-from torchkit.core.checkpoint import load_checkpoint, load_weights_into
-from torchkit.core.distributed import DistContext
-from torchkit.core.errors import InputError
+from torchkit.core.io.errors import InputError
+from torchkit.core.models.checkpoint import load_checkpoint, load_weights_into
+from torchkit.core.runtime import distributed
+from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train.checkpoints import BEST
 from torchkit.core.train.interface import TOPK, TrainCallbacks, TrainResult
 from torchkit.core.train.loaders import mix_seed
@@ -114,7 +114,7 @@ class EpochDriver:
         self.result.train_seconds = time.perf_counter() - started
 
     def _epochs(self) -> None:
-        from torchkit.core.seeding import seed_everything
+        from torchkit.core.runtime.seeding import seed_everything
 
         state, config, result = self.state, self.state.config, self.result
         mid_epoch = state.progress.batches > 0
@@ -188,7 +188,7 @@ class EpochDriver:
         """last.pt of an epoch stopped in the middle, with each rank's random state and epoch
         sums, so that a resumed run continues every rank exactly (rank 0's alone would be
         restored on every rank); or, when not worth keeping, the new run goes."""
-        from torchkit.core.seeding import capture_rng_state
+        from torchkit.core.runtime.seeding import capture_rng_state
 
         ctx, state = self.ctx, self.state
         rank_states = distributed.gather_to_main(

@@ -30,7 +30,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from torchkit.core.errors import DeviceError, UsageError
+from torchkit.core.io.errors import DeviceError, UsageError
 from torchkit.core.train import dynamo_free
 from torchkit.core.train.step_sums import StepSums
 
@@ -223,7 +223,7 @@ class GraphedStep:
     def _capture(self) -> None:
         import torch
 
-        from torchkit.core.errors import first_line
+        from torchkit.core.io.errors import first_line
 
         self.ctx.optimizer.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()

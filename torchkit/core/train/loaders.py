@@ -16,17 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.batches import collate_skipping_unreadable
-from torchkit.core.dataset import loader_context, make_dataset, seed_worker
-from torchkit.core.datasource import DataSource, open_data, split_record, training_splits
-from torchkit.core.datasource.digits import DIGITS
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.errors import InputError
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
-from torchkit.core.stored_image import Blocks, read_blocks
+from torchkit.core.data.batches import collate_skipping_unreadable
+from torchkit.core.data.dataset import loader_context, make_dataset, seed_worker
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources import DataSource, open_data, split_record, training_splits
+from torchkit.core.data.sources.digits import DIGITS
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.stored_image import Blocks, read_blocks
+from torchkit.core.data.transforms import eval_transform, train_transform
+from torchkit.core.io.errors import InputError
+from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
 from torchkit.core.train.config import TrainConfig
-from torchkit.core.transforms import eval_transform, train_transform
 
 log = logging.getLogger("torchkit")
 
@@ -107,7 +107,7 @@ def cross_split_copies(splits: dict[str, Samples]) -> tuple[int, int]:
     split, and the groups of identical files they form. Cheap: files are grouped by size
     first, and only files that share a size with a file of another split are read
     (`core.hashing.content_groups`). (0, 0) for in-memory data (digits)."""
-    from torchkit.core.hashing import content_groups
+    from torchkit.core.data.hashing import content_groups
 
     if any(samples.paths is None for samples in splits.values()):
         return 0, 0
@@ -398,7 +398,7 @@ def lone_last_batch(images: int, batch_size: int) -> bool:
 
 def default_workers_for(data: str) -> int:
     """In-memory digits decode in microseconds: worker processes only add overhead there."""
-    from torchkit.core.dataset import default_workers
+    from torchkit.core.data.dataset import default_workers
 
     return 0 if data == DIGITS else default_workers()
 
@@ -502,7 +502,7 @@ def build_loaders(
     generator.manual_seed(config.seed)
     train_collate = collate_skipping_unreadable
     if config.decode == "device":
-        from torchkit.core.device_decode import collate_encoded
+        from torchkit.core.data.device_decode import collate_encoded
 
         train_collate = collate_encoded  # JPEG bytes, decoded on the device by the loop
     # Only where every epoch of this rank has a full batch: dropping the only one would leave

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.errors import InputError, TorchkitError
+from torchkit.core.io.errors import InputError, TorchkitError
 from torchkit.core.train import dynamo_free
 
 log = logging.getLogger("torchkit")
@@ -135,7 +135,7 @@ def to_device(batch, ctx: StepContext):
     pixels (a quarter of the bytes to copy) normalised there, in the memory format asked for."""
     import torch
 
-    from torchkit.core.decode import model_input
+    from torchkit.core.data.decode import model_input
 
     channels_last = ctx.channels_last and batch.images.ndim == 4
     layout = torch.channels_last if channels_last else torch.contiguous_format
@@ -162,8 +162,8 @@ def train_one_epoch(
     returns: the diverged state never reaches a checkpoint. `profiler` (a `StepProfiler`, for
     --profile-steps, started by the caller: `step_profiler.profiling`) is told of each update."""
 
-    from torchkit.core.decode_ahead import DecodedAhead
-    from torchkit.core.device_decode import decoded_batch
+    from torchkit.core.data.decode_ahead import DecodedAhead
+    from torchkit.core.data.device_decode import decoded_batch
     from torchkit.core.train.mixing import mix_batch
     from torchkit.core.train.readout import SumsReadout
     from torchkit.core.train.step_sums import StepSums
@@ -330,7 +330,7 @@ def _empty_step(ctx: StepContext, is_update: bool, batch: int) -> None:
     BatchNorm's running statistics, nor to the epoch's loss and accuracy."""
     import torch
 
-    from torchkit.core.errors import first_line
+    from torchkit.core.io.errors import first_line
 
     shape = ctx.input_shape or (3, 1, 1)
     images = torch.zeros((0, *shape), device=ctx.device)
@@ -415,7 +415,7 @@ def evaluate(
     import torch
     import torch.nn.functional as F
 
-    from torchkit.core.padded_batches import BatchPadder, pads_short_batches
+    from torchkit.core.data.padded_batches import BatchPadder, pads_short_batches
 
     was_training = module.training
     module.eval()

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.train import dynamo_free
 from torchkit.core.train.loop import to_device
 
@@ -141,7 +141,7 @@ def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int)
     """The range test on `step_ctx`'s model, optimiser and loss (train's own), restoring their
     states afterwards. `batches()` gives a fresh iterator of train's `Batch` objects."""
 
-    from torchkit.core.device_decode import decoded_batch
+    from torchkit.core.data.device_decode import decoded_batch
 
     model, optimizer = step_ctx.module, step_ctx.optimizer
     saved_model = copy.deepcopy(model.state_dict())
@@ -185,7 +185,7 @@ def write_lr_find(folder, result: LRFindResult) -> list:
 
     import matplotlib
 
-    from torchkit.core.files import atomic_path, atomic_write_text
+    from torchkit.core.io.files import atomic_path, atomic_write_text
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.datasource.samples import Samples
-from torchkit.core.decode import CROP_RATIO, pil_resample
-from torchkit.core.preprocessing import Preprocess
-from torchkit.core.seeding import SPLITMIX_INCREMENT, splitmix_output
+from torchkit.core.data.decode import CROP_RATIO, pil_resample
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, splitmix_output
 
 
 def supports(

@@ -122,7 +122,7 @@ def build_optimizer(groups: list[ParamGroupSpec], config: TrainConfig):
     """The optimiser over `groups`; each group remembers its `base_lr` for the schedule."""
     import torch
 
-    from torchkit.core.errors import UsageError
+    from torchkit.core.io.errors import UsageError
 
     if not groups:
         raise UsageError("no parameters to train", "did --freeze-backbone freeze everything?")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.files import atomic_path, atomic_write_text
+from torchkit.core.io.files import atomic_path, atomic_write_text
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
 
@@ -192,7 +192,7 @@ def check_tensorboard() -> None:
     import importlib.util
 
     if importlib.util.find_spec("tensorboard") is None:
-        from torchkit.core.extras import MissingExtraError, install_hint
+        from torchkit.core.runtime.extras import MissingExtraError, install_hint
 
         raise MissingExtraError(
             "--tensorboard needs the tensorboard package, which is not installed",

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.checkpoint import load_weights_into
-from torchkit.core.distributed import DistContext
-from torchkit.core.errors import CheckpointError
+from torchkit.core.io.errors import CheckpointError
+from torchkit.core.models.checkpoint import load_weights_into
+from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.loaders import mix_seed
 from torchkit.core.train.loop import EpochProgress
@@ -139,7 +139,7 @@ def restore_rank_rng(
 ) -> None:
     """The random state of this rank inside the resumed epoch: saved (`rng`), or (when the
     checkpoint has none for this rank) seeded from (seed, rank, epoch, batches done)."""
-    from torchkit.core.seeding import restore_rng_state, seed_everything
+    from torchkit.core.runtime.seeding import restore_rng_state, seed_everything
 
     if rng is not None:
         restore_rng_state(rng, ctx.device)

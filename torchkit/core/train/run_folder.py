@@ -17,12 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchkit.core import distributed
-from torchkit.core.checkpoint import copy_checkpoint
-from torchkit.core.datasource import SPLIT_CSV, write_split_csv
-from torchkit.core.datasource.inputs import data_inputs
-from torchkit.core.errors import TorchkitError, first_line
-from torchkit.core.outputs import (
+from torchkit.core.data.sources import SPLIT_CSV, write_split_csv
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.io.errors import TorchkitError, first_line
+from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
     OutputFolder,
@@ -31,6 +29,8 @@ from torchkit.core.outputs import (
     check_output_file,
     lock_path,
 )
+from torchkit.core.models.checkpoint import copy_checkpoint
+from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoints import BEST, LAST, best_checkpoint_for, save_epoch
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
@@ -42,7 +42,7 @@ from torchkit.core.train.outputs import (
 )
 
 if TYPE_CHECKING:
-    from torchkit.core.distributed import DistContext
+    from torchkit.core.runtime.distributed import DistContext
     from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.setup import RunPlan
 
@@ -261,7 +261,7 @@ class RunFolder:
         old, self.old_config_json = self.old_config_json, None
         if old is None or self.saved_any:
             return
-        from torchkit.core.files import atomic_write_bytes
+        from torchkit.core.io.files import atomic_write_bytes
 
         with contextlib.suppress(Exception):  # already failing: keep the first error
             atomic_write_bytes(self.path / "config.json", old)

@@ -13,11 +13,11 @@ import os
 import time
 from collections.abc import Collection, Iterable
 
-from torchkit.core import distributed
-from torchkit.core.datasource import SPLIT_CSV
-from torchkit.core.distributed import DistContext
-from torchkit.core.errors import DeviceError, UsageError
-from torchkit.core.outputs import InputPath
+from torchkit.core.data.sources import SPLIT_CSV
+from torchkit.core.io.errors import DeviceError, UsageError
+from torchkit.core.io.outputs import InputPath
+from torchkit.core.runtime import distributed
+from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train import ddp
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.epochs import EpochDriver, evaluate_best_on_test

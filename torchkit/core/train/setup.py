@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkit.core import distributed
-from torchkit.core.datasource.digits import DIGITS
-from torchkit.core.decode import NormalizedPixels
-from torchkit.core.device import amp_dtype_name, warn_if_cpu_amp_is_emulated
-from torchkit.core.distributed import DistContext
-from torchkit.core.errors import CheckpointError, UsageError
+from torchkit.core.data.decode import NormalizedPixels
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources.digits import DIGITS
+from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.norms import has_batch_norm
-from torchkit.core.preprocessing import Preprocess
+from torchkit.core.runtime import distributed
+from torchkit.core.runtime.device import amp_dtype_name, warn_if_cpu_amp_is_emulated
+from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights
@@ -99,7 +99,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
     (and, decoding on a GPU, its decoder readied) before the model is built, so that both run
     while the rest sets up; the loaders' workers are stopped again if a later step fails."""
 
-    from torchkit.core.seeding import seed_everything
+    from torchkit.core.runtime.seeding import seed_everything
 
     split = RunTimeline(time.perf_counter(), None)  # where the set-up's time goes (`train -v`)
     config, checkpoint = plan.config, plan.checkpoint
@@ -198,7 +198,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
     except BaseException:
         starts.close()  # its decoding threads read from the workers: stopped first
         loaders.close()
-        from torchkit.core.decoder_warm_up import wait_for_decoder_warm_up
+        from torchkit.core.data.decoder_warm_up import wait_for_decoder_warm_up
 
         wait_for_decoder_warm_up()  # not left inside CUDA calls while the process exits
         raise
@@ -296,7 +296,7 @@ def _resolve_cuda_graphs(ctx: DistContext, config: TrainConfig, amp_dtype: str) 
 def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> TrainConfig:
     """The run's config with `--decode auto` chosen for this device and data (recorded as
     chosen from the data, so a replayed config.json chooses again)."""
-    from torchkit.core.device_decode import resolve_decode
+    from torchkit.core.data.device_decode import resolve_decode
 
     decode, note = resolve_decode(
         config.decode,
@@ -394,7 +394,7 @@ def _to_device(model: Any, ctx: DistContext, config: TrainConfig) -> None:
 def _early_decoding(ctx: DistContext, config: TrainConfig) -> Callable[[Any], Any] | None:
     """What decodes an epoch started early (`EpochStarts`): a `DecodedAhead` when the run
     decodes ahead and may hold more than a step's batches (`decode_ahead.ahead_budget`)."""
-    from torchkit.core import decode_ahead
+    from torchkit.core.data import decode_ahead
 
     if not decode_ahead.decodes_ahead(config.decode, ctx.device):
         return None
@@ -408,16 +408,16 @@ def _warm_decoder(
 ) -> None:
     """Ready the GPU's JPEG decoder with the first training JPEG (`decoder_warm_up`) when the
     run decodes on the device."""
-    from torchkit.core import decode_ahead
-    from torchkit.core.decode import JPEG_SUFFIXES
+    from torchkit.core.data import decode_ahead
+    from torchkit.core.data.decode import JPEG_SUFFIXES
 
     if not decode_ahead.decodes_ahead(config.decode, ctx.device):
         return
     paths = data.splits["train"].paths or []
     first = next((str(p) for p in paths if str(p).lower().endswith(JPEG_SUFFIXES)), None)
     if first is not None:
-        from torchkit.core.decoder_warm_up import start_decoder_warm_up
-        from torchkit.core.device_decode import ready_decoder
+        from torchkit.core.data.decoder_warm_up import start_decoder_warm_up
+        from torchkit.core.data.device_decode import ready_decoder
 
         start_decoder_warm_up(
             functools.partial(
@@ -467,7 +467,7 @@ def _step_context(
     --compile), the loss, and the step's options."""
     import torch
 
-    from torchkit.core import decode_ahead
+    from torchkit.core.data import decode_ahead
     from torchkit.core.train.optim import set_frozen_norms_eval
 
     wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from torchkit.core.preprocessing import Preprocess
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.train.checkpoints import build_checkpoint
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.epoch_starts import EpochStarts

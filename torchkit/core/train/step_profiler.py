@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.files import atomic_path, atomic_write_text
+from torchkit.core.io.files import atomic_path, atomic_write_text
 
 log = logging.getLogger("torchkit")
 

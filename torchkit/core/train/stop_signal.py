@@ -50,7 +50,7 @@ class StopOnSignal:
     def _quit(self):
         """End the command now: the clean-up (run folder, workers) runs, undisturbed by
         further signals."""
-        from torchkit.core.errors import Terminated
+        from torchkit.core.io.errors import Terminated
 
         deferred_signals.ignore_later(self._previous)
         raise Terminated() if self.terminated else KeyboardInterrupt()

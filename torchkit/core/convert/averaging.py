@@ -1,0 +1,167 @@
+"""Checkpoint averaging (timm's `avg_checkpoints.py`): the mean of the weights of several
+checkpoints of one model, a cheap accuracy gain from the last or best few epochs.
+
+Floating-point tensors are averaged in float64 and cast back to their dtype; integer tensors
+(BatchNorm's `num_batches_tracked`) are taken from the last checkpoint. Keys and shapes must
+match exactly. A checkpoint holding a NaN or infinite value (a diverged epoch) is refused,
+naming the file and the tensor: its average is NaN too; `allow_nonfinite` averages it anyway.
+From torchkit checkpoints the result is a torchkit checkpoint (the last one's
+architecture, classes and preprocessing, without optimiser state: it evaluates, predicts and
+exports like any other, but does not resume); from plain state dicts, a plain state dict.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.io.errors import CheckpointError, UsageError
+
+# What an averaged checkpoint keeps of the last input: what eval, predict and export read.
+KEPT_KEYS = (
+    "format_version",
+    "torchkit_version",
+    "arch",
+    "num_classes",
+    "classes",
+    "preprocess",
+    "config",
+    "data",
+    "epoch",
+)
+
+
+def first_nonfinite(state: Mapping[str, Any]) -> str | None:
+    """The key of the first floating-point tensor of `state` holding a NaN or an infinity."""
+    import torch
+
+    for key, tensor in state.items():
+        floating = isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+        if floating and not bool(torch.isfinite(tensor).all()):
+            return str(key)
+    return None
+
+
+def average_state_dicts(
+    states: Sequence[Mapping[str, Any]], names: Sequence[str], *, allow_nonfinite: bool = False
+) -> dict:
+    """The element-wise mean of `states` (see the module doc)."""
+    import torch
+
+    if len(states) < 2:
+        raise UsageError("averaging needs at least two checkpoints")
+    if not allow_nonfinite:
+        for state, name in zip(states, names, strict=True):
+            key = first_nonfinite(state)
+            if key is not None:
+                raise CheckpointError(
+                    f"{name} holds a non-finite value (NaN or infinite) in {key!r}: its average "
+                    "would not be finite either",
+                    "leave out checkpoints of a diverged run, or pass --allow-nonfinite",
+                )
+    first_keys = list(states[0])
+    for state, name in zip(states[1:], names[1:], strict=True):
+        if list(state) != first_keys and set(state) != set(first_keys):
+            extra = sorted(set(state) - set(first_keys)) or sorted(set(first_keys) - set(state))
+            raise CheckpointError(
+                f"{name} does not hold the same model as {names[0]}: key {extra[0]!r} differs",
+                "average checkpoints of one training run (or one architecture)",
+            )
+    averaged = {}
+    last = states[-1]
+    for key in first_keys:
+        tensors = [state[key] for state in states]
+        shapes = {tuple(t.shape) for t in tensors}
+        if len(shapes) > 1:
+            raise CheckpointError(
+                f"{key} has different shapes in the checkpoints: "
+                + ", ".join("x".join(map(str, s)) or "scalar" for s in sorted(shapes)),
+                "average checkpoints of one model",
+            )
+        if tensors[0].is_floating_point():
+            total = torch.zeros(tensors[0].shape, dtype=torch.float64)
+            for tensor in tensors:
+                total += tensor.to(torch.float64)
+            averaged[key] = (total / len(tensors)).to(tensors[0].dtype)
+        else:
+            averaged[key] = last[key].clone()
+    return averaged
+
+
+def average_checkpoints(
+    paths: Sequence[str | os.PathLike], *, allow_nonfinite: bool = False
+) -> dict:
+    """Load `paths` (weights only) and average them (non-finite values refused unless
+    `allow_nonfinite`)."""
+    from torchkit.core.models.checkpoint import (
+        extract_state_dict,
+        is_torchkit_checkpoint,
+        load_checkpoint,
+    )
+
+    if len(paths) < 2:
+        raise UsageError("averaging needs at least two checkpoints", "give two or more")
+    real = [os.path.realpath(p) for p in paths]
+    if len(set(real)) != len(real):
+        raise UsageError("a checkpoint is given twice", "each one counts once in the mean")
+    loaded = [load_checkpoint(path) for path in paths]
+    torchkit = [is_torchkit_checkpoint(item) for item in loaded]
+    if any(torchkit) and not all(torchkit):
+        raise CheckpointError(
+            "torchkit checkpoints and plain state dicts are mixed",
+            "average files of one kind",
+        )
+    names = [str(p) for p in paths]
+    states = [extract_state_dict(item) for item in loaded]
+    if all(torchkit):
+        archs = {str(item.get("arch")) for item in loaded}
+        if len(archs) > 1:
+            raise CheckpointError(
+                f"the checkpoints hold different architectures: {', '.join(sorted(archs))}"
+            )
+    averaged = average_state_dicts(states, names, allow_nonfinite=allow_nonfinite)
+    if not all(torchkit):
+        return averaged
+    result = {key: loaded[-1][key] for key in KEPT_KEYS if key in loaded[-1]}
+    result["model"] = averaged
+    result["averaged_from"] = [Path(p).name for p in paths]
+    return result
+
+
+def write_average(
+    sources: Sequence[str | os.PathLike],
+    destination: str | os.PathLike,
+    *,
+    force: bool = False,
+    allow_nonfinite: bool = False,
+) -> dict[str, Any]:
+    """Average `sources` into `destination` (checked before any work: not one of the sources,
+    --force to replace; written atomically; nothing written when a source holds a NaN or an
+    infinity, unless `allow_nonfinite`). Returns the report."""
+    from torchkit.core.io.files import require_input
+    from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
+    from torchkit.core.models.checkpoint import save_checkpoint
+
+    checked = [require_input(path, what="checkpoint", kind="file") for path in sources]
+    target = Path(destination)
+    if target.suffix.lower() not in (".pt", ".pth", ".ckpt", ".bin"):
+        raise UsageError(
+            f"cannot tell the output format from {target.name!r}",
+            "end DST with .pt (a torchkit checkpoint or a state dict, like the inputs)",
+        )
+    check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
+    averaged = average_checkpoints(checked, allow_nonfinite=allow_nonfinite)
+    state = averaged.get("model", averaged)
+    with reporting_write_errors(target):
+        save_checkpoint(averaged, target)
+    return {
+        "sources": [str(path) for path in checked],
+        "destination": str(target),
+        "kind": "torchkit checkpoint" if "model" in averaged else "state dict",
+        "checkpoints": len(checked),
+        "tensors": len(state),
+        "values": sum(int(t.numel()) for t in state.values()),
+        "averaged_tensors": sum(1 for t in state.values() if t.is_floating_point()),
+    }

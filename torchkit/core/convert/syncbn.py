@@ -1,0 +1,508 @@
+"""BatchNorm <-> SyncBatchNorm conversion of a model, with a report of every layer touched.
+
+`convert_batchnorm(model, to="sync")` is what `train --sync-bn` uses before wrapping the model in
+DDP; `to="bn"` turns SyncBatchNorm back into BatchNorm1d/2d/3d, which a model trained with
+SyncBatchNorm needs to run on a CPU or one GPU without a process group.
+
+The layers are replaced in place (every parent that holds one, so a layer shared by two parents
+stays shared) and the new layer takes over the old one's Parameter and buffer objects: values,
+requires_grad, dtype and device carry over exactly, and an optimizer built earlier still points at
+the right tensors.
+
+SyncBatchNorm accepts any input of 2 or more dimensions, so it forgets whether it replaced a
+BatchNorm1d, 2d or 3d. Conversion records that on the layer (it survives pickling and deepcopy);
+for a SyncBatchNorm made elsewhere the dimensionality is taken from an example forward pass when
+one is given, else from the nearest convolution / linear / pooling layer registered before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.io.errors import CheckpointError, InputError, UsageError
+
+log = logging.getLogger("torchkit")
+
+# Instance attribute set on each SyncBatchNorm this module creates: 1, 2 or 3.
+RECORDED_DIM_ATTR = "torchkit_batchnorm_dim"
+# `checkpoint["config"][SYNC_BN_KEY]` tells `train --resume` to rebuild the model with SyncBN.
+SYNC_BN_KEY = "sync_bn"
+TARGETS = ("sync", "bn")
+
+
+def _batchnorm_classes() -> dict[int, type]:
+    from torch import nn
+
+    return {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
+
+
+def _is_plain_batchnorm(module: Any) -> bool:
+    from torch import nn
+
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(
+        module, nn.SyncBatchNorm
+    )
+
+
+def _batchnorm_dim(module: Any) -> int | None:
+    """1, 2 or 3 for a BatchNorm layer (subclasses included), None for anything else."""
+    for dim, cls in _batchnorm_classes().items():
+        if isinstance(module, cls):
+            return dim
+    return None
+
+
+def find_batchnorm_layers(model: Any, *, sync: bool = False) -> list[dict]:
+    """One row per BatchNorm layer (SyncBatchNorm layers with `sync=True`), in registration
+    order: name, type, num_features, affine, track_running_stats."""
+    from torch import nn
+
+    rows = []
+    for name, module in model.named_modules():
+        wanted = isinstance(module, nn.SyncBatchNorm) if sync else _is_plain_batchnorm(module)
+        if wanted:
+            rows.append(_describe(name, module))
+    return rows
+
+
+def _describe(name: str, module: Any) -> dict:
+    return {
+        "name": name or "(model)",
+        "type": type(module).__name__,
+        "num_features": int(module.num_features),
+        "affine": bool(module.affine),
+        "track_running_stats": bool(module.track_running_stats),
+    }
+
+
+def convert_batchnorm(
+    module: Any,
+    *,
+    to: str = "sync",
+    process_group: Any = None,
+    example_inputs: Sequence[Any] | None = None,
+) -> tuple[Any, list[dict]]:
+    """Replace BatchNorm layers by SyncBatchNorm (`to="sync"`) or back (`to="bn"`).
+
+    Returns the converted module (the same object, unless `module` itself is a BatchNorm layer)
+    and one row per converted layer: name, from_type, to_type, num_features, affine,
+    track_running_stats, dim_source (how the BatchNorm dimensionality is known).
+    `process_group` scopes the synchronisation of new SyncBatchNorm layers (default: the world).
+    `example_inputs` (positional inputs of the model) tell `to="bn"` which dimensionality each
+    unrecorded SyncBatchNorm layer sees.
+    """
+    if to not in TARGETS:
+        raise UsageError(f"unknown conversion target {to!r}", "use 'sync' or 'bn'")
+    from torch import nn
+
+    if to == "sync":
+        targets = [(n, m) for n, m in module.named_modules() if _is_plain_batchnorm(m)]
+        _refuse_uninitialised(targets)
+        replacements = {}
+        rows = []
+        for name, old in targets:
+            new = _to_sync(old, process_group)
+            replacements[id(old)] = new
+            row = _conversion_row(name, old, new)
+            row["dim_source"] = None  # only reverting has to work the dimensionality out
+            rows.append(row)
+            if type(old) not in _batchnorm_classes().values():
+                log.warning(
+                    "%s is a %s, a BatchNorm subclass: its own forward() is not kept by "
+                    "SyncBatchNorm",
+                    name or "the model",
+                    type(old).__name__,
+                )
+    else:
+        targets = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+        dims = _deduce_dims(module, targets, example_inputs)
+        replacements = {}
+        rows = []
+        for name, old in targets:
+            dim, source = dims[id(old)]
+            new = _to_batchnorm(old, dim)
+            replacements[id(old)] = new
+            row = _conversion_row(name, old, new)
+            row["dim_source"] = source
+            rows.append(row)
+    return _replace(module, replacements), rows
+
+
+def _refuse_uninitialised(targets: list[tuple[str, Any]]) -> None:
+    from torch.nn.parameter import UninitializedParameter
+
+    for name, layer in targets:
+        if any(isinstance(p, UninitializedParameter) for p in layer.parameters(recurse=False)):
+            raise UsageError(
+                f"{name or 'the model'} is a lazy BatchNorm that has not seen any input",
+                "run one forward pass before converting",
+            )
+
+
+def _conversion_row(name: str, old: Any, new: Any) -> dict:
+    described = _describe(name, old)
+    return {
+        "name": described["name"],
+        "from_type": described["type"],
+        "to_type": type(new).__name__,
+        "num_features": described["num_features"],
+        "affine": described["affine"],
+        "track_running_stats": described["track_running_stats"],
+    }
+
+
+def _take_over_state(new: Any, old: Any) -> None:
+    """Give `new` (built on the meta device, so nothing is allocated twice) the very Parameter
+    and buffer objects of `old`, and its flags."""
+    for name, param in old._parameters.items():
+        new._parameters[name] = param
+    for name, buffer in old._buffers.items():
+        new._buffers[name] = buffer
+    new._non_persistent_buffers_set = set(old._non_persistent_buffers_set)
+    new.training = old.training
+    if hasattr(old, "qconfig"):
+        new.qconfig = old.qconfig
+
+
+def _to_sync(old: Any, process_group: Any) -> Any:
+    from torch import nn
+
+    new = nn.SyncBatchNorm(
+        old.num_features,
+        eps=old.eps,
+        momentum=old.momentum,
+        affine=old.affine,
+        track_running_stats=old.track_running_stats,
+        process_group=process_group,
+        device="meta",
+    )
+    _take_over_state(new, old)
+    setattr(new, RECORDED_DIM_ATTR, _batchnorm_dim(old))
+    return new
+
+
+def _to_batchnorm(old: Any, dim: int) -> Any:
+    cls = _batchnorm_classes()[dim]
+    new = cls(
+        old.num_features,
+        eps=old.eps,
+        momentum=old.momentum,
+        affine=old.affine,
+        track_running_stats=old.track_running_stats,
+        device="meta",
+    )
+    _take_over_state(new, old)
+    return new
+
+
+def _replace(root: Any, replacements: Mapping[int, Any]) -> Any:
+    """Swap every reference to a replaced layer, in every parent (shared layers stay shared)."""
+    if id(root) in replacements:
+        new_root = replacements[id(root)]
+        _replace_children(new_root, replacements)
+        return new_root
+    _replace_children(root, replacements)
+    return root
+
+
+def _replace_children(root: Any, replacements: Mapping[int, Any]) -> None:
+    # `modules()` yields each module once even when shared; edit `_modules` directly so the
+    # slot keeps its position in registration order.
+    for parent in list(root.modules()):
+        for attr, child in list(parent._modules.items()):
+            if child is not None and id(child) in replacements:
+                parent._modules[attr] = replacements[id(child)]
+
+
+# --- which BatchNorm a SyncBatchNorm stood for -----------------------------------------------
+
+
+def _dim_of_input(ndim: int) -> int | None:
+    return {2: 1, 3: 1, 4: 2, 5: 3}.get(ndim)
+
+
+def _layer_dim(module: Any) -> int | None:
+    """The spatial dimensionality a layer works in, when its type says so."""
+    from torch import nn
+
+    recorded = getattr(module, RECORDED_DIM_ATTR, None)
+    if recorded in (1, 2, 3):
+        return recorded
+    if isinstance(module, nn.Linear):
+        return 1
+    by_type = (
+        (1, (nn.Conv1d, nn.ConvTranspose1d, nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d)),
+        (2, (nn.Conv2d, nn.ConvTranspose2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)),
+        (3, (nn.Conv3d, nn.ConvTranspose3d, nn.MaxPool3d, nn.AvgPool3d, nn.AdaptiveAvgPool3d)),
+    )
+    for dim, types in by_type:
+        if isinstance(module, types):
+            return dim
+    return _batchnorm_dim(module)
+
+
+def _deduce_dims(
+    model: Any, targets: list[tuple[str, Any]], example_inputs: Sequence[Any] | None
+) -> dict[int, tuple[int, str]]:
+    dims: dict[int, tuple[int, str]] = {}
+    for _, layer in targets:
+        recorded = getattr(layer, RECORDED_DIM_ATTR, None)
+        if recorded in (1, 2, 3):
+            dims[id(layer)] = (recorded, "recorded at conversion")
+    missing = [(n, m) for n, m in targets if id(m) not in dims]
+    if missing and example_inputs is not None:
+        dims.update(_observe_input_dims(model, missing, example_inputs))
+        missing = [(n, m) for n, m in targets if id(m) not in dims]
+    if missing:
+        dims.update(_neighbour_dims(model, missing))
+    return dims
+
+
+def _observe_input_dims(
+    model: Any, layers: list[tuple[str, Any]], example_inputs: Sequence[Any]
+) -> dict[int, tuple[int, str]]:
+    """Run one eval-mode forward pass and look at the input each layer receives."""
+    import torch
+
+    seen: dict[int, tuple[int, str]] = {}
+
+    def hook(layer, args):
+        if args and isinstance(args[0], torch.Tensor):
+            dim = _dim_of_input(args[0].dim())
+            if dim is not None:
+                seen.setdefault(id(layer), (dim, f"{args[0].dim()}-D input"))
+
+    modes = {id(m): m.training for m in model.modules()}
+    handles = [layer.register_forward_pre_hook(hook) for _, layer in layers]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(*example_inputs)
+    except Exception as error:
+        shapes = ", ".join(str(tuple(getattr(x, "shape", ()))) for x in example_inputs)
+        raise UsageError(
+            f"the model cannot run on an input of shape {shapes}: {error}".splitlines()[0],
+            "check --input-size",
+        ) from error
+    finally:
+        for handle in handles:
+            handle.remove()
+        for m in model.modules():
+            m.training = modes[id(m)]
+    return seen
+
+
+def _neighbour_dims(model: Any, layers: list[tuple[str, Any]]) -> dict[int, tuple[int, str]]:
+    """The dimensionality of the nearest layer of known dimensionality registered before each
+    SyncBatchNorm (or after it, for one that comes first)."""
+    ordered = list(model.named_modules())
+    wanted = {id(m) for _, m in layers}
+    found: dict[int, tuple[int, str]] = {}
+    for index, (name, layer) in enumerate(ordered):
+        if id(layer) not in wanted or id(layer) in found:
+            continue
+        before = reversed(ordered[:index])
+        after = ordered[index + 1 :]
+        for neighbour_name, neighbour in (*before, *after):
+            if id(neighbour) in wanted:
+                continue
+            dim = _layer_dim(neighbour)
+            if dim is not None:
+                found[id(layer)] = (dim, f"like {neighbour_name} ({type(neighbour).__name__})")
+                break
+        else:
+            raise UsageError(
+                f"cannot tell whether {name or 'the model'} stands for BatchNorm1d, 2d or 3d",
+                "give an example input size (--input-size) so a forward pass shows it",
+            )
+    return found
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def checkpoint_uses_sync_bn(checkpoint: Mapping[str, Any]) -> bool:
+    """True when a torchkit checkpoint is marked to be rebuilt with SyncBatchNorm."""
+    config = checkpoint.get("config") or {}
+    return bool(isinstance(config, Mapping) and config.get(SYNC_BN_KEY, False))
+
+
+def mark_checkpoint(checkpoint: Mapping[str, Any], *, sync: bool) -> dict:
+    """A copy of a torchkit checkpoint whose config says whether `train --resume` should rebuild
+    the model with SyncBatchNorm. BatchNorm and SyncBatchNorm have the same state_dict keys, so
+    the weights themselves need no change."""
+    marked = dict(checkpoint)
+    config = dict(marked.get("config") or {})
+    config[SYNC_BN_KEY] = bool(sync)
+    marked["config"] = config
+    return marked
+
+
+# --- the convert-syncbn command --------------------------------------------------------------
+
+
+def check_outputs(
+    source: str | os.PathLike,
+    destination: str | os.PathLike | None = None,
+    output: str | os.PathLike | None = None,
+    *,
+    weights: str | None = None,
+    force: bool = False,
+) -> None:
+    """Check every output of `convert-syncbn` before any work: DST and the report (`-o`) may
+    not be SRC, the weights, nor each other, and replace an existing file only with `force`."""
+    from torchkit.core.convert.checkpoint import TORCH_EXTENSIONS  # DST is a torch.save file
+    from torchkit.core.io.outputs import (
+        check_distinct_outputs,
+        check_output_file,
+        is_special_file,
+    )
+    from torchkit.core.models import model_inputs
+
+    inputs = model_inputs(os.fspath(source), weights)
+    if destination is not None:
+        named = Path(destination)  # a FIFO or /dev/null takes the bytes whatever its name
+        if named.suffix.lower() not in TORCH_EXTENSIONS and not is_special_file(named):
+            raise UsageError(
+                f"cannot tell the output format from {named.name!r}",
+                "end DST with .pt (.pth, .ckpt, .bin): convert-syncbn writes a torch file; "
+                "`torchkit convert checkpoint` makes safetensors of it",
+            )
+        check_output_file(destination, force, inputs, what="DST")
+    if output is not None and os.fspath(output) != "-":  # `-o -` is stdout
+        check_output_file(output, force, inputs, what="output")
+        if destination is not None:
+            check_distinct_outputs((destination, "DST"), (output, "output (-o)"))
+
+
+def batchnorm_report(
+    spec: str,
+    *,
+    revert: bool = False,
+    num_classes: int | None = None,
+    weights: str | None = None,
+    trust_checkpoint: bool = False,
+) -> dict[str, Any]:
+    """The layers `convert_batchnorm` would replace in the model `spec` names: BatchNorm layers,
+    or SyncBatchNorm layers with `revert`."""
+    from torchkit.core.models import ModelSpec, resolve_spec
+
+    named = ModelSpec(
+        model=spec, weights=weights, trust_checkpoint=trust_checkpoint, num_classes=num_classes
+    )
+    loaded = resolve_spec(named, command="convert-syncbn", new_head=True)
+    model = loaded.model
+    if revert and loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
+        model, _ = convert_batchnorm(model, to="sync")  # what `train --resume` builds from it
+    layers = find_batchnorm_layers(model, sync=revert)
+    report = {
+        "model": loaded.arch,
+        "origin": loaded.source,
+        "target": "BatchNorm" if revert else "SyncBatchNorm",
+        "layers": layers,
+        "count": len(layers),
+    }
+    if loaded.checkpoint is not None:
+        report["marked_sync_bn"] = checkpoint_uses_sync_bn(loaded.checkpoint)
+    return report
+
+
+def convert_saved_model(
+    source: str,
+    destination: str,
+    *,
+    revert: bool = False,
+    trust_checkpoint: bool = False,
+    force: bool = False,
+    sample_shape: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Convert the model saved in `source` and write it to `destination` (atomically; an existing
+    file only with `force`).
+
+    A torchkit checkpoint keeps its weights (BatchNorm and SyncBatchNorm have the same state_dict
+    keys) and is marked so that `train --resume` rebuilds the model with SyncBatchNorm (or, with
+    `revert`, without). A pickled model (trusted loading only) is converted and pickled again.
+    `sample_shape` (one sample, no batch) lets `revert` see which BatchNorm each SyncBatchNorm
+    layer stood for when the file does not record it.
+    """
+    import torch
+
+    from torchkit.core.io.files import atomic_path, require_input, torch_save
+    from torchkit.core.io.outputs import reporting_write_errors
+    from torchkit.core.models import model_from_checkpoint, pickled_module
+    from torchkit.core.models.checkpoint import is_torchkit_checkpoint, save_checkpoint
+    from torchkit.core.models.resolver import EXPORTED_TITLES, exported_format_of
+    from torchkit.core.models.weights import read_model_file
+
+    # `convert-syncbn resnet18 out.pt`: a model name, not a file
+    src = require_input(
+        source,
+        what="model file",
+        kind="file",
+        hint="SRC DST converts a saved checkpoint or model; for a model name, leave out DST to "
+        "list the layers it would convert",
+    )
+    fmt = exported_format_of(src)
+    if fmt is not None:
+        raise UsageError(
+            f"{src} is {EXPORTED_TITLES[fmt]}, which convert-syncbn cannot convert",
+            "convert the torchkit checkpoint it was exported from, then export again",
+        )
+    check_outputs(src, destination, force=force)
+    loaded = read_model_file(src, trust_checkpoint=trust_checkpoint)
+    to = "bn" if revert else "sync"
+    if is_torchkit_checkpoint(loaded):
+        model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=str(src))
+        model, rows = convert_batchnorm(model, to="sync")
+        if revert:
+            model, rows = convert_batchnorm(model, to="bn")
+        with reporting_write_errors(destination):
+            save_checkpoint(mark_checkpoint(loaded, sync=not revert), destination)
+        kind = "torchkit checkpoint"
+    else:
+        module = pickled_module(loaded)
+        if module is None:
+            if (
+                isinstance(loaded, Mapping)
+                and loaded
+                and all(isinstance(v, torch.Tensor) for v in loaded.values())
+            ):
+                raise InputError(
+                    f"{src} is a plain state dict: BatchNorm and SyncBatchNorm have the same "
+                    "keys, so there is nothing to convert",
+                    "load it into either model as it is; convert a torchkit checkpoint or a "
+                    "pickled model instead",
+                )
+            raise CheckpointError(f"{src} is neither a torchkit checkpoint nor a pickled model")
+        example = None
+        if sample_shape:
+            from torchkit.core.models.inputs import make_inputs
+            from torchkit.core.summary.counting import model_device, model_dtype
+
+            example = make_inputs([(1, *sample_shape)], model_dtype(module), model_device(module))
+        converted, rows = convert_batchnorm(module, to=to, example_inputs=example)
+        if isinstance(loaded, Mapping):
+            loaded = {k: (converted if v is module else v) for k, v in loaded.items()}
+        else:
+            loaded = converted
+        with reporting_write_errors(destination), atomic_path(destination) as tmp:
+            torch_save(loaded, tmp)
+        kind = "pickled model"
+    if not rows:
+        log.warning(
+            "%s has no %s layers: nothing was converted",
+            src,
+            "SyncBatchNorm" if revert else "BatchNorm",
+        )
+    return {
+        "source": str(src),
+        "destination": str(destination),
+        "kind": kind,
+        "target": "BatchNorm" if revert else "SyncBatchNorm",
+        "layers": rows,
+        "count": len(rows),
+    }

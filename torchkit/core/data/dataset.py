@@ -1,0 +1,84 @@
+"""The torch Dataset over `Samples` that skips unreadable images instead of crashing the
+DataLoader, and the DataLoader settings that go with it: worker count, start method, seeding."""
+
+from __future__ import annotations
+
+import os
+
+from torchkit.core.data.sources.samples import Samples
+
+
+def loader_context():
+    """The multiprocessing context of DataLoaders over `make_dataset`: fork where there is one,
+    because the Dataset class is local and spawn or forkserver (the Linux default from Python
+    3.14) could not pickle it; None (the platform's default) elsewhere. Workers never touch
+    CUDA."""
+    import multiprocessing
+
+    if "fork" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("fork")
+    return None
+
+
+def make_dataset(samples: Samples, transform, *, mode: str = "RGB", pixels: bool = False):
+    """A torch Dataset over `samples` whose items are (tensor, label, index, error).
+
+    Files are read by `core.image_files.load_image`: 16-bit images scaled to 8 bits, the pixels
+    as stored (no EXIF rotation), and a path that is not a regular file (a FIFO, a dangling
+    symlink) unreadable without being opened.
+    An unreadable image gives `(None, label, index, "path: reason")` instead of raising, so one
+    corrupt file does not kill a DataLoader worker; `collate_skipping_unreadable` drops it and
+    reports it to the main process, which counts it (or stops, with --strict).
+
+    A transform with a `from_file(path, mode)` method (`train_transform(decode="fast")`) reads
+    image files itself, through the same opener. With `pixels`, such a transform's
+    `pixels_from_file` is called instead: its items are uint8 pixels where it can give them
+    (no random erasing), which the training loop normalises a batch at a time on the device
+    (`FileTrainTransform.normalized`), a quarter of the bytes to pass along.
+    """
+    import torch
+    from PIL import Image
+
+    from torchkit.core.data.image_files import load_image, unreadable_image_errors
+
+    from_file = getattr(transform, "pixels_from_file" if pixels else "from_file", None)
+    unreadable = unreadable_image_errors()
+
+    class _ImageDataset(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(samples)
+
+        def __getitem__(self, index: int):
+            label = samples.labels[index]
+            try:
+                if samples.images is not None:
+                    image = Image.fromarray(samples.images[index])
+                elif from_file is not None:
+                    return from_file(samples.paths[index], mode), label, index, ""
+                else:
+                    # Regular files only (a FIFO would block), high bit depths scaled.
+                    image = load_image(samples.paths[index], mode)
+                if image.mode != mode:
+                    image = image.convert(mode)
+                return transform(image), label, index, ""
+            except unreadable as error:
+                name = samples.paths[index] if samples.paths else str(index)
+                return None, label, index, f"{name}: {error}"
+
+    return _ImageDataset()
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed NumPy and `random` in each DataLoader worker from torch's per-worker seed."""
+    import random
+
+    import numpy as np
+    import torch
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def default_workers() -> int:
+    return max(0, min(8, (os.cpu_count() or 1) - 1))

@@ -1,0 +1,231 @@
+"""Image files into pixels: the one place every command opens and decodes an image file (train,
+eval, predict, extract-features, dataset-stats, split's near-duplicate hashing, the reduced and
+device decodes of training, `convert tensor`, video-info's check for stills).
+
+- Only regular files are opened. A path that names a FIFO, a device, a socket or a folder, or a
+  symbolic link that points nowhere, is refused with `NotARegularFile` (an OSError, so loaders
+  count it as unreadable like any other): opening a FIFO for reading blocks until something
+  writes to it, possibly forever. The check is race-free: the file is opened without blocking
+  and `fstat`-ed before a byte is read.
+- Images with more than 8 bits per sample (16-bit grayscale PNG/TIFF, PIL modes `I;16*`, and
+  32-bit integer `I`) are scaled to 8 bits, `round(v / 257)` (65535 -> 255), before any mode
+  conversion. PIL's own `convert()` clips them instead, so a 16-bit PNG becomes almost pure
+  white. `dataset-stats --mode rgb|gray` measures exactly these 8-bit pixels, so its mean/std are
+  those of what the model is fed. Float images (`F`) keep PIL's conversion.
+- Palette images are expanded to RGB, or to RGBA where the palette has a transparent entry, and
+  bilevel images to L, wherever a file's own channels are kept (`expanded_mode`).
+- EXIF orientation, one rule. Every command that feeds a model or measures pixels (train, eval,
+  predict, extract-features, dataset-stats, split's near-duplicate hashing, the device decode)
+  reads the pixels as stored, the EXIF Orientation tag ignored: the pixels torchvision's
+  ImageFolder and timm's loaders give, so a checkpoint sees at eval and predict the pixels it was
+  trained on, whichever tool trained it. `convert tensor` turns them as the tag says unless
+  `--no-exif`, because what it makes is the picture as viewed. Both ask `exif_orientation(image,
+  exif=...)`, which has no default: every caller says which pixels it wants.
+- Unreadable images raise one family of errors, `unreadable_image_errors()`, from whichever
+  entry point reads them; commands word them their own way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import stat
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
+# Integer modes with more than 8 bits per sample: scaled by `to_8bit`.
+HIGH_BIT_DEPTH_MODES = SIXTEEN_BIT_MODES | {"I"}
+EXIF_ORIENTATION_TAG = 0x0112
+
+
+class NotARegularFile(OSError):
+    """An image path that names something other than a regular file."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a special file"
+
+
+def open_regular_file(path: str | os.PathLike) -> BinaryIO:
+    """`open(path, "rb")` for regular files only (following symbolic links); anything else
+    raises `NotARegularFile` without blocking. An image stored in a container (a
+    `core.stored_image.StoredImage`: a tar shard's member, a parquet row) opens as its bytes."""
+    from torchkit.core.data.stored_image import StoredImage
+
+    if isinstance(path, StoredImage):
+        return path.open()
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise NotARegularFile("not a regular file (a symbolic link to nothing)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotARegularFile(f"not a regular file ({_kind(info.st_mode)})")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(path: str | os.PathLike) -> bytes:
+    """The whole contents of the regular file at `path` (`open_regular_file`'s refusals)."""
+    with open_regular_file(path) as handle:
+        return handle.read()
+
+
+def unreadable_image_errors() -> tuple[type[BaseException], ...]:
+    """What opening or decoding an unreadable image raises, from any function here: OSError
+    (NotARegularFile and PIL's UnidentifiedImageError included; a truncated file), and the
+    ValueError, SyntaxError, EOFError and DecompressionBombError of PIL's decoders."""
+    from PIL import Image
+
+    return (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+@contextlib.contextmanager
+def opened_image(
+    source: str | os.PathLike | bytes, *, name: str | None = None, in_memory: bool = False
+) -> Iterator[Any]:
+    """The image file at `source` (a path, or a file's bytes) opened by PIL, its header read and
+    its pixels not yet decoded (so a JPEG can still be `draft`-ed to a reduced size), for the
+    block: whatever is kept must be loaded. Regular files only. A file PIL cannot identify
+    raises UnidentifiedImageError naming `name`, else the path (bytes without a name: PIL's
+    message). `in_memory`: a path is read whole first, in one call (PIL reads a JPEG's header
+    in dozens of small reads)."""
+    from PIL import Image, UnidentifiedImageError
+
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, bytes):
+            stream: Any = io.BytesIO(source)
+        else:
+            name = name or os.fspath(source)
+            handle = stack.enter_context(open_regular_file(source))
+            stream = io.BytesIO(handle.read()) if in_memory else handle
+        try:
+            image = Image.open(stream)
+        except UnidentifiedImageError:
+            if name is None:
+                raise
+            # PIL names the file object (`<_io.BufferedReader name=13>`): name the path, as
+            # Image.open(path) does, so messages and reports do not change from run to run.
+            raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+        with image:
+            yield image
+
+
+def uint16_to_uint8(array: Any) -> Any:
+    """16-bit samples (a NumPy array) as 8-bit ones: the one 16 -> 8 bit conversion."""
+    import numpy as np
+
+    # 65535 / 257 == 255 exactly: the 8-bit value whose 16-bit expansion is closest.
+    return np.rint(array / 257.0).astype(np.uint8)
+
+
+def to_8bit(image: Any) -> Any:
+    """`image` (PIL) with 8 bits per sample: `I;16*` scaled, `I` clipped to 0..65535 and
+    scaled, as an `L` image; any other mode is returned as it is."""
+    if image.mode not in HIGH_BIT_DEPTH_MODES:
+        return image
+    import numpy as np
+    from PIL import Image
+
+    values = np.asarray(image)
+    if image.mode == "I":
+        values = np.clip(values, 0, 65535)
+    return Image.fromarray(uint16_to_uint8(values))
+
+
+def expanded_mode(mode: str, info: dict) -> str:
+    """The mode a file's own channels are kept in: a palette expanded (RGBA when it has a
+    transparent entry, else RGB; RGBA from PA), bilevel as L, any other mode as it is."""
+    if mode == "P":
+        return "RGBA" if "transparency" in info else "RGB"
+    if mode == "PA":
+        return "RGBA"
+    if mode == "1":
+        return "L"
+    return mode
+
+
+def exif_orientation(image: Any, *, exif: bool) -> int:
+    """The EXIF orientation (1..8) to turn `image`'s stored pixels by: its Orientation tag when
+    `exif`, else 1, the pixels as stored (the module's EXIF rule). Read it before loading a PNG
+    whose tile matters: PIL loads a PNG to find its EXIF."""
+    if not exif:
+        return 1
+    try:
+        value = int(image.getexif().get(EXIF_ORIENTATION_TAG, 1) or 1)
+    except (TypeError, ValueError):  # a tag that is not a number: nothing to turn
+        return 1
+    return value if 1 <= value <= 8 else 1
+
+
+def apply_exif_orientation(array: Any, orientation: int) -> Any:
+    """Turn an (H, W, ...) array the way EXIF orientation 1..8 says, as PIL's exif_transpose."""
+    import numpy as np
+
+    transforms = {
+        2: lambda a: a[:, ::-1],
+        3: lambda a: a[::-1, ::-1],
+        4: lambda a: a[::-1],
+        5: lambda a: np.swapaxes(a, 0, 1),
+        6: lambda a: np.rot90(a, -1),
+        7: lambda a: np.rot90(a, 2).swapaxes(0, 1),
+        8: lambda a: np.rot90(a, 1),
+    }
+    transform = transforms.get(orientation)
+    return array if transform is None else np.ascontiguousarray(transform(array))
+
+
+def _oriented(image: Any, orientation: int) -> Any:
+    """A PIL image turned as `apply_exif_orientation` turns arrays (PIL's exif_transpose)."""
+    from PIL import Image
+
+    transpose = {
+        2: Image.Transpose.FLIP_LEFT_RIGHT,
+        3: Image.Transpose.ROTATE_180,
+        4: Image.Transpose.FLIP_TOP_BOTTOM,
+        5: Image.Transpose.TRANSPOSE,
+        6: Image.Transpose.ROTATE_270,
+        7: Image.Transpose.TRANSVERSE,
+        8: Image.Transpose.ROTATE_90,
+    }.get(orientation)
+    return image if transpose is None else image.transpose(transpose)
+
+
+def pixels_in_mode(image: Any, mode: str, *, exif: bool) -> Any:
+    """The pixels of an `opened_image` as a loaded 8-bit PIL image in `mode` (e.g. RGB): high
+    bit depths scaled, then converted; turned by its EXIF orientation only when `exif`. The
+    image itself (loaded) when it is already in `mode`, else a copy. Raises what decoding an
+    unreadable file raises (`unreadable_image_errors`)."""
+    orientation = exif_orientation(image, exif=exif)
+    pixels = to_8bit(image)
+    if pixels.mode == mode:
+        pixels.load()  # the pixels outlive the file: no copy needed
+    else:
+        pixels = pixels.convert(mode)  # a loaded copy
+    return _oriented(pixels, orientation)
+
+
+def load_image(path: str | os.PathLike, mode: str) -> Any:
+    """The image file at `path` as a loaded PIL image in `mode` (e.g. RGB), its pixels as stored
+    (no EXIF rotation: the rule of every loader that feeds a model), read as described above.
+    Raises `unreadable_image_errors()` (NotARegularFile and PIL's errors) for unreadable files."""
+    with opened_image(path) as image:
+        return pixels_in_mode(image, mode, exif=False)

@@ -1,0 +1,320 @@
+"""Near-duplicate search over 64-bit hashes, and the leakage report built on it.
+
+`near_pairs(hashes, threshold)` finds every pair of hashes at Hamming distance <= threshold
+without comparing all n^2/2 pairs: multi-index hashing (Norouzi, Punjani and Fleet, 2012). The 64
+bits are cut into m chunks; two hashes within distance t agree to within floor(t / m) bits on at
+least one chunk (pigeonhole), so each chunk's values are sorted once and every hash looks up the
+few values within that radius of its own chunk (all flips of up to floor(t / m) bits), then the
+candidates are checked on all 64 bits. m is chosen from a cost model (lookups plus expected
+candidates for n uniform hashes); small sets, or thresholds where no m pays, are compared in
+blocks (numpy, all pairs). Equal hashes are searched once. Time and memory grow about linearly
+in n for n up to about 2^(64/m) per chunk, which covers millions of images at t <= 12.
+
+`find_pairs(...)` turns the hashes of a dataset's files into the report `dataset-stats` gives:
+byte-identical files (same SHA-256) and near-duplicates (pHash within the threshold) whose
+members lie in different splits ("leakage"), and near-duplicates within one split.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.data.sources.splitting import SPLIT_NAMES
+
+BITS = 64
+# The default `--near-threshold`, measured with benchmarks/bench_near_duplicates.py (1,600
+# images, 400 planted copies, 36 of them 5% crops): every re-encoded (JPEG quality 50 to 95,
+# PNG), resized (0.5x to 2x, 128 px thumbnails), 10% brighter or slightly blurred copy lay
+# within 4 bits of its original, so 8 leaves a margin of 4; it also finds about half of the
+# 5%-cropped copies, with 12 false pairs among 1.28 million (imagededup's PHash at 8: 13, same
+# recall; at its default of 10: 26).
+DEFAULT_NEAR_THRESHOLD = 8
+MAX_THRESHOLD = 24  # beyond it, pHash no longer separates copies from different images
+_BLOCK_CELLS = 1 << 22  # pairs compared at once by the all-pairs path
+_DENSE_BITS = 22  # chunks of up to this many bits are looked up in a table of every value
+
+
+def popcount(values: Any) -> Any:
+    """Set bits of each uint64 (numpy array), as int64."""
+    import numpy as np
+
+    values = np.ascontiguousarray(values, dtype=np.uint64)
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
+        return np.bitwise_count(values).astype(np.int64)
+    table = np.array([bin(i).count("1") for i in range(256)], dtype=np.int64)
+    return table[values.view(np.uint8).reshape(*values.shape, 8)].sum(axis=-1)
+
+
+def _chunk_bits(m: int) -> list[int]:
+    """64 bits cut into m chunks as even as possible (the larger ones first)."""
+    return [BITS // m + (1 if j < BITS % m else 0) for j in range(m)]
+
+
+def _ball(bits: int, radius: int) -> int:
+    return sum(math.comb(bits, i) for i in range(radius + 1))
+
+
+def plan_search(n: int, threshold: int) -> int:
+    """The number of chunks for multi-index hashing of n hashes (0: compare all pairs)."""
+    best_m, best_cost = 0, n * (n - 1) / 2
+    for m in range(1, min(threshold + 1, 16) + 1):
+        radius = threshold // m
+        cost = sum(_ball(b, radius) * (n + n * n / 2.0**b) for b in _chunk_bits(m))
+        cost += n * m * math.log2(max(n, 2))  # the sorts
+        if cost < best_cost:
+            best_m, best_cost = m, cost
+    return best_m
+
+
+def _all_pairs(values: Any, threshold: int) -> tuple[Any, Any, Any]:
+    import numpy as np
+
+    n = len(values)
+    found_a, found_b, found_d = [], [], []
+    block = max(1, _BLOCK_CELLS // max(n, 1))
+    for start in range(0, n - 1, block):
+        rows = values[start : start + block]
+        distances = popcount(rows[:, None] ^ values[None, :])
+        a, b = np.nonzero(distances <= threshold)
+        a += start
+        upper = a < b
+        found_a.append(a[upper])
+        found_b.append(b[upper])
+        found_d.append(distances[a[upper] - start, b[upper]])
+    if not found_a:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    return np.concatenate(found_a), np.concatenate(found_b), np.concatenate(found_d)
+
+
+def _flips(bits: int, radius: int) -> list[int]:
+    masks = []
+    for r in range(radius + 1):
+        for chosen in itertools.combinations(range(bits), r):
+            masks.append(sum(1 << i for i in chosen))
+    return masks
+
+
+def _multi_index_pairs(values: Any, threshold: int, m: int) -> tuple[Any, Any, Any]:
+    import numpy as np
+
+    n = len(values)
+    radius = threshold // m
+    keys_a, keys_b = [], []
+    shift = BITS
+    for bits in _chunk_bits(m):
+        shift -= bits
+        chunk = ((values >> np.uint64(shift)) & np.uint64((1 << bits) - 1)).astype(np.int64)
+        order = np.argsort(chunk, kind="stable")
+        if bits <= _DENSE_BITS:  # a table of every chunk value: lookups by indexing
+            table_counts = np.bincount(chunk, minlength=1 << bits).astype(np.int32)
+            table_starts = (np.cumsum(table_counts, dtype=np.int64) - table_counts).astype(
+                np.int32 if n < 2**31 else np.int64
+            )
+        else:
+            ordered = chunk[order]
+        for flip in _flips(bits, radius):
+            query = chunk ^ flip
+            if bits <= _DENSE_BITS:
+                counts = table_counts[query]
+                hit = np.nonzero(counts)[0]
+                counts, low = counts[hit], table_starts[query[hit]]
+            else:
+                low = np.searchsorted(ordered, query, side="left")
+                counts = np.searchsorted(ordered, query, side="right") - low
+                hit = np.nonzero(counts)[0]
+                counts, low = counts[hit], low[hit]
+            total = int(counts.sum())
+            if not total:
+                continue
+            source = np.repeat(hit, counts)
+            offsets = np.arange(total, dtype=np.int64) - np.repeat(
+                np.cumsum(counts) - counts, counts
+            )
+            target = order[np.repeat(low, counts) + offsets]
+            keep = source < target
+            source, target = source[keep], target[keep]
+            close = popcount(values[source] ^ values[target]) <= threshold
+            keys_a.append(source[close])
+            keys_b.append(target[close])
+    if not keys_a:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    # A pair close on several chunks is found once per chunk: keep one of each.
+    packed = np.unique(np.concatenate(keys_a) * n + np.concatenate(keys_b))
+    a, b = packed // n, packed % n
+    return a, b, popcount(values[a] ^ values[b])
+
+
+def near_pairs(hashes: Sequence[int] | Any, threshold: int) -> tuple[Any, Any, Any]:
+    """Every pair (i < j) of `hashes` (64-bit integers) at Hamming distance <= `threshold`:
+    three int64 numpy arrays (i, j, distance), sorted by (i, j). Equal hashes are pairs at
+    distance 0."""
+    import numpy as np
+
+    values = np.asarray(
+        [int(h) for h in hashes] if not hasattr(hashes, "dtype") else hashes, dtype=np.uint64
+    )
+    empty = np.zeros(0, dtype=np.int64)
+    if len(values) < 2 or threshold < 0:
+        return empty, empty, empty
+    unique, inverse = np.unique(values, return_inverse=True)
+    inverse = inverse.ravel()
+    if threshold == 0 or len(unique) < 2:
+        ua = ub = ud = empty
+    else:
+        m = plan_search(len(unique), threshold)
+        if m == 0:
+            ua, ub, ud = _all_pairs(unique, threshold)
+        else:
+            ua, ub, ud = _multi_index_pairs(unique, threshold, m)
+    # Back from distinct values to the hashes that have them.
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse, minlength=len(unique))
+    starts = np.cumsum(counts) - counts
+    members = [order[starts[k] : starts[k] + counts[k]] for k in range(len(unique))]
+    parts_a, parts_b, parts_d = [], [], []
+    single = (counts[ua] == 1) & (counts[ub] == 1)
+    parts_a.append(order[starts[ua[single]]])
+    parts_b.append(order[starts[ub[single]]])
+    parts_d.append(ud[single])
+    for u, v, d in zip(ua[~single], ub[~single], ud[~single], strict=True):
+        grid_a, grid_b = np.meshgrid(members[u], members[v], indexing="ij")
+        parts_a.append(grid_a.ravel())
+        parts_b.append(grid_b.ravel())
+        parts_d.append(np.full(grid_a.size, d, dtype=np.int64))
+    for k in np.nonzero(counts > 1)[0]:
+        group = members[k]
+        a, b = np.triu_indices(len(group), 1)
+        parts_a.append(group[a])
+        parts_b.append(group[b])
+        parts_d.append(np.zeros(len(a), dtype=np.int64))
+    a = np.concatenate(parts_a).astype(np.int64)
+    b = np.concatenate(parts_b).astype(np.int64)
+    d = np.concatenate(parts_d).astype(np.int64)
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    order = np.lexsort((high, low))
+    return low[order], high[order], d[order]
+
+
+# --------------------------------------------------------------------------- the report
+
+
+@dataclass
+class DuplicatePair:
+    """Two files that are the same image: `exact` (same bytes, distance 0) or `near` (pHash
+    within the threshold, their bytes differ). `split_*` is None for data without splits."""
+
+    path_a: str
+    split_a: str | None
+    path_b: str
+    split_b: str | None
+    kind: str
+    distance: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path_a": self.path_a,
+            "split_a": self.split_a,
+            "path_b": self.path_b,
+            "split_b": self.split_b,
+            "kind": self.kind,
+            "distance": self.distance,
+        }
+
+
+PAIR_COLUMNS = ("path_a", "split_a", "path_b", "split_b", "kind", "distance")
+
+
+def _split_rank(split: str | None) -> int:
+    return SPLIT_NAMES.index(split) if split in SPLIT_NAMES else len(SPLIT_NAMES)
+
+
+def find_pairs(
+    ids: Sequence[str],
+    splits: Sequence[str | None],
+    digests: Sequence[bytes | None],
+    phashes: Sequence[int | None],
+    *,
+    threshold: int,
+    within: bool = False,
+) -> tuple[list[DuplicatePair], list[DuplicatePair]]:
+    """(leakage, near duplicates within a split) among files i (`ids[i]` in `splits[i]`, its
+    SHA-256 `digests[i]` and pHash `phashes[i]`; None for a file that could not be read or
+    decoded).
+
+    Files are ordered by split (train, val, test) then path. Byte-identical files form one
+    content; each copy in another split than its content's first file is listed once, paired
+    with that first file (`exact`). Distinct contents within `threshold` (by pHash) give one
+    pair each (`near`): the first files of the two in different splits, when they have any
+    (leakage), and, with `within`, the first files of the two in each split they share.
+    Contents with equal pHashes are linked to the first of them, one pair each, and searched
+    as one. So n copies of one image give n - 1 pairs, not n^2 / 2, and every leaked file is
+    named.
+    """
+    import numpy as np
+
+    rank = sorted(range(len(ids)), key=lambda i: (_split_rank(splits[i]), ids[i]))
+    contents: dict[bytes, list[int]] = {}
+    for index in rank:
+        if digests[index] is not None:
+            contents.setdefault(digests[index], []).append(index)
+    leakage: list[DuplicatePair] = []
+    within_pairs: list[DuplicatePair] = []
+
+    def place(i: int) -> tuple[int, str]:
+        return _split_rank(splits[i]), ids[i]
+
+    def pair(a: int, b: int, kind: str, distance: int) -> DuplicatePair:
+        if place(b) < place(a):
+            a, b = b, a
+        return DuplicatePair(ids[a], splits[a], ids[b], splits[b], kind, int(distance))
+
+    def link(first_u: dict, first_v: dict, distance: int) -> None:
+        """One near pair between two sets of files, given the first file of each in each
+        split: across splits (leakage) when they have any, and within each shared split."""
+        crossing = [(first_u[su], first_v[sv]) for su in first_u for sv in first_v if su != sv]
+        if crossing:
+            best = min(crossing, key=lambda p: sorted((place(p[0]), place(p[1]))))
+            leakage.append(pair(*best, "near", distance))
+        if within:
+            within_pairs.extend(
+                pair(first_u[s], first_v[s], "near", distance) for s in first_u if s in first_v
+            )
+
+    def firsts_of(files: Sequence[int]) -> dict[str | None, int]:
+        first: dict[str | None, int] = {}
+        for m in files:
+            first.setdefault(splits[m], m)
+        return first
+
+    for members in contents.values():
+        anchor = members[0]
+        leakage += [pair(anchor, m, "exact", 0) for m in members[1:] if splits[m] != splits[anchor]]
+    # Contents with the same pHash (a PNG and its lossless re-encode, blank images) form one
+    # cluster: linked to its first content one by one, and searched once, as one value.
+    clusters: dict[int, list[list[int]]] = {}
+    for members in contents.values():
+        value = next((phashes[m] for m in members if phashes[m] is not None), None)
+        if value is not None:
+            clusters.setdefault(value, []).append(members)
+    cluster_firsts = []
+    for parts in clusters.values():
+        first_files = [firsts_of(members) for members in parts]
+        for other in first_files[1:]:
+            link(first_files[0], other, 0)
+        cluster_firsts.append(firsts_of([m for members in parts for m in members]))
+    if len(clusters) > 1:
+        values = np.array(list(clusters), dtype=np.uint64)
+        a_idx, b_idx, dist = near_pairs(values, threshold)
+        for u, v, d in zip(a_idx.tolist(), b_idx.tolist(), dist.tolist(), strict=True):
+            link(cluster_firsts[u], cluster_firsts[v], d)
+
+    def order(p: DuplicatePair):
+        return (p.kind != "exact", p.distance, _split_rank(p.split_a), p.path_a, p.path_b)
+
+    return sorted(leakage, key=order), sorted(within_pairs, key=order)

@@ -1,0 +1,291 @@
+"""What preprocessing a model expects (`Preprocess`, recorded in every checkpoint and exported
+model), and `--image-size/--resize-size/--mean/--std` given on the command line, applied on top
+of the preprocessing a model comes with (its checkpoint's, its torchvision weights', or
+ImageNet's)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.io.errors import CheckpointError, InputError, UsageError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+@dataclass
+class Preprocess:
+    """What eval-time preprocessing a model expects; stored in every torchkit checkpoint."""
+
+    image_size: int = 224
+    resize_size: int = 256
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    in_channels: int = 3
+    interpolation: str = "bilinear"
+
+    def to_dict(self) -> dict:
+        return {
+            "image_size": self.image_size,
+            "resize_size": self.resize_size,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "in_channels": self.in_channels,
+            "interpolation": self.interpolation,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict | None, source: str | None = None) -> Preprocess:
+        """The preprocessing a checkpoint or an exported file records (`to_dict`'s keys; a
+        missing one takes the default). A value of the wrong kind (a size that is not a whole
+        number, a mean that is not numbers) is a CheckpointError naming `source` (the file;
+        "the model's file" when not given) and the field. Whether the values can be used is
+        `check`'s question: commands that feed images ask it once overrides are applied."""
+        data = data or {}
+        default = cls()
+        where = source or "the model's file"
+
+        def bad(name: str, why: str) -> CheckpointError:
+            return CheckpointError(
+                f"the preprocessing recorded in {where} is unusable: {name} is "
+                f"{_shown_value(data.get(name))}, {why}",
+                "the file is damaged or was not written by torchkit",
+            )
+
+        def whole(name: str, fallback: int) -> int:
+            value = data.get(name, fallback)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad(name, "not a whole number")
+            if isinstance(value, float) and not value.is_integer():
+                raise bad(name, "not a whole number")
+            return int(value)
+
+        def numbers(name: str, fallback: tuple[float, ...]) -> tuple[float, ...]:
+            values = data.get(name, fallback)
+            if isinstance(values, (int, float)) and not isinstance(values, bool):
+                values = [values]
+            try:
+                if isinstance(values, (str, bytes, dict)) or any(
+                    isinstance(v, (bool, str, bytes)) for v in values
+                ):
+                    raise TypeError(name)
+                return tuple(float(v) for v in values)
+            except (TypeError, ValueError):
+                raise bad(name, "not a list of numbers") from None
+
+        channels = whole("in_channels", default.in_channels)
+        mean, std = default.mean, default.std
+        if channels != len(mean):  # not recorded: ImageNet's, averaged over a non-RGB stem's
+            mean, std = (sum(mean) / len(mean),) * channels, (sum(std) / len(std),) * channels
+        return cls(
+            image_size=whole("image_size", default.image_size),
+            resize_size=whole("resize_size", default.resize_size),
+            mean=numbers("mean", mean),
+            std=numbers("std", std),
+            in_channels=channels,
+            interpolation=str(data.get("interpolation", default.interpolation)),
+        )
+
+    def problem(self) -> tuple[str, str] | None:
+        """(field, what is wrong with it) for the first value images cannot be preprocessed
+        with, None when all can: sizes and channels positive whole numbers, mean and std one
+        finite value per input channel (or one for all), std above 0 (dividing by 0 turns
+        every pixel into inf or NaN)."""
+        for name in ("image_size", "resize_size", "in_channels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return name, f"{name} is {value!r}, not a positive whole number"
+        for name in ("mean", "std"):
+            values = list(getattr(self, name))
+            if len(values) not in (1, self.in_channels):
+                return name, (
+                    f"{name} has {len(values)} value(s) for {self.in_channels}-channel images "
+                    f"({_shown_value(values)})"
+                )
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                return name, f"{name} {_shown_value(values)} is not all finite numbers"
+        if any(v <= 0 for v in self.std):
+            return "std", (
+                f"std {_shown_value(list(self.std))} has a value that is not above 0 (images "
+                "would be divided by it)"
+            )
+        return None
+
+    def check(self, source: str) -> Preprocess:
+        """`self`, or a CheckpointError naming `source` (the model file it came from) and the
+        first unusable value (see `problem`): one error before any image is read, instead of
+        every image failing, or a shape error after the output has begun."""
+        found = self.problem()
+        if found is not None:
+            name, what = found
+            option = {"image_size": "--image-size", "resize_size": "--resize-size"}.get(
+                name, f"--{name}"
+            )
+            raise CheckpointError(
+                f"the preprocessing recorded in {source} is unusable: {what}",
+                f"it is the model file's fault, not the images'; give {option} to override it"
+                if name != "in_channels"
+                else "the file is damaged or was not written by torchkit",
+            )
+        return self
+
+
+def _shown_value(value: Any) -> str:
+    """A recorded value for a message: short, lists as lists, floats as written."""
+    if isinstance(value, (list, tuple)):
+        shown = [float(v) if isinstance(v, (int, float)) else v for v in list(value)[:8]]
+        return repr(shown)[:-1] + (", ...]" if len(value) > 8 else "]")
+    return repr(value)
+
+
+def apply_overrides(
+    preprocess: Preprocess,
+    *,
+    image_size: int | None = None,
+    resize_size: int | None = None,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+) -> Preprocess:
+    """`--image-size/--resize-size/--mean/--std` on top of the model's preprocessing.
+
+    A new `--image-size` keeps the model's resize-to-crop ratio (256/224 for ImageNet models)
+    unless `--resize-size` is given too. One mean/std value is used for every channel.
+    """
+    result = preprocess
+    if image_size is not None:
+        if image_size < 1:
+            raise UsageError(f"--image-size must be positive, not {image_size}")
+        resize = preprocess.resize_size  # kept when the model's sizes give no ratio to keep
+        if preprocess.image_size > 0 and preprocess.resize_size > 0:
+            ratio = preprocess.resize_size / preprocess.image_size
+            resize = max(1, round(image_size * ratio))
+        result = replace(result, image_size=image_size, resize_size=resize)
+    if resize_size is not None:
+        if resize_size < 1:
+            raise UsageError(f"--resize-size must be positive, not {resize_size}")
+        result = replace(result, resize_size=resize_size)
+    channels = result.in_channels
+    if image_size is not None or resize_size is not None:
+        check_fits_in_memory(result, channels)
+    if mean is not None:
+        result = replace(result, mean=_per_channel(mean, channels, "--mean"))
+    if std is not None:
+        values = _per_channel(std, channels, "--std")
+        if any(v <= 0 for v in values):
+            raise UsageError(f"--std values must be positive, not {list(values)}")
+        result = replace(result, std=values)
+    return result
+
+
+def check_fits_in_memory(preprocess: Preprocess, channels: int) -> None:
+    """`check_image_memory` for the sizes `apply_overrides` made."""
+    side = max(preprocess.image_size, preprocess.resize_size)
+    shown = f"--image-size {preprocess.image_size} (resized to {preprocess.resize_size} first)"
+    check_image_memory(side, channels, shown)
+
+
+def check_image_memory(side: int, channels: int, shown: str) -> None:
+    """One `side`x`side` image in float32 fits in half the machine's memory: a size beyond it
+    (`--image-size 100000`, 120 GB an image) would have the kernel's OOM killer end a loader
+    worker, the command, or another process, rather than give an error."""
+    needed = max(channels, 3) * side * side * 4
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return  # no way to tell here
+    if needed > memory / 2:
+        raise UsageError(
+            f"{shown} needs {needed / 1e9:,.1f} GB for each image, more than half this "
+            f"machine's {memory / 1e9:,.0f} GB",
+            "give a smaller size",
+        )
+
+
+def _per_channel(values: tuple[float, ...], channels: int, option: str) -> tuple[float, ...]:
+    if not values or not all(math.isfinite(v) for v in values):
+        raise UsageError(f"{option} must be finite numbers, not {list(values)}")
+    if len(values) == 1:
+        return tuple(values) * channels
+    if len(values) != channels:
+        raise UsageError(
+            f"{option} has {len(values)} values but the images have {channels} channels",
+            f"give 1 or {channels} comma-separated values",
+        )
+    return tuple(float(v) for v in values)
+
+
+def parse_floats(
+    text: str | None, option: str, count: int | None = None
+) -> tuple[float, ...] | None:
+    """`0.485,0.456,0.406` (commas or spaces) -> a tuple of floats (exactly `count` if given)."""
+    if text is None:
+        return None
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError as error:
+        raise UsageError(
+            f"{option} must be numbers like 0.485,0.456,0.406, not {text!r}"
+        ) from error
+    if not values:
+        raise UsageError(f"{option} needs at least one number")
+    if count is not None and len(values) != count:
+        raise UsageError(f"{option} needs {count} numbers, not {text!r}")
+    if not all(math.isfinite(v) for v in values):
+        raise UsageError(f"{option} must be finite numbers, not {text!r}")
+    return values
+
+
+def read_stats_file(path: str | os.PathLike) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) from `torchkit dataset-stats ROOT -o FILE.json`, for `--stats FILE`."""
+    source = Path(path)
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"stats file not found: {source}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise InputError(
+            f"cannot read stats file {source}: {type(error).__name__}",
+            "write it with `torchkit dataset-stats ROOT -o FILE.json`",
+        ) from error
+    mean = data.get("mean") if isinstance(data, dict) else None
+    std = data.get("std") if isinstance(data, dict) else None
+    if not _numbers(mean) or not _numbers(std) or len(mean) != len(std):
+        raise InputError(
+            f"{source} has no per-channel mean and std",
+            "write it with `torchkit dataset-stats ROOT -o FILE.json`",
+        )
+    if len(mean) not in (1, 3):
+        mode = data.get("mode", "?")
+        raise InputError(
+            f"{source} has statistics for {len(mean)} channels (mode {mode}), not 1 or 3",
+            "compute them with `torchkit dataset-stats --mode rgb` or `--mode gray`",
+        )
+    if any(v <= 0 for v in std):
+        raise InputError(f"{source} has a std of 0: some channel is constant in that data")
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
+def _numbers(values) -> bool:
+    return (
+        isinstance(values, list)
+        and len(values) > 0
+        and all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+    )
+
+
+def mean_std_options(
+    mean: str | None, std: str | None, stats: str | os.PathLike | None
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """`--mean`, `--std` and `--stats FILE` (which stands for both) as numbers."""
+    if stats is not None:
+        if mean is not None or std is not None:
+            raise UsageError("--stats gives the mean and std: drop --mean/--std, or drop --stats")
+        return read_stats_file(stats)
+    return parse_floats(mean, "--mean"), parse_floats(std, "--std")

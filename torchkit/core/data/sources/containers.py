@@ -1,0 +1,32 @@
+"""Data stored in container files rather than as image files: which reader opens a `--data`
+spec that names some (tar shards, a .tar of an image folder, parquet files).
+
+Each reader module has `open_stored(spec, classes, allow_unlabelled) -> DataSource | None`:
+None when `spec` is not its kind (decided from the name and a listing, never by reading the
+data), else the data with `StoredImage` paths (`core.stored_image`). Readers are imported only
+when `open_data` asks, so that `digits` and `--help` never import them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+# The reader modules, asked in this order.
+READERS: tuple[str, ...] = (
+    "torchkit.core.data.sources.http_shards",  # before shards: a URL pattern names no local file
+    "torchkit.core.data.sources.shards",
+    "torchkit.core.data.sources.parquet",
+)
+
+
+def open_container_data(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool) -> Any:
+    """The `DataSource` `spec` names if a container reader recognises it, else None (the
+    readers import `source`, which asks here: no import back)."""
+    for name in READERS:
+        reader = importlib.import_module(name)
+        opened = reader.open_stored(spec, classes, allow_unlabelled)
+        if opened is not None:
+            return opened
+    return None

@@ -1,0 +1,159 @@
+"""CSV indexes: `path,label` with an optional `split` column (what `split --mode manifest` and
+`train`'s RUN/split.csv write). UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8");
+relative paths are relative to the CSV's folder; every bad row is named by its line."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.io.errors import InputError
+
+_SHOWN = 5  # line numbers named in one error
+
+
+@dataclass
+class IndexRows:
+    """The rows of a CSV index, in file order, as written (`labels` is None without a label
+    column, `splits` None without a split column)."""
+
+    source: Path
+    paths: list[str]
+    labels: list[str] | None
+    splits: list[str] | None
+
+
+def _lines(numbers: list[int]) -> str:
+    shown = ", ".join(str(n) for n in numbers[:_SHOWN])
+    return shown + (", ..." if len(numbers) > _SHOWN else "")
+
+
+def _column(columns: list[str], name: str) -> int | None:
+    """Where the column `name` is (the last one of that name, as a dict of the row keeps)."""
+    if name not in columns:
+        return None
+    return len(columns) - 1 - columns[::-1].index(name)
+
+
+def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> IndexRows:
+    """The rows of the CSV index at `csv_path`; InputError (one line) for a missing file or
+    column, text that is not UTF-8 or not CSV, no rows, and rows with an empty path, an empty
+    label or a split other than train, val or test. `labelled=False`: the label column may be
+    missing (unlabelled images)."""
+    source = Path(csv_path)
+    if not source.is_file():
+        raise InputError(f"CSV index not found: {source}", "check the path")
+    paths: list[str] = []
+    labels: list[str] = []
+    splits: list[str] = []
+    no_path: list[int] = []
+    no_label: list[int] = []
+    bad_split: list[tuple[int, str]] = []
+    reader = None
+    try:
+        with source.open(newline="", encoding="utf-8-sig") as handle:
+            # csv.reader, not DictReader: a dict per row is most of the time of a million rows.
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            # "path, label" (a space after the comma) names the columns too.
+            columns = [] if header is None else [name.strip() for name in header]
+            if "path" not in columns or (labelled and "label" not in columns):
+                has = ", ".join(columns) if columns else "nothing: the file is empty"
+                raise InputError(
+                    f"{source} needs `path` and `label` columns (line 1 has {has})",
+                    "the first line names the columns, e.g. path,label or path,label,split"
+                    + ("" if labelled else "; label may be left out for unlabelled images"),
+                )
+            path_at = _column(columns, "path")
+            label_at = _column(columns, "label")
+            split_at = _column(columns, "split")
+            has_label, has_split = label_at is not None, split_at is not None
+            for row in reader:
+                if not row:  # a blank line is no row
+                    continue
+                line, width = reader.line_num, len(row)
+                path = row[path_at] if path_at < width else ""
+                if not path.strip():
+                    no_path.append(line)
+                paths.append(path)
+                if has_label:
+                    label = row[label_at] if label_at < width else ""
+                    if not label.strip():
+                        no_label.append(line)
+                    labels.append(label)
+                if has_split:
+                    split = (row[split_at] if split_at < width else "").strip()
+                    if split not in SPLIT_NAMES:
+                        bad_split.append((line, split))
+                    splits.append(split)
+    except UnicodeDecodeError:
+        raise InputError(
+            f"{source} is not UTF-8 text", "save it as CSV UTF-8 (with or without BOM)"
+        ) from None
+    except csv.Error as error:
+        line = reader.line_num if reader is not None else 1
+        raise InputError(f"cannot read {source} (line {line}): {error}") from None
+    if not paths:
+        raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
+    if no_path:
+        raise InputError(
+            f"{source} has {len(no_path)} row(s) with an empty path (line {_lines(no_path)})",
+            "every row needs a path and a label",
+        )
+    if no_label:
+        raise InputError(
+            f"{source} has {len(no_label)} row(s) with an empty label (line {_lines(no_label)})",
+            "every row needs a path and a label",
+        )
+    if bad_split:
+        shown = ", ".join(f"{line} {value!r}" for line, value in bad_split[:_SHOWN])
+        raise InputError(
+            f"{source} has {len(bad_split)} row(s) with a split other than train, val or test "
+            f"(line {shown}{', ...' if len(bad_split) > _SHOWN else ''})",
+            "the split column takes train, val or test",
+        )
+    return IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+
+
+def natural_key(text: str):
+    """Class names that are integers sort as numbers ("2" before "10"), before the others."""
+    return (0, int(text), "") if text.strip().lstrip("-").isdigit() else (1, 0, text)
+
+
+def class_order(labels: Sequence[str], splits: Sequence[str] | None) -> list[str]:
+    """Class names in label order: those of the train rows first (natural order), then those
+    only other splits have, split by split."""
+    if splits is None:
+        return sorted(set(labels), key=natural_key)
+    names: list[str] = []
+    seen: set[str] = set()
+    for split in SPLIT_NAMES:
+        found = {label for label, s in zip(labels, splits, strict=True) if s == split} - seen
+        names += sorted(found, key=natural_key)
+        seen |= found
+    return names
+
+
+def _pathlib_may_respell(path: str) -> bool:
+    """Whether `Path(base) / path` may spell `path` differently from `base/path` (`./a`, `a//b`,
+    `a/./b`, `a/.`, a trailing slash); a few paths it keeps as they are answer yes too."""
+    return "//" in path or "/." in path or path[:1] == "." or path[-1:] == "/"
+
+
+def absolute_paths(rows: IndexRows) -> list[str]:
+    """The files the rows name: relative paths joined to the CSV's folder (as `str(base / p)`
+    spells them, but by concatenation where that is the same text: a million Path objects
+    take seconds)."""
+    base = rows.source.parent
+    if os.sep != "/":
+        return [p if os.path.isabs(p) else str(base / p) for p in rows.paths]
+    text = str(base)
+    prefix = "" if text == "." else text if text.endswith("/") else text + "/"
+    return [
+        p if p[:1] == "/" else str(base / p) if _pathlib_may_respell(p) else prefix + p
+        for p in rows.paths
+    ]

@@ -1,0 +1,556 @@
+"""WebDataset shards named by http(s) URL: fetched into a local cache, then read there as shards
+on disk (`datasource.shards`), so samplers, DDP, exact resume, workers and the `path` column
+(`SHARD/KEY.EXT`) are those of local shards.
+
+What `--data` (or IMAGES) may name: a brace pattern of URLs
+(`https://host/data/train-{000000..000099}.tar`), one shard's URL, URLs joined by `::`
+(webdataset's list), or the URL of a folder `convert shards` wrote (its `manifest.json` lists
+the shards: HTTP has no folder listing; its shards split by name as in a local folder).
+`http://` as well as `https://`; a URL that lost a slash to a path argument (`https:/host/x`)
+is read as the URL it was.
+
+The cache: `$TORCHKIT_CACHE`, else `$XDG_CACHE_HOME/torchkit`, else `~/.cache/torchkit`. The
+shards of the folder URL U lie in `shards/<first 16 hex digits of sha256(U)>/NAME.tar`, beside
+the server's `manifest.json`, `classes.txt` or `classes.json` (fetched again each run: small).
+A cached shard is used again when it matches manifest.json's record of it (bytes and sha256)
+or, without one, the size (and ETag) a HEAD request gives; else it is downloaded again.
+
+Downloads run DOWNLOAD_THREADS at a time, each streamed to a hidden temporary file beside the
+shard and renamed into place once complete and checked (length, manifest sha256): a failed or
+killed download leaves nothing under the shard's name. A lock file per shard makes processes
+that share the cache (torchrun's ranks, two runs at once) download each shard once: the others
+wait for it, then use it. Every socket operation times out after TIMEOUT_S seconds
+(`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is one error naming the URL and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.io.errors import InputError, OfflineError, TorchkitError, UsageError
+
+log = logging.getLogger("torchkit")
+
+TIMEOUT_S = 30.0  # seconds any socket operation may take (connect, each read)
+DOWNLOAD_THREADS = 4
+SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
+_CHUNK = 1 << 20
+_URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
+# Statuses that mean a side file is not there (S3 answers 403 for a missing key).
+_ABSENT = (401, 403, 404, 410)
+_HINT = (
+    "name shards by URL as https://HOST/DIR/NAME-{000000..000009}.tar, URLs joined by ::, or "
+    "the URL of a folder with the manifest.json `torchkit convert shards` writes"
+)
+
+
+def is_url(spec: str) -> bool:
+    """Whether `spec` (or a part of a `::` list) is an http(s) URL."""
+    return any(_URL.match(part) for part in spec.split("::"))
+
+
+def cache_folder() -> Path:
+    """torchkit's cache: $TORCHKIT_CACHE, else $XDG_CACHE_HOME/torchkit, else ~/.cache/torchkit."""
+    chosen = os.environ.get("TORCHKIT_CACHE")
+    if chosen:
+        return Path(chosen).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "torchkit"
+
+
+def shard_cache_folder(folder_url: str) -> Path:
+    """Where the shards of `folder_url` (`https://host/dir`, no query) are cached."""
+    digest = hashlib.sha256(folder_url.rstrip("/").encode("utf-8")).hexdigest()[:16]
+    return cache_folder() / "shards" / digest
+
+
+def timeout_s() -> float:
+    """TIMEOUT_S, or $TORCHKIT_HTTP_TIMEOUT."""
+    text = os.environ.get("TORCHKIT_HTTP_TIMEOUT", "").strip()
+    if not text:
+        return TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise UsageError(
+            f"TORCHKIT_HTTP_TIMEOUT={text} is not a number of seconds", "e.g. 30 or 2.5"
+        )
+    return value
+
+
+# --- which specs are ours -------------------------------------------------------------------
+
+
+def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool) -> Any:
+    """The shards the URLs in `spec` name (module docstring), fetched into the cache and read
+    there; None if `spec` names no URL."""
+    if not is_url(spec):
+        return None
+    parts = [_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in spec.split("::")]
+    typed = "::".join(parts)
+    if not all(_URL.match(part) for part in parts):
+        local = next(part for part in parts if not _URL.match(part))
+        raise InputError(f"{typed} joins URLs and a path on disk ({local})", _HINT)
+    from torchkit.core.data.sources.shards import _is_tar_name, _open_shards, expand_braces
+
+    urls = [url for part in typed.split("::") for url in expand_braces(part)]
+    names = [_location(url).name for url in urls]
+    by_split = False
+    if len(urls) == 1 and "." not in names[0]:  # `https://host/dir/`: a folder of shards
+        urls, by_split = _folder_shards(urls[0]), True
+    elif not any(_is_tar_name(name) for name in names):
+        return None  # another reader's files, or no data
+    for url in urls:
+        if not _is_tar_name(_location(url).name):
+            raise InputError(f"{_shown(url)} names no .tar shard", _HINT)
+    local = fetch_shards(urls)
+    return _open_shards(typed, local, classes, allow_unlabelled, by_split=by_split)
+
+
+@dataclass(frozen=True)
+class _Location:
+    folder: str  # scheme://host/dir, no query: what the cache folder is named after
+    name: str  # the file's name (unquoted)
+    query: str  # "?..." or ""
+
+
+def _location(url: str) -> _Location:
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url)
+    folder, _, name = parts.path.rpartition("/")
+    name = unquote(name)
+    query = f"?{parts.query}" if parts.query else ""
+    return _Location(f"{parts.scheme}://{parts.netloc}{folder}", name, query)
+
+
+def _shown(url: str) -> str:
+    """`url` for messages: no credentials, query or fragment (they may hold a token)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
+def _folder_shards(url: str) -> list[str]:
+    """The shard URLs the manifest.json at the folder URL `url` lists, in its order."""
+    from urllib.parse import quote
+
+    folder = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    query = _location(url).query
+    manifest = _get_small(f"{folder}/manifest.json{query}")
+    if manifest is None:
+        raise InputError(
+            f"{_shown(url)} names no .tar shard, and no manifest.json lies there",
+            "HTTP lists no folder: " + _HINT,
+        )
+    entries = _manifest_entries(manifest, f"{_shown(folder)}/manifest.json")
+    if not entries:
+        raise InputError(f"{_shown(folder)}/manifest.json lists no shard", _HINT)
+    return [f"{folder}/{quote(name)}{query}" for name in entries]
+
+
+def _manifest_entries(data: bytes | None, where: str) -> dict[str, dict[str, Any]]:
+    """manifest.json's shards: name -> {"bytes": int, "sha256": str} (either may be absent)."""
+    if data is None:
+        return {}
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        raise InputError(
+            f"{where} is not JSON", "serve the manifest.json convert shards wrote"
+        ) from None
+    shards = manifest.get("shards") if isinstance(manifest, dict) else None
+    if not isinstance(shards, list):
+        raise InputError(f"{where} lists no shards", "serve the manifest.json convert shards wrote")
+    entries: dict[str, dict[str, Any]] = {}
+    for entry in shards:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not _safe_name(name):
+            raise InputError(f"{where} names a shard {name!r} that is not a file name")
+        size, digest = entry.get("bytes"), entry.get("sha256")
+        entries[name] = {
+            "bytes": size if isinstance(size, int) and not isinstance(size, bool) else None,
+            "sha256": digest.lower() if isinstance(digest, str) else None,
+        }
+    return entries
+
+
+def _safe_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
+
+
+# --- the cache --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Folder:
+    url: str
+    query: str
+    path: Path  # its cache folder
+    manifest: dict[str, dict[str, Any]]  # from its manifest.json; {} without one
+
+
+def fetch_shards(urls: Sequence[str]) -> list[str]:
+    """The local paths of the shards `urls` name, each downloaded into the cache unless a
+    current copy is there (module docstring). One TorchkitError for the first that fails."""
+    folders: dict[str, _Folder] = {}
+    jobs: dict[Path, tuple[str, _Folder, str]] = {}
+    local = []
+    for url in urls:
+        where = _location(url)
+        if not _safe_name(where.name):
+            raise InputError(f"{_shown(url)} names no shard file", _HINT)
+        folder = folders.get(where.folder)
+        if folder is None:
+            folder = folders[where.folder] = _open_folder(where.folder, where.query)
+        target = folder.path / where.name
+        jobs.setdefault(target, (url, folder, where.name))
+        local.append(str(target))
+    log.info(
+        "reading %d shards through the cache %s",
+        len(jobs),
+        ", ".join(str(f.path) for f in folders.values()),
+    )
+    _run_all(list(jobs.values()))
+    return local
+
+
+def _open_folder(url: str, query: str) -> _Folder:
+    """The cache folder of the folder URL `url`, with the server's side files in it (and none
+    the server no longer has)."""
+    path = shard_cache_folder(url)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(
+            f"cannot make the shard cache folder {path}: {error.strerror or error}",
+            "set TORCHKIT_CACHE to a folder torchkit may write",
+        ) from None
+    from torchkit.core.io.files import atomic_write_bytes
+
+    manifest: dict[str, dict[str, Any]] = {}
+    for name in SIDE_FILES:
+        if name == "classes.json" and (path / "classes.txt").exists():
+            continue  # classes.txt comes first, as beside local shards
+        data = _get_small(f"{url}/{name}{query}")
+        if name == "manifest.json":
+            try:
+                manifest = _manifest_entries(data, f"{_shown(url)}/{name}")
+            except InputError as error:  # another tool's manifest.json: no checksums then
+                log.info("%s", error)
+        if data is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path / name)
+        else:
+            atomic_write_bytes(path / name, data)
+    return _Folder(url, query, path, manifest)
+
+
+def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
+    """Each shard checked against the cache and downloaded where needed, DOWNLOAD_THREADS at a
+    time; on the first failure the others stop (their temporary files deleted) and the failure
+    of the first shard in `jobs` order that failed is raised."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    if not jobs:
+        return
+    stop = threading.Event()
+    errors: dict[int, BaseException] = {}
+    with ThreadPoolExecutor(
+        max_workers=min(DOWNLOAD_THREADS, len(jobs)), thread_name_prefix="torchkit-download"
+    ) as pool:
+        futures = {pool.submit(_fetch_one, *job, stop): i for i, job in enumerate(jobs)}
+        try:
+            for future in as_completed(futures):
+                if future.cancelled():
+                    continue
+                error = future.exception()
+                if error is not None and not isinstance(error, _Stopped):
+                    errors[futures[future]] = error
+                    stop.set()
+                    for other in futures:
+                        other.cancel()
+        except BaseException:  # Ctrl-C: the downloads in flight stop and clean up
+            stop.set()
+            for other in futures:
+                other.cancel()
+            raise
+    if errors:
+        raise errors[min(errors)]
+
+
+class _Stopped(Exception):
+    """A download given up because another one failed."""
+
+
+def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> None:
+    target = folder.path / name
+    expected = folder.manifest.get(name)
+    with _locked(folder.path / f".{name}.lock", stop):
+        if target.is_file() and _is_current(url, target, expected):
+            return
+        if stop.is_set():
+            raise _Stopped
+        _download(url, target, expected, stop)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, stop: threading.Event) -> Iterator[None]:
+    """An exclusive lock on `path` (created), shared with other processes; none where the
+    platform has no flock (the atomic rename keeps the cache whole there too)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # another process downloads this shard: wait for it
+                if stop.is_set():
+                    raise _Stopped from None
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _record_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.json")  # hidden: a folder of shards skips it
+
+
+def _is_current(url: str, target: Path, expected: dict[str, Any] | None) -> bool:
+    """Whether the cached `target` is the shard `url` names now."""
+    try:
+        record = json.loads(_record_path(target).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    size = target.stat().st_size
+    if expected and expected["bytes"] is not None:
+        if size != expected["bytes"]:
+            return False
+        if expected["sha256"] is None or record.get("sha256") == expected["sha256"]:
+            return True
+        digest = _file_sha256(target)  # a copy from before the record: hashed once
+        if digest != expected["sha256"]:
+            return False
+        _write_record(target, url, size, digest, record.get("etag"))
+        return True
+    length, etag = _head(url)
+    if length is None or length != size:
+        return False
+    return etag is None or record.get("etag") in (None, etag)
+
+
+def _file_sha256(path: Path) -> str:
+    from torchkit.core.data.hashing import file_digest
+
+    return file_digest(path).hex()
+
+
+def _write_record(target: Path, url: str, size: int, digest: str, etag: str | None) -> None:
+    from torchkit.core.io.files import atomic_write_text
+
+    record = {"url": _shown(url), "bytes": size, "sha256": digest, "etag": etag}
+    atomic_write_text(_record_path(target), json.dumps(record) + "\n")
+
+
+def _download(
+    url: str, target: Path, expected: dict[str, Any] | None, stop: threading.Event
+) -> None:
+    """`url` streamed into `target` through a temporary file, renamed once complete and
+    checked; nothing under `target`'s name on any failure."""
+    from torchkit.core.io.files import atomic_write
+
+    started = time.perf_counter()
+    digest = hashlib.sha256()
+    done = 0
+    with _opened(url, "GET") as response:
+        length = _content_length(response)
+        want = expected["bytes"] if expected else None
+        if want is not None and length is not None and length != want:
+            raise _changed(url, f"the server has {length} bytes, manifest.json says {want}")
+        with atomic_write(target, "wb") as handle:
+            while True:
+                if stop.is_set():
+                    raise _Stopped
+                chunk = _read(response, url)
+                if not chunk:
+                    break
+                handle.write(chunk)
+                digest.update(chunk)
+                done += len(chunk)
+            if length is not None and done < length:
+                raise _short(url, done, length)
+            if want is not None and done != want:
+                raise _changed(url, f"{done} bytes downloaded, manifest.json says {want}")
+            if expected and expected["sha256"] and digest.hexdigest() != expected["sha256"]:
+                raise _changed(url, "its sha256 is not the one manifest.json records")
+        etag = response.headers.get("ETag")
+    _write_record(target, url, done, digest.hexdigest(), etag)
+    seconds = time.perf_counter() - started
+    log.info("downloaded %s (%.1f MB in %.1f s)", _shown(url), done / 1e6, seconds)
+
+
+def _content_length(response: Any) -> int | None:
+    text = (response.headers.get("Content-Length") or "").strip()
+    return int(text) if text.isdigit() else None
+
+
+def _read(response: Any, url: str) -> bytes:
+    import http.client
+
+    try:
+        return response.read(_CHUNK)
+    except http.client.IncompleteRead as error:
+        expected = (error.expected or 0) + len(error.partial)
+        raise _short(url, None, expected or None) from None
+    except (OSError, http.client.HTTPException) as error:
+        raise _network_error(url, error) from None
+
+
+def _short(url: str, done: int | None, length: int | None) -> InputError:
+    got = f" after {done} of {length} bytes" if done is not None and length else ""
+    return InputError(
+        f"cannot download {_shown(url)}: the connection ended early{got}",
+        "try again: no part of it was kept",
+    )
+
+
+def _changed(url: str, why: str) -> InputError:
+    return InputError(
+        f"{_shown(url)} is not the shard manifest.json describes ({why})",
+        "the shards on the server changed: serve them with their new manifest.json",
+    )
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _opened(url: str, method: str) -> Iterator[Any]:
+    """The response to `method` on `url` (200 only), with every socket operation timed."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    from torchkit import __version__
+
+    request = urllib.request.Request(
+        url,
+        method=method,
+        headers={"User-Agent": f"torchkit/{__version__}", "Accept-Encoding": "identity"},
+    )
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout_s())
+    except urllib.error.HTTPError as error:
+        error.close()
+        raise _HttpStatus(url, error.code, str(error.reason or "")) from None
+    except urllib.error.URLError as error:
+        raise _network_error(url, error.reason) from None
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        raise _network_error(url, error) from None
+    with response:
+        if response.status != 200:
+            raise _HttpStatus(url, response.status, str(response.reason or ""))
+        yield response
+
+
+class _HttpStatus(InputError):
+    """A response other than 200 OK."""
+
+    def __init__(self, url: str, code: int, reason: str) -> None:
+        if code in (401, 403):
+            hint = "the server refuses it: check the URL and that you may read it"
+        elif code == 404 or code == 410:
+            hint = "check the URL: {000000..000009} names every shard from the first to the last"
+        elif code >= 500:
+            hint = "the server failed: try again later"
+        else:
+            hint = "torchkit reads a shard from a 200 OK response"
+        super().__init__(f"cannot download {_shown(url)}: HTTP {code} {reason}".rstrip(), hint)
+        self.code = code
+
+    def __reduce__(self):
+        return (InputError, (self.message, self.hint))
+
+
+def _network_error(url: str, reason: object) -> TorchkitError:
+    import socket
+    import ssl
+    from urllib.parse import urlsplit
+
+    where = f"cannot download {_shown(url)}"
+    host = urlsplit(url).netloc.rpartition("@")[2]
+    if isinstance(reason, TimeoutError):  # socket.timeout too
+        return OfflineError(
+            f"{where}: no answer within {timeout_s():g} s",
+            "the server is unreachable or slow: try again, or allow more time with "
+            "TORCHKIT_HTTP_TIMEOUT=SECONDS",
+        )
+    if isinstance(reason, socket.gaierror):
+        return OfflineError(
+            f"{where}: the host {host} cannot be found ({reason.strerror or reason})",
+            "check the URL and the network connection",
+        )
+    if isinstance(reason, ConnectionRefusedError):
+        return OfflineError(
+            f"{where}: {host} refused the connection", "check the URL and that the server runs"
+        )
+    if isinstance(reason, ssl.SSLError):
+        return OfflineError(
+            f"{where}: {getattr(reason, 'reason', None) or reason}",
+            "the server's certificate or TLS failed: check the URL",
+        )
+    text = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+    return OfflineError(f"{where}: {text}", "check the URL and the network connection")
+
+
+def _head(url: str) -> tuple[int | None, str | None]:
+    """(Content-Length, ETag) a HEAD request gives, None where the server says none; (None,
+    None) where it answers no HEAD."""
+    try:
+        with _opened(url, "HEAD") as response:
+            return _content_length(response), response.headers.get("ETag")
+    except _HttpStatus as error:
+        if error.code in (405, 501):
+            return None, None
+        raise
+
+
+def _get_small(url: str) -> bytes | None:
+    """A small side file's bytes; None where the server has none (401, 403, 404, 410)."""
+    try:
+        with _opened(url, "GET") as response:
+            chunks = []
+            while chunk := _read(response, url):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+            length = _content_length(response)
+            if length is not None and len(data) < length:
+                raise _short(url, len(data), length)
+            return data
+    except _HttpStatus as error:
+        if error.code in _ABSENT:
+            return None
+        raise

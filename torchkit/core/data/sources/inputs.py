@@ -1,0 +1,37 @@
+"""The inputs behind a `--data`/IMAGES argument, which no command's outputs may overwrite or
+land inside: the data folder, or a CSV index and the folders of the images it names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torchkit.core.io.errors import TorchkitError
+from torchkit.core.io.outputs import InputPath, folders_of_files
+
+
+def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[InputPath]:
+    """The inputs behind a `--data`/IMAGES argument: a folder (its whole tree), a CSV index (the
+    file, and the folders of the images it names) or a single file; nothing for `digits`."""
+    if data is None or os.fspath(data) == "digits":
+        return []
+    source = Path(data)
+    if source.is_dir():
+        return [InputPath(source, f"{what} folder")]
+    if not source.is_file():
+        return []
+    inputs = [InputPath(source, f"{what} file")]
+    if source.suffix.lower() == ".csv":
+        inputs += folders_of_files(_csv_paths(source), f"images of {source}")
+    return inputs
+
+
+def _csv_paths(index: Path) -> list[str]:
+    """The files a CSV index names; none where it cannot be read (the command's own reader
+    reports what is wrong with it)."""
+    from torchkit.core.data.sources.csv_index import absolute_paths, read_index_rows
+
+    try:
+        return absolute_paths(read_index_rows(index, labelled=False))
+    except (OSError, TorchkitError):
+        return []

@@ -1,0 +1,476 @@
+"""Hugging Face datasets stored as parquet, read in place (map-style).
+
+What `--data` (or IMAGES) may name here, before folders and CSV indexes are tried:
+
+- a dataset folder in HF's layouts: `ROOT/data/{split}-00000-of-00010.parquet`,
+  `ROOT/data/{split}/*.parquet`, `ROOT/{split}/*.parquet` or `ROOT/{split}-*.parquet`. Split
+  names are HF's keywords: train (training), val (validation, valid, dev), test (testing, eval,
+  evaluation). A folder whose files all name a split is split data, like a split root; one whose
+  files name none (`ROOT/*.parquet`, `ROOT/data/*.parquet`) is unsplit data; a mix is an error.
+- one `.parquet` file: unsplit data, whatever its name.
+
+Columns: the image is HF's `Image` struct {bytes, path} (the column `image`, else `img`, else the
+first column HF's metadata calls an Image, else the first struct column with a `bytes` field; a
+plain binary column of those names too). The label is the column `label`, else the first column
+HF's metadata calls a ClassLabel; integers are class indices, strings class names. Class names
+come from HF's metadata in the parquet schema (`huggingface` key: info.features.LABEL.names), else
+from `ROOT/dataset_info.json`; without either, integer labels are named "0", "1", ... up to the
+largest (string labels: sorted naturally, as class folders are). No label column, or rows without
+a label (null or HF's -1): unlabelled data where that is allowed (dataset-stats, predict,
+extract-features), else an error naming the file and rows.
+
+A sample's id (the `path` column of outputs) is `FILE/ROW`, FILE relative to ROOT (to the file's
+folder for one file) and ROW the row in that file from 0: `data/train-00000-of-00002.parquet/123`.
+It is unique and stable whatever the rows hold (HF's own `image.path` is often empty or repeated).
+
+Opening reads the parquet footers and the label column only, never an image. An image is read by
+(file, row group, row) through `ParquetImages`, which keeps the image column of the last row
+groups it read (LRU, `CACHE_BYTES` per process): a pass in order reads each row group once, and
+so does train's shuffled order, which takes row groups in random order and shuffles the images
+of as many of them as the cache holds together (`ParquetImages.blocks`, `core.train.loaders`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data.sources.csv_index import class_order
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.source import DataSource, _split_source, concatenate, relabelled
+from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.data.stored_image import Blocks, StoredImage
+from torchkit.core.io.errors import InputError, first_line
+
+SUFFIX = ".parquet"
+# HF's split keywords (datasets.data_files.SPLIT_KEYWORDS) -> torchkit's split names.
+SPLIT_KEYWORDS = {
+    "train": "train",
+    "training": "train",
+    "validation": "val",
+    "valid": "val",
+    "dev": "val",
+    "val": "val",
+    "test": "test",
+    "testing": "test",
+    "eval": "test",
+    "evaluation": "test",
+}
+# A file named for a split: the keyword, then a separator or a digit (`train-00000-of-00002`).
+_SPLIT_FILE = re.compile(r"^(" + "|".join(SPLIT_KEYWORDS) + r")(?:[-._ 0-9].*)?$", re.IGNORECASE)
+IMAGE_COLUMNS = ("image", "img")
+LABEL_COLUMN = "label"
+# The decoded image columns a process keeps (oldest dropped first; the last one always kept).
+CACHE_BYTES = 128 << 20
+_NEEDED_FOR = "reading parquet files"
+
+
+class NullImage(OSError):
+    """A row whose image is null: counted as an unreadable image, with this reason."""
+
+
+class ParquetImages:
+    """Reads images of parquet files by (file index, row group, row in group). Picklable; each
+    process opens its own files and keeps its own cache (keyed by pid: nothing crosses a fork)."""
+
+    def __init__(
+        self,
+        files: Sequence[str],
+        columns: Sequence[str],
+        group_bytes: Sequence[Sequence[int]] = (),
+    ) -> None:
+        self.files = list(files)
+        self.columns = list(columns)  # the image column of each file
+        # The size of each row group's image column, uncompressed (from the footer), per file.
+        self.group_bytes = [list(sizes) for sizes in group_bytes]
+        self._pid = -1
+        self._opened: dict[int, Any] = {}
+        self._cache: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._cached_bytes = 0
+
+    def __getstate__(self) -> dict:
+        return {"files": self.files, "columns": self.columns, "group_bytes": self.group_bytes}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["files"], state["columns"], state.get("group_bytes", ()))
+
+    def blocks(self, locators: Sequence[tuple[int, int, int]]) -> Blocks:
+        """The row group of each image (numbered in order of first appearance), and how many
+        of the largest fit in the cache at once: an order that keeps to that many row groups
+        at a time reads each one once (`stored.read_blocks`)."""
+        number: dict[tuple[int, int], int] = {}
+        ids = [number.setdefault((file, group), len(number)) for file, group, _ in locators]
+        sizes = [self.group_bytes[f][g] for f, g in number] if self.group_bytes else []
+        largest = max(sizes, default=0)
+        # An eighth to spare: the cached array also holds offsets, the footer's figure not.
+        window = CACHE_BYTES // (largest + largest // 8) if largest > 0 else 1
+        return Blocks(ids, max(1, window))
+
+    def read(self, locator: tuple[int, int, int]) -> bytes:
+        file, group, row = locator
+        value = self._row_group(file, group)[row].as_py()
+        if value is None:
+            raise NullImage("the row's image is null (no bytes)")
+        return value
+
+    def _row_group(self, file: int, group: int) -> Any:
+        """The image bytes of one row group (a pyarrow binary array, nulls where the image or
+        its bytes are null), from the cache or read."""
+        if self._pid != os.getpid():  # a fresh process (or a fork): nothing inherited
+            self.__init__(self.files, self.columns, self.group_bytes)
+            self._pid = os.getpid()
+        key = (file, group)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            return cached
+        pa = import_extra_pyarrow()
+        try:
+            handle = self._opened.get(file)
+            if handle is None:
+                handle = self._opened[file] = _parquet_file(self.files[file])
+            table = handle.read_row_group(group, columns=[self.columns[file]], use_threads=False)
+        except (OSError, pa.ArrowException) as error:
+            raise OSError(
+                f"cannot read row group {group} of {self.files[file]}: {first_line(error)}"
+            ) from None
+        images = image_bytes(table.column(0).combine_chunks())
+        self._cache[key] = images
+        self._cached_bytes += images.nbytes
+        while self._cached_bytes > CACHE_BYTES and len(self._cache) > 1:
+            _, dropped = self._cache.popitem(last=False)
+            self._cached_bytes -= dropped.nbytes
+        return images
+
+
+def import_extra_pyarrow() -> Any:
+    """pyarrow with its parquet module, or the one error naming the `parquet` extra."""
+    from torchkit.core.runtime.extras import import_extra
+
+    import_extra("pyarrow.parquet", "parquet", _NEEDED_FOR)
+    return import_extra("pyarrow", "parquet", _NEEDED_FOR)
+
+
+def _parquet_file(path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path)
+
+
+def image_bytes(column: Any) -> Any:
+    """The bytes of an image column (a struct with `bytes`, or binary) as one binary array,
+    null where the struct or its bytes are."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(column.type):
+        return column.flatten()[column.type.get_field_index("bytes")]
+    return column
+
+
+# ------------------------------------------------------------------------------ what spec names
+
+
+def open_stored(
+    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
+) -> DataSource | None:
+    """The parquet data `spec` names, or None when it names none (from names only)."""
+    found = _parquet_files(spec)
+    if found is None:
+        return None
+    root, relative, kind = found
+    import_extra_pyarrow()
+    if kind == "parquet file":
+        return _read(spec, kind, root, relative, None, classes, allow_unlabelled)
+    splits = [split_of(name) for name in relative]
+    if all(split is None for split in splits):
+        return _read(spec, "parquet", root, relative, None, classes, allow_unlabelled)
+    unsplit = [name for name, split in zip(relative, splits, strict=True) if split is None]
+    if unsplit:
+        raise InputError(
+            f"{spec} mixes parquet files of splits with files of none ({', '.join(unsplit[:3])})",
+            "name every file for its split (train-*, validation-*, test-*), or none; or give "
+            "one file",
+        )
+    return _read(spec, "split parquet", root, relative, splits, classes, allow_unlabelled)
+
+
+def _parquet_files(spec: str) -> tuple[str, list[str], str] | None:
+    """(root, parquet files relative to it, sorted, "parquet file" | "folder") or None."""
+    path = Path(spec)
+    if path.suffix.lower() == SUFFIX and path.is_file():
+        return str(path.parent), [path.name], "parquet file"
+    if not path.is_dir():
+        return None
+    places = [path, path / "data"]
+    for base in (path, path / "data"):
+        places += [base / name for name in _listing(base) if name.lower() in SPLIT_KEYWORDS]
+    relative = sorted(
+        os.path.relpath(place / name, path)
+        for place in dict.fromkeys(places)
+        for name in _listing(place)
+        if name.lower().endswith(SUFFIX) and not name.startswith(".") and (place / name).is_file()
+    )
+    return (str(path), relative, "folder") if relative else None
+
+
+def _listing(folder: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(folder)) if folder.is_dir() else []
+    except OSError:
+        return []
+
+
+def split_of(relative: str) -> str | None:
+    """The split a parquet file's path (relative to the dataset folder) names, HF's way: its
+    folder (`train/`, `data/validation/`) or its name (`test-00000-of-00001.parquet`)."""
+    parts = Path(relative).parts
+    if parts[0] == "data" and len(parts) > 1:
+        parts = parts[1:]
+    if len(parts) > 1:
+        return SPLIT_KEYWORDS.get(parts[0].lower())
+    match = _SPLIT_FILE.match(Path(parts[0]).stem)
+    return SPLIT_KEYWORDS[match.group(1).lower()] if match else None
+
+
+# ------------------------------------------------------------------------------ reading the index
+
+
+class _File:
+    """What opening one parquet file learnt: its rows' locators, labels and columns."""
+
+    def __init__(self, root: str, relative: str) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.relative = relative
+        self.path = relative if root == "." else os.path.join(root, relative)
+        try:
+            handle = pq.ParquetFile(self.path)
+            schema = handle.schema_arrow
+        except (OSError, pa.ArrowException) as error:
+            raise InputError(
+                f"cannot read {self.path}: {first_line(error)}",
+                "check the file: a download cut short, or not parquet",
+            ) from None
+        self.column_names = list(schema.names)
+        self.features = _hf_features(schema)
+        self.image_column = _image_column(schema, self.features)
+        if self.image_column is None:
+            raise InputError(
+                f"{self.path} has no image column (its columns: {', '.join(schema.names)})",
+                "images are an `image` column of HF's Image type ({bytes, path}) or of binary",
+            )
+        self.label_column = _label_column(schema, self.features)
+        metadata = handle.metadata
+        self.locators = [
+            (group, row)
+            for group in range(metadata.num_row_groups)
+            for row in range(metadata.row_group(group).num_rows)
+        ]
+        self.group_bytes = [
+            _column_bytes(metadata.row_group(group), self.image_column)
+            for group in range(metadata.num_row_groups)
+        ]
+        self.labels: list[Any] | None = None
+        if self.label_column is not None:
+            try:
+                column = handle.read(columns=[self.label_column], use_threads=False).column(0)
+            except (OSError, pa.ArrowException) as error:
+                raise InputError(f"cannot read {self.path}: {first_line(error)}") from None
+            self.labels = column.to_pylist()
+        self.names = _class_names(self.features, self.label_column)
+
+    def missing_labels(self) -> list[int]:
+        """Rows without a label: null, or negative (HF's -1 for "no label")."""
+        if self.labels is None:
+            return list(range(len(self.locators)))
+        return [
+            row
+            for row, label in enumerate(self.labels)
+            if label is None or (isinstance(label, int) and label < 0)
+        ]
+
+
+def _column_bytes(group: Any, column: str) -> int:
+    """The uncompressed size of `column` (all its leaves: an Image's bytes and path) in one
+    row group's metadata."""
+    chunks = (group.column(i) for i in range(group.num_columns))
+    return sum(
+        chunk.total_uncompressed_size
+        for chunk in chunks
+        if chunk.path_in_schema == column or chunk.path_in_schema.startswith(column + ".")
+    )
+
+
+def _hf_features(schema: Any) -> dict:
+    """The `features` of HF's metadata in a parquet schema ({} without any)."""
+    try:
+        info = json.loads((schema.metadata or {}).get(b"huggingface", b"{}"))
+        features = info.get("info", {}).get("features", {})
+    except (ValueError, AttributeError):
+        return {}
+    return features if isinstance(features, dict) else {}
+
+
+def _is_image_type(kind: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        index = kind.get_field_index("bytes")
+        return index >= 0 and _is_binary(kind.field(index).type)
+    return _is_binary(kind)
+
+
+def _is_binary(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+
+
+def _image_column(schema: Any, features: dict) -> str | None:
+    def usable(name: str) -> bool:
+        return name in schema.names and _is_image_type(schema.field(name).type)
+
+    named = [name for name in IMAGE_COLUMNS if usable(name)]
+    named += [n for n, f in features.items() if _feature_type(f) == "Image" and usable(n)]
+    import pyarrow as pa
+
+    named += [n for n in schema.names if pa.types.is_struct(schema.field(n).type) and usable(n)]
+    return named[0] if named else None
+
+
+def _feature_type(feature: Any) -> str | None:
+    return feature.get("_type") if isinstance(feature, dict) else None
+
+
+def _label_column(schema: Any, features: dict) -> str | None:
+    import pyarrow as pa
+
+    def usable(name: str) -> bool:
+        kind = schema.field(name).type if name in schema.names else None
+        return kind is not None and (
+            pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        )
+
+    if usable(LABEL_COLUMN):
+        return LABEL_COLUMN
+    for name, feature in features.items():
+        if _feature_type(feature) == "ClassLabel" and usable(name):
+            return name
+    return None
+
+
+def _class_names(features: dict, column: str | None) -> list[str] | None:
+    feature = features.get(column) if column else None
+    names = feature.get("names") if _feature_type(feature) == "ClassLabel" else None
+    return [str(name) for name in names] if isinstance(names, list) and names else None
+
+
+def _dataset_info_names(root: str, column: str | None) -> list[str] | None:
+    """Class names from `ROOT/dataset_info.json` (what HF's save_to_disk writes)."""
+    try:
+        with open(os.path.join(root, "dataset_info.json"), encoding="utf-8") as handle:
+            info = json.load(handle)
+        features = info.get("features", {}) if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return None
+    return _class_names(features if isinstance(features, dict) else {}, column)
+
+
+def _read(
+    spec: str,
+    kind: str,
+    root: str,
+    relative: list[str],
+    splits: list[str | None] | None,
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+) -> DataSource:
+    files = [_File(root, name) for name in relative]
+    labelled = _labelled(files, allow_unlabelled)
+    names = _names(spec, root, files, splits) if labelled else [""]
+    reader = ParquetImages(
+        [f.path for f in files], [f.image_column for f in files], [f.group_bytes for f in files]
+    )
+    index_of = {name: i for i, name in enumerate(names)}
+    parts: dict[str, list[Samples]] = {}
+    for index, file in enumerate(files):
+        if labelled:
+            labels = [index_of[x] if isinstance(x, str) else x for x in file.labels]
+        else:
+            labels = [0] * len(file.locators)
+        # ids FILE/ROW (ROW: the row in the file); names as a file path would print.
+        ids = [f"{file.relative}{os.sep}{row}" for row in range(len(file.locators))]
+        paths = [
+            StoredImage(f"{file.path}{os.sep}{row}", reader, (index, group, in_group))
+            for row, (group, in_group) in enumerate(file.locators)
+        ]
+        samples = Samples(list(names), labels, paths=paths, source=root, ids=ids)
+        parts.setdefault(splits[index] if splits else "", []).append(samples)
+    joined = {split: concatenate(members) for split, members in parts.items()}
+    if splits is not None:
+        ordered = {name: joined[name] for name in SPLIT_NAMES if name in joined}
+        return _split_source(spec, kind, root, ordered, classes)
+    samples = joined[""]
+    if not len(samples):
+        raise InputError(f"no rows in {spec}", "the parquet files hold no images")
+    if classes is not None and labelled:
+        samples = relabelled(samples, classes, spec)
+    return DataSource(spec, kind, root, {}, samples, list(samples.classes))
+
+
+def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
+    """Whether the data is read with its labels; InputError for rows without one where labels
+    are needed."""
+    for file in files:
+        missing = file.missing_labels()
+        if not missing:
+            continue
+        if allow_unlabelled:
+            return False
+        if file.label_column is None:
+            raise InputError(
+                f"{file.path} has no label column (its columns: {', '.join(file.column_names)})",
+                "labels are a `label` column (HF's ClassLabel: class indices, or class names)",
+            )
+        shown = ", ".join(str(row) for row in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise InputError(
+            f"{file.path} has {len(missing)} row(s) without a label (null or -1; row {shown})",
+            "give labelled data, or predict or dataset-stats, which read unlabelled images",
+        )
+    return True
+
+
+def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | None) -> list[str]:
+    """The class names in label order (see the module's docstring)."""
+    strings = [f for f in files if f.labels and isinstance(f.labels[0], str)]
+    if strings:
+        if len(strings) != len(files):
+            raise InputError(f"{spec} mixes labels that are class names with class indices")
+        labels = [label for f in files for label in f.labels]
+        order = None
+        if splits is not None:
+            order = [s for f, s in zip(files, splits, strict=True) for _ in f.labels]
+        return class_order(labels, order)
+    found = {tuple(f.names) for f in files if f.names}
+    if len(found) > 1:
+        raise InputError(
+            f"the parquet files of {spec} name different classes",
+            "give the files of one dataset",
+        )
+    names = list(found.pop()) if found else _dataset_info_names(root, files[0].label_column)
+    largest = max((label for f in files for label in f.labels), default=-1)
+    if names is None:
+        return [str(i) for i in range(largest + 1)]
+    if largest >= len(names):
+        where = next(f.path for f in files if largest in f.labels)
+        raise InputError(
+            f"{where} has label {largest}, but its data names {len(names)} classes",
+            "labels are class indices 0..N-1 of HF's ClassLabel names",
+        )
+    return names

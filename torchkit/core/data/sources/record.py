@@ -1,0 +1,111 @@
+"""What `train` records of the data it used, and reading that record back.
+
+RUN/split.csv lists every image of the run with its split (`path,label,split`, `path` relative to
+the data root as everywhere). The checkpoint's `data` entry (`split_record`) says what the data
+was (spec, kind, absolute root) and, when train held a validation split out itself (data without
+one), exactly which images: so `--resume` continues with the same split even if files were added
+since, and eval / extract-features / predict given the checkpoint and the same data with
+`--split val` (or `train`) pick exactly those images (`recorded_splits`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.source import DataSource, tagged
+from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.io.errors import InputError
+
+RECORD_VERSION = 1
+SPLIT_CSV = "split.csv"
+SPLIT_CSV_COLUMNS = ("path", "label", "split")
+
+
+def split_record(source: DataSource, splits: dict[str, Samples]) -> dict:
+    """The checkpoint's `data` entry for a run on `source` that used `splits` (plain values
+    only, so it loads with weights_only=True):
+
+    `spec` (--data as typed), `kind`, `root` (absolute; "" for digits), `sizes` (per split),
+    `held_out` ({"val": [ids]} when train held the val split out itself, else {}) and
+    `held_out_of` ("train" for a split root without val/, "all" for unsplit data, else None).
+    """
+    held_out: dict[str, list[str]] = {}
+    held_out_of = None
+    if "val" in splits and "val" not in source.splits:
+        held_out = {"val": list(splits["val"].ids)}
+        held_out_of = "train" if source.splits else "all"
+    return {
+        "version": RECORD_VERSION,
+        "spec": source.spec,
+        "kind": source.kind,
+        "root": os.path.abspath(source.root) if source.root else "",
+        "sizes": {name: len(samples) for name, samples in splits.items()},
+        "held_out": held_out,
+        "held_out_of": held_out_of,
+    }
+
+
+def recorded_splits(
+    source: DataSource, recorded: dict | None
+) -> tuple[dict[str, Samples], list[str]] | None:
+    """The splits a train run made of `source` by holding images out, rebuilt from its record
+    (`split_record`), with notes; None when the record holds no such split or `source` has that
+    split of its own (its own split is used then). InputError when images the run held out are
+    not in `source` (other data than the run's)."""
+    held = (recorded or {}).get("held_out") or {}
+    if not held:
+        return None
+    ((name, ids),) = held.items()
+    donor_name = recorded.get("held_out_of")
+    if name in source.splits:
+        return None
+    donor = source.whole if donor_name == "all" else source.splits.get(str(donor_name))
+    if donor is None:
+        return None
+    position = {ident: index for index, ident in enumerate(donor.ids)}
+    missing = [ident for ident in ids if ident not in position]
+    where = recorded.get("root") or recorded.get("spec")
+    if missing:
+        raise InputError(
+            f"{len(missing)} of the {len(ids)} images the training run held out for {name} are "
+            f"not in {source.spec} (e.g. {missing[0]})",
+            f"give the data the run trained on ({where})",
+        )
+    chosen = set(ids)
+    kept = [i for i, ident in enumerate(donor.ids) if ident not in chosen]
+    parts = dict(source.splits)
+    parts["train"] = tagged(donor.subset(kept), "train")
+    parts[name] = tagged(donor.subset(sorted(position[ident] for ident in ids)), name)
+    notes = []
+    if source.root and where and os.path.abspath(source.root) != where:
+        notes.append(
+            f"the training run read its data in {where}; its {name} split is matched by path "
+            f"in {source.root}"
+        )
+    return {split: parts[split] for split in SPLIT_NAMES if split in parts}, notes
+
+
+def split_csv_text(splits: dict[str, Samples]) -> str:
+    """`path,label,split` for every image of `splits` (label: the class name)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(SPLIT_CSV_COLUMNS)
+    for name, samples in splits.items():
+        classes = samples.classes
+        writer.writerows(
+            (ident, classes[label], name)
+            for ident, label in zip(samples.ids, samples.labels, strict=True)
+        )
+    return buffer.getvalue()
+
+
+def write_split_csv(path: str | os.PathLike, splits: dict[str, Samples]) -> Path:
+    """Write `split_csv_text(splits)` to `path` atomically."""
+    from torchkit.core.io.files import atomic_write_text
+
+    atomic_write_text(path, split_csv_text(splits))
+    return Path(path)

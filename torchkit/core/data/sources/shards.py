@@ -1,0 +1,778 @@
+"""WebDataset tar shards and `.tar` archives of image folders, read in place (map-style).
+
+What `--data` (or IMAGES) may name here, before folders and CSV indexes are tried:
+
+- WebDataset shards: a brace pattern as webdataset writes them (`DIR/train-{000000..000127}.tar`;
+  ranges `{a..b}` keep the zero padding, lists `{a,b}`), specs joined by `::` (webdataset's list
+  of URLs), one `NAME-NNNNNN.tar`, or a folder holding only `.tar` shards (with `classes.txt`,
+  `classes.json`, `manifest.json` beside them). A folder whose shards are all named
+  `{train,val,test}-NNNNNN.tar` is split data, like a split root; shards named one by one or by
+  a pattern are the data as given (unsplit).
+  A sample is the members `KEY.EXT` sharing a KEY (webdataset's rule: the member path up to the
+  first dot of its basename): one image (an extension `is_image_file` knows) and its label, a
+  `KEY.cls` (the class index as decimal text) or a `KEY.json` with "label" (a class name or an
+  index) or "cls" (an index). Class names: `classes.txt` (one per line) or `classes.json` (a
+  list, or {name: index}) beside the shards; without one, the label names sorted naturally (as
+  class folders are), or, for indices only, "0", "1", ... up to the largest index. A sample's id
+  (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards'
+  folder; samples are in shard order, then member order.
+- a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
+  unlabelled images are taken, flat images), read with the rules of folders on disk; all of it
+  may lie in one folder named as the archive (`tar cf X.tar X`). A `.tar` is a shard when it is
+  named `NAME-NNNNNN.tar` or some image in it has a `.cls`/`.json` label beside it. Ids are the
+  member paths (inside that one folder), as the unpacked folder's would be.
+
+Indexing is one pass over the tar headers (no data is read but the labels); an image is read by
+offset and size (`TarReader`), each process opening its own file. A damaged or truncated tar is
+an error naming it; an image that cannot be decoded is an unreadable image like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import re
+import tarfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data.sources.csv_index import natural_key
+from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS, is_image_file
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.source import DataSource, _split_source, relabelled
+from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.data.stored_image import StoredImage
+from torchkit.core.io.errors import InputError
+
+SHARD_KINDS = ("shards", "split shards")
+TAR_KINDS = ("tar image folder", "tar flat folder", "tar split root")
+_SPLIT_SHARD = re.compile(r"^(train|val|test)-\d+\.tar$")
+_NUMBERED_SHARD = re.compile(r"^.+-\d+\.tar$", re.IGNORECASE)
+_SIDE_FILES = ("classes.txt", "classes.json", "manifest.json")
+_SHARDS_HINT = (
+    "shards are DIR/NAME-{000000..000009}.tar, a folder of .tar shards, or NAME.tar files "
+    "joined by ::"
+)
+_SHOWN = 5  # names listed in one error
+
+
+# --- reading a member's bytes -------------------------------------------------------------
+
+
+class TarReader:
+    """Reads members of one tar file by (offset, size): picklable (it holds only the path);
+    each process opens the file once, lazily, and never uses a descriptor across a fork."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+
+    def __reduce__(self):
+        return (TarReader, (self.path,))
+
+    def read(self, locator: Any) -> bytes:
+        if locator is None:
+            raise OSError(f"{self.path}: a link to a member the archive does not hold")
+        offset, size = locator
+        if not hasattr(os, "pread"):  # Windows: no positioned read, a handle per read
+            with open(self.path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read(size)
+        else:
+            data = _pread(self.path, offset, size)
+        if len(data) < size:
+            raise OSError(
+                f"{self.path} is truncated: a member of {size} bytes at byte {offset} runs past "
+                "its end"
+            )
+        return data
+
+
+# Descriptors of this process (pread: no shared file position, so threads may read at once).
+# Up to _KEPT_OPEN shards stay open; beyond that a read opens and closes its own.
+_KEPT_OPEN = 128
+_descriptors: dict[str, int] = {}
+_descriptors_pid = os.getpid()
+_descriptors_lock = threading.Lock()
+
+
+def _pread(path: str, offset: int, size: int) -> bytes:
+    global _descriptors_pid
+    with _descriptors_lock:
+        if _descriptors_pid != os.getpid():  # forked: the parent's descriptors are not ours
+            for fd in _descriptors.values():
+                _close_quietly(fd)
+            _descriptors.clear()
+            _descriptors_pid = os.getpid()
+        fd = _descriptors.get(path)
+        if fd is None and len(_descriptors) < _KEPT_OPEN:
+            fd = _descriptors[path] = os.open(path, os.O_RDONLY)
+    if fd is not None:
+        return _pread_all(fd, offset, size)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _pread_all(fd, offset, size)
+    finally:
+        os.close(fd)
+
+
+def _pread_all(fd: int, offset: int, size: int) -> bytes:
+    chunks, done = [], 0
+    while done < size:
+        chunk = os.pread(fd, size - done, offset + done)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return b"".join(chunks)
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+# --- one pass over a tar's headers ----------------------------------------------------------
+
+
+@dataclass
+class TarListing:
+    """The regular members of a tar (name -> (offset, size), in archive order) and its links
+    (name -> the member name they resolve to, or None)."""
+
+    path: str
+    members: dict[str, tuple[int, int]]
+    links: dict[str, str | None]
+    folders: set[str]  # names of its directory members
+
+    def locator(self, name: str) -> tuple[int, int] | None:
+        if name in self.members:
+            return self.members[name]
+        target = self.links.get(name)
+        return None if target is None else self.members.get(target)
+
+
+def _member_name(name: str) -> str:
+    while name.startswith("./"):
+        name = name[2:]
+    return name.rstrip("/")
+
+
+def list_tar(path: str) -> TarListing:
+    """Every member of the uncompressed tar at `path`, from its headers only (the data is
+    skipped by seeking): O(members). InputError naming the file when it is not a tar, is
+    compressed, or is truncated or damaged (a header or a member's data past its end)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            first = handle.read(tarfile.BLOCKSIZE)
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
+    if first[:2] == b"\x1f\x8b" or first[:3] == b"BZh" or first[:6] == b"\xfd7zXZ\x00":
+        raise InputError(
+            f"{path} is a compressed tar", "shards are read in place: decompress it to a .tar"
+        )
+    fast = _read_plain_headers(path, size)
+    if fast is not None:
+        return fast
+    members: dict[str, tuple[int, int]] = {}
+    links: dict[str, str | None] = {}
+    folders: set[str] = set()
+    count = 0
+    try:
+        with tarfile.open(path, "r:") as tar:
+            while (info := tar.next()) is not None:
+                tar.members.clear()  # one pass: keep no TarInfo (1M members would be ~1 GB)
+                count += 1
+                name = _member_name(info.name)
+                if info.isdir():
+                    folders.add(name)
+                elif info.issym() or info.islnk():
+                    target = info.linkname
+                    if info.issym():  # relative to the link's folder
+                        target = posixpath.join(posixpath.dirname(name), target)
+                    links[name] = posixpath.normpath(_member_name(target))
+                elif info.isreg() and not info.issparse():
+                    if info.offset_data + info.size > size:
+                        raise tarfile.ReadError(f"{name} runs past the end of the file")
+                    members[name] = (info.offset_data, info.size)
+            end = tar.offset
+    except tarfile.ReadError as error:
+        if not count and first[257:262] != b"ustar":
+            raise InputError(
+                f"{path} is not a tar archive ({error})", "give an uncompressed .tar"
+            ) from None
+        raise _damaged(path, count, str(error)) from None
+    except OSError as error:
+        raise InputError(f"cannot read {path}: {error.strerror or error}") from None
+    # tarfile ends quietly at a header it cannot read after the first: only zeros (the end of
+    # archive marker) or the end of the file may follow the last member.
+    with open(path, "rb") as handle:
+        handle.seek(end)
+        tail = handle.read(tarfile.BLOCKSIZE)
+    if tail and (tail != bytes(len(tail)) or len(tail) < tarfile.BLOCKSIZE):
+        raise _damaged(path, count, f"no tar header at byte {end}")
+    return _listing(path, members, links, folders)
+
+
+def _listing(
+    path: str, members: dict[str, tuple[int, int]], links: dict[str, str], folders: set[str]
+) -> TarListing:
+    resolved = {name: target if target in members else None for name, target in links.items()}
+    return TarListing(path, members, resolved, folders)
+
+
+_REGULAR, _FOLDER, _HARD_LINK, _SYMBOLIC_LINK = (b"0", b"\0", b"7"), b"5", b"1", b"2"
+_SKIPPED = (b"3", b"4", b"6")  # devices and FIFOs: never images
+_ZERO_BLOCK = bytes(tarfile.BLOCKSIZE)
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _read_plain_headers(path: str, size: int) -> TarListing | None:
+    """`list_tar`'s listing, about five times faster than tarfile (which parses every field of
+    every header) for the tars shards and image folders are: ustar/GNU headers with GNU long
+    names or pax path/size/linkpath records. None for anything else (a damaged or truncated
+    tar, base-256 sizes, sparse files, global pax headers): tarfile then reads it, and says
+    what is wrong."""
+    members: dict[str, tuple[int, int]] = {}
+    links: dict[str, str] = {}
+    folders: set[str] = set()
+    long_name = long_link = None
+    pax: dict[str, str] = {}
+    offset = 0
+    try:
+        with open(path, "rb", buffering=1 << 16) as handle:
+            while True:
+                handle.seek(offset)
+                block = handle.read(tarfile.BLOCKSIZE)
+                if len(block) < tarfile.BLOCKSIZE:
+                    return None  # no end-of-archive marker: let tarfile judge
+                if block == _ZERO_BLOCK:
+                    break
+                checksum = int(block[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+                if checksum != sum(block) - sum(block[148:156]) + 256:
+                    return None
+                if block[124] & 0x80:  # base-256 size (over 8 GiB)
+                    return None
+                length = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+                kind = block[156:157]
+                data = offset + tarfile.BLOCKSIZE
+                offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                if kind in (b"L", b"K", b"x"):
+                    payload = handle.read(length)
+                    if len(payload) < length:
+                        return None
+                    if kind == b"L":
+                        long_name = _text(payload)
+                    elif kind == b"K":
+                        long_link = _text(payload)
+                    else:
+                        pax = _pax_records(payload)
+                    continue
+                name = pax.get("path") or long_name or _text(block[0:100])
+                if block[257:263] == b"ustar\0" and block[345] and "path" not in pax:
+                    name = _text(block[345:500]) + "/" + name  # POSIX ustar's prefix field
+                linkname = pax.get("linkpath") or long_link or _text(block[157:257])
+                if "size" in pax:
+                    length = int(pax["size"])
+                    offset = data + -(-length // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                long_name = long_link = None
+                pax = {}
+                member = _member_name(name)
+                if kind in _REGULAR and not name.endswith("/"):
+                    if data + length > size:
+                        return None
+                    members[member] = (data, length)
+                elif kind in _REGULAR or kind == _FOLDER:
+                    folders.add(member)
+                elif kind == _HARD_LINK:
+                    links[member] = posixpath.normpath(_member_name(linkname))
+                elif kind == _SYMBOLIC_LINK:
+                    target = posixpath.join(posixpath.dirname(member), linkname)
+                    links[member] = posixpath.normpath(_member_name(target))
+                elif kind not in _SKIPPED:
+                    return None
+    except (OSError, ValueError):
+        return None
+    return _listing(path, members, links, folders)
+
+
+def _pax_records(payload: bytes) -> dict[str, str]:
+    """The records of a pax extended header (`LEN key=value\\n` each)."""
+    records, position = {}, 0
+    while position < len(payload) and payload[position : position + 1] != b"\0":
+        space = payload.index(b" ", position)
+        end = position + int(payload[position:space])
+        key, _, value = payload[space + 1 : end - 1].partition(b"=")
+        records[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+        position = end
+    return records
+
+
+def _damaged(path: str, count: int, reason: str) -> InputError:
+    return InputError(
+        f"{path} is truncated or damaged after {count} members ({reason})",
+        "write or copy it again; `tar tvf` shows where it breaks",
+    )
+
+
+# --- which specs are ours -------------------------------------------------------------------
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar; `{x,y}` -> x, y (nested too), as
+    webdataset (braceexpand) expands shard names; a range keeps the padding of its bounds."""
+    start = pattern.find("{")
+    if start < 0:
+        return [pattern]
+    depth = 0
+    for end in range(start, len(pattern)):
+        depth += {"{": 1, "}": -1}.get(pattern[end], 0)
+        if depth == 0:
+            break
+    else:
+        raise InputError(f"unbalanced braces in {pattern!r}", _SHARDS_HINT)
+    body, head, tail = pattern[start + 1 : end], pattern[:start], pattern[end + 1 :]
+    numbers = re.fullmatch(r"(-?\d+)\.\.(-?\d+)", body)
+    if numbers:
+        low, high = numbers.groups()
+        width = max(len(low), len(high)) if low.startswith("0") or high.startswith("0") else 0
+        step = 1 if int(high) >= int(low) else -1
+        choices = [str(n).zfill(width) for n in range(int(low), int(high) + step, step)]
+    else:
+        choices, depth, part = [], 0, ""
+        for char in body:
+            depth += {"{": 1, "}": -1}.get(char, 0)
+            if char == "," and depth == 0:
+                choices.append(part)
+                part = ""
+            else:
+                part += char
+        choices.append(part)
+        choices = [word for choice in choices for word in expand_braces(choice)]
+    return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
+
+
+def _is_tar_name(name: str) -> bool:
+    return name.lower().endswith(".tar")
+
+
+def is_shard_pattern(spec: str) -> bool:
+    """Whether `spec` reads as a brace pattern or a `::` list of shards (a name, not a file)."""
+    return ("::" in spec or ("{" in spec and "}" in spec)) and not os.path.exists(spec)
+
+
+def _shard_list(spec: str) -> list[str] | None:
+    """The shards a pattern or `::` list names (each must exist), or None if `spec` is neither."""
+    if not is_shard_pattern(spec):
+        return None
+    names = [name for part in spec.split("::") for name in expand_braces(part)]
+    if not names or not all(_is_tar_name(name) for name in names):
+        return None
+    missing = [name for name in names if not os.path.isfile(name)]
+    if missing:
+        raise InputError(
+            f"shard not found: {missing[0]}"
+            + (
+                f" ({len(missing)} of the {len(names)} shards named are missing)"
+                if len(missing) > 1
+                else ""
+            ),
+            "check the pattern: {000000..000009} names every shard from the first to the last",
+        )
+    return names
+
+
+def _folder_shards(folder: Path) -> list[str] | None:
+    """The `.tar` files of a folder that holds only shards, naturally sorted; None when it
+    holds a subfolder or an image (a folder of images), found without listing it all."""
+    tars, others = [], []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir() or is_image_file(entry.name):
+                    return None
+                if _is_tar_name(entry.name):
+                    tars.append(entry.name)
+                elif entry.name not in _SIDE_FILES:
+                    others.append(entry.name)
+    except OSError:
+        return None
+    if not tars:
+        return None
+    if others:
+        raise InputError(
+            f"{folder} holds .tar shards and other files ({', '.join(sorted(others)[:_SHOWN])})",
+            "a folder of shards holds only .tar shards and classes.txt, classes.json or "
+            "manifest.json; name the shards with a pattern, DIR/NAME-{000000..000009}.tar",
+        )
+    return [str(folder / name) for name in sorted(tars, key=_shard_order)]
+
+
+def _shard_order(name: str) -> tuple:
+    return tuple(natural_key(part) for part in re.split(r"(\d+)", name) if part)
+
+
+# --- the data -------------------------------------------------------------------------------
+
+
+def open_stored(
+    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
+) -> DataSource | None:
+    """The shards or `.tar` archive `spec` names (module docstring), or None if it names none."""
+    listed = _shard_list(spec)
+    if listed is not None:
+        return _open_shards(spec, listed, classes, allow_unlabelled, by_split=False)
+    path = Path(spec)
+    if path.is_dir():
+        found = _folder_shards(path)
+        if found is None:
+            return None
+        return _open_shards(spec, found, classes, allow_unlabelled, by_split=True)
+    if not _is_tar_name(spec) or not path.is_file():
+        return None
+    listing = list_tar(spec)
+    if _NUMBERED_SHARD.match(path.name) or _has_labelled_samples(listing):
+        return _open_shards(
+            spec, [spec], classes, allow_unlabelled, by_split=False, listed=[listing]
+        )
+    return _open_folder_tar(spec, listing, classes, allow_unlabelled)
+
+
+@dataclass
+class _Sample:
+    shard: str  # as shown: relative to the shards' folder
+    key: str
+    image: str  # the member holding the image
+    locator: tuple[int, int] | None  # where its bytes are
+    name: str | None  # the class name its label gives
+    index: int | None  # the class index its label gives
+
+
+def _key_and_extension(member: str) -> tuple[str, str] | None:
+    """webdataset's grouping: (member path up to the first dot of its basename, the rest)."""
+    slash = member.rfind("/") + 1
+    dot = member.find(".", slash)
+    if dot <= slash or dot == len(member) - 1:
+        return None
+    return member[:dot], member[dot + 1 :].lower()
+
+
+def _has_labelled_samples(listing: TarListing) -> bool:
+    """Whether some image in the tar has a `.cls` or `.json` label beside it (a shard)."""
+    keys = [(member, _key_and_extension(member)) for member in listing.members]
+    labelled = {split[0] for _, split in keys if split and split[1] in ("cls", "json")}
+    return any(split and split[0] in labelled and is_image_file(m) for m, split in keys)
+
+
+def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[_Sample]:
+    """The samples of one shard, in member order (`shown`: the shard's name in messages)."""
+    groups: dict[str, dict[str, str]] = {}
+    for member in (*listing.members, *listing.links):
+        split = _key_and_extension(member)
+        if split is None or member.startswith("__") and "/" not in member:  # webdataset meta
+            continue
+        key, extension = split
+        group = groups.setdefault(key, {})
+        if extension in group:
+            raise InputError(
+                f"{shown} holds {key}.{extension} twice", "each member name once per shard"
+            )
+        group[extension] = member
+    samples = []
+    for key, group in groups.items():
+        images = [ext for ext in group if "." + ext.rsplit(".", 1)[-1] in IMAGE_EXTENSIONS]
+        images = [ext for ext in images if "." not in ext]  # `seg.png` is not the image
+        if len(images) != 1:
+            what = "no image" if not images else f"{len(images)} images ({', '.join(images)})"
+            raise InputError(
+                f"sample {key} in {shown} has {what}; it holds {', '.join(sorted(group))}",
+                "one image per sample, as KEY."
+                + ", KEY.".join(e.lstrip(".") for e in sorted(IMAGE_EXTENSIONS)),
+            )
+        name, index = _label(group, listing, reader, f"{key} in {shown}")
+        image = group[images[0]]
+        samples.append(_Sample(shown, key, image, listing.locator(image), name, index))
+    return samples
+
+
+def _label(
+    group: dict[str, str], listing: TarListing, reader: TarReader, where: str
+) -> tuple[str | None, int | None]:
+    """(class name, class index) a sample's `.cls` / `.json` give (None where absent)."""
+    name = index = None
+    if "cls" in group:
+        text = _member_bytes(listing, reader, group["cls"]).decode("utf-8", "replace").strip()
+        if not re.fullmatch(r"\d+", text):
+            raise InputError(
+                f"{where}: {group['cls']} holds {text[:20]!r}, not a class index",
+                "KEY.cls holds the class index as decimal text",
+            )
+        index = int(text)
+    if "json" in group:
+        try:
+            meta = json.loads(_member_bytes(listing, reader, group["json"]))
+        except ValueError:
+            raise InputError(f"{where}: {group['json']} is not JSON") from None
+        if isinstance(meta, dict):
+            label = meta.get("label")
+            if isinstance(label, str) and label:
+                name = label
+            elif isinstance(label, int) and not isinstance(label, bool) and label >= 0:
+                index = label if index is None else index
+            cls = meta.get("cls")
+            if isinstance(cls, int) and not isinstance(cls, bool) and cls >= 0 and index is None:
+                index = cls
+    return name, index
+
+
+def _member_bytes(listing: TarListing, reader: TarReader, member: str) -> bytes:
+    try:
+        return reader.read(listing.locator(member))
+    except OSError as error:
+        raise InputError(f"cannot read {member} in {listing.path}: {error}") from None
+
+
+def _class_file(folder: str) -> list[str] | None:
+    """The class names `classes.txt` or `classes.json` beside the shards give, in label order."""
+    text_file, json_file = Path(folder, "classes.txt"), Path(folder, "classes.json")
+    try:
+        if text_file.is_file():
+            lines = text_file.read_text(encoding="utf-8-sig").splitlines()
+            names, where = [line.strip() for line in lines if line.strip()], text_file
+        elif json_file.is_file():
+            loaded, where = json.loads(json_file.read_text(encoding="utf-8-sig")), json_file
+            if isinstance(loaded, dict) and sorted(loaded.values()) == list(range(len(loaded))):
+                names = sorted(loaded, key=loaded.__getitem__)
+            elif isinstance(loaded, list) and all(isinstance(n, str) for n in loaded):
+                names = loaded
+            else:
+                raise InputError(
+                    f"{json_file} is neither a list of class names nor {{name: index}}",
+                    'e.g. ["cat", "dog"] or {"cat": 0, "dog": 1}',
+                )
+        else:
+            return None
+    except (OSError, ValueError) as error:
+        raise InputError(f"cannot read the class names beside the shards: {error}") from None
+    if not names or len(set(names)) != len(names):
+        raise InputError(f"{where} names no class, or a class twice", "one class name per line")
+    return names
+
+
+def _labelled(
+    samples: list[_Sample], file_classes: list[str] | None, allow_unlabelled: bool
+) -> tuple[list[str], list[int]]:
+    """(class names in label order, each sample's label)."""
+    unlabelled = [s for s in samples if s.name is None and s.index is None]
+    if unlabelled:
+        if allow_unlabelled and len(unlabelled) == len(samples):
+            return [""], [0] * len(samples)
+        first = unlabelled[0]
+        raise InputError(
+            f"sample {first.key} in {first.shard} has no label"
+            + (f" ({len(unlabelled)} samples have none)" if len(unlabelled) > 1 else ""),
+            'give each sample a KEY.cls (class index) or a KEY.json with a "label"',
+        )
+    if file_classes is not None:
+        names = file_classes
+    elif any(s.name is not None for s in samples):
+        index_only = [s for s in samples if s.name is None]
+        if index_only:
+            raise InputError(
+                f"sample {index_only[0].key} in {index_only[0].shard} has a class index and no "
+                "class name, while other samples name their class",
+                "put classes.txt (one class name per line, in label order) beside the shards",
+            )
+        names = sorted({s.name for s in samples}, key=natural_key)
+    else:
+        names = [str(i) for i in range(max(s.index for s in samples) + 1)]
+    index_of = {name: i for i, name in enumerate(names)}
+    labels = []
+    for sample in samples:
+        if sample.name is not None:
+            if sample.name not in index_of:
+                raise InputError(
+                    f"sample {sample.key} in {sample.shard} is labelled {sample.name!r}, which "
+                    "the class names beside the shards lack",
+                    "add it to classes.txt / classes.json",
+                )
+            labels.append(index_of[sample.name])
+        elif sample.index >= len(names):
+            raise InputError(
+                f"sample {sample.key} in {sample.shard} has class index {sample.index}, but "
+                f"there are {len(names)} class names",
+                "classes.txt / classes.json beside the shards name every class, in label order",
+            )
+        else:
+            labels.append(sample.index)
+    return names, labels
+
+
+def _open_shards(
+    spec: str,
+    shards: list[str],
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    *,
+    by_split: bool,
+    listed: list[TarListing] | None = None,
+) -> DataSource:
+    names = [os.path.basename(shard) for shard in shards]
+    split_named = [bool(_SPLIT_SHARD.match(name)) for name in names]
+    if by_split and any(split_named) and not all(split_named):
+        others = [name for name, is_split in zip(names, split_named, strict=True) if not is_split]
+        raise InputError(
+            f"{spec} mixes split shards (train-, val-, test-NNNNNN.tar) with others "
+            f"({', '.join(others[:_SHOWN])})",
+            "a folder of split shards holds only train-, val- and test- shards",
+        )
+    folders = {os.path.dirname(os.path.abspath(shard)) for shard in shards}
+    root = os.path.commonpath(sorted(folders))
+    file_classes = _class_file(root)
+    found: list[_Sample] = []
+    readers: dict[str, TarReader] = {}
+    for position, shard in enumerate(shards):
+        listing = listed[position] if listed else list_tar(shard)
+        shown = os.path.relpath(os.path.abspath(shard), root).replace(os.sep, "/")
+        readers[shown] = TarReader(shard)
+        found += _shard_samples(listing, shown, readers[shown])
+    if not found:
+        raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
+    ids = [f"{s.shard}/{s.image}" for s in found]
+    paths = [
+        StoredImage(ident, readers[s.shard], s.locator) for ident, s in zip(ids, found, strict=True)
+    ]
+
+    def samples_of(indices: list[int]) -> Samples:
+        part = [found[i] for i in indices]
+        class_names, labels = _labelled(part, file_classes, allow_unlabelled)
+        return Samples(
+            class_names,
+            labels,
+            paths=[paths[i] for i in indices],
+            source=root,
+            ids=[ids[i] for i in indices],
+        )
+
+    if by_split and all(split_named):
+        parts = {}
+        for split in SPLIT_NAMES:
+            prefix = split + "-"
+            members = [
+                i for i, s in enumerate(found) if posixpath.basename(s.shard).startswith(prefix)
+            ]
+            if members:
+                parts[split] = samples_of(members)
+        return _split_source(spec, "split shards", root, parts, classes)
+    whole = samples_of(list(range(len(found))))
+    if classes is not None and whole.classes != [""]:
+        whole = relabelled(whole, classes, spec)
+    return DataSource(spec, "shards", root, {}, whole, list(whole.classes))
+
+
+def _open_folder_tar(
+    spec: str, listing: TarListing, classes: Sequence[str] | None, allow_unlabelled: bool
+) -> DataSource:
+    """A `.tar` of an image folder, a split root or (unlabelled) flat images: the rules of
+    `source._open_folder`, on the member paths."""
+    # macOS tar stores extended attributes as `._NAME` members: never images.
+    names = [
+        name
+        for name in (*listing.members, *listing.links)
+        if is_image_file(name) and not posixpath.basename(name).startswith("._")
+    ]
+    folders = set(listing.folders) | {posixpath.dirname(name) for name in names}
+    prefix = _wrapping_folder(spec, names, folders)
+    if prefix:
+        names = [name[len(prefix) :] for name in names]
+        folders = {f[len(prefix) :] for f in folders if f.startswith(prefix)}
+    top_folders = sorted({f.split("/")[0] for f in folders if f and not f.startswith(".")})
+    top_images = any("/" not in name for name in names)
+    reader = TarReader(spec)
+    archive = os.path.basename(spec)
+
+    def samples_under(base: str, unlabelled: bool) -> Samples:
+        """The images under `base` ("" = all), as `discover_image_folder` or
+        `discover_flat_folder` read them (ids relative to the archive's root)."""
+        start = base + "/" if base else ""
+        if unlabelled:
+            chosen = sorted(n for n in names if n.startswith(start))
+            class_names, labels = [""], [0] * len(chosen)
+        else:
+            class_names = sorted(
+                {
+                    f[len(start) :].split("/")[0]
+                    for f in folders
+                    if f.startswith(start) and f != base
+                }
+                - {""}
+            )
+            class_names = [c for c in class_names if not c.startswith(".")]
+            if not class_names:
+                where = f"{spec}:{base}" if base else spec
+                if any("/" not in n[len(start) :] for n in names if n.startswith(start)):
+                    raise InputError(
+                        f"{where} holds images but no class folders",
+                        "arrange it as ROOT/<class>/<image>",
+                    )
+                raise InputError(
+                    f"no class folders in {where}", "arrange it as ROOT/<class>/<image>"
+                )
+            chosen, labels = [], []
+            for label, name in enumerate(class_names):
+                inside = sorted(n for n in names if n.startswith(f"{start}{name}/"))
+                chosen += inside
+                labels += [label] * len(inside)
+        if not chosen:
+            raise InputError(
+                f"no images in {spec}" + (f":{base}" if base else ""),
+                "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS)),
+            )
+        paths = [
+            StoredImage(f"{archive}/{prefix}{n}", reader, listing.locator(prefix + n))
+            for n in chosen
+        ]
+        return Samples(class_names, labels, paths=paths, source=spec, ids=list(chosen))
+
+    split_folders = [name for name in SPLIT_NAMES if name in top_folders]
+    if split_folders:
+        others = [name for name in top_folders if name not in SPLIT_NAMES]
+        if others or top_images:
+            what = (
+                f"other folders ({', '.join(n + '/' for n in others[:3])})" if others else "images"
+            )
+            raise InputError(
+                f"{spec} mixes split folders ({', '.join(n + '/' for n in split_folders)}) "
+                f"with {what}",
+                "a split root holds only train/, val/ and test/; an image folder only class "
+                "folders",
+            )
+        parts = {name: samples_under(name, False) for name in split_folders}
+        return _split_source(spec, "tar split root", spec, parts, classes)
+    if allow_unlabelled and (top_images or not top_folders):
+        samples = samples_under("", True)
+        return DataSource(spec, "tar flat folder", spec, {}, samples, [""])
+    samples = samples_under("", False)
+    if classes is not None:
+        samples = relabelled(samples, classes, spec)
+    return DataSource(spec, "tar image folder", spec, {}, samples, list(samples.classes))
+
+
+def _wrapping_folder(spec: str, names: list[str], folders: set[str]) -> str:
+    """`X/` when everything in `X.tar` lies in one folder `X` (`tar cf X.tar X`), else ""."""
+    stem = os.path.basename(spec)[: -len(".tar")]
+    prefix = stem + "/"
+    inside = names and all(n.startswith(prefix) for n in names)
+    if inside and all(f == stem or f.startswith(prefix) for f in folders if f):
+        return prefix
+    return ""

@@ -1,0 +1,314 @@
+"""`open_data(spec) -> DataSource`: what a `--data` argument names, read once, in one place."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchkit.core.data.sources.csv_index import absolute_paths, class_order, read_index_rows
+from torchkit.core.data.sources.digits import DIGITS, digits_splits
+from torchkit.core.data.sources.discovery import (
+    discover_flat_folder,
+    discover_image_folder,
+    is_image_file,
+    list_non_image_files,
+    relative_ids,
+)
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.io.errors import InputError
+
+KINDS = (
+    "digits",
+    "image folder",
+    "flat folder",
+    "split root",
+    "csv",
+    "split csv",
+    "parquet",  # datasource.parquet: a folder of HF parquet files
+    "split parquet",
+    "parquet file",
+    "shards",  # datasource.shards: WebDataset tar shards
+    "split shards",  # a folder of {train,val,test}-NNNNNN.tar shards
+    "tar image folder",  # datasource.shards: a .tar of an image folder
+    "tar flat folder",
+    "tar split root",
+)
+GRAMMAR_HINT = (
+    "give an image folder ROOT/<class>/<image>, a split root ROOT/{train,val,test}/, "
+    "a CSV index or `digits`"
+)
+
+
+@dataclass
+class DataSource:
+    """The data a `--data` argument names.
+
+    Split data (`digits`, a split root, a CSV with a `split` column) has `splits` (those present,
+    in the order train, val, test) and no `whole`; other data has `whole` and no `splits`. Every
+    sample's `ids` entry is its path relative to `root` (for a CSV index, as the CSV writes it),
+    and the samples of split data know their split (`Samples.splits`).
+    """
+
+    spec: str  # --data as typed
+    kind: str  # one of KINDS
+    root: str  # what every `ids` entry (`path` column) is relative to; "" for digits
+    splits: dict[str, Samples]
+    whole: Samples | None
+    classes: list[str]  # class names in label order ([""] for unlabelled images)
+
+    @property
+    def is_split(self) -> bool:
+        return bool(self.splits)
+
+    @property
+    def labelled(self) -> bool:
+        return self.classes != [""]
+
+    def describe(self) -> str:
+        """`ROOT (split root: train, val, test)` for messages."""
+        parts = f": {', '.join(self.splits)}" if self.splits else ""
+        return f"{self.spec} ({self.kind}{parts})"
+
+
+def open_data(
+    spec: str | os.PathLike,
+    *,
+    classes: Sequence[str] | None = None,
+    allow_unlabelled: bool = False,
+) -> DataSource:
+    """The data `spec` names (the one `--data` grammar of every command):
+
+    - `digits`: scikit-learn's 8x8 digits, split 80/10/10 (always the built-in set: a folder of
+      that name is `./digits`);
+    - a split root: a folder whose subfolders are `train/`, `val/` and/or `test/` (nothing else),
+      each an image folder;
+    - an image folder `ROOT/<class>/<image>` (images searched recursively in each class);
+    - a CSV index `path,label` with an optional `split` column;
+    - with `allow_unlabelled`: also a folder of images without class folders ("flat folder", one
+      class "") and a CSV without a label column (dataset-stats, split, predict).
+
+    `classes`: label by these names (a model's classes) instead of the data's own; a class the
+    data has that is not among them is an InputError.
+    """
+    text = os.fspath(spec)
+    if text == DIGITS:
+        return _open_digits(classes)
+    from torchkit.core.data.sources.containers import open_container_data
+
+    stored = open_container_data(text, classes, allow_unlabelled)
+    if stored is not None:
+        return stored
+    path = Path(text)
+    if not path.exists():
+        raise InputError(f"dataset not found: {path}", GRAMMAR_HINT)
+    if path.is_file():
+        if path.suffix.lower() != ".csv":
+            raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
+        return _open_csv(path, text, classes, allow_unlabelled)
+    if not path.is_dir():
+        raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
+    return _open_folder(path, text, classes, allow_unlabelled)
+
+
+def tagged(samples: Samples, split: str) -> Samples:
+    """`samples`, every one of them marked as being in `split`."""
+    samples.splits = [split] * len(samples)
+    return samples
+
+
+def concatenate(parts: Sequence[Samples]) -> Samples:
+    """One Samples of `parts` (same classes), in order."""
+    first = parts[0]
+    images = None
+    if first.images is not None:
+        import numpy as np
+
+        images = np.concatenate([p.images for p in parts])
+    with_splits = all(p.splits is not None for p in parts)
+    return Samples(
+        classes=first.classes,
+        labels=[label for p in parts for label in p.labels],
+        paths=None if first.paths is None else [x for p in parts for x in p.paths],
+        images=images,
+        source=first.source,
+        ids=[i for p in parts for i in p.ids],
+        splits=[s for p in parts for s in p.splits] if with_splits else None,
+    )
+
+
+def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
+    """`samples` labelled by `classes` (matched by name)."""
+    classes = list(classes)
+    if classes == samples.classes:
+        return samples
+    index_of = {name: i for i, name in enumerate(classes)}
+    unknown = _unknown_classes(samples, index_of)
+    if unknown:
+        raise _unknown_classes_error(unknown, where, classes)
+    mapping = [index_of.get(name, -1) for name in samples.classes]
+    return Samples(
+        classes=classes,
+        labels=[mapping[label] for label in samples.labels],
+        paths=samples.paths,
+        images=samples.images,
+        source=samples.source,
+        ids=samples.ids,
+        splits=samples.splits,
+    )
+
+
+def _unknown_classes(samples: Samples, known: Collection[str]) -> list[str]:
+    """The class names `samples` uses that are not in `known`, sorted."""
+    present = sorted({samples.classes[label] for label in samples.labels})
+    return [name for name in present if name not in known]
+
+
+def _unknown_classes_error(unknown: Sequence[str], where: str, classes: list[str]) -> InputError:
+    return InputError(
+        f"class(es) {', '.join(unknown[:5])} of {where} are not among the model's "
+        f"{len(classes)} classes",
+        "the classes are: " + ", ".join(classes[:10]) + (" ..." if len(classes) > 10 else ""),
+    )
+
+
+def _union_classes(parts: dict[str, Samples]) -> list[str]:
+    """Class names of split data: train's in its order first, then the others' new ones."""
+    names: list[str] = []
+    for samples in parts.values():
+        names += [name for name in samples.classes if name not in names]
+    return names
+
+
+def _split_source(
+    spec: str, kind: str, root: str, parts: dict[str, Samples], classes: Sequence[str] | None
+) -> DataSource:
+    names = list(classes) if classes is not None else _union_classes(parts)
+    # A class the model lacks is named with every split that has it (all are relabelled here,
+    # before one is picked): "of digits (train)" alone misleads a run that reads test.
+    unknown = {name: _unknown_classes(parts[name], set(names)) for name in parts}
+    failing = [name for name in SPLIT_NAMES if unknown.get(name)]
+    if failing:
+        every = sorted({label for name in failing for label in unknown[name]})
+        raise _unknown_classes_error(every, f"{spec} ({', '.join(failing)})", names)
+    splits = {
+        name: tagged(relabelled(parts[name], names, f"{spec} ({name})"), name)
+        for name in SPLIT_NAMES
+        if name in parts
+    }
+    return DataSource(spec, kind, root, splits, None, names)
+
+
+def _open_digits(classes: Sequence[str] | None) -> DataSource:
+    return _split_source(DIGITS, "digits", "", digits_splits(), classes)
+
+
+def _open_csv(
+    path: Path, spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
+) -> DataSource:
+    samples = csv_samples(path, classes=classes, allow_unlabelled=allow_unlabelled)
+    root = str(path.parent)
+    if samples.splits is None:
+        return DataSource(spec, "csv", root, {}, samples, list(samples.classes))
+    parts = {}
+    for name in SPLIT_NAMES:
+        members = [i for i, split in enumerate(samples.splits) if split == name]
+        if members:
+            parts[name] = samples.subset(members)
+    return DataSource(spec, "split csv", root, parts, None, list(samples.classes))
+
+
+def csv_samples(
+    path: str | os.PathLike,
+    *,
+    classes: Sequence[str] | None = None,
+    allow_unlabelled: bool = False,
+) -> Samples:
+    """Every row of a CSV index, in file order (`splits` set when it has a split column)."""
+    rows = read_index_rows(path, labelled=not allow_unlabelled)
+    source = rows.source
+    if rows.labels is None:  # unlabelled images
+        names, labels = [""], [0] * len(rows.paths)
+    else:
+        present = class_order(rows.labels, rows.splits)
+        names = list(classes) if classes is not None else present
+        index_of = {name: i for i, name in enumerate(names)}
+        unknown = [name for name in present if name not in index_of]
+        if unknown:
+            raise InputError(
+                f"label(s) {', '.join(unknown[:5])} in {source} are not known classes",
+                "the classes are: " + ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""),
+            )
+        labels = [index_of[label] for label in rows.labels]
+    return Samples(
+        classes=names,
+        labels=labels,
+        paths=absolute_paths(rows),
+        source=str(source),
+        ids=list(rows.paths),
+        splits=rows.splits,
+    )
+
+
+def _subfolders(path: Path) -> tuple[list[str], bool]:
+    """(visible subfolder names, sorted; whether image files lie directly in `path`)."""
+    try:
+        entries = list(path.iterdir())
+    except OSError as error:
+        raise InputError(f"cannot list {path}: {error.strerror or error}") from None
+    folders = sorted(p.name for p in entries if not p.name.startswith(".") and p.is_dir())
+    images = any(is_image_file(p) and p.is_file() for p in entries)
+    return folders, images
+
+
+def _open_folder(
+    path: Path, spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
+) -> DataSource:
+    root = str(path)
+    folders, top_images = _subfolders(path)
+    split_folders = [name for name in SPLIT_NAMES if name in folders]
+    if split_folders:
+        others = [name for name in folders if name not in SPLIT_NAMES]
+        if others:
+            raise InputError(
+                f"{path} mixes split folders ({', '.join(n + '/' for n in split_folders)}) "
+                f"with other folders ({', '.join(n + '/' for n in others[:3])})",
+                "a split root holds only train/, val/ and test/; an image folder only class "
+                "folders",
+            )
+        if top_images:
+            raise InputError(
+                f"{path} holds image files beside its split folders "
+                f"({', '.join(n + '/' for n in split_folders)})",
+                "move them into a split's class folders, or elsewhere",
+            )
+        parts = {}
+        for name in split_folders:
+            samples = discover_image_folder(path / name)
+            samples.ids = relative_ids(samples.paths, path)
+            samples.source = root
+            parts[name] = samples
+        return _split_source(spec, "split root", root, parts, classes)
+    if allow_unlabelled and (top_images or not folders):
+        samples = discover_flat_folder(path)
+        return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
+    samples = discover_image_folder(path, classes=classes)
+    return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
+
+
+def non_image_files(source: DataSource, splits: Sequence[str] | None = None) -> list[str]:
+    """The files in the folders `source` reads that are not images (hidden ones aside),
+    relative to its root: in the `splits` folders of a split root (all of it with None); none
+    for a CSV index or digits."""
+    if source.kind not in ("image folder", "flat folder", "split root"):
+        return []
+    root = Path(source.root)
+    if source.kind != "split root" or splits is None:
+        return list_non_image_files(root)
+    found: list[str] = []
+    for name in SPLIT_NAMES:
+        if name in splits:
+            found += [f"{name}{os.sep}{p}" for p in list_non_image_files(root / name)]
+    return found

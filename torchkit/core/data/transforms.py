@@ -1,0 +1,148 @@
+"""The torchvision transforms a `Preprocess` makes: the eval recipe, and the train recipe with
+its augmentation policies and decode modes."""
+
+from __future__ import annotations
+
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.io.errors import UsageError
+
+AUGMENT_POLICIES = ("none", "basic", "trivialaugment", "randaugment", "autoaugment")
+
+
+def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str = "exact"):
+    """Resize the shorter side, centre-crop, to tensor, normalise (torchvision's eval recipe).
+    With `pixels` the transform stops at the 8-bit crop, a uint8 (C, H, W) tensor, and the
+    consumer normalises whole batches on its device (`core.decode.model_input`): the same
+    float32 values, bit for bit, from a quarter of the bytes. `decode="device"` (with `pixels`):
+    JPEG files reach the batch as their bytes, to be decoded, resized and cropped where the
+    model runs (`core.device_decode.DeviceEvalTransform`); other images as with `exact`."""
+    from torchvision import transforms as T
+
+    from torchkit.core.data.decode import INFERENCE_DECODES, PixelTensor
+
+    if decode not in INFERENCE_DECODES:
+        raise UsageError(f"unknown --decode {decode!r}: choose {' or '.join(INFERENCE_DECODES)}")
+    if decode == "device":
+        from torchkit.core.data.device_decode import DeviceEvalTransform
+
+        if not pixels:
+            raise ValueError("decode='device' gives 8-bit crops: it needs pixels=True")
+        return DeviceEvalTransform(eval_transform(preprocess, pixels=True), preprocess)
+
+    mode = T.InterpolationMode(preprocess.interpolation)
+    crop = [
+        T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
+        T.CenterCrop(preprocess.image_size),
+    ]
+    if pixels:
+        return T.Compose([*crop, PixelTensor()])
+    return T.Compose([*crop, T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)])
+
+
+def train_transform(
+    preprocess: Preprocess,
+    *,
+    flip: bool = True,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+    augment: str = "basic",
+    randaugment_magnitude: int = 9,
+    random_erasing: float = 0.0,
+    decode: str = "exact",
+    decode_cpu_share: float = 0.0,
+):
+    """torchvision's train recipe: RandomResizedCrop + horizontal flip (`basic`), then a policy
+    (`trivialaugment`, `randaugment` at `randaugment_magnitude`, `autoaugment`'s ImageNet
+    policy), to tensor, normalise, RandomErasing with probability `random_erasing`. `none` is
+    the eval transform (resize, centre crop). Random draws come from torch's generator, which
+    the training loaders seed per image and epoch.
+
+    `decode="fast"` (with a random crop): the same transform on PIL images, but `make_dataset`
+    decodes JPEG files at 1/2, 1/4 or 1/8 of their size where the crop keeps `image_size`
+    pixels (`core.decode`); `exact` decodes every image whole. `device` (flip and crop only):
+    the fast path's transform on PIL images and non-JPEG files, while JPEG files reach the
+    batch as their bytes, crop box and flip, decoded on the training device
+    (`core.device_decode`), but for `decode_cpu_share` of them, which take the fast path."""
+    from torchvision import transforms as T
+
+    from torchkit.core.data.decode import check_decode
+
+    if augment not in AUGMENT_POLICIES:
+        raise UsageError(f"unknown --augment {augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
+    check_decode(decode)
+    if decode == "device":
+        from torchkit.core.data.device_decode import DeviceDecodeTransform, check_device_decode
+
+        check_device_decode(augment, random_erasing)
+        fast = _fast_train_transform(preprocess, flip, crop_scale, augment, 9, 0.0)
+        return DeviceDecodeTransform(
+            fast,
+            flip=flip,
+            interpolation=preprocess.interpolation,
+            cpu_share=decode_cpu_share,
+        )
+    mode = T.InterpolationMode(preprocess.interpolation)
+    if decode == "fast" and augment != "none":
+        return _fast_train_transform(
+            preprocess, flip, crop_scale, augment, randaugment_magnitude, random_erasing
+        )
+    if augment == "none":
+        steps = [
+            T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
+            T.CenterCrop(preprocess.image_size),
+        ]
+    else:
+        steps = [
+            T.RandomResizedCrop(
+                preprocess.image_size, scale=crop_scale, interpolation=mode, antialias=True
+            )
+        ]
+        if flip:
+            steps.append(T.RandomHorizontalFlip())
+    steps += _policy_steps(augment, randaugment_magnitude, mode)
+    steps += [T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)]
+    if random_erasing > 0:
+        steps.append(T.RandomErasing(p=random_erasing))
+    return T.Compose(steps)
+
+
+def _policy_steps(augment: str, randaugment_magnitude: int, mode) -> list:
+    """The --augment policy's own transform (none for `basic` and `none`)."""
+    from torchvision import transforms as T
+
+    if augment == "trivialaugment":
+        return [T.TrivialAugmentWide(interpolation=mode)]
+    if augment == "randaugment":
+        return [T.RandAugment(magnitude=randaugment_magnitude, interpolation=mode)]
+    if augment == "autoaugment":
+        return [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)]
+    return []
+
+
+def _fast_train_transform(
+    preprocess: Preprocess,
+    flip: bool,
+    crop_scale: tuple[float, float],
+    augment: str,
+    randaugment_magnitude: int,
+    random_erasing: float,
+):
+    """`train_transform`'s steps with its crop a `ReducedDecodeCrop`, its flip and ToTensor +
+    Normalize leaner equivalents (bit for bit the same), in the same order, drawing the same
+    random numbers."""
+    from torchvision import transforms as T
+
+    from torchkit.core.data.decode import (
+        FileTrainTransform,
+        HorizontalFlip,
+        NormalizedTensor,
+        ReducedDecodeCrop,
+    )
+
+    mode = T.InterpolationMode(preprocess.interpolation)
+    crop = ReducedDecodeCrop(
+        preprocess.image_size, scale=crop_scale, interpolation=preprocess.interpolation
+    )
+    steps: list = [HorizontalFlip()] if flip else []
+    steps += _policy_steps(augment, randaugment_magnitude, mode)
+    after = [T.RandomErasing(p=random_erasing)] if random_erasing > 0 else []
+    return FileTrainTransform(crop, steps, NormalizedTensor(preprocess.mean, preprocess.std), after)

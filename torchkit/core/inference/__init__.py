@@ -1,0 +1,1 @@
+"""The inference floor eval, predict and extract-features share: their options and scoring."""

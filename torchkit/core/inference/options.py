@@ -1,0 +1,94 @@
+"""The options eval, predict, extract-features and benchmark share, declared once here (help,
+flags, choices, ranges, defaults: core.option_specs) and generated into each command by
+cli.run_options:
+
+- InferenceOptions: how a command runs its model (batches, loader workers, device, precision,
+  where images are decoded). A request contains one as its `run` (`request.run.batch_size`).
+- PreprocessOverrides: what the command line changes of a model's own preprocessing (crop
+  size, resize, mean and std or a --stats file); eval, predict and extract-features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchkit.core.data.decode import INFERENCE_DECODES
+from torchkit.core.data.preprocessing import parse_floats
+from torchkit.core.input_size import parse_image_side
+from torchkit.core.option_specs import option, option_specs
+from torchkit.core.runtime.device import AMP_DTYPES
+
+
+@dataclass(kw_only=True)
+class InferenceOptions:
+    """How a command runs its model."""
+
+    batch_size: int = option(64, flags=("--batch-size", "-b"), minimum=1, help="Images per batch.")
+    # None: a sensible number for this machine
+    workers: int | None = option(None, shared=True)
+    device: str = option("auto", shared=True)  # auto, cpu, cuda, cuda:N or mps (core.device)
+    amp: bool = option(False, help="Mixed precision (autocast; the dtype: --amp-dtype).")
+    amp_dtype: str = option(  # core.device.resolve_amp_dtype
+        "auto",
+        choices=AMP_DTYPES,
+        help="With --amp. auto: bf16 on CPUs and on GPUs with native bf16 (Ampere and later), "
+        "else fp16.",
+    )
+    channels_last: bool = option(False, help="Run the model in the channels-last memory format.")
+    # exact: PIL decodes, resizes and crops in the loader workers; device: JPEGs are decoded,
+    # resized and cropped on the device (core.device_decode.DeviceEvalTransform)
+    decode: str = option(
+        "exact",
+        choices=INFERENCE_DECODES,
+        help="Where images are decoded, resized and cropped. exact: PIL, in the loader workers "
+        "(torchvision's eval transform). device: JPEGs on the --device (nvJPEG on CUDA, "
+        "libjpeg-turbo on CPUs), resized there with PIL's filters, within 1 level of 255 of "
+        "exact on CPUs for photos (nvJPEG's decode differs by a few levels); other files as "
+        "exact.",
+    )
+
+
+RunOptions = InferenceOptions  # its former name
+
+
+@dataclass(kw_only=True)
+class PreprocessOverrides:
+    """None: the model's own (its checkpoint's, else its weights' or architecture's)."""
+
+    image_size: int | None = option(
+        None,
+        flags=("--image-size", "--input-size"),
+        metavar="N",
+        parse=parse_image_side,
+        show_default=False,
+        help="Input size (centre crop). Default: the checkpoint's or the weights', else the "
+        "model's standard one (224 for plain state dicts). Also spelled --input-size; C,N,N is "
+        "read as N.",
+    )
+    resize_size: int | None = option(
+        None,
+        minimum=1,
+        show_default=False,
+        help="Shorter side before the centre crop. Default: the checkpoint's, else keeps the "
+        "model's resize/crop ratio (256/224 for ImageNet models).",
+    )
+    # --mean, --std and --stats are read together (core.preprocessing.mean_std_options).
+    mean: tuple[float, ...] | None = option(
+        None,
+        parse=parse_floats,
+        show_default=False,
+        help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (or one value). "
+        "Default: the checkpoint's, else the model's (ImageNet's).",
+    )
+    std: tuple[float, ...] | None = option(
+        None,
+        parse=parse_floats,
+        show_default=False,
+        help="Normalisation std per channel, e.g. 0.229,0.224,0.225 (or one value). "
+        "Default: the checkpoint's, else the model's (ImageNet's).",
+    )
+    stats: str | None = option(None, shared=True)  # the file mean and std were read from
+
+
+INFERENCE_OPTIONS = option_specs(InferenceOptions)
+PREPROCESS_OPTIONS = option_specs(PreprocessOverrides)

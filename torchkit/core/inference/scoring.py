@@ -1,0 +1,74 @@
+"""One forward pass of a classifier over a batch, as `eval` and `predict` both score it.
+
+The same rule in both commands makes `predict`'s classes exactly `eval`'s: without TTA the
+ranking uses the raw logits (the class is `logits.argmax()`); with flip TTA the softmax
+probabilities of the image and its mirror are averaged (in log space, stably).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torchkit.core.io.errors import InputError, first_line
+
+TTA_MODES = ("none", "flip")
+
+
+@dataclass
+class BatchScores:
+    logits: Any  # (N, C) float32 outputs of the images as given
+    log_probs: Any  # (N, C) log-softmax, averaged over the TTA views
+    scores: Any  # (N, C) what ranks the classes: logits without TTA, log_probs with it
+    finite: Any  # (N,) bool on the CPU: every output of every view of the image is finite
+
+
+def score_batch(
+    model,
+    images,
+    device,
+    *,
+    tta: str = "none",
+    amp: bool = False,
+    amp_dtype=None,
+    first: bool = False,
+) -> BatchScores:
+    """Score `images` (already on `device`, in the memory format wanted). `first`: the first
+    batch of a run, where a failure means the model does not take this input size."""
+    import torch
+    import torch.nn.functional as F
+
+    if amp_dtype is None:
+        amp_dtype = torch.bfloat16 if device.type == "cpu" else torch.float16
+    count = len(images)
+    views = torch.cat([images, images.flip(3)]) if tta == "flip" else images
+    outputs = forward(model, views, device, amp_dtype, amp, first=first)
+    finite = torch.isfinite(outputs).view(-1, count, outputs.shape[1]).all(dim=2).all(dim=0)
+    log_probs = F.log_softmax(outputs, dim=1)
+    if tta == "flip":
+        log_probs = torch.logsumexp(log_probs.view(2, count, -1), dim=0) - math.log(2)
+        scores = log_probs
+    else:
+        scores = outputs
+    return BatchScores(outputs[:count], log_probs, scores, finite.cpu())
+
+
+def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
+    """The model's outputs in float32. A model that fails on the very first batch does not take
+    this input size (a fixed-size network given another --image-size): say so in one line."""
+    import torch
+
+    try:
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=amp):
+            return model(images).float()
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as error:
+        if not first:
+            raise
+        size = "x".join(map(str, images.shape[-2:]))
+        raise InputError(
+            f"the model fails on {size} images: {first_line(error)}",
+            "check --image-size: it must be a size this model accepts",
+        ) from error

@@ -1,0 +1,1 @@
+"""Files and outputs: errors, atomic files, the output transaction, progress hooks."""

@@ -1,0 +1,162 @@
+"""Writing files so that nothing is lost: no silent overwrite, no half-written output."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.outputs import is_special_file
+from torchkit.core.io.outputs import reporting_write_errors as _reporting
+
+
+def require_input(
+    path: str | os.PathLike, *, what: str = "input", kind: str = "any", hint: str = "check the path"
+) -> Path:
+    """Return `path` if it exists (as a file or folder when `kind` says so), else a clear error
+    (`hint` says what to do when it is missing)."""
+    source = Path(path)
+    if not source.exists():
+        raise InputError(f"{what} not found: {source}", hint)
+    if kind == "file" and not source.is_file():
+        raise InputError(f"{what} is not a file: {source}")
+    if kind == "dir" and not source.is_dir():
+        raise InputError(f"{what} is not a folder: {source}")
+    return source
+
+
+STDIN = "-"  # as an input: the paths piped to the command, one per line
+
+
+def read_path_list(stdin: Iterable[str] | None, what: str) -> list[str]:
+    """The paths piped for `-` (predict, extract-features, video-info): one per line, blank
+    lines skipped; `what` they name (image, video) is in the error when there are none."""
+    if stdin is None:
+        raise UsageError("- reads paths from stdin, but there is none")
+    paths = [line.rstrip("\r\n") for line in stdin]
+    paths = [path for path in paths if path.strip()]
+    if not paths:
+        raise InputError(f"no {what} paths on stdin", "pipe one path per line, e.g. find ... |")
+    return paths
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
+    """Open a temporary file beside `path`; rename it into place only if the block succeeds.
+
+    The temporary file is in the same folder so the final `os.replace` is atomic: a crash or a
+    kill at any moment leaves either the old file or the new one, never a truncated mix.
+    """
+    target = Path(path)
+    if is_special_file(target):  # a FIFO or /dev/stdout is written into, never replaced
+        with _reporting(target), open(target, mode, **open_kwargs) as handle:
+            yield handle
+        return
+    with _reporting(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with _reporting(target):
+            _apply_umask(tmp_name)
+            with os.fdopen(fd, mode, **open_kwargs) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def _apply_umask(path: str) -> None:
+    """mkstemp makes files 0600; give outputs the usual permissions (0666 less the umask)."""
+    os.chmod(path, 0o666 & ~_UMASK)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_write(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path` for writers that want a file name (torch.save,
+    savefig); it is renamed into place when the block succeeds."""
+    target = Path(path)
+    if is_special_file(target):  # the writer writes straight into the FIFO or device
+        with _reporting(target):
+            yield target
+        return
+    with _reporting(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{target.stem}.", suffix=f".tmp{target.suffix}", dir=target.parent
+        )
+        os.close(fd)
+    try:
+        with _reporting(target):
+            _apply_umask(tmp_name)
+            yield Path(tmp_name)
+            _apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
+            os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def copy_bytes(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """The bytes of the finished file `source` written to `target` (a temporary path of
+    `atomic_path`'s), in the kernel where it can (`copy_file_range`: no pass through Python,
+    and a shared extent on file systems that clone): a second file of its own, so that
+    rewriting one of them in place never changes the other."""
+    import shutil
+
+    in_kernel = getattr(os, "copy_file_range", None)  # Linux only
+    with open(source, "rb") as reading, open(target, "wb") as writing:
+        size = os.fstat(reading.fileno()).st_size
+        copied = 0
+        try:
+            while in_kernel is not None and copied < size:
+                step = in_kernel(reading.fileno(), writing.fileno(), size - copied)
+                if step == 0:
+                    break
+                copied += step
+        except OSError as error:  # a full disk is the write's error; any other, not here
+            if error.errno == errno.ENOSPC:
+                raise
+        if copied != size:  # the kernel would not copy between these two: Python does
+            reading.seek(0)
+            writing.seek(0)
+            writing.truncate()
+            shutil.copyfileobj(reading, writing, 2**22)
+
+
+def torch_save(obj: object, path: str | os.PathLike) -> None:
+    """`torch.save(obj, path)` through a Python file, so that every failed write raises OSError
+    with its errno: given a path, torch 2.4 (which pyproject allows) writes a small object to a
+    full disk as an empty file and returns, and later versions raise C++ stream messages."""
+    import torch
+
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)

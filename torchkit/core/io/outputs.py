@@ -1,0 +1,694 @@
+"""The output-safety layer: every output a command writes goes through here, so the rule that
+torchkit never loses a user's file is enforced in one place.
+
+- An output may not be, contain or lie inside an input of the same command (`check_overlap`).
+- `--force` replaces a folder only if it is empty or torchkit wrote it (a `.torchkit` marker, or
+  only files that command writes); `/`, `~`, the working directory and its parents never.
+- A folder being written is locked (`.NAME.torchkit-lock` beside it, `flock`); a second command
+  on the same folder is refused at once with the holder's PID.
+- An old output replaced with `--force` is set aside (`.NAME.<hex>.replaced`) and put back if
+  the new run fails, is interrupted or terminated before it has written something worth keeping;
+  one left behind by a killed run is put back (or reported) by the next run on that folder.
+
+Everything is checked before any work; nothing here prints (warnings go to the `torchkit` log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import time
+import uuid
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchkit import __version__
+from torchkit.core.io.errors import OutputExistsError, OutputWriteError, TorchkitError, first_line
+
+log = logging.getLogger("torchkit")
+
+MARKER = ".torchkit"
+LOCK_SUFFIX = ".torchkit-lock"
+PARTIAL_SUFFIX = ".partial"
+REPLACED_SUFFIX = ".replaced"
+DISCARDED_SUFFIX = ".discarded"
+
+# errno values that only writing causes, and those that reading an input can cause too (these
+# count as write errors only when they name the output or nothing).
+WRITE_ONLY_ERRNOS = frozenset((errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG))
+WRITE_ERRNOS = WRITE_ONLY_ERRNOS | {errno.EACCES, errno.EPERM, errno.EIO, errno.ENAMETOOLONG}
+
+
+class OutputOverlapError(TorchkitError):
+    """An output that is, contains or lies inside an input of the same command."""
+
+
+class OutputLockedError(TorchkitError):
+    """Another torchkit process is writing the same output folder."""
+
+
+@dataclass(frozen=True)
+class InputPath:
+    """Something a command reads: a file, or a folder whose whole tree it reads."""
+
+    path: Path
+    what: str
+
+    @classmethod
+    def of(cls, path: str | os.PathLike, what: str) -> InputPath:
+        return cls(Path(path), what)
+
+
+def _real(path: str | os.PathLike) -> Path:
+    """The path with `~`, `..` and symlinks resolved (as far as it exists)."""
+    return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+
+
+def _is_within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def _shown(path: str | os.PathLike) -> str:
+    return os.fspath(path)
+
+
+def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPath | None]) -> None:
+    """Refuse an output that is an input, contains one (so replacing it would delete the input)
+    or lies inside an input folder (so writing it would change the input)."""
+    out = _real(output)
+    for item in inputs:
+        if item is None:
+            continue
+        source = _real(item.path)
+        if out == source:
+            raise OutputOverlapError(
+                f"{what} {_shown(output)} is the {item.what} {_shown(item.path)}",
+                "choose another output",
+            )
+        if _is_within(source, out):
+            raise OutputOverlapError(
+                f"{what} {_shown(output)} contains the {item.what} {_shown(item.path)}",
+                "choose an output outside the inputs",
+            )
+        if _is_within(out, source) and os.path.isdir(source):
+            raise OutputOverlapError(
+                f"{what} {_shown(output)} lies inside the {item.what} {_shown(item.path)}",
+                "choose an output outside the inputs",
+            )
+
+
+def folders_of_files(paths: Iterable[str | os.PathLike], what: str) -> list[InputPath]:
+    """The distinct folders that hold `paths` (e.g. the images a CSV index names), as inputs: an
+    output folder may not contain them nor lie inside one."""
+    texts = [os.fspath(p) for p in paths]
+    # A file's folder is abspath(dirname(p)): made absolute once per folder, not per file (a
+    # million CSV rows in a hundred folders). A path ending in `/`, `.` or `..` names no file
+    # in a folder: its own abspath says where it is.
+    ends = tuple(sep + name for sep in (os.sep, os.altsep) if sep for name in ("", ".", ".."))
+    odd = {t for t in texts if t.endswith(ends) or t in ("", ".", "..")}
+    heads = {os.path.dirname(t) for t in texts if t not in odd}
+    folders = {os.path.abspath(head) for head in heads}
+    folders |= {os.path.dirname(os.path.abspath(t)) for t in odd}
+    return [InputPath(Path(folder), what) for folder in sorted(folders)]
+
+
+def _protected_reason(real: Path) -> str | None:
+    cwd = _real(os.getcwd())
+    if real == cwd:
+        return "the working directory"
+    if real in cwd.parents:
+        return "a parent of the working directory"
+    if real == _real(Path.home()):
+        return "the home folder"
+    return None
+
+
+def check_not_protected(folder: str | os.PathLike, what: str) -> None:
+    """`/`, the home folder, the working directory and its parents are never an output folder."""
+    reason = _protected_reason(_real(folder))
+    if reason:
+        raise OutputOverlapError(
+            f"{what} {_shown(folder)} is {reason}",
+            "torchkit never writes over it: give a new folder",
+        )
+
+
+def check_distinct_outputs(*outputs: tuple[str | os.PathLike | None, str]) -> None:
+    """Two outputs of one command (`-o` and `--plot`, DST and `-o`) may not be one file: one
+    would overwrite the other. Special files (/dev/null, a FIFO) may take several."""
+    seen: dict[Path, str] = {}
+    for path, what in outputs:
+        if path is None or os.fspath(path) == "-" or is_special_file(path):
+            continue
+        real = _real(path)
+        if real in seen:
+            raise OutputOverlapError(
+                f"{what} {_shown(path)} is the same file as {seen[real]}",
+                "give each output its own file",
+            )
+        seen[real] = f"{what} {_shown(path)}"
+
+
+# -- special files ----------------------------------------------------------------------------
+
+
+def is_special_file(path: str | os.PathLike) -> bool:
+    """A FIFO, device, socket or /dev/stdout: written into, never replaced by a regular file."""
+    text = os.fspath(path)
+    if text.startswith(("/dev/", "/proc/")):
+        return True
+    try:
+        mode = os.stat(text).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def check_folders_above(path: str | os.PathLike, what: str) -> None:
+    """The nearest existing folder above `path` is one: a file there (`-o notes.txt/x.json`)
+    would fail the write only at the end, after all the work, as "File exists"."""
+    for above in Path(os.path.abspath(path)).parents:
+        if above.is_dir():
+            return
+        if above.exists() or above.is_symlink():
+            raise OutputWriteError(
+                f"cannot write {what} {_shown(path)}: {_shown(above)} is a file, not a folder",
+                "give a path inside a folder",
+            )
+
+
+def check_output_file(
+    path: str | os.PathLike,
+    force: bool,
+    inputs: Iterable[InputPath | None] = (),
+    *,
+    what: str = "output",
+) -> Path:
+    """Check a file output (`-o FILE`, DST) before any work: not an input nor inside an input
+    folder, not a folder, not below a file, and not an existing file unless `force`. Special
+    files pass: they are written into."""
+    target = Path(path)
+    if is_special_file(target):
+        return target
+    check_overlap(target, what, inputs)
+    check_folders_above(target, what)
+    if target.is_dir():
+        raise OutputExistsError(f"{what} is a folder, not a file: {target}", "give a file name")
+    if (target.exists() or target.is_symlink()) and not force:
+        raise OutputExistsError(f"{what} already exists: {target}", "pass --force to overwrite it")
+    return target
+
+
+# -- write errors -----------------------------------------------------------------------------
+
+
+def is_write_error(error: BaseException, target: str | os.PathLike | None = None) -> bool:
+    """An error that says the output side cannot be written (full disk, read-only, no
+    permission), including torch.save's RuntimeError from its zip writer. A permission or I/O
+    error that names a file other than `target` (or its temporary sibling) is an input's."""
+    # NumPy's short write ("49152 requested and 28544 written") is an OSError without errno:
+    # the file system below decides, as for torch.save's RuntimeError.
+    if isinstance(error, OSError) and error.errno is not None:
+        if error.errno in WRITE_ONLY_ERRNOS:
+            return True
+        if error.errno not in WRITE_ERRNOS:
+            return False
+        if error.filename is None or target is None:
+            return True
+        named = os.path.abspath(os.fspath(error.filename))
+        out = os.path.abspath(os.fspath(target))
+        # the output, something inside it, or its temporary sibling (`.NAME.<hex>.tmp`)
+        temporary = os.path.dirname(named) == os.path.dirname(out) and os.path.basename(
+            named
+        ).startswith(f".{Path(out).stem}.")
+        return named == out or temporary or _is_within(Path(named), Path(out))
+    text = str(error).lower()
+    if "(os error 28)" in text or "no space left" in text:  # safetensors' SafetensorError
+        return True
+    if isinstance(error, RuntimeError) or (isinstance(error, OSError) and error.errno is None):
+        # torch.save's C++ stream ("file write failed", "unexpected pos 576 vs 534",
+        # "basic_ios::clear: iostream error") and NumPy's tofile ("120000 requested and 12160
+        # written") do not say why: ask the file system whether it is full or read-only.
+        if target is not None and _file_system_full_or_read_only(target):
+            return True
+        return isinstance(error, RuntimeError) and any(
+            sign in text
+            for sign in (
+                "file write failed",
+                "unexpected pos",
+                "inline_container",
+                "iostream error",
+            )
+        )
+    return False
+
+
+def _file_system_full_or_read_only(target: str | os.PathLike) -> bool:
+    return _file_system_problem(target) is not None
+
+
+def _file_system_problem(target: str | os.PathLike) -> int | None:
+    """EROFS or ENOSPC when the file system that holds `target` is read-only or (nearly) full:
+    of bytes, or of inodes."""
+    try:
+        stats = os.statvfs(os.path.dirname(os.path.abspath(os.fspath(target))))
+    except OSError:
+        return None
+    if stats.f_flag & os.ST_RDONLY:
+        return errno.EROFS
+    if stats.f_bavail * stats.f_frsize < _NEARLY_FULL or (stats.f_files and not stats.f_favail):
+        return errno.ENOSPC
+    return None
+
+
+_NEARLY_FULL = 64 * 1024  # bytes free: a writer that failed here ran out of space
+# safetensors reports a full disk as "I/O error: No space left on device (os error 28)".
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def write_error(target: str | os.PathLike, error: BaseException) -> OutputWriteError:
+    return OutputWriteError(
+        f"cannot write {_shown(target)}: {_write_failure_reason(target, error)}",
+        "free some space, check the permissions, or choose another output",
+    )
+
+
+def _write_failure_reason(target: str | os.PathLike, error: BaseException) -> str:
+    """errno's words where there is an errno; otherwise what the file system says now (torch's
+    and NumPy's writers report a short write without the reason)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).lower()
+    if "(os error 28)" in text or "no space left" in text:
+        return os.strerror(errno.ENOSPC)
+    problem = _file_system_problem(target)
+    return os.strerror(problem) if problem else first_line(error) or "the write failed"
+
+
+def as_write_error(error: BaseException, target: str | os.PathLike) -> OutputWriteError | None:
+    """The OutputWriteError that `error`, raised while writing `target`, means; None when it is
+    not about the output side. Writers report a full disk in many ways: an OSError with an
+    errno, safetensors' "I/O error: ... (os error 28)", torch.save's C++ stream ("unexpected pos
+    576 vs 534"), NumPy's "120000 requested and 12160 written" (the file system says why)."""
+    if isinstance(error, OutputWriteError):
+        return error
+    if is_write_error(error, target):
+        return write_error(target, error)
+    text = str(error)
+    match = _OS_ERROR.search(text)
+    if match and "I/O error" in text:
+        code = int(match.group(1))
+        cause = OSError(code, os.strerror(code))
+        if is_write_error(cause, target):
+            return write_error(target, cause)
+    return None
+
+
+@contextlib.contextmanager
+def reporting_write_errors(target: str | os.PathLike) -> Iterator[None]:
+    """Turn a full disk or read-only output inside the block into one fatal OutputWriteError
+    (a full disk must never look like a bad input)."""
+    try:
+        yield
+    except OutputWriteError:
+        raise
+    except Exception as error:
+        found = as_write_error(error, target)
+        if found is None:
+            raise
+        raise found from error
+
+
+def named_as_final(error: OutputWriteError, temporary: str, final: str) -> OutputWriteError:
+    """The write error with a hidden temporary path replaced by the output's, so that the
+    message names what the user asked for."""
+    return OutputWriteError(error.message.replace(temporary, final), error.hint)
+
+
+# -- the marker and --force ---------------------------------------------------------------------
+
+
+def write_marker(folder: Path, command: str) -> None:
+    record = {
+        "written_by": "torchkit",
+        "command": command,
+        "torchkit_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    with reporting_write_errors(folder / MARKER):
+        (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+
+def remove_marker(folder: Path) -> None:
+    """Take back the marker `write_marker` left (a run that wrote nothing else)."""
+    (folder / MARKER).unlink(missing_ok=True)
+
+
+def is_torchkit_folder(folder: Path, known_files: Collection[str] = ()) -> bool:
+    """Written by torchkit: it carries the marker, or (for folders written before the marker
+    existed) holds only names the command writes (`known_files`, shell-style patterns)."""
+    if (folder / MARKER).is_file():
+        return True
+    if not known_files:
+        return False
+    from fnmatch import fnmatch
+
+    names = [entry.name for entry in os.scandir(folder)]
+    return bool(names) and all(any(fnmatch(n, pattern) for pattern in known_files) for n in names)
+
+
+def _is_empty_dir(folder: Path) -> bool:
+    with os.scandir(folder) as entries:
+        return next(entries, None) is None
+
+
+def check_replaceable(
+    folder: Path, force: bool, *, what: str, known_files: Collection[str] = (), hint: str = ""
+) -> bool:
+    """May `folder` be written? Returns whether it has content that `--force` will replace."""
+    if not (folder.exists() or folder.is_symlink()):
+        return False
+    if folder.is_symlink():
+        raise OutputExistsError(
+            f"{what} is a symbolic link: {folder}", "give the real folder or a new name"
+        )
+    if not folder.is_dir():
+        raise OutputExistsError(f"{what} is a file, not a folder: {folder}", "give a folder name")
+    if _is_empty_dir(folder):
+        return False
+    if not force:
+        raise OutputExistsError(
+            f"{what} already exists: {folder}", hint or "pass --force to overwrite it"
+        )
+    if not is_torchkit_folder(folder, known_files):
+        raise OutputExistsError(
+            f"{what} {folder} is not empty and was not written by torchkit",
+            "--force only replaces torchkit's own outputs: choose another folder, or remove "
+            "it yourself",
+        )
+    return True
+
+
+# -- locking -------------------------------------------------------------------------------------
+
+
+def lock_path(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}{LOCK_SUFFIX}"
+
+
+class FolderLock:
+    """An exclusive `flock` on `.NAME.torchkit-lock` beside the folder. The kernel drops it when
+    the process dies (even by SIGKILL), so a stale lock never blocks anyone."""
+
+    def __init__(self, folder: Path, what: str) -> None:
+        import fcntl
+
+        self.path = lock_path(folder)
+        # Parents made only for the lock are removed again on release if still empty, so a
+        # command refused for bad input leaves no new folders behind.
+        self.made = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise write_error(folder, error) from error
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as error:
+                raise write_error(folder, error) from error
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                raise OutputLockedError(
+                    f"{what} {folder} is being written by another torchkit process"
+                    + (f" (PID {holder})" if holder else ""),
+                    "wait for it to finish, or choose another folder",
+                ) from None
+            # The holder before us may have removed the file after we opened it: only a lock
+            # on the file that is still at the path counts.
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        self.fd = fd
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        os.close(self.fd)
+        self.fd = None
+        for parent in self.made:  # innermost first; rmdir refuses a folder that has content
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+# -- set aside, put back --------------------------------------------------------------------------
+
+
+def _sibling(folder: Path, suffix: str) -> Path:
+    return folder.parent / f".{folder.name}.{uuid.uuid4().hex[:12]}{suffix}"
+
+
+def _leftovers(folder: Path, suffix: str) -> list[Path]:
+    prefix = f".{folder.name}."
+    try:
+        names = os.listdir(folder.parent)
+    except OSError:
+        return []
+    return sorted(
+        folder.parent / n
+        for n in names
+        if n.startswith(prefix) and n.endswith(suffix) and len(n) == len(prefix) + 12 + len(suffix)
+    )
+
+
+def remove_tree(path: Path, *, ignore_errors: bool = True) -> None:
+    """Delete `path`: a folder with everything in it, or a file or link (never what a link
+    points to); a missing path is nothing to do. `ignore_errors=False` raises what the delete
+    raises, for a caller whose next step needs the path gone."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+    elif ignore_errors:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def discard_tree(path: Path, gone: Path | None = None) -> None:
+    """Rename first (atomic) to `gone`, then delete: a kill half-way through the delete leaves
+    a folder named as discarded, never a half-deleted one that looks like a set-aside output."""
+    if gone is None:
+        gone = path.with_name(path.name.rsplit(".", 1)[0] + DISCARDED_SUFFIX)
+    try:
+        os.replace(path, gone)
+    except OSError:
+        gone = path
+    remove_tree(gone)
+
+
+def recover_leftovers(folder: Path) -> list[str]:
+    """Clean up after a torchkit run on `folder` that was killed (SIGKILL, power cut), with the
+    folder's lock held: half-written temporaries are removed, a set-aside old output is put back
+    when the killed run had not written anything worth keeping. Returns what was done, as
+    sentences for a warning."""
+    notes: list[str] = []
+    for leftover in _leftovers(folder, PARTIAL_SUFFIX) + _leftovers(folder, DISCARDED_SUFFIX):
+        remove_tree(leftover)
+    for aside in _leftovers(folder, REPLACED_SUFFIX):
+        current = folder.exists() or folder.is_symlink()
+        # Only a folder that a torchkit run created and never marked as worth keeping (the
+        # set-aside would be gone) is removed to make room.
+        if (
+            current
+            and folder.is_dir()
+            and not folder.is_symlink()
+            and (_is_empty_dir(folder) or (folder / MARKER).is_file())
+        ):
+            remove_tree(folder)
+            current = False
+        if current:
+            notes.append(
+                f"an earlier output of {folder}, set aside by a torchkit run that was killed, is "
+                f"still at {aside}: move it back or remove it"
+            )
+            continue
+        os.replace(aside, folder)
+        notes.append(f"put back {folder}, which a killed torchkit run had set aside")
+    return notes
+
+
+class OutputFolder:
+    """One output folder of one command, from the checks to the end of the run.
+
+    Create it before the slow work (the checks and the lock happen at once), call `begin()` when
+    the first file is about to be written (an old output is set aside, the folder made and
+    marked), `keep()` once the new output is worth more than the old one, and `finish(ok)` at
+    the end (or use it as a context manager): a run that fails before `keep()` leaves the old
+    output back in place and no trace of itself.
+
+    `resume=True` continues an existing folder in place: no `--force` rules, nothing set aside.
+    `atomic=True` fills a hidden temporary folder that replaces the output only at the end, so
+    the output never holds a half-written result.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        command: str,
+        force: bool = False,
+        inputs: Iterable[InputPath | None] = (),
+        known_files: Collection[str] = (),
+        what: str = "output folder",
+        resume: bool = False,
+        atomic: bool = False,
+        exists_hint: str = "",
+    ) -> None:
+        self.final = Path(path)
+        self.command = command
+        self.what = what
+        self.resume = resume
+        self.atomic = atomic
+        self.notes: list[str] = []
+        self._aside: Path | None = None
+        self._began = False
+        self._kept = False
+        self._lock: FolderLock | None = None
+        if not resume:  # continuing in place replaces nothing, wherever it is
+            check_not_protected(self.final, what)
+        check_overlap(self.final, what, inputs)
+        check_folders_above(self.final, what)
+        # Lock first: a second command is refused with the holder's PID whatever its options,
+        # and a killed run's set-aside is put back before the folder is judged.
+        self._lock = FolderLock(self.final, what)
+        try:
+            self.notes = recover_leftovers(self.final)
+            for note in self.notes:
+                log.warning(note)
+            self._existed = self.final.is_dir()
+            if not resume:
+                self.has_content = check_replaceable(
+                    self.final, force, what=what, known_files=known_files, hint=exists_hint
+                )
+            else:
+                self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)
+        except BaseException:
+            self.release()
+            raise
+        self.path = self.final  # where to write; a temporary folder once begun with `atomic`
+
+    def begin(self) -> Path:
+        """Set the old output aside (with `--force`), make the folder and mark it."""
+        if self._began:
+            return self.path
+        self._began = True
+        with reporting_write_errors(self.final):
+            if self.atomic:
+                self.path = _sibling(self.final, PARTIAL_SUFFIX)
+                self.path.mkdir(parents=True)
+            else:
+                if self.has_content and not self.resume:
+                    aside = _sibling(self.final, REPLACED_SUFFIX)
+                    os.replace(self.final, aside)
+                    self._aside = aside
+                self.final.mkdir(parents=True, exist_ok=True)
+            if not (self.path / MARKER).exists():
+                try:
+                    write_marker(self.path, self.command)
+                except OutputWriteError as error:  # name the output, not the hidden temporary
+                    raise write_error(self.final, error.__cause__ or error) from error
+        return self.path
+
+    @contextlib.contextmanager
+    def reporting_write_errors(self) -> Iterator[Path]:
+        """Write errors inside the block name the output folder, not its hidden temporary."""
+        try:
+            yield self.path
+        except OutputWriteError as error:
+            if self.path == self.final:
+                raise
+            raise write_error(self.final, error.__cause__ or error) from error
+        except (OSError, RuntimeError) as error:
+            if is_write_error(error, self.path):
+                raise write_error(self.final, error) from error
+            raise
+
+    def keep(self) -> None:
+        """The new output is worth keeping: the set-aside old one is deleted, and a later
+        failure leaves the new one in place."""
+        if self._kept or not self._began:
+            return
+        if self.atomic:
+            with reporting_write_errors(self.final):
+                if self.final.exists():
+                    old = _sibling(self.final, REPLACED_SUFFIX)
+                    os.replace(self.final, old)
+                    os.replace(self.path, self.final)
+                    discard_tree(old)
+                else:
+                    os.replace(self.path, self.final)
+            self.path = self.final
+        elif self._aside is not None:
+            discard_tree(self._aside)
+            self._aside = None
+        self._kept = True
+
+    def abandon(self) -> None:
+        """The run failed before `keep()`: remove what it wrote and put the old output back."""
+        if self._began and not self._kept:
+            if self.atomic:
+                remove_tree(self.path)
+            else:
+                if not self.resume and (self._aside is not None or not self.has_content):
+                    remove_tree(self.final)
+                    if self._existed and self._aside is None:
+                        self.final.mkdir()  # the user's empty folder stays
+                if self._aside is not None:
+                    os.replace(self._aside, self.final)
+                    self._aside = None
+            self.path = self.final
+        self._began = False
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def finish(self, ok: bool) -> None:
+        try:
+            if ok:
+                self.keep()
+            else:
+                self.abandon()
+        finally:
+            self.release()
+
+    def __enter__(self) -> OutputFolder:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish(exc_type is None)

@@ -1,0 +1,273 @@
+"""Loading and saving checkpoints safely.
+
+A torchkit checkpoint is a dict of tensors and plain Python values, so it loads with
+`torch.load(..., weights_only=True)`: loading never runs code from the file. Arbitrary pickles
+(a whole pickled `nn.Module`, say) load only with `trust_checkpoint=True` (`--trust-checkpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.io.errors import CheckpointError, first_line
+from torchkit.core.io.files import atomic_path, copy_bytes, require_input, torch_save
+from torchkit.core.models.exported.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
+
+FORMAT_VERSION = 1
+CHECKPOINT_KEYS = (
+    "format_version",
+    "torchkit_version",
+    "arch",
+    "num_classes",
+    "classes",
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "epoch",
+    "global_step",
+    "best_metric",
+    "rng_state",
+    "config",
+    "preprocess",
+)
+
+
+def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) -> Any:
+    """Load a checkpoint on the CPU, whatever device it was saved from."""
+    import torch
+
+    source = require_input(path, what="checkpoint", kind="file")
+    if source.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
+    if source.suffix == ".safetensors":
+        return _load_safetensors(source)
+    kind = sniff_format(source)
+    if not trust_checkpoint:
+        _refuse_code_archives(source, kind)
+    try:
+        if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
+            from torchkit.core.models.exported.loading import jit_load
+
+            return jit_load(source)
+        return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
+    except pickle.UnpicklingError as error:
+        blocked = None if trust_checkpoint else _blocked_global(error)
+        if blocked is None:
+            # weights_only also fails on garbage ("Unsupported operand"): that is not a model.
+            raise _unreadable(source, error) from error
+        raise CheckpointError(
+            f"{source} holds a pickled {blocked}, not only tensors and plain values",
+            "pass --trust-checkpoint to load it anyway, only if you trust where it came from",
+        ) from error
+    except (AttributeError, ImportError) as error:  # trusted pickle of a class we cannot import
+        raise CheckpointError(
+            f"cannot unpickle checkpoint {source}: {first_line(error)}",
+            "it pickles classes from the code that saved it; make that code importable, "
+            "or save a state_dict instead",
+        ) from error
+    except Exception as error:  # truncated or junk files raise anything (KeyError, EOFError...)
+        raise _unreadable(source, error) from error
+
+
+def _refuse_code_archives(source: Path, kind: str | None) -> None:
+    """TorchScript and torch.export archives (`kind`, from `sniff_format`) run code from the
+    file when loaded: say so, rather than torch's "Cannot use weights_only=True with
+    TorchScript archives"."""
+    if kind in (TORCHSCRIPT, EXPORTED_PROGRAM):
+        what = "a TorchScript archive" if kind == TORCHSCRIPT else "a torch.export archive"
+        raise CheckpointError(
+            f"{source} is {what}, whose code runs when it is loaded",
+            "pass --trust-checkpoint to load it, only if you trust where it came from",
+        )
+
+
+def _blocked_global(error: BaseException) -> str | None:
+    """The class weights_only refused ("Unsupported global: GLOBAL torch.nn...Linear"), if any."""
+    match = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    if match:
+        return match.group(1)
+    # Other wordings of a refused class (not the advice text, which names safe_globals).
+    return "object" if re.search(r"\bGLOBAL\b|Unsupported class", str(error)) else None
+
+
+def _unreadable(source: Path, error: BaseException) -> CheckpointError:
+    if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
+        return CheckpointError(
+            f"cannot read checkpoint {source}: not a PyTorch checkpoint (neither torch.save's "
+            "zip archive nor a pickle)",
+            "give the .pt/.pth file torch.save wrote, or a .safetensors file",
+        )
+    text = str(error)
+    # weights_only wraps the real reason in a paragraph of advice; keep only the reason.
+    detail = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+    reason = (detail.group(1) if detail else first_line(error).split(". ")[0]).strip()
+    name = type(error).__name__
+    return CheckpointError(
+        f"cannot read checkpoint {source}: {name if reason == name else f'{name}: {reason}'}",
+        "the file may be truncated or not a PyTorch checkpoint",
+    )
+
+
+def _looks_saved_by_torch(source: Path) -> bool:
+    """Whether `source` starts as torch.save's files do: a zip archive, or a pickle of protocol
+    2 or later (torch's legacy format). Unknown (unreadable, a FIFO): True."""
+    try:
+        if not stat.S_ISREG(os.stat(source).st_mode):
+            return True
+        with open(source, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return True
+    return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def _load_safetensors(source: Path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(source), device="cpu")
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointError(f"cannot read safetensors file {source}: {error}") from error
+
+
+def save_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Write atomically: killing the process at any moment leaves the previous file intact."""
+    save_checkpoint_as(checkpoint, [path])
+
+
+def save_checkpoint_as(checkpoint: Mapping[str, Any], paths: list[str | os.PathLike]) -> None:
+    """One checkpoint under each of `paths` (best.pt, last.pt...), each replaced atomically and
+    in order, serialized once: the first regular file written is copied to the others
+    (`files.copy_bytes`, in the kernel). A resnet50 checkpoint with its optimiser's state is
+    about 300 MB, which an epoch that was the best serialized twice. Copies, not hard links:
+    a user who rewrites best.pt in place (`torch.save` to its path) must not change last.pt."""
+    written: Path | None = None
+    for path in map(Path, paths):
+        if written is not None:
+            copy_checkpoint(written, path)
+            continue
+        with atomic_path(path) as tmp:
+            torch_save(dict(checkpoint), tmp)
+        if path.is_file():  # not a FIFO or device: a file to copy from
+            written = path
+
+
+def copy_checkpoint(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Copy a checkpoint file, atomically (a copy cut short leaves no half file)."""
+    with atomic_path(target) as tmp:
+        copy_bytes(source, tmp)
+
+
+def on_cpu(obj: Any) -> Any:
+    """`obj` with every tensor in its dicts, lists and tuples on the CPU: a checkpoint of a GPU
+    run then loads with a plain `torch.load` on any machine (torch.save copies each tensor to
+    host memory anyway). CPU tensors are kept as they are, not copied."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu() if obj.device.type != "cpu" else obj
+    if isinstance(obj, dict):
+        return {key: on_cpu(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [on_cpu(value) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(on_cpu(value) for value in obj)
+    return obj
+
+
+def is_torchkit_checkpoint(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and "format_version" in obj and "model" in obj
+
+
+def extract_state_dict(obj: Any) -> dict:
+    """The model weights of a torchkit checkpoint, a plain state dict, a common wrapper
+    (`{'state_dict': ...}`, `{'model': ...}`), or a pickled module (trusted loading only)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return strip_module_prefix(obj.state_dict())
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"a checkpoint holding a {type(obj).__name__} has no model weights")
+    if is_torchkit_checkpoint(obj):
+        return strip_module_prefix(obj["model"])
+    if obj and all(isinstance(value, torch.Tensor) for value in obj.values()):
+        return strip_module_prefix(obj)
+    for key in ("model_ema", "state_dict", "model", "model_state_dict", "net", "module"):
+        if key in obj:
+            return extract_state_dict(obj[key])
+    raise CheckpointError(
+        "cannot find model weights in the checkpoint",
+        f"its top-level keys are: {', '.join(map(str, list(obj)[:10]))}",
+    )
+
+
+def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
+    """Remove the `module.` prefix (DataParallel/DDP) and `_orig_mod.` (torch.compile)."""
+    cleaned = {}
+    for key, value in state_dict.items():
+        # Wrappers nest in either order: DDP(compile(m)) and compile(DDP(m)).
+        while key.startswith(("module.", "_orig_mod.")):
+            key = key.partition(".")[2]
+        cleaned[key] = value
+    return cleaned
+
+
+def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "checkpoint") -> None:
+    """`load_state_dict(strict=True)` with a one-line summary of what does not fit. A state
+    dict saved before PyTorch 0.4.1 has no BatchNorm `num_batches_tracked`: accepted, as torch
+    accepts it, the counters left as the model has them (0 in a new model)."""
+    state_dict = with_batch_counters(model, state_dict)
+    own = model.state_dict()
+    missing = [key for key in own if key not in state_dict]
+    unexpected = [key for key in state_dict if key not in own]
+    mismatched = [
+        f"{key} {tuple(state_dict[key].shape)} vs {tuple(own[key].shape)}"
+        for key in own
+        if key in state_dict
+        and hasattr(state_dict[key], "shape")
+        and tuple(state_dict[key].shape) != tuple(own[key].shape)
+    ]
+    if missing or unexpected or mismatched:
+        parts = []
+        if mismatched:
+            parts.append(f"{len(mismatched)} shape mismatches (first: {mismatched[0]})")
+        if missing:
+            parts.append(f"{len(missing)} missing keys (first: {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected keys (first: {unexpected[0]})")
+        raise CheckpointError(
+            f"the weights in {source} do not fit the model: " + "; ".join(parts),
+            "check --model and --num-classes",
+        )
+    model.load_state_dict(state_dict, strict=True)
+
+
+def with_batch_counters(model, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`state_dict` with each `num_batches_tracked` it lacks taken from `model`, as torch's
+    BatchNorm fills it in for a state dict of PyTorch < 0.4.1 (which had no such buffer)."""
+    from collections import OrderedDict
+
+    from torch.nn.modules.batchnorm import _NormBase
+
+    absent = {}
+    for name, module in model.named_modules():
+        counter = getattr(module, "num_batches_tracked", None)
+        key = f"{name}.num_batches_tracked" if name else "num_batches_tracked"
+        if isinstance(module, _NormBase) and counter is not None and key not in state_dict:
+            absent[key] = counter
+    if not absent:
+        return state_dict
+    filled = OrderedDict(state_dict)
+    filled.update(absent)
+    metadata = getattr(state_dict, "_metadata", None)  # torch's per-module versions, kept
+    if metadata is not None:
+        filled._metadata = metadata
+    return filled

@@ -1,0 +1,244 @@
+"""Loading an exported model with its format's own runtime: onnxruntime for ONNX,
+`torch.jit.load` for TorchScript, `torch.export.load` for torch.export. `load_exported` gives an
+`ExportedModel`: a callable from an N,C,H,W float batch to float32 logits, with the classes and
+preprocessing stored beside the weights (what `predict` needs to take an exported file)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.models.exported import metadata as meta
+from torchkit.core.models.exported.formats import (
+    EXPORTED_PROGRAM,
+    FORMATS,
+    ONNX,
+    RUNTIMES,
+    TORCHSCRIPT,
+    sniff_format,
+)
+
+
+class RuntimeFailure(TorchkitError):
+    """The exported model does not load or does not run in its runtime."""
+
+
+@dataclass
+class ExportedModel:
+    """An exported classifier, loaded. Call it on an N,C,H,W batch (torch tensor or NumPy array,
+    any float dtype): it returns float32 logits of the same kind (a CPU tensor for a tensor).
+
+    A model exported with a fixed batch size takes any N all the same: the batch is run in
+    slices of that size, the last one padded with zeros."""
+
+    path: str
+    format: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    _run: Callable[[Any], Any] | None = field(default=None, repr=False)
+    _numpy_runtime: bool = field(default=False, repr=False)
+
+    @property
+    def classes(self) -> list[str] | None:
+        return meta.classes_of(self.metadata)
+
+    @property
+    def preprocess(self) -> Preprocess | None:
+        return meta.preprocess_of(self.metadata)
+
+    @property
+    def arch(self) -> str | None:
+        arch = self.metadata.get("arch")
+        return str(arch) if arch is not None else None
+
+    @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        """One sample's shape (C, H, W), when the file says."""
+        shape = self.metadata.get("input_shape")
+        return tuple(int(n) for n in shape) if isinstance(shape, list) else None
+
+    @property
+    def batch_size(self) -> int | None:
+        """The batch size the model was exported with; None for a dynamic batch."""
+        value = self.metadata.get("batch_size")
+        return int(value) if isinstance(value, int) else None
+
+    @property
+    def dtype(self) -> str:
+        return str(self.metadata.get("dtype") or "float32")
+
+    @property
+    def num_outputs(self) -> int | None:
+        """Logits per image, when the file says (torchkit's metadata, an ONNX output shape)."""
+        value = self.metadata.get("num_outputs")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def module(self) -> Any:
+        """The torch module a TorchScript or torch.export file holds (None for ONNX)."""
+        return None if self._numpy_runtime else self._run
+
+    def __call__(self, batch: Any) -> Any:
+        import numpy as np
+        import torch
+
+        as_numpy = not isinstance(batch, torch.Tensor)
+        data = torch.from_numpy(np.asarray(batch)) if as_numpy else batch.detach().cpu()
+        if data.ndim != 4:
+            raise UsageError(f"an exported image model takes N,C,H,W, not {tuple(data.shape)}")
+        fixed = self.batch_size
+        if fixed is None or data.shape[0] == fixed:
+            logits = self.run_batch(data)
+        else:
+            logits = self._in_slices(data, fixed)
+        return logits.numpy() if as_numpy else logits
+
+    def _in_slices(self, data: Any, fixed: int) -> Any:
+        import torch
+
+        parts = []
+        for start in range(0, data.shape[0], fixed):
+            chunk = data[start : start + fixed]
+            count = chunk.shape[0]
+            if count < fixed:
+                padding = chunk.new_zeros((fixed - count, *chunk.shape[1:]))
+                chunk = torch.cat([chunk, padding])
+            parts.append(self.run_batch(chunk)[:count])
+        if not parts:
+            return self.run_batch(data.new_zeros((fixed, *data.shape[1:])))[:0]
+        return torch.cat(parts)
+
+    def run_batch(self, data: Any) -> Any:
+        """One call of the runtime on exactly this batch (a CPU tensor): float32 logits."""
+        import torch
+
+        dtype = torch.float16 if self.dtype == "float16" else torch.float32
+        data = data.to(dtype).contiguous()
+        assert self._run is not None
+        try:
+            if self._numpy_runtime:
+                output = torch.from_numpy(self._run(data.numpy()))
+            else:
+                with torch.no_grad():
+                    output = self._run(data)
+        except Exception as error:
+            shape = "x".join(map(str, data.shape))
+            raise RuntimeFailure(
+                f"{RUNNERS.get(self.format, self.format)} fails on an input of shape {shape}: "
+                f"{_runtime_reason(error)}",
+                self._shape_hint(),
+            ) from error
+        if not isinstance(output, torch.Tensor):
+            raise RuntimeFailure(
+                f"{self.path} returned a {type(output).__name__}, not a tensor of logits"
+            )
+        return output.float()
+
+    def _shape_hint(self) -> str | None:
+        shape = self.input_shape
+        if shape is None:
+            return None
+        batch = "N" if self.batch_size is None else str(self.batch_size)
+        return f"the model takes {self.dtype} inputs of shape {'x'.join([batch, *map(str, shape)])}"
+
+
+RUNNERS = {ONNX: "onnxruntime", TORCHSCRIPT: "TorchScript", EXPORTED_PROGRAM: "torch.export"}
+
+
+def _runtime_reason(error: BaseException) -> str:
+    """One line: TorchScript's interpreter puts the reason last, after two tracebacks."""
+    text = str(error)
+    if "TorchScript interpreter" in first_line(error):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1].removeprefix("builtins.")
+    return first_line(error, with_type=True)
+
+
+def load_exported(path: str | os.PathLike, fmt: str | None = None) -> ExportedModel:
+    """Load an exported model (`fmt`: onnx, torchscript or exported-program; by default from
+    the file) on the CPU."""
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"exported model not found: {source}", "check the path")
+    fmt = fmt or sniff_format(source)
+    if fmt not in FORMATS:
+        raise InputError(
+            f"{source} is not an exported model (ONNX, TorchScript or torch.export)",
+            "export one with `torchkit export MODEL OUT`",
+        )
+    try:
+        if fmt == ONNX:
+            return _load_onnx(source)
+        if fmt == TORCHSCRIPT:
+            return _load_torchscript(source)
+        return _load_exported_program(source)
+    except TorchkitError:
+        raise
+    except Exception as error:
+        raise RuntimeFailure(
+            f"{RUNTIMES[fmt]} cannot load {source}: {first_line(error, with_type=True)}",
+            "is it a complete file written by this version of the exporter?",
+        ) from error
+
+
+def _load_onnx(source: Path) -> ExportedModel:
+    from torchkit.core.runtime.extras import import_extra
+
+    onnxruntime = import_extra("onnxruntime", "export", f"running the ONNX model {source}")
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: no optimizer notes on the user's terminal
+    session = onnxruntime.InferenceSession(
+        os.fspath(source), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+    props = session.get_modelmeta().custom_metadata_map
+    input_name = session.get_inputs()[0].name
+    output_name = session.get_outputs()[0].name
+    metadata = meta.from_onnx_props(props)
+    width = session.get_outputs()[0].shape[-1] if session.get_outputs()[0].shape else None
+    if isinstance(width, int) and "num_outputs" not in metadata:
+        metadata["num_outputs"] = width
+
+    def run(array):
+        return session.run([output_name], {input_name: array})[0]
+
+    return ExportedModel(os.fspath(source), ONNX, metadata, run, _numpy_runtime=True)
+
+
+def jit_load(source: str | os.PathLike, **kwargs: Any) -> Any:
+    """`torch.jit.load(source, map_location="cpu", **kwargs)` without its "torch.jit.load is
+    deprecated" warning (a FutureWarning, a DeprecationWarning up to torch 2.11): the user
+    asked for this file, and the commands that read it say what it is."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.load(os.fspath(source), map_location="cpu", **kwargs)
+
+
+def _load_torchscript(source: Path) -> ExportedModel:
+    extra = {meta.EXTRA_FILE: ""}
+    module = jit_load(source, _extra_files=extra)
+    module.eval()
+    return ExportedModel(
+        os.fspath(source), TORCHSCRIPT, meta.from_extra_file(extra[meta.EXTRA_FILE]), module
+    )
+
+
+def _load_exported_program(source: Path) -> ExportedModel:
+    import torch
+
+    extra = {meta.EXTRA_FILE: ""}
+    program = torch.export.load(os.fspath(source), extra_files=extra)
+    return ExportedModel(
+        os.fspath(source),
+        EXPORTED_PROGRAM,
+        meta.from_extra_file(extra[meta.EXTRA_FILE]),
+        program.module(),
+    )

@@ -1,0 +1,1 @@
+"""The runtime floor: devices, processes (distributed), seeds, memory and optional extras."""

@@ -1,0 +1,49 @@
+"""The optional parts of torchkit's package (its extras), and the one error when one is missing.
+
+torchkit is installed from its source (a clone or a git URL: the name `torchkit` on the public
+package index belongs to another project), so the hint names the clone, never `pip install
+torchkit[...]` by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from torchkit.core.io.errors import TorchkitError
+
+# extra -> the packages it installs (pyproject.toml's [project.optional-dependencies]).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "export": ("onnx", "onnxruntime"),
+    "timm": ("timm",),
+    "tensorboard": ("tensorboard",),
+    "webdataset": ("webdataset",),
+    "parquet": ("pyarrow",),
+}
+
+
+class MissingExtraError(TorchkitError):
+    """A package of an optional extra is needed and not installed."""
+
+
+def install_hint(extra: str) -> str:
+    """How to add `extra` to an installation from source."""
+    return (
+        f"install torchkit's {extra} extra: `uv sync --extra {extra}` in a clone, or "
+        f"`uv tool install --reinstall 'CLONE[{extra}]'` / `pip install 'CLONE[{extra}]'` "
+        "(CLONE: the torchkit folder or git URL)"
+    )
+
+
+def import_extra(module: str, extra: str, needed_for: str) -> ModuleType:
+    """Import `module` of the optional `extra`, or a one-line error naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").split(".")[0]
+        if missing not in {package.split(".")[0] for package in EXTRAS[extra]}:
+            raise  # a package of the extra is there but broken: not a missing extra
+        raise MissingExtraError(
+            f"{needed_for} needs the {missing} package, which is not installed",
+            install_hint(extra),
+        ) from error
