@@ -153,8 +153,8 @@ def timm_loader(root: Path, size: int, batch_size: int, workers: int):
 
 
 def torchkit_loaders(config):
-    from torchkit.core.train.config import resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     config = resolve_defaults(config, is_digits=False)
     data = load_splits(config)

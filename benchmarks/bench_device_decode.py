@@ -41,8 +41,8 @@ from bench_decode import make_jpeg_folder  # noqa: E402
 
 def _loaders(root: Path, args, decode: str, device, share: float = 0.0):
     from torchkit.core.train import TrainConfig
-    from torchkit.core.train.config import resolve_defaults
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     config = resolve_defaults(
         TrainConfig(data=str(root), image_size=args.size, batch_size=args.batch_size,

@@ -67,7 +67,7 @@ def main() -> None:
         run_one(args.child[0], args.device, args.epochs, args.child[1])
         return
 
-    from torchkit.core.train.config import DIGITS_DEFAULTS
+    from torchkit.core.train.defaults import DIGITS_DEFAULTS
 
     ways = ["eager", "graphed"] + (["loop-only"] if args.device == "cpu" else [])
     figures: dict[str, list[float]] = {way: [] for way in ways}

@@ -18,8 +18,8 @@ import time
 import torch
 
 from torchkit.core.train import TrainConfig, memory_images
-from torchkit.core.train.config import resolve_defaults
 from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+from torchkit.core.train.validation import resolve_defaults
 
 
 def ms_per_batch(epochs: int, whole: bool) -> float:

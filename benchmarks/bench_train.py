@@ -67,8 +67,8 @@ def baseline_rate(config, device_name: str) -> float:
     from torchkit.core.data.sources.digits import digits_splits
     from torchkit.core.data.transforms import train_transform
     from torchkit.core.models import build_model
-    from torchkit.core.train.config import resolve_defaults
     from torchkit.core.train.loaders import default_workers_for, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     config = resolve_defaults(config, is_digits=config.data == "digits")
     device = torch.device(device_name)

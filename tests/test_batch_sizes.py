@@ -82,8 +82,9 @@ def test_validation_batches_give_each_worker_about_two():
 
 
 def test_the_validation_loader_shares_its_images_and_the_figures_stay(tmp_path):
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     root = tmp_path / "data"
     write_image_folder(root / "train", {"a": 4, "b": 4}, size=20)

@@ -215,8 +215,9 @@ def test_policies_draw_the_same_random_numbers_and_are_seeded(files, options):
 
 
 def test_seeded_batches_with_workers_or_without(tmp_path):
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     _jpeg_split_folder(tmp_path / "data", train=4, val=1, size=(400, 300))
     batches = []

@@ -233,8 +233,9 @@ def test_an_early_start_never_asked_for_is_stopped_by_close():
 
 def _device_decode_loaders(root: Path, image_size: int):
     """The loaders `train --decode device` builds over the JPEG folder `root`, no workers."""
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     config = resolve_defaults(
         TrainConfig(data=str(root), image_size=image_size, workers=0, batch_size=4,

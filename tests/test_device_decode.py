@@ -386,7 +386,8 @@ def test_from_file_is_the_decoded_crop_normalised(files):
     ids=["trivialaugment", "randaugment", "autoaugment", "erasing", "none"],
 )  # fmt: skip
 def test_pil_policies_are_refused_on_the_device_and_keep_fast_under_auto(options):
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.validation import resolve_defaults
 
     with pytest.raises(UsageError, match="--decode device cannot run these transforms"):
         train_transform(PREPROCESS, decode="device", **options)
@@ -419,7 +420,8 @@ def test_auto_is_device_on_cuda_from_jpeg_files_and_fast_otherwise():
 
 
 def test_decode_options_are_validated():
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.validation import resolve_defaults
 
     assert TrainConfig().decode == "auto"
     with pytest.raises(UsageError, match="unknown --decode 'gpu'"):
@@ -445,8 +447,9 @@ def _png_bytes(pixels: np.ndarray) -> bytes:
 def test_seeded_batches_are_the_same_with_workers_or_without(tmp_path):
     # Workers read the bytes and draw; the main process decodes: the same batches whoever reads
     # them (the bytes reach the main process through one shared-memory block per batch).
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     root = _jpeg_folder(tmp_path / "data", train=5, val=1)
     batches = []
@@ -470,8 +473,9 @@ def test_seeded_batches_are_the_same_with_workers_or_without(tmp_path):
 
 
 def test_drop_last_is_asked_for_and_never_drops_the_only_batch(tmp_path):
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     root = _jpeg_folder(tmp_path / "data", train=5, val=1)  # 11 training images
     lengths = {}
@@ -683,8 +687,9 @@ def test_the_gpu_decoder_never_writes_memory_that_queued_kernels_still_read(file
 def _pinned_device_loaders(root: Path, train: int) -> Any:
     """The train loaders of `--decode device` over a folder of `train` JPEGs a class (and one
     PNG), 2 workers, batches of 4, pinned as on CUDA."""
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     root = _jpeg_folder(root, train=train, val=1)
     config = resolve_defaults(

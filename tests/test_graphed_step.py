@@ -22,10 +22,11 @@ from torchkit.cli import app
 from torchkit.core.data.batches import Batch
 from torchkit.core.io.errors import DeviceError, UsageError
 from torchkit.core.train import graphed_step, loop
-from torchkit.core.train.config import TrainConfig, validate
+from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.ema import ModelEMA
 from torchkit.core.train.graphed_step import GraphedStep
 from torchkit.core.train.optim import LRSchedule, build_optimizer, param_groups
+from torchkit.core.train.validation import validate
 
 
 class SmallNet(nn.Module):
@@ -524,7 +525,7 @@ def test_a_given_cuda_graphs_is_kept_as_given():
 
 
 def test_a_resumed_run_chooses_again_unless_given_or_asked_for_at_the_start():
-    from torchkit.core.train.config import merge_for_resume
+    from torchkit.core.train.resume_merge import merge_for_resume
 
     chosen_on_a_gpu = {**TrainConfig(data="digits").to_dict(), "cuda_graphs": True}
     chosen_on_a_gpu["data_defaults"] = ["cuda_graphs", "model"]

@@ -12,7 +12,7 @@ from PIL import Image
 from torchkit.core.data.dataset import make_dataset
 from torchkit.core.data.sources.digits import _sklearn_digits, digits_splits
 from torchkit.core.data.transforms import eval_transform
-from torchkit.core.train.config import TrainConfig, resolve_defaults
+from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.loaders import (
     SeededDataset,
     eval_dataset,
@@ -21,6 +21,7 @@ from torchkit.core.train.loaders import (
     train_dataset,
 )
 from torchkit.core.train.memory_images import MemoryImages, axis_matrix, supports, uniforms
+from torchkit.core.train.validation import resolve_defaults
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,7 @@ def test_other_policies_and_files_take_the_pil_path(digits):
 
 def test_decode_is_validated_and_recorded():
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.train.config import validate
+    from torchkit.core.train.validation import validate
 
     with pytest.raises(UsageError, match="unknown --decode 'sloppy'"):
         validate(resolve_defaults(TrainConfig(decode="sloppy"), is_digits=True))

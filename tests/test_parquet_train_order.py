@@ -114,8 +114,9 @@ def counted_row_group_reads(monkeypatch) -> list[int]:
 
 
 def test_train_reads_each_parquet_row_group_once_an_epoch(parquet_data, monkeypatch):
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     small_cache(monkeypatch, parquet_data, groups=3)
     config = resolve_defaults(
@@ -137,8 +138,9 @@ def test_train_reads_each_parquet_row_group_once_an_epoch(parquet_data, monkeypa
 
 
 def test_folder_and_shard_data_keep_the_plain_shuffled_order(tmp_path):
-    from torchkit.core.train.config import TrainConfig, resolve_defaults
+    from torchkit.core.train.config import TrainConfig
     from torchkit.core.train.loaders import build_loaders, load_splits, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
 
     root = tmp_path / "data"
     write_image_folder(root / "train", {"a": 5, "b": 4}, seed=1)

@@ -122,7 +122,8 @@ def test_an_image_size_beyond_the_machines_memory_is_a_usage_error_before_any_wo
     Checked on the options alone: a regression returns here instead of allocating."""
     from torchkit.core.data.preprocessing import Preprocess, apply_overrides
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.train.config import TrainConfig, validate
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.validation import validate
 
     imagenet = Preprocess(image_size=224, resize_size=256)
     with pytest.raises(UsageError, match=r"^--image-size 100000 \(resized to 114286 first\) "):

@@ -88,7 +88,7 @@ def test_a_config_json_recorded_before_decode_existed_replays_exact_decoding(tmp
 
 
 def test_data_dependent_defaults_in_print_config_and_help(runner):
-    from torchkit.core.train.config import DIGITS_DEFAULTS, FOLDER_DEFAULTS
+    from torchkit.core.train.defaults import DIGITS_DEFAULTS, FOLDER_DEFAULTS
 
     shown = runner.invoke(app, ["train", "--print-config"])
     assert shown.exit_code == 0, shown.stderr

@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 from torchkit.core.io.errors import CheckpointError, UsageError
-from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults, validate
+from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.ema import ModelEMA
 from torchkit.core.train.loaders import EpochSampler, SeededDataset, ShardSampler, mix_seed
 from torchkit.core.train.mixing import cutmix, mix_batch, mixup
 from torchkit.core.train.optim import LRSchedule, build_optimizer, no_decay_names, param_groups
+from torchkit.core.train.resume_merge import merge_for_resume
+from torchkit.core.train.validation import resolve_defaults, validate
 
 
 def test_config_round_trips_through_its_dict():

@@ -38,14 +38,10 @@ from conftest import (
 from torch import nn
 
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError
-from torchkit.core.train.config import (
-    FIXED_ON_RESUME,
-    TrainConfig,
-    merge_for_resume,
-    option_name,
-    resolve_defaults,
-    validate,
-)
+from torchkit.core.train.config import TrainConfig
+from torchkit.core.train.resume_merge import merge_for_resume
+from torchkit.core.train.resume_rules import FIXED_ON_RESUME
+from torchkit.core.train.validation import option_name, resolve_defaults, validate
 
 TESTS = Path(__file__).resolve().parent
 ENV = {"PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}

@@ -10,8 +10,10 @@ import pytest
 
 from torchkit.cli import app
 from torchkit.cli.spec_options import field_value
-from torchkit.core.train.config import FIXED_ON_RESUME, TRAIN_OPTIONS, TrainConfig, option_name
+from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.config_file import NOT_IN_A_RECIPE, effective_config
+from torchkit.core.train.resume_rules import FIXED_ON_RESUME
+from torchkit.core.train.validation import option_name
 
 # Parameters of `train` that are not training options, and those every command has.
 NOT_TRAINING_OPTIONS = {"stats", "config_file", "print_config", "fmt", "output"}

@@ -1,17 +1,16 @@
 """Every option of `torchkit train`, as one dataclass that round-trips to the config.json dict.
 
-Options left as None are filled by `resolve_defaults` from the data: the built-in 8x8 digits get
-their own image size, crop range and no flips (a mirrored 2 is not a 2); image folders get the
-ImageNet recipe. config.json records the resolved values and which ones came from the data.
+Options left as None are filled from the data by `validation.resolve_defaults`: the built-in
+8x8 digits get their own image size, crop range and no flips (a mirrored 2 is not a 2); image
+folders get the ImageNet recipe. config.json records the resolved values and which ones came
+from the data. The defaults tables live in `defaults`, what --resume keeps in `resume_rules`,
+the checks in `validation`, the resume merge in `resume_merge`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import logging
-import math
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -19,75 +18,22 @@ from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import INTERPOLATIONS, parse_floats
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
-from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.train.defaults import DEFAULT_GAMMA, data_default_help
 from torchkit.core.train.option_specs import (
     DATA_PANEL,
     MODEL_PANEL,
     OPTIM_PANEL,
     OUTPUTS_PANEL,
     OptionSpec,
-    default_flag,
     option,
     option_specs,
 )
-
-log = logging.getLogger("torchkit")
+from torchkit.core.train.resume_rules import resume_help
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULERS = ("cosine", "step", "multistep", "exponential", "plateau", "none")
 AMP_DTYPES = ("auto", "bf16", "fp16")
 BEST_METRICS = ("top1", "loss")
-
-# The default decay factor of each scheduler that decays by a factor.
-DEFAULT_GAMMA = {"step": 0.1, "multistep": 0.1, "exponential": 0.95, "plateau": 0.1}
-
-# Defaults that depend on the data (see `resolve_defaults`).
-DIGITS_DEFAULTS: dict[str, Any] = {
-    "model": "convnet",
-    # The 8x8 digits upsampled 1.5x: the convnet's two 3x3 convolutions need room. The size,
-    # batch size and epochs were chosen over seeds 0-7 (README, Performance): 12 px with
-    # batches of 32 for 25 epochs is at least as accurate as 16 px, 64, 20 epochs, and faster.
-    "image_size": 12,
-    "batch_size": 32,
-    "epochs": 25,
-    "channels_last": True,  # about 15% faster convolutions on CPUs for this convnet
-    "flip": False,  # mirrored digits are other symbols
-    "crop_scale": (0.85, 1.0),  # RandomResizedCrop's 8% would cut most of the stroke away
-    # 180 validation images: top-1 moves in steps of 0.56% and saturates within a few epochs,
-    # so it would keep an early, lucky checkpoint; the continuous val loss keeps improving.
-    "best_metric": "loss",
-    # ...and the val loss of one model's weights still jumps from epoch to epoch at 180 images:
-    # the weight average is steadier, so it picks best.pt (measured over 8 seeds: test errors
-    # of best.pt 1-2 of 179 with it, up to 3 without).
-    "ema": True,
-}
-FOLDER_DEFAULTS: dict[str, Any] = {
-    "model": "resnet18",
-    "image_size": 224,
-    "batch_size": 64,
-    "epochs": 20,
-    "channels_last": False,
-    "flip": True,
-    "crop_scale": (0.08, 1.0),
-    "best_metric": "top1",
-    "ema": False,
-}
-
-
-def data_default_help(name: str) -> str:
-    """'Default: X for digits, Y for image folders.' of an option whose default depends on the
-    data, for its help text."""
-
-    def shown(value: Any) -> str:
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        if isinstance(value, tuple):
-            return ",".join(f"{v:g}" for v in value)
-        return str(value)
-
-    digits, folders = shown(DIGITS_DEFAULTS[name]), shown(FOLDER_DEFAULTS[name])
-    return f"Default: {digits} for digits, {folders} for image folders."
-
 
 # The seeds torch.manual_seed takes (an int64 or a uint64).
 SEEDS = (-(2**63), 2**64 - 1)
@@ -102,60 +48,6 @@ def parse_milestones(text: str | None, flag: str) -> tuple[int, ...]:
         return tuple(int(p) for p in text.replace(",", " ").split())
     except ValueError:
         raise ValueError(f"expected epochs like 30,60, not {text!r}") from None
-
-
-# What `--resume` does with options given again. Those below define the checkpoint's weights,
-# its optimiser state, the data split or what an epoch and an update are: a different value is
-# refused, naming both values. Every other option applies from the resumed step on (the
-# learning rates and weight decay too: see `optim.load_optimizer_state`), and config.json
-# records the values the run trains with.
-FIXED_ON_RESUME: dict[str, str] = {
-    "model": "the weights are of that model",
-    "image_size": "the weights were trained at that size",
-    "resize_size": "the validation metrics so far were measured at that size",
-    "mean": "the weights expect inputs normalised that way",
-    "interpolation": "the weights were trained on images resized that way",
-    "std": "the weights expect inputs normalised that way",
-    "sync_bn": "the weights and the optimiser state are of that model",
-    "optimizer": "the optimiser state is of that optimiser",
-    "freeze_backbone": "the optimiser state is of those parameters",
-    "decay_all": "the optimiser's parameter groups would change",
-    "batch_size": "the schedule and the place inside the epoch count batches of that size",
-    "accum_steps": "the schedule counts updates of that many batches",
-    "seed": "the data order, the augmentation and --val-split's split follow the seed",
-    "balanced_sampler": "the place inside the epoch counts images of that order",
-    "val_split": "another split would move validation images into training",
-    "best_metric": "best.pt and the best epoch so far were picked by it",
-}
-# Options whose default the run chose for its machine (core.train.setup): a resumed run not
-# given one chooses again, for the machine it continues on (a digits run recorded on a GPU
-# with --cuda-graphs may resume on a CPU).
-CHOSEN_FOR_THE_MACHINE = ("cuda_graphs",)
-# Options that only make sense for a run that starts from scratch: refused with --resume.
-NEW_RUN_ONLY = {"weights": "the run continues from the checkpoint's weights"}
-# Not training options: how this invocation runs, never compared.
-IGNORED_ON_RESUME = (
-    "resume",
-    "force",
-    "out",
-    "data_defaults",
-    "dist_timeout",
-    "trust_checkpoint",
-    "profile_steps",
-)
-
-
-def resume_help() -> str:
-    """What `--resume` says about options given again (its help text). Written before the
-    options table exists, so the names are the fields' plain spellings (a test holds them to
-    the table)."""
-    fixed = ", ".join(default_flag(name) for name in FIXED_ON_RESUME)
-    return (
-        "Continue a run exactly: its folder (last.pt) or a checkpoint file. Options given again "
-        "apply from the resumed step on (--epochs extends the run and its schedule; --lr, "
-        "--weight-decay, the schedule, regularisation, --device, --workers... take effect), "
-        f"except {fixed}, which cannot change."
-    )
 
 
 @dataclass
@@ -600,314 +492,7 @@ class TrainConfig:
 TRAIN_OPTIONS: dict[str, OptionSpec] = option_specs(TrainConfig)
 
 
-# Options added after runs were already being recorded, with the value those runs trained with
-# where it is not today's default: a recorded run's options (a checkpoint's, a config.json's)
-# without the key get this value, so resuming or replaying an old run repeats it exactly.
-BEFORE_THE_OPTION_EXISTED: dict[str, Any] = {"decode": "exact"}
-
-
-def with_pre_option_values(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded run's options, with the values of options it predates filled in."""
-    return {**BEFORE_THE_OPTION_EXISTED, **recorded}
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
-
-
-def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
-    """Fill the None options from the data; the names filled go into `data_defaults`."""
-    from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
-
-    table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
-    chosen = {name: value for name, value in table.items() if getattr(config, name) is None}
-    if config.resize_size is None:
-        # digits: no centre crop; images: torchvision's 256/224 resize-then-crop ratio.
-        image_size = chosen.get("image_size", config.image_size)
-        chosen["resize_size"] = image_size if is_digits else int(round(image_size / 0.875))
-    resolved = dataclasses.replace(config, **chosen)
-    resolved.mean = _three(resolved.mean, IMAGENET_MEAN)
-    resolved.std = _three(resolved.std, IMAGENET_STD)
-    resolved.data_defaults = tuple(sorted(set(config.data_defaults) | set(chosen)))
-    validate(resolved)
-    return resolved
-
-
-def _three(values: tuple[float, ...] | None, default: tuple[float, ...]) -> tuple[float, ...]:
-    """Per-channel statistics for RGB input: one value stands for all three channels."""
-    if values is None:
-        return tuple(default)
-    return tuple(values) * 3 if len(values) == 1 else tuple(values)
-
-
-def validate(config: TrainConfig) -> None:
-    """Refuse contradictory or out-of-range options before anything is loaded; warn of
-    options that work against each other."""
-
-    def bad(message: str, hint: str | None = None) -> None:
-        raise UsageError(message, hint)
-
-    check_finite(config)
-    if config.optimizer not in OPTIMIZERS:
-        bad(f"unknown optimizer {config.optimizer!r}", "use " + ", ".join(OPTIMIZERS))
-    if config.scheduler not in SCHEDULERS:
-        bad(f"unknown scheduler {config.scheduler!r}", "use " + ", ".join(SCHEDULERS))
-    if config.best_metric is not None and config.best_metric not in BEST_METRICS:
-        bad(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
-    if config.augment not in AUGMENT_POLICIES:
-        bad(f"unknown --augment {config.augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
-    if config.interpolation not in INTERPOLATIONS:
-        bad(
-            f"unknown --interpolation {config.interpolation!r}",
-            "use " + ", ".join(INTERPOLATIONS),
-        )
-    if not 0 <= config.randaugment_magnitude <= 30:
-        bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
-    if config.decode not in DECODE_CHOICES:
-        bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_CHOICES))
-    if config.decode == "device":
-        from torchkit.core.data.device_decode import check_device_decode
-
-        check_device_decode(config.augment, config.random_erasing)
-    if not 0 <= config.random_erasing <= 1:
-        bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
-    if not 0 <= config.decode_cpu_share <= 1:
-        bad(f"--decode-cpu-share is a fraction in [0, 1], not {config.decode_cpu_share}")
-    if config.decode_cpu_share > 0 and config.decode in ("fast", "exact"):
-        bad(
-            f"--decode-cpu-share shares the decoding with the device, and --decode "
-            f"{config.decode} decodes nothing there",
-            "use --decode device (or auto, on CUDA)",
-        )
-    if config.amp_dtype not in AMP_DTYPES:
-        bad(f"unknown --amp-dtype {config.amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
-    if config.epochs is not None and config.epochs < 1:
-        bad(f"--epochs must be at least 1, not {config.epochs}")
-    if config.batch_size is not None and config.batch_size < 1:
-        bad(f"--batch-size must be at least 1, not {config.batch_size}")
-    if config.accum_steps < 1:
-        bad(f"--accum-steps must be at least 1, not {config.accum_steps}")
-    if config.lr <= 0:
-        bad(f"--lr must be positive, not {config.lr}")
-    if config.backbone_lr is not None and config.head_lr_mult is not None:
-        bad("--backbone-lr and --head-lr-mult both set the head/backbone ratio", "give one")
-    if config.backbone_lr is not None and config.backbone_lr < 0:
-        bad(f"--backbone-lr must not be negative, not {config.backbone_lr}")
-    if config.head_lr_mult is not None and config.head_lr_mult <= 0:
-        bad(f"--head-lr-mult must be positive, not {config.head_lr_mult}")
-    if config.freeze_backbone and (config.backbone_lr is not None):
-        bad("--freeze-backbone trains no backbone, so --backbone-lr has nothing to do")
-    if config.nesterov and (config.optimizer != "sgd" or config.momentum <= 0):
-        bad("--nesterov needs --optimizer sgd with a positive --momentum")
-    if not 0 <= config.label_smoothing < 1:
-        bad(f"--label-smoothing must be in [0, 1), not {config.label_smoothing}")
-    for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
-        if getattr(config, name) < 0:
-            bad(f"{option_name(name)} must not be negative, not {getattr(config, name)}")
-    if not 0 <= config.momentum < 1:
-        bad(f"--momentum must be in [0, 1), not {config.momentum}")
-    if config.gamma is not None and not 0 < config.gamma <= 1:
-        bad(f"--gamma is a decay factor: it must be in (0, 1], not {config.gamma}")
-    if config.min_lr > config.lr:
-        bad(
-            f"--min-lr {config.min_lr} is larger than --lr {config.lr}",
-            "the schedule anneals from --lr down to --min-lr",
-        )
-    if config.clip_grad is not None and config.clip_grad <= 0:
-        bad(f"--clip-grad must be positive, not {config.clip_grad}")
-    if not 0 < config.ema_decay < 1:
-        bad(f"--ema-decay must be between 0 and 1, not {config.ema_decay}")
-    if config.val_split is not None and not 0 < config.val_split < 1:
-        bad(f"--val-split must be between 0 and 1, not {config.val_split}")
-    if config.crop_scale is not None:
-        low, high = config.crop_scale
-        if not 0 < low <= high <= 1:
-            bad(f"--crop-scale must satisfy 0 < MIN <= MAX <= 1, not {low} {high}")
-    if config.image_size is not None and config.image_size < 1:
-        bad(f"--image-size must be positive, not {config.image_size}")
-    if config.image_size is not None or config.resize_size is not None:
-        from torchkit.core.data.preprocessing import check_image_memory
-
-        given = [("--image-size", config.image_size), ("--resize-size", config.resize_size)]
-        option, side = max(((o, v) for o, v in given if v is not None), key=lambda ov: ov[1])
-        check_image_memory(side, 3, f"{option} {side}")
-    if (
-        config.resize_size is not None
-        and config.image_size is not None
-        and config.resize_size < config.image_size
-    ):
-        bad(
-            f"--resize-size {config.resize_size} is smaller than --image-size {config.image_size}",
-            "the centre crop must fit inside the resized image",
-        )
-    for name in ("mean", "std"):
-        values = getattr(config, name)
-        if values is not None and len(values) not in (1, 3):
-            bad(f"--{name} takes 3 values (one per RGB channel) or 1, not {len(values)}")
-    if config.std is not None and any(v <= 0 for v in config.std):
-        bad("--std values must be positive")
-    if config.scheduler == "multistep" and not config.milestones:
-        bad("--scheduler multistep needs --milestones", "e.g. --milestones 30,60")
-    if any(milestone < 1 for milestone in config.milestones):
-        given = ",".join(map(str, config.milestones))
-        bad(
-            f"--milestones are the epochs after which the learning rate drops, from 1: not {given}",
-            "e.g. --milestones 30,60",
-        )
-    if not SEEDS[0] <= config.seed <= SEEDS[1]:
-        bad(f"--seed {config.seed} is outside torch's seeds, {SEEDS[0]} to {SEEDS[1]}")
-    if config.step_size < 1:
-        bad(f"--step-size must be at least 1, not {config.step_size}")
-    for name in ("save_every", "keep", "early_stop", "patience"):
-        if getattr(config, name) < 0:
-            bad(f"{option_name(name)} must not be negative")
-    if config.workers is not None and config.workers < 0:
-        bad(f"--workers must not be negative, not {config.workers}")
-    if config.find_lr:
-        if not 0 < config.lr_min < config.lr_max:
-            bad(f"--lr-min {config.lr_min} and --lr-max {config.lr_max}: need 0 < MIN < MAX")
-        if config.find_lr_iters < 2:
-            bad(f"--find-lr-iters must be at least 2, not {config.find_lr_iters}")
-        if config.resume is not None:
-            bad("--find-lr starts from the model's weights; it does not continue a run")
-        if config.profile_steps:
-            bad("--profile-steps profiles training epochs, and --find-lr trains none")
-    if config.cudnn_benchmark and config.deterministic:
-        bad(
-            "--cudnn-benchmark picks algorithms by timing them, which --deterministic rules out",
-            "drop one of the two",
-        )
-    # Not refused with the autotuning off: a resumed run keeps its limit when given
-    # --no-cudnn-benchmark, and there is no value that says "none".
-    if config.cudnn_benchmark_limit is not None and config.cudnn_benchmark_limit < 0:
-        bad(f"--cudnn-benchmark-limit must not be negative, not {config.cudnn_benchmark_limit}")
-    if config.cuda_graphs:
-        _check_graphable(config)
-    if not config.dist_timeout > 0:
-        bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
-    if config.balanced_sampler and config.class_weights != "none":
-        log.warning(
-            "--class-weights %s and --balanced-sampler both correct the class imbalance: "
-            "together they over-correct (rare classes end up outweighing common ones); use one "
-            "of them",
-            config.class_weights,
-        )
-
-
-def _check_graphable(config: TrainConfig) -> None:
-    """--cuda-graphs records one fixed update: nothing in it may vary from step to step on
-    the host (mixing draws on the host; accumulation and --compile change the step)."""
-    reason = graph_refusal(config)
-    if reason is not None:
-        raise UsageError(f"--cuda-graphs {reason}", "drop --cuda-graphs, or the other option")
-
-
-def graph_refusal(config: TrainConfig) -> str | None:
-    """Why the options rule out --cuda-graphs (the end of its error), or None."""
-    refusals = (
-        (
-            config.optimizer not in ("sgd", "adam", "adamw"),
-            f"needs a fused optimiser (sgd, adam or adamw), not {config.optimizer}",
-        ),
-        (config.accum_steps > 1, "records one batch per update: it cannot use --accum-steps"),
-        (
-            config.mixup_alpha > 0 or config.cutmix_alpha > 0,
-            "cannot use --mixup or --cutmix: they draw on the host at each step",
-        ),
-        (config.compile, "cannot record a compiled model's step: use one of the two"),
-        (config.find_lr, "speeds up training epochs, and --find-lr trains none"),
-    )
-    return next((reason for refused, reason in refusals if refused), None)
-
-
-def option_name(field_name: str) -> str:
-    """The command-line spelling of a TrainConfig field: `min_lr` -> `--min-lr`."""
-    spec = TRAIN_OPTIONS.get(field_name)
-    return spec.name if spec is not None else default_flag(field_name)
-
-
-def check_finite(config: TrainConfig) -> None:
-    """Every floating-point option (and each value of a tuple of them) is a finite number: a
-    NaN passes every `<` and `>` check, and would train, or freeze part of the model, quietly."""
-    for f in fields(config):
-        value = getattr(config, f.name)
-        values = value if isinstance(value, tuple) else (value,)
-        for item in values:
-            if isinstance(item, float) and not math.isfinite(item):
-                shown = _show(value)
-                raise UsageError(
-                    f"{option_name(f.name)} must be a finite number, not {shown}",
-                    "nan and inf are not option values",
-                )
-
-
-def merge_for_resume(
-    saved: Mapping[str, Any], config: TrainConfig, overrides: Collection[str] | None
-) -> TrainConfig:
-    """The saved run's options, with `overrides` (option names) taken from `config`.
-
-    With `overrides` None, every option of `config` that differs from the default counts as
-    given. An option of FIXED_ON_RESUME given with another value than the checkpoint's is a
-    CheckpointError naming both values; --weights is a UsageError.
-    """
-    base = TrainConfig.from_dict(with_pre_option_values(saved))
-    defaults = TrainConfig()
-    known = TRAIN_OPTIONS.keys()
-    if overrides is None:
-        overrides = [name for name in known if getattr(config, name) != getattr(defaults, name)]
-    changes: dict[str, Any] = {}
-    for name in overrides:
-        if name in IGNORED_ON_RESUME or name not in known:
-            continue
-        value = getattr(config, name)
-        if name in NEW_RUN_ONLY:
-            if value:
-                raise UsageError(
-                    f"{option_name(name)} cannot be used with --resume",
-                    NEW_RUN_ONLY[name] + f"; drop {option_name(name)}",
-                )
-            continue
-        old = getattr(base, name)
-        if name in FIXED_ON_RESUME:
-            if value is None or _same(name, value, old):
-                continue
-            raise CheckpointError(
-                f"the checkpoint was trained with {option_name(name)} {_show(old)}, "
-                f"not {_show(value)}",
-                f"{option_name(name)} cannot change on resume: {FIXED_ON_RESUME[name]}; drop "
-                f"it to continue the run, or start a new run from its weights with --weights",
-            )
-        changes[name] = value
-    merged = dataclasses.replace(base, **changes)
-    merged.resume = config.resume
-    merged.force = config.force
-    merged.dist_timeout = config.dist_timeout
-    merged.trust_checkpoint = config.trust_checkpoint  # this invocation's say, not the saved run's
-    merged.profile_steps = config.profile_steps  # profiles this invocation, never a saved one
-    merged.out = config.out
-    merged.weights = None  # the checkpoint's weights replace any pretrained start
-    for name in CHOSEN_FOR_THE_MACHINE:
-        if name in base.data_defaults and name not in changes:
-            setattr(merged, name, None)  # chosen again where the run goes on
-    return merged
-
-
-def _same(name: str, value: Any, old: Any) -> bool:
-    """Equal as the run would use them (one --mean value stands for three)."""
-    if name in ("mean", "std") and value is not None and old is not None:
-        return _three(tuple(value), ()) == _three(tuple(old), ())
-    if isinstance(value, (tuple, list)) and isinstance(old, (tuple, list)):
-        return tuple(value) == tuple(old)
-    return value == old
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, (tuple, list)):
-        return " ".join(str(v) for v in value)
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if value is None:
-        return "unset"
-    return str(value)

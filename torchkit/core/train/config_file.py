@@ -23,12 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.train.config import (
-    TRAIN_OPTIONS,
-    TrainConfig,
-    option_name,
-    with_pre_option_values,
-)
+from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
+from torchkit.core.train.defaults import with_pre_option_values
+from torchkit.core.train.validation import option_name
 
 # Entries of a run's options that describe that run, not the recipe.
 NOT_CARRIED = ("out", "resume", "force", "data_defaults", "profile_steps")
@@ -224,7 +221,7 @@ def apply_config_file(
 def effective_config(config: TrainConfig) -> dict[str, Any]:
     """What the run will use (data defaults filled), for `--print-config`."""
     from torchkit.core.data.sources.digits import DIGITS
-    from torchkit.core.train.config import resolve_defaults
+    from torchkit.core.train.validation import resolve_defaults
 
     resolved = resolve_defaults(config, is_digits=config.data == DIGITS)
     return {name: value for name, value in resolved.to_dict().items() if name in TRAIN_OPTIONS}

@@ -47,7 +47,7 @@ def run_refusal(device: Any, *, distributed: bool, amp_dtype: str) -> tuple[str,
     """(message, hint) of why a --cuda-graphs run cannot record its step, or None: not on
     CUDA, several processes (DDP's hooks all-reduce on the host's schedule), or float16 AMP
     (its GradScaler decides on the host whether to step). The config's own refusals are in
-    core.train.config (`graph_refusal`)."""
+    core.train.validation (`graph_refusal`)."""
     hint = "drop --cuda-graphs; a resumed run takes --no-cuda-graphs"
     if device.type not in GRAPH_DEVICES:
         return f"--cuda-graphs needs a CUDA device, and this run is on {device}", hint

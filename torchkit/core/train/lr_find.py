@@ -65,7 +65,7 @@ def ignored_options(config: Any) -> list[str]:
     away from their defaults but that --find-lr ignores, as `--epochs` spellings, for a note."""
     from dataclasses import fields
 
-    from torchkit.core.train.config import option_name
+    from torchkit.core.train.validation import option_name
 
     defaults = {f.name: f.default for f in fields(config)}
     return [

@@ -25,13 +25,15 @@ from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights
-from torchkit.core.train.config import TrainConfig, merge_for_resume, resolve_defaults
+from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
 from torchkit.core.train.loop import StepContext, UnreadableImages
 from torchkit.core.train.resume import ResumePoint, restore_training, resume_point
+from torchkit.core.train.resume_merge import merge_for_resume
 from torchkit.core.train.state import Amp, TrainState
 from torchkit.core.train.timeline import RunTimeline
+from torchkit.core.train.validation import resolve_defaults
 
 
 @dataclass
@@ -284,8 +286,8 @@ def _resolve_cuda_graphs(ctx: DistContext, config: TrainConfig, amp_dtype: str) 
         return config
     chosen = False
     if config.data == DIGITS:  # the graph module is imported for digits runs only
-        from torchkit.core.train.config import graph_refusal
         from torchkit.core.train.graphed_step import run_refusal
+        from torchkit.core.train.validation import graph_refusal
 
         refusal = run_refusal(ctx.device, distributed=ctx.is_distributed, amp_dtype=amp_dtype)
         chosen = refusal is None and graph_refusal(config) is None

@@ -1,0 +1,78 @@
+"""`--resume`'s options: the saved run's, with the options given again where they may change."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
+from torchkit.core.train.defaults import with_pre_option_values
+from torchkit.core.train.resume_rules import (
+    CHOSEN_FOR_THE_MACHINE,
+    FIXED_ON_RESUME,
+    IGNORED_ON_RESUME,
+    NEW_RUN_ONLY,
+)
+from torchkit.core.train.validation import option_name, show_value, three_channels
+
+
+def merge_for_resume(
+    saved: Mapping[str, Any], config: TrainConfig, overrides: Collection[str] | None
+) -> TrainConfig:
+    """The saved run's options, with `overrides` (option names) taken from `config`.
+
+    With `overrides` None, every option of `config` that differs from the default counts as
+    given. An option of FIXED_ON_RESUME given with another value than the checkpoint's is a
+    CheckpointError naming both values; --weights is a UsageError.
+    """
+    base = TrainConfig.from_dict(with_pre_option_values(saved))
+    defaults = TrainConfig()
+    known = TRAIN_OPTIONS.keys()
+    if overrides is None:
+        overrides = [name for name in known if getattr(config, name) != getattr(defaults, name)]
+    changes: dict[str, Any] = {}
+    for name in overrides:
+        if name in IGNORED_ON_RESUME or name not in known:
+            continue
+        value = getattr(config, name)
+        if name in NEW_RUN_ONLY:
+            if value:
+                raise UsageError(
+                    f"{option_name(name)} cannot be used with --resume",
+                    NEW_RUN_ONLY[name] + f"; drop {option_name(name)}",
+                )
+            continue
+        old = getattr(base, name)
+        if name in FIXED_ON_RESUME:
+            if value is None or _same(name, value, old):
+                continue
+            raise CheckpointError(
+                f"the checkpoint was trained with {option_name(name)} {show_value(old)}, "
+                f"not {show_value(value)}",
+                f"{option_name(name)} cannot change on resume: {FIXED_ON_RESUME[name]}; drop "
+                f"it to continue the run, or start a new run from its weights with --weights",
+            )
+        changes[name] = value
+    merged = dataclasses.replace(base, **changes)
+    merged.resume = config.resume
+    merged.force = config.force
+    merged.dist_timeout = config.dist_timeout
+    merged.trust_checkpoint = config.trust_checkpoint  # this invocation's say, not the saved run's
+    merged.profile_steps = config.profile_steps  # profiles this invocation, never a saved one
+    merged.out = config.out
+    merged.weights = None  # the checkpoint's weights replace any pretrained start
+    for name in CHOSEN_FOR_THE_MACHINE:
+        if name in base.data_defaults and name not in changes:
+            setattr(merged, name, None)  # chosen again where the run goes on
+    return merged
+
+
+def _same(name: str, value: Any, old: Any) -> bool:
+    """Equal as the run would use them (one --mean value stands for three)."""
+    if name in ("mean", "std") and value is not None and old is not None:
+        return three_channels(tuple(value), ()) == three_channels(tuple(old), ())
+    if isinstance(value, (tuple, list)) and isinstance(old, (tuple, list)):
+        return tuple(value) == tuple(old)
+    return value == old

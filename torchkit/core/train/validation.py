@@ -1,0 +1,265 @@
+"""`torchkit train`'s options filled from the data and checked before anything is loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import fields
+from typing import Any
+
+from torchkit.core.data.decode import DECODE_CHOICES
+from torchkit.core.data.preprocessing import INTERPOLATIONS
+from torchkit.core.data.transforms import AUGMENT_POLICIES
+from torchkit.core.io.errors import UsageError
+from torchkit.core.train.config import (
+    AMP_DTYPES,
+    BEST_METRICS,
+    OPTIMIZERS,
+    SCHEDULERS,
+    SEEDS,
+    TRAIN_OPTIONS,
+    TrainConfig,
+)
+from torchkit.core.train.defaults import DIGITS_DEFAULTS, FOLDER_DEFAULTS
+from torchkit.core.train.option_specs import default_flag
+
+log = logging.getLogger("torchkit")
+
+
+def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
+    """Fill the None options from the data; the names filled go into `data_defaults`."""
+    from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+
+    table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
+    chosen = {name: value for name, value in table.items() if getattr(config, name) is None}
+    if config.resize_size is None:
+        # digits: no centre crop; images: torchvision's 256/224 resize-then-crop ratio.
+        image_size = chosen.get("image_size", config.image_size)
+        chosen["resize_size"] = image_size if is_digits else int(round(image_size / 0.875))
+    resolved = dataclasses.replace(config, **chosen)
+    resolved.mean = three_channels(resolved.mean, IMAGENET_MEAN)
+    resolved.std = three_channels(resolved.std, IMAGENET_STD)
+    resolved.data_defaults = tuple(sorted(set(config.data_defaults) | set(chosen)))
+    validate(resolved)
+    return resolved
+
+
+def three_channels(
+    values: tuple[float, ...] | None, default: tuple[float, ...]
+) -> tuple[float, ...]:
+    """Per-channel statistics for RGB input: one value stands for all three channels."""
+    if values is None:
+        return tuple(default)
+    return tuple(values) * 3 if len(values) == 1 else tuple(values)
+
+
+def validate(config: TrainConfig) -> None:
+    """Refuse contradictory or out-of-range options before anything is loaded; warn of
+    options that work against each other."""
+
+    def bad(message: str, hint: str | None = None) -> None:
+        raise UsageError(message, hint)
+
+    check_finite(config)
+    if config.optimizer not in OPTIMIZERS:
+        bad(f"unknown optimizer {config.optimizer!r}", "use " + ", ".join(OPTIMIZERS))
+    if config.scheduler not in SCHEDULERS:
+        bad(f"unknown scheduler {config.scheduler!r}", "use " + ", ".join(SCHEDULERS))
+    if config.best_metric is not None and config.best_metric not in BEST_METRICS:
+        bad(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
+    if config.augment not in AUGMENT_POLICIES:
+        bad(f"unknown --augment {config.augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
+    if config.interpolation not in INTERPOLATIONS:
+        bad(
+            f"unknown --interpolation {config.interpolation!r}",
+            "use " + ", ".join(INTERPOLATIONS),
+        )
+    if not 0 <= config.randaugment_magnitude <= 30:
+        bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
+    if config.decode not in DECODE_CHOICES:
+        bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_CHOICES))
+    if config.decode == "device":
+        from torchkit.core.data.device_decode import check_device_decode
+
+        check_device_decode(config.augment, config.random_erasing)
+    if not 0 <= config.random_erasing <= 1:
+        bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
+    if not 0 <= config.decode_cpu_share <= 1:
+        bad(f"--decode-cpu-share is a fraction in [0, 1], not {config.decode_cpu_share}")
+    if config.decode_cpu_share > 0 and config.decode in ("fast", "exact"):
+        bad(
+            f"--decode-cpu-share shares the decoding with the device, and --decode "
+            f"{config.decode} decodes nothing there",
+            "use --decode device (or auto, on CUDA)",
+        )
+    if config.amp_dtype not in AMP_DTYPES:
+        bad(f"unknown --amp-dtype {config.amp_dtype!r}", "use " + ", ".join(AMP_DTYPES))
+    if config.epochs is not None and config.epochs < 1:
+        bad(f"--epochs must be at least 1, not {config.epochs}")
+    if config.batch_size is not None and config.batch_size < 1:
+        bad(f"--batch-size must be at least 1, not {config.batch_size}")
+    if config.accum_steps < 1:
+        bad(f"--accum-steps must be at least 1, not {config.accum_steps}")
+    if config.lr <= 0:
+        bad(f"--lr must be positive, not {config.lr}")
+    if config.backbone_lr is not None and config.head_lr_mult is not None:
+        bad("--backbone-lr and --head-lr-mult both set the head/backbone ratio", "give one")
+    if config.backbone_lr is not None and config.backbone_lr < 0:
+        bad(f"--backbone-lr must not be negative, not {config.backbone_lr}")
+    if config.head_lr_mult is not None and config.head_lr_mult <= 0:
+        bad(f"--head-lr-mult must be positive, not {config.head_lr_mult}")
+    if config.freeze_backbone and (config.backbone_lr is not None):
+        bad("--freeze-backbone trains no backbone, so --backbone-lr has nothing to do")
+    if config.nesterov and (config.optimizer != "sgd" or config.momentum <= 0):
+        bad("--nesterov needs --optimizer sgd with a positive --momentum")
+    if not 0 <= config.label_smoothing < 1:
+        bad(f"--label-smoothing must be in [0, 1), not {config.label_smoothing}")
+    for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
+        if getattr(config, name) < 0:
+            bad(f"{option_name(name)} must not be negative, not {getattr(config, name)}")
+    if not 0 <= config.momentum < 1:
+        bad(f"--momentum must be in [0, 1), not {config.momentum}")
+    if config.gamma is not None and not 0 < config.gamma <= 1:
+        bad(f"--gamma is a decay factor: it must be in (0, 1], not {config.gamma}")
+    if config.min_lr > config.lr:
+        bad(
+            f"--min-lr {config.min_lr} is larger than --lr {config.lr}",
+            "the schedule anneals from --lr down to --min-lr",
+        )
+    if config.clip_grad is not None and config.clip_grad <= 0:
+        bad(f"--clip-grad must be positive, not {config.clip_grad}")
+    if not 0 < config.ema_decay < 1:
+        bad(f"--ema-decay must be between 0 and 1, not {config.ema_decay}")
+    if config.val_split is not None and not 0 < config.val_split < 1:
+        bad(f"--val-split must be between 0 and 1, not {config.val_split}")
+    if config.crop_scale is not None:
+        low, high = config.crop_scale
+        if not 0 < low <= high <= 1:
+            bad(f"--crop-scale must satisfy 0 < MIN <= MAX <= 1, not {low} {high}")
+    if config.image_size is not None and config.image_size < 1:
+        bad(f"--image-size must be positive, not {config.image_size}")
+    if config.image_size is not None or config.resize_size is not None:
+        from torchkit.core.data.preprocessing import check_image_memory
+
+        given = [("--image-size", config.image_size), ("--resize-size", config.resize_size)]
+        option, side = max(((o, v) for o, v in given if v is not None), key=lambda ov: ov[1])
+        check_image_memory(side, 3, f"{option} {side}")
+    if (
+        config.resize_size is not None
+        and config.image_size is not None
+        and config.resize_size < config.image_size
+    ):
+        bad(
+            f"--resize-size {config.resize_size} is smaller than --image-size {config.image_size}",
+            "the centre crop must fit inside the resized image",
+        )
+    for name in ("mean", "std"):
+        values = getattr(config, name)
+        if values is not None and len(values) not in (1, 3):
+            bad(f"--{name} takes 3 values (one per RGB channel) or 1, not {len(values)}")
+    if config.std is not None and any(v <= 0 for v in config.std):
+        bad("--std values must be positive")
+    if config.scheduler == "multistep" and not config.milestones:
+        bad("--scheduler multistep needs --milestones", "e.g. --milestones 30,60")
+    if any(milestone < 1 for milestone in config.milestones):
+        given = ",".join(map(str, config.milestones))
+        bad(
+            f"--milestones are the epochs after which the learning rate drops, from 1: not {given}",
+            "e.g. --milestones 30,60",
+        )
+    if not SEEDS[0] <= config.seed <= SEEDS[1]:
+        bad(f"--seed {config.seed} is outside torch's seeds, {SEEDS[0]} to {SEEDS[1]}")
+    if config.step_size < 1:
+        bad(f"--step-size must be at least 1, not {config.step_size}")
+    for name in ("save_every", "keep", "early_stop", "patience"):
+        if getattr(config, name) < 0:
+            bad(f"{option_name(name)} must not be negative")
+    if config.workers is not None and config.workers < 0:
+        bad(f"--workers must not be negative, not {config.workers}")
+    if config.find_lr:
+        if not 0 < config.lr_min < config.lr_max:
+            bad(f"--lr-min {config.lr_min} and --lr-max {config.lr_max}: need 0 < MIN < MAX")
+        if config.find_lr_iters < 2:
+            bad(f"--find-lr-iters must be at least 2, not {config.find_lr_iters}")
+        if config.resume is not None:
+            bad("--find-lr starts from the model's weights; it does not continue a run")
+        if config.profile_steps:
+            bad("--profile-steps profiles training epochs, and --find-lr trains none")
+    if config.cudnn_benchmark and config.deterministic:
+        bad(
+            "--cudnn-benchmark picks algorithms by timing them, which --deterministic rules out",
+            "drop one of the two",
+        )
+    # Not refused with the autotuning off: a resumed run keeps its limit when given
+    # --no-cudnn-benchmark, and there is no value that says "none".
+    if config.cudnn_benchmark_limit is not None and config.cudnn_benchmark_limit < 0:
+        bad(f"--cudnn-benchmark-limit must not be negative, not {config.cudnn_benchmark_limit}")
+    if config.cuda_graphs:
+        _check_graphable(config)
+    if not config.dist_timeout > 0:
+        bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
+    if config.balanced_sampler and config.class_weights != "none":
+        log.warning(
+            "--class-weights %s and --balanced-sampler both correct the class imbalance: "
+            "together they over-correct (rare classes end up outweighing common ones); use one "
+            "of them",
+            config.class_weights,
+        )
+
+
+def _check_graphable(config: TrainConfig) -> None:
+    """--cuda-graphs records one fixed update: nothing in it may vary from step to step on
+    the host (mixing draws on the host; accumulation and --compile change the step)."""
+    reason = graph_refusal(config)
+    if reason is not None:
+        raise UsageError(f"--cuda-graphs {reason}", "drop --cuda-graphs, or the other option")
+
+
+def graph_refusal(config: TrainConfig) -> str | None:
+    """Why the options rule out --cuda-graphs (the end of its error), or None."""
+    refusals = (
+        (
+            config.optimizer not in ("sgd", "adam", "adamw"),
+            f"needs a fused optimiser (sgd, adam or adamw), not {config.optimizer}",
+        ),
+        (config.accum_steps > 1, "records one batch per update: it cannot use --accum-steps"),
+        (
+            config.mixup_alpha > 0 or config.cutmix_alpha > 0,
+            "cannot use --mixup or --cutmix: they draw on the host at each step",
+        ),
+        (config.compile, "cannot record a compiled model's step: use one of the two"),
+        (config.find_lr, "speeds up training epochs, and --find-lr trains none"),
+    )
+    return next((reason for refused, reason in refusals if refused), None)
+
+
+def option_name(field_name: str) -> str:
+    """The command-line spelling of a TrainConfig field: `min_lr` -> `--min-lr`."""
+    spec = TRAIN_OPTIONS.get(field_name)
+    return spec.name if spec is not None else default_flag(field_name)
+
+
+def check_finite(config: TrainConfig) -> None:
+    """Every floating-point option (and each value of a tuple of them) is a finite number: a
+    NaN passes every `<` and `>` check, and would train, or freeze part of the model, quietly."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        for item in values:
+            if isinstance(item, float) and not math.isfinite(item):
+                shown = show_value(value)
+                raise UsageError(
+                    f"{option_name(f.name)} must be a finite number, not {shown}",
+                    "nan and inf are not option values",
+                )
+
+
+def show_value(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "unset"
+    return str(value)
