@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from torchkit.cli import app
-from torchkit.core import split as split_module
 from torchkit.core.data.sources import csv_samples
 from torchkit.core.data.sources.discovery import discover_image_folder, list_image_files
 from torchkit.core.data.sources.splitting import largest_remainder_counts, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.split import files as split_files
 from torchkit.core.split import parse_ratio, split_dataset
 
 ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)
@@ -279,7 +279,7 @@ def test_move_interrupted_half_way_loses_nothing_and_resumes(tmp_path, monkeypat
     root = make_files(tmp_path / "data", {"a": 6, "b": 5})
     contents = {p.name: p.read_bytes() for p in root.rglob("*.png")}
     out = tmp_path / "out"
-    real_move = split_module.move_file
+    real_move = split_files.move_file
     moved = []
 
     def crash_after_four(source, dest, **options):
@@ -288,7 +288,7 @@ def test_move_interrupted_half_way_loses_nothing_and_resumes(tmp_path, monkeypat
         real_move(source, dest, **options)
         moved.append(source)
 
-    monkeypatch.setattr(split_module, "move_file", crash_after_four)
+    monkeypatch.setattr(split_files, "move_file", crash_after_four)
     with pytest.raises(KeyboardInterrupt):
         split_dataset(root, out, mode="move", seed=2)
     in_root = {p.name for p in root.rglob("*.png")}
@@ -296,7 +296,7 @@ def test_move_interrupted_half_way_loses_nothing_and_resumes(tmp_path, monkeypat
     assert len(in_out) == 4 and not in_root & in_out and in_root | in_out == set(contents)
     assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "moving"
 
-    monkeypatch.setattr(split_module, "move_file", real_move)
+    monkeypatch.setattr(split_files, "move_file", real_move)
     with pytest.raises(UsageError, match="unfinished move"):  # another command is refused
         split_dataset(root, out, mode="copy", force=True)
     result = split_dataset(root, out, mode="move", seed=2)
@@ -317,7 +317,7 @@ def test_move_across_filesystems_copies_verifies_then_removes(tmp_path, monkeypa
     def no_rename(source, dest):
         raise OSError(errno.EXDEV, "Invalid cross-device link")
 
-    monkeypatch.setattr(split_module.os, "rename", no_rename)
+    monkeypatch.setattr(split_files.os, "rename", no_rename)
     split_dataset(root, tmp_path / "out", mode="move", ratio="2:1")
     assert not list(root.rglob("*.png"))
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").rglob("*.png")} == contents
@@ -334,11 +334,11 @@ def test_move_keeps_source_when_the_copy_differs(tmp_path, monkeypatch):
     def bad_copy(src, dst):
         Path(dst).write_bytes(b"precioux")  # a flipped byte on the way
 
-    monkeypatch.setattr(split_module.os, "rename", no_rename)
-    monkeypatch.setattr(split_module.shutil, "copy2", bad_copy)
+    monkeypatch.setattr(split_files.os, "rename", no_rename)
+    monkeypatch.setattr(split_files.shutil, "copy2", bad_copy)
     (tmp_path / "dest").mkdir()
     with pytest.raises(InputError, match="differs"):
-        split_module.move_file(str(source), str(tmp_path / "dest" / "a.png"))
+        split_files.move_file(str(source), str(tmp_path / "dest" / "a.png"))
     assert source.read_bytes() == b"precious" and not any((tmp_path / "dest").iterdir())
 
 

@@ -1,0 +1,50 @@
+"""Holding Ctrl-C and SIGTERM back for the few steps that must not be cut short."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+HELD_SIGNALS = ("SIGINT", "SIGTERM")
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block is done, then the first that came is raised as
+    its own handler would have (also when the block fails).
+
+    Their handlers are swapped for one that records them, rather than the signals masked: the
+    kernel hands a signal to any thread that does not block it (a copy thread, a pool's
+    threads) and Python then runs the handler in the main thread at once, so a mask in the main
+    thread would not hold it; and a mask is inherited by processes forked in the block (pool
+    workers that SIGTERM could then not stop). A process forked in the block that gets one
+    dies of it as by default. Outside the main thread, which owns the handlers, nothing is
+    held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+    received: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a process forked meanwhile
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        received.append(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        for name in HELD_SIGNALS:
+            number = getattr(signal, name)
+            previous[number] = signal.signal(number, hold)
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        if received:
+            signal.raise_signal(received[0])

@@ -1,0 +1,223 @@
+"""The file operations of a split: files copied, linked or moved into OUT (a move never loses a
+file, and Ctrl-C or SIGTERM never cuts one in two), split.csv written, a stopped move finished."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data.hashing import file_digest
+from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.files import atomic_write
+from torchkit.core.io.outputs import reporting_write_errors
+from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.signals import signals_held
+from torchkit.core.split.options import MANIFEST
+from torchkit.core.split.plan import Plan
+
+MOVE_TEMP = ".torchkit-move-"  # prefix of a cross-device copy that is not verified yet
+_COPY_THREADS = 8
+
+
+def _relative_to(sources: list[str], out: Path) -> list[str]:
+    """The sources as "/"-separated paths relative to OUT (absolute on another Windows drive)."""
+    out_real = os.path.abspath(out)
+    relative_dirs: dict[str, str] = {}  # relpath is slow; the sources share a few folders
+    paths = []
+    for source in sources:
+        folder, name = os.path.split(source)
+        relative = relative_dirs.get(folder)
+        if relative is None:
+            try:
+                relative = os.path.relpath(folder, out_real).replace(os.sep, "/")
+            except ValueError:
+                relative = folder.replace(os.sep, "/")
+            relative_dirs[folder] = relative
+        paths.append(f"{relative}/{name}")
+    return paths
+
+
+def write_manifest(out: Path, plan: Plan, names: list[str], mode: str) -> None:
+    """OUT/split.csv: path (relative to OUT, so the file works as a CSV index), label, split,
+    source (absolute); and `repeat` (0 for a file, k for its k-th extra copy) when the train
+    classes were oversampled."""
+    paths = plan.dests if mode != "manifest" else _relative_to(plan.sources, out)
+    split_names = [names[j] for j in plan.splits]
+    columns = [paths, plan.labels, split_names, plan.sources]
+    header = ["path", "label", "split", "source"]
+    if plan.repeats is not None:
+        columns.append(plan.repeats)
+        header.append("repeat")
+    with atomic_write(out / MANIFEST, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(zip(*columns, strict=True))
+
+
+class LinkTargets:
+    """Where a moved symbolic link must point so that it keeps pointing at the same file.
+
+    A link to a file that the same move moves points to that file's new place, as a relative
+    link inside OUT (so OUT can itself be moved later). Any other relative link is rewritten as
+    an absolute one (not re-relativised: an absolute link survives OUT being moved too): the
+    system reads a relative target from the link's own folder, so the real path of the folder
+    that target text names (its `..` resolved after symbolic links, as the system does),
+    followed by its last name, is the very same file from anywhere, and no longer depends on
+    ROOT's folders, which are empty after the move. The last name is not resolved, so a link
+    to a link stays one. An absolute link keeps its text."""
+
+    def __init__(self, sources: Sequence[str], targets: Sequence[str]) -> None:
+        self._pairs = (sources, targets)
+        self._moved_to: dict[str, str] | None = None  # built on the first link only
+
+    def _moved(self) -> dict[str, str]:
+        if self._moved_to is None:
+            sources, targets = self._pairs
+            real_dirs: dict[str, str] = {}  # the files share a few folders: resolve those once
+            self._moved_to = {}
+            for source, target in zip(sources, targets, strict=True):
+                if os.path.islink(source):
+                    continue
+                folder, name = os.path.split(source)
+                if folder not in real_dirs:
+                    real_dirs[folder] = os.path.realpath(folder)
+                # Already moved or not, a file that is no link is at its folder's real path.
+                self._moved_to[os.path.join(real_dirs[folder], name)] = target
+        return self._moved_to
+
+    def __call__(self, link: str, dest: str) -> str:
+        text = os.readlink(link)
+        moved_to = self._moved().get(os.path.realpath(link))
+        if moved_to is not None:
+            return os.path.relpath(moved_to, os.path.dirname(dest))
+        if os.path.isabs(text):
+            return text
+        folder, name = os.path.split(os.path.join(os.path.dirname(link), text))
+        return os.path.join(os.path.realpath(folder), name)
+
+
+def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
+    """Move one file so that it is never lost: a rename where possible (atomic: the file is in
+    exactly one place at every moment); across filesystems a copy to a temporary name beside
+    `dest`, flushed to disk and compared byte for byte (SHA-256) with the source, renamed into
+    place, and only then is the source removed.
+
+    A symbolic link is not renamed (a relative one would point elsewhere from its new folder):
+    a new link with the target `links` gives (see `LinkTargets`; the same target, absolute,
+    without it) is made beside `dest`, renamed into place, and the old link removed."""
+    if os.path.lexists(dest):
+        raise OutputExistsError(f"{dest} already exists", "it would be overwritten by the move")
+    folder, name = os.path.split(dest)
+    temporary = os.path.join(folder, f"{MOVE_TEMP}{name}")
+    if os.path.islink(source):
+        target = (links or LinkTargets((), ()))(source, dest)
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        os.symlink(target, temporary)
+        with signals_held():  # never the link in both places, nor in none
+            os.replace(temporary, dest)
+            os.unlink(source)
+        return
+    size = os.stat(source).st_size
+    try:
+        os.rename(source, dest)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    else:
+        if os.lstat(dest).st_size != size:  # a rename cannot change a file; checked anyway
+            raise InputError(f"{dest} does not match {source} after the move")
+        return
+    shutil.copy2(source, temporary)
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())
+    if os.stat(temporary).st_size != size or file_digest(temporary) != file_digest(source):
+        os.unlink(temporary)
+        raise InputError(f"the copy of {source} in {folder} differs from it; the source is kept")
+    with signals_held():
+        os.replace(temporary, dest)
+        os.unlink(source)
+
+
+def _copy_all(sources: list[str], targets: list[str], progress: Progress | None) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    total = len(sources)
+    # Copies wait on the disk, not the CPU: a few threads keep it busy.
+    pool = ThreadPoolExecutor(_COPY_THREADS)
+    try:
+        for done, _ in enumerate(pool.map(shutil.copy2, sources, targets), 1):
+            if progress and (done % 256 == 0 or done == total):
+                progress(done, total)
+    finally:
+        # On an error, Ctrl-C or SIGTERM the copies not started yet are dropped, not made.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def check_hardlinks(plan: Plan, out: Path) -> None:
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    out_device = os.stat(existing).st_dev
+    if any(os.stat(s).st_dev != out_device for s in plan.sources):
+        raise UsageError(
+            "--mode hardlink needs ROOT and OUT on the same filesystem",
+            "use --mode symlink or --mode copy",
+        )
+
+
+def place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> None:
+    total = len(plan.sources)
+    for folder in sorted({os.path.dirname(d) for d in plan.dests}):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+    targets = [os.path.join(out, d) for d in plan.dests]
+    if mode == "copy":
+        _copy_all(plan.sources, targets, progress)
+        return
+    links = LinkTargets(plan.sources, targets)
+    operation: Callable[[str, str], Any] = {
+        "symlink": lambda s, d: os.symlink(s, d),
+        "hardlink": os.link,
+        "move": lambda s, d: move_file(s, d, links=links),
+    }[mode]
+    for done, (source, target) in enumerate(zip(plan.sources, targets, strict=True), 1):
+        operation(source, target)
+        if progress and (done % 256 == 0 or done == total):
+            progress(done, total)
+
+
+def finish_rows(sources, targets, out: Path, links: LinkTargets, progress) -> None:
+    for done, (source_file, target) in enumerate(zip(sources, targets, strict=True), 1):
+        have_source, have_target = os.path.lexists(source_file), os.path.lexists(target)
+        if have_source and not have_target:
+            with reporting_write_errors(out):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+            move_file(source_file, target, links=links)
+        elif have_source and have_target:  # stopped between the copy and removing the source
+            if not _same_file(source_file, target):
+                raise InputError(
+                    f"{source_file} and {target} both exist and differ", "compare them by hand"
+                )
+            os.unlink(source_file)
+        elif not have_target:
+            raise InputError(f"{target} is neither in {out} nor at {source_file}")
+        if progress:
+            progress(done, len(sources))
+
+
+def _same_file(source: str, target: str) -> bool:
+    """A source that is still there beside its moved copy: the same bytes (for a link, the
+    same file it points to; one that points nowhere is a link the move had made already)."""
+    if os.path.islink(source) != os.path.islink(target):
+        return False  # e.g. a link to the source: removing the source would lose it
+    if os.path.islink(source):
+        try:
+            return os.path.samestat(os.stat(source), os.stat(target))
+        except OSError:
+            return True
+    return file_digest(source) == file_digest(target)

@@ -1,0 +1,143 @@
+"""`split`'s options: the sizes (`--ratio`, `--fixed`), the split names and `--group`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import UsageError
+
+log = logging.getLogger("torchkit")
+
+SPLIT_MODES = ("copy", "symlink", "hardlink", "move", "manifest")
+MANIFEST = "split.csv"
+RESERVED_PREFIX = ".torchkit"  # the marker, the journal, temporaries: never a split name
+
+
+_RATIO_PART = re.compile(r"(?=.{1,32}$)(\d+(\.\d*)?|\.\d+|\d+/\d+)")
+
+
+def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
+    """`8:1:1`, `0.7,0.3`, `70:20:10`...: two or three positive parts, as exact fractions of 1.
+
+    Parts that add up to 1 are fractions; otherwise they are proportions, each at least 1 (so a
+    mistyped `0.7,0.2` is an error, not a silent 78/22 split).
+    """
+    raw = [str(p) for p in text] if not isinstance(text, str) else re.split(r"[:,]", text)
+    hint = "write it like 8:1:1 or 0.7,0.3 (two or three parts)"
+    # Plain numbers only, and short ones: Fraction("1e100000000") would compute a number of
+    # 100 million digits (the command would hang and run out of memory).
+    if any(not _RATIO_PART.fullmatch(p.strip()) for p in raw):
+        raise UsageError(f"cannot read --ratio {text!r}", hint)
+    try:
+        parts = [Fraction(p.strip()) for p in raw]
+    except (ValueError, ZeroDivisionError):
+        raise UsageError(f"cannot read --ratio {text!r}", hint) from None
+    if len(parts) not in (2, 3):
+        raise UsageError(f"--ratio needs two or three parts, not {len(parts)}", hint)
+    if any(p <= 0 for p in parts):
+        raise UsageError(f"every part of --ratio must be positive: {text!r}", hint)
+    total = sum(parts)
+    if total != 1 and any(p < 1 for p in parts):
+        raise UsageError(
+            f"--ratio {text!r} adds up to {float(total):g}, not 1",
+            "fractions must add up to 1; or give proportions like 8:1:1",
+        )
+    return [p / total for p in parts]
+
+
+def parse_fixed(text: str | Sequence[int]) -> list[int]:
+    """`N` or `N,M`: N images per class in the second split (val), M in the third (test)."""
+    raw = [str(p).strip() for p in text] if not isinstance(text, str) else text.split(",")
+    hint = "e.g. --fixed 10 (10 per class in val) or --fixed 10,20 (and 20 in test)"
+    if len(raw) not in (1, 2) or not all(re.fullmatch(r"\d{1,9}", p.strip()) for p in raw):
+        raise UsageError(f"cannot read --fixed {text!r}", hint)
+    counts = [int(p) for p in raw]
+    if any(c < 1 for c in counts):
+        raise UsageError(f"every count of --fixed must be at least 1: {text!r}", hint)
+    return counts
+
+
+def check_names(names: Sequence[str], parts: int) -> list[str]:
+    names = [n.strip() for n in names]
+    if len(names) != parts:
+        raise UsageError(
+            f"--names gives {len(names)} split name(s) for a {parts}-part --ratio",
+            "give one name per part, e.g. --names train,val,test",
+        )
+    for name in names:
+        if not is_folder_name(name):
+            raise UsageError(f"{name!r} cannot be a split folder name", "use names like train")
+        if name.casefold() == MANIFEST or name.casefold().startswith(RESERVED_PREFIX):
+            # casefold: on macOS and Windows `.TorchKit-split.json` is the journal too
+            raise UsageError(
+                f"{name!r} cannot be a split folder name: torchkit keeps its own files in OUT "
+                f"under {MANIFEST} and names starting with {RESERVED_PREFIX}",
+                "use names like train",
+            )
+    if len({n.casefold() for n in names}) != len(names):
+        raise UsageError(f"split names must differ: {', '.join(names)}", "e.g. train,val,test")
+    return names
+
+
+def is_folder_name(name: str) -> bool:
+    """A name that can be one folder on this system: not empty, `.` or `..`, no separator or NUL,
+    encodable, at most 255 bytes."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        return False
+    try:
+        return len(os.fsencode(name)) <= 255
+    except UnicodeError:
+        return False
+
+
+def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> tuple[list[str], int]:
+    """The group of each file: the first capture group (or the whole match) of `pattern`
+    searched in its file name; a file that does not match is a group of its own."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as error:
+        raise UsageError(
+            f"--group {pattern!r} is not a valid regular expression ({error})",
+            r"e.g. '^(patient\d+)_' groups files by the text the parentheses capture",
+        ) from None
+    groups, unmatched = [], 0
+    for key in keys:
+        found = regex.search(key.rsplit("/", 1)[-1])
+        value = None if found is None else found.group(1 if regex.groups else 0)
+        if value is None:
+            unmatched += 1
+            groups.append("file\0" + key)
+        else:
+            groups.append("group\0" + value)
+    if unmatched == len(keys):
+        example = keys[0].rsplit("/", 1)[-1]
+        raise UsageError(
+            f"--group {pattern!r} matches no file name",
+            f"it is searched in names such as {example!r}",
+        )
+    if unmatched:
+        log.warning(f"{unmatched} file name(s) do not match --group; each is a group of its own")
+    return groups, len(set(groups))
+
+
+@dataclass
+class SplitOptions:
+    fractions: list[Fraction] | None  # --ratio, or None with --fixed
+    fixed: list[int] | None
+    names: list[str]
+    seed: int
+    stratify: bool
+    group: str | None
+    mode: str
+    dedup: bool
+    oversample: bool
+
+    @property
+    def ratio(self) -> list[float] | None:
+        return None if self.fractions is None else [float(f) for f in self.fractions]

@@ -1,0 +1,189 @@
+"""OUT while a split writes it: the move's journal, the earlier split set aside under `--force`
+and put back when the new one fails, what a killed split left, and the `-o` report's place."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import logging
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.io.errors import InputError
+from torchkit.core.io.files import atomic_write_text
+from torchkit.core.io.outputs import (
+    MARKER,
+    OutputOverlapError,
+    check_output_file,
+    discard_tree,
+    remove_marker,
+    remove_tree,
+    reporting_write_errors,
+    write_marker,
+)
+from torchkit.core.split.options import MANIFEST, RESERVED_PREFIX, is_folder_name
+
+log = logging.getLogger("torchkit")
+
+JOURNAL = ".torchkit-split.json"  # move mode only: the record that OUT holds the only copies
+REPLACED = ".torchkit-split-replaced"  # the earlier split, set aside while --force replaces it
+DISCARDED = ".torchkit-split-discarded"  # the same, being deleted once the new split is kept
+WHAT = "output folder"
+
+
+def read_journal(out: Path) -> dict | None:
+    try:
+        record = json.loads((out / JOURNAL).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise InputError(f"cannot read {out / JOURNAL}: {error}") from None
+    if not isinstance(record, dict):
+        raise InputError(f"cannot read {out / JOURNAL}: not a torchkit split journal")
+    return record
+
+
+def write_journal(out: Path, record: dict) -> None:
+    atomic_write_text(out / JOURNAL, json.dumps(record, indent=2) + "\n")
+
+
+def previous_split_names(out: Path) -> set[str]:
+    """The split folders of the earlier split in OUT, as its split.csv names them."""
+    try:
+        with (out / MANIFEST).open(newline="", encoding="utf-8") as handle:
+            names = {row.get("split") or "" for row in csv.DictReader(handle)}
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return set()
+    return {n for n in names if is_folder_name(n) and not n.startswith(RESERVED_PREFIX)}
+
+
+def known_files(out: Path) -> list[str]:
+    """What an earlier split (one written before OUT carried torchkit's marker) holds: split.csv
+    and the split folders it names. Without a split.csv nothing is known, so `--force` needs the
+    marker: a bare `train/` may be anybody's."""
+    if not (out / MANIFEST).is_file():
+        return []
+    return [MANIFEST, *(glob_escape(n) for n in sorted(previous_split_names(out)))]
+
+
+def glob_escape(name: str) -> str:
+    """`name` as an fnmatch pattern that matches only itself."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def discard_replaced(out: Path) -> None:
+    """Delete the set-aside earlier split: renamed first (atomic), so that a kill half-way
+    through the delete never leaves a half-deleted split that looks like one to put back."""
+    aside, gone = out / REPLACED, out / DISCARDED
+    if gone.is_dir():
+        remove_tree(gone)
+    if aside.is_dir():
+        discard_tree(aside, gone)
+
+
+def put_back_replaced(out: Path) -> list[str]:
+    """Put the set-aside earlier split back in place of a new one that did not finish (whatever
+    a killed run left under those names is its own unfinished output)."""
+    aside = out / REPLACED
+    if not aside.is_dir():
+        return []
+    names = sorted(os.listdir(aside))
+    for name in names:
+        remove_tree(out / name, ignore_errors=False)
+        os.replace(aside / name, out / name)
+    aside.rmdir()
+    return names
+
+
+def recover_split_leftovers(out: Path) -> None:
+    """What a killed split left in OUT, with OUT's lock held: an earlier split still set aside
+    is put back (a move that had started, with its journal written, had discarded it already),
+    one being deleted is deleted."""
+    if (out / DISCARDED).exists():
+        remove_tree(out / DISCARDED)
+    if (out / REPLACED).is_dir():
+        journal = read_journal(out)
+        if journal is not None and journal.get("mode") == "move":
+            discard_replaced(out)  # killed after the move's plan was written: it is finished
+        else:
+            names = put_back_replaced(out)
+            log.warning(
+                f"put back the earlier split in {out} ({', '.join(names)}), which a killed "
+                "torchkit split had set aside"
+            )
+
+
+class SplitOutput:
+    """OUT while one split writes it: made and marked, the earlier split set aside, and on
+    failure everything this run wrote removed and the earlier split put back."""
+
+    def __init__(self, out: Path, doomed: list[str]) -> None:
+        self.out = out
+        self.doomed = doomed
+        self.existed = out.is_dir()
+        self.marked = False
+        self.created: list[str] = []  # names this run writes at the top of OUT
+
+    def begin(self, names: list[str], mode: str) -> None:
+        # Everything this run may write at the top of OUT (the journal only exists for a move,
+        # and an earlier move's journal never gets this far): removed again by abandon().
+        self.created = [*names, MANIFEST] + ([JOURNAL] if mode == "move" else [])
+        with reporting_write_errors(self.out):
+            self.out.mkdir(parents=True, exist_ok=True)
+            if not (self.out / MARKER).exists():
+                write_marker(self.out, "split")
+                self.marked = True
+            present = [n for n in self.doomed if os.path.lexists(self.out / n)]
+            if present:
+                (self.out / REPLACED).mkdir()
+                for name in present:
+                    os.replace(self.out / name, self.out / REPLACED / name)
+
+    def keep(self) -> None:
+        with reporting_write_errors(self.out):
+            discard_replaced(self.out)
+
+    def abandon(self) -> None:
+        for name in self.created:
+            remove_tree(self.out / name, ignore_errors=False)
+        put_back_replaced(self.out)
+        if self.marked:
+            remove_marker(self.out)
+        if not self.existed:
+            with contextlib.suppress(OSError):
+                self.out.rmdir()
+
+
+def check_report_file(
+    output: str | os.PathLike,
+    force: bool,
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    names: Sequence[str] | None = None,
+) -> None:
+    """Check the `-o FILE` report of a split before any work: not the dataset nor inside it (the
+    output-safety rules), and not OUT nor a file the split writes there (split.csv, its own
+    `.torchkit*` files, anything inside a split folder: in move mode the only copies). A file
+    of your own beside the split is fine."""
+    check_output_file(output, force, data_inputs(source), what="output")
+    if str(output).startswith(("/dev/", "/proc/")):
+        return
+    inside = os.path.relpath(os.path.realpath(output), os.path.realpath(out))
+    if inside == os.pardir or inside.startswith(os.pardir + os.sep):
+        return
+    first = inside.split(os.sep)[0].casefold()
+    split_folders = {n.casefold() for n in (names or SPLIT_NAMES)}
+    ours = first in split_folders | {MANIFEST} or first.startswith(RESERVED_PREFIX)
+    if inside != "." and not ours:
+        return
+    raise OutputOverlapError(
+        f"output {output} is "
+        + ("the output folder" if inside == "." else "a file the split writes in")
+        + f" {out}",
+        "choose another output file",
+    )

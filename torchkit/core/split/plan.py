@@ -1,0 +1,273 @@
+"""Who goes where: the data read, its files grouped (`--group`, byte-identical files) and ranked
+by seed, the split sizes met (`--ratio` or `--fixed`), `--oversample`'s repeats, and each file's
+place in OUT."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchkit.core.data.hashing import content_groups
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import InputError, UsageError
+
+log = logging.getLogger("torchkit")
+
+
+@dataclass
+class Plan:
+    sources: list[str]  # absolute
+    labels: list[str]  # class name per file
+    dests: list[str]  # relative to OUT, "/"-separated
+    splits: list[int]  # index into names
+    repeats: list[int] | None = None  # --oversample: 0 for a file, k for its k-th repeat
+
+
+def dedup_units(
+    paths: Sequence[str], keys: Sequence[str], groups: Sequence[str] | None
+) -> tuple[list[str] | None, int, int]:
+    """(the unit of each file, groups of byte-identical files, files in them): files with the
+    same bytes share a unit, and so do files of one `--group` (`groups`, else each file is its
+    own unit, named by its key). A unit is named by the smallest name among its members' own,
+    so a dataset without duplicates is split exactly as before. None: no duplicates at all."""
+    identical = content_groups(paths)
+    if not identical:
+        return (None if groups is None else list(groups)), 0, 0
+    own = list(groups) if groups is not None else list(keys)
+    parent: dict[str, str] = {}
+
+    def find(name: str) -> str:
+        root = name
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while parent.get(name, name) != root:  # path compression
+            parent[name], name = root, parent[name]
+        return root
+
+    for members in identical:
+        roots = {find(own[i]) for i in members}
+        smallest = min(roots)
+        for root in roots:
+            parent[root] = smallest
+    units = [find(name) for name in own]
+    return units, len(identical), sum(len(members) for members in identical)
+
+
+def _unit_rank(seed: int, name: str) -> bytes:
+    """The seeded rank of a unit (file or group), as `core.datasource.splitting.stratified_split`
+    ranks them."""
+    return hashlib.sha256(f"{seed}\0".encode() + name.encode("utf-8", "surrogateescape")).digest()
+
+
+def fixed_split(
+    labels: Sequence[int],
+    fixed: Sequence[int],
+    seed: int,
+    units: Sequence[str],
+    classes: Sequence[str],
+    names: Sequence[str],
+    stratify: bool,
+) -> list[list[int]]:
+    """Indices per split for `--fixed N[,M]`: N images of each class in the second split, M in
+    the third, the rest in the first. Units (files or groups) are taken in their seeded order
+    (as the ratio split takes them), each to the split furthest below its count; a group never
+    splits, so with groups the counts are met as closely as groups allow. A class with fewer
+    than N + M + 1 images is an InputError naming it."""
+    by_class: dict[int, int] = {}
+    for label in labels:
+        by_class[label] = by_class.get(label, 0) + 1
+    need = sum(fixed) + 1
+    wanted = ", ".join(f"{n} in {name}" for n, name in zip(fixed, names[1:], strict=True))
+    for label, count in sorted(by_class.items()):
+        if count < need:
+            what = f"class {classes[label] or '(unlabelled)'!r}" if stratify else "the dataset"
+            raise InputError(
+                f"{what} has {count} image(s): --fixed {','.join(map(str, fixed))} needs at "
+                f"least {need}: {wanted} and 1 in {names[0]}",
+                "lower --fixed, or add images" + (" to that class" if stratify else ""),
+            )
+    members: dict[str, list[int]] = {}
+    for index, name in enumerate(units):
+        members.setdefault(name, []).append(index)
+    strata: dict[int, list[tuple[bytes, str]]] = {}
+    for name, indices in members.items():
+        votes: dict[int, int] = {}
+        for index in indices:
+            votes[labels[index]] = votes.get(labels[index], 0) + 1
+        label = min(votes, key=lambda lab: (-votes[lab], lab))  # majority, then smallest
+        strata.setdefault(label, []).append((_unit_rank(seed, name), name))
+    parts: list[list[int]] = [[] for _ in range(len(fixed) + 1)]
+    for label in sorted(strata):
+        ranked = [members[name] for _, name in sorted(strata[label])]
+        total = sum(len(unit) for unit in ranked)
+        targets = [total - sum(fixed), *fixed]
+        filled = [0] * len(targets)
+        for unit in ranked:
+            part = max(range(len(targets)), key=lambda j: (targets[j] - filled[j], -j))
+            parts[part].extend(unit)
+            filled[part] += len(unit)
+    return [sorted(part) for part in parts]
+
+
+def oversample_repeats(
+    labels: Sequence[int], split_of: Sequence[int], keys: Sequence[str], seed: int, classes: int
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """([(file index, repeat number)], extra copies per class) that bring every class of the
+    first split (train) up to its largest class: each class's files in their seeded order,
+    round-robin, so no file is repeated twice before every other one is repeated once."""
+    train: dict[int, list[int]] = {}
+    for index, (label, part) in enumerate(zip(labels, split_of, strict=True)):
+        if part == 0:
+            train.setdefault(label, []).append(index)
+    extra = [0] * classes
+    if not train:
+        return [], extra
+    largest = max(len(files) for files in train.values())
+    repeats: list[tuple[int, int]] = []
+    for label in sorted(train):
+        files = sorted(train[label], key=lambda i: _unit_rank(seed, keys[i]))
+        extra[label] = largest - len(files)
+        repeats += [(files[r % len(files)], r // len(files) + 1) for r in range(extra[label])]
+    return repeats, extra
+
+
+def _repeat_dest(dest: str, number: int, taken: set[str]) -> str:
+    """`<split>/<class>/<stem>-repeat<k><suffix>` beside `dest`, not yet in `taken`."""
+    folder, name = dest.rsplit("/", 1) if "/" in dest else ("", dest)
+    stem, suffix = os.path.splitext(name)
+    prefix = f"{folder}/" if folder else ""
+    candidate, extra = f"{prefix}{stem}-repeat{number}{suffix}", 0
+    while candidate.casefold() in taken:
+        extra += 1
+        candidate = f"{prefix}{stem}-repeat{number}-{extra}{suffix}"
+    taken.add(candidate.casefold())
+    return candidate
+
+
+def sample_keys(samples: Samples) -> list[str]:
+    """Stable names for hashing: "/"-separated and Unicode-NFC, so macOS (NFD) and Linux agree."""
+    return [unicodedata.normalize("NFC", i.replace(os.sep, "/")) for i in samples.ids]
+
+
+def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv: bool):
+    """OUT-relative destinations: <split>/<id> for folders (class folder and subfolders kept),
+    <split>/<label>/<file name> for CSV indexes (made unique where names collide)."""
+    if not is_csv:
+        ids = samples.ids
+        return [f"{names[s]}/{i.replace(os.sep, '/')}" for s, i in zip(split_of, ids, strict=True)]
+    for name in samples.classes:
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise InputError(
+                f"label {name!r} cannot be a folder name", "fix the label, or use --mode manifest"
+            )
+    taken: set[str] = set()
+    dests = []
+    for s, path, label in zip(split_of, samples.paths, samples.labels, strict=True):
+        base = f"{names[s]}/{samples.classes[label]}/"
+        stem, suffix = os.path.splitext(os.path.basename(path))
+        candidate, n = base + stem + suffix, 0
+        while candidate.casefold() in taken:  # casefold: also distinct on macOS/Windows
+            n += 1
+            candidate = f"{base}{stem}-{n}{suffix}"
+        taken.add(candidate.casefold())
+        dests.append(candidate)
+    return dests
+
+
+def check_csv_sources(samples: Samples, source: Path) -> None:
+    missing = [i for i, p in zip(samples.ids, samples.paths, strict=True) if not os.path.isfile(p)]
+    if missing:
+        raise InputError(
+            f"{len(missing)} file(s) listed in {source} do not exist: {', '.join(missing[:3])}"
+            + (" ..." if len(missing) > 3 else ""),
+            "fix the paths (relative ones are relative to the CSV's folder)",
+        )
+    seen: dict[str, str] = {}
+    for ident, path in zip(samples.ids, samples.paths, strict=True):
+        real = os.path.normcase(os.path.abspath(path))
+        if real in seen:
+            raise InputError(
+                f"{source} lists the same file twice: {seen[real]} and {ident}",
+                "remove the repeated row, or it could land in two splits",
+            )
+        seen[real] = ident
+
+
+def add_repeats(plan: Plan, repeats: list[tuple[int, int]], mode: str) -> None:
+    """Append --oversample's repeats to the plan: the same source and label in the first
+    split, under a name of its own (none in a manifest: the row is repeated)."""
+    plan.repeats = [0] * len(plan.sources)
+    taken = {d.casefold() for d in plan.dests}
+    for index, number in repeats:
+        plan.sources.append(plan.sources[index])
+        plan.labels.append(plan.labels[index])
+        plan.splits.append(plan.splits[index])
+        plan.repeats.append(number)
+        if mode != "manifest":
+            plan.dests.append(_repeat_dest(plan.dests[index], number, taken))
+
+
+def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], bool]:
+    """(samples, non-image files left out, whether it is a CSV index) of the data to split:
+    an image folder, a flat folder or a CSV index, read by `core.datasource`. Data that is
+    split already (a split root, a CSV with a split column, digits) is refused."""
+    from torchkit.core.data.sources import non_image_files, open_data
+    from torchkit.core.data.stored_image import is_stored
+
+    data = open_data(source, allow_unlabelled=True)
+    if data.is_split:
+        hint = (
+            f"split one of its parts (e.g. {Path(data.spec) / 'train'}), or the data it came from"
+            if data.kind == "split root"
+            else "give the data it came from"
+            + (", or drop the CSV's split column" if data.kind == "split csv" else "")
+        )
+        raise InputError(f"{data.describe()} is split already", hint)
+    if data.whole.paths and is_stored(data.whole.paths[0]):
+        # Its images lie inside container files: there are no files to copy, link or name.
+        raise InputError(
+            f"{data.describe()} holds its images in container files, not as image files",
+            "train holds a validation split out itself (--val-split), recorded in RUN/split.csv",
+        )
+    return data.whole, non_image_files(data), data.kind == "csv"
+
+
+def refuse_linked_folders(sources: list[str], root: Path) -> None:
+    """--mode move takes only what lies in ROOT: a folder of ROOT that is a symbolic link to
+    one elsewhere (`ROOT/bird -> /data/birds`) would have that folder emptied. (A linked file
+    is moved as the link it is.)"""
+    real_root = os.path.realpath(root)
+    for folder in sorted({os.path.dirname(source) for source in sources}):
+        real = os.path.realpath(folder)
+        if os.path.commonpath([real, real_root]) != real_root:
+            raise UsageError(
+                f"--mode move would empty {real}, outside {root}: {folder} leads there "
+                "through a symbolic link",
+                "use --mode copy, symlink or hardlink, or put the folder itself in ROOT",
+            )
+
+
+def warn_small(classes: list[str], counts: list[list[int]], names: list[str], stratify: bool):
+    if not stratify:
+        totals = [sum(row[j] for row in counts) for j in range(len(names))]
+        empty = [n for n, t in zip(names, totals, strict=True) if not t]
+        if empty:
+            log.warning(f"too few files: split(s) {', '.join(empty)} are empty")
+        return
+    short = [
+        f"{name or '(unlabelled)'} ({sum(row)}: none in "
+        + "/".join(n for n, c in zip(names, row, strict=True) if not c)
+        + ")"
+        for name, row in zip(classes, counts, strict=True)
+        if sum(row) and not all(row)
+    ]
+    if short:
+        log.warning(
+            f"{len(short)} class(es) have too few images for every split: {', '.join(short[:5])}"
+            + (" ..." if len(short) > 5 else "")
+        )

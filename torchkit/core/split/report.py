@@ -1,0 +1,67 @@
+"""What a split did: the result `split` reports (and `--format json` writes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class SplitResult:
+    source: str
+    out: str
+    mode: str
+    names: list[str]
+    ratio: list[float]  # normalised to sum to 1
+    seed: int
+    stratified: bool
+    group: str | None
+    groups: int | None  # number of groups with --group
+    classes: list[str]
+    counts: list[list[int]]  # [class][split]
+    manifest: str
+    resumed: bool = False
+    already_done: bool = False  # a rerun of a finished move: nothing was touched
+    dedup: bool = True  # byte-identical files kept in one split
+    dedup_groups: int = 0  # groups of byte-identical files (two or more) kept together
+    dedup_files: int = 0  # the files in them
+    fixed: list[int] | None = None  # --fixed: images per class in the second (and third) split
+    repeats: list[int] | None = None  # --oversample: extra train copies per class
+
+    @property
+    def totals(self) -> list[int]:
+        return [sum(row[j] for row in self.counts) for j in range(len(self.names))]
+
+    @property
+    def oversample(self) -> bool:
+        return self.repeats is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "out": self.out,
+            "mode": self.mode,
+            "ratio": self.ratio,
+            "seed": self.seed,
+            "stratified": self.stratified,
+            "group": self.group,
+            "groups": self.groups,
+            "dedup_groups": self.dedup_groups if self.dedup else None,
+            "dedup_files": self.dedup_files if self.dedup else None,
+            "fixed": self.fixed,
+            "oversample": self.oversample,
+            "files": sum(self.totals),
+            "repeats": sum(self.repeats) if self.repeats is not None else 0,
+            "splits": dict(zip(self.names, self.totals, strict=True)),
+            "classes": [
+                {
+                    "name": name,
+                    **dict(zip(self.names, row, strict=True)),
+                    "total": sum(row),
+                    **({"repeats": self.repeats[i]} if self.repeats is not None else {}),
+                }
+                for i, (name, row) in enumerate(zip(self.classes, self.counts, strict=True))
+            ],
+            "manifest": self.manifest,
+            "resumed": self.resumed,
+        }

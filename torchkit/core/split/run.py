@@ -1,0 +1,366 @@
+"""`split_dataset`, the command's run: options checked, OUT locked, then a new split planned and
+written, or an interrupted move finished (see the package doc)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from torchkit import __version__
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, stratified_split
+from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.outputs import (
+    OutputFolder,
+    check_not_protected,
+    check_overlap,
+    check_replaceable,
+    reporting_write_errors,
+)
+from torchkit.core.io.progress import Progress
+from torchkit.core.split.files import (
+    MOVE_TEMP,
+    LinkTargets,
+    check_hardlinks,
+    finish_rows,
+    place_files,
+    write_manifest,
+)
+from torchkit.core.split.options import (
+    MANIFEST,
+    SPLIT_MODES,
+    SplitOptions,
+    check_names,
+    group_names,
+    parse_fixed,
+    parse_ratio,
+)
+from torchkit.core.split.output import (
+    WHAT,
+    SplitOutput,
+    discard_replaced,
+    known_files,
+    previous_split_names,
+    read_journal,
+    recover_split_leftovers,
+    write_journal,
+)
+from torchkit.core.split.plan import (
+    Plan,
+    add_repeats,
+    check_csv_sources,
+    dedup_units,
+    destinations,
+    fixed_split,
+    load_split_input,
+    oversample_repeats,
+    refuse_linked_folders,
+    sample_keys,
+    warn_small,
+)
+from torchkit.core.split.report import SplitResult
+
+log = logging.getLogger("torchkit")
+
+
+def split_dataset(
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    ratio: str | Sequence[float] | None = None,
+    names: Sequence[str] | None = None,
+    seed: int = 0,
+    stratify: bool = True,
+    group: str | None = None,
+    mode: str = "copy",
+    force: bool = False,
+    progress: Progress | None = None,
+    dedup: bool = True,
+    fixed: str | Sequence[int] | None = None,
+    oversample: bool = False,
+) -> SplitResult:
+    """Split the image folder, flat folder or CSV index `source` into `out`/<split>/... (data
+    that is split already is refused: see `load_split_input`).
+
+    `ratio` (8:1:1 by default) or `fixed` (`N[,M]` images per class in val[, test], the rest in
+    train) sets the sizes; `dedup` keeps byte-identical files in one split; `oversample`
+    balances train's classes by repeating images (not with `mode="move"`).
+
+    See the module docstring. Raises UsageError for bad options, InputError for bad input,
+    OutputOverlapError for an OUT that is, holds or lies inside the dataset (or is `.`),
+    OutputExistsError for a non-empty `out` without `force` (or, with it, one that is not an
+    earlier split) and OutputLockedError while another process writes `out`.
+    """
+    if mode not in SPLIT_MODES:
+        raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(SPLIT_MODES))
+    if fixed is not None and ratio is not None:
+        raise UsageError("--fixed and --ratio both set the sizes of the splits", "give one of them")
+    if oversample and mode == "move":
+        raise UsageError(
+            "--oversample cannot --mode move: the repeats need the files where they are",
+            "use --mode copy, symlink, hardlink or manifest",
+        )
+    counts = None if fixed is None else parse_fixed(fixed)
+    fractions = None if counts is not None else parse_ratio("8:1:1" if ratio is None else ratio)
+    parts = len(counts) + 1 if counts is not None else len(fractions)
+    names = check_names(SPLIT_NAMES[:parts] if names is None else names, parts)
+    options = SplitOptions(fractions, counts, names, seed, stratify, group, mode, dedup, oversample)
+    out = Path(out)
+    inputs = data_inputs(source)
+    # Before anything else, even the journal: OUT is never the dataset, in it or around it.
+    check_not_protected(out, WHAT)
+    check_overlap(out, WHAT, inputs)
+    journal = read_journal(out) if out.is_dir() else None
+    if journal is not None and journal.get("state") == "moving":
+        with OutputFolder(out, command="split", inputs=inputs, what=WHAT, resume=True):
+            journal = read_journal(out)  # under the lock: another run may have finished it
+            if journal is not None and journal.get("state") == "moving":
+                return _resume_move(source, out, journal, mode, progress)
+    if journal is not None and journal.get("mode") == "move":
+        if mode == "move" and _same_move(journal, source, options):
+            return _move_result(source, out, journal, already_done=True)
+        raise OutputExistsError(
+            f"{out} holds files moved there from {journal.get('root')}: the only copies",
+            "move them elsewhere first, or choose another output folder",
+        )
+
+    # The lock first (and what a killed split left put back), then the --force rules.
+    with OutputFolder(out, command="split", inputs=inputs, what=WHAT, resume=True):
+        recover_split_leftovers(out)
+        check_replaceable(
+            out,
+            force,
+            what=WHAT,
+            known_files=known_files(out),
+            hint="pass --force to replace the split in it",
+        )
+        return _split_into(source, out, options, progress)
+
+
+def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResult:
+    names, seed, stratify = options.names, options.seed, options.stratify
+    group, mode = options.group, options.mode
+    samples, non_images, is_csv = load_split_input(source)
+    root = Path(source)
+    if non_images:
+        log.warning(f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}")
+    empty = [n for n, c in zip(samples.classes, samples.class_counts(), strict=True) if not c]
+    if empty:
+        log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
+    if is_csv:
+        check_csv_sources(samples, root)
+        sources = [os.path.abspath(p) for p in samples.paths]
+    else:  # ids are relative to ROOT: one abspath instead of 100,000
+        base = os.path.abspath(root) + os.sep
+        sources = [base + i for i in samples.ids]
+        if mode == "move":
+            refuse_linked_folders(sources, root)
+    keys = sample_keys(samples)
+    groups, n_groups = group_names(samples, keys, group) if group else (None, None)
+    units, dedup_groups, dedup_files = (
+        dedup_units(sources, keys, groups) if options.dedup else (groups, 0, 0)
+    )
+    labels = samples.labels if stratify else [0] * len(samples)
+    if options.fixed is not None:
+        parts = fixed_split(
+            labels, options.fixed, seed, units or keys, samples.classes, names, stratify
+        )
+    else:
+        parts = stratified_split(
+            labels, options.fractions, seed, keys=keys, groups=units, at_least_one=True
+        )
+    split_of = [0] * len(samples)
+    for j, members in enumerate(parts):
+        for index in members:
+            split_of[index] = j
+    counts = [[0] * len(names) for _ in samples.classes]
+    for label, j in zip(samples.labels, split_of, strict=True):
+        counts[label][j] += 1
+    if options.fixed is None:
+        warn_small(samples.classes, counts, names, stratify)
+
+    plan = Plan(
+        sources=sources,
+        labels=[samples.classes[label] for label in samples.labels],
+        dests=[] if mode == "manifest" else destinations(samples, split_of, names, is_csv),
+        splits=split_of,
+    )
+    extra = None
+    if options.oversample:
+        repeats, extra = oversample_repeats(
+            samples.labels, split_of, keys, seed, len(samples.classes)
+        )
+        add_repeats(plan, repeats, mode)
+    if mode == "hardlink":
+        check_hardlinks(plan, out)
+    totals = [sum(row[j] for row in counts) for j in range(len(names))]
+    result = SplitResult(
+        source=str(root),
+        out=str(out),
+        mode=mode,
+        names=names,
+        ratio=options.ratio or [t / max(1, sum(totals)) for t in totals],
+        seed=seed,
+        stratified=stratify,
+        group=group,
+        groups=n_groups,
+        classes=list(samples.classes),
+        counts=counts,
+        manifest=str(out / MANIFEST),
+        dedup=options.dedup,
+        dedup_groups=dedup_groups,
+        dedup_files=dedup_files,
+        fixed=options.fixed,
+        repeats=extra,
+    )
+
+    writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))
+    try:
+        writing.begin(names, mode)
+        if mode == "move":
+            # The plan goes to disk before the first file moves: an interrupted move can be
+            # finished, so from here on nothing is undone; the earlier split is discarded.
+            write_manifest(out, plan, names, mode)
+            record = {
+                "state": "moving",
+                "mode": "move",
+                "root": os.path.realpath(root),
+                "names": names,
+                "ratio": result.ratio,
+                "fixed": options.fixed,
+                "seed": seed,
+                "stratified": stratify,
+                "group": group,
+                "groups": n_groups,
+                "dedup": options.dedup,
+                "dedup_groups": dedup_groups,
+                "dedup_files": dedup_files,
+                "classes": list(samples.classes),
+                "counts": counts,
+                "torchkit_version": __version__,
+            }
+            write_journal(out, record)
+    except BaseException:
+        writing.abandon()
+        raise
+    if mode == "move":
+        writing.keep()
+        with _finish_hint(root, out), reporting_write_errors(out):
+            place_files(plan, out, mode, progress)
+            write_journal(out, record | {"state": "done"})
+        return result
+    try:
+        with reporting_write_errors(out):
+            if mode != "manifest":
+                place_files(plan, out, mode, progress)
+            write_manifest(out, plan, names, mode)
+    except BaseException:
+        writing.abandon()
+        raise
+    writing.keep()
+    if progress and mode == "manifest":
+        progress(len(samples), len(samples))
+    return result
+
+
+@contextlib.contextmanager
+def _finish_hint(root: Path, out: Path):
+    """A move that stops half-way (an error, Ctrl-C, SIGTERM) says how to finish it."""
+    try:
+        yield
+    except BaseException:
+        log.warning(
+            f"the move into {out} stopped half-way: every file is in {root} or in {out}; "
+            f"finish it with: torchkit split {root} {out} --mode move"
+        )
+        raise
+
+
+def _same_move(journal: dict, source, options: SplitOptions) -> bool:
+    """Is this command line the one that made the (finished) move recorded in `journal`?
+    (A journal older than --fixed and dedup groups had neither: it matches the defaults.)"""
+    return (
+        journal.get("root") == os.path.realpath(source)
+        and journal.get("names") == list(options.names)
+        and journal.get("fixed") == options.fixed
+        and (options.fixed is not None or journal.get("ratio") == options.ratio)
+        and journal.get("seed") == options.seed
+        and journal.get("stratified") == options.stratify
+        and journal.get("group") == options.group
+        and journal.get("dedup", options.dedup) == options.dedup
+    )
+
+
+def _plan_rows(out: Path) -> list[dict[str, str]]:
+    try:
+        with (out / MANIFEST).open(newline="", encoding="utf-8") as handle:
+            return list(csv.DictReader(handle))
+    except (OSError, csv.Error, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read the plan {out / MANIFEST}: {error}") from None
+
+
+def _move_result(
+    source, out: Path, journal: dict, *, rows=None, resumed=False, already_done=False
+) -> SplitResult:
+    """The summary of the move recorded in `journal`: what the first run reported."""
+    names = list(journal["names"])
+    classes, counts = journal.get("classes"), journal.get("counts")
+    if classes is None or counts is None:  # a journal of torchkit 0.x: count the plan
+        rows = _plan_rows(out) if rows is None else rows
+        classes = sorted({row["label"] for row in rows})
+        index = {name: i for i, name in enumerate(classes)}
+        counts = [[0] * len(names) for _ in classes]
+        for row in rows:
+            counts[index[row["label"]]][names.index(row["split"])] += 1
+    return SplitResult(
+        source=str(source),
+        out=str(out),
+        mode="move",
+        names=names,
+        ratio=list(journal["ratio"]),
+        seed=int(journal["seed"]),
+        stratified=bool(journal["stratified"]),
+        group=journal.get("group"),
+        groups=journal.get("groups"),
+        classes=list(classes),
+        counts=[list(row) for row in counts],
+        manifest=str(out / MANIFEST),
+        resumed=resumed,
+        already_done=already_done,
+        dedup=bool(journal.get("dedup", False)),
+        dedup_groups=int(journal.get("dedup_groups") or 0),
+        dedup_files=int(journal.get("dedup_files") or 0),
+        fixed=journal.get("fixed"),
+    )
+
+
+def _resume_move(
+    source: str | os.PathLike, out: Path, journal: dict, mode: str, progress: Progress | None
+) -> SplitResult:
+    """Finish a move that was interrupted, following the plan in OUT/split.csv."""
+    root = Path(source)
+    if mode != "move" or journal.get("root") != os.path.realpath(root):
+        raise UsageError(
+            f"{out} holds an unfinished move from {journal.get('root')}",
+            f"finish it with: torchkit split {journal.get('root')} {out} --mode move",
+        )
+    log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")
+    rows = _plan_rows(out)
+    with reporting_write_errors(out):
+        discard_replaced(out)  # killed before it was discarded: the move had started
+        for row in rows:
+            target = os.path.join(out, row["path"])
+            stale = os.path.join(os.path.dirname(target), MOVE_TEMP + os.path.basename(target))
+            if os.path.lexists(stale):  # an unverified copy: the source is still there
+                os.unlink(stale)
+    sources = [row["source"] for row in rows]
+    targets = [os.path.join(out, row["path"]) for row in rows]
+    links = LinkTargets(sources, targets)
+    with _finish_hint(root, out):
+        finish_rows(sources, targets, out, links, progress)
+    write_journal(out, journal | {"state": "done"})
+    return _move_result(root, out, journal, rows=rows, resumed=True)
