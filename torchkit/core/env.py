@@ -23,6 +23,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.errors import DeviceError, first_line
+from torchkit.core.runtime.cpus import usable_cpus
 
 logger = logging.getLogger("torchkit")
 
@@ -106,11 +107,7 @@ def platform_info() -> dict[str, Any]:
 
 def cpu_info() -> dict[str, Any]:
     logical = os.cpu_count()
-    try:
-        usable = len(os.sched_getaffinity(0))  # what taskset / container cpusets allow
-    except (AttributeError, OSError):
-        usable = logical
-    return {"model": cpu_model(), "logical_cores": logical, "usable_cores": usable}
+    return {"model": cpu_model(), "logical_cores": logical, "usable_cores": usable_cpus()}
 
 
 def cpu_model() -> str:

@@ -15,12 +15,14 @@ writes into a folder that is being removed, and none is left behind.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from torchkit.core.io.errors import TorchkitError
+from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.runtime.signals import signals_held
 
 T = TypeVar("T")
 
@@ -29,11 +31,7 @@ STOP_GRACE_S = 5.0  # how long a terminated worker may take to die before it is 
 
 def default_workers() -> int:
     """Every core: the parent only waits while workers encode and write."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return max(1, min(8, usable_cpus()))
 
 
 def chunked(items: Sequence[T], workers: int, *, most: int = 512) -> list[Sequence[T]]:
@@ -95,24 +93,40 @@ def map_chunks(
     *,
     workers: int,
     on_result: Callable[[T], None],
+    preload: Callable[[], None] | None = None,
 ) -> None:
     """Call `func(chunk)` for every chunk, in `workers` processes (inline when 0 or 1), and hand
     each result to `on_result` in the parent as it arrives. An exception from `func` or from
     `on_result`, or an interrupt, stops the remaining work at once (the workers are terminated,
-    not waited for) and propagates."""
+    not waited for) and propagates. `preload` runs in the parent before the workers fork from
+    it (Linux): what it imports, they have without importing it once each."""
     if workers <= 1 or len(chunks) <= 1:
         for chunk in chunks:
             on_result(func(chunk))
         return
 
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    executor = ProcessPoolExecutor(max_workers=min(workers, len(chunks)), initializer=_init_worker)
+    # fork on Linux, as torch's DataLoader does: workers start at once and a script that calls
+    # this without an `if __name__ == "__main__"` guard still works (spawn and forkserver would
+    # re-run it).
+    use_fork = sys.platform.startswith("linux")
+    if use_fork and preload is not None:
+        preload()
+    executor = ProcessPoolExecutor(
+        max_workers=min(workers, len(chunks)),
+        mp_context=multiprocessing.get_context("fork" if use_fork else "spawn"),
+        initializer=_init_worker,
+    )
     futures: list = []
     finished = False
     try:
-        futures = [executor.submit(_call, func, chunk) for chunk in chunks]
+        # The workers start on the first submit: a signal then waits until they are all
+        # known to the executor, so that stopping it stops every one of them.
+        with signals_held():
+            futures = [executor.submit(_call, func, chunk) for chunk in chunks]
         for future in as_completed(futures):
             try:
                 result = future.result()

@@ -3,9 +3,9 @@ DataLoader, and the DataLoader settings that go with it: worker count, start met
 
 from __future__ import annotations
 
-import os
 
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.runtime.cpus import usable_cpus
 
 
 def loader_context():
@@ -81,4 +81,6 @@ def seed_worker(worker_id: int) -> None:
 
 
 def default_workers() -> int:
-    return max(0, min(8, (os.cpu_count() or 1) - 1))
+    """Loader workers: one core is left to the main process (the cores it may use, not the
+    machine's: taskset and container cpusets count)."""
+    return max(0, min(8, usable_cpus() - 1))

@@ -1,0 +1,34 @@
+"""Every default number of workers starts from the cores this process may use (taskset,
+container cpusets), counted by one function, not from the machine's cores."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture
+def three_of_64_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+
+
+def test_usable_cpus_counts_the_allowed_cores(three_of_64_cores):
+    from torchkit.core.runtime.cpus import usable_cpus
+
+    assert usable_cpus() == 3
+
+
+def test_loader_workers_leave_one_allowed_core_to_the_main_process(three_of_64_cores):
+    from torchkit.core.data.dataset import default_workers
+
+    assert default_workers() == 2  # not 8 of the machine's 64
+
+
+def test_conversion_and_stats_workers_use_the_allowed_cores(three_of_64_cores):
+    from torchkit.core.convert.parallel import default_workers
+    from torchkit.core.stats import default_stats_workers
+
+    assert default_workers() == 3
+    assert default_stats_workers() == 3

@@ -1,0 +1,257 @@
+"""What dataset-stats reports: the statistics, the health report and the duplicate pairs."""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data.neardup import DuplicatePair
+from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import InputError
+from torchkit.core.io.files import atomic_write_text
+from torchkit.core.io.outputs import (
+    check_output_file,
+)
+from torchkit.core.stats.scan import Accumulator
+
+log = logging.getLogger("torchkit")
+
+
+@dataclass
+class SizeRange:
+    min: int
+    median: float
+    max: int
+
+
+@dataclass
+class ClassCount:
+    name: str
+    images: int
+
+
+@dataclass
+class Unreadable:
+    path: str
+    error: str
+
+
+@dataclass
+class DuplicateGroup:
+    """Files with byte-for-byte identical contents (`paths`), and the classes they are in."""
+
+    paths: list[str]
+    classes: list[str]
+
+
+@dataclass
+class DatasetStats:
+    source: str
+    split: str | None  # the split measured (train, val, test, all) of split data; None otherwise
+    mode: str
+    resize: int | None
+    channels: list[str]
+    mean: list[float]
+    std: list[float]
+    pixels: int  # per channel, over all readable images
+    files: int  # image files found
+    images: int  # of which readable
+    classes: list[ClassCount]
+    imbalance_ratio: float | None  # largest class / smallest class (inf if one is empty)
+    width: SizeRange | None
+    height: SizeRange | None
+    modes: dict[str, int]
+    formats: dict[str, int]
+    total_bytes: int
+    unreadable: list[Unreadable]
+    duplicates: list[DuplicateGroup]
+    non_image_files: list[str]
+    # One (width, height, label) per readable image, for the plot; not part of to_dict().
+    sizes: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+    # Remarks for the user (which split was measured and why); not part of to_dict().
+    notes: list[str] = field(default_factory=list, repr=False)
+    # Leakage (split data): exact and near duplicates whose members lie in different splits,
+    # found among the files of every split; near duplicates within one split on request.
+    leakage_checked: bool = False
+    near_threshold: int | None = None
+    leakage: list[DuplicatePair] = field(default_factory=list)
+    near_duplicates: list[DuplicatePair] = field(default_factory=list)
+    within_checked: bool = False  # near duplicates within a split were looked for
+    hashed_files: int = 0  # files of every split that took part in the duplicate search
+
+    def leakage_counts(self) -> dict[str, int]:
+        return {kind: sum(1 for p in self.leakage if p.kind == kind) for kind in ("exact", "near")}
+
+    @property
+    def duplicate_files(self) -> int:
+        """Files that are a copy of another one (each group counts all but its first file)."""
+        return sum(len(group.paths) - 1 for group in self.duplicates)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "split": self.split,
+            "mode": self.mode,
+            "resize": self.resize,
+            "channels": self.channels,
+            "mean": self.mean,
+            "std": self.std,
+            "pixels": self.pixels,
+            "files": self.files,
+            "images": self.images,
+            "unreadable_count": len(self.unreadable),
+            "duplicate_files": self.duplicate_files,
+            "non_image_files": len(self.non_image_files),
+            "num_classes": len(self.classes),
+            "classes": [{"name": c.name, "images": c.images} for c in self.classes],
+            "imbalance_ratio": self.imbalance_ratio,
+            "width": None if self.width is None else vars(self.width).copy(),
+            "height": None if self.height is None else vars(self.height).copy(),
+            "modes": self.modes,
+            "formats": self.formats,
+            "total_bytes": self.total_bytes,
+            "unreadable": [{"path": u.path, "error": u.error} for u in self.unreadable],
+            "duplicates": [{"paths": d.paths, "classes": d.classes} for d in self.duplicates],
+            "leakage_checked": self.leakage_checked,
+            "near_threshold": self.near_threshold,
+            "leakage_exact": self.leakage_counts()["exact"],
+            "leakage_near": self.leakage_counts()["near"],
+            "leakage": [p.to_dict() for p in self.leakage],
+            "near_duplicates": [p.to_dict() for p in self.near_duplicates],
+        }
+
+
+def find_duplicates(
+    stats: DatasetStats,
+    samples: Samples,
+    others: Samples | None,
+    hashes: list[tuple[int, bytes, int]],
+    checked: bool,
+    threshold: int,
+    within: bool,
+) -> None:
+    """Fill in the leakage report of `stats` from the hashes of the pass."""
+    from torchkit.core.data.neardup import find_pairs
+
+    n = len(samples)
+    ids = list(samples.ids) + ([] if others is None else list(others.ids))
+    own = samples.splits if samples.splits is not None else [stats.split] * n
+    splits = list(own) + ([] if others is None else list(others.splits or []))
+    digests: list[bytes | None] = [None] * len(ids)
+    phashes: list[int | None] = [None] * len(ids)
+    for index, digest, phash in hashes:
+        digests[index], phashes[index] = digest, phash
+    leaked, near = find_pairs(ids, splits, digests, phashes, threshold=threshold, within=within)
+    stats.leakage_checked = checked
+    stats.near_threshold = threshold
+    stats.leakage = leaked if checked else []
+    stats.near_duplicates = near
+    stats.within_checked = within
+    stats.hashed_files = len(hashes)
+    counts = stats.leakage_counts()
+    if stats.leakage:
+        log.warning(
+            f"{counts['exact']} exact and {counts['near']} near duplicate pair(s) cross splits: "
+            "their files are in more than one split (listed in the report)"
+        )
+
+
+def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool) -> Path:
+    """Every pair of the leakage report (and the near duplicates within a split), as CSV
+    `path_a,split_a,path_b,split_b,kind,distance`, written atomically."""
+    import csv
+
+    from torchkit.core.data.neardup import PAIR_COLUMNS
+
+    target = check_output_file(path, force, data_inputs(stats.source), what="leakage CSV")
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(PAIR_COLUMNS)
+    for pair in [*stats.leakage, *stats.near_duplicates]:
+        writer.writerow(["" if v is None else v for v in pair.to_dict().values()])
+    atomic_write_text(target, buffer.getvalue())
+    return target
+
+
+def summarise(
+    samples: Samples,
+    mode: str,
+    resize: int | None,
+    accumulator: Accumulator,
+    records: list[tuple],
+    errors: list[tuple[int, str, int]],
+    non_images: list[str],
+) -> DatasetStats:
+    import numpy as np
+
+    layouts = accumulator.layouts()
+    if len(layouts) > 1:
+        found = "; ".join(
+            f"{'/'.join(names)} (e.g. {accumulator.examples[names]})" for names in layouts
+        )
+        raise InputError(
+            f"--mode native needs images with the same channels, found: {found}",
+            "use --mode rgb or --mode gray",
+        )
+    if layouts:
+        channels, mean, std, pixels = accumulator.moments()
+    else:
+        channels, mean, std, pixels = _NO_PIXELS[mode], [], [], 0
+    counts = [0] * len(samples.classes)
+    for index, *_ in records:
+        counts[samples.labels[index]] += 1
+    nonzero = [n for n in counts if n]
+    imbalance = None if not nonzero else (math.inf if 0 in counts else max(counts) / min(counts))
+    widths = np.array([r[1] for r in records])
+    heights = np.array([r[2] for r in records])
+    by_digest: dict[bytes, list[int]] = {}
+    for index, *_, digest in records:
+        by_digest.setdefault(digest, []).append(index)
+    duplicates = [
+        DuplicateGroup(
+            [samples.ids[i] for i in group],
+            sorted({samples.classes[samples.labels[i]] for i in group}),
+        )
+        for group in sorted(g for g in by_digest.values() if len(g) > 1)
+    ]
+    return DatasetStats(
+        source=samples.source,
+        split=None,
+        mode=mode,
+        resize=resize,
+        channels=list(channels),
+        mean=mean,
+        std=std,
+        pixels=pixels,
+        files=len(samples),
+        images=len(records),
+        classes=[ClassCount(n, c) for n, c in zip(samples.classes, counts, strict=True)],
+        imbalance_ratio=imbalance,
+        width=_size_range(widths),
+        height=_size_range(heights),
+        modes=dict(Counter(r[3] for r in records).most_common()),
+        formats=dict(Counter(r[4] for r in records).most_common()),
+        total_bytes=sum(r[5] for r in records) + sum(e[2] for e in errors),
+        unreadable=[Unreadable(samples.ids[i], reason) for i, reason, _ in errors],
+        duplicates=duplicates,
+        non_image_files=non_images,
+        sizes=[(r[1], r[2], samples.labels[r[0]]) for r in records],
+    )
+
+
+_NO_PIXELS = {"rgb": ("R", "G", "B"), "gray": ("L",), "native": ()}
+
+
+def _size_range(values) -> SizeRange | None:
+    import numpy as np
+
+    if not len(values):
+        return None
+    return SizeRange(int(values.min()), float(np.median(values)), int(values.max()))

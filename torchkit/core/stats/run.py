@@ -1,0 +1,247 @@
+"""`compute_dataset_stats`, the command's run: the data resolved (the split measured, the
+other splits' files for the leakage check), the pass, the report."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD
+from torchkit.core.data.sources.digits import DIGITS
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.progress import Progress
+from torchkit.core.stats.report import DatasetStats, find_duplicates, summarise
+from torchkit.core.stats.scan import (
+    STATS_MODES,
+    Accumulator,
+    ChunkResult,
+    default_stats_workers,
+    run_chunks,
+    scan_tasks,
+)
+
+log = logging.getLogger("torchkit")
+
+
+def warn_empty_classes(samples: Samples) -> list[str]:
+    empty = [name for name, n in zip(samples.classes, samples.class_counts(), strict=True) if not n]
+    if empty:
+        log.warning(
+            f"{len(empty)} class folder(s) hold no images: {', '.join(empty[:10])}"
+            + (" ..." if len(empty) > 10 else "")
+        )
+    return empty
+
+
+STATS_SPLIT_REASON = "normalisation statistics come from training data only"
+
+
+def load_stats_samples(
+    source: str | os.PathLike, split: str | None = None
+) -> tuple[Samples, list[str], str | None, list[str]]:
+    """(samples, non-image files, the split measured, notes) of what dataset-stats measures:
+    the data `source` names (`core.datasource`); of split data (a split root, a CSV with a
+    split column) its `split`, train by default, with a note; `split` on other data is a
+    UsageError."""
+    samples, non_images, measured, notes, _ = _stats_data(source, split)
+    return samples, non_images, measured, notes
+
+
+def _stats_data(
+    source: str | os.PathLike, split: str | None
+) -> tuple[Samples, list[str], str | None, list[str], Samples | None]:
+    """`load_stats_samples`, and the samples of the splits not measured (None for data
+    without splits or when every split is measured)."""
+    from torchkit.core.data.sources import concatenate, non_image_files, open_data, select_split
+
+    if os.fspath(source) == DIGITS:
+        raise InputError(
+            "dataset-stats reads image files, and `digits` is built in",
+            "give an image folder, a split root or a CSV index (./digits for a folder named so)",
+        )
+    data = open_data(source, allow_unlabelled=True)
+    samples, notes = select_split(data, split, default="train", default_reason=STATS_SPLIT_REASON)
+    measured = None
+    if data.is_split:
+        measured = split or "train"
+    covered = None if samples.splits is None else sorted(set(samples.splits))
+    others = None
+    if data.is_split:
+        rest = [part for name, part in data.splits.items() if name not in (covered or [])]
+        rest = [part for part in rest if len(part)]
+        others = concatenate(rest) if rest else None
+    samples = _with_dangling_links(data, samples, covered)
+    return samples, non_image_files(data, covered), measured, notes, others
+
+
+def _with_dangling_links(data: Any, samples: Samples, covered: list[str] | None) -> Samples:
+    """`samples` and, after them, the symbolic links named like images that point nowhere in
+    the folders they were listed from. A folder listing leaves such links out, a CSV index
+    names them: either way they are unreadable files, counted and listed (fatal with
+    `--strict`) by the one read that every file gets."""
+    from torchkit.core.data.sources import concatenate
+    from torchkit.core.data.sources.discovery import list_dangling_image_links, relative_ids
+
+    if data.kind not in ("image folder", "flat folder", "split root") or not samples.paths:
+        return samples
+    root = Path(data.root)
+    found: list[tuple[str | None, int, str]] = []  # (split, label, path)
+    if data.kind == "flat folder":
+        found = [(None, 0, path) for path in list_dangling_image_links(root)]
+    else:
+        index_of = {name: i for i, name in enumerate(samples.classes)}
+        bases = [(None, root)] if data.kind == "image folder" else []
+        bases += [(name, root / name) for name in (covered or []) if data.kind == "split root"]
+        for split, base in bases:
+            for name in sorted(index_of):
+                if (base / name).is_dir():
+                    found += [
+                        (split, index_of[name], path)
+                        for path in list_dangling_image_links(base / name)
+                    ]
+    if not found:
+        return samples
+    paths = [path for *_, path in found]
+    links = Samples(
+        classes=samples.classes,
+        labels=[label for _, label, _ in found],
+        paths=paths,
+        source=samples.source,
+        ids=relative_ids(paths, root),
+        splits=None if samples.splits is None else [split or "" for split, *_ in found],
+    )
+    return concatenate([samples, links])
+
+
+def check_near_threshold(threshold: int) -> None:
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise UsageError(
+            f"--near-threshold must be between 0 and {MAX_THRESHOLD} bits, not {threshold}",
+            f"{DEFAULT_NEAR_THRESHOLD} (the default) finds re-encoded and resized copies",
+        )
+
+
+def compute_dataset_stats(
+    source: str | os.PathLike,
+    *,
+    split: str | None = None,
+    mode: str = "rgb",
+    resize: int | None = None,
+    workers: int | None = None,
+    strict: bool = False,
+    progress: Progress | None = None,
+    leakage: bool = True,
+    near_threshold: int = DEFAULT_NEAR_THRESHOLD,
+    near_duplicates: bool = False,
+    pairs_required: bool = False,
+) -> DatasetStats:
+    """Statistics of the image folder, flat folder, split root or CSV index at `source`; of
+    split data, of its `split` (train by default; `all` for every split; see
+    `load_stats_samples`). Class names are the data's classes, never its split names.
+
+    `mode`: `rgb` (as torchkit's loaders convert: 16-bit images scaled to 8 bits), `gray`, or
+    `native` (the files' own channels and bit depth; all images must then have the same
+    channels). `resize`: count pixels after resizing the shorter side to this many pixels
+    (bilinear, as `transforms.Resize` does). Unreadable files are listed and skipped, or raise
+    InputError with `strict`.
+
+    `leakage` (split data): also read and hash the files of the splits not measured, and list
+    the exact and near (pHash within `near_threshold` bits) duplicates whose members lie in
+    different splits. `near_duplicates`: also list near duplicates within one split (of data
+    without splits: within the data). `pairs_required` (a pair CSV was asked for): a
+    UsageError, before the pass, when neither applies.
+    """
+    if mode not in STATS_MODES:
+        raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
+    if resize is not None and resize < 1:
+        raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
+    check_near_threshold(near_threshold)
+    samples, non_images, measured, notes, others = _stats_data(source, split)
+    if non_images:
+        log.warning(
+            f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}",
+        )
+    warn_empty_classes(samples)
+    checked = measured is not None and leakage
+    perceptual = checked or near_duplicates
+    if pairs_required and not perceptual:
+        raise UsageError(
+            f"--leakage-csv: {source} has no splits to compare"
+            if measured is None
+            else "--leakage-csv with --no-leakage lists nothing",
+            "give split data (a split root or a CSV with a split column), or add "
+            "--near-duplicates to list near duplicates within a split",
+        )
+    if not (measured is not None and (leakage or near_duplicates)):
+        others = None
+    if others is not None:
+        splits_read = ", ".join(dict.fromkeys(others.splits or []))
+        notes.append(
+            f"also reading {splits_read} ({len(others)} files, hashed, not measured) to find "
+            "duplicates" + ("; --no-leakage skips them" if checked else "")
+        )
+    workers = default_stats_workers() if workers is None else workers
+    extra = 0 if others is None else len(others)
+    total = len(samples) + extra
+    tasks = scan_tasks(samples, workers, mode, resize, perceptual=perceptual, total=total)
+    if others is not None:
+        tasks += scan_tasks(
+            others, workers, mode, resize, offset=len(samples), measure=False, total=total
+        )
+    accumulator = Accumulator()
+    records: list[tuple] = []
+    errors: list[tuple[int, str, int]] = []
+    hashes: list[tuple[int, bytes, int]] = []
+    sixteen_bit = done = hash_errors = 0
+    if progress:
+        progress(0, total)
+
+    def take(result: ChunkResult) -> None:
+        nonlocal sixteen_bit, done, hash_errors
+        if strict and result.errors:
+            index, reason, _ = min(result.errors)
+            raise InputError(
+                f"unreadable image {samples.ids[index]}: {reason}",
+                "fix or remove it, or leave out --strict to skip unreadable files",
+            )
+        accumulator.merge(result.accumulator)
+        records.extend(result.records)
+        errors.extend(result.errors)
+        hashes.extend(result.hashes)
+        hash_errors += result.hash_errors
+        sixteen_bit += result.sixteen_bit
+        done += len(result.records) + len(result.errors)
+        done += result.hash_errors + sum(1 for h in result.hashes if h[0] >= len(samples))
+        if progress:
+            progress(done, total)
+
+    run_chunks(tasks, workers, take)
+    records.sort()
+    errors.sort()
+    if not records:
+        index, reason, _ = errors[0]
+        raise InputError(
+            f"none of the {total} image files in {samples.source} could be read",
+            f"the first, {samples.ids[index]}: {reason}",
+        )
+    if errors:
+        log.warning(f"skipped {len(errors)} unreadable file(s) (listed in the report)")
+    if hash_errors:
+        log.warning(
+            f"{hash_errors} file(s) of the other splits could not be read: they take no part "
+            "in the duplicate search"
+        )
+    if sixteen_bit:
+        log.warning(
+            f"{sixteen_bit} image(s) have 16 or 32 bits per pixel: --mode {mode} scales them to "
+            "8 bits (v / 257), as torchkit's loaders feed them to a model; --mode native "
+            "measures their full range"
+        )
+    stats = summarise(samples, mode, resize, accumulator, records, errors, non_images)
+    stats.split, stats.notes = measured, notes
+    if perceptual:
+        find_duplicates(stats, samples, others, hashes, checked, near_threshold, near_duplicates)
+    return stats

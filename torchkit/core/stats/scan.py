@@ -1,0 +1,315 @@
+"""The pass over the files: each read once, hashed, decoded and its pixels counted, in worker
+processes (`core.convert.parallel`)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from torchkit.core.convert.parallel import map_chunks
+from torchkit.core.data.image_files import (
+    SIXTEEN_BIT_MODES,
+    NotARegularFile,
+    expanded_mode,
+    opened_image,
+    pixels_in_mode,
+    read_regular_file,
+)
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.errors import first_line
+from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.cpus import usable_cpus
+
+STATS_MODES = ("rgb", "gray", "native")
+SINGLE_CHANNEL_MODES = frozenset({"1", "L", "I", "F"} | SIXTEEN_BIT_MODES)
+_MAX_CHUNK = 64
+
+
+def target_mode(image_mode: str, info: dict, mode: str) -> str:
+    """The PIL mode pixels are counted in: what ImageFolder's loader gives (`rgb`), grayscale
+    (`gray`), or the file's own channels (`native`; palettes are expanded, bilevel becomes L)."""
+    if mode == "rgb":
+        return "RGB"
+    if mode == "gray":
+        return "L"
+    return expanded_mode(image_mode, info)
+
+
+def channel_names(pil_mode: str, bands: Sequence[str]) -> tuple[str, ...]:
+    return ("L",) if pil_mode in SINGLE_CHANNEL_MODES else tuple(bands)
+
+
+def resized_size(width: int, height: int, shorter: int) -> tuple[int, int]:
+    """The size `torchvision.transforms.Resize(shorter)` gives (shorter side to `shorter`)."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_long = int(shorter * long / short)
+    return (shorter, new_long) if width <= height else (new_long, shorter)
+
+
+class Accumulator:
+    """Pixel counts per (channel names, full scale): an int64 histogram of shape (C, scale + 1)
+    for integer images, or exact rational sums for float images (scale 1). Mergeable."""
+
+    def __init__(self) -> None:
+        self.histograms: dict[tuple[tuple[str, ...], int], Any] = {}
+        self.float_sums: dict[tuple[str, ...], list] = {}  # names -> [count, sums, squares]
+        self.examples: dict[tuple[str, ...], str] = {}  # a file per channel layout, for errors
+
+    def add_image(self, image, channels: tuple[str, ...], example: str) -> None:
+        import numpy as np
+
+        self.examples.setdefault(channels, example)
+        if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":
+            values = np.asarray(image)
+            if image.mode in SIXTEEN_BIT_MODES or (values.min() >= 0 and values.max() <= 65535):
+                counts = np.bincount(values.astype(np.uint16, copy=False).ravel(), minlength=65536)
+                self._add_histogram(channels, 65535, counts.reshape(1, -1))
+                return
+        if image.mode in ("I", "F"):  # 32-bit values: summed in their own units
+            values = np.asarray(image, dtype=np.float64).ravel()
+            entry = self.float_sums.setdefault(channels, [0, [Fraction(0)], [Fraction(0)]])
+            entry[0] += values.size
+            entry[1][0] += Fraction(float(values.sum()))
+            entry[2][0] += Fraction(float(np.dot(values, values)))
+            return
+        # 8 bits per channel: PIL counts every band in C, exactly.
+        counts = np.array(image.histogram(), dtype=np.int64).reshape(len(channels), 256)
+        self._add_histogram(channels, 255, counts)
+
+    def _add_histogram(self, channels: tuple[str, ...], scale: int, counts) -> None:
+        key = (channels, scale)
+        if key in self.histograms:
+            self.histograms[key] += counts
+        else:
+            self.histograms[key] = counts.astype("int64", copy=True)
+
+    def merge(self, other: Accumulator) -> None:
+        for (channels, scale), counts in other.histograms.items():
+            self._add_histogram(channels, scale, counts)
+        for channels, (count, sums, squares) in other.float_sums.items():
+            entry = self.float_sums.setdefault(channels, [0, [Fraction(0)], [Fraction(0)]])
+            entry[0] += count
+            entry[1] = [a + b for a, b in zip(entry[1], sums, strict=True)]
+            entry[2] = [a + b for a, b in zip(entry[2], squares, strict=True)]
+        for channels, example in other.examples.items():
+            self.examples.setdefault(channels, example)
+
+    def layouts(self) -> list[tuple[str, ...]]:
+        seen = {channels for channels, _ in self.histograms} | set(self.float_sums)
+        return sorted(seen, key=len)
+
+    def moments(self) -> tuple[tuple[str, ...], list[float], list[float], int]:
+        """(channels, mean, std, pixels per channel) in [0, 1] units, exact until the final
+        rounding to float. Needs a single channel layout."""
+        (channels,) = self.layouts()
+        pixels = 0
+        sums = [Fraction(0)] * len(channels)
+        squares = [Fraction(0)] * len(channels)
+        for (names, scale), counts in self.histograms.items():
+            if names != channels:
+                continue
+            pixels += int(counts[0].sum())
+            for c in range(len(channels)):
+                # Python ints: 16-bit squares times large counts would overflow int64.
+                row = [(v, int(n)) for v, n in enumerate(counts[c].tolist()) if n]
+                sums[c] += Fraction(sum(n * v for v, n in row), scale)
+                squares[c] += Fraction(sum(n * v * v for v, n in row), scale**2)
+        if channels in self.float_sums:
+            count, float_sums, float_squares = self.float_sums[channels]
+            pixels += count
+            sums = [s + f for s, f in zip(sums, float_sums, strict=True)]
+            squares = [s + f for s, f in zip(squares, float_squares, strict=True)]
+        mean = [s / pixels for s in sums]
+        variance = [q / pixels - m * m for q, m in zip(squares, mean, strict=True)]
+        variance = [max(v, Fraction(0)) for v in variance]  # float-image sums may round below
+        return channels, [float(m) for m in mean], [math.sqrt(v) for v in variance], pixels
+
+
+@dataclass
+class ChunkResult:
+    records: list[tuple]  # (index, width, height, mode, format, bytes, sha256)
+    errors: list[tuple[int, str, int]]  # (index, reason, bytes read or 0)
+    accumulator: Accumulator
+    sixteen_bit: int = 0  # 16-bit images that --mode rgb/gray clip to 8 bits, as PIL does
+    # (index, sha256, pHash) of every decodable image, with `perceptual` (leakage check)
+    hashes: list[tuple[int, bytes, int]] = field(default_factory=list)
+    hash_errors: int = 0  # files of other splits (hashed, not measured) that could not be read
+
+
+def _describe(error: BaseException, size: int | None = None) -> str:
+    from PIL import UnidentifiedImageError
+
+    if isinstance(error, NotARegularFile):
+        return str(error)
+    if isinstance(error, FileNotFoundError):
+        return "file not found"
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, UnidentifiedImageError):  # its message names a BytesIO object
+        return "empty file" if size == 0 else "not an image PIL can read"
+    return first_line(error, with_type=True)
+
+
+def scan_files(
+    start: int,
+    paths: Sequence[str],
+    ids: Sequence[str],
+    mode: str,
+    resize: int | None,
+    measure: bool = True,
+    perceptual: bool = False,
+) -> ChunkResult:
+    """Read, hash, decode and count the pixels of `paths` (a chunk starting at index `start`).
+    `perceptual`: also each image's pHash (`result.hashes`). Without `measure` the files are
+    only read and hashed (the other splits' files of the leakage check): nothing is counted."""
+    from PIL import Image
+
+    from torchkit.core.data.hashing import phash_image
+
+    result = ChunkResult([], [], Accumulator())
+    if not measure:
+        _hash_files(start, paths, result)
+        return result
+    with warnings.catch_warnings():
+        # PIL's warnings (palette transparency, bomb sizes, odd EXIF) would interleave with the
+        # progress bar from every worker; the files still count, or are listed as unreadable.
+        warnings.simplefilter("ignore")
+        for offset, path in enumerate(paths):
+            index = start + offset
+            try:
+                data = read_regular_file(path)  # a FIFO would block forever: refused
+            except OSError as error:
+                result.errors.append((index, _describe(error), 0))
+                continue
+            phash = None
+            try:
+                with opened_image(data) as image:
+                    native_mode, file_format, (width, height) = image.mode, image.format, image.size
+                    wanted = target_mode(image.mode, image.info, mode)
+                    if mode == "native":  # the file's own channels, at their own depth
+                        pixels = image if image.mode == wanted else image.convert(wanted)
+                        pixels.load()
+                    else:  # the 8-bit pixels torchkit's loaders feed a model, as stored
+                        pixels = pixels_in_mode(image, wanted, exif=False)
+                    if perceptual:  # from this decode: no second one (see core.hashing)
+                        phash = phash_image(image)
+                    if resize:
+                        size = resized_size(width, height, resize)
+                        pixels = pixels.resize(size, Image.Resampling.BILINEAR)
+                    channels = channel_names(pixels.mode, pixels.getbands())
+                    result.accumulator.add_image(pixels, channels, ids[offset])
+            except Exception as error:  # noqa: BLE001 - any decoder failure means unreadable
+                result.errors.append((index, _describe(error, len(data)), len(data)))
+                continue
+            if (native_mode in SIXTEEN_BIT_MODES or native_mode == "I") and mode != "native":
+                result.sixteen_bit += 1
+            digest = hashlib.sha256(data).digest()
+            result.records.append(
+                (index, width, height, native_mode, file_format or "?", len(data), digest)
+            )
+            if phash is not None:
+                result.hashes.append((index, digest, phash))
+    return result
+
+
+def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
+    """SHA-256 and pHash of each file (`core.hashing.hash_file`); unreadable ones are counted."""
+    from torchkit.core.data.hashing import hash_file
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for offset, path in enumerate(paths):
+            try:
+                digest, phash = hash_file(path)
+            except OSError:
+                result.hash_errors += 1
+                continue
+            if phash is None:  # not an image PIL can decode: unreadable, no copy of anything
+                result.hash_errors += 1
+                continue
+            result.hashes.append((start + offset, digest, phash))
+
+
+def hash_pass(
+    paths: Sequence[str], *, workers: int | None = None, progress: Progress | None = None
+) -> list[tuple[bytes, int] | None]:
+    """(SHA-256, pHash) of every file, or None for one that cannot be read or decoded: the
+    pass the leakage check makes over the files it does not measure, in worker processes."""
+    workers = default_stats_workers() if workers is None else workers
+    n = len(paths)
+    size = max(1, min(_MAX_CHUNK, math.ceil(n / max(1, workers * 4))))
+    tasks = [
+        (start, paths[start : start + size], paths[start : start + size], "rgb", None, False, True)
+        for start in range(0, n, size)
+    ]
+    found: list[tuple[bytes, int] | None] = [None] * n
+    done = 0
+
+    def take(result: ChunkResult) -> None:
+        nonlocal done
+        for index, digest, phash in result.hashes:
+            found[index] = (digest, phash)
+        done += len(result.hashes) + result.hash_errors
+        if progress:
+            progress(done, n)
+
+    run_chunks(tasks, workers, take)
+    return found
+
+
+def _scan_task(task: tuple) -> ChunkResult:
+    return scan_files(*task)
+
+
+def default_stats_workers() -> int:
+    return usable_cpus()
+
+
+def scan_tasks(
+    samples: Samples,
+    workers: int,
+    mode: str,
+    resize: int | None,
+    *,
+    offset: int = 0,
+    measure: bool = True,
+    perceptual: bool = False,
+    total: int | None = None,
+) -> list[tuple]:
+    """`scan_files` tasks for `samples`, whose indices start at `offset`; chunks are sized for
+    `total` files in all (all the tasks of the pass)."""
+    n = len(samples)
+    size = max(1, min(_MAX_CHUNK, math.ceil((total or n) / max(1, workers * 4))))
+    paths, ids = samples.paths, samples.ids
+    return [
+        (
+            offset + start,
+            paths[start : start + size],
+            ids[start : start + size],
+            mode,
+            resize,
+            measure,
+            perceptual,
+        )
+        for start in range(0, n, size)
+    ]
+
+
+def run_chunks(tasks: list[tuple], workers: int, on_result: Callable[[ChunkResult], None]) -> None:
+    """`scan_files` for every task, in-process for one worker, else in worker processes; each
+    result handed to `on_result` as it comes (an exception there stops the workers)."""
+    map_chunks(_scan_task, tasks, workers=workers, on_result=on_result, preload=_preload)
+
+
+def _preload() -> None:
+    """Imported once in the parent, which the workers fork from, not once per worker (about half
+    a CPU-second each)."""
+    import numpy  # noqa: F401
+    from PIL import Image
+
+    Image.init()  # every format plugin
