@@ -135,6 +135,9 @@ def test_every_runtime_dependency_floor_is_tested_by_the_ci_script():
 def test_readme_installs_from_source_and_shows_the_cpu_build():
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Install") : readme.index("## Commands")]
-    assert "uv tool install ./torchkit" in section and "pipx install ./torchkit" in section
+    assert (
+        "uv tool install --compile-bytecode ./torchkit" in section
+        and "pipx install ./torchkit" in section
+    )
     assert "--torch-backend cpu" in section
     assert "--index-url https://download.pytorch.org/whl/cpu" in section
