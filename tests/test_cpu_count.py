@@ -32,3 +32,9 @@ def test_conversion_and_stats_workers_use_the_allowed_cores(three_of_64_cores):
 
     assert default_workers() == 3
     assert default_stats_workers() == 3
+
+
+def test_video_threads_are_twice_the_allowed_cores(three_of_64_cores):
+    from torchkit.core.video import default_video_workers
+
+    assert default_video_workers() == 6  # not 16 for the machine's 64

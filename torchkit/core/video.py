@@ -23,6 +23,7 @@ from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, fi
 from torchkit.core.io.files import STDIN, atomic_write_bytes, read_path_list
 from torchkit.core.io.outputs import InputPath, OutputFolder, check_output_file, write_error
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.cpus import usable_cpus
 
 logger = logging.getLogger("torchkit")
 
@@ -749,7 +750,7 @@ def video_inputs(
 def default_video_workers() -> int:
     """Threads: OpenCV releases the GIL while it opens and decodes, and reading headers waits on
     the disk more than on the CPU, so a few more threads than cores pay off."""
-    return max(1, min(16, 2 * (os.cpu_count() or 1)))
+    return max(1, min(16, 2 * usable_cpus()))
 
 
 def inspect_videos(
