@@ -3,7 +3,6 @@ DataLoader, and the DataLoader settings that go with it: worker count, start met
 
 from __future__ import annotations
 
-
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.runtime.cpus import usable_cpus
 
