@@ -541,9 +541,9 @@ def test_cut_copies_are_truncated_by_decoding_where_sizes_say_nothing(
 ):
     """Formats whose sizes are unknown (a live recording, FLV, Ogg...): the decode check seeks
     to the last frames the header declares; --exact counts short of the header."""
-    import torchkit.core.video as video
+    import torchkit.core.video.probe as probe
 
-    monkeypatch.setattr(video, "declared_size", lambda *args: None)
+    monkeypatch.setattr(probe, "declared_size", lambda *args: None)
     cut = cut_copy(need(whole_videos, name), tmp_path, fraction)
     info = probe_video(cut)
     assert info.status == "truncated" and "its header declares does not decode" in info.error
@@ -563,10 +563,10 @@ def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
     """Header counts are estimates in some formats (duration x fps) and decoders drop a frame
     here and there: where the container's sizes say the file is whole, frames short of the
     header are shown (and noted with --exact) but the file is ok, and its end is not sought."""
-    import torchkit.core.video as video
+    import torchkit.core.video.probe as probe
 
     path = need(whole_videos, "clip.mkv")
-    opened = video._open_capture
+    opened = probe._open_capture
 
     class Overstating:
         def __init__(self, capture):
@@ -582,14 +582,14 @@ def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
         def __getattr__(self, name):
             return getattr(self.capture, name)
 
-    monkeypatch.setattr(video, "_open_capture", lambda cv2, p: Overstating(opened(cv2, p)))
+    monkeypatch.setattr(probe, "_open_capture", lambda cv2, p: Overstating(opened(cv2, p)))
     info = probe_video(path)
     assert (info.status, info.frames_header) == ("ok", 45)
     exact = probe_video(path, exact=True)
     assert (exact.status, exact.frames_decoded, exact.frames_differ) == ("ok", 40, True)
     result = invoke(path, "--exact")
     assert result.exit_code == 0 and "different number of frames" in result.stderr
-    monkeypatch.setattr(video, "declared_size", lambda *args: None)  # sizes unknown: judged
+    monkeypatch.setattr(probe, "declared_size", lambda *args: None)  # sizes unknown: judged
     assert probe_video(path, exact=True).status == "truncated"
 
 
@@ -748,10 +748,10 @@ def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
 def test_extract_frames_past_a_lying_header_is_a_truncated_row(tmp_path, broken, monkeypatch):
     """A header that promises frames the file does not hold, and checks that cannot see it (the
     container's sizes unknown, no decode check): sampling finds out, and says so."""
-    import torchkit.core.video as video
+    import torchkit.core.video.probe as probe
 
     cut = need(broken, "cut_webm")
-    monkeypatch.setattr(video, "declared_size", lambda *args: None)
+    monkeypatch.setattr(probe, "declared_size", lambda *args: None)
     # 9 segments of the 9 frames the header promises: the last one cannot be decoded.
     result = invoke(
         cut, "-k", "9", "--extract-frames", tmp_path / "f", "--no-decode-check", "--format", "json"
@@ -776,16 +776,16 @@ def test_extract_frames_needs_segments(tmp_path, videos):
 def test_zero_or_unknown_frame_count_is_an_error_row_when_sampling(
     monkeypatch, videos, frames, message
 ):
-    import torchkit.core.video as video
+    import torchkit.core.video.probe as probe
 
-    original = video.probe_video
+    original = probe.probe_video
 
     def without_frames(path, **options):
         info = original(path, **options)
         info.frames = frames
         return info
 
-    monkeypatch.setattr(video, "probe_video", without_frames)
+    monkeypatch.setattr(probe, "probe_video", without_frames)
     (info,) = inspect_videos([need(videos, "mjpg.avi")], segments=3)
     assert info.error.startswith(message) and info.frame_indices is None
 
