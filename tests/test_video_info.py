@@ -776,16 +776,16 @@ def test_extract_frames_needs_segments(tmp_path, videos):
 def test_zero_or_unknown_frame_count_is_an_error_row_when_sampling(
     monkeypatch, videos, frames, message
 ):
-    import torchkit.core.video.probe as probe
+    import torchkit.core.video.run as run
 
-    original = probe.probe_video
+    original = run.probe_video
 
     def without_frames(path, **options):
         info = original(path, **options)
         info.frames = frames
         return info
 
-    monkeypatch.setattr(probe, "probe_video", without_frames)
+    monkeypatch.setattr(run, "probe_video", without_frames)
     (info,) = inspect_videos([need(videos, "mjpg.avi")], segments=3)
     assert info.error.startswith(message) and info.frame_indices is None
 

@@ -3,31 +3,39 @@ once; exact frame counting by decoding; Temporal Segment Network (TSN) frame sam
 
 OpenCV is imported inside functions only, so importing this package stays cheap.
 
-The whole of it lives in probe for now (moved here to keep its history; split next).
+Modules: containers (finding video files, sniffing the container, the size its structure
+declares), probe (one video: `VideoInfo`, the truncation checks), frames (TSN sampling, writing
+the sampled frames) and run (`inspect_videos`, many videos on worker threads).
 """
 
-from torchkit.core.video.probe import (
-    MAX_SEGMENTS,
-    MAX_WORKERS,
-    SAMPLE_MODES,
-    STATUSES,
+from torchkit.core.video.containers import (
     VIDEO_EXTENSIONS,
-    SegmentOptions,
-    VideoInfo,
-    count_frames,
     declared_size,
-    default_video_workers,
-    extract_frames,
     find_videos,
-    fourcc_to_text,
-    frame_file_name,
-    frame_name_prefixes,
-    inspect_videos,
     is_video_file,
-    probe_video,
     sniff_container,
     still_image_format,
+)
+from torchkit.core.video.frames import (
+    MAX_SEGMENTS,
+    SAMPLE_MODES,
+    SegmentOptions,
+    extract_frames,
+    frame_file_name,
+    frame_name_prefixes,
     tsn_frame_indices,
+)
+from torchkit.core.video.probe import (
+    STATUSES,
+    VideoInfo,
+    count_frames,
+    fourcc_to_text,
+    probe_video,
+)
+from torchkit.core.video.run import (
+    MAX_WORKERS,
+    default_video_workers,
+    inspect_videos,
     video_inputs,
 )
 

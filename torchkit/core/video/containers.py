@@ -1,0 +1,265 @@
+"""Finding video files, telling their container from their first bytes, and the size their
+container structure declares (which tells a copy cut short from a whole file)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from torchkit.core.data.image_files import opened_image
+from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.files import STDIN, read_path_list
+
+logger = logging.getLogger("torchkit")
+
+VIDEO_EXTENSIONS = frozenset(
+    {
+        ".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".flv", ".wmv", ".asf", ".mpg", ".mpeg",
+        ".m2v", ".ts", ".mts", ".m2ts", ".3gp", ".3g2", ".ogv", ".mxf", ".vob", ".dv", ".y4m",
+    }
+)  # fmt: skip
+TS_PACKET = 188
+SNIFF_BYTES = 512  # enough for an EBML DocType and two MPEG-TS packet starts
+
+
+# --- finding videos -----------------------------------------------------------------------------
+
+
+def is_video_file(path: str | os.PathLike) -> bool:
+    return Path(path).suffix.lower() in VIDEO_EXTENSIONS
+
+
+def _is_visible_video(path: Path, root: Path) -> bool:
+    # Hidden files are not videos to report: macOS leaves "._clip.mp4" resource forks beside
+    # every clip on shared drives, and tools keep caches in dot-folders.
+    hidden = any(part.startswith(".") for part in path.relative_to(root).parts)
+    return not hidden and is_video_file(path) and path.is_file()
+
+
+def find_videos(
+    paths: Iterable[str | os.PathLike], stdin: Iterable[str] | None = None
+) -> list[Path]:
+    """Files as given (whatever their extension) and video files found recursively in folders
+    (hidden ones left out), sorted within each folder, each once, in the order given; `-`: the
+    files `stdin` lists, one per line (one that is gone is a row with its error, as in predict)."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    named = [Path(p) for p in paths]
+    if not named:
+        raise UsageError("no video files or folders given", "pass one or more paths")
+    if [os.fspath(p) for p in paths].count(STDIN) > 1:
+        raise UsageError("- (stdin) given more than once")
+    for path in named:
+        if os.fspath(path) == STDIN:
+            candidates = [Path(p) for p in read_path_list(stdin, "video")]
+        elif not path.exists():
+            raise InputError(f"path not found: {path}", "check the path")
+        elif path.is_dir():
+            videos = sorted(
+                (p for p in path.rglob("*") if _is_visible_video(p, path)),
+                key=lambda p: p.as_posix(),
+            )
+            if not videos:
+                if len(named) == 1:
+                    raise InputError(
+                        f"no video files in {path}",
+                        f"looked for {', '.join(sorted(VIDEO_EXTENSIONS))}",
+                    )
+                logger.warning("no video files in %s", path)
+            candidates = videos
+        else:
+            candidates = [path]
+        for candidate in candidates:
+            key = os.path.normcase(os.path.abspath(candidate))
+            if key not in seen:
+                seen.add(key)
+                found.append(candidate)
+    if not found:
+        raise InputError("no video files found in the given folders", "check the paths")
+    return found
+
+
+# --- sniffing ----------------------------------------------------------------------------------
+
+
+def sniff_container(head: bytes) -> str | None:
+    """The container format from a file's first bytes (None when it is not one we recognise)."""
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return "avi"
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand == b"qt  ":
+            return "mov"
+        return "3gp" if brand.startswith(b"3g") else "mp4"
+    if head[4:8] in (b"moov", b"mdat", b"wide", b"free"):
+        return "mov"
+    if head[:4] == b"\x1a\x45\xdf\xa3":  # EBML: Matroska, or WebM when the DocType says so
+        return "webm" if b"webm" in head else "mkv"
+    if head[:3] == b"FLV":
+        return "flv"
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[:4] == b"\x00\x00\x01\xba":
+        return "mpeg-ps"
+    if head[:4] == b"\x00\x00\x01\xb3":
+        return "mpeg-video"
+    if head[:1] == b"\x47" and head[188:189] == b"\x47":  # sync bytes of two 188-byte packets
+        return "mpeg-ts"
+    if head[:8] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11":
+        return "asf"
+    if head[:9] == b"YUV4MPEG2":
+        return "y4m"
+    if head[:4] == b"\x06\x0e\x2b\x34":
+        return "mxf"
+    return None
+
+
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+)
+
+
+def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
+    """The format ("PNG", "JPEG", "GIF"...) when the file is a still image (one frame), which
+    FFmpeg would otherwise open as a one-frame "video" at a made-up 25 fps; None for anything
+    else, an animated GIF, PNG or WebP included (those are left to FFmpeg)."""
+    kind = next((name for magic, name in _IMAGE_MAGIC if head.startswith(magic)), None)
+    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        kind = "WebP"
+    if kind is None:
+        return None
+    try:
+        with opened_image(path) as image:
+            frames = int(getattr(image, "n_frames", 1) or 1)
+    except Exception:  # the magic bytes, but not an image PIL reads: leave it to FFmpeg
+        return None
+    return kind if frames <= 1 else None
+
+
+# --- truncation ---------------------------------------------------------------------------------
+#
+# A copy cut short (a download or transfer that stopped, a disk that filled up) often still opens:
+# its header says how many frames there are and decoding starts fine. Two cheap checks tell it
+# from a whole file. (1) Container structure: MP4/MOV boxes, AVI RIFF chunks, the Matroska/WebM
+# segment and MPEG-TS packets carry their sizes, so reading a few bytes at a few offsets says
+# how long the file must be; a shorter file ends mid-stream. (2) Where the format records no
+# sizes (FLV, Ogg, MPEG-PS, a live recording): decoding at the end, the last frames the header
+# declares sought and decoded (`--exact` decodes them all anyway).
+
+_MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for a corrupt one
+
+
+def declared_size(path: str | os.PathLike, container: str | None, size: int) -> int | None:
+    """How many bytes the container structure of a `size`-byte file says it holds, for the
+    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, MPEG-TS); None when the format
+    does not say or the structure cannot be read (so nothing is claimed about the file)."""
+    if container == "mpeg-ts":
+        return -(-size // TS_PACKET) * TS_PACKET  # a partial last packet ends mid-stream
+    readers = {
+        "mp4": _iso_boxes_end,
+        "mov": _iso_boxes_end,
+        "3gp": _iso_boxes_end,
+        "avi": _riff_chunks_end,
+        "mkv": _ebml_segment_end,
+        "webm": _ebml_segment_end,
+    }
+    reader = readers.get(container or "")
+    if reader is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return reader(handle, size)
+    except OSError:
+        return None
+
+
+def _iso_boxes_end(handle, size: int) -> int | None:
+    """The end of the last top-level box of an ISO base media file (MP4, MOV, 3GP)."""
+    offset = 0
+    for _ in range(_MAX_BOXES):
+        if offset >= size:
+            return offset
+        handle.seek(offset)
+        header = handle.read(16)
+        if len(header) < 8:  # the file ends inside a box header, or a few padding zeros
+            return offset if not header.strip(b"\x00") else offset + 8
+        length = int.from_bytes(header[:4], "big")
+        kind = header[4:8]
+        if not (kind.isascii() and all(32 <= byte < 127 for byte in kind)):
+            return None  # not a box: trailing data we cannot judge
+        if length == 1:  # a 64-bit size follows the type
+            if len(header) < 16:
+                return offset + 16
+            length = int.from_bytes(header[8:16], "big")
+            if length < 16:
+                return None
+        elif length == 0:  # the last box runs to the end of the file
+            return size
+        elif length < 8:
+            return None
+        offset += length
+    return None
+
+
+def _riff_chunks_end(handle, size: int) -> int | None:
+    """The end of the last RIFF chunk of an AVI (OpenDML files over 1 GiB hold several)."""
+    offset = 0
+    for _ in range(_MAX_BOXES):
+        if offset >= size:
+            return offset
+        handle.seek(offset)
+        header = handle.read(12)
+        if len(header) < 12:
+            return offset + 12
+        if header[:4] != b"RIFF" or header[8:12] not in (b"AVI ", b"AVIX"):
+            return None if offset == 0 else offset  # junk after the last chunk is not ours
+        length = int.from_bytes(header[4:8], "little")
+        if length == 0:  # a writer that never went back to fill the size in
+            return None
+        offset += 8 + length + (length & 1)
+    return None
+
+
+def _ebml_number(data: bytes, position: int, *, keep_marker: bool) -> tuple[int, int] | None:
+    """An EBML variable-length number at `position`: (value, its length); an element ID keeps
+    its length marker bit, a size drops it. A size of all ones (unknown) comes back as -1."""
+    if position >= len(data) or data[position] == 0:
+        return None
+    first = data[position]
+    length = 9 - first.bit_length()
+    if position + length > len(data):
+        return None
+    value = int.from_bytes(data[position : position + length], "big")
+    if keep_marker:
+        return value, length
+    value &= (1 << (7 * length)) - 1
+    return (-1 if value == (1 << (7 * length)) - 1 else value), length
+
+
+def _ebml_segment_end(handle, size: int) -> int | None:
+    """The end of the Segment of a Matroska/WebM file (None when it is written as unknown, as
+    live recordings do)."""
+    handle.seek(0)
+    head = handle.read(4096)
+    position = 0
+    for _ in range(8):  # the EBML header, then perhaps Void elements, then the Segment
+        element = _ebml_number(head, position, keep_marker=True)
+        if element is None:
+            return None
+        element_id, id_length = element
+        length = _ebml_number(head, position + id_length, keep_marker=False)
+        if length is None or length[0] < 0:
+            return None
+        data_start = position + id_length + length[1]
+        if element_id == 0x18538067:  # Segment
+            return data_start + length[0]
+        position = data_start + length[0]
+    return None

@@ -1,0 +1,204 @@
+"""Temporal Segment Network (TSN) frame sampling, and writing the sampled frames as PNG files."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
+from torchkit.core.io.files import atomic_write_bytes
+from torchkit.core.io.outputs import OutputFolder, write_error
+from torchkit.core.video.probe import (
+    VideoInfo,
+    _error_text,
+    _import_cv2,
+    _open_capture,
+    _Stopped,
+)
+
+SAMPLE_MODES = ("test", "train")
+# The K frame indices of every video are part of its row (table, CSV, JSON), so they are held in
+# memory and printed: 10,000 is far beyond any TSN setting (3 to 32 segments) and still a dense
+# sampling of a long clip, with rows of tens of KiB. Frames themselves are streamed: decoded one
+# at a time, written and dropped, so neither a long video nor a large K holds more than one frame.
+MAX_SEGMENTS = 10_000
+FRAME_FILES = ("*_[0-9][0-9][0-9][0-9][0-9][0-9]*.png",)  # <video>_<frame, 6+ digits>.png
+
+
+class _PastTheEnd(InputError):
+    """A sampled frame the header declares does not decode: the video ends early."""
+
+
+@dataclass
+class SegmentOptions:
+    """TSN sampling for each video, and where to write the sampled frames (if anywhere)."""
+
+    num_segments: int
+    mode: str = "test"
+    seed: int = 0
+    extract_dir: Path | None = None
+    names: dict[str, str] = field(default_factory=dict)  # video path -> file name prefix
+
+
+# --- TSN sampling -------------------------------------------------------------------------------
+
+
+def tsn_frame_indices(
+    num_frames: int, num_segments: int, mode: str = "test", rng: Any = None
+) -> list[int]:
+    """The `num_segments` sorted frame indices Temporal Segment Networks sample from a video.
+
+    The frames are cut into K segments as equal as integers allow (segment i holds frames
+    `i*n//K` up to `(i+1)*n//K - 1`, so no frame is left out). Test mode takes the middle frame of
+    each segment; train mode one uniformly random frame of each (`rng`: a seed or a
+    `numpy.random.Generator`). With fewer frames than segments, every frame is taken once and the
+    rest repeated in order (0, 1, 2, 0, 1, ...), sorted, in both modes: exactly K indices.
+    """
+    if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 1:
+        raise UsageError(f"the number of segments must be a positive integer, not {num_segments}")
+    if num_segments > MAX_SEGMENTS:
+        raise UsageError(
+            f"{num_segments} segments are more than {MAX_SEGMENTS:,}",
+            f"sample at most {MAX_SEGMENTS:,} frames per video",
+        )
+    if mode not in SAMPLE_MODES:
+        raise UsageError(f"unknown sample mode {mode!r}", "use 'test' or 'train'")
+    if num_frames is None or num_frames < 1:
+        raise InputError(
+            "the video has no frames to sample",
+            "check the file, or pass --exact to count frames by decoding",
+        )
+    n, k = int(num_frames), num_segments
+    if n < k:
+        return sorted(i % n for i in range(k))
+    bounds = [i * n // k for i in range(k + 1)]
+    lengths = [bounds[i + 1] - bounds[i] for i in range(k)]
+    if mode == "test":
+        # The upper middle for even lengths, as in the TSN reference (offset (n / K) // 2).
+        return [bounds[i] + lengths[i] // 2 for i in range(k)]
+    import numpy as np
+
+    generator = np.random.default_rng(rng)
+    offsets = generator.integers(0, lengths)
+    return [bounds[i] + int(offsets[i]) for i in range(k)]
+
+
+# --- sampled frames -----------------------------------------------------------------------------
+
+
+def frame_file_name(prefix: str, index: int) -> str:
+    return f"{prefix}_{index:06d}.png"
+
+
+def extract_frames(
+    path: str | os.PathLike,
+    indices: Sequence[int],
+    out_dir: Path,
+    prefix: str,
+    stop: threading.Event | None = None,
+) -> list[Path]:
+    """Decode `path` from the start and write the frames at `indices` (sorted, repeats allowed)
+    as PNG files `<prefix>_<index>.png` in `out_dir`; one path per index, in order.
+
+    Frames are read sequentially (grab, retrieve only the wanted ones) because seeking by frame
+    number is inexact for many codecs; one frame is in memory at a time. `stop` set ends it
+    early (`_Stopped`)."""
+    cv2 = _import_cv2()
+    wanted = sorted(set(indices))
+    written: dict[int, Path] = {}
+    capture = _open_capture(cv2, Path(path))
+    if capture is None:
+        raise InputError(f"cannot open {path} to extract frames")
+    try:
+        position = 0
+        for index in wanted:
+            while position <= index:
+                if stop is not None and position % 64 == 0 and stop.is_set():
+                    raise _Stopped()
+                if not capture.grab():
+                    raise _PastTheEnd(
+                        f"only {position} frames could be decoded, frame {index} is past the end",
+                        "the frame count in the header is wrong; pass --exact",
+                    )
+                position += 1
+            ok, frame = capture.retrieve()
+            if not ok or frame is None:
+                raise InputError(f"frame {index} could not be decoded")
+            ok, encoded = cv2.imencode(".png", frame)
+            if not ok:
+                raise InputError(f"frame {index} could not be encoded as PNG")
+            target = out_dir / frame_file_name(prefix, index)
+            atomic_write_bytes(target, encoded.tobytes())
+            written[index] = target
+    finally:
+        capture.release()
+    return [written[index] for index in indices]
+
+
+def frame_name_prefixes(videos: Sequence[Path]) -> dict[str, str]:
+    """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems."""
+    prefixes: dict[str, str] = {}
+    used: set[str] = set()
+    for video in videos:
+        stem = video.stem or "video"
+        prefix, n = stem, 1
+        while prefix in used:
+            n += 1
+            prefix = f"{stem}-{n}"
+        used.add(prefix)
+        prefixes[str(video)] = prefix
+    return prefixes
+
+
+def _sample_into(
+    info: VideoInfo,
+    options: SegmentOptions,
+    rng: Any,
+    frames_folder: _FramesFolder | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    if info.frames is None:
+        info.fail("the container does not say how many frames it holds (pass --exact)")
+        return
+    try:
+        info.frame_indices = tsn_frame_indices(info.frames, options.num_segments, options.mode, rng)
+        if frames_folder is not None:
+            folder = frames_folder.begin()  # only now, after every check: the first frame
+            files = extract_frames(
+                info.path, info.frame_indices, folder, options.names[info.path], stop
+            )
+            info.frame_files = [str(options.extract_dir / f.name) for f in files]
+            frames_folder.wrote(len(files))
+    except _Stopped:
+        raise
+    except OutputWriteError as error:
+        # A full disk is the output's error, not this video's. The frames go to a hidden
+        # temporary folder: the error names the folder that was asked for.
+        raise write_error(options.extract_dir, error.__cause__ or error) from error
+    except _PastTheEnd as error:
+        info.fail(f"truncated: {error.message} ({error.hint})", "truncated")
+    except Exception as error:
+        info.fail(_error_text(error))
+
+
+class _FramesFolder:
+    """The `--extract-frames` folder, begun by the first worker thread about to write a frame:
+    frames go to a hidden temporary folder beside it that replaces it (and an old one, with
+    --force) only at the end, so it never holds a half-written set of frames."""
+
+    def __init__(self, folder: OutputFolder) -> None:
+        self.folder = folder
+        self.frames = 0
+        self._lock = threading.Lock()
+
+    def begin(self) -> Path:
+        with self._lock:
+            return self.folder.begin()
+
+    def wrote(self, count: int) -> None:
+        with self._lock:
+            self.frames += count

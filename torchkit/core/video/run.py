@@ -1,0 +1,197 @@
+"""`video-info`: the metadata of many videos at once on worker threads, in the order given, with
+TSN frame indices and the sampled frames written when asked."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from torchkit.core.io.errors import UsageError
+from torchkit.core.io.files import STDIN
+from torchkit.core.io.outputs import InputPath, OutputFolder, check_output_file
+from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.video.containers import find_videos
+from torchkit.core.video.frames import (
+    FRAME_FILES,
+    MAX_SEGMENTS,
+    SAMPLE_MODES,
+    SegmentOptions,
+    _FramesFolder,
+    _sample_into,
+    frame_name_prefixes,
+)
+from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video
+
+# Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
+# makes the command run out of memory (--segments: frames.MAX_SEGMENTS). Each worker thread holds
+# an open decoder (FFmpeg starts its own threads for it): 64 at once is more than a disk or the
+# cores can feed. --seed is any whole number of 0 or more (NumPy's seeds), of any size: it is
+# hashed, not allocated.
+MAX_WORKERS = 64
+
+
+def video_inputs(
+    paths: Iterable[str | os.PathLike], videos: Iterable[str | os.PathLike] = ()
+) -> list[InputPath]:
+    """What video-info reads: every path given (a folder: its whole tree) and every video found
+    (a link in a folder: the video it points to). No output may be, hold or lie in one."""
+    inputs = [InputPath.of(p, "video folder" if os.path.isdir(p) else "video") for p in paths]
+    return inputs + [InputPath.of(v, "video") for v in videos]
+
+
+def default_video_workers() -> int:
+    """Threads: OpenCV releases the GIL while it opens and decodes, and reading headers waits on
+    the disk more than on the CPU, so a few more threads than cores pay off."""
+    return max(1, min(16, 2 * usable_cpus()))
+
+
+def inspect_videos(
+    paths: Sequence[str | os.PathLike],
+    *,
+    exact: bool = False,
+    decode_check: bool = True,
+    segments: int | None = None,
+    sample_mode: str = "test",
+    seed: int = 0,
+    extract_dir: str | os.PathLike | None = None,
+    force: bool = False,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    report: str | os.PathLike | None = None,
+    stdin: Iterable[str] | None = None,
+) -> list[VideoInfo]:
+    """Metadata of every video in `paths` (files, or folders searched recursively), in order.
+
+    `exact` counts frames by decoding; `decode_check` decodes the first (see `probe_video`).
+    `segments` also samples TSN frame indices from each video's frame count (train mode draws
+    from an independent stream per video, seeded by `seed` and the video's position, so results
+    do not depend on the thread schedule); `extract_dir` writes those frames as PNG (through
+    `core.outputs`: never a video or a folder of them, `--force` only over an earlier frames
+    folder, locked, filled beside it and put in place at the end: the old one stays if the run
+    fails, is stopped or writes no frame). `report` is the `-o` file the caller will write:
+    checked with the rest, before any work. Unreadable videos come back with `error` set. A
+    path `-` stands for the files `stdin` lists.
+    """
+    if segments is not None and not 1 <= segments <= MAX_SEGMENTS:
+        raise UsageError(
+            f"--segments must be between 1 and {MAX_SEGMENTS:,}, not {segments}",
+            "every video's row holds its K frame indices",
+        )
+    if workers is not None and not 0 <= workers <= MAX_WORKERS:
+        raise UsageError(
+            f"--workers must be between 0 and {MAX_WORKERS}, not {workers}",
+            "more videos at once than a disk or the cores can feed only costs memory",
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"--seed must be a whole number of 0 or more, not {seed}")
+    if sample_mode not in SAMPLE_MODES:
+        raise UsageError(f"unknown sample mode {sample_mode!r}", "use 'test' or 'train'")
+    if extract_dir is not None and segments is None:
+        raise UsageError("--extract-frames needs --segments K", "say how many frames to sample")
+    videos = find_videos(paths, stdin)
+    inputs = video_inputs([p for p in paths if os.fspath(p) != STDIN], videos)
+    if report is not None:
+        check_output_file(report, force, inputs)
+    with contextlib.ExitStack() as stack:
+        frames_folder = None
+        if segments is not None and extract_dir is not None:
+            out = OutputFolder(
+                extract_dir,
+                command="video-info",
+                force=force,
+                inputs=inputs,
+                known_files=FRAME_FILES,
+                what="frames folder",
+                atomic=True,  # filled as a hidden temporary folder, in place at once at the end
+            )
+            stack.callback(out.release)
+            frames_folder = _FramesFolder(out)
+        results = _inspect(
+            videos, exact, decode_check, segments, sample_mode, seed, frames_folder, workers,
+            progress,
+        )  # fmt: skip
+        if frames_folder is not None:
+            # Keep the new frames (they replace the old folder) once there are any; with none
+            # written, the old frames folder stays as if nothing had run.
+            if frames_folder.frames:
+                frames_folder.folder.keep()
+            else:
+                frames_folder.folder.abandon()
+        return results
+
+
+def _inspect(
+    videos: list[Path],
+    exact: bool,
+    decode_check: bool,
+    segments: int | None,
+    sample_mode: str,
+    seed: int,
+    frames_folder: _FramesFolder | None,
+    workers: int | None,
+    progress: Progress | None,
+) -> list[VideoInfo]:
+    options = None
+    if segments is not None:
+        options = SegmentOptions(segments, sample_mode, seed)
+        if frames_folder is not None:
+            options.extract_dir = frames_folder.folder.final
+            options.names = frame_name_prefixes(videos)
+    streams = _per_video_seeds(seed, len(videos)) if options and sample_mode == "train" else None
+    stop = threading.Event()
+
+    def work(position: int) -> VideoInfo:
+        if stop.is_set():
+            raise _Stopped()
+        info = probe_video(videos[position], exact=exact, decode_check=decode_check, stop=stop)
+        if options is not None and info.status == "ok":
+            _sample_into(info, options, streams[position] if streams else None, frames_folder, stop)
+        return info
+
+    try:
+        return _run_all(work, len(videos), workers, progress, stop)
+    except BaseException:
+        if frames_folder is not None:
+            frames_folder.folder.abandon()  # this run's frames removed, the old folder stays
+        raise
+
+
+def _run_all(
+    work, total: int, workers: int | None, progress: Progress | None, stop: threading.Event
+) -> list[VideoInfo]:
+    if progress:
+        progress(0, total)
+    threads = default_video_workers() if workers is None else workers
+    results: list[VideoInfo] = []
+    if threads <= 1 or total == 1:
+        for position in range(total):
+            results.append(work(position))
+            if progress:
+                progress(position + 1, total)
+        return results
+    pool = ThreadPoolExecutor(max_workers=min(threads, total), thread_name_prefix="video-info")
+    try:
+        # map keeps the input order; results arrive in order, which is what the table shows.
+        for done, info in enumerate(pool.map(work, range(total)), start=1):
+            results.append(info)
+            if progress:
+                progress(done, total)
+    except BaseException:
+        stop.set()  # the workers still decoding stop at their next frames
+        raise
+    finally:
+        # On Ctrl-C, drop the videos not started yet instead of reading them all first.
+        pool.shutdown(wait=True, cancel_futures=True)
+    return results
+
+
+def _per_video_seeds(seed: int, count: int) -> list[Any]:
+    import numpy as np
+
+    return list(np.random.SeedSequence(seed).spawn(count))
