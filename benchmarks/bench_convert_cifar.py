@@ -27,7 +27,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchkit.core.convert.cifar import convert_cifar  # noqa: E402
-from torchkit.core.convert.parallel import default_workers  # noqa: E402
+from torchkit.core.runtime.pool import default_workers  # noqa: E402
 
 CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 

@@ -27,7 +27,7 @@ def test_loader_workers_leave_one_allowed_core_to_the_main_process(three_of_64_c
 
 
 def test_conversion_and_stats_workers_use_the_allowed_cores(three_of_64_cores):
-    from torchkit.core.convert.parallel import default_workers
+    from torchkit.core.runtime.pool import default_workers
     from torchkit.core.stats import default_stats_workers
 
     assert default_workers() == 3

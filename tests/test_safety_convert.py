@@ -362,8 +362,8 @@ def test_map_chunks_stops_at_once_and_leaves_no_worker(how):
     import multiprocessing
     import time
 
-    from torchkit.core.convert.parallel import map_chunks
     from torchkit.core.io.errors import OutputWriteError
+    from torchkit.core.runtime.pool import map_chunks
 
     chunks = list(range(40)) if how == "worker error" else list(range(1, 40))
     expected = OutputWriteError if how == "worker error" else KeyboardInterrupt

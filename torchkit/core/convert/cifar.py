@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
 from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.files import require_input
@@ -36,6 +35,7 @@ from torchkit.core.io.outputs import (
     reporting_write_errors,
 )
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
 
 CIFAR10 = "cifar-10"
 CIFAR100 = "cifar-100"

@@ -777,9 +777,9 @@ def convert_shards(
     only one torchkit wrote), except an interrupted run of the same command on the same data
     with the same options, which is finished. Unreadable images are skipped with a warning
     and counted (`strict`: the first stops the run)."""
-    from torchkit.core.convert.parallel import default_workers
     from torchkit.core.data.sources import open_data
     from torchkit.core.runtime.extras import import_extra
+    from torchkit.core.runtime.pool import default_workers
 
     started = time.perf_counter()
     options = options or shard_options()

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.convert import pixels as px
-from torchkit.core.convert.parallel import chunked, default_workers, map_chunks
 from torchkit.core.data.image_files import (
     apply_exif_orientation,
     exif_orientation,
@@ -43,6 +42,7 @@ from torchkit.core.io.outputs import (
     reporting_write_errors,
 )
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
 
 log = logging.getLogger("torchkit")
 

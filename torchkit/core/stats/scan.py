@@ -1,5 +1,5 @@
 """The pass over the files: each read once, hashed, decoded and its pixels counted, in worker
-processes (`core.convert.parallel`)."""
+processes (`core.runtime.pool`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from torchkit.core.convert.parallel import map_chunks
 from torchkit.core.data.image_files import (
     SIXTEEN_BIT_MODES,
     NotARegularFile,
@@ -24,6 +23,7 @@ from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import first_line
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.runtime.pool import map_chunks
 
 STATS_MODES = ("rgb", "gray", "native")
 SINGLE_CHANNEL_MODES = frozenset({"1", "L", "I", "F"} | SIXTEEN_BIT_MODES)

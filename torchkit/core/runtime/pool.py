@@ -1,4 +1,5 @@
-"""Running conversion work in worker processes, chunk by chunk, with results back in the parent.
+"""Running work in worker processes, chunk by chunk, with results back in the parent: the process
+pool `convert` and `dataset-stats` share.
 
 Workers only compute and write files; they never log or print. Everything they have to say comes
 back in their return value, so the parent owns progress, warnings and `--strict`. A
@@ -30,7 +31,7 @@ STOP_GRACE_S = 5.0  # how long a terminated worker may take to die before it is 
 
 
 def default_workers() -> int:
-    """Every core: the parent only waits while workers encode and write."""
+    """Every core (8 at most): the parent only waits while workers encode and write."""
     return max(1, min(8, usable_cpus()))
 
 
