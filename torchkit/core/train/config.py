@@ -18,6 +18,7 @@ from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import INTERPOLATIONS, parse_floats
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
+from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.train.defaults import DEFAULT_GAMMA, data_default_help
 from torchkit.core.train.option_specs import (
     DATA_PANEL,
@@ -32,7 +33,6 @@ from torchkit.core.train.resume_rules import resume_help
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULERS = ("cosine", "step", "multistep", "exponential", "plateau", "none")
-AMP_DTYPES = ("auto", "bf16", "fp16")
 BEST_METRICS = ("top1", "loss")
 
 # The seeds torch.manual_seed takes (an int64 or a uint64).

@@ -12,8 +12,8 @@ from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import INTERPOLATIONS
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.io.errors import UsageError
+from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.train.config import (
-    AMP_DTYPES,
     BEST_METRICS,
     OPTIMIZERS,
     SCHEDULERS,
