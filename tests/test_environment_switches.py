@@ -10,13 +10,15 @@ import torchkit
 
 # TORCHKIT_DEBUG: tracebacks (README, "Errors"); _TORCHKIT_COMPLETE: shell completion (click's
 # protocol); TORCHKIT_BYTECODE_CACHE=0: no bytecode cache written in the environment (README,
-# "Install"); TORCHKIT_CACHE and TORCHKIT_HTTP_TIMEOUT: where shards read over HTTP are cached,
-# and how long a socket operation may take (core/data/sources/http_shards.py).
+# "Install"); TORCHKIT_CACHE, TORCHKIT_CACHE_LIMIT and TORCHKIT_HTTP_TIMEOUT: where shards read
+# over HTTP are cached, how much of the cache streamed shards may take, and how long a socket
+# operation may take (core/data/sources/http_shards.py).
 DOCUMENTED = {
     "TORCHKIT_DEBUG",
     "_TORCHKIT_COMPLETE",
     "TORCHKIT_BYTECODE_CACHE",
     "TORCHKIT_CACHE",
+    "TORCHKIT_CACHE_LIMIT",
     "TORCHKIT_HTTP_TIMEOUT",
 }
 NAME = re.compile(r"(?<![A-Za-z0-9])_?TORCHKIT_[A-Z0-9_]*[A-Z0-9]")

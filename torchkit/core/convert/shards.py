@@ -12,7 +12,9 @@ Layout of OUT (what the shard reader, `core/data/sources/shards.py`, reads as sp
   writing order, never with a dot (WebDataset groups members by the name up to the first dot);
 - `classes.txt`: the class names, one a line, in label order (empty for unlabelled data);
 - `manifest.json`, written last: the source, the options, counts per split and class, and per
-  shard its name, samples, bytes and SHA-256; the unreadable images skipped.
+  shard its name, samples, bytes and SHA-256, its positions `start` to `end` and each sample's
+  image extension and class index (`extensions`, `labels`: the shard's samples without reading
+  it, which is how a web server's shards are streamed); the unreadable images skipped.
 
 The same data and options give the same shards byte for byte: the order is a seeded shuffle of
 each split (or the source order), and the tar headers carry fixed times, owners and modes.
@@ -39,12 +41,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.io import sizes
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import atomic_write, atomic_write_text
 from torchkit.core.io.outputs import (
@@ -78,13 +80,6 @@ _END_BLOCKS = 2 * _BLOCK  # the two zero blocks that end an archive
 PARTIAL_EVERY_S = 2.0  # the partial manifest is rewritten at most this often
 MAX_WARNED = 10  # unreadable images named one by one; the others are counted
 
-# Sizes: SI units in powers of 1000 (KB, MB, GB, TB), IEC ones (KiB, MiB, GiB, TiB, and K, M,
-# G, T as coreutils reads them) in powers of 1024; a bare number is bytes.
-_UNITS = {"": 1, "b": 1}
-for _power, _letter in enumerate("kmgt", start=1):
-    _UNITS[_letter] = _UNITS[f"{_letter}ib"] = 1024**_power
-    _UNITS[f"{_letter}b"] = 1000**_power
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 _SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
 # What a killed run leaves: the temporary files of atomic_write (`.NAME.<random>.tmp`).
 _TEMPORARY = re.compile(
@@ -96,18 +91,8 @@ _FORMAT_EXTENSIONS = {"JPEG": "jpg", "TIFF": "tif", "MPO": "jpg"}
 
 
 def parse_size(text: str) -> int:
-    """Bytes of a size: `1GB` (10^9), `256MiB` or `256M` (2^20 each), `1.5GB`, `100000`."""
-    match = _SIZE.fullmatch(text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise UsageError(
-            f"--shard-size {text!r} is not a size",
-            "e.g. 1GB, 500MB, 256MiB (or 256M), or a number of bytes",
-        )
-    size = int(Fraction(match.group(1)) * _UNITS[unit])
-    if size < 1:
-        raise UsageError(f"--shard-size {text!r} is less than a byte", "e.g. 1GB or 500MB")
-    return size
+    """Bytes of a `--shard-size`: `1GB` (10^9), `256MiB` or `256M` (2^20 each), `1.5GB`."""
+    return sizes.parse_size(text, "--shard-size")
 
 
 @dataclass(frozen=True)
@@ -298,9 +283,14 @@ class ShardRecord:
     start: int
     end: int
     unreadable: list[dict] = field(default_factory=list)  # {"position", "path", "reason"}
+    # Each sample's image extension and class index (None: unlabelled), in member order: what
+    # a reader streaming the shards from a web server lists them by before it fetches one.
+    # None in records of a run from before they were kept (resumed from its partial manifest).
+    extensions: list[str] | None = None
+    labels: list[int | None] | None = None
 
     def to_dict(self) -> dict:
-        return {
+        entry = {
             "name": self.name,
             "split": self.split,
             "samples": self.samples,
@@ -310,6 +300,9 @@ class ShardRecord:
             "end": self.end,
             "unreadable": [dict(entry) for entry in self.unreadable],
         }
+        if self.extensions is not None and self.labels is not None:
+            entry["extensions"], entry["labels"] = list(self.extensions), list(self.labels)
+        return entry
 
     @classmethod
     def from_dict(cls, entry: dict) -> ShardRecord:
@@ -322,6 +315,8 @@ class ShardRecord:
             start=int(entry["start"]),
             end=int(entry["end"]),
             unreadable=[dict(e) for e in entry.get("unreadable", [])],
+            extensions=entry.get("extensions"),
+            labels=entry.get("labels"),
         )
 
 
@@ -446,6 +441,8 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
     position = records[-1].end if records else 0
     start = position
     skipped: list[dict] = []
+    extensions: list[str] = []
+    labels: list[int | None] = []
     shard: _ShardFile | None = None
     samples = shard_set.samples
 
@@ -453,7 +450,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
         return load_sample(samples, shard_set.order[position], verify=options.verify)
 
     def finish(end: int) -> None:
-        nonlocal shard, start, skipped
+        nonlocal shard, start, skipped, extensions, labels
         assert shard is not None
         count = shard.samples
         size, digest = shard.close()
@@ -468,9 +465,11 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
                 start,
                 end,
                 skipped,
+                extensions,
+                labels,
             )
         )
-        start, skipped = end, []
+        start, skipped, extensions, labels = end, [], [], []
         run.on_shard()
 
     try:
@@ -493,6 +492,8 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
             if shard is None:
                 shard = _ShardFile(run.folder / shard_set.shard_name(len(records)), run.tar_writer)
             shard.write(sample)
+            extensions.append(loaded.extension)
+            labels.append(samples.labels[shard_set.order[position]] if run.labelled else None)
             run.advance(1)
         if shard is not None:
             finish(total)

@@ -15,6 +15,12 @@ the server's `manifest.json`, `classes.txt` or `classes.json` (fetched again eac
 A cached shard is used again when it matches manifest.json's record of it (bytes and sha256)
 or, without one, the size (and ETag) a HEAD request gives; else it is downloaded again.
 
+A `convert shards` folder URL whose manifest.json lists each shard's samples (`extensions`,
+`labels`) is streamed: the data is listed from the manifest alone, and each shard is fetched
+when a process first reads from it (`StreamedShards`); `$TORCHKIT_CACHE_LIMIT` bounds what its
+shards take in the cache (the least recently used deleted first), and train's order reads a
+window of as many shards as that holds at a time. Other URL shards are all fetched first.
+
 Downloads run DOWNLOAD_THREADS at a time, each streamed to a hidden temporary file beside the
 shard and renamed into place once complete and checked (length, manifest sha256): a failed or
 killed download leaves nothing under the shard's name. A lock file per shard makes processes
@@ -33,18 +39,25 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from torchkit.core.io.errors import InputError, OfflineError, TorchkitError, UsageError
+
+if TYPE_CHECKING:
+    from torchkit.core.data.stored_image import Blocks
 
 log = logging.getLogger("torchkit")
 
 TIMEOUT_S = 30.0  # seconds any socket operation may take (connect, each read)
 DOWNLOAD_THREADS = 4
 SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
+CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
+_HELD_OPEN = 128  # shards a process keeps open at most
 _CHUNK = 1 << 20
 _URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
 # Statuses that mean a side file is not there (S3 answers 403 for a missing key).
@@ -109,14 +122,26 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
     urls = [url for part in typed.split("::") for url in expand_braces(part)]
     names = [_location(url).name for url in urls]
     by_split = False
+    opened: dict[str, _Folder] = {}
     if len(urls) == 1 and "." not in names[0]:  # `https://host/dir/`: a folder of shards
-        urls, by_split = _folder_shards(urls[0]), True
+        folder_url = urls[0]
+        urls, by_split = _folder_shards(folder_url), True
+        where = _location(urls[0])
+        folder = opened[where.folder] = _open_folder(where.folder, where.query)
+        streamed = _streamed_source(typed, folder, classes, allow_unlabelled)
+        if streamed is not None:
+            return streamed
+        log.info(
+            "%s/manifest.json lists no samples per shard (written before torchkit streamed "
+            "shards): every shard is downloaded first",
+            _shown(where.folder),
+        )
     elif not any(_is_tar_name(name) for name in names):
         return None  # another reader's files, or no data
     for url in urls:
         if not _is_tar_name(_location(url).name):
             raise InputError(f"{_shown(url)} names no .tar shard", _HINT)
-    local = fetch_shards(urls)
+    local = fetch_shards(urls, opened)
     return _open_shards(typed, local, classes, allow_unlabelled, by_split=by_split)
 
 
@@ -205,10 +230,11 @@ class _Folder:
     manifest: dict[str, dict[str, Any]]  # from its manifest.json; {} without one
 
 
-def fetch_shards(urls: Sequence[str]) -> list[str]:
+def fetch_shards(urls: Sequence[str], opened: dict[str, _Folder] | None = None) -> list[str]:
     """The local paths of the shards `urls` name, each downloaded into the cache unless a
-    current copy is there (module docstring). One TorchkitError for the first that fails."""
-    folders: dict[str, _Folder] = {}
+    current copy is there (module docstring). One TorchkitError for the first that fails.
+    `opened`: folder URL -> its cache folder, side files fetched already."""
+    folders: dict[str, _Folder] = dict(opened or {})
     jobs: dict[Path, tuple[str, _Folder, str]] = {}
     local = []
     for url in urls:
@@ -442,6 +468,258 @@ def _changed(url: str, why: str) -> InputError:
         f"{_shown(url)} is not the shard manifest.json describes ({why})",
         "the shards on the server changed: serve them with their new manifest.json",
     )
+
+
+# --- streaming the shards of a `convert shards` folder ----------------------------------------
+
+
+def cache_limit() -> int | None:
+    """The bytes the shards of one folder URL may take in the cache ($TORCHKIT_CACHE_LIMIT:
+    `20GB`, `500MiB`...); None (unset or empty): no limit."""
+    text = os.environ.get(CACHE_LIMIT_VARIABLE, "").strip()
+    if not text:
+        return None
+    from torchkit.core.io.sizes import parse_size
+
+    return parse_size(text, CACHE_LIMIT_VARIABLE)
+
+
+@dataclass(frozen=True)
+class _ShardSamples:
+    """What manifest.json says of one shard's samples: their keys and image extensions, in
+    member order, and their class indices (None: unlabelled)."""
+
+    name: str
+    bytes: int
+    keys: list[str]
+    extensions: list[str]
+    labels: list[int | None]
+
+
+def _manifest_samples(path: Path) -> list[_ShardSamples] | None:
+    """The samples of each shard the manifest.json at `path` lists, from its records alone
+    (`convert shards` keeps them: positions `start` to `end` but the unreadable ones, keyed
+    `{split}_{position:08d}` (`sample_...` for `shard-` shards), with `extensions` and
+    `labels`); None where it lacks them, or they do not add up."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        found = []
+        for entry in manifest["shards"]:
+            split, extensions, labels = entry["split"], entry["extensions"], entry["labels"]
+            size, start, end = entry["bytes"], entry["start"], entry["end"]
+            skipped = {skip["position"] for skip in entry.get("unreadable", [])}
+            prefix = "sample" if split == "shard" else split
+            keys = [f"{prefix}_{p:08d}" for p in range(start, end) if p not in skipped]
+            if (
+                not all(isinstance(n, int) and not isinstance(n, bool) for n in (size, start, end))
+                or not re.fullmatch(rf"{re.escape(split)}-\d+\.tar", str(entry["name"]))
+                or not len(keys) == len(extensions) == len(labels) == entry["samples"]
+                or not all(isinstance(e, str) and _EXTENSION.fullmatch(e) for e in extensions)
+                or not all(label is None or _is_index(label) for label in labels)
+            ):
+                return None
+            found.append(_ShardSamples(entry["name"], size, keys, extensions, labels))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return found or None
+
+
+_EXTENSION = re.compile(r"[a-z0-9]+")
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _streamed_source(
+    spec: str, folder: _Folder, classes: Sequence[str] | None, allow_unlabelled: bool
+) -> Any:
+    """The data of a `convert shards` folder URL, listed from its manifest.json alone and
+    read through `StreamedShards` (no shard downloaded yet); None when the manifest lacks
+    the samples of its shards."""
+    from torchkit.core.data.sources.shards import ShardSample, shards_source, split_by_name
+    from torchkit.core.data.stored_image import StoredImage
+
+    shards = _manifest_samples(folder.path / "manifest.json")
+    if shards is None:
+        return None
+    limit = cache_limit()
+    largest = max(shard.bytes for shard in shards)
+    if limit is not None and largest > limit:
+        raise UsageError(
+            f"{CACHE_LIMIT_VARIABLE}={os.environ[CACHE_LIMIT_VARIABLE].strip()} holds no "
+            f"shard of {_shown(folder.url)} (the largest has {largest} bytes)",
+            f"allow at least {largest} bytes, better a few shards' worth",
+        )
+    names = [shard.name for shard in shards]
+    reader = StreamedShards(folder, names, [shard.bytes for shard in shards], limit)
+    found, paths = [], []
+    for number, shard in enumerate(shards):
+        for key, extension, label in zip(shard.keys, shard.extensions, shard.labels, strict=True):
+            member = f"{key}.{extension}"
+            found.append(ShardSample(shard.name, key, member, (number, member), None, label))
+            paths.append(StoredImage(f"{shard.name}/{member}", reader, (number, member)))
+    log.info(
+        "streaming %d shards from %s through the cache %s (%s)",
+        len(names),
+        _shown(folder.url),
+        folder.path,
+        f"at most {limit} bytes" if limit is not None else "no size limit",
+    )
+    by_split = split_by_name(spec, names)
+    return shards_source(
+        spec, str(folder.path), found, paths, classes, allow_unlabelled, by_split=by_split
+    )
+
+
+class ShardFetchError(InputError):
+    """A shard that cannot be fetched when an image of it is read: one error line from a
+    DataLoader worker too, where torch raises it again in the main process as
+    `ShardFetchError(text)`, `text` the worker's traceback (ending with this error's line)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        if hint is None and message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            message = message.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1]
+        super().__init__(message, hint)
+
+
+class StreamedShards:
+    """Reads the members of the shards of one folder URL by (shard number, member name).
+
+    A process fetches a shard into the cache the first time it reads from it (`_fetch_one`:
+    the lock, checks and atomic download of every cached shard) and keeps it open for the next
+    reads: up to `window` shards at once (the oldest closed first). With a cache limit, the
+    least recently used shards of the folder are deleted to make room before a download, under
+    a lock on the folder (so at most one download in flight adds to the limit), never one this
+    process has open; one deleted under another process is read on through its open file, or
+    fetched again. Picklable: each process keeps its own open files (keyed by pid)."""
+
+    def __init__(
+        self, folder: _Folder, names: Sequence[str], sizes: Sequence[int], limit: int | None
+    ) -> None:
+        self.folder = folder
+        self.names = list(names)
+        self.sizes = list(sizes)
+        self.limit = limit
+        self._pid = -1
+
+    def __getstate__(self) -> dict:
+        return {
+            "folder": self.folder,
+            "names": self.names,
+            "sizes": self.sizes,
+            "limit": self.limit,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["folder"], state["names"], state["sizes"], state["limit"])
+
+    @property
+    def window(self) -> int:
+        """How many shards the cache holds at once (all without a limit)."""
+        if self.limit is None:
+            return len(self.names)
+        return max(1, self.limit // max(self.sizes))
+
+    def blocks(self, locators: Sequence[tuple[int, str]]) -> Blocks:
+        """Each image's shard (numbered in order of first appearance), and `window`: train's
+        order takes that many shards at a time (`stored_image.read_blocks`), so that an epoch
+        fetches each shard about once per process."""
+        from torchkit.core.data.stored_image import Blocks
+
+        number: dict[int, int] = {}
+        ids = [number.setdefault(shard, len(number)) for shard, _ in locators]
+        return Blocks(ids, self.window)
+
+    def read(self, locator: tuple[int, str]) -> bytes:
+        from torchkit.core.data.sources.shards import _pread_all
+
+        shard, member = locator
+        fd, listing = self._open_shard(shard)
+        try:
+            where = listing.locator(member)
+            if where is None:
+                raise OSError(f"{self.names[shard]} holds no {member} (manifest.json lists it)")
+            offset, size = where
+            data = _pread_all(fd, offset, size)
+        finally:
+            os.close(fd)
+        if len(data) < size:
+            raise OSError(f"{self.names[shard]} is truncated at {member}")
+        return data
+
+    def _open_shard(self, shard: int) -> tuple[int, Any]:
+        """A descriptor of the shard (the caller's to close) and its listing."""
+        if self._pid != os.getpid():  # a new process (or a fork): no descriptor inherited
+            for fd, _ in getattr(self, "_held", {}).values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._held: OrderedDict[int, tuple[int, Any]] = OrderedDict()
+            self._listings: dict[int, Any] = {}
+        with self._lock:
+            held = self._held.get(shard)
+            if held is None:
+                while len(self._held) >= min(self.window, _HELD_OPEN):
+                    fd, _ = self._held.popitem(last=False)[1]
+                    os.close(fd)
+                held = self._held[shard] = self._fetched(shard)
+            self._held.move_to_end(shard)
+            return os.dup(held[0]), held[1]
+
+    def _fetched(self, shard: int) -> tuple[int, Any]:
+        """The shard fetched into the cache (unless there), opened and listed."""
+        from torchkit.core.data.sources.shards import list_tar
+
+        name = self.names[shard]
+        target = self.folder.path / name
+        url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
+        stop = threading.Event()
+        room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
+        with room or contextlib.nullcontext():
+            if self.limit is not None:
+                self._make_room(shard)
+            try:
+                _fetch_one(url, self.folder, name, stop)
+            except TorchkitError as error:
+                raise ShardFetchError(error.message, error.hint) from None
+            with contextlib.suppress(OSError):
+                os.utime(target)  # its last use, for the least recently used first
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                listing = self._listings.get(shard) or list_tar(str(target))
+            except BaseException:
+                os.close(fd)
+                raise
+        self._listings[shard] = listing
+        return fd, listing
+
+    def _make_room(self, shard: int) -> None:
+        """Delete the least recently used shards of the folder (but those this process has
+        open) until the shard fits within the limit beside the others."""
+        assert self.limit is not None
+        name = self.names[shard]
+        mine = {self.names[number] for number in self._held} | {name}
+        cached = []
+        for entry in os.scandir(self.folder.path):
+            if entry.name.endswith(".tar") and not entry.name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    info = entry.stat()
+                    cached.append((info.st_mtime, entry.name, info.st_size))
+        present = {entry_name: size for _, entry_name, size in cached}
+        total = sum(present.values()) - present.get(name, 0) + self.sizes[shard]
+        for _, other, size in sorted(cached):
+            if total <= self.limit:
+                break
+            if other in mine:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.folder.path / other)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_record_path(self.folder.path / other))
+            total -= size
+            log.info("%s: deleted %s from the cache to make room", CACHE_LIMIT_VARIABLE, other)
 
 
 # --- HTTP -------------------------------------------------------------------------------------

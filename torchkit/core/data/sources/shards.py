@@ -449,7 +449,7 @@ def open_stored(
 
 
 @dataclass
-class _Sample:
+class ShardSample:
     shard: str  # as shown: relative to the shards' folder
     key: str
     image: str  # the member holding the image
@@ -474,7 +474,7 @@ def _has_labelled_samples(listing: TarListing) -> bool:
     return any(split and split[0] in labelled and is_image_file(m) for m, split in keys)
 
 
-def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[_Sample]:
+def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[ShardSample]:
     """The samples of one shard, in member order (`shown`: the shard's name in messages)."""
     groups: dict[str, dict[str, str]] = {}
     for member in (*listing.members, *listing.links):
@@ -501,7 +501,7 @@ def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[_
             )
         name, index = _label(group, listing, reader, f"{key} in {shown}")
         image = group[images[0]]
-        samples.append(_Sample(shown, key, image, listing.locator(image), name, index))
+        samples.append(ShardSample(shown, key, image, listing.locator(image), name, index))
     return samples
 
 
@@ -570,7 +570,7 @@ def _class_file(folder: str) -> list[str] | None:
 
 
 def _labelled(
-    samples: list[_Sample], file_classes: list[str] | None, allow_unlabelled: bool
+    samples: list[ShardSample], file_classes: list[str] | None, allow_unlabelled: bool
 ) -> tuple[list[str], list[int]]:
     """(class names in label order, each sample's label)."""
     unlabelled = [s for s in samples if s.name is None and s.index is None]
@@ -628,30 +628,51 @@ def _open_shards(
     listed: list[TarListing] | None = None,
 ) -> DataSource:
     names = [os.path.basename(shard) for shard in shards]
-    split_named = [bool(_SPLIT_SHARD.match(name)) for name in names]
-    if by_split and any(split_named) and not all(split_named):
-        others = [name for name, is_split in zip(names, split_named, strict=True) if not is_split]
-        raise InputError(
-            f"{spec} mixes split shards (train-, val-, test-NNNNNN.tar) with others "
-            f"({', '.join(others[:_SHOWN])})",
-            "a folder of split shards holds only train-, val- and test- shards",
-        )
+    by_split = split_by_name(spec, names) if by_split else False
     folders = {os.path.dirname(os.path.abspath(shard)) for shard in shards}
     root = os.path.commonpath(sorted(folders))
-    file_classes = _class_file(root)
-    found: list[_Sample] = []
+    found: list[ShardSample] = []
     readers: dict[str, TarReader] = {}
     for position, shard in enumerate(shards):
         listing = listed[position] if listed else list_tar(shard)
         shown = os.path.relpath(os.path.abspath(shard), root).replace(os.sep, "/")
         readers[shown] = TarReader(shard)
         found += _shard_samples(listing, shown, readers[shown])
+    paths = [StoredImage(f"{s.shard}/{s.image}", readers[s.shard], s.locator) for s in found]
+    return shards_source(spec, root, found, paths, classes, allow_unlabelled, by_split=by_split)
+
+
+def split_by_name(spec: str, names: Sequence[str]) -> bool:
+    """Whether a folder's shards `names` are split data (all named `{train,val,test}-N.tar`);
+    an error when some are and some not."""
+    split_named = [bool(_SPLIT_SHARD.match(name)) for name in names]
+    if any(split_named) and not all(split_named):
+        others = [name for name, is_split in zip(names, split_named, strict=True) if not is_split]
+        raise InputError(
+            f"{spec} mixes split shards (train-, val-, test-NNNNNN.tar) with others "
+            f"({', '.join(others[:_SHOWN])})",
+            "a folder of split shards holds only train-, val- and test- shards",
+        )
+    return bool(split_named) and all(split_named)
+
+
+def shards_source(
+    spec: str,
+    root: str,
+    found: list[ShardSample],
+    paths: list[StoredImage],
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    *,
+    by_split: bool,
+) -> DataSource:
+    """The DataSource of the shards' samples `found` (shard order, then member order), read
+    through `paths`; class names from `classes.txt`/`classes.json` in `root`, split by their
+    shards' names when `by_split` (`split_by_name`)."""
     if not found:
         raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
-    ids = [f"{s.shard}/{s.image}" for s in found]
-    paths = [
-        StoredImage(ident, readers[s.shard], s.locator) for ident, s in zip(ids, found, strict=True)
-    ]
+    file_classes = _class_file(root)
+    ids = [str(path) for path in paths]
 
     def samples_of(indices: list[int]) -> Samples:
         part = [found[i] for i in indices]
@@ -664,7 +685,7 @@ def _open_shards(
             ids=[ids[i] for i in indices],
         )
 
-    if by_split and all(split_named):
+    if by_split:
         parts = {}
         for split in SPLIT_NAMES:
             prefix = split + "-"
