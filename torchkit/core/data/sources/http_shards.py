@@ -548,7 +548,7 @@ def _streamed_source(
     if limit is not None and largest > limit:
         raise UsageError(
             f"{CACHE_LIMIT_VARIABLE}={os.environ[CACHE_LIMIT_VARIABLE].strip()} holds no "
-            f"shard of {_shown(folder.url)} (the largest has {largest} bytes)",
+            f"shard of {_shown(folder.url)}: the largest has {largest} bytes",
             f"allow at least {largest} bytes, better a few shards' worth",
         )
     names = [shard.name for shard in shards]
