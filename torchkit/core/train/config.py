@@ -396,6 +396,16 @@ class TrainConfig:
         "ends with an error (a rank that died or hangs), instead of waiting forever.",
     )
     workers: int | None = option(None, shared=True)
+    threads: int | None = option(
+        None,
+        minimum=0,
+        metavar="N",
+        show_default=False,
+        help="CPU threads torch computes with (torch.set_num_threads; 0: torch's default, one "
+        "per core). Small models run faster on one thread on a machine shared with other jobs, "
+        "and compute the same numbers whatever the core count. "
+        f"{data_default_help('threads')}",
+    )
     strict: bool = option(False, shared=True)
     # Outputs
     out: str | None = option(

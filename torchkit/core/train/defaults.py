@@ -30,6 +30,12 @@ DIGITS_DEFAULTS: dict[str, Any] = {
     # the weight average is steadier, so it picks best.pt (measured over 8 seeds: test errors
     # of best.pt 1-2 of 179 with it, up to 3 without).
     "ema": True,
+    # One CPU thread: the convnet's operations take microseconds, and two threads meet at a
+    # barrier after each. Alone on 2 cores two threads are 20% faster; beside any other busy
+    # process one of them waits for the scheduler at every barrier, and a 5 ms step took
+    # 50-300 ms (2-core, docs/performance.md). One thread also computes the same numbers on
+    # every machine, whatever its core count.
+    "threads": 1,
 }
 FOLDER_DEFAULTS: dict[str, Any] = {
     "model": "resnet18",
@@ -41,6 +47,7 @@ FOLDER_DEFAULTS: dict[str, Any] = {
     "crop_scale": (0.08, 1.0),
     "best_metric": "top1",
     "ema": False,
+    "threads": 0,  # torch's default: one per core
 }
 
 
@@ -62,7 +69,7 @@ def data_default_help(name: str) -> str:
 # Options added after runs were already being recorded, with the value those runs trained with
 # where it is not today's default: a recorded run's options (a checkpoint's, a config.json's)
 # without the key get this value, so resuming or replaying an old run repeats it exactly.
-BEFORE_THE_OPTION_EXISTED: dict[str, Any] = {"decode": "exact"}
+BEFORE_THE_OPTION_EXISTED: dict[str, Any] = {"decode": "exact", "threads": 0}
 
 
 def with_pre_option_values(recorded: Mapping[str, Any]) -> dict[str, Any]:

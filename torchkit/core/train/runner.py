@@ -89,11 +89,14 @@ def _run_with_torch(
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
         torch.backends.cudnn.benchmark_limit,
+        torch.get_num_threads(),
     )
     # The options first: a resumed run's device and collective timeout are its saved ones
     # unless given again, like every other option.
     plan = plan or plan_run(config, overrides)
     config = plan.config
+    if config.threads:
+        torch.set_num_threads(config.threads)
     ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
     try:
         ddp.check_ddp_device(ctx)
@@ -121,7 +124,9 @@ def _run_with_torch(
             # (only when changed: the call imports torch._dynamo, seconds of start-up)
             torch.use_deterministic_algorithms(flags[0])
         cudnn = torch.backends.cudnn
-        cudnn.deterministic, cudnn.benchmark, cudnn.benchmark_limit = flags[1:]
+        cudnn.deterministic, cudnn.benchmark, cudnn.benchmark_limit = flags[1:4]
+        if torch.get_num_threads() != flags[4]:
+            torch.set_num_threads(flags[4])
 
 
 def _train(

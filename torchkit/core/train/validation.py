@@ -177,6 +177,8 @@ def validate(config: TrainConfig) -> None:
             bad(f"{option_name(name)} must not be negative")
     if config.workers is not None and config.workers < 0:
         bad(f"--workers must not be negative, not {config.workers}")
+    if config.threads is not None and config.threads < 0:
+        bad(f"--threads must not be negative, not {config.threads}", "0 is torch's default")
     if config.find_lr:
         if not 0 < config.lr_min < config.lr_max:
             bad(f"--lr-min {config.lr_min} and --lr-max {config.lr_max}: need 0 < MIN < MAX")
