@@ -45,8 +45,9 @@ def test_digits_defaults_differ_from_image_folder_defaults_and_are_recorded():
     assert folder.crop_scale == (0.08, 1.0)
     assert set(digits.data_defaults) == {
         "model", "image_size", "resize_size", "flip", "crop_scale", "best_metric", "ema",
-        "epochs", "batch_size", "channels_last",
+        "epochs", "batch_size", "channels_last", "threads",
     }  # fmt: skip
+    assert (digits.threads, folder.threads) == (1, 0)
     assert (digits.best_metric, folder.best_metric) == ("loss", "top1")
     assert (digits.image_size, digits.batch_size, digits.epochs) == (12, 32, 25)
     assert (folder.batch_size, folder.epochs) == (64, 20)
