@@ -74,3 +74,15 @@ def test_negative_threads_are_refused(runner, image_folder, tmp_path):
     assert result.exit_code == 2
     assert "Invalid value for '--threads'" in error_line(result.stderr)
     assert not out.exists()
+
+
+def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(tmp_path, two_threads):
+    run = tmp_path / "run"
+    run_training(TrainConfig(out=str(run), epochs=1, device="cpu"))
+    checkpoint = torch.load(run / "last.pt", weights_only=True)
+    del checkpoint["config"]["threads"]  # as a run saved before --threads existed
+    torch.save(checkpoint, run / "last.pt")
+    seen = ThreadsSeen()
+    run_training(TrainConfig(resume=str(run), epochs=2), seen, overrides={"epochs"})
+    assert seen.seen == [2]  # as it trained: torch's default, not digits' one thread
+    assert options(run)["options"]["threads"] == 0
