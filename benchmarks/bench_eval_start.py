@@ -20,7 +20,7 @@ from pathlib import Path
 
 # The same command with the helper turned off: the scorer is never started.
 WITHOUT_HELPER = (
-    "import sys; import torchkit.core.evaluate.metrics as m; m.start_scorer = lambda: None; "
+    "import sys; import torchkit.core.evaluate.runner as r; r.start_scorer = lambda: None; "
     "from torchkit.cli import main; sys.argv[0] = 'torchkit'; main()"
 )
 
