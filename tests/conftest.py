@@ -18,6 +18,7 @@ import textwrap
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from torchkit.bytecode import keep_bytecode_cache
 
@@ -152,6 +153,22 @@ def run_torchkit_in_process(
             app, words, env=environment, catch_exceptions=False, prog_name="torchkit"
         )
     return subprocess.CompletedProcess(words, result.exit_code, result.stdout, result.stderr)
+
+
+def run_json(*args: object) -> Any:
+    """`torchkit ARGS --format json` in this process: its parsed stdout (it must succeed)."""
+    import json
+
+    result = run_torchkit_in_process(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def dataset_stats(data: object, *extra: object) -> dict:
+    """`dataset-stats DATA` as JSON without its `source` (which names the data as given)."""
+    found = run_json("dataset-stats", data, *extra)
+    found.pop("source")
+    return found
 
 
 def run_each_in_process(

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, error_line, run_torchkit_in_process, write_convnet_checkpoint
+from conftest import REPO, error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
+from conftest import dataset_stats as stats
 
 from torchkit.core.data.sources.parquet import split_of
 
@@ -97,18 +98,6 @@ def world(tmp_path_factory) -> Path:
         write_split(root / "hf", root / "split", split, hf_split, per_class, seed)
     write_convnet_checkpoint(root / "model.pt", in_channels=3, image_size=8, classes=CLASSES)
     return root
-
-
-def run_json(*args: object) -> dict:
-    result = run_torchkit_in_process(*args, "--format", "json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def stats(data: object, *extra: object) -> dict:
-    found = run_json("dataset-stats", data, *extra)
-    found.pop("source")
-    return found
 
 
 def metrics(world: Path, data: Path, *extra: object) -> dict:

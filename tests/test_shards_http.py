@@ -5,6 +5,7 @@ early, no answer, nobody listening) is one error line naming the URL, leaving no
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shutil
@@ -15,7 +16,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import error_line, run_torchkit_in_process, write_convnet_checkpoint
+from conftest import dataset_stats as stats
+from conftest import error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
 from conftest import write_image_folder as write_images
 from test_shards_read import write_shards
 
@@ -75,36 +77,33 @@ class _Handler(SimpleHTTPRequestHandler):
         super().do_GET()
 
 
-@pytest.fixture
-def server(world, tmp_path, monkeypatch):
-    """`http://127.0.0.1:PORT` serving world/served (`.requests`: what it was asked), with
-    torchkit's cache in tmp_path/cache and no proxy in the way."""
+@contextlib.contextmanager
+def serving(folder: Path, cache: Path, monkeypatch):
+    """`http://127.0.0.1:PORT` serving `folder` (`.requests`: what it was asked), with
+    torchkit's cache in `cache`, no cache limit and no proxy in the way."""
     for name in ("http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
-    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
     requests: list[tuple[str, str]] = []
-    handler = functools.partial(_Handler, requests=requests, directory=str(world / "served"))
+    handler = functools.partial(_Handler, requests=requests, directory=str(folder))
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.requests = requests
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
-def run_json(*args: object) -> dict:
-    result = run_torchkit_in_process(*args, "--format", "json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def stats(data: object) -> dict:
-    found = run_json("dataset-stats", data)
-    found.pop("source")
-    return found
+@pytest.fixture
+def server(world, tmp_path, monkeypatch):
+    with serving(world / "served", tmp_path / "cache", monkeypatch) as httpd:
+        yield httpd
 
 
 def shard_downloads(requests: list[tuple[str, str]]) -> list[str]:

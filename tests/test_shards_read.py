@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import shutil
 import socket
@@ -21,9 +20,13 @@ import pytest
 from conftest import (
     REPO,
     error_line,
+    run_json,
     run_torchkit_in_process,
     write_convnet_checkpoint,
     write_image_folder,
+)
+from conftest import (
+    dataset_stats as stats,
 )
 
 CLASSES = "abc"
@@ -66,18 +69,6 @@ def world(tmp_path_factory) -> Path:
         )
     write_convnet_checkpoint(root / "model.pt", in_channels=3, image_size=8, classes=CLASSES)
     return root
-
-
-def run_json(*args: object) -> dict:
-    result = run_torchkit_in_process(*args, "--format", "json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def stats(data: object, *extra: object) -> dict:
-    found = run_json("dataset-stats", data, *extra)
-    found.pop("source")
-    return found
 
 
 def test_brace_patterns_expand_as_webdataset_writes_them():

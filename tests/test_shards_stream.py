@@ -7,20 +7,18 @@ fetches each shard about once per worker) and stays a pure function of seed and 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import shutil
 import threading
 import time
 from collections import Counter
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line, run_torchkit_in_process, write_convnet_checkpoint
+from conftest import error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
 from conftest import write_image_folder as write_images
-from test_shards_http import _Handler, run_json, shard_downloads
+from test_shards_http import serving, shard_downloads
 from test_train_resume import assert_bitwise_equal, recipe, stderr_of
 
 from torchkit.cli import app
@@ -55,23 +53,8 @@ def world(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def server(world, tmp_path, monkeypatch):
-    """`http://127.0.0.1:PORT` serving world/served (`.requests`: what it was asked), with
-    torchkit's cache in tmp_path/cache and no proxy in the way."""
-    for name in ("http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
-    requests: list[tuple[str, str]] = []
-    handler = functools.partial(_Handler, requests=requests, directory=str(world / "served"))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.requests = requests
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(world / "served", tmp_path / "cache", monkeypatch) as httpd:
+        yield httpd
 
 
 def shard_bytes(world: Path) -> int:
