@@ -55,6 +55,7 @@ from torchkit.core.io.outputs import (
     OutputFolder,
     check_overlap,
     check_replaceable,
+    remove_tree,
 )
 from torchkit.core.io.progress import Progress
 
@@ -727,8 +728,7 @@ def _remove_leftovers(folder: Path, keep: Iterable[str] = ()) -> None:
         if (_TEMPORARY.fullmatch(entry.name) or stale_shard) and entry.is_file(
             follow_symlinks=False
         ):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
+            remove_tree(Path(entry.path), ignore_errors=False)
 
 
 def _container_inputs(data: Any) -> list[InputPath]:
@@ -867,7 +867,7 @@ def convert_shards(
             report.seconds = time.perf_counter() - started
             manifest = report.manifest(complete=True)
             atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=1) + "\n")
-            (folder / PARTIAL_MANIFEST).unlink(missing_ok=True)
+            remove_tree(folder / PARTIAL_MANIFEST, ignore_errors=False)
             _remove_leftovers(folder, keep=[r.name for r in report.shards])
         if run.warned:
             log.warning(f"skipped {run.warned} unreadable image(s) (listed in {target / MANIFEST})")
