@@ -424,3 +424,21 @@ def test_a_model_name_with_a_destination_says_what_dst_needs(runner, tmp_path):
 def test_unknown_model_name(runner):
     result = runner.invoke(app, ["convert-syncbn", "resnet19"])
     assert result.exit_code == 2 and "unknown model 'resnet19'" in result.stderr
+
+
+def test_image_size_is_the_sample_3_n_n_and_not_with_input_size(runner, tmp_path):
+    model = nn.Sequential(nn.SyncBatchNorm(3), nn.Flatten())
+    source = tmp_path / "net.pt"
+    torch.save(model, source)
+    args = [
+        "convert-syncbn",
+        str(source),
+        str(tmp_path / "bn.pt"),
+        "--trust-checkpoint",
+        "--revert",
+    ]
+    worked = runner.invoke(app, [*args, "--image-size", "4", "--format", "json"])
+    assert worked.exit_code == 0, worked.stderr
+    assert json.loads(worked.stdout)["layers"][0]["to_type"] == "BatchNorm2d"
+    both = runner.invoke(app, [*args, "--image-size", "4", "--input-size", "3,4,4", "--force"])
+    assert both.exit_code == 2 and "both give the sample" in both.stderr
