@@ -176,7 +176,7 @@ def test_a_real_run_has_its_plot_drawn_by_the_helper_and_leaves_no_process(tmp_p
     def helper_running() -> bool:
         for pid in processes_in_group(run.pid):
             with contextlib.suppress(OSError):
-                if b"curves_painter" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"torchkit.core.plotting" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     return True
         return False
 

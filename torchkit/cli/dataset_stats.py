@@ -306,6 +306,7 @@ def dataset_stats(
 
       torchkit dataset-stats data/split --near-duplicates --leakage-csv pairs.csv
     """
+    from torchkit.core.runtime.plot_helper import plot_helper
     from torchkit.core.stats import (
         check_outputs,
         compute_dataset_stats,
@@ -316,36 +317,38 @@ def dataset_stats(
     fmt = resolve_format(fmt, output)
     # Refuse outputs that would fail before the long pass, not after it.
     check_outputs(root, output, plot, force=force, leakage_csv=leakage_csv)
-    with progress_bar("Reading images") as update:
-        stats = compute_dataset_stats(
-            root,
-            split=None if split is None else split.value,
-            mode=mode.value,
-            resize=resize,
-            workers=workers,
-            strict=strict,
-            progress=update,
-            leakage=leakage,
-            near_threshold=near_threshold,
-            near_duplicates=near_duplicates,
-            pairs_required=leakage_csv is not None,
+    # --plot: matplotlib imports in a helper process during the pass over the images.
+    with plot_helper(plot is not None) as painter:
+        with progress_bar("Reading images") as update:
+            stats = compute_dataset_stats(
+                root,
+                split=None if split is None else split.value,
+                mode=mode.value,
+                resize=resize,
+                workers=workers,
+                strict=strict,
+                progress=update,
+                leakage=leakage,
+                near_threshold=near_threshold,
+                near_duplicates=near_duplicates,
+                pairs_required=leakage_csv is not None,
+            )
+        for note in stats.notes:
+            console.note(note)
+        emit(
+            tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
+            data=stats.to_dict(),
+            fmt=fmt,
+            output=output,
+            force=force,
         )
-    for note in stats.notes:
-        console.note(note)
-    emit(
-        tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
-        data=stats.to_dict(),
-        fmt=fmt,
-        output=output,
-        force=force,
-    )
-    if plot is not None:
-        written = plot_dataset_stats(stats, plot, force=force)
-        console.note(f"wrote {written}")
-    if leakage_csv is not None:
-        written = write_pairs_csv(stats, leakage_csv, force=force)
-        pairs = len(stats.leakage) + len(stats.near_duplicates)
-        console.note(f"wrote {written} ({pairs} pairs)")
+        if plot is not None:
+            written = plot_dataset_stats(stats, plot, force=force, painter=painter)
+            console.note(f"wrote {written}")
+        if leakage_csv is not None:
+            written = write_pairs_csv(stats, leakage_csv, force=force)
+            pairs = len(stats.leakage) + len(stats.near_duplicates)
+            console.note(f"wrote {written} ({pairs} pairs)")
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ from torchkit.core.io.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
     from torchkit.core.evaluate.results import EvalResult
+    from torchkit.core.runtime.plot_helper import PlotHelper
 
 CONFUSION_CORNER = "true \\ predicted"  # confusion_matrix.csv's first header cell
 REPORT_FILES = (
@@ -36,9 +37,12 @@ def write_reports(
     *,
     normalize: bool = False,
     max_errors_shown: int = 25,
+    painter: PlotHelper | None = None,
 ) -> list[Path]:
     """Write every report into `out_dir`, each file atomically. The checks (--force, inputs)
-    are the caller's: `evaluate` hands over the folder of a `core.outputs.OutputFolder`."""
+    are the caller's: `evaluate` hands over the folder of a `core.outputs.OutputFolder`.
+    `painter`: a started plot helper that draws the PNGs (else, or where it cannot, they are
+    drawn here)."""
     folder = Path(out_dir)
     with reporting_write_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)
@@ -49,8 +53,8 @@ def write_reports(
     cm = result.metrics.confusion
     atomic_write_text(paths[2], confusion_csv_text(cm, classes))
     atomic_write_text(paths[3], _csv_text(prediction_columns(result), prediction_rows(result)))
-    plot_confusion_matrix(cm, classes, paths[4], normalize=normalize)
-    plot_errors(result, paths[5], max_shown=max_errors_shown)
+    plot_confusion_matrix(cm, classes, paths[4], normalize=normalize, painter=painter)
+    plot_errors(result, paths[5], max_shown=max_errors_shown, painter=painter)
     return paths
 
 
@@ -131,7 +135,22 @@ def _short(name: str, limit: int = 24) -> str:
 
 
 def plot_confusion_matrix(
-    cm: np.ndarray, classes: list[str], path: str | os.PathLike, *, normalize: bool = False
+    cm: np.ndarray,
+    classes: list[str],
+    path: str | os.PathLike,
+    *,
+    normalize: bool = False,
+    painter: PlotHelper | None = None,
+) -> None:
+    """confusion_matrix.png (`draw_confusion_matrix`), by the plot helper `painter` where it
+    answers."""
+    values = {"cm": np.asarray(cm), "classes": list(classes), "normalize": normalize}
+    if painter is None or not painter.draw("confusion_matrix", path, **values):
+        draw_confusion_matrix(path, **values)
+
+
+def draw_confusion_matrix(
+    path: str | os.PathLike, cm: np.ndarray, classes: list[str], normalize: bool = False
 ) -> None:
     """A heatmap that stays readable with many classes: each class gets at least 0.22 inch
     (22 pixels, room for a 7-point name), counts are written in the cells up to 30 classes,
@@ -221,14 +240,26 @@ def _tile(result: EvalResult, index: int) -> np.ndarray:
     return tile
 
 
-def plot_errors(result: EvalResult, path: str | os.PathLike, *, max_shown: int = 25) -> None:
+def plot_errors(
+    result: EvalResult,
+    path: str | os.PathLike,
+    *,
+    max_shown: int = 25,
+    painter: PlotHelper | None = None,
+) -> None:
     """A grid of the most confident mistakes, each titled with its file name, its true and its
-    predicted class.
+    predicted class; drawn by the plot helper `painter` where it answers.
 
     The images are pasted into one canvas and the titles drawn as figure text: a grid of
     matplotlib axes would cost seconds for 25 images."""
-    from matplotlib.figure import Figure
+    canvas, texts = errors_layout(result, max_shown)
+    if painter is None or not painter.draw("errors", path, canvas=canvas, texts=texts):
+        draw_errors(path, canvas, texts)
 
+
+def errors_layout(result: EvalResult, max_shown: int = 25) -> tuple[np.ndarray, list[dict]]:
+    """errors.png's pixels (the images pasted into a white canvas) and its titles: keyword
+    arguments of `Figure.text`, positions in figure fractions."""
     p = result.predictions
     wrong = np.flatnonzero(p.predicted != p.labels)
     order = wrong[np.argsort(-p.confidence[wrong], kind="stable")][:max_shown]
@@ -237,12 +268,11 @@ def plot_errors(result: EvalResult, path: str | os.PathLike, *, max_shown: int =
     width = max(cols * (ERROR_TILE + _PAD) + _PAD, 360)
     height = _HEADER + rows * (_TITLE + ERROR_TILE + _PAD) + _PAD
     canvas = np.full((height, width, 3), 255, dtype=np.uint8)
-    fig = Figure(figsize=(width / 100, height / 100), dpi=100)
     if len(order) == 0:
         heading = f"No mistakes among {len(p)} images"
     else:
         heading = f"The {len(order)} most confident of {len(wrong)} mistakes"
-    fig.text(0.5, 1 - 8 / height, heading, ha="center", va="top", fontsize=11)
+    texts = [_text(0.5, 1 - 8 / height, heading, va="top", fontsize=11)]
     for n, row in enumerate(order):
         r, c = divmod(n, cols)
         left = _PAD + c * (ERROR_TILE + _PAD)
@@ -254,17 +284,32 @@ def plot_errors(result: EvalResult, path: str | os.PathLike, *, max_shown: int =
         true = _short(result.classes[int(p.labels[row])], 18)
         predicted = _short(result.classes[int(p.predicted[row])], 18)
         name = _short(os.path.basename(result.sample_name(int(p.indices[row]))), 22)
-        fig.text(x, 1 - (top - 37) / height, name, ha="center", va="bottom", fontsize=7)
-        fig.text(x, 1 - (top - 20) / height, f"true: {true}", ha="center", va="bottom", fontsize=8)
-        fig.text(
-            x,
-            1 - (top - 3) / height,
-            f"pred: {predicted} ({p.confidence[row]:.2f})",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-            color="#b00020",
-        )
+        texts += [
+            _text(x, 1 - (top - 37) / height, name, fontsize=7),
+            _text(x, 1 - (top - 20) / height, f"true: {true}", fontsize=8),
+            _text(
+                x,
+                1 - (top - 3) / height,
+                f"pred: {predicted} ({p.confidence[row]:.2f})",
+                fontsize=8,
+                color="#b00020",
+            ),
+        ]
+    return canvas, texts
+
+
+def _text(x: float, y: float, text: str, *, va: str = "bottom", **style: Any) -> dict[str, Any]:
+    return {"x": float(x), "y": float(y), "s": text, "ha": "center", "va": va, **style}
+
+
+def draw_errors(path: str | os.PathLike, canvas: np.ndarray, texts: list[dict]) -> None:
+    """errors.png of `errors_layout`'s canvas and titles, one figure pixel per canvas pixel."""
+    from matplotlib.figure import Figure
+
+    height, width = canvas.shape[:2]
+    fig = Figure(figsize=(width / 100, height / 100), dpi=100)
+    for text in texts:
+        fig.text(**text)
     fig.figimage(canvas, 0, 0, zorder=0)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

@@ -43,6 +43,7 @@ from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.runtime.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
 from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
+from torchkit.core.runtime.plot_helper import PlotHelper, plot_helper
 from torchkit.core.topk import DEFAULT_TOPK
 
 log = logging.getLogger("torchkit")
@@ -293,11 +294,14 @@ def evaluate(
     check_amp_dtype(options.run.amp, options.run.amp_dtype)
     # scikit-learn imports in a helper process beside the model and data loading (rank 0 only:
     # the others compute no metrics), instead of after the images are scored.
-    scorer = start_scorer() if os.environ.get("RANK", "0") == "0" else None
+    main = os.environ.get("RANK", "0") == "0"
+    scorer = start_scorer() if main else None
     try:
-        folder = open_report_folder(spec, options) if options.out_dir is not None else None
-        with folder if folder is not None else contextlib.nullcontext():
-            return _evaluate(spec, options, progress, folder, scorer)
+        # Likewise matplotlib for the PNGs of --out.
+        with plot_helper(main and options.out_dir is not None) as painter:
+            folder = open_report_folder(spec, options) if options.out_dir is not None else None
+            with folder if folder is not None else contextlib.nullcontext():
+                return _evaluate(spec, options, progress, folder, scorer, painter)
     finally:
         if scorer is not None:
             scorer.close()
@@ -309,6 +313,7 @@ def _evaluate(
     progress: Progress | None,
     folder: OutputFolder | None,
     scorer: Any = None,
+    painter: PlotHelper | None = None,
 ) -> EvalResult | None:
     ctx = setup(options.run.device)
     previous_level = log.level
@@ -348,6 +353,7 @@ def _evaluate(
                 folder.begin(),
                 normalize=options.normalize,
                 max_errors_shown=options.max_errors_shown,
+                painter=painter,
             )
         except OutputWriteError as error:  # name --out, not the hidden folder it fills
             raise OutputWriteError(

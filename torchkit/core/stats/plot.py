@@ -6,6 +6,7 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import UsageError
@@ -17,6 +18,9 @@ from torchkit.core.io.outputs import (
     is_special_file,
 )
 from torchkit.core.stats.report import DatasetStats
+
+if TYPE_CHECKING:
+    from torchkit.core.runtime.plot_helper import PlotHelper
 
 PLOT_FORMATS = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
@@ -67,35 +71,60 @@ def check_plot_output(
     return check_output_file(path, force, inputs, what="plot")
 
 
-def plot_dataset_stats(stats: DatasetStats, path: str | os.PathLike, *, force: bool) -> Path:
-    """Class histogram and image-size scatter, saved (atomically) as an image at `path`."""
+def plot_dataset_stats(
+    stats: DatasetStats,
+    path: str | os.PathLike,
+    *,
+    force: bool,
+    painter: PlotHelper | None = None,
+) -> Path:
+    """Class histogram and image-size scatter (`draw_dataset_stats`), saved (atomically) as an
+    image at `path`; drawn by the plot helper `painter` where it answers."""
+    import numpy as np
+
+    target = check_plot_output(path, force, data_inputs(stats.source))
+    sizes = np.asarray([size[:2] for size in stats.sizes], dtype=np.int64).reshape(-1, 2)
+    values: dict[str, Any] = {
+        "names": [c.name or "(unlabelled)" for c in stats.classes],
+        "counts": [c.images for c in stats.classes],
+        "images": stats.images,
+        "sizes": sizes,
+    }
+    if painter is None or not painter.draw("dataset_stats", target, **values):
+        draw_dataset_stats(target, **values)
+    return target
+
+
+def draw_dataset_stats(
+    path: str | os.PathLike, names: list[str], counts: list[int], images: int, sizes
+) -> None:
+    """The class histogram (`counts` images per class of `names`, `images` in all) and the
+    scatter of `sizes` (an N x 2 array of widths and heights), written at `path` in the format
+    its name says."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    target = check_plot_output(path, force, data_inputs(stats.source))
     figure = Figure(figsize=(12, 5), layout="constrained")
     FigureCanvasAgg(figure)
     bars, scatter = figure.subplots(1, 2, width_ratios=(3, 2))
-    names = [c.name or "(unlabelled)" for c in stats.classes]
-    bars.bar(range(len(names)), [c.images for c in stats.classes], color="tab:blue")
+    bars.bar(range(len(names)), counts, color="tab:blue")
     if len(names) <= 60:  # beyond that the labels are an unreadable smear
         bars.set_xticks(range(len(names)), names, rotation=90 if len(names) > 8 else 0)
     bars.set_xlabel(f"class ({len(names)})")
     bars.set_ylabel("images")
-    bars.set_title(f"Images per class ({stats.images} images)")
+    bars.set_title(f"Images per class ({images} images)")
     bars.yaxis.set_major_locator(MaxNLocator(integer=True))
-    if stats.sizes:
-        widths, heights, _ = zip(*stats.sizes, strict=True)
+    if len(sizes):
+        widths, heights = sizes[:, 0], sizes[:, 1]
         scatter.scatter(widths, heights, s=18, alpha=0.5, color="tab:orange", linewidths=0)
-        scatter.set_xlim(left=0, right=max(widths) * 1.05)
-        scatter.set_ylim(bottom=0, top=max(heights) * 1.05)
+        scatter.set_xlim(left=0, right=int(widths.max()) * 1.05)
+        scatter.set_ylim(bottom=0, top=int(heights.max()) * 1.05)
     scatter.set_xlabel("width (px)")
     scatter.set_ylabel("height (px)")
     scatter.set_title("Image sizes")
     # Drawn in memory, then written in one go: savefig seeks, which a FIFO or /dev/stdout
     # cannot, and the file (or the special file) gets the whole image or nothing.
     image = io.BytesIO()
-    figure.savefig(image, format=plot_format(target), dpi=100)
-    atomic_write_bytes(target, image.getvalue())
-    return target
+    figure.savefig(image, format=plot_format(path), dpi=100)
+    atomic_write_bytes(path, image.getvalue())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,34 +179,56 @@ def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int)
         optimizer.zero_grad(set_to_none=True)
 
 
-def write_lr_find(folder, result: LRFindResult) -> list:
-    """lr_find.csv (lr, loss, smoothed_loss) and lr_find.png in `folder`."""
+def write_lr_find(folder, result: LRFindResult, painter: Any = None) -> list:
+    """lr_find.csv (lr, loss, smoothed_loss) and lr_find.png in `folder`; the plot drawn by the
+    plot helper `painter` (`core.runtime.plot_helper`) where it answers."""
     import csv
     import io
 
-    import matplotlib
-
-    from torchkit.core.io.files import atomic_path, atomic_write_text
+    from torchkit.core.io.files import atomic_write_text
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["lr", "loss", "smoothed_loss"])
     writer.writerows((f"{a:.6g}", f"{b:.6g}", f"{c:.6g}") for a, b, c in result.rows())
     atomic_write_text(folder / "lr_find.csv", buffer.getvalue())
+    values = {
+        "lrs": result.lrs,
+        "losses": result.losses,
+        "smoothed": result.smoothed,
+        "suggested_lr": result.suggested_lr,
+    }
+    if painter is None or not painter.draw("lr_find", folder / "lr_find.png", **values):
+        draw_lr_find(folder / "lr_find.png", **values)
+    return [folder / "lr_find.csv", folder / "lr_find.png"]
+
+
+def draw_lr_find(
+    path: str | os.PathLike,
+    lrs: list[float],
+    losses: list[float],
+    smoothed: list[float],
+    suggested_lr: float | None,
+) -> None:
+    """lr_find.png: the loss and its smoothed curve against the learning rate (log axis), and
+    the suggestion."""
+    import matplotlib
+
+    from torchkit.core.io.files import atomic_path
+
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(6, 4))
     axes = figure.subplots()
-    axes.plot(result.lrs, result.losses, alpha=0.3, label="loss")
-    axes.plot(result.lrs, result.smoothed, label="smoothed loss")
-    if result.suggested_lr is not None:
-        axes.axvline(result.suggested_lr, color="tab:red", linestyle="--",
-                     label=f"suggested {result.suggested_lr:.2e}")  # fmt: skip
+    axes.plot(lrs, losses, alpha=0.3, label="loss")
+    axes.plot(lrs, smoothed, label="smoothed loss")
+    if suggested_lr is not None:
+        axes.axvline(suggested_lr, color="tab:red", linestyle="--",
+                     label=f"suggested {suggested_lr:.2e}")  # fmt: skip
     axes.set(xscale="log", xlabel="learning rate", ylabel="loss", title="learning-rate range test")
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    with atomic_path(folder / "lr_find.png") as tmp:
+    with atomic_path(path) as tmp:
         figure.savefig(tmp, format="png", dpi=100)
-    return [folder / "lr_find.csv", folder / "lr_find.png"]

@@ -223,7 +223,8 @@ class RunFolder:
             self.output.keep()  # the new run is worth keeping, the old one goes
 
     def start_painter(self) -> None:
-        """Start the helper that draws curves.png (rank 0), before the run imports torch."""
+        """Start the helper that draws curves.png or lr_find.png (rank 0), before the run
+        imports torch."""
         self.painter = CurvesPainter.start()
 
     def write_curves(self, history: list[dict], best_epoch: int | None) -> None:
@@ -235,7 +236,7 @@ class RunFolder:
         """lr_find.csv and lr_find.png of the range test: the run's only result."""
         from torchkit.core.train.lr_find import write_lr_find
 
-        write_lr_find(self.path, found)
+        write_lr_find(self.path, found, painter=self.painter)
         if self.output is not None:
             self.output.keep()
 

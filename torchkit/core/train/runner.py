@@ -60,8 +60,8 @@ def run_training(
             # run folder costs a fraction of a second.
             plan = plan_run(config, overrides)
             folder.open(DistContext(), plan)
-        if os.environ.get("RANK", "0") == "0" and not config.find_lr:
-            folder.start_painter()  # curves.png's plotting library loads beside torch's
+        if os.environ.get("RANK", "0") == "0":
+            folder.start_painter()  # the plots' library (matplotlib) loads beside torch
         timeline = RunTimeline(started, process_age)
         return _run_with_torch(
             config, overrides, plan, folder, callbacks or TrainCallbacks(), timeline
