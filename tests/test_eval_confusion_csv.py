@@ -1,4 +1,4 @@
-"""confusion_matrix.csv, written by pandas, has the bytes the csv module wrote before: checked
+"""confusion_matrix.csv has the bytes of the csv module's writer (without pandas): checked
 against csv.writer on class names that need quoting or look like numbers or missing values."""
 
 from __future__ import annotations
@@ -55,3 +55,18 @@ def test_confusion_csv_reads_back_as_the_matrix():
     assert table[0] == [CONFUSION_CORNER, *classes]
     assert [row[0] for row in table[1:]] == classes
     np.testing.assert_array_equal(np.array([row[1:] for row in table[1:]], dtype=int), cm)
+
+
+def test_confusion_csv_needs_no_pandas():
+    """eval --out writes confusion_matrix.csv without importing pandas (a second of import)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from torchkit.core.evaluate.reports import confusion_csv_text\n"
+        "confusion_csv_text(np.eye(2, dtype=np.int64), ['a', 'b'])\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

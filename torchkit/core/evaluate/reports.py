@@ -81,12 +81,10 @@ def _csv_text(columns: list[str], rows) -> str:
 
 def confusion_csv_text(cm: np.ndarray, classes: list[str]) -> str:
     """confusion_matrix.csv: a header `true \\ predicted,CLASS...`, then per true class its name
-    and its counts per predicted class."""
-    # Imported here, as it takes a second; eval has mostly loaded it already (scikit-learn does).
-    import pandas as pd
-
-    table = pd.DataFrame(cm, index=pd.Index(classes, name=CONFUSION_CORNER), columns=classes)
-    return table.to_csv(lineterminator="\n")
+    and its counts per predicted class. Written with the csv module: pandas would add a second
+    of import to eval, which no longer imports it (scikit-learn runs in a helper process)."""
+    rows = ([name, *counts] for name, counts in zip(classes, cm.tolist(), strict=True))
+    return _csv_text([CONFUSION_CORNER, *classes], rows)
 
 
 def prediction_columns(result: EvalResult) -> list[str]:
