@@ -127,8 +127,8 @@ def write_curves_png(path: Path, history: list[dict], best_epoch: int | None = N
 
 
 def import_plotting() -> None:
-    """Import what `curves_figure` draws with (about a second: `core.train.curves_painter`
-    pays it in a helper process, beside the run's start)."""
+    """Import what `curves_figure` draws with (about a second, which the plotting service,
+    `core.plotting`, pays in a helper process beside the command's start)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
