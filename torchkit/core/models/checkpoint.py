@@ -166,20 +166,23 @@ def copy_checkpoint(source: str | os.PathLike, target: str | os.PathLike) -> Non
         copy_bytes(source, tmp)
 
 
-def on_cpu(obj: Any) -> Any:
+def on_cpu(obj: Any, *, copy: bool = False) -> Any:
     """`obj` with every tensor in its dicts, lists and tuples on the CPU: a checkpoint of a GPU
     run then loads with a plain `torch.load` on any machine (torch.save copies each tensor to
-    host memory anyway). CPU tensors are kept as they are, not copied."""
+    host memory anyway). CPU tensors are kept as they are, not copied, unless `copy`: then
+    nothing in the result shares memory with `obj` (a snapshot that training cannot change)."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu() if obj.device.type != "cpu" else obj
+        if obj.device.type != "cpu":
+            return obj.detach().cpu()
+        return obj.detach().clone() if copy else obj
     if isinstance(obj, dict):
-        return {key: on_cpu(value) for key, value in obj.items()}
+        return {key: on_cpu(value, copy=copy) for key, value in obj.items()}
     if isinstance(obj, list):
-        return [on_cpu(value) for value in obj]
+        return [on_cpu(value, copy=copy) for value in obj]
     if isinstance(obj, tuple):
-        return tuple(on_cpu(value) for value in obj)
+        return tuple(on_cpu(value, copy=copy) for value in obj)
     return obj
 
 

@@ -46,12 +46,15 @@ def build_checkpoint(
     preprocess: dict,
     history: list[dict],
     epoch_progress: dict | None = None,
+    snapshot: bool = False,
 ) -> dict:
     """A torchkit checkpoint: CPU tensors and plain values only, so that it loads with
     `torch.load(weights_only=True)` on any machine, with a GPU or without.
 
     `epoch` counts completed epochs; `epoch_progress` is set when the run stopped inside the
-    next epoch (Ctrl-C): how far it got, so --resume continues from there.
+    next epoch (Ctrl-C): how far it got, so --resume continues from there. With `snapshot`,
+    CPU tensors are copied too (on a CPU run they are the live weights and optimiser state):
+    the checkpoint stays as it is while training goes on, for a write in the background.
     """
     from torchkit.core.runtime.seeding import capture_rng_state
 
@@ -78,7 +81,7 @@ def build_checkpoint(
     if ema is not None:
         checkpoint["model_ema"] = ema.state_dict()
         checkpoint["ema_updates"] = int(ema.updates)
-    return on_cpu(checkpoint)
+    return on_cpu(checkpoint, copy=snapshot)
 
 
 def periodic_name(epoch: int) -> str:

@@ -108,6 +108,11 @@ class EpochDriver:
         # 0.63-1.05 s with it, 0.27-0.44 s without) and the run's wall time gained nothing.
         try:
             self._epochs()
+            # The last epoch's files are on disk (or their error raised) before anything
+            # reads them (the test evaluation, the summary) or the run is called a success.
+            waited = time.perf_counter()
+            self.folder.wait_saved()
+            self.saving_seconds += time.perf_counter() - waited
         finally:
             self.starts.close()  # an epoch started early that will not run (early stop, stop)
         self._finish()
@@ -218,7 +223,10 @@ class EpochDriver:
             state.best_epoch = epoch + 1
             state.best_metric = state.best_value(config.best_metric)
         if self.ctx.is_main:
-            checkpoint = state.checkpoint(epoch + 1, None, self.ctx.world_size)
+            # Written beside the next epoch (`saving` is the time this thread waits for it).
+            checkpoint = state.checkpoint(
+                epoch + 1, None, self.ctx.world_size, snapshot=self.folder.saves_in_background
+            )
             self.folder.save_epoch(
                 checkpoint, state.history, len(state.classes), is_best=is_best, config=config
             )
@@ -252,7 +260,8 @@ class EpochDriver:
         self.folder.close_tensorboard()
         if self.ctx.is_main and state.history and result.kept:
             drawn = time.perf_counter()
-            self.folder.write_curves(state.history, state.best_epoch)
+            # Drawn on the writer thread while best.pt is tested (`_train` waits for it).
+            self.folder.write_curves(state.history, state.best_epoch, background=True)
             self.curves_seconds = time.perf_counter() - drawn
         if self.ctx.is_main:
             self.callbacks.on_train_end(result.interrupted)

@@ -31,6 +31,7 @@ from torchkit.core.io.outputs import (
 )
 from torchkit.core.models.checkpoint import copy_checkpoint
 from torchkit.core.runtime import distributed
+from torchkit.core.train.checkpoint_writer import CheckpointWriter
 from torchkit.core.train.checkpoints import BEST, LAST, best_checkpoint_for, save_epoch
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
@@ -64,6 +65,7 @@ class RunFolder:
         self.saved_any = False  # a checkpoint of this run is on disk
         self.tensorboard: TensorBoardLog | None = None
         self.painter: CurvesPainter | None = None  # draws curves.png (`start_painter`)
+        self.writer = CheckpointWriter()  # the epochs' files, written beside the next epoch
 
     # -- before any work ---------------------------------------------------------------------
 
@@ -186,6 +188,12 @@ class RunFolder:
             tensorboard, self.tensorboard = self.tensorboard, None
             tensorboard.close()
 
+    @property
+    def saves_in_background(self) -> bool:
+        """Whether `save_epoch` writes on the writer thread: its checkpoint must then be a
+        snapshot (`TrainState.checkpoint(..., snapshot=True)`)."""
+        return self.writer.in_background
+
     def save_epoch(
         self,
         checkpoint: dict,
@@ -195,21 +203,32 @@ class RunFolder:
         is_best: bool,
         config: TrainConfig,
     ) -> None:
-        """The checkpoints of a finished epoch (best.pt if it is the best), metrics.csv and
-        the epoch's TensorBoard scalars. The first checkpoint makes the new run worth keeping."""
-        save_epoch(
-            self.path, checkpoint, is_best=is_best, save_every=config.save_every, keep=config.keep
-        )
-        self._saved()
-        write_metrics_csv(self.path / "metrics.csv", history, num_classes)
+        """The checkpoints of a finished epoch (best.pt if it is the best), then metrics.csv,
+        written on the writer thread once the previous epoch's are (whose error is raised
+        here); the epoch's TensorBoard scalars. The first checkpoint makes the new run worth
+        keeping. `wait_saved` waits for the files."""
+        rows = [dict(row) for row in history]  # the run goes on appending to `history`
+        save_every, keep = config.save_every, config.keep
+
+        def write() -> None:
+            save_epoch(self.path, checkpoint, is_best=is_best, save_every=save_every, keep=keep)
+            self._saved()
+            write_metrics_csv(self.path / "metrics.csv", rows, num_classes)
+
+        self.writer.submit(write)
         if self.tensorboard is not None:
-            self.tensorboard.epoch(history[-1])
+            self.tensorboard.epoch(rows[-1])
+
+    def wait_saved(self) -> None:
+        """Wait for the files being written in the background; raise a failed write's error."""
+        self.writer.wait()
 
     def save_stopped(self, checkpoint: dict) -> bool:
         """last.pt of a run stopped inside an epoch, if it is worth more than what the folder
         held before: yes once the run has saved a checkpoint, when it continues a run in place,
         or when the folder held nothing; not when it would replace an earlier run (--force)
         with a first, unfinished epoch. Whether it was saved (else the new run goes)."""
+        self.wait_saved()  # the epoch before is on disk (or its error raised) first
         output = self.output
         if not (output is None or output.resume or not output.has_content or self.saved_any):
             return False
@@ -227,10 +246,22 @@ class RunFolder:
         imports torch."""
         self.painter = CurvesPainter.start()
 
-    def write_curves(self, history: list[dict], best_epoch: int | None) -> None:
+    def write_curves(
+        self, history: list[dict], best_epoch: int | None, *, background: bool = False
+    ) -> None:
+        """curves.png; with `background`, on the writer thread (the run's last one, drawn
+        while best.pt is tested: `wait_saved` waits for it)."""
         path = self.path / "curves.png"
-        if self.painter is None or not self.painter.paint(path, history, best_epoch):
-            write_curves_png(path, history, best_epoch)
+        rows = [dict(row) for row in history]
+
+        def write() -> None:
+            if self.painter is None or not self.painter.paint(path, rows, best_epoch):
+                write_curves_png(path, rows, best_epoch)
+
+        if background:
+            self.writer.submit(write)
+        else:
+            write()
 
     def write_lr_find(self, found: Any) -> None:
         """lr_find.csv and lr_find.png of the range test: the run's only result."""
@@ -243,7 +274,12 @@ class RunFolder:
     # -- the end -----------------------------------------------------------------------------
 
     def release(self, ok: bool) -> None:
-        """Keep the new run or put the old one back, and unlock the folder."""
+        """Keep the new run or put the old one back, and unlock the folder, once the files
+        being written in the background are done (a failing run reports its own error)."""
+        if ok:
+            self.wait_saved()
+        else:
+            self.writer.drain()
         if self.painter is not None:
             painter, self.painter = self.painter, None
             painter.close()

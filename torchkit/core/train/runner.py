@@ -157,6 +157,7 @@ def _train(
                 evaluate_best_on_test(ctx, state, folder, callbacks, result)
                 if result.test_top1 is not None:
                     timeline.mark("test")
+                folder.wait_saved()  # curves.png, drawn during the test
         except BaseException:
             folder.release(ok=False)
             raise

@@ -107,9 +107,12 @@ class TrainState:
         epoch_progress: dict | None,
         world_size: int,
         rank_states: list | None = None,
+        *,
+        snapshot: bool = False,
     ) -> dict:
         """A checkpoint of the run (rank 0). `rank_states`: every rank's random state and
-        epoch sums, in rank order, for a stop inside an epoch (see `resume.rank_progress`)."""
+        epoch sums, in rank order, for a stop inside an epoch (see `resume.rank_progress`).
+        `snapshot`: nothing in it changes as training goes on (see `build_checkpoint`)."""
         checkpoint = build_checkpoint(
             arch=self.arch,
             classes=self.classes,
@@ -126,6 +129,7 @@ class TrainState:
             preprocess=self.preprocess.to_dict(),
             history=self.history,
             epoch_progress=epoch_progress,
+            snapshot=snapshot,
         )
         checkpoint["world_size"] = world_size
         checkpoint["drop_last"] = self.drop_last  # a resumed run batches its epochs alike
