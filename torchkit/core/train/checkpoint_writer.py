@@ -23,22 +23,20 @@ BACKGROUND = True
 
 
 class CheckpointWriter:
-    """Runs one write at a time on a writer thread: `submit` waits for the write in flight,
-    `wait` for the last one; both raise a failed write's error in the caller's thread."""
+    """Runs one write at a time on a thread of its own (started for it, so that no thread
+    outlives a run however it ends): `submit` waits for the write in flight, `wait` for the
+    last one; both raise a failed write's error in the caller's thread."""
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
+        self._done = threading.Event()  # the write in flight is over (set with none in flight)
+        self._done.set()
         self._error: BaseException | None = None
 
     @property
     def in_background(self) -> bool:
         """Whether a submitted write runs on the thread (so it needs a snapshot)."""
         return BACKGROUND
-
-    @property
-    def busy(self) -> bool:
-        """Whether a write is in flight."""
-        return self._thread is not None and self._thread.is_alive()
 
     def submit(self, write: Callable[[], None]) -> None:
         """Run `write` on the writer thread, once the previous write is done (its error is
@@ -47,11 +45,16 @@ class CheckpointWriter:
         if not self.in_background:
             write()
             return
+        self._done.clear()
         # Not a daemon: an interpreter that exits during a write lets it finish.
         thread = threading.Thread(
             target=self._run, args=(write,), name="torchkit-checkpoint-writer"
         )
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:  # no thread ("can't start new thread"): nothing in flight
+            self._done.set()
+            raise
         self._thread = thread
 
     def _run(self, write: Callable[[], None]) -> None:
@@ -59,11 +62,15 @@ class CheckpointWriter:
             write()
         except BaseException as error:  # raised again in the main thread by `wait`
             self._error = error
+        finally:
+            self._done.set()
 
     def wait(self) -> None:
-        """Block until the write in flight is done; raise its error, if it failed."""
+        """Block until the write in flight is done; raise its error, if it failed. A signal
+        that interrupts the wait (a second Ctrl-C) leaves the write to a later `wait`."""
+        self._done.wait()
         if self._thread is not None:
-            self._thread.join()  # a signal's KeyboardInterrupt leaves it to a later wait
+            self._thread.join()  # it has only to return now
             self._thread = None
         error, self._error = self._error, None
         if error is not None:
