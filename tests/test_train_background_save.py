@@ -189,3 +189,23 @@ def test_the_last_curves_png_is_drawn_while_best_pt_is_tested(tmp_path, monkeypa
     assert overlapped == [True]
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
     assert "Test top-1" in done.stdout
+
+
+def test_the_writer_raises_a_failed_writes_error_in_the_waiting_thread_once():
+    from torchkit.core.train.checkpoint_writer import CheckpointWriter
+
+    writer = CheckpointWriter()
+    written: list[str] = []
+    writer.submit(lambda: written.append(threading.current_thread().name))
+
+    def full_disk() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    writer.submit(full_disk)  # waits for the first write, which went well
+    assert written == ["torchkit-checkpoint-writer"]
+    with pytest.raises(OSError, match="No space left"):
+        writer.wait()
+    writer.wait()  # raised once
+    writer.submit(full_disk)
+    writer.drain()  # a failing run keeps its own error
+    writer.wait()
