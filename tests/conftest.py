@@ -542,6 +542,7 @@ LONGEST_MODULES = (
     "test_train_honest",
     "test_train_resume",
     "test_curves_painter",
+    "test_plot_helper",  # 20 s: real helper processes
     "test_eval_honest",
     "test_predict",
     "test_safety_eval",
