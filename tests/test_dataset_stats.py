@@ -380,3 +380,110 @@ def test_names_from_the_data_are_shown_as_they_are_not_as_markup_or_emoji(tmp_pa
     missing = run_torchkit_in_process("dataset-stats", "my:fire:data", cwd=tmp_path)
     assert missing.returncode != 0
     assert missing.stderr.startswith("Error: dataset not found: my:fire:data ")
+
+
+# --------------------------------------------------------------------------- memory per image
+
+
+class _Held:
+    """A chunk's result that can be watched for being let go (a weak reference)."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
+
+
+def _held(chunk: int) -> _Held:
+    return _Held(chunk)
+
+
+def test_the_pool_lets_each_result_go_once_handed_on():
+    """A million images are 15,000 chunks: the pool must not keep every chunk's result (its
+    future's) until the end of the run."""
+    import gc
+    import weakref
+
+    from torchkit.core.runtime.pool import map_chunks
+
+    handed: list = []
+    alive_later: list[int] = []
+
+    def on_result(result: _Held) -> None:
+        handed.append(weakref.ref(result))
+        gc.collect()
+        alive_later.append(sum(ref() is not None for ref in handed[:-2]))
+
+    map_chunks(_held, list(range(12)), workers=2, on_result=on_result)
+    assert len(handed) == 12 and max(alive_later) == 0
+
+
+def test_a_long_plain_table_is_laid_out_in_batches_with_the_same_text(monkeypatch):
+    """dataset-stats lists a row per duplicate file (every image of some data sets): rich lays
+    a plain table out a batch of rows at a time (its layout costs KBs a row), and the text is
+    the whole table's, character for character."""
+    import torchkit.cli.render as render
+    from torchkit.cli.render import Table, render_plain_tables
+
+    cells = ["cat", "dog/a b.png", "猫/写真.jpg", "", None, 1.5, 3, "[red]x[/]", "two\nlines"]
+    tables = [
+        Table(
+            ["group", "file", "classes"],
+            [[cells[(i * 7 + j) % len(cells)] for j in range(3)] for i in range(n)],
+            title=title,
+            align_right={"group"},
+        )
+        for n, title in [
+            (0, "empty"),
+            (1, None),
+            (7, "Exact duplicates (same bytes)"),
+            (25, "t" * 90),
+        ]
+    ]
+    tables.append(Table(["a", "b"], [["y" * 600, "z" * 600]] * 5, title="wider than the page"))
+    whole = render_plain_tables(tables)
+    laid_out: list[int] = []
+    rich_table = render.rich_table
+    monkeypatch.setattr(render, "PLAIN_BATCH_ROWS", 3)
+    monkeypatch.setattr(
+        render,
+        "rich_table",
+        lambda table, **kw: laid_out.append(len(table.rows)) or rich_table(table, **kw),
+    )
+    assert render_plain_tables(tables) == whole
+    assert max(laid_out[:-1]) == 3 and laid_out[-1] == 5  # the wide table: wrapped as a whole
+
+
+def test_memory_per_image_of_the_pass(tmp_path, monkeypatch):
+    """What the main process gathers per image while the files are read is a compact row
+    (about 60 bytes), not a tuple of Python objects (about 200 bytes), and the plot's sizes are
+    one array."""
+    import tracemalloc
+
+    import torchkit.core.stats.run as run
+
+    n = 3000
+    sources = []
+    for i in range(10):
+        sources.append(tmp_path / f"s{i}.png")
+        Image.fromarray(np.full((2, 2, 3), i, np.uint8)).save(sources[-1])
+    for i in range(n):
+        folder = tmp_path / "data" / f"c{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        os.link(sources[i % 10], folder / f"{i:05d}.png")
+    compute_dataset_stats(tmp_path / "data", workers=0)  # imports and caches, not counted
+    gathered = []
+    run_chunks = run.run_chunks
+
+    def measured(*args) -> None:
+        before = tracemalloc.get_traced_memory()[0]
+        run_chunks(*args)
+        gathered.append(tracemalloc.get_traced_memory()[0] - before)
+
+    monkeypatch.setattr(run, "run_chunks", measured)
+    tracemalloc.start()
+    try:
+        stats = compute_dataset_stats(tmp_path / "data", workers=0)
+    finally:
+        tracemalloc.stop()
+    assert stats.images == n and stats.duplicate_files == n - 10
+    assert stats.sizes.shape == (n, 3)
+    assert gathered[0] / n < 100, gathered

@@ -158,9 +158,9 @@ def test_a_turned_jpeg_is_read_as_stored_by_everything_that_feeds_or_measures(fi
     # dataset-stats: the stored size, the stored pixels counted, the stored picture's pHash.
     result = scanned(turned)
     (record,) = result.records
-    assert record[1:3] == (48, 32)
+    assert (record["width"], record["height"]) == (48, 32)
     assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(stored))
-    ((_, _, stats_hash),) = result.hashes
+    ((_, _, stats_hash),) = result.hashes.tolist()
     assert stats_hash == phash_image(Image.fromarray(stored))
     assert stats_hash != phash_image(Image.fromarray(viewed))
 
@@ -298,7 +298,7 @@ def test_an_unreadable_image_is_the_same_error_everywhere(files, name, kind, mes
     _, _, _, item_error = make_dataset(Samples(["a"], [0], paths=[str(path)]), np.asarray)[0]
     assert item_error == f"{path}: {raised['load_image']}"
     result = scanned(path)
-    assert [index for index, _, _ in result.errors] == [0] and not result.records
+    assert [index for index, _, _ in result.errors] == [0] and not len(result.records)
     assert hash_file(path)[1] is None
     with pytest.raises(InputError, match="cannot read image"):
         read_image(path)

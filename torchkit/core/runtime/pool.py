@@ -121,14 +121,16 @@ def map_chunks(
         mp_context=multiprocessing.get_context("fork" if use_fork else "spawn"),
         initializer=_init_worker,
     )
-    futures: list = []
     finished = False
     try:
         # The workers start on the first submit: a signal then waits until they are all
         # known to the executor, so that stopping it stops every one of them.
         with signals_held():
-            futures = [executor.submit(_call, func, chunk) for chunk in chunks]
-        for future in as_completed(futures):
+            pending = {executor.submit(_call, func, chunk) for chunk in chunks}
+        for future in as_completed(pending):
+            # A done future holds its result: let it go once handed on, not at the end of the
+            # run (every chunk's result at once, in memory).
+            pending.discard(future)
             try:
                 result = future.result()
             except _RaisedInWorker as error:

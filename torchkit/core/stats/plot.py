@@ -83,7 +83,7 @@ def plot_dataset_stats(
     import numpy as np
 
     target = check_plot_output(path, force, data_inputs(stats.source))
-    sizes = np.asarray([size[:2] for size in stats.sizes], dtype=np.int64).reshape(-1, 2)
+    sizes = np.asarray(stats.sizes, dtype=np.int64).reshape(-1, 3)[:, :2]
     values: dict[str, Any] = {
         "names": [c.name or "(unlabelled)" for c in stats.classes],
         "counts": [c.images for c in stats.classes],

@@ -6,7 +6,6 @@ import io
 import logging
 import math
 import os
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,8 +72,9 @@ class DatasetStats:
     unreadable: list[Unreadable]
     duplicates: list[DuplicateGroup]
     non_image_files: list[str]
-    # One (width, height, label) per readable image, for the plot; not part of to_dict().
-    sizes: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+    # One row (width, height, label) per readable image, an N x 3 int32 array, for the plot;
+    # not part of to_dict().
+    sizes: Any = field(default_factory=list, repr=False)
     # Remarks for the user (which split was measured and why); not part of to_dict().
     notes: list[str] = field(default_factory=list, repr=False)
     # Leakage (split data): exact and near duplicates whose members lie in different splits,
@@ -132,7 +132,7 @@ def find_duplicates(
     stats: DatasetStats,
     samples: Samples,
     others: Samples | None,
-    hashes: list[tuple[int, bytes, int]],
+    hashes: Any,
     checked: bool,
     threshold: int,
     within: bool,
@@ -146,7 +146,7 @@ def find_duplicates(
     splits = list(own) + ([] if others is None else list(others.splits or []))
     digests: list[bytes | None] = [None] * len(ids)
     phashes: list[int | None] = [None] * len(ids)
-    for index, digest, phash in hashes:
+    for index, digest, phash in hashes.tolist():  # `scan.HASH_DTYPE` rows
         digests[index], phashes[index] = digest, phash
     leaked, near = find_pairs(ids, splits, digests, phashes, threshold=threshold, within=within)
     stats.leakage_checked = checked
@@ -185,10 +185,13 @@ def summarise(
     mode: str,
     resize: int | None,
     accumulator: Accumulator,
-    records: list[tuple],
+    records: Any,
+    names: list[str],
     errors: list[tuple[int, str, int]],
     non_images: list[str],
 ) -> DatasetStats:
+    """The report of a pass: `records` (`scan.RECORD_DTYPE`, sorted by index; mode and format
+    codes into `names`), `errors` (index, reason, bytes read) sorted by index."""
     import numpy as np
 
     layouts = accumulator.layouts()
@@ -204,22 +207,19 @@ def summarise(
         channels, mean, std, pixels = accumulator.moments()
     else:
         channels, mean, std, pixels = _NO_PIXELS[mode], [], [], 0
-    counts = [0] * len(samples.classes)
-    for index, *_ in records:
-        counts[samples.labels[index]] += 1
+    indices = records["index"]
+    labels = np.asarray(samples.labels, dtype=np.int64)[indices]
+    counts = np.bincount(labels, minlength=len(samples.classes)).tolist()
     nonzero = [n for n in counts if n]
     imbalance = None if not nonzero else (math.inf if 0 in counts else max(counts) / min(counts))
-    widths = np.array([r[1] for r in records])
-    heights = np.array([r[2] for r in records])
-    by_digest: dict[bytes, list[int]] = {}
-    for index, *_, digest in records:
-        by_digest.setdefault(digest, []).append(index)
+    widths = records["width"].astype(np.int64)
+    heights = records["height"].astype(np.int64)
     duplicates = [
         DuplicateGroup(
             [samples.ids[i] for i in group],
             sorted({samples.classes[samples.labels[i]] for i in group}),
         )
-        for group in sorted(g for g in by_digest.values() if len(g) > 1)
+        for group in _same_digest_groups(records)
     ]
     return DatasetStats(
         source=samples.source,
@@ -236,14 +236,42 @@ def summarise(
         imbalance_ratio=imbalance,
         width=_size_range(widths),
         height=_size_range(heights),
-        modes=dict(Counter(r[3] for r in records).most_common()),
-        formats=dict(Counter(r[4] for r in records).most_common()),
-        total_bytes=sum(r[5] for r in records) + sum(e[2] for e in errors),
+        modes=_most_common(records["mode"], names),
+        formats=_most_common(records["format"], names),
+        total_bytes=int(records["bytes"].sum()) + sum(e[2] for e in errors),
         unreadable=[Unreadable(samples.ids[i], reason) for i, reason, _ in errors],
         duplicates=duplicates,
         non_image_files=non_images,
-        sizes=[(r[1], r[2], samples.labels[r[0]]) for r in records],
+        sizes=np.stack([widths, heights, labels], axis=1).astype(np.int32),
     )
+
+
+def _most_common(codes: Any, names: list[str]) -> dict[str, int]:
+    """{name: count} of the `codes` (into `names`), most common first, ties in the order of
+    their first occurrence (as `Counter.most_common` orders them)."""
+    import numpy as np
+
+    found, first, counts = np.unique(codes, return_index=True, return_counts=True)
+    order = sorted(range(len(found)), key=lambda k: (-int(counts[k]), int(first[k])))
+    return {names[int(found[k])]: int(counts[k]) for k in order}
+
+
+def _same_digest_groups(records: Any) -> list[list[int]]:
+    """The indices of the records (sorted by index) that share their SHA-256, for every digest
+    held by more than one: each group in index order, the groups by their first index."""
+    import numpy as np
+
+    if len(records) < 2:
+        return []
+    # The 32-byte digests as four big-endian uint64 columns: sorted as the bytes sort.
+    words = np.ascontiguousarray(records["sha256"]).view(">u8").reshape(-1, 4)
+    order = np.lexsort((records["index"], words[:, 3], words[:, 2], words[:, 1], words[:, 0]))
+    ranked = words[order]
+    starts = np.flatnonzero(np.r_[True, (ranked[1:] != ranked[:-1]).any(axis=1)])
+    sizes = np.diff(np.r_[starts, len(order)])
+    indices = records["index"][order]
+    groups = [indices[a : a + n].tolist() for a, n in zip(starts, sizes, strict=True) if n > 1]
+    return sorted(groups, key=lambda group: group[0])
 
 
 _NO_PIXELS = {"rgb": ("R", "G", "B"), "gray": ("L",), "native": ()}

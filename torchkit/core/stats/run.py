@@ -19,6 +19,8 @@ from torchkit.core.stats.scan import (
     Accumulator,
     ChunkResult,
     default_stats_workers,
+    hash_array,
+    record_array,
     run_chunks,
     scan_tasks,
 )
@@ -192,9 +194,12 @@ def compute_dataset_stats(
             others, workers, mode, resize, offset=len(samples), measure=False, total=total
         )
     accumulator = Accumulator()
-    records: list[tuple] = []
+    # One row per file, at its index (`scan.RECORD_DTYPE`, `scan.HASH_DTYPE`): filled in as the
+    # chunks come, so the rows are in index order, and no chunk's arrays are kept.
+    records = _RowsByIndex(record_array(), len(samples))
+    hashes = _RowsByIndex(hash_array(), total if perceptual else 0)
+    names: dict[str, int] = {}  # mode and format names -> the codes the records use
     errors: list[tuple[int, str, int]] = []
-    hashes: list[tuple[int, bytes, int]] = []
     sixteen_bit = done = hash_errors = 0
     if progress:
         progress(0, total)
@@ -208,20 +213,22 @@ def compute_dataset_stats(
                 "fix or remove it, or leave out --strict to skip unreadable files",
             )
         accumulator.merge(result.accumulator)
-        records.extend(result.records)
+        if len(result.records):
+            codes = result.name_codes(names)
+            records.put(result.records, mode=codes, format=codes)
+        hashes.put(result.hashes)
         errors.extend(result.errors)
-        hashes.extend(result.hashes)
         hash_errors += result.hash_errors
         sixteen_bit += result.sixteen_bit
-        done += len(result.records) + len(result.errors)
-        done += result.hash_errors + sum(1 for h in result.hashes if h[0] >= len(samples))
+        done += len(result.records) + len(result.errors) + result.hash_errors
+        done += int((result.hashes["index"] >= len(samples)).sum())
         if progress:
             progress(done, total)
 
     run_chunks(tasks, workers, take)
-    records.sort()
+    records, hashes = records.rows(), hashes.rows()
     errors.sort()
-    if not records:
+    if not len(records):
         index, reason, _ = errors[0]
         raise InputError(
             f"none of the {total} image files in {samples.source} could be read",
@@ -240,8 +247,33 @@ def compute_dataset_stats(
             "8 bits (v / 257), as torchkit's loaders feed them to a model; --mode native "
             "measures their full range"
         )
-    stats = summarise(samples, mode, resize, accumulator, records, errors, non_images)
+    stats = summarise(samples, mode, resize, accumulator, records, list(names), errors, non_images)
     stats.split, stats.notes = measured, notes
     if perceptual:
         find_duplicates(stats, samples, others, hashes, checked, near_threshold, near_duplicates)
     return stats
+
+
+class _RowsByIndex:
+    """A structured array with a row for each index below `size`, filled in any order (`put`)
+    and read back (`rows`) without the indices never put, in index order."""
+
+    def __init__(self, empty: Any, size: int) -> None:
+        import numpy as np
+
+        self._rows = np.zeros(size, dtype=empty.dtype)
+        self._filled = np.zeros(size, dtype=bool)
+
+    def put(self, rows: Any, **codes: Any) -> None:
+        """`rows` (with an `index` field) in place; each field named in `codes` translated
+        through its array (a chunk's codes into the run's)."""
+        at = rows["index"]
+        self._rows[at] = rows
+        for name, table in codes.items():
+            self._rows[name][at] = table[rows[name]]
+        self._filled[at] = True
+
+    def rows(self) -> Any:
+        rows = self._rows if self._filled.all() else self._rows[self._filled]
+        self._rows = self._filled = None  # type: ignore[assignment]
+        return rows

@@ -130,15 +130,54 @@ class Accumulator:
         return channels, [float(m) for m in mean], [math.sqrt(v) for v in variance], pixels
 
 
+# One row per readable image (`ChunkResult.records`): compact, so that a million images cost
+# the main process tens of MB, not the few hundred bytes a tuple of Python objects takes each.
+# `mode` and `format` are codes into the chunk's `names` (a PIL mode or format name each).
+RECORD_DTYPE = [
+    ("index", "<i8"),
+    ("width", "<i4"),
+    ("height", "<i4"),
+    ("mode", "<u2"),
+    ("format", "<u2"),
+    ("bytes", "<i8"),
+    ("sha256", "V32"),
+]
+# One row per hashed image (`ChunkResult.hashes`): its index, SHA-256 and 64-bit pHash.
+HASH_DTYPE = [("index", "<i8"), ("sha256", "V32"), ("phash", "<u8")]
+
+
+def record_array(rows: Sequence[tuple] = ()) -> Any:
+    """`rows` (index, width, height, mode code, format code, bytes, sha256) as a RECORD_DTYPE
+    array."""
+    import numpy as np
+
+    return np.array(list(rows), dtype=RECORD_DTYPE)
+
+
+def hash_array(rows: Sequence[tuple] = ()) -> Any:
+    """`rows` (index, sha256, pHash) as a HASH_DTYPE array."""
+    import numpy as np
+
+    return np.array(list(rows), dtype=HASH_DTYPE)
+
+
 @dataclass
 class ChunkResult:
-    records: list[tuple]  # (index, width, height, mode, format, bytes, sha256)
+    records: Any  # RECORD_DTYPE array, one row per readable image
     errors: list[tuple[int, str, int]]  # (index, reason, bytes read or 0)
     accumulator: Accumulator
     sixteen_bit: int = 0  # 16-bit images that --mode rgb/gray clip to 8 bits, as PIL does
-    # (index, sha256, pHash) of every decodable image, with `perceptual` (leakage check)
-    hashes: list[tuple[int, bytes, int]] = field(default_factory=list)
+    # HASH_DTYPE array of every decodable image, with `perceptual` (leakage check)
+    hashes: Any = None
     hash_errors: int = 0  # files of other splits (hashed, not measured) that could not be read
+    names: list[str] = field(default_factory=list)  # what the mode and format codes stand for
+
+    def name_codes(self, table: dict[str, int]) -> Any:
+        """This chunk's codes translated into `table` (name -> code, grown as needed): an
+        array to index with a record's code."""
+        import numpy as np
+
+        return np.array([table.setdefault(n, len(table)) for n in self.names], dtype="<u2")
 
 
 def _describe(error: BaseException, size: int | None = None) -> str:
@@ -171,10 +210,13 @@ def scan_files(
 
     from torchkit.core.data.hashing import phash_image
 
-    result = ChunkResult([], [], Accumulator())
+    result = ChunkResult(record_array(), [], Accumulator(), hashes=hash_array())
     if not measure:
         _hash_files(start, paths, result)
         return result
+    records: list[tuple] = []
+    hashes: list[tuple] = []
+    codes: dict[str, int] = {}
     with warnings.catch_warnings():
         # PIL's warnings (palette transparency, bomb sizes, odd EXIF) would interleave with the
         # progress bar from every worker; the files still count, or are listed as unreadable.
@@ -209,11 +251,16 @@ def scan_files(
             if (native_mode in SIXTEEN_BIT_MODES or native_mode == "I") and mode != "native":
                 result.sixteen_bit += 1
             digest = hashlib.sha256(data).digest()
-            result.records.append(
-                (index, width, height, native_mode, file_format or "?", len(data), digest)
-            )
+            mode_code = codes.setdefault(native_mode, len(codes))
+            format_code = codes.setdefault(file_format or "?", len(codes))
+            records.append((index, width, height, mode_code, format_code, len(data), digest))
             if phash is not None:
-                result.hashes.append((index, digest, phash))
+                hashes.append((index, digest, phash))
+    result.records, result.hashes, result.names = (
+        record_array(records),
+        hash_array(hashes),
+        list(codes),
+    )
     return result
 
 
@@ -221,6 +268,7 @@ def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
     """SHA-256 and pHash of each file (`core.hashing.hash_file`); unreadable ones are counted."""
     from torchkit.core.data.hashing import hash_file
 
+    hashes: list[tuple] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for offset, path in enumerate(paths):
@@ -232,7 +280,8 @@ def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
             if phash is None:  # not an image PIL can decode: unreadable, no copy of anything
                 result.hash_errors += 1
                 continue
-            result.hashes.append((start + offset, digest, phash))
+            hashes.append((start + offset, digest, phash))
+    result.hashes = hash_array(hashes)
 
 
 def hash_pass(
@@ -252,7 +301,7 @@ def hash_pass(
 
     def take(result: ChunkResult) -> None:
         nonlocal done
-        for index, digest, phash in result.hashes:
+        for index, digest, phash in result.hashes.tolist():
             found[index] = (digest, phash)
         done += len(result.hashes) + result.hash_errors
         if progress:
