@@ -130,22 +130,35 @@ def render_csv(table: Table) -> str:
     return buffer.getvalue()
 
 
-def rich_table(table: Table) -> RichTable:
+def rich_table(
+    table: Table, *, min_widths: Sequence[int] | None = None, show_header: bool = True
+) -> RichTable:
+    """`table` for rich; `min_widths`: the least width of each column's text."""
     from rich.table import Table as RichTable
     from rich.text import Text
 
     # Text, not str: a class name, a path or a title from the user's data is shown as it is,
     # never read as rich markup (`[red]cat`, a `[/]` that failed the command) or an emoji code.
     title = None if table.title is None else Text(str(table.title))
-    rendered = RichTable(title=title, title_justify="left", header_style="bold")
-    for column in table.columns:
+    rendered = RichTable(
+        title=title, title_justify="left", header_style="bold", show_header=show_header
+    )
+    for index, column in enumerate(table.columns):
         # fold, not ellipsis: a long path must wrap inside its cell, never lose characters.
         rendered.add_column(
-            column, justify="right" if column in table.align_right else "left", overflow="fold"
+            column,
+            justify="right" if column in table.align_right else "left",
+            overflow="fold",
+            min_width=None if min_widths is None else min_widths[index],
         )
     for row in table.rows:
         rendered.add_row(*(Text(format_cell(v)) for v in row))
     return rendered
+
+
+# Rows laid out at a time in plain text: rich holds a table's whole layout in memory (a few KB
+# a row), and dataset-stats can list a file per image.
+PLAIN_BATCH_ROWS = 1000
 
 
 def render_plain_tables(tables: list[Table], width: int = 1000) -> str:
@@ -154,9 +167,57 @@ def render_plain_tables(tables: list[Table], width: int = 1000) -> str:
 
     buffer = io.StringIO()
     plain = Console(file=buffer, width=width, no_color=True, color_system=None, emoji=False)
+    lines: list[str] = []
     for table in tables:
-        plain.print(rich_table(table))
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+        lines += _plain_lines(plain, buffer, table)
+    return "\n".join(lines) + "\n"
+
+
+def _plain_lines(plain: Any, buffer: io.StringIO, table: Table) -> list[str]:
+    """The lines of `table` printed on the `plain` console (which writes into `buffer`). A long
+    table goes in batches of rows, every batch with the columns the whole table would get, so
+    the lines are the same as the whole table's."""
+
+    def printed(rendered: RichTable) -> list[str]:
+        buffer.seek(0)
+        buffer.truncate()
+        plain.print(rendered)
+        return [line.rstrip() for line in buffer.getvalue().splitlines()]
+
+    rows = table.rows
+    widths = _text_widths(plain, table) if len(rows) > PLAIN_BATCH_ROWS else None
+    # A table wider than the console has its columns narrowed and wrapped as a whole.
+    if widths is None or sum(w + 2 for w in widths) + len(widths) + 1 > plain.width:
+        return printed(rich_table(table))
+    lines: list[str] = []
+    for start in range(0, len(rows), PLAIN_BATCH_ROWS):
+        first, last = start == 0, start + PLAIN_BATCH_ROWS >= len(rows)
+        part = Table(
+            table.columns,
+            rows[start : start + PLAIN_BATCH_ROWS],
+            title=table.title if first else None,
+            align_right=table.align_right,
+        )
+        # The batches after the first: no title, no header, no top edge; all but the last:
+        # no bottom edge.
+        batch = printed(rich_table(part, min_widths=widths, show_header=first))
+        lines += batch[0 if first else 1 : None if last else -1]
+    return lines
+
+
+def _text_widths(console: Any, table: Table) -> list[int]:
+    """The width rich measures for each column's widest text (header included)."""
+    from rich.measure import Measurement
+    from rich.text import Text
+
+    options = console.options
+    widths = [Measurement.get(console, options, column).maximum for column in table.columns]
+    for row in table.rows:
+        for index, value in enumerate(row):
+            width = Measurement.get(console, options, Text(format_cell(value))).maximum
+            if width > widths[index]:
+                widths[index] = width
+    return widths
 
 
 def emit(
