@@ -144,3 +144,15 @@ def compare_timings(label: str, timing: Timing, baseline_label: str, baseline: T
         line += f", cpu {timing.cpu / baseline.cpu:.3f}"
     print(line)
     return ratio
+
+
+def digits_checkpoint(folder: Path) -> Path:
+    """best.pt of a one-epoch `train --data digits` run in `folder`/run: a model to time
+    eval, predict or plots with (its accuracy does not matter)."""
+    run = Path(folder) / "run"
+    subprocess.run(
+        [sys.executable, "-m", "torchkit", "train", "--data", "digits", "--epochs", "1",
+         "--out", str(run), "-q"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return run / "best.pt"

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _timing import digits_checkpoint
+
 # The same command with the helper turned off: the scorer is never started.
 WITHOUT_HELPER = (
     "import sys; import torchkit.core.evaluate.runner as r; r.start_scorer = lambda: None; "
@@ -39,13 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = args.checkpoint
         if checkpoint is None:
-            run = Path(scratch) / "run"
-            subprocess.run(
-                [sys.executable, "-m", "torchkit", "train", "--data", "digits", "--epochs", "1",
-                 "--out", str(run), "-q"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-            checkpoint = run / "best.pt"
+            checkpoint = digits_checkpoint(Path(scratch))
         eval_args = ["eval", str(checkpoint), "--data", "digits", "--format", "json"]
         helper = [sys.executable, "-m", "torchkit", *eval_args]
         in_process = [sys.executable, "-c", WITHOUT_HELPER, *eval_args]

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _timing import digits_checkpoint
+
 # The same command with the plot helper turned off where eval looks it up: no helper is started.
 WITHOUT_HELPER = (
     "import sys; import torchkit.core.runtime.plot_helper as p; "
@@ -48,13 +50,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = args.checkpoint
         if checkpoint is None:
-            run = Path(scratch) / "run"
-            subprocess.run(
-                [sys.executable, "-m", "torchkit", "train", "--data", "digits", "--epochs", "1",
-                 "--out", str(run), "-q"],
-                check=True, capture_output=True,
-            )  # fmt: skip
-            checkpoint = run / "best.pt"
+            checkpoint = digits_checkpoint(Path(scratch))
         runs = iter(range(1_000_000))
 
         def command(prefix: list[str]) -> list[str]:
