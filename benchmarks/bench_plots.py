@@ -1,6 +1,7 @@
 """Benchmark: the wall time of `torchkit eval CHECKPOINT --data digits --out DIR`, with
-confusion_matrix.png and errors.png drawn by a helper process that imports matplotlib beside
-eval's start-up (as torchkit does) and drawn in the process after importing it there (as before).
+confusion_matrix.png and errors.png drawn by eval's helper process, which imports matplotlib
+after scikit-learn beside eval's start-up (as torchkit does), and drawn in the process after
+importing it there (as before).
 
 Each run is a fresh `python -m torchkit` process writing a new folder; the two ways alternate
 and the median of `--repeats` is kept. A digits checkpoint is trained first (1 epoch) unless one
@@ -26,7 +27,7 @@ from _timing import digits_checkpoint
 # The same command with the plot helper turned off where eval looks it up: no helper is started.
 WITHOUT_HELPER = (
     "import sys; import torchkit.core.runtime.plot_helper as p; "
-    "p.start_plot_helper = lambda: None; "
+    "p.IN_HELPER = False; "
     "from torchkit.cli import main; sys.argv[0] = 'torchkit'; main()"
 )
 
@@ -74,7 +75,7 @@ def main() -> None:
     print(f"eval --out on digits, median of {args.repeats} runs each ({os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f})")  # fmt: skip
     print("                                          wall s     CPU s")
-    print(f"  plots drawn by the matplotlib helper   {with_s:6.2f}    {with_cpu:6.2f}")
+    print(f"  plots drawn by eval's helper process  {with_s:6.2f}    {with_cpu:6.2f}")
     print(f"  plots drawn in the process             {without_s:6.2f}    {without_cpu:6.2f}")
     print(f"  ratio (in process / helper), wall      {without_s / with_s:6.2f}x")
 

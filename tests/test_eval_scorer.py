@@ -6,6 +6,7 @@ and data load and ends it with the command."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ def test_eval_starts_the_scorer_before_the_model_and_closes_it(monkeypatch, tmp_
     events: list[str] = []
     recorder = _Recorder(events)
 
-    def start():
+    def start(**_):
         events.append("scorer")
         return recorder
 
@@ -101,3 +102,44 @@ def test_eval_starts_the_scorer_before_the_model_and_closes_it(monkeypatch, tmp_
     assert events[:2] == ["scorer", "model"]
     assert len(recorder.requests) == 1 and recorder.closed
     assert len(recorder.requests[0]["y_true"]) == result.metrics.num_samples == 179
+
+
+def test_eval_out_draws_its_plots_in_the_scorers_process(monkeypatch, tmp_path):
+    """eval --out starts ONE helper, serving the metrics and the plots (a second process would
+    compete with it and eval for two cores), and its PNGs are those eval draws itself."""
+    from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, runner
+    from torchkit.core.inference.options import InferenceOptions
+    from torchkit.core.runtime import plot_helper
+
+    started = []
+    spawn = HelperProcess.spawn
+
+    def spawn_logged(*services):
+        started.append(services)
+        return spawn(*services)
+
+    monkeypatch.setattr(HelperProcess, "spawn", staticmethod(spawn_logged))
+    # As in a fresh eval process (this one may have drawn or scored in-process before).
+    monkeypatch.delitem(sys.modules, "sklearn.metrics", raising=False)
+    monkeypatch.setattr(plot_helper, "wanted", lambda: True)
+    spec = ModelSpec(model="convnet", allow_untrained=True, image_size=8)
+
+    def run(out):
+        import torch
+
+        torch.manual_seed(0)  # the untrained model's weights: the same mistakes each time
+        options = EvalOptions(
+            data="digits", out_dir=out, run=InferenceOptions(workers=0, device="cpu")
+        )
+        return evaluate(spec, options)
+
+    run(tmp_path / "helper")
+    assert started == [(metrics.SERVICE, plot_helper.SERVICE)]
+    monkeypatch.setattr(plot_helper, "wanted", lambda: False)  # drawn in this process
+    monkeypatch.setattr(runner, "start_scorer", lambda **_: None)
+    started.clear()
+    run(tmp_path / "process")
+    assert started == []
+    for name in ("confusion_matrix.png", "errors.png"):
+        drawn = (tmp_path / "helper" / name).read_bytes()
+        assert drawn == (tmp_path / "process" / name).read_bytes(), name

@@ -102,7 +102,7 @@ def test_the_helper_draws_every_kind_as_the_process_does(live_helper, tmp_path):
 def test_arrays_travel_as_npy_files_beside_the_output_and_are_removed(tmp_path):
     requests = []
 
-    def call(request):
+    def call(request, service=None):
         requests.append(json.loads(json.dumps(request)))  # what goes down the pipe
         saved = request["values"]["canvas"][ARRAY_KEY]
         assert saved.startswith(str(tmp_path) + "/.errors.") and saved.endswith(".npy")
@@ -185,7 +185,7 @@ def _evaluate(monkeypatch, out, events, helper):
     torch.manual_seed(0)  # the untrained model's weights: the same mistakes each time
     monkeypatch.setattr(plot_helper, "start_plot_helper", _Logged(events, helper))
     monkeypatch.setattr(runner, "resolve_spec", _logging(events, "model", runner.resolve_spec))
-    monkeypatch.setattr(runner, "start_scorer", lambda: None)
+    monkeypatch.setattr(runner, "start_scorer", lambda **_: None)
     spec = ModelSpec(model="convnet", allow_untrained=True, image_size=8)
     options = EvalOptions(data="digits", out_dir=out, run=InferenceOptions(workers=0, device="cpu"))
     return evaluate(spec, options)

@@ -124,17 +124,21 @@ def compute_metrics(
 SERVICE = "torchkit.core.evaluate.metrics"
 
 
-def start_scorer() -> Any:
+def start_scorer(plots: bool = False) -> Any:
     """A helper process that imports scikit-learn now, beside eval's own start-up, and scores
     its predictions at the end (`compute_metrics(scorer=...)`); None where scikit-learn is
-    imported already or no helper can start. Close it with `.close()`."""
+    imported already or no helper can start. Close it with `.close()`. With `plots` it also
+    serves the plotting service (`plot_helper.PlotHelper.sharing`): one helper process, not a
+    second one competing with it and eval for two cores."""
     import sys
 
     if "sklearn.metrics" in sys.modules:
         return None
+    from torchkit.core.runtime import plot_helper
     from torchkit.core.runtime.helper_process import HelperProcess
 
-    return HelperProcess.spawn(SERVICE)
+    more = (plot_helper.SERVICE,) if plots and plot_helper.wanted() else ()
+    return HelperProcess.spawn(SERVICE, *more)
 
 
 def prepare() -> None:

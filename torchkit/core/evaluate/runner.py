@@ -295,10 +295,14 @@ def evaluate(
     # scikit-learn imports in a helper process beside the model and data loading (rank 0 only:
     # the others compute no metrics), instead of after the images are scored.
     main = os.environ.get("RANK", "0") == "0"
-    scorer = start_scorer() if main else None
+    plots = main and options.out_dir is not None
+    scorer = start_scorer(plots=plots) if main else None
     try:
-        # Likewise matplotlib for the PNGs of --out.
-        with plot_helper(main and options.out_dir is not None) as painter:
+        # Likewise matplotlib for the PNGs of --out: in the scorer's process where it serves
+        # them, else in a helper of its own.
+        shared = PlotHelper.sharing(scorer)
+        with plot_helper(plots and shared is None) as own:
+            painter = shared or own
             folder = open_report_folder(spec, options) if options.out_dir is not None else None
             with folder if folder is not None else contextlib.nullcontext():
                 return _evaluate(spec, options, progress, folder, scorer, painter)

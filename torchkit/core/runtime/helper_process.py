@@ -15,7 +15,9 @@ closes it or dies in any way. Processes forked from the command (DataLoader work
 copy of the pipe at once, so that they cannot keep the helper alive.
 
 A service is a module with `prepare()` (the heavy imports) and `answer(request) -> result`
-(plain JSON values in and out); the helper runs `serve(module name)`.
+(plain JSON values in and out); the helper runs `serve(module names)`. One helper may serve
+several services (eval's metrics and its plots): one process, not one per library, on a
+machine whose other cores are few; each request names its service.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import selectors
 import subprocess
 import sys
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ _SERVE = """import sys
 if sys.path[:1] == [""]:
     del sys.path[0]
 from torchkit.core.runtime.helper_process import serve
-serve({service!r})
+serve(*{services!r})
 """
 _live: weakref.WeakSet[HelperProcess] = weakref.WeakSet()
 
@@ -60,18 +63,21 @@ if hasattr(os, "register_at_fork"):  # POSIX
 class HelperProcess:
     """A running helper process serving one service (see the module's doc)."""
 
-    def __init__(self, process: subprocess.Popen, service: str) -> None:
+    def __init__(self, process: subprocess.Popen, *services: str) -> None:
         self.process: subprocess.Popen | None = process
-        self.service = service
+        self.services = services
+        self.service = services[0]  # the one a request goes to unless it names another
         self.answered = False  # whether it has answered anything (until then it may be killed)
         _live.add(self)
 
     @classmethod
-    def spawn(cls, service: str) -> HelperProcess | None:
-        """A started helper for the module `service`, or None where it cannot start."""
+    def spawn(cls, service: str, *more: str) -> HelperProcess | None:
+        """A started helper for the module `service` (and the modules `more`, prepared after
+        it), or None where it cannot start."""
+        services = (service, *more)
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", _SERVE.format(service=service)],
+                [sys.executable, "-c", _SERVE.format(services=services)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -80,11 +86,12 @@ class HelperProcess:
         except OSError as error:
             log.info("no helper process for %s (%s): the command does its work", service, error)
             return None
-        return cls(process, service)
+        return cls(process, *services)
 
-    def call(self, request: dict[str, Any]) -> Any:
-        """The helper's answer to `request`, or None when it gives none (the caller does the
-        work itself). A helper that fails once is closed: no second try."""
+    def call(self, request: dict[str, Any], service: str | None = None) -> Any:
+        """The answer of `service` (the first one by default) to `request`, or None when the
+        helper gives none (the caller does the work itself). A helper that fails once is
+        closed: no second try."""
         process = self.process
         if process is None:
             return None
@@ -92,7 +99,8 @@ class HelperProcess:
             self.close()
             return None
         try:
-            line = json.dumps(request).encode() + b"\n"
+            envelope = {"service": service or self.service, "request": request}
+            line = json.dumps(envelope).encode() + b"\n"
         except (TypeError, ValueError):  # a value JSON cannot carry: done by the caller
             return None
         try:
@@ -179,9 +187,9 @@ def _read_line(stream: Any, timeout: float) -> bytes:
         selector.close()
 
 
-def serve(service: str) -> None:
-    """The helper's main: import the service's libraries, then answer each request until stdin
-    closes."""
+def serve(*services: str) -> None:
+    """The helper's main: import the services' libraries, in order, then answer each request
+    (`{"service": NAME, "request": ...}`) until stdin closes."""
     import importlib
     import signal
 
@@ -190,11 +198,28 @@ def serve(service: str) -> None:
     from torchkit.bytecode import keep_bytecode_cache
 
     keep_bytecode_cache()
-    module = importlib.import_module(service)
-    module.prepare()
+    modules = {service: importlib.import_module(service) for service in services}
+    # Prepared in order on a thread, so that a request waits only for its own service's
+    # imports (eval's scores are not held up by matplotlib, which its plots need later). A
+    # failed import is left to `answer`, whose error the command then sees.
+    prepared = {service: threading.Event() for service in services}
+
+    def prepare_all() -> None:
+        for service in services:
+            try:
+                modules[service].prepare()
+            except Exception:  # noqa: BLE001, S110 - answer() imports again and says why
+                pass
+            finally:
+                prepared[service].set()
+
+    threading.Thread(target=prepare_all, name="prepare", daemon=True).start()
     for line in sys.stdin.buffer:
         try:
-            answer = {"result": module.answer(json.loads(line))}
+            envelope = json.loads(line)
+            service = envelope["service"]
+            prepared[service].wait()
+            answer = {"result": modules[service].answer(envelope["request"])}
         except Exception as error:  # noqa: BLE001 - the command does it itself and reports
             answer = {"error": f"{type(error).__name__}: {error}".replace("\n", " ")}
         sys.stdout.write(json.dumps(answer) + "\n")

@@ -30,6 +30,9 @@ from torchkit.core.io.outputs import is_special_file
 from torchkit.core.runtime.helper_process import HelperProcess
 
 SERVICE = "torchkit.core.plotting"
+# Whether plots go to a helper at all; a benchmark sets it False to time drawing in the process.
+# (Not an environment switch: there is no reason for a user to turn it off.)
+IN_HELPER = True
 ARRAY_KEY = "npy"  # a value {"npy": PATH} in a request: the array saved at PATH
 
 
@@ -52,9 +55,15 @@ class PlotHelper:
     def start(cls) -> Any:
         """A started helper, or None where none is wanted (matplotlib is imported already)
         or it cannot start."""
-        if "matplotlib.figure" in sys.modules:
+        return cls.spawn() if wanted() else None
+
+    @classmethod
+    def sharing(cls, helper: HelperProcess | None) -> PlotHelper | None:
+        """The plotting side of a helper started for several services, this one among them
+        (eval's scorer: one process imports scikit-learn and matplotlib); else None."""
+        if SERVICE not in getattr(helper, "services", ()):
             return None
-        return cls.spawn()
+        return cls(helper)
 
     @classmethod
     def spawn(cls) -> Any:
@@ -79,7 +88,7 @@ class PlotHelper:
             except OSError:  # no room for the array: the caller draws, and reports its error
                 return False
             request = {"kind": kind, "path": target, "values": request_values}
-            return self.helper.call(request) == "ok"
+            return self.helper.call(request, SERVICE) == "ok"
         finally:
             for name in saved:
                 with contextlib.suppress(OSError):
@@ -116,6 +125,12 @@ def loaded_values(values: dict[str, Any]) -> dict[str, Any]:
         else value
         for name, value in values.items()
     }
+
+
+def wanted() -> bool:
+    """Whether a plotting helper is worth starting: not where matplotlib is imported already
+    (drawing costs no import there)."""
+    return IN_HELPER and "matplotlib.figure" not in sys.modules
 
 
 def start_plot_helper() -> PlotHelper | None:

@@ -1,0 +1,11 @@
+"""A helper-process service for tests/test_helper_process.py: answers at once."""
+
+from __future__ import annotations
+
+
+def prepare() -> None:
+    """Nothing to import."""
+
+
+def answer(request: dict) -> dict:
+    return {"first": request}
