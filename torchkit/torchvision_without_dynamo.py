@@ -51,29 +51,37 @@ class _Finder(WrappingFinder):
         is_torchvision = name == "torchvision" or name.startswith("torchvision.")
         return is_torchvision and not dynamo_loaded()  # once it is loaded, nothing to save
 
-    @contextlib.contextmanager
-    def running(self, module: types.ModuleType) -> Iterator[None]:
-        global _depth
-        # The lock guards the count and sys.modules' entries, never an import (a thread
-        # holding it while importing could wait on another importing a torchvision module).
+    def running(self, module: types.ModuleType) -> contextlib.AbstractContextManager[None]:
+        return without_dynamo()
+
+
+@contextlib.contextmanager
+def without_dynamo() -> Iterator[None]:
+    """Run a block with the stand-ins in place, unless dynamo is loaded: a torchvision module's
+    import, or torch code whose functions wrapped in `torch._disable_dynamo` (the
+    `__torch_dispatch__` of every TorchDispatchMode, torch._refs' references) would import
+    dynamo on their first call (summary's FLOP count: `disable` below defers it)."""
+    global _depth
+    # The lock guards the count and sys.modules' entries, never an import (a thread holding it
+    # while importing could wait on another importing a torchvision module).
+    with _lock:
+        if _depth == 0 and dynamo_loaded():
+            stand_ins = False
+        else:
+            stand_ins = True
+            if _depth == 0:
+                _place()
+            _depth += 1
+    if not stand_ins:
+        yield
+        return
+    try:
+        yield
+    finally:
         with _lock:
-            if _depth == 0 and dynamo_loaded():
-                stand_ins = False
-            else:
-                stand_ins = True
-                if _depth == 0:
-                    _place()
-                _depth += 1
-        if not stand_ins:
-            yield
-            return
-        try:
-            yield
-        finally:
-            with _lock:
-                _depth -= 1
-                if _depth == 0:
-                    _remove()
+            _depth -= 1
+            if _depth == 0:
+                _remove()
 
 
 class _StandIn(types.ModuleType):

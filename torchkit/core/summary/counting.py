@@ -33,6 +33,7 @@ from typing import Any
 from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models.inputs import iter_tensors, make_inputs
+from torchkit.torchvision_without_dynamo import without_dynamo
 
 MB = 1_000_000  # torchinfo's (and the SI) megabyte
 log = logging.getLogger("torchkit")
@@ -435,7 +436,8 @@ def _record(
             handles.append(module.register_forward_hook(recorder.post_hook, always_call=True))
         model.train(train_mode)
         recorder.tracking = True
-        with torch.no_grad(), _used_tensors(recorder):
+        # The dispatch modes' first calls would import torch._dynamo (2 s): deferred.
+        with torch.no_grad(), without_dynamo(), _used_tensors(recorder):
             if count_flops:
                 from torch.utils.flop_counter import FlopCounterMode
 
@@ -731,7 +733,7 @@ def _summarize_script(
     modes = [(m, m.training) for m in model.modules()]
     flops = None
     try:
-        with _state_kept(model, device, enabled=train_mode), torch.no_grad():
+        with _state_kept(model, device, enabled=train_mode), torch.no_grad(), without_dynamo():
             model.train(train_mode)
             if count_flops:
                 from torch.utils.flop_counter import FlopCounterMode
