@@ -136,27 +136,24 @@ def test_train_and_eval_on_an_image_folder_never_import_dynamo(tmp_path):
 def test_summary_counts_flops_without_dynamo_and_the_same_flops_with_it():
     """summary's FLOP count runs torch's dispatch modes, whose first calls would import
     torch._dynamo (2 s): under `without_dynamo` they do not, and count what they count with
-    dynamo loaded; torch.compile afterwards still works."""
+    dynamo loaded."""
     lines = _python(
         """
         import sys
         from torchkit import torchvision_without_dynamo as light
         light.install()  # as the CLI does first thing
-        import torch
         from torchkit.core.models.builders import build_model
         from torchkit.core.summary import summarize
 
         def loaded():
             return "torch._dynamo" in sys.modules
 
-        model = build_model("resnet18", num_classes=10)
-        first = summarize(model, [(1, 3, 64, 64)])
+        model = build_model("convnet", num_classes=10, image_size=28)
+        first = summarize(model, [(1, 3, 28, 28)])
         print("summary", loaded(), first.flops > 0)
         import torch._dynamo
-        again = summarize(model, [(1, 3, 64, 64)])
+        again = summarize(model, [(1, 3, 28, 28)])
         print("with dynamo", again.flops == first.flops)
-        compiled = torch.compile(lambda x: (x * 2).sum(), backend="eager")
-        print("compiled", float(compiled(torch.ones(2))))
         """
     )
-    assert lines == ["summary False True", "with dynamo True", "compiled 4.0"]
+    assert lines == ["summary False True", "with dynamo True"]
