@@ -21,23 +21,6 @@ when a process first reads from it (`StreamedShards`); `$TORCHKIT_CACHE_LIMIT` b
 shards take in the cache (the least recently used deleted first), and train's order reads a
 window of as many shards as that holds at a time. Other URL shards are all fetched first.
 
-Fetching ahead: the main process knows the order an epoch reads (train's sampler, one per DDP
-rank; eval, predict and extract-features read in index order), so the loaders hand their
-sampler to `stored_image.read_ahead`, which hands each epoch's order to
-`StreamedShards.fetch_ahead`: a daemon thread (`_FetchAhead`) that downloads the shards in the
-order of their first appearance, up to _FETCH_AHEAD (2) shards beyond the last shard the sampler
-has handed out (a DataLoader worker reads nothing the sampler has not handed out). It goes
-through the same `_fetch_one` as a reader, so a reader (the main process with 0 workers, a
-worker, another rank) that needs a shard being fetched waits for that download on its lock
-instead of starting a second one. A fetch ahead that fails is only logged: the reader that
-needs the shard then fetches it and reports the error as it would have. With a cache limit,
-train's window shrinks by the shards fetched ahead (`window` + `ahead` shards fit in the
-limit), and a fetch ahead deletes no shard the readers may still use (the window before the
-oldest image the loader has not yet given back, and the shards ahead): where the limit holds
-no more, it waits for the readers to move on. The thread stops with its epoch's iterator
-(dropped, or at exit: a download in flight is given up and leaves nothing behind), and no
-thread starts for any other data.
-
 Downloads run DOWNLOAD_THREADS at a time, each streamed to a hidden temporary file beside the
 shard and renamed into place once complete and checked (length, manifest sha256): a failed or
 killed download leaves nothing under the shard's name. A lock file per shard makes processes
@@ -75,9 +58,6 @@ DOWNLOAD_THREADS = 4
 SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
 CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
 _HELD_OPEN = 128  # shards a process keeps open at most
-# Shards fetched ahead of the last one the loader handed out (0: none, as the benchmark sets
-# to compare; with a cache limit, at most half of what it holds).
-_FETCH_AHEAD = 2
 _CHUNK = 1 << 20
 _URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
 # Statuses that mean a side file is not there (S3 answers 403 for a missing key).
@@ -365,7 +345,6 @@ def _locked(path: Path, stop: threading.Event) -> Iterator[None]:
         yield
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    _LOCK_FDS.add(fd)
     try:
         while True:
             try:
@@ -377,26 +356,7 @@ def _locked(path: Path, stop: threading.Event) -> Iterator[None]:
                 time.sleep(0.1)
         yield
     finally:
-        _LOCK_FDS.discard(fd)
         os.close(fd)  # releases the lock
-
-
-# The lock files this process has open. A process forked meanwhile (a DataLoader worker started
-# while a fetch ahead holds a lock) closes its copies: a copy would hold the lock for as long as
-# that process lives.
-_LOCK_FDS: set[int] = set()
-
-
-def _forgotten_in_child() -> None:
-    for fd in list(_LOCK_FDS):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _LOCK_FDS.clear()
-    _RUNNING.clear()  # their threads are the parent's
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forgotten_in_child)
 
 
 def _record_path(target: Path) -> Path:
@@ -656,31 +616,10 @@ class StreamedShards:
 
     @property
     def window(self) -> int:
-        """How many shards train's order reads at once: all without a limit, else as many as
-        the cache holds beside the `ahead` ones being fetched ahead."""
+        """How many shards the cache holds at once (all without a limit)."""
         if self.limit is None:
             return len(self.names)
-        return max(1, self._holds() - self.ahead)
-
-    @property
-    def ahead(self) -> int:
-        """How many shards are fetched ahead of the last one the loader handed out:
-        _FETCH_AHEAD, at most half of what the cache limit holds."""
-        if self.limit is None:
-            return _FETCH_AHEAD
-        return min(_FETCH_AHEAD, self._holds() // 2)
-
-    def _holds(self) -> int:
-        assert self.limit is not None
         return max(1, self.limit // max(self.sizes))
-
-    def fetch_ahead(self, locators: Sequence[tuple[int, str]], lead: int) -> _FetchAhead | None:
-        """A started `_FetchAhead` over the images of `locators`, in the order a loader hands
-        them out (`lead`: how many it hands out before the first one is given back); None
-        where nothing is fetched ahead."""
-        if self.ahead < 1 or not locators:
-            return None
-        return _FetchAhead(self, [shard for shard, _ in locators], lead)
 
     def blocks(self, locators: Sequence[tuple[int, str]]) -> Blocks:
         """Each image's shard (numbered in order of first appearance), and `window`: train's
@@ -733,14 +672,20 @@ class StreamedShards:
         """The shard fetched into the cache (unless there), opened and listed."""
         from torchkit.core.data.sources.shards import list_tar
 
-        target = self.folder.path / self.names[shard]
+        name = self.names[shard]
+        target = self.folder.path / name
+        url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
         stop = threading.Event()
         room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
         with room or contextlib.nullcontext():
+            if self.limit is not None:
+                self._make_room(shard)
             try:
-                self._fetch_within_limit(shard, stop)
+                _fetch_one(url, self.folder, name, stop)
             except TorchkitError as error:
                 raise ShardFetchError(error.message, error.hint) from None
+            with contextlib.suppress(OSError):
+                os.utime(target)  # its last use, for the least recently used first
             fd = os.open(target, os.O_RDONLY)
             try:
                 listing = self._listings.get(shard) or list_tar(str(target))
@@ -750,29 +695,12 @@ class StreamedShards:
         self._listings[shard] = listing
         return fd, listing
 
-    def _fetch_within_limit(
-        self, shard: int, stop: threading.Event, keep: Sequence[int] = ()
-    ) -> bool:
-        """The shard fetched into the cache (`_fetch_one`), room made for it first where
-        there is a limit (the caller holds the folder's `.limit.lock`); False, fetching
-        nothing, where the limit cannot hold it without deleting one of `keep`."""
-        name = self.names[shard]
-        if self.limit is not None and not self._make_room(shard, keep):
-            return False
-        url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
-        _fetch_one(url, self.folder, name, stop)
-        with contextlib.suppress(OSError):
-            os.utime(self.folder.path / name)  # its last use, for the least recently used first
-        return True
-
-    def _make_room(self, shard: int, keep: Sequence[int] = ()) -> bool:
+    def _make_room(self, shard: int) -> None:
         """Delete the least recently used shards of the folder (but those this process has
-        open, and `keep`) until the shard fits within the limit beside the others; whether
-        it fits."""
+        open) until the shard fits within the limit beside the others."""
         assert self.limit is not None
         name = self.names[shard]
-        held = tuple(getattr(self, "_held", ()))  # one step: another thread may open a shard
-        mine = {self.names[number] for number in (*held, *keep)} | {name}
+        mine = {self.names[number] for number in self._held} | {name}
         cached = []
         for entry in os.scandir(self.folder.path):
             if entry.name.endswith(".tar") and not entry.name.startswith("."):
@@ -792,123 +720,6 @@ class StreamedShards:
                 os.unlink(_record_path(self.folder.path / other))
             total -= size
             log.info("%s: deleted %s from the cache to make room", CACHE_LIMIT_VARIABLE, other)
-        return total <= self.limit
-
-
-class _FetchAhead:
-    """A daemon thread that fetches the shards of one epoch's order (`shards`: each image's
-    shard, in the order the loader hands them out) in the order of their first appearance,
-    `reader.ahead` beyond the last one handed out (`handed_out`), until `finish` (the order
-    is all handed out: it fetches what it was due, then ends) or `stop` (it ends now: a
-    download in flight is given up). Errors are logged, never raised: the reader meets them."""
-
-    def __init__(self, reader: StreamedShards, shards: Sequence[int], lead: int) -> None:
-        self.reader, self.lead = reader, lead
-        self.ahead, self.window = reader.ahead, reader.window
-        self.order: list[int] = []  # the shards, in the order of first appearance
-        self.seen: list[int] = []  # seen[i]: how many shards the first i + 1 images read
-        place: dict[int, int] = {}
-        for shard in shards:
-            if shard not in place:
-                place[shard] = len(self.order)
-                self.order.append(shard)
-            self.seen.append(len(self.order))
-        # (shards handed out, shards the readers reached: as many as the images up to the
-        # oldest one not given back read, `lead` behind the last one handed out)
-        self._marks = (1, 1)
-        self._finished = False
-        self._stop = threading.Event()
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="torchkit-fetch-ahead", daemon=True)
-        _started_fetching_ahead(self)
-        self._thread.start()
-
-    def handed_out(self, images: int) -> None:
-        """The loader has handed out the first `images` images of the order."""
-        marks = (self.seen[images - 1], self.seen[max(0, images - self.lead - 1)])
-        if marks != self._marks:
-            with self._changed:
-                self._marks = marks
-                self._changed.notify()
-
-    def finish(self) -> None:
-        with self._changed:
-            self._finished = True
-            self._changed.notify()
-
-    def stop(self, wait_s: float = 0.0) -> None:
-        self._stop.set()
-        with self._changed:
-            self._changed.notify()
-        if wait_s > 0:
-            self._thread.join(wait_s)
-
-    def _due(self, position: int, refused_at: tuple[int, int] | None) -> bool | None:
-        """Whether the shard at `position` of `order` is due now; None: never (the thread
-        ends). Called holding `_changed`."""
-        if self._stop.is_set():
-            return None
-        if position < self._marks[0] + self.ahead and refused_at != self._marks:
-            return True
-        return None if self._finished else False
-
-    def _run(self) -> None:
-        try:
-            position, refused_at = 0, None
-            while position < len(self.order):
-                with self._changed:
-                    while (due := self._due(position, refused_at)) is False:
-                        self._changed.wait()
-                    if due is None:
-                        return
-                    marks = self._marks
-                if self._fetch(position, reached=marks[1]):
-                    position, refused_at = position + 1, None
-                else:  # the limit holds no more now: again once the readers moved on
-                    refused_at = marks
-        except _Stopped:
-            pass
-        finally:
-            _RUNNING.discard(self)
-
-    def _fetch(self, position: int, reached: int) -> bool:
-        """The shard at `position` of `order` fetched; False where the cache limit cannot
-        hold it beside the shards the readers may still use: from a window before the
-        last one they `reached` to this one."""
-        reader = self.reader
-        shard = self.order[position]
-        keep = self.order[max(0, reached - self.window) : position + 1]
-        room = _locked(reader.folder.path / ".limit.lock", self._stop) if reader.limit else None
-        try:
-            with room or contextlib.nullcontext():
-                return reader._fetch_within_limit(shard, self._stop, keep)
-        except _Stopped:
-            raise
-        except Exception as error:  # the reader that needs it fetches it, and reports why
-            log.debug("fetching %s ahead failed: %s", reader.names[shard], error)
-            return True
-
-
-_RUNNING: set[_FetchAhead] = set()
-_RUNNING_LOCK = threading.Lock()
-
-
-def _started_fetching_ahead(fetcher: _FetchAhead) -> None:
-    with _RUNNING_LOCK:
-        if not _RUNNING:
-            import atexit
-
-            atexit.unregister(_stop_fetching_ahead)
-            atexit.register(_stop_fetching_ahead)
-        _RUNNING.add(fetcher)
-
-
-def _stop_fetching_ahead() -> None:
-    """At exit: every fetch ahead given up, its download's temporary file deleted."""
-    for fetcher in list(_RUNNING):
-        fetcher.stop()
-    for fetcher in list(_RUNNING):
-        fetcher.stop(wait_s=2.0)
 
 
 # --- HTTP -------------------------------------------------------------------------------------
