@@ -47,32 +47,3 @@ def test_a_request_to_a_service_it_does_not_serve_is_no_answer(tmp_path, monkeyp
         assert helper.process is None  # and the helper is given up
     finally:
         helper.close()
-
-
-def test_send_never_waits_for_a_helper_that_reads_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("HELPER_TEST_GATE", str(tmp_path / "gate"))
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    )
-    helper = HelperProcess.spawn("helper_service_gated", answers=False)
-    try:
-        assert helper.process.stdout is None  # nothing to read back: no pipe to fill
-        # Its service is still preparing, so it reads no request: its pipe fills, and each
-        # request past that is dropped at once instead of blocking the command.
-        sent = [helper.send({"n": n, "pad": "x" * 1000}) for n in range(200)]
-        assert sent[0] and not sent[-1]
-        (tmp_path / "gate").touch()
-    finally:
-        helper.close()  # its stdin closed: it exits, and is waited for
-    assert helper.process is None and helper.send({"n": 0}) is False
-
-
-def test_send_to_a_helper_that_died_is_refused_and_reaps_it(tmp_path, monkeypatch):
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    )
-    helper = HelperProcess.spawn("helper_service_first", answers=False)
-    process = helper.process
-    process.kill()
-    process.wait()
-    assert helper.send({"n": 1}) is False and helper.process is None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import threading
 import time
@@ -133,14 +132,13 @@ class CacheWatch:
         self._thread.join()
 
 
-def test_training_within_a_cache_limit_of_three_shards(world, server, tmp_path, monkeypatch):
+def test_training_within_a_cache_limit_of_two_shards(world, server, tmp_path, monkeypatch):
     largest = shard_bytes(world)
-    monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(3 * largest + largest // 2))
+    monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(2 * largest + largest // 2))
     url = f"{server.url}/converted"
     train = open_data(url).splits["train"]
     blocks = read_blocks(train.paths)
-    # The cache holds 3 shards: a window of 2, and 1 fetched ahead.
-    assert blocks is not None and blocks.window == 2 and train.paths[0].reader.ahead == 1
+    assert blocks is not None and blocks.window == 2
     assert blocks.ids == [i // 4 for i in range(24)]  # each image's shard
     with CacheWatch(tmp_path / "cache") as watch:
         trained = run_torchkit_in_process(
@@ -149,12 +147,11 @@ def test_training_within_a_cache_limit_of_three_shards(world, server, tmp_path, 
             "--quiet",
         )  # fmt: skip
     assert trained.returncode == 0, trained.stderr
-    assert 0 < watch.most <= 4 * largest  # the limit, and one download in flight
+    assert 0 < watch.most <= 3 * largest  # the limit, and one download in flight
     fetched = Counter(path for path in shard_downloads(server.requests) if "/train-" in path)
-    # At most once a process: the 2 workers, and the main process fetching ahead.
-    assert len(fetched) == 6 and max(fetched.values()) <= 3, fetched
+    assert len(fetched) == 6 and max(fetched.values()) <= 2, fetched  # at most once a worker
     cached = list((tmp_path / "cache").rglob("*.tar"))
-    assert sum(path.stat().st_size for path in cached) <= 3 * largest + largest // 2
+    assert sum(path.stat().st_size for path in cached) <= 2 * largest + largest // 2
 
 
 def test_resume_mid_epoch_over_the_stream_is_bitwise_identical(
@@ -212,112 +209,3 @@ def test_a_cache_limit_is_a_size_that_holds_a_shard(world, server, monkeypatch):
     assert result.returncode == 2
     line = error_line(result.stderr)
     assert "TORCHKIT_CACHE_LIMIT=1KB holds no shard" in line and str(shard_bytes(world)) in line
-
-
-@contextlib.contextmanager
-def watching_downloads(monkeypatch, on_get):
-    """Calls `on_get(name)` in the server, before it answers each GET of a shard."""
-    import test_shards_http
-
-    answer = test_shards_http._Handler.do_GET
-
-    def do_GET(handler) -> None:
-        if handler.path.endswith(".tar"):
-            on_get(handler.path.rsplit("/", 1)[-1])
-        answer(handler)
-
-    monkeypatch.setattr(test_shards_http._Handler, "do_GET", do_GET)
-    yield
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_each_shard_is_fetched_ahead_before_a_reader_needs_it(
-    world, server, tmp_path, monkeypatch, workers
-):
-    import multiprocessing
-
-    from torchkit.core.data.sources.http_shards import StreamedShards
-
-    context = multiprocessing.get_context("fork")  # shared with the DataLoader's workers
-    names = sorted(p.name for p in (world / "served" / "converted").glob("*.tar"))
-    asked = {name: context.Event() for name in names}
-    readers_fetched = context.Value("i", 0)  # shards a reader had to ask the server for
-    fetched = StreamedShards._fetched
-
-    def reader_waits_for_the_fetch_ahead(reader, shard):
-        # A reader needs the shard: the helper process must have asked the server for it
-        # already, or soon (the reader waits here, generously: the helper may be slow to
-        # start on a loaded machine); else the reader fetches it as before.
-        if not readers_fetched.value and not asked[reader.names[shard]].wait(timeout=30):
-            with readers_fetched.get_lock():
-                readers_fetched.value += 1
-        return fetched(reader, shard)
-
-    monkeypatch.setattr(StreamedShards, "_fetched", reader_waits_for_the_fetch_ahead)
-    with watching_downloads(monkeypatch, lambda name: asked[name].set()):
-        trained = run_torchkit_in_process(
-            "train", "--data", f"{server.url}/converted", "--model", "convnet",
-            "--image-size", "8", "--epochs", "1", "--batch-size", "2", "--workers", workers,
-            "--device", "cpu", "--out", tmp_path / "run", "--quiet",
-        )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    assert readers_fetched.value == 0
-    # Without a cache limit, each shard is downloaded once (readers find it in the cache).
-    assert Counter(shard_downloads(server.requests)) == Counter(f"/converted/{n}" for n in names)
-
-
-@pytest.mark.parametrize("workers", [0, 2])
-def test_fetching_ahead_keeps_within_the_cache_limit(world, server, tmp_path, monkeypatch, workers):
-    largest = shard_bytes(world)
-    limit = 3 * largest
-    monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(limit))
-    cached: list[int] = []
-
-    def cache_size(name: str) -> None:  # what the cache holds as a download starts
-        total = 0
-        for path in (tmp_path / "cache").rglob("*"):
-            if path.name.endswith((".tar", ".tmp")):
-                with contextlib.suppress(FileNotFoundError):
-                    total += path.stat().st_size
-        cached.append(total)
-
-    with watching_downloads(monkeypatch, cache_size):
-        trained = run_torchkit_in_process(
-            "train", "--data", f"{server.url}/converted", "--model", "convnet",
-            "--image-size", "8", "--epochs", "2", "--batch-size", "2", "--workers", workers,
-            "--device", "cpu", "--out", tmp_path / "run", "--quiet",
-        )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
-    assert len(cached) >= 8 and max(cached) <= limit - largest, cached
-
-
-def test_local_shards_and_image_folders_fetch_nothing_ahead(world, server):
-    from torchkit.core.data.stored_image import read_ahead
-
-    for data in (world / "served" / "converted", world / "images"):
-        train = open_data(data).splits["train"]
-        sampler = range(len(train))
-        assert read_ahead(sampler, train.paths) is sampler
-    streamed = open_data(f"{server.url}/converted").splits["train"]
-    assert read_ahead(range(len(streamed)), streamed.paths) is not None
-
-
-def test_the_fetch_ahead_helper_is_a_process_reaped_with_its_reader(world, server):
-    import gc
-
-    streamed = open_data(f"{server.url}/converted").splits["train"]
-    reader = streamed.paths[0].reader
-    threads = threading.enumerate()
-    fetching = reader.fetch_ahead([p.locator for p in streamed.paths], lead=0)
-    fetching.handed_out(1)  # the first shard handed out: it and the next 2 are asked for
-    process = reader._helper.process
-    assert process.pid != os.getpid() and threading.enumerate() == threads  # no thread here
-    wanted = ["/converted/train-000000.tar", "/converted/train-000001.tar"]
-    wanted.append("/converted/train-000002.tar")
-    deadline = time.monotonic() + 60
-    while shard_downloads(server.requests) != wanted and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert shard_downloads(server.requests) == wanted
-    del streamed, reader, fetching
-    gc.collect()
-    assert process.poll() is not None  # its stdin closed: it exited, and was waited for

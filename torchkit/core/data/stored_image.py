@@ -15,7 +15,7 @@ A `StoredImage` is cheap to copy into DataLoader workers (fork) and pickles (spa
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,69 +74,3 @@ def read_blocks(paths: Sequence[str] | None) -> Blocks | None:
     if blocks_of is None or any(not is_stored(p) or p.reader is not reader for p in paths):
         return None
     return blocks_of([p.locator for p in paths])
-
-
-def read_ahead(
-    sampler: Any,
-    paths: Sequence[str] | None,
-    *,
-    lead: int = 0,
-    indices: Callable[[Any], Sequence[int]] | None = None,
-) -> Any:
-    """`sampler` (what a DataLoader draws its indices or batches from) as is, or, where the
-    images' reader fetches ahead (streamed shards: `http_shards.StreamedShards.fetch_ahead`),
-    a `ReadAhead` that yields the same while it fetches the containers of each order ahead of
-    the readers. `lead`: how many images the loader hands out before it gives the first one
-    back (`loader_lead`); `indices`: the images of one item of the sampler (default: the item
-    is an index)."""
-    if not paths or not is_stored(paths[0]):
-        return sampler
-    reader = paths[0].reader
-    if getattr(reader, "fetch_ahead", None) is None or getattr(reader, "ahead", 0) < 1:
-        return sampler
-    if any(not is_stored(p) or p.reader is not reader for p in paths):
-        return sampler
-    return ReadAhead(sampler, paths, lead, indices or (lambda index: (index,)))
-
-
-def loader_lead(workers: int, batch_size: int, prefetch_factor: int | None = None) -> int:
-    """How many images a DataLoader hands out before it gives the first batch back: its
-    workers' queues (`prefetch_factor` batches each, torch's default 2), none with 0 workers."""
-    return workers * (prefetch_factor or 2) * batch_size
-
-
-class ReadAhead:
-    """A sampler that yields what `sampler` yields, each iteration (an epoch) telling a
-    `fetch_ahead` of the reader which images the loader has handed out."""
-
-    def __init__(
-        self,
-        sampler: Any,
-        paths: Sequence[StoredImage],
-        lead: int,
-        indices: Callable[[Any], Sequence[int]],
-    ) -> None:
-        self.sampler, self.paths, self.lead, self.indices = sampler, paths, lead, indices
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __iter__(self) -> Iterator[Any]:
-        order = list(self.sampler)
-        counts = [len(self.indices(item)) for item in order]
-        locators = [self.paths[i].locator for item in order for i in self.indices(item)]
-        fetching = self.paths[0].reader.fetch_ahead(locators, self.lead)
-        if fetching is None:
-            yield from order
-            return
-        handed = 0
-        try:
-            for item, count in zip(order, counts, strict=True):
-                handed += count
-                if count:
-                    fetching.handed_out(handed)
-                yield item
-        except BaseException:  # the loader dropped this epoch (an error, Ctrl-C): stop now
-            fetching.stop()
-            raise
-        fetching.finish()

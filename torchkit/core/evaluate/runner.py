@@ -381,7 +381,6 @@ def _run(
     from torchkit.core.data.batches import collate_skipping_unreadable
     from torchkit.core.data.dataset import default_workers, loader_context, make_dataset
     from torchkit.core.data.device_decode import collate_encoded
-    from torchkit.core.data.stored_image import loader_lead, read_ahead
     from torchkit.core.data.transforms import eval_transform
 
     device = ctx.device
@@ -423,11 +422,7 @@ def _run(
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=options.run.batch_size,
-        sampler=read_ahead(  # streamed shards: fetched ahead of the readers
-            ShardSampler(len(samples), ctx.rank, ctx.world_size),
-            samples.paths,
-            lead=loader_lead(workers, options.run.batch_size),
-        ),
+        sampler=ShardSampler(len(samples), ctx.rank, ctx.world_size),
         num_workers=workers,
         collate_fn=collate,
         pin_memory=device.type == "cuda",

@@ -499,7 +499,6 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
 
     from torchkit.core.data.dataset import default_workers, make_dataset
     from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
-    from torchkit.core.data.stored_image import loader_lead, read_ahead
 
     mode = "L" if in_channels == 1 else "RGB"
     dataset = make_dataset(samples, transform, mode=mode, pixels=True)
@@ -520,12 +519,7 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=request.run.batch_size,
-            # streamed shards: fetched ahead of the readers
-            sampler=read_ahead(
-                range(start, len(samples)),
-                samples.paths,
-                lead=loader_lead(workers, request.run.batch_size, 4),
-            ),
+            sampler=range(start, len(samples)),
             num_workers=workers,
             collate_fn=collate,
             pin_memory=device.type == "cuda",

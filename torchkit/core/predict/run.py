@@ -225,7 +225,7 @@ class PredictRun:
             len(samples), request.run.batch_size, ctx.rank, ctx.world_size
         )
         collate = collate_encoded_with_failures if on_device else _collate
-        loader = _loader(dataset, batches, request.run.workers, self.device, collate, samples.paths)
+        loader = _loader(dataset, batches, request.run.workers, self.device, collate)
         steps = _steps(len(samples), request.run.batch_size, ctx.world_size)
         amp_dtype = self._amp_dtype()
         summary = self.summary
@@ -423,20 +423,15 @@ def _steps(size: int, batch_size: int, world: int) -> int:
     return -(-batches // world)
 
 
-def _loader(dataset, batches: list[list[int]], workers: int | None, device, collate, paths=None):
+def _loader(dataset, batches: list[list[int]], workers: int | None, device, collate):
     import torch
 
     from torchkit.core.data.dataset import default_workers, loader_context
-    from torchkit.core.data.stored_image import loader_lead, read_ahead
 
     workers = default_workers() if workers is None else workers
-    batch_size = max((len(batch) for batch in batches[:1]), default=1)
     return torch.utils.data.DataLoader(
         dataset,
-        # streamed shards: fetched ahead of the readers
-        batch_sampler=read_ahead(
-            batches, paths, lead=loader_lead(workers, batch_size), indices=lambda batch: batch
-        ),
+        batch_sampler=batches,
         num_workers=workers,
         collate_fn=collate,
         pin_memory=device.type == "cuda",

@@ -18,11 +18,6 @@ A service is a module with `prepare()` (the heavy imports) and `answer(request) 
 (plain JSON values in and out); the helper runs `serve(module names)`. One helper may serve
 several services (eval's metrics and its plots): one process, not one per library, on a
 machine whose other cores are few; each request names its service.
-
-A helper spawned with `answers=False` takes requests it never answers (`send`: streamed
-shards' fetch ahead): its stdout is /dev/null, a request is written without waiting (dropped
-where the pipe is full, never blocking the command), and a service's optional `finish()` runs
-when stdin closes, before the helper exits (its work given up cleanly).
 """
 
 from __future__ import annotations
@@ -68,65 +63,30 @@ if hasattr(os, "register_at_fork"):  # POSIX
 class HelperProcess:
     """A running helper process serving one service (see the module's doc)."""
 
-    def __init__(self, process: subprocess.Popen, *services: str, answers: bool = True) -> None:
+    def __init__(self, process: subprocess.Popen, *services: str) -> None:
         self.process: subprocess.Popen | None = process
         self.services = services
         self.service = services[0]  # the one a request goes to unless it names another
         self.answered = False  # whether it has answered anything (until then it may be killed)
-        self.answers = answers  # False: `send` only, nothing read back
-        self._unsent: bytes | None = None  # of a line `send` wrote in part (None: none sent)
         _live.add(self)
 
     @classmethod
-    def spawn(cls, service: str, *more: str, answers: bool = True) -> HelperProcess | None:
+    def spawn(cls, service: str, *more: str) -> HelperProcess | None:
         """A started helper for the module `service` (and the modules `more`, prepared after
-        it), or None where it cannot start. `answers=False`: one that is only `send` requests
-        (its stdout goes to /dev/null)."""
+        it), or None where it cannot start."""
         services = (service, *more)
         try:
             process = subprocess.Popen(
                 [sys.executable, "-c", _SERVE.format(services=services)],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE if answers else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 env=_environment(),
             )
         except OSError as error:
             log.info("no helper process for %s (%s): the command does its work", service, error)
             return None
-        return cls(process, *services, answers=answers)
-
-    def send(self, request: dict[str, Any], service: str | None = None) -> bool:
-        """Hand `request` to `service` (the first one by default) without waiting for
-        anything: False where the helper cannot take it now (its pipe is full: the request is
-        dropped) or is gone (it is reaped, and takes no more)."""
-        process = self.process
-        if process is None:
-            return False
-        if process.poll() is not None:
-            self.close()
-            return False
-        try:
-            envelope = {"service": service or self.service, "request": request}
-            line = json.dumps(envelope).encode() + b"\n"
-        except (TypeError, ValueError):
-            return False
-        fd = process.stdin.fileno()
-        try:
-            if self._unsent is None:
-                os.set_blocking(fd, False)  # a full pipe answers at once, never waits
-                self._unsent = b""
-            if self._unsent:  # the rest of a line written in part: a line goes whole
-                self._unsent = self._unsent[os.write(fd, self._unsent) :]
-                if self._unsent:
-                    return False
-            self._unsent = line[os.write(fd, line) :]
-            return True
-        except BlockingIOError:  # the pipe is full: this request is dropped
-            return False
-        except OSError:  # a broken pipe: the helper is gone
-            self.close()
-            return False
+        return cls(process, *services)
 
     def call(self, request: dict[str, Any], service: str | None = None) -> Any:
         """The answer of `service` (the first one by default) to `request`, or None when the
@@ -168,7 +128,7 @@ class HelperProcess:
             return
         _live.discard(self)
         _close_pipes(process)
-        if self.answers and not self.answered:  # a command that ends early waits for no import
+        if not self.answered:  # a command that ends early waits for no import
             process.kill()
         try:
             process.wait(timeout=5)
@@ -186,9 +146,8 @@ class HelperProcess:
         null = os.open(os.devnull, os.O_RDWR)
         try:
             for stream in (process.stdin, process.stdout):
-                if stream is not None:
-                    with contextlib.suppress(OSError, ValueError):
-                        os.dup2(null, stream.fileno())
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(null, stream.fileno())
         finally:
             os.close(null)
         process.returncode = 0  # not this process's child: never wait for it
@@ -196,9 +155,8 @@ class HelperProcess:
 
 def _close_pipes(process: subprocess.Popen) -> None:
     for stream in (process.stdin, process.stdout):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
+        with contextlib.suppress(OSError):
+            stream.close()
 
 
 def _environment() -> dict[str, str]:
@@ -266,11 +224,6 @@ def serve(*services: str) -> None:
             answer = {"error": f"{type(error).__name__}: {error}".replace("\n", " ")}
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
-    for module in modules.values():  # stdin closed: each service ends its work
-        finish = getattr(module, "finish", None)
-        if finish is not None:
-            with contextlib.suppress(Exception):
-                finish()
     # Every file is written and closed, every answer flushed: skip the interpreter's teardown
     # (about 0.1 s with matplotlib loaded), which the command waits for when it reaps the helper.
     os._exit(0)

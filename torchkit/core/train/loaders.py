@@ -22,7 +22,7 @@ from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources import DataSource, open_data, split_record, training_splits
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.data.stored_image import Blocks, loader_lead, read_ahead, read_blocks
+from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.data.transforms import eval_transform, train_transform
 from torchkit.core.io.errors import InputError
 from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
@@ -513,13 +513,7 @@ def build_loaders(
     train = torch.utils.data.DataLoader(
         train_set,
         batch_size=config.batch_size,
-        # Streamed shards are fetched ahead of the readers, in this rank's order.
-        sampler=read_ahead(
-            sampler,
-            splits["train"].paths,
-            lead=loader_lead(workers, config.batch_size, common.get("prefetch_factor")),
-            indices=lambda item: (item[1],),
-        ),
+        sampler=sampler,
         generator=generator,
         **{**common, "collate_fn": train_collate},
         drop_last=drop_last,
@@ -539,11 +533,7 @@ def build_loaders(
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=batch_size,
-            sampler=read_ahead(
-                ShardSampler(len(samples), rank, world),
-                samples.paths,
-                lead=loader_lead(workers, batch_size, common.get("prefetch_factor")),
-            ),
+            sampler=ShardSampler(len(samples), rank, world),
             **common,
         )
 

@@ -21,25 +21,6 @@ when a process first reads from it (`StreamedShards`); `$TORCHKIT_CACHE_LIMIT` b
 shards take in the cache (the least recently used deleted first), and train's order reads a
 window of as many shards as that holds at a time. Other URL shards are all fetched first.
 
-Fetching ahead: the main process knows the order an epoch reads (train's sampler, one per DDP
-rank; eval, predict and extract-features read in index order), so the loaders hand their
-sampler to `stored_image.read_ahead`, which hands each epoch's order to
-`StreamedShards.fetch_ahead` (`_FetchAhead`): as the sampler hands images out, it asks a helper
-process (`shard_fetch_ahead`, started with subprocess: fork+exec, so it inherits none of the
-command's threads or locks, and the command runs no thread of its own for it) for the shards
-in the order of their first appearance, up to _FETCH_AHEAD (2) shards beyond the last shard
-the sampler has handed out (a DataLoader worker reads nothing the sampler has not handed out).
-A request is one line on the helper's stdin, written without waiting (dropped where the pipe
-is full); the helper fetches through the same `_fetch_one` as a reader, so a reader that needs
-a shard being fetched waits for that download on its lock instead of starting a second one.
-Its errors are ignored: the reader that needs the shard fetches it and reports the error as it
-would have. With a cache limit, train's window shrinks by the shards fetched ahead (`window` +
-`ahead` shards fit in the limit), and the helper deletes no shard the command's readers may
-still use (each request names them: the window before the oldest image the loader has not yet
-given back, and the shards ahead); where the limit holds no more, it waits for the next
-request. The helper exits when its stdin closes (the command ends, or dies) and is reaped with
-the reader; nothing starts for any other data.
-
 Downloads run DOWNLOAD_THREADS at a time, each streamed to a hidden temporary file beside the
 shard and renamed into place once complete and checked (length, manifest sha256): a failed or
 killed download leaves nothing under the shard's name. A lock file per shard makes processes
@@ -52,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -78,10 +58,6 @@ DOWNLOAD_THREADS = 4
 SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
 CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
 _HELD_OPEN = 128  # shards a process keeps open at most
-# Shards fetched ahead of the last one the loader handed out (0: none, as the benchmark sets
-# to compare; with a cache limit, at most half of what it holds).
-_FETCH_AHEAD = 2
-FETCH_AHEAD_SERVICE = "torchkit.core.data.sources.shard_fetch_ahead"
 _CHUNK = 1 << 20
 _URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
 # Statuses that mean a side file is not there (S3 answers 403 for a missing key).
@@ -626,7 +602,6 @@ class StreamedShards:
         self.sizes = list(sizes)
         self.limit = limit
         self._pid = -1
-        self._helper: Any = None  # the fetch-ahead helper process (main process only)
 
     def __getstate__(self) -> dict:
         return {
@@ -641,51 +616,10 @@ class StreamedShards:
 
     @property
     def window(self) -> int:
-        """How many shards train's order reads at once: all without a limit, else as many as
-        the cache holds beside the `ahead` ones being fetched ahead."""
+        """How many shards the cache holds at once (all without a limit)."""
         if self.limit is None:
             return len(self.names)
-        return max(1, self._holds() - self.ahead)
-
-    @property
-    def ahead(self) -> int:
-        """How many shards are fetched ahead of the last one the loader handed out:
-        _FETCH_AHEAD, at most half of what the cache limit holds."""
-        if self.limit is None:
-            return _FETCH_AHEAD
-        return min(_FETCH_AHEAD, self._holds() // 2)
-
-    def _holds(self) -> int:
-        assert self.limit is not None
         return max(1, self.limit // max(self.sizes))
-
-    def fetch_ahead(self, locators: Sequence[tuple[int, str]], lead: int) -> _FetchAhead | None:
-        """A `_FetchAhead` over the images of `locators`, in the order a loader hands them
-        out (`lead`: how many it hands out before the first one is given back); None where
-        nothing is fetched ahead (or no helper process starts)."""
-        if self.ahead < 1 or not locators:
-            return None
-        helper = self._fetch_helper()
-        if helper is None:
-            return None
-        return _FetchAhead(self, helper, [shard for shard, _ in locators], lead)
-
-    def _fetch_helper(self) -> Any:
-        """This process's fetch-ahead helper, started at the first call; None where it
-        cannot start or is gone. Reaped when this reader goes, or at exit."""
-        helper = self._helper
-        if helper is not None:  # started before (False: it could not start)
-            return helper if helper and helper.process is not None else None
-        import weakref
-
-        from torchkit.core.runtime.helper_process import HelperProcess
-
-        helper = self._helper = HelperProcess.spawn(FETCH_AHEAD_SERVICE, answers=False)
-        if helper is None:
-            self._helper = False
-            return None
-        weakref.finalize(self, helper.close)
-        return helper
 
     def blocks(self, locators: Sequence[tuple[int, str]]) -> Blocks:
         """Each image's shard (numbered in order of first appearance), and `window`: train's
@@ -740,14 +674,18 @@ class StreamedShards:
 
         name = self.names[shard]
         target = self.folder.path / name
+        url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
         stop = threading.Event()
         room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
         with room or contextlib.nullcontext():
-            mine = [self.names[number] for number in self._held]
+            if self.limit is not None:
+                self._make_room(shard)
             try:
-                _fetch_within_limit(self.folder, name, self.sizes[shard], self.limit, mine, stop)
+                _fetch_one(url, self.folder, name, stop)
             except TorchkitError as error:
                 raise ShardFetchError(error.message, error.hint) from None
+            with contextlib.suppress(OSError):
+                os.utime(target)  # its last use, for the least recently used first
             fd = os.open(target, os.O_RDONLY)
             try:
                 listing = self._listings.get(shard) or list_tar(str(target))
@@ -757,126 +695,31 @@ class StreamedShards:
         self._listings[shard] = listing
         return fd, listing
 
-
-def _fetch_within_limit(
-    folder: _Folder,
-    name: str,
-    size: int,
-    limit: int | None,
-    keep: Sequence[str],
-    stop: threading.Event,
-    *,
-    only_within: bool = False,
-) -> bool:
-    """The shard `name` (of `size` bytes) fetched into the cache (`_fetch_one`), room made
-    for it first where there is a `limit` (the caller holds the folder's `.limit.lock`),
-    deleting none of `keep`; its time of use set now. `only_within`: fetch nothing, and
-    answer False, where the limit cannot hold it without deleting one of `keep`."""
-    if limit is not None:
-        fits = _make_room(folder.path, name, size, limit, keep)
-        if only_within and not fits:
-            return False
-    url = f"{folder.url}/{quote(name)}{folder.query}"
-    _fetch_one(url, folder, name, stop)
-    with contextlib.suppress(OSError):
-        os.utime(folder.path / name)  # its last use, for the least recently used first
-    return True
-
-
-def _make_room(path: Path, name: str, size: int, limit: int, keep: Sequence[str]) -> bool:
-    """Delete the least recently used shards of the cache folder `path` (but `keep`: those the
-    caller's readers have open or may still use) until the shard `name` of `size` bytes fits
-    within `limit` beside the others; whether it fits. A shard deleted under another process
-    is read on through its open file, or fetched again."""
-    mine = {*keep, name}
-    cached = []
-    for entry in os.scandir(path):
-        if entry.name.endswith(".tar") and not entry.name.startswith("."):
+    def _make_room(self, shard: int) -> None:
+        """Delete the least recently used shards of the folder (but those this process has
+        open) until the shard fits within the limit beside the others."""
+        assert self.limit is not None
+        name = self.names[shard]
+        mine = {self.names[number] for number in self._held} | {name}
+        cached = []
+        for entry in os.scandir(self.folder.path):
+            if entry.name.endswith(".tar") and not entry.name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    info = entry.stat()
+                    cached.append((info.st_mtime, entry.name, info.st_size))
+        present = {entry_name: size for _, entry_name, size in cached}
+        total = sum(present.values()) - present.get(name, 0) + self.sizes[shard]
+        for _, other, size in sorted(cached):
+            if total <= self.limit:
+                break
+            if other in mine:
+                continue
             with contextlib.suppress(FileNotFoundError):
-                info = entry.stat()
-                cached.append((info.st_mtime, entry.name, info.st_size))
-    present = {entry_name: entry_size for _, entry_name, entry_size in cached}
-    total = sum(present.values()) - present.get(name, 0) + size
-    for _, other, other_size in sorted(cached):
-        if total <= limit:
-            break
-        if other in mine:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path / other)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(_record_path(path / other))
-        total -= other_size
-        log.info("%s: deleted %s from the cache to make room", CACHE_LIMIT_VARIABLE, other)
-    return total <= limit
-
-
-class _FetchAhead:
-    """One epoch's order fetched ahead by the reader's helper process (module docstring).
-    `shards`: each image's shard, in the order the loader hands them out. Runs in the
-    sampler's iteration (the command's main thread): no thread, nothing waited for."""
-
-    def __init__(self, reader: StreamedShards, helper: Any, shards: Sequence[int], lead: int):
-        self.reader, self.helper, self.lead = reader, helper, lead
-        self.ahead, self.window = reader.ahead, reader.window
-        self.order: list[int] = []  # the shards, in the order of first appearance
-        self.seen: list[int] = []  # seen[i]: how many shards the first i + 1 images read
-        place: dict[int, int] = {}
-        for shard in shards:
-            if shard not in place:
-                place[shard] = len(self.order)
-                self.order.append(shard)
-            self.seen.append(len(self.order))
-        self.epoch = next(_EPOCHS)  # the helper drops what it could not fetch of older ones
-        self.asked = 0  # the shards of `order` asked for so far
-        self.reached = 0  # the shards the readers reached (see `handed_out`)
-
-    def handed_out(self, images: int) -> None:
-        """The loader has handed out the first `images` images of the order: the shards up
-        to `ahead` beyond theirs are asked for. The readers reached as many shards as the
-        images up to the oldest one not given back read, `lead` behind the last one."""
-        due = min(len(self.order), self.seen[images - 1] + self.ahead)
-        reached = self.seen[max(0, images - self.lead - 1)]
-        if due == self.asked and (reached == self.reached or self.reader.limit is None):
-            return
-        self.reached = reached
-        if due == self.asked:  # the readers moved on: the helper may make room now
-            self._send(None, due)
-        while self.asked < due:
-            self.asked += 1
-            sent = self._send(self.order[self.asked - 1], due)
-            if not sent and self.helper.process is None:  # gone: nothing more is asked
-                self.asked = len(self.order)
-                return
-
-    def finish(self) -> None:
-        """The order is all handed out (the helper fetches what it was asked)."""
-
-    def stop(self) -> None:
-        """The loader dropped the order (the next epoch's requests supersede its own)."""
-
-    def _send(self, shard: int | None, due: int) -> bool:
-        reader = self.reader
-        request: dict[str, Any] = {"epoch": self.epoch}
-        if shard is not None:
-            name = reader.names[shard]
-            folder = reader.folder
-            request.update(
-                url=folder.url,
-                query=folder.query,
-                path=str(folder.path),
-                name=name,
-                expected=folder.manifest.get(name),
-                size=reader.sizes[shard],
-                limit=reader.limit,
-            )
-        if reader.limit is not None:  # the shards the readers may still use, and those ahead
-            kept = self.order[max(0, self.reached - self.window) : due]
-            request["keep"] = [reader.names[number] for number in kept]
-        return self.helper.send(request)
-
-
-_EPOCHS = itertools.count()
+                os.unlink(self.folder.path / other)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_record_path(self.folder.path / other))
+            total -= size
+            log.info("%s: deleted %s from the cache to make room", CACHE_LIMIT_VARIABLE, other)
 
 
 # --- HTTP -------------------------------------------------------------------------------------
