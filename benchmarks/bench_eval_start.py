@@ -39,9 +39,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoint = args.checkpoint
-        if checkpoint is None:
-            checkpoint = digits_checkpoint(Path(scratch))
+        checkpoint = args.checkpoint or digits_checkpoint(Path(scratch))
         eval_args = ["eval", str(checkpoint), "--data", "digits", "--format", "json"]
         helper = [sys.executable, "-m", "torchkit", *eval_args]
         in_process = [sys.executable, "-c", WITHOUT_HELPER, *eval_args]

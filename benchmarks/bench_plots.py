@@ -49,9 +49,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        checkpoint = args.checkpoint
-        if checkpoint is None:
-            checkpoint = digits_checkpoint(Path(scratch))
+        checkpoint = args.checkpoint or digits_checkpoint(Path(scratch))
         runs = iter(range(1_000_000))
 
         def command(prefix: list[str]) -> list[str]:

@@ -36,6 +36,7 @@ from torchkit.core.io.outputs import (
     InputPath,
     check_output_file,
     is_special_file,
+    remove_tree,
     reporting_write_errors,
 )
 from torchkit.core.models import model_inputs
@@ -134,7 +135,7 @@ def _check_out(out: str | os.PathLike, inputs: list[InputPath], force: bool) -> 
         with reporting_write_errors(target):
             fd, probe = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=parent)
             os.close(fd)
-            os.unlink(probe)
+            remove_tree(Path(probe), ignore_errors=False)
     return target
 
 

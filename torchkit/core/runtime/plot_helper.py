@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.outputs import is_special_file
+from torchkit.core.io.outputs import is_special_file, remove_tree
 from torchkit.core.runtime.helper_process import HelperProcess
 
 SERVICE = "torchkit.core.plotting"
@@ -91,8 +91,7 @@ class PlotHelper:
             return self.helper.call(request, SERVICE) == "ok"
         finally:
             for name in saved:
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
+                remove_tree(Path(name))
 
     def close(self) -> None:
         self.helper.close()

@@ -14,7 +14,7 @@ from typing import Any
 from torchkit.core.data.hashing import file_digest
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import atomic_write
-from torchkit.core.io.outputs import reporting_write_errors
+from torchkit.core.io.outputs import remove_tree, reporting_write_errors
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.signals import signals_held
 from torchkit.core.split.options import MANIFEST
@@ -116,8 +116,7 @@ def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
     temporary = os.path.join(folder, f"{MOVE_TEMP}{name}")
     if os.path.islink(source):
         target = (links or LinkTargets((), ()))(source, dest)
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
+        remove_tree(Path(temporary), ignore_errors=False)  # a stale one of a killed move
         os.symlink(target, temporary)
         with signals_held():  # never the link in both places, nor in none
             os.replace(temporary, dest)
@@ -137,7 +136,7 @@ def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
     with open(temporary, "rb") as handle:
         os.fsync(handle.fileno())
     if os.stat(temporary).st_size != size or file_digest(temporary) != file_digest(source):
-        os.unlink(temporary)
+        remove_tree(Path(temporary), ignore_errors=False)
         raise InputError(f"the copy of {source} in {folder} differs from it; the source is kept")
     with signals_held():
         os.replace(temporary, dest)

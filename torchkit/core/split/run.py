@@ -19,6 +19,7 @@ from torchkit.core.io.outputs import (
     check_not_protected,
     check_overlap,
     check_replaceable,
+    remove_tree,
     reporting_write_errors,
 )
 from torchkit.core.io.progress import Progress
@@ -355,8 +356,8 @@ def _resume_move(
         for row in rows:
             target = os.path.join(out, row["path"])
             stale = os.path.join(os.path.dirname(target), MOVE_TEMP + os.path.basename(target))
-            if os.path.lexists(stale):  # an unverified copy: the source is still there
-                os.unlink(stale)
+            # An unverified copy: the source is still there.
+            remove_tree(Path(stale), ignore_errors=False)
     sources = [row["source"] for row in rows]
     targets = [os.path.join(out, row["path"]) for row in rows]
     links = LinkTargets(sources, targets)
