@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, run_torchkit_in_process, run_torchkit_process, write_image_folder
+from conftest import run_torchkit_in_process, run_torchkit_process, write_image_folder
+from gloo_ranks import error_lines_of, run_ranks, stderr_of
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -182,19 +180,13 @@ def test_predict_flags_exactly_the_images_and_batches_with_nonfinite_outputs():
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
-def test_torchrun_strict_nan_model_fails_on_every_rank_with_the_counts_of_all(world):
+def test_under_ddp_a_strict_nan_model_fails_on_every_rank_with_the_counts_of_all(world):
     """2 Gloo ranks each stop at their first batch (2 images each): every rank ends with the
     same error, counting both ranks' images, and none waits for the other."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
-    env.pop("TORCHKIT_DEBUG", None)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "torchkit", *map(str, eval_args(world, "nan", "--strict", "--batch-size", "2")),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-    assert done.returncode != 0
-    errors = error_lines(done.stderr)
-    assert len(errors) == 2, done.stderr[-3000:]
+    ranks = run_ranks(*eval_args(world, "nan", "--strict", "--batch-size", "2"))
+    assert [done.returncode for done in ranks] == [1, 1], stderr_of(ranks)[-3000:]
+    errors = error_lines_of(ranks)
+    assert len(errors) == 2, stderr_of(ranks)[-3000:]
     assert all("not finite (NaN or inf) for 4 image(s) in 2 batch(es)" in e for e in errors)
 
 

@@ -7,16 +7,14 @@ import csv
 import io
 import json
 import multiprocessing
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import error_line
+from gloo_ranks import run_ranks, stderr_of
 from PIL import Image
 
 from torchkit.cli import app
@@ -236,16 +234,14 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
-def test_torchrun_two_processes_give_the_same_rows(world, runner, tmp_path):
+def test_two_ddp_processes_give_the_same_rows(world, runner, tmp_path):
     single = invoke(runner, world["ckpt"], world["flat"], "--format", "csv", "-b", "2", "-j", "0")
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-        "-m", "torchkit", "predict", str(world["ckpt"]), str(world["flat"]), "--format", "csv",
-        "--batch-size", "2", "--workers", "0", "-o", str(tmp_path / "ddp.csv"), "--device", "cpu",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    ranks = run_ranks(
+        "predict", world["ckpt"], world["flat"], "--format", "csv", "--batch-size", "2",
+        "--workers", "0", "-o", tmp_path / "ddp.csv", "--device", "cpu", timeout=300,
+    )  # fmt: skip
+    assert [done.returncode for done in ranks] == [0, 0], stderr_of(ranks)
+    assert ranks[1].stdout == ""  # rank 0 writes the rows
     ddp = read_csv((tmp_path / "ddp.csv").read_text())
     expected = read_csv(single.stdout)
     assert [r["path"] for r in ddp] == [r["path"] for r in expected]  # 7 images: 4 + 3 batches

@@ -9,25 +9,22 @@ import csv
 import io
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import (
-    REPO,
+    dataset_stats as stats,
+)
+from conftest import (
     error_line,
     run_json,
     run_torchkit_in_process,
     write_convnet_checkpoint,
     write_image_folder,
 )
-from conftest import (
-    dataset_stats as stats,
-)
+from gloo_ranks import run_ranks, stderr_of
 
 CLASSES = "abc"
 TESTS = Path(__file__).resolve().parent
@@ -273,12 +270,6 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_two_ddp_ranks_over_uneven_shards_see_every_sample(tmp_path):
     """25 train samples in 5 shards of 1, 3, 5, 7 and 9: each rank sees 13 (DistributedSampler's
     padding: the order is repeated up to a multiple of the world size), together every sample
@@ -300,18 +291,12 @@ def test_two_ddp_ranks_over_uneven_shards_see_every_sample(tmp_path):
     tar_of(shards / "val-000000.tar", {"v.png": members["024.png"], "v.cls": b"0"})
     seen = tmp_path / "seen"
     seen.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1", "SEEN_DIR": str(seen)}
-    env.pop("TORCHKIT_DEBUG", None)
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-         "--monitor-interval=0.1", "-m", "torchkit", "train",
-         "--data", str(shards), "--model", "test_shards_read:SeenNet", "--image-size", "8",
-         "--augment", "none", "--epochs", "1", "--batch-size", "2", "--workers", "0",
-         "--device", "cpu", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=240,
+    done = run_ranks(
+        "train", "--data", shards, "--model", "test_shards_read:SeenNet", "--image-size", "8",
+        "--augment", "none", "--epochs", "1", "--batch-size", "2", "--workers", "0",
+        "--device", "cpu", "--out", tmp_path / "run", env={"SEEN_DIR": str(seen)}, timeout=240,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert [rank.returncode for rank in done] == [0, 0], stderr_of(done)[-3000:]
     ranks = [(seen / f"rank-{rank}.txt").read_text().split() for rank in (0, 1)]
     assert [len(values) for values in ranks] == [13, 13]
     every = ranks[0] + ranks[1]

@@ -111,49 +111,56 @@ def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_i
     ]
 
 
-def test_train_and_eval_on_an_image_folder_never_import_dynamo(tmp_path):
-    # Whole commands in real processes: the CLI installs the finder before any import of
-    # torchvision (the loaders, the transforms, torchvision's models).
+def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_would(tmp_path):
+    """Whole commands, one after another in one fresh process as `python -m torchkit` runs
+    them: the CLI installs the finder before any import of torchvision (the loaders, the
+    transforms, torchvision's models). summary's FLOP count runs torch's dispatch modes, whose
+    first calls would import torch._dynamo (2 s): under `without_dynamo` they do not, and they
+    count what they count with dynamo loaded."""
     write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
     write_image_folder(tmp_path / "ds" / "val", {"a": 2, "b": 2})
-    env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    for args in (
-        ["train", "--data", "ds", "--model", "resnet18", "--image-size", "16", "--epochs", "1",
-         "--workers", "0", "--device", "cpu", "--out", "run"],
-        ["eval", "run/best.pt", "--data", "ds", "--workers", "0", "--device", "cpu"],
-    ):  # fmt: skip
-        done = subprocess.run(
-            [sys.executable, "-X", "importtime", "-m", "torchkit", *args],
-            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
-                    if line.startswith("import time:")]  # fmt: skip
-        assert "torchvision.models" in imported and "torchvision.transforms" in imported, args
-        assert not [name for name in imported if name.startswith("torch._dynamo")], args
-
-
-def test_summary_counts_flops_without_dynamo_and_the_same_flops_with_it():
-    """summary's FLOP count runs torch's dispatch modes, whose first calls would import
-    torch._dynamo (2 s): under `without_dynamo` they do not, and count what they count with
-    dynamo loaded."""
     lines = _python(
-        """
-        import sys
-        from torchkit import torchvision_without_dynamo as light
-        light.install()  # as the CLI does first thing
-        from torchkit.core.models.builders import build_model
-        from torchkit.core.summary import summarize
+        f"""
+        import os, sys
+        os.chdir({str(tmp_path)!r})
+        from torchkit.cli import main
+
+        marks = open({str(tmp_path / "marks")!r}, "w", buffering=1)  # stdout has the JSON
 
         def loaded():
             return "torch._dynamo" in sys.modules
 
+        def torchkit(*args):
+            sys.argv = ["python -m torchkit", *args]
+            try:
+                main()
+            except SystemExit as ended:
+                assert ended.code in (0, None), (args, ended.code)
+            print(args[0], loaded(), file=marks)
+
+        torchkit("train", "--data", "ds", "--model", "resnet18", "--image-size", "16",
+                 "--epochs", "1", "--workers", "0", "--device", "cpu", "--out", "run",
+                 "--format", "json")
+        torchkit("eval", "run/best.pt", "--data", "ds", "--workers", "0", "--device", "cpu",
+                 "--format", "json")
+        print("torchvision", "torchvision.models" in sys.modules,
+              "torchvision.transforms" in sys.modules, file=marks)
+
+        from torchkit.core.models.builders import build_model
+        from torchkit.core.summary import summarize
+
         model = build_model("convnet", num_classes=10, image_size=28)
         first = summarize(model, [(1, 3, 28, 28)])
-        print("summary", loaded(), first.flops > 0)
+        print("summary", loaded(), first.flops > 0, file=marks)
         import torch._dynamo
         again = summarize(model, [(1, 3, 28, 28)])
-        print("with dynamo", again.flops == first.flops)
+        print("with dynamo", again.flops == first.flops, file=marks)
         """
     )
-    assert lines == ["summary False True", "with dynamo True"]
+    assert lines and (tmp_path / "marks").read_text().splitlines() == [
+        "train False",
+        "eval False",
+        "torchvision True True",
+        "summary False True",
+        "with dynamo True",
+    ]

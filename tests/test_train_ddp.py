@@ -1,12 +1,13 @@
-"""`torchrun --nproc_per_node=2 -m torchkit train` on CPUs (Gloo): it trains, only rank 0
-writes and prints, and the result matches one process with the same global batch; and two
-nodes (issue #30), simulated on one machine as two torchrun agents (`--nnodes 2 --node-rank
-0/1 --nproc-per-node 1`) that meet through a c10d rendezvous, train to exactly the weights of
-that one node running two processes. torchkit itself only reads RANK / WORLD_SIZE / LOCAL_RANK,
-so what differs between the two launches is torchrun's rendezvous and rank assignment, which
-must not change the result. (With the c10d rendezvous torchrun ignores --node-rank and numbers
-the ranks as agents join.) The one-node run is made once for both comparisons: each launch is
-an agent and its ranks, Python processes importing torch (seconds of CPU each)."""
+"""`torchkit train` on 2 Gloo CPU processes: it trains, only rank 0 writes and prints, and the
+result matches one process with the same global batch; and two nodes, simulated on one machine
+as two real torchrun agents (`--nnodes 2 --node-rank 0/1 --nproc-per-node 1`) that meet through
+a c10d rendezvous, train to exactly the weights of one node running two processes. torchkit
+itself only reads RANK / WORLD_SIZE / LOCAL_RANK, so what differs between the two launches is
+torchrun's rendezvous and rank assignment, which must not change the result. (With the c10d
+rendezvous torchrun ignores --node-rank and numbers the ranks as agents join.) The one node's
+ranks are started as torchrun starts them, without an agent (gloo_ranks.py): each agent is a
+Python process importing torch (seconds of CPU). The one-node run is made once for both
+comparisons."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, write_image_folder
+from gloo_ranks import error_lines_of, run_ranks, start_ranks, stderr_of
 
 from torchkit.cli import app
 
@@ -82,7 +84,7 @@ def finish(processes: list[subprocess.Popen], timeout: float = 240) -> list[tupl
 
 @dataclass
 class Launched:
-    """The data, the one-node run (an agent, two ranks) and the two-node run (two agents, one
+    """The data, the one-node run (two ranks) and the two-node run (two torchrun agents, one
     rank each), launched at once: the two nodes must be, the one node may as well."""
 
     data: Path
@@ -99,12 +101,8 @@ def launched(tmp_path_factory) -> Launched:
     write_image_folder(data / "train", {"a": 8, "b": 8}, seed=1)  # 2 global batches of 8
     write_image_folder(data / "val", {"a": 3, "b": 2}, seed=2)  # odd: uneven shards
     write_image_folder(data / "test", {"a": 2, "b": 3}, seed=3)
-    one_port, two_port = free_ports(2)
-    one_node = start_torchrun(
-        ["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-         "--rdzv-endpoint", f"127.0.0.1:{one_port}"],
-        recipe(data, root / "one-node", batch_size=4),
-    )  # fmt: skip
+    (two_port,) = free_ports(1)
+    one_node = start_ranks(*recipe(data, root / "one-node", batch_size=4))
     nodes = []
     for node in (0, 1):
         launch = [
@@ -113,7 +111,9 @@ def launched(tmp_path_factory) -> Launched:
             "--rdzv-id", "two-nodes",
         ]  # fmt: skip
         nodes.append(start_torchrun(launch, recipe(data, root / "two-nodes", batch_size=4)))
-    one_node_result, *node_results = finish([one_node, *nodes])
+    rank0, rank1, *node_results = finish([*one_node, *nodes])
+    # As one torchrun agent would report them: the first failure's code, every rank's output.
+    one_node_result = (rank0[0] or rank1[0], rank0[1] + rank1[1], rank0[2] + rank1[2])
     return Launched(data, root / "one-node", one_node_result, root / "two-nodes", node_results)
 
 
@@ -200,17 +200,11 @@ def test_a_refusal_on_rank_0_is_an_error_on_every_rank_not_a_hang(tmp_path):
     out = tmp_path / "run"
     lock = FolderLock(out, "run folder")  # this test process is "the other torchkit run"
     try:
-        env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
-        env.pop("TORCHKIT_DEBUG", None)
-        done = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-             "-m", "torchkit", *recipe(data, out, batch_size=2)],
-            capture_output=True, text=True, env=env, cwd=REPO, timeout=120,
-        )  # fmt: skip
+        ranks = run_ranks(*recipe(data, out, batch_size=2))
     finally:
         lock.release()
-    assert done.returncode != 0
+    assert [done.returncode for done in ranks] == [1, 1], stderr_of(ranks)[-3000:]
     refusal = f"being written by another torchkit process (PID {os.getpid()})"
-    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 2 and all(refusal in line for line in errors), done.stderr[-3000:]
+    errors = error_lines_of(ranks)
+    assert len(errors) == 2 and all(refusal in line for line in errors), stderr_of(ranks)[-3000:]
     assert not out.exists()

@@ -1,8 +1,9 @@
-"""`torchrun -m torchkit train` on 2 Gloo CPU processes tells the truth and never hangs (issue #14):
-a rank whose batch was all unreadable keeps in step, validation uses the BatchNorm statistics
-that best.pt holds, a signal to any rank stops every rank with last.pt saved, a stopped run
-resumes exactly (every rank's random state and sums), only rank 0 opens files in the run folder,
-and a rank that stops answering ends the run after --dist-timeout instead of hanging.
+"""`torchkit train` on 2 Gloo CPU processes (started as torchrun starts its ranks: gloo_ranks.py)
+tells the truth and never hangs: a rank whose batch was all unreadable keeps in step, validation
+uses the BatchNorm statistics that best.pt holds, a signal to any rank stops every rank with
+last.pt saved, a stopped run resumes exactly (every rank's random state and sums), only rank 0
+opens files in the run folder, and a rank that stops answering ends the run after --dist-timeout
+instead of hanging.
 
 The network below is named on the command line as `test_train_ddp_honest:BNNet` (tests/ is on
 PYTHONPATH). Its fault injection is driven by environment variables read in each rank:
@@ -18,14 +19,14 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_torchkit_in_process, write_image_folder
+from conftest import run_torchkit_in_process, write_image_folder
+from gloo_ranks import finish, run_ranks, start_ranks, stderr_of
 from torch import nn
 
 from torchkit.core.runtime import distributed as dist_utils
@@ -110,40 +111,6 @@ NO_SHARED_FS = textwrap.dedent(
 )
 
 
-def torchrun(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
-    """`torchrun --nproc_per_node=2 -m torchkit ARGS` on CPUs; a run that has not ended after
-    `timeout` seconds (a hang) fails the test, its ranks killed."""
-    full_env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1", **(env or {})}
-    full_env.pop("TORCHKIT_DEBUG", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "--monitor-interval=0.1", "-m", "torchkit", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO,
-    )  # fmt: skip
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for child in children_of(process.pid):  # the ranks, each in its own session
-            os.kill(child, signal.SIGKILL)
-        process.kill()
-        out, err = process.communicate()
-        pytest.fail(f"torchrun did not end within {timeout} s (a hang):\n{err[-3000:]}")
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry))
-    return found
-
-
 def recipe(data: Path, out: Path, *extra: str) -> list[str]:
     return [
         "train", "--data", str(data), "--model", NET, "--image-size", "8", "--batch-size", "1",
@@ -172,7 +139,7 @@ def uninterrupted(data):
     audit.mkdir()
     (audit / "sitecustomize.py").write_text(NO_SHARED_FS)
     started = time.monotonic()
-    done = torchrun(
+    ranks = run_ranks(
         *recipe(data, out),
         env={
             "PYTHONPATH": f"{audit}{os.pathsep}{TESTS}",
@@ -180,74 +147,16 @@ def uninterrupted(data):
             "TORCHKIT_TEST_AUDIT_LOG": str(audit / "log"),
         },
     )
+    # As torchrun reports a run: rank 0's output and code (each rank's if one failed), and
+    # every rank's stderr.
+    code = next((done.returncode for done in ranks if done.returncode), 0)
+    done = subprocess.CompletedProcess(ranks[0].args, code, ranks[0].stdout, stderr_of(ranks))
     return out, done, time.monotonic() - started, audit / "log"
 
 
 pytestmark = pytest.mark.skipif(
     not torch.distributed.is_available(), reason="torch.distributed missing"
 )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_ranks(*args: str, env: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    """`python -m torchkit ARGS` as ranks 0 and 1 of a 2-process Gloo world, launched as torchrun
-    launches them (RANK, WORLD_SIZE, MASTER_ADDR...) but without torchrun in between, so that
-    each rank's own exit code is seen, and a signal reaches one rank only."""
-    port = str(free_port())
-    started = []
-    for rank in (0, 1):
-        full_env = {
-            **os.environ,
-            "PYTHONPATH": str(TESTS),
-            "OMP_NUM_THREADS": "1",
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            **(env or {}),
-        }
-        full_env.pop("TORCHKIT_DEBUG", None)
-        started.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "torchkit", *args],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=full_env,
-                cwd=REPO,
-            )
-        )
-    return started
-
-
-def finish(process: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-        pytest.fail(f"rank did not end within {timeout} s (a hang):\n{err[-3000:]}")
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
-
-
-def run_ranks(*args: str, env=None, timeout: float = 120) -> list[subprocess.CompletedProcess]:
-    started = start_ranks(*args, env=env)
-    try:
-        return [finish(process, timeout) for process in started]
-    finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
 
 
 def summary_of(done: subprocess.CompletedProcess) -> dict:

@@ -18,8 +18,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from dataclasses import fields
 from pathlib import Path
@@ -28,13 +26,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import (
-    REPO,
     error_line,
     run_each_in_process,
     run_torchkit_in_process,
     tree_digest,
     write_image_folder,
 )
+from gloo_ranks import error_lines_of, run_ranks, stderr_of
 from torch import nn
 
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError
@@ -276,20 +274,16 @@ def test_weights_made_infinite_by_the_last_update_of_an_epoch_are_not_saved(
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
 def test_under_ddp_a_nan_on_one_rank_stops_every_rank_with_the_same_error(world, tmp_path):
     out = tmp_path / "ddp"
-    env = {**os.environ, **ENV, "TORCHKIT_TEST_NAN_AT": "1", "TORCHKIT_TEST_NAN_RANK": "1"}
-    env.pop("TORCHKIT_DEBUG", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "torchkit", "train", "--data", str(world / "data"), *FAST,
-         "--model", "test_train_honest:NanNet", "--batch-size", "2", "--epochs", "1",
-         "--out", str(out)],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=180,
+    ranks = run_ranks(
+        "train", "--data", world / "data", *FAST, "--model", "test_train_honest:NanNet",
+        "--batch-size", "2", "--epochs", "1", "--out", out,
+        env={**ENV, "TORCHKIT_TEST_NAN_AT": "1", "TORCHKIT_TEST_NAN_RANK": "1"}, timeout=180,
     )  # fmt: skip
-    assert done.returncode != 0, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert all(done.returncode == 1 for done in ranks), stderr_of(ranks)[-3000:]
     # Rank 1's first batch (of its 3) went NaN; rank 0's loss was finite there: both name it.
     expected = "the training loss is not finite (NaN or infinite) at epoch 1, step 1 of 3"
-    assert len(errors) == 2 and all(expected in line for line in errors), done.stderr[-3000:]
+    errors = error_lines_of(ranks)
+    assert len(errors) == 2 and all(expected in line for line in errors), stderr_of(ranks)[-3000:]
     assert not out.exists()
 
 
