@@ -43,9 +43,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # each time (+40 s for the suite on 2 cores); the torchkit processes tests start use helpers.
 import matplotlib.figure  # noqa: E402, F401
 import pytest  # noqa: E402
+from suite_paths import REPO  # noqa: E402, F401 - tests import it from here too
 from typer.testing import CliRunner  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -529,7 +528,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # and one worker finished them alone while the other idled. A module missing here keeps its
 # place after these; a stale entry costs nothing.
 LONGEST_MODULES = (
-    "test_train_ddp_honest",  # 45 s
+    "test_train_ddp_faults",  # 45 s
     "test_safety_train",  # 30 s
     "test_train_ddp",  # 35 s: torchrun on one node and on two, the same weights
     "test_benchmark",
@@ -539,11 +538,11 @@ LONGEST_MODULES = (
     "test_safety_features",
     "test_train_digits_target",  # 15 s, one test
     "test_train_cli",
-    "test_train_honest",
+    "test_train_guards",
     "test_train_resume",
     "test_curves_painter",
     "test_plot_helper",  # 20 s: real helper processes
-    "test_eval_honest",
+    "test_eval_guards",
     "test_predict",
     "test_safety_eval",
 )

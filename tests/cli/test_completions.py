@@ -1,0 +1,196 @@
+"""Shell completions: the committed scripts are current, and completing really works (through
+bash itself where it is installed, and the zsh and fish protocols) without importing torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from suite_paths import REPO
+from typer.main import get_command
+
+from torchkit.cli import app
+
+HEAVY = {"torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib"}
+CONSOLE_SCRIPT = Path(sys.executable).parent / "torchkit"
+
+
+def load_script(name: str):
+    """scripts/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_generator():
+    return load_script("generate_completions")
+
+
+def top_level_commands() -> list[str]:
+    return sorted(name for name, cmd in get_command(app).commands.items() if not cmd.hidden)
+
+
+def complete(env: dict[str, str]) -> tuple[list[str], set[str]]:
+    """Run `python -m torchkit` as a shell would for completion; return the lines it printed and
+    the top-level packages it imported (from -X importtime)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "torchkit"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    imported = {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    return done.stdout.splitlines(), imported
+
+
+def test_committed_completion_scripts_are_current():
+    generator = load_generator()
+    scripts = generator.completion_scripts()
+    assert sorted(scripts) == ["torchkit.bash", "torchkit.fish", "torchkit.zsh"]
+    for name, text in scripts.items():
+        committed = (REPO / "completions" / name).read_text(encoding="utf-8")
+        assert committed == text, f"completions/{name} is stale: run the generator script"
+        assert "_TORCHKIT_COMPLETE=complete_" in text
+    assert generator.main(["--check"]) == 0
+
+
+def test_bash_protocol_lists_commands_without_importing_torch():
+    lines, imported = complete(
+        {"_TORCHKIT_COMPLETE": "complete_bash", "COMP_WORDS": "torchkit ", "COMP_CWORD": "1"}
+    )
+    assert sorted(lines) == top_level_commands()
+    assert "env" in lines
+    assert not imported & HEAVY, f"completion imported {sorted(imported & HEAVY)}"
+
+
+def test_zsh_and_fish_protocols_complete_option_values():
+    zsh, imported = complete(
+        {"_TORCHKIT_COMPLETE": "complete_zsh", "_TYPER_COMPLETE_ARGS": "torchkit env --format "}
+    )
+    assert zsh[0].startswith("_arguments") and '"table"' in zsh[0]
+    assert '"csv"' in zsh[1] and '"json"' in zsh[2]
+    assert not imported & HEAVY
+    fish, _ = complete(
+        {
+            "_TORCHKIT_COMPLETE": "complete_fish",
+            "_TYPER_COMPLETE_FISH_ACTION": "get-args",
+            "_TYPER_COMPLETE_ARGS": "torchkit env --re",
+        }
+    )
+    # One line per candidate: long help text must not wrap into bogus candidates.
+    assert [line.split("\t")[0] for line in fish] == ["--require-cuda"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
+def test_committed_bash_script_completes_in_bash():
+    """Source completions/torchkit.bash in a real bash and press TAB twice, in effect."""
+    script = f"""
+source {REPO / "completions" / "torchkit.bash"}
+COMP_WORDS=(torchkit e); COMP_CWORD=1
+_torchkit_completion torchkit
+printf '%s\\n' "${{COMPREPLY[@]}}"
+echo ---
+COMP_WORDS=(torchkit env --format ""); COMP_CWORD=3
+_torchkit_completion torchkit
+printf '%s\\n' "${{COMPREPLY[@]}}"
+"""
+    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.split("---\n")
+    expected = [name for name in top_level_commands() if name.startswith("e")]
+    assert sorted(first.split()) == expected and "env" in expected
+    assert second.split() == ["table", "csv", "json"]
+
+
+def test_the_generated_model_names_are_torchvisions_and_convnet():
+    from torchkit.core.models import list_models
+    from torchkit.core.models.names import MODEL_NAMES
+
+    assert list(MODEL_NAMES) == list_models(), "run scripts/generate_model_names.py"
+    generator = load_script("generate_model_names")
+    assert generator.names_module(list_models()) == (
+        REPO / "torchkit" / "core" / "models" / "names.py"
+    ).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        "torchkit summary resn",
+        "torchkit extract-features resn",
+        "torchkit convert-syncbn resn",
+        "torchkit eval resn",
+        "torchkit train --model resn",
+    ],
+)
+def test_model_names_complete_without_importing_torch(words):
+    lines, imported = complete(
+        {
+            "_TORCHKIT_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1),
+        }
+    )
+    assert "resnet18" in lines and "resnet50" in lines and "resnext50_32x4d" in lines
+    assert all(line.startswith("resn") for line in lines)
+    assert not imported & HEAVY, f"completion imported {sorted(imported & HEAVY)}"
+
+
+def test_model_specs_complete_model_files_and_folders(tmp_path, monkeypatch):
+    from torchkit.cli.completion import complete_model_name
+
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    for name in ("best.pt", "weights.safetensors", "notes.txt", "conv.pth"):
+        (tmp_path / "runs" / "r1" / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert complete_model_name("run") == ["runs/"]
+    assert complete_model_name("runs/r1/") == [
+        "runs/r1/best.pt",
+        "runs/r1/conv.pth",
+        "runs/r1/weights.safetensors",
+    ]
+    assert complete_model_name("convnet") == ["convnet"]
+
+
+def test_model_specs_complete_the_files_torchkit_export_writes(tmp_path, monkeypatch):
+    from torchkit.cli.completion import complete_model_name
+
+    for name in ("m.onnx", "m.ts", "m.pt2", "m.txt"):
+        (tmp_path / name).write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert complete_model_name("m.") == ["m.onnx", "m.pt2", "m.ts"]
+
+
+def test_install_completion_installs_the_shell_it_is_given(tmp_path):
+    """`--install-completion zsh` from a bash prompt installed bash's script."""
+    from conftest import run_torchkit_process
+
+    env = {"HOME": str(tmp_path), "SHELL": "/bin/bash"}
+    done = run_torchkit_process("--install-completion", "zsh", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "_TORCHKIT_COMPLETE=complete_zsh" in (tmp_path / ".zfunc" / "_torchkit").read_text()
+    assert "fpath+=~/.zfunc" in (tmp_path / ".zshrc").read_text()
+    assert not (tmp_path / ".bash_completions").exists()
+    shown = run_torchkit_process("--show-completion", "fish", env=env)
+    assert shown.returncode == 0 and "complete --command torchkit" in shown.stdout
+    unknown = run_torchkit_process("--install-completion", "tcsh", env=env)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("Error: unknown shell 'tcsh'")

@@ -1,0 +1,243 @@
+"""Reading Hugging Face datasets stored as parquet in place (issue #48): parquet files in HF's
+layout, with HF's schema metadata, give the same statistics, metrics and features as the image
+folder they were written from; HF's splits are split data; class names come from the metadata;
+bad files, null and undecodable images, and a missing pyarrow are one error line or a counted
+skip."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
+from conftest import dataset_stats as stats
+from parquet_files import png, write_parquet
+
+from torchkit.core.data.sources.parquet import split_of
+
+CLASSES = "abc"
+
+
+def write_split(root: Path, folder: Path, split: str, hf_split: str, per_class: int, seed: int):
+    """`per_class` PNGs of each class as FOLDER/<split>/<class>/<i>.png and as HF parquet
+    ROOT/data/<hf_split>-0000N-of-00002.parquet, classes interleaved, rows in the same order."""
+    images, labels = [], []
+    for i in range(per_class * len(CLASSES)):
+        label, data = i % len(CLASSES), png(seed * 1000 + i)
+        (folder / split / CLASSES[label]).mkdir(parents=True, exist_ok=True)
+        (folder / split / CLASSES[label] / f"{i:03d}.png").write_bytes(data)
+        images.append(data)
+        labels.append(label)
+    half = len(images) // 2
+    for shard, rows in enumerate((slice(0, half), slice(half, None))):
+        write_parquet(
+            root / "data" / f"{hf_split}-{shard:05d}-of-00002.parquet", images[rows], labels[rows]
+        )
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """hf/ (HF's layout: train 3x6, validation 3x2, test 3x2, two files each, 4 rows a row
+    group), split/ (the same images as a split root) and a convnet checkpoint for a, b, c."""
+    root = tmp_path_factory.mktemp("parquet")
+    for split, hf_split, per_class, seed in (
+        ("train", "train", 6, 1),
+        ("val", "validation", 2, 2),
+        ("test", "test", 2, 3),
+    ):
+        write_split(root / "hf", root / "split", split, hf_split, per_class, seed)
+    write_convnet_checkpoint(root / "model.pt", in_channels=3, image_size=8, classes=CLASSES)
+    return root
+
+
+def metrics(world: Path, data: Path, *extra: object) -> dict:
+    found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu", *extra)
+    return _rounded(
+        {
+            k: v
+            for k, v in found.items()
+            if k not in ("data", "root", "seconds") and "per_s" not in k and "second" not in k
+        }
+    )
+
+
+def _rounded(value):
+    """Floats to 9 significant digits: parquet rows interleave the classes, the folder lists
+    them class by class, so the batches (and a mean loss's last bits) differ."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def test_hf_file_and_folder_names_give_hf_splits():
+    assert split_of("data/train-00000-of-00010.parquet") == "train"
+    assert split_of("data/validation-00001-of-00002.parquet") == "val"
+    assert split_of("test-00000.parquet") == "test"
+    assert split_of("valid/0000.parquet") == "val"
+    assert split_of("data/test/0000.parquet") == "test"
+    assert split_of("data/shard-00000.parquet") is None
+    assert split_of("trainer.parquet") is None
+
+
+def test_dataset_stats_of_parquet_is_that_of_the_image_folder(world):
+    for split in ("train", "val", "all"):
+        assert stats(world / "hf", "--split", split) == stats(world / "split", "--split", split)
+    assert stats(world / "hf")["images"] == 18
+
+
+def test_eval_of_parquet_scores_as_the_folder_and_val_reads_validation_only(world):
+    assert metrics(world, world / "hf") == metrics(world, world / "split")
+    val = metrics(world, world / "hf", "--split", "val")
+    assert val == metrics(world, world / "split", "--split", "val")
+    assert val["split"] == "val" and val["num_images"] == 6
+
+
+def test_class_names_come_from_the_hf_metadata_else_are_the_indices(world, tmp_path):
+    images = [png(i) for i in range(4)]
+    named = write_parquet(tmp_path / "named.parquet", images, [0, 1, 2, 2], names=["x", "y", "z"])
+    assert [c["name"] for c in stats(named)["classes"]] == ["x", "y", "z"]
+    plain = write_parquet(tmp_path / "plain.parquet", images, [0, 2, 2, 2], names=None)
+    counts = {c["name"]: c["images"] for c in stats(plain)["classes"]}
+    assert counts == {"0": 1, "1": 0, "2": 3}
+
+
+def test_extract_features_gives_one_row_per_sample_in_file_order(world, tmp_path):
+    for data, out in ((world / "split", "folder"), (world / "hf", "parquet")):
+        result = run_torchkit_in_process(
+            "extract-features", world / "model.pt", data, "--out", tmp_path / out,
+            "--split", "train", "--device", "cpu",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    with open(tmp_path / "parquet" / "index.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["path"] for r in rows] == [
+        f"data/train-0000{shard}-of-00002.parquet/{row}" for shard in (0, 1) for row in range(9)
+    ]
+    assert [r["label"] for r in rows] == [CLASSES[i % 3] for i in range(18)]
+    # The folder lists class by class; parquet rows interleave the classes: compare by image.
+    folder = np.load(tmp_path / "folder" / "penultimate.npy")
+    order = [(i % 3) * 6 + i // 3 for i in range(18)]
+    np.testing.assert_allclose(np.load(tmp_path / "parquet" / "penultimate.npy"), folder[order])
+
+
+def test_train_runs_an_epoch_on_one_parquet_file_and_eval_finds_it_again(world, tmp_path):
+    data = world / "hf" / "data" / "train-00000-of-00002.parquet"
+    result = run_torchkit_in_process(
+        "train", "--data", data, "--model", "convnet", "--image-size", "8", "--epochs", "1",
+        "--batch-size", "4", "--workers", "0", "--device", "cpu", "--val-split", "0.34",
+        "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    split = (tmp_path / "run" / "split.csv").read_text().splitlines()
+    assert split[1].startswith("train-00000-of-00002.parquet/") and len(split) == 1 + 9
+    held_out = sum(line.endswith(",val") for line in split)
+    # Without --data, eval reads the file the run trained on, not the folder around it.
+    scored = run_json("eval", tmp_path / "run" / "best.pt", "--split", "val", "--device", "cpu")
+    assert scored["num_images"] == held_out == 3
+
+
+def test_undecodable_and_null_images_are_counted_unreadable(tmp_path):
+    images = [png(0), b"not an image", None, png(1)]
+    data = write_parquet(tmp_path / "rows.parquet", images, [0, 1, 2, 0], row_group_size=2)
+    found = run_json("dataset-stats", data)
+    assert found["images"] == 2
+    reasons = {row["path"]: row["error"] for row in found["unreadable"]}
+    assert set(reasons) == {"rows.parquet/1", "rows.parquet/2"}
+    assert "null" in reasons["rows.parquet/2"]
+
+
+def test_each_image_prints_as_its_file_and_row_and_reads_its_own_bytes(tmp_path):
+    from torchkit.core.data.sources import open_data
+
+    images = [png(i) for i in range(5)]
+    write_parquet(tmp_path / "data" / "x.parquet", images, [0, 1, 2, 0, 1], row_group_size=2)
+    samples = open_data(tmp_path).whole
+    assert samples.ids == [f"data/x.parquet/{row}" for row in range(5)]
+    assert [str(p) for p in samples.paths] == [str(tmp_path / i) for i in samples.ids]
+    assert [p.read_bytes() for p in samples.paths] == images
+
+
+def write_corrupt(path: Path) -> Path:
+    path.write_bytes(b"PAR1 but nothing a parquet reader can use")
+    return path
+
+
+def write_imageless(path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a", "b"], "label": [0, 1]}), path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (write_imageless, "has no image column (its columns: text, label)"),
+        (write_corrupt, "cannot read bad.parquet"),
+    ],
+)
+def test_a_bad_parquet_file_is_one_error_line(tmp_path, make, message):
+    make(tmp_path / "bad.parquet")
+    result = run_torchkit_in_process("dataset-stats", "bad.parquet", cwd=tmp_path)
+    assert result.returncode == 1
+    assert message in error_line(result.stderr)
+
+
+def test_unlabelled_rows_are_read_unlabelled_by_predict_and_refused_by_eval(world, tmp_path):
+    data = write_parquet(tmp_path / "test.parquet", [png(0), png(1), png(2)], [0, -1, -1])
+    predicted = run_torchkit_in_process(
+        "predict", world / "model.pt", tmp_path, "--format", "csv", "--device", "cpu"
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    assert predicted.stdout.splitlines()[1].startswith("test.parquet/0,")
+    refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data)
+    assert refused.returncode == 1
+    assert "has 2 row(s) without a label (null or -1; row 1, 2)" in error_line(refused.stderr)
+
+
+def test_files_of_splits_mixed_with_files_of_none_are_refused(tmp_path):
+    write_parquet(tmp_path / "data" / "train-00000-of-00001.parquet", [png(0)], [0])
+    write_parquet(tmp_path / "data" / "extra-00000-of-00001.parquet", [png(1)], [0])
+    result = run_torchkit_in_process("dataset-stats", tmp_path)
+    assert result.returncode == 1
+    assert "mixes parquet files of splits with files of none" in error_line(result.stderr)
+
+
+def test_missing_pyarrow_is_one_error_naming_the_extra(world, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    result = run_torchkit_in_process("dataset-stats", world / "hf")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "reading parquet files needs the pyarrow package" in line
+    assert "--extra parquet" in line
+
+
+def test_digits_and_image_folders_never_import_pyarrow(world):
+    script = (
+        "import sys\n"
+        "from torchkit.core.data.sources import open_data\n"
+        f"open_data('digits'); open_data({str(world / 'split')!r})\n"
+        "assert 'pyarrow' not in sys.modules, 'pyarrow imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_split_refuses_parquet_data_it_cannot_copy(world, tmp_path):
+    data = world / "hf" / "data" / "train-00000-of-00002.parquet"
+    result = run_torchkit_in_process("split", data, tmp_path / "out")
+    assert result.returncode == 1
+    assert "holds its images in container files" in error_line(result.stderr)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,234 @@
+"""WebDataset shards named by http(s) URL (issue #48): a real local http.server serves the shards
+webdataset's ShardWriter writes; read through torchkit's cache they give what the local shards
+give, a second run downloads nothing, and every network failure (404, a connection that ends
+early, no answer, nobody listening) is one error line naming the URL, leaving no half shard."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import dataset_stats as stats
+from conftest import error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
+from conftest import write_image_folder as write_images
+from shards import serving, shard_downloads, write_shards
+
+CLASSES = "abc"
+PATTERN = "shard-{000000..000003}.tar"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """served/shards (4 ShardWriter shards of 3 classes x 6 8x8 PNGs, classes.txt), served/
+    converted (`convert shards` of the same images: 2 shards and manifest.json), a checkpoint."""
+    root = tmp_path_factory.mktemp("http-shards")
+    images = write_images(root / "images", dict.fromkeys(CLASSES, 6))
+    shards = root / "served" / "shards"
+    shards.mkdir(parents=True)
+    write_shards(str(shards / "shard-%06d.tar"), images, maxcount=5)
+    (shards / "classes.txt").write_text("a\nb\nc\n")
+    converted = run_torchkit_in_process(
+        "convert", "shards", images, root / "served" / "converted", "--per-shard", "10"
+    )
+    assert converted.returncode == 0, converted.stderr
+    write_convnet_checkpoint(root / "model.pt", in_channels=3, image_size=8, classes=CLASSES)
+    return root
+
+
+@pytest.fixture
+def server(world, tmp_path, monkeypatch):
+    with serving(world / "served", tmp_path / "cache", monkeypatch) as httpd:
+        yield httpd
+
+
+def cached_files(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "cache").rglob("*") if p.is_file())
+
+
+def test_dataset_stats_over_http_is_that_of_the_local_shards_in_torchkits_cache(
+    world, server, tmp_path
+):
+    local = stats(world / "served" / "shards" / PATTERN)
+    assert stats(f"{server.url}/shards/{PATTERN}") == local
+    assert local["images"] == 18
+    # TORCHKIT_CACHE/shards/<16 hex digits>/NAME.tar
+    (folder,) = (tmp_path / "cache" / "shards").iterdir()
+    assert len(folder.name) == 16
+    assert sorted(p.name for p in folder.glob("*.tar")) == [f"shard-00000{i}.tar" for i in range(4)]
+    assert (folder / "classes.txt").read_text() == "a\nb\nc\n"
+
+
+def test_a_second_run_downloads_no_shard(server):
+    url = f"{server.url}/shards/{PATTERN}"
+    first = stats(url)
+    assert len(shard_downloads(server.requests)) == 4
+    server.requests.clear()
+    assert stats(url) == first
+    assert shard_downloads(server.requests) == []  # a HEAD each: sizes match the cache
+
+
+def test_eval_over_http_scores_as_the_local_shards(world, server):
+    def metrics(data: object) -> dict:
+        found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu")
+        return {
+            k: v
+            for k, v in found.items()
+            if k not in ("data", "root", "seconds") and "per_s" not in k and "second" not in k
+        }
+
+    local = metrics(world / "served" / "shards" / PATTERN)
+    assert metrics(f"{server.url}/shards/{PATTERN}") == local
+    assert local["num_images"] == 18
+
+
+def test_extract_features_and_predict_over_http_give_the_local_shards_rows(world, server, tmp_path):
+    url = f"{server.url}/shards/{PATTERN}"
+    for data, out in ((world / "served" / "shards", "local"), (url, "http")):
+        result = run_torchkit_in_process(
+            "extract-features", world / "model.pt", data, "--out", tmp_path / out,
+            "--device", "cpu",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+    local = (tmp_path / "local" / "index.csv").read_text()
+    assert (tmp_path / "http" / "index.csv").read_text() == local
+    assert local.splitlines()[1].startswith("0,shard-000000.tar/a_a_0.png,")
+    predicted = run_torchkit_in_process(
+        "predict", world / "model.pt", url, "--format", "csv", "--device", "cpu"
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    assert predicted.stdout.splitlines()[1].startswith("shard-000000.tar/a_a_0.png,")
+    assert len(predicted.stdout.splitlines()) == 1 + 18
+
+
+def test_a_folder_url_reads_the_shards_its_manifest_lists_and_trusts_its_checksums(world, server):
+    local = stats(world / "served" / "converted")
+    assert stats(f"{server.url}/converted/") == local
+    assert shard_downloads(server.requests) == [
+        "/converted/shard-000000.tar",
+        "/converted/shard-000001.tar",
+    ]
+    server.requests.clear()
+    assert stats(f"{server.url}/converted") == local
+    # manifest.json's sizes and sha256 say the cache is current: no HEAD, no download
+    assert not [path for _, path in server.requests if path.endswith(".tar")]
+
+
+def test_another_tools_manifest_json_beside_url_shards_is_not_theirs(world, server):
+    foreign = world / "served" / "foreign"
+    if not foreign.exists():
+        shutil.copytree(world / "served" / "shards", foreign)
+        (foreign / "manifest.json").write_text('{"name": "a web app", "icons": []}')
+    assert stats(f"{server.url}/foreign/{PATTERN}") == stats(world / "served" / "shards")
+
+
+def test_eval_without_data_reads_the_url_shards_a_run_trained_on(server, tmp_path):
+    trained = run_torchkit_in_process(
+        "train", "--data", f"{server.url}/shards/{PATTERN}", "--model", "convnet",
+        "--image-size", "8", "--epochs", "1", "--batch-size", "4", "--workers", "0",
+        "--device", "cpu", "--out", tmp_path / "run", "--quiet",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    split_rows = (tmp_path / "run" / "split.csv").read_text().splitlines()
+    assert len(split_rows) == 1 + 18 and split_rows[1].startswith("shard-0000")
+    scored = run_torchkit_in_process(
+        "eval", tmp_path / "run" / "best.pt", "--device", "cpu", "--format", "json"
+    )
+    assert scored.returncode == 0, scored.stderr
+    report = json.loads(scored.stdout)
+    assert report["data"] == f"{server.url}/shards/{PATTERN}"
+    assert 0 < report["num_images"] < 18  # the val split the run held out
+
+
+def assert_no_half_shard(tmp_path: Path, name: str) -> None:
+    left = cached_files(tmp_path)
+    assert name not in left, left
+    assert not [n for n in left if n.endswith(".tmp")], left
+
+
+def test_a_missing_shard_is_one_error_naming_its_url(server, tmp_path):
+    result = run_torchkit_in_process(
+        "dataset-stats", f"{server.url}/shards/shard-{{000000..000004}}.tar"
+    )
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert f"{server.url}/shards/shard-000004.tar" in line and "HTTP 404" in line, line
+    assert_no_half_shard(tmp_path, "shard-000004.tar")
+
+
+@pytest.mark.parametrize("code", [403, 500])
+def test_a_refusal_or_a_server_error_is_one_error_line(server, tmp_path, code):
+    url = f"{server.url}/status/{code}/shard-000000.tar"
+    result = run_torchkit_in_process("dataset-stats", url)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert url in line and f"HTTP {code}" in line, line
+    assert_no_half_shard(tmp_path, "shard-000000.tar")
+
+
+def test_processes_sharing_the_cache_download_each_shard_once(server):
+    from torchkit.core.data.sources.http_shards import fetch_shards
+
+    urls = [f"{server.url}/shards/shard-00000{i}.tar" for i in range(4)]
+    found = []
+    readers = [threading.Thread(target=lambda: found.append(fetch_shards(urls))) for _ in "ab"]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    assert len(found) == 2 and found[0] == found[1]
+    assert shard_downloads(server.requests) == [f"/shards/shard-00000{i}.tar" for i in range(4)]
+
+
+def test_a_connection_that_ends_early_leaves_no_shard(server, tmp_path):
+    result = run_torchkit_in_process("dataset-stats", f"{server.url}/broken/shard-000000.tar")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert f"{server.url}/broken/shard-000000.tar" in line and "ended early" in line, line
+    assert_no_half_shard(tmp_path, "shard-000000.tar")
+
+
+def test_a_server_that_never_answers_is_an_error_after_the_timeout(tmp_path, monkeypatch):
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "TIMEOUT_S", 0.3)
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as silent:  # the kernel accepts the connection; nobody answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/shard-000000.tar"
+        started = time.monotonic()
+        result = run_torchkit_in_process("dataset-stats", url)
+        elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "127.0.0.1" in line and "no answer within 0.3 s" in line, line
+    assert elapsed < 2
+
+
+def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = run_torchkit_in_process("dataset-stats", f"http://127.0.0.1:{port}/s-000000.tar")
+    assert result.returncode == 1
+    assert "refused the connection" in error_line(result.stderr)
+
+
+def test_the_cache_folder_follows_torchkit_cache_then_xdg(monkeypatch, tmp_path):
+    from torchkit.core.data.sources.http_shards import cache_folder
+
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "mine"))
+    assert cache_folder() == tmp_path / "mine"
+    monkeypatch.delenv("TORCHKIT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_folder() == tmp_path / "xdg" / "torchkit"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_folder() == Path.home() / ".cache" / "torchkit"

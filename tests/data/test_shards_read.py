@@ -1,0 +1,263 @@
+"""Reading WebDataset tar shards and .tar archives of image folders in place (issue #48): the
+shards webdataset's own ShardWriter writes give the same statistics, metrics and features as the
+image folder they were written from; split shards split; bad tars are one error line; and two
+DDP ranks over uneven shards see every sample, repeated only as DistributedSampler pads."""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import (
+    dataset_stats as stats,
+)
+from conftest import (
+    error_line,
+    run_json,
+    run_torchkit_in_process,
+    write_convnet_checkpoint,
+    write_image_folder,
+)
+from gloo_ranks import run_ranks, stderr_of
+from shards import write_shards
+
+CLASSES = "abc"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """images/ (3 classes x 6 8x8 PNGs), shards/ (ShardWriter, 5 a shard: 4 shards), a split
+    root and its split shards, and a convnet checkpoint."""
+    root = tmp_path_factory.mktemp("shards")
+    images = write_image_folder(root / "images", dict.fromkeys(CLASSES, 6))
+    (root / "shards").mkdir()
+    write_shards(str(root / "shards" / "shard-%06d.tar"), images, maxcount=5)
+    (root / "shards" / "classes.txt").write_text("a\nb\nc\n")
+    split_root = root / "split"
+    write_image_folder(split_root / "train", dict.fromkeys(CLASSES, 4), seed=1)
+    write_image_folder(split_root / "val", dict.fromkeys(CLASSES, 2), seed=2)
+    (root / "split-shards").mkdir()
+    for split in ("train", "val"):
+        write_shards(
+            str(root / "split-shards" / f"{split}-%06d.tar"), split_root / split, maxcount=5
+        )
+    write_convnet_checkpoint(root / "model.pt", in_channels=3, image_size=8, classes=CLASSES)
+    return root
+
+
+def test_brace_patterns_expand_as_webdataset_writes_them():
+    from torchkit.core.data.sources.shards import expand_braces
+
+    assert expand_braces("d/s-{000008..000011}.tar") == [
+        "d/s-000008.tar",
+        "d/s-000009.tar",
+        "d/s-000010.tar",
+        "d/s-000011.tar",
+    ]
+    assert expand_braces("{train,val}-{0..1}.tar") == [
+        "train-0.tar",
+        "train-1.tar",
+        "val-0.tar",
+        "val-1.tar",
+    ]
+
+
+def test_dataset_stats_of_shards_is_that_of_their_folder(world):
+    folder = stats(world / "images")
+    assert stats(world / "shards") == folder
+    assert stats(world / "shards" / "shard-{000000..000003}.tar") == folder
+    assert folder["images"] == 18
+
+
+def test_eval_of_shards_scores_as_the_folder(world):
+    def metrics(data: Path) -> dict:
+        found = run_json("eval", world / "model.pt", "--data", data, "--device", "cpu")
+        return {
+            k: v
+            for k, v in found.items()
+            if k not in ("data", "root", "seconds") and "per_s" not in k and "second" not in k
+        }
+
+    folder = metrics(world / "images")
+    assert metrics(world / "shards") == folder
+    assert folder["num_images"] == 18
+
+
+def test_extract_features_of_shards_gives_the_folders_rows_in_shard_order(world, tmp_path):
+    for data, out in ((world / "images", "folder"), (world / "shards", "shards")):
+        result = run_torchkit_in_process(
+            "extract-features", world / "model.pt", data, "--out", tmp_path / out, "--device", "cpu"
+        )
+        assert result.returncode == 0, result.stderr
+    with open(tmp_path / "shards" / "index.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows[0]["path"] == "shard-000000.tar/a_a_0.png"
+    assert [r["path"].split("/")[0] for r in rows] == sorted(r["path"].split("/")[0] for r in rows)
+    assert [r["label"] for r in rows] == [c for c in CLASSES for _ in range(6)]
+    folder = np.load(tmp_path / "folder" / "penultimate.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "shards" / "penultimate.npy"), folder)
+
+
+def test_extract_features_reads_a_pattern_and_a_missing_shard_leaves_no_out(world, tmp_path):
+    pattern = str(world / "shards" / "shard-{000000..000003}.tar")
+    result = run_torchkit_in_process(
+        "extract-features", world / "model.pt", pattern, tmp_path / "feats", "--device", "cpu"
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(np.load(tmp_path / "feats" / "penultimate.npy")) == 18
+    missing = str(world / "shards" / "shard-{000000..000009}.tar")
+    result = run_torchkit_in_process(
+        "extract-features", world / "model.pt", missing, tmp_path / "none", "--device", "cpu"
+    )
+    assert result.returncode == 1
+    assert "shard not found" in error_line(result.stderr)
+    assert not (tmp_path / "none").exists()
+
+
+def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_path):
+    result = run_torchkit_in_process(
+        "train", "--data", world / "shards", "--model", "convnet", "--image-size", "8",
+        "--epochs", "1", "--batch-size", "4", "--workers", "0", "--device", "cpu",
+        "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    split = (tmp_path / "run" / "split.csv").read_text().splitlines()
+    assert len(split) == 19 and split[1].startswith("shard-0000")
+    pattern = world / "shards" / "shard-{000000..000001}.tar"
+    predicted = run_torchkit_in_process(
+        "predict", tmp_path / "run" / "best.pt", pattern, "--format", "csv", "--device", "cpu"
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    assert len(predicted.stdout.splitlines()) == 1 + 10
+
+
+def tar_folder(folder: Path, archive: Path, *, wrapped: bool) -> Path:
+    """`tar cf archive -C folder .` (members class/img.png), or with everything inside one
+    folder named as the archive (`tar cf X.tar X`)."""
+    with tarfile.open(archive, "w") as tar:
+        for path in sorted(folder.rglob("*")):
+            relative = path.relative_to(folder).as_posix()
+            tar.add(
+                path, arcname=f"{archive.stem}/{relative}" if wrapped else relative, recursive=False
+            )
+    return archive
+
+
+def test_a_tar_of_an_image_folder_or_a_split_root_reads_as_the_folder(world, tmp_path):
+    folder = stats(world / "images")
+    assert stats(tar_folder(world / "images", tmp_path / "images.tar", wrapped=False)) == folder
+    assert stats(tar_folder(world / "images", tmp_path / "wrapped.tar", wrapped=True)) == folder
+    archive = tar_folder(world / "split", tmp_path / "split.tar", wrapped=False)
+    for split in ("train", "val"):
+        assert stats(archive, "--split", split) == stats(world / "split", "--split", split)
+
+
+def test_split_shards_are_split_data_and_eval_reads_only_val(world):
+    found = run_json(
+        "eval", world / "model.pt", "--data", world / "split-shards", "--split", "val",
+        "--device", "cpu",
+    )  # fmt: skip
+    assert found["split"] == "val" and found["num_images"] == 6
+    val = run_json(
+        "eval", world / "model.pt", "--data", world / "split", "--split", "val", "--device", "cpu"
+    )
+    assert found["accuracy"] == val["accuracy"] and found["loss"] == val["loss"]
+
+
+def tar_of(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_corrupt_image_in_a_shard_is_counted_unreadable(world, tmp_path):
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    shard = tar_of(
+        tmp_path / "s-000000.tar",
+        {"x.png": png, "x.cls": b"0", "y.png": b"not a png", "y.cls": b"1"},
+    )
+    found = run_json("dataset-stats", shard)
+    assert found["images"] == 1 and found["unreadable_count"] == 1
+    strict = run_torchkit_in_process("dataset-stats", shard, "--strict")
+    assert strict.returncode == 1
+    assert "s-000000.tar/y.png" in error_line(strict.stderr)
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("truncated", "is truncated or damaged"),
+        ("text", "is not a tar archive"),
+        ("gzip", "is a compressed tar"),
+        ("no samples", "no samples in the shards"),
+        ("missing shard", "shard not found: "),
+        ("no label", "sample y in s-000000.tar has no label"),
+    ],
+)
+def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
+    shard = tmp_path / "s-000000.tar"
+    good = world / "shards" / "shard-000001.tar"
+    data: object = shard
+    if damage == "truncated":
+        shard.write_bytes(good.read_bytes()[:4000])
+    elif damage == "text":
+        shard.write_text("hello, I am not a tar\n" * 40)
+    elif damage == "gzip":
+        import gzip
+
+        shard.write_bytes(gzip.compress(good.read_bytes()))
+    elif damage == "no samples":
+        tar_of(shard, {})
+    elif damage == "missing shard":
+        shutil.copy(good, shard)
+        data = tmp_path / "s-{000000..000002}.tar"
+    else:
+        png = (world / "images" / "a" / "a_0.png").read_bytes()
+        tar_of(shard, {"x.png": png, "x.cls": b"0", "y.png": png})
+    result = run_torchkit_in_process("dataset-stats", data)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert message in line, line
+    if damage != "missing shard":
+        assert str(shard) in line or shard.name in line, line
+
+
+def test_two_ddp_ranks_over_uneven_shards_see_every_sample(tmp_path):
+    """25 train samples in 5 shards of 1, 3, 5, 7 and 9: each rank sees 13 (DistributedSampler's
+    padding: the order is repeated up to a multiple of the world size), together every sample
+    once and one of them twice."""
+    from PIL import Image
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    level = 0
+    for number, count in enumerate((1, 3, 5, 7, 9)):
+        members = {}
+        for _ in range(count):
+            buffer = io.BytesIO()
+            Image.new("RGB", (8, 8), (level * 9, level * 9, level * 9)).save(buffer, "PNG")
+            members[f"{level:03d}.png"] = buffer.getvalue()
+            members[f"{level:03d}.cls"] = str(level % 2).encode()
+            level += 1
+        tar_of(shards / f"train-{number:06d}.tar", members)
+    tar_of(shards / "val-000000.tar", {"v.png": members["024.png"], "v.cls": b"0"})
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    done = run_ranks(
+        "train", "--data", shards, "--model", "nets:SeenNet", "--image-size", "8",
+        "--augment", "none", "--epochs", "1", "--batch-size", "2", "--workers", "0",
+        "--device", "cpu", "--out", tmp_path / "run", env={"SEEN_DIR": str(seen)}, timeout=240,
+    )  # fmt: skip
+    assert [rank.returncode for rank in done] == [0, 0], stderr_of(done)[-3000:]
+    ranks = [(seen / f"rank-{rank}.txt").read_text().split() for rank in (0, 1)]
+    assert [len(values) for values in ranks] == [13, 13]
+    every = ranks[0] + ranks[1]
+    assert len(set(every)) == 25

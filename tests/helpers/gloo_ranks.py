@@ -1,0 +1,101 @@
+"""`python -m torchkit ARGS` as the ranks of a Gloo world on this machine, started the way
+torchrun starts them (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, one
+torch thread) but without its agent in between.
+
+torchkit reads only those variables, so the ranks run the code they run under torchrun; each
+rank's own exit code and output are seen, a signal reaches one rank only, and a rank that
+hangs fails the test instead of being killed by the agent. It also spares each launch the
+agent's own start (a Python importing torch and the elastic machinery: about 6 s of a
+2-core machine's time). The tests of torchrun's own part (its rendezvous, several nodes)
+launch it for real: test_train_ddp.py, test_eval.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from suite_paths import HELPERS, REPO
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_ranks(
+    *args: object, env: dict[str, str] | None = None, world: int = 2, cwd: Path = REPO
+) -> list[subprocess.Popen]:
+    """Start ranks 0..world-1 of `python -m torchkit ARGS`; `env` is added to each one's."""
+    port = str(free_port())
+    started = []
+    for rank in range(world):
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": str(HELPERS),
+            "OMP_NUM_THREADS": "1",
+            "NO_COLOR": "1",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            **(env or {}),
+        }
+        full_env.pop("TORCHKIT_DEBUG", None)
+        started.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "torchkit", *map(str, args)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=full_env,
+                cwd=cwd,
+            )
+        )
+    return started
+
+
+def finish(process: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for one rank; one that has not ended after `timeout` seconds (a hang) fails the test."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"rank did not end within {timeout} s (a hang):\n{err[-3000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def run_ranks(
+    *args: object,
+    env: dict[str, str] | None = None,
+    world: int = 2,
+    timeout: float = 120,
+    cwd: Path = REPO,
+) -> list[subprocess.CompletedProcess]:
+    """Every rank of `python -m torchkit ARGS`, run to its end: [rank 0, rank 1, ...]."""
+    started = start_ranks(*args, env=env, world=world, cwd=cwd)
+    try:
+        return [finish(process, timeout) for process in started]
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def error_lines_of(ranks: list[subprocess.CompletedProcess]) -> list[str]:
+    """The `Error:` lines of every rank's stderr, rank 0's first."""
+    return [
+        line for done in ranks for line in done.stderr.splitlines() if line.startswith("Error:")
+    ]
+
+
+def stderr_of(ranks: list[subprocess.CompletedProcess]) -> str:
+    return "\n".join(f"--- rank {number}\n{done.stderr}" for number, done in enumerate(ranks))

@@ -1,0 +1,220 @@
+"""Tiny networks for the `torchkit train` tests, named on the command line as `nets:TinyNet`
+(tests/helpers/ is on sys.path under pytest, and on the PYTHONPATH of the processes tests start:
+suite_paths.HELPERS).
+
+Some carry fault injection driven by environment variables, so a real `torchkit train` process
+can be killed or interrupted at an exact training step without any hook in torchkit itself:
+TORCHKIT_TEST_KILL_AT=N sends SIGKILL, TORCHKIT_TEST_SIGINT_AT=N sends SIGINT (Ctrl-C) to the
+process on the N-th training forward pass (1-based). GatedNet stops at a gate instead, for a test
+to signal the process from outside at an exact step (see `GatedNet`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import torch
+from torch import nn
+
+from torchkit.core.runtime import distributed as dist_utils
+
+# BNNet's ranks vote on stopping after every update (as they do when updates are slow), so that
+# a stop lands inside an epoch at an exact update (train/test_train_ddp_faults.py).
+if os.environ.get("TORCHKIT_TEST_VOTE_EVERY_UPDATE"):
+    dist_utils.STOP_POLL_EVERY_S = 0.0
+
+
+class TinyNet(nn.Module):
+    """conv -> relu -> pool -> linear: no dropout and no BatchNorm, so a run is a pure function
+    of the data order (what the reference-loop and DDP comparisons need)."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(torch.relu(self.conv(x))).flatten(1))
+
+
+class NoisyNet(nn.Module):
+    """BatchNorm (buffers) and dropout (random numbers): what exact resume must restore. Its
+    training forward passes are counted for fault injection (see the module docstring)."""
+
+    forwards = 0
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(2)
+        )
+        self.dropout = nn.Dropout(0.3)
+        self.fc = nn.Linear(32, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            NoisyNet.forwards += 1
+            _inject_fault(NoisyNet.forwards)
+        return self.fc(self.dropout(self.features(x).flatten(1)))
+
+
+def _inject_fault(count: int) -> None:
+    if os.environ.get("TORCHKIT_TEST_KILL_AT") == str(count):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("TORCHKIT_TEST_SIGINT_AT") == str(count):
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+class GatedNet(TinyNet):
+    """With TORCHKIT_TEST_GATE_FILE=PATH and TORCHKIT_TEST_GATE_AT=N, its N-th training forward
+    pass (1-based) creates PATH and waits until the test removes it: the test waits for the
+    file, signals the process (or reads its state), then opens the gate."""
+
+    forwards = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            GatedNet.forwards += 1
+            _wait_at_gate(GatedNet.forwards)
+        return super().forward(x)
+
+
+class GatedBuildNet(TinyNet):
+    """TinyNet whose construction waits at the gate (TORCHKIT_TEST_GATE_FILE, with
+    TORCHKIT_TEST_GATE_AT=build): a test signals the process while the model is being built,
+    after the loaders' workers started reading epoch 1."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        _wait_at_gate("build")
+        super().__init__(num_classes)
+
+
+def _wait_at_gate(count: int | str) -> None:
+    gate = os.environ.get("TORCHKIT_TEST_GATE_FILE")
+    if not gate or os.environ.get("TORCHKIT_TEST_GATE_AT") != str(count):
+        return
+    open(gate, "w").close()
+    deadline = time.monotonic() + 120
+    while os.path.exists(gate):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test never opened the gate")
+        time.sleep(0.01)
+
+
+class AutocastProbe(TinyNet):
+    """Records the dtype its linear layer computes in during training (bf16 under --amp)."""
+
+    seen: list = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.training:
+            AutocastProbe.seen.append(out.dtype)
+        return out
+
+
+class OutOfMemoryNet(TinyNet):
+    """Raises CUDA's out-of-memory error on the second epoch's first training step."""
+
+    forwards = 0
+    after = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            OutOfMemoryNet.forwards += 1
+            if OutOfMemoryNet.forwards > OutOfMemoryNet.after:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().forward(x)
+
+
+class _InfiniteGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad * math.inf
+
+
+class NanNet(nn.Module):
+    """TinyNet's layers; the N-th training forward pass returns NaN (see the module doc)."""
+
+    forwards = 0
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(self.pool(torch.relu(self.conv(x))).flatten(1))
+        if self.training:
+            NanNet.forwards += 1
+            rank = os.environ.get("TORCHKIT_TEST_NAN_RANK")
+            if rank in (None, os.environ.get("RANK", "0")) and os.environ.get(
+                "TORCHKIT_TEST_NAN_AT"
+            ) == str(NanNet.forwards):
+                out = out * float("nan")
+            if os.environ.get("TORCHKIT_TEST_INF_GRAD_AT") == str(NanNet.forwards):
+                out = _InfiniteGradient.apply(out)
+        return out
+
+
+class BNNet(nn.Module):
+    """conv -> BatchNorm -> relu -> pool -> dropout -> linear: each rank's BatchNorm statistics
+    move with its own batches, and dropout draws each rank's random numbers."""
+
+    forwards = 0
+
+    def __init__(self, num_classes: int = 2) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.AdaptiveAvgPool2d(2)
+        )
+        self.dropout = nn.Dropout(0.3)
+        self.fc = nn.Linear(24, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            BNNet.forwards += 1
+            _inject_rank_fault(BNNet.forwards)
+        return self.fc(self.dropout(self.features(x).flatten(1)))
+
+
+def _inject_rank_fault(count: int) -> None:
+    """TORCHKIT_TEST_SIGNAL=RANK:N:SIGNAL and TORCHKIT_TEST_HANG=RANK:N:SECONDS (see
+    train/test_train_ddp_faults.py)."""
+    rank = os.environ.get("RANK", "0")
+    wanted = os.environ.get("TORCHKIT_TEST_SIGNAL", "")
+    if wanted:
+        at_rank, at, name = wanted.split(":")
+        if (at_rank, at) == (rank, str(count)):
+            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+    hang = os.environ.get("TORCHKIT_TEST_HANG", "")
+    if hang:
+        at_rank, at, seconds = hang.split(":")
+        if (at_rank, at) == (rank, str(count)):
+            deadline = time.monotonic() + float(seconds)
+            while time.monotonic() < deadline:  # a rank that stops answering for a while
+                time.sleep(0.05)
+
+
+# `nets:SeenNet` is built in each torchrun rank (data/test_shards_read.py): it records
+# the identity of every training image it sees (each image is one flat grey level) in
+# $SEEN_DIR/rank-RANK.txt.
+class SeenNet(nn.Module):
+    def __init__(self, num_classes: int = 2) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            folder = os.environ["SEEN_DIR"]
+            with open(os.path.join(folder, f"rank-{os.environ['RANK']}.txt"), "a") as out:
+                out.writelines(f"{value:.4f}\n" for value in x[:, 0, 0, 0].tolist())
+        return self.fc(x.mean(dim=(2, 3)))

@@ -1,0 +1,142 @@
+"""Every `torchkit ...` command line in README.md and in docs/ parses: the command exists and every
+option and value it gives is one the command takes (README and docs examples must not drift from
+the CLI). The lines are parsed as the shell and click would, without running anything. README has
+an example of every command, and every command has its page in docs/commands/."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from suite_paths import REPO
+
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+SHELL_ENDS = {"|", "||", "&&", ";", ">", ">>", "2>", "<", "&"}
+# Eager options whose callbacks act while the line is parsed (install into the shell's rc
+# file, print and exit): their lines are checked for the option's existence only.
+EAGER = ("--install-completion", "--show-completion", "--version", "-V", "--help", "-h")
+
+
+def _documents() -> list[Path]:
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def _command_lines(document: Path) -> list[str]:
+    """The torchkit command lines of a document's bash blocks (after `uv run` or a `&&`)."""
+    text = document.read_text(encoding="utf-8")
+    lines: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            for part in re.split(r"&&|\|\||;", line):
+                part = part.strip().removeprefix("uv run ").strip()
+                if part.startswith("torchkit "):
+                    lines.append(part)
+    return lines
+
+
+def _readme_commands() -> list[str]:
+    return _command_lines(README)
+
+
+COMMANDS = _readme_commands()
+DOC_COMMANDS = [
+    pytest.param(line, id=f"{path.relative_to(REPO)}: {line}")
+    for path in _documents()
+    for line in _command_lines(path)
+]
+
+
+def _words(line: str) -> list[str]:
+    words = []
+    for word in shlex.split(line)[1:]:
+        if word in SHELL_ENDS or word.startswith((">", "2>")):
+            break
+        words.append(word)
+    return words
+
+
+def test_the_readme_has_examples_of_every_command(_torchkit_command):
+    names = set(_torchkit_command.commands)
+    used = {_words(line)[0] for line in COMMANDS if _words(line)}
+    assert names <= used, sorted(names - used)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["torchkit train --data digits --no-such-option", "torchkit convert nothing a b", "torchkit x"],
+)
+def test_a_drifted_line_fails(line, _torchkit_command):
+    """The check can fail: an unknown option, sub-command or command."""
+    with pytest.raises(Exception) as caught:  # click's usage errors, or the assertion
+        test_a_readme_command_line_parses(line, _torchkit_command)
+    assert "NoSuchOption" in type(caught.value).__name__ or isinstance(caught.value, AssertionError)
+
+
+@pytest.mark.parametrize("line", DOC_COMMANDS)
+def test_a_readme_command_line_parses(line, _torchkit_command):
+    words = _words(line)
+    command = _torchkit_command
+    eager = [word for word in words if word in EAGER]
+    if eager:  # parsing would run them: they must be options of the app, nothing more
+        names = {name for param in command.params for name in param.opts}
+        assert set(eager) <= names | {"--help", "-h"}, line
+        return
+    parent = None
+    while hasattr(command, "commands"):  # a group: its options, then a sub-command
+        position = next((i for i, word in enumerate(words) if not word.startswith("-")), None)
+        assert position is not None, f"no command in: {line}"
+        known = {name for param in command.params for name in param.opts}
+        assert set(words[:position]) <= known, line
+        parent = command.context_class(command, info_name=command.name, parent=parent)
+        found = command.get_command(parent, words[position])
+        assert found is not None, f"no command {words[position]!r} in: {line}"
+        command, words = found, words[position + 1 :]
+    command.make_context(command.name or "", list(words), parent=parent)  # raises when wrong
+
+
+def test_every_document_has_command_lines_to_check():
+    """The docs pages are found and read: a page moved or renamed would silently drop its lines."""
+    assert (DOCS / "index.md").is_file()
+    for page in sorted((DOCS / "commands").glob("*.md")):
+        assert _command_lines(page), page
+
+
+def test_every_command_has_a_page_listed_in_the_index(_torchkit_command):
+    pages = {page.stem for page in (DOCS / "commands").glob("*.md")}
+    assert set(_torchkit_command.commands) <= pages, sorted(set(_torchkit_command.commands) - pages)
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    for page in sorted(DOCS.rglob("*.md")):
+        if page.name != "index.md":
+            assert f"({page.relative_to(DOCS).as_posix()})" in index, page
+
+
+def test_relative_links_between_documents_resolve():
+    for document in _documents():
+        text = document.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target:
+                continue
+            assert (document.parent / target).exists(), f"{document.relative_to(REPO)}: {target}"
+
+
+def test_documents_speak_of_the_software_only():
+    """No issue numbers, work sessions, reviews or leases: the words are about torchkit."""
+    words = re.compile(r"issue #\d|\bsessions?\b|\bleases?\b|\breview(s|'s)?\b", re.I)
+    for document in _documents():
+        found = words.search(document.read_text(encoding="utf-8"))
+        assert found is None, f"{document.relative_to(REPO)}: {found.group(0)!r}"
+
+
+def test_the_readme_is_a_front_door():
+    """At most 300 lines; the newcomer's two commands stay as the fresh-clone check greps them."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    main_job = re.search(r"uv run torchkit train[^`]*", text)
+    assert (
+        main_job is not None and main_job.group(0).strip() == "uv run torchkit train --data digits"
+    )
+    assert "\nuv run pytest\n" in text

@@ -1,0 +1,553 @@
+"""Data hygiene (issue #20): exact and perceptual hashes, the near-duplicate search, leakage
+between splits in `dataset-stats`, `split` keeping byte-identical files together, `--fixed` and
+`--oversample`, and train's warning about copies across its splits."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_image_folder
+from PIL import Image, ImageDraw
+
+from torchkit.cli import app
+from torchkit.core.data import hashing, neardup
+from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.split import split_dataset
+from torchkit.core.stats import compute_dataset_stats
+
+ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)
+
+
+def scene(seed: int, width: int = 96, height: int = 72) -> Image.Image:
+    """A small structured picture (smooth background and shapes): what photos look like to a
+    perceptual hash, unlike noise."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width] / max(width, height)
+    a, b, p = rng.uniform(-1, 1, 3)
+    background = 128 + 90 * np.sin(3 * a * xx + 3 * b * yy + 6 * p)
+    pixels = np.repeat(background[..., None], 3, axis=2) * rng.uniform(0.5, 1.0, 3)
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(5):
+        x0, y0 = rng.uniform(-0.2, 0.9, 2) * (width, height)
+        w, h = rng.uniform(0.15, 0.5, 2) * (width, height)
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        draw.ellipse([x0, y0, x0 + w, y0 + h], fill=colour)
+    return image
+
+
+def save(image: Image.Image, path: Path, **options) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, **options)
+    return path
+
+
+def encoded(image: Image.Image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def bits_apart(a: int, b: int) -> int:
+    return bin(a ^ b).count("1")
+
+
+# --------------------------------------------------------------------------- hashes
+
+
+def test_content_groups_by_size_then_bytes(tmp_path):
+    big = bytes(range(256)) * 400  # 100 KiB: more than the prefix that is hashed first
+    files = {
+        "a.png": b"same bytes",
+        "b.png": b"same bytes",
+        "c.png": b"same bytez",  # same size, other bytes
+        "d.png": b"other size!",
+        "e.bin": big + b"x",
+        "f.bin": big + b"y",  # same size and prefix, differs at the end
+        "g.bin": big + b"x",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    paths = [tmp_path / name for name in files] + [tmp_path / "missing.png"]
+    assert hashing.content_groups(paths) == [[0, 1], [4, 6]]
+    assert hashing.file_digest(tmp_path / "a.png") == hashing.file_digest(tmp_path / "b.png")
+
+
+def test_phash_is_imagededups_definition():
+    """On a 32x32 image (no resize to disagree about) the pHash is exactly the DCT hash
+    imagededup's PHash defines: DCT-II of the gray image, top-left 8x8, >= median of the 63
+    AC terms, row-major, first bit most significant. Reference written from that definition."""
+    image = scene(3, 32, 32)
+    gray = np.asarray(image.convert("L"), dtype=np.float64)
+    n = np.arange(32)
+    basis = np.cos(np.pi * np.outer(np.arange(32), 2 * n + 1) / 64)  # DCT-II rows
+    coefficients = (basis @ gray @ basis.T)[:8, :8].ravel()
+    bits = coefficients >= np.median(coefficients[1:])
+    expected = int("".join("1" if bit else "0" for bit in bits), 2)
+    assert hashing.phash_image(image) == expected
+    assert hashing.phash_bytes(encoded(image, "PNG")) == expected
+
+
+def test_phash_matches_imagededup_when_installed(tmp_path):
+    phash_module = pytest.importorskip("imagededup.methods")
+    image = scene(5, 32, 32)
+    path = save(image, tmp_path / "x.png")
+    reference = phash_module.PHash(verbose=False).encode_image(image_file=str(path))
+    assert hashing.hex_hash(hashing.phash_file(path)) == reference
+
+
+def test_copies_are_near_and_other_images_far():
+    original = scene(11, 320, 240)
+    base = hashing.phash_bytes(encoded(original, "PNG"))
+    copies = [
+        encoded(original, "JPEG", quality=50),
+        encoded(original.resize((160, 120), Image.Resampling.LANCZOS), "JPEG", quality=85),
+        encoded(original.resize((480, 360), Image.Resampling.BICUBIC), "PNG"),
+        encoded(original.convert("L"), "PNG"),
+    ]
+    for data in copies:
+        assert bits_apart(hashing.phash_bytes(data), base) <= 6
+    others = [hashing.phash_bytes(encoded(scene(seed, 320, 240), "PNG")) for seed in range(8)]
+    assert min(bits_apart(h, base) for h in others) > neardup.DEFAULT_NEAR_THRESHOLD
+
+
+def test_phash_of_16_bit_and_palette_images():
+    gray = np.asarray(scene(2).convert("L"), dtype=np.uint16) * 257
+    sixteen = hashing.phash_bytes(encoded(Image.fromarray(gray), "PNG"))
+    eight = hashing.phash_bytes(encoded(scene(2).convert("L"), "PNG"))
+    assert bits_apart(sixteen, eight) <= 2  # scaled to 8 bits, not clipped white
+    palette = hashing.phash_bytes(encoded(scene(2).convert("P"), "PNG"))
+    assert bits_apart(palette, hashing.phash_bytes(encoded(scene(2), "PNG"))) <= 6
+    with pytest.raises(Exception):  # noqa: B017 - whatever PIL raises for garbage
+        hashing.phash_bytes(b"not an image")
+
+
+def test_phash_resize_is_the_mean_of_each_cell():
+    """The 32x32 image hashed is the mean of each cell (a box filter, after an exact integer
+    reduction of large images): an image made of equal blocks gives back its 32x32 pattern
+    exactly, whatever the block size, and hashes as the pattern does. A smoothing filter
+    (Hamming, Lanczos) would mix neighbouring blocks."""
+    pattern = scene(6, 32, 32).convert("L")
+    expected = hashing.phash_image(pattern)
+    for width, height in ((2, 2), (3, 5), (10, 8)):  # 320 x 256: reduced by 2 first
+        blocks = pattern.resize((32 * width, 32 * height), Image.Resampling.NEAREST)
+        assert np.array_equal(np.asarray(hashing._cell_means(blocks)), np.asarray(pattern))
+        assert hashing.phash_bytes(encoded(blocks, "PNG")) == expected
+
+
+def test_jpeg_reduced_decode_agrees_with_a_whole_decode():
+    """dataset-stats hashes a measured JPEG from its whole decode, the others' from a reduced
+    one: the two agree to within a few bits."""
+    data = encoded(scene(9, 640, 480), "JPEG", quality=90)
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        whole = hashing.phash_image(image)
+    assert bits_apart(hashing.phash_bytes(data), whole) <= 4
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def _brute_force(values: np.ndarray, threshold: int) -> set[tuple[int, int, int]]:
+    distances = neardup.popcount(values[:, None] ^ values[None, :])
+    a, b = np.nonzero(np.triu(distances <= threshold, 1))
+    return {(int(i), int(j), int(distances[i, j])) for i, j in zip(a, b, strict=True)}
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 4, 8, 10, 13])
+def test_near_pairs_equal_brute_force(threshold):
+    rng = np.random.default_rng(threshold)
+    base = rng.integers(0, 2**63, 1500, dtype=np.uint64) * np.uint64(2)
+    flips = np.zeros(400, dtype=np.uint64)
+    for i in range(400):  # planted copies up to a few bits beyond the threshold
+        for bit in rng.choice(64, int(rng.integers(0, threshold + 3)), replace=False):
+            flips[i] |= np.uint64(1) << np.uint64(int(bit))
+    values = np.concatenate([base, base[:400] ^ flips, base[:5]])  # and equal hashes
+    a, b, d = neardup.near_pairs(values, threshold)
+    assert set(zip(a.tolist(), b.tolist(), d.tolist(), strict=True)) == _brute_force(
+        values, threshold
+    )
+
+
+def test_large_sets_use_multi_index_hashing_not_all_pairs(monkeypatch):
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 2**63, 6000, dtype=np.uint64)
+    values = np.concatenate([values, values[:100] ^ np.uint64(0b1011)])
+    assert neardup.plan_search(len(values), 10) > 0
+    monkeypatch.setattr(neardup, "_all_pairs", lambda *a: pytest.fail("compared all pairs"))
+    a, b, d = neardup.near_pairs(values, 10)
+    expected = {(i, 6000 + i) for i in range(100)}
+    assert expected <= set(zip(a.tolist(), b.tolist(), strict=True))
+    assert (d[np.isin(b, np.arange(6000, 6100))] <= 3).all()
+
+
+def test_find_pairs_names_each_copy_once_with_its_split():
+    ids = ["train/a/1.png", "train/a/2.png", "val/a/3.png", "test/a/4.png", "val/a/5.png"]
+    splits = ["train", "train", "val", "test", "val"]
+    same = b"x" * 32
+    digests = [same, same, same, b"y" * 32, b"z" * 32]
+    phashes = [0b1111, 0b1111, 0b1111, 0b0111, 0b1111 ^ (1 << 40)]
+    leak, within = neardup.find_pairs(ids, splits, digests, phashes, threshold=3, within=True)
+    got = [(p.path_a, p.split_a, p.path_b, p.split_b, p.kind, p.distance) for p in leak]
+    # 1, 2 and 3 are one content (X); 4 (Y) and 5 (Z) are 1 bit from X, 2 from each other.
+    assert got == [
+        ("train/a/1.png", "train", "val/a/3.png", "val", "exact", 0),  # 2 is in 1's split
+        ("train/a/1.png", "train", "test/a/4.png", "test", "near", 1),
+        ("train/a/1.png", "train", "val/a/5.png", "val", "near", 1),
+        ("val/a/5.png", "val", "test/a/4.png", "test", "near", 2),
+    ]
+    assert [(p.path_a, p.path_b, p.distance) for p in within] == [("val/a/3.png", "val/a/5.png", 1)]
+
+
+def test_many_images_with_one_phash_give_a_pair_each_not_all_pairs():
+    """3,000 different blank images (one pHash): n - 1 pairs, linked to the first one."""
+    n = 3000
+    splits = ["train" if i % 2 else "val" for i in range(n)]
+    ids = [f"{split}/x/{i:05d}.png" for i, split in enumerate(splits)]
+    digests = [i.to_bytes(4, "big") for i in range(n)]
+    leak, within = neardup.find_pairs(ids, splits, digests, [0] * n, threshold=8, within=True)
+    assert len(leak) == 1500 and len(within) == 1499
+    assert {p.path_a for p in leak} == {"train/x/00001.png"} and leak[0].distance == 0
+
+
+# --------------------------------------------------------------------------- dataset-stats
+
+
+@pytest.fixture
+def leaky_root(tmp_path: Path) -> Path:
+    """train/val/test of distinct scenes, plus: an exact copy of a train image in val, a
+    resized JPEG of another in test, and a re-encoded copy of a train image in train."""
+    root = tmp_path / "leaky"
+    seed = 100
+    for split, per_class in (("train", 4), ("val", 2), ("test", 2)):
+        for name in ("cat", "dog"):
+            for i in range(per_class):
+                seed += 1
+                save(scene(seed), root / split / name / f"{name}{i}.png")
+    original = root / "train" / "cat" / "cat0.png"
+    (root / "val" / "cat" / "copy.png").write_bytes(original.read_bytes())
+    resized = Image.open(root / "train" / "dog" / "dog1.png").resize((64, 48))
+    save(resized, root / "test" / "dog" / "small.jpg", quality=80)
+    save(Image.open(root / "train" / "dog" / "dog2.png"), root / "train" / "dog" / "again.jpg")
+    return root
+
+
+def pairs_of(report: list[dict]) -> set[tuple]:
+    return {(p["path_a"], p["split_a"], p["path_b"], p["split_b"], p["kind"]) for p in report}
+
+
+def test_leakage_finds_planted_copies_with_splits_and_kinds(leaky_root):
+    stats = compute_dataset_stats(leaky_root, workers=1)
+    assert stats.split == "train" and stats.files == 9  # the statistics are of train only
+    assert stats.leakage_checked and stats.hashed_files == 9 + 5 + 5
+    assert pairs_of([p.to_dict() for p in stats.leakage]) == {
+        ("train/cat/cat0.png", "train", "val/cat/copy.png", "val", "exact"),
+        ("train/dog/dog1.png", "train", "test/dog/small.jpg", "test", "near"),
+    }
+    assert stats.near_duplicates == []
+    within = compute_dataset_stats(leaky_root, workers=2, near_duplicates=True)
+    assert pairs_of([p.to_dict() for p in within.near_duplicates]) == {
+        ("train/dog/again.jpg", "train", "train/dog/dog2.png", "train", "near")
+    }
+    assert within.leakage == stats.leakage  # worker processes: the same pairs
+    strict = compute_dataset_stats(leaky_root, workers=1, near_threshold=0)
+    assert {p.kind for p in strict.leakage} <= {"exact", "near"}
+    assert all(p.distance == 0 for p in strict.leakage)
+
+
+def test_leakage_of_every_split_measured_and_no_leakage(leaky_root):
+    everything = compute_dataset_stats(leaky_root, split="all", workers=1)
+    assert everything.files == 19 and len(everything.leakage) == 2
+    off = compute_dataset_stats(leaky_root, workers=1, leakage=False)
+    assert not off.leakage_checked and off.leakage == [] and off.hashed_files == 0
+    assert off.mean == compute_dataset_stats(leaky_root, workers=1).mean
+    folder = compute_dataset_stats(leaky_root / "train", workers=1)
+    assert not folder.leakage_checked and folder.near_threshold is None
+    with pytest.raises(UsageError, match="no splits to compare"):
+        compute_dataset_stats(leaky_root / "train", workers=1, pairs_required=True)
+    with pytest.raises(UsageError, match="--near-threshold"):
+        compute_dataset_stats(leaky_root, near_threshold=40)
+
+
+def test_cli_json_table_and_pair_csv(runner, leaky_root, tmp_path):
+    pairs_csv = tmp_path / "pairs.csv"
+    args = ["dataset-stats", str(leaky_root), "-j", "1", "--near-duplicates"]
+    result = runner.invoke(app, [*args, "--format", "json", "--leakage-csv", str(pairs_csv)])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["leakage_checked"] is True and data["near_threshold"] == 8
+    assert data["leakage_exact"] == 1 and data["leakage_near"] == 1
+    for pair in data["leakage"] + data["near_duplicates"]:
+        assert list(pair) == ["path_a", "split_a", "path_b", "split_b", "kind", "distance"]
+        assert isinstance(pair["distance"], int) and pair["kind"] in ("exact", "near")
+    assert len(data["near_duplicates"]) == 1
+    assert "1 exact and 1 near duplicate pair(s) cross splits" in result.stderr
+    assert "also reading val, test (10 files" in result.stderr
+    with pairs_csv.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 and rows[0]["kind"] == "exact" and rows[0]["split_b"] == "val"
+    again = runner.invoke(app, [*args, "--leakage-csv", str(pairs_csv)])
+    assert again.exit_code == 1 and "--force" in again.stderr  # not replaced without --force
+    table = runner.invoke(app, [*args, "--leakage-csv", str(pairs_csv), "--force"])
+    assert table.exit_code == 0, table.stderr
+    assert "Leakage: the same image in different splits (2 pairs)" in table.stdout
+    assert "leakage across splits" in table.stdout and "1 exact, 1 near" in table.stdout
+    assert "Near duplicates within a split (1 pairs)" in table.stdout
+    long = runner.invoke(app, ["dataset-stats", str(leaky_root), "-j", "1", "--format", "csv"])
+    assert "summary,leakage_exact,1" in long.stdout and "summary,leakage_near,1" in long.stdout
+
+
+def test_cli_pair_csv_refusals(runner, leaky_root, tmp_path):
+    inside = runner.invoke(
+        app, ["dataset-stats", str(leaky_root), "--leakage-csv", str(leaky_root / "p.csv")]
+    )
+    assert inside.exit_code == 1 and ERROR_LINE.search(inside.stderr)
+    same = tmp_path / "same.csv"
+    both = runner.invoke(
+        app, ["dataset-stats", str(leaky_root), "-o", str(same), "--leakage-csv", str(same)]
+    )
+    assert both.exit_code != 0 and "same file" in both.stderr
+    unsplit = runner.invoke(
+        app, ["dataset-stats", str(leaky_root / "train"), "--leakage-csv", str(same)]
+    )
+    assert unsplit.exit_code == 2 and "no splits to compare" in unsplit.stderr
+    assert not same.exists()
+    bad = runner.invoke(app, ["dataset-stats", str(leaky_root), "--near-threshold", "99"])
+    assert bad.exit_code == 2
+
+
+def test_near_duplicates_within_data_without_splits(runner, leaky_root):
+    args = ["dataset-stats", str(leaky_root / "train"), "-j", "1", "--near-duplicates"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["leakage_checked"] is False and data["leakage"] == []
+    assert pairs_of(data["near_duplicates"]) == {
+        ("dog/again.jpg", None, "dog/dog2.png", None, "near")
+    }
+    table = runner.invoke(app, args)
+    assert "near duplicates" in table.stdout and "1 pairs (pHash distance <= 8)" in table.stdout
+    assert "Near duplicates (1 pairs)" in table.stdout and "leakage across" not in table.stdout
+
+
+def test_split_csv_index_reports_leakage_that_dedup_prevents(runner, tmp_path):
+    """The pipeline: a folder with 19 copies of one photo, split as a manifest without and
+    with dedup groups, then checked by dataset-stats on the split.csv."""
+    raw = tmp_path / "raw"
+    for i in range(12):
+        save(scene(200 + i), raw / ("a" if i % 2 else "b") / f"img{i}.png")
+    for k in range(19):
+        (raw / "a" / f"copy{k:02d}.png").write_bytes((raw / "a" / "img1.png").read_bytes())
+    loose = split_dataset(raw, tmp_path / "loose", mode="manifest", dedup=False)
+    assert loose.dedup_groups == 0 and loose.to_dict()["dedup_groups"] is None
+    leaked = compute_dataset_stats(tmp_path / "loose" / "split.csv", workers=1)
+    assert leaked.leakage and {p.kind for p in leaked.leakage} == {"exact"}
+    kept = split_dataset(raw, tmp_path / "kept", mode="manifest")
+    assert (kept.dedup_groups, kept.dedup_files) == (1, 20)
+    clean = compute_dataset_stats(tmp_path / "kept" / "split.csv", workers=1)
+    assert clean.leakage == [] and clean.leakage_checked
+
+
+# --------------------------------------------------------------------------- split
+
+
+def make_files(root: Path, counts: dict[str, int]) -> Path:
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            (root / name / f"{name}_{i:02d}.png").write_bytes(f"{name}/{i}".encode() * 3)
+    return root
+
+
+def rows(out: Path) -> list[dict[str, str]]:
+    with (out / "split.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def splits_by_name(out: Path) -> dict[str, str]:
+    return {Path(r["source"]).name: r["split"] for r in rows(out)}
+
+
+def test_split_keeps_byte_identical_files_together_and_opt_out(tmp_path):
+    raw = make_files(tmp_path / "raw", {"cat": 30, "dog": 30})
+    copies = [f"dup_{k:02d}.png" for k in range(19)]
+    for name in copies:
+        (raw / "cat" / name).write_bytes((raw / "cat" / "cat_00.png").read_bytes())
+    spread = 0
+    for seed in range(4):
+        kept = split_dataset(raw, tmp_path / f"kept{seed}", mode="manifest", seed=seed)
+        where = splits_by_name(tmp_path / f"kept{seed}")
+        assert len({where[n] for n in [*copies, "cat_00.png"]}) == 1
+        assert kept.dedup_groups == 1 and kept.dedup_files == 20
+        loose = split_dataset(
+            raw, tmp_path / f"loose{seed}", mode="manifest", seed=seed, dedup=False
+        )
+        where = splits_by_name(tmp_path / f"loose{seed}")
+        spread += len({where[n] for n in [*copies, "cat_00.png"]}) > 1
+        assert loose.dedup is False
+    assert spread == 4  # 20 files at 8:1:1 never all land in one split by chance
+
+
+def test_split_without_copies_is_unchanged_by_dedup(tmp_path):
+    raw = make_files(tmp_path / "raw", {"cat": 23, "dog": 11})
+    split_dataset(raw, tmp_path / "a", mode="manifest", seed=5)
+    split_dataset(raw, tmp_path / "b", mode="manifest", seed=5, dedup=False)
+    assert splits_by_name(tmp_path / "a") == splits_by_name(tmp_path / "b")
+    assert list(rows(tmp_path / "a")[0]) == ["path", "label", "split", "source"]
+
+
+def test_dedup_combines_with_group(tmp_path):
+    raw = tmp_path / "raw"
+    for patient in range(12):
+        for shot in range(2):
+            path = raw / "x" / f"p{patient:02d}_{shot}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(f"{patient}/{shot}".encode() * 4)
+    # patient 3's first shot is byte-identical to patient 7's: both patients are one unit
+    (raw / "x" / "p07_0.png").write_bytes((raw / "x" / "p03_0.png").read_bytes())
+    for seed in range(6):
+        out = tmp_path / f"o{seed}"
+        result = split_dataset(raw, out, mode="manifest", seed=seed, group=r"^(p\d+)_")
+        where = splits_by_name(out)
+        assert len({where[n] for n in ("p03_0.png", "p03_1.png", "p07_0.png", "p07_1.png")}) == 1
+        assert result.groups == 12 and result.dedup_groups == 1
+
+
+def test_fixed_counts_per_class_and_errors(runner, tmp_path):
+    raw = make_files(tmp_path / "raw", {"cat": 20, "dog": 9, "eel": 6})
+    result = split_dataset(raw, tmp_path / "out", fixed="2,3", mode="manifest")
+    assert result.names == ["train", "val", "test"] and result.fixed == [2, 3]
+    assert result.counts == [[15, 2, 3], [4, 2, 3], [1, 2, 3]]
+    two = split_dataset(raw, tmp_path / "two", fixed=[4], mode="manifest")
+    assert two.names == ["train", "val"] and [row[1] for row in two.counts] == [4, 4, 4]
+    with pytest.raises(InputError, match="class 'eel' has 6 image"):
+        split_dataset(raw, tmp_path / "x", fixed="3,3", mode="manifest")
+    pooled = split_dataset(raw, tmp_path / "pool", fixed="5", stratify=False, mode="manifest")
+    assert pooled.totals == [30, 5]
+    cli = runner.invoke(app, ["split", str(raw), str(tmp_path / "c"), "--fixed", "2,2"])
+    assert cli.exit_code == 0, cli.stderr
+    assert "fixed: 2 in val, 2 in test per class" in cli.stderr
+    assert len(list((tmp_path / "c" / "val" / "dog").iterdir())) == 2
+    for args, message in [
+        (["--fixed", "2", "--ratio", "8:2"], "give one of them"),
+        (["--fixed", "two"], "cannot read --fixed"),
+        (["--fixed", "1,2,3"], "cannot read --fixed"),
+        (["--fixed", "0"], "at least 1"),
+        (["--fixed", "2", "--names", "a,b,c"], "--names gives 3"),
+    ]:
+        bad = runner.invoke(app, ["split", str(raw), str(tmp_path / "bad"), *args])
+        assert bad.exit_code == 2 and message in bad.stderr, (args, bad.stderr)
+    short = runner.invoke(app, ["split", str(raw), str(tmp_path / "s"), "--fixed", "4,2"])
+    assert short.exit_code == 1 and "'eel' has 6 image(s): --fixed 4,2 needs at least 7" in (
+        short.stderr
+    )
+    assert not (tmp_path / "s").exists() and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("mode", ["copy", "symlink", "manifest"])
+def test_oversample_balances_train_with_numbered_repeats(tmp_path, mode):
+    raw = make_files(tmp_path / "raw", {"cat": 20, "dog": 6})
+    out = tmp_path / "out"
+    result = split_dataset(raw, out, fixed="1,1", oversample=True, mode=mode)
+    assert result.counts == [[18, 1, 1], [4, 1, 1]] and result.repeats == [0, 14]
+    data = result.to_dict()
+    assert data["oversample"] is True and data["repeats"] == 14
+    assert [c["repeats"] for c in data["classes"]] == [0, 14]
+    table = rows(out)
+    assert list(table[0]) == ["path", "label", "split", "source", "repeat"]
+    dog_train = [r for r in table if r["label"] == "dog" and r["split"] == "train"]
+    assert len(dog_train) == 18
+    per_source: dict[str, list[int]] = {}
+    for row in dog_train:
+        per_source.setdefault(row["source"], []).append(int(row["repeat"]))
+    assert sorted(len(v) for v in per_source.values()) == [4, 4, 5, 5]  # round-robin
+    assert all(sorted(v) == list(range(len(v))) for v in per_source.values())
+    if mode == "manifest":
+        assert len({r["path"] for r in dog_train}) == 4  # the rows repeat
+    else:
+        assert len({r["path"] for r in dog_train}) == 18  # every repeat a file of its own
+        names = sorted(p.name for p in (out / "train" / "dog").iterdir())
+        repeated = [n for n in names if re.fullmatch(r"dog_\d\d-repeat[1-5]\.png", n)]
+        assert len(names) == 18 and len(repeated) == 14
+        for row in dog_train:
+            assert (out / row["path"]).read_bytes() == Path(row["source"]).read_bytes()
+    assert all(r["repeat"] == "0" for r in table if r["split"] != "train")
+
+
+def test_oversample_with_ratio_and_move_refused(runner, tmp_path):
+    raw = make_files(tmp_path / "raw", {"cat": 30, "dog": 10})
+    result = split_dataset(raw, tmp_path / "out", oversample=True, mode="manifest")
+    assert result.counts[0][0] == 24 and result.counts[1][0] + result.repeats[1] == 24
+    refused = runner.invoke(
+        app, ["split", str(raw), str(tmp_path / "m"), "--oversample", "--mode", "move"]
+    )
+    assert refused.exit_code == 2 and "--oversample cannot --mode move" in refused.stderr
+    assert (raw / "cat" / "cat_00.png").exists()
+
+
+def test_cli_reports_dedup_groups(runner, tmp_path):
+    raw = make_files(tmp_path / "raw", {"cat": 10, "dog": 10})
+    for k in range(3):
+        (raw / "dog" / f"same{k}.png").write_bytes((raw / "cat" / "cat_01.png").read_bytes())
+    args = ["split", str(raw), str(tmp_path / "out"), "--mode", "manifest", "--format", "json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["dedup_groups"] == 1 and data["dedup_files"] == 4
+    assert data["fixed"] is None and data["oversample"] is False and data["repeats"] == 0
+    assert "kept 1 group(s) of byte-identical files (4 files) in one split each" in result.stderr
+    off = runner.invoke(
+        app, [*args[:2], str(tmp_path / "off"), "--no-dedup-groups", "--format", "json"]
+    )
+    assert off.exit_code == 0 and json.loads(off.stdout)["dedup_groups"] is None
+    assert "byte-identical" not in off.stderr
+
+
+# --------------------------------------------------------------------------- train
+
+
+def test_train_warns_about_copies_across_its_splits(tmp_path, caplog):
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.loaders import cross_split_copies, load_splits
+
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"ant": 4, "bee": 4}, seed=1)
+    write_image_folder(root / "val", {"ant": 2, "bee": 2}, seed=2)
+    write_image_folder(root / "test", {"ant": 2, "bee": 2}, seed=3)
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        data = load_splits(TrainConfig(data=str(root)))
+    assert not [r for r in caplog.records if "byte-identical" in r.getMessage()]
+    assert cross_split_copies(data.splits) == (0, 0)
+    for split in ("val", "test"):
+        (root / split / "ant" / "leak.png").write_bytes((root / "train/ant/ant_0.png").read_bytes())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        load_splits(TrainConfig(data=str(root)))
+    (line,) = [r.getMessage() for r in caplog.records if "byte-identical" in r.getMessage()]
+    assert line.startswith("3 images have a byte-identical copy in another of the run's splits")
+    assert f"torchkit dataset-stats {root}" in line and "\n" not in line
+    digits = load_splits(TrainConfig(data="digits"))
+    assert cross_split_copies(digits.splits) == (0, 0)  # in memory: nothing to hash
+
+
+def test_train_cli_prints_the_warning_once(runner, tmp_path):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"ant": 4, "bee": 4}, seed=1)
+    write_image_folder(root / "val", {"ant": 2, "bee": 2}, seed=2)
+    (root / "val" / "bee" / "leak.png").write_bytes((root / "train/bee/bee_1.png").read_bytes())
+    args = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(root), *args, "--workers", "0", "--epochs", "1"]
+        + ["--out", str(tmp_path / "run")],
+    )
+    assert result.exit_code == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "byte-identical" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("Warning: 2 images have")

@@ -1,0 +1,319 @@
+"""Issue #13 for `torchkit train`: the run folder (--out) and the summary (-o) never are, contain
+or lie inside an input (the data, a CSV index and its images, --weights, --stats, the checkpoint
+it resumes); --force replaces only an earlier torchkit run, and only once the new run has saved
+its first checkpoint; SIGTERM is handled like Ctrl-C (exit 143, last.pt saved, workers stopped);
+a second run on the same folder is refused while the first runs; a full disk is one `Error:
+cannot write` line with the last good checkpoints intact. Signals, locks held by a running
+train and full disks are real processes; refusals and finished runs run in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    error_line,
+    hidden_siblings,
+    processes_in_group,
+    run_each_in_process,
+    run_torchkit_in_process,
+    run_torchkit_process,
+    start_torchkit_process,
+    tree_digest,
+    wait_until,
+    write_image_folder,
+)
+from suite_paths import HELPERS
+
+# A tiny run: 2 classes x 6 images of 8x8, 8 train / 4 val with --val-split 0.3.
+TINY = ["--model", "convnet", "--image-size", "8", "--batch-size", "4", "--workers", "0"]
+DATA = ["--data", "ds", "--val-split", "0.3"]
+
+
+def old_run(folder: Path, *, marker: bool = True) -> Path:
+    """An earlier run: with torchkit's marker (and a file of the user's in it), or without (a
+    run made before the marker existed: only files that train writes)."""
+    folder.mkdir(parents=True)
+    if marker:
+        (folder / ".torchkit").write_text('{"written_by": "torchkit", "command": "train"}\n')
+        (folder / "notes.txt").write_text("my notes on this run\n")
+    (folder / "config.json").write_text('{"options": {"seed": 99}}\n')
+    (folder / "metrics.csv").write_text("epoch,train_loss\n1,0.5\n2,0.4\n")
+    (folder / "last.pt").write_bytes(os.urandom(3000))
+    (folder / "best.pt").write_bytes(os.urandom(3000))
+    (folder / "epoch-002.pt").write_bytes(os.urandom(3000))
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "events.out.tfevents.1.host").write_bytes(os.urandom(500))
+    return folder
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Path:
+    """`ds` (an image folder), `index.csv` naming its images, `old` (an earlier torchkit run
+    holding a weights file and a stats file) and `mine` (a folder of the user's)."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    rows = [f"ds/{c}/{c}_{i}.png,{c}" for c in "ab" for i in range(6)]
+    (tmp_path / "index.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    old = old_run(tmp_path / "old")
+    (old / "w.pt").write_bytes(os.urandom(1000))
+    (old / "stats.json").write_text('{"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}\n')
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
+    return tmp_path
+
+
+def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world):
+    ds = world / "ds"
+    cases = [
+        # The issue's example: the dataset set aside, 0 images trained, the dataset discarded.
+        ([*DATA, "--out", "ds", "--force"], world, "run folder ds is the data folder ds"),
+        ([*DATA, "--out", "ds/run"], world, "run folder ds/run lies inside the data folder ds"),
+        ([*DATA, "--out", "ds/a", "--force"], world, "lies inside the data folder ds"),
+        ([*DATA, "--out", "."], world, "run folder . is the working directory"),
+        (["--data", ".", "--out", "..", "--force"], ds, "is a parent of the working directory"),
+        (["--data", "index.csv", "--out", "ds", "--force"], world, "contains the images of"),
+        (
+            [*DATA, "--weights", "old/w.pt", "--out", "old", "--force"],
+            world,
+            "run folder old contains the --weights file old/w.pt",
+        ),
+        (
+            [*DATA, "--stats", "old/stats.json", "--out", "old", "--force"],
+            world,
+            "run folder old contains the --stats file old/stats.json",
+        ),
+        ([*DATA, "--out", "mine", "--force"], world, "not empty and was not written by torchkit"),
+        ([*DATA, "--out", "old"], world, "run folder already exists: old (pass --resume old"),
+        (
+            [*DATA, "--out", "new", "-o", "ds/summary.json"],
+            world,
+            "-o ds/summary.json lies inside the data folder ds",
+        ),
+        (
+            ["--data", "index.csv", "--out", "new2", "-o", "index.csv", "--force"],
+            world,
+            "-o index.csv is the data file index.csv",
+        ),
+    ]
+    before = tree_digest(world)
+    results = run_each_in_process(
+        [["train", *TINY, *args] for args, _, _ in cases], cwd=[cwd for _, cwd, _ in cases]
+    )
+    for (args, _, expected), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert expected in error_line(result.stderr), args
+    assert tree_digest(world) == before  # not a byte changed, no run folder, no lock left behind
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> Path:
+    """A finished one-epoch run in `runs/run`, on `ds`."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    done = run_torchkit_in_process(
+        "train", *TINY, *DATA, "--epochs", "1", "--out", "runs/run", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    return tmp_path / "runs" / "run"
+
+
+def test_resume_never_overwrites_the_run_it_reads_and_continues_in_place(trained):
+    world = trained.parent.parent
+    before = tree_digest(world)
+    cases = [
+        # The summary may not replace a file of the run (best.pt here: it exists, --force).
+        (["--resume", "runs/run", "-o", "runs/run/best.pt", "--force"], "run's own best.pt"),
+        # best.pt is behind last.pt: continuing it in place would overwrite last.pt.
+        (["--resume", "runs/run/best.pt"], "would overwrite runs/run/last.pt"),
+        (["--resume", "runs/run", "--out", "runs", "--force"], "contains the checkpoint to"),
+    ]
+    results = run_each_in_process([["train", *args] for args, _ in cases], cwd=world)
+    for (args, expected), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert expected in error_line(result.stderr), args
+    assert tree_digest(world) == before
+
+    # --resume FILE --out ITS_FOLDER --force continues the run in place: --force has nothing to
+    # replace, and the run's epochs so far are kept. A summary beside the run's files is fine.
+    summary = trained / "summary.json"
+    done = run_torchkit_in_process(
+        "train", "--resume", "runs/run/last.pt", "--out", "runs/run", "--force", "--epochs", "2",
+        "--format", "json", "-o", str(summary), cwd=world,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(summary.read_text())["epochs"] == 2
+    last = torch.load(trained / "last.pt", weights_only=True)
+    assert last["epoch"] == 2 and [row["epoch"] for row in last["history"]] == [1, 2]
+    assert (trained / "metrics.csv").read_text().count("\n") == 3  # header + epochs 1 and 2
+    assert hidden_siblings(trained) == []
+    assert tree_digest(world / "ds") == {k[3:]: v for k, v in before.items() if k.startswith("ds/")}
+
+
+def gated(tmp_path: Path, at: int) -> tuple[list[str], dict[str, str], Path]:
+    """Options and environment for a run of nets:GatedNet that waits at its `at`-th
+    training step until the test removes the gate file (returned)."""
+    gate = tmp_path / f"gate-{at}"
+    env = {
+        "PYTHONPATH": str(HELPERS),
+        "TORCHKIT_TEST_GATE_FILE": str(gate),
+        "TORCHKIT_TEST_GATE_AT": str(at),
+    }
+    args = ["--model", "nets:GatedNet", "--image-size", "8", "--batch-size", "2"]
+    return [*args, "--workers", "2", *DATA], env, gate
+
+
+def test_sigkill_then_sigterm_in_the_first_epoch_of_force_give_the_old_run_back(tmp_path):
+    """A run killed (SIGKILL) after it set the old run aside leaves it hidden beside the folder;
+    the next run on the folder puts it back, and a SIGTERM during that run's first epoch puts
+    it back again, byte for byte, with no process of the command left."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    run = old_run(tmp_path / "run")
+    original = tree_digest(run)
+    options, env, gate = gated(tmp_path, at=2)  # the first epoch's second step (of 4)
+    args = ["train", *options, "--epochs", "1", "--out", "run", "--force"]
+
+    killed = start_torchkit_process(*args, cwd=tmp_path, env=env)
+    wait_until(gate.exists, process=killed, what="the first epoch")
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    gate.unlink()
+    leftover = [p.name for p in tmp_path.glob(".run.*.replaced")]
+    assert len(leftover) == 1 and tree_digest(tmp_path / leftover[0]) == original
+    assert (tmp_path / "run" / ".torchkit").is_file()  # the killed run's own folder
+
+    again = start_torchkit_process(*args, cwd=tmp_path, env=env)
+    wait_until(gate.exists, process=again, what="the first epoch")
+    assert [p.name for p in tmp_path.glob(".run.*.replaced")] != leftover  # set aside anew
+    again.send_signal(signal.SIGTERM)
+    gate.unlink()  # the step finishes; the run stops before the next one
+    _, stderr = again.communicate(timeout=120)
+    assert again.returncode == 143, stderr
+    assert "put back" in stderr  # the warning of the run that found the leftover
+    assert "Terminated before the first checkpoint" in stderr and "Traceback" not in stderr
+    assert tree_digest(run) == original
+    assert hidden_siblings(run) == []
+    assert processes_in_group(again.pid) == []
+
+
+def test_sigterm_after_the_first_checkpoint_keeps_the_run_and_a_second_run_is_locked_out(
+    tmp_path,
+):
+    """--force over a run made before the marker existed: once the new run has saved last.pt
+    it is kept. A second run on the same folder meanwhile is refused with the first one's PID.
+    SIGTERM to the whole process group (as `timeout` sends it) saves last.pt, stops the
+    DataLoader workers and exits 143; --resume continues from it."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    run = old_run(tmp_path / "run", marker=False)
+    options, env, gate = gated(tmp_path, at=6)  # the second epoch's second step
+    args = ["train", *options, "--epochs", "3", "--out", "run", "--force"]
+    first = start_torchkit_process(*args, "--seed", "1", cwd=tmp_path, env=env)
+    wait_until(gate.exists, process=first, what="the second epoch")
+    assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 1
+
+    second = run_torchkit_in_process(*args, "--seed", "2", cwd=tmp_path)  # not the lock holder
+    assert second.returncode == 1, second.stderr
+    line = error_line(second.stderr)
+    assert "being written by another torchkit process" in line and f"PID {first.pid}" in line
+
+    os.killpg(first.pid, signal.SIGTERM)
+    gate.unlink()
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 143, stderr
+    assert "Terminated: saved run/last.pt" in stderr and "--resume run" in stderr
+    assert processes_in_group(first.pid) == []
+    assert hidden_siblings(run) == []
+    # The first run's files only: the old run (and the second run) left nothing in it.
+    assert json.loads((run / "config.json").read_text())["options"]["seed"] == 1
+    assert not (run / "epoch-002.pt").exists() and not (run / "tensorboard").exists()
+    saved = torch.load(run / "last.pt", weights_only=True)
+    assert (saved["config"]["seed"], saved["epoch"], saved["epoch_progress"]["batches"]) == (
+        1,
+        1,
+        2,
+    )
+
+    resumed = run_torchkit_in_process(  # nets is importable here
+        "train", "--resume", "run", "--workers", "0", "--format", "json", "--trust-checkpoint",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["epochs"] == 3
+    assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 3
+
+
+def test_a_full_disk_is_an_error_and_keeps_the_last_good_checkpoints(tmp_path, small_tmpfs):
+    """On a file system with room for the first epoch's two checkpoints but not a third:
+    `Error: cannot write`, exit 1, the first epoch's last.pt and best.pt intact, no temporary
+    left. Then --force over that run, with no room for any checkpoint: the new run fails and
+    the old one is back, byte for byte."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    # convnet's checkpoint for 2 classes is 643 KiB: 2 fit in 1600 KiB with the small files.
+    run = small_tmpfs(1600) / "run"
+    args = [*TINY, *DATA, "--out", str(run)]
+    full = run_torchkit_process("train", *args, "--epochs", "3", cwd=tmp_path)
+    assert full.returncode == 1, full.stderr
+    assert error_line(full.stderr).startswith(f"Error: cannot write {run}/")
+    for name in ("last.pt", "best.pt"):
+        assert torch.load(run / name, weights_only=True)["epoch"] == 1
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [".torchkit"]
+    assert hidden_siblings(run) == []
+    kept = tree_digest(run)
+
+    forced = run_torchkit_process("train", *args, "--epochs", "1", "--force", cwd=tmp_path)
+    assert forced.returncode == 1, forced.stderr
+    assert error_line(forced.stderr).startswith(f"Error: cannot write {run}/")
+    assert tree_digest(run) == kept
+    assert hidden_siblings(run) == []
+
+
+def test_the_lock_holder_pid_is_in_the_refusal_even_before_any_file_is_written(tmp_path):
+    """The lock is taken before the data is read: a run refused by it costs nothing. (The
+    lock is an flock of its own open file: held here, it refuses a run in this process too.)"""
+    from torchkit.core.io.outputs import FolderLock
+
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    lock = FolderLock(tmp_path / "run", "run folder")
+    try:
+        done = run_torchkit_in_process("train", *TINY, *DATA, "--out", "run", cwd=tmp_path)
+    finally:
+        lock.release()
+    assert done.returncode == 1
+    assert f"(PID {os.getpid()})" in error_line(done.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path, monkeypatch):
+    """runs/<model>-<timestamp> is taken by a run that holds its lock even before its folder
+    exists: the next run started in that second gets the next name instead of being refused
+    (or, before the lock existed, mixing its files into the other run's)."""
+    from torchkit.core.io.outputs import FolderLock
+    from torchkit.core.runtime.distributed import DistContext
+    from torchkit.core.train import TrainConfig, run_folder
+    from torchkit.core.train.setup import plan_run
+
+    class Frozen:
+        @staticmethod
+        def now():
+            import datetime
+
+            return datetime.datetime(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(run_folder, "datetime", Frozen)
+    monkeypatch.chdir(tmp_path)
+    first = run_folder.default_out("convnet")
+    assert first == Path("runs/convnet-20260102-030405")
+    lock = FolderLock(first, "run folder")
+    try:
+        assert run_folder.default_out("convnet") == Path("runs/convnet-20260102-030405-2")
+        folder = run_folder.RunFolder()
+        # The race: the name looked free when picked, then the lock says otherwise.
+        monkeypatch.setattr(run_folder, "lock_path", lambda folder: tmp_path / "no-such-lock")
+        out, in_place = folder.open(DistContext(), plan_run(TrainConfig(model="convnet"), None))
+        assert out == Path("runs/convnet-20260102-030405-2") and not in_place
+        folder.release(ok=False)
+    finally:
+        lock.release()
+    assert list(tmp_path.glob("runs/*")) == []  # no folder made, no lock left

@@ -1,0 +1,803 @@
+"""`torchkit train` through the CLI (in-process CliRunner): outputs, options, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import urllib.error
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_image_folder
+
+from torchkit.cli import app
+from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
+
+TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
+FAST = [*TINY, "--workers", "0", "--epochs", "2"]
+
+
+@pytest.fixture
+def split_root(tmp_path: Path) -> Path:
+    """train/ (3 classes x 4), val/ (x 2) and test/ (x 2) of 8x8 PNGs."""
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"ant": 4, "bee": 4, "cat": 4}, seed=1)
+    write_image_folder(root / "val", {"ant": 2, "bee": 2, "cat": 2}, seed=2)
+    write_image_folder(root / "test", {"ant": 2, "bee": 2, "cat": 2}, seed=3)
+    return root
+
+
+def train(runner, *args: str):
+    return runner.invoke(app, ["train", *args])
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def metrics_rows(out: Path) -> list[dict]:
+    with (out / "metrics.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runner, tmp_path):
+    out = tmp_path / "run"
+    # On the CPU, as the hand-written check below and eval's exact agreement compute.
+    args = ["--epochs", "1", "--out", str(out), "--format", "json", "--device", "cpu"]
+    result = train(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    assert "no --data given: training on digits" in result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["model"] == "convnet" and summary["data"] == "digits"
+    assert summary["test_weights"] == "best.pt" and summary["test_size"] == 179
+    assert summary["best_epoch"] == 1 and len(summary["history"]) == 1
+
+    config = json.loads((out / "config.json").read_text())
+    options = config["options"]
+    assert (options["model"], options["image_size"], options["flip"]) == ("convnet", 12, False)
+    assert options["crop_scale"] == [0.85, 1.0] and options["resize_size"] == 12
+    assert options["best_metric"] == "loss" and summary["best_metric"] == "loss"
+    assert options["ema"] is True and summary["best_by_ema"] is True
+    assert {"model", "image_size", "flip", "crop_scale", "best_metric", "ema"} <= set(
+        config["defaults_from_data"]
+    )
+    # --cuda-graphs: chosen for the machine (on only on CUDA), and chosen again by a replay.
+    assert options["cuda_graphs"] is False and "cuda_graphs" in config["defaults_from_data"]
+    assert config["classes"] == [str(d) for d in range(10)]
+    assert config["data_sizes"] == {"train": 1438, "val": 180, "test": 179}
+    assert {"torch", "torchvision", "torchkit", "python"} <= set(config["versions"])
+
+    rows = metrics_rows(out)
+    assert list(rows[0]) == [
+        "epoch",
+        "train_loss",
+        "train_top1",
+        "val_loss",
+        "val_top1",
+        "val_top5",
+        "lr",
+        "epoch_time_s",
+        "images_per_s",
+        "val_ema_loss",
+        "val_ema_top1",
+        "val_ema_top5",
+    ]
+    # best.pt is picked by the EMA weights' val loss, and the summary reports their accuracy.
+    assert float(rows[0]["val_ema_top1"]) == pytest.approx(summary["best_val_top1"], abs=1e-6)
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    best = load(out / "best.pt")  # weights_only=True
+    assert set(CHECKPOINT_KEYS) <= set(best)
+    assert best["arch"] == "convnet" and best["num_classes"] == 10 and best["epoch"] == 1
+    assert not any(key.startswith("module.") for key in best["model"])
+
+    # The test accuracy, recomputed independently from best.pt with the stored preprocessing.
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.data.sources.digits import digits_splits
+    from torchkit.core.data.transforms import eval_transform
+    from torchkit.core.models import model_from_checkpoint
+
+    model = model_from_checkpoint(best).eval()
+    transform = eval_transform(Preprocess.from_dict(best["preprocess"]))
+    test = digits_splits()["test"]
+    from PIL import Image
+
+    images = torch.stack([transform(Image.fromarray(a).convert("RGB")) for a in test.images])
+    with torch.no_grad():
+        predicted = model(images).argmax(1).numpy()
+    accuracy = float(np.mean(predicted == np.array(test.labels)))
+    assert summary["test_top1"] == pytest.approx(accuracy, abs=1e-9)
+
+    # And `torchkit eval` on the checkpoint agrees exactly.
+    evaluated = runner.invoke(
+        app,
+        ["eval", str(out / "best.pt"), "--data", "digits", "--format", "json", "--device", "cpu"],
+    )
+    assert evaluated.exit_code == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["accuracy"] == pytest.approx(summary["test_top1"], abs=1e-9)
+    evaluated = runner.invoke(
+        app,
+        ["eval", str(out / "best.pt"), "--ema", "--data", "digits", "--format", "json"]
+        + ["--device", "cpu"],
+    )
+    assert evaluated.exit_code == 0, evaluated.stderr
+    accuracy = json.loads(evaluated.stdout)["accuracy"]
+    assert accuracy == pytest.approx(summary["test_ema_top1"], abs=1e-9)
+
+
+def test_split_root_trains_and_summary_table_names_the_weights(runner, split_root, tmp_path):
+    out = tmp_path / "run"
+    result = train(
+        runner, "--data", str(split_root), *FAST, "--out", str(out), "--val-split", "0.3"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "--val-split is ignored" in result.stderr  # the root has its own val/
+    assert "Test top-1 (best.pt)" in result.stdout and "(by val top1)" in result.stdout
+    assert "EMA weights" not in result.stdout
+    assert "(12 train / 6 val / 6 test)" in result.stdout
+    assert "epoch 2/2" in result.stderr  # one log line per epoch on stderr
+    checkpoint = load(out / "last.pt")
+    assert checkpoint["classes"] == ["ant", "bee", "cat"] and checkpoint["epoch"] == 2
+    assert checkpoint["preprocess"]["image_size"] == 8
+    assert checkpoint["preprocess"]["resize_size"] == 9  # 8 / 0.875 for image folders
+    assert len(metrics_rows(out)) == 2
+    options = json.loads((out / "config.json").read_text())["options"]
+    assert options["flip"] is True and options["crop_scale"] == [0.08, 1.0]
+
+
+def test_val_split_and_csv_index(runner, tmp_path):
+    folder = write_image_folder(tmp_path / "flat", {"x": 10, "y": 10})
+    out = tmp_path / "run"
+    result = train(
+        runner,
+        "--data",
+        str(folder),
+        "--val-split",
+        "0.2",
+        *FAST,
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((out / "config.json").read_text())["data_sizes"] == {
+        "train": 16,
+        "val": 4,
+        "test": 0,
+    }
+    # Without --val-split, 0.1 is held out, with a note, and recorded in split.csv.
+    default = train(
+        runner, "--data", str(folder), *FAST, "--epochs", "1", "--out", str(tmp_path / "r2")
+    )
+    assert default.exit_code == 0, default.stderr
+    assert "holding out 0.1 of its images for validation (2 images" in default.stderr
+    assert json.loads((tmp_path / "r2" / "config.json").read_text())["data_sizes"] == {
+        "train": 18,
+        "val": 2,
+        "test": 0,
+    }
+    with (tmp_path / "r2" / "split.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["split"] for row in rows].count("val") == 2 and len(rows) == 20
+    index = tmp_path / "index.csv"
+    rows = [f"flat/{c}/{c}_{i}.png,{c}" for c in "xy" for i in range(10)]
+    index.write_text("path,label\n" + "\n".join(rows) + "\n")
+    from_csv = train(
+        runner,
+        "--data",
+        str(index),
+        "--val-split",
+        "0.5",
+        *FAST,
+        "--epochs",
+        "1",
+        "--out",
+        str(tmp_path / "csv"),
+        "--format",
+        "json",
+    )
+    assert from_csv.exit_code == 0, from_csv.stderr
+    assert json.loads(from_csv.stdout)["history"][0]["epoch"] == 1
+
+
+def test_matches_a_hand_written_loop(runner, tmp_path):
+    """Full-batch SGD with L1, label smoothing and clipping: torchkit's weights equal those of
+    the classic loop; and two accumulated half batches equal the full batch."""
+    data = write_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
+    recipe = [
+        "--data",
+        str(data),
+        "--val-split",
+        "0.5",
+        "--model",
+        "nets:TinyNet",
+        "--image-size",
+        "8",
+        "--resize-size",
+        "8",
+        "--crop-scale",
+        "1,1",
+        "--no-flip",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0",
+        "--weight-decay",
+        "0",
+        "--lr",
+        "0.5",
+        "--scheduler",
+        "none",
+        "--warmup-epochs",
+        "0",
+        "--epochs",
+        "3",
+        "--workers",
+        "0",
+        "--l1",
+        "0.01",
+        "--label-smoothing",
+        "0.1",
+        "--clip-grad",
+        "0.05",
+        "--device",
+        "cpu",  # the classic loop below runs on the CPU
+    ]
+    full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
+    halves = train(
+        runner,
+        *recipe,
+        "--batch-size",
+        "3",
+        "--accum-steps",
+        "2",
+        "--out",
+        str(tmp_path / "halves"),
+    )
+    assert full.exit_code == 0 and halves.exit_code == 0, full.stderr + halves.stderr
+    ours = load(tmp_path / "full" / "last.pt")["model"]
+
+    from nets import TinyNet
+    from torchvision import transforms as T
+
+    from torchkit.core.data.sources import open_data, training_splits
+
+    torch.manual_seed(0)  # the seed torchkit builds the model with (--seed 0)
+    net = TinyNet(2)
+    splits, _ = training_splits(open_data(str(data)), val_split=0.5, seed=0)
+    train_set = splits["train"]
+    to_tensor = T.Compose([T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+    from PIL import Image
+
+    x = torch.stack([to_tensor(Image.open(p).convert("RGB")) for p in train_set.paths])
+    y = torch.tensor(train_set.labels)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    for _ in range(3):
+        loss = criterion(net(x), y) + 0.01 * (
+            net.conv.weight.abs().sum() + net.fc.weight.abs().sum()
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.05)
+        optimizer.step()
+    for key, value in net.state_dict().items():
+        assert torch.allclose(ours[key], value, atol=1e-6), key
+    accumulated = load(tmp_path / "halves" / "last.pt")["model"]
+    for key, value in ours.items():
+        assert torch.allclose(accumulated[key], value, atol=1e-6), key
+
+
+def test_fine_tuning_freeze_backbone_and_head_lr(runner, split_root, tmp_path):
+    first = tmp_path / "first"
+    assert train(runner, "--data", str(split_root), *FAST, "--out", str(first)).exit_code == 0
+    start = load(first / "best.pt")["model"]
+    frozen = tmp_path / "frozen"
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        *FAST,
+        "--weights",
+        str(first / "best.pt"),
+        "--freeze-backbone",
+        "--head-lr-mult",
+        "10",
+        "--out",
+        str(frozen),
+    )
+    assert result.exit_code == 0, result.stderr
+    after = load(frozen / "last.pt")
+    for key in ("conv.weight", "conv.bias"):
+        assert torch.equal(after["model"][key], start[key])  # frozen
+    assert not torch.equal(after["model"]["fc.weight"], start["fc.weight"])  # trained
+    groups = after["optimizer"]["param_groups"]
+    assert [g["group_name"] for g in groups] == ["head_decay", "head_no_decay"]
+    assert groups[0]["base_lr"] == pytest.approx(10 * 3e-3)
+    assert groups[1]["weight_decay"] == 0.0
+
+    split = tmp_path / "split_lr"
+    result = train(
+        runner, "--data", str(split_root), *FAST, "--backbone-lr", "0.001", "--out", str(split)
+    )
+    assert result.exit_code == 0, result.stderr
+    base = {
+        g["group_name"]: g["base_lr"] for g in load(split / "last.pt")["optimizer"]["param_groups"]
+    }
+    assert base == {
+        "backbone_decay": 0.001,
+        "backbone_no_decay": 0.001,
+        "head_decay": 3e-3,
+        "head_no_decay": 3e-3,
+    }
+
+
+def test_regularisers_amp_channels_last_ema_and_periodic_checkpoints(runner, split_root, tmp_path):
+    from nets import AutocastProbe
+
+    AutocastProbe.seen.clear()
+    out = tmp_path / "run"
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        *FAST,
+        "--epochs",
+        "3",
+        "--model",
+        "nets:AutocastProbe",
+        "--device",
+        "cpu",  # --amp's dtype is the device's: bfloat16 on the CPU
+        "--amp",
+        "--channels-last",
+        "--ema",
+        "--mixup-alpha",
+        "0.2",
+        "--cutmix-alpha",
+        "1.0",
+        "--save-every",
+        "1",
+        "--keep",
+        "2",
+        "--optimizer",
+        "sgd",
+        "--nesterov",
+        "--scheduler",
+        "step",
+        "--step-size",
+        "1",
+        "--out",
+        str(out),
+        "--format",
+        "json",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert AutocastProbe.seen and set(AutocastProbe.seen) == {torch.bfloat16}
+    assert sorted(p.name for p in out.glob("epoch-*.pt")) == ["epoch-002.pt", "epoch-003.pt"]
+    last = load(out / "last.pt")
+    assert set(last["model_ema"]) == set(last["model"])
+    assert not torch.equal(last["model_ema"]["fc.weight"], last["model"]["fc.weight"])
+    assert "val_ema_top1" in metrics_rows(out)[0]
+    summary = json.loads(result.stdout)
+    assert [round(r["lr"], 8) for r in summary["history"]] == [3e-3, 3e-4, 3e-5]
+    assert summary["test_ema_top1"] is not None
+
+
+def test_early_stop(runner, split_root, tmp_path):
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        *FAST,
+        "--epochs",
+        "6",
+        "--lr",
+        "1e-30",  # updates vanish in float32: the val metrics repeat exactly
+        "--early-stop",
+        "2",
+        "--device",
+        "cpu",  # exactly: the CPU's kernels
+        "--out",
+        str(tmp_path / "r"),
+        "--format",
+        "json",
+    )
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["stopped_early"] is True
+    assert summary["epochs"] == summary["best_epoch"] + 2 < 6
+
+
+def test_with_ema_best_pt_is_picked_by_the_ema_weights(runner, split_root, tmp_path):
+    out = tmp_path / "r"
+    args = ["--data", str(split_root), *FAST, "--epochs", "4", "--lr", "0.05", "--ema"]
+    args += ["--ema-decay", "0.5", "--best-metric", "loss", "--out", str(out), "--format", "json"]
+    result = train(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    lowest = min(summary["history"], key=lambda row: row["val_ema_loss"])
+    assert summary["best_by_ema"] is True and summary["best_epoch"] == lowest["epoch"]
+    assert summary["best_val_top1"] == lowest["val_ema_top1"]
+    assert load(out / "best.pt")["epoch"] == lowest["epoch"]
+    # Each epoch's line shows the EMA metrics that mark it *best.
+    line = next(x for x in result.stderr.splitlines() if x.startswith(f"epoch {lowest['epoch']}/"))
+    assert f"ema loss {lowest['val_ema_loss']:.4f} top1 {lowest['val_ema_top1']:.4f}" in line
+    assert line.endswith("*best")  # the lowest EMA loss of all beat every epoch before it
+
+
+def test_summary_table_says_the_ema_weights_picked_best_pt(runner, tmp_path):
+    table = tmp_path / "table.txt"  # -o renders it wide, so no label is cut short
+    result = train(runner, "--epochs", "1", "--out", str(tmp_path / "r"), "-o", str(table))
+    assert result.exit_code == 0, result.stderr
+    text = table.read_text()
+    for label in (
+        "1 (by val loss, EMA weights)",
+        "Best val top-1 (EMA weights)",
+        "Test top-1 (best.pt)",
+        "Test top-1, EMA weights (best.pt)",
+    ):
+        assert label in text
+
+
+def test_no_ema_turns_the_digits_default_off(runner, tmp_path):
+    out = tmp_path / "r"
+    result = train(runner, "--epochs", "1", "--no-ema", "--out", str(out), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["best_by_ema"] is False and summary["test_ema_top1"] is None
+    assert "val_ema_loss" not in metrics_rows(out)[0]
+    assert "model_ema" not in load(out / "last.pt")
+
+
+def test_best_metric_loss_picks_the_lowest_validation_loss(runner, split_root, tmp_path):
+    out = tmp_path / "r"
+    args = ["--data", str(split_root), *FAST, "--epochs", "4", "--lr", "0.05"]
+    result = train(runner, *args, "--best-metric", "loss", "--out", str(out), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    lowest = min(summary["history"], key=lambda row: row["val_loss"])
+    assert summary["best_metric"] == "loss" and summary["best_epoch"] == lowest["epoch"]
+    assert load(out / "best.pt")["epoch"] == lowest["epoch"]
+    assert load(out / "best.pt")["best_metric"] == pytest.approx(lowest["val_loss"])
+
+
+def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
+    out = tmp_path / "run"
+    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+    trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
+    more = train(runner, "--resume", str(out), "--epochs", "4", "--format", "json", trusted)
+    assert more.exit_code == 0, more.stderr
+    summary = json.loads(more.stdout)
+    assert summary["epochs"] == 4 and summary["resumed_from"] == str(out / "last.pt")
+    assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3, 4]
+    assert load(out / "last.pt")["epoch"] == 4
+    done = train(runner, "--resume", str(out), trusted)
+    assert done.exit_code == 0 and "nothing to train" in done.stderr
+
+
+def test_resume_runs_on_the_saved_device_unless_another_is_given(
+    runner, split_root, tmp_path, monkeypatch
+):
+    """--device is an option like the others: a resumed run keeps the saved one (it used to
+    take the command line's default, `auto`, which on a GPU machine moved a CPU run onto the
+    GPU halfway). --dist-timeout stays this invocation's own (IGNORED_ON_RESUME)."""
+    from torchkit.core.runtime import distributed
+
+    out = tmp_path / "run"
+    first = [*FAST, "--epochs", "1", "--device", "cpu", "--dist-timeout", "77"]
+    assert train(runner, "--data", str(split_root), *first, "--out", str(out)).exit_code == 0
+    asked = []
+    setup = distributed.setup
+
+    def spy(device_spec, timeout_s=None, **kwargs):
+        asked.append((device_spec, timeout_s))
+        return setup(device_spec, timeout_s, **kwargs)
+
+    monkeypatch.setattr(distributed, "setup", spy)
+    trusted = "--trust-checkpoint"
+    assert train(runner, "--resume", str(out), "--epochs", "2", trusted).exit_code == 0
+    again = train(runner, "--resume", str(out), "--epochs", "3", "--device", "auto", trusted)
+    assert again.exit_code == 0, again.stderr
+    assert asked == [("cpu", 1800.0), ("auto", 1800.0)]
+
+
+def test_compile_wraps_the_model(runner, split_root, tmp_path, monkeypatch):
+    compiled = []
+
+    def fake_compile(model, *args, **kwargs):
+        compiled.append(model)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        *FAST,
+        "--epochs",
+        "1",
+        "--compile",
+        "--out",
+        str(tmp_path / "r"),
+    )
+    assert result.exit_code == 0, result.stderr
+    assert len(compiled) == 1
+
+
+# -- bad input: one `Error:` line, non-zero exit, nothing lost -----------------------------------
+
+
+def test_existing_out_needs_resume_or_force(runner, split_root, tmp_path):
+    out = tmp_path / "run"
+    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+    before = (out / "last.pt").read_bytes()
+    again = train(runner, "--data", str(split_root), *FAST, "--out", str(out))
+    assert again.exit_code == 1
+    assert "already exists" in error_line(again) and "--resume" in error_line(again)
+    assert (out / "last.pt").read_bytes() == before
+    (out / "notes.txt").write_text("mine")
+    # --force whose run fails before its first checkpoint puts the old run back untouched.
+    (split_root / "train" / "ant" / "broken.png").write_bytes(b"")
+    failed = train(
+        runner, "--data", str(split_root), *FAST, "--out", str(out), "--force", "--strict"
+    )
+    assert failed.exit_code == 1 and "broken.png" in error_line(failed)
+    assert (out / "last.pt").read_bytes() == before and (out / "notes.txt").read_text() == "mine"
+    assert not list(tmp_path.glob(".run*"))  # nothing left beside it
+    forced = train(
+        runner, "--data", str(split_root), *FAST, "--epochs", "1", "--out", str(out), "--force"
+    )
+    assert forced.exit_code == 0, forced.stderr
+    assert load(out / "last.pt")["epoch"] == 1 and not (out / "notes.txt").exists()
+    assert not list(tmp_path.glob(".run*"))
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        ({"a": 3, "b": 0}, "class 'b' has no training images"),
+        ({"a": 3}, "only one class"),
+    ],
+)
+def test_unusable_class_layouts(runner, tmp_path, layout, message):
+    root = tmp_path / "data"
+    write_image_folder(root / "train", layout)
+    write_image_folder(root / "val", {name: 1 for name in layout})
+    for name in layout:
+        (root / "train" / name).mkdir(parents=True, exist_ok=True)
+    result = train(runner, "--data", str(root), *FAST, "--out", str(tmp_path / "run"))
+    assert result.exit_code == 1
+    assert message in error_line(result)
+    assert not (tmp_path / "run").exists()
+
+
+def test_corrupt_image_is_skipped_with_a_warning_or_fatal_with_strict(runner, split_root, tmp_path):
+    (split_root / "train" / "ant" / "broken.png").write_bytes(b"\x89PNG not really")
+    result = train(
+        runner, "--data", str(split_root), *FAST, "--out", str(tmp_path / "a"), "--format", "json"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["skipped_images"] == 1
+    assert result.stderr.count("Warning: skipped unreadable image") == 1  # once, not per epoch
+    strict = train(
+        runner, "--data", str(split_root), *FAST, "--strict", "--out", str(tmp_path / "b")
+    )
+    assert strict.exit_code == 1
+    assert "broken.png" in error_line(strict)
+
+
+def test_unknown_model_suggests_names(runner, split_root, tmp_path):
+    result = train(
+        runner, "--data", str(split_root), "--model", "resnet81", "--out", str(tmp_path / "r")
+    )
+    assert result.exit_code == 2
+    assert "did you mean resnet18" in error_line(result)
+
+
+def test_pretrained_weights_offline_is_a_clear_error(runner, split_root, tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        "--model",
+        "resnet18",
+        "--weights",
+        "DEFAULT",
+        "--image-size",
+        "8",
+        "--out",
+        str(tmp_path / "r"),
+    )
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert "cannot download" in line and "--weights PATH" in line
+
+
+def test_resume_with_another_model_or_class_count_is_refused(runner, split_root, tmp_path):
+    out = tmp_path / "run"
+    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+    other_model = train(runner, "--resume", str(out), "--model", "convnet")
+    assert other_model.exit_code == 1
+    assert "nets:TinyNet, not convnet" in error_line(other_model)
+    two_classes = tmp_path / "two"
+    write_image_folder(two_classes / "train", {"ant": 2, "bee": 2})
+    write_image_folder(two_classes / "val", {"ant": 1, "bee": 1})
+    other_data = train(runner, "--resume", str(out), "--data", str(two_classes))
+    assert other_data.exit_code == 1
+    assert "trained on 3 classes" in error_line(other_data)
+    assert load(out / "last.pt")["epoch"] == 2  # untouched
+
+
+def test_out_of_memory_keeps_the_last_checkpoint(runner, split_root, tmp_path):
+    from nets import OutOfMemoryNet
+
+    OutOfMemoryNet.forwards, OutOfMemoryNet.after = 0, 3  # 3 batches = epoch 1
+    out = tmp_path / "run"
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        *FAST,
+        "--model",
+        "nets:OutOfMemoryNet",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 1
+    assert "out of memory" in error_line(result) and "--batch-size" in error_line(result)
+    assert load(out / "last.pt")["epoch"] == 1
+
+
+def test_sync_bn_is_refused_without_cuda_before_anything_is_written(runner, split_root, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the refusal is for machines without CUDA")
+    result = train(
+        runner, "--data", str(split_root), *FAST, "--sync-bn", "--out", str(tmp_path / "r")
+    )
+    assert result.exit_code == 2
+    assert "--sync-bn needs CUDA" in error_line(result)
+    assert not (tmp_path / "r").exists()
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(
+    runner, split_root, tmp_path, monkeypatch
+):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else real(name, *a),
+    )
+    result = train(
+        runner, "--data", str(split_root), *FAST, "--tensorboard", "--out", str(tmp_path / "r")
+    )
+    assert result.exit_code == 1
+    assert "needs the tensorboard package" in error_line(result)
+
+
+def test_tensorboard_logs_each_epoch(runner, split_root, tmp_path, monkeypatch):
+    from torchkit.core.train import outputs
+    from torchkit.core.train import runner as train_runner
+
+    logged = []
+
+    class FakeWriter:
+        def __init__(self, log_dir, purge_step=None):
+            logged.append(("dir", log_dir))
+
+        def add_scalar(self, tag, value, step):
+            logged.append((tag, step))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            logged.append(("closed", None))
+
+    monkeypatch.setattr(train_runner, "check_tensorboard", lambda: None)
+    monkeypatch.setattr(outputs, "summary_writer_class", lambda: FakeWriter)
+    out = tmp_path / "r"
+    result = train(runner, "--data", str(split_root), *FAST, "--tensorboard", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert logged[0] == ("dir", str(out / "tensorboard"))
+    assert ("val/val_top1", 2) in logged and ("train/train_loss", 1) in logged
+    assert logged[-1] == ("closed", None)
+
+
+def test_bad_option_values_are_usage_errors(runner, tmp_path):
+    result = train(runner, "--mean", "0.5,abc", "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2
+    assert "--mean" in error_line(result)
+    both = train(
+        runner, "--backbone-lr", "0.1", "--head-lr-mult", "2", "--out", str(tmp_path / "r")
+    )
+    assert both.exit_code == 2 and "give one" in error_line(both)
+    out = str(tmp_path / "r")
+    for command in (["train", "--out", out], ["extract-features", "convnet", "data", out]):
+        huge = runner.invoke(app, [*command, "--seed", str(2**64)])
+        assert huge.exit_code == 2 and "'--seed'" in error_line(huge), huge.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_fp16_amp_uses_a_grad_scaler_and_sync_bn_warns_for_one_process(
+    runner, split_root, tmp_path
+):
+    out = tmp_path / "run"
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        *FAST,
+        "--device",
+        "cuda",
+        "--amp",
+        "--amp-dtype",
+        "fp16",
+        "--channels-last",
+        "--sync-bn",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "--sync-bn has no effect in a single process" in result.stderr
+    checkpoint = load(out / "last.pt")
+    assert checkpoint["scaler"] and "scale" in checkpoint["scaler"]
+    assert json.loads((out / "config.json").read_text())["amp_dtype"] == "float16"
+
+
+def test_top5_keeps_its_name_for_two_classes_and_is_null_there(runner, tmp_path, make_image_folder):
+    """One rule for top-k, as eval's: always `*_top5` (a script need not know the class count),
+    null/empty where 5 >= the classes (top-5 of 2 classes is 1 by definition), no table row."""
+    data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6})
+    args = ["train", "--data", str(data), "--model", "convnet", "--image-size", "8",
+            "--epochs", "1", "-j", "0"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run"), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["topk"] == 5 and summary["num_classes"] == 2
+    assert summary["best_val_top5"] is None and summary["history"][0]["val_top5"] is None
+    assert "best_val_top2" not in summary and "val_top2" not in summary["history"][0]
+    assert " top2 " not in result.stderr and " top5 " not in result.stderr
+    rows = metrics_rows(tmp_path / "run")
+    assert rows[0]["val_top5"] == "" and "val_top2" not in rows[0]
+    table = runner.invoke(app, [*args, "--out", str(tmp_path / "run2")])
+    assert "Best val top-1" in table.stdout
+    assert "top-2" not in table.stdout and "top-5" not in table.stdout
+
+
+def test_csv_summary_is_the_json_plain_values(runner, tmp_path, make_image_folder):
+    """`--format csv`: the JSON's snake_case keys and plain numbers in one row, never the
+    table's display strings (`"3,392"`, `3.9 s`, `2 (by val loss)`)."""
+    data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6, "c": 6, "d": 6, "e": 6, "f": 6})
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
+         "-j", "0", "--out", str(tmp_path / "run"), "--format", "csv"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    [row] = list(csv.DictReader(result.stdout.splitlines()))
+    assert int(row["best_epoch"]) == 1 and row["best_metric"] == "top1"
+    assert row["best_by_ema"] == "False" and row["model"] == "convnet"
+    for key in ("best_val_top1", "best_val_top5", "images_per_s", "total_seconds"):
+        assert float(row[key]) >= 0, key
+    assert int(row["train_size"]) + int(row["val_size"]) == 36
+    assert "history" not in row and "config" not in row

@@ -1,0 +1,534 @@
+"""`torchkit train` cannot lie (issue #14): every float option is a finite number in range; a
+diverged run stops with an error (on every rank) and keeps its last good checkpoints; an epoch or
+a validation pass with no readable image is an error, not a loss of 0; a CSV row without a label
+is refused; --resume applies the options it can apply for real and refuses the others naming both
+values, and a run resumed into another folder carries its best.pt; --amp chooses float16 (with a
+GradScaler) on GPUs without native bfloat16; batches are pinned when the loader pins; metric sums
+fit devices without float64 (MPS).
+
+The network is named on the command line as `nets:NanNet` (tests/helpers/nets.py, on
+PYTHONPATH): with TORCHKIT_TEST_NAN_AT=N its N-th training forward pass (1-based) returns NaN, on
+every rank or only on rank TORCHKIT_TEST_NAN_RANK; with TORCHKIT_TEST_INF_GRAD_AT=N the loss of
+its N-th pass is finite but its gradient infinite."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import warnings
+from dataclasses import fields
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import (
+    error_line,
+    run_each_in_process,
+    run_torchkit_in_process,
+    tree_digest,
+    write_image_folder,
+)
+from gloo_ranks import error_lines_of, run_ranks, stderr_of
+from nets import NanNet
+from suite_paths import HELPERS
+from torch import nn
+
+from torchkit.core.io.errors import CheckpointError, InputError, UsageError
+from torchkit.core.train.config import TrainConfig
+from torchkit.core.train.resume_merge import merge_for_resume
+from torchkit.core.train.resume_rules import FIXED_ON_RESUME
+from torchkit.core.train.validation import option_name, resolve_defaults, validate
+
+ENV = {"PYTHONPATH": str(HELPERS), "OMP_NUM_THREADS": "1"}
+TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4"]
+FAST = [*TINY, "--workers", "0", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """`data` (train 3 classes x 4, val and test x 1 of 8x8 PNGs: 3 batches of 4 per epoch),
+    `bad-train` (every training image corrupt), `bad-val` (every validation image corrupt) and
+    `index.csv` (a row without a label)."""
+    root = tmp_path_factory.mktemp("honest")
+    data = root / "data"
+    write_image_folder(data / "train", {"a": 4, "b": 4, "c": 4}, seed=1)
+    write_image_folder(data / "val", {"a": 1, "b": 1, "c": 1}, seed=2)
+    write_image_folder(data / "test", {"a": 1, "b": 1, "c": 1}, seed=3)
+    for name, corrupt in (("bad-train", "train"), ("bad-val", "val")):
+        shutil.copytree(data, root / name)
+        for image in (root / name / corrupt).rglob("*.png"):
+            image.write_bytes(b"not a PNG")
+    rows = [f"data/train/{c}/{c}_{i}.png,{c}" for c in "abc" for i in range(4)]
+    rows[5] = "data/train/b/b_1.png,"  # line 7 of the file (the header is line 1)
+    (root / "index.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(world: Path, tmp_path_factory) -> Path:
+    """A finished 2-epoch AdamW run on `data` with a constant learning rate (in-process)."""
+    from typer.testing import CliRunner
+
+    from torchkit.cli import app
+
+    out = tmp_path_factory.mktemp("honest-run") / "run"
+    result = CliRunner().invoke(
+        app,
+        ["train", "--data", str(world / "data"), *FAST, "--epochs", "2", "--scheduler", "none",
+         "--warmup-epochs", "0", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def all_finite(checkpoint: dict) -> bool:
+    tensors = [*checkpoint["model"].values(), *checkpoint.get("model_ema", {}).values()]
+    return all(torch.isfinite(t).all() for t in tensors if t.is_floating_point())
+
+
+# -- 1. every float option is a finite number, in range ------------------------------------------
+
+
+def _float_fields() -> list[str]:
+    return [f.name for f in fields(TrainConfig) if "float" in str(f.type)]
+
+
+@pytest.mark.parametrize("name", _float_fields())
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_every_float_option_of_the_config_must_be_finite(name, bad):
+    field = next(f for f in fields(TrainConfig) if f.name == name)
+    value = (0.5, bad) if "tuple" in str(field.type) else bad
+    with pytest.raises(UsageError, match=f"^{option_name(name)} must be a finite number"):
+        validate(TrainConfig(**{name: value}))
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"momentum": 1.0}, "--momentum must be in [0, 1)"),
+        ({"momentum": -0.1}, "--momentum must be in [0, 1)"),
+        ({"gamma": 0.0}, "--gamma is a decay factor"),
+        ({"gamma": 1.5}, "--gamma is a decay factor"),
+        ({"lr": 0.01, "min_lr": 0.1}, "--min-lr 0.1 is larger than --lr 0.01"),
+        ({"lr": -0.1}, "--lr must be positive"),
+        ({"label_smoothing": -0.1}, "--label-smoothing must be in [0, 1)"),
+        ({"ema_decay": 1.0}, "--ema-decay must be between 0 and 1"),
+        ({"weight_decay": -1.0}, "--weight-decay must not be negative"),
+        ({"warmup_epochs": -1.0}, "--warmup-epochs must not be negative"),
+        ({"val_split": 1.0}, "--val-split must be between 0 and 1"),
+        ({"std": (0.2, 0.0, 0.2)}, "--std values must be positive"),
+        # Before: both drops fired before epoch 1, a silent 100x smaller learning rate.
+        (
+            {"scheduler": "multistep", "milestones": (-1, 0)},
+            "--milestones are the epochs after which the learning rate drops, from 1: not -1,0",
+        ),
+        # Before: torch.manual_seed's "Overflow when unpacking long long", an internal error
+        # (a --config file can give what the --seed option's range refuses).
+        ({"seed": 2**64}, "--seed 18446744073709551616 is outside torch's seeds"),
+        ({"seed": -(2**63) - 1}, "--seed -9223372036854775809 is outside torch's seeds"),
+    ],
+)
+def test_out_of_range_values_are_refused(changes, message):
+    with pytest.raises(UsageError) as refused:
+        validate(TrainConfig(**changes))
+    assert message in refused.value.message
+
+
+def test_non_finite_options_are_usage_errors_naming_the_option(tmp_path):
+    cases = [
+        ("--lr", "nan"), ("--weight-decay", "nan"), ("--momentum", "nan"),
+        ("--clip-grad", "nan"), ("--min-lr", "inf"), ("--backbone-lr", "nan"),
+        ("--head-lr-mult", "nan"), ("--l1", "nan"), ("--label-smoothing", "nan"),
+        ("--mixup-alpha", "inf"), ("--ema-decay", "nan"), ("--warmup-epochs", "inf"),
+        ("--gamma", "nan"), ("--val-split", "nan"),
+    ]  # fmt: skip
+    # (--epochs 1: the code before the check trained them, for 1 epoch rather than 20.)
+    results = run_each_in_process(
+        [["train", option, value, "--epochs", "1", "--out", tmp_path / f"r{i}"]
+         for i, (option, value) in enumerate(cases)]
+    )  # fmt: skip
+    for (option, value), result in zip(cases, results, strict=True):
+        assert result.returncode == 2, (option, result.stderr[-2000:])
+        line = error_line(result.stderr)
+        assert f"{option} must be a finite number, not {value}" in line, option
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 2. a non-finite loss stops the run; the last good checkpoints stay ---------------------------
+
+
+def test_a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_good_epoch(
+    world, trained, tmp_path, monkeypatch
+):
+    data = str(world / "data")
+    nan_run, fresh = tmp_path / "nan", tmp_path / "fresh"
+    resumed = tmp_path / "resumed"
+    shutil.copytree(trained, resumed)
+    before = tree_digest(resumed)
+    commands = [
+        # NaN in epoch 2: epoch 1's checkpoints are kept as they were.
+        ["train", "--data", data, *FAST, "--model", "nets:NanNet", "--epochs", "3",
+         "--out", nan_run],
+        # The issue's example: a run that diverges in its first epoch keeps nothing.
+        ["train", "--data", data, *FAST, "--lr", "1e30", "--epochs", "2", "--out", fresh],
+        # --lr applies for real on resume: 1e30 makes epoch 3 diverge.
+        ["train", "--resume", resumed, "--lr", "1e30", "--epochs", "4", "--trust-checkpoint"],
+    ]  # fmt: skip
+    results = []
+    for args, nan_at in zip(commands, ["5", None, None], strict=True):  # epoch 2, batch 2
+        NanNet.forwards = 0
+        if nan_at:
+            monkeypatch.setenv("TORCHKIT_TEST_NAN_AT", nan_at)
+        else:
+            monkeypatch.delenv("TORCHKIT_TEST_NAN_AT", raising=False)
+        done = run_torchkit_in_process(*args)
+        results.append((done.stdout, done.stderr, done.returncode))
+
+    (_, err, code) = results[0]
+    assert code == 1, err[-3000:]
+    assert "the training loss is not finite (NaN or infinite) at epoch 2, step 2 of 3" in (
+        error_line(err)
+    )
+    assert load(nan_run / "last.pt")["epoch"] == 1 and all_finite(load(nan_run / "last.pt"))
+    assert load(nan_run / "best.pt")["epoch"] == 1 and all_finite(load(nan_run / "best.pt"))
+    assert (nan_run / "metrics.csv").read_text().count("\n") == 2  # header + epoch 1
+
+    (_, err, code) = results[1]
+    assert code == 1, err[-3000:]
+    assert "at epoch 1, step" in error_line(err) and "lower --lr" in error_line(err)
+    assert not fresh.exists()  # nothing good to keep
+
+    (_, err, code) = results[2]
+    assert code == 1, err[-3000:]
+    assert "not finite (NaN or infinite) at epoch 3, step" in error_line(err)
+    # Not a byte changed: last.pt and best.pt of epoch 2, and config.json describes them.
+    assert tree_digest(resumed) == before
+
+
+def test_weights_made_infinite_by_the_last_update_of_an_epoch_are_not_saved(
+    world, tmp_path, runner, monkeypatch
+):
+    """The loss of the epoch's last batch is finite, its gradient is not: the update makes the
+    weights NaN, and no later loss would show it before the checkpoint."""
+    from torchkit.cli import app
+
+    NanNet.forwards = 0
+    monkeypatch.setenv("TORCHKIT_TEST_INF_GRAD_AT", "3")  # epoch 1, batch 3 of 3
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(world / "data"), *FAST, "--model", "nets:NanNet",
+         "--epochs", "1", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert (
+        len(lines) == 1
+        and "the weights are not finite (NaN or infinite) at epoch 1, step 3" in (lines[0])
+    ), result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_under_ddp_a_nan_on_one_rank_stops_every_rank_with_the_same_error(world, tmp_path):
+    out = tmp_path / "ddp"
+    ranks = run_ranks(
+        "train", "--data", world / "data", *FAST, "--model", "nets:NanNet",
+        "--batch-size", "2", "--epochs", "1", "--out", out,
+        env={**ENV, "TORCHKIT_TEST_NAN_AT": "1", "TORCHKIT_TEST_NAN_RANK": "1"}, timeout=180,
+    )  # fmt: skip
+    assert all(done.returncode == 1 for done in ranks), stderr_of(ranks)[-3000:]
+    # Rank 1's first batch (of its 3) went NaN; rank 0's loss was finite there: both name it.
+    expected = "the training loss is not finite (NaN or infinite) at epoch 1, step 1 of 3"
+    errors = error_lines_of(ranks)
+    assert len(errors) == 2 and all(expected in line for line in errors), stderr_of(ranks)[-3000:]
+    assert not out.exists()
+
+
+# -- 3. no readable image is an error, not a loss of 0 --------------------------------------------
+
+
+def test_no_readable_training_or_validation_image_and_an_unlabelled_csv_row_are_errors(
+    world, tmp_path
+):
+    results = run_each_in_process(
+        [
+            ["train", "--data", world / "bad-train", *FAST, "--epochs", "2",
+             "--best-metric", "loss", "--out", tmp_path / "t"],
+            ["train", "--data", world / "bad-val", *FAST, "--epochs", "2",
+             "--best-metric", "loss", "--out", tmp_path / "v"],
+            ["train", "--data", world / "index.csv", "--val-split", "0.25", *FAST,
+             "--epochs", "1", "--out", tmp_path / "c"],
+        ],
+        cwd=world,
+    )  # fmt: skip
+    train, val, index = results
+    assert train.returncode == 1, train.stderr[-3000:]
+    assert "none of the 12 training images could be read in epoch 1" in error_line(train.stderr)
+    assert val.returncode == 1, val.stderr[-3000:]
+    assert "none of the 3 validation images could be read" in error_line(val.stderr)
+    assert index.returncode == 1, index.stderr[-3000:]
+    assert "index.csv has 1 row(s) with an empty label (line 7)" in error_line(index.stderr)
+    assert list(tmp_path.iterdir()) == []  # no run kept a loss of 0 as its best
+
+
+def test_read_csv_index_refuses_empty_labels_with_their_lines(tmp_path):
+    from torchkit.core.data.sources import csv_samples
+
+    index = tmp_path / "index.csv"
+    index.write_text('path,label\na.png,cat\nb.png, \n"c\nd.png",dog\ne.png,\nf.png\n')
+    with pytest.raises(InputError, match=r"3 row\(s\) with an empty label \(line 3, 6, 7\)"):
+        csv_samples(index)
+
+
+# -- 5. resume: options apply for real or are refused ---------------------------------------------
+
+
+def test_resume_refuses_options_that_cannot_change_naming_both_values(trained):
+    before = tree_digest(trained)
+    cases = [
+        (["--optimizer", "sgd"], "trained with --optimizer adamw, not sgd"),
+        (["--batch-size", "2"], "trained with --batch-size 4, not 2"),
+        (["--seed", "3"], "trained with --seed 0, not 3"),
+        (["--freeze-backbone"], "trained with --freeze-backbone off, not on"),
+    ]
+    results = run_each_in_process([["train", "--resume", trained, *args] for args, _ in cases])
+    for (args, expected), result in zip(cases, results, strict=True):
+        assert result.returncode == 1, (args, result.stderr[-2000:])
+        line = error_line(result.stderr)
+        assert expected in line and "cannot change on resume" in line, line
+    assert tree_digest(trained) == before
+
+
+def test_merge_for_resume_applies_or_refuses_every_option():
+    saved = resolve_defaults(TrainConfig(lr=0.5, epochs=3), is_digits=True).to_dict()
+    given = TrainConfig(  # (the mean as saved: not a change)
+        resume="run", epochs=9, lr=0.1, weight_decay=0.01, label_smoothing=0.2,
+        mean=(0.485, 0.456, 0.406),
+    )  # fmt: skip
+    merged = merge_for_resume(saved, given, overrides=None)
+    assert (merged.epochs, merged.lr, merged.weight_decay, merged.label_smoothing) == (
+        9, 0.1, 0.01, 0.2,
+    )  # fmt: skip
+    for name in FIXED_ON_RESUME:
+        value = getattr(TrainConfig.from_dict(saved), name)
+        other = {bool: (not value), int: 7, float: 0.3, str: "resnet18", tuple: (0.1, 0.2, 0.3)}
+        new = other.get(type(value), 0.3) if value is not None else 0.3
+        with pytest.raises(CheckpointError, match=f"with {option_name(name)} .*, not "):
+            merge_for_resume(saved, TrainConfig(resume="run", **{name: new}), overrides=[name])
+    with pytest.raises(UsageError, match="--weights cannot be used with --resume"):
+        merge_for_resume(saved, TrainConfig(resume="run", weights="DEFAULT"), overrides=None)
+
+
+def test_resume_trains_with_the_new_lr_and_weight_decay_that_config_json_records(
+    trained, tmp_path, runner
+):
+    from torchkit.cli import app
+
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    result = runner.invoke(
+        app,
+        ["train", "--resume", str(out), "--epochs", "3", "--lr", "0.5", "--wd", "0.001"]
+        + ["--trust-checkpoint"],  # TinyNet is code the checkpoint names
+    )
+    assert result.exit_code == 0, result.stderr
+    with (out / "metrics.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [float(row["lr"]) for row in rows] == [0.003, 0.003, 0.5]  # constant schedule
+    groups = load(out / "last.pt")["optimizer"]["param_groups"]
+    assert {g["base_lr"] for g in groups} == {g["lr"] for g in groups} == {0.5}
+    assert {g["group_name"]: g["weight_decay"] for g in groups} == {
+        "backbone_decay": 0.001, "backbone_no_decay": 0.0,
+        "head_decay": 0.001, "head_no_decay": 0.0,
+    }  # fmt: skip
+    options = json.loads((out / "config.json").read_text())["options"]
+    assert (options["lr"], options["weight_decay"]) == (0.5, 0.001)
+
+
+def test_load_optimizer_state_keeps_the_new_hyperparameters_and_the_old_moments():
+    from torchkit.core.train.optim import load_optimizer_state
+
+    param = nn.Parameter(torch.ones(2))
+    old = torch.optim.SGD([{"params": [param], "lr": 0.1, "base_lr": 0.1}], momentum=0.9)
+    param.grad = torch.ones(2)
+    old.step()
+    new = torch.optim.SGD(
+        [{"params": [param], "lr": 0.5, "base_lr": 0.5, "weight_decay": 0.2}], momentum=0.5
+    )
+    load_optimizer_state(new, old.state_dict())
+    group = new.param_groups[0]
+    assert (group["base_lr"], group["weight_decay"], group["momentum"]) == (0.5, 0.2, 0.5)
+    assert torch.equal(new.state[param]["momentum_buffer"], torch.ones(2))
+
+
+# -- 6. a run resumed into another folder carries its best.pt -------------------------------------
+
+
+def test_resume_into_another_folder_carries_best_pt(trained, tmp_path, runner):
+    from torchkit.cli import app
+
+    out = tmp_path / "r2"
+    result = runner.invoke(
+        app,
+        ["train", "--resume", str(trained), "--out", str(out), "--format", "json"]
+        + ["--trust-checkpoint"],  # TinyNet is code the checkpoint names
+    )
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["best_epoch"] == load(trained / "best.pt")["epoch"]
+    assert summary["test_weights"] == "best.pt" and summary["test_top1"] is not None
+    assert (out / "best.pt").read_bytes() == (trained / "best.pt").read_bytes()
+    assert load(out / "best.pt")["epoch"] == summary["best_epoch"]
+
+
+def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_path):
+    from torchkit.core.train.checkpoints import best_checkpoint_for
+
+    history = [{"epoch": e, "val_loss": 1.0 / e} for e in (1, 2, 3)]
+
+    def checkpoint(epoch: int, best: int, rows=history) -> dict:
+        return {"epoch": epoch, "best_epoch": best, "arch": "a", "classes": ["x", "y"],
+                "history": rows[:epoch], "epoch_progress": None}  # fmt: skip
+
+    torch.save(checkpoint(3, 3), tmp_path / "best.pt")  # the run went on to a better epoch 3
+    torch.save(checkpoint(1, 1), tmp_path / "epoch-001.pt")
+    torch.save(checkpoint(2, 1), tmp_path / "epoch-002.pt")
+    rewound = load(tmp_path / "epoch-002.pt")
+    assert best_checkpoint_for(tmp_path / "epoch-002.pt", rewound) == tmp_path / "epoch-001.pt"
+    assert best_checkpoint_for(tmp_path / "epoch-001.pt", checkpoint(1, 1)) == (
+        tmp_path / "epoch-001.pt"
+    )  # saved at the end of its best epoch: it is its own best
+    (tmp_path / "epoch-001.pt").unlink()
+    assert best_checkpoint_for(tmp_path / "epoch-002.pt", rewound) is None  # best.pt is epoch 3
+    other_run = [{**row, "val_loss": 9.0} for row in history]
+    torch.save(checkpoint(1, 1, other_run), tmp_path / "epoch-001.pt")
+    assert best_checkpoint_for(tmp_path / "epoch-002.pt", rewound) is None
+
+
+# -- 7. --amp: float16 with a GradScaler where bfloat16 is not native; fp16 on CPUs ---------------
+
+
+def test_amp_auto_takes_bf16_only_on_gpus_that_compute_it_natively(monkeypatch):
+    from torchkit.core.train.setup import amp_dtype_for, build_amp
+
+    asked = []
+
+    def t4_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return including_emulation  # a T4 or V100: bf16 only by emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", t4_bf16_supported)
+    assert amp_dtype_for("cuda", "auto") == "float16" and asked == [False]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert amp_dtype_for("cuda", "auto") == "bfloat16"  # Ampere and later
+    assert amp_dtype_for("cpu", "auto") == amp_dtype_for("cuda", "bf16") == "bfloat16"
+    assert amp_dtype_for("cpu", "fp16") == "float16"
+    with pytest.raises(UsageError, match="--amp-dtype fp16 is not supported on mps"):
+        amp_dtype_for("mps", "fp16")
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", t4_bf16_supported)
+    for device, amp_dtype, expected in (
+        ("cuda", "auto", "float16"), ("cpu", "auto", "bfloat16"), ("cpu", "fp16", "float16"),
+    ):  # fmt: skip
+        with warnings.catch_warnings():  # (a CUDA GradScaler without CUDA warns and disables)
+            warnings.simplefilter("ignore")
+            _, scaler, name = build_amp(
+                torch.device(device), TrainConfig(amp=True, amp_dtype=amp_dtype)
+            )
+        assert name == expected
+        if expected == "float16":
+            assert isinstance(scaler, torch.amp.GradScaler) and scaler._device == device
+        else:
+            assert scaler is None
+
+
+def test_clipping_under_a_grad_scaler_sees_the_unscaled_gradients(monkeypatch):
+    from torchkit.core.train import loop
+
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+    true_norm = float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm()) / 1024
+    seen = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def spy(params, max_norm):
+        params = list(params)
+        seen.append(float(torch.cat([p.grad.flatten() for p in params]).norm()))
+        return real_clip(params, max_norm)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    schedule = SimpleNamespace(step=lambda: None, current_lr=lambda: 0.0)
+    ctx = loop.StepContext(model, model, optimizer, schedule, None, "cpu", scaler=scaler,
+                           clip_grad=0.5)  # fmt: skip
+    loop._optimizer_step(ctx)
+    assert seen == [pytest.approx(true_norm)] and true_norm > 0.5
+
+
+# -- 8. pinned batches; 9. sums on MPS -----------------------------------------------------------
+
+
+def test_the_loader_pins_batches_when_asked(monkeypatch):
+    """Pinning needs a GPU here, so Tensor.pin_memory is replaced by a stand-in that records
+    what it returns, and the DataLoader is told an accelerator exists: what comes out of the
+    real loader is what pin_memory() returned, for images, labels and indices."""
+    import numpy as np
+
+    from torchkit.core.data.batches import Batch
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.data.sources.samples import Samples
+    from torchkit.core.train.loaders import build_loaders
+
+    pinned: list[torch.Tensor] = []
+
+    def pin_memory(self, *args, **kwargs):
+        copy = self.clone()
+        pinned.append(copy)
+        return copy
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    if hasattr(torch, "accelerator"):  # torch 2.6+: the DataLoader asks torch.accelerator
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: None)
+    else:  # torch 2.4 and 2.5 ask torch.cuda
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    samples = Samples(["a", "b"], [0, 1, 0, 1], images=np.zeros((4, 8, 8), np.uint8))
+    config = resolve_defaults(TrainConfig(batch_size=2, workers=0), is_digits=True)
+    loaders = build_loaders(
+        {"train": samples, "val": samples}, Preprocess(8, 8), config, pin_memory=True
+    )
+    batch = next(iter(loaders.train))
+    assert isinstance(batch, Batch) and batch.images.shape == (2, 3, 8, 8)
+    for tensor in (batch.images, batch.labels, batch.indices):
+        assert any(tensor is p for p in pinned)
+    empty = Batch(None, None, None, ["x: unreadable"]).pin_memory()
+    assert empty.images is None and empty.errors == ["x: unreadable"]
+
+
+def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch):
+    from torchkit.core.data.batches import Batch
+    from torchkit.core.train import loop
+
+    assert loop.accumulator_dtype(torch.device("mps")) == torch.float32  # MPS has no float64
+    assert loop.accumulator_dtype(torch.device("cpu")) == torch.float64
+    assert loop.accumulator_dtype(torch.device("cuda", 0)) == torch.float64
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    batches = [Batch(torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1]), None, [])] * 3
+    unreadable = loop.UnreadableImages(strict=False)
+    reference = loop.evaluate(model, batches, "cpu", topk=2, unreadable=unreadable)
+    monkeypatch.setattr(loop, "accumulator_dtype", lambda device: torch.float32)
+    as_on_mps = loop.evaluate(model, batches, "cpu", topk=2, unreadable=unreadable)
+    assert as_on_mps.count == reference.count == 15
+    assert as_on_mps.loss_sum == pytest.approx(reference.loss_sum, rel=1e-6)
+    assert (as_on_mps.top1, as_on_mps.topk) == (reference.top1, reference.topk)

@@ -1,0 +1,134 @@
+"""Exact resume: a run killed with SIGKILL (a real process) or stopped with Ctrl-C and then
+resumed ends with the same weights, bit for bit, as a run that was never interrupted (CPU,
+--deterministic). The tiny network has BatchNorm, dropout, mixup and an EMA, so buffers, random
+numbers, augmentation and optimiser state all have to come back exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, write_image_folder
+from resume_runs import assert_bitwise_equal, recipe, stderr_of
+from suite_paths import HELPERS
+
+from torchkit.cli import app
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("resume") / "data"
+    write_image_folder(root / "train", {"a": 4, "b": 4, "c": 4}, seed=1)  # 3 batches of 4
+    write_image_folder(root / "val", {"a": 1, "b": 1, "c": 1}, seed=2)
+    return root
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory) -> dict:
+    from typer.testing import CliRunner
+
+    out = tmp_path_factory.mktemp("resume") / "straight"
+    result = CliRunner().invoke(app, recipe(data, out, workers=0))
+    assert result.exit_code == 0, result.stderr
+    return torch.load(out / "last.pt", weights_only=True)
+
+
+def test_sigkill_then_resume_is_bitwise_identical(data, uninterrupted, tmp_path, runner):
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(HELPERS), "TORCHKIT_TEST_KILL_AT": "5"}
+    env.pop("TORCHKIT_DEBUG", None)
+    # Killed in the middle of epoch 2 (its second step), with a DataLoader worker running.
+    killed = subprocess.run(
+        [sys.executable, "-m", "torchkit", *recipe(data, out, workers=1)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    survivor = torch.load(out / "last.pt", weights_only=True)  # intact, loads safely
+    assert survivor["epoch"] == 1 and survivor["epoch_progress"] is None
+    assert not list(out.glob(".*.tmp*"))  # no half-written temporary left behind
+
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--trust-checkpoint"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr
+    final = torch.load(out / "last.pt", weights_only=True)
+    assert_bitwise_equal(final, uninterrupted)
+    assert (out / "metrics.csv").read_text().count("\n") == 4  # header + 3 epochs, no repeat
+
+
+def test_ctrl_c_saves_and_resume_continues_mid_epoch_exactly(
+    data, uninterrupted, tmp_path, runner, monkeypatch
+):
+    from nets import NoisyNet
+
+    out = tmp_path / "stopped"
+    NoisyNet.forwards = 0
+    monkeypatch.setenv("TORCHKIT_TEST_SIGINT_AT", "5")  # Ctrl-C during epoch 2's 2nd step
+    stopped = runner.invoke(app, recipe(data, out, workers=0))
+    assert stopped.exit_code == 130, stderr_of(stopped)
+    assert "Interrupted: saved" in stopped.stderr and "--resume" in stopped.stderr
+    saved = torch.load(out / "last.pt", weights_only=True)
+    assert saved["epoch"] == 1 and saved["epoch_progress"]["batches"] == 2
+    assert saved["global_step"] == 5
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+
+    monkeypatch.delenv("TORCHKIT_TEST_SIGINT_AT")
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--trust-checkpoint"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert_bitwise_equal(torch.load(out / "last.pt", weights_only=True), uninterrupted)
+
+
+# CPU float16 autocast with a GradScaler (issue #14): the fp16 path CUDA takes on GPUs without
+# native bfloat16, with accumulation over 2 batches, clipping (of the unscaled gradients) and the
+# EMA, so its exact resume (the scaler's state included) is tested without a GPU.
+FP16 = [
+    "--amp",
+    "--amp-dtype",
+    "fp16",
+    "--device",
+    "cpu",
+    "--accum-steps",
+    "2",
+    "--clip-grad",
+    "0.5",
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_fp16(data, tmp_path_factory) -> dict:
+    from typer.testing import CliRunner
+
+    out = tmp_path_factory.mktemp("resume") / "straight-fp16"
+    result = CliRunner().invoke(app, [*recipe(data, out, workers=0), *FP16])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((out / "config.json").read_text())["amp_dtype"] == "float16"
+    return torch.load(out / "last.pt", weights_only=True)
+
+
+def test_cpu_fp16_with_a_grad_scaler_stops_and_resumes_exactly(
+    data, uninterrupted_fp16, tmp_path, runner, monkeypatch
+):
+    from nets import NoisyNet
+
+    out = tmp_path / "stopped"
+    NoisyNet.forwards = 0
+    monkeypatch.setenv("TORCHKIT_TEST_SIGINT_AT", "5")  # Ctrl-C during epoch 2's 2nd batch
+    stopped = runner.invoke(app, [*recipe(data, out, workers=0), *FP16])
+    assert stopped.exit_code == 130, stderr_of(stopped)
+    saved = torch.load(out / "last.pt", weights_only=True)
+    # 2 updates per epoch of 3 batches (after batches 2 and 3): stopped after update 3.
+    assert saved["epoch"] == 1 and saved["epoch_progress"]["batches"] == 2
+    assert saved["global_step"] == 3 and saved["scaler"]["_growth_tracker"] == 3
+
+    monkeypatch.delenv("TORCHKIT_TEST_SIGINT_AT")
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--trust-checkpoint"])
+    assert resumed.exit_code == 0, resumed.stderr
+    final = torch.load(out / "last.pt", weights_only=True)
+    assert_bitwise_equal(final, uninterrupted_fp16)
+    assert final["scaler"] == uninterrupted_fp16["scaler"]
+    assert final["scaler"]["scale"] > 0 and final["global_step"] == 6

@@ -1,0 +1,88 @@
+"""`train --threads`: the CPU threads torch computes with; one for digits by default (its tiny
+steps stall on two threads beside any other busy process), torch's own count for image folders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import error_line, write_image_folder
+
+from torchkit.cli import app
+from torchkit.core.train import TrainCallbacks, TrainConfig, run_training
+
+TINY = dict(model="nets:TinyNet", image_size=8, batch_size=4, workers=0, epochs=1)
+
+
+class ThreadsSeen(TrainCallbacks):
+    """torch's thread count at the start of each epoch."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None:
+        self.seen.append(torch.get_num_threads())
+
+
+@pytest.fixture
+def two_threads():
+    """The process on 2 threads (the suite runs on 1), put back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def split_root(tmp_path):
+    """train/ and val/ of a few 8x8 PNGs."""
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"ant": 4, "bee": 4}, seed=1)
+    write_image_folder(root / "val", {"ant": 2, "bee": 2}, seed=2)
+    return root
+
+
+def options(run) -> dict:
+    return json.loads((run / "config.json").read_text())
+
+
+def test_digits_train_on_one_thread_and_give_the_process_its_count_back(tmp_path, two_threads):
+    run = tmp_path / "run"
+    seen = ThreadsSeen()
+    run_training(TrainConfig(out=str(run), epochs=1, device="cpu"), seen)
+    assert seen.seen == [1]
+    assert torch.get_num_threads() == 2
+    config = options(run)
+    assert config["options"]["threads"] == 1 and "threads" in config["defaults_from_data"]
+
+
+def test_image_folders_keep_torchs_threads_unless_given(tmp_path, split_root, two_threads):
+    seen = ThreadsSeen()
+    run_training(TrainConfig(data=str(split_root), out=str(tmp_path / "a"), **TINY), seen)
+    assert options(tmp_path / "a")["options"]["threads"] == 0
+    given = TrainConfig(data=str(split_root), out=str(tmp_path / "b"), threads=1, **TINY)
+    run_training(given, seen)
+    assert seen.seen == [2, 1] and torch.get_num_threads() == 2
+    assert "threads" not in options(tmp_path / "b")["defaults_from_data"]
+
+
+def test_negative_threads_are_refused(runner, image_folder, tmp_path):
+    out = tmp_path / "run"
+    args = ["train", "--data", str(image_folder), "--threads", "-1", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "Invalid value for '--threads'" in error_line(result.stderr)
+    assert not out.exists()
+
+
+def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(tmp_path, two_threads):
+    run = tmp_path / "run"
+    run_training(TrainConfig(out=str(run), epochs=1, device="cpu"))
+    checkpoint = torch.load(run / "last.pt", weights_only=True)
+    del checkpoint["config"]["threads"]  # as a run saved before --threads existed
+    torch.save(checkpoint, run / "last.pt")
+    seen = ThreadsSeen()
+    run_training(TrainConfig(resume=str(run), epochs=2), seen, overrides={"epochs"})
+    assert seen.seen == [2]  # as it trained: torch's default, not digits' one thread
+    assert options(run)["options"]["threads"] == 0
