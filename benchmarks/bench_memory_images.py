@@ -6,7 +6,7 @@ first batch (`MemoryImages.renders_whole_epochs`) against a batch at a time, sam
 The real train loader of `torchkit train --data digits` (its defaults: 12 px, batches of 32,
 no workers), no model: milliseconds of host time per batch, which on a GPU is time the
 training step waits for (the loader runs in the main process). Both ways give the same pixels
-(tests/test_memory_images.py).
+(tests/data/test_memory_images.py).
 """
 
 from __future__ import annotations

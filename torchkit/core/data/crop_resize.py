@@ -21,7 +21,7 @@ Two ways to the same pixels:
 Both give float32 values within float rounding of each other (products summed in another order),
 so the 8-bit crops agree to at most 1 level on a CPU and 2 on the H200 (the first pass's
 rounding to 8 bits carries a tie rounded the other way into the second), almost everywhere
-exactly (tests/test_crop_resize.py).
+exactly (tests/data/test_crop_resize.py).
 That holds for float32 products; torchkit never enables TF32 for them
 (`torch.backends.cuda.matmul.allow_tf32`, global to the process), with which about 2% of
 pixels would be 1 level off.

@@ -16,7 +16,7 @@ in float32, rounded to 8 bits: what PIL's `crop(box).resize(size)` computes up t
 of applying PIL's filter, and lands much further from PIL's pixels (below).
 
 Measured on the CPU (photo-like 500x375 and 375x500 JPEGs, quality 90, RGB and grayscale, 40
-seeds, 64 and 224 px crops; `tests/test_device_decode.py` holds it): libjpeg-turbo's pixels
+seeds, 64 and 224 px crops; `tests/data/test_device_decode.py` holds it): libjpeg-turbo's pixels
 through `decode_jpeg` are PIL's, bit for bit, so against the exact path (PIL decodes whole,
 crops, resizes) the device path's 8-bit crops differ by at most 1 level of 255, mean 0.09-0.17
 (bilinear and bicubic; like PIL, the resize rounds its first pass, the width's, to 8 bits), and

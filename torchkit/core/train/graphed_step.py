@@ -172,7 +172,7 @@ class GraphedStep:
 
     def _body(self, images: Any, labels: Any) -> None:
         """The update, with nothing in it that reads the host or a Python value that changes
-        from step to step (tests/test_graphed_step.py records its operators to check)."""
+        from step to step (tests/train/test_graphed_step.py records its operators to check)."""
         import torch
 
         ctx = self.ctx
