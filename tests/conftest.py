@@ -1,24 +1,17 @@
-"""Fixtures shared by the test modules: a CLI runner (one command tree for the whole session),
-`torchkit` run in this process or as a real `python -m torchkit` subprocess, and tiny generated
-image folders; and what the output-safety tests (issue #13) share: a hash of a folder tree, the
-`Error:` line, a refusal check, a FIFO reader, a full disk, a slow disk. Keep this small;
+"""The suite's set-up (bytecode cache, one torch thread a worker, the GPU hidden, the modules'
+order) and the fixtures every folder uses: a CLI runner (one command tree for the whole session),
+`run_torchkit`, tiny image folders, a small tmpfs, the output-safety tests' `work` copy. The code
+behind them lives in tests/helpers/ by job (processes.py, image_folders.py, disks.py,
+output_checks.py, checkpoints.py), imported from there by the tests too. Keep this small;
 command-specific fixtures live with their tests."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import os
 import shutil
-import stat
 import subprocess
-import sys
-import textwrap
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from torchkit.bytecode import keep_bytecode_cache
 
@@ -26,7 +19,7 @@ from torchkit.bytecode import keep_bytecode_cache
 # starts (torchrun's launcher, `python -c` checks) reads and fills the same cache rather than
 # compiling torch's sources again, about 2.5 s of CPU each: on a fresh clone (CI) the cache
 # starts empty, and what only those processes import would otherwise be compiled every time.
-# test_bytecode.py sets the variables it tests itself.
+# cli/test_bytecode.py sets the variables it tests itself.
 BYTECODE_CACHE = keep_bytecode_cache()
 if BYTECODE_CACHE:
     os.environ.setdefault("PYTHONPYCACHEPREFIX", BYTECODE_CACHE)
@@ -43,7 +36,31 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # each time (+40 s for the suite on 2 cores); the torchkit processes tests start use helpers.
 import matplotlib.figure  # noqa: E402, F401
 import pytest  # noqa: E402
-from suite_paths import REPO  # noqa: E402, F401 - tests import it from here too
+
+# The helpers behind the fixtures live in tests/helpers/ by job. The names test modules imported
+# from here before they moved are imported here too, so that `from conftest import NAME` keeps
+# working; new code imports them from their helper module.
+from checkpoints import write_convnet_checkpoint  # noqa: E402, F401
+from disks import FifoReader, fill_disk, slow_io_env  # noqa: E402, F401
+from image_folders import SIXTEEN_BIT_GRAY, write_image_folder  # noqa: E402, F401
+from output_checks import (  # noqa: E402, F401
+    check_refused_untouched,
+    error_line,
+    hidden_siblings,
+    tree_digest,
+)
+from processes import (  # noqa: E402, F401
+    dataset_stats,
+    processes_in_group,
+    run_each_in_process,
+    run_json,
+    run_torchkit_in_process,
+    run_torchkit_process,
+    signal_and_wait,
+    start_torchkit_process,
+    wait_until,
+)
+from suite_paths import REPO  # noqa: E402, F401
 from typer.testing import CliRunner  # noqa: E402
 
 
@@ -99,160 +116,9 @@ def signal_handlers_kept():
     assert not changed, f"the test left signal handlers changed: {changed}"
 
 
-# The environment a test's torchkit run never inherits: tests say what they want.
-INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")
-
-
-def run_torchkit_process(
-    *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
-) -> subprocess.CompletedProcess:
-    """Run `python -m torchkit ARGS` in a real process (about a second without torch, three
-    with it): for checks whose subject is the process (signals, torchrun, the interpreter's
-    exit, imports, a hook in sitecustomize); `run_torchkit_in_process` does the rest."""
-    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "torchkit", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=cwd or REPO,
-        timeout=300,
-    )
-
-
 @pytest.fixture
 def run_torchkit() -> Callable[..., subprocess.CompletedProcess]:
     return run_torchkit_process
-
-
-@contextlib.contextmanager
-def working_directory(path: str | os.PathLike):
-    """`contextlib.chdir` (Python 3.11) for the suite on Python 3.10 too."""
-    before = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-
-
-def run_torchkit_in_process(
-    *args: object, cwd: str | os.PathLike | None = None
-) -> subprocess.CompletedProcess:
-    """`torchkit ARGS` through the app in this process, in `cwd`, with the result of
-    `run_torchkit_process` (exit code, stdout, stderr apart): a refusal costs milliseconds,
-    not an interpreter and its imports. An exception the CLI lets escape fails the test."""
-    from torchkit.cli import app
-
-    environment = dict.fromkeys(INHERITED)  # unset while it runs
-    words = [str(arg) for arg in args]
-    with working_directory(cwd or REPO):
-        result = CliRunner().invoke(
-            app, words, env=environment, catch_exceptions=False, prog_name="torchkit"
-        )
-    return subprocess.CompletedProcess(words, result.exit_code, result.stdout, result.stderr)
-
-
-def run_json(*args: object) -> Any:
-    """`torchkit ARGS --format json` in this process: its parsed stdout (it must succeed)."""
-    import json
-
-    result = run_torchkit_in_process(*args, "--format", "json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def dataset_stats(data: object, *extra: object) -> dict:
-    """`dataset-stats DATA` as JSON without its `source` (which names the data as given)."""
-    found = run_json("dataset-stats", data, *extra)
-    found.pop("source")
-    return found
-
-
-def run_each_in_process(
-    commands: Sequence[Sequence[object]],
-    *,
-    cwd: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
-) -> list[subprocess.CompletedProcess]:
-    """`run_torchkit_in_process` for each command in turn; `cwd` is the working directory of
-    all, or a list, one each."""
-    cwds = list(cwd) if isinstance(cwd, list | tuple) else [cwd] * len(commands)
-    return [
-        run_torchkit_in_process(*args, cwd=where)
-        for args, where in zip(commands, cwds, strict=True)
-    ]
-
-
-def start_torchkit_process(
-    *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
-) -> subprocess.Popen:
-    """Start `python -m torchkit ARGS` in its own session (process group = its PID, so that
-    `processes_in_group` finds every worker it started); stdout and stderr are pipes."""
-    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
-    full_env.update(env or {})
-    return subprocess.Popen(
-        [sys.executable, "-m", "torchkit", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=full_env,
-        cwd=cwd or REPO,
-        start_new_session=True,
-    )
-
-
-def wait_until(
-    condition: Callable[[], object],
-    *,
-    process: subprocess.Popen | None = None,
-    timeout: float = 120,
-    what: str = "the condition",
-) -> None:
-    """Poll `condition` until it is true; fail if `process` ends first or time runs out."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process is not None and process.poll() is not None:
-            out, err = process.communicate()
-            pytest.fail(f"the process ended (rc {process.returncode}) before {what}:\n{err}")
-        if time.monotonic() > deadline:
-            if process is not None:
-                process.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def signal_and_wait(
-    process: subprocess.Popen, signum: int, *, timeout: float = 120
-) -> tuple[int, str, str]:
-    """Send `signum` to the process (not its group: as `kill PID` or `timeout` would) and wait
-    for it: (exit code, stdout, stderr)."""
-    process.send_signal(signum)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        out, err = process.communicate()
-        pytest.fail(f"the process did not end within {timeout} s of signal {signum}:\n{err}")
-    return process.returncode, out, err
-
-
-def processes_in_group(pgid: int) -> list[int]:
-    """PIDs still alive in process group `pgid` (Linux /proc), zombies excluded."""
-    alive = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(entry))
-    return alive
 
 
 @pytest.fixture
@@ -278,41 +144,6 @@ def small_tmpfs(tmp_path: Path):
         subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
-def fill_disk(mount: Path, *, leave: int = 0) -> Path:
-    """Fill the file system at `mount` with a file `filler`: every byte, or all but `leave`."""
-    if leave:
-        free = os.statvfs(mount)
-        (mount / "filler").write_bytes(bytes(free.f_bavail * free.f_frsize - leave))
-        return mount
-    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as error:
-        assert error.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return mount
-
-
-def write_image_folder(
-    root: Path, counts: dict[str, int], *, size: int = 8, mode: str = "RGB", seed: int = 0
-) -> Path:
-    """ROOT/<class>/<class>_<i>.png with `counts[class]` random `size`x`size` images each."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    channels = {"L": (), "RGB": (3,), "RGBA": (4,)}[mode]
-    for name, count in counts.items():
-        folder = root / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for index in range(count):
-            pixels = rng.integers(0, 256, (size, size, *channels), dtype=np.uint8)
-            Image.fromarray(pixels).save(folder / f"{name}_{index}.png")  # mode from the shape
-    return root
-
-
 @pytest.fixture
 def make_image_folder() -> Callable[..., Path]:
     """`make_image_folder(root, {"cat": 3, "dog": 2}, size=8, mode="RGB")`."""
@@ -328,51 +159,6 @@ def image_folder(tmp_path: Path) -> Path:
 # -- the checks of the output-safety tests (issue #13) -------------------------------------------
 
 
-def write_convnet_checkpoint(path: Path, *, in_channels: int, image_size: int, classes: str):
-    """A torchkit checkpoint of the built-in convnet for `in_channels` x `image_size` images,
-    one class per letter of `classes`; returns its model."""
-    from torchkit.core.models import resolve_model
-    from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
-
-    model = resolve_model(
-        "convnet", in_channels=in_channels, image_size=image_size, num_classes=len(classes)
-    ).model
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": "convnet",
-            "num_classes": len(classes),
-            "classes": list(classes),
-            "model": model.state_dict(),
-            "preprocess": {"image_size": image_size, "in_channels": in_channels},
-        },
-        path,
-    )
-    return model
-
-
-def tree_digest(root: Path, *, folders: bool = True) -> dict[str, str]:
-    """Every entry under `root`, hidden ones too: relative path -> SHA-256 of a file's bytes,
-    `-> TARGET` for a symbolic link (never followed), `dir` for a folder (left out with
-    `folders=False`), the file type of anything else (a FIFO is never opened)."""
-    found: dict[str, str] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder, name)
-            relative = path.relative_to(root).as_posix()
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                found[relative] = "-> " + os.readlink(path)
-            elif stat.S_ISREG(mode):
-                found[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
-            elif stat.S_ISDIR(mode):
-                if folders:
-                    found[relative] = "dir"
-            else:
-                found[relative] = f"file type {stat.S_IFMT(mode):o}"
-    return found
-
-
 @pytest.fixture
 def work(_template: Path, tmp_path: Path) -> Path:
     """A fresh copy of the module's `_template` fixture (its inputs), the command's working
@@ -380,108 +166,6 @@ def work(_template: Path, tmp_path: Path) -> Path:
     target = tmp_path / "work"
     shutil.copytree(_template, target, symlinks=True)
     return target
-
-
-def check_refused_untouched(args: Sequence[str], message: str, *, cwd: Path) -> None:
-    """`torchkit ARGS` in `cwd` exits 1 with nothing on stdout and one `Error:` line (warnings
-    aside) holding `message`, and no entry under `cwd` changed or appeared."""
-    before = tree_digest(cwd)
-    done = run_torchkit_in_process(*args, cwd=cwd)
-    assert done.returncode == 1, done.stderr
-    assert message in error_line(done.stderr, besides="warnings")
-    assert done.stdout == ""
-    assert tree_digest(cwd) == before  # no byte changed, nothing written, no lock or temporary
-
-
-def hidden_siblings(folder: Path) -> list[str]:
-    """What torchkit keeps beside `folder` while it writes it (`.NAME.*`: the lock, a set-aside
-    old output, a partial new one): none of it may remain once a command has ended."""
-    return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
-
-
-def error_line(stderr: str, *, besides: str = "anything") -> str:
-    """The one `Error: ` line of `stderr`, which must be its last line, with no traceback;
-    `besides` is what the lines before it may be: "anything", "warnings" or "nothing"."""
-    lines = stderr.splitlines()
-    errors = [line for line in lines if line.startswith("Error:")]
-    assert len(errors) == 1 and errors[0].startswith("Error: "), stderr
-    assert lines[-1] == errors[0], stderr
-    assert "Traceback" not in stderr, stderr
-    if besides == "warnings":
-        assert all(line.startswith("Warning:") for line in lines[:-1]), stderr
-    elif besides == "nothing":
-        assert lines == errors, stderr
-    else:
-        assert besides == "anything", besides
-    return errors[0]
-
-
-# A sitecustomize that slows the named calls (renames, copies) whose destination contains a given
-# path down, like a slow disk: a signal then reliably lands in the middle of the work.
-SLOW_IO = textwrap.dedent(
-    """
-    import os, shutil, time
-
-    _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
-
-    def _slowed(function):
-        def slow(source, destination, *args, **kwargs):
-            if _where in os.fspath(destination):
-                time.sleep(float(_delay))
-            return function(source, destination, *args, **kwargs)
-        return slow
-
-    if _where:
-        for _call in os.environ["TORCHKIT_TEST_SLOW_CALLS"].split(","):
-            _module, _, _name = _call.partition(".")
-            _owner = {"os": os, "shutil": shutil}[_module]
-            setattr(_owner, _name, _slowed(getattr(_owner, _name)))
-    """
-)
-
-
-def slow_io_env(
-    tmp_path: Path,
-    where: Path,
-    *,
-    calls: Sequence[str] = ("os.rename", "os.replace", "shutil.copy2"),
-    delay: float = 0.1,
-) -> dict[str, str]:
-    """The environment of a torchkit process whose `calls` into a path containing `where` take
-    `delay` seconds each (its sitecustomize is written to TMP_PATH/slow-io)."""
-    folder = tmp_path / "slow-io"
-    folder.mkdir(exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SLOW_IO)
-    return {
-        "PYTHONPATH": str(folder),
-        "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}",
-        "TORCHKIT_TEST_SLOW_CALLS": ",".join(calls),
-    }
-
-
-class FifoReader:
-    """A FIFO at `path` read to the end by a thread, as `cat FIFO` would."""
-
-    def __init__(self, path: Path) -> None:
-        os.mkfifo(path)
-        self.path = path
-        self.data: bytes | None = None
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        with open(self.path, "rb") as handle:
-            self.data = handle.read()
-
-    def result(self) -> bytes:
-        """What was written into the FIFO; fails if it is no longer a FIFO."""
-        # A command that never opened the FIFO leaves the reader waiting: let it go.
-        with contextlib.suppress(OSError):
-            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
-        return self.data or b""
 
 
 # -- the GPU ---------------------------------------------------------------------------------------
@@ -561,20 +245,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("cuda"):
             item.add_marker(skip, append=False)
-
-
-def _sixteen_bit_gray_mode() -> str:
-    """The mode PIL opens a 16-bit grayscale PNG in: "I" in Pillow 10, "I;16" from Pillow 11."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(np.zeros((2, 2), np.uint16)).save(buffer, format="PNG")
-    buffer.seek(0)
-    with Image.open(buffer) as image:
-        return image.mode
-
-
-SIXTEEN_BIT_GRAY = _sixteen_bit_gray_mode()

@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import INHERITED, REPO, processes_in_group, wait_until, write_image_folder
+from image_folders import write_image_folder
+from processes import INHERITED, processes_in_group, wait_until
+from suite_paths import REPO
 
 fcntl = pytest.importorskip("fcntl")
 if not hasattr(fcntl, "F_SETPIPE_SZ"):

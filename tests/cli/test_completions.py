@@ -182,7 +182,7 @@ def test_model_specs_complete_the_files_torchkit_export_writes(tmp_path, monkeyp
 
 def test_install_completion_installs_the_shell_it_is_given(tmp_path):
     """`--install-completion zsh` from a bash prompt installed bash's script."""
-    from conftest import run_torchkit_process
+    from processes import run_torchkit_process
 
     env = {"HOME": str(tmp_path), "SHELL": "/bin/bash"}
     done = run_torchkit_process("--install-completion", "zsh", env=env)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
 from rich.console import Console
 from suite_paths import REPO
 

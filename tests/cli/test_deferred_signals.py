@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import run_torchkit_process
+from processes import run_torchkit_process
 
 from torchkit import deferred_signals
 from torchkit.import_hooks import WrappingLoader

@@ -10,8 +10,8 @@
 5. `summary -i` refuses absurd input sizes (overflowing, or larger than memory) with one usage
    error line, before anything is allocated.
 
-The networks below are named on the command line as `test_trust_round_three_numbers:NAME`
-(tests/ is on the path of the in-process runs).
+The networks below are named on the command line as `test_nonfinite_and_oversized_inputs:NAME`
+(this module, imported by pytest, is what the in-process runs import).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line, hidden_siblings, write_image_folder
+from image_folders import write_image_folder
 from nets import TinyNet
+from output_checks import error_line, hidden_siblings
 from torch import nn
 
 from torchkit.cli import app

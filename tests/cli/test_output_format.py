@@ -8,7 +8,8 @@ import csv
 import json
 
 import pytest
-from conftest import error_line, run_torchkit_in_process
+from output_checks import error_line
+from processes import run_torchkit_in_process
 
 # Every command that prints a result: the contradiction is refused before the inputs (which do
 # not exist here) are even looked at.

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import error_line, tree_digest, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line, tree_digest
 
 from torchkit.cli import app
 

@@ -14,7 +14,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import processes_in_group, signal_and_wait, tree_digest, wait_until
+from output_checks import tree_digest
+from processes import processes_in_group, signal_and_wait, wait_until
 
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import OutputExistsError, OutputWriteError
@@ -448,7 +449,7 @@ def test_torch_save_on_a_full_disk_raises_no_space_with_its_errno(small_tmpfs):
     # Given a path, torch 2.4 wrote this small a checkpoint to a full disk as an empty file and
     # returned; later versions raise C++ stream text ("iostream error") with no errno.
     import torch
-    from conftest import fill_disk
+    from disks import fill_disk
 
     disk = fill_disk(small_tmpfs(64))
     with pytest.raises(OSError) as raised:
@@ -459,7 +460,7 @@ def test_torch_save_on_a_full_disk_raises_no_space_with_its_errno(small_tmpfs):
 def test_a_file_where_a_folder_should_be_is_refused_before_any_work(tmp_path):
     """Before: `-o notes.txt/x.json` failed only after the whole run, as an internal
     FileExistsError, and `--out notes.txt/run` as "File exists (free some space...)"."""
-    from conftest import run_torchkit_in_process
+    from processes import run_torchkit_in_process
 
     notes = tmp_path / "notes.txt"
     notes.write_text("mine\n")

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import error_line, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
 
 from torchkit.cli import app
 from torchkit.core.evaluate.reports import draw_errors, plot_confusion_matrix

@@ -9,7 +9,8 @@ import json
 import subprocess
 import sys
 
-from conftest import INHERITED, REPO
+from processes import INHERITED
+from suite_paths import REPO
 
 # A caller's atexit handler, and a non-daemon thread started as the command ends, around
 # torchkit's own main (as the console script and `python -m torchkit` run it).

@@ -558,7 +558,7 @@ def test_cudnn_benchmark_is_off_unless_asked_for_on_cuda_and_not_deterministic()
 
 
 def test_cudnn_benchmark_with_deterministic_is_one_usage_error(tmp_path):
-    from conftest import run_torchkit_in_process
+    from processes import run_torchkit_in_process
 
     out = tmp_path / "run"
     done = run_torchkit_in_process(
@@ -594,7 +594,7 @@ def test_cudnn_switches_are_set_on_cuda_only_and_the_limit_when_given(monkeypatc
 
 
 def test_a_negative_cudnn_benchmark_limit_is_one_usage_error(tmp_path):
-    from conftest import run_torchkit_in_process
+    from processes import run_torchkit_in_process
 
     out = tmp_path / "run"
     done = run_torchkit_in_process("train", "--cudnn-benchmark-limit", "-1", "--out", out)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import error_line, run_torchkit_in_process, write_convnet_checkpoint
+from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
+from processes import run_torchkit_in_process
 
 from torchkit.core.input_size import parse_image_side, square_sample
 

@@ -8,7 +8,9 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import INHERITED, REPO, write_image_folder
+from image_folders import write_image_folder
+from processes import INHERITED
+from suite_paths import REPO
 
 
 def _python(script: str, **env: str) -> list[str]:

@@ -13,7 +13,9 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, error_line, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
+from suite_paths import REPO
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess

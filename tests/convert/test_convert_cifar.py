@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import struct
 import tarfile
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hostile_pickles import RunsShell
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -331,14 +331,6 @@ def test_coarse_labels_of_cifar10_is_a_usage_error(cifar10, tmp_path):
 # --- hostile and broken input -------------------------------------------------------------------
 
 
-class _RunsShell:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def _copy_folder(folder: Path, target: Path) -> Path:
     target.mkdir(parents=True)
     for path in folder.iterdir():
@@ -350,7 +342,7 @@ def test_malicious_pickle_is_refused(cifar10, tmp_path):
     folder, _, _ = cifar10
     evil = _copy_folder(folder, tmp_path / "evil")
     marker = tmp_path / "pwned"
-    (evil / "data_batch_3").write_bytes(pickle.dumps({b"data": _RunsShell(marker)}))
+    (evil / "data_batch_3").write_bytes(pickle.dumps({b"data": RunsShell(marker)}))
     out = tmp_path / "out"
     result = runner.invoke(app, ["convert", "cifar", str(evil), str(out)])
     assert result.exit_code == 1

@@ -14,17 +14,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from disks import fill_disk, slow_io_env
+from image_folders import write_image_folder
+from output_checks import error_line
 from PIL import Image
+from processes import run_torchkit_in_process, start_torchkit_process, wait_until
 
-from tests.conftest import (
-    error_line,
-    fill_disk,
-    run_torchkit_in_process,
-    slow_io_env,
-    start_torchkit_process,
-    wait_until,
-    write_image_folder,
-)
 from torchkit.core.convert.shards import closed_size, parse_size
 
 

@@ -5,13 +5,13 @@ trips checked pixel for pixel, and bad files checked for one clear error line.""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 import torch
+from hostile_pickles import RunsShell
 from PIL import Image, ImageOps
 from safetensors.torch import load_file, save_file
 from torchvision.transforms.functional import to_tensor
@@ -382,14 +382,6 @@ def test_folder_needs_to_and_must_not_overlap(tmp_path):
 # --- bad input ----------------------------------------------------------------------------------
 
 
-class _RunsShell:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_bad_single_files(tmp_path):
     random_image("RGBA").save(tmp_path / "rgba.png")
     (tmp_path / "empty.npy").write_bytes(b"")
@@ -398,7 +390,7 @@ def test_bad_single_files(tmp_path):
     good = (tmp_path / "rgba.png").read_bytes()
     (tmp_path / "cut.png").write_bytes(good[:60])
     marker = tmp_path / "pwned"
-    torch.save({"x": _RunsShell(marker)}, tmp_path / "object.pt")
+    torch.save({"x": RunsShell(marker)}, tmp_path / "object.pt")
     (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04garbage")
     cases = [
         (("missing.png", "x.npy"), 1, "Error: source not found"),

@@ -17,19 +17,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (
-    FifoReader,
-    check_refused_untouched,
-    error_line,
-    fill_disk,
+from disks import FifoReader, fill_disk
+from image_folders import write_image_folder
+from output_checks import check_refused_untouched, error_line, tree_digest
+from processes import (
     processes_in_group,
     run_torchkit_in_process,
     run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
-    tree_digest,
     wait_until,
-    write_image_folder,
 )
 
 from torchkit.cli import app

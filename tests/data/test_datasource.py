@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SIXTEEN_BIT_GRAY, write_image_folder
+from image_folders import SIXTEEN_BIT_GRAY, write_image_folder
 from PIL import Image
 
 from torchkit.core.data.dataset import make_dataset

@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import REPO, error_line, write_image_folder
+from checkpoints import read_checkpoint
+from image_folders import write_image_folder
+from output_checks import error_line
 from PIL import Image
+from suite_paths import REPO
 
 from torchkit.cli import app
 from torchkit.core.data.sources import open_data, select_split
@@ -27,10 +29,6 @@ ONE_EPOCH = [*TINY, "--epochs", "1"]
 def rows_of(path: Path) -> list[dict]:
     with path.open(newline="", encoding="utf-8-sig") as handle:
         return list(csv.DictReader(handle))
-
-
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 @pytest.fixture
@@ -66,7 +64,7 @@ def test_train_on_a_split_manifest_with_bom_uses_its_rows(runner, tmp_path):
         tuple(line.split(",")) for line in lines
     )
     assert all((tmp_path / r["path"]).is_file() for r in written)  # relative to the data root
-    best = load(out / "best.pt")
+    best = read_checkpoint(out / "best.pt")
     assert set(CHECKPOINT_KEYS) <= set(best)
     assert best["data"]["spec"] == str(manifest) and best["data"]["held_out"] == {}
 
@@ -85,7 +83,7 @@ def test_a_root_without_val_trains_and_records_the_held_out_images(runner, cifar
     val_ids = [r["path"] for r in written if r["split"] == "val"]
     assert all(p.startswith("train/") for p in val_ids)  # held out of train/
 
-    record = load(out / "best.pt")["data"]
+    record = read_checkpoint(out / "best.pt")["data"]
     assert record["held_out"] == {"val": val_ids} and record["held_out_of"] == "train"
     assert record["root"] == str(cifar_like.resolve())
     # What eval / extract-features will do with `--data ROOT --split val` and this checkpoint.
@@ -108,7 +106,7 @@ def test_resume_keeps_the_recorded_split_when_files_were_added(runner, tmp_path)
     val = [r["path"] for r in before if r["split"] == "val"]
     assert [r["path"] for r in after if r["split"] == "val"] == val
     assert len(after) == 25  # the new images train
-    assert load(out / "last.pt")["data"]["held_out"] == {"val": val}
+    assert read_checkpoint(out / "last.pt")["data"]["held_out"] == {"val": val}
 
 
 def test_a_fifo_and_a_dangling_link_in_a_csv_are_counted_unreadable_not_opened(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SIXTEEN_BIT_GRAY
+from image_folders import SIXTEEN_BIT_GRAY
 from photos import jpeg_split_folder, photo
 from PIL import Image
 from torchvision import transforms as T

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import processes_in_group, start_torchkit_process, wait_until
 from photos import jpeg_split_folder
+from processes import processes_in_group, start_torchkit_process, wait_until
 from suite_paths import HELPERS
 
 from torchkit.cli import app

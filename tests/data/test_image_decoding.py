@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SIXTEEN_BIT_GRAY
+from image_folders import SIXTEEN_BIT_GRAY
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from torchkit.core.convert import pixels as px

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
-from conftest import dataset_stats as stats
+from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
 from parquet_files import png, write_parquet
+from processes import dataset_stats as stats
+from processes import run_json, run_torchkit_in_process
+from suite_paths import REPO
 
 from torchkit.core.data.sources.parquet import split_of
 

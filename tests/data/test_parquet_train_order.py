@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_image_folder
+from image_folders import write_image_folder
 from parquet_files import png, write_parquet
 from resume_runs import assert_bitwise_equal, recipe, stderr_of
 

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from conftest import write_image_folder
+from image_folders import write_image_folder
 from typer.testing import CliRunner
 
 from torchkit.cli import app

@@ -5,13 +5,15 @@ stops that download first (http_shards.StreamedShards, _FetchAhead). Real local 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import run_json, run_torchkit_in_process, write_convnet_checkpoint
-from conftest import write_image_folder as write_images
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder as write_images
+from processes import run_json, run_torchkit_in_process
 from shards import serving, shard_downloads
 
 from torchkit.core.data.sources import http_shards, open_data
@@ -203,3 +205,29 @@ def test_a_temporary_file_a_killed_download_left_is_deleted_by_the_next(server, 
     train.paths[0].read_bytes()
     assert not stale.exists()
     assert cached(tmp_path) == ["train-000000.tar"]
+
+
+def test_a_cached_shard_opens_while_a_download_holds_the_cache_limits_lock(
+    world, server, tmp_path, monkeypatch
+):
+    """Under a cache limit a download holds the folder's lock from making room to its end:
+    a reader that needs a shard already in the cache (fetched ahead, or by another process)
+    opens it meanwhile instead of waiting for that download."""
+    import fcntl
+
+    size = max(p.stat().st_size for p in (world / "served").glob("*.tar"))
+    monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(3 * size))
+    open_data(server.url).splits["train"].paths[0].read_bytes()  # shard 0 in the cache
+    again = open_data(server.url).splits["train"]  # another reader: nothing open
+    lock = os.open(next((tmp_path / "cache").rglob(".limit.lock")), os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as a download in another process holds it
+    read = []
+    reading = threading.Thread(target=lambda: read.append(again.paths[1].read_bytes()))
+    try:
+        reading.start()
+        reading.join(30)
+        assert read, "the reader waited for the cache limit's lock"
+    finally:
+        os.close(lock)
+        reading.join()
+    assert shard_downloads(server.requests) == ["/train-000000.tar"]

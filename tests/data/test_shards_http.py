@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import dataset_stats as stats
-from conftest import error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
-from conftest import write_image_folder as write_images
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder as write_images
+from output_checks import error_line
+from processes import dataset_stats as stats
+from processes import run_json, run_torchkit_in_process
 from shards import serving, shard_downloads, write_shards
 
 CLASSES = "abc"

@@ -13,17 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (
-    dataset_stats as stats,
-)
-from conftest import (
-    error_line,
-    run_json,
-    run_torchkit_in_process,
-    write_convnet_checkpoint,
-    write_image_folder,
-)
+from checkpoints import write_convnet_checkpoint
 from gloo_ranks import run_ranks, stderr_of
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import dataset_stats as stats
+from processes import run_json, run_torchkit_in_process
 from shards import write_shards
 
 CLASSES = "abc"

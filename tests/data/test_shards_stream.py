@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line, run_json, run_torchkit_in_process, write_convnet_checkpoint
-from conftest import write_image_folder as write_images
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder as write_images
+from output_checks import error_line
+from processes import run_json, run_torchkit_in_process
 from resume_runs import assert_bitwise_equal, recipe, stderr_of
 from shards import serving, shard_downloads
 

@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import error_line, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
 
 from torchkit.cli import app
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_torchkit_in_process, run_torchkit_process, write_image_folder
 from gloo_ranks import error_lines_of, run_ranks, stderr_of
+from image_folders import write_image_folder
+from processes import run_torchkit_in_process, run_torchkit_process
 from typer.testing import CliRunner
 
 from torchkit.cli import app

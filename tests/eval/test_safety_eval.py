@@ -14,14 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    error_line,
-    hidden_siblings,
+from output_checks import error_line, hidden_siblings, tree_digest
+from processes import (
     run_each_in_process,
     run_torchkit_in_process,
     run_torchkit_process,
     start_torchkit_process,
-    tree_digest,
 )
 from safety_world import check_locked_then_terminated, write_world
 

@@ -1,4 +1,4 @@
-"""A helper-process service for tests/test_helper_process.py: answers at once."""
+"""A helper-process service for tests/cli/test_helper_process.py: answers at once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A helper-process service for tests/test_helper_process.py: its preparation (a library's
+"""A helper-process service for tests/cli/test_helper_process.py: its preparation (a library's
 import) lasts until the file $HELPER_TEST_GATE exists, which the test creates when it wants."""
 
 from __future__ import annotations

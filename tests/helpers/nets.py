@@ -18,11 +18,11 @@ import time
 import torch
 from torch import nn
 
-from torchkit.core.runtime import distributed as dist_utils
-
 # BNNet's ranks vote on stopping after every update (as they do when updates are slow), so that
 # a stop lands inside an epoch at an exact update (train/test_train_ddp_faults.py).
 if os.environ.get("TORCHKIT_TEST_VOTE_EVERY_UPDATE"):
+    from torchkit.core.runtime import distributed as dist_utils
+
     dist_utils.STOP_POLL_EVERY_S = 0.0
 
 

@@ -66,7 +66,7 @@ def device_decode_cases(folder: Path) -> dict[str, Path]:
     big = Image.fromarray(photo(500, 375, 7)).resize((1000, 750), Image.BICUBIC)
     big.save(paths["big.jpg"], quality=90)
     # Whole (it ends with the end-of-image marker, so it reaches the decoder), but a run of 0xFF
-    # bytes in its scan: libjpeg stops on it, in torchvision as in PIL (test_decode's file).
+    # bytes in its scan: libjpeg stops on it, in torchvision as in PIL (as in data/test_decode.py).
     buffer = io.BytesIO()
     huge = Image.fromarray(photo(500, 375, 0)).resize((2000, 1500), Image.BICUBIC)
     huge.save(buffer, format="JPEG", quality=90)

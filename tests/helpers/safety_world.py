@@ -10,14 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from conftest import (
-    error_line,
-    processes_in_group,
-    run_torchkit_process,
-    signal_and_wait,
-    wait_until,
-    write_image_folder,
-)
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import processes_in_group, run_torchkit_process, signal_and_wait, wait_until
 
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.models import build_model

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 import torch
-from conftest import error_line
+from output_checks import error_line
 from torch import nn
 
 from torchkit.cli import app

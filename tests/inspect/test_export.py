@@ -18,7 +18,9 @@ import onnxruntime
 import pytest
 import torch
 import torchvision
-from conftest import error_line, fill_disk, run_torchkit_process
+from disks import fill_disk
+from output_checks import error_line
+from processes import run_torchkit_process
 from torch import nn
 
 from torchkit.cli import app

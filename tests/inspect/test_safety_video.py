@@ -18,16 +18,15 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import (
-    error_line,
+from disks import slow_io_env
+from output_checks import error_line, tree_digest
+from processes import (
     processes_in_group,
     run_each_in_process,
     run_torchkit_in_process,
     run_torchkit_process,
     signal_and_wait,
-    slow_io_env,
     start_torchkit_process,
-    tree_digest,
     wait_until,
 )
 

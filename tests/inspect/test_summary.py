@@ -11,7 +11,8 @@ import weakref
 import pytest
 import torch
 import torchinfo
-from conftest import error_line, write_convnet_checkpoint
+from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
 from torch import nn
 
 from torchkit.cli import app

@@ -14,7 +14,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import error_line
+from output_checks import error_line
 from typer.testing import CliRunner
 
 from torchkit.cli import app

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import error_line, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
 
 from torchkit.cli import app
 

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import run_torchkit_in_process, write_image_folder
+from image_folders import write_image_folder
 from PIL import Image
+from processes import run_torchkit_in_process
 from safetensors.torch import save_file
 from torch import nn
 

@@ -9,12 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import (
-    error_line,
-    run_torchkit_in_process,
-    run_torchkit_process,
-    write_image_folder,
-)
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import run_torchkit_in_process, run_torchkit_process
 
 from torchkit.cli import app
 

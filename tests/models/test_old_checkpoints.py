@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-from conftest import error_line, run_torchkit_in_process, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import run_torchkit_in_process
 
 from torchkit.core.models import resolve_model
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint

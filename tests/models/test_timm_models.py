@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import error_line, run_torchkit_process, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
 from PIL import Image
+from processes import run_torchkit_process
 from safetensors.torch import save_file
 from torch import nn
 

@@ -143,7 +143,8 @@ def test_extract_features_under_torchrun_is_refused_on_every_rank_before_any_wor
 ):
     """extract-features runs in one process: under torchrun every rank would write the same OUT
     (the second refused by its lock mid-run). Each rank says so and exits 2; nothing is made."""
-    from conftest import error_line, run_torchkit_in_process
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
 
     images = tmp_path / "images"
     images.mkdir()

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import error_line, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
 from PIL import Image
 from torch import nn
 from torchvision import transforms as T
@@ -678,7 +679,8 @@ def test_digits_and_paths_on_stdin_are_images_as_predict_reads_them(runner, imag
 
 def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_path):
     """Before: the hint said "pass --force to replace it", which --force then refused."""
-    from conftest import run_torchkit_in_process, write_image_folder
+    from image_folders import write_image_folder
+    from processes import run_torchkit_in_process
 
     write_image_folder(tmp_path / "data", {"a": 2, "b": 2})
     mine = tmp_path / "mine"

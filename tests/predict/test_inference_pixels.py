@@ -1,7 +1,7 @@
 """eval, predict, extract-features and training's validation take 8-bit crops from their loader
 and normalise whole batches where the model runs (issue #30): a quarter of float32's bytes to
 share between processes, pin and copy to the GPU. The values are the float transform's, bit for
-bit (tests/test_decode.py); here each command is shown to take that path."""
+bit (data/test_decode.py); here each command is shown to take that path."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import error_line
 from gloo_ranks import run_ranks, stderr_of
+from output_checks import error_line
 from PIL import Image
 
 from torchkit.cli import app

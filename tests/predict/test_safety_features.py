@@ -16,17 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (
-    error_line,
-    fill_disk,
-    hidden_siblings,
+from disks import fill_disk
+from output_checks import error_line, hidden_siblings, tree_digest
+from processes import (
     processes_in_group,
     run_each_in_process,
     run_torchkit_in_process,
     run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
-    tree_digest,
     wait_until,
 )
 from safety_world import check_locked_then_terminated, write_world

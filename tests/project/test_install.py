@@ -8,7 +8,8 @@ import re
 import sys
 
 import pytest
-from conftest import REPO, error_line
+from output_checks import error_line
+from suite_paths import REPO
 
 from torchkit.cli import app
 from torchkit.core.io.errors import TorchkitError

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SIXTEEN_BIT_GRAY
+from image_folders import SIXTEEN_BIT_GRAY
 from PIL import Image
 
 from torchkit.cli import app
@@ -225,7 +225,7 @@ def test_report_counts_sizes_modes_formats_bytes(mixed_folder):
 
 
 def test_imbalance_and_empty_class(tmp_path, caplog):
-    from conftest import write_image_folder
+    from image_folders import write_image_folder
 
     root = write_image_folder(tmp_path / "imb", {"big": 6, "small": 2})
     (root / "none").mkdir()
@@ -360,7 +360,8 @@ def test_names_from_the_data_are_shown_as_they_are_not_as_markup_or_emoji(tmp_pa
     """Before: `[red]cat` lost its tag, `:smile:` became an emoji, a CSV label `[/]` failed the
     command (rich's MarkupError), and a `:fire:` in a missing path became an emoji in the
     error line."""
-    from conftest import run_torchkit_in_process, write_image_folder
+    from image_folders import write_image_folder
+    from processes import run_torchkit_in_process
 
     def rows(text: str) -> list[list[str]]:
         return [[cell.strip() for cell in line.strip("│").split("│")] for line in text.splitlines()]

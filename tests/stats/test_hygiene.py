@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_image_folder
+from image_folders import write_image_folder
 from PIL import Image, ImageDraw
 
 from torchkit.cli import app

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import write_image_folder
+from image_folders import write_image_folder
 
 from torchkit.core.models.norms import has_batch_norm
 from torchkit.core.train.loaders import lone_last_batch

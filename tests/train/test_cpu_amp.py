@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import write_image_folder
+from image_folders import write_image_folder
 
 from torchkit.cli import app
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import processes_in_group, start_torchkit_process, wait_until
+from processes import processes_in_group, start_torchkit_process, wait_until
 
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import write_curves_png

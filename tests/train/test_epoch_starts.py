@@ -4,7 +4,8 @@ the same batches and random draws as an epoch that starts its own iterator."""
 from __future__ import annotations
 
 import torch
-from conftest import processes_in_group, start_torchkit_process, write_image_folder
+from image_folders import write_image_folder
+from processes import processes_in_group, start_torchkit_process
 
 from torchkit.core.train import epoch_starts
 from torchkit.core.train.epoch_starts import EpochStarts, StartedBatches

@@ -1,6 +1,6 @@
 """What the GPU did in `train --profile-steps`' steps (core/train/gpu_timeline.py), read from a
 Chrome trace: figures checked by hand on a made-up trace, the file the profiler writes beside
-its trace on a GPU (none on a CPU: tests/test_train_profile.py), and a real profile on CUDA."""
+its trace on a GPU (none on a CPU: train/test_train_profile.py), and a real profile on CUDA."""
 
 from __future__ import annotations
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
 from photos import jpeg_split_folder
-from suite_paths import HELPERS
+from suite_paths import HELPERS, REPO
 
 from torchkit.cli import app
 

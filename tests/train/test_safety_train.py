@@ -15,17 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    error_line,
-    hidden_siblings,
+from image_folders import write_image_folder
+from output_checks import error_line, hidden_siblings, tree_digest
+from processes import (
     processes_in_group,
     run_each_in_process,
     run_torchkit_in_process,
     run_torchkit_process,
     start_torchkit_process,
-    tree_digest,
     wait_until,
-    write_image_folder,
 )
 from suite_paths import HELPERS
 

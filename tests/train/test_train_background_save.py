@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import error_line, run_torchkit_in_process, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import run_torchkit_in_process
 
 from torchkit.core.models import checkpoint as checkpoint_module
 from torchkit.core.train import epochs, run_folder

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_image_folder
+from checkpoints import read_checkpoint
+from image_folders import write_image_folder
 
 from torchkit.cli import app
 from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
@@ -31,10 +32,6 @@ def split_root(tmp_path: Path) -> Path:
 
 def train(runner, *args: str):
     return runner.invoke(app, ["train", *args])
-
-
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def metrics_rows(out: Path) -> list[dict]:
@@ -95,7 +92,7 @@ def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runn
     assert float(rows[0]["val_ema_top1"]) == pytest.approx(summary["best_val_top1"], abs=1e-6)
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    best = load(out / "best.pt")  # weights_only=True
+    best = read_checkpoint(out / "best.pt")  # weights_only=True
     assert set(CHECKPOINT_KEYS) <= set(best)
     assert best["arch"] == "convnet" and best["num_classes"] == 10 and best["epoch"] == 1
     assert not any(key.startswith("module.") for key in best["model"])
@@ -145,7 +142,7 @@ def test_split_root_trains_and_summary_table_names_the_weights(runner, split_roo
     assert "EMA weights" not in result.stdout
     assert "(12 train / 6 val / 6 test)" in result.stdout
     assert "epoch 2/2" in result.stderr  # one log line per epoch on stderr
-    checkpoint = load(out / "last.pt")
+    checkpoint = read_checkpoint(out / "last.pt")
     assert checkpoint["classes"] == ["ant", "bee", "cat"] and checkpoint["epoch"] == 2
     assert checkpoint["preprocess"]["image_size"] == 8
     assert checkpoint["preprocess"]["resize_size"] == 9  # 8 / 0.875 for image folders
@@ -265,7 +262,7 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
         str(tmp_path / "halves"),
     )
     assert full.exit_code == 0 and halves.exit_code == 0, full.stderr + halves.stderr
-    ours = load(tmp_path / "full" / "last.pt")["model"]
+    ours = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
 
     from nets import TinyNet
     from torchvision import transforms as T
@@ -293,7 +290,7 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
         optimizer.step()
     for key, value in net.state_dict().items():
         assert torch.allclose(ours[key], value, atol=1e-6), key
-    accumulated = load(tmp_path / "halves" / "last.pt")["model"]
+    accumulated = read_checkpoint(tmp_path / "halves" / "last.pt")["model"]
     for key, value in ours.items():
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
 
@@ -301,7 +298,7 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
 def test_fine_tuning_freeze_backbone_and_head_lr(runner, split_root, tmp_path):
     first = tmp_path / "first"
     assert train(runner, "--data", str(split_root), *FAST, "--out", str(first)).exit_code == 0
-    start = load(first / "best.pt")["model"]
+    start = read_checkpoint(first / "best.pt")["model"]
     frozen = tmp_path / "frozen"
     result = train(
         runner,
@@ -317,7 +314,7 @@ def test_fine_tuning_freeze_backbone_and_head_lr(runner, split_root, tmp_path):
         str(frozen),
     )
     assert result.exit_code == 0, result.stderr
-    after = load(frozen / "last.pt")
+    after = read_checkpoint(frozen / "last.pt")
     for key in ("conv.weight", "conv.bias"):
         assert torch.equal(after["model"][key], start[key])  # frozen
     assert not torch.equal(after["model"]["fc.weight"], start["fc.weight"])  # trained
@@ -332,7 +329,8 @@ def test_fine_tuning_freeze_backbone_and_head_lr(runner, split_root, tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     base = {
-        g["group_name"]: g["base_lr"] for g in load(split / "last.pt")["optimizer"]["param_groups"]
+        g["group_name"]: g["base_lr"]
+        for g in read_checkpoint(split / "last.pt")["optimizer"]["param_groups"]
     }
     assert base == {
         "backbone_decay": 0.001,
@@ -384,7 +382,7 @@ def test_regularisers_amp_channels_last_ema_and_periodic_checkpoints(runner, spl
     assert result.exit_code == 0, result.stderr
     assert AutocastProbe.seen and set(AutocastProbe.seen) == {torch.bfloat16}
     assert sorted(p.name for p in out.glob("epoch-*.pt")) == ["epoch-002.pt", "epoch-003.pt"]
-    last = load(out / "last.pt")
+    last = read_checkpoint(out / "last.pt")
     assert set(last["model_ema"]) == set(last["model"])
     assert not torch.equal(last["model_ema"]["fc.weight"], last["model"]["fc.weight"])
     assert "val_ema_top1" in metrics_rows(out)[0]
@@ -428,7 +426,7 @@ def test_with_ema_best_pt_is_picked_by_the_ema_weights(runner, split_root, tmp_p
     lowest = min(summary["history"], key=lambda row: row["val_ema_loss"])
     assert summary["best_by_ema"] is True and summary["best_epoch"] == lowest["epoch"]
     assert summary["best_val_top1"] == lowest["val_ema_top1"]
-    assert load(out / "best.pt")["epoch"] == lowest["epoch"]
+    assert read_checkpoint(out / "best.pt")["epoch"] == lowest["epoch"]
     # Each epoch's line shows the EMA metrics that mark it *best.
     line = next(x for x in result.stderr.splitlines() if x.startswith(f"epoch {lowest['epoch']}/"))
     assert f"ema loss {lowest['val_ema_loss']:.4f} top1 {lowest['val_ema_top1']:.4f}" in line
@@ -456,7 +454,7 @@ def test_no_ema_turns_the_digits_default_off(runner, tmp_path):
     summary = json.loads(result.stdout)
     assert summary["best_by_ema"] is False and summary["test_ema_top1"] is None
     assert "val_ema_loss" not in metrics_rows(out)[0]
-    assert "model_ema" not in load(out / "last.pt")
+    assert "model_ema" not in read_checkpoint(out / "last.pt")
 
 
 def test_best_metric_loss_picks_the_lowest_validation_loss(runner, split_root, tmp_path):
@@ -467,8 +465,8 @@ def test_best_metric_loss_picks_the_lowest_validation_loss(runner, split_root, t
     summary = json.loads(result.stdout)
     lowest = min(summary["history"], key=lambda row: row["val_loss"])
     assert summary["best_metric"] == "loss" and summary["best_epoch"] == lowest["epoch"]
-    assert load(out / "best.pt")["epoch"] == lowest["epoch"]
-    assert load(out / "best.pt")["best_metric"] == pytest.approx(lowest["val_loss"])
+    assert read_checkpoint(out / "best.pt")["epoch"] == lowest["epoch"]
+    assert read_checkpoint(out / "best.pt")["best_metric"] == pytest.approx(lowest["val_loss"])
 
 
 def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
@@ -480,7 +478,7 @@ def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
     summary = json.loads(more.stdout)
     assert summary["epochs"] == 4 and summary["resumed_from"] == str(out / "last.pt")
     assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3, 4]
-    assert load(out / "last.pt")["epoch"] == 4
+    assert read_checkpoint(out / "last.pt")["epoch"] == 4
     done = train(runner, "--resume", str(out), trusted)
     assert done.exit_code == 0 and "nothing to train" in done.stderr
 
@@ -558,7 +556,7 @@ def test_existing_out_needs_resume_or_force(runner, split_root, tmp_path):
         runner, "--data", str(split_root), *FAST, "--epochs", "1", "--out", str(out), "--force"
     )
     assert forced.exit_code == 0, forced.stderr
-    assert load(out / "last.pt")["epoch"] == 1 and not (out / "notes.txt").exists()
+    assert read_checkpoint(out / "last.pt")["epoch"] == 1 and not (out / "notes.txt").exists()
     assert not list(tmp_path.glob(".run*"))
 
 
@@ -640,7 +638,7 @@ def test_resume_with_another_model_or_class_count_is_refused(runner, split_root,
     other_data = train(runner, "--resume", str(out), "--data", str(two_classes))
     assert other_data.exit_code == 1
     assert "trained on 3 classes" in error_line(other_data)
-    assert load(out / "last.pt")["epoch"] == 2  # untouched
+    assert read_checkpoint(out / "last.pt")["epoch"] == 2  # untouched
 
 
 def test_out_of_memory_keeps_the_last_checkpoint(runner, split_root, tmp_path):
@@ -660,7 +658,7 @@ def test_out_of_memory_keeps_the_last_checkpoint(runner, split_root, tmp_path):
     )
     assert result.exit_code == 1
     assert "out of memory" in error_line(result) and "--batch-size" in error_line(result)
-    assert load(out / "last.pt")["epoch"] == 1
+    assert read_checkpoint(out / "last.pt")["epoch"] == 1
 
 
 def test_sync_bn_is_refused_without_cuda_before_anything_is_written(runner, split_root, tmp_path):
@@ -759,7 +757,7 @@ def test_cuda_fp16_amp_uses_a_grad_scaler_and_sync_bn_warns_for_one_process(
     )
     assert result.exit_code == 0, result.stderr
     assert "--sync-bn has no effect in a single process" in result.stderr
-    checkpoint = load(out / "last.pt")
+    checkpoint = read_checkpoint(out / "last.pt")
     assert checkpoint["scaler"] and "scale" in checkpoint["scaler"]
     assert json.loads((out / "config.json").read_text())["amp_dtype"] == "float16"
 

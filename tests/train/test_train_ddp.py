@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, write_image_folder
 from gloo_ranks import error_lines_of, run_ranks, start_ranks, stderr_of
-from suite_paths import HELPERS
+from image_folders import write_image_folder
+from suite_paths import HELPERS, REPO
 
 from torchkit.cli import app
 

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_torchkit_in_process, write_image_folder
 from gloo_ranks import finish, run_ranks, start_ranks, stderr_of
+from image_folders import write_image_folder
 from nets import BNNet
+from processes import run_torchkit_in_process
 from suite_paths import HELPERS
 from torch import nn
 

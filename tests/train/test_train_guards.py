@@ -24,15 +24,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import (
-    error_line,
-    run_each_in_process,
-    run_torchkit_in_process,
-    tree_digest,
-    write_image_folder,
-)
+from checkpoints import read_checkpoint
 from gloo_ranks import error_lines_of, run_ranks, stderr_of
+from image_folders import write_image_folder
 from nets import NanNet
+from output_checks import error_line, tree_digest
+from processes import run_each_in_process, run_torchkit_in_process
 from suite_paths import HELPERS
 from torch import nn
 
@@ -82,10 +79,6 @@ def trained(world: Path, tmp_path_factory) -> Path:
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     return out
-
-
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def all_finite(checkpoint: dict) -> bool:
@@ -196,8 +189,9 @@ def test_a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_good_epo
     assert "the training loss is not finite (NaN or infinite) at epoch 2, step 2 of 3" in (
         error_line(err)
     )
-    assert load(nan_run / "last.pt")["epoch"] == 1 and all_finite(load(nan_run / "last.pt"))
-    assert load(nan_run / "best.pt")["epoch"] == 1 and all_finite(load(nan_run / "best.pt"))
+    for name in ("last.pt", "best.pt"):  # epoch 1's, the last good one
+        kept = read_checkpoint(nan_run / name)
+        assert kept["epoch"] == 1 and all_finite(kept)
     assert (nan_run / "metrics.csv").read_text().count("\n") == 2  # header + epoch 1
 
     (_, err, code) = results[1]
@@ -343,7 +337,7 @@ def test_resume_trains_with_the_new_lr_and_weight_decay_that_config_json_records
     with (out / "metrics.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [float(row["lr"]) for row in rows] == [0.003, 0.003, 0.5]  # constant schedule
-    groups = load(out / "last.pt")["optimizer"]["param_groups"]
+    groups = read_checkpoint(out / "last.pt")["optimizer"]["param_groups"]
     assert {g["base_lr"] for g in groups} == {g["lr"] for g in groups} == {0.5}
     assert {g["group_name"]: g["weight_decay"] for g in groups} == {
         "backbone_decay": 0.001, "backbone_no_decay": 0.0,
@@ -383,10 +377,10 @@ def test_resume_into_another_folder_carries_best_pt(trained, tmp_path, runner):
     )
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)
-    assert summary["best_epoch"] == load(trained / "best.pt")["epoch"]
+    assert summary["best_epoch"] == read_checkpoint(trained / "best.pt")["epoch"]
     assert summary["test_weights"] == "best.pt" and summary["test_top1"] is not None
     assert (out / "best.pt").read_bytes() == (trained / "best.pt").read_bytes()
-    assert load(out / "best.pt")["epoch"] == summary["best_epoch"]
+    assert read_checkpoint(out / "best.pt")["epoch"] == summary["best_epoch"]
 
 
 def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_path):
@@ -401,7 +395,7 @@ def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_
     torch.save(checkpoint(3, 3), tmp_path / "best.pt")  # the run went on to a better epoch 3
     torch.save(checkpoint(1, 1), tmp_path / "epoch-001.pt")
     torch.save(checkpoint(2, 1), tmp_path / "epoch-002.pt")
-    rewound = load(tmp_path / "epoch-002.pt")
+    rewound = read_checkpoint(tmp_path / "epoch-002.pt")
     assert best_checkpoint_for(tmp_path / "epoch-002.pt", rewound) == tmp_path / "epoch-001.pt"
     assert best_checkpoint_for(tmp_path / "epoch-001.pt", checkpoint(1, 1)) == (
         tmp_path / "epoch-001.pt"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, write_image_folder
+from image_folders import write_image_folder
 from resume_runs import assert_bitwise_equal, recipe, stderr_of
-from suite_paths import HELPERS
+from suite_paths import HELPERS, REPO
 
 from torchkit.cli import app
 

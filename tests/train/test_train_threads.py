@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from conftest import error_line, write_image_folder
+from image_folders import write_image_folder
+from output_checks import error_line
 
 from torchkit.cli import app
 from torchkit.core.train import TrainCallbacks, TrainConfig, run_training

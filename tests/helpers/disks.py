@@ -1,0 +1,99 @@
+"""Disks that misbehave on demand, for the tests of full disks and interrupted writes: a full file
+system (`fill_disk`, on the `small_tmpfs` fixture's mount), slow renames and copies in a torchkit
+process (`slow_io_env`), and a FIFO as an output."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import textwrap
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def fill_disk(mount: Path, *, leave: int = 0) -> Path:
+    """Fill the file system at `mount` with a file `filler`: every byte, or all but `leave`."""
+    if leave:
+        free = os.statvfs(mount)
+        (mount / "filler").write_bytes(bytes(free.f_bavail * free.f_frsize - leave))
+        return mount
+    fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as error:
+        assert error.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    return mount
+
+
+# A sitecustomize that slows the named calls (renames, copies) whose destination contains a given
+# path down, like a slow disk: a signal then reliably lands in the middle of the work.
+SLOW_IO = textwrap.dedent(
+    """
+    import os, shutil, time
+
+    _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
+
+    def _slowed(function):
+        def slow(source, destination, *args, **kwargs):
+            if _where in os.fspath(destination):
+                time.sleep(float(_delay))
+            return function(source, destination, *args, **kwargs)
+        return slow
+
+    if _where:
+        for _call in os.environ["TORCHKIT_TEST_SLOW_CALLS"].split(","):
+            _module, _, _name = _call.partition(".")
+            _owner = {"os": os, "shutil": shutil}[_module]
+            setattr(_owner, _name, _slowed(getattr(_owner, _name)))
+    """
+)
+
+
+def slow_io_env(
+    tmp_path: Path,
+    where: Path,
+    *,
+    calls: Sequence[str] = ("os.rename", "os.replace", "shutil.copy2"),
+    delay: float = 0.1,
+) -> dict[str, str]:
+    """The environment of a torchkit process whose `calls` into a path containing `where` take
+    `delay` seconds each (its sitecustomize is written to TMP_PATH/slow-io)."""
+    folder = tmp_path / "slow-io"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SLOW_IO)
+    return {
+        "PYTHONPATH": str(folder),
+        "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}",
+        "TORCHKIT_TEST_SLOW_CALLS": ",".join(calls),
+    }
+
+
+class FifoReader:
+    """A FIFO at `path` read to the end by a thread, as `cat FIFO` would."""
+
+    def __init__(self, path: Path) -> None:
+        os.mkfifo(path)
+        self.path = path
+        self.data: bytes | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with open(self.path, "rb") as handle:
+            self.data = handle.read()
+
+    def result(self) -> bytes:
+        """What was written into the FIFO; fails if it is no longer a FIFO."""
+        # A command that never opened the FIFO leaves the reader waiting: let it go.
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
+        return self.data or b""

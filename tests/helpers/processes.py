@@ -1,0 +1,166 @@
+"""torchkit run by a test: through the app in this process (`run_torchkit_in_process`, the
+default: milliseconds), or as a real `python -m torchkit` process where the process is the
+subject (signals, exit codes, torchrun, imports); waiting for and signalling such processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from suite_paths import REPO
+from typer.testing import CliRunner
+
+# The environment a test's torchkit run never inherits: tests say what they want.
+INHERITED = ("TORCHKIT_DEBUG", "FORCE_COLOR", "NO_COLOR")
+
+
+def run_torchkit_process(
+    *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
+) -> subprocess.CompletedProcess:
+    """Run `python -m torchkit ARGS` in a real process (about a second without torch, three
+    with it): for checks whose subject is the process (signals, torchrun, the interpreter's
+    exit, imports, a hook in sitecustomize); `run_torchkit_in_process` does the rest."""
+    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "torchkit", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or REPO,
+        timeout=300,
+    )
+
+
+@contextlib.contextmanager
+def working_directory(path: str | os.PathLike):
+    """`contextlib.chdir` (Python 3.11) for the suite on Python 3.10 too."""
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def run_torchkit_in_process(
+    *args: object, cwd: str | os.PathLike | None = None
+) -> subprocess.CompletedProcess:
+    """`torchkit ARGS` through the app in this process, in `cwd`, with the result of
+    `run_torchkit_process` (exit code, stdout, stderr apart): a refusal costs milliseconds,
+    not an interpreter and its imports. An exception the CLI lets escape fails the test."""
+    from torchkit.cli import app
+
+    environment = dict.fromkeys(INHERITED)  # unset while it runs
+    words = [str(arg) for arg in args]
+    with working_directory(cwd or REPO):
+        result = CliRunner().invoke(
+            app, words, env=environment, catch_exceptions=False, prog_name="torchkit"
+        )
+    return subprocess.CompletedProcess(words, result.exit_code, result.stdout, result.stderr)
+
+
+def run_json(*args: object) -> Any:
+    """`torchkit ARGS --format json` in this process: its parsed stdout (it must succeed)."""
+    import json
+
+    result = run_torchkit_in_process(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def dataset_stats(data: object, *extra: object) -> dict:
+    """`dataset-stats DATA` as JSON without its `source` (which names the data as given)."""
+    found = run_json("dataset-stats", data, *extra)
+    found.pop("source")
+    return found
+
+
+def run_each_in_process(
+    commands: Sequence[Sequence[object]],
+    *,
+    cwd: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+) -> list[subprocess.CompletedProcess]:
+    """`run_torchkit_in_process` for each command in turn; `cwd` is the working directory of
+    all, or a list, one each."""
+    cwds = list(cwd) if isinstance(cwd, list | tuple) else [cwd] * len(commands)
+    return [
+        run_torchkit_in_process(*args, cwd=where)
+        for args, where in zip(commands, cwds, strict=True)
+    ]
+
+
+def start_torchkit_process(
+    *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
+) -> subprocess.Popen:
+    """Start `python -m torchkit ARGS` in its own session (process group = its PID, so that
+    `processes_in_group` finds every worker it started); stdout and stderr are pipes."""
+    full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
+    full_env.update(env or {})
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchkit", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=cwd or REPO,
+        start_new_session=True,
+    )
+
+
+def wait_until(
+    condition: Callable[[], object],
+    *,
+    process: subprocess.Popen | None = None,
+    timeout: float = 120,
+    what: str = "the condition",
+) -> None:
+    """Poll `condition` until it is true; fail if `process` ends first or time runs out."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process is not None and process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"the process ended (rc {process.returncode}) before {what}:\n{err}")
+        if time.monotonic() > deadline:
+            if process is not None:
+                process.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def signal_and_wait(
+    process: subprocess.Popen, signum: int, *, timeout: float = 120
+) -> tuple[int, str, str]:
+    """Send `signum` to the process (not its group: as `kill PID` or `timeout` would) and wait
+    for it: (exit code, stdout, stderr)."""
+    process.send_signal(signum)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        out, err = process.communicate()
+        pytest.fail(f"the process did not end within {timeout} s of signal {signum}:\n{err}")
+    return process.returncode, out, err
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    """PIDs still alive in process group `pgid` (Linux /proc), zombies excluded."""
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(entry))
+    return alive
