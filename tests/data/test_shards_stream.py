@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import threading
 import time
@@ -211,3 +212,39 @@ def test_a_cache_limit_is_a_size_that_holds_a_shard(world, server, monkeypatch):
     assert result.returncode == 2
     line = error_line(result.stderr)
     assert "TORCHKIT_CACHE_LIMIT=1KB holds no shard" in line and str(shard_bytes(world)) in line
+
+
+def test_a_cached_shard_opens_while_a_download_holds_the_cache_limits_lock(
+    world, server, tmp_path, monkeypatch
+):
+    """Under a cache limit a download holds the folder's lock from making room to its end:
+    a reader that needs a shard already in the cache (fetched by another process) opens it
+    meanwhile instead of waiting for that download."""
+    import fcntl
+
+    monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(3 * shard_bytes(world)))
+    url = f"{server.url}/converted"
+    open_data(url).splits["train"].paths[0].read_bytes()  # shard 0 in the cache
+    again = open_data(url).splits["train"]  # another reader: nothing open
+    lock = os.open(next((tmp_path / "cache").rglob(".limit.lock")), os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as a download in another process holds it
+    read = []
+    reading = threading.Thread(target=lambda: read.append(again.paths[1].read_bytes()))
+    try:
+        reading.start()
+        reading.join(30)
+        assert read, "the reader waited for the cache limit's lock"
+    finally:
+        os.close(lock)
+        reading.join()
+    assert shard_downloads(server.requests) == ["/converted/train-000000.tar"]
+
+
+def test_a_temporary_file_a_killed_download_left_is_deleted_by_the_next(server, tmp_path):
+    train = open_data(f"{server.url}/converted").splits["train"]
+    folder = next((tmp_path / "cache").rglob("manifest.json")).parent
+    stale = folder / ".train-000000.tar.abc123.tmp"
+    stale.write_bytes(b"half a shard")
+    train.paths[0].read_bytes()
+    assert not stale.exists()
+    assert (folder / "train-000000.tar").is_file()

@@ -74,14 +74,3 @@ def read_blocks(paths: Sequence[str] | None) -> Blocks | None:
     if blocks_of is None or any(not is_stored(p) or p.reader is not reader for p in paths):
         return None
     return blocks_of([p.locator for p in paths])
-
-
-def read_in_order(paths: Sequence[str] | None) -> None:
-    """Tell the reader of stored images `paths` that they are read in this order (eval,
-    predict, extract-features): a reader that can (streamed shards) fetches ahead."""
-    if not paths or not is_stored(paths[0]):
-        return
-    reader = paths[0].reader
-    hint = getattr(reader, "read_in_order", None)
-    if hint is not None and all(is_stored(p) and p.reader is reader for p in paths):
-        hint([p.locator for p in paths])

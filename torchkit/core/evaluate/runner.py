@@ -381,7 +381,6 @@ def _run(
     from torchkit.core.data.batches import collate_skipping_unreadable
     from torchkit.core.data.dataset import default_workers, loader_context, make_dataset
     from torchkit.core.data.device_decode import collate_encoded
-    from torchkit.core.data.stored_image import read_in_order
     from torchkit.core.data.transforms import eval_transform
 
     device = ctx.device
@@ -418,7 +417,6 @@ def _run(
     # --decode device: JPEGs reach the batch as their bytes, decoded on the device
     collate = collate_encoded if options.run.decode == "device" else collate_skipping_unreadable
     transform = eval_transform(preprocess, pixels=True, decode=options.run.decode)
-    read_in_order(samples.paths)  # streamed shards: the next one fetched meanwhile
     dataset = make_dataset(samples, transform, mode=mode, pixels=True)
     workers = default_workers() if options.run.workers is None else options.run.workers
     loader = torch.utils.data.DataLoader(

@@ -499,10 +499,8 @@ def _loader(samples: Samples, transform, in_channels: int, request: FeatureReque
 
     from torchkit.core.data.dataset import default_workers, make_dataset
     from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
-    from torchkit.core.data.stored_image import read_in_order
 
     mode = "L" if in_channels == 1 else "RGB"
-    read_in_order(samples.paths)  # streamed shards: the next one fetched meanwhile
     dataset = make_dataset(samples, transform, mode=mode, pixels=True)
     workers = default_workers() if request.run.workers is None else request.run.workers
     on_device = request.run.decode == "device"

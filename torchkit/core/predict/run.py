@@ -207,7 +207,6 @@ class PredictRun:
             collate_encoded_with_failures,
             decoded_with_indices,
         )
-        from torchkit.core.data.stored_image import read_in_order
         from torchkit.core.data.transforms import eval_transform
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
@@ -220,7 +219,6 @@ class PredictRun:
         preprocess = self.resolved.preprocess
         on_device = request.run.decode == "device"  # JPEGs decoded on the device, batch by batch
         transform = eval_transform(preprocess, pixels=True, decode=request.run.decode)
-        read_in_order(samples.paths)  # streamed shards: the next one fetched meanwhile
         dataset = make_dataset(samples, transform, mode=self.mode, pixels=True)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         batches = _interleaved_batches(

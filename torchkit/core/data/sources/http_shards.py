@@ -19,9 +19,7 @@ A `convert shards` folder URL whose manifest.json lists each shard's samples (`e
 `labels`) is streamed: the data is listed from the manifest alone, and each shard is fetched
 when a process first reads from it (`StreamedShards`); `$TORCHKIT_CACHE_LIMIT` bounds what its
 shards take in the cache (the least recently used deleted first), and train's order reads a
-window of as many shards as that holds at a time; a reader told its order (`read_in_order`:
-eval, predict, extract-features) fetches the next shard of it while it reads one. Other URL
-shards are all fetched first.
+window of as many shards as that holds at a time. Other URL shards are all fetched first.
 
 Downloads run DOWNLOAD_THREADS at a time, each streamed to a hidden temporary file beside the
 shard and renamed into place once complete and checked (length, manifest sha256): a failed or
@@ -42,7 +40,6 @@ import os
 import re
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -601,26 +598,15 @@ class StreamedShards:
     least recently used shards of the folder are deleted to make room before a download, under
     a lock on the folder (so at most one download in flight adds to the limit), never one this
     process has open; one deleted under another process is read on through its open file, or
-    fetched again. Picklable: each process keeps its own open files (keyed by pid).
-
-    Read in order (`read_in_order`: eval, predict, extract-features), a process that opens a
-    shard fetches the one the order reads next on a thread meanwhile (`_FetchAhead`), where
-    the cache has room for both: the reader finds it there, or waits on its lock for the rest
-    of its download."""
+    fetched again. Picklable: each process keeps its own open files (keyed by pid)."""
 
     def __init__(
-        self,
-        folder: _Folder,
-        names: Sequence[str],
-        sizes: Sequence[int],
-        limit: int | None,
-        next_shard: dict[int, int] | None = None,
+        self, folder: _Folder, names: Sequence[str], sizes: Sequence[int], limit: int | None
     ) -> None:
         self.folder = folder
         self.names = list(names)
         self.sizes = list(sizes)
         self.limit = limit
-        self.next_shard = next_shard
         self._pid = -1
 
     def __getstate__(self) -> dict:
@@ -629,22 +615,10 @@ class StreamedShards:
             "names": self.names,
             "sizes": self.sizes,
             "limit": self.limit,
-            "next_shard": self.next_shard,
         }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(
-            state["folder"], state["names"], state["sizes"], state["limit"], state["next_shard"]
-        )
-
-    def read_in_order(self, locators: Sequence[tuple[int, str]]) -> None:
-        """The images of `locators` are read in this order: each process fetches the shard
-        the order reads next while it reads one."""
-        visited: list[int] = []
-        for shard, _ in locators:
-            if not visited or visited[-1] != shard:
-                visited.append(shard)
-        self.next_shard = dict(zip(visited[:-1], visited[1:], strict=True))
+        self.__init__(state["folder"], state["names"], state["sizes"], state["limit"])
 
     @property
     def window(self) -> int:
@@ -690,7 +664,6 @@ class StreamedShards:
             self._lock = threading.Lock()
             self._held: OrderedDict[int, tuple[int, Any]] = OrderedDict()
             self._listings: dict[int, Any] = {}
-            self._ahead: _FetchAhead | None = None
         with self._lock:
             held = self._held.get(shard)
             if held is None:
@@ -698,12 +671,6 @@ class StreamedShards:
                     fd, _ = self._held.popitem(last=False)[1]
                     os.close(fd)
                 held = self._held[shard] = self._fetched(shard)
-                following = (self.next_shard or {}).get(shard)
-                if following is not None and self.window >= 2:
-                    # Read in order, the shards before this one are done with: the cache keeps
-                    # this one and the next (an open file is read on even once deleted).
-                    self._ahead = self._ahead or _FetchAhead(self)
-                    self._ahead.start(following, {shard, following})
             self._held.move_to_end(shard)
             return os.dup(held[0]), held[1]
 
@@ -711,10 +678,20 @@ class StreamedShards:
         """The shard fetched into the cache (unless there), opened and listed."""
         from torchkit.core.data.sources.shards import list_tar
 
-        target = self.folder.path / self.names[shard]
-        fd = self._open_if_cached(shard)
+        name = self.names[shard]
+        target = self.folder.path / name
+        url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
+        fd = self._open_if_cached(shard, url)
         if fd is None:
-            with self._cached(shard, {*self._held, shard}, threading.Event()):
+            stop = threading.Event()
+            room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
+            with room or contextlib.nullcontext():
+                if self.limit is not None:
+                    self._make_room(shard)
+                try:
+                    _fetch_one(url, self.folder, name, stop)
+                except TorchkitError as error:
+                    raise ShardFetchError(error.message, error.hint) from None
                 with contextlib.suppress(OSError):
                     os.utime(target)  # its last use, for the least recently used first
                 fd = os.open(target, os.O_RDONLY)
@@ -726,14 +703,13 @@ class StreamedShards:
         self._listings[shard] = listing
         return fd, listing
 
-    def _open_if_cached(self, shard: int) -> int | None:
+    def _open_if_cached(self, shard: int, url: str) -> int | None:
         """A descriptor of the shard if the cache holds it whole and current, else None, taking
         no lock: a shard is renamed into place complete, and one deleted after it is opened is
-        read on through the descriptor. So a shard fetched ahead (or by another process) is
-        opened while a download holds the cache limit's lock."""
+        read on through the descriptor. So a shard another process fetched opens while a
+        download holds the cache limit's lock, instead of waiting for that download."""
         name = self.names[shard]
         target = self.folder.path / name
-        url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
         expected = self.folder.manifest.get(name)
         if not expected or expected["bytes"] is None:
             return None  # checked against the server (a HEAD): under the locks
@@ -747,28 +723,12 @@ class StreamedShards:
             os.utime(target)  # its last use, for the least recently used first
         return fd
 
-    @contextlib.contextmanager
-    def _cached(self, shard: int, keep: set[int], stop: threading.Event) -> Iterator[None]:
-        """The shard in the cache (fetched unless there) for the block's length, room made for
-        it first under a cache limit, within which the shards `keep` are never deleted."""
-        name = self.names[shard]
-        url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
-        room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
-        with room or contextlib.nullcontext():
-            if self.limit is not None:
-                self._make_room(shard, keep)
-            try:
-                _fetch_one(url, self.folder, name, stop)
-            except TorchkitError as error:
-                raise ShardFetchError(error.message, error.hint) from None
-            yield
-
-    def _make_room(self, shard: int, keep: set[int]) -> None:
-        """Delete the least recently used shards of the folder (but `keep`: those this process
-        has open or is about to) until the shard fits within the limit beside the others."""
+    def _make_room(self, shard: int) -> None:
+        """Delete the least recently used shards of the folder (but those this process has
+        open) until the shard fits within the limit beside the others."""
         assert self.limit is not None
         name = self.names[shard]
-        mine = {self.names[number] for number in keep}
+        mine = {self.names[number] for number in self._held} | {name}
         cached = []
         for entry in os.scandir(self.folder.path):
             if entry.name.endswith(".tar") and not entry.name.startswith("."):
@@ -788,61 +748,6 @@ class StreamedShards:
                 os.unlink(_record_path(self.folder.path / other))
             total -= size
             log.info("%s: deleted %s from the cache to make room", CACHE_LIMIT_VARIABLE, other)
-
-
-class _FetchAhead:
-    """One process's fetch of the shard read after the one it opened, on a thread. A failure
-    is left for the reader to meet (it fetches the shard itself when it gets there, and
-    reports what fails then). Before this process forks (a DataLoader starting its workers) the
-    download in flight stops and is joined: a forked child gets no lock held by a thread it
-    lacks, and the reader fetches that shard again when it needs it. The thread is not a
-    daemon: a DataLoader worker that ends while it downloads a shard the other workers wait
-    for finishes that download first (threading's shutdown joins it)."""
-
-    def __init__(self, reader: StreamedShards) -> None:
-        self.reader = reader
-        self.thread: threading.Thread | None = None
-        self.stop = threading.Event()
-        _IN_FLIGHT.add(self)
-
-    def start(self, shard: int, keep: set[int]) -> None:
-        """Fetch `shard` (keeping the shards `keep` under a cache limit), after the fetch
-        before it: read in order, that one is the shard just opened, so done."""
-        if self.thread is not None:
-            self.thread.join()
-        self.stop.clear()
-        self.thread = threading.Thread(
-            target=self._fetch, args=(shard, keep), name="torchkit-fetch-ahead"
-        )
-        self.thread.start()
-
-    def _fetch(self, shard: int, keep: set[int]) -> None:
-        try:
-            with self.reader._cached(shard, keep, self.stop):
-                pass
-        except _Stopped:
-            pass  # for a fork: the reader fetches it when it gets there
-        except Exception as error:  # noqa: BLE001 - the reader meets it again, and says it
-            log.debug("fetching %s ahead failed: %s", self.reader.names[shard], error)
-
-    def halt(self) -> None:
-        if self.thread is not None:
-            self.stop.set()
-            self.thread.join()
-            self.thread = None
-
-
-# The fetches ahead of this process, each stopped before it forks.
-_IN_FLIGHT: weakref.WeakSet[_FetchAhead] = weakref.WeakSet()
-
-
-def _halt_fetches_ahead() -> None:
-    for fetch in list(_IN_FLIGHT):
-        fetch.halt()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(before=_halt_fetches_ahead)
 
 
 # --- HTTP -------------------------------------------------------------------------------------
