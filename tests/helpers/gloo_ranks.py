@@ -11,13 +11,12 @@ launch it for real: test_train_ddp.py, test_eval.py."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from processes import start_torchkit_process
 from suite_paths import HELPERS, REPO
 
 
@@ -31,34 +30,23 @@ def start_ranks(
     *args: object, env: dict[str, str] | None = None, world: int = 2, cwd: Path = REPO
 ) -> list[subprocess.Popen]:
     """Start ranks 0..world-1 of `python -m torchkit ARGS`; `env` is added to each one's."""
-    port = str(free_port())
-    started = []
-    for rank in range(world):
-        full_env = {
-            **os.environ,
-            "PYTHONPATH": str(HELPERS),
-            "OMP_NUM_THREADS": "1",
-            "NO_COLOR": "1",
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            **(env or {}),
-        }
-        full_env.pop("TORCHKIT_DEBUG", None)
-        started.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "torchkit", *map(str, args)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=full_env,
-                cwd=cwd,
-            )
+    base = {
+        "PYTHONPATH": str(HELPERS),
+        "OMP_NUM_THREADS": "1",
+        "NO_COLOR": "1",
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    return [
+        start_torchkit_process(
+            *map(str, args),
+            env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **(env or {})},
+            cwd=cwd,
         )
-    return started
+        for rank in range(world)
+    ]
 
 
 def finish(process: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:

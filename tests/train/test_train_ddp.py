@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gloo_ranks import error_lines_of, run_ranks, start_ranks, stderr_of
+from gloo_ranks import error_lines_of, free_port, run_ranks, start_ranks, stderr_of
 from image_folders import write_image_folder
 from suite_paths import HELPERS, REPO
 
@@ -41,18 +40,6 @@ def recipe(data: Path, out: Path, batch_size: int) -> list[str]:
         "--batch-size", str(batch_size), "--epochs", "2", "--optimizer", "sgd", "--lr", "0.2",
         "--workers", "0", "--device", "cpu", "--out", str(out), "--format", "json",
     ]  # fmt: skip
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` different free TCP ports (held together while they are picked)."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [probe.getsockname()[1] for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
 
 
 def start_torchrun(launch: list[str], args: list[str]) -> subprocess.Popen:
@@ -101,7 +88,7 @@ def launched(tmp_path_factory) -> Launched:
     write_image_folder(data / "train", {"a": 8, "b": 8}, seed=1)  # 2 global batches of 8
     write_image_folder(data / "val", {"a": 3, "b": 2}, seed=2)  # odd: uneven shards
     write_image_folder(data / "test", {"a": 2, "b": 3}, seed=3)
-    (two_port,) = free_ports(1)
+    two_port = free_port()
     one_node = start_ranks(*recipe(data, root / "one-node", batch_size=4))
     nodes = []
     for node in (0, 1):

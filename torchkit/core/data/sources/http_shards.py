@@ -283,7 +283,7 @@ def _open_folder(url: str, query: str) -> _Folder:
                 log.info("%s", error)
         if data is None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path / name)
+                remove_tree(path / name, ignore_errors=False)
         else:
             atomic_write_bytes(path / name, data)
     return _Folder(url, query, path, manifest)
@@ -681,33 +681,36 @@ class StreamedShards:
         name = self.names[shard]
         target = self.folder.path / name
         url = f"{self.folder.url}/{quote(name)}{self.folder.query}"
-        fd = self._open_if_cached(shard, url)
-        if fd is None:
-            stop = threading.Event()
-            room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
-            with room or contextlib.nullcontext():
-                if self.limit is not None:
-                    self._make_room(shard)
-                try:
-                    _fetch_one(url, self.folder, name, stop)
-                except TorchkitError as error:
-                    raise ShardFetchError(error.message, error.hint) from None
-                with contextlib.suppress(OSError):
-                    os.utime(target)  # its last use, for the least recently used first
-                fd = os.open(target, os.O_RDONLY)
-        try:
-            listing = self._listings.get(shard) or list_tar(str(target))
-        except BaseException:
-            os.close(fd)
-            raise
+        opened = self._open_if_cached(shard, url)
+        if opened is not None:
+            return opened
+        stop = threading.Event()
+        room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
+        with room or contextlib.nullcontext():
+            if self.limit is not None:
+                self._make_room(shard)
+            try:
+                _fetch_one(url, self.folder, name, stop)
+            except TorchkitError as error:
+                raise ShardFetchError(error.message, error.hint) from None
+            with contextlib.suppress(OSError):
+                os.utime(target)  # its last use, for the least recently used first
+            fd = os.open(target, os.O_RDONLY)
+            try:
+                listing = self._listings.get(shard) or list_tar(str(target))
+            except BaseException:
+                os.close(fd)
+                raise
         self._listings[shard] = listing
         return fd, listing
 
-    def _open_if_cached(self, shard: int, url: str) -> int | None:
-        """A descriptor of the shard if the cache holds it whole and current, else None, taking
-        no lock: a shard is renamed into place complete, and one deleted after it is opened is
-        read on through the descriptor. So a shard another process fetched opens while a
-        download holds the cache limit's lock, instead of waiting for that download."""
+    def _open_if_cached(self, shard: int, url: str) -> tuple[int, Any] | None:
+        """`_fetched`'s (descriptor, listing) if the cache holds the shard whole and current,
+        else None, taking no lock: a shard is renamed into place complete, and one deleted
+        after it is opened is read on through the descriptor. So a shard another process
+        fetched opens while a download holds the cache limit's lock, instead of waiting."""
+        from torchkit.core.data.sources.shards import list_tar
+
         name = self.names[shard]
         target = self.folder.path / name
         expected = self.folder.manifest.get(name)
@@ -721,7 +724,18 @@ class StreamedShards:
             return None
         with contextlib.suppress(OSError):
             os.utime(target)  # its last use, for the least recently used first
-        return fd
+        try:
+            listing = self._listings.get(shard) or list_tar(str(target))
+        except InputError:
+            os.close(fd)
+            if target.exists():
+                raise  # a damaged shard: the error it is
+            return None  # deleted before it was listed: fetch it
+        except BaseException:
+            os.close(fd)
+            raise
+        self._listings[shard] = listing
+        return fd, listing
 
     def _make_room(self, shard: int) -> None:
         """Delete the least recently used shards of the folder (but those this process has
@@ -743,9 +757,9 @@ class StreamedShards:
             if other in mine:
                 continue
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.folder.path / other)
+                remove_tree(self.folder.path / other, ignore_errors=False)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(_record_path(self.folder.path / other))
+                remove_tree(_record_path(self.folder.path / other), ignore_errors=False)
             total -= size
             log.info("%s: deleted %s from the cache to make room", CACHE_LIMIT_VARIABLE, other)
 
