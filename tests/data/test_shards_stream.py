@@ -248,3 +248,32 @@ def test_a_temporary_file_a_killed_download_left_is_deleted_by_the_next(server, 
     train.paths[0].read_bytes()
     assert not stale.exists()
     assert (folder / "train-000000.tar").is_file()
+
+
+def test_a_cached_shard_deleted_before_it_is_listed_is_fetched_again(
+    world, server, tmp_path, monkeypatch
+):
+    """Opened without the cache's lock, a shard another process deletes (making room) before
+    this one lists it is fetched again, not an error."""
+    from torchkit.core.data.sources import shards
+
+    url = f"{server.url}/converted"
+    open_data(url).splits["train"].paths[0].read_bytes()  # shard 0 in the cache
+    cached = next((tmp_path / "cache").rglob("train-000000.tar"))
+    real_list_tar = shards.list_tar
+    calls = []
+
+    def deleted_first(path: str):
+        if path == str(cached):
+            calls.append(path)
+            if len(calls) == 1:
+                cached.unlink()  # as another process's make-room does
+        return real_list_tar(path)
+
+    monkeypatch.setattr(shards, "list_tar", deleted_first)
+    again = open_data(url).splits["train"]
+    assert again.paths[1].read_bytes() == (
+        open_data(world / "served" / "converted").splits["train"].paths[1].read_bytes()
+    )
+    assert len(calls) == 2 and cached.is_file()
+    assert shard_downloads(server.requests) == ["/converted/train-000000.tar"] * 2
