@@ -7,7 +7,8 @@ Prints files/s for both and the ratio (best of --repeats, after one warm-up pass
 read from the page cache). torchkit does more per file than the loop: it also stats the file,
 sniffs the container, reads the FOURCC and decodes one frame to prove the file is readable;
 `--no-decode-check`, timed too, skips that decode and does the loop's work.
-With --exact both sides also count frames by decoding every one.
+With --exact both sides also count frames by decoding every one. Also timed: torchkit reading
+on threads of one process only (as before worker processes), the same work.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from torchkit.core.video import default_video_workers, inspect_videos  # noqa: E402
+from torchkit.core.video import run as video_run  # noqa: E402
 
 
 def make_videos(folder: Path, count: int) -> list[Path]:
@@ -64,6 +66,10 @@ def baseline(paths: list[Path], exact: bool) -> list[tuple]:
     return rows
 
 
+def workers_of(args: argparse.Namespace) -> int:
+    return default_video_workers() if args.workers is None else args.workers
+
+
 def best_time(function, repeats: int) -> float:
     function()  # warm-up: FFmpeg initialisation and the page cache
     times = []
@@ -96,6 +102,19 @@ def main() -> None:
             lambda: inspect_videos([folder], exact=args.exact, workers=args.workers),
             args.repeats,
         )
+        processes = video_run._worker_processes(len(paths), workers_of(args))
+        # Threads of one process alone: no count of videos is enough for a worker process.
+        at_least = video_run.MIN_VIDEOS_PER_PROCESS
+        video_run.MIN_VIDEOS_PER_PROCESS = 10**9
+        threads_only = best_time(
+            lambda: inspect_videos([folder], exact=args.exact, workers=args.workers),
+            args.repeats,
+        )
+        threads_only_headers = best_time(
+            lambda: inspect_videos([folder], decode_check=False, workers=args.workers),
+            args.repeats,
+        )
+        video_run.MIN_VIDEOS_PER_PROCESS = at_least
         headers_only = None
         if not args.exact:  # --no-decode-check: the same work as the plain loop
             headers_only = best_time(
@@ -103,17 +122,22 @@ def main() -> None:
                 args.repeats,
             )
 
-    workers = default_video_workers() if args.workers is None else args.workers
+    workers = workers_of(args)
     mode = "exact frame counts" if args.exact else "header metadata"
     print(f"{args.videos} videos (160x120, 48 frames, MJPG/AVI + MPEG-4/MP4), {mode}")
-    print(f"CPUs: {os.cpu_count()}, torchkit threads: {workers}")
+    print(f"CPUs: {os.cpu_count()}, torchkit: {workers} at once in {processes} process(es)")
     print(f"plain cv2.VideoCapture loop: {args.videos / plain:9.1f} files/s  ({plain:.3f} s)")
     print(f"torchkit video-info:         {args.videos / ours:9.1f} files/s  ({ours:.3f} s)")
     print(f"ratio (torchkit / loop):     {plain / ours:9.2f}x")
+    print(f"torchkit, threads of one process: {args.videos / threads_only:9.1f} files/s")
+    print(f"ratio (torchkit / one process):   {threads_only / ours:9.2f}x")
     if headers_only is not None:
         rate = args.videos / headers_only
         print(f"torchkit --no-decode-check:  {rate:9.1f} files/s  ({headers_only:.3f} s)")
         print(f"ratio (no decode check / loop): {plain / headers_only:6.2f}x")
+        rate = args.videos / threads_only_headers
+        print(f"the same, threads of one process: {rate:9.1f} files/s")
+        print(f"ratio (torchkit / one process):   {threads_only_headers / headers_only:9.2f}x")
 
 
 if __name__ == "__main__":

@@ -209,6 +209,29 @@ def test_sigterm_mid_extraction_leaves_the_old_frames_folder(tmp_path, clip):
     assert sorted(os.listdir(tmp_path)) == ["frames", "long", "slow-io"]  # no temporary, lock
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="worker processes need 2 cores")
+def test_sigterm_while_worker_processes_read_stops_them_all(tmp_path):
+    """Many videos are read by worker processes: SIGTERM to the command ends it with 143 and
+    leaves none of them running."""
+    from torchkit.core.video.run import MIN_VIDEOS_PER_PROCESS
+
+    long_video = write_video(tmp_path / "source" / "long.avi", 20_000)  # ~0.2 s to count
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    for index in range(2 * MIN_VIDEOS_PER_PROCESS + 8):
+        os.link(long_video, folder / f"{index:03d}.avi")
+    process = start_torchkit_process("video-info", str(folder), "--exact", "-j", "4")
+    wait_until(
+        lambda: len(processes_in_group(process.pid)) >= 3,
+        process=process,
+        what="the worker processes",
+    )
+    code, out, err = signal_and_wait(process, signal.SIGTERM)
+    assert code == 143 and "Terminated" in err and "Traceback" not in err
+    assert out == ""  # no partial table
+    assert not processes_in_group(process.pid)
+
+
 def test_a_full_disk_is_an_error_not_a_skipped_video(tmp_path, small_tmpfs, clips):
     disk = small_tmpfs(16)  # four 4 KiB pages: the lock, the marker, two frames
     before = tree_digest(clips)

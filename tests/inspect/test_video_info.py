@@ -27,6 +27,7 @@ from torchkit.core.video import (
     sniff_container,
     tsn_frame_indices,
 )
+from torchkit.core.video import run as video_run
 
 runner = CliRunner()
 
@@ -299,6 +300,60 @@ def test_parallel_and_sequential_give_the_same_rows(videos):
     _, parallel = json_rows(*paths, "-j", "4", "-k", "4", "--sample-mode", "train")
     assert sequential == parallel
     assert [row["path"] for row in parallel] == [str(p) for p in paths]
+
+
+@pytest.fixture
+def many_videos(tmp_path, videos, broken) -> list[Path]:
+    """Enough videos for worker processes (links to the generated ones, broken files among
+    them), in a folder of their own."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    sources = [*videos.values(), *broken.values()]
+    for index in range(2 * video_run.MIN_VIDEOS_PER_PROCESS + 3):
+        source = sources[index % len(sources)]
+        os.link(source, folder / f"{index:03d}_{source.name}")
+    return sorted(folder.iterdir())
+
+
+def test_worker_processes_give_the_rows_of_one_at_a_time(many_videos, monkeypatch):
+    """Many videos are read by worker processes (OpenCV opens one capture at a time per
+    process); the rows, train-mode frame indices included, are those of one video at a time,
+    in the order given, and the progress counts every video once."""
+    pools = []
+    real_map_chunks = video_run.map_chunks
+
+    def recorded(func, chunks, *, workers, on_result, preload=None):
+        pools.append((workers, sum(len(chunk.videos) for chunk in chunks)))
+        return real_map_chunks(func, chunks, workers=workers, on_result=on_result, preload=preload)
+
+    monkeypatch.setattr(video_run, "map_chunks", recorded)
+    monkeypatch.setattr(video_run, "usable_cpus", lambda: 2)
+    options = {"segments": 3, "sample_mode": "train", "seed": 5}
+    calls = []
+    parallel = inspect_videos(
+        many_videos, workers=4, progress=lambda d, t: calls.append((d, t)), **options
+    )
+    assert pools == [(2, len(many_videos))]
+    one_at_a_time = inspect_videos(many_videos, workers=0, **options)
+    assert pools == [(2, len(many_videos))]  # no pool for one at a time
+    assert [info.to_dict() for info in parallel] == [info.to_dict() for info in one_at_a_time]
+    assert [info.path for info in parallel] == [str(p) for p in many_videos]
+    assert {info.status for info in parallel} == {"ok", "truncated", "unreadable"}
+    done = [d for d, _ in calls]
+    assert calls[0] == (0, len(many_videos)) and done == sorted(done)
+    assert calls[-1] == (len(many_videos), len(many_videos))
+
+
+def test_few_videos_or_one_core_stay_in_this_process(many_videos, monkeypatch):
+    def no_pool(*args, **kwargs):
+        raise AssertionError("no worker process expected")
+
+    monkeypatch.setattr(video_run, "map_chunks", no_pool)
+    monkeypatch.setattr(video_run, "usable_cpus", lambda: 2)
+    few = many_videos[: 2 * video_run.MIN_VIDEOS_PER_PROCESS - 1]
+    assert len(inspect_videos(few, workers=4)) == len(few)
+    monkeypatch.setattr(video_run, "usable_cpus", lambda: 1)
+    assert len(inspect_videos(many_videos, workers=4)) == len(many_videos)
 
 
 def test_progress_callback_counts_every_video(videos):

@@ -118,8 +118,9 @@ def video_info(
             "--workers",
             "-j",
             min=0,
-            help="Videos read at the same time (threads; default: twice the CPU count up to "
-            "16, at most 64; 0 or 1: one at a time).",
+            help="Videos read at the same time (default: twice the CPU count up to 16, at "
+            "most 64; 0 or 1: one at a time). Many videos are spread over up to one worker "
+            "process per CPU, each reading several at once on threads.",
             show_default=False,
         ),
     ] = None,

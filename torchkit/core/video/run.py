@@ -1,5 +1,13 @@
-"""`video-info`: the metadata of many videos at once on worker threads, in the order given, with
-TSN frame indices and the sampled frames written when asked."""
+"""`video-info`: the metadata of many videos at once, in the order given, with TSN frame indices
+and the sampled frames written when asked.
+
+OpenCV opens one capture at a time per process (FFmpeg's open runs behind a process-wide lock),
+and opening is most of the work of a header read, so threads alone are bounded by that lock
+however many cores there are. Many videos are therefore read by worker processes (the pool
+`convert` and `dataset-stats` share), each with a few threads of its own, which overlap decoding
+and waiting on the disk. Writing sampled frames (`--extract-frames`) stays on threads of this
+process, which owns the frames folder.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +25,7 @@ from torchkit.core.io.files import STDIN
 from torchkit.core.io.outputs import InputPath, OutputFolder, check_output_file
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.runtime.pool import chunked, map_chunks
 from torchkit.core.video.containers import find_videos
 from torchkit.core.video.frames import (
     FRAME_FILES,
@@ -26,7 +36,7 @@ from torchkit.core.video.frames import (
     _sample_into,
     frame_name_prefixes,
 )
-from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video
+from torchkit.core.video.probe import VideoInfo, _import_cv2, _Stopped, probe_video
 
 # Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
 # makes the command run out of memory (--segments: frames.MAX_SEGMENTS). Each worker thread holds
@@ -34,6 +44,12 @@ from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video
 # cores can feed. --seed is any whole number of 0 or more (NumPy's seeds), of any size: it is
 # hashed, not allocated.
 MAX_WORKERS = 64
+# Videos per worker process at the least: fewer are read sooner by this process's threads than a
+# process is started for them.
+MIN_VIDEOS_PER_PROCESS = 64
+# Videos handed to a worker process at a time: few enough that the progress moves and the
+# workers finish together, many enough that sending them costs little.
+VIDEOS_PER_CHUNK = 64
 
 
 def video_inputs(
@@ -146,28 +162,103 @@ def _inspect(
     streams = _per_video_seeds(seed, len(videos)) if options and sample_mode == "train" else None
     stop = threading.Event()
 
+    def sample(position: int, info: VideoInfo) -> VideoInfo:
+        if options is not None and info.status == "ok":
+            stream = streams[position] if streams else None
+            _sample_into(info, options, stream, frames_folder, stop)
+        return info
+
+    threads = default_video_workers() if workers is None else workers
+    processes = _worker_processes(len(videos), threads) if frames_folder is None else 1
+    if processes > 1:
+        infos = _read_in_processes(videos, exact, decode_check, processes, threads, progress)
+        return [sample(position, info) for position, info in enumerate(infos)]
+
     def work(position: int) -> VideoInfo:
         if stop.is_set():
             raise _Stopped()
         info = probe_video(videos[position], exact=exact, decode_check=decode_check, stop=stop)
-        if options is not None and info.status == "ok":
-            _sample_into(info, options, streams[position] if streams else None, frames_folder, stop)
-        return info
+        return sample(position, info)
 
     try:
-        return _run_all(work, len(videos), workers, progress, stop)
+        return _run_all(work, len(videos), threads, progress, stop)
     except BaseException:
         if frames_folder is not None:
             frames_folder.folder.abandon()  # this run's frames removed, the old folder stays
         raise
 
 
+def _worker_processes(total: int, threads: int) -> int:
+    """Processes for `total` videos read `threads` at a time: one per core at most, and none
+    that would get fewer than MIN_VIDEOS_PER_PROCESS videos (1: this process alone)."""
+    return max(1, min(usable_cpus(), threads, total // MIN_VIDEOS_PER_PROCESS))
+
+
+def _read_in_processes(
+    videos: list[Path],
+    exact: bool,
+    decode_check: bool,
+    processes: int,
+    threads: int,
+    progress: Progress | None,
+) -> list[VideoInfo]:
+    """`probe_video` of every video in `processes` worker processes, `threads` videos at a time
+    in all; the results in the order of `videos`. Ctrl-C, SIGTERM or an error stops the workers
+    at once (core.runtime.pool)."""
+    total = len(videos)
+    results: list[VideoInfo | None] = [None] * total
+    done = 0
+    if progress:
+        progress(0, total)
+
+    def arrived(chunk_result: list[tuple[int, VideoInfo]]) -> None:
+        nonlocal done
+        for position, info in chunk_result:
+            results[position] = info
+        done += len(chunk_result)
+        if progress:
+            progress(done, total)
+
+    per_process = max(1, -(-threads // processes))
+    positions = list(range(total))
+    jobs = [
+        _ChunkJob([(at, str(videos[at])) for at in chunk], exact, decode_check, per_process)
+        for chunk in chunked(positions, processes, most=VIDEOS_PER_CHUNK)
+    ]
+    # cv2 imported before the workers fork: each has it without importing it again.
+    map_chunks(_read_chunk, jobs, workers=processes, on_result=arrived, preload=_import_cv2)
+    return results  # type: ignore[return-value]  # every position was filled
+
+
+@dataclass
+class _ChunkJob:
+    """The videos (position, path) one worker process reads, and how."""
+
+    videos: list[tuple[int, str]]
+    exact: bool
+    decode_check: bool
+    threads: int
+
+
+def _read_chunk(job: _ChunkJob) -> list[tuple[int, VideoInfo]]:
+    """In a worker process: `probe_video` of the job's videos, `job.threads` at a time (a
+    worker that is stopped is terminated: no stop event to watch)."""
+
+    def read(video: tuple[int, str]) -> tuple[int, VideoInfo]:
+        position, path = video
+        return position, probe_video(path, exact=job.exact, decode_check=job.decode_check)
+
+    if job.threads <= 1 or len(job.videos) == 1:
+        return [read(video) for video in job.videos]
+    with ThreadPoolExecutor(max_workers=job.threads, thread_name_prefix="video-info") as pool:
+        return list(pool.map(read, job.videos))
+
+
 def _run_all(
-    work, total: int, workers: int | None, progress: Progress | None, stop: threading.Event
+    work, total: int, threads: int, progress: Progress | None, stop: threading.Event
 ) -> list[VideoInfo]:
     if progress:
         progress(0, total)
-    threads = default_video_workers() if workers is None else workers
     results: list[VideoInfo] = []
     if threads <= 1 or total == 1:
         for position in range(total):
