@@ -7,8 +7,9 @@ Prints files/s for both and the ratio (best of --repeats, after one warm-up pass
 read from the page cache). torchkit does more per file than the loop: it also stats the file,
 sniffs the container, reads the FOURCC and decodes one frame to prove the file is readable;
 `--no-decode-check`, timed too, skips that decode and does the loop's work.
-With --exact both sides also count frames by decoding every one. Also timed: torchkit reading
-on threads of one process only (as before worker processes), the same work.
+With --exact both sides also count frames by decoding every one. Also timed, the same work:
+torchkit reading on threads of one process only (as before worker processes), and with FFmpeg's
+own thread count for every decoder instead of one each.
 """
 
 from __future__ import annotations
@@ -115,6 +116,13 @@ def main() -> None:
             args.repeats,
         )
         video_run.MIN_VIDEOS_PER_PROCESS = at_least
+        one_each = video_run.DECODER_THREADS
+        video_run.DECODER_THREADS = None  # FFmpeg's choice: a thread per core for each decoder
+        ffmpeg_threads = best_time(
+            lambda: inspect_videos([folder], exact=args.exact, workers=args.workers),
+            args.repeats,
+        )
+        video_run.DECODER_THREADS = one_each
         headers_only = None
         if not args.exact:  # --no-decode-check: the same work as the plain loop
             headers_only = best_time(
@@ -131,6 +139,8 @@ def main() -> None:
     print(f"ratio (torchkit / loop):     {plain / ours:9.2f}x")
     print(f"torchkit, threads of one process: {args.videos / threads_only:9.1f} files/s")
     print(f"ratio (torchkit / one process):   {threads_only / ours:9.2f}x")
+    print(f"torchkit, FFmpeg's decoder threads: {args.videos / ffmpeg_threads:9.1f} files/s")
+    print(f"ratio (one decoder thread / FFmpeg's): {ffmpeg_threads / ours:6.2f}x")
     if headers_only is not None:
         rate = args.videos / headers_only
         print(f"torchkit --no-decode-check:  {rate:9.1f} files/s  ({headers_only:.3f} s)")

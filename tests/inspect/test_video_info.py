@@ -323,7 +323,8 @@ def test_worker_processes_give_the_rows_of_one_at_a_time(many_videos, monkeypatc
     real_map_chunks = video_run.map_chunks
 
     def recorded(func, chunks, *, workers, on_result, preload=None):
-        pools.append((workers, sum(len(chunk.videos) for chunk in chunks)))
+        read = sum(len(chunk.videos) for chunk in chunks)
+        pools.append((workers, read, {chunk.reading.decoder_threads for chunk in chunks}))
         return real_map_chunks(func, chunks, workers=workers, on_result=on_result, preload=preload)
 
     monkeypatch.setattr(video_run, "map_chunks", recorded)
@@ -333,15 +334,46 @@ def test_worker_processes_give_the_rows_of_one_at_a_time(many_videos, monkeypatc
     parallel = inspect_videos(
         many_videos, workers=4, progress=lambda d, t: calls.append((d, t)), **options
     )
-    assert pools == [(2, len(many_videos))]
+    assert pools == [(2, len(many_videos), {1})]  # one decoder thread a video
     one_at_a_time = inspect_videos(many_videos, workers=0, **options)
-    assert pools == [(2, len(many_videos))]  # no pool for one at a time
+    assert len(pools) == 1  # no pool for one at a time
     assert [info.to_dict() for info in parallel] == [info.to_dict() for info in one_at_a_time]
     assert [info.path for info in parallel] == [str(p) for p in many_videos]
     assert {info.status for info in parallel} == {"ok", "truncated", "unreadable"}
     done = [d for d, _ in calls]
     assert calls[0] == (0, len(many_videos)) and done == sorted(done)
     assert calls[-1] == (len(many_videos), len(many_videos))
+
+
+def test_videos_read_at_once_get_one_decoder_thread_each_and_the_same_rows(videos, monkeypatch):
+    """FFmpeg starts a thread per core for every decoder it opens, which costs more than a small
+    video's first frame: where several videos are read at once, each decoder gets one thread.
+    A video counted by decoding alone (--exact, one video or -j 1) keeps FFmpeg's threads."""
+    import torchkit.core.video.probe as probe
+
+    paths = list(videos.values())
+    for path in paths:
+        for exact in (False, True):
+            own = probe_video(path, exact=exact, decoder_threads=None).to_dict()
+            assert probe_video(path, exact=exact, decoder_threads=1).to_dict() == own
+    asked = []
+    opened = probe._open_capture
+
+    def recorded(cv2, path, decoder_threads=None):
+        asked.append(decoder_threads)
+        return opened(cv2, path, decoder_threads)
+
+    monkeypatch.setattr(probe, "_open_capture", recorded)
+    for paths_given, options, expected in [
+        (paths, {"workers": 2}, {1}),
+        (paths, {"workers": 2, "exact": True}, {1}),
+        (paths, {"workers": 0}, {1}),
+        (paths, {"workers": 1, "exact": True}, {None}),
+        (paths[:1], {"exact": True}, {None}),
+    ]:
+        asked.clear()
+        assert len(inspect_videos(paths_given, **options)) == len(paths_given)
+        assert set(asked) == expected, options
 
 
 def test_few_videos_or_one_core_stay_in_this_process(many_videos, monkeypatch):
@@ -637,7 +669,9 @@ def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
         def __getattr__(self, name):
             return getattr(self.capture, name)
 
-    monkeypatch.setattr(probe, "_open_capture", lambda cv2, p: Overstating(opened(cv2, p)))
+    monkeypatch.setattr(
+        probe, "_open_capture", lambda cv2, p, *threads: Overstating(opened(cv2, p, *threads))
+    )
     info = probe_video(path)
     assert (info.status, info.frames_header) == ("ok", 45)
     exact = probe_video(path, exact=True)

@@ -168,8 +168,16 @@ def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
     )
 
 
-def _open_capture(cv2, path: Path):
-    capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+def _open_capture(cv2, path: Path, decoder_threads: int | None = None):
+    """The video opened by FFmpeg, or None. `decoder_threads`: the threads of its decoder (None:
+    FFmpeg's choice, one per core). Where many videos are read at once, one each: FFmpeg starts
+    its decoder's threads at every open, which took longer than opening and decoding a small
+    video's first frame (open and release 380-550 us against 210-260 us, 2 cores)."""
+    threads_option = getattr(cv2, "CAP_PROP_N_THREADS", None)
+    if decoder_threads is None or threads_option is None:
+        capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    else:
+        capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [threads_option, decoder_threads])
     if not capture.isOpened():
         capture.release()
         return None
@@ -193,9 +201,10 @@ def probe_video(
     exact: bool = False,
     decode_check: bool = True,
     stop: threading.Event | None = None,
+    decoder_threads: int | None = None,
 ) -> VideoInfo:
     """The metadata of one video. Failures become `VideoInfo.status` and `.error`, never
-    exceptions.
+    exceptions. `decoder_threads`: as `_open_capture` (None: FFmpeg's choice).
 
     The sizes the container records are checked against the file's always (a few bytes read):
     a shorter file is `truncated`. `decode_check` decodes the first frame, which tells a
@@ -205,7 +214,7 @@ def probe_video(
     anyway; for formats that record no sizes, a count short of the header's means truncated."""
     info = VideoInfo(path=str(path))
     try:
-        _probe_into(info, Path(path), exact, decode_check, stop)
+        _probe_into(info, Path(path), exact, decode_check, stop, decoder_threads)
     except _Stopped:
         raise
     except Exception as error:  # one bad file must not stop the others
@@ -222,7 +231,12 @@ def _error_text(error: BaseException) -> str:
 
 
 def _probe_into(
-    info: VideoInfo, path: Path, exact: bool, decode_check: bool, stop: threading.Event | None
+    info: VideoInfo,
+    path: Path,
+    exact: bool,
+    decode_check: bool,
+    stop: threading.Event | None,
+    decoder_threads: int | None,
 ) -> None:
     cv2 = _import_cv2()
     status = path.stat()
@@ -253,7 +267,7 @@ def _probe_into(
     # are an estimate or a decoder's quirk, not a cut: decoding is the evidence only where the
     # sizes say nothing (and the end is not sought where they do: no time spent).
     judge_by_frames = declared is None
-    capture = _open_capture(cv2, path)
+    capture = _open_capture(cv2, path, decoder_threads)
     if capture is None:
         if cut:
             info.fail(cut, "truncated")

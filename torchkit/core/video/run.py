@@ -47,6 +47,9 @@ MAX_WORKERS = 64
 # Videos per worker process at the least: fewer are read sooner by this process's threads than a
 # process is started for them.
 MIN_VIDEOS_PER_PROCESS = 64
+# FFmpeg threads of each video's decoder while several videos are read at once (None: FFmpeg's
+# choice, one per core): the videos are the parallel work (probe._open_capture).
+DECODER_THREADS: int | None = 1
 # Videos handed to a worker process at a time: few enough that the progress moves and the
 # workers finish together, many enough that sending them costs little.
 VIDEOS_PER_CHUNK = 64
@@ -169,16 +172,18 @@ def _inspect(
         return info
 
     threads = default_video_workers() if workers is None else workers
+    # One long video counted by decoding (--exact) alone keeps FFmpeg's threads for itself.
+    alone = exact and (threads <= 1 or len(videos) == 1)
+    reading = _Reading(exact, decode_check, None if alone else DECODER_THREADS)
     processes = _worker_processes(len(videos), threads) if frames_folder is None else 1
     if processes > 1:
-        infos = _read_in_processes(videos, exact, decode_check, processes, threads, progress)
+        infos = _read_in_processes(videos, reading, processes, threads, progress)
         return [sample(position, info) for position, info in enumerate(infos)]
 
     def work(position: int) -> VideoInfo:
         if stop.is_set():
             raise _Stopped()
-        info = probe_video(videos[position], exact=exact, decode_check=decode_check, stop=stop)
-        return sample(position, info)
+        return sample(position, reading.probe(videos[position], stop))
 
     try:
         return _run_all(work, len(videos), threads, progress, stop)
@@ -194,10 +199,27 @@ def _worker_processes(total: int, threads: int) -> int:
     return max(1, min(usable_cpus(), threads, total // MIN_VIDEOS_PER_PROCESS))
 
 
+@dataclass
+class _Reading:
+    """How each video is read: `probe_video`'s options."""
+
+    exact: bool
+    decode_check: bool
+    decoder_threads: int | None
+
+    def probe(self, path: str | os.PathLike, stop: threading.Event | None = None) -> VideoInfo:
+        return probe_video(
+            path,
+            exact=self.exact,
+            decode_check=self.decode_check,
+            stop=stop,
+            decoder_threads=self.decoder_threads,
+        )
+
+
 def _read_in_processes(
     videos: list[Path],
-    exact: bool,
-    decode_check: bool,
+    reading: _Reading,
     processes: int,
     threads: int,
     progress: Progress | None,
@@ -222,7 +244,7 @@ def _read_in_processes(
     per_process = max(1, -(-threads // processes))
     positions = list(range(total))
     jobs = [
-        _ChunkJob([(at, str(videos[at])) for at in chunk], exact, decode_check, per_process)
+        _ChunkJob([(at, str(videos[at])) for at in chunk], reading, per_process)
         for chunk in chunked(positions, processes, most=VIDEOS_PER_CHUNK)
     ]
     # cv2 imported before the workers fork: each has it without importing it again.
@@ -235,8 +257,7 @@ class _ChunkJob:
     """The videos (position, path) one worker process reads, and how."""
 
     videos: list[tuple[int, str]]
-    exact: bool
-    decode_check: bool
+    reading: _Reading
     threads: int
 
 
@@ -246,7 +267,7 @@ def _read_chunk(job: _ChunkJob) -> list[tuple[int, VideoInfo]]:
 
     def read(video: tuple[int, str]) -> tuple[int, VideoInfo]:
         position, path = video
-        return position, probe_video(path, exact=job.exact, decode_check=job.decode_check)
+        return position, job.reading.probe(path)
 
     if job.threads <= 1 or len(job.videos) == 1:
         return [read(video) for video in job.videos]
