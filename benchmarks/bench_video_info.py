@@ -9,7 +9,9 @@ sniffs the container, reads the FOURCC and decodes one frame to prove the file i
 `--no-decode-check`, timed too, skips that decode and does the loop's work.
 With --exact both sides also count frames by decoding every one. Also timed, the same work:
 torchkit reading on threads of one process only (as before worker processes), and with FFmpeg's
-own thread count for every decoder instead of one each.
+own thread count for every decoder instead of one each. `--extract K` also times
+`--segments K --extract-frames` (PNG frames written) with one decoder thread a video against
+FFmpeg's count.
 """
 
 from __future__ import annotations
@@ -71,6 +73,27 @@ def workers_of(args: argparse.Namespace) -> int:
     return default_video_workers() if args.workers is None else args.workers
 
 
+def extract_time(folder: Path, args: argparse.Namespace, threads: int | None) -> float:
+    """`--segments K --extract-frames` of every video, with `threads` per decoder."""
+    videos, frames = folder / "videos", folder / "frames"
+    if not videos.exists():
+        videos.mkdir()
+        for path in folder.glob("clip_*"):
+            path.rename(videos / path.name)
+    one_each = video_run.DECODER_THREADS
+    video_run.DECODER_THREADS = threads
+    try:
+        return best_time(
+            lambda: inspect_videos(
+                [videos], segments=args.extract, extract_dir=frames, force=True,
+                workers=args.workers,
+            ),
+            args.repeats,
+        )  # fmt: skip
+    finally:
+        video_run.DECODER_THREADS = one_each
+
+
 def best_time(function, repeats: int) -> float:
     function()  # warm-up: FFmpeg initialisation and the page cache
     times = []
@@ -87,6 +110,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--exact", action="store_true", help="count frames by decoding")
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--extract", type=int, metavar="K", help="also time K frames extracted")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,6 +153,11 @@ def main() -> None:
                 lambda: inspect_videos([folder], decode_check=False, workers=args.workers),
                 args.repeats,
             )
+        extraction = None  # last: its frames folder would be searched by the runs above
+        if args.extract:
+            extraction = {
+                threads: extract_time(folder, args, threads) for threads in (one_each, None)
+            }
 
     workers = workers_of(args)
     mode = "exact frame counts" if args.exact else "header metadata"
@@ -148,6 +177,10 @@ def main() -> None:
         rate = args.videos / threads_only_headers
         print(f"the same, threads of one process: {rate:9.1f} files/s")
         print(f"ratio (torchkit / one process):   {threads_only_headers / headers_only:9.2f}x")
+    if extraction is not None:
+        ours, ffmpegs = extraction[video_run.DECODER_THREADS], extraction[None]
+        print(f"--segments {args.extract} --extract-frames: {ours:.3f} s, FFmpeg's decoder threads")
+        print(f"  {ffmpegs:.3f} s; ratio (one decoder thread / FFmpeg's): {ffmpegs / ours:.2f}x")
 
 
 if __name__ == "__main__":

@@ -345,10 +345,14 @@ def test_worker_processes_give_the_rows_of_one_at_a_time(many_videos, monkeypatc
     assert calls[-1] == (len(many_videos), len(many_videos))
 
 
-def test_videos_read_at_once_get_one_decoder_thread_each_and_the_same_rows(videos, monkeypatch):
+def test_videos_read_at_once_get_one_decoder_thread_each_and_the_same_rows(
+    tmp_path, videos, monkeypatch
+):
     """FFmpeg starts a thread per core for every decoder it opens, which costs more than a small
-    video's first frame: where several videos are read at once, each decoder gets one thread.
-    A video counted by decoding alone (--exact, one video or -j 1) keeps FFmpeg's threads."""
+    video's first frame: where several videos are read at once, each decoder gets one thread
+    (to read its header or to extract its frames). A video decoded at length alone (--exact or
+    --extract-frames, one video or -j 1) keeps FFmpeg's threads."""
+    import torchkit.core.video.frames as frames
     import torchkit.core.video.probe as probe
 
     paths = list(videos.values())
@@ -364,12 +368,16 @@ def test_videos_read_at_once_get_one_decoder_thread_each_and_the_same_rows(video
         return opened(cv2, path, decoder_threads)
 
     monkeypatch.setattr(probe, "_open_capture", recorded)
+    monkeypatch.setattr(frames, "_open_capture", recorded)
+    extract = {"segments": 2, "extract_dir": tmp_path / "frames", "force": True}
     for paths_given, options, expected in [
         (paths, {"workers": 2}, {1}),
         (paths, {"workers": 2, "exact": True}, {1}),
         (paths, {"workers": 0}, {1}),
         (paths, {"workers": 1, "exact": True}, {None}),
         (paths[:1], {"exact": True}, {None}),
+        (paths, {"workers": 2, **extract}, {1}),
+        (paths[:1], extract, {None}),
     ]:
         asked.clear()
         assert len(inspect_videos(paths_given, **options)) == len(paths_given)

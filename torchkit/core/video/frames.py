@@ -42,6 +42,7 @@ class SegmentOptions:
     seed: int = 0
     extract_dir: Path | None = None
     names: dict[str, str] = field(default_factory=dict)  # video path -> file name prefix
+    decoder_threads: int | None = None  # of each video's decoder (probe._open_capture)
 
 
 # --- TSN sampling -------------------------------------------------------------------------------
@@ -100,6 +101,7 @@ def extract_frames(
     out_dir: Path,
     prefix: str,
     stop: threading.Event | None = None,
+    decoder_threads: int | None = None,
 ) -> list[Path]:
     """Decode `path` from the start and write the frames at `indices` (sorted, repeats allowed)
     as PNG files `<prefix>_<index>.png` in `out_dir`; one path per index, in order.
@@ -110,7 +112,7 @@ def extract_frames(
     cv2 = _import_cv2()
     wanted = sorted(set(indices))
     written: dict[int, Path] = {}
-    capture = _open_capture(cv2, Path(path))
+    capture = _open_capture(cv2, Path(path), decoder_threads)
     if capture is None:
         raise InputError(f"cannot open {path} to extract frames")
     try:
@@ -169,7 +171,12 @@ def _sample_into(
         if frames_folder is not None:
             folder = frames_folder.begin()  # only now, after every check: the first frame
             files = extract_frames(
-                info.path, info.frame_indices, folder, options.names[info.path], stop
+                info.path,
+                info.frame_indices,
+                folder,
+                options.names[info.path],
+                stop,
+                options.decoder_threads,
             )
             info.frame_files = [str(options.extract_dir / f.name) for f in files]
             frames_folder.wrote(len(files))

@@ -156,12 +156,19 @@ def _inspect(
     workers: int | None,
     progress: Progress | None,
 ) -> list[VideoInfo]:
+    threads = default_video_workers() if workers is None else workers
+    # One video decoded at length alone (--exact, or its frames extracted; one video or -j 1)
+    # keeps FFmpeg's threads for itself.
+    at_length = exact or frames_folder is not None
+    alone = at_length and (threads <= 1 or len(videos) == 1)
+    reading = _Reading(exact, decode_check, None if alone else DECODER_THREADS)
     options = None
     if segments is not None:
         options = SegmentOptions(segments, sample_mode, seed)
         if frames_folder is not None:
             options.extract_dir = frames_folder.folder.final
             options.names = frame_name_prefixes(videos)
+            options.decoder_threads = reading.decoder_threads
     streams = _per_video_seeds(seed, len(videos)) if options and sample_mode == "train" else None
     stop = threading.Event()
 
@@ -171,10 +178,6 @@ def _inspect(
             _sample_into(info, options, stream, frames_folder, stop)
         return info
 
-    threads = default_video_workers() if workers is None else workers
-    # One long video counted by decoding (--exact) alone keeps FFmpeg's threads for itself.
-    alone = exact and (threads <= 1 or len(videos) == 1)
-    reading = _Reading(exact, decode_check, None if alone else DECODER_THREADS)
     processes = _worker_processes(len(videos), threads) if frames_folder is None else 1
     if processes > 1:
         infos = _read_in_processes(videos, reading, processes, threads, progress)
