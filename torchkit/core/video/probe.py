@@ -171,8 +171,8 @@ def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
 def _open_capture(cv2, path: Path, decoder_threads: int | None = None):
     """The video opened by FFmpeg, or None. `decoder_threads`: the threads of its decoder (None:
     FFmpeg's choice, one per core). Where many videos are read at once, one each: FFmpeg starts
-    its decoder's threads at every open, which took longer than opening and decoding a small
-    video's first frame (open and release 380-550 us against 210-260 us, 2 cores)."""
+    its decoder's threads at every open, which for a small video costs more than the rest of
+    the open (open and release: 380-550 us a file, 210-260 us with one thread; 2 cores)."""
     threads_option = getattr(cv2, "CAP_PROP_N_THREADS", None)
     if decoder_threads is None or threads_option is None:
         capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
