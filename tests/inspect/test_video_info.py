@@ -282,6 +282,26 @@ def test_folders_are_searched_recursively_in_sorted_order_without_hidden_files(t
     assert all(row["frames"] == 17 for row in rows)
 
 
+def test_a_folder_search_counts_links_to_videos_but_no_linked_folder_fifo_or_dangling_link(
+    tmp_path, videos
+):
+    source = need(videos, "mjpg.avi")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "c.avi").write_bytes(source.read_bytes())
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "a.avi").write_bytes(source.read_bytes())
+    (root / "b.avi").symlink_to(root / "sub" / "a.avi")  # a link to a video: a video
+    (root / "linked").symlink_to(elsewhere, target_is_directory=True)  # not followed
+    (root / "gone.avi").symlink_to(tmp_path / "nothing.avi")  # dangling
+    os.mkfifo(root / "pipe.avi")  # opening it would wait for a writer
+    (root / "folder.avi").mkdir()  # a folder named like a video, with one inside
+    (root / "folder.avi" / "d.mp4").write_bytes(source.read_bytes())
+    found = [p.relative_to(root).as_posix() for p in find_videos([root])]
+    assert found == ["b.avi", "folder.avi/d.mp4", "sub/a.avi"]
+
+
 def test_csv_has_raw_values_under_the_json_names(videos):
     path = need(videos, "mjpg.avi")
     result = invoke(path, "--format", "csv", "--segments", "3")

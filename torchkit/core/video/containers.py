@@ -31,11 +31,29 @@ def is_video_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in VIDEO_EXTENSIONS
 
 
-def _is_visible_video(path: Path, root: Path) -> bool:
-    # Hidden files are not videos to report: macOS leaves "._clip.mp4" resource forks beside
-    # every clip on shared drives, and tools keep caches in dot-folders.
-    hidden = any(part.startswith(".") for part in path.relative_to(root).parts)
-    return not hidden and is_video_file(path) and path.is_file()
+def _videos_in(folder: Path) -> list[Path]:
+    """The video files under `folder`, sorted by path. Hidden files and folders are left out:
+    macOS leaves "._clip.mp4" resource forks beside every clip on shared drives, and tools keep
+    caches in dot-folders. A link to a video counts; links to folders are not followed, and a
+    folder that cannot be listed is passed over (as `Path.rglob` does). One `scandir` a folder,
+    whose entries know their type: half the time of `rglob` and a `Path` for every entry."""
+    found: list[str] = []
+    pending = [os.fspath(folder)]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as listing:
+                entries = list(listing)
+        except PermissionError:
+            continue
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+            elif os.path.splitext(entry.name)[1].lower() in VIDEO_EXTENSIONS and entry.is_file():
+                found.append(entry.path)
+    found.sort()
+    return [Path(path) for path in found]
 
 
 def find_videos(
@@ -57,10 +75,7 @@ def find_videos(
         elif not path.exists():
             raise InputError(f"path not found: {path}", "check the path")
         elif path.is_dir():
-            videos = sorted(
-                (p for p in path.rglob("*") if _is_visible_video(p, path)),
-                key=lambda p: p.as_posix(),
-            )
+            videos = _videos_in(path)
             if not videos:
                 if len(named) == 1:
                     raise InputError(
