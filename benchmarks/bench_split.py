@@ -1,7 +1,8 @@
 """Benchmark: `torchkit split` against the split-folders package on the same large folder.
 
-Generates a folder of N tiny files in C classes (split never decodes images, so file contents do
-not matter), then times, in the same run:
+Generates a folder of N tiny files in C classes (split never decodes images, so only their bytes
+being distinct matters: byte-identical files are kept together in one split), then times, in the
+same run:
 
 - split-folders' ratio split (`splitfolders.ratio(..., move="symlink")`), the usual baseline;
 - torchkit's split in symlink mode and in manifest mode (library call), and in symlink mode as a
@@ -30,7 +31,9 @@ def make_folder(root: Path, files: int, classes: int) -> None:
         folder.mkdir(parents=True)
         for i in range(c, files, classes):
             with open(folder / f"img_{i:07d}.jpg", "wb") as handle:
-                handle.write(b"\xff\xd8")
+                # Distinct bytes: split keeps byte-identical files together in one split, so
+                # identical files would all land in train.
+                handle.write(b"\xff\xd8" + i.to_bytes(4, "big"))
 
 
 def timed(label: str, action) -> float:
