@@ -118,7 +118,8 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
     them: the CLI installs the finder before any import of torchvision (the loaders, the
     transforms, torchvision's models). summary's FLOP count runs torch's dispatch modes, whose
     first calls would import torch._dynamo (2 s): under `without_dynamo` they do not, and they
-    count what they count with dynamo loaded."""
+    count what they count with dynamo loaded. First, the built-in digits with the convnet need
+    no torchvision at all: train, then eval and predict (their crops made without it)."""
     write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
     write_image_folder(tmp_path / "ds" / "val", {"a": 2, "b": 2})
     lines = _python(
@@ -140,6 +141,11 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
                 assert ended.code in (0, None), (args, ended.code)
             print(args[0], loaded(), file=marks)
 
+        torchkit("train", "--data", "digits", "--epochs", "1", "--out", "digits-run",
+                 "--format", "json")
+        torchkit("eval", "digits-run/best.pt", "--data", "digits", "--format", "json")
+        torchkit("predict", "digits-run/best.pt", "digits", "--format", "json")
+        print("digits", "torchvision" in sys.modules, file=marks)
         torchkit("train", "--data", "ds", "--model", "resnet18", "--image-size", "16",
                  "--epochs", "1", "--workers", "0", "--device", "cpu", "--out", "run",
                  "--format", "json")
@@ -160,6 +166,10 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
         """
     )
     assert lines and (tmp_path / "marks").read_text().splitlines() == [
+        "train False",
+        "eval False",
+        "predict False",
+        "digits False",
         "train False",
         "eval False",
         "torchvision True True",

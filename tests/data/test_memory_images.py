@@ -9,8 +9,15 @@ import pytest
 import torch
 from PIL import Image
 
-from torchkit.core.data.dataset import make_dataset
+from torchkit.core.data.dataset import (
+    default_workers,
+    inference_dataset,
+    inference_workers,
+    make_dataset,
+)
+from torchkit.core.data.in_memory import InMemoryEvalImages
 from torchkit.core.data.sources.digits import _sklearn_digits, digits_splits
+from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.transforms import eval_transform
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.loaders import (
@@ -123,6 +130,40 @@ def test_eval_items_equal_the_pil_eval_transform_exactly(
     assert isinstance(memory, MemoryImages)
     for index in range(len(pil)):
         assert torch.equal(memory[index][0], pil[index][0])
+
+
+@pytest.mark.parametrize(
+    ("image_size", "resize_size", "interpolation", "mode"),
+    [(12, 12, "bilinear", "RGB"), (16, 18, "bicubic", "RGB"), (10, 13, "bilinear", "L"),
+     (9, 9, "nearest", "L")],
+)  # fmt: skip
+def test_inference_crops_of_images_in_memory_are_the_eval_transforms_without_torchvision(
+    digits, image_size, resize_size, interpolation, mode
+):
+    """What eval, predict and extract-features read from the built-in digits: the 8-bit crops of
+    the pixel eval transform, to the bit, made once without torchvision; no loader workers."""
+    config = TrainConfig(
+        image_size=image_size, resize_size=resize_size, interpolation=interpolation
+    )
+    preprocess = preprocess_for(resolve_defaults(config, is_digits=True))
+    samples = digits["test"]
+    ours = inference_dataset(samples, preprocess, mode=mode, decode="exact")
+    assert isinstance(ours, InMemoryEvalImages)
+    transform = eval_transform(preprocess, pixels=True)
+    reference = make_dataset(samples, transform, mode=mode, pixels=True)
+    assert len(ours) == len(reference) == len(samples)
+    for index in range(len(samples)):
+        crop, label, position, error = ours[index]
+        want = reference[index]
+        assert crop.dtype == torch.uint8 and torch.equal(crop, want[0])
+        assert (label, position, error) == want[1:]
+    assert inference_workers(samples, None) == 0
+    assert inference_workers(samples, 3) == 3
+    files = Samples(paths=["a.png"], labels=[0], classes=["a"])
+    assert inference_workers(files, None) == default_workers()
+    # JPEG bytes for the device are the files' way: in-memory images go through it unchanged
+    assert not isinstance(inference_dataset(samples, preprocess, mode=mode, decode="device"),
+                          InMemoryEvalImages)  # fmt: skip
 
 
 @pytest.mark.parametrize(("height", "width", "size"), [(8, 8, 16), (30, 20, 16), (64, 48, 13)])

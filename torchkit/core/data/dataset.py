@@ -1,8 +1,10 @@
 """The torch Dataset over `Samples` that skips unreadable images instead of crashing the
-DataLoader, and the DataLoader settings that go with it: worker count, start method, seeding."""
+DataLoader, the one inference commands read (`inference_dataset`), and the DataLoader settings
+that go with them: worker count, start method, seeding."""
 
 from __future__ import annotations
 
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.runtime.cpus import usable_cpus
 
@@ -83,3 +85,26 @@ def default_workers() -> int:
     """Loader workers: one core is left to the main process (the cores it may use, not the
     machine's: taskset and container cpusets count)."""
     return max(0, min(8, usable_cpus() - 1))
+
+
+def inference_dataset(samples: Samples, preprocess: Preprocess, *, mode: str, decode: str):
+    """What eval, predict and extract-features read: 8-bit crops of the eval recipe (normalised
+    on the device by `core.decode.NormalizedPixels`), or JPEG bytes with `decode="device"`.
+    Images in memory (digits) are cropped once, without torchvision (`core.data.in_memory`)."""
+    if samples.images is not None and decode != "device":
+        from torchkit.core.data.in_memory import InMemoryEvalImages
+
+        return InMemoryEvalImages(samples, preprocess, mode)
+    from torchkit.core.data.transforms import eval_transform
+
+    transform = eval_transform(preprocess, pixels=True, decode=decode)
+    return make_dataset(samples, transform, mode=mode, pixels=True)
+
+
+def inference_workers(samples: Samples, workers: int | None) -> int:
+    """Loader workers of an inference command: as asked, else none for images in memory
+    (cropped already: a worker process would only add its start and the copies) and
+    `default_workers()` for files."""
+    if workers is not None:
+        return workers
+    return 0 if samples.images is not None else default_workers()

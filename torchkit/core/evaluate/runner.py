@@ -379,9 +379,8 @@ def _run(
     import torch
 
     from torchkit.core.data.batches import collate_skipping_unreadable
-    from torchkit.core.data.dataset import default_workers, loader_context, make_dataset
+    from torchkit.core.data.dataset import inference_dataset, inference_workers, loader_context
     from torchkit.core.data.device_decode import collate_encoded
-    from torchkit.core.data.transforms import eval_transform
 
     device = ctx.device
     resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
@@ -416,9 +415,8 @@ def _run(
         model.to(memory_format=torch.channels_last)
     # --decode device: JPEGs reach the batch as their bytes, decoded on the device
     collate = collate_encoded if options.run.decode == "device" else collate_skipping_unreadable
-    transform = eval_transform(preprocess, pixels=True, decode=options.run.decode)
-    dataset = make_dataset(samples, transform, mode=mode, pixels=True)
-    workers = default_workers() if options.run.workers is None else options.run.workers
+    dataset = inference_dataset(samples, preprocess, mode=mode, decode=options.run.decode)
+    workers = inference_workers(samples, options.run.workers)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_size=options.run.batch_size,

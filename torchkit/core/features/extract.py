@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.decode import NormalizedPixels, model_input
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.samples import Samples
@@ -210,7 +211,6 @@ def _extract(
 ) -> ExtractionResult:
     import torch
 
-    from torchkit.core.data.transforms import eval_transform
     from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype, select_device
 
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
@@ -269,8 +269,7 @@ def _extract(
         resumed_from = store.progress.done
         started = time.perf_counter()
         # 8-bit crops normalised on the device; JPEG bytes decoded there with --decode device
-        transform = eval_transform(preprocess, pixels=True, decode=request.run.decode)
-        loader = _loader(samples, transform, preprocess.in_channels, request, device)
+        loader = _loader(samples, preprocess, request, device)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         _extract_rows(
             store, extractor, loader, samples, request, device, normalized, amp_dtype, progress
@@ -492,17 +491,19 @@ def _fingerprint(settings: dict, samples: Samples) -> str:
     return digest.hexdigest()
 
 
-def _loader(samples: Samples, transform, in_channels: int, request: FeatureRequest, device):
-    """A function start -> iterator of (indices, image batch or None, [(index, why)])."""
+def _loader(samples: Samples, preprocess: Preprocess, request: FeatureRequest, device):
+    """A function start -> iterator of (indices, image batch or None, [(index, why)]): 8-bit
+    crops, normalised on the device by the caller; JPEG bytes decoded there with --decode
+    device."""
     import torch
     from torch.utils.data import default_collate
 
-    from torchkit.core.data.dataset import default_workers, make_dataset
+    from torchkit.core.data.dataset import inference_dataset, inference_workers
     from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
 
-    mode = "L" if in_channels == 1 else "RGB"
-    dataset = make_dataset(samples, transform, mode=mode, pixels=True)
-    workers = default_workers() if request.run.workers is None else request.run.workers
+    mode = "L" if preprocess.in_channels == 1 else "RGB"
+    dataset = inference_dataset(samples, preprocess, mode=mode, decode=request.run.decode)
+    workers = inference_workers(samples, request.run.workers)
     on_device = request.run.decode == "device"
 
     def collate(items):

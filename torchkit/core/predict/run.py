@@ -201,13 +201,12 @@ class PredictRun:
         """(the columns, the values) of every row, batch by batch."""
         import torch
 
-        from torchkit.core.data.dataset import make_dataset
+        from torchkit.core.data.dataset import inference_dataset, inference_workers
         from torchkit.core.data.decode import NormalizedPixels
         from torchkit.core.data.device_decode import (
             collate_encoded_with_failures,
             decoded_with_indices,
         )
-        from torchkit.core.data.transforms import eval_transform
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
         model = self.resolved.model.eval().to(self.device)
@@ -218,14 +217,14 @@ class PredictRun:
             model.to(memory_format=memory_format)
         preprocess = self.resolved.preprocess
         on_device = request.run.decode == "device"  # JPEGs decoded on the device, batch by batch
-        transform = eval_transform(preprocess, pixels=True, decode=request.run.decode)
-        dataset = make_dataset(samples, transform, mode=self.mode, pixels=True)
+        dataset = inference_dataset(samples, preprocess, mode=self.mode, decode=request.run.decode)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         batches = _interleaved_batches(
             len(samples), request.run.batch_size, ctx.rank, ctx.world_size
         )
         collate = collate_encoded_with_failures if on_device else _collate
-        loader = _loader(dataset, batches, request.run.workers, self.device, collate)
+        workers = inference_workers(samples, request.run.workers)
+        loader = _loader(dataset, batches, workers, self.device, collate)
         steps = _steps(len(samples), request.run.batch_size, ctx.world_size)
         amp_dtype = self._amp_dtype()
         summary = self.summary
@@ -423,12 +422,11 @@ def _steps(size: int, batch_size: int, world: int) -> int:
     return -(-batches // world)
 
 
-def _loader(dataset, batches: list[list[int]], workers: int | None, device, collate):
+def _loader(dataset, batches: list[list[int]], workers: int, device, collate):
     import torch
 
-    from torchkit.core.data.dataset import default_workers, loader_context
+    from torchkit.core.data.dataset import loader_context
 
-    workers = default_workers() if workers is None else workers
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=batches,

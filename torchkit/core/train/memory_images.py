@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from torchkit.core.data.decode import CROP_RATIO, pil_resample
+from torchkit.core.data.decode import CROP_RATIO
+from torchkit.core.data.in_memory import eval_pixels
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, splitmix_output
@@ -120,32 +121,6 @@ def axis_matrix(length: int, start: int, span: int, size: int) -> Any:
         for j, weight in zip(range(low, high), weights, strict=True):
             matrix[i, start + j] = weight / total
     return matrix.float()
-
-
-def eval_pixels(images: np.ndarray, resize: int, size: int, interpolation: str) -> Any:
-    """torchvision's eval recipe (`core.transforms.eval_transform`) on N,H,W[,C] uint8 images, with
-    PIL as torchvision runs it on PIL images, so the pixels are the same to the bit: resize the
-    shorter side to `resize` (the longer one to int(resize * long / short)), centre-crop
-    `size`. N,C,H,W floats 0..255. Done once per split, so PIL's cost does not matter."""
-    import torch
-    from PIL import Image
-
-    resample = pil_resample(interpolation)
-    out = []
-    for pixels in images:
-        image = Image.fromarray(pixels)
-        width, height = image.size
-        short, long = min(width, height), max(width, height)
-        target = (resize, int(resize * long / short))
-        target_wh = target if width <= height else target[::-1]
-        if target_wh != (width, height):
-            image = image.resize(target_wh, resample)
-        width, height = image.size
-        top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
-        image = image.crop((left, top, left + size, top + size))
-        array = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
-        out.append(array.unsqueeze(-1) if array.ndim == 2 else array)
-    return torch.stack(out).permute(0, 3, 1, 2).float()
 
 
 class MemoryImages:
