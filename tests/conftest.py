@@ -206,29 +206,38 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     gc.unfreeze()
 
 
-# The modules with the most test time (seconds summed, 2026-11-27), longest first. pytest-xdist
+# The modules with the most test time (seconds summed), longest first. pytest-xdist
 # hands out whole modules (--dist loadscope) in collection order (--no-loadscope-reorder): its
 # own order, by number of tests, sent the 23 s multi-node test and the 15 s digits run last,
 # and one worker finished them alone while the other idled. A module missing here keeps its
 # place after these; a stale entry costs nothing.
-LONGEST_MODULES = (
-    "test_train_ddp_faults",  # 45 s
-    "test_safety_train",  # 30 s
-    "test_train_ddp",  # 35 s: torchrun on one node and on two, the same weights
-    "test_benchmark",
-    "test_eval",
-    "test_model_resolver",
-    "test_export",
-    "test_safety_features",
-    "test_train_digits_target",  # 15 s, one test
-    "test_train_cli",
-    "test_train_guards",
-    "test_train_resume",
-    "test_curves_painter",
-    "test_plot_helper",  # 20 s: real helper processes
-    "test_eval_guards",
-    "test_predict",
-    "test_safety_eval",
+LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29
+    "test_train_ddp_faults",  # 37
+    "test_safety_train",  # 21
+    "test_train_ddp",  # 20: torchrun on one node and on two, the same weights
+    "test_torchvision_without_dynamo",  # 18: fresh processes
+    "test_eval",  # 15
+    "test_export",  # 14
+    "test_decode_ahead",  # 12
+    "test_benchmark",  # 12
+    "test_safety_convert",  # 12
+    "test_train_cli",  # 11
+    "test_train_resume",  # 11
+    "test_train_digits_target",  # 11, one test
+    "test_shards_read",  # 11
+    "test_eval_guards",  # 10
+    "test_model_resolver",  # 10
+    "test_eval_defaults",  # 9
+    "test_epoch_starts",  # 9
+    "test_plot_helper",  # 9: real helper processes
+    "test_convert_shards",  # 9
+    "test_timm_models",  # 9
+    "test_dataset_stats",  # 8
+    "test_safety_eval",  # 8
+    "test_train_guards",  # 7
+    "test_broken_pipe",  # 7
+    "test_curves_painter",  # 7
+    "test_safety_features",  # 7
 )
 
 
