@@ -24,8 +24,8 @@ def eval_pixels(
     PIL as torchvision runs it on PIL images, so the pixels are the same to the bit: each image
     converted to `mode` ("RGB", "L"...; None: as it is) as `core.dataset.make_dataset` converts
     them, the shorter side resized to `resize` (the longer one to int(resize * long / short)),
-    the centre cropped to `size`. N,C,H,W floats 0..255. Done once per split, so PIL's cost
-    does not matter."""
+    the centre cropped to `size`. N,C,H,W uint8. Done once per split, so PIL's cost does not
+    matter."""
     import torch
     from PIL import Image
 
@@ -46,7 +46,7 @@ def eval_pixels(
         image = image.crop((left, top, left + size, top + size))
         array = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
         out.append(array.unsqueeze(-1) if array.ndim == 2 else array)
-    return torch.stack(out).permute(0, 3, 1, 2).float()
+    return torch.stack(out).permute(0, 3, 1, 2)
 
 
 class InMemoryEvalImages:
@@ -54,16 +54,13 @@ class InMemoryEvalImages:
     with the pixel eval transform gives them, for `samples` whose pixels are in memory."""
 
     def __init__(self, samples: Samples, preprocess: Preprocess, mode: str) -> None:
-        import torch
-
-        crops = eval_pixels(
+        self.crops = eval_pixels(
             samples.images,
             preprocess.resize_size,
             preprocess.image_size,
             preprocess.interpolation,
             mode,
         )
-        self.crops = crops.to(torch.uint8)
         self.labels = list(samples.labels)
 
     def __len__(self) -> int:

@@ -160,3 +160,33 @@ def torch_save(obj: object, path: str | os.PathLike) -> None:
 
     with open(path, "wb") as handle:
         torch.save(obj, handle)
+
+
+def tree_entries(
+    folder: str | os.PathLike, *, skip_hidden: bool = False
+) -> Iterator[tuple[str, os.DirEntry]]:
+    """(path, entry) of every entry under `folder`, recursively, that is not a folder: files,
+    links (to files, to folders, to nothing), FIFOs. Paths are spelled as pathlib spells them
+    (no leading "./"); symlinked folders are not entered and folders that cannot be listed are
+    passed over, as `Path.rglob` does; `skip_hidden` leaves out names starting with "." and
+    everything in such folders. One `os.scandir` a folder, whose entries know their type: a
+    fraction of the time of `rglob` and a `Path` for each entry."""
+    pending = [str(Path(folder))]
+    while pending:
+        directory = pending.pop()
+        prefix = "" if directory == "." else directory + os.sep
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if skip_hidden and name.startswith("."):
+                        continue
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append(prefix + name)
+                            continue
+                    except OSError:  # vanished while listing
+                        continue
+                    yield prefix + name, entry
+        except OSError:
+            continue

@@ -175,7 +175,7 @@ class MemoryImages:
         preprocess = self.preprocess
         pixels = eval_pixels(
             self.images, preprocess.resize_size, preprocess.image_size, preprocess.interpolation
-        )
+        ).float()
         return pixels.expand(-1, self.pixels.shape[1], -1, -1)  # gray to RGB, as PIL does
 
     def draw(self, seeds: list[int]) -> list[tuple[int, int, int, int, bool]]:

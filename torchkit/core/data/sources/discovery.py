@@ -9,6 +9,7 @@ from pathlib import Path
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.files import tree_entries
 
 IMAGE_EXTENSIONS = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".jfif"}
@@ -23,38 +24,27 @@ def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str], list[st
     """(image files, other files not hidden, symbolic links named like images that point
     nowhere) under `folder`, unsorted, spelled as pathlib spells them; symlinked files are
     included, symlinked folders not entered and unreadable folders skipped, as `Path.rglob`
-    does."""
+    does (`core.io.files.tree_entries`)."""
     images: list[str] = []
     others: list[str] = []
     dangling: list[str] = []
-    pending = [str(Path(folder))]
-    while pending:
-        directory = pending.pop()
-        prefix = "" if directory == "." else directory + os.sep
+    for path, entry in tree_entries(folder):
+        name = entry.name
         try:
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    name = entry.name
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            pending.append(prefix + name)
-                            continue
-                        is_file = entry.is_file()
-                        if not is_file and not entry.is_symlink():
-                            continue
-                    except OSError:  # vanished while listing
-                        continue
-                    dot = name.rfind(".")  # Path.suffix's rule, without making a Path
-                    image = 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS
-                    if not is_file:  # a link to a folder, a FIFO... or to nothing
-                        if image and not os.path.exists(prefix + name):
-                            dangling.append(prefix + name)
-                    elif image:
-                        images.append(prefix + name)
-                    elif not name.startswith("."):
-                        others.append(prefix + name)
-        except OSError:
+            is_file = entry.is_file()
+            if not is_file and not entry.is_symlink():
+                continue
+        except OSError:  # vanished while listing
             continue
+        dot = name.rfind(".")  # Path.suffix's rule, without making a Path
+        image = 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS
+        if not is_file:  # a link to a folder, a FIFO... or to nothing
+            if image and not os.path.exists(path):
+                dangling.append(path)
+        elif image:
+            images.append(path)
+        elif not name.startswith("."):
+            others.append(path)
     return images, others, dangling
 
 
