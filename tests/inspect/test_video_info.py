@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -542,6 +543,24 @@ def test_output_file_needs_force(tmp_path, videos):
     assert json.loads(target.read_text())[0]["frames"] == 17  # untouched
     assert invoke(path, "--format", "csv", "-o", target, "--force").exit_code == 0
     assert target.read_text().startswith("path,size_bytes,width,height,frames,")
+
+
+def test_a_name_that_is_not_utf8_is_read_not_a_crash(tmp_path, videos):
+    # OpenCV's binding dies of SIGSEGV on a str it cannot encode: a real process, since the old
+    # code took the whole interpreter down with it (stdout as bytes: the name is not UTF-8).
+    name = os.fsdecode(b"clip\xff.avi")
+    shutil.copy(need(videos, "mjpg.avi"), tmp_path / name)
+    frames = tmp_path / "frames"
+    args = ["video-info", name, "-k", "2", "--extract-frames", frames, "--format", "json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "torchkit", *map(str, args)], capture_output=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout.decode("utf-8", "surrogateescape"))[0]
+    assert [Path(f).name for f in row["frame_files"]] == sorted(
+        f for f in os.listdir(frames) if f.endswith(".png")
+    )
+    assert (row["path"], row["status"], row["frames"], row["width"]) == (name, "ok", 17, 32)
 
 
 # --- truncated copies ---------------------------------------------------------------------------

@@ -6,10 +6,13 @@ OpenCV is imported inside functions only, so importing this module stays cheap.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,16 +171,44 @@ def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
     )
 
 
+@contextlib.contextmanager
+def _openable_name(path: Path) -> Iterator[str]:
+    """A name of `path` that OpenCV can be given: the path itself, or, for a name that is not
+    UTF-8 (bytes Python holds as surrogates), the file opened here and named by its descriptor:
+    OpenCV's binding crashes the process (SIGSEGV) on a str it cannot encode."""
+    name = str(path)
+    if name.isascii() or _is_utf8(name):
+        yield name
+        return
+    descriptors = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
+    if descriptors is None:
+        raise OSError(errno.EILSEQ, "the file name is not UTF-8, which OpenCV cannot open")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield f"{descriptors}/{fd}"  # FFmpeg opens the file itself: ours is closed after
+    finally:
+        os.close(fd)
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _open_capture(cv2, path: Path, decoder_threads: int | None = None):
     """The video opened by FFmpeg, or None. `decoder_threads`: the threads of its decoder (None:
     FFmpeg's choice, one per core). Where many videos are read at once, one each: FFmpeg starts
     its decoder's threads at every open, which for a small video costs more than the rest of
     the open (open and release: 380-550 us a file, 210-260 us with one thread; 2 cores)."""
     threads_option = getattr(cv2, "CAP_PROP_N_THREADS", None)
-    if decoder_threads is None or threads_option is None:
-        capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
-    else:
-        capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [threads_option, decoder_threads])
+    with _openable_name(path) as name:
+        if decoder_threads is None or threads_option is None:
+            capture = cv2.VideoCapture(name, cv2.CAP_FFMPEG)
+        else:
+            capture = cv2.VideoCapture(name, cv2.CAP_FFMPEG, [threads_option, decoder_threads])
     if not capture.isOpened():
         capture.release()
         return None
