@@ -442,3 +442,17 @@ def test_image_size_is_the_sample_3_n_n_and_not_with_input_size(runner, tmp_path
     assert json.loads(worked.stdout)["layers"][0]["to_type"] == "BatchNorm2d"
     both = runner.invoke(app, [*args, "--image-size", "4", "--input-size", "3,4,4", "--force"])
     assert both.exit_code == 2 and "both give the sample" in both.stderr
+
+
+@pytest.mark.parametrize("sample", [["--input-size", "3,32,32"], ["--image-size", "32"]])
+def test_a_sample_without_revert_is_refused_not_ignored(
+    runner, resnet_checkpoint, tmp_path, sample
+):
+    """Converting to SyncBatchNorm takes no sample: the option would silently do nothing."""
+    destination = tmp_path / "sync.pt"
+    result = runner.invoke(
+        app, ["convert-syncbn", str(resnet_checkpoint), str(destination), *sample]
+    )
+    assert result.exit_code == 2, result.stderr
+    assert "goes with SRC DST --revert" in result.stderr
+    assert not destination.exists()

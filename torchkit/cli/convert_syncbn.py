@@ -126,6 +126,11 @@ def convert_syncbn(
             raise typer.BadParameter(
                 "--image-size and --input-size both give the sample", param_hint="'--image-size'"
             )
+        if not revert and (input_size is not None or image_size is not None):
+            # converting to SyncBatchNorm needs no sample: it would be ignored
+            raise typer.BadParameter(
+                "goes with SRC DST --revert", param_hint="'--input-size/--image-size'"
+            )
         sample_shape = None
         if input_size is not None:
             sample_shape = parse_input_size(input_size)
