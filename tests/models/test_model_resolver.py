@@ -430,3 +430,72 @@ def test_a_missing_exported_file_is_a_missing_file_not_an_unknown_name(tmp_path,
     monkeypatch.chdir(tmp_path)  # a bare file name, as typed: not taken for a model name
     with pytest.raises(InputError, match="not found"):
         resolve_model(name)
+
+
+def small_convnet_checkpoint(path: Path) -> nn.Module:
+    """A torchkit checkpoint of a convnet trained at 12 px (its classifier is sized for that)."""
+    torch.manual_seed(0)
+    model = convnet_class()(10, 3, 12).eval()
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 10,
+            "model": model.state_dict(),
+            "preprocess": {**CONVNET_PREPROCESS, "image_size": 12, "resize_size": 12},
+        },
+        path,
+    )
+    return model
+
+
+def test_a_name_with_a_checkpoint_as_weights_is_built_for_the_recorded_size(runner, tmp_path):
+    """`convnet --weights best.pt` is the model `best.pt` alone gives, whatever size it was
+    trained at (it was built for 28 px, and the weights did not fit)."""
+    truth = small_convnet_checkpoint(tmp_path / "tk12.pt")
+    named = resolve_model("convnet", weights=str(tmp_path / "tk12.pt"))
+    assert named.sample_shape == (3, 12, 12)
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        assert torch.equal(named.model.eval()(x), truth(x))
+    result = runner.invoke(
+        app, ["summary", "convnet", "--weights", str(tmp_path / "tk12.pt"), "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["totals"]["total_params"] == n_params(truth)
+    assert data["input_shapes"] == [[1, 3, 12, 12]]
+
+
+@pytest.mark.parametrize(
+    ("weights", "image_size", "expected"),
+    [("sd.pt", 32, (32, 32)), ("tk.pt", None, (48, 48)), ("sd.pt", None, (224, 224))],
+)
+def test_a_vit_with_a_weights_file_is_built_for_its_size(
+    tmp_path, monkeypatch, weights, image_size, expected
+):
+    """A ViT's position embeddings fix its image size: with a weights file it is built for
+    --image-size, else the size a torchkit checkpoint records (it was always 224)."""
+    from torchkit.core.models import resolver
+
+    torch.save({"w": torch.zeros(1)}, tmp_path / "sd.pt")
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "vit_b_16",
+            "num_classes": 3,
+            "model": {"w": torch.zeros(1)},
+            "preprocess": {**CONVNET_PREPROCESS, "image_size": 48, "resize_size": 48},
+        },
+        tmp_path / "tk.pt",
+    )
+    built = []
+
+    def record_size(name, num_classes, size):
+        built.append(size)
+        raise UsageError("stop here")  # the 86M-parameter model itself is not needed
+
+    monkeypatch.setattr(resolver, "torchvision_random", record_size)
+    with pytest.raises(UsageError, match="stop here"):
+        resolve_model("vit_b_16", weights=str(tmp_path / weights), image_size=image_size)
+    assert [tuple(size) for size in built] == [expected]

@@ -18,6 +18,7 @@ from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Prepro
 from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
+    IMAGE_SIZE_KWARGS,
     is_callable_spec,
     is_checkpoint_path,
     is_timm_spec,
@@ -162,16 +163,18 @@ def resolve_model(
         if is_callable_spec(spec):
             resolved = _from_callable(spec, build_classes)
         elif spec in BUILTIN_MODELS:
-            channels = in_channels or (
-                _weights_channels(weights, trust_checkpoint) if weights else None
-            )
-            resolved = _from_convnet(spec, build_classes, image_size, channels)
+            if weights is not None and (image_size is None or in_channels is None):
+                # convnet's classifier is sized for its input: build it as the file's was
+                recorded_size, recorded_channels = _weights_input(weights, trust_checkpoint)
+                image_size = image_size or recorded_size
+                in_channels = in_channels or recorded_channels
+            resolved = _from_convnet(spec, build_classes, image_size, in_channels)
         elif is_timm_spec(spec):
             resolved = _from_timm(
                 spec, build_classes, weights, image_size, in_channels, trust_checkpoint
             )
         else:
-            resolved = _from_torchvision(spec, build_classes, weights, image_size)
+            resolved = _from_torchvision(spec, build_classes, weights, image_size, trust_checkpoint)
         if weights is not None and resolved.weights_source is None:
             _load_file_weights(resolved, weights, trust_checkpoint, ema=ema)
         elif ema:
@@ -363,20 +366,6 @@ def _from_convnet(
     )
 
 
-def _weights_channels(path: str, trust_checkpoint: bool) -> int | None:
-    """Input channels of the weights in `path` (dim 1 of the first 4-D weight: the stem), so a
-    grayscale `convnet` file loads without saying --in-channels."""
-    from torchkit.core.models.checkpoint import extract_state_dict
-
-    if not os.path.isfile(path):
-        return None
-    try:
-        state = extract_state_dict(read_model_file(path, trust_checkpoint=trust_checkpoint))
-    except (CheckpointError, UsageError):
-        return None  # reported properly when the weights are loaded
-    return _stem_channels_of(state)
-
-
 def _stem_channels_of(state: Mapping[str, Any]) -> int | None:
     for key, value in state.items():
         if key.endswith("weight") and getattr(value, "ndim", 0) == 4:
@@ -389,19 +378,20 @@ def _from_torchvision(
     num_classes: int | None,
     weights: str | None,
     image_size: int | Sequence[int] | None,
+    trust_checkpoint: bool = False,
 ) -> ResolvedModel:
+    """A torchvision model with random weights, torchvision's own, or a file's (loaded after
+    this returns). ViT and MaxViT are built for `image_size`, else for the size a torchkit
+    checkpoint as the file records (their position embeddings depend on it)."""
     require_torchvision_name(name)
     enum = torchvision_weights_enum(name)
     if weights is not None and not os.path.exists(weights) and not is_checkpoint_path(weights):
         return _torchvision_pretrained(name, weights, enum)
-    if weights is None:
-        size = _size(image_size, DEFAULT_IMAGE_SIZE)
-        model = torchvision_random(name, num_classes or 1000, size)
-    else:
-        import torchvision
-
-        size = (DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE)
-        model = torchvision.models.get_model(name, weights=None)
+    if weights is not None and image_size is None and name.startswith(tuple(IMAGE_SIZE_KWARGS)):
+        image_size = _weights_input(weights, trust_checkpoint)[0]
+    size = _size(image_size, DEFAULT_IMAGE_SIZE)
+    # With a weights file the head is sized from the file afterwards (fit_head_to).
+    model = torchvision_random(name, (num_classes or 1000) if weights is None else 1000, size)
     resolved = ResolvedModel(
         model,
         name,
