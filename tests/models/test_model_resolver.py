@@ -499,3 +499,29 @@ def test_a_vit_with_a_weights_file_is_built_for_its_size(
     with pytest.raises(UsageError, match="stop here"):
         resolve_model("vit_b_16", weights=str(tmp_path / weights), image_size=image_size)
     assert [tuple(size) for size in built] == [expected]
+
+
+@pytest.mark.parametrize("command", ["summary", "benchmark", "convert-syncbn"])
+def test_a_checkpoint_whose_preprocessing_is_not_a_table_is_a_checkpoint_error(
+    runner, tmp_path, command
+):
+    """A damaged `preprocess` entry (a string) names the file and the entry, not an
+    AttributeError from torchkit's code."""
+    path = tmp_path / "damaged.pt"
+    state = convnet_class()(10, 3, 28).state_dict()
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 10,
+            "model": state,
+            "preprocess": "junk",
+        },
+        path,
+    )
+    result = runner.invoke(app, [command, str(path)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        f"Error: the preprocessing recorded in {path} is unusable: it is a str, not a table"
+    ), result.stderr
+    assert "AttributeError" not in result.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,12 @@ class Preprocess:
         data = data or {}
         default = cls()
         where = source or "the model's file"
+        if not isinstance(data, Mapping):
+            raise CheckpointError(
+                f"the preprocessing recorded in {where} is unusable: it is a "
+                f"{type(data).__name__}, not a table of values",
+                "the file is damaged or was not written by torchkit",
+            )
 
         def bad(name: str, why: str) -> CheckpointError:
             return CheckpointError(

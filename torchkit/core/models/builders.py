@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import InputError, OfflineError, UsageError
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import replace_head
@@ -125,12 +126,12 @@ def model_from_checkpoint(
 
     arch, num_classes = checkpoint_arch(checkpoint, source)
     require_trusted_arch(arch, source, trust_checkpoint)
-    preprocess = checkpoint.get("preprocess") or {}
+    preprocess = Preprocess.from_dict(checkpoint.get("preprocess"), source)
     model = build_model(
         arch,
         num_classes,
-        image_size=int(preprocess.get("image_size", 224)),
-        in_channels=int(preprocess.get("in_channels", 3)),
+        image_size=preprocess.image_size,
+        in_channels=preprocess.in_channels,
         trust_checkpoint=trust_checkpoint,
     )
     load_weights_into(model, extract_state_dict(checkpoint), source=f"the {arch} checkpoint")
