@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from hostile_pickles import RunsShell
+from output_checks import error_line
 from PIL import Image, ImageOps
 from safetensors.torch import load_file, save_file
 from torchvision.transforms.functional import to_tensor
@@ -416,6 +417,32 @@ def test_bad_single_files(tmp_path):
     assert not marker.exists()
     assert (tmp_path / "rgba.png").read_bytes() == good
     assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.png").exists()
+
+
+def test_tensors_numpy_lacks_and_images_too_large_for_the_encoder(tmp_path):
+    float8 = torch.rand(3, 4, 4).to(torch.float8_e4m3fn)
+    torch.save(float8, tmp_path / "float8.pt")
+    torch.save(float8.float(), tmp_path / "float32.pt")
+    torch.save(torch.rand(3, 4, 4).to_sparse(), tmp_path / "sparse.pt")
+    np.save(tmp_path / "wide.npy", np.zeros((1, 65_501, 3), np.uint8))
+    np.save(tmp_path / "webp.npy", np.zeros((16_384, 1, 3), np.uint8))
+    cases = [
+        ("sparse.pt", "x.png", "a sparse_coo tensor is not an image"),
+        ("wide.npy", "x.jpg", "JPEG cannot store a 65501x1 image"),
+        ("webp.npy", "x.webp", "WEBP cannot store a 1x16384 image"),
+    ]
+    for src, dst, message in cases:
+        result = convert(tmp_path / src, tmp_path / dst)
+        assert result.exit_code == 1
+        assert error_line(result.stderr).startswith(f"Error: {message}"), result.stderr
+        assert not (tmp_path / dst).exists()
+    # float8, which NumPy lacks, is read as the float32 of the same values
+    ok(tmp_path / "float8.pt", tmp_path / "float8.png")
+    ok(tmp_path / "float32.pt", tmp_path / "float32.png")
+    assert np.array_equal(
+        np.asarray(Image.open(tmp_path / "float8.png")),
+        np.asarray(Image.open(tmp_path / "float32.png")),
+    )
 
 
 def test_existing_file_needs_force(tmp_path):

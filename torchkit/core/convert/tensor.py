@@ -264,12 +264,24 @@ def _pick_tensor(obj: Any, key: str | None, source: Path) -> Any:
 def _tensor_to_numpy(tensor: Any) -> Any:
     import torch
 
+    numpy_floats = (torch.float16, torch.float32, torch.float64)
+
     tensor = tensor.detach().cpu()
+    if tensor.layout != torch.strided:
+        raise InputError(
+            f"a {str(tensor.layout).removeprefix('torch.')} tensor is not an image",
+            "save tensor.to_dense() instead",
+        )
     if tensor.is_complex():
         raise InputError("complex tensors are not images")
-    if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16
-        tensor = tensor.float()
-    return tensor.contiguous().numpy()
+    if tensor.is_floating_point() and tensor.dtype not in numpy_floats:
+        tensor = tensor.float()  # bfloat16, float8...: NumPy has none of them
+    try:
+        return tensor.contiguous().numpy()
+    except (TypeError, RuntimeError):  # quantized and other dtypes NumPy lacks
+        raise InputError(
+            f"{str(tensor.dtype).removeprefix('torch.')} tensors are not images"
+        ) from None
 
 
 def read_torch(path: str | os.PathLike, key: str | None = None) -> Any:
@@ -342,6 +354,10 @@ def read_pixels(
 # --- writing ----------------------------------------------------------------------------------
 
 
+# The largest side each encoder takes (libjpeg, libwebp): a larger image is not written.
+MAX_SIDE = {"JPEG": 65_500, "WEBP": 16_383}
+
+
 def _write_image(path: Path, array: Any, quality: int) -> None:
     import numpy as np
 
@@ -354,6 +370,14 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
         )
     if image_format == "BMP" and channels == 2:
         raise InputError("BMP cannot store grayscale with alpha", "write PNG or TIFF instead")
+    limit = MAX_SIDE.get(image_format)
+    if limit is not None and max(array.shape[:2]) > limit:
+        height, width = array.shape[:2]
+        raise InputError(
+            f"{image_format} cannot store a {width}x{height} image: at most {limit:,} pixels "
+            "a side",
+            "write PNG or TIFF instead",
+        )
     with atomic_path(path) as tmp, reporting_write_errors(path):
         if array.dtype == np.uint16 and channels in (3, 4):
             import cv2
