@@ -105,6 +105,12 @@ def split_dataset(
             "--oversample cannot --mode move: the repeats need the files where they are",
             "use --mode copy, symlink, hardlink or manifest",
         )
+    if group is not None and not group:
+        # An empty pattern matches every name: one group, nothing left to split.
+        raise UsageError(
+            "--group '' puts every file in one group",
+            r"give a pattern that captures the group, e.g. '^(patient\d+)_'",
+        )
     counts = None if fixed is None else parse_fixed(fixed)
     fractions = None if counts is not None else parse_ratio("8:1:1" if ratio is None else ratio)
     parts = len(counts) + 1 if counts is not None else len(fractions)
