@@ -430,6 +430,9 @@ def test_a_corrupt_checkpoint_is_one_error_line(runner, world, tmp_path):
         (["m.pt2", "--to", "onnx"], "--to onnx contradicts the extension"),
         (["m.ts", "--opset", "13"], "--opset goes with ONNX"),
         (["m.onnx", "--opset", "99"], "--opset 99 is not one"),
+        # an infinite tolerance passes any output: a verification that checks nothing
+        (["m.onnx", "--atol", "inf"], "--atol must be a finite number >= 0, not inf"),
+        (["m.onnx", "--rtol", "inf"], "--rtol must be a finite number >= 0, not inf"),
     ],
 )
 def test_unknown_formats_and_options_are_usage_errors(

@@ -5,6 +5,7 @@ tolerances of each dtype. Nothing here imports torch. The names, extensions, run
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +144,12 @@ def check_dtype(dtype: str) -> str:
 def tolerance_for(dtype: str, atol: float | None, rtol: float | None) -> Tolerance:
     default = DEFAULT_TOLERANCES[dtype]
     for value, option in ((atol, "--atol"), (rtol, "--rtol")):
-        if value is not None and not value >= 0:  # NaN fails too
-            raise UsageError(f"{option} must be a number >= 0, not {value}")
+        # NaN fails too; inf would pass any output, a verification that checks nothing
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise UsageError(
+                f"{option} must be a finite number >= 0, not {value}",
+                "--no-verify skips the verification",
+            )
     return Tolerance(
         atol=default.atol if atol is None else float(atol),
         rtol=default.rtol if rtol is None else float(rtol),
