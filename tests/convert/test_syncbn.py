@@ -456,3 +456,30 @@ def test_a_sample_without_revert_is_refused_not_ignored(
     assert result.exit_code == 2, result.stderr
     assert "goes with SRC DST --revert" in result.stderr
     assert not destination.exists()
+
+
+def test_every_module_of_a_pickled_dict_is_converted(runner, tmp_path):
+    """{'model': net, 'model_ema': ema}: the EMA copy was left with BatchNorm while the file
+    was reported as converted."""
+    torch.manual_seed(0)
+    net, ema = tiny_pickled_model(), tiny_pickled_model()
+    source, synced, back = tmp_path / "both.pt", tmp_path / "sync.pt", tmp_path / "back.pt"
+    torch.save({"model": net, "model_ema": ema, "epoch": 3}, source)
+    args = ["--trust-checkpoint", "--format", "json"]
+    result = runner.invoke(app, ["convert-syncbn", str(source), str(synced), *args])
+    assert result.exit_code == 0, result.stderr
+    names = [row["name"] for row in json.loads(result.stdout)["layers"]]
+    per_model = [name for name, m in net.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    assert names == [f"{key}.{name}" for key in ("model", "model_ema") for name in per_model]
+    converted = torch.load(synced, weights_only=False)
+    assert converted["epoch"] == 3
+    for key in ("model", "model_ema"):
+        types = {type(m) for m in converted[key].modules()}
+        assert nn.SyncBatchNorm in types and nn.BatchNorm2d not in types
+    reverted = runner.invoke(app, ["convert-syncbn", str(synced), str(back), "--revert", *args])
+    assert reverted.exit_code == 0, reverted.stderr
+    x = torch.randn(2, 3, 4, 4)
+    restored = torch.load(back, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(restored["model"].eval()(x), net.eval()(x))
+        assert torch.equal(restored["model_ema"].eval()(x), ema.eval()(x))

@@ -484,11 +484,25 @@ def convert_saved_model(
             from torchkit.core.summary.counting import model_device, model_dtype
 
             example = make_inputs([(1, *sample_shape)], model_dtype(module), model_device(module))
-        converted, rows = convert_batchnorm(module, to=to, example_inputs=example)
         if isinstance(loaded, Mapping):
-            loaded = {k: (converted if v is module else v) for k, v in loaded.items()}
+            # Every module of the dict ({'model': net, 'model_ema': ema}), not only the first:
+            # a file reported as converted holds no layer left unconverted.
+            named = [(k, v) for k, v in loaded.items() if isinstance(v, torch.nn.Module)]
+            converted_of: dict[int, Any] = {}
+            rows = []
+            for key, value in named:
+                if id(value) in converted_of:  # the same module under two keys
+                    continue
+                converted_of[id(value)], value_rows = convert_batchnorm(
+                    value, to=to, example_inputs=example
+                )
+                for row in value_rows:
+                    if len(named) > 1:
+                        row["name"] = f"{key}.{row['name']}" if row["name"] != "(model)" else key
+                    rows.append(row)
+            loaded = {k: converted_of.get(id(v), v) for k, v in loaded.items()}
         else:
-            loaded = converted
+            loaded, rows = convert_batchnorm(module, to=to, example_inputs=example)
         with reporting_write_errors(destination), atomic_path(destination) as tmp:
             torch_save(loaded, tmp)
         kind = "pickled model"
