@@ -295,6 +295,29 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
 
 
+def test_an_epoch_shorter_than_accum_steps_averages_its_own_batches(runner, tmp_path):
+    """The last update of an epoch accumulates fewer than --accum-steps batches: its gradient
+    is their mean, as a full batch's is (it was their sum / --accum-steps, so --accum-steps 4
+    over 2 batches halved every update, and a large value trained nothing)."""
+    data = write_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
+    recipe = [
+        "--data", str(data), "--val-split", "0.5", "--model", "nets:TinyNet",
+        "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
+        "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "0.5",
+        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "2", "--workers", "0",
+        "--no-ema", "--device", "cpu",
+    ]  # fmt: skip
+    full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
+    halves = train(
+        runner, *recipe, "--batch-size", "3", "--accum-steps", "4", "--out", str(tmp_path / "h")
+    )
+    assert full.exit_code == 0 and halves.exit_code == 0, full.stderr + halves.stderr
+    ours = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    accumulated = read_checkpoint(tmp_path / "h" / "last.pt")["model"]
+    for key, value in ours.items():
+        assert torch.allclose(accumulated[key], value, atol=1e-6), key
+
+
 def test_fine_tuning_freeze_backbone_and_head_lr(runner, split_root, tmp_path):
     first = tmp_path / "first"
     assert train(runner, "--data", str(split_root), *FAST, "--out", str(first)).exit_code == 0

@@ -226,6 +226,8 @@ def train_one_epoch(
                 unreadable.report(batch.errors)
             progress_state.batches += 1
             is_update = progress_state.batches % accum == 0 or progress_state.batches == total
+            # The epoch's last update may group fewer batches: their mean, as a full batch's.
+            in_update = min(accum, total - (progress_state.batches - 1) // accum * accum)
             if graphed is not None:
                 # The whole update in one replay (core.train.graphed_step): one batch each,
                 # no mixing, no DDP, no GradScaler (the config and set-up checked).
@@ -254,7 +256,7 @@ def train_one_epoch(
                             ) * ctx.criterion(outputs, mixed.labels_b)
                     if ctx.l1 > 0:
                         loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
-                    scaled = loss / accum
+                    scaled = loss / in_update
                     if ctx.scaler is not None:
                         ctx.scaler.scale(scaled).backward()
                     else:
