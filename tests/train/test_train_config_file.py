@@ -64,6 +64,26 @@ def test_bad_config_files_are_one_error_line(runner, tmp_path, content, message)
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"crop_scale": [0.5]}, "--crop-scale in"),  # was: ValueError: not enough values...
+        ({"crop_scale": [0.1, 0.5, 0.9]}, "--crop-scale in"),
+        # was taken: MultiStepLR never meets epoch 1.5, so the lr never dropped
+        ({"scheduler": "multistep", "milestones": [1.5]}, "--milestones in"),
+    ],
+)
+def test_config_file_lists_of_the_wrong_length_or_type_are_usage_errors(
+    runner, tmp_path, content, message
+):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps(content))
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_config_with_resume_is_refused(runner, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text("{}")

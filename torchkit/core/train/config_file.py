@@ -194,9 +194,7 @@ def _fits(value: Any, annotation: str) -> bool:
     if isinstance(value, bool):
         return "bool" in annotation
     if isinstance(value, tuple):
-        return "tuple" in annotation and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-        )
+        return "tuple[" in annotation and _fits_items(value, annotation)
     if isinstance(value, int):
         return "int" in annotation or "float" in annotation
     if isinstance(value, float):
@@ -204,6 +202,21 @@ def _fits(value: Any, annotation: str) -> bool:
     if isinstance(value, str):
         return "str" in annotation
     return False
+
+
+def _fits_items(values: tuple, annotation: str) -> bool:
+    """Whether a list suits `tuple[int, ...]` (any length) or `tuple[float, float]` (that
+    length): the command line's parse would refuse a wrong count or a fraction of an int."""
+    inner = annotation.split("tuple[", 1)[1].split("]", 1)[0]
+    kinds = [kind.strip() for kind in inner.split(",")]
+    if kinds[-1] == "...":
+        kinds = kinds[:1] * len(values)
+    if len(kinds) != len(values):
+        return False
+    return all(
+        not isinstance(v, bool) and isinstance(v, int if kind == "int" else (int, float))
+        for v, kind in zip(values, kinds, strict=True)
+    )
 
 
 def apply_config_file(
