@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -118,7 +117,9 @@ def to_json_value(value: Any) -> Any:
 
 
 def render_json(data: Any) -> str:
-    return json.dumps(to_json_value(data), indent=2, ensure_ascii=False) + "\n"
+    from torchkit.core.io.files import json_text
+
+    return json_text(to_json_value(data), indent=2) + "\n"
 
 
 def render_csv(table: Table) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchkit.core.io.files import atomic_path, atomic_write_text
+from torchkit.core.io.files import atomic_path, atomic_write_text, drawable
 from torchkit.core.io.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
@@ -129,6 +129,7 @@ def prediction_rows(result: EvalResult):
 
 
 def _short(name: str, limit: int = 24) -> str:
+    name = drawable(name)
     return name if len(name) <= limit else name[: limit - 1] + "\u2026"
 
 

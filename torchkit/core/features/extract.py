@@ -35,7 +35,7 @@ from torchkit.core.features.store import (
 )
 from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.io.files import require_input
+from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.outputs import InputPath, OutputFolder
 from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, resolve_spec
@@ -486,7 +486,7 @@ def _fingerprint(settings: dict, samples: Samples) -> str:
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
     ids = samples.ids or samples.paths or []
     for name, label in zip(ids, samples.labels, strict=False):
-        digest.update(f"\n{name}\t{label}".encode())
+        digest.update(f"\n{name}\t{label}".encode("utf-8", NAME_ERRORS))
     digest.update(f"\n{len(samples)}".encode())
     return digest.hexdigest()
 
@@ -619,7 +619,7 @@ def _result_from_meta(out: Path, meta: dict) -> ExtractionResult:
     if index_path.is_file():
         import csv
 
-        with index_path.open(newline="", encoding="utf-8") as handle:
+        with open_text(index_path) as handle:
             errors = [(r["path"], r["error"]) for r in csv.DictReader(handle) if r["error"]]
     return ExtractionResult(
         out=out,

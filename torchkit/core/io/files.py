@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -45,13 +46,62 @@ def read_path_list(stdin: Iterable[str] | None, what: str) -> list[str]:
     return paths
 
 
+# File names are bytes on Linux; Python holds those that are not UTF-8 as lone surrogates
+# ("bad\xff.png" -> "bad\udcff.png"). Text files that name them are written and read with
+# surrogateescape, as stdout is: a CSV holds the name's own bytes (what `ls` shows) and reads
+# back to the same str, which opens the same file. UTF-8 names give the same bytes as strict.
+NAME_ERRORS = "surrogateescape"
+
+
+def open_text(path: str | os.PathLike, encoding: str = "utf-8") -> IO[str]:
+    """`path` opened to read text that may name files (a CSV index, split.csv, classes.txt):
+    bytes that are not UTF-8 read back as the names they were written from (NAME_ERRORS);
+    newline="" as the csv module wants."""
+    return open(path, encoding=encoding, errors=NAME_ERRORS, newline="")
+
+
+def read_text(path: str | os.PathLike, encoding: str = "utf-8") -> str:
+    """The text of `path` as `open_text` reads it (newlines as written)."""
+    with open_text(path, encoding) as handle:
+        return handle.read()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def holds_non_utf8(text: str) -> bool:
+    """Whether `text` holds bytes that were not UTF-8 (lone surrogates)."""
+    return _SURROGATE.search(text) is not None
+
+
+def drawable(text: str) -> str:
+    """`text` with each byte of a name that is not UTF-8 as U+FFFD, as `ls` shows it: for
+    plots (matplotlib cannot draw a lone surrogate)."""
+    return text.encode("utf-8", NAME_ERRORS).decode("utf-8", "replace")
+
+
+def json_text(value: object, **dumps_kwargs) -> str:
+    """`json.dumps(value, ensure_ascii=False, **dumps_kwargs)`, but a lone surrogate (a file
+    name that is not UTF-8) is written as its escape, "\\udcff": the text stays valid UTF-8 JSON
+    and reads back (json.loads) to the same str, which opens the same file; every other
+    character is written as itself, as before."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False, **dumps_kwargs)
+    return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
     """Open a temporary file beside `path`; rename it into place only if the block succeeds.
 
     The temporary file is in the same folder so the final `os.replace` is atomic: a crash or a
-    kill at any moment leaves either the old file or the new one, never a truncated mix.
+    kill at any moment leaves either the old file or the new one, never a truncated mix. Text
+    is written with `errors=NAME_ERRORS` unless the caller says otherwise: file names that
+    are not UTF-8 are written as their own bytes.
     """
+    if "b" not in mode:
+        open_kwargs.setdefault("errors", NAME_ERRORS)
     target = Path(path)
     if is_special_file(target):  # a FIFO or /dev/stdout is written into, never replaced
         with _reporting(target), open(target, mode, **open_kwargs) as handle:

@@ -15,7 +15,7 @@ from pathlib import Path
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.files import atomic_write_text
+from torchkit.core.io.files import atomic_write_text, open_text
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -55,7 +55,7 @@ def write_journal(out: Path, record: dict) -> None:
 def previous_split_names(out: Path) -> set[str]:
     """The split folders of the earlier split in OUT, as its split.csv names them."""
     try:
-        with (out / MANIFEST).open(newline="", encoding="utf-8") as handle:
+        with open_text(out / MANIFEST) as handle:
             names = {row.get("split") or "" for row in csv.DictReader(handle)}
     except (OSError, csv.Error, UnicodeDecodeError):
         return set()

@@ -14,6 +14,7 @@ from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.files import open_text
 from torchkit.core.io.outputs import (
     OutputFolder,
     check_not_protected,
@@ -304,7 +305,7 @@ def _same_move(journal: dict, source, options: SplitOptions) -> bool:
 
 def _plan_rows(out: Path) -> list[dict[str, str]]:
     try:
-        with (out / MANIFEST).open(newline="", encoding="utf-8") as handle:
+        with open_text(out / MANIFEST) as handle:
             return list(csv.DictReader(handle))
     except (OSError, csv.Error, UnicodeDecodeError) as error:
         raise InputError(f"cannot read the plan {out / MANIFEST}: {error}") from None

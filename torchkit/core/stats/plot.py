@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import UsageError
-from torchkit.core.io.files import atomic_write_bytes
+from torchkit.core.io.files import atomic_write_bytes, drawable
 from torchkit.core.io.outputs import (
     InputPath,
     check_distinct_outputs,
@@ -85,7 +85,7 @@ def plot_dataset_stats(
     target = check_plot_output(path, force, data_inputs(stats.source))
     sizes = np.asarray(stats.sizes, dtype=np.int64).reshape(-1, 3)[:, :2]
     values: dict[str, Any] = {
-        "names": [c.name or "(unlabelled)" for c in stats.classes],
+        "names": [drawable(c.name or "(unlabelled)") for c in stats.classes],
         "counts": [c.images for c in stats.classes],
         "images": stats.images,
         "sizes": sizes,

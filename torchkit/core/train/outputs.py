@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import platform
 from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
-from torchkit.core.io.files import atomic_path, atomic_write_text
+from torchkit.core.io.files import atomic_path, atomic_write_text, json_text
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
 
@@ -76,7 +75,7 @@ def versions() -> dict[str, str]:
 
 
 def write_config_json(path: Path, payload: dict[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json_text(payload, indent=2) + "\n")
 
 
 def metric_columns(history: list[dict]) -> list[str]:

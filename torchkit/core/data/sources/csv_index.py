@@ -1,6 +1,7 @@
 """CSV indexes: `path,label` with an optional `split` column (what `split --mode manifest` and
-`train`'s RUN/split.csv write). UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8");
-relative paths are relative to the CSV's folder; every bad row is named by its line."""
+`train`'s RUN/split.csv write). UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8"),
+a file name that is not UTF-8 as its own bytes; relative paths are relative to the CSV's
+folder; every bad row is named by its line."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.files import holds_non_utf8, open_text
 
 _SHOWN = 5  # line numbers named in one error
 
@@ -41,9 +43,9 @@ def _column(columns: list[str], name: str) -> int | None:
 
 def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> IndexRows:
     """The rows of the CSV index at `csv_path`; InputError (one line) for a missing file or
-    column, text that is not UTF-8 or not CSV, no rows, and rows with an empty path, an empty
-    label or a split other than train, val or test. `labelled=False`: the label column may be
-    missing (unlabelled images)."""
+    column, text that is not UTF-8 (but for the bytes of file names) or not CSV, no rows, and
+    rows with an empty path, an empty label or a split other than train, val or test.
+    `labelled=False`: the label column may be missing (unlabelled images)."""
     source = Path(csv_path)
     if not source.is_file():
         raise InputError(f"CSV index not found: {source}", "check the path")
@@ -55,7 +57,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     bad_split: list[tuple[int, str]] = []
     reader = None
     try:
-        with source.open(newline="", encoding="utf-8-sig") as handle:
+        with open_text(source, "utf-8-sig") as handle:
             # csv.reader, not DictReader: a dict per row is most of the time of a million rows.
             reader = csv.reader(handle)
             header = next(reader, None)
@@ -90,15 +92,12 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                     if split not in SPLIT_NAMES:
                         bad_split.append((line, split))
                     splits.append(split)
-    except UnicodeDecodeError:
-        raise InputError(
-            f"{source} is not UTF-8 text", "save it as CSV UTF-8 (with or without BOM)"
-        ) from None
     except csv.Error as error:
         line = reader.line_num if reader is not None else 1
         raise InputError(f"cannot read {source} (line {line}): {error}") from None
     if not paths:
         raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
+    _refuse_undecoded_bytes(source, paths, labels if has_label else None)
     if no_path:
         raise InputError(
             f"{source} has {len(no_path)} row(s) with an empty path (line {_lines(no_path)})",
@@ -117,6 +116,23 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "the split column takes train, val or test",
         )
     return IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+
+
+def _refuse_undecoded_bytes(source: Path, paths: list[str], labels: list[str] | None) -> None:
+    """Bytes that are not UTF-8 are the bytes of a file name (what split and train write for
+    a name that is not UTF-8) in a row whose path holds them and names a file; anywhere else
+    the CSV is text in another encoding (Latin-1 from Excel), refused as before."""
+    if not holds_non_utf8("".join(paths)) and not holds_non_utf8("".join(labels or ())):
+        return
+    base = str(source.parent)
+    for index, path in enumerate(paths):
+        in_path = holds_non_utf8(path)
+        if in_path and os.path.lexists(os.path.join(base, path)):
+            continue
+        if in_path or (labels is not None and holds_non_utf8(labels[index])):
+            raise InputError(
+                f"{source} is not UTF-8 text", "save it as CSV UTF-8 (with or without BOM)"
+            )
 
 
 def natural_key(text: str):

@@ -48,6 +48,7 @@ from torchkit.core.data.sources.source import DataSource, _split_source, relabel
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import StoredImage
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.files import read_text
 
 SHARD_KINDS = ("shards", "split shards")
 TAR_KINDS = ("tar image folder", "tar flat folder", "tar split root")
@@ -547,10 +548,10 @@ def _class_file(folder: str) -> list[str] | None:
     text_file, json_file = Path(folder, "classes.txt"), Path(folder, "classes.json")
     try:
         if text_file.is_file():
-            lines = text_file.read_text(encoding="utf-8-sig").splitlines()
+            lines = read_text(text_file, "utf-8-sig").splitlines()
             names, where = [line.strip() for line in lines if line.strip()], text_file
         elif json_file.is_file():
-            loaded, where = json.loads(json_file.read_text(encoding="utf-8-sig")), json_file
+            loaded, where = json.loads(read_text(json_file, "utf-8-sig")), json_file
             if isinstance(loaded, dict) and sorted(loaded.values()) == list(range(len(loaded))):
                 names = sorted(loaded, key=loaded.__getitem__)
             elif isinstance(loaded, list) and all(isinstance(n, str) for n in loaded):

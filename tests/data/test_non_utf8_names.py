@@ -1,0 +1,171 @@
+"""File and class names that are not UTF-8 (Linux allows any bytes but "/" and NUL; Python holds
+them as lone surrogates, b"bad\\xff.png" -> "bad\\udcff.png"): every file torchkit writes names
+them by their own bytes (CSV, tables) or by a JSON escape ("\\udcff", valid UTF-8 JSON), the same
+as stdout does, and every CSV torchkit reads (an index, split.csv, classes.txt) reads them back to
+the same path, which opens the same file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from image_folders import write_image_folder
+from processes import run_torchkit_in_process
+from suite_paths import REPO
+
+BAD_CLASS = os.fsdecode(b"bad\xffcls")  # a class folder whose name is not UTF-8
+BAD_FILE = os.fsdecode(b"bad\xff.png")  # an image whose name is not UTF-8, in cat/
+TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--device", "cpu", "--seed", "0"]
+MODEL = ["--trust-checkpoint", "--device", "cpu"]  # the run's model is code (nets:TinyNet)
+
+
+def ok(*args: object):
+    done = run_torchkit_in_process(*args)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV torchkit wrote; it holds the names' own bytes, not their escapes."""
+    data = path.read_bytes()
+    assert b"\xff" in data and b"\\udcff" not in data
+    return list(csv.DictReader(io.StringIO(data.decode("utf-8", "surrogateescape"))))
+
+
+def json_file(path: Path):
+    """A JSON file torchkit wrote: valid UTF-8, the names as escapes."""
+    text = path.read_bytes().decode("utf-8")  # strict: valid UTF-8
+    assert "\\udcff" in text
+    return json.loads(text)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """cat/ (with bad\\xff.png), dog/ and bad\\xffcls/: 3 tiny images each."""
+    root = tmp_path_factory.mktemp("names") / "data"
+    try:
+        (root / BAD_CLASS).mkdir(parents=True)
+    except OSError:
+        pytest.skip("this file system refuses names that are not UTF-8")
+    write_image_folder(root, {"cat": 3, "dog": 3, BAD_CLASS: 3})
+    (root / "cat" / "cat_0.png").rename(root / "cat" / BAD_FILE)
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(data: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "run"
+    ok("train", "--data", data, *TINY, "--val-split", "0.34", "--epochs", "1", "--batch-size", 4,
+       "--workers", 0, "--out", out, "-q")  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("mode", ["manifest", "copy", "symlink"])
+def test_split_writes_the_names_and_reads_them_back(data, tmp_path, mode):
+    out = tmp_path / "split"
+    ok("split", data, out, "--mode", mode, "--ratio", "0.5,0.5", "--format", "json")
+    rows = csv_rows(out / "split.csv")
+    assert {Path(row["source"]).name for row in rows} >= {BAD_FILE, f"{BAD_CLASS}_1.png"}
+    assert {row["label"] for row in rows} == {"cat", "dog", BAD_CLASS}
+    assert all((out / row["path"]).is_file() for row in rows)  # relative to OUT
+    # --force reads the earlier split.csv to know what it may replace
+    ok("split", data, out, "--mode", mode, "--ratio", "0.5,0.5", "--format", "json", "--force")
+    assert csv_rows(out / "split.csv") == rows
+
+
+def test_dataset_stats_output_files_hold_what_stdout_does(data, tmp_path):
+    target = tmp_path / "stats.json"
+    ok("dataset-stats", data, "-o", target)
+    found = json_file(target)
+    assert BAD_CLASS in [c["name"] for c in found["classes"]]
+    # JSON is escaped on stdout too: the same bytes
+    assert ok("dataset-stats", data, "--format", "json").stdout == target.read_text()
+    ok("dataset-stats", data, "-o", tmp_path / "stats.csv")
+    ok("dataset-stats", data, "-o", tmp_path / "stats.txt")
+    assert b"bad\xffcls" in (tmp_path / "stats.txt").read_bytes()
+    # CSV and tables carry the bytes on stdout (a real process: its stdout writes the bytes of
+    # surrogates, where the in-process runner's cannot)
+    for name, fmt in (("stats.csv", "csv"), ("stats.txt", "table")):
+        command = [sys.executable, "-m", "torchkit", "dataset-stats", str(data), "--format", fmt]
+        shown = subprocess.run(command, capture_output=True, cwd=REPO, timeout=300)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout == (tmp_path / name).read_bytes()
+
+
+def test_video_info_output_files_name_the_video(tmp_path):
+    import cv2
+    import numpy as np
+
+    made = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(made), cv2.VideoWriter_fourcc(*"MJPG"), 10, (16, 16))
+    for value in range(0, 200, 40):
+        writer.write(np.full((16, 16, 3), value, np.uint8))
+    writer.release()
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    clip = videos / os.fsdecode(b"clip\xff.avi")
+    made.rename(clip)
+    ok("video-info", videos, "-o", tmp_path / "info.json")
+    assert json_file(tmp_path / "info.json")[0]["path"] == str(clip)
+    ok("video-info", videos, "-o", tmp_path / "info.csv")
+    assert [row["path"] for row in csv_rows(tmp_path / "info.csv")] == [str(clip)]
+
+
+def test_convert_shards_keeps_a_class_name_that_is_not_utf8(data, tmp_path):
+    out = tmp_path / "shards"
+    ok("convert", "shards", data, out)
+    assert b"bad\xffcls\n" in (out / "classes.txt").read_bytes()
+    classes = json.loads(ok("dataset-stats", out, "--format", "json").stdout)["classes"]
+    assert {c["name"]: c["images"] for c in classes} == {"cat": 3, "dog": 3, BAD_CLASS: 3}
+
+
+def test_train_records_the_split_and_predict_writes_the_names(data, run, tmp_path):
+    rows = csv_rows(run / "split.csv")
+    assert all((data / row["path"]).is_file() for row in rows)  # relative to the data root
+    assert {row["label"] for row in rows} == {"cat", "dog", BAD_CLASS}
+    assert json_file(run / "config.json")["classes"] == sorted(["cat", "dog", BAD_CLASS])
+    ok("predict", run / "best.pt", data, *MODEL, "-o", tmp_path / "predictions.csv")
+    paths = [row["path"] for row in csv_rows(tmp_path / "predictions.csv")]
+    assert BAD_FILE in {Path(p).name for p in paths}
+    assert all((data / p).is_file() for p in paths)
+    ok("predict", run / "best.pt", data, *MODEL, "-o", tmp_path / "predictions.txt")
+    assert b"bad\xff.png" in (tmp_path / "predictions.txt").read_bytes()
+    ok("predict", run / "best.pt", data, *MODEL, "-o", tmp_path / "predictions.json")
+    found = json.loads((tmp_path / "predictions.json").read_bytes())
+    assert [row["path"] for row in found] == paths
+
+
+def test_eval_reports_and_features_name_the_class_and_files(data, run, tmp_path):
+    ok("eval", run / "best.pt", "--data", data, *MODEL, "--workers", 0, "--out", tmp_path / "ev",
+       "--format", "json")  # fmt: skip
+    per_class = csv_rows(tmp_path / "ev" / "per_class.csv")
+    assert BAD_CLASS in [row["label"] for row in per_class]
+    assert (tmp_path / "ev" / "confusion_matrix.png").is_file()  # the name drawn as U+FFFD
+    features = tmp_path / "features"
+    ok("extract-features", run / "best.pt", data, features, *MODEL)
+    paths = [row["path"] for row in csv_rows(features / "index.csv")]
+    assert len(paths) == 9 and all((data / p).is_file() for p in paths)
+
+
+def test_a_csv_index_with_such_names_is_read_by_eval_and_predict(data, run, tmp_path):
+    ok("split", data, tmp_path / "split", "--mode", "manifest", "--ratio", "0.5,0.5", "-q",
+       "--format", "json")  # fmt: skip
+    index = tmp_path / "split" / "split.csv"
+    evaluated = json.loads(ok("eval", run / "best.pt", "--data", index, "--split", "all", *MODEL,
+                              "--workers", 0, "--format", "json").stdout)  # fmt: skip
+    assert evaluated["num_images"] == 9
+    ok("predict", run / "best.pt", index, *MODEL, "-o", tmp_path / "predictions.csv")
+    paths = [row["path"] for row in csv_rows(tmp_path / "predictions.csv")]
+    assert sorted(paths) == sorted(row["path"] for row in csv_rows(index))
+    # Bytes that are not UTF-8 in a row whose path names no file with them: text in another
+    # encoding (Latin-1 from Excel), refused as before
+    latin1 = tmp_path / "latin1.csv"
+    latin1.write_bytes(f"path,label\n{data}/dog/dog_0.png,caf\xe9\n".encode("latin-1"))
+    done = run_torchkit_in_process("dataset-stats", latin1)
+    assert done.returncode == 1 and "is not UTF-8 text" in done.stderr
