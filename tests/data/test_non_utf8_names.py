@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
 from suite_paths import REPO
@@ -22,7 +23,7 @@ from suite_paths import REPO
 BAD_CLASS = os.fsdecode(b"bad\xffcls")  # a class folder whose name is not UTF-8
 BAD_FILE = os.fsdecode(b"bad\xff.png")  # an image whose name is not UTF-8, in cat/
 TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--device", "cpu", "--seed", "0"]
-MODEL = ["--trust-checkpoint", "--device", "cpu"]  # the run's model is code (nets:TinyNet)
+MODEL = ["--device", "cpu"]
 
 
 def ok(*args: object):
@@ -59,11 +60,11 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def run(data: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("run") / "run"
-    ok("train", "--data", data, *TINY, "--val-split", "0.34", "--epochs", "1", "--batch-size", 4,
-       "--workers", 0, "--out", out, "-q")  # fmt: skip
-    return out
+def model(tmp_path_factory) -> Path:
+    """A convnet checkpoint for 8x8 images of the classes `data` has (in label order)."""
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes=[BAD_CLASS, "cat", "dog"])
+    return path
 
 
 @pytest.mark.parametrize("mode", ["manifest", "copy", "symlink"])
@@ -125,42 +126,49 @@ def test_convert_shards_keeps_a_class_name_that_is_not_utf8(data, tmp_path):
     assert {c["name"]: c["images"] for c in classes} == {"cat": 3, "dog": 3, BAD_CLASS: 3}
 
 
-def test_train_records_the_split_and_predict_writes_the_names(data, run, tmp_path):
+def test_train_records_the_split_and_the_classes(data, tmp_path):
+    run = tmp_path / "run"
+    ok("train", "--data", data, *TINY, "--val-split", "0.34", "--epochs", "1", "--batch-size", 4,
+       "--workers", 0, "--out", run, "-q", "--format", "json")  # fmt: skip
     rows = csv_rows(run / "split.csv")
     assert all((data / row["path"]).is_file() for row in rows)  # relative to the data root
     assert {row["label"] for row in rows} == {"cat", "dog", BAD_CLASS}
     assert json_file(run / "config.json")["classes"] == sorted(["cat", "dog", BAD_CLASS])
-    ok("predict", run / "best.pt", data, *MODEL, "-o", tmp_path / "predictions.csv")
+
+
+def test_predict_output_files_name_the_images(data, model, tmp_path):
+    ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.csv")
     paths = [row["path"] for row in csv_rows(tmp_path / "predictions.csv")]
     assert BAD_FILE in {Path(p).name for p in paths}
     assert all((data / p).is_file() for p in paths)
-    ok("predict", run / "best.pt", data, *MODEL, "-o", tmp_path / "predictions.txt")
+    ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.txt")
     assert b"bad\xff.png" in (tmp_path / "predictions.txt").read_bytes()
-    ok("predict", run / "best.pt", data, *MODEL, "-o", tmp_path / "predictions.json")
+    ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.json")
     found = json.loads((tmp_path / "predictions.json").read_bytes())
     assert [row["path"] for row in found] == paths
 
 
-def test_eval_reports_and_features_name_the_class_and_files(data, run, tmp_path):
-    ok("eval", run / "best.pt", "--data", data, *MODEL, "--workers", 0, "--out", tmp_path / "ev",
+def test_eval_reports_and_features_name_the_class_and_files(data, model, tmp_path):
+    ok("eval", model, "--data", data, *MODEL, "--workers", 0, "--out", tmp_path / "ev",
        "--format", "json")  # fmt: skip
     per_class = csv_rows(tmp_path / "ev" / "per_class.csv")
     assert BAD_CLASS in [row["label"] for row in per_class]
     assert (tmp_path / "ev" / "confusion_matrix.png").is_file()  # the name drawn as U+FFFD
     features = tmp_path / "features"
-    ok("extract-features", run / "best.pt", data, features, *MODEL)
+    ok("extract-features", model, data, features, *MODEL)
     paths = [row["path"] for row in csv_rows(features / "index.csv")]
     assert len(paths) == 9 and all((data / p).is_file() for p in paths)
 
 
-def test_a_csv_index_with_such_names_is_read_by_eval_and_predict(data, run, tmp_path):
-    ok("split", data, tmp_path / "split", "--mode", "manifest", "--ratio", "0.5,0.5", "-q",
-       "--format", "json")  # fmt: skip
-    index = tmp_path / "split" / "split.csv"
-    evaluated = json.loads(ok("eval", run / "best.pt", "--data", index, "--split", "all", *MODEL,
-                              "--workers", 0, "--format", "json").stdout)  # fmt: skip
+def test_a_csv_index_with_such_names_is_read_by_eval_and_predict(data, model, tmp_path):
+    index = tmp_path / "index.csv"  # as split and train write one: the names' own bytes
+    images = sorted(path for path in data.rglob("*.png"))
+    lines = [b"%s,%s" % (os.fsencode(path), os.fsencode(path.parent.name)) for path in images]
+    index.write_bytes(b"path,label\n" + b"\n".join(lines) + b"\n")
+    evaluated = json.loads(ok("eval", model, "--data", index, *MODEL, "--workers", 0,
+                              "--format", "json").stdout)  # fmt: skip
     assert evaluated["num_images"] == 9
-    ok("predict", run / "best.pt", index, *MODEL, "-o", tmp_path / "predictions.csv")
+    ok("predict", model, index, *MODEL, "-o", tmp_path / "predictions.csv")
     paths = [row["path"] for row in csv_rows(tmp_path / "predictions.csv")]
     assert sorted(paths) == sorted(row["path"] for row in csv_rows(index))
     # Bytes that are not UTF-8 in a row whose path names no file with them: text in another
@@ -169,3 +177,15 @@ def test_a_csv_index_with_such_names_is_read_by_eval_and_predict(data, run, tmp_
     latin1.write_bytes(f"path,label\n{data}/dog/dog_0.png,caf\xe9\n".encode("latin-1"))
     done = run_torchkit_in_process("dataset-stats", latin1)
     assert done.returncode == 1 and "is not UTF-8 text" in done.stderr
+
+
+def test_class_name_files_name_such_classes(data, model, tmp_path):
+    """--classes FILE (predict, eval) and --class-weights FILE (train) read such names too."""
+    names = tmp_path / "classes.txt"
+    names.write_bytes(b"bad\xffcls\ncat\ndog\n")  # what convert shards writes
+    ok("predict", model, data, *MODEL, "--classes", names, "-o", tmp_path / "p.csv")
+    assert {row["class"] for row in csv_rows(tmp_path / "p.csv")} <= {"cat", "dog", BAD_CLASS}
+    weights = tmp_path / "weights.csv"
+    weights.write_bytes(b"bad\xffcls,2\ncat,1\ndog,1\n")
+    ok("train", "--data", data, *TINY, "--val-split", "0.34", "--epochs", "1", "--workers", 0,
+       "--class-weights", weights, "--out", tmp_path / "run", "-q", "--format", "json")  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.files import read_text
 from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 
 # Mode PIL converts images to for a given channel count.
@@ -25,7 +26,7 @@ def parse_class_names(spec: str) -> list[str]:
     """`--classes`: a text file with one name per line, or names separated by commas."""
     path = Path(spec)
     if path.is_file():
-        names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        names = [line.strip() for line in read_text(path).splitlines()]
         names = [name for name in names if name]
     else:
         names = [name.strip() for name in spec.split(",") if name.strip()]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.files import read_text
 
 NONE, BALANCED = "none", "balanced"
 
@@ -46,7 +47,7 @@ def _from_file(path: Path, classes: list[str]) -> list[float]:
         raise UsageError(
             f"--class-weights {path}: not none, balanced or a file", "give none, balanced or FILE"
         )
-    text = path.read_text(encoding="utf-8-sig")
+    text = read_text(path, "utf-8-sig")
     if path.suffix.lower() == ".json":
         from torchkit.core.train.config_file import load_json
 
