@@ -10,9 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from output_checks import error_line
 
 from torchkit.cli import app
 from torchkit.core.io.errors import UsageError
+from torchkit.core.train import lr_find
 from torchkit.core.train.lr_find import find_lr, lr_schedule, range_test, suggest
 
 
@@ -81,3 +83,45 @@ def test_train_find_lr_writes_its_files_and_no_checkpoint(runner, tmp_path):
     assert not list(out.glob("*.pt"))
     refused = runner.invoke(app, ["train", "--find-lr", "--lr-min", "1", "--lr-max", "0.1"])
     assert refused.exit_code == 2 and "need 0 < MIN < MAX" in refused.stderr
+
+
+def test_a_sweep_longer_than_memory_runs_until_it_diverges(monkeypatch):
+    """--find-lr-iters 2**40 filled the memory before the first step (the whole list of rates
+    was built up front: a MemoryError, or the OOM killer); the rates are drawn as the sweep
+    goes. (The list is refused here so that the test cannot fill the machine's memory.)"""
+
+    def whole_list(*args):
+        raise AssertionError("the sweep's rates were built up front")
+
+    monkeypatch.setattr(lr_find, "lr_schedule", whole_list)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    calls = []
+
+    def criterion(outputs, labels):  # diverges at the fourth step
+        calls.append(1)
+        loss = torch.nn.functional.cross_entropy(outputs, labels)
+        return loss * math.inf if len(calls) == 4 else loss
+
+    batch = SimpleNamespace(images=torch.randn(4, 3, 2, 2), labels=torch.randint(0, 3, (4,)))
+    ctx = SimpleNamespace(
+        module=model, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
+        criterion=criterion, device=torch.device("cpu"),
+        autocast=lambda: torch.autocast("cpu", enabled=False), scaler=None,
+        channels_last=False, normalized_pixels=None,
+    )  # fmt: skip
+    result = find_lr(ctx, lambda: iter([batch]), lr_min=1e-4, lr_max=1.0, iterations=2**40)
+    assert result.diverged and len(result.lrs) == 3
+
+
+def test_a_range_too_narrow_for_its_steps_is_a_usage_error(runner, tmp_path):
+    """Every step at one rate was a ZeroDivisionError when the suggestion was computed."""
+    result = runner.invoke(
+        app,
+        ["train", "--data", "digits", "--find-lr", "--lr-min", "1e-5", "--lr-max",
+         "1.0000000000000003e-05", "--find-lr-iters", "20", "--out", str(tmp_path / "run"),
+         "-j", "0"],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.stderr
+    assert "too close for 20 steps" in error_line(result.stderr)
+    assert not (tmp_path / "run").exists()
+    assert suggest([1e-3, 1e-3, 1e-3, 1e-2], [3.0, 2.0, 1.0, 0.5]) == 1e-2  # equal rates skipped

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,12 +78,24 @@ def ignored_options(config: Any) -> list[str]:
 
 def lr_schedule(lr_min: float, lr_max: float, iterations: int) -> list[float]:
     """`iterations` learning rates, geometrically spaced from lr_min to lr_max."""
+    return list(lr_sweep(lr_min, lr_max, iterations))
+
+
+def lr_sweep(lr_min: float, lr_max: float, iterations: int) -> Iterator[float]:
+    """`lr_schedule`'s rates one at a time (checked at once): a sweep longer than memory
+    holds runs until it diverges or is stopped, as any long sweep does."""
     if not (0 < lr_min < lr_max) or not math.isfinite(lr_max):
         raise UsageError(f"--lr-min {lr_min} and --lr-max {lr_max}: need 0 < MIN < MAX")
     if iterations < 2:
         raise UsageError(f"--find-lr-iters must be at least 2, not {iterations}")
     ratio = (lr_max / lr_min) ** (1 / (iterations - 1))
-    return [lr_min * ratio**i for i in range(iterations)]
+    if ratio == 1.0:  # every step the same rate: no slope to suggest from
+        raise UsageError(
+            f"--lr-min {lr_min} and --lr-max {lr_max} are too close for {iterations} steps: "
+            "every step would use the same learning rate",
+            "widen the range or lower --find-lr-iters",
+        )
+    return (lr_min * ratio**i for i in range(iterations))
 
 
 def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
@@ -94,6 +106,8 @@ def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
     stop = min(range(len(smoothed)), key=smoothed.__getitem__)
     best, chosen = 0.0, None
     for i in range(1, max(stop, 1) + 1):
+        if lrs[i] <= lrs[i - 1]:  # two steps at one rate (rounding): no slope between them
+            continue
         slope = (smoothed[i] - smoothed[i - 1]) / (math.log(lrs[i]) - math.log(lrs[i - 1]))
         if slope < best:
             best, chosen = slope, lrs[i]
@@ -103,7 +117,7 @@ def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
 def range_test(
     step: Callable[[Any, float], float | None],
     batches: Callable[[], Iterator[Any]],
-    schedule: list[float],
+    schedule: Iterable[float],
     *,
     smoothing: float = 0.98,
     diverge: float = 4.0,
@@ -172,7 +186,7 @@ def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int)
         return float(loss.detach())
 
     try:
-        return range_test(step, batches, lr_schedule(lr_min, lr_max, iterations))
+        return range_test(step, batches, lr_sweep(lr_min, lr_max, iterations))
     finally:
         model.load_state_dict(saved_model)
         optimizer.load_state_dict(saved_optimizer)
