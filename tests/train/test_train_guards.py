@@ -33,6 +33,7 @@ from processes import run_each_in_process, run_torchkit_in_process
 from suite_paths import HELPERS
 from torch import nn
 
+from torchkit.cli import app
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.resume_merge import merge_for_resume
@@ -132,6 +133,23 @@ def test_out_of_range_values_are_refused(changes, message):
     with pytest.raises(UsageError) as refused:
         validate(TrainConfig(**changes))
     assert message in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        # were "Error: ValueError: Stop argument for islice()..." and "...Overflow when
+        # unpacking long" (exit 1), after the data was loaded
+        ("--batch-size", "is more than a batch can hold"),
+        ("--threads", "is more than torch takes"),
+    ],
+)
+def test_counts_beyond_what_torch_takes_are_usage_errors(runner, tmp_path, option, message):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", option, str(2**70), "--epochs", "1", "--out", str(out)])
+    assert result.exit_code == 2, result.stderr
+    assert message in error_line(result.stderr)
+    assert not out.exists()
 
 
 def test_non_finite_options_are_usage_errors_naming_the_option(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import sys
 from dataclasses import fields
 from typing import Any
 
@@ -25,6 +26,10 @@ from torchkit.core.train.defaults import DIGITS_DEFAULTS, FOLDER_DEFAULTS
 from torchkit.core.train.option_specs import default_flag
 
 log = logging.getLogger("torchkit")
+
+# The largest values torch takes: a batch is sliced with a Python index, threads are a C int.
+MAX_BATCH_SIZE = sys.maxsize
+MAX_THREADS = 2**31 - 1
 
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
@@ -99,6 +104,8 @@ def validate(config: TrainConfig) -> None:
         bad(f"--epochs must be at least 1, not {config.epochs}")
     if config.batch_size is not None and config.batch_size < 1:
         bad(f"--batch-size must be at least 1, not {config.batch_size}")
+    if config.batch_size is not None and config.batch_size > MAX_BATCH_SIZE:
+        bad(f"--batch-size {config.batch_size} is more than a batch can hold ({MAX_BATCH_SIZE})")
     if config.accum_steps < 1:
         bad(f"--accum-steps must be at least 1, not {config.accum_steps}")
     if config.lr <= 0:
@@ -179,6 +186,8 @@ def validate(config: TrainConfig) -> None:
         bad(f"--workers must not be negative, not {config.workers}")
     if config.threads is not None and config.threads < 0:
         bad(f"--threads must not be negative, not {config.threads}", "0 is torch's default")
+    if config.threads is not None and config.threads > MAX_THREADS:
+        bad(f"--threads {config.threads} is more than torch takes ({MAX_THREADS})")
     if config.find_lr:
         if not 0 < config.lr_min < config.lr_max:
             bad(f"--lr-min {config.lr_min} and --lr-max {config.lr_max}: need 0 < MIN < MAX")
