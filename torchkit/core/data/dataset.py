@@ -4,9 +4,42 @@ that go with them: worker count, start method, seeding."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from typing import Any
+
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.runtime.cpus import usable_cpus
+
+
+def worker_options(workers: int, then: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """The DataLoader arguments of `workers` worker processes (none for 0): forked
+    (`loader_context`), each started by `OrphanedWorkerExit` and then `then`."""
+    if workers <= 0:
+        return {}
+    context = loader_context()
+    if context is None:  # not forked: the workers' parent is not the loader's process
+        return {"worker_init_fn": then} if then is not None else {}
+    return {"multiprocessing_context": context, "worker_init_fn": OrphanedWorkerExit(then)}
+
+
+class OrphanedWorkerExit:
+    """A forked DataLoader worker's first step: exit at once if the process that made the
+    loader is gone already. torch's watchdog notes the worker's parent only after this step,
+    so a worker forked just before its parent was killed took init as its parent, never saw
+    it die, and waited forever, keeping what it inherited open: the run folder's lock with
+    it, which refused every later run on that folder."""
+
+    def __init__(self, then: Callable[[int], None] | None = None) -> None:
+        self.parent = os.getpid()
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        if os.getppid() != self.parent:
+            os._exit(0)
+        if self.then is not None:
+            self.then(worker_id)
 
 
 def loader_context():

@@ -379,7 +379,7 @@ def _run(
     import torch
 
     from torchkit.core.data.batches import collate_skipping_unreadable
-    from torchkit.core.data.dataset import inference_dataset, inference_workers, loader_context
+    from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
     from torchkit.core.data.device_decode import collate_encoded
 
     device = ctx.device
@@ -424,7 +424,7 @@ def _run(
         num_workers=workers,
         collate_fn=collate,
         pin_memory=device.type == "cuda",
-        multiprocessing_context=loader_context() if workers > 0 else None,
+        **worker_options(workers),
     )
     log.info(
         "evaluating %d images of %s with %s on %s",

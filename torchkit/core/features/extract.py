@@ -498,7 +498,7 @@ def _loader(samples: Samples, preprocess: Preprocess, request: FeatureRequest, d
     import torch
     from torch.utils.data import default_collate
 
-    from torchkit.core.data.dataset import inference_dataset, inference_workers
+    from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
     from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
 
     mode = "L" if preprocess.in_channels == 1 else "RGB"
@@ -525,6 +525,7 @@ def _loader(samples: Samples, preprocess: Preprocess, request: FeatureRequest, d
             collate_fn=collate,
             pin_memory=device.type == "cuda",
             prefetch_factor=4 if workers else None,
+            **worker_options(workers),
         )
         if not on_device:
             yield from loader

@@ -425,7 +425,7 @@ def _steps(size: int, batch_size: int, world: int) -> int:
 def _loader(dataset, batches: list[list[int]], workers: int, device, collate):
     import torch
 
-    from torchkit.core.data.dataset import loader_context
+    from torchkit.core.data.dataset import worker_options
 
     return torch.utils.data.DataLoader(
         dataset,
@@ -433,7 +433,7 @@ def _loader(dataset, batches: list[list[int]], workers: int, device, collate):
         num_workers=workers,
         collate_fn=collate,
         pin_memory=device.type == "cuda",
-        multiprocessing_context=loader_context() if workers > 0 else None,
+        **worker_options(workers),
     )
 
 

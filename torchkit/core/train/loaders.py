@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.data.batches import collate_skipping_unreadable
-from torchkit.core.data.dataset import loader_context, make_dataset, seed_worker
+from torchkit.core.data.dataset import make_dataset, seed_worker, worker_options
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources import DataSource, open_data, split_record, training_splits
 from torchkit.core.data.sources.digits import DIGITS
@@ -484,9 +484,8 @@ def build_loaders(
     if workers > 0:
         common.update(
             persistent_workers=True,
-            worker_init_fn=_worker_init,
             prefetch_factor=4,
-            multiprocessing_context=loader_context(),
+            **worker_options(workers, _worker_init),
         )
     train_set = SeededDataset(train_dataset(splits["train"], preprocess, config), config.seed)
     sampler = EpochSampler(

@@ -1,0 +1,121 @@
+"""DataLoader worker processes: each command's loader workers are forked with the guard that
+ends a worker whose parent is gone before it started (`core.data.dataset.OrphanedWorkerExit`)."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder
+from processes import run_torchkit_in_process
+
+from torchkit.core.data.dataset import OrphanedWorkerExit
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="forked workers only")
+
+
+def _wait_for_eof(fd: int, timeout: float = 30.0) -> bytes:
+    chunks, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+    raise AssertionError("the worker did not end")
+
+
+def _worker_of_a_parent_that(dies_first: bool) -> bytes:
+    """What a worker wrote before it ended: a process makes the guard (as a loader would) and
+    forks a worker; with `dies_first` the process is gone before the worker starts, as when a
+    run is killed the moment its workers are forked. The worker writes "started" if its start
+    (`then`) ran, and ends when the test closes `go`."""
+    out_read, out_write = os.pipe()
+    go_read, go_write = os.pipe()
+    parent = os.fork()
+    if parent == 0:  # the loader's process
+        os.close(out_read)
+        os.close(go_write)
+
+        def then(worker_id: int) -> None:
+            os.write(out_write, b"started")
+
+        guard = OrphanedWorkerExit(then)
+        if os.fork() == 0:  # its worker
+            if dies_first:
+                while os.getppid() == guard.parent:
+                    time.sleep(0.001)
+            guard(0)
+            os.read(go_read, 1)  # a live worker waits for work
+            os._exit(0)
+        if not dies_first:
+            os.read(go_read, 1)
+        os._exit(0)
+    os.close(out_write)
+    os.close(go_read)
+    try:
+        if dies_first:
+            return _wait_for_eof(out_read)
+        started = os.read(out_read, 64)  # the live worker's start ran
+        os.close(go_write)
+        go_write = -1
+        return started + _wait_for_eof(out_read)
+    finally:
+        if go_write >= 0:
+            os.close(go_write)
+        os.close(out_read)
+        os.waitpid(parent, 0)
+
+
+def test_a_worker_whose_parent_died_before_it_started_ends_at_once():
+    assert _worker_of_a_parent_that(dies_first=False) == b"started"
+    # Before: the worker went on (torch then noted init as its parent and waited forever).
+    assert _worker_of_a_parent_that(dies_first=True) == b""
+
+
+def test_every_commands_loader_workers_start_with_the_guard(tmp_path, monkeypatch):
+    """train, eval, predict and extract-features with -j 1: each loader that has workers is
+    forked with the guard (recorded, then built without workers, to stay fast)."""
+    import sklearn.metrics  # noqa: F401  (as in the suite's eval tests: eval scores here, no helper)
+    import torch.utils.data
+
+    made: list[tuple[int, object, object]] = []
+    real = torch.utils.data.DataLoader
+
+    class Recording(real):
+        def __init__(self, *args, **kwargs):
+            workers = kwargs.get("num_workers", 0)
+            context = kwargs.get("multiprocessing_context")
+            made.append((workers, kwargs.get("worker_init_fn"), context))
+            for name in ("worker_init_fn", "multiprocessing_context", "prefetch_factor"):
+                kwargs.pop(name, None)
+            kwargs.update(num_workers=0, persistent_workers=False)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.data, "DataLoader", Recording)
+    data = write_image_folder(tmp_path / "data", {"a": 4, "b": 4})
+    model = tmp_path / "model.pt"
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes="ab")
+    small = ["--image-size", "8", "--resize-size", "8", "-j", "1"]
+    commands = {
+        "train": ["train", "--data", data, "--model", "convnet", "--epochs", "1", "--val-split",
+                  "0.5", "--out", tmp_path / "run", *small],
+        "eval": ["eval", model, "--data", data, *small],
+        "predict": ["predict", model, data, *small],
+        "extract-features": ["extract-features", model, data, tmp_path / "features", *small],
+    }  # fmt: skip
+    for name, words in commands.items():
+        made.clear()
+        result = run_torchkit_in_process(*words)
+        assert result.returncode == 0, (name, result.stderr)
+        with_workers = [(init, context) for workers, init, context in made if workers > 0]
+        assert with_workers, name
+        for init, context in with_workers:
+            assert isinstance(init, OrphanedWorkerExit), name
+            assert init.parent == os.getpid()
+            assert context.get_start_method() == "fork", name
