@@ -324,3 +324,29 @@ def test_summary_and_benchmark_take_a_trusted_torchscript_file(runner, world):
     args = ["benchmark", world / "model.ts", "--trust-checkpoint", "--iters", "1"]
     result = _invoke(runner, [*args, "--warmup", "0", "--batch-size", "2"], world)
     assert result.exit_code == 0, result.stderr
+
+
+def test_a_recorded_image_size_whose_convnet_outgrows_memory_is_refused_before_it_is_built(
+    tmp_path, monkeypatch
+):
+    """A checkpoint (no trust needed) may record any image size; convnet's first linear layer
+    grows with its square (18 GB at 1,500 px). Refused before the allocation, which would end
+    in the OOM killer (before: the model was built, and only then its weights did not fit)."""
+    import torch
+
+    from torchkit.core.runtime import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 4 * 10**8)
+    crafted = tmp_path / "crafted.pt"
+    checkpoint = _checkpoint()
+    checkpoint["preprocess"] = {**checkpoint["preprocess"], "image_size": 200, "resize_size": 200}
+    torch.save(checkpoint, crafted)
+    for words in (["summary", crafted], ["summary", "convnet", "--image-size", "200"]):
+        result = run_torchkit_in_process(*words)
+        assert result.returncode == 2, result.stderr
+        assert error_line(result.stderr).startswith(
+            "Error: convnet at 200 px has 78,675,968 weights in its first linear layer (0.3 GB), "
+            "more than half the 0.4 GB free here"
+        ), result.stderr
+    # Sizes that fit are built as before.
+    assert run_torchkit_in_process("summary", "convnet", "--image-size", "28").returncode == 0

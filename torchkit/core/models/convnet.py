@@ -26,6 +26,7 @@ def convnet_class():
             side = (image_size - 4) // 2
             if side < 1:
                 raise UsageError(f"convnet needs images of at least 6x6, not {image_size}")
+            _check_fits(image_size, 64 * side * side * 128)
             self.classifier = nn.Sequential(
                 nn.Flatten(),
                 nn.Linear(64 * side * side, 128),
@@ -38,3 +39,21 @@ def convnet_class():
             return self.classifier(self.features(x))
 
     return ConvNet
+
+
+def _check_fits(image_size: int, classifier_weights: int) -> None:
+    """The first linear layer grows with the square of the image side (4.6 billion weights at
+    1,500 px, which a checkpoint can record): past half the memory free, refused before its
+    allocation, which would end in the kernel's OOM killer rather than an error (training
+    needs its gradient and optimiser state too)."""
+    from torchkit.core.runtime.memory import available_memory
+
+    needed = classifier_weights * 4
+    free = available_memory()
+    if free is not None and needed > free / 2:
+        raise UsageError(
+            f"convnet at {image_size} px has {classifier_weights:,} weights in its first linear "
+            f"layer ({needed / 1e9:,.1f} GB), more than half the {free / 1e9:,.1f} GB free here",
+            "convnet is made for small images: give a smaller --image-size, or a model made "
+            "for large images such as resnet18",
+        )
