@@ -38,3 +38,19 @@ def test_video_threads_are_twice_the_allowed_cores(three_of_64_cores):
     from torchkit.core.video import default_video_workers
 
     assert default_video_workers() == 6  # not 16 for the machine's 64
+
+
+def test_workers_are_bounded_by_8_per_allowed_core_and_64_at_least(three_of_64_cores, monkeypatch):
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.runtime import cpus
+
+    cpus.check_workers(64)  # 3 cores: 24 per core, raised to the floor of 64
+    with pytest.raises(UsageError) as refused:
+        cpus.check_workers(65, "-j")
+    assert str(refused.value) == (
+        "-j 65 is more than this machine can use (at most 64: 8 per usable CPU, 64 at least)"
+    )
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    cpus.check_workers(128)
+    with pytest.raises(UsageError, match="at most 128"):
+        cpus.check_workers(129)

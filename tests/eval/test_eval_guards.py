@@ -533,3 +533,34 @@ def test_amp_dtype_without_amp_is_a_usage_error(world, tmp_path, command):
         "Error: --amp-dtype fp16 does nothing without --amp (add --amp)"
     ]
     assert not (tmp_path / "f").exists()
+
+
+# Counts beyond what the machine takes -----------------------------------------------------------
+
+
+def _inference_args(world, command: str, out: Path, *more) -> list:
+    inputs = {
+        "eval": ["--data", world["data"], "--out", out],
+        "predict": [world["data"], "-o", out / "rows.csv"],
+        "extract-features": [world["data"], "--out", out],
+    }[command]
+    return [command, world["good"], *inputs, "--device", "cpu", *more]
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "extract-features"])
+def test_more_workers_than_the_machine_can_use_is_a_usage_error(
+    world, tmp_path, monkeypatch, command
+):
+    """Was accepted: the DataLoader forked -j processes until the memory ran out."""
+    import multiprocessing.process
+
+    def start(process):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    out = tmp_path / "out"
+    result = invoke(*_inference_args(world, command, out, "-j", "100000"))
+    assert result.exit_code == 2, result.stderr
+    [line] = error_lines(result.stderr)
+    assert line.startswith("Error: --workers 100000 is more than this machine can use (at most ")
+    assert not out.exists()

@@ -152,6 +152,23 @@ def test_counts_beyond_what_torch_takes_are_usage_errors(runner, tmp_path, optio
     assert not out.exists()
 
 
+def test_more_workers_than_the_machine_can_use_is_a_usage_error(runner, tmp_path, monkeypatch):
+    """Was accepted: the loaders forked -j processes until the memory ran out."""
+    import multiprocessing.process
+
+    def start(process):
+        raise AssertionError("a worker process was started")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "-j", "100000", "--epochs", "1", "--out", str(out)])
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr).startswith(
+        "Error: --workers 100000 is more than this machine can use (at most "
+    )
+    assert not out.exists()
+
+
 def test_non_finite_options_are_usage_errors_naming_the_option(tmp_path):
     cases = [
         ("--lr", "nan"), ("--weight-decay", "nan"), ("--momentum", "nan"),

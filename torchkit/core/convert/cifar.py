@@ -35,6 +35,7 @@ from torchkit.core.io.outputs import (
     reporting_write_errors,
 )
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
 
 CIFAR10 = "cifar-10"
@@ -497,6 +498,7 @@ def convert_cifar(
     """CIFAR-10/100 python archive or folder -> `out/{train,test}/<class>/<index>.png`. The
     output is checked (never the source nor inside or around it; an existing one replaced only
     with `force`, and only if torchkit wrote it) and locked before the slow read."""
+    check_workers(workers)
     source = require_input(src, what="CIFAR source")
     output = output_folder(out, force=force, inputs=[InputPath.of(source, "CIFAR source")])
     started = time.perf_counter()

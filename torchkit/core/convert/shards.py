@@ -779,9 +779,11 @@ def convert_shards(
     with the same options, which is finished. Unreadable images are skipped with a warning
     and counted (`strict`: the first stops the run)."""
     from torchkit.core.data.sources import open_data
+    from torchkit.core.runtime.cpus import check_workers
     from torchkit.core.runtime.extras import import_extra
     from torchkit.core.runtime.pool import default_workers
 
+    check_workers(workers)
     started = time.perf_counter()
     options = options or shard_options()
     target = Path(out)

@@ -42,6 +42,7 @@ from torchkit.core.io.outputs import (
     reporting_write_errors,
 )
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
 
 log = logging.getLogger("torchkit")
@@ -576,6 +577,7 @@ def convert_tensor(
     """Convert one file, or every supported file of a folder tree, by extension. Every output
     is checked before any work: never an input, never inside the input folder, an existing one
     replaced only with `force` (a folder only if torchkit wrote it)."""
+    check_workers(workers)
     options = options or TensorOptions()
     source = require_input(src, what="source")
     target = Path(dst)

@@ -27,7 +27,7 @@ from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import IMAGE_MODES, load_eval_samples
-from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.outputs import (
@@ -291,6 +291,7 @@ def evaluate(
         raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
     if options.run.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {options.run.batch_size}")
+    check_inference_options(options.run)
     check_amp_dtype(options.run.amp, options.run.amp_dtype)
     # scikit-learn imports in a helper process beside the model and data loading (rank 0 only:
     # the others compute no metrics), instead of after the images are scored.

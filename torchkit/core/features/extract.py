@@ -33,7 +33,7 @@ from torchkit.core.features.store import (
     FeatureStore,
     known_files,
 )
-from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.outputs import InputPath, OutputFolder
@@ -475,8 +475,7 @@ def _validate(request: FeatureRequest) -> None:
         )
     if request.run.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {request.run.batch_size}")
-    if request.run.workers is not None and request.run.workers < 0:
-        raise UsageError(f"--workers must be 0 or more, not {request.run.workers}")
+    check_inference_options(request.run)
 
 
 def _fingerprint(settings: dict, samples: Samples) -> str:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from torchkit.core.data.decode import INFERENCE_DECODES
 from torchkit.core.data.preprocessing import parse_floats
 from torchkit.core.input_size import parse_image_side
+from torchkit.core.io.errors import UsageError
 from torchkit.core.option_specs import option, option_specs
+from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.device import AMP_DTYPES
 
 
@@ -49,6 +51,13 @@ class InferenceOptions:
 
 
 RunOptions = InferenceOptions  # its former name
+
+
+def check_inference_options(run: InferenceOptions) -> None:
+    """Refuse (usage error) the values of the shared options no run can use, before any work."""
+    if run.workers is not None and run.workers < 0:
+        raise UsageError(f"--workers must be 0 or more, not {run.workers}")
+    check_workers(run.workers)
 
 
 @dataclass(kw_only=True)

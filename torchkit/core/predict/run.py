@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError
 from torchkit.core.predict.inputs import collect_images
 
@@ -80,6 +80,7 @@ class PredictRun:
             raise UsageError(f"unknown --tta {request.tta!r}", "use none or flip")
         if request.run.batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, not {request.run.batch_size}")
+        check_inference_options(request.run)
         if request.topk < 1:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:

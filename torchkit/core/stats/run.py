@@ -13,6 +13,7 @@ from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.stats.report import DatasetStats, find_duplicates, summarise
 from torchkit.core.stats.scan import (
     STATS_MODES,
@@ -161,6 +162,7 @@ def compute_dataset_stats(
     if resize is not None and resize < 1:
         raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
     check_near_threshold(near_threshold)
+    check_workers(workers)
     samples, non_images, measured, notes, others = _stats_data(source, split)
     if non_images:
         log.warning(

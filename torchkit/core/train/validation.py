@@ -13,6 +13,7 @@ from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import INTERPOLATIONS
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.io.errors import UsageError
+from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.train.config import (
     BEST_METRICS,
@@ -184,6 +185,7 @@ def validate(config: TrainConfig) -> None:
             bad(f"{option_name(name)} must not be negative")
     if config.workers is not None and config.workers < 0:
         bad(f"--workers must not be negative, not {config.workers}")
+    check_workers(config.workers)
     if config.threads is not None and config.threads < 0:
         bad(f"--threads must not be negative, not {config.threads}", "0 is torch's default")
     if config.threads is not None and config.threads > MAX_THREADS:
