@@ -356,6 +356,15 @@ def test_merge_for_resume_applies_or_refuses_every_option():
         merge_for_resume(saved, TrainConfig(resume="run", weights="DEFAULT"), overrides=None)
 
 
+def test_resume_accepts_the_default_val_split_given_again():
+    # A run not given --val-split held out the default 0.1: giving that share again is no change.
+    saved = resolve_defaults(TrainConfig(), is_digits=False).to_dict()
+    given = TrainConfig(resume="run", val_split=0.1)
+    assert merge_for_resume(saved, given, overrides=["val_split"]).val_split in (None, 0.1)
+    with pytest.raises(CheckpointError, match="with --val-split unset, not 0.2"):
+        merge_for_resume(saved, TrainConfig(resume="run", val_split=0.2), overrides=["val_split"])
+
+
 def test_resume_trains_with_the_new_lr_and_weight_decay_that_config_json_records(
     trained, tmp_path, runner
 ):

@@ -70,7 +70,14 @@ def merge_for_resume(
 
 
 def _same(name: str, value: Any, old: Any) -> bool:
-    """Equal as the run would use them (one --mean value stands for three)."""
+    """Equal as the run would use them (one --mean value stands for three; a run not given
+    --val-split held out the default share)."""
+    if name == "val_split":
+        from torchkit.core.data.sources.select import DEFAULT_VAL_SPLIT
+
+        return (DEFAULT_VAL_SPLIT if value is None else value) == (
+            DEFAULT_VAL_SPLIT if old is None else old
+        )
     if name in ("mean", "std") and value is not None and old is not None:
         return three_channels(tuple(value), ()) == three_channels(tuple(old), ())
     if isinstance(value, (tuple, list)) and isinstance(old, (tuple, list)):
