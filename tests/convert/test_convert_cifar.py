@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hostile_pickles import RunsShell
+from output_checks import error_line
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -434,6 +435,47 @@ def test_missing_batch_and_missing_source(cifar10, tmp_path):
     result = runner.invoke(app, ["convert", "cifar", str(tmp_path / "nope"), str(tmp_path / "o")])
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: CIFAR source not found")
+
+
+@pytest.mark.parametrize(
+    ("renames", "expected"),
+    [
+        # zero-padded names were read as data_batch_1.. and then looked up unpadded (KeyError)
+        ({f"data_batch_{i}": f"data_batch_0{i}" for i in range(1, 6)}, "holds data_batch_01,"),
+        # a data_batch_0 beside 1..5 made it report data_batch_6 as missing
+        ({"data_batch_1": "data_batch_0", "data_batch_2": "data_batch_1"}, "holds data_batch_0,"),
+    ],
+)
+def test_batch_names_that_are_not_cifar10_names_are_refused(cifar10, tmp_path, renames, expected):
+    folder, _, _ = cifar10
+    odd = _copy_folder(folder, tmp_path / "odd")
+    for old, new in renames.items():  # in order: data_batch_1 -> 0 before 2 -> 1
+        (odd / old).rename(odd / new)
+    result = runner.invoke(app, ["convert", "cifar", str(odd), str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert expected in error_line(result.stderr)
+    assert "not a CIFAR-10 batch name" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        ([2**70] * PER_BATCH, "not class numbers (they are object)"),  # was an OverflowError
+        ([1.7] * PER_BATCH, "not class numbers (they are float64)"),  # was converted as class 1
+    ],
+)
+def test_labels_that_are_not_class_numbers_are_refused(cifar10, tmp_path, labels, expected):
+    folder, _, _ = cifar10
+    bad = _copy_folder(folder, tmp_path / "bad")
+    batch = {b"labels": labels, b"data": np.zeros((PER_BATCH, 3072), np.uint8)}
+    (bad / "data_batch_4").write_bytes(pickle.dumps(batch, protocol=2))
+    result = runner.invoke(app, ["convert", "cifar", str(bad), str(tmp_path / "out"), "-j", "0"])
+    assert result.exit_code == 1
+    assert error_line(result.stderr).startswith(
+        f"Error: data_batch_4 has labels that are {expected}"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_class_name_that_is_a_path_is_refused(cifar10, tmp_path):

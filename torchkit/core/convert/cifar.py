@@ -225,7 +225,16 @@ def _split_files(dataset: str, members: Mapping[str, bytes], source: Path) -> di
         if missing:
             raise InputError(f"{source} is an incomplete CIFAR-100 folder: {missing[0]} is missing")
         return {"train": [("train", members["train"])], "test": [("test", members["test"])]}
-    numbers = sorted(int(m.group(1)) for n in members if (m := _CIFAR10_TRAIN.fullmatch(n)))
+    found = {name: m.group(1) for name in members if (m := _CIFAR10_TRAIN.fullmatch(name))}
+    # data_batch_01 or data_batch_0 is no batch of CIFAR-10's (which would it be?): refused,
+    # never read as data_batch_1 nor left out.
+    odd = sorted(name for name, number in found.items() if number != str(int(number) or ""))
+    if odd:
+        raise InputError(
+            f"{source} holds {odd[0]}, which is not a CIFAR-10 batch name",
+            "CIFAR-10's training batches are data_batch_1, data_batch_2, ... data_batch_5",
+        )
+    numbers = sorted(int(number) for number in found.values())
     if not numbers or numbers != list(range(1, len(numbers) + 1)):
         expected = next(i for i in range(1, len(numbers) + 2) if i not in numbers)
         raise InputError(
@@ -285,15 +294,22 @@ def _decode_batch(raw: bytes, source: str, label_key: str, num_classes: int) -> 
     if label_key not in batch:
         raise InputError(f"{source} has no `{label_key}` list", "it is not a CIFAR batch")
     try:
-        labels = np.asarray(batch[label_key], dtype=np.int64).reshape(-1)
+        labels = np.asarray(batch[label_key]).reshape(-1)
     except (TypeError, ValueError) as error:
         raise InputError(f"{source} has unreadable labels: {error}") from None
     if len(labels) != len(data):
         raise InputError(f"{source} has {len(data)} images but {len(labels)} labels")
+    # Class indices are integers: 1.7 is no class, and a number past int64 is none either.
+    if len(labels) and labels.dtype.kind not in "iu":
+        raise InputError(
+            f"{source} has labels that are not class numbers (they are {labels.dtype})",
+            "it is not a CIFAR batch",
+        )
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise InputError(
             f"{source} has labels outside 0..{num_classes - 1}", "the meta file does not match"
         )
+    labels = labels.astype(np.int64)
     # Each row is 1024 red, 1024 green, then 1024 blue bytes, each plane row-major.
     images = data.reshape(-1, 3, SIDE, SIDE).transpose(0, 2, 3, 1)
     return images, labels
