@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -563,4 +564,17 @@ def test_more_workers_than_the_machine_can_use_is_a_usage_error(
     assert result.exit_code == 2, result.stderr
     [line] = error_lines(result.stderr)
     assert line.startswith("Error: --workers 100000 is more than this machine can use (at most ")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "extract-features"])
+def test_a_batch_size_beyond_a_python_index_is_a_usage_error(world, tmp_path, command):
+    """Was "Error: ValueError: Stop argument for islice() ..." (exit 1) after the model loaded
+    (eval, extract-features), as train refuses it."""
+    out = tmp_path / "out"
+    result = invoke(*_inference_args(world, command, out, "-j", "0", "-b", str(2**70)))
+    assert result.exit_code == 2, result.stderr
+    assert error_lines(result.stderr) == [
+        f"Error: --batch-size {2**70} is more than a batch can hold ({sys.maxsize})"
+    ]
     assert not out.exists()

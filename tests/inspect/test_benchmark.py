@@ -313,6 +313,16 @@ def test_batch_size_lists(runner):
     assert [r["batch_size"] for r in json.loads(result.stdout)["results"]] == [3, 1]
 
 
+def test_a_batch_size_beyond_a_tensor_shape_is_a_usage_error(runner):
+    # was exit 1: "convnet fails in infer mode at batch ...: TypeError: rand(): ... Overflow"
+    args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "-b", f"2,{2**70}"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: --batch-size {2**70} is more than a batch can hold ({sys.maxsize})"
+    )
+
+
 def test_train_mode_includes_backward_and_the_optimizer_step():
     from torch.optim.optimizer import register_optimizer_step_post_hook
 

@@ -289,8 +289,6 @@ def evaluate(
     """
     if options.tta not in TTA_MODES:
         raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
-    if options.run.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, not {options.run.batch_size}")
     check_inference_options(options.run)
     check_amp_dtype(options.run.amp, options.run.amp_dtype)
     # scikit-learn imports in a helper process beside the model and data loading (rank 0 only:

@@ -473,8 +473,6 @@ def _validate(request: FeatureRequest) -> None:
             "same OUT",
             "run it without torchrun (it uses one device: --device)",
         )
-    if request.run.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, not {request.run.batch_size}")
     check_inference_options(request.run)
 
 

@@ -10,6 +10,7 @@ cli.run_options:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from torchkit.core.data.decode import INFERENCE_DECODES
@@ -19,6 +20,9 @@ from torchkit.core.io.errors import UsageError
 from torchkit.core.option_specs import option, option_specs
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.device import AMP_DTYPES
+
+# The largest batch torch takes: a batch is sliced with a Python index, its shape is a C long.
+MAX_BATCH_SIZE = sys.maxsize
 
 
 @dataclass(kw_only=True)
@@ -55,6 +59,12 @@ RunOptions = InferenceOptions  # its former name
 
 def check_inference_options(run: InferenceOptions) -> None:
     """Refuse (usage error) the values of the shared options no run can use, before any work."""
+    if run.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, not {run.batch_size}")
+    if run.batch_size > MAX_BATCH_SIZE:
+        raise UsageError(
+            f"--batch-size {run.batch_size} is more than a batch can hold ({MAX_BATCH_SIZE})"
+        )
     if run.workers is not None and run.workers < 0:
         raise UsageError(f"--workers must be 0 or more, not {run.workers}")
     check_workers(run.workers)

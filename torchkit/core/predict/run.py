@@ -78,8 +78,6 @@ class PredictRun:
         request = self.request
         if request.tta not in TTA_MODES:
             raise UsageError(f"unknown --tta {request.tta!r}", "use none or flip")
-        if request.run.batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, not {request.run.batch_size}")
         check_inference_options(request.run)
         if request.topk < 1:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")

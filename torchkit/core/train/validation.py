@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import sys
 from dataclasses import fields
 from typing import Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import INTERPOLATIONS
 from torchkit.core.data.transforms import AUGMENT_POLICIES
+from torchkit.core.inference.options import MAX_BATCH_SIZE
 from torchkit.core.io.errors import UsageError
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.device import AMP_DTYPES
@@ -28,8 +28,7 @@ from torchkit.core.train.option_specs import default_flag
 
 log = logging.getLogger("torchkit")
 
-# The largest values torch takes: a batch is sliced with a Python index, threads are a C int.
-MAX_BATCH_SIZE = sys.maxsize
+# The largest values torch takes: threads are a C int (batches: MAX_BATCH_SIZE).
 MAX_THREADS = 2**31 - 1
 
 
