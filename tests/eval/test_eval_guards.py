@@ -578,3 +578,28 @@ def test_a_batch_size_beyond_a_python_index_is_a_usage_error(world, tmp_path, co
         f"Error: --batch-size {2**70} is more than a batch can hold ({sys.maxsize})"
     ]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "extract-features"])
+def test_a_resize_smaller_than_the_crop_is_a_usage_error_as_in_train(world, tmp_path, command):
+    """Was accepted: the crop was padded with zeros around the resized image."""
+    out = tmp_path / "out"
+    result = invoke(*_inference_args(world, command, out, "-j", "0", "--resize-size", "4"))
+    assert result.exit_code == 2, result.stderr
+    assert error_lines(result.stderr) == [
+        "Error: --resize-size 4 is smaller than --image-size 8 "
+        "(the centre crop must fit inside the resized image)"
+    ]
+    assert not out.exists()
+
+
+def test_a_model_that_records_a_resize_smaller_than_its_crop_still_loads():
+    from torchkit.core.data.preprocessing import apply_overrides
+
+    recorded = Preprocess(16, 8)
+    assert apply_overrides(recorded) == recorded
+    assert apply_overrides(recorded, image_size=32).resize_size == 16  # its ratio, kept
+    with pytest.raises(UsageError, match="--resize-size 12 is smaller than --image-size 32"):
+        apply_overrides(recorded, image_size=32, resize_size=12)
+    with pytest.raises(UsageError, match="--resize-size 12 is smaller than --image-size 16"):
+        apply_overrides(Preprocess(16, 20), resize_size=12)

@@ -179,6 +179,15 @@ def apply_overrides(
         result = replace(result, resize_size=resize_size)
     channels = result.in_channels
     if image_size is not None or resize_size is not None:
+        # Refused only where the user's sizes make the crop larger than the resized image (it
+        # would be padded with zeros): a model that records such sizes still loads.
+        own = 0 < preprocess.resize_size < preprocess.image_size
+        if result.resize_size < result.image_size and (resize_size is not None or not own):
+            raise UsageError(
+                f"--resize-size {result.resize_size} is smaller than --image-size "
+                f"{result.image_size}",
+                "the centre crop must fit inside the resized image",
+            )
         check_fits_in_memory(result, channels)
     if mean is not None:
         result = replace(result, mean=_per_channel(mean, channels, "--mean"))
