@@ -677,6 +677,25 @@ def test_digits_and_paths_on_stdin_are_images_as_predict_reads_them(runner, imag
     assert np.load(out / "penultimate.npy").shape == (3, 128)
 
 
+def test_out_may_not_hold_the_images_listed_on_stdin(runner, images, tmp_path):
+    """OUT --force over an earlier torchkit output that holds the images piped for `-` deleted
+    them (the listed images were no input of the overlap check)."""
+    marked = tmp_path / "marked"
+    first = run(runner, "convnet", str(images), str(marked), "--image-size", "16", "-j", "0")
+    assert first.exit_code == 0, first.stderr
+    (marked / "photos").mkdir()
+    (marked / "photos" / "a.png").write_bytes((images / "cat" / "cat_0.png").read_bytes())
+    command = ["extract-features", "--device", "cpu", "--allow-untrained", "convnet", "-"]
+    refused = runner.invoke(
+        app,
+        [*command, str(marked), "--force", "--image-size", "16", "-j", "0"],
+        input=f"{marked / 'photos' / 'a.png'}\n",
+    )
+    assert refused.exit_code == 1, refused.stderr
+    assert "contains the images listed on stdin" in error_line(refused.stderr)
+    assert (marked / "photos" / "a.png").is_file()
+
+
 def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_path):
     """Before: the hint said "pass --force to replace it", which --force then refused."""
     from image_folders import write_image_folder

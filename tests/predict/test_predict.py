@@ -218,6 +218,22 @@ def test_output_file_rules(runner, world, tmp_path):
     assert len(read_csv(out.read_text())) == 7
 
 
+def test_output_file_may_not_be_an_image_listed_on_stdin_nor_beside_one(runner, world, tmp_path):
+    # The images piped for `-` are inputs as much as those on the command line: -o --force
+    # replaced a listed image with the predictions.
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    image = photos / "a.png"
+    image.write_bytes((world["flat"] / "a.png").read_bytes())
+    before = image.read_bytes()
+    for target in (image, photos / "p.csv"):
+        refused = invoke(runner, world["ckpt"], "-", "-o", target, "--force", input=f"{image}\n")
+        assert refused.exit_code == 1, refused.stderr
+        assert "images listed on stdin" in error_line(refused.stderr)
+    assert image.read_bytes() == before
+    assert sorted(p.name for p in photos.iterdir()) == ["a.png"]
+
+
 def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     weights = tmp_path / "sd.pt"
     torch.save(load_checkpoint(world["ckpt"])["model"], weights)

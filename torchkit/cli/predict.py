@@ -131,6 +131,7 @@ def predict_command(
     """
     from torchkit.cli.render import resolve_format
     from torchkit.core.evaluate.source import parse_class_names
+    from torchkit.core.io.files import read_path_list
     from torchkit.core.io.outputs import check_output_file
     from torchkit.core.predict import PredictRequest, PredictRun
 
@@ -156,9 +157,11 @@ def predict_command(
         skip_errors=skip_errors,
     )
     to_file = output is not None and str(output) != "-"
+    # The paths piped for `-` first: -o may not be one of those images nor lie beside them.
+    listed = read_path_list(sys.stdin, "image") if "-" in images else None
     if to_file:  # before any work
-        check_output_file(output, force, _inputs(request, preprocess.stats, classes))
-    predicting = PredictRun(request, stdin=sys.stdin if "-" in images else None)
+        check_output_file(output, force, _inputs(request, preprocess.stats, classes, listed))
+    predicting = PredictRun(request, stdin=listed)
     ok = False
     try:
         predicting.setup()
@@ -177,17 +180,16 @@ def predict_command(
     _report(predicting, output if to_file else None)
 
 
-def _inputs(request, stats: str | None, classes: str | None) -> list:
+def _inputs(request, stats: str | None, classes: str | None, listed: list[str] | None) -> list:
     import os
 
-    from torchkit.core.data.sources.inputs import data_inputs
+    from torchkit.core.data.sources.inputs import data_inputs, listed_inputs
     from torchkit.core.io.outputs import InputPath
     from torchkit.core.models import model_inputs
 
     inputs = model_inputs(request.model, request.weights)
     for item in request.images:
-        if item != "-":
-            inputs += data_inputs(item, "IMAGES")
+        inputs += listed_inputs(listed or []) if item == "-" else data_inputs(item, "IMAGES")
     for path, what in ((stats, "--stats file"), (classes, "--classes file")):
         if path is not None and os.path.isfile(path):
             inputs.append(InputPath.of(path, what))

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from torchkit import __version__
 from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.digits import DIGITS
-from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.inputs import data_inputs, listed_inputs
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.features.layers import (
     NORMALIZATIONS,
@@ -35,7 +35,7 @@ from torchkit.core.features.store import (
 )
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
+from torchkit.core.io.files import NAME_ERRORS, open_text, read_path_list, require_input
 from torchkit.core.io.outputs import InputPath, OutputFolder
 from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, resolve_spec
@@ -135,9 +135,10 @@ def list_layers(
     return LayerListing(source.arch, preprocess.image_size, graph.traced, rows)
 
 
-def feature_inputs(request: FeatureRequest) -> list[InputPath]:
+def feature_inputs(request: FeatureRequest, listed: Sequence[str] = ()) -> list[InputPath]:
     """Everything the run reads, which OUT may not be, contain or lie inside: the model or
-    weights file, IMAGES (folder, or CSV index and the folders of its images), --stats."""
+    weights file, IMAGES (folder, or CSV index and the folders of its images; for `-`, the
+    folders of the files `listed` on stdin), --stats."""
     inputs = [
         InputPath.of(path, what)
         for path, what in (
@@ -147,10 +148,12 @@ def feature_inputs(request: FeatureRequest) -> list[InputPath]:
         )
         if path and os.path.isfile(path)  # MODEL may also be a name: `convnet`, `resnet18`
     ]
+    if str(request.images) == STDIN:
+        return inputs + listed_inputs(listed)
     return inputs + data_inputs(request.images, "IMAGES")
 
 
-def open_output(request: FeatureRequest) -> OutputFolder:
+def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFolder:
     """OUT, checked and locked before any work: --resume continues it in place (when it holds
     something), --force replaces only an earlier extract-features OUT, anything else needs a
     new or empty folder."""
@@ -166,7 +169,7 @@ def open_output(request: FeatureRequest) -> OutputFolder:
         out,
         command="extract-features",
         force=request.force,
-        inputs=feature_inputs(request),
+        inputs=feature_inputs(request, listed),
         known_files=known_files(out) if out.is_dir() else (),
         resume=request.resume and has_content,
         exists_hint=(
@@ -199,8 +202,10 @@ def extract_features(
     # A URL or a shard pattern names no file: its reader says what is missing.
     if images not in (DIGITS, STDIN) and not is_url(images) and not is_shard_pattern(images):
         require_input(images, what="IMAGES")
-    with open_output(request) as output:
-        return _extract(request, output, progress, stdin)
+    # The paths piped for `-` first: OUT may not hold those images nor lie beside them.
+    listed = read_path_list(stdin, "image") if images == STDIN else None
+    with open_output(request, listed or ()) as output:
+        return _extract(request, output, progress, listed)
 
 
 def _extract(

@@ -4,6 +4,7 @@ land inside: the data folder, or a CSV index and the folders of the images it na
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from torchkit.core.io.errors import TorchkitError
@@ -24,6 +25,12 @@ def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[Inpu
     if source.suffix.lower() == ".csv":
         inputs += folders_of_files(_csv_paths(source), f"images of {source}")
     return inputs
+
+
+def listed_inputs(paths: Iterable[str]) -> list[InputPath]:
+    """The inputs behind IMAGES `-`: the folders of the files listed on stdin (as of the images
+    a CSV index names)."""
+    return folders_of_files(paths, "images listed on stdin")
 
 
 def _csv_paths(index: Path) -> list[str]:
