@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import first_line
+from torchkit.core.io.files import holds_non_utf8
 from torchkit.core.video.containers import (
     SNIFF_BYTES,
     declared_size,
@@ -177,7 +178,7 @@ def _openable_name(path: Path) -> Iterator[str]:
     UTF-8 (bytes Python holds as surrogates), the file opened here and named by its descriptor:
     OpenCV's binding crashes the process (SIGSEGV) on a str it cannot encode."""
     name = str(path)
-    if name.isascii() or _is_utf8(name):
+    if not holds_non_utf8(name):
         yield name
         return
     descriptors = next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
@@ -188,14 +189,6 @@ def _openable_name(path: Path) -> Iterator[str]:
         yield f"{descriptors}/{fd}"  # FFmpeg opens the file itself: ours is closed after
     finally:
         os.close(fd)
-
-
-def _is_utf8(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _open_capture(cv2, path: Path, decoder_threads: int | None = None):
