@@ -224,6 +224,17 @@ def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
     assert "refused the connection" in error_line(result.stderr)
 
 
+@pytest.mark.parametrize("seconds", ["inf", "1e300", "0", "nan", "soon"])
+def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(server, seconds, monkeypatch):
+    # inf and 1e300 overflowed the socket module: "Error: OverflowError", exit 1.
+    monkeypatch.setenv("TORCHKIT_HTTP_TIMEOUT", seconds)
+    result = run_torchkit_in_process("dataset-stats", f"{server.url}/shards/{PATTERN}")
+    assert result.returncode == 2, result.stderr
+    assert f"TORCHKIT_HTTP_TIMEOUT={seconds} is not a number of seconds" in error_line(
+        result.stderr
+    )
+
+
 def test_the_cache_folder_follows_torchkit_cache_then_xdg(monkeypatch, tmp_path):
     from torchkit.core.data.sources.http_shards import cache_folder
 

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("torchkit")
 
 TIMEOUT_S = 30.0  # seconds any socket operation may take (connect, each read)
+MAX_TIMEOUT_S = 86400.0  # a day: the socket module overflows on much longer timeouts
 DOWNLOAD_THREADS = 4
 SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
 CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
@@ -99,9 +100,10 @@ def timeout_s() -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not 0 < value <= MAX_TIMEOUT_S:  # nan and inf too
         raise UsageError(
-            f"TORCHKIT_HTTP_TIMEOUT={text} is not a number of seconds", "e.g. 30 or 2.5"
+            f"TORCHKIT_HTTP_TIMEOUT={text} is not a number of seconds up to {MAX_TIMEOUT_S:g}",
+            "e.g. 30 or 2.5",
         )
     return value
 
