@@ -224,6 +224,30 @@ def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
     assert "refused the connection" in error_line(result.stderr)
 
 
+@pytest.mark.parametrize(
+    ("folder", "manifest", "message"),
+    [
+        ("nul-url", None, "names no shard file"),
+        ("nul-name", json.dumps({"shards": [{"name": "a\0.tar"}]}), "that is not a file name"),
+        ("deep", "[" * 100_000, "manifest.json is not JSON"),
+    ],
+    ids=["nul-in-url", "nul-in-manifest", "deep-manifest"],
+)
+def test_a_hostile_shard_name_or_manifest_is_one_error_line(
+    world, server, folder, manifest, message
+):
+    # A NUL in a name was "Error: ValueError: embedded null byte", a manifest nested deeper
+    # than Python's stack "Error: RecursionError".
+    served = world / "served" / folder
+    served.mkdir(exist_ok=True)
+    if manifest is not None:
+        (served / "manifest.json").write_text(manifest)
+    url = f"{server.url}/{folder}/" + ("a%00b.tar" if manifest is None else "")
+    result = run_torchkit_in_process("dataset-stats", url)
+    assert result.returncode == 1, result.stderr
+    assert message in error_line(result.stderr)
+
+
 @pytest.mark.parametrize("seconds", ["inf", "1e300", "0", "nan", "soon"])
 def test_a_timeout_that_is_no_number_of_seconds_is_a_usage_error(server, seconds, monkeypatch):
     # inf and 1e300 overflowed the socket module: "Error: OverflowError", exit 1.

@@ -199,7 +199,7 @@ def _manifest_entries(data: bytes | None, where: str) -> dict[str, dict[str, Any
         return {}
     try:
         manifest = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
         raise InputError(
             f"{where} is not JSON", "serve the manifest.json convert shards wrote"
         ) from None
@@ -220,7 +220,8 @@ def _manifest_entries(data: bytes | None, where: str) -> dict[str, dict[str, Any
 
 
 def _safe_name(name: str) -> bool:
-    return bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
+    # No NUL either: no file may be named with one (a URL's %00, a manifest's \u0000).
+    return bool(name) and not any(c in name for c in "/\\\0") and not name.startswith(".")
 
 
 # --- the cache --------------------------------------------------------------------------------
