@@ -151,6 +151,27 @@ def test_native_mode_refuses_mixed_channels(mixed_folder):
     assert "R/G/B/A" in str(caught.value) and "--mode rgb" in str(caught.value)
 
 
+def test_native_mode_refuses_32_bit_values_beside_8_and_16_bit_images(tmp_path, runner):
+    """32-bit images are measured in their own values, 8- and 16-bit ones in [0, 1]: adding
+    both up gave a mean of neither (a float TIFF beside a PNG: a mean of thousands)."""
+    rng = np.random.default_rng(5)
+    root = tmp_path / "depths"
+    _save(root / "a" / "eight.png", Image.fromarray(rng.integers(0, 256, (4, 4), np.uint8)))
+    far = rng.integers(70_000, 100_000, (4, 4)).astype(np.int32)  # beyond 16 bits
+    _save(root / "a" / "wide.tif", Image.fromarray(far))
+    with pytest.raises(InputError, match="own values") as caught:
+        compute_dataset_stats(root, mode="native", workers=0)
+    assert "a/eight.png" in str(caught.value) and "a/wide.tif" in str(caught.value)
+    result = runner.invoke(app, ["dataset-stats", str(root), "--mode", "native", "-j", "0"])
+    assert result.exit_code == 1 and ERROR_LINE.fullmatch(result.stderr.strip())
+    # Float images alone are measured, in their own values, as before.
+    (root / "a" / "eight.png").unlink()
+    _save(root / "b" / "float.tif", Image.fromarray(np.full((2, 8), 0.25, np.float32)))
+    stats = compute_dataset_stats(root, mode="native", workers=0)
+    values = np.concatenate([far.ravel(), np.full(16, 0.25)])
+    assert stats.mean[0] == pytest.approx(values.mean()) and stats.pixels == 32
+
+
 def test_pixels_are_weighted_not_per_image_means(tmp_path):
     """The seeds' compute_mean_and_std averages per-image means: 0.5 here. The truth is 1/101."""
     root = tmp_path / "sizes"

@@ -59,6 +59,9 @@ class Accumulator:
         self.histograms: dict[tuple[tuple[str, ...], int], Any] = {}
         self.float_sums: dict[tuple[str, ...], list] = {}  # names -> [count, sums, squares]
         self.examples: dict[tuple[str, ...], str] = {}  # a file per channel layout, for errors
+        # (channel layout, measured in the images' own values) -> a file of that kind (the first
+        # by name, whatever order the workers finish in), for errors
+        self.unit_examples: dict[tuple[tuple[str, ...], bool], str] = {}
 
     def add_image(self, image, channels: tuple[str, ...], example: str) -> None:
         import numpy as np
@@ -68,10 +71,12 @@ class Accumulator:
             values = np.asarray(image)
             if image.mode in SIXTEEN_BIT_MODES or (values.min() >= 0 and values.max() <= 65535):
                 counts = np.bincount(values.astype(np.uint16, copy=False).ravel(), minlength=65536)
+                self._note_units(channels, False, example)
                 self._add_histogram(channels, 65535, counts.reshape(1, -1))
                 return
         if image.mode in ("I", "F"):  # 32-bit values: summed in their own units
             values = np.asarray(image, dtype=np.float64).ravel()
+            self._note_units(channels, True, example)
             entry = self.float_sums.setdefault(channels, [0, [Fraction(0)], [Fraction(0)]])
             entry[0] += values.size
             entry[1][0] += Fraction(float(values.sum()))
@@ -79,7 +84,20 @@ class Accumulator:
             return
         # 8 bits per channel: PIL counts every band in C, exactly.
         counts = np.array(image.histogram(), dtype=np.int64).reshape(len(channels), 256)
+        self._note_units(channels, False, example)
         self._add_histogram(channels, 255, counts)
+
+    def _note_units(self, channels: tuple[str, ...], own: bool, example: str) -> None:
+        key = (channels, own)
+        self.unit_examples[key] = min(self.unit_examples.get(key, example), example)
+
+    def mixed_units(self) -> tuple[str, str] | None:
+        """(a file measured in [0, 1], a file measured in its own values) when the images of
+        the single channel layout are of both kinds, whose sums cannot be added up."""
+        (channels,) = self.layouts()
+        scaled = self.unit_examples.get((channels, False))
+        own = self.unit_examples.get((channels, True))
+        return None if scaled is None or own is None else (scaled, own)
 
     def _add_histogram(self, channels: tuple[str, ...], scale: int, counts) -> None:
         key = (channels, scale)
@@ -98,6 +116,8 @@ class Accumulator:
             entry[2] = [a + b for a, b in zip(entry[2], squares, strict=True)]
         for channels, example in other.examples.items():
             self.examples.setdefault(channels, example)
+        for (channels, own), example in other.unit_examples.items():
+            self._note_units(channels, own, example)
 
     def layouts(self) -> list[tuple[str, ...]]:
         seen = {channels for channels, _ in self.histograms} | set(self.float_sums)
