@@ -414,6 +414,9 @@ def test_flat_folder_and_csv_index(tmp_path):
         (["--ratio", "8:0:2"], 2, "must be positive"),
         (["--names", "train,val"], 2, "one name per part"),
         (["--names", "a,a,b"], 2, "must differ"),
+        # The JSON's class objects lost their name, the table had two `total` columns.
+        (["--names", "train,name,test"], 2, "'name' cannot be a split name"),
+        (["--names", "train,val,total"], 2, "'total' cannot be a split name"),
         (["--mode", "teleport"], 2, "teleport"),
     ],
 )

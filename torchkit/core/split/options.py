@@ -17,6 +17,9 @@ log = logging.getLogger("torchkit")
 SPLIT_MODES = ("copy", "symlink", "hardlink", "move", "manifest")
 MANIFEST = "split.csv"
 RESERVED_PREFIX = ".torchkit"  # the marker, the journal, temporaries: never a split name
+# The report's own columns and keys beside the split names (a class's row in the table and CSV,
+# its object in JSON): a split of one of these names would overwrite or repeat them.
+REPORT_KEYS = ("class", "name", "total", "repeats")
 
 
 _RATIO_PART = re.compile(r"(?=.{1,32}$)(\d+(\.\d*)?|\.\d+|\d+/\d+)")
@@ -80,6 +83,13 @@ def check_names(names: Sequence[str], parts: int) -> list[str]:
                 f"under {MANIFEST} and names starting with {RESERVED_PREFIX}",
                 "use names like train",
             )
+    taken = [name for name in names if name in REPORT_KEYS]
+    if taken:
+        raise UsageError(
+            f"{taken[0]!r} cannot be a split name: the report has a {taken[0]!r} of its own "
+            "beside the split counts",
+            "use names like train, val, test",
+        )
     if len({n.casefold() for n in names}) != len(names):
         raise UsageError(f"split names must differ: {', '.join(names)}", "e.g. train,val,test")
     return names
