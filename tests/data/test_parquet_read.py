@@ -181,11 +181,17 @@ def write_imageless(path: Path) -> Path:
     return path
 
 
+def write_huge_class_index(path: Path) -> Path:
+    # No class names: classes "0".."N" up to the largest index, which took all memory to name.
+    return write_parquet(path, [png(0), png(1)], [0, 2**63 - 1], names=None)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
         (write_imageless, "has no image column (its columns: text, label)"),
         (write_corrupt, "cannot read bad.parquet"),
+        (write_huge_class_index, "bad.parquet has class index 9,223,372,036,854,775,807"),
     ],
 )
 def test_a_bad_parquet_file_is_one_error_line(tmp_path, make, message):

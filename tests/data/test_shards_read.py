@@ -195,6 +195,8 @@ def test_a_corrupt_image_in_a_shard_is_counted_unreadable(world, tmp_path):
         ("no samples", "no samples in the shards"),
         ("missing shard", "shard not found: "),
         ("no label", "sample y in s-000000.tar has no label"),
+        ("huge class index", "sample y in s-000000.tar has class index 250,000,000"),
+        ("huge pattern", "names 100,000,000,000 shards"),
     ],
 )
 def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
@@ -214,6 +216,12 @@ def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
     elif damage == "missing shard":
         shutil.copy(good, shard)
         data = tmp_path / "s-{000000..000002}.tar"
+    elif damage == "huge pattern":  # a typo that took all memory to list
+        shutil.copy(good, shard)
+        data = tmp_path / "s-{0..99999999999}.tar"
+    elif damage == "huge class index":  # no class names: "0".."N" took all memory
+        png = (world / "images" / "a" / "a_0.png").read_bytes()
+        tar_of(shard, {"x.png": png, "x.cls": b"0", "y.png": png, "y.cls": b"250000000"})
     else:
         png = (world / "images" / "a" / "a_0.png").read_bytes()
         tar_of(shard, {"x.png": png, "x.cls": b"0", "y.png": png})
@@ -221,7 +229,7 @@ def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert message in line, line
-    if damage != "missing shard":
+    if damage not in ("missing shard", "huge pattern"):
         assert str(shard) in line or shard.name in line, line
 
 

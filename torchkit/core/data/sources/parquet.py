@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.sources.csv_index import class_order
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import DataSource, _split_source, concatenate, relabelled
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import Blocks, StoredImage
@@ -466,7 +466,10 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
     names = list(found.pop()) if found else _dataset_info_names(root, files[0].label_column)
     largest = max((label for f in files for label in f.labels), default=-1)
     if names is None:
-        return [str(i) for i in range(largest + 1)]
+        where = next((f.path for f in files if largest in f.labels), spec)
+        return index_class_names(
+            largest, where, "name the classes: HF's ClassLabel, or ROOT/dataset_info.json"
+        )
     if largest >= len(names):
         where = next(f.path for f in files if largest in f.labels)
         raise InputError(

@@ -6,6 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchkit.core.io.errors import InputError
+
+# Classes data without class names may have: they are named "0".."N-1" from the largest class
+# index, and an index past this is damaged data that would take all memory to name.
+MAX_INDEX_CLASSES = 1_000_000
+
 
 @dataclass
 class Samples:
@@ -41,3 +47,15 @@ class Samples:
         for label in self.labels:
             counts[label] += 1
         return counts
+
+
+def index_class_names(largest: int, where: str, hint: str) -> list[str]:
+    """ "0", "1", ... up to the class index `largest`, the names of data that names no class;
+    InputError (naming `where`, the sample that has it) for an index past MAX_INDEX_CLASSES."""
+    if largest >= MAX_INDEX_CLASSES:
+        raise InputError(
+            f"{where} has class index {largest:,}, and no class names say there are that many "
+            f"classes (at most {MAX_INDEX_CLASSES:,} without them)",
+            hint,
+        )
+    return [str(i) for i in range(largest + 1)]

@@ -43,7 +43,7 @@ from typing import Any
 
 from torchkit.core.data.sources.csv_index import natural_key
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS, is_image_file
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import DataSource, _split_source, relabelled
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import StoredImage
@@ -60,6 +60,9 @@ _SHARDS_HINT = (
     "joined by ::"
 )
 _SHOWN = 5  # names listed in one error
+# Names one brace pattern may expand to: more is a typo (`{0..9999999999}`) that would take
+# all memory to list.
+MAX_PATTERN_NAMES = 1_000_000
 
 
 # --- reading a member's bytes -------------------------------------------------------------
@@ -346,6 +349,7 @@ def expand_braces(pattern: str) -> list[str]:
         low, high = numbers.groups()
         width = max(len(low), len(high)) if low.startswith("0") or high.startswith("0") else 0
         step = 1 if int(high) >= int(low) else -1
+        _check_count(pattern, abs(int(high) - int(low)) + 1)
         choices = [str(n).zfill(width) for n in range(int(low), int(high) + step, step)]
     else:
         choices, depth, part = [], 0, ""
@@ -358,7 +362,17 @@ def expand_braces(pattern: str) -> list[str]:
                 part += char
         choices.append(part)
         choices = [word for choice in choices for word in expand_braces(choice)]
-    return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
+    rests = expand_braces(tail)
+    _check_count(pattern, len(choices) * len(rests))
+    return [head + choice + rest for choice in choices for rest in rests]
+
+
+def _check_count(pattern: str, count: int) -> None:
+    if count > MAX_PATTERN_NAMES:
+        raise InputError(
+            f"{pattern!r} names {count:,} shards, more than {MAX_PATTERN_NAMES:,}",
+            "check the braces: {000000..000127} names 128 shards",
+        )
 
 
 def _is_tar_name(name: str) -> bool:
@@ -513,7 +527,7 @@ def _label(
     name = index = None
     if "cls" in group:
         text = _member_bytes(listing, reader, group["cls"]).decode("utf-8", "replace").strip()
-        if not re.fullmatch(r"\d+", text):
+        if not re.fullmatch(r"[0-9]{1,30}", text):  # int() refuses 4,300 digits
             raise InputError(
                 f"{where}: {group['cls']} holds {text[:20]!r}, not a class index",
                 "KEY.cls holds the class index as decimal text",
@@ -596,7 +610,12 @@ def _labelled(
             )
         names = sorted({s.name for s in samples}, key=natural_key)
     else:
-        names = [str(i) for i in range(max(s.index for s in samples) + 1)]
+        top = max(samples, key=lambda s: s.index)
+        names = index_class_names(
+            top.index,
+            f"sample {top.key} in {top.shard}",
+            "put classes.txt (one class name per line, in label order) beside the shards",
+        )
     index_of = {name: i for i, name in enumerate(names)}
     labels = []
     for sample in samples:
