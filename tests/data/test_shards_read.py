@@ -197,6 +197,8 @@ def test_a_corrupt_image_in_a_shard_is_counted_unreadable(world, tmp_path):
         ("no label", "sample y in s-000000.tar has no label"),
         ("huge class index", "sample y in s-000000.tar has class index 250,000,000"),
         ("huge pattern", "names 100,000,000,000 shards"),
+        ("5,000-digit cls", "y.cls holds '11111111111111111111', not a class index"),
+        ("deep json", "y.json is not JSON"),
     ],
 )
 def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
@@ -219,6 +221,10 @@ def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
     elif damage == "huge pattern":  # a typo that took all memory to list
         shutil.copy(good, shard)
         data = tmp_path / "s-{0..99999999999}.tar"
+    elif damage in ("5,000-digit cls", "deep json"):  # were a ValueError, a RecursionError
+        png = (world / "images" / "a" / "a_0.png").read_bytes()
+        bad = {"y.cls": b"1" * 5000} if damage.endswith("cls") else {"y.json": b"[" * 100_000}
+        tar_of(shard, {"x.png": png, "x.cls": b"0", "y.png": png, **bad})
     elif damage == "huge class index":  # no class names: "0".."N" took all memory
         png = (world / "images" / "a" / "a_0.png").read_bytes()
         tar_of(shard, {"x.png": png, "x.cls": b"0", "y.png": png, "y.cls": b"250000000"})

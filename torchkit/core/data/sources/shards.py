@@ -536,7 +536,7 @@ def _label(
     if "json" in group:
         try:
             meta = json.loads(_member_bytes(listing, reader, group["json"]))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             raise InputError(f"{where}: {group['json']} is not JSON") from None
         if isinstance(meta, dict):
             label = meta.get("label")
