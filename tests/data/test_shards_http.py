@@ -269,3 +269,27 @@ def test_the_cache_folder_follows_torchkit_cache_then_xdg(monkeypatch, tmp_path)
     assert cache_folder() == tmp_path / "xdg" / "torchkit"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_folder() == Path.home() / ".cache" / "torchkit"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("{url}/converted::{url}/shards/", "{url}/converted names no .tar shard: a :: list"),
+        ("{url}/images.csv", "{url}/images.csv names no .tar shard, and no manifest.json"),
+    ],
+    ids=["two-folder-urls", "csv-url"],
+)
+def test_a_url_that_names_no_shard_is_one_error_line_showing_it_whole(server, spec, message):
+    # Both were "dataset not found: http:/127.0.0.1:PORT/..." (the URL made a Path: one slash lost).
+    result = run_torchkit_in_process("dataset-stats", spec.format(url=server.url))
+    assert result.returncode == 1, result.stderr
+    assert message.format(url=server.url) in error_line(result.stderr)
+
+
+def test_a_folder_url_with_a_dot_in_its_name_reads_as_the_folder(world, server):
+    # `.../converted.v2` was "dataset not found: http:/..." (a dot made it no folder).
+    dotted = world / "served" / "converted.v2"
+    if not dotted.exists():
+        shutil.copytree(world / "served" / "converted", dotted)
+    found = stats(f"{server.url}/converted.v2")
+    assert found["images"] == stats(world / "served" / "converted")["images"] == 18

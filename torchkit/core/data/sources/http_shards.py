@@ -127,7 +127,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
     names = [_location(url).name for url in urls]
     by_split = False
     opened: dict[str, _Folder] = {}
-    if len(urls) == 1 and "." not in names[0]:  # `https://host/dir/`: a folder of shards
+    if len(urls) == 1 and not _is_tar_name(names[0]):  # `https://host/dir/`: a folder of shards
         folder_url = urls[0]
         urls, by_split = _folder_shards(folder_url), True
         where = _location(urls[0])
@@ -140,11 +140,14 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
             "shards): every shard is downloaded first",
             _shown(where.folder),
         )
-    elif not any(_is_tar_name(name) for name in names):
-        return None  # another reader's files, or no data
     for url in urls:
         if not _is_tar_name(_location(url).name):
-            raise InputError(f"{_shown(url)} names no .tar shard", _HINT)
+            # No reader but this one takes a URL: a `::` list of folder URLs ends here.
+            raise InputError(
+                f"{_shown(url)} names no .tar shard: a :: list joins shard URLs, a folder URL "
+                "is read alone",
+                _HINT,
+            )
     local = fetch_shards(urls, opened)
     return _open_shards(typed, local, classes, allow_unlabelled, by_split=by_split)
 
