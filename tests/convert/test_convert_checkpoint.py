@@ -322,6 +322,15 @@ def test_safetensors_source_to_pt(tmp_path):
     assert_same_weights(torch.load(tmp_path / "m.pth", weights_only=True), model)
 
 
+def test_upper_case_safetensors_output_reads_back(tmp_path):
+    """An output named M.SAFETENSORS is written as safetensors: it must load back as one."""
+    model = small_model()
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    ok(tmp_path / "sd.pt", tmp_path / "m.SAFETENSORS")
+    ok(tmp_path / "m.SAFETENSORS", tmp_path / "back.pt")
+    assert_same_weights(torch.load(tmp_path / "back.pt", weights_only=True), model)
+
+
 def test_bad_input_and_existing_output(tmp_path):
     model = small_model()
     torch.save(model.state_dict(), tmp_path / "sd.pt")

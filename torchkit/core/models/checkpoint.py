@@ -46,7 +46,7 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
     source = require_input(path, what="checkpoint", kind="file")
     if source.stat().st_size == 0:
         raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
-    if source.suffix == ".safetensors":
+    if source.suffix.lower() == ".safetensors":  # as outputs are named: M.SAFETENSORS too
         return _load_safetensors(source)
     kind = sniff_format(source)
     if not trust_checkpoint:
