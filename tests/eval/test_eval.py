@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from output_checks import error_line
 from PIL import Image
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, top_k_accuracy_score
 from typer.testing import CliRunner
@@ -381,6 +382,17 @@ def test_output_file_and_out_dir_need_force(setup, report, tmp_path):
     refused = invoke(*args, "--out", out, "--force")
     assert refused.exit_code == 1 and "was not written by torchkit" in refused.stderr
     assert [p.name for p in out.iterdir()] == ["old.txt"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--normalize"], ["--show-errors", "3"], ["--normalize", "--show-errors", "3"]],
+)
+def test_plot_options_without_out_are_refused(setup, options):
+    """--normalize and --show-errors shape the PNGs of --out: alone they would do nothing."""
+    result = invoke(setup["ckpt"], "--data", setup["data"], *options)
+    assert result.exit_code == 2, result.stderr
+    assert "--out" in error_line(result.stderr) and result.stdout == ""
 
 
 def test_channels_last_workers_and_amp(setup, report):

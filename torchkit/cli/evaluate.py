@@ -112,12 +112,19 @@ def eval_command(
     ] = None,
     normalize: Annotated[
         bool,
-        typer.Option("--normalize", help="Normalise confusion_matrix.png per true class."),
+        typer.Option(
+            "--normalize", help="Normalise confusion_matrix.png per true class (with --out)."
+        ),
     ] = False,
     show_errors: Annotated[
-        int,
-        typer.Option("--show-errors", min=1, help="Most confident mistakes drawn in errors.png."),
-    ] = 25,
+        Optional[int],
+        typer.Option(
+            "--show-errors",
+            min=1,
+            help="Most confident mistakes drawn in errors.png (with --out). [default: 25]",
+            show_default=False,
+        ),
+    ] = None,
     strict: StrictOption = False,
     trust_checkpoint: TrustCheckpointOption = False,
     allow_untrained: AllowUntrainedOption = False,

@@ -71,12 +71,36 @@ class EvalOptions:
     out_dir: str | None = None
     normalize: bool = False
     force: bool = False
-    max_errors_shown: int = 25
+    max_errors_shown: int | None = None  # None: ERRORS_SHOWN
     # Files read by the caller that no output may replace: --stats (its mean and std come in
     # through ModelSpec) and a --classes file.
     stats_file: str | None = None
     classes_file: str | None = None
     notify: Callable[[str], None] | None = None  # notes about the data, for stderr
+
+
+ERRORS_SHOWN = 25  # errors.png's mistakes without --show-errors
+
+
+def check_report_options(options: EvalOptions) -> None:
+    """--normalize and --show-errors shape the PNGs of --out: without it they would be
+    accepted and do nothing."""
+    if options.out_dir is not None:
+        return
+    given = [
+        name
+        for name, value in (
+            ("--normalize", options.normalize),
+            ("--show-errors", options.max_errors_shown is not None),
+        )
+        if value
+    ]
+    if given:
+        raise UsageError(
+            f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} the plots of --out, "
+            "which is not given",
+            "add --out DIR",
+        )
 
 
 class ShardSampler:
@@ -289,6 +313,7 @@ def evaluate(
     """
     if options.tta not in TTA_MODES:
         raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
+    check_report_options(options)
     check_inference_options(options.run)
     check_amp_dtype(options.run.amp, options.run.amp_dtype)
     # scikit-learn imports in a helper process beside the model and data loading (rank 0 only:
@@ -355,7 +380,9 @@ def _evaluate(
                 result,
                 folder.begin(),
                 normalize=options.normalize,
-                max_errors_shown=options.max_errors_shown,
+                max_errors_shown=(
+                    ERRORS_SHOWN if options.max_errors_shown is None else options.max_errors_shown
+                ),
                 painter=painter,
             )
         except OutputWriteError as error:  # name --out, not the hidden folder it fills
