@@ -304,6 +304,30 @@ def test_non_tensor_entries_are_left_out_with_a_warning(tmp_path):
     assert list(load_file(tmp_path / "o.safetensors")) == ["w"]
 
 
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"1": torch.ones(1), 1: torch.zeros(1)}, "the state dict has two keys that read '1'"),
+        ({"w": torch.empty(3, device="meta")}, "'w' is a meta tensor: it holds no values"),
+        ({"w": torch.eye(2).to_sparse()}, "'w' is a sparse_coo tensor: convert checkpoint"),
+        (
+            {"w": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)},
+            "'w' is a qint8 tensor: convert checkpoint",
+        ),
+    ],
+    ids=["keys-1-and-'1'", "meta", "sparse", "quantized"],
+)
+def test_what_cannot_be_written_as_it_was_is_one_error_and_no_file(tmp_path, state, message):
+    """Before: the two keys wrote one tensor (exit 0); a meta tensor wrote a .pt without its
+    values (exit 0); sparse and quantized tensors ended in an internal error."""
+    torch.save(state, tmp_path / "c.pt")
+    for out in ("o.pt", "o.safetensors"):
+        result = convert(tmp_path / "c.pt", tmp_path / out)
+        assert result.exit_code == 1, result.stdout
+        assert result.stderr.startswith(f"Error: {message}"), result.stderr
+        assert not (tmp_path / out).exists()
+
+
 def test_pickled_model_needs_trust(tmp_path):
     model = small_model()
     torch.save(model, tmp_path / "whole.pt")

@@ -233,6 +233,21 @@ def _unshare(tensors: dict[str, Any]) -> int:
     return copied
 
 
+def _check_writable(name: str, tensor: Any) -> None:
+    """Refuse tensors whose values cannot be written as a plain dense tensor (meta tensors hold
+    none: written as they are, the file would hold no weights)."""
+    import torch
+
+    if tensor.is_meta:
+        raise CheckpointError(f"{name!r} is a meta tensor: it holds no values to convert")
+    if tensor.is_quantized or tensor.layout != torch.strided:
+        kind = str(tensor.dtype if tensor.is_quantized else tensor.layout).removeprefix("torch.")
+        raise CheckpointError(
+            f"{name!r} is a {kind} tensor: convert checkpoint writes plain dense tensors",
+            "save it with .dequantize() or .to_dense() first",
+        )
+
+
 def convert_checkpoint(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -265,10 +280,13 @@ def convert_checkpoint(
     tensors: dict[str, Any] = {}
     skipped = []
     for name, value in state.items():
-        if isinstance(value, torch.Tensor):
-            tensors[str(name)] = value
-        else:
+        if not isinstance(value, torch.Tensor):
             skipped.append(str(name))
+            continue
+        if str(name) in tensors:  # 1 and "1": one of them would be dropped
+            raise CheckpointError(f"the state dict has two keys that read {str(name)!r}")
+        _check_writable(str(name), value)
+        tensors[str(name)] = value
     if skipped:
         log.warning(
             f"{len(skipped)} entries are not tensors and were left out: {', '.join(skipped[:5])}"
