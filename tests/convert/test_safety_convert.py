@@ -375,6 +375,35 @@ def test_map_chunks_stops_at_once_and_leaves_no_worker(how):
         assert raised.value.hint == "free some"
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["tensor", "src", "arrays", "--to", "npy", "-j", "0", "-o", "arrays/a/a_0.npy"],
+        ["cifar", "cifar.tar.gz", "png", "-j", "0", "-o", "png/train/class_0/0.png"],
+        ["cifar", "cifar.tar.gz", "png", "-j", "0", "-o", "png/.torchkit"],
+        ["shards", "src", "shards", "-o", "shards/manifest.json"],
+        ["shards", "src", "shards", "-o", "shards/CLASSES.txt"],
+        ["shards", "src", "shards", "-o", "shards/shard-000000.tar"],
+    ],
+    ids=["tensor-array", "cifar-png", "cifar-marker", "manifest", "classes", "shard"],
+)
+def test_a_report_that_is_a_file_the_conversion_writes_is_refused_before_any_work(work, args):
+    # With --force the report overwrote it after the work (a shards folder's manifest.json
+    # became the report); without, the run failed only after all the work, its output left.
+    check_refused_untouched(
+        ["convert", *args, "--force"], "is a file the command writes in the destination", cwd=work
+    )
+
+
+def test_a_report_of_its_own_inside_the_destination_folder_is_written(work):
+    done = run_torchkit_in_process(
+        "convert", "shards", "src", "shards", "-o", "shards/report.json", cwd=work
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads((work / "shards" / "report.json").read_text())["samples"] == 5
+    assert json.loads((work / "shards" / "manifest.json").read_text())["shards"]
+
+
 # -- special files: written into, never replaced ------------------------------------------------
 
 

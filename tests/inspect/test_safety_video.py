@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 import pytest
 from disks import slow_io_env
-from output_checks import error_line, tree_digest
+from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import (
     processes_in_group,
     run_each_in_process,
@@ -100,6 +100,18 @@ def test_frames_folder_or_report_that_is_in_or_holds_a_video_is_refused(tmp_path
     for result in run_each_in_process(here, cwd=tmp_path / "cwd"):
         assert result.returncode == 1 and "working directory" in error_line(result.stderr)
     assert tree_digest(tmp_path) == before  # the videos' bytes, and nothing created, no lock left
+
+
+def test_a_report_that_is_a_frame_of_the_run_is_refused_before_any_work(tmp_path, clips):
+    # With --force the report replaced the frame after the extraction (exit 0).
+    args = ["video-info", clips, "-k", "2", "--extract-frames", "frames", "--force"]
+    check_refused_untouched(
+        [*args, "-o", "frames/a_000006.png"], "is a file the command writes in the frames folder",
+        cwd=tmp_path,
+    )  # fmt: skip
+    result = run_torchkit_in_process(*args, "--format", "json", "-o", "frames/a.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads((tmp_path / "frames" / "a.json").read_text())) == 2
 
 
 def test_force_replaces_only_an_earlier_frames_folder(tmp_path, clips):

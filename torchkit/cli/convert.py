@@ -184,11 +184,12 @@ def tensor(
       torchkit convert tensor images/ arrays/ --to npy -j 4
     """
     from torchkit.core.convert.report_file import check_report_output
-    from torchkit.core.convert.tensor import TensorOptions, convert_tensor
+    from torchkit.core.convert.tensor import TensorOptions, convert_tensor, writes_file
 
     fmt = resolve_format(fmt, output)
     dst = product_path(dst, out_option, name="DST")
-    check_report_output(output, force, source=src, destination=dst)
+    writes = writes_file(to.value if to else None)
+    check_report_output(output, force, source=src, destination=dst, writes=writes)
 
     options = TensorOptions(
         to=to.value if to else None,
@@ -279,12 +280,12 @@ def cifar(
 
       torchkit convert cifar cifar-100-python/ data/cifar100-coarse --label-type coarse
     """
-    from torchkit.core.convert.cifar import convert_cifar
+    from torchkit.core.convert.cifar import convert_cifar, writes_file
     from torchkit.core.convert.report_file import check_report_output
 
     fmt = resolve_format(fmt, output)
     out = product_path(out, out_option)
-    check_report_output(output, force, source=src, destination=out)
+    check_report_output(output, force, source=src, destination=out, writes=writes_file)
 
     with progress_bar("writing PNGs") as progress:
         report = convert_cifar(
@@ -570,14 +571,14 @@ def shards(
       torchkit convert shards digits shards/digits --no-shuffle
     """
     from torchkit.core.convert.report_file import check_report_output
-    from torchkit.core.convert.shards import convert_shards, shard_options
+    from torchkit.core.convert.shards import convert_shards, shard_options, writes_file
 
     fmt = resolve_format(fmt, output)
     out = product_path(out, out_option)
     options = shard_options(
         shard_size=shard_size, per_shard=per_shard, seed=seed, shuffle=shuffle, verify=verify
     )
-    check_report_output(output, force, source=src, destination=out)
+    check_report_output(output, force, source=src, destination=out, writes=writes_file)
 
     with progress_bar("writing shards") as progress:
         report = convert_shards(

@@ -21,7 +21,7 @@ import time
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from torchkit.core.convert.safe_pickle import restricted_loads
@@ -500,6 +500,13 @@ def _fill(
         class_counts=class_counts,
         seconds=time.perf_counter() - started,
     )
+
+
+def writes_file(relative: PurePath) -> bool:
+    """Whether `convert cifar` writes `relative` in OUT: anything in its split folders, or a
+    hidden file of its own. Compared case-blind, as some disks are."""
+    first = relative.parts[0].casefold()
+    return first.startswith(".") or first in SPLITS
 
 
 def convert_cifar(

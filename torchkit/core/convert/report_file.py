@@ -4,8 +4,10 @@ any work."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import PurePath
 
-from torchkit.core.io.outputs import InputPath, check_output_file
+from torchkit.core.io.outputs import InputPath, check_not_written_in, check_output_file
 
 
 def check_report_output(
@@ -14,14 +16,19 @@ def check_report_output(
     *,
     source: str | os.PathLike,
     destination: str | os.PathLike,
+    writes: Callable[[PurePath], bool] | None = None,
 ) -> None:
     """Check a `-o FILE` report before any work: it is never the source (nor inside a source
     folder) nor the destination file, and an existing file needs `force`. A report inside an
     existing destination folder is fine (`convert tensor a.png . --to npy -o report.json`).
-    `-` (stdout) and special files (FIFOs, /dev/stdout) are written into, so they pass."""
+    `-` (stdout) and special files (FIFOs, /dev/stdout) are written into, so they pass.
+    `writes(path inside the destination folder)`: whether the conversion writes that file
+    there (the report may not be one)."""
     if output is None or os.fspath(output) == "-":
         return
     inputs = [InputPath.of(source, "source")]
     if not os.path.isdir(destination):
         inputs.append(InputPath.of(destination, "destination"))
     check_output_file(output, force, inputs, what="report")
+    if writes is not None:
+        check_not_written_in(output, destination, writes, "destination")

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from torchkit import __version__
@@ -760,6 +760,14 @@ def _classes_text(classes: Sequence[str], labelled: bool) -> str:
 
 
 # --- the command ------------------------------------------------------------------------------
+
+
+def writes_file(relative: PurePath) -> bool:
+    """Whether `convert shards` writes `relative` in OUT: a shard, a manifest, classes.txt or a
+    hidden file of its own (the marker, temporaries). Compared case-blind, as some disks are."""
+    first = relative.parts[0].casefold()
+    own = (MANIFEST, PARTIAL_MANIFEST, CLASSES_FILE)
+    return first.startswith(".") or first in own or _SHARD_FILE.fullmatch(first) is not None
 
 
 def convert_shards(

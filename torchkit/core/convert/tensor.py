@@ -11,9 +11,9 @@ import logging
 import os
 import pickle
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from torchkit.core.convert import pixels as px
@@ -562,6 +562,18 @@ def _convert_chunk(
         result.source = str(relative)
         results.append(result)
     return results
+
+
+def writes_file(to: str | None) -> Callable[[PurePath], bool]:
+    """Whether `convert tensor --to TO` may write a file at a path relative to a folder DST:
+    one with TO's extension, or a hidden one (the folder is filled in a hidden temporary)."""
+    extension = _target_extension(to)
+
+    def writes(relative: PurePath) -> bool:
+        hidden = any(part.startswith(".") for part in relative.parts)
+        return hidden or relative.suffix.lower() == extension
+
+    return writes
 
 
 def convert_tensor(

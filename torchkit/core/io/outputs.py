@@ -25,9 +25,9 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from torchkit import __version__
 from torchkit.core.io.errors import OutputExistsError, OutputWriteError, TorchkitError, first_line
@@ -154,6 +154,26 @@ def check_distinct_outputs(*outputs: tuple[str | os.PathLike | None, str]) -> No
                 "give each output its own file",
             )
         seen[real] = f"{what} {_shown(path)}"
+
+
+def check_not_written_in(
+    report: str | os.PathLike,
+    folder: str | os.PathLike,
+    writes: Callable[[PurePath], bool],
+    what: str,
+) -> None:
+    """A `-o` report inside the output `folder` (fine: `OUT/report.json`) may not be a file the
+    command writes there (`writes(path relative to folder)`): with --force the report would
+    overwrite it after the work, without it the run would fail only after all the work."""
+    if os.fspath(report) == "-" or is_special_file(report):
+        return
+    inside = PurePath(os.path.relpath(os.path.realpath(report), os.path.realpath(folder)))
+    if not inside.parts or inside.parts[0] == os.pardir or not writes(inside):
+        return
+    raise OutputOverlapError(
+        f"report {_shown(report)} is a file the command writes in the {what} {_shown(folder)}",
+        "choose another output file",
+    )
 
 
 # -- special files ----------------------------------------------------------------------------

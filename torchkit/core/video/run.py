@@ -17,12 +17,18 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from fnmatch import fnmatchcase
+from pathlib import Path, PurePath
 from typing import Any
 
 from torchkit.core.io.errors import UsageError
 from torchkit.core.io.files import STDIN
-from torchkit.core.io.outputs import InputPath, OutputFolder, check_output_file
+from torchkit.core.io.outputs import (
+    InputPath,
+    OutputFolder,
+    check_not_written_in,
+    check_output_file,
+)
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
 from torchkit.core.runtime.pool import chunked, map_chunks
@@ -117,6 +123,8 @@ def inspect_videos(
     inputs = video_inputs([p for p in paths if os.fspath(p) != STDIN], videos)
     if report is not None:
         check_output_file(report, force, inputs)
+        if extract_dir is not None:
+            check_not_written_in(report, extract_dir, _writes_frame, "frames folder")
     with contextlib.ExitStack() as stack:
         frames_folder = None
         if segments is not None and extract_dir is not None:
@@ -143,6 +151,14 @@ def inspect_videos(
             else:
                 frames_folder.folder.abandon()
         return results
+
+
+def _writes_frame(relative: PurePath) -> bool:
+    """Whether a frames folder holds `relative`: a frame (`<video>_<frame>.png`, any
+    video's) or a hidden file of its own (the marker, the temporary folder)."""
+    return relative.parts[0].startswith(".") or fnmatchcase(
+        relative.name.casefold(), FRAME_FILES[0]
+    )
 
 
 def _inspect(
