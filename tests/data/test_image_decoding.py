@@ -333,3 +333,24 @@ def test_bytes_and_paths_open_alike(files):
         opened_image(b"junk", name="named.jpg"),
     ):
         pass
+
+
+def test_pils_warnings_on_files_it_reads_anyway_stay_off_stderr(tmp_path, monkeypatch):
+    """A palette PNG whose transparency is bytes, and an image past PIL's bomb warning size: read
+    as before, without PIL's raw `warnings.warn` lines (printed once by every loader worker of
+    train, eval, predict and extract-features; dataset-stats already kept them off)."""
+    import warnings
+
+    from torchkit.core.data import image_files
+
+    palette = Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8)).convert("P")
+    palette.save(tmp_path / "palette.png", transparency=bytes([0, 10, 20, 30]))
+    Image.new("L", (40, 40)).save(tmp_path / "large.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 1,600 pixels warn; 2,000 would refuse
+    monkeypatch.setattr(image_files, "_pil_warnings_quiet", False, raising=False)  # fresh process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        palette_pixels = np.asarray(image_files.load_image(tmp_path / "palette.png", "RGB"))
+        large = image_files.load_image(tmp_path / "large.png", "RGB")
+    assert [str(w.message) for w in caught] == []
+    assert palette_pixels.shape == (8, 8, 3) and large.size == (40, 40)

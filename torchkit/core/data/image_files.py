@@ -31,6 +31,7 @@ import contextlib
 import io
 import os
 import stat
+import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -98,6 +99,24 @@ def unreadable_image_errors() -> tuple[type[BaseException], ...]:
     return (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
+_pil_warnings_quiet = False
+
+
+def _quiet_pil_warnings() -> None:
+    """PIL's warnings about a file it reads anyway (palette transparency, sizes past its bomb
+    warning, odd EXIF or TIFF tags) off, once per process: raw `warnings.warn` lines, printed
+    once by every loader worker, in the middle of the progress bar and the house's own lines.
+    The file is still read, or counted unreadable, as before."""
+    global _pil_warnings_quiet
+    if not _pil_warnings_quiet:
+        from PIL import Image
+
+        warnings.filterwarnings("ignore", module=r"PIL(\.|$)")
+        # whichever frame PIL names as the warning's origin
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+        _pil_warnings_quiet = True
+
+
 @contextlib.contextmanager
 def opened_image(
     source: str | os.PathLike | bytes, *, name: str | None = None, in_memory: bool = False
@@ -110,6 +129,7 @@ def opened_image(
     in dozens of small reads)."""
     from PIL import Image, UnidentifiedImageError
 
+    _quiet_pil_warnings()
     with contextlib.ExitStack() as stack:
         if isinstance(source, bytes):
             stream: Any = io.BytesIO(source)
