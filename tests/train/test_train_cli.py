@@ -439,6 +439,33 @@ def test_early_stop(runner, split_root, tmp_path):
     assert summary["epochs"] == summary["best_epoch"] + 2 < 6
 
 
+def test_early_stop_due_at_the_last_epoch_is_not_a_stop(runner, split_root, tmp_path):
+    # The patience runs out at epoch 3 of 3: every epoch asked for was trained.
+    result = train(
+        runner,
+        "--data",
+        str(split_root),
+        *FAST,
+        "--epochs",
+        "3",
+        "--lr",
+        "1e-30",  # updates vanish in float32: the val metrics repeat exactly
+        "--early-stop",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "r"),
+        "--format",
+        "json",
+    )
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["epochs"], summary["best_epoch"]) == (3, 1)
+    assert summary["stopped_early"] is False
+    assert "Stopped early" not in result.stderr
+
+
 def test_with_ema_best_pt_is_picked_by_the_ema_weights(runner, split_root, tmp_path):
     out = tmp_path / "r"
     args = ["--data", str(split_root), *FAST, "--epochs", "4", "--lr", "0.05", "--ema"]

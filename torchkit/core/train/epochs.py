@@ -143,6 +143,8 @@ class EpochDriver:
             self._end_epoch(epoch)
             self._write_profile()
             result.epochs = epoch + 1
+            if epoch + 1 == config.epochs:
+                break  # every epoch trained: not stopped early, whatever --early-stop says
             if config.early_stop and epoch + 1 - state.best_epoch >= config.early_stop:
                 result.stopped_early = True
                 break
