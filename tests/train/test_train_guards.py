@@ -570,3 +570,29 @@ def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch
     assert as_on_mps.count == reference.count == 15
     assert as_on_mps.loss_sum == pytest.approx(reference.loss_sum, rel=1e-6)
     assert (as_on_mps.top1, as_on_mps.topk) == (reference.top1, reference.topk)
+
+
+@pytest.mark.parametrize(
+    ("args", "warning"),
+    [
+        (["--patience", "3"], "--patience 3 has no effect: only --scheduler plateau uses it"),
+        (["--milestones", "2,4"], "--milestones 2 4 has no effect: only --scheduler multistep"),
+        (["--step-size", "2"], "--step-size 2 has no effect: only --scheduler step uses it"),
+        (["--gamma", "0.5"], "--gamma 0.5 has no effect: only --scheduler step, multistep,"),
+        (["--scheduler", "step", "--min-lr", "1e-4"], "--min-lr 0.0001 has no effect"),
+        (["--no-ema", "--ema-decay", "0.9"], "--ema-decay 0.9 has no effect: only --ema"),
+        (["--randaugment-magnitude", "5"], "--randaugment-magnitude 5 has no effect"),
+    ],
+)
+def test_an_option_the_other_options_leave_unused_is_a_warning(runner, args, warning):
+    # Each was accepted and quietly did nothing (a --patience for the cosine schedule).
+    result = runner.invoke(app, ["train", "--print-config", *args])
+    assert result.exit_code == 0, result.stderr
+    assert f"Warning: {warning}" in result.stderr
+
+
+def test_options_a_schedule_uses_or_left_at_their_defaults_are_not_warned_about(runner):
+    given = ["--scheduler", "plateau", "--patience", "3", "--gamma", "0.5", "--step-size", "30"]
+    result = runner.invoke(app, ["train", "--print-config", *given, "--ema-decay", "0.999"])
+    assert result.exit_code == 0, result.stderr
+    assert "Warning" not in result.stderr

@@ -218,6 +218,47 @@ def validate(config: TrainConfig) -> None:
             "of them",
             config.class_weights,
         )
+    if not config.find_lr:  # --find-lr has its own note of what it ignores
+        for name, users in unused_options(config):
+            log.warning(
+                "%s %s has no effect: only %s uses it",
+                option_name(name),
+                show_value(getattr(config, name)),
+                users,
+            )
+
+
+# The options only some schedules read, and those schedules.
+SCHEDULER_USERS = {
+    "min_lr": ("cosine",),
+    "step_size": ("step",),
+    "milestones": ("multistep",),
+    "gamma": ("step", "multistep", "exponential", "plateau"),
+    "patience": ("plateau",),
+}
+
+
+def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
+    """The options of a resolved `config` set away from their defaults that the rest of it
+    leaves without effect (a --patience for a cosine schedule), each with what would use it."""
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+
+    def moved(name: str) -> bool:
+        value, default = getattr(config, name), defaults[name]
+        if isinstance(value, (list, tuple)):  # a config file's list, the default's tuple
+            return tuple(value) != tuple(default)
+        return value != default
+
+    unused = []
+    for name, kinds in SCHEDULER_USERS.items():
+        if config.scheduler not in kinds:
+            named = ", ".join(kinds[:-1]) + " or " + kinds[-1] if len(kinds) > 1 else kinds[0]
+            unused.append((name, f"--scheduler {named}"))
+    if not config.ema:
+        unused.append(("ema_decay", "--ema"))
+    if config.augment != "randaugment":
+        unused.append(("randaugment_magnitude", "--augment randaugment"))
+    return [(name, users) for name, users in unused if moved(name)]
 
 
 def _check_graphable(config: TrainConfig) -> None:
