@@ -130,3 +130,35 @@ def test_class_weights_with_the_balanced_sampler_warn_that_they_over_correct(run
         assert ("Warning: --class-weights balanced and --balanced-sampler" in result.stderr) is (
             warned
         ), result.stderr
+
+
+def test_the_weighted_loss_is_torchs_and_0_for_a_batch_of_weight_0():
+    import torch
+    import torch.nn.functional as F
+
+    from torchkit.core.train.class_weights import training_loss
+
+    weights = [0.5, 0.0, 2.0]
+    loss = training_loss(weights, 0.1, "cpu")
+    outputs = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    labels = torch.tensor([0, 1, 2, 2, 1])
+    expected = F.cross_entropy(outputs, labels, weight=torch.tensor(weights), label_smoothing=0.1)
+    assert torch.allclose(loss(outputs, labels), expected)
+    only_weight_0 = loss(outputs, torch.tensor([1, 1, 1, 1, 1]))  # torch's: 0 / 0 = NaN
+    only_weight_0.backward()
+    assert only_weight_0.item() == 0 and torch.isfinite(outputs.grad).all()
+
+
+def test_train_with_a_class_of_weight_0_is_not_a_divergence(runner, tmp_path, make_image_folder):
+    # Batches of only "ant" images weigh 0 in all: the run stopped as diverged at its first.
+    data = tmp_path / "data"
+    make_image_folder(data / "train", {"ant": 6, "bee": 2})
+    make_image_folder(data / "val", {"ant": 1, "bee": 1}, seed=1)
+    weights = tmp_path / "weights.json"
+    weights.write_text('{"ant": 0, "bee": 1}')
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
+         "-j", "0", "-b", "2", "--class-weights", str(weights), "--out", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr

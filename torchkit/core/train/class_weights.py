@@ -9,9 +9,11 @@ so it compares across settings.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
@@ -40,6 +42,41 @@ def class_weights(spec: str, classes: Sequence[str], counts: Sequence[int]) -> l
             f"--class-weights {spec}: weights must be finite, not negative, and not all zero"
         )
     return weights
+
+
+def training_loss(weights: Sequence[float] | None, label_smoothing: float, device: Any) -> Any:
+    """The training criterion: cross-entropy with `label_smoothing`; with `weights`, their
+    weighted mean over the batch, as torch's, except that a batch whose images all weigh 0 (of
+    classes given weight 0) adds 0: torch's 0 / 0 there is NaN, which stopped the run as
+    diverged."""
+    import torch
+
+    if weights is None:
+        return torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    weight = torch.tensor(list(weights), device=device)
+    return _class_weighted_loss()(weight=weight, label_smoothing=label_smoothing)
+
+
+@functools.cache
+def _class_weighted_loss() -> type:
+    import torch
+    import torch.nn.functional as F
+
+    class ClassWeightedCrossEntropy(torch.nn.CrossEntropyLoss):
+        def forward(self, outputs, labels):
+            losses = F.cross_entropy(
+                outputs,
+                labels,
+                weight=self.weight,
+                reduction="none",
+                label_smoothing=self.label_smoothing,
+            )
+            # No host sync (a CUDA graph records this): both sides computed, one kept.
+            total = self.weight[labels].sum()
+            safe = torch.where(total > 0, total, torch.ones_like(total))
+            return torch.where(total > 0, losses.sum() / safe, losses.sum() * 0)
+
+    return ClassWeightedCrossEntropy
 
 
 def _from_file(path: Path, classes: list[str]) -> list[float]:

@@ -470,6 +470,7 @@ def _step_context(
     import torch
 
     from torchkit.core.data import decode_ahead
+    from torchkit.core.train.class_weights import training_loss
     from torchkit.core.train.optim import set_frozen_norms_eval
 
     wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model
@@ -480,10 +481,7 @@ def _step_context(
         module=model,
         optimizer=optimizer,
         schedule=schedule,
-        criterion=torch.nn.CrossEntropyLoss(
-            weight=None if weights is None else torch.tensor(weights, device=ctx.device),
-            label_smoothing=config.label_smoothing,
-        ),
+        criterion=training_loss(weights, config.label_smoothing, ctx.device),
         device=ctx.device,
         scaler=amp.scaler,
         ema=ema,
