@@ -116,6 +116,13 @@ def test_every_float_option_of_the_config_must_be_finite(name, bad):
         ({"ema_decay": 1.0}, "--ema-decay must be between 0 and 1"),
         ({"weight_decay": -1.0}, "--weight-decay must not be negative"),
         ({"warmup_epochs": -1.0}, "--warmup-epochs must not be negative"),
+        # Before: an internal OverflowError (1e308 x the updates of an epoch), or a schedule
+        # that never reached --lr.
+        ({"epochs": 3, "warmup_epochs": 1e308}, "--warmup-epochs 1e+308 is longer than the run"),
+        ({"epochs": 3, "warmup_epochs": 3.5}, "--warmup-epochs 3.5 is longer than the run"),
+        # Before: torch's ValueError about a Dirichlet, or a lam of 0.5 where ~0 or ~1 was due.
+        ({"mixup_alpha": 1e-300}, "--mixup-alpha 1e-300 is too small"),
+        ({"cutmix_alpha": 0.001}, "--cutmix-alpha 0.001 is too small"),
         ({"val_split": 1.0}, "--val-split must be between 0 and 1"),
         ({"std": (0.2, 0.0, 0.2)}, "--std values must be positive"),
         # Before: both drops fired before epoch 1, a silent 100x smaller learning rate.

@@ -30,6 +30,9 @@ log = logging.getLogger("torchkit")
 
 # The largest values torch takes: threads are a C int (batches: MAX_BATCH_SIZE).
 MAX_THREADS = 2**31 - 1
+# The smallest mixup / cutmix alpha torch's Beta(alpha, alpha) samples right (at 0.001 a
+# quarter of its draws are 0.5; below float32's smallest number it raises).
+MIN_MIX_ALPHA = 0.01
 
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
@@ -125,6 +128,20 @@ def validate(config: TrainConfig) -> None:
     for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
         if getattr(config, name) < 0:
             bad(f"{option_name(name)} must not be negative, not {getattr(config, name)}")
+    for name in ("mixup_alpha", "cutmix_alpha"):
+        alpha = getattr(config, name)
+        if 0 < alpha < MIN_MIX_ALPHA:
+            bad(
+                f"{option_name(name)} {alpha} is too small: below {MIN_MIX_ALPHA} torch's Beta "
+                "sampler draws 0.5 (the most mixing) instead of nearly 0 or 1, or fails",
+                "0 turns it off",
+            )
+    if config.epochs is not None and config.warmup_epochs > config.epochs and not config.find_lr:
+        bad(
+            f"--warmup-epochs {config.warmup_epochs} is longer than the run (--epochs "
+            f"{config.epochs}): the learning rate would never reach --lr",
+            "give at most --epochs",
+        )
     if not 0 <= config.momentum < 1:
         bad(f"--momentum must be in [0, 1), not {config.momentum}")
     if config.gamma is not None and not 0 < config.gamma <= 1:
