@@ -32,7 +32,7 @@ from torchkit.core.benchmark.steps import (
     make_train_step,
 )
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
-from torchkit.core.inference.options import MAX_BATCH_SIZE
+from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
 from torchkit.core.io.progress import Progress
 from torchkit.core.models.inputs import make_inputs
@@ -127,11 +127,7 @@ def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
         )
     if not options.batch_sizes or min(options.batch_sizes) < 1:
         raise UsageError("--batch-size must be positive")
-    if max(options.batch_sizes) > MAX_BATCH_SIZE:
-        raise UsageError(
-            f"--batch-size {max(options.batch_sizes)} is more than a batch can hold "
-            f"({MAX_BATCH_SIZE})"
-        )
+    check_batch_fits(max(options.batch_sizes))
     if options.input_size is not None and (not options.input_size or min(options.input_size) < 1):
         raise UsageError(f"invalid input size {options.input_size}")
     if options.input_size is not None and options.image_size is not None:

@@ -57,14 +57,20 @@ class InferenceOptions:
 RunOptions = InferenceOptions  # its former name
 
 
+def check_batch_fits(batch_size: int) -> None:
+    """Refuse (usage error) a --batch-size past what a batch can hold (train, benchmark and the
+    inference commands)."""
+    if batch_size > MAX_BATCH_SIZE:
+        raise UsageError(
+            f"--batch-size {batch_size} is more than a batch can hold ({MAX_BATCH_SIZE})"
+        )
+
+
 def check_inference_options(run: InferenceOptions) -> None:
     """Refuse (usage error) the values of the shared options no run can use, before any work."""
     if run.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {run.batch_size}")
-    if run.batch_size > MAX_BATCH_SIZE:
-        raise UsageError(
-            f"--batch-size {run.batch_size} is more than a batch can hold ({MAX_BATCH_SIZE})"
-        )
+    check_batch_fits(run.batch_size)
     if run.workers is not None and run.workers < 0:
         raise UsageError(f"--workers must be 0 or more, not {run.workers}")
     check_workers(run.workers)

@@ -64,16 +64,9 @@ NOT_USED_BY_FIND_LR = (
 def ignored_options(config: Any) -> list[str]:
     """The options of `config` (a TrainConfig, before data defaults are filled) that are set
     away from their defaults but that --find-lr ignores, as `--epochs` spellings, for a note."""
-    from dataclasses import fields
+    from torchkit.core.train.validation import option_name, set_away_from_defaults
 
-    from torchkit.core.train.validation import option_name
-
-    defaults = {f.name: f.default for f in fields(config)}
-    return [
-        option_name(name)
-        for name in NOT_USED_BY_FIND_LR
-        if getattr(config, name) != defaults.get(name)
-    ]
+    return [option_name(name) for name in set_away_from_defaults(config, NOT_USED_BY_FIND_LR)]
 
 
 def lr_schedule(lr_min: float, lr_max: float, iterations: int) -> list[float]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import INTERPOLATIONS
 from torchkit.core.data.transforms import AUGMENT_POLICIES
-from torchkit.core.inference.options import MAX_BATCH_SIZE
+from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.device import AMP_DTYPES
@@ -28,7 +29,7 @@ from torchkit.core.train.option_specs import default_flag
 
 log = logging.getLogger("torchkit")
 
-# The largest values torch takes: threads are a C int (batches: MAX_BATCH_SIZE).
+# The largest thread count torch takes: a C int (batches: inference.options.check_batch_fits).
 MAX_THREADS = 2**31 - 1
 # The smallest mixup / cutmix alpha torch's Beta(alpha, alpha) samples right (at 0.001 a
 # quarter of its draws are 0.5; below float32's smallest number it raises).
@@ -107,8 +108,8 @@ def validate(config: TrainConfig) -> None:
         bad(f"--epochs must be at least 1, not {config.epochs}")
     if config.batch_size is not None and config.batch_size < 1:
         bad(f"--batch-size must be at least 1, not {config.batch_size}")
-    if config.batch_size is not None and config.batch_size > MAX_BATCH_SIZE:
-        bad(f"--batch-size {config.batch_size} is more than a batch can hold ({MAX_BATCH_SIZE})")
+    if config.batch_size is not None:
+        check_batch_fits(config.batch_size)
     if config.accum_steps < 1:
         bad(f"--accum-steps must be at least 1, not {config.accum_steps}")
     if config.lr <= 0:
@@ -258,14 +259,6 @@ SCHEDULER_USERS = {
 def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
     """The options of a resolved `config` set away from their defaults that the rest of it
     leaves without effect (a --patience for a cosine schedule), each with what would use it."""
-    defaults = {f.name: f.default for f in fields(TrainConfig)}
-
-    def moved(name: str) -> bool:
-        value, default = getattr(config, name), defaults[name]
-        if isinstance(value, (list, tuple)):  # a config file's list, the default's tuple
-            return tuple(value) != tuple(default)
-        return value != default
-
     unused = []
     for name, kinds in SCHEDULER_USERS.items():
         if config.scheduler not in kinds:
@@ -275,7 +268,22 @@ def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
         unused.append(("ema_decay", "--ema"))
     if config.augment != "randaugment":
         unused.append(("randaugment_magnitude", "--augment randaugment"))
-    return [(name, users) for name, users in unused if moved(name)]
+    moved = set(set_away_from_defaults(config, [name for name, _ in unused]))
+    return [(name, users) for name, users in unused if name in moved]
+
+
+def set_away_from_defaults(config: TrainConfig, names: Iterable[str]) -> list[str]:
+    """The `names` whose value in `config` is not TrainConfig's default (a config file's list
+    is the default's tuple when their items are)."""
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+
+    def moved(name: str) -> bool:
+        value, default = getattr(config, name), defaults.get(name)
+        if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+            return tuple(value) != tuple(default)
+        return value != default
+
+    return [name for name in names if moved(name)]
 
 
 def _check_graphable(config: TrainConfig) -> None:
