@@ -189,3 +189,29 @@ def test_class_name_files_name_such_classes(data, model, tmp_path):
     weights.write_bytes(b"bad\xffcls,2\ncat,1\ndog,1\n")
     ok("train", "--data", data, *TINY, "--val-split", "0.34", "--epochs", "1", "--workers", 0,
        "--class-weights", weights, "--out", tmp_path / "run", "-q", "--format", "json")  # fmt: skip
+
+
+def test_convert_tensor_writes_a_16_bit_image_to_such_a_name(tmp_path):
+    """16-bit colour images are encoded by OpenCV, which crashed the process (SIGSEGV) when
+    given a file name that is not UTF-8 (a process of its own: the old code took the
+    interpreter down). numpy and OpenCV only, no torch: the core function, not the CLI."""
+    import numpy as np
+
+    pixels = (np.arange(48, dtype=np.uint16) * 1300).reshape(4, 4, 3)
+    np.save(tmp_path / "src.npy", pixels)
+    target = tmp_path / os.fsdecode(b"out\xff.png")
+    script = (
+        "import sys\n"
+        "from torchkit.core.convert.tensor import convert_tensor\n"
+        "convert_tensor(sys.argv[1], sys.argv[2])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "src.npy"), str(target)],
+        capture_output=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr
+    import cv2
+
+    written = cv2.imdecode(np.fromfile(target, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert np.array_equal(written[..., ::-1], pixels)

@@ -384,11 +384,15 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
             import cv2
 
             bgr = array[..., [2, 1, 0, 3][:channels]]
-            if not cv2.imwrite(str(tmp), np.ascontiguousarray(bgr)):  # says no more than that
+            # Encoded in memory and written here: OpenCV given a file name that is not UTF-8
+            # crashes the process, and says nothing of why a write failed.
+            encoded, data = cv2.imencode(path.suffix, np.ascontiguousarray(bgr))
+            if not encoded:
                 raise OutputWriteError(
-                    f"cannot write {path}: OpenCV could not write the 16-bit image",
-                    "free some space, check the permissions, or choose another output",
+                    f"cannot write {path}: OpenCV could not encode the 16-bit image",
+                    "write PNG or TIFF instead",
                 )
+            tmp.write_bytes(data.tobytes())
             return
         from PIL import Image
 
