@@ -54,3 +54,28 @@ def test_workers_are_bounded_by_8_per_allowed_core_and_64_at_least(three_of_64_c
     cpus.check_workers(128)
     with pytest.raises(UsageError, match="at most 128"):
         cpus.check_workers(129)
+
+
+@pytest.mark.parametrize(
+    "command", ["dataset-stats", "convert tensor", "convert cifar", "convert shards"]
+)
+def test_the_pools_commands_refuse_more_workers_before_any_work(tmp_path, command):
+    """dataset-stats and convert start their worker pools with -j too (was accepted)."""
+    from image_folders import write_image_folder
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    data = write_image_folder(tmp_path / "data", {"a": 1})
+    out = tmp_path / "out"
+    args = {
+        "dataset-stats": [data, "-o", out],
+        "convert tensor": [data, out, "--to", "npy"],
+        "convert cifar": [data, out],
+        "convert shards": [data, out],
+    }[command]
+    result = run_torchkit_in_process(*command.split(), *args, "-j", "100000")
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).startswith(
+        "Error: --workers 100000 is more than this machine can use (at most "
+    )
+    assert not out.exists()
