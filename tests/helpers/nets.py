@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -63,6 +64,11 @@ class NoisyNet(nn.Module):
 
 def _inject_fault(count: int) -> None:
     if os.environ.get("TORCHKIT_TEST_KILL_AT") == str(count):
+        # The kill lands in a training step, not in the previous epoch's write (which runs on
+        # a thread beside it): a test knows which checkpoint survives.
+        for thread in threading.enumerate():
+            if thread.name == "torchkit-checkpoint-writer":
+                thread.join()
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get("TORCHKIT_TEST_SIGINT_AT") == str(count):
         os.kill(os.getpid(), signal.SIGINT)

@@ -83,6 +83,28 @@ def test_ctrl_c_saves_and_resume_continues_mid_epoch_exactly(
     assert_bitwise_equal(torch.load(out / "last.pt", weights_only=True), uninterrupted)
 
 
+def test_resume_removes_the_temporaries_a_kill_during_a_write_left(
+    data, tmp_path, runner, monkeypatch
+):
+    from nets import NoisyNet
+
+    out = tmp_path / "stopped"
+    NoisyNet.forwards = 0
+    monkeypatch.setenv("TORCHKIT_TEST_SIGINT_AT", "5")
+    assert runner.invoke(app, recipe(data, out, workers=0)).exit_code == 130
+    monkeypatch.delenv("TORCHKIT_TEST_SIGINT_AT")
+    # What a SIGKILL in the middle of the writer thread's work leaves (atomic_write's and
+    # atomic_path's names), beside hidden files of the user's that only look alike.
+    stale = [".metrics.csv.k3j_x9a1.tmp", ".last.ab12cd34.tmp.pt", ".epoch-002.zzzzzzzz.tmp.pt"]
+    kept = [".notes.txt.ab12cd34.tmp", ".last.pt.tmp", ".best.ab12cd3.tmp.pt"]
+    for name in stale + kept:
+        (out / name).write_bytes(b"half")
+    resumed = runner.invoke(app, ["train", "--resume", str(out), "--trust-checkpoint"])
+    assert resumed.exit_code == 0, resumed.stderr
+    assert sorted(p.name for p in out.glob(".*.tmp*")) == sorted(kept)
+    assert (out / "metrics.csv").read_text().count("\n") == 4
+
+
 # CPU float16 autocast with a GradScaler (issue #14): the fp16 path CUDA takes on GPUs without
 # native bfloat16, with accumulation over 2 batches, clipping (of the unscaled gradients) and the
 # EMA, so its exact resume (the scaler's state included) is tested without a GPU.

@@ -7,7 +7,7 @@ import errno
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -122,6 +122,32 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+
+
+# The names `atomic_write` (`.NAME.XXXXXXXX.tmp`) and `atomic_path` (`.STEM.XXXXXXXX.tmp.SUFFIX`)
+# give their temporaries: mkstemp's 8 random characters.
+_TEMPORARY = re.compile(r"\.(?P<stem>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>\.[^.]+)?")
+
+
+def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[str]:
+    """Remove the temporaries a killed writer left in `folder` (a SIGKILL cannot be caught, so
+    the writer's own clean-up never ran), for the final names `owns` accepts: only files the
+    caller writes itself, in a folder it holds locked. Returns the names removed."""
+    removed = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return removed
+    for name in names:
+        found = _TEMPORARY.fullmatch(name)
+        if found is None or not owns(found["stem"] + (found["suffix"] or "")):
+            continue
+        path = folder / name
+        if path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):  # one left behind is clutter, not harm
+                path.unlink()
+                removed.append(name)
+    return removed
 
 
 def _current_umask() -> int:

@@ -54,6 +54,17 @@ RUN_FILES = (
 )
 
 
+def is_run_file(name: str) -> bool:
+    """Whether `name` is one of the files a run writes at the top of its folder."""
+    import fnmatch
+
+    return any(
+        fnmatch.fnmatchcase(name, pattern)
+        for pattern in RUN_FILES
+        if not pattern.startswith(".") and pattern != "tensorboard"
+    )
+
+
 def versions() -> dict[str, str]:
     import importlib.metadata
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torchkit.core.data.sources import SPLIT_CSV, write_split_csv
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io.errors import TorchkitError, first_line
+from torchkit.core.io.files import remove_stale_temporaries
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
@@ -37,6 +38,7 @@ from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
     RUN_FILES,
     TensorBoardLog,
+    is_run_file,
     write_config_json,
     write_curves_png,
     write_metrics_csv,
@@ -127,6 +129,8 @@ class RunFolder:
                 self.taken.append(out)
         if self.output_file is not None:
             _check_output_file(self.output_file, out, inputs, config.force)
+        if in_place:  # a run killed while its files were written left their temporaries
+            remove_stale_temporaries(out, is_run_file)
         return out, in_place
 
     def _out_path(self, plan: RunPlan) -> tuple[Path, bool]:
