@@ -193,6 +193,36 @@ def test_a_csv_index_reads_quoting_unicode_blank_lines_and_odd_spellings_as_writ
     assert samples.classes == ["cat", "dog"]
 
 
+def test_csv_labels_are_read_without_spaces_around_them_paths_exactly(tmp_path):
+    """`a.png, cat` is class cat (the header `path, label` is read so too); a path is read as
+    written, and spaces around it that only a typo explains are refused naming the line."""
+    write_image_folder(tmp_path / "images", {"cat": 1, "dog": 1})
+    (tmp_path / "images" / " spaced.png").write_bytes(
+        (tmp_path / "images" / "cat" / "cat_0.png").read_bytes()
+    )
+    index = _write(
+        tmp_path / "index.csv",
+        "path, label\n"
+        "images/cat/cat_0.png, cat\n"
+        "images/dog/dog_0.png,dog \n"
+        "images/ spaced.png,cat\n",
+    )
+    samples = open_data(index).whole
+    assert samples.classes == ["cat", "dog"]
+    assert samples.labels == [0, 1, 0]
+    assert samples.ids[2] == "images/ spaced.png"  # a name that starts with a space exists
+
+    typo = _write(
+        tmp_path / "typo.csv", "label, path\ncat,images/cat/cat_0.png\ndog, images/dog/dog_0.png\n"
+    )
+    with pytest.raises(
+        InputError,
+        match=r"1 row\(s\) whose path has spaces around it .*line 3 ' images/dog/dog_0.png'",
+    ) as refused:
+        open_data(typo)
+    assert "remove the spaces" in refused.value.hint
+
+
 def test_a_csv_index_of_many_rows_makes_no_path_object_per_row(tmp_path, monkeypatch):
     """A million rows: Path objects per row took seconds (issue #48)."""
     rows = "".join(f"images/c{i % 3}/{i}.png,c{i % 3}\n" for i in range(1000))

@@ -1,7 +1,8 @@
 """CSV indexes: `path,label` with an optional `split` column (what `split --mode manifest` and
 `train`'s RUN/split.csv write). UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8"),
 a file name that is not UTF-8 as its own bytes; relative paths are relative to the CSV's
-folder; every bad row is named by its line."""
+folder; every bad row is named by its line. Labels and splits are read without the spaces around
+them (as the header's names are), paths exactly as written."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def _column(columns: list[str], name: str) -> int | None:
 def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> IndexRows:
     """The rows of the CSV index at `csv_path`; InputError (one line) for a missing file or
     column, text that is not UTF-8 (but for the bytes of file names) or not CSV, no rows, and
-    rows with an empty path, an empty label or a split other than train, val or test.
+    rows with an empty path, an empty label, a split other than train, val or test or a path
+    whose spaces around it are a typo (`_refuse_spaced_paths`).
     `labelled=False`: the label column may be missing (unlabelled images)."""
     source = Path(csv_path)
     if not source.is_file():
@@ -55,6 +57,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     no_path: list[int] = []
     no_label: list[int] = []
     bad_split: list[tuple[int, str]] = []
+    spaced: list[tuple[int, int]] = []  # (line, row) of paths with spaces around them
     reader = None
     try:
         with open_text(source, "utf-8-sig") as handle:
@@ -81,10 +84,13 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 path = row[path_at] if path_at < width else ""
                 if not path.strip():
                     no_path.append(line)
+                elif path[:1].isspace() or path[-1:].isspace():
+                    spaced.append((line, len(paths)))
                 paths.append(path)
                 if has_label:
-                    label = row[label_at] if label_at < width else ""
-                    if not label.strip():
+                    # "a.png, cat" is class cat, as "path, label" names the label column.
+                    label = (row[label_at] if label_at < width else "").strip()
+                    if not label:
                         no_label.append(line)
                     labels.append(label)
                 if has_split:
@@ -108,6 +114,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             f"{source} has {len(no_label)} row(s) with an empty label (line {_lines(no_label)})",
             "every row needs a path and a label",
         )
+    _refuse_spaced_paths(source, paths, spaced)
     if bad_split:
         shown = ", ".join(f"{line} {value!r}" for line, value in bad_split[:_SHOWN])
         raise InputError(
@@ -116,6 +123,26 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "the split column takes train, val or test",
         )
     return IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+
+
+def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int, int]]) -> None:
+    """A path is read exactly as written (a file name may start or end with a space), but one
+    with spaces around it that names no file while the path without them does is a typo
+    ("label, path": a space after the comma), refused naming its lines."""
+    base = str(source.parent)
+    typos = [
+        (line, paths[row])
+        for line, row in spaced
+        if not os.path.lexists(os.path.join(base, paths[row]))
+        and os.path.lexists(os.path.join(base, paths[row].strip()))
+    ]
+    if typos:
+        shown = ", ".join(f"{line} {path!r}" for line, path in typos[:_SHOWN])
+        raise InputError(
+            f"{source} has {len(typos)} row(s) whose path has spaces around it that the file's "
+            f"name has not (line {shown}{', ...' if len(typos) > _SHOWN else ''})",
+            "remove the spaces around the path: paths are read exactly as written",
+        )
 
 
 def _refuse_undecoded_bytes(source: Path, paths: list[str], labels: list[str] | None) -> None:
