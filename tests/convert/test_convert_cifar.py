@@ -497,3 +497,26 @@ def test_output_that_holds_the_input_is_refused(cifar10, tmp_path):
     assert result.exit_code == 1
     assert "contains the CIFAR source" in result.stderr
     assert (copy / "batches.meta").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # written as a hidden folder .x/ that every image-folder reader skips: the class vanished
+        (b".x", "has a class name '.x' that starts with '.'"),
+        # c10_3 and C10_3 were two folders here and one on macOS and Windows
+        (b"C10_3", "differ only by case: 'c10_3' and 'C10_3'"),
+        # failed only when writing, as a write error of the output folder
+        (b"x" * 256, "has an unusable class name 'xxxx"),
+    ],
+)
+def test_class_names_no_reader_would_see_are_refused(cifar10, tmp_path, name, expected):
+    folder, _, _ = cifar10
+    bad = _copy_folder(folder, tmp_path / "bad")
+    names = [n.encode() for n in CIFAR10_CLASSES]
+    names[4] = name
+    (bad / "batches.meta").write_bytes(py2_pickle({b"label_names": names}))
+    result = runner.invoke(app, ["convert", "cifar", str(bad), str(tmp_path / "out"), "-j", "0"])
+    assert result.exit_code == 1
+    assert expected in error_line(result.stderr)
+    assert not (tmp_path / "out").exists()

@@ -37,6 +37,7 @@ from torchkit.core.io.outputs import (
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
+from torchkit.core.split.options import is_folder_name
 
 CIFAR10 = "cifar-10"
 CIFAR100 = "cifar-100"
@@ -263,20 +264,34 @@ def _class_names(meta: Mapping[str, Any], key: str, source: str) -> list[str]:
     names = meta.get(key)
     if not isinstance(names, (list, tuple)) or not names:
         raise InputError(f"{source} has no {key} list", "it is not a CIFAR meta file")
-    classes = []
+    # casefold: on macOS and Windows names that differ only by case share one folder.
+    folded: dict[str, str] = {}
     for raw in names:
         name = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
         # Class names become folder names: refuse anything that is not one plain path component.
-        if (
-            not isinstance(name, str)
-            or name.strip() in ("", ".", "..")
-            or any(c in name for c in "/\\\0")
-        ):
-            raise InputError(f"{source} has an unusable class name {raw!r}", "it must be a name")
-        classes.append(name)
-    if len(set(classes)) != len(classes):
-        raise InputError(f"{source} lists the same class name twice")
-    return classes
+        if not isinstance(name, str) or name.strip() in ("", ".", "..") or not is_folder_name(name):
+            shown = repr(raw) if len(repr(raw)) <= 80 else repr(raw)[:76] + "..."
+            raise InputError(
+                f"{source} has an unusable class name {shown}",
+                "a class name must be one folder name: not empty, '.' or '..', without / \\ "
+                "or NUL, at most 255 bytes",
+            )
+        # A hidden folder is skipped by every image-folder reader: the class would vanish.
+        if name.startswith("."):
+            raise InputError(
+                f"{source} has a class name {name!r} that starts with '.'",
+                "its folder would be hidden, and image-folder readers skip hidden folders",
+            )
+        twin = folded.get(name.casefold())
+        if twin == name:
+            raise InputError(f"{source} lists the same class name twice: {name!r}")
+        if twin is not None:
+            raise InputError(
+                f"{source} has class names that differ only by case: {twin!r} and {name!r}",
+                "they would share one folder on macOS and Windows",
+            )
+        folded[name.casefold()] = name
+    return list(folded.values())
 
 
 def _decode_batch(raw: bytes, source: str, label_key: str, num_classes: int) -> tuple[Any, Any]:
