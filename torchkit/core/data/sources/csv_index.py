@@ -21,8 +21,9 @@ _SHOWN = 5  # line numbers named in one error
 
 @dataclass
 class IndexRows:
-    """The rows of a CSV index, in file order, as written (`labels` is None without a label
-    column, `splits` None without a split column)."""
+    """The rows of a CSV index, in file order: paths as written, labels and splits without the
+    spaces around them (`labels` is None without a label column, `splits` None without a split
+    column)."""
 
     source: Path
     paths: list[str]
