@@ -314,6 +314,35 @@ def test_csv_is_the_json_rows_formatted_with_repr_floats_and_empty_fields(runner
     )
 
 
+@pytest.mark.parametrize("fmt", ["csv", "json", "jsonl", "table", "file"])
+def test_topk_above_the_classes_is_clipped_as_eval_clips_it_in_every_format(
+    runner, world, tmp_path, fmt
+):
+    """--topk 3 with fewer classes gives class_1..class_C (as eval's predictions.csv), and a
+    1-class model still gets class_1: the columns a script asked for never vanish."""
+    from checkpoints import write_convnet_checkpoint
+
+    write_convnet_checkpoint(tmp_path / "one.pt", in_channels=3, image_size=12, classes="a")
+    out = tmp_path / "rows.csv"
+    args = ["-o", out] if fmt == "file" else ["--format", fmt]
+    result = invoke(runner, tmp_path / "one.pt", world["flat"] / "a.png", "--topk", "3", *args)
+    assert result.exit_code == 0, result.stderr
+    assert "--topk 3 is more than the 1 class; using 1" in result.stderr
+    text = out.read_text() if fmt == "file" else result.stdout
+    if fmt in ("json", "jsonl"):
+        row = json.loads(text)[0] if fmt == "json" else json.loads(text.splitlines()[0])
+    elif fmt == "table":
+        assert "class_1" in text and "probability_1" in text and "class_2" not in text
+        return
+    else:
+        row = read_csv(text)[0]
+    assert [key for key in row if key.startswith(("class_", "probability_"))] == [
+        "class_index", "class_1", "probability_1",
+    ]  # fmt: skip
+    assert row["class_1"] == row["class"] == "a"
+    assert float(row["probability_1"]) == 1.0
+
+
 def test_a_checkpoint_is_loaded_without_drawing_random_weights(world):
     """predict builds a checkpoint's model without random init (its weights replace them):
     no random numbers are drawn, and the model is exactly the normally built one."""

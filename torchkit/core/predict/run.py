@@ -34,7 +34,9 @@ class PredictRequest:
     allow_untrained: bool = False  # predict with random weights (a model built by code, a test)
     classes: list[str] | None = None
     split: str | None = None
-    topk: int = 1  # > 1 adds class_1..class_K and probability_1..probability_K
+    # > 1 adds class_1..class_K and probability_1..probability_K, K clipped to the classes
+    # as eval clips it (a 1-class model still gets class_1: the columns follow the request)
+    topk: int = 1
     logits: bool = False
     tta: str = "none"
     image_size: int | None = None
@@ -112,7 +114,8 @@ class PredictRun:
         self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
         if self._k(outputs) < request.topk:
             k = self._k(outputs)
-            self.notes.append(f"--topk {request.topk} is more than the {k} classes; using {k}")
+            classes = "class" if k == 1 else "classes"
+            self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
         checkpoint = self.resolved.checkpoint
         self.image_set = collect_images(
             request.images,
@@ -154,14 +157,19 @@ class PredictRun:
         # The one vocabulary of outputs that name images (eval's predictions.csv too): label
         # the true class name ("" when unknown), class the predicted one, class_index its index.
         columns += ["label", "class", "class_index", "probability"]
-        k = self._k(num_outputs)
-        if k > 1:
-            for rank in range(1, k + 1):
+        if self.ranked:
+            for rank in range(1, self._k(num_outputs) + 1):
                 columns += [f"class_{rank}", f"probability_{rank}"]
         if self.request.logits:
             columns += [f"logit_{i}" for i in range(num_outputs or len(self.classes))]
         columns.append("error")
         return columns
+
+    @property
+    def ranked(self) -> bool:
+        """Whether rows carry class_K/probability_K: --topk above 1 asked for them, whatever
+        the classes clip K to."""
+        return self.request.topk > 1
 
     def _k(self, num_outputs: int | None = None) -> int:
         outputs = num_outputs or len(self.classes) or self.request.topk
@@ -342,7 +350,6 @@ class PredictRun:
         if indices:
             tops, probs, finite = part["top"], part["probs"], part["finite"]
             logits = part.get("logits")
-            k = len(tops[0])
             keys = self._keys(part["outputs"])
             names = [classes[i] if i < len(classes) else str(i) for i in range(part["outputs"])]
         records = []
@@ -378,7 +385,7 @@ class PredictRun:
             summary.predicted += 1
             prob = [_digits(p) for p in prob]
             values += (names[top[0]], top[0], prob[0])
-            if k > 1:
+            if self.ranked:
                 for label, p in zip(top, prob, strict=True):
                     values += (names[label], p)
             if logits:
