@@ -520,3 +520,38 @@ def test_class_names_no_reader_would_see_are_refused(cifar10, tmp_path, name, ex
     assert result.exit_code == 1
     assert expected in error_line(result.stderr)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["folder", "archive"])
+def test_cifar10_and_cifar100_side_by_side_need_variant(cifar10, cifar100, tmp_path, packed):
+    both = _copy_folder(cifar10[0], tmp_path / "cifar" / "batches")
+    for path in cifar100[0].iterdir():
+        (both / path.name).write_bytes(path.read_bytes())
+    source = make_archive(both, tmp_path / "both.tar.gz", "batches") if packed else both
+    out = tmp_path / "out"
+    # CIFAR-10 was converted, CIFAR-100 silently left out
+    result = runner.invoke(app, ["convert", "cifar", str(source), str(out)])
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert "holds both CIFAR-10" in line and "and CIFAR-100" in line
+    assert "--variant cifar10 or --variant cifar100" in line
+    assert not out.exists()
+    for variant, dataset, classes in [
+        ("cifar100", "cifar-100", FINE),
+        ("cifar10", "cifar-10", CIFAR10_CLASSES),
+    ]:
+        args = [str(source), str(out), "--variant", variant, "--force", "--format", "json"]
+        result = runner.invoke(app, ["convert", "cifar", *args, "-j", "0"])
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["dataset"] == dataset
+        assert sorted(p.name for p in (out / "test").iterdir()) == sorted(classes)
+
+
+def test_variant_the_source_does_not_hold_is_a_usage_error(cifar10, tmp_path):
+    folder, _, _ = cifar10
+    result = runner.invoke(
+        app, ["convert", "cifar", str(folder), str(tmp_path / "o"), "--variant", "cifar100"]
+    )
+    assert result.exit_code == 2
+    assert "holds no CIFAR-100 dataset, only CIFAR-10" in error_line(result.stderr)
+    assert not (tmp_path / "o").exists()

@@ -79,6 +79,11 @@ class LabelType(str, Enum):
     coarse = "coarse"
 
 
+class CifarVariant(str, Enum):
+    cifar10 = "cifar10"
+    cifar100 = "cifar100"
+
+
 class WeightDtype(str, Enum):
     float16 = "float16"
     bfloat16 = "bfloat16"
@@ -264,6 +269,16 @@ def cifar(
             show_default=False,
         ),
     ] = None,
+    variant: Annotated[
+        Optional[CifarVariant],
+        typer.Option(
+            "--variant",
+            help="The dataset to convert where the source holds both CIFAR-10's and "
+            "CIFAR-100's files [default: the only one there].",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
     workers: WorkersOption = None,
     force: ForceOption = False,
     fmt: FormatOption = None,
@@ -292,6 +307,7 @@ def cifar(
             src,
             out,
             label_type=label_type.value if label_type else None,
+            variant=variant.value if variant else None,
             force=force,
             workers=workers,
             progress=progress,

@@ -44,6 +44,8 @@ CIFAR100 = "cifar-100"
 SIDE = 32
 ROW_BYTES = 3 * SIDE * SIDE
 LABEL_TYPES = ("fine", "coarse")
+# `--variant`'s names of the two datasets.
+VARIANTS = {"cifar10": CIFAR10, "cifar100": CIFAR100}
 SPLITS = ("train", "test")
 
 MIB = 1 << 20
@@ -195,8 +197,12 @@ def _read_folder(folder: Path) -> dict[str, bytes]:
     return found
 
 
-def _group_files(files: Mapping[str, bytes], source: Path) -> tuple[str, dict[str, bytes]]:
-    """Pick the one folder holding a CIFAR meta file; return (dataset, {basename: bytes})."""
+def _group_files(
+    files: Mapping[str, bytes], source: Path, variant: str | None = None
+) -> tuple[str, dict[str, bytes]]:
+    """Pick the one CIFAR dataset (of `variant`, if given) in the files; return (dataset,
+    {basename: bytes}). Two datasets are refused, never one picked: CIFAR-10 and CIFAR-100
+    files may sit in one folder."""
     groups: dict[str, dict[str, bytes]] = {}
     for relative, data in files.items():
         path = PurePosixPath(relative)
@@ -205,16 +211,38 @@ def _group_files(files: Mapping[str, bytes], source: Path) -> tuple[str, dict[st
     for folder, members in sorted(groups.items()):
         if "batches.meta" in members:
             candidates.append((CIFAR10, folder, members))
-        elif "meta" in members and ("train" in members or "test" in members):
+        if "meta" in members and ("train" in members or "test" in members):
             candidates.append((CIFAR100, folder, members))
     if not candidates:
         raise InputError(
             f"{source} is not a CIFAR-10 or CIFAR-100 python dataset (no batches.meta or meta)",
             "give cifar-10-python.tar.gz, cifar-100-python.tar.gz or the folder extracted from it",
         )
+    if variant is not None:
+        chosen = [candidate for candidate in candidates if candidate[0] == VARIANTS[variant]]
+        if not chosen:
+            found = " and ".join(sorted({dataset.upper() for dataset, _, _ in candidates}))
+            raise UsageError(
+                f"--variant {variant}: {source} holds no {VARIANTS[variant].upper()} dataset, "
+                f"only {found}",
+                "leave out --variant",
+            )
+        candidates = chosen
     if len(candidates) > 1:
+        choose = "choose one with --variant cifar10 or --variant cifar100"
+        folders = {folder for _, folder, _ in candidates}
+        if len(folders) == 1:  # CIFAR-10's and CIFAR-100's files side by side
+            folder = folders.pop()
+            raise InputError(
+                f"{source} holds both CIFAR-10 (batches.meta, data_batch_N, test_batch) and "
+                "CIFAR-100 (meta, train, test) files" + ("" if folder == "." else f" in {folder}"),
+                choose,
+            )
         where = ", ".join(f"{folder} ({dataset})" for dataset, folder, _ in candidates)
-        raise InputError(f"{source} holds several CIFAR datasets: {where}", "point at one of them")
+        hint = "point at one of them"
+        if len({dataset for dataset, _, _ in candidates}) > 1:
+            hint += f", or {choose}"
+        raise InputError(f"{source} holds several CIFAR datasets: {where}", hint)
     dataset, _, members = candidates[0]
     return dataset, members
 
@@ -330,14 +358,19 @@ def _decode_batch(raw: bytes, source: str, label_key: str, num_classes: int) -> 
     return images, labels
 
 
-def read_cifar(src: str | os.PathLike, *, label_type: str | None = None) -> CifarData:
+def read_cifar(
+    src: str | os.PathLike, *, label_type: str | None = None, variant: str | None = None
+) -> CifarData:
     """Decode a CIFAR-10/100 python archive or folder. `label_type` (fine|coarse) is CIFAR-100's
-    choice of labels; fine by default."""
+    choice of labels; fine by default. `variant` (cifar10|cifar100) picks the dataset where
+    the source holds both; by default the source must hold only one."""
     import numpy as np
 
     source = require_input(src, what="CIFAR source")
     if label_type is not None and label_type not in LABEL_TYPES:
         raise UsageError(f"--label-type must be fine or coarse, not {label_type!r}")
+    if variant is not None and variant not in VARIANTS:
+        raise UsageError(f"--variant must be cifar10 or cifar100, not {variant!r}")
     if source.is_dir():
         files = _read_folder(source)
     elif tarfile.is_tarfile(source):
@@ -347,7 +380,7 @@ def read_cifar(src: str | os.PathLike, *, label_type: str | None = None) -> Cifa
             f"{source} is neither a folder nor a tar archive",
             "give cifar-10-python.tar.gz, cifar-100-python.tar.gz or the folder extracted from it",
         )
-    dataset, members = _group_files(files, source)
+    dataset, members = _group_files(files, source, variant)
     split_files = _split_files(dataset, members, source)
     meta_name = "batches.meta" if dataset == CIFAR10 else "meta"
     meta = _as_dict(restricted_loads(members[meta_name], source=meta_name), meta_name)
@@ -529,6 +562,7 @@ def convert_cifar(
     out: str | os.PathLike,
     *,
     label_type: str | None = None,
+    variant: str | None = None,
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
@@ -541,7 +575,7 @@ def convert_cifar(
     output = output_folder(out, force=force, inputs=[InputPath.of(source, "CIFAR source")])
     started = time.perf_counter()
     with output:
-        data = read_cifar(source, label_type=label_type)
+        data = read_cifar(source, label_type=label_type, variant=variant)
         report = write_cifar(data, output, workers=workers, progress=progress)
     report.seconds = time.perf_counter() - started
     return report
