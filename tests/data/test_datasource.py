@@ -112,6 +112,53 @@ def test_digits_is_split_data_with_its_own_val():
     assert source.splits["test"].splits[0] == "test"
 
 
+def _add_macos_leftovers(root: Path, classes: list[str]) -> None:
+    """What unzipping a zip that macOS's Finder made leaves: `__MACOSX/<class>/._<image>` beside
+    the class folders, and `._<image>` AppleDouble files (not images) in a class folder."""
+    apple_double = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X" + bytes(64)
+    for name in classes:
+        (root / "__MACOSX" / name).mkdir(parents=True)
+        (root / "__MACOSX" / name / f"._{name}_0.png").write_bytes(apple_double)
+        (root / name / f"._{name}_0.png").write_bytes(apple_double)
+        (root / name / "__MACOSX").mkdir()
+        (root / name / "__MACOSX" / f"._{name}_0.png").write_bytes(apple_double)
+
+
+def test_macos_zip_leftovers_are_no_class_split_or_image(tmp_path):
+    """`__MACOSX/` is not a class (nor a split), `._x.png` is not an image: in an image folder,
+    a split root, a flat folder and a tar of an image folder."""
+    import tarfile
+
+    folder = write_image_folder(tmp_path / "folder", {"cat": 2, "dog": 1})
+    _add_macos_leftovers(folder, ["cat", "dog"])
+    source = open_data(folder)
+    assert source.kind == "image folder" and source.classes == ["cat", "dog"]
+    assert source.whole.ids == ["cat/cat_0.png", "cat/cat_1.png", "dog/dog_0.png"]
+
+    split_root = tmp_path / "split"
+    write_image_folder(split_root / "train", {"cat": 1, "dog": 1})
+    write_image_folder(split_root / "val", {"cat": 1, "dog": 1})
+    _add_macos_leftovers(split_root, ["train", "val"])  # __MACOSX/ beside the splits
+    split = open_data(split_root)
+    assert split.kind == "split root" and list(split.splits) == ["train", "val"]
+    assert split.classes == ["cat", "dog"] and len(split.splits["train"]) == 2
+
+    flat = tmp_path / "flat"
+    write_image_folder(flat, {"cat": 2})
+    _add_macos_leftovers(flat, ["cat"])
+    (flat / "cat" / "._top.png").write_bytes(b"\x00\x05\x16\x07")
+    unlabelled = open_data(flat / "cat", allow_unlabelled=True)
+    assert unlabelled.kind == "flat folder"
+    assert unlabelled.whole.ids == ["cat_0.png", "cat_1.png"]
+
+    archive = tmp_path / "folder.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(folder, arcname="folder")  # wrapped in its folder, __MACOSX/ inside it
+        tar.add(folder / "__MACOSX", arcname="__MACOSX/folder")  # and beside it, as in a zip
+    in_tar = open_data(archive)
+    assert in_tar.classes == ["cat", "dog"] and len(in_tar.whole) == 3
+
+
 def test_csv_index_with_bom_paths_as_written_and_a_split_column(tmp_path):
     write_image_folder(tmp_path / "images", {"cat": 2, "dog": 2})
     index = _write(

@@ -20,16 +20,30 @@ def is_image_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in IMAGE_EXTENSIONS
 
 
+def is_apple_double(name: str) -> bool:
+    """`._NAME`: the AppleDouble file macOS writes beside NAME (its extended attributes) on
+    other disks, in zips and in tars; never an image, whatever its extension."""
+    return name.startswith("._")
+
+
+def is_skipped_folder(name: str) -> bool:
+    """A folder that is never a class or a split: a hidden one, or `__MACOSX` (the AppleDouble
+    files macOS's Finder adds to a zip archive; torchvision's ImageFolder takes it for a class)."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
 def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
     """(image files, other files not hidden, symbolic links named like images that point
-    nowhere) under `folder`, unsorted, spelled as pathlib spells them; symlinked files are
-    included, symlinked folders not entered and unreadable folders skipped, as `Path.rglob`
-    does (`core.io.files.tree_entries`)."""
+    nowhere) under `folder`, AppleDouble files (`._NAME`) left out, unsorted, spelled as pathlib
+    spells them; symlinked files are included, symlinked folders not entered and unreadable
+    folders skipped, as `Path.rglob` does (`core.io.files.tree_entries`)."""
     images: list[str] = []
     others: list[str] = []
     dangling: list[str] = []
     for path, entry in tree_entries(folder):
         name = entry.name
+        if is_apple_double(name):
+            continue
         try:
             is_file = entry.is_file()
             if not is_file and not entry.is_symlink():
@@ -83,9 +97,9 @@ def discover_image_folder(
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"dataset folder not found: {folder}", "check --data")
-    class_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    class_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not is_skipped_folder(p.name))
     if not class_dirs:
-        if any(is_image_file(p) for p in folder.iterdir()):
+        if any(is_image_file(p) and not is_apple_double(p.name) for p in folder.iterdir()):
             raise InputError(
                 f"{folder} holds images but no class folders",
                 "arrange it as ROOT/<class>/<image>",

@@ -42,7 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.sources.csv_index import natural_key
-from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS, is_image_file
+from torchkit.core.data.sources.discovery import (
+    IMAGE_EXTENSIONS,
+    is_apple_double,
+    is_image_file,
+    is_skipped_folder,
+)
 from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import DataSource, _split_source, relabelled
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
@@ -412,7 +417,7 @@ def _folder_shards(folder: Path) -> list[str] | None:
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
-                if entry.name.startswith("."):
+                if is_skipped_folder(entry.name):  # hidden, or __MACOSX
                     continue
                 if entry.is_dir() or is_image_file(entry.name):
                     return None
@@ -730,14 +735,15 @@ def _open_folder_tar(
     names = [
         name
         for name in (*listing.members, *listing.links)
-        if is_image_file(name) and not posixpath.basename(name).startswith("._")
+        if is_image_file(name) and not is_apple_double(posixpath.basename(name))
     ]
     folders = set(listing.folders) | {posixpath.dirname(name) for name in names}
     prefix = _wrapping_folder(spec, names, folders)
     if prefix:
         names = [name[len(prefix) :] for name in names]
         folders = {f[len(prefix) :] for f in folders if f.startswith(prefix)}
-    top_folders = sorted({f.split("/")[0] for f in folders if f and not f.startswith(".")})
+    tops = {f.split("/")[0] for f in folders if f}
+    top_folders = sorted(top for top in tops if not is_skipped_folder(top))
     top_images = any("/" not in name for name in names)
     reader = TarReader(spec)
     archive = os.path.basename(spec)
@@ -758,7 +764,7 @@ def _open_folder_tar(
                 }
                 - {""}
             )
-            class_names = [c for c in class_names if not c.startswith(".")]
+            class_names = [c for c in class_names if not is_skipped_folder(c)]
             if not class_names:
                 where = f"{spec}:{base}" if base else spec
                 if any("/" not in n[len(start) :] for n in names if n.startswith(start)):
@@ -810,10 +816,12 @@ def _open_folder_tar(
 
 
 def _wrapping_folder(spec: str, names: list[str], folders: set[str]) -> str:
-    """`X/` when everything in `X.tar` lies in one folder `X` (`tar cf X.tar X`), else ""."""
+    """`X/` when everything in `X.tar` lies in one folder `X` (`tar cf X.tar X`; hidden folders
+    and __MACOSX aside), else ""."""
     stem = os.path.basename(spec)[: -len(".tar")]
     prefix = stem + "/"
     inside = names and all(n.startswith(prefix) for n in names)
-    if inside and all(f == stem or f.startswith(prefix) for f in folders if f):
+    shown = [f for f in folders if f and not is_skipped_folder(f.split("/")[0])]
+    if inside and all(f == stem or f.startswith(prefix) for f in shown):
         return prefix
     return ""

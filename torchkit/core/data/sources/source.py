@@ -12,7 +12,9 @@ from torchkit.core.data.sources.digits import DIGITS, digits_splits
 from torchkit.core.data.sources.discovery import (
     discover_flat_folder,
     discover_image_folder,
+    is_apple_double,
     is_image_file,
+    is_skipped_folder,
     list_non_image_files,
     relative_ids,
 )
@@ -258,8 +260,8 @@ def _subfolders(path: Path) -> tuple[list[str], bool]:
         entries = list(path.iterdir())
     except OSError as error:
         raise InputError(f"cannot list {path}: {error.strerror or error}") from None
-    folders = sorted(p.name for p in entries if not p.name.startswith(".") and p.is_dir())
-    images = any(is_image_file(p) and p.is_file() for p in entries)
+    folders = sorted(p.name for p in entries if not is_skipped_folder(p.name) and p.is_dir())
+    images = any(is_image_file(p) and not is_apple_double(p.name) and p.is_file() for p in entries)
     return folders, images
 
 
