@@ -442,6 +442,30 @@ def test_early_stop(runner, split_root, tmp_path, epochs):
     assert summary["stopped_early"] is (epochs > 3)
 
 
+def test_resuming_a_run_that_stopped_early_trains_nothing_unless_early_stop_is_raised(
+    runner, split_root, tmp_path
+):
+    """As a run that trained all its epochs: its stop rule is already met, so --resume says so
+    and trains nothing (it used to train one more epoch and stop again); a larger --early-stop
+    continues it."""
+    out = tmp_path / "r"
+    args = ["--data", str(split_root), *FAST, "--epochs", "6", "--lr", "1e-30", "--device", "cpu"]
+    assert train(runner, *args, "--early-stop", "2", "--out", str(out)).exit_code == 0
+    trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
+    again = train(runner, "--resume", str(out), trusted, "--format", "json")
+    assert again.exit_code == 0, again.stderr
+    assert "stopped early after 3 epochs, 2 without a better val" in again.stderr
+    assert "nothing to train" in again.stderr
+    summary = json.loads(again.stdout)
+    assert (summary["epochs"], summary["stopped_early"]) == (3, True)
+    assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3]
+    assert read_checkpoint(out / "last.pt")["epoch"] == 3
+    raised = train(runner, "--resume", str(out), trusted, "--early-stop", "3")
+    assert raised.exit_code == 0, raised.stderr
+    assert "nothing to train" not in raised.stderr
+    assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3, 4]
+
+
 def test_with_ema_best_pt_is_picked_by_the_ema_weights(runner, split_root, tmp_path):
     out = tmp_path / "r"
     args = ["--data", str(split_root), *FAST, "--epochs", "4", "--lr", "0.05", "--ema"]

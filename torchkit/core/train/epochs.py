@@ -123,6 +123,14 @@ class EpochDriver:
 
         state, config, result = self.state, self.state.config, self.result
         mid_epoch = state.progress.batches > 0
+        resumed_after_early_stop = (
+            not mid_epoch
+            and state.start_epoch < config.epochs
+            and state.patience_spent(state.start_epoch)
+        )
+        if resumed_after_early_stop:  # nothing to train: the runner said so
+            result.stopped_early = True
+            return
         for epoch in range(state.start_epoch, config.epochs):
             if mid_epoch:
                 restore_rank_rng(state.resume_rng, self.ctx, config, epoch, state.progress)
@@ -145,7 +153,7 @@ class EpochDriver:
             result.epochs = epoch + 1
             if epoch + 1 == config.epochs:
                 break  # every epoch trained: not stopped early, whatever --early-stop says
-            if config.early_stop and epoch + 1 - state.best_epoch >= config.early_stop:
+            if state.patience_spent(epoch + 1):
                 result.stopped_early = True
                 break
             if epoch + 1 < config.epochs and self.should_stop(force=True):

@@ -330,10 +330,21 @@ def _announce(
             notes=list(state.data.notes),
         )
     )
-    if state.start_epoch >= config.epochs and state.progress.batches == 0:
+    if state.progress.batches > 0:
+        return
+    if state.start_epoch >= config.epochs:
         log.warning(
             "the run has already trained %d of %d epochs: nothing to train "
             "(pass a larger --epochs to continue it)",
             state.start_epoch,
             config.epochs,
+        )
+    elif state.patience_spent(state.start_epoch):  # the loop trains nothing (EpochDriver)
+        log.warning(
+            "the run stopped early after %d epochs, %d without a better val %s (--early-stop "
+            "%d): nothing to train (pass a larger --early-stop, or --early-stop 0, to continue it)",
+            state.start_epoch,
+            state.start_epoch - state.best_epoch,
+            config.best_metric,
+            config.early_stop,
         )

@@ -87,6 +87,11 @@ class TrainState:
                 return self.watched_value(row, name)
         return None
 
+    def patience_spent(self, epochs_done: int) -> bool:
+        """--early-stop's rule: its N epochs have gone by without a better val metric."""
+        early_stop, best = self.config.early_stop, self.best_epoch
+        return bool(early_stop) and best is not None and epochs_done - best >= early_stop
+
     def is_best(self, row: dict) -> bool:
         """Better on --best-metric (higher top-1, or lower loss); a tie goes to the other one
         (small validation sets often tie on top-1)."""
