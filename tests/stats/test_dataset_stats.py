@@ -172,6 +172,39 @@ def test_native_mode_refuses_32_bit_values_beside_8_and_16_bit_images(tmp_path, 
     assert stats.mean[0] == pytest.approx(values.mean()) and stats.pixels == 32
 
 
+def test_native_mode_takes_the_bit_depth_from_the_file_not_its_values(tmp_path):
+    """A 32-bit integer TIFF is 32-bit even when its values fit in 16 bits (it was scaled by
+    65535 then, and measured in its own values beside one with a larger value: refused as
+    mixed); a 16-bit PGM, which Pillow opens as 32-bit `I`, stays 16-bit."""
+    rng = np.random.default_rng(11)
+    root = tmp_path / "depths"
+    small = rng.integers(0, 60_000, (4, 4)).astype(np.int32)
+    large = small.copy()
+    large[0, 0] = 70_000
+    _save(root / "a" / "small.tif", Image.fromarray(small))
+    _save(root / "a" / "large.tif", Image.fromarray(large))
+    stats = compute_dataset_stats(root, mode="native", workers=0)
+    values = np.concatenate([small.ravel(), large.ravel()]).astype(np.float64)
+    assert stats.mean[0] == pytest.approx(values.mean(), rel=1e-12)
+    assert stats.std[0] == pytest.approx(values.std(), rel=1e-12)
+
+    gray = tmp_path / "gray"
+    deep = rng.integers(0, 65536, (5, 7), dtype=np.uint16)
+    _save(gray / "a" / "deep.pgm", Image.fromarray(deep))
+    _save(gray / "a" / "eight.png", Image.fromarray(rng.integers(0, 256, (3, 3), np.uint8)))
+    with Image.open(gray / "a" / "deep.pgm") as opened:
+        assert opened.mode in ("I", "I;16")  # "I" in the Pillow versions this guards against
+
+    def native(image):
+        scale = 255.0 if image.mode == "L" else 65535.0
+        return np.asarray(image)[..., None], scale
+
+    expected_mean, expected_std = numpy_reference(gray, ["a/deep.pgm", "a/eight.png"], native)
+    stats = compute_dataset_stats(gray, mode="native", workers=0)
+    np.testing.assert_allclose(stats.mean, expected_mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(stats.std, expected_std, rtol=0, atol=1e-12)
+
+
 def test_pixels_are_weighted_not_per_image_means(tmp_path):
     """The seeds' compute_mean_and_std averages per-image means: 0.5 here. The truth is 1/101."""
     root = tmp_path / "sizes"

@@ -157,6 +157,28 @@ def uint16_to_uint8(array: Any) -> Any:
     return np.rint(array / 257.0).astype(np.uint8)
 
 
+def declares_16_bit_samples(image: Any) -> bool:
+    """Whether an opened image's file declares unsigned samples of at most 16 bits: a 16-bit
+    mode (`I;16*`); of an `I` image, a PNG (at most 16 bits a sample) or PGM/PPM (maxval at most
+    65535), which some Pillow versions open as `I`, or a TIFF whose BitsPerSample (tag 258) is
+    at most 16 and whose SampleFormat (tag 339) is unsigned. Any other `I` image (a 32-bit or
+    signed TIFF) is 32-bit, whatever its values: they never decide its depth."""
+    if image.mode in SIXTEEN_BIT_MODES:
+        return True
+    if image.mode != "I":
+        return False
+    if image.format in ("PNG", "PPM"):
+        return True
+    if image.format != "TIFF":
+        return False
+
+    def per_sample(tag: int) -> tuple:  # one value a sample; 1 (8 bits, unsigned) when absent
+        value = image.tag_v2.get(tag, 1)
+        return value if isinstance(value, tuple) else (value,)
+
+    return all(bits <= 16 for bits in per_sample(258)) and set(per_sample(339)) == {1}
+
+
 def to_8bit(image: Any) -> Any:
     """`image` (PIL) with 8 bits per sample: `I;16*` scaled, `I` clipped to 0..65535 and
     scaled, as an `L` image; any other mode is returned as it is."""

@@ -208,8 +208,8 @@ def summarise(
         # Values / 255 or / 65535 and a 32-bit image's own values are not on one scale: their
         # sums would add up to a mean and std of neither.
         raise InputError(
-            f"--mode native measures 8- and 16-bit images in [0, 1] (e.g. {mixed[0]}) and 32-bit "
-            f"ones, floating point or beyond 0..65535, in their own values (e.g. {mixed[1]}): "
+            f"--mode native measures 8- and 16-bit images in [0, 1] (e.g. {mixed[0]}) and 32-bit, "
+            f"signed or floating point ones in their own values (e.g. {mixed[1]}): "
             "one mean and std cannot cover both",
             "use --mode rgb or --mode gray, or measure the 32-bit images on their own",
         )

@@ -14,6 +14,7 @@ from typing import Any
 from torchkit.core.data.image_files import (
     SIXTEEN_BIT_MODES,
     NotARegularFile,
+    declares_16_bit_samples,
     expanded_mode,
     opened_image,
     pixels_in_mode,
@@ -63,17 +64,21 @@ class Accumulator:
         # by name, whatever order the workers finish in), for errors
         self.unit_examples: dict[tuple[tuple[str, ...], bool], str] = {}
 
-    def add_image(self, image, channels: tuple[str, ...], example: str) -> None:
+    def add_image(
+        self, image, channels: tuple[str, ...], example: str, *, sixteen_bit: bool = False
+    ) -> None:
+        """Count `image`'s pixels. `sixteen_bit`: its file declares unsigned samples of at most
+        16 bits (`declares_16_bit_samples`), so an `I` image is counted in [0, 65535]; any other
+        `I` image, whatever its values, is 32-bit and summed in its own values."""
         import numpy as np
 
         self.examples.setdefault(channels, example)
-        if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":
+        if image.mode in SIXTEEN_BIT_MODES or (image.mode == "I" and sixteen_bit):
             values = np.asarray(image)
-            if image.mode in SIXTEEN_BIT_MODES or (values.min() >= 0 and values.max() <= 65535):
-                counts = np.bincount(values.astype(np.uint16, copy=False).ravel(), minlength=65536)
-                self._note_units(channels, False, example)
-                self._add_histogram(channels, 65535, counts.reshape(1, -1))
-                return
+            counts = np.bincount(values.astype(np.uint16, copy=False).ravel(), minlength=65536)
+            self._note_units(channels, False, example)
+            self._add_histogram(channels, 65535, counts.reshape(1, -1))
+            return
         if image.mode in ("I", "F"):  # 32-bit values: summed in their own units
             values = np.asarray(image, dtype=np.float64).ravel()
             self._note_units(channels, True, example)
@@ -252,6 +257,7 @@ def scan_files(
             try:
                 with opened_image(data) as image:
                     native_mode, file_format, (width, height) = image.mode, image.format, image.size
+                    sixteen_bit = declares_16_bit_samples(image)
                     wanted = target_mode(image.mode, image.info, mode)
                     if mode == "native":  # the file's own channels, at their own depth
                         pixels = image if image.mode == wanted else image.convert(wanted)
@@ -264,7 +270,9 @@ def scan_files(
                         size = resized_size(width, height, resize)
                         pixels = pixels.resize(size, Image.Resampling.BILINEAR)
                     channels = channel_names(pixels.mode, pixels.getbands())
-                    result.accumulator.add_image(pixels, channels, ids[offset])
+                    result.accumulator.add_image(
+                        pixels, channels, ids[offset], sixteen_bit=sixteen_bit
+                    )
             except Exception as error:  # noqa: BLE001 - any decoder failure means unreadable
                 result.errors.append((index, _describe(error, len(data)), len(data)))
                 continue
