@@ -589,6 +589,14 @@ def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch
         (["--scheduler", "step", "--min-lr", "1e-4"], "--min-lr 0.0001 has no effect"),
         (["--no-ema", "--ema-decay", "0.9"], "--ema-decay 0.9 has no effect: only --ema"),
         (["--randaugment-magnitude", "5"], "--randaugment-magnitude 5 has no effect"),
+        (["--keep", "2"], "--keep 2 has no effect: only --save-every uses it"),
+        (["--momentum", "0.5"], "--momentum 0.5 has no effect: only --optimizer sgd or rmsprop"),
+        (["--amp-dtype", "bf16"], "--amp-dtype bf16 has no effect: only --amp uses it"),
+        (["--weight-decay", "0", "--decay-all"], "--decay-all on has no effect"),
+        (["--lr-max", "3"], "--lr-max 3.0 has no effect: only --find-lr uses it"),
+        (["--find-lr-iters", "5"], "--find-lr-iters 5 has no effect: only --find-lr"),
+        (["--augment", "none", "--crop-scale", "0.5,1"], "--crop-scale 0.5 1.0 has no effect"),
+        (["--augment", "none", "--no-flip"], "--flip off has no effect: only a random crop"),
     ],
 )
 def test_an_option_the_other_options_leave_unused_is_a_warning(runner, args, warning):
@@ -601,5 +609,20 @@ def test_an_option_the_other_options_leave_unused_is_a_warning(runner, args, war
 def test_options_a_schedule_uses_or_left_at_their_defaults_are_not_warned_about(runner):
     given = ["--scheduler", "plateau", "--patience", "3", "--gamma", "0.5", "--step-size", "30"]
     result = runner.invoke(app, ["train", "--print-config", *given, "--ema-decay", "0.999"])
+    assert result.exit_code == 0, result.stderr
+    assert "Warning" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--keep", "2", "--save-every", "1"],
+        ["--optimizer", "sgd", "--momentum", "0.5", "--decay-all"],
+        ["--amp", "--amp-dtype", "bf16"],
+        ["--data", "digits", "--augment", "none"],  # flip and crop scale the data chose
+    ],
+)
+def test_options_the_others_use_are_not_warned_about(runner, args):
+    result = runner.invoke(app, ["train", "--print-config", *args])
     assert result.exit_code == 0, result.stderr
     assert "Warning" not in result.stderr

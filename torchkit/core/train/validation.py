@@ -268,16 +268,31 @@ def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
         unused.append(("ema_decay", "--ema"))
     if config.augment != "randaugment":
         unused.append(("randaugment_magnitude", "--augment randaugment"))
+    if config.augment == "none":  # resize and centre crop: no random crop, no flip
+        random_crop = "a random crop (--augment other than none)"
+        unused += [("crop_scale", random_crop), ("flip", random_crop)]
+    if not config.save_every:  # only epoch-NNN.pt files are pruned
+        unused.append(("keep", "--save-every"))
+    if config.optimizer in ("adam", "adamw"):
+        unused.append(("momentum", "--optimizer sgd or rmsprop"))
+    if not config.weight_decay:
+        unused.append(("decay_all", "a positive --weight-decay"))
+    if not config.amp:
+        unused.append(("amp_dtype", "--amp"))
+    if not config.find_lr:
+        unused += [(name, "--find-lr") for name in ("lr_min", "lr_max", "find_lr_iters")]
     moved = set(set_away_from_defaults(config, [name for name, _ in unused]))
     return [(name, users) for name, users in unused if name in moved]
 
 
 def set_away_from_defaults(config: TrainConfig, names: Iterable[str]) -> list[str]:
     """The `names` whose value in `config` is not TrainConfig's default (a config file's list
-    is the default's tuple when their items are)."""
+    is the default's tuple when their items are), nor one the data chose (`data_defaults`)."""
     defaults = {f.name: f.default for f in fields(TrainConfig)}
 
     def moved(name: str) -> bool:
+        if name in config.data_defaults:
+            return False
         value, default = getattr(config, name), defaults.get(name)
         if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
             return tuple(value) != tuple(default)
