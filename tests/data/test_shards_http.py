@@ -194,6 +194,34 @@ def test_a_connection_that_ends_early_leaves_no_shard(server, tmp_path):
     assert_no_half_shard(tmp_path, "shard-000000.tar")
 
 
+@pytest.mark.parametrize("lie", ["half", "at a member's end", "no length"])
+def test_a_download_cut_short_with_no_http_error_is_refused_and_never_cached(
+    world, server, tmp_path, lie
+):
+    """A Content-Length smaller than the shard (or none, and a connection closed early) ends
+    the body early as far as HTTP knows: what arrived was cached and read as "sample ... has no
+    image", or as a shard of fewer samples, in every later run too."""
+    import tarfile
+
+    shard = world / "served" / "shards" / "shard-000000.tar"
+    with tarfile.open(shard) as tar:
+        boundary = tar.getmembers()[3].offset  # the header of the 4th member
+    size = shard.stat().st_size // 2
+    path = {
+        "half": f"lying/{size}",
+        "at a member's end": f"lying/{boundary}",
+        "no length": f"unsized/{size}",
+    }[lie]
+    url = f"{server.url}/{path}/shards/shard-000000.tar"
+    for _ in range(2):  # a second run is refused too: nothing was cached
+        result = run_torchkit_in_process("dataset-stats", url)
+        assert result.returncode == 1, result.stdout
+        line = error_line(result.stderr)
+        assert f"cannot download {url}: what arrived is truncated" in line, line
+        assert "without the end-of-archive marker" in line, line
+        assert_no_half_shard(tmp_path, "shard-000000.tar")
+
+
 def test_a_server_that_never_answers_is_an_error_after_the_timeout(tmp_path, monkeypatch):
     from torchkit.core.data.sources import http_shards
 

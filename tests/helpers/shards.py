@@ -29,7 +29,10 @@ def write_shards(pattern: str, folder: Path, *, maxcount: int) -> None:
 
 class _Handler(SimpleHTTPRequestHandler):
     """Serves the folder; records (method, path) of every request; `/broken/NAME.tar` answers 200
-    with a Content-Length and closes after half the bytes; `/status/CODE/NAME.tar` answers CODE."""
+    with a Content-Length and closes after half the bytes; `/status/CODE/NAME.tar` answers CODE;
+    `/lying/N/PATH.tar` answers the file PATH.tar whole with a Content-Length of N (GET and
+    HEAD), and `/unsized/N/PATH.tar` its first N bytes with no Content-Length, then closes
+    (other files under them: the file PATH, truthfully)."""
 
     def __init__(self, *args, requests: list, **kwargs) -> None:
         self.requests = requests
@@ -41,9 +44,30 @@ class _Handler(SimpleHTTPRequestHandler):
     def _record(self) -> None:
         self.requests.append((self.command, self.path))
 
+    def _lie(self, body: bool) -> bool:
+        """Answer a `/lying/` or `/unsized/` request; False for any other."""
+        kind, _, rest = self.path.lstrip("/").partition("/")
+        if kind not in ("lying", "unsized"):
+            return False
+        count, _, path = rest.partition("/")
+        if not path.endswith(".tar"):  # classes.txt, manifest.json: served as they are
+            self.path = "/" + path
+            return False
+        data = (Path(self.directory) / path).read_bytes()
+        self.send_response(200)
+        if kind == "lying":
+            self.send_header("Content-Length", count)
+        self.end_headers()
+        if body:
+            self.wfile.write(data if kind == "lying" else data[: int(count)])
+            self.wfile.flush()
+        self.close_connection = True
+        return True
+
     def do_HEAD(self) -> None:
         self._record()
-        super().do_HEAD()
+        if not self._lie(body=False):
+            super().do_HEAD()
 
     def do_GET(self) -> None:
         self._record()
@@ -58,7 +82,8 @@ class _Handler(SimpleHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        super().do_GET()
+        if not self._lie(body=True):
+            super().do_GET()
 
 
 @contextlib.contextmanager

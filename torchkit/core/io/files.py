@@ -92,8 +92,15 @@ def json_text(value: object, **dumps_kwargs) -> str:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
-    """Open a temporary file beside `path`; rename it into place only if the block succeeds.
+def atomic_write(
+    path: str | os.PathLike,
+    mode: str = "w",
+    *,
+    check: Callable[[Path], None] | None = None,
+    **open_kwargs,
+) -> Iterator[IO]:
+    """Open a temporary file beside `path`; rename it into place only if the block succeeds
+    (and `check`, given the complete temporary file, raises nothing).
 
     The temporary file is in the same folder so the final `os.replace` is atomic: a crash or a
     kill at any moment leaves either the old file or the new one, never a truncated mix. Text
@@ -117,6 +124,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())
+            if check is not None:
+                check(Path(tmp_name))
             os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

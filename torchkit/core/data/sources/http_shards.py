@@ -22,8 +22,10 @@ shards take in the cache (the least recently used deleted first), and train's or
 window of as many shards as that holds at a time. Other URL shards are all fetched first.
 
 Downloads run DOWNLOAD_THREADS at a time, each streamed to a hidden temporary file beside the
-shard and renamed into place once complete and checked (length, manifest sha256): a failed or
-killed download leaves nothing under the shard's name. A lock file per shard makes processes
+shard and renamed into place once complete and checked (length, manifest sha256; without a
+sha256, a whole tar up to its end-of-archive marker: a server whose Content-Length is too small
+cuts the body short with no HTTP error): a failed or killed download leaves nothing under the
+shard's name. A lock file per shard makes processes
 that share the cache (torchrun's ranks, two runs at once) download each shard once: the others
 wait for it, then use it. Every socket operation times out after TIMEOUT_S seconds
 (`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is one error naming the URL and why.
@@ -428,7 +430,9 @@ def _download(
         want = expected["bytes"] if expected else None
         if want is not None and length is not None and length != want:
             raise _changed(url, f"the server has {length} bytes, manifest.json says {want}")
-        with atomic_write(target, "wb") as handle:
+        checked = expected is not None and expected["sha256"] is not None
+        whole_tar = None if checked else lambda temporary: _check_whole_tar(url, temporary)
+        with atomic_write(target, "wb", check=whole_tar) as handle:
             while True:
                 if stop.is_set():
                     raise _Stopped
@@ -448,6 +452,29 @@ def _download(
     _write_record(target, url, done, digest.hexdigest(), etag)
     seconds = time.perf_counter() - started
     log.info("downloaded %s (%.1f MB in %.1f s)", _shown(url), done / 1e6, seconds)
+
+
+def _check_whole_tar(url: str, temporary: Path) -> None:
+    """A download manifest.json's sha256 does not check is a whole tar, or it is not kept: a
+    server whose Content-Length is smaller than the shard (or that sends none and closes early)
+    ends the body early with no error from HTTP."""
+    from torchkit.core.data.sources.shards import DamagedTar, list_tar
+
+    try:
+        list_tar(str(temporary), whole=True)
+    except InputError as error:
+        named = f"{temporary} is "
+        if not error.message.startswith(named):  # cannot read it back: the error it is
+            message = error.message.replace(str(temporary), _shown(url))
+            raise InputError(message, error.hint) from None
+        what = "what arrived is " + error.message[len(named) :]
+        if isinstance(error, DamagedTar):
+            raise InputError(
+                f"cannot download {_shown(url)}: {what}",
+                "the server sent less than the whole shard, e.g. its Content-Length is too "
+                "small; nothing of it was kept",
+            ) from None
+        raise InputError(f"cannot use {_shown(url)}: {what}", error.hint) from None
 
 
 def _content_length(response: Any) -> int | None:

@@ -171,10 +171,16 @@ def _member_name(name: str) -> str:
     return name.rstrip("/")
 
 
-def list_tar(path: str) -> TarListing:
+class DamagedTar(InputError):
+    """A tar cut short or damaged (`list_tar`)."""
+
+
+def list_tar(path: str, *, whole: bool = False) -> TarListing:
     """Every member of the uncompressed tar at `path`, from its headers only (the data is
     skipped by seeking): O(members). InputError naming the file when it is not a tar, is
-    compressed, or is truncated or damaged (a header or a member's data past its end)."""
+    compressed, or is truncated or damaged (DamagedTar: a header or a member's data past its
+    end). `whole=True`: a tar that ends right after a member, without the end-of-archive
+    marker, is truncated too (what a download cut short at a member's end leaves)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as handle:
@@ -225,6 +231,8 @@ def list_tar(path: str) -> TarListing:
         tail = handle.read(tarfile.BLOCKSIZE)
     if tail and (tail != bytes(len(tail)) or len(tail) < tarfile.BLOCKSIZE):
         raise _damaged(path, count, f"no tar header at byte {end}")
+    if whole and not tail:
+        raise _damaged(path, count, f"it ends at byte {end} without the end-of-archive marker")
     return _listing(path, members, links, folders)
 
 
@@ -325,8 +333,8 @@ def _pax_records(payload: bytes) -> dict[str, str]:
     return records
 
 
-def _damaged(path: str, count: int, reason: str) -> InputError:
-    return InputError(
+def _damaged(path: str, count: int, reason: str) -> DamagedTar:
+    return DamagedTar(
         f"{path} is truncated or damaged after {count} members ({reason})",
         "write or copy it again; `tar tvf` shows where it breaks",
     )
