@@ -442,6 +442,9 @@ def _write(path: Path, text: str) -> Path:
         (lambda p: _write(p / "i.csv", "file,label\na.png,x\n"), "needs `path` and `label`"),
         (lambda p: _write(p / "i.csv", "path,label\nnope.png,x\n"), "do not exist: nope.png"),
         (lambda p: _write(p / "i.csv", "path,label\ni.csv,x\n./i.csv,y\n"), "same file twice"),
+        # folders every image-folder reader skips: the class would vanish from the output
+        (lambda p: _write(p / "i.csv", "path,label\ni.csv,.x\n"), "'.x' cannot be a class folder"),
+        (lambda p: _write(p / "i.csv", "path,label\ni.csv,__MACOSX\n"), "'__MACOSX' cannot be"),
     ],
 )
 def test_cli_bad_input(runner, tmp_path, setup, message):

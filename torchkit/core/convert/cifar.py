@@ -25,6 +25,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from torchkit.core.convert.safe_pickle import restricted_loads
+from torchkit.core.data.sources.discovery import class_folder_problem
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.files import require_input
 from torchkit.core.io.outputs import (
@@ -37,7 +38,6 @@ from torchkit.core.io.outputs import (
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import check_workers
 from torchkit.core.runtime.pool import chunked, default_workers, map_chunks
-from torchkit.core.split.options import is_folder_name
 
 CIFAR10 = "cifar-10"
 CIFAR100 = "cifar-100"
@@ -296,20 +296,12 @@ def _class_names(meta: Mapping[str, Any], key: str, source: str) -> list[str]:
     folded: dict[str, str] = {}
     for raw in names:
         name = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
-        # Class names become folder names: refuse anything that is not one plain path component.
-        if not isinstance(name, str) or name.strip() in ("", ".", "..") or not is_folder_name(name):
-            shown = repr(raw) if len(repr(raw)) <= 80 else repr(raw)[:76] + "..."
-            raise InputError(
-                f"{source} has an unusable class name {shown}",
-                "a class name must be one folder name: not empty, '.' or '..', without / \\ "
-                "or NUL, at most 255 bytes",
-            )
-        # A hidden folder is skipped by every image-folder reader: the class would vanish.
-        if name.startswith("."):
-            raise InputError(
-                f"{source} has a class name {name!r} that starts with '.'",
-                "its folder would be hidden, and image-folder readers skip hidden folders",
-            )
+        # Class names become folders that image-folder readers must see.
+        problem = class_folder_problem(name) if isinstance(name, str) else "it is not text"
+        if problem is not None:
+            shown = repr(name if isinstance(name, str) else raw)
+            shown = shown if len(shown) <= 80 else shown[:76] + "..."
+            raise InputError(f"{source} has an unusable class name {shown}", problem)
         twin = folded.get(name.casefold())
         if twin == name:
             raise InputError(f"{source} lists the same class name twice: {name!r}")

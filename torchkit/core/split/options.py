@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from torchkit.core.data.sources.discovery import is_folder_name
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import UsageError
 
@@ -93,17 +93,6 @@ def check_names(names: Sequence[str], parts: int) -> list[str]:
     if len({n.casefold() for n in names}) != len(names):
         raise UsageError(f"split names must differ: {', '.join(names)}", "e.g. train,val,test")
     return names
-
-
-def is_folder_name(name: str) -> bool:
-    """A name that can be one folder on this system: not empty, `.` or `..`, no separator or NUL,
-    encodable, at most 255 bytes."""
-    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        return False
-    try:
-        return len(os.fsencode(name)) <= 255
-    except UnicodeError:
-        return False
 
 
 def group_names(samples: Samples, keys: Sequence[str], pattern: str) -> tuple[list[str], int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.data.hashing import content_groups
+from torchkit.core.data.sources.discovery import class_folder_problem
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
 
@@ -161,19 +162,29 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
         ids = samples.ids
         return [f"{names[s]}/{i.replace(os.sep, '/')}" for s, i in zip(split_of, ids, strict=True)]
     for name in samples.classes:
-        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        problem = class_folder_problem(name)
+        if problem is not None:
             raise InputError(
-                f"label {name!r} cannot be a folder name", "fix the label, or use --mode manifest"
+                f"label {name!r} cannot be a class folder: {problem}",
+                "fix the label, or use --mode manifest",
             )
     taken: set[str] = set()
+    # The last number each name took: numbers below it stay taken, so the next file of that
+    # name starts there (k files named `image.jpg` in one class: k tries, not k*k/2).
+    last: dict[str, int] = {}
     dests = []
     for s, path, label in zip(split_of, samples.paths, samples.labels, strict=True):
         base = f"{names[s]}/{samples.classes[label]}/"
         stem, suffix = os.path.splitext(os.path.basename(path))
-        candidate, n = base + stem + suffix, 0
-        while candidate.casefold() in taken:  # casefold: also distinct on macOS/Windows
+        candidate = base + stem + suffix
+        name = candidate.casefold()  # casefold: also distinct on macOS/Windows
+        n = last.get(name, 0)
+        if n:
+            candidate = f"{base}{stem}-{n}{suffix}"
+        while candidate.casefold() in taken:
             n += 1
             candidate = f"{base}{stem}-{n}{suffix}"
+        last[name] = n
         taken.add(candidate.casefold())
         dests.append(candidate)
     return dests

@@ -32,6 +32,30 @@ def is_skipped_folder(name: str) -> bool:
     return name.startswith(".") or name == "__MACOSX"
 
 
+def is_folder_name(name: str) -> bool:
+    """A name that can be one folder on this system: not empty, `.` or `..`, no separator or NUL,
+    encodable, at most 255 bytes."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        return False
+    try:
+        return len(os.fsencode(name)) <= 255
+    except UnicodeError:
+        return False
+
+
+def class_folder_problem(name: str) -> str | None:
+    """Why `name` cannot be the folder of a class that image-folder readers see (None when it
+    can): for the commands that write class folders (convert cifar, split of a CSV index)."""
+    if not name.strip() or not is_folder_name(name):
+        return (
+            "a class folder must be one folder name: not blank, '.' or '..', without / \\ or "
+            "NUL, at most 255 bytes"
+        )
+    if is_skipped_folder(name):
+        return "image-folder readers skip hidden folders and __MACOSX: the class would vanish"
+    return None
+
+
 def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
     """(image files, other files not hidden, symbolic links named like images that point
     nowhere) under `folder`, AppleDouble files (`._NAME`) left out, unsorted, spelled as pathlib
