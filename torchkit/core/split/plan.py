@@ -8,7 +8,7 @@ import hashlib
 import logging
 import os
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,17 +137,34 @@ def oversample_repeats(
     return repeats, extra
 
 
-def _repeat_dest(dest: str, number: int, taken: set[str]) -> str:
-    """`<split>/<class>/<stem>-repeat<k><suffix>` beside `dest`, not yet in `taken`."""
+class FreeNames:
+    """Destination names not yet taken, compared by casefold (also distinct on macOS and
+    Windows): `base + stem + suffix`, else the first free `base + stem-N + suffix` (N = 1, 2...).
+
+    The number each name last took is kept: numbers below it stay taken, so the next file of
+    that name starts there (k files named `image.jpg` in one class: k tries, not k*k/2)."""
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self.taken = {name.casefold() for name in taken}
+        self._last: dict[str, int] = {}
+
+    def claim(self, base: str, stem: str, suffix: str) -> str:
+        name = (base + stem + suffix).casefold()
+        n = self._last.get(name, 0)
+        candidate = f"{base}{stem}-{n}{suffix}" if n else base + stem + suffix
+        while candidate.casefold() in self.taken:
+            n += 1
+            candidate = f"{base}{stem}-{n}{suffix}"
+        self._last[name] = n
+        self.taken.add(candidate.casefold())
+        return candidate
+
+
+def _repeat_dest(dest: str, number: int, free: FreeNames) -> str:
+    """`<split>/<class>/<stem>-repeat<k><suffix>` beside `dest`, not yet taken."""
     folder, name = dest.rsplit("/", 1) if "/" in dest else ("", dest)
     stem, suffix = os.path.splitext(name)
-    prefix = f"{folder}/" if folder else ""
-    candidate, extra = f"{prefix}{stem}-repeat{number}{suffix}", 0
-    while candidate.casefold() in taken:
-        extra += 1
-        candidate = f"{prefix}{stem}-repeat{number}-{extra}{suffix}"
-    taken.add(candidate.casefold())
-    return candidate
+    return free.claim(f"{folder}/" if folder else "", f"{stem}-repeat{number}", suffix)
 
 
 def sample_keys(samples: Samples) -> list[str]:
@@ -168,25 +185,11 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
                 f"label {name!r} cannot be a class folder: {problem}",
                 "fix the label, or use --mode manifest",
             )
-    taken: set[str] = set()
-    # The last number each name took: numbers below it stay taken, so the next file of that
-    # name starts there (k files named `image.jpg` in one class: k tries, not k*k/2).
-    last: dict[str, int] = {}
+    free = FreeNames()
     dests = []
     for s, path, label in zip(split_of, samples.paths, samples.labels, strict=True):
-        base = f"{names[s]}/{samples.classes[label]}/"
         stem, suffix = os.path.splitext(os.path.basename(path))
-        candidate = base + stem + suffix
-        name = candidate.casefold()  # casefold: also distinct on macOS/Windows
-        n = last.get(name, 0)
-        if n:
-            candidate = f"{base}{stem}-{n}{suffix}"
-        while candidate.casefold() in taken:
-            n += 1
-            candidate = f"{base}{stem}-{n}{suffix}"
-        last[name] = n
-        taken.add(candidate.casefold())
-        dests.append(candidate)
+        dests.append(free.claim(f"{names[s]}/{samples.classes[label]}/", stem, suffix))
     return dests
 
 
@@ -213,14 +216,14 @@ def add_repeats(plan: Plan, repeats: list[tuple[int, int]], mode: str) -> None:
     """Append --oversample's repeats to the plan: the same source and label in the first
     split, under a name of its own (none in a manifest: the row is repeated)."""
     plan.repeats = [0] * len(plan.sources)
-    taken = {d.casefold() for d in plan.dests}
+    free = FreeNames(plan.dests)
     for index, number in repeats:
         plan.sources.append(plan.sources[index])
         plan.labels.append(plan.labels[index])
         plan.splits.append(plan.splits[index])
         plan.repeats.append(number)
         if mode != "manifest":
-            plan.dests.append(_repeat_dest(plan.dests[index], number, taken))
+            plan.dests.append(_repeat_dest(plan.dests[index], number, free))
 
 
 def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], bool]:
