@@ -60,6 +60,32 @@ def test_a_split_root_has_real_classes_and_ids_relative_to_the_root(tmp_path):
     assert all(Path(p).is_file() for p in train.paths + val.paths)
 
 
+def test_split_data_of_many_classes_unites_their_names_in_linear_time():
+    """Each split's class names are looked up in a set, not in the list of names so far:
+    40,000 classes (one folder per identity) took 10 s of 13 to open. Counted: comparisons."""
+    from torchkit.core.data.sources.samples import Samples
+    from torchkit.core.data.sources.source import _union_classes
+
+    compared = 0
+
+    class Name(str):
+        __hash__ = str.__hash__
+
+        def __eq__(self, other: object) -> bool:
+            nonlocal compared
+            compared += 1
+            return str.__eq__(self, other)
+
+    n = 300
+    parts = {
+        split: Samples([Name(f"c{i}") for i in range(first, first + n)], [])
+        for split, first in (("train", 0), ("val", n // 2))
+    }
+    names = _union_classes(parts)
+    assert compared <= n  # was n * n
+    assert names == [f"c{i}" for i in range(n + n // 2)]
+
+
 def test_image_folder_flat_folder_and_what_is_refused(tmp_path):
     folder = write_image_folder(tmp_path / "folder", {"x": 2, "y": 1})
     source = open_data(folder)

@@ -179,8 +179,11 @@ def _unknown_classes_error(unknown: Sequence[str], where: str, classes: list[str
 def _union_classes(parts: dict[str, Samples]) -> list[str]:
     """Class names of split data: train's in its order first, then the others' new ones."""
     names: list[str] = []
+    seen: set[str] = set()  # not `in names`: 40,000 classes took seconds per split
     for samples in parts.values():
-        names += [name for name in samples.classes if name not in names]
+        new = [name for name in samples.classes if name not in seen]
+        names += new
+        seen.update(new)
     return names
 
 
