@@ -417,6 +417,15 @@ def test_a_full_disk_is_one_error_naming_the_output_and_leaves_no_temporary(smal
     assert os.listdir(disk) == []
 
 
+def test_a_full_disk_is_one_error_when_locking_and_leaves_no_lock(small_tmpfs):
+    from disks import fill_disk
+
+    disk = fill_disk(small_tmpfs(64))
+    with pytest.raises(OutputWriteError, match=f"cannot write {disk / 'new' / 'out'}: No space"):
+        OutputFolder(disk / "new" / "out", command="test")
+    assert os.listdir(disk) == ["filler"]  # no lock file, no folder made for it
+
+
 def test_special_files_are_written_into_never_replaced(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

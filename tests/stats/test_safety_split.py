@@ -312,3 +312,20 @@ def test_a_full_disk_is_an_error_that_names_out_and_leaves_nothing(tmp_path, sma
     line = error_line(result.stderr)
     assert f"cannot write {disk / 'out'}" in line and "No space left" in line
     assert tree_digest(data) == before and os.listdir(disk) == []
+
+
+def test_a_disk_with_no_room_for_the_lock_is_an_error_and_the_earlier_split_stays(
+    data, small_tmpfs
+):
+    from disks import fill_disk
+
+    disk = small_tmpfs(64)
+    assert split(data, disk / "out", "--mode", "manifest").returncode == 0
+    before = tree_digest(disk)
+    fill_disk(disk)  # room for a name (the lock's), not for a byte (its PID)
+    result = split(data, disk / "out", "--mode", "manifest", "--force")
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"cannot write {disk / 'out'}: No space left" in line, line
+    (disk / "filler").unlink()
+    assert tree_digest(disk) == before  # no lock file left beside OUT

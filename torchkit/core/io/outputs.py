@@ -463,8 +463,12 @@ class FolderLock:
                 break
             os.close(fd)
         self.fd = fd
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as error:  # a full disk has room for the lock's name, not its PID
+            self.release()  # the lock file and the folders made for it go again
+            raise write_error(folder, error) from error
 
     def release(self) -> None:
         if self.fd is None:
