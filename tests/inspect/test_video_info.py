@@ -898,6 +898,27 @@ def test_extract_frames_past_a_lying_header_is_a_truncated_row(tmp_path, broken,
     assert "past the end" in row["error"] and "--exact" in row["error"]
 
 
+def test_a_truncated_row_leaves_none_of_its_frames_in_the_folder(
+    tmp_path, videos, broken, monkeypatch
+):
+    """The frames decoded before the end came early are removed: the folder holds the frames
+    of the ok rows only, as many as the note says."""
+    import torchkit.core.video.probe as probe
+
+    cut, whole = need(broken, "cut_webm"), need(videos, "mjpg.avi")
+    monkeypatch.setattr(probe, "declared_size", lambda *args: None)
+    out = tmp_path / "f"
+    result = invoke(
+        cut, whole, "-k", "9", "--extract-frames", out, "--no-decode-check", "--format", "json"
+    )
+    assert result.exit_code == 1
+    rows = json.loads(result.stdout)
+    assert [row["status"] for row in rows] == ["truncated", "ok"]
+    kept = {Path(f).name for f in rows[1]["frame_files"]}
+    assert {p.name for p in out.glob("*.png")} == kept
+    assert f"wrote {len(kept)} frames" in result.stderr
+
+
 def test_extract_frames_needs_segments(tmp_path, videos):
     result = invoke(need(videos, "mjpg.avi"), "--extract-frames", tmp_path / "f")
     assert result.exit_code == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Sequence
@@ -108,7 +109,8 @@ def extract_frames(
 
     Frames are read sequentially (grab, retrieve only the wanted ones) because seeking by frame
     number is inexact for many codecs; one frame is in memory at a time. `stop` set ends it
-    early (`_Stopped`)."""
+    early (`_Stopped`). A failure removes the frames already written: a video whose row is an
+    error leaves no frames behind."""
     cv2 = _import_cv2()
     wanted = sorted(set(indices))
     written: dict[int, Path] = {}
@@ -136,6 +138,11 @@ def extract_frames(
             target = out_dir / frame_file_name(prefix, index)
             atomic_write_bytes(target, encoded.tobytes())
             written[index] = target
+    except BaseException:
+        for target in written.values():
+            with contextlib.suppress(OSError):
+                target.unlink()
+        raise
     finally:
         capture.release()
     return [written[index] for index in indices]
