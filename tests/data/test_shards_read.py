@@ -16,7 +16,7 @@ import pytest
 from checkpoints import write_convnet_checkpoint
 from gloo_ranks import run_ranks, stderr_of
 from image_folders import write_image_folder
-from output_checks import error_line
+from output_checks import error_line, tree_digest
 from processes import dataset_stats as stats
 from processes import run_json, run_torchkit_in_process
 from shards import write_shards
@@ -129,6 +129,30 @@ def test_train_runs_an_epoch_on_shards_and_predict_reads_a_pattern(world, tmp_pa
     )
     assert predicted.returncode == 0, predicted.stderr
     assert len(predicted.stdout.splitlines()) == 1 + 10
+
+
+def test_outputs_may_not_be_nor_hold_the_shards_a_pattern_or_list_names(world, tmp_path):
+    """A brace pattern or `::` list names no path, yet its shards are inputs: with --force,
+    `-o SHARD` overwrote one and `OUT` = their folder (a torchkit output) deleted them all."""
+    from torchkit.core.io.outputs import write_marker
+
+    shards = tmp_path / "shards"
+    shutil.copytree(world / "shards", shards)
+    write_marker(shards, "convert shards")
+    before = tree_digest(shards)
+    pattern = str(shards / "shard-{000000..000003}.tar")
+    listed = f"{shards / 'shard-000000.tar'}::{shards / 'shard-000001.tar'}"
+    model = world / "model.pt"
+    for command in (
+        ["predict", model, pattern, "-o", shards / "shard-000000.tar"],
+        ["dataset-stats", listed, "--format", "json", "-o", shards / "shard-000001.tar"],
+        ["extract-features", model, pattern, shards],
+        ["eval", model, "--data", listed, "--out", shards],
+    ):
+        result = run_torchkit_in_process(*command, "--force", "-j", "0")
+        assert result.returncode == 1, (command, result.stderr)
+        assert " shard " in error_line(result.stderr), command
+    assert tree_digest(shards) == before
 
 
 def tar_folder(folder: Path, archive: Path, *, wrapped: bool) -> Path:

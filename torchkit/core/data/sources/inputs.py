@@ -20,11 +20,31 @@ def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[Inpu
     if source.is_dir():
         return [InputPath(source, f"{what} folder")]
     if not source.is_file():
-        return []
+        return _named_shards(os.fspath(data), what)
     inputs = [InputPath(source, f"{what} file")]
     if source.suffix.lower() == ".csv":
         inputs += folders_of_files(_csv_paths(source), f"images of {source}")
     return inputs
+
+
+def _named_shards(spec: str, what: str) -> list[InputPath]:
+    """The local shards a brace pattern or `::` list names (`train-{0000..0127}.tar`): the
+    spec is no path, yet an output may not be one of its shards nor hold them. Nothing where
+    it names none (the reader says what is wrong with it); a URL names no file here."""
+    from torchkit.core.data.sources.http_shards import is_url
+    from torchkit.core.data.sources.shards import expand_braces, is_shard_pattern
+
+    if not is_shard_pattern(spec):
+        return []
+    try:
+        names = [name for part in spec.split("::") for name in expand_braces(part)]
+    except TorchkitError:
+        return []
+    return [
+        InputPath(Path(name), f"{what} shard")
+        for name in names
+        if not is_url(name) and os.path.isfile(name)
+    ]
 
 
 def listed_inputs(paths: Iterable[str]) -> list[InputPath]:
