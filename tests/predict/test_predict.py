@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import multiprocessing
+import os
 import shutil
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def world(tmp_path_factory) -> dict:
     return {"root": root, "ckpt": ckpt, "flat": flat, "labelled": labelled, "model": model}
 
 
-def invoke(runner, *args, input: str | None = None):
+def invoke(runner, *args, input: str | bytes | None = None):
     # On the CPU, as the hand-written references compute (a later --device wins).
     return runner.invoke(app, ["predict", "--device", "cpu", *map(str, args)], input=input)
 
@@ -116,6 +117,22 @@ def test_stdin_paths_keep_their_order_and_a_missing_one_is_an_error_row(runner, 
         isinstance(r["probability"], float) and isinstance(r["class_index"], int) for r in good
     )
     assert "1 unreadable image(s)" in result.stderr
+
+
+def test_stdin_lists_with_a_bom_crlf_and_names_that_are_not_utf8_name_their_files(
+    runner, world, tmp_path
+):
+    """A list saved as "UTF-8 with BOM" lost its first image (an error row) and a file name that
+    is not UTF-8 stopped the command under a strict UTF-8 locale (UnicodeDecodeError)."""
+    odd = os.fsdecode(bytes(tmp_path) + b"/bad\xff.png")
+    shutil.copy(world["flat"] / "b.png", odd)
+    first = bytes(world["flat"] / "a.png")
+    listed = b"\xef\xbb\xbf" + first + b"\r\n" + os.fsencode(odd) + b"\n"
+    result = invoke(runner, world["ckpt"], "-", "--format", "jsonl", "-j", "0", input=listed)
+    assert result.exit_code == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["path"] for row in rows] == [str(world["flat"] / "a.png"), odd]
+    assert [row["error"] for row in rows] == [None, None]
 
 
 def test_files_and_folders_together_name_every_image_unambiguously(runner, world):

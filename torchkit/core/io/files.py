@@ -36,10 +36,19 @@ STDIN = "-"  # as an input: the paths piped to the command, one per line
 
 def read_path_list(stdin: Iterable[str] | None, what: str) -> list[str]:
     """The paths piped for `-` (predict, extract-features, video-info): one per line, blank
-    lines skipped; `what` they name (image, video) is in the error when there are none."""
+    lines and a byte order mark skipped; `what` they name (image, video) is in the error when
+    there are none."""
     if stdin is None:
         raise UsageError("- reads paths from stdin, but there is none")
-    paths = [line.rstrip("\r\n") for line in stdin]
+    raw = getattr(stdin, "buffer", None)
+    if raw is not None:
+        # The bytes as file names hold them (os.fsdecode): a name that is not UTF-8 opens the
+        # same file, whatever the locale's strict decoding of stdin would have said.
+        paths = [os.fsdecode(line.rstrip(b"\r\n")) for line in raw]
+    else:
+        paths = [line.rstrip("\r\n") for line in stdin]
+    if paths and paths[0].startswith("\ufeff"):  # a list saved as "UTF-8 with BOM"
+        paths[0] = paths[0][1:]
     paths = [path for path in paths if path.strip()]
     if not paths:
         raise InputError(f"no {what} paths on stdin", "pipe one path per line, e.g. find ... |")
