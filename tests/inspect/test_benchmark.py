@@ -617,6 +617,7 @@ def test_append_leaves_the_file_whole_when_the_write_fails(runner, tmp_path, mon
         ["--mode", "fast"],
         ["--amp-dtype", "fp16"],
         ["--memory-limit", "1GB"],
+        ["--max-batch-size", "8"],  # only --find-batch-size reads it
         ["--find-batch-size", "-b", "1,2"],
         ["--find-batch-size", "--memory-limit", "lots"],
         ["--find-batch-size", "-b", "64", "--max-batch-size", "32"],

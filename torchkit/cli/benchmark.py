@@ -121,9 +121,15 @@ def benchmark(
         ),
     ] = None,
     max_batch_size: Annotated[
-        int,
-        typer.Option("--max-batch-size", min=1, metavar="N", help="Where --find-batch-size stops."),
-    ] = 4096,
+        Optional[int],
+        typer.Option(
+            "--max-batch-size",
+            min=1,
+            metavar="N",
+            show_default=False,
+            help="Where --find-batch-size stops. [default: 4096]",
+        ),
+    ] = None,
     num_classes: Annotated[
         Optional[int],
         typer.Option(

@@ -69,7 +69,7 @@ class BenchmarkOptions:
     seconds: float | None = None
     find_batch_size: bool = False
     memory_limit: str | None = None  # see core.benchmark.memory; CPU default 50%
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_batch_size: int | None = None  # with find_batch_size; None: DEFAULT_MAX_BATCH_SIZE
     num_classes: int | None = None
     weights: str | None = None
     trust_checkpoint: bool = False
@@ -77,6 +77,11 @@ class BenchmarkOptions:
 
     def __post_init__(self) -> None:
         self.modes = MODES if self.mode == "both" else (self.mode,)
+
+    @property
+    def search_limit(self) -> int:
+        """Where --find-batch-size stops."""
+        return DEFAULT_MAX_BATCH_SIZE if self.max_batch_size is None else self.max_batch_size
 
 
 def parse_batch_sizes(values: Sequence[str] | str | None) -> tuple[int, ...]:
@@ -140,13 +145,19 @@ def check_options(options: BenchmarkOptions) -> MemoryLimit | None:
                 "--find-batch-size searches one batch size; --batch-size gives several",
                 "give one --batch-size to start the search from, or none",
             )
-        if options.max_batch_size < options.batch_sizes[0]:
+        if options.search_limit < options.batch_sizes[0]:
             raise UsageError(
-                f"--max-batch-size {options.max_batch_size} is below the start batch "
+                f"--max-batch-size {options.search_limit} is below the start batch "
                 f"{options.batch_sizes[0]}"
             )
-    elif options.memory_limit is not None:
-        raise UsageError("--memory-limit goes with --find-batch-size", "add --find-batch-size")
+    else:
+        # Both only shape the search: without it they would be accepted and do nothing.
+        for value, option in (
+            (options.memory_limit, "--memory-limit"),
+            (options.max_batch_size, "--max-batch-size"),
+        ):
+            if value is not None:
+                raise UsageError(f"{option} goes with --find-batch-size", "add --find-batch-size")
     if options.memory_limit is None:
         return None
     return parse_memory_limit(options.memory_limit)
@@ -514,7 +525,7 @@ def _search(
     found, stopped_by, trials = batch_search.search_batch_size(
         try_batch,
         start=options.batch_sizes[0],
-        max_batch=options.max_batch_size,
+        max_batch=options.search_limit,
         precision=batch_search.PRECISION,
     )
     if search_progress is not None:
@@ -605,7 +616,7 @@ def _settings(options: BenchmarkOptions, dtype: str) -> dict[str, Any]:
         "compile": options.compile,
         "find_batch_size": options.find_batch_size,
         "memory_limit": options.memory_limit,
-        "max_batch_size": options.max_batch_size if options.find_batch_size else None,
+        "max_batch_size": options.search_limit if options.find_batch_size else None,
     }
 
 
