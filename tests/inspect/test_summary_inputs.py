@@ -140,6 +140,8 @@ def test_shapes_without_a_batch_dimension(runner):
         (["-i", "4", "--no-batch-dim", "-b", "2"], "contradicts --no-batch-dim"),
         (["-i", "x=4", "-i", "x=4"], "given twice"),
         (["-i", "4", "--params-only"], "--params-only runs no forward pass"),
+        (["--params-only", "-b", "4"], "drop --batch-size"),  # was accepted and ignored
+        (["--params-only", "--no-batch-dim"], "drop --no-batch-dim"),
         (["-i", "input_ids=5:float32"], "cannot run on an input of shape input_ids=(1, 5)"),
     ],
 )

@@ -166,6 +166,9 @@ def summarize_model(
         raise UsageError("--params-only runs no forward pass", "drop --input-size")
     if params_only and train_mode:
         raise UsageError("--params-only runs no forward pass", "drop --train-mode")
+    if params_only and (batch_size is not None or no_batch_dim):
+        option = "--batch-size" if batch_size is not None else "--no-batch-dim"
+        raise UsageError("--params-only runs no forward pass", f"drop {option}")
     torch_dtype = parse_dtype(dtype) if dtype else None
     target = resolve_device(device)
     first = next((arg.size for arg in args if arg.name is None), None)
