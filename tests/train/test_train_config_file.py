@@ -125,3 +125,82 @@ def test_data_dependent_defaults_in_print_config_and_help(runner):
     for name in ("epochs", "image_size"):
         wanted = f"Default: {DIGITS_DEFAULTS[name]} for digits, {FOLDER_DEFAULTS[name]} for image"
         assert wanted in help_text
+
+
+def _alias_bomb(levels: int) -> str:
+    """A YAML list of 9**levels numbers written in a few hundred bytes, each level nine
+    aliases of the one before."""
+    items = ["&a0 [1, 2, 3, 4, 5, 6, 7, 8, 9]"]
+    items += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "mean: [" + ", ".join(items) + "]\n"
+
+
+def test_a_yaml_alias_bomb_is_a_short_error_line(runner, tmp_path):
+    """Was the whole nested value in the error: 600 KB of line for this file, minutes and
+    gigabytes for one of a few more levels (300 bytes)."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(_alias_bomb(5))
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 2, result.stdout[:300]
+    line = result.stderr.strip()
+    assert line.startswith("Error: --mean in ") and "not a tuple[float, ...]" in line
+    assert len(line.splitlines()) == 1 and len(line) < 500, len(line)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # were PyYAML's own messages over 4 and 8 lines, quoting the file
+        (
+            "a.yaml",
+            "!!python/object/apply:os.system ['echo hi']",
+            "is not valid YAML: line 1, column 1: could not determine a constructor for the tag",
+        ),
+        ("b.yaml", "{? [1, 2] : 3}", "is not valid YAML: line 1, column 4: found unhashable key"),
+        (
+            "c.yaml",
+            "lr: [1,\nepochs: 2",
+            "is not valid YAML: line 2, column 10: expected ',' or ']', but got '<stream end>', "
+            "while parsing a flow sequence that starts on line 1, column 5",
+        ),
+        # were "Error: ValueError: Exceeds the limit (4300 digits)..." with the debug hint
+        ("d.json", '{"epochs": ' + "9" * 5000 + "}", "holds a value Python cannot read"),
+        ("e.yaml", "epochs: " + "9" * 5000, "holds a value Python cannot read"),
+        ("f.yaml", "lr: 2001-13-45", "holds a value Python cannot read: month must be in"),
+        # were "TypeError: 'int' object is not iterable" and "unhashable type: 'list'"
+        (
+            "g.json",
+            '{"options": {"lr": 0.5}, "defaults_from_data": 5}',
+            "`defaults_from_data` is not a list of option names",
+        ),
+        (
+            "h.json",
+            '{"options": {"lr": 0.5}, "defaults_from_data": [["lr"]]}',
+            "`defaults_from_data` is not a list of option names",
+        ),
+    ],
+)
+def test_unreadable_config_files_are_one_error_line(runner, tmp_path, name, text, message):
+    recipe = tmp_path / name
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 1, result.stdout[:300]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert message in lines[0] and "TORCHKIT_DEBUG" not in lines[0], lines[0]
+
+
+def test_what_print_config_prints_is_a_recipe_for_the_same_options(runner, tmp_path):
+    """Was refused: "'force' in printed.json is not taken from a config file" (the printed
+    options hold `force: false` and `resume: null`)."""
+    args = ["train", "--lr", "0.01", "--scheduler", "step", "--gamma", "0.5", "--print-config"]
+    printed = runner.invoke(app, args)
+    assert printed.exit_code == 0, printed.stderr
+    recipe = tmp_path / "printed.json"
+    recipe.write_text(printed.stdout)
+    again = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout) == json.loads(printed.stdout)
+    recipe.write_text(json.dumps({**json.loads(printed.stdout), "force": True}))
+    refused = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert refused.exit_code == 2 and "'force' in " in refused.stderr  # a force it asks for

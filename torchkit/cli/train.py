@@ -35,7 +35,7 @@ def _not_training_options(
             help="Take the options of a previous run's config.json (or a JSON/YAML file of "
             "option names and values) as defaults; options given here override them. A "
             "config.json's out, resume and force are not carried over; a hand-written file's "
-            "`out:` is used as --out, and `resume:` or `force:` in it is an error.",
+            "`out:` is used as --out, and a `resume:` or `force: true` in it is an error.",
             dir_okay=False,
         ),
     ] = None,

@@ -8,8 +8,9 @@ writes a new run folder and fills data defaults the way the first run did.
 
 A hand-written file (no `options` block) is a recipe for one run: its `out` is honoured as
 `--out` would be (relative to the working directory; `--out` on the command line overrides it),
-while `resume` and `force` are refused, naming the command-line option to use instead: a recipe
-starts a new run, and replacing an output takes a `--force` typed for that run.
+while a `resume` or a `force: true` is refused, naming the command-line option to use instead: a
+recipe starts a new run, and replacing an output takes a `--force` typed for that run. What
+`--print-config` writes (`resume: null`, `force: false`) is such a recipe.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import reprlib
 from collections.abc import Collection, Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -48,7 +50,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise InputError(f"{source}: `options` is not a mapping of option names and values")
     # A run's config.json: options it predates take the value the run used.
     carried = with_pre_option_values(options) if "options" in data else dict(options)
-    for name in data.get("defaults_from_data", []) if "options" in data else []:
+    for name in _defaults_from_data(data, source) if "options" in data else []:
         carried.pop(name, None)  # filled from the data again, as in the first run
     if "options" in data:
         for name in NOT_CARRIED:
@@ -57,6 +59,17 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         _refuse_run_keys(carried, source)
         carried.pop("data_defaults", None)  # what a run records, never an option
     return _checked(carried, source)
+
+
+def _defaults_from_data(run: Mapping[str, Any], source: Path) -> list[str]:
+    """The option names a config.json says were filled from the data."""
+    names = run.get("defaults_from_data", [])
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise InputError(
+            f"{source}: `defaults_from_data` is not a list of option names",
+            "give the config.json a run wrote, or a file of option names and values",
+        )
+    return names
 
 
 # Keys of a hand-written recipe that name what one command line does, not a recipe: refused
@@ -79,9 +92,10 @@ def _field_name(key: Any) -> str:
 
 
 def _refuse_run_keys(options: Mapping[str, Any], source: Path) -> None:
-    for key in options:
+    for key, value in options.items():
         name = _field_name(key)
-        if name in NOT_IN_A_RECIPE:
+        # `resume: null` and `force: false` (as --print-config writes them) ask for nothing.
+        if name in NOT_IN_A_RECIPE and value not in (None, False):
             why, hint = NOT_IN_A_RECIPE[name]
             raise UsageError(f"{key!r} in {source} is not taken from a config file: {why}", hint)
 
@@ -100,8 +114,27 @@ def _parse(text: str, source: Path) -> Any:
         except DuplicateKey as error:
             raise error.input_error(source) from None
         except yaml.YAMLError as error:
-            raise InputError(f"{source} is not valid YAML: {error}") from error
+            raise InputError(f"{source} is not valid YAML: {_yaml_problem(error)}") from error
+        except ValueError as error:  # a date out of range, an integer of 5,000 digits...
+            raise _unreadable_value(source, error) from error
     return load_json(text, source)
+
+
+def _yaml_problem(error: Exception) -> str:
+    """PyYAML's error on one line: its problem and where (its own text spans several lines,
+    with a quote of the file)."""
+    problem, mark = getattr(error, "problem", None), getattr(error, "problem_mark", None)
+    if problem is None:
+        return " ".join(str(error).split())
+    shown = " ".join(str(problem).split())
+    if mark is not None:
+        shown = f"line {mark.line + 1}, column {mark.column + 1}: {shown}"
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context is not None:
+        shown += ", " + " ".join(str(context).split())
+        if start is not None:
+            shown += f" that starts on line {start.line + 1}, column {start.column + 1}"
+    return shown
 
 
 class DuplicateKey(ValueError):
@@ -137,6 +170,14 @@ def load_json(text: str, source: str | Path, what: str = "key") -> Any:
         raise error.input_error(source, what) from None
     except json.JSONDecodeError as error:
         raise InputError(f"{source} is not valid JSON: {error}") from error
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise _unreadable_value(source, error) from error
+
+
+def _unreadable_value(source: str | Path, error: ValueError) -> InputError:
+    # Python's own advice (`use sys.set_int_max_str_digits()`) is not the user's to follow.
+    why = str(error).split(";")[0]
+    return InputError(f"{source} holds a value Python cannot read: {why}")
 
 
 def _unique_keys_yaml_loader() -> type:
@@ -170,7 +211,7 @@ def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
         if name not in types:
             close = difflib.get_close_matches(name, sorted(types), n=1)
             hint = f"did you mean {close[0]}?" if close else "the keys are train's option names"
-            raise UsageError(f"unknown option {key!r} in {source}", hint)
+            raise UsageError(f"unknown option {_shown(key)} in {source}", hint)
         if name in checked:  # `lr` and `--lr`: one option given twice
             raise InputError(
                 f"{option_name(name)} is given twice in {source}",
@@ -180,11 +221,19 @@ def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
             value = tuple(value)
         if not _fits(value, types[name]):
             raise UsageError(
-                f"{option_name(name)} in {source} is {value!r}, not a {types[name]}",
+                f"{option_name(name)} in {source} is {_shown(value)}, not a {types[name]}",
                 "give the value as the command line would",
             )
         checked[name] = value
     return checked
+
+
+def _shown(value: Any) -> str:
+    """A value of a file, cut short for an error line: YAML aliases nest a list of millions of
+    items in a few lines, whose whole repr would take minutes and gigabytes."""
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxstring, shown.maxother = 2, 80, 80
+    return shown.repr(value)
 
 
 def _fits(value: Any, annotation: str) -> bool:
