@@ -134,6 +134,13 @@ def test_every_float_option_of_the_config_must_be_finite(name, bad):
         # (a --config file can give what the --seed option's range refuses).
         ({"seed": 2**64}, "--seed 18446744073709551616 is outside torch's seeds"),
         ({"seed": -(2**63) - 1}, "--seed -9223372036854775809 is outside torch's seeds"),
+        # Before: a --config file's -1 profiled and wrote profile/ (the option refuses it).
+        ({"profile_steps": -1}, "--profile-steps must not be negative"),
+        # Before: an internal OverflowError under torchrun, or a wait wrapped to a negative one
+        # that failed at once as "did not all join within 8.64e+13 s".
+        ({"dist_timeout": 1e308}, "--dist-timeout 1e+308 is longer than torch can wait"),
+        # Before: taken, and cuDNN's C int wrapped it to -2147483648 (2**40 to 0, "all").
+        ({"cudnn_benchmark_limit": 2**31}, "--cudnn-benchmark-limit 2147483648 is more than"),
     ],
 )
 def test_out_of_range_values_are_refused(changes, message):

@@ -31,6 +31,11 @@ log = logging.getLogger("torchkit")
 
 # The largest thread count torch takes: a C int (batches: inference.options.check_batch_fits).
 MAX_THREADS = 2**31 - 1
+# The largest cuDNN benchmark limit: a C int too (a larger one wraps, to 0 or below, silently).
+MAX_CUDNN_BENCHMARK_LIMIT = 2**31 - 1
+# The longest --dist-timeout: torch keeps it in int64 nanoseconds (9.2e9 s), and a longer one
+# wraps to a negative wait (or overflows timedelta) instead of waiting. 1e9 s is 31 years.
+MAX_DIST_TIMEOUT_S = 1e9
 # The smallest mixup / cutmix alpha torch's Beta(alpha, alpha) samples right (at 0.001 a
 # quarter of its draws are 0.5; below float32's smallest number it raises).
 MIN_MIX_ALPHA = 0.01
@@ -197,7 +202,7 @@ def validate(config: TrainConfig) -> None:
         bad(f"--seed {config.seed} is outside torch's seeds, {SEEDS[0]} to {SEEDS[1]}")
     if config.step_size < 1:
         bad(f"--step-size must be at least 1, not {config.step_size}")
-    for name in ("save_every", "keep", "early_stop", "patience"):
+    for name in ("save_every", "keep", "early_stop", "patience", "profile_steps"):
         if getattr(config, name) < 0:
             bad(f"{option_name(name)} must not be negative")
     if config.workers is not None and config.workers < 0:
@@ -225,10 +230,21 @@ def validate(config: TrainConfig) -> None:
     # --no-cudnn-benchmark, and there is no value that says "none".
     if config.cudnn_benchmark_limit is not None and config.cudnn_benchmark_limit < 0:
         bad(f"--cudnn-benchmark-limit must not be negative, not {config.cudnn_benchmark_limit}")
+    if (config.cudnn_benchmark_limit or 0) > MAX_CUDNN_BENCHMARK_LIMIT:
+        bad(
+            f"--cudnn-benchmark-limit {config.cudnn_benchmark_limit} is more than cuDNN takes "
+            f"({MAX_CUDNN_BENCHMARK_LIMIT})",
+            "0 times all of its algorithms",
+        )
     if config.cuda_graphs:
         _check_graphable(config)
     if not config.dist_timeout > 0:
         bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
+    if config.dist_timeout > MAX_DIST_TIMEOUT_S:
+        bad(
+            f"--dist-timeout {config.dist_timeout:g} is longer than torch can wait "
+            f"({MAX_DIST_TIMEOUT_S:g} s)"
+        )
     if config.balanced_sampler and config.class_weights != "none":
         log.warning(
             "--class-weights %s and --balanced-sampler both correct the class imbalance: "
