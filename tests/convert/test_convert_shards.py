@@ -359,6 +359,16 @@ def test_sizes_are_parsed_in_si_and_iec_units(tmp_path: Path, image_folder: Path
     assert not (tmp_path / "out").exists()
 
 
+def test_a_size_of_more_digits_than_python_reads_is_a_usage_error(tmp_path: Path, image_folder):
+    """Was "Error: ValueError: Exceeds the limit (4300 digits)..." (exit 1), as was such a
+    TORCHKIT_CACHE_LIMIT."""
+    done = convert(image_folder, tmp_path / "out", "--shard-size", "9" * 5000)
+    assert done.returncode == 2
+    assert "--shard-size '99999" in error_line(done.stderr)
+    assert "9...9" in error_line(done.stderr) and "is not a size" in error_line(done.stderr)
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_webdataset_is_one_error_naming_the_extra(
     tmp_path: Path, image_folder: Path, monkeypatch
 ):

@@ -23,12 +23,21 @@ def parse_size(text: str, what: str) -> int:
     it came from, e.g. `--shard-size`) when it is none, or less than a byte."""
     match = _SIZE.fullmatch(text)
     unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
+    try:  # Python reads at most 4,300 digits
+        number = Fraction(match.group(1)) if match and unit in _UNITS else None
+    except ValueError:
+        number = None
+    if number is None:
         raise UsageError(
-            f"{what} {text!r} is not a size",
+            f"{what} {_shown(text)} is not a size",
             "e.g. 1GB, 500MB, 256MiB (or 256M), or a number of bytes",
         )
-    size = int(Fraction(match.group(1)) * _UNITS[unit])
+    size = int(number * _UNITS[unit])
     if size < 1:
         raise UsageError(f"{what} {text!r} is less than a byte", "e.g. 1GB or 500MB")
     return size
+
+
+def _shown(text: str) -> str:
+    """`text` quoted, its middle left out past 60 characters (a number of 5,000 digits)."""
+    return repr(text) if len(text) <= 60 else repr(f"{text[:28]}...{text[-28:]}")
