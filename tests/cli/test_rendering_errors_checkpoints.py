@@ -213,6 +213,17 @@ def test_debug_env_shows_the_traceback(runner, monkeypatch):
     assert result.stderr.strip().splitlines()[-1].startswith("Error: ValueError: something odd")
 
 
+@pytest.mark.parametrize("value", ["off", "OFF", "False", " no ", "0", ""])
+def test_debug_env_switched_off_in_any_spelling_keeps_the_one_line(runner, monkeypatch, value):
+    """TORCHKIT_DEBUG=off (TORCHKIT_BYTECODE_CACHE's word) or False showed the traceback."""
+    monkeypatch.setenv("TORCHKIT_DEBUG", value)
+    result = runner.invoke(demo, ["fail", "other"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: ValueError: something odd (set TORCHKIT_DEBUG=1 to see the traceback)\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

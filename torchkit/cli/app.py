@@ -34,7 +34,8 @@ ClickUsageError: type[Exception] = next(
 
 
 def debug_enabled() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "no")
+    # The words that switch TORCHKIT_BYTECODE_CACHE off, in any case: `off` and `False` too.
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def describe_unexpected(error: BaseException) -> tuple[str, str]:
