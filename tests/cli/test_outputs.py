@@ -83,6 +83,52 @@ def test_overlap_sees_through_symlinks_and_dotdot(tmp_path, dataset):
         )
 
 
+@pytest.fixture
+def bind_view(tmp_path: Path):
+    """`bind_view(folder)`: a second path to `folder` (a bind mount, as another case of its
+    name is on a case-insensitive disk); skips where mounting is not allowed."""
+    mounted: list[Path] = []
+
+    def mount(folder: Path) -> Path:
+        view = tmp_path / f"view{len(mounted)}"
+        view.mkdir()
+        done = subprocess.run(["mount", "--bind", str(folder), str(view)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("cannot bind-mount here (needs root)")
+        mounted.append(view)
+        return view
+
+    yield mount
+    for view in mounted:
+        subprocess.run(["umount", "-l", str(view)], capture_output=True)
+
+
+def test_overlap_sees_a_second_path_to_the_same_folder(tmp_path, bind_view):
+    """eval --data VIEW --out OUT --force, VIEW another path to OUT (a split output): the
+    reports replaced OUT, and the images were deleted."""
+    from checkpoints import write_convnet_checkpoint
+    from image_folders import write_image_folder
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    split = tmp_path / "split"
+    write_image_folder(split, {"a": 2, "b": 2})
+    (split / MARKER).write_text("{}")
+    write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="ab")
+    before = tree_digest(split)
+    view = bind_view(split)
+    for data, out, message in (
+        (view, split, "is the data folder"),
+        (view / "a", split, "contains the data folder"),
+        (view, split / "a" / "new", "lies inside the data folder"),
+    ):
+        result = run_torchkit_in_process(
+            "eval", tmp_path / "m.pt", "--data", data, "--out", out, "--force", "-j", "0"
+        )
+        assert result.returncode == 1 and message in error_line(result.stderr), result.stderr
+    assert tree_digest(split) == before
+
+
 def test_overlap_with_a_file_input(tmp_path):
     checkpoint = tmp_path / "run" / "best.pt"
     checkpoint.parent.mkdir()

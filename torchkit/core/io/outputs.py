@@ -79,25 +79,53 @@ def _shown(path: str | os.PathLike) -> str:
     return os.fspath(path)
 
 
+FileId = tuple[int, int]  # (st_dev, st_ino): one file or folder, whatever path names it
+
+
+def _file_ids(path: Path, known: dict[Path, FileId | None]) -> list[FileId]:
+    """The identities of `path` and the existing folders above it, nearest first (`known`
+    caches them across the inputs of one check)."""
+    found = []
+    for place in (path, *path.parents):
+        if place not in known:
+            try:
+                info = os.stat(place)
+                known[place] = (info.st_dev, info.st_ino)
+            except (OSError, ValueError):
+                known[place] = None
+        if known[place] is not None:
+            found.append(known[place])
+    return found
+
+
 def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPath | None]) -> None:
     """Refuse an output that is an input, contains one (so replacing it would delete the input)
-    or lies inside an input folder (so writing it would change the input)."""
+    or lies inside an input folder (so writing it would change the input). Paths are compared
+    resolved, and by identity where they exist: a second path to the same folder (a bind
+    mount, another case of the name on a case-insensitive disk) is the same folder."""
     out = _real(output)
+    known: dict[Path, FileId | None] = {}
+    out_chain = _file_ids(out, known)
+    out_id = known[out]
+    out_is_dir = out_id is not None and os.path.isdir(out)
     for item in inputs:
         if item is None:
             continue
         source = _real(item.path)
-        if out == source:
+        source_chain = _file_ids(source, known)
+        source_id = known[source]
+        if out == source or (out_id is not None and out_id == source_id):
             raise OutputOverlapError(
                 f"{what} {_shown(output)} is the {item.what} {_shown(item.path)}",
                 "choose another output",
             )
-        if _is_within(source, out):
+        if _is_within(source, out) or (out_is_dir and out_id in source_chain):
             raise OutputOverlapError(
                 f"{what} {_shown(output)} contains the {item.what} {_shown(item.path)}",
                 "choose an output outside the inputs",
             )
-        if _is_within(out, source) and os.path.isdir(source):
+        inside = _is_within(out, source) or (source_id is not None and source_id in out_chain)
+        if inside and os.path.isdir(source):
             raise OutputOverlapError(
                 f"{what} {_shown(output)} lies inside the {item.what} {_shown(item.path)}",
                 "choose an output outside the inputs",
@@ -670,8 +698,17 @@ class OutputFolder:
             with reporting_write_errors(self.final):
                 if self.final.exists():
                     old = _sibling(self.final, REPLACED_SUFFIX)
-                    os.replace(self.final, old)
-                    os.replace(self.path, self.final)
+                    try:
+                        os.replace(self.final, old)
+                        os.replace(self.path, self.final)
+                    except BaseException:
+                        # A signal (or an error) between the two renames: the old output
+                        # goes back, not left hidden with no output in its place.
+                        if os.path.lexists(old) and not os.path.lexists(self.final):
+                            os.replace(old, self.final)
+                        elif os.path.lexists(old):  # the new output is whole and in place
+                            discard_tree(old)
+                        raise
                     discard_tree(old)
                 else:
                     os.replace(self.path, self.final)
