@@ -238,6 +238,26 @@ def test_after_keep_a_failure_leaves_the_new_output(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["run"]
 
 
+@pytest.mark.parametrize("stopped", ["as the rename returns", "before the rename"])
+def test_a_signal_as_the_old_output_is_set_aside_leaves_it_in_place(tmp_path, monkeypatch, stopped):
+    out = _old_run(tmp_path / "out")
+    before = tree_digest(out)
+    rename = os.replace
+
+    def interrupted(source, target):  # SIGINT handled around the rename that sets OUT aside
+        if str(target).endswith(".replaced"):
+            if stopped == "as the rename returns":
+                rename(source, target)
+            raise KeyboardInterrupt
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt), OutputFolder(out, command="t", force=True) as folder:
+        folder.begin()
+    assert tree_digest(out) == before
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # nothing set aside, no lock
+
+
 def test_a_failed_run_keeps_the_users_empty_folder(tmp_path):
     empty = tmp_path / "out"
     empty.mkdir()

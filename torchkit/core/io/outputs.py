@@ -664,9 +664,10 @@ class OutputFolder:
                 self.path.mkdir(parents=True)
             else:
                 if self.has_content and not self.resume:
-                    aside = _sibling(self.final, REPLACED_SUFFIX)
-                    os.replace(self.final, aside)
-                    self._aside = aside
+                    # Named before the rename: a signal that lands as the rename returns still
+                    # finds the old output to put back (`abandon` checks that it moved).
+                    self._aside = _sibling(self.final, REPLACED_SUFFIX)
+                    os.replace(self.final, self._aside)
                 self.final.mkdir(parents=True, exist_ok=True)
             if not (self.path / MARKER).exists():
                 try:
@@ -724,6 +725,8 @@ class OutputFolder:
             if self.atomic:
                 remove_tree(self.path)
             else:
+                if self._aside is not None and not os.path.lexists(self._aside):
+                    self._aside = None  # stopped before the rename: the old output is in place
                 if not self.resume and (self._aside is not None or not self.has_content):
                     remove_tree(self.final)
                     if self._existed and self._aside is None:
