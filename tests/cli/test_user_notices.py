@@ -80,6 +80,32 @@ def test_help_and_version_into_a_full_disk_are_one_error_line(args):
     assert line.startswith("Error: cannot write to standard output: No space left on device")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("what", ["dataset-stats", "predict"])
+def test_results_into_a_full_disk_are_one_error_line(world, what):
+    """A command's results (written at once, or streamed row by row) that stdout cannot take:
+    exit 1 and one error line, not an internal OSError line nor Python's complaint at exit."""
+    images = str(world["images"])
+    args = {
+        "dataset-stats": ["dataset-stats", images, "--format", "csv", "-j", "0"],
+        "predict": ["predict", str(world["root"] / "good.pt"), images, *CPU, "--format", "csv"],
+    }[what]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "torchkit", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if k != "TORCHKIT_DEBUG"},
+        )
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr)
+    assert line.startswith("Error: cannot write to standard output: No space left on device")
+    assert "Exception ignored" not in done.stderr and "OSError" not in done.stderr
+
+
 def test_help_still_shows_and_a_closed_pipe_stays_quiet():
     shown = subprocess.run(
         [sys.executable, "-m", "torchkit", "--help"], capture_output=True, text=True, cwd=REPO

@@ -17,6 +17,7 @@ keep_bytecode_cache()  # before typer, rich and (later) torch are imported
 torchvision_without_dynamo.install()  # before torchvision is imported
 deferred_signals.install()  # first: it hands torchvision to the finder above
 
+from torchkit.cli import console  # noqa: E402
 from torchkit.cli.app import (  # noqa: E402
     app,
     exit_quietly_on_broken_pipe,
@@ -54,6 +55,7 @@ def main() -> None:
         rich_utils = sys.modules.get("typer.rich_utils")  # read at its import; set it if too late
         if rich_utils is not None:
             rich_utils.MAX_WIDTH = int(os.environ["TERMINAL_WIDTH"])
+    console.write_names_as_bytes()
     try:
         try:
             app(prog_name="torchkit")

@@ -415,7 +415,7 @@ def exit_quietly_on_broken_pipe() -> NoReturn:
     """`torchkit ... | head -1`: the reader left. Stop as GNU tools do: nothing on stderr (not
     even Python's complaint when stdout is flushed at exit), exit code 141. The command has
     unwound by now (its loaders' workers stopped); the exit runs the atexit handlers."""
-    _stdout_to_devnull()
+    console.drop_stdout()
     raise SystemExit(BROKEN_PIPE_EXIT)
 
 
@@ -426,16 +426,16 @@ def flushed_stdout(done: SystemExit) -> SystemExit:
         if sys.stdout is not None:
             sys.stdout.flush()
     except BrokenPipeError:
-        _stdout_to_devnull()
+        console.drop_stdout()
         return SystemExit(BROKEN_PIPE_EXIT)
-    except (OSError, ValueError):
-        pass  # a full disk, a closed stream: reported as before, at exit
+    except OSError as error:  # a full disk: the results did not all reach it
+        failure = console.stdout_write_error(error)
+        if done.code in (0, None):
+            _report(error, str(failure))
+            return SystemExit(1)
+    except ValueError:
+        pass  # a closed stream: as Python's own exit
     return done
-
-
-def _stdout_to_devnull() -> None:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _report(error: BaseException, line: str) -> None:
@@ -472,14 +472,7 @@ def _reporting_stdout_write_errors() -> Iterator[None]:
             exit_quietly_on_broken_pipe()
         raise
     except OSError as error:
-        reason = error.strerror or first_line(error)
-        _report(
-            error,
-            f"cannot write to standard output: {reason} (free some space, or send "
-            "the output elsewhere)",
-        )
-        # What is left in stdout's buffer must not fail again (with Python's complaint) at exit.
-        _stdout_to_devnull()
+        _report(error, str(console.stdout_write_error(error)))
         raise typer.Exit(1) from None
 
 

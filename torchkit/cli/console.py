@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from torchkit.core.io.errors import OutputWriteError
+
     stdout: Console
     stderr: Console
 
@@ -65,13 +67,57 @@ class _Results:
         return _NOWHERE if target is None else target  # no stdout at all (`>&-`, pythonw)
 
     def write(self, text: str) -> int:
-        return self._target().write(text)
+        with _reporting_write_errors():
+            return self._target().write(text)
 
     def flush(self) -> None:
-        self._target().flush()
+        with _reporting_write_errors():
+            self._target().flush()
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...
         return getattr(self._target(), name)
+
+
+@contextlib.contextmanager
+def _reporting_write_errors() -> Iterator[None]:
+    """A write of the results that fails (`> /dev/full`) ends the command with its one error
+    line; a reader that left (BrokenPipeError) is the broken-pipe exit's."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise stdout_write_error(error) from None
+
+
+def stdout_write_error(error: OSError) -> OutputWriteError:
+    """The error of a failed write to stdout; what is left in stdout's buffer is dropped, so
+    that it does not fail again (with Python's complaint) at exit."""
+    from torchkit.core.io.errors import OutputWriteError, first_line
+
+    drop_stdout()
+    reason = error.strerror or first_line(error)
+    return OutputWriteError(
+        f"cannot write to standard output: {reason}",
+        "free some space, or send the output elsewhere",
+    )
+
+
+def write_names_as_bytes() -> None:
+    """A file name that is not UTF-8 goes to stdout as its own bytes (as `ls` writes it) under
+    any locale: Python's stdout refuses such names but in the C locale."""
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        sys.stdout.reconfigure(errors="surrogateescape")
+
+
+def drop_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null (its reader left, or its disk is full):
+    the results' stream, which is not sys.stdout while a command runs."""
+    results = _results[-1] if _results else sys.stdout
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, results.fileno())
+        os.close(devnull)
 
 
 @contextlib.contextmanager
