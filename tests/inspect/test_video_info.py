@@ -494,6 +494,7 @@ def test_probe_video_never_raises(tmp_path, broken):
     missing = probe_video(tmp_path / "gone.mp4")
     assert missing.error and "cannot read" in missing.error
     assert probe_video(broken["empty"]).error == "empty file"
+    assert probe_video(tmp_path).error == "not a regular file (a folder)"  # it said "a device"
 
 
 def test_a_fifo_or_a_device_named_on_the_command_line_is_a_row_not_a_hang(tmp_path, videos):

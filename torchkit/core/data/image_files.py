@@ -45,7 +45,8 @@ class NotARegularFile(OSError):
     """An image path that names something other than a regular file."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for an error: "a FIFO", "a folder"..."""
     if stat.S_ISFIFO(mode):
         return "a FIFO"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
@@ -75,7 +76,7 @@ def open_regular_file(path: str | os.PathLike) -> BinaryIO:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise NotARegularFile(f"not a regular file ({_kind(info.st_mode)})")
+            raise NotARegularFile(f"not a regular file ({file_kind(info.st_mode)})")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")

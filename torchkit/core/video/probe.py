@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.data.image_files import file_kind
 from torchkit.core.io.errors import first_line
 from torchkit.core.io.files import holds_non_utf8
 from torchkit.core.video.containers import (
@@ -266,10 +267,7 @@ def _probe_into(
     status = path.stat()
     mode = status.st_mode
     if not stat.S_ISREG(mode):  # opening a FIFO waits for a writer: forever
-        kind = (
-            "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-        )
-        info.fail(f"not a regular file ({kind})")
+        info.fail(f"not a regular file ({file_kind(mode)})")
         return
     info.size_bytes = status.st_size
     with open(path, "rb") as handle:
