@@ -310,7 +310,7 @@ def test_shards_named_by_a_pattern_may_not_be_replaced_by_their_output(
     assert convert(image_folder, out, "--per-shard", 2).returncode == 0
     pattern = f"{out}/shard-{{000000..000002}}.tar"
     done = convert(pattern, out, "--force")
-    assert "contains the source file" in error_line(done.stderr)
+    assert "contains the source shard" in error_line(done.stderr)  # the shard it names
     assert convert(pattern, tmp_path / "again", "--no-shuffle").returncode == 0
 
 
