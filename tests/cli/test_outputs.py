@@ -258,6 +258,34 @@ def test_a_signal_as_the_old_output_is_set_aside_leaves_it_in_place(tmp_path, mo
     assert sorted(os.listdir(tmp_path)) == ["out"]  # nothing set aside, no lock
 
 
+@pytest.mark.parametrize("stopped", ["between the renames", "as the new one's rename returns"])
+def test_a_signal_as_a_whole_output_takes_the_old_ones_place(tmp_path, monkeypatch, stopped):
+    """`eval --out`, `convert tensor/cifar`, `--extract-frames` (atomic outputs) over an older
+    output with --force: SIGTERM or Ctrl-C between setting the old one aside and renaming the
+    new one into place puts the old one back; once the new one is in place, it stays."""
+    run = _old_run(tmp_path / "frames")
+    before = tree_digest(run)
+    out = OutputFolder(run, command="convert", force=True, atomic=True)
+    (out.begin() / "a.png").write_bytes(b"new")
+    rename, renames = os.replace, []
+
+    def interrupted(source, target):  # one signal, handled as the rename returns
+        rename(source, target)
+        renames.append(target)
+        if len(renames) == (1 if stopped == "between the renames" else 2):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        out.finish(ok=True)
+    monkeypatch.undo()
+    if stopped == "between the renames":
+        assert tree_digest(run) == before
+    else:
+        assert (run / "a.png").read_bytes() == b"new" and not (run / "result.json").exists()
+    assert os.listdir(tmp_path) == ["frames"]  # nothing hidden left beside it, no lock
+
+
 def test_a_failed_run_keeps_the_users_empty_folder(tmp_path):
     empty = tmp_path / "out"
     empty.mkdir()

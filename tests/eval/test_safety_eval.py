@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
 import torch
-from disks import slow_io_env
 from output_checks import error_line, hidden_siblings, tree_digest
 from processes import (
     run_each_in_process,
     run_torchkit_in_process,
     run_torchkit_process,
-    signal_and_wait,
     start_torchkit_process,
-    wait_until,
 )
 from safety_world import check_locked_then_terminated, write_world
 
@@ -129,25 +125,6 @@ def test_sigterm_stops_the_workers_and_a_second_run_is_refused(world, tmp_path):
     check_locked_then_terminated(process, started, second, cwd=world)
     assert tree_digest(previous) == before
     assert hidden_siblings(previous) == []  # no lock, no half-written folder
-
-
-def test_sigterm_while_the_new_reports_take_the_old_ones_place_puts_the_old_back(world, tmp_path):
-    previous = tmp_path / "previous"
-    older_eval_output(previous, marker=True)
-    before = tree_digest(previous)
-    # Renames onto --out take a second: SIGTERM lands after the old reports were moved aside
-    # and before the new ones took their place.
-    env = slow_io_env(tmp_path, previous, calls=("os.replace",), delay=1.0)
-    process = start_torchkit_process(*EVAL, "--out", str(previous), "--force", cwd=world, env=env)
-    wait_until(
-        lambda: any(name.endswith(".replaced") for name in os.listdir(tmp_path)),
-        process=process,
-        what="the old reports set aside",
-    )
-    code, out, err = signal_and_wait(process, signal.SIGTERM)
-    assert code == 143 and "Traceback" not in err, err
-    assert tree_digest(previous) == before  # the old reports, byte for byte
-    assert hidden_siblings(previous) == []
 
 
 def test_full_disk_is_an_error_and_leaves_nothing_under_out(world, small_tmpfs):

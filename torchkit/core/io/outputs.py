@@ -707,6 +707,7 @@ class OutputFolder:
                         # goes back, not left hidden with no output in its place.
                         if os.path.lexists(old) and not os.path.lexists(self.final):
                             os.replace(old, self.final)
+                            remove_tree(self.path)  # the new one goes, as `abandon` drops it
                         elif os.path.lexists(old):  # the new output is whole and in place
                             discard_tree(old)
                         raise
