@@ -211,33 +211,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # own order, by number of tests, sent the 23 s multi-node test and the 15 s digits run last,
 # and one worker finished them alone while the other idled. A module missing here keeps its
 # place after these; a stale entry costs nothing.
-LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29
-    "test_train_ddp_faults",  # 37
-    "test_safety_train",  # 21
-    "test_train_ddp",  # 20: torchrun on one node and on two, the same weights
-    "test_torchvision_without_dynamo",  # 18: fresh processes
-    "test_eval",  # 15
-    "test_export",  # 14
-    "test_decode_ahead",  # 12
-    "test_benchmark",  # 12
+LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29 (a slow hour)
+    "test_train_ddp_faults",  # 35
+    "test_torchvision_without_dynamo",  # 27: fresh processes
+    "test_safety_train",  # 23
+    "test_train_ddp",  # 23: torchrun on one node and on two, the same weights
+    "test_train_cli",  # 19
+    "test_model_resolver",  # 18
+    "test_export",  # 18
+    "test_train_digits_target",  # 17, one test
+    "test_eval",  # 16
+    "test_plot_helper",  # 16: real helper processes
+    "test_epoch_starts",  # 16
+    "test_train_resume",  # 15
+    "test_convert_shards",  # 14
+    "test_shards_read",  # 13
+    "test_eval_guards",  # 13
+    "test_timm_models",  # 13
+    "test_safety_eval",  # 13
+    "test_benchmark",  # 13
     "test_safety_convert",  # 12
-    "test_train_cli",  # 11
-    "test_train_resume",  # 11
-    "test_train_digits_target",  # 11, one test
-    "test_shards_read",  # 11
-    "test_eval_guards",  # 10
-    "test_model_resolver",  # 10
-    "test_eval_defaults",  # 9
-    "test_epoch_starts",  # 9
-    "test_plot_helper",  # 9: real helper processes
-    "test_convert_shards",  # 9
-    "test_timm_models",  # 9
-    "test_dataset_stats",  # 8
-    "test_safety_eval",  # 8
-    "test_train_guards",  # 7
-    "test_broken_pipe",  # 7
-    "test_curves_painter",  # 7
-    "test_safety_features",  # 7
+    "test_safety_features",  # 12
+    "test_train_guards",  # 11
+    "test_decode_ahead",  # 11
+    "test_curves_painter",  # 11
+    "test_deferred_signals",  # 10
+    "test_broken_pipe",  # 9
 )
 
 
