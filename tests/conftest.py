@@ -7,10 +7,11 @@ command-specific fixtures live with their tests."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchkit.bytecode import keep_bytecode_cache
@@ -125,23 +126,38 @@ def run_torchkit() -> Callable[..., subprocess.CompletedProcess]:
 def small_tmpfs(tmp_path: Path):
     """`small_tmpfs(size_kib)` mounts a tmpfs of that size (a full disk on demand) and returns
     its path; skips cleanly where mounting is not allowed (not root, no mount namespace)."""
+    with _mounts(tmp_path, "tmpfs", "cannot mount a tmpfs here (needs root)") as mount:
+        yield lambda size_kib: mount("-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs")
+
+
+@pytest.fixture
+def bind_view(tmp_path: Path):
+    """`bind_view(folder)`: a second path to `folder` (a bind mount, as another case of its
+    name is on a case-insensitive disk); skips where mounting is not allowed."""
+    with _mounts(tmp_path, "view", "cannot bind-mount here (needs root)") as mount:
+        yield lambda folder: mount("--bind", str(folder))
+
+
+@contextlib.contextmanager
+def _mounts(tmp_path: Path, stem: str, refused: str) -> Iterator[Callable[..., Path]]:
+    """`mount(*args)` mounts onto a new folder TMP_PATH/STEM<n> (`mount ARGS FOLDER`), or skips
+    the test with `refused`; every mount is undone afterwards."""
     mounted: list[Path] = []
 
-    def mount(size_kib: int) -> Path:
-        point = tmp_path / f"tmpfs{len(mounted)}"
+    def mount(*args: str) -> Path:
+        point = tmp_path / f"{stem}{len(mounted)}"
         point.mkdir()
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(point)],
-            capture_output=True,
-        )
+        done = subprocess.run(["mount", *args, str(point)], capture_output=True)
         if done.returncode != 0:
-            pytest.skip("cannot mount a tmpfs here (needs root)")
+            pytest.skip(refused)
         mounted.append(point)
         return point
 
-    yield mount
-    for point in mounted:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+    try:
+        yield mount
+    finally:
+        for point in mounted:
+            subprocess.run(["umount", "-l", str(point)], capture_output=True)
 
 
 @pytest.fixture

@@ -83,26 +83,6 @@ def test_overlap_sees_through_symlinks_and_dotdot(tmp_path, dataset):
         )
 
 
-@pytest.fixture
-def bind_view(tmp_path: Path):
-    """`bind_view(folder)`: a second path to `folder` (a bind mount, as another case of its
-    name is on a case-insensitive disk); skips where mounting is not allowed."""
-    mounted: list[Path] = []
-
-    def mount(folder: Path) -> Path:
-        view = tmp_path / f"view{len(mounted)}"
-        view.mkdir()
-        done = subprocess.run(["mount", "--bind", str(folder), str(view)], capture_output=True)
-        if done.returncode != 0:
-            pytest.skip("cannot bind-mount here (needs root)")
-        mounted.append(view)
-        return view
-
-    yield mount
-    for view in mounted:
-        subprocess.run(["umount", "-l", str(view)], capture_output=True)
-
-
 def test_overlap_sees_a_second_path_to_the_same_folder(tmp_path, bind_view):
     """eval --data VIEW --out OUT --force, VIEW another path to OUT (a split output): the
     reports replaced OUT, and the images were deleted."""

@@ -60,13 +60,10 @@ def world(tmp_path_factory) -> dict:
 # -- 1. a write error on stdout from --help and --version ----------------------------------------
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize(
-    "args", [["--help"], ["--version"], ["-V"], ["predict", "--help"], ["convert"], []]
-)
-def test_help_and_version_into_a_full_disk_are_one_error_line(args):
+def _into_full_disk(*args: str) -> subprocess.CompletedProcess:
+    """`torchkit ARGS > /dev/full` (a disk with no room left) in a real process."""
     with open("/dev/full", "w") as full:
-        done = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-m", "torchkit", *args],
             stdout=full,
             stderr=subprocess.PIPE,
@@ -75,6 +72,14 @@ def test_help_and_version_into_a_full_disk_are_one_error_line(args):
             timeout=120,
             env={k: v for k, v in os.environ.items() if k != "TORCHKIT_DEBUG"},
         )
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    "args", [["--help"], ["--version"], ["-V"], ["predict", "--help"], ["convert"], []]
+)
+def test_help_and_version_into_a_full_disk_are_one_error_line(args):
+    done = _into_full_disk(*args)
     assert done.returncode == 1, done.stderr
     line = error_line(done.stderr, besides="nothing")
     assert line.startswith("Error: cannot write to standard output: No space left on device")
@@ -90,16 +95,7 @@ def test_results_into_a_full_disk_are_one_error_line(world, what):
         "dataset-stats": ["dataset-stats", images, "--format", "csv", "-j", "0"],
         "predict": ["predict", str(world["root"] / "good.pt"), images, *CPU, "--format", "csv"],
     }[what]
-    with open("/dev/full", "w") as full:
-        done = subprocess.run(
-            [sys.executable, "-m", "torchkit", *args],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            timeout=120,
-            env={k: v for k, v in os.environ.items() if k != "TORCHKIT_DEBUG"},
-        )
+    done = _into_full_disk(*args)
     assert done.returncode == 1, done.stderr
     line = error_line(done.stderr)
     assert line.startswith("Error: cannot write to standard output: No space left on device")
