@@ -117,13 +117,18 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         )
     _refuse_spaced_paths(source, paths, spaced)
     if bad_split:
-        shown = ", ".join(f"{line} {value!r}" for line, value in bad_split[:_SHOWN])
         raise InputError(
             f"{source} has {len(bad_split)} row(s) with a split other than train, val or test "
-            f"(line {shown}{', ...' if len(bad_split) > _SHOWN else ''})",
+            f"(line {_lines_and_values(bad_split)})",
             "the split column takes train, val or test",
         )
     return IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+
+
+def _lines_and_values(found: list[tuple[int, str]]) -> str:
+    """`2 ' a.png', 3 ' b.png', ...`: the first rows of `found` (line, value)."""
+    shown = ", ".join(f"{line} {value!r}" for line, value in found[:_SHOWN])
+    return shown + (", ..." if len(found) > _SHOWN else "")
 
 
 def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int, int]]) -> None:
@@ -138,10 +143,9 @@ def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int,
         and os.path.lexists(os.path.join(base, paths[row].strip()))
     ]
     if typos:
-        shown = ", ".join(f"{line} {path!r}" for line, path in typos[:_SHOWN])
         raise InputError(
             f"{source} has {len(typos)} row(s) whose path has spaces around it that the file's "
-            f"name has not (line {shown}{', ...' if len(typos) > _SHOWN else ''})",
+            f"name has not (line {_lines_and_values(typos)})",
             "remove the spaces around the path: paths are read exactly as written",
         )
 
