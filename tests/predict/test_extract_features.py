@@ -343,6 +343,31 @@ def test_untraceable_model_uses_hooks(runner, images, tmp_path, models_module):
     assert meta["layers"][0]["node"] == "<input of the classifier>"
 
 
+def test_images_reach_a_4_channel_model_as_rgba_and_a_2_channel_model_is_refused(
+    runner, images, tmp_path, models_module
+):
+    # The channel rule of eval and predict: RGBA for a 4-channel stem (an RGB file gets an
+    # opaque alpha); a 2-channel stem is a usage error before any output is made.
+    torch.manual_seed(0)
+    four = nn.Sequential(nn.Conv2d(4, 2, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    models_module.four = lambda: four
+    models_module.two = lambda: nn.Sequential(nn.Conv2d(2, 2, 1), nn.Flatten())
+    sizes = ["--image-size", "16", "--resize-size", "16", "--mean", "0.5", "--std", "0.25"]
+    out = tmp_path / "four"
+    result = run(runner, f"{MODELS_MODULE}:four", str(images), str(out), "-l", "2", *sizes)
+    assert result.exit_code == 0, result.stderr
+    paths = [row["path"] for row in read_index(out)]
+    transform = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor(), T.Normalize(0.5, 0.25)])
+    x = torch.stack([transform(Image.open(images / p).convert("RGBA")) for p in paths])
+    with torch.no_grad():
+        assert_close(np.load(out / "2.npy"), four(x))
+    out = tmp_path / "two"
+    result = run(runner, f"{MODELS_MODULE}:two", str(images), str(out), *sizes)
+    assert result.exit_code == 2
+    assert error_line(result.stderr) == "Error: cannot feed images to a model with 2 channels"
+    assert not out.exists()
+
+
 def test_unreadable_images_are_recorded_or_fatal_with_strict(runner, tmp_path):
     root = tmp_path / "imgs"
     write_image_folder(root, {"a": 2, "b": 2}, size=20)

@@ -18,6 +18,17 @@ from torchkit.core.io.errors import CheckpointError, InputError, UsageError
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+# Mode PIL converts images to for a given channel count.
+IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+
+
+def image_mode(in_channels: int) -> str:
+    """The PIL mode images are fed to a model with `in_channels` input channels in (L, RGB,
+    RGBA): the one rule of eval, predict and extract-features. Other counts are a UsageError."""
+    mode = IMAGE_MODES.get(in_channels)
+    if mode is None:
+        raise UsageError(f"cannot feed images to a model with {in_channels} channels")
+    return mode
 
 
 @dataclass

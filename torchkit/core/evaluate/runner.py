@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.data.decode import NormalizedPixels, model_input
+from torchkit.core.data.preprocessing import image_mode
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
-from torchkit.core.evaluate.source import IMAGE_MODES, load_eval_samples
+from torchkit.core.evaluate.source import load_eval_samples
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
@@ -427,9 +428,7 @@ def _run(
             "pass --classes with the model's class names in label order",
         )
     preprocess = resolved.preprocess
-    mode = IMAGE_MODES.get(preprocess.in_channels)
-    if mode is None:
-        raise UsageError(f"cannot feed images to a model with {preprocess.in_channels} channels")
+    mode = image_mode(preprocess.in_channels)
     model = resolved.model
     k = resolve_topk(options.topk, num_classes)
 

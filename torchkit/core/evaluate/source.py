@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.data.preprocessing import IMAGE_MODES as IMAGE_MODES
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
 from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
-
-# Mode PIL converts images to for a given channel count.
-IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
 def parse_class_names(spec: str) -> list[str]:

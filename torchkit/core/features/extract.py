@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.decode import NormalizedPixels, model_input
-from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.preprocessing import Preprocess, image_mode
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.inputs import data_inputs, listed_inputs
 from torchkit.core.data.sources.samples import Samples
@@ -243,6 +243,7 @@ def _extract(
         logger.info("%s", note)
     request.root = image_set.root
     preprocess = source.preprocess
+    mode = image_mode(preprocess.in_channels)  # before any output is made
     graph = LayerGraph(source.model, arch=source.arch)
     layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
     device = select_device(request.run.device)
@@ -274,7 +275,7 @@ def _extract(
         resumed_from = store.progress.done
         started = time.perf_counter()
         # 8-bit crops normalised on the device; JPEG bytes decoded there with --decode device
-        loader = _loader(samples, preprocess, request, device)
+        loader = _loader(samples, preprocess, mode, request, device)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         _extract_rows(
             store, extractor, loader, samples, request, device, normalized, amp_dtype, progress
@@ -493,7 +494,7 @@ def _fingerprint(settings: dict, samples: Samples) -> str:
     return digest.hexdigest()
 
 
-def _loader(samples: Samples, preprocess: Preprocess, request: FeatureRequest, device):
+def _loader(samples: Samples, preprocess: Preprocess, mode: str, request: FeatureRequest, device):
     """A function start -> iterator of (indices, image batch or None, [(index, why)]): 8-bit
     crops, normalised on the device by the caller; JPEG bytes decoded there with --decode
     device."""
@@ -503,7 +504,6 @@ def _loader(samples: Samples, preprocess: Preprocess, request: FeatureRequest, d
     from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
     from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
 
-    mode = "L" if preprocess.in_channels == 1 else "RGB"
     dataset = inference_dataset(samples, preprocess, mode=mode, decode=request.run.decode)
     workers = inference_workers(samples, request.run.workers)
     on_device = request.run.decode == "device"

@@ -73,7 +73,7 @@ class PredictRun:
     info: dict[str, Any] = field(default_factory=dict)
 
     def setup(self) -> None:
-        from torchkit.core.evaluate.source import IMAGE_MODES
+        from torchkit.core.data.preprocessing import image_mode
         from torchkit.core.inference.scoring import TTA_MODES
         from torchkit.core.runtime.distributed import setup
 
@@ -125,10 +125,7 @@ class PredictRun:
         )
         self.notes += self.image_set.notes
         preprocess = self.resolved.preprocess
-        self.mode = IMAGE_MODES.get(preprocess.in_channels)
-        if self.mode is None:
-            channels = preprocess.in_channels
-            raise UsageError(f"cannot feed images to a model with {channels} channels")
+        self.mode = image_mode(preprocess.in_channels)
         self.ctx = setup(request.run.device)
         self.device = self.ctx.device
         self.info = {
