@@ -359,6 +359,20 @@ def test_a_root_without_val_holds_out_a_stratified_seeded_share_of_train(cifar_l
     assert len(other["val"]) == 6
 
 
+def test_the_held_out_share_depends_on_paths_not_on_the_order_images_are_listed(tmp_path):
+    # The same images as a folder and as a CSV index listing them in another order: one seed
+    # holds out the same ones (as `split` does), so the form the data comes in does not matter.
+    root = tmp_path / "data"
+    write_image_folder(root, {"a": 6, "b": 6})
+    folder = open_data(root)
+    rows = [f"{i},{i.split('/')[0]}" for i in reversed(folder.whole.ids)]
+    index = _write(root / "index.csv", "path,label\n" + "\n".join(rows) + "\n")
+    for seed in range(4):
+        by_folder, _ = training_splits(folder, val_split=0.5, seed=seed)
+        by_index, _ = training_splits(open_data(index), val_split=0.5, seed=seed)
+        assert sorted(by_index["val"].ids) == sorted(by_folder["val"].ids)
+
+
 def test_the_record_gives_back_exactly_the_held_out_images(cifar_like, tmp_path):
     splits, _ = training_splits(open_data(cifar_like), val_split=0.2, seed=3)
     record = split_record(open_data(cifar_like), splits)

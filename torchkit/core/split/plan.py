@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,11 +164,6 @@ def _repeat_dest(dest: str, number: int, free: FreeNames) -> str:
     folder, name = dest.rsplit("/", 1) if "/" in dest else ("", dest)
     stem, suffix = os.path.splitext(name)
     return free.claim(f"{folder}/" if folder else "", f"{stem}-repeat{number}", suffix)
-
-
-def sample_keys(samples: Samples) -> list[str]:
-    """Stable names for hashing: "/"-separated and Unicode-NFC, so macOS (NFD) and Linux agree."""
-    return [unicodedata.normalize("NFC", i.replace(os.sep, "/")) for i in samples.ids]
 
 
 def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv: bool):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.splitting import SPLIT_NAMES, stratified_split
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, sample_keys, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import open_text
 from torchkit.core.io.outputs import (
@@ -61,7 +61,6 @@ from torchkit.core.split.plan import (
     load_split_input,
     oversample_repeats,
     refuse_linked_folders,
-    sample_keys,
     warn_small,
 )
 from torchkit.core.split.report import SplitResult

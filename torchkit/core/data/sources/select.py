@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from torchkit.core.data.sources.record import recorded_splits
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.source import DataSource, concatenate, tagged
-from torchkit.core.data.sources.splitting import SPLIT_NAMES, stratified_split
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, sample_keys, stratified_split
 from torchkit.core.io.errors import InputError, UsageError
 
 log = logging.getLogger("torchkit")
@@ -150,7 +150,10 @@ def training_splits(
         donor, what = source.splits["train"], "its train split"
     else:
         donor, what = source.whole, "its images"
-    train_part, val_part = stratified_split(donor.labels, (1 - fraction, fraction), seed)
+    # keyed by path, as `split` is: the same images listed in another order (a folder, its CSV
+    # index, its .tar) hold out the same ones
+    keys = sample_keys(donor)
+    train_part, val_part = stratified_split(donor.labels, (1 - fraction, fraction), seed, keys=keys)
     splits = {
         "train": tagged(donor.subset(train_part), "train"),
         "val": tagged(donor.subset(val_part), "val"),

@@ -4,9 +4,18 @@ counts it allocates by."""
 from __future__ import annotations
 
 import hashlib
+import os
+import unicodedata
 from collections.abc import Sequence
 
+from torchkit.core.data.sources.samples import Samples
+
 SPLIT_NAMES = ("train", "val", "test")
+
+
+def sample_keys(samples: Samples) -> list[str]:
+    """Stable names for hashing: "/"-separated and Unicode-NFC, so macOS (NFD) and Linux agree."""
+    return [unicodedata.normalize("NFC", i.replace(os.sep, "/")) for i in samples.ids]
 
 
 def stratified_split(
