@@ -16,6 +16,7 @@ from torchkit.core.data.dataset import (
     make_dataset,
 )
 from torchkit.core.data.in_memory import InMemoryEvalImages
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.digits import _sklearn_digits, digits_splits
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.transforms import eval_transform
@@ -257,3 +258,18 @@ def test_a_loader_worker_transforms_its_batches_not_the_whole_epoch(digits, monk
     assert all(
         torch.equal(a[0], b[0]) for a, b in zip(got, dataset.__getitems__(keys), strict=True)
     )
+
+
+@pytest.mark.parametrize(("image_size", "resize_size"), [(12, 9), (11, 8), (10, 8)])
+def test_crops_larger_than_the_resized_digits_are_padded_as_torchvision_pads_them(
+    digits, image_size, resize_size
+):
+    # A model may record a resize smaller than its crop: eval, predict and extract-features
+    # on the built-in digits must pad it with zeros where torchvision's CenterCrop does.
+    preprocess = Preprocess(image_size=image_size, resize_size=resize_size)
+    samples = digits["test"]
+    ours = inference_dataset(samples, preprocess, mode="RGB", decode="exact")
+    assert isinstance(ours, InMemoryEvalImages)
+    reference = make_dataset(samples, eval_transform(preprocess, pixels=True), pixels=True)
+    for index in range(20):
+        assert torch.equal(ours[index][0], reference[index][0])

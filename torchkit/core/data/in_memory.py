@@ -42,11 +42,20 @@ def eval_pixels(
         if target_wh != (width, height):
             image = image.resize(target_wh, resample)
         width, height = image.size
-        top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
-        image = image.crop((left, top, left + size, top + size))
+        top, left = _crop_start(height, size), _crop_start(width, size)
+        image = image.crop((left, top, left + size, top + size))  # zeros outside the image
         array = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
         out.append(array.unsqueeze(-1) if array.ndim == 2 else array)
     return torch.stack(out).permute(0, 3, 1, 2)
+
+
+def _crop_start(length: int, size: int) -> int:
+    """Where torchvision's CenterCrop(size) starts along a side of `length` pixels: a side
+    shorter than the crop is first padded with zeros, (size - length) // 2 before it (a model
+    may record a resize smaller than its crop)."""
+    if size <= length:
+        return int(round((length - size) / 2.0))
+    return -((size - length) // 2)
 
 
 class InMemoryEvalImages:
