@@ -681,6 +681,32 @@ def test_bad_data(setup, tmp_path):
     assert result.exit_code == 1 and "are not among the model's" in result.stderr
 
 
+def test_a_class_spelled_in_another_unicode_form_is_the_models_class(tmp_path):
+    # A folder named on macOS spells "é" as "e" + a combining accent (NFD); a checkpoint trained
+    # on the same data on Linux (or a CSV typed there) spells it as one letter (NFC).
+    import tarfile
+
+    from checkpoints import write_convnet_checkpoint
+
+    ckpt = tmp_path / "model.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="a\u00e9")
+    folder, root = tmp_path / "folder", tmp_path / "root"
+    for i, name in enumerate(("a", "e\u0301")):
+        for where in (folder, root / "test"):
+            (where / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (i * 200, 0, 0)).save(where / name / f"{i}.png")
+    index = tmp_path / "folder" / "index.csv"
+    index.write_text("path,label\na/0.png,a\ne\u0301/1.png,e\u0301\n", encoding="utf-8")
+    with tarfile.open(tmp_path / "root.tar", "w") as archive:
+        archive.add(root / "test", arcname="test")
+    for data in (folder, index, root, tmp_path / "root.tar"):
+        result = invoke(ckpt, "--data", data, "--format", "json")
+        assert result.exit_code == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["num_images"] == 2 and report["classes"] == ["a", "\u00e9"]
+        assert [row["support"] for row in report["per_class"]] == [1, 1]
+
+
 def test_unreadable_image_is_skipped_and_counted_or_fatal_with_strict(setup, tmp_path):
     data = tmp_path / "data"
     rng = np.random.default_rng(1)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, class_index, find_class
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import tree_entries
 
@@ -132,8 +132,8 @@ def discover_image_folder(
     _refuse_links_around(folder, class_dirs)
     names = [d.name for d in class_dirs]
     class_list = list(classes) if classes is not None else names
-    index_of = {name: i for i, name in enumerate(class_list)}
-    unknown = [name for name in names if name not in index_of]
+    index_of = class_index(class_list)
+    unknown = [name for name in names if find_class(index_of, name) is None]
     if unknown:
         raise InputError(
             f"class folder(s) {', '.join(unknown[:5])} in {folder} are not among the model's "
@@ -146,7 +146,7 @@ def discover_image_folder(
     for class_dir in class_dirs:
         files = list_image_files(class_dir)
         paths.extend(files)
-        labels.extend([index_of[class_dir.name]] * len(files))
+        labels.extend([find_class(index_of, class_dir.name)] * len(files))
     if not paths:
         raise InputError(
             f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS))

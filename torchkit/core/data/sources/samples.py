@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,24 @@ from torchkit.core.io.errors import InputError
 # Classes data without class names may have: they are named "0".."N-1" from the largest class
 # index, and an index past this is damaged data that would take all memory to name.
 MAX_INDEX_CLASSES = 1_000_000
+
+
+def class_index(classes: Sequence[str]) -> dict[str, int]:
+    """Each class name's index, under its own spelling and its Unicode NFC one (`find_class`)."""
+    index: dict[str, int] = {}
+    for i, name in enumerate(classes):
+        index.setdefault(name, i)
+    for i, name in enumerate(classes):
+        index.setdefault(unicodedata.normalize("NFC", name), i)
+    return index
+
+
+def find_class(index: Mapping[str, int], name: str) -> int | None:
+    """The index of class `name` in `class_index(...)`, None if none: matched as spelled, else
+    in Unicode NFC, so a folder named on macOS ("e" + a combining accent, NFD) is the class the
+    same name typed elsewhere (one "é", NFC) names in a checkpoint or a CSV index."""
+    found = index.get(name)
+    return found if found is not None else index.get(unicodedata.normalize("NFC", name))
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from torchkit.core.data.sources.discovery import (
     list_non_image_files,
     relative_ids,
 )
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, class_index, find_class
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.io.errors import InputError
 
@@ -146,11 +146,12 @@ def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
     classes = list(classes)
     if classes == samples.classes:
         return samples
-    index_of = {name: i for i, name in enumerate(classes)}
+    index_of = class_index(classes)
     unknown = _unknown_classes(samples, index_of)
     if unknown:
         raise _unknown_classes_error(unknown, where, classes)
-    mapping = [index_of.get(name, -1) for name in samples.classes]
+    mapping = [find_class(index_of, name) for name in samples.classes]
+    mapping = [-1 if index is None else index for index in mapping]
     return Samples(
         classes=classes,
         labels=[mapping[label] for label in samples.labels],
@@ -162,10 +163,10 @@ def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
     )
 
 
-def _unknown_classes(samples: Samples, known: Collection[str]) -> list[str]:
-    """The class names `samples` uses that are not in `known`, sorted."""
+def _unknown_classes(samples: Samples, known: Mapping[str, int]) -> list[str]:
+    """The class names `samples` uses that are not in `known` (a `class_index`), sorted."""
     present = sorted({samples.classes[label] for label in samples.labels})
-    return [name for name in present if name not in known]
+    return [name for name in present if find_class(known, name) is None]
 
 
 def _unknown_classes_error(unknown: Sequence[str], where: str, classes: list[str]) -> InputError:
@@ -193,7 +194,8 @@ def _split_source(
     names = list(classes) if classes is not None else _union_classes(parts)
     # A class the model lacks is named with every split that has it (all are relabelled here,
     # before one is picked): "of digits (train)" alone misleads a run that reads test.
-    unknown = {name: _unknown_classes(parts[name], set(names)) for name in parts}
+    known = class_index(names)
+    unknown = {name: _unknown_classes(parts[name], known) for name in parts}
     failing = [name for name in SPLIT_NAMES if unknown.get(name)]
     if failing:
         every = sorted({label for name in failing for label in unknown[name]})
@@ -239,14 +241,15 @@ def csv_samples(
     else:
         present = class_order(rows.labels, rows.splits)
         names = list(classes) if classes is not None else present
-        index_of = {name: i for i, name in enumerate(names)}
-        unknown = [name for name in present if name not in index_of]
+        index_of = class_index(names)
+        found = {name: find_class(index_of, name) for name in present}
+        unknown = [name for name in present if found[name] is None]
         if unknown:
             raise InputError(
                 f"label(s) {', '.join(unknown[:5])} in {source} are not known classes",
                 "the classes are: " + ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""),
             )
-        labels = [index_of[label] for label in rows.labels]
+        labels = [found[label] for label in rows.labels]
     return Samples(
         classes=names,
         labels=labels,
