@@ -15,8 +15,8 @@ plain binary column of those names too). The label is the column `label`, else t
 HF's metadata calls a ClassLabel; integers are class indices, strings class names. Class names
 come from HF's metadata in the parquet schema (`huggingface` key: info.features.LABEL.names), else
 from `ROOT/dataset_info.json`; without either, integer labels are named "0", "1", ... up to the
-largest (string labels: sorted naturally, as a CSV index's labels are). No label column, or rows without
-a label (null or HF's -1): unlabelled data where that is allowed (dataset-stats, predict,
+largest (string labels: sorted naturally, as a CSV index's labels are). No label column, or rows
+without a label (null or HF's -1): unlabelled data where that is allowed (dataset-stats, predict,
 extract-features), else an error naming the file and rows.
 
 A sample's id (the `path` column of outputs) is `FILE/ROW`, FILE relative to ROOT (to the file's
