@@ -119,7 +119,8 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
     transforms, torchvision's models). summary's FLOP count runs torch's dispatch modes, whose
     first calls would import torch._dynamo (2 s): under `without_dynamo` they do not, and they
     count what they count with dynamo loaded. First, the built-in digits with the convnet need
-    no torchvision at all: train, then eval and predict (their crops made without it)."""
+    no torchvision at all: train (AdamW, then SGD), then eval and predict (their crops made
+    without it)."""
     write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
     write_image_folder(tmp_path / "ds" / "val", {"a": 2, "b": 2})
     lines = _python(
@@ -143,6 +144,8 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
 
         torchkit("train", "--data", "digits", "--epochs", "1", "--out", "digits-run",
                  "--format", "json")
+        torchkit("train", "--data", "digits", "--epochs", "1", "--image-size", "8",
+                 "--optimizer", "sgd", "--lr", "0.01", "--out", "digits-sgd", "--format", "json")
         torchkit("eval", "digits-run/best.pt", "--data", "digits", "--format", "json")
         torchkit("predict", "digits-run/best.pt", "digits", "--format", "json")
         print("digits", "torchvision" in sys.modules, file=marks)
@@ -167,6 +170,7 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
     )
     assert lines and (tmp_path / "marks").read_text().splitlines() == [
         "train False",
+        "train False",  # sgd: the other optimiser step torchkit takes without dynamo
         "eval False",
         "predict False",
         "digits False",
