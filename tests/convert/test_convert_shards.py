@@ -256,7 +256,10 @@ def test_a_killed_run_leaves_whole_shards_and_the_same_command_finishes_it(
 def test_sigterm_leaves_no_half_shard(tmp_path: Path, split_root: Path):
     out = tmp_path / "out"
     args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
-    process = start_torchkit_process(*args, env=slow_io_env(tmp_path, out, delay=0.4))
+    # Each rename into OUT pauses once it is done: the SIGTERM lands just after the second
+    # shard took its name (a stop there left it out of the partial manifest).
+    env = slow_io_env(tmp_path, out, delay=0.4, after=True)
+    process = start_torchkit_process(*args, env=env)
     try:
         wait_until(lambda: len(shard_files(out)) >= 2, process=process, what="two shards")
         process.send_signal(signal.SIGTERM)

@@ -38,12 +38,17 @@ SLOW_IO = textwrap.dedent(
     import os, shutil, time
 
     _where, _, _delay = os.environ.get("TORCHKIT_TEST_SLOW_IO", "").rpartition("|")
+    _after = os.environ.get("TORCHKIT_TEST_SLOW_AFTER") == "1"
 
     def _slowed(function):
         def slow(source, destination, *args, **kwargs):
-            if _where in os.fspath(destination):
+            slowed = _where in os.fspath(destination)
+            if slowed and not _after:
                 time.sleep(float(_delay))
-            return function(source, destination, *args, **kwargs)
+            done = function(source, destination, *args, **kwargs)
+            if slowed and _after:
+                time.sleep(float(_delay))
+            return done
         return slow
 
     if _where:
@@ -61,9 +66,11 @@ def slow_io_env(
     *,
     calls: Sequence[str] = ("os.rename", "os.replace", "shutil.copy2"),
     delay: float = 0.1,
+    after: bool = False,
 ) -> dict[str, str]:
     """The environment of a torchkit process whose `calls` into a path containing `where` take
-    `delay` seconds each (its sitecustomize is written to TMP_PATH/slow-io)."""
+    `delay` seconds each, before the call's work or (`after`) once it is done (its
+    sitecustomize is written to TMP_PATH/slow-io)."""
     folder = tmp_path / "slow-io"
     folder.mkdir(exist_ok=True)
     (folder / "sitecustomize.py").write_text(SLOW_IO)
@@ -71,6 +78,7 @@ def slow_io_env(
         "PYTHONPATH": str(folder),
         "TORCHKIT_TEST_SLOW_IO": f"{where}|{delay}",
         "TORCHKIT_TEST_SLOW_CALLS": ",".join(calls),
+        "TORCHKIT_TEST_SLOW_AFTER": "1" if after else "0",
     }
 
 

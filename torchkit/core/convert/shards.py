@@ -58,6 +58,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
 )
 from torchkit.core.io.progress import Progress
+from torchkit.deferred_signals import signals_deferred
 
 log = logging.getLogger("torchkit")
 
@@ -454,24 +455,27 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
         nonlocal shard, start, skipped, extensions, labels
         assert shard is not None
         count = shard.samples
-        size, digest = shard.close()
-        shard = None
-        records.append(
-            ShardRecord(
-                shard_set.shard_name(len(records)),
-                shard_set.name,
-                count,
-                size,
-                digest,
-                start,
-                end,
-                skipped,
-                extensions,
-                labels,
+        # Ctrl-C or SIGTERM waits until the shard renamed into place is also in the records (and
+        # the partial manifest the stop writes): a stop in between left a whole shard unlisted.
+        with signals_deferred():
+            size, digest = shard.close()
+            shard = None
+            records.append(
+                ShardRecord(
+                    shard_set.shard_name(len(records)),
+                    shard_set.name,
+                    count,
+                    size,
+                    digest,
+                    start,
+                    end,
+                    skipped,
+                    extensions,
+                    labels,
+                )
             )
-        )
-        start, skipped, extensions, labels = end, [], [], []
-        run.on_shard()
+            start, skipped, extensions, labels = end, [], [], []
+            run.on_shard()
 
     try:
         positions = range(position, total)
