@@ -6,6 +6,7 @@ empty --batch-size items, --find-lr on a tiny folder, and "is a exported-program
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -100,6 +101,27 @@ def test_results_into_a_full_disk_are_one_error_line(world, what):
     line = error_line(done.stderr)
     assert line.startswith("Error: cannot write to standard output: No space left on device")
     assert "Exception ignored" not in done.stderr and "OSError" not in done.stderr
+
+
+def test_results_left_in_stdouts_buffer_that_a_full_disk_refuses_at_exit(monkeypatch, capsys):
+    """The last flush, at the command's end: a full disk there fails a command that said
+    nothing of it (exit 1 and the one error line), not Python's complaint and exit 120."""
+    import errno
+
+    from torchkit.cli.app import flushed_stdout
+
+    class FullDisk(io.StringIO):
+        def flush(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def fileno(self):
+            raise io.UnsupportedOperation("fileno")
+
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    assert flushed_stdout(SystemExit(0)).code == 1
+    assert flushed_stdout(SystemExit(3)).code == 3  # an earlier failure stays the one reported
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("Error: cannot write to standard output: No space left on device")
 
 
 def test_help_still_shows_and_a_closed_pipe_stays_quiet():

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.data.preprocessing import IMAGE_MODES as IMAGE_MODES
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import IO
 
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.io.outputs import is_special_file
+from torchkit.core.io.outputs import is_special_file, remove_tree
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
 
 
@@ -162,8 +162,8 @@ def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[
             continue
         path = folder / name
         if path.is_file() and not path.is_symlink():
-            with contextlib.suppress(OSError):  # one left behind is clutter, not harm
-                path.unlink()
+            remove_tree(path)  # one left behind (an error ignored) is clutter, not harm
+            if not os.path.lexists(path):
                 removed.append(name)
     return removed
 

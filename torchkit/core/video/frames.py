@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Sequence
@@ -12,7 +11,7 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write_bytes
-from torchkit.core.io.outputs import OutputFolder, write_error
+from torchkit.core.io.outputs import OutputFolder, remove_tree, write_error
 from torchkit.core.video.probe import (
     VideoInfo,
     _error_text,
@@ -140,8 +139,7 @@ def extract_frames(
             written[index] = target
     except BaseException:
         for target in written.values():
-            with contextlib.suppress(OSError):
-                target.unlink()
+            remove_tree(target)  # the command's own frames, in its locked output folder
         raise
     finally:
         capture.release()
