@@ -26,7 +26,7 @@ from typing import Any
 
 from torchkit.core.convert.safe_pickle import restricted_loads
 from torchkit.core.data.sources.discovery import class_folder_problem
-from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
+from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, short_repr
 from torchkit.core.io.files import require_input
 from torchkit.core.io.outputs import (
     MARKER,
@@ -299,8 +299,7 @@ def _class_names(meta: Mapping[str, Any], key: str, source: str) -> list[str]:
         # Class names become folders that image-folder readers must see.
         problem = class_folder_problem(name) if isinstance(name, str) else "it is not text"
         if problem is not None:
-            shown = repr(name if isinstance(name, str) else raw)
-            shown = shown if len(shown) <= 80 else shown[:76] + "..."
+            shown = short_repr(name if isinstance(name, str) else raw)
             raise InputError(f"{source} has an unusable class name {shown}", problem)
         twin = folded.get(name.casefold())
         if twin == name:

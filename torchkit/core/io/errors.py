@@ -48,6 +48,17 @@ class OfflineError(TorchkitError):
     """Something needed a download and the network is not reachable."""
 
 
+def short_repr(value: object) -> str:
+    """`repr(value)` cut short for an error line: long strings keep their start and end, nested
+    lists their first items (a YAML alias bomb nests millions of items in a few lines, whose
+    whole repr would take minutes and gigabytes)."""
+    import reprlib
+
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxstring, shown.maxother = 2, 80, 80
+    return shown.repr(value)
+
+
 def first_line(error: object, *, with_type: bool = False) -> str:
     """The first non-blank line of an exception's message (or its type's name), after
     "TypeName: " with `with_type`: library errors (PyTorch's shape errors, FFmpeg's) run to many

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from torchkit.core.io.errors import UsageError
+from torchkit.core.io.errors import UsageError, short_repr
 
 _UNITS = {"": 1, "b": 1}
 for _power, _letter in enumerate("kmgt", start=1):
@@ -29,15 +29,10 @@ def parse_size(text: str, what: str) -> int:
         number = None
     if number is None:
         raise UsageError(
-            f"{what} {_shown(text)} is not a size",
+            f"{what} {short_repr(text)} is not a size",
             "e.g. 1GB, 500MB, 256MiB (or 256M), or a number of bytes",
         )
     size = int(number * _UNITS[unit])
     if size < 1:
         raise UsageError(f"{what} {text!r} is less than a byte", "e.g. 1GB or 500MB")
     return size
-
-
-def _shown(text: str) -> str:
-    """`text` quoted, its middle left out past 60 characters (a number of 5,000 digits)."""
-    return repr(text) if len(text) <= 60 else repr(f"{text[:28]}...{text[-28:]}")

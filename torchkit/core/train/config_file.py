@@ -18,13 +18,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import reprlib
 from collections.abc import Collection, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError, short_repr
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.defaults import with_pre_option_values
 from torchkit.core.train.validation import option_name
@@ -211,7 +210,7 @@ def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
         if name not in types:
             close = difflib.get_close_matches(name, sorted(types), n=1)
             hint = f"did you mean {close[0]}?" if close else "the keys are train's option names"
-            raise UsageError(f"unknown option {_shown(key)} in {source}", hint)
+            raise UsageError(f"unknown option {short_repr(key)} in {source}", hint)
         if name in checked:  # `lr` and `--lr`: one option given twice
             raise InputError(
                 f"{option_name(name)} is given twice in {source}",
@@ -221,19 +220,11 @@ def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
             value = tuple(value)
         if not _fits(value, types[name]):
             raise UsageError(
-                f"{option_name(name)} in {source} is {_shown(value)}, not a {types[name]}",
+                f"{option_name(name)} in {source} is {short_repr(value)}, not a {types[name]}",
                 "give the value as the command line would",
             )
         checked[name] = value
     return checked
-
-
-def _shown(value: Any) -> str:
-    """A value of a file, cut short for an error line: YAML aliases nest a list of millions of
-    items in a few lines, whose whole repr would take minutes and gigabytes."""
-    shown = reprlib.Repr()
-    shown.maxlevel, shown.maxstring, shown.maxother = 2, 80, 80
-    return shown.repr(value)
 
 
 def _fits(value: Any, annotation: str) -> bool:

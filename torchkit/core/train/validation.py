@@ -29,10 +29,10 @@ from torchkit.core.train.option_specs import default_flag
 
 log = logging.getLogger("torchkit")
 
-# The largest thread count torch takes: a C int (batches: inference.options.check_batch_fits).
-MAX_THREADS = 2**31 - 1
-# The largest cuDNN benchmark limit: a C int too (a larger one wraps, to 0 or below, silently).
-MAX_CUDNN_BENCHMARK_LIMIT = 2**31 - 1
+# The largest thread count torch takes and the largest cuDNN benchmark limit: a C int each (a
+# larger limit wraps, to 0 or below, silently; batches: inference.options.check_batch_fits).
+C_INT_MAX = 2**31 - 1
+MAX_THREADS = MAX_CUDNN_BENCHMARK_LIMIT = C_INT_MAX
 # The longest --dist-timeout: torch keeps it in int64 nanoseconds (9.2e9 s), and a longer one
 # wraps to a negative wait (or overflows timedelta) instead of waiting. 1e9 s is 31 years.
 MAX_DIST_TIMEOUT_S = 1e9
