@@ -19,6 +19,8 @@ import importlib.util
 import os
 import sys
 
+from torchkit.switches import switched_on
+
 CACHE_FOLDER = ".torchkit-pycache"
 SWITCH = "TORCHKIT_BYTECODE_CACHE"
 
@@ -28,7 +30,7 @@ def keep_bytecode_cache() -> str | None:
     all caching; call before the heavy imports. Returns the folder, or None if left alone."""
     if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
         return None
-    if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switched_on(SWITCH, default=True):
         return None
     if sys.prefix == sys.base_prefix or not os.access(sys.prefix, os.W_OK):
         return None  # not a virtual environment of ours to write in

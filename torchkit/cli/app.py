@@ -22,6 +22,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from torchkit import __version__, deferred_signals
 from torchkit.cli import console
 from torchkit.core.io.errors import first_line
+from torchkit.switches import switched_on
 
 DEBUG_ENV = "TORCHKIT_DEBUG"
 
@@ -34,8 +35,7 @@ ClickUsageError: type[Exception] = next(
 
 
 def debug_enabled() -> bool:
-    # The words that switch TORCHKIT_BYTECODE_CACHE off, in any case: `off` and `False` too.
-    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    return switched_on(DEBUG_ENV, default=False)
 
 
 def describe_unexpected(error: BaseException) -> tuple[str, str]:
