@@ -14,7 +14,6 @@ The arrays are reserved on disk when they are created, so a full disk is an erro
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import errno
 import io
@@ -415,8 +414,7 @@ def _write_pt(source: Path, target: Path) -> None:
     with atomic_path(target) as tmp:
         torch_save(tensor, tmp)
     del tensor, array
-    with contextlib.suppress(FileNotFoundError):
-        source.unlink()
+    remove_tree(source, ignore_errors=False)  # the scratch array, once the file is in place
 
 
 def _write_safetensors(source: Path, target: Path, key: str) -> None:
@@ -443,5 +441,4 @@ def _write_safetensors(source: Path, target: Path, key: str) -> None:
         for start, stop in _chunks(array, len(array)):
             handle.write(np.ascontiguousarray(array[start:stop], dtype=little).tobytes())
     del array
-    with contextlib.suppress(FileNotFoundError):
-        source.unlink()
+    remove_tree(source, ignore_errors=False)  # the scratch array, once the file is in place

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.errors import CheckpointError
+from torchkit.core.io.outputs import remove_tree
 from torchkit.core.models.checkpoint import (
     FORMAT_VERSION,
     is_torchkit_checkpoint,
@@ -115,7 +116,7 @@ def prune_periodic(folder: Path, keep: int) -> list[Path]:
     found = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := PERIODIC.match(p.name)))
     removed = [path for _, path in found[: max(0, len(found) - keep)]]
     for path in removed:
-        path.unlink(missing_ok=True)
+        remove_tree(path, ignore_errors=False)
     return removed
 
 
