@@ -402,6 +402,24 @@ def test_flat_folder_and_csv_index(tmp_path):
         assert row["path"].startswith(f"{row['split']}/{row['label']}/")
 
 
+def test_manifest_paths_lead_to_the_files_from_an_out_reached_through_a_link(tmp_path):
+    # `out` lies two folders down a linked folder: `..` from it leaves the link's target, so
+    # the paths spelled from the link pointed nowhere and the split.csv could not be read.
+    root = make_files(tmp_path / "data", {"a": 3, "b": 3})
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "deep" / "er")
+    out = tmp_path / "link" / "out"
+    split_dataset(root, out, mode="manifest", ratio="1:1")
+    rows = manifest(out)
+    assert len(rows) == 6
+    for row in rows:
+        assert (out / row["path"]).read_bytes() == Path(row["source"]).read_bytes()
+    assert all(os.path.isfile(p) for p in csv_samples(out / "split.csv").paths)  # as data
+    # Without links the paths are spelled as before.
+    split_dataset(root, tmp_path / "plain", mode="manifest", ratio="1:1")
+    assert manifest(tmp_path / "plain")[0]["path"].startswith("../data/")
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

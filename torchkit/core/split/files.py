@@ -24,19 +24,35 @@ MOVE_TEMP = ".torchkit-move-"  # prefix of a cross-device copy that is not verif
 _COPY_THREADS = 8
 
 
+def _relative_folder(folder: str, out: str) -> str:
+    """`folder` relative to `out` as the system reads it from there: `..` in OUT/split.csv
+    leaves OUT's real folder, so where a symbolic link on the way to OUT (or to `folder`) makes
+    the spelled path lead elsewhere, the path between the real folders is written."""
+    try:
+        relative = os.path.relpath(folder, out)
+    except ValueError:  # another Windows drive
+        return folder
+    try:
+        if os.path.samefile(os.path.join(out, relative), folder):
+            return relative
+    except OSError:
+        pass
+    try:
+        return os.path.relpath(os.path.realpath(folder), os.path.realpath(out))
+    except ValueError:
+        return folder
+
+
 def _relative_to(sources: list[str], out: Path) -> list[str]:
     """The sources as "/"-separated paths relative to OUT (absolute on another Windows drive)."""
-    out_real = os.path.abspath(out)
+    out_path = os.path.abspath(out)
     relative_dirs: dict[str, str] = {}  # relpath is slow; the sources share a few folders
     paths = []
     for source in sources:
         folder, name = os.path.split(source)
         relative = relative_dirs.get(folder)
         if relative is None:
-            try:
-                relative = os.path.relpath(folder, out_real).replace(os.sep, "/")
-            except ValueError:
-                relative = folder.replace(os.sep, "/")
+            relative = _relative_folder(folder, out_path).replace(os.sep, "/")
             relative_dirs[folder] = relative
         paths.append(f"{relative}/{name}")
     return paths
