@@ -420,6 +420,31 @@ def test_manifest_paths_lead_to_the_files_from_an_out_reached_through_a_link(tmp
     assert manifest(tmp_path / "plain")[0]["path"].startswith("../data/")
 
 
+def test_root_spelled_with_dotdot_after_a_link_names_the_files_it_lists(tmp_path):
+    # `link/../data` is `deep/data` for the system, but was `tmp_path/data` once normalised:
+    # symbolic links to files that do not exist (reported as a success), or other files.
+    make_files(tmp_path / "deep" / "data", {"a": 2, "b": 2})
+    make_files(tmp_path / "data", {"a": 2, "b": 2}, prefix=lambda name, i: f"other_{name}{i}")
+    (tmp_path / "deep" / "er").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "deep" / "er")
+    root = f"{tmp_path}/link/../data"
+    for mode in ("symlink", "copy"):
+        split_dataset(root, tmp_path / mode, mode=mode, ratio="1:1")
+        rows = manifest(tmp_path / mode)
+        assert sorted(Path(r["path"]).name for r in rows) == sorted(
+            p.name for p in (tmp_path / "deep" / "data").rglob("*.png")
+        )
+        for row in rows:
+            assert Path(row["source"]).parent.parent == tmp_path / "deep" / "data"
+            assert (tmp_path / mode / row["path"]).read_bytes() == Path(row["source"]).read_bytes()
+    index = tmp_path / "deep" / "er" / "index.csv"  # `..` in its rows leaves the real folder
+    index.write_text("path,label\n../data/a/a_00.png,a\n../data/b/b_00.png,b\n")
+    split_dataset(tmp_path / "link" / "index.csv", tmp_path / "csv", ratio="1:1")
+    assert {Path(r["source"]).parent.parent for r in manifest(tmp_path / "csv")} == {
+        tmp_path / "deep" / "data"
+    }
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

@@ -187,7 +187,30 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
     return dests
 
 
-def check_csv_sources(samples: Samples, source: Path) -> None:
+def absolute_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """`os.path.abspath` of each path, except that a `..` is resolved as the system resolves it
+    when the file is opened (the parent of where the link before it leads), not by dropping the
+    name before it: `ROOT/linked/../x` is not `ROOT/x` when `linked` is a symbolic link."""
+    cwd = os.getcwd()
+    real_heads: dict[str, str] = {}  # the rows of a CSV index share a few `../` folders
+    found = []
+    for path in paths:
+        absolute = os.path.join(cwd, os.fspath(path))
+        parts = absolute.split(os.sep)
+        if os.pardir not in parts:
+            found.append(os.path.normpath(absolute))
+            continue
+        last = len(parts) - parts[::-1].index(os.pardir)
+        head = os.sep.join(parts[:last])
+        if head not in real_heads:
+            real_heads[head] = os.path.realpath(head)
+        found.append(os.path.normpath(os.path.join(real_heads[head], *parts[last:])))
+    return found
+
+
+def check_csv_sources(samples: Samples, source: Path) -> list[str]:
+    """The absolute path of every file the CSV index lists (`absolute_paths`); an InputError
+    when one is missing or listed twice."""
     missing = [i for i, p in zip(samples.ids, samples.paths, strict=True) if not os.path.isfile(p)]
     if missing:
         raise InputError(
@@ -195,15 +218,17 @@ def check_csv_sources(samples: Samples, source: Path) -> None:
             + (" ..." if len(missing) > 3 else ""),
             "fix the paths (relative ones are relative to the CSV's folder)",
         )
+    sources = absolute_paths(samples.paths)
     seen: dict[str, str] = {}
-    for ident, path in zip(samples.ids, samples.paths, strict=True):
-        real = os.path.normcase(os.path.abspath(path))
+    for ident, path in zip(samples.ids, sources, strict=True):
+        real = os.path.normcase(path)
         if real in seen:
             raise InputError(
                 f"{source} lists the same file twice: {seen[real]} and {ident}",
                 "remove the repeated row, or it could land in two splits",
             )
         seen[real] = ident
+    return sources
 
 
 def add_repeats(plan: Plan, repeats: list[tuple[int, int]], mode: str) -> None:

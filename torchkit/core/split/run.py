@@ -53,6 +53,7 @@ from torchkit.core.split.output import (
 )
 from torchkit.core.split.plan import (
     Plan,
+    absolute_paths,
     add_repeats,
     check_csv_sources,
     dedup_units,
@@ -159,10 +160,10 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
     if empty:
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
     if is_csv:
-        check_csv_sources(samples, root)
-        sources = [os.path.abspath(p) for p in samples.paths]
+        sources = check_csv_sources(samples, root)
     else:  # ids are relative to ROOT: one abspath instead of 100,000
-        base = os.path.abspath(root) + os.sep
+        (base,) = absolute_paths([root])
+        base += os.sep
         sources = [base + i for i in samples.ids]
         if mode == "move":
             refuse_linked_folders(sources, root)
