@@ -14,6 +14,9 @@ from torchkit.cli import app
 from torchkit.core.train import TrainCallbacks, TrainConfig, run_training
 
 TINY = dict(model="nets:TinyNet", image_size=8, batch_size=4, workers=0, epochs=1)
+# digits with a tiny net in large batches: its data's thread default, at a fraction of the cost
+# of the convnet (two threads beside the suite's other worker stall at every operation).
+DIGITS = dict(model="nets:TinyNet", image_size=8, batch_size=256, device="cpu")
 
 
 class ThreadsSeen(TrainCallbacks):
@@ -51,7 +54,7 @@ def options(run) -> dict:
 def test_digits_train_on_one_thread_and_give_the_process_its_count_back(tmp_path, two_threads):
     run = tmp_path / "run"
     seen = ThreadsSeen()
-    run_training(TrainConfig(out=str(run), epochs=1, device="cpu"), seen)
+    run_training(TrainConfig(out=str(run), epochs=1, **DIGITS), seen)
     assert seen.seen == [1]
     assert torch.get_num_threads() == 2
     config = options(run)
@@ -79,11 +82,12 @@ def test_negative_threads_are_refused(runner, image_folder, tmp_path):
 
 def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(tmp_path, two_threads):
     run = tmp_path / "run"
-    run_training(TrainConfig(out=str(run), epochs=1, device="cpu"))
+    run_training(TrainConfig(out=str(run), epochs=1, **DIGITS))
     checkpoint = torch.load(run / "last.pt", weights_only=True)
     del checkpoint["config"]["threads"]  # as a run saved before --threads existed
     torch.save(checkpoint, run / "last.pt")
     seen = ThreadsSeen()
-    run_training(TrainConfig(resume=str(run), epochs=2), seen, overrides={"epochs"})
+    resume = TrainConfig(resume=str(run), epochs=2, trust_checkpoint=True)
+    run_training(resume, seen, overrides={"epochs", "trust_checkpoint"})
     assert seen.seen == [2]  # as it trained: torch's default, not digits' one thread
     assert options(run)["options"]["threads"] == 0
