@@ -52,6 +52,13 @@ def test_read_stats_file_gives_the_dataset_stats_numbers(stats_file):
             "statistics for 4 channels (mode native)",
         ),
         (b'{"mean": [0.5], "std": [0.0]}', "std of 0"),
+        # `dataset-stats --mode native` of 32-bit images: their own values, not [0, 1]
+        (
+            b'{"mode": "native", "mean": [52092.1], "std": [28867.5]}',
+            "outside [0, 1] (mode native)",
+        ),
+        (b'{"mean": [123.7, 116.3, 103.5], "std": [58.4, 57.1, 57.4]}', "outside [0, 1]"),
+        (b'{"mean": [-0.1], "std": [0.2]}', "outside [0, 1]"),
     ],
 )
 def test_bad_stats_files_are_clear_errors(tmp_path, content, message):
@@ -60,6 +67,24 @@ def test_bad_stats_files_are_clear_errors(tmp_path, content, message):
         path.write_bytes(content)
     with pytest.raises(InputError, match=re.escape(message)):
         read_stats_file(path)
+
+
+def test_stats_of_32_bit_images_in_their_own_values_are_refused(tmp_path):
+    # They were taken as they are: train normalised [0, 1] pixels by a mean of about 50,000.
+    import numpy as np
+    from PIL import Image
+
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    values = np.arange(64, dtype=np.int32).reshape(8, 8) * 1000
+    Image.fromarray(values).save(tmp_path / "data" / "a" / "big.tif")
+    path = tmp_path / "stats.json"
+    args = ["dataset-stats", str(tmp_path / "data"), "--mode", "native", "-j", "0", "-o", str(path)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert json.loads(path.read_text())["mean"] == [31500.0]
+    with pytest.raises(InputError, match=re.escape("outside [0, 1] (mode native)")):
+        read_stats_file(path)
+    result = runner.invoke(app, ["train", "--data", str(tmp_path / "data"), "--stats", str(path)])
+    assert result.exit_code == 1 and "outside [0, 1]" in result.stderr
 
 
 def test_mean_std_options():

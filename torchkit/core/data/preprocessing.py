@@ -296,6 +296,14 @@ def read_stats_file(path: str | os.PathLike) -> tuple[tuple[float, ...], tuple[f
         )
     if any(v <= 0 for v in std):
         raise InputError(f"{source} has a std of 0: some channel is constant in that data")
+    if any(not 0 <= v <= 1 for v in [*mean, *std]):
+        # `dataset-stats --mode native` measures 32-bit images in their own values; the
+        # loaders feed every image in [0, 1], which such a mean and std would not normalise.
+        raise InputError(
+            f"{source} has a mean or std outside [0, 1] (mode {data.get('mode', '?')}): "
+            "statistics in the images' own values, not in the [0, 1] the images are fed in",
+            "compute them with `torchkit dataset-stats --mode rgb` or `--mode gray`",
+        )
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
