@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,14 @@ def free_port() -> int:
 
 
 def start_ranks(
-    *args: object, env: dict[str, str] | None = None, world: int = 2, cwd: Path = REPO
+    *args: object,
+    env: dict[str, str] | None = None,
+    world: int = 2,
+    cwd: Path = REPO,
+    rank_args: dict[int, Sequence[object]] | None = None,
 ) -> list[subprocess.Popen]:
-    """Start ranks 0..world-1 of `python -m torchkit ARGS`; `env` is added to each one's."""
+    """Start ranks 0..world-1 of `python -m torchkit ARGS`; `env` is added to each one's.
+    `rank_args` gives some ranks other ARGS (as another node's command line may differ)."""
     base = {
         "PYTHONPATH": str(HELPERS),
         "OMP_NUM_THREADS": "1",
@@ -41,7 +47,7 @@ def start_ranks(
     }
     return [
         start_torchkit_process(
-            *map(str, args),
+            *map(str, (rank_args or {}).get(rank, args)),
             env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **(env or {})},
             cwd=cwd,
         )
@@ -66,9 +72,10 @@ def run_ranks(
     world: int = 2,
     timeout: float = 120,
     cwd: Path = REPO,
+    rank_args: dict[int, Sequence[object]] | None = None,
 ) -> list[subprocess.CompletedProcess]:
     """Every rank of `python -m torchkit ARGS`, run to its end: [rank 0, rank 1, ...]."""
-    started = start_ranks(*args, env=env, world=world, cwd=cwd)
+    started = start_ranks(*args, env=env, world=world, cwd=cwd, rank_args=rank_args)
     try:
         return [finish(process, timeout) for process in started]
     finally:

@@ -195,3 +195,23 @@ def test_a_refusal_on_rank_0_is_an_error_on_every_rank_not_a_hang(tmp_path):
     errors = error_lines_of(ranks)
     assert len(errors) == 2 and all(refusal in line for line in errors), stderr_of(ranks)[-3000:]
     assert not out.exists()
+
+
+def test_ranks_that_read_other_data_are_one_error_before_anything_is_written(tmp_path):
+    """Each node reads --data from its own disk: a copy with another class (the same number of
+    images) was trained on silently, with labels meaning other classes on rank 1; a copy with
+    more images made Gloo abort rank 0 mid-run. Now every rank refuses it, and no run
+    folder is left."""
+    for name, classes in (("node0", {"a": 2, "b": 2}), ("node1", {"a": 2, "c": 2})):
+        write_image_folder(tmp_path / name / "train", classes, seed=1)
+        write_image_folder(tmp_path / name / "val", dict.fromkeys(classes, 1), seed=2)
+    out = tmp_path / "run"
+    ranks = run_ranks(
+        *recipe(tmp_path / "node0", out, batch_size=2),
+        rank_args={1: recipe(tmp_path / "node1", out, batch_size=2)},
+    )
+    assert [done.returncode for done in ranks] == [1, 1], stderr_of(ranks)[-3000:]
+    errors = error_lines_of(ranks)
+    refusal = "rank 1 reads other data than rank 0: classes a, c instead of a, b"
+    assert len(errors) == 2 and all(refusal in line for line in errors), stderr_of(ranks)[-3000:]
+    assert not out.exists()

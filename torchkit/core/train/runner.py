@@ -14,7 +14,7 @@ import time
 from collections.abc import Collection, Iterable
 
 from torchkit.core.data.sources import SPLIT_CSV
-from torchkit.core.io.errors import DeviceError, UsageError
+from torchkit.core.io.errors import DeviceError, InputError, UsageError
 from torchkit.core.io.outputs import InputPath
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
@@ -198,8 +198,8 @@ def _set_up(ctx: DistContext, plan: RunPlan, folder: RunFolder) -> TrainState:
 def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder) -> TrainResult:
     """The run folder with config.json and split.csv (rank 0), once every check has passed,
     and the result the run fills in."""
-    # The barrier keeps rank 0 from writing before every rank has loaded its data.
-    distributed.barrier(ctx)
+    # Every rank has loaded its data (a collective) before rank 0 writes.
+    _check_same_data(ctx, state)
     if ctx.is_main:
         folder.begin(_config_json(ctx, state), state.data.splits)
     _carry_best(ctx, plan, state, folder)
@@ -227,6 +227,37 @@ def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder
         history=state.history,
         config=config.to_dict(),
     )
+
+
+def _check_same_data(ctx: DistContext, state: TrainState) -> None:
+    """Every rank must read the same data: each node reads --data from its own disk, and a
+    copy that differs (images added or missing, another class) made the ranks' epochs differ
+    in length, so that their collectives no longer matched (Gloo aborted rank 0 mid-run, or
+    the ranks waited out --dist-timeout), or trained on labels meaning other classes. The
+    same error on every rank, before anything is written."""
+    loaders = state.loaders
+    mine = (list(state.classes), loaders.train_size, loaders.val_size, loaders.test_size)
+    every = distributed.all_gather(ctx, mine)
+    other = next((rank for rank, theirs in enumerate(every) if theirs != every[0]), None)
+    if other is None:
+        return
+    if every[other][0] != every[0][0]:
+        difference = f"classes {_names(every[other][0])} instead of {_names(every[0][0])}"
+    else:
+        difference = f"{_sizes(every[other])} instead of {_sizes(every[0])}"
+    raise InputError(
+        f"rank {other} reads other data than rank 0: {difference}",
+        "every node must read the same --data: copy the same files to each node",
+    )
+
+
+def _names(classes: list[str]) -> str:
+    return ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+
+
+def _sizes(data: tuple) -> str:
+    _, train, val, test = data
+    return f"{train} train / {val} val / {test} test images"
 
 
 def _carry_best(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder) -> None:
