@@ -181,6 +181,30 @@ def test_checkpoint_fields_of_the_wrong_kind_are_named(runner, world, tmp_path, 
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda weights: [1, 2], "the model weights in the checkpoint are a list, not a state"),
+        (
+            lambda weights: dict.fromkeys(weights, "x"),
+            "are not all tensors: 8 are not (first: features.0.weight is a str)",
+        ),
+    ],
+    ids=["a-list", "strings"],
+)
+def test_damaged_weights_of_a_checkpoint_are_one_clear_error(
+    runner, world, tmp_path, damage, message
+):
+    checkpoint = _checkpoint()
+    checkpoint["model"] = damage(checkpoint["model"])
+    model = _save(checkpoint, tmp_path / "bad.pt")
+    for args in (["predict", model, world / "images"], ["eval", model, "--data", world / "images"]):
+        result = _invoke(runner, args, tmp_path)
+        assert result.exit_code == 1, result.output
+        assert message in error_line(result.stderr)
+        assert "TORCHKIT_DEBUG" not in result.stderr
+
+
 def test_a_checkpoint_without_num_classes_says_which_entry(runner, world, tmp_path):
     checkpoint = _checkpoint()
     del checkpoint["num_classes"]

@@ -214,6 +214,12 @@ def extract_state_dict(obj: Any) -> dict:
 
 def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
     """Remove the `module.` prefix (DataParallel/DDP) and `_orig_mod.` (torch.compile)."""
+    if not isinstance(state_dict, Mapping):  # a damaged checkpoint: `model` a list, say
+        raise CheckpointError(
+            f"the model weights in the checkpoint are a {type(state_dict).__name__}, "
+            "not a state dict",
+            "the file is damaged or not a checkpoint of model weights",
+        )
     cleaned = {}
     for key, value in state_dict.items():
         # Wrappers nest in either order: DDP(compile(m)) and compile(DDP(m)).
@@ -227,8 +233,23 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
     """`load_state_dict(strict=True)` with a one-line summary of what does not fit. A state
     dict saved before PyTorch 0.4.1 has no BatchNorm `num_batches_tracked`: accepted, as torch
     accepts it, the counters left as the model has them (0 in a new model)."""
+    import torch
+
     state_dict = with_batch_counters(model, state_dict)
     own = model.state_dict()
+    not_tensors = [
+        f"{key} is a {type(state_dict[key]).__name__}"
+        for key in own
+        if key in state_dict
+        and isinstance(own[key], torch.Tensor)
+        and not isinstance(state_dict[key], torch.Tensor)
+    ]
+    if not_tensors:
+        raise CheckpointError(
+            f"the weights in {source} are not all tensors: {len(not_tensors)} are not "
+            f"(first: {not_tensors[0]})",
+            "the file is damaged or not a checkpoint of this model",
+        )
     missing = [key for key in own if key not in state_dict]
     unexpected = [key for key in state_dict if key not in own]
     mismatched = [
