@@ -46,6 +46,23 @@ def test_the_command_line_overrides_the_file_and_print_config_shows_the_result(r
     assert not list(tmp_path.glob("runs*"))  # nothing trained, nothing written
 
 
+def test_print_config_under_torchrun_is_printed_and_written_by_rank_0_alone(
+    runner, tmp_path, monkeypatch
+):
+    """Every rank wrote -o FILE: the ranks raced, and one refused the file another had just
+    written (an error, exit 1, about one launch in six)."""
+    shown = tmp_path / "config.json"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    result = runner.invoke(app, ["train", "--print-config", "-o", str(shown)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "" and not shown.exists()
+    monkeypatch.setenv("RANK", "0")
+    result = runner.invoke(app, ["train", "--print-config", "-o", str(shown)])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(shown.read_text())["model"] == "convnet"
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

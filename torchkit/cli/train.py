@@ -133,6 +133,8 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     if print_config:
         from torchkit.core.train.config_file import effective_config
 
+        if not is_main:  # torchrun: one copy, rank 0's (the ranks raced to write -o FILE)
+            return
         emit(tables=[], data=effective_config(config), fmt=OutputFormat.json, output=output,
              force=force)  # fmt: skip
         return
