@@ -301,6 +301,27 @@ def test_convert_checkpoint_takes_state_dict_beside_model_ema(runner, tmp_path):
     assert asked.exit_code == 0 and "took state_dict" not in asked.stderr
 
 
+@pytest.mark.parametrize("key", ["state_dict", "model"])
+def test_weights_beside_an_ema_copy_are_the_models_own(runner, tmp_path, key):
+    """`--weights FILE` took the EMA copy of {'state_dict'|'model': ..., 'model_ema': ...}
+    (a torchvision reference script's or timm's file), where `convert checkpoint` takes
+    state_dict and torchkit's own checkpoints need --ema."""
+    from torchkit.core.models import resolve_model
+
+    images = write_image_folder(tmp_path / "images", {"a": 2}, size=8)
+    weights = resolve_model("convnet", in_channels=3, image_size=8, num_classes=2).model
+    weights = weights.state_dict()
+    plain, both = tmp_path / "plain.pt", tmp_path / "both.pt"
+    torch.save(weights, plain)
+    zeros = {name: torch.zeros_like(value) for name, value in weights.items()}
+    torch.save({key: weights, "model_ema": zeros, "epoch": 3}, both)
+    predict = ["predict", "convnet", str(images), "--image-size", "8", "--logits", "--format"]
+    expected = runner.invoke(app, [*predict, "json", "--weights", str(plain)])
+    result = runner.invoke(app, [*predict, "json", "--weights", str(both)])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(expected.stdout)
+
+
 # --- 7j: -v after the command name ---------------------------------------------------------------
 
 

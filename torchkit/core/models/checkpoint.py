@@ -203,7 +203,9 @@ def extract_state_dict(obj: Any) -> dict:
         return strip_module_prefix(obj["model"])
     if obj and all(isinstance(value, torch.Tensor) for value in obj.values()):
         return strip_module_prefix(obj)
-    for key in ("model_ema", "state_dict", "model", "model_state_dict", "net", "module"):
+    # The model's own weights before an EMA copy beside them, as in torchkit's checkpoints
+    # (--ema picks the copy) and timm's tools.
+    for key in ("state_dict", "model", "model_state_dict", "net", "module", "model_ema"):
         if key in obj:
             return extract_state_dict(obj[key])
     raise CheckpointError(
