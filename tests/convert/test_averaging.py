@@ -115,3 +115,23 @@ def test_convert_checkpoint_average_writes_a_checkpoint_and_refuses_bad_calls(ru
     assert one.exit_code == 2 and "two or more checkpoints" in one.stderr
     three = runner.invoke(app, ["convert", "checkpoint", *paths])
     assert three.exit_code == 2 and "add --average" in three.stderr
+
+
+def test_average_of_pickled_models_takes_trust_checkpoint(runner, tmp_path):
+    """--trust-checkpoint was accepted with --average and ignored: the refusal asked for it."""
+    from torchkit.cli import app
+
+    paths = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        paths.append(tmp_path / f"net-{seed}.pt")
+        torch.save(torch.nn.Linear(3, 2), paths[-1])
+    out = tmp_path / "avg.pt"
+    average = ["convert", "checkpoint", "--average", *map(str, paths), str(out)]
+    refused = runner.invoke(app, average)
+    assert refused.exit_code == 1 and "pass --trust-checkpoint" in refused.stderr
+    result = runner.invoke(app, [*average, "--trust-checkpoint"])
+    assert result.exit_code == 0, result.stderr
+    nets = [torch.load(path, weights_only=False) for path in paths]
+    expected = (nets[0].weight + nets[1].weight).detach() / 2
+    assert torch.allclose(torch.load(out, weights_only=True)["weight"], expected)

@@ -410,7 +410,18 @@ def checkpoint(
     if out_option is not None:  # --out DST: every path given is a source
         paths = [*paths, out_option]
     if average:
-        _average(paths, key, strip_prefix, add_prefix, dtype, force, fmt, output, allow_nonfinite)
+        _average(
+            paths,
+            key,
+            strip_prefix,
+            add_prefix,
+            dtype,
+            force,
+            fmt,
+            output,
+            allow_nonfinite,
+            trust_checkpoint,
+        )
         return
     if allow_nonfinite:
         raise UsageError("--allow-nonfinite applies to --average only", "add --average")
@@ -465,7 +476,16 @@ def checkpoint(
 
 
 def _average(
-    paths, key, strip_prefix, add_prefix, dtype, force, fmt, output, allow_nonfinite=False
+    paths,
+    key,
+    strip_prefix,
+    add_prefix,
+    dtype,
+    force,
+    fmt,
+    output,
+    allow_nonfinite=False,
+    trust_checkpoint=False,
 ) -> None:
     from torchkit.core.convert.averaging import write_average
     from torchkit.core.convert.report_file import check_report_output
@@ -484,7 +504,13 @@ def _average(
     *sources, destination = paths
     for source in sources:
         check_report_output(output, force, source=source, destination=destination)
-    report = write_average(sources, destination, force=force, allow_nonfinite=allow_nonfinite)
+    report = write_average(
+        sources,
+        destination,
+        force=force,
+        allow_nonfinite=allow_nonfinite,
+        trust_checkpoint=trust_checkpoint,
+    )
     rows = [
         ["sources", ", ".join(report["sources"])],
         ["destination", report["destination"]],

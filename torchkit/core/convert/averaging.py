@@ -91,22 +91,22 @@ def average_state_dicts(
 
 
 def average_checkpoints(
-    paths: Sequence[str | os.PathLike], *, allow_nonfinite: bool = False
+    paths: Sequence[str | os.PathLike],
+    *,
+    allow_nonfinite: bool = False,
+    trust_checkpoint: bool = False,
 ) -> dict:
-    """Load `paths` (weights only) and average them (non-finite values refused unless
-    `allow_nonfinite`)."""
-    from torchkit.core.models.checkpoint import (
-        extract_state_dict,
-        is_torchkit_checkpoint,
-        load_checkpoint,
-    )
+    """Load `paths` (weights only unless `trust_checkpoint`) and average them (non-finite
+    values refused unless `allow_nonfinite`)."""
+    from torchkit.core.models.checkpoint import extract_state_dict, is_torchkit_checkpoint
+    from torchkit.core.models.weights import read_model_file
 
     if len(paths) < 2:
         raise UsageError("averaging needs at least two checkpoints", "give two or more")
     real = [os.path.realpath(p) for p in paths]
     if len(set(real)) != len(real):
         raise UsageError("a checkpoint is given twice", "each one counts once in the mean")
-    loaded = [load_checkpoint(path) for path in paths]
+    loaded = [read_model_file(path, trust_checkpoint=trust_checkpoint) for path in paths]
     torchkit = [is_torchkit_checkpoint(item) for item in loaded]
     if any(torchkit) and not all(torchkit):
         raise CheckpointError(
@@ -136,6 +136,7 @@ def write_average(
     *,
     force: bool = False,
     allow_nonfinite: bool = False,
+    trust_checkpoint: bool = False,
 ) -> dict[str, Any]:
     """Average `sources` into `destination` (checked before any work: not one of the sources,
     --force to replace; written atomically; nothing written when a source holds a NaN or an
@@ -152,7 +153,9 @@ def write_average(
             "end DST with .pt (a torchkit checkpoint or a state dict, like the inputs)",
         )
     check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
-    averaged = average_checkpoints(checked, allow_nonfinite=allow_nonfinite)
+    averaged = average_checkpoints(
+        checked, allow_nonfinite=allow_nonfinite, trust_checkpoint=trust_checkpoint
+    )
     state = averaged.get("model", averaged)
     with reporting_write_errors(target):
         save_checkpoint(averaged, target)
