@@ -707,6 +707,27 @@ def test_a_class_spelled_in_another_unicode_form_is_the_models_class(tmp_path):
         assert [row["support"] for row in report["per_class"]] == [1, 1]
 
 
+def test_tied_logits_predict_the_first_class_whatever_the_topk(tmp_path):
+    # torch's topk orders equal scores differently for another k: the predicted class, and the
+    # top-1 accuracy, changed with --topk (on CPU: class 8 with k=5, class 5 with k=6).
+    from checkpoints import write_tied_convnet_checkpoint
+    from image_folders import write_image_folder
+
+    from torchkit.core.topk import ranked_classes
+
+    ckpt = tmp_path / "tied.pt"
+    write_tied_convnet_checkpoint(ckpt, image_size=8, classes="abcdefghij")
+    data = write_image_folder(tmp_path / "data", {"a": 1, "i": 1})
+    for k in ("1", "5", "6"):
+        result = invoke(ckpt, "--data", data, "--topk", k, "--format", "json", "-j", "0")
+        assert result.exit_code == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["top1"] == 0.5  # both images predicted as logits.argmax(): a
+        assert [row["predicted"] for row in report["per_class"]] == [2] + [0] * 9
+    scores = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0]])
+    assert ranked_classes(scores, 4).tolist() == [[1, 3, 4, 2]]
+
+
 def test_unreadable_image_is_skipped_and_counted_or_fatal_with_strict(setup, tmp_path):
     data = tmp_path / "data"
     rng = np.random.default_rng(1)

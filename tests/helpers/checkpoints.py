@@ -29,6 +29,20 @@ def write_convnet_checkpoint(path: Path, *, in_channels: int, image_size: int, c
     return model
 
 
+def write_tied_convnet_checkpoint(path: Path, *, image_size: int, classes: str) -> None:
+    """`write_convnet_checkpoint` (RGB) with a zeroed last layer: every image gets the same
+    logit for every class, a tie that only the ranking rule breaks."""
+    from torchkit.core.models.checkpoint import save_checkpoint
+
+    write_convnet_checkpoint(path, in_channels=3, image_size=image_size, classes=classes)
+    checkpoint = read_checkpoint(path)
+    state = checkpoint["model"]
+    head = [name for name in state if name.endswith(".weight")][-1].rsplit(".", 1)[0]
+    state[f"{head}.weight"].zero_()
+    state[f"{head}.bias"].zero_()
+    save_checkpoint(checkpoint, path)
+
+
 def read_checkpoint(path: Path) -> dict:
     """A checkpoint file as torch reads it (on the CPU, weights only)."""
     import torch

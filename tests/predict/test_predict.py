@@ -174,6 +174,23 @@ def test_predictions_are_evals_predicted_classes(runner, world, tmp_path):
             assert all(by_name[p.split("test/", 1)[-1]] == c for p, c in expected.items())
 
 
+def test_tied_logits_predict_the_first_class_whatever_the_topk(runner, world, tmp_path):
+    # torch's topk orders equal scores differently for another k (on CPU: class 8 first with
+    # k=1, class 5 with k=6): the predicted class changed with --topk.
+    from checkpoints import write_tied_convnet_checkpoint
+
+    ckpt = tmp_path / "tied.pt"
+    write_tied_convnet_checkpoint(ckpt, image_size=8, classes="abcdefghij")
+    image = world["flat"] / "a.png"
+    for k in ("1", "6"):
+        result = invoke(runner, ckpt, image, "--format", "csv", "-k", k, "-j", "0")
+        assert result.exit_code == 0, result.stderr
+        row = read_csv(result.stdout)[0]
+        assert (row["class"], row["class_index"]) == ("a", "0")  # logits.argmax()
+        if k == "6":
+            assert [row[f"class_{rank}"] for rank in range(1, 7)] == list("abcdef")
+
+
 def test_split_data_predicts_every_split_with_a_split_column(runner, world):
     result = invoke(runner, world["ckpt"], world["labelled"], "--format", "csv", "-j", "0")
     assert result.exit_code == 0, result.stderr

@@ -24,3 +24,13 @@ def topk_informative(k: int, num_classes: int) -> bool:
 def reported_topk(value: float | None, k: int, num_classes: int) -> float | None:
     """The value outputs carry: None where k >= the number of classes."""
     return value if topk_informative(k, num_classes) else None
+
+
+def ranked_classes(scores, k: int):
+    """The `k` best classes of each row of `scores` (an (N, C) tensor), best first; among equal
+    scores the lower index first, so the first column is `scores.argmax(1)` whatever k is.
+
+    torch's `topk` orders equal scores by its algorithm, which changes with k and the device: a
+    model with tied logits (an untrained head, bfloat16 autocast) would get another predicted
+    class, and another top-1 accuracy, for another --topk."""
+    return scores.sort(dim=1, descending=True, stable=True).indices[:, :k]

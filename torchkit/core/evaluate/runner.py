@@ -45,7 +45,7 @@ from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.runtime.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
 from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
 from torchkit.core.runtime.plot_helper import PlotHelper, plot_helper
-from torchkit.core.topk import DEFAULT_TOPK
+from torchkit.core.topk import DEFAULT_TOPK, ranked_classes
 
 log = logging.getLogger("torchkit")
 
@@ -192,7 +192,7 @@ def predict(
                     first=not parts["top"],
                 )
                 finite, log_probs = scored.finite, scored.log_probs
-                top = scored.scores.topk(k, dim=1).indices
+                top = ranked_classes(scored.scores, k)
                 parts["top"].append(top.cpu())
                 parts["probs"].append(log_probs.gather(1, top).exp().cpu())
                 parts["loss"].append(-log_probs.gather(1, labels[:, None]).squeeze(1).cpu())

@@ -293,6 +293,7 @@ class PredictRun:
 
         from torchkit.core.data.decode import model_input
         from torchkit.core.inference.scoring import score_batch
+        from torchkit.core.topk import ranked_classes
 
         stacked, indices, failed = batch
         result: dict[str, Any] = {
@@ -312,7 +313,7 @@ class PredictRun:
                     first=first,
                 )
                 k = self._k(scored.scores.shape[1])
-                top = scored.scores.topk(k, dim=1).indices
+                top = ranked_classes(scored.scores, k)
                 probs = scored.log_probs.gather(1, top).exp()
             result.update(
                 indices=indices,

@@ -418,6 +418,7 @@ def evaluate(
     import torch.nn.functional as F
 
     from torchkit.core.data.padded_batches import BatchPadder, pads_short_batches
+    from torchkit.core.topk import ranked_classes
 
     was_training = module.training
     module.eval()
@@ -444,7 +445,7 @@ def evaluate(
                 outputs = padder.forward(module, images)
             outputs = outputs.float()
             k = min(topk, outputs.shape[1])
-            best = outputs.topk(k, dim=1).indices
+            best = ranked_classes(outputs, k)  # ties ranked as eval ranks them
             hits = best == labels[:, None]
             sums[0] += F.cross_entropy(outputs, labels, reduction="sum").to(sums.dtype)
             sums[1] += hits[:, 0].sum()
