@@ -399,6 +399,30 @@ def test_the_record_gives_back_exactly_the_held_out_images(cifar_like, tmp_path)
         select_split(open_data(cifar_like), "val", default="test", recorded=record)
 
 
+def test_a_resume_on_data_that_would_make_another_val_split_is_refused(cifar_like, tmp_path):
+    # `train --resume RUN --data OTHER_FORM`: the same images with a val split of their own, or
+    # without one, would validate on other images and train on the run's validation images.
+    import shutil
+
+    held = split_record(
+        open_data(cifar_like), training_splits(open_data(cifar_like), val_split=None, seed=0)[0]
+    )  # val held out of train/
+    flat = cifar_like / "train"  # the same classes, unsplit
+    with pytest.raises(InputError, match="has no train split to hold them out of"):
+        training_splits(open_data(flat), val_split=None, seed=0, recorded=held)
+    shutil.copytree(cifar_like / "test", cifar_like / "val")
+    with pytest.raises(InputError, match="has a val split of its own"):
+        training_splits(open_data(cifar_like), val_split=None, seed=0, recorded=held)
+
+    source = open_data(cifar_like)
+    own = split_record(source, training_splits(source, val_split=None, seed=0)[0])
+    assert own["held_out"] == {}
+    again, _ = training_splits(open_data(cifar_like), val_split=None, seed=0, recorded=own)
+    assert again["val"].ids == source.splits["val"].ids
+    with pytest.raises(InputError, match=r"the val split of .*cifar; .*train has none"):
+        training_splits(open_data(flat), val_split=None, seed=0, recorded=own)
+
+
 def test_data_with_its_own_val_ignores_val_split_and_records_nothing_held_out(tmp_path, caplog):
     root = tmp_path / "data"
     write_image_folder(root / "train", {"a": 2, "b": 2})

@@ -136,6 +136,8 @@ def training_splits(
     rebuilt = recorded_splits(source, dict(recorded) if recorded else None)
     if rebuilt is not None:
         return rebuilt
+    if recorded:
+        _check_resumed_val_split(source, recorded)
     if "val" in source.splits:
         if val_split is not None:
             log.warning("--val-split is ignored: %s has its own validation split", source.spec)
@@ -168,3 +170,28 @@ def training_splits(
         + "), recorded in the run's split.csv"
     )
     return splits, [note]
+
+
+def _check_resumed_val_split(source: DataSource, recorded: Mapping) -> None:
+    """A resumed run (`recorded`: its checkpoint's `data` entry) validates on the images it
+    validated on. Data given in another form that would make another val split is refused
+    (InputError): a val split of its own where the run held its val images out itself, or no
+    val split (a fresh one would be held out) where the run had the data's own. Either moves
+    validation images into training, and best.pt would be picked on other images."""
+    where = recorded.get("root") or recorded.get("spec")
+    hint = f"resume with the data the run started with ({where})"
+    if recorded.get("held_out"):  # `recorded_splits` found no split to take them back from
+        has = (
+            "has a val split of its own"
+            if "val" in source.splits
+            else f"has no {recorded.get('held_out_of')} split to hold them out of"
+        )
+        raise InputError(
+            f"the run validated on images it held out of {where}; {source.spec} {has}", hint
+        )
+    if "val" in (recorded.get("sizes") or {}) and "val" not in source.splits:
+        raise InputError(
+            f"the run validated on the val split of {where}; {source.spec} has none (a new "
+            "one would move validation images into training)",
+            hint,
+        )
