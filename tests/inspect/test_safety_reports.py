@@ -20,7 +20,7 @@ from image_folders import write_image_folder
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import (
     processes_in_group,
-    run_torchkit_process,
+    run_torchkit_in_process,
     signal_and_wait,
     start_torchkit_process,
     wait_until,
@@ -220,7 +220,7 @@ def full_disk(small_tmpfs) -> Path:
 
 def test_env_on_a_full_disk_is_an_error(full_disk):
     target = full_disk / "env.json"
-    done = run_torchkit_process("env", "--format", "json", "-o", str(target))
+    done = run_torchkit_in_process("env", "--format", "json", "-o", str(target))
     assert done.returncode == 1
     assert f"Error: cannot write {target}: No space left" in error_line(
         done.stderr, besides="warnings"
@@ -233,7 +233,7 @@ def test_env_on_a_read_only_disk_is_an_error(small_tmpfs):
     remounted = subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True)
     if remounted.returncode != 0:
         pytest.skip("cannot remount the tmpfs read-only")
-    done = run_torchkit_process("env", "-o", str(mount / "env.txt"))
+    done = run_torchkit_in_process("env", "-o", str(mount / "env.txt"))
     assert done.returncode == 1
     assert "Error: cannot write" in error_line(done.stderr, besides="warnings")
     assert "Read-only file system" in done.stderr
