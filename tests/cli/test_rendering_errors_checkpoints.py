@@ -447,6 +447,22 @@ def test_load_checkpoint_bad_files(tmp_path, name, content, message):
         assert "--trust-checkpoint" not in str(caught.value)  # garbage is not a pickled model
 
 
+def test_a_plain_pickle_gives_no_raw_torch_warning(tmp_path):
+    """torch warns of any pickle of protocol 3+ ("Detected pickle protocol 4"): a raw warning
+    on the user's terminal, and the error's reason under -W error."""
+    import pickle
+    import warnings
+
+    path = tmp_path / "weights.pkl"
+    path.write_bytes(pickle.dumps(_state_dict(), protocol=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(CheckpointError) as caught:
+            load_checkpoint(path)
+    assert "Warning" not in caught.value.message
+    assert caught.value.message.startswith(f"cannot read checkpoint {path}: UnpicklingError")
+
+
 @pytest.mark.parametrize("legacy", [False, True])
 def test_load_checkpoint_truncated(tmp_path, legacy):
     whole = tmp_path / "whole.pt"

@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import stat
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,11 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
             from torchkit.core.models.exported.loading import jit_load
 
             return jit_load(source)
-        return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
+        with warnings.catch_warnings():
+            # Said of any pickle of protocol 3 or later (plain pickle.dump, a torch.save with
+            # pickle_protocol=4): a raw warning on the user's terminal, an error under -W error.
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
     except pickle.UnpicklingError as error:
         blocked = None if trust_checkpoint else _blocked_global(error)
         if blocked is None:
