@@ -165,6 +165,21 @@ def test_resume_of_a_run_whose_arch_is_code_needs_trust(runner, world, tmp_path)
     assert result.exit_code == 0, result.stderr
 
 
+def test_resume_of_a_pickled_file_says_trust_would_not_help(runner, tmp_path):
+    """A run's checkpoints never need trust, so the hint must not send the user round to pass
+    --trust-checkpoint, which --resume takes and still refuses such a file with."""
+    import torch
+
+    pickled = tmp_path / "net.pt"
+    torch.save(torch.nn.Linear(2, 2), pickled)
+    for extra in ([], ["--trust-checkpoint"]):
+        result = _invoke(runner, ["train", "--resume", pickled, *extra], tmp_path)
+        assert result.exit_code == 1, result.stderr
+        line = error_line(result.stderr)
+        assert f"{pickled} holds a pickled" in line
+        assert "whose checkpoints need no trust" in line and "--weights FILE" in line
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [

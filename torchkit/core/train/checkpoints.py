@@ -137,7 +137,17 @@ def resume_path(spec: str) -> Path:
 
 def load_for_resume(spec: str) -> tuple[Path, dict]:
     path = resume_path(spec)
-    checkpoint = load_checkpoint(path)
+    try:
+        checkpoint = load_checkpoint(path)
+    except CheckpointError as error:
+        if "--trust-checkpoint" not in (error.hint or ""):
+            raise
+        # A run's own checkpoints hold tensors and plain values only: trust would not help.
+        raise CheckpointError(
+            error.message,
+            "--resume continues a `torchkit train` run, whose checkpoints need no trust; "
+            "use --weights FILE --trust-checkpoint to start a new run from other weights",
+        ) from error
     if not is_torchkit_checkpoint(checkpoint):
         raise CheckpointError(
             f"{path} is not a torchkit training checkpoint",
