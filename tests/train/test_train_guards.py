@@ -441,6 +441,30 @@ def test_resume_into_another_folder_carries_best_pt(trained, tmp_path, runner):
     assert read_checkpoint(out / "best.pt")["epoch"] == summary["best_epoch"]
 
 
+@pytest.mark.parametrize("best_epoch", [2, 1])
+def test_resume_in_place_without_best_pt_gets_it_back_or_starts_the_best_over(
+    trained, tmp_path, runner, best_epoch
+):
+    # best.pt deleted between runs: the summary named it and the test evaluation failed (exit
+    # 1, after the training). last.pt of the best epoch gives it back; else the best starts over.
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    (run / "best.pt").unlink()
+    last = read_checkpoint(run / "last.pt")
+    torch.save({**last, "best_epoch": best_epoch}, run / "last.pt")
+    result = runner.invoke(
+        app, ["train", "--resume", str(run), "--format", "json", "--trust-checkpoint"]
+    )
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    if best_epoch == last["epoch"]:
+        assert (run / "best.pt").read_bytes() == (run / "last.pt").read_bytes()
+        assert summary["best_epoch"] == 2 and summary["test_top1"] is not None
+    else:
+        assert "the weights of the best epoch so far (1) are not beside" in result.stderr
+        assert summary["best_epoch"] is None and not (run / "best.pt").exists()
+
+
 def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_path):
     from torchkit.core.train.checkpoints import best_checkpoint_for
 

@@ -172,11 +172,14 @@ class RunFolder:
         return out
 
     def carry_best(self, ctx: DistContext, resumed_from: Path, checkpoint: dict) -> bool:
-        """A run resumed into another folder starts with the resumed run's best.pt, so the
-        folder holds the best epoch the summary names: whether that epoch's weights were found
-        (rank 0 looks; every rank learns the outcome)."""
+        """A run resumed into another folder starts with the resumed run's best.pt (and one
+        continued in place whose best.pt was deleted gets it back from a checkpoint of that
+        epoch), so the folder holds the best epoch the summary names: whether that epoch's
+        weights were found (rank 0 looks; every rank learns the outcome)."""
 
         def carry() -> str | None:
+            if self.in_place and (self.path / BEST).is_file():
+                return BEST  # the run's own
             found = best_checkpoint_for(resumed_from, checkpoint)
             if found is not None:
                 copy_checkpoint(found, self.path / BEST)

@@ -261,11 +261,12 @@ def _sizes(data: tuple) -> str:
 
 
 def _carry_best(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder) -> None:
-    """A run resumed into another folder starts with the resumed run's best.pt. If that epoch's
-    weights cannot be found (resumed from an early epoch-NNN.pt whose folder's best.pt is of a
-    later epoch, say), the best epoch starts over, with a warning, rather than naming a best.pt
-    that is not there."""
-    if plan.checkpoint is None or folder.in_place or state.best_epoch is None:
+    """A run resumed into another folder starts with the resumed run's best.pt (one continued
+    in place, with its own). If that epoch's weights cannot be found (resumed from an early
+    epoch-NNN.pt whose folder's best.pt is of a later epoch, or best.pt deleted, say), the
+    best epoch starts over, with a warning, rather than naming a best.pt that is not there
+    (the test evaluation would fail after the training)."""
+    if plan.checkpoint is None or state.best_epoch is None:
         return
     if folder.carry_best(ctx, plan.resumed_from, plan.checkpoint):
         return
