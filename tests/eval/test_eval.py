@@ -728,6 +728,24 @@ def test_tied_logits_predict_the_first_class_whatever_the_topk(tmp_path):
     assert ranked_classes(scores, 4).tolist() == [[1, 3, 4, 2]]
 
 
+def test_topk_1_keeps_the_top1_accuracy_of_a_one_class_model(tmp_path):
+    # top{k} is null where k >= the classes; with --topk 1 that null overwrote `top1`, which the
+    # table and `accuracy` gave as 1.0.
+    from checkpoints import write_convnet_checkpoint
+    from image_folders import write_image_folder
+
+    ckpt = tmp_path / "one.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="a")
+    data = write_image_folder(tmp_path / "data", {"a": 2})
+    result = invoke(ckpt, "--data", data, "--topk", "1", "--format", "json", "-j", "0")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["top1"] == report["accuracy"] == report["per_class"][0]["top1"] == 1.0
+    result = invoke(ckpt, "--data", data, "--topk", "1", "--format", "csv", "-j", "0")
+    rows = {row["label"]: row for row in csv.DictReader(result.stdout.splitlines())}
+    assert rows["a"]["top1"] == rows["all"]["top1"] == "1.0"
+
+
 def test_unreadable_image_is_skipped_and_counted_or_fatal_with_strict(setup, tmp_path):
     data = tmp_path / "data"
     rng = np.random.default_rng(1)

@@ -119,6 +119,11 @@ class EvalResult:
         """The top-k accuracy for the k asked, None where k >= the number of classes."""
         return reported_topk(self.metrics.topk_accuracy, self.topk, len(self.classes))
 
+    def _top_figures(self, top1: float | None, topk: float | None) -> dict[str, float | None]:
+        """`top1` and `top{k}` by name; with --topk 1 the one `top1`, the top-1 accuracy (the
+        top-k rule's null for k >= the classes would hide it: a 1-class model's top1)."""
+        return {topk_name(1): top1, **({} if self.topk == 1 else {topk_name(self.topk): topk})}
+
     def per_class_columns(self) -> list[str]:
         """per_class.csv's and `--format csv`'s columns (one set of names: `label` the class
         name, `index` its index, `top1` its accuracy, `top5` its top-k, `loss` its mean)."""
@@ -160,8 +165,10 @@ class EvalResult:
                     "precision": float(m.precision[label]),
                     "recall": float(m.recall[label]),
                     "f1": float(m.f1[label]),
-                    topk_name(1): mean(m.confusion[label, label]),
-                    topk_name(self.topk): reported_topk(mean(top_hits[label]), self.topk, count),
+                    **self._top_figures(
+                        mean(m.confusion[label, label]),
+                        reported_topk(mean(top_hits[label]), self.topk, count),
+                    ),
                     "loss": mean(loss_sums[label]),
                     "confused_with": [
                         {"class": other, "count": number}
@@ -184,8 +191,7 @@ class EvalResult:
             m, images = self.metrics, self.num_images
             summaries = {
                 "all": {"support": images, "predicted": images, "f1": m.f1_micro,
-                        topk_name(1): m.accuracy, topk_name(self.topk): self.topk_accuracy,
-                        "loss": self.loss},
+                        **self._top_figures(m.accuracy, self.topk_accuracy), "loss": self.loss},
                 "macro avg": {"support": images, "precision": m.precision_macro,
                               "recall": m.recall_macro, "f1": m.f1_macro},
                 "weighted avg": {"support": images, "precision": m.precision_weighted,
@@ -204,8 +210,7 @@ class EvalResult:
             "num_skipped": len(self.skipped),
             "num_nonfinite": self.num_nonfinite,
             "num_classes": len(self.classes),
-            topk_name(1): m.accuracy,
-            topk_name(self.topk): self.topk_accuracy,
+            **self._top_figures(m.accuracy, self.topk_accuracy),
             "accuracy": m.accuracy,  # = top1, as before
             "topk": self.topk,  # the k of top{k}
             "topk_accuracy": self.topk_accuracy,  # = top{k}, as before
