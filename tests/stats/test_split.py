@@ -313,6 +313,41 @@ def test_move_interrupted_half_way_loses_nothing_and_resumes(tmp_path, monkeypat
     assert sorted(r["path"] for r in manifest(out)) == planned
 
 
+def test_move_of_a_file_deleted_meanwhile_fails_clearly_and_a_rerun_finishes_without_it(
+    runner, tmp_path, monkeypatch
+):
+    root = make_files(tmp_path / "data", {"a": 5, "b": 5})
+    contents = {p.name: p.read_bytes() for p in root.rglob("*.png")}
+    victim = root / "b" / "b_01.png"
+    out = tmp_path / "out"
+    real_move = split_files.move_file
+
+    def another_process_deletes_one(source, dest, **options):
+        victim.unlink(missing_ok=True)  # a network share drops it before its turn
+        real_move(source, dest, **options)
+
+    monkeypatch.setattr(split_files, "move_file", another_process_deletes_one)
+    failed = runner.invoke(app, ["split", str(root), str(out), "--mode", "move"])
+    assert failed.exit_code == 1 and "Traceback" not in failed.stderr
+    assert ERROR_LINE.search(failed.stderr)
+    assert f"Error: {victim} disappeared during the move" in failed.stderr
+
+    monkeypatch.setattr(split_files, "move_file", real_move)
+    rerun = runner.invoke(app, ["split", str(root), str(out), "--mode", "move"])
+    assert rerun.exit_code == 0, rerun.stderr
+    assert "1 file(s) were deleted" in rerun.stderr and str(victim) in rerun.stderr
+    assert not list(root.rglob("*.png"))
+    del contents[victim.name]
+    assert {p.name: p.read_bytes() for p in out.rglob("*.png")} == contents
+    rows = manifest(out)
+    assert len(rows) == 9 and str(victim) not in {row["source"] for row in rows}
+    journal = json.loads((out / ".torchkit-split.json").read_text())
+    assert journal["state"] == "done" and journal["lost"] == [str(victim)]
+    assert sum(map(sum, journal["counts"])) == 9
+    again = split_dataset(root, out, mode="move")  # done: nothing moved, the files counted
+    assert again.already_done and sum(again.totals) == 9
+
+
 def test_move_across_filesystems_copies_verifies_then_removes(tmp_path, monkeypatch):
     root = make_files(tmp_path / "data", {"a": 3})
     contents = {p.name: p.read_bytes() for p in root.rglob("*.png")}

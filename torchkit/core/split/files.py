@@ -3,6 +3,7 @@ file, and Ctrl-C or SIGTERM never cuts one in two), split.csv written, a stopped
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import os
@@ -117,6 +118,14 @@ class LinkTargets:
         return os.path.join(os.path.realpath(folder), name)
 
 
+def vanished(source: str) -> InputError:
+    """A source that something else removed while the move ran: it is neither in ROOT nor in
+    OUT, and a rerun finishes the move without it."""
+    return InputError(
+        f"{source} disappeared during the move", "rerun the same command to finish without it"
+    )
+
+
 def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
     """Move one file so that it is never lost: a rename where possible (atomic: the file is in
     exactly one place at every moment); across filesystems a copy to a temporary name beside
@@ -125,7 +134,18 @@ def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
 
     A symbolic link is not renamed (a relative one would point elsewhere from its new folder):
     a new link with the target `links` gives (see `LinkTargets`; the same target, absolute,
-    without it) is made beside `dest`, renamed into place, and the old link removed."""
+    without it) is made beside `dest`, renamed into place, and the old link removed.
+
+    A source that another process deletes meanwhile is an InputError naming it (`vanished`)."""
+    try:
+        _move_file(source, dest, links)
+    except FileNotFoundError:
+        if os.path.lexists(source):
+            raise
+        raise vanished(source) from None
+
+
+def _move_file(source: str, dest: str, links: LinkTargets | None) -> None:
     if os.path.lexists(dest):
         raise OutputExistsError(f"{dest} already exists", "it would be overwritten by the move")
     folder, name = os.path.split(dest)
@@ -136,7 +156,7 @@ def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
         os.symlink(target, temporary)
         with signals_held():  # never the link in both places, nor in none
             os.replace(temporary, dest)
-            os.unlink(source)
+            _remove_source(source)
         return
     size = os.stat(source).st_size
     try:
@@ -156,6 +176,12 @@ def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:
         raise InputError(f"the copy of {source} in {folder} differs from it; the source is kept")
     with signals_held():
         os.replace(temporary, dest)
+        _remove_source(source)
+
+
+def _remove_source(source: str) -> None:
+    """The source of a copy now in place: one another process deleted meanwhile is moved."""
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(source)
 
 
@@ -206,7 +232,11 @@ def place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> 
             progress(done, total)
 
 
-def finish_rows(sources, targets, out: Path, links: LinkTargets, progress) -> None:
+def finish_rows(sources, targets, out: Path, links: LinkTargets, progress) -> list[int]:
+    """Finish each row of an interrupted move; returns the rows whose file is in neither place
+    (another process deleted it from ROOT before it was moved): gone, so left for the caller to
+    drop from the split."""
+    lost = []
     for done, (source_file, target) in enumerate(zip(sources, targets, strict=True), 1):
         have_source, have_target = os.path.lexists(source_file), os.path.lexists(target)
         if have_source and not have_target:
@@ -220,9 +250,10 @@ def finish_rows(sources, targets, out: Path, links: LinkTargets, progress) -> No
                 )
             os.unlink(source_file)
         elif not have_target:
-            raise InputError(f"{target} is neither in {out} nor at {source_file}")
+            lost.append(done - 1)
         if progress:
             progress(done, len(sources))
+    return lost
 
 
 def _same_file(source: str, target: str) -> bool:

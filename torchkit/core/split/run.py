@@ -361,14 +361,57 @@ def _resume_move(
     with reporting_write_errors(out):
         discard_replaced(out)  # killed before it was discarded: the move had started
         for row in rows:
-            target = os.path.join(out, row["path"])
-            stale = os.path.join(os.path.dirname(target), MOVE_TEMP + os.path.basename(target))
-            # An unverified copy: the source is still there.
-            remove_tree(Path(stale), ignore_errors=False)
+            # An unverified copy: removed while its source is there, else it may be all
+            # that is left of the file.
+            if os.path.lexists(row["source"]):
+                remove_tree(Path(_move_temp(out, row)), ignore_errors=False)
     sources = [row["source"] for row in rows]
     targets = [os.path.join(out, row["path"]) for row in rows]
     links = LinkTargets(sources, targets)
     with _finish_hint(root, out):
-        finish_rows(sources, targets, out, links, progress)
+        lost = finish_rows(sources, targets, out, links, progress)
+    if lost:
+        journal, rows = _drop_lost(root, out, journal, rows, lost)
     write_journal(out, journal | {"state": "done"})
     return _move_result(root, out, journal, rows=rows, resumed=True)
+
+
+def _move_temp(out: Path, row: dict[str, str]) -> str:
+    target = os.path.join(out, row["path"])
+    return os.path.join(os.path.dirname(target), MOVE_TEMP + os.path.basename(target))
+
+
+def _drop_lost(
+    root: Path, out: Path, journal: dict, rows: list[dict[str, str]], lost: list[int]
+) -> tuple[dict, list[dict[str, str]]]:
+    """The move without the files another process deleted from ROOT before they were moved:
+    they are gone, so their rows leave split.csv and the counts, and the journal lists them
+    (written first, so a rerun after a kill here drops them again, never counts them twice)."""
+    gone = [rows[i]["source"] for i in lost]
+    log.warning(
+        f"{len(gone)} file(s) were deleted from {root} before they were moved and are left out "
+        f"of the split: {', '.join(gone[:5])}" + (" ..." if len(gone) > 5 else "")
+    )
+    kept_copies = [t for t in (_move_temp(out, rows[i]) for i in lost) if os.path.lexists(t)]
+    if kept_copies:
+        log.warning(f"unverified partial copies of them are kept: {', '.join(kept_copies)}")
+    dropped = set(lost)
+    rows = [row for i, row in enumerate(rows) if i not in dropped]
+    names = list(journal["names"])
+    journal = journal | {"lost": sorted({*journal.get("lost", []), *gone})}
+    if journal.get("classes") is not None and journal.get("counts") is not None:
+        index = {name: i for i, name in enumerate(journal["classes"])}
+        counts = [[0] * len(names) for _ in index]
+        for row in rows:
+            counts[index[row["label"]]][names.index(row["split"])] += 1
+        journal["counts"] = counts
+    plan = Plan(
+        sources=[row["source"] for row in rows],
+        labels=[row["label"] for row in rows],
+        dests=[row["path"] for row in rows],
+        splits=[names.index(row["split"]) for row in rows],
+    )
+    with reporting_write_errors(out):
+        write_journal(out, journal)
+        write_manifest(out, plan, names, "move")
+    return journal, rows
