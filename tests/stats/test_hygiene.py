@@ -492,6 +492,58 @@ def test_oversample_with_ratio_and_move_refused(runner, tmp_path):
     assert (raw / "cat" / "cat_00.png").exists()
 
 
+def long_named_files(root: Path) -> Path:
+    """8 cats and 3 dogs whose 253-byte names leave no room for `-repeat1`."""
+    make_files(root, {"cat": 8})
+    (root / "dog").mkdir()
+    for i in range(3):  # "é" is 2 bytes: a cut in the middle of one would not be UTF-8
+        (root / "dog" / f"dog_{'é' * 122}{i}.png").write_bytes(f"dog/{i}".encode())
+    return root
+
+
+@pytest.mark.parametrize("mode", ["copy", "symlink", "hardlink"])
+def test_oversample_repeats_of_long_names_are_shortened_to_fit(tmp_path, mode):
+    raw = long_named_files(tmp_path / "raw")
+    out = tmp_path / "out"
+    result = split_dataset(raw, out, fixed="1", oversample=True, mode=mode)
+    assert result.repeats == [0, 5]
+    names = [p.name for p in (out / "train" / "dog").iterdir()]
+    assert len(names) == 7 and all(len(n.encode()) <= 255 for n in names)
+    # Both train dogs shortened to one stem: `-repeat1` and `-repeat1-1` keep them apart.
+    repeats = sorted(re.sub("^dog_é+", "", n) for n in names if "-repeat" in n)
+    assert repeats == [
+        "-repeat1-1.png",
+        "-repeat1.png",
+        "-repeat2-1.png",
+        "-repeat2.png",
+        "-repeat3.png",
+    ]
+    for row in rows(out):
+        assert (out / row["path"]).read_bytes() == Path(row["source"]).read_bytes()
+
+
+@pytest.mark.parametrize("mode", ["copy", "symlink", "hardlink"])
+def test_a_name_the_file_system_refuses_as_too_long_is_one_error_line(
+    runner, tmp_path, monkeypatch, mode
+):
+    from torchkit.core.split import plan
+
+    # A file system with shorter names than the 255 bytes torchkit shortens names to.
+    monkeypatch.setattr(plan, "NAME_MAX", 4096, raising=False)
+    raw = long_named_files(tmp_path / "raw")
+    out = tmp_path / "out"
+    args = ["split", str(raw), str(out), "--fixed", "1", "--oversample", "--mode", mode]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"Error: file name too long: {out / 'train' / 'dog' / 'dog_é'}")
+    assert line.endswith(
+        "-repeat1.png (the file system takes shorter names: rename the file "
+        "in the dataset, or use --mode manifest)"
+    )
+    assert not out.exists()
+
+
 def test_cli_reports_dedup_groups(runner, tmp_path):
     raw = make_files(tmp_path / "raw", {"cat": 10, "dog": 10})
     for k in range(3):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.hashing import file_digest
-from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
+from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write
 from torchkit.core.io.outputs import remove_tree, reporting_write_errors
 from torchkit.core.io.progress import Progress
@@ -213,6 +213,22 @@ def check_hardlinks(plan: Plan, out: Path) -> None:
 
 
 def place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> None:
+    """Copy, link or move every file of the plan into OUT; a name the file system refuses as
+    too long is one OutputWriteError naming it (not a full disk's, nor a bare OSError)."""
+    try:
+        _place_files(plan, out, mode, progress)
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        name = error.filename2 if error.filename2 is not None else error.filename
+        raise OutputWriteError(
+            f"file name too long: {name}",
+            "the file system takes shorter names: rename the file in the dataset, "
+            "or use --mode manifest",
+        ) from None
+
+
+def _place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> None:
     total = len(plan.sources)
     for folder in sorted({os.path.dirname(d) for d in plan.dests}):
         (out / folder).mkdir(parents=True, exist_ok=True)

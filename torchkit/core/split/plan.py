@@ -136,9 +136,14 @@ def oversample_repeats(
     return repeats, extra
 
 
+NAME_MAX = 255  # bytes in one file name on Linux and macOS (UTF-16 units on Windows)
+
+
 class FreeNames:
     """Destination names not yet taken, compared by casefold (also distinct on macOS and
-    Windows): `base + stem + suffix`, else the first free `base + stem-N + suffix` (N = 1, 2...).
+    Windows): `base + stem + tag + suffix`, else the first free `base + stem + tag-N + suffix`
+    (N = 1, 2...). A file name over NAME_MAX bytes has its stem shortened (never the tag, the
+    number or the suffix) so that the file system takes it.
 
     The number each name last took is kept: numbers below it stay taken, so the next file of
     that name starts there (k files named `image.jpg` in one class: k tries, not k*k/2)."""
@@ -147,23 +152,39 @@ class FreeNames:
         self.taken = {name.casefold() for name in taken}
         self._last: dict[str, int] = {}
 
-    def claim(self, base: str, stem: str, suffix: str) -> str:
-        name = (base + stem + suffix).casefold()
+    def claim(self, base: str, stem: str, suffix: str, tag: str = "") -> str:
+        name = (base + stem + tag + suffix).casefold()
         n = self._last.get(name, 0)
-        candidate = f"{base}{stem}-{n}{suffix}" if n else base + stem + suffix
+        candidate = base + _fitting(stem, f"{tag}-{n}{suffix}" if n else tag + suffix)
         while candidate.casefold() in self.taken:
             n += 1
-            candidate = f"{base}{stem}-{n}{suffix}"
+            candidate = base + _fitting(stem, f"{tag}-{n}{suffix}")
         self._last[name] = n
         self.taken.add(candidate.casefold())
         return candidate
 
 
+def _fitting(stem: str, tail: str) -> str:
+    """The file name `stem + tail`, its stem cut by whole characters to fit in NAME_MAX bytes
+    (left as it is when even the tail alone does not fit: the file system says so)."""
+    name = f"{stem}{tail}"
+    if len(name) * 4 <= NAME_MAX:  # UTF-8 takes at most 4 bytes a character
+        return name
+    room = NAME_MAX - len(os.fsencode(tail))
+    if len(os.fsencode(name)) <= NAME_MAX or room < 0:
+        return name
+    stem = stem[:room]
+    while len(os.fsencode(stem)) > room:
+        stem = stem[:-1]
+    return stem + tail
+
+
 def _repeat_dest(dest: str, number: int, free: FreeNames) -> str:
-    """`<split>/<class>/<stem>-repeat<k><suffix>` beside `dest`, not yet taken."""
+    """`<split>/<class>/<stem>-repeat<k><suffix>` beside `dest`, not yet taken (the stem
+    shortened where the name would not fit)."""
     folder, name = dest.rsplit("/", 1) if "/" in dest else ("", dest)
     stem, suffix = os.path.splitext(name)
-    return free.claim(f"{folder}/" if folder else "", f"{stem}-repeat{number}", suffix)
+    return free.claim(f"{folder}/" if folder else "", stem, suffix, tag=f"-repeat{number}")
 
 
 def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv: bool):
