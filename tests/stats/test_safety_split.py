@@ -100,6 +100,24 @@ def test_force_over_a_folder_that_is_not_a_split_is_refused(tmp_path, data):
     assert tree_digest(mine) == before and tree_digest(data) == data_before
 
 
+def test_force_over_another_commands_output_is_refused(tmp_path, data):
+    # `split DATA RUN --force` merged a split into a train run: the run's split.csv, which
+    # `eval --split val` reuses, was replaced by this split's.
+    from torchkit.core.io.outputs import write_marker
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_marker(run, "train")
+    (run / "split.csv").write_text("path,label,split\ncat/cat_00.png,cat,val\n")
+    (run / "best.pt").write_bytes(b"weights")
+    before = tree_digest(run)
+    for force in ((), ("--force",)):
+        result = split(data, run, *force)
+        assert result.returncode == 1, result.stderr
+        assert "holds the output of torchkit train, not a split" in error_line(result.stderr)
+    assert tree_digest(run) == before
+
+
 def test_force_replaces_an_earlier_split_without_marker_and_keeps_other_files(tmp_path, data):
     out = tmp_path / "out"
     assert split(data, out, "--names", "a,b,c").returncode == 0

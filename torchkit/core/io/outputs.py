@@ -394,6 +394,17 @@ def write_marker(folder: Path, command: str) -> None:
         (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
 
 
+def marker_command(folder: Path) -> str | None:
+    """The command the folder's marker names (`train`, `split`...), or None: no marker, or one
+    that cannot be read."""
+    try:
+        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    command = record.get("command") if isinstance(record, dict) else None
+    return command if isinstance(command, str) else None
+
+
 def remove_marker(folder: Path) -> None:
     """Take back the marker `write_marker` left (a run that wrote nothing else)."""
     (folder / MARKER).unlink(missing_ok=True)

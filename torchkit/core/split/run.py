@@ -20,6 +20,7 @@ from torchkit.core.io.outputs import (
     check_not_protected,
     check_overlap,
     check_replaceable,
+    marker_command,
     remove_tree,
     reporting_write_errors,
 )
@@ -139,6 +140,14 @@ def split_dataset(
     # The lock first (and what a killed split left put back), then the --force rules.
     with OutputFolder(out, command="split", inputs=inputs, what=WHAT, resume=True):
         recover_split_leftovers(out)
+        # A split merges into OUT (other files stay), so another command's output folder would
+        # become a hybrid: a train run's split.csv, which eval reuses, replaced by this one.
+        other = marker_command(out) if out.is_dir() and not out.is_symlink() else None
+        if other not in (None, "split"):
+            raise OutputExistsError(
+                f"{WHAT} {out} holds the output of torchkit {other}, not a split",
+                "--force only replaces an earlier split: choose another output folder",
+            )
         check_replaceable(
             out,
             force,
