@@ -768,6 +768,8 @@ def test_unreadable_image_is_skipped_and_counted_or_fatal_with_strict(setup, tmp
     nothing = invoke(setup["ckpt"], "--data", data, "--workers", "0")
     assert nothing.exit_code == 1
     assert "Error: none of the 1 images" in nothing.stderr and "could be read" in nothing.stderr
+    # Which file and why, as dataset-stats says it (e.g. a CSV index with paths off its folder).
+    assert f"(the first, {data / 'date' / 'broken.png'}: " in error_line(nothing.stderr)
 
 
 def test_confusion_matrix_png_is_readable_with_100_classes(tmp_path):

@@ -489,7 +489,10 @@ def _run(
     if not ctx.is_main:
         return None
     if len(predictions) == 0:
-        raise InputError(f"none of the {len(samples)} images in {samples.source} could be read")
+        raise InputError(
+            f"none of the {len(samples)} images in {samples.source} could be read",
+            f"the first, {errors[0]}" if errors else None,
+        )
     metrics = compute_metrics(
         predictions.labels,
         predictions.predicted,
