@@ -48,3 +48,34 @@ def read_checkpoint(path: Path) -> dict:
     import torch
 
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def add_ema_weights(path: Path, ema_model) -> None:
+    """Store `ema_model`'s weights as the EMA copy of the checkpoint at `path`, as train
+    saves torch's AveragedModel: `module.` names and its `n_averaged` counter."""
+    import torch
+
+    from torchkit.core.models.checkpoint import save_checkpoint
+
+    checkpoint = read_checkpoint(path)
+    state = {f"module.{name}": value for name, value in ema_model.state_dict().items()}
+    checkpoint["model_ema"] = {**state, "n_averaged": torch.tensor(3)}
+    save_checkpoint(checkpoint, path)
+
+
+def ema_refusals(folder: Path, checkpoint: Path) -> dict[str, list[str]]:
+    """MODEL arguments that --ema refuses (eval's errors, which every command repeats): a
+    torchkit checkpoint without EMA weights, a model name, a name with a plain state dict and
+    an exported file (refused before it is read: a stand-in does)."""
+    import torch
+
+    state_dict = folder / "plain.pt"
+    torch.save(read_checkpoint(checkpoint)["model"], state_dict)
+    exported = folder / "model.onnx"
+    exported.write_bytes(b"refused before it is read")
+    return {
+        "no EMA weights": [str(checkpoint)],
+        "a model name": ["convnet"],
+        "a state dict": ["convnet", "--weights", str(state_dict)],
+        "an exported file": [str(exported)],
+    }

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from checkpoints import add_ema_weights, ema_refusals, write_convnet_checkpoint
 from image_folders import write_image_folder
 from output_checks import error_line
 from PIL import Image
@@ -236,6 +237,53 @@ def test_weights_path_keeps_its_head_and_uses_the_standard_transform(runner, ima
     assert "holds plain weights (a state dict)" in plain.stderr
     assert "--weights" in plain.stderr
     assert "Traceback" not in plain.stderr
+
+
+def test_ema_extracts_the_checkpoints_ema_weights(runner, images, tmp_path):
+    from torchkit.core.models.convnet import convnet_class
+
+    torch.manual_seed(0)
+    model, ema_model = (convnet_class()(2, 3, 16).eval() for _ in range(2))
+    ckpt = tmp_path / "ema.pt"
+    preprocess = {"image_size": 16, "resize_size": 16, "mean": [0.5] * 3, "std": [0.25] * 3}
+    save_checkpoint(
+        {"format_version": FORMAT_VERSION, "arch": "convnet", "num_classes": 2,
+         "classes": ["cat", "dog"], "model": model.state_dict(), "preprocess": preprocess},
+        ckpt,
+    )  # fmt: skip
+    add_ema_weights(ckpt, ema_model)
+    features = {}
+    for name, extra in (("ema", ["--ema"]), ("plain", [])):
+        out = tmp_path / name
+        result = run(runner, str(ckpt), str(images), str(out), "-l", "logits", "-j", "0", *extra)
+        assert result.exit_code == 0, result.stderr
+        assert json.loads((out / "meta.json").read_text())["ema"] is bool(extra)
+        features[name] = np.load(out / "logits.npy")
+    paths = [row["path"] for row in read_index(tmp_path / "ema")]
+    x = reference_batch(images, paths, resize=16, crop=16, mean=[0.5] * 3, std=[0.25] * 3)
+    with torch.no_grad():
+        assert_close(features["ema"], ema_model(x))
+        assert_close(features["plain"], model(x))
+    # A run is resumed only with the weights it was started with.
+    refused = run(runner, str(ckpt), str(images), str(tmp_path / "plain"), "--ema", "--resume")
+    assert refused.exit_code == 2 and "another model" in error_line(refused.stderr)
+
+
+@pytest.mark.parametrize(
+    "case", ["no EMA weights", "a model name", "a state dict", "an exported file"]
+)
+def test_ema_refuses_what_eval_refuses_with_evals_error(runner, images, tmp_path, case):
+    ckpt = tmp_path / "model.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=16, classes="cd")
+    model = ema_refusals(tmp_path, ckpt)[case]
+    result = run(runner, *model, str(images), str(tmp_path / "out"), "--ema")
+    evaluated = runner.invoke(app, ["eval", *model, "--data", str(images), "--ema"])
+    assert result.exit_code == evaluated.exit_code == (1 if case == "no EMA weights" else 2)
+    assert error_line(result.stderr) == error_line(evaluated.stderr)
+    assert "--ema" in error_line(result.stderr)
+    assert not (tmp_path / "out").exists()
+    listing = runner.invoke(app, ["extract-features", *model, "--list-layers", "--ema"])
+    assert error_line(listing.stderr) == error_line(evaluated.stderr)
 
 
 def test_list_layers_names_shapes_and_aliases(runner):

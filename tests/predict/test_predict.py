@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checkpoints import add_ema_weights, ema_refusals
 from gloo_ranks import run_ranks, stderr_of
 from output_checks import error_line
 from PIL import Image
@@ -282,6 +283,40 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     assert row["class"] == "xyz"[expected] and row["class_index"] == expected
     model = model_from_checkpoint(load_checkpoint(world["ckpt"]))
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_ema_predicts_with_the_checkpoints_ema_weights(runner, world, tmp_path):
+    torch.manual_seed(1)
+    ema_model = convnet_class()(3, 3, 12).eval()
+    ckpt = tmp_path / "ema.pt"
+    shutil.copyfile(world["ckpt"], ckpt)
+    add_ema_weights(ckpt, ema_model)
+    args = [world["flat"], "--logits", "--format", "json", "-j", "0"]
+    result = invoke(runner, ckpt, *args, "--ema")
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    paths = [world["flat"] / row["path"] for row in rows]
+    logits = torch.tensor([[row[f"logit_{i}"] for i in range(3)] for row in rows])
+    torch.testing.assert_close(logits, reference(ema_model, paths), rtol=0, atol=1e-5)
+    probabilities = reference(ema_model, paths).softmax(1).max(1).values
+    got = torch.tensor([row["probability"] for row in rows])
+    torch.testing.assert_close(got, probabilities, rtol=0, atol=1e-6)
+    plain = json.loads(invoke(runner, ckpt, *args).stdout)  # the model's own weights
+    assert [row["probability"] for row in plain] != [row["probability"] for row in rows]
+    raw = torch.tensor([[row[f"logit_{i}"] for i in range(3)] for row in plain])
+    torch.testing.assert_close(raw, reference(world["model"], paths), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "case", ["no EMA weights", "a model name", "a state dict", "an exported file"]
+)
+def test_ema_refuses_what_eval_refuses_with_evals_error(runner, world, tmp_path, case):
+    model = ema_refusals(tmp_path, world["ckpt"])[case]
+    result = invoke(runner, *model, world["flat"], "--ema")
+    evaluated = runner.invoke(app, ["eval", *model, "--data", str(world["labelled"]), "--ema"])
+    assert result.exit_code == evaluated.exit_code == (1 if case == "no EMA weights" else 2)
+    assert error_line(result.stderr) == error_line(evaluated.stderr)
+    assert "--ema" in error_line(result.stderr) and result.stdout == ""
 
 
 def test_two_ddp_processes_give_the_same_rows(world, runner, tmp_path):

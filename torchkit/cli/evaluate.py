@@ -12,6 +12,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import (
     AllowUntrainedOption,
+    EmaOption,
     EvalModelOption,
     ForceOption,
     FormatOption,
@@ -80,9 +81,7 @@ def eval_command(
         ),
     ] = None,
     preprocess: PreprocessOverrides = DEFAULT_PREPROCESS,
-    ema: Annotated[
-        bool, typer.Option("--ema", help="Evaluate the checkpoint's EMA weights.")
-    ] = False,
+    ema: EmaOption = False,
     topk: Annotated[
         Optional[int],
         typer.Option(
@@ -148,6 +147,7 @@ def eval_command(
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
     from torchkit.core.evaluate.runner import check_report_file
     from torchkit.core.evaluate.source import recorded_data
+    from torchkit.core.runtime.distributed import is_main_process
 
     fmt = resolve_format(fmt, output)
     spec = ModelSpec(
@@ -183,7 +183,7 @@ def eval_command(
         check_report_file(output, spec, options)  # before any work, not after it
     # Under torchrun only rank 0 shows progress (it evaluates its share of the images).
     with progress_bar(
-        "evaluating", refresh_in_thread=True, hidden=os.environ.get("RANK", "0") != "0"
+        "evaluating", refresh_in_thread=True, hidden=not is_main_process()
     ) as advance:
         result = evaluate(spec, options, progress=advance)
     if result is None:  # a torchrun rank other than 0: rank 0 reports

@@ -10,6 +10,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import (
+    EmaOption,
     ForceOption,
     FormatOption,
     ModelOption,
@@ -64,9 +65,7 @@ def export(
         Optional[int],
         typer.Option("--num-classes", min=1, help="Classifier outputs of a model built here."),
     ] = None,
-    ema: Annotated[
-        bool, typer.Option("--ema", help="Export the checkpoint's EMA weights.")
-    ] = False,
+    ema: EmaOption = False,
     image_size: Annotated[
         Optional[str],
         image_size_option(

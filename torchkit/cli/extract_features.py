@@ -12,6 +12,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import (
     AllowUntrainedOption,
+    EmaOption,
     ForceOption,
     ModelOption,
     OutOption,
@@ -97,6 +98,7 @@ def extract_features_command(
         typer.Option("--list-layers", help="Print the layer names of MODEL and exit."),
     ] = False,
     weights: WeightsOption = None,
+    ema: EmaOption = False,
     pool: Annotated[
         Optional[Pool],
         typer.Option(
@@ -210,7 +212,14 @@ def extract_features_command(
         if images is not None or out is not None:
             raise UsageError("--list-layers takes only MODEL", "drop IMAGES and OUT")
         _list_layers(
-            model, weights, trust_checkpoint, preprocess.image_size, listing_format, output, force
+            model,
+            weights,
+            ema,
+            trust_checkpoint,
+            preprocess.image_size,
+            listing_format,
+            output,
+            force,
         )
         return
     if images is None or out is None:
@@ -223,6 +232,7 @@ def extract_features_command(
         images=str(images),
         out=str(out),
         weights=weights,
+        ema=ema,
         layers=list(layer or []),
         pool=pool.value if pool else None,
         flatten=flatten,
@@ -296,6 +306,7 @@ def _formats(
 def _list_layers(
     model: str,
     weights: str | None,
+    ema: bool,
     trust_checkpoint: bool,
     image_size: int | None,
     fmt: OutputFormat,
@@ -308,7 +319,11 @@ def _list_layers(
     if output is not None and str(output) != "-":
         check_output_file(output, force)  # before the model is built
     listing = list_layers(
-        model, weights=weights, trust_checkpoint=trust_checkpoint, image_size=image_size
+        model,
+        weights=weights,
+        ema=ema,
+        trust_checkpoint=trust_checkpoint,
+        image_size=image_size,
     )
     if fmt == OutputFormat.csv:  # the JSON's names and values (the shape as 512x1x1)
         columns = ["name", "op", "output_shape", "alias_of"]

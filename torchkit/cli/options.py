@@ -207,6 +207,15 @@ TrustCheckpointOption = Annotated[
         "torch.export archives, and checkpoints whose arch is package.module:Callable.",
     ),
 ]
+# eval, export, predict and extract-features: one help for the one resolver's `ema=`.
+EmaOption = Annotated[
+    bool,
+    typer.Option(
+        "--ema",
+        help="Use the checkpoint's EMA weights (the moving average train --ema keeps, whose "
+        "val metric picks best.pt) instead of its model weights.",
+    ),
+]
 StrictOption = Annotated[
     bool, typer.Option("--strict", help="Stop at the first unreadable file instead of skipping it.")
 ]

@@ -14,6 +14,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.options import (
     AllowUntrainedOption,
+    EmaOption,
     ForceOption,
     ModelOption,
     StrictOption,
@@ -52,6 +53,7 @@ def predict_command(
     ] = None,
     model_option: ModelOption = None,
     weights: WeightsOption = None,
+    ema: EmaOption = False,
     classes: Annotated[
         Optional[str],
         typer.Option(
@@ -141,6 +143,7 @@ def predict_command(
         model=model,
         images=list(images),
         weights=weights,
+        ema=ema,
         trust_checkpoint=trust_checkpoint,
         allow_untrained=allow_untrained,
         classes=parse_class_names(classes) if classes else None,

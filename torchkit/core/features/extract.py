@@ -61,6 +61,7 @@ class FeatureRequest:
     out: str
     run: InferenceOptions = field(default_factory=InferenceOptions)
     weights: str | None = None
+    ema: bool = False  # the checkpoint's EMA weights
     layers: list[str] = field(default_factory=lambda: list(DEFAULT_LAYERS))
     pool: str | None = None  # None: avg for 4-D maps
     flatten: bool = False
@@ -121,12 +122,17 @@ def list_layers(
     model: str,
     *,
     weights: str | None = None,
+    ema: bool = False,
     trust_checkpoint: bool = False,
     image_size: int | None = None,
 ) -> LayerListing:
     """The layer names of MODEL (and the aliases), with per-image output shapes."""
     spec = ModelSpec(
-        model=model, weights=weights, trust_checkpoint=trust_checkpoint, image_size=image_size
+        model=model,
+        weights=weights,
+        ema=ema,
+        trust_checkpoint=trust_checkpoint,
+        image_size=image_size,
     )
     source = resolve_spec(spec, command="extract-features")
     preprocess = source.preprocess
@@ -225,6 +231,7 @@ def _extract(
         spec = ModelSpec(
             model=request.model,
             weights=request.weights,
+            ema=request.ema,
             trust_checkpoint=request.trust_checkpoint,
             image_size=request.image_size,
             resize_size=request.resize_size,
@@ -252,6 +259,7 @@ def _extract(
         "model": request.model,
         "arch": source.arch,
         "weights": request.weights,
+        "ema": request.ema,
         "layers": [{"name": layer.name, "node": layer.node} for layer in layers],
         "pool": request.pool or "avg",
         "flatten": request.flatten,
@@ -484,8 +492,11 @@ def _validate(request: FeatureRequest) -> None:
 
 def _fingerprint(settings: dict, samples: Samples) -> str:
     """What makes two runs' rows interchangeable: --resume continues only a matching run."""
-    if settings.get("amp_dtype", "") is None:  # no --amp: as before --amp-dtype existed
+    # Left out at their defaults, as before the options existed: older runs still resume.
+    if settings.get("amp_dtype", "") is None:  # no --amp
         settings = {key: value for key, value in settings.items() if key != "amp_dtype"}
+    if settings.get("ema") is False:  # no --ema
+        settings = {key: value for key, value in settings.items() if key != "ema"}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
     ids = samples.ids or samples.paths or []
     for name, label in zip(ids, samples.labels, strict=False):

@@ -151,7 +151,9 @@ def resolve_model(
         fmt = exported_format_of(spec)
         if fmt is not None:
             if ema:
-                raise UsageError(f"--ema needs a torchkit checkpoint; {spec} is not one")
+                raise UsageError(
+                    f"--ema needs a torchkit checkpoint; {spec} is not one", "drop --ema"
+                )
             resolved = _from_exported(
                 spec, fmt, trust_checkpoint=trust_checkpoint, use=exported, command=command
             )

@@ -30,6 +30,7 @@ class PredictRequest:
     images: list[str]
     run: InferenceOptions = field(default_factory=InferenceOptions)
     weights: str | None = None
+    ema: bool = False  # the checkpoint's EMA weights
     trust_checkpoint: bool = False
     allow_untrained: bool = False  # predict with random weights (a model built by code, a test)
     classes: list[str] | None = None
@@ -97,6 +98,7 @@ class PredictRun:
             mean=request.mean,
             std=request.std,
             trust_checkpoint=request.trust_checkpoint,
+            ema=request.ema,
             allow_untrained=request.allow_untrained,
         )
         # A checkpoint's weights replace every random one: skip drawing them (loading.py).
@@ -131,6 +133,7 @@ class PredictRun:
         self.info = {
             "model": request.model,
             "weights": request.weights,
+            "ema": request.ema,
             "arch": self.resolved.arch,
             "model_source": self.resolved.weights_source or self.resolved.source,
             "classes": self.classes,
