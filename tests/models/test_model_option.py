@@ -77,3 +77,30 @@ def test_export_and_extract_features_take_model_as_an_option(runner, tmp_path):
     assert "unexpected extra argument" in error_line(extra.stderr)
     missing = runner.invoke(app, ["export", "--model", str(model)])
     assert missing.exit_code == 2 and "missing OUT" in error_line(missing.stderr)
+
+
+def test_a_run_folder_as_model_names_its_checkpoint_in_every_command(tmp_path):
+    # `eval RUN` read as an unknown model name ('run'), `eval RUN/` as a folder with no hint.
+    from processes import run_each_in_process
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.pt").write_bytes(b"a checkpoint")
+    write_image_folder(tmp_path / "data", {"a": 1}, size=4)
+    after = {
+        "eval": ["--data", "data"],
+        "predict": ["data"],
+        "summary": [],
+        "export": ["m.onnx"],
+        "extract-features": ["data", "features"],
+        "convert-syncbn": ["out.pt"],
+        "benchmark": [],
+    }
+    commands = [[c, run, *rest] for c, rest in after.items() for run in ("run", "run/")]
+    for command, result in zip(commands, run_each_in_process(commands, cwd=tmp_path), strict=True):
+        assert result.returncode == 1, (command, result.stderr)
+        line = error_line(result.stderr)
+        assert line.endswith(
+            "is not a file: run (a training run folder: give its checkpoint, run/best.pt)"
+        ), (command, line)
+    plain = run_each_in_process([["summary", "data"]], cwd=tmp_path)[0]  # no run: a name typo
+    assert plain.returncode == 2 and "unknown model 'data'" in error_line(plain.stderr)

@@ -25,10 +25,20 @@ def require_input(
     if not source.exists():
         raise InputError(f"{what} not found: {source}", hint)
     if kind == "file" and not source.is_file():
-        raise InputError(f"{what} is not a file: {source}")
+        raise InputError(f"{what} is not a file: {source}", _file_hint(source))
     if kind == "dir" and not source.is_dir():
         raise InputError(f"{what} is not a folder: {source}")
     return source
+
+
+def _file_hint(source: Path) -> str | None:
+    """What to give instead of a folder where a file is wanted: a training run's checkpoint."""
+    if not source.is_dir():
+        return None  # a FIFO or device: its name says enough
+    best = source / "best.pt"
+    if best.is_file():
+        return f"a training run folder: give its checkpoint, {best}"
+    return "give a file, not a folder"
 
 
 STDIN = "-"  # as an input: the paths piped to the command, one per line

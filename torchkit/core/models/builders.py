@@ -13,6 +13,7 @@ from typing import Any
 
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import InputError, OfflineError, UsageError
+from torchkit.core.io.files import require_input
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import replace_head
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
@@ -168,6 +169,8 @@ def require_torchvision_name(name: str) -> None:
 
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
+        if os.path.isfile(os.path.join(name, "best.pt")):  # `eval RUN`: the run folder meant
+            require_input(name, what="checkpoint", kind="file")
         hint = suggest(name, [*BUILTIN_MODELS, *available])
         if _timm_has(name):
             hint = f"timm has it: {TIMM_PREFIX}{name}"
