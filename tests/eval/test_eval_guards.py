@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gloo_ranks import error_lines_of, run_ranks, stderr_of
+from gloo_ranks import BAD_LAUNCHES, error_lines_of, run_ranks, set_launch_env, stderr_of
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process, run_torchkit_process
 from typer.testing import CliRunner
@@ -393,6 +393,16 @@ def test_torchrun_explicit_gpu_is_a_usage_error_exit_2(world):
         "the GPU of its LOCAL_RANK (use --device cuda (or auto), and CUDA_VISIBLE_DEVICES to "
         "choose the GPUs)"
     ]
+
+
+@pytest.mark.parametrize(("env", "line"), BAD_LAUNCHES)
+def test_torchrun_variables_no_torchrun_sets_are_one_usage_error(world, monkeypatch, env, line):
+    """They were a KeyError or ValueError line (exit 1), or (RANK=x, RANK=1 alone) ignored."""
+    set_launch_env(monkeypatch, env)
+    result = run_torchkit_in_process(*eval_args(world, "good"))
+    assert result.returncode == 2, result.stderr
+    assert error_lines(result.stderr) == [line]
+    assert result.stdout == ""
 
 
 def test_extract_features_makes_its_gpu_the_current_device(world, tmp_path, monkeypatch):

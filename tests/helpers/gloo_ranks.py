@@ -20,6 +20,51 @@ import pytest
 from processes import start_torchkit_process
 from suite_paths import HELPERS, REPO
 
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+# torchrun's variables as no torchrun sets them, and the one line each is refused with (train,
+# eval and predict alike: one reader, core.runtime.distributed.launch_env).
+BAD_LAUNCHES = [
+    pytest.param(
+        {"WORLD_SIZE": "2"},
+        "Error: WORLD_SIZE is set to '2' but RANK is not set (torchrun sets both; unset "
+        "WORLD_SIZE to run one process)",
+        id="world-without-rank",
+    ),
+    pytest.param(
+        {"RANK": "x"},
+        "Error: RANK is set to 'x' (torchrun sets it to the process's rank; unset it to run "
+        "one process)",
+        id="rank-not-a-number",
+    ),
+    pytest.param(
+        {"WORLD_SIZE": "two", "RANK": "0"},
+        "Error: WORLD_SIZE is set to 'two' (torchrun sets it to the number of processes; "
+        "unset it to run one process)",
+        id="world-not-a-number",
+    ),
+    pytest.param(
+        {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "-1"},
+        "Error: LOCAL_RANK is set to '-1' (torchrun sets it to the process's rank on its "
+        "node; unset it to run one process)",
+        id="negative-local-rank",
+    ),
+    pytest.param(
+        {"RANK": "1"},
+        "Error: RANK is set to '1' but WORLD_SIZE is not set (torchrun sets RANK from 0 to "
+        "WORLD_SIZE - 1; unset RANK to run one process)",
+        id="rank-outside-the-world",
+    ),
+]
+
+
+def set_launch_env(monkeypatch: pytest.MonkeyPatch, values: dict[str, str]) -> None:
+    """torchrun's variables exactly as `values` says (the others unset)."""
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+
 
 def free_port() -> int:
     with socket.socket() as probe:

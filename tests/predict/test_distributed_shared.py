@@ -9,6 +9,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 import torch.distributed as dist
+from gloo_ranks import BAD_LAUNCHES, set_launch_env
 from PIL import Image
 
 from torchkit.core.inference.options import InferenceOptions
@@ -136,6 +137,43 @@ def test_a_group_the_caller_made_is_joined_with_its_ranks(monkeypatch):
     ctx = distributed.setup("cpu")
     assert (ctx.rank, ctx.world_size, ctx.backend, ctx.initialised_here) == (1, 3, "gloo", False)
     assert ctx.device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("env", "launch"),
+    [
+        ({}, distributed.LaunchEnv()),
+        ({"RANK": "", "WORLD_SIZE": ""}, distributed.LaunchEnv()),  # empty: unset
+        # Blanks and leading zeros are read as torch's int() reads them: rank 0 to every reader
+        # (some compared the text with "0" and took rank 0 for another rank).
+        ({"RANK": " 0", "WORLD_SIZE": "2 "}, distributed.LaunchEnv(world_size=2)),
+        ({"RANK": "00", "WORLD_SIZE": "1"}, distributed.LaunchEnv()),
+        (
+            {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+            distributed.LaunchEnv(rank=3, world_size=4, local_rank=1, local_world_size=2),
+        ),
+    ],
+)
+def test_torchruns_variables_are_read_in_one_place(monkeypatch, env, launch):
+    set_launch_env(monkeypatch, env)
+    assert distributed.launch_env() == launch
+    assert distributed.is_main_process() == (launch.rank == 0)
+    assert distributed.launched_by_torchrun() == (launch.world_size > 1)
+
+
+@pytest.mark.parametrize(("env", "line"), BAD_LAUNCHES)
+def test_predict_refuses_torchrun_variables_no_torchrun_sets(monkeypatch, tmp_path, env, line):
+    """They were a KeyError or ValueError line (exit 1), or (RANK=x, RANK=1 alone) ignored."""
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    set_launch_env(monkeypatch, env)
+    args = ["predict", "convnet", tmp_path / "a.png", "--allow-untrained", "--device", "cpu"]
+    result = run_torchkit_in_process(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr) == line
+    assert result.stdout == ""
 
 
 def test_extract_features_under_torchrun_is_refused_on_every_rank_before_any_work(

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import read_checkpoint
+from gloo_ranks import BAD_LAUNCHES, set_launch_env
 from image_folders import write_image_folder
 
 from torchkit.cli import app
@@ -719,6 +720,18 @@ def test_sync_bn_is_refused_without_cuda_before_anything_is_written(runner, spli
     )
     assert result.exit_code == 2
     assert "--sync-bn needs CUDA" in error_line(result)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("env", "line"), BAD_LAUNCHES)
+def test_torchrun_variables_no_torchrun_sets_are_one_usage_error(
+    runner, tmp_path, monkeypatch, env, line
+):
+    """They were a KeyError or ValueError line (an internal error, exit 1)."""
+    set_launch_env(monkeypatch, env)
+    result = train(runner, *FAST, "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result) == line
     assert not (tmp_path / "r").exists()
 
 

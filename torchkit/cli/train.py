@@ -8,7 +8,6 @@ in one loop. Only the parameters that are not training options are declared here
 from __future__ import annotations
 
 import inspect
-import os
 import signal
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -111,6 +110,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     from torchkit.cli.progress import TrainProgress
     from torchkit.cli.train_tables import csv_row_table, lr_find_table, summary_table
     from torchkit.core.io.outputs import InputPath
+    from torchkit.core.runtime.distributed import is_main_process
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal
     from torchkit.core.train.timeline import process_age
@@ -125,7 +125,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     if output is not None and str(output) == "-":
         output = None  # `-o -`: stdout
     _refuse_output_meant_as_out(output, values["out"])
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    is_main = is_main_process()
     config = _config_from(values, stats)
     given = _given_options(ctx)
     if config_file is not None:

@@ -43,7 +43,13 @@ from torchkit.core.io.outputs import (
 from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.runtime.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
-from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
+from torchkit.core.runtime.distributed import (
+    DistContext,
+    all_gather,
+    is_main_process,
+    setup,
+    teardown,
+)
 from torchkit.core.runtime.plot_helper import PlotHelper, plot_helper
 from torchkit.core.topk import DEFAULT_TOPK, ranked_classes
 
@@ -287,7 +293,7 @@ def open_report_folder(spec: ModelSpec, options: EvalOptions) -> OutputFolder | 
     """--out, checked and locked before the model and the data are read (None on torchrun
     ranks other than 0, which only check: rank 0 writes the reports)."""
     inputs = eval_inputs(spec, options)
-    if int(os.environ.get("RANK", "0") or 0) != 0:
+    if not is_main_process():
         check_not_protected(options.out_dir, "output folder")
         check_overlap(options.out_dir, "output folder", inputs)
         return None
@@ -319,7 +325,7 @@ def evaluate(
     check_amp_dtype(options.run.amp, options.run.amp_dtype)
     # scikit-learn imports in a helper process beside the model and data loading (rank 0 only:
     # the others compute no metrics), instead of after the images are scored.
-    main = os.environ.get("RANK", "0") == "0"
+    main = is_main_process()
     plots = main and options.out_dir is not None
     scorer = start_scorer(plots=plots) if main else None
     try:

@@ -4,7 +4,6 @@ torchrun), and the autocast dtype of `--amp-dtype`."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 from typing import Any
 
@@ -77,7 +76,9 @@ def select_device(spec: str = "auto", *, local_rank: int | None = None, world_si
         # Every rank of the node checks the node's process count, not only its own rank: a
         # rank with a GPU would otherwise wait in the first collective for the one that failed,
         # until torchrun kills it.
-        local_world = max(_local_world_size(), local_rank + 1)
+        from torchkit.core.runtime.distributed import launch_env
+
+        local_world = max(launch_env().local_world_size, local_rank + 1)
         if local_world > count:
             raise DeviceError(
                 f"torchrun started {local_world} processes on this node, one per GPU, but only "
@@ -100,14 +101,6 @@ def use_in_this_thread(device: Any) -> None:
     device = torch.device(device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
-
-
-def _local_world_size() -> int:
-    """The processes torchrun started on this node (LOCAL_WORLD_SIZE; 1 when unset)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
 
 
 def check_amp_dtype(amp: bool, amp_dtype: str) -> None:

@@ -60,7 +60,7 @@ def run_training(
             # run folder costs a fraction of a second.
             plan = plan_run(config, overrides)
             folder.open(DistContext(), plan)
-        if os.environ.get("RANK", "0") == "0":
+        if distributed.is_main_process():
             folder.start_painter()  # the plots' library (matplotlib) loads beside torch
         timeline = RunTimeline(started, process_age)
         return _run_with_torch(
