@@ -353,6 +353,32 @@ def test_unlabelled_images_have_no_class(tmp_path: Path):
     assert (out / "classes.txt").read_text() == ""
 
 
+def test_images_named_without_an_image_extension_are_stored_as_images(tmp_path: Path):
+    """A CSV index may name any file: `x.json` and `x.cls` replaced the sample's label member
+    (the sample had no image) and `x.dat` was no image to any reader; a format that shards
+    cannot name is skipped as unreadable."""
+    root = tmp_path / "csv"
+    root.mkdir()
+    names = {"a.json": "PNG", "b.cls": "PNG", "c.dat": "JPEG", "d": "GIF", "e.tga": "TGA"}
+    for name, image_format in names.items():
+        Image.new("RGB", (4, 4), (len(name), 0, 0)).save(root / name, format=image_format)
+    (root / "index.csv").write_text("path,label\n" + "".join(f"{n},x\n" for n in names))
+    out = tmp_path / "out"
+    done = convert(root / "index.csv", out, "--no-shuffle")
+    assert done.returncode == 0, done.stderr
+    assert "skipped unreadable image e.tga: a TGA file" in done.stderr
+    samples = samples_of(out / "shard-000000.tar")
+    stored = {
+        json.loads(s["json"])["path"]: sorted(set(s) - {"cls", "json"}) for s in samples.values()
+    }
+    assert stored == {"a.json": ["png"], "b.cls": ["png"], "c.dat": ["jpg"], "d": ["gif"]}
+    for sample in samples.values():
+        assert sample["cls"] == b"0"
+    stats = run_torchkit_in_process("dataset-stats", out, "--format", "json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["images"] == 4
+
+
 def test_sizes_are_parsed_in_si_and_iec_units(tmp_path: Path, image_folder: Path):
     assert parse_size("1GB") == 10**9
     assert parse_size("256MiB") == parse_size("256M") == 256 * 2**20

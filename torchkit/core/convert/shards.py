@@ -45,6 +45,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from torchkit import __version__
+from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.io import sizes
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
@@ -87,9 +88,19 @@ _SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
 _TEMPORARY = re.compile(
     r"\.(?:(?:train|val|test|shard)-\d{6,}\.tar|manifest(?:\.partial)?\.json|classes\.txt)\..+\.tmp"
 )
-_EXTENSION = re.compile(r"[a-z0-9]+")
-# PIL format -> extension, for an image file whose name has none.
-_FORMAT_EXTENSIONS = {"JPEG": "jpg", "TIFF": "tif", "MPO": "jpg"}
+# PIL format -> the extension an image of it is stored under, when its file's own is not one
+# that shard readers take for an image: a CSV index may name `x.dat`, `x.json` or `x.cls` (the
+# latter two replaced the sample's label member and left it without an image).
+_FORMAT_EXTENSIONS = {
+    "JPEG": "jpg",
+    "MPO": "jpg",
+    "PNG": "png",
+    "GIF": "gif",
+    "BMP": "bmp",
+    "WEBP": "webp",
+    "TIFF": "tif",
+    "PPM": "ppm",
+}
 
 
 def parse_size(text: str) -> int:
@@ -196,8 +207,9 @@ class Loaded:
 
 
 def _extension(name: str) -> str:
-    suffix = PurePosixPath(name).suffix.lower().lstrip(".")
-    return suffix if _EXTENSION.fullmatch(suffix) else ""
+    """The image extension of a file `name`, lower-cased ("" if it has none readers know)."""
+    suffix = PurePosixPath(name).suffix.lower()
+    return suffix.lstrip(".") if suffix in IMAGE_EXTENSIONS else ""
 
 
 def _png(pixels: Any) -> bytes:
@@ -234,9 +246,12 @@ def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
         from torchkit.core.io.errors import first_line
 
         return Loaded(error=first_line(error) or type(error).__name__)
-    extension = _extension(str(path)) or _FORMAT_EXTENSIONS.get(
-        image_format, image_format.lower() or "bin"
-    )
+    extension = _extension(str(path)) or _FORMAT_EXTENSIONS.get(image_format, "")
+    if not extension:
+        return Loaded(
+            error=f"a {image_format or 'non-image'} file, which shards cannot store as an image "
+            f"(they hold {', '.join(sorted(set(_FORMAT_EXTENSIONS.values())))}: convert it first)"
+        )
     return Loaded(extension, data)
 
 
