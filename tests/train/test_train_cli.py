@@ -723,6 +723,39 @@ def test_sync_bn_is_refused_without_cuda_before_anything_is_written(runner, spli
     assert not (tmp_path / "r").exists()
 
 
+def test_resuming_a_sync_bn_run_without_cuda_gives_a_hint_a_resume_can_follow(
+    runner, split_root, tmp_path
+):
+    """A resume cannot drop --sync-bn (the run records it): the hint said "drop --sync-bn".
+    It now says how to continue here: revert a copy of the checkpoint and resume that."""
+    if torch.cuda.is_available():
+        pytest.skip("the refusal is for machines without CUDA")
+    tiny = ["--image-size", "8", "--batch-size", "4", "--workers", "0", "--epochs", "2"]
+    data = ["--data", str(split_root), "--model", "convnet", *tiny, "--device", "cpu"]
+    assert train(runner, *data, "--out", str(tmp_path / "run")).exit_code == 0
+    # Marked as a --sync-bn run on GPUs saves it (the recorded option is what a resume reads).
+    synced = tmp_path / "sync" / "last.pt"
+    converted = runner.invoke(
+        app, ["convert-syncbn", str(tmp_path / "run" / "last.pt"), str(synced)]
+    )
+    assert converted.exit_code == 0, converted.stderr
+    result = train(runner, "--resume", str(synced), "--device", "cpu")
+    assert result.exit_code == 2
+    assert error_line(result) == (
+        f"Error: {synced} was trained with --sync-bn, which needs CUDA GPUs: SyncBatchNorm "
+        "cannot train on CPU tensors (resume it on a GPU, or on several under torchrun; or "
+        "continue on this device from a copy without it: torchkit convert-syncbn --revert "
+        f"{synced} NEW/last.pt, then torchkit train --resume NEW/last.pt)"
+    )
+    assert sorted(p.name for p in synced.parent.iterdir()) == ["last.pt"]
+    new = tmp_path / "new" / "last.pt"
+    reverted = runner.invoke(app, ["convert-syncbn", "--revert", str(synced), str(new)])
+    assert reverted.exit_code == 0, reverted.stderr
+    result = train(runner, "--resume", str(new), "--epochs", "3", "--device", "cpu")
+    assert result.exit_code == 0, result.stderr
+    assert [row["epoch"] for row in metrics_rows(new.parent)] == ["1", "2", "3"]
+
+
 @pytest.mark.parametrize(("env", "line"), BAD_LAUNCHES)
 def test_torchrun_variables_no_torchrun_sets_are_one_usage_error(
     runner, tmp_path, monkeypatch, env, line

@@ -6,6 +6,7 @@ and the one error line of a collective that gave up (--dist-timeout).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError
@@ -22,13 +23,25 @@ def check_ddp_device(ctx: DistContext) -> None:
         )
 
 
-def check_sync_bn(ctx: DistContext, sync_bn: bool) -> bool:
+def check_sync_bn(ctx: DistContext, sync_bn: bool, resumed_from: Path | None = None) -> bool:
     """Whether to convert BatchNorm to SyncBatchNorm. SyncBatchNorm cannot train on CPU tensors
     (torch raises "expected input tensor to be on GPU"), so that is refused before training;
-    a single process has nothing to synchronise with, which gets a warning."""
+    a single process has nothing to synchronise with, which gets a warning.
+
+    A resumed run (`resumed_from`, its checkpoint) cannot drop --sync-bn: it may resume on a
+    GPU, or continue on this device from a copy of the checkpoint reverted to BatchNorm (the
+    same weights: the state_dict keys are the same, only the recorded option changes)."""
     if not sync_bn:
         return False
     if ctx.device is None or ctx.device.type != "cuda":
+        if resumed_from is not None:
+            raise UsageError(
+                f"{resumed_from} was trained with --sync-bn, which needs CUDA GPUs: "
+                "SyncBatchNorm cannot train on CPU tensors",
+                "resume it on a GPU, or on several under torchrun; or continue on this device "
+                f"from a copy without it: torchkit convert-syncbn --revert {resumed_from} "
+                "NEW/last.pt, then torchkit train --resume NEW/last.pt",
+            )
         raise UsageError(
             "--sync-bn needs CUDA GPUs: SyncBatchNorm cannot train on CPU tensors",
             "drop --sync-bn, or train on GPUs with torchrun --nproc_per_node=N",

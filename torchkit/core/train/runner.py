@@ -187,7 +187,7 @@ def _set_up(ctx: DistContext, plan: RunPlan, folder: RunFolder) -> TrainState:
     """Everything that can fail on bad input, before anything is written: the options' own
     checks, the run folder (checked and locked), then data, model and training state."""
     config = plan.config
-    sync_bn = ddp.check_sync_bn(ctx, config.sync_bn)
+    sync_bn = ddp.check_sync_bn(ctx, config.sync_bn, plan.resumed_from)
     if config.tensorboard:
         check_tensorboard()
     amp = build_amp(ctx.device, config)
