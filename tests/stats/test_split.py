@@ -437,6 +437,27 @@ def test_flat_folder_and_csv_index(tmp_path):
         assert row["path"].startswith(f"{row['split']}/{row['label']}/")
 
 
+def test_the_manifest_of_a_flat_folder_reads_as_unlabelled_split_data(runner, tmp_path):
+    # Its label column is empty in every row: the commands that take unlabelled images
+    # refused it ("row(s) with an empty label"), so no command could read what split wrote.
+    from PIL import Image
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(10):
+        Image.new("RGB", (4, 4), (i * 20, 0, 0)).save(flat / f"f{i}.png")
+    split_dataset(flat, tmp_path / "out", mode="manifest")
+    index = tmp_path / "out" / "split.csv"
+    args = ["dataset-stats", str(index), "--split", "all", "-j", "0", "--format", "json"]
+    stats = runner.invoke(app, args)
+    assert stats.exit_code == 0, stats.stderr
+    assert json.loads(stats.stdout)["images"] == 10
+    samples = csv_samples(index, allow_unlabelled=True)
+    assert len(samples.paths) == 10
+    with pytest.raises(InputError, match=r"10 row\(s\) with an empty label"):
+        csv_samples(index)  # train and eval still need labels
+
+
 def test_manifest_paths_lead_to_the_files_from_an_out_reached_through_a_link(tmp_path):
     # `out` lies two folders down a linked folder: `..` from it leaves the link's target, so
     # the paths spelled from the link pointed nowhere and the split.csv could not be read.

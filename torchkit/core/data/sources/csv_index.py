@@ -48,7 +48,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     column, text that is not UTF-8 (but for the bytes of file names) or not CSV, no rows, and
     rows with an empty path, an empty label, a split other than train, val or test or a path
     whose spaces around it are a typo (`_refuse_spaced_paths`).
-    `labelled=False`: the label column may be missing (unlabelled images)."""
+    `labelled=False`: the label column may be missing, or empty in every row (unlabelled images)."""
     source = Path(csv_path)
     if not source.is_file():
         raise InputError(f"CSV index not found: {source}", "check the path")
@@ -110,6 +110,9 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             f"{source} has {len(no_path)} row(s) with an empty path (line {_lines(no_path)})",
             "every row needs a path and a label",
         )
+    if no_label and not labelled and len(no_label) == len(paths):
+        # Unlabelled images: what `split` writes for a flat folder (an empty label column).
+        has_label, no_label = False, []
     if no_label:
         raise InputError(
             f"{source} has {len(no_label)} row(s) with an empty label (line {_lines(no_label)})",
