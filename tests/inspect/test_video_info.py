@@ -573,6 +573,7 @@ TRUNCATION_SPECS = [  # (name, fourcc): 40 frames each, long enough to cut anywh
     ("clip.webm", "VP80"),
     ("clip.mov", "mp4v"),
     ("clip.mp4", "mp4v"),
+    ("clip.wmv", "WMV2"),  # ASF: cut copies opened and were ok, with no frame count to check
 ]
 
 
@@ -795,6 +796,20 @@ def test_container_sizes_of_hand_made_files(tmp_path):
     assert declared(packet * 3, "mpeg-ts") == 3 * 188
     assert declared(packet * 3 + b"G" + bytes(10), "mpeg-ts") == 4 * 188
     assert declared(packet, "flv") is None and declared(packet, None) is None
+    guid = bytes.fromhex  # ASF objects: a GUID and a 64-bit little-endian size
+    properties = guid("a1dcab8c47a9cf118ee400c00c205365") + struct.pack("<Q", 104) + bytes(80)
+    header = guid("3026b2758e66cf11a6d900aa0062ce6c") + struct.pack("<QIH", 30 + 104, 1, 0x201)
+    data = guid("3626b2758e66cf11a6d900aa0062ce6c") + struct.pack("<Q", 24 + 50) + b"d" * 50
+    index = guid("90080033b1e5cf1189f400a0c90349cb") + struct.pack("<Q", 24 + 6) + b"i" * 6
+    asf = header + properties + data + index
+    assert declared(asf, "asf") == len(asf) and declared(asf + b"junk" * 9, "asf") == len(asf)
+    assert declared(asf[:-3], "asf") == len(asf)  # the index is cut
+    assert declared(asf[: len(asf) - 40], "asf") == len(asf) - 30  # the data: as far as known
+    assert declared(asf[: len(header) + 50], "asf") == len(header) + 104  # inside the header
+    assert declared(asf[:-25], "asf") == len(asf) - 6  # inside the index's GUID: its size field
+    live = bytearray(asf)
+    live[len(header) + 88] |= 1  # the broadcast flag: sizes not filled in
+    assert declared(bytes(live), "asf") is None
 
 
 def test_json_types_of_every_field(videos, broken):

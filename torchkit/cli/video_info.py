@@ -64,8 +64,8 @@ def video_info(
             help="Decode the first frame of each video to prove it is readable and, in formats "
             "that record no sizes (FLV, Ogg, MPEG-PS...), the last frames its header declares "
             "to prove it is whole. --no-decode-check decodes nothing: it reads the headers, and "
-            "the sizes MP4/MOV, AVI, MKV/WebM and MPEG-TS files record, which a copy cut short "
-            "falls short of.",
+            "the sizes MP4/MOV, AVI, MKV/WebM, WMV/ASF and MPEG-TS files record, which a copy "
+            "cut short falls short of.",
         ),
     ] = True,
     skip_errors: Annotated[

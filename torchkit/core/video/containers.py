@@ -155,17 +155,17 @@ def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
 # A copy cut short (a download or transfer that stopped, a disk that filled up) often still opens:
 # its header says how many frames there are and decoding starts fine. Two cheap checks tell it
 # from a whole file. (1) Container structure: MP4/MOV boxes, AVI RIFF chunks, the Matroska/WebM
-# segment and MPEG-TS packets carry their sizes, so reading a few bytes at a few offsets says
-# how long the file must be; a shorter file ends mid-stream. (2) Where the format records no
-# sizes (FLV, Ogg, MPEG-PS, a live recording): decoding at the end, the last frames the header
-# declares sought and decoded (`--exact` decodes them all anyway).
+# segment, ASF (WMV) objects and MPEG-TS packets carry their sizes, so reading a few bytes at a
+# few offsets says how long the file must be; a shorter file ends mid-stream. (2) Where the
+# format records no sizes (FLV, Ogg, MPEG-PS, a live recording): decoding at the end, the last
+# frames the header declares sought and decoded (`--exact` decodes them all anyway).
 
 _MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for a corrupt one
 
 
 def declared_size(path: str | os.PathLike, container: str | None, size: int) -> int | None:
     """How many bytes the container structure of a `size`-byte file says it holds, for the
-    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, MPEG-TS); None when the format
+    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS); None when the format
     does not say or the structure cannot be read (so nothing is claimed about the file)."""
     if container == "mpeg-ts":
         return -(-size // TS_PACKET) * TS_PACKET  # a partial last packet ends mid-stream
@@ -176,6 +176,7 @@ def declared_size(path: str | os.PathLike, container: str | None, size: int) -> 
         "avi": _riff_chunks_end,
         "mkv": _ebml_segment_end,
         "webm": _ebml_segment_end,
+        "asf": _asf_objects_end,
     }
     reader = readers.get(container or "")
     if reader is None:
@@ -231,6 +232,66 @@ def _riff_chunks_end(handle, size: int) -> int | None:
         if length == 0:  # a writer that never went back to fill the size in
             return None
         offset += 8 + length + (length & 1)
+    return None
+
+
+_ASF_HEADER = bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c")
+_ASF_DATA = bytes.fromhex("3626b2758e66cf11a6d900aa0062ce6c")
+_ASF_FILE_PROPERTIES = bytes.fromhex("a1dcab8c47a9cf118ee400c00c205365")
+_ASF_TOP_LEVEL = (  # the objects an ASF file holds: header, data, then the indexes
+    _ASF_HEADER,
+    _ASF_DATA,
+    bytes.fromhex("90080033b1e5cf1189f400a0c90349cb"),  # Simple Index
+    bytes.fromhex("d329e2d6da35d111903400a0c90349be"),  # Index
+    bytes.fromhex("f803b1fead12644c840f2a1d2f7ad48c"),  # Media Object Index
+    bytes.fromhex("d03fb73c4a0c0348953dedf7b6228f0c"),  # Timecode Index
+)
+_ASF_OBJECT_HEADER = 24  # a GUID and a 64-bit little-endian size
+_ASF_MAX_HEADER = 1 << 20  # read at most this much of the header to find its file properties
+
+
+def _asf_broadcast(header: bytes) -> bool:
+    """Whether the ASF header's File Properties set the broadcast flag (a live stream, whose
+    sizes are not filled in); True also when the header cannot be read through."""
+    offset = 30  # the header object's own fields: GUID, size, object count, two reserved bytes
+    while offset + _ASF_OBJECT_HEADER <= len(header):
+        length = int.from_bytes(header[offset + 16 : offset + 24], "little")
+        if header[offset : offset + 16] == _ASF_FILE_PROPERTIES:
+            flags = header[offset + 88 : offset + 92]
+            return len(flags) < 4 or bool(flags[0] & 1)
+        if length < _ASF_OBJECT_HEADER:
+            return True
+        offset += length
+    return True
+
+
+def _asf_objects_end(handle, size: int) -> int | None:
+    """The end of the last top-level object of an ASF file (WMV, WMA): the header, the data
+    and the indexes each record their size. None for a live stream (broadcast flag)."""
+    handle.seek(0)
+    header = handle.read(_ASF_MAX_HEADER)
+    if not header.startswith(_ASF_HEADER) or len(header) < _ASF_OBJECT_HEADER:
+        return None
+    header_length = int.from_bytes(header[16:24], "little")
+    if len(header) < min(header_length, _ASF_MAX_HEADER):
+        return header_length  # the file ends inside its header
+    if _asf_broadcast(header[:header_length]):
+        return None
+    offset = 0
+    for _ in range(_MAX_BOXES):
+        if offset >= size:
+            return offset
+        handle.seek(offset)
+        head = handle.read(_ASF_OBJECT_HEADER)
+        if len(head) < _ASF_OBJECT_HEADER:  # the file ends inside an object's GUID or size
+            ours = any(guid.startswith(head[:16]) for guid in _ASF_TOP_LEVEL)
+            return offset + _ASF_OBJECT_HEADER if ours else offset
+        if head[:16] not in _ASF_TOP_LEVEL:
+            return offset  # junk after the last object is not ours
+        length = int.from_bytes(head[16:24], "little")
+        if length < _ASF_OBJECT_HEADER:  # a writer that never went back to fill it in
+            return None
+        offset += length
     return None
 
 
