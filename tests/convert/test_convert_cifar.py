@@ -8,6 +8,8 @@ import io
 import json
 import pickle
 import struct
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -368,6 +370,39 @@ def test_malicious_pickle_is_refused(cifar10, tmp_path):
 def test_restricted_unpickler_refuses_other_globals(payload):
     with pytest.raises(InputError, match="refused"):
         restricted_loads(payload, source="x")
+
+
+class PickledArrayState:
+    """Pickles as NumPy pickles an array (an empty one, then `state`), with a crafted state."""
+
+    def __init__(self, shape: tuple, state: tuple | None) -> None:
+        self.shape, self.state = shape, state
+
+    def __reduce__(self):
+        reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]
+        built = (reconstruct, (np.ndarray, self.shape, b"b"))
+        return built if self.state is None else (*built, self.state)
+
+
+def test_restricted_unpickler_builds_arrays_only_from_their_data(tmp_path):
+    """An array's pickled state is trusted by NumPy: an object array listing fewer items than
+    its shape crashed the process, and an empty array of any shape took gigabytes."""
+    huge = pickle.dumps({"data": PickledArrayState((10**12,), None)}, protocol=2)
+    with pytest.raises(InputError, match="refused to unpickle x: it builds an array without"):
+        restricted_loads(huge, source="x")
+    crash = pickle.dumps(PickledArrayState((0,), (1, (10**6,), np.dtype("O"), False, [1])))
+    script = (
+        "import sys; from torchkit.core.convert.safe_pickle import restricted_loads as load\n"
+        "try: load(sys.stdin.buffer.read(), source='x')\n"
+        "except Exception as error: print(error)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], input=crash, capture_output=True)
+    assert done.returncode == 0, done.stderr  # -11: a segmentation fault
+    assert done.stdout.startswith(b"refused to unpickle x: it builds an array of Python objects")
+    assert restricted_loads(pickle.dumps(np.arange(6).reshape(2, 3))).tolist() == [
+        [0, 1, 2],
+        [3, 4, 5],
+    ]
 
 
 def test_truncated_batch_is_a_clear_error(cifar10, tmp_path):

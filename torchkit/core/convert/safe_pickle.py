@@ -26,6 +26,25 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     return text.encode("latin1")
 
 
+def _checked_array_type() -> type:
+    """The ndarray subclass the pickles' arrays are built as: NumPy trusts an array's pickled
+    state, so an object array whose state lists fewer items than its shape crashes the process
+    (segmentation fault), and an empty array may be given any shape (gigabytes from a few
+    bytes). Only arrays of plain values, as large as the data the pickle holds, are built."""
+    import numpy as np
+
+    class CheckedArray(np.ndarray):
+        def __setstate__(self, state: Any) -> None:
+            dtype = state[2] if isinstance(state, tuple) and len(state) == 5 else None
+            if not isinstance(dtype, np.dtype) or dtype.hasobject:
+                raise RefusedPickleError("it builds an array of Python objects")
+            super().__setstate__(state)
+            if self.dtype.hasobject:
+                raise RefusedPickleError("it builds an array of Python objects")
+
+    return CheckedArray
+
+
 def _allowed_globals() -> dict[tuple[str, str], Any]:
     import numpy as np
 
@@ -34,14 +53,22 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
     except ImportError:  # NumPy 1 (pyproject allows 1.24)
         from numpy.core import multiarray, numeric
 
+    checked_array = _checked_array_type()
+
+    def reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
+        # NumPy pickles an array as an empty one, then its state (shape, dtype and data).
+        if subtype is not checked_array or tuple(shape) != (0,):
+            raise RefusedPickleError("it builds an array without its data")
+        return multiarray._reconstruct(subtype, shape, dtype)
+
     allowed: dict[tuple[str, str], Any] = {
-        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "ndarray"): checked_array,
         ("numpy", "dtype"): np.dtype,
         ("_codecs", "encode"): _latin1_encode,
     }
     # Python 2 / NumPy 1 pickles (the real CIFAR files) say numpy.core, NumPy 2 says numpy._core.
     for package in ("numpy.core", "numpy._core"):
-        allowed[(f"{package}.multiarray", "_reconstruct")] = multiarray._reconstruct
+        allowed[(f"{package}.multiarray", "_reconstruct")] = reconstruct
         allowed[(f"{package}.multiarray", "scalar")] = multiarray.scalar
         allowed[(f"{package}.numeric", "_frombuffer")] = numeric._frombuffer
     return allowed
