@@ -564,6 +564,22 @@ def test_a_name_that_is_not_utf8_is_read_not_a_crash(tmp_path, videos):
     assert (row["path"], row["status"], row["frames"], row["width"]) == (name, "ok", 17, 32)
 
 
+def test_a_relative_name_like_an_ffmpeg_url_is_read_as_the_file(tmp_path, videos, monkeypatch):
+    """`file:x.mp4` named relative to the working folder: FFmpeg read it as its file: URL, so
+    the row and the extracted frames were those of x.mp4, another video."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(need(videos, "mpeg4.mp4"), tmp_path / "x.mp4")  # 48x32, 10 frames
+    shutil.copy(need(videos, "mjpg.avi"), tmp_path / "file:x.mp4")  # 32x24, 17 frames
+    frames = tmp_path / "frames"
+    code, rows = json_rows("file:x.mp4", "--segments", "1", "--extract-frames", frames)
+    assert code == 0
+    assert [(r["width"], r["frames"], r["frame_indices"]) for r in rows] == [(32, 17, [8])]
+    capture = cv2.VideoCapture(str(tmp_path / "file:x.mp4"), cv2.CAP_FFMPEG)
+    for _ in range(9):
+        ok, frame = capture.read()
+    assert np.array_equal(cv2.imread(str(frames / "file:x_000008.png")), frame)
+
+
 # --- truncated copies ---------------------------------------------------------------------------
 
 CUT_FRACTIONS = (0.1, 0.5, 0.9, 0.99)

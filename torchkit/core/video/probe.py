@@ -177,8 +177,12 @@ def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
 def _openable_name(path: Path) -> Iterator[str]:
     """A name of `path` that OpenCV can be given: the path itself, or, for a name that is not
     UTF-8 (bytes Python holds as surrogates), the file opened here and named by its descriptor:
-    OpenCV's binding crashes the process (SIGSEGV) on a str it cannot encode."""
+    OpenCV's binding crashes the process (SIGSEGV) on a str it cannot encode. A relative name
+    starts with `./`: FFmpeg reads `file:x.mp4`, `concat:a.mp4|b.mp4` or `data:...` as a URL of
+    one of its protocols (another file, or none), where `./` leaves it a file name."""
     name = str(path)
+    if not os.path.isabs(name):
+        name = os.path.join(os.curdir, name)
     if not holds_non_utf8(name):
         yield name
         return
