@@ -135,3 +135,20 @@ def test_average_of_pickled_models_takes_trust_checkpoint(runner, tmp_path):
     nets = [torch.load(path, weights_only=False) for path in paths]
     expected = (nets[0].weight + nets[1].weight).detach() / 2
     assert torch.allclose(torch.load(out, weights_only=True)["weight"], expected)
+
+
+def test_complex_tensors_are_averaged_and_their_nans_refused(tmp_path):
+    """Complex weights (spectral layers) were taken from the last checkpoint, as integers are."""
+    values = [torch.randn(3, dtype=torch.complex64), torch.randn(3, dtype=torch.complex64)]
+    paths = []
+    for number, value in enumerate(values):
+        paths.append(tmp_path / f"{number}.pt")
+        torch.save({"spectral": value, "count": torch.tensor(number)}, paths[-1])
+    result = average_checkpoints(paths)
+    expected = np.mean([value.numpy().astype(np.complex128) for value in values], axis=0)
+    assert result["spectral"].dtype == torch.complex64
+    np.testing.assert_allclose(result["spectral"].numpy(), expected, rtol=1e-6)
+    assert result["count"].item() == 1
+    torch.save({"spectral": torch.tensor([complex("nan")]), "count": torch.tensor(0)}, paths[0])
+    with pytest.raises(CheckpointError, match="non-finite value .* in 'spectral'"):
+        average_checkpoints(paths)

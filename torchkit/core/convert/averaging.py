@@ -1,10 +1,11 @@
 """Checkpoint averaging (timm's `avg_checkpoints.py`): the mean of the weights of several
 checkpoints of one model, a cheap accuracy gain from the last or best few epochs.
 
-Floating-point tensors are averaged in float64 and cast back to their dtype; integer tensors
-(BatchNorm's `num_batches_tracked`) are taken from the last checkpoint. Keys and shapes must
-match exactly. A checkpoint holding a NaN or infinite value (a diverged epoch) is refused,
-naming the file and the tensor: its average is NaN too; `allow_nonfinite` averages it anyway.
+Floating-point tensors are averaged in float64 (complex ones in complex128) and cast back to
+their dtype; integer tensors (BatchNorm's `num_batches_tracked`) are taken from the last
+checkpoint. Keys and shapes must match exactly. A checkpoint holding a NaN or infinite value (a
+diverged epoch) is refused, naming the file and the tensor: its average is NaN too;
+`allow_nonfinite` averages it anyway.
 From torchkit checkpoints the result is a torchkit checkpoint (the last one's
 architecture, classes and preprocessing, without optimiser state: it evaluates, predicts and
 exports like any other, but does not resume); from plain state dicts, a plain state dict.
@@ -33,12 +34,18 @@ KEPT_KEYS = (
 )
 
 
+def is_averaged(tensor: Any) -> bool:
+    """Whether `tensor` is averaged: floating point or complex (integers and booleans are
+    counts and flags, taken from the last checkpoint)."""
+    return tensor.is_floating_point() or tensor.is_complex()
+
+
 def first_nonfinite(state: Mapping[str, Any]) -> str | None:
-    """The key of the first floating-point tensor of `state` holding a NaN or an infinity."""
+    """The key of the first averaged tensor of `state` holding a NaN or an infinity."""
     import torch
 
     for key, tensor in state.items():
-        floating = isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+        floating = isinstance(tensor, torch.Tensor) and is_averaged(tensor)
         if floating and not bool(torch.isfinite(tensor).all()):
             return str(key)
     return None
@@ -80,10 +87,11 @@ def average_state_dicts(
                 + ", ".join("x".join(map(str, s)) or "scalar" for s in sorted(shapes)),
                 "average checkpoints of one model",
             )
-        if tensors[0].is_floating_point():
-            total = torch.zeros(tensors[0].shape, dtype=torch.float64)
+        if is_averaged(tensors[0]):
+            wide = torch.complex128 if any(t.is_complex() for t in tensors) else torch.float64
+            total = torch.zeros(tensors[0].shape, dtype=wide)
             for tensor in tensors:
-                total += tensor.to(torch.float64)
+                total += tensor.to(wide)
             averaged[key] = (total / len(tensors)).to(tensors[0].dtype)
         else:
             averaged[key] = last[key].clone()
@@ -166,5 +174,5 @@ def write_average(
         "checkpoints": len(checked),
         "tensors": len(state),
         "values": sum(int(t.numel()) for t in state.values()),
-        "averaged_tensors": sum(1 for t in state.values() if t.is_floating_point()),
+        "averaged_tensors": sum(1 for t in state.values() if is_averaged(t)),
     }
