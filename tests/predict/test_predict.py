@@ -285,6 +285,19 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
+def test_classes_longer_than_a_file_name_are_a_list_of_names(runner, world, tmp_path):
+    # Over 255 characters (1,000 ImageNet names are about 10,000): no file can have that name,
+    # and asking whether it is one is an OSError (ENAMETOOLONG), not "no".
+    weights = tmp_path / "sd.pt"
+    torch.save(load_checkpoint(world["ckpt"])["model"], weights)
+    result = invoke(
+        runner, "convnet", world["flat"] / "a.png", "--weights", weights, "--classes",
+        "x,y,z" + ", " * 200, "--image-size", 12, "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)[0]["class"] in ("x", "y", "z")
+
+
 def test_ema_predicts_with_the_checkpoints_ema_weights(runner, world, tmp_path):
     torch.manual_seed(1)
     ema_model = convnet_class()(3, 3, 12).eval()

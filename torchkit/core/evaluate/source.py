@@ -22,7 +22,11 @@ from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 def parse_class_names(spec: str) -> list[str]:
     """`--classes`: a text file with one name per line, or names separated by commas."""
     path = Path(spec)
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # a list of many names is longer than a file name may be (ENAMETOOLONG)
+        is_file = False
+    if is_file:
         names = [line.strip() for line in read_text(path).splitlines()]
         names = [name for name in names if name]
     else:
