@@ -352,3 +352,41 @@ def test_verbose_works_after_the_command_name(runner, monkeypatch, tmp_path, _to
     assert logger.level == logging.INFO
     result = runner.invoke(app, ["-v", "env", "--format", "json"])  # before it, as always
     assert result.exit_code == 0 and logger.level == logging.INFO
+
+
+# --- inputs before outputs: a missing input is said before an output that "already exists" -----
+
+MISSING_INPUT_BEFORE_EXISTING_OUTPUT = [
+    (["export", "missing.pt", "exists.onnx"], "checkpoint not found: missing.pt"),
+    (["predict", "run/best.pt", "missing", "-o", "exists.csv"], "IMAGES not found: missing"),
+    (["predict", "missing.pt", "data", "-o", "exists.csv"], "checkpoint not found: missing.pt"),
+    (["dataset-stats", "missing", "-o", "exists.csv"], "dataset not found: missing"),
+    (["eval", "run/best.pt", "--data", "missing", "--out", "full"], "dataset not found: missing"),
+    (["eval", "missing.pt", "--data", "data", "--out", "full"], "checkpoint not found: missing.pt"),
+    (["extract-features", "missing.pt", "data", "full"], "checkpoint not found: missing.pt"),
+    (["split", "missing", "full"], "dataset not found: missing"),
+    (["convert-syncbn", "missing.pt", "run/best.pt"], "model file not found: missing.pt"),
+]
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    MISSING_INPUT_BEFORE_EXISTING_OUTPUT,
+    ids=[" ".join(args) for args, _ in MISSING_INPUT_BEFORE_EXISTING_OUTPUT],
+)
+def test_a_missing_input_is_said_before_an_existing_output(
+    runner, tmp_path, monkeypatch, args, said
+):
+    # `convert-syncbn missing.pt run/best.pt` said "DST already exists (pass --force ...)": a
+    # hint that points the wrong way when the input is mistyped or the arguments swapped.
+    monkeypatch.chdir(tmp_path)
+    write_image_folder(tmp_path / "data", {"a": 1}, size=4)
+    for name in ("exists.onnx", "exists.csv"):
+        (tmp_path / name).write_text("mine\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.pt").write_bytes(b"a checkpoint")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr).startswith(f"Error: {said} ("), result.stderr

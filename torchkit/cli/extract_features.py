@@ -315,8 +315,10 @@ def _list_layers(
 ) -> None:
     from torchkit.core.features import list_layers
     from torchkit.core.io.outputs import check_output_file
+    from torchkit.core.models import require_model_files
 
     if output is not None and str(output) != "-":
+        require_model_files(model, weights)  # a missing model is not "-o already exists"
         check_output_file(output, force)  # before the model is built
     listing = list_layers(
         model,

@@ -135,7 +135,9 @@ def predict_command(
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.io.files import read_path_list
     from torchkit.core.io.outputs import check_output_file
+    from torchkit.core.models import require_model_files
     from torchkit.core.predict import PredictRequest, PredictRun
+    from torchkit.core.predict.inputs import require_images
 
     fmt = resolve_format(fmt, output, PredictFormat)
     model, images = model_and_rest(model, model_option, list(images or []))
@@ -162,7 +164,9 @@ def predict_command(
     to_file = output is not None and str(output) != "-"
     # The paths piped for `-` first: -o may not be one of those images nor lie beside them.
     listed = read_path_list(sys.stdin, "image") if "-" in images else None
-    if to_file:  # before any work
+    if to_file:  # before any work, and after the inputs: a missing one is not "-o exists"
+        require_model_files(request.model, request.weights)
+        require_images(request.images)
         check_output_file(output, force, _inputs(request, preprocess.stats, classes, listed))
     predicting = PredictRun(request, stdin=listed)
     ok = False

@@ -361,8 +361,12 @@ def check_outputs(
         check_output_file,
         is_special_file,
     )
-    from torchkit.core.models import model_inputs
+    from torchkit.core.models import model_inputs, require_model_files
 
+    # The inputs first: a missing SRC is not reported as a DST that "already exists".
+    if destination is not None:
+        _require_saved_model(source)
+    require_model_files(os.fspath(source), weights)
     inputs = model_inputs(os.fspath(source), weights)
     if destination is not None:
         named = Path(destination)  # a FIFO or /dev/null takes the bytes whatever its name
@@ -377,6 +381,20 @@ def check_outputs(
         check_output_file(output, force, inputs, what="output")
         if destination is not None:
             check_distinct_outputs((destination, "DST"), (output, "output (-o)"))
+
+
+def _require_saved_model(source: str | os.PathLike) -> Path:
+    """SRC of `convert-syncbn SRC DST`: a file (`convert-syncbn resnet18 out.pt` names a model,
+    not a file)."""
+    from torchkit.core.io.files import require_input
+
+    return require_input(
+        source,
+        what="model file",
+        kind="file",
+        hint="SRC DST converts a saved checkpoint or model; for a model name, leave out DST to "
+        "list the layers it would convert",
+    )
 
 
 def batchnorm_report(
@@ -431,21 +449,14 @@ def convert_saved_model(
     """
     import torch
 
-    from torchkit.core.io.files import atomic_path, require_input, torch_save
+    from torchkit.core.io.files import atomic_path, torch_save
     from torchkit.core.io.outputs import reporting_write_errors
     from torchkit.core.models import model_from_checkpoint, pickled_module
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint, save_checkpoint
     from torchkit.core.models.resolver import EXPORTED_TITLES, exported_format_of
     from torchkit.core.models.weights import read_model_file
 
-    # `convert-syncbn resnet18 out.pt`: a model name, not a file
-    src = require_input(
-        source,
-        what="model file",
-        kind="file",
-        hint="SRC DST converts a saved checkpoint or model; for a model name, leave out DST to "
-        "list the layers it would convert",
-    )
+    src = _require_saved_model(source)
     fmt = exported_format_of(src)
     if fmt is not None:
         raise UsageError(

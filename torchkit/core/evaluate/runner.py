@@ -24,6 +24,7 @@ from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import image_mode
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.source import require_data
 from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
@@ -256,9 +257,12 @@ def _gather(
 def eval_inputs(spec: ModelSpec, options: EvalOptions) -> list[InputPath]:
     """Everything eval reads, which no output may be, contain or lie inside: the checkpoint or
     weights file, the data (folder, or CSV index and the folders of its images), --stats and a
-    --classes file."""
-    from torchkit.core.models import model_inputs
+    --classes file. A missing checkpoint or data is said here, before any output is looked at."""
+    from torchkit.core.models import model_inputs, require_model_files
 
+    require_model_files(spec.model, spec.weights)
+    if options.data is not None:
+        require_data(options.data)
     inputs = [
         InputPath.of(path, what)
         for path, what in (

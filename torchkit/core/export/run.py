@@ -39,7 +39,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
     reporting_write_errors,
 )
-from torchkit.core.models import model_inputs
+from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.resolver import has_random_weights
 
@@ -105,7 +105,9 @@ def check_outputs(
     force: bool = False,
 ) -> None:
     """OUT and the `-o` report, before any work: neither is a file the model is read from, the
-    report is not OUT, and an existing file is replaced only with `force`."""
+    report is not OUT, and an existing file is replaced only with `force`. A missing model file
+    is said first."""
+    require_model_files(model, weights)
     inputs = model_inputs(model, weights)
     _check_out(out, inputs, force)
     if report is not None and os.fspath(report) != "-":
@@ -154,6 +156,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
     if request.image_size is not None and request.image_size < 1:
         raise UsageError(f"--image-size must be positive, not {request.image_size}")
+    require_model_files(request.model, request.weights)
     target = _check_out(request.out, model_inputs(request.model, request.weights), request.force)
     step = _stepper(progress)
 

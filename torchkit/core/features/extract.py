@@ -38,7 +38,7 @@ from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, read_path_list, require_input
 from torchkit.core.io.outputs import InputPath, OutputFolder
 from torchkit.core.io.progress import Progress
-from torchkit.core.models import ModelSpec, resolve_spec
+from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
 from torchkit.core.predict.inputs import STDIN, collect_images
 from torchkit.core.runtime.device import check_amp_dtype
 from torchkit.core.runtime.distributed import launched_by_torchrun
@@ -204,6 +204,8 @@ def extract_features(
     from torchkit.core.data.sources.http_shards import is_url
     from torchkit.core.data.sources.shards import is_shard_pattern
 
+    # The inputs before OUT: a missing one is not reported as an OUT that "already exists".
+    require_model_files(request.model, request.weights)
     images = str(request.images)
     # A URL or a shard pattern names no file: its reader says what is missing.
     if images not in (DIGITS, STDIN) and not is_url(images) and not is_shard_pattern(images):

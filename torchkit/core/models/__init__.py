@@ -17,7 +17,7 @@ from torchkit.core.models.builders import (
 from torchkit.core.models.heads import find_head, replace_head
 from torchkit.core.models.resolver import ResolvedModel, exported_format_of, resolve_model
 from torchkit.core.models.spec import ModelSpec, resolve_spec
-from torchkit.core.models.specs import is_model_file, model_inputs
+from torchkit.core.models.specs import is_model_file, model_inputs, require_model_files
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import pickled_module
 
@@ -37,6 +37,7 @@ __all__ = [
     "model_inputs",
     "pickled_module",
     "replace_head",
+    "require_model_files",
     "resolve_model",
     "resolve_spec",
     "suggest",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from torchkit.core.io.files import require_input
 from torchkit.core.io.outputs import InputPath
 from torchkit.core.models.builders import BUILTIN_MODELS, is_callable_spec, is_checkpoint_path
 
@@ -31,3 +32,13 @@ def model_inputs(spec: str | None, weights: str | None = None) -> list[InputPath
     if weights and weights != "DEFAULT" and os.path.exists(weights):
         inputs.append(InputPath.of(weights, "--weights file"))
     return inputs
+
+
+def require_model_files(spec: str | None, weights: str | None = None) -> None:
+    """The checkpoint MODEL names and a `--weights` file exist and are files, with the
+    resolver's own errors: checked before a command's outputs, so that a missing or mistyped
+    input is not reported as an output that "already exists". Nothing is imported or loaded."""
+    if spec and is_model_file(spec):
+        require_input(spec, what="checkpoint", kind="file")
+    if weights and is_checkpoint_path(weights):  # DEFAULT and weight names are no paths
+        require_input(weights, what="checkpoint", kind="file")

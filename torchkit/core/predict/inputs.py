@@ -58,14 +58,7 @@ def collect_images(
             if os.path.isfile(item) and not item.lower().endswith(".csv"):
                 raise InputError(f"{item} is neither an image, a folder nor a CSV index")
             if item != "digits" and not os.path.lexists(item):
-                # A missing image is not a missing dataset: say what was looked for.
-                what = "image" if is_image_file(item) else "IMAGES"
-                raise InputError(
-                    f"{what} not found: {item}",
-                    "check the path"
-                    if what == "image"
-                    else "give image files, folders, CSV indexes, digits or - (stdin)",
-                )
+                raise _not_found(item)
             source = open_data(item, allow_unlabelled=True)
         read_as_data = True
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
@@ -77,6 +70,29 @@ def collect_images(
         _, samples, root = sets[0]
         return ImageSet(samples, root, notes)
     return ImageSet(_joined(sets), "", notes)
+
+
+def require_images(items: Sequence[str]) -> None:
+    """Each of `items` that names a path exists, with `collect_images`' error, without reading
+    anything: checked before the outputs, so that a missing or mistyped input is not reported
+    as an output that "already exists". `-`, `digits`, URLs and shard patterns name no path."""
+    from torchkit.core.data.sources.http_shards import is_url
+    from torchkit.core.data.sources.shards import is_shard_pattern
+
+    for item in items:
+        if item in (STDIN, "digits") or os.path.lexists(item):
+            continue
+        if not is_url(item) and not is_shard_pattern(item):
+            raise _not_found(item)
+
+
+def _not_found(item: str) -> InputError:
+    # A missing image is not a missing dataset: say what was looked for.
+    if is_image_file(item):
+        return InputError(f"image not found: {item}", "check the path")
+    return InputError(
+        f"IMAGES not found: {item}", "give image files, folders, CSV indexes, digits or - (stdin)"
+    )
 
 
 def _files(paths: list[str], *, from_stdin: bool) -> Samples:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.source import require_data
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import atomic_write_text, open_text
@@ -169,7 +170,8 @@ def check_report_file(
     """Check the `-o FILE` report of a split before any work: not the dataset nor inside it (the
     output-safety rules), and not OUT nor a file the split writes there (split.csv, its own
     `.torchkit*` files, anything inside a split folder: in move mode the only copies). A file
-    of your own beside the split is fine."""
+    of your own beside the split is fine. A missing dataset is said first."""
+    require_data(source)
     check_output_file(output, force, data_inputs(source), what="output")
     if str(output).startswith(("/dev/", "/proc/")):
         return

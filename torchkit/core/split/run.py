@@ -12,6 +12,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.source import require_data
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, sample_keys, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import open_text
@@ -137,6 +138,9 @@ def split_dataset(
             "move them elsewhere first, or choose another output folder",
         )
 
+    # The dataset before OUT's rules: a missing one is not reported as an OUT that "already
+    # exists". (An interrupted or finished move, above, needs no dataset to say so.)
+    require_data(source)
     # The lock first (and what a killed split left put back), then the --force rules.
     with OutputFolder(out, command="split", inputs=inputs, what=WHAT, resume=True):
         recover_split_leftovers(out)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.source import require_data
 from torchkit.core.io.errors import UsageError
 from torchkit.core.io.files import atomic_write_bytes, drawable
 from torchkit.core.io.outputs import (
@@ -35,7 +36,8 @@ def check_outputs(
 ) -> None:
     """Check the report (`-o`), the plot and the leakage CSV before the long pass over the
     images, not after it: none may be the dataset's index, lie inside its folders, or be
-    another; an existing file is replaced only with `force`."""
+    another; an existing file is replaced only with `force`. A missing dataset is said first."""
+    require_data(source)
     inputs = data_inputs(source)
     report = output if output is not None and os.fspath(output) != "-" else None  # `-o -`
     if report is not None:
