@@ -525,3 +525,34 @@ def test_a_checkpoint_whose_preprocessing_is_not_a_table_is_a_checkpoint_error(
         f"Error: the preprocessing recorded in {path} is unusable: it is a str, not a table"
     ), result.stderr
     assert "AttributeError" not in result.stderr
+
+
+def test_mnasnet_weights_without_module_versions_load(tmp_path):
+    """train saves the weights as a plain dict and safetensors keep no per-module versions:
+    torchvision's MNASNet refused them ("version should be set to 1 or 2"), so a trained
+    mnasnet's best.pt failed at the end of train and in every command, EMA weights too."""
+    from torchkit.core.train.ema import ModelEMA
+
+    model = torchvision.models.mnasnet0_5(num_classes=2)
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    checkpoint = tmp_path / "best.pt"
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "mnasnet0_5",
+            "num_classes": 2,
+            "classes": ["a", "b"],
+            "model": weights,
+            "preprocess": {"image_size": 32},
+        },
+        checkpoint,
+    )
+    save_file(weights, tmp_path / "weights.safetensors")
+    for resolved in (
+        resolve_model(str(checkpoint)),
+        resolve_model("mnasnet0_5", weights=str(tmp_path / "weights.safetensors")),
+    ):
+        assert torch.equal(resolved.model.classifier[1].weight, model.classifier[1].weight)
+    ema = ModelEMA(torchvision.models.mnasnet0_5(num_classes=2))
+    ema.load_state_dict(weights, updates=3)
+    assert torch.equal(ema.module.classifier[1].weight, model.classifier[1].weight)

@@ -242,8 +242,8 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
     accepts it, the counters left as the model has them (0 in a new model)."""
     import torch
 
-    state_dict = with_batch_counters(model, state_dict)
     own = model.state_dict()
+    state_dict = with_module_versions(own, with_batch_counters(model, state_dict))
     not_tensors = [
         f"{key} is a {type(state_dict[key]).__name__}"
         for key in own
@@ -279,6 +279,22 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
             "check --model and --num-classes",
         )
     model.load_state_dict(state_dict, strict=True)
+
+
+def with_module_versions(
+    own: Mapping[str, Any], state_dict: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """`state_dict` with the model's own per-module versions (`own._metadata`) when it has none
+    (a checkpoint's plain dict, a safetensors file): torchvision's MNASNet refuses weights
+    without a version, and the weights of a model built by this torch are of its versions."""
+    from collections import OrderedDict
+
+    metadata = getattr(own, "_metadata", None)
+    if metadata is None or getattr(state_dict, "_metadata", None) is not None:
+        return state_dict
+    versioned = OrderedDict(state_dict)
+    versioned._metadata = metadata
+    return versioned
 
 
 def with_batch_counters(model, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -66,5 +66,7 @@ class ModelEMA:
         return self.module.state_dict()
 
     def load_state_dict(self, state: dict, updates: int) -> None:
-        self.module.load_state_dict(state)
+        from torchkit.core.models.checkpoint import load_weights_into
+
+        load_weights_into(self.module, state, source="the checkpoint's EMA weights")
         self.updates = int(updates)

@@ -387,7 +387,7 @@ def evaluate_best_on_test(
         load_weights_into(state.model, best["model"], source=str(best_path))
         has_ema = state.ema is not None and "model_ema" in best
         if has_ema:
-            state.ema.module.load_state_dict(best["model_ema"])
+            load_weights_into(state.ema.module, best["model_ema"], source=str(best_path))
         return has_ema
 
     # Only rank 0 opens the run folder (the others need no shared file system): it reads
