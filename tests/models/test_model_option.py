@@ -104,3 +104,23 @@ def test_a_run_folder_as_model_names_its_checkpoint_in_every_command(tmp_path):
         ), (command, line)
     plain = run_each_in_process([["summary", "data"]], cwd=tmp_path)[0]  # no run: a name typo
     assert plain.returncode == 2 and "unknown model 'data'" in error_line(plain.stderr)
+
+
+def test_a_run_folder_as_weights_names_its_checkpoint_as_a_run_folder_model_does(
+    runner, tmp_path, monkeypatch
+):
+    # `--weights run` was a usage error (exit 2) with no hint: "--weights run is not a file".
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.pt").write_bytes(b"a checkpoint")
+    (tmp_path / "notes").mkdir()
+    write_image_folder(tmp_path / "data", {"a": 1}, size=4)
+    for args in (["summary", "convnet"], ["predict", "resnet18", "data"]):
+        for folder, hint in (
+            ("run", "a training run folder: give its checkpoint, run/best.pt"),
+            ("notes", "give a file, not a folder"),
+        ):
+            result = runner.invoke(app, [*args, "--weights", folder])
+            assert result.exit_code == 1, (args, result.stderr)
+            line = error_line(result.stderr)
+            assert line == f"Error: checkpoint is not a file: {folder} ({hint})", (args, line)

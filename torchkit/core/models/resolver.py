@@ -16,6 +16,7 @@ from typing import Any
 
 from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from torchkit.core.io.errors import CheckpointError, UsageError
+from torchkit.core.io.files import require_input
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     IMAGE_SIZE_KWARGS,
@@ -497,8 +498,8 @@ def _load_file_weights(
             f"--weights {path}: there is no such file",
             "weight names such as DEFAULT exist only for torchvision and timm models; give a PATH",
         )
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise UsageError(f"--weights {path} is not a file")
+    # A folder is a file's error, as for MODEL: a training run's gets its checkpoint named.
+    require_input(path, what="checkpoint", kind="file")
     fmt = exported_format_of(path)
     if fmt is not None:
         raise UsageError(
