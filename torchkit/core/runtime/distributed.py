@@ -25,8 +25,24 @@ from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError, firs
 DEFAULT_TIMEOUT_S = 1800.0
 
 
+class _Placed:
+    """A process's place in its world: rank 0 writes and reports; a world of one is a plain
+    run."""
+
+    rank: int
+    world_size: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
 @dataclass
-class DistContext:
+class DistContext(_Placed):
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -34,17 +50,9 @@ class DistContext:
     backend: str | None = None
     initialised_here: bool = False  # `setup` made the process group, so `teardown` ends it
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
 
 @dataclass(frozen=True)
-class LaunchEnv:
+class LaunchEnv(_Placed):
     """Where torchrun put this process: its variables RANK, WORLD_SIZE, LOCAL_RANK and
     LOCAL_WORLD_SIZE, as numbers (a plain run: rank 0 of a world of one)."""
 
@@ -52,14 +60,6 @@ class LaunchEnv:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
 
 
 _LAUNCH_VARIABLES = {  # name: (smallest value, what torchrun sets it to)
