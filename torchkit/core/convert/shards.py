@@ -38,8 +38,7 @@ import re
 import sys
 import tarfile
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
@@ -59,6 +58,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
 )
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.ahead import read_ahead
 from torchkit.deferred_signals import signals_deferred
 
 log = logging.getLogger("torchkit")
@@ -253,35 +253,6 @@ def load_sample(samples: Any, index: int, *, verify: bool = False) -> Loaded:
             f"(they hold {', '.join(sorted(set(_FORMAT_EXTENSIONS.values())))}: convert it first)"
         )
     return Loaded(extension, data)
-
-
-def read_ahead(
-    function: Callable[[int], Loaded], items: Iterable[int], workers: int
-) -> Iterator[Loaded]:
-    """`function(item)` for each item, in order, computed by `workers` threads a few items
-    ahead (reading files and parsing headers wait on the disk or release the GIL)."""
-    if workers <= 0:
-        yield from map(function, items)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    pending: deque = deque()
-    iterator = iter(items)
-    with ThreadPoolExecutor(workers, thread_name_prefix="torchkit-shards") as pool:
-        try:
-            for item in iterator:
-                pending.append(pool.submit(function, item))
-                if len(pending) >= 4 * workers:
-                    break
-            while pending:
-                result = pending.popleft().result()
-                for item in iterator:
-                    pending.append(pool.submit(function, item))
-                    break
-                yield result
-        finally:
-            for future in pending:
-                future.cancel()
 
 
 # --- writing shards ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteEr
 from torchkit.core.io.files import atomic_write
 from torchkit.core.io.outputs import remove_tree, reporting_write_errors
 from torchkit.core.io.progress import Progress
+from torchkit.core.runtime.ahead import read_ahead
 from torchkit.core.runtime.signals import signals_held
 from torchkit.core.split.options import MANIFEST
 from torchkit.core.split.plan import Plan
@@ -186,18 +187,18 @@ def _remove_source(source: str) -> None:
 
 
 def _copy_all(sources: list[str], targets: list[str], progress: Progress | None) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     total = len(sources)
-    # Copies wait on the disk, not the CPU: a few threads keep it busy.
-    pool = ThreadPoolExecutor(_COPY_THREADS)
-    try:
-        for done, _ in enumerate(pool.map(shutil.copy2, sources, targets), 1):
+    # Copies wait on the disk, not the CPU: a few threads keep it busy. On an error, Ctrl-C or
+    # SIGTERM the copies not started yet are dropped, not made.
+    copies = read_ahead(_copy_pair, zip(sources, targets, strict=True), _COPY_THREADS)
+    with contextlib.closing(copies):
+        for done, _ in enumerate(copies, 1):
             if progress and (done % 256 == 0 or done == total):
                 progress(done, total)
-    finally:
-        # On an error, Ctrl-C or SIGTERM the copies not started yet are dropped, not made.
-        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _copy_pair(pair: tuple[str, str]) -> None:
+    shutil.copy2(*pair)
 
 
 def check_hardlinks(plan: Plan, out: Path) -> None:
