@@ -420,3 +420,28 @@ def test_nets_build_and_run():
     x = torch.zeros(2, 3, 8, 8)
     for net in (TinyNet(5), NoisyNet(5), AutocastProbe(5), GatedNet(5)):
         assert net.eval()(x).shape == (2, 5)
+
+
+@pytest.mark.parametrize(("arch", "size"), [("googlenet", 32), ("inception_v3", 75)])
+def test_googlenet_and_inception_train_on_their_main_logits(arch, size):
+    """In training mode they returned their auxiliary logits too (a namedtuple the loss
+    refused: every googlenet run stopped at its first batch) and Inception's auxiliary head
+    failed below about 140 px. It is switched off and frozen, and kept in the state dict."""
+    import torchvision
+
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.train.setup import _build_model
+
+    config = TrainConfig(model=arch, epochs=1)
+    model, _, _ = _build_model(
+        None, config, arch, 2, Preprocess(image_size=size), False, from_checkpoint=False
+    )
+    model.train()
+    logits = model(torch.rand(2, 3, size, size))
+    assert isinstance(logits, torch.Tensor) and logits.shape == (2, 2)
+    nn.functional.cross_entropy(logits, torch.tensor([0, 1])).backward()
+    aux = [name for name, p in model.named_parameters() if name.startswith(("aux", "AuxLogits"))]
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert aux and not trainable & set(aux) and "fc.weight" in trainable
+    reference = torchvision.models.get_model(arch, num_classes=2, init_weights=False)
+    assert model.state_dict().keys() == reference.state_dict().keys()

@@ -84,3 +84,30 @@ def fit_head_to(model, state: Mapping[str, Any]) -> None:
     weight = state.get(f"{head_name}.weight")
     if weight is not None and hasattr(weight, "shape") and weight.shape[0] != out_features(head):
         replace_head(model, int(weight.shape[0]))
+
+
+def switch_off_auxiliary_heads(model) -> int:
+    """Train on the main logits only: torchvision's GoogLeNet and Inception3 in training mode
+    also return their auxiliary classifiers' logits (a namedtuple no loss takes). Their
+    `aux_logits` is switched off and the auxiliary heads frozen (no gradient ever reaches
+    them), kept in the state dict so that the weights still fit the model every command
+    builds. Returns the number of parameters frozen."""
+    from torchvision.models import GoogLeNet, Inception3
+
+    if not (isinstance(model, (GoogLeNet, Inception3)) and model.aux_logits):
+        return 0
+    model.aux_logits = False
+    heads = [model.aux1, model.aux2] if isinstance(model, GoogLeNet) else [model.AuxLogits]
+    frozen = 0
+    for head in heads:
+        # Inception3 runs its auxiliary head whatever `aux_logits` says (and it fails below
+        # about 140 px): it returns nothing now.
+        head.forward = _no_output
+        for param in head.parameters():
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen
+
+
+def _no_output(*_inputs: Any) -> None:
+    return None

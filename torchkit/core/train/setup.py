@@ -355,6 +355,7 @@ def _build_model(
     data's classes, whatever the weights had (a resumed run's weights come later)."""
 
     from torchkit.core.models import resolve_model
+    from torchkit.core.models.heads import switch_off_auxiliary_heads
 
     resolved = resolve_model(
         arch,
@@ -374,6 +375,7 @@ def _build_model(
         )
     model = resolved.model
     parameters = sum(p.numel() for p in model.parameters())
+    switch_off_auxiliary_heads(model)
     if config.freeze_backbone:
         from torchkit.core.train.optim import freeze_backbone
 
