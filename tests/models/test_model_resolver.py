@@ -556,3 +556,10 @@ def test_mnasnet_weights_without_module_versions_load(tmp_path):
     ema = ModelEMA(torchvision.models.mnasnet0_5(num_classes=2))
     ema.load_state_dict(weights, updates=3)
     assert torch.equal(ema.module.classifier[1].weight, model.classifier[1].weight)
+
+
+def test_a_size_maxvit_cannot_take_is_one_error_line():
+    result = run_torchkit_in_process("summary", "maxvit_t", "--image-size", "8")
+    assert result.returncode == 2
+    assert result.stderr.startswith("Error: cannot build maxvit_t for 8x8 images: Input size")
+    assert result.stderr.count("\n") == 1 and "block input sizes" in result.stderr

@@ -206,7 +206,8 @@ def torchvision_random(name: str, num_classes: int, image_size: int | tuple[int,
     except (ValueError, AssertionError) as error:
         if not extra:
             raise
-        raise UsageError(f"cannot build {name} for {size[0]}x{size[1]} images: {error}") from error
+        reason = " ".join(str(error).split())  # MaxViT's spans two lines
+        raise UsageError(f"cannot build {name} for {size[0]}x{size[1]} images: {reason}") from error
 
 
 def torchvision_pretrained(name: str, weights: str):
