@@ -295,6 +295,26 @@ def test_under_ddp_a_nan_on_one_rank_stops_every_rank_with_the_same_error(world,
     assert not out.exists()
 
 
+def test_a_model_too_deep_for_the_image_size_is_refused_before_the_run_starts(
+    world, runner, tmp_path
+):
+    """Was "Error: RuntimeError: Given input size: (128x1x1). Calculated output size:
+    (128x0x0). Output size is too small" (exit 1) at the first batch."""
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(world / "data"), "--model", "squeezenet1_1", "--image-size", "8",
+         "--workers", "0", "--device", "cpu", "--epochs", "1", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr) == (
+        "Error: squeezenet1_1 cannot train on 8x8 images: Given input size: (128x1x1). "
+        "Calculated output size: (128x0x0). Output size is too small "
+        "(the smallest it takes is 17: use --image-size 17 or larger)"
+    )
+    assert not out.exists()
+
+
 # -- 3. no readable image is an error, not a loss of 0 --------------------------------------------
 
 
