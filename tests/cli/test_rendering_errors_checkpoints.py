@@ -139,6 +139,45 @@ def test_table_output_is_plain_and_keeps_long_values_whole(runner):
     assert "nan" in lines["beta"] and "no" in lines["beta"]
 
 
+@pytest.mark.parametrize("width", [40, 60])
+def test_a_table_too_wide_for_the_terminal_loses_no_character(monkeypatch, width):
+    # predict --topk 5 with CJK class names: 16 columns rich squeezed under one wide character
+    # (every class name vanished at 60 columns) or to nothing (at 40).
+    from collections import Counter
+
+    from rich.console import Console
+
+    from torchkit.cli import console
+
+    columns = ["path", "label", "class", "class_index", "probability", "error"]
+    columns += [f"{name}_{k}" for k in range(1, 6) for name in ("class", "probability")]
+    row = ["猫/猫_0.png", "猫", "猫", 3, 0.25, None] + ["猫", 0.125] * 5
+    terminal = io.StringIO()
+    monkeypatch.setattr(
+        console, "stdout", Console(file=terminal, force_terminal=True, width=width, soft_wrap=True)
+    )
+    emit(tables=[Table(columns, [row], title="Predictions")], data=None)
+
+    def characters(text: str) -> Counter:
+        return Counter(c for c in text if not c.isspace() and not "\u2500" <= c <= "\u257f")
+
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", terminal.getvalue())
+    written = " ".join([*columns, "Predictions", *("" if v is None else str(v) for v in row)])
+    assert characters(written.replace("0.25", "0.2500").replace("0.125", "0.1250")) <= (
+        characters(shown)
+    )
+
+
+def test_a_piped_table_of_hundreds_of_columns_loses_no_character():
+    # predict --topk 200 piped or written with -o rows.txt: 406 columns in 1000 cells left
+    # every class name out.
+    from torchkit.cli.render import render_plain_tables
+
+    names = [chr(0x4E00 + index) for index in range(250)]
+    text = render_plain_tables([Table([f"class_{k}" for k in range(250)], [names])])
+    assert all(name in text for name in names)
+
+
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])
 def test_output_file_needs_force_to_be_replaced(runner, tmp_path, fmt):
     target = tmp_path / f"out.{fmt}"

@@ -425,6 +425,30 @@ def test_topk_above_the_classes_is_clipped_as_eval_clips_it_in_every_format(
     assert float(row["probability_1"]) == 1.0
 
 
+def test_the_table_on_a_narrow_terminal_keeps_every_class_name(
+    runner, world, tmp_path, monkeypatch
+):
+    """--topk 5 is 16 columns: on a 60-column terminal rich squeezed them under one wide (CJK)
+    character and dropped every class name; the table is printed wider instead."""
+    from checkpoints import write_convnet_checkpoint
+    from rich.console import Console
+
+    from torchkit.cli import console
+
+    write_convnet_checkpoint(
+        tmp_path / "cjk.pt", in_channels=3, image_size=12, classes="猫犬狐鳥魚"
+    )
+    terminal = io.StringIO()
+    monkeypatch.setattr(
+        console, "stdout", Console(file=terminal, force_terminal=True, width=60, soft_wrap=True)
+    )
+    result = invoke(runner, tmp_path / "cjk.pt", world["flat"] / "a.png", "--topk", "5")
+    assert result.exit_code == 0, result.stderr
+    shown = terminal.getvalue()
+    # class_1..class_5 name each class once; `class` repeats class_1.
+    assert all(name in shown for name in "猫犬狐鳥魚") and sum(map(shown.count, "猫犬狐鳥魚")) == 6
+
+
 def test_a_checkpoint_is_loaded_without_drawing_random_weights(world):
     """predict builds a checkpoint's model without random init (its weights replace them):
     no random numbers are drawn, and the model is exactly the normally built one."""

@@ -217,7 +217,7 @@ def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> 
 
 
 def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progress) -> None:
-    from torchkit.cli.render import Table, render_plain_tables, rich_table, to_json_value
+    from torchkit.cli.render import Table, print_on_terminal, render_plain_tables, to_json_value
 
     if fmt == PredictFormat.csv:
         write_csv(run.records(progress=progress), columns, handle)
@@ -241,7 +241,7 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
             align_right={c for c in shown if c.startswith(("probability", "class_index"))},
         )
         if handle is console.stdout.file and console.stdout.is_terminal:
-            console.stdout.print(rich_table(table))
+            print_on_terminal([table])
         else:
             handle.write(render_plain_tables([table]))
 

@@ -157,6 +157,32 @@ def rich_table(
     return rendered
 
 
+# The least width (in cells) a column keeps when a table is narrowed to fit: rich folds text
+# into columns as narrow as it must, but squeezes them to nothing, or under a wide (CJK)
+# character, when they cannot all fit, and then drops their text.
+MIN_COLUMN_WIDTH = 2
+
+
+def _least_width(widths: Sequence[int]) -> int:
+    """The narrowest table whose columns keep min(their text, MIN_COLUMN_WIDTH) cells each:
+    the text, its padding (2) and the borders (one per column, plus one)."""
+    return sum(min(width, MIN_COLUMN_WIDTH) + 3 for width in widths) + 1
+
+
+def print_on_terminal(tables: list[Table]) -> None:
+    """Tables on the terminal, folded to its width. A table with more columns than the
+    terminal can show is printed wider (the terminal wraps its lines) rather than lose text."""
+    out = console.stdout
+    for table in tables:
+        rendered = rich_table(table)
+        # Measuring every cell is needed only when even MIN_COLUMN_WIDTH columns may not fit.
+        if _least_width([MIN_COLUMN_WIDTH] * len(table.columns)) > out.width:
+            least = _least_width(_text_widths(out, table))
+            if least > out.width:
+                rendered.width = least
+        out.print(rendered, crop=False)
+
+
 # Rows laid out at a time in plain text: rich holds a table's whole layout in memory (a few KB
 # a row), and dataset-stats can list a file per image.
 PLAIN_BATCH_ROWS = 1000
@@ -167,9 +193,13 @@ def render_plain_tables(tables: list[Table], width: int = 1000) -> str:
     from rich.console import Console
 
     buffer = io.StringIO()
-    plain = Console(file=buffer, width=width, no_color=True, color_system=None, emoji=False)
     lines: list[str] = []
     for table in tables:
+        # As wide as MIN_COLUMN_WIDTH columns need, were the table to have hundreds of them.
+        least = _least_width([MIN_COLUMN_WIDTH] * len(table.columns))
+        plain = Console(
+            file=buffer, width=max(width, least), no_color=True, color_system=None, emoji=False
+        )
         lines += _plain_lines(plain, buffer, table)
     return "\n".join(lines) + "\n"
 
@@ -244,8 +274,7 @@ def emit(
     elif fmt == OutputFormat.csv:
         text = render_csv(tables[csv_table])
     elif output is None and console.stdout.is_terminal:
-        for table in tables:
-            console.stdout.print(rich_table(table))
+        print_on_terminal(tables)
         return
     else:
         # A file or a pipe: plain text, as wide as the table needs (not the 80 columns rich
