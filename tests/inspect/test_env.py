@@ -241,17 +241,20 @@ def test_require_cuda_without_a_gpu_is_one_line_for_scripts(runner, monkeypatch,
     ]
 
 
-def test_quiet_require_cuda_with_a_gpu_prints_nothing(runner, monkeypatch, clean_env):
+# `torchkit -q env` printed the whole report: the app's -q is every command's, env's too.
+@pytest.mark.parametrize("args", [["env", "-q"], ["-q", "env"]], ids=["after", "before"])
+def test_quiet_require_cuda_with_a_gpu_prints_nothing(runner, monkeypatch, clean_env, args):
     simulate_one_gpu(monkeypatch)
-    quiet = runner.invoke(app, ["env", "-q", "--require-cuda"])
+    quiet = runner.invoke(app, [*args, "--require-cuda"])
     assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", "")
     loud = runner.invoke(app, ["env", "--require-cuda"])  # without -q: the report, as before
     assert loud.exit_code == 0 and "NVIDIA H100 80GB HBM3" in loud.stdout
 
 
-def test_quiet_prints_only_problems(runner, monkeypatch, clean_env):
+@pytest.mark.parametrize("args", [["env", "--quiet"], ["--quiet", "env"]], ids=["after", "before"])
+def test_quiet_prints_only_problems(runner, monkeypatch, clean_env, args):
     simulate_no_gpu(monkeypatch, DRIVER_MESSAGE)
-    result = runner.invoke(app, ["env", "--quiet"])
+    result = runner.invoke(app, args)
     assert result.exit_code == 0 and result.stdout == ""
     assert result.stderr.splitlines() == [
         f"Warning: torch {torch.__version__} is a CUDA {SIMULATED_CUDA} build but cannot use "

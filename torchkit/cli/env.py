@@ -67,6 +67,7 @@ def env_command(
     if not missing_cuda:
         for message in report["diagnostics"]:
             console.warn(message)
+    quiet = quiet or console.is_quiet()  # `torchkit -q env`, as `torchkit env -q`
     if output is not None or not (quiet or missing_cuda):
         tables = [flat_table(report)] if fmt == OutputFormat.csv else report_tables(report)
         emit(tables=tables, data=report, fmt=fmt, output=output, force=force)
