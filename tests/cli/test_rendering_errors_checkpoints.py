@@ -10,6 +10,7 @@ import math
 import os
 import random
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,24 @@ def test_a_piped_table_of_hundreds_of_columns_loses_no_character():
     names = [chr(0x4E00 + index) for index in range(250)]
     text = render_plain_tables([Table([f"class_{k}" for k in range(250)], [names])])
     assert all(name in text for name in names)
+
+
+@pytest.mark.parametrize("fmt", list(OutputFormat))
+def test_a_character_stdouts_encoding_lacks_is_escaped_not_an_error(monkeypatch, fmt):
+    # PYTHONIOENCODING=latin-1 (or a Latin-1 locale): a CJK class name ended the finished
+    # command with an internal `Error: UnicodeEncodeError` line and no result.
+    from torchkit.cli import console
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, "latin-1", write_through=True))
+    console.write_names_as_bytes()
+    data = {"name": "猫 é", "file": "caf\udcff.png"}
+    emit(tables=[Table(["name", "file"], [list(data.values())])], data=data, fmt=fmt)
+    written = raw.getvalue()
+    if fmt == OutputFormat.json:
+        assert json.loads(written.decode("latin-1")) == data
+    else:
+        assert b"\\u732b \xe9" in written and b"caf\xff.png" in written
 
 
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])

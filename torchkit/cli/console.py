@@ -105,9 +105,30 @@ def stdout_write_error(error: OSError) -> OutputWriteError:
 
 def write_names_as_bytes() -> None:
     """A file name that is not UTF-8 goes to stdout as its own bytes (as `ls` writes it) under
-    any locale: Python's stdout refuses such names but in the C locale."""
+    any locale: Python's stdout refuses such names but in the C locale. A character stdout's
+    encoding lacks (a CJK class name under `PYTHONIOENCODING=latin-1`) is written as its
+    backslash escape, as on stderr: the finished result is printed, not lost to an error."""
+    import codecs
+
+    codecs.register_error(_STDOUT_ERRORS, _names_as_bytes)
     with contextlib.suppress(AttributeError, ValueError, OSError):
-        sys.stdout.reconfigure(errors="surrogateescape")
+        sys.stdout.reconfigure(errors=_STDOUT_ERRORS)
+
+
+_STDOUT_ERRORS = "torchkit-names"
+
+
+def _names_as_bytes(error: UnicodeError) -> tuple[bytes, int]:
+    """surrogateescape for the bytes of a name that is not UTF-8, backslashreplace otherwise."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    written = bytearray()
+    for character in error.object[error.start : error.end]:
+        if 0xDC80 <= ord(character) <= 0xDCFF:
+            written.append(ord(character) - 0xDC00)
+        else:
+            written += character.encode("ascii", "backslashreplace")
+    return bytes(written), error.end
 
 
 def drop_stdout() -> None:
