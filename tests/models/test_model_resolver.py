@@ -563,3 +563,65 @@ def test_a_size_maxvit_cannot_take_is_one_error_line():
     assert result.returncode == 2
     assert result.stderr.startswith("Error: cannot build maxvit_t for 8x8 images: Input size")
     assert result.stderr.count("\n") == 1 and "block input sizes" in result.stderr
+
+
+@pytest.mark.parametrize("arch", ["googlenet", "inception_v3"])
+def test_auxiliary_heads_follow_a_new_head_count_and_the_weights_shapes(arch):
+    """replace_head and fit_head_to resized `fc` only: googlenet's `aux1.fc2`/`aux2.fc2` and
+    inception's `AuxLogits.fc` kept 1000 outputs under `--weights DEFAULT` and a new class
+    count, and a 2-class run's weights did not fit `NAME --weights FILE` (shape mismatches)."""
+    from torchkit.core.models.heads import fit_head_to, replace_head
+
+    pretrained = torchvision.models.get_model(arch, init_weights=False)  # DEFAULT's 1000
+    replace_head(pretrained, 2)
+    aux = {"googlenet": ["aux1.fc2", "aux2.fc2"], "inception_v3": ["AuxLogits.fc"]}[arch]
+    assert [pretrained.get_submodule(name).out_features for name in aux] == [2] * len(aux)
+    named = torchvision.models.get_model(arch, init_weights=False)  # as NAME --weights builds it
+    fit_head_to(named, pretrained.state_dict())
+    named.load_state_dict(pretrained.state_dict())
+
+
+def test_a_googlenet_checkpoint_without_aux_heads_rebuilds():
+    """A run trained from googlenet's torchvision weights (which have no auxiliary heads)
+    saved none: `eval RUN/best.pt` failed with "18 missing keys (first: aux1.conv...)"."""
+    from torchkit.core.models import model_from_checkpoint
+
+    trained = torchvision.models.get_model("googlenet", num_classes=2, init_weights=False)
+    trained.aux_logits, trained.aux1, trained.aux2 = False, None, None
+    checkpoint = {
+        "format_version": FORMAT_VERSION,
+        "arch": "googlenet",
+        "num_classes": 2,
+        "model": trained.state_dict(),
+        "preprocess": {**CONVNET_PREPROCESS, "image_size": 32, "resize_size": 32},
+    }
+    model = model_from_checkpoint(checkpoint)
+    assert model.aux1 is None and not model.aux_logits
+
+
+def test_a_googlenet_run_from_weights_without_aux_heads_loads_everywhere(
+    runner, train_data, tmp_path
+):
+    """torchvision's pretrained googlenet has no auxiliary heads: training from weights like
+    its own failed ("18 missing keys (first: aux1.conv.conv.weight)"), and so did `eval
+    googlenet --weights RUN/best.pt` and `--resume` of a run trained from `--weights DEFAULT`.
+    They are dropped as torchvision drops them."""
+    pretrained = torchvision.models.get_model("googlenet", init_weights=False)
+    pretrained.aux1 = pretrained.aux2 = None  # what torchvision's googlenet(weights=...) does
+    torch.save(pretrained.state_dict(), tmp_path / "no_aux.pt")
+    out = tmp_path / "run"
+    trained = run_torchkit_in_process(
+        "train", "--data", train_data, "--model", "googlenet", "--weights", tmp_path / "no_aux.pt",
+        "--image-size", "32", "--epochs", "1", "--batch-size", "2", "-j", "0", "--device", "cpu",
+        "--out", out,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    scored = run_torchkit_in_process(
+        "eval", "googlenet", "--weights", out / "best.pt", "--data", train_data, "-j", "0",
+        "--device", "cpu",
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    resumed = run_torchkit_in_process(
+        "train", "--resume", out, "--epochs", "2", "-j", "0", "--device", "cpu"
+    )
+    assert resumed.returncode == 0, resumed.stderr

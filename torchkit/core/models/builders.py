@@ -15,7 +15,7 @@ from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import InputError, OfflineError, UsageError
 from torchkit.core.io.files import require_input
 from torchkit.core.models.convnet import convnet_class
-from torchkit.core.models.heads import replace_head
+from torchkit.core.models.heads import fit_auxiliary_heads_to, replace_head
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
@@ -135,7 +135,9 @@ def model_from_checkpoint(
         in_channels=preprocess.in_channels,
         trust_checkpoint=trust_checkpoint,
     )
-    load_weights_into(model, extract_state_dict(checkpoint), source=f"the {arch} checkpoint")
+    state = extract_state_dict(checkpoint)
+    fit_auxiliary_heads_to(model, state)  # googlenet's: a run from its pretrained weights has none
+    load_weights_into(model, state, source=f"the {arch} checkpoint")
     return model
 
 

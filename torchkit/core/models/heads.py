@@ -54,29 +54,65 @@ def out_features(layer) -> int:
 
 
 def replace_head(model, num_classes: int) -> None:
-    """Swap the classifier for a freshly initialised one with `num_classes` outputs."""
-    from torch import nn
-
+    """Swap the classifier (and GoogLeNet's and Inception's auxiliary ones) for freshly
+    initialised ones with `num_classes` outputs."""
     name, head = find_head(model)
     if out_features(head) == num_classes:
         return
     if _is_timm_style(model):
         model.reset_classifier(num_classes)  # every head of the model, freshly initialised
         return
-    if isinstance(head, nn.Linear):
-        new = nn.Linear(head.in_features, num_classes, bias=head.bias is not None)
-    else:
-        new = nn.Conv2d(head.in_channels, num_classes, kernel_size=1)
-    parent_name, _, attr = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, attr, new)
+    _swap_layer(model, name, head, num_classes)
+    for aux_name, aux_head in auxiliary_heads(model):  # their classes are the model's
+        if out_features(aux_head) != num_classes:
+            _swap_layer(model, aux_name, aux_head, num_classes)
     if hasattr(model, "num_classes"):
         model.num_classes = num_classes
 
 
+def _swap_layer(model, name: str, layer, outputs: int) -> None:
+    """Put a freshly initialised copy of the classifier `layer` (model's `name`) with
+    `outputs` outputs in its place."""
+    from torch import nn
+
+    if isinstance(layer, nn.Linear):
+        new = nn.Linear(layer.in_features, outputs, bias=layer.bias is not None)
+    else:
+        new = nn.Conv2d(layer.in_channels, outputs, kernel_size=1)
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, attr, new)
+
+
+def auxiliary_heads(model) -> list[tuple[str, Any]]:
+    """(name, last layer) of the auxiliary classifiers of torchvision's GoogLeNet and
+    Inception3 (`aux1.fc2`, `aux2.fc2`; `AuxLogits.fc`), those the model has: they classify
+    into the model's classes, so a new head count or a file's weights size them too."""
+    import sys
+
+    if "torchvision" not in sys.modules:  # not imported: the model cannot be one of its own
+        return []
+    from torchvision.models import GoogLeNet, Inception3
+
+    if isinstance(model, GoogLeNet):
+        names = ("aux1.fc2", "aux2.fc2")
+    elif isinstance(model, Inception3):
+        names = ("AuxLogits.fc",)
+    else:
+        return []
+    found = []
+    for name in names:
+        try:
+            found.append((name, model.get_submodule(name)))
+        except AttributeError:  # switched off (torchvision's pretrained googlenet has none)
+            continue
+    return found
+
+
 def fit_head_to(model, state: Mapping[str, Any]) -> None:
     """Resize the head of `model` to the number of outputs the weights in `state` have (a
-    fine-tuned 2-class resnet18 gets a 2-output `fc`). Models without a head are left alone."""
+    fine-tuned 2-class resnet18 gets a 2-output `fc`), and GoogLeNet's and Inception's
+    auxiliary heads to theirs. Models without a head are left alone."""
     try:
         head_name, head = find_head(model)
     except UsageError:
@@ -84,6 +120,24 @@ def fit_head_to(model, state: Mapping[str, Any]) -> None:
     weight = state.get(f"{head_name}.weight")
     if weight is not None and hasattr(weight, "shape") and weight.shape[0] != out_features(head):
         replace_head(model, int(weight.shape[0]))
+    fit_auxiliary_heads_to(model, state)
+
+
+def fit_auxiliary_heads_to(model, state: Mapping[str, Any]) -> None:
+    """Size GoogLeNet's and Inception's auxiliary heads as the weights in `state` have them,
+    and drop those the weights have none of (torchvision's pretrained googlenet and a run
+    trained from it), as torchvision does: the weights then fit the model."""
+    heads = auxiliary_heads(model)
+    for aux_name, aux_head in heads:
+        module_name = aux_name.partition(".")[0]
+        if not any(key.startswith(f"{module_name}.") for key in state):
+            setattr(model, module_name, None)
+            continue
+        weight = state.get(f"{aux_name}.weight")
+        if hasattr(weight, "shape") and weight.shape[0] != out_features(aux_head):
+            _swap_layer(model, aux_name, aux_head, int(weight.shape[0]))
+    if heads and not auxiliary_heads(model):
+        model.aux_logits = False
 
 
 def switch_off_auxiliary_heads(model) -> int:

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             preprocess,
             sync_bn,
             from_checkpoint=checkpoint is not None,
+            resumed_weights=checkpoint.get("model") if checkpoint is not None else None,
         )
     )
     # The loaders come first, so that their workers read the first batches (and the GPU's
@@ -351,12 +352,14 @@ def _build_model(
     sync_bn: bool,
     *,
     from_checkpoint: bool,
+    resumed_weights: Any = None,
 ) -> tuple[Any, str, int]:
     """(model on the CPU, its architecture's name, its parameter count): a new head for the
-    data's classes, whatever the weights had (a resumed run's weights come later)."""
+    data's classes, whatever the weights had (a resumed run's weights come later: the
+    auxiliary heads are fitted to them here, before the optimiser takes the parameters)."""
 
     from torchkit.core.models import resolve_model
-    from torchkit.core.models.heads import switch_off_auxiliary_heads
+    from torchkit.core.models.heads import fit_auxiliary_heads_to, switch_off_auxiliary_heads
 
     resolved = resolve_model(
         arch,
@@ -375,6 +378,8 @@ def _build_model(
             "name the architecture as --model and pass the file as --weights",
         )
     model = resolved.model
+    if isinstance(resumed_weights, Mapping):
+        fit_auxiliary_heads_to(model, resumed_weights)  # none in a run from googlenet's DEFAULT
     parameters = sum(p.numel() for p in model.parameters())
     switch_off_auxiliary_heads(model)
     if config.freeze_backbone:
