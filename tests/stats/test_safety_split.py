@@ -304,6 +304,59 @@ def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["data", "out", "slow-io"]  # no lock, no leftovers
 
 
+def kill_mid_copy(tmp_path: Path, data: Path, out: Path, *args: str) -> None:
+    """`split DATA OUT ARGS`, SIGKILLed after it has copied 2 images into OUT/train."""
+    process = start_torchkit_process(
+        "split", str(data), str(out), *args, env=slow_io_env(tmp_path, out / "train")
+    )
+    wait_until(
+        lambda: len(list((out / "train").rglob("*.png"))) >= 2, process=process, what="copies"
+    )
+    code, _, _ = signal_and_wait(process, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "copying"
+
+
+def test_a_killed_copy_is_no_split_to_readers_and_the_rerun_redoes_it(tmp_path):
+    data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
+    out = tmp_path / "out"
+    kill_mid_copy(tmp_path, data, out)
+    for command in (["dataset-stats", out], ["train", "--data", out, "--epochs", "1"]):
+        refused = run_torchkit_in_process(*command)
+        assert refused.returncode == 1
+        assert error_line(refused.stderr) == (
+            f"Error: {out} is an unfinished split (a torchkit split was stopped while writing "
+            "it) (run the split command again)"
+        )
+    result = split(data, out)  # the same command: no --force needed
+    assert result.returncode == 0, result.stderr
+    assert "removed the unfinished split" in result.stderr
+    assert contents(out) == contents(data)
+    assert sorted(os.listdir(out)) == [".torchkit", "split.csv", "test", "train", "val"]
+
+
+def test_a_killed_force_copy_is_redone_and_your_own_files_in_out_stay(tmp_path):
+    data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
+    out = tmp_path / "out"
+    assert split(data, out, "--names", "a,b,c").returncode == 0
+    (out / "notes.txt").write_text("mine")
+    kill_mid_copy(tmp_path, data, out, "--force")
+    refused = run_torchkit_in_process("dataset-stats", out)
+    assert refused.returncode == 1 and "unfinished split" in error_line(refused.stderr)
+    result = split(data, out, "--force")
+    assert result.returncode == 0, result.stderr
+    assert contents(out) == contents(data)
+    assert sorted(os.listdir(out)) == [
+        ".torchkit",
+        "notes.txt",
+        "split.csv",
+        "test",
+        "train",
+        "val",
+    ]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 def test_a_killed_force_split_is_put_back_by_the_next_run(tmp_path):
     data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
     out = tmp_path / "out"

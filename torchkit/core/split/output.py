@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.source import require_data
-from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import atomic_write_text, open_text
 from torchkit.core.io.outputs import (
@@ -31,7 +31,9 @@ from torchkit.core.split.options import MANIFEST, RESERVED_PREFIX, is_folder_nam
 
 log = logging.getLogger("torchkit")
 
-JOURNAL = ".torchkit-split.json"  # move mode only: the record that OUT holds the only copies
+# A move's record that OUT holds the only copies; a copy's (symlink's, hardlink's) that OUT is
+# half-written, removed once it is finished.
+JOURNAL = SPLIT_JOURNAL
 REPLACED = ".torchkit-split-replaced"  # the earlier split, set aside while --force replaces it
 DISCARDED = ".torchkit-split-discarded"  # the same, being deleted once the new split is kept
 WHAT = "output folder"
@@ -102,11 +104,28 @@ def put_back_replaced(out: Path) -> list[str]:
 
 
 def recover_split_leftovers(out: Path) -> None:
-    """What a killed split left in OUT, with OUT's lock held: an earlier split still set aside
-    is put back (a move that had started, with its journal written, had discarded it already),
-    one being deleted is deleted."""
+    """What a killed split left in OUT, with OUT's lock held: a copy's half-written split is
+    removed (only what that run wrote: its split folders, split.csv, the marker it added), an
+    earlier split still set aside is put back (a move that had started, with its journal
+    written, had discarded it already), one being deleted is deleted."""
     if (out / DISCARDED).exists():
         remove_tree(out / DISCARDED)
+    journal = read_journal(out)
+    if journal is not None and journal.get("state") == "copying":
+        written = [
+            n
+            for n in journal.get("names") or []
+            if isinstance(n, str) and is_folder_name(n) and not n.startswith(RESERVED_PREFIX)
+        ]
+        for name in [*written, MANIFEST]:
+            remove_tree(out / name, ignore_errors=False)
+        if journal.get("marked"):
+            remove_marker(out)
+        (out / JOURNAL).unlink()
+        log.warning(
+            f"removed the unfinished split in {out} ({', '.join(written)}) that a killed "
+            "torchkit split had left"
+        )
     if (out / REPLACED).is_dir():
         journal = read_journal(out)
         if journal is not None and journal.get("mode") == "move":
@@ -131,9 +150,9 @@ class SplitOutput:
         self.created: list[str] = []  # names this run writes at the top of OUT
 
     def begin(self, names: list[str], mode: str) -> None:
-        # Everything this run may write at the top of OUT (the journal only exists for a move,
+        # Everything this run may write at the top of OUT (a manifest split has no journal,
         # and an earlier move's journal never gets this far): removed again by abandon().
-        self.created = [*names, MANIFEST] + ([JOURNAL] if mode == "move" else [])
+        self.created = [*names, MANIFEST] + ([JOURNAL] if mode != "manifest" else [])
         with reporting_write_errors(self.out):
             self.out.mkdir(parents=True, exist_ok=True)
             if not (self.out / MARKER).exists():

@@ -44,6 +44,7 @@ from torchkit.core.split.options import (
     parse_ratio,
 )
 from torchkit.core.split.output import (
+    JOURNAL,
     WHAT,
     SplitOutput,
     discard_replaced,
@@ -265,6 +266,13 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
                 "torchkit_version": __version__,
             }
             write_journal(out, record)
+        elif mode != "manifest":
+            # Until it is removed, OUT is a half split: readers refuse it, a rerun redoes it.
+            write_journal(
+                out,
+                {"state": "copying", "mode": mode, "names": names, "marked": writing.marked}
+                | {"torchkit_version": __version__},
+            )
     except BaseException:
         writing.abandon()
         raise
@@ -283,6 +291,10 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
         writing.abandon()
         raise
     writing.keep()
+    if mode != "manifest":
+        # Last, after the earlier split is discarded: a kill before this redoes the split.
+        with reporting_write_errors(out):
+            (out / JOURNAL).unlink()
     if progress and mode == "manifest":
         progress(len(samples), len(samples))
     return result

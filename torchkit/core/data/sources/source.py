@@ -19,7 +19,7 @@ from torchkit.core.data.sources.discovery import (
     relative_ids,
 )
 from torchkit.core.data.sources.samples import Samples, class_index, find_class
-from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, unfinished_split
 from torchkit.core.io.errors import InputError
 
 KINDS = (
@@ -293,6 +293,11 @@ def _open_folder(
     path: Path, spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
 ) -> DataSource:
     root = str(path)
+    if unfinished_split(path):
+        raise InputError(
+            f"{path} is an unfinished split (a torchkit split was stopped while writing it)",
+            "run the split command again",
+        )
     folders, top_images = _subfolders(path)
     split_folders = [name for name in SPLIT_NAMES if name in folders]
     if split_folders:

@@ -4,6 +4,7 @@ counts it allocates by."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import unicodedata
 from collections.abc import Sequence
@@ -11,6 +12,21 @@ from collections.abc import Sequence
 from torchkit.core.data.sources.samples import Samples
 
 SPLIT_NAMES = ("train", "val", "test")
+# torchkit split's record in OUT of the split it is writing (its state: "copying" for a copy,
+# symlink or hardlink split, removed once finished; "moving", then "done", for a move).
+SPLIT_JOURNAL = ".torchkit-split.json"
+UNFINISHED_STATES = ("copying", "moving")
+
+
+def unfinished_split(folder: str | os.PathLike) -> bool:
+    """Is `folder` a split that torchkit split has not finished writing (a killed run)? Its
+    split folders hold only part of the images: read as data, it would pass for a split."""
+    try:
+        with open(os.path.join(folder, SPLIT_JOURNAL), encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("state") in UNFINISHED_STATES
 
 
 def sample_keys(samples: Samples) -> list[str]:
