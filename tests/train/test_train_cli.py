@@ -319,6 +319,28 @@ def test_an_epoch_shorter_than_accum_steps_averages_its_own_batches(runner, tmp_
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
 
 
+def test_an_update_holding_the_short_last_batch_averages_over_its_images(runner, tmp_path):
+    """6 images in batches of 4 and 2 accumulated into one update train as one batch of 6: each
+    batch weighs by its images (the mean of the two batches' means overweighted the 2)."""
+    data = write_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
+    recipe = [
+        "--data", str(data), "--val-split", "0.5", "--model", "nets:TinyNet",
+        "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
+        "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "0.5",
+        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "2", "--workers", "0",
+        "--no-ema", "--device", "cpu",
+    ]  # fmt: skip
+    full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
+    parts = train(
+        runner, *recipe, "--batch-size", "4", "--accum-steps", "2", "--out", str(tmp_path / "p")
+    )
+    assert full.exit_code == 0 and parts.exit_code == 0, full.stderr + parts.stderr
+    ours = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    accumulated = read_checkpoint(tmp_path / "p" / "last.pt")["model"]
+    for key, value in ours.items():
+        assert torch.allclose(accumulated[key], value, atol=1e-6), key
+
+
 def test_fine_tuning_freeze_backbone_and_head_lr(runner, split_root, tmp_path):
     first = tmp_path / "first"
     assert train(runner, "--data", str(split_root), *FAST, "--out", str(first)).exit_code == 0

@@ -21,7 +21,7 @@ from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train.checkpoints import BEST
 from torchkit.core.train.interface import TOPK, TrainCallbacks, TrainResult
-from torchkit.core.train.loaders import mix_seed
+from torchkit.core.train.loaders import mix_seed, train_batch_images
 from torchkit.core.train.loop import (
     DIVERGED_HINT,
     DivergedError,
@@ -180,6 +180,7 @@ class EpochDriver:
                 should_stop=self.should_stop,
                 epoch=epoch + 1,
                 profiler=profiler,
+                batch_images=train_batch_images(state.loaders.train, state.loaders.train_sampler),
             )
 
     def _write_profile(self) -> None:

@@ -225,8 +225,13 @@ class EpochSampler:
         for index in self._order()[self.skip :]:
             yield (self.epoch, index)
 
+    @property
+    def epoch_images(self) -> int:
+        """The images of this rank's whole epoch (a resumed one's skipped images included)."""
+        return -(-self.size // self.world)
+
     def __len__(self) -> int:
-        return max(0, -(-self.size // self.world) - self.skip)
+        return max(0, self.epoch_images - self.skip)
 
 
 def windowed_order(blocks: Blocks, generator: Any) -> list[int]:
@@ -244,6 +249,14 @@ def windowed_order(blocks: Blocks, generator: Any) -> list[int]:
     # Sorted by window, then by a random permutation: uniform within each window, no ties.
     keys = window * len(ids) + torch.randperm(len(ids), generator=generator)
     return torch.argsort(keys).tolist()
+
+
+def train_batch_images(loader: Any, sampler: EpochSampler) -> tuple[int, int]:
+    """(images of a full batch, images of the epoch's last batch) of this rank's train
+    `loader`: the last holds fewer when it keeps the rest of an epoch that is not a multiple
+    of the batch size."""
+    rest = sampler.epoch_images % loader.batch_size
+    return loader.batch_size, rest if rest and not loader.drop_last else loader.batch_size
 
 
 def balanced_sample_weights(samples: Samples) -> list[float]:

@@ -153,6 +153,7 @@ def train_one_epoch(
     should_stop: Callable[[], bool] | None = None,
     epoch: int = 0,
     profiler: Any = None,
+    batch_images: tuple[int, int] | None = None,
 ) -> bool:
     """Train over `loader` (already positioned by its sampler); batches of JPEG bytes
     (`--decode device`) are decoded on the device first. Updates `progress_state` in
@@ -160,7 +161,9 @@ def train_one_epoch(
     update, so the saved state is always between two updates). A NaN or infinite loss raises
     DivergedError naming `epoch` (1-based) and the batch, before the epoch ends or a stop
     returns: the diverged state never reaches a checkpoint. `profiler` (a `StepProfiler`, for
-    --profile-steps, started by the caller: `step_profiler.profiling`) is told of each update."""
+    --profile-steps, started by the caller: `step_profiler.profiling`) is told of each update.
+    `batch_images` (images of a full batch, of the epoch's last one: `train_batch_images`)
+    weighs the batches of an update that holds a shorter last batch by their images."""
 
     from torchkit.core.data.decode_ahead import DecodedAhead
     from torchkit.core.data.device_decode import decoded_batch
@@ -228,6 +231,7 @@ def train_one_epoch(
             is_update = progress_state.batches % accum == 0 or progress_state.batches == total
             # The epoch's last update may group fewer batches: their mean, as a full batch's.
             in_update = min(accum, total - (progress_state.batches - 1) // accum * accum)
+            share = _share_of_update(batch_images, progress_state.batches, total, accum, in_update)
             if graphed is not None:
                 # The whole update in one replay (core.train.graphed_step): one batch each,
                 # no mixing, no DDP, no GradScaler (the config and set-up checked).
@@ -256,7 +260,7 @@ def train_one_epoch(
                             ) * ctx.criterion(outputs, mixed.labels_b)
                     if ctx.l1 > 0:
                         loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
-                    scaled = loss / in_update
+                    scaled = loss / in_update if share is None else loss * share
                     if ctx.scaler is not None:
                         ctx.scaler.scale(scaled).backward()
                     else:
@@ -312,6 +316,22 @@ def train_one_epoch(
     if timeline is not None:
         timeline.report(epoch, progress_state.seconds, ahead)
     return True
+
+
+def _share_of_update(
+    batch_images: tuple[int, int] | None, batch: int, total: int, accum: int, in_update: int
+) -> float | None:
+    """The weight of batch `batch` (1-based, of `total`) in its update of `in_update` batches
+    when that update holds the epoch's shorter last batch: its share of the update's images,
+    so the update's gradient is the mean over its images, as one batch of them all gives (the
+    mean of the batches' means overweighted the short batch). None: the update's batches are
+    of one size, each weighs 1 / `in_update`. Nominal sizes, the same on every rank."""
+    if batch_images is None or in_update == 1 or (batch - 1) // accum != (total - 1) // accum:
+        return None
+    full, last = batch_images
+    if last == full:
+        return None
+    return (last if batch == total else full) / ((in_update - 1) * full + last)
 
 
 def _all_finite(optimizer: Any) -> bool:
