@@ -435,6 +435,54 @@ def test_a_sigkilled_runs_set_aside_is_put_back_by_the_next_run(tmp_path, writer
     assert sorted(os.listdir(tmp_path)) == ["run", "writer.py"]
 
 
+def test_a_killed_writers_temporary_goes_at_the_next_write_of_that_file_and_nothing_else(tmp_path):
+    import fcntl
+
+    dead = [".pred.csv.abcd1234.tmp", ".model.x_y9zzzz.tmp.pt"]
+    kept = [
+        ".other.csv.abcd1234.tmp",  # another output's
+        ".pred.csv.abcd12345.tmp",  # not mkstemp's 8 characters
+        "pred.csv.abcd1234.tmp",  # not hidden: a user's
+        ".pred.csv.notes",
+        ".pred.csv.live0000.tmp",  # a live writer's: its flock is held
+    ]
+    for name in dead + kept:
+        (tmp_path / name).write_text("partial")
+    with open(tmp_path / ".pred.csv.live0000.tmp") as live:
+        fcntl.flock(live, fcntl.LOCK_EX)
+        atomic_write_text(tmp_path / "pred.csv", "new\n")
+        with atomic_path(tmp_path / "model.pt") as tmp:
+            tmp.write_bytes(b"model")
+        assert sorted(os.listdir(tmp_path)) == sorted([*kept, "pred.csv", "model.pt"])
+    atomic_write_text(tmp_path / "pred.csv", "again\n")  # its writer is gone now
+    assert ".pred.csv.live0000.tmp" not in os.listdir(tmp_path)
+
+
+def test_a_sigkilled_writers_temporary_is_kept_while_it_lives_and_removed_after(tmp_path):
+    target = tmp_path / "out" / "pred.csv"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from torchkit.core.io.files import atomic_write\n"
+            f"with atomic_write({str(target)!r}) as handle:\n"
+            "    handle.write('half'); print('writing', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "writing"
+    (holding,) = os.listdir(target.parent)
+    atomic_write_text(target, "mine\n")  # another writer of the same file, meanwhile
+    assert sorted(os.listdir(target.parent)) == sorted([holding, "pred.csv"])
+    holder.kill()  # SIGKILL: its clean-up never runs, the kernel drops its flock
+    holder.wait()
+    atomic_write_text(target, "rerun\n")
+    assert os.listdir(target.parent) == ["pred.csv"]
+    assert target.read_text() == "rerun\n"
+
+
 # Write errors and special files ----------------------------------------------------------------
 
 

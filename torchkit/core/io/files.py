@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -14,6 +15,11 @@ from typing import IO
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.outputs import is_special_file, remove_tree
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
+
+try:
+    import fcntl
+except ImportError:  # Windows: temporaries are not locked, and killed writers' are left
+    fcntl = None
 
 
 def require_input(
@@ -135,8 +141,13 @@ def atomic_write(
         return
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp_name = _held_temporary(target, f".{target.name}.", ".tmp")
+    lock_fd = -1
     try:
+        if fcntl is not None:  # Windows cannot rename a file that is open
+            # A second fd on the same open file keeps the lock after the handle closes:
+            # through `check` and the rename.
+            lock_fd = os.dup(fd)
         with _reporting(target):
             _apply_umask(tmp_name)
             with os.fdopen(fd, mode, **open_kwargs) as handle:
@@ -150,11 +161,99 @@ def atomic_write(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
 
 
 # The names `atomic_write` (`.NAME.XXXXXXXX.tmp`) and `atomic_path` (`.STEM.XXXXXXXX.tmp.SUFFIX`)
 # give their temporaries: mkstemp's 8 random characters.
 _TEMPORARY = re.compile(r"\.(?P<stem>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>\.[^.]+)?")
+
+
+def _held_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """mkstemp's (fd, name) for a temporary of `target`, its flock held on the fd until the fd
+    closes (a kill closes it too), after removing the temporaries of `target` that killed
+    writers left: the ones whose flock nobody holds."""
+    _remove_dead_temporaries(target, prefix, suffix)
+    while True:
+        fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
+        if fcntl is None:
+            return fd, tmp_name
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock: written unlocked, and never removed
+            return fd, tmp_name
+        try:  # still there? another writer may have taken it for dead before the flock
+            if os.path.samestat(os.stat(tmp_name), os.fstat(fd)):
+                return fd, tmp_name
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _remove_dead_temporaries(target: Path, prefix: str, suffix: str) -> None:
+    """Remove the temporaries named `prefix`XXXXXXXX`suffix` (mkstemp's) beside `target`
+    whose flock can be taken at once: a killed writer's (a SIGKILL cannot be caught, the
+    kernel drops the lock), never a live one's. Names that are not exactly that are left."""
+    if fcntl is None:  # Windows: no flock to tell a dead writer from a live one
+        return
+    candidates = _temporaries_in(target.parent)
+    if not candidates:
+        return
+    exact = re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))
+    for name in [name for name in candidates if exact.fullmatch(name)]:
+        if _remove_if_unlocked(target.parent / name):
+            with contextlib.suppress(ValueError):  # another thread took it off already
+                candidates.remove(name)
+
+
+# Folder -> the names in it that look like temporaries, listed at the first write into it in
+# this process: one listing a folder, not one a file (thousands of frames or shards). A killed
+# writer's temporary is there before this process starts, so the first listing finds it.
+_FOLDER_TEMPORARIES: dict[tuple[str, int, int], list[str]] = {}
+
+
+def _temporaries_in(folder: Path) -> list[str]:
+    try:
+        status = os.stat(folder)
+    except OSError:
+        return []
+    key = (os.path.abspath(folder), status.st_dev, status.st_ino)
+    names = _FOLDER_TEMPORARIES.get(key)
+    if names is None:
+        try:
+            names = [name for name in os.listdir(folder) if _TEMPORARY.fullmatch(name)]
+        except OSError:
+            names = []
+        if len(_FOLDER_TEMPORARIES) >= 4096:  # a long-lived process: stay small
+            _FOLDER_TEMPORARIES.clear()
+        _FOLDER_TEMPORARIES[key] = names
+    return names
+
+
+def _remove_if_unlocked(path: Path) -> bool:
+    """Remove the regular file `path` if nobody holds its flock; whether it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return True
+    except OSError:  # a link, or not ours to read: left alone
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live writer holds it (or this file system has no flock)
+            return False
+        with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile: done
+            os.unlink(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[str]:
@@ -213,10 +312,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         return
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{target.stem}.", suffix=f".tmp{target.suffix}", dir=target.parent
-        )
-        os.close(fd)
+        lock_fd, tmp_name = _held_temporary(target, f".{target.stem}.", f".tmp{target.suffix}")
+    if fcntl is None:  # no lock to hold, and Windows cannot rename a file that is open
+        os.close(lock_fd)
+        lock_fd = -1
     try:
         with _reporting(target):
             _apply_umask(tmp_name)
@@ -227,6 +326,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
 
 
 def copy_bytes(source: str | os.PathLike, target: str | os.PathLike) -> None:
