@@ -108,6 +108,39 @@ def test_the_balanced_sampler_draws_every_class_equally_often_and_is_seeded():
     assert sorted(i for r in ranks for _, i in r) == sorted(whole)
 
 
+def test_the_balanced_sampler_draws_from_more_images_than_torch_multinomial_takes(monkeypatch):
+    """torch.multinomial refuses more than 2**24 categories (a RuntimeError): a training set
+    that large draws by the cumulative weights instead, as balanced and as seeded (the limit
+    is brought down to 50 images here, torch's refusal with it)."""
+    import torch
+
+    from torchkit.core.data.sources.samples import Samples
+    from torchkit.core.train import loaders
+
+    multinomial = torch.multinomial
+
+    def limited(weights, *args, **kwargs):
+        if len(weights) > 50:
+            raise RuntimeError("number of categories cannot exceed 2^24")
+        return multinomial(weights, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", limited)
+    monkeypatch.setattr(loaders, "MULTINOMIAL_MAX_CATEGORIES", 50, raising=False)
+    labels = [0] * 90 + [1] * 10
+    samples = Samples(["common", "rare"], labels, paths=[f"{i}.png" for i in labels])
+    weights = loaders.balanced_sample_weights(samples)
+    drawn = []
+    for epoch in range(20):
+        sampler = loaders.EpochSampler(100, shuffle=True, seed=0, weights=weights)
+        sampler.set_epoch(epoch)
+        drawn += [labels[i] for _, i in sampler]
+    assert len(drawn) == 2000 and 0.45 < sum(drawn) / len(drawn) < 0.55
+    one = loaders.EpochSampler(100, shuffle=True, seed=0, weights=weights)
+    assert list(one) == list(loaders.EpochSampler(100, shuffle=True, seed=0, weights=weights))
+    zero = loaders.weighted_draws(torch.tensor([0.0] * 60 + [1.0]), 200, torch.Generator())
+    assert set(zero.tolist()) == {60}  # an image of weight 0 is never drawn
+
+
 def test_train_balanced_sampler_is_recorded(runner, tmp_path, make_image_folder):
     data = tmp_path / "data"
     make_image_folder(data / "train", {"ant": 6, "bee": 2})

@@ -203,9 +203,7 @@ class EpochSampler:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)
             weights = torch.tensor(self.weights, dtype=torch.float64)
-            order = torch.multinomial(
-                weights, self.size, replacement=True, generator=generator
-            ).tolist()
+            order = weighted_draws(weights, self.size, generator).tolist()
         elif self.shuffle:
             generator = torch.Generator()
             generator.manual_seed(self.seed + self.epoch)
@@ -232,6 +230,27 @@ class EpochSampler:
 
     def __len__(self) -> int:
         return max(0, self.epoch_images - self.skip)
+
+
+# The most categories torch.multinomial draws from (it raises a RuntimeError above).
+MULTINOMIAL_MAX_CATEGORIES = 2**24
+
+
+def weighted_draws(weights: Any, count: int, generator: Any) -> Any:
+    """`count` indices drawn with replacement, each with probability proportional to its
+    weight: torch.multinomial's draws, or for more than it takes (a training set of over 16.7
+    million images) the inverse of the weights' cumulative sum at uniform points, which draws
+    from the same distribution. Smaller sets keep multinomial's draws, so their orders (and
+    the runs they resume) stay as they were."""
+    import torch
+
+    if len(weights) <= MULTINOMIAL_MAX_CATEGORIES:
+        return torch.multinomial(weights, count, replacement=True, generator=generator)
+    cumulative = torch.cumsum(weights, 0)
+    points = torch.rand(count, generator=generator, dtype=cumulative.dtype) * cumulative[-1]
+    # right=True: the first index whose cumulative weight exceeds the point (none of weight 0).
+    drawn = torch.searchsorted(cumulative, points, right=True)
+    return drawn.clamp_(max=len(weights) - 1)
 
 
 def windowed_order(blocks: Blocks, generator: Any) -> list[int]:
