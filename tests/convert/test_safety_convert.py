@@ -333,6 +333,26 @@ def test_signal_stops_the_workers_and_keeps_the_old_output(
     assert tree_digest(many_images) == before
 
 
+def test_killed_parent_takes_its_workers_along_and_frees_the_output_folder(many_images, tmp_path):
+    """SIGKILL on the main process of `-j 2` (no handler runs): the workers end with it instead
+    of waiting for work forever, holding DST's lock and the command's pipes."""
+    dst = tmp_path / "dst"
+    args = ("convert", "tensor", str(many_images), str(dst), "--to", "npy", "-j", "2")
+    process = start_torchkit_process(*args)
+
+    def converting() -> bool:
+        return any(any(entry.rglob("*.npy")) for entry in tmp_path.glob(".dst.*.partial"))
+
+    wait_until(converting, process=process, what="the workers to write")
+    # Its pipes close (`torchkit ... | cat` ends) and no worker is left, within seconds.
+    returncode, _, _ = signal_and_wait(process, signal.SIGKILL, timeout=5)
+    assert returncode == -signal.SIGKILL
+    wait_until(lambda: not processes_in_group(process.pid), timeout=5, what="the workers to end")
+    result = run_torchkit_in_process(*args)
+    assert result.returncode == 0, result.stderr
+    assert len(list(dst.rglob("*.npy"))) == 2000
+
+
 def _fail_or_sleep(chunk: int) -> int:
     import time
 

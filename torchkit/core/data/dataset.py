@@ -11,6 +11,7 @@ from typing import Any
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.runtime.orphans import exit_if_orphaned
 
 
 def worker_options(workers: int, then: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -36,8 +37,7 @@ class OrphanedWorkerExit:
         self.then = then
 
     def __call__(self, worker_id: int) -> None:
-        if os.getppid() != self.parent:
-            os._exit(0)
+        exit_if_orphaned(self.parent)
         if self.then is not None:
             self.then(worker_id)
 

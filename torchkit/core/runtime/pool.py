@@ -7,15 +7,17 @@ back in their return value, so the parent owns progress, warnings and `--strict`
 skipped input) reaches the parent as the same error, hint included.
 
 Stopping: workers ignore SIGINT (Ctrl-C reaches the whole process group; the parent handles it)
-and die on SIGTERM. When anything ends the work early (an error, Ctrl-C, SIGTERM, which the CLI
-raises as `Terminated`), the parent terminates the workers at once instead of waiting for the
-queued and running chunks, and waits for them to be gone before it returns, so that no worker
-writes into a folder that is being removed, and none is left behind.
+and die on SIGTERM, which Linux also sends them when the parent dies (a SIGKILL). When anything
+ends the work early (an error, Ctrl-C, SIGTERM, which the CLI raises as `Terminated`), the parent
+terminates the workers at once instead of waiting for the queued and running chunks, and waits
+for them to be gone before it returns, so that no worker writes into a folder that is being
+removed, and none is left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 
 from torchkit.core.io.errors import TorchkitError
 from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.runtime.orphans import end_with_parent
 from torchkit.core.runtime.signals import signals_held
 
 T = TypeVar("T")
@@ -44,11 +47,14 @@ def chunked(items: Sequence[T], workers: int, *, most: int = 512) -> list[Sequen
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
     # Ctrl-C goes to the whole process group: the parent handles it and stops the pool. SIGTERM
-    # (from the parent stopping the pool, or sent to the group) ends a worker at once.
+    # (from the parent stopping the pool, or sent to the group) ends a worker at once, and so
+    # does its parent's death (SIGKILL): the worker would otherwise wait for work forever,
+    # holding the output folder's lock and the command's pipes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    end_with_parent(parent, signal.SIGTERM)
 
 
 class _RaisedInWorker(Exception):
@@ -120,6 +126,7 @@ def map_chunks(
         max_workers=min(workers, len(chunks)),
         mp_context=multiprocessing.get_context("fork" if use_fork else "spawn"),
         initializer=_init_worker,
+        initargs=(os.getpid(),),
     )
     finished = False
     try:
