@@ -123,6 +123,9 @@ def test_every_float_option_of_the_config_must_be_finite(name, bad):
         # Before: torch's ValueError about a Dirichlet, or a lam of 0.5 where ~0 or ~1 was due.
         ({"mixup_alpha": 1e-300}, "--mixup-alpha 1e-300 is too small"),
         ({"cutmix_alpha": 0.001}, "--cutmix-alpha 0.001 is too small"),
+        # Before: taken, and torch's float32 Beta(inf, inf) drew lam 1.2e-38 (not 0.5).
+        ({"mixup_alpha": 1e39}, "--mixup-alpha 1e+39 is too large"),
+        ({"cutmix_alpha": 1e300}, "--cutmix-alpha 1e+300 is too large"),
         ({"val_split": 1.0}, "--val-split must be between 0 and 1"),
         ({"std": (0.2, 0.0, 0.2)}, "--std values must be positive"),
         # Before: both drops fired before epoch 1, a silent 100x smaller learning rate.

@@ -39,6 +39,9 @@ MAX_DIST_TIMEOUT_S = 1e9
 # The smallest mixup / cutmix alpha torch's Beta(alpha, alpha) samples right (at 0.001 a
 # quarter of its draws are 0.5; below float32's smallest number it raises).
 MIN_MIX_ALPHA = 0.01
+# The largest: torch's Beta holds alpha as a float32, whose largest is 3.4e38; above, alpha is
+# inf and Beta(inf, inf) draws 1.2e-38 (the other image whole) instead of 0.5 (an even mix).
+MAX_MIX_ALPHA = 3.4e38
 
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
@@ -141,6 +144,12 @@ def validate(config: TrainConfig) -> None:
                 f"{option_name(name)} {alpha} is too small: below {MIN_MIX_ALPHA} torch's Beta "
                 "sampler draws 0.5 (the most mixing) instead of nearly 0 or 1, or fails",
                 "0 turns it off",
+            )
+        if alpha > MAX_MIX_ALPHA:
+            bad(
+                f"{option_name(name)} {alpha:g} is too large: above {MAX_MIX_ALPHA:g} torch's "
+                "Beta sampler draws nearly 0 (the other image whole) instead of 0.5",
+                "an alpha of 100 already mixes nearly evenly",
             )
     if config.epochs is not None and config.warmup_epochs > config.epochs and not config.find_lr:
         bad(
