@@ -55,6 +55,40 @@ def test_a_signal_during_import_torch_stops_the_command(tmp_path, signals, code,
     assert not (tmp_path / "run").exists() and done.stdout == ""
 
 
+# Sends TK_TEST_SIGNALS to its own process while the CLI's command modules are imported: before
+# a command's handlers are set.
+SEND_WHILE_STARTING = textwrap.dedent(
+    """
+    import os, signal, sys
+
+    class _Sender:
+        sent = False
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "torchkit.cli.split" and not self.sent:
+                self.sent = True
+                os.kill(os.getpid(), getattr(signal, os.environ["TK_TEST_SIGNALS"]))
+            return None
+
+    sys.meta_path.insert(0, _Sender())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("signame", "code", "said"), [("SIGINT", 130, "Interrupted."), ("SIGTERM", 143, "Terminated.")]
+)
+def test_a_signal_while_torchkit_starts_ends_it_with_one_line(tmp_path, signame, code, said):
+    """Before: Ctrl-C there printed Python's KeyboardInterrupt traceback (18 lines), and
+    SIGTERM ended it without a word."""
+    (tmp_path / "sitecustomize.py").write_text(SEND_WHILE_STARTING)
+    done = run_torchkit_process(
+        "env", env={"PYTHONPATH": str(tmp_path), "TK_TEST_SIGNALS": signame}
+    )
+    assert done.returncode == code
+    assert done.stderr.splitlines() == [said] and done.stdout == ""
+
+
 @pytest.fixture
 def handled(monkeypatch):
     """SIGUSR1 handled as torchkit's handlers do: deferred inside a held-back import."""

@@ -10,8 +10,12 @@ import importlib
 import os
 import sys
 
-from torchkit import deferred_signals, torchvision_without_dynamo
-from torchkit.bytecode import keep_bytecode_cache
+from torchkit.program import end_on_signals_while_starting
+
+end_on_signals_while_starting()  # first: a Ctrl-C from here until a command runs ends it cleanly
+
+from torchkit import deferred_signals, torchvision_without_dynamo  # noqa: E402
+from torchkit.bytecode import keep_bytecode_cache  # noqa: E402
 
 keep_bytecode_cache()  # before typer, rich and (later) torch are imported
 torchvision_without_dynamo.install()  # before torchvision is imported

@@ -22,6 +22,8 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from torchkit import __version__, deferred_signals
 from torchkit.cli import console
 from torchkit.core.io.errors import first_line
+from torchkit.program import ends_while_starting
+from torchkit.program import runs_as_the_program as runs_as_the_program  # its old home
 from torchkit.switches import switched_on
 
 DEBUG_ENV = "TORCHKIT_DEBUG"
@@ -329,9 +331,13 @@ def _raise_once(signum, frame) -> None:
 
 def _reset_in_child() -> None:
     # Forked workers (DataLoader, pools) must not unwind like the command, nor ignore SIGTERM
-    # as a stopped command does: SIGTERM kills them outright, as before the command started.
+    # as a stopped command does, nor end like torchkit starting: SIGTERM kills them outright.
     handler = signal.getsignal(signal.SIGTERM)
-    if handler is _raise_once or deferred_signals.is_ignore_later(handler):
+    if (
+        handler is _raise_once
+        or deferred_signals.is_ignore_later(handler)
+        or ends_while_starting(handler)
+    ):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -365,16 +371,6 @@ def _usage_error(error: ClickUsageError) -> NoReturn:
     command = ctx.command_path if ctx is not None else "torchkit"
     _report(error, f"{error.format_message().rstrip('.')} (see '{command} --help')")
     raise typer.Exit(error.exit_code) from None
-
-
-def runs_as_the_program() -> bool:
-    """Whether `main` is this process's program (the `torchkit` script, `python -m torchkit`,
-    `torchrun -m torchkit`), not a call from someone's Python, which may catch SystemExit and
-    carry on: only the program may end the process."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name == "torchkit.__main__":
-        return True
-    return os.path.splitext(os.path.basename(sys.argv[0]))[0] == "torchkit"
 
 
 def exit_without_teardown(done: SystemExit) -> None:
