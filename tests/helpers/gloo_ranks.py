@@ -23,7 +23,7 @@ from suite_paths import HELPERS, REPO
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 # torchrun's variables as no torchrun sets them, and the one line each is refused with (train,
-# eval and predict alike: one reader, core.runtime.distributed.launch_env).
+# eval and predict alike: one reader, core.runtime.launch.launch_env).
 BAD_LAUNCHES = [
     pytest.param(
         {"WORLD_SIZE": "2"},

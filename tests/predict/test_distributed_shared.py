@@ -15,6 +15,7 @@ from PIL import Image
 from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.io.errors import DeviceError
 from torchkit.core.runtime import distributed
+from torchkit.core.runtime import launch as launch_variables
 
 
 @pytest.fixture
@@ -142,22 +143,22 @@ def test_a_group_the_caller_made_is_joined_with_its_ranks(monkeypatch):
 @pytest.mark.parametrize(
     ("env", "launch"),
     [
-        ({}, distributed.LaunchEnv()),
-        ({"RANK": "", "WORLD_SIZE": ""}, distributed.LaunchEnv()),  # empty: unset
+        ({}, launch_variables.LaunchEnv()),
+        ({"RANK": "", "WORLD_SIZE": ""}, launch_variables.LaunchEnv()),  # empty: unset
         # Blanks and leading zeros are read as torch's int() reads them: rank 0 to every reader
         # (some compared the text with "0" and took rank 0 for another rank).
-        ({"RANK": " 0", "WORLD_SIZE": "2 "}, distributed.LaunchEnv(world_size=2)),
-        ({"RANK": "00", "WORLD_SIZE": "1"}, distributed.LaunchEnv()),
+        ({"RANK": " 0", "WORLD_SIZE": "2 "}, launch_variables.LaunchEnv(world_size=2)),
+        ({"RANK": "00", "WORLD_SIZE": "1"}, launch_variables.LaunchEnv()),
         (
             {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
-            distributed.LaunchEnv(rank=3, world_size=4, local_rank=1, local_world_size=2),
+            launch_variables.LaunchEnv(rank=3, world_size=4, local_rank=1, local_world_size=2),
         ),
     ],
 )
 def test_torchruns_variables_are_read_in_one_place(monkeypatch, env, launch):
     set_launch_env(monkeypatch, env)
-    assert distributed.launch_env() == launch
-    assert distributed.is_main_process() == (launch.rank == 0)
+    assert launch_variables.launch_env() == launch
+    assert launch_variables.is_main_process() == (launch.rank == 0)
     assert distributed.launched_by_torchrun() == (launch.world_size > 1)
 
 

@@ -147,7 +147,7 @@ def eval_command(
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
     from torchkit.core.evaluate.runner import check_report_file
     from torchkit.core.evaluate.source import recorded_data
-    from torchkit.core.runtime.distributed import is_main_process
+    from torchkit.core.runtime.launch import is_main_process
 
     fmt = resolve_format(fmt, output)
     spec = ModelSpec(

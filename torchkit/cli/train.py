@@ -110,7 +110,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     from torchkit.cli.progress import TrainProgress
     from torchkit.cli.train_tables import csv_row_table, lr_find_table, summary_table
     from torchkit.core.io.outputs import InputPath
-    from torchkit.core.runtime.distributed import is_main_process
+    from torchkit.core.runtime.launch import is_main_process
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal
     from torchkit.core.train.timeline import process_age

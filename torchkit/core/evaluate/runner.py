@@ -23,8 +23,8 @@ import numpy as np
 from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import image_mode
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.data.sources.source import require_data
 from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
@@ -44,13 +44,8 @@ from torchkit.core.io.outputs import (
 from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.runtime.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
-from torchkit.core.runtime.distributed import (
-    DistContext,
-    all_gather,
-    is_main_process,
-    setup,
-    teardown,
-)
+from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
+from torchkit.core.runtime.launch import is_main_process
 from torchkit.core.runtime.plot_helper import PlotHelper, plot_helper
 from torchkit.core.topk import DEFAULT_TOPK, ranked_classes
 

@@ -76,13 +76,10 @@ def require_images(items: Sequence[str]) -> None:
     """Each of `items` that names a path exists, with `collect_images`' error, without reading
     anything: checked before the outputs, so that a missing or mistyped input is not reported
     as an output that "already exists". `-`, `digits`, URLs and shard patterns name no path."""
-    from torchkit.core.data.sources.http_shards import is_url
-    from torchkit.core.data.sources.shards import is_shard_pattern
+    from torchkit.core.data.sources.required import names_no_path
 
     for item in items:
-        if item in (STDIN, "digits") or os.path.lexists(item):
-            continue
-        if not is_url(item) and not is_shard_pattern(item):
+        if item != STDIN and not names_no_path(item) and not os.path.lexists(item):
             raise _not_found(item)
 
 

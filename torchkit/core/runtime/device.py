@@ -76,7 +76,7 @@ def select_device(spec: str = "auto", *, local_rank: int | None = None, world_si
         # Every rank of the node checks the node's process count, not only its own rank: a
         # rank with a GPU would otherwise wait in the first collective for the one that failed,
         # until torchrun kills it.
-        from torchkit.core.runtime.distributed import launch_env
+        from torchkit.core.runtime.launch import launch_env
 
         local_world = max(launch_env().local_world_size, local_rank + 1)
         if local_world > count:

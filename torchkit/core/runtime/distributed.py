@@ -10,14 +10,14 @@ timeout: a rank that stops answering ends the run with an error, not a hang.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError, first_line
+from torchkit.core.io.errors import DeviceError, TorchkitError, first_line
+from torchkit.core.runtime.launch import Placed, launch_env
 
 # How long a collective waits for the other ranks before the run fails (train's --dist-timeout;
 # the other commands always wait this long): torch's default for Gloo, and long enough for rank
@@ -25,100 +25,14 @@ from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError, firs
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-class _Placed:
-    """A process's place in its world: rank 0 writes and reports; a world of one is a plain
-    run."""
-
-    rank: int
-    world_size: int
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def is_distributed(self) -> bool:
-        return self.world_size > 1
-
-
 @dataclass
-class DistContext(_Placed):
+class DistContext(Placed):
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
     device: Any = None
     backend: str | None = None
     initialised_here: bool = False  # `setup` made the process group, so `teardown` ends it
-
-
-@dataclass(frozen=True)
-class LaunchEnv(_Placed):
-    """Where torchrun put this process: its variables RANK, WORLD_SIZE, LOCAL_RANK and
-    LOCAL_WORLD_SIZE, as numbers (a plain run: rank 0 of a world of one)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-
-
-_LAUNCH_VARIABLES = {  # name: (smallest value, what torchrun sets it to)
-    "RANK": (0, "the process's rank"),
-    "WORLD_SIZE": (1, "the number of processes"),
-    "LOCAL_RANK": (0, "the process's rank on its node"),
-    "LOCAL_WORLD_SIZE": (1, "the number of processes on the node"),
-}
-
-
-def _launch_variable(name: str) -> int | None:
-    """The whole number in $NAME (None when unset or empty); anything else is refused."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    smallest, meaning = _LAUNCH_VARIABLES[name]
-    if not text.isdecimal() or not text.isascii() or int(text) < smallest:
-        raise UsageError(
-            f"{name} is set to {os.environ[name]!r}",
-            f"torchrun sets it to {meaning}; unset it to run one process",
-        )
-    return int(text)
-
-
-def launch_env() -> LaunchEnv:
-    """torchrun's variables of this process, read and checked in one place for every command.
-
-    A value that is not a whole number (at least 0 for the ranks, 1 for the sizes), a WORLD_SIZE
-    above 1 without RANK, and a RANK outside the world are a UsageError naming the variable.
-    Unset or empty variables take a plain run's values; surrounding blanks and leading zeros
-    are read as int() reads them (as torch does), so every reader agrees on who is rank 0."""
-    rank, world_size = _launch_variable("RANK"), _launch_variable("WORLD_SIZE")
-    local_rank, local_world_size = (
-        _launch_variable("LOCAL_RANK"),
-        _launch_variable("LOCAL_WORLD_SIZE"),
-    )
-    if rank is None and world_size is not None and world_size > 1:
-        raise UsageError(
-            f"WORLD_SIZE is set to {os.environ['WORLD_SIZE']!r} but RANK is not set",
-            "torchrun sets both; unset WORLD_SIZE to run one process",
-        )
-    if rank is not None and rank >= (world_size or 1):
-        world = "not set" if world_size is None else f"{world_size}"
-        raise UsageError(
-            f"RANK is set to {os.environ['RANK']!r} but WORLD_SIZE is {world}",
-            "torchrun sets RANK from 0 to WORLD_SIZE - 1; unset RANK to run one process",
-        )
-    return LaunchEnv(
-        rank=0 if rank is None else rank,
-        world_size=1 if world_size is None else world_size,
-        local_rank=0 if local_rank is None else local_rank,
-        local_world_size=1 if local_world_size is None else local_world_size,
-    )
-
-
-def is_main_process() -> bool:
-    """Whether this process is rank 0 as torchrun's RANK says (True in a plain run): the one
-    that writes files and reports."""
-    return launch_env().is_main
 
 
 def launched_by_torchrun() -> bool:

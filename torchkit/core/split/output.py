@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.source import require_data
+from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import atomic_write_text, open_text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.source import require_data
+from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, sample_keys, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import open_text

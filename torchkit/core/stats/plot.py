@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.source import require_data
+from torchkit.core.data.sources.required import require_data
 from torchkit.core.io.errors import UsageError
 from torchkit.core.io.files import atomic_write_bytes, drawable
 from torchkit.core.io.outputs import (

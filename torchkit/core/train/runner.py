@@ -18,6 +18,7 @@ from torchkit.core.io.errors import DeviceError, InputError, UsageError
 from torchkit.core.io.outputs import InputPath
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
+from torchkit.core.runtime.launch import is_main_process
 from torchkit.core.train import ddp
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.epochs import EpochDriver, evaluate_best_on_test
@@ -60,7 +61,7 @@ def run_training(
             # run folder costs a fraction of a second.
             plan = plan_run(config, overrides)
             folder.open(DistContext(), plan)
-        if distributed.is_main_process():
+        if is_main_process():
             folder.start_painter()  # the plots' library (matplotlib) loads beside torch
         timeline = RunTimeline(started, process_age)
         return _run_with_torch(

@@ -105,7 +105,7 @@ def open_data(
         return stored
     path = Path(text)
     if not path.exists():
-        raise _not_found(path)
+        raise not_found(path)
     if path.is_file():
         if path.suffix.lower() != ".csv":
             raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
@@ -115,21 +115,8 @@ def open_data(
     return _open_folder(path, text, classes, allow_unlabelled)
 
 
-def require_data(spec: str | os.PathLike) -> None:
-    """`open_data`'s "dataset not found" for a `spec` that names a missing path, without
-    reading anything: checked before a command's outputs, so that a missing or mistyped input
-    is not reported as an output that "already exists". A URL or a shard pattern names no
-    path: its reader says what is missing."""
-    from torchkit.core.data.sources.http_shards import is_url
-    from torchkit.core.data.sources.shards import is_shard_pattern
-
-    text = os.fspath(spec)
-    if text == DIGITS or is_url(text) or is_shard_pattern(text) or Path(text).exists():
-        return
-    raise _not_found(Path(text))
-
-
-def _not_found(path: Path) -> InputError:
+def not_found(path: Path) -> InputError:
+    """The error for data `spec` names that is not there."""
     return InputError(f"dataset not found: {path}", GRAMMAR_HINT)
 
 
