@@ -84,15 +84,26 @@ def _swap_layer(model, name: str, layer, outputs: int) -> None:
     setattr(parent, attr, new)
 
 
+def _with_auxiliary_heads() -> tuple[type, type] | None:
+    """torchvision's GoogLeNet and Inception3; None while torchvision is not imported (then no
+    model can be one of them, and the built-in convnet's runs never import it)."""
+    import sys
+
+    if "torchvision" not in sys.modules:
+        return None
+    from torchvision.models import GoogLeNet, Inception3
+
+    return GoogLeNet, Inception3
+
+
 def auxiliary_heads(model) -> list[tuple[str, Any]]:
     """(name, last layer) of the auxiliary classifiers of torchvision's GoogLeNet and
     Inception3 (`aux1.fc2`, `aux2.fc2`; `AuxLogits.fc`), those the model has: they classify
     into the model's classes, so a new head count or a file's weights size them too."""
-    import sys
-
-    if "torchvision" not in sys.modules:  # not imported: the model cannot be one of its own
+    classes = _with_auxiliary_heads()
+    if classes is None:
         return []
-    from torchvision.models import GoogLeNet, Inception3
+    GoogLeNet, Inception3 = classes  # noqa: N806 - torchvision's class names
 
     if isinstance(model, GoogLeNet):
         names = ("aux1.fc2", "aux2.fc2")
@@ -146,10 +157,10 @@ def switch_off_auxiliary_heads(model) -> int:
     `aux_logits` is switched off and the auxiliary heads frozen (no gradient ever reaches
     them), kept in the state dict so that the weights still fit the model every command
     builds. Returns the number of parameters frozen."""
-    from torchvision.models import GoogLeNet, Inception3
-
-    if not (isinstance(model, (GoogLeNet, Inception3)) and model.aux_logits):
+    classes = _with_auxiliary_heads()
+    if classes is None or not (isinstance(model, classes) and model.aux_logits):
         return 0
+    GoogLeNet = classes[0]  # noqa: N806 - torchvision's class name
     model.aux_logits = False
     heads = [model.aux1, model.aux2] if isinstance(model, GoogLeNet) else [model.AuxLogits]
     frozen = 0

@@ -8,10 +8,11 @@ test instead (--find-lr). Under torchrun every rank runs them; only rank 0 write
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 
 from torchkit.core.data.sources import SPLIT_CSV
 from torchkit.core.io.errors import DeviceError, InputError, UsageError
@@ -25,7 +26,13 @@ from torchkit.core.train.epochs import EpochDriver, evaluate_best_on_test
 from torchkit.core.train.interface import RunInfo, TrainCallbacks, TrainResult
 from torchkit.core.train.outputs import check_tensorboard, versions
 from torchkit.core.train.run_folder import RunFolder
-from torchkit.core.train.setup import RunPlan, build_amp, plan_run, prepare_state
+from torchkit.core.train.setup import (
+    RunPlan,
+    build_amp,
+    image_size_refusal,
+    plan_run,
+    prepare_state,
+)
 from torchkit.core.train.state import TrainState
 from torchkit.core.train.timeline import EpochTimeline, RunTimeline
 
@@ -146,12 +153,14 @@ def _train(
             result = _begin(ctx, plan, state, folder)
             timeline.mark("set-up", setup_details(state, time.perf_counter() - timeline.last))
             if state.config.find_lr:
-                _find_lr(ctx, state, folder, result)
+                with _image_size_checked(state):
+                    _find_lr(ctx, state, folder, result)
                 timeline.mark("the range test")
             else:
                 _announce(ctx, state, folder, callbacks)
                 epochs = EpochDriver(ctx, state, folder, callbacks, result)
-                epochs.run()
+                with _image_size_checked(state):
+                    epochs.run()
                 timeline.mark(epochs.phase(), epochs.time_split())
                 if state.step_ctx.graphed is not None:
                     log.info("%s", state.step_ctx.graphed.summary())
@@ -228,6 +237,22 @@ def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder
         history=state.history,
         config=config.to_dict(),
     )
+
+
+@contextlib.contextmanager
+def _image_size_checked(state: TrainState) -> Iterator[None]:
+    """A model too deep for --image-size fails at its first batch with torch's shape error:
+    that becomes one line naming the smallest size it takes (`image_size_refusal`)."""
+    try:
+        yield
+    except RuntimeError as error:
+        preprocess = state.preprocess
+        refusal = image_size_refusal(
+            state.model, state.arch, preprocess.in_channels, preprocess.image_size, error
+        )
+        if refusal is None:
+            raise
+        raise refusal from error
 
 
 def _check_same_data(ctx: DistContext, state: TrainState) -> None:

@@ -177,7 +177,6 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
                 _warm_decoder(ctx, config, data, preprocess)
         split.mark("starting the workers")
         model, arch, parameters = build_model()
-        require_image_size(model, arch, preprocess.in_channels, preprocess.image_size)
         split.mark("model")
         _to_device(model, ctx, config)
         split.mark("the model to the device")
@@ -392,44 +391,27 @@ def _build_model(
     return model, resolved.arch, parameters
 
 
-def require_image_size(model: Any, arch: str, channels: int, side: int) -> None:
-    """Refuse, before the run starts, a model that cannot take `side` x `side` images (a
-    network too deep for them) in one line, rather than torch's shape error at the first
-    batch: summary's check (one image through a meta-device copy of the model, at no compute).
-    The hint names the smallest side the model takes when one up to 256 does."""
-    from torchkit.core.io.errors import first_line
-    from torchkit.core.summary import summarize
-
-    try:
-        summarize(model, [(1, channels, side, side)], count_flops=False)
-    except UsageError as error:
-        reason = first_line(error.__cause__) if error.__cause__ is not None else error.message
-        smallest = _smallest_side(model, channels, side)
-        hint = (
-            f"the smallest it takes is {smallest}: use --image-size {smallest} or larger"
-            if smallest is not None
-            else "check --image-size: it must be a size this model accepts"
-        )
-        raise UsageError(f"{arch} cannot train on {side}x{side} images: {reason}", hint) from error
-
-
-# The largest side `_smallest_side` tries: a model that takes none up to it fails on small
-# images for another reason (or cannot run on the meta device), and no side is suggested.
-_LARGEST_SIDE_TRIED = 256
-
-
-def _smallest_side(model: Any, channels: int, failing: int) -> int | None:
-    """The smallest side above `failing` that `model` takes, bisected on one meta-device copy
-    (a stack of convolutions and poolings takes every side above its smallest one)."""
+def image_size_refusal(
+    model: Any, arch: str, channels: int, side: int, error: Exception
+) -> UsageError | None:
+    """The one-line refusal for a model that failed (`error`) because it cannot take `side` x
+    `side` images (a network too deep for them), naming the smallest side it takes; None when
+    that is not why it failed. Asked only after a failure, so a run that works pays nothing:
+    the forward passes run on a meta-device copy (no compute, the model itself never called).
+    A model the meta device cannot run at `_LARGEST_SIDE_TRIED` either is not judged here."""
     import torch
 
+    from torchkit.core.io.errors import first_line
     from torchkit.core.summary.counting import meta_copy
 
-    if failing >= _LARGEST_SIDE_TRIED:
+    if not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
         return None
-    copy = meta_copy(model).eval()
+    try:
+        copy = meta_copy(model).eval()
+    except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
+        return None
 
-    def takes(n: int) -> bool:
+    def runs(n: int) -> bool:
         try:
             with torch.no_grad():
                 copy(torch.empty(1, channels, n, n, device="meta"))
@@ -437,13 +419,21 @@ def _smallest_side(model: Any, channels: int, failing: int) -> int | None:
             return False
         return True
 
-    low, high = failing, _LARGEST_SIDE_TRIED
-    if not takes(high):
+    if side >= _LARGEST_SIDE_TRIED or runs(side) or not runs(_LARGEST_SIDE_TRIED):
         return None
-    while high - low > 1:  # fails at low, runs at high
+    low, high = side, _LARGEST_SIDE_TRIED  # fails at low, runs at high
+    while high - low > 1:
         middle = (low + high) // 2
-        low, high = (low, middle) if takes(middle) else (middle, high)
-    return high
+        low, high = (low, middle) if runs(middle) else (middle, high)
+    return UsageError(
+        f"{arch} cannot train on {side}x{side} images: {first_line(error)}",
+        f"the smallest it takes is {high}: use --image-size {high} or larger",
+    )
+
+
+# The largest side `image_size_refusal` tries: a model the meta device cannot run at it either
+# fails on small images for another reason (or cannot run on the meta device at all).
+_LARGEST_SIDE_TRIED = 256
 
 
 def _to_device(model: Any, ctx: DistContext, config: TrainConfig) -> None:
