@@ -172,6 +172,14 @@ def test_a_refusal_or_a_server_error_is_one_error_line(server, tmp_path, code):
     assert_no_half_shard(tmp_path, "shard-000000.tar")
 
 
+def test_a_url_presigned_for_get_alone_reads_again_from_the_cache(server):
+    """S3 refuses the HEAD of a URL presigned for GET (403): the cached shard's check failed
+    the second run with "HTTP 403"; it is downloaded again instead."""
+    url = f"{server.url}/gets-only/shards/shard-000000.tar?X-Amz-Signature=abc"
+    first = stats(url)
+    assert stats(url) == first
+
+
 def test_processes_sharing_the_cache_download_each_shard_once(server):
     from torchkit.core.data.sources.http_shards import fetch_shards
 

@@ -32,7 +32,8 @@ class _Handler(SimpleHTTPRequestHandler):
     with a Content-Length and closes after half the bytes; `/status/CODE/NAME.tar` answers CODE;
     `/lying/N/PATH.tar` answers the file PATH.tar whole with a Content-Length of N (GET and
     HEAD), and `/unsized/N/PATH.tar` its first N bytes with no Content-Length, then closes
-    (other files under them: the file PATH, truthfully)."""
+    (other files under them: the file PATH, truthfully); `/gets-only/PATH` answers a GET with
+    the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET."""
 
     def __init__(self, *args, requests: list, **kwargs) -> None:
         self.requests = requests
@@ -66,11 +67,15 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def do_HEAD(self) -> None:
         self._record()
+        if self.path.startswith("/gets-only/"):
+            self.send_error(403)
+            return
         if not self._lie(body=False):
             super().do_HEAD()
 
     def do_GET(self) -> None:
         self._record()
+        self.path = self.path.removeprefix("/gets-only")
         if self.path.startswith("/status/") and self.path.endswith(".tar"):
             self.send_error(int(self.path.split("/")[2]))
             return

@@ -881,14 +881,14 @@ def _network_error(url: str, reason: object) -> TorchkitError:
 
 def _head(url: str) -> tuple[int | None, str | None]:
     """(Content-Length, ETag) a HEAD request gives, None where the server says none; (None,
-    None) where it answers no HEAD."""
+    None) where it answers a HEAD with no 200: the shard is then downloaded again, and the
+    GET says what is wrong, if anything (a presigned URL, `?X-Amz-Signature=...`, is signed
+    for GET alone: S3 refuses its HEAD with 403)."""
     try:
         with _opened(url, "HEAD") as response:
             return _content_length(response), response.headers.get("ETag")
-    except _HttpStatus as error:
-        if error.code in (405, 501):
-            return None, None
-        raise
+    except _HttpStatus:
+        return None, None
 
 
 def _get_small(url: str) -> bytes | None:
