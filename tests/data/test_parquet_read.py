@@ -112,6 +112,36 @@ def test_class_names_come_from_the_hf_metadata_else_are_the_indices(world, tmp_p
     assert counts == {"0": 1, "1": 0, "2": 3}
 
 
+def write_labelled_by_name(path: Path, labels: object) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images = pa.array([png(i) for i in range(len(labels))], pa.binary())
+    pq.write_table(pa.table({"image": images, "label": labels}), path)
+    return path
+
+
+def test_a_split_file_of_no_rows_is_not_taken_for_labels_of_another_kind(tmp_path):
+    # Class names as labels, and a test split of no rows: "mixes class names with indices".
+    import pyarrow as pa
+
+    write_labelled_by_name(tmp_path / "data" / "train-0.parquet", ["a", "b", "b"])
+    write_labelled_by_name(tmp_path / "data" / "test-0.parquet", pa.array([], pa.string()))
+    counts = {c["name"]: c["images"] for c in stats(tmp_path)["classes"]}
+    assert counts == {"a": 1, "b": 2}
+
+
+def test_dictionary_encoded_labels_are_read_as_their_class_names(tmp_path):
+    # pandas writes a categorical column dictionary-encoded: it was read as no label at all.
+    import pyarrow as pa
+
+    labels = pa.array(["cat", "dog", "dog"]).dictionary_encode()
+    data = write_labelled_by_name(tmp_path / "pets.parquet", labels)
+    counts = {c["name"]: c["images"] for c in stats(data)["classes"]}
+    assert counts == {"cat": 1, "dog": 2}
+
+
 def test_extract_features_gives_one_row_per_sample_in_file_order(world, tmp_path):
     for data, out in ((world / "split", "folder"), (world / "hf", "parquet")):
         result = run_torchkit_in_process(

@@ -266,6 +266,10 @@ class _File:
                 "images are an `image` column of HF's Image type ({bytes, path}) or of binary",
             )
         self.label_column = _label_column(schema, self.features)
+        # From the column's type, not its values: a file of no rows has labels of a kind too.
+        self.string_labels = self.label_column is not None and _is_string(
+            _label_type(schema.field(self.label_column).type)
+        )
         metadata = handle.metadata
         self.locators = [
             (group, row)
@@ -348,14 +352,26 @@ def _feature_type(feature: Any) -> str | None:
     return feature.get("_type") if isinstance(feature, dict) else None
 
 
+def _label_type(kind: Any) -> Any:
+    """A label column's type, a dictionary's values for a dictionary-encoded column (pandas'
+    categoricals): its values are read (to_pylist), not its codes."""
+    import pyarrow as pa
+
+    return kind.value_type if pa.types.is_dictionary(kind) else kind
+
+
+def _is_string(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
 def _label_column(schema: Any, features: dict) -> str | None:
     import pyarrow as pa
 
     def usable(name: str) -> bool:
-        kind = schema.field(name).type if name in schema.names else None
-        return kind is not None and (
-            pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
-        )
+        kind = _label_type(schema.field(name).type) if name in schema.names else None
+        return kind is not None and (pa.types.is_integer(kind) or _is_string(kind))
 
     if usable(LABEL_COLUMN):
         return LABEL_COLUMN
@@ -448,7 +464,7 @@ def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
 
 def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | None) -> list[str]:
     """The class names in label order (see the module's docstring)."""
-    strings = [f for f in files if f.labels and isinstance(f.labels[0], str)]
+    strings = [f for f in files if f.string_labels]
     if strings:
         if len(strings) != len(files):
             raise InputError(f"{spec} mixes labels that are class names with class indices")
