@@ -180,6 +180,18 @@ def test_a_url_presigned_for_get_alone_reads_again_from_the_cache(server):
     assert stats(url) == first
 
 
+def test_a_url_with_a_space_or_a_non_ascii_letter_reads_as_a_browser_sends_it(
+    world, server, tmp_path
+):
+    """http.client refused both (its error showing the query, a token there); they are sent
+    percent-encoded, and the shard keeps its name in the cache."""
+    folder = world / "served" / "odd names"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(world / "served" / "shards" / "shard-000000.tar", folder / "é 1.tar")
+    assert stats(f"{server.url}/odd names/é 1.tar?token=x y") == stats(folder / "é 1.tar")
+    assert [n for n in cached_files(tmp_path) if n.endswith(".tar")] == ["é 1.tar"]
+
+
 def test_processes_sharing_the_cache_download_each_shard_once(server):
     from torchkit.core.data.sources.http_shards import fetch_shards
 

@@ -810,7 +810,7 @@ def _opened(url: str, method: str) -> Iterator[Any]:
     from torchkit import __version__
 
     request = urllib.request.Request(
-        url,
+        _request_url(url),
         method=method,
         headers={"User-Agent": f"torchkit/{__version__}", "Accept-Encoding": "identity"},
     )
@@ -827,6 +827,23 @@ def _opened(url: str, method: str) -> Iterator[Any]:
         if response.status != 200:
             raise _HttpStatus(url, response.status, str(response.reason or ""))
         yield response
+
+
+def _request_url(url: str) -> str:
+    """`url` as a request may carry it: a space or a non-ASCII letter in its path, query or
+    fragment percent-encoded, as a browser does (http.client refuses them, its error showing
+    the query); `%XX` already there kept; the host as typed."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    safe = "/%:@!$&'()*+,;=~[]"
+    return urlunsplit(
+        parts._replace(
+            path=quote(parts.path, safe=safe),
+            query=quote(parts.query, safe=safe + "?"),
+            fragment=quote(parts.fragment, safe=safe + "?"),
+        )
+    )
 
 
 class _HttpStatus(InputError):
