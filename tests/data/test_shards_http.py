@@ -192,6 +192,13 @@ def test_a_url_with_a_space_or_a_non_ascii_letter_reads_as_a_browser_sends_it(
     assert [n for n in cached_files(tmp_path) if n.endswith(".tar")] == ["é 1.tar"]
 
 
+def test_a_redirect_loop_is_one_error_line(server, tmp_path):
+    result = run_torchkit_in_process("dataset-stats", f"{server.url}/loop/shard-000000.tar")
+    assert result.returncode == 1
+    line = error_line(result.stderr, besides="nothing")  # urllib's reason had three lines
+    assert f"{server.url}/loop/" in line and "HTTP 302" in line and "redirects" in line, line
+
+
 def test_processes_sharing_the_cache_download_each_shard_once(server):
     from torchkit.core.data.sources.http_shards import fetch_shards
 

@@ -33,7 +33,8 @@ class _Handler(SimpleHTTPRequestHandler):
     `/lying/N/PATH.tar` answers the file PATH.tar whole with a Content-Length of N (GET and
     HEAD), and `/unsized/N/PATH.tar` its first N bytes with no Content-Length, then closes
     (other files under them: the file PATH, truthfully); `/gets-only/PATH` answers a GET with
-    the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET."""
+    the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET; `/loop/PATH`
+    redirects (302) to itself."""
 
     def __init__(self, *args, requests: list, **kwargs) -> None:
         self.requests = requests
@@ -76,6 +77,11 @@ class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         self._record()
         self.path = self.path.removeprefix("/gets-only")
+        if self.path.startswith("/loop/"):
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.end_headers()
+            return
         if self.path.startswith("/status/") and self.path.endswith(".tar"):
             self.send_error(int(self.path.split("/")[2]))
             return

@@ -856,8 +856,11 @@ class _HttpStatus(InputError):
             hint = "check the URL: {000000..000009} names every shard from the first to the last"
         elif code >= 500:
             hint = "the server failed: try again later"
+        elif 300 <= code < 400:
+            hint = "the server's redirects lead nowhere (a loop, or too many): check the URL"
         else:
             hint = "torchkit reads a shard from a 200 OK response"
+        reason = " ".join(reason.split())  # one line: urllib's redirect loop reason has three
         super().__init__(f"cannot download {_shown(url)}: HTTP {code} {reason}".rstrip(), hint)
         self.code = code
 
