@@ -486,6 +486,13 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
         return index_class_names(
             largest, where, "name the classes: HF's ClassLabel, or ROOT/dataset_info.json"
         )
+    twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+    if twice is not None:
+        # HF's ClassLabel refuses such names: two classes would train, score and print as one.
+        raise InputError(
+            f"the class names of {spec} name {twice!r} twice",
+            "HF's ClassLabel names are unique: fix the dataset's metadata",
+        )
     if largest >= len(names):
         where = next(f.path for f in files if largest in f.labels)
         raise InputError(
