@@ -199,6 +199,21 @@ def test_a_redirect_loop_is_one_error_line(server, tmp_path):
     assert f"{server.url}/loop/" in line and "HTTP 302" in line and "redirects" in line, line
 
 
+def test_an_html_page_served_as_a_side_file_is_no_class_names(world, server):
+    """A web app answers a missing classes.txt with a 200 OK HTML page: its lines named the
+    classes of shards labelled by `.cls` index alone."""
+    import webdataset as wds
+
+    folder = world / "served" / "indexed"
+    folder.mkdir(exist_ok=True)
+    png = next((world / "images" / "a").iterdir()).read_bytes()
+    with wds.TarWriter(str(folder / "shard-000000.tar")) as sink:
+        for index in range(6):
+            sink.write({"__key__": f"k{index}", "png": png, "cls": index % 3})
+    local = stats(folder / "shard-000000.tar")
+    assert stats(f"{server.url}/spa/indexed/shard-000000.tar") == local
+
+
 def test_processes_sharing_the_cache_download_each_shard_once(server):
     from torchkit.core.data.sources.http_shards import fetch_shards
 

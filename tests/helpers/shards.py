@@ -34,7 +34,8 @@ class _Handler(SimpleHTTPRequestHandler):
     HEAD), and `/unsized/N/PATH.tar` its first N bytes with no Content-Length, then closes
     (other files under them: the file PATH, truthfully); `/gets-only/PATH` answers a GET with
     the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET; `/loop/PATH`
-    redirects (302) to itself."""
+    redirects (302) to itself; `/spa/PATH` the file PATH, or where there is none a 200 OK
+    HTML page, as a web app does."""
 
     def __init__(self, *args, requests: list, **kwargs) -> None:
         self.requests = requests
@@ -77,6 +78,16 @@ class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         self._record()
         self.path = self.path.removeprefix("/gets-only")
+        if self.path.startswith("/spa/"):
+            self.path = self.path.removeprefix("/spa")
+            if not Path(self.translate_path(self.path)).is_file():
+                page = b"<!doctype html>\n<html>\n<body>\n<p>Not here</p>\n</body>\n</html>\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+                return
         if self.path.startswith("/loop/"):
             self.send_response(302)
             self.send_header("Location", self.path)

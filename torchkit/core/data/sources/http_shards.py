@@ -912,9 +912,14 @@ def _head(url: str) -> tuple[int | None, str | None]:
 
 
 def _get_small(url: str) -> bytes | None:
-    """A small side file's bytes; None where the server has none (401, 403, 404, 410)."""
+    """A small side file's bytes; None where the server has none (401, 403, 404, 410), or
+    answers with an HTML page (a web app's "not found" sent as 200 OK: read as classes.txt,
+    its lines named the classes)."""
     try:
         with _opened(url, "GET") as response:
+            if response.headers.get_content_type() == "text/html":
+                log.info("%s is an HTML page: read as absent", _shown(url))
+                return None
             chunks = []
             while chunk := _read(response, url):
                 chunks.append(chunk)
