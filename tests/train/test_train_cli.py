@@ -296,32 +296,22 @@ def test_matches_a_hand_written_loop(runner, tmp_path):
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
 
 
-def test_an_epoch_shorter_than_accum_steps_averages_its_own_batches(runner, tmp_path):
-    """The last update of an epoch accumulates fewer than --accum-steps batches: its gradient
-    is their mean, as a full batch's is (it was their sum / --accum-steps, so --accum-steps 4
-    over 2 batches halved every update, and a large value trained nothing)."""
-    data = write_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
-    recipe = [
-        "--data", str(data), "--val-split", "0.5", "--model", "nets:TinyNet",
-        "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
-        "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "0.5",
-        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "2", "--workers", "0",
-        "--no-ema", "--device", "cpu",
-    ]  # fmt: skip
-    full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
-    halves = train(
-        runner, *recipe, "--batch-size", "3", "--accum-steps", "4", "--out", str(tmp_path / "h")
-    )
-    assert full.exit_code == 0 and halves.exit_code == 0, full.stderr + halves.stderr
-    ours = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
-    accumulated = read_checkpoint(tmp_path / "h" / "last.pt")["model"]
-    for key, value in ours.items():
-        assert torch.allclose(accumulated[key], value, atol=1e-6), key
-
-
-def test_an_update_holding_the_short_last_batch_averages_over_its_images(runner, tmp_path):
-    """6 images in batches of 4 and 2 accumulated into one update train as one batch of 6: each
-    batch weighs by its images (the mean of the two batches' means overweighted the 2)."""
+@pytest.mark.parametrize(
+    ("batch_size", "accum_steps"),
+    [
+        # The last update of an epoch accumulates fewer than --accum-steps batches: its
+        # gradient is their mean, as a full batch's is (it was their sum / --accum-steps, so
+        # --accum-steps 4 over 2 batches halved every update, and a large value trained nothing).
+        ("3", "4"),
+        # Batches of 4 and 2 in one update train as one batch of 6: each batch weighs by its
+        # images (the mean of the two batches' means overweighted the 2).
+        ("4", "2"),
+    ],
+    ids=["epoch-shorter-than-accum-steps", "short-last-batch-in-an-update"],
+)
+def test_accumulated_batches_train_as_one_batch_of_their_images(
+    runner, tmp_path, batch_size, accum_steps
+):
     data = write_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
     recipe = [
         "--data", str(data), "--val-split", "0.5", "--model", "nets:TinyNet",
@@ -332,11 +322,12 @@ def test_an_update_holding_the_short_last_batch_averages_over_its_images(runner,
     ]  # fmt: skip
     full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
     parts = train(
-        runner, *recipe, "--batch-size", "4", "--accum-steps", "2", "--out", str(tmp_path / "p")
-    )
+        runner, *recipe, "--batch-size", batch_size, "--accum-steps", accum_steps,
+        "--out", str(tmp_path / "parts"),
+    )  # fmt: skip
     assert full.exit_code == 0 and parts.exit_code == 0, full.stderr + parts.stderr
     ours = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
-    accumulated = read_checkpoint(tmp_path / "p" / "last.pt")["model"]
+    accumulated = read_checkpoint(tmp_path / "parts" / "last.pt")["model"]
     for key, value in ours.items():
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
 
