@@ -152,3 +152,22 @@ def test_complex_tensors_are_averaged_and_their_nans_refused(tmp_path):
     torch.save({"spectral": torch.tensor([complex("nan")]), "count": torch.tensor(0)}, paths[0])
     with pytest.raises(CheckpointError, match="non-finite value .* in 'spectral'"):
         average_checkpoints(paths)
+
+
+def test_mixed_float_dtypes_keep_the_widest_and_mixed_kinds_are_refused(tmp_path):
+    """float16 + float32 was cast to the first file's float16, and a float-vs-integer tensor
+    silently took one file's values."""
+    half, single, ints = (tmp_path / name for name in ("half.pt", "single.pt", "ints.pt"))
+    values = np.array([1.0001, 2.5, -3.25])
+    torch.save({"w": torch.tensor(values, dtype=torch.float16)}, half)
+    torch.save({"w": torch.tensor(values + 1e-3, dtype=torch.float32)}, single)
+    torch.save({"w": torch.tensor([1, 2, 3])}, ints)
+    for pair in ([half, single], [single, half]):
+        result = average_checkpoints(pair)["w"]
+        expected = np.mean([values.astype(np.float16), (values + 1e-3).astype(np.float32)], 0)
+        assert result.dtype == torch.float32
+        np.testing.assert_allclose(result.numpy(), expected.astype(np.float32), rtol=1e-6)
+    for pair in ([single, ints], [ints, single]):
+        with pytest.raises(CheckpointError, match=r"'?w'? has different kinds.*int64.*") as error:
+            average_checkpoints(pair)
+        assert "float32" in str(error.value)

@@ -2,7 +2,9 @@
 checkpoints of one model, a cheap accuracy gain from the last or best few epochs.
 
 Floating-point tensors are averaged in float64 (complex ones in complex128) and cast back to
-their dtype; integer tensors (BatchNorm's `num_batches_tracked`) are taken from the last
+their dtype (the widest one where the checkpoints differ: float16 and float32 give float32); a
+tensor that is floating point in one checkpoint and integer (or complex, or boolean) in another
+is refused. Integer tensors (BatchNorm's `num_batches_tracked`) are taken from the last
 checkpoint. Keys and shapes must match exactly. A checkpoint holding a NaN or infinite value (a
 diverged epoch) is refused, naming the file and the tensor: its average is NaN too;
 `allow_nonfinite` averages it anyway.
@@ -38,6 +40,16 @@ def is_averaged(tensor: Any) -> bool:
     """Whether `tensor` is averaged: floating point or complex (integers and booleans are
     counts and flags, taken from the last checkpoint)."""
     return tensor.is_floating_point() or tensor.is_complex()
+
+
+def tensor_kind(tensor: Any) -> str:
+    """What `tensor` holds: "complex", "floating point", "boolean" or "integer" values; the
+    checkpoints averaged must agree on it for every key."""
+    if tensor.is_complex():
+        return "complex"
+    if tensor.is_floating_point():
+        return "floating point"
+    return "boolean" if str(tensor.dtype) == "torch.bool" else "integer"
 
 
 def first_nonfinite(state: Mapping[str, Any]) -> str | None:
@@ -87,12 +99,26 @@ def average_state_dicts(
                 + ", ".join("x".join(map(str, s)) or "scalar" for s in sorted(shapes)),
                 "average checkpoints of one model",
             )
+        kinds = {tensor_kind(t) for t in tensors}
+        if len(kinds) > 1:
+            raise CheckpointError(
+                f"{key} has different kinds of values in the checkpoints: "
+                + ", ".join(
+                    f"{name}: {str(t.dtype).removeprefix('torch.')}"
+                    for name, t in zip(names, tensors, strict=True)
+                ),
+                "average checkpoints of one model, saved with one dtype",
+            )
         if is_averaged(tensors[0]):
-            wide = torch.complex128 if any(t.is_complex() for t in tensors) else torch.float64
+            wide = torch.complex128 if tensors[0].is_complex() else torch.float64
             total = torch.zeros(tensors[0].shape, dtype=wide)
             for tensor in tensors:
                 total += tensor.to(wide)
-            averaged[key] = (total / len(tensors)).to(tensors[0].dtype)
+            # Mixed precisions (float16 in one file, float32 in another) keep the widest.
+            dtype = tensors[0].dtype
+            for tensor in tensors[1:]:
+                dtype = torch.promote_types(dtype, tensor.dtype)
+            averaged[key] = (total / len(tensors)).to(dtype)
         else:
             averaged[key] = last[key].clone()
     return averaged
