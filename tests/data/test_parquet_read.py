@@ -145,6 +145,26 @@ def test_dictionary_encoded_labels_are_read_as_their_class_names(tmp_path):
     assert counts == {"cat": 1, "dog": 2}
 
 
+def test_a_float_or_bool_label_column_is_refused_by_eval_and_a_warning_for_stats(world, tmp_path):
+    # pandas writes an int column with a missing value as float64: it was read as no labels
+    # ("has no label column (its columns: image, label)"), silently so by dataset-stats.
+    for name, labels in (("float", [0.0, None, 1.0]), ("bool", [True, False, True])):
+        data = write_labelled_by_name(tmp_path / name / "d.parquet", labels)
+        refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data)
+        assert refused.returncode == 1
+        assert "the label column of" in error_line(refused.stderr)
+        assert "not integers or class names (a column with missing labels?" in refused.stderr
+        counted = run_torchkit_in_process("dataset-stats", data)
+        assert counted.returncode == 0, counted.stderr
+        assert "not integers or class names: its images are read unlabelled" in counted.stderr
+
+
+def test_whole_number_float_labels_are_class_indices(tmp_path):
+    data = write_labelled_by_name(tmp_path / "d.parquet", [0.0, 2.0, 2.0])
+    counts = {c["name"]: c["images"] for c in stats(data)["classes"]}
+    assert counts == {"0": 1, "1": 0, "2": 2}
+
+
 def test_class_names_that_repeat_a_name_are_one_error_line(tmp_path):
     # Two classes called "a" trained, scored and printed as one.
     write_parquet(tmp_path / "dup.parquet", [png(0), png(1)], [0, 1], names=["a", "a", "b"])

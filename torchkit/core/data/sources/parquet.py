@@ -12,7 +12,9 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
 Columns: the image is HF's `Image` struct {bytes, path} (the column `image`, else `img`, else the
 first column HF's metadata calls an Image, else the first struct column with a `bytes` field; a
 plain binary column of those names too). The label is the column `label`, else the first column
-HF's metadata calls a ClassLabel; integers are class indices, strings class names. Class names
+HF's metadata calls a ClassLabel; integers (or floats that are all whole numbers) are class
+indices, strings class names; a `label` column of another type is an error where labels are
+needed, else a warning and unlabelled data. Class names
 come from HF's metadata in the parquet schema (`huggingface` key: info.features.LABEL.names), else
 from `ROOT/dataset_info.json`; without either, integer labels are named "0", "1", ... up to the
 largest (string labels: sorted naturally, as a CSV index's labels are). No label column, or rows
@@ -33,6 +35,7 @@ of as many of them as the cache holds together (`ParquetImages.blocks`, `core.tr
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections import OrderedDict
@@ -68,6 +71,7 @@ LABEL_COLUMN = "label"
 # The decoded image columns a process keeps (oldest dropped first; the last one always kept).
 CACHE_BYTES = 128 << 20
 _NEEDED_FOR = "reading parquet files"
+log = logging.getLogger("torchkit")
 
 
 class NullImage(OSError):
@@ -281,13 +285,30 @@ class _File:
             for group in range(metadata.num_row_groups)
         ]
         self.labels: list[Any] | None = None
+        # Why a `label` column of another type (pandas' float64 of an int column with a
+        # missing value, bools) is no labels: said, never silently read as unlabelled data.
+        self.label_problem: str | None = None
         if self.label_column is not None:
-            try:
-                column = handle.read(columns=[self.label_column], use_threads=False).column(0)
-            except (OSError, pa.ArrowException) as error:
-                raise InputError(f"cannot read {self.path}: {first_line(error)}") from None
-            self.labels = column.to_pylist()
+            self.labels = self._read_labels(handle, self.label_column)
+        elif LABEL_COLUMN in schema.names:
+            kind = _label_type(schema.field(LABEL_COLUMN).type)
+            labels = self._read_labels(handle, LABEL_COLUMN) if pa.types.is_floating(kind) else []
+            if labels and all(isinstance(x, float) and x.is_integer() for x in labels):
+                # Whole numbers, none missing: class indices stored as floats.
+                self.label_column, self.labels = LABEL_COLUMN, [int(x) for x in labels]
+            else:
+                self.label_problem = (
+                    f"the label column of {self.path} is {kind}, not integers or class names"
+                )
         self.names = _class_names(self.features, self.label_column)
+
+    def _read_labels(self, handle: Any, column: str) -> list[Any]:
+        import pyarrow as pa
+
+        try:
+            return handle.read(columns=[column], use_threads=False).column(0).to_pylist()
+        except (OSError, pa.ArrowException) as error:
+            raise InputError(f"cannot read {self.path}: {first_line(error)}") from None
 
     def missing_labels(self) -> list[int]:
         """Rows without a label: null, or negative (HF's -1 for "no label")."""
@@ -440,6 +461,9 @@ def _read(
     return DataSource(spec, kind, root, {}, samples, list(samples.classes))
 
 
+_CAST_HINT = "a column with missing labels? cast it to int or drop those rows"
+
+
 def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
     """Whether the data is read with its labels; InputError for rows without one where labels
     are needed."""
@@ -447,8 +471,12 @@ def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
         missing = file.missing_labels()
         if not missing:
             continue
+        if file.label_problem is not None and allow_unlabelled:
+            log.warning("%s: its images are read unlabelled (%s)", file.label_problem, _CAST_HINT)
         if allow_unlabelled:
             return False
+        if file.label_problem is not None:
+            raise InputError(file.label_problem, _CAST_HINT)
         if file.label_column is None:
             raise InputError(
                 f"{file.path} has no label column (its columns: {', '.join(file.column_names)})",
