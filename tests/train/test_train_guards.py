@@ -680,3 +680,16 @@ def test_options_the_others_use_are_not_warned_about(runner, args):
     result = runner.invoke(app, ["train", "--print-config", *args])
     assert result.exit_code == 0, result.stderr
     assert "Warning" not in result.stderr
+
+
+@pytest.mark.parametrize(("warmup", "warned"), [("0.4", True), ("0.7", False)])
+def test_a_warmup_shorter_than_two_updates_is_a_warning(runner, world, tmp_path, warmup, warned):
+    # 3 updates an epoch: 0.4 epochs round to 1 update, whose ramp starts at the full lr.
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(world / "data"), *FAST, "--epochs", "1",
+         "--warmup-epochs", warmup, "--out", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    warning = "Warning: --warmup-epochs 0.4 is 1.2 optimizer update(s): too short to ramp"
+    assert (warning in result.stderr) == warned

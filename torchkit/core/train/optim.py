@@ -13,11 +13,14 @@ it exactly.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.train.config import TrainConfig
+
+log = logging.getLogger("torchkit")
 
 NORM_TYPES_NAMES = ("BatchNorm", "GroupNorm", "LayerNorm", "InstanceNorm", "LocalResponseNorm")
 
@@ -181,6 +184,23 @@ def load_optimizer_state(optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
     for group, values in zip(optimizer.param_groups, wanted, strict=True):
         group.update(values)
+
+
+def warn_if_warmup_too_short(config: TrainConfig, updates_per_epoch: int) -> None:
+    """A warm-up of under 1.5 updates rounds to 0 or 1 update, and the ramp starts at 1/that:
+    the first update already runs at the full lr. Say so, once, before the run (as for the other
+    options that have no effect, only when given: the default on a tiny dataset is not)."""
+    from torchkit.core.train.validation import set_away_from_defaults
+
+    updates = config.warmup_epochs * max(1, updates_per_epoch)
+    given = set_away_from_defaults(config, ["warmup_epochs"])
+    if given and config.warmup_epochs > 0 and round(updates) < 2:
+        log.warning(
+            "--warmup-epochs %g is %g optimizer update(s): too short to ramp the learning "
+            "rate; give at least 2 updates' worth or 0",
+            config.warmup_epochs,
+            updates,
+        )
 
 
 class LRSchedule:

@@ -483,13 +483,20 @@ def _warm_decoder(
 def _optimisation(model: Any, config: TrainConfig, steps_per_epoch: int) -> tuple:
     """(parameter groups, optimiser, lr schedule)."""
     from torchkit.core.train import dynamo_free
-    from torchkit.core.train.optim import LRSchedule, build_optimizer, param_groups
+    from torchkit.core.train.optim import (
+        LRSchedule,
+        build_optimizer,
+        param_groups,
+        warn_if_warmup_too_short,
+    )
 
     groups = param_groups(model, config)
     if not config.compile:
         dynamo_free.mark_not_compiled()
     optimizer = build_optimizer(groups, config)
     updates_per_epoch = math.ceil(steps_per_epoch / config.accum_steps)
+    if not config.find_lr:  # --find-lr runs no schedule
+        warn_if_warmup_too_short(config, updates_per_epoch)
     return groups, optimizer, LRSchedule(optimizer, config, updates_per_epoch)
 
 
