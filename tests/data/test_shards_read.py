@@ -263,6 +263,25 @@ def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
         assert str(shard) in line or shard.name in line, line
 
 
+@pytest.mark.parametrize("label", ["-1", "1.5", "true", '""', "[0]"])
+def test_a_json_label_that_is_no_class_is_one_error_line(world, tmp_path, label):
+    # Every sample labelled -1 (or 1.5, true) was read silently as unlabelled data.
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    bad = f'{{"label": {label}}}'.encode()
+    shard = tar_of(tmp_path / "s-000000.tar", {"x.png": png, "x.json": bad})
+    result = run_torchkit_in_process("dataset-stats", shard)
+    assert result.returncode == 1
+    assert 'x in s-000000.tar: x.json has "label": ' in error_line(result.stderr)
+
+
+def test_a_whole_number_float_json_label_is_a_class_index(world, tmp_path):
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    members = {"x.png": png, "x.json": b'{"label": 1.0}', "y.png": png, "y.json": b'{"cls": 0}'}
+    shard = tar_of(tmp_path / "s-000000.tar", members)
+    counts = {c["name"]: c["images"] for c in stats(shard)["classes"]}
+    assert counts == {"0": 1, "1": 1}
+
+
 def test_two_ddp_ranks_over_uneven_shards_see_every_sample(tmp_path):
     """25 train samples in 5 shards of 1, 3, 5, 7 and 9: each rank sees 13 (DistributedSampler's
     padding: the order is repeated up to a multiple of the world size), together every sample

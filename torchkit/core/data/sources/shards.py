@@ -52,7 +52,7 @@ from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import DataSource, _split_source, relabelled
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import StoredImage
-from torchkit.core.io.errors import InputError
+from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.files import read_text
 
 SHARD_KINDS = ("shards", "split shards")
@@ -552,15 +552,33 @@ def _label(
         except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             raise InputError(f"{where}: {group['json']} is not JSON") from None
         if isinstance(meta, dict):
-            label = meta.get("label")
-            if isinstance(label, str) and label:
+            label = _json_label(meta, "label", f"{where}: {group['json']}")
+            if isinstance(label, str):
                 name = label
-            elif isinstance(label, int) and not isinstance(label, bool) and label >= 0:
-                index = label if index is None else index
-            cls = meta.get("cls")
-            if isinstance(cls, int) and not isinstance(cls, bool) and cls >= 0 and index is None:
+            elif label is not None and index is None:
+                index = label
+            cls = _json_label(meta, "cls", f"{where}: {group['json']}", names=False)
+            if cls is not None and index is None:
                 index = cls
     return name, index
+
+
+def _json_label(meta: dict, key: str, where: str, names: bool = True) -> str | int | None:
+    """A `.json`'s "label" (a class name or index) or "cls" (an index), a whole-number float
+    counting as an index; None where absent or null. Anything else (-1, 1.5, true, "") is an
+    error, as a bad `.cls` is: such a sample was read silently as unlabelled."""
+    value = meta.get(key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value is None or names and isinstance(value, str) and value:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise InputError(
+        f'{where} has "{key}": {short_repr(value)}, not a class index'
+        + (" or name" if names else ""),
+        'a KEY.json "label" is a class name or a class index 0, 1, ...; "cls" a class index',
+    )
 
 
 def _member_bytes(listing: TarListing, reader: TarReader, member: str) -> bytes:
