@@ -263,15 +263,23 @@ def test_bad_shards_are_one_error_line(world, tmp_path, damage, message):
         assert str(shard) in line or shard.name in line, line
 
 
-@pytest.mark.parametrize("label", ["-1", "1.5", "true", '""', "[0]"])
+@pytest.mark.parametrize("label", ["-2", "1.5", "true", '""', "[0]"])
 def test_a_json_label_that_is_no_class_is_one_error_line(world, tmp_path, label):
-    # Every sample labelled -1 (or 1.5, true) was read silently as unlabelled data.
+    # Every sample labelled -2 (or 1.5, true) was read silently as unlabelled data.
     png = (world / "images" / "a" / "a_0.png").read_bytes()
     bad = f'{{"label": {label}}}'.encode()
     shard = tar_of(tmp_path / "s-000000.tar", {"x.png": png, "x.json": bad})
     result = run_torchkit_in_process("dataset-stats", shard)
     assert result.returncode == 1
     assert 'x in s-000000.tar: x.json has "label": ' in error_line(result.stderr)
+
+
+def test_a_json_label_of_minus_one_is_no_label_as_in_parquet(world, tmp_path):
+    # HF's "no label" (an unlabelled test split): unlabelled data, where that is allowed.
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    members = {"x.png": png, "x.json": b'{"label": -1}', "y.png": png, "y.json": b'{"cls": -1}'}
+    shard = tar_of(tmp_path / "s-000000.tar", members)
+    assert [c["name"] for c in stats(shard)["classes"]] == [""]
 
 
 def test_a_whole_number_float_json_label_is_a_class_index(world, tmp_path):

@@ -565,11 +565,14 @@ def _label(
 
 def _json_label(meta: dict, key: str, where: str, names: bool = True) -> str | int | None:
     """A `.json`'s "label" (a class name or index) or "cls" (an index), a whole-number float
-    counting as an index; None where absent or null. Anything else (-1, 1.5, true, "") is an
-    error, as a bad `.cls` is: such a sample was read silently as unlabelled."""
+    counting as an index; None where absent, null or -1 (HF's "no label", as parquet reads it).
+    Anything else (-2, 1.5, true, "") is an error, as a bad `.cls` is: such a sample was read
+    silently as unlabelled."""
     value = meta.get(key)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if value == -1 and not isinstance(value, bool):
+        return None
     if value is None or names and isinstance(value, str) and value:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
