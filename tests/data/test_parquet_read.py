@@ -311,3 +311,21 @@ def test_split_refuses_parquet_data_it_cannot_copy(world, tmp_path):
     assert result.returncode == 1
     assert "holds its images in container files" in error_line(result.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def test_row_groups_larger_than_the_readers_cache_are_said_once(tmp_path, monkeypatch):
+    # An image is read with its whole row group: pyarrow's default (a million rows in one)
+    # put a whole file's images in every loader worker without a word.
+    import torchkit.core.data.sources.parquet as parquet
+
+    images = [png(i) for i in range(8)]
+    one_group = write_parquet(tmp_path / "big.parquet", images, [0] * 8, row_group_size=8)
+    small_groups = write_parquet(tmp_path / "small.parquet", images, [0] * 8, row_group_size=2)
+    group_bytes = parquet._File(str(tmp_path), "big.parquet").group_bytes[0]
+    monkeypatch.setattr(parquet, "CACHE_BYTES", group_bytes - 1)
+    said = run_torchkit_in_process("dataset-stats", one_group, "-j", "0")
+    assert said.returncode == 0, said.stderr
+    warnings = [line for line in said.stderr.splitlines() if "row groups of up to" in line]
+    assert len(warnings) == 1 and "row_group_size=" in warnings[0]
+    quiet = run_torchkit_in_process("dataset-stats", small_groups, "-j", "0")
+    assert quiet.returncode == 0 and "row groups of up to" not in quiet.stderr

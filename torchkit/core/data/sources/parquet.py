@@ -419,6 +419,25 @@ def _dataset_info_names(root: str, column: str | None) -> list[str] | None:
     return _class_names(features if isinstance(features, dict) else {}, column)
 
 
+def _warn_of_large_row_groups(files: list[_File]) -> None:
+    """An image is read with its whole row group (parquet reads no less), held while its
+    neighbours are read: a row group larger than `CACHE_BYTES` (pyarrow's default writes a
+    million rows in one) puts that much in memory in every process that reads images, each
+    DataLoader worker included. Said once, with the remedy."""
+    largest = max(((size, f) for f in files for size in f.group_bytes), default=None,
+                  key=lambda item: item[0])  # fmt: skip
+    if largest is None or largest[0] <= CACHE_BYTES:
+        return
+    size, file = largest
+    log.warning(
+        "%s has row groups of up to %d MB of images: each process that reads images (every "
+        "loader worker) holds a whole row group in memory (rewrite the file with smaller row "
+        "groups, e.g. pyarrow.parquet.write_table(..., row_group_size=1000))",
+        file.path,
+        size >> 20,
+    )
+
+
 def _read(
     spec: str,
     kind: str,
@@ -429,6 +448,7 @@ def _read(
     allow_unlabelled: bool,
 ) -> DataSource:
     files = [_File(root, name) for name in relative]
+    _warn_of_large_row_groups(files)
     labelled = _labelled(files, allow_unlabelled)
     names = _names(spec, root, files, splits) if labelled else [""]
     reader = ParquetImages(
