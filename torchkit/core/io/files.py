@@ -47,6 +47,27 @@ def _file_hint(source: Path) -> str | None:
     return "give a file, not a folder"
 
 
+def absolute_as_opened(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """`os.path.abspath` of each path, except that a `..` is resolved as the system resolves it
+    when the file is opened (the parent of where the link before it leads), not by dropping the
+    name before it: `ROOT/linked/../x` is not `ROOT/x` when `linked` is a symbolic link."""
+    cwd = os.getcwd()
+    real_heads: dict[str, str] = {}  # the rows of a CSV index share a few `../` folders
+    found = []
+    for path in paths:
+        absolute = os.path.join(cwd, os.fspath(path))
+        parts = absolute.split(os.sep)
+        if os.pardir not in parts:
+            found.append(os.path.normpath(absolute))
+            continue
+        last = len(parts) - parts[::-1].index(os.pardir)
+        head = os.sep.join(parts[:last])
+        if head not in real_heads:
+            real_heads[head] = os.path.realpath(head)
+        found.append(os.path.normpath(os.path.join(real_heads[head], *parts[last:])))
+    return found
+
+
 STDIN = "-"  # as an input: the paths piped to the command, one per line
 
 

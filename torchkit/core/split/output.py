@@ -55,6 +55,12 @@ def write_journal(out: Path, record: dict) -> None:
     atomic_write_text(out / JOURNAL, json.dumps(record, indent=2) + "\n")
 
 
+def remove_journal(out: Path) -> None:
+    """The journal of a split that finished (or whose leftovers are removed): last, since a
+    split whose journal is there is unfinished to every reader."""
+    remove_tree(out / JOURNAL, ignore_errors=False)
+
+
 def previous_split_names(out: Path) -> set[str]:
     """The split folders of the earlier split in OUT, as its split.csv names them."""
     try:
@@ -121,7 +127,7 @@ def recover_split_leftovers(out: Path) -> None:
             remove_tree(out / name, ignore_errors=False)
         if journal.get("marked"):
             remove_marker(out)
-        (out / JOURNAL).unlink()
+        remove_journal(out)
         log.warning(
             f"removed the unfinished split in {out} ({', '.join(written)}) that a killed "
             "torchkit split had left"

@@ -15,6 +15,7 @@ from torchkit.core.data.hashing import content_groups
 from torchkit.core.data.sources.discovery import class_folder_problem
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.files import absolute_as_opened
 
 log = logging.getLogger("torchkit")
 
@@ -208,29 +209,8 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
     return dests
 
 
-def absolute_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
-    """`os.path.abspath` of each path, except that a `..` is resolved as the system resolves it
-    when the file is opened (the parent of where the link before it leads), not by dropping the
-    name before it: `ROOT/linked/../x` is not `ROOT/x` when `linked` is a symbolic link."""
-    cwd = os.getcwd()
-    real_heads: dict[str, str] = {}  # the rows of a CSV index share a few `../` folders
-    found = []
-    for path in paths:
-        absolute = os.path.join(cwd, os.fspath(path))
-        parts = absolute.split(os.sep)
-        if os.pardir not in parts:
-            found.append(os.path.normpath(absolute))
-            continue
-        last = len(parts) - parts[::-1].index(os.pardir)
-        head = os.sep.join(parts[:last])
-        if head not in real_heads:
-            real_heads[head] = os.path.realpath(head)
-        found.append(os.path.normpath(os.path.join(real_heads[head], *parts[last:])))
-    return found
-
-
 def check_csv_sources(samples: Samples, source: Path) -> list[str]:
-    """The absolute path of every file the CSV index lists (`absolute_paths`); an InputError
+    """The absolute path of every file the CSV index lists (`absolute_as_opened`); an InputError
     when one is missing or listed twice."""
     missing = [i for i, p in zip(samples.ids, samples.paths, strict=True) if not os.path.isfile(p)]
     if missing:
@@ -239,7 +219,7 @@ def check_csv_sources(samples: Samples, source: Path) -> list[str]:
             + (" ..." if len(missing) > 3 else ""),
             "fix the paths (relative ones are relative to the CSV's folder)",
         )
-    sources = absolute_paths(samples.paths)
+    sources = absolute_as_opened(samples.paths)
     seen: dict[str, str] = {}
     for ident, path in zip(samples.ids, sources, strict=True):
         real = os.path.normcase(path)

@@ -15,7 +15,7 @@ from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, sample_keys, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.io.files import open_text
+from torchkit.core.io.files import absolute_as_opened, open_text
 from torchkit.core.io.outputs import (
     OutputFolder,
     check_not_protected,
@@ -44,7 +44,6 @@ from torchkit.core.split.options import (
     parse_ratio,
 )
 from torchkit.core.split.output import (
-    JOURNAL,
     WHAT,
     SplitOutput,
     discard_replaced,
@@ -52,11 +51,11 @@ from torchkit.core.split.output import (
     previous_split_names,
     read_journal,
     recover_split_leftovers,
+    remove_journal,
     write_journal,
 )
 from torchkit.core.split.plan import (
     Plan,
-    absolute_paths,
     add_repeats,
     check_csv_sources,
     dedup_units,
@@ -176,7 +175,7 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
     if is_csv:
         sources = check_csv_sources(samples, root)
     else:  # ids are relative to ROOT: one abspath instead of 100,000
-        (base,) = absolute_paths([root])
+        (base,) = absolute_as_opened([root])
         base += os.sep
         sources = [base + i for i in samples.ids]
         if mode == "move":
@@ -294,7 +293,7 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
     if mode != "manifest":
         # Last, after the earlier split is discarded: a kill before this redoes the split.
         with reporting_write_errors(out):
-            (out / JOURNAL).unlink()
+            remove_journal(out)
     if progress and mode == "manifest":
         progress(len(samples), len(samples))
     return result
