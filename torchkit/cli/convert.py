@@ -410,17 +410,19 @@ def checkpoint(
     if out_option is not None:  # --out DST: every path given is a source
         paths = [*paths, out_option]
     if average:
+        # By name: ten options in a row, where a positional slip (one added in the middle)
+        # would pass silently.
         _average(
             paths,
-            key,
-            strip_prefix,
-            add_prefix,
-            dtype,
-            force,
-            fmt,
-            output,
-            allow_nonfinite,
-            trust_checkpoint,
+            key=key,
+            strip_prefix=strip_prefix,
+            add_prefix=add_prefix,
+            dtype=dtype,
+            force=force,
+            fmt=fmt,
+            output=output,
+            allow_nonfinite=allow_nonfinite,
+            trust_checkpoint=trust_checkpoint,
         )
         return
     if allow_nonfinite:
@@ -477,6 +479,7 @@ def checkpoint(
 
 def _average(
     paths,
+    *,
     key,
     strip_prefix,
     add_prefix,
