@@ -306,20 +306,22 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path):
     assert not list(tmp_path.iterdir())  # the lock file goes with the lock
 
 
-def test_the_lock_is_held_across_processes_and_dropped_when_the_holder_is_killed(tmp_path):
+def _holding_process(script: str) -> subprocess.Popen:
+    """A Python running `script`, which prints `ready` once it holds what it holds (a lock, a
+    half-written file) and then waits on its stdin until it is killed."""
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, pathlib; from torchkit.core.io.outputs import FolderLock; "
-            f"FolderLock(pathlib.Path({str(tmp_path / 'run')!r}), 'x'); "
-            "print('locked', flush=True); sys.stdin.read()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
-    assert holder.stdout.readline().strip() == "locked"
+    assert holder.stdout.readline().strip() == "ready"
+    return holder
+
+
+def test_the_lock_is_held_across_processes_and_dropped_when_the_holder_is_killed(tmp_path):
+    holder = _holding_process(
+        "import sys, pathlib; from torchkit.core.io.outputs import FolderLock; "
+        f"FolderLock(pathlib.Path({str(tmp_path / 'run')!r}), 'x'); "
+        "print('ready', flush=True); sys.stdin.read()"
+    )
     with pytest.raises(OutputLockedError, match=f"PID {holder.pid}"):
         FolderLock(tmp_path / "run", "output folder")
     holder.kill()  # SIGKILL: no clean-up ran, the kernel drops the lock
@@ -460,19 +462,11 @@ def test_a_killed_writers_temporary_goes_at_the_next_write_of_that_file_and_noth
 
 def test_a_sigkilled_writers_temporary_is_kept_while_it_lives_and_removed_after(tmp_path):
     target = tmp_path / "out" / "pred.csv"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from torchkit.core.io.files import atomic_write\n"
-            f"with atomic_write({str(target)!r}) as handle:\n"
-            "    handle.write('half'); print('writing', flush=True); sys.stdin.read()",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    holder = _holding_process(
+        "import sys; from torchkit.core.io.files import atomic_write\n"
+        f"with atomic_write({str(target)!r}) as handle:\n"
+        "    handle.write('half'); print('ready', flush=True); sys.stdin.read()"
     )
-    assert holder.stdout.readline().strip() == "writing"
     (holding,) = os.listdir(target.parent)
     atomic_write_text(target, "mine\n")  # another writer of the same file, meanwhile
     assert sorted(os.listdir(target.parent)) == sorted([holding, "pred.csv"])
