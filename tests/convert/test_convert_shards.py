@@ -353,6 +353,26 @@ def test_unlabelled_images_have_no_class(tmp_path: Path):
     assert (out / "classes.txt").read_text() == ""
 
 
+@pytest.mark.parametrize("name", [" cat", "cat ", "new\nline", "form\x0cfeed"])
+def test_a_class_name_classes_txt_cannot_give_back_is_refused_before_any_shard(
+    tmp_path: Path, name: str
+):
+    """classes.txt is read one name a line without the spaces around it: a class it would give
+    back otherwise made every sample of that class unreadable in the shards written."""
+    source = write_image_folder(tmp_path / "src", {name: 1, "dog": 1})
+    out = tmp_path / "out"
+    done = convert(source, out)
+    assert done.returncode == 1
+    assert f"class name {name!r} cannot be a line of classes.txt" in error_line(done.stderr)
+    assert not out.exists()
+    # A name with spaces inside it is a line of its own and reads back.
+    write_image_folder(tmp_path / "inner", {"cat, dog": 1, 'say "hi"': 1})
+    assert convert(tmp_path / "inner", out).returncode == 0
+    done = run_torchkit_in_process("dataset-stats", out, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert [c["name"] for c in json.loads(done.stdout)["classes"]] == ["cat, dog", 'say "hi"']
+
+
 def test_images_named_without_an_image_extension_are_stored_as_images(tmp_path: Path):
     """A CSV index may name any file: `x.json` and `x.cls` replaced the sample's label member
     (the sample had no image) and `x.dat` was no image to any reader; a format that shards

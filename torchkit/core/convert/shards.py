@@ -46,6 +46,7 @@ from typing import Any
 from torchkit import __version__
 from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.shards import class_names_in_text
 from torchkit.core.io import sizes
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import atomic_write, atomic_write_text
@@ -740,10 +741,14 @@ def _container_inputs(data: Any) -> list[InputPath]:
 def _classes_text(classes: Sequence[str], labelled: bool) -> str:
     if not labelled:
         return ""
-    broken = [name for name in classes if "\n" in name or "\r" in name]
+    # Every reader of the shards takes the names from classes.txt: one that file would give
+    # back otherwise (split over lines, its spaces dropped) left every sample of its class
+    # unreadable ("labelled ' cat', which the class names beside the shards lack").
+    broken = [name for name in classes if class_names_in_text(name) != [name]]
     if broken:
         raise InputError(
-            f"class name {broken[0]!r} has a line break: classes.txt holds one name a line",
+            f"class name {broken[0]!r} cannot be a line of classes.txt, which is read one name "
+            "a line without the spaces around it",
             "rename the class",
         )
     return "".join(f"{name}\n" for name in classes)

@@ -591,13 +591,18 @@ def _member_bytes(listing: TarListing, reader: TarReader, member: str) -> bytes:
         raise InputError(f"cannot read {member} in {listing.path}: {error}") from None
 
 
+def class_names_in_text(text: str) -> list[str]:
+    """The class names a `classes.txt` holds: one a line, read without the spaces around it (a
+    hand-written file's trailing blanks, Windows line ends), blank lines skipped."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def _class_file(folder: str) -> list[str] | None:
     """The class names `classes.txt` or `classes.json` beside the shards give, in label order."""
     text_file, json_file = Path(folder, "classes.txt"), Path(folder, "classes.json")
     try:
         if text_file.is_file():
-            lines = read_text(text_file, "utf-8-sig").splitlines()
-            names, where = [line.strip() for line in lines if line.strip()], text_file
+            names, where = class_names_in_text(read_text(text_file, "utf-8-sig")), text_file
         elif json_file.is_file():
             loaded, where = json.loads(read_text(json_file, "utf-8-sig")), json_file
             if isinstance(loaded, dict) and sorted(loaded.values()) == list(range(len(loaded))):
