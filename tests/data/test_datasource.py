@@ -399,6 +399,32 @@ def test_the_record_gives_back_exactly_the_held_out_images(cifar_like, tmp_path)
         select_split(open_data(cifar_like), "val", default="test", recorded=record)
 
 
+def test_the_held_out_images_are_matched_however_a_csv_index_spells_their_paths(tmp_path):
+    # A run on an index listing `./a/x.png`, scored on one listing `a/x.png` (or `a//x.png`):
+    # the same files, but eval found none of the images the run held out.
+    root = tmp_path / "data"
+    write_image_folder(root, {"a": 5, "b": 5})
+    ids = open_data(root).whole.ids
+    spelled = {
+        "dot": [f"./{i}" for i in ids],
+        "plain": list(ids),
+        "double": [i.replace("/", "//") for i in ids],
+    }
+    index = {}
+    for name, paths in spelled.items():
+        rows = "".join(f"{p},{i.split('/')[0]}\n" for p, i in zip(paths, ids, strict=True))
+        index[name] = _write(root / f"{name}.csv", "path,label\n" + rows)
+    source = open_data(index["dot"])
+    splits, _ = training_splits(source, val_split=0.2, seed=0)
+    record = split_record(source, splits)
+    held = sorted(p.removeprefix("./") for p in splits["val"].ids)
+    for name in ("plain", "double"):
+        val, _ = select_split(open_data(index[name]), "val", default="test", recorded=record)
+        assert sorted(p.replace("//", "/") for p in val.ids) == held
+        train, _ = select_split(open_data(index[name]), "train", default="test", recorded=record)
+        assert len(train) == 8 and not set(train.ids) & set(val.ids)
+
+
 def test_a_resume_on_data_that_would_make_another_val_split_is_refused(cifar_like, tmp_path):
     # `train --resume RUN --data OTHER_FORM`: the same images with a val split of their own, or
     # without one, would validate on other images and train on the run's validation images.

@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+import shutil
 from fractions import Fraction
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from torchkit.cli import app
-from torchkit.core.data.sources import csv_samples
+from torchkit.core.data.sources import csv_samples, open_data
 from torchkit.core.data.sources.discovery import discover_image_folder, list_image_files
 from torchkit.core.data.sources.splitting import largest_remainder_counts, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
@@ -26,6 +27,7 @@ from torchkit.core.split import files as split_files
 from torchkit.core.split import parse_ratio, split_dataset
 
 ERROR_LINE = re.compile(r"^Error: .+ \(.+\)$", re.M)
+SPLIT_ORDER = ["train", "val", "test"]
 
 
 def make_files(root: Path, counts: dict[str, int], *, prefix=None) -> Path:
@@ -456,6 +458,78 @@ def test_the_manifest_of_a_flat_folder_reads_as_unlabelled_split_data(runner, tm
     assert len(samples.paths) == 10
     with pytest.raises(InputError, match=r"10 row\(s\) with an empty label"):
         csv_samples(index)  # train and eval still need labels
+
+
+@pytest.mark.parametrize("mode", ["copy", "symlink"])
+def test_the_split_folders_of_a_flat_folder_read_as_unlabelled_split_data(runner, tmp_path, mode):
+    # OUT/train/x.png: every reader took train/ for an image folder without class folders and
+    # stopped ("out/train holds images but no class folders"), so no command read OUT.
+    from PIL import Image
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(10):
+        Image.new("RGB", (4, 4), (i * 20, 0, 0)).save(flat / f"f{i}.png")
+    out = tmp_path / "out"
+    split_dataset(flat, out, mode=mode)
+    data = open_data(out, allow_unlabelled=True)
+    assert (data.kind, data.classes, list(data.splits)) == ("split root", [""], SPLIT_ORDER)
+    read = {i: name for name, part in data.splits.items() for i in part.ids}
+    assert read == {row["path"]: row["split"] for row in manifest(out)}
+    args = ["dataset-stats", str(out), "--split", "all", "-j", "0", "--format", "json"]
+    stats = runner.invoke(app, args)
+    assert stats.exit_code == 0, stats.stderr
+    assert json.loads(stats.stdout)["images"] == 10
+    with pytest.raises(InputError, match="is a split of unlabelled images"):
+        open_data(out)  # train and eval need labels: one error, not a misread
+
+
+@pytest.mark.parametrize(
+    ("names", "shown"), [("tr,va,te", "te/, tr/, va/"), ("train,valid,test", "valid/")]
+)
+def test_a_split_with_other_names_is_refused_as_data(runner, tmp_path, names, shown):
+    # OUT/tr, OUT/va, OUT/te read as an image folder of three classes: train learned which
+    # split an image was in, without a word.
+    root = make_files(tmp_path / "data", {"a": 6, "b": 6})
+    out = tmp_path / "out"
+    split_dataset(root, out, names=names.split(","))
+    with pytest.raises(InputError, match=re.escape(f"{out} is a split into {shown} (split --")):
+        open_data(out)
+    result = runner.invoke(app, ["dataset-stats", str(out), "-j", "0"])
+    assert result.exit_code == 1 and ERROR_LINE.fullmatch(result.stderr.strip())
+    assert "rename them train, val and test" in result.stderr
+    standard = tmp_path / "standard"
+    split_dataset(root, standard)
+    assert open_data(standard).kind == "split root"
+    (tmp_path / "classes").mkdir()  # an image folder with a split.csv of its own is no split
+    for name in ("tr", "va"):
+        shutil.copytree(root / "a", tmp_path / "classes" / name)
+    shutil.copy(out / "split.csv", tmp_path / "classes")
+    assert open_data(tmp_path / "classes").classes == ["tr", "va"]
+
+
+def test_a_csv_index_spelling_a_path_with_dot_or_double_slash_splits_it_the_same(tmp_path):
+    # `./x/a.png`, `x//a.png` and `x/a.png` name one file; the split hashed the text as written,
+    # so the same files landed in other splits.
+    make_files(tmp_path / "x", {"a": 10, "b": 10})
+    paths = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "x").rglob("*.png"))
+    spellings = {
+        "plain": paths,
+        "dot": [f"./{p}" for p in paths],
+        "double": [p.replace("/", "//") for p in paths],
+        "dot-inside": [p.replace("/", "/./", 1) for p in paths],
+    }
+    found = {}
+    for name, spelled in spellings.items():
+        index = tmp_path / f"{name}.csv"
+        rows = "".join(
+            f"{p},{plain.split('/')[1]}\n" for p, plain in zip(spelled, paths, strict=True)
+        )
+        index.write_text("path,label\n" + rows)
+        split_dataset(index, tmp_path / f"out-{name}", mode="manifest")
+        found[name] = [row["split"] for row in manifest(tmp_path / f"out-{name}")]
+    assert found["plain"].count("val") == 2
+    assert all(splits == found["plain"] for splits in found.values())
 
 
 def test_manifest_paths_lead_to_the_files_from_an_out_reached_through_a_link(tmp_path):

@@ -10,12 +10,13 @@ from fractions import Fraction
 
 from torchkit.core.data.sources.discovery import is_folder_name
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.splitting import SPLIT_MANIFEST
 from torchkit.core.io.errors import UsageError
 
 log = logging.getLogger("torchkit")
 
 SPLIT_MODES = ("copy", "symlink", "hardlink", "move", "manifest")
-MANIFEST = "split.csv"
+MANIFEST = SPLIT_MANIFEST
 RESERVED_PREFIX = ".torchkit"  # the marker, the journal, temporaries: never a split name
 # The report's own columns and keys beside the split names (a class's row in the table and CSV,
 # its object in JSON): a split of one of these names would overwrite or repeat them.

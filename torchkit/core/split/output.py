@@ -4,7 +4,6 @@ and put back when the new one fails, what a killed split left, and the `-o` repo
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import logging
 import os
@@ -14,9 +13,9 @@ from pathlib import Path
 
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
-from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES
+from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES, written_split_names
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.files import atomic_write_text, open_text
+from torchkit.core.io.files import atomic_write_text
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -63,11 +62,7 @@ def remove_journal(out: Path) -> None:
 
 def previous_split_names(out: Path) -> set[str]:
     """The split folders of the earlier split in OUT, as its split.csv names them."""
-    try:
-        with open_text(out / MANIFEST) as handle:
-            names = {row.get("split") or "" for row in csv.DictReader(handle)}
-    except (OSError, csv.Error, UnicodeDecodeError):
-        return set()
+    names = written_split_names(out)
     return {n for n in names if is_folder_name(n) and not n.startswith(RESERVED_PREFIX)}
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.source import DataSource, tagged
-from torchkit.core.data.sources.splitting import SPLIT_NAMES
+from torchkit.core.data.sources.splitting import SPLIT_NAMES, path_key
 from torchkit.core.io.errors import InputError
 
 RECORD_VERSION = 1
@@ -66,8 +66,10 @@ def recorded_splits(
     donor = source.whole if donor_name == "all" else source.splits.get(str(donor_name))
     if donor is None:
         return None
-    position = {ident: index for index, ident in enumerate(donor.ids)}
-    missing = [ident for ident in ids if ident not in position]
+    # Matched by `path_key`: the run's CSV index may spell a path `./a.png`, this one `a.png`.
+    keys = [path_key(ident) for ident in donor.ids]
+    position = {key: index for index, key in enumerate(keys)}
+    missing = [ident for ident in ids if path_key(ident) not in position]
     where = recorded.get("root") or recorded.get("spec")
     if missing:
         raise InputError(
@@ -75,11 +77,11 @@ def recorded_splits(
             f"not in {source.spec} (e.g. {missing[0]})",
             f"give the data the run trained on ({where})",
         )
-    chosen = set(ids)
-    kept = [i for i, ident in enumerate(donor.ids) if ident not in chosen]
+    chosen = {path_key(ident) for ident in ids}
+    kept = [i for i, key in enumerate(keys) if key not in chosen]
     parts = dict(source.splits)
     parts["train"] = tagged(donor.subset(kept), "train")
-    parts[name] = tagged(donor.subset(sorted(position[ident] for ident in ids)), name)
+    parts[name] = tagged(donor.subset(sorted(position[key] for key in chosen)), name)
     notes = []
     if source.root and where and os.path.abspath(source.root) != where:
         notes.append(

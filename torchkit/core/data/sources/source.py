@@ -19,8 +19,13 @@ from torchkit.core.data.sources.discovery import (
     relative_ids,
 )
 from torchkit.core.data.sources.samples import Samples, class_index, find_class
-from torchkit.core.data.sources.splitting import SPLIT_NAMES, unfinished_split
+from torchkit.core.data.sources.splitting import (
+    SPLIT_NAMES,
+    unfinished_split,
+    written_split_names,
+)
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.outputs import marker_command
 
 KINDS = (
     "digits",
@@ -286,6 +291,7 @@ def _open_folder(
             "run the split command again",
         )
     folders, top_images = _subfolders(path)
+    _refuse_renamed_split(path, folders)
     split_folders = [name for name in SPLIT_NAMES if name in folders]
     if split_folders:
         others = [name for name in folders if name not in SPLIT_NAMES]
@@ -302,18 +308,49 @@ def _open_folder(
                 f"({', '.join(n + '/' for n in split_folders)})",
                 "move them into a split's class folders, or elsewhere",
             )
+        flat = all(_subfolders(path / name)[1] for name in split_folders)
+        if flat and not allow_unlabelled:
+            raise InputError(
+                f"{path} is a split of unlabelled images: its split folders hold images without "
+                "class folders",
+                "labels need class folders, ROOT/{train,val,test}/<class>/<image>; predict, "
+                "extract-features and dataset-stats read it unlabelled",
+            )
         parts = {}
         for name in split_folders:
-            samples = discover_image_folder(path / name)
+            # A split of a flat folder (`split` writes OUT/train/x.png): unlabelled split data.
+            read = discover_flat_folder if flat else discover_image_folder
+            samples = read(path / name)
             samples.ids = relative_ids(samples.paths, path)
             samples.source = root
             parts[name] = samples
+        if flat:
+            splits = {name: tagged(parts[name], name) for name in split_folders}
+            return DataSource(spec, "split root", root, splits, None, [""])
         return _split_source(spec, "split root", root, parts, classes)
     if allow_unlabelled and (top_images or not folders):
         samples = discover_flat_folder(path)
         return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
     samples = discover_image_folder(path, classes=classes)
     return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
+
+
+def _refuse_renamed_split(path: Path, folders: Sequence[str]) -> None:
+    """A split that `torchkit split --names` wrote with other split folders than train, val and
+    test (OUT/tr, OUT/va): read as an image folder they would be three classes, and a model
+    trained on them would learn which split an image is in."""
+    if all(name in SPLIT_NAMES for name in folders) or marker_command(path) != "split":
+        return
+    written = written_split_names(path) - set(SPLIT_NAMES)
+    renamed = [name for name in folders if name in written]
+    if renamed:
+        shown = ", ".join(name + "/" for name in renamed)
+        raise InputError(
+            f"{path} is a split into {shown} (split --names): torchkit reads only train/, val/ "
+            "and test/ as splits, and would take these for classes",
+            "rename them train, val and test, or split again without --names; or read one as "
+            f"an image folder: {path / renamed[0]}",
+        )
 
 
 def non_image_files(source: DataSource, splits: Sequence[str] | None = None) -> list[str]:

@@ -3,6 +3,7 @@ counts it allocates by."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -10,12 +11,14 @@ import unicodedata
 from collections.abc import Sequence
 
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.files import open_text
 
 SPLIT_NAMES = ("train", "val", "test")
 # torchkit split's record in OUT of the split it is writing (its state: "copying" for a copy,
 # symlink or hardlink split, removed once finished; "moving", then "done", for a move).
 SPLIT_JOURNAL = ".torchkit-split.json"
 UNFINISHED_STATES = ("copying", "moving")
+SPLIT_MANIFEST = "split.csv"  # what torchkit split writes in OUT: path, label, split, source
 
 
 def unfinished_split(folder: str | os.PathLike) -> bool:
@@ -29,9 +32,31 @@ def unfinished_split(folder: str | os.PathLike) -> bool:
     return isinstance(record, dict) and record.get("state") in UNFINISHED_STATES
 
 
+def written_split_names(folder: str | os.PathLike) -> set[str]:
+    """The split names in the `split` column of the split.csv that torchkit split wrote in
+    `folder` (none when there is no such file or it cannot be read)."""
+    try:
+        with open_text(os.path.join(folder, SPLIT_MANIFEST)) as handle:
+            return {row.get("split") or "" for row in csv.DictReader(handle)}
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return set()
+
+
+def path_key(ident: str) -> str:
+    """A stable name of the file a path names, for hashing and matching: "/"-separated,
+    Unicode-NFC (macOS's NFD names and Linux's agree) and without the `.` and empty parts that
+    name the same file (a CSV index's `./a.png` and `a//b.png` are `a.png` and `a/b.png`)."""
+    key = unicodedata.normalize("NFC", ident.replace(os.sep, "/"))
+    if "//" in key or "/./" in key or key.startswith("./") or key.endswith(("/.", "/")):
+        parts = [part for part in key.split("/") if part not in ("", ".")]
+        key = ("/" if key.startswith("/") else "") + "/".join(parts)
+    return key
+
+
 def sample_keys(samples: Samples) -> list[str]:
-    """Stable names for hashing: "/"-separated and Unicode-NFC, so macOS (NFD) and Linux agree."""
-    return [unicodedata.normalize("NFC", i.replace(os.sep, "/")) for i in samples.ids]
+    """Stable names for hashing (`path_key`): the same file gets the same key however the data
+    spells its path."""
+    return [path_key(i) for i in samples.ids]
 
 
 def stratified_split(
