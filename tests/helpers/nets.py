@@ -41,6 +41,21 @@ class TinyNet(nn.Module):
         return self.fc(self.pool(torch.relu(self.conv(x))).flatten(1))
 
 
+class DeepNet(nn.Module):
+    """conv -> BatchNorm -> relu, then four 2x2 max-pools: images under 16x16 shrink to nothing
+    on the way (torch's "Output size is too small"), so the smallest side it takes is 16."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.pools = nn.Sequential(*(nn.MaxPool2d(2) for _ in range(4)))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pools(torch.relu(self.bn(self.conv(x)))))
+
+
 class NoisyNet(nn.Module):
     """BatchNorm (buffers) and dropout (random numbers): what exact resume must restore. Its
     training forward passes are counted for fault injection (see the module docstring)."""

@@ -35,6 +35,7 @@ from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
 from torchkit.core.io.progress import Progress
+from torchkit.core.models.image_size import ImageSizeError
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.runtime.device import is_out_of_memory
 from torchkit.core.runtime.memory import available_memory
@@ -271,6 +272,8 @@ def benchmark_model(
     # summary's counter, on a meta-device copy at batch 1: per-image figures at no cost.
     try:
         counted = summarize(model, [(1, *sample)], count_flops=True)
+    except ImageSizeError:  # its hint names the smallest size and the option
+        raise
     except UsageError as error:  # the model does not take this input: say which option
         raise UsageError(error.message, "check --input-size") from error
     model.to(device)

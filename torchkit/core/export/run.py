@@ -41,6 +41,7 @@ from torchkit.core.io.outputs import (
 )
 from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
+from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.models.resolver import has_random_weights
 
 Progress = Callable[[int, int], None]
@@ -279,6 +280,13 @@ def _reference(model: Any, batches: list[Any], *, arch: str) -> list[Any]:
     try:
         outputs = reference_outputs(model, batches)
     except Exception as error:
+        first = batches[0]
+        if first.ndim == 4 and first.shape[-1] == first.shape[-2]:
+            refusal = image_size_refusal(
+                model, arch, first.shape[1], first.shape[-1], error, dtype=first.dtype
+            )
+            if refusal is not None:
+                raise refusal from error
         raise ExportError(
             f"{arch} does not run on an input of shape {shape}: "
             f"{first_line(error, with_type=True)}",

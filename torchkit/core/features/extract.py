@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from torchkit.core.io.files import NAME_ERRORS, open_text, read_path_list, requi
 from torchkit.core.io.outputs import InputPath, OutputFolder
 from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
+from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.predict.inputs import STDIN, collect_images
 from torchkit.core.runtime.device import check_amp_dtype
 from torchkit.core.runtime.distributed import launched_by_torchrun
@@ -391,6 +392,7 @@ def _extract_rows(
                 with (
                     torch.inference_mode(),
                     torch.autocast(device.type, dtype=autocast_dtype, enabled=request.run.amp),
+                    _image_size_checked(extractor, images, first=not state.rows),
                 ):
                     outputs = extractor(images)
                 layers = extractor.layers
@@ -421,6 +423,25 @@ def _extract_rows(
             store.commit()
         raise
     store.commit()
+
+
+@contextlib.contextmanager
+def _image_size_checked(extractor: FeatureExtractor, images, *, first: bool) -> Iterator[None]:
+    """A model too deep for --image-size fails at its first batch with torch's shape error:
+    that becomes one line naming the smallest size it takes (`image_size_refusal`)."""
+    try:
+        yield
+    except RuntimeError as error:
+        height, width = images.shape[-2:]
+        if not first or height != width:
+            raise
+        extractor.close()  # its hooks would record the meta-device search's outputs
+        refusal = image_size_refusal(
+            extractor.module, extractor.arch, images.shape[1], width, error, dtype=images.dtype
+        )
+        if refusal is None:
+            raise
+        raise refusal from error
 
 
 def _check_finite(

@@ -196,6 +196,7 @@ class FeatureExtractor:
 
     def __init__(self, graph: LayerGraph, layers: list[Layer]) -> None:
         self.layers = list(layers)
+        self.arch = graph.arch
         self._graph = graph
         self._captured: dict[str, Any] = {}
         self._hooks: list[Any] = []  # handles, removed by close(): the model is the caller's

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.io.errors import InputError, first_line
+from torchkit.core.models.image_size import image_size_refusal
 
 TTA_MODES = ("none", "flip")
 
@@ -56,7 +57,9 @@ def score_batch(
 
 def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
     """The model's outputs in float32. A model that fails on the very first batch does not take
-    this input size (a fixed-size network given another --image-size): say so in one line."""
+    this input size: one line, naming the smallest size it takes when the images are too small
+    for it (`image_size_refusal`), else saying that it takes no such size (a fixed-size network
+    given another --image-size)."""
     import torch
 
     try:
@@ -67,7 +70,14 @@ def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
     except RuntimeError as error:
         if not first:
             raise
-        size = "x".join(map(str, images.shape[-2:]))
+        height, width = images.shape[-2:]
+        if height == width:
+            refusal = image_size_refusal(
+                model, "the model", images.shape[1], width, error, dtype=images.dtype
+            )
+            if refusal is not None:
+                raise refusal from error
+        size = f"{height}x{width}"
         raise InputError(
             f"the model fails on {size} images: {first_line(error)}",
             "check --image-size: it must be a size this model accepts",

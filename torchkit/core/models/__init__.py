@@ -2,8 +2,9 @@
 `builders` (names to architectures), `convnet`, `usercode` (`package.module:Callable`),
 `timm_models` (`timm/NAME`, the optional timm extra),
 `weights` (reading model files), `heads` (the classifier layer), `specs` (what a spec reads),
-`spec` (a model as a command names it, resolved with its preprocessing options) and `inputs`
-(inputs made up for a model)."""
+`spec` (a model as a command names it, resolved with its preprocessing options), `inputs`
+(inputs made up for a model) and `image_size` (the refusal of an image size a model cannot run
+at, naming the smallest it takes)."""
 
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,

@@ -32,6 +32,7 @@ from typing import Any
 
 from torchkit.core.input_size import check_numel
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
+from torchkit.core.models.image_size import ImageSizeError, image_size_refusal, meta_copy
 from torchkit.core.models.inputs import iter_tensors, make_inputs
 from torchkit.torchvision_without_dynamo import without_dynamo
 
@@ -377,41 +378,6 @@ def _check_meta_indices(func: Any, args: tuple) -> None:
         raise RuntimeError(checked[1].format(dtype=indices.dtype))
 
 
-def meta_copy(model: Any) -> Any:
-    """A copy of `model` whose parameters, buffers and tensor attributes live on the meta
-    device: same structure, same shapes, dtypes and requires_grad flags, no memory and no
-    compute. Tied parameters stay tied (one meta tensor per original tensor)."""
-    import copy
-
-    import torch
-
-    memo: dict[int, Any] = {}
-    for module in model.modules():
-        for value in (
-            *module._parameters.values(),
-            *module._buffers.values(),
-            *vars(module).values(),
-        ):
-            if isinstance(value, torch.Tensor) and id(value) not in memo:
-                memo[id(value)] = _to_meta(value)
-    return copy.deepcopy(model, memo)
-
-
-def _to_meta(tensor: Any) -> Any:
-    import torch
-    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
-
-    # A lazy module's placeholders stay placeholders: the copy materialises them on meta.
-    if isinstance(tensor, UninitializedParameter):
-        return UninitializedParameter(tensor.requires_grad, device="meta", dtype=tensor.dtype)
-    if isinstance(tensor, UninitializedBuffer):
-        return UninitializedBuffer(tensor.requires_grad, device="meta", dtype=tensor.dtype)
-    meta = torch.empty_like(tensor, device="meta")
-    if isinstance(tensor, torch.nn.Parameter):
-        return torch.nn.Parameter(meta, requires_grad=tensor.requires_grad)
-    return meta
-
-
 def _record(
     model: Any,
     inputs: list[Any],
@@ -593,6 +559,9 @@ def summarize(
         except TorchkitError:
             raise
         except Exception as error:
+            refusal = _image_size_refusal(model, specs, error)
+            if refusal is not None:
+                raise refusal from error
             raise UsageError(
                 f"{type(model).__name__} cannot run on an input of shape {_shapes_text(specs)}: "
                 f"{first_line(error)}",
@@ -620,6 +589,20 @@ def summarize(
         total_mb=(input_bytes + forward_backward + param_bytes + buffer_bytes) / MB,
         inputs=_input_descriptions(specs),
     )
+
+
+def _image_size_refusal(
+    model: Any, specs: Sequence[InputSpec], error: Exception
+) -> ImageSizeError | None:
+    """For one batch of square images too small for the model: the refusal naming the smallest
+    size it takes (`image_size_refusal`, as every command that runs a model says it)."""
+    if len(specs) != 1 or specs[0].name is not None or len(specs[0].shape) != 4:
+        return None
+    _, channels, height, width = specs[0].shape
+    dtype = specs[0].dtype
+    if height != width or (dtype is not None and not dtype.is_floating_point):
+        return None
+    return image_size_refusal(model, type(model).__name__, channels, width, error, dtype=dtype)
 
 
 def _shapes_text(specs: Sequence[InputSpec]) -> str:

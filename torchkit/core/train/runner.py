@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Iterator
 from torchkit.core.data.sources import SPLIT_CSV
 from torchkit.core.io.errors import DeviceError, InputError, UsageError
 from torchkit.core.io.outputs import InputPath
+from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.runtime.launch import is_main_process
@@ -29,7 +30,6 @@ from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.setup import (
     RunPlan,
     build_amp,
-    image_size_refusal,
     plan_run,
     prepare_state,
 )
@@ -248,7 +248,12 @@ def _image_size_checked(state: TrainState) -> Iterator[None]:
     except RuntimeError as error:
         preprocess = state.preprocess
         refusal = image_size_refusal(
-            state.model, state.arch, preprocess.in_channels, preprocess.image_size, error
+            state.model,
+            state.arch,
+            preprocess.in_channels,
+            preprocess.image_size,
+            error,
+            doing="train on",
         )
         if refusal is None:
             raise

@@ -391,51 +391,6 @@ def _build_model(
     return model, resolved.arch, parameters
 
 
-def image_size_refusal(
-    model: Any, arch: str, channels: int, side: int, error: Exception
-) -> UsageError | None:
-    """The one-line refusal for a model that failed (`error`) because it cannot take `side` x
-    `side` images (a network too deep for them), naming the smallest side it takes; None when
-    that is not why it failed. Asked only after a failure, so a run that works pays nothing:
-    the forward passes run on a meta-device copy (no compute, the model itself never called).
-    A model the meta device cannot run at `_LARGEST_SIDE_TRIED` either is not judged here."""
-    import torch
-
-    from torchkit.core.io.errors import first_line
-    from torchkit.core.summary.counting import meta_copy
-
-    if not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
-        return None
-    try:
-        copy = meta_copy(model).eval()
-    except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
-        return None
-
-    def runs(n: int) -> bool:
-        try:
-            with torch.no_grad():
-                copy(torch.empty(1, channels, n, n, device="meta"))
-        except Exception:  # noqa: BLE001 - whatever the reason, not this side
-            return False
-        return True
-
-    if side >= _LARGEST_SIDE_TRIED or runs(side) or not runs(_LARGEST_SIDE_TRIED):
-        return None
-    low, high = side, _LARGEST_SIDE_TRIED  # fails at low, runs at high
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (low, middle) if runs(middle) else (middle, high)
-    return UsageError(
-        f"{arch} cannot train on {side}x{side} images: {first_line(error)}",
-        f"the smallest it takes is {high}: use --image-size {high} or larger",
-    )
-
-
-# The largest side `image_size_refusal` tries: a model the meta device cannot run at it either
-# fails on small images for another reason (or cannot run on the meta device at all).
-_LARGEST_SIDE_TRIED = 256
-
-
 def _to_device(model: Any, ctx: DistContext, config: TrainConfig) -> None:
     """The model on the run's device, channels-last with --channels-last, in place."""
     import torch

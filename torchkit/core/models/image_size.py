@@ -1,0 +1,109 @@
+"""The one refusal of an image size a model cannot run at (a network too deep or too strided for
+small images fails deep inside with torch's shape error): every command that runs a model names
+the smallest square side it takes. The search runs on a meta-device copy (no compute, the model
+itself never called) and only after the model has failed, so a run that works pays nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchkit.core.io.errors import UsageError, first_line
+
+# The largest side the search tries: a model the meta device cannot run at it either fails on
+# small images for another reason (a classifier sized for one input, the wrong channels), or
+# cannot run on the meta device at all, and is not judged here.
+LARGEST_SIDE_TRIED = 256
+
+
+class ImageSizeError(UsageError):
+    """A model that cannot run at the images' size; the hint names the smallest it takes."""
+
+
+def image_size_refusal(
+    model: Any,
+    name: str,
+    channels: int,
+    side: int,
+    error: BaseException,
+    *,
+    dtype: Any = None,
+    doing: str = "run on",
+) -> ImageSizeError | None:
+    """The one-line refusal for `model` (called `name`), which failed (`error`) on `side` x
+    `side` images of `channels` channels (`dtype`, float32 when None), naming the smallest side
+    it takes; None when that is not why it failed."""
+    import torch
+
+    if not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
+        return None
+    smallest = smallest_side(model, channels, side, dtype=dtype)
+    if smallest is None:
+        return None
+    return ImageSizeError(
+        f"{name} cannot {doing} {side}x{side} images: {first_line(error)}",
+        f"the smallest it takes is {smallest}: use --image-size {smallest} or larger",
+    )
+
+
+def smallest_side(model: Any, channels: int, side: int, *, dtype: Any = None) -> int | None:
+    """The smallest square side above `side` at which `model` (in eval mode) runs, when it does
+    not run at `side` but does at `LARGEST_SIDE_TRIED`; None otherwise (it runs at `side`, fails
+    at every size, or cannot be copied to the meta device)."""
+    import torch
+
+    # Inference mode (eval, predict) would make the copy's parameters inference tensors.
+    with torch.inference_mode(False), torch.no_grad():
+        try:
+            copy = meta_copy(model).eval()
+        except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
+            return None
+
+        def runs(n: int) -> bool:
+            try:
+                copy(torch.empty(1, channels, n, n, device="meta", dtype=dtype))
+            except Exception:  # noqa: BLE001 - whatever the reason, not this side
+                return False
+            return True
+
+        if side >= LARGEST_SIDE_TRIED or runs(side) or not runs(LARGEST_SIDE_TRIED):
+            return None
+        low, high = side, LARGEST_SIDE_TRIED  # fails at low, runs at high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if runs(middle) else (middle, high)
+        return high
+
+
+def meta_copy(model: Any) -> Any:
+    """A copy of `model` whose parameters, buffers and tensor attributes live on the meta
+    device: same structure, same shapes, dtypes and requires_grad flags, no memory and no
+    compute. Tied parameters stay tied (one meta tensor per original tensor)."""
+    import copy
+
+    import torch
+
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for value in (
+            *module._parameters.values(),
+            *module._buffers.values(),
+            *vars(module).values(),
+        ):
+            if isinstance(value, torch.Tensor) and id(value) not in memo:
+                memo[id(value)] = _to_meta(value)
+    return copy.deepcopy(model, memo)
+
+
+def _to_meta(tensor: Any) -> Any:
+    import torch
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    # A lazy module's placeholders stay placeholders: the copy materialises them on meta.
+    if isinstance(tensor, UninitializedParameter):
+        return UninitializedParameter(tensor.requires_grad, device="meta", dtype=tensor.dtype)
+    if isinstance(tensor, UninitializedBuffer):
+        return UninitializedBuffer(tensor.requires_grad, device="meta", dtype=tensor.dtype)
+    meta = torch.empty_like(tensor, device="meta")
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(meta, requires_grad=tensor.requires_grad)
+    return meta
