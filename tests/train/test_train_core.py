@@ -188,6 +188,28 @@ def test_schedules_match_torch_schedulers(options, make, per_iteration):
     assert ours == pytest.approx(reference, rel=1e-9, abs=1e-12)
 
 
+def test_cosine_ends_every_group_at_the_same_fraction_of_its_own_lr():
+    """--min-lr is where --lr's group ends; the backbone's --backbone-lr ends at the same
+    fraction of itself and never rises (timm's and torch's cosine floor every group at the
+    absolute lr_min: this backbone would climb from 0.001 to 0.005)."""
+    config = TrainConfig(
+        lr=0.1, backbone_lr=0.001, min_lr=0.005, scheduler="cosine", epochs=2, warmup_epochs=0
+    )
+    optimizer = build_optimizer(param_groups(TinyNet(), config), config)
+    schedule = LRSchedule(optimizer, config, updates_per_epoch=2)
+    seen = []
+    for _ in range(5):  # the 4 updates, then the lr after the last
+        seen.append({g["group_name"]: g["lr"] for g in optimizer.param_groups})
+        schedule.step()
+    # 0.005 + (0.1 - 0.005) * (1 + cos(pi * u / 4)) / 2, by hand; the backbone's is 1/100 of it
+    head = [0.1, 0.08608757, 0.0525, 0.01891243, 0.005]
+    assert [lrs["head_decay"] for lrs in seen] == pytest.approx(head, rel=1e-6)
+    assert [lrs["head_no_decay"] for lrs in seen] == pytest.approx(head, rel=1e-6)
+    backbone = [lr / 100 for lr in head]
+    assert [lrs["backbone_decay"] for lrs in seen] == pytest.approx(backbone, rel=1e-6)
+    assert [lrs["backbone_no_decay"] for lrs in seen] == pytest.approx(backbone, rel=1e-6)
+
+
 def test_plateau_matches_reduce_lr_on_plateau():
     metrics = [0.5, 0.6, 0.6, 0.6, 0.6, 0.55, 0.7, 0.7, 0.7, 0.7]
     config = TrainConfig(lr=0.1, epochs=10, warmup_epochs=0, scheduler="plateau", patience=2)

@@ -266,7 +266,12 @@ class TrainConfig:
         minimum=0,
         help="Linear warm-up, stepped per iteration (fractions allowed).",
     )
-    min_lr: float = option(0.0, panel=OPTIM_PANEL, minimum=0, help="Final lr of cosine.")
+    min_lr: float = option(
+        0.0,
+        panel=OPTIM_PANEL,
+        minimum=0,
+        help="Final lr of cosine, of --lr; --backbone-lr ends at the same fraction of its own.",
+    )
     step_size: int = option(30, panel=OPTIM_PANEL, minimum=1, help="step: epochs between decays.")
     milestones: tuple[int, ...] = option(
         (),
