@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 import typer
+from image_folders import write_image_folder
+from processes import run_torchkit_in_process
 from torch import nn
 
 from torchkit.cli.app import TorchkitGroup
@@ -138,6 +140,21 @@ def test_table_output_is_plain_and_keeps_long_values_whole(runner):
     lines = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if "│" in line}
     assert "0.5000" in lines["alpha"] and "yes" in lines["alpha"]
     assert "nan" in lines["beta"] and "no" in lines["beta"]
+
+
+def test_control_characters_of_names_are_escaped_in_tables_and_kept_in_json(tmp_path):
+    # A class folder named with a line break read as two rows of the table ("new", "line"), a
+    # carriage return vanished (the name shown was not the folder's) and an escape sequence
+    # reached the terminal.
+    names = ["new\nline", "tab\there", "cr\rback", "esc\x1b[31mred", "c1\x85next"]
+    root = write_image_folder(tmp_path / "data", dict.fromkeys(names, 1))
+    shown = run_torchkit_in_process("dataset-stats", root)
+    assert shown.returncode == 0, shown.stderr
+    for name in names:
+        assert repr(name)[1:-1] in shown.stdout
+    assert not any(c in shown.stdout for c in "\t\r\x1b\x85")
+    written = run_torchkit_in_process("dataset-stats", root, "--format", "json")
+    assert sorted(c["name"] for c in json.loads(written.stdout)["classes"]) == sorted(names)
 
 
 @pytest.mark.parametrize("width", [40, 60])
