@@ -305,6 +305,8 @@ class TorchkitGroup(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except TorchkitError as error:
+            if error.on_every_rank and not _is_main_process():
+                raise typer.Exit(error.exit_code) from None  # rank 0 reports it, once
             _report(error, str(error))
             raise typer.Exit(error.exit_code) from None
         except BrokenPipeError:
@@ -318,6 +320,12 @@ class TorchkitGroup(TyperGroup):
             what, hint = describe_unexpected(error)
             _report(error, f"{what} ({hint})")
             raise typer.Exit(1) from None
+
+
+def _is_main_process() -> bool:
+    from torchkit.core.runtime.launch import is_main_process
+
+    return is_main_process()
 
 
 def _raise_once(signum, frame) -> None:

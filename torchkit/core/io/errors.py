@@ -7,6 +7,9 @@ class TorchkitError(Exception):
     """A failure the user can act on. `hint` says what to do about it."""
 
     exit_code = 1
+    # Raised alike by every rank of a torchrun world (an outcome the ranks agreed on, see
+    # `on_every_rank`): rank 0 reports it, the others end with its exit code and say nothing.
+    on_every_rank = False
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -46,6 +49,14 @@ class DeviceError(TorchkitError):
 
 class OfflineError(TorchkitError):
     """Something needed a download and the network is not reachable."""
+
+
+def on_every_rank(error: TorchkitError) -> TorchkitError:
+    """`error`, marked as raised alike by every rank (rank 0 alone reports it): only for an
+    outcome the ranks agreed on through a collective, never for one rank's own failure, which
+    its own line must name."""
+    error.on_every_rank = True
+    return error
 
 
 def short_repr(value: object) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.io.errors import DeviceError, TorchkitError, first_line
+from torchkit.core.io.errors import DeviceError, TorchkitError, first_line, on_every_rank
 from torchkit.core.runtime.launch import Placed, launch_env
 
 # How long a collective waits for the other ranks before the run fails (train's --dist-timeout;
@@ -263,7 +263,7 @@ def on_main(ctx: DistContext, work: Callable[[], Any]) -> Any:
         raise failure
     if outcome[0] == "error":
         _, kind, message, hint = outcome
-        raise kind(message, hint)
+        raise on_every_rank(kind(message, hint))
     return result
 
 

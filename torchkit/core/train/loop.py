@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.io.errors import InputError, TorchkitError
+from torchkit.core.io.errors import InputError, TorchkitError, on_every_rank
 from torchkit.core.train import dynamo_free
 
 log = logging.getLogger("torchkit")
@@ -195,18 +195,23 @@ def train_one_epoch(
         hint = DIVERGED_HINT
         local = int(sums.first_bad)
         bad = local if ctx.earliest_over_ranks is None else ctx.earliest_over_ranks(local)
+        # The earliest bad step of every rank and weights DDP keeps equal: the same on each.
         if bad >= 0:
-            raise DivergedError(
-                f"the training loss is not finite (NaN or infinite) at epoch {epoch}, step "
-                f"{bad} of {total}: the run diverged",
-                hint,
+            raise on_every_rank(
+                DivergedError(
+                    f"the training loss is not finite (NaN or infinite) at epoch {epoch}, step "
+                    f"{bad} of {total}: the run diverged",
+                    hint,
+                )
             )
         if weights and not _all_finite(ctx.optimizer):
-            raise DivergedError(
-                f"the weights are not finite (NaN or infinite) at epoch {epoch}, step "
-                f"{progress_state.batches} of {total}, although the loss was: a gradient "
-                "overflowed",
-                hint,
+            raise on_every_rank(
+                DivergedError(
+                    f"the weights are not finite (NaN or infinite) at epoch {epoch}, step "
+                    f"{progress_state.batches} of {total}, although the loss was: a gradient "
+                    "overflowed",
+                    hint,
+                )
             )
 
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.sources import SPLIT_CSV, write_split_csv
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.io.errors import TorchkitError, first_line
+from torchkit.core.io.errors import TorchkitError, first_line, on_every_rank
 from torchkit.core.io.files import remove_stale_temporaries
 from torchkit.core.io.outputs import (
     MARKER,
@@ -99,7 +99,7 @@ class RunFolder:
             raise failure
         if outcome[0] == "error":
             _, kind, message, hint = outcome
-            raise kind(message, hint)
+            raise on_every_rank(kind(message, hint))
         return Path(outcome[1]), bool(outcome[2])
 
     def _lock(self, plan: RunPlan) -> tuple[Path, bool]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator
 
 from torchkit.core.data.sources import SPLIT_CSV
-from torchkit.core.io.errors import DeviceError, InputError, UsageError
+from torchkit.core.io.errors import DeviceError, InputError, UsageError, on_every_rank
 from torchkit.core.io.outputs import InputPath
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.runtime import distributed
@@ -276,9 +276,11 @@ def _check_same_data(ctx: DistContext, state: TrainState) -> None:
         difference = f"classes {_names(every[other][0])} instead of {_names(every[0][0])}"
     else:
         difference = f"{_sizes(every[other])} instead of {_sizes(every[0])}"
-    raise InputError(
-        f"rank {other} reads other data than rank 0: {difference}",
-        "every node must read the same --data: copy the same files to each node",
+    raise on_every_rank(
+        InputError(
+            f"rank {other} reads other data than rank 0: {difference}",
+            "every node must read the same --data: copy the same files to each node",
+        )
     )
 
 
