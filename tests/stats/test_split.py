@@ -484,6 +484,29 @@ def test_the_split_folders_of_a_flat_folder_read_as_unlabelled_split_data(runner
         open_data(out)  # train and eval need labels: one error, not a misread
 
 
+@pytest.mark.parametrize("mode", ["copy", "symlink"])
+def test_the_split_folders_of_an_unlabelled_csv_index_are_a_split_of_flat_images(tmp_path, mode):
+    # A CSV index without labels was refused ("label '' cannot be a class folder ... fix the
+    # label"): a user with no labels was told to fix one. Its images split as a flat folder's.
+    from PIL import Image
+
+    for i in range(10):
+        (tmp_path / "images").mkdir(exist_ok=True)
+        Image.new("RGB", (4, 4), (i * 20, 0, 0)).save(tmp_path / "images" / f"f{i}.png")
+    index = tmp_path / "index.csv"
+    index.write_text("path\n" + "".join(f"images/f{i}.png\n" for i in range(10)))
+    out = tmp_path / "out"
+    split_dataset(index, out, mode=mode)
+    rows = manifest(out)
+    assert all(row["path"] == f"{row['split']}/{Path(row['source']).name}" for row in rows)
+    for row in rows:
+        assert (out / row["path"]).read_bytes() == Path(row["source"]).read_bytes()
+    data = open_data(out, allow_unlabelled=True)
+    assert (data.kind, data.classes, list(data.splits)) == ("split root", [""], SPLIT_ORDER)
+    read = {i: name for name, part in data.splits.items() for i in part.ids}
+    assert read == {row["path"]: row["split"] for row in rows}
+
+
 @pytest.mark.parametrize(
     ("names", "shown"), [("tr,va,te", "te/, tr/, va/"), ("train,valid,test", "valid/")]
 )

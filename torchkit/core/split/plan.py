@@ -190,11 +190,14 @@ def _repeat_dest(dest: str, number: int, free: FreeNames) -> str:
 
 def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv: bool):
     """OUT-relative destinations: <split>/<id> for folders (class folder and subfolders kept),
-    <split>/<label>/<file name> for CSV indexes (made unique where names collide)."""
+    <split>/<label>/<file name> for CSV indexes (made unique where names collide), and
+    <split>/<file name> for a CSV index without labels (a split of flat images, as a flat
+    folder's: no class folder named "")."""
     if not is_csv:
         ids = samples.ids
         return [f"{names[s]}/{i.replace(os.sep, '/')}" for s, i in zip(split_of, ids, strict=True)]
-    for name in samples.classes:
+    unlabelled = samples.classes == [""]
+    for name in [] if unlabelled else samples.classes:
         problem = class_folder_problem(name)
         if problem is not None:
             raise InputError(
@@ -205,7 +208,8 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
     dests = []
     for s, path, label in zip(split_of, samples.paths, samples.labels, strict=True):
         stem, suffix = os.path.splitext(os.path.basename(path))
-        dests.append(free.claim(f"{names[s]}/{samples.classes[label]}/", stem, suffix))
+        folder = f"{names[s]}/" if unlabelled else f"{names[s]}/{samples.classes[label]}/"
+        dests.append(free.claim(folder, stem, suffix))
     return dests
 
 
