@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pytest
+import torch
+from checkpoints import read_checkpoint
 from sklearn.utils.class_weight import compute_class_weight
 
 from torchkit.cli import app
@@ -195,3 +197,40 @@ def test_train_with_a_class_of_weight_0_is_not_a_divergence(runner, tmp_path, ma
          "-j", "0", "-b", "2", "--class-weights", str(weights), "--out", str(tmp_path / "run")],
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "accum_steps"),
+    [("3", "2"), ("4", "2")],  # two batches of 3; a batch of 4 and the epoch's last of 2
+    ids=["equal-batches", "short-last-batch"],
+)
+def test_accumulated_batches_weigh_classes_as_one_batch_of_their_images(
+    runner, tmp_path, make_image_folder, batch_size, accum_steps
+):
+    """The class-weighted mean divides by the whole update's weight total, as one batch of all
+    its images does (torch's weighted CrossEntropyLoss over them): it was the mean of each
+    batch's weighted mean, so a batch of light classes had as much say as one of heavy ones."""
+
+    data = make_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
+    weights = tmp_path / "weights.txt"
+    weights.write_text("a,1\nb,4\n", encoding="utf-8")
+    recipe = [
+        "train", "--data", data, "--val-split", "0.5", "--model", "nets:TinyNet",
+        "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
+        "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "0.5",
+        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "2", "--workers", "0",
+        "--no-ema", "--device", "cpu", "--class-weights", weights, "--label-smoothing", "0.1",
+        "--l1", "0.001",
+    ]  # fmt: skip
+    words = [str(word) for word in recipe]
+    full = runner.invoke(app, [*words, "--batch-size", "6", "--out", str(tmp_path / "full")])
+    parts = runner.invoke(
+        app,
+        [*words, "--batch-size", batch_size, "--accum-steps", accum_steps,
+         "--out", str(tmp_path / "parts")],
+    )  # fmt: skip
+    assert full.exit_code == 0 and parts.exit_code == 0, full.stderr + parts.stderr
+    one_batch = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
+    accumulated = read_checkpoint(tmp_path / "parts" / "last.pt")["model"]
+    for key, value in one_batch.items():
+        assert torch.allclose(accumulated[key], value, atol=1e-6), key

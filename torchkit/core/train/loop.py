@@ -187,6 +187,7 @@ def train_one_epoch(
     sums = graphed.sums if graphed is not None else StepSums(ctx.device, acc)
     sums.reset()
     updates = 0
+    weighted = _WeightedUpdate.of(ctx)
 
     def check_finite(*, weights: bool = False) -> None:
         """Raise DivergedError if a loss was not finite (on any rank); with `weights`, before
@@ -266,6 +267,9 @@ def train_one_epoch(
                     if ctx.l1 > 0:
                         loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
                     scaled = loss / in_update if share is None else loss * share
+                    if weighted is not None and in_update > 1:
+                        part = 1 / in_update if share is None else share
+                        scaled = weighted.scale(scaled, part, labels, last=is_update)
                     if ctx.scaler is not None:
                         ctx.scaler.scale(scaled).backward()
                     else:
@@ -273,9 +277,13 @@ def train_one_epoch(
                 sums.add(loss, outputs, labels, progress_state.batches, mixed)
                 progress_state.seen += labels.shape[0]
             elif ctx.distributed:
+                if weighted is not None and is_update:
+                    weighted.close()  # before the all-reduce of the empty batch's backward
                 _empty_step(ctx, is_update, progress_state.batches)
             if is_update:
                 if graphed is None:
+                    if weighted is not None:
+                        weighted.close()  # the update's last batch had no readable image
                     progress_state.last_lr = ctx.schedule.current_lr()
                     _optimizer_step(ctx)
                 updates += 1
@@ -321,6 +329,59 @@ def train_one_epoch(
     if timeline is not None:
         timeline.report(epoch, progress_state.seconds, ahead)
     return True
+
+
+class _WeightedUpdate:
+    """--class-weights over an update of several batches (--accum-steps), exactly as one batch
+    of all their images: the class-weighted mean divides by the whole update's weight total,
+    not each batch by its own (the mean of the batches' weighted means gave a batch of light
+    classes as much say as one of heavy ones).
+
+    Each batch's weighted mean times its share of the update's images (`part`) is multiplied by
+    its images' mean weight (so it adds its weighted sum over the update's images); the update's
+    last batch, before its backward (the all-reduce under torchrun), divides the gradients so
+    far and its own loss by the update's mean weight, the sum of those products. Under torchrun
+    each rank divides by its own images' total, as one process per rank would."""
+
+    def __init__(self, weight: Any, params: list) -> None:
+        self.weight = weight
+        self.params = params
+        self.total: Any = None  # sum over the update's batches so far of part x mean weight
+
+    @classmethod
+    def of(cls, ctx: StepContext) -> _WeightedUpdate | None:
+        """None without class weights, with one batch per update, or with mixup / cutmix (a
+        mixed batch's two weighted means have two totals, and no single batch equals the
+        update: each batch's lambda is its own)."""
+        weight = getattr(ctx.criterion, "weight", None)
+        if weight is None or ctx.accum_steps == 1 or ctx.mixup_alpha > 0 or ctx.cutmix_alpha > 0:
+            return None
+        params = [p for group in ctx.optimizer.param_groups for p in group["params"]]
+        return cls(weight, params)
+
+    def scale(self, scaled: Any, part: float, labels: Any, *, last: bool) -> Any:
+        mean_weight = self.weight[labels].mean()
+        share = mean_weight * part
+        self.total = share if self.total is None else self.total + share
+        scaled = scaled * mean_weight
+        if last:
+            scaled = scaled / self.close()
+        return scaled
+
+    def close(self) -> Any:
+        """Divide the gradients accumulated so far by the update's mean weight, and start the
+        next update; returns that divisor (1 when every image weighs 0: the gradients are 0)."""
+        import torch
+
+        if self.total is None:
+            return 1.0
+        total = torch.where(self.total > 0, self.total, torch.ones_like(self.total))
+        self.total = None
+        with torch.no_grad():
+            for param in self.params:
+                if param.grad is not None:
+                    param.grad.div_(total)
+        return total
 
 
 def _share_of_update(
