@@ -353,6 +353,57 @@ def test_unlabelled_images_have_no_class(tmp_path: Path):
     assert (out / "classes.txt").read_text() == ""
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_unlabelled_shards_read_back_as_unlabelled_data(tmp_path: Path, split: bool):
+    # Their empty classes.txt was refused by every reader ("classes.txt names no class, or a
+    # class twice"): no command could read the shards of a flat folder or a flat split.
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.io.errors import InputError
+
+    flat = tmp_path / "flat"
+    names = [f"train/{i}.png" if split else f"{i}.png" for i in range(3)]
+    if split:
+        names.append("val/3.png")
+    for index, name in enumerate(names):
+        (flat / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (4, 4), (index * 40, 7, 0)).save(flat / name)
+    out = tmp_path / "out"
+    assert convert(flat, out).returncode == 0
+    data = open_data(out, allow_unlabelled=True)
+    assert data.classes == [""] and data.is_split == split
+    parts = data.splits.items() if split else [(None, data.whole)]
+    read = {}
+    for part, samples in parts:
+        for stored in samples.paths:
+            with Image.open(io.BytesIO(stored.read_bytes())) as image:
+                read[str(stored).split("/", 1)[1]] = (part, image.getpixel((0, 0)))
+    original = {}
+    for index, name in enumerate(names):
+        key = next(k for k, v in _json_paths(out).items() if v == name)
+        original[key] = (name.split("/")[0] if split else None, (index * 40, 7, 0))
+    assert read == original
+    done = run_torchkit_in_process("dataset-stats", out, *(["--split", "all"] if split else []))
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(InputError, match=r"has no label"):
+        open_data(out)  # train and eval need labels: one error
+    # Labelled samples beside an empty classes.txt are still one error.
+    labelled = write_image_folder(tmp_path / "labelled", {"cat": 2})
+    assert convert(labelled, tmp_path / "cats").returncode == 0
+    (tmp_path / "cats" / "classes.txt").write_text("")
+    with pytest.raises(InputError, match=r"names no class, while sample \w+ in .+ is labelled"):
+        open_data(tmp_path / "cats")
+
+
+def _json_paths(out: Path) -> dict[str, str]:
+    """`SHARD/KEY.EXT` -> the source path its KEY.json records, for every sample in `out`."""
+    found = {}
+    for shard in sorted(out.glob("*.tar")):
+        for key, sample in samples_of(shard).items():
+            extension = next(e for e in sample if e not in ("json", "cls"))
+            found[f"{key}.{extension}"] = json.loads(sample["json"])["path"]
+    return found
+
+
 @pytest.mark.parametrize("name", [" cat", "cat ", "new\nline", "form\x0cfeed"])
 def test_a_class_name_classes_txt_cannot_give_back_is_refused_before_any_shard(
     tmp_path: Path, name: str

@@ -598,7 +598,8 @@ def class_names_in_text(text: str) -> list[str]:
 
 
 def _class_file(folder: str) -> list[str] | None:
-    """The class names `classes.txt` or `classes.json` beside the shards give, in label order."""
+    """The class names `classes.txt` or `classes.json` beside the shards give, in label order
+    (none for an empty one), or None without either."""
     text_file, json_file = Path(folder, "classes.txt"), Path(folder, "classes.json")
     try:
         if text_file.is_file():
@@ -618,8 +619,10 @@ def _class_file(folder: str) -> list[str] | None:
             return None
     except (OSError, ValueError) as error:
         raise InputError(f"cannot read the class names beside the shards: {error}") from None
-    if not names or len(set(names)) != len(names):
-        raise InputError(f"{where} names no class, or a class twice", "one class name per line")
+    if len(set(names)) != len(names):
+        raise InputError(f"{where} names a class twice", "one class name per line")
+    # An empty one is what `convert shards` writes beside unlabelled images: no names, which
+    # only labelled samples need (`_labelled`).
     return names
 
 
@@ -636,6 +639,12 @@ def _labelled(
             f"sample {first.key} in {first.shard} has no label"
             + (f" ({len(unlabelled)} samples have none)" if len(unlabelled) > 1 else ""),
             'give each sample a KEY.cls (class index) or a KEY.json with a "label"',
+        )
+    if file_classes == []:
+        raise InputError(
+            f"the classes.txt / classes.json beside the shards names no class, while sample "
+            f"{samples[0].key} in {samples[0].shard} is labelled",
+            "one class name per line, in label order",
         )
     if file_classes is not None:
         names = file_classes
