@@ -1,5 +1,7 @@
-"""confusion_matrix.csv has the bytes of the csv module's writer (without pandas): checked
-against csv.writer on class names that need quoting or look like numbers or missing values."""
+"""confusion_matrix.csv has the bytes of the csv module's writer (without pandas), and a field
+holding a carriage return quoted too (csv.writer with `\n` line ends wrote it bare, and readers
+split the row): checked against CSV's rule written out by hand, on class names that need quoting
+or look like numbers or missing values, and read back."""
 
 from __future__ import annotations
 
@@ -31,12 +33,18 @@ AWKWARD_NAMES = [
 ]
 
 
+def _field(value: object) -> str:
+    """CSV's quoting (the csv module's minimal quoting, and a carriage return)."""
+    text = str(value)
+    if any(c in text for c in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
 def _csv_writer_text(cm: np.ndarray, classes: list[str]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([CONFUSION_CORNER, *classes])
-    writer.writerows([[name, *row.tolist()] for name, row in zip(classes, cm, strict=True)])
-    return buffer.getvalue()
+    rows = [[CONFUSION_CORNER, *classes]]
+    rows += [[name, *row.tolist()] for name, row in zip(classes, cm, strict=True)]
+    return "".join(",".join(_field(v) for v in row) + "\n" for row in rows)
 
 
 @pytest.mark.parametrize("size", [1, 2, 5, len(AWKWARD_NAMES)])
@@ -45,7 +53,11 @@ def test_confusion_csv_bytes_equal_the_csv_module(size):
     for start in range(len(AWKWARD_NAMES) - size + 1):
         classes = AWKWARD_NAMES[start : start + size]
         cm = rng.integers(0, 1000, (size, size)).astype(np.int64)
-        assert confusion_csv_text(cm, classes) == _csv_writer_text(cm, classes), classes
+        text = confusion_csv_text(cm, classes)
+        assert text == _csv_writer_text(cm, classes), classes
+        table = list(csv.reader(io.StringIO(text, newline="")))
+        assert table[0] == [CONFUSION_CORNER, *classes]
+        assert [row[0] for row in table[1:]] == classes
 
 
 def test_confusion_csv_reads_back_as_the_matrix():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from enum import Enum
@@ -259,9 +258,12 @@ def _full(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
 def write_csv(records, columns: list[str], handle: IO[str]) -> None:
     """The header, then one line per record (a list of values in column order): floats as
     repr writes them (shortest round-trip), None as an empty field."""
-    writer = csv.writer(handle, lineterminator="\n")
+    from torchkit.core.io.csv_rows import CsvWriter
+
+    writer = CsvWriter(handle)
     writer.writerow(columns)
-    writer.writerows(records)
+    for record in records:  # one at a time: rows stream as images are predicted
+        writer.writerow(record)
 
 
 def _report(run, output: Path | None) -> None:

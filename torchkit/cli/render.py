@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import io
 import math
 from collections.abc import Sequence
@@ -140,12 +139,9 @@ def render_json(data: Any) -> str:
 
 
 def render_csv(table: Table) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.columns)
-    for row in table.rows:
-        writer.writerow(["" if v is None else v for v in row])
-    return buffer.getvalue()
+    from torchkit.core.io.csv_rows import csv_text
+
+    return csv_text([table.columns, *(["" if v is None else v for v in row] for row in table.rows)])
 
 
 def rich_table(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.benchmark.search import BatchSearch
+from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import OutputExistsError, first_line
 from torchkit.core.io.outputs import is_special_file
 
@@ -180,7 +181,7 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
         left_out = _require_same_columns(target, found, _header(csv_text) or [])
         newline = "\r\n" if "\r\n" in existing.split("\n", 1)[0] + "\n" else "\n"
         buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator=newline)
+        writer = CsvWriter(buffer, lineterminator=newline)
         for row in new_rows:
             writer.writerow([row[name] for name in found])
         joiner = "" if existing.endswith(("\n", "\r")) else newline

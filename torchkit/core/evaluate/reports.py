@@ -3,8 +3,6 @@ predictions.csv, confusion_matrix.png and errors.png; each one atomically."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -13,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.files import atomic_path, atomic_write_text, drawable
 from torchkit.core.io.outputs import reporting_write_errors
 
@@ -72,11 +71,7 @@ def json_safe(value: Any) -> Any:
 
 
 def _csv_text(columns: list[str], rows) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows(rows)
-    return buffer.getvalue()
+    return csv_text([columns, *rows])
 
 
 def confusion_csv_text(cm: np.ndarray, classes: list[str]) -> str:

@@ -14,7 +14,6 @@ The arrays are reserved on disk when they are created, so a full disk is an erro
 
 from __future__ import annotations
 
-import csv
 import errno
 import io
 import json
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import atomic_path, atomic_write, atomic_write_text, torch_save
 from torchkit.core.io.outputs import (
@@ -239,11 +239,7 @@ class FeatureStore:
                 _write_pt(source, target)
             else:
                 _write_safetensors(source, target, name)
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(index_columns)
-        writer.writerows(index_rows)
-        atomic_write_text(self.out / INDEX_FILE, buffer.getvalue())
+        atomic_write_text(self.out / INDEX_FILE, csv_text([index_columns, *index_rows]))
         atomic_write_text(self.out / META_FILE, json.dumps(meta, indent=2) + "\n")
         remove_tree(self.partial)
         return files

@@ -4,7 +4,6 @@ file, and Ctrl-C or SIGTERM never cuts one in two), split.csv written, a stopped
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import os
 import shutil
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.hashing import file_digest
+from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write
 from torchkit.core.io.outputs import remove_tree, reporting_write_errors
@@ -72,7 +72,7 @@ def write_manifest(out: Path, plan: Plan, names: list[str], mode: str) -> None:
         columns.append(plan.repeats)
         header.append("repeat")
     with atomic_write(out / MANIFEST, "w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
+        writer = CsvWriter(handle)
         writer.writerow(header)
         writer.writerows(zip(*columns, strict=True))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import os
@@ -13,6 +12,7 @@ from typing import Any
 from torchkit.core.data.neardup import DuplicatePair
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import atomic_write_text
 from torchkit.core.io.outputs import (
@@ -166,17 +166,13 @@ def find_duplicates(
 def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool) -> Path:
     """Every pair of the leakage report (and the near duplicates within a split), as CSV
     `path_a,split_a,path_b,split_b,kind,distance`, written atomically."""
-    import csv
 
     from torchkit.core.data.neardup import PAIR_COLUMNS
 
     target = check_output_file(path, force, data_inputs(stats.source), what="leakage CSV")
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(PAIR_COLUMNS)
-    for pair in [*stats.leakage, *stats.near_duplicates]:
-        writer.writerow(["" if v is None else v for v in pair.to_dict().values()])
-    atomic_write_text(target, buffer.getvalue())
+    pairs = [*stats.leakage, *stats.near_duplicates]
+    rows = (["" if v is None else v for v in pair.to_dict().values()] for pair in pairs)
+    atomic_write_text(target, csv_text([PAIR_COLUMNS, *rows]))
     return target
 
 

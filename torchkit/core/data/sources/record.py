@@ -10,7 +10,6 @@ since, and eval / extract-features / predict given the checkpoint and the same d
 
 from __future__ import annotations
 
-import csv
 import io
 import os
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.source import DataSource, tagged
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, path_key
+from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError
 
 RECORD_VERSION = 1
@@ -94,7 +94,7 @@ def recorded_splits(
 def split_csv_text(splits: dict[str, Samples]) -> str:
     """`path,label,split` for every image of `splits` (label: the class name)."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    writer = CsvWriter(buffer)
     writer.writerow(SPLIT_CSV_COLUMNS)
     for name, samples in splits.items():
         classes = samples.classes

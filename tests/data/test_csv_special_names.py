@@ -1,0 +1,86 @@
+"""File and class names holding a carriage return, a line break, a comma or a quote (Linux allows
+them): every CSV torchkit writes quotes such a field, so any CSV reader (Python's csv, pandas,
+torchkit's own CSV index) reads each row back whole, to the name that opens the same file."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder
+from processes import run_torchkit_in_process
+
+from torchkit.core.io.csv_rows import CsvWriter, csv_text
+
+CLASSES = ["cr\rclass", 'say "hi", twice']
+FILES = ["cr\rback.png", "line\nbreak.png", "crlf\r\nboth.png"]
+MODEL = ["--device", "cpu", "--workers", "0"]
+
+
+def ok(*args: object):
+    done = run_torchkit_in_process(*args)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def rows_of(path: Path) -> list[dict[str, str]]:
+    with open(path, encoding="utf-8", newline="") as handle:  # as the csv module asks
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = write_image_folder(tmp_path_factory.mktemp("names") / "data", dict.fromkeys(CLASSES, 3))
+    for name in CLASSES:
+        for index, file in enumerate(FILES):
+            (root / name / f"{name}_{index}.png").rename(root / name / file)
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "model.pt"
+    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes=CLASSES)
+    return path
+
+
+def test_the_writer_quotes_a_carriage_return_and_keeps_other_rows_as_csv_writes_them():
+    rows = [["path", "n"], ["cr\rback.png", 1], ["plain.png", None], ["a,b", 2.5]]
+    text = csv_text(rows)
+    assert text == 'path,n\n"cr\rback.png",1\nplain.png,\n"a,b",2.5\n'
+    assert list(csv.reader(io.StringIO(text, newline=""))) == [
+        ["path", "n"], ["cr\rback.png", "1"], ["plain.png", ""], ["a,b", "2.5"],
+    ]  # fmt: skip
+    streamed = io.StringIO()
+    writer = CsvWriter(streamed, lineterminator="\r\n")
+    for row in rows:
+        writer.writerow(iter(row))
+    assert streamed.getvalue() == text.replace("\n", "\r\n")
+
+
+def test_a_split_manifest_reads_back_as_the_same_files(data, tmp_path):
+    ok("split", data, tmp_path / "out", "--mode", "manifest", "--ratio", "1,1,1", "-q")
+    manifest = tmp_path / "out" / "split.csv"
+    rows = rows_of(manifest)
+    assert len(rows) == 6 and {row["label"] for row in rows} == set(CLASSES)
+    assert all((tmp_path / "out" / row["path"]).is_file() for row in rows)
+    stats = json.loads(ok("dataset-stats", manifest, "--split", "all", "--format", "json").stdout)
+    assert stats["images"] == 6 and stats["unreadable_count"] == 0
+    # --format csv of a table: the class names whole
+    shown = ok("dataset-stats", data, "--format", "csv").stdout
+    classes = [row[1] for row in csv.reader(io.StringIO(shown, newline="")) if row[0] == "class"]
+    assert sorted(classes) == sorted(CLASSES)
+
+
+def test_predict_and_features_name_each_file_in_one_row(data, model, tmp_path):
+    ok("predict", model, data, *MODEL, "-o", tmp_path / "predictions.csv")
+    ok("extract-features", model, data, tmp_path / "features", *MODEL, "-q")
+    for written in ("predictions.csv", "features/index.csv"):
+        rows = rows_of(tmp_path / written)
+        assert len(rows) == 6, written
+        assert all((data / row["path"]).is_file() for row in rows), written
+        assert sorted({row["label"] for row in rows}) == sorted(CLASSES)
