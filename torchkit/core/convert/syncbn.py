@@ -263,18 +263,6 @@ def _deduce_dims(
     return dims
 
 
-def _image_size_refusal(model: Any, example_inputs: Sequence[Any], error: Exception):
-    """For one batch of square images too small for the model: the refusal naming the smallest
-    size it takes (`image_size_refusal`, as every command that runs a model says it)."""
-    if len(example_inputs) != 1 or getattr(example_inputs[0], "ndim", 0) != 4:
-        return None
-    _, channels, height, width = example_inputs[0].shape
-    if height != width:
-        return None
-    dtype = example_inputs[0].dtype
-    return image_size_refusal(model, "the model", channels, width, error, dtype=dtype)
-
-
 def _observe_input_dims(
     model: Any, layers: list[tuple[str, Any]], example_inputs: Sequence[Any]
 ) -> dict[int, tuple[int, str]]:
@@ -296,9 +284,13 @@ def _observe_input_dims(
         with torch.no_grad():
             model(*example_inputs)
     except Exception as error:
-        refusal = _image_size_refusal(model, example_inputs, error)
-        if refusal is not None:
-            raise refusal from error
+        if len(example_inputs) == 1:  # a batch of square images too small for the model
+            sample = example_inputs[0]
+            refusal = image_size_refusal(
+                model, "the model", tuple(sample.shape), error, dtype=sample.dtype
+            )
+            if refusal is not None:
+                raise refusal from error
         shapes = ", ".join(str(tuple(getattr(x, "shape", ()))) for x in example_inputs)
         raise UsageError(
             f"the model cannot run on an input of shape {shapes}: {error}".splitlines()[0],

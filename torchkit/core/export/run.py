@@ -281,12 +281,9 @@ def _reference(model: Any, batches: list[Any], *, arch: str) -> list[Any]:
         outputs = reference_outputs(model, batches)
     except Exception as error:
         first = batches[0]
-        if first.ndim == 4 and first.shape[-1] == first.shape[-2]:
-            refusal = image_size_refusal(
-                model, arch, first.shape[1], first.shape[-1], error, dtype=first.dtype
-            )
-            if refusal is not None:
-                raise refusal from error
+        refusal = image_size_refusal(model, arch, first.shape, error, dtype=first.dtype)
+        if refusal is not None:
+            raise refusal from error
         raise ExportError(
             f"{arch} does not run on an input of shape {shape}: "
             f"{first_line(error, with_type=True)}",

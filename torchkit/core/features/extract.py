@@ -432,12 +432,11 @@ def _image_size_checked(extractor: FeatureExtractor, images, *, first: bool) -> 
     try:
         yield
     except RuntimeError as error:
-        height, width = images.shape[-2:]
-        if not first or height != width:
+        if not first:
             raise
         extractor.close()  # its hooks would record the meta-device search's outputs
         refusal = image_size_refusal(
-            extractor.module, extractor.arch, images.shape[1], width, error, dtype=images.dtype
+            extractor.module, extractor.arch, images.shape, error, dtype=images.dtype
         )
         if refusal is None:
             raise

@@ -70,14 +70,10 @@ def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
     except RuntimeError as error:
         if not first:
             raise
-        height, width = images.shape[-2:]
-        if height == width:
-            refusal = image_size_refusal(
-                model, "the model", images.shape[1], width, error, dtype=images.dtype
-            )
-            if refusal is not None:
-                raise refusal from error
-        size = f"{height}x{width}"
+        refusal = image_size_refusal(model, "the model", images.shape, error, dtype=images.dtype)
+        if refusal is not None:
+            raise refusal from error
+        size = "x".join(map(str, images.shape[-2:]))
         raise InputError(
             f"the model fails on {size} images: {first_line(error)}",
             "check --image-size: it must be a size this model accepts",

@@ -5,6 +5,7 @@ itself never called) and only after the model has failed, so a run that works pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from torchkit.core.io.errors import UsageError, first_line
@@ -22,20 +23,22 @@ class ImageSizeError(UsageError):
 def image_size_refusal(
     model: Any,
     name: str,
-    channels: int,
-    side: int,
+    shape: Sequence[int],
     error: BaseException,
     *,
     dtype: Any = None,
     doing: str = "run on",
 ) -> ImageSizeError | None:
-    """The one-line refusal for `model` (called `name`), which failed (`error`) on `side` x
-    `side` images of `channels` channels (`dtype`, float32 when None), naming the smallest side
-    it takes; None when that is not why it failed."""
+    """The one-line refusal for `model` (called `name`), which failed (`error`) on a batch of
+    `shape` (N, C, H, W; `dtype`, float32 when None), naming the smallest side it takes; None
+    when that is not why it failed, or the batch is not one of square images."""
     import torch
 
     if not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
         return None
+    if len(shape) != 4 or shape[-1] != shape[-2]:
+        return None
+    _, channels, _, side = (int(n) for n in shape)
     smallest = smallest_side(model, channels, side, dtype=dtype)
     if smallest is None:
         return None

@@ -596,13 +596,12 @@ def _image_size_refusal(
 ) -> ImageSizeError | None:
     """For one batch of square images too small for the model: the refusal naming the smallest
     size it takes (`image_size_refusal`, as every command that runs a model says it)."""
-    if len(specs) != 1 or specs[0].name is not None or len(specs[0].shape) != 4:
+    if len(specs) != 1 or specs[0].name is not None:
         return None
-    _, channels, height, width = specs[0].shape
     dtype = specs[0].dtype
-    if height != width or (dtype is not None and not dtype.is_floating_point):
+    if dtype is not None and not dtype.is_floating_point:
         return None
-    return image_size_refusal(model, type(model).__name__, channels, width, error, dtype=dtype)
+    return image_size_refusal(model, type(model).__name__, specs[0].shape, error, dtype=dtype)
 
 
 def _shapes_text(specs: Sequence[InputSpec]) -> str:

@@ -250,8 +250,7 @@ def _image_size_checked(state: TrainState) -> Iterator[None]:
         refusal = image_size_refusal(
             state.model,
             state.arch,
-            preprocess.in_channels,
-            preprocess.image_size,
+            (1, preprocess.in_channels, preprocess.image_size, preprocess.image_size),
             error,
             doing="train on",
         )
