@@ -18,6 +18,8 @@ from torchkit.core.io.errors import CheckpointError, InputError, UsageError
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+# The largest finite float32, the type images are normalised in.
+FLOAT32_MAX = 3.4028234663852886e38
 # Mode PIL converts images to for a given channel count.
 IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
@@ -207,7 +209,36 @@ def apply_overrides(
         if any(v <= 0 for v in values):
             raise UsageError(f"--std values must be positive, not {list(values)}")
         result = replace(result, std=values)
+    if mean is not None or std is not None:
+        check_normalization(result.mean, result.std)
     return result
+
+
+def check_normalization(mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    """Refuse a mean and (positive) std whose normalised pixels, (pixel - mean) / std for pixels
+    in [0, 1], are not finite float32 numbers: a --mean of 1e308 is inf in float32 and a --std
+    of 1e-40 makes every pixel inf, so the model's outputs are all NaN, blamed on the weights
+    or on a diverged training run instead of on the option."""
+    hint = "give the mean and std of pixel values in [0, 1], e.g. 0.485,0.456,0.406"
+    for option, values in (("--mean", mean), ("--std", std)):
+        if any(abs(v) > FLOAT32_MAX for v in values):
+            raise UsageError(
+                f"{option} {_shown(values)} does not fit in float32 (largest {FLOAT32_MAX:.3g}), "
+                "which images are normalised in",
+                hint,
+            )
+    farthest = max(max(abs(m), abs(1 - m)) for m in mean)
+    if farthest / min(std) > FLOAT32_MAX:
+        raise UsageError(
+            f"--std {_shown(std)} is too small for --mean {_shown(mean)}: (pixel - mean) / std "
+            f"reaches {farthest / min(std):.3g}, beyond float32's largest number "
+            f"({FLOAT32_MAX:.3g})",
+            hint,
+        )
+
+
+def _shown(values: tuple[float, ...]) -> str:
+    return ",".join(f"{v:g}" for v in values)
 
 
 def check_fits_in_memory(preprocess: Preprocess, channels: int) -> None:

@@ -10,7 +10,7 @@ from dataclasses import fields
 from typing import Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
-from torchkit.core.data.preprocessing import INTERPOLATIONS
+from torchkit.core.data.preprocessing import INTERPOLATIONS, check_normalization
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError
@@ -199,6 +199,8 @@ def validate(config: TrainConfig) -> None:
             bad(f"--{name} takes 3 values (one per RGB channel) or 1, not {len(values)}")
     if config.std is not None and any(v <= 0 for v in config.std):
         bad("--std values must be positive")
+    if config.mean is not None and config.std is not None:
+        check_normalization(config.mean, config.std)
     if config.scheduler == "multistep" and not config.milestones:
         bad("--scheduler multistep needs --milestones", "e.g. --milestones 30,60")
     if any(milestone < 1 for milestone in config.milestones):

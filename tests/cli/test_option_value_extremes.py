@@ -1,0 +1,40 @@
+"""Option values at the edges of what the numbers hold: each is one usage error line naming the
+option, before any work and with nothing written, never a run whose outputs are all NaN."""
+
+from __future__ import annotations
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
+from processes import run_torchkit_in_process
+
+# Every command that normalises images with --mean and --std, as (words, what it writes).
+NORMALISING = {
+    "train": ["train", "--data", "{data}", "--model", "convnet", "--image-size", "8",
+              "--epochs", "1", "--workers", "0", "--out", "{out}"],
+    "eval": ["eval", "{ckpt}", "--data", "{data}", "--workers", "0", "--out", "{out}"],
+    "predict": ["predict", "{ckpt}", "{data}", "--workers", "0", "-o", "{out}.csv"],
+    "extract-features": ["extract-features", "{ckpt}", "{data}", "{out}", "--workers", "0"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", NORMALISING)
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        (["--mean", "1e308"], "--mean 1e+308"),  # inf in float32
+        (["--std", "1e308"], "--std 1e+308"),
+        (["--std", "1e-40"], "--std 1e-40,1e-40,1e-40 is too small"),  # pixels of 5e39
+        (["--mean", "1e38", "--std", "0.2"], "--std 0.2,0.2,0.2 is too small for --mean 1e+38"),
+    ],
+)
+def test_a_mean_or_std_beyond_float32_is_refused(command, values, named, image_folder, tmp_path):
+    ckpt = tmp_path / "ck.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
+    out = tmp_path / "out"
+    words = [w.format(data=image_folder, ckpt=ckpt, out=out) for w in NORMALISING[command]]
+    result = run_torchkit_in_process(*words, *values)
+    assert result.returncode == 2, result.stderr
+    line = error_line(result.stderr)
+    assert named in line and "float32" in line, line
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]
