@@ -6,9 +6,11 @@ threads, atexit handlers, flushed output."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+from output_checks import error_line
 from processes import INHERITED
 from suite_paths import REPO
 
@@ -96,21 +98,40 @@ def test_without_stdout_or_stderr_at_all_the_code_stands():
     assert subprocess.run([sys.executable, "-c", program]).returncode == 3
 
 
-def test_a_command_with_no_stdout_at_all_runs_and_its_result_goes_nowhere(monkeypatch):
-    # `torchkit summary ... >&-`: before, results_only_on_stdout's stream was None and the
-    # command failed with an AttributeError (rich itself writes to a null file then).
+def test_a_command_with_no_stdout_at_all_fails_when_it_writes_its_result(monkeypatch):
+    # `torchkit summary ... >&-`: Python's sys.stdout is None. The result cannot be written:
+    # an error, as GNU tools report "write error: Bad file descriptor", not a success exit
+    # with the result lost. What writes nothing (an empty write, a flush) passes.
+    import pytest
     from typer.testing import CliRunner
 
     from torchkit.cli import app, console
-
-    def without_stdout() -> bool:
-        with console.results_only_on_stdout():  # as a command starts, with sys.stdout None
-            console.stdout.file.write("result\n")
-            console.stdout.file.flush()
-            return console.stdout.file.isatty()
+    from torchkit.core.io.errors import OutputWriteError
 
     monkeypatch.setattr(sys, "stdout", None)
-    assert without_stdout() is False
+    with console.results_only_on_stdout():  # as a command starts, with sys.stdout None
+        console.stdout.file.write("")
+        console.stdout.file.flush()
+        assert console.stdout.file.isatty() is False
+        with pytest.raises(OutputWriteError, match="standard output: Bad file descriptor"):
+            console.stdout.file.write("result\n")
     monkeypatch.undo()
     done = CliRunner().invoke(app, ["summary", "convnet", "-i", "1,12,12", "--format", "json"])
     assert done.exit_code == 0 and json.loads(done.stdout)["model"] == "ConvNet"
+
+
+def test_a_result_into_a_closed_stdout_is_one_error_line_and_exit_1():
+    # The process boundary is the subject: a shell's `>&-` starts it with file descriptor 1
+    # closed. Before, it exited 0 with its result written nowhere.
+    done = subprocess.run(
+        [sys.executable, "-m", "torchkit", "summary", "convnet", "-i", "1,12,12", "-q"],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k not in INHERITED},
+        preexec_fn=lambda: os.close(1),
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr, besides="nothing")
+    assert line.startswith("Error: cannot write to standard output: Bad file descriptor")

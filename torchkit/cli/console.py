@@ -49,10 +49,14 @@ _results: list = []  # the stream results go to while `results_only_on_stdout` r
 
 
 class _Nowhere(io.TextIOBase):
-    """Where results go when there is no stdout: nowhere, as rich writes them then."""
+    """The stream of a process started without stdout (`>&-`, pythonw): results written to it
+    are lost, so a write fails as the closed file descriptor fails it (GNU tools say "write
+    error: Bad file descriptor"); nothing written, nothing lost."""
 
     def write(self, text: str) -> int:
-        return len(text)
+        if text:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        return 0
 
 
 _NOWHERE = _Nowhere()
@@ -97,10 +101,11 @@ def stdout_write_error(error: OSError) -> OutputWriteError:
 
     drop_stdout()
     reason = error.strerror or first_line(error)
-    return OutputWriteError(
-        f"cannot write to standard output: {reason}",
-        "free some space, or send the output elsewhere",
-    )
+    if error.errno == errno.EBADF:
+        hint = "standard output is closed: send it to a file or to /dev/null"
+    else:
+        hint = "free some space, or send the output elsewhere"
+    return OutputWriteError(f"cannot write to standard output: {reason}", hint)
 
 
 def write_names_as_bytes() -> None:
