@@ -218,7 +218,7 @@ def test_accumulated_batches_weigh_classes_as_one_batch_of_their_images(
         "train", "--data", data, "--val-split", "0.5", "--model", "nets:TinyNet",
         "--image-size", "8", "--resize-size", "8", "--crop-scale", "1,1", "--no-flip",
         "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "0.5",
-        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "1", "--workers", "0",
+        "--scheduler", "none", "--warmup-epochs", "0", "--epochs", "2", "--workers", "0",
         "--no-ema", "--device", "cpu", "--class-weights", weights, "--label-smoothing", "0.1",
         "--l1", "0.001",
     ]  # fmt: skip
