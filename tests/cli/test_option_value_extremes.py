@@ -38,3 +38,22 @@ def test_a_mean_or_std_beyond_float32_is_refused(command, values, named, image_f
     line = error_line(result.stderr)
     assert named in line and "float32" in line, line
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "extract-features"])
+@pytest.mark.parametrize("side", ["7", "3"])
+def test_an_image_size_a_fixed_size_checkpoint_does_not_take_is_one_line(
+    command, side, image_folder, tmp_path
+):
+    # The convnet's classifier is sized for the 8x8 images it was built for: at 7 its linear
+    # layer fails, at 3 its convolution does; either way one line naming the size (exit 1).
+    ckpt = tmp_path / "ck.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
+    out = tmp_path / "out"
+    words = [w.format(data=image_folder, ckpt=ckpt, out=out) for w in NORMALISING[command]]
+    result = run_torchkit_in_process(*words, "--image-size", side)
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"fails on {side}x{side} images: " in line, line
+    assert line.endswith("(check --image-size: it must be a size this model accepts)")
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]

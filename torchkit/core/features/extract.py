@@ -39,7 +39,7 @@ from torchkit.core.io.files import NAME_ERRORS, open_text, read_path_list, requi
 from torchkit.core.io.outputs import InputPath, OutputFolder
 from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
-from torchkit.core.models.image_size import image_size_refusal
+from torchkit.core.models.image_size import first_batch_error
 from torchkit.core.predict.inputs import STDIN, collect_images
 from torchkit.core.runtime.device import check_amp_dtype
 from torchkit.core.runtime.distributed import launched_by_torchrun
@@ -427,20 +427,16 @@ def _extract_rows(
 
 @contextlib.contextmanager
 def _image_size_checked(extractor: FeatureExtractor, images, *, first: bool) -> Iterator[None]:
-    """A model too deep for --image-size fails at its first batch with torch's shape error:
-    that becomes one line naming the smallest size it takes (`image_size_refusal`)."""
+    """A model that fails at its first batch with torch's shape error does not take
+    --image-size: that becomes one line (`first_batch_error`), naming the smallest size it takes
+    when the images are too small for it."""
     try:
         yield
     except RuntimeError as error:
         if not first:
             raise
         extractor.close()  # its hooks would record the meta-device search's outputs
-        refusal = image_size_refusal(
-            extractor.module, extractor.arch, images.shape, error, dtype=images.dtype
-        )
-        if refusal is None:
-            raise
-        raise refusal from error
+        raise first_batch_error(extractor.module, extractor.arch, images, error) from error
 
 
 def _check_finite(

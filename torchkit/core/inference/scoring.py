@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.core.io.errors import InputError, first_line
-from torchkit.core.models.image_size import image_size_refusal
+from torchkit.core.models.image_size import first_batch_error
 
 TTA_MODES = ("none", "flip")
 
@@ -57,9 +56,8 @@ def score_batch(
 
 def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
     """The model's outputs in float32. A model that fails on the very first batch does not take
-    this input size: one line, naming the smallest size it takes when the images are too small
-    for it (`image_size_refusal`), else saying that it takes no such size (a fixed-size network
-    given another --image-size)."""
+    this input size: one line (`first_batch_error`), naming the smallest size it takes when the
+    images are too small for it."""
     import torch
 
     try:
@@ -70,11 +68,4 @@ def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
     except RuntimeError as error:
         if not first:
             raise
-        refusal = image_size_refusal(model, "the model", images.shape, error, dtype=images.dtype)
-        if refusal is not None:
-            raise refusal from error
-        size = "x".join(map(str, images.shape[-2:]))
-        raise InputError(
-            f"the model fails on {size} images: {first_line(error)}",
-            "check --image-size: it must be a size this model accepts",
-        ) from error
+        raise first_batch_error(model, "the model", images, error) from error

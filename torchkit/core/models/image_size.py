@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torchkit.core.io.errors import UsageError, first_line
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
 
 # The largest side the search tries: a model the meta device cannot run at it either fails on
 # small images for another reason (a classifier sized for one input, the wrong channels), or
@@ -45,6 +45,21 @@ def image_size_refusal(
     return ImageSizeError(
         f"{name} cannot {doing} {side}x{side} images: {first_line(error)}",
         f"the smallest it takes is {smallest}: use --image-size {smallest} or larger",
+    )
+
+
+def first_batch_error(model: Any, name: str, images: Any, error: BaseException) -> TorchkitError:
+    """What a model's RuntimeError on its first batch of `images` (N, C, H, W) is reported as:
+    the refusal above when the images are too small for it, else that it fails at this size (a
+    fixed-size network, a classifier sized for the images it was trained on, given another
+    --image-size)."""
+    refusal = image_size_refusal(model, name, images.shape, error, dtype=images.dtype)
+    if refusal is not None:
+        return refusal
+    size = "x".join(map(str, images.shape[-2:]))
+    return InputError(
+        f"{name} fails on {size} images: {first_line(error)}",
+        "check --image-size: it must be a size this model accepts",
     )
 
 
