@@ -290,6 +290,29 @@ def test_a_whole_number_float_json_label_is_a_class_index(world, tmp_path):
     assert counts == {"0": 1, "1": 1}
 
 
+def test_shards_written_again_in_place_are_read_from_the_new_files(world, tmp_path):
+    # A process kept the descriptor of each shard it had read: opened again after `convert
+    # shards --force` rewrote them, the new listing's offsets were read from the replaced file
+    # (a .cls holding an image's bytes, or the wrong image).
+    from torchkit.core.data.sources import open_data
+
+    first, second = (world / "images" / "a" / "a_0.png").read_bytes(), _png(16)
+    shard = tar_of(tmp_path / "s-000000.tar", {"x.png": first, "x.cls": b"0"})
+    assert open_data(str(shard)).whole.paths[0].read_bytes() == first
+    tar_of(tmp_path / "new.tar", {"x.png": second, "x.cls": b"1"})
+    (tmp_path / "new.tar").replace(shard)
+    again = open_data(str(shard))
+    assert again.whole.labels == [1] and again.whole.paths[0].read_bytes() == second
+
+
+def _png(size: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), (1, 2, 3)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def test_two_ddp_ranks_over_uneven_shards_see_every_sample(tmp_path):
     """25 train samples in 5 shards of 1, 3, 5, 7 and 9: each rank sees 13 (DistributedSampler's
     padding: the order is repeated up to a multiple of the world size), together every sample

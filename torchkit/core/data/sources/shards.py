@@ -129,6 +129,25 @@ def _pread(path: str, offset: int, size: int) -> bytes:
         os.close(fd)
 
 
+def _forget_if_replaced(path: str) -> None:
+    """Close this process's descriptor of `path` when the file there is no longer the one it
+    opened (shards written again in place): a new listing's offsets are read from the new
+    file, never from the replaced one that the descriptor keeps alive."""
+    path = os.path.abspath(path)
+    with _descriptors_lock:
+        fd = _descriptors.get(path) if _descriptors_pid == os.getpid() else None
+        if fd is None:
+            return
+        try:
+            held, now = os.fstat(fd), os.stat(path)
+            same = (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
+        except OSError:
+            same = False
+        if not same:
+            del _descriptors[path]
+            _close_quietly(fd)
+
+
 def _pread_all(fd: int, offset: int, size: int) -> bytes:
     chunks, done = [], 0
     while done < size:
@@ -181,6 +200,7 @@ def list_tar(path: str, *, whole: bool = False) -> TarListing:
     compressed, or is truncated or damaged (DamagedTar: a header or a member's data past its
     end). `whole=True`: a tar that ends right after a member, without the end-of-archive
     marker, is truncated too (what a download cut short at a member's end leaves)."""
+    _forget_if_replaced(path)
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as handle:
