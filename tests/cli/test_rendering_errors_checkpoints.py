@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 import typer
+from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
+from output_checks import error_line
 from processes import run_torchkit_in_process
 from torch import nn
 
@@ -155,6 +157,23 @@ def test_control_characters_of_names_are_escaped_in_tables_and_kept_in_json(tmp_
     assert not any(c in shown.stdout for c in "\t\r\x1b\x85")
     written = run_torchkit_in_process("dataset-stats", root, "--format", "json")
     assert sorted(c["name"] for c in json.loads(written.stdout)["classes"]) == sorted(names)
+
+
+def test_a_file_name_with_a_line_break_keeps_error_and_warning_lines_one_line(tmp_path):
+    # "Error: unreadable image a/bad" and "name.jpg: not an image ..." on a line of its own:
+    # a script taking the Error line, or the last line, read half of it.
+    root = write_image_folder(tmp_path / "data", {"a": 1})
+    (root / "a" / "bad\nname.jpg").write_bytes(b"not an image")
+    strict = run_torchkit_in_process("dataset-stats", root, "--strict")
+    assert strict.returncode == 1
+    assert "unreadable image a/bad\\nname.jpg: " in error_line(strict.stderr, besides="nothing")
+    skipped = run_torchkit_in_process("dataset-stats", root, "--format", "json")
+    assert skipped.returncode == 0 and skipped.stderr.startswith("Warning: ")
+    assert [json.loads(skipped.stdout)["unreadable"][0]["path"]] == ["a/bad\nname.jpg"]
+    write_convnet_checkpoint(tmp_path / "m.pt", in_channels=3, image_size=8, classes="a")
+    warned = run_torchkit_in_process("predict", tmp_path / "m.pt", root, "--device", "cpu", "-q")
+    assert warned.returncode == 0, warned.stderr
+    assert all(line.startswith("Warning: ") for line in warned.stderr.splitlines()), warned.stderr
 
 
 @pytest.mark.parametrize("width", [40, 60])

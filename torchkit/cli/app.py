@@ -449,9 +449,13 @@ def _report(error: BaseException, line: str) -> None:
         console.stderr.print(
             "".join(traceback.format_exception(error)), markup=False, highlight=False
         )
-    # The message is escaped: paths and shapes like "x[1].png" or "[3, 224]" are not markup.
+    # The message is escaped: paths and shapes like "x[1].png" or "[3, 224]" are not markup,
+    # and a file name's line break does not end the one line early.
     console.stderr.print(
-        f"[bold red]Error:[/] {escape(line)}", highlight=False, soft_wrap=True, markup=True
+        f"[bold red]Error:[/] {escape(console.shown_text(line))}",
+        highlight=False,
+        soft_wrap=True,
+        markup=True,
     )
 
 

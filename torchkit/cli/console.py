@@ -163,10 +163,24 @@ def _stderr() -> Console:
     return globals().get("stderr") or __getattr__("stderr")
 
 
+# Control characters (C0, DEL, C1), from a file or class name, are shown escaped as Python
+# writes them (`\n`, `\t`, `\x1b`) in what people read (tables, Error/Warning/Note lines): a
+# line break split a name over lines that read as rows or as an Error line and its sequel, rich
+# dropped a carriage return (the name shown was not the file's) and an escape sequence reached
+# the terminal.
+_CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
+def shown_text(text: str) -> str:
+    """`text` as people read it on a terminal: control characters escaped (above)."""
+    return text.translate(_CONTROL_ESCAPES)
+
+
 def _escape(text: str) -> str:
+    """A message's text for a markup line: one line (`shown_text`), its brackets not markup."""
     from rich.markup import escape
 
-    return escape(text)
+    return escape(shown_text(text))
 
 
 class _StderrHandler(logging.Handler):

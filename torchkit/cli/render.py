@@ -86,21 +86,10 @@ class Table:
     align_right: set[str] = field(default_factory=set)
 
 
-# Control characters (C0, DEL, C1) in a table's text, from a file or class name, are shown
-# escaped as Python writes them (`\n`, `\t`, `\x1b`): a line break or tab split a name over
-# lines that read as rows, rich dropped a carriage return (the name shown was not the file's)
-# and an escape sequence reached the terminal. CSV and JSON keep the name as it is.
-_CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *range(0x7F, 0xA0))}
-
-
-def shown_text(text: str) -> str:
-    """`text` as a table shows it: control characters escaped (above)."""
-    return text.translate(_CONTROL_ESCAPES)
-
-
 def format_cell(value: Any) -> str:
-    """A value as a table's cell shows it."""
-    return shown_text(_cell_text(value))
+    """A value as a table's cell shows it: control characters escaped (`console.shown_text`);
+    CSV and JSON keep a name as it is."""
+    return console.shown_text(_cell_text(value))
 
 
 def _cell_text(value: Any) -> str:
@@ -153,7 +142,7 @@ def rich_table(
 
     # Text, not str: a class name, a path or a title from the user's data is shown as it is,
     # never read as rich markup (`[red]cat`, a `[/]` that failed the command) or an emoji code.
-    title = None if table.title is None else Text(shown_text(str(table.title)))
+    title = None if table.title is None else Text(console.shown_text(str(table.title)))
     rendered = RichTable(
         title=title, title_justify="left", header_style="bold", show_header=show_header
     )
