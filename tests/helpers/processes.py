@@ -96,14 +96,19 @@ def run_each_in_process(
 
 
 def start_torchkit_process(
-    *args: str, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    stdin: int | None = None,
 ) -> subprocess.Popen:
     """Start `python -m torchkit ARGS` in its own session (process group = its PID, so that
-    `processes_in_group` finds every worker it started); stdout and stderr are pipes."""
+    `processes_in_group` finds every worker it started); stdout and stderr are pipes, stdin
+    too with `stdin=subprocess.PIPE`."""
     full_env = {key: value for key, value in os.environ.items() if key not in INHERITED}
     full_env.update(env or {})
     return subprocess.Popen(
         [sys.executable, "-m", "torchkit", *args],
+        stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -111,6 +116,39 @@ def start_torchkit_process(
         cwd=cwd or REPO,
         start_new_session=True,
     )
+
+
+class PipeLines:
+    """The lines of a process's pipe as they come, read by a thread: `next()` waits for the
+    next one (a test of output that streams: the first rows before the input has ended)."""
+
+    def __init__(self, stream) -> None:
+        import queue
+        import threading
+
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def next(self, timeout: float = 60) -> str | None:
+        """The next line (None at the end of the pipe); fails after `timeout` s without one."""
+        import queue
+
+        try:
+            return self._lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"no line in {timeout} s")
+
+    def rest(self) -> list[str]:
+        """The lines left, once the process has ended."""
+        lines = []
+        while (line := self.next()) is not None:
+            lines.append(line)
+        return lines
 
 
 def wait_until(

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from checkpoints import add_ema_weights, ema_refusals
 from gloo_ranks import run_ranks, stderr_of
 from output_checks import error_line
 from PIL import Image
+from processes import PipeLines, start_torchkit_process
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
@@ -118,6 +120,32 @@ def test_stdin_paths_keep_their_order_and_a_missing_one_is_an_error_row(runner, 
         isinstance(r["probability"], float) and isinstance(r["class_index"], int) for r in good
     )
     assert "1 unreadable image(s)" in result.stderr
+
+
+def test_stdin_rows_come_out_while_the_list_is_still_being_written(world):
+    """`find ... | predict m.pt -` read the whole list before the first row: a row per path
+    as it comes, with a loader worker forked before most paths were read."""
+    flat = world["flat"]
+    process = start_torchkit_process(
+        "predict", "--device", "cpu", str(world["ckpt"]), "-", "--format", "csv", "-j", "1",
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        rows = PipeLines(process.stdout)
+        for at, name in enumerate(["b.png", "gone.png"]):
+            process.stdin.write(f"{flat / name}\n")
+            process.stdin.flush()
+            if at == 0:
+                assert rows.next().startswith("path,")
+            assert str(flat / name) in rows.next()  # its row, the list still open
+        process.stdin.write(f"{flat / 'a.png'}\n")
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    last = rows.rest()
+    assert len(last) == 1 and str(flat / "a.png") in last[0]
+    assert "predicted 2 of 3 images" in process.stderr.read()
 
 
 def test_stdin_lists_with_a_bom_crlf_and_names_that_are_not_utf8_name_their_files(
@@ -269,6 +297,27 @@ def test_output_file_may_not_be_an_image_listed_on_stdin_nor_beside_one(runner, 
     assert sorted(p.name for p in photos.iterdir()) == ["a.png"]
 
 
+def test_an_image_listed_late_beside_the_output_stops_the_run_before_it_is_written(
+    runner, world, tmp_path
+):
+    # The list on stdin is read as it comes: the images listed after the first batch are
+    # checked against -o as they come, before the file is put in place.
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    shutil.copy(world["flat"] / "a.png", photos / "a.png")
+    out = photos / "p.csv"
+    out.write_text("mine\n")
+    listed = "".join(f"{path}\n" for path in (world["flat"] / "a.png", world["flat"] / "b.png"))
+    listed += f"{photos / 'a.png'}\n"
+    refused = invoke(
+        runner, world["ckpt"], "-", "-o", out, "--force", "-b", "1", "-j", "0", input=listed
+    )
+    assert refused.exit_code == 1, refused.stderr
+    assert "images listed on stdin" in error_line(refused.stderr)
+    assert out.read_text() == "mine\n"
+    assert sorted(p.name for p in photos.iterdir()) == ["a.png", "p.csv"]
+
+
 def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     weights = tmp_path / "sd.pt"
     torch.save(load_checkpoint(world["ckpt"])["model"], weights)
@@ -283,6 +332,21 @@ def test_a_model_name_with_weights_and_classes(runner, world, tmp_path):
     assert row["class"] == "xyz"[expected] and row["class_index"] == expected
     model = model_from_checkpoint(load_checkpoint(world["ckpt"]))
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_a_repeated_name_in_a_long_classes_file_is_found_at_once(tmp_path):
+    # Each name was counted over the whole list (quadratic: minutes at 100,000 names).
+    import time
+
+    from torchkit.core.evaluate.source import parse_class_names
+    from torchkit.core.io.errors import UsageError
+
+    names = tmp_path / "classes.txt"
+    names.write_text("".join(f"class{i}\n" for i in range(50_000)) + "class7\n")
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match="names class7 more than once"):
+        parse_class_names(str(names))
+    assert time.perf_counter() - start < 5
 
 
 def test_classes_longer_than_a_file_name_are_a_list_of_names(runner, world, tmp_path):

@@ -136,7 +136,7 @@ def predict_command(
     from torchkit.core.io.outputs import check_output_file
     from torchkit.core.models import require_model_files
     from torchkit.core.predict import PredictRequest, PredictRun
-    from torchkit.core.predict.inputs import require_images
+    from torchkit.core.predict.inputs import require_images, streams_stdin
 
     fmt = resolve_format(fmt, output, PredictFormat)
     model, images = model_and_rest(model, model_option, list(images or []))
@@ -161,13 +161,19 @@ def predict_command(
         skip_errors=skip_errors,
     )
     to_file = output is not None and str(output) != "-"
-    # The paths piped for `-` first: -o may not be one of those images nor lie beside them.
-    listed = read_path_list(sys.stdin, "image") if "-" in images else None
+    # `-` alone is read as the paths come; with other IMAGES (or under torchrun) the paths
+    # piped for it first. Either way -o may not be one of those images nor lie beside them.
+    streamed = streams_stdin(request.images)
+    listed = read_path_list(sys.stdin, "image") if "-" in images and not streamed else None
     if to_file:  # before any work, and after the inputs: a missing one is not "-o exists"
         require_model_files(request.model, request.weights)
         require_images(request.images)
         check_output_file(output, force, _inputs(request, preprocess.stats, classes, listed))
-    predicting = PredictRun(request, stdin=listed)
+    predicting = PredictRun(
+        request,
+        stdin=sys.stdin if streamed else listed,
+        check_listed=_listed_check(output) if to_file and streamed else None,
+    )
     ok = False
     try:
         predicting.setup()
@@ -202,14 +208,38 @@ def _inputs(request, stats: str | None, classes: str | None, listed: list[str] |
     return inputs
 
 
+def _listed_check(output: Path):
+    """The check of the images listed on stdin as they are read: -o is none of them and lies
+    beside none (each folder checked once)."""
+    from torchkit.core.data.sources.inputs import listed_inputs
+    from torchkit.core.io.outputs import check_overlap
+
+    seen: set[Path] = set()
+
+    def check(paths: list[str]) -> None:
+        folders = [item for item in listed_inputs(paths) if item.path not in seen]
+        check_overlap(output, "output", folders)
+        seen.update(item.path for item in folders)
+
+    return check
+
+
 def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> None:
     from torchkit.cli.progress import progress_bar
     from torchkit.core.io.files import atomic_write
 
     with progress_bar("predicting") as advance:
         if output is None:
-            _render(run, columns, fmt, console.stdout.file, advance)
-            console.stdout.file.flush()
+            stdout = console.stdout.file
+
+            def advance_and_flush(done: int, total: int | None) -> None:
+                # Each batch's rows out at once: a reader of the pipe gets them while the
+                # list on stdin is still being written.
+                stdout.flush()
+                advance(done, total)
+
+            _render(run, columns, fmt, stdout, advance_and_flush)
+            stdout.flush()
         else:
             with atomic_write(output, "w", encoding="utf-8", newline="") as handle:
                 _render(run, columns, fmt, handle, advance)

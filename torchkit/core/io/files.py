@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError
 from torchkit.core.io.outputs import is_special_file, remove_tree
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
 
@@ -72,23 +72,15 @@ STDIN = "-"  # as an input: the paths piped to the command, one per line
 
 
 def read_path_list(stdin: Iterable[str] | None, what: str) -> list[str]:
-    """The paths piped for `-` (predict, extract-features, video-info): one per line, blank
-    lines and a byte order mark skipped; `what` they name (image, video) is in the error when
-    there are none."""
-    if stdin is None:
-        raise UsageError("- reads paths from stdin, but there is none")
-    raw = getattr(stdin, "buffer", None)
-    if raw is not None:
-        # The bytes as file names hold them (os.fsdecode): a name that is not UTF-8 opens the
-        # same file, whatever the locale's strict decoding of stdin would have said.
-        paths = [os.fsdecode(line.rstrip(b"\r\n")) for line in raw]
-    else:
-        paths = [line.rstrip("\r\n") for line in stdin]
-    if paths and paths[0].startswith("\ufeff"):  # a list saved as "UTF-8 with BOM"
-        paths[0] = paths[0][1:]
-    paths = [path for path in paths if path.strip()]
-    if not paths:
-        raise InputError(f"no {what} paths on stdin", "pipe one path per line, e.g. find ... |")
+    """The paths piped for `-` (predict, extract-features, video-info), all of them: one per
+    line, as `path_lists.PathStream` reads them; `what` they name (image, video) is in the error
+    when there are none."""
+    from torchkit.core.io.path_lists import PathStream
+
+    stream = PathStream(stdin, what)
+    paths: list[str] = []
+    while taken := stream.take(1 << 16):
+        paths += taken
     return paths
 
 

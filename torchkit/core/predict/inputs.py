@@ -2,6 +2,9 @@
 and CSV indexes (through the one data resolver, `--split` honoured), image files, and `-` for
 paths on stdin, one per line.
 
+`-` alone is read as the paths arrive (`streamed_images`): rows can come out while the program
+writing the list still runs, and only the paths being predicted are held.
+
 Paths follow the data path convention: with one folder or CSV, relative to its root (recorded
 as `root`); with several inputs, each folder's or CSV's paths are prefixed with the input as
 typed, and image files (given or on stdin) are as typed, so every row names one image.
@@ -18,6 +21,7 @@ from torchkit.core.data.sources.discovery import is_image_file
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import STDIN, read_path_list
+from torchkit.core.io.path_lists import PathStream
 
 
 @dataclass
@@ -25,6 +29,7 @@ class ImageSet:
     samples: Samples
     root: str  # what `path` is relative to ("" when paths are as typed)
     notes: list[str]
+    stream: PathStream | None = None  # the paths still to come, for `-` alone (StreamedSamples)
 
 
 def collect_images(
@@ -70,6 +75,81 @@ def collect_images(
         _, samples, root = sets[0]
         return ImageSet(samples, root, notes)
     return ImageSet(_joined(sets), "", notes)
+
+
+def streams_stdin(items: Sequence[str]) -> bool:
+    """Whether IMAGES are read as they come: `-` alone, in one process (torchrun's ranks lay
+    their batches out from the whole list, read first)."""
+    from torchkit.core.runtime.distributed import joins_process_group
+
+    return list(items) == [STDIN] and not joins_process_group()
+
+
+def streamed_images(stdin: Iterable[str] | None, split: str | None = None) -> ImageSet:
+    """`-` alone: the paths on stdin, read as they come (`ImageSet.stream`); a missing file
+    is an error row, as `collect_images` makes it."""
+    if split is not None:
+        raise UsageError(f"--split {split}: IMAGES are image files, which have no splits")
+    return ImageSet(StreamedSamples(), "", [], PathStream(stdin, "image"))
+
+
+class PathKey(int):
+    """A sample's index carrying its path: the loader's workers, started before the path was
+    read, find it in the key (StreamedSamples)."""
+
+    path: str
+
+    def __new__(cls, index: int, path: str) -> PathKey:
+        key = super().__new__(cls, index)
+        key.path = path
+        return key
+
+    def __reduce__(self):
+        return PathKey, (int(self), self.path)
+
+
+class StreamedSamples(Samples):
+    """Unlabelled image files named on stdin, indexed by PathKey: a sample's path is in its key
+    (in the loader's workers) or among `pending`, the paths of the samples in work (by index,
+    for indices that come back as plain numbers). Its length is the count read so far."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, str] = {}
+        self.read = 0
+        paths = _PathOfKey(self.pending)
+        super().__init__([""], _NoLabels(), paths=paths, source="stdin", ids=paths)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self.read
+
+    def keys(self, paths: list[str]) -> list[PathKey]:
+        """The keys of the next `paths`, which replace the pending ones."""
+        keys = [PathKey(self.read + at, path) for at, path in enumerate(paths)]
+        self.pending.clear()
+        self.pending.update((int(key), key.path) for key in keys)
+        self.read += len(paths)
+        return keys
+
+
+class _PathOfKey:
+    def __init__(self, pending: dict[int, str]) -> None:
+        self.pending = pending
+
+    def __getitem__(self, key: int) -> str:
+        return key.path if isinstance(key, PathKey) else self.pending[key]
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class _NoLabels:
+    """The label of every streamed image: 0, the class "" (predict does not read labels)."""
+
+    def __getitem__(self, key: int) -> int:
+        return 0
+
+    def __bool__(self) -> bool:
+        return True
 
 
 def require_images(items: Sequence[str]) -> None:

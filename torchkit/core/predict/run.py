@@ -15,7 +15,7 @@ from typing import Any
 
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError
-from torchkit.core.predict.inputs import collect_images
+from torchkit.core.predict.inputs import collect_images, streamed_images, streams_stdin
 
 log = logging.getLogger("torchkit")
 
@@ -69,6 +69,9 @@ class PredictRun:
 
     request: PredictRequest
     stdin: Iterable[str] | None = None
+    # Called with the paths on stdin as they are read, before they are predicted (with -o FILE:
+    # no listed image may be the output nor lie beside it). A lone `-` is read as it comes.
+    check_listed: Callable[[list[str]], None] | None = None
     summary: PredictSummary = field(default_factory=PredictSummary)
     notes: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -119,12 +122,18 @@ class PredictRun:
             classes = "class" if k == 1 else "classes"
             self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
         checkpoint = self.resolved.checkpoint
-        self.image_set = collect_images(
-            request.images,
-            split=request.split,
-            stdin=self.stdin,
-            recorded=checkpoint.get("data") if checkpoint else None,
-        )
+        if streams_stdin(request.images):
+            self.image_set = streamed_images(self.stdin, request.split)
+            # The first paths checked before any output is opened (the rest as they come).
+            self._first_paths = self.image_set.stream.take(request.run.batch_size)
+            self._check_listed(self._first_paths)
+        else:
+            self.image_set = collect_images(
+                request.images,
+                split=request.split,
+                stdin=self.stdin,
+                recorded=checkpoint.get("data") if checkpoint else None,
+            )
         self.notes += self.image_set.notes
         preprocess = self.resolved.preprocess
         self.mode = image_mode(preprocess.in_channels)
@@ -138,12 +147,16 @@ class PredictRun:
             "model_source": self.resolved.weights_source or self.resolved.source,
             "classes": self.classes,
             "root": self.image_set.root,
-            "images": len(self.image_set.samples),
+            "images": None if self.image_set.stream else len(self.image_set.samples),
             "device": str(self.device),
             "world_size": self.ctx.world_size,
             "tta": request.tta,
             "preprocess": preprocess.to_dict(),
         }
+
+    def _check_listed(self, paths: list[str]) -> None:
+        if self.check_listed is not None:
+            self.check_listed(paths)
 
     @property
     def is_main(self) -> bool:
@@ -226,13 +239,14 @@ class PredictRun:
         on_device = request.run.decode == "device"  # JPEGs decoded on the device, batch by batch
         dataset = inference_dataset(samples, preprocess, mode=self.mode, decode=request.run.decode)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
-        batches = _interleaved_batches(
-            len(samples), request.run.batch_size, ctx.rank, ctx.world_size
-        )
         collate = collate_encoded_with_failures if on_device else _collate
         workers = inference_workers(samples, request.run.workers)
-        loader = _loader(dataset, batches, workers, self.device, collate)
-        steps = _steps(len(samples), request.run.batch_size, ctx.world_size)
+        if self.image_set.stream is not None:
+            batches = self._streamed_batches(dataset, workers, collate)
+            total = None  # known once the list ends
+        else:
+            batches = self._batches(dataset, workers, collate)
+            total = len(samples)
         amp_dtype = self._amp_dtype()
         summary = self.summary
         summary.images = len(samples)
@@ -240,11 +254,9 @@ class PredictRun:
         self._keys_by_outputs = {self.resolved.num_outputs: self._header}
         start = time.perf_counter()
         first = True
-        own = iter(loader)
         done = 0
         try:
-            for _ in range(steps):
-                batch = next(own, None)
+            for batch in batches:
                 local = None
                 if batch is not None:
                     try:
@@ -275,12 +287,50 @@ class PredictRun:
                     raise failure
                 yield from records
                 if progress is not None and ctx.is_main:
-                    progress(done, len(samples))
+                    progress(done, total)
+        finally:
+            batches.close()  # the loader's workers stop (_batches)
+        summary.images = len(samples)
+        summary.seconds = time.perf_counter() - start
+
+    def _batches(self, dataset, workers: int, collate) -> Iterator[Any]:
+        """This rank's batch of every step (None for a step past its last batch)."""
+        batch_size, ctx = self.request.run.batch_size, self.ctx
+        size = len(self.image_set.samples)
+        batches = _interleaved_batches(size, batch_size, ctx.rank, ctx.world_size)
+        loader = _loader(dataset, batches, workers, self.device, collate)
+        own = iter(loader)
+        try:
+            for _ in range(_steps(size, batch_size, ctx.world_size)):
+                yield next(own, None)
         finally:
             # Workers stop when their iterator goes: not only when it is exhausted, but also
-            # when an error leaves this frame alive in a traceback.
+            # when an error leaves the caller's frame alive in a traceback.
             del own, loader
-        summary.seconds = time.perf_counter() - start
+
+    def _streamed_batches(self, dataset, workers: int, collate) -> Iterator[Any]:
+        """The batches of the paths on stdin as they come (one process): each pass of the
+        loader takes the paths piped so far (enough to keep its workers busy, at most), and
+        its workers stay from one pass to the next."""
+        batch_size = self.request.run.batch_size
+        samples, stream = self.image_set.samples, self.image_set.stream
+        # A pass ends with its workers idle while the last batch is read: with 32 batches a
+        # worker in a pass (when the list is piped faster than it is read), a few per cent.
+        most = batch_size * max(2, 32 * workers)
+        passes = _Pass()
+        loader = _loader(dataset, passes, workers, self.device, collate, persistent=True)
+        paths = self._first_paths
+        try:
+            while paths:
+                keys = samples.keys(paths)
+                passes.batches = [
+                    keys[at : at + batch_size] for at in range(0, len(keys), batch_size)
+                ]
+                yield from loader
+                paths = stream.take(most)
+                self._check_listed(paths)
+        finally:
+            del loader
 
     def _amp_dtype(self):
         from torchkit.core.runtime.device import check_amp_dtype, resolve_amp_dtype
@@ -429,7 +479,20 @@ def _steps(size: int, batch_size: int, world: int) -> int:
     return -(-batches // world)
 
 
-def _loader(dataset, batches: list[list[int]], workers: int, device, collate):
+class _Pass:
+    """The batches of one pass of a streamed run's loader (its batch sampler)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _loader(dataset, batches, workers: int, device, collate, *, persistent: bool = False):
     import torch
 
     from torchkit.core.data.dataset import worker_options
@@ -440,6 +503,7 @@ def _loader(dataset, batches: list[list[int]], workers: int, device, collate):
         num_workers=workers,
         collate_fn=collate,
         pin_memory=device.type == "cuda",
+        persistent_workers=persistent and workers > 0,
         **worker_options(workers),
     )
 

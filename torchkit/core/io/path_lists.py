@@ -1,0 +1,102 @@
+"""The paths piped for `-` (predict, extract-features, video-info), one per line, read as they
+arrive: a command can work on the first paths while the program writing the list (`find ...`)
+still runs, and never holds more of the list than it is working on.
+
+Blank lines and a byte order mark are skipped; the bytes of a line are the file's name
+(os.fsdecode): a name that is not UTF-8 opens the same file, whatever the locale's strict
+decoding of stdin would have said.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from torchkit.core.io.errors import InputError, UsageError
+
+_READ_SIZE = 1 << 16
+
+
+class PathStream:
+    """The paths on `stdin`, taken a few at a time (`take`). Made once the first path has come:
+    a list without any is an InputError naming `what` the paths are (image, video)."""
+
+    def __init__(self, stdin: Iterable[str] | None, what: str) -> None:
+        if stdin is None:
+            raise UsageError("- reads paths from stdin, but there is none")
+        self._fd = _pollable_fd(stdin)
+        self._lines: Iterator[Any] | None = None
+        if self._fd is None:  # a stream in memory (or no poll): read line by line, waiting
+            self._lines = iter(getattr(stdin, "buffer", None) or stdin)
+        self._ready: deque[str] = deque()
+        self._partial = b""  # the start of a line whose end has not come yet
+        self._first_line = True
+        self._ended = False
+        self._read_until_ready()
+        if not self._ready:
+            raise InputError(f"no {what} paths on stdin", "pipe one path per line, e.g. find ... |")
+
+    def take(self, most: int) -> list[str]:
+        """Up to `most` paths, in order: waits for one, then takes those piped already without
+        waiting for more; [] once the list has ended."""
+        self._read_until_ready()
+        while len(self._ready) < most and not self._ended and self._more_now():
+            self._read()
+        count = min(most, len(self._ready))
+        return [self._ready.popleft() for _ in range(count)]
+
+    def _read_until_ready(self) -> None:
+        while not self._ready and not self._ended:
+            self._read()
+
+    def _more_now(self) -> bool:
+        """Whether reading now would not wait (a stream in memory: always)."""
+        if self._fd is None:
+            return True
+        import select
+
+        return bool(select.select([self._fd], [], [], 0)[0])
+
+    def _read(self) -> None:
+        """Read once: what the pipe holds (a line from a stream in memory)."""
+        if self._lines is not None:
+            line = next(self._lines, None)
+            if line is None:
+                self._ended = True
+            else:
+                self._add(line)
+            return
+        data = os.read(self._fd, _READ_SIZE)  # type: ignore[arg-type]
+        if not data:
+            self._ended = True
+            if self._partial:  # a last line without its newline
+                self._add(self._partial)
+            return
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._add(line)
+
+    def _add(self, line: bytes | str) -> None:
+        path = os.fsdecode(line.rstrip(b"\r\n")) if isinstance(line, bytes) else line.rstrip("\r\n")
+        if self._first_line:
+            self._first_line = False
+            if path.startswith("\ufeff"):  # a list saved as "UTF-8 with BOM"
+                path = path[1:]
+        if path.strip():
+            self._ready.append(path)
+
+
+def _pollable_fd(stdin: Any) -> int | None:
+    """The file descriptor under `stdin` when it can be asked whether it holds more (a pipe, a
+    file, a terminal on POSIX); None otherwise (a stream in memory, Windows' pipes)."""
+    try:
+        fd = stdin.fileno()
+        import select
+
+        select.select([fd], [], [], 0)
+    except (AttributeError, OSError, ValueError, ImportError):
+        return None
+    return fd
