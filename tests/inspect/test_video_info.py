@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 import pytest
 from output_checks import error_line
+from processes import PipeLines, start_torchkit_process
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -1014,6 +1015,65 @@ def test_dash_reads_video_paths_from_stdin(videos, tmp_path):
     assert error_line(empty.stderr) == (
         "Error: no video paths on stdin (pipe one path per line, e.g. find ... |)"
     )
+
+
+def test_csv_rows_come_out_while_the_list_on_stdin_is_still_being_written(videos):
+    """video-info read the whole list and every video before writing a row: each CSV row now
+    comes as its video is read."""
+    clip = need(videos, "mjpg.avi")
+    process = start_torchkit_process(
+        "video-info", "-", "--format", "csv", "--skip-errors", stdin=subprocess.PIPE
+    )
+    try:
+        rows = PipeLines(process.stdout)
+        for at, path in enumerate([clip, clip.parent / "gone.mp4"]):
+            process.stdin.write(f"{path}\n")
+            process.stdin.flush()
+            if at == 0:
+                assert rows.next().startswith("path,size_bytes,")
+            assert rows.next().startswith(f"{path},")  # its row, the list still open
+        process.stdin.write(f"{clip}\n")  # listed twice: read once
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    assert rows.rest() == []
+    assert "1 of 2 videos could not be read: 1 unreadable" in process.stderr.read()
+
+
+def streamed(paths, **options) -> list[dict]:
+    records: list[dict] = []
+    video_run.stream_videos(paths, **options)(lambda info: records.append(info.to_dict()))
+    return records
+
+
+def test_streamed_records_are_those_of_the_whole_list(videos, tmp_path, monkeypatch):
+    # Handed over as they come: the same records, in order, train-mode frames included (each
+    # video's stream follows its place in the whole list, not in a batch of the list).
+    paths = [need(videos, name) for name in ("mjpg.avi", "mpeg4.mp4", "lossless.mkv")]
+    options = {"segments": 3, "sample_mode": "train", "seed": 7, "workers": 2}
+    whole = [info.to_dict() for info in inspect_videos(paths, **options)]
+    assert streamed(paths, **options) == whole
+    # On stdin, two at a time: a video gone and one listed twice as the whole list has them.
+    monkeypatch.setattr(video_run, "_chunk_size", lambda workers: 2)
+    listed = "".join(f"{path}\n" for path in [*paths, tmp_path / "gone.mp4", paths[0]])
+    whole = inspect_videos(["-"], stdin=io.StringIO(listed), **options)
+    assert len(whole) == 4
+    from_stdin = streamed(["-"], stdin=io.StringIO(listed), **options)
+    assert from_stdin == [info.to_dict() for info in whole]
+
+
+def test_a_video_listed_on_stdin_is_never_the_csv_output(videos, tmp_path):
+    clip = tmp_path / "clip.avi"
+    shutil.copy(need(videos, "mjpg.avi"), clip)
+    before = clip.read_bytes()
+    listed = f"{videos['mjpg.avi']}\n{clip}\n"
+    args = ["video-info", "-", "--format", "csv", "-o", str(clip), "--force", "-j", "0"]
+    refused = runner.invoke(app, args, input=listed)
+    assert refused.exit_code == 1
+    assert "is the video" in error_line(refused.stderr)
+    assert clip.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.avi"]
 
 
 # --- fast start ----------------------------------------------------------------------------------

@@ -146,12 +146,28 @@ def video_info(
       torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/
     """
     from torchkit.cli.options import former_short_flag
-    from torchkit.core.io.errors import InputError
     from torchkit.core.video import inspect_videos
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
 
     fmt = resolve_format(fmt, output)
+    stdin = sys.stdin if any(str(p) == "-" for p in paths) else None
+    if fmt == OutputFormat.csv and extract_frames is None:
+        # One row per video as it is read: nothing held but the videos in work.
+        tally = _write_streamed(
+            paths,
+            output=output,
+            force=force,
+            stdin=stdin,
+            exact=exact,
+            decode_check=decode_check,
+            segments=segments,
+            sample_mode=sample_mode.value,
+            seed=seed,
+            workers=workers,
+        )
+        _finish(tally, skip_errors)
+        return
     with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
         infos = inspect_videos(
             paths,
@@ -165,7 +181,7 @@ def video_info(
             workers=workers,
             progress=advance,
             report=output,  # checked against the videos before the work, not after it
-            stdin=sys.stdin if any(str(p) == "-" for p in paths) else None,
+            stdin=stdin,
         )
 
     if fmt == OutputFormat.csv:
@@ -179,35 +195,95 @@ def video_info(
         output=output,
         force=force,
     )
-    differing = sum(info.frames_differ for info in infos)
-    if differing:
-        console.note(
-            f"{differing} of {len(infos)} videos decode to a different number of frames than "
-            "their header says"
-        )
+    tally = _Tally()
+    for info in infos:
+        tally.add(info)
     if extract_frames is not None:
         written = {f for info in infos for f in info.frame_files or []}
         if written:
             console.note(f"wrote {len(written)} frames to {extract_frames}")
         else:
             console.note(f"no frame was written: {extract_frames} is as it was")
-    problems = _problems(infos)
+    _finish(tally, skip_errors)
+
+
+class _Tally:
+    """What the closing lines say of the videos read: how many, of each status, and how many
+    decode to another frame count than their header's."""
+
+    def __init__(self) -> None:
+        self.videos = 0
+        self.differing = 0
+        self.statuses: dict[str, int] = {}
+
+    def add(self, info) -> None:
+        self.videos += 1
+        self.differing += bool(info.frames_differ)
+        self.statuses[info.status] = self.statuses.get(info.status, 0) + 1
+
+
+def _finish(tally: _Tally, skip_errors: bool) -> None:
+    from torchkit.core.io.errors import InputError
+
+    if tally.differing:
+        console.note(
+            f"{tally.differing} of {tally.videos} videos decode to a different number of "
+            "frames than their header says"
+        )
+    problems = _problems(tally)
     if problems and skip_errors:
         console.warn(problems)
     elif problems:
         raise InputError(problems, "see the status and error columns; --skip-errors exits 0")
 
 
-def _problems(infos: list) -> str | None:
+def _problems(tally: _Tally) -> str | None:
     """`2 of 5 videos could not be read: 1 truncated, 1 unreadable`, or None when all are ok."""
     from torchkit.core.video import STATUSES
 
-    counts = {status: sum(info.status == status for info in infos) for status in STATUSES}
-    bad = len(infos) - counts["ok"]
+    bad = tally.videos - tally.statuses.get("ok", 0)
     if not bad:
         return None
-    kinds = ", ".join(f"{counts[s]} {s}" for s in STATUSES[1:] if counts[s])
-    return f"{bad} of {len(infos)} videos could not be read: {kinds}"
+    kinds = ", ".join(f"{tally.statuses[s]} {s}" for s in STATUSES[1:] if tally.statuses.get(s))
+    return f"{bad} of {tally.videos} videos could not be read: {kinds}"
+
+
+def _write_streamed(paths, *, output: Path | None, force: bool, **options) -> _Tally:
+    """The CSV, a row per video as it is read (`stream_videos`): on stdout, each row at once
+    (a reader of the pipe gets it while the list on stdin is still being written); with -o,
+    written to a temporary file put in place at the end."""
+    from torchkit.core.io.csv_rows import CsvWriter
+    from torchkit.core.io.files import atomic_write
+    from torchkit.core.video import stream_videos
+
+    to_file = output is not None and str(output) != "-"  # `-o -`: stdout, as emit reads it
+    tally = _Tally()
+
+    def write(handle, read, flush: bool) -> None:
+        writer = CsvWriter(handle)
+        writer.writerow(CSV_COLUMNS)
+
+        def row(info) -> None:
+            tally.add(info)
+            writer.writerow(_csv_row(info))
+            if flush:
+                handle.flush()
+
+        read(row)
+
+    with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
+        # Every check first (the inputs, the listed videos, -o), before any output is opened.
+        read = stream_videos(
+            paths, force=force, progress=advance, report=output if to_file else None, **options
+        )
+        if to_file:
+            with atomic_write(output, "w", encoding="utf-8", newline="") as handle:
+                write(handle, read, flush=False)
+        else:
+            write(console.stdout.file, read, flush=True)
+    if to_file:
+        console.note(f"wrote {output}")
+    return tally
 
 
 def _table(infos: list, *, exact: bool, segments: bool) -> Table:

@@ -5,7 +5,8 @@ OpenCV is imported inside functions only, so importing this package stays cheap.
 
 Modules: containers (finding video files, sniffing the container, the size its structure
 declares), probe (one video: `VideoInfo`, the truncation checks), frames (TSN sampling, writing
-the sampled frames) and run (`inspect_videos`, many videos on worker threads).
+the sampled frames) and run (`inspect_videos`, many videos on worker threads; `stream_videos`,
+their records as they come).
 """
 
 from torchkit.core.video.containers import (
@@ -36,6 +37,7 @@ from torchkit.core.video.run import (
     MAX_WORKERS,
     default_video_workers,
     inspect_videos,
+    stream_videos,
     video_inputs,
 )
 
@@ -60,6 +62,7 @@ __all__ = [
     "probe_video",
     "sniff_container",
     "still_image_format",
+    "stream_videos",
     "tsn_frame_indices",
     "video_inputs",
 ]

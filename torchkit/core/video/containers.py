@@ -78,13 +78,18 @@ def find_videos(
         else:
             candidates = [path]
         for candidate in candidates:
-            key = os.path.normcase(os.path.abspath(candidate))
+            key = video_key(candidate)
             if key not in seen:
                 seen.add(key)
                 found.append(candidate)
     if not found:
         raise InputError("no video files found in the given folders", "check the paths")
     return found
+
+
+def video_key(path: str | os.PathLike) -> str:
+    """What two names of one video share (the same file named twice is read once)."""
+    return os.path.normcase(os.path.abspath(path))
 
 
 # --- sniffing ----------------------------------------------------------------------------------

@@ -12,9 +12,11 @@ process, which owns the frames folder.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -28,11 +30,13 @@ from torchkit.core.io.outputs import (
     OutputFolder,
     check_not_written_in,
     check_output_file,
+    check_overlap,
 )
+from torchkit.core.io.path_lists import PathStream
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
 from torchkit.core.runtime.pool import chunked, map_chunks
-from torchkit.core.video.containers import find_videos
+from torchkit.core.video.containers import find_videos, video_key
 from torchkit.core.video.frames import (
     FRAME_FILES,
     MAX_SEGMENTS,
@@ -103,20 +107,7 @@ def inspect_videos(
     checked with the rest, before any work. Unreadable videos come back with `error` set. A
     path `-` stands for the files `stdin` lists.
     """
-    if segments is not None and not 1 <= segments <= MAX_SEGMENTS:
-        raise UsageError(
-            f"--segments must be between 1 and {MAX_SEGMENTS:,}, not {segments}",
-            "every video's row holds its K frame indices",
-        )
-    if workers is not None and not 0 <= workers <= MAX_WORKERS:
-        raise UsageError(
-            f"--workers must be between 0 and {MAX_WORKERS}, not {workers}",
-            "more videos at once than a disk or the cores can feed only costs memory",
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UsageError(f"--seed must be a whole number of 0 or more, not {seed}")
-    if sample_mode not in SAMPLE_MODES:
-        raise UsageError(f"unknown sample mode {sample_mode!r}", "use 'test' or 'train'")
+    _check_options(segments, workers, seed, sample_mode)
     if extract_dir is not None and segments is None:
         raise UsageError("--extract-frames needs --segments K", "say how many frames to sample")
     videos = find_videos(paths, stdin)
@@ -153,6 +144,105 @@ def inspect_videos(
         return results
 
 
+def stream_videos(
+    paths: Sequence[str | os.PathLike],
+    *,
+    exact: bool = False,
+    decode_check: bool = True,
+    segments: int | None = None,
+    sample_mode: str = "test",
+    seed: int = 0,
+    force: bool = False,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    report: str | os.PathLike | None = None,
+    stdin: Iterable[str] | None = None,
+) -> Callable[[Callable[[VideoInfo], None]], None]:
+    """`inspect_videos` without frames written, as a reading to start (`read(on_record)`)
+    that hands each record to `on_record` as soon as those before it are, keeping none:
+    memory does not grow with the records. Every check is made here, before any output is
+    opened. `-` alone reads the paths on stdin as they are piped, a thousand or more at a time
+    at most (`_chunk_size`; a video listed twice is read once, as in `find_videos`), each
+    checked against `report` as it comes; `progress` then gets (done, None)."""
+    _check_options(segments, workers, seed, sample_mode)
+    options = (exact, decode_check, segments, sample_mode, seed)
+    if [os.fspath(p) for p in paths] != [STDIN]:
+        videos = find_videos(paths, stdin)
+        if report is not None:
+            inputs = video_inputs([p for p in paths if os.fspath(p) != STDIN], videos)
+            check_output_file(report, force, inputs)
+
+        def read(on_record: Callable[[VideoInfo], None]) -> None:
+            _inspect(videos, *options, None, workers, progress, on_record=on_record)
+
+        return read
+    chunks = _ListedVideos(stdin).chunks(_chunk_size(workers))
+    first = next(chunks)  # the videos piped so far, checked with the rest before any work
+    if report is not None:
+        check_output_file(report, force, video_inputs([], first))
+
+    def read_listed(on_record: Callable[[VideoInfo], None]) -> None:
+        done = 0
+        for chunk in itertools.chain([first], chunks):
+            if report is not None and chunk is not first:  # -o is none of the videos listed
+                check_overlap(report, "output", video_inputs([], chunk))
+
+            def advance(count: int, _total: int | None, before: int = done) -> None:
+                progress(before + count, None)  # type: ignore[misc]
+
+            chunk_progress = advance if progress is not None else None
+            _inspect(chunk, *options, None, workers, chunk_progress, done, on_record)
+            done += len(chunk)
+
+    return read_listed
+
+
+def _chunk_size(workers: int | None) -> int:
+    """Videos read at a time by `stream_videos`: every worker process and thread busy (as
+    `_worker_processes` starts them for a list this long) long enough that the start of the
+    processes and the wait for the last of them cost little (1.6 KB a record held)."""
+    threads = default_video_workers() if workers is None else max(1, workers)
+    return MIN_VIDEOS_PER_PROCESS * min(usable_cpus(), threads) * 16
+
+
+class _ListedVideos:
+    """The videos listed on stdin, each once, taken as they are piped."""
+
+    def __init__(self, stdin: Iterable[str] | None) -> None:
+        self.stream = PathStream(stdin, "video")
+        self.seen: set[str] = set()
+
+    def chunks(self, most: int) -> Iterator[list[Path]]:
+        while paths := self.stream.take(most):
+            fresh = [Path(path) for path in paths if self._first_time(path)]
+            if fresh:
+                yield fresh
+
+    def _first_time(self, path: str) -> bool:
+        key = video_key(path)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def _check_options(segments: int | None, workers: int | None, seed: int, sample_mode: str) -> None:
+    if segments is not None and not 1 <= segments <= MAX_SEGMENTS:
+        raise UsageError(
+            f"--segments must be between 1 and {MAX_SEGMENTS:,}, not {segments}",
+            "every video's row holds its K frame indices",
+        )
+    if workers is not None and not 0 <= workers <= MAX_WORKERS:
+        raise UsageError(
+            f"--workers must be between 0 and {MAX_WORKERS}, not {workers}",
+            "more videos at once than a disk or the cores can feed only costs memory",
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"--seed must be a whole number of 0 or more, not {seed}")
+    if sample_mode not in SAMPLE_MODES:
+        raise UsageError(f"unknown sample mode {sample_mode!r}", "use 'test' or 'train'")
+
+
 def _writes_frame(relative: PurePath) -> bool:
     """Whether a frames folder holds `relative`: a frame (`<video>_<frame>.png`, any
     video's) or a hidden file of its own (the marker, the temporary folder)."""
@@ -171,7 +261,12 @@ def _inspect(
     frames_folder: _FramesFolder | None,
     workers: int | None,
     progress: Progress | None,
+    first: int = 0,
+    on_record: Callable[[VideoInfo], None] | None = None,
 ) -> list[VideoInfo]:
+    """The records of `videos` (which come `first` in the whole list: train-mode seeds), in
+    order; with `on_record`, each handed to it as soon as those before it are, and none kept
+    (the list returned is empty)."""
     threads = default_video_workers() if workers is None else workers
     # One video decoded at length alone (--exact, or its frames extracted; one video or -j 1)
     # keeps FFmpeg's threads for itself.
@@ -185,19 +280,25 @@ def _inspect(
             options.extract_dir = frames_folder.folder.final
             options.names = frame_name_prefixes(videos)
             options.decoder_threads = reading.decoder_threads
-    streams = _per_video_seeds(seed, len(videos)) if options and sample_mode == "train" else None
+    train = options is not None and sample_mode == "train"
     stop = threading.Event()
+    records: list[VideoInfo] = []
+    hand = on_record or records.append
 
     def sample(position: int, info: VideoInfo) -> VideoInfo:
         if options is not None and info.status == "ok":
-            stream = streams[position] if streams else None
+            stream = _video_seed(seed, first + position) if train else None
             _sample_into(info, options, stream, frames_folder, stop)
         return info
 
     processes = _worker_processes(len(videos), threads) if frames_folder is None else 1
     if processes > 1:
-        infos = _read_in_processes(videos, reading, processes, threads, progress)
-        return [sample(position, info) for position, info in enumerate(infos)]
+
+        def arrived(position: int, info: VideoInfo) -> None:
+            hand(sample(position, info))
+
+        _read_in_processes(videos, reading, processes, threads, progress, arrived)
+        return records
 
     def work(position: int) -> VideoInfo:
         if stop.is_set():
@@ -205,7 +306,8 @@ def _inspect(
         return sample(position, reading.probe(videos[position], stop))
 
     try:
-        return _run_all(work, len(videos), threads, progress, stop)
+        _run_all(work, len(videos), threads, progress, stop, hand)
+        return records
     except BaseException:
         if frames_folder is not None:
             frames_folder.folder.abandon()  # this run's frames removed, the old folder stays
@@ -242,21 +344,24 @@ def _read_in_processes(
     processes: int,
     threads: int,
     progress: Progress | None,
-) -> list[VideoInfo]:
+    hand: Callable[[int, VideoInfo], None],
+) -> None:
     """`probe_video` of every video in `processes` worker processes, `threads` videos at a time
-    in all; the results in the order of `videos`. Ctrl-C, SIGTERM or an error stops the workers
-    at once (core.runtime.pool)."""
+    in all; each (position, record) handed over in the order of `videos` as soon as those
+    before it are (the records that come early wait: a few chunks' worth, those in flight).
+    Ctrl-C, SIGTERM or an error stops the workers at once (core.runtime.pool)."""
     total = len(videos)
-    results: list[VideoInfo | None] = [None] * total
+    early: dict[int, VideoInfo] = {}
     done = 0
     if progress:
         progress(0, total)
 
     def arrived(chunk_result: list[tuple[int, VideoInfo]]) -> None:
         nonlocal done
-        for position, info in chunk_result:
-            results[position] = info
-        done += len(chunk_result)
+        early.update(chunk_result)
+        while done in early:
+            hand(done, early.pop(done))
+            done += 1
         if progress:
             progress(done, total)
 
@@ -268,7 +373,6 @@ def _read_in_processes(
     ]
     # cv2 imported before the workers fork: each has it without importing it again.
     map_chunks(_read_chunk, jobs, workers=processes, on_result=arrived, preload=_import_cv2)
-    return results  # type: ignore[return-value]  # every position was filled
 
 
 @dataclass
@@ -295,22 +399,36 @@ def _read_chunk(job: _ChunkJob) -> list[tuple[int, VideoInfo]]:
 
 
 def _run_all(
-    work, total: int, threads: int, progress: Progress | None, stop: threading.Event
-) -> list[VideoInfo]:
+    work,
+    total: int,
+    threads: int,
+    progress: Progress | None,
+    stop: threading.Event,
+    hand: Callable[[VideoInfo], None],
+) -> None:
+    """`work(position)` of every position on `threads` threads, each record handed over in
+    order; a few videos a thread are asked for ahead (not a future for every video at once)."""
     if progress:
         progress(0, total)
-    results: list[VideoInfo] = []
     if threads <= 1 or total == 1:
         for position in range(total):
-            results.append(work(position))
+            hand(work(position))
             if progress:
                 progress(position + 1, total)
-        return results
+        return
     pool = ThreadPoolExecutor(max_workers=min(threads, total), thread_name_prefix="video-info")
+    ahead: deque = deque()
+    positions = iter(range(total))
     try:
-        # map keeps the input order; results arrive in order, which is what the table shows.
-        for done, info in enumerate(pool.map(work, range(total)), start=1):
-            results.append(info)
+        for position in itertools.islice(positions, 4 * threads):
+            ahead.append(pool.submit(work, position))
+        done = 0
+        while ahead:
+            info = ahead.popleft().result()
+            for position in itertools.islice(positions, 1):
+                ahead.append(pool.submit(work, position))
+            hand(info)
+            done += 1
             if progress:
                 progress(done, total)
     except BaseException:
@@ -319,10 +437,11 @@ def _run_all(
     finally:
         # On Ctrl-C, drop the videos not started yet instead of reading them all first.
         pool.shutdown(wait=True, cancel_futures=True)
-    return results
 
 
-def _per_video_seeds(seed: int, count: int) -> list[Any]:
+def _video_seed(seed: int, position: int) -> Any:
+    """The stream of the video at `position` of the list: the one `SeedSequence(seed).spawn`
+    gives it, whichever part of the list is read."""
     import numpy as np
 
-    return list(np.random.SeedSequence(seed).spawn(count))
+    return np.random.SeedSequence(seed, spawn_key=(position,))
