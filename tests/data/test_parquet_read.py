@@ -274,6 +274,33 @@ def test_unlabelled_rows_are_read_unlabelled_by_predict_and_refused_by_eval(worl
     assert "has 2 row(s) without a label (null or -1; row 1, 2)" in error_line(refused.stderr)
 
 
+def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_path):
+    # HF's unlabelled test split (label -1) made every split unlabelled: predict printed no
+    # label for train, dataset-stats counted no class, and convert shards dropped every label.
+    from torchkit.core.data.sources import open_data
+
+    data = tmp_path / "hf"
+    write_parquet(data / "data" / "train-00000-of-00001.parquet", [png(0), png(1)], [2, 0])
+    write_parquet(data / "data" / "test-00000-of-00001.parquet", [png(2)], [-1])
+    source = open_data(data, allow_unlabelled=True)
+    train, test = source.splits["train"], source.splits["test"]
+    assert [train.classes[label] for label in train.labels] == ["c", "a"]
+    assert [test.classes[label] for label in test.labels] == [""]
+    predicted = run_torchkit_in_process(
+        "predict", world / "model.pt", data, "--format", "csv", "--device", "cpu"
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    rows = {row["path"]: row["label"] for row in csv.DictReader(predicted.stdout.splitlines())}
+    assert rows == {
+        "data/train-00000-of-00001.parquet/0": "c",
+        "data/train-00000-of-00001.parquet/1": "a",
+        "data/test-00000-of-00001.parquet/0": "",
+    }
+    refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data)
+    assert refused.returncode == 1  # the test split eval reads has no labels
+    assert "has 1 row(s) without a label" in error_line(refused.stderr)
+
+
 def test_files_of_splits_mixed_with_files_of_none_are_refused(tmp_path):
     write_parquet(tmp_path / "data" / "train-00000-of-00001.parquet", [png(0)], [0])
     write_parquet(tmp_path / "data" / "extra-00000-of-00001.parquet", [png(1)], [0])

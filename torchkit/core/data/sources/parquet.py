@@ -449,25 +449,32 @@ def _read(
 ) -> DataSource:
     files = [_File(root, name) for name in relative]
     _warn_of_large_row_groups(files)
-    labelled = _labelled(files, allow_unlabelled)
-    names = _names(spec, root, files, splits) if labelled else [""]
+    labelled_files = _labelled_files(files, splits, allow_unlabelled)
+    with_labels = {id(file) for file in labelled_files}
+    if labelled_files:
+        chosen = [i for i, file in enumerate(files) if id(file) in with_labels]
+        chosen_splits = [splits[i] for i in chosen] if splits is not None else None
+        names = _names(spec, root, labelled_files, chosen_splits)
+    else:
+        names = [""]
     reader = ParquetImages(
         [f.path for f in files], [f.image_column for f in files], [f.group_bytes for f in files]
     )
     index_of = {name: i for i, name in enumerate(names)}
     parts: dict[str, list[Samples]] = {}
     for index, file in enumerate(files):
-        if labelled:
+        if id(file) in with_labels:
             labels = [index_of[x] if isinstance(x, str) else x for x in file.labels]
+            file_names = names
         else:
-            labels = [0] * len(file.locators)
+            labels, file_names = [0] * len(file.locators), [""]
         # ids FILE/ROW (ROW: the row in the file); names as a file path would print.
         ids = [f"{file.relative}{os.sep}{row}" for row in range(len(file.locators))]
         paths = [
             StoredImage(f"{file.path}{os.sep}{row}", reader, (index, group, in_group))
             for row, (group, in_group) in enumerate(file.locators)
         ]
-        samples = Samples(list(names), labels, paths=paths, source=root, ids=ids)
+        samples = Samples(list(file_names), labels, paths=paths, source=root, ids=ids)
         parts.setdefault(splits[index] if splits else "", []).append(samples)
     joined = {split: concatenate(members) for split, members in parts.items()}
     if splits is not None:
@@ -476,12 +483,29 @@ def _read(
     samples = joined[""]
     if not len(samples):
         raise InputError(f"no rows in {spec}", "the parquet files hold no images")
-    if classes is not None and labelled:
+    if classes is not None and labelled_files:
         samples = relabelled(samples, classes, spec)
     return DataSource(spec, kind, root, {}, samples, list(samples.classes))
 
 
 _CAST_HINT = "a column with missing labels? cast it to int or drop those rows"
+
+
+def _labelled_files(
+    files: list[_File], splits: list[str | None] | None, allow_unlabelled: bool
+) -> list[_File]:
+    """The files read with their labels: all, or (where unlabelled images are taken) none; of
+    split data, the files of each split whose rows all have a label (HF's unlabelled test
+    split beside labelled train and validation splits: its images unlabelled, as shards read
+    such a split, and the other splits' labels kept)."""
+    if splits is None or not allow_unlabelled:
+        return list(files) if _labelled(files, allow_unlabelled) else []
+    chosen = []
+    for split in dict.fromkeys(splits):
+        members = [f for f, s in zip(files, splits, strict=True) if s == split]
+        if _labelled(members, allow_unlabelled):
+            chosen += members
+    return chosen
 
 
 def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
