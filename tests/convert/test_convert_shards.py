@@ -394,6 +394,41 @@ def test_unlabelled_shards_read_back_as_unlabelled_data(tmp_path: Path, split: b
         open_data(tmp_path / "cats")
 
 
+def test_an_unlabelled_split_beside_labelled_ones_keeps_their_labels(tmp_path: Path):
+    # Shards (or HF parquet) whose test split has no labels: convert shards refused them
+    # ("class name '' cannot be a line of classes.txt"), the unlabelled split's "" taken for
+    # a class.
+    source = tmp_path / "source"
+    source.mkdir()
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4), (9, 8, 7)).save(png, format="PNG")
+    for split, labels in (("train", [b'"dog"', b'"cat"']), ("test", [b"null"])):
+        with tarfile.open(source / f"{split}-000000.tar", "w") as tar:
+            for number, label in enumerate(labels):
+                for extension, data in (
+                    ("png", png.getvalue()),
+                    ("json", b'{"label": %s}' % label),
+                ):
+                    info = tarfile.TarInfo(f"{split}{number}.{extension}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    done = convert(source, out, "--no-shuffle", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert (out / "classes.txt").read_text() == "cat\ndog\n"
+    assert json.loads(done.stdout)["splits"]["train"]["class_counts"] == {"cat": 1, "dog": 1}
+    written = {
+        key: (sample.get("cls"), json.loads(sample["json"])["label"])
+        for shard in shard_files(out)
+        for key, sample in samples_of(out / shard).items()
+    }
+    assert written == {
+        "train_00000000": (b"1", "dog"),
+        "train_00000001": (b"0", "cat"),
+        "test_00000000": (None, None),
+    }
+
+
 def _json_paths(out: Path) -> dict[str, str]:
     """`SHARD/KEY.EXT` -> the source path its KEY.json records, for every sample in `out`."""
     found = {}

@@ -161,6 +161,13 @@ class ShardSet:
     key_prefix: str  # train | val | test | sample: the sample keys
     samples: Any  # datasource.Samples
     order: list[int]  # sample indices in writing order
+    # The class index each label of `samples` is written as (None: no label), see
+    # `written_classes`.
+    written: list[int | None] = field(default_factory=list)
+
+    def label(self, index: int) -> int | None:
+        """The class index sample `index` is written with (None: unlabelled)."""
+        return self.written[self.samples.labels[index]]
 
     def key(self, position: int) -> str:
         return f"{self.key_prefix}_{position:08d}"
@@ -169,17 +176,28 @@ class ShardSet:
         return f"{self.name}-{number:06d}.tar"
 
 
+def written_classes(classes: Sequence[str]) -> tuple[list[str], list[int | None]]:
+    """(the class names classes.txt lists, the index each of `classes` is written as): "" is
+    no class but unlabelled images (all of unlabelled data; an unlabelled split, such as HF's
+    test split, beside labelled ones), written without a label."""
+    names = [name for name in classes if name != ""]
+    index_of = {name: i for i, name in enumerate(names)}
+    return names, [index_of.get(name) for name in classes]
+
+
 def plan_sets(data: Any, options: ShardOptions) -> list[ShardSet]:
     """Each split of `data` (a DataSource), or its whole, in writing order: shuffled with a
     seed of its own (`SEED:SPLIT`: a split's order does not depend on the others), or as the
     source lists them with `shuffle=False`."""
     parts = list(data.splits.items()) if data.is_split else [(UNSPLIT, data.whole)]
+    written = written_classes(data.classes)[1]
     sets = []
     for name, samples in parts:
         order = list(range(len(samples)))
         if options.shuffle:
             random.Random(f"{options.seed}:{name}").shuffle(order)
-        sets.append(ShardSet(name, UNSPLIT_KEY if name == UNSPLIT else name, samples, order))
+        key_prefix = UNSPLIT_KEY if name == UNSPLIT else name
+        sets.append(ShardSet(name, key_prefix, samples, order, written))
     return sets
 
 
@@ -387,16 +405,19 @@ class _ShardFile:
 
 
 def sample_members(
-    shard_set: ShardSet, position: int, loaded: Loaded, classes: Sequence[str], labelled: bool
+    shard_set: ShardSet, position: int, loaded: Loaded, classes: Sequence[str]
 ) -> dict:
-    """The WebDataset sample of the image at `position` of the set: `__key__` and members."""
+    """The WebDataset sample of the image at `position` of the set: `__key__` and members
+    (`classes`: the names classes.txt lists)."""
     index = shard_set.order[position]
-    samples = shard_set.samples
-    label = samples.labels[index]
+    label = shard_set.label(index)
     sample: dict = {"__key__": shard_set.key(position), loaded.extension: loaded.data}
-    about = {"label": classes[label] if labelled else None, "path": samples.ids[index]}
+    about = {
+        "label": None if label is None else classes[label],
+        "path": shard_set.samples.ids[index],
+    }
     sample["json"] = json.dumps(about, sort_keys=True).encode()
-    if labelled:
+    if label is not None:
         sample["cls"] = str(label).encode()
     return sample
 
@@ -472,7 +493,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
             if loaded.error is not None:
                 _skip(run, shard_set, position, loaded.error, skipped)
                 continue
-            sample = sample_members(shard_set, position, loaded, run.classes, run.labelled)
+            sample = sample_members(shard_set, position, loaded, run.classes)
             if shard is not None and (
                 shard.samples == options.per_shard
                 or (
@@ -485,7 +506,7 @@ def write_set(run: _Writing, shard_set: ShardSet, records: list[ShardRecord]) ->
                 shard = _ShardFile(run.folder / shard_set.shard_name(len(records)), run.tar_writer)
             shard.write(sample)
             extensions.append(loaded.extension)
-            labels.append(samples.labels[shard_set.order[position]] if run.labelled else None)
+            labels.append(shard_set.label(shard_set.order[position]))
             run.advance(1)
         if shard is not None:
             finish(total)
@@ -567,12 +588,12 @@ class ShardsReport:
         if not self.labelled:
             return {}
         counts = [0] * len(self.classes)
-        labels = shard_set.samples.labels
         for record in records:
             left_out = {entry["position"] for entry in record.unreadable}
             for position in range(record.start, record.end):
-                if position not in left_out:
-                    counts[labels[shard_set.order[position]]] += 1
+                label = shard_set.label(shard_set.order[position])
+                if position not in left_out and label is not None:
+                    counts[label] += 1
         return dict(zip(self.classes, counts, strict=True))
 
     def unreadable(self) -> list[dict]:
@@ -800,7 +821,9 @@ def convert_shards(
     data = open_data(src, allow_unlabelled=True)
     check_overlap(target, WHAT, _container_inputs(data))
     labelled = data.labelled
-    classes_text = _classes_text(data.classes, labelled)
+    # The names classes.txt lists: not the "" of an unlabelled split beside labelled ones.
+    classes = written_classes(data.classes)[0] if labelled else list(data.classes)
+    classes_text = _classes_text(classes, labelled)
     sets = plan_sets(data, options)
     identity = {"fingerprint": fingerprint(data.classes, sets), "options": options.to_dict()}
     partial = read_partial(target)
@@ -816,7 +839,7 @@ def convert_shards(
         kind=data.kind,
         root=data.root,
         output=os.fspath(target),
-        classes=list(data.classes),
+        classes=list(classes),
         labelled=labelled,
         options=options,
         fingerprint=identity["fingerprint"],
@@ -854,7 +877,7 @@ def convert_shards(
         run = _Writing(
             folder=folder,
             options=options,
-            classes=list(data.classes),
+            classes=list(classes),
             labelled=labelled,
             strict=strict,
             workers=default_workers() if workers is None else workers,
