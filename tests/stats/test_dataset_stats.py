@@ -292,6 +292,35 @@ def test_imbalance_and_empty_class(tmp_path, caplog):
     assert compute_dataset_stats(root, workers=0).imbalance_ratio == 3.0
 
 
+def test_an_unlabelled_split_beside_labelled_ones_is_no_class(tmp_path, caplog):
+    # Shards (or HF parquet) whose test split has no labels: the "" of its images was counted
+    # as a class of every split (train's imbalance infinite, "1 class folder(s) hold no
+    # images: " warned), and test's named classes warned empty.
+    import tarfile
+
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4), (9, 8, 7)).save(png, format="PNG")
+    labels = {"train": ['"cat"', '"cat"', '"dog"'], "test": ["null"]}
+    for split, names in labels.items():
+        with tarfile.open(tmp_path / f"{split}-000000.tar", "w") as tar:
+            for number, label in enumerate(names):
+                for extension, data in (
+                    ("png", png.getvalue()),
+                    ("json", b'{"label": %s}' % label.encode()),
+                ):
+                    info = tarfile.TarInfo(f"{split}{number}.{extension}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        train = compute_dataset_stats(tmp_path, split="train", workers=0, leakage=False)
+        test = compute_dataset_stats(tmp_path, split="test", workers=0, leakage=False)
+    assert [(c.name, c.images) for c in train.classes] == [("cat", 2), ("dog", 1)]
+    assert train.imbalance_ratio == 2.0
+    assert [(c.name, c.images) for c in test.classes] == [("cat", 0), ("dog", 0), ("", 1)]
+    assert test.imbalance_ratio is None
+    assert "no images" not in caplog.text
+
+
 def test_progress_reaches_the_total(mixed_folder):
     calls = []
     compute_dataset_stats(mixed_folder, workers=2, progress=lambda d, t: calls.append((d, t)))

@@ -216,8 +216,17 @@ def summarise(
     indices = records["index"]
     labels = np.asarray(samples.labels, dtype=np.int64)[indices]
     counts = np.bincount(labels, minlength=len(samples.classes)).tolist()
-    nonzero = [n for n in counts if n]
-    imbalance = None if not nonzero else (math.inf if 0 in counts else max(counts) / min(counts))
+    listed = list(zip(samples.classes, counts, strict=True))
+    measured = counts
+    if len(listed) > 1:
+        # "" beside class names is the unlabelled split of split data (HF's test split beside
+        # labelled ones): listed where this split holds such images, never a class of the ratio.
+        listed = [(name, n) for name, n in listed if name or n]
+        measured = [n for name, n in listed if name]
+    nonzero = [n for n in measured if n]
+    imbalance = (
+        None if not nonzero else (math.inf if 0 in measured else max(measured) / min(measured))
+    )
     widths = records["width"].astype(np.int64)
     heights = records["height"].astype(np.int64)
     duplicates = [
@@ -238,7 +247,7 @@ def summarise(
         pixels=pixels,
         files=len(samples),
         images=len(records),
-        classes=[ClassCount(n, c) for n, c in zip(samples.classes, counts, strict=True)],
+        classes=[ClassCount(n, c) for n, c in listed],
         imbalance_ratio=imbalance,
         width=_size_range(widths),
         height=_size_range(heights),

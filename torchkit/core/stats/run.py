@@ -30,7 +30,10 @@ log = logging.getLogger("torchkit")
 
 
 def warn_empty_classes(samples: Samples) -> list[str]:
-    empty = [name for name, n in zip(samples.classes, samples.class_counts(), strict=True) if not n]
+    counts = dict(zip(samples.classes, samples.class_counts(), strict=True))
+    if counts.get("") == len(samples):  # unlabelled images: they have no class to be empty
+        return []
+    empty = [name for name, n in counts.items() if not n and name]
     if empty:
         log.warning(
             f"{len(empty)} class folder(s) hold no images: {', '.join(empty[:10])}"
