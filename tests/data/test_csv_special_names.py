@@ -84,3 +84,35 @@ def test_predict_and_features_name_each_file_in_one_row(data, model, tmp_path):
         assert len(rows) == 6, written
         assert all((data / row["path"]).is_file() for row in rows), written
         assert sorted({row["label"] for row in rows}) == sorted(CLASSES)
+
+
+SPACED = [" cat", "cat ", "cat", " "]  # class folders that differ only in spaces around them
+
+
+def test_a_field_with_spaces_around_it_is_quoted_and_a_csv_index_reads_it_back_exactly(tmp_path):
+    from torchkit.core.data.sources.csv_index import read_index_rows
+
+    rows = [["path", "label", "n"], *([f" {i}.png ", name, i] for i, name in enumerate(SPACED))]
+    rows.append(["two\nlines.png", " cat", 9])
+    text = csv_text(rows)
+    assert '" 0.png "," cat",0\n' in text and "\n2.png,cat,2\n" not in text
+    assert text.endswith('"two\nlines.png"," cat",9\n')  # the quoted row spans two lines
+    (tmp_path / "index.csv").write_text(text, encoding="utf-8", newline="")
+    read = read_index_rows(tmp_path / "index.csv")
+    assert read.paths == [row[0] for row in rows[1:]]
+    assert read.labels == [row[1] for row in rows[1:]]
+    # written by hand, unquoted: a space after the comma is no part of the label
+    (tmp_path / "hand.csv").write_text('path, label\na.png, cat \nb.png,  "x" \n')
+    assert read_index_rows(tmp_path / "hand.csv").labels == ["cat", '"x"']
+
+
+def test_a_split_manifest_keeps_class_folders_that_differ_only_in_spaces_apart(tmp_path):
+    data = write_image_folder(tmp_path / "data", dict.fromkeys(SPACED, 3))
+    ok("split", data, tmp_path / "out", "--mode", "manifest", "--ratio", "1,1,1", "-q")
+    manifest = tmp_path / "out" / "split.csv"
+    stats = json.loads(ok("dataset-stats", manifest, "--split", "all", "--format", "json").stdout)
+    assert sorted(row["name"] for row in stats["classes"]) == sorted(SPACED)
+    model = tmp_path / "model.pt"
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=SPACED)
+    done = ok("eval", model, "--data", manifest, "--split", "test", *MODEL, "--format", "json")
+    assert sorted(row["label"] for row in json.loads(done.stdout)["per_class"]) == sorted(SPACED)

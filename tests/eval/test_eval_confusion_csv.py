@@ -1,7 +1,8 @@
 """confusion_matrix.csv has the bytes of the csv module's writer (without pandas), and a field
-holding a carriage return quoted too (csv.writer with `\n` line ends wrote it bare, and readers
-split the row): checked against CSV's rule written out by hand, on class names that need quoting
-or look like numbers or missing values, and read back."""
+holding a carriage return or spaces around it quoted too (csv.writer with `\n` line ends wrote
+the first bare, and readers split the row; readers strip the spaces of an unquoted field):
+checked against CSV's rule written out by hand, on class names that need quoting or look like
+numbers or missing values, and read back."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ AWKWARD_NAMES = [
 
 
 def _field(value: object) -> str:
-    """CSV's quoting (the csv module's minimal quoting, and a carriage return)."""
+    """CSV's quoting (the csv module's minimal quoting, a carriage return, and spaces around
+    the field, which some readers strip where it is not quoted)."""
     text = str(value)
-    if any(c in text for c in ',"\n\r'):
+    if any(c in text for c in ',"\n\r') or text != text.strip():
         return '"' + text.replace('"', '""') + '"'
     return text
 

@@ -7,20 +7,44 @@ terminator: with `\\n` line ends, a carriage return in a file or class name (Lin
 written bare, and every reader (Python's csv, pandas, torchkit's CSV index) split that row in
 two. Such rows are written as a writer ending its lines in `\\r\\n` writes them (which quotes
 fields holding either character), with the `\\n` line end.
+
+A field with spaces around it (a class folder `" cat"` or `"cat "`) is quoted too: readers that
+strip the spaces around an unquoted field (torchkit's CSV index reads a hand-written
+`a.png, cat` as class `cat`) keep those of a quoted one.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable
 from typing import IO, Any
+
+# Whitespace (but a line end) at either end of a field in rendered rows: where a field may have
+# spaces around it. Quoted fields may match too; such rows are looked at field by field.
+_SPACED = re.compile(r"(?:^|[,\r\n])[^\S\r\n]|[^\S\r\n](?:[,\r\n]|$)")
+
+
+def _spaced(value: Any) -> bool:
+    """Whether `value` is text with whitespace at either end (what a reader may strip)."""
+    return isinstance(value, str) and value != value.strip()
+
+
+def _field(value: Any) -> str:
+    """`value` as one field as the csv module writes it, quoted where it holds a comma, a
+    quote or a line end, or has spaces around it."""
+    text = "" if value is None else str(value)
+    if _spaced(text) or any(char in text for char in ',"\r\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 class CsvWriter:
     """`csv.writer(handle, lineterminator=...)` (`writerow`, `writerows`) that also quotes a
-    field holding a carriage return (above). Rows are rendered at C speed; only text that holds
-    a carriage return is rendered again row by row."""
+    field holding a carriage return or with spaces around it (above). Rows are rendered at C
+    speed; only text that holds a carriage return or spaces beside a comma or a line end is
+    rendered again row by row."""
 
     def __init__(self, handle: IO[str], lineterminator: str = "\n") -> None:
         self._handle, self._end = handle, lineterminator
@@ -35,20 +59,24 @@ class CsvWriter:
     def writerows(self, rows: Iterable[Iterable[Any]]) -> None:
         """Every row of `rows`, taken all before any is written: rows that come one at a time
         (a stream to a pipe) go through `writerow` each."""
-        if self._quoting is None:
-            self._writer.writerows(rows)
-            self._handle.write(self._taken())
-            return
-        rows = [tuple(row) for row in rows]  # read twice when a field holds "\r"
+        rows = [tuple(row) for row in rows]  # read twice when a field needs quoting
         self._writer.writerows(rows)
         text = self._taken()
-        if "\r" in text:
-            lines = []
-            for row in rows:
-                self._quoting.writerow(row)
-                lines.append(self._taken()[:-2] + self._end)  # "\r\n" -> the line end
-            text = "".join(lines)
+        carriage = self._quoting is not None and "\r" in text
+        if carriage or _SPACED.search(text):
+            text = "".join(self._quoted_line(row) for row in rows)
         self._handle.write(text)
+
+    def _quoted_line(self, row: tuple) -> str:
+        """`row` as one line, its fields quoted where a reader needs it (above)."""
+        if any(_spaced(value) for value in row):
+            return ",".join(_field(value) for value in row) + self._end
+        self._writer.writerow(row)
+        line = self._taken()
+        if self._quoting is not None and "\r" in line:
+            self._quoting.writerow(row)
+            line = self._taken()[:-2] + self._end  # "\r\n" -> the line end
+        return line
 
     def _taken(self) -> str:
         """What the writers wrote into the buffer since the last call."""

@@ -1,8 +1,10 @@
 """CSV indexes: `path,label` with an optional `split` column (what `split --mode manifest` and
 `train`'s RUN/split.csv write). UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8"),
 a file name that is not UTF-8 as its own bytes; relative paths are relative to the CSV's
-folder; every bad row is named by its line. Labels and splits are read without the spaces around
-them (as the header's names are), paths exactly as written."""
+folder; every bad row is named by its line. Paths are read exactly as written; labels and splits
+without the spaces around them (as the header's names are: a hand-written `a.png, cat` is class
+`cat`), but for a quoted label, read as written (what torchkit's CSV writer writes for a class
+folder `" cat"` or `"cat "`)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ _SHOWN = 5  # line numbers named in one error
 @dataclass
 class IndexRows:
     """The rows of a CSV index, in file order: paths as written, labels and splits without the
-    spaces around them (`labels` is None without a label column, `splits` None without a split
-    column)."""
+    spaces around them, quoted labels as written (`labels` is None without a label column,
+    `splits` None without a split column)."""
 
     source: Path
     paths: list[str]
@@ -56,9 +58,10 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     labels: list[str] = []
     splits: list[str] = []
     no_path: list[int] = []
-    no_label: list[int] = []
+    no_label: list[tuple[int, int]] = []  # (line, row)
     bad_split: list[tuple[int, str]] = []
     spaced: list[tuple[int, int]] = []  # (line, row) of paths with spaces around them
+    spaced_labels: list[tuple[int, int, str]] = []  # (first line, row, label as written)
     reader = None
     try:
         with open_text(source, "utf-8-sig") as handle:
@@ -78,10 +81,12 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             label_at = _column(columns, "label")
             split_at = _column(columns, "split")
             has_label, has_split = label_at is not None, split_at is not None
+            line = reader.line_num
             for row in reader:
+                first, line = line + 1, reader.line_num  # a row may span lines (a quoted \n)
                 if not row:  # a blank line is no row
                     continue
-                line, width = reader.line_num, len(row)
+                width = len(row)
                 path = row[path_at] if path_at < width else ""
                 if not path.strip():
                     no_path.append(line)
@@ -90,9 +95,12 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 paths.append(path)
                 if has_label:
                     # "a.png, cat" is class cat, as "path, label" names the label column.
-                    label = (row[label_at] if label_at < width else "").strip()
+                    written = row[label_at] if label_at < width else ""
+                    label = written.strip()
+                    if label != written:
+                        spaced_labels.append((first, len(labels), written))
                     if not label:
-                        no_label.append(line)
+                        no_label.append((line, len(labels)))
                     labels.append(label)
                 if has_split:
                     split = (row[split_at] if split_at < width else "").strip()
@@ -104,6 +112,9 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         raise InputError(f"cannot read {source} (line {line}): {error}") from None
     if not paths:
         raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
+    if spaced_labels:
+        _keep_quoted_labels(source, label_at, labels, spaced_labels)
+        no_label = [(line, row) for line, row in no_label if not labels[row]]
     _refuse_undecoded_bytes(source, paths, labels if has_label else None)
     if no_path:
         raise InputError(
@@ -115,7 +126,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         has_label, no_label = False, []
     if no_label:
         raise InputError(
-            f"{source} has {len(no_label)} row(s) with an empty label (line {_lines(no_label)})",
+            f"{source} has {len(no_label)} row(s) with an empty label "
+            f"(line {_lines([line for line, _ in no_label])})",
             "every row needs a path and a label",
         )
     _refuse_spaced_paths(source, paths, spaced)
@@ -126,6 +138,57 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "the split column takes train, val or test",
         )
     return IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+
+
+def _keep_quoted_labels(
+    source: Path, label_at: int, labels: list[str], spaced: list[tuple[int, int, str]]
+) -> None:
+    """Put back the spaces around the labels of `spaced` (first line, row, label as written)
+    that were quoted: the csv module reads `a.png, cat` and `a.png," cat"` alike, so the
+    quotes are looked for in the rows' lines, read again (only files with such labels)."""
+    wanted = {first: (row, written) for first, row, written in spaced}
+    with open_text(source, "utf-8-sig") as handle:
+        lines = enumerate(handle, 1)
+        for number, text in lines:
+            if number not in wanted or '"' not in text:
+                continue
+            row, written = wanted[number]
+            quoted = _quoted_fields(text)
+            while quoted is None:  # a quoted field goes on in the next line
+                text += next(lines, (0, '"'))[1]
+                quoted = _quoted_fields(text)
+            if quoted[label_at : label_at + 1] == [True]:
+                labels[row] = written
+
+
+def _quoted_fields(text: str) -> list[bool] | None:
+    """Whether each field of the CSV row that `text` opens is quoted (opens with a quote), as
+    Python's csv reader (the excel dialect) splits it; None when `text` ends inside quotes."""
+    quoted: list[bool] = []
+    at, inside, opening = 0, False, True
+    while at < len(text):
+        char = text[at]
+        if opening:
+            quoted.append(char == '"')
+            inside, opening = char == '"', char == ","  # a comma: the field was empty
+            if char in "\r\n":
+                return quoted  # an empty last field
+        elif inside:
+            if char == '"':
+                if text[at + 1 : at + 2] == '"':
+                    at += 1  # "" inside quotes is one quote
+                else:
+                    inside = False
+        elif char == ",":
+            opening = True
+        elif char in "\r\n":
+            return quoted
+        at += 1
+    if inside:
+        return None
+    if opening:
+        quoted.append(False)  # an empty last field
+    return quoted
 
 
 def _lines_and_values(found: list[tuple[int, str]]) -> str:
