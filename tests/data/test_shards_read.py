@@ -176,6 +176,31 @@ def test_a_tar_of_an_image_folder_or_a_split_root_reads_as_the_folder(world, tmp
         assert stats(archive, "--split", split) == stats(world / "split", "--split", split)
 
 
+def test_a_tar_of_a_split_of_a_flat_folder_reads_as_that_split(world, tmp_path):
+    # OUT/train/x.png (what split writes for a flat folder), tarred: every reader stopped
+    # ("X.tar:train holds images but no class folders") while the folder reads unlabelled.
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.io.errors import InputError
+
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    folder = tmp_path / "flat-split"
+    for name in ("train/x.png", "train/y.png", "val/z.png"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(png)
+    archive = tar_folder(folder, tmp_path / "flat-split.tar", wrapped=True)
+    read = {}
+    for data in (folder, archive):
+        opened = open_data(str(data), allow_unlabelled=True)
+        read[data] = (opened.classes, {s: part.ids for s, part in opened.splits.items()})
+    assert (
+        read[archive]
+        == read[folder]
+        == ([""], {"train": ["train/x.png", "train/y.png"], "val": ["val/z.png"]})
+    )
+    with pytest.raises(InputError, match="is a split of unlabelled images"):
+        open_data(str(archive))  # train and eval need labels: one error
+
+
 def test_split_shards_are_split_data_and_eval_reads_only_val(world):
     found = run_json(
         "eval", world / "model.pt", "--data", world / "split-shards", "--split", "val",

@@ -17,8 +17,9 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards'
   folder; samples are in shard order, then member order.
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
-  unlabelled images are taken, flat images), read with the rules of folders on disk; all of it
-  may lie in one folder named as the archive (`tar cf X.tar X`). A `.tar` is a shard when it is
+  unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
+  rules of folders on disk; all of it may lie in one folder named as the archive
+  (`tar cf X.tar X`). A `.tar` is a shard when it is
   named `NAME-NNNNNN.tar` or some image in it has a `.cls`/`.json` label beside it. Ids are the
   member paths (inside that one folder), as the unpacked folder's would be.
 
@@ -49,7 +50,7 @@ from torchkit.core.data.sources.discovery import (
     is_skipped_folder,
 )
 from torchkit.core.data.sources.samples import Samples, index_class_names
-from torchkit.core.data.sources.source import DataSource, _split_source, relabelled
+from torchkit.core.data.sources.source import DataSource, _split_source, relabelled, tagged
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import StoredImage
 from torchkit.core.io.errors import InputError, short_repr
@@ -867,7 +868,23 @@ def _open_folder_tar(
                 "a split root holds only train/, val/ and test/; an image folder only class "
                 "folders",
             )
-        parts = {name: samples_under(name, False) for name in split_folders}
+        # A split of a flat folder (`split` writes OUT/train/x.png), as `source._open_folder`
+        # reads one unpacked: unlabelled split data.
+        flat = all(
+            any(n.startswith(f"{name}/") and "/" not in n[len(name) + 1 :] for n in names)
+            for name in split_folders
+        )
+        if flat and not allow_unlabelled:
+            raise InputError(
+                f"{spec} is a split of unlabelled images: its split folders hold images without "
+                "class folders",
+                "labels need class folders, ROOT/{train,val,test}/<class>/<image>; predict, "
+                "extract-features and dataset-stats read it unlabelled",
+            )
+        parts = {name: samples_under(name, flat) for name in split_folders}
+        if flat:
+            splits = {name: tagged(parts[name], name) for name in split_folders}
+            return DataSource(spec, "tar split root", spec, splits, None, [""])
         return _split_source(spec, "tar split root", spec, parts, classes)
     if allow_unlabelled and (top_images or not top_folders):
         samples = samples_under("", True)
