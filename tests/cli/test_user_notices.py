@@ -124,6 +124,48 @@ def test_results_left_in_stdouts_buffer_that_a_full_disk_refuses_at_exit(monkeyp
     assert line.startswith("Error: cannot write to standard output: No space left on device")
 
 
+class _ShortWrites(io.RawIOBase):
+    """A file descriptor that takes at most `step` bytes a write, and `room` bytes in all
+    (then ENOSPC): a disk that fills mid-write, as the raw stdout of PYTHONUNBUFFERED=1 sees."""
+
+    def __init__(self, step: int, room: int) -> None:
+        self.step, self.room, self.data = step, room, bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        import errno
+
+        if len(self.data) >= self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        taken = bytes(data[: min(self.step, self.room - len(self.data))])
+        self.data += taken
+        return len(taken)
+
+
+@pytest.mark.parametrize("room", [10**9, 5000])
+def test_results_on_an_unbuffered_stdout_are_written_whole_or_fail(monkeypatch, room):
+    """PYTHONUNBUFFERED=1 (container images set it) or `python -u`: stdout's text layer writes
+    straight to the file descriptor and dropped what a short write left out, a result cut
+    short with exit 0 (`> out.csv` on a disk that filled mid-write). The rest is written
+    again, and a disk that has no room left is the one error."""
+    from torchkit.cli import console
+    from torchkit.core.io.errors import OutputWriteError
+
+    raw = _ShortWrites(step=4096, room=room)
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8", write_through=True))
+    result = "".join(f"row {i},é\n" for i in range(2000))
+    with console.results_only_on_stdout():
+        if room > len(result.encode()):
+            console.stdout.file.write(result)
+            console.stdout.file.flush()
+            assert raw.data.decode() == result
+        else:
+            with pytest.raises(OutputWriteError, match="No space left on device"):
+                console.stdout.file.write(result)
+
+
 def test_help_still_shows_and_a_closed_pipe_stays_quiet():
     shown = subprocess.run(
         [sys.executable, "-m", "torchkit", "--help"], capture_output=True, text=True, cwd=REPO

@@ -72,7 +72,10 @@ class _Results:
 
     def write(self, text: str) -> int:
         with _reporting_write_errors():
-            return self._target().write(text)
+            target = self._target()
+            if isinstance(getattr(target, "buffer", None), io.RawIOBase):
+                return _write_unbuffered(target, text)
+            return target.write(text)
 
     def flush(self) -> None:
         with _reporting_write_errors():
@@ -80,6 +83,25 @@ class _Results:
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...
         return getattr(self._target(), name)
+
+
+def _write_unbuffered(stream: Any, text: str) -> int:
+    """`text` written whole to an unbuffered stdout (PYTHONUNBUFFERED=1, as many container
+    images set, or `python -u`), whose text layer writes straight to the file descriptor and
+    drops, without an error, what a short write leaves out: a disk that fills mid-write left
+    a truncated result and exit 0. Here the rest is written again, and the write that cannot
+    be made raises (ENOSPC, EPIPE)."""
+    import select
+
+    stream.flush()
+    data = memoryview(text.encode(stream.encoding, stream.errors or "strict"))
+    while data:
+        written = stream.buffer.write(data)
+        if written is None:  # a non-blocking stdout that is full for now
+            select.select([], [stream.buffer], [])
+            continue
+        data = data[written:]
+    return len(text)
 
 
 @contextlib.contextmanager
