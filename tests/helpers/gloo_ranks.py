@@ -78,9 +78,11 @@ def start_ranks(
     world: int = 2,
     cwd: Path = REPO,
     rank_args: dict[int, Sequence[object]] | None = None,
+    stdin: int | None = None,
 ) -> list[subprocess.Popen]:
     """Start ranks 0..world-1 of `python -m torchkit ARGS`; `env` is added to each one's.
-    `rank_args` gives some ranks other ARGS (as another node's command line may differ)."""
+    `rank_args` gives some ranks other ARGS (as another node's command line may differ);
+    `stdin` (a file descriptor) is every rank's, as torchrun's ranks share its stdin."""
     base = {
         "PYTHONPATH": str(HELPERS),
         "OMP_NUM_THREADS": "1",
@@ -95,6 +97,7 @@ def start_ranks(
             *map(str, (rank_args or {}).get(rank, args)),
             env={**base, "RANK": str(rank), "LOCAL_RANK": str(rank), **(env or {})},
             cwd=cwd,
+            stdin=stdin,
         )
         for rank in range(world)
     ]
@@ -118,9 +121,10 @@ def run_ranks(
     timeout: float = 120,
     cwd: Path = REPO,
     rank_args: dict[int, Sequence[object]] | None = None,
+    stdin: int | None = None,
 ) -> list[subprocess.CompletedProcess]:
     """Every rank of `python -m torchkit ARGS`, run to its end: [rank 0, rank 1, ...]."""
-    started = start_ranks(*args, env=env, world=world, cwd=cwd, rank_args=rank_args)
+    started = start_ranks(*args, env=env, world=world, cwd=cwd, rank_args=rank_args, stdin=stdin)
     try:
         return [finish(process, timeout) for process in started]
     finally:

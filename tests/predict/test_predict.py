@@ -397,18 +397,35 @@ def test_ema_refuses_what_eval_refuses_with_evals_error(runner, world, tmp_path,
 
 
 def test_two_ddp_processes_give_the_same_rows(world, runner, tmp_path):
-    single = invoke(runner, world["ckpt"], world["flat"], "--format", "csv", "-b", "2", "-j", "0")
-    ranks = run_ranks(
-        "predict", world["ckpt"], world["flat"], "--format", "csv", "--batch-size", "2",
-        "--workers", "0", "-o", tmp_path / "ddp.csv", "--device", "cpu", timeout=300,
+    # A folder and `-`: torchrun's ranks share one stdin, which only one of them could read
+    # (the others stopped with "no image paths on stdin"); rank 0 reads it for all.
+    listed = "".join(f"{world['flat'] / name}\n" for name in ("g.png", "a.png", "gone.png"))
+    single = invoke(
+        runner, world["ckpt"], world["flat"], "-", "--format", "csv", "-b", "2", "-j", "0",
+        input=listed,
     )  # fmt: skip
+    read, write = os.pipe()
+    os.write(write, listed.encode())
+    os.close(write)
+    try:
+        ranks = run_ranks(
+            "predict", world["ckpt"], world["flat"], "-", "--format", "csv", "--batch-size", "2",
+            "--workers", "0", "-o", tmp_path / "ddp.csv", "--device", "cpu", timeout=300,
+            stdin=read,
+        )  # fmt: skip
+    finally:
+        os.close(read)
     assert [done.returncode for done in ranks] == [0, 0], stderr_of(ranks)
     assert ranks[1].stdout == ""  # rank 0 writes the rows
     ddp = read_csv((tmp_path / "ddp.csv").read_text())
     expected = read_csv(single.stdout)
-    assert [r["path"] for r in ddp] == [r["path"] for r in expected]  # 7 images: 4 + 3 batches
+    assert len(ddp) == 10  # 7 images in the folder, 3 listed: batches of 2 on 2 ranks
+    assert [r["path"] for r in ddp] == [r["path"] for r in expected]
     assert [r["class"] for r in ddp] == [r["class"] for r in expected]
     for got, want in zip(ddp, expected, strict=True):
+        if want["error"]:  # gone.png
+            assert got["error"] == want["error"] and got["probability"] == ""
+            continue
         assert float(got["probability"]) == pytest.approx(float(want["probability"]), abs=1e-6)
 
 

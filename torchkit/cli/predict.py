@@ -137,6 +137,7 @@ def predict_command(
     from torchkit.core.models import require_model_files
     from torchkit.core.predict import PredictRequest, PredictRun
     from torchkit.core.predict.inputs import require_images, streams_stdin
+    from torchkit.core.runtime.launch import launch_env
 
     fmt = resolve_format(fmt, output, PredictFormat)
     model, images = model_and_rest(model, model_option, list(images or []))
@@ -164,7 +165,9 @@ def predict_command(
     # `-` alone is read as the paths come; with other IMAGES (or under torchrun) the paths
     # piped for it first. Either way -o may not be one of those images nor lie beside them.
     streamed = streams_stdin(request.images)
-    listed = read_path_list(sys.stdin, "image") if "-" in images and not streamed else None
+    # Under torchrun every rank has the same stdin: rank 0 reads it and hands the list on.
+    reads_list = "-" in images and not streamed and launch_env().rank == 0
+    listed = read_path_list(sys.stdin, "image") if reads_list else None
     if to_file:  # before any work, and after the inputs: a missing one is not "-o exists"
         require_model_files(request.model, request.weights)
         require_images(request.images)

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError
+from torchkit.core.io.files import STDIN
 from torchkit.core.predict.inputs import collect_images, streamed_images, streams_stdin
 
 log = logging.getLogger("torchkit")
@@ -79,7 +80,7 @@ class PredictRun:
     def setup(self) -> None:
         from torchkit.core.data.preprocessing import image_mode
         from torchkit.core.inference.scoring import TTA_MODES
-        from torchkit.core.runtime.distributed import setup
+        from torchkit.core.runtime.distributed import broadcast_from_main, setup
 
         request = self.request
         if request.tta not in TTA_MODES:
@@ -122,6 +123,11 @@ class PredictRun:
             classes = "class" if k == 1 else "classes"
             self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
         checkpoint = self.resolved.checkpoint
+        self.ctx = setup(request.run.device)
+        if STDIN in request.images and self.ctx.is_distributed:
+            # torchrun's ranks share one stdin: rank 0 read the list (the CLI), the others
+            # take it from rank 0 (each reading it too left all but one with none).
+            self.stdin = broadcast_from_main(self.ctx, self.stdin if self.ctx.is_main else None)
         if streams_stdin(request.images):
             self.image_set = streamed_images(self.stdin, request.split)
             # The first paths checked before any output is opened (the rest as they come).
@@ -137,7 +143,6 @@ class PredictRun:
         self.notes += self.image_set.notes
         preprocess = self.resolved.preprocess
         self.mode = image_mode(preprocess.in_channels)
-        self.ctx = setup(request.run.device)
         self.device = self.ctx.device
         self.info = {
             "model": request.model,
