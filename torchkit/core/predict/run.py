@@ -80,7 +80,11 @@ class PredictRun:
     def setup(self) -> None:
         from torchkit.core.data.preprocessing import image_mode
         from torchkit.core.inference.scoring import TTA_MODES
-        from torchkit.core.runtime.distributed import broadcast_from_main, setup
+        from torchkit.core.runtime.distributed import (
+            broadcast_from_main,
+            launched_by_torchrun,
+            setup,
+        )
 
         request = self.request
         if request.tta not in TTA_MODES:
@@ -123,10 +127,10 @@ class PredictRun:
             classes = "class" if k == 1 else "classes"
             self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
         checkpoint = self.resolved.checkpoint
-        self.ctx = setup(request.run.device)
-        if STDIN in request.images and self.ctx.is_distributed:
+        if STDIN in request.images and launched_by_torchrun():
             # torchrun's ranks share one stdin: rank 0 read the list (the CLI), the others
             # take it from rank 0 (each reading it too left all but one with none).
+            self.ctx = setup(request.run.device)
             self.stdin = broadcast_from_main(self.ctx, self.stdin if self.ctx.is_main else None)
         if streams_stdin(request.images):
             self.image_set = streamed_images(self.stdin, request.split)
@@ -143,6 +147,8 @@ class PredictRun:
         self.notes += self.image_set.notes
         preprocess = self.resolved.preprocess
         self.mode = image_mode(preprocess.in_channels)
+        if getattr(self, "ctx", None) is None:  # after the images: a missing one said first
+            self.ctx = setup(request.run.device)
         self.device = self.ctx.device
         self.info = {
             "model": request.model,
