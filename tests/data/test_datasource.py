@@ -296,6 +296,32 @@ def test_csv_labels_are_read_without_spaces_around_them_paths_exactly(tmp_path):
     assert "remove the spaces" in refused.value.hint
 
 
+NFC, NFD = "caf\u00e9", "cafe\u0301"  # one name: a composed "é", "e" + a combining accent
+
+
+def test_two_spellings_of_one_class_name_in_one_listing_are_refused_across_splits_one(tmp_path):
+    """Folders (or labels) "café" typed and "café" made on macOS: one folder is one clear
+    error; the spellings in train and val are one class (train's spelling)."""
+    write_image_folder(tmp_path / "both", {NFC: 1, NFD: 1, "dog": 1})
+    with pytest.raises(InputError, match=r"'cafe\\u0301' and 'caf\\xe9' are one name in two"):
+        open_data(tmp_path / "both")
+    index = _write(tmp_path / "both.csv", f"path,label\na.png,{NFC}\nb.png,{NFD}\n")
+    with pytest.raises(InputError, match=r"labels of .*both.csv: .* are one name in two"):
+        open_data(index)
+
+    write_image_folder(tmp_path / "root" / "train", {NFC: 2, "dog": 2})
+    write_image_folder(tmp_path / "root" / "val", {NFD: 1, "dog": 1})
+    index = _write(
+        tmp_path / "split.csv",
+        f"path,label,split\nroot/train/{NFC}/{NFC}_0.png,{NFC},train\n"
+        f"root/train/dog/dog_0.png,dog,train\nroot/val/{NFD}/{NFD}_0.png,{NFD},val\n",
+    )
+    for data in (tmp_path / "root", index):
+        source = open_data(data)
+        assert source.classes == [NFC, "dog"], data
+        assert source.splits["val"].labels[0] == 0, data
+
+
 def test_a_csv_index_of_many_rows_makes_no_path_object_per_row(tmp_path, monkeypatch):
     """A million rows: Path objects per row took seconds (issue #48)."""
     rows = "".join(f"images/c{i % 3}/{i}.png,c{i % 3}\n" for i in range(1000))

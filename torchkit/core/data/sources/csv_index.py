@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchkit.core.data.sources.samples import nfc, refuse_spelling_twins
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import holds_non_utf8, open_text
@@ -238,17 +239,25 @@ def natural_key(text: str):
     return (0, int(text), "") if text.strip().lstrip("-").isdigit() else (1, 0, text)
 
 
-def class_order(labels: Sequence[str], splits: Sequence[str] | None) -> list[str]:
+def class_order(
+    labels: Sequence[str], splits: Sequence[str] | None, where: str = "the data"
+) -> list[str]:
     """Class names in label order: those of the train rows first (natural order), then those
-    only other splits have, split by split."""
+    only other splits have, split by split (a name in another Unicode spelling than train's
+    is train's class). InputError for two spellings of one name in one split (`where`: the
+    data's name)."""
     if splits is None:
-        return sorted(set(labels), key=natural_key)
+        present = set(labels)
+        refuse_spelling_twins(present, f"labels of {where}:")
+        return sorted(present, key=natural_key)
     names: list[str] = []
-    seen: set[str] = set()
+    seen: set[str] = set()  # in NFC
     for split in SPLIT_NAMES:
-        found = {label for label, s in zip(labels, splits, strict=True) if s == split} - seen
+        found = {label for label, s in zip(labels, splits, strict=True) if s == split}
+        refuse_spelling_twins(found, f"labels of {where} ({split}):")
+        found = {label for label in found if nfc(label) not in seen}
         names += sorted(found, key=natural_key)
-        seen |= found
+        seen.update(nfc(label) for label in found)
     return names
 
 

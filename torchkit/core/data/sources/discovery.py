@@ -7,7 +7,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchkit.core.data.sources.samples import Samples, class_index, find_class
+from torchkit.core.data.sources.samples import (
+    Samples,
+    class_index,
+    find_class,
+    refuse_spelling_twins,
+)
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import tree_entries
 
@@ -131,6 +136,7 @@ def discover_image_folder(
         raise InputError(f"no class folders in {folder}", "arrange it as ROOT/<class>/<image>")
     _refuse_links_around(folder, class_dirs)
     names = [d.name for d in class_dirs]
+    refuse_spelling_twins(names, f"class folders in {folder}:")
     class_list = list(classes) if classes is not None else names
     index_of = class_index(class_list)
     unknown = [name for name in names if find_class(index_of, name) is None]

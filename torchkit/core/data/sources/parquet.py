@@ -44,7 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.sources.csv_index import class_order
-from torchkit.core.data.sources.samples import Samples, index_class_names
+from torchkit.core.data.sources.samples import (
+    Samples,
+    class_index,
+    find_class,
+    index_class_names,
+)
 from torchkit.core.data.sources.source import DataSource, _split_source, concatenate, relabelled
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import Blocks, StoredImage
@@ -460,11 +465,11 @@ def _read(
     reader = ParquetImages(
         [f.path for f in files], [f.image_column for f in files], [f.group_bytes for f in files]
     )
-    index_of = {name: i for i, name in enumerate(names)}
+    index_of = class_index(names)  # a label in another Unicode spelling is its class too
     parts: dict[str, list[Samples]] = {}
     for index, file in enumerate(files):
         if id(file) in with_labels:
-            labels = [index_of[x] if isinstance(x, str) else x for x in file.labels]
+            labels = [find_class(index_of, x) if isinstance(x, str) else x for x in file.labels]
             file_names = names
         else:
             labels, file_names = [0] * len(file.locators), [""]
@@ -544,7 +549,7 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
         order = None
         if splits is not None:
             order = [s for f, s in zip(files, splits, strict=True) for _ in f.labels]
-        return class_order(labels, order)
+        return class_order(labels, order, spec)
     found = {tuple(f.names) for f in files if f.names}
     if len(found) > 1:
         raise InputError(

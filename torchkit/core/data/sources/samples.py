@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ def class_index(classes: Sequence[str]) -> dict[str, int]:
     for i, name in enumerate(classes):
         index.setdefault(name, i)
     for i, name in enumerate(classes):
-        index.setdefault(unicodedata.normalize("NFC", name), i)
+        index.setdefault(nfc(name), i)
     return index
 
 
@@ -29,7 +29,29 @@ def find_class(index: Mapping[str, int], name: str) -> int | None:
     in Unicode NFC, so a folder named on macOS ("e" + a combining accent, NFD) is the class the
     same name typed elsewhere (one "é", NFC) names in a checkpoint or a CSV index."""
     found = index.get(name)
-    return found if found is not None else index.get(unicodedata.normalize("NFC", name))
+    return found if found is not None else index.get(nfc(name))
+
+
+def nfc(name: str) -> str:
+    """`name` in Unicode NFC, the spelling `find_class` matches names by (ASCII is NFC)."""
+    return name if name.isascii() else unicodedata.normalize("NFC", name)
+
+
+def refuse_spelling_twins(names: Iterable[str], what: str) -> None:
+    """InputError when two of `names` (one listing: the class folders of one folder, the labels
+    of one split) are one name in two Unicode spellings (NFC "é", NFD "e" + a combining accent:
+    a folder made on macOS beside one typed elsewhere): `find_class` matches them as one name,
+    so they would be one class silently, or two classes that look the same. `what`: "class
+    folders in ROOT", "labels of X"."""
+    seen: dict[str, str] = {}
+    for name in names:
+        first = seen.setdefault(nfc(name), name)
+        if first != name:
+            raise InputError(
+                f"{what} {ascii(first)} and {ascii(name)} are one name in two Unicode "
+                "spellings (composed and decomposed accents)",
+                "rename one to the other's spelling: torchkit reads them as one class",
+            )
 
 
 @dataclass

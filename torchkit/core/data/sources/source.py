@@ -18,7 +18,7 @@ from torchkit.core.data.sources.discovery import (
     list_non_image_files,
     relative_ids,
 )
-from torchkit.core.data.sources.samples import Samples, class_index, find_class
+from torchkit.core.data.sources.samples import Samples, class_index, find_class, nfc
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
     unfinished_split,
@@ -192,9 +192,10 @@ def _union_classes(parts: dict[str, Samples]) -> list[str]:
     names: list[str] = []
     seen: set[str] = set()  # not `in names`: 40,000 classes took seconds per split
     for samples in parts.values():
-        new = [name for name in samples.classes if name not in seen]
+        # A class spelled in NFC in train/ and in NFD in val/ is one class (`find_class`).
+        new = [name for name in samples.classes if nfc(name) not in seen]
         names += new
-        seen.update(new)
+        seen.update(nfc(name) for name in new)
     return names
 
 
@@ -249,11 +250,12 @@ def csv_samples(
     if rows.labels is None:  # unlabelled images
         names, labels = [""], [0] * len(rows.paths)
     else:
-        present = class_order(rows.labels, rows.splits)
+        present = class_order(rows.labels, rows.splits, where=str(source))
         names = list(classes) if classes is not None else present
         index_of = class_index(names)
-        found = {name: find_class(index_of, name) for name in present}
-        unknown = [name for name in present if found[name] is None]
+        # every spelling (a val label in NFD is train's NFC class: `class_order`)
+        found = {name: find_class(index_of, name) for name in dict.fromkeys(present + rows.labels)}
+        unknown = [name for name in found if found[name] is None]
         if unknown:
             raise InputError(
                 f"label(s) {', '.join(unknown[:5])} in {source} are not known classes",
