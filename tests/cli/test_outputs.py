@@ -558,6 +558,27 @@ def test_special_files_are_written_into_never_replaced(tmp_path):
     atomic_write_text("/dev/null", "discarded")
 
 
+@pytest.mark.parametrize("name", ["/dev/fd/{fd}", "/proc/self/fd/{fd}"])
+def test_an_output_that_names_a_descriptor_of_a_file_is_added_to_it_not_truncated(tmp_path, name):
+    """`-o /dev/stdout >> log.txt`: opened again by its name, log.txt was truncated (its lines
+    lost) and written from its start. Written through the descriptor, the output is added
+    where the descriptor stands: text from `atomic_write`, bytes from `atomic_path`'s
+    writers (torch.save, savefig)."""
+    from torchkit.core.io.files import atomic_path
+
+    log = tmp_path / "log.txt"
+    log.write_text("precious\n")
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    try:
+        atomic_write_text(name.format(fd=fd), "text\n")
+        with atomic_path(name.format(fd=fd)) as path:
+            Path(path).write_bytes(b"bytes\n")
+    finally:
+        os.close(fd)
+    assert log.read_text() == "precious\ntext\nbytes\n"
+    assert os.listdir(tmp_path) == ["log.txt"]
+
+
 def test_check_output_file(tmp_path, dataset):
     existing = tmp_path / "stats.json"
     existing.write_text("{}")

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -129,6 +130,28 @@ def json_text(value: object, **dumps_kwargs) -> str:
     return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
+# This process's own file descriptors by name: /dev/stdout, /dev/stderr, /dev/fd/N,
+# /proc/self/fd/N.
+_OWN_DESCRIPTOR = re.compile(
+    r"/(?:dev/(?:(?P<std>stdout|stderr)|fd/(?P<fd>\d+))|proc/self/fd/(?P<proc>\d+))"
+)
+
+
+def own_regular_descriptor(path: str | os.PathLike) -> int | None:
+    """The file descriptor of this process that `path` names (`-o /dev/stdout`), where it is
+    a regular file (`>> log.txt`): opened again by its name, the file would be truncated and
+    written from its start, over what the shell or earlier commands put there; written
+    through the descriptor, it is added where the descriptor stands (appended with `>>`)."""
+    found = _OWN_DESCRIPTOR.fullmatch(os.path.normpath(os.fspath(path)))
+    if found is None:
+        return None
+    fd = {"stdout": 1, "stderr": 2}.get(found["std"] or "") or int(found["fd"] or found["proc"])
+    try:
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:  # closed (`>&-`): opening the name reports it
+        return None
+
+
 @contextlib.contextmanager
 def atomic_write(
     path: str | os.PathLike,
@@ -149,7 +172,9 @@ def atomic_write(
         open_kwargs.setdefault("errors", NAME_ERRORS)
     target = Path(path)
     if is_special_file(target):  # a FIFO or /dev/stdout is written into, never replaced
-        with _reporting(target), open(target, mode, **open_kwargs) as handle:
+        own = own_regular_descriptor(target)
+        opened = target if own is None else os.dup(own)
+        with _reporting(target), open(opened, mode, **open_kwargs) as handle:
             yield handle
         return
     with _reporting(target):
@@ -319,6 +344,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path` for writers that want a file name (torch.save,
     savefig); it is renamed into place when the block succeeds."""
     target = Path(path)
+    own = own_regular_descriptor(target)
+    if own is not None:  # written to a temporary file, then added where the descriptor stands
+        with _reporting(target), tempfile.TemporaryDirectory() as folder:
+            written = Path(folder) / f"output{target.suffix}"
+            yield written
+            with open(written, "rb") as source, open(os.dup(own), "wb") as sink:
+                shutil.copyfileobj(source, sink)
+        return
     if is_special_file(target):  # the writer writes straight into the FIFO or device
         with _reporting(target):
             yield target
@@ -349,8 +382,6 @@ def copy_bytes(source: str | os.PathLike, target: str | os.PathLike) -> None:
     `atomic_path`'s), in the kernel where it can (`copy_file_range`: no pass through Python,
     and a shared extent on file systems that clone): a second file of its own, so that
     rewriting one of them in place never changes the other."""
-    import shutil
-
     in_kernel = getattr(os, "copy_file_range", None)  # Linux only
     with open(source, "rb") as reading, open(target, "wb") as writing:
         size = os.fstat(reading.fileno()).st_size
