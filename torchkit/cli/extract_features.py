@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,12 +14,14 @@ from torchkit.cli.options import (
     EmaOption,
     ForceOption,
     ModelOption,
+    NullOption,
     OutOption,
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
     model_and_rest,
     model_argument,
+    piped_paths,
     product_path,
     seed_in_range,
 )
@@ -67,7 +68,7 @@ def extract_features_command(
         typer.Argument(
             help="An image folder (ROOT/<class>/<image>), a split root, a flat folder of "
             "images, a CSV index with path,label columns, an image file, digits, or - for paths "
-            "on stdin (one per line).",
+            "on stdin (one per line; with --null, NUL-separated).",
             metavar="IMAGES",
             show_default=False,
         ),
@@ -181,6 +182,7 @@ def extract_features_command(
             "(--allow-untrained).",
         ),
     ] = 0,
+    null: NullOption = False,
 ) -> None:
     """Features of named layers of a model for every image of a folder or CSV index.
 
@@ -253,6 +255,7 @@ def extract_features_command(
         allow_untrained=allow_untrained,
         stats_file=preprocess.stats,
     )
+    stdin = piped_paths([images] if images is not None else [], null)
     try:
         with progress_bar(
             "extracting",
@@ -261,7 +264,6 @@ def extract_features_command(
             refresh_in_thread=True,
             count_from_first_update=True,  # a resumed run's speed counts from where it starts
         ) as update:
-            stdin = sys.stdin if str(images) == "-" else None
             result = extract_features(request, progress=update, stdin=stdin)
     except KeyboardInterrupt:
         if (out / ".partial").is_dir():

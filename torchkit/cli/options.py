@@ -248,6 +248,35 @@ ImageSetArgument = Annotated[
 ]
 
 
+NullOption = Annotated[
+    bool,
+    typer.Option(
+        "--null",
+        "-0",
+        help="With -: the paths on stdin end in NUL bytes (find -print0, xargs -0), not in line "
+        "ends, so any file name is read exactly (a line break or spaces around it included).",
+    ),
+]
+
+
+def piped_paths(inputs: list[Any], null: bool) -> Any:
+    """stdin for `-` among `inputs` (wrapped as NUL-separated with --null), None without `-`;
+    --null without `-` is a usage error, never ignored."""
+    import sys
+
+    if not any(str(item) == "-" for item in inputs):
+        if null:
+            from torchkit.core.io.errors import UsageError
+
+            raise UsageError("--null applies to the paths piped for -", "give - among the inputs")
+        return None
+    if not null:
+        return sys.stdin
+    from torchkit.core.io.path_lists import NulSeparated
+
+    return NulSeparated(sys.stdin)
+
+
 class DataSplit(str, Enum):
     """A split of split data (`--split`), or all of them."""
 

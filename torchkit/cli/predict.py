@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Any, Optional
@@ -16,11 +15,13 @@ from torchkit.cli.options import (
     EmaOption,
     ForceOption,
     ModelOption,
+    NullOption,
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
     model_and_rest,
     model_argument,
+    piped_paths,
 )
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
@@ -45,7 +46,8 @@ def predict_command(
         Optional[list[str]],
         typer.Argument(
             help="Image folders (searched recursively, labelled or not), split roots, CSV "
-            "indexes, image files, or - for paths on stdin (one per line).",
+            "indexes, image files, or - for paths on stdin (one per line; with --null, "
+            "NUL-separated).",
             metavar="IMAGES...",
             show_default=False,
         ),
@@ -113,6 +115,7 @@ def predict_command(
         ),
     ] = None,
     force: ForceOption = False,
+    null: NullOption = False,
 ) -> None:
     """Predict the class of every image: path, label (the true class, when known), class,
     class_index and probability, one row per image in input order; unreadable images get a row
@@ -123,6 +126,8 @@ def predict_command(
       torchkit predict runs/best.pt photos/ --format csv -o predictions.csv
 
       find photos -name '*.jpg' | torchkit predict best.pt - --topk 3 --format jsonl
+
+      find photos -name '*.jpg' -print0 | torchkit predict best.pt - --null --format csv
 
       torchkit predict best.pt dataset/ --split test --tta flip --format json
 
@@ -167,14 +172,15 @@ def predict_command(
     streamed = streams_stdin(request.images)
     # Under torchrun every rank has the same stdin: rank 0 reads it and hands the list on.
     reads_list = "-" in images and not streamed and launch_env().rank == 0
-    listed = read_path_list(sys.stdin, "image") if reads_list else None
+    stdin = piped_paths(images, null)
+    listed = read_path_list(stdin, "image") if reads_list else None
     if to_file:  # before any work, and after the inputs: a missing one is not "-o exists"
         require_model_files(request.model, request.weights)
         require_images(request.images)
         check_output_file(output, force, _inputs(request, preprocess.stats, classes, listed))
     predicting = PredictRun(
         request,
-        stdin=sys.stdin if streamed else listed,
+        stdin=stdin if streamed else listed,
         check_listed=_listed_check(output) if to_file and streamed else None,
     )
     ok = False

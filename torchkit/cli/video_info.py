@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -10,7 +9,13 @@ from typing import Annotated, Any, Optional
 import typer
 
 from torchkit.cli import console
-from torchkit.cli.options import ForceOption, FormatOption, OutputOption
+from torchkit.cli.options import (
+    ForceOption,
+    FormatOption,
+    NullOption,
+    OutputOption,
+    piped_paths,
+)
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 
@@ -44,7 +49,7 @@ def video_info(
         list[Path],
         typer.Argument(
             help="Video files, folders searched recursively for video files, or - for paths "
-            "on stdin (one per line).",
+            "on stdin (one per line; with --null, NUL-separated).",
             metavar="PATH",
             show_default=False,
         ),
@@ -127,6 +132,7 @@ def video_info(
     fmt: FormatOption = None,
     output: OutputOption = None,
     force: ForceOption = False,
+    null: NullOption = False,
 ) -> None:
     """Width, height, frames, fps, duration, codec, container and size of videos.
 
@@ -151,7 +157,7 @@ def video_info(
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
 
     fmt = resolve_format(fmt, output)
-    stdin = sys.stdin if any(str(p) == "-" for p in paths) else None
+    stdin = piped_paths(paths, null)
     if fmt == OutputFormat.csv and extract_frames is None:
         # One row per video as it is read: nothing held but the videos in work.
         tally = _write_streamed(

@@ -2,9 +2,11 @@
 arrive: a command can work on the first paths while the program writing the list (`find ...`)
 still runs, and never holds more of the list than it is working on.
 
-Blank lines and a byte order mark are skipped; the bytes of a line are the file's name
-(os.fsdecode): a name that is not UTF-8 opens the same file, whatever the locale's strict
-decoding of stdin would have said.
+Blank lines and a byte order mark are skipped, and a line's end is `\n` or `\r\n` (a list
+saved on Windows); the bytes of a line are the file's name (os.fsdecode): a name that is not
+UTF-8 opens the same file, whatever the locale's strict decoding of stdin would have said.
+With `--null` (`NulSeparated`) the paths end in NUL bytes instead (`find -print0`): any name a
+file can have (one with a line break, a carriage return or spaces around it) is read exactly.
 """
 
 from __future__ import annotations
@@ -19,17 +21,31 @@ from torchkit.core.io.errors import InputError, UsageError
 _READ_SIZE = 1 << 16
 
 
+class NulSeparated:
+    """`stream` (stdin) whose paths end in NUL bytes (`--null`), as `PathStream` reads it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+
 class PathStream:
     """The paths on `stdin`, taken a few at a time (`take`). Made once the first path has come:
     a list without any is an InputError naming `what` the paths are (image, video)."""
 
     def __init__(self, stdin: Iterable[str] | None, what: str) -> None:
+        self._null = isinstance(stdin, NulSeparated)
+        if self._null:
+            stdin = stdin.stream  # type: ignore[union-attr]
         if stdin is None:
             raise UsageError("- reads paths from stdin, but there is none")
+        # A list: paths read already (by rank 0 under torchrun, before the images), as they are.
+        self._exact = self._null or isinstance(stdin, (list, tuple))
         self._fd = _pollable_fd(stdin)
         self._lines: Iterator[Any] | None = None
         if self._fd is None:  # a stream in memory (or no poll): read line by line, waiting
-            self._lines = iter(getattr(stdin, "buffer", None) or stdin)
+            source = getattr(stdin, "buffer", None) or stdin
+            # NUL-separated: all of it, as one line (its pieces are split as a pipe's are)
+            self._lines = iter([source.read()] if self._null else source)
         self._ready: deque[str] = deque()
         self._partial = b""  # the start of a line whose end has not come yet
         self._first_line = True
@@ -65,6 +81,9 @@ class PathStream:
             line = next(self._lines, None)
             if line is None:
                 self._ended = True
+            elif self._null:
+                text = line.encode("utf-8", "surrogateescape") if isinstance(line, str) else line
+                self._add_pieces(text + b"\0")
             else:
                 self._add(line)
             return
@@ -74,12 +93,20 @@ class PathStream:
             if self._partial:  # a last line without its newline
                 self._add(self._partial)
             return
-        lines = (self._partial + data).split(b"\n")
+        self._add_pieces(data)
+
+    def _add_pieces(self, data: bytes) -> None:
+        """The paths that `data`, after what came before it, ends; keeps the start of the next."""
+        lines = (self._partial + data).split(b"\0" if self._null else b"\n")
         self._partial = lines.pop()
         for line in lines:
             self._add(line)
 
     def _add(self, line: bytes | str) -> None:
+        if self._exact:  # as piped; only the empty piece after a last NUL is no path
+            if line:
+                self._ready.append(os.fsdecode(line))
+            return
         path = os.fsdecode(line.rstrip(b"\r\n")) if isinstance(line, bytes) else line.rstrip("\r\n")
         if self._first_line:
             self._first_line = False
