@@ -681,6 +681,26 @@ def test_bad_data(setup, tmp_path):
     assert result.exit_code == 1 and "are not among the model's" in result.stderr
 
 
+def test_classes_named_like_the_overall_rows_are_told_apart_by_their_index(tmp_path):
+    """--format csv prints the overall rows `all`, `macro avg`, `weighted avg` beside the classes:
+    a class of one of those names is told from them by its `index` (empty for overall rows);
+    the JSON keeps the classes apart (`per_class`)."""
+    from checkpoints import write_convnet_checkpoint
+    from image_folders import write_image_folder
+
+    classes = ["all", "macro avg", "weighted avg"]
+    ckpt = tmp_path / "model.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes=classes)
+    data = write_image_folder(tmp_path / "data", dict.fromkeys(classes, 1))
+    result = invoke(ckpt, "--data", data, "--format", "csv", "-j", "0")
+    assert result.exit_code == 0, result.stderr
+    rows = list(csv.DictReader(result.stdout.splitlines()))
+    assert [row["label"] for row in rows] == classes * 2
+    assert [row["index"] for row in rows] == ["0", "1", "2", "", "", ""]
+    report = json.loads(invoke(ckpt, "--data", data, "--format", "json", "-j", "0").stdout)
+    assert [row["label"] for row in report["per_class"]] == classes
+
+
 def test_a_class_spelled_in_another_unicode_form_is_the_models_class(tmp_path):
     # A folder named on macOS spells "é" as "e" + a combining accent (NFD); a checkpoint trained
     # on the same data on Linux (or a CSV typed there) spells it as one letter (NFC).
