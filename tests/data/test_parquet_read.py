@@ -299,6 +299,9 @@ def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_pa
     refused = run_torchkit_in_process("eval", world / "model.pt", "--data", data)
     assert refused.returncode == 1  # the test split eval reads has no labels
     assert "has 1 row(s) without a label" in error_line(refused.stderr)
+    # eval --split train was refused with that same error: it scores the labelled split.
+    scored = run_json("eval", world / "model.pt", "--data", data, "--split", "train")
+    assert (scored["split"], scored["num_images"]) == ("train", 2)
 
 
 def test_files_of_splits_mixed_with_files_of_none_are_refused(tmp_path):

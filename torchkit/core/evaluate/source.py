@@ -61,12 +61,12 @@ def load_eval_samples(
     (matched by name): of split data (a split root, a CSV with a split column, digits) the test
     split unless `--split` says otherwise; unsplit data whole, or the split a training run held
     out of it (`recorded`: the checkpoint's `data` entry) with `--split`."""
-    from torchkit.core.data.sources import open_data, select_split
+    from torchkit.core.data.sources import select_split
     from torchkit.core.data.sources.source import relabelled
 
     # Labelled by the model's classes after the split is chosen: a class the model lacks is an
     # error only in the images scored, and names their split.
-    source = open_data(data)
+    source, unlabelled = _labelled_source(data)
     samples, notes = select_split(
         source,
         split,
@@ -75,11 +75,31 @@ def load_eval_samples(
         default_reason="held-out test data",
         held_out_default=True,
     )
+    if unlabelled is not None and any(samples.classes[label] == "" for label in samples.labels):
+        raise unlabelled
     used = split or _split_of(samples) or ("test" if source.splits else None)
     if classes:
         where = f"{source.spec} ({used})" if used else source.spec
         samples = relabelled(samples, classes, where)
     return EvalData(samples, used, source.root, notes)
+
+
+def _labelled_source(data: str) -> tuple[Any, InputError | None]:
+    """The data `--data` names, with labels; and, for split data whose unlabelled split sits
+    beside labelled ones (HF's test split of label -1), the error that split is refused with
+    (the labelled splits are scored)."""
+    from torchkit.core.data.sources import open_data
+
+    try:
+        return open_data(data), None
+    except InputError as error:
+        try:
+            source = open_data(data, allow_unlabelled=True)
+        except InputError:
+            raise error from None
+        if not source.splits or "" not in source.classes or source.classes == [""]:
+            raise error from None
+        return source, error
 
 
 def recorded_data(spec: ModelSpec) -> tuple[str, str]:
