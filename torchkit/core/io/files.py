@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.outputs import is_special_file, remove_tree
+from torchkit.core.io.outputs import check_claimed, is_special_file, remove_tree
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
 
 try:
@@ -177,6 +177,7 @@ def atomic_write(
         with _reporting(target), open(opened, mode, **open_kwargs) as handle:
             yield handle
         return
+    check_claimed(target)  # its output folder is still the one begun, never made again
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = _held_temporary(target, f".{target.name}.", ".tmp")
@@ -356,6 +357,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with _reporting(target):
             yield target
         return
+    check_claimed(target)
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         lock_fd, tmp_name = _held_temporary(target, f".{target.stem}.", f".tmp{target.suffix}")

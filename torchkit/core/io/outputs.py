@@ -54,6 +54,10 @@ class OutputLockedError(TorchkitError):
     """Another torchkit process is writing the same output folder."""
 
 
+class OutputFolderReplacedError(TorchkitError):
+    """An output folder removed, renamed away or replaced while a command wrote into it."""
+
+
 @dataclass(frozen=True)
 class InputPath:
     """Something a command reads: a file, or a folder whose whole tree it reads."""
@@ -368,6 +372,11 @@ def reporting_write_errors(target: str | os.PathLike) -> Iterator[None]:
     except OutputWriteError:
         raise
     except Exception as error:
+        if isinstance(error, OSError):  # failed because its output folder went?
+            try:
+                check_claimed(target)
+            except OutputFolderReplacedError as replaced:
+                raise replaced from error
         found = as_write_error(error, target)
         if found is None:
             raise
@@ -528,6 +537,63 @@ def _read_pid(fd: int) -> int | None:
         return None
 
 
+# -- the folders being written ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """An output folder this process writes into, and what it was when the command made it."""
+
+    path: Path  # where it is written (a hidden temporary folder of an atomic output)
+    shown: Path  # the output, as the user named it
+    identity: FileId
+    what: str
+    command: str
+    hint: str
+
+    def change(self) -> str | None:
+        """How the folder at `path` differs from the one claimed (None: it is that one)."""
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            return "it is gone"
+        except OSError:
+            return None  # unreadable now: the write itself reports it
+        if (info.st_dev, info.st_ino) != self.identity:
+            return (
+                "another folder is at its place now"
+                if stat.S_ISDIR(info.st_mode)
+                else ("a file is at its place now")
+            )
+        return None
+
+    def error(self, change: str) -> OutputFolderReplacedError:
+        return OutputFolderReplacedError(
+            f"{self.what} {_shown(self.shown)} was removed or replaced while {self.command} was "
+            f"writing into it: {change}",
+            self.hint or "nothing more was written there; run the command again",
+        )
+
+
+# Absolute path -> claim, for every output folder this process is writing (`OutputFolder.begin`
+# to `release`): a write into a folder that was removed or replaced stops the command instead
+# of making a new, incomplete folder at the same name (or writing into someone else's).
+_CLAIMED: dict[str, _Claim] = {}
+
+
+def check_claimed(target: str | os.PathLike) -> None:
+    """Before writing `target`: each claimed output folder that holds it is still the folder
+    the command made (one stat), else OutputFolderReplacedError."""
+    if not _CLAIMED:
+        return
+    text = os.path.abspath(os.fspath(target))
+    for prefix, claim in list(_CLAIMED.items()):
+        if text == prefix or text.startswith(prefix.rstrip(os.sep) + os.sep):
+            change = claim.change()
+            if change is not None:
+                raise claim.error(change)
+
+
 # -- set aside, put back --------------------------------------------------------------------------
 
 
@@ -616,6 +682,10 @@ class OutputFolder:
     `resume=True` continues an existing folder in place: no `--force` rules, nothing set aside.
     `atomic=True` fills a hidden temporary folder that replaces the output only at the end, so
     the output never holds a half-written result.
+
+    From `begin()` on, every write through `atomic_write`/`atomic_path` (and `check()`) checks
+    that the folder is still the one begun: one removed, renamed away or replaced stops the
+    command (`replaced_hint` says what to do then) and is never made again nor deleted.
     """
 
     def __init__(
@@ -630,8 +700,11 @@ class OutputFolder:
         resume: bool = False,
         atomic: bool = False,
         exists_hint: str = "",
+        replaced_hint: str = "",
     ) -> None:
         self.final = Path(path)
+        self.replaced_hint = replaced_hint
+        self._claim: _Claim | None = None
         self.command = command
         self.what = what
         self.resume = resume
@@ -685,18 +758,56 @@ class OutputFolder:
                     write_marker(self.path, self.command)
                 except OutputWriteError as error:  # name the output, not the hidden temporary
                     raise write_error(self.final, error.__cause__ or error) from error
+            self._claim_folder()
         return self.path
+
+    def _claim_folder(self) -> None:
+        """Record what the folder being written is (see `check_claimed`)."""
+        self._unclaim()
+        info = os.stat(self.path)
+        identity = (info.st_dev, info.st_ino)
+        self._claim = _Claim(
+            self.path, self.final, identity, self.what, self.command, self.replaced_hint
+        )
+        _CLAIMED[os.path.abspath(self.path)] = self._claim
+
+    def _unclaim(self) -> None:
+        if self._claim is not None:
+            _CLAIMED.pop(os.path.abspath(self._claim.path), None)
+            self._claim = None
+
+    def _changed(self) -> str | None:
+        return None if self._claim is None else self._claim.change()
+
+    def check(self) -> None:
+        """The folder begun is still in place (one stat): for writers that do not go through
+        `atomic_write`/`atomic_path`, before each write."""
+        change = self._changed()
+        if change is not None:
+            raise self._claim.error(change)
 
     @contextlib.contextmanager
     def reporting_write_errors(self) -> Iterator[Path]:
         """Write errors inside the block name the output folder, not its hidden temporary."""
         try:
             yield self.path
+        except OutputFolderReplacedError:
+            raise
+        except OSError as error:
+            change = self._changed()
+            if change is not None:  # a write that failed because the folder went
+                raise self._claim.error(change) from error
+            if is_write_error(error, self.path):
+                raise write_error(self.final, error) from error
+            raise
         except OutputWriteError as error:
+            change = self._changed()
+            if change is not None:
+                raise self._claim.error(change) from error
             if self.path == self.final:
                 raise
             raise write_error(self.final, error.__cause__ or error) from error
-        except (OSError, RuntimeError) as error:
+        except RuntimeError as error:
             if is_write_error(error, self.path):
                 raise write_error(self.final, error) from error
             raise
@@ -726,6 +837,8 @@ class OutputFolder:
                 else:
                     os.replace(self.path, self.final)
             self.path = self.final
+            if self._claim is not None:
+                self._claim_folder()
         elif self._aside is not None:
             discard_tree(self._aside)
             self._aside = None
@@ -734,7 +847,9 @@ class OutputFolder:
     def abandon(self) -> None:
         """The run failed before `keep()`: remove what it wrote and put the old output back."""
         if self._began and not self._kept:
-            if self.atomic:
+            if self._changed() is not None:
+                self._abandon_replaced()
+            elif self.atomic:
                 remove_tree(self.path)
             else:
                 if self._aside is not None and not os.path.lexists(self._aside):
@@ -749,7 +864,22 @@ class OutputFolder:
             self.path = self.final
         self._began = False
 
+    def _abandon_replaced(self) -> None:
+        """The folder begun was removed or replaced: what is at its place now is not this
+        run's to delete; an old output set aside goes back only to an empty place."""
+        aside, self._aside = self._aside, None
+        if aside is None or not os.path.lexists(aside):
+            return
+        if self.atomic or os.path.lexists(self.final):
+            log.warning(
+                f"an earlier output of {self.final}, set aside by this run, is still at {aside}: "
+                "move it back or remove it"
+            )
+            return
+        os.replace(aside, self.final)
+
     def release(self) -> None:
+        self._unclaim()
         if self._lock is not None:
             self._lock.release()
             self._lock = None

@@ -120,6 +120,8 @@ class RunFolder:
                     resume=in_place,
                     exists_hint=f"pass --resume {out} to continue that run, --force "
                     "to overwrite it, or choose another --out",
+                    replaced_hint="nothing more was written there: continue a run folder you "
+                    "moved with --resume NEW_PLACE, or start the run again",
                 )
                 break
             except OutputLockedError:
