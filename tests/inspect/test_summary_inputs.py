@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from output_checks import error_line
 from torch import nn
 from torch.nn.utils import prune
 
@@ -239,6 +240,16 @@ def test_torchscript_in_the_command(runner, tmp_path):
     assert loaded.exit_code == 0, loaded.stderr
     assert json.loads(loaded.stdout)["totals"]["total_params"] == 26
     assert "TorchScript" in loaded.stderr
+
+
+def test_a_torchscript_module_that_fails_says_why(runner):
+    # The interpreter's message opens with "The following operation failed in the TorchScript
+    # interpreter." and says what failed on its last line, after two tracebacks.
+    result = invoke(runner, f"{HERE}:scripted", "-i", "5")
+    assert result.exit_code == 2
+    line = error_line(result.stderr)
+    assert "mat1 and mat2 shapes cannot be multiplied (1x5 and 3x4)" in line, line
+    assert "TorchScript interpreter" not in line
 
 
 # --- pruned layers ---------------------------------------------------------------------------

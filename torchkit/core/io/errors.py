@@ -70,15 +70,24 @@ def short_repr(value: object) -> str:
     return shown.repr(value)
 
 
+TORCHSCRIPT_FAILURE = "The following operation failed in the TorchScript interpreter."
+
+
 def first_line(error: object, *, with_type: bool = False) -> str:
     """The first non-blank line of an exception's message (or its type's name), after
     "TypeName: " with `with_type`: library errors (PyTorch's shape errors, FFmpeg's) run to many
-    lines, and torchkit reports one."""
+    lines, and torchkit reports one. A TorchScript module's error says what failed on its last
+    line, after two tracebacks ("builtins.RuntimeError: expected ..."): that line is the one."""
     name = type(error).__name__
-    for line in str(error).splitlines():
-        if line.strip():
-            return f"{name}: {line.strip()}" if with_type else line.strip()
-    return name
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return name
+    if lines[0] == TORCHSCRIPT_FAILURE and len(lines) > 1:
+        name, found, reason = lines[-1].removeprefix("builtins.").partition(": ")
+        if found and name.replace(".", "").isidentifier():
+            return f"{name}: {reason}" if with_type else reason
+        return lines[-1]
+    return f"{name}: {lines[0]}" if with_type else lines[0]
 
 
 class OutputWriteError(TorchkitError):

@@ -713,18 +713,10 @@ def _summarize_script(
         inputs = make_inputs([s.shape for s in specs], None, device, [s.dtype for s in specs])
     args, kwargs = _split(inputs, specs)
     modes = [(m, m.training) for m in model.modules()]
-    flops = None
     try:
         with _state_kept(model, device, enabled=train_mode), torch.no_grad(), without_dynamo():
             model.train(train_mode)
-            if count_flops:
-                from torch.utils.flop_counter import FlopCounterMode
-
-                with FlopCounterMode(display=False) as counter:
-                    output = model(*args, **kwargs)
-                flops = int(counter.get_total_flops())
-            else:
-                output = model(*args, **kwargs)
+            output, flops = _run_script(model, args, kwargs, count_flops)
     except TorchkitError:
         raise
     except Exception as error:
@@ -745,6 +737,23 @@ def _summarize_script(
     result.flops = flops
     result.input_mb = sum(math.prod(s.shape) * _element_size(s.dtype) for s in specs) / MB
     return result
+
+
+def _run_script(model: Any, args: list[Any], kwargs: dict[str, Any], count_flops: bool):
+    """The TorchScript module's output and FLOPs (None when not counted). An error raised
+    under FlopCounterMode reaches TorchScript's caller without its reason ("RuntimeError: "
+    and nothing else): a forward that fails there runs again without the counter, which
+    raises the error whole (or succeeds, without a FLOP count)."""
+    if count_flops:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        try:
+            with FlopCounterMode(display=False) as counter:
+                output = model(*args, **kwargs)
+            return output, int(counter.get_total_flops())
+        except Exception as error:  # noqa: BLE001 - the plain run below raises it whole
+            log.info("the FLOP count failed (%s); running without it", first_line(error))
+    return model(*args, **kwargs), None
 
 
 def _state_sizes(model: Any) -> tuple[int, int, int, int]:

@@ -130,7 +130,7 @@ class ExportedModel:
             shape = "x".join(map(str, data.shape))
             raise RuntimeFailure(
                 f"{RUNNERS.get(self.format, self.format)} fails on an input of shape {shape}: "
-                f"{_runtime_reason(error)}",
+                f"{first_line(error, with_type=True)}",
                 self._shape_hint(),
             ) from error
         if not isinstance(output, torch.Tensor):
@@ -148,15 +148,6 @@ class ExportedModel:
 
 
 RUNNERS = {ONNX: "onnxruntime", TORCHSCRIPT: "TorchScript", EXPORTED_PROGRAM: "torch.export"}
-
-
-def _runtime_reason(error: BaseException) -> str:
-    """One line: TorchScript's interpreter puts the reason last, after two tracebacks."""
-    text = str(error)
-    if "TorchScript interpreter" in first_line(error):
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1].removeprefix("builtins.")
-    return first_line(error, with_type=True)
 
 
 def load_exported(path: str | os.PathLike, fmt: str | None = None) -> ExportedModel:
