@@ -209,6 +209,9 @@ def test_sigterm_after_the_first_checkpoint_keeps_the_run_and_a_second_run_is_lo
     args = ["train", *options, "--epochs", "3", "--out", "run", "--force"]
     first = start_torchkit_process(*args, "--seed", "1", cwd=tmp_path, env=env)
     wait_until(gate.exists, process=first, what="the second epoch")
+    # The first epoch's last.pt is written beside the second epoch: on a busy machine it may
+    # land after the gate is reached.
+    wait_until((run / "last.pt").exists, process=first, what="the first epoch's last.pt")
     assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 1
 
     second = run_torchkit_in_process(*args, "--seed", "2", cwd=tmp_path)  # not the lock holder
