@@ -57,3 +57,19 @@ def test_an_image_size_a_fixed_size_checkpoint_does_not_take_is_one_line(
     assert f"fails on {side}x{side} images: " in line, line
     assert line.endswith("(check --image-size: it must be a size this model accepts)")
     assert not [path for path in tmp_path.iterdir() if path.name.startswith("out")]
+
+
+@pytest.mark.parametrize(
+    ("batch", "named"),
+    [
+        (str(2**40), f"--batch-size {2**40} needs"),  # past memory: torch's allocator failed
+        ("99999999999999999999", "--batch-size 99999999999999999999 is more than a batch can"),
+    ],
+)
+def test_export_refuses_a_batch_size_no_example_batch_holds(batch, named, tmp_path):
+    ckpt = tmp_path / "ck.pt"
+    write_convnet_checkpoint(ckpt, in_channels=3, image_size=8, classes="ab")
+    result = run_torchkit_in_process("export", ckpt, tmp_path / "out.ts", "--batch-size", batch)
+    assert result.returncode == 2, result.stderr
+    assert named in error_line(result.stderr)
+    assert not (tmp_path / "out.ts").exists()

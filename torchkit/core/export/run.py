@@ -9,6 +9,7 @@ leaves OUT as it was (absent, or the old file that --force would have replaced).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 import time
@@ -30,6 +31,7 @@ from torchkit.core.export.writing import (
     write_onnx,
     write_torchscript,
 )
+from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import OutputWriteError, UsageError, first_line
 from torchkit.core.io.files import atomic_path
 from torchkit.core.io.outputs import (
@@ -43,6 +45,7 @@ from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.models.resolver import has_random_weights
+from torchkit.core.runtime.memory import available_memory
 
 Progress = Callable[[int, int], None]
 STEPS = 4  # model, reference, export, verification
@@ -155,6 +158,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     tolerance = fm.tolerance_for(dtype, request.atol, request.rtol)
     if request.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, not {request.batch_size}")
+    check_batch_fits(request.batch_size)
     if request.image_size is not None and request.image_size < 1:
         raise UsageError(f"--image-size must be positive, not {request.image_size}")
     require_model_files(request.model, request.weights)
@@ -181,6 +185,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     if dynamic:
         sizes.append(request.batch_size + 2)  # a second size shows the batch is not fixed
     example_size = max(2, request.batch_size) if dynamic else request.batch_size
+    _check_batch_memory(sample, max(sizes), request.batch_size)
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
     references = _reference(model, batches, arch=arch)
     example = verification_batches(sample, [example_size], seed=1)[0]
@@ -241,6 +246,21 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         seconds=time.perf_counter() - started,
         random_weights=random_weights,
     )
+
+
+def _check_batch_memory(sample: tuple[int, ...], largest: int, batch_size: int) -> None:
+    """The example batches the export traces and verifies with, up to `largest` samples of
+    `sample` in float32, fit in half the memory free: a --batch-size past it (2**30) failed in
+    torch's allocator with a traceback's last line instead of one error."""
+    needed = largest * math.prod(sample) * 4
+    free = available_memory()
+    if free is not None and needed > free / 2:
+        raise UsageError(
+            f"--batch-size {batch_size} needs {needed / 1e9:,.1f} GB for an example batch of "
+            f"{'x'.join(map(str, sample))} inputs, more than half the {free / 1e9:,.1f} GB free",
+            "give a smaller --batch-size: the exported model takes any batch size unless "
+            "--static-batch",
+        )
 
 
 def _stepper(progress: Progress | None) -> Callable[[], None]:
