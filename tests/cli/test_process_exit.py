@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from output_checks import error_line
 from processes import INHERITED
 from suite_paths import REPO
@@ -135,3 +136,22 @@ def test_a_result_into_a_closed_stdout_is_one_error_line_and_exit_1():
     assert done.returncode == 1, done.stderr
     line = error_line(done.stderr, besides="nothing")
     assert line.startswith("Error: cannot write to standard output: Bad file descriptor")
+
+
+@pytest.mark.parametrize("words", [["--help"], ["--version"], ["split", "--help"]])
+def test_help_and_version_into_a_closed_stdout_are_the_same_error(words):
+    # Before, click and rich wrote them nowhere (sys.stdout is None) and the exit was 0.
+    done = subprocess.run(
+        [sys.executable, "-m", "torchkit", *words],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k not in INHERITED},
+        preexec_fn=lambda: os.close(1),
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr, besides="nothing") == (
+        "Error: cannot write to standard output: Bad file descriptor (standard output is "
+        "closed: send it to a file or to /dev/null)"
+    )

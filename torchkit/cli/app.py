@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import functools
 import inspect
 import os
@@ -251,6 +252,7 @@ class TorchkitCommand(TyperCommand):
 
     def format_help(self, ctx, formatter):
         with _reporting_stdout_write_errors():  # rich prints the help to stdout right here
+            _require_stdout()
             return super().format_help(ctx, formatter)
 
     def get_params(self, ctx):
@@ -278,6 +280,7 @@ class TorchkitGroup(TyperGroup):
 
     def format_help(self, ctx, formatter):
         with _reporting_stdout_write_errors():  # also bare `torchkit`, which shows the help
+            _require_stdout()
             return super().format_help(ctx, formatter)
 
     def get_params(self, ctx):
@@ -462,8 +465,16 @@ def _report(error: BaseException, line: str) -> None:
 def _version_callback(value: bool) -> None:
     if value:
         with _reporting_stdout_write_errors():
+            _require_stdout()
             typer.echo(f"torchkit {__version__}")
         raise typer.Exit()
+
+
+def _require_stdout() -> None:
+    """`torchkit --help >&-`: Python's sys.stdout is None, and click and rich would write the
+    help nowhere and exit 0; it fails as a command's result into a closed stdout fails."""
+    if sys.stdout is None:
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF))
 
 
 @contextlib.contextmanager
