@@ -32,6 +32,9 @@ from torchkit.core.models.weights import (
 BUILTIN_MODELS = ("convnet",)
 # torchvision builders whose position embeddings fix the image size at construction.
 IMAGE_SIZE_KWARGS = {"vit_": "image_size", "maxvit_": "input_size"}
+# Builders that print a FutureWarning ("the default weight initialization ... will be changed")
+# unless told which initialisation to use: the one they use now (truncated normal), said.
+INIT_KWARGS = {"googlenet": {"init_weights": True}, "inception_v3": {"init_weights": True}}
 
 
 def list_models() -> list[str]:
@@ -112,7 +115,7 @@ def build_model(
         return model
     import torchvision
 
-    model = torchvision.models.get_model(name, weights=None)
+    model = torchvision.models.get_model(name, weights=None, **INIT_KWARGS.get(name, {}))
     load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
@@ -196,17 +199,17 @@ def torchvision_random(name: str, num_classes: int, image_size: int | tuple[int,
 
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     kwarg = next((kw for prefix, kw in IMAGE_SIZE_KWARGS.items() if name.startswith(prefix)), None)
-    extra = {}
+    extra = dict(INIT_KWARGS.get(name, {}))
     if kwarg == "image_size":
         if size[0] != size[1]:
             raise UsageError(f"{name} takes square images, not {size[0]}x{size[1]}")
-        extra = {"image_size": size[0]}
+        extra["image_size"] = size[0]
     elif kwarg == "input_size" and size != (224, 224):
-        extra = {"input_size": size}
+        extra["input_size"] = size
     try:
         return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
     except (ValueError, AssertionError) as error:
-        if not extra:
+        if kwarg is None or not extra:
             raise
         reason = " ".join(str(error).split())  # MaxViT's spans two lines
         raise UsageError(f"cannot build {name} for {size[0]}x{size[1]} images: {reason}") from error
