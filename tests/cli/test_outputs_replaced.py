@@ -155,3 +155,25 @@ def test_train_stops_when_its_run_folder_is_replaced_and_resumes_where_it_went(
     resumed = run_torchkit_in_process("train", "--resume", moved, "--trust-checkpoint")
     assert resumed.returncode == 0, resumed.stderr
     assert len((moved / "metrics.csv").read_text().splitlines()) == 3  # header, epochs 1 and 2
+
+
+@pytest.mark.parametrize("change", [_rename_away, _replace])
+def test_split_stops_when_its_output_folder_is_moved_and_leaves_what_is_there_alone(
+    tmp_path, change
+):
+    from torchkit.core.split import split_dataset
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_image_folder(data, {"ant": 3, "bee": 3}, seed=1)
+
+    def progress(done: int, total: int) -> None:  # every file copied: the user moves OUT
+        if done == total:
+            change(out)
+
+    with pytest.raises(OutputFolderReplacedError, match=f"output folder {out} was removed"):
+        split_dataset(data, out, mode="copy", progress=progress)
+    if change is _replace:
+        assert sorted(os.listdir(out)) == ["mine.txt"]  # not written into, not deleted
+    else:
+        assert not out.exists()
+    assert {"train", "val", MARKER} <= set(os.listdir(tmp_path / "out.old"))

@@ -581,6 +581,25 @@ class _Claim:
 _CLAIMED: dict[str, _Claim] = {}
 
 
+def claim_folder(
+    folder: Path, *, what: str, command: str, hint: str = "", shown: Path | None = None
+) -> None:
+    """Record `folder` as it is now as an output folder being written (see `check_claimed`):
+    `OutputFolder.begin` does, and a command that makes its folder itself under an
+    `OutputFolder`'s lock; the claim ends with that lock."""
+    info = os.stat(folder)
+    _CLAIMED[os.path.abspath(folder)] = _Claim(
+        folder, shown or folder, (info.st_dev, info.st_ino), what, command, hint
+    )
+
+
+def claimed_change(folder: str | os.PathLike) -> str | None:
+    """How the claimed output `folder` changed since it was claimed (None: it did not, or it
+    is not claimed): what stands there now is not the command's to delete."""
+    claim = _CLAIMED.get(os.path.abspath(folder))
+    return None if claim is None else claim.change()
+
+
 def check_claimed(target: str | os.PathLike) -> None:
     """Before writing `target`: each claimed output folder that holds it is still the folder
     the command made (one stat), else OutputFolderReplacedError."""
@@ -764,12 +783,14 @@ class OutputFolder:
     def _claim_folder(self) -> None:
         """Record what the folder being written is (see `check_claimed`)."""
         self._unclaim()
-        info = os.stat(self.path)
-        identity = (info.st_dev, info.st_ino)
-        self._claim = _Claim(
-            self.path, self.final, identity, self.what, self.command, self.replaced_hint
+        claim_folder(
+            self.path,
+            what=self.what,
+            command=self.command,
+            hint=self.replaced_hint,
+            shown=self.final,
         )
-        _CLAIMED[os.path.abspath(self.path)] = self._claim
+        self._claim = _CLAIMED[os.path.abspath(self.path)]
 
     def _unclaim(self) -> None:
         if self._claim is not None:
@@ -880,6 +901,7 @@ class OutputFolder:
 
     def release(self) -> None:
         self._unclaim()
+        _CLAIMED.pop(os.path.abspath(self.final), None)  # one made under this lock
         if self._lock is not None:
             self._lock.release()
             self._lock = None

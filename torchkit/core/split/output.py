@@ -20,6 +20,8 @@ from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
     check_output_file,
+    claim_folder,
+    claimed_change,
     discard_tree,
     remove_marker,
     remove_tree,
@@ -159,6 +161,7 @@ class SplitOutput:
             if not (self.out / MARKER).exists():
                 write_marker(self.out, "split")
                 self.marked = True
+            claim_folder(self.out, what=WHAT, command="split")
             present = [n for n in self.doomed if os.path.lexists(self.out / n)]
             if present:
                 (self.out / REPLACED).mkdir()
@@ -170,6 +173,8 @@ class SplitOutput:
             discard_replaced(self.out)
 
     def abandon(self) -> None:
+        if claimed_change(self.out) is not None:
+            return  # removed or replaced meanwhile: what is there now is not this run's
         for name in self.created:
             remove_tree(self.out / name, ignore_errors=False)
         put_back_replaced(self.out)
