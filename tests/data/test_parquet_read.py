@@ -304,6 +304,51 @@ def test_an_unlabelled_test_split_leaves_the_other_splits_labelled(world, tmp_pa
     assert (scored["split"], scored["num_images"]) == ("train", 2)
 
 
+def test_train_trains_on_labelled_splits_beside_an_unlabelled_test_split(tmp_path):
+    # HF's unlabelled test split (label -1) refused the whole run: "test-... has 4 row(s)
+    # without a label". Train and val train as they are; best.pt is not tested.
+    data, ab = tmp_path / "hf" / "data", ("a", "b")
+    write_parquet(data / "train-00000-of-00001.parquet", [png(i) for i in range(6)],
+                  [i % 2 for i in range(6)], names=ab)  # fmt: skip
+    write_parquet(data / "validation-00000-of-00001.parquet", [png(6), png(7)], [0, 1], names=ab)
+    write_parquet(data / "test-00000-of-00001.parquet", [png(8), png(9)], [-1, -1], names=ab)
+    data = data.parent
+    result = run_torchkit_in_process(
+        "train", "--data", data, "--model", "convnet", "--image-size", "8", "--epochs", "1",
+        "--batch-size", "4", "--workers", "0", "--device", "cpu", "--format", "json",
+        "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "the test split of" in result.stderr and "has no labels: best.pt is not tested" in (
+        result.stderr
+    )
+    import json
+
+    summary = json.loads(result.stdout)
+    assert summary["test_top1"] is None
+    split = list(csv.DictReader((tmp_path / "run" / "split.csv").read_text().splitlines()))
+    assert [row["split"] for row in split] == ["train"] * 6 + ["val"] * 2
+    assert {row["label"] for row in split} == {"a", "b"}
+    import torch
+
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    assert best["classes"] == ["a", "b"] and best["num_classes"] == 2
+    # eval's default test split names the labelled one to score instead.
+    refused = run_torchkit_in_process("eval", tmp_path / "run" / "best.pt", "--data", data)
+    assert refused.returncode == 1
+    line = error_line(refused.stderr)
+    assert "the test split of" in line and "has 2 row(s) without a label" in line
+    assert "--split val scores a labelled split" in line
+    # Unlabelled validation images are still refused.
+    write_parquet(data / "data" / "validation-00000-of-00001.parquet", [png(6)], [-1], names=ab)
+    refused = run_torchkit_in_process(
+        "train", "--data", data, "--model", "convnet", "--out", tmp_path / "run2"
+    )
+    assert refused.returncode == 1
+    assert "the val split of" in error_line(refused.stderr)
+    assert "has 1 image(s) without a label" in error_line(refused.stderr)
+
+
 def test_files_of_splits_mixed_with_files_of_none_are_refused(tmp_path):
     write_parquet(tmp_path / "data" / "train-00000-of-00001.parquet", [png(0)], [0])
     write_parquet(tmp_path / "data" / "extra-00000-of-00001.parquet", [png(1)], [0])

@@ -307,6 +307,38 @@ def test_a_json_label_of_minus_one_is_no_label_as_in_parquet(world, tmp_path):
     assert [c["name"] for c in stats(shard)["classes"]] == [""]
 
 
+def test_unlabelled_shards_train_only_as_a_test_split_and_say_they_are_unlabelled(tmp_path):
+    # Shards `convert shards` wrote of unlabelled images were refused by train with "give each
+    # sample a KEY.cls": the hint now says what reads them; an unlabelled test split beside
+    # labelled train and val shards (HF's) was refused the same way and now trains.
+    def shard(name: str, labels: list[int | None]) -> None:
+        members = {}
+        for i, label in enumerate(labels):
+            members[f"{i}.png"] = _png(8 + i)
+            if label is not None:
+                members[f"{i}.cls"] = str(label).encode()
+        tar_of(data / name, members)
+
+    data = tmp_path / "shards"
+    data.mkdir()
+    shard("train-000000.tar", [0, 1, 0, 1])
+    shard("val-000000.tar", [0, 1])
+    shard("test-000000.tar", [None, None])
+    result = run_torchkit_in_process(
+        "train", "--data", data, "--model", "convnet", "--image-size", "8", "--epochs", "1",
+        "--workers", "0", "--device", "cpu", "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "has no labels: best.pt is not tested" in result.stderr
+    alone = run_torchkit_in_process(
+        "train", "--data", data / "test-000000.tar", "--model", "convnet"
+    )
+    assert alone.returncode == 1
+    line = error_line(alone.stderr)
+    assert "sample 0 in test-000000.tar has no label (2 samples have none)" in line
+    assert "the shards hold unlabelled images, which predict, extract-features and " in line
+
+
 def test_a_whole_number_float_json_label_is_a_class_index(world, tmp_path):
     png = (world / "images" / "a" / "a_0.png").read_bytes()
     members = {"x.png": png, "x.json": b'{"label": 1.0}', "y.png": png, "y.json": b'{"cls": 0}'}

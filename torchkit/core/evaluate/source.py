@@ -16,6 +16,7 @@ from typing import Any
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
+from torchkit.core.io.option_lists import list_items
 from torchkit.core.models.spec import ModelSpec, refuse_weights_with_file
 
 
@@ -30,7 +31,7 @@ def parse_class_names(spec: str) -> list[str]:
         names = [line.strip() for line in read_text(path).splitlines()]
         names = [name for name in names if name]
     else:
-        names = [name.strip() for name in spec.split(",") if name.strip()]
+        names = list_items(spec, "--classes", hint="give class names like a,b,c, or a file")
     if not names:
         raise UsageError(f"no class names in --classes {spec!r}")
     if len(set(names)) != len(names):
@@ -61,12 +62,12 @@ def load_eval_samples(
     (matched by name): of split data (a split root, a CSV with a split column, digits) the test
     split unless `--split` says otherwise; unsplit data whole, or the split a training run held
     out of it (`recorded`: the checkpoint's `data` entry) with `--split`."""
-    from torchkit.core.data.sources import select_split
+    from torchkit.core.data.sources import open_labelled, select_split
     from torchkit.core.data.sources.source import relabelled
 
     # Labelled by the model's classes after the split is chosen: a class the model lacks is an
     # error only in the images scored, and names their split.
-    source, unlabelled = _labelled_source(data)
+    source, unlabelled = open_labelled(data)
     samples, notes = select_split(
         source,
         split,
@@ -75,31 +76,20 @@ def load_eval_samples(
         default_reason="held-out test data",
         held_out_default=True,
     )
-    if unlabelled is not None and any(samples.classes[label] == "" for label in samples.labels):
+    if unlabelled is not None and samples.has_unlabelled:
+        if split is None:  # the default test split: the labelled ones can still be scored
+            labelled = [n for n in ("val", "train") if n in source.splits]
+            labelled = [n for n in labelled if not source.splits[n].has_unlabelled] or ["all"]
+            raise InputError(
+                f"the test split of {source.spec} has no labels: {unlabelled.message}",
+                f"--split {labelled[0]} scores a labelled split; predict reads unlabelled images",
+            )
         raise unlabelled
     used = split or _split_of(samples) or ("test" if source.splits else None)
     if classes:
         where = f"{source.spec} ({used})" if used else source.spec
         samples = relabelled(samples, classes, where)
     return EvalData(samples, used, source.root, notes)
-
-
-def _labelled_source(data: str) -> tuple[Any, InputError | None]:
-    """The data `--data` names, with labels; and, for split data whose unlabelled split sits
-    beside labelled ones (HF's test split of label -1), the error that split is refused with
-    (the labelled splits are scored)."""
-    from torchkit.core.data.sources import open_data
-
-    try:
-        return open_data(data), None
-    except InputError as error:
-        try:
-            source = open_data(data, allow_unlabelled=True)
-        except InputError:
-            raise error from None
-        if not source.splits or "" not in source.classes or source.classes == [""]:
-            raise error from None
-        return source, error
 
 
 def recorded_data(spec: ModelSpec) -> tuple[str, str]:

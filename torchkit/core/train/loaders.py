@@ -19,7 +19,7 @@ from typing import Any
 from torchkit.core.data.batches import collate_skipping_unreadable
 from torchkit.core.data.dataset import make_dataset, seed_worker, worker_options
 from torchkit.core.data.preprocessing import Preprocess
-from torchkit.core.data.sources import DataSource, open_data, split_record, training_splits
+from torchkit.core.data.sources import DataSource, open_labelled, split_record, training_splits
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.stored_image import Blocks, read_blocks
@@ -78,10 +78,12 @@ class TrainData:
 def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     """train/val(/test) of --data (`core.datasource.training_splits`: a resumed run's
     `recorded` split comes back exactly), with clear errors for data that cannot train."""
-    source = open_data(config.data)
+    source, unlabelled = open_labelled(config.data)
     splits, notes = training_splits(
         source, val_split=config.val_split, seed=config.seed, recorded=recorded
     )
+    if unlabelled is not None:
+        splits = _labelled_splits(source, splits, unlabelled, notes)
     train = splits["train"]
     if len(train.classes) < 2:
         raise InputError(
@@ -100,6 +102,34 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     if log.isEnabledFor(logging.WARNING):  # not on the ranks that print nothing
         warn_cross_split_copies(config.data, splits)
     return TrainData(source, splits, split_record(source, splits), notes)
+
+
+def _labelled_splits(
+    source: DataSource, splits: dict[str, Samples], unlabelled: InputError, notes: list[str]
+) -> dict[str, Samples]:
+    """`splits` of data whose unlabelled split sits beside labelled ones (`open_labelled`),
+    labelled by the class names alone: an unlabelled test split is left out (best.pt is not
+    tested, with a note); unlabelled train or val images are refused (`unlabelled`: the error
+    of the data's first unlabelled file, whose hint says what reads such images)."""
+    from torchkit.core.data.sources.source import relabelled
+
+    named = [name for name in source.classes if name]
+    kept = {}
+    for name, samples in splits.items():
+        if not samples.has_unlabelled:
+            kept[name] = relabelled(samples, named, f"{source.spec} ({name})")
+        elif name == "test":
+            notes.append(
+                f"the test split of {source.spec} has no labels: best.pt is not tested "
+                "(predict reads those images)"
+            )
+        else:
+            blank = samples.class_counts()[samples.classes.index("")]
+            raise InputError(
+                f"the {name} split of {source.spec} has {blank} image(s) without a label",
+                unlabelled.hint,
+            )
+    return kept
 
 
 def cross_split_copies(splits: dict[str, Samples]) -> tuple[int, int]:

@@ -22,6 +22,10 @@ API
     open_data(spec, *, classes=None, allow_unlabelled=False) -> DataSource
         Read the data once. `classes`: label by a model's class names. `allow_unlabelled`:
         also a folder of images without class folders and a CSV without labels (class "").
+    open_labelled(spec) -> (DataSource, InputError | None)
+        open_data with labels; split data with an unlabelled split beside labelled ones
+        (HF's test split of label -1) read with that split unlabelled, and the error it is
+        refused with where labels are needed (eval, train).
     select_split(source, split, *, default, recorded=None, default_reason="")
             -> (Samples, notes)
         The samples `--split` names: train | val | test | all | None (the whole of unsplit data,
@@ -38,12 +42,12 @@ API
         every row of a CSV index in file order, labels as class names or mapped onto `classes`
 
 How each command uses it:
-    train             open_data(--data); training_splits(..., recorded=resumed checkpoint's
+    train             open_labelled(--data); training_splits(..., recorded=resumed checkpoint's
                       `data`); writes split.csv and checkpoint["data"] = split_record(...)
     dataset-stats     open_data(ROOT, allow_unlabelled=True);
                       select_split(..., default="train"): statistics of training data
     split             open_data(ROOT, allow_unlabelled=True); refuses data already split
-    eval              open_data(--data, classes=model classes);
+    eval              open_labelled(--data), labelled by the model's classes;
                       select_split(..., default="test", recorded=checkpoint.get("data"))
     extract-features  open_data(IMAGES, allow_unlabelled=True);
                       select_split(..., default="all"): `split` column from Samples.splits,
@@ -79,6 +83,7 @@ from torchkit.core.data.sources.source import (
     csv_samples,
     non_image_files,
     open_data,
+    open_labelled,
 )
 
 __all__ = [
@@ -93,6 +98,7 @@ __all__ = [
     "csv_samples",
     "non_image_files",
     "open_data",
+    "open_labelled",
     "recorded_splits",
     "select_split",
     "split_csv_text",

@@ -83,6 +83,12 @@ class Samples:
             splits=None if self.splits is None else [self.splits[i] for i in indices],
         )
 
+    @property
+    def has_unlabelled(self) -> bool:
+        """Whether some images have no label: class "", the unlabelled split of split data
+        read with `allow_unlabelled` (HF's test split of label -1 beside labelled ones)."""
+        return "" in self.classes and self.classes.index("") in self.labels
+
     def class_counts(self) -> list[int]:
         counts = [0] * len(self.classes)
         for label in self.labels:

@@ -656,10 +656,16 @@ def _labelled(
         if allow_unlabelled and len(unlabelled) == len(samples):
             return [""], [0] * len(samples)
         first = unlabelled[0]
+        hint = 'give each sample a KEY.cls (class index) or a KEY.json with a "label"'
+        if len(unlabelled) == len(samples):  # what `convert shards` writes of unlabelled images
+            hint = (
+                "the shards hold unlabelled images, which predict, extract-features and "
+                f"dataset-stats read; to train or evaluate, {hint}"
+            )
         raise InputError(
             f"sample {first.key} in {first.shard} has no label"
             + (f" ({len(unlabelled)} samples have none)" if len(unlabelled) > 1 else ""),
-            'give each sample a KEY.cls (class index) or a KEY.json with a "label"',
+            hint,
         )
     if file_classes == []:
         raise InputError(

@@ -120,6 +120,24 @@ def open_data(
     return _open_folder(path, text, classes, allow_unlabelled)
 
 
+def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | None]:
+    """The data `spec` names, with labels (`open_data`); and, for split data whose unlabelled
+    split sits beside labelled ones (HF's test split of label -1, shards without labels), that
+    data with the unlabelled split's images of class "" and the error such images are refused
+    with (eval scores, and train trains on, the labelled splits). Other unlabelled data is
+    refused with that error."""
+    try:
+        return open_data(spec), None
+    except InputError as error:
+        try:
+            source = open_data(spec, allow_unlabelled=True)
+        except InputError:
+            raise error from None
+        if not source.splits or "" not in source.classes or source.classes == [""]:
+            raise error from None
+        return source, error
+
+
 def not_found(path: Path) -> InputError:
     """The error for data `spec` names that is not there."""
     return InputError(f"dataset not found: {path}", GRAMMAR_HINT)
