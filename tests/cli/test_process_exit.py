@@ -124,15 +124,7 @@ def test_a_command_with_no_stdout_at_all_fails_when_it_writes_its_result(monkeyp
 def test_a_result_into_a_closed_stdout_is_one_error_line_and_exit_1():
     # The process boundary is the subject: a shell's `>&-` starts it with file descriptor 1
     # closed. Before, it exited 0 with its result written nowhere.
-    done = subprocess.run(
-        [sys.executable, "-m", "torchkit", "summary", "convnet", "-i", "1,12,12", "-q"],
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if k not in INHERITED},
-        preexec_fn=lambda: os.close(1),
-        timeout=120,
-    )
+    done = _run_with_stdout_closed(["summary", "convnet", "-i", "1,12,12", "-q"])
     assert done.returncode == 1, done.stderr
     line = error_line(done.stderr, besides="nothing")
     assert line.startswith("Error: cannot write to standard output: Bad file descriptor")
@@ -141,7 +133,17 @@ def test_a_result_into_a_closed_stdout_is_one_error_line_and_exit_1():
 @pytest.mark.parametrize("words", [["--help"], ["--version"], ["split", "--help"]])
 def test_help_and_version_into_a_closed_stdout_are_the_same_error(words):
     # Before, click and rich wrote them nowhere (sys.stdout is None) and the exit was 0.
-    done = subprocess.run(
+    done = _run_with_stdout_closed(words)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr, besides="nothing") == (
+        "Error: cannot write to standard output: Bad file descriptor (standard output is "
+        "closed: send it to a file or to /dev/null)"
+    )
+
+
+def _run_with_stdout_closed(words: list[str]) -> subprocess.CompletedProcess:
+    """`python -m torchkit WORDS` started as a shell's `>&-` starts it: descriptor 1 closed."""
+    return subprocess.run(
         [sys.executable, "-m", "torchkit", *words],
         stderr=subprocess.PIPE,
         text=True,
@@ -149,9 +151,4 @@ def test_help_and_version_into_a_closed_stdout_are_the_same_error(words):
         env={k: v for k, v in os.environ.items() if k not in INHERITED},
         preexec_fn=lambda: os.close(1),
         timeout=120,
-    )
-    assert done.returncode == 1, done.stderr
-    assert error_line(done.stderr, besides="nothing") == (
-        "Error: cannot write to standard output: Bad file descriptor (standard output is "
-        "closed: send it to a file or to /dev/null)"
     )
