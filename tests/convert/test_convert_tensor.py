@@ -201,6 +201,22 @@ def test_dict_of_tensors_needs_key_when_ambiguous(tmp_path):
     assert result.exit_code == 2 and "no key 'nope'" in result.stderr
 
 
+@pytest.mark.parametrize("target", ["a.npy", "a.pt", "folder"])
+def test_key_where_no_tensor_is_read_or_named_is_refused(tmp_path, target):
+    # --key names the tensor of a .pt/.safetensors source or of a .safetensors output: an image
+    # made into .npy or .pt (whose one tensor has no name) would ignore it.
+    random_image("RGB").save(tmp_path / "a.png")
+    source = tmp_path if target == "folder" else tmp_path / "a.png"
+    extra = ["--to", "npy"] if target == "folder" else []
+    result = convert(source, tmp_path.parent / f"{tmp_path.name}-{target}", *extra, "--key", "x")
+    assert result.exit_code == 2
+    assert "--key x has no effect" in error_line(result.stderr, besides="nothing")
+    assert sorted(p.name for p in tmp_path.parent.glob(f"{tmp_path.name}*")) == [tmp_path.name]
+    assert [p.name for p in tmp_path.iterdir()] == ["a.png"]
+    ok(tmp_path / "a.png", tmp_path / "a.safetensors", "--key", "x")  # named there: taken
+    assert list(load_file(tmp_path / "a.safetensors")) == ["x"]
+
+
 def test_safetensors_in_and_out(tmp_path):
     image = random_image("RGB")
     image.save(tmp_path / "a.png")

@@ -226,9 +226,9 @@ def test_group_bad_regex_or_no_match(runner, tmp_path):
     assert bad.exit_code == 2 and ERROR_LINE.search(bad.stderr)
     none = runner.invoke(app, ["split", str(root), str(tmp_path / "o"), "--group", "^zzz(\\d)"])
     assert none.exit_code == 2 and "matches no file name" in none.stderr
-    # An empty pattern is one group for every file, not --group left out.
+    # An empty pattern is a usage error, not --group left out.
     empty = runner.invoke(app, ["split", str(root), str(tmp_path / "o"), "--group", ""])
-    assert empty.exit_code == 2 and "puts every file in one group" in empty.stderr
+    assert empty.exit_code == 2 and "invalid --group '': an empty value" in empty.stderr
     assert not (tmp_path / "o").exists()
 
 

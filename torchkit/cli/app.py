@@ -134,6 +134,7 @@ def _process_value(param, parent, ctx, value):
     # as they are spares every TAB press the import of pydantic, which Typer's coercion needs.
     if ctx.resilient_parsing:
         return value
+    _refuse_empty_value(param, ctx, value)
     try:
         return parent.process_value(ctx, value)
     except ClickUsageError as error:
@@ -142,6 +143,28 @@ def _process_value(param, parent, ctx, value):
         if isinstance(getattr(error, "message", None), str):
             error.message = error.message.removeprefix("Value error, ")
         raise
+
+
+# The options whose empty value means something, which their help says: any other option or
+# argument given '' is refused, as a typo or a shell variable left unset, never taken as "not
+# given" or as the current folder (Path('') is '.').
+EMPTY_VALUE_MEANS_SOMETHING = frozenset({"strip_prefix"})
+
+
+def _refuse_empty_value(param, ctx, value) -> None:
+    if param.name in EMPTY_VALUE_MEANS_SOMETHING:
+        return
+    if getattr(ctx.get_parameter_source(param.name), "name", None) != "COMMANDLINE":
+        return
+    values = value if isinstance(value, list | tuple) else (value,)
+    if "" not in values:
+        return
+    from torchkit.core.io.errors import UsageError
+
+    if isinstance(param, TyperOption):
+        name = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        raise UsageError(f"invalid {name} '': an empty value", f"give a value, or leave {name} out")
+    raise UsageError(f"invalid {param.display_name_raw} '': an empty value", "give a value")
 
 
 def _polish_param(param) -> None:

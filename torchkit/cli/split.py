@@ -195,11 +195,14 @@ def split(
 
       torchkit split data/raw data/split --fixed 20,20 --oversample --mode symlink
     """
+    from torchkit.core.io.option_lists import list_items
     from torchkit.core.split import check_report_file, split_dataset
 
     fmt = resolve_format(fmt, output)
     out = product_path(out, out_option)
-    split_names = None if names is None else names.split(",")
+    split_names = (
+        None if names is None else list_items(names, "--names", hint="e.g. --names train,val,test")
+    )
     if output is not None:
         check_report_file(output, force, root, out, split_names)
     with progress_bar(f"Splitting ({mode.value})") as update:

@@ -10,14 +10,13 @@ channels by that side by that side.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.option_lists import list_items
 
 # torch counts a tensor's elements in a signed 64-bit integer: no tensor holds more.
 MAX_NUMEL = 2**63 - 1
-_SIZE_SEPARATOR = re.compile(r"\s*[,x×]\s*|\s+")
 
 
 def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
@@ -26,8 +25,9 @@ def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
     cleaned = text.strip().strip("()[]")
     text = given if given is not None else text
     try:
-        size = tuple(int(part) for part in _SIZE_SEPARATOR.split(cleaned))
-    except ValueError:  # not a number, or an empty part as in "3,,4"
+        parts = list_items(cleaned, "--input-size", separators=",x×", spaces=True)
+        size = tuple(int(part) for part in parts)
+    except (UsageError, ValueError):  # an empty part as in "3,,4", or not a number
         size = ()
     if not size or any(n <= 0 for n in size):
         raise UsageError(f"invalid input size {text!r}", "give positive integers, e.g. 3,224,224")

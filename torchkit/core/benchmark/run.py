@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,7 @@ from torchkit.core.benchmark.steps import (
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
+from torchkit.core.io.option_lists import list_items
 from torchkit.core.io.progress import Progress
 from torchkit.core.models.image_size import ImageSizeError
 from torchkit.core.models.inputs import make_inputs
@@ -93,14 +93,9 @@ def parse_batch_sizes(values: Sequence[str] | str | None) -> tuple[int, ...]:
         values = [values]
     sizes: list[int] = []
     for value in values:
-        # Commas (with or without spaces around them) or spaces separate sizes; an empty item
-        # (`1,,2`, `,1`, `8,`) is a typo, not a size left out.
-        for part in re.split(r"\s*,\s*|\s+", str(value).strip()):
-            if not part:
-                raise UsageError(
-                    f"invalid --batch-size {value!r}: an empty item",
-                    "give positive integers separated by commas, e.g. 1,8,32",
-                )
+        # Commas (with or without spaces around them) or spaces separate sizes.
+        hint = "give positive integers separated by commas, e.g. 1,8,32"
+        for part in list_items(str(value), "--batch-size", spaces=True, hint=hint):
             try:
                 size = int(part)
             except ValueError:

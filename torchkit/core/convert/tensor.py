@@ -524,6 +524,21 @@ def _validate(options: TensorOptions, target_kind: str | None) -> None:
         raise UsageError("--nrow must be at least 1")
 
 
+def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) -> None:
+    """--key names the tensor read from a .pt/.safetensors source or written to a .safetensors
+    output: given where neither is converted, it would be ignored, so it is refused (as --dtype
+    for an image output)."""
+    if key is None or target_extension.lower() == ".safetensors":
+        return
+    if any(path.suffix.lower() in TENSOR_EXTENSIONS for path in sources):
+        return
+    raise UsageError(
+        f"--key {key} has no effect here: it names the tensor of a .pt/.safetensors source or "
+        "of a .safetensors output",
+        "drop --key",
+    )
+
+
 def _scan(folder: Path) -> tuple[list[Path], list[Path]]:
     """(convertible, skipped) files under `folder`, recursively, hidden ones left out."""
     convertible, skipped = [], []
@@ -612,6 +627,7 @@ def convert_tensor(
         kind_of(target.suffix)
         file_target, split_batch = target, False
     _validate(options, kind_of(file_target.suffix))
+    _check_key(options.key, [source], file_target.suffix)
     inputs = [InputPath.of(source, "source")]
     if not split_batch:
         check_output_file(file_target, force, inputs)
@@ -673,6 +689,7 @@ def _convert_into(
     files, skipped = _scan(source)
     if not files:
         raise InputError(f"no convertible files in {source}", "supported: " + " ".join(EXTENSIONS))
+    _check_key(options.key, files, to)
     seen: dict[Path, Path] = {}
     for relative in files:
         produced = relative.with_suffix(to)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, InputError, UsageError
+from torchkit.core.io.option_lists import list_items
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -284,15 +285,14 @@ def parse_floats(
     """`0.485,0.456,0.406` (commas or spaces) -> a tuple of floats (exactly `count` if given)."""
     if text is None:
         return None
-    parts = [p for p in text.replace(",", " ").split() if p]
+    example = "0.485,0.456,0.406" if count is None else ",".join(["0.5"] * count)
+    parts = list_items(text, option, spaces=True, hint=f"give numbers like {example}")
     try:
         values = tuple(float(p) for p in parts)
     except ValueError as error:
         raise UsageError(
             f"{option} must be numbers like 0.485,0.456,0.406, not {text!r}"
         ) from error
-    if not values:
-        raise UsageError(f"{option} needs at least one number")
     if count is not None and len(values) != count:
         raise UsageError(f"{option} needs {count} numbers, not {text!r}")
     if not all(math.isfinite(v) for v in values):

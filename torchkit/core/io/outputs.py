@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from torchkit import __version__
-from torchkit.core.io.errors import OutputExistsError, OutputWriteError, TorchkitError, first_line
+from torchkit.core.io.errors import (
+    OutputExistsError,
+    OutputWriteError,
+    TorchkitError,
+    UsageError,
+    first_line,
+)
 
 log = logging.getLogger("torchkit")
 
@@ -236,6 +242,17 @@ def check_folders_above(path: str | os.PathLike, what: str) -> None:
             )
 
 
+def check_not_stdout(path: str | os.PathLike, what: str) -> None:
+    """`-` is standard output only where a command prints its report (`-o -`, which the callers
+    take as stdout before they get here): a file or folder a command makes that is named `-`
+    is a slip for stdout, refused rather than made under that name."""
+    if os.fspath(path) == "-":
+        raise UsageError(
+            f"{what} cannot go to standard output: '-' is stdout only for -o",
+            "give a name; for a file or folder called '-', its full path, e.g. \"$PWD/-\"",
+        )
+
+
 def check_output_file(
     path: str | os.PathLike,
     force: bool,
@@ -243,9 +260,10 @@ def check_output_file(
     *,
     what: str = "output",
 ) -> Path:
-    """Check a file output (`-o FILE`, DST) before any work: not an input nor inside an input
-    folder, not a folder, not below a file, and not an existing file unless `force`. Special
-    files pass: they are written into."""
+    """Check a file output (`-o FILE`, DST) before any work: not `-` (stdout), not an input nor
+    inside an input folder, not a folder, not below a file, and not an existing file unless
+    `force`. Special files pass: they are written into."""
+    check_not_stdout(path, what)
     target = Path(path)
     if is_special_file(target):
         return target
@@ -721,6 +739,7 @@ class OutputFolder:
         exists_hint: str = "",
         replaced_hint: str = "",
     ) -> None:
+        check_not_stdout(path, what)
         self.final = Path(path)
         self.replaced_hint = replaced_hint
         self._claim: _Claim | None = None

@@ -12,6 +12,7 @@ from torchkit.core.data.sources.discovery import is_folder_name
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import SPLIT_MANIFEST
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.option_lists import list_items
 
 log = logging.getLogger("torchkit")
 
@@ -32,8 +33,12 @@ def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
     Parts that add up to 1 are fractions; otherwise they are proportions, each at least 1 (so a
     mistyped `0.7,0.2` is an error, not a silent 78/22 split).
     """
-    raw = [str(p) for p in text] if not isinstance(text, str) else re.split(r"[:,]", text)
     hint = "write it like 8:1:1 or 0.7,0.3 (two or three parts)"
+    raw = (
+        [str(p) for p in text]
+        if not isinstance(text, str)
+        else list_items(text, "--ratio", separators=":,", hint=hint)
+    )
     # Plain numbers only, and short ones: Fraction("1e100000000") would compute a number of
     # 100 million digits (the command would hang and run out of memory).
     if any(not _RATIO_PART.fullmatch(p.strip()) for p in raw):
@@ -57,8 +62,12 @@ def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
 
 def parse_fixed(text: str | Sequence[int]) -> list[int]:
     """`N` or `N,M`: N images per class in the second split (val), M in the third (test)."""
-    raw = [str(p).strip() for p in text] if not isinstance(text, str) else text.split(",")
     hint = "e.g. --fixed 10 (10 per class in val) or --fixed 10,20 (and 20 in test)"
+    raw = (
+        [str(p).strip() for p in text]
+        if not isinstance(text, str)
+        else list_items(text, "--fixed", hint=hint)
+    )
     if len(raw) not in (1, 2) or not all(re.fullmatch(r"\d{1,9}", p.strip()) for p in raw):
         raise UsageError(f"cannot read --fixed {text!r}", hint)
     counts = [int(p) for p in raw]

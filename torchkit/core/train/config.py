@@ -18,6 +18,7 @@ from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import INTERPOLATIONS, parse_floats
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
+from torchkit.core.io.option_lists import list_items
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.train.defaults import DEFAULT_GAMMA, data_default_help
 from torchkit.core.train.option_specs import (
@@ -41,11 +42,12 @@ SEEDS = (-(2**63), 2**64 - 1)
 
 def parse_milestones(text: str | None, flag: str) -> tuple[int, ...]:
     """`--milestones 30,60` (commas or spaces) -> (30, 60); not given -> (). An
-    OptionSpec.parse: a ValueError is a bad value of `flag`."""
-    if not text:
+    OptionSpec.parse: a ValueError is a bad value of `flag`; an empty item a UsageError."""
+    if text is None:
         return ()
+    items = list_items(text, flag, spaces=True, hint="give epochs like 30,60")
     try:
-        return tuple(int(p) for p in text.replace(",", " ").split())
+        return tuple(int(p) for p in items)
     except ValueError:
         raise ValueError(f"expected epochs like 30,60, not {text!r}") from None
 

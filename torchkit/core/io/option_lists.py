@@ -1,0 +1,35 @@
+"""The one reading of a list given on the command line (`--classes a,b,c`, `--mean 0.5,0.5,0.5`,
+`--milestones 30,60`, `--ratio 8:1:1`, `--input-size 3,224,224`...).
+
+An empty item (`a,,b`, `0.5,`, `,`) or an empty value is a usage error naming the option and the
+value: it is a typo or a variable left unset, never an item the user meant to leave out.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from torchkit.core.io.errors import UsageError
+
+
+@cache
+def _separator(separators: str) -> re.Pattern[str]:
+    return re.compile("[" + re.escape(separators) + "]")
+
+
+def list_items(
+    text: str, option: str, *, separators: str = ",", spaces: bool = False, hint: str | None = None
+) -> list[str]:
+    """The items of `option`'s value `text`, each without the white space around it: split at
+    each character of `separators`, and with `spaces` also at runs of white space (`0.5 0.4`).
+    An empty value or an empty item is a UsageError (exit 2) with `hint`."""
+    if not text.strip():
+        raise UsageError(f"invalid {option} {text!r}: an empty value", hint)
+    items: list[str] = []
+    for part in _separator(separators).split(text.strip()):
+        words = part.split() if spaces else [part.strip()]
+        if not words or not words[0]:
+            raise UsageError(f"invalid {option} {text!r}: an empty item", hint)
+        items.extend(words)
+    return items
