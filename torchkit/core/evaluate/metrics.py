@@ -1,9 +1,9 @@
 """Classification metrics from true labels, predictions and top-k predictions.
 
-scikit-learn's `sklearn.metrics` computes the confusion matrix, the per-class scores and their
-averages (the top-k accuracy is counted here). It is imported when metrics are computed, not
-with this module: with scipy and pandas, it takes a second or more to import. The definitions
-are scikit-learn's:
+scikit-learn's `sklearn.metrics` computes the per-class scores and their averages (the confusion
+matrix and the top-k accuracy are counted here, in one pass over the images). It is imported
+when metrics are computed, not with this module: with scipy and pandas, it takes a second or
+more to import. The definitions are scikit-learn's:
 - precision = tp / predicted, recall = tp / support, F1 = 2 tp / (support + predicted); a ratio
   whose denominator is 0 is defined as 0 (scikit-learn's `zero_division=0`), so a class with no
   images has recall 0 and a class never predicted has precision 0;
@@ -17,7 +17,6 @@ No images at all (which scikit-learn refuses) give zero counts and scores.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,9 +65,25 @@ def most_confused(confusion: np.ndarray, label: int, n: int = CONFUSED_SHOWN) ->
     """The classes images of `label` are most often mistaken for: [(other, count), ...], largest
     count first (ties: lower label first), the class itself and zero counts left out."""
     row = confusion[label]
-    others = [(int(j), int(row[j])) for j in range(len(row)) if j != label and row[j] > 0]
+    found = np.flatnonzero(row > 0)  # numpy, not a Python loop over every class: per class
+    others = [(int(j), int(row[j])) for j in found if j != label]
     others.sort(key=lambda pair: (-pair[1], pair[0]))
     return others[:n]
+
+
+def _known(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
+    """Which pairs have both labels in range(num_classes)."""
+    return (y_true >= 0) & (y_true < num_classes) & (y_pred >= 0) & (y_pred < num_classes)
+
+
+def confusion_counts(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
+    """The (C, C) int64 confusion matrix (rows true, columns predicted), as scikit-learn's
+    `confusion_matrix(labels=range(C))` gives it, counted in one pass over the images."""
+    known = _known(y_true, y_pred, num_classes)  # as labels=range(C) leaves others out
+    flat = np.bincount(
+        y_true[known] * num_classes + y_pred[known], minlength=num_classes * num_classes
+    )
+    return flat.astype(np.int64, copy=False).reshape(num_classes, num_classes)
 
 
 def compute_metrics(
@@ -95,7 +110,7 @@ def compute_metrics(
     scores = scorer.call(request) if scorer is not None else None
     if scores is None:
         scores = answer(request)
-    cm = np.asarray(scores["confusion"], dtype=np.int64).reshape(num_classes, num_classes)
+    cm = confusion_counts(y_true, y_pred, num_classes)
     macro, weighted = scores["macro"], scores["weighted"]
     return ClassificationMetrics(
         num_samples=len(y_true),
@@ -147,8 +162,8 @@ def prepare() -> None:
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:
-    """scikit-learn's confusion matrix, per-class scores and averages of `request`'s labels."""
-    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+    """scikit-learn's per-class scores and averages of `request`'s labels."""
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
 
     y_true = np.asarray(request["y_true"], dtype=np.int64)
     y_pred = np.asarray(request["y_pred"], dtype=np.int64)
@@ -159,17 +174,16 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
             y_true, y_pred, labels=labels, average=average, zero_division=0
         )[:3]
 
-    with warnings.catch_warnings():
-        # Raised for any 1 x 1 matrix, even one whose single label was passed in `labels`.
-        warnings.filterwarnings("ignore", "A single label was found", UserWarning)
-        cm = confusion_matrix(y_true, y_pred, labels=every_class).astype(np.int64)
-    # From the matrix: scikit-learn returns a float support when a class has no images.
-    support, predicted = cm.sum(axis=1), cm.sum(axis=0)
+    # Counted, not taken from scikit-learn's support (a float for a class with no images). No
+    # confusion matrix is built or sent here: C x C values as Python lists cost seconds and GBs
+    # at thousands of classes; the caller counts it (`confusion_counts`).
+    known = _known(y_true, y_pred, len(every_class))
+    support = np.bincount(y_true[known], minlength=len(every_class))
+    predicted = np.bincount(y_pred[known], minlength=len(every_class))
     precision, recall, f1 = scores(every_class, None)
     # The classes scikit-learn's default labels=None averages over, named so they can be counted.
     present = np.flatnonzero((support > 0) | (predicted > 0))
     return {
-        "confusion": cm.tolist(),
         "precision": np.asarray(precision, dtype=np.float64).tolist(),
         "recall": np.asarray(recall, dtype=np.float64).tolist(),
         "f1": np.asarray(f1, dtype=np.float64).tolist(),
