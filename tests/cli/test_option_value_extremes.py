@@ -73,3 +73,27 @@ def test_export_refuses_a_batch_size_no_example_batch_holds(batch, named, tmp_pa
     assert result.returncode == 2, result.stderr
     assert named in error_line(result.stderr)
     assert not (tmp_path / "out.ts").exists()
+
+
+@pytest.mark.parametrize("command", ["summary", "benchmark"])
+def test_a_num_classes_no_head_can_hold_is_refused_before_it_is_built(command, monkeypatch):
+    # Before: torch's "can't allocate memory" (2**31) or "TypeError: empty() ... Overflow"
+    # (past int64), exit 1 with the debug hint.
+    from torchkit.core.runtime import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 10**8)  # half of it: 50 MB
+    past_index = run_torchkit_in_process(command, "convnet", "--num-classes", str(10**20))
+    assert past_index.returncode == 2, past_index.stderr
+    assert f"--num-classes {10**20} is more than a tensor can index" in error_line(
+        past_index.stderr
+    )
+    # convnet's head takes 128 inputs: 100,000 classes need 51.6 MB, 40,000 fit (20.6 MB).
+    past_memory = run_torchkit_in_process(command, "convnet", "--num-classes", "100000")
+    assert past_memory.returncode == 2, past_memory.stderr
+    assert error_line(past_memory.stderr) == (
+        "Error: --num-classes 100000 needs 0.1 GB for a classifier of 128 x 100,000 weights, "
+        "more than half the 0.1 GB free (give a smaller --num-classes)"
+    )
+    if command == "summary":
+        fits = run_torchkit_in_process(command, "convnet", "--num-classes", "40000")
+        assert fits.returncode == 0, fits.stderr

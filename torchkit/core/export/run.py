@@ -45,7 +45,7 @@ from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.models.resolver import has_random_weights
-from torchkit.core.runtime.memory import available_memory
+from torchkit.core.runtime.memory import beyond_half_free
 
 Progress = Callable[[int, int], None]
 STEPS = 4  # model, reference, export, verification
@@ -253,8 +253,8 @@ def _check_batch_memory(sample: tuple[int, ...], largest: int, batch_size: int) 
     `sample` in float32, fit in half the memory free: a --batch-size past it (2**30) failed in
     torch's allocator with a traceback's last line instead of one error."""
     needed = largest * math.prod(sample) * 4
-    free = available_memory()
-    if free is not None and needed > free / 2:
+    free = beyond_half_free(needed)
+    if free is not None:
         raise UsageError(
             f"--batch-size {batch_size} needs {needed / 1e9:,.1f} GB for an example batch of "
             f"{'x'.join(map(str, sample))} inputs, more than half the {free / 1e9:,.1f} GB free",

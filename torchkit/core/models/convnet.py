@@ -46,11 +46,11 @@ def _check_fits(image_size: int, classifier_weights: int) -> None:
     1,500 px, which a checkpoint can record): past half the memory free, refused before its
     allocation, which would end in the kernel's OOM killer rather than an error (training
     needs its gradient and optimiser state too)."""
-    from torchkit.core.runtime.memory import available_memory
+    from torchkit.core.runtime.memory import beyond_half_free
 
     needed = classifier_weights * 4
-    free = available_memory()
-    if free is not None and needed > free / 2:
+    free = beyond_half_free(needed)
+    if free is not None:
         raise UsageError(
             f"convnet at {image_size} px has {classifier_weights:,} weights in its first linear "
             f"layer ({needed / 1e9:,.1f} GB), more than half the {free / 1e9:,.1f} GB free here",

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchkit.core.io.errors import UsageError
+from torchkit.core.runtime.memory import beyond_half_free
+
+# Wider than any classifier input of torchvision's and timm's models (regnet_y_128gf: 7,392): a
+# head of --num-classes outputs that fits in memory at this width fits every model's.
+WIDEST_HEAD_INPUT = 8192
+LARGEST_INDEX = 2**63 - 1  # int64: the most elements a tensor dimension holds
+_FEWER_CLASSES = "give a smaller --num-classes"
 
 
 def find_head(model) -> tuple[str, Any]:
@@ -47,6 +54,34 @@ def _is_timm_style(model) -> bool:
     """A model with timm's classifier API (`reset_classifier(num_classes)`), which knows its
     head better than a search does (attention-pool heads, distillation heads...)."""
     return callable(getattr(model, "reset_classifier", None))
+
+
+def refuse_unholdable_head(num_classes: int, head_inputs: Callable[[], int | None]) -> None:
+    """Refuse (usage error naming --num-classes), before the head is built, a classifier of
+    `num_classes` outputs past what a tensor can index or half the memory free can hold: its
+    allocation ended in torch's "can't allocate memory" or an "Overflow" TypeError, or in the
+    OOM killer. `head_inputs` gives the head's input width, asked only near the limit (None:
+    unknown, taken as 1)."""
+    if num_classes > LARGEST_INDEX:
+        raise UsageError(
+            f"--num-classes {num_classes} is more than a tensor can index (2**63 - 1)",
+            _FEWER_CLASSES,
+        )
+    if beyond_half_free(num_classes * (WIDEST_HEAD_INPUT + 1) * 4) is None:
+        return
+    inputs = head_inputs() or 1
+    needed = num_classes * (inputs + 1) * 4  # float32 weights and biases
+    free = beyond_half_free(needed)
+    if free is not None:
+        raise UsageError(
+            f"--num-classes {num_classes} needs {needed / 1e9:,.1f} GB for a classifier of "
+            f"{inputs:,} x {num_classes:,} weights, more than half the {free / 1e9:,.1f} GB free",
+            _FEWER_CLASSES,
+        )
+
+
+def in_features(layer) -> int:
+    return layer.in_features if hasattr(layer, "in_features") else layer.in_channels
 
 
 def out_features(layer) -> int:

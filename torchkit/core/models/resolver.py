@@ -32,7 +32,13 @@ from torchkit.core.models.builders import (
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.exported.formats import ONNX, TORCHSCRIPT, sniff_format
 from torchkit.core.models.exported.loading import load_exported
-from torchkit.core.models.heads import find_head, out_features, replace_head
+from torchkit.core.models.heads import (
+    find_head,
+    in_features,
+    out_features,
+    refuse_unholdable_head,
+    replace_head,
+)
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
     base_name,
@@ -143,6 +149,10 @@ def resolve_model(
     weights = weights or None
     if classes and num_classes is None:
         num_classes = len(classes)
+    if num_classes is not None:
+        refuse_unholdable_head(
+            num_classes, lambda: _head_inputs(spec, image_size=image_size, in_channels=in_channels)
+        )
     if is_model_file(spec):
         if weights is not None:
             raise UsageError(
@@ -297,8 +307,33 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
             f"{resolved.weights_source} has {outputs} outputs",
             "drop --num-classes (and --classes), or give class names matching the weights",
         )
+    refuse_unholdable_head(num_classes, lambda: in_features(find_head(resolved.model)[1]))
     replace_head(resolved.model, num_classes)
     resolved.classes = None  # the weights' class names belong to the old head
+
+
+def _head_inputs(
+    spec: str, *, image_size: int | Sequence[int] | None, in_channels: int | None
+) -> int | None:
+    """The input width of the classifier of the architecture `spec` names, built on the meta
+    device (no memory, no weights); None for a model file, or a model not built so."""
+    if is_model_file(spec):
+        return None
+    import torch
+
+    try:
+        with torch.device("meta"):
+            if is_callable_spec(spec):
+                built = _from_callable(spec, 2)
+            elif spec in BUILTIN_MODELS:
+                built = _from_convnet(spec, 2, image_size, in_channels)
+            elif is_timm_spec(spec):
+                built = _from_timm(spec, 2, None, image_size, in_channels, False)
+            else:
+                built = _from_torchvision(spec, 2, None, image_size)
+        return in_features(find_head(built.model)[1])
+    except Exception:  # noqa: BLE001 - the real build says what is wrong with the spec
+        return None
 
 
 def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, int]:

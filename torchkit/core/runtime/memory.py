@@ -18,6 +18,15 @@ def available_memory() -> int | None:
     return None
 
 
+def beyond_half_free(needed: int) -> int | None:
+    """The bytes free when `needed` bytes are more than half of them, else None (also where the
+    free memory cannot be told): what a command refuses before an allocation that would end in
+    torch's allocator error, or in the kernel's OOM killer (export's example batches, a
+    classifier head of --num-classes outputs, convnet's first linear layer)."""
+    free = available_memory()
+    return free if free is not None and needed > free / 2 else None
+
+
 def proc_kib(path: str, key: str) -> int | None:
     """The value in bytes of a `KEY: N kB` line of a /proc file (`/proc/meminfo`,
     `/proc/self/status`), else None."""
