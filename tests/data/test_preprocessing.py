@@ -96,7 +96,7 @@ def test_mean_std_options():
     for text, message in [
         ("0.1", "needs 2 numbers"),
         ("a,b", "must be numbers"),
-        (",", "at least"),
+        (",", "an empty item"),
     ]:
         with pytest.raises(UsageError, match=message):
             parse_floats(text, "--crop-scale", 2)
