@@ -19,9 +19,11 @@ import pytest
 import torch
 import torchvision
 from disks import fill_disk
+from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_process
 from torch import nn
+from typer.testing import CliRunner
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
@@ -119,6 +121,29 @@ class BatchOfTwo(nn.Module):
     def forward(self, x):
         y = self.conv(x).mean((2, 3))
         return y * 1.0 if x.shape[0] == 2 else y
+
+
+class ZeroHead(nn.Module):
+    """A zero-initialised last layer (as vit_b_16's): every output is 0 whatever the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.head = nn.Linear(4, 3)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x):
+        return self.head(self.conv(x).mean((2, 3)))
+
+
+class Faint(ZeroHead):
+    """Outputs that depend on the input but are ~1e-9 (random weights deep down), far below
+    the tolerance: an export that returned zeros would be as close."""
+
+    def __init__(self):
+        super().__init__()
+        nn.init.normal_(self.head.weight, std=1e-9)
 
 
 class Pair(nn.Module):
@@ -247,6 +272,7 @@ def test_round_trip_in_the_formats_own_runtime_at_batch_1_and_3(runner, world, t
     sample = SAMPLE[name]
     assert data["format"] == fmt and data["path"] == str(out)
     assert data["verified"] is True and data["verified_batch_sizes"] == [1, 3]
+    assert data["verification"] == "passed" and data["output_spread"] > 2 * data["tolerance"]
     assert 0 <= data["max_abs_diff"] <= data["tolerance"]
     assert data["dynamic_batch"] is True and data["batch_size"] is None
     assert data["input_shape"] == list(sample) and data["dtype"] == "float32"
@@ -305,6 +331,33 @@ def test_static_batch_is_fixed_and_refuses_batch_3(runner, world, tmp_path, fmt)
     assert loaded.batch_size == 2
     x = batch(5, SAMPLE["convnet"], seed=3)  # run in slices of 2, the last one padded
     np.testing.assert_allclose(loaded(x).numpy(), truth(world["convnet"], x), atol=1e-4)
+
+
+@pytest.mark.parametrize("net", ["ZeroHead", "Faint"])
+def test_outputs_that_barely_depend_on_the_input_make_the_verification_inconclusive(
+    runner, world, tmp_path, monkeypatch, net
+):
+    monkeypatch.chdir(world["root"])
+    out = tmp_path / "net.onnx"
+    result, data = export(runner, f"{PKG}.nets:{net}", str(out), "--image-size", "8")
+    assert result.exit_code == 0, result.stderr
+    assert data["verification"] == "inconclusive" and data["verified"] is False
+    assert data["max_abs_diff"] <= data["tolerance"]  # it ran and matched: proving nothing
+    assert data["output_spread"] <= 2 * data["tolerance"]
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith(
+        f"Warning: the verification of {out} is inconclusive: PyTorch's outputs for distinct "
+        "inputs differ by at most "
+    )
+    assert out.is_file()  # kept: the file may be right, the check cannot tell
+
+
+def test_a_fixed_batch_of_1_is_verified_on_two_inputs(runner, world, tmp_path):
+    out = tmp_path / "one.onnx"
+    result, data = export(runner, *MODELS["convnet"](world["root"]), str(out), "--static-batch")
+    assert result.exit_code == 0, result.stderr
+    assert data["verification"] == "passed" and data["verified_batch_sizes"] == [1]
+    assert result.stderr == ""
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -373,9 +426,53 @@ def test_no_verify_says_so(runner, world, tmp_path):
     result, data = export(runner, str(world["root"] / "convnet.pt"), str(out), "--no-verify")
     assert result.exit_code == 0, result.stderr
     assert data["verified"] is False and data["max_abs_diff"] is None
+    assert data["verification"] == "skipped" and data["output_spread"] is None
     assert data["verified_batch_sizes"] == []
     assert "not verified (--no-verify)" in result.stderr
     assert out.is_file()
+
+
+@pytest.fixture(scope="module")
+def exported_convnet(world, tmp_path_factory) -> dict:
+    """The convnet checkpoint (28x28 inputs) exported to ONNX and TorchScript, and images of
+    its classes."""
+    root = tmp_path_factory.mktemp("exported")
+    runner = CliRunner()
+    paths = {}
+    for fmt in (ONNX, TORCHSCRIPT):
+        paths[fmt] = str(root / f"convnet{SUFFIX[fmt]}")
+        result, _ = export(runner, str(world["root"] / "convnet.pt"), paths[fmt])
+        assert result.exit_code == 0, result.stderr
+    paths["images"] = str(write_image_folder(root / "images", dict.fromkeys(CLASSES, 1), size=32))
+    return paths
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["eval", ONNX, "--data", "images", "--image-size", "32"],
+        ["predict", ONNX, "images", "--image-size", "32"],
+        ["benchmark", TORCHSCRIPT, "--trust-checkpoint", "--image-size", "32", "--device", "cpu"],
+        ["summary", TORCHSCRIPT, "--trust-checkpoint", "-i", "3,32,32"],
+    ],
+    ids=["eval", "predict", "benchmark", "summary"],
+)
+def test_a_size_the_exported_file_does_not_take_is_refused_first(runner, exported_convnet, args):
+    args = [exported_convnet.get(arg, arg) for arg in args]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.stderr
+    name = Path(args[1]).name
+    assert error_line(result.stderr, besides="nothing") == (
+        f"Error: {name} takes 3x28x28 inputs (C, H, W, as exported), not 3x32x32 (leave the "
+        "size out, the file sets it; or export the model again at 32x32)"
+    )
+
+
+def test_the_size_the_exported_file_takes_may_be_given(runner, exported_convnet):
+    args = ["predict", exported_convnet[ONNX], exported_convnet["images"], "--image-size", "28"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads(result.stdout)) == len(CLASSES)
 
 
 def test_a_missing_out_folder_is_made(runner, world, tmp_path):

@@ -186,8 +186,15 @@ def export(
     else:
         tables = [_result_table(data)]
     emit(tables=tables, data=data, fmt=fmt, output=output, force=force)
-    if not result.verified:
+    if result.verification == "skipped":
         console.warn(f"{result.path} was not verified (--no-verify)")
+    elif result.verification == "inconclusive":
+        console.warn(
+            f"the verification of {result.path} is inconclusive: PyTorch's outputs for distinct "
+            f"inputs differ by at most {result.output_spread:.3g}, within twice the tolerance "
+            f"{result.tolerance:.3g}, so an export that ignored its input would pass too "
+            "(untrained or zero-initialised weights?)"
+        )
     if result.random_weights:
         from torchkit.core.models.resolver import untrained_note
 
@@ -205,6 +212,15 @@ def _csv_cell(value):
     return value
 
 
+def _verified_cell(data: dict) -> str:
+    batches = ", ".join(map(str, data["verified_batch_sizes"]))
+    if data["verification"] == "passed":
+        return f"yes, in {data['runtime']} at batch {batches}"
+    if data["verification"] == "inconclusive":
+        return f"inconclusive: the outputs barely depend on the input ({data['runtime']})"
+    return "no (--no-verify)"
+
+
 def _result_table(data: dict) -> Table:
     diff = data["max_abs_diff"]
     rows = [
@@ -219,13 +235,7 @@ def _result_table(data: dict) -> Table:
         ["class names stored", data["classes_stored"]],
         ["metadata", data["metadata"]],
         ["file size (bytes)", f"{data['file_bytes']:,}"],
-        [
-            "verified",
-            f"yes, in {data['runtime']} at batch "
-            + ", ".join(map(str, data["verified_batch_sizes"]))
-            if data["verified"]
-            else "no (--no-verify)",
-        ],
+        ["verified", _verified_cell(data)],
         ["max abs diff", f"{diff:.3g}" if diff is not None else ""],
         [
             "tolerance",

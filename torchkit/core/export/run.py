@@ -87,7 +87,7 @@ class ExportResult:
     preprocess_source: str
     metadata: str  # where the classes and preprocessing are stored
     file_bytes: int
-    verified: bool
+    verified: bool  # verified and conclusive: the outputs match and depend on the input
     max_abs_diff: float | None
     tolerance: float | None
     atol: float
@@ -95,6 +95,10 @@ class ExportResult:
     verified_batch_sizes: list[int] = field(default_factory=list)
     seconds: float = 0.0
     random_weights: bool = False  # no weights file or pretrained weights: a model to try, not use
+    # passed | inconclusive (PyTorch's outputs barely depend on the input, so an export that
+    # ignored it would pass too) | skipped (--no-verify)
+    verification: str = "skipped"
+    output_spread: float | None = None  # the most one output differs between distinct inputs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,8 +186,9 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
     preprocess, sample = _input_of(resolved, request.image_size)
     dynamic = not request.static_batch
     sizes = [request.batch_size]
-    if dynamic:
-        sizes.append(request.batch_size + 2)  # a second size shows the batch is not fixed
+    # a second size shows the batch is not fixed; a fixed one is run on a second batch, so
+    # that even at batch 1 there are distinct inputs whose outputs must differ
+    sizes.append(request.batch_size + 2 if dynamic else request.batch_size)
     example_size = max(2, request.batch_size) if dynamic else request.batch_size
     _check_batch_memory(sample, max(sizes), request.batch_size)
     batches = verification_batches(sample, sizes if request.verify else sizes[:1])
@@ -237,7 +242,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         preprocess_source=resolved.preprocess_source,
         metadata=fm.METADATA_PLACES[fmt],
         file_bytes=file_bytes,
-        verified=verification is not None,
+        verified=verification is not None and verification.conclusive,
         max_abs_diff=verification.max_abs_diff if verification else None,
         tolerance=verification.tolerance if verification else None,
         atol=tolerance.atol,
@@ -245,7 +250,15 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         verified_batch_sizes=verification.batch_sizes if verification else [],
         seconds=time.perf_counter() - started,
         random_weights=random_weights,
+        verification=_verdict(verification),
+        output_spread=verification.output_spread if verification else None,
     )
+
+
+def _verdict(verification: Verification | None) -> str:
+    if verification is None:
+        return "skipped"
+    return "passed" if verification.conclusive else "inconclusive"
 
 
 def _check_batch_memory(sample: tuple[int, ...], largest: int, batch_size: int) -> None:

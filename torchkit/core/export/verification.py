@@ -31,10 +31,19 @@ class Verification:
     max_abs_diff: float  # over every output of every batch; inf when one is not finite
     reference_scale: float  # max |PyTorch output|
     tolerance: float  # atol + rtol * reference_scale
+    # The most one output differs between two of the random inputs, in PyTorch: a constant
+    # (an export that ignored its input) is within the tolerance of every reference when this
+    # is at most twice the tolerance, so such a check cannot tell (zero-initialised heads,
+    # random weights whose outputs are ~1e-14).
+    output_spread: float = math.inf
 
     @property
     def passed(self) -> bool:
         return self.max_abs_diff <= self.tolerance
+
+    @property
+    def conclusive(self) -> bool:
+        return self.output_spread > 2 * self.tolerance
 
 
 def verification_batches(
@@ -83,11 +92,13 @@ def verify(
         diff = (output - reference).abs().max().item() if output.numel() else 0.0
         worst = max(worst, diff if math.isfinite(diff) else math.inf)
         scale = max(scale, reference.abs().max().item() if reference.numel() else 0.0)
+    sizes = [int(batch.shape[0]) for batch in batches]
     result = Verification(
-        batch_sizes=[int(batch.shape[0]) for batch in batches],
+        batch_sizes=list(dict.fromkeys(sizes)),  # a fixed batch is run twice, said once
         max_abs_diff=worst,
         reference_scale=scale,
         tolerance=tolerance.bound(scale),
+        output_spread=output_spread(references),
     )
     if not result.passed:
         raise VerificationError(
@@ -98,6 +109,18 @@ def verify(
             "raise --atol/--rtol if that much is expected; nothing was written",
         )
     return result
+
+
+def output_spread(references: Sequence[Any]) -> float:
+    """max over output elements of (max - min) across every sample of every batch: 0 when the
+    outputs do not depend on the input, or when there is one sample only."""
+    import torch
+
+    rows = torch.cat([reference.reshape(reference.shape[0], -1) for reference in references])
+    if rows.shape[0] < 2 or rows.shape[1] == 0:
+        return 0.0
+    spread = (rows.amax(0) - rows.amin(0)).max().item()
+    return spread if math.isfinite(spread) else math.inf
 
 
 def _run(exported: ExportedModel, batch: Any, runtime: str) -> Any:

@@ -166,7 +166,13 @@ def resolve_model(
                     f"--ema needs a torchkit checkpoint; {spec} is not one", "drop --ema"
                 )
             resolved = _from_exported(
-                spec, fmt, trust_checkpoint=trust_checkpoint, use=exported, command=command
+                spec,
+                fmt,
+                trust_checkpoint=trust_checkpoint,
+                use=exported,
+                command=command,
+                size=size_pair(image_size),
+                channels=in_channels,
             )
         else:
             resolved = _from_file(spec, trust_checkpoint=trust_checkpoint, ema=ema)
@@ -249,9 +255,17 @@ def untrained_note(spec: str, command: str) -> str:
 
 
 def _from_exported(
-    path: str, fmt: str, *, trust_checkpoint: bool, use: str, command: str
+    path: str,
+    fmt: str,
+    *,
+    trust_checkpoint: bool,
+    use: str,
+    command: str,
+    size: tuple[int, int] | None = None,
+    channels: int | None = None,
 ) -> ResolvedModel:
-    """A file `torchkit export` wrote, with the classes and preprocessing stored in it."""
+    """A file `torchkit export` wrote, with the classes and preprocessing stored in it; `size`
+    and `channels` asked for must be the ones it records."""
     title = EXPORTED_TITLES[fmt]
     if use == "refuse" or (use == "module" and fmt != TORCHSCRIPT):
         raise UsageError(
@@ -265,6 +279,7 @@ def _from_exported(
             "ONNX files need no trust",
         )
     exported = load_exported(path, fmt)
+    exported.refuse_other_size(size, channels)
     shape = exported.input_shape
     preprocess = exported.preprocess
     if preprocess is None:  # not written by torchkit: ImageNet-style, sized from its input

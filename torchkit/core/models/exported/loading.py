@@ -78,6 +78,23 @@ class ExportedModel:
         value = self.metadata.get("num_outputs")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    def refuse_other_size(self, size: tuple[int, int] | None, channels: int | None = None) -> None:
+        """A size asked for (--image-size, summary's --input-size) that is not the one the file
+        records: the runtime would fail on the first batch (ONNX and torch.export fix H and W,
+        a traced TorchScript graph its layer sizes), so refuse it before any work."""
+        shape = self.input_shape
+        if shape is None or len(shape) != 3 or (size is None and channels is None):
+            return
+        asked = (channels or shape[0], *(size or shape[1:]))
+        if asked != shape:
+            recorded, given = ("x".join(map(str, s)) for s in (shape, asked))
+            raise UsageError(
+                f"{Path(self.path).name} takes {recorded} inputs (C, H, W, as exported), not "
+                f"{given}",
+                "leave the size out, the file sets it; or export the model again at "
+                + given.split("x", 1)[1],
+            )
+
     @property
     def module(self) -> Any:
         """The torch module a TorchScript or torch.export file holds (None for ONNX)."""
