@@ -561,3 +561,15 @@ def test_special_files_and_dangling_links_are_refused_without_blocking(tmp_path)
     }
     with pytest.raises(FileNotFoundError):
         open_regular_file(tmp_path / "missing.png")
+
+
+def test_many_small_classes_still_hold_out_a_tenth_for_validation(tmp_path):
+    # 4 images a class: 0.4 of an image each rounds to none, and training stopped on an empty
+    # val set; the held-out tenth is taken across classes instead, and a note says so.
+    rows = [f"c{c:02d}/{i}.png,c{c:02d}" for c in range(40) for i in range(4)]
+    index = _write(tmp_path / "index.csv", "path,label\n" + "\n".join(rows) + "\n")
+    splits, notes = training_splits(open_data(index), val_split=None, seed=0)
+    assert (len(splits["train"]), len(splits["val"])) == (144, 16)
+    assert len(set(splits["val"].labels)) == 16 and len(set(splits["train"].labels)) == 40
+    assert "(16 images; stratified" in notes[0]
+    assert notes[1].startswith("every class's share of val rounds to no image")

@@ -128,6 +128,80 @@ def test_keyed_split_ignores_listing_order_and_is_pinned():
     assert [sorted(keys[order[i]] for i in part) for part in shuffled] == named
 
 
+# Split membership before many-small-classes filling existed: a split with no empty part must
+# never change (the digits job's figures and resumed runs depend on it).
+UNCHANGED_SPLITS = {
+    ("digits", "plain"): "2d32b00618f97c50",
+    ("digits", "keys"): "e79bfbe9984d2686",
+    ("digits", "keys, at least one"): "f211afb45b6ab6b1",
+    ("3x50", "plain"): "d3f9b333defc7920",
+    ("3x50", "keys"): "c913cd24b02daea1",
+    ("3x50", "keys, at least one"): "51643be853bef788",
+    ("2x[100,7]", "plain"): "ea032a2631a86399",
+    ("2x[100,7]", "keys"): "1d5445e7fa01467f",
+    ("2x[100,7]", "keys, at least one"): "940059bfd5bb7b72",
+}
+
+
+def test_splits_without_an_empty_part_are_unchanged():
+    from torchkit.core.data.sources.digits import _sklearn_digits  # no sklearn import
+
+    shapes = {
+        "digits": [int(x) for x in _sklearn_digits()[1]],
+        "3x50": [c for c in range(3) for _ in range(50)],
+        "2x[100,7]": [0] * 100 + [1] * 7,
+    }
+    for (shape, how), pinned in UNCHANGED_SPLITS.items():
+        labels = shapes[shape]
+        keys = [f"c{label}/{i:04d}.png" for i, label in enumerate(labels)]
+        fractions, kwargs = {
+            "plain": ((0.8, 0.1, 0.1), {}),
+            "keys": ((0.9, 0.1), {"keys": keys}),
+            "keys, at least one": ((0.8, 0.1, 0.1), {"keys": keys, "at_least_one": True}),
+        }[how]
+        filled: list[int] = []
+        parts = stratified_split(labels, fractions, 0, filled=filled, **kwargs)
+        digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+        assert (shape, how, digest, filled) == (shape, how, pinned, [])
+
+
+def test_many_small_classes_fill_an_empty_held_out_part_across_classes():
+    # 200 classes of 4 at 0.9:0.1: 0.4 of an image a class rounds to none, so val was empty
+    labels = [c for c in range(200) for _ in range(4)]
+    keys = [f"c{label:03d}/{i}.png" for i, label in enumerate(labels)]
+    filled: list[int] = []
+    train, val = stratified_split(labels, (0.9, 0.1), 0, keys=keys, filled=filled)
+    assert (len(train), len(val), filled) == (720, 80, [1])
+    assert len({labels[i] for i in val}) == 80  # stratified: one image from each of 80 classes
+    assert {labels[i] for i in train} == set(range(200))  # every class keeps 3 for training
+    order = list(range(len(keys)))
+    random.Random(2).shuffle(order)
+    shuffled = stratified_split(
+        [labels[i] for i in order], (0.9, 0.1), 0, keys=[keys[i] for i in order]
+    )
+    assert sorted(keys[order[i]] for i in shuffled[1]) == sorted(
+        keys[i] for i in val
+    )  # seeded by path
+    assert stratified_split(labels, (0.9, 0.1), 1, keys=keys)[1] != val
+    # the largest classes first; one image a class is never taken (its class would lose it)
+    labels = [0] * 5 + [c for c in range(1, 40) for _ in range(2)] + list(range(40, 60))
+    plain = stratified_split(labels, (0.9, 0.1), 3)
+    assert len(plain[1]) == 10 and 0 in {labels[i] for i in plain[1]}
+    assert not {labels[i] for i in plain[1]} & set(range(40, 60))
+
+
+def test_split_fills_empty_val_and_test_of_classes_of_two(runner, tmp_path):
+    root = make_files(tmp_path / "pairs", {f"c{i:02d}": 2 for i in range(30)})
+    result = runner.invoke(
+        app, ["split", str(root), str(tmp_path / "out"), "--mode", "manifest", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["splits"] == {"train": 48, "val": 6, "test": 6}
+    assert "Note: every class's share of val rounds to no image" in result.stderr
+    rows = manifest(tmp_path / "out")
+    assert {r["label"] for r in rows if r["split"] == "train"} == {f"c{i:02d}" for i in range(30)}
+
+
 def test_fast_listing_matches_rglob(tmp_path):
     root = make_files(tmp_path / "tree", {"a": 2, "b": 1})
     (root / "a" / "deep" / ".hidden").mkdir(parents=True)

@@ -226,6 +226,8 @@ def split(
             f"the move of {result.source} into {result.out} is already done: nothing to move"
         )
     console.note(_describe(result))
+    for note in result.notes:
+        console.note(note)
     kept = _dedup_note(result)
     if kept:
         console.note(kept)

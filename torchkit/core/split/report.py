@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -27,6 +27,7 @@ class SplitResult:
     dedup_files: int = 0  # the files in them
     fixed: list[int] | None = None  # --fixed: images per class in the second (and third) split
     repeats: list[int] | None = None  # --oversample: extra train copies per class
+    notes: list[str] = field(default_factory=list)  # for the user, beside the report
 
     @property
     def totals(self) -> list[int]:

@@ -13,7 +13,12 @@ from pathlib import Path
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
-from torchkit.core.data.sources.splitting import SPLIT_NAMES, sample_keys, stratified_split
+from torchkit.core.data.sources.splitting import (
+    SPLIT_NAMES,
+    sample_keys,
+    spread_note,
+    stratified_split,
+)
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.io.files import absolute_as_opened, open_text
 from torchkit.core.io.outputs import (
@@ -186,13 +191,20 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
         dedup_units(sources, keys, groups) if options.dedup else (groups, 0, 0)
     )
     labels = samples.labels if stratify else [0] * len(samples)
+    filled: list[int] = []
     if options.fixed is not None:
         parts = fixed_split(
             labels, options.fixed, seed, units or keys, samples.classes, names, stratify
         )
     else:
         parts = stratified_split(
-            labels, options.fractions, seed, keys=keys, groups=units, at_least_one=True
+            labels,
+            options.fractions,
+            seed,
+            keys=keys,
+            groups=units,
+            at_least_one=True,
+            filled=filled,
         )
     split_of = [0] * len(samples)
     for j, members in enumerate(parts):
@@ -237,6 +249,10 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
         dedup_files=dedup_files,
         fixed=options.fixed,
         repeats=extra,
+        notes=[
+            spread_note(names[j], len(parts[j]), len({samples.labels[i] for i in parts[j]}))
+            for j in filled
+        ],
     )
 
     writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))

@@ -8,7 +8,12 @@ from collections.abc import Mapping
 from torchkit.core.data.sources.record import recorded_splits
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.source import DataSource, concatenate, tagged
-from torchkit.core.data.sources.splitting import SPLIT_NAMES, sample_keys, stratified_split
+from torchkit.core.data.sources.splitting import (
+    SPLIT_NAMES,
+    sample_keys,
+    spread_note,
+    stratified_split,
+)
 from torchkit.core.io.errors import InputError, UsageError
 
 log = logging.getLogger("torchkit")
@@ -155,7 +160,10 @@ def training_splits(
     # keyed by path, as `split` is: the same images listed in another order (a folder, its CSV
     # index, its .tar) hold out the same ones
     keys = sample_keys(donor)
-    train_part, val_part = stratified_split(donor.labels, (1 - fraction, fraction), seed, keys=keys)
+    filled: list[int] = []
+    train_part, val_part = stratified_split(
+        donor.labels, (1 - fraction, fraction), seed, keys=keys, filled=filled
+    )
     splits = {
         "train": tagged(donor.subset(train_part), "train"),
         "val": tagged(donor.subset(val_part), "val"),
@@ -169,7 +177,10 @@ def training_splits(
         + ("" if val_split is not None else "; --val-split sets the share")
         + "), recorded in the run's split.csv"
     )
-    return splits, [note]
+    notes = [note]
+    if filled:
+        notes.append(spread_note("val", len(val_part), len({donor.labels[i] for i in val_part})))
+    return splits, notes
 
 
 def _check_resumed_val_split(source: DataSource, recorded: Mapping) -> None:

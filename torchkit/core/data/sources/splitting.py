@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.files import open_text
@@ -67,6 +67,7 @@ def stratified_split(
     keys: Sequence[str] | None = None,
     groups: Sequence[str] | None = None,
     at_least_one: bool = False,
+    filled: list[int] | None = None,
 ) -> list[list[int]]:
     """Split indices class by class in the given proportions, seeded and reproducible.
 
@@ -82,6 +83,11 @@ def stratified_split(
     its share of the class's samples (exact for groups of one, close otherwise). `at_least_one`:
     every part with a positive fraction gets at least one sample (or group) of each class that has
     enough of them (see `largest_remainder_counts`).
+
+    Many small classes can leave a part with no sample at all (4 a class at 0.9:0.1: 0.4 of an
+    image each, rounded down): such a part, when its share of all the samples rounds to one or
+    more, takes them across classes instead (`_fill_empty_parts`), and its index goes into
+    `filled`. A split with no empty part is never changed by this.
     """
     import numpy as np
 
@@ -89,33 +95,106 @@ def stratified_split(
     weights = [f / total for f in fractions]
     if keys is not None or groups is not None:
         units = groups if groups is not None else keys
-        return _split_units(labels, weights, seed, units, at_least_one)
-    parts: list[list[int]] = [[] for _ in fractions]
-    by_class: dict[int, list[int]] = {}
-    for index, label in enumerate(labels):
-        by_class.setdefault(label, []).append(index)
-    for label in sorted(by_class):
-        members = by_class[label]
-        rng = np.random.default_rng([seed, label])
-        order = [members[i] for i in rng.permutation(len(members))]
-        counts = largest_remainder_counts(len(order), weights, at_least_one=at_least_one)
-        start = 0
-        for part, count in zip(parts, counts, strict=True):
-            part.extend(order[start : start + count])
-            start += count
+        dealt = _split_units(labels, weights, seed, units, at_least_one)
+
+        def rank_of(label: int, unit: list[int]) -> bytes:
+            return _rank(seed, units[unit[0]])
+    else:
+        by_class: dict[int, list[int]] = {}
+        for index, label in enumerate(labels):
+            by_class.setdefault(label, []).append(index)
+        dealt = {}
+        for label in sorted(by_class):
+            members = by_class[label]
+            rng = np.random.default_rng([seed, label])
+            order = [members[i] for i in rng.permutation(len(members))]
+            counts = largest_remainder_counts(len(order), weights, at_least_one=at_least_one)
+            start, class_parts = 0, []
+            for count in counts:
+                class_parts.append([[i] for i in order[start : start + count]])
+                start += count
+            dealt[label] = class_parts
+
+        def rank_of(label: int, unit: list[int]) -> bytes:
+            return _rank(seed, f"class {label}")
+
+    for j in _fill_empty_parts(dealt, weights, len(labels), rank_of):
+        if filled is not None:
+            filled.append(j)
+    parts: list[list[int]] = [[] for _ in weights]
+    for label in sorted(dealt):
+        for part, chosen in zip(parts, dealt[label], strict=True):
+            for unit in chosen:
+                part.extend(unit)
     return [sorted(part) for part in parts]
+
+
+def spread_note(name: str, images: int, classes: int) -> str:
+    """What a user reads when `stratified_split` filled the part `name` across classes."""
+    return (
+        f"every class's share of {name} rounds to no image (too few images a class): {name} "
+        f"takes {images} images instead, one from each of {classes} classes (the largest "
+        "first, then in seeded order)"
+    )
+
+
+# One class's parts: in each, its units (the sample indices that stay together) in dealt order.
+ClassParts = list[list[list[int]]]
+
+
+def _rank(seed: int, name: str) -> bytes:
+    """The seeded rank of a unit (or a class): a SHA-256 of the seed and its name."""
+    return hashlib.sha256(f"{seed}\0".encode() + name.encode("utf-8", "surrogateescape")).digest()
+
+
+def _fill_empty_parts(
+    dealt: dict[int, ClassParts],
+    weights: Sequence,
+    total: int,
+    rank_of: Callable[[int, list[int]], bytes],
+) -> list[int]:
+    """Give each part that class-by-class allocation left empty, though its share of all `total`
+    samples (Hamilton's count) is one or more, that many samples across classes: one unit from
+    each of the classes with the largest share of the part (the biggest classes), equal ones
+    in seeded order (the rank of the unit that moves); a class gives the last unit of its
+    largest part, and only while that part keeps one. Returns the parts filled so."""
+    if not dealt:
+        return []
+    wanted = largest_remainder_counts(total, weights)
+    filled = []
+    for j, weight in enumerate(weights):
+        if weight <= 0 or wanted[j] == 0:
+            continue
+        if any(class_parts[j] for class_parts in dealt.values()):
+            continue
+        candidates = []
+        for label, class_parts in dealt.items():
+            donor = max(range(len(class_parts)), key=lambda d: (len(class_parts[d]), -d))
+            if len(class_parts[donor]) >= 2:
+                size = sum(len(unit) for chosen in class_parts for unit in chosen)
+                candidates.append((-size, rank_of(label, class_parts[donor][-1]), label, donor))
+        taken = 0
+        for _, _, label, donor in sorted(candidates):
+            if taken >= wanted[j]:
+                break
+            moved = dealt[label][donor].pop()
+            dealt[label][j].append(moved)
+            taken += len(moved)
+        if taken:
+            filled.append(j)
+    return filled
 
 
 def _split_units(
     labels: Sequence[int], weights: Sequence, seed: int, unit_names: Sequence[str], at_least_one
-) -> list[list[int]]:
+) -> dict[int, ClassParts]:
     members: dict[str, list[int]] = {}
     for index, name in enumerate(unit_names):
         if name in members:
             members[name].append(index)
         else:
             members[name] = [index]
-    salt = f"{seed}\0".encode()  # the rank of a unit depends on the seed and its name only
+    salt = f"{seed}\0".encode()  # `_rank`, inlined: a call per file costs a third more
     strata: dict[int, list[tuple[bytes, str]]] = {}
     for name, indices in members.items():
         if len(indices) == 1:
@@ -127,26 +206,23 @@ def _split_units(
             label = min(votes, key=lambda lab: (-votes[lab], lab))  # majority, then smallest
         rank = hashlib.sha256(salt + name.encode("utf-8", "surrogateescape")).digest()
         strata.setdefault(label, []).append((rank, name))
-    parts: list[list[int]] = [[] for _ in weights]
+    dealt: dict[int, ClassParts] = {}
     for label in sorted(strata):
         units = [members[name] for _, name in sorted(strata[label])]
         targets = largest_remainder_counts(
             sum(len(unit) for unit in units), weights, at_least_one=at_least_one
         )
-        dealt = _deal_units(units, targets, weights, at_least_one)
-        for part, chosen in zip(parts, dealt, strict=True):
-            for unit in chosen:
-                part.extend(unit)
-    return [sorted(part) for part in parts]
+        dealt[label] = _deal_units(units, targets, weights, at_least_one)
+    return dealt
 
 
 def _deal_units(
     units: list[list[int]], targets: list[int], weights: Sequence, at_least_one: bool
-) -> list[list[list[int]]]:
+) -> ClassParts:
     """Give each unit to the part with the most samples still missing from its target."""
     candidates = [j for j, w in enumerate(weights) if w > 0]
     filled = [0] * len(targets)
-    chosen: list[list[list[int]]] = [[] for _ in targets]
+    chosen: ClassParts = [[] for _ in targets]
     for unit in units:
         part, gap = candidates[0], targets[candidates[0]] - filled[candidates[0]]
         for j in candidates[1:]:  # the largest gap; the earlier part on a tie
