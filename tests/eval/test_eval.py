@@ -748,6 +748,27 @@ def test_tied_logits_predict_the_first_class_whatever_the_topk(tmp_path):
     assert ranked_classes(scores, 4).tolist() == [[1, 3, 4, 2]]
 
 
+def test_ranked_classes_of_many_classes_equal_the_full_stable_sort():
+    # Many classes sort only the candidates for the first k: the same classes in the same order
+    # as sorting every score, ties (scores rounded to one decimal), infinities and NaN included.
+    from torchkit.core.topk import ranked_classes
+
+    generator = torch.Generator().manual_seed(0)
+    for classes, k in ((200, 1), (1000, 5), (3000, 10)):
+        scores = (torch.rand(16, classes, generator=generator) * 10).round() / 10
+        scores[0] = 0.5  # a row of ties (an untrained head)
+        scores[3, :10] = float("inf")
+        scores[4, scores[4] < 0.5] = float("-inf")
+        for batch in (
+            scores,
+            scores[3:],
+            scores[3:].bfloat16(),
+            torch.where(scores > 0.95, float("nan"), scores),
+        ):
+            full = batch.sort(dim=1, descending=True, stable=True).indices[:, :k]
+            assert torch.equal(ranked_classes(batch, k), full)
+
+
 def test_topk_1_keeps_the_top1_accuracy_of_a_one_class_model(tmp_path):
     # top{k} is null where k >= the classes; with --topk 1 that null overwrote `top1`, which the
     # table and `accuracy` gave as 1.0.
