@@ -177,3 +177,92 @@ def test_split_stops_when_its_output_folder_is_moved_and_leaves_what_is_there_al
     else:
         assert not out.exists()
     assert {"train", "val", MARKER} <= set(os.listdir(tmp_path / "out.old"))
+
+
+def _made_there(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "mine.txt").write_text("the user's\n")
+
+
+def _file_there(folder: Path) -> None:
+    folder.write_text("the user's\n")
+
+
+def _filled(folder: Path) -> None:
+    (folder / "mine.txt").write_text("the user's\n")
+
+
+def _old_output_moved_and_folder_made(folder: Path) -> None:
+    _rename_away(folder)
+    _made_there(folder)
+
+
+@pytest.mark.parametrize(
+    ("before", "change"),
+    [
+        (None, _made_there),
+        (None, _file_there),
+        ("empty", _filled),
+        ("old output", _old_output_moved_and_folder_made),
+    ],
+)
+def test_an_atomic_output_is_not_swapped_over_what_another_process_put_at_its_place(
+    tmp_path, before, change
+):
+    """The finished hidden folder replaces only what the checks judged (nothing, an empty
+    folder, the old output under --force): what the user put there meanwhile stays, and the
+    finished output is kept beside it."""
+    out = tmp_path / "out"
+    if before is not None:
+        out.mkdir()
+    if before == "old output":
+        (out / MARKER).write_text("{}\n")
+        (out / "a.txt").write_text("old\n")
+    with (
+        pytest.raises(OutputFolderReplacedError) as raised,
+        OutputFolder(out, command="convert", force=True, atomic=True) as output,
+    ):
+        atomic_write_text(output.begin() / "a.txt", "new\n")
+        change(out)
+    kept = tmp_path / "out.new"
+    assert str(raised.value) == (
+        f"output folder {out} was made or changed by another process while convert was "
+        f"writing: a {'file' if change is _file_there else 'folder with something in it'} is at "
+        f"its place now; the finished output is at {kept} (nothing at {out} was changed: "
+        "compare the two, keep what you want)"
+    )
+    if change is _file_there:
+        assert out.read_text() == "the user's\n"
+    else:
+        assert sorted(os.listdir(out)) == ["mine.txt"]
+    assert (kept / "a.txt").read_text() == "new\n"
+    if before == "old output":
+        assert (tmp_path / "out.old" / "a.txt").read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_an_atomic_output_still_replaces_an_empty_folder_made_meanwhile(tmp_path):
+    out = tmp_path / "out"
+    with OutputFolder(out, command="convert", atomic=True) as output:
+        atomic_write_text(output.begin() / "a.txt", "new\n")
+        out.mkdir()  # nothing in it to lose
+    assert sorted(os.listdir(out)) == [MARKER, "a.txt"]
+
+
+def test_convert_tensor_keeps_a_folder_made_at_dst_while_it_converted(tmp_path):
+    import numpy as np
+
+    from torchkit.core.convert.tensor import TensorOptions, convert_tensor
+
+    source, dst = tmp_path / "arrays", tmp_path / "out"
+    source.mkdir()
+    np.save(source / "a.npy", np.zeros((2, 2), dtype=np.float32))
+
+    def progress(done: int, total: int) -> None:  # the user makes DST as the last file is done
+        if done == total:
+            _made_there(dst)
+
+    with pytest.raises(OutputFolderReplacedError, match="the finished output is at"):
+        convert_tensor(source, dst, TensorOptions(to="pt"), workers=1, progress=progress)
+    assert sorted(os.listdir(dst)) == ["mine.txt"]
+    assert sorted(os.listdir(tmp_path / "out.new")) == [MARKER, "a.pt"]

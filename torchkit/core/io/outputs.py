@@ -593,6 +593,26 @@ class _Claim:
         )
 
 
+def _lstat_id(path: Path) -> FileId | None:
+    """The identity of what is at `path` itself (a link is not followed); None: nothing."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _what_is_at(path: Path) -> str:
+    """What stands at `path`, in words, for an error."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "something else is at its place now"
+    if stat.S_ISDIR(mode):
+        return "a folder with something in it is at its place now"
+    return "a link is at its place now" if stat.S_ISLNK(mode) else "a file is at its place now"
+
+
 # Absolute path -> claim, for every output folder this process is writing (`OutputFolder.begin`
 # to `release`): a write into a folder that was removed or replaced stops the command instead
 # of making a new, incomplete folder at the same name (or writing into someone else's).
@@ -770,6 +790,9 @@ class OutputFolder:
                 )
             else:
                 self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)
+            # The old output judged replaceable here: an atomic `keep()` replaces that folder
+            # only, never one made at its place while the command ran.
+            self._replacing = _lstat_id(self.final) if self.has_content else None
         except BaseException:
             self.release()
             raise
@@ -859,23 +882,7 @@ class OutputFolder:
             return
         if self.atomic:
             with reporting_write_errors(self.final):
-                if self.final.exists():
-                    old = _sibling(self.final, REPLACED_SUFFIX)
-                    try:
-                        os.replace(self.final, old)
-                        os.replace(self.path, self.final)
-                    except BaseException:
-                        # A signal (or an error) between the two renames: the old output
-                        # goes back, not left hidden with no output in its place.
-                        if os.path.lexists(old) and not os.path.lexists(self.final):
-                            os.replace(old, self.final)
-                            remove_tree(self.path)  # the new one goes, as `abandon` drops it
-                        elif os.path.lexists(old):  # the new output is whole and in place
-                            discard_tree(old)
-                        raise
-                    discard_tree(old)
-                else:
-                    os.replace(self.path, self.final)
+                self._swap_in()
             self.path = self.final
             if self._claim is not None:
                 self._claim_folder()
@@ -883,6 +890,71 @@ class OutputFolder:
             discard_tree(self._aside)
             self._aside = None
         self._kept = True
+
+    def _swap_in(self) -> None:
+        """Rename the finished temporary folder to the output's name: over the old output
+        judged at the checks (set aside, then deleted), or where nothing or an empty folder
+        stood. Anything else there now was made by another process while the command ran: it
+        is neither deleted nor merged into (`_refuse_swap`)."""
+        if self._replacing is not None and os.path.lexists(self.final):
+            old = _sibling(self.final, REPLACED_SUFFIX)
+            ours = False
+            try:
+                os.replace(self.final, old)
+                # Checked once set aside, under a name no one else knows: what is deleted
+                # below is the old output, whatever came and went at its name meanwhile.
+                ours = _lstat_id(old) == self._replacing
+                if ours:
+                    os.replace(self.path, self.final)
+            except BaseException:
+                # A signal (or an error) between the two renames: the old output goes back,
+                # not left hidden with no output in its place.
+                if os.path.lexists(old) and not os.path.lexists(self.final):
+                    os.replace(old, self.final)
+                    remove_tree(self.path)  # the new one goes, as `abandon` drops it
+                elif ours and os.path.lexists(old):  # the new output is whole and in place
+                    discard_tree(old)
+                raise
+            if not ours:
+                self._refuse_swap(_what_is_at(old), put_back=old)
+            discard_tree(old)
+            return
+        try:
+            # The kernel replaces nothing or an empty folder only: a file, or a folder with
+            # something in it (put there while the command ran), fails the rename.
+            os.replace(self.path, self.final)
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            self._refuse_swap(_what_is_at(self.final))
+
+    def _refuse_swap(self, found: str, *, put_back: Path | None = None) -> None:
+        """Something not judged at the checks stands at the output's name: it stays (put back
+        from `put_back`, where it was set aside to be checked), and the finished output is
+        renamed beside it under a visible name (`NAME.new`), so that neither is lost."""
+        if put_back is not None:
+            try:
+                os.rename(put_back, self.final)
+            except OSError:
+                found += f" (set aside at {put_back}: move it back)"
+        kept = self.path
+        for number in range(1, 100):
+            name = self.final.with_name(
+                self.final.name + (f".new-{number}" if number > 1 else ".new")
+            )
+            if not os.path.lexists(name):
+                with contextlib.suppress(OSError):
+                    os.rename(self.path, name)
+                    kept = name
+                break
+        self._unclaim()
+        self._began = False  # nothing of this run is left to remove
+        self.path = kept
+        raise OutputFolderReplacedError(
+            f"{self.what} {_shown(self.final)} was made or changed by another process while "
+            f"{self.command} was writing: {found}; the finished output is at {_shown(kept)}",
+            f"nothing at {_shown(self.final)} was changed: compare the two, keep what you want",
+        )
 
     def abandon(self) -> None:
         """The run failed before `keep()`: remove what it wrote and put the old output back."""
