@@ -266,3 +266,65 @@ def test_convert_tensor_keeps_a_folder_made_at_dst_while_it_converted(tmp_path):
         convert_tensor(source, dst, TensorOptions(to="pt"), workers=1, progress=progress)
     assert sorted(os.listdir(dst)) == ["mine.txt"]
     assert sorted(os.listdir(tmp_path / "out.new")) == [MARKER, "a.pt"]
+
+
+def test_convert_tensor_does_not_make_its_removed_folder_again_for_a_subfolder(
+    tmp_path, monkeypatch
+):
+    """The folder being filled goes (the user removes it, or a folder above it) after the
+    first file: the next file's subfolder does not make it again, and the run stops."""
+    import numpy as np
+
+    from torchkit.core.convert import tensor
+    from torchkit.core.convert.tensor import TensorOptions, convert_tensor
+
+    source, dst = tmp_path / "arrays", tmp_path / "out"
+    for sub in ("a", "b"):
+        (source / sub).mkdir(parents=True)
+        np.save(source / sub / "x.npy", np.zeros((2, 2), dtype=np.float32))
+    convert_file = tensor.convert_file
+
+    def then_removed(source_file, target, *args, **kwargs):
+        result = convert_file(source_file, target, *args, **kwargs)
+        if target.parent.name == "a":
+            shutil.rmtree(target.parent.parent)  # the hidden folder being filled
+        return result
+
+    monkeypatch.setattr(tensor, "convert_file", then_removed)
+    with pytest.raises(OutputFolderReplacedError, match=f"output folder {dst} was removed"):
+        convert_tensor(source, dst, TensorOptions(to="pt"), workers=1)
+    assert sorted(os.listdir(tmp_path)) == ["arrays"]  # nothing made again, no lock left
+
+
+def test_an_atomic_output_whose_temporary_folder_goes_after_the_last_write_says_so(tmp_path):
+    out = tmp_path / "out"
+    with (
+        pytest.raises(OutputFolderReplacedError, match="it is gone"),
+        OutputFolder(out, command="convert", atomic=True) as output,
+    ):
+        atomic_write_text(output.begin() / "a.txt", "a\n")
+        shutil.rmtree(output.path)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("mode", ["copy", "move"])
+def test_split_does_not_make_its_removed_output_folder_again_for_its_subfolders(
+    tmp_path, monkeypatch, mode
+):
+    from torchkit.core.split import run as split_run
+    from torchkit.core.split import split_dataset
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    write_image_folder(data, {"ant": 3, "bee": 3}, seed=1)
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    write_journal = split_run.write_journal
+
+    def then_removed(folder, record):  # the user removes OUT before the first file is placed
+        write_journal(folder, record)
+        shutil.rmtree(folder)
+
+    monkeypatch.setattr(split_run, "write_journal", then_removed)
+    with pytest.raises(OutputFolderReplacedError, match="it is gone"):
+        split_dataset(data, out, mode=mode)
+    assert not out.exists()
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before  # nothing moved

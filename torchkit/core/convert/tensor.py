@@ -36,7 +36,9 @@ from torchkit.core.io.files import atomic_path, require_input, torch_save
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
+    OutputFolderReplacedError,
     as_write_error,
+    check_claimed,
     check_output_file,
     named_as_final,
     reporting_write_errors,
@@ -558,12 +560,18 @@ def _convert_chunk(
     error (full disk, read-only) is raised: it is fatal, never a skipped input."""
     source_root, target_root, final_root, relatives, extension, options = task
     results = []
+    made: set[Path] = set()
     for relative in relatives:
         source = Path(source_root) / relative
         target = Path(target_root) / relative.with_suffix(extension)
         try:
-            with reporting_write_errors(target.parent):
-                target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent not in made:
+                # The folder being filled is still the one begun: a removed one is not made
+                # again by its subfolder's mkdir (one stat per folder, not per file).
+                check_claimed(target.parent)
+                with reporting_write_errors(target.parent):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                made.add(target.parent)
             result = convert_file(source, target, options, split_batch=True, name=str(relative))
             result.written = [
                 Written(os.path.relpath(w.path, target_root), w.shape, w.dtype)
@@ -571,6 +579,8 @@ def _convert_chunk(
             ]
         except OutputWriteError as error:
             raise named_as_final(error, target_root, final_root) from None
+        except OutputFolderReplacedError:
+            raise  # the output's error, not this file's
         except TorchkitError as error:
             result = FileResult(str(relative), error=str(error))
         except Exception as error:  # a broken file must not stop the others

@@ -881,6 +881,7 @@ class OutputFolder:
         if self._kept or not self._began:
             return
         if self.atomic:
+            self.check()  # the hidden folder filled is still there, whole, to be swapped in
             with reporting_write_errors(self.final):
                 self._swap_in()
             self.path = self.final

@@ -15,7 +15,7 @@ from torchkit.core.data.hashing import file_digest
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write
-from torchkit.core.io.outputs import remove_tree, reporting_write_errors
+from torchkit.core.io.outputs import check_claimed, remove_tree, reporting_write_errors
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.core.runtime.signals import signals_held
@@ -231,6 +231,7 @@ def place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> 
 
 def _place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> None:
     total = len(plan.sources)
+    check_claimed(out)  # still the OUT begun: a removed one is not made again by the mkdirs
     for folder in sorted({os.path.dirname(d) for d in plan.dests}):
         (out / folder).mkdir(parents=True, exist_ok=True)
     targets = [os.path.join(out, d) for d in plan.dests]
