@@ -31,6 +31,7 @@ from processes import (
 )
 
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.outputs import remove_tree
 from torchkit.core.video import MAX_SEGMENTS, tsn_frame_indices
 
 
@@ -254,3 +255,28 @@ def test_a_full_disk_is_an_error_not_a_skipped_video(tmp_path, small_tmpfs, clip
     assert f"cannot write {disk / 'frames'}" in line and "No space left" in line
     assert "could not be read" not in result.stderr
     assert tree_digest(clips) == before and os.listdir(disk) == []
+
+
+def test_a_frames_folder_removed_while_frames_are_written_stops_the_run(
+    tmp_path, clips, monkeypatch
+):
+    """The error of the folder, once, not a failed video each."""
+    from torchkit.core.video import frames
+
+    written = frames.atomic_write_bytes
+
+    def then_removed(target, data):
+        written(target, data)
+        if os.path.isdir(target.parent):
+            remove_tree(target.parent)  # the hidden folder being filled
+
+    monkeypatch.setattr(frames, "atomic_write_bytes", then_removed)
+    out = tmp_path / "frames"
+    result = video_info(clips, "-k", "2", "--extract-frames", out, "-j", "0")
+    assert result.returncode == 1, result.stderr
+    assert error_line(result.stderr).startswith(
+        f"Error: frames folder {out} was removed or replaced while video-info was writing into "
+        "it: it is gone"
+    )
+    assert "could not be read" not in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["clips"]

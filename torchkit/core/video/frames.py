@@ -11,7 +11,12 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write_bytes
-from torchkit.core.io.outputs import OutputFolder, remove_tree, write_error
+from torchkit.core.io.outputs import (
+    OutputFolder,
+    OutputFolderReplacedError,
+    remove_tree,
+    write_error,
+)
 from torchkit.core.video.probe import (
     VideoInfo,
     _error_text,
@@ -185,7 +190,7 @@ def _sample_into(
             )
             info.frame_files = [str(options.extract_dir / f.name) for f in files]
             frames_folder.wrote(len(files))
-    except _Stopped:
+    except (_Stopped, OutputFolderReplacedError):  # the frames folder's error, not this video's
         raise
     except OutputWriteError as error:
         # A full disk is the output's error, not this video's. The frames go to a hidden
