@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import IO
 
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.outputs import check_claimed, is_special_file, remove_tree
+from torchkit.core.io.outputs import (
+    check_claimed,
+    is_special_file,
+    remove_tree,
+    synced_when_kept,
+)
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
 
 try:
@@ -164,7 +169,9 @@ def atomic_write(
     (and `check`, given the complete temporary file, raises nothing).
 
     The temporary file is in the same folder so the final `os.replace` is atomic: a crash or a
-    kill at any moment leaves either the old file or the new one, never a truncated mix. Text
+    kill at any moment leaves either the old file or the new one, never a truncated mix. It is
+    fsynced before the rename, except inside the hidden folder of an atomic output folder,
+    which is synced as a whole before it replaces the output (`OutputFolder.keep`). Text
     is written with `errors=NAME_ERRORS` unless the caller says otherwise: file names that
     are not UTF-8 are written as their own bytes.
     """
@@ -192,7 +199,8 @@ def atomic_write(
             with os.fdopen(fd, mode, **open_kwargs) as handle:
                 yield handle
                 handle.flush()
-                os.fsync(handle.fileno())
+                if not synced_when_kept(target):  # else one sync for all, before the swap
+                    os.fsync(handle.fileno())
             if check is not None:
                 check(Path(tmp_name))
             os.replace(tmp_name, target)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 
 from torchkit import __version__
+from torchkit.core.io.durability import fsync_directory, sync_file_system
 from torchkit.core.io.errors import (
     OutputExistsError,
     OutputWriteError,
@@ -568,6 +569,9 @@ class _Claim:
     what: str
     command: str
     hint: str
+    # Its files are made durable together when it is kept (a hidden folder of an atomic
+    # output: one sync before the swap), not one by one as they are written.
+    synced_when_kept: bool = False
 
     def change(self) -> str | None:
         """How the folder at `path` differs from the one claimed (None: it is that one)."""
@@ -620,14 +624,32 @@ _CLAIMED: dict[str, _Claim] = {}
 
 
 def claim_folder(
-    folder: Path, *, what: str, command: str, hint: str = "", shown: Path | None = None
+    folder: Path,
+    *,
+    what: str,
+    command: str,
+    hint: str = "",
+    shown: Path | None = None,
+    synced_when_kept: bool = False,
 ) -> None:
     """Record `folder` as it is now as an output folder being written (see `check_claimed`):
     `OutputFolder.begin` does, and a command that makes its folder itself under an
     `OutputFolder`'s lock; the claim ends with that lock."""
     info = os.stat(folder)
     _CLAIMED[os.path.abspath(folder)] = _Claim(
-        folder, shown or folder, (info.st_dev, info.st_ino), what, command, hint
+        folder, shown or folder, (info.st_dev, info.st_ino), what, command, hint, synced_when_kept
+    )
+
+
+def synced_when_kept(target: str | os.PathLike) -> bool:
+    """Whether `target` is written into the hidden folder of an atomic output, which is made
+    durable as a whole before it is swapped into place: its files need no fsync each."""
+    if not _CLAIMED:
+        return False
+    text = os.path.abspath(os.fspath(target))
+    return any(
+        claim.synced_when_kept and text.startswith(prefix.rstrip(os.sep) + os.sep)
+        for prefix, claim in list(_CLAIMED.items())
     )
 
 
@@ -831,6 +853,7 @@ class OutputFolder:
             command=self.command,
             hint=self.replaced_hint,
             shown=self.final,
+            synced_when_kept=self.atomic and self.path != self.final,
         )
         self._claim = _CLAIMED[os.path.abspath(self.path)]
 
@@ -881,16 +904,30 @@ class OutputFolder:
         if self._kept or not self._began:
             return
         if self.atomic:
-            self.check()  # the hidden folder filled is still there, whole, to be swapped in
             with reporting_write_errors(self.final):
+                # On disk before the swap: a power cut after it finds the whole new output,
+                # never its names over empty files with the old output deleted.
+                sync_file_system(self.path)
                 self._swap_in()
+                fsync_directory(self.final.parent)
             self.path = self.final
             if self._claim is not None:
                 self._claim_folder()
-        elif self._aside is not None:
-            discard_tree(self._aside)
-            self._aside = None
+        else:
+            self._make_durable()  # before the old output set aside is deleted
+            if self._aside is not None:
+                discard_tree(self._aside)
+                self._aside = None
         self._kept = True
+
+    def _make_durable(self) -> None:
+        """What was written into the (non-atomic) folder so far on disk: files written without
+        an fsync each (copies, encoded images) are whole after a power cut."""
+        if not self.final.is_dir():  # removed or replaced meanwhile: `check` reports that
+            return
+        with reporting_write_errors(self.final):
+            sync_file_system(self.final)
+            fsync_directory(self.final.parent)
 
     def _swap_in(self) -> None:
         """Rename the finished temporary folder to the output's name: over the old output
@@ -1001,7 +1038,13 @@ class OutputFolder:
     def finish(self, ok: bool) -> None:
         try:
             if ok:
-                self.keep()
+                try:
+                    if self._kept and self._began and not self.atomic:
+                        self._make_durable()  # what was written since `keep()`, before success
+                    self.keep()
+                except BaseException:  # not made durable (an I/O error): a failed run
+                    self.abandon()
+                    raise
             else:
                 self.abandon()
         finally:
