@@ -183,6 +183,49 @@ def test_dataset_stats_on_a_split_root_measures_train_by_default(runner, tmp_pat
     assert plain.exit_code == 0 and json.loads(plain.stdout)["split"] is None
 
 
+def test_a_split_root_whose_test_split_has_no_class_folders_reads_it_unlabelled(runner, tmp_path):
+    # ROOT/test/x.png beside ROOT/{train,val}/<class>/: the folder form of HF's unlabelled test
+    # split was refused by every reader ("ROOT/test holds images but no class folders").
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 4, "b": 4}, seed=1)
+    write_image_folder(root / "val", {"a": 1, "b": 1}, seed=2)
+    write_image_folder(root / "test", {"x": 3}, seed=3)
+    for image in (root / "test" / "x").iterdir():
+        image.rename(root / "test" / image.name)
+    (root / "test" / "x").rmdir()
+
+    def run(*args: object) -> object:
+        return runner.invoke(app, [str(arg) for arg in args])
+
+    stats = run("dataset-stats", root, "--split", "all", "-j", "0", "--format", "json")
+    assert stats.exit_code == 0, stats.stderr
+    counts = {row["name"]: row["images"] for row in json.loads(stats.stdout)["classes"]}
+    assert counts == {"a": 5, "b": 5, "": 3}
+    out = tmp_path / "run"
+    trained = run("train", "--data", root, *ONE_EPOCH, "--out", out, "--format", "json")
+    assert trained.exit_code == 0, trained.stderr
+    assert "has no labels: best.pt is not tested" in trained.stderr
+    assert json.loads(trained.stdout)["test_top1"] is None
+    assert {r["split"] for r in rows_of(out / "split.csv")} == {"train", "val"}
+    refused = run("eval", out / "best.pt", "--data", root)  # the default test split
+    assert refused.exit_code == 1
+    assert f"{root / 'test'} holds images but no class folders" in error_line(refused.stderr)
+    assert "--split val scores a labelled split" in refused.stderr
+    predicted = run("predict", out / "best.pt", root, "--format", "csv")
+    assert predicted.exit_code == 0, predicted.stderr
+    labels = {r["path"]: r["label"] for r in csv.DictReader(predicted.stdout.splitlines())}
+    assert labels["train/a/a_0.png"] == "a" and labels["test/x_0.png"] == ""
+    assert len(labels) == 13
+
+    # A flat val/ (or train/) still keeps train from running: one line naming the split.
+    (root / "test").rename(tmp_path / "unlabelled")
+    (root / "val").rename(root / "test")
+    (tmp_path / "unlabelled").rename(root / "val")
+    refused = run("train", "--data", root, *ONE_EPOCH, "--out", tmp_path / "run2")
+    assert refused.exit_code == 1
+    assert f"the val split of {root} has 3 image(s) without a label" in error_line(refused.stderr)
+
+
 def test_split_reads_a_bom_csv_and_refuses_data_that_is_split_already(runner, tmp_path):
     write_image_folder(tmp_path / "in" / "images", {"a": 5, "b": 5})
     lines = [f"images/{c}/{c}_{i}.png,{c}" for c in "ab" for i in range(5)]

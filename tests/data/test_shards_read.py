@@ -201,6 +201,39 @@ def test_a_tar_of_a_split_of_a_flat_folder_reads_as_that_split(world, tmp_path):
         open_data(str(archive))  # train and eval need labels: one error
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_split_root_whose_test_split_has_no_class_folders_reads_so_tarred(
+    world, tmp_path, wrapped
+):
+    # test/x.png beside train/<class>/ (HF's unlabelled test split as a folder): every reader
+    # stopped ("X.tar:test holds images but no class folders"), as the folder read did.
+    from torchkit.core.data.sources import open_data, open_labelled
+
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    folder = tmp_path / "with-test"
+    for name in ("train/a/p.png", "train/b/q.png", "test/x.png", "test/y.png"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(png)
+    archive = tar_folder(folder, tmp_path / "with-test.tar", wrapped=wrapped)
+    read = {}
+    for data in (folder, archive):
+        opened = open_data(str(data), allow_unlabelled=True)
+        labels = {s: [part.classes[i] for i in part.labels] for s, part in opened.splits.items()}
+        read[data] = (opened.classes, {s: part.ids for s, part in opened.splits.items()}, labels)
+    assert (
+        read[archive]
+        == read[folder]
+        == (
+            ["a", "b", ""],
+            {"train": ["train/a/p.png", "train/b/q.png"], "test": ["test/x.png", "test/y.png"]},
+            {"train": ["a", "b"], "test": ["", ""]},
+        )
+    )
+    source, refused = open_labelled(str(archive))  # train and eval: the labelled splits
+    assert source.splits["test"].has_unlabelled and not source.splits["train"].has_unlabelled
+    assert refused.message == f"{archive}:test holds images but no class folders"
+
+
 def test_split_shards_are_split_data_and_eval_reads_only_val(world):
     found = run_json(
         "eval", world / "model.pt", "--data", world / "split-shards", "--split", "val",

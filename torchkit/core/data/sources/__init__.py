@@ -24,8 +24,9 @@ API
         also a folder of images without class folders and a CSV without labels (class "").
     open_labelled(spec) -> (DataSource, InputError | None)
         open_data with labels; split data with an unlabelled split beside labelled ones
-        (HF's test split of label -1) read with that split unlabelled, and the error it is
-        refused with where labels are needed (eval, train).
+        (HF's test split of label -1, a split root's test/ without class folders) read with
+        that split unlabelled, and the error it is refused with where labels are needed (eval,
+        train).
     select_split(source, split, *, default, recorded=None, default_reason="")
             -> (Samples, notes)
         The samples `--split` names: train | val | test | all | None (the whole of unsplit data,

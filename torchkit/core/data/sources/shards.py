@@ -50,7 +50,13 @@ from torchkit.core.data.sources.discovery import (
     is_skipped_folder,
 )
 from torchkit.core.data.sources.samples import Samples, index_class_names
-from torchkit.core.data.sources.source import DataSource, _split_source, relabelled, tagged
+from torchkit.core.data.sources.source import (
+    DataSource,
+    _split_source,
+    relabelled,
+    tagged,
+    unlabelled_split_error,
+)
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
 from torchkit.core.data.stored_image import StoredImage
 from torchkit.core.io.errors import InputError, short_repr
@@ -876,18 +882,25 @@ def _open_folder_tar(
             )
         # A split of a flat folder (`split` writes OUT/train/x.png), as `source._open_folder`
         # reads one unpacked: unlabelled split data.
-        flat = all(
-            any(n.startswith(f"{name}/") and "/" not in n[len(name) + 1 :] for n in names)
+        with_images = {
+            name: any(n.startswith(f"{name}/") and "/" not in n[len(name) + 1 :] for n in names)
             for name in split_folders
-        )
-        if flat and not allow_unlabelled:
-            raise InputError(
-                f"{spec} is a split of unlabelled images: its split folders hold images without "
-                "class folders",
-                "labels need class folders, ROOT/{train,val,test}/<class>/<image>; predict, "
-                "extract-features and dataset-stats read it unlabelled",
+        }
+        flat = all(with_images.values())
+        # test/x.png beside labelled train/ and val/: an unlabelled test split, as unpacked.
+        unlabelled = [
+            name
+            for name in split_folders
+            if with_images[name]
+            and not any(
+                f.startswith(f"{name}/") and not is_skipped_folder(f[len(name) + 1 :].split("/")[0])
+                for f in folders
             )
-        parts = {name: samples_under(name, flat) for name in split_folders}
+        ]
+        if (flat or unlabelled) and not allow_unlabelled:
+            shown = [f"{spec}:{name}" for name in unlabelled]
+            raise unlabelled_split_error(spec, shown, whole=flat)
+        parts = {name: samples_under(name, flat or name in unlabelled) for name in split_folders}
         if flat:
             splits = {name: tagged(parts[name], name) for name in split_folders}
             return DataSource(spec, "tar split root", spec, splits, None, [""])

@@ -91,7 +91,8 @@ def open_data(
     - `digits`: scikit-learn's 8x8 digits, split 80/10/10 (always the built-in set: a folder of
       that name is `./digits`);
     - a split root: a folder whose subfolders are `train/`, `val/` and/or `test/` (nothing else),
-      each an image folder;
+      each an image folder (with `allow_unlabelled`, one of images without class folders is read
+      unlabelled, class "": a split of a flat folder, an unlabelled test split);
     - an image folder `ROOT/<class>/<image>` (images searched recursively in each class);
     - a CSV index `path,label` with an optional `split` column;
     - with `allow_unlabelled`: also a folder of images without class folders ("flat folder", one
@@ -328,18 +329,20 @@ def _open_folder(
                 f"({', '.join(n + '/' for n in split_folders)})",
                 "move them into a split's class folders, or elsewhere",
             )
-        flat = all(_subfolders(path / name)[1] for name in split_folders)
-        if flat and not allow_unlabelled:
-            raise InputError(
-                f"{path} is a split of unlabelled images: its split folders hold images without "
-                "class folders",
-                "labels need class folders, ROOT/{train,val,test}/<class>/<image>; predict, "
-                "extract-features and dataset-stats read it unlabelled",
+        listed = {name: _subfolders(path / name) for name in split_folders}
+        flat = all(images for _, images in listed.values())
+        # A split folder of images without class folders beside labelled ones: an unlabelled
+        # test split (HF's label -1), read unlabelled where unlabelled images are taken, as
+        # parquet and shards read theirs (`open_labelled`).
+        unlabelled = [n for n in split_folders if listed[n][1] and not listed[n][0]]
+        if (flat or unlabelled) and not allow_unlabelled:
+            raise unlabelled_split_error(
+                str(path), [str(path / name) for name in unlabelled], whole=flat
             )
         parts = {}
         for name in split_folders:
             # A split of a flat folder (`split` writes OUT/train/x.png): unlabelled split data.
-            read = discover_flat_folder if flat else discover_image_folder
+            read = discover_flat_folder if flat or name in unlabelled else discover_image_folder
             samples = read(path / name)
             samples.ids = relative_ids(samples.paths, path)
             samples.source = root
@@ -353,6 +356,23 @@ def _open_folder(
         return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
     samples = discover_image_folder(path, classes=classes)
     return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
+
+
+def unlabelled_split_error(root: str, unlabelled: Sequence[str], *, whole: bool) -> InputError:
+    """The error for a split root's split folders of images without class folders (`unlabelled`,
+    as shown), where labels are needed: `whole` when every split is such a folder."""
+    hint = (
+        "labels need class folders, ROOT/{train,val,test}/<class>/<image>; predict, "
+        "extract-features and dataset-stats read it unlabelled"
+    )
+    if whole:
+        return InputError(
+            f"{root} is a split of unlabelled images: its split folders hold images without "
+            "class folders",
+            hint,
+        )
+    verb = "holds" if len(unlabelled) == 1 else "hold"
+    return InputError(f"{' and '.join(unlabelled)} {verb} images but no class folders", hint)
 
 
 def _refuse_renamed_split(path: Path, folders: Sequence[str]) -> None:
