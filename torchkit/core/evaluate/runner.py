@@ -31,7 +31,7 @@ from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import load_eval_samples
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
-from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
+from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, on_every_rank
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -482,14 +482,19 @@ def _run(
         local, errors, seconds, nonfinite_batches, k, ctx
     )
 
+    # Counted over every rank's gathered outputs: the same error on each, rank 0 reports it.
     if errors and options.strict:
-        raise InputError(
-            f"unreadable image {errors[0]}", "fix or remove it, or drop --strict to skip it"
+        raise on_every_rank(
+            InputError(
+                f"unreadable image {errors[0]}", "fix or remove it, or drop --strict to skip it"
+            )
         )
     if nonfinite_batches and options.strict:
-        raise InputError(
-            _nonfinite_message(predictions, samples, nonfinite_batches),
-            _nonfinite_hint(info_amp_dtype, strict=True),
+        raise on_every_rank(
+            InputError(
+                _nonfinite_message(predictions, samples, nonfinite_batches),
+                _nonfinite_hint(info_amp_dtype, strict=True),
+            )
         )
     if not ctx.is_main:
         return None

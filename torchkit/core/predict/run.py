@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
-from torchkit.core.io.errors import InputError, TorchkitError, UsageError
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.io.files import STDIN
 from torchkit.core.predict.inputs import collect_images, streamed_images, streams_stdin
 
@@ -281,8 +281,8 @@ class PredictRun:
                     first = False
                 parts = _gather(local, ctx)
                 failures = [p["failure"] for p in parts if p is not None and "failure" in p]
-                if failures:
-                    raise failures[0]
+                if failures:  # gathered: the same on every rank, which rank 0 reports
+                    raise on_every_rank(failures[0])
                 records: list[tuple[list[str], list[Any]]] = []
                 failure = None
                 if ctx.is_main:
@@ -295,7 +295,7 @@ class PredictRun:
                         failure = error
                 failure = _from_rank_zero(failure, ctx)
                 if failure is not None:
-                    raise failure
+                    raise on_every_rank(failure)
                 yield from records
                 if progress is not None and ctx.is_main:
                     progress(done, total)
