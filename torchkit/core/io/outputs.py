@@ -904,6 +904,7 @@ class OutputFolder:
         if self._kept or not self._began:
             return
         if self.atomic:
+            self.check()  # the hidden folder filled is still there, whole, to be swapped in
             with reporting_write_errors(self.final):
                 # On disk before the swap: a power cut after it finds the whole new output,
                 # never its names over empty files with the old output deleted.
