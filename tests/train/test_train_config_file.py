@@ -101,6 +101,18 @@ def test_config_file_lists_of_the_wrong_length_or_type_are_usage_errors(
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("key", ["weights", "out", "data", "model"])
+def test_an_empty_value_in_a_config_file_is_refused_as_on_the_command_line(runner, tmp_path, key):
+    """Was taken as not given: "weights": "" trained without weights, "out": "" made a new
+    runs/ folder, where --weights '' and --out '' are refused."""
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({key: ""}))
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.startswith(f"Error: invalid --{key} '' in ")
+    assert "an empty value" in result.stderr
+
+
 def test_config_with_resume_is_refused(runner, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text("{}")

@@ -216,6 +216,11 @@ def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
                 f"{option_name(name)} is given twice in {source}",
                 "give each key once: which value was meant is not clear",
             )
+        if value == "":  # as on the command line: a typo or a template's blank, never "not given"
+            raise UsageError(
+                f"invalid {option_name(name)} '' in {source}: an empty value",
+                "give a value, or leave the key out",
+            )
         if isinstance(value, list):
             value = tuple(value)
         if not _fits(value, types[name]):
