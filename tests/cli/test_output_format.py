@@ -146,3 +146,19 @@ def test_a_bad_choice_is_one_plain_line(command, option, value, choices):
         f"Error: Invalid value for '{option}': '{value}' is not one of {choices} "
         f"(see 'torchkit {name} --help')"
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["split", "{images}", "{tmp}/out", "--mode", "manifest"],
+        ["video-info", "{images}/a/a_0.png", "--skip-errors"],
+    ],
+)
+def test_dash_o_dash_is_stdout_for_split_and_video_info(image_folder, tmp_path, command):
+    """Was refused as a made output ("output cannot go to standard output: '-' is stdout only
+    for -o", exit 2) where the report goes through the command's own -o check."""
+    args = [a.format(images=image_folder, tmp=tmp_path) for a in command]
+    done = run_torchkit_in_process(*args, "-o", "-", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)

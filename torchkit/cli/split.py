@@ -203,7 +203,7 @@ def split(
     split_names = (
         None if names is None else list_items(names, "--names", hint="e.g. --names train,val,test")
     )
-    if output is not None:
+    if output is not None and str(output) != "-":  # `-o -` is stdout
         check_report_file(output, force, root, out, split_names)
     with progress_bar(f"Splitting ({mode.value})") as update:
         result = split_dataset(

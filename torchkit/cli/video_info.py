@@ -186,7 +186,8 @@ def video_info(
             force=force,
             workers=workers,
             progress=advance,
-            report=output,  # checked against the videos before the work, not after it
+            # checked against the videos before the work, not after it (`-o -` is stdout)
+            report=output if output is None or str(output) != "-" else None,
             stdin=stdin,
         )
 
