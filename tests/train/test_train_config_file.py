@@ -113,6 +113,23 @@ def test_an_empty_value_in_a_config_file_is_refused_as_on_the_command_line(runne
     assert "an empty value" in result.stderr
 
 
+def test_print_config_written_to_yaml_reads_back_and_yaml_exponents_are_floats(runner, tmp_path):
+    """Was refused: PyYAML (YAML 1.1) reads 1e-07 (json.dumps' lr_min) and a hand-written
+    `lr: 1e-3` as strings: "--lr-min in printed.yaml is '1e-07', not a float"."""
+    printed = tmp_path / "printed.yaml"
+    result = runner.invoke(app, ["train", "--print-config", "-o", str(printed)])
+    assert result.exit_code == 0, result.stderr
+    again = runner.invoke(app, ["train", "--config", str(printed), "--print-config"])
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout) == json.loads(printed.read_text())
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("lr: 1e-3\nweight_decay: 5.0e4\n")
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert (shown["lr"], shown["weight_decay"]) == (0.001, 50000.0)
+
+
 def test_config_with_resume_is_refused(runner, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text("{}")

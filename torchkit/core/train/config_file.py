@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -198,6 +199,13 @@ def _unique_keys_yaml_loader() -> type:
                     pass
             return super().construct_mapping(node, deep=deep)
 
+    # YAML 1.1 reads a number with an exponent but no dot or no exponent sign (1e-3, 1.0e5:
+    # what json.dumps and people write) as a string; YAML 1.2, and JSON, read it as a float.
+    UniqueKeyLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
     return UniqueKeyLoader
 
 
