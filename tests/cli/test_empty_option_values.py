@@ -71,6 +71,7 @@ STDOUT_NAMED_OUTPUTS = [
     ["train", "--data", "imgs", "--out", "-"],
     ["convert", "shards", "imgs", "-"],
     ["convert", "tensor", "imgs", "-", "--to", "npy"],
+    ["convert", "tensor", "imgs/a/a_0.png", "-", "--to", "npy"],  # was made: -/a_0.npy
     ["dataset-stats", "imgs", "--leakage-csv", "-"],
 ]
 

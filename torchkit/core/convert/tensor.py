@@ -39,6 +39,7 @@ from torchkit.core.io.outputs import (
     OutputFolderReplacedError,
     as_write_error,
     check_claimed,
+    check_not_stdout,
     check_output_file,
     named_as_final,
     reporting_write_errors,
@@ -628,6 +629,7 @@ def convert_tensor(
 
     kind_of(source.suffix)  # an unknown source extension is a usage error
     if target.is_dir() or (target.suffix == "" and not target.exists()):
+        check_not_stdout(target, "output folder")  # a batch's images into a folder named '-'
         if to is None:
             raise UsageError(f"{target} is a folder", "pass --to png|npy|pt|safetensors|...")
         file_target, split_batch = target / (source.stem + to), True
