@@ -491,3 +491,14 @@ def test_existing_file_needs_force(tmp_path):
     assert report["written"] == [
         {"path": str(tmp_path / "b.pt"), "shape": [3, 5, 7], "dtype": "float32"}
     ]
+
+
+def test_a_new_destination_without_extension_is_not_said_to_be_a_folder(tmp_path):
+    """Was 'Error: out is a folder' for a name that did not exist."""
+    image = tmp_path / "a.png"
+    Image.new("RGB", (4, 4)).save(image)
+    result = CliRunner().invoke(app, ["convert", "tensor", str(image), str(tmp_path / "out")])
+    assert result.exit_code == 2
+    line = error_line(result.stderr)
+    assert "out has no extension: a new folder" in line and "--to" in line, line
+    assert not (tmp_path / "out").exists()

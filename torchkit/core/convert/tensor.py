@@ -631,7 +631,11 @@ def convert_tensor(
     if target.is_dir() or (target.suffix == "" and not target.exists()):
         check_not_stdout(target, "output folder")  # a batch's images into a folder named '-'
         if to is None:
-            raise UsageError(f"{target} is a folder", "pass --to png|npy|pt|safetensors|...")
+            # A new name without an extension is taken as a folder: say so, not that it is one.
+            what = "is a folder" if target.is_dir() else "has no extension: a new folder"
+            raise UsageError(
+                f"{target} {what}", "pass --to png|npy|pt|safetensors|..., or end DST with one"
+            )
         file_target, split_batch = target / (source.stem + to), True
     else:
         if to is not None and to != target.suffix.lower():
