@@ -18,7 +18,7 @@ from torchkit.cli.options import (
     model_and_rest,
     model_argument,
 )
-from torchkit.cli.render import OutputFormat, Table, emit, fixed_format, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, fixed_format, report_file, resolve_format
 from torchkit.cli.run_options import DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions
 
@@ -200,8 +200,7 @@ def benchmark(
         fmt = fixed_format(fmt, output, OutputFormat.csv, "--append")
     else:
         fmt = resolve_format(fmt, output)
-    if output is not None and str(output) == "-":
-        output = None
+    output = report_file(output)
     if append and output is None:
         raise UsageError("--append needs -o FILE", "give the CSV file to add the rows to")
     if append and force:

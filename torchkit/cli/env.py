@@ -8,7 +8,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import ForceOption, FormatOption, OutputOption
-from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, report_file, resolve_format
 
 _GIB = 1024**3
 
@@ -56,8 +56,7 @@ def env_command(
     from torchkit.core.io.outputs import check_output_file
 
     fmt = resolve_format(fmt, output)
-    if output is not None and str(output) == "-":
-        output = None  # `-o -` is stdout
+    output = report_file(output)
     if output is not None:
         check_output_file(output, force)  # before the slow part, not after it
     report = collect_env(log_diagnostics=False)

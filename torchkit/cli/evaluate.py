@@ -23,7 +23,7 @@ from torchkit.cli.options import (
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, resolve_format
+from torchkit.cli.render import Table, emit, report_file, resolve_format
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
@@ -179,7 +179,7 @@ def eval_command(
         classes_file=classes if classes and os.path.isfile(classes) else None,
         notify=console.note,
     )
-    if output is not None and str(output) != "-":  # `-o -` is stdout
+    if report_file(output) is not None:
         check_report_file(output, spec, options)  # before any work, not after it
     # Under torchrun only rank 0 shows progress (it evaluates its share of the images).
     with progress_bar(

@@ -26,7 +26,7 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import FORMAT_RULE, OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import FORMAT_RULE, OutputFormat, Table, emit, report_file, resolve_format
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
@@ -319,7 +319,7 @@ def _list_layers(
     from torchkit.core.io.outputs import check_output_file
     from torchkit.core.models import require_model_files
 
-    if output is not None and str(output) != "-":
+    if report_file(output) is not None:
         require_model_files(model, weights)  # a missing model is not "-o already exists"
         check_output_file(output, force)  # before the model is built
     listing = list_layers(

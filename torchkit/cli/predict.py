@@ -135,7 +135,7 @@ def predict_command(
 
       torchkit predict model.onnx photos/ --format csv  (classes from the exported file)
     """
-    from torchkit.cli.render import resolve_format
+    from torchkit.cli.render import report_file, resolve_format
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.io.files import read_path_list
     from torchkit.core.io.outputs import check_output_file
@@ -166,7 +166,7 @@ def predict_command(
         strict=strict,
         skip_errors=skip_errors,
     )
-    to_file = output is not None and str(output) != "-"
+    to_file = report_file(output) is not None
     # `-` alone is read as the paths come; with other IMAGES (or under torchrun) the paths
     # piped for it first. Either way -o may not be one of those images nor lie beside them.
     streamed = streams_stdin(request.images)

@@ -28,10 +28,15 @@ Format = TypeVar("Format", bound=Enum)
 FORMAT_RULE = "[default: json for -o FILE.json, csv for -o FILE.csv, else table]"
 
 
+def report_file(output: Path | str | None) -> Path | str | None:
+    """The file `-o` names, or None for stdout: no -o, or `-o -` (as most Unix tools read it)."""
+    return None if output is None or str(output) == "-" else output
+
+
 def named_format(output: Path | str | None, formats: type[Format]) -> Format | None:
     """The format `-o`'s extension names (`x.json`: json, `x.CSV`: csv; predict's `x.jsonl`:
     jsonl), or None: stdout (no -o, `-o -`) and any other name (`.txt`, `/dev/stdout`)."""
-    if output is None or str(output) == "-":
+    if report_file(output) is None:
         return None
     extension = Path(output).suffix.lower().removeprefix(".")
     if extension == "table":  # a name, not a format: a table has no extension of its own
@@ -267,8 +272,7 @@ def emit(
     from torchkit.core.io.files import atomic_write_text
     from torchkit.core.io.outputs import check_output_file
 
-    if output is not None and str(output) == "-":
-        output = None  # `-o -`: stdout, as most Unix tools read it
+    output = report_file(output)
     if output is not None:
         check_output_file(output, force)
     if fmt == OutputFormat.json:

@@ -18,7 +18,7 @@ from torchkit.cli.options import (
     product_path,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, resolve_format
+from torchkit.cli.render import Table, emit, report_file, resolve_format
 
 
 class SplitMode(str, Enum):
@@ -203,7 +203,7 @@ def split(
     split_names = (
         None if names is None else list_items(names, "--names", hint="e.g. --names train,val,test")
     )
-    if output is not None and str(output) != "-":  # `-o -` is stdout
+    if report_file(output) is not None:
         check_report_file(output, force, root, out, split_names)
     with progress_bar(f"Splitting ({mode.value})") as update:
         result = split_dataset(

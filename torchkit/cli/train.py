@@ -16,7 +16,7 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import FormatOption, OutputOption, StatsOption
-from torchkit.cli.render import OutputFormat, emit, fixed_format, resolve_format
+from torchkit.cli.render import OutputFormat, emit, fixed_format, report_file, resolve_format
 from torchkit.cli.spec_options import declared_parameters, field_value, option_parameters
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.option_specs import OUTPUTS_PANEL
@@ -122,8 +122,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
         fmt = fixed_format(fmt, output, OutputFormat.json, "--print-config")
     else:
         fmt = resolve_format(fmt, output)
-    if output is not None and str(output) == "-":
-        output = None  # `-o -`: stdout
+    output = report_file(output)
     _refuse_output_meant_as_out(output, values["out"])
     is_main = is_main_process()
     config = _config_from(values, stats)

@@ -17,7 +17,7 @@ from torchkit.cli.options import (
     piped_paths,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, report_file, resolve_format
 
 CSV_COLUMNS = [
     "path",
@@ -186,8 +186,7 @@ def video_info(
             force=force,
             workers=workers,
             progress=advance,
-            # checked against the videos before the work, not after it (`-o -` is stdout)
-            report=output if output is None or str(output) != "-" else None,
+            report=report_file(output),  # checked against the videos before the work
             stdin=stdin,
         )
 
@@ -263,7 +262,7 @@ def _write_streamed(paths, *, output: Path | None, force: bool, **options) -> _T
     from torchkit.core.io.files import atomic_write
     from torchkit.core.video import stream_videos
 
-    to_file = output is not None and str(output) != "-"  # `-o -`: stdout, as emit reads it
+    to_file = report_file(output) is not None
     tally = _Tally()
 
     def write(handle, read, flush: bool) -> None:
