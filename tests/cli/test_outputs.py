@@ -197,7 +197,7 @@ def test_a_new_output_is_marked_and_replaces_the_old_only_when_kept(tmp_path):
     run = _old_run(tmp_path / "run")
     before = tree_digest(run)
     with pytest.raises(RuntimeError), OutputFolder(run, command="eval", force=True) as out:
-        (out.begin() / "partial.json").write_text("{}")
+        atomic_write_text(out.begin() / "partial.json", "{}")
         raise RuntimeError("the new run failed")
     assert tree_digest(run) == before  # put back, byte for byte
     assert sorted(os.listdir(tmp_path)) == ["run"]  # no lock file, no set-aside left
@@ -270,7 +270,7 @@ def test_a_failed_run_keeps_the_users_empty_folder(tmp_path):
     empty = tmp_path / "out"
     empty.mkdir()
     out = OutputFolder(empty, command="eval")
-    (out.begin() / "x").write_text("x")
+    atomic_write_text(out.begin() / "x", "x")
     out.finish(ok=False)
     assert empty.is_dir() and os.listdir(empty) == []
     fresh = OutputFolder(tmp_path / "new" / "deeper", command="eval")
@@ -366,6 +366,7 @@ _WRITER = textwrap.dedent(
     import sys, typer
     from pathlib import Path
     from torchkit.cli.app import TorchkitGroup
+    from torchkit.core.io.files import atomic_write_text
     from torchkit.core.io.outputs import OutputFolder
 
     app = typer.Typer(cls=TorchkitGroup, pretty_exceptions_enable=False)
@@ -382,7 +383,7 @@ _WRITER = textwrap.dedent(
         for child in children:
             child.start()
         with OutputFolder(out, command="demo", force=force) as folder:
-            (folder.begin() / "new.txt").write_text("half")
+            atomic_write_text(folder.begin() / "new.txt", "half")
             print("writing", flush=True)
             while True:
                 time.sleep(0.05)
@@ -634,3 +635,55 @@ def test_a_file_where_a_folder_should_be_is_refused_before_any_work(tmp_path):
             .endswith(f": {notes} is a file, not a folder (give a path inside a folder)")
         ), (name, done.stderr)
         assert notes.read_text() == "mine\n" and not (tmp_path / "run").exists()
+
+
+# A failed run removes what it wrote, and nothing else ------------------------------------------
+
+
+@pytest.mark.parametrize("before", ["absent", "empty", "an earlier output (--force)"])
+def test_a_failed_run_removes_only_what_it_wrote_and_keeps_files_put_in_its_folder(
+    tmp_path, before
+):
+    """Files copied into a folder the run is writing (while it works) are not the run's: its
+    clean-up removes its own files, keeps the folder with the user's, and says so."""
+    from torchkit.core.io.errors import InputError
+
+    out = tmp_path / "out"
+    old = None
+    if before == "empty":
+        out.mkdir()
+    elif before != "absent":
+        old = tree_digest(_old_run(out))
+    with (
+        pytest.raises(InputError) as raised,
+        OutputFolder(out, command="split", force=True) as folder,
+    ):
+        atomic_write_text(folder.begin() / "cat" / "run.txt", "the run's\n")
+        (out / "mine.txt").write_text("the user's\n")
+        (out / "cat" / "mine.txt").write_text("the user's\n")
+        raise InputError("cannot read a.png")
+    assert sorted(os.listdir(out)) == ["cat", "mine.txt"]  # no marker, no run.txt
+    assert os.listdir(out / "cat") == ["mine.txt"]
+    message = raised.value.message
+    assert message.startswith(
+        f"cannot read a.png; output folder {out} was kept: it holds files this run did not "
+        "write (cat, mine.txt)"
+    ), message
+    left = sorted(os.listdir(tmp_path))
+    if old is None:
+        assert left == ["out"]  # no lock left
+    else:  # the earlier output cannot go back over the user's files: it stays set aside
+        (aside,) = [name for name in left if name.endswith(".replaced")]
+        assert f"the earlier output is at {tmp_path / aside}: move it back" in message
+        assert tree_digest(tmp_path / aside) == old
+
+
+def test_a_failed_run_with_nothing_put_in_its_folder_leaves_no_trace(tmp_path):
+    out = tmp_path / "new" / "out"
+    with pytest.raises(RuntimeError), OutputFolder(out, command="train") as folder:
+        atomic_write_text(folder.begin() / "config.json", "{}\n")
+        folder.wrote(out / "tensorboard")
+        (out / "tensorboard").mkdir()
+        (out / "tensorboard" / "events").write_text("x")
+        raise RuntimeError("a bad image")
+    assert os.listdir(tmp_path) == []

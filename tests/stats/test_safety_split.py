@@ -400,3 +400,46 @@ def test_a_disk_with_no_room_for_the_lock_is_an_error_and_the_earlier_split_stay
     assert f"cannot write {disk / 'out'}: No space left" in line, line
     (disk / "filler").unlink()
     assert tree_digest(disk) == before  # no lock file left beside OUT
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_a_failed_split_keeps_files_copied_into_out_while_it_ran(tmp_path, forced):
+    """A file the user copies into OUT (or into a split folder) while the split copies is not
+    the split's: the clean-up of a failed split removes the split's own files only, and the
+    error says why OUT is still there."""
+    from torchkit.core.io.errors import InputError, OutputExistsError
+    from torchkit.core.split import split_dataset
+
+    data = make_files(tmp_path / "data", {"ant": 4, "bee": 4})
+    out = tmp_path / "out"
+    if forced:
+        split_dataset(data, out, mode="copy")
+    before = tree_digest(out) if forced else None
+
+    def progress(done: int, total: int) -> None:  # every file copied: then a failure
+        if done == total:
+            (out / "notes.txt").write_text("the user's\n")
+            (out / "train" / "ant" / "mine.png").write_bytes(b"the user's")
+            raise InputError("cannot read data/bee/bee_03.png")
+
+    with pytest.raises(InputError) as raised:
+        split_dataset(data, out, mode="copy", force=forced, progress=progress)
+    assert raised.value.message.startswith(
+        "cannot read data/bee/bee_03.png; output folder "
+        f"{out} was kept: it holds files this run did not write ("
+    ), raised.value.message
+    if forced:  # the earlier split is back, but for the folder the user's file is in
+        assert "the earlier split is still set aside" in raised.value.message
+        assert os.listdir(out / "train" / "ant") == ["mine.png"]
+        assert (out / "notes.txt").is_file() and (out / "split.csv").is_file()
+        with pytest.raises(OutputExistsError, match="holds part of an earlier split"):
+            split_dataset(data, out, mode="copy", force=True)  # never over the user's file
+        assert os.listdir(out / "train" / "ant") == ["mine.png"]
+        (out / "train" / "ant" / "mine.png").unlink()
+        (out / "notes.txt").unlink()
+        split_dataset(data, out, mode="copy", force=True)  # the earlier split back, replaced
+        assert tree_digest(out) == before
+    else:
+        assert sorted(os.listdir(out)) == ["notes.txt", "train"]  # no marker, no split.csv
+        assert os.listdir(out / "train") == ["ant"]
+        assert os.listdir(out / "train" / "ant") == ["mine.png"]

@@ -318,3 +318,33 @@ def test_runs_started_in_the_same_second_get_their_own_default_folders(tmp_path,
     finally:
         lock.release()
     assert list(tmp_path.glob("runs/*")) == []  # no folder made, no lock left
+
+
+def test_a_run_failing_before_its_first_checkpoint_keeps_files_put_in_its_folder(
+    tmp_path, make_image_folder
+):
+    """A file the user copies into the run folder while the first epoch runs is not the run's:
+    the clean-up of a run that fails then removes config.json, split.csv, tensorboard/ and the
+    marker, and keeps the folder with the user's file, saying so."""
+    from torchkit.core.io.errors import InputError
+    from torchkit.core.train import TrainCallbacks, TrainConfig, run_training
+
+    out = tmp_path / "run"
+
+    class FailsInTheFirstEpoch(TrainCallbacks):
+        def on_epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None:
+            (out / "notes.txt").write_text("the user's\n")
+            raise InputError("cannot read a.png")
+
+    data = make_image_folder(tmp_path / "data", {"a": 4, "b": 4})
+    config = TrainConfig(
+        data=str(data), model="convnet", image_size=8, batch_size=4, val_split=0.25,
+        device="cpu", workers=0, epochs=1, out=str(out), tensorboard=True,
+    )  # fmt: skip
+    with pytest.raises(InputError) as raised:
+        run_training(config, FailsInTheFirstEpoch())
+    assert os.listdir(out) == ["notes.txt"]
+    assert raised.value.message == (
+        f"cannot read a.png; run folder {out} was kept: it holds files this run did not write "
+        "(notes.txt)"
+    )

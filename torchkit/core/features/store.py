@@ -151,6 +151,8 @@ class FeatureStore:
         self.output.begin()
         self._begun = True
         with reporting_write_errors(self.out):
+            if not self.partial.is_dir():
+                self.output.wrote(self.partial)  # the arrays in it are memory-mapped files
             self.partial.mkdir(parents=True, exist_ok=True)
 
     @property

@@ -17,6 +17,7 @@ from torchkit.core.io.errors import InputError
 from torchkit.core.io.outputs import (
     check_claimed,
     is_special_file,
+    publish_file,
     remove_tree,
     synced_when_kept,
 )
@@ -184,7 +185,7 @@ def atomic_write(
         with _reporting(target), open(opened, mode, **open_kwargs) as handle:
             yield handle
         return
-    check_claimed(target)  # its output folder is still the one begun, never made again
+    check_claimed(target, writing=True)  # its folder is still the one begun: never made again
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = _held_temporary(target, f".{target.name}.", ".tmp")
@@ -203,7 +204,7 @@ def atomic_write(
                     os.fsync(handle.fileno())
             if check is not None:
                 check(Path(tmp_name))
-            os.replace(tmp_name, target)
+            publish_file(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
@@ -365,7 +366,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with _reporting(target):
             yield target
         return
-    check_claimed(target)
+    check_claimed(target, writing=True)
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
         lock_fd, tmp_name = _held_temporary(target, f".{target.stem}.", f".tmp{target.suffix}")
@@ -377,7 +378,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             _apply_umask(tmp_name)
             yield Path(tmp_name)
             _apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
-            os.replace(tmp_name, target)
+            publish_file(tmp_name, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)

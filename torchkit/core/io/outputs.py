@@ -274,7 +274,72 @@ def check_output_file(
         raise OutputExistsError(f"{what} is a folder, not a file: {target}", "give a file name")
     if (target.exists() or target.is_symlink()) and not force:
         raise OutputExistsError(f"{what} already exists: {target}", "pass --force to overwrite it")
+    _CHECKED_FILES[os.path.abspath(target)] = (_file_state(target), what)
     return target
+
+
+# Absolute path -> (what `check_output_file` found at a file output, None for nothing; what the
+# output is): the finished file replaces that only (`publish_file`), never a file another
+# process wrote at its name while the command ran. An entry ends with the write it was for.
+_CHECKED_FILES: dict[str, tuple[tuple[int, int, int] | None, str]] = {}
+
+
+def _file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """What is at `path` itself (a link is not followed): device, inode and change time, so that
+    a new file that got the inode of one deleted meanwhile is another file; None: nothing."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino, info.st_ctime_ns)
+
+
+def publish_file(temporary: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Rename the finished `temporary` (beside `target`) to `target`. A target that
+    `check_output_file` judged gets only what the check found there replaced: a file made or
+    replaced at its name since (by another command writing the same `-o`) stays, the finished
+    file is kept beside it (`NAME.new`), and OutputExistsError says where."""
+    checked = _CHECKED_FILES.pop(os.path.abspath(target), None)
+    if checked is None:
+        os.replace(temporary, target)
+        return
+    found, what = checked
+    now = _file_state(target)
+    if now is not None and now == found:
+        os.replace(temporary, target)  # what the check found (--force): replaced
+        return
+    if now is None and _rename_if_free(temporary, target):
+        return
+    kept = os.fspath(temporary)
+    for number in range(1, 100):
+        name = f"{os.fspath(target)}.new" + (f"-{number}" if number > 1 else "")
+        if _rename_if_free(temporary, name):
+            kept = name
+            break
+    raise OutputExistsError(
+        f"{what} {_shown(target)} was written by another process while this command ran; "
+        f"this command's output is at {_shown(kept)}",
+        f"nothing at {_shown(target)} was changed: compare the two, keep what you want",
+    )
+
+
+def _rename_if_free(source: str | os.PathLike, name: str | os.PathLike) -> bool:
+    """Rename `source` to `name` only where nothing is at `name` (a hard link, then the old
+    name removed: a rename would replace what another process put there at the same moment).
+    False: something is there."""
+    try:
+        os.link(source, name, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as error:  # a file system without hard links: a plain rename, checked first
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        if os.path.lexists(name):
+            return False
+        os.rename(source, name)
+        return True
+    os.unlink(source)
+    return True
 
 
 # -- write errors -----------------------------------------------------------------------------
@@ -572,6 +637,9 @@ class _Claim:
     # Its files are made durable together when it is kept (a hidden folder of an atomic
     # output: one sync before the swap), not one by one as they are written.
     synced_when_kept: bool = False
+    # The absolute paths written into it (a folder written in place): a failed run removes
+    # these and no other name, so that files put there meanwhile by someone else stay.
+    written: set[str] | None = None
 
     def change(self) -> str | None:
         """How the folder at `path` differs from the one claimed (None: it is that one)."""
@@ -631,14 +699,29 @@ def claim_folder(
     hint: str = "",
     shown: Path | None = None,
     synced_when_kept: bool = False,
+    records_written: bool = False,
 ) -> None:
     """Record `folder` as it is now as an output folder being written (see `check_claimed`):
     `OutputFolder.begin` does, and a command that makes its folder itself under an
-    `OutputFolder`'s lock; the claim ends with that lock."""
+    `OutputFolder`'s lock; the claim ends with that lock. `records_written`: the paths written
+    into it through `atomic_write`/`atomic_path` are recorded (`written_into`)."""
     info = os.stat(folder)
     _CLAIMED[os.path.abspath(folder)] = _Claim(
-        folder, shown or folder, (info.st_dev, info.st_ino), what, command, hint, synced_when_kept
+        folder,
+        shown or folder,
+        (info.st_dev, info.st_ino),
+        what,
+        command,
+        hint,
+        synced_when_kept,
+        set() if records_written else None,
     )
+
+
+def written_into(folder: str | os.PathLike) -> set[str]:
+    """The absolute paths recorded as written into the claimed `folder` (see `claim_folder`)."""
+    claim = _CLAIMED.get(os.path.abspath(folder))
+    return set() if claim is None or claim.written is None else set(claim.written)
 
 
 def synced_when_kept(target: str | os.PathLike) -> bool:
@@ -660,17 +743,62 @@ def claimed_change(folder: str | os.PathLike) -> str | None:
     return None if claim is None else claim.change()
 
 
-def check_claimed(target: str | os.PathLike) -> None:
+def check_claimed(target: str | os.PathLike, *, writing: bool = False) -> None:
     """Before writing `target`: each claimed output folder that holds it is still the folder
-    the command made (one stat), else OutputFolderReplacedError."""
+    the command made (one stat), else OutputFolderReplacedError. `writing`: `target` is about
+    to be written, and recorded as the command's own where its folder records that."""
     if not _CLAIMED:
         return
     text = os.path.abspath(os.fspath(target))
     for prefix, claim in list(_CLAIMED.items()):
-        if text == prefix or text.startswith(prefix.rstrip(os.sep) + os.sep):
+        inside = text.startswith(prefix.rstrip(os.sep) + os.sep)
+        if text == prefix or inside:
             change = claim.change()
             if change is not None:
                 raise claim.error(change)
+            if writing and inside and claim.written is not None:
+                claim.written.add(text)
+
+
+def remove_written(folder: Path, written: Iterable[str | os.PathLike]) -> list[str]:
+    """Remove what a failed run wrote into `folder` (`written`: files, or folders that are
+    wholly its own), then the folders on their way up that this leaves empty (not `folder`
+    itself). Nothing else is touched: returns the names still at the top of `folder`, files
+    someone else put there while the run worked ([] when it is empty or gone)."""
+    top = os.path.abspath(folder)
+    parents: set[str] = set()
+    for path in written:
+        text = os.path.abspath(os.fspath(path))
+        if not text.startswith(top.rstrip(os.sep) + os.sep):
+            continue
+        remove_tree(Path(text))
+        parent = os.path.dirname(text)
+        while parent != top and parent.startswith(top + os.sep):
+            parents.add(parent)
+            parent = os.path.dirname(parent)
+    for parent in sorted(parents, key=len, reverse=True):  # the deepest first
+        with contextlib.suppress(OSError):  # one with something else in it stays
+            os.rmdir(parent)
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def kept_note(what: str, folder: Path, names: list[str]) -> str:
+    """Why a failed run left its output folder: files it did not write are in it."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{what} {_shown(folder)} was kept: it holds files this run did not write ({shown})"
+
+
+def tell_note(note: str, error: BaseException | None) -> None:
+    """Add `note` to the error line of the failure that is ending the command (a TorchkitError),
+    or log it as a warning (an interrupt, an unexpected error)."""
+    if isinstance(error, TorchkitError):
+        error.message = f"{error.message}; {note}"
+        error.args = (error.message,)
+    else:
+        log.warning(note)
 
 
 # -- set aside, put back --------------------------------------------------------------------------
@@ -854,8 +982,15 @@ class OutputFolder:
             hint=self.replaced_hint,
             shown=self.final,
             synced_when_kept=self.atomic and self.path != self.final,
+            records_written=self.path == self.final,
         )
         self._claim = _CLAIMED[os.path.abspath(self.path)]
+
+    def wrote(self, path: str | os.PathLike) -> None:
+        """Record `path` (a file, or a folder wholly the command's own) as written into the
+        folder by a writer that does not go through `atomic_write`/`atomic_path`: a failed run
+        removes what was recorded, and no other name (see `abandon`)."""
+        check_claimed(path, writing=True)
 
     def _unclaim(self) -> None:
         if self._claim is not None:
@@ -995,8 +1130,10 @@ class OutputFolder:
             f"nothing at {_shown(self.final)} was changed: compare the two, keep what you want",
         )
 
-    def abandon(self) -> None:
-        """The run failed before `keep()`: remove what it wrote and put the old output back."""
+    def abandon(self, error: BaseException | None = None) -> None:
+        """The run failed before `keep()`: remove what it wrote and put the old output back.
+        Files that someone else put into the folder meanwhile stay, and so does the folder:
+        `error` (the failure ending the command) says so."""
         if self._began and not self._kept:
             if self._changed() is not None:
                 self._abandon_replaced()
@@ -1006,14 +1143,27 @@ class OutputFolder:
                 if self._aside is not None and not os.path.lexists(self._aside):
                     self._aside = None  # stopped before the rename: the old output is in place
                 if not self.resume and (self._aside is not None or not self.has_content):
-                    remove_tree(self.final)
-                    if self._existed and self._aside is None:
-                        self.final.mkdir()  # the user's empty folder stays
+                    self._remove_written(error)
                 if self._aside is not None:
                     os.replace(self._aside, self.final)
                     self._aside = None
             self.path = self.final
         self._began = False
+
+    def _remove_written(self, error: BaseException | None) -> None:
+        """Remove the names this run wrote into the folder (it made the folder, or found it
+        empty), then the folder if this run made it and nothing else is in it."""
+        written = written_into(self.final) | {os.path.abspath(self.final / MARKER)}
+        others = remove_written(self.final, written)
+        if others:
+            note = kept_note(self.what, self.final, others)
+            if self._aside is not None:  # the earlier output cannot go back over them
+                note += f"; the earlier output is at {_shown(self._aside)}: move it back"
+                self._aside = None
+            tell_note(note, error)
+        elif not self._existed or self._aside is not None:
+            with contextlib.suppress(OSError):
+                self.final.rmdir()
 
     def _abandon_replaced(self) -> None:
         """The folder begun was removed or replaced: what is at its place now is not this
@@ -1036,18 +1186,19 @@ class OutputFolder:
             self._lock.release()
             self._lock = None
 
-    def finish(self, ok: bool) -> None:
+    def finish(self, ok: bool, error: BaseException | None = None) -> None:
+        """Keep the output (`ok`) or abandon it; `error` is the failure ending the command."""
         try:
             if ok:
                 try:
                     if self._kept and self._began and not self.atomic:
                         self._make_durable()  # what was written since `keep()`, before success
                     self.keep()
-                except BaseException:  # not made durable (an I/O error): a failed run
-                    self.abandon()
+                except BaseException as failure:  # not made durable (an I/O error): failed
+                    self.abandon(failure)
                     raise
             else:
-                self.abandon()
+                self.abandon(error)
         finally:
             self.release()
 
@@ -1055,4 +1206,4 @@ class OutputFolder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.finish(exc_type is None)
+        self.finish(exc_type is None, exc)

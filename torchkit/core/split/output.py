@@ -14,8 +14,8 @@ from pathlib import Path
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES, written_split_names
-from torchkit.core.io.errors import InputError
-from torchkit.core.io.files import atomic_write_text
+from torchkit.core.io.errors import InputError, OutputExistsError
+from torchkit.core.io.files import atomic_write_text, tree_entries
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -23,9 +23,12 @@ from torchkit.core.io.outputs import (
     claim_folder,
     claimed_change,
     discard_tree,
+    kept_note,
     remove_marker,
     remove_tree,
+    remove_written,
     reporting_write_errors,
+    tell_note,
     write_marker,
 )
 from torchkit.core.split.options import MANIFEST, RESERVED_PREFIX, is_folder_name
@@ -93,16 +96,28 @@ def discard_replaced(out: Path) -> None:
 
 
 def put_back_replaced(out: Path) -> list[str]:
-    """Put the set-aside earlier split back in place of a new one that did not finish (whatever
-    a killed run left under those names is its own unfinished output)."""
+    """Put the set-aside earlier split back in place of a new one that did not finish: its
+    split.csv over the new one, each split folder where the new one's is gone or holds no
+    files. A
+    folder that still holds files (someone else's, put there while the new split ran) is not
+    put back: that part of the earlier split stays set aside. Returns the names put back."""
     aside = out / REPLACED
     if not aside.is_dir():
         return []
-    names = sorted(os.listdir(aside))
-    for name in names:
-        remove_tree(out / name, ignore_errors=False)
-        os.replace(aside / name, out / name)
-    aside.rmdir()
+    names = []
+    for name in sorted(os.listdir(aside)):
+        target = out / name
+        if name == MANIFEST:
+            remove_tree(target, ignore_errors=False)
+        elif (
+            target.is_dir() and not target.is_symlink() and next(tree_entries(target), None) is None
+        ):
+            remove_tree(target, ignore_errors=False)  # empty folders only: one with files stays
+        if not os.path.lexists(target):
+            os.replace(aside / name, target)
+            names.append(name)
+    with contextlib.suppress(OSError):  # not empty: some names are still set aside
+        aside.rmdir()
     return names
 
 
@@ -139,6 +154,14 @@ def recover_split_leftovers(out: Path) -> None:
                 f"put back the earlier split in {out} ({', '.join(names)}), which a killed "
                 "torchkit split had set aside"
             )
+    if (out / REPLACED).is_dir():  # its folders in OUT hold files of someone else's
+        left = ", ".join(sorted(os.listdir(out / REPLACED)))
+        raise OutputExistsError(
+            f"{out / REPLACED} holds part of an earlier split ({left}) that a failed split set "
+            "aside: the folders of that name in OUT hold files torchkit did not write",
+            "move those files elsewhere (or the set-aside folders back yourself), then run "
+            "the split again",
+        )
 
 
 class SplitOutput:
@@ -150,12 +173,17 @@ class SplitOutput:
         self.doomed = doomed
         self.existed = out.is_dir()
         self.marked = False
-        self.created: list[str] = []  # names this run writes at the top of OUT
+        self.written: list[str] = []  # every file this run may write into OUT
+        self.folders: set[str] = set()  # its split folders
+        self.had: set[str] = set()
 
-    def begin(self, names: list[str], mode: str) -> None:
-        # Everything this run may write at the top of OUT (a manifest split has no journal,
-        # and an earlier move's journal never gets this far): removed again by abandon().
-        self.created = [*names, MANIFEST] + ([JOURNAL] if mode != "manifest" else [])
+    def begin(self, names: list[str], mode: str, dests: Sequence[str]) -> None:
+        # Everything this run may write into OUT (a manifest split has no journal, and an
+        # earlier move's journal never gets this far): removed again by abandon(), and
+        # nothing else (the split folders, once that leaves them empty).
+        self.written = [*dests, MANIFEST] + ([JOURNAL] if mode != "manifest" else [])
+        self.folders = set(names)
+        self.had = set(self._names_now()) - set(self.doomed)  # what OUT held of its own
         with reporting_write_errors(self.out):
             self.out.mkdir(parents=True, exist_ok=True)
             if not (self.out / MARKER).exists():
@@ -172,17 +200,37 @@ class SplitOutput:
         with reporting_write_errors(self.out):
             discard_replaced(self.out)
 
-    def abandon(self) -> None:
+    def abandon(self, error: BaseException | None = None) -> None:
+        """Remove what this run wrote and put the earlier split back; files someone else put
+        into OUT meanwhile stay, and `error` (the failure ending the split) says so."""
         if claimed_change(self.out) is not None:
             return  # removed or replaced meanwhile: what is there now is not this run's
-        for name in self.created:
-            remove_tree(self.out / name, ignore_errors=False)
+        remove_written(self.out, [os.path.join(self.out, name) for name in self.written])
+        # Left: a split folder of this run's with someone else's files in it, or (in an OUT
+        # this run made) anything at all but the marker.
+        left = [
+            name
+            for name in self._names_now()
+            if (not self.existed and name != MARKER)
+            or (name in self.folders and name not in self.had)
+        ]
         put_back_replaced(self.out)
         if self.marked:
             remove_marker(self.out)
         if not self.existed:
             with contextlib.suppress(OSError):
                 self.out.rmdir()
+        if left:
+            note = kept_note(WHAT, self.out, left)
+            if (self.out / REPLACED).is_dir():
+                note += f"; the earlier split is still set aside in {self.out / REPLACED}"
+            tell_note(note, error)
+
+    def _names_now(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.out))
+        except OSError:
+            return []
 
 
 def check_report_file(

@@ -257,7 +257,7 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
 
     writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))
     try:
-        writing.begin(names, mode)
+        writing.begin(names, mode, plan.dests)
         if mode == "move":
             # The plan goes to disk before the first file moves: an interrupted move can be
             # finished, so from here on nothing is undone; the earlier split is discarded.
@@ -288,8 +288,8 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
                 {"state": "copying", "mode": mode, "names": names, "marked": writing.marked}
                 | {"torchkit_version": __version__},
             )
-    except BaseException:
-        writing.abandon()
+    except BaseException as error:
+        writing.abandon(error)
         raise
     if mode == "move":
         writing.keep()
@@ -302,8 +302,8 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
             if mode != "manifest":
                 place_files(plan, out, mode, progress)
             write_manifest(out, plan, names, mode)
-    except BaseException:
-        writing.abandon()
+    except BaseException as error:
+        writing.abandon(error)
         raise
     writing.keep()
     if mode != "manifest":

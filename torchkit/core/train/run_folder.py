@@ -190,7 +190,10 @@ class RunFolder:
         return distributed.on_main(ctx, carry) is not None
 
     def open_tensorboard(self, purge_step: int) -> None:
-        self.tensorboard = TensorBoardLog(self.path / "tensorboard", purge_step=purge_step)
+        folder = self.path / "tensorboard"
+        if self.output is not None and not folder.exists():
+            self.output.wrote(folder)  # its event files are written by TensorBoard's writer
+        self.tensorboard = TensorBoardLog(folder, purge_step=purge_step)
 
     def close_tensorboard(self) -> None:
         if self.tensorboard is not None:
@@ -262,6 +265,8 @@ class RunFolder:
         while best.pt is tested: `wait_saved` waits for it)."""
         path = self.path / "curves.png"
         rows = [dict(row) for row in history]
+        if self.output is not None:
+            self.output.wrote(path)  # drawn by the painter's process
 
         def write() -> None:
             if self.painter is None or not self.painter.paint(path, rows, best_epoch):
@@ -282,9 +287,10 @@ class RunFolder:
 
     # -- the end -----------------------------------------------------------------------------
 
-    def release(self, ok: bool) -> None:
+    def release(self, ok: bool, error: BaseException | None = None) -> None:
         """Keep the new run or put the old one back, and unlock the folder, once the files
-        being written in the background are done (a failing run reports its own error)."""
+        being written in the background are done (a failing run reports its own error,
+        `error`)."""
         if ok:
             self.wait_saved()
         else:
@@ -298,7 +304,7 @@ class RunFolder:
             self._restore_config_json()
         if self.output is not None:
             output, self.output = self.output, None
-            output.finish(ok)
+            output.finish(ok, error)
 
     def _restore_config_json(self) -> None:
         """A run continued in place that fails before its first checkpoint (it diverged, a

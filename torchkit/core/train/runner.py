@@ -74,8 +74,8 @@ def run_training(
         return _run_with_torch(
             config, overrides, plan, folder, callbacks or TrainCallbacks(), timeline
         )
-    except BaseException:
-        folder.release(ok=False)
+    except BaseException as error:
+        folder.release(ok=False, error=error)
         raise
 
 
@@ -168,8 +168,8 @@ def _train(
                 if result.test_top1 is not None:
                     timeline.mark("test")
                 folder.wait_saved()  # curves.png, drawn during the test
-        except BaseException:
-            folder.release(ok=False)
+        except BaseException as error:
+            folder.release(ok=False, error=error)
             raise
         folder.release(ok=result.kept)
     finally:
