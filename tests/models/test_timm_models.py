@@ -6,6 +6,7 @@ command. The truths are timm's own models and configs, built here independently.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import json
@@ -534,3 +535,31 @@ def test_convert_syncbn_takes_timm_models(trained, runner, spec):
     batchnorms = [m for m in truth.modules() if isinstance(m, nn.BatchNorm2d)]
     assert json.loads(result.stdout)["count"] == len(batchnorms)
     assert spec != "timm/test_resnet" or len(batchnorms) > 0
+
+
+def test_sync_batchnorm_keeps_timms_norm_act_layers_as_timms_converter_does():
+    # timm's BatchNormAct2d normalises, then runs its own `drop` and `act` layers: a plain
+    # SyncBatchNorm in its place dropped the activation (and a PReLU's weight) from the model.
+    from timm.layers import norm_act
+
+    from torchkit.core.convert.syncbn import convert_batchnorm
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), norm_act.BatchNormAct2d(4, act_layer=nn.PReLU, inplace=False)
+    )
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].act.weight.fill_(0.1)
+    model.eval()
+    x = seeded(2, 3, 6, 6)
+    timms = norm_act.convert_sync_batchnorm(copy.deepcopy(model))
+
+    synced, rows = convert_batchnorm(copy.deepcopy(model))
+    assert type(synced[1]) is norm_act.SyncBatchNormAct and rows[0]["to_type"] == "SyncBatchNormAct"
+    assert list(synced.state_dict()) == list(timms.state_dict()) == list(model.state_dict())
+    reverted, _ = convert_batchnorm(timms, to="bn")
+    assert type(reverted[1]) is norm_act.BatchNormAct2d
+    with torch.no_grad():
+        assert torch.equal(synced(x), model(x))
+        assert torch.equal(reverted(x), model(x))

@@ -9,6 +9,10 @@ stays shared) and the new layer takes over the old one's Parameter and buffer ob
 requires_grad, dtype and device carry over exactly, and an optimizer built earlier still points at
 the right tensors.
 
+timm's BatchNormAct2d (normalisation, then its own `drop` and `act` layers) becomes timm's
+SyncBatchNormAct, as timm's own converter makes it, and back: a plain SyncBatchNorm would drop the
+activation from the model's forward pass. Any child module of a converted layer stays on it.
+
 SyncBatchNorm accepts any input of 2 or more dimensions, so it forgets whether it replaced a
 BatchNorm1d, 2d or 3d. Conversion records that on the layer (it survives pickling and deepcopy);
 for a SyncBatchNorm made elsewhere the dimensionality is taken from an example forward pass when
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,16 @@ def _batchnorm_classes() -> dict[int, type]:
     from torch import nn
 
     return {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
+
+
+def _sync_twins() -> list[tuple[type, type]]:
+    """(BatchNorm subclass, the SyncBatchNorm subclass that keeps its forward) pairs: timm's
+    BatchNormAct2d and SyncBatchNormAct. Read only where timm is already imported (a model
+    holding its layers imported it), so converting a torchvision model never imports timm."""
+    norm_act = sys.modules.get("timm.layers.norm_act")
+    plain = getattr(norm_act, "BatchNormAct2d", None)
+    sync = getattr(norm_act, "SyncBatchNormAct", None)
+    return [(plain, sync)] if plain is not None and sync is not None else []
 
 
 def _is_plain_batchnorm(module: Any) -> bool:
@@ -111,7 +126,7 @@ def convert_batchnorm(
             row = _conversion_row(name, old, new)
             row["dim_source"] = None  # only reverting has to work the dimensionality out
             rows.append(row)
-            if type(old) not in _batchnorm_classes().values():
+            if type(old) not in (*_batchnorm_classes().values(), *dict(_sync_twins())):
                 log.warning(
                     "%s is a %s, a BatchNorm subclass: its own forward() is not kept by "
                     "SyncBatchNorm",
@@ -163,6 +178,8 @@ def _take_over_state(new: Any, old: Any) -> None:
         new._parameters[name] = param
     for name, buffer in old._buffers.items():
         new._buffers[name] = buffer
+    for name, child in old._modules.items():  # timm's `drop` and `act`, say
+        new._modules[name] = child
     new._non_persistent_buffers_set = set(old._non_persistent_buffers_set)
     new.training = old.training
     if hasattr(old, "qconfig"):
@@ -172,7 +189,8 @@ def _take_over_state(new: Any, old: Any) -> None:
 def _to_sync(old: Any, process_group: Any) -> Any:
     from torch import nn
 
-    new = nn.SyncBatchNorm(
+    cls = next((sync for plain, sync in _sync_twins() if isinstance(old, plain)), nn.SyncBatchNorm)
+    new = cls(
         old.num_features,
         eps=old.eps,
         momentum=old.momentum,
@@ -187,7 +205,8 @@ def _to_sync(old: Any, process_group: Any) -> Any:
 
 
 def _to_batchnorm(old: Any, dim: int) -> Any:
-    cls = _batchnorm_classes()[dim]
+    twin = next((plain for plain, sync in _sync_twins() if isinstance(old, sync)), None)
+    cls = twin or _batchnorm_classes()[dim]
     new = cls(
         old.num_features,
         eps=old.eps,
@@ -213,7 +232,8 @@ def _replace(root: Any, replacements: Mapping[int, Any]) -> Any:
 def _replace_children(root: Any, replacements: Mapping[int, Any]) -> None:
     # `modules()` yields each module once even when shared; edit `_modules` directly so the
     # slot keeps its position in registration order.
-    for parent in list(root.modules()):
+    # The new layers too: a converted layer keeps the children of the old one.
+    for parent in [*root.modules(), *replacements.values()]:
         for attr, child in list(parent._modules.items()):
             if child is not None and id(child) in replacements:
                 parent._modules[attr] = replacements[id(child)]
