@@ -9,6 +9,12 @@ folder's swap (and its one sync of the file system).
 
 The images are 8x8 PNGs in 5 classes, the video 16x16 MJPEG, made once under --work (a
 temporary folder by default): the time is the per-file cost (write, rename, sync), not decoding.
+
+`--single MB [MB ...]` times one file output instead (`-o FILE`, convert checkpoint, plots:
+`atomic_path` and `atomic_write_bytes`, fsynced before the rename and the folder after), each
+size written `--writes` times in one process of each checkout, median per write:
+
+    uv run python benchmarks/bench_folder_outputs.py --before /tmp/old --single 0.001 100
 """
 
 from __future__ import annotations
@@ -46,6 +52,54 @@ def make_video(path: Path, frames: int) -> Path:
     return path
 
 
+# One process of a checkout: `writes` files of `size` bytes through atomic_path and through
+# atomic_write_bytes, each over the one before; prints the median seconds a write of each.
+SINGLE = """
+import os, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from torchkit.core.io.files import atomic_path, atomic_write_bytes
+size, writes, folder = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+data = os.urandom(min(size, 1 << 20)) * max(1, size >> 20)
+target = os.path.join(folder, "out.bin")
+medians = []
+
+
+def by_path():
+    with atomic_path(target) as temporary:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+
+
+for write in (by_path, lambda: atomic_write_bytes(target, data)):
+    took = []
+    for _ in range(writes):
+        started = time.perf_counter()
+        write()
+        took.append(time.perf_counter() - started)
+    medians.append(statistics.median(took))
+print(*medians)
+"""
+
+
+def single_files(options: argparse.Namespace, work: Path) -> int:
+    import subprocess
+
+    sides = {"now": ROOT, "before": options.before.resolve()}
+    print(f"one output file, median of {options.writes} writes (atomic_path | atomic_write_bytes)")
+    for megabytes in options.single:
+        size = max(1, int(megabytes * 2**20))
+        for name, root in sides.items():
+            folder = work / f"single-{name}"
+            folder.mkdir(exist_ok=True)
+            args = [str(root), str(size), str(options.writes), str(folder)]
+            found = subprocess.run(
+                [sys.executable, "-c", SINGLE, *args], check=True, capture_output=True, text=True
+            ).stdout.split()
+            by_path, by_bytes = (float(value) * 1000 for value in found)
+            print(f"  {megabytes:>8g} MB  {name:<7} {by_path:8.2f} ms | {by_bytes:8.2f} ms")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, required=True, help="the older checkout")
@@ -54,9 +108,13 @@ def main() -> int:
     parser.add_argument("--to", default="npy", help="the output format (convert tensor --to)")
     parser.add_argument("--frames", type=int, help="extract this many frames of a video instead")
     parser.add_argument("--work", type=Path, help="folder for the images and outputs")
+    parser.add_argument("--single", type=float, nargs="+", help="time one file of these MB")
+    parser.add_argument("--writes", type=int, default=10, help="writes of each --single size")
     options = parser.parse_args()
     work = options.work or Path(tempfile.mkdtemp(prefix="bench-folder-outputs-"))
     work.mkdir(parents=True, exist_ok=True)
+    if options.single:
+        return single_files(options, work)
     if options.frames:
         video = make_video(work / "clip.avi", options.frames + 1)
         command = ["video-info", str(video), "--segments", str(options.frames), "--extract-frames"]

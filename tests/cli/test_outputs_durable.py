@@ -122,3 +122,36 @@ def test_durability_helpers_on_a_real_folder(tmp_path):
     sync_file_system(tmp_path)
     fsync_directory(tmp_path)
     fsync_directory(tmp_path / "missing")  # nothing to sync: no error
+
+
+@pytest.mark.parametrize("writer", ["atomic_write_text", "atomic_path"])
+def test_a_single_file_is_fsynced_before_its_rename_and_its_folder_after(
+    tmp_path, monkeypatch, writer
+):
+    """`-o FILE`, convert checkpoint, plots, traces: the new file's data is on disk before its
+    name replaces the old file's, and the rename is on disk before the command says done."""
+    from torchkit.core.io.files import atomic_path
+
+    target = tmp_path / "model.pt"
+    target.write_bytes(b"old")
+    calls: list[tuple[str, str, bytes]] = []  # (file or folder, its name, the target's bytes)
+    real = os.fsync
+
+    def recording(fd):
+        kind = "folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        calls.append(
+            (kind, os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), target.read_bytes())
+        )
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    if writer == "atomic_path":
+        with atomic_path(target) as temporary:
+            temporary.write_bytes(b"new")
+    else:
+        atomic_write_text(target, "new")
+    assert [(kind, name.startswith(".model."), before) for kind, name, before in calls] == [
+        ("file", True, b"old"),  # the temporary, while the old file is still in place
+        ("folder", False, b"new"),  # the folder, once renamed
+    ]
+    assert calls[1][1] == tmp_path.name

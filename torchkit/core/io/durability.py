@@ -1,5 +1,9 @@
 """Making written files durable: on disk, not only in the page cache, before a command reports
-success or swaps a folder into place.
+success or swaps a file or folder into place.
+
+A single file (`atomic_write`, `atomic_path`) is fsynced before it is renamed into place and its
+folder after, so that a power cut leaves the old file or the whole new one, never its name over
+an empty file.
 
 One `syncfs` of the file system costs about what one `fsync` does, whatever the number of files
 written since; a folder of thousands of small files pays it once instead of once a file.
@@ -45,6 +49,16 @@ def sync_file_system(path: str | os.PathLike) -> None:
 
             number = ctypes.get_errno()
             raise OSError(number, os.strerror(number), os.fspath(path))
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    """Flush the data of the file at `path`, written and closed by a writer that only takes a
+    name (torch.save, savefig, safetensors), to disk. An I/O error is raised as OSError."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from torchkit.core.io.durability import fsync_directory, fsync_file
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.outputs import (
     check_claimed,
@@ -171,8 +172,9 @@ def atomic_write(
 
     The temporary file is in the same folder so the final `os.replace` is atomic: a crash or a
     kill at any moment leaves either the old file or the new one, never a truncated mix. It is
-    fsynced before the rename, except inside the hidden folder of an atomic output folder,
-    which is synced as a whole before it replaces the output (`OutputFolder.keep`). Text
+    fsynced before the rename and its folder after it, except inside the hidden folder of an
+    atomic output folder, which is synced as a whole before it replaces the output
+    (`OutputFolder.keep`). Text
     is written with `errors=NAME_ERRORS` unless the caller says otherwise: file names that
     are not UTF-8 are written as their own bytes.
     """
@@ -197,14 +199,15 @@ def atomic_write(
             lock_fd = os.dup(fd)
         with _reporting(target):
             _apply_umask(tmp_name)
+            synced_later = synced_when_kept(target)  # one sync for all, before the swap
             with os.fdopen(fd, mode, **open_kwargs) as handle:
                 yield handle
                 handle.flush()
-                if not synced_when_kept(target):  # else one sync for all, before the swap
+                if not synced_later:
                     os.fsync(handle.fileno())
             if check is not None:
                 check(Path(tmp_name))
-            publish_file(tmp_name, target)
+            _rename_into_place(tmp_name, target, synced_later)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
@@ -212,6 +215,14 @@ def atomic_write(
     finally:
         if lock_fd >= 0:
             os.close(lock_fd)
+
+
+def _rename_into_place(temporary: str, target: Path, synced_later: bool) -> None:
+    """The finished (and, unless `synced_later`, fsynced) temporary renamed to `target`, then
+    the rename made durable: its folder fsynced (see durability.py)."""
+    publish_file(temporary, target)
+    if not synced_later:
+        fsync_directory(target.parent)
 
 
 # The names `atomic_write` (`.NAME.XXXXXXXX.tmp`) and `atomic_path` (`.STEM.XXXXXXXX.tmp.SUFFIX`)
@@ -352,7 +363,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path` for writers that want a file name (torch.save,
-    savefig); it is renamed into place when the block succeeds."""
+    savefig); it is renamed into place when the block succeeds, made durable as
+    `atomic_write`'s file is."""
     target = Path(path)
     own = own_regular_descriptor(target)
     if own is not None:  # written to a temporary file, then added where the descriptor stands
@@ -378,7 +390,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             _apply_umask(tmp_name)
             yield Path(tmp_name)
             _apply_umask(tmp_name)  # again: a writer may have made the file anew (safetensors)
-            publish_file(tmp_name, target)
+            synced_later = synced_when_kept(target)
+            if not synced_later:
+                fsync_file(tmp_name)
+            _rename_into_place(tmp_name, target, synced_later)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
