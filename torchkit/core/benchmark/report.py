@@ -15,7 +15,7 @@ from typing import Any
 from torchkit.core.benchmark.search import BatchSearch
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import OutputExistsError, first_line
-from torchkit.core.io.outputs import is_special_file
+from torchkit.core.io.outputs import check_output_file, is_special_file
 
 MB = 1_000_000  # as `summary` counts megabytes
 
@@ -172,6 +172,9 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
         return []
     target = Path(os.path.realpath(target))  # a symlink's file is appended to, not replaced
     with _locked(target, wait_s):
+        # What is there now, read under the lock, is what the write replaces (another
+        # process may have appended since the command checked its -o).
+        check_output_file(target, force=True)
         existing = _read_existing(target)
         found = _header(existing) if existing is not None else None
         if found is None:
