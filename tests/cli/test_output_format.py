@@ -162,3 +162,47 @@ def test_dash_o_dash_is_stdout_for_split_and_video_info(image_folder, tmp_path, 
     done = run_torchkit_in_process(*args, "-o", "-", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("spelled", ["./-", "--output=./-", ".//-"])
+def test_dash_o_dot_slash_dash_is_a_file_called_dash(image_folder, tmp_path, spelled):
+    """`-o -` is stdout; `-o ./-` is the file `-` in the working folder (a Path drops the `./`,
+    which made it stdout too)."""
+    option = [spelled] if spelled.startswith("--") else ["-o", spelled]
+    done = run_torchkit_in_process("dataset-stats", image_folder, "-j", "0", *option, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and "statistic" in (tmp_path / "-").read_text()
+    split = run_torchkit_in_process(
+        "split", image_folder, tmp_path / "out", "--mode", "manifest", *option, "--force",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert split.returncode == 0, split.stderr
+    assert split.stdout == "" and "train" in (tmp_path / "-").read_text()
+
+
+def test_every_dash_o_keeps_dot_slash_dash_a_file():
+    """Each command's -o (its own or the shared option) reads `./-` as the file `-` here."""
+    import os
+    from pathlib import Path
+
+    import typer.main
+
+    from torchkit.cli import app
+
+    def commands(command, ctx, path=()):
+        if hasattr(command, "list_commands"):  # a group (of Typer's own click)
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                yield from commands(sub, sub.context_class(sub, parent=ctx), (*path, name))
+        else:
+            yield path, command, ctx
+
+    root = typer.main.get_command(app)
+    seen = []
+    for path, command, ctx in commands(root, root.context_class(root)):
+        for param in command.params:
+            if "-o" in param.opts:
+                assert param.process_value(ctx, "./-") == Path(os.getcwd(), "-"), path
+                assert str(param.process_value(ctx, "-")) == "-", path
+                seen.append(" ".join(path))
+    assert len(seen) >= 12 and "train" in seen and "predict" in seen, seen

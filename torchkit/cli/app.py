@@ -100,7 +100,18 @@ class TorchkitOption(TyperOption):
         return label + "..." if self.nargs != 1 else label
 
     def process_value(self, ctx, value):
+        if "-o" in self.opts:
+            value = _dash_as_a_file(value)
         return _process_value(self, super(), ctx, value)
+
+
+def _dash_as_a_file(value):
+    """`-o ./-` names a file called `-` in the working folder; only `-o -` is stdout
+    (`render.report_file`). A Path drops the `./` (Path('./-') is Path('-')): the name is made
+    absolute before it becomes one."""
+    if isinstance(value, str) and value != "-" and os.path.normpath(value) == "-":
+        return os.path.abspath(value)
+    return value
 
 
 class TorchkitArgument(TyperArgument):

@@ -29,7 +29,8 @@ FORMAT_RULE = "[default: json for -o FILE.json, csv for -o FILE.csv, else table]
 
 
 def report_file(output: Path | str | None) -> Path | str | None:
-    """The file `-o` names, or None for stdout: no -o, or `-o -` (as most Unix tools read it)."""
+    """The file `-o` names, or None for stdout: no -o, or `-o -` (as most Unix tools read it;
+    `-o ./-`, a file called `-`, reaches here as an absolute path: app.py keeps it apart)."""
     return None if output is None or str(output) == "-" else output
 
 
