@@ -425,6 +425,22 @@ def test_sigterm_and_sigint_put_the_old_output_back(tmp_path, writer_script, sig
     wait_until(lambda: not processes_in_group(process.pid), timeout=10, what="the children to go")
 
 
+def test_sigterm_keeps_files_copied_into_a_new_output_folder_while_it_was_written(
+    tmp_path, writer_script
+):
+    """A real run terminated (SIGTERM) after the user copied a file into its new folder: the
+    run's own file and marker go, the folder and the user's file stay, and stderr says why."""
+    out = tmp_path / "out"
+    process = _start(writer_script, str(out))
+    wait_until(lambda: (out / "new.txt").exists(), process=process, what="the new output")
+    (out / "mine.txt").write_text("the user's\n")
+    rc, _, err = signal_and_wait(process, signal.SIGTERM)
+    assert rc == 143, err
+    assert os.listdir(out) == ["mine.txt"]
+    assert f"output folder {out} was kept: it holds files this run did not write (mine.txt)" in err
+    assert sorted(os.listdir(tmp_path)) == ["out", "writer.py"]  # no lock left
+
+
 def test_a_sigkilled_runs_set_aside_is_put_back_by_the_next_run(tmp_path, writer_script):
     run = _old_run(tmp_path / "run")
     before = tree_digest(run)
