@@ -236,6 +236,27 @@ def strip_module_prefix(state_dict: Mapping[str, Any]) -> dict:
     return cleaned
 
 
+def strip_wrapper_prefix(model, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`state_dict` without the one prefix all its keys share (`model.`, `net.`...) when that
+    prefix is all that keeps them from being `model`'s own keys: the weights of a model kept
+    as an attribute of a training wrapper (a Lightning module's `self.model`), as its
+    `state_dict()` saves them. Anything else is returned as it is, for `load_weights_into` to
+    judge."""
+    own = set(model.state_dict())
+    keys = [str(key) for key in state_dict]
+    if not keys or own <= set(keys):
+        return state_dict
+    prefix = keys[0].partition(".")[0] + "."
+    if prefix == "." or not all(key.startswith(prefix) for key in keys):
+        return state_dict
+    stripped = {key[len(prefix) :]: value for key, value in state_dict.items()}
+    # BatchNorm counters may be absent (weights of PyTorch < 0.4.1): load_weights_into adds them.
+    absent = own - set(stripped)
+    if not set(stripped) <= own or any(not k.endswith("num_batches_tracked") for k in absent):
+        return state_dict
+    return stripped
+
+
 def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "checkpoint") -> None:
     """`load_state_dict(strict=True)` with a one-line summary of what does not fit. A state
     dict saved before PyTorch 0.4.1 has no BatchNorm `num_batches_tracked`: accepted, as torch

@@ -33,11 +33,15 @@ def load_weights_file(
     """Load the weights in `path` (or what was already `loaded` from it) into `model`, the head
     first sized from the weights; then, if `num_classes` differs, replaced by a fresh head of
     that size (fine-tuning). Returns what the file held."""
-    from torchkit.core.models.checkpoint import extract_state_dict, load_weights_into
+    from torchkit.core.models.checkpoint import (
+        extract_state_dict,
+        load_weights_into,
+        strip_wrapper_prefix,
+    )
 
     if loaded is None:
         loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
-    state = extract_state_dict(loaded)
+    state = strip_wrapper_prefix(model, extract_state_dict(loaded))
     fit_head_to(model, state)
     load_weights_into(model, state, source=path)
     if num_classes is not None and out_features(find_head(model)[1]) != num_classes:

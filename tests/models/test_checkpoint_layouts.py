@@ -1,0 +1,49 @@
+"""Model files as users have them besides torchkit's own checkpoints, and files that must be
+refused before they are read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from torchkit.core.io.errors import CheckpointError
+from torchkit.core.models import resolve_model
+from torchkit.core.models.convnet import convnet_class
+
+
+def small_convnet(num_classes: int = 3) -> nn.Module:
+    torch.manual_seed(0)
+    model = convnet_class()(num_classes, 3, 28).eval()
+    with torch.no_grad():  # BatchNorm statistics that are not the defaults
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-1, 1)
+    return model
+
+
+@pytest.mark.parametrize("prefix", ["model.", "net."])
+def test_weights_under_a_training_wrappers_prefix_load_as_the_model(tmp_path, prefix):
+    """A Lightning module keeping the network as `self.model` saves `model.conv1.weight`...:
+    refused before ("N missing keys (first: ...); N unexpected keys (first: model....)",
+    hint "check --model and --num-classes"); now the prefix is dropped, and the head sized
+    from the file (3 classes in a model built with 10)."""
+    truth = small_convnet(3)
+    path = tmp_path / "lightning.ckpt"
+    state = {f"{prefix}{key}": value for key, value in truth.state_dict().items()}
+    torch.save({"state_dict": state, "epoch": 4, "global_step": 40}, path)
+    resolved = resolve_model("convnet", weights=str(path))
+    batch = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(resolved.model.eval()(batch), truth(batch))
+
+
+def test_a_shared_prefix_that_does_not_give_the_models_keys_is_still_refused(tmp_path):
+    """Only a prefix whose removal gives exactly the model's keys is dropped: other weights
+    under one prefix are still refused, naming the keys."""
+    state = {f"model.{key}": value for key, value in small_convnet(3).state_dict().items()}
+    state["model.extra.weight"] = torch.zeros(1)
+    path = tmp_path / "other.ckpt"
+    torch.save({"state_dict": state}, path)
+    with pytest.raises(CheckpointError, match="unexpected keys"):
+        resolve_model("convnet", weights=str(path))
