@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from processes import run_torchkit_in_process
 from torch import nn
 
 from torchkit.core.io.errors import CheckpointError
@@ -47,3 +48,25 @@ def test_a_shared_prefix_that_does_not_give_the_models_keys_is_still_refused(tmp
     torch.save({"state_dict": state}, path)
     with pytest.raises(CheckpointError, match="unexpected keys"):
         resolve_model("convnet", weights=str(path))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_pickled_model_predicts(tmp_path, make_image_folder, dtype):
+    """`torch.save(model.half())` then `predict FILE --trust-checkpoint`: before -> 'Error: the
+    model fails on 16x16 images: Input type (torch.FloatTensor) and weight type
+    (torch.HalfTensor) should be the same ... (check --image-size ...)', exit 1; now the model
+    runs in float32, as half-precision weights loaded into a built model do."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    torch.save(net.to(dtype), tmp_path / "half.pt")
+    resolved = resolve_model(str(tmp_path / "half.pt"), trust_checkpoint=True)
+    batch = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(resolved.model(batch), net.float()(batch))
+    images = make_image_folder(tmp_path / "images", {"a": 1, "b": 1}, size=16)
+    result = run_torchkit_in_process(
+        "predict", tmp_path / "half.pt", images, "--trust-checkpoint", "--image-size", "16",
+        "--device", "cpu", "-j", "0", "--format", "csv",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 3

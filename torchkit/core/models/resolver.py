@@ -381,7 +381,7 @@ def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel
     module = pickled_module(loaded)
     if module is not None:
         return ResolvedModel(
-            module,
+            in_float32(module),
             type(module).__name__,
             "pickled model",
             preprocess=plain_preprocess(stem_channels(module)),
@@ -394,6 +394,18 @@ def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel
         f"{path} is neither a torchkit checkpoint nor a pickled model",
         "name the architecture as MODEL and pass the weights as --weights PATH",
     )
+
+
+def in_float32(module):
+    """`module` with float16, bfloat16 or float64 weights cast to float32, as they are when
+    loaded into a model built here: the dtype a model was pickled in is a way to store it, and
+    every command feeds float32 batches (--amp and export's --dtype pick others themselves)."""
+    import torch
+
+    tensors = [*module.parameters(), *module.buffers()]
+    if any(t.is_floating_point() and t.dtype != torch.float32 for t in tensors):
+        module.float()
+    return module
 
 
 def _from_callable(spec: str, num_classes: int | None) -> ResolvedModel:
