@@ -3,13 +3,19 @@ refused before they are read."""
 
 from __future__ import annotations
 
+import zipfile
+from pathlib import Path
+
 import pytest
 import torch
+from output_checks import error_line
 from processes import run_torchkit_in_process
 from torch import nn
 
 from torchkit.core.io.errors import CheckpointError
+from torchkit.core.models import checkpoint as checkpoint_module
 from torchkit.core.models import resolve_model
+from torchkit.core.models.checkpoint import load_checkpoint
 from torchkit.core.models.convnet import convnet_class
 
 
@@ -70,3 +76,35 @@ def test_a_half_precision_pickled_model_predicts(tmp_path, make_image_folder, dt
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 3
+
+
+def deflated(source: Path, target: Path) -> Path:
+    """`source`, a torch.save archive, with its records deflated (as another zip tool writes)."""
+    with (
+        zipfile.ZipFile(source) as plain,
+        zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out,
+    ):
+        for name in plain.namelist():
+            out.writestr(name, plain.read(name))
+    return target
+
+
+def test_a_zip_bomb_is_refused_before_it_is_unpacked(tmp_path, monkeypatch):
+    """torch.load unpacks deflated records (torch.save never writes any): a 2 MB file held
+    2 GB of zeros that it put in memory. An archive whose compressed records expand far beyond
+    their size is refused before torch reads it (the floor lowered here to keep the file tiny)."""
+    monkeypatch.setattr(checkpoint_module, "EXPANSION_FLOOR", 2**20, raising=False)
+    plain = tmp_path / "plain.pt"
+    torch.save({"w": torch.zeros(2**19)}, plain)  # 2 MiB of zeros
+    bomb = deflated(plain, tmp_path / "bomb.pt")
+    assert bomb.stat().st_size < 2**15
+    with pytest.raises(CheckpointError, match="would expand from"):
+        load_checkpoint(bomb)
+    result = run_torchkit_in_process("convert", "checkpoint", bomb, tmp_path / "out.safetensors")
+    assert result.returncode == 1
+    assert "compressed records" in error_line(result.stderr)
+    assert not (tmp_path / "out.safetensors").exists()
+    # Records deflated to about their own size (another zip tool) still load.
+    torch.save({"w": torch.randn(2**19)}, plain)
+    rezipped = deflated(plain, tmp_path / "rezipped.pt")
+    assert torch.equal(load_checkpoint(rezipped)["w"], torch.load(plain)["w"])

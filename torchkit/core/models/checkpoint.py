@@ -52,6 +52,7 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
     kind = sniff_format(source)
     if not trust_checkpoint:
         _refuse_code_archives(source, kind)
+    _refuse_expanding_archive(source)
     try:
         if kind == TORCHSCRIPT:  # what torch.load hands it to, with a warning
             from torchkit.core.models.exported.loading import jit_load
@@ -90,6 +91,32 @@ def _refuse_code_archives(source: Path, kind: str | None) -> None:
         raise CheckpointError(
             f"{source} is {what}, whose code runs when it is loaded",
             "pass --trust-checkpoint to load it, only if you trust where it came from",
+        )
+
+
+# torch.save stores its records as they are; deflated ones (a file rezipped by another tool) are
+# read, but the memory they take is what they expand to, not the file's size.
+EXPANSION_LIMIT = 20
+EXPANSION_FLOOR = 64 * 2**20
+
+
+def _refuse_expanding_archive(source: Path) -> None:
+    """Refuse a zip archive whose compressed records expand to far more than the file holds
+    (a zip bomb: a few MB that torch.load would unpack into GBs of memory) before reading it."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(source) as archive:
+            packed = [i for i in archive.infolist() if i.compress_type != zipfile.ZIP_STORED]
+    except (OSError, zipfile.BadZipFile):  # not a zip archive (a legacy pickle): nothing to check
+        return
+    expanded = sum(info.file_size for info in packed)
+    compressed = sum(info.compress_size for info in packed)
+    if expanded > EXPANSION_FLOOR and expanded > EXPANSION_LIMIT * max(compressed, 1):
+        raise CheckpointError(
+            f"{source} holds compressed records that would expand from "
+            f"{compressed / 1e6:,.1f} MB to {expanded / 1e6:,.1f} MB in memory",
+            "torch.save never compresses its records: give the file torch.save wrote",
         )
 
 
