@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostile_pickles import RunsShell
 from output_checks import error_line
 from processes import run_torchkit_in_process
 from torch import nn
@@ -108,3 +109,23 @@ def test_a_zip_bomb_is_refused_before_it_is_unpacked(tmp_path, monkeypatch):
     torch.save({"w": torch.randn(2**19)}, plain)
     rezipped = deflated(plain, tmp_path / "rezipped.pt")
     assert torch.equal(load_checkpoint(rezipped)["w"], torch.load(plain)["w"])
+
+
+def test_a_pickle_that_runs_a_command_is_refused_naming_the_function(tmp_path: Path):
+    """weights_only refuses `os.system` ("unsupported GLOBAL posix.system whose module posix is
+    blocked" in recent torch), and the message said only "holds a pickled object"; it names
+    the function now. The command never runs, in any command that loads the file."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "evil.pt"
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "x": RunsShell(marker)}, path)
+    commands = [
+        ("summary", path),
+        ("summary", "convnet", "--weights", path),
+        ("convert", "checkpoint", path, tmp_path / "out.pt"),
+        ("train", "--data", "digits", "--resume", path),
+    ]
+    for command in commands:
+        result = run_torchkit_in_process(*command)
+        assert result.returncode == 1
+        assert f"{path} holds a pickled posix.system," in error_line(result.stderr)
+    assert not marker.exists()

@@ -121,10 +121,11 @@ def _refuse_expanding_archive(source: Path) -> None:
 
 
 def _blocked_global(error: BaseException) -> str | None:
-    """The class weights_only refused ("Unsupported global: GLOBAL torch.nn...Linear"), if any."""
-    match = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    """The class or function weights_only refused, if any: "Unsupported global: GLOBAL
+    torch.nn...Linear", or "unsupported GLOBAL posix.system whose module posix is blocked"."""
+    match = re.search(r"Unsupported global: GLOBAL (\S+)|unsupported GLOBAL (\S+)", str(error))
     if match:
-        return match.group(1)
+        return match.group(1) or match.group(2)
     # Other wordings of a refused class (not the advice text, which names safe_globals).
     return "object" if re.search(r"\bGLOBAL\b|Unsupported class", str(error)) else None
 
