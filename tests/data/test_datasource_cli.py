@@ -1,22 +1,20 @@
 """The one data resolver through the commands (issue #15): train on a split manifest and on a
 root without val/ (split.csv and the checkpoint's record), resume keeping the split, special
-files in a CSV (a real process: a FIFO must not hang it), dataset-stats --split, split's input."""
+files in a CSV (a FIFO never opened, so never waited on), dataset-stats --split, split's input."""
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from checkpoints import read_checkpoint
+from disks import fifo_never_opened
 from image_folders import write_image_folder
 from output_checks import error_line
 from PIL import Image
-from suite_paths import REPO
+from processes import run_torchkit_in_process
 
 from torchkit.cli import app
 from torchkit.core.data.sources import open_data, select_split
@@ -111,7 +109,6 @@ def test_resume_keeps_the_recorded_split_when_files_were_added(runner, tmp_path)
 
 def test_a_fifo_and_a_dangling_link_in_a_csv_are_counted_unreadable_not_opened(tmp_path):
     write_image_folder(tmp_path / "images", {"a": 4, "b": 4})
-    os.mkfifo(tmp_path / "images" / "pipe.png")
     (tmp_path / "images" / "gone.png").symlink_to(tmp_path / "nowhere.png")
     lines = [
         f"images/{c}/{c}_{i}.png,{c},{'val' if i == 3 else 'train'}" for c in "ab" for i in range(4)
@@ -119,25 +116,18 @@ def test_a_fifo_and_a_dangling_link_in_a_csv_are_counted_unreadable_not_opened(t
     lines += ["images/pipe.png,a,train", "images/gone.png,b,train"]
     index = tmp_path / "index.csv"
     index.write_text("path,label,split\n" + "\n".join(lines) + "\n")
-    env = {k: v for k, v in os.environ.items() if k != "TORCHKIT_DEBUG"}
-
-    def torchkit(*args: str) -> subprocess.CompletedProcess:
-        # A real process with a timeout: opening the FIFO would block it forever.
-        return subprocess.run(
-            [sys.executable, "-m", "torchkit", *args],
-            capture_output=True, text=True, env=env, cwd=REPO, timeout=240,
-        )  # fmt: skip
 
     out = tmp_path / "run"
-    trained = torchkit(
-        "train", "--data", str(index), *ONE_EPOCH, "--out", str(out), "--format", "json"
-    )
+    with fifo_never_opened(tmp_path / "images" / "pipe.png"):  # opening it would block
+        trained = run_torchkit_in_process(
+            "train", "--data", index, *ONE_EPOCH, "--out", out, "--format", "json"
+        )
+        stats = run_torchkit_in_process("dataset-stats", index, "--format", "json", "-j", "0")
     assert trained.returncode == 0, trained.stderr
     assert json.loads(trained.stdout)["skipped_images"] == 2
     assert "pipe.png: not a regular file (a FIFO)" in trained.stderr
     assert "gone.png: not a regular file (a symbolic link to nothing)" in trained.stderr
 
-    stats = torchkit("dataset-stats", str(index), "--format", "json", "-j", "0")
     assert stats.returncode == 0, stats.stderr
     report = json.loads(stats.stdout)
     assert report["split"] == "train" and report["images"] == 6

@@ -105,3 +105,28 @@ class FifoReader:
         assert not self.thread.is_alive()
         assert stat.S_ISFIFO(os.lstat(self.path).st_mode)  # still a FIFO, not a regular file
         return self.data or b""
+
+
+@contextlib.contextmanager
+def fifo_never_opened(path: Path, seconds: float = 30):
+    """A FIFO at `path` that a command in this process must not open for reading: such an open
+    waits for a writer forever, so every `seconds` a writer comes and goes (a waiting reader
+    reads an empty file and the command goes on) and the block fails. Without it the command
+    would hang the test; a command that never opens the FIFO costs nothing here."""
+    os.mkfifo(path)
+    done, blocked = threading.Event(), []
+
+    def unblock() -> None:
+        while not done.wait(seconds):  # each open that waits, let go
+            with contextlib.suppress(OSError):  # ENXIO: no reader waiting
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+                blocked.append(path)
+
+    watchdog = threading.Thread(target=unblock, daemon=True)
+    watchdog.start()
+    try:
+        yield path
+    finally:
+        done.set()
+        watchdog.join()
+    assert not blocked, f"{path} was opened for reading (it blocked for {seconds} s)"
