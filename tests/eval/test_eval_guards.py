@@ -15,7 +15,7 @@ import pytest
 import torch
 from gloo_ranks import BAD_LAUNCHES, error_lines_of, run_ranks, set_launch_env, stderr_of
 from image_folders import write_image_folder
-from processes import run_torchkit_in_process, run_torchkit_process
+from processes import run_torchkit_in_process
 from typer.testing import CliRunner
 
 from torchkit.cli import app
@@ -391,13 +391,15 @@ def test_every_rank_stops_when_the_node_has_fewer_gpus_than_processes(fake_torch
     assert fake_torchrun == []
 
 
-def test_torchrun_explicit_gpu_is_a_usage_error_exit_2(world):
-    """A real process as rank 0 of a torchrun job of 2 (the variables torchrun sets): the
-    refusal comes before any GPU or process group is touched, so it reads the same on a
-    machine without GPUs, on every rank."""
+def test_torchrun_explicit_gpu_is_a_usage_error_exit_2(world, monkeypatch):
+    """Rank 0 of a torchrun job of 2 (the variables torchrun sets, no MASTER_ADDR: a process
+    group started first would fail otherwise): the refusal comes before any GPU or process
+    group is touched, so it reads the same on a machine without GPUs, on every rank."""
     args = [a for a in map(str, eval_args(world, "good")) if a not in ("--device", "cpu")]
     env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
-    done = run_torchkit_process(*args, "--device", "cuda:1", env=env)
+    set_launch_env(monkeypatch, env)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    done = run_torchkit_in_process(*args, "--device", "cuda:1")
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
         "Error: --device cuda:1 names one GPU, but under torchrun each of the 2 processes uses "
