@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from suite_paths import REPO
 
 from torchkit.cli import app
 from torchkit.cli.env import report_tables
@@ -142,6 +143,42 @@ def test_table_and_csv_formats(runner, clean_env):
     assert values["cpu.logical_cores"] == str(os.cpu_count())
     if not torch.cuda.is_available():
         assert values["gpus"] == ""  # the key is there even with no GPU
+
+
+def test_report_says_what_collect_env_says_for_a_bug_report(runner, monkeypatch, clean_env):
+    # torch's collect_env gives the OS by name, libc, a debug build, the variables that change
+    # how torch runs and triton's version; the report said none of them.
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    result = runner.invoke(app, ["env", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    system = report["platform"]
+    if sys.platform.startswith("linux"):
+        assert system["os"] == platform.freedesktop_os_release()["PRETTY_NAME"]
+        assert system["libc"] == " ".join(platform.libc_ver())
+    assert report["torch"]["debug_build"] is bool(torch.version.debug)
+    variables = report["environment"]
+    assert variables["OMP_NUM_THREADS"] == "3" and variables["CUDA_LAUNCH_BLOCKING"] is None
+    assert variables["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    try:
+        assert report["packages"]["triton"] == importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        assert report["packages"]["triton"] is None
+    table = runner.invoke(app, ["env"]).stdout
+    assert "OMP_NUM_THREADS=3, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in table
+    assert system["os"] is None or system["os"] in table
+
+
+def test_every_key_of_the_report_is_documented(clean_env):
+    page = (REPO / "docs" / "commands" / "env.md").read_text()
+    report = collect_env(log_diagnostics=False)
+    keys = set(report) | {
+        key for value in report.values() if isinstance(value, dict) for key in value
+    }
+    keys -= set(report["packages"])  # named as the packages are, not as keys
+    assert {key for key in keys if f"`{key}`" not in page} == set()
 
 
 def test_output_file_and_force(runner, tmp_path, clean_env):

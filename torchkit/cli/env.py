@@ -117,6 +117,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["torchkit", report["torchkit_version"]],
         ["Python", f"{python['version']} ({python['implementation']})"],
         ["Python executable", python["executable"]],
+        ["OS", system["os"] or system["system"]],
         ["platform", system["description"]],
         ["CPU", cpu["model"]],
         ["CPU cores", f"{cpu['logical_cores']} ({cpu['usable_cores']} usable by this process)"],
@@ -125,7 +126,10 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
     if torch_info is not None:
         rows += [
             ["torch", torch_info["version"]],
-            ["torch build", torch_info["build"]],
+            [
+                "torch build",
+                torch_info["build"] + (" (debug)" if torch_info["debug_build"] else ""),
+            ],
             ["cuDNN", torch_info["cudnn_version"] or "none"],
             ["CUDA architectures", " ".join(torch_info["cuda_arch_list"]) or "none"],
             ["CUDA available", torch_info["cuda_available"]],
@@ -140,6 +144,8 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
             ["distributed backends", ", ".join(backends) or "none"],
             ["NCCL", dist["nccl_version"] or "none"],
         ]
+    set_variables = [f"{name}={value}" for name, value in report["environment"].items() if value]
+    rows.append(["environment", ", ".join(set_variables) or "(none set)"])
     visible = cuda["visible_devices"]
     driver = cuda["driver_version"]
     rows += [

@@ -54,6 +54,21 @@ PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"),
     ),
     ("timm", ("timm",)),  # timm/ model names
+    ("triton", ("triton", "pytorch-triton", "pytorch-triton-rocm", "triton-windows")),  # --compile
+)
+
+# Environment variables that change how torch runs (threads, CUDA, the caching allocator): a bug
+# report needs them as much as the versions. CUDA_VISIBLE_DEVICES is in the `cuda` section.
+ENVIRONMENT_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_MODULE_LOADING",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_HIP_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NCCL_DEBUG",
 )
 
 # torchvision's C++ operator library has been called `_C` and, in newer releases, `_C_stable`.
@@ -69,6 +84,7 @@ def collect_env(*, log_diagnostics: bool = True) -> dict[str, Any]:
         "python": python_info(),
         "platform": platform_info(),
         "cpu": cpu_info(),
+        "environment": {name: os.environ.get(name) for name in ENVIRONMENT_VARIABLES},
     }
     report.update(_torch_sections(diagnostics))
     report["packages"] = package_versions()
@@ -97,12 +113,32 @@ def python_info() -> dict[str, Any]:
 
 
 def platform_info() -> dict[str, Any]:
+    libc, libc_version = platform.libc_ver()
     return {
         "system": platform.system(),
+        "os": os_name(),
         "release": platform.release(),
         "machine": platform.machine(),
+        "libc": f"{libc} {libc_version}" if libc else None,
         "description": platform.platform(),
     }
+
+
+def os_name() -> str | None:
+    """The operating system as people name it ("Ubuntu 22.04.4 LTS", "macOS 14.5", "Windows 11
+    (10.0.22631)"): a Linux kernel's version does not say which distribution runs on it."""
+    if sys.platform.startswith("linux"):
+        try:
+            release = platform.freedesktop_os_release()
+        except OSError:
+            return None
+        return release.get("PRETTY_NAME") or release.get("NAME")
+    if sys.platform == "darwin":
+        version = platform.mac_ver()[0]
+        return f"macOS {version}" if version else "macOS"
+    if sys.platform == "win32":
+        return f"Windows {platform.release()} ({platform.version()})"
+    return None
 
 
 def cpu_info() -> dict[str, Any]:
@@ -278,6 +314,7 @@ def _torch_build(torch) -> dict[str, Any]:
     return {
         "version": torch.__version__,
         "build": build,
+        "debug_build": bool(getattr(torch.version, "debug", False)),
         "cuda_version": cuda_version,
         "hip_version": hip_version,
         "cudnn_version": _cudnn_version(torch),
