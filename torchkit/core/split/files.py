@@ -213,6 +213,29 @@ def check_hardlinks(plan: Plan, out: Path) -> None:
         )
 
 
+def check_sources_removable(sources: Sequence[str]) -> None:
+    """A move takes each file out of its folder: a folder the system will not let this process
+    change (a read-only file system, no write permission) is refused before anything moves,
+    rather than after the first file is copied into OUT and cannot be removed from ROOT."""
+    checked: set[str] = set()
+    for source in sources:
+        folder = os.path.dirname(source) or os.curdir
+        if folder in checked:
+            continue
+        checked.add(folder)
+        if os.access(folder, os.W_OK | os.X_OK):
+            continue
+        try:
+            read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        reason = "it is on a read-only file system" if read_only else "no permission to change it"
+        raise InputError(
+            f"--mode move cannot take the files out of {folder}: {reason}",
+            "use --mode copy, symlink or manifest, or make the folder writable",
+        )
+
+
 def place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> None:
     """Copy, link or move every file of the plan into OUT; a name the file system refuses as
     too long is one OutputWriteError naming it (not a full disk's, nor a bare OSError)."""

@@ -35,6 +35,7 @@ from torchkit.core.split.files import (
     MOVE_TEMP,
     LinkTargets,
     check_hardlinks,
+    check_sources_removable,
     finish_rows,
     place_files,
     write_manifest,
@@ -230,6 +231,8 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
         add_repeats(plan, repeats, mode)
     if mode == "hardlink":
         check_hardlinks(plan, out)
+    if mode == "move":
+        check_sources_removable(plan.sources)
     totals = [sum(row[j] for row in counts) for j in range(len(names))]
     result = SplitResult(
         source=str(root),
@@ -398,6 +401,7 @@ def _resume_move(
         )
     log.warning(f"finishing the interrupted move into {out} (its recorded plan is used)")
     rows = _plan_rows(out)
+    check_sources_removable([row["source"] for row in rows if os.path.lexists(row["source"])])
     with reporting_write_errors(out):
         discard_replaced(out)  # killed before it was discarded: the move had started
         for row in rows:

@@ -1,0 +1,96 @@
+"""split --mode move from a dataset whose folders cannot be changed (a read-only mount, no write
+permission): refused before anything moves, also when it finishes an interrupted move."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from output_checks import error_line, tree_digest
+
+from torchkit.cli import app
+from torchkit.core.split import files as split_files
+from torchkit.core.split import split_dataset
+
+
+def make_files(root: Path, counts: dict[str, int]) -> Path:
+    """ROOT/<class>/<class>_<i>.png with distinct contents (split never decodes them)."""
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            (root / name / f"{name}_{i}.png").write_bytes(f"{name}/{i}".encode() * 3)
+    return root
+
+
+@pytest.fixture
+def unchangeable():
+    """`unchangeable(folder)`: `folder` and the folders in it made unchangeable in place: no
+    write permission for a user; for root (whom permissions do not stop) a read-only bind
+    mount of the folder onto itself, undone afterwards (skips where mounting is not allowed)."""
+    locked: list[Path] = []
+    mounted: list[Path] = []
+
+    def make(folder: Path) -> None:
+        if os.geteuid() != 0:
+            locked.extend(p for p in [folder, *folder.rglob("*")] if p.is_dir())
+            for path in locked:
+                path.chmod(0o555)
+            return
+        for args in (["--bind"], ["-o", "remount,ro,bind"]):
+            done = subprocess.run(["mount", *args, str(folder), str(folder)], capture_output=True)
+            if done.returncode != 0:
+                pytest.skip("cannot make a read-only bind mount here")
+            if args == ["--bind"]:
+                mounted.append(folder)
+
+    yield make
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=True)
+    for path in locked:
+        path.chmod(0o755)
+
+
+def test_move_out_of_a_folder_that_cannot_be_changed_is_refused_before_anything_moves(
+    runner, tmp_path, unchangeable
+):
+    root = make_files(tmp_path / "data", {"a": 4, "b": 4})
+    unchangeable(root)
+    before = tree_digest(root)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["split", str(root), str(out), "--mode", "move"])
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr)
+    assert line.startswith(f"Error: --mode move cannot take the files out of {root}/")
+    assert "use --mode copy, symlink or manifest" in line
+    assert not os.path.lexists(out)  # no half move to finish
+    assert tree_digest(root) == before
+
+
+def test_finishing_a_move_out_of_a_folder_that_became_unchangeable_is_refused_clearly(
+    runner, tmp_path, unchangeable, monkeypatch
+):
+    data = make_files(tmp_path / "data", {"a": 4, "b": 4})
+    out = tmp_path / "out"
+    real_move = split_files.move_file
+    moved: list[str] = []
+
+    def stop_after_two(source, dest, **options):
+        if len(moved) == 2:
+            raise KeyboardInterrupt
+        real_move(source, dest, **options)
+        moved.append(source)
+
+    monkeypatch.setattr(split_files, "move_file", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        split_dataset(data, out, mode="move")
+    monkeypatch.setattr(split_files, "move_file", real_move)
+    unchangeable(data)
+    before = tree_digest(data), tree_digest(out)
+    result = runner.invoke(app, ["split", str(data), str(out), "--mode", "move"])
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr).startswith(
+        f"Error: --mode move cannot take the files out of {data}/"
+    )
+    assert (tree_digest(data), tree_digest(out)) == before
