@@ -233,6 +233,20 @@ def test_a_character_stdouts_encoding_lacks_is_escaped_not_an_error(monkeypatch,
         assert b"\\u732b \xe9" in written and b"caf\xff.png" in written
 
 
+@pytest.mark.parametrize("encoding", ["cp1252", "ascii", "latin-1"])
+def test_json_on_a_stdout_that_lacks_a_character_is_still_json(monkeypatch, encoding):
+    # A piped stdout on Windows (cp1252), PYTHONIOENCODING=ascii: the encoder's own escapes of
+    # an emoji or an accent (`\U0001f431`, `\xe9`) made text that json.loads refused.
+    from torchkit.cli import console
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding, write_through=True))
+    console.write_names_as_bytes()
+    data = {"name": "cat \U0001f431", "accent": "caf\u00e9", "file": "caf\udcff.png"}
+    emit(tables=[Table(list(data), [list(data.values())])], data=data, fmt=OutputFormat.json)
+    assert json.loads(raw.getvalue().decode(encoding)) == data
+
+
 @pytest.mark.parametrize("fmt", ["table", "csv", "json"])
 def test_output_file_needs_force_to_be_replaced(runner, tmp_path, fmt):
     target = tmp_path / f"out.{fmt}"

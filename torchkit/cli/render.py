@@ -127,10 +127,23 @@ def to_json_value(value: Any) -> Any:
     return value
 
 
-def render_json(data: Any) -> str:
+def render_json(data: Any, encoding: str | None = None) -> str:
+    """JSON text; for a stream whose `encoding` cannot write every character (an emoji under
+    cp1252, an accent under ASCII), with those characters as JSON escapes: the escapes of
+    stdout's encoder (`\\xe9`, `\\U0001f431`) are not JSON, and a script's parser refused it."""
     from torchkit.core.io.files import json_text
 
-    return json_text(to_json_value(data), indent=2) + "\n"
+    text = json_text(to_json_value(data), indent=2) + "\n"
+    if encoding is not None:
+        try:
+            text.encode(encoding)
+        except UnicodeEncodeError:
+            import json
+
+            return json.dumps(to_json_value(data), indent=2, ensure_ascii=True) + "\n"
+        except LookupError:
+            pass
+    return text
 
 
 def render_csv(table: Table) -> str:
@@ -277,7 +290,8 @@ def emit(
     if output is not None:
         check_output_file(output, force)
     if fmt == OutputFormat.json:
-        text = render_json(data)
+        stdout_encoding = getattr(console.stdout.file, "encoding", None)
+        text = render_json(data, None if output is not None else stdout_encoding)
     elif fmt == OutputFormat.csv:
         text = render_csv(tables[csv_table])
     elif output is None and console.stdout.is_terminal:
