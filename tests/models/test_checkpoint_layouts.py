@@ -3,11 +3,13 @@ refused before they are read."""
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+import torchvision
 from hostile_pickles import RunsShell
 from output_checks import error_line
 from processes import run_torchkit_in_process
@@ -18,6 +20,7 @@ from torchkit.core.models import checkpoint as checkpoint_module
 from torchkit.core.models import resolve_model
 from torchkit.core.models.checkpoint import load_checkpoint
 from torchkit.core.models.convnet import convnet_class
+from torchkit.core.models.weights import load_weights_file
 
 
 def small_convnet(num_classes: int = 3) -> nn.Module:
@@ -55,6 +58,27 @@ def test_a_shared_prefix_that_does_not_give_the_models_keys_is_still_refused(tmp
     torch.save({"state_dict": state}, path)
     with pytest.raises(CheckpointError, match="unexpected keys"):
         resolve_model("convnet", weights=str(path))
+
+
+def test_torchvisions_own_densenet_files_load(tmp_path):
+    """torchvision's DenseNet weights files, as it downloads them, name a dense layer's parts
+    `norm.1`, `conv.2` (and have no BatchNorm counters); torchvision renames them when it loads
+    them. `densenet121 --weights densenet121-a639ec97.pth` said '580 missing keys (first:
+    ...denselayer1.norm1.weight); 696 unexpected keys (first: ...denselayer1.norm.1.weight)'."""
+    torch.manual_seed(0)
+    truth = torchvision.models.DenseNet(4, (1, 2), 8, bn_size=2, num_classes=3).eval()
+    old = {
+        re.sub(r"(denselayer\d+\.(?:norm|relu|conv))([12])\.", r"\1.\2.", key): value
+        for key, value in truth.state_dict().items()
+        if not key.endswith("num_batches_tracked")
+    }
+    assert "features.denseblock1.denselayer1.norm.1.weight" in old
+    torch.save(old, tmp_path / "densenet-old.pth")
+    model = torchvision.models.DenseNet(4, (1, 2), 8, bn_size=2, num_classes=3).eval()
+    load_weights_file(model, str(tmp_path / "densenet-old.pth"))
+    batch = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(model(batch), truth(batch))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -285,6 +285,29 @@ def strip_wrapper_prefix(model, state_dict: Mapping[str, Any]) -> Mapping[str, A
     return stripped
 
 
+# torchvision's DenseNet files (densenet121-a639ec97.pth... as it downloads them) name the layers
+# of a dense layer `norm.1`, `conv.2`: names a module can no longer have (torchvision's pattern).
+_DENSENET_OLD_KEY = re.compile(
+    r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$"
+)
+
+
+def with_densenet_key_names(model, state_dict: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`state_dict` with the old DenseNet names (`denselayer1.norm.1.weight`) renamed as the model
+    has them (`denselayer1.norm1.weight`), as torchvision renames them when it loads its own
+    weights; other keys, and names the model does not have, are kept."""
+    own = model.state_dict()
+    renamed, changed = {}, False
+    for key, value in state_dict.items():
+        match = _DENSENET_OLD_KEY.match(str(key))
+        new = f"{match.group(1)}{match.group(2)}" if match else key
+        if new != key and new in own and key not in own:
+            renamed[new], changed = value, True
+        else:
+            renamed[key] = value
+    return renamed if changed else state_dict
+
+
 def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "checkpoint") -> None:
     """`load_state_dict(strict=True)` with a one-line summary of what does not fit. A state
     dict saved before PyTorch 0.4.1 has no BatchNorm `num_batches_tracked`: accepted, as torch

@@ -37,11 +37,12 @@ def load_weights_file(
         extract_state_dict,
         load_weights_into,
         strip_wrapper_prefix,
+        with_densenet_key_names,
     )
 
     if loaded is None:
         loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
-    state = strip_wrapper_prefix(model, extract_state_dict(loaded))
+    state = with_densenet_key_names(model, strip_wrapper_prefix(model, extract_state_dict(loaded)))
     fit_head_to(model, state)
     load_weights_into(model, state, source=path)
     if num_classes is not None and out_features(find_head(model)[1]) != num_classes:
