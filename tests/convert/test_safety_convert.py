@@ -230,7 +230,7 @@ def test_convert_tensor_short_write_on_a_full_disk_is_an_error(work, small_tmpfs
     write_image_folder(work / "large", {"a": 8}, size=100)
     disk = small_tmpfs(152)  # 38 pages: four arrays of 8, the marker, and 4 pages of a fifth
     dst = disk / "dst"
-    done = run_torchkit_process(
+    done = run_torchkit_in_process(
         "convert", "tensor", "large", str(dst), "--to", "npy", "-j", "0", cwd=work
     )
     assert done.returncode == 1, done.stderr
@@ -244,7 +244,7 @@ def test_convert_tensor_file_on_a_full_disk_is_an_error(work, small_tmpfs, suffi
     disk = fill_disk(small_tmpfs(64))
     np.save(work / "big.npy", np.zeros((64, 64, 3), dtype=np.uint8))
     target = disk / f"big.{suffix}"
-    done = run_torchkit_process("convert", "tensor", "big.npy", str(target), cwd=work)
+    done = run_torchkit_in_process("convert", "tensor", "big.npy", str(target), cwd=work)
     assert done.returncode == 1
     assert f"Error: cannot write {target}: No space left" in error_line(
         done.stderr, besides="warnings"
@@ -265,7 +265,7 @@ def test_convert_cifar_on_a_full_disk_is_an_error(work, small_tmpfs):
 def test_convert_checkpoint_on_a_full_disk_is_an_error(work, small_tmpfs):
     disk = fill_disk(small_tmpfs(64))
     target = disk / "w.pt"  # torch.save says "unexpected pos" or "iostream error", no errno
-    done = run_torchkit_process("convert", "checkpoint", "ck.pt", str(target), cwd=work)
+    done = run_torchkit_in_process("convert", "checkpoint", "ck.pt", str(target), cwd=work)
     assert done.returncode == 1
     assert f"Error: cannot write {target}: No space left" in error_line(
         done.stderr, besides="warnings"
@@ -278,7 +278,7 @@ def test_convert_tensor_on_a_read_only_disk_is_an_error(work, small_tmpfs):
     remounted = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True)
     if remounted.returncode != 0:
         pytest.skip("cannot remount the tmpfs read-only")
-    done = run_torchkit_process(
+    done = run_torchkit_in_process(
         "convert", "tensor", "src", str(disk / "dst"), "--to", "npy", cwd=work
     )
     assert done.returncode == 1
