@@ -1,5 +1,7 @@
-"""split --mode move from a dataset whose folders cannot be changed (a read-only mount, no write
-permission): refused before anything moves, also when it finishes an interrupted move."""
+"""split from a dataset that changes or cannot be changed under it: --mode move out of folders
+that cannot be changed (a read-only mount, no write permission) is refused before anything
+moves, also when it finishes an interrupted move; a file deleted while a copy, link or symlink
+split runs is one Error line naming it."""
 
 from __future__ import annotations
 
@@ -94,3 +96,26 @@ def test_finishing_a_move_out_of_a_folder_that_became_unchangeable_is_refused_cl
         f"Error: --mode move cannot take the files out of {data}/"
     )
     assert (tree_digest(data), tree_digest(out)) == before
+
+
+@pytest.mark.parametrize("mode", ["copy", "hardlink", "symlink"])
+def test_a_file_deleted_while_a_split_runs_is_named_and_out_is_left_as_it_was(
+    runner, tmp_path, monkeypatch, mode
+):
+    root = make_files(tmp_path / "data", {"a": 4, "b": 4})
+    victim = root / "b" / "b_2.png"
+    real_place = split_files._place_files
+
+    def another_process_deletes_one(plan, out, mode, progress):
+        victim.unlink()
+        real_place(plan, out, mode, progress)
+
+    monkeypatch.setattr(split_files, "_place_files", another_process_deletes_one)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["split", str(root), str(out), "--mode", mode])
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: {victim} disappeared during the split (run the same command again: it splits "
+        "the files that are there)"
+    )
+    assert not os.path.lexists(out)

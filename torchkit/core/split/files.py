@@ -238,9 +238,19 @@ def check_sources_removable(sources: Sequence[str]) -> None:
 
 def place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) -> None:
     """Copy, link or move every file of the plan into OUT; a name the file system refuses as
-    too long is one OutputWriteError naming it (not a full disk's, nor a bare OSError)."""
+    too long is one OutputWriteError naming it (not a full disk's, nor a bare OSError), a
+    source that another process deleted meanwhile one InputError naming it (a move's: see
+    `move_file`)."""
     try:
         _place_files(plan, out, mode, progress)
+    except FileNotFoundError as error:
+        source = error.filename
+        if mode == "move" or os.path.lexists(source) or source not in set(plan.sources):
+            raise
+        raise InputError(
+            f"{source} disappeared during the split",
+            "run the same command again: it splits the files that are there",
+        ) from None
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:
             raise
@@ -263,7 +273,7 @@ def _place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) ->
         return
     links = LinkTargets(plan.sources, targets)
     operation: Callable[[str, str], Any] = {
-        "symlink": lambda s, d: os.symlink(s, d),
+        "symlink": _symlink,
         "hardlink": os.link,
         "move": lambda s, d: move_file(s, d, links=links),
     }[mode]
@@ -271,6 +281,14 @@ def _place_files(plan: Plan, out: Path, mode: str, progress: Progress | None) ->
         operation(source, target)
         if progress and (done % 256 == 0 or done == total):
             progress(done, total)
+
+
+def _symlink(source: str, dest: str) -> None:
+    """A link to `source` at `dest`; a source deleted meanwhile is an error, not a link to
+    nothing in the split."""
+    if not os.path.lexists(source):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), source)
+    os.symlink(source, dest)
 
 
 def finish_rows(sources, targets, out: Path, links: LinkTargets, progress) -> list[int]:
