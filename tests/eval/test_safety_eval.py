@@ -18,7 +18,6 @@ from output_checks import error_line, hidden_siblings, tree_digest
 from processes import (
     run_each_in_process,
     run_torchkit_in_process,
-    run_torchkit_process,
     start_torchkit_process,
 )
 from safety_world import check_locked_then_terminated, write_world
@@ -129,7 +128,7 @@ def test_sigterm_stops_the_workers_and_a_second_run_is_refused(world, tmp_path):
 
 def test_full_disk_is_an_error_and_leaves_nothing_under_out(world, small_tmpfs):
     disk = small_tmpfs(16)  # too small for the two PNGs
-    result = run_torchkit_process(*EVAL, "--out", str(disk / "rep"), cwd=world)
+    result = run_torchkit_in_process(*EVAL, "--out", str(disk / "rep"), cwd=world)
     assert result.returncode == 1, result.stderr
     assert "Error: cannot write " in result.stderr and "No space left" in result.stderr
     assert f"{disk / 'rep'}" in result.stderr  # named as --out, not its hidden temporary folder
