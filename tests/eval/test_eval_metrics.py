@@ -17,7 +17,7 @@ from sklearn.metrics import (
     top_k_accuracy_score,
 )
 
-from torchkit.core.evaluate.metrics import compute_metrics, most_confused
+from torchkit.core.evaluate.metrics import ConfusionPairs, compute_metrics
 
 
 def _case(seed: int, n: int = 300, num_classes: int = 7):
@@ -67,9 +67,15 @@ def test_every_metric_matches_sklearn(seed):
 
 def test_most_confused_skips_the_class_itself_and_zero_counts():
     cm = np.array([[5, 2, 0, 2], [1, 3, 0, 0], [0, 0, 0, 0], [0, 4, 1, 9]])
-    assert most_confused(cm, 0) == [(1, 2), (3, 2)]  # ties: lower label first
-    assert most_confused(cm, 2) == []
-    assert most_confused(cm, 3, n=1) == [(1, 4)]
+    true, predicted = np.nonzero(cm)
+    pairs = ConfusionPairs.counted(
+        np.repeat(true, cm[true, predicted]), np.repeat(predicted, cm[true, predicted]), 4
+    )
+    np.testing.assert_array_equal(pairs.dense(), cm)
+    found = pairs.most_confused()
+    assert found[0] == [(1, 2), (3, 2)]  # ties: lower label first
+    assert found[2] == []
+    assert pairs.most_confused(n=1)[3] == [(1, 4)]
 
 
 def test_empty_and_perfect_cases():

@@ -104,8 +104,8 @@ def eval_command(
         Optional[Path],
         typer.Option(
             "--out",
-            help="Write metrics.json, per_class.csv, confusion_matrix.csv/.png, "
-            "predictions.csv and errors.png into this folder.",
+            help="Write metrics.json, per_class.csv, confusion_matrix.csv/.png (above 2,000 "
+            "classes confusion_pairs.csv), predictions.csv and errors.png into this folder.",
             file_okay=False,
         ),
     ] = None,

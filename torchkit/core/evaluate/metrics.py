@@ -1,9 +1,9 @@
 """Classification metrics from true labels, predictions and top-k predictions.
 
 scikit-learn's `sklearn.metrics` computes the per-class scores and their averages (the confusion
-matrix and the top-k accuracy are counted here, in one pass over the images). It is imported
-when metrics are computed, not with this module: with scipy and pandas, it takes a second or
-more to import. The definitions are scikit-learn's:
+matrix, as its non-zero cells, and the top-k accuracy are counted here, in one pass over the
+images). It is imported when metrics are computed, not with this module: with scipy and pandas,
+it takes a second or more to import. The definitions are scikit-learn's:
 - precision = tp / predicted, recall = tp / support, F1 = 2 tp / (support + predicted); a ratio
   whose denominator is 0 is defined as 0 (scikit-learn's `zero_division=0`), so a class with no
   images has recall 0 and a class never predicted has precision 0;
@@ -30,7 +30,7 @@ class ClassificationMetrics:
     """Every number `eval` reports, computed from integer labels."""
 
     num_samples: int
-    confusion: np.ndarray  # (C, C) int64: rows true, columns predicted
+    pairs: ConfusionPairs  # the confusion matrix's non-zero cells
     support: np.ndarray  # (C,) images per true class
     predicted: np.ndarray  # (C,) predictions per class
     precision: np.ndarray  # (C,)
@@ -48,6 +48,13 @@ class ClassificationMetrics:
     f1_micro: float
     averaged_classes: int  # how many classes the macro averages are taken over
 
+    @property
+    def confusion(self) -> np.ndarray:
+        """The dense (C, C) int64 confusion matrix (rows true, columns predicted), made on
+        demand: C x C cells (3.2 GB at 20,000 classes), so eval builds it only for the reports
+        of up to `DENSE_CONFUSION_MAX_CLASSES` classes."""
+        return self.pairs.dense()
+
 
 def topk_accuracy(y_true: np.ndarray, topk_labels: np.ndarray, k: int) -> float:
     """Fraction of images whose true class is among the first `k` columns of `topk_labels`.
@@ -61,29 +68,80 @@ def topk_accuracy(y_true: np.ndarray, topk_labels: np.ndarray, k: int) -> float:
     return float(hits.mean())
 
 
-def most_confused(confusion: np.ndarray, label: int, n: int = CONFUSED_SHOWN) -> list[tuple]:
-    """The classes images of `label` are most often mistaken for: [(other, count), ...], largest
-    count first (ties: lower label first), the class itself and zero counts left out."""
-    row = confusion[label]
-    found = np.flatnonzero(row > 0)  # numpy, not a Python loop over every class: per class
-    others = [(int(j), int(row[j])) for j in found if j != label]
-    others.sort(key=lambda pair: (-pair[1], pair[0]))
-    return others[:n]
-
-
 def _known(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
     """Which pairs have both labels in range(num_classes)."""
     return (y_true >= 0) & (y_true < num_classes) & (y_pred >= 0) & (y_pred < num_classes)
 
 
-def confusion_counts(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
-    """The (C, C) int64 confusion matrix (rows true, columns predicted), as scikit-learn's
-    `confusion_matrix(labels=range(C))` gives it, counted in one pass over the images."""
-    known = _known(y_true, y_pred, num_classes)  # as labels=range(C) leaves others out
-    flat = np.bincount(
-        y_true[known] * num_classes + y_pred[known], minlength=num_classes * num_classes
-    )
-    return flat.astype(np.int64, copy=False).reshape(num_classes, num_classes)
+@dataclass
+class ConfusionPairs:
+    """The confusion matrix as its non-zero cells: `count[i]` images of class `true[i]` were
+    predicted as `predicted[i]`, sorted by true class, then predicted class. Its size follows the
+    images (at most one pair each), never the square of the classes; only `dense` builds C x C."""
+
+    num_classes: int
+    true: np.ndarray  # (P,) int64
+    predicted: np.ndarray  # (P,) int64
+    count: np.ndarray  # (P,) int64, each > 0
+
+    @classmethod
+    def counted(cls, y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> ConfusionPairs:
+        """The pairs of scikit-learn's `confusion_matrix(labels=range(C))`: labels outside
+        range(C) are left out, as it leaves them out."""
+        y_true = np.asarray(y_true, dtype=np.int64)
+        y_pred = np.asarray(y_pred, dtype=np.int64)
+        known = _known(y_true, y_pred, num_classes)
+        cells, count = np.unique(y_true[known] * num_classes + y_pred[known], return_counts=True)
+        return cls(num_classes, cells // num_classes, cells % num_classes, count.astype(np.int64))
+
+    def __eq__(self, other: object) -> bool:  # the same cells (dataclass's == compares arrays)
+        if not isinstance(other, ConfusionPairs):
+            return NotImplemented
+        return self.num_classes == other.num_classes and all(
+            np.array_equal(getattr(self, name), getattr(other, name))
+            for name in ("true", "predicted", "count")
+        )
+
+    def dense(self) -> np.ndarray:
+        """The (C, C) int64 matrix, rows true, columns predicted."""
+        cm = np.zeros((self.num_classes, self.num_classes), dtype=np.int64)
+        cm[self.true, self.predicted] = self.count
+        return cm
+
+    def _per_class(self, labels: np.ndarray, count: np.ndarray) -> np.ndarray:
+        totals = np.zeros(self.num_classes, dtype=np.int64)
+        np.add.at(totals, labels, count)
+        return totals
+
+    def support(self) -> np.ndarray:
+        """(C,) images per true class (the row sums)."""
+        return self._per_class(self.true, self.count)
+
+    def predictions(self) -> np.ndarray:
+        """(C,) predictions per class (the column sums)."""
+        return self._per_class(self.predicted, self.count)
+
+    def correct(self) -> np.ndarray:
+        """(C,) images of each class predicted as it (the diagonal)."""
+        same = self.true == self.predicted
+        return self._per_class(self.true[same], self.count[same])
+
+    def most_confused(self, n: int = CONFUSED_SHOWN) -> list[list[tuple[int, int]]]:
+        """Per class, the classes its images are most often mistaken for: [(other, count), ...],
+        at most `n`, largest count first (ties: lower label first), the class itself left out;
+        one sort of the pairs, never a look at every class of every row."""
+        wrong = self.true != self.predicted
+        true, predicted, count = self.true[wrong], self.predicted[wrong], self.count[wrong]
+        order = np.lexsort((predicted, -count, true))
+        true, predicted, count = true[order], predicted[order], count[order]
+        rank = np.arange(len(true)) - np.searchsorted(true, true, side="left")
+        shown = rank < n
+        found: list[list[tuple[int, int]]] = [[] for _ in range(self.num_classes)]
+        for label, other, number in zip(
+            true[shown].tolist(), predicted[shown].tolist(), count[shown].tolist(), strict=True
+        ):
+            found[label].append((other, number))
+        return found
 
 
 def compute_metrics(
@@ -110,13 +168,13 @@ def compute_metrics(
     scores = scorer.call(request) if scorer is not None else None
     if scores is None:
         scores = answer(request)
-    cm = confusion_counts(y_true, y_pred, num_classes)
+    pairs = ConfusionPairs.counted(y_true, y_pred, num_classes)
     macro, weighted = scores["macro"], scores["weighted"]
     return ClassificationMetrics(
         num_samples=len(y_true),
-        confusion=cm,
-        support=cm.sum(axis=1),
-        predicted=cm.sum(axis=0),
+        pairs=pairs,
+        support=pairs.support(),
+        predicted=pairs.predictions(),
         precision=np.asarray(scores["precision"], dtype=np.float64),
         recall=np.asarray(scores["recall"], dtype=np.float64),
         f1=np.asarray(scores["f1"], dtype=np.float64),
@@ -176,7 +234,7 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
 
     # Counted, not taken from scikit-learn's support (a float for a class with no images). No
     # confusion matrix is built or sent here: C x C values as Python lists cost seconds and GBs
-    # at thousands of classes; the caller counts it (`confusion_counts`).
+    # at thousands of classes; the caller counts its pairs (`ConfusionPairs`).
     known = _known(y_true, y_pred, len(every_class))
     support = np.bincount(y_true[known], minlength=len(every_class))
     predicted = np.bincount(y_pred[known], minlength=len(every_class))
@@ -202,7 +260,7 @@ def _no_images(num_classes: int, k: int) -> ClassificationMetrics:
     scores = np.zeros(num_classes, dtype=np.float64)
     return ClassificationMetrics(
         num_samples=0,
-        confusion=np.zeros((num_classes, num_classes), dtype=np.int64),
+        pairs=ConfusionPairs.counted(np.zeros(0), np.zeros(0), num_classes),
         support=counts,
         predicted=counts.copy(),
         precision=scores,

@@ -1,9 +1,11 @@
 """The files `eval --out DIR` writes: metrics.json, per_class.csv, confusion_matrix.csv,
-predictions.csv, confusion_matrix.png and errors.png; each one atomically."""
+predictions.csv, confusion_matrix.png and errors.png (above DENSE_CONFUSION_MAX_CLASSES classes
+confusion_pairs.csv instead of the matrix's CSV and PNG); each one atomically."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -16,14 +18,23 @@ from torchkit.core.io.files import atomic_path, atomic_write_text, drawable
 from torchkit.core.io.outputs import reporting_write_errors
 
 if TYPE_CHECKING:
+    from torchkit.core.evaluate.metrics import ConfusionPairs
     from torchkit.core.evaluate.results import EvalResult
     from torchkit.core.runtime.plot_helper import PlotHelper
 
+log = logging.getLogger("torchkit")
+
 CONFUSION_CORNER = "true \\ predicted"  # confusion_matrix.csv's first header cell
+CONFUSION_PAIRS_COLUMNS = ["true", "predicted", "count"]  # confusion_pairs.csv's header
+# The most classes whose confusion matrix is written whole (confusion_matrix.csv and .png): C x C
+# cells, 8 MB of CSV and a 2-pixel cell at 2,000 classes, 800 MB and 3.2 GB of counts at 20,000.
+# Above it, confusion_pairs.csv lists the non-zero cells.
+DENSE_CONFUSION_MAX_CLASSES = 2000
 REPORT_FILES = (
     "metrics.json",
     "per_class.csv",
     "confusion_matrix.csv",
+    "confusion_pairs.csv",
     "predictions.csv",
     "confusion_matrix.png",
     "errors.png",
@@ -45,16 +56,39 @@ def write_reports(
     folder = Path(out_dir)
     with reporting_write_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / name for name in REPORT_FILES]
-    atomic_write_text(paths[0], json.dumps(json_safe(result.to_dict()), indent=2) + "\n")
-    atomic_write_text(paths[1], _csv_text(result.per_class_columns(), result.per_class_rows()))
     classes = result.classes
-    cm = result.metrics.confusion
-    atomic_write_text(paths[2], confusion_csv_text(cm, classes))
-    atomic_write_text(paths[3], _csv_text(prediction_columns(result), prediction_rows(result)))
-    plot_confusion_matrix(cm, classes, paths[4], normalize=normalize, painter=painter)
-    plot_errors(result, paths[5], max_shown=max_errors_shown, painter=painter)
-    return paths
+    dense = len(classes) <= DENSE_CONFUSION_MAX_CLASSES
+    left_out = (
+        ["confusion_pairs.csv"] if dense else ["confusion_matrix.csv", "confusion_matrix.png"]
+    )
+    paths = {name: folder / name for name in REPORT_FILES if name not in left_out}
+    atomic_write_text(
+        paths["metrics.json"], json.dumps(json_safe(result.to_dict()), indent=2) + "\n"
+    )
+    atomic_write_text(
+        paths["per_class.csv"], _csv_text(result.per_class_columns(), result.per_class_rows())
+    )
+    if dense:
+        cm = result.metrics.confusion
+        atomic_write_text(paths["confusion_matrix.csv"], confusion_csv_text(cm, classes))
+    else:
+        text = confusion_pairs_csv_text(result.metrics.pairs, classes)
+        atomic_write_text(paths["confusion_pairs.csv"], text)
+        log.warning(
+            "%d classes: confusion_pairs.csv lists the confusion matrix's non-zero cells "
+            "(true,predicted,count); confusion_matrix.csv and .png are written up to %d classes",
+            len(classes),
+            DENSE_CONFUSION_MAX_CLASSES,
+        )
+    atomic_write_text(
+        paths["predictions.csv"], _csv_text(prediction_columns(result), prediction_rows(result))
+    )
+    if dense:
+        plot_confusion_matrix(
+            cm, classes, paths["confusion_matrix.png"], normalize=normalize, painter=painter
+        )
+    plot_errors(result, paths["errors.png"], max_shown=max_errors_shown, painter=painter)
+    return list(paths.values())
 
 
 def json_safe(value: Any) -> Any:
@@ -80,6 +114,20 @@ def confusion_csv_text(cm: np.ndarray, classes: list[str]) -> str:
     of import to eval, which no longer imports it (scikit-learn runs in a helper process)."""
     rows = ([name, *counts] for name, counts in zip(classes, cm.tolist(), strict=True))
     return _csv_text([CONFUSION_CORNER, *classes], rows)
+
+
+def confusion_pairs_csv_text(pairs: ConfusionPairs, classes: list[str]) -> str:
+    """confusion_pairs.csv: a header `true,predicted,count`, then one row per non-zero cell of
+    the confusion matrix (true and predicted class names), by true class, then predicted class
+    (in label order)."""
+    names = np.asarray(classes, dtype=object)
+    rows = zip(
+        names[pairs.true].tolist(),
+        names[pairs.predicted].tolist(),
+        pairs.count.tolist(),
+        strict=True,
+    )
+    return _csv_text(CONFUSION_PAIRS_COLUMNS, rows)
 
 
 def prediction_columns(result: EvalResult) -> list[str]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics, most_confused
+from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics
 from torchkit.core.topk import DEFAULT_TOPK, reported_topk, topk_name
 
 # The rows `eval --format csv` adds below the classes (their `index` is empty): the overall
@@ -111,8 +112,12 @@ class EvalResult:
             return self.samples.ids[index]
         return self.samples.paths[index] if self.samples.paths is not None else str(index)
 
+    @cached_property
+    def _most_confused(self) -> list[list[tuple[int, int]]]:
+        return self.metrics.pairs.most_confused(CONFUSED_SHOWN)  # every class's, at once
+
     def confused_with(self, label: int) -> list[tuple[str, int]]:
-        return [(self.classes[j], n) for j, n in most_confused(self.metrics.confusion, label)]
+        return [(self.classes[j], n) for j, n in self._most_confused[label]]
 
     @property
     def topk_accuracy(self) -> float | None:
@@ -149,6 +154,7 @@ class EvalResult:
         top_hits = (p.topk_labels[:, : self.topk] == p.labels[:, None]).any(axis=1)
         top_hits = np.bincount(p.labels, weights=top_hits, minlength=count)
         loss_sums = np.bincount(p.labels, weights=p.loss.astype(np.float64), minlength=count)
+        correct = m.pairs.correct()
         records = []
         for label, name in enumerate(self.classes):
             n = int(support[label])
@@ -166,7 +172,7 @@ class EvalResult:
                     "recall": float(m.recall[label]),
                     "f1": float(m.f1[label]),
                     **self._top_figures(
-                        mean(m.confusion[label, label]),
+                        mean(correct[label]),
                         reported_topk(mean(top_hits[label]), self.topk, count),
                     ),
                     "loss": mean(loss_sums[label]),
