@@ -655,7 +655,9 @@ def test_load_weights_into_explains_the_mismatch():
         load_weights_into(model, state, source="best.pt")
     message = caught.value.message
     assert message.startswith("the weights in best.pt do not fit the model: ")
-    assert "1 shape mismatches (first: 2.weight (5, 4) vs (2, 4))" in message
+    assert "1 shape mismatches (first: 2.weight is (5, 4) in the weights, (2, 4) in the model)" in (
+        message
+    )
     assert "1 missing keys (first: 0.bias)" in message
     assert "1 unexpected keys (first: extra.bias)" in message
     assert "--num-classes" in caught.value.hint

@@ -153,3 +153,18 @@ def test_a_pickle_that_runs_a_command_is_refused_naming_the_function(tmp_path: P
         assert result.returncode == 1
         assert f"{path} holds a pickled posix.system," in error_line(result.stderr)
     assert not marker.exists()
+
+
+def test_a_layer_of_another_shape_says_which_shape_is_whose(tmp_path):
+    """convnet weights of 28 px loaded for 32 px: 'classifier.1.weight (128, 9216) vs (128,
+    12544)' did not say which was the file's, and the hint named only --model and
+    --num-classes."""
+    torch.save(small_convnet(3).state_dict(), tmp_path / "conv28.pt")
+    result = run_torchkit_in_process(
+        "summary", "convnet", "--weights", tmp_path / "conv28.pt", "--image-size", "32"
+    )
+    assert result.returncode == 1
+    assert error_line(result.stderr).endswith(
+        "(first: classifier.1.weight is (128, 9216) in the weights, (128, 12544) in the model) "
+        "(check --model, --num-classes and --image-size)"
+    )

@@ -332,7 +332,8 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
     missing = [key for key in own if key not in state_dict]
     unexpected = [key for key in state_dict if key not in own]
     mismatched = [
-        f"{key} {tuple(state_dict[key].shape)} vs {tuple(own[key].shape)}"
+        f"{key} is {tuple(state_dict[key].shape)} in the weights, {tuple(own[key].shape)} in "
+        "the model"
         for key in own
         if key in state_dict
         and hasattr(state_dict[key], "shape")
@@ -346,9 +347,13 @@ def load_weights_into(model, state_dict: Mapping[str, Any], *, source: str = "ch
             parts.append(f"{len(missing)} missing keys (first: {missing[0]})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected keys (first: {unexpected[0]})")
+        # The head follows the weights: a layer of another shape is another architecture, or
+        # one whose layers follow the image size (convnet, ViT) built for another size.
         raise CheckpointError(
             f"the weights in {source} do not fit the model: " + "; ".join(parts),
-            "check --model and --num-classes",
+            "check --model, --num-classes and --image-size"
+            if mismatched
+            else "check --model and --num-classes",
         )
     model.load_state_dict(state_dict, strict=True)
 
