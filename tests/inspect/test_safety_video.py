@@ -24,7 +24,6 @@ from processes import (
     processes_in_group,
     run_each_in_process,
     run_torchkit_in_process,
-    run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
     wait_until,
@@ -249,7 +248,7 @@ def test_a_full_disk_is_an_error_not_a_skipped_video(tmp_path, small_tmpfs, clip
     disk = small_tmpfs(16)  # four 4 KiB pages: the lock, the marker, two frames
     before = tree_digest(clips)
     args = [clips, "-k", "10", "--extract-frames", disk / "frames", "-j", "0"]
-    result = run_torchkit_process("video-info", *map(str, args))
+    result = run_torchkit_in_process("video-info", *map(str, args))
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
     assert f"cannot write {disk / 'frames'}" in line and "No space left" in line
