@@ -1,7 +1,9 @@
-"""Every `torchkit ...` command line in README.md and in docs/ parses: the command exists and every
-option and value it gives is one the command takes (README and docs examples must not drift from
-the CLI). The lines are parsed as the shell and click would, without running anything. README has
-an example of every command, and every command has its page in docs/commands/."""
+"""Every `torchkit ...` command line in README.md, in docs/ and in the commands' --help examples
+parses: the command exists and every option and value it gives is one the command takes (examples
+must not drift from the CLI), and none asks eval, predict or extract-features to run a model with
+random weights, which they refuse. The lines are parsed as the shell and click would, without
+running anything. README has an example of every command, and every command has its page in
+docs/commands/."""
 
 from __future__ import annotations
 
@@ -50,6 +52,31 @@ DOC_COMMANDS = [
 ]
 
 
+def _help_command_lines() -> list[tuple[str, str]]:
+    """(command, line) for the `torchkit ...` example lines of every command's --help."""
+    import typer.main
+
+    from torchkit.cli import app
+
+    found = []
+    pending = [("", typer.main.get_command(app))]
+    while pending:
+        name, command = pending.pop()
+        if hasattr(command, "commands"):
+            pending += [(f"{name} {sub}".strip(), cmd) for sub, cmd in command.commands.items()]
+        for text in (command.help or "").splitlines():
+            for part in re.split(r"&&|\|\|?|;", text):
+                part = re.sub(r"\s+\(.*$", "", part.strip())  # a comment in parentheses
+                if part.startswith("torchkit "):
+                    found.append((name, part))
+    return found
+
+
+HELP_COMMANDS = [
+    pytest.param(line, id=f"torchkit {name} --help: {line}") for name, line in _help_command_lines()
+]
+
+
 def _words(line: str) -> list[str]:
     words = []
     for word in shlex.split(line)[1:]:
@@ -76,7 +103,7 @@ def test_a_drifted_line_fails(line, _torchkit_command):
     assert "NoSuchOption" in type(caught.value).__name__ or isinstance(caught.value, AssertionError)
 
 
-@pytest.mark.parametrize("line", DOC_COMMANDS)
+@pytest.mark.parametrize("line", DOC_COMMANDS + HELP_COMMANDS)
 def test_a_readme_command_line_parses(line, _torchkit_command):
     words = _words(line)
     command = _torchkit_command
@@ -85,6 +112,32 @@ def test_a_readme_command_line_parses(line, _torchkit_command):
         names = {name for param in command.params for name in param.opts}
         assert set(eager) <= names | {"--help", "-h"}, line
         return
+    _context(line, command)
+
+
+# What a model file's name ends with (models.md): a MODEL that names none of them is built with
+# random weights, which eval, predict and extract-features refuse without --weights.
+MODEL_FILES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".onnx", ".ts", ".pt2")
+
+
+@pytest.mark.parametrize("line", DOC_COMMANDS + HELP_COMMANDS)
+def test_no_example_runs_a_model_with_random_weights(line, _torchkit_command):
+    """An example of eval, predict or extract-features that names an architecture gives it
+    weights (these commands refuse random weights: the line would end in a usage error)."""
+    if any(word in EAGER for word in _words(line)):
+        return
+    context = _context(line, _torchkit_command)
+    params = context.params
+    if "allow_untrained" not in params or params.get("list_layers"):
+        return
+    named = [params.get("model"), params.get("model_option")]
+    trained = params.get("weights") or params["allow_untrained"]
+    assert trained or any(str(spec).endswith(MODEL_FILES) for spec in named if spec), line
+
+
+def _context(line: str, command):
+    """The click context a command line parses into (raises when the line is wrong)."""
+    words = _words(line)
     parent = None
     while hasattr(command, "commands"):  # a group: its options, then a sub-command
         position = next((i for i, word in enumerate(words) if not word.startswith("-")), None)
@@ -95,7 +148,7 @@ def test_a_readme_command_line_parses(line, _torchkit_command):
         found = command.get_command(parent, words[position])
         assert found is not None, f"no command {words[position]!r} in: {line}"
         command, words = found, words[position + 1 :]
-    command.make_context(command.name or "", list(words), parent=parent)  # raises when wrong
+    return command.make_context(command.name or "", list(words), parent=parent)
 
 
 def test_every_document_has_command_lines_to_check():

@@ -199,7 +199,7 @@ def extract_features_command(
 
       torchkit extract-features resnet50 photos/ feats/ --weights DEFAULT --normalize l2
 
-      torchkit extract-features resnet50 big/ feats/ --resume
+      torchkit extract-features resnet50 big/ feats/ --weights DEFAULT --resume
     """
     from torchkit.core.io.errors import UsageError
 
