@@ -1,6 +1,6 @@
 """`torchkit --help` and every `torchkit COMMAND --help` stay fast: none of them imports torch,
-torchvision, cv2, pandas, sklearn, matplotlib or webdataset. New commands are covered
-automatically."""
+torchvision, torchinfo, cv2, pandas, sklearn, matplotlib, webdataset or pyarrow. New commands are
+covered automatically."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "torchvision", "cv2", "pandas", "sklearn", "matplotlib", "webdataset", "pyarrow")
+HEAVY = (
+    "torch", "torchvision", "torchinfo", "cv2", "pandas", "sklearn", "matplotlib", "webdataset",
+    "pyarrow",
+)  # fmt: skip
 
 # Runs in a fresh interpreter: calls the real entry point (`torchkit.cli.main`) once per command
 # path, the way the console script does, and records which heavy packages are loaded after each.

@@ -700,15 +700,6 @@ def test_shrinking_a_npy_in_place_keeps_the_rows(tmp_path):
     assert path.stat().st_size == 128 + 7 * 3 * 4
 
 
-def test_cli_module_does_not_import_torch():
-    import subprocess
-
-    code = "import sys, torchkit.cli.extract_features; print('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False"
-
-
 def test_random_weights_are_refused_unless_allowed(runner, images, tmp_path):
     """Before: a model without weights gave random features, silently (as predict and eval
     refuse it)."""
