@@ -3,6 +3,8 @@ replaces only what its checks found at that name, never the other process's file
 
 from __future__ import annotations
 
+import errno
+import os
 import textwrap
 
 import pytest
@@ -78,3 +80,23 @@ def test_a_checked_file_output_is_written_when_nothing_changed_and_then_again(tm
     assert target.read_bytes() == b"new"
     atomic_write_text(target, "again")  # the check was for one write: a later one replaces
     assert target.read_text() == "again"
+
+
+def test_without_hard_links_a_new_file_output_is_renamed_into_place_unless_one_came(
+    tmp_path, monkeypatch
+):
+    def no_hard_links(*args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted")  # vfat, some FUSE file systems
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    first, second = tmp_path / "first.csv", tmp_path / "second.csv"
+    check_output_file(first, False)
+    atomic_write_text(first, "rows\n")
+    assert first.read_text() == "rows\n"
+    check_output_file(second, False)
+    second.write_text("another command's rows\n")
+    with pytest.raises(OutputExistsError, match="written by another process"):
+        atomic_write_text(second, "rows\n")
+    assert second.read_text() == "another command's rows\n"
+    assert (tmp_path / "second.csv.new").read_text() == "rows\n"
+    assert sorted(os.listdir(tmp_path)) == ["first.csv", "second.csv", "second.csv.new"]

@@ -332,7 +332,13 @@ def _rename_if_free(source: str | os.PathLike, name: str | os.PathLike) -> bool:
     except FileExistsError:
         return False
     except OSError as error:  # a file system without hard links: a plain rename, checked first
-        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+        if error.errno not in (
+            errno.EPERM,
+            errno.ENOTSUP,
+            errno.EOPNOTSUPP,
+            errno.EMLINK,
+            errno.ENOSYS,
+        ):
             raise
         if os.path.lexists(name):
             return False
