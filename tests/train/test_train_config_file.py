@@ -250,3 +250,22 @@ def test_what_print_config_prints_is_a_recipe_for_the_same_options(runner, tmp_p
     recipe.write_text(json.dumps({**json.loads(printed.stdout), "force": True}))
     refused = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
     assert refused.exit_code == 2 and "'force' in " in refused.stderr  # a force it asks for
+
+
+def test_print_config_with_resume_shows_what_the_resumed_run_trains_with(runner, tmp_path):
+    """Printed a new run's defaults beside `resume` (--epochs 25, --ema, --best-metric loss,
+    no --early-stop), not the options the resumed run goes by."""
+    run = tmp_path / "run"
+    fast = ["-j", "0", "--device", "cpu", "--batch-size", "512", "--epochs", "1"]
+    train(runner, *fast, "--no-ema", "--best-metric", "top1", "--early-stop", "3", "--out", run)
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    again = ["train", "--resume", str(run), "--epochs", "4", "--lr", "0.01", "--print-config"]
+    result = runner.invoke(app, again)
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["epochs"] == 4 and shown["lr"] == 0.01  # given again
+    assert shown["ema"] is False and shown["best_metric"] == "top1"  # the run's own
+    assert shown["early_stop"] == 3 and shown["batch_size"] == 512
+    refused = runner.invoke(app, [*again, "--batch-size", "64"])
+    assert refused.exit_code == 1 and "--batch-size cannot change" in refused.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before  # nothing written

@@ -11,8 +11,9 @@ import pytest
 from torchkit.cli import app
 from torchkit.cli.spec_options import field_value
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
-from torchkit.core.train.config_file import NOT_IN_A_RECIPE, effective_config
+from torchkit.core.train.config_file import NOT_IN_A_RECIPE
 from torchkit.core.train.resume_rules import FIXED_ON_RESUME
+from torchkit.core.train.setup import effective_config
 from torchkit.core.train.validation import option_name
 
 # Parameters of `train` that are not training options, and those every command has.

@@ -130,12 +130,12 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     if config_file is not None:
         config = _with_config_file(config, config_file, given)
     if print_config:
-        from torchkit.core.train.config_file import effective_config
+        from torchkit.core.train.setup import effective_config
 
         if not is_main:  # torchrun: one copy, rank 0's (the ranks raced to write -o FILE)
             return
-        emit(tables=[], data=effective_config(config), fmt=OutputFormat.json, output=output,
-             force=force)  # fmt: skip
+        emit(tables=[], data=effective_config(config, given), fmt=OutputFormat.json,
+             output=output, force=force)  # fmt: skip
         return
     if config.find_lr and is_main:
         from torchkit.core.train.lr_find import ignored_options

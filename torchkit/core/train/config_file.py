@@ -284,13 +284,4 @@ def apply_config_file(
         raise UsageError(f"bad config file option: {error}") from error
 
 
-def effective_config(config: TrainConfig) -> dict[str, Any]:
-    """What the run will use (data defaults filled), for `--print-config`."""
-    from torchkit.core.data.sources.digits import DIGITS
-    from torchkit.core.train.validation import resolve_defaults
-
-    resolved = resolve_defaults(config, is_digits=config.data == DIGITS)
-    return {name: value for name, value in resolved.to_dict().items() if name in TRAIN_OPTIONS}
-
-
-__all__ = ["apply_config_file", "effective_config", "option_name", "read_config_file"]
+__all__ = ["apply_config_file", "option_name", "read_config_file"]

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights
-from torchkit.core.train.config import TrainConfig
+from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
 from torchkit.core.train.loop import StepContext, UnreadableImages
@@ -55,6 +55,15 @@ def plan_run(requested: TrainConfig, overrides) -> RunPlan:
         config = merge_for_resume(checkpoint["config"], config, overrides)
     config = resolve_defaults(config, is_digits=config.data == DIGITS)
     return RunPlan(config, resumed_from, checkpoint)
+
+
+def effective_config(
+    config: TrainConfig, overrides: Collection[str] | None = None
+) -> dict[str, Any]:
+    """What the run will use, for `--print-config`: `plan_run`'s options (data defaults filled;
+    with --resume the resumed run's own, with `overrides` given again), not a new run's."""
+    resolved = plan_run(config, overrides).config
+    return {name: value for name, value in resolved.to_dict().items() if name in TRAIN_OPTIONS}
 
 
 def build_amp(device: Any, config: TrainConfig) -> Amp:
