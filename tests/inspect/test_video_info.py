@@ -224,6 +224,27 @@ def test_every_field_of_generated_videos(videos, spec):
     assert row["error"] is None and row["frame_indices"] is None
 
 
+def test_an_animated_image_under_a_video_name_shows_its_own_container(tmp_path):
+    """The container column is what the bytes are: a GIF saved as .mp4 (as sites serve them) or
+    an animated PNG named .mov is read by FFmpeg, and is not called an MP4 or a MOV."""
+    from PIL import Image
+
+    pictures = [Image.fromarray(frame_pixels(i, 30, 20)) for i in range(5)]
+    gif, apng = tmp_path / "clip.mp4", tmp_path / "clip.mov"
+    pictures[0].save(gif, format="GIF", save_all=True, append_images=pictures[1:], duration=100)
+    pictures[0].save(apng, format="PNG", save_all=True, append_images=pictures[1:], duration=100)
+    code, rows = json_rows(gif, apng, "--exact")
+    assert code == 0
+    assert [(r["container"], r["frames"], r["status"]) for r in rows] == [
+        ("gif", 5, "ok"),
+        ("png", 5, "ok"),
+    ]
+    still = tmp_path / "still.mp4"
+    pictures[0].save(still, format="PNG")  # one picture is still refused, as before
+    _, (row,) = json_rows(still, "--skip-errors")
+    assert (row["status"], row["error"]) == ("unreadable", "a still image (PNG), not a video")
+
+
 def test_fps_is_a_float_not_truncated(tmp_path, videos):
     path = need(videos, "mjpg.avi")
     _, (row,) = json_rows(path)

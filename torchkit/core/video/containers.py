@@ -124,6 +124,13 @@ def sniff_container(head: bytes) -> str | None:
         return "y4m"
     if head[:4] == b"\x06\x0e\x2b\x34":
         return "mxf"
+    # Animated images FFmpeg reads as videos (a GIF saved as .mp4 is common): their own names, as
+    # the column says what the bytes are. Still ones are refused before (`still_image_format`).
+    image = next((name for magic, name in _IMAGE_MAGIC if head.startswith(magic)), None)
+    if image in ("GIF", "PNG"):
+        return image.lower()
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
     return None
 
 

@@ -281,7 +281,7 @@ def _probe_into(
     if info.size_bytes == 0:
         info.fail(_describe_unopenable(0, sniffed))
         return
-    image = None if sniffed else still_image_format(path, head)
+    image = still_image_format(path, head)  # None for anything but an image's first bytes
     if image is not None:
         info.fail(f"a still image ({image}), not a video")
         return
