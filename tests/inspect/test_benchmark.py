@@ -232,6 +232,34 @@ def test_random_weights_are_a_note_after_the_results(runner, tmp_path):
     assert "random weights" not in trained.stderr
 
 
+def test_ctrl_c_shows_the_configurations_already_timed(runner, monkeypatch, tmp_path):
+    # Interrupted in the third of four configurations: the two timed ones were lost with it
+    # (only "Interrupted." was printed).
+    real_time_steps, calls, interrupt_at = bench_run.time_steps, [], [3]
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == interrupt_at[0]:
+            raise KeyboardInterrupt
+        return real_time_steps(*args, **kwargs)
+
+    monkeypatch.setattr(bench_run, "time_steps", interrupted)
+    monkeypatch.setattr(bench_memory, "release_free_memory", lambda: None)  # 0.4 s a gc
+    args = ["benchmark", "convnet", "-i", "1,12,12", "-b", "1,2,3,4", *FAST]
+    result = runner.invoke(app, [*args, "--format", "csv"])
+    assert result.exit_code == 130
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [(row["mode"], row["batch_size"]) for row in rows] == [("infer", "1"), ("infer", "2")]
+    assert "the 2 configuration(s) timed so far" in result.stderr
+    assert result.stderr.splitlines()[-1] == "Interrupted."
+
+    calls.clear()  # -o FILE: an interrupted run writes nothing
+    interrupt_at[0] = 2
+    report = tmp_path / "bench.json"
+    assert runner.invoke(app, [*args, "-o", str(report)]).exit_code == 130
+    assert not report.exists()
+
+
 # --- timing -----------------------------------------------------------------------------------
 
 

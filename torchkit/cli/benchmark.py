@@ -236,22 +236,33 @@ def benchmark(
     from torchkit.cli.progress import progress_bar
 
     random_weights: list[str] = []  # noted once the timings are made: an error stays one line
-    with progress_bar("benchmarking") as progress:
-        result = run_benchmark(
-            model,
-            options,
-            progress=progress,
-            search_progress=_search_status(progress.status),
-            notify=random_weights.append,
-        )
+    timed: list[Any] = []  # the result so far, after each configuration
+    try:
+        with progress_bar("benchmarking") as progress:
+            result = run_benchmark(
+                model,
+                options,
+                progress=progress,
+                search_progress=_search_status(progress.status),
+                notify=random_weights.append,
+                timed=timed.append,
+            )
+    except KeyboardInterrupt:
+        # Ctrl-C in a long comparison: the configurations already timed are shown, not lost
+        # (an -o file is left as it was, as for any interrupted command).
+        if timed and output is None:
+            _show(timed[-1], fmt, None, force)
+            done = len(timed[-1].results)
+            console.note(f"interrupted: the {done} configuration(s) timed so far are shown")
+        raise
     for note in random_weights:
         console.note(note)
 
-    csv_table = Table(columns=list(COLUMNS), rows=result.rows())
     if append:
         from torchkit.cli.render import render_csv
         from torchkit.core.benchmark import append_csv
 
+        csv_table = Table(columns=list(COLUMNS), rows=result.rows())
         left_out = append_csv(output, render_csv(csv_table))
         console.note(f"added {len(result.results)} row(s) to {output}")
         if left_out:
@@ -260,6 +271,14 @@ def benchmark(
                 "the rows were added without it; write a new file (-o NEW.csv) to record it"
             )
         return
+    _show(result, fmt, output, force)
+
+
+def _show(result: Any, fmt: OutputFormat, output: Any, force: bool) -> None:
+    """The results as --format and -o ask."""
+    from torchkit.core.benchmark import COLUMNS
+
+    csv_table = Table(columns=list(COLUMNS), rows=result.rows())
     tables = [_results_table(result)]
     if result.batch_size_search:
         tables.append(_search_table(result))

@@ -165,10 +165,12 @@ def run_benchmark(
     progress: Progress | None = None,
     search_progress: batch_search.SearchProgress | None = None,
     notify: Callable[[str], None] | None = None,
+    timed: Callable[[BenchmarkResult], None] | None = None,
 ) -> BenchmarkResult:
     """Benchmark the model `spec` names (any spec of `resolve_model`). `search_progress` hears
     of each `--find-batch-size` trial before it runs; `notify`, that the model has random
-    weights (a note, not part of the result)."""
+    weights (a note, not part of the result); `timed`, the result so far after each
+    configuration (what an interrupted run can still show)."""
     from torchkit.core.input_size import square_sample
     from torchkit.core.models import ModelSpec, resolve_spec
     from torchkit.core.models.resolver import has_random_weights, untrained_note
@@ -224,6 +226,7 @@ def run_benchmark(
         source=source,
         progress=progress,
         search_progress=search_progress,
+        timed=timed,
     )
 
 
@@ -240,8 +243,10 @@ def benchmark_model(
     source: str = "module",
     progress: Progress | None = None,
     search_progress: batch_search.SearchProgress | None = None,
+    timed: Callable[[BenchmarkResult], None] | None = None,
 ) -> BenchmarkResult:
     """Benchmark an `nn.Module` on random inputs of `sample_shape` (one sample, no batch).
+    `timed` hears the result so far after each configuration.
 
     The model is moved to `device` (default: the one `options.device` names), and trained in
     place in train mode (its weights take SGD steps): pass a copy to keep them."""
@@ -312,6 +317,8 @@ def benchmark_model(
                 found = _search(context, mode, limit_bytes, search_progress)
                 result.batch_size_search.append(found)
                 result.results.append(context.run(mode, found.batch_size))
+                if timed is not None:
+                    timed(result)
                 if progress is not None:
                     progress(done + 1, len(options.modes))
         else:
@@ -319,6 +326,8 @@ def benchmark_model(
             for mode in options.modes:  # infer first: train changes the weights
                 for batch in options.batch_sizes:
                     result.results.append(context.run(mode, batch))
+                    if timed is not None:
+                        timed(result)
                     if progress is not None:
                         progress(len(result.results), total)
     return result
