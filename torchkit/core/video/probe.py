@@ -147,10 +147,24 @@ def _frame_slack(header: int) -> int:
     return max(1, header // 100)
 
 
-def _frames_short(decoded: int, header: int | None) -> str | None:
-    if header is None or decoded >= header - _frame_slack(header):
+def _frames_short(decoded: int, header: int | None, reached: int = 0) -> str | None:
+    """A message when `decoded` frames (the last at position `reached` by its timestamp, 0
+    unknown) fall short of the `header` count. Where formats record no sizes, the header count
+    is the duration times the frame rate: a variable-rate video holds fewer frames than that
+    and still runs to the end, so the last frame's time is the evidence, a count only where
+    the timestamps say nothing."""
+    if header is None or max(decoded, reached) >= header - _frame_slack(header):
         return None
     return f"truncated: {decoded:,} of the {header:,} frames its header declares decode"
+
+
+def _position(cv2, capture, fps: float | None) -> int:
+    """The frame position (1 for the first) of the frame just decoded, by its timestamp at
+    `fps`, the rate the header's count is reckoned at; 0 when its time is unknown."""
+    msec = capture.get(cv2.CAP_PROP_POS_MSEC)
+    if not fps or not msec or not math.isfinite(msec) or msec < 0:
+        return 0
+    return int(round(msec * fps / 1000)) + 1
 
 
 def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
@@ -216,12 +230,22 @@ def _open_capture(cv2, path: Path, decoder_threads: int | None = None):
 def count_frames(capture, stop: threading.Event | None = None) -> int:
     """Frames counted by decoding them (grab without retrieving, so no colour conversion); one
     frame at a time, so a video of any length counts in constant memory."""
-    count = 0
+    return _decode_to_end(None, capture, stop)[0]
+
+
+def _decode_to_end(
+    cv2, capture, stop: threading.Event | None = None, fps: float | None = None
+) -> tuple[int, int]:
+    """`count_frames`, and the position of the last frame by its timestamp (`_position`; 0
+    without `cv2`: not asked for)."""
+    count = reached = 0
     while capture.grab():
         count += 1
+        if cv2 is not None:
+            reached = _position(cv2, capture, fps)
         if stop is not None and count % 64 == 0 and stop.is_set():
             raise _Stopped()
-    return count
+    return count, reached
 
 
 def probe_video(
@@ -239,8 +263,10 @@ def probe_video(
     a shorter file is `truncated`. `decode_check` decodes the first frame, which tells a
     readable video from one whose header is intact but whose frames are missing or corrupt, and,
     for formats that record no sizes, the last frames the header declares, which tells a whole
-    file from a copy cut short; it about doubles the time per file. `exact` decodes every frame
-    anyway; for formats that record no sizes, a count short of the header's means truncated."""
+    file from a copy cut short; it about doubles the time per file (where those frames are not
+    there, the whole file is decoded: a variable frame rate, or a cut). `exact` decodes every
+    frame anyway; for formats that record no sizes, a count short of the header's whose last
+    frame's time falls short of the duration too means truncated."""
     info = VideoInfo(path=str(path))
     try:
         _probe_into(info, Path(path), exact, decode_check, stop, decoder_threads)
@@ -314,12 +340,12 @@ def _probe_into(
             info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
             return
         if exact:
-            info.frames_decoded = count_frames(capture, stop)
+            info.frames_decoded, reached = _decode_to_end(cv2, capture, stop, info.fps)
             info.frames, info.frames_source = info.frames_decoded, "decoded"
             if info.frames_decoded == 0 and not cut:
                 info.fail("no frame decodes (truncated or corrupt)")
             elif not cut and judge_by_frames:
-                cut = _frames_short(info.frames_decoded, info.frames_header)
+                cut = _frames_short(info.frames_decoded, info.frames_header, reached)
         else:
             info.frames, info.frames_source = info.frames_header, "header"
             # Decoding the first frame tells a readable video from a header with broken data,
@@ -328,8 +354,15 @@ def _probe_into(
                 info.fail("no frame decodes (truncated or corrupt)")
             elif decode_check and judge_by_frames and info.frames_header:
                 cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
+                if cut:  # or a variable frame rate: decoded to the end, the last frame's time
+                    capture.release()
+                    capture = _open_capture(cv2, path, decoder_threads)
+                    if capture is not None:
+                        decoded, reached = _decode_to_end(cv2, capture, stop, info.fps)
+                        cut = _frames_short(decoded, info.frames_header, reached)
     finally:
-        capture.release()
+        if capture is not None:
+            capture.release()
     if info.frames is not None and info.fps:
         info.duration_s = info.frames / info.fps
     if cut:
