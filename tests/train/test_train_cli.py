@@ -547,6 +547,20 @@ def test_resume_continues_and_can_extend_the_run(runner, split_root, tmp_path):
     assert done.exit_code == 0 and "nothing to train" in done.stderr
 
 
+def test_a_resume_with_nothing_to_train_leaves_config_json_as_the_run_trained(
+    runner, split_root, tmp_path
+):
+    """config.json took the options given again (--lr 0.5, --epochs 1) although no checkpoint
+    was trained with them, and a replay of it (--config) ran another recipe."""
+    out = tmp_path / "run"
+    assert train(runner, "--data", str(split_root), *FAST, "--out", str(out)).exit_code == 0
+    recorded = (out / "config.json").read_bytes()
+    trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
+    again = train(runner, "--resume", str(out), "--lr", "0.5", "--epochs", "1", trusted)
+    assert again.exit_code == 0 and "nothing to train" in again.stderr
+    assert (out / "config.json").read_bytes() == recorded
+
+
 def test_resume_runs_on_the_saved_device_unless_another_is_given(
     runner, split_root, tmp_path, monkeypatch
 ):

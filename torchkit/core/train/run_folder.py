@@ -30,10 +30,9 @@ from torchkit.core.io.outputs import (
     check_output_file,
     lock_path,
 )
-from torchkit.core.models.checkpoint import copy_checkpoint
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
-from torchkit.core.train.checkpoints import BEST, LAST, best_checkpoint_for, save_epoch
+from torchkit.core.train.checkpoints import BEST, LAST, copy_best_checkpoint, save_epoch
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
     RUN_FILES,
@@ -182,9 +181,7 @@ class RunFolder:
         def carry() -> str | None:
             if self.in_place and (self.path / BEST).is_file():
                 return BEST  # the run's own
-            found = best_checkpoint_for(resumed_from, checkpoint)
-            if found is not None:
-                copy_checkpoint(found, self.path / BEST)
+            found = copy_best_checkpoint(resumed_from, checkpoint, self.path / BEST)
             return None if found is None else str(found)
 
         return distributed.on_main(ctx, carry) is not None
@@ -301,15 +298,15 @@ class RunFolder:
         if not ok:
             with contextlib.suppress(Exception):  # already failing: keep the first error
                 self.close_tensorboard()
-            self._restore_config_json()
+        self._restore_config_json()
         if self.output is not None:
             output, self.output = self.output, None
             output.finish(ok, error)
 
     def _restore_config_json(self) -> None:
-        """A run continued in place that fails before its first checkpoint (it diverged, a
-        bad image) puts the run's config.json back: its checkpoints are still the old
-        options', and config.json must describe them."""
+        """A run continued in place that saves no checkpoint (it had nothing to train, or it
+        failed before its first: it diverged, a bad image) puts the run's config.json back:
+        its checkpoints are still the old options', and config.json must describe them."""
         old, self.old_config_json = self.old_config_json, None
         if old is None or self.saved_any:
             return
