@@ -18,6 +18,7 @@ from torchkit.core.io.errors import CheckpointError
 from torchkit.core.io.outputs import remove_tree
 from torchkit.core.models.checkpoint import (
     FORMAT_VERSION,
+    copy_checkpoint,
     is_torchkit_checkpoint,
     load_checkpoint,
     on_cpu,
@@ -168,28 +169,48 @@ def best_checkpoint_for(resumed: Path, checkpoint: dict) -> Path | None:
     epoch-NNN.pt of that epoch if it belongs to the same run (its history up to that epoch is
     the checkpoint's), else `resumed` itself when it was saved at the end of the best epoch.
     None when there is no best epoch yet, or its weights are nowhere to be found."""
-    import torch
-
     best_epoch = checkpoint.get("best_epoch")
     if best_epoch is None:
         return None
-    history = [dict(row) for row in checkpoint.get("history", [])][:best_epoch]
     for candidate in (resumed.parent / BEST, resumed.parent / periodic_name(best_epoch)):
-        if not candidate.is_file():
-            continue
-        try:
-            saved = torch.load(candidate, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # unreadable or not a checkpoint: not the one we want
-            continue
-        if (
-            isinstance(saved, dict)
-            and saved.get("epoch") == best_epoch
-            and not saved.get("epoch_progress")
-            and saved.get("arch") == checkpoint.get("arch")
-            and list(saved.get("classes", [])) == list(checkpoint.get("classes", []))
-            and [dict(row) for row in saved.get("history", [])][:best_epoch] == history
-        ):
+        if candidate.is_file() and _holds_best_epoch(candidate, checkpoint):
             return candidate
     if checkpoint.get("epoch") == best_epoch and not checkpoint.get("epoch_progress"):
         return resumed
+    return None
+
+
+def _holds_best_epoch(path: Path, checkpoint: dict) -> bool:
+    """Whether the file `path` is a checkpoint saved at the end of `checkpoint`'s best epoch by
+    the same run (its history up to that epoch is the checkpoint's)."""
+    import torch
+
+    best_epoch = checkpoint.get("best_epoch")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # unreadable or not a checkpoint: not the one we want
+        return False
+    history = [dict(row) for row in checkpoint.get("history", [])][:best_epoch]
+    return (
+        isinstance(saved, dict)
+        and saved.get("epoch") == best_epoch
+        and not saved.get("epoch_progress")
+        and saved.get("arch") == checkpoint.get("arch")
+        and list(saved.get("classes", [])) == list(checkpoint.get("classes", []))
+        and [dict(row) for row in saved.get("history", [])][:best_epoch] == history
+    )
+
+
+def copy_best_checkpoint(resumed: Path, checkpoint: dict, target: Path) -> Path | None:
+    """Copy to `target` the file that holds the weights of `checkpoint`'s best epoch
+    (`best_checkpoint_for`); the file copied, or None. The copy is checked again: the resumed
+    run may still be training and replace that file (its last.pt, its best.pt) after the
+    checkpoint was read, and a copy of a later epoch is removed, never kept as the best."""
+    found = best_checkpoint_for(resumed, checkpoint)
+    if found is None:
+        return None
+    copy_checkpoint(found, target)
+    if _holds_best_epoch(target, checkpoint):
+        return found
+    remove_tree(target, ignore_errors=False)
     return None
