@@ -789,6 +789,18 @@ def test_a_whole_variable_rate_file_without_sizes_is_ok_and_its_cut_copy_truncat
         assert info.error.endswith("of the 60 frames its header declares decode"), options
 
 
+def test_exact_durations_of_a_variable_rate_video_run_to_its_last_frame(tmp_path, whole_videos):
+    """40 frames, 20 at 40 ms then 20 at 80 ms, at a stated 25 fps: --exact gave 40 / 25 = 1.6 s
+    for a video 2.4 s long (its header: 2.4 s); the last frame starts at 2.32 s and lasts a
+    frame at the stated rate. A constant rate keeps frames / fps to the last digit."""
+    whole = tmp_path / "recording.mkv"
+    whole.write_bytes(variable_rate_live_mkv(need(whole_videos, "clip.mkv").read_bytes(), 20))
+    assert probe_video(whole).duration_s == pytest.approx(2.4)
+    assert probe_video(whole, exact=True).duration_s == pytest.approx(2.36)
+    steady = probe_video(need(whole_videos, "clip.mkv"), exact=True)
+    assert (steady.frames, steady.fps, steady.duration_s) == (40, 25.0, 40 / 25.0)
+
+
 def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
     tmp_path, whole_videos, monkeypatch
 ):

@@ -158,13 +158,10 @@ def _frames_short(decoded: int, header: int | None, reached: int = 0) -> str | N
     return f"truncated: {decoded:,} of the {header:,} frames its header declares decode"
 
 
-def _position(cv2, capture, fps: float | None) -> int:
-    """The frame position (1 for the first) of the frame just decoded, by its timestamp at
-    `fps`, the rate the header's count is reckoned at; 0 when its time is unknown."""
-    msec = capture.get(cv2.CAP_PROP_POS_MSEC)
-    if not fps or not msec or not math.isfinite(msec) or msec < 0:
-        return 0
-    return int(round(msec * fps / 1000)) + 1
+def _position(end_s: float | None, fps: float | None) -> int:
+    """The frame position (1 for the first) of a frame that ends `end_s` seconds in, at `fps`,
+    the rate the header's count is reckoned at; 0 when its time is unknown."""
+    return int(round(end_s * fps)) if end_s and fps else 0
 
 
 def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
@@ -235,17 +232,20 @@ def count_frames(capture, stop: threading.Event | None = None) -> int:
 
 def _decode_to_end(
     cv2, capture, stop: threading.Event | None = None, fps: float | None = None
-) -> tuple[int, int]:
-    """`count_frames`, and the position of the last frame by its timestamp (`_position`; 0
-    without `cv2`: not asked for)."""
-    count = reached = 0
+) -> tuple[int, float | None]:
+    """`count_frames`, and the time the last frame ends at by its timestamp (None unknown, or
+    without `cv2`: not asked for): for a variable frame rate, the video's length, which the
+    count over the rate is not."""
+    count, start_ms = 0, None
     while capture.grab():
         count += 1
         if cv2 is not None:
-            reached = _position(cv2, capture, fps)
+            start_ms = capture.get(cv2.CAP_PROP_POS_MSEC)
         if stop is not None and count % 64 == 0 and stop.is_set():
             raise _Stopped()
-    return count, reached
+    if not fps or not start_ms or not math.isfinite(start_ms) or start_ms < 0:
+        return count, None
+    return count, start_ms / 1000 + 1 / fps
 
 
 def probe_video(
@@ -340,11 +340,14 @@ def _probe_into(
             info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
             return
         if exact:
-            info.frames_decoded, reached = _decode_to_end(cv2, capture, stop, info.fps)
+            info.frames_decoded, end_s = _decode_to_end(cv2, capture, stop, info.fps)
             info.frames, info.frames_source = info.frames_decoded, "decoded"
+            if info.fps and end_s and end_s > (info.frames + 0.5) / info.fps:
+                info.duration_s = end_s  # frames further apart than 1 / fps: a variable rate
             if info.frames_decoded == 0 and not cut:
                 info.fail("no frame decodes (truncated or corrupt)")
             elif not cut and judge_by_frames:
+                reached = _position(end_s, info.fps)
                 cut = _frames_short(info.frames_decoded, info.frames_header, reached)
         else:
             info.frames, info.frames_source = info.frames_header, "header"
@@ -358,12 +361,13 @@ def _probe_into(
                     capture.release()
                     capture = _open_capture(cv2, path, decoder_threads)
                     if capture is not None:
-                        decoded, reached = _decode_to_end(cv2, capture, stop, info.fps)
+                        decoded, end_s = _decode_to_end(cv2, capture, stop, info.fps)
+                        reached = _position(end_s, info.fps)
                         cut = _frames_short(decoded, info.frames_header, reached)
     finally:
         if capture is not None:
             capture.release()
-    if info.frames is not None and info.fps:
+    if info.duration_s is None and info.frames is not None and info.fps:
         info.duration_s = info.frames / info.fps
     if cut:
         info.fail(cut, "truncated")
