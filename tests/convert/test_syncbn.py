@@ -307,6 +307,29 @@ def test_checkpoint_is_marked_and_keeps_its_weights(runner, resnet_checkpoint, t
     assert json.loads(report.stdout)["marked_sync_bn"] is True
 
 
+def test_a_checkpoint_that_already_is_what_was_asked_converts_nothing(
+    runner, resnet_checkpoint, tmp_path
+):
+    # Reverting a checkpoint never converted listed its 20 layers as SyncBatchNorm -> BatchNorm2d
+    # "recorded at conversion", and converting a marked one listed them again.
+    unmarked = runner.invoke(
+        app,
+        ["convert-syncbn", str(resnet_checkpoint), str(tmp_path / "bn.pt"), "--revert"]
+        + ["--format", "json"],
+    )
+    assert unmarked.exit_code == 0, unmarked.stderr
+    assert json.loads(unmarked.stdout)["count"] == 0
+    assert "is not marked for SyncBatchNorm" in unmarked.stderr
+    synced = tmp_path / "sync.pt"
+    save_checkpoint(mark_checkpoint(torch.load(resnet_checkpoint), sync=True), synced)
+    again = runner.invoke(
+        app, ["convert-syncbn", str(synced), str(tmp_path / "again.pt"), "--format", "json"]
+    )
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout)["count"] == 0
+    assert "is already marked for SyncBatchNorm: nothing was converted" in again.stderr
+
+
 def test_pickled_model_is_converted_and_reverted(runner, tmp_path):
     model = tiny_pickled_model()
     x = torch.randn(2, 3, 4, 4)

@@ -494,11 +494,20 @@ def convert_saved_model(
     check_outputs(src, destination, force=force)
     loaded = read_model_file(src, trust_checkpoint=trust_checkpoint)
     to = "bn" if revert else "sync"
+    already = None  # what a checkpoint already is, when it is what was asked
     if is_torchkit_checkpoint(loaded):
         model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=str(src))
         model, rows = convert_batchnorm(model, to="sync")
         if revert:
             model, rows = convert_batchnorm(model, to="bn")
+        if checkpoint_uses_sync_bn(loaded) != revert:
+            # Its layers already are what was asked: listing them as converted misled.
+            already = (
+                "is not marked for SyncBatchNorm (its model has BatchNorm layers)"
+                if revert
+                else "is already marked for SyncBatchNorm"
+            )
+            rows = []
         with reporting_write_errors(destination):
             save_checkpoint(mark_checkpoint(loaded, sync=not revert), destination)
         kind = "torchkit checkpoint"
@@ -545,7 +554,9 @@ def convert_saved_model(
         with reporting_write_errors(destination), atomic_path(destination) as tmp:
             torch_save(loaded, tmp)
         kind = "pickled model"
-    if not rows:
+    if already is not None:
+        log.warning("%s %s: nothing was converted", src, already)
+    elif not rows:
         log.warning(
             "%s has no %s layers: nothing was converted",
             src,
