@@ -561,6 +561,26 @@ def test_a_resume_with_nothing_to_train_leaves_config_json_as_the_run_trained(
     assert (out / "config.json").read_bytes() == recorded
 
 
+def test_a_resume_inside_an_epoch_beyond_a_smaller_epochs_says_there_is_nothing_to_train(
+    runner, split_root, tmp_path, monkeypatch
+):
+    """A checkpoint saved inside epoch 2 resumed with --epochs 1 trained nothing, silently
+    (exit 0, a summary of 1 epoch), where a checkpoint saved at an epoch's end says why."""
+    from nets import NoisyNet
+
+    out = tmp_path / "run"
+    noisy = ["--model", "nets:NoisyNet", "--image-size", "8", "--batch-size", "4", "-j", "0"]
+    NoisyNet.forwards = 0
+    monkeypatch.setenv("TORCHKIT_TEST_SIGINT_AT", "5")  # Ctrl-C in epoch 2's 2nd step
+    args = ["--data", str(split_root), *noisy, "--epochs", "3", "--out", str(out)]
+    assert train(runner, *args).exit_code == 130
+    monkeypatch.delenv("TORCHKIT_TEST_SIGINT_AT")
+    assert read_checkpoint(out / "last.pt")["epoch_progress"]["batches"] == 2
+    again = train(runner, "--resume", str(out), "--epochs", "1", "--trust-checkpoint")
+    assert again.exit_code == 0, again.stderr
+    assert "already trained 1 of 1 epochs: nothing to train" in again.stderr
+
+
 def test_resume_runs_on_the_saved_device_unless_another_is_given(
     runner, split_root, tmp_path, monkeypatch
 ):

@@ -394,15 +394,15 @@ def _announce(
             notes=list(state.data.notes),
         )
     )
-    if state.progress.batches > 0:
-        return
-    if state.start_epoch >= config.epochs:
+    if state.start_epoch >= config.epochs:  # also from inside a later epoch: it stays undone
         log.warning(
             "the run has already trained %d of %d epochs: nothing to train "
             "(pass a larger --epochs to continue it)",
             state.start_epoch,
             config.epochs,
         )
+    elif state.progress.batches > 0:
+        return  # an epoch to finish, whatever --early-stop says
     elif state.patience_spent(state.start_epoch):  # the loop trains nothing (EpochDriver)
         log.warning(
             "the run stopped early after %d epochs, %d without a better val %s (--early-stop "
