@@ -328,6 +328,9 @@ def test_a_checkpoint_that_already_is_what_was_asked_converts_nothing(
     assert again.exit_code == 0, again.stderr
     assert json.loads(again.stdout)["count"] == 0
     assert "is already marked for SyncBatchNorm: nothing was converted" in again.stderr
+    listed = runner.invoke(app, ["convert-syncbn", str(synced), "--format", "json"])
+    assert listed.exit_code == 0, listed.stderr
+    assert json.loads(listed.stdout)["count"] == 0  # the report agrees: none would be converted
 
 
 def test_pickled_model_is_converted_and_reverted(runner, tmp_path):

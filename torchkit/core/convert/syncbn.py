@@ -442,8 +442,9 @@ def batchnorm_report(
     )
     loaded = resolve_spec(named, command="convert-syncbn", new_head=True)
     model = loaded.model
-    if revert and loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
-        model, _ = convert_batchnorm(model, to="sync")  # what `train --resume` builds from it
+    if loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
+        # What `train --resume` builds from it: its layers are SyncBatchNorm already.
+        model, _ = convert_batchnorm(model, to="sync")
     layers = find_batchnorm_layers(model, sync=revert)
     report = {
         "model": loaded.arch,
