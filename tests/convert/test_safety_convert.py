@@ -211,7 +211,7 @@ def test_convert_tensor_on_a_full_disk_is_an_error_not_skipped_inputs(work, smal
     disk = small_tmpfs(96)  # a page per file: room for about 20 of the 60
     dst = disk / "dst"
     old = old_output(dst)
-    done = run_torchkit_process(
+    done = run_torchkit_in_process(
         "convert", "tensor", "many", str(dst), "--to", "npy", "-j", workers, "--force", cwd=work
     )
     assert done.returncode == 1, done.stderr
@@ -255,7 +255,9 @@ def test_convert_tensor_file_on_a_full_disk_is_an_error(work, small_tmpfs, suffi
 def test_convert_cifar_on_a_full_disk_is_an_error(work, small_tmpfs):
     disk = small_tmpfs(64)
     write_cifar10(work / "big", train=40, test=10)  # 50 PNGs of 3 KiB: more than 64 KiB
-    done = run_torchkit_process("convert", "cifar", "big", str(disk / "png"), "-j", "2", cwd=work)
+    done = run_torchkit_in_process(
+        "convert", "cifar", "big", str(disk / "png"), "-j", "2", cwd=work
+    )
     assert done.returncode == 1, done.stderr
     line = error_line(done.stderr, besides="warnings")
     assert line.startswith(f"Error: cannot write {disk}/png/") and "No space left" in line
