@@ -489,6 +489,33 @@ def test_a_header_without_frames_is_truncated_even_without_the_decode_check(brok
         assert rows[0]["width"] and rows[0]["frames_header"] == 17  # what the header claims
 
 
+@pytest.mark.parametrize(
+    ("name", "fourcc", "error"),
+    [
+        ("empty.avi", "MJPG", "empty video: it holds no frames (its header declares none)"),
+        (
+            "empty.mp4",
+            "mp4v",
+            "no video FFmpeg can open in this mp4 file (no video track, or a damaged one)",
+        ),
+    ],
+)
+def test_a_recording_stopped_before_its_first_frame_is_not_called_truncated(
+    tmp_path, name, fourcc, error
+):
+    """A writer opened and released without a frame leaves a whole file: it was 'no frame
+    decodes (truncated or corrupt)' or 'truncated or corrupt mp4 file', sending users after a
+    damaged copy that does not exist."""
+    path = tmp_path / name
+    if not write_video(path, fourcc, 32, 24, 25.0, 0):
+        pytest.skip(f"this OpenCV build cannot write {name}")
+    for options in ({}, {"exact": True}):
+        info = probe_video(path, **options)
+        assert (info.status, info.error) == ("unreadable", error), options
+    if name.endswith(".avi"):  # its header's count: 0 frames, not unknown
+        assert probe_video(path, decode_check=False).frames_header == 0
+
+
 def test_a_header_whose_frames_do_not_decode_is_unreadable(tmp_path, videos, monkeypatch):
     """The frame data overwritten (not cut): the size is whole, no frame decodes."""
     import torchkit.core.video as video

@@ -120,12 +120,23 @@ def _positive_int(value: float) -> int | None:
     return int(round(value)) if value and math.isfinite(value) and value > 0 else None
 
 
-def _describe_unopenable(size: int, container: str | None) -> str:
+def _describe_unopenable(size: int, container: str | None, whole: bool = False) -> str:
+    """Why FFmpeg could not open the file; `whole`: the container's sizes say it is all there
+    (a recording stopped before its first frame holds no video track)."""
     if size == 0:
         return "empty file"
     if container is None:
         return "not a video file"
+    if whole:
+        return (
+            f"no video FFmpeg can open in this {container} file (no video track, or a damaged one)"
+        )
     return f"truncated or corrupt {container} file"
+
+
+# A video whose header declares no frame and none decodes: a recording stopped before its first
+# frame (a writer opened and released), not a damaged file.
+NO_FRAMES = "empty video: it holds no frames (its header declares none)"
 
 
 # --- truncation (the container's sizes: containers.declared_size) ------------------------------
@@ -324,7 +335,8 @@ def _probe_into(
         if cut:
             info.fail(cut, "truncated")
         else:
-            info.fail(_describe_unopenable(info.size_bytes, sniffed))
+            whole = declared is not None and declared == info.size_bytes
+            info.fail(_describe_unopenable(info.size_bytes, sniffed, whole))
         return
     if info.container is None:  # FFmpeg knows a format we do not sniff: trust the name
         info.container = path.suffix.lower().lstrip(".") or None
@@ -334,7 +346,12 @@ def _probe_into(
         info.width, info.height = width, height
         fps = capture.get(cv2.CAP_PROP_FPS)
         info.fps = float(fps) if fps and math.isfinite(fps) and fps > 0 else None
-        info.frames_header = _positive_int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
+        # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
+        info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
+        undecodable = (
+            NO_FRAMES if declared_frames == 0 else "no frame decodes (truncated or corrupt)"
+        )
         info.codec = fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
         if width is None or height is None:
             info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
@@ -345,7 +362,7 @@ def _probe_into(
             if info.fps and end_s and end_s > (info.frames + 0.5) / info.fps:
                 info.duration_s = end_s  # frames further apart than 1 / fps: a variable rate
             if info.frames_decoded == 0 and not cut:
-                info.fail("no frame decodes (truncated or corrupt)")
+                info.fail(undecodable)
             elif not cut and judge_by_frames:
                 reached = _position(end_s, info.fps)
                 cut = _frames_short(info.frames_decoded, info.frames_header, reached)
@@ -354,7 +371,7 @@ def _probe_into(
             # Decoding the first frame tells a readable video from a header with broken data,
             # decoding the last ones a whole file from one that stops early.
             if decode_check and not cut and not capture.grab():
-                info.fail("no frame decodes (truncated or corrupt)")
+                info.fail(undecodable)
             elif decode_check and judge_by_frames and info.frames_header:
                 cut = _tail_decodes(cv2, capture, info.frames_header, decoded=1)
                 if cut:  # or a variable frame rate: decoded to the end, the last frame's time
