@@ -1,6 +1,7 @@
 """Disks that misbehave on demand, for the tests of full disks and interrupted writes: a full file
 system (`fill_disk`, on the `small_tmpfs` fixture's mount), slow renames and copies in a torchkit
-process (`slow_io_env`), and a FIFO as an output."""
+process (`slow_io_env`), a FIFO as an output (`FifoReader`) and as an input a command must
+never open (`fifo_never_opened`)."""
 
 from __future__ import annotations
 
