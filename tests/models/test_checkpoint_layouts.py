@@ -13,6 +13,7 @@ import torchvision
 from hostile_pickles import RunsShell
 from output_checks import error_line
 from processes import run_torchkit_in_process
+from safetensors.torch import save_file
 from torch import nn
 
 from torchkit.core.io.errors import CheckpointError
@@ -168,3 +169,21 @@ def test_a_layer_of_another_shape_says_which_shape_is_whose(tmp_path):
         "(first: classifier.1.weight is (128, 9216) in the weights, (128, 12544) in the model) "
         "(check --model, --num-classes and --image-size)"
     )
+
+
+def test_a_weights_file_is_read_by_what_it_holds_not_its_name(tmp_path):
+    """A safetensors file named `.pt` ('not a PyTorch checkpoint (neither torch.save's zip
+    archive nor a pickle)') and a torch.save file named `.safetensors` ('Error while
+    deserializing header: header too large') load as what they are."""
+    truth = small_convnet(3)
+    state = {key: value.contiguous() for key, value in truth.state_dict().items()}
+    save_file(state, str(tmp_path / "weights.pt"))
+    torch.save(state, tmp_path / "weights.safetensors")
+    batch = torch.randn(2, 3, 28, 28)
+    for name in ("weights.pt", "weights.safetensors"):
+        resolved = resolve_model("convnet", weights=str(tmp_path / name))
+        with torch.no_grad():
+            assert torch.equal(resolved.model.eval()(batch), truth(batch)), name
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(CheckpointError, match="cannot read safetensors file"):
+        load_checkpoint(tmp_path / "junk.safetensors")

@@ -47,7 +47,7 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
     source = require_input(path, what="checkpoint", kind="file")
     if source.stat().st_size == 0:
         raise CheckpointError(f"checkpoint is empty (0 bytes): {source}")
-    if source.suffix.lower() == ".safetensors":  # as outputs are named: M.SAFETENSORS too
+    if _holds_safetensors(source):
         return _load_safetensors(source)
     kind = sniff_format(source)
     if not trust_checkpoint:
@@ -62,7 +62,12 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
             # Said of any pickle of protocol 3 or later (plain pickle.dump, a torch.save with
             # pickle_protocol=4): a raw warning on the user's terminal, an error under -W error.
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
-            return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
+            if source.suffix.lower() != ".safetensors":
+                return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
+            # torch.save's file under a .safetensors name: torch.load would hand a path that
+            # ends so to safetensors (recent torch), so it gets the open file.
+            with open(source, "rb") as handle:
+                return torch.load(handle, map_location="cpu", weights_only=not trust_checkpoint)
     except pickle.UnpicklingError as error:
         blocked = None if trust_checkpoint else _blocked_global(error)
         if blocked is None:
@@ -159,6 +164,25 @@ def _looks_saved_by_torch(source: Path) -> bool:
     except OSError:
         return True
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+def _holds_safetensors(source: Path) -> bool:
+    """Whether to read `source` as safetensors, by what it holds rather than its name: a
+    safetensors file renamed `.pt`/`.bin` is one, a torch.save file named `.safetensors` is not.
+    Any other file named `.safetensors` (M.SAFETENSORS too) is, for safetensors to say what is
+    wrong with it."""
+    try:
+        size = source.stat().st_size
+        with open(source, "rb") as handle:
+            head = handle.read(9)
+    except OSError:
+        return source.suffix.lower() == ".safetensors"
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch.save's zip or pickle
+        return False
+    if source.suffix.lower() == ".safetensors":
+        return True
+    # safetensors: the JSON header's length (8 bytes, little-endian), then the header.
+    return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8
 
 
 def _load_safetensors(source: Path) -> dict:
