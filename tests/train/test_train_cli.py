@@ -739,6 +739,26 @@ def test_resume_with_another_model_or_class_count_is_refused(runner, split_root,
     assert read_checkpoint(out / "last.pt")["epoch"] == 2  # untouched
 
 
+def test_resume_on_data_with_another_number_of_training_images_says_it_is_not_exact(
+    runner, split_root, tmp_path
+):
+    """Went on without a word: the schedule counts updates per epoch, so with 6 training
+    images of 12 cosine's end came halfway and the rest of the run trained at a learning rate
+    of 0 (its val loss the same every epoch)."""
+    out = tmp_path / "run"
+    args = [*FAST, "--epochs", "2", "--device", "cpu"]
+    assert train(runner, "--data", str(split_root), *args, "--out", str(out)).exit_code == 0
+    fewer = tmp_path / "fewer"
+    write_image_folder(fewer / "train", {"ant": 2, "bee": 2, "cat": 2}, seed=1)
+    write_image_folder(fewer / "val", {"ant": 2, "bee": 2, "cat": 2}, seed=2)
+    trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
+    resumed = train(runner, "--resume", str(out), "--data", str(fewer), "--epochs", "4", trusted)
+    assert resumed.exit_code == 0, resumed.stderr
+    assert "trained on 12 training images, the data has 6: the run continues" in resumed.stderr
+    same = train(runner, "--resume", str(out), "--epochs", "5", trusted)  # its 6 images now
+    assert same.exit_code == 0 and "training images" not in same.stderr
+
+
 def test_out_of_memory_keeps_the_last_checkpoint(runner, split_root, tmp_path):
     from nets import OutOfMemoryNet
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import math
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -34,6 +35,8 @@ from torchkit.core.train.resume_merge import merge_for_resume
 from torchkit.core.train.state import Amp, TrainState
 from torchkit.core.train.timeline import RunTimeline
 from torchkit.core.train.validation import resolve_defaults
+
+log = logging.getLogger("torchkit")
 
 
 @dataclass
@@ -133,6 +136,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
 
         _check_resumed_classes(checkpoint, classes)
+        _warn_if_the_train_size_changed(checkpoint, len(train))
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
     preprocess = preprocess_for(config)
@@ -344,6 +348,25 @@ def _check_resumed_classes(checkpoint: dict, classes: list[str]) -> None:
             f"data has {len(classes)} ({_names(classes)})",
             "resume with the data the run started with",
         )
+
+
+def _warn_if_the_train_size_changed(checkpoint: dict, images: int) -> None:
+    """The schedule (updates per epoch) and the place inside an interrupted epoch count the
+    run's training images: with another number of them (files added to the data, or other
+    data of the same classes) the run goes on, but the learning rate jumps to where the new
+    number puts it (fewer images: cosine's end comes early, and the rest of the run trains at
+    --min-lr). Said once, as for another number of processes."""
+    saved = ((checkpoint.get("data") or {}).get("sizes") or {}).get("train")
+    if saved is None or int(saved) == images:
+        return
+    log.warning(
+        "the checkpoint was trained on %d training images, the data has %d: the run "
+        "continues, but not as it would have (the updates per epoch and the learning-rate "
+        "schedule follow the new number; resume with the data the run started with to "
+        "continue it exactly)",
+        int(saved),
+        images,
+    )
 
 
 def _names(classes: list[str]) -> str:
