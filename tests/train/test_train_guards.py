@@ -465,6 +465,21 @@ def test_resume_into_another_folder_carries_best_pt(trained, tmp_path, runner):
     assert read_checkpoint(out / "best.pt")["epoch"] == summary["best_epoch"]
 
 
+def test_a_branch_with_nothing_to_train_is_a_run_that_resumes(trained, tmp_path, runner):
+    """The new folder held best.pt and config.json but no last.pt nor metrics.csv: `--resume
+    NEW` said 'no last.pt in NEW', and `--resume RUN --out NEW` that the folder exists."""
+    from torchkit.cli import app
+
+    out, trust = tmp_path / "r2", "--trust-checkpoint"  # TinyNet is code the checkpoint names
+    branch = runner.invoke(app, ["train", "--resume", str(trained), "--out", str(out), trust])
+    assert branch.exit_code == 0 and "nothing to train" in branch.stderr
+    assert read_checkpoint(out / "last.pt")["epoch"] == 2
+    assert (out / "metrics.csv").read_text() == (trained / "metrics.csv").read_text()
+    more = runner.invoke(app, ["train", "--resume", str(out), "--epochs", "3", trust])
+    assert more.exit_code == 0, more.stderr
+    assert read_checkpoint(out / "last.pt")["epoch"] == 3
+
+
 @pytest.mark.parametrize("best_epoch", [2, 1])
 def test_resume_in_place_without_best_pt_gets_it_back_or_starts_the_best_over(
     trained, tmp_path, runner, best_epoch

@@ -162,6 +162,7 @@ def _train(
                 with _image_size_checked(state):
                     epochs.run()
                 timeline.mark(epochs.phase(), epochs.time_split())
+                _branch_without_training(ctx, plan, state, folder, result)
                 if state.step_ctx.graphed is not None:
                     log.info("%s", state.step_ctx.graphed.summary())
                 evaluate_best_on_test(ctx, state, folder, callbacks, result)
@@ -309,6 +310,22 @@ def _carry_best(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunF
         plan.resumed_from,
     )
     state.best_epoch, state.best_metric = None, None
+
+
+def _branch_without_training(
+    ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder, result: TrainResult
+) -> None:
+    """A run resumed into another folder with nothing to train (its epochs all done, its stop
+    rule met) still makes that folder a run: last.pt (the checkpoint it resumed) and
+    metrics.csv beside the best.pt carried over, so that `--resume NEW` continues it (the
+    folder held best.pt and config.json alone, and `--resume NEW` found no last.pt)."""
+    if not ctx.is_main or plan.checkpoint is None or folder.in_place:
+        return
+    if folder.saved_any or result.interrupted:
+        return
+    folder.save_epoch(
+        plan.checkpoint, state.history, len(state.classes), is_best=False, config=state.config
+    )
 
 
 def _config_json(ctx: DistContext, state: TrainState) -> dict:
