@@ -3,8 +3,8 @@ or lie inside an input (the data, a CSV index and its images, --weights, --stats
 it resumes); --force replaces only an earlier torchkit run, and only once the new run has saved
 its first checkpoint; SIGTERM is handled like Ctrl-C (exit 143, last.pt saved, workers stopped);
 a second run on the same folder is refused while the first runs; a full disk is one `Error:
-cannot write` line with the last good checkpoints intact. Signals, locks held by a running
-train and full disks are real processes; refusals and finished runs run in this process."""
+cannot write` line with the last good checkpoints intact. Signals and locks held by a running
+train are real processes; refusals, finished runs and full disks run in this process."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from processes import (
     processes_in_group,
     run_each_in_process,
     run_torchkit_in_process,
-    run_torchkit_process,
     start_torchkit_process,
     wait_until,
 )
@@ -254,7 +253,7 @@ def test_a_full_disk_is_an_error_and_keeps_the_last_good_checkpoints(tmp_path, s
     # convnet's checkpoint for 2 classes is 643 KiB: 2 fit in 1600 KiB with the small files.
     run = small_tmpfs(1600) / "run"
     args = [*TINY, *DATA, "--out", str(run)]
-    full = run_torchkit_process("train", *args, "--epochs", "3", cwd=tmp_path)
+    full = run_torchkit_in_process("train", *args, "--epochs", "3", cwd=tmp_path)
     assert full.returncode == 1, full.stderr
     assert error_line(full.stderr).startswith(f"Error: cannot write {run}/")
     for name in ("last.pt", "best.pt"):
@@ -263,7 +262,7 @@ def test_a_full_disk_is_an_error_and_keeps_the_last_good_checkpoints(tmp_path, s
     assert hidden_siblings(run) == []
     kept = tree_digest(run)
 
-    forced = run_torchkit_process("train", *args, "--epochs", "1", "--force", cwd=tmp_path)
+    forced = run_torchkit_in_process("train", *args, "--epochs", "1", "--force", cwd=tmp_path)
     assert forced.returncode == 1, forced.stderr
     assert error_line(forced.stderr).startswith(f"Error: cannot write {run}/")
     assert tree_digest(run) == kept
