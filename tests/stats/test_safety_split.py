@@ -1,6 +1,5 @@
 """`torchkit split` never loses a file (issue #13), seen as a user sees it: exit codes, the
-`Error:` line, and the bytes of every input file before and after; signals and a full disk in
-real processes.
+`Error:` line, and the bytes of every input file before and after; signals in real processes.
 
 OUT is never ROOT, inside it, around it or `.`; `--force` only over an earlier split; a locked OUT
 is refused; `--mode move` keeps symbolic links pointing at their files, refuses split names that
@@ -22,7 +21,6 @@ from processes import (
     processes_in_group,
     run_each_in_process,
     run_torchkit_in_process,
-    run_torchkit_process,
     signal_and_wait,
     start_torchkit_process,
     wait_until,
@@ -378,7 +376,7 @@ def test_a_full_disk_is_an_error_that_names_out_and_leaves_nothing(tmp_path, sma
     disk = small_tmpfs(64)  # 16 files of one 4 KiB page each
     data = make_files(tmp_path / "data", {"cat": 20, "dog": 20})
     before = tree_digest(data)
-    result = run_torchkit_process("split", str(data), str(disk / "out"))
+    result = split(data, disk / "out")
     assert result.returncode == 1, result.stderr
     line = error_line(result.stderr)
     assert f"cannot write {disk / 'out'}" in line and "No space left" in line
