@@ -321,7 +321,7 @@ def test_a_folder_search_counts_links_to_videos_but_no_linked_folder_fifo_or_dan
     os.mkfifo(root / "pipe.avi")  # opening it would wait for a writer
     (root / "folder.avi").mkdir()  # a folder named like a video, with one inside
     (root / "folder.avi" / "d.mp4").write_bytes(source.read_bytes())
-    found = [p.relative_to(root).as_posix() for p in find_videos([root])]
+    found = [Path(p).relative_to(root).as_posix() for p in find_videos([root])]
     assert found == ["b.avi", "folder.avi/d.mp4", "sub/a.avi"]
 
 
@@ -1162,6 +1162,22 @@ def test_dash_reads_video_paths_from_stdin(videos, tmp_path):
     assert error_line(empty.stderr) == (
         "Error: no video paths on stdin (pipe one path per line, e.g. find ... |)"
     )
+
+
+def test_a_path_given_or_listed_is_echoed_as_given(videos, tmp_path, monkeypatch):
+    """`./clip.avi` (as `find .` lists it) was echoed as `clip.avi`, so the CSV did not join
+    with find's list; predict and extract-features echo a path as given, and so does this."""
+    shutil.copy(need(videos, "mjpg.avi"), tmp_path / "clip.avi")
+    monkeypatch.chdir(tmp_path)
+    given = invoke("./clip.avi", "--format", "csv", "-k", "2", "--extract-frames", "frames")
+    assert given.exit_code == 0, given.stderr
+    (row,) = csv.DictReader(io.StringIO(given.stdout))
+    assert row["path"] == "./clip.avi" and row["frame_files"].startswith("frames/clip_")
+    for args in (["--format", "csv"], ["--format", "json", "-j", "0"]):
+        listed = runner.invoke(app, ["video-info", "-", *args], input="./clip.avi\n")
+        assert listed.exit_code == 0 and listed.stdout.count("./clip.avi") == 1, args
+    missing = invoke("./gone.avi")
+    assert error_line(missing.stderr) == "Error: path not found: ./gone.avi (check the path)"
 
 
 def test_csv_rows_come_out_while_the_list_on_stdin_is_still_being_written(videos):

@@ -46,7 +46,7 @@ class SampleMode(str, Enum):
 
 def video_info(
     paths: Annotated[
-        list[Path],
+        list[str],  # str, not Path: a row echoes the path as given (`./clip.mp4`)
         typer.Argument(
             help="Video files, folders searched recursively for video files, or - for paths "
             "on stdin (one per line; with --null, NUL-separated).",

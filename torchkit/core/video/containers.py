@@ -31,7 +31,7 @@ def is_video_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in VIDEO_EXTENSIONS
 
 
-def _videos_in(folder: Path) -> list[Path]:
+def _videos_in(folder: str | os.PathLike) -> list[str]:
     """The video files under `folder`, sorted by path. Hidden files and folders are left out:
     macOS leaves "._clip.mp4" resource forks beside every clip on shared drives, and tools keep
     caches in dot-folders. A link to a video counts; links to folders are not followed, and a
@@ -44,28 +44,30 @@ def _videos_in(folder: Path) -> list[Path]:
         except OSError:  # vanished while listing
             continue
     found.sort()
-    return [Path(path) for path in found]
+    return found
 
 
 def find_videos(
     paths: Iterable[str | os.PathLike], stdin: Iterable[str] | None = None
-) -> list[Path]:
+) -> list[str]:
     """Files as given (whatever their extension) and video files found recursively in folders
     (hidden ones left out), sorted within each folder, each once, in the order given; `-`: the
-    files `stdin` lists, one per line (one that is gone is a row with its error, as in predict)."""
-    found: list[Path] = []
+    files `stdin` lists, one per line (one that is gone is a row with its error, as in predict).
+    A file given or listed keeps its spelling (`./clip.mp4`, as `find .` prints it), which the
+    rows echo as predict's do; a folder's videos are spelled as `tree_entries` spells them."""
+    found: list[str] = []
     seen: set[str] = set()
-    named = [Path(p) for p in paths]
+    named = [os.fspath(p) for p in paths]
     if not named:
         raise UsageError("no video files or folders given", "pass one or more paths")
-    if [os.fspath(p) for p in paths].count(STDIN) > 1:
+    if named.count(STDIN) > 1:
         raise UsageError("- (stdin) given more than once")
     for path in named:
-        if os.fspath(path) == STDIN:
-            candidates = [Path(p) for p in read_path_list(stdin, "video")]
-        elif not path.exists():
+        if path == STDIN:
+            candidates = read_path_list(stdin, "video")
+        elif not os.path.exists(path):
             raise InputError(f"path not found: {path}", "check the path")
-        elif path.is_dir():
+        elif os.path.isdir(path):
             videos = _videos_in(path)
             if not videos:
                 if len(named) == 1:

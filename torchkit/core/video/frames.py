@@ -151,7 +151,7 @@ def extract_frames(
     return [written[index] for index in indices]
 
 
-def frame_name_prefixes(videos: Sequence[Path]) -> dict[str, str]:
+def frame_name_prefixes(videos: Sequence[str | os.PathLike]) -> dict[str, str]:
     """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems (the
     lowest number free). Each stem's search goes on from the number it last gave: numbers below
     it are all taken, and a dataset of `<clip>/video.mp4` folders is named in linear time."""
@@ -159,14 +159,14 @@ def frame_name_prefixes(videos: Sequence[Path]) -> dict[str, str]:
     used: set[str] = set()
     last_number: dict[str, int] = {}
     for video in videos:
-        stem = video.stem or "video"
+        stem = Path(video).stem or "video"
         prefix, n = stem, last_number.get(stem, 1)
         while prefix in used:
             n += 1
             prefix = f"{stem}-{n}"
         last_number[stem] = n
         used.add(prefix)
-        prefixes[str(video)] = prefix
+        prefixes[os.fspath(video)] = prefix
     return prefixes
 
 

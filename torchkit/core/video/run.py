@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
 from torchkit.core.io.errors import UsageError
@@ -212,9 +212,9 @@ class _ListedVideos:
         self.stream = PathStream(stdin, "video")
         self.seen: set[str] = set()
 
-    def chunks(self, most: int) -> Iterator[list[Path]]:
+    def chunks(self, most: int) -> Iterator[list[str]]:
         while paths := self.stream.take(most):
-            fresh = [Path(path) for path in paths if self._first_time(path)]
+            fresh = [path for path in paths if self._first_time(path)]
             if fresh:
                 yield fresh
 
@@ -252,7 +252,7 @@ def _writes_frame(relative: PurePath) -> bool:
 
 
 def _inspect(
-    videos: list[Path],
+    videos: list[str],
     exact: bool,
     decode_check: bool,
     segments: int | None,
@@ -339,7 +339,7 @@ class _Reading:
 
 
 def _read_in_processes(
-    videos: list[Path],
+    videos: list[str],
     reading: _Reading,
     processes: int,
     threads: int,
