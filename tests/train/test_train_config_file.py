@@ -269,3 +269,32 @@ def test_print_config_with_resume_shows_what_the_resumed_run_trains_with(runner,
     refused = runner.invoke(app, [*again, "--batch-size", "64"])
     assert refused.exit_code == 1 and "--batch-size cannot change" in refused.stderr
     assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before  # nothing written
+
+
+def test_both_recipe_forms_choose_the_data_defaults_again_for_other_data(
+    runner, tmp_path, image_folder
+):
+    """--print-config's recipe kept the digits' 12 px, no flips and one thread under
+    `--config printed.json --data images/`, where the run's own config.json chose an image
+    folder's: both now say which options the data chose, and both choose those again."""
+    picked = ["--batch-size", "512", "--epochs", "1", "--flip"]  # set by the user: kept
+    printed = runner.invoke(app, ["train", *picked, "--print-config"])
+    assert printed.exit_code == 0, printed.stderr
+    assert "image_size" in json.loads(printed.stdout)["defaults_from_data"]
+    recipe = tmp_path / "printed.json"
+    recipe.write_text(printed.stdout)
+    # A run's config.json, as runner.py writes it (its options, and the data's choices apart).
+    options = json.loads(printed.stdout)
+    chosen_by_data = options.pop("defaults_from_data")
+    run_config = tmp_path / "config.json"
+    run_config.write_text(json.dumps({"options": options, "defaults_from_data": chosen_by_data}))
+    for source in (recipe, run_config):
+        args = ["train", "--config", str(source), "--data", str(image_folder), "--print-config"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        shown = json.loads(result.stdout)
+        chosen = {k: shown[k] for k in ("model", "image_size", "resize_size", "threads")}
+        assert chosen == {"model": "resnet18", "image_size": 224, "resize_size": 256,
+                          "threads": 0}, source  # fmt: skip
+        assert (shown["flip"], shown["batch_size"], shown["epochs"]) == (True, 512, 1), source
+        assert "flip" not in shown["defaults_from_data"], source

@@ -31,6 +31,9 @@ from torchkit.core.train.validation import option_name
 
 # Entries of a run's options that describe that run, not the recipe.
 NOT_CARRIED = ("out", "resume", "force", "data_defaults", "profile_steps")
+# The key of a config.json and of --print-config's output that lists the options whose value
+# the data chose (the digits' 12 px, an image folder's flips...), not the user.
+DEFAULTS_FROM_DATA = "defaults_from_data"
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -50,20 +53,23 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise InputError(f"{source}: `options` is not a mapping of option names and values")
     # A run's config.json: options it predates take the value the run used.
     carried = with_pre_option_values(options) if "options" in data else dict(options)
-    for name in _defaults_from_data(data, source) if "options" in data else []:
-        carried.pop(name, None)  # filled from the data again, as in the first run
+    # A config.json and --print-config's recipe alike list the options the data chose: those
+    # are chosen again for the data this run reads (--data given anew picks its own).
+    for name in _defaults_from_data(data, source):
+        carried.pop(name, None)
     if "options" in data:
         for name in NOT_CARRIED:
             carried.pop(name, None)
     else:
         _refuse_run_keys(carried, source)
         carried.pop("data_defaults", None)  # what a run records, never an option
+        carried.pop(DEFAULTS_FROM_DATA, None)
     return _checked(carried, source)
 
 
 def _defaults_from_data(run: Mapping[str, Any], source: Path) -> list[str]:
     """The option names a config.json says were filled from the data."""
-    names = run.get("defaults_from_data", [])
+    names = run.get(DEFAULTS_FROM_DATA, [])
     if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
         raise InputError(
             f"{source}: `defaults_from_data` is not a list of option names",

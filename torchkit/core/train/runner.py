@@ -23,6 +23,7 @@ from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.runtime.launch import is_main_process
 from torchkit.core.train import ddp
 from torchkit.core.train.config import TrainConfig
+from torchkit.core.train.config_file import DEFAULTS_FROM_DATA
 from torchkit.core.train.epochs import EpochDriver, evaluate_best_on_test
 from torchkit.core.train.interface import RunInfo, TrainCallbacks, TrainResult
 from torchkit.core.train.outputs import check_tensorboard, versions
@@ -333,7 +334,7 @@ def _config_json(ctx: DistContext, state: TrainState) -> dict:
     config, loaders = state.config, state.loaders
     return {
         "options": config.to_dict(),
-        "defaults_from_data": list(config.data_defaults),
+        DEFAULTS_FROM_DATA: list(config.data_defaults),
         "classes": state.classes,
         "num_classes": len(state.classes),
         "class_weights": state.class_weights,

@@ -27,6 +27,7 @@ from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
+from torchkit.core.train.config_file import DEFAULTS_FROM_DATA
 from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
 from torchkit.core.train.loop import StepContext, UnreadableImages
@@ -64,9 +65,12 @@ def effective_config(
     config: TrainConfig, overrides: Collection[str] | None = None
 ) -> dict[str, Any]:
     """What the run will use, for `--print-config`: `plan_run`'s options (data defaults filled;
-    with --resume the resumed run's own, with `overrides` given again), not a new run's."""
+    with --resume the resumed run's own, with `overrides` given again), not a new run's; and,
+    as in config.json, which of them the data chose, so that the printed recipe replayed on
+    other data (`--config FILE --data other/`) chooses those again, as a config.json does."""
     resolved = plan_run(config, overrides).config
-    return {name: value for name, value in resolved.to_dict().items() if name in TRAIN_OPTIONS}
+    options = {name: value for name, value in resolved.to_dict().items() if name in TRAIN_OPTIONS}
+    return {**options, DEFAULTS_FROM_DATA: list(resolved.data_defaults)}
 
 
 def build_amp(device: Any, config: TrainConfig) -> Amp:
