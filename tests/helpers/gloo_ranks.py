@@ -11,8 +11,10 @@ launch it for real: test_train_ddp.py, test_eval.py."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -126,6 +128,32 @@ def run_ranks(
     """Every rank of `python -m torchkit ARGS`, run to its end: [rank 0, rank 1, ...]."""
     started = start_ranks(*args, env=env, world=world, cwd=cwd, rank_args=rank_args, stdin=stdin)
     try:
+        return [finish(process, timeout) for process in started]
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def run_ranks_under_agent(
+    *args: object, world: int = 2, timeout: float = 60, cwd: Path = REPO
+) -> list[subprocess.CompletedProcess]:
+    """Every rank of `python -m torchkit ARGS` as torchrun's agent runs them: with its
+    TORCHELASTIC_RUN_ID, and once a rank ends with a non-zero code the others are sent SIGTERM,
+    as the agent stops a failed worker group. [rank 0, rank 1, ...]."""
+    started = start_ranks(*args, env={"TORCHELASTIC_RUN_ID": "test"}, world=world, cwd=cwd)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            codes = [process.poll() for process in started]
+            if any(codes) or None not in codes:
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):  # the agent's monitor interval
+                started[codes.index(None)].wait(timeout=0.1)
+        for process in started:
+            if process.poll() is None:
+                process.terminate()
         return [finish(process, timeout) for process in started]
     finally:
         for process in started:

@@ -344,6 +344,8 @@ class TorchkitGroup(TyperGroup):
         except TorchkitError as error:
             if error.on_every_rank and not _is_main_process():
                 raise typer.Exit(error.exit_code) from None  # rank 0 reports it, once
+            if error.from_shared_inputs and _leave_to_local_rank_0():
+                raise typer.Exit(error.exit_code) from None  # local rank 0 reports it
             _report(error, str(error))
             raise typer.Exit(error.exit_code) from None
         except BrokenPipeError:
@@ -363,6 +365,12 @@ def _is_main_process() -> bool:
     from torchkit.core.runtime.launch import is_main_process
 
     return is_main_process()
+
+
+def _leave_to_local_rank_0() -> bool:
+    from torchkit.core.runtime.launch import leave_to_local_rank_0
+
+    return leave_to_local_rank_0()
 
 
 def _raise_once(signum, frame) -> None:
@@ -412,6 +420,8 @@ def _usage_error(error: ClickUsageError) -> NoReturn:
     """Report a bad command line as `Error: <what> (see 'torchkit CMD --help')`, exit 2."""
     if type(error).__name__ == "NoArgsIsHelpError":  # bare `torchkit`: click shows the help
         raise error
+    if _leave_to_local_rank_0():  # the same command line on every rank: local rank 0 reports it
+        raise typer.Exit(error.exit_code) from None
     ctx = getattr(error, "ctx", None)
     command = ctx.command_path if ctx is not None else "torchkit"
     _report(error, f"{error.format_message().rstrip('.')} (see '{command} --help')")

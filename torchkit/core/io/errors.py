@@ -10,6 +10,10 @@ class TorchkitError(Exception):
     # Raised alike by every rank of a torchrun world (an outcome the ranks agreed on, see
     # `on_every_rank`): rank 0 reports it, the others end with its exit code and say nothing.
     on_every_rank = False
+    # Derived from what every rank of a node shares, its options and files (a bad option, a
+    # missing data folder, an unreadable checkpoint): raised before the ranks connect, it is
+    # reported by the node's local rank 0 alone under torchrun (launch.leave_to_local_rank_0).
+    from_shared_inputs = False
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -29,10 +33,13 @@ class UsageError(TorchkitError):
     """Options that contradict each other or cannot be parsed: exit code 2, like click."""
 
     exit_code = 2
+    from_shared_inputs = True
 
 
 class InputError(TorchkitError):
     """A missing, empty, unreadable or malformed input file or folder."""
+
+    from_shared_inputs = True
 
 
 class OutputExistsError(TorchkitError):
@@ -41,6 +48,8 @@ class OutputExistsError(TorchkitError):
 
 class CheckpointError(TorchkitError):
     """A checkpoint that cannot be loaded, or does not fit the model."""
+
+    from_shared_inputs = True
 
 
 class DeviceError(TorchkitError):

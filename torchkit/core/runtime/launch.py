@@ -5,9 +5,11 @@ the process group modules that use them."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 from torchkit.core.io.errors import UsageError
+from torchkit.core.runtime.signals import stopped_within
 
 
 class Placed:
@@ -94,3 +96,37 @@ def is_main_process() -> bool:
     """Whether this process is rank 0 as torchrun's RANK says (True in a plain run): the one
     that writes files and reports."""
     return launch_env().is_main
+
+
+# Set by torchrun's agent in every rank it starts. The agent stops a node's other ranks
+# (SIGTERM) as soon as one of them fails.
+_AGENT_VARIABLE = "TORCHELASTIC_RUN_ID"
+# How long a rank waits for that before it reports the error itself: well beyond the ranks'
+# start-up skew (importing torch on a busy node), short beside the rendezvous' wait.
+LOCAL_RANK_0_WAIT_S = 10.0
+
+
+def _ranks_connected() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never imported here: only asked
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def leave_to_local_rank_0() -> bool:
+    """Whether this rank ends without reporting an error every rank of its node raises alike
+    before the ranks connect (`from_shared_inputs`: its options and files), leaving the one line
+    to local rank 0, which reports it without waiting.
+
+    Only under torchrun's agent, for a rank other than local rank 0: it waits up to
+    `LOCAL_RANK_0_WAIT_S` for the agent to stop it, which the agent does once another rank has
+    ended with its error. A rank that is not stopped reports the error itself: local rank 0 did
+    not fail (the error was this rank's own), or not yet. Nothing is ever left unreported by
+    every rank; at worst (a rank failing with another error meanwhile) that rank's is shown."""
+    if not os.environ.get(_AGENT_VARIABLE) or _ranks_connected():
+        return False
+    try:
+        place = launch_env()
+    except UsageError:
+        return False
+    if place.local_rank == 0 or place.local_world_size < 2:
+        return False
+    return stopped_within(LOCAL_RANK_0_WAIT_S)

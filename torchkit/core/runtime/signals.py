@@ -1,4 +1,5 @@
-"""Holding Ctrl-C and SIGTERM back for the few steps that must not be cut short."""
+"""Holding Ctrl-C and SIGTERM back for the few steps that must not be cut short, and waiting a
+while for one."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,7 +46,44 @@ def signals_held() -> Iterator[None]:
             previous[number] = signal.signal(number, hold)
         yield
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, signal.SIG_DFL if handler is None else handler)
+        _restore(previous)
         if received:
             signal.raise_signal(received[0])
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for number, handler in previous.items():
+        signal.signal(number, signal.SIG_DFL if handler is None else handler)
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM came while `stopped_within` waited."""
+
+
+def stopped_within(seconds: float) -> bool:
+    """Whether SIGINT or SIGTERM comes within `seconds`, waiting that long for one: a signal that
+    comes is taken (its handler does not run), one ignored (nohup) stays ignored. False at once
+    outside the main thread, which owns the handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    waiting, came = True, False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal came
+        came = True
+        if waiting:
+            raise _Stopped
+
+    previous: dict[int, Any] = {}
+    try:
+        for name in HELD_SIGNALS:
+            number = getattr(signal, name)
+            if signal.getsignal(number) is not signal.SIG_IGN:
+                previous[number] = signal.signal(number, stop)
+        time.sleep(seconds)
+    except _Stopped:
+        pass
+    finally:
+        waiting = False  # one that comes now is only recorded
+        _restore(previous)
+    return came
