@@ -1078,6 +1078,32 @@ def test_extract_frames_past_a_lying_header_is_a_truncated_row(tmp_path, broken,
     assert "past the end" in row["error"] and "--exact" in row["error"]
 
 
+def test_extract_frames_of_a_whole_file_whose_header_overstates_samples_its_decoded_frames(
+    tmp_path, videos, whole_videos
+):
+    """An AVI whose stream header says 25 frames for 17 (its sizes say it is whole), and a
+    whole variable-rate MKV (header 60, 40 frames): `--segments 4` alone calls them ok, with
+    --extract-frames they were `truncated` (exit 1). Now sampled from the decoded count: the
+    row --exact gives, and its frames written."""
+    data = bytearray(need(videos, "mjpg.avi").read_bytes())
+    struct.pack_into("<I", data, data.find(b"strh") + 40, 25)  # the video stream's dwLength
+    avi = tmp_path / "lying.avi"
+    avi.write_bytes(bytes(data))
+    mkv = tmp_path / "recording.mkv"
+    mkv.write_bytes(variable_rate_live_mkv(need(whole_videos, "clip.mkv").read_bytes(), 20))
+    code, plain = json_rows(avi, mkv, "-k", "4")
+    assert code == 0 and [row["frames"] for row in plain] == [25, 60]
+    code, exact = json_rows(avi, mkv, "-k", "4", "--exact")
+    assert code == 0 and [row["frames"] for row in exact] == [17, 40]
+    out = tmp_path / "frames"
+    code, rows = json_rows(avi, mkv, "-k", "4", "--extract-frames", out)
+    assert code == 0 and [row["status"] for row in rows] == ["ok", "ok"]
+    for row, expected in zip(rows, exact):
+        assert len(row["frame_files"]) == 4 and {**row, "frame_files": None} == expected
+    assert len(list(out.glob("*.png"))) == 8
+    assert rows[0]["frame_indices"] == tsn_frame_indices(17, 4)
+
+
 def test_a_truncated_row_leaves_none_of_its_frames_in_the_folder(
     tmp_path, videos, broken, monkeypatch
 ):

@@ -23,6 +23,7 @@ from torchkit.core.video.probe import (
     _import_cv2,
     _open_capture,
     _Stopped,
+    recount_frames,
 )
 
 SAMPLE_MODES = ("test", "train")
@@ -183,17 +184,21 @@ def _sample_into(
     try:
         info.frame_indices = tsn_frame_indices(info.frames, options.num_segments, options.mode, rng)
         if frames_folder is not None:
-            folder = frames_folder.begin()  # only now, after every check: the first frame
-            files = extract_frames(
-                info.path,
-                info.frame_indices,
-                folder,
-                options.names[info.path],
-                stop,
-                options.decoder_threads,
-            )
-            info.frame_files = [str(options.extract_dir / f.name) for f in files]
-            frames_folder.wrote(len(files))
+            try:
+                _extract_into(info, options, frames_folder, stop)
+            except _PastTheEnd:
+                # A whole file whose header overstates its frames (an AVI's stream length, a
+                # variable rate's duration x fps): the header's count is wrong, not the file.
+                # Its frames are counted as --exact counts them and sampled from that count,
+                # the same row --exact gives; a file not known to be whole is truncated.
+                if not info.known_whole or info.frames_source == "decoded":
+                    raise
+                if not recount_frames(info, stop, options.decoder_threads):
+                    raise
+                info.frame_indices = tsn_frame_indices(
+                    info.frames, options.num_segments, options.mode, rng
+                )
+                _extract_into(info, options, frames_folder, stop)
     except (_Stopped, OutputFolderReplacedError):  # the frames folder's error, not this video's
         raise
     except OutputWriteError as error:
@@ -204,6 +209,26 @@ def _sample_into(
         info.fail(f"truncated: {error.message} ({error.hint})", "truncated")
     except Exception as error:
         info.fail(_error_text(error))
+
+
+def _extract_into(
+    info: VideoInfo,
+    options: SegmentOptions,
+    frames_folder: _FramesFolder,
+    stop: threading.Event | None,
+) -> None:
+    """The frames at `info.frame_indices` written to the frames folder, named in the row."""
+    folder = frames_folder.begin()  # only now, after every check: the first frame
+    files = extract_frames(
+        info.path,
+        info.frame_indices,
+        folder,
+        options.names[info.path],
+        stop,
+        options.decoder_threads,
+    )
+    info.frame_files = [str(options.extract_dir / f.name) for f in files]
+    frames_folder.wrote(len(files))
 
 
 class _FramesFolder:

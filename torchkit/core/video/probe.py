@@ -13,7 +13,7 @@ import os
 import stat
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,9 @@ class VideoInfo:
     frame_files: list[str] | None = None
     status: str = "ok"
     error: str | None = None
+    # Whether the container's sizes or a decode of its last frames say the file is all there
+    # (a header count it falls short of is then wrong, not a cut). Not a column.
+    known_whole: bool = field(default=False, repr=False)
 
     def fail(self, message: str, status: str = "unreadable") -> None:
         """Mark the video as not ok: `truncated` (it ends before what its container or header
@@ -357,10 +360,8 @@ def _probe_into(
             info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
             return
         if exact:
-            info.frames_decoded, end_s = _decode_to_end(cv2, capture, stop, info.fps)
-            info.frames, info.frames_source = info.frames_decoded, "decoded"
-            if info.fps and end_s and end_s > (info.frames + 0.5) / info.fps:
-                info.duration_s = end_s  # frames further apart than 1 / fps: a variable rate
+            decoded, end_s = _decode_to_end(cv2, capture, stop, info.fps)
+            _take_decoded_count(info, decoded, end_s)
             if info.frames_decoded == 0 and not cut:
                 info.fail(undecodable)
             elif not cut and judge_by_frames:
@@ -381,10 +382,41 @@ def _probe_into(
                         decoded, end_s = _decode_to_end(cv2, capture, stop, info.fps)
                         reached = _position(end_s, info.fps)
                         cut = _frames_short(decoded, info.frames_header, reached)
+                info.known_whole = not cut
     finally:
         if capture is not None:
             capture.release()
     if info.duration_s is None and info.frames is not None and info.fps:
         info.duration_s = info.frames / info.fps
+    if declared is not None and not cut:
+        info.known_whole = True  # its sizes say so (a header count it falls short of is wrong)
     if cut:
         info.fail(cut, "truncated")
+
+
+def _take_decoded_count(info: VideoInfo, decoded: int, end_s: float | None) -> None:
+    """`decoded` frames, the last ending `end_s` seconds in, as the row's count and duration
+    (what --exact shows): frames / fps, or the end of the last frame where the frames lie
+    further apart than 1 / fps (a variable rate)."""
+    info.frames_decoded = info.frames = decoded
+    info.frames_source = "decoded"
+    if info.fps and end_s and end_s > (decoded + 0.5) / info.fps:
+        info.duration_s = end_s
+    elif info.fps:
+        info.duration_s = decoded / info.fps
+
+
+def recount_frames(
+    info: VideoInfo, stop: threading.Event | None = None, decoder_threads: int | None = None
+) -> bool:
+    """Count `info`'s frames by decoding, as --exact does, once its header's count has turned
+    out wrong (frames sampled past the end of a whole file); False if it cannot be opened."""
+    cv2 = _import_cv2()
+    capture = _open_capture(cv2, Path(info.path), decoder_threads)
+    if capture is None:
+        return False
+    try:
+        _take_decoded_count(info, *_decode_to_end(cv2, capture, stop, info.fps))
+    finally:
+        capture.release()
+    return True
