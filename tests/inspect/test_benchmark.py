@@ -33,7 +33,7 @@ from torchkit.core.benchmark import (
 from torchkit.core.benchmark import memory as bench_memory
 from torchkit.core.benchmark import run as bench_run
 from torchkit.core.benchmark.memory import MemoryProbe, parse_memory_limit
-from torchkit.core.benchmark.search import OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER
+from torchkit.core.benchmark.search import OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER, TOO_SMALL
 from torchkit.core.io.errors import TorchkitError, UsageError
 from torchkit.core.summary import summarize
 
@@ -464,6 +464,23 @@ def test_find_batch_size_stops_at_out_of_memory():
     (search,) = result.batch_size_search
     assert (search.batch_size, search.stopped_by) == (48, OUT_OF_MEMORY)
     assert result.results[0].batch_size == 48
+
+
+def test_find_batch_size_in_train_mode_goes_past_a_batch_too_small_for_batchnorm():
+    # One image through BatchNorm1d: 1 value per channel, which training refuses.
+    model = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))
+    opts = options(mode="train", batch_sizes=(1,), find_batch_size=True, max_batch_size=2)
+    result = benchmark_model(model, (8,), opts)
+    (search,) = result.batch_size_search
+    assert [(t.batch_size, t.reason) for t in search.trials] == [(1, TOO_SMALL), (2, "fits")]
+    assert (search.batch_size, search.stopped_by, search.not_fitting) == (2, "max batch size", None)
+    assert result.results[0].batch_size == 2
+
+    def too_small(batch: int, trials: list) -> Trial:
+        return Trial(batch, False, None, TOO_SMALL)
+
+    with pytest.raises(TorchkitError, match="batch 1 does not fit: too small to train"):
+        search_batch_size(too_small, start=1, max_batch=1)
 
 
 def test_find_batch_size_does_not_run_a_batch_predicted_not_to_fit(monkeypatch):

@@ -348,7 +348,7 @@ def _search_status(status: Any) -> Any:
             status(f"timing the batch found ({mode}, {batch})")
             return
         fitted = [t.batch_size for t in trials if t.fits]
-        failed = [t.batch_size for t in trials if not t.fits]
+        failed = [t.batch_size for t in trials if t.too_big]
         known = []
         if fitted:
             known.append(f"{max(fitted)} fits")

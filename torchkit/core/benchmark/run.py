@@ -396,7 +396,7 @@ class _Context:
     def trial(self, mode: str, batch: int, limit_bytes: int | None) -> batch_search.Trial:
         """A few steps at `batch`: does it fit (no out-of-memory, peak within the limit)?"""
         probe = MemoryProbe(self.device)
-        out_of_memory = False
+        out_of_memory = too_small = False
         try:
             with self._failures(mode, batch, probe, out_of_memory_is_error=False):
                 probe.start()
@@ -410,7 +410,12 @@ class _Context:
                     del step
         except _OutOfMemory:
             out_of_memory = True  # freed below, once the exception and its frames are gone
+        except _TooSmall:
+            too_small = True
         _free(self.device)
+        if too_small:
+            log.info("batch %d: too small to train", batch)
+            return batch_search.Trial(batch, False, None, batch_search.TOO_SMALL)
         if out_of_memory:
             log.info("batch %d: out of memory", batch)
             return batch_search.Trial(batch, False, None, batch_search.OUT_OF_MEMORY)
@@ -438,8 +443,8 @@ class _Context:
 
     @contextlib.contextmanager
     def _failures(self, mode: str, batch: int, probe: MemoryProbe, out_of_memory_is_error=True):
-        """Errors of a configuration as one clear line; out of memory as `_OutOfMemory` in a
-        search trial."""
+        """Errors of a configuration as one clear line; in a search trial, out of memory as
+        `_OutOfMemory` and a batch of 1 BatchNorm cannot train on as `_TooSmall`."""
         try:
             yield
         except (TorchkitError, KeyboardInterrupt):
@@ -454,6 +459,8 @@ class _Context:
                     f"out of memory in {mode} mode at batch {batch} on {self.device}",
                     "use a smaller --batch-size, --amp, or --find-batch-size",
                 ) from None
+            if not out_of_memory_is_error and mode == "train" and _one_value_per_channel(error):
+                raise _TooSmall() from None
             shape = "x".join(map(str, self.sample))
             hint = "check --input-size, --batch-size and --mode"
             if self.options.compile:
@@ -509,6 +516,16 @@ class _OutOfMemory(Exception):
     pass
 
 
+class _TooSmall(Exception):
+    pass
+
+
+def _one_value_per_channel(error: BaseException) -> bool:
+    """BatchNorm's refusal to train on a single value per channel: a batch of 1 whose feature
+    map is 1x1 there (resnet18 at 32 px), which a larger batch trains on."""
+    return "Expected more than 1 value per channel when training" in str(error)
+
+
 def _search(
     context: _Context,
     mode: str,
@@ -537,7 +554,7 @@ def _search(
     )
     if search_progress is not None:
         search_progress(mode, found, trials, False)
-    not_fitting = [t.batch_size for t in trials if not t.fits]
+    not_fitting = [t.batch_size for t in trials if t.too_big]
     return batch_search.BatchSearch(
         mode=mode,
         batch_size=found,

@@ -3,7 +3,8 @@ trial does not fit (out of memory, or over `--memory-limit`), then bisecting bet
 batch that fitted and the first that did not, until the two are within `PRECISION` (10%) of each
 other: a batch within 10% of the largest that fits is found in a few trials, where an exact
 search would run several more of the largest, slowest trials for the last few percent.
-`--max-batch-size` caps the doubling.
+`--max-batch-size` caps the doubling. A batch too small to train on (one image through a
+BatchNorm whose feature map is 1x1 there) is no bound: the search goes on from the next one up.
 
 The search itself is pure logic over a `try_batch` function, so it is tested without a GPU.
 """
@@ -21,6 +22,7 @@ OUT_OF_MEMORY = "out of memory"
 OVER_LIMIT = "over the memory limit"
 PREDICTED_OVER = "would not fit in the available memory (not run)"
 MAX_BATCH = "max batch size"
+TOO_SMALL = "too small to train (BatchNorm needs more than 1 value per channel)"
 PRECISION = 0.1  # stop once the smallest batch that did not fit is <= 110% of the largest that did
 
 SearchProgress = Callable[[str, int, list["Trial"], bool], None]
@@ -33,7 +35,12 @@ class Trial:
     batch_size: int
     fits: bool
     peak_memory_mb: float | None  # None when the trial was not run, or ran out of memory
-    reason: str  # FITS, OUT_OF_MEMORY, OVER_LIMIT or PREDICTED_OVER
+    reason: str  # FITS, OUT_OF_MEMORY, OVER_LIMIT, PREDICTED_OVER or TOO_SMALL
+
+    @property
+    def too_big(self) -> bool:
+        """Did not fit for its size (a batch TOO_SMALL did not run for the opposite reason)."""
+        return not self.fits and self.reason != TOO_SMALL
 
 
 @dataclass
@@ -72,11 +79,18 @@ def search_batch_size(
         return trial
 
     first = attempt(start)
+    while first.reason == TOO_SMALL and start < max_batch:
+        start = min(start * 2, max_batch)
+        first = attempt(start)
     if not first.fits:
+        if first.reason == TOO_SMALL:
+            hint = "start at 2 or more with --batch-size, and let --max-batch-size above it"
+        else:
+            hint = "start lower with --batch-size, raise --memory-limit, or use --amp"
         raise TorchkitError(
             f"batch {start} does not fit: {first.reason}"
             + (f" ({first.peak_memory_mb:.1f} MB)" if first.peak_memory_mb is not None else ""),
-            "start lower with --batch-size, raise --memory-limit, or use --amp",
+            hint,
         )
     good, bad = start, None
     while bad is None:
