@@ -91,3 +91,18 @@ def test_a_run_recorded_before_the_option_resumes_on_torchs_threads(tmp_path, tw
     run_training(resume, seen, overrides={"epochs", "trust_checkpoint"})
     assert seen.seen == [2]  # as it trained: torch's default, not digits' one thread
     assert options(run)["options"]["threads"] == 0
+
+
+def test_more_threads_than_cores_is_a_warning_naming_the_cores(runner, monkeypatch):
+    """Was accepted without a word: --threads 1000 on 2 cores trained about 5x slower."""
+    monkeypatch.setattr("torchkit.core.train.validation.usable_cpus", lambda: 2, raising=False)
+    result = runner.invoke(app, ["train", "--threads", "3", "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "--threads" in line]
+    assert warnings == [
+        "Warning: --threads 3 is more than the 2 cores this process may use: the extra "
+        "threads only wait for each other and slow the run down (give at most 2, or 0 for one "
+        "per core)"
+    ], result.stderr
+    within = runner.invoke(app, ["train", "--threads", "2", "--print-config"])
+    assert within.exit_code == 0 and "Warning" not in within.stderr, within.stderr
