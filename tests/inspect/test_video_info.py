@@ -1061,6 +1061,30 @@ def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
     assert rows[1]["frame_files"][0] == str(out / "clip-2_000000.png")
 
 
+def test_the_csv_frame_files_cell_splits_on_semicolons_into_the_frames(tmp_path, videos):
+    """The cell joins a video's frame files with `;`: `semi;colon.avi`'s frames, or a frames
+    folder `a;b`, made it ambiguous. Frame names hold no `;`, and a CSV report refuses such a
+    folder (JSON holds a list)."""
+    video = tmp_path / "semi;colon.avi"
+    shutil.copy(need(videos, "mjpg.avi"), video)
+    out = tmp_path / "frames"
+    result = invoke(video, "-k", "2", "--extract-frames", out, "--format", "csv")
+    assert result.exit_code == 0, result.stderr
+    (row,) = csv.DictReader(io.StringIO(result.stdout))
+    files = row["frame_files"].split(";")
+    assert files == [str(out / f"semi_colon_{i:06d}.png") for i in (4, 12)]
+    assert all(os.path.isfile(f) for f in files)
+    folder = tmp_path / "a;b"
+    for args in (["--format", "csv"], ["-o", str(tmp_path / "info.csv")]):
+        refused = invoke(video, "-k", "2", "--extract-frames", folder, *args)
+        assert refused.exit_code == 2, args
+        line = error_line(refused.stderr)
+        assert line.startswith("Error: --extract-frames") and "--format json" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["frames", "semi;colon.avi"]
+    code, rows = json_rows(video, "-k", "2", "--extract-frames", folder)
+    assert code == 0 and rows[0]["frame_files"][0] == str(folder / "semi_colon_000004.png")
+
+
 def test_extract_frames_past_a_lying_header_is_a_truncated_row(tmp_path, broken, monkeypatch):
     """A header that promises frames the file does not hold, and checks that cannot see it (the
     container's sizes unknown, no decode check): sampling finds out, and says so."""
@@ -1098,7 +1122,7 @@ def test_extract_frames_of_a_whole_file_whose_header_overstates_samples_its_deco
     out = tmp_path / "frames"
     code, rows = json_rows(avi, mkv, "-k", "4", "--extract-frames", out)
     assert code == 0 and [row["status"] for row in rows] == ["ok", "ok"]
-    for row, expected in zip(rows, exact):
+    for row, expected in zip(rows, exact, strict=True):
         assert len(row["frame_files"]) == 4 and {**row, "frame_files": None} == expected
     assert len(list(out.glob("*.png"))) == 8
     assert rows[0]["frame_indices"] == tsn_frame_indices(17, 4)

@@ -157,6 +157,8 @@ def video_info(
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
 
     fmt = resolve_format(fmt, output)
+    if fmt == OutputFormat.csv and extract_frames is not None:
+        _check_csv_frames_folder(extract_frames)
     stdin = piped_paths(paths, null)
     if fmt == OutputFormat.csv and extract_frames is None:
         # One row per video as it is read: nothing held but the videos in work.
@@ -338,10 +340,26 @@ def _csv_table(infos: list) -> Table:
 
 
 def _csv_row(info) -> list[Any]:
+    from torchkit.core.video import FRAME_FILES_SEPARATOR
+
     values = info.to_dict()
     values["frame_indices"] = _join(info.frame_indices, " ")
-    values["frame_files"] = _join(info.frame_files, ";")
+    values["frame_files"] = _join(info.frame_files, FRAME_FILES_SEPARATOR)
     return [values[column] for column in CSV_COLUMNS]
+
+
+def _check_csv_frames_folder(folder: Path) -> None:
+    """The CSV's frame_files cell joins a video's frame files with `;`, which no frame name
+    holds: a frames folder whose name held one would make the cell ambiguous."""
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.video import FRAME_FILES_SEPARATOR
+
+    if FRAME_FILES_SEPARATOR in str(folder):
+        raise UsageError(
+            f"--extract-frames {folder} holds '{FRAME_FILES_SEPARATOR}', which separates a "
+            "video's frame files in the CSV's frame_files column",
+            "give a frames folder without it, or --format json",
+        )
 
 
 def _join(values: list | None, separator: str) -> str | None:

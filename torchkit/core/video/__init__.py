@@ -18,6 +18,7 @@ from torchkit.core.video.containers import (
     still_image_format,
 )
 from torchkit.core.video.frames import (
+    FRAME_FILES_SEPARATOR,
     MAX_SEGMENTS,
     SAMPLE_MODES,
     SegmentOptions,
@@ -42,6 +43,7 @@ from torchkit.core.video.run import (
 )
 
 __all__ = [
+    "FRAME_FILES_SEPARATOR",
     "MAX_SEGMENTS",
     "MAX_WORKERS",
     "SAMPLE_MODES",

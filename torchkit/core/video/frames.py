@@ -33,6 +33,9 @@ SAMPLE_MODES = ("test", "train")
 # at a time, written and dropped, so neither a long video nor a large K holds more than one frame.
 MAX_SEGMENTS = 10_000
 FRAME_FILES = ("*_[0-9][0-9][0-9][0-9][0-9][0-9]*.png",)  # <video>_<frame, 6+ digits>.png
+# What separates a video's frame files in a CSV cell: never in a name torchkit gives a frame,
+# nor in the frames folder's name where the report is CSV (the CLI refuses one that holds it).
+FRAME_FILES_SEPARATOR = ";"
 
 
 class _PastTheEnd(InputError):
@@ -155,12 +158,13 @@ def extract_frames(
 def frame_name_prefixes(videos: Sequence[str | os.PathLike]) -> dict[str, str]:
     """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems (the
     lowest number free). Each stem's search goes on from the number it last gave: numbers below
-    it are all taken, and a dataset of `<clip>/video.mp4` folders is named in linear time."""
+    it are all taken, and a dataset of `<clip>/video.mp4` folders is named in linear time. A
+    `;` of the stem becomes `_`: the CSV's frame_files cell separates the files with `;`."""
     prefixes: dict[str, str] = {}
     used: set[str] = set()
     last_number: dict[str, int] = {}
     for video in videos:
-        stem = Path(video).stem or "video"
+        stem = Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_") or "video"
         prefix, n = stem, last_number.get(stem, 1)
         while prefix in used:
             n += 1
