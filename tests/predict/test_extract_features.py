@@ -686,14 +686,14 @@ def test_channels_last_and_amp(runner, images, tmp_path):
 def test_shrinking_a_npy_in_place_keeps_the_rows(tmp_path):
     from numpy.lib.format import open_memmap
 
-    from torchkit.core.features.store import _shrink_npy
+    from torchkit.core.features.store import _set_rows
 
     path = tmp_path / "a.npy"
     array = open_memmap(path, mode="w+", dtype="float32", shape=(1000, 3))
     array[:] = np.arange(3000, dtype=np.float32).reshape(1000, 3)
     array.flush()
     del array
-    _shrink_npy(path, 7)
+    _set_rows(path, 7)
     shrunk = np.load(path)
     assert shrunk.shape == (7, 3)
     assert np.array_equal(shrunk, np.arange(21, dtype=np.float32).reshape(7, 3))

@@ -189,7 +189,8 @@ def extract_features_command(
     Writes OUT/<layer>.npy (one row per readable image, in the order of OUT/index.csv),
     OUT/index.csv (row, path, label, error; and split for split data) and OUT/meta.json (model,
     layers, shapes, preprocessing). Arrays are filled in place on disk, so datasets bigger than
-    RAM work, and --resume continues a run that was stopped.
+    RAM work, and --resume continues a run that was stopped. Paths piped for - are read as they
+    come, rows written batch by batch (such a run cannot be resumed).
 
     Examples:
 

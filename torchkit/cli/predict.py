@@ -136,6 +136,7 @@ def predict_command(
       torchkit predict model.onnx photos/ --format csv  (classes from the exported file)
     """
     from torchkit.cli.render import report_file, resolve_format
+    from torchkit.core.data.sources.inputs import listed_check
     from torchkit.core.evaluate.source import parse_class_names
     from torchkit.core.io.files import read_path_list
     from torchkit.core.io.outputs import check_output_file
@@ -181,7 +182,7 @@ def predict_command(
     predicting = PredictRun(
         request,
         stdin=stdin if streamed else listed,
-        check_listed=_listed_check(output) if to_file and streamed else None,
+        check_listed=listed_check(output, "output") if to_file and streamed else None,
     )
     ok = False
     try:
@@ -215,22 +216,6 @@ def _inputs(request, stats: str | None, classes: str | None, listed: list[str] |
         if path is not None and os.path.isfile(path):
             inputs.append(InputPath.of(path, what))
     return inputs
-
-
-def _listed_check(output: Path):
-    """The check of the images listed on stdin as they are read: -o is none of them and lies
-    beside none (each folder checked once)."""
-    from torchkit.core.data.sources.inputs import listed_inputs
-    from torchkit.core.io.outputs import check_overlap
-
-    seen: set[Path] = set()
-
-    def check(paths: list[str]) -> None:
-        folders = [item for item in listed_inputs(paths) if item.path not in seen]
-        check_overlap(output, "output", folders)
-        seen.update(item.path for item in folders)
-
-    return check
 
 
 def _write(run, columns: list[str], fmt: PredictFormat, output: Path | None) -> None:

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +16,7 @@ from torchkit import __version__
 from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import Preprocess, image_mode
 from torchkit.core.data.sources.digits import DIGITS
-from torchkit.core.data.sources.inputs import data_inputs, listed_inputs
+from torchkit.core.data.sources.inputs import data_inputs, listed_check, listed_inputs
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.features.layers import (
     NORMALIZATIONS,
@@ -35,12 +35,18 @@ from torchkit.core.features.store import (
 )
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.io.files import NAME_ERRORS, open_text, read_path_list, require_input
+from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.outputs import InputPath, OutputFolder
 from torchkit.core.io.progress import Progress
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
 from torchkit.core.models.image_size import first_batch_error
-from torchkit.core.predict.inputs import STDIN, collect_images
+from torchkit.core.predict.inputs import (
+    STDIN,
+    ImageSet,
+    LoaderPass,
+    collect_images,
+    streamed_images,
+)
 from torchkit.core.runtime.device import check_amp_dtype
 from torchkit.core.runtime.distributed import launched_by_torchrun
 
@@ -199,7 +205,9 @@ def extract_features(
     `progress(done, total)` is called as images are processed (first with the images a resumed
     run had already done). OUT is checked and locked before the model or the images are read;
     a run that stops before its first rows are written leaves an old OUT as it was. IMAGES is
-    read as predict reads it (`collect_images`): `digits`, and `-` for paths on `stdin`.
+    read as predict reads it (`collect_images`): `digits`, and `-` for paths on `stdin`, read
+    as they come (rows are written batch by batch while the list is still piped; memory does not
+    grow with it). stdin cannot be read again, so `-` is never resumed.
     """
     _validate(request)
     from torchkit.core.data.sources.http_shards import is_url
@@ -211,18 +219,28 @@ def extract_features(
     # A URL or a shard pattern names no file: its reader says what is missing.
     if images not in (DIGITS, STDIN) and not is_url(images) and not is_shard_pattern(images):
         require_input(images, what="IMAGES")
-    # The paths piped for `-` first: OUT may not hold those images nor lie beside them.
-    listed = read_path_list(stdin, "image") if images == STDIN else None
-    with open_output(request, listed or ()) as output:
-        return _extract(request, output, progress, listed)
+    if images == STDIN:
+        if request.resume:
+            raise UsageError(
+                "--resume cannot continue a list piped on stdin (-): it cannot be read again",
+                "run it again without --resume, or save the list as a CSV index and give that",
+            )
+        streamed = streamed_images(stdin, request.split)
+        # The first paths checked before OUT is opened, the others as they are read.
+        first = streamed.stream.take(request.run.batch_size)  # type: ignore[union-attr]
+        with open_output(request, first) as output:
+            return _extract(request, output, progress, (streamed, first))
+    with open_output(request) as output:
+        return _extract(request, output, progress)
 
 
 def _extract(
     request: FeatureRequest,
     output: OutputFolder,
     progress: Progress | None,
-    stdin: Iterable[str] | None,
+    streamed: tuple[ImageSet, list[str]] | None = None,
 ) -> ExtractionResult:
+    """`streamed`: the paths on stdin still to come, and the first of them (read already)."""
     import torch
 
     from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype, select_device
@@ -245,9 +263,10 @@ def _extract(
         source = resolve_spec(spec, command="extract-features", needs_training=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.
     recorded = source.checkpoint.get("data") if source.checkpoint else None  # a held-out val
-    image_set = collect_images(
-        [request.images], split=request.split, stdin=stdin, recorded=recorded
-    )
+    if streamed is None:
+        image_set = collect_images([request.images], split=request.split, recorded=recorded)
+    else:
+        image_set = streamed[0]
     samples = image_set.samples
     for note in image_set.notes:
         logger.info("%s", note)
@@ -277,21 +296,38 @@ def _extract(
         # for `device`, so the fingerprints of stores made before the option are unchanged).
         **({"decode": request.run.decode} if request.run.decode != "exact" else {}),
     }
-    fingerprint = _fingerprint(settings, samples)
     extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.run.channels_last)
     try:
-        store, finished = FeatureStore.open(output, fingerprint, len(samples))
-        if store is None:
-            return _result_from_meta(Path(request.out), finished)
+        growing = None  # streamed: the fingerprint, as the paths come
+        if streamed is None:
+            fingerprint = _fingerprint(settings, samples)
+            store, finished = FeatureStore.open(output, fingerprint, len(samples))
+            if store is None:
+                return _result_from_meta(Path(request.out), finished)
+        else:
+            store = FeatureStore.open_streamed(output)
+            growing = Fingerprint(settings)
         resumed_from = store.progress.done
         started = time.perf_counter()
         # 8-bit crops normalised on the device; JPEG bytes decoded there with --decode device
-        loader = _loader(samples, preprocess, mode, request, device)
+        later = listed_check(output.final, output.what) if streamed else None
+        loader = _loader(image_set, preprocess, mode, request, device, streamed, later)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         _extract_rows(
-            store, extractor, loader, samples, request, device, normalized, amp_dtype, progress
+            store,
+            extractor,
+            loader,
+            samples,
+            request,
+            device,
+            normalized,
+            amp_dtype,
+            progress,
+            growing,
         )
         seconds = time.perf_counter() - started
+        if growing is not None:
+            fingerprint = growing.value(len(samples))
         meta = _finish(store, request, samples, source, settings, layers, fingerprint)
     finally:
         extractor.close()
@@ -327,7 +363,7 @@ def _finish(
             f"none of the {len(samples)} images in {request.images} could be read",
             "index.csv is not written; check the files",
         )
-    index_columns, index_rows = _index_rows(samples, state.errors)
+    index_columns, index_rows = ([], []) if store.streamed else _index_rows(samples, state.errors)
     meta = {
         "torchkit_version": __version__,
         **settings,
@@ -337,7 +373,7 @@ def _finish(
         "split": request.split or ("all" if samples.splits else None),
         "num_images": len(samples),
         "num_rows": state.rows,
-        "num_skipped": len(state.errors),
+        "num_skipped": store.skipped if store.streamed else len(state.errors),
         "num_nonfinite": state.nonfinite,
         "preprocess_source": source.preprocess_source,
         "layers": [
@@ -367,11 +403,14 @@ def _extract_rows(
     normalized: NormalizedPixels,
     amp_dtype,
     progress: Progress | None,
+    streamed: Fingerprint | None = None,
 ) -> None:
     """Fill the store batch by batch from where its progress record says, saving that record
     every COMMIT_INTERVAL_S, at the end, and when anything stops the loop. Rows with a NaN or
     inf feature are counted (with `strict`, the first batch that has one is an error, and is
-    not written). Batches of 8-bit pixels are normalised on the device by `normalized`."""
+    not written). Batches of 8-bit pixels are normalised on the device by `normalized`.
+    A `streamed` store (paths on stdin) also gets each batch's index.csv lines, and the
+    batch's images go into the run's fingerprint (`streamed`), as they come."""
     import torch
 
     state = store.progress
@@ -381,8 +420,9 @@ def _extract_rows(
     autocast_dtype = amp_dtype or (torch.bfloat16 if device.type == "cpu" else torch.float16)
     memory_format = torch.channels_last if request.run.channels_last else torch.contiguous_format
     last_commit = time.perf_counter()
+    total = None if streamed else len(samples)  # a streamed list's is known at its end
     if progress:
-        progress(state.done, len(samples))
+        progress(state.done, total)
     try:
         for indices, images, failures in loader(state.done):
             for index, reason in failures:
@@ -408,12 +448,15 @@ def _extract_rows(
                 state.rows += len(images)
                 state.nonfinite += nonfinite
                 state.nonfinite_first = state.nonfinite_first or first
+            if streamed is not None:
+                _append_index(store, samples, indices)
+                streamed.add(samples, indices)
             state.done = max(indices) + 1
             if time.perf_counter() - last_commit >= COMMIT_INTERVAL_S:
                 store.commit()
                 last_commit = time.perf_counter()
             if progress:
-                progress(state.done, len(samples))
+                progress(state.done, total)
     except BaseException:
         # Ctrl-C, SIGTERM, --strict, a failing layer...: record the batches that are complete,
         # so that --resume goes on from there (the record never counts a batch that is not
@@ -509,30 +552,59 @@ def _validate(request: FeatureRequest) -> None:
 
 
 def _fingerprint(settings: dict, samples: Samples) -> str:
-    """What makes two runs' rows interchangeable: --resume continues only a matching run."""
-    # Left out at their defaults, as before the options existed: older runs still resume.
-    if settings.get("amp_dtype", "") is None:  # no --amp
-        settings = {key: value for key, value in settings.items() if key != "amp_dtype"}
-    if settings.get("ema") is False:  # no --ema
-        settings = {key: value for key, value in settings.items() if key != "ema"}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
-    ids = samples.ids or samples.paths or []
-    for name, label in zip(ids, samples.labels, strict=False):
-        digest.update(f"\n{name}\t{label}".encode("utf-8", NAME_ERRORS))
-    digest.update(f"\n{len(samples)}".encode())
-    return digest.hexdigest()
+    """The fingerprint of a run over the whole of `samples`."""
+    fingerprint = Fingerprint(settings)
+    fingerprint.add(samples, range(len(samples)))
+    return fingerprint.value(len(samples))
 
 
-def _loader(samples: Samples, preprocess: Preprocess, mode: str, request: FeatureRequest, device):
+class Fingerprint:
+    """What makes two runs' rows interchangeable (--resume continues only a matching run): the
+    settings, then each image (`add`, in index order: a streamed run adds them as they come),
+    then their count (`value`)."""
+
+    def __init__(self, settings: dict) -> None:
+        # Left out at their defaults, as before the options existed: older runs still resume.
+        if settings.get("amp_dtype", "") is None:  # no --amp
+            settings = {key: value for key, value in settings.items() if key != "amp_dtype"}
+        if settings.get("ema") is False:  # no --ema
+            settings = {key: value for key, value in settings.items() if key != "ema"}
+        self._digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8"))
+
+    def add(self, samples: Samples, indices: Iterable[int]) -> None:
+        ids = samples.ids or samples.paths
+        if not ids:
+            return
+        for index in indices:
+            name = ids[index]
+            self._digest.update(f"\n{name}\t{samples.labels[index]}".encode("utf-8", NAME_ERRORS))
+
+    def value(self, count: int) -> str:
+        digest = self._digest.copy()
+        digest.update(f"\n{count}".encode())
+        return digest.hexdigest()
+
+
+def _loader(
+    image_set: ImageSet,
+    preprocess: Preprocess,
+    mode: str,
+    request: FeatureRequest,
+    device,
+    streamed: tuple[ImageSet, list[str]] | None = None,
+    check: Callable[[list[str]], None] | None = None,
+):
     """A function start -> iterator of (indices, image batch or None, [(index, why)]): 8-bit
     crops, normalised on the device by the caller; JPEG bytes decoded there with --decode
-    device."""
+    device. `streamed` (its first paths read already): the paths on stdin, taken as they come,
+    each lot `check`ed before it is read; its start is 0."""
     import torch
     from torch.utils.data import default_collate
 
     from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
     from torchkit.core.data.device_decode import collate_encoded_with_failures, decoded_with_indices
 
+    samples = image_set.samples
     dataset = inference_dataset(samples, preprocess, mode=mode, decode=request.run.decode)
     workers = inference_workers(samples, request.run.workers)
     on_device = request.run.decode == "device"
@@ -547,6 +619,14 @@ def _loader(samples: Samples, preprocess: Preprocess, mode: str, request: Featur
         images = default_collate([item[0] for item in good]) if good else None
         return indices, images, failures
 
+    def decoded(loader):
+        if not on_device:
+            yield from loader
+            return
+        for indices, collated in loader:
+            images, _, failures = decoded_with_indices(collated, device)
+            yield indices, images, failures
+
     def batches(start: int):
         loader = torch.utils.data.DataLoader(
             dataset,
@@ -558,14 +638,37 @@ def _loader(samples: Samples, preprocess: Preprocess, mode: str, request: Featur
             prefetch_factor=4 if workers else None,
             **worker_options(workers),
         )
-        if not on_device:
-            yield from loader
-            return
-        for indices, collated in loader:
-            images, _, failures = decoded_with_indices(collated, device)
-            yield indices, images, failures
+        yield from decoded(loader)
 
-    return batches
+    def streamed_batches(start: int):
+        # As predict streams: each pass of the loader takes the paths piped so far (at most
+        # enough to keep its workers busy); its workers stay from one pass to the next.
+        batch_size = request.run.batch_size
+        passes = LoaderPass()
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_sampler=passes,
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=device.type == "cuda",
+            persistent_workers=workers > 0,
+            **worker_options(workers),
+        )
+        paths, most = streamed[1], batch_size * max(2, 32 * workers)  # type: ignore[index]
+        try:
+            while paths:
+                keys = samples.keys(paths)  # type: ignore[attr-defined]
+                passes.batches = [
+                    keys[at : at + batch_size] for at in range(0, len(keys), batch_size)
+                ]
+                yield from decoded(loader)
+                paths = image_set.stream.take(most)  # type: ignore[union-attr]
+                if check is not None:
+                    check(paths)
+        finally:
+            del loader
+
+    return batches if streamed is None else streamed_batches
 
 
 def _skip(samples: Samples, index: int, reason: str, strict: bool, errors: dict) -> None:
@@ -630,9 +733,16 @@ INDEX_COLUMNS = ["row", "path", "label", "error"]
 def _index_rows(samples: Samples, errors: dict[int, str]) -> tuple[list[str], list[list]]:
     """index.csv: one line per image in index order, its row in the arrays (empty if skipped),
     its path (relative to the data root), its class name; and its split for split data."""
-    rows, row = [], 0
-    ids = samples.ids or samples.paths or [str(i) for i in range(len(samples))]
-    for index, name in enumerate(ids):
+    columns = INDEX_COLUMNS + (["split"] if samples.splits else [])
+    return columns, _index_lines(samples, range(len(samples)), errors, 0)
+
+
+def _index_lines(samples: Samples, indices: Iterable[int], errors: dict, row: int) -> list[list]:
+    """The index.csv lines of `indices` (in order), whose first readable image is row `row`."""
+    lines = []
+    ids = samples.ids or samples.paths
+    for index in indices:
+        name = ids[index] if ids else str(index)
         label = samples.classes[samples.labels[index]]
         if index in errors:
             line = ["", name, label, errors[index]]
@@ -641,8 +751,20 @@ def _index_rows(samples: Samples, errors: dict[int, str]) -> tuple[list[str], li
             row += 1
         if samples.splits:
             line.append(samples.splits[index])
-        rows.append(line)
-    return INDEX_COLUMNS + (["split"] if samples.splits else []), rows
+        lines.append(line)
+    return lines
+
+
+def _append_index(store: FeatureStore, samples: Samples, indices: list[int]) -> None:
+    """A streamed batch's index.csv lines (its rows are the last ones written); its errors are
+    then forgotten, so that memory does not grow with the unreadable images either."""
+    errors = store.progress.errors
+    failed = sum(1 for index in indices if index in errors)
+    first_row = store.progress.rows - (len(indices) - failed)
+    store.append_index(INDEX_COLUMNS, _index_lines(samples, indices, errors, first_row))
+    store.skipped += failed
+    for index in indices:
+        errors.pop(index, None)
 
 
 def _result_from_meta(out: Path, meta: dict) -> ExtractionResult:

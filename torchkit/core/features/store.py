@@ -6,6 +6,12 @@ got once those rows are flushed. A crash or Ctrl-C leaves a state `--resume` con
 `finish()` moves the arrays into OUT (npy) or streams them into `.pt` / `.safetensors` files, then
 writes `index.csv` and `meta.json`: an OUT with `meta.json` and no `.partial/` is complete.
 
+A store `streamed` from stdin (`-`, a list whose length is known only at its end) appends each
+layer's rows to a `.npy` whose header says 0 rows, and the lines of `index.csv` to
+`.partial/index.csv`, as batches come; `finish()` writes the final row count into the header
+(NumPy pads it for any count), so the files are those of a listed run. It has no progress record
+(stdin cannot be read again: nothing to resume) and keeps OUT only once it is complete.
+
 OUT itself is a `core.outputs.OutputFolder`: checked against the inputs and locked before any
 work, made (and an old OUT replaced with --force set aside) only when the first rows are about
 to be written, and kept once rows are on disk; a run stopped before that leaves the old OUT.
@@ -94,9 +100,18 @@ class FeatureStore:
     """Memory-mapped arrays in OUT/.partial, the progress record, and the final layout."""
 
     def __init__(
-        self, output: OutputFolder, fingerprint: str, total: int, progress: Progress
+        self,
+        output: OutputFolder,
+        fingerprint: str,
+        total: int,
+        progress: Progress,
+        *,
+        streamed: bool = False,
     ) -> None:
         self.output = output
+        self.streamed = streamed
+        self.skipped = 0  # streamed: the images whose error line is written (errors are not kept)
+        self._appended: dict[str, Any] = {}  # streamed: open files, by layer (and the index)
         self.out = output.final
         self.partial = self.out / PARTIAL_DIR
         self.fingerprint = fingerprint
@@ -155,6 +170,11 @@ class FeatureStore:
                 self.output.wrote(self.partial)  # the arrays in it are memory-mapped files
             self.partial.mkdir(parents=True, exist_ok=True)
 
+    @classmethod
+    def open_streamed(cls, output: OutputFolder) -> FeatureStore:
+        """A store for paths read from stdin as they come: rows appended, nothing resumed."""
+        return cls(output, "", 0, Progress(), streamed=True)
+
     @property
     def allocated(self) -> bool:
         return bool(self.progress.layers)
@@ -172,6 +192,9 @@ class FeatureStore:
                 info = {**info, "file": stem}
                 self.progress.layers[name] = info
                 path = self._partial_array(stem)
+                if self.streamed:
+                    self._appended[name] = _npy_for_appending(path, info)
+                    continue
                 array = open_memmap(
                     path, mode="w+", dtype=info["dtype"], shape=(self.total, *info["shape"])
                 )
@@ -196,8 +219,31 @@ class FeatureStore:
         return self._arrays[name]
 
     def write(self, row: int, arrays: dict[str, Any]) -> None:
+        if self.streamed:  # rows in order: appended as raw C-order bytes after the header
+            import numpy as np
+
+            with reporting_write_errors(self.out):
+                for name, values in arrays.items():
+                    dtype = self.progress.layers[name]["dtype"]
+                    handle = self._appended[name]
+                    handle.write(np.ascontiguousarray(values, dtype=dtype).data)
+                    handle.flush()  # on disk as it comes: a reader sees whole batches
+            return
         for name, values in arrays.items():
             self._array(name)[row : row + len(values)] = values
+
+    def append_index(self, columns: list[str], lines: list[list]) -> None:
+        """Streamed: the index.csv lines of a batch, after its header (written first)."""
+        self._begin()
+        with reporting_write_errors(self.out):
+            handle = self._appended.get(INDEX_FILE)
+            if handle is None:
+                path = self.partial / INDEX_FILE
+                handle = open(path, "w", encoding="utf-8", newline="")  # noqa: SIM115
+                self._appended[INDEX_FILE] = handle
+                lines = [columns, *lines]
+            handle.write(csv_text(lines))
+            handle.flush()
 
     def commit(self) -> None:
         """Flush the arrays, then record the progress (in that order, so that what the record
@@ -205,6 +251,11 @@ class FeatureStore:
         --force is discarded, and a run stopped from now on can be resumed."""
         if not self._begun:
             return  # nothing written yet: nothing to record, and the old OUT is untouched
+        if self.streamed:  # no record to resume from; OUT is kept once it is complete
+            with reporting_write_errors(self.out):
+                for handle in self._appended.values():
+                    handle.flush()
+            return
         with reporting_write_errors(self.out):
             for array in self._arrays.values():
                 array.flush()
@@ -234,19 +285,25 @@ class FeatureStore:
             files[name] = target
             if not source.exists() and target.exists():
                 continue  # moved by a run that stopped while finishing
-            _shrink_npy(source, rows)
+            _set_rows(source, rows)
             if file_format == "npy":
                 os.replace(source, target)
             elif file_format == "pt":
                 _write_pt(source, target)
             else:
                 _write_safetensors(source, target, name)
-        atomic_write_text(self.out / INDEX_FILE, csv_text([index_columns, *index_rows]))
+        if self.streamed:
+            os.replace(self.partial / INDEX_FILE, self.out / INDEX_FILE)
+        else:
+            atomic_write_text(self.out / INDEX_FILE, csv_text([index_columns, *index_rows]))
         atomic_write_text(self.out / META_FILE, json.dumps(meta, indent=2) + "\n")
         remove_tree(self.partial)
         return files
 
     def _close_arrays(self) -> None:
+        for handle in self._appended.values():
+            handle.close()
+        self._appended.clear()
         for array in self._arrays.values():
             array.flush()
             mm = getattr(array, "_mmap", None)
@@ -349,8 +406,21 @@ def _file_stem(name: str, used: set[str]) -> str:
     return candidate
 
 
-def _shrink_npy(path: Path, rows: int) -> None:
-    """Cut a .npy to its first `rows` rows in place (unreadable images left rows unused).
+def _npy_for_appending(path: Path, info: dict):
+    """A new .npy of 0 rows of `info`'s shape and dtype, open for appending rows (`_set_rows`
+    writes their count into the header at the end)."""
+    import numpy as np
+    from numpy.lib import format as npy
+
+    handle = open(path, "wb")  # noqa: SIM115 (closed by the store)
+    header = {"descr": npy.dtype_to_descr(np.dtype(info["dtype"])), "fortran_order": False}
+    npy.write_array_header_1_0(handle, {**header, "shape": (0, *info["shape"])})
+    return handle
+
+
+def _set_rows(path: Path, rows: int) -> None:
+    """Give a .npy `rows` rows in place: cut a memory-mapped array to the rows used (unreadable
+    images left some unused), or count the rows appended after a 0-row header (streamed).
 
     NumPy pads .npy headers so the first dimension can change without moving the data, so this
     rewrites the header and truncates; a header that does not fit is handled by copying."""
@@ -373,7 +443,7 @@ def _shrink_npy(path: Path, rows: int) -> None:
             header,
             {"descr": npy.dtype_to_descr(dtype), "fortran_order": fortran, "shape": new_shape},
         )
-        if len(header.getvalue()) == data_start:
+        if len(header.getvalue()) == data_start:  # always for a 0-row header: padded for any count
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
             handle.seek(0)
             handle.write(header.getvalue())

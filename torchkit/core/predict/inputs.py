@@ -13,7 +13,7 @@ typed, and image files (given or on stdin) are as typed, so every row names one 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +129,20 @@ class StreamedSamples(Samples):
         self.pending.update((int(key), key.path) for key in keys)
         self.read += len(paths)
         return keys
+
+
+class LoaderPass:
+    """The batches of one pass of a streamed run's loader (its batch sampler): each pass takes
+    the paths piped so far, and the loader's persistent workers stay from one to the next."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
 
 
 class _PathOfKey:

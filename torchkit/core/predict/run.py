@@ -16,7 +16,12 @@ from typing import Any
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.io.files import STDIN
-from torchkit.core.predict.inputs import collect_images, streamed_images, streams_stdin
+from torchkit.core.predict.inputs import (
+    LoaderPass,
+    collect_images,
+    streamed_images,
+    streams_stdin,
+)
 
 log = logging.getLogger("torchkit")
 
@@ -328,7 +333,7 @@ class PredictRun:
         # A pass ends with its workers idle while the last batch is read: with 32 batches a
         # worker in a pass (when the list is piped faster than it is read), a few per cent.
         most = batch_size * max(2, 32 * workers)
-        passes = _Pass()
+        passes = LoaderPass()
         loader = _loader(dataset, passes, workers, self.device, collate, persistent=True)
         paths = self._first_paths
         try:
@@ -488,19 +493,6 @@ def _interleaved_batches(size: int, batch_size: int, rank: int, world: int) -> l
 def _steps(size: int, batch_size: int, world: int) -> int:
     batches = -(-size // batch_size)
     return -(-batches // world)
-
-
-class _Pass:
-    """The batches of one pass of a streamed run's loader (its batch sampler)."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
 
 def _loader(dataset, batches, workers: int, device, collate, *, persistent: bool = False):

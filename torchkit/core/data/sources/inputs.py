@@ -4,11 +4,11 @@ land inside: the data folder, or a CSV index and the folders of the images it na
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from torchkit.core.io.errors import TorchkitError
-from torchkit.core.io.outputs import InputPath, folders_of_files
+from torchkit.core.io.outputs import InputPath, check_overlap, folders_of_files
 
 
 def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[InputPath]:
@@ -51,6 +51,20 @@ def listed_inputs(paths: Iterable[str]) -> list[InputPath]:
     """The inputs behind IMAGES `-`: the folders of the files listed on stdin (as of the images
     a CSV index names)."""
     return folders_of_files(paths, "images listed on stdin")
+
+
+def listed_check(output: str | os.PathLike, what: str) -> Callable[[list[str]], None]:
+    """The check of the images listed on stdin as they are read (`-` streamed, where they
+    cannot all be checked before the work): `output` is none of them and lies beside none
+    (each folder checked once)."""
+    seen: set[Path] = set()
+
+    def check(paths: list[str]) -> None:
+        folders = [item for item in listed_inputs(paths) if item.path not in seen]
+        check_overlap(output, what, folders)
+        seen.update(item.path for item in folders)
+
+    return check
 
 
 def _csv_paths(index: Path) -> list[str]:

@@ -1,0 +1,153 @@
+"""`extract-features MODEL - OUT` reads the paths on stdin as they come: rows are written while
+the list is still piped, and the files are those a listed run (a CSV index) writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from image_folders import write_image_folder
+from output_checks import error_line
+
+from torchkit.cli import app
+
+BASE = ["extract-features", "--device", "cpu", "--allow-untrained", "--image-size", "16", "-j", "0"]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> list[str]:
+    """Seven images (absolute paths), a missing one and a file that is no image among them."""
+    root = write_image_folder(tmp_path_factory.mktemp("data") / "imgs", {"a": 4, "b": 3}, size=20)
+    (root / "b" / "broken.png").write_bytes(b"not a png")
+    files = sorted(str(p) for p in root.rglob("*.png"))
+    return [*files[:3], str(root / "gone.png"), *files[3:]]
+
+
+def listed(tmp_path: Path, paths: list[str]) -> Path:
+    index = tmp_path / "list.csv"
+    index.write_text("path\n" + "".join(f"{p}\n" for p in paths), encoding="utf-8")
+    return index
+
+
+@pytest.mark.parametrize("array_format", ["npy", "safetensors"])
+def test_the_streamed_files_are_those_of_a_listed_run(runner, photos, tmp_path, array_format):
+    """Before: `-` read the whole list before writing anything; now batch by batch, into the
+    same bytes (the arrays, index.csv) and the same meta (but for what IMAGES was)."""
+    options = ["-b", "2", "-l", "penultimate", "-l", "logits", "--array-format", array_format]
+    streamed = runner.invoke(
+        app, [*BASE, *options, "convnet", "-", str(tmp_path / "s")], input="\n".join(photos)
+    )
+    assert streamed.exit_code == 0, streamed.stderr
+    by_list = runner.invoke(
+        app, [*BASE, *options, "convnet", str(listed(tmp_path, photos)), str(tmp_path / "l")]
+    )
+    assert by_list.exit_code == 0, by_list.stderr
+    for name in ("penultimate", "logits"):
+        file = f"{name}.{array_format}"
+        assert (tmp_path / "s" / file).read_bytes() == (tmp_path / "l" / file).read_bytes()
+    assert (tmp_path / "s" / "index.csv").read_bytes() == (
+        tmp_path / "l" / "index.csv"
+    ).read_bytes()
+    index = (tmp_path / "s" / "index.csv").read_text().splitlines()
+    assert len(index) == 1 + len(photos) and index[4].startswith(",") and "gone.png" in index[4]
+    meta = [json.loads((tmp_path / out / "meta.json").read_text()) for out in ("s", "l")]
+    assert meta[0]["num_images"] == 9 and meta[0]["num_rows"] == 7 and meta[0]["num_skipped"] == 2
+    differ = {"images", "root", "fingerprint"}  # IMAGES: `-` against the CSV
+    assert {k: v for k, v in meta[0].items() if k not in differ} == {
+        k: v for k, v in meta[1].items() if k not in differ
+    }
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(
+        p.name for p in (tmp_path / "l").iterdir()
+    )
+
+
+def test_rows_are_written_before_the_list_ends(photos, tmp_path):
+    """The first batches' rows and index lines are on disk while stdin still has paths to
+    give (checked from the generator that gives them); memory holds only the paths in work."""
+    from torchkit.core.features import FeatureRequest, extract_features
+    from torchkit.core.inference.options import InferenceOptions
+
+    out = tmp_path / "out"
+    seen: list[tuple[int, int]] = []
+
+    def piped():
+        for number, path in enumerate(photos * 3):
+            if number == 12:  # 2 batches of 2 read by the first pass, 4 more by the second
+                array = out / ".partial" / "penultimate.npy"
+                lines = (out / ".partial" / "index.csv").read_text().splitlines()
+                seen.append((array.stat().st_size, len(lines)))
+            yield path + "\n"
+
+    request = FeatureRequest(
+        model="convnet",
+        images="-",
+        out=str(out),
+        run=InferenceOptions(device="cpu", batch_size=2, workers=0),
+        image_size=16,
+        allow_untrained=True,
+    )
+    result = extract_features(request, stdin=piped())
+    assert result.num_images == 27 and result.num_rows == 21
+    [(size, lines)] = seen
+    assert size >= 128 + 4 * 128 * 4 and lines >= 1 + 4  # the header, 4 rows of 128 float32
+    assert np.load(out / "penultimate.npy").shape == (21, 128)
+
+
+def test_a_stream_of_unreadable_images_writes_nothing(runner, tmp_path):
+    missing = "\n".join(str(tmp_path / "data" / f"gone{i}.png") for i in range(5))
+    refused = runner.invoke(
+        app, [*BASE, "-b", "2", "convnet", "-", str(tmp_path / "o")], input=missing
+    )
+    assert refused.exit_code == 1
+    assert "none of the 5 images in - could be read" in error_line(refused.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def test_empty_stdin_is_one_error_line(runner, tmp_path):
+    refused = runner.invoke(app, [*BASE, "convnet", "-", str(tmp_path / "o")], input="\n\n")
+    assert refused.exit_code == 1
+    assert "no image paths on stdin" in error_line(refused.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def test_resume_of_a_stream_is_refused(runner, photos, tmp_path):
+    """stdin cannot be read again: --resume with `-` is refused before anything is read."""
+    refused = runner.invoke(
+        app, [*BASE, "convnet", "-", str(tmp_path / "o"), "--resume"], input="\n".join(photos)
+    )
+    assert refused.exit_code == 2
+    assert "--resume cannot continue a list piped on stdin" in error_line(refused.stderr)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_image_inside_out_later_in_the_stream_keeps_the_old_out(runner, photos, tmp_path):
+    """A path read after the first rows that lies in OUT (replaced with --force) stops the run,
+    and the old OUT, with that image, is put back as it was."""
+    marked = tmp_path / "marked"
+    first = runner.invoke(app, [*BASE, "convnet", "-", str(marked)], input=photos[0])
+    assert first.exit_code == 0, first.stderr
+    (marked / "photos").mkdir()
+    inside = marked / "photos" / "a.png"
+    inside.write_bytes(Path(photos[0]).read_bytes())
+    before = sorted(p.name for p in marked.rglob("*"))
+    stream = "\n".join([*photos[:2], *photos[4:], str(inside)])
+    refused = runner.invoke(
+        app, [*BASE, "-b", "1", "convnet", "-", str(marked), "--force"], input=stream
+    )
+    assert refused.exit_code == 1
+    assert "contains the images listed on stdin" in error_line(refused.stderr)
+    assert inside.is_file() and sorted(p.name for p in marked.rglob("*")) == before
+
+
+def test_strict_stop_mid_stream_leaves_no_out(runner, photos, tmp_path):
+    """A streamed run cannot be resumed: one stopped after its first rows leaves no OUT."""
+    stream = "\n".join([*photos[:3], photos[3]])  # the fourth is gone
+    out = tmp_path / "o"
+    refused = runner.invoke(
+        app, [*BASE, "-b", "1", "--strict", "convnet", "-", str(out)], input=stream
+    )
+    assert refused.exit_code == 1
+    assert "cannot read image" in error_line(refused.stderr)
+    assert not out.exists()
