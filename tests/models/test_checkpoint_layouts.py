@@ -187,3 +187,25 @@ def test_a_weights_file_is_read_by_what_it_holds_not_its_name(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 16)
     with pytest.raises(CheckpointError, match="cannot read safetensors file"):
         load_checkpoint(tmp_path / "junk.safetensors")
+
+
+def test_a_legacy_text_pickle_is_named_and_loads_only_with_trust(tmp_path):
+    """torch.save(..., pickle_protocol=0 or 1, _use_new_zipfile_serialization=False): before ->
+    'not a PyTorch checkpoint (neither torch.save's zip archive nor a pickle)'. It is named as
+    the legacy format the safe loader cannot read, and --trust-checkpoint is suggested (and
+    loads protocol 1; torch itself cannot read protocol 0's tensors: said so)."""
+    truth = small_convnet(3)
+    for protocol in (0, 1):
+        path = tmp_path / f"p{protocol}.pt"
+        torch.save(truth.state_dict(), path, pickle_protocol=protocol,
+                   _use_new_zipfile_serialization=False)  # fmt: skip
+        with pytest.raises(CheckpointError, match="legacy format with pickle protocol 0 or 1") as e:
+            load_checkpoint(path)
+        assert "weights_only" in str(e.value) and "--trust-checkpoint" in e.value.hint
+    loaded = load_checkpoint(tmp_path / "p1.pt", trust_checkpoint=True)
+    assert torch.equal(loaded["classifier.4.weight"], truth.state_dict()["classifier.4.weight"])
+    with pytest.raises(CheckpointError, match="which this PyTorch cannot read"):
+        load_checkpoint(tmp_path / "p0.pt", trust_checkpoint=True)
+    result = run_torchkit_in_process("summary", "convnet", "--weights", tmp_path / "p0.pt")
+    assert result.returncode == 1
+    assert "torch.save's legacy format" in error_line(result.stderr)

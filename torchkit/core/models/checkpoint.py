@@ -72,7 +72,7 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
         blocked = None if trust_checkpoint else _blocked_global(error)
         if blocked is None:
             # weights_only also fails on garbage ("Unsupported operand"): that is not a model.
-            raise _unreadable(source, error) from error
+            raise _unreadable(source, error, trusted=trust_checkpoint) from error
         raise CheckpointError(
             f"{source} holds a pickled {blocked}, not only tensors and plain values",
             "pass --trust-checkpoint to load it anyway, only if you trust where it came from",
@@ -84,7 +84,7 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
             "or save a state_dict instead",
         ) from error
     except Exception as error:  # truncated or junk files raise anything (KeyError, EOFError...)
-        raise _unreadable(source, error) from error
+        raise _unreadable(source, error, trusted=trust_checkpoint) from error
 
 
 def _refuse_code_archives(source: Path, kind: str | None) -> None:
@@ -135,7 +135,20 @@ def _blocked_global(error: BaseException) -> str | None:
     return "object" if re.search(r"\bGLOBAL\b|Unsupported class", str(error)) else None
 
 
-def _unreadable(source: Path, error: BaseException) -> CheckpointError:
+def _unreadable(source: Path, error: BaseException, *, trusted: bool) -> CheckpointError:
+    if _holds_text_pickle(source):
+        if not trusted:
+            return CheckpointError(
+                f"cannot read checkpoint {source}: it is in torch.save's legacy format with "
+                "pickle protocol 0 or 1, which the safe loader (weights_only) cannot read",
+                "pass --trust-checkpoint to load it, only if you trust where it came from",
+            )
+        return CheckpointError(
+            f"cannot read checkpoint {source}: it is in torch.save's legacy format with pickle "
+            f"protocol 0 or 1, which this PyTorch cannot read ({type(error).__name__}: "
+            f"{first_line(error)})",
+            "save it again with a plain torch.save (no pickle_protocol) where it loads",
+        )
     if not _looks_saved_by_torch(source):  # a text file, an image: torch's error says nothing
         return CheckpointError(
             f"cannot read checkpoint {source}: not a PyTorch checkpoint (neither torch.save's "
@@ -164,6 +177,22 @@ def _looks_saved_by_torch(source: Path) -> bool:
     except OSError:
         return True
     return head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"
+
+
+# torch.save's legacy (non-zip) format pickles its magic number first: with protocol 0 or 1 that
+# is the text opcode LONG, `L119547037146038801333356L` (0x1950a86a20f9469cfc6c).
+_LEGACY_TEXT_MAGIC = b"L119547037146038801333356L"
+
+
+def _holds_text_pickle(source: Path) -> bool:
+    """Whether `source` is torch.save's legacy format written with pickle protocol 0 or 1
+    (`pickle_protocol=0, _use_new_zipfile_serialization=False`): weights_only reads only
+    protocol 2 and later."""
+    try:
+        with open(source, "rb") as handle:
+            return handle.read(len(_LEGACY_TEXT_MAGIC)) == _LEGACY_TEXT_MAGIC
+    except OSError:
+        return False
 
 
 def _holds_safetensors(source: Path) -> bool:
