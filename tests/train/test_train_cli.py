@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import urllib.error
 from pathlib import Path
 
@@ -607,7 +608,21 @@ def test_resume_runs_on_the_saved_device_unless_another_is_given(
     assert asked == [("cpu", 1800.0), ("auto", 1800.0)]
 
 
-def test_compile_wraps_the_model(runner, split_root, tmp_path, monkeypatch):
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_compile_wraps_the_model_without_torchs_no_cuda_runtime_warning(
+    runner, split_root, tmp_path, monkeypatch
+):
+    """A CPU run with --compile printed torch's "No CUDA runtime is found, using CUDA_HOME=..."
+    (logged by torch.utils.cpp_extension when the compiler first imports it, on a machine with
+    a CUDA toolkit and no GPU): that one message is dropped, the logger's others are not."""
     compiled = []
 
     def fake_compile(model, *args, **kwargs):
@@ -628,6 +643,15 @@ def test_compile_wraps_the_model(runner, split_root, tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.stderr
     assert len(compiled) == 1
+    records = _Records()
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    logger.addHandler(records)
+    try:
+        logger.warning("No CUDA runtime is found, using CUDA_HOME='%s'", "/usr/local")
+        logger.warning("another warning")
+    finally:
+        logger.removeHandler(records)
+    assert records.messages == ["another warning"]
 
 
 # -- bad input: one `Error:` line, non-zero exit, nothing lost -----------------------------------

@@ -517,15 +517,15 @@ def _step_context(
 ) -> StepContext:
     """What every training step needs: the model wrapped for DDP (and compiled with
     --compile), the loss, and the step's options."""
-    import torch
-
     from torchkit.core.data import decode_ahead
     from torchkit.core.train.class_weights import training_loss
     from torchkit.core.train.optim import set_frozen_norms_eval
 
     wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model
     if config.compile:
-        wrapped = torch.compile(wrapped)
+        from torchkit.core.runtime.compiled import compile_module
+
+        wrapped = compile_module(wrapped)
     return StepContext(
         model=wrapped,
         module=model,
