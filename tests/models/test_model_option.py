@@ -102,8 +102,18 @@ def test_a_run_folder_as_model_names_its_checkpoint_in_every_command(tmp_path):
         assert line.endswith(
             "is not a file: run (a training run folder: give its checkpoint, run/best.pt)"
         ), (command, line)
-    plain = run_each_in_process([["summary", "data"]], cwd=tmp_path)[0]  # no run: a name typo
-    assert plain.returncode == 2 and "unknown model 'data'" in error_line(plain.stderr)
+    # A folder holding no checkpoint: before -> "unknown model 'data' (did you mean ...)".
+    (tmp_path / "resumed").mkdir()
+    (tmp_path / "resumed" / "last.pt").write_bytes(b"a checkpoint")
+    folders = [["summary", "data"], ["eval", "data", "--data", "data"], ["predict", "data", "data"]]
+    for command, result in zip(folders, run_each_in_process(folders, cwd=tmp_path), strict=True):
+        assert result.returncode == 1, (command, result.stderr)
+        assert error_line(result.stderr).endswith(
+            "is not a file: data (a folder with no best.pt or last.pt in it: "
+            "give a checkpoint file)"
+        ), command
+    resumed = run_each_in_process([["summary", "resumed"]], cwd=tmp_path)[0]
+    assert error_line(resumed.stderr).endswith("give its checkpoint, resumed/last.pt)")
 
 
 def test_a_run_folder_as_weights_names_its_checkpoint_as_a_run_folder_model_does(
@@ -118,7 +128,7 @@ def test_a_run_folder_as_weights_names_its_checkpoint_as_a_run_folder_model_does
     for args in (["summary", "convnet"], ["predict", "resnet18", "data"]):
         for folder, hint in (
             ("run", "a training run folder: give its checkpoint, run/best.pt"),
-            ("notes", "give a file, not a folder"),
+            ("notes", "a folder with no best.pt or last.pt in it: give a checkpoint file"),
         ):
             result = runner.invoke(app, [*args, "--weights", folder])
             assert result.exit_code == 1, (args, result.stderr)

@@ -49,10 +49,10 @@ def _file_hint(source: Path) -> str | None:
     """What to give instead of a folder where a file is wanted: a training run's checkpoint."""
     if not source.is_dir():
         return None  # a FIFO or device: its name says enough
-    best = source / "best.pt"
-    if best.is_file():
-        return f"a training run folder: give its checkpoint, {best}"
-    return "give a file, not a folder"
+    for name in ("best.pt", "last.pt"):  # what a training run's folder holds
+        if (source / name).is_file():
+            return f"a training run folder: give its checkpoint, {source / name}"
+    return "a folder with no best.pt or last.pt in it: give a checkpoint file"
 
 
 def absolute_as_opened(paths: Iterable[str | os.PathLike]) -> list[str]:

@@ -174,7 +174,7 @@ def require_torchvision_name(name: str) -> None:
 
     available = torchvision.models.list_models(module=torchvision.models)
     if name not in available:
-        if os.path.isfile(os.path.join(name, "best.pt")):  # `eval RUN`: the run folder meant
+        if os.path.isdir(name):  # a folder is no model name: its checkpoint, or none, named
             require_input(name, what="checkpoint", kind="file")
         hint = suggest(name, [*BUILTIN_MODELS, *available])
         if _timm_has(name):
