@@ -230,7 +230,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29 (a slow hour)
     "test_train_ddp_faults",  # 35
     "test_torchvision_without_dynamo",  # 27: fresh processes
-    "test_safety_train",  # 23
     "test_train_ddp",  # 23: torchrun on one node and on two, the same weights
     "test_train_cli",  # 19
     "test_model_resolver",  # 18
@@ -240,9 +239,11 @@ LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29 (a 
     "test_plot_helper",  # 16: real helper processes
     "test_epoch_starts",  # 16
     "test_train_resume",  # 15
+    "test_safety_train",  # 2026-11-30: 10 s of CPU in one process (full disks in this process)
     "test_convert_shards",  # 14
     "test_shards_read",  # 13
     "test_eval_guards",  # 13
+    "test_predict",  # 2026-11-30: 8.7 s of CPU in one process (DDP ranks, stdin streaming)
     "test_timm_models",  # 13
     "test_safety_eval",  # 13
     "test_benchmark",  # 13
@@ -253,6 +254,8 @@ LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29 (a 
     "test_curves_painter",  # 11
     "test_deferred_signals",  # 10
     "test_broken_pipe",  # 9
+    "test_user_notices",  # 2026-11-30: 6.9 s of CPU in one process (stdout onto /dev/full)
+    "test_process_exit",  # 2026-11-30: 6.1 s of CPU in one process (real exits)
 )
 
 
