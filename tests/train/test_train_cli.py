@@ -701,6 +701,32 @@ def test_unusable_class_layouts(runner, tmp_path, layout, message):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("layout", "val_split", "message"),
+    [
+        # was "class 'a', 'b' has no training images"
+        ({"a": 3, "b": 3, "c": 2}, "0.9", "class 'b', 'c' have no training images (hold out a "
+         "smaller --val-split, or add images)"),
+        # was "use a larger --val-split or add images", which then emptied training instead
+        ({"a": 1, "b": 1}, "0.5", "the validation set is empty (a class of one image cannot be "
+         "both trained and validated on: add images, or give validation images of their own "
+         "(ROOT/train/ and ROOT/val/ folders"),
+        ({"a": 1, "b": 1}, "0.9", "class 'a', 'b' have no training images (a class of one "
+         "image cannot be both"),
+        ({"a": 2, "b": 2}, "0.1", "(use a larger --val-split or add images)"),
+    ],
+)  # fmt: skip
+def test_a_held_out_split_that_leaves_nothing_says_what_works(
+    runner, tmp_path, layout, val_split, message
+):
+    root = write_image_folder(tmp_path / "data", layout)
+    args = ["--data", str(root), "--val-split", val_split, *FAST, "--out", str(tmp_path / "run")]
+    result = train(runner, *args)
+    assert result.exit_code == 1
+    assert message in error_line(result)
+    assert not (tmp_path / "run").exists()
+
+
 def test_corrupt_image_is_skipped_with_a_warning_or_fatal_with_strict(runner, split_root, tmp_path):
     (split_root / "train" / "ant" / "broken.png").write_bytes(b"\x89PNG not really")
     result = train(

@@ -92,16 +92,50 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
         )
     counts = train.class_counts()
     empty = [name for name, count in zip(train.classes, counts, strict=True) if count == 0]
+    held_out = "val" not in source.splits  # the val split is --val-split of train's images
     if empty:
+        shown = ", ".join(repr(name) for name in empty[:5])
+        more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+        val = splits.get("val")
+        in_val = dict(zip(val.classes, val.class_counts(), strict=True)) if val else {}
         raise InputError(
-            f"class {', '.join(repr(e) for e in empty[:5])} has no training images",
-            "add images to the folder or remove it",
+            f"class {shown}{more} {'has' if len(empty) == 1 else 'have'} no training images",
+            _empty_class_hint(held_out, [in_val.get(name, 0) for name in empty]),
         )
     if len(splits.get("val", [])) == 0 and not config.find_lr:  # the range test never validates
-        raise InputError("the validation set is empty", "use a larger --val-split or add images")
+        raise InputError("the validation set is empty", _empty_val_hint(held_out, counts))
     if log.isEnabledFor(logging.WARNING):  # not on the ranks that print nothing
         warn_cross_split_copies(config.data, splits)
     return TrainData(source, splits, split_record(source, splits), notes)
+
+
+# The advice for classes of one image, of which --val-split can hold out none without taking
+# its only training image (a larger --val-split empties training, a smaller one validation).
+ONE_IMAGE_A_CLASS = (
+    "a class of one image cannot be both trained and validated on: add images, or give "
+    "validation images of their own (ROOT/train/ and ROOT/val/ folders, or a CSV index with a "
+    "split column)"
+)
+
+
+def _empty_class_hint(held_out: bool, held_out_counts: list[int]) -> str:
+    """What gives classes without training images some: `held_out_counts`, the images
+    --val-split held out of each (all it had)."""
+    if not held_out:
+        return "add images to the folder or remove it"
+    if min(held_out_counts, default=0) >= 2:
+        return "hold out a smaller --val-split, or add images"
+    return ONE_IMAGE_A_CLASS
+
+
+def _empty_val_hint(held_out: bool, train_counts: list[int]) -> str:
+    """What gives a run a validation set: a larger --val-split only where a class has an image
+    to spare."""
+    if not held_out:
+        return "add images to the val split"
+    if max(train_counts, default=0) >= 2:
+        return "use a larger --val-split or add images"
+    return ONE_IMAGE_A_CLASS
 
 
 def _labelled_splits(
