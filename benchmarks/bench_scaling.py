@@ -14,6 +14,10 @@ so that its progress bar is drawn; the figure is the time until:
   images, the whole run (every image is read: that part is linear by nature);
 - split --mode manifest: the whole run.
 
+`--layouts stdin` pipes the files' absolute paths (ROOT/n<N>/paths.txt) to `extract-features
+convnet - OUT` (the other commands take no stdin) and runs it to the end: the figure is still its
+first batch, the peak that of the whole run (rows and index.csv written as the paths come).
+
 A command still running after --timeout seconds is stopped and reported as such. Peak memory
 is the largest resident set of the process tree (`wait4`'s ru_maxrss: the main process or one
 of its workers, not their sum). The growth factor is how much the figure grows per 10x images:
@@ -23,6 +27,8 @@ about 10 is linear, well over 10 super-linear, under 10 a fixed cost still domin
     uv run python benchmarks/bench_scaling.py --sizes 1000000 --timeout 600
     cd OLD_CHECKOUT && python /path/to/bench_scaling.py --tree .  # an older torchkit
     uv run python benchmarks/bench_scaling.py --sizes 100000 --profile /tmp/prof  # cProfile
+    uv run python benchmarks/bench_scaling.py --commands extract-features --layouts stdin \
+        --sizes 5000,50000    # `find ... | torchkit extract-features convnet - OUT`, whole run
 
 Benchmarks are not tests: they print figures (and, with --json FILE, save them).
 """
@@ -44,7 +50,9 @@ from pathlib import Path
 
 CLASSES = 100
 DISTINCT = 300  # distinct PNGs, hard-linked over and over (ext4 allows 65,000 links a file)
-LAYOUTS = ("folder", "csv")
+LAYOUTS = ("folder", "csv")  # and "stdin", asked for: extract-features only
+STDIN_COMMANDS = ("extract-features",)
+LAYOUT_NAMES = {"folder": "image folder", "csv": "CSV index", "stdin": "paths piped for -"}
 COMMANDS = ("train", "eval", "extract-features", "dataset-stats", "split")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 COUNT = re.compile(r"(\d+)/(\d+|\?)")  # a progress bar's done/total
@@ -84,6 +92,20 @@ def build_data(root: Path, images: int) -> Path:
     return folder
 
 
+def path_list(folder: Path) -> Path:
+    """FOLDER/paths.txt: the absolute paths of index.csv's files, one a line (made once)."""
+    listed = folder / "paths.txt"
+    if not listed.exists():
+        lines = (folder / "index.csv").read_text(encoding="utf-8").splitlines()[1:]
+        partial = folder / "paths.txt.partial"
+        partial.write_text(
+            "".join(f"{folder.resolve() / line.split(',')[0]}\n" for line in lines),
+            encoding="utf-8",
+        )
+        partial.replace(listed)
+    return listed
+
+
 @dataclass
 class Run:
     seconds: float | None  # the figure (None: the mark never came)
@@ -103,7 +125,12 @@ class Run:
 
 
 def run_watched(
-    command: list[str], cwd: Path, marks: dict, stop_after: str | None, timeout: float
+    command: list[str],
+    cwd: Path,
+    marks: dict,
+    stop_after: str | None,
+    timeout: float,
+    stdin: Path | None = None,
 ) -> Run:
     """Run `command` with stderr on a pseudo-terminal; `marks` maps a name to a predicate on a
     progress line (`(done, total)` of its bar, or the text); the time of each mark's first
@@ -112,11 +139,13 @@ def run_watched(
     leader, follower = os.openpty()
     env = {**os.environ, "COLUMNS": "250", "TERM": "xterm"}
     started = time.perf_counter()
+    piped = open(stdin, "rb") if stdin else subprocess.DEVNULL  # noqa: SIM115
     process = subprocess.Popen(
-        command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower,
-        env=env,
+        command, cwd=cwd, stdin=piped, stdout=subprocess.DEVNULL, stderr=follower, env=env,
     )  # fmt: skip
     os.close(follower)
+    if stdin:
+        piped.close()  # the child has its own
     found: dict[str, float] = {}
     text = last_line = ""
     status = None
@@ -170,7 +199,7 @@ def first_counted(line: str, count) -> bool:
 
 def plans(data: Path, layout: str, images: int, work: Path, full_stats: bool) -> dict:
     """command -> (torchkit arguments, marks, the mark that is the figure, stop after)."""
-    spec = str(data / "images") if layout == "folder" else str(data / "index.csv")
+    spec = {"folder": str(data / "images"), "csv": str(data / "index.csv"), "stdin": "-"}[layout]
     out = work / f"out-{layout}-{images}"
     model = ["--image-size", "8"]
     untrained = ["--model", "convnet", "--allow-untrained", *model]
@@ -207,7 +236,7 @@ def plans(data: Path, layout: str, images: int, work: Path, full_stats: bool) ->
             ["extract-features", *untrained, spec, str(out / "features"), "--force"],
             {"first batch": first_counted},
             "first batch",
-            "first batch",
+            None if layout == "stdin" else "first batch",  # stdin: the whole run's memory
         ),  # fmt: skip
         "dataset-stats": (
             ["dataset-stats", spec],
@@ -234,11 +263,13 @@ def measure(
     if args.profile:
         profile = args.profile / f"{command}-{layout}-{images}.prof"
         torchkit = [sys.executable, __file__, "--run-profiled", str(profile), "--"]
-    run = run_watched([*torchkit, *arguments], args.tree, marks, stop_after, args.timeout)
+    stdin = path_list(data) if layout == "stdin" else None
+    watched = [*torchkit, *arguments], args.tree, marks, stop_after, args.timeout, stdin
+    run = run_watched(*watched)
     if run.exit_code == 2 and "--allow-untrained" in run.last_line:
         # An older torchkit ran untrained models without being asked.
         arguments.remove("--allow-untrained")
-        run = run_watched([*torchkit, *arguments], args.tree, marks, stop_after, args.timeout)
+        run = run_watched(*watched)
     run.figure = figure
     run.seconds = run.marks.get(figure)
     return run
@@ -280,7 +311,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000", help="numbers of images, e.g. 10000")
     parser.add_argument("--commands", default=",".join(COMMANDS))
-    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="folder, csv")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="folder, csv, stdin")
     parser.add_argument("--root", type=Path, default=Path("/tmp/scaling"))
     parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1],
                         help="the checkout whose torchkit runs (default: this one)")  # fmt: skip
@@ -303,7 +334,9 @@ def main() -> None:
     results: dict[str, dict[str, dict[int, dict]]] = {}
     for command in commands:
         for layout in layouts:
-            print(f"\n{command} ({'image folder' if layout == 'folder' else 'CSV index'})")
+            if layout == "stdin" and command not in STDIN_COMMANDS:
+                continue
+            print(f"\n{command} ({LAYOUT_NAMES[layout]})")
             print(f"{'images':>10}  {'figure':<12} {'seconds':>8}  {'growth':>7}  "
                   f"{'peak MB':>8}  {'growth':>7}  exit")  # fmt: skip
             previous = None
