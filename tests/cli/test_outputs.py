@@ -454,6 +454,31 @@ def test_a_sigkilled_runs_set_aside_is_put_back_by_the_next_run(tmp_path, writer
     assert sorted(os.listdir(tmp_path)) == ["run", "writer.py"]
 
 
+def test_a_sigkilled_runs_folder_keeps_a_file_put_in_after_the_kill(
+    tmp_path, writer_script, caplog
+):
+    """SIGKILL after the run set the old output aside and wrote into its new folder, then a file
+    of the user's copied in: the next run removes only what the killed run wrote (its journal),
+    keeps the folder with the user's file, the old output set aside, and says where."""
+    run = _old_run(tmp_path / "run")
+    before = tree_digest(run)
+    process = _start(writer_script, str(run), "--force")
+    wait_until(lambda: (run / "new.txt").exists(), process=process, what="the new output")
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
+    (run / "mine.txt").write_text("the user's\n")
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.endswith(".replaced")]
+    with pytest.raises(OutputExistsError, match="not written by torchkit"):
+        OutputFolder(run, command="demo", force=True)  # the next run on that folder
+    assert os.listdir(run) == ["mine.txt"] and tree_digest(aside) == before
+    assert (
+        f"output folder {run} was kept: it holds files a killed torchkit run did not write "
+        f"(mine.txt); an earlier output of it, which that run had set aside, is at {aside}: "
+        "move it back"
+    ) in caplog.text
+    assert sorted(os.listdir(tmp_path)) == [aside.name, "run", "writer.py"]
+
+
 def test_a_killed_writers_temporary_goes_at_the_next_write_of_that_file_and_nothing_else(tmp_path):
     import fcntl
 

@@ -355,6 +355,25 @@ def test_a_killed_force_copy_is_redone_and_your_own_files_in_out_stay(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
 
 
+def test_a_killed_force_copy_leaves_a_file_put_in_its_split_folder_to_the_next_run(tmp_path):
+    """SIGKILL mid-copy of a --force split over an earlier one, then a file of the user's put
+    into a split folder the killed run made: the next run removes only what the killed run
+    copied (its journal lists the files), puts the earlier split back, keeps that folder with
+    the user's file in it and says so."""
+    data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
+    out = tmp_path / "out"
+    assert split(data, out, "--names", "a,b,c").returncode == 0
+    before = tree_digest(out)
+    kill_mid_copy(tmp_path, data, out, "--force")
+    (out / "train" / "mine.txt").write_text("mine")
+    result = split(data, out)  # the next run on OUT: refused (no --force), after the recovery
+    assert result.returncode == 1 and "already exists" in error_line(result.stderr)
+    assert "removed the unfinished split" in result.stderr
+    assert "it holds files the killed split did not write (train)" in result.stderr
+    mine = tree_digest(out / "train")
+    assert tree_digest(out) == before | {"train": "dir", "train/mine.txt": mine["mine.txt"]}
+
+
 def test_a_killed_force_split_is_put_back_by_the_next_run(tmp_path):
     data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
     out = tmp_path / "out"

@@ -8,7 +8,8 @@ torchkit never loses a user's file is enforced in one place.
   on the same folder is refused at once with the holder's PID.
 - An old output replaced with `--force` is set aside (`.NAME.<hex>.replaced`) and put back if
   the new run fails, is interrupted or terminated before it has written something worth keeping;
-  one left behind by a killed run is put back (or reported) by the next run on that folder.
+  one left behind by a killed run is put back (or reported) by the next run on that folder,
+  which removes only the names the killed run wrote (`.torchkit-written`, appended before each).
 
 Everything is checked before any work; nothing here prints (warnings go to the `torchkit` log).
 """
@@ -16,6 +17,7 @@ Everything is checked before any work; nothing here prints (warnings go to the `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -28,6 +30,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
+from typing import IO
 
 from torchkit import __version__
 from torchkit.core.io.durability import fsync_directory, sync_file_system
@@ -43,6 +46,7 @@ log = logging.getLogger("torchkit")
 
 MARKER = ".torchkit"
 LOCK_SUFFIX = ".torchkit-lock"
+WRITTEN_JOURNAL = ".torchkit-written"  # the names a run that set an old output aside writes
 PARTIAL_SUFFIX = ".partial"
 REPLACED_SUFFIX = ".replaced"
 DISCARDED_SUFFIX = ".discarded"
@@ -646,6 +650,9 @@ class _Claim:
     # The absolute paths written into it (a folder written in place): a failed run removes
     # these and no other name, so that files put there meanwhile by someone else stay.
     written: set[str] | None = None
+    # Where each name is appended before it is written (`WRITTEN_JOURNAL`), when a kill would
+    # leave the next run to clean up (an old output set aside): an open binary file, or None.
+    journal: IO[bytes] | None = None
 
     def change(self) -> str | None:
         """How the folder at `path` differs from the one claimed (None: it is that one)."""
@@ -706,11 +713,13 @@ def claim_folder(
     shown: Path | None = None,
     synced_when_kept: bool = False,
     records_written: bool = False,
+    journal: IO[bytes] | None = None,
 ) -> None:
     """Record `folder` as it is now as an output folder being written (see `check_claimed`):
     `OutputFolder.begin` does, and a command that makes its folder itself under an
     `OutputFolder`'s lock; the claim ends with that lock. `records_written`: the paths written
-    into it through `atomic_write`/`atomic_path` are recorded (`written_into`)."""
+    into it through `atomic_write`/`atomic_path` are recorded (`written_into`), and appended to
+    `journal` too."""
     info = os.stat(folder)
     _CLAIMED[os.path.abspath(folder)] = _Claim(
         folder,
@@ -721,6 +730,7 @@ def claim_folder(
         hint,
         synced_when_kept,
         set() if records_written else None,
+        journal,
     )
 
 
@@ -762,8 +772,13 @@ def check_claimed(target: str | os.PathLike, *, writing: bool = False) -> None:
             change = claim.change()
             if change is not None:
                 raise claim.error(change)
-            if writing and inside and claim.written is not None:
+            if writing and inside and claim.written is not None and text not in claim.written:
                 claim.written.add(text)
+                if claim.journal is not None:  # on record before the name exists: a kill
+                    name = os.path.relpath(text, prefix)  # after it leaves it to remove
+                    with reporting_write_errors(claim.shown):
+                        claim.journal.write(json.dumps(name).encode() + b"\n")
+                        claim.journal.flush()
 
 
 def remove_written(folder: Path, written: Iterable[str | os.PathLike]) -> list[str]:
@@ -791,10 +806,11 @@ def remove_written(folder: Path, written: Iterable[str | os.PathLike]) -> list[s
         return []
 
 
-def kept_note(what: str, folder: Path, names: list[str]) -> str:
-    """Why a failed run left its output folder: files it did not write are in it."""
+def kept_note(what: str, folder: Path, names: list[str], run: str = "this run") -> str:
+    """Why a failed (or killed: `run`) run left its output folder: files it did not write are
+    in it."""
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return f"{what} {_shown(folder)} was kept: it holds files this run did not write ({shown})"
+    return f"{what} {_shown(folder)} was kept: it holds files {run} did not write ({shown})"
 
 
 def tell_note(note: str, error: BaseException | None) -> None:
@@ -863,15 +879,25 @@ def recover_leftovers(folder: Path) -> list[str]:
     for aside in _leftovers(folder, REPLACED_SUFFIX):
         current = folder.exists() or folder.is_symlink()
         # Only a folder that a torchkit run created and never marked as worth keeping (the
-        # set-aside would be gone) is removed to make room.
+        # set-aside would be gone) makes room: the names that run wrote are removed, and the
+        # folder once that leaves it empty; files someone else put there stay, and so does it.
         if (
             current
             and folder.is_dir()
             and not folder.is_symlink()
             and (_is_empty_dir(folder) or (folder / MARKER).is_file())
         ):
-            remove_tree(folder)
-            current = False
+            others = remove_written(folder, _killed_runs_names(folder))
+            if others:
+                notes.append(
+                    kept_note("output folder", folder, others, "a killed torchkit run")
+                    + f"; an earlier output of it, which that run had set aside, is at {aside}:"
+                    " move it back"
+                )
+                continue
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+            current = os.path.lexists(folder)
         if current:
             notes.append(
                 f"an earlier output of {folder}, set aside by a torchkit run that was killed, is "
@@ -881,6 +907,34 @@ def recover_leftovers(folder: Path) -> list[str]:
         os.replace(aside, folder)
         notes.append(f"put back {folder}, which a killed torchkit run had set aside")
     return notes
+
+
+# A temporary of `atomic_write` (`.NAME.XXXXXXXX.tmp`) or `atomic_path` (`.STEM.XXXXXXXX.tmpSUFFIX`)
+_TEMPORARY_OF = re.compile(r"\.(.+)\.[a-z0-9_]{8}\.tmp(.*)", re.DOTALL)
+
+
+def _killed_runs_names(folder: Path) -> list[str]:
+    """What a killed run that had set an old output aside wrote into `folder`: the names in its
+    `WRITTEN_JOURNAL` (a torn last line is one it never began), the temporaries of those names
+    (no one writes them now: the folder is locked), its marker and the journal itself."""
+    journal = folder / WRITTEN_JOURNAL
+    names = []
+    with contextlib.suppress(OSError):
+        for line in journal.read_bytes().splitlines():
+            with contextlib.suppress(ValueError):
+                name = json.loads(line)
+                if isinstance(name, str) and not os.path.isabs(name):
+                    names.append(os.path.normpath(os.path.join(folder, name)))
+    by_parent: dict[str, set[str]] = {}
+    for path in names:
+        by_parent.setdefault(os.path.dirname(path), set()).add(os.path.basename(path))
+    for parent, own in by_parent.items():
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(parent):
+                match = _TEMPORARY_OF.fullmatch(entry)
+                if match and match[1] + match[2] in own:
+                    names.append(os.path.join(parent, entry))
+    return [*names, os.fspath(folder / MARKER), os.fspath(journal)]
 
 
 class OutputFolder:
@@ -928,6 +982,7 @@ class OutputFolder:
         self._began = False
         self._kept = False
         self._lock: FolderLock | None = None
+        self._journal: IO[bytes] | None = None  # WRITTEN_JOURNAL, while an old output is aside
         if not resume:  # continuing in place replaces nothing, wherever it is
             check_not_protected(self.final, what)
         check_overlap(self.final, what, inputs)
@@ -975,6 +1030,8 @@ class OutputFolder:
                     write_marker(self.path, self.command)
                 except OutputWriteError as error:  # name the output, not the hidden temporary
                     raise write_error(self.final, error.__cause__ or error) from error
+            if self._aside is not None:  # a kill leaves the next run to remove what it wrote
+                self._journal = open(self.final / WRITTEN_JOURNAL, "ab")  # noqa: SIM115
             self._claim_folder()
         return self.path
 
@@ -989,6 +1046,7 @@ class OutputFolder:
             shown=self.final,
             synced_when_kept=self.atomic and self.path != self.final,
             records_written=self.path == self.final,
+            journal=self._journal,
         )
         self._claim = _CLAIMED[os.path.abspath(self.path)]
 
@@ -1060,7 +1118,19 @@ class OutputFolder:
             if self._aside is not None:
                 discard_tree(self._aside)
                 self._aside = None
+            self._close_journal(remove=True)  # nothing is left for a next run to clean up
         self._kept = True
+
+    def _close_journal(self, *, remove: bool) -> None:
+        if self._journal is not None:
+            journal, self._journal = self._journal, None
+            if self._claim is not None:  # no more appends; the names written stay recorded
+                self._claim = dataclasses.replace(self._claim, journal=None)
+                _CLAIMED[os.path.abspath(self._claim.path)] = self._claim
+            journal.close()
+            if remove:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.final / WRITTEN_JOURNAL)
 
     def _make_durable(self) -> None:
         """What was written into the (non-atomic) folder so far on disk: files written without
@@ -1159,7 +1229,10 @@ class OutputFolder:
     def _remove_written(self, error: BaseException | None) -> None:
         """Remove the names this run wrote into the folder (it made the folder, or found it
         empty), then the folder if this run made it and nothing else is in it."""
-        written = written_into(self.final) | {os.path.abspath(self.final / MARKER)}
+        self._close_journal(remove=False)  # removed below with the rest
+        written = written_into(self.final) | {
+            os.path.abspath(self.final / name) for name in (MARKER, WRITTEN_JOURNAL)
+        }
         others = remove_written(self.final, written)
         if others:
             note = kept_note(self.what, self.final, others)
@@ -1186,6 +1259,9 @@ class OutputFolder:
         os.replace(aside, self.final)
 
     def release(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
         self._unclaim()
         _CLAIMED.pop(os.path.abspath(self.final), None)  # one made under this lock
         if self._lock is not None:

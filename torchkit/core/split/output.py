@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from torchkit.core.data.sources.inputs import data_inputs
@@ -123,7 +123,8 @@ def put_back_replaced(out: Path) -> list[str]:
 
 def recover_split_leftovers(out: Path) -> None:
     """What a killed split left in OUT, with OUT's lock held: a copy's half-written split is
-    removed (only what that run wrote: its split folders, split.csv, the marker it added), an
+    removed (only what that run wrote: the files its journal lists, then the split folders
+    this leaves empty, split.csv, the marker it added; files someone else put there stay), an
     earlier split still set aside is put back (a move that had started, with its journal
     written, had discarded it already), one being deleted is deleted."""
     if (out / DISCARDED).exists():
@@ -135,15 +136,24 @@ def recover_split_leftovers(out: Path) -> None:
             for n in journal.get("names") or []
             if isinstance(n, str) and is_folder_name(n) and not n.startswith(RESERVED_PREFIX)
         ]
-        for name in [*written, MANIFEST]:
-            remove_tree(out / name, ignore_errors=False)
+        dests = journal.get("dests")
+        if isinstance(dests, list):
+            files = [d for d in dests if isinstance(d, str)]
+            left = remove_split_files(out, [*files, MANIFEST], written, journal.get("made") is True)
+        else:  # the journal of a torchkit that did not list the files: the split folders
+            for name in [*written, MANIFEST]:
+                remove_tree(out / name, ignore_errors=False)
+            left = []
         if journal.get("marked"):
             remove_marker(out)
         remove_journal(out)
-        log.warning(
+        note = (
             f"removed the unfinished split in {out} ({', '.join(written)}) that a killed "
             "torchkit split had left"
         )
+        if left:
+            note += "; " + kept_note(WHAT, out, left, "the killed split")
+        log.warning(note)
     if (out / REPLACED).is_dir():
         journal = read_journal(out)
         if journal is not None and journal.get("mode") == "move":
@@ -164,6 +174,21 @@ def recover_split_leftovers(out: Path) -> None:
         )
 
 
+def remove_split_files(
+    out: Path, files: Sequence[str], folders: Collection[str], made: bool
+) -> list[str]:
+    """Remove the OUT-relative `files` an unfinished split wrote, then the folders this leaves
+    empty; returns the names left in OUT that hold files someone else put there: the split
+    folders (`folders`) still in it, or, in an OUT the split made (`made`), anything but its
+    marker and journal."""
+    remove_written(out, [os.path.join(out, name) for name in files])
+    try:
+        names = sorted(os.listdir(out))
+    except OSError:
+        return []
+    return [n for n in names if n in folders or (made and n not in (MARKER, JOURNAL))]
+
+
 class SplitOutput:
     """OUT while one split writes it: made and marked, the earlier split set aside, and on
     failure everything this run wrote removed and the earlier split put back."""
@@ -175,7 +200,6 @@ class SplitOutput:
         self.marked = False
         self.written: list[str] = []  # every file this run may write into OUT
         self.folders: set[str] = set()  # its split folders
-        self.had: set[str] = set()
 
     def begin(self, names: list[str], mode: str, dests: Sequence[str]) -> None:
         # Everything this run may write into OUT (a manifest split has no journal, and an
@@ -183,7 +207,6 @@ class SplitOutput:
         # nothing else (the split folders, once that leaves them empty).
         self.written = [*dests, MANIFEST] + ([JOURNAL] if mode != "manifest" else [])
         self.folders = set(names)
-        self.had = set(self._names_now()) - set(self.doomed)  # what OUT held of its own
         with reporting_write_errors(self.out):
             self.out.mkdir(parents=True, exist_ok=True)
             if not (self.out / MARKER).exists():
@@ -205,15 +228,9 @@ class SplitOutput:
         into OUT meanwhile stay, and `error` (the failure ending the split) says so."""
         if claimed_change(self.out) is not None:
             return  # removed or replaced meanwhile: what is there now is not this run's
-        remove_written(self.out, [os.path.join(self.out, name) for name in self.written])
         # Left: a split folder of this run's with someone else's files in it, or (in an OUT
         # this run made) anything at all but the marker.
-        left = [
-            name
-            for name in self._names_now()
-            if (not self.existed and name != MARKER)
-            or (name in self.folders and name not in self.had)
-        ]
+        left = remove_split_files(self.out, self.written, self.folders, not self.existed)
         put_back_replaced(self.out)
         if self.marked:
             remove_marker(self.out)
@@ -225,12 +242,6 @@ class SplitOutput:
             if (self.out / REPLACED).is_dir():
                 note += f"; the earlier split is still set aside in {self.out / REPLACED}"
             tell_note(note, error)
-
-    def _names_now(self) -> list[str]:
-        try:
-            return sorted(os.listdir(self.out))
-        except OSError:
-            return []
 
 
 def check_report_file(

@@ -289,6 +289,9 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
             write_journal(
                 out,
                 {"state": "copying", "mode": mode, "names": names, "marked": writing.marked}
+                # What a rerun removes after a kill: these files and no other (`made`: OUT is
+                # the split's own, so that anything else in it is someone else's).
+                | {"made": not writing.existed, "dests": plan.dests}
                 | {"torchkit_version": __version__},
             )
     except BaseException as error:
