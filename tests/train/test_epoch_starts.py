@@ -3,9 +3,11 @@ the same batches and random draws as an epoch that starts its own iterator."""
 
 from __future__ import annotations
 
+import multiprocessing
+
 import torch
 from image_folders import write_image_folder
-from processes import processes_in_group, start_torchkit_process
+from processes import run_torchkit_in_process
 
 from torchkit.core.train import epoch_starts
 from torchkit.core.train.epoch_starts import EpochStarts, StartedBatches
@@ -277,16 +279,15 @@ def test_a_resumed_run_starts_its_next_epoch_early_and_trains_as_one_without_wor
 
 def test_a_bad_model_after_the_workers_started_is_one_error_and_leaves_nothing(tmp_path):
     # The warm start forks epoch 1's workers before the model is built: an unknown model is
-    # still one error line, and the workers go with the run.
+    # still one error line, and the workers go with the run (gone when the command returns).
     write_image_folder(tmp_path / "data" / "train", {"a": 5, "b": 6}, size=12, seed=3)
     write_image_folder(tmp_path / "data" / "val", {"a": 2, "b": 2}, size=12, seed=4)
-    process = start_torchkit_process(
+    done = run_torchkit_in_process(
         "train", "--data", "data", "--model", "no_such_model", "--workers", "2",
         "--device", "cpu", "--out", "run", cwd=tmp_path,
     )  # fmt: skip
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode != 0
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: unknown model 'no_such_model'"), stderr
-    assert processes_in_group(process.pid) == []
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: unknown model 'no_such_model'"), done
+    assert multiprocessing.active_children() == []
     assert not (tmp_path / "run").exists()
