@@ -203,6 +203,36 @@ def test_under_ddp_a_strict_nan_model_fails_on_every_rank_reported_by_rank_0(wor
     assert len(errors) == 1 and said in error_lines(ranks[0].stderr)[0], stderr_of(ranks)[-3000:]
 
 
+# Outputs that are not (N, C) logits: eval and predict ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("net", "returns"),
+    [
+        ("MapNet", "a tensor of shape (4, {classes}, 1, 1)"),
+        ("PairNet", "a tuple of 2"),
+        ("DictNet", "a dict (keys: out)"),
+        ("ScoreNet", "a tensor of shape (4,)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["eval", "predict"])
+def test_an_output_that_is_not_logits_is_one_error_line_naming_it(world, command, net, returns):
+    args = [*eval_args(world, "good"), "--image-size", "8", "--allow-untrained"]
+    args[1] = f"nets:{net}"
+    if command == "predict":  # TinyNet's 3 classes (eval checks them against the data's 2)
+        args = ["predict", args[1], world["data"], *args[4:]]
+    else:
+        args += ["--num-classes", "2"]
+    done = run_torchkit_in_process(*args)
+    assert done.returncode == 1
+    returns = returns.format(classes=2 if command == "eval" else 3)
+    assert error_lines(done.stderr) == [
+        f"Error: the model returns {returns} for a batch of 4 images, not the (4, classes) "
+        "logits of a classifier (eval and predict score classifiers: give a model whose forward "
+        "returns its logits alone, or wrap it in a module that picks them)"
+    ], done.stderr
+
+
 # Non-finite outputs: extract-features ---------------------------------------------------------
 
 

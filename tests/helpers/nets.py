@@ -239,3 +239,26 @@ class SeenNet(nn.Module):
             with open(os.path.join(folder, f"rank-{os.environ['RANK']}.txt"), "a") as out:
                 out.writelines(f"{value:.4f}\n" for value in x[:, 0, 0, 0].tolist())
         return self.fc(x.mean(dim=(2, 3)))
+
+
+# Models whose outputs are not a classifier's (N, C) logits (eval/test_eval_guards.py): TinyNet's
+# logits as a segmentation-like map, a tuple, a dict, or one number per image.
+class MapNet(TinyNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)[:, :, None, None]
+
+
+class PairNet(TinyNet):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = super().forward(x)
+        return logits, logits
+
+
+class DictNet(TinyNet):
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": super().forward(x)}
+
+
+class ScoreNet(TinyNet):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)[:, 0]

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torchkit.core.io.errors import InputError
 from torchkit.core.models.image_size import first_batch_error
 
 TTA_MODES = ("none", "flip")
@@ -57,15 +58,42 @@ def score_batch(
 def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
     """The model's outputs in float32. A model that fails on the very first batch does not take
     this input size: one line (`first_batch_error`), naming the smallest size it takes when the
-    images are too small for it."""
+    images are too small for it. The first batch's outputs are checked to be logits."""
     import torch
 
     try:
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=amp):
-            return model(images).float()
+            outputs = model(images)
     except torch.OutOfMemoryError:
         raise
     except RuntimeError as error:
         if not first:
             raise
         raise first_batch_error(model, "the model", images, error) from error
+    if first:
+        check_logits(outputs, len(images))
+    return outputs.float()
+
+
+def check_logits(outputs: Any, count: int) -> None:
+    """Scoring ranks (N, C) logits, one row of class scores per image: any other output (a
+    segmentation map, a tuple, a dict, one number per image) is refused in one line naming it,
+    before its shape reaches the ranking."""
+    import torch
+
+    if isinstance(outputs, torch.Tensor):
+        if outputs.ndim == 2 and outputs.shape[0] == count:
+            return
+        what = f"a tensor of shape {tuple(outputs.shape)}"
+    elif isinstance(outputs, dict):
+        what = f"a dict (keys: {', '.join(map(str, outputs))})"
+    elif isinstance(outputs, (tuple, list)):
+        what = f"a {type(outputs).__name__} of {len(outputs)}"
+    else:
+        what = f"a {type(outputs).__name__}"
+    raise InputError(
+        f"the model returns {what} for a batch of {count} images, not the ({count}, classes) "
+        "logits of a classifier",
+        "eval and predict score classifiers: give a model whose forward returns its logits "
+        "alone, or wrap it in a module that picks them",
+    )
