@@ -120,6 +120,9 @@ def test_every_float_option_of_the_config_must_be_finite(name, bad):
         # that never reached --lr.
         ({"epochs": 3, "warmup_epochs": 1e308}, "--warmup-epochs 1e+308 is longer than the run"),
         ({"epochs": 3, "warmup_epochs": 3.5}, "--warmup-epochs 3.5 is longer than the run"),
+        # Before: "--warmup-epochs 5.0" for --warmup-epochs 5 (a float option, held as 5.0).
+        ({"epochs": 2, "warmup_epochs": 5.0}, "--warmup-epochs 5 is longer than the run"),
+        ({"lr_min": 2.0, "lr_max": 1.0, "find_lr": True}, "--lr-min 2 and --lr-max 1: need"),
         # Before: torch's ValueError about a Dirichlet, or a lam of 0.5 where ~0 or ~1 was due.
         ({"mixup_alpha": 1e-300}, "--mixup-alpha 1e-300 is too small"),
         ({"cutmix_alpha": 0.001}, "--cutmix-alpha 0.001 is too small"),
@@ -663,9 +666,9 @@ def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch
         (["--momentum", "0.5"], "--momentum 0.5 has no effect: only --optimizer sgd or rmsprop"),
         (["--amp-dtype", "bf16"], "--amp-dtype bf16 has no effect: only --amp uses it"),
         (["--weight-decay", "0", "--decay-all"], "--decay-all on has no effect"),
-        (["--lr-max", "3"], "--lr-max 3.0 has no effect: only --find-lr uses it"),
+        (["--lr-max", "3"], "--lr-max 3 has no effect: only --find-lr uses it"),
         (["--find-lr-iters", "5"], "--find-lr-iters 5 has no effect: only --find-lr"),
-        (["--augment", "none", "--crop-scale", "0.5,1"], "--crop-scale 0.5 1.0 has no effect"),
+        (["--augment", "none", "--crop-scale", "0.5,1"], "--crop-scale 0.5 1 has no effect"),
         (["--augment", "none", "--no-flip"], "--flip off has no effect: only a random crop"),
     ],
 )

@@ -101,9 +101,11 @@ def validate(config: TrainConfig) -> None:
 
         check_device_decode(config.augment, config.random_erasing)
     if not 0 <= config.random_erasing <= 1:
-        bad(f"--random-erasing is a probability in [0, 1], not {config.random_erasing}")
+        bad(f"--random-erasing is a probability in [0, 1], not {show_value(config.random_erasing)}")
     if not 0 <= config.decode_cpu_share <= 1:
-        bad(f"--decode-cpu-share is a fraction in [0, 1], not {config.decode_cpu_share}")
+        bad(
+            f"--decode-cpu-share is a fraction in [0, 1], not {show_value(config.decode_cpu_share)}"
+        )
     if config.decode_cpu_share > 0 and config.decode in ("fast", "exact"):
         bad(
             f"--decode-cpu-share shares the decoding with the device, and --decode "
@@ -121,22 +123,24 @@ def validate(config: TrainConfig) -> None:
     if config.accum_steps < 1:
         bad(f"--accum-steps must be at least 1, not {config.accum_steps}")
     if config.lr <= 0:
-        bad(f"--lr must be positive, not {config.lr}")
+        bad(f"--lr must be positive, not {show_value(config.lr)}")
     if config.backbone_lr is not None and config.head_lr_mult is not None:
         bad("--backbone-lr and --head-lr-mult both set the head/backbone ratio", "give one")
     if config.backbone_lr is not None and config.backbone_lr < 0:
-        bad(f"--backbone-lr must not be negative, not {config.backbone_lr}")
+        bad(f"--backbone-lr must not be negative, not {show_value(config.backbone_lr)}")
     if config.head_lr_mult is not None and config.head_lr_mult <= 0:
-        bad(f"--head-lr-mult must be positive, not {config.head_lr_mult}")
+        bad(f"--head-lr-mult must be positive, not {show_value(config.head_lr_mult)}")
     if config.freeze_backbone and (config.backbone_lr is not None):
         bad("--freeze-backbone trains no backbone, so --backbone-lr has nothing to do")
     if config.nesterov and (config.optimizer != "sgd" or config.momentum <= 0):
         bad("--nesterov needs --optimizer sgd with a positive --momentum")
     if not 0 <= config.label_smoothing < 1:
-        bad(f"--label-smoothing must be in [0, 1), not {config.label_smoothing}")
+        bad(f"--label-smoothing must be in [0, 1), not {show_value(config.label_smoothing)}")
     for name in ("mixup_alpha", "cutmix_alpha", "l1", "weight_decay", "min_lr", "warmup_epochs"):
         if getattr(config, name) < 0:
-            bad(f"{option_name(name)} must not be negative, not {getattr(config, name)}")
+            bad(
+                f"{option_name(name)} must not be negative, not {show_value(getattr(config, name))}"
+            )
     for name in ("mixup_alpha", "cutmix_alpha"):
         alpha = getattr(config, name)
         if 0 < alpha < MIN_MIX_ALPHA:
@@ -153,25 +157,25 @@ def validate(config: TrainConfig) -> None:
             )
     if config.epochs is not None and config.warmup_epochs > config.epochs and not config.find_lr:
         bad(
-            f"--warmup-epochs {config.warmup_epochs} is longer than the run (--epochs "
+            f"--warmup-epochs {show_value(config.warmup_epochs)} is longer than the run (--epochs "
             f"{config.epochs}): the learning rate would never reach --lr",
             "give at most --epochs",
         )
     if not 0 <= config.momentum < 1:
-        bad(f"--momentum must be in [0, 1), not {config.momentum}")
+        bad(f"--momentum must be in [0, 1), not {show_value(config.momentum)}")
     if config.gamma is not None and not 0 < config.gamma <= 1:
-        bad(f"--gamma is a decay factor: it must be in (0, 1], not {config.gamma}")
+        bad(f"--gamma is a decay factor: it must be in (0, 1], not {show_value(config.gamma)}")
     if config.min_lr > config.lr:
         bad(
-            f"--min-lr {config.min_lr} is larger than --lr {config.lr}",
+            f"--min-lr {show_value(config.min_lr)} is larger than --lr {show_value(config.lr)}",
             "the schedule anneals from --lr down to --min-lr",
         )
     if config.clip_grad is not None and config.clip_grad <= 0:
-        bad(f"--clip-grad must be positive, not {config.clip_grad}")
+        bad(f"--clip-grad must be positive, not {show_value(config.clip_grad)}")
     if not 0 < config.ema_decay < 1:
-        bad(f"--ema-decay must be between 0 and 1, not {config.ema_decay}")
+        bad(f"--ema-decay must be between 0 and 1, not {show_value(config.ema_decay)}")
     if config.val_split is not None and not 0 < config.val_split < 1:
-        bad(f"--val-split must be between 0 and 1, not {config.val_split}")
+        bad(f"--val-split must be between 0 and 1, not {show_value(config.val_split)}")
     if config.crop_scale is not None:
         low, high = config.crop_scale
         if not 0 < low <= high <= 1:
@@ -238,7 +242,10 @@ def validate(config: TrainConfig) -> None:
         )
     if config.find_lr:
         if not 0 < config.lr_min < config.lr_max:
-            bad(f"--lr-min {config.lr_min} and --lr-max {config.lr_max}: need 0 < MIN < MAX")
+            bad(
+                f"--lr-min {show_value(config.lr_min)} and --lr-max "
+                f"{show_value(config.lr_max)}: need 0 < MIN < MAX"
+            )
         if config.find_lr_iters < 2:
             bad(f"--find-lr-iters must be at least 2, not {config.find_lr_iters}")
         if config.resume is not None:
@@ -263,7 +270,10 @@ def validate(config: TrainConfig) -> None:
     if config.cuda_graphs:
         _check_graphable(config)
     if not config.dist_timeout > 0:
-        bad(f"--dist-timeout must be a positive number of seconds, not {config.dist_timeout}")
+        bad(
+            "--dist-timeout must be a positive number of seconds, not "
+            f"{show_value(config.dist_timeout)}"
+        )
     if config.dist_timeout > MAX_DIST_TIMEOUT_S:
         bad(
             f"--dist-timeout {config.dist_timeout:g} is longer than torch can wait "
@@ -389,10 +399,14 @@ def check_finite(config: TrainConfig) -> None:
 
 
 def show_value(value: Any) -> str:
+    """An option's value as the command line gives it: `5` for --warmup-epochs 5 (a float
+    option, held as 5.0), `on`/`off` for a flag."""
     if isinstance(value, (tuple, list)):
-        return " ".join(str(v) for v in value)
+        return " ".join(show_value(v) for v in value)
     if isinstance(value, bool):
         return "on" if value else "off"
     if value is None:
         return "unset"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
     return str(value)
