@@ -82,6 +82,44 @@ def test_torchvisions_own_densenet_files_load(tmp_path):
         assert torch.equal(model(batch), truth(batch))
 
 
+def test_torchvisions_own_googlenet_file_takes_images_as_torchvisions_model_does(
+    tmp_path, monkeypatch
+):
+    """torchvision builds googlenet and inception_v3 with `transform_input=True` for its own
+    weights: `googlenet --weights googlenet-1378be20.pth` (its file) fed ImageNet-normalised
+    images to a model that does not re-normalise them, so its outputs silently differed from
+    torchvision's. The file, known by its sha256 (here a hand-made one, under another name),
+    now gets the normalisation those weights expect; another googlenet file does not."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from torchkit.core.models import builders
+
+    torch.manual_seed(0)
+    truth = torchvision.models.googlenet(transform_input=True, init_weights=False).eval()
+    with torch.no_grad():  # BatchNorm statistics that are not the defaults
+        for module in truth.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-1, 1)
+    torch.save(truth.state_dict(), tmp_path / "renamed.pth")
+    digest = hashlib.sha256((tmp_path / "renamed.pth").read_bytes()).hexdigest()
+    url = f"https://download.pytorch.org/models/googlenet-{digest[:8]}.pth"
+    monkeypatch.setattr(builders, "torchvision_weights_enum", lambda _: [SimpleNamespace(url=url)])
+    finetuned = {key: value.clone() for key, value in truth.state_dict().items()}
+    finetuned["fc.bias"] += 1
+    torch.save(finetuned, tmp_path / "finetuned.pth")  # not torchvision's file
+    truth.aux_logits, truth.aux1, truth.aux2 = False, None, None  # as torchvision drops them
+    pixels = torch.rand(1, 3, 64, 64)
+    imagenet = torchvision.transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    resolved = resolve_model("googlenet", weights=str(tmp_path / "renamed.pth"))
+    assert resolved.weights_source == "torchvision weights"
+    ours = torchvision.transforms.Normalize(resolved.preprocess.mean, resolved.preprocess.std)
+    with torch.no_grad():
+        expected = truth(imagenet(pixels))
+        torch.testing.assert_close(resolved.model.eval()(ours(pixels)), expected)
+    assert not builders.is_torchvision_transform_input_file("googlenet", tmp_path / "finetuned.pth")
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_half_precision_pickled_model_predicts(tmp_path, make_image_folder, dtype):
     """`torch.save(model.half())` then `predict FILE --trust-checkpoint`: before -> 'Error: the

@@ -6,7 +6,9 @@ pretrained ones, or a file's; and the model a torchkit checkpoint names, rebuilt
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -240,6 +242,30 @@ def torchvision_pretrained(name: str, weights: str):
         ) from error
     except ValueError as error:
         raise UsageError(f"unknown weights {weights!r} for {name}: {error}") from error
+
+
+# torchvision builds googlenet and inception_v3 with `transform_input=True` for its own weights
+# (and only for them): they take images normalised to mean 0.5, std 0.5, which the model makes
+# of ImageNet-normalised ones. The weights file alone does not say so.
+TRANSFORM_INPUT_MODELS = ("googlenet", "inception_v3")
+TRANSFORM_INPUT_MEAN_STD = (0.5, 0.5, 0.5)
+
+
+def is_torchvision_transform_input_file(name: str, path: str) -> bool:
+    """Whether `path` is torchvision's own weights file of googlenet or inception_v3, under any
+    name: its sha256 starts with the hex digits of the name torch.hub downloads it under
+    (`googlenet-1378be20.pth`), as torch.hub checks it."""
+    if name not in TRANSFORM_INPUT_MODELS:
+        return False
+    enum = torchvision_weights_enum(name)
+    prefixes = [m.group(1) for w in enum or () if (m := re.search(r"-([0-9a-f]{8,})\.", w.url))]
+    if not prefixes:
+        return False
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest().startswith(tuple(prefixes))
 
 
 def torchvision_weights_enum(name: str):

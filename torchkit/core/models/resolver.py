@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
@@ -20,9 +20,11 @@ from torchkit.core.io.files import require_input
 from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     IMAGE_SIZE_KWARGS,
+    TRANSFORM_INPUT_MEAN_STD,
     is_callable_spec,
     is_checkpoint_path,
     is_timm_spec,
+    is_torchvision_transform_input_file,
     model_from_checkpoint,
     require_torchvision_name,
     torchvision_pretrained,
@@ -51,7 +53,7 @@ from torchkit.core.models.timm_models import (
 )
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import (
-    is_state_dict,
+    holds_weights_only,
     load_weights_file,
     pickled_module,
     read_model_file,
@@ -388,7 +390,7 @@ def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel
             image_model=False,
             weights_source="pickled model",
         )
-    if is_state_dict(loaded):
+    if holds_weights_only(loaded):
         raise weights_only_error(path)
     raise CheckpointError(
         f"{path} is neither a torchkit checkpoint nor a pickled model",
@@ -582,6 +584,8 @@ def _load_file_weights(
     if ema:
         _load_ema(resolved.model, loaded, path)
     resolved.weights_source = "torchkit checkpoint" if torchkit_file else "state dict"
+    if not torchkit_file and resolved.source == "torchvision":
+        _as_torchvision_builds(resolved, path)
     if torchkit_file:
         resolved.checkpoint = loaded
         resolved.classes = _checkpoint_classes(loaded, path)
@@ -590,6 +594,17 @@ def _load_file_weights(
             resolved.preprocess_source = "checkpoint"
             side = resolved.preprocess.image_size
             resolved.sample_shape = (resolved.preprocess.in_channels, side, side)
+
+
+def _as_torchvision_builds(resolved: ResolvedModel, path: str) -> None:
+    """torchvision's own googlenet or inception_v3 file, fed as torchvision's model with these
+    weights is (`transform_input`): images normalised to mean 0.5, std 0.5, which is what its
+    re-normalisation of ImageNet-normalised images gives. A model that re-normalises is not
+    built instead, since a torchkit checkpoint (train from the file) could not rebuild it."""
+    if is_torchvision_transform_input_file(resolved.arch, path):
+        mean_std = TRANSFORM_INPUT_MEAN_STD
+        resolved.preprocess = replace(resolved.preprocess, mean=mean_std, std=mean_std)
+        resolved.weights_source = "torchvision weights"
 
 
 def _same_architecture(recorded: str, named: str) -> bool:
