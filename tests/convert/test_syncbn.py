@@ -394,10 +394,24 @@ def test_pickled_sync_model_without_record_needs_an_input_size(runner, tmp_path)
     assert json.loads(worked.stdout)["layers"][0]["to_type"] == "BatchNorm2d"
 
 
+NOTHING_TO_CONVERT = (
+    "holds a plain state dict: BatchNorm and SyncBatchNorm have the same keys, so there is "
+    "nothing to convert (load it into either model as it is; convert a torchkit checkpoint or "
+    "a pickled model instead)"
+)
+
+
+def lightning_style(model: nn.Module) -> dict:
+    """What a Lightning module wrapping `model` as self.model saves."""
+    weights = {f"model.{key}": value for key, value in model.state_dict().items()}
+    return {"state_dict": weights, "epoch": 3, "global_step": 30}
+
+
 @pytest.mark.parametrize(
     ("make", "code", "message"),
     [
-        (lambda p: torch.save(nn.Linear(2, 2).state_dict(), p), 1, "plain state dict"),
+        (lambda p: torch.save(nn.Linear(2, 2).state_dict(), p), 1, NOTHING_TO_CONVERT),
+        (lambda p: torch.save(lightning_style(nn.Linear(2, 2)), p), 1, NOTHING_TO_CONVERT),
         (lambda p: p.write_bytes(b""), 1, "checkpoint is empty"),
         (lambda p: p.write_bytes(b"PK\x03\x04 not really a zip"), 1, "cannot read checkpoint"),
         (lambda p: None, 1, "model file not found"),
@@ -411,6 +425,18 @@ def test_bad_sources_are_one_line_errors(runner, tmp_path, make, code, message):
     assert result.stderr.startswith("Error: ") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("wrap", [lambda model: model.state_dict(), lightning_style])
+def test_a_report_of_plain_weights_says_to_name_their_architecture(runner, tmp_path, wrap):
+    source = tmp_path / "weights.pt"
+    torch.save(wrap(nn.Linear(2, 2)), source)
+    result = runner.invoke(app, ["convert-syncbn", str(source)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"Error: {source} holds plain weights (a state dict), not the architecture they belong "
+        f"to (name the architecture they belong to: MODEL --weights {source})"
+    )
 
 
 def test_destination_cannot_be_the_source(runner, resnet_checkpoint):

@@ -483,7 +483,7 @@ def convert_saved_model(
     from torchkit.core.models import model_from_checkpoint, pickled_module
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint, save_checkpoint
     from torchkit.core.models.resolver import EXPORTED_TITLES, exported_format_of
-    from torchkit.core.models.weights import read_model_file
+    from torchkit.core.models.weights import holds_weights_only, read_model_file
 
     src = _require_saved_model(source)
     fmt = exported_format_of(src)
@@ -515,14 +515,10 @@ def convert_saved_model(
     else:
         module = pickled_module(loaded)
         if module is None:
-            if (
-                isinstance(loaded, Mapping)
-                and loaded
-                and all(isinstance(v, torch.Tensor) for v in loaded.values())
-            ):
+            if holds_weights_only(loaded):
                 raise InputError(
-                    f"{src} is a plain state dict: BatchNorm and SyncBatchNorm have the same "
-                    "keys, so there is nothing to convert",
+                    f"{src} holds a plain state dict: BatchNorm and SyncBatchNorm have the "
+                    "same keys, so there is nothing to convert",
                     "load it into either model as it is; convert a torchkit checkpoint or a "
                     "pickled model instead",
                 )

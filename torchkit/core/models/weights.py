@@ -100,6 +100,22 @@ def is_state_dict(loaded: Any) -> bool:
     )
 
 
+def holds_weights_only(loaded: Any) -> bool:
+    """A plain state dict, or one under a training wrapper's key (`{'state_dict': ...,
+    'epoch': ...}` as Lightning saves, `{'model': ...}`): weights without their architecture.
+    Asked once a torchkit checkpoint and a pickled module are ruled out."""
+    from torchkit.core.models.checkpoint import extract_state_dict
+
+    if is_state_dict(loaded):
+        return True
+    if not isinstance(loaded, Mapping):
+        return False
+    try:
+        return is_state_dict(extract_state_dict(loaded))
+    except CheckpointError:
+        return False
+
+
 def weights_only_error(path: str) -> UsageError:
     return UsageError(
         f"{path} holds plain weights (a state dict), not the architecture they belong to",
