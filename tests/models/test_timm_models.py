@@ -563,3 +563,28 @@ def test_sync_batchnorm_keeps_timms_norm_act_layers_as_timms_converter_does():
     with torch.no_grad():
         assert torch.equal(synced(x), model(x))
         assert torch.equal(reverted(x), model(x))
+
+
+def test_ema_takes_the_state_dict_ema_of_a_timm_checkpoint(tmp_path):
+    """timm's train.py saves `state_dict` and `state_dict_ema` side by side: before -> `--ema`
+    said '--ema needs a torchkit checkpoint; ... is not one'. It takes `state_dict_ema` now
+    and says so; without --ema the model's own weights are used, as before."""
+    import timm
+
+    torch.manual_seed(0)
+    own = timm.create_model("test_resnet", num_classes=3).eval()
+    averaged = timm.create_model("test_resnet", num_classes=3).eval()
+    ema = {f"module.{key}": value for key, value in averaged.state_dict().items()}
+    path = tmp_path / "model_best.pth.tar"
+    torch.save({"epoch": 3, "arch": "test_resnet", "state_dict": own.state_dict(),
+                "state_dict_ema": ema, "version": 2}, path)  # fmt: skip
+    batch = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        for flag, truth, source in ((True, averaged, "state dict (state_dict_ema)"),
+                                    (False, own, "state dict")):  # fmt: skip
+            resolved = resolve_model("timm/test_resnet", weights=str(path), ema=flag)
+            assert resolved.weights_source == source
+            assert torch.equal(resolved.model.eval()(batch), truth(batch)), flag
+    torch.save({"state_dict": own.state_dict()}, tmp_path / "plain.pth")
+    with pytest.raises(UsageError, match="needs EMA weights; .* has none"):
+        resolve_model("timm/test_resnet", weights=str(tmp_path / "plain.pth"), ema=True)

@@ -213,7 +213,8 @@ EmaOption = Annotated[
     typer.Option(
         "--ema",
         help="Use the checkpoint's EMA weights (the moving average train --ema keeps, whose "
-        "val metric picks best.pt) instead of its model weights.",
+        "val metric picks best.pt; in a --weights file, timm's state_dict_ema or a model_ema) "
+        "instead of its model weights.",
     ),
 ]
 StrictOption = Annotated[

@@ -53,7 +53,7 @@ from torchkit.core.models.timm_models import (
 )
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import (
-    holds_weights_only,
+    is_state_dict,
     load_weights_file,
     pickled_module,
     read_model_file,
@@ -390,7 +390,7 @@ def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel
             image_model=False,
             weights_source="pickled model",
         )
-    if holds_weights_only(loaded):
+    if is_state_dict(loaded):
         raise weights_only_error(path)
     raise CheckpointError(
         f"{path} is neither a torchkit checkpoint nor a pickled model",
@@ -578,12 +578,21 @@ def _load_file_weights(
             f"{path} holds a {loaded.get('arch')}, not a {resolved.arch}",
             f"drop the model name and pass {path} alone, or name {loaded.get('arch')}",
         )
-    if ema and not torchkit_file:
-        raise UsageError(f"--ema needs a torchkit checkpoint; {path} is not one", "drop --ema")
+    ema_key = None if torchkit_file or not ema else _ema_key(loaded)
+    if ema and not torchkit_file and ema_key is None:
+        raise UsageError(
+            f"--ema needs EMA weights; {path} has none (it is neither a torchkit checkpoint "
+            f"nor a checkpoint with {' or '.join(OTHER_EMA_KEYS)})",
+            "drop --ema",
+        )
+    if ema_key is not None:  # AveragedModel's counter (torchvision's scripts) is no weight
+        loaded = {key: value for key, value in loaded[ema_key].items() if key != "n_averaged"}
     load_weights_file(resolved.model, path, loaded=loaded)
-    if ema:
+    if ema and torchkit_file:
         _load_ema(resolved.model, loaded, path)
     resolved.weights_source = "torchkit checkpoint" if torchkit_file else "state dict"
+    if ema_key is not None:  # which weights of the file were used
+        resolved.weights_source = f"state dict ({ema_key})"
     if not torchkit_file and resolved.source == "torchvision":
         _as_torchvision_builds(resolved, path)
     if torchkit_file:
@@ -594,6 +603,18 @@ def _load_file_weights(
             resolved.preprocess_source = "checkpoint"
             side = resolved.preprocess.image_size
             resolved.sample_shape = (resolved.preprocess.in_channels, side, side)
+
+
+# Where other training scripts keep their EMA weights beside the model's: timm's train.py
+# (`state_dict` and `state_dict_ema`), DeiT's and others' (`model` and `model_ema`).
+OTHER_EMA_KEYS = ("state_dict_ema", "model_ema")
+
+
+def _ema_key(loaded: Any) -> str | None:
+    """The key of a checkpoint not torchkit's that holds EMA weights, if it has one."""
+    if not isinstance(loaded, Mapping):
+        return None
+    return next((key for key in OTHER_EMA_KEYS if isinstance(loaded.get(key), Mapping)), None)
 
 
 def _as_torchvision_builds(resolved: ResolvedModel, path: str) -> None:
