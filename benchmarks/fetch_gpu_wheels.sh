@@ -3,6 +3,8 @@
 # the versions uv.lock pins for torchkit's own pure dependencies, downloaded into .whl/ for
 # benchmarks/gpu_session.sh to install there (that machine has no network). Run here, where the
 # package registries are reachable; .whl/ is git-ignored, so the device tool must `carry` it.
+# They are installed with --no-deps: the list holds each one's dependencies too (uv.lock's),
+# but for pytest, torch's and torchvision's, which the machine has.
 #   bash benchmarks/fetch_gpu_wheels.sh        # PYVER (3.12): the GPU machine's Python
 set -eu
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -14,7 +16,8 @@ locked() { # the version uv.lock pins for a package
 }
 specs=()
 for name in typer rich torchinfo pydantic pydantic-core annotated-types typing-inspection \
-            typing-extensions shellingham annotated-doc markdown-it-py mdurl pygments pytest-xdist; do
+            typing-extensions shellingham annotated-doc markdown-it-py mdurl pygments pytest-xdist \
+            execnet; do
   version=$(locked "$name")
   [ -n "$version" ] && specs+=("$name==$version")
 done

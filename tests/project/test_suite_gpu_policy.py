@@ -38,3 +38,29 @@ def test_every_test_that_needs_a_gpu_carries_the_cuda_marker(request):
         if "CUDA GPU" in str(mark.kwargs.get("reason", "")) and not item.get_closest_marker("cuda")
     ]
     assert unmarked == []
+
+
+def test_the_gpu_machines_wheels_bring_their_own_dependencies():
+    """gpu_session.sh installs fetch_gpu_wheels.sh's wheels with --no-deps on a machine without
+    network: a wheel whose dependency is missing there fails at import (pytest-xdist without
+    execnet stops every pytest run). Only pytest, torch's and torchvision's are the machine's."""
+    import re
+
+    from suite_paths import REPO
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
+
+    script = (REPO / "benchmarks" / "fetch_gpu_wheels.sh").read_text()
+    names = set(
+        re.search(r"for name in (.*?); do", script, re.S).group(1).replace("\\", " ").split()
+    )
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    packages = {package["name"]: package for package in lock["package"]}
+    missing = {
+        (name, dependency["name"])
+        for name in names
+        for dependency in packages[name].get("dependencies", [])
+        if "win32" not in dependency.get("marker", "")
+        and dependency["name"] not in names | {"pytest", "torch", "torchvision"}
+    }
+    assert missing == set()
