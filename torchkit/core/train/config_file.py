@@ -10,7 +10,8 @@ A hand-written file (no `options` block) is a recipe for one run: its `out` is h
 `--out` would be (relative to the working directory; `--out` on the command line overrides it),
 while a `resume` or a `force: true` is refused, naming the command-line option to use instead: a
 recipe starts a new run, and replacing an output takes a `--force` typed for that run. What
-`--print-config` writes (`resume: null`, `force: false`) is such a recipe.
+`--print-config` writes (`resume: null`, `force: false`) is such a recipe; like a config.json it
+lists the options the data chose (`defaults_from_data`), which a replay chooses again.
 """
 
 from __future__ import annotations
