@@ -639,6 +639,7 @@ TRUNCATION_SPECS = [  # (name, fourcc): 40 frames each, long enough to cut anywh
     ("clip.mov", "mp4v"),
     ("clip.mp4", "mp4v"),
     ("clip.wmv", "WMV2"),  # ASF: cut copies opened and were ok, with no frame count to check
+    ("clip.y4m", "I420"),  # Y4M: its header's count is reckoned from the size, cut or not
 ]
 
 
@@ -753,6 +754,25 @@ def test_cut_copies_are_truncated_by_decoding_where_sizes_say_nothing(
     assert info.error == exact.error == message
     assert probe_video(cut, decode_check=False).status == "ok"  # headers only: nothing to see
     assert probe_video(need(whole_videos, name)).status == "ok"
+
+
+def test_mpeg_ps_copies_cut_inside_a_pack_are_truncated(tmp_path):
+    """MPEG-PS (.mpg, .vob): FFmpeg reckons the header's frame count from what the file holds,
+    so a cut copy read `ok` in every mode; the packs and packets carry their lengths."""
+    whole = tmp_path / "clip.mpg"
+    if not write_video(whole, "MPG2", 48, 32, 25.0, 40):
+        pytest.skip("this OpenCV build cannot write MPEG-PS")
+    data = whole.read_bytes()
+    assert data[:4] == b"\x00\x00\x01\xba" and len(data) > 8 * 2048
+    for options in ({}, {"exact": True}):
+        assert probe_video(whole, **options).status == "ok", options
+    for packs in (1, 4, 8):  # FFmpeg's packs are 2,048 bytes: a cut inside one
+        cut = tmp_path / f"cut-{packs}.mpg"
+        cut.write_bytes(data[: packs * 2048 + 700])
+        for options in ({}, {"decode_check": False}, {"exact": True}):
+            info = probe_video(cut, **options)
+            assert info.status == "truncated", (packs, options, info)
+            assert info.error.startswith(f"truncated: the file holds {packs * 2048 + 700:,} of ")
 
 
 def ebml_size(data: bytes, at: int) -> tuple[int, int]:
@@ -945,6 +965,35 @@ def test_container_sizes_of_hand_made_files(tmp_path):
     live = bytearray(asf)
     live[len(header) + 88] |= 1  # the broadcast flag: sizes not filled in
     assert declared(bytes(live), "asf") is None
+    # Y4M: the header's size and chroma layout (C), frames of one size, "FRAME" lines that may
+    # carry parameters; odd sizes round the chroma planes up
+    y4m = b"YUV4MPEG2 W5 H3 F25:1 C420jpeg\n"
+    frame = b"FRAME\n" + bytes(15 + 2 * 3 * 2)
+    assert declared(y4m + frame * 3, "y4m") == len(y4m) + 3 * len(frame)
+    assert declared(y4m + frame * 2 + frame[:9], "y4m") == len(y4m) + 3 * len(frame)
+    assert declared(y4m + frame * 2 + frame[:3], "y4m") == len(y4m) + 3 * len(frame)
+    assert declared(y4m, "y4m") == len(y4m)
+    marked = b"FRAME Ixyz\n" + bytes(15 * 3)  # 4:4:4, a frame line with a parameter
+    y444 = b"YUV4MPEG2 W5 H3 C444\n"
+    assert declared(y444 + marked * 2, "y4m") == len(y444) + 2 * len(marked)
+    assert declared(y444 + marked * 2 + marked[:20], "y4m") == len(y444) + 3 * len(marked)
+    assert declared(b"YUV4MPEG2 W4 H2 Cmono16\n" + frame[:6] + bytes(16), "y4m") == 46
+    assert declared(b"YUV4MPEG2 W4 H2 C420p10\n" + frame[:6] + bytes(24), "y4m") == 54
+    assert declared(b"YUV4MPEG2 W4 H2 Cxyz\n" + frame, "y4m") is None  # unknown layout
+    assert declared(y444 + marked + b"junk" * 20, "y4m") is None
+    # MPEG-PS: packs (MPEG-2 headers: 14 bytes and stuffing) and packets with their lengths
+    pack = b"\x00\x00\x01\xba" + bytes([0x44]) + bytes(8) + bytes([0xF8])
+    pes = b"\x00\x00\x01\xe0" + struct.pack(">H", 30) + b"v" * 30
+    ps = (pack + pes) * 3
+    assert declared(ps, "mpeg-ps") is None  # ends on a packet, no end code: nothing said
+    assert declared(ps + b"\x00\x00\x01\xb9", "mpeg-ps") == len(ps) + 4
+    assert declared(ps[:-10], "mpeg-ps") == len(ps)  # inside a packet
+    assert declared(ps[:-30], "mpeg-ps") == len(ps)
+    assert declared(ps + pack[:9], "mpeg-ps") == len(ps) + 14  # inside a pack header
+    assert declared(ps + b"\x00\x00", "mpeg-ps") == len(ps) + 4  # inside a start code
+    mpeg1_pack = b"\x00\x00\x01\xba" + bytes([0x21]) + bytes(7)
+    assert declared(mpeg1_pack + pes + mpeg1_pack + pes[:12], "mpeg-ps") == 2 * (12 + 36)
+    assert declared(ps + b"\x00\x00\x01\x00junk", "mpeg-ps") is None  # not a system stream
 
 
 def test_json_types_of_every_field(videos, broken):

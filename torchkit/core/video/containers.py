@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -170,17 +171,20 @@ def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
 # its header says how many frames there are and decoding starts fine. Two cheap checks tell it
 # from a whole file. (1) Container structure: MP4/MOV boxes, AVI RIFF chunks, the Matroska/WebM
 # segment, ASF (WMV) objects and MPEG-TS packets carry their sizes, so reading a few bytes at a
-# few offsets says how long the file must be; a shorter file ends mid-stream. (2) Where the
-# format records no sizes (FLV, Ogg, MPEG-PS, a live recording): decoding at the end, the last
-# frames the header declares sought and decoded (`--exact` decodes them all anyway).
+# few offsets says how long the file must be; a shorter file ends mid-stream. Y4M frames are all
+# one size (its header gives it), and MPEG-PS packs and packets carry their lengths. (2) Where
+# the format records no sizes (FLV, Ogg, a live recording): decoding at the end, the last frames
+# the header declares sought and decoded (`--exact` decodes them all anyway). The header's count
+# of a Y4M or MPEG-PS file is reckoned from its size, so that check cannot see a cut there.
 
 _MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for a corrupt one
 
 
 def declared_size(path: str | os.PathLike, container: str | None, size: int) -> int | None:
     """How many bytes the container structure of a `size`-byte file says it holds, for the
-    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS); None when the format
-    does not say or the structure cannot be read (so nothing is claimed about the file)."""
+    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS, Y4M, MPEG-PS);
+    None when the format does not say or the structure cannot be read (so nothing is claimed
+    about the file)."""
     if container == "mpeg-ts":
         return -(-size // TS_PACKET) * TS_PACKET  # a partial last packet ends mid-stream
     readers = {
@@ -191,6 +195,8 @@ def declared_size(path: str | os.PathLike, container: str | None, size: int) -> 
         "mkv": _ebml_segment_end,
         "webm": _ebml_segment_end,
         "asf": _asf_objects_end,
+        "y4m": _y4m_frames_end,
+        "mpeg-ps": _mpeg_ps_end,
     }
     reader = readers.get(container or "")
     if reader is None:
@@ -344,3 +350,124 @@ def _ebml_segment_end(handle, size: int) -> int | None:
             return data_start + length[0]
         position = data_start + length[0]
     return None
+
+
+_Y4M_MAX_HEADER = 4096
+_Y4M_FRAME = b"FRAME\n"  # a frame's header line without parameters, as writers have it
+# A stream header's C tag: the chroma layout, then a sample depth over 8 bits (420p10, mono16)
+_Y4M_COLOUR = re.compile(rb"(mono|411|420|422|444)(?:jpeg|paldv|mpeg2|(alpha))?p?(\d*)")
+
+
+def _y4m_frame_bytes(width: int, height: int, colour: bytes) -> int | None:
+    """The bytes of one Y4M frame of the `colour` layout (its C tag); None for one unknown."""
+    match = _Y4M_COLOUR.fullmatch(colour)
+    if match is None or width <= 0 or height <= 0:
+        return None
+    layout, alpha, depth = match.groups()
+    half_width, half_height = -(-width // 2), -(-height // 2)  # odd sizes round chroma up
+    chroma = {
+        b"mono": 0,
+        b"411": 2 * -(-width // 4) * height,
+        b"420": 2 * half_width * half_height,
+        b"422": 2 * half_width * height,
+        b"444": 2 * width * height,
+    }[layout]
+    planes = width * height * (2 if alpha else 1) + chroma
+    return planes * (2 if depth and int(depth) > 8 else 1)
+
+
+def _y4m_frames_end(handle, size: int) -> int | None:
+    """The end of the last frame of a YUV4MPEG2 file: a header line, then frames of one size
+    (a "FRAME" line and the planes), so a cut copy ends inside one."""
+    handle.seek(0)
+    head = handle.read(_Y4M_MAX_HEADER)
+    line_end = head.find(b"\n")
+    if line_end < 0:
+        return None
+    tags = {field[:1]: field[1:] for field in head[:line_end].split()[1:]}
+    try:
+        width, height = int(tags[b"W"]), int(tags[b"H"])
+    except (KeyError, ValueError):
+        return None
+    frame_bytes = _y4m_frame_bytes(width, height, tags.get(b"C", b"420jpeg"))
+    if frame_bytes is None:
+        return None
+    offset = line_end + 1
+    # Frame lines without parameters: the end is arithmetic, checked at the last frame's start.
+    unit = len(_Y4M_FRAME) + frame_bytes
+    frames = -(-(size - offset) // unit)
+    if frames <= 0:
+        return offset
+    handle.seek(offset + (frames - 1) * unit)
+    if handle.read(len(_Y4M_FRAME)) == _Y4M_FRAME:
+        return offset + frames * unit
+    for _ in range(_MAX_BOXES):  # frame lines with parameters: one frame at a time
+        if offset >= size:
+            return offset
+        handle.seek(offset)
+        line = handle.read(256)
+        line_end = line.find(b"\n")
+        if not line.startswith(b"FRAME") and not b"FRAME".startswith(line):
+            return None  # not a frame: trailing data we cannot judge
+        if line_end < 0:  # the file ends inside the frame's line
+            if len(line) == 256:
+                return None
+            return offset + max(len(line) + 1, len(_Y4M_FRAME)) + frame_bytes
+        offset += line_end + 1 + frame_bytes
+    return None
+
+
+_PS_START = b"\x00\x00\x01"
+_PS_PACK = _PS_START + b"\xba"
+_PS_END_CODE = 0xB9
+_PS_TAIL = 1 << 17  # the last bytes searched for a pack start (a PES packet is under 64 KiB)
+
+
+def _mpeg_ps_end(handle, size: int) -> int | None:
+    """Where the last packet of an MPEG program stream (.mpg, .vob) ends, walked from a pack
+    start near the end: past the file's end when a copy is cut inside a pack. A stream that
+    ends on a packet boundary without the end code (FFmpeg writes none) says nothing: None,
+    as for a structure that cannot be read."""
+    start = max(0, size - _PS_TAIL)
+    handle.seek(start)
+    tail = handle.read(size - start)
+    at = tail.find(_PS_PACK)
+    while at >= 0:  # a pack start code may also occur inside a packet's data: walk from each
+        end = _ps_packets_end(tail, at)
+        if end is not None:
+            whole_or_cut = end != len(tail) or tail[end - 4 : end] == _PS_START + b"\xb9"
+            return start + end if whole_or_cut else None
+        at = tail.find(_PS_PACK, at + 1)
+    return None
+
+
+def _ps_packets_end(data: bytes, offset: int) -> int | None:
+    """The end of the packs and packets of `data` from `offset` (past its end when the last
+    is cut short; the end code's end when one is found); None when they are not a program
+    stream's."""
+    while offset < len(data):
+        start_code = data[offset : offset + 4]
+        if len(start_code) < 4:  # the file ends inside a start code
+            return offset + 4 if _PS_START.startswith(start_code[:3]) else None
+        if start_code[:3] != _PS_START or start_code[3] < _PS_END_CODE:
+            return None
+        if start_code[3] == _PS_END_CODE:
+            return offset + 4
+        if start_code == _PS_PACK:
+            if offset + 5 > len(data):
+                return offset + 12
+            marker = data[offset + 4] >> 4
+            if marker >> 2 == 0b01:  # MPEG-2: 14 bytes and up to 7 of stuffing
+                if offset + 14 > len(data):
+                    return offset + 14
+                length = 14 + (data[offset + 13] & 7)
+            elif marker == 0b0010:  # MPEG-1: 12 bytes
+                length = 12
+            else:
+                return None
+        else:  # a system header or a PES packet: its length follows the start code
+            if offset + 6 > len(data):
+                return offset + 6
+            length = 6 + int.from_bytes(data[offset + 4 : offset + 6], "big")
+        offset += length
+    return offset
