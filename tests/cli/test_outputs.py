@@ -359,6 +359,39 @@ def test_recover_replaces_a_killed_runs_marked_folder_but_never_a_users(tmp_path
     assert (tmp_path / ".data.0123456789ab.replaced").is_dir()
 
 
+def test_a_whole_output_killed_once_in_place_is_kept_and_the_old_one_removed(tmp_path, monkeypatch):
+    """`eval --out`, `convert`, `--extract-frames` with --force, killed after the new output was
+    renamed into place and before the old one (set aside) was deleted: the next run keeps the
+    new output, marker and all, deletes the old one and says so; an older set-aside of an
+    earlier kill is not this run's to delete and stays, named."""
+    run = _old_run(tmp_path / "frames")
+    out = OutputFolder(run, command="convert", force=True, atomic=True)
+    (out.begin() / "a.png").write_bytes(b"new")
+    older = _old_run(tmp_path / ".frames.0123456789ab.replaced")  # another run's, unresolved
+    # What a SIGKILL at that point leaves (checked with a real process): the old output is
+    # still set aside beside the new one.
+    monkeypatch.setattr("torchkit.core.io.outputs.discard_tree", lambda *args, **kwargs: None)
+    out.finish(ok=True)
+    monkeypatch.undo()
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.endswith(".replaced") and p != older]
+    new = tree_digest(run)
+    notes = recover_leftovers(run)  # as the next run on that folder does, under its lock
+    kept = (
+        f"kept {run}, the complete output of a torchkit run killed just after putting it in "
+        f"place, and removed the earlier output it replaced (set aside at {aside})"
+    )
+    still = (
+        f"an earlier output of {run}, set aside by a torchkit run that was killed, is still at "
+        f"{older}: move it back or remove it"
+    )
+    assert sorted(notes) == sorted([kept, still])
+    assert tree_digest(run) == new and sorted(os.listdir(run)) == [MARKER, "a.png"]
+    assert sorted(os.listdir(tmp_path)) == [older.name, "frames"]
+    with OutputFolder(run, command="convert", force=True, atomic=True) as again:  # replaceable
+        (again.begin() / "b.png").write_bytes(b"b")
+    assert sorted(os.listdir(run)) == [MARKER, "b.png"]
+
+
 # Real processes: SIGTERM and SIGKILL -----------------------------------------------------------
 
 _WRITER = textwrap.dedent(

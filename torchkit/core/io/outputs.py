@@ -486,26 +486,37 @@ def named_as_final(error: OutputWriteError, temporary: str, final: str) -> Outpu
 # -- the marker and --force ---------------------------------------------------------------------
 
 
-def write_marker(folder: Path, command: str) -> None:
+def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> None:
+    """`replaces`: the name the old output will be set aside under when this (whole, atomic)
+    folder takes its place, so that a run killed between the swap and the old output's delete
+    leaves a folder the next run knows to be the complete new output."""
     record = {
         "written_by": "torchkit",
         "command": command,
         "torchkit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if replaces is not None:
+        record["replaces"] = replaces
     with reporting_write_errors(folder / MARKER):
         (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
+
+
+def _marker_field(folder: Path, key: str) -> str | None:
+    """A text field of the folder's marker, or None: no marker, no such field, or one that
+    cannot be read."""
+    try:
+        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = record.get(key) if isinstance(record, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def marker_command(folder: Path) -> str | None:
     """The command the folder's marker names (`train`, `split`...), or None: no marker, or one
     that cannot be read."""
-    try:
-        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    command = record.get("command") if isinstance(record, dict) else None
-    return command if isinstance(command, str) else None
+    return _marker_field(folder, "command")
 
 
 def remove_marker(folder: Path) -> None:
@@ -877,12 +888,24 @@ def recover_leftovers(folder: Path) -> list[str]:
     for leftover in _leftovers(folder, PARTIAL_SUFFIX) + _leftovers(folder, DISCARDED_SUFFIX):
         remove_tree(leftover)
     for aside in _leftovers(folder, REPLACED_SUFFIX):
+        # A whole (atomic) output in place names the set-aside it replaced in its marker: it got
+        # there whole, so its run was killed after the swap, before deleting the old output.
+        whole = folder.is_dir() and not folder.is_symlink()
+        replaced = _marker_field(folder, "replaces") if whole else None
+        if aside.name == replaced:
+            discard_tree(aside)
+            notes.append(
+                f"kept {folder}, the complete output of a torchkit run killed just after putting "
+                f"it in place, and removed the earlier output it replaced (set aside at {aside})"
+            )
+            continue
         current = folder.exists() or folder.is_symlink()
         # Only a folder that a torchkit run created and never marked as worth keeping (the
         # set-aside would be gone) makes room: the names that run wrote are removed, and the
         # folder once that leaves it empty; files someone else put there stay, and so does it.
         if (
             current
+            and replaced is None  # never a whole output, which is complete
             and folder.is_dir()
             and not folder.is_symlink()
             and (_is_empty_dir(folder) or (folder / MARKER).is_file())
@@ -979,6 +1002,7 @@ class OutputFolder:
         self.atomic = atomic
         self.notes: list[str] = []
         self._aside: Path | None = None
+        self._swap_aside: Path | None = None  # atomic: where `_swap_in` sets the old output aside
         self._began = False
         self._kept = False
         self._lock: FolderLock | None = None
@@ -1018,6 +1042,8 @@ class OutputFolder:
             if self.atomic:
                 self.path = _sibling(self.final, PARTIAL_SUFFIX)
                 self.path.mkdir(parents=True)
+                if self._replacing is not None:
+                    self._swap_aside = _sibling(self.final, REPLACED_SUFFIX)
             else:
                 if self.has_content and not self.resume:
                     # Named before the rename: a signal that lands as the rename returns still
@@ -1026,8 +1052,9 @@ class OutputFolder:
                     os.replace(self.final, self._aside)
                 self.final.mkdir(parents=True, exist_ok=True)
             if not (self.path / MARKER).exists():
+                replaces = None if self._swap_aside is None else self._swap_aside.name
                 try:
-                    write_marker(self.path, self.command)
+                    write_marker(self.path, self.command, replaces=replaces)
                 except OutputWriteError as error:  # name the output, not the hidden temporary
                     raise write_error(self.final, error.__cause__ or error) from error
             if self._aside is not None:  # a kill leaves the next run to remove what it wrote
@@ -1147,7 +1174,9 @@ class OutputFolder:
         stood. Anything else there now was made by another process while the command ran: it
         is neither deleted nor merged into (`_refuse_swap`)."""
         if self._replacing is not None and os.path.lexists(self.final):
-            old = _sibling(self.final, REPLACED_SUFFIX)
+            # The name the new output's marker records: a kill after the second rename leaves
+            # the next run to delete it (`recover_leftovers`).
+            old = self._swap_aside or _sibling(self.final, REPLACED_SUFFIX)
             ours = False
             try:
                 os.replace(self.final, old)
