@@ -217,12 +217,12 @@ def test_a_yaml_alias_bomb_is_a_short_error_line(runner, tmp_path):
         (
             "g.json",
             '{"options": {"lr": 0.5}, "defaults_from_data": 5}',
-            "`defaults_from_data` is not a list of option names",
+            "`defaults_from_data` is not a mapping of option names to the values the data chose",
         ),
         (
             "h.json",
             '{"options": {"lr": 0.5}, "defaults_from_data": [["lr"]]}',
-            "`defaults_from_data` is not a list of option names",
+            "`defaults_from_data` is not a mapping of option names to the values the data chose",
         ),
     ],
 )
@@ -298,3 +298,30 @@ def test_both_recipe_forms_choose_the_data_defaults_again_for_other_data(
                           "threads": 0}, source  # fmt: skip
         assert (shown["flip"], shown["batch_size"], shown["epochs"]) == (True, 512, 1), source
         assert "flip" not in shown["defaults_from_data"], source
+
+
+def test_a_value_the_data_chose_then_edited_in_the_recipe_is_kept(runner, tmp_path, image_folder):
+    """A recipe records each option the data chose with the value it chose: the user who edits
+    one (`image_size` 12 -> 16) in a printed recipe or a config.json keeps the edit, with the
+    same data or other data; the options left as the data chose them are chosen again."""
+    printed = runner.invoke(app, ["train", "--print-config"])
+    assert printed.exit_code == 0, printed.stderr
+    recipe = json.loads(printed.stdout)
+    assert recipe["defaults_from_data"]["image_size"] == 12
+    recipe["image_size"] = 16
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(recipe))
+    options = dict(recipe)
+    run_config = tmp_path / "config.json"
+    run_config.write_text(
+        json.dumps({"defaults_from_data": options.pop("defaults_from_data"), "options": options})
+    )
+    for source in (edited, run_config):
+        for data in ([], ["--data", str(image_folder)]):
+            args = ["train", "--config", str(source), *data, "--print-config"]
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, result.stderr
+            shown = json.loads(result.stdout)
+            assert shown["image_size"] == 16, (source, data)
+            assert "image_size" not in shown["defaults_from_data"], (source, data)
+            assert shown["model"] == ("resnet18" if data else "convnet"), (source, data)

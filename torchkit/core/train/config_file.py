@@ -56,7 +56,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     carried = with_pre_option_values(options) if "options" in data else dict(options)
     # A config.json and --print-config's recipe alike list the options the data chose: those
     # are chosen again for the data this run reads (--data given anew picks its own).
-    for name in _defaults_from_data(data, source):
+    for name in _defaults_from_data(data, options, source):
         carried.pop(name, None)
     if "options" in data:
         for name in NOT_CARRIED:
@@ -68,15 +68,28 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return _checked(carried, source)
 
 
-def _defaults_from_data(run: Mapping[str, Any], source: Path) -> list[str]:
-    """The option names a config.json says were filled from the data."""
-    names = run.get(DEFAULTS_FROM_DATA, [])
-    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+def _defaults_from_data(
+    run: Mapping[str, Any], options: Mapping[str, Any], source: Path
+) -> list[str]:
+    """The option names a recipe says were filled from the data, to be chosen again. The
+    recipe records each with the value the data chose: one whose value in the file differs was
+    edited by the user and is kept. (Older files list the names alone.)"""
+    chosen = run.get(DEFAULTS_FROM_DATA, [])
+    if isinstance(chosen, Mapping) and all(isinstance(name, str) for name in chosen):
+        return [name for name, value in chosen.items() if options.get(name, value) == value]
+    if not isinstance(chosen, list) or not all(isinstance(name, str) for name in chosen):
         raise InputError(
-            f"{source}: `defaults_from_data` is not a list of option names",
+            f"{source}: `defaults_from_data` is not a mapping of option names to the values "
+            "the data chose",
             "give the config.json a run wrote, or a file of option names and values",
         )
-    return names
+    return chosen
+
+
+def data_chosen(options: Mapping[str, Any], names: Collection[str]) -> dict[str, Any]:
+    """`defaults_from_data` as a recipe records it: each option the data chose, with the value
+    it chose (as `options`, the JSON form, holds it)."""
+    return {name: options[name] for name in sorted(names) if name in options}
 
 
 # Keys of a hand-written recipe that name what one command line does, not a recipe: refused

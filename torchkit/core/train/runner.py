@@ -23,7 +23,7 @@ from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.runtime.launch import is_main_process
 from torchkit.core.train import ddp
 from torchkit.core.train.config import TrainConfig
-from torchkit.core.train.config_file import DEFAULTS_FROM_DATA
+from torchkit.core.train.config_file import DEFAULTS_FROM_DATA, data_chosen
 from torchkit.core.train.epochs import EpochDriver, evaluate_best_on_test
 from torchkit.core.train.interface import RunInfo, TrainCallbacks, TrainResult
 from torchkit.core.train.outputs import check_tensorboard, versions
@@ -333,8 +333,8 @@ def _config_json(ctx: DistContext, state: TrainState) -> dict:
     """config.json: the options, what the data decided, and where and how the run ran."""
     config, loaders = state.config, state.loaders
     return {
-        "options": config.to_dict(),
-        DEFAULTS_FROM_DATA: list(config.data_defaults),
+        "options": (options := config.to_dict()),
+        DEFAULTS_FROM_DATA: data_chosen(options, config.data_defaults),
         "classes": state.classes,
         "num_classes": len(state.classes),
         "class_weights": state.class_weights,

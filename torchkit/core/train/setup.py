@@ -27,7 +27,7 @@ from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
 from torchkit.core.train.class_weights import class_weights
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
-from torchkit.core.train.config_file import DEFAULTS_FROM_DATA
+from torchkit.core.train.config_file import DEFAULTS_FROM_DATA, data_chosen
 from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
 from torchkit.core.train.loop import StepContext, UnreadableImages
@@ -70,7 +70,7 @@ def effective_config(
     other data (`--config FILE --data other/`) chooses those again, as a config.json does."""
     resolved = plan_run(config, overrides).config
     options = {name: value for name, value in resolved.to_dict().items() if name in TRAIN_OPTIONS}
-    return {**options, DEFAULTS_FROM_DATA: list(resolved.data_defaults)}
+    return {**options, DEFAULTS_FROM_DATA: data_chosen(options, resolved.data_defaults)}
 
 
 def build_amp(device: Any, config: TrainConfig) -> Amp:
@@ -94,9 +94,10 @@ def amp_dtype_for(device_type: str, amp_dtype: str) -> str:
     auto: bfloat16 on CPUs, and on GPUs that compute in it natively (Ampere and later);
     float16 on older GPUs (T4, V100), where `is_bf16_supported()` is true only by emulation,
     which is slower than float32. fp16 runs on CUDA and on CPUs; other devices take bf16."""
-    import torch
+    from torchkit.core.runtime.device import cuda_bf16_native, warn_if_cuda_bf16_is_emulated
 
     if amp_dtype == "bf16":
+        warn_if_cuda_bf16_is_emulated(device_type)
         return "bfloat16"
     if amp_dtype == "fp16":
         if device_type not in ("cuda", "cpu"):
@@ -106,8 +107,7 @@ def amp_dtype_for(device_type: str, amp_dtype: str) -> str:
             )
         return "float16"
     if device_type == "cuda":
-        native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return "bfloat16" if native else "float16"
+        return "bfloat16" if cuda_bf16_native() else "float16"
     return "bfloat16"
 
 
