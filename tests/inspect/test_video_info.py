@@ -36,8 +36,8 @@ runner = CliRunner()
 # (name, fourcc, width, height, fps, frames, container, codecs FFmpeg may report for it)
 VIDEO_SPECS = [
     ("mjpg.avi", "MJPG", 32, 24, 29.97, 17, "avi", {"MJPG"}),
-    ("mpeg4.mp4", "mp4v", 48, 32, 25.0, 10, "mp4", {"FMP4", "mp4v"}),
-    ("mpeg4.mov", "mp4v", 40, 24, 30.0, 8, "mov", {"FMP4", "mp4v"}),
+    ("mpeg4.mp4", "mp4v", 48, 32, 25.0, 10, "mp4", {"mp4v"}),
+    ("mpeg4.mov", "mp4v", 40, 24, 30.0, 8, "mov", {"mp4v"}),
     ("lossless.mkv", "FFV1", 40, 30, 12.5, 12, "mkv", {"ffv1", "FFV1"}),
     ("vp8.webm", "VP80", 32, 16, 24.0, 9, "webm", {"VP80", "VP8 "}),
 ]
@@ -222,6 +222,62 @@ def test_every_field_of_generated_videos(videos, spec):
     assert row["codec"] in codecs
     assert row["container"] == container
     assert row["error"] is None and row["frame_indices"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "fourcc", "codec"),
+    [("xvid.avi", "XVID", "XVID"), ("divx.avi", "DIVX", "DIVX"), ("xvid.mp4", "XVID", "mp4v")],
+)
+def test_the_codec_column_is_the_fourcc_the_container_records(tmp_path, name, fourcc, codec):
+    """FFmpeg calls every MPEG-4 Part 2 stream FMP4; the column is the tag the file records,
+    which ffprobe's codec_tag_string shows (an MP4 records mp4v whatever the writer was told)."""
+    path = tmp_path / name
+    if not write_video(path, fourcc, 32, 24, 25.0, 3):
+        pytest.skip(f"this OpenCV build cannot write {fourcc}")
+    code, rows = json_rows(path)
+    assert code == 0 and rows[0]["codec"] == codec
+
+
+def test_container_fourcc_of_hand_made_files(tmp_path):
+    from torchkit.core.video.containers import container_fourcc
+
+    def fourcc(data: bytes, container: str) -> str | None:
+        path = tmp_path / "file"
+        path.write_bytes(data)
+        return container_fourcc(path, container)
+
+    chunk = lambda name, data: name + struct.pack("<I", len(data)) + data + bytes(len(data) % 2)  # noqa: E731
+    riff = lambda *chunks: b"RIFF" + struct.pack("<I", 0) + b"AVI " + b"".join(chunks)  # noqa: E731
+    stream = lambda kind, handler, compression: chunk(  # noqa: E731
+        b"LIST",
+        b"strl"
+        + chunk(b"strh", kind + handler + bytes(48))
+        + chunk(b"strf", bytes(16) + compression + bytes(20)),
+    )
+    audio = stream(b"auds", bytes(4), b"\x55\x00\x00\x00")
+    header = chunk(b"avih", bytes(56))
+    avi = riff(chunk(b"LIST", b"hdrl" + header + audio + stream(b"vids", b"xvid", b"XVID")))
+    assert fourcc(avi, "avi") == "XVID"  # the video stream's compression, not its handler
+    assert fourcc(avi.replace(b"XVID", bytes(4)), "avi") == "xvid"  # empty: the handler
+    assert fourcc(avi.replace(b"XVID", bytes(4)).replace(b"xvid", bytes(4)), "avi") is None
+    assert fourcc(riff(chunk(b"LIST", b"hdrl" + header + audio)), "avi") is None
+    box = lambda kind, payload: struct.pack(">I4s", 8 + len(payload), kind) + payload  # noqa: E731
+    entry = lambda kind: box(b"stsd", bytes(4) + struct.pack(">I", 1) + box(kind, bytes(20)))  # noqa: E731
+    track = lambda handler, kind: box(  # noqa: E731
+        b"trak",
+        box(b"tkhd", bytes(20))
+        + box(
+            b"mdia",
+            box(b"hdlr", bytes(8) + handler + bytes(12)) + box(b"minf", box(b"stbl", entry(kind))),
+        ),
+    )
+    moov = box(b"moov", box(b"mvhd", bytes(20)) + track(b"soun", b"mp4a") + track(b"vide", b"avc1"))
+    ftyp, mdat = box(b"ftyp", b"isom" * 3), box(b"mdat", b"x" * 50)
+    assert fourcc(ftyp + mdat + moov, "mp4") == fourcc(ftyp + moov + mdat, "mov") == "avc1"
+    large = struct.pack(">I4sQ", 1, b"mdat", 16 + 50) + b"x" * 50  # a 64-bit box size
+    assert fourcc(ftyp + large + moov, "mp4") == "avc1"
+    assert fourcc(ftyp + mdat, "mp4") is None and fourcc(ftyp + mdat + moov[:40], "mp4") is None
+    assert fourcc(ftyp + moov, "mkv") is None
 
 
 def test_an_animated_image_under_a_video_name_shows_its_own_container(tmp_path):

@@ -4,9 +4,9 @@ once; exact frame counting by decoding; Temporal Segment Network (TSN) frame sam
 OpenCV is imported inside functions only, so importing this package stays cheap.
 
 Modules: containers (finding video files, sniffing the container, the size its structure
-declares), probe (one video: `VideoInfo`, the truncation checks), frames (TSN sampling, writing
-the sampled frames) and run (`inspect_videos`, many videos on worker threads; `stream_videos`,
-their records as they come).
+declares, the FOURCC it records), probe (one video: `VideoInfo`, the truncation checks), frames
+(TSN sampling, writing the sampled frames) and run (`inspect_videos`, many videos on worker
+threads; `stream_videos`, their records as they come).
 """
 
 from torchkit.core.video.containers import (

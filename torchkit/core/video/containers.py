@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from torchkit.core.data.image_files import opened_image
@@ -163,6 +163,113 @@ def still_image_format(path: str | os.PathLike, head: bytes) -> str | None:
     except Exception:  # the magic bytes, but not an image PIL reads: leave it to FFmpeg
         return None
     return kind if frames <= 1 else None
+
+
+# --- the codec's FOURCC as the container records it ---------------------------------------------
+#
+# FFmpeg (and so OpenCV) reports its own tag for a codec (FMP4 for any MPEG-4 Part 2 stream),
+# where ffprobe's codec_tag_string and other tools show the one the file records (XVID, DIVX,
+# mp4v): AVI and ISO files name it where it is cheap to read.
+
+_MAX_HEADERS = 1 << 20  # an AVI's stream headers bigger than this are not read for its tag
+
+
+def fourcc_text(raw: bytes) -> str | None:
+    """Four bytes as a FOURCC's text, padding spaces and NULs dropped (None when empty or not
+    printable ASCII)."""
+    text = raw.decode("latin-1").strip("\x00 ")
+    return text if text and text.isprintable() and text.isascii() else None
+
+
+def container_fourcc(path: str | os.PathLike, container: str | None) -> str | None:
+    """The video stream's FOURCC as the container records it (what ffprobe shows as
+    codec_tag_string): an AVI's BITMAPINFOHEADER compression (its stream header's handler when
+    that is empty), an MP4/MOV/3GP video track's sample entry; None for other formats or a
+    structure that cannot be read. A few small reads: the headers, not the index or frames."""
+    reader = {"avi": _avi_fourcc, "mp4": _iso_fourcc, "mov": _iso_fourcc, "3gp": _iso_fourcc}
+    if container not in reader:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return reader[container](handle, os.fstat(handle.fileno()).st_size)
+    except OSError:
+        return None
+
+
+def _riff_children(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """The chunks of a RIFF list in `data[start:end]`: (id, where its data starts, ends)."""
+    offset = start
+    while offset + 8 <= end:
+        length = int.from_bytes(data[offset + 4 : offset + 8], "little")
+        yield data[offset : offset + 4], offset + 8, min(offset + 8 + length, end)
+        offset += 8 + length + (length & 1)
+
+
+def _avi_fourcc(handle, size: int) -> str | None:
+    """The first video stream's tag from an AVI's header list (hdrl, its first chunk)."""
+    head = handle.read(24)
+    if head[12:16] != b"LIST" or head[20:24] != b"hdrl":
+        return None
+    length = int.from_bytes(head[16:20], "little") - 4
+    data = handle.read(min(length, _MAX_HEADERS))
+    for stream, start, end in _riff_children(data, 0, len(data)):
+        if stream != b"LIST" or data[start : start + 4] != b"strl":
+            continue
+        parts = {part: data[s:e] for part, s, e in _riff_children(data, start + 4, end)}
+        header, form = parts.get(b"strh", b""), parts.get(b"strf", b"")
+        if header[:4] == b"vids":
+            return fourcc_text(form[16:20]) or fourcc_text(header[4:8])
+    return None
+
+
+def _iso_box_header(head: bytes, room: int) -> tuple[int, int]:
+    """(the box's length, its header's) from its first 16 bytes; a length of 0 runs to the end
+    of its parent, `room` bytes on."""
+    length = int.from_bytes(head[:4], "big")
+    if length == 1:  # a 64-bit size follows the type
+        return int.from_bytes(head[8:16], "big"), 16
+    return (room if length == 0 else length), 8
+
+
+def _iso_children(handle, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """The boxes of the file between `start` and `end`, each header read where it lies:
+    (type, where its data starts, where it ends)."""
+    offset = start
+    for _ in range(_MAX_BOXES):
+        handle.seek(offset)
+        head = handle.read(16)
+        if offset + 8 > end or len(head) < 8:
+            return
+        length, header = _iso_box_header(head, end - offset)
+        if length < header:
+            return
+        yield head[4:8], offset + header, min(offset + length, end)
+        offset += length
+
+
+def _iso_fourcc(handle, size: int) -> str | None:
+    """The sample entry type of the first video track (its handler is `vide`) of an ISO file."""
+
+    def child(kind: bytes, start: int, end: int) -> tuple[int, int] | None:
+        return next(((s, e) for k, s, e in _iso_children(handle, start, end) if k == kind), None)
+
+    def field(box: tuple[int, int] | None, at: int) -> bytes:
+        if box is None:
+            return b""
+        handle.seek(box[0] + at)
+        return handle.read(4)
+
+    index = child(b"moov", 0, size)
+    tracks = [(s, e) for k, s, e in _iso_children(handle, *index) if k == b"trak"] if index else []
+    for track in tracks:
+        media = child(b"mdia", *track)
+        if media is None or field(child(b"hdlr", *media), 8) != b"vide":
+            continue
+        table = child(b"minf", *media)
+        table = table and child(b"stbl", *table)
+        # stsd: version and flags, the entry count, then the first entry's size and type
+        return fourcc_text(field(table and child(b"stsd", *table), 12))
+    return None
 
 
 # --- truncation ---------------------------------------------------------------------------------

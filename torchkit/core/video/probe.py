@@ -22,7 +22,9 @@ from torchkit.core.io.errors import first_line
 from torchkit.core.io.files import holds_non_utf8
 from torchkit.core.video.containers import (
     SNIFF_BYTES,
+    container_fourcc,
     declared_size,
+    fourcc_text,
     sniff_container,
     still_image_format,
 )
@@ -104,9 +106,7 @@ def fourcc_to_text(code: float) -> str | None:
     number = int(code) if code and math.isfinite(code) else 0
     if number <= 0:
         return None
-    text = "".join(chr((number >> (8 * i)) & 0xFF) for i in range(4))
-    text = text.strip("\x00 ")
-    return text if text and text.isprintable() and text.isascii() else None
+    return fourcc_text((number & 0xFFFFFFFF).to_bytes(4, "little"))
 
 
 def _import_cv2():
@@ -355,7 +355,10 @@ def _probe_into(
         undecodable = (
             NO_FRAMES if declared_frames == 0 else "no frame decodes (truncated or corrupt)"
         )
-        info.codec = fourcc_to_text(capture.get(cv2.CAP_PROP_FOURCC))
+        # The tag the container records (XVID, mp4v), as ffprobe shows it; else FFmpeg's own
+        info.codec = container_fourcc(path, sniffed) or fourcc_to_text(
+            capture.get(cv2.CAP_PROP_FOURCC)
+        )
         if width is None or height is None:
             info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
             return
