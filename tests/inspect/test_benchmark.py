@@ -232,6 +232,24 @@ def test_random_weights_are_a_note_after_the_results(runner, tmp_path):
     assert "random weights" not in trained.stderr
 
 
+def test_compile_goes_through_the_filter_of_torchs_no_cuda_runtime_warning(runner, monkeypatch):
+    # benchmark --compile called torch.compile itself, so a CPU run on a machine with a CUDA
+    # toolkit printed torch's "No CUDA runtime is found" (train already dropped it).
+    import logging
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compiled.append(kw) or model)
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    monkeypatch.setattr(logger, "filters", [])
+    args = ["benchmark", "convnet", "-i", "1,12,12", "-b", "2", *FAST, "--compile"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert compiled == [{"dynamic": False}]
+    record = logger.makeRecord(logger.name, logging.WARNING, "", 0, "No CUDA runtime is found, "
+                               "using CUDA_HOME='/usr/local'", (), None)  # fmt: skip
+    assert not logger.filter(record)
+
+
 def test_ctrl_c_shows_the_configurations_already_timed(runner, monkeypatch, tmp_path):
     # Interrupted in the third of four configurations: the two timed ones were lost with it
     # (only "Interrupted." was printed).

@@ -37,6 +37,7 @@ from torchkit.core.io.option_lists import list_items
 from torchkit.core.io.progress import Progress
 from torchkit.core.models.image_size import ImageSizeError
 from torchkit.core.models.inputs import make_inputs
+from torchkit.core.runtime.compiled import compile_module
 from torchkit.core.runtime.device import is_out_of_memory
 from torchkit.core.runtime.memory import available_memory
 
@@ -280,7 +281,7 @@ def benchmark_model(
     if options.channels_last:
         model.to(memory_format=torch.channels_last)
     # One graph per batch size and mode (dynamic=False): what a fixed-shape loop would run.
-    runnable = torch.compile(model, dynamic=False) if options.compile else model
+    runnable = compile_module(model, dynamic=False) if options.compile else model
     weights_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     dtype = amp_dtype or weights_dtype or torch.float32
     context = _Context(
