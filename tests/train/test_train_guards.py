@@ -568,6 +568,25 @@ def test_amp_auto_takes_bf16_only_on_gpus_that_compute_it_natively(monkeypatch):
             assert scaler is None
 
 
+def test_bf16_on_a_gpu_that_emulates_it_warns_in_train_as_in_the_other_commands(
+    monkeypatch, caplog
+):
+    # A T4 or V100 computes bfloat16 by emulation, slower than float32: eval, predict,
+    # extract-features and benchmark warn before the run, and so does train.
+    from torchkit.core.runtime.device import resolve_amp_dtype
+    from torchkit.core.train.setup import amp_dtype_for
+
+    emulated = "this GPU has no native bfloat16: --amp-dtype bf16 is emulated and slow"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    assert amp_dtype_for("cuda", "bf16") == "bfloat16"
+    assert resolve_amp_dtype("bf16", torch.device("cuda")) == torch.bfloat16
+    assert [r.getMessage().startswith(emulated) for r in caplog.records] == [True, True]
+    caplog.clear()
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert amp_dtype_for("cuda", "bf16") == "bfloat16" and amp_dtype_for("cpu", "bf16")
+    assert caplog.records == []
+
+
 def test_clipping_under_a_grad_scaler_sees_the_unscaled_gradients(monkeypatch):
     from torchkit.core.train import loop
 

@@ -128,11 +128,7 @@ def resolve_amp_dtype(choice: str, device):
     if name == "fp16":
         chosen = torch.float16
     elif name == "bf16":
-        if device.type == "cuda" and not cuda_bf16_native():
-            log.warning(
-                "this GPU has no native bfloat16: --amp-dtype bf16 is emulated and slow; "
-                "--amp-dtype fp16 (or auto) is faster here"
-            )
+        warn_if_cuda_bf16_is_emulated(device.type)
         chosen = torch.bfloat16
     elif device.type == "cpu" or (device.type == "cuda" and cuda_bf16_native()):
         chosen = torch.bfloat16
@@ -182,6 +178,16 @@ def amp_dtype_name(dtype) -> str:
     """How metrics.json and meta.json record an autocast dtype: bf16 or fp16."""
     name = str(dtype).rsplit(".", 1)[-1]
     return _AMP_DTYPE_NAMES.get(name, name)
+
+
+def warn_if_cuda_bf16_is_emulated(device_type: str) -> None:
+    """--amp-dtype bf16 on a GPU that only emulates bfloat16 (a T4, a V100) runs slower than
+    float32: say so before the run."""
+    if device_type == "cuda" and not cuda_bf16_native():
+        log.warning(
+            "this GPU has no native bfloat16: --amp-dtype bf16 is emulated and slow; "
+            "--amp-dtype fp16 (or auto) is faster here"
+        )
 
 
 def cuda_bf16_native() -> bool:
