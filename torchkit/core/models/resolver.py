@@ -53,7 +53,7 @@ from torchkit.core.models.timm_models import (
 )
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import (
-    is_state_dict,
+    holds_weights_only,
     load_weights_file,
     pickled_module,
     read_model_file,
@@ -390,7 +390,7 @@ def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel
             image_model=False,
             weights_source="pickled model",
         )
-    if is_state_dict(loaded):
+    if holds_weights_only(loaded):
         raise weights_only_error(path)
     raise CheckpointError(
         f"{path} is neither a torchkit checkpoint nor a pickled model",
