@@ -831,6 +831,57 @@ def test_mpeg_ps_copies_cut_inside_a_pack_are_truncated(tmp_path):
             assert info.error.startswith(f"truncated: the file holds {packs * 2048 + 700:,} of ")
 
 
+def test_raw_mpeg2_video_cut_inside_a_picture_is_truncated(tmp_path):
+    """A raw MPEG-2 stream (.m2v) records neither sizes nor a frame count (its header gives
+    none), so a cut copy read `ok` with --exact too; its last picture's slices, one per row of
+    macroblocks, stop short of the picture's last row."""
+    whole = tmp_path / "clip.m2v"
+    if not write_video(whole, "MPG2", 48, 32, 25.0, 40):  # 2 rows of macroblocks
+        pytest.skip("this OpenCV build cannot write raw MPEG-2 video")
+    data = whole.read_bytes()
+    for options in ({}, {"exact": True}):
+        assert probe_video(whole, **options).status == "ok", options
+    pictures = [at for at in range(len(data) - 4) if data[at : at + 4] == b"\x00\x00\x01\x00"]
+    for picture in pictures[5::10]:  # cut inside the first row of a picture
+        first_slice = data.index(b"\x00\x00\x01\x01", picture)
+        cut = tmp_path / "cut.m2v"
+        cut.write_bytes(data[: first_slice + 10])
+        for options in ({}, {"decode_check": False}, {"exact": True}):
+            info = probe_video(cut, **options)
+            assert (info.status, info.error) == (
+                "truncated",
+                "truncated: its last picture stops at macroblock row 1 of 2",
+            ), options
+
+
+def test_last_picture_rows_of_hand_made_mpeg2_streams(tmp_path):
+    from torchkit.core.video.containers import last_picture_rows
+
+    def rows(data: bytes) -> tuple[int, int] | None:
+        path = tmp_path / "file.m2v"
+        path.write_bytes(data)
+        return last_picture_rows(path, len(data))
+
+    start = lambda code: b"\x00\x00\x01" + bytes([code])  # noqa: E731
+    sequence = start(0xB3) + bytes.fromhex("0300f013ffffe008")  # 48 x 240
+    progressive = start(0xB5) + bytes.fromhex("148a00010000")
+    interlaced = start(0xB5) + bytes.fromhex("148200010000")
+    picture = lambda structure, last: (  # noqa: E731
+        start(0x00)
+        + bytes(4)
+        + start(0xB5)
+        + bytes([0x8F, 0xFF, 0xF0 | structure, 0x80, 0x80])
+        + b"".join(start(row) + b"\x55" * 4 for row in range(1, last + 1))
+    )
+    assert rows(sequence + progressive + picture(3, 15) + picture(3, 15)) == (15, 15)
+    assert rows(sequence + progressive + picture(3, 15) + picture(3, 7)) == (7, 15)
+    assert rows(sequence + interlaced + picture(3, 16) + picture(3, 9)) == (9, 16)
+    assert rows(sequence + progressive + picture(3, 15) + picture(1, 7)) is None  # a field
+    assert rows(sequence + progressive + picture(3, 7) + start(0xB7)) is None  # the end code
+    assert rows(sequence + picture(3, 7)) is None  # MPEG-1: a slice may span rows
+    assert rows(sequence + progressive + b"\x55" * 40) is None  # no picture
+
+
 def ebml_size(data: bytes, at: int) -> tuple[int, int]:
     """An EBML element size at `at`: (value, its length in bytes)."""
     length = 9 - data[at].bit_length()

@@ -578,3 +578,55 @@ def _ps_packets_end(data: bytes, offset: int) -> int | None:
             length = 6 + int.from_bytes(data[offset + 4 : offset + 6], "big")
         offset += length
     return offset
+
+
+_MPEG_START = b"\x00\x00\x01"
+_MPEG_TAIL = 1 << 20  # the last picture of a raw MPEG video stream is sought this far from its end
+
+
+def _start_codes(data: bytes, start: int = 0) -> Iterator[tuple[int, int]]:
+    """(position, code) of each MPEG start code (00 00 01 xx) in `data` from `start`; coded
+    data never holds one, so the stream's structure is read without decoding it."""
+    at = data.find(_MPEG_START, start)
+    while 0 <= at < len(data) - 3:
+        yield at, data[at + 3]
+        at = data.find(_MPEG_START, at + 3)
+
+
+def last_picture_rows(path: str | os.PathLike, size: int) -> tuple[int, int] | None:
+    """For a raw MPEG-2 video stream (.m2v), which records neither sizes nor a frame count:
+    (the macroblock rows its last picture's slices reach, the rows a picture has). A copy cut
+    short stops inside a picture, whose slices then do not reach its last row. None where this
+    cannot be told: MPEG-1 (a slice may span rows), a field picture, a stream ended by its end
+    code, pictures over 2,800 lines high, or no picture in its last megabyte."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+            start = max(0, size - _MPEG_TAIL)
+            handle.seek(start)
+            tail = handle.read(size - start)
+    except OSError:
+        return None
+    # The first sequence header (its height) and sequence extension (MPEG-2 only)
+    codes = [(at, code) for at, code in _start_codes(head) if at + 7 <= len(head)]
+    header = next((at for at, code in codes if code == 0xB3), None)
+    extension = next((at for at, code in codes if code == 0xB5 and head[at + 4] >> 4 == 1), None)
+    if header is None or extension is None:
+        return None
+    lines = (head[header + 5] & 0x0F) << 8 | head[header + 6]
+    lines |= (head[extension + 6] >> 5 & 3) << 12
+    progressive = head[extension + 5] >> 3 & 1
+    if lines > 2800 or tail.endswith(_MPEG_START + b"\xb7"):
+        return None
+    rows = -(-lines // 16) if progressive else 2 * -(-lines // 32)
+    picture = tail.rfind(_MPEG_START + b"\x00")
+    if picture < 0:
+        return None
+    reached = 0
+    for at, code in _start_codes(tail, picture + 4):
+        if code == 0xB5 and at + 7 <= len(tail) and tail[at + 4] >> 4 == 8:
+            if tail[at + 6] & 3 != 3:  # picture_structure: a field, half the rows
+                return None
+        elif 0x01 <= code <= 0xAF:  # a slice: its code is its row (1 the first)
+            reached = max(reached, code)
+    return reached, rows

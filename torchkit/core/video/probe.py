@@ -25,6 +25,7 @@ from torchkit.core.video.containers import (
     container_fourcc,
     declared_size,
     fourcc_text,
+    last_picture_rows,
     sniff_container,
     still_image_format,
 )
@@ -152,6 +153,15 @@ def _shortfall(info: VideoInfo, declared: int | None) -> str | None:
         f"truncated: the file holds {info.size_bytes:,} of the {declared:,} bytes its "
         f"{info.container} structure declares"
     )
+
+
+def _picture_cut(path: Path, container: str | None, size: int) -> str | None:
+    """A message when a raw MPEG-2 video stream stops inside its last picture (a copy cut
+    short: such a stream records neither its size nor its frame count)."""
+    rows = last_picture_rows(path, size) if container == "mpeg-video" else None
+    if rows is None or rows[0] >= rows[1]:
+        return None
+    return f"truncated: its last picture stops at macroblock row {rows[0]:,} of {rows[1]:,}"
 
 
 def _frame_slack(header: int) -> int:
@@ -328,11 +338,11 @@ def _probe_into(
     # Read before FFmpeg opens the file: a cut MP4 whose index was at its end cannot be opened,
     # and this still tells a truncated copy from a corrupt file.
     declared = declared_size(path, sniffed, info.size_bytes)
-    cut = _shortfall(info, declared)
+    cut = _shortfall(info, declared) or _picture_cut(path, sniffed, info.size_bytes)
     # Where the container's sizes say the file is whole, frames short of the header's count
     # are an estimate or a decoder's quirk, not a cut: decoding is the evidence only where the
     # sizes say nothing (and the end is not sought where they do: no time spent).
-    judge_by_frames = declared is None
+    judge_by_frames = declared is None and not cut
     capture = _open_capture(cv2, path, decoder_threads)
     if capture is None:
         if cut:
