@@ -135,6 +135,13 @@ train_args=(--image-size "$IMG" -b "$B" -j "$NJ" --epochs "$E" "${AMPF[@]}" --lr
 # more, 2026-11-27), and the second run is the one the other rows compare with. Both wall
 # times include CUDA's start-up.
 step digits-cold 120 "${TK[@]}" train --out "$W/digits-cold" --device "$DEV" -v
+# DEV=cuda without a usable GPU, every step would fail and the table read n/a, exit 0: stop
+# (asked after digits-cold, which is to be the machine's first CUDA process).
+if [ "$DEV" != cpu ] && ! gpu=$("$PY" -m torchkit env --require-cuda --format json 2>&1 > /dev/null); then
+  echo "the GPU check stops: no usable CUDA GPU for $PY (DEV=cpu for a dry run):" >&2
+  echo "$gpu" | tail -3 >&2
+  exit 2
+fi
 step digits 120 "${TK[@]}" train --out "$W/digits" --device "$DEV" -v
 if [ -n "${JPEGS:-}" ]; then
   ln -s "$(cd "$JPEGS" && pwd)" "$W/jp"

@@ -37,6 +37,12 @@ if ! preflight=$("$PY" -m torchkit --version 2>&1); then # e.g. a missing packag
   echo "$preflight" | tail -3 >&2
   exit 2
 fi
+# Without a usable GPU every GPU test skips, and "31 skipped" would end this script with 0.
+if ! gpu=$("$PY" -m torchkit env --require-cuda --format json 2>&1 > /dev/null); then
+  echo "no usable CUDA GPU for $PY (the GPU tests would all be skipped):" >&2
+  echo "$gpu" | tail -3 >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1 NO_COLOR=1
 [ $# -eq 0 ] && set -- tests
 rc=0

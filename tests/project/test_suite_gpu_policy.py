@@ -64,3 +64,20 @@ def test_the_gpu_machines_wheels_bring_their_own_dependencies():
         and dependency["name"] not in names | {"pytest", "torch", "torchvision"}
     }
     assert missing == set()
+
+
+@pytest.mark.parametrize("script", ["gpu_tests.sh", "gpu_check.sh"])
+def test_the_gpu_scripts_stop_where_no_gpu_is_usable(tmp_path, script):
+    """Without a usable GPU the GPU tests all skip and the check's steps all fail (n/a rows):
+    either would end in 0, read as a pass. Both stop with 2 and say why, running nothing."""
+    from suite_paths import REPO
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PY": sys.executable, "ONLY": "none"}
+    env["OUT"] = str(tmp_path / "out")
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / script), "tests/project/test_layering.py"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "no usable CUDA GPU" in done.stderr
+    assert not (tmp_path / "out" / "cuda.log").exists()
