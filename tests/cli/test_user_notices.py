@@ -41,6 +41,7 @@ def world(tmp_path_factory) -> dict:
         "std0": {"std": [0.0, 0.0, 0.0]},
         "mean7": {"mean": [0.5] * 7},
         "nanmean": {"mean": [float("nan")] * 3},
+        "area": {"interpolation": "area"},
     }
     for name, change in broken.items():
         save_checkpoint(
@@ -360,6 +361,7 @@ def test_predict_summary_counts_the_unreadable_images(runner, world, tmp_path):
         ("std0", "std [0.0, 0.0, 0.0] has a value that is not above 0"),
         ("mean7", "mean has 7 value(s) for 3-channel images"),
         ("nanmean", "mean [nan, nan, nan] is not all finite numbers"),
+        ("area", "interpolation 'area' is not one of bilinear, bicubic, nearest, lanczos"),
     ],
 )
 @pytest.mark.parametrize("command", ["predict", "eval"])

@@ -19,6 +19,9 @@ from torchkit.core.io.option_lists import list_items
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+# What a model file may record: the --interpolation choices and PIL's other filters, which every
+# eval path resizes with (torchvision's InterpolationMode and PIL's Resampling both name them).
+RECORDED_INTERPOLATIONS = (*INTERPOLATIONS, "lanczos", "box", "hamming")
 # The largest finite float32, the type images are normalised in.
 FLOAT32_MAX = 3.4028234663852886e38
 # Mode PIL converts images to for a given channel count.
@@ -117,7 +120,7 @@ class Preprocess:
         """(field, what is wrong with it) for the first value images cannot be preprocessed
         with, None when all can: sizes and channels positive whole numbers, mean and std one
         finite value per input channel (or one for all), std above 0 (dividing by 0 turns
-        every pixel into inf or NaN)."""
+        every pixel into inf or NaN), an interpolation images can be resized with."""
         for name in ("image_size", "resize_size", "in_channels"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -136,6 +139,11 @@ class Preprocess:
                 f"std {_shown_value(list(self.std))} has a value that is not above 0 (images "
                 "would be divided by it)"
             )
+        if self.interpolation not in RECORDED_INTERPOLATIONS:
+            return "interpolation", (
+                f"interpolation {self.interpolation!r} is not one of "
+                + ", ".join(RECORDED_INTERPOLATIONS)
+            )
         return None
 
     def check(self, source: str) -> Preprocess:
@@ -151,7 +159,7 @@ class Preprocess:
             raise CheckpointError(
                 f"the preprocessing recorded in {source} is unusable: {what}",
                 f"it is the model file's fault, not the images'; give {option} to override it"
-                if name != "in_channels"
+                if name not in ("in_channels", "interpolation")
                 else "the file is damaged or was not written by torchkit",
             )
         return self
