@@ -29,7 +29,11 @@ from torchkit.core.evaluate.metrics import compute_metrics, start_scorer
 from torchkit.core.evaluate.reports import REPORT_FILES
 from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import load_eval_samples
-from torchkit.core.inference.options import InferenceOptions, check_inference_options
+from torchkit.core.inference.options import (
+    InferenceOptions,
+    check_amp_applies,
+    check_inference_options,
+)
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, on_every_rank
 from torchkit.core.io.outputs import (
@@ -416,6 +420,7 @@ def _run(
 
     device = ctx.device
     resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
+    check_amp_applies(options.run, resolved.exported_format)
     recorded = resolved.checkpoint.get("data") if resolved.checkpoint else None
     data = load_eval_samples(
         options.data, split=options.split, classes=resolved.classes, recorded=recorded

@@ -76,6 +76,18 @@ def check_inference_options(run: InferenceOptions) -> None:
     check_workers(run.workers)
 
 
+def check_amp_applies(run: InferenceOptions, exported_format: str | None) -> None:
+    """Refuse --amp for an ONNX file: onnxruntime runs it in the precision it was exported in,
+    outside torch's autocast, so the run would be recorded as mixed precision while every
+    number is the float32 run's."""
+    if run.amp and exported_format == "onnx":  # core.models.exported.formats.ONNX
+        raise UsageError(
+            "--amp has no effect on an ONNX model: onnxruntime runs it in the precision it was "
+            "exported in",
+            "drop --amp, or export a float16 file: torchkit export ... --dtype float16",
+        )
+
+
 @dataclass(kw_only=True)
 class PreprocessOverrides:
     """None: the model's own (its checkpoint's, else its weights' or architecture's)."""

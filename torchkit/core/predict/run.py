@@ -13,7 +13,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.inference.options import InferenceOptions, check_inference_options
+from torchkit.core.inference.options import (
+    InferenceOptions,
+    check_amp_applies,
+    check_inference_options,
+)
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.io.files import STDIN
 from torchkit.core.predict.inputs import (
@@ -125,6 +129,7 @@ class PredictRun:
             lambda: resolve_spec(spec, command="predict", exported="runtime", predicting=True),
             from_file=from_file,
         )
+        check_amp_applies(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
         self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
         if self._k(outputs) < request.topk:
