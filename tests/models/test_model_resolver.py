@@ -630,3 +630,119 @@ def test_a_googlenet_run_from_weights_without_aux_heads_loads_everywhere(
         "train", "--resume", out, "--epochs", "2", "-j", "0", "--device", "cpu"
     )
     assert resumed.returncode == 0, resumed.stderr
+
+
+def _torchvisions_weights_offline(monkeypatch, arch: str) -> dict:
+    """torchvision's own builder with its DEFAULT weights (it sets `transform_input=True`), the
+    weights a hand-made state dict with its auxiliary heads, as torchvision's file has them."""
+    import torchvision.models._api as api
+
+    torch.manual_seed(0)
+    source = torchvision.models.get_model(
+        arch, aux_logits=True, transform_input=True, init_weights=False
+    )
+    # BatchNorm statistics of real activations, not the defaults: with these the outputs of
+    # the deep nets depend on their input (they are constant with the defaults).
+    batch_norms = [module for module in source.modules() if isinstance(module, nn.BatchNorm2d)]
+    for module in batch_norms:
+        module.momentum = None  # the plain average of what it sees
+    aux = source.AuxLogits if arch == "inception_v3" else None
+    if aux is not None:
+        source.AuxLogits = None  # it needs larger images than these
+    with torch.no_grad():
+        source.train()(torch.rand(2, 3, *(2 * [80 if arch == "inception_v3" else 48])))
+    if aux is not None:
+        source.AuxLogits = aux
+    state = source.state_dict()
+    monkeypatch.setattr(
+        api, "load_state_dict_from_url", lambda *_, **__: {k: v.clone() for k, v in state.items()}
+    )
+    return state
+
+
+@pytest.mark.parametrize(("arch", "size"), [("googlenet", 48), ("inception_v3", 80)])
+def test_googlenet_and_inception_default_weights_answer_as_torchvisions_pipeline(
+    monkeypatch, arch, size
+):
+    """`eval googlenet --weights DEFAULT`: torchvision's documented pipeline (its weights'
+    transforms, then its model, which re-normalises with `transform_input`) and torchkit's (the
+    same resize and crop, mean/std 0.5, a model without `transform_input`, as every command
+    rebuilds one from a checkpoint) give the same outputs."""
+    _torchvisions_weights_offline(monkeypatch, arch)
+    truth = torchvision.models.get_model(arch, weights="DEFAULT").eval()
+    assert truth.transform_input
+    resolved = resolve_model(arch, weights="DEFAULT")
+    assert not resolved.model.transform_input
+    documented = torchvision.models.get_model_weights(arch).DEFAULT.transforms()
+    preprocess = resolved.preprocess
+    assert (preprocess.resize_size, preprocess.image_size) == (
+        documented.resize_size[0],
+        documented.crop_size[0],
+    )
+    assert preprocess.interpolation == documented.interpolation.value
+    pixels = torch.rand(2, 3, size, size)
+    ours = torchvision.transforms.Normalize(preprocess.mean, preprocess.std)
+    theirs = torchvision.transforms.Normalize(documented.mean, documented.std)
+    with torch.no_grad():
+        expected = truth(theirs(pixels))
+        assert not torch.allclose(expected[0], expected[1])  # outputs that tell inputs apart
+        # The same up to rounding (the re-normalisation rounds otherwise than Normalize).
+        got = resolved.model.eval()(ours(pixels))
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-3 * scale)
+
+
+def test_a_googlenet_run_from_default_weights_rebuilds_the_model_it_trained(
+    monkeypatch, train_data, tmp_path
+):
+    """`train --model googlenet --weights DEFAULT` trained a model with torchvision's
+    `transform_input=True`, while eval, predict, export and --resume rebuild best.pt without it:
+    they silently fed the weights other inputs than training did. Training now feeds mean/std
+    0.5 to a model without it, records that, and best.pt rebuilds the model it trained."""
+    from torchkit.core.models.checkpoint import load_checkpoint
+    from torchkit.core.train import setup
+
+    _torchvisions_weights_offline(monkeypatch, "googlenet")
+    built = []
+    build = setup._build_model
+    monkeypatch.setattr(
+        setup, "_build_model", lambda *a, **k: built.append(build(*a, **k)) or built[-1]
+    )
+    out = tmp_path / "run"
+    trained = run_torchkit_in_process(
+        "train", "--data", train_data, "--model", "googlenet", "--weights", "DEFAULT",
+        "--image-size", "32", "--epochs", "1", "--batch-size", "2", "-j", "0", "--device", "cpu",
+        "--out", out,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    checkpoint = load_checkpoint(out / "best.pt")
+    assert checkpoint["preprocess"]["mean"] == checkpoint["preprocess"]["std"] == [0.5] * 3
+    rebuilt = resolve_model(str(out / "best.pt"))  # as eval, predict and export rebuild it
+    pixels = torch.rand(2, 3, 32, 32)
+    normalize = torchvision.transforms.Normalize(rebuilt.preprocess.mean, rebuilt.preprocess.std)
+    with torch.no_grad():
+        expected = built[0][0].eval()(normalize(pixels))
+        assert not torch.allclose(expected[0], expected[1])  # outputs that tell inputs apart
+        torch.testing.assert_close(rebuilt.model.eval()(normalize(pixels)), expected)
+
+
+def test_train_normalises_as_torchvisions_googlenet_weights_expect(monkeypatch):
+    """train's default --mean/--std for googlenet and inception_v3 from torchvision's weights
+    (named, or its file) are those weights' (0.5); a --mean or --std given stays the user's."""
+    from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+    from torchkit.core.models import builders
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.validation import resolve_defaults
+
+    def mean_std(**options):
+        config = resolve_defaults(TrainConfig(data="images", **options), is_digits=False)
+        return config.mean, config.std
+
+    half = (0.5, 0.5, 0.5)
+    assert mean_std(model="googlenet", weights="DEFAULT") == (half, half)
+    assert mean_std(model="inception_v3", weights="IMAGENET1K_V1") == (half, half)
+    assert mean_std(model="googlenet", weights="DEFAULT", mean=(0.4,)) == ((0.4,) * 3, half)
+    assert mean_std(model="googlenet") == (IMAGENET_MEAN, IMAGENET_STD)
+    assert mean_std(model="resnet18", weights="DEFAULT") == (IMAGENET_MEAN, IMAGENET_STD)
+    monkeypatch.setattr(builders, "is_torchvision_transform_input_file", lambda *_: True)
+    assert mean_std(model="googlenet", weights=__file__) == (half, half)

@@ -231,7 +231,7 @@ def torchvision_pretrained(name: str, weights: str):
 
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            return torchvision.models.get_model(name, weights=weights)
+            model = torchvision.models.get_model(name, weights=weights)
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
         if isinstance(error, FileNotFoundError):
             raise
@@ -242,13 +242,33 @@ def torchvision_pretrained(name: str, weights: str):
         ) from error
     except ValueError as error:
         raise UsageError(f"unknown weights {weights!r} for {name}: {error}") from error
+    if name in TRANSFORM_INPUT_MODELS:
+        # Fed mean/std 0.5 instead (see TRANSFORM_INPUT_MODELS): the model every later command
+        # rebuilds from a checkpoint of it (transform_input off) is then the model trained.
+        model.transform_input = False
+    return model
 
 
 # torchvision builds googlenet and inception_v3 with `transform_input=True` for its own weights
 # (and only for them): they take images normalised to mean 0.5, std 0.5, which the model makes
-# of ImageNet-normalised ones. The weights file alone does not say so.
+# of ImageNet-normalised ones. The weights file alone does not say so. torchkit builds them
+# without it and normalises to mean 0.5, std 0.5 itself (the same input, and a preprocessing a
+# checkpoint records), whether the weights are named (DEFAULT) or torchvision's file.
 TRANSFORM_INPUT_MODELS = ("googlenet", "inception_v3")
 TRANSFORM_INPUT_MEAN_STD = (0.5, 0.5, 0.5)
+
+
+def takes_transform_input_mean_std(name: str, weights: str | None) -> bool:
+    """Whether `name` with `weights` is googlenet or inception_v3 with torchvision's weights,
+    named (DEFAULT, IMAGENET1K_V1) or its own file: normalised to TRANSFORM_INPUT_MEAN_STD."""
+    if name not in TRANSFORM_INPUT_MODELS or not weights:
+        return False
+    if os.path.isfile(weights):
+        try:
+            return is_torchvision_transform_input_file(name, weights)
+        except OSError:
+            return False  # an unreadable file is reported when the weights are loaded
+    return not os.path.exists(weights) and not is_checkpoint_path(weights)
 
 
 def is_torchvision_transform_input_file(name: str, path: str) -> bool:

@@ -21,6 +21,7 @@ from torchkit.core.models.builders import (
     BUILTIN_MODELS,
     IMAGE_SIZE_KWARGS,
     TRANSFORM_INPUT_MEAN_STD,
+    TRANSFORM_INPUT_MODELS,
     is_callable_spec,
     is_checkpoint_path,
     is_timm_spec,
@@ -538,6 +539,8 @@ def _torchvision_pretrained(name: str, weights: str, enum):
     model = torchvision_pretrained(name, weights)
     categories = [str(c) for c in chosen.meta.get("categories") or []]
     preprocess = _preprocess_of(chosen)
+    if name in TRANSFORM_INPUT_MODELS:  # built without transform_input: fed as it feeds
+        preprocess = _transform_input_preprocess(preprocess)
     return ResolvedModel(
         model,
         name,
@@ -623,9 +626,13 @@ def _as_torchvision_builds(resolved: ResolvedModel, path: str) -> None:
     re-normalisation of ImageNet-normalised images gives. A model that re-normalises is not
     built instead, since a torchkit checkpoint (train from the file) could not rebuild it."""
     if is_torchvision_transform_input_file(resolved.arch, path):
-        mean_std = TRANSFORM_INPUT_MEAN_STD
-        resolved.preprocess = replace(resolved.preprocess, mean=mean_std, std=mean_std)
+        resolved.preprocess = _transform_input_preprocess(resolved.preprocess)
         resolved.weights_source = "torchvision weights"
+
+
+def _transform_input_preprocess(preprocess: Preprocess) -> Preprocess:
+    mean_std = TRANSFORM_INPUT_MEAN_STD
+    return replace(preprocess, mean=mean_std, std=mean_std)
 
 
 def _same_architecture(recorded: str, named: str) -> bool:

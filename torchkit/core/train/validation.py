@@ -47,6 +47,10 @@ MAX_MIX_ALPHA = 3.4e38
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     """Fill the None options from the data; the names filled go into `data_defaults`."""
     from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+    from torchkit.core.models.builders import (
+        TRANSFORM_INPUT_MEAN_STD,
+        takes_transform_input_mean_std,
+    )
 
     table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
     chosen = {name: value for name, value in table.items() if getattr(config, name) is None}
@@ -55,8 +59,11 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
         image_size = chosen.get("image_size", config.image_size)
         chosen["resize_size"] = image_size if is_digits else int(round(image_size / 0.875))
     resolved = dataclasses.replace(config, **chosen)
-    resolved.mean = three_channels(resolved.mean, IMAGENET_MEAN)
-    resolved.std = three_channels(resolved.std, IMAGENET_STD)
+    mean, std = IMAGENET_MEAN, IMAGENET_STD
+    if takes_transform_input_mean_std(str(config.model), config.weights):
+        mean = std = TRANSFORM_INPUT_MEAN_STD  # what the weights expect (see builders)
+    resolved.mean = three_channels(resolved.mean, mean)
+    resolved.std = three_channels(resolved.std, std)
     resolved.data_defaults = tuple(sorted(set(config.data_defaults) | set(chosen)))
     validate(resolved)
     return resolved
