@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from image_folders import write_image_folder
-from output_checks import error_line
+from output_checks import error_line, tree_digest
 
+import torchkit.core.features.store as store
 from torchkit.cli import app
 
 BASE = ["extract-features", "--device", "cpu", "--allow-untrained", "--image-size", "16", "-j", "0"]
@@ -151,3 +152,37 @@ def test_strict_stop_mid_stream_leaves_no_out(runner, photos, tmp_path):
     assert refused.exit_code == 1
     assert "cannot read image" in error_line(refused.stderr)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["new OUT", "--force over an OUT"])
+def test_a_full_disk_at_meta_json_after_the_arrays_leaves_no_trace(
+    runner, photos, tmp_path, monkeypatch, earlier
+):
+    """The arrays and index.csv are renamed into OUT before meta.json is written: a write error
+    there (or a kill) removes them with the rest of the run, and an earlier OUT comes back;
+    before, they stayed as 'files this run did not write', OUT kept with them."""
+    out = tmp_path / "o"
+    if earlier:
+        assert runner.invoke(app, [*BASE, "convnet", "-", str(out)], input=photos[0]).exit_code == 0
+        before = tree_digest(out)
+    write_text = store.atomic_write_text
+
+    def full_at_meta(path, text, *args, **kwargs):
+        if Path(path).name == "meta.json":
+            raise OSError(28, "No space left on device")
+        return write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(store, "atomic_write_text", full_at_meta)
+    force = ["--force"] if earlier else []
+    failed = runner.invoke(
+        app, [*BASE, "-b", "2", "convnet", "-", str(out), *force], input="\n".join(photos)
+    )
+    assert failed.exit_code == 1
+    assert error_line(failed.stderr) == (
+        f"Error: cannot write {out}: No space left on device "
+        "(free some space, check the permissions, or choose another output)"
+    )
+    assert "did not write" not in failed.stderr
+    if earlier:
+        assert tree_digest(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["o"] if earlier else [])

@@ -287,12 +287,16 @@ class FeatureStore:
                 continue  # moved by a run that stopped while finishing
             _set_rows(source, rows)
             if file_format == "npy":
+                # On record before the rename (as every other file): a failure or kill before
+                # OUT is kept removes it with the rest of the run.
+                self.output.wrote(target)
                 os.replace(source, target)
             elif file_format == "pt":
                 _write_pt(source, target)
             else:
                 _write_safetensors(source, target, name)
         if self.streamed:
+            self.output.wrote(self.out / INDEX_FILE)
             os.replace(self.partial / INDEX_FILE, self.out / INDEX_FILE)
         else:
             atomic_write_text(self.out / INDEX_FILE, csv_text([index_columns, *index_rows]))
