@@ -474,13 +474,18 @@ def test_sigterm_keeps_files_copied_into_a_new_output_folder_while_it_was_writte
     assert sorted(os.listdir(tmp_path)) == ["out", "writer.py"]  # no lock left
 
 
-def test_a_sigkilled_runs_set_aside_is_put_back_by_the_next_run(tmp_path, writer_script):
-    run = _old_run(tmp_path / "run")
-    before = tree_digest(run)
+def _sigkill_once_it_wrote(writer_script, run) -> None:
+    """A `--force` run of the writer over `run`, SIGKILLed once its new output has a file."""
     process = _start(writer_script, str(run), "--force")
     wait_until(lambda: (run / "new.txt").exists(), process=process, what="the new output")
     os.killpg(process.pid, signal.SIGKILL)
     process.communicate()
+
+
+def test_a_sigkilled_runs_set_aside_is_put_back_by_the_next_run(tmp_path, writer_script):
+    run = _old_run(tmp_path / "run")
+    before = tree_digest(run)
+    _sigkill_once_it_wrote(writer_script, run)
     assert any(name.endswith(".replaced") for name in os.listdir(tmp_path))
     OutputFolder(run, command="demo", force=True).release()  # the next run on that folder
     assert tree_digest(run) == before
@@ -495,10 +500,7 @@ def test_a_sigkilled_runs_folder_keeps_a_file_put_in_after_the_kill(
     keeps the folder with the user's file, the old output set aside, and says where."""
     run = _old_run(tmp_path / "run")
     before = tree_digest(run)
-    process = _start(writer_script, str(run), "--force")
-    wait_until(lambda: (run / "new.txt").exists(), process=process, what="the new output")
-    os.killpg(process.pid, signal.SIGKILL)
-    process.communicate()
+    _sigkill_once_it_wrote(writer_script, run)
     (run / "mine.txt").write_text("the user's\n")
     (aside,) = [p for p in tmp_path.iterdir() if p.name.endswith(".replaced")]
     with pytest.raises(OutputExistsError, match="not written by torchkit"):

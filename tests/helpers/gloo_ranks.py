@@ -130,10 +130,14 @@ def run_ranks(
     try:
         return [finish(process, timeout) for process in started]
     finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        _kill_the_rest(started)
+
+
+def _kill_the_rest(started: list[subprocess.Popen]) -> None:
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def run_ranks_under_agent(
@@ -156,10 +160,7 @@ def run_ranks_under_agent(
                 process.terminate()
         return [finish(process, timeout) for process in started]
     finally:
-        for process in started:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        _kill_the_rest(started)
 
 
 def error_lines_of(ranks: list[subprocess.CompletedProcess]) -> list[str]:
