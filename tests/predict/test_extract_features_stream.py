@@ -186,3 +186,46 @@ def test_a_full_disk_at_meta_json_after_the_arrays_leaves_no_trace(
     if earlier:
         assert tree_digest(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == (["o"] if earlier else [])
+
+
+def _killed_stream(out: Path) -> None:
+    """What `extract-features MODEL - OUT` killed (SIGKILL) mid-stream leaves in a new OUT."""
+    (out / ".partial").mkdir(parents=True)
+    (out / ".partial" / "penultimate.npy").write_bytes(b"\x93NUMPY")
+    (out / ".torchkit").write_text('{"written_by": "torchkit", "command": "extract-features"}\n')
+
+
+def test_a_killed_streams_out_names_force_not_resume(runner, photos, tmp_path):
+    """A stream cannot be resumed (--resume with - is refused): the hint says what works."""
+    out = tmp_path / "o"
+    _killed_stream(out)
+    refused = runner.invoke(app, [*BASE, "convnet", "-", str(out)], input="\n".join(photos))
+    assert refused.exit_code == 1
+    assert error_line(refused.stderr) == (
+        f"Error: output folder already exists: {out} (it holds an interrupted extraction, "
+        "which a list piped on stdin cannot continue: pass --force to start over)"
+    )
+    again = runner.invoke(
+        app, [*BASE, "convnet", "-", str(out), "--force"], input="\n".join(photos)
+    )
+    assert again.exit_code == 0, again.stderr
+    assert (out / "meta.json").is_file() and not (out / ".partial").exists()
+
+
+def test_the_hint_is_about_the_out_left_once_a_killed_runs_old_out_is_back(
+    runner, photos, tmp_path
+):
+    """A run killed with --force over a finished OUT: the next run puts the old OUT back and
+    then judges it, finished, not the killed run's folder it found before that."""
+    out = tmp_path / "o"
+    assert runner.invoke(app, [*BASE, "convnet", "-", str(out)], input=photos[0]).exit_code == 0
+    out.rename(tmp_path / ".o.0123456789ab.replaced")
+    _killed_stream(out)
+    (out / ".torchkit-written").write_text('".partial"\n')
+    refused = runner.invoke(app, [*BASE, "convnet", "-", str(out)], input="\n".join(photos))
+    assert refused.exit_code == 1
+    assert f"put back {out}" in refused.stderr
+    assert error_line(refused.stderr) == (
+        f"Error: output folder already exists: {out} (pass --force to overwrite it)"
+    )
+    assert (out / "meta.json").is_file()

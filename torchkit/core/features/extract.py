@@ -177,7 +177,20 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
         )
     out = Path(request.out)
     has_content = out.is_dir() and not out.is_symlink() and any(out.iterdir())
-    interrupted = (out / PARTIAL_DIR).is_dir()
+
+    def exists_hint() -> str:  # judged once a killed run's leftovers are cleaned up
+        if not (out / PARTIAL_DIR).is_dir():
+            return ""
+        if str(request.images) == STDIN:  # --resume with - is refused: stdin cannot be read again
+            return (
+                "it holds an interrupted extraction, which a list piped on stdin cannot "
+                "continue: pass --force to start over"
+            )
+        return (
+            "it holds an interrupted extraction: pass --resume to continue it, or --force "
+            "to start over"
+        )
+
     return OutputFolder(
         out,
         command="extract-features",
@@ -185,12 +198,7 @@ def open_output(request: FeatureRequest, listed: Sequence[str] = ()) -> OutputFo
         inputs=feature_inputs(request, listed),
         known_files=known_files(out) if out.is_dir() else (),
         resume=request.resume and has_content,
-        exists_hint=(
-            "it holds an interrupted extraction: pass --resume to continue it, or --force "
-            "to start over"
-            if interrupted
-            else ""
-        ),
+        exists_hint=exists_hint,
     )
 
 

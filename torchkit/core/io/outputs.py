@@ -989,7 +989,7 @@ class OutputFolder:
         what: str = "output folder",
         resume: bool = False,
         atomic: bool = False,
-        exists_hint: str = "",
+        exists_hint: str | Callable[[], str] = "",
         replaced_hint: str = "",
     ) -> None:
         check_not_stdout(path, what)
@@ -1020,8 +1020,10 @@ class OutputFolder:
                 log.warning(note)
             self._existed = self.final.is_dir()
             if not resume:
+                # A callable hint judges the folder as it is now: a killed run's leftovers gone
+                hint = exists_hint() if callable(exists_hint) else exists_hint
                 self.has_content = check_replaceable(
-                    self.final, force, what=what, known_files=known_files, hint=exists_hint
+                    self.final, force, what=what, known_files=known_files, hint=hint
                 )
             else:
                 self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)
