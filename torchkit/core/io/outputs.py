@@ -858,13 +858,21 @@ def remove_tree(path: Path, *, ignore_errors: bool = True) -> None:
     """Delete `path`: a folder with everything in it, or a file or link (never what a link
     points to); a missing path is nothing to do. `ignore_errors=False` raises what the delete
     raises, for a caller whose next step needs the path gone."""
-    if path.is_dir() and not path.is_symlink():
+    try:
+        is_folder = stat.S_ISDIR(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError:  # a name the file system refuses (too long: it was never made), EACCES...
+        if ignore_errors:
+            return
+        raise
+    if is_folder:
         shutil.rmtree(path, ignore_errors=ignore_errors)
     elif ignore_errors:
         with contextlib.suppress(OSError):
-            path.unlink()
-    elif os.path.lexists(path):
-        path.unlink()
+            os.unlink(path)
+    else:
+        os.unlink(path)
 
 
 def discard_tree(path: Path, gone: Path | None = None) -> None:
