@@ -1012,3 +1012,39 @@ def test_csv_summary_is_the_json_plain_values(runner, tmp_path, make_image_folde
         assert float(row[key]) >= 0, key
     assert int(row["train_size"]) + int(row["val_size"]) == 36
     assert "history" not in row and "config" not in row
+
+
+def test_fine_tuning_a_torchkit_checkpoint_normalises_as_it_was_trained(
+    runner, split_root, tmp_path
+):
+    """`--weights RUN/best.pt` (or `--model RUN/best.pt`) normalised with train's ImageNet
+    default instead of the mean/std the checkpoint records, which its weights were trained on;
+    a --mean or --std given stays the user's."""
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.validation import resolve_defaults
+
+    first = tmp_path / "first"
+    made = train(
+        runner, "--data", str(split_root), *FAST, "--epochs", "1", "--mean", "0.3", "--std",
+        "0.2", "--out", str(first),
+    )  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    checkpoint = str(first / "best.pt")
+    tuned = tmp_path / "tuned"
+    result = train(
+        runner, "--data", str(split_root), *FAST, "--epochs", "1", "--weights", checkpoint,
+        "--out", str(tuned),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    preprocess = read_checkpoint(tuned / "best.pt")["preprocess"]
+    assert (preprocess["mean"], preprocess["std"]) == ([0.3] * 3, [0.2] * 3)
+
+    def mean_std(**options):
+        config = resolve_defaults(TrainConfig(data="images", **options), is_digits=False)
+        return config.mean, config.std
+
+    assert mean_std(model=checkpoint) == ((0.3,) * 3, (0.2,) * 3)
+    assert mean_std(model="nets:TinyNet", weights=checkpoint, std=(0.5,)) == (
+        (0.3,) * 3,
+        (0.5,) * 3,
+    )

@@ -510,18 +510,39 @@ def _from_timm(
 def _weights_input(path: str, trust_checkpoint: bool) -> tuple[int | None, int | None]:
     """(image size, input channels) of the weights in `path`: those a torchkit checkpoint's
     preprocessing records, else (None, the stem's channels); Nones when unknown."""
-    from torchkit.core.models.checkpoint import extract_state_dict, is_torchkit_checkpoint
+    from torchkit.core.models.checkpoint import extract_state_dict
 
     if not os.path.isfile(path):
         return None, None
     try:
         loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
-        if is_torchkit_checkpoint(loaded) and loaded.get("preprocess"):
-            preprocess = Preprocess.from_dict(loaded["preprocess"])
+        preprocess = _preprocess_recorded_in(loaded, path)
+        if preprocess is not None:
             return preprocess.image_size, preprocess.in_channels
         return None, _stem_channels_of(extract_state_dict(loaded))
     except (CheckpointError, UsageError):
         return None, None  # reported properly when the weights are loaded
+
+
+def recorded_preprocess(path: str, *, trust_checkpoint: bool = False) -> Preprocess | None:
+    """The preprocessing a torchkit checkpoint at `path` records (what its weights were trained
+    on); None for anything else, or a file that cannot be read (reported when it is loaded)."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        return _preprocess_recorded_in(
+            read_model_file(path, trust_checkpoint=trust_checkpoint), path
+        )
+    except (CheckpointError, UsageError):
+        return None
+
+
+def _preprocess_recorded_in(loaded: Any, path: str) -> Preprocess | None:
+    from torchkit.core.models.checkpoint import is_torchkit_checkpoint
+
+    if is_torchkit_checkpoint(loaded) and loaded.get("preprocess"):
+        return Preprocess.from_dict(loaded["preprocess"], source=path)
+    return None
 
 
 def _torchvision_pretrained(name: str, weights: str, enum):

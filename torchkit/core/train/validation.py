@@ -62,11 +62,30 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     mean, std = IMAGENET_MEAN, IMAGENET_STD
     if takes_transform_input_mean_std(str(config.model), config.weights):
         mean = std = TRANSFORM_INPUT_MEAN_STD  # what the weights expect (see builders)
+    elif config.mean is None or config.std is None:
+        recorded = _checkpoint_mean_std(config)
+        if recorded is not None:
+            mean, std = recorded  # what a torchkit checkpoint's weights were trained on
     resolved.mean = three_channels(resolved.mean, mean)
     resolved.std = three_channels(resolved.std, std)
     resolved.data_defaults = tuple(sorted(set(config.data_defaults) | set(chosen)))
     validate(resolved)
     return resolved
+
+
+def _checkpoint_mean_std(config: TrainConfig) -> tuple[tuple[float, ...], ...] | None:
+    """The mean and std recorded in the torchkit checkpoint a run fine-tunes (`--weights FILE`,
+    or `--model FILE` without --weights), for three channels; None for any other weights."""
+    from torchkit.core.models.builders import is_checkpoint_path
+    from torchkit.core.models.resolver import recorded_preprocess
+
+    source = config.weights or str(config.model)
+    if not is_checkpoint_path(source):
+        return None
+    recorded = recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
+    if recorded is None:
+        return None
+    return three_channels(tuple(recorded.mean), ()), three_channels(tuple(recorded.std), ())
 
 
 def three_channels(
