@@ -52,7 +52,8 @@ class RunPlan:
 
 def plan_run(requested: TrainConfig, overrides) -> RunPlan:
     """`requested` with `--resume`'s checkpoint read and merged (`overrides`: the options given
-    again; None: those that differ from the defaults). A new run imports no torch here."""
+    again; None: those that differ from the defaults). A new run imports no torch here, but for
+    a checkpoint given as --weights or --model, whose recorded mean/std it reads."""
     config, resumed_from, checkpoint = requested, None, None
     if config.resume:
         resumed_from, checkpoint = load_for_resume(config.resume)
