@@ -325,19 +325,13 @@ def _iso_boxes_end(handle, size: int) -> int | None:
         header = handle.read(16)
         if len(header) < 8:  # the file ends inside a box header, or a few padding zeros
             return offset if not header.strip(b"\x00") else offset + 8
-        length = int.from_bytes(header[:4], "big")
         kind = header[4:8]
         if not (kind.isascii() and all(32 <= byte < 127 for byte in kind)):
             return None  # not a box: trailing data we cannot judge
-        if length == 1:  # a 64-bit size follows the type
-            if len(header) < 16:
-                return offset + 16
-            length = int.from_bytes(header[8:16], "big")
-            if length < 16:
-                return None
-        elif length == 0:  # the last box runs to the end of the file
-            return size
-        elif length < 8:
+        if header[:4] == b"\x00\x00\x00\x01" and len(header) < 16:
+            return offset + 16  # the file ends inside a 64-bit size
+        length, header_length = _iso_box_header(header, size - offset)  # 0: to the end
+        if length < header_length:
             return None
         offset += length
     return None
@@ -524,8 +518,8 @@ def _y4m_frames_end(handle, size: int) -> int | None:
     return None
 
 
-_PS_START = b"\x00\x00\x01"
-_PS_PACK = _PS_START + b"\xba"
+_MPEG_START = b"\x00\x00\x01"  # the prefix of every MPEG start code (program stream, video)
+_PS_PACK = _MPEG_START + b"\xba"
 _PS_END_CODE = 0xB9
 _PS_TAIL = 1 << 17  # the last bytes searched for a pack start (a PES packet is under 64 KiB)
 
@@ -542,7 +536,7 @@ def _mpeg_ps_end(handle, size: int) -> int | None:
     while at >= 0:  # a pack start code may also occur inside a packet's data: walk from each
         end = _ps_packets_end(tail, at)
         if end is not None:
-            whole_or_cut = end != len(tail) or tail[end - 4 : end] == _PS_START + b"\xb9"
+            whole_or_cut = end != len(tail) or tail[end - 4 : end] == _MPEG_START + b"\xb9"
             return start + end if whole_or_cut else None
         at = tail.find(_PS_PACK, at + 1)
     return None
@@ -555,8 +549,8 @@ def _ps_packets_end(data: bytes, offset: int) -> int | None:
     while offset < len(data):
         start_code = data[offset : offset + 4]
         if len(start_code) < 4:  # the file ends inside a start code
-            return offset + 4 if _PS_START.startswith(start_code[:3]) else None
-        if start_code[:3] != _PS_START or start_code[3] < _PS_END_CODE:
+            return offset + 4 if _MPEG_START.startswith(start_code[:3]) else None
+        if start_code[:3] != _MPEG_START or start_code[3] < _PS_END_CODE:
             return None
         if start_code[3] == _PS_END_CODE:
             return offset + 4
@@ -580,7 +574,6 @@ def _ps_packets_end(data: bytes, offset: int) -> int | None:
     return offset
 
 
-_MPEG_START = b"\x00\x00\x01"
 _MPEG_TAIL = 1 << 20  # the last picture of a raw MPEG video stream is sought this far from its end
 
 
