@@ -307,7 +307,7 @@ def finish_rows(sources, targets, out: Path, links: LinkTargets, progress) -> li
                 raise InputError(
                     f"{source_file} and {target} both exist and differ", "compare them by hand"
                 )
-            os.unlink(source_file)
+            _remove_source(source_file)
         elif not have_target:
             lost.append(done - 1)
         if progress:
