@@ -512,10 +512,10 @@ def _weights_input(path: str, trust_checkpoint: bool) -> tuple[int | None, int |
     preprocessing records, else (None, the stem's channels); Nones when unknown."""
     from torchkit.core.models.checkpoint import extract_state_dict
 
-    if not os.path.isfile(path):
+    loaded = _read_if_readable(path, trust_checkpoint)
+    if loaded is None:
         return None, None
     try:
-        loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
         preprocess = _preprocess_recorded_in(loaded, path)
         if preprocess is not None:
             return preprocess.image_size, preprocess.in_channels
@@ -527,12 +527,20 @@ def _weights_input(path: str, trust_checkpoint: bool) -> tuple[int | None, int |
 def recorded_preprocess(path: str, *, trust_checkpoint: bool = False) -> Preprocess | None:
     """The preprocessing a torchkit checkpoint at `path` records (what its weights were trained
     on); None for anything else, or a file that cannot be read (reported when it is loaded)."""
+    loaded = _read_if_readable(path, trust_checkpoint)
+    try:
+        return None if loaded is None else _preprocess_recorded_in(loaded, path)
+    except (CheckpointError, UsageError):
+        return None
+
+
+def _read_if_readable(path: str, trust_checkpoint: bool) -> Any:
+    """What the model file at `path` holds, read ahead of the load that reports what is wrong
+    with it: None where it is not a file or cannot be read."""
     if not os.path.isfile(path):
         return None
     try:
-        return _preprocess_recorded_in(
-            read_model_file(path, trust_checkpoint=trust_checkpoint), path
-        )
+        return read_model_file(path, trust_checkpoint=trust_checkpoint)
     except (CheckpointError, UsageError):
         return None
 
