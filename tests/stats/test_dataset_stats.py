@@ -203,6 +203,26 @@ def test_native_mode_takes_the_bit_depth_from_the_file_not_its_values(tmp_path):
     np.testing.assert_allclose(stats.std, expected_std, rtol=0, atol=1e-12)
 
 
+def test_32_bit_values_far_from_zero_keep_their_std(tmp_path):
+    """Values far from 0 with a small spread: squaring them in float64 cancelled the variance
+    (2e9 +- 1 in a 32-bit TIFF gave a std of 10, a float TIFF of 1e4 +- 0.01 was 0.2% off)."""
+    rng = np.random.default_rng(13)
+    root = tmp_path / "far"
+    wide = (2_000_000_000 + rng.integers(-1, 2, (40, 50))).astype(np.int32)
+    _save(root / "a" / "wide.tif", Image.fromarray(wide))
+    _save(root / "a" / "wide2.tif", Image.fromarray(wide[::-1] + np.int32(3)))
+    stats = compute_dataset_stats(root, mode="native", workers=0)
+    values = np.concatenate([wide.ravel(), wide.ravel() + 3]).astype(np.float64)
+    assert stats.mean[0] == pytest.approx(values.mean(), rel=1e-15)
+    assert stats.std[0] == pytest.approx(values.std(), rel=1e-9)
+
+    fine = tmp_path / "fine"
+    depth = (1e4 + rng.standard_normal((300, 300)) * 0.01).astype(np.float32)
+    _save(fine / "a" / "depth.tif", Image.fromarray(depth))
+    stats = compute_dataset_stats(fine, mode="native", workers=0)
+    assert stats.std[0] == pytest.approx(depth.astype(np.float64).std(), rel=1e-9)
+
+
 def test_pixels_are_weighted_not_per_image_means(tmp_path):
     """The seeds' compute_mean_and_std averages per-image means: 0.5 here. The truth is 1/101."""
     root = tmp_path / "sizes"
