@@ -6,6 +6,7 @@ early, no answer, nobody listening) is one error line naming the URL, leaving no
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import threading
@@ -72,6 +73,25 @@ def test_a_second_run_downloads_no_shard(server):
     server.requests.clear()
     assert stats(url) == first
     assert shard_downloads(server.requests) == []  # a HEAD each: sizes match the cache
+
+
+def test_a_shard_replaced_on_the_server_by_one_of_its_size_is_downloaded_again(
+    world, server, tmp_path
+):
+    """http.server sends no ETag: the cache checked the size alone, and a shard relabelled on
+    the server (tar pads it to the same size) was read as the old one. Its Last-Modified says."""
+    served = world / "served" / "replaced"
+    served.mkdir(exist_ok=True)
+    shard = served / "shard-000000.tar"
+    old = (world / "served" / "shards" / "shard-000000.tar").read_bytes()
+    shard.write_bytes(old)
+    url = f"{server.url}/replaced/shard-000000.tar"
+    assert [c["images"] for c in stats(url)["classes"]] == [5]
+    relabelled = old.replace(b'"label": "a"', b'"label": "b"')
+    assert len(relabelled) == len(old) and relabelled != old
+    shard.write_bytes(relabelled)
+    os.utime(shard, (time.time() + 10, time.time() + 10))  # a later second, without sleeping
+    assert [(c["name"], c["images"]) for c in stats(url)["classes"]] == [("b", 5)]
 
 
 def test_eval_over_http_scores_as_the_local_shards(world, server):

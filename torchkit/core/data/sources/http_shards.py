@@ -13,7 +13,8 @@ The cache: `$TORCHKIT_CACHE`, else `$XDG_CACHE_HOME/torchkit`, else `~/.cache/to
 shards of the folder URL U lie in `shards/<first 16 hex digits of sha256(U)>/NAME.tar`, beside
 the server's `manifest.json`, `classes.txt` or `classes.json` (fetched again each run: small).
 A cached shard is used again when it matches manifest.json's record of it (bytes and sha256)
-or, without one, the size (and ETag) a HEAD request gives; else it is downloaded again.
+or, without one, the size and ETag (else Last-Modified) a HEAD request gives; else it is
+downloaded again.
 
 A `convert shards` folder URL whose manifest.json lists each shard's samples (`extensions`,
 `labels`) is streamed: the data is listed from the manifest alone, and each shard is fetched
@@ -394,12 +395,28 @@ def _is_current(url: str, target: Path, expected: dict[str, Any] | None) -> bool
         digest = _file_sha256(target)  # a copy from before the record: hashed once
         if digest != expected["sha256"]:
             return False
-        _write_record(target, url, size, digest, record.get("etag"))
+        _write_record(target, url, size, digest, _validators(record))
         return True
-    length, etag = _head(url)
+    length, validators = _head(url)
     if length is None or length != size:
         return False
-    return etag is None or record.get("etag") in (None, etag)
+    return _same_version(record, validators)
+
+
+def _validators(headers: Any) -> dict[str, str | None]:
+    """What says which version of a file a response (its headers) or a record (a dict) is."""
+    return {"etag": headers.get("ETag"), "last_modified": headers.get("Last-Modified")}
+
+
+def _same_version(record: dict[str, Any], now: dict[str, str | None]) -> bool:
+    """Whether the server's validators name the version the cache recorded: the ETag where
+    both have one, else the Last-Modified (a server with no ETags, as Python's http.server). A
+    shard replaced on the server often keeps its size (tar pads to 10 KiB: a relabelled shard),
+    so the size alone would keep the old one."""
+    for key in ("etag", "last_modified"):
+        if now[key] is not None and record.get(key) is not None:
+            return now[key] == record[key]
+    return True
 
 
 def _file_sha256(path: Path) -> str:
@@ -408,10 +425,12 @@ def _file_sha256(path: Path) -> str:
     return file_digest(path).hex()
 
 
-def _write_record(target: Path, url: str, size: int, digest: str, etag: str | None) -> None:
+def _write_record(
+    target: Path, url: str, size: int, digest: str, validators: dict[str, str | None]
+) -> None:
     from torchkit.core.io.files import atomic_write_text
 
-    record = {"url": _shown(url), "bytes": size, "sha256": digest, "etag": etag}
+    record = {"url": _shown(url), "bytes": size, "sha256": digest, **validators}
     atomic_write_text(_record_path(target), json.dumps(record) + "\n")
 
 
@@ -448,8 +467,8 @@ def _download(
                 raise _changed(url, f"{done} bytes downloaded, manifest.json says {want}")
             if expected and expected["sha256"] and digest.hexdigest() != expected["sha256"]:
                 raise _changed(url, "its sha256 is not the one manifest.json records")
-        etag = response.headers.get("ETag")
-    _write_record(target, url, done, digest.hexdigest(), etag)
+        validators = _validators(response.headers)
+    _write_record(target, url, done, digest.hexdigest(), validators)
     seconds = time.perf_counter() - started
     log.info("downloaded %s (%.1f MB in %.1f s)", _shown(url), done / 1e6, seconds)
 
@@ -899,16 +918,16 @@ def _network_error(url: str, reason: object) -> TorchkitError:
     return OfflineError(f"{where}: {text}", "check the URL and the network connection")
 
 
-def _head(url: str) -> tuple[int | None, str | None]:
-    """(Content-Length, ETag) a HEAD request gives, None where the server says none; (None,
-    None) where it answers a HEAD with no 200: the shard is then downloaded again, and the
-    GET says what is wrong, if anything (a presigned URL, `?X-Amz-Signature=...`, is signed
-    for GET alone: S3 refuses its HEAD with 403)."""
+def _head(url: str) -> tuple[int | None, dict[str, str | None]]:
+    """(Content-Length, `_validators`) a HEAD request gives, None where the server says none;
+    (None, no validators) where it answers a HEAD with no 200: the shard is then downloaded
+    again, and the GET says what is wrong, if anything (a presigned URL,
+    `?X-Amz-Signature=...`, is signed for GET alone: S3 refuses its HEAD with 403)."""
     try:
         with _opened(url, "HEAD") as response:
-            return _content_length(response), response.headers.get("ETag")
+            return _content_length(response), _validators(response.headers)
     except _HttpStatus:
-        return None, None
+        return None, _validators({})
 
 
 def _get_small(url: str) -> bytes | None:
