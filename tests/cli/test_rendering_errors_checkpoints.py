@@ -377,6 +377,18 @@ def test_real_process_colour_only_on_terminals_and_never_with_no_color(run_torch
     assert not re.search(r"\x1b\[[0-9;]*3[0-9]m", plain.stderr)  # no foreground colour
 
 
+@pytest.mark.parametrize(
+    ("args", "stream", "expected"),
+    [(["env", "--format", "yaml"], "stderr", "Error: "), (["split", "--help"], "stdout", "Usage:")],
+)
+def test_real_process_columns_zero_still_prints(run_torchkit, args, stream, expected):
+    # COLUMNS=0 (a size nobody knows): rich made consoles 0 columns wide, which printed
+    # nothing, not even the Error line; FORCE_COLOR: as on a terminal.
+    done = run_torchkit(*args, env={"COLUMNS": "0", "LINES": "0", "FORCE_COLOR": "1"})
+    shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", getattr(done, stream))
+    assert shown.lstrip().startswith(expected), (done.returncode, done.stdout, done.stderr)
+
+
 def test_real_process_debug_shows_traceback(run_torchkit, tmp_path):
     existing = tmp_path / "report.json"
     existing.write_text("{}")

@@ -59,6 +59,7 @@ def main() -> None:
         rich_utils = sys.modules.get("typer.rich_utils")  # read at its import; set it if too late
         if rich_utils is not None:
             rich_utils.MAX_WIDTH = int(os.environ["TERMINAL_WIDTH"])
+    console.unknown_terminal_size_as_unset()  # before typer or a command makes a console
     console.write_names_as_bytes()
     try:
         try:

@@ -130,6 +130,18 @@ def stdout_write_error(error: OSError) -> OutputWriteError:
     return OutputWriteError(f"cannot write to standard output: {reason}", hint)
 
 
+def unknown_terminal_size_as_unset() -> None:
+    """COLUMNS=0 or LINES=0 (set by a script or a CI runner that knows no terminal size)
+    means an unknown size, as to `shutil.get_terminal_size`: rich took
+    COLUMNS=0 for a console 0 columns wide and printed nothing at all, tables, help and the
+    `Error:` line alike (LINES=0: a progress bar shown as `...`). Dropped before any console
+    is made, rich measures the terminal (80 columns where there is none)."""
+    for name in ("COLUMNS", "LINES"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) == 0:
+            del os.environ[name]
+
+
 def write_names_as_bytes() -> None:
     """A file name that is not UTF-8 goes to stdout as its own bytes (as `ls` writes it) under
     any locale: Python's stdout refuses such names but in the C locale. A character stdout's
