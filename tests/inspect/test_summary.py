@@ -78,6 +78,8 @@ def test_agrees_with_torchinfo_on_torchvision_models(name):
     our_leaves = [(row.type, row.mult_adds) for row in ours.layers if row.leaf]
     assert our_leaves == leaves  # one row per leaf call, in the same order, same mult-adds
     expected = sum(macs for _, macs in leaves)
+    if name == "vit_b_16":  # its attention projections, which torchinfo counts as 0
+        expected += sum(row.mult_adds for row in ours.layers if row.type == "MultiheadAttention")
     assert abs(ours.total_mult_adds - expected) <= 0.01 * expected
     if name in ("vit_b_16", "convnext_tiny"):
         # their MLPs are Linear layers on 3-D/4-D inputs, which torchinfo undercounts
@@ -97,6 +99,33 @@ def test_linear_on_a_sequence_counts_every_row():
     ours = summarize(model, [(2, 5, 8)])
     assert ours.total_mult_adds == 2 * 5 * (8 * 4 + 4)  # 360
     assert torchinfo.summary(model, input_size=(2, 5, 8), verbose=0).total_mult_adds == 72
+
+
+class CrossAttention(nn.Module):
+    """nn.MultiheadAttention with keys and values of their own widths and lengths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.MultiheadAttention(8, 2, kdim=6, vdim=5, batch_first=True)
+
+    def forward(self, query, key, value):
+        return self.attention(query, key, value=value, need_weights=False)[0]
+
+
+def test_attention_projections_are_counted():
+    """MultiheadAttention's projections run on its own parameters in functional calls, not
+    module calls: torchinfo (and torchkit before) counted 0, a third of a ViT's mult-adds."""
+    ours = summarize(CrossAttention(), [(2, 3, 8), (2, 7, 6), (2, 7, 5)])
+    q, k, v = 2 * 3, 2 * 7, 2 * 7  # tokens
+    expected = q * (8 * 8 + 8) + k * (8 * 6 + 8) + v * (8 * 5 + 8) + q * (8 * 8 + 8)
+    assert ours.total_mult_adds == expected
+    assert [(row.name, row.mult_adds) for row in ours.layers] == [
+        ("", expected),
+        ("attention", expected),
+    ]
+    # torch's FLOPs: 2 per mult-add of the weights (biases add none) plus the attention products
+    products = 2 * 2 * 2 * 3 * 7 * 8
+    assert ours.flops == 2 * (2 * q * 64 + k * 48 + v * 40) + products
 
 
 class TiedLanguageModel(nn.Module):

@@ -9,7 +9,9 @@ once per row of its input, i.e. `prod(output.shape[:-1])` times, not once per sa
 1.8.0 undercounts Linear layers on 3-D inputs, such as a transformer's MLP, by the sequence
 length); and only what runs counts: a parameter that no operation of the call reads (a forward
 that returns its input, a bias it skips) adds no mult-adds, as it adds no FLOPs (a dispatch mode
-records what the operations read). Parameter totals count each parameter tensor once, however
+records what the operations read). `nn.MultiheadAttention`'s input and output projections, which
+run on its own parameters in functional calls that no leaf call holds, count as Linear layers
+(once per token). Parameter totals count each parameter tensor once, however
 many modules hold it or call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`,
 which sees every matmul and convolution, including the attention products that per-module
 counting cannot see.
@@ -187,6 +189,27 @@ def leaf_mult_adds(module: Any, output: Any, used: set[int] | None = None) -> in
     return total
 
 
+def attention_mult_adds(module: Any, args: tuple, kwargs: dict) -> int:
+    """Mult-adds of one call of `nn.MultiheadAttention`'s input and output projections, counted
+    as a Linear layer's (weight and bias once per token). They use the module's own parameters
+    (`in_proj_weight`, `out_proj`) in functional calls, which per-leaf counting never sees: a
+    third of a ViT's mult-adds. The attention products themselves use no parameter (FLOPs only)."""
+    names = ("query", "key", "value")
+    tensors = [args[i] if i < len(args) else kwargs.get(name) for i, name in enumerate(names)]
+    if any(t is None or not hasattr(t, "shape") or t.ndim == 0 for t in tensors):
+        return 0
+    query, key, value = (t.numel() // t.shape[-1] for t in tensors)  # tokens of each
+    embed = module.embed_dim
+    bias = embed if module.in_proj_bias is not None else 0
+    out_bias = embed if module.out_proj.bias is not None else 0
+    return (
+        query * (embed * embed + bias)
+        + key * (embed * module.kdim + bias)
+        + value * (embed * module.vdim + bias)
+        + query * (embed * embed + out_bias)
+    )
+
+
 def _param_counts(module: Any) -> tuple[int, int]:
     total = trainable = 0
     for param in module.parameters():
@@ -264,8 +287,14 @@ class _Recorder:
         # (filled by _UsedTensors while `tracking`; without it every parameter counts).
         self.tracking = False
         self.leaf_reads: dict[int, set[int]] = {}
+        # Row index of a call in progress -> mult-adds of its own that no leaf call holds
+        # (MultiheadAttention's projections); `total_mult_adds`: every call's own, summed.
+        self.own_mult_adds: dict[int, int] = {}
+        self.total_mult_adds = 0
 
     def pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
+        from torch.nn import MultiheadAttention
+
         key = id(module)
         self.call_counts[key] = self.call_counts.get(key, 0) + 1
         row = LayerCall(
@@ -286,6 +315,8 @@ class _Recorder:
         self.stack.append((key, row))
         if row.leaf:
             self.leaf_reads[row.index] = set()
+        elif isinstance(module, MultiheadAttention):
+            self.own_mult_adds[row.index] = attention_mult_adds(module, args, kwargs)
 
     def post_hook(self, module: Any, args: tuple, output: Any) -> None:
         key = id(module)
@@ -297,6 +328,7 @@ class _Recorder:
         _, row = self.stack.pop(position)
         for _, unfinished in self.stack[position:]:
             self.leaf_reads.pop(unfinished.index, None)
+            self.own_mult_adds.pop(unfinished.index, None)
         del self.stack[position:]  # calls that never returned (an exception inside them)
         row.output_shape = shape_of(output)
         # Parameters are read after the call: a lazy module has them only from now on.
@@ -304,12 +336,16 @@ class _Recorder:
             self.param_cache[key] = _param_counts(module)
         row.params, row.trainable_params = self.param_cache[key]
         row.trainable = row.trainable_params == row.params if row.params else None
+        own = self.own_mult_adds.pop(row.index, 0)
         if row.leaf:
             reads = self.leaf_reads.pop(row.index, None)
-            row.mult_adds = leaf_mult_adds(module, output, reads if self.tracking else None)
-            for _, parent in self.stack:
-                parent.mult_adds += row.mult_adds
+            own = leaf_mult_adds(module, output, reads if self.tracking else None)
             self.activation_bytes += _new_output_bytes(args, output)
+        if own:
+            row.mult_adds += own
+            self.total_mult_adds += own
+            for _, parent in self.stack:
+                parent.mult_adds += own
 
 
 def _add_storages(obj: Any, found: set[int]) -> None:
@@ -580,7 +616,7 @@ def summarize(
         total_params=total_params,
         trainable_params=trainable_params,
         non_trainable_params=total_params - trainable_params,
-        total_mult_adds=sum(row.mult_adds for row in recorder.rows if row.leaf),
+        total_mult_adds=recorder.total_mult_adds,
         flops=flops,
         input_mb=input_bytes / MB,
         forward_backward_mb=forward_backward / MB,
