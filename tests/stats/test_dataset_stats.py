@@ -223,6 +223,27 @@ def test_32_bit_values_far_from_zero_keep_their_std(tmp_path):
     assert stats.std[0] == pytest.approx(depth.astype(np.float64).std(), rel=1e-9)
 
 
+def test_table_shows_small_and_large_moments_in_full(tmp_path, runner):
+    """4 decimals made a float image's std of 3e-6 `0.0000` (the ready Normalize line divided by
+    0) and the table showed a 32-bit image's mean of 2e9 as `2e+09`."""
+    root = tmp_path / "small"
+    rng = np.random.default_rng(2)
+    faint = (rng.random((10, 10)) * 1e-5).astype(np.float32)
+    _save(root / "a" / "faint.tif", Image.fromarray(faint))
+    result = runner.invoke(app, ["dataset-stats", str(root), "--mode", "native", "-j", "0"])
+    assert result.exit_code == 0, result.stderr
+    line = re.search(r"Normalize\(mean=\[(.+?)\], std=\[(.+?)\]\)", result.stdout)
+    values = faint.astype(np.float64)
+    assert float(line[1]) == pytest.approx(values.mean(), rel=1e-3)
+    assert float(line[2]) == pytest.approx(values.std(), rel=1e-3)
+    assert "0.0000" not in result.stdout
+
+    wide = tmp_path / "wide"
+    _save(wide / "a" / "far.tif", Image.fromarray(np.full((4, 4), 2_000_000_001, np.int32)))
+    result = runner.invoke(app, ["dataset-stats", str(wide), "--mode", "native", "-j", "0"])
+    assert result.stdout.count("2000000001.0000") == 2 and "e+09" not in result.stdout
+
+
 def test_pixels_are_weighted_not_per_image_means(tmp_path):
     """The seeds' compute_mean_and_std averages per-image means: 0.5 here. The truth is 1/101."""
     root = tmp_path / "sizes"

@@ -43,9 +43,16 @@ def _counts(mapping: dict[str, int]) -> str:
     return ", ".join(f"{key} {value}" for key, value in mapping.items())
 
 
+def _moment_text(value: float) -> str:
+    """A mean or std: 4 decimals (values in [0, 1]), 4 significant digits below 0.01, where 4
+    decimals would round a float image's std of 1e-5 to 0.0000 (a Normalize dividing by 0), and
+    every whole digit of a large one (a 32-bit image's mean of 2e9, not 2e+09)."""
+    return f"{value:.4g}" if 0 < abs(value) < 0.01 else f"{value:.4f}"
+
+
 def _normalize_line(mean: list[float], std: list[float]) -> str:
     def numbers(values: list[float]) -> str:
-        return ", ".join(f"{v:.4f}" for v in values)
+        return ", ".join(_moment_text(v) for v in values)
 
     return f"Normalize(mean=[{numbers(mean)}], std=[{numbers(std)}])"
 
@@ -53,7 +60,10 @@ def _normalize_line(mean: list[float], std: list[float]) -> str:
 def _tables(stats) -> list[Table]:
     channels = Table(
         ["channel", "mean", "std"],
-        [[c, m, s] for c, m, s in zip(stats.channels, stats.mean, stats.std, strict=True)],
+        [
+            [c, _moment_text(m), _moment_text(s)]
+            for c, m, s in zip(stats.channels, stats.mean, stats.std, strict=True)
+        ],
         title=f"Channels ({stats.mode}"
         + (f", resize {stats.resize}" if stats.resize else "")
         + ")",
