@@ -253,6 +253,28 @@ def test_warmup_is_linear_per_iteration_then_cosine():
     assert lrs[5:] == pytest.approx(expected)
 
 
+def test_a_schedule_resumed_by_more_processes_goes_on_from_its_epoch():
+    """A checkpoint of one process after 2 of 4 epochs (8 updates an epoch), resumed by 2
+    ranks (4 updates an epoch): epoch 3 runs at gamma^2, as in the uninterrupted run (before:
+    the 16 updates done put the schedule at epoch 5, gamma^4, and the run ended early)."""
+    from pathlib import Path
+
+    from torchkit.core.runtime.distributed import DistContext
+    from torchkit.core.train.resume import realign_schedule, resume_point
+
+    config = TrainConfig(lr=1.0, epochs=4, warmup_epochs=0, scheduler="step", step_size=1)
+    config.gamma = 0.5
+    one = LRSchedule(_optimizer(1.0), config, 8)
+    for _ in range(16):
+        one.step()
+    checkpoint = {"epoch": 2, "world_size": 1, "scheduler": one.state_dict()}
+    point = resume_point(checkpoint, DistContext(world_size=2), config, Path("last.pt"))
+    two = LRSchedule(_optimizer(1.0), config, 4)
+    two.load_state_dict(checkpoint["scheduler"])
+    realign_schedule(two, point, config)
+    assert (two.updates, two.current_lr()) == (8, 0.25)
+
+
 def _optimizer(lr: float):
     """An optimiser as build_optimizer makes them: each group knows its base lr."""
     return torch.optim.SGD([{"params": [nn.Parameter(torch.zeros(1))], "lr": lr, "base_lr": lr}])

@@ -15,6 +15,7 @@ do when updates are slow), so a stop lands inside an epoch at an exact update.""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -290,8 +291,18 @@ def test_resuming_with_another_number_of_processes_goes_on_and_says_so(
     assert "was saved by 2 process(es), this run has 1: it continues, but not exactly" in (
         done.stderr
     )
-    assert json.loads(done.stdout)["epochs"] == 2
-    assert torch.load(branch / "last.pt", weights_only=True)["world_size"] == 1
+    summary = json.loads(done.stdout)
+    assert summary["epochs"] == 2
+    last = torch.load(branch / "last.pt", weights_only=True)
+    assert last["world_size"] == 1
+    # One process makes 9 updates an epoch where the 2 ranks made 5: the schedule goes on from
+    # the stopped epoch's place counted in this run's updates, so the cosine ends with the run
+    # (before: it kept the ranks' count, put the resumed epoch at update 5 + 2 of 18 and
+    # ended 6 updates short of its end, the learning rate far from decayed).
+    assert last["global_step"] == 2 * 9
+    # The last update's lr: 3e-3 x the cosine at update 17 of 18, after 9 updates of warm-up.
+    lr = summary["history"][-1]["lr"]
+    assert lr == pytest.approx(3e-3 * 0.5 * (1 + math.cos(math.pi * 8 / 9)), rel=1e-6)
 
 
 # -- --dist-timeout ------------------------------------------------------------------------------

@@ -280,6 +280,11 @@ class LRSchedule:
                 self.plateau_bad = 0
         self._apply()
 
+    def continue_at(self, update: int) -> None:
+        """Go on from optimiser update number `update` (0-based) of this schedule."""
+        self.updates = update
+        self._apply()
+
     def current_lr(self) -> float:
         """The lr of the first group (the backbone's, or the head's when it alone trains)."""
         return float(self.optimizer.param_groups[0]["lr"])

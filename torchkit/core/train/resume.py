@@ -35,6 +35,13 @@ class ResumePoint:
     history: list[dict] = field(default_factory=list)
     progress: EpochProgress = field(default_factory=EpochProgress)
     rng: Any = None
+    world_changed: bool = False
+
+
+def saved_world_size(checkpoint: dict) -> int | None:
+    """The number of processes that saved `checkpoint` (None: an older one that does not say)."""
+    ranks = checkpoint.get("rank_states")
+    return len(ranks) if ranks else checkpoint.get("world_size")
 
 
 def resume_point(
@@ -49,6 +56,7 @@ def resume_point(
         history=[dict(row) for row in checkpoint.get("history", [])][:start_epoch],
         progress=progress,
         rng=rng,
+        world_changed=int(saved_world_size(checkpoint) or 1) != ctx.world_size,
     )
 
 
@@ -73,6 +81,16 @@ def restore_training(
         scaler.load_state_dict(checkpoint["scaler"])
 
 
+def realign_schedule(schedule: Any, point: ResumePoint, config: TrainConfig) -> None:
+    """With another number of processes an epoch has another number of updates: the schedule
+    goes on from the resumed epoch and its batches done, counted in this run's updates (the
+    checkpoint's count of updates, made in the old world's, would put it in another epoch)."""
+    if not point.world_changed:
+        return
+    within = point.progress.batches // config.accum_steps
+    schedule.continue_at(point.start_epoch * schedule.per_epoch + within)
+
+
 def rank_progress(
     checkpoint: dict, ctx: DistContext, config: TrainConfig, resumed_from: Path
 ) -> tuple[EpochProgress, Any]:
@@ -85,7 +103,7 @@ def rank_progress(
     global batch), with new random numbers."""
     progress = EpochProgress.from_dict(checkpoint.get("epoch_progress"))
     ranks = checkpoint.get("rank_states")
-    saved_world = len(ranks) if ranks else checkpoint.get("world_size")
+    saved_world = saved_world_size(checkpoint)
     # An older checkpoint (no rank_states) holds rank 0's random state only.
     rng = checkpoint.get("rng_state")
     if ranks and len(ranks) == ctx.world_size:
@@ -124,8 +142,8 @@ def rank_progress(
         )
         log.warning(
             "%s was saved by %d process(es), this run has %d: it continues, but not exactly "
-            "as the run would have (the global batch, the steps per epoch, the schedule "
-            "and the random numbers follow the new number%s)",
+            "as the run would have (the global batch, the steps per epoch and the random "
+            "numbers follow the new number; the lr schedule goes on from the same epoch%s)",
             resumed_from,
             saved_world,
             ctx.world_size,

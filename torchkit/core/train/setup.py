@@ -31,7 +31,12 @@ from torchkit.core.train.config_file import DEFAULTS_FROM_DATA, data_chosen
 from torchkit.core.train.epoch_starts import EpochStarts
 from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
 from torchkit.core.train.loop import StepContext, UnreadableImages
-from torchkit.core.train.resume import ResumePoint, restore_training, resume_point
+from torchkit.core.train.resume import (
+    ResumePoint,
+    realign_schedule,
+    restore_training,
+    resume_point,
+)
 from torchkit.core.train.resume_merge import merge_for_resume
 from torchkit.core.train.state import Amp, TrainState
 from torchkit.core.train.timeline import RunTimeline
@@ -208,6 +213,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
                 schedule=schedule,
                 scaler=amp.scaler,
             )
+            realign_schedule(schedule, point, config)
         ema = _ema(model, config, checkpoint)
         step_ctx = _step_context(
             ctx, config, model, groups, optimizer, schedule, ema, amp, weights, preprocess
