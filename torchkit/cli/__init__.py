@@ -14,12 +14,13 @@ from torchkit.program import end_on_signals_while_starting
 
 end_on_signals_while_starting()  # first: a Ctrl-C from here until a command runs ends it cleanly
 
-from torchkit import deferred_signals, torchvision_without_dynamo  # noqa: E402
+from torchkit import deferred_signals, torchvision_without_dynamo, working_folder  # noqa: E402
 from torchkit.bytecode import keep_bytecode_cache  # noqa: E402
 
 keep_bytecode_cache()  # before typer, rich and (later) torch are imported
 torchvision_without_dynamo.install()  # before torchvision is imported
 deferred_signals.install()  # first: it hands torchvision to the finder above
+working_folder.install()  # torch is not imported where the working folder is gone
 
 from torchkit.cli import console  # noqa: E402
 from torchkit.cli.app import (  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from torchkit import __version__, deferred_signals
+from torchkit import __version__, deferred_signals, working_folder
 from torchkit.cli import console
 from torchkit.core.io.errors import first_line
 from torchkit.program import ends_while_starting
@@ -46,6 +46,9 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
     name = type(error).__name__
     if name == "OutOfMemoryError" or "out of memory" in str(error).lower():
         return "the GPU ran out of memory", "use a smaller --batch-size, --amp or a smaller model"
+    if isinstance(error, FileNotFoundError) and error.filename is None and working_folder.is_gone():
+        gone = working_folder.gone_error()  # a relative path made absolute (os.getcwd)
+        return gone.message, gone.hint
     return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
 
 
