@@ -244,6 +244,21 @@ def test_table_shows_small_and_large_moments_in_full(tmp_path, runner):
     assert result.stdout.count("2000000001.0000") == 2 and "e+09" not in result.stdout
 
 
+def test_float_image_with_nan_pixels_is_skipped_saying_why(tmp_path):
+    """A NaN nodata pixel made the image "unreadable" with an internal ValueError ("cannot
+    convert NaN to integer ratio")."""
+    root = tmp_path / "nodata"
+    holes = np.ones((4, 4), np.float32)
+    holes[0, :2] = np.nan
+    _save(root / "a" / "holes.tif", Image.fromarray(holes))
+    _save(root / "a" / "whole.tif", Image.fromarray(np.full((4, 4), 2.0, np.float32)))
+    stats = compute_dataset_stats(root, mode="native", workers=0)
+    assert [(u.path, u.error) for u in stats.unreadable] == [
+        ("a/holes.tif", "2 of its 16 pixels are NaN or infinite: it has no mean or std")
+    ]
+    assert stats.mean == [2.0] and stats.pixels == 16
+
+
 def test_pixels_are_weighted_not_per_image_means(tmp_path):
     """The seeds' compute_mean_and_std averages per-image means: 0.5 here. The truth is 1/101."""
     root = tmp_path / "sizes"

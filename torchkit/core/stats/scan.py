@@ -52,6 +52,11 @@ def resized_size(width: int, height: int, shorter: int) -> tuple[int, int]:
     return (shorter, new_long) if width <= height else (new_long, shorter)
 
 
+class NonFinitePixels(ValueError):
+    """A floating-point image with NaN or infinite values (a nodata marker): no mean or std of
+    its pixels exists, so it is skipped as unreadable, saying why."""
+
+
 def _shifted_sums(values) -> tuple[Fraction, Fraction]:
     """(sum of `values`, sum of their squares) of a float64 array, as Fractions. Summed about
     the image's own mean c: sum(x) = n c + sum(d), sum(x^2) = n c^2 + 2 c sum(d) + sum(d^2),
@@ -61,6 +66,12 @@ def _shifted_sums(values) -> tuple[Fraction, Fraction]:
 
     if not values.size:
         return Fraction(0), Fraction(0)
+    finite = np.isfinite(values)
+    if not finite.all():
+        bad = int(values.size - np.count_nonzero(finite))
+        raise NonFinitePixels(
+            f"{bad} of its {values.size} pixels are NaN or infinite: it has no mean or std"
+        )
     shift = float(values.mean())
     deviations = values - shift
     n, c = values.size, Fraction(shift)
@@ -226,7 +237,7 @@ class ChunkResult:
 def _describe(error: BaseException, size: int | None = None) -> str:
     from PIL import UnidentifiedImageError
 
-    if isinstance(error, NotARegularFile):
+    if isinstance(error, (NotARegularFile, NonFinitePixels)):
         return str(error)
     if isinstance(error, FileNotFoundError):
         return "file not found"
