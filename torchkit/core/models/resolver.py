@@ -205,6 +205,7 @@ def resolve_model(
         raise untrained_error(spec, resolved.source)
     _apply_num_classes(resolved, num_classes, new_head)
     if classes:
+        _refuse_moved_classes(resolved, classes)
         resolved.classes = [str(c) for c in classes]
     resolved.spec, resolved.weights = spec, weights
     return resolved
@@ -328,6 +329,30 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
     refuse_unholdable_head(num_classes, lambda: in_features(find_head(resolved.model)[1]))
     replace_head(resolved.model, num_classes)
     resolved.classes = None  # the weights' class names belong to the old head
+
+
+def _refuse_moved_classes(resolved: ResolvedModel, classes: Sequence[str]) -> None:
+    """UsageError when `--classes` puts a class the model's weights name (a torchkit checkpoint,
+    an exported file, torchvision's weights) at another output: the outputs would be renamed
+    silently and every image scored against the wrong class. New names (WordNet IDs for
+    torchvision's `tench`, `goldfish`...) rename the outputs, as documented."""
+    from torchkit.core.data.sources.samples import class_index, find_class, nfc
+
+    names = resolved.classes
+    if not names or len(names) != len(classes):
+        return
+    recorded = class_index(names)
+    for output, name in enumerate(classes):
+        found = find_class(recorded, str(name))
+        # Compared at its own output first: a name the weights list twice (ImageNet's two
+        # `crane`s) is found at its first place.
+        if found is not None and found != output and nfc(names[output]) != nfc(str(name)):
+            order = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
+            raise UsageError(
+                f"--classes names {str(name)!r} as output {output}, but the "
+                f"{resolved.weights_source or resolved.source} names it as output {found}",
+                f"drop --classes to use the names the model records, in its order: {order}",
+            )
 
 
 def _head_inputs(

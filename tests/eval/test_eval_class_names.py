@@ -1,0 +1,72 @@
+"""eval and predict when `--classes` or the data name classes otherwise than the model: names
+the model records are never moved to another output."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import run_torchkit_in_process
+
+CAFE = unicodedata.normalize("NFC", "café")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("class_names")
+    checkpoint = root / "ck.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="abcd")
+    write_image_folder(root / "imgs", {"a": 1, "b": 1})
+    return {"checkpoint": checkpoint, "root": root}
+
+
+def _command(world, command: str, classes: str) -> list[object]:
+    if command == "eval":
+        return ["eval", world["checkpoint"], "--data", world["root"] / "imgs", "--classes", classes]
+    return ["predict", world["checkpoint"], world["root"] / "imgs", "--classes", classes]
+
+
+@pytest.mark.parametrize("command", ["eval", "predict"])
+@pytest.mark.parametrize(
+    "classes, moved",
+    [("d,c,b,a", "'d' as output 0, but the torchkit checkpoint names it as output 3"),
+     ("b,a,x,y", "'b' as output 0, but the torchkit checkpoint names it as output 1")],
+)  # fmt: skip
+def test_classes_the_checkpoint_names_at_other_outputs_are_refused(world, command, classes, moved):
+    """Renaming output 0 (trained as `a`) to `d` scored every image against the wrong class."""
+    result = run_torchkit_in_process(*_command(world, command, classes), "-j", "0")
+    assert result.returncode == 2 and result.stdout == ""
+    line = error_line(result.stderr)
+    assert f"--classes names {moved}" in line and "in its order: a, b, c, d" in line
+
+
+def test_classes_in_the_checkpoints_order_or_new_names_are_taken(world):
+    for classes in ("a,b,c,d", "w,x,y,z", "a,x,c,y"):
+        result = run_torchkit_in_process(
+            *_command(world, "predict", classes), "-j", "0", "--format", "json"
+        )
+        assert result.returncode == 0, result.stderr
+        names = classes.split(",")
+        for row in json.loads(result.stdout):
+            assert row["class"] == names[row["class_index"]]
+
+
+def test_a_class_in_another_unicode_spelling_is_the_same_class(tmp_path):
+    checkpoint = tmp_path / "ck.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    from torchkit.core.models.checkpoint import load_checkpoint, save_checkpoint
+
+    saved = load_checkpoint(checkpoint)
+    saved["classes"] = [CAFE, "tea"]
+    save_checkpoint(saved, checkpoint)
+    write_image_folder(tmp_path / "imgs", {"tea": 1})
+    nfd = unicodedata.normalize("NFD", CAFE)
+    result = run_torchkit_in_process(
+        "predict", checkpoint, tmp_path / "imgs", "--classes", f"x,{nfd}", "-j", "0"
+    )
+    assert result.returncode == 2
+    assert "as output 1, but the torchkit checkpoint names it as output 0" in result.stderr
