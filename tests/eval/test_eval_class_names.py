@@ -1,5 +1,5 @@
 """eval and predict when `--classes` or the data name classes otherwise than the model: names
-the model records are never moved to another output."""
+the model records are never moved to another output, and an unknown class is shown as spelled."""
 
 from __future__ import annotations
 
@@ -70,3 +70,12 @@ def test_a_class_in_another_unicode_spelling_is_the_same_class(tmp_path):
     )
     assert result.returncode == 2
     assert "as output 1, but the torchkit checkpoint names it as output 0" in result.stderr
+
+
+def test_an_unknown_class_with_spaces_around_it_is_quoted(world, tmp_path):
+    """A folder `a ` against the model's `a` read "class(es) a  of ... (the classes are: a...)"."""
+    write_image_folder(tmp_path / "imgs", {"a ": 1, "b": 1})
+    result = run_torchkit_in_process("eval", world["checkpoint"], "--data", tmp_path / "imgs")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "class(es) 'a ' of " in line and "(the classes are: a, b, c, d)" in line

@@ -200,10 +200,18 @@ def _unknown_classes(samples: Samples, known: Mapping[str, int]) -> list[str]:
 
 def _unknown_classes_error(unknown: Sequence[str], where: str, classes: list[str]) -> InputError:
     return InputError(
-        f"class(es) {', '.join(unknown[:5])} of {where} are not among the model's "
-        f"{len(classes)} classes",
-        "the classes are: " + ", ".join(classes[:10]) + (" ..." if len(classes) > 10 else ""),
+        f"class(es) {', '.join(map(_shown_class, unknown[:5]))} of {where} are not among the "
+        f"model's {len(classes)} classes",
+        "the classes are: "
+        + ", ".join(map(_shown_class, classes[:10]))
+        + (" ..." if len(classes) > 10 else ""),
     )
+
+
+def _shown_class(name: str) -> str:
+    """A class name as an error shows it: quoted where spaces around it would be invisible
+    (a folder `cat ` against the model's `cat` read "class(es) cat  ... not among: cat")."""
+    return repr(name) if not name or name != name.strip() else name
 
 
 def _union_classes(parts: dict[str, Samples]) -> list[str]:
