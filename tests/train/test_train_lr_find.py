@@ -57,6 +57,7 @@ def test_find_lr_restores_the_model_and_the_optimizer():
         module=model, model=model, optimizer=optimizer, criterion=torch.nn.CrossEntropyLoss(),
         device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False),
         scaler=None, channels_last=False, normalized_pixels=None,  # float batches: not used
+        frozen_norms=None,
     )  # fmt: skip
     result = find_lr(ctx, lambda: iter(batches), lr_min=1e-4, lr_max=1.0, iterations=10)
     assert len(result.lrs) == 10  # cycled through the 3 batches
@@ -107,7 +108,7 @@ def test_a_sweep_longer_than_memory_runs_until_it_diverges(monkeypatch):
         module=model, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
         criterion=criterion, device=torch.device("cpu"),
         autocast=lambda: torch.autocast("cpu", enabled=False), scaler=None,
-        channels_last=False, normalized_pixels=None,
+        channels_last=False, normalized_pixels=None, frozen_norms=None,
     )  # fmt: skip
     result = find_lr(ctx, lambda: iter([batch]), lr_min=1e-4, lr_max=1.0, iterations=2**40)
     assert result.diverged and len(result.lrs) == 3
@@ -125,3 +126,52 @@ def test_a_range_too_narrow_for_its_steps_is_a_usage_error(runner, tmp_path):
     assert "too close for 20 steps" in error_line(result.stderr)
     assert not (tmp_path / "run").exists()
     assert suggest([1e-3, 1e-3, 1e-3, 1e-2], [3.0, 2.0, 1.0, 0.5]) == 1e-2  # equal rates skipped
+
+
+@pytest.mark.parametrize(
+    ("options", "swept_group"),
+    [(["--head-lr-mult", "10"], "backbone_decay"), (["--freeze-backbone"], "head_decay")],
+)
+def test_the_sweep_steps_as_training_does_at_rates_of_the_lr_option(
+    runner, tmp_path, monkeypatch, options, swept_group
+):
+    """The rates of lr_find.csv (and the suggestion) are --lr's: with --head-lr-mult 10 the
+    head's rate was swept (the backbone's a tenth of it), so the suggested --lr trained the head
+    ten times faster than the test had. And a frozen backbone's BatchNorm runs on its running
+    statistics, as training runs it (it ran in training mode, on each batch's statistics)."""
+    from image_folders import write_image_folder
+
+    from torchkit.core.train import dynamo_free
+
+    steps, norm_modes = [], []
+    step, norm_forward = dynamo_free.step, torch.nn.BatchNorm2d.forward
+
+    def recording_step(optimizer):
+        steps.append({group["group_name"]: group["lr"] for group in optimizer.param_groups})
+        return step(optimizer)
+
+    def recording_norm(self, images):
+        norm_modes.append(self.training)
+        return norm_forward(self, images)
+
+    monkeypatch.setattr(dynamo_free, "step", recording_step)
+    monkeypatch.setattr(torch.nn.BatchNorm2d, "forward", recording_norm)
+    data = write_image_folder(tmp_path / "d", {"a": 6, "b": 6}, seed=4)
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "nets:NoisyNet", "--image-size", "8",
+         "--batch-size", "4", "--workers", "0", "--device", "cpu", "--find-lr",
+         "--find-lr-iters", "4", "--lr-min", "1e-4", "--lr-max", "1e-2", "--lr", "0.01",
+         "--out", str(out), *options],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    with open(out / "lr_find.csv", newline="") as handle:
+        swept = [float(row["lr"]) for row in csv.DictReader(handle)]
+    assert len(steps) == len(swept) == 4
+    assert [lrs[swept_group] for lrs in steps] == pytest.approx(swept, rel=1e-5)
+    if "--head-lr-mult" in options:
+        head = [lrs["head_decay"] for lrs in steps]
+        assert head == pytest.approx([10 * rate for rate in swept], rel=1e-5)
+    else:
+        assert norm_modes and not any(norm_modes)  # the frozen backbone's one BatchNorm

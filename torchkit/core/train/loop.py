@@ -143,6 +143,14 @@ def to_device(batch, ctx: StepContext):
     return images, batch.labels.to(ctx.device, non_blocking=True)
 
 
+def train_mode(ctx: StepContext) -> None:
+    """The model in training mode as every training step runs it: a frozen backbone's
+    normalisation layers (--freeze-backbone) stay in eval mode, on their pretrained statistics."""
+    ctx.model.train()
+    if ctx.frozen_norms is not None:
+        ctx.frozen_norms()
+
+
 def train_one_epoch(
     ctx: StepContext,
     loader: Any,
@@ -172,9 +180,7 @@ def train_one_epoch(
     from torchkit.core.train.step_sums import StepSums
     from torchkit.core.train.timeline import EpochTimeline
 
-    ctx.model.train()
-    if ctx.frozen_norms is not None:
-        ctx.frozen_norms()
+    train_mode(ctx)
     total = progress_state.batches + len(loader)
     accum = ctx.accum_steps
     # Micro-batches are grouped into updates from the start of the epoch, so a resumed epoch

@@ -19,7 +19,7 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.train import dynamo_free
-from torchkit.core.train.loop import to_device
+from torchkit.core.train.loop import to_device, train_mode
 
 _END = object()
 
@@ -145,27 +145,32 @@ def range_test(
     return result
 
 
-def find_lr(step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int) -> LRFindResult:
+def find_lr(
+    step_ctx, batches, *, lr_min: float, lr_max: float, iterations: int, lr: float | None = None
+) -> LRFindResult:
     """The range test on `step_ctx`'s model, optimiser and loss (train's own), restoring their
-    states afterwards. `batches()` gives a fresh iterator of train's `Batch` objects."""
+    states afterwards. `batches()` gives a fresh iterator of train's `Batch` objects. The
+    sweep's rates are values of `lr` (--lr): each group keeps its ratio to it (None: to the
+    largest group lr)."""
 
     from torchkit.core.data.device_decode import decoded_batch
 
     model, optimizer = step_ctx.module, step_ctx.optimizer
     saved_model = copy.deepcopy(model.state_dict())
     saved_optimizer = copy.deepcopy(optimizer.state_dict())
-    # Each group keeps its ratio to the base lr (--backbone-lr, --head-lr-mult).
-    base = max(group["lr"] for group in optimizer.param_groups) or 1.0
-    ratios = [group["lr"] / base for group in optimizer.param_groups]
+    # Each group keeps its ratio to --lr (--backbone-lr, --head-lr-mult), so the suggestion is
+    # an --lr: with --head-lr-mult 10 the head's rate was swept, suggesting 10 x the --lr.
+    base = lr or max(group["lr"] for group in optimizer.param_groups) or 1.0
+    ratios = [group.get("base_lr", group["lr"]) / base for group in optimizer.param_groups]
 
-    def step(batch, lr: float) -> float | None:
+    def step(batch, rate: float) -> float | None:
         for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
-            group["lr"] = lr * ratio
+            group["lr"] = rate * ratio
         batch = decoded_batch(batch, step_ctx.device)  # JPEG bytes (--decode device) decoded
         if batch.images is None:  # every image of the batch unreadable: no step
             return None
         images, labels = to_device(batch, step_ctx)
-        step_ctx.model.train()
+        train_mode(step_ctx)  # a frozen backbone's norms in eval mode, as training runs them
         optimizer.zero_grad(set_to_none=True)
         with step_ctx.autocast():
             loss = step_ctx.criterion(step_ctx.model(images), labels)

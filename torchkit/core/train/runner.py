@@ -375,6 +375,7 @@ def _find_lr(ctx: DistContext, state: TrainState, folder: RunFolder, result: Tra
         lr_min=config.lr_min,
         lr_max=config.lr_max,
         iterations=config.find_lr_iters,
+        lr=config.lr,
     )
     if ctx.is_main:
         folder.write_lr_find(found)
