@@ -74,10 +74,20 @@ def _shifted_sums(values) -> tuple[Fraction, Fraction]:
         )
     shift = float(values.mean())
     deviations = values - shift
-    n, c = values.size, Fraction(shift)
-    first = Fraction(float(deviations.sum()))
-    second = Fraction(float(np.dot(deviations, deviations)))
-    return n * c + first, n * c * c + 2 * c * first + second
+    n = values.size
+    # Each float is p / q with q a power of 2: the two sums over one common denominator, in
+    # Python ints (a Fraction per term costs a gcd each, 4x the time of the whole rest).
+    c, cq = shift.as_integer_ratio()
+    f, fq = float(deviations.sum()).as_integer_ratio()
+    s, sq = float(np.dot(deviations, deviations)).as_integer_ratio()
+    one = max(cq, fq)
+    two = max(cq * cq, cq * fq, sq)
+    return (
+        Fraction(n * c * (one // cq) + f * (one // fq), one),
+        Fraction(
+            n * c * c * (two // (cq * cq)) + 2 * c * f * (two // (cq * fq)) + s * (two // sq), two
+        ),
+    )
 
 
 class Accumulator:
