@@ -19,12 +19,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from torchkit.core.io.errors import InputError
+
 
 class BytesReader(Protocol):
     """Reads one stored image's bytes, given its locator; an OSError (a truncated shard, a
-    vanished file) makes that image unreadable, counted as any unreadable image is."""
+    vanished file) makes that image unreadable, counted as any unreadable image is; a
+    ShardReadError stops the run."""
 
     def read(self, locator: Any) -> bytes: ...
+
+
+class ShardReadError(InputError):
+    """A container that cannot be read as it was listed when an image of it is read (a shard
+    written again since, one a server no longer serves): the run stops with one error line,
+    from a DataLoader worker too, where torch raises it again in the main process as
+    `type(error)(text)`, `text` the worker's traceback (ending with this error's line)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        if hint is None and message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            message = message.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1]
+        super().__init__(message, hint)
 
 
 class StoredImage(str):

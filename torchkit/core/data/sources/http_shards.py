@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from torchkit.core.data.stored_image import ShardReadError
 from torchkit.core.io.errors import InputError, OfflineError, TorchkitError, UsageError
 from torchkit.core.io.outputs import remove_tree
 
@@ -630,15 +631,9 @@ def _streamed_source(
     )
 
 
-class ShardFetchError(InputError):
-    """A shard that cannot be fetched when an image of it is read: one error line from a
-    DataLoader worker too, where torch raises it again in the main process as
-    `ShardFetchError(text)`, `text` the worker's traceback (ending with this error's line)."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        if hint is None and message.startswith("Caught ") and "\nOriginal Traceback" in message:
-            message = message.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1]
-        super().__init__(message, hint)
+class ShardFetchError(ShardReadError):
+    """A shard that cannot be fetched when an image of it is read (one error line, from a
+    DataLoader worker too)."""
 
 
 class StreamedShards:

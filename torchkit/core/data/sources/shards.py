@@ -37,7 +37,7 @@ import posixpath
 import re
 import tarfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ from torchkit.core.data.sources.source import (
     unlabelled_split_error,
 )
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
-from torchkit.core.data.stored_image import StoredImage
+from torchkit.core.data.stored_image import ShardReadError, StoredImage
 from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.files import read_text
 
@@ -81,14 +81,19 @@ MAX_PATTERN_NAMES = 1_000_000
 
 
 class TarReader:
-    """Reads members of one tar file by (offset, size): picklable (it holds only the path);
-    each process opens the file once, lazily, and never uses a descriptor across a fork."""
+    """Reads members of one tar file by (offset, size): picklable (it holds only the path and
+    `stamp`); each process opens the file once, lazily, and never uses a descriptor across a
+    fork. `stamp`: the listed file's (inode, size, mtime), which the file read must still have:
+    a shard written again after it was listed (webdataset's TarWriter rewrites a file in place,
+    `convert shards --force` renames a new one over it) holds other images at the listed
+    offsets, read silently under the listed labels."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, stamp: tuple[int, int, int] | None = None) -> None:
         self.path = os.path.abspath(path)
+        self.stamp = stamp
 
     def __reduce__(self):
-        return (TarReader, (self.path,))
+        return (TarReader, (self.path, self.stamp))
 
     def read(self, locator: Any) -> bytes:
         if locator is None:
@@ -96,16 +101,31 @@ class TarReader:
         offset, size = locator
         if not hasattr(os, "pread"):  # Windows: no positioned read, a handle per read
             with open(self.path, "rb") as handle:
+                self._check(handle.fileno())
                 handle.seek(offset)
                 data = handle.read(size)
         else:
-            data = _pread(self.path, offset, size)
+            data = _pread(self.path, offset, size, self._check)
         if len(data) < size:
             raise OSError(
                 f"{self.path} is truncated: a member of {size} bytes at byte {offset} runs past "
                 "its end"
             )
         return data
+
+    def _check(self, fd: int) -> None:
+        """ShardReadError when the file open as `fd` is no longer the one listed."""
+        if self.stamp is not None and file_stamp(os.fstat(fd)) != self.stamp:
+            raise ShardReadError(
+                f"{self.path} was written again after it was listed: its images are no longer "
+                "where the listing found them",
+                "run again once the shards are written; never rewrite shards a run reads",
+            )
+
+
+def file_stamp(info: os.stat_result) -> tuple[int, int, int]:
+    """What tells one version of a file from another: (inode, size, mtime)."""
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 # Descriptors of this process (pread: no shared file position, so threads may read at once).
@@ -116,7 +136,8 @@ _descriptors_pid = os.getpid()
 _descriptors_lock = threading.Lock()
 
 
-def _pread(path: str, offset: int, size: int) -> bytes:
+def _pread(path: str, offset: int, size: int, check: Callable[[int], None]) -> bytes:
+    """`size` bytes of the file at `path` from `offset`, once `check` passed the descriptor."""
     global _descriptors_pid
     with _descriptors_lock:
         if _descriptors_pid != os.getpid():  # forked: the parent's descriptors are not ours
@@ -128,9 +149,11 @@ def _pread(path: str, offset: int, size: int) -> bytes:
         if fd is None and len(_descriptors) < _KEPT_OPEN:
             fd = _descriptors[path] = os.open(path, os.O_RDONLY)
     if fd is not None:
+        check(fd)
         return _pread_all(fd, offset, size)
     fd = os.open(path, os.O_RDONLY)
     try:
+        check(fd)
         return _pread_all(fd, offset, size)
     finally:
         os.close(fd)
@@ -183,6 +206,7 @@ class TarListing:
     members: dict[str, tuple[int, int]]
     links: dict[str, str | None]
     folders: set[str]  # names of its directory members
+    stamp: tuple[int, int, int] | None = None  # `file_stamp` of the file listed
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
@@ -209,7 +233,8 @@ def list_tar(path: str, *, whole: bool = False) -> TarListing:
     marker, is truncated too (what a download cut short at a member's end leaves)."""
     _forget_if_replaced(path)
     try:
-        size = os.path.getsize(path)
+        stamp = file_stamp(os.stat(path))
+        size = stamp[1]
         with open(path, "rb") as handle:
             first = handle.read(tarfile.BLOCKSIZE)
     except OSError as error:
@@ -220,6 +245,7 @@ def list_tar(path: str, *, whole: bool = False) -> TarListing:
         )
     fast = _read_plain_headers(path, size)
     if fast is not None:
+        fast.stamp = stamp
         return fast
     members: dict[str, tuple[int, int]] = {}
     links: dict[str, str | None] = {}
@@ -260,7 +286,9 @@ def list_tar(path: str, *, whole: bool = False) -> TarListing:
         raise _damaged(path, count, f"no tar header at byte {end}")
     if whole and not tail:
         raise _damaged(path, count, f"it ends at byte {end} without the end-of-archive marker")
-    return _listing(path, members, links, folders)
+    listing = _listing(path, members, links, folders)
+    listing.stamp = stamp
+    return listing
 
 
 def _listing(
@@ -737,7 +765,7 @@ def _open_shards(
     for position, shard in enumerate(shards):
         listing = listed[position] if listed else list_tar(shard)
         shown = os.path.relpath(os.path.abspath(shard), root).replace(os.sep, "/")
-        readers[shown] = TarReader(shard)
+        readers[shown] = TarReader(shard, listing.stamp)
         found += _shard_samples(listing, shown, readers[shown])
     paths = [StoredImage(f"{s.shard}/{s.image}", readers[s.shard], s.locator) for s in found]
     return shards_source(spec, root, found, paths, classes, allow_unlabelled, by_split=by_split)
@@ -821,7 +849,7 @@ def _open_folder_tar(
     tops = {f.split("/")[0] for f in folders if f}
     top_folders = sorted(top for top in tops if not is_skipped_folder(top))
     top_images = any("/" not in name for name in names)
-    reader = TarReader(spec)
+    reader = TarReader(spec, listing.stamp)
     archive = os.path.basename(spec)
 
     def samples_under(base: str, unlabelled: bool) -> Samples:
