@@ -79,3 +79,22 @@ def test_an_unknown_class_with_spaces_around_it_is_quoted(world, tmp_path):
     assert result.returncode == 1
     line = error_line(result.stderr)
     assert "class(es) 'a ' of " in line and "(the classes are: a, b, c, d)" in line
+
+
+def test_a_classes_file_saved_with_a_bom_names_its_first_class_without_it(world, tmp_path):
+    """Notepad's "UTF-8" classes.txt: the first class was `\\ufeffa`, so folder `a` was "not
+    among the model's classes (the classes are: a, b...)" and predict printed `\\ufeffa`."""
+    import torch
+
+    from torchkit.core.evaluate import parse_class_names
+
+    names = tmp_path / "classes.txt"
+    names.write_bytes(b"\xef\xbb\xbfa\r\nb\r\n\r\nc \r\nd\r\n")
+    assert parse_class_names(str(names)) == ["a", "b", "c", "d"]
+    weights = tmp_path / "weights.pt"
+    torch.save(torch.load(world["checkpoint"], weights_only=True)["model"], weights)
+    spec = ["convnet", "--weights", weights, "--image-size", "8", "--classes", names]
+    data = world["root"] / "imgs"
+    result = run_torchkit_in_process("eval", *spec, "--data", data, "-j", "0", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["classes"] == ["a", "b", "c", "d"]

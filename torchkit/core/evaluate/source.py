@@ -28,8 +28,10 @@ def parse_class_names(spec: str) -> list[str]:
     except OSError:  # a list of many names is longer than a file name may be (ENAMETOOLONG)
         is_file = False
     if is_file:
-        names = [line.strip() for line in read_text(path).splitlines()]
-        names = [name for name in names if name]
+        from torchkit.core.data.sources.shards import class_names_in_text
+
+        # A BOM (Notepad's "UTF-8") is no part of the first name, as in a CSV index.
+        names = class_names_in_text(read_text(path, "utf-8-sig"))
     else:
         names = list_items(spec, "--classes", hint="give class names like a,b,c, or a file")
     if not names:
