@@ -325,3 +325,42 @@ def test_a_value_the_data_chose_then_edited_in_the_recipe_is_kept(runner, tmp_pa
             assert shown["image_size"] == 16, (source, data)
             assert "image_size" not in shown["defaults_from_data"], (source, data)
             assert shown["model"] == ("resnet18" if data else "convnet"), (source, data)
+
+
+def test_a_recipe_with_another_model_chooses_its_mean_and_std_again(runner, tmp_path):
+    """A googlenet recipe's mean/std 0.5 (what torchvision's googlenet weights expect) were
+    carried to `--config googlenet.json --model resnet18`, and ImageNet's from a resnet18 recipe
+    to googlenet's weights: both recipe forms now record mean/std as chosen, so another model
+    chooses its own; a mean/std the user set stays."""
+    printed = runner.invoke(app, ["train", "--model", "googlenet", "--weights", "DEFAULT",
+                                  "--std", "0.25", "--print-config"])  # fmt: skip
+    assert printed.exit_code == 0, printed.stderr
+    recipe = json.loads(printed.stdout)
+    assert recipe["defaults_from_data"]["mean"] == [0.5] * 3
+    assert "std" not in recipe["defaults_from_data"]  # the user's
+    recipe_file = tmp_path / "googlenet.json"
+    recipe_file.write_text(printed.stdout)
+    options = dict(recipe)
+    run_config = tmp_path / "config.json"
+    run_config.write_text(
+        json.dumps({"defaults_from_data": options.pop("defaults_from_data"), "options": options})
+    )
+    for source in (recipe_file, run_config):
+        args = ["train", "--config", str(source), "--model", "resnet18", "--print-config"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        shown = json.loads(result.stdout)
+        assert (shown["mean"], shown["std"]) == ([0.485, 0.456, 0.406], [0.25] * 3), source
+    imagenet = runner.invoke(app, ["train", "--print-config"]).stdout
+    (tmp_path / "plain.json").write_text(imagenet)
+    args = [
+        "--config",
+        str(tmp_path / "plain.json"),
+        "--model",
+        "googlenet",
+        "--weights",
+        "DEFAULT",
+    ]
+    result = runner.invoke(app, ["train", *args, "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["mean"] == [0.5] * 3

@@ -45,7 +45,8 @@ MAX_MIX_ALPHA = 3.4e38
 
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
-    """Fill the None options from the data; the names filled go into `data_defaults`."""
+    """Fill the None options from the data (--mean/--std from the model and its weights); the
+    names filled go into `data_defaults`."""
     from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
     from torchkit.core.models.builders import (
         TRANSFORM_INPUT_MEAN_STD,
@@ -68,7 +69,12 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
             mean, std = recorded  # what a torchkit checkpoint's weights were trained on
     resolved.mean = three_channels(resolved.mean, mean)
     resolved.std = three_channels(resolved.std, std)
-    resolved.data_defaults = tuple(sorted(set(config.data_defaults) | set(chosen)))
+    # Recorded as chosen, as the data's choices are: a replay with another --model or --weights
+    # chooses them again (a googlenet recipe's 0.5 is not resnet18's).
+    normalization = [name for name in ("mean", "std") if getattr(config, name) is None]
+    resolved.data_defaults = tuple(
+        sorted(set(config.data_defaults) | set(chosen) | set(normalization))
+    )
     validate(resolved)
     return resolved
 
