@@ -656,6 +656,29 @@ def test_an_output_that_names_a_descriptor_of_a_file_is_added_to_it_not_truncate
     assert os.listdir(tmp_path) == ["log.txt"]
 
 
+@pytest.mark.parametrize(("option", "what"), [("-o", "output"), ("--plot", "plot")])
+def test_an_output_naming_a_closed_descriptor_is_refused_before_any_work(
+    image_folder, option, what
+):
+    """`-o /dev/stdout` with stdout closed (`>&-`): the command did all its work, then ended
+    in "Error: FileNotFoundError: ... '/dev/stdout'" (`--plot`: "OSError: [Errno 9] Bad file
+    descriptor"). A descriptor far above the ones this process uses stands for it."""
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    fd = 987
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    extra = ["--format", "csv", "-o", os.devnull] if option == "--plot" else []
+    done = run_torchkit_in_process("dataset-stats", image_folder, option, f"/dev/fd/{fd}", *extra)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr, besides="nothing") == (
+        f"Error: cannot write {what} /dev/fd/{fd}: Bad file descriptor (file descriptor {fd} is"
+        " closed: send it to a file or to /dev/null, or choose another output)"
+    )
+    assert done.stdout == ""
+
+
 def test_check_output_file(tmp_path, dataset):
     existing = tmp_path / "stats.json"
     existing.write_text("{}")

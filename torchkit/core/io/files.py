@@ -18,6 +18,7 @@ from torchkit.core.io.errors import InputError
 from torchkit.core.io.outputs import (
     check_claimed,
     is_special_file,
+    own_descriptor,
     publish_file,
     remove_tree,
     synced_when_kept,
@@ -137,22 +138,14 @@ def json_text(value: object, **dumps_kwargs) -> str:
     return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
-# This process's own file descriptors by name: /dev/stdout, /dev/stderr, /dev/fd/N,
-# /proc/self/fd/N.
-_OWN_DESCRIPTOR = re.compile(
-    r"/(?:dev/(?:(?P<std>stdout|stderr)|fd/(?P<fd>\d+))|proc/self/fd/(?P<proc>\d+))"
-)
-
-
 def own_regular_descriptor(path: str | os.PathLike) -> int | None:
     """The file descriptor of this process that `path` names (`-o /dev/stdout`), where it is
     a regular file (`>> log.txt`): opened again by its name, the file would be truncated and
     written from its start, over what the shell or earlier commands put there; written
     through the descriptor, it is added where the descriptor stands (appended with `>>`)."""
-    found = _OWN_DESCRIPTOR.fullmatch(os.path.normpath(os.fspath(path)))
-    if found is None:
+    fd = own_descriptor(path)
+    if fd is None:
         return None
-    fd = {"stdout": 1, "stderr": 2}.get(found["std"] or "") or int(found["fd"] or found["proc"])
     try:
         return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
     except OSError:  # closed (`>&-`): opening the name reports it

@@ -234,6 +234,38 @@ def is_special_file(path: str | os.PathLike) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+# This process's own file descriptors by name: /dev/stdout, /dev/stderr, /dev/fd/N,
+# /proc/self/fd/N.
+_OWN_DESCRIPTOR = re.compile(
+    r"/(?:dev/(?:(?P<std>stdout|stderr)|fd/(?P<fd>\d+))|proc/self/fd/(?P<proc>\d+))"
+)
+
+
+def own_descriptor(path: str | os.PathLike) -> int | None:
+    """The file descriptor of this process that `path` names (`/dev/stdout`: 1), else None."""
+    found = _OWN_DESCRIPTOR.fullmatch(os.path.normpath(os.fspath(path)))
+    if found is None:
+        return None
+    return {"stdout": 1, "stderr": 2}.get(found["std"] or "") or int(found["fd"] or found["proc"])
+
+
+def check_own_descriptor_open(path: str | os.PathLike, what: str) -> None:
+    """`-o /dev/stdout` with stdout closed (`>&-`): refused before any work. The write at the
+    end failed as "FileNotFoundError: ... '/dev/stdout'" (or a bare "Bad file descriptor"),
+    after all of it."""
+    fd = own_descriptor(path)
+    if fd is None:
+        return
+    try:
+        os.fstat(fd)
+    except OSError as error:
+        name = {1: "standard output", 2: "standard error"}.get(fd, f"file descriptor {fd}")
+        raise OutputWriteError(
+            f"cannot write {what} {_shown(path)}: {error.strerror}",
+            f"{name} is closed: send it to a file or to /dev/null, or choose another output",
+        ) from None
+
+
 def check_folders_above(path: str | os.PathLike, what: str) -> None:
     """The nearest existing folder above `path` is one: a file there (`-o notes.txt/x.json`)
     would fail the write only at the end, after all the work, as "File exists"."""
@@ -271,6 +303,7 @@ def check_output_file(
     check_not_stdout(path, what)
     target = Path(path)
     if is_special_file(target):
+        check_own_descriptor_open(target, what)
         return target
     check_overlap(target, what, inputs)
     check_folders_above(target, what)
