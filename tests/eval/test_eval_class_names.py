@@ -33,15 +33,16 @@ def _command(world, command: str, classes: str) -> list[object]:
 @pytest.mark.parametrize("command", ["eval", "predict"])
 @pytest.mark.parametrize(
     "classes, moved",
-    [("d,c,b,a", "'d' as output 0, but the torchkit checkpoint names it as output 3"),
-     ("b,a,x,y", "'b' as output 0, but the torchkit checkpoint names it as output 1")],
+    [("d,c,b,a", "'d' as output 0, but {ck} names it as output 3"),
+     ("b,a,x,y", "'b' as output 0, but {ck} names it as output 1")],
 )  # fmt: skip
 def test_classes_the_checkpoint_names_at_other_outputs_are_refused(world, command, classes, moved):
     """Renaming output 0 (trained as `a`) to `d` scored every image against the wrong class."""
     result = run_torchkit_in_process(*_command(world, command, classes), "-j", "0")
     assert result.returncode == 2 and result.stdout == ""
     line = error_line(result.stderr)
-    assert f"--classes names {moved}" in line and "in its order: a, b, c, d" in line
+    assert f"--classes names {moved.format(ck=world['checkpoint'])}" in line
+    assert "in its order: a, b, c, d" in line
 
 
 def test_classes_in_the_checkpoints_order_or_new_names_are_taken(world):
@@ -69,7 +70,7 @@ def test_a_class_in_another_unicode_spelling_is_the_same_class(tmp_path):
         "predict", checkpoint, tmp_path / "imgs", "--classes", f"x,{nfd}", "-j", "0"
     )
     assert result.returncode == 2
-    assert "as output 1, but the torchkit checkpoint names it as output 0" in result.stderr
+    assert f"as output 1, but {checkpoint} names it as output 0" in result.stderr
 
 
 def test_an_unknown_class_with_spaces_around_it_is_quoted(world, tmp_path):

@@ -205,7 +205,7 @@ def resolve_model(
         raise untrained_error(spec, resolved.source)
     _apply_num_classes(resolved, num_classes, new_head)
     if classes:
-        _refuse_moved_classes(resolved, classes)
+        _refuse_moved_classes(resolved, classes, weights or spec)
         resolved.classes = [str(c) for c in classes]
     resolved.spec, resolved.weights = spec, weights
     return resolved
@@ -331,7 +331,7 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
     resolved.classes = None  # the weights' class names belong to the old head
 
 
-def _refuse_moved_classes(resolved: ResolvedModel, classes: Sequence[str]) -> None:
+def _refuse_moved_classes(resolved: ResolvedModel, classes: Sequence[str], named_by: str) -> None:
     """UsageError when `--classes` puts a class the model's weights name (a torchkit checkpoint,
     an exported file, torchvision's weights) at another output: the outputs would be renamed
     silently and every image scored against the wrong class. New names (WordNet IDs for
@@ -349,8 +349,8 @@ def _refuse_moved_classes(resolved: ResolvedModel, classes: Sequence[str]) -> No
         if found is not None and found != output and nfc(names[output]) != nfc(str(name)):
             order = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
             raise UsageError(
-                f"--classes names {str(name)!r} as output {output}, but the "
-                f"{resolved.weights_source or resolved.source} names it as output {found}",
+                f"--classes names {str(name)!r} as output {output}, but {named_by} names it "
+                f"as output {found}",
                 f"drop --classes to use the names the model records, in its order: {order}",
             )
 
