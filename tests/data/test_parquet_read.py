@@ -404,3 +404,16 @@ def test_row_groups_larger_than_the_readers_cache_are_said_once(tmp_path, monkey
     assert len(warnings) == 1 and "row_group_size=" in warnings[0]
     quiet = run_torchkit_in_process("dataset-stats", small_groups, "-j", "0")
     assert quiet.returncode == 0 and "row groups of up to" not in quiet.stderr
+
+
+def test_a_file_written_again_while_a_run_reads_it_is_one_error_not_other_rows(tmp_path):
+    """pyarrow writes a file in place: the listed row groups then held the new file's rows
+    (other images under the listed labels, without a word) or none (an IndexError)."""
+    from torchkit.core.data.sources import open_data
+    from torchkit.core.data.stored_image import StoredReadError
+
+    path = write_parquet(tmp_path / "data.parquet", [png(i) for i in range(6)], [0, 1, 2] * 2)
+    samples = open_data(str(path)).whole
+    write_parquet(path, [png(10 + i) for i in range(6)], [2, 1, 0] * 2)
+    with pytest.raises(StoredReadError, match="data.parquet was written again after it was"):
+        samples.paths[0].read_bytes()

@@ -400,13 +400,13 @@ def test_a_shard_written_again_while_a_run_reads_it_is_one_error_not_other_image
     shards --force` renamed over it alike): the listed offsets then held the new shard's
     images, read under the listed labels without a word."""
     from torchkit.core.data.sources import open_data
-    from torchkit.core.data.stored_image import ShardReadError
+    from torchkit.core.data.stored_image import StoredReadError
 
     dark, light = (b"P6\n2 2\n255\n" + bytes([value]) * 12 for value in (0, 255))
     shard = tar_of(tmp_path / "s-000000.tar", {"x.ppm": dark, "x.cls": b"0"})
     samples = open_data(str(shard)).whole
     tar_of(shard, {"y.ppm": light, "y.cls": b"1"})  # the same offsets and sizes
-    with pytest.raises(ShardReadError, match="s-000000.tar was written again after it was"):
+    with pytest.raises(StoredReadError, match="s-000000.tar was written again after it was"):
         samples.paths[0].read_bytes()
 
 

@@ -15,6 +15,7 @@ A `StoredImage` is cheap to copy into DataLoader workers (fork) and pickles (spa
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,14 +26,14 @@ from torchkit.core.io.errors import InputError
 class BytesReader(Protocol):
     """Reads one stored image's bytes, given its locator; an OSError (a truncated shard, a
     vanished file) makes that image unreadable, counted as any unreadable image is; a
-    ShardReadError stops the run."""
+    StoredReadError stops the run."""
 
     def read(self, locator: Any) -> bytes: ...
 
 
-class ShardReadError(InputError):
-    """A container that cannot be read as it was listed when an image of it is read (a shard
-    written again since, one a server no longer serves): the run stops with one error line,
+class StoredReadError(InputError):
+    """A container that cannot be read as it was listed when an image of it is read (a file
+    written again since, a shard a server no longer serves): the run stops with one error line,
     from a DataLoader worker too, where torch raises it again in the main process as
     `type(error)(text)`, `text` the worker's traceback (ending with this error's line)."""
 
@@ -40,6 +41,27 @@ class ShardReadError(InputError):
         if hint is None and message.startswith("Caught ") and "\nOriginal Traceback" in message:
             message = message.rstrip().rsplit("\n", 1)[-1].split(": ", 1)[-1]
         super().__init__(message, hint)
+
+
+Stamp = tuple[int, int, int]
+
+
+def file_stamp(info: os.stat_result) -> Stamp:
+    """What tells one version of a file from another: (inode, size, mtime)."""
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def check_unchanged(fd: int, stamp: Stamp | None, path: str) -> None:
+    """StoredReadError when the file open as `fd` is no longer the version listed (`stamp`,
+    None: unchecked). A container written again after it was listed (webdataset's TarWriter and
+    pyarrow write a file in place, `convert shards --force` renames a new one over it) holds
+    other images where the listing found them, which were read under the listed labels."""
+    if stamp is not None and file_stamp(os.fstat(fd)) != stamp:
+        raise StoredReadError(
+            f"{path} was written again after it was listed: its images are no longer where "
+            "the listing found them",
+            "run again once it is written; never rewrite data a command reads",
+        )
 
 
 class StoredImage(str):

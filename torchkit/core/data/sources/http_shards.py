@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from torchkit.core.data.stored_image import ShardReadError
+from torchkit.core.data.stored_image import StoredReadError
 from torchkit.core.io.errors import InputError, OfflineError, TorchkitError, UsageError
 from torchkit.core.io.outputs import remove_tree
 
@@ -631,7 +631,7 @@ def _streamed_source(
     )
 
 
-class ShardFetchError(ShardReadError):
+class ShardFetchError(StoredReadError):
     """A shard that cannot be fetched when an image of it is read (one error line, from a
     DataLoader worker too)."""
 

@@ -41,7 +41,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from torchkit.core.data.sources.csv_index import class_order
 from torchkit.core.data.sources.samples import (
@@ -52,7 +52,13 @@ from torchkit.core.data.sources.samples import (
 )
 from torchkit.core.data.sources.source import DataSource, _split_source, concatenate, relabelled
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
-from torchkit.core.data.stored_image import Blocks, StoredImage
+from torchkit.core.data.stored_image import (
+    Blocks,
+    Stamp,
+    StoredImage,
+    check_unchanged,
+    file_stamp,
+)
 from torchkit.core.io.errors import InputError, first_line
 
 SUFFIX = ".parquet"
@@ -85,28 +91,39 @@ class NullImage(OSError):
 
 class ParquetImages:
     """Reads images of parquet files by (file index, row group, row in group). Picklable; each
-    process opens its own files and keeps its own cache (keyed by pid: nothing crosses a fork)."""
+    process opens its own files and keeps its own cache (keyed by pid: nothing crosses a fork).
+    `stamps`: each listed file's `file_stamp`, which the file read must still have
+    (`check_unchanged`: a file written again holds other rows where the listing found them)."""
 
     def __init__(
         self,
         files: Sequence[str],
         columns: Sequence[str],
         group_bytes: Sequence[Sequence[int]] = (),
+        stamps: Sequence[Stamp | None] = (),
     ) -> None:
         self.files = list(files)
         self.columns = list(columns)  # the image column of each file
         # The size of each row group's image column, uncompressed (from the footer), per file.
         self.group_bytes = [list(sizes) for sizes in group_bytes]
+        self.stamps = list(stamps) or [None] * len(self.files)
         self._pid = -1
         self._opened: dict[int, Any] = {}
         self._cache: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._cached_bytes = 0
 
     def __getstate__(self) -> dict:
-        return {"files": self.files, "columns": self.columns, "group_bytes": self.group_bytes}
+        return {
+            "files": self.files,
+            "columns": self.columns,
+            "group_bytes": self.group_bytes,
+            "stamps": self.stamps,
+        }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["files"], state["columns"], state.get("group_bytes", ()))
+        self.__init__(
+            state["files"], state["columns"], state.get("group_bytes", ()), state.get("stamps", ())
+        )
 
     def blocks(self, locators: Sequence[tuple[int, int, int]]) -> Blocks:
         """The row group of each image (numbered in order of first appearance), and how many
@@ -131,7 +148,7 @@ class ParquetImages:
         """The image bytes of one row group (a pyarrow binary array, nulls where the image or
         its bytes are null), from the cache or read."""
         if self._pid != os.getpid():  # a fresh process (or a fork): nothing inherited
-            self.__init__(self.files, self.columns, self.group_bytes)
+            self.__init__(self.files, self.columns, self.group_bytes, self.stamps)
             self._pid = os.getpid()
         key = (file, group)
         cached = self._cache.get(key)
@@ -140,9 +157,12 @@ class ParquetImages:
             return cached
         pa = import_extra_pyarrow()
         try:
-            handle = self._opened.get(file)
-            if handle is None:
-                handle = self._opened[file] = _parquet_file(self.files[file])
+            opened = self._opened.get(file)
+            if opened is None:
+                source = open(self.files[file], "rb")  # noqa: SIM115 (held open, as pyarrow holds it)
+                opened = self._opened[file] = (source, _parquet_file(source))
+            source, handle = opened
+            check_unchanged(source.fileno(), self.stamps[file], self.files[file])
             table = handle.read_row_group(group, columns=[self.columns[file]], use_threads=False)
         except (OSError, pa.ArrowException) as error:
             raise OSError(
@@ -165,7 +185,7 @@ def import_extra_pyarrow() -> Any:
     return import_extra("pyarrow", "parquet", _NEEDED_FOR)
 
 
-def _parquet_file(path: str) -> Any:
+def _parquet_file(path: str | BinaryIO) -> Any:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path)
@@ -259,6 +279,7 @@ class _File:
         self.relative = relative
         self.path = relative if root == "." else os.path.join(root, relative)
         try:
+            self.stamp = file_stamp(os.stat(self.path))
             handle = pq.ParquetFile(self.path)
             schema = handle.schema_arrow
         except (OSError, pa.ArrowException) as error:
@@ -463,7 +484,10 @@ def _read(
     else:
         names = [""]
     reader = ParquetImages(
-        [f.path for f in files], [f.image_column for f in files], [f.group_bytes for f in files]
+        [f.path for f in files],
+        [f.image_column for f in files],
+        [f.group_bytes for f in files],
+        [f.stamp for f in files],
     )
     index_of = class_index(names)  # a label in another Unicode spelling is its class too
     parts: dict[str, list[Samples]] = {}

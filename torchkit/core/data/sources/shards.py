@@ -58,7 +58,7 @@ from torchkit.core.data.sources.source import (
     unlabelled_split_error,
 )
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
-from torchkit.core.data.stored_image import ShardReadError, StoredImage
+from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged, file_stamp
 from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.files import read_text
 
@@ -83,12 +83,10 @@ MAX_PATTERN_NAMES = 1_000_000
 class TarReader:
     """Reads members of one tar file by (offset, size): picklable (it holds only the path and
     `stamp`); each process opens the file once, lazily, and never uses a descriptor across a
-    fork. `stamp`: the listed file's (inode, size, mtime), which the file read must still have:
-    a shard written again after it was listed (webdataset's TarWriter rewrites a file in place,
-    `convert shards --force` renames a new one over it) holds other images at the listed
-    offsets, read silently under the listed labels."""
+    fork. `stamp`: the listed file's `file_stamp`, which the file read must still have
+    (`check_unchanged`)."""
 
-    def __init__(self, path: str, stamp: tuple[int, int, int] | None = None) -> None:
+    def __init__(self, path: str, stamp: Stamp | None = None) -> None:
         self.path = os.path.abspath(path)
         self.stamp = stamp
 
@@ -114,18 +112,7 @@ class TarReader:
         return data
 
     def _check(self, fd: int) -> None:
-        """ShardReadError when the file open as `fd` is no longer the one listed."""
-        if self.stamp is not None and file_stamp(os.fstat(fd)) != self.stamp:
-            raise ShardReadError(
-                f"{self.path} was written again after it was listed: its images are no longer "
-                "where the listing found them",
-                "run again once the shards are written; never rewrite shards a run reads",
-            )
-
-
-def file_stamp(info: os.stat_result) -> tuple[int, int, int]:
-    """What tells one version of a file from another: (inode, size, mtime)."""
-    return (info.st_ino, info.st_size, info.st_mtime_ns)
+        check_unchanged(fd, self.stamp, self.path)
 
 
 # Descriptors of this process (pread: no shared file position, so threads may read at once).
@@ -206,7 +193,7 @@ class TarListing:
     members: dict[str, tuple[int, int]]
     links: dict[str, str | None]
     folders: set[str]  # names of its directory members
-    stamp: tuple[int, int, int] | None = None  # `file_stamp` of the file listed
+    stamp: Stamp | None = None  # `file_stamp` of the file listed
 
     def locator(self, name: str) -> tuple[int, int] | None:
         if name in self.members:
