@@ -391,6 +391,50 @@ def test_untraceable_model_uses_hooks(runner, images, tmp_path, models_module):
     assert meta["layers"][0]["node"] == "<input of the classifier>"
 
 
+class ChannelsLast(nn.Module):
+    """A Swin-style model: its stage gives a channels-last (N, H, W, C) map, normed over C."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 5, 4, stride=4)
+        self.norm = nn.LayerNorm(5)
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x):
+        x = self.norm(self.embed(x).permute(0, 2, 3, 1))
+        return self.head(x.mean(dim=(1, 2)))
+
+
+@pytest.mark.parametrize("pool", ["avg", "max"])
+def test_channels_last_maps_are_pooled_over_height_and_width(
+    runner, images, tmp_path, models_module, pool
+):
+    # torchvision's swin_t `-l norm` (7x7x768) gave 7 values an image: the mean over W and C.
+    torch.manual_seed(0)
+    model = ChannelsLast().eval()
+    models_module.channels_last = lambda: model
+    out = tmp_path / "out"
+    sizes = ["--image-size", "16", "--resize-size", "16", "--mean", "0.5", "--std", "0.25"]
+    result = run(
+        runner, f"{MODELS_MODULE}:channels_last", str(images), str(out), "-l", "norm",
+        "-l", "embed", "--pool", pool, *sizes, "-j", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    paths = [row["path"] for row in read_index(out)]
+    x = reference_batch(images, paths, resize=16, crop=16, mean=[0.5] * 3, std=[0.25] * 3)
+    with torch.no_grad():
+        conv = model.embed(x)
+        stage = model.norm(conv.permute(0, 2, 3, 1))
+    reduce = torch.Tensor.mean if pool == "avg" else torch.Tensor.amax
+    assert_close(np.load(out / "norm.npy"), reduce(stage, dim=(1, 2)))
+    assert_close(np.load(out / "embed.npy"), reduce(conv, dim=(2, 3)))
+    by_name = {
+        layer["name"]: layer for layer in json.loads((out / "meta.json").read_text())["layers"]
+    }
+    assert by_name["norm"]["output_shape"] == [4, 4, 5]
+    assert by_name["norm"]["shape"] == [6, 5]
+
+
 def test_images_reach_a_4_channel_model_as_rgba_and_a_2_channel_model_is_refused(
     runner, images, tmp_path, models_module
 ):

@@ -290,8 +290,9 @@ def reduce_feature(
     flatten: bool = False,
     dtype: str = "float32",
 ):
-    """Pool a (N, C, H, W) map over H and W (avg by default; `none` keeps it), scale each row to
-    unit L2 norm, flatten to (N, D), cast. Arithmetic is in float32 whatever the model ran in."""
+    """Pool a (N, C, H, W) map over H and W (avg by default; `none` keeps it; a channels-last
+    (N, H, W, C) map over its H and W: `spatial_dims`), scale each row to unit L2 norm, flatten
+    to (N, D), cast. Arithmetic is in float32 whatever the model ran in."""
     import torch
 
     if not isinstance(value, torch.Tensor):
@@ -301,15 +302,24 @@ def reduce_feature(
         )
     features = value.float()
     if features.ndim == 4 and pool in (None, "avg"):
-        features = features.mean(dim=(2, 3))
+        features = features.mean(dim=spatial_dims(features.shape))
     elif features.ndim == 4 and pool == "max":
-        features = features.amax(dim=(2, 3))
+        features = features.amax(dim=spatial_dims(features.shape))
     if normalize == "l2":
         norms = features.flatten(1).norm(dim=1).clamp_min(1e-12)
         features = features / norms.view(-1, *([1] * (features.ndim - 1)))
     if flatten and features.ndim > 2:
         features = features.flatten(1)
     return features.to(getattr(torch, dtype))
+
+
+def spatial_dims(shape) -> tuple[int, int]:
+    """The H and W dimensions of a 4-D map: (2, 3) of (N, C, H, W), or (1, 2) of the
+    channels-last (N, H, W, C) maps of Swin-style stages (torchvision's swin_t, timm's swin and
+    mambaout...), which pooling (2, 3) would average over W and C. Crops are square, so H and W
+    are the two equal sizes; a map where that does not tell is taken as (N, C, H, W)."""
+    _, first, second, third = shape
+    return (1, 2) if first == second != third else (2, 3)
 
 
 _MARKERS = (HEAD_INPUT, MODEL_OUTPUT)
