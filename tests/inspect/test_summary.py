@@ -101,6 +101,26 @@ def test_linear_on_a_sequence_counts_every_row():
     assert torchinfo.summary(model, input_size=(2, 5, 8), verbose=0).total_mult_adds == 72
 
 
+def test_transposed_and_unbatched_convolutions_count_what_runs():
+    """A transposed convolution applies its kernel at every input position (torchinfo counts
+    every output position: stride**2 times too many), and an unbatched convolution's output has
+    no batch (torchinfo took its channels for one)."""
+    up = nn.Sequential(nn.ConvTranspose2d(8, 4, 2, stride=2))
+    ours = summarize(up, [(2, 8, 16, 16)])
+    weight, bias = 2 * 16 * 16 * (8 * 4 * 2 * 2), 2 * 32 * 32 * 4
+    assert ours.total_mult_adds == weight + bias
+    assert ours.flops == 2 * weight  # torch's count: the weight's work, at the input positions
+    assert torchinfo.summary(up, input_size=(2, 8, 16, 16), verbose=0).total_mult_adds == (
+        2 * 32 * 32 * (8 * 4 * 2 * 2) + bias
+    )
+
+    conv = nn.Sequential(nn.Conv2d(8, 4, 3, padding=1))
+    batched = summarize(conv, [(1, 8, 16, 16)]).total_mult_adds
+    assert batched == 16 * 16 * (8 * 4 * 9 + 4)
+    assert summarize(conv, [(8, 16, 16)]).total_mult_adds == batched
+    assert summarize(up, [(8, 16, 16)]).total_mult_adds == (weight + bias) // 2
+
+
 class CrossAttention(nn.Module):
     """nn.MultiheadAttention with keys and values of their own widths and lengths."""
 

@@ -2,19 +2,20 @@
 eval-mode, no-grad forward pass (on a meta-device copy when the model allows it), plus parameter,
 mult-add, FLOP and memory totals.
 
-Mult-adds follow torchinfo's definition (per leaf module call, from its parameters: a
-convolution's weight and bias are applied at every output position of every sample, any other
-layer's parameters once per sample) with one correction: a Linear layer applies its parameters
-once per row of its input, i.e. `prod(output.shape[:-1])` times, not once per sample (torchinfo
-1.8.0 undercounts Linear layers on 3-D inputs, such as a transformer's MLP, by the sequence
-length); and only what runs counts: a parameter that no operation of the call reads (a forward
-that returns its input, a bias it skips) adds no mult-adds, as it adds no FLOPs (a dispatch mode
-records what the operations read). `nn.MultiheadAttention`'s input and output projections, which
-run on its own parameters in functional calls that no leaf call holds, count as Linear layers
-(once per token). Parameter totals count each parameter tensor once, however
-many modules hold it or call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`,
-which sees every matmul and convolution, including the attention products that per-module
-counting cannot see.
+Mult-adds follow torchinfo's definition (per leaf module call, from its parameters: a convolution's
+weight and bias are applied at every output position of every sample, any other layer's parameters
+once per sample), corrected where it is wrong: a Linear layer applies its parameters once per row
+of its input, i.e. `prod(output.shape[:-1])` times, not once per sample (torchinfo 1.8.0
+undercounts Linear layers on 3-D inputs, such as a transformer's MLP, by the sequence length), a
+transposed convolution's weight works at every input position, not output position (torchinfo
+overcounts by stride**d), and an unbatched convolution's positions are counted without taking its
+channels for a batch; and only what runs counts: a parameter that no operation of the call reads (a
+forward that returns its input, a bias it skips) adds no mult-adds, as it adds no FLOPs (a dispatch
+mode records what the operations read). `nn.MultiheadAttention`'s input and output projections,
+which run on its own parameters in functional calls that no leaf call holds, count as Linear layers
+(once per token). Parameter totals count each parameter tensor once, however many modules hold it
+or call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, which sees every matmul and
+convolution, including the attention products that per-module counting cannot see.
 
 A pruned layer (`torch.nn.utils.prune`) holds `weight_orig` and a `weight_mask` buffer and computes
 `weight = weight_orig * weight_mask` before each call; its mult-adds are those of the dense
@@ -154,12 +155,17 @@ def _call_inputs(args: tuple, kwargs: dict) -> Any:
 # --- counting ------------------------------------------------------------------------------
 
 
-def leaf_mult_adds(module: Any, output: Any, used: set[int] | None = None) -> int:
-    """Mult-adds of one call of a leaf module (torchinfo's definition, Linear corrected).
+def leaf_mult_adds(
+    module: Any, output: Any, used: set[int] | None = None, inputs: Any = None
+) -> int:
+    """Mult-adds of one call of a leaf module (torchinfo's definition, Linear and transposed
+    and unbatched convolutions corrected).
 
     `used`: the storages (`_storage_key`) of the tensors an operation read during the call, as
     the summary's forward pass records them; a parameter no operation read (a forward that
-    returns its input, a bias it skips) adds nothing. None: every parameter counts."""
+    returns its input, a bias it skips) adds nothing. None: every parameter counts. `inputs`:
+    the call's arguments, whose first tensor a transposed convolution's weight is applied at
+    every position of (None: at every output position, torchinfo's overcount by stride**d)."""
     from torch import nn
 
     first = next(iter_tensors(output), None)
@@ -167,8 +173,17 @@ def leaf_mult_adds(module: Any, output: Any, used: set[int] | None = None) -> in
         return 0
     shape = list(first.shape)
     batch = shape[0] if shape else 1
+    weight_positions = None
     if isinstance(module, nn.modules.conv._ConvNd):
-        positions = batch * math.prod(shape[2:])
+        # every position of every sample: all but the channel dimension (which an unbatched
+        # input's output has first; torchinfo took it for the batch)
+        channel = -len(module.kernel_size) - 1
+        positions = math.prod(shape) // max(1, shape[channel])
+        source = next(iter_tensors(inputs), None) if module.transposed else None
+        if source is not None and source.ndim == len(shape):
+            # each input position scatters the whole kernel: the weight works there, the bias
+            # at every output position
+            weight_positions = math.prod(source.shape) // max(1, source.shape[channel])
     elif isinstance(module, nn.Linear):
         positions = math.prod(shape[:-1])
     else:
@@ -181,7 +196,9 @@ def leaf_mult_adds(module: Any, output: Any, used: set[int] | None = None) -> in
             applied = getattr(module, name, param)
         if used is not None and _storage_key(applied) not in used:
             continue  # no operation of this call read it: nothing ran with it
-        if name in ("weight", "bias"):
+        if name == "weight" and weight_positions is not None:
+            total += weight_positions * param.numel()
+        elif name in ("weight", "bias"):
             total += positions * param.numel()
         elif "weight" in name or "bias" in name:
             # recurrent layers (weight_ih_l0...) work at every time step of every sample
@@ -339,7 +356,7 @@ class _Recorder:
         own = self.own_mult_adds.pop(row.index, 0)
         if row.leaf:
             reads = self.leaf_reads.pop(row.index, None)
-            own = leaf_mult_adds(module, output, reads if self.tracking else None)
+            own = leaf_mult_adds(module, output, reads if self.tracking else None, args)
             self.activation_bytes += _new_output_bytes(args, output)
         if own:
             row.mult_adds += own
