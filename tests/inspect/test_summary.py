@@ -101,10 +101,10 @@ def test_linear_on_a_sequence_counts_every_row():
     assert torchinfo.summary(model, input_size=(2, 5, 8), verbose=0).total_mult_adds == 72
 
 
-def test_transposed_and_unbatched_convolutions_count_what_runs():
+def test_transposed_and_unbatched_layers_count_what_runs():
     """A transposed convolution applies its kernel at every input position (torchinfo counts
-    every output position: stride**2 times too many), and an unbatched convolution's output has
-    no batch (torchinfo took its channels for one)."""
+    every output position: stride**2 times too many), and an unbatched convolution's or RNN's
+    output has no batch (torchinfo took its channels or features for one)."""
     up = nn.Sequential(nn.ConvTranspose2d(8, 4, 2, stride=2))
     ours = summarize(up, [(2, 8, 16, 16)])
     weight, bias = 2 * 16 * 16 * (8 * 4 * 2 * 2), 2 * 32 * 32 * 4
@@ -119,6 +119,10 @@ def test_transposed_and_unbatched_convolutions_count_what_runs():
     assert batched == 16 * 16 * (8 * 4 * 9 + 4)
     assert summarize(conv, [(8, 16, 16)]).total_mult_adds == batched
     assert summarize(up, [(8, 16, 16)]).total_mult_adds == (weight + bias) // 2
+
+    recurrent = nn.GRU(6, 5)  # 195 parameters, each used at every step of every sample
+    assert summarize(recurrent, [(7, 2, 6)]).total_mult_adds == 7 * 2 * 195
+    assert summarize(recurrent, [(7, 6)]).total_mult_adds == 7 * 195  # unbatched: was 7 * 5 * 195
 
 
 class CrossAttention(nn.Module):

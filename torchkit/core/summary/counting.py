@@ -201,8 +201,10 @@ def leaf_mult_adds(
         elif name in ("weight", "bias"):
             total += positions * param.numel()
         elif "weight" in name or "bias" in name:
-            # recurrent layers (weight_ih_l0...) work at every time step of every sample
-            total += math.prod(shape[:2]) * param.numel()
+            # recurrent layers (weight_ih_l0...) work at every time step of every sample: all
+            # but the features of an RNN's output, batched (L, N, H) or not (L, H)
+            steps = shape[:-1] if isinstance(module, nn.RNNBase) else shape[:2]
+            total += math.prod(steps) * param.numel()
     return total
 
 
