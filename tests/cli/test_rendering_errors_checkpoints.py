@@ -378,13 +378,18 @@ def test_real_process_colour_only_on_terminals_and_never_with_no_color(run_torch
 
 
 @pytest.mark.parametrize(
-    ("args", "stream", "expected"),
-    [(["env", "--format", "yaml"], "stderr", "Error: "), (["split", "--help"], "stdout", "Usage:")],
+    ("args", "stream", "expected", "width"),
+    [
+        (["env", "--format", "yaml"], "stderr", "Error: ", "0"),
+        (["split", "--help"], "stdout", "Usage:", "abc"),
+    ],
 )
-def test_real_process_columns_zero_still_prints(run_torchkit, args, stream, expected):
+def test_real_process_columns_zero_still_prints(run_torchkit, args, stream, expected, width):
     # COLUMNS=0 (a size nobody knows): rich made consoles 0 columns wide, which printed
-    # nothing, not even the Error line; FORCE_COLOR: as on a terminal.
-    done = run_torchkit(*args, env={"COLUMNS": "0", "LINES": "0", "FORCE_COLOR": "1"})
+    # nothing, not even the Error line; FORCE_COLOR: as on a terminal. typer's TERMINAL_WIDTH:
+    # 0 left --help blank, a word made it a ValueError traceback.
+    environment = {"COLUMNS": "0", "LINES": "0", "FORCE_COLOR": "1", "TERMINAL_WIDTH": width}
+    done = run_torchkit(*args, env=environment)
     shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", getattr(done, stream))
     assert shown.lstrip().startswith(expected), (done.returncode, done.stdout, done.stderr)
 

@@ -53,6 +53,7 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
+    console.unknown_terminal_size_as_unset()  # before typer or a command makes a console
     if os.environ.get("_TORCHKIT_COMPLETE"):
         # zsh and fish completions carry each option's help, which Typer renders with rich at
         # the terminal width: a wrapped line would turn into a bogus completion candidate.
@@ -60,7 +61,6 @@ def main() -> None:
         rich_utils = sys.modules.get("typer.rich_utils")  # read at its import; set it if too late
         if rich_utils is not None:
             rich_utils.MAX_WIDTH = int(os.environ["TERMINAL_WIDTH"])
-    console.unknown_terminal_size_as_unset()  # before typer or a command makes a console
     console.write_names_as_bytes()
     try:
         try:

@@ -135,10 +135,14 @@ def unknown_terminal_size_as_unset() -> None:
     means an unknown size, as to `shutil.get_terminal_size`: rich took
     COLUMNS=0 for a console 0 columns wide and printed nothing at all, tables, help and the
     `Error:` line alike (LINES=0: a progress bar shown as `...`). Dropped before any console
-    is made, rich measures the terminal (80 columns where there is none)."""
-    for name in ("COLUMNS", "LINES"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) == 0:
+    is made, rich measures the terminal (80 columns where there is none). So is a typer
+    TERMINAL_WIDTH that is not a positive number: 0 left `--help` blank, a word made it a
+    traceback."""
+    for name in ("COLUMNS", "LINES", "TERMINAL_WIDTH"):
+        value = os.environ.get(name)
+        if value is None or (value.isdigit() and int(value) > 0):
+            continue
+        if value.isdigit() or name == "TERMINAL_WIDTH":  # rich ignores a COLUMNS of words
             del os.environ[name]
 
 
