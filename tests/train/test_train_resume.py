@@ -154,3 +154,34 @@ def test_cpu_fp16_with_a_grad_scaler_stops_and_resumes_exactly(
     assert_bitwise_equal(final, uninterrupted_fp16)
     assert final["scaler"] == uninterrupted_fp16["scaler"]
     assert final["scaler"]["scale"] > 0 and final["global_step"] == 6
+
+
+def test_resume_on_more_training_images_keeps_the_schedule_at_its_epoch(tmp_path, runner):
+    """With twice the training images an epoch has twice the updates: the schedule went on from
+    the checkpoint's count of updates, which the new epochs put at epoch 2 of 4, so a step
+    schedule trained epoch 3 at gamma^1 (and a cosine climbed back up). It goes on from the
+    resumed epoch: gamma^2, then gamma^3."""
+    import csv
+
+    first = write_image_folder(tmp_path / "first", {"a": 4, "b": 4, "c": 4}, seed=1)
+    more = write_image_folder(tmp_path / "more", {"a": 8, "b": 8, "c": 8}, seed=1)
+    out = tmp_path / "run"
+    options = [
+        "--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4", "--workers", "0",
+        "--device", "cpu", "--val-split", "0.25", "--optimizer", "sgd", "--lr", "0.1",
+        "--scheduler", "step", "--step-size", "1", "--gamma", "0.5", "--warmup-epochs", "0",
+    ]  # fmt: skip
+    trained = runner.invoke(
+        app, ["train", "--data", str(first), *options, "--epochs", "2", "--out", str(out)]
+    )
+    assert trained.exit_code == 0, trained.stderr
+    resumed = runner.invoke(
+        app,
+        ["train", "--resume", str(out), "--data", str(more), "--epochs", "4",
+         "--trust-checkpoint"],
+    )  # fmt: skip
+    assert resumed.exit_code == 0, resumed.stderr
+    assert "the data has" in resumed.stderr  # the warning: not exact
+    with open(out / "metrics.csv", newline="") as handle:
+        lrs = [float(row["lr"]) for row in csv.DictReader(handle)]
+    assert lrs == pytest.approx([0.1, 0.05, 0.025, 0.0125])

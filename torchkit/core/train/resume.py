@@ -81,11 +81,14 @@ def restore_training(
         scaler.load_state_dict(checkpoint["scaler"])
 
 
-def realign_schedule(schedule: Any, point: ResumePoint, config: TrainConfig) -> None:
-    """With another number of processes an epoch has another number of updates: the schedule
-    goes on from the resumed epoch and its batches done, counted in this run's updates (the
-    checkpoint's count of updates, made in the old world's, would put it in another epoch)."""
-    if not point.world_changed:
+def realign_schedule(
+    schedule: Any, point: ResumePoint, config: TrainConfig, *, train_size_changed: bool = False
+) -> None:
+    """With another number of processes or of training images an epoch has another number of
+    updates: the schedule goes on from the resumed epoch and its batches done, counted in this
+    run's updates (the checkpoint's count of updates, made in the old run's, would put it in
+    another epoch: twice the images put epoch 3 of a step schedule at gamma^1, not gamma^2)."""
+    if not (point.world_changed or train_size_changed):
         return
     within = point.progress.batches // config.accum_steps
     schedule.continue_at(point.start_epoch * schedule.per_epoch + within)

@@ -142,11 +142,12 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
     classes = list(train.classes)
     weights = class_weights(config.class_weights, classes, train.class_counts())
     arch = str(config.model)
+    train_size_changed = False
     if checkpoint is not None:
         from torchkit.core.models.weights import checkpoint_arch, require_trusted_arch
 
         _check_resumed_classes(checkpoint, classes)
-        _warn_if_the_train_size_changed(checkpoint, len(train))
+        train_size_changed = _train_size_changed(checkpoint, len(train))
         arch, _ = checkpoint_arch(checkpoint, str(plan.resumed_from))
         require_trusted_arch(arch, str(plan.resumed_from), config.trust_checkpoint)
     preprocess = preprocess_for(config)
@@ -213,7 +214,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
                 schedule=schedule,
                 scaler=amp.scaler,
             )
-            realign_schedule(schedule, point, config)
+            realign_schedule(schedule, point, config, train_size_changed=train_size_changed)
         ema = _ema(model, config, checkpoint)
         step_ctx = _step_context(
             ctx, config, model, groups, optimizer, schedule, ema, amp, weights, preprocess
@@ -361,23 +362,23 @@ def _check_resumed_classes(checkpoint: dict, classes: list[str]) -> None:
         )
 
 
-def _warn_if_the_train_size_changed(checkpoint: dict, images: int) -> None:
-    """The schedule (updates per epoch) and the place inside an interrupted epoch count the
-    run's training images: with another number of them (files added to the data, or other
-    data of the same classes) the run goes on, but the learning rate jumps to where the new
-    number puts it (fewer images: cosine's end comes early, and the rest of the run trains at
-    --min-lr). Said once, as for another number of processes."""
+def _train_size_changed(checkpoint: dict, images: int) -> bool:
+    """Whether the data has another number of training images than the checkpoint's (files
+    added to the data, or other data of the same classes), said once in a warning, as for
+    another number of processes: the run goes on with the new number's updates per epoch, and
+    the schedule from the resumed epoch (`resume.realign_schedule`)."""
     saved = ((checkpoint.get("data") or {}).get("sizes") or {}).get("train")
     if saved is None or int(saved) == images:
-        return
+        return False
     log.warning(
         "the checkpoint was trained on %d training images, the data has %d: the run "
-        "continues, but not as it would have (the updates per epoch and the learning-rate "
-        "schedule follow the new number; resume with the data the run started with to "
-        "continue it exactly)",
+        "continues, but not as it would have (the updates per epoch follow the new number, "
+        "the learning-rate schedule goes on from the resumed epoch; resume with the data the "
+        "run started with to continue it exactly)",
         int(saved),
         images,
     )
+    return True
 
 
 def _names(classes: list[str]) -> str:
