@@ -340,6 +340,7 @@ def test_dist_timeout_reaches_init_process_group(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.append(kwargs))
+    monkeypatch.setattr(dist, "barrier", lambda: None)
     ctx = dist_utils.setup("cpu", 42.5)
     assert (ctx.rank, ctx.world_size, ctx.backend) == (1, 2, "gloo")
     dist_utils.setup("cpu")
@@ -347,6 +348,24 @@ def test_dist_timeout_reaches_init_process_group(monkeypatch):
         timedelta(seconds=42.5),
         timedelta(seconds=1800),  # the documented default
     ]
+
+
+def test_gloo_ranks_go_on_only_once_every_rank_has_joined(monkeypatch):
+    """Gloo's init can return on one rank while another still connects: a rank that then
+    failed at once (`--sync-bn` on CPUs) closed its connections and broke the other's init,
+    whose error read "did not all join within 1800 s: ... Connection closed by peer" (exit
+    1) instead of the refusal every rank shares (seen under torchrun on a busy machine)."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append("init"))
+    monkeypatch.setattr(dist, "barrier", lambda: calls.append("barrier"))
+    dist_utils.setup("cpu")
+    assert calls == ["init", "barrier"]
 
 
 def test_ranks_that_do_not_all_join_within_dist_timeout_are_one_error(monkeypatch):

@@ -83,6 +83,12 @@ def setup(
         dist.init_process_group(
             backend=backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=seconds)
         )
+        if backend == "gloo":
+            # Gloo's init returns on a rank once its own connections are made, perhaps while
+            # another rank still makes its own: a rank that then failed at once (a refused
+            # option) and closed them broke that init, which reported a join failure instead
+            # of reaching the same error. No rank goes on before every rank has joined.
+            dist.barrier()
     except RuntimeError as error:  # (DistStoreError, DistNetworkError...)
         hint = "start every rank (torchrun --nproc_per_node / --nnodes)"
         if timeout_option:
