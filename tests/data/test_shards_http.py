@@ -212,6 +212,25 @@ def test_a_url_with_a_space_or_a_non_ascii_letter_reads_as_a_browser_sends_it(
     assert [n for n in cached_files(tmp_path) if n.endswith(".tar")] == ["é 1.tar"]
 
 
+def test_shards_a_server_sends_gzip_encoded_read_as_the_shards(world, server, tmp_path):
+    """A server that gzips a body although asked for none (an S3 object stored gzipped, with
+    that Content-Encoding): the encoded bytes were kept as the shard ("a compressed tar", or for
+    a folder URL "manifest.json is not JSON"); they are decoded, as curl --compressed does."""
+    cut = f"{server.url}/gzip-cut/shards/shard-000000.tar"  # only the encoding says so
+    result = run_torchkit_in_process("dataset-stats", cut)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert cut in line and "ended early" in line, line
+    assert_no_half_shard(tmp_path, "shard-000000.tar")
+    assert stats(f"{server.url}/gzip/shards/{PATTERN}") == stats(
+        world / "served" / "shards" / PATTERN
+    )
+    assert stats(f"{server.url}/gzip/converted") == stats(world / "served" / "converted")
+    server.requests.clear()
+    stats(f"{server.url}/gzip/shards/{PATTERN}")
+    assert shard_downloads(server.requests) == []  # a HEAD each: its ETag is the cached one's
+
+
 def test_a_redirect_loop_is_one_error_line(server, tmp_path):
     result = run_torchkit_in_process("dataset-stats", f"{server.url}/loop/shard-000000.tar")
     assert result.returncode == 1

@@ -35,7 +35,9 @@ class _Handler(SimpleHTTPRequestHandler):
     (other files under them: the file PATH, truthfully); `/gets-only/PATH` answers a GET with
     the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET; `/loop/PATH`
     redirects (302) to itself; `/spa/PATH` the file PATH, or where there is none a 200 OK
-    HTML page, as a web app does."""
+    HTML page, as a web app does; `/gzip/PATH` the file PATH gzipped, with `Content-Encoding:
+    gzip` (GET and HEAD, as S3 serves an object stored so), and `/gzip-cut/PATH.tar` the first
+    half of that, its Content-Length saying so."""
 
     def __init__(self, *args, requests: list, **kwargs) -> None:
         self.requests = requests
@@ -67,16 +69,41 @@ class _Handler(SimpleHTTPRequestHandler):
         self.close_connection = True
         return True
 
+    def _gzipped(self, body: bool) -> bool:
+        """Answer a `/gzip/` or `/gzip-cut/` request; False for any other."""
+        import gzip
+
+        kind, _, path = self.path.lstrip("/").partition("/")
+        if kind not in ("gzip", "gzip-cut"):
+            return False
+        file = Path(self.directory) / path.split("?")[0]
+        if not file.is_file():
+            self.send_error(404)
+            return True
+        data = gzip.compress(file.read_bytes(), mtime=0)
+        if kind == "gzip-cut" and file.suffix == ".tar":
+            data = data[: len(data) // 2]
+        self.send_response(200)
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("ETag", f'"{len(data)}"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+        return True
+
     def do_HEAD(self) -> None:
         self._record()
         if self.path.startswith("/gets-only/"):
             self.send_error(403)
             return
-        if not self._lie(body=False):
+        if not self._gzipped(body=False) and not self._lie(body=False):
             super().do_HEAD()
 
     def do_GET(self) -> None:
         self._record()
+        if self._gzipped(body=True):
+            return
         self.path = self.path.removeprefix("/gets-only")
         if self.path.startswith("/spa/"):
             self.path = self.path.removeprefix("/spa")

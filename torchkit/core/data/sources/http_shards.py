@@ -399,9 +399,9 @@ def _is_current(url: str, target: Path, expected: dict[str, Any] | None) -> bool
         _write_record(target, url, size, digest, _validators(record))
         return True
     length, validators = _head(url)
-    if length is None or length != size:
-        return False
-    return _same_version(record, validators)
+    if length is None:  # a HEAD refused, or a body the server encodes: the validators alone
+        return _same_version(record, validators) is True
+    return length == size and _same_version(record, validators) is not False
 
 
 def _validators(headers: Any) -> dict[str, str | None]:
@@ -409,15 +409,15 @@ def _validators(headers: Any) -> dict[str, str | None]:
     return {"etag": headers.get("ETag"), "last_modified": headers.get("Last-Modified")}
 
 
-def _same_version(record: dict[str, Any], now: dict[str, str | None]) -> bool:
+def _same_version(record: dict[str, Any], now: dict[str, str | None]) -> bool | None:
     """Whether the server's validators name the version the cache recorded: the ETag where
-    both have one, else the Last-Modified (a server with no ETags, as Python's http.server). A
-    shard replaced on the server often keeps its size (tar pads to 10 KiB: a relabelled shard),
-    so the size alone would keep the old one."""
+    both have one, else the Last-Modified (a server with no ETags, as Python's http.server);
+    None where neither tells. A shard replaced on the server often keeps its size (tar pads to
+    10 KiB: a relabelled shard), so the size alone would keep the old one."""
     for key in ("etag", "last_modified"):
         if now[key] is not None and record.get(key) is not None:
             return now[key] == record[key]
-    return True
+    return None
 
 
 def _file_sha256(path: Path) -> str:
@@ -498,6 +498,10 @@ def _check_whole_tar(url: str, temporary: Path) -> None:
 
 
 def _content_length(response: Any) -> int | None:
+    """The Content-Length of the body as stored: None where the server encoded it (the length
+    of the encoded body) or sends none."""
+    if _encoding(response) is not None:
+        return None
     text = (response.headers.get("Content-Length") or "").strip()
     return int(text) if text.isdigit() else None
 
@@ -840,7 +844,63 @@ def _opened(url: str, method: str) -> Iterator[Any]:
     with response:
         if response.status != 200:
             raise _HttpStatus(url, response.status, str(response.reason or ""))
-        yield response
+        encoding = _encoding(response)
+        if encoding is None:
+            yield response
+        elif encoding in _DECODED:
+            yield _Decoded(response, encoding)
+        else:
+            raise InputError(
+                f"cannot download {_shown(url)}: the server sent it encoded as {encoding}, "
+                "which torchkit does not decode",
+                "serve the file as stored, without a Content-Encoding (or gzip)",
+            )
+
+
+# Content-Encodings a body is decoded from: what a server sends although asked for none (an S3
+# object uploaded gzipped with that metadata), as a browser, curl --compressed or requests read.
+_DECODED = ("gzip", "x-gzip", "deflate")
+
+
+def _encoding(response: Any) -> str | None:
+    """The response's Content-Encoding, lowercase; None for none (or identity)."""
+    encoding = (response.headers.get("Content-Encoding") or "").strip().lower()
+    return None if encoding in ("", "identity") else encoding
+
+
+class _Decoded:
+    """A response whose body `_DECODED` encodes, read decoded, at most `size` bytes a read (a
+    small body may decode to gigabytes); a body that ends before its encoding does is a
+    connection that ended early, and one that does not decode an error naming its encoding."""
+
+    def __init__(self, response: Any, encoding: str) -> None:
+        import zlib
+
+        self.headers = response.headers
+        self._response = response
+        self._encoding = encoding
+        self._inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # a gzip or zlib header
+
+    def read(self, size: int) -> bytes:
+        import http.client
+        import zlib
+
+        inflate = self._inflate
+        while True:
+            if inflate.unconsumed_tail:
+                raw = inflate.unconsumed_tail
+            elif inflate.eof:
+                return b""
+            else:
+                raw = self._response.read(size)
+                if not raw:
+                    raise http.client.IncompleteRead(b"")
+            try:
+                data = inflate.decompress(raw, size)
+            except zlib.error:
+                raise OSError(f"its {self._encoding} encoding is damaged") from None
+            if data:
+                return data
 
 
 def _request_url(url: str) -> str:
