@@ -175,3 +175,14 @@ def test_the_sweep_steps_as_training_does_at_rates_of_the_lr_option(
         assert head == pytest.approx([10 * rate for rate in swept], rel=1e-5)
     else:
         assert norm_modes and not any(norm_modes)  # the frozen backbone's one BatchNorm
+
+
+def test_a_skipped_step_does_not_bias_the_smoothed_loss():
+    """A step without a readable image adds no loss to the average, and counted in its bias
+    correction all the same it halved the first smoothed loss (a flat loss of 2.0 read 1.01,
+    then rose towards 2: no suggestion could come from such a curve)."""
+    losses = iter([None, 2.0, 2.0, 2.0])
+    result = range_test(
+        lambda batch, lr: next(losses), lambda: iter([None] * 10), lr_schedule(1e-4, 1e-1, 4)
+    )
+    assert result.smoothed == pytest.approx([2.0, 2.0, 2.0])

@@ -119,7 +119,7 @@ def range_test(
     result = LRFindResult()
     average, best = 0.0, math.inf
     source = batches()
-    for index, lr in enumerate(schedule):
+    for lr in schedule:
         batch = next(source, _END)
         if batch is _END:  # an epoch is shorter than the sweep: start another pass
             source = batches()
@@ -133,12 +133,14 @@ def range_test(
             result.diverged = True
             break
         average = smoothing * average + (1 - smoothing) * loss
-        smooth = average / (1 - smoothing ** (index + 1))
+        # Bias-corrected over the losses averaged so far (a skipped step adds none: counting it
+        # halved the first smoothed loss after an unreadable first batch).
+        smooth = average / (1 - smoothing ** (len(result.losses) + 1))
         result.lrs.append(lr)
         result.losses.append(loss)
         result.smoothed.append(smooth)
         best = min(best, smooth)
-        if index > 0 and smooth > diverge * best:
+        if len(result.losses) > 1 and smooth > diverge * best:
             result.diverged = True
             break
     result.suggested_lr = suggest(result.lrs, result.smoothed)
