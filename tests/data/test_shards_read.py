@@ -332,10 +332,12 @@ def test_a_json_label_that_is_no_class_is_one_error_line(world, tmp_path, label)
     assert 'x in s-000000.tar: x.json has "label": ' in error_line(result.stderr)
 
 
-def test_a_json_label_of_minus_one_is_no_label_as_in_parquet(world, tmp_path):
-    # HF's "no label" (an unlabelled test split): unlabelled data, where that is allowed.
+def test_a_json_or_cls_label_of_minus_one_is_no_label_as_in_parquet(world, tmp_path):
+    # HF's "no label" (an unlabelled test split): unlabelled data, where that is allowed. A
+    # KEY.cls of -1 (webdataset's ShardWriter writes {"cls": -1} so) was "not a class index".
     png = (world / "images" / "a" / "a_0.png").read_bytes()
     members = {"x.png": png, "x.json": b'{"label": -1}', "y.png": png, "y.json": b'{"cls": -1}'}
+    members |= {"z.png": png, "z.cls": b"-1"}
     shard = tar_of(tmp_path / "s-000000.tar", members)
     assert [c["name"] for c in stats(shard)["classes"]] == [""]
 

@@ -582,12 +582,15 @@ def _label(
     name = index = None
     if "cls" in group:
         text = _member_bytes(listing, reader, group["cls"]).decode("utf-8", "replace").strip()
-        if not re.fullmatch(r"[0-9]{1,30}", text):  # int() refuses 4,300 digits
+        if text == "-1":
+            pass  # HF's "no label" (an unlabelled test split), as a KEY.json's -1 and parquet's
+        elif not re.fullmatch(r"[0-9]{1,30}", text):  # int() refuses 4,300 digits
             raise InputError(
                 f"{where}: {group['cls']} holds {text[:20]!r}, not a class index",
-                "KEY.cls holds the class index as decimal text",
+                "KEY.cls holds the class index as decimal text, or -1 for no label",
             )
-        index = int(text)
+        else:
+            index = int(text)
     if "json" in group:
         try:
             meta = json.loads(_member_bytes(listing, reader, group["json"]))
