@@ -234,6 +234,22 @@ def test_a_character_stdouts_encoding_lacks_is_escaped_not_an_error(monkeypatch,
 
 
 @pytest.mark.parametrize("encoding", ["cp1252", "ascii", "latin-1"])
+def test_a_table_on_a_stdout_without_box_drawing_characters_is_drawn_in_ascii(
+    monkeypatch, encoding
+):
+    # Its lines reached stdout as escapes: `\u250f\u2501\u2501...\u2503 name \u2503`.
+    from torchkit.cli import console
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding, write_through=True))
+    console.write_names_as_bytes()
+    emit(tables=[Table(["name", "count"], [["alpha", 1]], title="Counts")], data=None)
+    lines = raw.getvalue().decode(encoding).splitlines()
+    assert "\\u" not in "".join(lines), lines
+    assert lines[0] == "Counts" and lines[1].startswith("+-") and "| alpha" in lines[4], lines
+
+
+@pytest.mark.parametrize("encoding", ["cp1252", "ascii", "latin-1"])
 def test_json_on_a_stdout_that_lacks_a_character_is_still_json(monkeypatch, encoding):
     # A piped stdout on Windows (cp1252), PYTHONIOENCODING=ascii: the encoder's own escapes of
     # an emoji or an accent (`\U0001f431`, `\xe9`) made text that json.loads refused.

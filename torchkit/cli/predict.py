@@ -266,7 +266,7 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
         if handle is console.stdout.file and console.stdout.is_terminal:
             print_on_terminal([table])
         else:
-            handle.write(render_plain_tables([table]))
+            handle.write(render_plain_tables([table], encoding=getattr(handle, "encoding", None)))
 
 
 def _full(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:

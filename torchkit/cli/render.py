@@ -209,11 +209,28 @@ def print_on_terminal(tables: list[Table]) -> None:
 PLAIN_BATCH_ROWS = 1000
 
 
-def render_plain_tables(tables: list[Table], width: int = 1000) -> str:
-    """Tables as uncoloured text, each only as wide as its content (up to `width`)."""
+class _Buffer(io.StringIO):
+    """A StringIO that tells rich the encoding of the stream its text goes to: where that is
+    not UTF (ASCII, Latin-1), rich draws a table's lines in ASCII."""
+
+    def __init__(self, encoding: str | None) -> None:
+        super().__init__()
+        self._encoding = encoding or "utf-8"
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
+
+
+def render_plain_tables(
+    tables: list[Table], width: int = 1000, *, encoding: str | None = None
+) -> str:
+    """Tables as uncoloured text, each only as wide as its content (up to `width`), for a
+    stream of `encoding` (UTF-8 if None): under `PYTHONIOENCODING=ascii` or a Latin-1 locale
+    their box-drawing lines reached stdout as escapes (`\\u250f\\u2501...`)."""
     from rich.console import Console
 
-    buffer = io.StringIO()
+    buffer = _Buffer(encoding)
     lines: list[str] = []
     for table in tables:
         # As wide as MIN_COLUMN_WIDTH columns need, were the table to have hundreds of them.
@@ -300,7 +317,8 @@ def emit(
     else:
         # A file or a pipe: plain text, as wide as the table needs (not the 80 columns rich
         # assumes without a terminal), so rows stay on one line for grep and friends.
-        text = render_plain_tables(tables)
+        stdout_encoding = getattr(console.stdout.file, "encoding", None)
+        text = render_plain_tables(tables, encoding=None if output is not None else stdout_encoding)
     if output is None:
         # Plain write, not rich: machine-readable output must not be wrapped or styled.
         console.stdout.file.write(text)
