@@ -185,3 +185,22 @@ def test_resume_on_more_training_images_keeps_the_schedule_at_its_epoch(tmp_path
     with open(out / "metrics.csv", newline="") as handle:
         lrs = [float(row["lr"]) for row in csv.DictReader(handle)]
     assert lrs == pytest.approx([0.1, 0.05, 0.025, 0.0125])
+
+
+def test_an_epoch_stopped_past_the_end_of_fewer_images_resumes_the_schedule_at_the_next():
+    """Stopped after 5 batches of epoch 2; the data now has 3 batches an epoch, so epoch 2 has
+    none left and epoch 3 starts at update 6 (the 5 batches done counted past the epoch: 8)."""
+    from torchkit.core.runtime.distributed import DistContext
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.optim import LRSchedule
+    from torchkit.core.train.resume import realign_schedule, resume_point
+
+    config = TrainConfig(lr=1.0, epochs=4, warmup_epochs=0, scheduler="cosine", batch_size=4)
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([{"params": [param], "lr": 1.0, "base_lr": 1.0}])
+    schedule = LRSchedule(optimizer, config, updates_per_epoch=3)
+    progress = {"batches": 5, "loss_sum": 1.0, "correct": 1.0, "seen": 20, "seconds": 1.0}
+    checkpoint = {"epoch": 1, "world_size": 1, "epoch_progress": progress}
+    point = resume_point(checkpoint, DistContext(), config, Path("last.pt"))
+    realign_schedule(schedule, point, config, train_size_changed=True)
+    assert schedule.updates == 6

@@ -90,7 +90,8 @@ def realign_schedule(
     another epoch: twice the images put epoch 3 of a step schedule at gamma^1, not gamma^2)."""
     if not (point.world_changed or train_size_changed):
         return
-    within = point.progress.batches // config.accum_steps
+    # Fewer training images may leave the interrupted epoch no batch to go on with: it is done.
+    within = min(point.progress.batches // config.accum_steps, schedule.per_epoch)
     schedule.continue_at(point.start_epoch * schedule.per_epoch + within)
 
 
