@@ -152,6 +152,26 @@ def test_attention_projections_are_counted():
     assert ours.flops == 2 * (2 * q * 64 + k * 48 + v * 40) + products
 
 
+class FunctionalProjection(nn.Module):
+    """A Linear's parameters used through F.linear by its parent, as torchvision's Swin does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.qkv.weight, self.qkv.bias)
+
+
+def test_functional_products_on_parameters_are_counted():
+    """qkv is never called as a module: per-leaf counting (torchinfo's) gave 0 mult-adds."""
+    for shape in [(2, 5, 8), (10, 8)]:
+        ours = summarize(FunctionalProjection(), [shape])
+        assert ours.total_mult_adds == 10 * (8 * 24 + 24)
+        assert ours.layers[0].mult_adds == ours.total_mult_adds
+        assert ours.flops == 2 * 10 * 8 * 24
+
+
 class TiedLanguageModel(nn.Module):
     """The head's weight is the embedding's (a tied-weights language model)."""
 

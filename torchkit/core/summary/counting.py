@@ -11,11 +11,12 @@ transposed convolution's weight works at every input position, not output positi
 overcounts by stride**d), and an unbatched convolution's positions are counted without taking its
 channels for a batch; and only what runs counts: a parameter that no operation of the call reads (a
 forward that returns its input, a bias it skips) adds no mult-adds, as it adds no FLOPs (a dispatch
-mode records what the operations read). `nn.MultiheadAttention`'s input and output projections,
-which run on its own parameters in functional calls that no leaf call holds, count as Linear layers
-(once per token). Parameter totals count each parameter tensor once, however many modules hold it
-or call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, which sees every matmul and
-convolution, including the attention products that per-module counting cannot see.
+mode records what the operations read). A matrix product on a parameter outside every leaf call (a
+functional `F.linear`: `nn.MultiheadAttention`'s input and output projections, torchvision Swin's
+qkv and proj), which per-leaf counting never sees, counts its mult-adds, and a parameter bias once
+per row, as a Linear layer's. Parameter totals count each parameter tensor once, however many
+modules hold it or call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, which sees
+every matmul and convolution, including the attention products that per-module counting cannot see.
 
 A pruned layer (`torch.nn.utils.prune`) holds `weight_orig` and a `weight_mask` buffer and computes
 `weight = weight_orig * weight_mask` before each call; its mult-adds are those of the dense
@@ -208,27 +209,6 @@ def leaf_mult_adds(
     return total
 
 
-def attention_mult_adds(module: Any, args: tuple, kwargs: dict) -> int:
-    """Mult-adds of one call of `nn.MultiheadAttention`'s input and output projections, counted
-    as a Linear layer's (weight and bias once per token). They use the module's own parameters
-    (`in_proj_weight`, `out_proj`) in functional calls, which per-leaf counting never sees: a
-    third of a ViT's mult-adds. The attention products themselves use no parameter (FLOPs only)."""
-    names = ("query", "key", "value")
-    tensors = [args[i] if i < len(args) else kwargs.get(name) for i, name in enumerate(names)]
-    if any(t is None or not hasattr(t, "shape") or t.ndim == 0 for t in tensors):
-        return 0
-    query, key, value = (t.numel() // t.shape[-1] for t in tensors)  # tokens of each
-    embed = module.embed_dim
-    bias = embed if module.in_proj_bias is not None else 0
-    out_bias = embed if module.out_proj.bias is not None else 0
-    return (
-        query * (embed * embed + bias)
-        + key * (embed * module.kdim + bias)
-        + value * (embed * module.vdim + bias)
-        + query * (embed * embed + out_bias)
-    )
-
-
 def _param_counts(module: Any) -> tuple[int, int]:
     total = trainable = 0
     for param in module.parameters():
@@ -306,14 +286,46 @@ class _Recorder:
         # (filled by _UsedTensors while `tracking`; without it every parameter counts).
         self.tracking = False
         self.leaf_reads: dict[int, set[int]] = {}
-        # Row index of a call in progress -> mult-adds of its own that no leaf call holds
-        # (MultiheadAttention's projections); `total_mult_adds`: every call's own, summed.
-        self.own_mult_adds: dict[int, int] = {}
+        # Every leaf call's mult-adds and every functional matrix product's on a parameter
+        # (`functional_matmul`), summed; the parameters' storages, found at the first product.
         self.total_mult_adds = 0
+        self.model = model
+        self.param_keys: set[int] | None = None
+        self.last_product: int | None = None  # the output storage of the last counted product
+
+    def functional_matmul(self, args: tuple) -> bool:
+        """Count a matrix product (mm, addmm, bmm, baddbmm) that reads a parameter outside
+        every leaf call (a functional `F.linear`: MultiheadAttention's projections, Swin's qkv):
+        its mult-adds, and an addmm's parameter bias once per output, go to every call in
+        progress. Whether it was counted."""
+        if self.param_keys is None:
+            self.param_keys = {_storage_key(p) for p in self.model.parameters()}
+        *bias, a, b = args[:3] if len(args) >= 3 else args[:2]
+        if _storage_key(a) not in self.param_keys and _storage_key(b) not in self.param_keys:
+            return False
+        count = math.prod(a.shape) * b.shape[-1]
+        if bias and _storage_key(bias[0]) in self.param_keys:
+            count += math.prod(a.shape[:-1]) * b.shape[-1]
+        self._add_functional(count)
+        return True
+
+    def functional_bias(self, args: tuple) -> None:
+        """A parameter added to the last counted product (the bias of an `F.linear` on 3-D
+        inputs, which runs as a product, then an add): once per output, as addmm's."""
+        tensors = [arg for arg in args[:2] if hasattr(arg, "shape")]
+        keys = [_storage_key(t) for t in tensors]
+        if len(keys) == 2 and self.last_product in keys and self.param_keys:
+            other = keys[1] if keys[0] == self.last_product else keys[0]
+            if other in self.param_keys:
+                self._add_functional(tensors[keys.index(self.last_product)].numel())
+        self.last_product = None
+
+    def _add_functional(self, count: int) -> None:
+        self.total_mult_adds += count
+        for _, row in self.stack:
+            row.mult_adds += count
 
     def pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
-        from torch.nn import MultiheadAttention
-
         key = id(module)
         self.call_counts[key] = self.call_counts.get(key, 0) + 1
         row = LayerCall(
@@ -334,8 +346,6 @@ class _Recorder:
         self.stack.append((key, row))
         if row.leaf:
             self.leaf_reads[row.index] = set()
-        elif isinstance(module, MultiheadAttention):
-            self.own_mult_adds[row.index] = attention_mult_adds(module, args, kwargs)
 
     def post_hook(self, module: Any, args: tuple, output: Any) -> None:
         key = id(module)
@@ -347,7 +357,6 @@ class _Recorder:
         _, row = self.stack.pop(position)
         for _, unfinished in self.stack[position:]:
             self.leaf_reads.pop(unfinished.index, None)
-            self.own_mult_adds.pop(unfinished.index, None)
         del self.stack[position:]  # calls that never returned (an exception inside them)
         row.output_shape = shape_of(output)
         # Parameters are read after the call: a lazy module has them only from now on.
@@ -355,16 +364,13 @@ class _Recorder:
             self.param_cache[key] = _param_counts(module)
         row.params, row.trainable_params = self.param_cache[key]
         row.trainable = row.trainable_params == row.params if row.params else None
-        own = self.own_mult_adds.pop(row.index, 0)
         if row.leaf:
             reads = self.leaf_reads.pop(row.index, None)
-            own = leaf_mult_adds(module, output, reads if self.tracking else None, args)
-            self.activation_bytes += _new_output_bytes(args, output)
-        if own:
-            row.mult_adds += own
-            self.total_mult_adds += own
+            row.mult_adds = leaf_mult_adds(module, output, reads if self.tracking else None, args)
+            self.total_mult_adds += row.mult_adds
             for _, parent in self.stack:
-                parent.mult_adds += own
+                parent.mult_adds += row.mult_adds
+            self.activation_bytes += _new_output_bytes(args, output)
 
 
 def _add_storages(obj: Any, found: set[int]) -> None:
@@ -385,7 +391,11 @@ def _used_tensors(recorder: _Recorder) -> Any:
     """A dispatch mode that records, for each leaf call in progress, the storages of the
     tensors the operations it runs read: an operation that runs reaches the dispatcher, and
     reading a shape or a dtype does not. A parameter is counted only if it is one of them."""
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    matmuls = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 
     class UsedTensors(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -393,13 +403,20 @@ def _used_tensors(recorder: _Recorder) -> Any:
             # A view (alias, detach, t) reads nothing: FlopCounterMode's module tracker aliases
             # each call's outputs, which made a forward that returns a parameter as it is
             # count that parameter's mult-adds (and a Linear's `t` is read by its addmm).
+            functional = not recorder.leaf_reads and recorder.stack
+            product = functional and func in matmuls and recorder.functional_matmul(args)
+            if functional and func is aten.add.Tensor:
+                recorder.functional_bias(args)
             if recorder.leaf_reads and not getattr(func, "is_view", False):
                 found: set[int] = set()
                 _add_storages(args, found)
                 _add_storages(kwargs, found)
                 for reads in recorder.leaf_reads.values():
                     reads |= found
-            return func(*args, **(kwargs or {}))
+            result = func(*args, **(kwargs or {}))
+            if product:
+                recorder.last_product = _storage_key(result)
+            return result
 
     return UsedTensors()
 
