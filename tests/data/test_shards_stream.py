@@ -102,6 +102,15 @@ def test_dataset_stats_and_eval_over_the_stream_are_those_of_the_local_shards(wo
     assert metrics(url) == metrics(local)
 
 
+def test_streaming_marks_a_shard_used_without_changing_what_a_pattern_run_listed(server):
+    """The stream marked each shard's last use (for the cache limit) in its modification time:
+    a run that had listed the folder's shards through a pattern then read one as written again."""
+    pattern = open_data(f"{server.url}/converted/train-{{000000..000005}}.tar").whole
+    streamed = open_data(f"{server.url}/converted").splits["train"]
+    assert streamed.ids[0] == pattern.ids[0]
+    assert streamed.paths[0].read_bytes() == pattern.paths[0].read_bytes()
+
+
 def test_a_manifest_without_samples_per_shard_downloads_every_shard_first(world, server):
     opened = open_data(f"{server.url}/legacy")
     assert len(shard_downloads(server.requests)) == 8

@@ -635,6 +635,14 @@ def _streamed_source(
     )
 
 
+def _mark_used(target: Path) -> None:
+    """Record a shard's last use, for the least recently used first, in its access time: its
+    modification time says which version of it a reader listed (`check_unchanged`), also a
+    run that reads the folder's shards through a pattern."""
+    with contextlib.suppress(OSError):
+        os.utime(target, ns=(time.time_ns(), target.stat().st_mtime_ns))
+
+
 class ShardFetchError(StoredReadError):
     """A shard that cannot be fetched when an image of it is read (one error line, from a
     DataLoader worker too)."""
@@ -744,8 +752,7 @@ class StreamedShards:
                 _fetch_one(url, self.folder, name, stop)
             except TorchkitError as error:
                 raise ShardFetchError(error.message, error.hint) from None
-            with contextlib.suppress(OSError):
-                os.utime(target)  # its last use, for the least recently used first
+            _mark_used(target)
             fd = os.open(target, os.O_RDONLY)
             try:
                 listing = self._listings.get(shard) or list_tar(str(target))
@@ -773,8 +780,7 @@ class StreamedShards:
             fd = os.open(target, os.O_RDONLY)
         except OSError:  # not there, or deleted meanwhile: fetch it
             return None
-        with contextlib.suppress(OSError):
-            os.utime(target)  # its last use, for the least recently used first
+        _mark_used(target)
         try:
             listing = self._listings.get(shard) or list_tar(str(target))
         except InputError:
@@ -799,7 +805,7 @@ class StreamedShards:
             if entry.name.endswith(".tar") and not entry.name.startswith("."):
                 with contextlib.suppress(FileNotFoundError):
                     info = entry.stat()
-                    cached.append((info.st_mtime, entry.name, info.st_size))
+                    cached.append((info.st_atime, entry.name, info.st_size))
         present = {entry_name: size for _, entry_name, size in cached}
         total = sum(present.values()) - present.get(name, 0) + self.sizes[shard]
         for _, other, size in sorted(cached):
