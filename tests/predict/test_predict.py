@@ -195,6 +195,28 @@ def test_a_nul_separated_list_names_any_file_exactly(runner, world, tmp_path):
     assert refused.exit_code == 2 and "--null applies to the paths piped for -" in refused.stderr
 
 
+def test_a_nul_separated_list_without_null_is_a_usage_error(runner, world):
+    """`find -print0 | predict m.pt -` without --null: the whole list was one path, one
+    unreadable row ("embedded null byte") and exit 0. Refused at once from a pipe too, not
+    after the whole list is held as one growing line."""
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.path_lists import PathStream
+
+    piped = b"".join(bytes(world["flat"] / name) + b"\0" for name in ("a.png", "b.png"))
+    result = invoke(runner, world["ckpt"], "-", "--format", "csv", "-j", "0", input=piped)
+    assert result.exit_code == 2, result.stderr
+    assert "separated by NUL bytes" in error_line(result.stderr) and "--null" in result.stderr
+    assert result.stdout == ""
+    read, write = os.pipe()  # the list has not ended: the first NUL is enough
+    os.set_blocking(read, False)  # waiting for its end would fail, not hang
+    try:
+        os.write(write, piped)
+        with os.fdopen(read, "rb") as pipe, pytest.raises(UsageError, match="--null"):
+            PathStream(pipe, "image")
+    finally:
+        os.close(write)
+
+
 def test_files_and_folders_together_name_every_image_unambiguously(runner, world):
     flat = world["flat"]
     result = invoke(runner, world["ckpt"], flat / "a.png", flat / "sub", "--format", "json")

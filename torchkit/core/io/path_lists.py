@@ -97,12 +97,23 @@ class PathStream:
 
     def _add_pieces(self, data: bytes) -> None:
         """The paths that `data`, after what came before it, ends; keeps the start of the next."""
+        self._refuse_nul(data)  # at once: a `find -print0` list is one "line" until its end
         lines = (self._partial + data).split(b"\0" if self._null else b"\n")
         self._partial = lines.pop()
         for line in lines:
             self._add(line)
 
+    def _refuse_nul(self, data: bytes | str) -> None:
+        """A NUL byte, which no file name holds, in a list read one path per line: the list of
+        `find -print0` without --null, which was read as one unreadable path (exit 0)."""
+        if not self._null and ("\0" if isinstance(data, str) else b"\0") in data:
+            raise UsageError(
+                "the paths on stdin are separated by NUL bytes (find -print0)",
+                "pass --null to read them so",
+            )
+
     def _add(self, line: bytes | str) -> None:
+        self._refuse_nul(line)
         if self._exact:  # as piped; only the empty piece after a last NUL is no path
             if line:
                 self._ready.append(os.fsdecode(line))
