@@ -231,6 +231,20 @@ def test_shards_a_server_sends_gzip_encoded_read_as_the_shards(world, server, tm
     assert shard_downloads(server.requests) == []  # a HEAD each: its ETag is the cached one's
 
 
+def test_a_url_with_credentials_sends_them_as_basic_authorization(world, server):
+    """`https://USER:PASSWORD@host/...` (as curl reads it) failed as "the host 127.0.0.1:PORT
+    cannot be found": http.client took the credentials for part of the host."""
+    host = server.url.removeprefix("http://")
+    local = stats(world / "served" / "shards" / PATTERN)
+    assert stats(f"http://me:p%20w@{host}/auth/shards/{PATTERN}") == local
+    result = run_torchkit_in_process(
+        "dataset-stats", f"http://me:wrong@{host}/auth/shards/{PATTERN}"
+    )
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "HTTP 401" in line and "wrong" not in line, line
+
+
 def test_a_redirect_loop_is_one_error_line(server, tmp_path):
     result = run_torchkit_in_process("dataset-stats", f"{server.url}/loop/shard-000000.tar")
     assert result.returncode == 1

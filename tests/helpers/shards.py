@@ -37,7 +37,8 @@ class _Handler(SimpleHTTPRequestHandler):
     redirects (302) to itself; `/spa/PATH` the file PATH, or where there is none a 200 OK
     HTML page, as a web app does; `/gzip/PATH` the file PATH gzipped, with `Content-Encoding:
     gzip` (GET and HEAD, as S3 serves an object stored so), and `/gzip-cut/PATH.tar` the first
-    half of that, its Content-Length saying so."""
+    half of that, its Content-Length saying so; `/auth/PATH` the file PATH to a request with
+    the Basic credentials `me:p w`, else 401."""
 
     def __init__(self, *args, requests: list, **kwargs) -> None:
         self.requests = requests
@@ -92,8 +93,20 @@ class _Handler(SimpleHTTPRequestHandler):
             self.wfile.write(data)
         return True
 
+    def _refused(self) -> bool:
+        """Answer a `/auth/` request without its credentials (401); serve the others."""
+        if not self.path.startswith("/auth/"):
+            return False
+        self.path = self.path.removeprefix("/auth")
+        if self.headers.get("Authorization") == "Basic bWU6cCB3":  # me:p w
+            return False
+        self.send_error(401)
+        return True
+
     def do_HEAD(self) -> None:
         self._record()
+        if self._refused():
+            return
         if self.path.startswith("/gets-only/"):
             self.send_error(403)
             return
@@ -102,7 +115,7 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._record()
-        if self._gzipped(body=True):
+        if self._refused() or self._gzipped(body=True):
             return
         self.path = self.path.removeprefix("/gets-only")
         if self.path.startswith("/spa/"):

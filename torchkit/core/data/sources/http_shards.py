@@ -838,6 +838,9 @@ def _opened(url: str, method: str) -> Iterator[Any]:
         method=method,
         headers={"User-Agent": f"torchkit/{__version__}", "Accept-Encoding": "identity"},
     )
+    credentials = _credentials(url)
+    if credentials is not None:  # not sent on to where the server redirects, as curl does
+        request.add_unredirected_header("Authorization", credentials)
     try:
         response = urllib.request.urlopen(request, timeout=timeout_s())
     except urllib.error.HTTPError as error:
@@ -912,18 +915,34 @@ class _Decoded:
 def _request_url(url: str) -> str:
     """`url` as a request may carry it: a space or a non-ASCII letter in its path, query or
     fragment percent-encoded, as a browser does (http.client refuses them, its error showing
-    the query); `%XX` already there kept; the host as typed."""
+    the query); `%XX` already there kept; the host as typed, without `USER:PASSWORD@`
+    (`_credentials`: http.client took it for part of the host, "cannot be found")."""
     from urllib.parse import urlsplit, urlunsplit
 
     parts = urlsplit(url)
     safe = "/%:@!$&'()*+,;=~[]"
     return urlunsplit(
         parts._replace(
+            netloc=parts.netloc.rpartition("@")[2],
             path=quote(parts.path, safe=safe),
             query=quote(parts.query, safe=safe + "?"),
             fragment=quote(parts.fragment, safe=safe + "?"),
         )
     )
+
+
+def _credentials(url: str) -> str | None:
+    """The Basic Authorization header the `USER:PASSWORD@` of `url` gives (percent-encoded
+    letters decoded, as curl and browsers read them), or None without one."""
+    import base64
+    from urllib.parse import unquote, urlsplit
+
+    userinfo, at, _ = urlsplit(url).netloc.rpartition("@")
+    if not at:
+        return None
+    user, _, password = userinfo.partition(":")
+    pair = f"{unquote(user)}:{unquote(password)}".encode()
+    return "Basic " + base64.b64encode(pair).decode("ascii")
 
 
 class _HttpStatus(InputError):
