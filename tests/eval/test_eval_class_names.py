@@ -12,6 +12,8 @@ from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_in_process
 
+from torchkit.core.io.errors import UsageError
+
 CAFE = unicodedata.normalize("NFC", "café")
 
 
@@ -46,7 +48,7 @@ def test_classes_the_checkpoint_names_at_other_outputs_are_refused(world, comman
 
 
 def test_classes_in_the_checkpoints_order_or_new_names_are_taken(world):
-    for classes in ("a,b,c,d", "w,x,y,z", "a,x,c,y"):
+    for classes in ("a,b,c,d", "a,x,c,y"):
         result = run_torchkit_in_process(
             *_command(world, "predict", classes), "-j", "0", "--format", "json"
         )
@@ -82,20 +84,43 @@ def test_an_unknown_class_with_spaces_around_it_is_quoted(world, tmp_path):
     assert "class(es) 'a ' of " in line and "(the classes are: a, b, c, d)" in line
 
 
-def test_a_classes_file_saved_with_a_bom_names_its_first_class_without_it(world, tmp_path):
+def test_a_classes_file_saved_with_a_bom_names_its_first_class_without_it(tmp_path):
     """Notepad's "UTF-8" classes.txt: the first class was `\\ufeffa`, so folder `a` was "not
     among the model's classes (the classes are: a, b...)" and predict printed `\\ufeffa`."""
-    import torch
-
     from torchkit.core.evaluate import parse_class_names
 
     names = tmp_path / "classes.txt"
     names.write_bytes(b"\xef\xbb\xbfa\r\nb\r\n\r\nc \r\nd\r\n")
     assert parse_class_names(str(names)) == ["a", "b", "c", "d"]
+
+
+def test_numbered_classes_of_a_model_without_names_need_classes(tmp_path):
+    """A folder sorts `1, 10, 2` as text and a CSV index of it `1, 2, 10` as numbers: the same
+    state dict scored the same images with two accuracies by the data's form."""
+    import torch
+
+    model = write_convnet_checkpoint(tmp_path / "ck.pt", in_channels=3, image_size=8, classes="xyz")
     weights = tmp_path / "weights.pt"
-    torch.save(torch.load(world["checkpoint"], weights_only=True)["model"], weights)
-    spec = ["convnet", "--weights", weights, "--image-size", "8", "--classes", names]
-    data = world["root"] / "imgs"
-    result = run_torchkit_in_process("eval", *spec, "--data", data, "-j", "0", "--format", "json")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["classes"] == ["a", "b", "c", "d"]
+    torch.save(model.state_dict(), weights)
+    folder = write_image_folder(tmp_path / "imgs", {"1": 1, "2": 1, "10": 1})
+    index = tmp_path / "index.csv"
+    rows = [f"imgs/{name}/{name}_0.png,{name}" for name in ("1", "2", "10")]
+    index.write_text("path,label\n" + "\n".join(rows) + "\n")
+    spec = ["eval", "convnet", "--weights", weights, "--image-size", "8", "-j", "0"]
+    for data in (folder, index):
+        result = run_torchkit_in_process(*spec, "--data", data)
+        assert result.returncode == 2
+        line = error_line(result.stderr)
+        assert "the model records no class names" in line
+        assert "as text they are 1, 10, 2, as numbers 1, 2, 10" in line and "--classes" in line
+
+
+def test_class_indices_as_names_are_the_outputs_in_order():
+    from torchkit.core.evaluate.source import refuse_guessed_class_order
+
+    refuse_guessed_class_order([str(index) for index in range(12)], "shards/")
+    refuse_guessed_class_order(["a", "b", "c"], "imgs/")
+    with pytest.raises(UsageError, match="as text they are 0, 1, 10, 11, 2, 3 ..."):
+        refuse_guessed_class_order(["0", "1", "10", "11", *map(str, range(2, 10))], "imgs/")
+    with pytest.raises(UsageError, match="in the data b, a"):
+        refuse_guessed_class_order(["b", "a"], "split/")
