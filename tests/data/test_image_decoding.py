@@ -219,16 +219,29 @@ def test_a_16_bit_grayscale_png_gives_the_same_8_bit_pixels_everywhere(files):
     assert np.array_equal(px.to_image(pixels, sixteen_bit=False), eight)
 
 
-def test_a_16_bit_colour_png_gives_the_same_pixels_in_every_loader(files):
-    # PIL reads 16-bit colour as 8 bits itself; every loader gets those same pixels.
+def test_a_16_bit_colour_png_gives_the_same_8_bit_pixels_everywhere(files):
+    # PIL reads 16-bit colour as 8 bits itself, keeping the high byte (v >> 8, where 16-bit
+    # gray is scaled): every loader scales it as it scales gray, round(v / 257).
+    import cv2
+
     path = files["rgb16.png"]
-    stored = pil_stored(path)
-    assert np.array_equal(np.asarray(load_image(path, "RGB")), stored)
-    assert np.array_equal(dataset_pixels(path), stored)
-    assert np.array_equal(reduced_decode(path), stored)
+    raw = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)[..., ::-1]
+    eight = np.rint(raw / 257.0).astype(np.uint8)
+    assert not np.array_equal(pil_stored(path), eight)  # PIL alone: the high byte
+
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), eight)
+    assert np.array_equal(dataset_pixels(path), eight)
+    assert np.array_equal(reduced_decode(path), eight)
     result = scanned(path)
-    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(stored))
-    assert read_image(path).array.dtype == np.uint16  # convert tensor keeps the 16 bits
+    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(eight))
+    assert result.sixteen_bit == 1  # counted for the warning that they are scaled
+    assert result.hashes[0][2] == phash_image(Image.fromarray(eight)) == phash_file(path)
+    gray = np.asarray(Image.fromarray(eight).convert("L"))
+    assert np.array_equal(np.asarray(load_image(path, "L")), gray)
+    # convert tensor keeps all 16 bits; made 8-bit, they are the loaders' pixels.
+    pixels = read_image(path)
+    assert pixels.array.dtype == np.uint16 and np.array_equal(pixels.array, raw)
+    assert np.array_equal(px.to_image(pixels, sixteen_bit=False), eight)
 
 
 @pytest.mark.parametrize("name", ["cmyk.jpg", "palette.png"])

@@ -143,6 +143,44 @@ def test_native_mode_keeps_16_bit_range(tmp_path):
     assert stats.modes == {"L": 1, SIXTEEN_BIT_GRAY: 1, "1": 1}
 
 
+def test_native_mode_measures_16_bit_colour_at_16_bits(tmp_path):
+    """PIL reads 16-bit RGB(A) PNGs and TIFFs as 8 bits (each sample's high byte): --mode
+    native measures all 16 in RGB(A) order, --mode rgb the loaders' round(v / 257)."""
+    import cv2
+
+    rng = np.random.default_rng(7)
+    colour = rng.integers(0, 65536, (2, 3, 5, 4), dtype=np.uint16)
+    colour[0, 0, 0] = [386, 32767, 65535, 1]  # 386 / 257 rounds up; its high byte is 1
+    rgb, rgba = tmp_path / "rgb", tmp_path / "rgba"
+    (rgb / "a").mkdir(parents=True)
+    (rgba / "a").mkdir(parents=True)
+    cv2.imwrite(str(rgb / "a" / "one.png"), colour[0, ..., 2::-1])  # OpenCV writes BGR(A)
+    cv2.imwrite(str(rgb / "a" / "two.tif"), colour[1, ..., 2::-1])
+    cv2.imwrite(str(rgba / "a" / "four.png"), colour[0][..., [2, 1, 0, 3]])
+
+    def check(stats, values, scale):
+        values = values.reshape(-1, values.shape[-1]).astype(np.float64) / scale
+        np.testing.assert_allclose(stats.mean, values.mean(0), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(stats.std, values.std(0), rtol=0, atol=1e-12)
+
+    native = compute_dataset_stats(rgb, mode="native", workers=0)
+    assert native.channels == ["R", "G", "B"]
+    check(native, colour[..., :3], 65535)
+    four = compute_dataset_stats(rgba, mode="native", workers=0)
+    assert four.channels == ["R", "G", "B", "A"]
+    check(four, colour[0], 65535)
+    eight = np.rint(colour[..., :3] / 257.0)
+    check(compute_dataset_stats(rgb, mode="rgb", workers=0), eight, 255)
+    # --resize: each channel as a 16-bit grayscale image is resized
+    resized = compute_dataset_stats(rgba, mode="native", resize=2, workers=0)
+    planes = [
+        np.asarray(Image.fromarray(colour[0, ..., c]).resize((3, 2), Image.Resampling.BILINEAR))
+        for c in range(4)
+    ]
+    assert resized.pixels == 6
+    check(resized, np.stack(planes, axis=-1), 65535)
+
+
 def test_native_mode_refuses_mixed_channels(mixed_folder):
     with pytest.raises(InputError, match="same channels") as caught:
         compute_dataset_stats(mixed_folder, mode="native", workers=0)

@@ -23,6 +23,7 @@ from torchkit.core.data.image_files import (
     expanded_mode,
     opened_image,
     read_regular_file,
+    sixteen_bit_colour,
     unreadable_image_errors,
 )
 from torchkit.core.io.errors import (
@@ -150,17 +151,6 @@ class TensorReport:
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _read_sixteen_bit_colour(data: bytes) -> Any:
-    """PIL reads 16-bit RGB(A) PNG/TIFF as 8 bits; OpenCV keeps all 16 (in BGR order)."""
-    import cv2
-    import numpy as np
-
-    array = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
-    if array is None or array.ndim != 3:
-        raise OSError("OpenCV cannot decode this 16-bit image")
-    return array[..., [2, 1, 0, 3][: array.shape[-1]]]
-
-
 def _pil_to_array(image) -> Any:
     import numpy as np
 
@@ -190,16 +180,10 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
     try:
         data = read_regular_file(source)
         with opened_image(data, name=os.fspath(source)) as image:
-            # The tile (which says 16-bit) is gone once the image is loaded, and getexif() of a
-            # PNG loads it: look first.
-            # Index 3, not `.args`: Pillow before 11 gives plain tuples (decoder, extents,
-            # offset, args), later ones a named tuple.
-            tile = image.tile[0][3] if image.tile else None
+            # Before getexif(), which loads a PNG: 16-bit colour is told by the tile loading drops.
+            array = sixteen_bit_colour(image)
             orientation = exif_orientation(image, exif=exif)
-            rawmode = tile[0] if isinstance(tile, tuple) else (tile or "")
-            if image.mode in ("RGB", "RGBA") and ";16" in str(rawmode):
-                array = _read_sixteen_bit_colour(data)
-            else:
+            if array is None:
                 array = _pil_to_array(image)
     except unreadable_image_errors() as error:
         raise InputError(

@@ -10,7 +10,9 @@ device decodes of training, `convert tensor`, video-info's check for stills).
 - Images with more than 8 bits per sample (16-bit grayscale PNG/TIFF, PIL modes `I;16*`, and
   32-bit integer `I`) are scaled to 8 bits, `round(v / 257)` (65535 -> 255), before any mode
   conversion. PIL's own `convert()` clips them instead, so a 16-bit PNG becomes almost pure
-  white. `dataset-stats --mode rgb|gray` measures exactly these 8-bit pixels, so its mean/std are
+  white. 16-bit RGB(A) PNGs and TIFFs, which PIL reads as 8 bits itself (each sample's high
+  byte), are decoded by OpenCV at full depth (`sixteen_bit_colour`) and scaled the same way.
+  `dataset-stats --mode rgb|gray` measures exactly these 8-bit pixels, so its mean/std are
   those of what the model is fed. Float images (`F`) keep PIL's conversion.
 - Palette images are expanded to RGB, or to RGBA where the palette has a transparent entry, and
   bilevel images to L, wherever a file's own channels are kept (`expanded_mode`).
@@ -180,14 +182,61 @@ def declares_16_bit_samples(image: Any) -> bool:
     return all(bits <= 16 for bits in per_sample(258)) and set(per_sample(339)) == {1}
 
 
+def is_sixteen_bit_colour(image: Any) -> bool:
+    """Whether an opened, not yet loaded image is an RGB or RGBA PNG or TIFF with 16 bits per
+    sample, which PIL decodes to 8 bits, keeping each sample's high byte. Only its tile says
+    so: once the image is loaded (a PNG's `getexif()` loads it) this is False."""
+    if image.mode not in ("RGB", "RGBA") or image.format not in ("PNG", "TIFF"):
+        return False
+    if not image.tile:
+        return False
+    # Index 3, not `.args`: Pillow before 11 gives plain tuples (decoder, extents, offset,
+    # args), later ones a named tuple. A PNG's args are the raw mode, a TIFF's a tuple.
+    args = image.tile[0][3]
+    rawmode = args[0] if isinstance(args, tuple) else args
+    return ";16" in str(rawmode or "")
+
+
+def sixteen_bit_colour(image: Any) -> Any | None:
+    """The full-depth pixels of an opened, not yet loaded 16-bit RGB(A) PNG or TIFF
+    (`is_sixteen_bit_colour`): a uint16 (H, W, C) array in RGB(A) order, decoded by OpenCV
+    from the image's own stream (left where it was); None for any other image. Raises OSError
+    when OpenCV cannot decode it."""
+    if not is_sixteen_bit_colour(image):
+        return None
+    import cv2
+    import numpy as np
+
+    stream = image.fp
+    position = stream.tell()
+    stream.seek(0)
+    data = stream.read()
+    stream.seek(position)
+    array = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    bands = len(image.getbands())
+    if (
+        array is None
+        or array.dtype != np.uint16
+        or array.ndim != 3
+        or array.shape[:2] != (image.height, image.width)
+        or array.shape[-1] < bands
+    ):
+        raise OSError("OpenCV cannot decode this 16-bit image")
+    return np.ascontiguousarray(array[..., [2, 1, 0, 3][:bands]])  # BGR(A) -> RGB(A)
+
+
 def to_8bit(image: Any) -> Any:
     """`image` (PIL) with 8 bits per sample: `I;16*` scaled, `I` clipped to 0..65535 and
-    scaled, as an `L` image; any other mode is returned as it is."""
-    if image.mode not in HIGH_BIT_DEPTH_MODES:
-        return image
+    scaled, as an `L` image; a 16-bit RGB(A) PNG or TIFF not yet loaded read at full depth
+    and scaled (`sixteen_bit_colour`); any other image is returned as it is."""
     import numpy as np
     from PIL import Image
 
+    colour = sixteen_bit_colour(image)
+    if colour is not None:
+        return Image.fromarray(uint16_to_uint8(colour))
+    if image.mode not in HIGH_BIT_DEPTH_MODES:
+        return image
     values = np.asarray(image)
     if image.mode == "I":
         values = np.clip(values, 0, 65535)
@@ -257,8 +306,8 @@ def pixels_in_mode(image: Any, mode: str, *, exif: bool) -> Any:
     bit depths scaled, then converted; turned by its EXIF orientation only when `exif`. The
     image itself (loaded) when it is already in `mode`, else a copy. Raises what decoding an
     unreadable file raises (`unreadable_image_errors`)."""
+    pixels = to_8bit(image)  # first: a PNG's EXIF loads it, and 16-bit colour needs its tile
     orientation = exif_orientation(image, exif=exif)
-    pixels = to_8bit(image)
     if pixels.mode == mode:
         pixels.load()  # the pixels outlive the file: no copy needed
     else:

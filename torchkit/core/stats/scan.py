@@ -16,9 +16,11 @@ from torchkit.core.data.image_files import (
     NotARegularFile,
     declares_16_bit_samples,
     expanded_mode,
+    is_sixteen_bit_colour,
     opened_image,
     pixels_in_mode,
     read_regular_file,
+    sixteen_bit_colour,
 )
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import first_line
@@ -105,17 +107,20 @@ class Accumulator:
     def add_image(
         self, image, channels: tuple[str, ...], example: str, *, sixteen_bit: bool = False
     ) -> None:
-        """Count `image`'s pixels. `sixteen_bit`: its file declares unsigned samples of at most
+        """Count `image`'s pixels: a PIL image, or a uint16 (H, W, C) array of 16-bit colour
+        (`sixteen_bit_colour`). `sixteen_bit`: its file declares unsigned samples of at most
         16 bits (`declares_16_bit_samples`), so an `I` image is counted in [0, 65535]; any other
         `I` image, whatever its values, is 32-bit and summed in its own values."""
         import numpy as np
 
         self.examples.setdefault(channels, example)
-        if image.mode in SIXTEEN_BIT_MODES or (image.mode == "I" and sixteen_bit):
-            values = np.asarray(image)
-            counts = np.bincount(values.astype(np.uint16, copy=False).ravel(), minlength=65536)
+        deep = isinstance(image, np.ndarray) or image.mode in SIXTEEN_BIT_MODES
+        if deep or (image.mode == "I" and sixteen_bit):
+            values = np.asarray(image).astype(np.uint16, copy=False)
+            values = values.reshape(-1, len(channels))
+            counts = [np.bincount(values[:, c], minlength=65536) for c in range(len(channels))]
             self._note_units(channels, False, example)
-            self._add_histogram(channels, 65535, counts.reshape(1, -1))
+            self._add_histogram(channels, 65535, np.stack(counts))
             return
         if image.mode in ("I", "F"):  # 32-bit values: summed in their own units
             values = np.asarray(image, dtype=np.float64).ravel()
@@ -296,26 +301,30 @@ def scan_files(
             try:
                 with opened_image(data) as image:
                     native_mode, file_format, (width, height) = image.mode, image.format, image.size
+                    deep_colour = is_sixteen_bit_colour(image)
                     sixteen_bit = declares_16_bit_samples(image)
                     wanted = target_mode(image.mode, image.info, mode)
                     if mode == "native":  # the file's own channels, at their own depth
-                        pixels = image if image.mode == wanted else image.convert(wanted)
-                        pixels.load()
+                        pixels = _native_pixels(image, wanted)
                     else:  # the 8-bit pixels torchkit's loaders feed a model, as stored
                         pixels = pixels_in_mode(image, wanted, exif=False)
                     if perceptual:  # from this decode: no second one (see core.hashing)
                         phash = phash_image(image)
                     if resize:
-                        size = resized_size(width, height, resize)
-                        pixels = pixels.resize(size, Image.Resampling.BILINEAR)
-                    channels = channel_names(pixels.mode, pixels.getbands())
+                        pixels = _resized(pixels, resized_size(width, height, resize))
+                    channels = (
+                        channel_names(pixels.mode, pixels.getbands())
+                        if isinstance(pixels, Image.Image)
+                        else image.getbands()  # 16-bit colour, as an array: R, G, B(, A)
+                    )
                     result.accumulator.add_image(
                         pixels, channels, ids[offset], sixteen_bit=sixteen_bit
                     )
             except Exception as error:  # noqa: BLE001 - any decoder failure means unreadable
                 result.errors.append((index, _describe(error, len(data)), len(data)))
                 continue
-            if (native_mode in SIXTEEN_BIT_MODES or native_mode == "I") and mode != "native":
+            deep = native_mode in SIXTEEN_BIT_MODES or native_mode == "I" or deep_colour
+            if deep and mode != "native":
                 result.sixteen_bit += 1
             digest = hashlib.sha256(data).digest()
             mode_code = codes.setdefault(native_mode, len(codes))
@@ -329,6 +338,31 @@ def scan_files(
         list(codes),
     )
     return result
+
+
+def _native_pixels(image: Any, wanted: str) -> Any:
+    """The pixels of an opened image in the file's own channels (`wanted`) at its own depth:
+    a loaded PIL image, or the uint16 array of 16-bit colour, which PIL reads as 8 bits."""
+    deep = sixteen_bit_colour(image)
+    if deep is not None:
+        return deep
+    pixels = image if image.mode == wanted else image.convert(wanted)
+    pixels.load()
+    return pixels
+
+
+def _resized(pixels: Any, size: tuple[int, int]) -> Any:
+    """`pixels` (PIL, or a uint16 (H, W, C) array) resized bilinearly to `size` (w, h): an
+    array channel by channel, each as the 16-bit grayscale image it is."""
+    from PIL import Image
+
+    if not isinstance(pixels, Image.Image):
+        import numpy as np
+
+        planes = [Image.fromarray(pixels[..., c]) for c in range(pixels.shape[-1])]
+        planes = [plane.resize(size, Image.Resampling.BILINEAR) for plane in planes]
+        return np.stack([np.asarray(plane) for plane in planes], axis=-1)
+    return pixels.resize(size, Image.Resampling.BILINEAR)
 
 
 def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
