@@ -746,3 +746,18 @@ def test_train_normalises_as_torchvisions_googlenet_weights_expect(monkeypatch):
     assert mean_std(model="resnet18", weights="DEFAULT") == (IMAGENET_MEAN, IMAGENET_STD)
     monkeypatch.setattr(builders, "is_torchvision_transform_input_file", lambda *_: True)
     assert mean_std(model="googlenet", weights=__file__) == (half, half)
+
+
+def test_a_weights_cache_that_cannot_be_made_is_named_not_taken_for_offline(tmp_path, monkeypatch):
+    # TORCH_HOME (or a home) torch.hub cannot make its cache in: "cannot download the DEFAULT
+    # weights ... (connect to the internet once ...)", or "Error: FileNotFoundError: ...".
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TORCH_HOME", str(blocker / "torch"))
+    done = run_torchkit_in_process("summary", "resnet18", "--weights", "DEFAULT")
+    assert done.returncode == 1, done.stderr
+    cache = blocker / "torch" / "hub" / "checkpoints"
+    assert done.stderr.splitlines()[-1] == (
+        f"Error: cannot write the weights cache {cache}: Not a directory (set TORCH_HOME to a "
+        "folder torchkit may write, or pass --weights PATH to a local file)"
+    )
