@@ -137,6 +137,19 @@ class AutocastProbe(TinyNet):
         return out
 
 
+class GradProbeNet(DeepNet):
+    """Records, at each training forward, whether its backbone's conv has gradients computed
+    (`requires_grad`) and holds any (`grad`)."""
+
+    seen: list = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            weight = self.conv.weight
+            GradProbeNet.seen.append((weight.requires_grad, weight.grad is not None))
+        return super().forward(x)
+
+
 class OutOfMemoryNet(TinyNet):
     """Raises CUDA's out-of-memory error on the second epoch's first training step."""
 

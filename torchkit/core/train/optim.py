@@ -71,6 +71,14 @@ def is_head_param(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def backbone_trains(config: TrainConfig) -> bool:
+    """Whether the backbone's weights train: not with --freeze-backbone, nor at --backbone-lr 0,
+    where its parameters need no gradients (computing them only costs backward time and
+    memory). Only --freeze-backbone also keeps its normalisation statistics
+    (`set_frozen_norms_eval`): at lr 0 they go on following the data, as in timm or torch."""
+    return not config.freeze_backbone and config.backbone_lr != 0
+
+
 def freeze_backbone(model: Any) -> int:
     """requires_grad=False on everything but the head; returns the number frozen."""
     prefix = head_prefix(model)
@@ -286,7 +294,8 @@ class LRSchedule:
         self._apply()
 
     def current_lr(self) -> float:
-        """The lr of the first group (the backbone's, or the head's when it alone trains)."""
+        """The lr of the first group: the backbone's, or the head's when the backbone does not
+        train (--freeze-backbone, --backbone-lr 0)."""
         return float(self.optimizer.param_groups[0]["lr"])
 
     def state_dict(self) -> dict:

@@ -425,9 +425,9 @@ def _build_model(
         fit_auxiliary_heads_to(model, resumed_weights)  # none in a run from googlenet's DEFAULT
     parameters = sum(p.numel() for p in model.parameters())
     switch_off_auxiliary_heads(model)
-    if config.freeze_backbone:
-        from torchkit.core.train.optim import freeze_backbone
+    from torchkit.core.train.optim import backbone_trains, freeze_backbone
 
+    if not backbone_trains(config):
         freeze_backbone(model)
     if sync_bn:
         model = ddp.convert_sync_bn(model)

@@ -1,0 +1,81 @@
+"""What `train` reports and computes for the options that change it: a backbone at
+--backbone-lr 0, the top-k figures of few classes, the --l1 penalty."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import read_checkpoint
+from image_folders import write_image_folder
+from nets import GradProbeNet
+
+from torchkit.cli import app
+
+PROBE = ["--model", "nets:GradProbeNet", "--image-size", "16", "--batch-size", "4"]
+FAST = [*PROBE, "--workers", "0", "--device", "cpu"]
+
+
+@pytest.fixture
+def split_root(tmp_path: Path) -> Path:
+    """train/ (3 classes x 4), val/ (x 2) of 8x8 PNGs."""
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"ant": 4, "bee": 4, "cat": 4}, seed=1)
+    write_image_folder(root / "val", {"ant": 2, "bee": 2, "cat": 2}, seed=2)
+    return root
+
+
+def metrics_rows(out: Path) -> list[dict]:
+    with (out / "metrics.csv").open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_a_backbone_at_lr_0_gets_no_gradients_and_its_norms_follow_the_data(
+    runner, split_root, tmp_path
+):
+    """--backbone-lr 0 left the backbone out of the optimizer but trainable: every step
+    computed its gradients, which nothing cleared. Now it is frozen as with --freeze-backbone,
+    but its BatchNorm statistics go on following the data (train mode, as in timm or torch);
+    EMA, the checkpoints and --resume work as before, and the lr column is the head's."""
+    out = tmp_path / "run"
+    args = [*FAST, "--backbone-lr", "0", "--lr", "0.01", "--scheduler", "none", "--ema"]
+    GradProbeNet.seen.clear()
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--data",
+            str(split_root),
+            *args,
+            "--epochs",
+            "2",
+            "--save-every",
+            "1",
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert GradProbeNet.seen and set(GradProbeNet.seen) == {(False, False)}
+    first, last = read_checkpoint(out / "epoch-001.pt"), read_checkpoint(out / "last.pt")
+    for key in ("conv.weight", "bn.weight", "bn.bias"):
+        assert torch.equal(first["model"][key], last["model"][key])  # not trained
+    assert not torch.equal(first["model"]["bn.running_mean"], last["model"]["bn.running_mean"])
+    assert not torch.equal(first["model"]["head.2.weight"], last["model"]["head.2.weight"])
+    assert "model_ema" in last
+    groups = last["optimizer"]["param_groups"]
+    assert [g["group_name"] for g in groups] == ["head_decay", "head_no_decay"]
+    assert [float(row["lr"]) for row in metrics_rows(out)] == [0.01, 0.01]
+
+    GradProbeNet.seen.clear()
+    resumed = runner.invoke(
+        app, ["train", "--resume", str(out), "--epochs", "3", "--trust-checkpoint", "-j", "0"]
+    )
+    assert resumed.exit_code == 0, resumed.stderr
+    assert set(GradProbeNet.seen) == {(False, False)} and len(metrics_rows(out)) == 3
+    assert torch.equal(
+        read_checkpoint(out / "last.pt")["model"]["conv.weight"], last["model"]["conv.weight"]
+    )
