@@ -1014,6 +1014,41 @@ def test_csv_summary_is_the_json_plain_values(runner, tmp_path, make_image_folde
     assert "history" not in row and "config" not in row
 
 
+def test_fine_tuning_a_torchkit_checkpoint_takes_its_input_size_and_interpolation(
+    runner, split_root, tmp_path
+):
+    """Fine-tuning a torchkit checkpoint trained at 12 px (the digits convnet) on an image folder
+    trained at the folder default 224 px: its flattening head did not fit ("mat1 and mat2 shapes
+    cannot be multiplied"), and any other model silently trained at another size and with
+    bilinear resizes. The checkpoint's image size, resize size and interpolation are now the
+    defaults; each option given stays the user's."""
+    from checkpoints import write_convnet_checkpoint
+
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.validation import resolve_defaults
+
+    checkpoint = tmp_path / "small.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=12, classes="abc")
+    saved = read_checkpoint(checkpoint)
+    saved["preprocess"].update(resize_size=14, interpolation="bicubic")
+    torch.save(saved, checkpoint)
+
+    def chosen(**options):
+        config = resolve_defaults(TrainConfig(data="images", **options), is_digits=False)
+        return config.image_size, config.resize_size, config.interpolation
+
+    assert chosen(model=str(checkpoint)) == (12, 14, "bicubic")
+    assert chosen(model="convnet", weights=str(checkpoint), image_size=16) == (16, 19, "bicubic")
+    assert chosen(model=str(checkpoint), interpolation="nearest") == (12, 14, "nearest")
+    assert chosen(model="convnet") == (224, 256, "bilinear")
+    out = tmp_path / "tuned"
+    args = ["--data", str(split_root), "--model", str(checkpoint), "-j", "0", "--epochs", "1"]
+    result = train(runner, *args, "--batch-size", "4", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    preprocess = read_checkpoint(out / "best.pt")["preprocess"]
+    assert (preprocess["image_size"], preprocess["interpolation"]) == (12, "bicubic")
+
+
 def test_fine_tuning_a_torchkit_checkpoint_normalises_as_it_was_trained(
     runner, split_root, tmp_path
 ):

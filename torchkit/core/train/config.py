@@ -170,12 +170,14 @@ class TrainConfig:
         "by a hash of their paths) that the loader workers decode as --decode fast does, beside "
         "the device's decoder; the same crops. 0 = all on the device.",
     )
-    interpolation: str = option(  # of every resize, train and eval; in the checkpoint
-        "bilinear",
+    interpolation: str | None = option(  # of every resize, train and eval; in the checkpoint
+        None,
         panel=DATA_PANEL,
         choices=INTERPOLATIONS,
+        show_default=False,
         help="Resampling of every resize, in training and (recorded in the checkpoint) in eval, "
-        "predict and export.",
+        "predict and export. Default: bilinear; fine-tuning a torchkit checkpoint, the one it "
+        "records.",
     )
     # Model and fine-tuning
     model: str | None = option(

@@ -10,7 +10,12 @@ from dataclasses import fields
 from typing import Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
-from torchkit.core.data.preprocessing import INTERPOLATIONS, check_normalization
+from torchkit.core.data.preprocessing import (
+    INTERPOLATIONS,
+    Preprocess,
+    apply_overrides,
+    check_normalization,
+)
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError
@@ -44,8 +49,13 @@ MIN_MIX_ALPHA = 0.01
 MAX_MIX_ALPHA = 3.4e38
 
 
+# The options a fine-tuned torchkit checkpoint's recorded preprocessing gives when not set.
+PREPROCESS_OPTIONS = ("image_size", "resize_size", "mean", "std", "interpolation")
+
+
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
-    """Fill the None options from the data (--mean/--std from the model and its weights); the
+    """Fill the None options from the data (the input size, resize, mean/std and interpolation
+    a fine-tuned torchkit checkpoint records; mean/std from the model and its weights); the
     names filled go into `data_defaults`."""
     from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
     from torchkit.core.models.builders import (
@@ -55,7 +65,21 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
 
     table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
     chosen = {name: value for name, value in table.items() if getattr(config, name) is None}
-    if config.resize_size is None:
+    recorded = None  # what a torchkit checkpoint fine-tuned here was trained on
+    if any(getattr(config, name) is None for name in PREPROCESS_OPTIONS):
+        recorded = _fine_tuned_preprocess(config)
+    if config.interpolation is None:
+        chosen["interpolation"] = (recorded or Preprocess()).interpolation
+    if recorded is not None:
+        # Its weights' input size and resize ratio, as eval takes them, not the data's defaults
+        # (a 12 px digits convnet at 224 px).
+        sizes = apply_overrides(
+            recorded, image_size=config.image_size, resize_size=config.resize_size
+        )
+        for name in ("image_size", "resize_size"):
+            if getattr(config, name) is None:
+                chosen[name] = getattr(sizes, name)
+    if config.resize_size is None and "resize_size" not in chosen:
         # digits: no centre crop; images: torchvision's 256/224 resize-then-crop ratio.
         image_size = chosen.get("image_size", config.image_size)
         chosen["resize_size"] = image_size if is_digits else int(round(image_size / 0.875))
@@ -63,10 +87,8 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     mean, std = IMAGENET_MEAN, IMAGENET_STD
     if takes_transform_input_mean_std(str(config.model), config.weights):
         mean = std = TRANSFORM_INPUT_MEAN_STD  # what the weights expect (see builders)
-    elif config.mean is None or config.std is None:
-        recorded = _checkpoint_mean_std(config)
-        if recorded is not None:
-            mean, std = recorded  # what a torchkit checkpoint's weights were trained on
+    elif recorded is not None:  # what a torchkit checkpoint's weights were trained on
+        mean, std = three_channels(recorded.mean, ()), three_channels(recorded.std, ())
     resolved.mean = three_channels(resolved.mean, mean)
     resolved.std = three_channels(resolved.std, std)
     # Recorded as chosen, as the data's choices are: a replay with another --model or --weights
@@ -79,19 +101,16 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     return resolved
 
 
-def _checkpoint_mean_std(config: TrainConfig) -> tuple[tuple[float, ...], ...] | None:
-    """The mean and std recorded in the torchkit checkpoint a run fine-tunes (`--weights FILE`,
-    or `--model FILE` without --weights), for three channels; None for any other weights."""
+def _fine_tuned_preprocess(config: TrainConfig) -> Preprocess | None:
+    """The preprocessing recorded in the torchkit checkpoint a run fine-tunes (`--weights FILE`,
+    or `--model FILE` without --weights); None for any other weights."""
     from torchkit.core.models.builders import is_checkpoint_path
     from torchkit.core.models.resolver import recorded_preprocess
 
     source = config.weights or str(config.model)
     if not is_checkpoint_path(source):
         return None
-    recorded = recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
-    if recorded is None:
-        return None
-    return three_channels(tuple(recorded.mean), ()), three_channels(tuple(recorded.std), ())
+    return recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
 
 
 def three_channels(
@@ -119,7 +138,7 @@ def validate(config: TrainConfig) -> None:
         bad(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
     if config.augment not in AUGMENT_POLICIES:
         bad(f"unknown --augment {config.augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
-    if config.interpolation not in INTERPOLATIONS:
+    if config.interpolation is not None and config.interpolation not in INTERPOLATIONS:
         bad(
             f"unknown --interpolation {config.interpolation!r}",
             "use " + ", ".join(INTERPOLATIONS),
