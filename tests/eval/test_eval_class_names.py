@@ -124,3 +124,28 @@ def test_class_indices_as_names_are_the_outputs_in_order():
         refuse_guessed_class_order(["0", "1", "10", "11", *map(str, range(2, 10))], "imgs/")
     with pytest.raises(UsageError, match="in the data b, a"):
         refuse_guessed_class_order(["b", "a"], "split/")
+
+
+def test_a_class_the_model_names_twice_is_refused(tmp_path):
+    """torchvision's ImageNet names hold two `crane`s: a folder `crane` was scored against the
+    first alone."""
+    from torchkit.core.data.sources.samples import Samples
+    from torchkit.core.data.sources.source import relabelled
+    from torchkit.core.io.errors import InputError
+    from torchkit.core.models.checkpoint import load_checkpoint, save_checkpoint
+
+    checkpoint = tmp_path / "ck.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="abcd")
+    saved = load_checkpoint(checkpoint)
+    saved["classes"] = ["crane", "b", "crane", "c"]
+    save_checkpoint(saved, checkpoint)
+    write_image_folder(tmp_path / "imgs", {"b": 1, "crane": 1})
+    result = run_torchkit_in_process("eval", checkpoint, "--data", tmp_path / "imgs", "-j", "0")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "class crane of " in line and "the name of 2 of the model's outputs (0, 2)" in line
+    # Images of the other classes are matched as before.
+    samples = Samples(classes=["b", "c"], labels=[0, 1], paths=["b.png", "c.png"])
+    assert relabelled(samples, ["crane", "b", "crane", "c"], "x").labels == [1, 3]
+    with pytest.raises(InputError, match="the name of 2"):
+        relabelled(samples, ["b", "c", "b"], "x")

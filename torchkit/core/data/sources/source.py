@@ -179,6 +179,7 @@ def relabelled(samples: Samples, classes: Sequence[str], where: str) -> Samples:
     unknown = _unknown_classes(samples, index_of)
     if unknown:
         raise _unknown_classes_error(unknown, where, classes)
+    _refuse_names_of_two_outputs(samples, classes, where)
     mapping = [find_class(index_of, name) for name in samples.classes]
     mapping = [-1 if index is None else index for index in mapping]
     return Samples(
@@ -196,6 +197,31 @@ def _unknown_classes(samples: Samples, known: Mapping[str, int]) -> list[str]:
     """The class names `samples` uses that are not in `known` (a `class_index`), sorted."""
     present = sorted({samples.classes[label] for label in samples.labels})
     return [name for name in present if find_class(known, name) is None]
+
+
+def _refuse_names_of_two_outputs(samples: Samples, classes: list[str], where: str) -> None:
+    """InputError when a class `samples` uses is the name of two or more of the model's
+    outputs (torchvision's ImageNet names hold two `crane`s and two `maillot`s): matched by
+    name, its images were scored against the first of them alone."""
+    first: dict[str, int] = {}
+    outputs: dict[str, list[int]] = {}
+    for index, name in enumerate(classes):
+        key = nfc(name)
+        if key in first:
+            outputs.setdefault(key, [first[key]]).append(index)
+        else:
+            first[key] = index
+    if not outputs:
+        return
+    for name in sorted({samples.classes[label] for label in samples.labels}):
+        twice = outputs.get(nfc(name))
+        if twice:
+            raise InputError(
+                f"class {_shown_class(name)} of {where} is the name of {len(twice)} of the "
+                f"model's outputs ({', '.join(map(str, twice))}): which one its images belong "
+                "to is a guess",
+                "pass --classes with one distinct name per output, in the order of the outputs",
+            )
 
 
 def _unknown_classes_error(unknown: Sequence[str], where: str, classes: list[str]) -> InputError:
