@@ -18,7 +18,15 @@ from torchkit.cli.options import (
     model_and_rest,
     model_argument,
 )
-from torchkit.cli.render import OutputFormat, Table, emit, fixed_format, report_file, resolve_format
+from torchkit.cli.render import (
+    OutputFormat,
+    Table,
+    emit,
+    fixed_format,
+    readable_number,
+    report_file,
+    resolve_format,
+)
 from torchkit.cli.run_options import DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions
 
@@ -288,7 +296,13 @@ def _show(result: Any, fmt: OutputFormat, output: Any, force: bool) -> None:
 
 
 def _results_table(result: Any) -> Table:
-    flops = "" if result.flops_per_image is None else f", {_readable(result.flops_per_image)}FLOPs"
+    mult_adds, flops = result.mult_adds_per_image, result.flops_per_image
+    # None: not counted (a TorchScript module)
+    per_image = (
+        "unknown mult-adds" if mult_adds is None else readable_number(mult_adds, "mult-adds")
+    )
+    if flops is not None:
+        per_image += f", {readable_number(flops, 'FLOPs')}"
     first = result.results[0] if result.results else None
     dtype = first.dtype if first is not None else ""
     settings = [dtype, f"{result.threads} threads"]
@@ -313,7 +327,7 @@ def _results_table(result: Any) -> Table:
         ],
         title=f"{result.model} on {'x'.join(map(str, result.input_size))} inputs, "
         f"{result.device} ({result.device_name}), {', '.join(settings)}; per image: "
-        f"{_readable(result.mult_adds_per_image)}mult-adds{flops}",
+        f"{per_image}",
         align_right={"Batch", "Images/s", "Median ms", "p90 ms", "Peak MB", "TFLOP/s", "Iters"},
     )
 
@@ -360,15 +374,6 @@ def _search_status(status: Any) -> Any:
         )
 
     return show
-
-
-def _readable(value: float | None) -> str:
-    if value is None:  # not counted (a TorchScript module)
-        return "unknown "
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:g} "
 
 
 def register(app: typer.Typer) -> None:

@@ -92,6 +92,15 @@ class Table:
     align_right: set[str] = field(default_factory=set)
 
 
+def readable_number(value: float, unit: str = "") -> str:
+    """`value` and its `unit` with an SI prefix from a thousand up, two decimals: "4.36 G",
+    "4.36 Gmult-adds"; below a thousand as it is: "512", "512 FLOPs"."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:g} {unit}".rstrip()
+
+
 def format_cell(value: Any) -> str:
     """A value as a table's cell shows it: control characters escaped (`console.shown_text`);
     CSV and JSON keep a name as it is."""

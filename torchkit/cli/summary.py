@@ -20,7 +20,7 @@ from torchkit.cli.options import (
     former_short_flag,
     model_argument,
 )
-from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, readable_number, resolve_format
 
 LAYER_COLUMNS = [
     "depth",
@@ -336,15 +336,8 @@ def _total_text(key: str, value: Any) -> str:
     if key.endswith("_mb"):
         return f"{value:,.2f}"
     if key in ("total_mult_adds", "flops"):
-        return f"{value:,} ({_readable(value)})"
+        return f"{value:,} ({readable_number(value)})"
     return f"{value:,}"
-
-
-def _readable(value: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value:g}"
 
 
 def register(app: typer.Typer) -> None:
