@@ -114,6 +114,21 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+class ShardSampler:
+    """Indices rank, rank + world_size, ...: the evaluation shards of all ranks cover every
+    image exactly once (torch's DistributedSampler pads the shards with repeated images, which
+    would then be counted twice). Eval's loader and train's validation and test loaders."""
+
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1) -> None:
+        self.indices = range(rank, size, world_size)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
 def default_workers() -> int:
     """Loader workers: one core is left to the main process (the cores it may use, not the
     machine's: taskset and container cpusets count)."""

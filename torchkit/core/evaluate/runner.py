@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from torchkit.core.data.dataset import ShardSampler
 from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import image_mode
 from torchkit.core.data.sources.inputs import data_inputs
@@ -108,21 +109,6 @@ def check_report_options(options: EvalOptions) -> None:
             "which is not given",
             "add --out DIR",
         )
-
-
-class ShardSampler:
-    """Indices rank, rank + world_size, ...: the shards of all ranks cover every image exactly
-    once (torch's DistributedSampler pads the shards with repeated images, which would then be
-    counted twice)."""
-
-    def __init__(self, size: int, rank: int = 0, world_size: int = 1) -> None:
-        self.indices = range(rank, size, world_size)
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 def resolve_topk(topk: int | None, num_classes: int) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.data.batches import collate_skipping_unreadable
-from torchkit.core.data.dataset import make_dataset, seed_worker, worker_options
+from torchkit.core.data.dataset import ShardSampler, make_dataset, seed_worker, worker_options
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources import DataSource, open_labelled, split_record, training_splits
 from torchkit.core.data.sources.digits import DIGITS
@@ -417,20 +417,6 @@ def _in_main_process() -> bool:
     import torch
 
     return torch.utils.data.get_worker_info() is None
-
-
-class ShardSampler:
-    """Every world_size-th index from `rank`, in order: evaluation shards that cover the data
-    exactly once (no padding, so no image counts twice)."""
-
-    def __init__(self, size: int, rank: int = 0, world: int = 1) -> None:
-        self.indices = list(range(rank, size, world))
-
-    def __iter__(self):
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 def _worker_init(worker_id: int) -> None:
