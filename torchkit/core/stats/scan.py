@@ -235,7 +235,9 @@ class ChunkResult:
     records: Any  # RECORD_DTYPE array, one row per readable image
     errors: list[tuple[int, str, int]]  # (index, reason, bytes read or 0)
     accumulator: Accumulator
-    sixteen_bit: int = 0  # 16-bit images that --mode rgb/gray clip to 8 bits, as PIL does
+    # Images of 16 or 32 bits a sample, which --mode rgb/gray measure as the loaders read them:
+    # scaled to 8 bits, round(v / 257) (`image_files.to_8bit`), for the warning that says so
+    sixteen_bit: int = 0
     # HASH_DTYPE array of every decodable image, with `perceptual` (leakage check)
     hashes: Any = None
     hash_errors: int = 0  # files of other splits (hashed, not measured) that could not be read
