@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,33 @@ def test_a_backbone_at_lr_0_gets_no_gradients_and_its_norms_follow_the_data(
     assert torch.equal(
         read_checkpoint(out / "last.pt")["model"]["conv.weight"], last["model"]["conv.weight"]
     )
+
+
+def test_train_loss_is_the_criterion_and_the_l1_penalty_has_its_own_column(runner, tmp_path):
+    """train_loss included the --l1 penalty, so it could not be set beside val_loss. Now it is
+    the criterion's loss (as in timm's and torchvision's scripts) and the penalty trained on
+    is metrics.csv's train_l1, after the columns there were. With the training images as the
+    validation set, an lr too small to move the weights and a model without BatchNorm,
+    train_loss is val_loss."""
+
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        write_image_folder(root / split, {"ant": 4, "bee": 4, "cat": 4}, seed=1)
+    out = tmp_path / "run"
+    options = ["--augment", "none", "--no-flip", "--label-smoothing", "0", "--lr", "1e-9"]
+    tiny = ["--model", "nets:TinyNet", "--image-size", "8", "--batch-size", "4", "-j", "0"]
+    args = ["train", "--data", str(root), *tiny, *options, "--l1", "0.5", "--epochs", "1"]
+    result = runner.invoke(app, [*args, "--out", str(out), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    [row] = metrics_rows(out)
+    assert float(row["train_loss"]) == pytest.approx(float(row["val_loss"]), rel=1e-4)
+    assert list(row)[-1] == "train_l1" and list(row)[:-1] == [
+        "epoch", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "lr",
+        "epoch_time_s", "images_per_s",
+    ]  # fmt: skip
+    weights = read_checkpoint(out / "last.pt")["model"]
+    penalty = 0.5 * sum(float(weights[k].abs().sum()) for k in ("conv.weight", "fc.weight"))
+    assert float(row["train_l1"]) == pytest.approx(penalty, rel=1e-4)
+    summary = json.loads(result.stdout)
+    assert summary["last_train_loss"] == pytest.approx(float(row["train_loss"]), rel=1e-5)
+    assert summary["history"][0]["train_l1"] == pytest.approx(penalty, rel=1e-4)

@@ -229,7 +229,9 @@ class TrainProgress:
         width = len(str(self._epochs))
         line = (
             f"epoch {row['epoch']:>{width}}/{self._epochs}  "
-            f"train loss {row['train_loss']:.4f} top1 {row['train_top1']:.4f}  "
+            f"train loss {row['train_loss']:.4f}"
+            + (f" (+ l1 {row['train_l1']:.4f})" if "train_l1" in row else "")
+            + f" top1 {row['train_top1']:.4f}  "
             f"val loss {row['val_loss']:.4f} top1 {row['val_top1']:.4f}"
         )
         if self._shows_top5:

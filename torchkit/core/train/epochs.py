@@ -291,8 +291,8 @@ def epoch_row(ctx: DistContext, state: TrainState, callbacks: TrainCallbacks, ep
     """metrics.csv's row of a finished epoch: training sums reduced over ranks, then
     validation (of the EMA weights too, with --ema)."""
     progress = state.progress
-    loss_sum, correct, seen = distributed.all_reduce_sum(
-        ctx, [progress.loss_sum, progress.correct, float(progress.seen)]
+    loss_sum, correct, seen, l1_sum = distributed.all_reduce_sum(
+        ctx, [progress.loss_sum, progress.correct, float(progress.seen), progress.l1_sum]
     )
     if seen == 0:  # not a training loss of 0 that would even win --best-metric loss
         raise InputError(
@@ -319,6 +319,8 @@ def epoch_row(ctx: DistContext, state: TrainState, callbacks: TrainCallbacks, ep
         "epoch_time_s": progress.seconds,
         "images_per_s": seen / max(progress.seconds, 1e-9),
     }
+    if state.config.l1 > 0:  # the penalty trained on, apart from train_loss (the criterion's)
+        row["train_l1"] = l1_sum / max(seen, 1.0)
     if state.ema is not None:
         ema = evaluate_over_ranks(ctx, state, state.ema.module, state.loaders.val)
         row |= {

@@ -179,16 +179,15 @@ class GraphedStep:
         with self._autocast():
             outputs = ctx.model(images)
             loss = ctx.criterion(outputs, labels)
-        if ctx.l1 > 0:
-            loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
-        loss.backward()
+        penalty = ctx.l1_penalty()
+        (loss if penalty is None else loss + penalty).backward()
         if ctx.clip_grad is not None:
             torch.nn.utils.clip_grad_norm_(self.params, ctx.clip_grad)
         with self._tensor_lrs():
             dynamo_free.step(ctx.optimizer)
         if ctx.ema is not None:
             ctx.ema.update_with(self.decay, self.rest)
-        self.sums.add(loss, outputs, labels, self.batch_no)
+        self.sums.add(loss, outputs, labels, self.batch_no, l1=penalty)
 
     def _eager(self, images: Any, labels: Any) -> None:
         # After a replay the gradients hold the graph's last ones: a backward would add to them.

@@ -58,11 +58,12 @@ class EpochProgress:
     """Running sums of an epoch, kept in checkpoints so an interrupted epoch resumes exactly."""
 
     batches: int = 0
-    loss_sum: float = 0.0
+    loss_sum: float = 0.0  # the criterion's, without the --l1 penalty (in `l1_sum`)
     correct: float = 0.0
     seen: int = 0
     seconds: float = 0.0
     last_lr: float = 0.0  # the lr of the epoch's last update
+    l1_sum: float = 0.0
 
     def to_dict(self) -> dict:
         return dict(vars(self))
@@ -108,6 +109,14 @@ class StepContext:
     decode_ahead: bool = False
     # --cuda-graphs: the step recorded once and replayed (core.train.graphed_step.GraphedStep).
     graphed: Any = None
+
+    def l1_penalty(self) -> Any:
+        """The --l1 penalty the step adds to the criterion's loss (None without --l1): trained
+        on, but reported apart (metrics.csv's train_l1), so that train_loss measures what
+        val_loss does."""
+        if self.l1 <= 0:
+            return None
+        return self.l1 * sum(p.abs().sum() for p in self.l1_params)
 
 
 class UnreadableImages:
@@ -222,6 +231,7 @@ def train_one_epoch(
             )
 
     base_loss, base_correct = progress_state.loss_sum, progress_state.correct
+    base_l1 = progress_state.l1_sum
     readout = SumsReadout(ctx.device, acc)
     last_report = 0.0
     timeline = EpochTimeline(ctx.device, started) if EpochTimeline.wanted() else None
@@ -270,9 +280,9 @@ def train_one_epoch(
                             loss = mixed.lam * ctx.criterion(outputs, mixed.labels_a) + (
                                 1 - mixed.lam
                             ) * ctx.criterion(outputs, mixed.labels_b)
-                    if ctx.l1 > 0:
-                        loss = loss + ctx.l1 * sum(p.abs().sum() for p in ctx.l1_params)
-                    scaled = loss / in_update if share is None else loss * share
+                    penalty = ctx.l1_penalty()
+                    trained = loss if penalty is None else loss + penalty
+                    scaled = trained / in_update if share is None else trained * share
                     if weighted is not None and in_update > 1:
                         part = 1 / in_update if share is None else share
                         scaled = weighted.scale(scaled, part, labels, last=is_update)
@@ -280,7 +290,7 @@ def train_one_epoch(
                         ctx.scaler.scale(scaled).backward()
                     else:
                         scaled.backward()
-                sums.add(loss, outputs, labels, progress_state.batches, mixed)
+                sums.add(loss, outputs, labels, progress_state.batches, mixed, l1=penalty)
                 progress_state.seen += labels.shape[0]
             elif ctx.distributed:
                 if weighted is not None and is_update:
@@ -324,6 +334,7 @@ def train_one_epoch(
                 check_finite(weights=True)
                 progress_state.loss_sum = base_loss + float(sums.loss_sum)
                 progress_state.correct = base_correct + float(sums.correct)
+                progress_state.l1_sum = base_l1 + float(sums.l1_sum)
                 return False
     finally:
         if ahead is not None:
@@ -331,6 +342,7 @@ def train_one_epoch(
     check_finite(weights=True)
     progress_state.loss_sum = base_loss + float(sums.loss_sum)
     progress_state.correct = base_correct + float(sums.correct)
+    progress_state.l1_sum = base_l1 + float(sums.l1_sum)
     progress_state.seconds = time.perf_counter() - started
     if timeline is not None:
         timeline.report(epoch, progress_state.seconds, ahead)

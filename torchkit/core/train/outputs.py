@@ -34,6 +34,7 @@ METRIC_COLUMNS = (
     "images_per_s",
 )
 EMA_COLUMNS = ("val_ema_loss", "val_ema_top1", "val_ema_top5")
+L1_COLUMN = "train_l1"  # with --l1: its penalty's mean, which train_loss leaves out
 
 # What a run folder holds (shell patterns, top-level names): a folder holding only these is a
 # torchkit run even without the `.torchkit` marker (runs made before it existed), so --force
@@ -93,6 +94,8 @@ def metric_columns(history: list[dict]) -> list[str]:
     columns = list(METRIC_COLUMNS)
     if any("val_ema_top1" in row for row in history):
         columns += EMA_COLUMNS
+    if any(L1_COLUMN in row for row in history):
+        columns.append(L1_COLUMN)
     return columns
 
 

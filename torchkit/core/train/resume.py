@@ -126,12 +126,13 @@ def rank_progress(
         batches = images // (config.batch_size * ctx.world_size)
 
         def total(key: str) -> float:
-            return sum(part[key] for part in sums) if ctx.is_main else 0.0
+            return sum(part.get(key, 0.0) for part in sums) if ctx.is_main else 0.0
 
         progress = EpochProgress(
             batches=batches,
             loss_sum=total("loss_sum"),
             correct=total("correct"),
+            l1_sum=total("l1_sum"),
             seen=int(total("seen")),
             seconds=saved.seconds,
             last_lr=saved.last_lr,

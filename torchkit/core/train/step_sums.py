@@ -1,10 +1,10 @@
 """The epoch's running training sums, kept on the device.
 
-The loss sum, the correct predictions, and the number of the first batch whose loss was not
-finite (-1: none) are only read every so often (the progress bar, the finite check), so adding
-to them never waits for the device. They are changed in place, never rebound: a CUDA graph that
-adds to them (`--cuda-graphs`, core.train.graphed_step) and the host that reads them share the
-same three tensors.
+The loss sum (the criterion's: what the validation loss measures), the --l1 penalty's sum, the
+correct predictions, and the number of the first batch whose loss was not finite (-1: none) are
+only read every so often (the progress bar, the finite check), so adding to them never waits for
+the device. They are changed in place, never rebound: a CUDA graph that adds to them
+(`--cuda-graphs`, core.train.graphed_step) and the host that reads them share the same tensors.
 """
 
 from __future__ import annotations
@@ -20,17 +20,28 @@ class StepSums:
 
         self.dtype = dtype
         self.loss_sum = torch.zeros((), dtype=dtype, device=device)
+        self.l1_sum = torch.zeros((), dtype=dtype, device=device)
         self.correct = torch.zeros((), dtype=dtype, device=device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
 
     def reset(self) -> None:
         self.loss_sum.zero_()
+        self.l1_sum.zero_()
         self.correct.zero_()
         self.first_bad.fill_(-1)
 
-    def add(self, loss: Any, outputs: Any, labels: Any, batch_no: Any, mixed: Any = None) -> None:
-        """Count one batch: `loss` its mean loss, `batch_no` its number in the epoch (an int, or
-        a device scalar in a graph), `mixed` the mixup/cutmix labels and weight if any."""
+    def add(
+        self,
+        loss: Any,
+        outputs: Any,
+        labels: Any,
+        batch_no: Any,
+        mixed: Any = None,
+        l1: Any = None,
+    ) -> None:
+        """Count one batch: `loss` its criterion's mean loss, `batch_no` its number in the epoch
+        (an int, or a device scalar in a graph), `mixed` the mixup/cutmix labels and weight if
+        any, `l1` the --l1 penalty added to the loss it trained on (None: none)."""
         import torch
 
         with torch.no_grad():
@@ -44,7 +55,10 @@ class StepSums:
                     + (1 - mixed.lam) * (predicted == mixed.labels_b).sum()
                 )
             detached = loss.detach()
-            keep = torch.isfinite(detached) | (self.first_bad >= 0)
+            trained = detached if l1 is None else detached + l1.detach()
+            keep = torch.isfinite(trained) | (self.first_bad >= 0)
             self.first_bad.copy_(torch.where(keep, self.first_bad, batch_no))
             self.loss_sum += detached.to(self.dtype) * count
+            if l1 is not None:
+                self.l1_sum += l1.detach().to(self.dtype) * count
             self.correct += hits.to(self.dtype)
