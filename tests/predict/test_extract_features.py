@@ -606,6 +606,48 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(runner, tmp_path)
     assert not np.allclose(np.load(other / "penultimate.npy"), np.load(full / "penultimate.npy"))
 
 
+def test_a_stop_as_a_batch_is_recorded_does_not_write_its_rows_twice(runner, tmp_path, monkeypatch):
+    import signal
+
+    from torchkit.core.features import store as feature_store
+
+    root = write_image_folder(tmp_path / "imgs", {"a": 3, "b": 3}, size=20)
+    options = ["--image-size", "16", "-l", "penultimate", "-b", "2", "-j", "0"]
+    full = tmp_path / "full"
+    assert run(runner, "convnet", str(root), str(full), *options).exit_code == 0
+
+    class SignalledProgress(feature_store.Progress):
+        """Ctrl-C comes once the record counts the 2nd batch's rows, before it counts its
+        images (the old record: rows 4, images 2, so --resume wrote that batch again)."""
+
+        def __setattr__(self, name, value):
+            if name == "nonfinite" and self.rows == 4 and not getattr(self, "stopped", False):
+                object.__setattr__(self, "stopped", True)
+                signal.raise_signal(signal.SIGINT)
+            super().__setattr__(name, value)
+
+    monkeypatch.setattr(feature_store, "Progress", SignalledProgress)
+    part = tmp_path / "part"
+    request = FeatureRequest(
+        "convnet", str(root), str(part), layers=["penultimate"], image_size=16,
+        run=InferenceOptions(batch_size=2, workers=0, device="cpu"), allow_untrained=True,
+    )  # fmt: skip
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            extract_features(request)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.undo()
+    progress = json.loads((part / ".partial" / "progress.json").read_text())
+    assert (progress["done"], progress["rows"]) == (4, 4)
+
+    resumed = run(runner, "convnet", str(root), str(part), *options, "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert np.array_equal(np.load(part / "penultimate.npy"), np.load(full / "penultimate.npy"))
+    assert (part / "index.csv").read_text() == (full / "index.csv").read_text()
+
+
 def test_pt_and_safetensors_float16_l2(runner, images, tmp_path):
     from safetensors.numpy import load_file
 

@@ -49,6 +49,7 @@ from torchkit.core.predict.inputs import (
 )
 from torchkit.core.runtime.device import check_amp_dtype
 from torchkit.core.runtime.distributed import launched_by_torchrun
+from torchkit.core.runtime.signals import signals_held
 
 logger = logging.getLogger("torchkit")
 
@@ -453,13 +454,17 @@ def _extract_rows(
                         _warn_pool(request.pool, layer.name, list(outputs[layer.name].shape[1:]))
                     store.allocate(_layer_specs(layers, outputs, arrays))
                 store.write(state.rows, arrays)
-                state.rows += len(images)
-                state.nonfinite += nonfinite
-                state.nonfinite_first = state.nonfinite_first or first
-            if streamed is not None:
-                _append_index(store, samples, indices)
-                streamed.add(samples, indices)
-            state.done = max(indices) + 1
+            # The record's rows and images move on together: a Ctrl-C or SIGTERM between the
+            # two would be recorded (and resumed) with the batch's rows written twice.
+            with signals_held():
+                if images is not None:
+                    state.rows += len(images)
+                    state.nonfinite += nonfinite
+                    state.nonfinite_first = state.nonfinite_first or first
+                if streamed is not None:
+                    _append_index(store, samples, indices)
+                    streamed.add(samples, indices)
+                state.done = max(indices) + 1
             if time.perf_counter() - last_commit >= COMMIT_INTERVAL_S:
                 store.commit()
                 last_commit = time.perf_counter()
