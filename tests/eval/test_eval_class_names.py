@@ -149,3 +149,30 @@ def test_a_class_the_model_names_twice_is_refused(tmp_path):
     assert relabelled(samples, ["crane", "b", "crane", "c"], "x").labels == [1, 3]
     with pytest.raises(InputError, match="the name of 2"):
         relabelled(samples, ["b", "c", "b"], "x")
+
+
+def test_predict_names_the_outputs_of_a_model_without_names_as_eval_does(tmp_path):
+    """A state dict on labelled data: eval named its outputs by the data's sorted classes and
+    predict by their indices, so `label` a stood beside `class` 0; where eval cannot name them
+    (numbered classes, unlabelled images) `class` is the index, and a note says so."""
+    import torch
+
+    model = write_convnet_checkpoint(tmp_path / "ck.pt", in_channels=3, image_size=8, classes="xyz")
+    weights = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), weights)
+    letters = write_image_folder(tmp_path / "letters", {"a": 2, "b": 1, "c": 1})
+    numbers = write_image_folder(tmp_path / "numbers", {"1": 1, "2": 1, "10": 1})
+    spec = ["predict", "convnet", "--weights", weights, "--image-size", "8", "-j", "0"]
+    expected = {letters: ["a", "b", "c"], numbers: ["0", "1", "2"]}
+    for images, names in expected.items():
+        result = run_torchkit_in_process(*spec, images, "--format", "json")
+        assert result.returncode == 0, result.stderr
+        for row in json.loads(result.stdout):
+            assert row["class"] == names[row["class_index"]]
+        note = " ".join(result.stderr.split())
+        assert "the model records no class names" in note
+        if images == letters:
+            assert f"named by the classes of {letters} in sorted order, as eval" in note
+        else:
+            assert "`class` is the index of its output" in note
+            assert "as text they are 1, 10, 2, as numbers 1, 2, 10" in note

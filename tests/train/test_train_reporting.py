@@ -110,3 +110,24 @@ def test_train_loss_is_the_criterion_and_the_l1_penalty_has_its_own_column(runne
     summary = json.loads(result.stdout)
     assert summary["last_train_loss"] == pytest.approx(float(row["train_loss"]), rel=1e-5)
     assert summary["history"][0]["train_l1"] == pytest.approx(penalty, rel=1e-4)
+
+
+def test_the_run_info_and_the_result_name_one_k_for_the_top_k_figures(split_root, tmp_path):
+    """With 3 classes the RunInfo told callbacks a k of 3 (min(5, classes)) while the result,
+    the JSON and eval say 5 with a null figure (`core.topk`: the k is fixed, its figure left out
+    where it says nothing): every report of a run now names the same k."""
+    from torchkit.core.topk import DEFAULT_TOPK
+    from torchkit.core.train import TrainCallbacks, TrainConfig, run_training
+
+    class InfoSeen(TrainCallbacks):
+        def on_start(self, info) -> None:
+            self.info = info
+
+    seen = InfoSeen()
+    config = TrainConfig(
+        data=str(split_root), model="nets:TinyNet", image_size=8, batch_size=4, workers=0,
+        epochs=1, device="cpu", out=str(tmp_path / "run"),
+    )  # fmt: skip
+    result = run_training(config, seen)
+    assert seen.info.topk == result.topk == result.to_dict()["topk"] == DEFAULT_TOPK
+    assert len(seen.info.classes) == 3 and result.to_dict()["best_val_top5"] is None

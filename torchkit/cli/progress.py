@@ -172,9 +172,9 @@ class TrainProgress:
         if not self.enabled:
             return
         self._epochs = info.epochs
-        from torchkit.core.topk import DEFAULT_TOPK, topk_informative
+        from torchkit.core.topk import topk_informative
 
-        self._shows_top5 = topk_informative(DEFAULT_TOPK, len(info.classes))
+        self._shows_top5 = topk_informative(info.topk, len(info.classes))
         sizes = f"{info.train_size} train / {info.val_size} val"
         if info.test_size:
             sizes += f" / {info.test_size} test"

@@ -98,27 +98,16 @@ def load_eval_samples(
 
 def refuse_guessed_class_order(names: Sequence[str], data: str) -> None:
     """UsageError when a model that records no class names would be scored with the data's
-    classes in an order sorting does not settle: numbered classes sort as text in a folder
-    (`1, 10, 2`, as torchvision's ImageFolder) and as numbers in a CSV index, parquet or shards
-    (`1, 2, 10`), so the same weights scored the same images differently by the data's form."""
-    from torchkit.core.data.sources.csv_index import natural_key
+    classes in an order sorting does not settle (`core.inference.class_names`): the same
+    weights scored the same images differently by the data's form."""
+    from torchkit.core.inference.class_names import unsettled_class_order
 
-    names = list(names)
-    if names == [str(index) for index in range(len(names))]:
-        return  # labels that are the outputs' indices (shards, parquet without class names)
-    as_text, as_numbers = sorted(names), sorted(names, key=natural_key)
-    if names == as_text == as_numbers:
-        return
-
-    def shown(order: list[str]) -> str:
-        return ", ".join(order[:6]) + (" ..." if len(order) > 6 else "")
-
-    raise UsageError(
-        f"the model records no class names, and which of its outputs is which class of {data} "
-        f"is a guess: sorted as text they are {shown(as_text)}, as numbers {shown(as_numbers)}"
-        + ("" if names in (as_text, as_numbers) else f", in the data {shown(names)}"),
-        "pass --classes with the model's class names in the order of its outputs",
-    )
+    unsettled = unsettled_class_order(names, data)
+    if unsettled is not None:
+        raise UsageError(
+            f"the model records no class names, and {unsettled}",
+            "pass --classes with the model's class names in the order of its outputs",
+        )
 
 
 def recorded_data(spec: ModelSpec) -> tuple[str, str]:

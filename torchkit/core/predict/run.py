@@ -131,11 +131,6 @@ class PredictRun:
         )
         check_amp_applies(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
-        self.classes = list(self.resolved.classes or [str(i) for i in range(outputs or 0)])
-        if self._k(outputs) < request.topk:
-            k = self._k(outputs)
-            classes = "class" if k == 1 else "classes"
-            self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
         checkpoint = self.resolved.checkpoint
         if STDIN in request.images and launched_by_torchrun():
             # torchrun's ranks share one stdin: rank 0 read the list (the CLI), the others
@@ -155,6 +150,7 @@ class PredictRun:
                 recorded=checkpoint.get("data") if checkpoint else None,
             )
         self.notes += self.image_set.notes
+        self._name_outputs(outputs)
         preprocess = self.resolved.preprocess
         self.mode = image_mode(preprocess.in_channels)
         if getattr(self, "ctx", None) is None:  # after the images: a missing one said first
@@ -174,6 +170,25 @@ class PredictRun:
             "tta": request.tta,
             "preprocess": preprocess.to_dict(),
         }
+
+    def _name_outputs(self, outputs: int | None) -> None:
+        """`self.classes`: the model's class names, else the data's as eval names them, else
+        each output's index (`core.inference.class_names`)."""
+        from torchkit.core.inference.class_names import output_names_from_data
+
+        request = self.request
+        if self.resolved.classes:
+            self.classes = list(self.resolved.classes)
+        else:
+            data = request.images[0] if len(request.images) == 1 else "IMAGES"
+            self.classes, note = output_names_from_data(
+                self.image_set.samples.classes, outputs, data
+            )
+            self.notes.append(note)
+        if self._k(outputs) < request.topk:
+            k = self._k(outputs)
+            classes = "class" if k == 1 else "classes"
+            self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
 
     def _check_listed(self, paths: list[str]) -> None:
         if self.check_listed is not None:

@@ -32,7 +32,7 @@ class RunInfo:
     resumed_from: str | None
     best_val_top1: float | None  # of the resumed run so far
     config: TrainConfig
-    topk: int = 5  # the k of the top-k metrics (val_top5...): min(5, number of classes)
+    topk: int = TOPK  # the k of the top-k figures (val_top5...), as TrainResult's
     notes: list[str] = field(default_factory=list)  # about the data (a held-out val split...)
 
 

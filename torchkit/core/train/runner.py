@@ -409,7 +409,6 @@ def _announce(
             resumed_from=state.resumed_name,
             best_val_top1=state.best_value("top1"),
             config=config,
-            topk=state.topk,
             notes=list(state.data.notes),
         )
     )

@@ -12,7 +12,6 @@ from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.train.checkpoints import build_checkpoint
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.epoch_starts import EpochStarts
-from torchkit.core.train.interface import TOPK
 from torchkit.core.train.loaders import Loaders, TrainData
 from torchkit.core.train.loop import EpochProgress, StepContext, UnreadableImages
 
@@ -59,11 +58,6 @@ class TrainState:
     @property
     def steps_per_epoch(self) -> int:
         return len(self.loaders.train)
-
-    @property
-    def topk(self) -> int:
-        """The k of the top-k metrics: min(5, number of classes)."""
-        return min(TOPK, len(self.classes))
 
     @property
     def resumed_name(self) -> str | None:

@@ -1,0 +1,59 @@
+"""The names of a model's outputs when the model records none: eval and predict name them alike,
+by the classes of labelled data in sorted order (as torchvision's ImageFolder numbers them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def unsettled_class_order(names: Sequence[str], data: str) -> str | None:
+    """Why the classes `names` of `data` cannot name the outputs of a model that records no
+    class names ("which of its outputs is which class ... is a guess: ..."), or None when they
+    can: numbered classes sort as text in a folder (`1, 10, 2`, as ImageFolder) and as numbers
+    in a CSV index, parquet or shards (`1, 2, 10`), so the same weights would name the same
+    images differently by the data's form."""
+    from torchkit.core.data.sources.csv_index import natural_key
+
+    names = list(names)
+    if names == [str(index) for index in range(len(names))]:
+        return None  # labels that are the outputs' indices (shards, parquet without class names)
+    as_text, as_numbers = sorted(names), sorted(names, key=natural_key)
+    if names == as_text == as_numbers:
+        return None
+
+    def shown(order: list[str]) -> str:
+        return ", ".join(order[:6]) + (" ..." if len(order) > 6 else "")
+
+    return (
+        f"which of its outputs is which class of {data} is a guess: sorted as text they are "
+        f"{shown(as_text)}, as numbers {shown(as_numbers)}"
+        + ("" if names in (as_text, as_numbers) else f", in the data {shown(names)}")
+    )
+
+
+def output_names_from_data(
+    data_classes: Sequence[str], num_outputs: int | None, data: str
+) -> tuple[list[str], str]:
+    """predict's names for the outputs of a model that records none, and a note saying what
+    they are: the classes of labelled `data` where eval would score with them (as many as the
+    outputs, in an order sorting settles), else each output's index."""
+    classes = list(data_classes)
+    labelled = bool(classes) and "" not in classes
+    why = ""
+    if labelled and num_outputs not in (None, len(classes)):
+        why = f"; the {len(classes)} classes of {data} are not its {num_outputs} outputs"
+    elif labelled:
+        unsettled = unsettled_class_order(classes, data)
+        if unsettled is None:
+            note = (
+                f"the model records no class names: its outputs are named by the classes of "
+                f"{data} in sorted order, as eval names them (--classes names them otherwise)"
+            )
+            return classes, note
+        why = f"; {unsettled}"
+    indices = [str(index) for index in range(num_outputs or 0)]
+    note = (
+        f"the model records no class names: `class` is the index of its output{why} "
+        "(pass --classes with the names of its outputs, in order)"
+    )
+    return indices, note
