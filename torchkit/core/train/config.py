@@ -210,7 +210,11 @@ class TrainConfig:
         "as they are).",
     )
     backbone_lr: float | None = option(
-        None, panel=MODEL_PANEL, help="Learning rate of the backbone (the head uses --lr)."
+        None,
+        panel=MODEL_PANEL,
+        help="Learning rate of the backbone (the head uses --lr). 0 trains the head alone, as "
+        "--freeze-backbone does, but with the backbone's normalisation statistics following the "
+        "data.",
     )
     head_lr_mult: float | None = option(
         None, panel=MODEL_PANEL, help="The head's learning rate is --lr times this."
