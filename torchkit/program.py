@@ -11,6 +11,7 @@ gives them. Light on purpose: it runs before anything else is imported.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -53,3 +54,39 @@ def end_on_signals_while_starting() -> None:
 def ends_while_starting(handler: Any) -> bool:
     """Whether `handler` (from `signal.getsignal`) is the one set while starting."""
     return handler is _end_while_starting
+
+
+# The standard descriptors (0-2) this process was started without (`2>&-`), found closed and
+# opened on /dev/null by `open_closed_standard_descriptors`.
+_closed_at_start: frozenset[int] = frozenset()
+
+
+def open_closed_standard_descriptors() -> None:
+    """When torchkit is the program: each of descriptors 0-2 it was started without (`2>&-`,
+    `>&-`, `<&-`) is opened on /dev/null, as daemons and coreutils do. Left closed, the next
+    file opened took its number: the lock file of a run folder became descriptor 2, and every
+    write a library or a crashing worker makes to stderr at the C level landed in it. Python
+    has already set sys.stdout/sys.stderr/sys.stdin to None for them, so they stay "closed" to
+    torchkit; `closed_at_start` says which they were."""
+    global _closed_at_start
+    if not runs_as_the_program():
+        return
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError as error:
+            if error.errno == errno.EBADF:
+                closed.append(fd)
+    for fd in closed:  # lowest first: each open takes the lowest free number, this one
+        opened = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if opened != fd:
+            os.dup2(opened, fd)
+            os.close(opened)
+        os.set_inheritable(fd, True)  # child processes get it too, as a shell would give it
+    _closed_at_start = frozenset(closed)
+
+
+def closed_at_start(fd: int) -> bool:
+    """Whether descriptor `fd` (0-2) was closed when the program started (now /dev/null)."""
+    return fd in _closed_at_start

@@ -10,8 +10,9 @@ import importlib
 import os
 import sys
 
-from torchkit.program import end_on_signals_while_starting
+from torchkit.program import end_on_signals_while_starting, open_closed_standard_descriptors
 
+open_closed_standard_descriptors()  # before any file is opened and kept: it would take 0-2
 end_on_signals_while_starting()  # first: a Ctrl-C from here until a command runs ends it cleanly
 
 from torchkit import deferred_signals, torchvision_without_dynamo, working_folder  # noqa: E402

@@ -41,6 +41,7 @@ from torchkit.core.io.errors import (
     UsageError,
     first_line,
 )
+from torchkit.program import closed_at_start
 
 log = logging.getLogger("torchkit")
 
@@ -257,6 +258,8 @@ def check_own_descriptor_open(path: str | os.PathLike, what: str) -> None:
     if fd is None:
         return
     try:
+        if closed_at_start(fd):  # opened on /dev/null since: still closed to the user
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
         os.fstat(fd)
     except OSError as error:
         name = {1: "standard output", 2: "standard error"}.get(fd, f"file descriptor {fd}")

@@ -1,0 +1,76 @@
+"""A torchkit process started with a standard descriptor closed (`2>&-`, `>&-`) or with a
+stderr that cannot be written (`2>/dev/full`): the work and its exit status are the same."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from output_checks import error_line
+from processes import INHERITED
+
+# A model whose first forward pass writes to descriptor 2 at the C level (as torch, oneDNN or
+# OpenCV warn) and records what descriptor 2 is.
+PROBE = textwrap.dedent(
+    """
+    import os
+
+    from torch import nn
+
+
+    class Probe(nn.Module):
+        def __init__(self, num_classes=2):
+            super().__init__()
+            self.fc = nn.Linear(3, num_classes)
+
+        def forward(self, x):
+            if not os.path.exists("fd2.txt"):
+                os.write(2, b"STRAY BYTES\\n")
+                with open("fd2.txt", "w") as record:
+                    record.write(os.readlink("/proc/self/fd/2"))
+            return self.fc(x.mean((2, 3)))
+    """
+)
+
+
+def _torchkit(*args: object, redirect: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`torchkit ARGS REDIRECT` as a shell runs it (`2>&-` closes the descriptor)."""
+    env = {key: value for key, value in os.environ.items() if key not in INHERITED}
+    command = f'exec "$0" -m torchkit "$@" {redirect}'
+    return subprocess.run(
+        ["sh", "-c", command, sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def test_a_closed_stderr_is_not_taken_by_the_lock_file(tmp_path, make_image_folder):
+    """`train 2>&-`: the run folder's lock file, the next file opened, became descriptor 2, and
+    every C-level write to stderr (a library's warning, a crashing worker) landed in it. Now
+    descriptor 2 is /dev/null while the command runs."""
+    make_image_folder(tmp_path / "images", {"a": 3, "b": 3})
+    (tmp_path / "probe.py").write_text(PROBE)
+    args = ["train", "--data", "images", "--model", "probe:Probe", "--epochs", "1", "-j", "0"]
+    done = _torchkit(*args, "--out", "run", "--format", "json", redirect="2>&-", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout
+    assert (tmp_path / "fd2.txt").read_text() == os.devnull
+    written = [path for path in (tmp_path / "run").rglob("*") if path.is_file()]
+    assert written and not any(b"STRAY" in path.read_bytes() for path in written)
+
+
+def test_an_output_naming_a_closed_stdout_is_still_refused(tmp_path, make_image_folder):
+    """Descriptor 1 is /dev/null by the time the output is checked: `-o /dev/stdout >&-` is
+    refused all the same, as the descriptor the user closed."""
+    make_image_folder(tmp_path / "images", {"a": 2})
+    done = _torchkit("dataset-stats", "images", "-o", "/dev/stdout", redirect=">&-", cwd=tmp_path)
+    assert done.returncode == 1
+    assert error_line(done.stderr, besides="nothing") == (
+        "Error: cannot write output /dev/stdout: Bad file descriptor (standard output is "
+        "closed: send it to a file or to /dev/null, or choose another output)"
+    )
