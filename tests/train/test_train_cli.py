@@ -1049,6 +1049,21 @@ def test_fine_tuning_a_torchkit_checkpoint_takes_its_input_size_and_interpolatio
     assert (preprocess["image_size"], preprocess["interpolation"]) == (12, "bicubic")
 
 
+def test_fine_tuning_a_one_channel_checkpoint_is_one_error_line(runner, split_root, tmp_path):
+    """`--model GRAY.pt` (a checkpoint of 1-channel input) fed train's RGB batches to its first
+    convolution: an internal "expected input ... to have 1 channels" after the run had started."""
+    from checkpoints import write_convnet_checkpoint
+
+    checkpoint = tmp_path / "gray.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=1, image_size=8, classes="abc")
+    out = tmp_path / "tuned"
+    args = ["--data", str(split_root), "--model", str(checkpoint), "-j", "0", "--out", str(out)]
+    result = train(runner, *args)
+    assert result.exit_code == 1
+    assert "takes 1-channel images, and train feeds it 3-channel (RGB)" in error_line(result)
+    assert not out.exists()
+
+
 def test_fine_tuning_a_torchkit_checkpoint_normalises_as_it_was_trained(
     runner, split_root, tmp_path
 ):

@@ -420,6 +420,13 @@ def _build_model(
             "for eval and --resume",
             "name the architecture as --model and pass the file as --weights",
         )
+    taken = resolved.preprocess.in_channels if resolved.preprocess else preprocess.in_channels
+    if taken != preprocess.in_channels:  # a checkpoint's own channels: its first layer's
+        raise CheckpointError(
+            f"{arch} takes {taken}-channel images, and train feeds it "
+            f"{preprocess.in_channels}-channel (RGB) images",
+            "fine-tune weights trained on RGB images",
+        )
     model = resolved.model
     if isinstance(resumed_weights, Mapping):
         fit_auxiliary_heads_to(model, resumed_weights)  # none in a run from googlenet's DEFAULT
