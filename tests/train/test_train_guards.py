@@ -689,6 +689,9 @@ def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch
         (["--find-lr-iters", "5"], "--find-lr-iters 5 has no effect: only --find-lr"),
         (["--augment", "none", "--crop-scale", "0.5,1"], "--crop-scale 0.5 1 has no effect"),
         (["--augment", "none", "--no-flip"], "--flip off has no effect: only a random crop"),
+        # Each batch is mixed with itself reversed: a batch of one image is never mixed.
+        (["--batch-size", "1", "--mixup-alpha", "0.2"], "--mixup-alpha 0.2 has no effect: only"),
+        (["--batch-size", "1", "--cutmix-alpha", "1"], "--cutmix-alpha 1 has no effect: only"),
     ],
 )
 def test_an_option_the_other_options_leave_unused_is_a_warning(runner, args, warning):
@@ -712,6 +715,7 @@ def test_options_a_schedule_uses_or_left_at_their_defaults_are_not_warned_about(
         ["--optimizer", "sgd", "--momentum", "0.5", "--decay-all"],
         ["--amp", "--amp-dtype", "bf16"],
         ["--data", "digits", "--augment", "none"],  # flip and crop scale the data chose
+        ["--batch-size", "2", "--mixup-alpha", "0.2", "--cutmix-alpha", "1"],
     ],
 )
 def test_options_the_others_use_are_not_warned_about(runner, args):

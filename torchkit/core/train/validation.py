@@ -372,6 +372,9 @@ def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
     if config.augment == "none":  # resize and centre crop: no random crop, no flip
         random_crop = "a random crop (--augment other than none)"
         unused += [("crop_scale", random_crop), ("flip", random_crop)]
+    if config.batch_size == 1:  # a batch is mixed with itself reversed: one image, nothing
+        pairs = "a --batch-size of 2 or more (a batch mixes its own images)"
+        unused += [("mixup_alpha", pairs), ("cutmix_alpha", pairs)]
     if not config.save_every:  # only epoch-NNN.pt files are pruned
         unused.append(("keep", "--save-every"))
     if config.optimizer in ("adam", "adamw"):
