@@ -249,11 +249,12 @@ def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
                 f"invalid {option_name(name)} '' in {source}: an empty value",
                 "give a value, or leave the key out",
             )
+        shown = short_repr(value)  # as the file writes it: [0.1], not (0.1,)
         if isinstance(value, list):
             value = tuple(value)
         if not _fits(value, types[name]):
             raise UsageError(
-                f"{option_name(name)} in {source} is {short_repr(value)}, not a {types[name]}",
+                f"{option_name(name)} in {source} is {shown}, not {_described(types[name])}",
                 "give the value as the command line would",
             )
         checked[name] = value
@@ -275,6 +276,26 @@ def _fits(value: Any, annotation: str) -> bool:
     if isinstance(value, str):
         return "str" in annotation
     return False
+
+
+# What a value of each TrainConfig annotation is, in a JSON or YAML file's words.
+_KINDS = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "true or false"}
+
+
+def _described(annotation: str) -> str:
+    """`int | None` as "a whole number or null", `tuple[float, ...]` as "a list of numbers",
+    `tuple[float, float]` as "a list of 2 numbers": what a user writes, not Python's types."""
+    kind, _, optional = annotation.partition(" | ")
+    if kind.startswith("tuple["):
+        items = [item.strip() for item in kind[len("tuple[") : -1].split(",")]
+        plural = "whole numbers" if items[0] == "int" else "numbers"
+        count = "" if items[-1] == "..." else f"{len(items)} "  # crop_scale: "2 numbers"
+        described = f"a list of {count}{plural}"
+    else:
+        described = _KINDS.get(kind, kind)
+    if optional != "None":
+        return described
+    return described.replace(" or ", ", ") + " or null"
 
 
 def _fits_items(values: tuple, annotation: str) -> bool:
