@@ -3,6 +3,7 @@ stderr that cannot be written (`2>/dev/full`): the work and its exit status are 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,30 @@ def test_an_output_naming_a_closed_stdout_is_still_refused(tmp_path, make_image_
         "Error: cannot write output /dev/stdout: Bad file descriptor (standard output is "
         "closed: send it to a file or to /dev/null, or choose another output)"
     )
+
+
+def test_split_with_a_full_stderr_does_its_work(tmp_path, make_image_folder):
+    """`split 2>/dev/full`: the first Note's failed write ended the command with exit 1 and no
+    table on stdout (the split made all the same). Notes are best effort: exit 0, the table;
+    a failure keeps its exit status."""
+    make_image_folder(tmp_path / "images", {"a": 5, "b": 5})
+    done = _torchkit(
+        "split", "images", "out", "--format", "csv", redirect="2>/dev/full", cwd=tmp_path
+    )
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[0] == "class,train,val,test,total"
+    assert (tmp_path / "out" / "split.csv").is_file()
+    refused = _torchkit("split", "missing", "out2", redirect="2>/dev/full", cwd=tmp_path)
+    assert refused.returncode == 1 and refused.stdout == ""
+
+
+def test_training_with_a_full_stderr_trains(tmp_path):
+    """`train 2>/dev/full`: a long run must not die because its log stream is full."""
+    args = ["--data", "digits", "--model", "convnet", "--image-size", "8", "--epochs", "1"]
+    done = _torchkit(
+        "train", *args, "--batch-size", "512", "-j", "0", "--out", "run", "--format", "json",
+        redirect="2>/dev/full", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["epochs"] == 1
+    assert (tmp_path / "run" / "best.pt").is_file()

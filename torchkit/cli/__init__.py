@@ -63,6 +63,7 @@ def main() -> None:
         if rich_utils is not None:
             rich_utils.MAX_WIDTH = int(os.environ["TERMINAL_WIDTH"])
     console.write_names_as_bytes()
+    console.diagnostics_on_best_effort()
     try:
         try:
             app(prog_name="torchkit")

@@ -130,6 +130,68 @@ def stdout_write_error(error: OSError) -> OutputWriteError:
     return OutputWriteError(f"cannot write to standard output: {reason}", hint)
 
 
+class _BestEffort(io.TextIOBase):
+    """stderr for notes, warnings, progress and errors, written as they come and on a best
+    effort: a write that fails (`2>/dev/full`, a reader of stderr gone) is dropped. The command's
+    exit status says whether its work succeeded; a full log disk stopped a run at its first
+    Note with exit 1 (the Error line lost too), or failed it at exit after all its work (Python
+    flushes stderr as it ends). Written straight to the descriptor, so that a failed write
+    leaves nothing in a buffer to fail again."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._fd = stream.fileno()
+        self._encoding = stream.encoding or "utf-8"
+
+    def write(self, text: str) -> int:
+        import select
+
+        data = memoryview(text.encode(self._encoding, "backslashreplace"))
+        try:
+            while data:
+                try:
+                    data = data[os.write(self._fd, data) :]
+                except BlockingIOError:  # a non-blocking stderr that is full for now
+                    select.select([], [self._fd], [])
+        except OSError:
+            pass  # dropped: a diagnostic must not stop or fail the work
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is held back."""
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return "backslashreplace"
+
+
+def diagnostics_on_best_effort() -> None:
+    """sys.stderr (and so the stderr console, logging's last resort and Python's warnings)
+    made `_BestEffort`; a process started without stderr (`2>&-`) keeps None."""
+    stream = sys.stderr
+    if stream is None or isinstance(stream, _BestEffort):
+        return
+    try:
+        stream.flush()
+        best_effort = _BestEffort(stream)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return  # no descriptor of its own (an embedding application's stream): left as it is
+    sys.stderr = best_effort
+
+
 def unknown_terminal_size_as_unset() -> None:
     """COLUMNS=0 or LINES=0 (set by a script or a CI runner that knows no terminal size)
     means an unknown size, as to `shutil.get_terminal_size`: rich took
@@ -210,8 +272,11 @@ _CONTROL_ESCAPES = {code: repr(chr(code))[1:-1] for code in (*range(0x20), *rang
 
 
 def shown_text(text: str) -> str:
-    """`text` as people read it on a terminal: control characters escaped (above)."""
-    return text.translate(_CONTROL_ESCAPES)
+    """`text` as people read it on a terminal: control characters escaped (above), a URL's
+    password or token `***` (`core.io.redaction`: a terminal's lines end up in logs)."""
+    from torchkit.core.io.redaction import redact_urls
+
+    return redact_urls(text.translate(_CONTROL_ESCAPES))
 
 
 def _escape(text: str) -> str:
