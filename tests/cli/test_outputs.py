@@ -109,6 +109,24 @@ def test_overlap_sees_a_second_path_to_the_same_folder(tmp_path, bind_view):
     assert tree_digest(split) == before
 
 
+def test_a_quoted_tilde_is_checked_as_the_folder_it_writes(tmp_path, monkeypatch):
+    """`split ./~/images '~/images/out'`: the shell expands `~`, torchkit does not, so the
+    output is written in the folder named `~` here, inside the input. The checks expanded it
+    (to $HOME/images/out), found no overlap, and the split was written into the images."""
+    from image_folders import write_image_folder
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    images = write_image_folder(tmp_path / "~" / "images", {"a": 2, "b": 2})
+    before = tree_digest(images)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    done = run_torchkit_in_process("split", "./~/images", "~/images/out", cwd=tmp_path)
+    assert done.returncode == 1
+    assert error_line(done.stderr).startswith("Error: output folder ~/images/out lies inside")
+    assert tree_digest(images) == before
+    check_not_protected("~", "--out")  # a folder named `~`, not the home folder
+
+
 def test_overlap_with_a_file_input(tmp_path):
     checkpoint = tmp_path / "run" / "best.pt"
     checkpoint.parent.mkdir()
@@ -163,7 +181,7 @@ def test_the_working_directory_its_parents_and_home_are_never_outputs(tmp_path, 
         ("..", "is a parent of the working directory"),
         ("/", "is a parent of the working directory"),
         (str(tmp_path), "is the working directory"),
-        ("~", "is the home folder"),
+        (str(Path.home()), "is the home folder"),
     ]:
         with pytest.raises(OutputOverlapError, match=reason):
             check_not_protected(folder, "output folder")

@@ -83,8 +83,10 @@ class InputPath:
 
 
 def _real(path: str | os.PathLike) -> Path:
-    """The path with `~`, `..` and symlinks resolved (as far as it exists)."""
-    return Path(os.path.realpath(os.path.expanduser(os.fspath(path))))
+    """The path with `..` and symlinks resolved (as far as it exists). A `~` is left as it is:
+    the shell expands it, and a quoted `'~/x'` is written as a folder named `~`, so it is
+    checked as one (expanded, an output inside an input `./~/x` passed as outside it)."""
+    return Path(os.path.realpath(os.fspath(path)))
 
 
 def _is_within(inner: Path, outer: Path) -> bool:
