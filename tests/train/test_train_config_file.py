@@ -126,6 +126,36 @@ def test_a_value_of_the_wrong_type_is_named_in_a_users_words(runner, tmp_path, c
     assert said.replace("h.json", str(recipe)) in result.stderr
 
 
+def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):
+    """`--config -` was "config file not found: -"."""
+    printed = runner.invoke(app, ["train", "--print-config", "--lr", "0.01", "-e", "3"])
+    assert printed.exit_code == 0, printed.stderr
+    again = runner.invoke(app, ["train", "--config", "-", "--print-config"], input=printed.stdout)
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(again.stdout) == json.loads(printed.stdout)
+
+
+@pytest.mark.parametrize(
+    ("piped", "env", "said"),
+    [
+        ("lr: 1e-3\nepochs: 4\n", {}, None),  # YAML: what does not start as JSON does
+        ('\ufeff{"lr": 0.001, "epochs": 4}', {}, None),  # a BOM, as in a file
+        ("", {}, "Error: the recipe on stdin is empty: --config - reads the options there"),
+        ('{"workers": 1.5}', {}, "--workers in the recipe on stdin is 1.5, not a whole number"),
+        ('{"lr": 0.1', {}, "Error: the recipe on stdin is not valid JSON: "),
+        ("{}", {"WORLD_SIZE": "2", "RANK": "0"}, "which torchrun's ranks share"),
+    ],
+)
+def test_config_dash_reads_json_or_yaml_and_refuses_what_it_cannot(runner, piped, env, said):
+    result = runner.invoke(app, ["train", "--config", "-", "--print-config"], input=piped, env=env)
+    if said is None:
+        assert result.exit_code == 0, result.stderr
+        assert (json.loads(result.stdout)["lr"], json.loads(result.stdout)["epochs"]) == (1e-3, 4)
+        return
+    assert result.exit_code in (1, 2), result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1 and said in result.stderr
+
+
 @pytest.mark.parametrize("key", ["weights", "out", "data", "model"])
 def test_an_empty_value_in_a_config_file_is_refused_as_on_the_command_line(runner, tmp_path, key):
     """Was taken as not given: "weights": "" trained without weights, "out": "" made a new

@@ -34,8 +34,10 @@ def _not_training_options(
             help="Take the options of a previous run's config.json (or a JSON/YAML file of "
             "option names and values) as defaults; options given here override them. A "
             "config.json's out, resume and force are not carried over; a hand-written file's "
-            "`out:` is used as --out, and a `resume:` or `force: true` in it is an error.",
+            "`out:` is used as --out, and a `resume:` or `force: true` in it is an error. "
+            "- reads it from stdin (train --print-config | ... | train --config -).",
             dir_okay=False,
+            allow_dash=True,
         ),
     ] = None,
     print_config: Annotated[
@@ -166,7 +168,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
             inputs=[
                 InputPath.of(path, what)
                 for path, what in ((stats, "--stats file"), (config_file, "--config file"))
-                if path is not None
+                if path is not None and str(path) != "-"
             ],
             output_file=output if is_main else None,
             process_age=process_age() if runs_as_the_program() else None,
@@ -217,6 +219,8 @@ def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:
 
 
 def _with_config_file(config: TrainConfig, path: Path, given: list[str]) -> TrainConfig:
+    import sys
+
     from torchkit.core.io.errors import UsageError
     from torchkit.core.train.config_file import apply_config_file, read_config_file
 
@@ -225,7 +229,7 @@ def _with_config_file(config: TrainConfig, path: Path, given: list[str]) -> Trai
             "--config starts a new run from a recipe; --resume continues a run with its own",
             "drop one of them",
         )
-    return apply_config_file(config, read_config_file(path), given)
+    return apply_config_file(config, read_config_file(path, sys.stdin), given)
 
 
 def _given_options(ctx: typer.Context) -> list[str]:

@@ -23,9 +23,10 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from torchkit.core.io.errors import InputError, UsageError, short_repr
+from torchkit.core.runtime.launch import launch_env
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.defaults import with_pre_option_values
 from torchkit.core.train.validation import option_name
@@ -37,16 +38,29 @@ NOT_CARRIED = ("out", "resume", "force", "data_defaults", "profile_steps")
 DEFAULTS_FROM_DATA = "defaults_from_data"
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The options in `path`: a config.json's `options` block, or the whole mapping."""
-    source = Path(path)
-    try:
-        text = source.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InputError(f"config file not found: {source}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read config file {source}: {error}") from error
-    data = _parse(text, source)
+# `--config -`: the recipe is read from stdin (`train --print-config | ... | train --config -`).
+STDIN = "-"
+STDIN_SOURCE = "the recipe on stdin"
+_PIPE_IT = "pipe a recipe in: torchkit train --print-config ... | torchkit train --config -"
+
+
+def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str, Any]:
+    """The options in `path`: a config.json's `options` block, or the whole mapping. `-` reads
+    them from `stdin` (JSON, or YAML when it does not start as JSON does)."""
+    if str(path) == STDIN:
+        text = _read_stdin(stdin)
+        source: str | Path = STDIN_SOURCE
+        is_yaml = not text.lstrip().startswith(("{", "["))
+    else:
+        source = Path(path)
+        try:
+            text = source.read_text(encoding="utf-8-sig")
+        except FileNotFoundError:
+            raise InputError(f"config file not found: {source}") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise InputError(f"cannot read config file {source}: {error}") from error
+        is_yaml = source.suffix.lower() in (".yaml", ".yml")
+    data = _parse(text, source, is_yaml)
     if not isinstance(data, Mapping):
         raise InputError(f"{source} holds a {type(data).__name__}, not option names and values")
     options = data.get("options", data) if "options" in data else data
@@ -68,8 +82,29 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return _checked(carried, source)
 
 
+def _read_stdin(stdin: IO[str] | None) -> str:
+    """The recipe piped to stdin, as a file's text is read (UTF-8, a BOM dropped). Under
+    torchrun every rank shares one stdin, and the first to read it would take it all."""
+    if launch_env().world_size > 1:
+        raise UsageError(
+            "--config - reads the recipe from stdin, which torchrun's ranks share: each would "
+            "read part of it",
+            "write the recipe to a file and give --config FILE",
+        )
+    if stdin is None:  # started with stdin closed (`<&-`)
+        raise UsageError("--config - reads the recipe from stdin, which is closed", _PIPE_IT)
+    raw = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise InputError(f"cannot read {STDIN_SOURCE}: {error}") from error
+    if not text.strip():
+        raise UsageError(f"{STDIN_SOURCE} is empty: --config - reads the options there", _PIPE_IT)
+    return text
+
+
 def _defaults_from_data(
-    run: Mapping[str, Any], options: Mapping[str, Any], source: Path
+    run: Mapping[str, Any], options: Mapping[str, Any], source: str | Path
 ) -> list[str]:
     """The option names a recipe says were filled from the data, to be chosen again. The
     recipe records each with the value the data chose: one whose value in the file differs was
@@ -111,7 +146,7 @@ def _field_name(key: Any) -> str:
     return str(key).lstrip("-").replace("-", "_")
 
 
-def _refuse_run_keys(options: Mapping[str, Any], source: Path) -> None:
+def _refuse_run_keys(options: Mapping[str, Any], source: str | Path) -> None:
     for key, value in options.items():
         name = _field_name(key)
         # `resume: null` and `force: false` (as --print-config writes them) ask for nothing.
@@ -120,8 +155,8 @@ def _refuse_run_keys(options: Mapping[str, Any], source: Path) -> None:
             raise UsageError(f"{key!r} in {source} is not taken from a config file: {why}", hint)
 
 
-def _parse(text: str, source: Path) -> Any:
-    if source.suffix.lower() in (".yaml", ".yml"):
+def _parse(text: str, source: str | Path, is_yaml: bool) -> Any:
+    if is_yaml:
         try:
             import yaml
         except ImportError:
@@ -229,7 +264,7 @@ def _unique_keys_yaml_loader() -> type:
     return UniqueKeyLoader
 
 
-def _checked(options: Mapping[str, Any], source: Path) -> dict[str, Any]:
+def _checked(options: Mapping[str, Any], source: str | Path) -> dict[str, Any]:
     """Known names, values of the option's type (a number where a number goes...)."""
     types = {f.name: str(f.type) for f in fields(TrainConfig) if f.name in TRAIN_OPTIONS}
     checked: dict[str, Any] = {}
