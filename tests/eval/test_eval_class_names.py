@@ -176,3 +176,11 @@ def test_predict_names_the_outputs_of_a_model_without_names_as_eval_does(tmp_pat
         else:
             assert "`class` is the index of its output" in note
             assert "as text they are 1, 10, 2, as numbers 1, 2, 10" in note
+
+
+def test_the_help_of_classes_says_what_a_model_without_names_gets(_torchkit_command):
+    """predict's --help said such a model's classes were always the output index."""
+    for command in ("eval", "predict"):
+        options = _torchkit_command.commands[command].params
+        help_text = next(option.help for option in options if "--classes" in option.opts)
+        assert "sorted order" in help_text, (command, help_text)

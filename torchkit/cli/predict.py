@@ -60,7 +60,8 @@ def predict_command(
         typer.Option(
             "--classes",
             help="Class names in label order: a text file (one per line) or a,b,c. Default: the "
-            "checkpoint's, else the output index.",
+            "checkpoint's, else the labelled data's classes in sorted order (as eval names them, "
+            "when they are as many as the outputs), else the output index.",
         ),
     ] = None,
     split: Annotated[
