@@ -1,0 +1,90 @@
+"""Each command's page in docs/commands/ describes every option its `--help` lists, and the pages
+name no option that no command has: the pages and the CLI cannot drift apart unnoticed. The
+options every command shares (output format and file, `--force`, verbosity) are described once,
+in conventions.md."""
+
+from __future__ import annotations
+
+import re
+
+from suite_paths import REPO
+
+DOCS = REPO / "docs"
+# Described once for every command in conventions.md (output formats, files, verbosity, --force).
+SHARED = ("--format", "--output", "--out", "--force", "--quiet", "--verbose", "--help")
+# Options of other programs that the pages show beside torchkit's (torchrun, Slurm, uv, curl...).
+FOREIGN = {
+    "--nproc_per_node", "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr",
+    "--master-port", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
+    "--nodes", "--ntasks-per-node", "--gpus-per-node", "--cpus-per-task", "--help",
+    "--compressed", "--extra", "--no-sync", "--reinstall", "--check", "--compile-bytecode",
+    "--index-url", "--torch-backend",
+}  # fmt: skip
+# Pages about the benchmark and development scripts, whose options are the scripts' own.
+SCRIPT_PAGES = ("performance.md", "development.md")
+OPTION = re.compile(r"(?<![\w-])--?[a-zA-Z][\w-]*")
+
+
+def _commands(command, name: str = "") -> list:
+    """(name, command) of every command that runs, sub-commands of a group included."""
+    if hasattr(command, "commands"):  # a group (of typer's own click, or of click)
+        return [
+            found
+            for sub, child in command.commands.items()
+            for found in _commands(child, f"{name} {sub}".strip())
+        ]
+    return [(name, command)]
+
+
+def _page(name: str) -> str:
+    return (DOCS / "commands" / f"{name.split()[0]}.md").read_text(encoding="utf-8")
+
+
+def _spellings(parameter) -> list[str]:
+    return [*parameter.opts, *parameter.secondary_opts]
+
+
+def _named(text: str) -> set[str]:
+    """The options a text names: `--name` and short `-x` spellings."""
+    return set(OPTION.findall(text))
+
+
+def _without_other_programs(text: str) -> str:
+    """A page without its sections about another program's options ("## Coming from ...")."""
+    return re.sub(r"^## Coming from .*?(?=^## |\Z)", "", text, flags=re.M | re.S)
+
+
+def test_every_option_of_a_command_is_on_its_page(_torchkit_command):
+    missing = []
+    for name, command in _commands(_torchkit_command):
+        named = _named(_page(name))
+        for parameter in command.params:
+            if parameter.param_type_name != "option" or parameter.hidden:
+                continue
+            spellings = _spellings(parameter)
+            if not set(spellings) & set(SHARED) and not named & set(spellings):
+                missing.append(f"{name}: {'/'.join(spellings)}")
+    assert not missing, missing
+
+
+def test_the_shared_options_are_described_in_conventions():
+    named = _named((DOCS / "conventions.md").read_text(encoding="utf-8"))
+    assert set(SHARED) - {"--help"} <= named
+
+
+def test_every_option_a_page_names_exists(_torchkit_command):
+    """An option on a page about the commands (README, docs/) is a spelling of some command's:
+    a renamed or removed option cannot stay documented. Sections that map another program's
+    options onto torchkit's ("## Coming from ...") name that program's too."""
+    known = {
+        spelling
+        for _, command in [("", _torchkit_command), *_commands(_torchkit_command)]
+        for parameter in command.params
+        for spelling in _spellings(parameter)
+    }
+    for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        if page.name in SCRIPT_PAGES:
+            continue
+        text = _without_other_programs(page.read_text(encoding="utf-8"))
+        unknown = {name for name in _named(text) if name.startswith("--")} - known - FOREIGN
+        assert not unknown, f"{page.relative_to(REPO)}: {sorted(unknown)}"
