@@ -82,3 +82,44 @@ def test_the_interpolation_and_policy_are_recorded_and_eval_uses_them(
     )  # fmt: skip
     assert evaluated.exit_code == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["preprocess"]["interpolation"] == "bicubic"
+
+
+def _reference_recipe(preprocess: Preprocess, policy: str, magnitude: int, erasing: float):
+    """The train transform of torchvision's references/classification presets for these
+    options, built from torchvision's own transforms: the oracle for `train_transform`."""
+    from torchvision import transforms as T
+
+    mode = T.InterpolationMode(preprocess.interpolation)
+    steps = [
+        T.RandomResizedCrop(preprocess.image_size, interpolation=mode, antialias=True),
+        T.RandomHorizontalFlip(0.5),
+    ]
+    steps += {
+        "basic": [],
+        "trivialaugment": [T.TrivialAugmentWide(interpolation=mode)],
+        "randaugment": [T.RandAugment(interpolation=mode, magnitude=magnitude)],
+        "autoaugment": [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)],
+    }[policy]
+    steps += [T.PILToTensor(), T.ConvertImageDtype(torch.float32)]
+    steps += [T.Normalize(preprocess.mean, preprocess.std), T.RandomErasing(p=erasing)]
+    return T.Compose(steps)
+
+
+@pytest.mark.parametrize("decode", ["fast", "exact"])
+@pytest.mark.parametrize("policy", ["basic", "trivialaugment", "randaugment", "autoaugment"])
+def test_the_train_transform_is_the_reference_scripts_recipe(image, tmp_path, policy, decode):
+    # Same seed, same tensor as torchvision's reference recipe: the crop, flip, policy (its
+    # magnitude and interpolation), normalisation, then erasing, drawn in the same order.
+    path = tmp_path / "image.png"
+    image.save(path)
+    for interpolation in ("bilinear", "bicubic", "nearest"):
+        preprocess = Preprocess(image_size=16, resize_size=18, interpolation=interpolation)
+        ours = train_transform(
+            preprocess, augment=policy, randaugment_magnitude=13, random_erasing=0.5, decode=decode
+        )
+        reference = _reference_recipe(preprocess, policy, 13, 0.5)
+        for seed in range(4):
+            torch.manual_seed(seed)
+            got = ours.from_file(path, "RGB") if decode == "fast" else ours(image)
+            torch.manual_seed(seed)
+            assert torch.equal(got, reference(image)), (interpolation, seed)
