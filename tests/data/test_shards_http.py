@@ -245,6 +245,65 @@ def test_a_url_with_credentials_sends_them_as_basic_authorization(world, server)
     assert "HTTP 401" in line and "wrong" not in line, line
 
 
+def test_a_urls_password_and_token_are_in_no_file_or_line_and_a_replay_asks_for_them(
+    world, server, tmp_path
+):
+    """config.json, best.pt and last.pt, train's -o JSON, eval's JSON (metrics.json) and
+    extract-features' meta.json recorded `--data` as typed, password and presigned token in
+    clear (and eval's notes showed them); they record it with both `***`, and a replay of the
+    recorded URL (eval without --data, train --resume) is one line asking for the URL again,
+    never a login with `***`."""
+    host = server.url.removeprefix("http://")
+    data = f"http://me:p%20w@{host}/auth/shards/{PATTERN}?X-Amz-Signature=s3cret&v=1"
+    shown = f"http://me:***@{host}/auth/shards/{PATTERN}?X-Amz-Signature=***&v=1"
+    run = tmp_path / "run"
+    trained = run_torchkit_in_process(
+        "train", "--data", data, "--model", "convnet", "--image-size", "8", "--epochs", "1",
+        "--batch-size", "4", "--workers", "0", "--device", "cpu", "--out", run,
+        "-o", tmp_path / "train.json", "--format", "json",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert json.loads((run / "config.json").read_text())["options"]["data"] == shown
+    scored = run_torchkit_in_process(
+        "eval", run / "best.pt", "--data", data, "--device", "cpu", "--workers", "0",
+        "--format", "json",
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    assert json.loads(scored.stdout)["data"] == shown  # metrics.json's dict
+    features = run_torchkit_in_process(
+        "extract-features",
+        run / "best.pt",
+        data,
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        "--out",
+        tmp_path / "f",
+    )
+    assert features.returncode == 0, features.stderr
+    said = trained.stderr + scored.stdout + scored.stderr + features.stderr
+    for file in [p for p in tmp_path.rglob("*") if p.is_file() and "cache" not in p.parts]:
+        said += file.read_bytes().decode("latin-1")
+    assert "p%20w" not in said and "p w" not in said and "s3cret" not in said
+    for replay in (("eval", run / "best.pt", "--device", "cpu"), ("train", "--resume", run)):
+        result = run_torchkit_in_process(*replay)
+        assert result.returncode == 2, result.stderr
+        line = error_line(result.stderr)
+        assert f"{shown} is a recorded URL whose password or token was not saved" in line
+
+
+def test_the_cache_folder_of_a_url_is_named_without_its_credentials():
+    """The folder's name was a hash of the URL with `USER:PASSWORD@`: a password's hash on
+    disk, and another folder (the shards downloaded again) for each password."""
+    from torchkit.core.data.sources.http_shards import shard_cache_folder
+
+    plain = shard_cache_folder("https://host/data/")
+    assert shard_cache_folder("https://me:secret@host/data") == plain
+    assert shard_cache_folder("https://token@host/data") == plain
+    assert shard_cache_folder("https://host/other") != plain
+
+
 def test_a_redirect_loop_is_one_error_line(server, tmp_path):
     result = run_torchkit_in_process("dataset-stats", f"{server.url}/loop/shard-000000.tar")
     assert result.returncode == 1

@@ -19,6 +19,7 @@ from torchkit.core.data.preprocessing import INTERPOLATIONS, parse_floats
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
 from torchkit.core.io.option_lists import list_items
+from torchkit.core.io.redaction import redact_urls
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.train.defaults import DEFAULT_GAMMA, data_default_help
 from torchkit.core.train.option_specs import (
@@ -491,8 +492,11 @@ class TrainConfig:
     data_defaults: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able values (tuples become lists), for config.json and checkpoints."""
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        """Plain JSON-able values (tuples become lists), for config.json, checkpoints and
+        --print-config: a URL's password or token as `***` (never saved; a replay asks for it)."""
+        plain = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        plain["data"] = redact_urls(plain["data"])
+        return plain
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:

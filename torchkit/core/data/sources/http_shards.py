@@ -10,8 +10,9 @@ the shards: HTTP has no folder listing; its shards split by name as in a local f
 is read as the URL it was.
 
 The cache: `$TORCHKIT_CACHE`, else `$XDG_CACHE_HOME/torchkit`, else `~/.cache/torchkit`. The
-shards of the folder URL U lie in `shards/<first 16 hex digits of sha256(U)>/NAME.tar`, beside
-the server's `manifest.json`, `classes.txt` or `classes.json` (fetched again each run: small).
+shards of the folder URL U (without its `USER:PASSWORD@`) lie in
+`shards/<first 16 hex digits of sha256(U)>/NAME.tar`, beside the server's `manifest.json`,
+`classes.txt` or `classes.json` (fetched again each run: small).
 A cached shard is used again when it matches manifest.json's record of it (bytes and sha256)
 or, without one, the size and ETag (else Last-Modified) a HEAD request gives; else it is
 downloaded again.
@@ -53,6 +54,7 @@ from urllib.parse import quote
 from torchkit.core.data.stored_image import StoredReadError
 from torchkit.core.io.errors import InputError, OfflineError, TorchkitError, UsageError
 from torchkit.core.io.outputs import remove_tree
+from torchkit.core.io.redaction import has_redacted_secret, redact_urls
 
 if TYPE_CHECKING:
     from torchkit.core.data.stored_image import Blocks
@@ -90,8 +92,14 @@ def cache_folder() -> Path:
 
 
 def shard_cache_folder(folder_url: str) -> Path:
-    """Where the shards of `folder_url` (`https://host/dir`, no query) are cached."""
-    digest = hashlib.sha256(folder_url.rstrip("/").encode("utf-8")).hexdigest()[:16]
+    """Where the shards of `folder_url` (`https://host/dir`, no query) are cached: named after
+    the URL without its `USER:PASSWORD@` (no hash of a password on disk; the server checks
+    each use of a cached shard with the credentials given then)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(folder_url.rstrip("/"))
+    public = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    digest = hashlib.sha256(public.encode("utf-8")).hexdigest()[:16]
     return cache_folder() / "shards" / digest
 
 
@@ -122,9 +130,15 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
         return None
     parts = [_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in spec.split("::")]
     typed = "::".join(parts)
+    shown = redact_urls(typed)  # the data's name in every record and message
     if not all(_URL.match(part) for part in parts):
         local = next(part for part in parts if not _URL.match(part))
-        raise InputError(f"{typed} joins URLs and a path on disk ({local})", _HINT)
+        raise InputError(f"{shown} joins URLs and a path on disk ({local})", _HINT)
+    if has_redacted_secret(typed):  # a recorded URL (config.json, a checkpoint): never `***`
+        raise UsageError(
+            f"{shown} is a recorded URL whose password or token was not saved",
+            "give the URL with its secret again: --data URL",
+        )
     from torchkit.core.data.sources.shards import _is_tar_name, _open_shards, expand_braces
 
     urls = [url for part in typed.split("::") for url in expand_braces(part)]
@@ -136,7 +150,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
         urls, by_split = _folder_shards(folder_url), True
         where = _location(urls[0])
         folder = opened[where.folder] = _open_folder(where.folder, where.query)
-        streamed = _streamed_source(typed, folder, classes, allow_unlabelled)
+        streamed = _streamed_source(shown, folder, classes, allow_unlabelled)
         if streamed is not None:
             return streamed
         log.info(
@@ -153,7 +167,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
                 _HINT,
             )
     local = fetch_shards(urls, opened)
-    return _open_shards(typed, local, classes, allow_unlabelled, by_split=by_split)
+    return _open_shards(shown, local, classes, allow_unlabelled, by_split=by_split)
 
 
 @dataclass(frozen=True)
@@ -174,12 +188,11 @@ def _location(url: str) -> _Location:
 
 
 def _shown(url: str) -> str:
-    """`url` for messages: no credentials, query or fragment (they may hold a token)."""
+    """`url` for messages: no query or fragment (they may hold a token), a password `***`."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{host}{parts.path}"
+    return redact_urls(f"{parts.scheme}://{parts.netloc}{parts.path}")
 
 
 def _folder_shards(url: str) -> list[str]:

@@ -1,0 +1,58 @@
+"""The one form a URL is written or shown in (`core.io.redaction`): its password and the values
+of its signature, token and key parameters `***`, everything else kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchkit.core.io.redaction import has_redacted_secret, redact_urls
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://me:p%40ss@host/d/x.tar", "https://me:***@host/d/x.tar"),
+        ("https://ghp_token@host/x.tar", "https://***@host/x.tar"),  # a token as the user
+        ("https://me:a@b@host/x.tar", "https://me:***@host/x.tar"),  # to the last @, as urllib
+        (
+            "https://b.s3.amazonaws.com/x.tar?X-Amz-Algorithm=AWS4&X-Amz-Credential=AK%2F1"
+            "&X-Amz-Security-Token=t&X-Amz-Signature=f00",
+            "https://b.s3.amazonaws.com/x.tar?X-Amz-Algorithm=AWS4&X-Amz-Credential=***"
+            "&X-Amz-Security-Token=***&X-Amz-Signature=***",
+        ),
+        (
+            "https://a.blob.core.windows.net/c/x.tar?sv=2022-11-02&se=2030&sp=r&sig=ab%3D",
+            "https://a.blob.core.windows.net/c/x.tar?sv=2022-11-02&se=2030&sp=r&sig=***",
+        ),
+        (
+            "https://h/x.tar?token=t&page=2#access_token=z",
+            "https://h/x.tar?token=***&page=2#access_token=***",
+        ),
+        (
+            "https://h/a.tar::https://u:p@h/b.tar?key=k",
+            "https://h/a.tar::https://u:***@h/b.tar?key=***",
+        ),
+        ("https://[::1]:8000/x.tar?v=1", "https://[::1]:8000/x.tar?v=1"),
+        ("data/train?token=x", "data/train?token=***"),
+        ("flowers/", "flowers/"),
+    ],
+)
+def test_a_urls_secrets_are_replaced_and_the_rest_kept(url, shown):
+    assert redact_urls(url) == shown
+    assert redact_urls(shown) == shown
+    assert has_redacted_secret(shown) == (shown != url)
+
+
+def test_urls_inside_a_message_are_redacted_and_the_message_kept():
+    message = "cannot download https://me:pw@h/x.tar?sig=abc: HTTP 401 (check https://h/?a=b)"
+    assert redact_urls(message) == (
+        "cannot download https://me:***@h/x.tar?sig=***: HTTP 401 (check https://h/?a=b)"
+    )
+
+
+def test_every_line_the_cli_shows_is_redacted():
+    """Error, Warning and Note lines and table cells go through `shown_text`: a URL a message
+    or a library's error quotes whole loses its secrets there too."""
+    from torchkit.cli.console import shown_text
+
+    assert shown_text("see https://me:pw@h/x.tar\n") == "see https://me:***@h/x.tar\\n"
