@@ -135,6 +135,19 @@ def test_safetensors_outputs_get_the_permissions_of_every_other_output(tmp_path)
         assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o666 & ~_UMASK, name
 
 
+def test_a_fifo_named_safetensors_is_written_into_not_replaced(tmp_path):
+    """safetensors' writer renames a temporary file over its path: the FIFO was replaced by a
+    regular file, which no reader of the FIFO ever saw."""
+    from disks import FifoReader
+    from safetensors.torch import load
+
+    state = small_model().state_dict()
+    torch.save(state, tmp_path / "model.pth")
+    reader = FifoReader(tmp_path / "model.safetensors")
+    ok(tmp_path / "model.pth", reader.path)
+    assert torch.equal(load(reader.result())["3.weight"], state["3.weight"])
+
+
 def test_values_are_not_called_parameters(tmp_path):
     """The issue: `parameters 271098` for a model with 269,722 parameters. A state dict holds
     parameters and buffers (BatchNorm's running statistics and counter) without saying which

@@ -5,6 +5,7 @@ trips checked pixel for pixel, and bad files checked for one clear error line.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import cv2
@@ -502,3 +503,48 @@ def test_a_new_destination_without_extension_is_not_said_to_be_a_folder(tmp_path
     line = error_line(result.stderr)
     assert "out has no extension: a new folder" in line and "--to" in line, line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("to", ["npy", "png", "safetensors"])
+def test_a_pipe_without_an_extension_takes_the_format_of_to(tmp_path, to):
+    """`convert tensor x.png /dev/stdout --to npy`: "--to npy contradicts the extension of
+    /dev/stdout", which has none; a pipe's name (/dev/stdout, /dev/fd/N, a FIFO) says no format,
+    so --to says it. numpy and PIL seek as they write a file, which a pipe cannot: they write
+    their bytes in order. A pipe of this process stands for stdout."""
+    import io
+
+    source = tmp_path / "x.png"
+    pixels = RNG.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(source)
+    read_end, write_end = os.pipe()
+    try:
+        ok(source, f"/dev/fd/{write_end}", "--to", to)
+        refused = convert(source, f"/dev/fd/{write_end}")
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        written = reader.read()
+    assert refused.exit_code == 2
+    assert "has no extension to say its format" in error_line(refused.stderr)
+    if to == "npy":
+        assert np.array_equal(np.load(io.BytesIO(written)), pixels)
+    elif to == "png":
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(written))), pixels)
+    else:
+        from safetensors.torch import load
+
+        assert load(written)["image"].shape == (3, 5, 7)
+
+
+def test_a_fifo_named_safetensors_is_written_into_not_replaced(tmp_path):
+    """safetensors writes a temporary file beside its path and renames it over it: a FIFO
+    `x.safetensors` (or /dev/stdout itself, with --to safetensors) was replaced by a regular
+    file."""
+    from disks import FifoReader
+    from safetensors.torch import load
+
+    source = tmp_path / "x.png"
+    Image.fromarray(RNG.integers(0, 256, (5, 7, 3), dtype=np.uint8)).save(source)
+    reader = FifoReader(tmp_path / "x.safetensors")
+    ok(source, reader.path)
+    assert load(reader.result())["image"].shape == (3, 5, 7)

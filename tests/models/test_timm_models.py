@@ -124,6 +124,61 @@ def test_a_tag_picks_its_pretrained_config():
     assert resolved.preprocess.resize_size == math.floor(32 / config["crop_pct"])
 
 
+# Tags whose eval transform squashes (both sides resized) or pads a border, and one that crops.
+CROP_MODE_TAGS = [
+    "convnextv2_nano.fcmae_ft_in22k_in1k_384",
+    "deepseek_vit_412m.deepseek_v4_flash_vision_exp",
+    "resnet18.tv_in1k",
+]
+
+
+@pytest.mark.parametrize("tag", CROP_MODE_TAGS)
+def test_non_square_images_get_the_pixels_of_timms_own_eval_transform(tag):
+    """The tag's pretrained_cfg (no weights, no model built; at 48 px, its crop_pct, crop_mode,
+    mean and interpolation kept) through timm's resolve_data_config + create_transform, and
+    through torchkit's preprocessing of it; a border cfg cropping part of the resized image is
+    made by hand."""
+    from types import SimpleNamespace
+
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import get_pretrained_cfg
+
+    from torchkit.core.models.timm_models import timm_preprocess
+
+    config = {**get_pretrained_cfg(tag).to_dict(), "input_size": (3, 48, 48)}
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, s, dtype=np.uint8)) for s in SHAPES]
+    by_hand = {**config, "input_size": (3, 40, 40), "crop_pct": 0.8, "mean": (0.2, 0.5, 0.9)}
+    for cfg in (config, by_hand) if config["crop_mode"] == "border" else (config,):
+        model = SimpleNamespace(pretrained_cfg=cfg)
+        preprocess = timm_preprocess(model)
+        assert preprocess.crop_mode == (cfg.get("crop_mode") or "center")
+        ours, theirs = (
+            eval_transform(preprocess),
+            create_transform(**resolve_data_config({}, model=model)),
+        )
+        for image in images:
+            assert torch.allclose(ours(image), theirs(image), atol=1e-6, rtol=0)
+
+
+SHAPES = [(37, 61, 3), (90, 29, 3)]
+
+
+def test_train_takes_the_crop_mode_of_the_timm_tag_it_fine_tunes(runner):
+    arch, tag = CROP_MODE_TAGS[0].split(".")
+    for args, expected in [
+        ([f"timm/{arch}.{tag}"], "squash"),
+        ([f"timm/{arch}", "--weights", tag], "squash"),
+        ([f"timm/{arch}"], "center"),  # timm's default tag
+        ([f"timm/{arch}.{tag}", "--crop-mode", "center"], "center"),
+    ]:
+        result = runner.invoke(
+            app, ["train", "--data", "digits", "--model", *args, "--print-config"]
+        )
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["crop_mode"] == expected, args
+
+
 def test_an_existing_path_named_like_a_timm_model_is_still_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert is_timm_spec("timm/test_vit") and not is_model_file("timm/test_vit")

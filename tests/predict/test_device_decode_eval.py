@@ -110,6 +110,30 @@ def test_the_view_is_torchvisions_resize_and_centre_crop():
     assert eval_view(500, 375, 200, 224) is None  # smaller than the crop: CenterCrop pads
 
 
+@pytest.mark.parametrize("crop_mode", ["squash", "border"])
+def test_timms_crop_modes_decode_on_the_device_within_the_tolerance_or_take_pils_path(
+    files, crop_mode
+):
+    """squash: both sides resized, on the device; border: resized on the device where no side
+    is padded, PIL's path (the mean colour's padding) where one is."""
+    fits = Preprocess(image_size=48, resize_size=73, crop_mode=crop_mode)
+    padded = Preprocess(image_size=64, resize_size=64, crop_mode=crop_mode)
+    for settings in (fits, padded):
+        samples = Samples(["a"], [0, 0], paths=[str(files["wide.jpg"]), str(files["tall.jpg"])])
+        ours = make_dataset(samples, _device(settings), pixels=True)
+        exact = make_dataset(samples, eval_transform(settings, pixels=True), pixels=True)
+        on_device = crop_mode == "squash" or settings is fits
+        for index in range(2):
+            item = ours[index][0]
+            assert isinstance(item, EncodedJpeg) == on_device
+            if on_device:
+                pixels = decoded_batch(collate_encoded([ours[index]]), "cpu").images[0]
+                levels = level_differences(pixels, exact[index][0])
+                assert levels.max() <= MAX_LEVELS and levels.mean() <= MEAN_LEVELS
+            else:
+                assert torch.equal(item, exact[index][0])
+
+
 def test_everything_else_is_the_exact_paths_pixels(files):
     preprocess = Preprocess(image_size=64, resize_size=73)
     small = Preprocess(image_size=64, resize_size=50)  # the crop is larger: padded by PIL

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, UsageError
-from torchkit.core.io.files import atomic_path, require_input
+from torchkit.core.io.files import atomic_path, require_input, safetensors_save
 from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
 from torchkit.core.models.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
 
@@ -308,12 +308,10 @@ def convert_checkpoint(
 
     shared = 0
     if target.suffix.lower() == ".safetensors":
-        from safetensors.torch import save_file
-
         shared = _unshare(out)
         try:
             with atomic_path(target) as tmp, reporting_write_errors(target):
-                save_file(out, str(tmp), metadata={"format": "pt"})
+                safetensors_save(out, tmp, metadata={"format": "pt"})
         except (ValueError, RuntimeError) as error:
             raise CheckpointError(f"cannot write {target} as safetensors: {error}") from None
     else:

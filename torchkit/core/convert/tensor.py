@@ -7,6 +7,7 @@ values mean on each side and how they are converted.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -33,7 +34,7 @@ from torchkit.core.io.errors import (
     UsageError,
     first_line,
 )
-from torchkit.core.io.files import atomic_path, require_input, torch_save
+from torchkit.core.io.files import atomic_path, require_input, safetensors_save, torch_save
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -42,6 +43,7 @@ from torchkit.core.io.outputs import (
     check_claimed,
     check_not_stdout,
     check_output_file,
+    is_special_file,
     named_as_final,
     reporting_write_errors,
 )
@@ -346,10 +348,10 @@ def read_pixels(
 MAX_SIDE = {"JPEG": 65_500, "WEBP": 16_383}
 
 
-def _write_image(path: Path, array: Any, quality: int) -> None:
+def _write_image(path: Path, array: Any, quality: int, extension: str) -> None:
     import numpy as np
 
-    image_format = IMAGE_FORMATS[path.suffix.lower()]
+    image_format = IMAGE_FORMATS[extension]
     channels = 1 if array.ndim == 2 else array.shape[-1]
     if image_format == "JPEG" and channels not in (1, 3):
         raise InputError(
@@ -373,7 +375,7 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
             bgr = array[..., [2, 1, 0, 3][:channels]]
             # Encoded in memory and written here: OpenCV given a file name that is not UTF-8
             # crashes the process, and says nothing of why a write failed.
-            encoded, data = cv2.imencode(path.suffix, np.ascontiguousarray(bgr))
+            encoded, data = cv2.imencode(extension, np.ascontiguousarray(bgr))
             if not encoded:
                 raise OutputWriteError(
                     f"cannot write {path}: OpenCV could not encode the 16-bit image",
@@ -385,25 +387,39 @@ def _write_image(path: Path, array: Any, quality: int) -> None:
 
         image = Image.fromarray(array)
         extra = {"quality": quality} if image_format in ("JPEG", "WEBP") else {}
-        image.save(tmp, format=image_format, **extra)
+        if not is_special_file(tmp):
+            image.save(tmp, format=image_format, **extra)
+            return
+        # PIL's encoders seek, which a pipe (/dev/stdout, a FIFO) cannot: encoded in memory.
+        encoded_image = io.BytesIO()
+        image.save(encoded_image, format=image_format, **extra)
+        tmp.write_bytes(encoded_image.getvalue())
 
 
 def _write_npy(path: Path, array: Any) -> None:
     import numpy as np
 
     with atomic_path(path) as tmp, reporting_write_errors(path), open(tmp, "wb") as handle:
-        np.save(handle, array, allow_pickle=False)
+        # np.save writes into a file with `tofile`, which asks for a position a pipe
+        # (/dev/stdout, a FIFO) has not; given only a `write`, it writes in chunks.
+        sink = _Writes(handle) if is_special_file(tmp) else handle
+        np.save(sink, array, allow_pickle=False)
 
 
-def _write_torch(path: Path, array: Any, name: str) -> None:
+class _Writes:
+    """`handle`'s write alone."""
+
+    def __init__(self, handle: Any) -> None:
+        self.write = handle.write
+
+
+def _write_torch(path: Path, array: Any, name: str, extension: str) -> None:
     import torch
 
     tensor = torch.from_numpy(array)
     with atomic_path(path) as tmp, reporting_write_errors(path):
-        if path.suffix.lower() == ".safetensors":
-            from safetensors.torch import save_file
-
-            save_file({name: tensor}, str(tmp))
+        if extension == ".safetensors":
+            safetensors_save({name: tensor}, tmp)
         else:
             torch_save(tensor, tmp)
 
@@ -413,15 +429,17 @@ def write_pixels(
     target: Path,
     options: TensorOptions,
     warn: px.Warn,
+    extension: str | None = None,
 ) -> Written:
-    """Write one image (or, for array/tensor formats, one batch) to `target`."""
-    extension = target.suffix.lower()
+    """Write one image (or, for array/tensor formats, one batch) to `target`, in the format of
+    `extension` (by default its own)."""
+    extension = (extension or target.suffix).lower()
     kind = kind_of(extension)
     if kind == "image":
         # 16-bit gray+alpha has no writer here (PIL has no such mode, OpenCV no 2-channel PNG).
         sixteen = IMAGE_FORMATS[extension] in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
         array = px.to_image(pixels, sixteen_bit=sixteen, warn=warn)
-        _write_image(target, array, options.quality)
+        _write_image(target, array, options.quality, extension)
     else:
         layout = options.layout or ("hwc" if kind == "array" else "chw")
         if options.dtype:
@@ -434,7 +452,7 @@ def write_pixels(
         if kind == "array":
             _write_npy(target, array)
         else:
-            _write_torch(target, array, options.key or DEFAULT_TENSOR_NAME)
+            _write_torch(target, array, options.key or DEFAULT_TENSOR_NAME, extension)
     return Written(str(target), tuple(int(n) for n in array.shape), str(array.dtype))
 
 
@@ -447,13 +465,16 @@ def convert_file(
     force: bool = True,
     inputs: Sequence[InputPath] | None = None,
     name: str | None = None,
+    extension: str | None = None,
 ) -> FileResult:
-    """Convert one file. A batch written as images becomes `<stem>_<i><ext>` beside `target`
-    when `split_batch`, else it needs --grid. Raises TorchkitError on bad input. With `inputs`,
-    every file about to be written is checked first (`check_output_file`: not an input, not
-    inside an input folder, an existing one only with `force`)."""
+    """Convert one file, into the format of `extension` (by default `target`'s own). A batch
+    written as images becomes `<stem>_<i><ext>` beside `target` when `split_batch`, else it
+    needs --grid. Raises TorchkitError on bad input. With `inputs`, every file about to be
+    written is checked first (`check_output_file`: not an input, not inside an input folder,
+    an existing one only with `force`)."""
     result = FileResult(str(source))
-    target_kind = kind_of(target.suffix)
+    extension = (extension or target.suffix).lower()
+    target_kind = kind_of(extension)
     source_kind = kind_of(source.suffix)
     pixels = read_pixels(
         source,
@@ -484,7 +505,8 @@ def convert_file(
         for _, path in outputs:
             check_output_file(path, force, inputs)
     for image, path in outputs:
-        result.written.append(write_pixels(image, path, options, result.warnings.append))
+        written = write_pixels(image, path, options, result.warnings.append, extension)
+        result.written.append(written)
     return result
 
 
@@ -612,7 +634,8 @@ def convert_tensor(
         return _convert_folder(source, target, to, options, force, workers, strict, progress)
 
     kind_of(source.suffix)  # an unknown source extension is a usage error
-    if target.is_dir() or (target.suffix == "" and not target.exists()):
+    special = is_special_file(target)  # /dev/stdout, /dev/fd/N, a FIFO: written into
+    if target.is_dir() or (target.suffix == "" and not target.exists() and not special):
         check_not_stdout(target, "output folder")  # a batch's images into a folder named '-'
         if to is None:
             # A new name without an extension is taken as a folder: say so, not that it is one.
@@ -620,19 +643,32 @@ def convert_tensor(
             raise UsageError(
                 f"{target} {what}", "pass --to png|npy|pt|safetensors|..., or end DST with one"
             )
-        file_target, split_batch = target / (source.stem + to), True
+        file_target, split_batch, extension = target / (source.stem + to), True, to
     else:
-        if to is not None and to != target.suffix.lower():
+        # A name without an extension (/dev/stdout, /dev/fd/N) takes --to's format.
+        named = target.suffix.lower()
+        if to is not None and named and to != named:
             raise UsageError(f"--to {options.to} contradicts the extension of {target}")
-        kind_of(target.suffix)
+        extension = to or named
+        if not extension:
+            raise UsageError(
+                f"{target} has no extension to say its format", "pass --to png|npy|pt|..."
+            )
+        kind_of(extension)
         file_target, split_batch = target, False
-    _validate(options, kind_of(file_target.suffix))
-    _check_key(options.key, [source], file_target.suffix)
+    _validate(options, kind_of(extension))
+    _check_key(options.key, [source], extension)
     inputs = [InputPath.of(source, "source")]
     if not split_batch:
         check_output_file(file_target, force, inputs)
     result = convert_file(
-        source, file_target, options, split_batch=split_batch, force=force, inputs=inputs
+        source,
+        file_target,
+        options,
+        split_batch=split_batch,
+        force=force,
+        inputs=inputs,
+        extension=extension,
     )
     for message in result.warnings:
         log.warning(message)

@@ -54,6 +54,7 @@ from typing import Any
 from torchkit.core.data.batches import Batch, collate_skipping_unreadable
 from torchkit.core.data.crop_resize import resize_crops
 from torchkit.core.data.decode import JPEG_SUFFIXES, pil_resample
+from torchkit.core.data.eval_crop import resized_size
 from torchkit.core.io.errors import UsageError
 
 log = logging.getLogger("torchkit")
@@ -212,17 +213,14 @@ def device_jpeg(path: str) -> tuple[bytes, int, int] | None:
 
 
 def eval_view(
-    width: int, height: int, resize_size: int, image_size: int
+    width: int, height: int, resize_size: int, image_size: int, crop_mode: str = "center"
 ) -> tuple[int, int, int, int] | None:
-    """(resized height, resized width, top, left): what torchvision's Resize(resize_size) then
-    CenterCrop(image_size) do to a width x height image (the shorter side to resize_size, the
-    longer truncated in proportion; the window's corner rounded). None where the resized image
-    is smaller than the crop, which CenterCrop pads: PIL's path does that."""
-    short, long = sorted((width, height))
-    new_long = int(resize_size * long / short)
-    resized_width, resized_height = (
-        (resize_size, new_long) if width <= height else (new_long, resize_size)
-    )
+    """(resized height, resized width, top, left): what the eval transform's resize and centre
+    crop do to a width x height image in `crop_mode` (`core.eval_crop`; `center`: torchvision's
+    Resize(resize_size), the shorter side to resize_size, the longer truncated in proportion;
+    the window's corner rounded). None where the resized image is smaller than the crop, which
+    is padded (with zeros, or the mean colour in `border` mode): PIL's path does that."""
+    resized_width, resized_height = resized_size(width, height, resize_size, crop_mode)
     if min(resized_width, resized_height) < image_size:
         return None
     top = int(round((resized_height - image_size) / 2.0))
@@ -242,6 +240,7 @@ class DeviceEvalTransform:
         self.pixels = pixels  # `core.transforms.eval_transform(preprocess, pixels=True)`
         self.resize_size, self.size = preprocess.resize_size, preprocess.image_size
         self.interpolation = preprocess.interpolation
+        self.crop_mode = preprocess.crop_mode
 
     def __call__(self, image: Any) -> Any:
         return self.pixels(image)
@@ -257,7 +256,7 @@ class DeviceEvalTransform:
             found = device_jpeg(name)
             if found is not None:
                 data, width, height = found
-                view = eval_view(width, height, self.resize_size, self.size)
+                view = eval_view(width, height, self.resize_size, self.size, self.crop_mode)
                 if view is not None:
                     box = (0, 0, height, width)
                     return EncodedJpeg(data, box, False, name, self.size, self.interpolation, view)
@@ -266,7 +265,7 @@ class DeviceEvalTransform:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(resize_size={self.resize_size}, size={self.size}, "
-            f"interpolation={self.interpolation!r})"
+            f"interpolation={self.interpolation!r}, crop_mode={self.crop_mode!r})"
         )
 
 

@@ -13,19 +13,28 @@ from typing import Any
 import numpy as np
 
 from torchkit.core.data.decode import pil_resample
+from torchkit.core.data.eval_crop import border_fill, crop_start, resized_size
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
 
 
 def eval_pixels(
-    images: np.ndarray, resize: int, size: int, interpolation: str, mode: str | None = None
+    images: np.ndarray,
+    resize: int,
+    size: int,
+    interpolation: str,
+    mode: str | None = None,
+    *,
+    crop_mode: str = "center",
+    mean: tuple[float, ...] = (0.0,),
 ) -> Any:
-    """torchvision's eval recipe (`core.transforms.eval_transform`) on N,H,W[,C] uint8 images, with
-    PIL as torchvision runs it on PIL images, so the pixels are the same to the bit: each image
+    """The eval recipe (`core.transforms.eval_transform`) on N,H,W[,C] uint8 images, with PIL as
+    torchvision runs it on PIL images, so the pixels are the same to the bit: each image
     converted to `mode` ("RGB", "L"...; None: as it is) as `core.dataset.make_dataset` converts
-    them, the shorter side resized to `resize` (the longer one to int(resize * long / short)),
-    the centre cropped to `size`. N,C,H,W uint8. Done once per split, so PIL's cost does not
-    matter."""
+    them, resized as `crop_mode` says (`core.eval_crop`; `center`: the shorter side to `resize`,
+    the longer one to int(resize * long / short)), the centre cropped to `size` (`border` pads
+    with the colour of `mean`, the others with zeros). N,C,H,W uint8. Done once per split, so
+    PIL's cost does not matter."""
     import torch
     from PIL import Image
 
@@ -35,27 +44,21 @@ def eval_pixels(
         image = Image.fromarray(pixels)
         if mode is not None and image.mode != mode:
             image = image.convert(mode)
+        target = resized_size(*image.size, resize, crop_mode)
+        if target != image.size:
+            image = image.resize(target, resample)
         width, height = image.size
-        short, long = min(width, height), max(width, height)
-        target = (resize, int(resize * long / short))
-        target_wh = target if width <= height else target[::-1]
-        if target_wh != (width, height):
-            image = image.resize(target_wh, resample)
-        width, height = image.size
-        top, left = _crop_start(height, size), _crop_start(width, size)
-        image = image.crop((left, top, left + size, top + size))  # zeros outside the image
+        top, left = crop_start(height, size), crop_start(width, size)
+        if crop_mode == "border" and (top < 0 or left < 0):
+            fill = border_fill(mean, len(image.getbands()))
+            canvas = Image.new(image.mode, (size, size), fill[0] if len(fill) == 1 else fill)
+            canvas.paste(image, (-left, -top))
+            image = canvas
+        else:
+            image = image.crop((left, top, left + size, top + size))  # zeros outside the image
         array = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
         out.append(array.unsqueeze(-1) if array.ndim == 2 else array)
     return torch.stack(out).permute(0, 3, 1, 2)
-
-
-def _crop_start(length: int, size: int) -> int:
-    """Where torchvision's CenterCrop(size) starts along a side of `length` pixels: a side
-    shorter than the crop is first padded with zeros, (size - length) // 2 before it (a model
-    may record a resize smaller than its crop)."""
-    if size <= length:
-        return int(round((length - size) / 2.0))
-    return -((size - length) // 2)
 
 
 class InMemoryEvalImages:
@@ -69,6 +72,8 @@ class InMemoryEvalImages:
             preprocess.image_size,
             preprocess.interpolation,
             mode,
+            crop_mode=preprocess.crop_mode,
+            mean=preprocess.mean,
         )
         self.labels = list(samples.labels)
 

@@ -22,6 +22,10 @@ INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 # What a model file may record: the --interpolation choices and PIL's other filters, which every
 # eval path resizes with (torchvision's InterpolationMode and PIL's Resampling both name them).
 RECORDED_INTERPOLATIONS = (*INTERPOLATIONS, "lanczos", "box", "hamming")
+# How the eval transform fits an image to the crop (timm's crop modes, `core.eval_crop`): the
+# shorter side resized then centre-cropped, both sides resized, or the longer side resized and
+# the rest padded. A model file that records none is `center`, as it was evaluated before.
+CROP_MODES = ("center", "squash", "border")
 # The largest finite float32, the type images are normalised in.
 FLOAT32_MAX = 3.4028234663852886e38
 # Mode PIL converts images to for a given channel count.
@@ -47,6 +51,7 @@ class Preprocess:
     std: tuple[float, ...] = IMAGENET_STD
     in_channels: int = 3
     interpolation: str = "bilinear"
+    crop_mode: str = "center"
 
     def to_dict(self) -> dict:
         return {
@@ -56,6 +61,7 @@ class Preprocess:
             "std": list(self.std),
             "in_channels": self.in_channels,
             "interpolation": self.interpolation,
+            "crop_mode": self.crop_mode,
         }
 
     @classmethod
@@ -114,13 +120,15 @@ class Preprocess:
             std=numbers("std", std),
             in_channels=channels,
             interpolation=str(data.get("interpolation", default.interpolation)),
+            crop_mode=str(data.get("crop_mode", default.crop_mode)),
         )
 
     def problem(self) -> tuple[str, str] | None:
         """(field, what is wrong with it) for the first value images cannot be preprocessed
         with, None when all can: sizes and channels positive whole numbers, mean and std one
         finite value per input channel (or one for all), std above 0 (dividing by 0 turns
-        every pixel into inf or NaN), an interpolation images can be resized with."""
+        every pixel into inf or NaN), an interpolation images can be resized with, a crop
+        mode of CROP_MODES."""
         for name in ("image_size", "resize_size", "in_channels"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -144,6 +152,10 @@ class Preprocess:
                 f"interpolation {self.interpolation!r} is not one of "
                 + ", ".join(RECORDED_INTERPOLATIONS)
             )
+        if self.crop_mode not in CROP_MODES:
+            return "crop_mode", (
+                f"crop_mode {self.crop_mode!r} is not one of " + ", ".join(CROP_MODES)
+            )
         return None
 
     def check(self, source: str) -> Preprocess:
@@ -159,7 +171,7 @@ class Preprocess:
             raise CheckpointError(
                 f"the preprocessing recorded in {source} is unusable: {what}",
                 f"it is the model file's fault, not the images'; give {option} to override it"
-                if name not in ("in_channels", "interpolation")
+                if name not in ("in_channels", "interpolation", "crop_mode")
                 else "the file is damaged or was not written by torchkit",
             )
         return self

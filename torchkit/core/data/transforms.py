@@ -10,7 +10,8 @@ AUGMENT_POLICIES = ("none", "basic", "trivialaugment", "randaugment", "autoaugme
 
 
 def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str = "exact"):
-    """Resize the shorter side, centre-crop, to tensor, normalise (torchvision's eval recipe).
+    """Resize, centre-crop (`eval_crop_steps`: torchvision's eval recipe, or timm's squash or
+    border crop mode), to tensor, normalise.
     With `pixels` the transform stops at the 8-bit crop, a uint8 (C, H, W) tensor, and the
     consumer normalises whole batches on its device (`core.decode.model_input`): the same
     float32 values, bit for bit, from a quarter of the bytes. `decode="device"` (with `pixels`):
@@ -29,14 +30,64 @@ def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str 
             raise ValueError("decode='device' gives 8-bit crops: it needs pixels=True")
         return DeviceEvalTransform(eval_transform(preprocess, pixels=True), preprocess)
 
-    mode = T.InterpolationMode(preprocess.interpolation)
-    crop = [
-        T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
-        T.CenterCrop(preprocess.image_size),
-    ]
+    crop = eval_crop_steps(preprocess)
     if pixels:
         return T.Compose([*crop, PixelTensor()])
     return T.Compose([*crop, T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)])
+
+
+def eval_crop_steps(preprocess: Preprocess) -> list:
+    """The resize and centre crop of the eval transform, on PIL images, in the preprocessing's
+    crop mode (`core.eval_crop`): timm's own steps for `squash` and `border`, torchvision's
+    Resize + CenterCrop for `center`."""
+    from torchvision import transforms as T
+
+    mode = T.InterpolationMode(preprocess.interpolation)
+    if preprocess.crop_mode == "border":
+        return [BorderCrop(preprocess)]
+    # A pair resizes both sides (squash), an int the shorter one (center).
+    resize = preprocess.resize_size
+    size = (resize, resize) if preprocess.crop_mode == "squash" else resize
+    return [
+        T.Resize(size, interpolation=mode, antialias=True),
+        T.CenterCrop(preprocess.image_size),
+    ]
+
+
+class BorderCrop:
+    """timm's `border` crop mode on a PIL image: the longer side resized to resize_size, then a
+    centre crop of image_size, a side shorter than it padded with the mean colour."""
+
+    def __init__(self, preprocess: Preprocess) -> None:
+        self.resize_size, self.size = preprocess.resize_size, preprocess.image_size
+        self.interpolation, self.mean = preprocess.interpolation, tuple(preprocess.mean)
+
+    def __call__(self, image):
+        from torchvision.transforms import functional as F
+
+        from torchkit.core.data.eval_crop import border_fill, crop_start, resized_size
+
+        width, height = resized_size(*image.size, self.resize_size, "border")
+        mode = F.InterpolationMode(self.interpolation)
+        image = F.resize(image, [height, width], interpolation=mode, antialias=True)
+        left, top = crop_start(width, self.size), crop_start(height, self.size)
+        if left < 0 or top < 0:  # pad (left, top, right, bottom) up to the crop
+            padding = [
+                max(0, -left),
+                max(0, -top),
+                max(0, self.size - width + left),
+                max(0, self.size - height + top),
+            ]
+            fill = border_fill(self.mean, len(image.getbands()))
+            image = F.pad(image, padding, fill=fill[0] if len(fill) == 1 else fill)
+            left, top = max(0, left), max(0, top)
+        return F.crop(image, top, left, self.size, self.size)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(resize_size={self.resize_size}, size={self.size}, "
+            f"interpolation={self.interpolation!r})"
+        )
 
 
 def train_transform(
@@ -86,10 +137,7 @@ def train_transform(
             preprocess, flip, crop_scale, augment, randaugment_magnitude, random_erasing
         )
     if augment == "none":
-        steps = [
-            T.Resize(preprocess.resize_size, interpolation=mode, antialias=True),
-            T.CenterCrop(preprocess.image_size),
-        ]
+        steps = eval_crop_steps(preprocess)
     else:
         steps = [
             T.RandomResizedCrop(

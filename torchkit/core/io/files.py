@@ -431,6 +431,22 @@ def torch_save(obj: object, path: str | os.PathLike) -> None:
         torch.save(obj, handle)
 
 
+def safetensors_save(
+    tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None
+) -> None:
+    """`safetensors.torch.save_file(tensors, path)`, but into a FIFO or device (/dev/stdout):
+    save_file writes a temporary file beside its path and renames it over it, which replaced
+    the FIFO, or /dev/stdout itself, with a regular file. There the bytes are made in memory
+    and written into it."""
+    from safetensors.torch import save, save_file
+
+    if not is_special_file(path):
+        save_file(tensors, os.fspath(path), metadata=metadata)
+        return
+    with open(path, "wb") as handle:
+        handle.write(save(tensors, metadata=metadata))
+
+
 def tree_entries(
     folder: str | os.PathLike, *, skip_hidden: bool = False
 ) -> Iterator[tuple[str, os.DirEntry]]:

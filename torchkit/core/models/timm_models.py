@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from torchkit.core.data.preprocessing import INTERPOLATIONS, Preprocess
+from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, Preprocess
 from torchkit.core.io.errors import OfflineError, UsageError, first_line
 
 TIMM_PREFIX = "timm/"
@@ -159,8 +159,8 @@ def timm_preprocess(
     in_channels: int | None = None,
 ) -> Preprocess:
     """The eval preprocessing of the model's `pretrained_cfg` (timm's `resolve_data_config`):
-    input size, resize to size / crop_pct, mean, std, interpolation; `image_size` replaces the
-    input size (the crop ratio is kept)."""
+    input size, resize to size / crop_pct, mean, std, interpolation, crop mode (center, squash
+    or border); `image_size` replaces the input size (the crop ratio is kept)."""
     from timm.data import resolve_data_config
 
     config = resolve_data_config({}, model=model)
@@ -180,7 +180,27 @@ def timm_preprocess(
         std=tuple(float(v) for v in std),
         in_channels=channels,
         interpolation=interpolation if interpolation in INTERPOLATIONS else "bilinear",
+        crop_mode=_crop_mode(config.get("crop_mode")),
     )
+
+
+def timm_crop_mode(spec: str, weights: str | None = None) -> str:
+    """The crop mode (`Preprocess.crop_mode`) of the pretrained config of `timm/NAME[.TAG]`
+    with `--weights TAG` (another value: the spec's tag, else timm's default one), without
+    building the model: what train evaluates and records for it."""
+    from timm.models import get_pretrained_cfg
+
+    name = require_timm_name(spec)
+    arch, _, tag = name.partition(".")
+    if weights and not tag and f"{arch}.{weights}" in _pretrained_tags(arch):
+        name = f"{arch}.{weights}"
+    return _crop_mode(getattr(get_pretrained_cfg(name), "crop_mode", None))
+
+
+def _crop_mode(value: Any) -> str:
+    """timm's crop_mode as torchkit records it: `center` when unset or one torchkit lacks."""
+    mode = str(value or "center")
+    return mode if mode in CROP_MODES else "center"
 
 
 def timm_sample_shape(preprocess: Preprocess, image_size: int | Sequence[int] | None):

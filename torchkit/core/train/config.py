@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
-from torchkit.core.data.preprocessing import INTERPOLATIONS, parse_floats
+from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, parse_floats
 from torchkit.core.data.transforms import AUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
 from torchkit.core.io.option_lists import list_items
@@ -179,6 +179,18 @@ class TrainConfig:
         help="Resampling of every resize, in training and (recorded in the checkpoint) in eval, "
         "predict and export. Default: bilinear; fine-tuning a torchkit checkpoint, the one it "
         "records.",
+    )
+    crop_mode: str | None = option(  # of the eval transform; in the checkpoint
+        None,
+        panel=DATA_PANEL,
+        choices=CROP_MODES,
+        show_default=False,
+        help="How validation (and, recorded in the checkpoint, eval, predict and export) fits "
+        "images to --image-size: center = the shorter side resized to --resize-size, then a "
+        "centre crop; squash = both sides resized to --resize-size (the aspect ratio is not "
+        "kept), then a centre crop; border = the longer side resized, the rest padded with the "
+        "mean colour. Default: center; a timm model's own (its pretrained config's crop_mode); "
+        "fine-tuning a torchkit checkpoint, the one it records.",
     )
     # Model and fine-tuning
     model: str | None = option(

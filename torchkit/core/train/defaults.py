@@ -69,7 +69,7 @@ def data_default_help(name: str) -> str:
 # Options added after runs were already being recorded, with the value those runs trained with
 # where it is not today's default: a recorded run's options (a checkpoint's, a config.json's)
 # without the key get this value, so resuming or replaying an old run repeats it exactly.
-BEFORE_THE_OPTION_EXISTED: dict[str, Any] = {"decode": "exact", "threads": 0}
+BEFORE_THE_OPTION_EXISTED: dict[str, Any] = {"decode": "exact", "threads": 0, "crop_mode": "center"}
 
 
 def with_pre_option_values(recorded: Mapping[str, Any]) -> dict[str, Any]:

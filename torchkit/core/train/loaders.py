@@ -221,6 +221,7 @@ def preprocess_for(config: TrainConfig) -> Preprocess:
         std=tuple(config.std),
         in_channels=3,
         interpolation=config.interpolation,
+        crop_mode=config.crop_mode or "center",
     )
 
 

@@ -173,8 +173,16 @@ class MemoryImages:
 
     def _fixed_transform(self) -> Any:
         preprocess = self.preprocess
+        # Gray images stay gray (expanded below) unless a border is padded in the mean colour.
+        border = preprocess.crop_mode == "border" and preprocess.in_channels == 3
         pixels = eval_pixels(
-            self.images, preprocess.resize_size, preprocess.image_size, preprocess.interpolation
+            self.images,
+            preprocess.resize_size,
+            preprocess.image_size,
+            preprocess.interpolation,
+            "RGB" if border else None,
+            crop_mode=preprocess.crop_mode,
+            mean=preprocess.mean,
         ).float()
         return pixels.expand(-1, self.pixels.shape[1], -1, -1)  # gray to RGB, as PIL does
 

@@ -17,6 +17,7 @@ FIXED_ON_RESUME: dict[str, str] = {
     "resize_size": "the validation metrics so far were measured at that size",
     "mean": "the weights expect inputs normalised that way",
     "interpolation": "the weights were trained on images resized that way",
+    "crop_mode": "the validation metrics so far were measured with that crop",
     "std": "the weights expect inputs normalised that way",
     "sync_bn": "the weights and the optimiser state are of that model",
     "optimizer": "the optimiser state is of that optimiser",

@@ -11,6 +11,7 @@ from typing import Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import (
+    CROP_MODES,
     INTERPOLATIONS,
     Preprocess,
     apply_overrides,
@@ -50,7 +51,7 @@ MAX_MIX_ALPHA = 3.4e38
 
 
 # The options a fine-tuned torchkit checkpoint's recorded preprocessing gives when not set.
-PREPROCESS_OPTIONS = ("image_size", "resize_size", "mean", "std", "interpolation")
+PREPROCESS_OPTIONS = ("image_size", "resize_size", "mean", "std", "interpolation", "crop_mode")
 
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
@@ -70,6 +71,9 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
         recorded = _fine_tuned_preprocess(config)
     if config.interpolation is None:
         chosen["interpolation"] = (recorded or Preprocess()).interpolation
+    if config.crop_mode is None:
+        model = chosen.get("model", config.model)
+        chosen["crop_mode"] = _crop_mode_of(model, config.weights, recorded)
     if recorded is not None:
         # Its weights' input size and resize ratio, as eval takes them, not the data's defaults
         # (a 12 px digits convnet at 224 px).
@@ -113,6 +117,20 @@ def _fine_tuned_preprocess(config: TrainConfig) -> Preprocess | None:
     return recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
 
 
+def _crop_mode_of(model: str | None, weights: str | None, recorded: Preprocess | None) -> str:
+    """The eval crop mode a run takes when --crop-mode is not given: the fine-tuned torchkit
+    checkpoint's, a timm model's pretrained config's, else `center`."""
+    from torchkit.core.models.builders import is_timm_spec
+
+    if recorded is not None:
+        return recorded.crop_mode
+    if model is not None and is_timm_spec(str(model)):
+        from torchkit.core.models.timm_models import timm_crop_mode
+
+        return timm_crop_mode(str(model), weights)
+    return Preprocess().crop_mode
+
+
 def three_channels(
     values: tuple[float, ...] | None, default: tuple[float, ...]
 ) -> tuple[float, ...]:
@@ -143,6 +161,8 @@ def validate(config: TrainConfig) -> None:
             f"unknown --interpolation {config.interpolation!r}",
             "use " + ", ".join(INTERPOLATIONS),
         )
+    if config.crop_mode is not None and config.crop_mode not in CROP_MODES:
+        bad(f"unknown --crop-mode {config.crop_mode!r}", "use " + ", ".join(CROP_MODES))
     if not 0 <= config.randaugment_magnitude <= 30:
         bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
     if config.decode not in DECODE_CHOICES:

@@ -1,0 +1,130 @@
+"""timm's eval crop modes (`Preprocess.crop_mode`: center, squash, border) outside the PIL
+transform: recorded in checkpoints and read back (files without one are `center`, as they were
+evaluated before), the in-memory images' pixels, train's validation and the checkpoint it writes.
+The PIL transform against timm's own is in models/test_timm_models.py, the device decode's
+window in predict/test_device_decode_eval.py."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from torchkit.cli import app
+from torchkit.core.data.in_memory import eval_pixels
+from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.transforms import eval_transform
+from torchkit.core.io.errors import CheckpointError
+from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.train.memory_images import MemoryImages
+
+MODES = ["center", "squash", "border"]
+
+
+def _images(shapes: list[tuple[int, ...]], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, shape, dtype=np.uint8) for shape in shapes]
+
+
+def test_the_crop_mode_is_recorded_and_read_back_and_a_file_without_one_is_center():
+    squash = Preprocess(image_size=32, resize_size=32, crop_mode="squash")
+    assert squash.to_dict()["crop_mode"] == "squash"
+    assert Preprocess.from_dict(squash.to_dict()) == squash
+    old = {key: value for key, value in squash.to_dict().items() if key != "crop_mode"}
+    assert Preprocess.from_dict(old).crop_mode == "center"
+    with pytest.raises(CheckpointError, match="crop_mode 'zoom' is not one of center, squash"):
+        Preprocess.from_dict({**old, "crop_mode": "zoom"}).check("model.pt")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("sizes", [(40, 32), (32, 32), (24, 32)])  # (resize, crop): some padded
+def test_in_memory_pixels_are_the_pil_transforms(mode, sizes):
+    resize, size = sizes
+    images = _images([(37, 61, 3), (70, 29, 3)])
+    preprocess = Preprocess(
+        image_size=size, resize_size=resize, mean=(0.2, 0.5, 0.9), crop_mode=mode
+    )
+    transform = eval_transform(preprocess, pixels=True)
+    for image in images:
+        ours = eval_pixels(
+            image[None], resize, size, "bilinear", "RGB", crop_mode=mode, mean=preprocess.mean
+        )[0]
+        assert torch.equal(ours, transform(Image.fromarray(image)))
+
+
+def test_trains_eval_of_in_memory_gray_images_pads_with_the_mean_colour():
+    """Gray images in memory (as digits are) padded in `border` mode: the RGB mean colour, as
+    the PIL transform pads the image converted to RGB."""
+    images = np.stack(_images([(8, 8)] * 2))
+    samples = Samples(["a"], [0, 0], images=images)
+    preprocess = Preprocess(
+        image_size=12, resize_size=10, mean=(0.2, 0.5, 0.9), std=(0.5,) * 3, crop_mode="border"
+    )
+    ours = MemoryImages(samples, preprocess, train=False)
+    transform = eval_transform(preprocess)
+    for index, image in enumerate(images):
+        expected = transform(Image.fromarray(image).convert("RGB"))
+        assert torch.allclose(ours[index][0], expected, atol=1e-6, rtol=0)
+
+
+def _non_square_split(root: Path) -> Path:
+    """train/ and val/ of 2 classes, 20x12 and 12x20 PNGs: a crop mode changes the pixels."""
+    rng = np.random.default_rng(3)
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for index, shape in enumerate([(12, 20, 3), (20, 12, 3)]):
+                pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{index}.png")
+    return root
+
+
+def test_train_validates_with_the_crop_mode_and_records_it_for_eval(runner, tmp_path):
+    data, out = _non_square_split(tmp_path / "data"), tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "nets:TinyNet", "--image-size", "8"]
+        + ["--resize-size", "10", "--crop-mode", "squash", "--epochs", "1", "--batch-size", "4"]
+        + ["--workers", "0", "--device", "cpu", "--seed", "0", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.stderr
+    assert load_checkpoint(out / "best.pt")["preprocess"]["crop_mode"] == "squash"
+    # eval of best.pt measures what train's validation measured: the same pixels.
+    with (out / "metrics.csv").open(newline="") as handle:
+        val_loss = float(next(csv.DictReader(handle))["val_loss"])
+    scored = runner.invoke(
+        app,
+        ["eval", str(out / "best.pt"), "--data", str(data), "--split", "val", "--format", "json"]
+        + ["--device", "cpu", "--workers", "0", "--trust-checkpoint"],
+    )
+    assert scored.exit_code == 0, scored.stderr
+    assert json.loads(scored.stdout)["loss"] == pytest.approx(val_loss, abs=1e-5)
+
+
+def test_fine_tuning_a_checkpoint_keeps_its_crop_mode(runner, tmp_path):
+    checkpoint = tmp_path / "border.pt"
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "nets:TinyNet",
+            "num_classes": 3,
+            "model": {},
+            "preprocess": Preprocess(image_size=8, resize_size=8, crop_mode="border").to_dict(),
+        },
+        checkpoint,
+    )
+    for given, expected in (([], "border"), (["--crop-mode", "center"], "center")):
+        result = runner.invoke(
+            app,
+            ["train", "--data", "digits", "--model", "nets:TinyNet", "--weights", str(checkpoint)]
+            + [*given, "--print-config"],
+        )
+        assert result.exit_code == 0, result.stderr
+        assert json.loads(result.stdout)["crop_mode"] == expected

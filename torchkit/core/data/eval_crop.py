@@ -1,0 +1,44 @@
+"""The geometry of the eval crop in each crop mode (`Preprocess.crop_mode`), as timm's eval
+transform (`timm.data.transforms_imagenet_eval`) has them:
+
+- `center`: the shorter side resized to resize_size (the longer in proportion), centre-cropped
+  (torchvision's eval recipe; what a model recording no crop mode gets);
+- `squash`: both sides resized to resize_size (the aspect ratio is not kept), centre-cropped;
+- `border`: the longer side resized to resize_size (the shorter in proportion), centre-cropped,
+  a side shorter than the crop padded with the mean colour.
+
+One module for the PIL transform (`core.transforms.eval_transform`), the in-memory images
+(`core.in_memory`) and the device decode's window (`core.device_decode.eval_view`), so the three
+resize an image to the same size and crop the same window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def resized_size(width: int, height: int, resize_size: int, crop_mode: str) -> tuple[int, int]:
+    """(width, height) a width x height image is resized to before the crop."""
+    if crop_mode == "squash":
+        return resize_size, resize_size
+    if crop_mode == "border":  # timm's ResizeKeepRatio(longest=1), its float steps
+        ratio = max(height / resize_size, width / resize_size)
+        return round(width / ratio), round(height / ratio)
+    short, long = min(width, height), max(width, height)
+    new_long = int(resize_size * long / short)  # torchvision's Resize(int)
+    return (resize_size, new_long) if width <= height else (new_long, resize_size)
+
+
+def crop_start(length: int, size: int) -> int:
+    """Where a centre crop of `size` starts along a side of `length` pixels: a side shorter
+    than the crop is first padded, (size - length) // 2 before it (torchvision's CenterCrop,
+    timm's CenterCropOrPad)."""
+    if size <= length:
+        return int(round((length - size) / 2.0))
+    return -((size - length) // 2)
+
+
+def border_fill(mean: Sequence[float], channels: int) -> tuple[int, ...]:
+    """The 8-bit colour `border` pads with: the mean, round(255 * mean) per channel (timm's)."""
+    values = [round(255 * v) for v in mean]
+    return tuple(values * channels if len(values) == 1 else values)
