@@ -159,3 +159,23 @@ def test_an_image_size_beyond_the_machines_memory_is_a_usage_error_before_any_wo
         validate(TrainConfig(image_size=224, resize_size=100000))
     assert apply_overrides(imagenet, image_size=4096).resize_size == 4681  # sizes people use
     validate(TrainConfig(image_size=4096))
+
+
+def test_a_crop_recorded_without_its_resize_is_resized_in_proportion(tmp_path):
+    """A checkpoint recording `image_size` 8 but no `resize_size` (made by hand) was resized to
+    256 and then cropped to 8: the model saw a 32x smaller view of each image. As torchvision
+    and timm do, the resize follows the crop: 8 / 0.875 -> 9, as for a plain state dict."""
+    from checkpoints import write_convnet_checkpoint
+
+    from torchkit.core.data.preprocessing import Preprocess
+    from torchkit.core.models import ModelSpec, resolve_spec
+
+    assert Preprocess.from_dict({"image_size": 8}).resize_size == 9
+    assert Preprocess.from_dict({"image_size": 224}).resize_size == 256
+    assert Preprocess.from_dict({"image_size": 8, "resize_size": 8}).resize_size == 8
+    assert Preprocess.from_dict({}).resize_size == 256
+    checkpoint = tmp_path / "ck.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    for command in ("eval", "predict", "extract-features", "export"):
+        resolved = resolve_spec(ModelSpec(model=str(checkpoint)), command=command)
+        assert (resolved.preprocess.image_size, resolved.preprocess.resize_size) == (8, 9)

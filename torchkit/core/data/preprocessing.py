@@ -28,6 +28,9 @@ RECORDED_INTERPOLATIONS = (*INTERPOLATIONS, "lanczos", "box", "hamming")
 CROP_MODES = ("center", "squash", "border")
 # The largest finite float32, the type images are normalised in.
 FLOAT32_MAX = 3.4028234663852886e38
+# The share of the resized image an eval centre crop keeps where nothing records the resize:
+# torchvision's 224 of 256, timm's default crop_pct.
+CROP_FRACTION = 0.875
 # Mode PIL converts images to for a given channel count.
 IMAGE_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
@@ -39,6 +42,12 @@ def image_mode(in_channels: int) -> str:
     if mode is None:
         raise UsageError(f"cannot feed images to a model with {in_channels} channels")
     return mode
+
+
+def resize_for_crop(image_size: int) -> int:
+    """The side images are resized to before a centre crop of `image_size` when nothing says
+    otherwise: image_size / 0.875 (torchvision's 256 for 224, timm's crop_pct)."""
+    return int(round(image_size / CROP_FRACTION))
 
 
 @dataclass
@@ -67,7 +76,8 @@ class Preprocess:
     @classmethod
     def from_dict(cls, data: dict | None, source: str | None = None) -> Preprocess:
         """The preprocessing a checkpoint or an exported file records (`to_dict`'s keys; a
-        missing one takes the default). A value of the wrong kind (a size that is not a whole
+        missing one takes the default, a missing resize_size the recorded image_size's,
+        `resize_for_crop`). A value of the wrong kind (a size that is not a whole
         number, a mean that is not numbers) is a CheckpointError naming `source` (the file;
         "the model's file" when not given) and the field. Whether the values can be used is
         `check`'s question: commands that feed images ask it once overrides are applied."""
@@ -113,9 +123,15 @@ class Preprocess:
         mean, std = default.mean, default.std
         if channels != len(mean):  # not recorded: ImageNet's, averaged over a non-RGB stem's
             mean, std = (sum(mean) / len(mean),) * channels, (sum(std) / len(std),) * channels
+        image_size = whole("image_size", default.image_size)
+        # A crop recorded without its resize (a hand-made checkpoint) is resized in proportion:
+        # 256 before an 8 px crop showed the model a 32x smaller view than the image.
+        resize_size = default.resize_size
+        if "image_size" in data and image_size > 0:
+            resize_size = resize_for_crop(image_size)
         return cls(
-            image_size=whole("image_size", default.image_size),
-            resize_size=whole("resize_size", default.resize_size),
+            image_size=image_size,
+            resize_size=whole("resize_size", resize_size),
             mean=numbers("mean", mean),
             std=numbers("std", std),
             in_channels=channels,

@@ -14,7 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from torchkit.core.data.preprocessing import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Preprocess,
+    resize_for_crop,
+)
 from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.io.files import require_input
 from torchkit.core.models.builders import (
@@ -708,7 +713,7 @@ def plain_preprocess(in_channels: int, image_size: int = DEFAULT_IMAGE_SIZE) -> 
         std = (sum(IMAGENET_STD) / 3,) * in_channels
     return Preprocess(
         image_size=image_size,
-        resize_size=int(round(image_size / 0.875)),
+        resize_size=resize_for_crop(image_size),
         mean=mean,
         std=std,
         in_channels=in_channels,

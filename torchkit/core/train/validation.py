@@ -58,7 +58,7 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     """Fill the None options from the data (the input size, resize, mean/std and interpolation
     a fine-tuned torchkit checkpoint records; mean/std from the model and its weights); the
     names filled go into `data_defaults`."""
-    from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD
+    from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, resize_for_crop
     from torchkit.core.models.builders import (
         TRANSFORM_INPUT_MEAN_STD,
         takes_transform_input_mean_std,
@@ -86,7 +86,7 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     if config.resize_size is None and "resize_size" not in chosen:
         # digits: no centre crop; images: torchvision's 256/224 resize-then-crop ratio.
         image_size = chosen.get("image_size", config.image_size)
-        chosen["resize_size"] = image_size if is_digits else int(round(image_size / 0.875))
+        chosen["resize_size"] = image_size if is_digits else resize_for_crop(image_size)
     resolved = dataclasses.replace(config, **chosen)
     mean, std = IMAGENET_MEAN, IMAGENET_STD
     if takes_transform_input_mean_std(str(config.model), config.weights):
