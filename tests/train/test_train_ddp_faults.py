@@ -390,6 +390,40 @@ def test_ranks_that_do_not_all_join_within_dist_timeout_are_one_error(monkeypatc
     assert "raise --dist-timeout" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [
+        "Connection closed by peer [127.0.0.1]:29500",  # Gloo, a rank killed while connecting
+        "[c10d] failed to recv, got 0 bytes",  # the store's client, its server gone
+        "unexpected error",  # any failure long before the timeout
+    ],
+)
+def test_a_rank_that_ends_while_the_ranks_connect_is_not_called_a_timeout(monkeypatch, failure):
+    """Another rank crashed or killed while the ranks connected: rank 0 failed at once, and
+    its error read "the 2 processes of the run did not all join within 1800 s"."""
+    import torch.distributed as dist
+
+    from torchkit.core.io.errors import DeviceError
+
+    def peer_gone(**kwargs):
+        raise RuntimeError(failure)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", peer_gone)
+    with pytest.raises(DeviceError) as caught:
+        dist_utils.setup("cpu", timeout_option="--dist-timeout")
+    assert caught.value.message == (
+        "rank 0: could not connect the 2 processes of the run: another process ended while "
+        f"they connected ({failure})"
+    )
+    assert "torchrun's report names the rank that failed first" in caught.value.hint
+    # The same failure at the end of the wait is one: the ranks did not all join in time.
+    assert dist_utils._timed_out(RuntimeError(failure), 1799.0, 1800.0)
+    assert not dist_utils._timed_out(RuntimeError(failure), 2.0, 1800.0)
+
+
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_a_dist_timeout_that_is_not_positive_is_a_usage_error(value, tmp_path):
     done = run_torchkit_in_process("train", "--dist-timeout", value, "--out", tmp_path / "run")

@@ -79,6 +79,7 @@ def setup(
         return DistContext(rank, world_size, local_rank, device, dist.get_backend())
     backend = "nccl" if device.type == "cuda" else "gloo"
     seconds = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    started = time.monotonic()
     try:
         dist.init_process_group(
             backend=backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=seconds)
@@ -90,6 +91,12 @@ def setup(
             # of reaching the same error. No rank goes on before every rank has joined.
             dist.barrier()
     except RuntimeError as error:  # (DistStoreError, DistNetworkError...)
+        if not _timed_out(error, time.monotonic() - started, seconds):
+            raise DeviceError(
+                f"rank {rank}: could not connect the {world_size} processes of the run: "
+                f"another process ended while they connected ({first_line(error)})",
+                "torchrun's report names the rank that failed first; its output says why",
+            ) from error
         hint = "start every rank (torchrun --nproc_per_node / --nnodes)"
         if timeout_option:
             hint += f", or raise {timeout_option}"
@@ -99,6 +106,23 @@ def setup(
             hint,
         ) from error
     return DistContext(rank, world_size, local_rank, device, backend, initialised_here=True)
+
+
+# What Gloo and torch's store say when a peer's connection went away (the process crashed or
+# was killed while the ranks connected), not that the wait ran out.
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "0 bytes")
+
+
+def _timed_out(error: BaseException, elapsed: float, seconds: float) -> bool:
+    """Whether joining the process group failed because its wait ran out: it came near the
+    end of the wait, or the error says it timed out; a peer that closed its connection, or
+    another failure long before the timeout, is a process that ended."""
+    if elapsed >= 0.9 * seconds:
+        return True
+    text = str(error).lower()
+    if any(words in text for words in _PEER_GONE):
+        return False
+    return "timed out" in text or "timeout" in text
 
 
 def teardown(ctx: DistContext, *, wait: bool = False) -> None:
