@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from checkpoints import write_convnet_checkpoint
+from disks import fill_disk
 from image_folders import write_image_folder as write_images
 from output_checks import error_line
 from processes import dataset_stats as stats
@@ -302,6 +303,31 @@ def test_the_cache_folder_of_a_url_is_named_without_its_credentials():
     assert shard_cache_folder("https://me:secret@host/data") == plain
     assert shard_cache_folder("https://token@host/data") == plain
     assert shard_cache_folder("https://host/other") != plain
+
+
+@pytest.mark.parametrize(
+    ("data", "hint"),
+    [
+        (f"shards/{PATTERN}", "a writable folder with room)"),
+        ("converted", "a writable folder with room, or TORCHKIT_CACHE_LIMIT below"),
+    ],
+    ids=["downloaded-first", "streamed"],
+)
+def test_a_full_cache_disk_is_one_error_pointing_to_the_caches_settings(
+    server, small_tmpfs, monkeypatch, data, hint
+):
+    """A download into a cache without room said "choose another output": no option of the
+    command chooses where the cache is, its settings do."""
+    cache = fill_disk(small_tmpfs(64), leave=12 * 1024)  # the side files fit, no shard
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    result = run_torchkit_in_process("dataset-stats", f"{server.url}/{data}", "--workers", "0")
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert "No space left on device" in line and "choose another output" not in line, line
+    wanted = f"000.tar: No space left on device (free some space, or set TORCHKIT_CACHE to {hint}"
+    assert wanted in line, line
+    left = [p.name for p in cache.rglob("*.tar*")]
+    assert not [name for name in left if not name.endswith(".lock")], left
 
 
 def test_a_redirect_loop_is_one_error_line(server, tmp_path):

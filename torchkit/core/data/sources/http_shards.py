@@ -52,7 +52,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from torchkit.core.data.stored_image import StoredReadError
-from torchkit.core.io.errors import InputError, OfflineError, TorchkitError, UsageError
+from torchkit.core.io.errors import (
+    InputError,
+    OfflineError,
+    OutputWriteError,
+    TorchkitError,
+    UsageError,
+)
 from torchkit.core.io.outputs import remove_tree
 from torchkit.core.io.redaction import has_redacted_secret, redact_urls
 
@@ -281,6 +287,19 @@ def fetch_shards(urls: Sequence[str], opened: dict[str, _Folder] | None = None) 
     return local
 
 
+# A write into the cache that fails (a full disk): no output option of the command moves it.
+_CACHE_ROOM_HINT = "free some space, or set TORCHKIT_CACHE to a writable folder with room"
+
+
+@contextlib.contextmanager
+def _writing_the_cache() -> Iterator[None]:
+    """A write error inside (the cache's disk full, read-only) with the cache's own hint."""
+    try:
+        yield
+    except OutputWriteError as error:
+        raise OutputWriteError(error.message, _CACHE_ROOM_HINT) from None
+
+
 def _open_folder(url: str, query: str) -> _Folder:
     """The cache folder of the folder URL `url`, with the server's side files in it (and none
     the server no longer has)."""
@@ -308,7 +327,8 @@ def _open_folder(url: str, query: str) -> _Folder:
             with contextlib.suppress(FileNotFoundError):
                 remove_tree(path / name, ignore_errors=False)
         else:
-            atomic_write_bytes(path / name, data)
+            with _writing_the_cache():
+                atomic_write_bytes(path / name, data)
     return _Folder(url, query, path, manifest)
 
 
@@ -445,7 +465,8 @@ def _write_record(
     from torchkit.core.io.files import atomic_write_text
 
     record = {"url": _shown(url), "bytes": size, "sha256": digest, **validators}
-    atomic_write_text(_record_path(target), json.dumps(record) + "\n")
+    with _writing_the_cache():
+        atomic_write_text(_record_path(target), json.dumps(record) + "\n")
 
 
 def _download(
@@ -465,7 +486,7 @@ def _download(
             raise _changed(url, f"the server has {length} bytes, manifest.json says {want}")
         checked = expected is not None and expected["sha256"] is not None
         whole_tar = None if checked else lambda temporary: _check_whole_tar(url, temporary)
-        with atomic_write(target, "wb", check=whole_tar) as handle:
+        with _writing_the_cache(), atomic_write(target, "wb", check=whole_tar) as handle:
             while True:
                 if stop.is_set():
                     raise _Stopped
@@ -763,6 +784,9 @@ class StreamedShards:
                 self._make_room(shard)
             try:
                 _fetch_one(url, self.folder, name, stop)
+            except OutputWriteError as error:  # the cache's disk: the limit may leave room
+                hint = f"{error.hint}, or {CACHE_LIMIT_VARIABLE} below the room it has"
+                raise ShardFetchError(error.message, hint) from None
             except TorchkitError as error:
                 raise ShardFetchError(error.message, error.hint) from None
             _mark_used(target)
