@@ -406,6 +406,23 @@ def test_row_groups_larger_than_the_readers_cache_are_said_once(tmp_path, monkey
     assert quiet.returncode == 0 and "row groups of up to" not in quiet.stderr
 
 
+def test_an_arrow_error_joining_a_row_groups_chunks_is_the_read_error(tmp_path, monkeypatch):
+    """A row group's chunks joined into one array (ArrowCapacityError past 2 GiB of `binary`)
+    failed outside the read's error handling: an Arrow exception, not the one read error."""
+    import pyarrow as pa
+
+    import torchkit.core.data.sources.parquet as parquet
+
+    path = write_parquet(tmp_path / "one.parquet", [png(0)], [0])
+
+    def overflow(column):
+        raise pa.ArrowCapacityError("offset overflow while concatenating arrays")
+
+    monkeypatch.setattr(parquet, "image_bytes", overflow)
+    with pytest.raises(OSError, match=r"cannot read row group 0 of .*: offset overflow"):
+        parquet.ParquetImages([str(path)], ["image"]).read((0, 0, 0))
+
+
 def test_a_file_written_again_while_a_run_reads_it_is_one_error_not_other_rows(tmp_path):
     """pyarrow writes a file in place: the listed row groups then held the new file's rows
     (other images under the listed labels, without a word) or none (an IndexError)."""

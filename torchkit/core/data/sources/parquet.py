@@ -164,11 +164,12 @@ class ParquetImages:
             source, handle = opened
             check_unchanged(source.fileno(), self.stamps[file], self.files[file])
             table = handle.read_row_group(group, columns=[self.columns[file]], use_threads=False)
+            # Joining the chunks fails too (more than 2 GiB of images in a `binary` column).
+            images = image_bytes(table.column(0).combine_chunks())
         except (OSError, pa.ArrowException) as error:
             raise OSError(
                 f"cannot read row group {group} of {self.files[file]}: {first_line(error)}"
             ) from None
-        images = image_bytes(table.column(0).combine_chunks())
         self._cache[key] = images
         self._cached_bytes += images.nbytes
         while self._cached_bytes > CACHE_BYTES and len(self._cache) > 1:
