@@ -59,7 +59,7 @@ def test_predict_into_a_closed_pipe_exits_141_silently_and_stops_its_workers(tmp
     images = write_image_folder(tmp_path / "images", {"a": 150, "b": 150})
     code, first, err = read_first_line_and_close(
         "predict", "convnet", str(images), "--allow-untrained", "--format", "csv",
-        "-b", "1", "-j", "2",
+        "-b", "1", "-j", "2", "--quiet",
     )  # fmt: skip
     assert first.startswith("path,")
     assert code == BROKEN_PIPE_EXIT, err
