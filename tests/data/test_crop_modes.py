@@ -22,6 +22,7 @@ from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.transforms import eval_transform
 from torchkit.core.io.errors import CheckpointError
 from torchkit.core.models.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from torchkit.core.models.exported.metadata import build_metadata, preprocess_of
 from torchkit.core.train.memory_images import MemoryImages
 
 MODES = ["center", "squash", "border"]
@@ -40,6 +41,24 @@ def test_the_crop_mode_is_recorded_and_read_back_and_a_file_without_one_is_cente
     assert Preprocess.from_dict(old).crop_mode == "center"
     with pytest.raises(CheckpointError, match="crop_mode 'zoom' is not one of center, squash"):
         Preprocess.from_dict({**old, "crop_mode": "zoom"}).check("model.pt")
+
+
+def test_an_exported_file_records_the_crop_mode_and_an_older_one_reads_as_center():
+    squash = Preprocess(image_size=32, resize_size=32, crop_mode="squash")
+    metadata = build_metadata(
+        fmt="onnx",
+        arch="resnet18",
+        classes=None,
+        preprocess=squash,
+        input_shape=(1, 3, 32, 32),
+        batch_size=None,
+        dtype="float32",
+        opset=17,
+        weights_source=None,
+    )
+    assert preprocess_of(json.loads(json.dumps(metadata))) == squash
+    del metadata["preprocess"]["crop_mode"]
+    assert preprocess_of(metadata).crop_mode == "center"
 
 
 @pytest.mark.parametrize("mode", MODES)
