@@ -106,7 +106,8 @@ class PreprocessOverrides:
         None,
         minimum=1,
         show_default=False,
-        help="Shorter side before the centre crop. Default: the checkpoint's, else keeps the "
+        help="Shorter side before the centre crop (both sides for a model whose crop mode is "
+        "squash, the longer one for border). Default: the checkpoint's, else keeps the "
         "model's resize/crop ratio (256/224 for ImageNet models).",
     )
     # --mean, --std and --stats are read together (core.preprocessing.mean_std_options).
