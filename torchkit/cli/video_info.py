@@ -86,7 +86,7 @@ def video_info(
             min=1,
             metavar="K",
             help="Also give the K frame indices Temporal Segment Networks sample: one frame "
-            "from each of K equal segments (at most 10,000).",
+            "from each of K segments as equal as whole frames allow (at most 10,000).",
             show_default=False,
         ),
     ] = None,
