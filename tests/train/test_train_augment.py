@@ -53,6 +53,8 @@ def test_bad_augment_options_are_usage_errors(runner):
         (["--augment", "mixall"], "--augment"),
         (["--random-erasing", "1.5"], "--random-erasing is a probability"),
         (["--randaugment-magnitude", "40"], "--randaugment-magnitude"),
+        (["--augmix-severity", "0"], "--augmix-severity"),
+        (["--augment", "augmix", "--interpolation", "bicubic"], "cannot use --interpolation"),
     ):
         result = runner.invoke(app, ["train", "--print-config", *args])
         assert result.exit_code == 2 and message in result.stderr, result.stderr
@@ -84,7 +86,9 @@ def test_the_interpolation_and_policy_are_recorded_and_eval_uses_them(
     assert json.loads(evaluated.stdout)["preprocess"]["interpolation"] == "bicubic"
 
 
-def _reference_recipe(preprocess: Preprocess, policy: str, magnitude: int, erasing: float):
+def _reference_recipe(
+    preprocess: Preprocess, policy: str, magnitude: int, erasing: float, severity: int = 3
+):
     """The train transform of torchvision's references/classification presets for these
     options, built from torchvision's own transforms: the oracle for `train_transform`."""
     from torchvision import transforms as T
@@ -99,6 +103,9 @@ def _reference_recipe(preprocess: Preprocess, policy: str, magnitude: int, erasi
         "trivialaugment": [T.TrivialAugmentWide(interpolation=mode)],
         "randaugment": [T.RandAugment(interpolation=mode, magnitude=magnitude)],
         "autoaugment": [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)],
+        "autoaugment-cifar10": [T.AutoAugment(T.AutoAugmentPolicy.CIFAR10, interpolation=mode)],
+        "autoaugment-svhn": [T.AutoAugment(T.AutoAugmentPolicy.SVHN, interpolation=mode)],
+        "augmix": [T.AugMix(interpolation=mode, severity=severity)],
     }[policy]
     steps += [T.PILToTensor(), T.ConvertImageDtype(torch.float32)]
     steps += [T.Normalize(preprocess.mean, preprocess.std), T.RandomErasing(p=erasing)]
@@ -106,20 +113,54 @@ def _reference_recipe(preprocess: Preprocess, policy: str, magnitude: int, erasi
 
 
 @pytest.mark.parametrize("decode", ["fast", "exact"])
-@pytest.mark.parametrize("policy", ["basic", "trivialaugment", "randaugment", "autoaugment"])
+@pytest.mark.parametrize(
+    "policy",
+    ["basic", "trivialaugment", "randaugment", "autoaugment", "autoaugment-cifar10",
+     "autoaugment-svhn", "augmix"],
+)  # fmt: skip
 def test_the_train_transform_is_the_reference_scripts_recipe(image, tmp_path, policy, decode):
     # Same seed, same tensor as torchvision's reference recipe: the crop, flip, policy (its
-    # magnitude and interpolation), normalisation, then erasing, drawn in the same order.
+    # magnitude, severity and interpolation), normalisation, then erasing, drawn in the same
+    # order. AugMix resamples tensors, which bicubic cannot (train refuses the pair).
     path = tmp_path / "image.png"
     image.save(path)
     for interpolation in ("bilinear", "bicubic", "nearest"):
+        if policy == "augmix" and interpolation == "bicubic":
+            continue
         preprocess = Preprocess(image_size=16, resize_size=18, interpolation=interpolation)
         ours = train_transform(
-            preprocess, augment=policy, randaugment_magnitude=13, random_erasing=0.5, decode=decode
+            preprocess,
+            augment=policy,
+            randaugment_magnitude=13,
+            augmix_severity=7,
+            random_erasing=0.5,
+            decode=decode,
         )
-        reference = _reference_recipe(preprocess, policy, 13, 0.5)
+        reference = _reference_recipe(preprocess, policy, 13, 0.5, severity=7)
         for seed in range(4):
             torch.manual_seed(seed)
             got = ours.from_file(path, "RGB") if decode == "fast" else ours(image)
             torch.manual_seed(seed)
             assert torch.equal(got, reference(image)), (interpolation, seed)
+
+
+def test_augmix_and_its_severity_are_recorded_and_a_resume_or_replay_keeps_them(
+    runner, tmp_path, make_image_folder
+):
+    data = tmp_path / "data"
+    make_image_folder(data / "train", {"a": 4, "b": 4}, size=12)
+    make_image_folder(data / "val", {"a": 2, "b": 2}, size=12, seed=1)
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
+         "-j", "0", "--augment", "augmix", "--augmix-severity", "2", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    options = json.loads((out / "config.json").read_text())["options"]
+    assert (options["augment"], options["augmix_severity"]) == ("augmix", 2)
+    for again in (["--resume", str(out), "--epochs", "2"], ["--config", str(out / "config.json")]):
+        printed = runner.invoke(app, ["train", *again, "--print-config"])
+        assert printed.exit_code == 0, printed.stderr
+        recipe = json.loads(printed.stdout)
+        assert (recipe["augment"], recipe["augmix_severity"]) == ("augmix", 2), again

@@ -681,6 +681,7 @@ def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch
         (["--scheduler", "step", "--min-lr", "1e-4"], "--min-lr 0.0001 has no effect"),
         (["--no-ema", "--ema-decay", "0.9"], "--ema-decay 0.9 has no effect: only --ema"),
         (["--randaugment-magnitude", "5"], "--randaugment-magnitude 5 has no effect"),
+        (["--augmix-severity", "5"], "--augmix-severity 5 has no effect: only --augment augmix"),
         (["--keep", "2"], "--keep 2 has no effect: only --save-every uses it"),
         (["--momentum", "0.5"], "--momentum 0.5 has no effect: only --optimizer sgd or rmsprop"),
         (["--amp-dtype", "bf16"], "--amp-dtype bf16 has no effect: only --amp uses it"),

@@ -3,10 +3,23 @@ its augmentation policies and decode modes."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import UsageError
 
-AUGMENT_POLICIES = ("none", "basic", "trivialaugment", "randaugment", "autoaugment")
+AUGMENT_POLICIES = (
+    "none",
+    "basic",
+    "trivialaugment",
+    "randaugment",
+    "autoaugment",
+    "autoaugment-cifar10",
+    "autoaugment-svhn",
+    "augmix",
+)
+# --augment autoaugment-NAME: torchvision's AutoAugment policy NAME (`autoaugment`: ImageNet's).
+AUTOAUGMENT_PREFIX = "autoaugment-"
 
 
 def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str = "exact"):
@@ -97,15 +110,17 @@ def train_transform(
     crop_scale: tuple[float, float] = (0.08, 1.0),
     augment: str = "basic",
     randaugment_magnitude: int = 9,
+    augmix_severity: int = 3,
     random_erasing: float = 0.0,
     decode: str = "exact",
     decode_cpu_share: float = 0.0,
 ):
     """torchvision's train recipe: RandomResizedCrop + horizontal flip (`basic`), then a policy
     (`trivialaugment`, `randaugment` at `randaugment_magnitude`, `autoaugment`'s ImageNet
-    policy), to tensor, normalise, RandomErasing with probability `random_erasing`. `none` is
-    the eval transform (resize, centre crop). Random draws come from torch's generator, which
-    the training loaders seed per image and epoch.
+    policy, `autoaugment-cifar10` or `-svhn`'s, `augmix` at `augmix_severity`), to tensor,
+    normalise, RandomErasing with probability `random_erasing`. `none` is the eval transform
+    (resize, centre crop). Random draws come from torch's generator, which the training loaders
+    seed per image and epoch.
 
     `decode="fast"` (with a random crop): the same transform on PIL images, but `make_dataset`
     decodes JPEG files at 1/2, 1/4 or 1/8 of their size where the crop keeps `image_size`
@@ -124,7 +139,7 @@ def train_transform(
         from torchkit.core.data.device_decode import DeviceDecodeTransform, check_device_decode
 
         check_device_decode(augment, random_erasing)
-        fast = _fast_train_transform(preprocess, flip, crop_scale, augment, 9, 0.0)
+        fast = _fast_train_transform(preprocess, flip, crop_scale, augment, PolicyLevels(), 0.0)
         return DeviceDecodeTransform(
             fast,
             flip=flip,
@@ -132,10 +147,9 @@ def train_transform(
             cpu_share=decode_cpu_share,
         )
     mode = T.InterpolationMode(preprocess.interpolation)
+    levels = PolicyLevels(randaugment_magnitude, augmix_severity)
     if decode == "fast" and augment != "none":
-        return _fast_train_transform(
-            preprocess, flip, crop_scale, augment, randaugment_magnitude, random_erasing
-        )
+        return _fast_train_transform(preprocess, flip, crop_scale, augment, levels, random_erasing)
     if augment == "none":
         steps = eval_crop_steps(preprocess)
     else:
@@ -146,23 +160,37 @@ def train_transform(
         ]
         if flip:
             steps.append(T.RandomHorizontalFlip())
-    steps += _policy_steps(augment, randaugment_magnitude, mode)
+    steps += _policy_steps(augment, levels, mode)
     steps += [T.ToTensor(), T.Normalize(preprocess.mean, preprocess.std)]
     if random_erasing > 0:
         steps.append(T.RandomErasing(p=random_erasing))
     return T.Compose(steps)
 
 
-def _policy_steps(augment: str, randaugment_magnitude: int, mode) -> list:
-    """The --augment policy's own transform (none for `basic` and `none`)."""
+class PolicyLevels(NamedTuple):
+    """How strong the policies that take a level are: --randaugment-magnitude and
+    --augmix-severity (torchvision's reference script's defaults)."""
+
+    randaugment_magnitude: int = 9
+    augmix_severity: int = 3
+
+
+def _policy_steps(augment: str, levels: PolicyLevels, mode) -> list:
+    """The --augment policy's own transform (none for `basic` and `none`), built as torchvision's
+    reference script builds it."""
     from torchvision import transforms as T
 
     if augment == "trivialaugment":
         return [T.TrivialAugmentWide(interpolation=mode)]
     if augment == "randaugment":
-        return [T.RandAugment(magnitude=randaugment_magnitude, interpolation=mode)]
+        return [T.RandAugment(magnitude=levels.randaugment_magnitude, interpolation=mode)]
+    if augment == "augmix":
+        return [T.AugMix(severity=levels.augmix_severity, interpolation=mode)]
     if augment == "autoaugment":
         return [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)]
+    if augment.startswith(AUTOAUGMENT_PREFIX):
+        policy = T.AutoAugmentPolicy(augment.removeprefix(AUTOAUGMENT_PREFIX))
+        return [T.AutoAugment(policy, interpolation=mode)]
     return []
 
 
@@ -171,7 +199,7 @@ def _fast_train_transform(
     flip: bool,
     crop_scale: tuple[float, float],
     augment: str,
-    randaugment_magnitude: int,
+    levels: PolicyLevels,
     random_erasing: float,
 ):
     """`train_transform`'s steps with its crop a `ReducedDecodeCrop`, its flip and ToTensor +
@@ -191,6 +219,6 @@ def _fast_train_transform(
         preprocess.image_size, scale=crop_scale, interpolation=preprocess.interpolation
     )
     steps: list = [HorizontalFlip()] if flip else []
-    steps += _policy_steps(augment, randaugment_magnitude, mode)
+    steps += _policy_steps(augment, levels, mode)
     after = [T.RandomErasing(p=random_erasing)] if random_erasing > 0 else []
     return FileTrainTransform(crop, steps, NormalizedTensor(preprocess.mean, preprocess.std), after)

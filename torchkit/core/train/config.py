@@ -132,7 +132,8 @@ class TrainConfig:
         panel=DATA_PANEL,
         choices=AUGMENT_POLICIES,
         help="Augmentation policy: none (resize and centre crop), basic (random resized crop and "
-        "flip), or basic plus trivialaugment, randaugment or autoaugment.",
+        "flip), or basic plus trivialaugment, randaugment, autoaugment (ImageNet's policy), "
+        "autoaugment-cifar10, autoaugment-svhn or augmix (torchvision's transforms).",
     )
     randaugment_magnitude: int = option(
         9,
@@ -140,6 +141,13 @@ class TrainConfig:
         minimum=0,
         maximum=30,
         help="Magnitude of --augment randaugment's operations.",
+    )
+    augmix_severity: int = option(
+        3,
+        panel=DATA_PANEL,
+        minimum=1,
+        maximum=10,
+        help="Severity of --augment augmix's operations.",
     )
     random_erasing: float = option(
         0.0,

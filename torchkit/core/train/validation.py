@@ -165,6 +165,16 @@ def validate(config: TrainConfig) -> None:
         bad(f"unknown --crop-mode {config.crop_mode!r}", "use " + ", ".join(CROP_MODES))
     if not 0 <= config.randaugment_magnitude <= 30:
         bad(f"--randaugment-magnitude must be in 0..30, not {config.randaugment_magnitude}")
+    if not 1 <= config.augmix_severity <= 10:
+        bad(f"--augmix-severity must be in 1..10, not {config.augmix_severity}")
+    if config.augment == "augmix" and config.interpolation == "bicubic":
+        # AugMix runs its operations on tensors, which torchvision resamples with nearest or
+        # bilinear only: its shears and rotations would fail in the loader workers.
+        bad(
+            "--augment augmix cannot use --interpolation bicubic (torchvision's AugMix resamples "
+            "with bilinear or nearest)",
+            "give --interpolation bilinear, or another --augment",
+        )
     if config.decode not in DECODE_CHOICES:
         bad(f"unknown --decode {config.decode!r}", "use " + ", ".join(DECODE_CHOICES))
     if config.decode == "device":
@@ -389,6 +399,8 @@ def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
         unused.append(("ema_decay", "--ema"))
     if config.augment != "randaugment":
         unused.append(("randaugment_magnitude", "--augment randaugment"))
+    if config.augment != "augmix":
+        unused.append(("augmix_severity", "--augment augmix"))
     if config.augment == "none":  # resize and centre crop: no random crop, no flip
         random_crop = "a random crop (--augment other than none)"
         unused += [("crop_scale", random_crop), ("flip", random_crop)]
