@@ -688,6 +688,17 @@ def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch
         (["--weight-decay", "0", "--decay-all"], "--decay-all on has no effect"),
         (["--lr-max", "3"], "--lr-max 3 has no effect: only --find-lr uses it"),
         (["--find-lr-iters", "5"], "--find-lr-iters 5 has no effect: only --find-lr"),
+        # torchvision's reference script names the cosine floor --lr-min: the warning says ours.
+        (
+            ["--lr-min", "1e-5"],
+            "--lr-min 1e-05 has no effect: only --find-lr uses it; the cosine "
+            "schedule's final lr is --min-lr",
+        ),
+        (
+            ["--scheduler", "step", "--lr-min", "1e-5"],
+            "--lr-min 1e-05 has no effect: only --find-lr uses it; --min-lr is the final lr "
+            "of --scheduler cosine",
+        ),
         (["--augment", "none", "--crop-scale", "0.5,1"], "--crop-scale 0.5 1 has no effect"),
         (["--augment", "none", "--no-flip"], "--flip off has no effect: only a random crop"),
         # Each batch is mixed with itself reversed: a batch of one image is never mixed.

@@ -370,10 +370,11 @@ def validate(config: TrainConfig) -> None:
     if not config.find_lr:  # --find-lr has its own note of what it ignores
         for name, users in unused_options(config):
             log.warning(
-                "%s %s has no effect: only %s uses it",
+                "%s %s has no effect: only %s uses it%s",
                 option_name(name),
                 show_value(getattr(config, name)),
                 users,
+                _meant_instead(name, config),
             )
 
 
@@ -419,6 +420,17 @@ def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
         unused += [(name, "--find-lr") for name in ("lr_min", "lr_max", "find_lr_iters")]
     moved = set(set_away_from_defaults(config, [name for name, _ in unused]))
     return [(name, users) for name, users in unused if name in moved]
+
+
+def _meant_instead(name: str, config: TrainConfig) -> str:
+    """The end of an unused option's warning naming the option a user likely meant:
+    torchvision's reference script spells the cosine schedule's floor --lr-min, which here is
+    --find-lr's first lr."""
+    if name != "lr_min":
+        return ""
+    if config.scheduler == "cosine":
+        return "; the cosine schedule's final lr is --min-lr"
+    return "; --min-lr is the final lr of --scheduler cosine"
 
 
 def set_away_from_defaults(config: TrainConfig, names: Iterable[str]) -> list[str]:
