@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -651,6 +652,40 @@ def test_special_files_are_written_into_never_replaced(tmp_path):
     assert received == [b"through the pipe\n"]
     assert is_special_file(fifo) and sorted(os.listdir(tmp_path)) == ["pipe"]
     atomic_write_text("/dev/null", "discarded")
+
+
+def _seeking_renaming_writer(path):
+    """What writers given a name do: seek back (PIL, torch's zip), read the file back
+    (export's verification), write a file beside the name and rename it over it
+    (safetensors' save_file)."""
+    with open(path, "w+b") as handle:
+        handle.write(b"xxxx tail")
+        handle.seek(0)
+        handle.write(b"head")
+        handle.seek(0)
+        assert handle.read() == b"head tail"
+    beside = path.with_name(path.name + ".new")
+    beside.write_bytes(path.read_bytes() + b"\n")
+    os.replace(beside, path)
+
+
+def test_atomic_path_gives_a_fifo_the_finished_file_and_leaves_it_a_fifo(tmp_path):
+    """atomic_path handed a FIFO (or /dev/stdout a pipe) to the writer itself: a seek failed
+    (ESPIPE), a read back waited forever, a rename replaced the FIFO with a regular file. The
+    writer gets a regular temporary file, whose bytes go into the FIFO when it is done."""
+    from disks import FifoReader
+
+    reader = FifoReader(tmp_path / "model.onnx")
+    link = tmp_path / "linked.onnx"  # a link to the FIFO: the FIFO is written, the link stays
+    link.symlink_to(reader.path)
+    with atomic_path(link) as temporary:
+        assert temporary.suffix == ".onnx" and not is_special_file(temporary)
+        _seeking_renaming_writer(temporary)
+    assert reader.result() == b"head tail\n"
+    assert link.is_symlink() and sorted(os.listdir(tmp_path)) == ["linked.onnx", "model.onnx"]
+    with atomic_path("/dev/null") as temporary:  # a discard
+        _seeking_renaming_writer(temporary)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 @pytest.mark.parametrize("name", ["/dev/fd/{fd}", "/proc/self/fd/{fd}"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import onnxruntime
 import pytest
 import torch
 import torchvision
-from disks import fill_disk
+from disks import FifoReader, fill_disk
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import run_torchkit_process
@@ -591,6 +592,30 @@ def test_an_unwritable_out_folder_is_one_error_line(runner, world, small_tmpfs):
     line = error_line(result.stderr, besides="nothing")
     assert line.startswith(f"Error: cannot write {disk / 'm.onnx'}") and "Read-only" in line
     assert os.listdir(disk) == []
+
+
+def test_a_fifo_gets_the_verified_file_and_stays_a_fifo(runner, world, tmp_path):
+    """`export ck.pt out.onnx` where out.onnx is a FIFO (or /dev/stdout a pipe) was refused:
+    'the file is read back to verify it'. The file is verified in a temporary file, then
+    written into the FIFO, which stays one (every format: atomic_path, tests/cli)."""
+    fmt = TORCHSCRIPT  # the quickest to export
+    reader = FifoReader(tmp_path / f"m{SUFFIX[fmt]}")
+    result, data = export(runner, str(world["root"] / "convnet.pt"), str(reader.path))
+    written = reader.result()
+    assert result.exit_code == 0, result.stderr
+    assert data["verification"] == "passed" and data["file_bytes"] == len(written) > 0
+    copy = tmp_path / f"copy{SUFFIX[fmt]}"
+    copy.write_bytes(written)
+    assert load_exported(copy).classes == CLASSES
+
+
+def test_dev_null_is_a_discard(runner, world):
+    """`export ck.pt /dev/null --to onnx`: exported and verified, the bytes discarded (was
+    refused: 'the file is read back to verify it')."""
+    result, data = export(runner, str(world["root"] / "convnet.pt"), "/dev/null", "--to", ONNX)
+    assert result.exit_code == 0, result.stderr
+    assert data["verification"] == "passed" and data["path"] == "/dev/null"
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 @pytest.mark.parametrize("fmt", [ONNX, TORCHSCRIPT])

@@ -7,7 +7,6 @@ values mean on each side and how they are converted.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import pickle
@@ -387,30 +386,14 @@ def _write_image(path: Path, array: Any, quality: int, extension: str) -> None:
 
         image = Image.fromarray(array)
         extra = {"quality": quality} if image_format in ("JPEG", "WEBP") else {}
-        if not is_special_file(tmp):
-            image.save(tmp, format=image_format, **extra)
-            return
-        # PIL's encoders seek, which a pipe (/dev/stdout, a FIFO) cannot: encoded in memory.
-        encoded_image = io.BytesIO()
-        image.save(encoded_image, format=image_format, **extra)
-        tmp.write_bytes(encoded_image.getvalue())
+        image.save(tmp, format=image_format, **extra)  # a regular file: atomic_path's
 
 
 def _write_npy(path: Path, array: Any) -> None:
     import numpy as np
 
     with atomic_path(path) as tmp, reporting_write_errors(path), open(tmp, "wb") as handle:
-        # np.save writes into a file with `tofile`, which asks for a position a pipe
-        # (/dev/stdout, a FIFO) has not; given only a `write`, it writes in chunks.
-        sink = _Writes(handle) if is_special_file(tmp) else handle
-        np.save(sink, array, allow_pickle=False)
-
-
-class _Writes:
-    """`handle`'s write alone."""
-
-    def __init__(self, handle: Any) -> None:
-        self.write = handle.write
+        np.save(handle, array, allow_pickle=False)
 
 
 def _write_torch(path: Path, array: Any, name: str, extension: str) -> None:

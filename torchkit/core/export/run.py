@@ -125,13 +125,9 @@ def check_outputs(
 
 
 def _check_out(out: str | os.PathLike, inputs: list[InputPath], force: bool) -> Path:
-    target = Path(out)
-    if is_special_file(target):
-        raise UsageError(
-            f"cannot export to {target}: the file is read back to verify it",
-            "give a regular file name",
-        )
-    check_output_file(target, force, inputs, what="output")
+    target = check_output_file(out, force, inputs, what="output")
+    if is_special_file(target):  # a FIFO, /dev/stdout, /dev/null: verified, then written into
+        return target
     parent = target.absolute().parent
     existing = parent
     while not existing.exists() and existing != existing.parent:

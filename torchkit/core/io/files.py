@@ -359,17 +359,18 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     savefig); it is renamed into place when the block succeeds, made durable as
     `atomic_write`'s file is."""
     target = Path(path)
-    own = own_regular_descriptor(target)
-    if own is not None:  # written to a temporary file, then added where the descriptor stands
+    if is_special_file(target):
+        # A FIFO, a device or this process's stdout (`>> log.txt` too) is never handed to the
+        # writer: writers that want a name seek (PIL, torch's zip), write a file beside it and
+        # rename it over the name (safetensors), or read it back (export's verification). The
+        # finished temporary file is written into it, in order, once the block succeeds.
+        own = own_regular_descriptor(target)
         with _reporting(target), tempfile.TemporaryDirectory() as folder:
             written = Path(folder) / f"output{target.suffix}"
             yield written
-            with open(written, "rb") as source, open(os.dup(own), "wb") as sink:
-                shutil.copyfileobj(source, sink)
-        return
-    if is_special_file(target):  # the writer writes straight into the FIFO or device
-        with _reporting(target):
-            yield target
+            opened = target if own is None else os.dup(own)  # `>>`: where the descriptor stands
+            with open(written, "rb") as source, open(opened, "wb") as sink:
+                shutil.copyfileobj(source, sink, 2**20)
         return
     check_claimed(target, writing=True)
     with _reporting(target):
@@ -434,17 +435,14 @@ def torch_save(obj: object, path: str | os.PathLike) -> None:
 def safetensors_save(
     tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None
 ) -> None:
-    """`safetensors.torch.save_file(tensors, path)`, but into a FIFO or device (/dev/stdout):
-    save_file writes a temporary file beside its path and renames it over it, which replaced
-    the FIFO, or /dev/stdout itself, with a regular file. There the bytes are made in memory
-    and written into it."""
-    from safetensors.torch import save, save_file
+    """`safetensors.torch.save_file(tensors, path)` into `atomic_path`'s temporary, a regular
+    file: save_file writes a file beside its path and renames it over it, which would replace
+    a FIFO, or /dev/stdout itself, with a regular file."""
+    from safetensors.torch import save_file
 
-    if not is_special_file(path):
-        save_file(tensors, os.fspath(path), metadata=metadata)
-        return
-    with open(path, "wb") as handle:
-        handle.write(save(tensors, metadata=metadata))
+    if is_special_file(path):  # a caller outside atomic_path
+        raise ValueError(f"safetensors_save needs a regular file, not {path}")
+    save_file(tensors, os.fspath(path), metadata=metadata)
 
 
 def tree_entries(
