@@ -20,7 +20,9 @@ from torchkit.core.io.errors import CheckpointError, first_line
 from torchkit.core.io.files import atomic_path, copy_bytes, require_input, torch_save
 from torchkit.core.models.exported.formats import EXPORTED_PROGRAM, TORCHSCRIPT, sniff_format
 
-FORMAT_VERSION = 1
+# 2: googlenet and inception_v3 from torchvision's weights are trained without transform_input
+# (1: with it, when trained from its named weights; see transform_input.py).
+FORMAT_VERSION = 2
 CHECKPOINT_KEYS = (
     "format_version",
     "torchkit_version",

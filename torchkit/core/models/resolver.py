@@ -57,6 +57,7 @@ from torchkit.core.models.timm_models import (
     timm_pretrained,
     timm_sample_shape,
 )
+from torchkit.core.models.transform_input import preprocess_as_trained
 from torchkit.core.models.usercode import call_model_factory
 from torchkit.core.models.weights import (
     holds_weights_only,
@@ -396,7 +397,7 @@ def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel
         model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=path)
         if ema:
             _load_ema(model, loaded, path)
-        preprocess = Preprocess.from_dict(loaded.get("preprocess"))
+        preprocess = preprocess_as_trained(loaded, path)
         side = preprocess.image_size
         return ResolvedModel(
             model,
@@ -579,7 +580,7 @@ def _preprocess_recorded_in(loaded: Any, path: str) -> Preprocess | None:
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
     if is_torchkit_checkpoint(loaded) and loaded.get("preprocess"):
-        return Preprocess.from_dict(loaded["preprocess"], source=path)
+        return preprocess_as_trained(loaded, path)
     return None
 
 
@@ -661,7 +662,7 @@ def _load_file_weights(
         resolved.checkpoint = loaded
         resolved.classes = _checkpoint_classes(loaded, path)
         if loaded.get("preprocess"):
-            resolved.preprocess = Preprocess.from_dict(loaded["preprocess"])
+            resolved.preprocess = preprocess_as_trained(loaded, path)
             resolved.preprocess_source = "checkpoint"
             side = resolved.preprocess.image_size
             resolved.sample_shape = (resolved.preprocess.in_channels, side, side)

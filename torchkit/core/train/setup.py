@@ -20,6 +20,7 @@ from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.norms import has_batch_norm
+from torchkit.core.models.transform_input import mean_std_as_trained
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.device import amp_dtype_name, warn_if_cpu_amp_is_emulated
 from torchkit.core.runtime.distributed import DistContext
@@ -63,6 +64,9 @@ def plan_run(requested: TrainConfig, overrides) -> RunPlan:
     if config.resume:
         resumed_from, checkpoint = load_for_resume(config.resume)
         config = merge_for_resume(checkpoint["config"], config, overrides)
+        as_trained = mean_std_as_trained(checkpoint, str(resumed_from))
+        if as_trained is not None:  # an older googlenet's transform_input, as eval feeds it
+            config = dataclasses.replace(config, mean=as_trained[0], std=as_trained[1])
     config = resolve_defaults(config, is_digits=config.data == DIGITS)
     return RunPlan(config, resumed_from, checkpoint)
 
