@@ -128,3 +128,11 @@ def test_a_class_the_model_lacks_matters_only_in_the_split_scored(runner, flat_r
     result = _eval(runner, model, "--data", root, "--split", "train")
     assert result.exit_code == 1
     assert f"class(es) zebra of {root} (train) are not among" in error_line(result.stderr)
+
+
+def test_the_help_of_topk_says_what_few_classes_get(_torchkit_command):
+    """eval's --help said k became the number of classes where there are fewer than 5: k stays,
+    its figures are null (top5 with 2 classes)."""
+    options = _torchkit_command.commands["eval"].params
+    help_text = next(option.help for option in options if "--topk" in option.opts)
+    assert "if fewer" not in help_text and "null" in help_text, help_text

@@ -88,7 +88,8 @@ def eval_command(
             "--topk",
             "-k",
             min=1,
-            help="k of the top-k accuracy (default 5, or the number of classes if fewer).",
+            help="k of the top-k accuracy, named top{k} (default 5): null, and left out of "
+            "tables, where there are k classes or fewer (every class is then in the top k).",
         ),
     ] = None,
     tta: Annotated[
