@@ -13,6 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checkpoints import read_checkpoint, write_convnet_checkpoint
+from image_folders import write_image_folder
+from output_checks import error_line
 from PIL import Image
 
 from torchkit.cli import app
@@ -147,3 +150,26 @@ def test_fine_tuning_a_checkpoint_keeps_its_crop_mode(runner, tmp_path):
         )
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.stdout)["crop_mode"] == expected
+
+
+@pytest.mark.parametrize("command", ["predict", "eval", "extract-features"])
+def test_an_unknown_recorded_crop_mode_is_one_error_before_any_image(runner, tmp_path, command):
+    """A damaged file's crop mode is named, never run as `center` (extract-features did)."""
+    checkpoint = tmp_path / "zoom.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    recorded = read_checkpoint(checkpoint)
+    recorded["preprocess"]["crop_mode"] = "zoom"
+    save_checkpoint(recorded, checkpoint)
+    images = write_image_folder(tmp_path / "images", {"a": 1, "b": 1})
+    args = {
+        "predict": [str(checkpoint), str(images)],
+        "eval": [str(checkpoint), "--data", str(images)],
+        "extract-features": [str(checkpoint), str(images), str(tmp_path / "features")],
+    }[command]
+    result = runner.invoke(app, [command, *args, "--device", "cpu"])
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: the preprocessing recorded in {checkpoint} is unusable: crop_mode 'zoom' is "
+        "not one of center, squash, border (the file is damaged or was not written by torchkit)"
+    )
+    assert not (tmp_path / "features").exists()

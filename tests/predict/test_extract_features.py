@@ -133,7 +133,7 @@ def test_resnet18_checkpoint_matches_torchvision_and_truncated_sequential(runner
     meta = json.loads((out / "meta.json").read_text())
     assert meta["arch"] == "resnet18"
     assert meta["classes"] == ["cat", "dog"]
-    assert meta["preprocess"] == preprocess
+    assert meta["preprocess"] == {**preprocess, "crop_mode": "center"}  # none recorded: center
     assert meta["preprocess_source"] == "checkpoint"
     assert meta["num_images"] == meta["num_rows"] == 6
     by_name = {layer["name"]: layer for layer in meta["layers"]}

@@ -86,7 +86,8 @@ def resolve_spec(
     model's predictions (eval, predict), so random weights are refused unless
     `spec.allow_untrained`, and preprocessing the model file records that no image could go
     through is an error before any image is read. `needs_training`: the command's output means
-    nothing with random weights either (extract-features): refused the same way.
+    nothing with random weights either (extract-features): refused the same way, and its images
+    go through the model's preprocessing, checked the same way.
     """
     from torchkit.core.data.preprocessing import apply_overrides
 
@@ -118,7 +119,7 @@ def resolve_spec(
             mean=spec.mean,
             std=spec.std,
         )
-    if predicting:
+    if predicting or needs_training:
         # The options were checked above: what is still unusable came with the model (a std of
         # 0 would make every image "unreadable", a mean too long a shape error mid-output).
         from_weights = weights is not None and resolved.preprocess_source == "checkpoint"
