@@ -339,3 +339,11 @@ def test_a_torchscript_file_without_trust_says_why(tmp_path, runner):
     assert result.exit_code == 1
     assert "is a TorchScript archive, whose code runs when it is loaded" in result.stderr
     assert "--trust-checkpoint" in result.stderr and "weights_only" not in result.stderr
+
+
+def test_the_default_input_is_the_one_help_names(runner, _torchkit_command):
+    """--help said 3,224,224 whatever the model; convnet's default input is 3,28,28."""
+    options = _torchkit_command.commands["summary"].params
+    help_text = next(option.help for option in options if "--input-size" in option.opts)
+    assert invoke_json(runner, "convnet")["inputs"][0]["shape"] == [1, 3, 28, 28]
+    assert "3,28,28 for convnet" in help_text

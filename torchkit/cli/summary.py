@@ -64,8 +64,8 @@ def summary(
             "(--batch-size is added; an image model's N,C,H,W is taken as is); NAME= passes it "
             "as a keyword argument (input_ids=128:long); :DTYPE sets its dtype (long, int, bool, "
             "float16, bfloat16, float32...); () is a sample with no dimensions. Repeat for "
-            "several inputs. Default: the checkpoint's image size, or 3,224,224; none known "
-            "(a module:Callable): parameters only.",
+            "several inputs. Default: the checkpoint's image size, else 3,224,224 (3,28,28 for "
+            "convnet); none known (a module:Callable): parameters only.",
             show_default=False,
         ),
     ] = None,
