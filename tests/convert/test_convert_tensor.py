@@ -536,6 +536,33 @@ def test_a_pipe_without_an_extension_takes_the_format_of_to(tmp_path, to):
         assert load(written)["image"].shape == (3, 5, 7)
 
 
+def test_a_file_written_to_stdout_sends_the_result_table_to_stderr(tmp_path):
+    """`convert tensor x.png /dev/stdout --to npy | ...` (and export, convert-syncbn): the
+    result table was printed on stdout after the file's bytes, which the reader took for the
+    file's. stdout carries the file alone; the table goes to stderr."""
+    import io
+    import subprocess
+    import sys
+
+    from processes import INHERITED
+
+    pixels = RNG.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "x.png")
+    done = subprocess.run(
+        [sys.executable, "-m", "torchkit", "convert", "tensor", "x.png", "/dev/stdout"]
+        + ["--to", "npy", "--layout", "hwc", "--dtype", "uint8"],
+        capture_output=True,
+        cwd=tmp_path,
+        env={key: value for key, value in os.environ.items() if key not in INHERITED},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = io.BytesIO()
+    np.save(expected, pixels)
+    assert done.stdout == expected.getvalue()
+    assert "/dev/stdout" in done.stderr.decode() and "5x7x3" in done.stderr.decode()
+
+
 def test_a_fifo_named_safetensors_is_written_into_not_replaced(tmp_path):
     """safetensors writes a temporary file beside its path and renames it over it: a FIFO
     `x.safetensors` (or /dev/stdout itself, with --to safetensors) was replaced by a regular

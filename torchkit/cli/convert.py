@@ -236,7 +236,7 @@ def tensor(
             ["file", "shape", "dtype"],
             [[w.path, _shape(w.shape), w.dtype] for w in report.written],
         )
-    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force, written=[dst])
     if report.failed:  # as `cp -r`: the others are converted, and the command failed
         from torchkit.core.io.errors import InputError
 

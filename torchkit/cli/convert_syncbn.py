@@ -152,7 +152,7 @@ def convert_syncbn(
         title=title,
         align_right={"num_features"},
     )
-    emit(tables=[table], data=report, fmt=fmt, output=output, force=force)
+    emit(tables=[table], data=report, fmt=fmt, output=output, force=force, written=[destination])
     if destination is not None:
         console.note(f"wrote {report['destination']}")
 

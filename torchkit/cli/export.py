@@ -185,7 +185,7 @@ def export(
         tables = [Table(columns=list(data), rows=[[_csv_cell(v) for v in data.values()]])]
     else:
         tables = [_result_table(data)]
-    emit(tables=tables, data=data, fmt=fmt, output=output, force=force)
+    emit(tables=tables, data=data, fmt=fmt, output=output, force=force, written=[out])
     if result.verification == "skipped":
         console.warn(f"{result.path} was not verified (--no-verify)")
     elif result.verification == "inconclusive":
