@@ -659,6 +659,40 @@ def test_a_long_plain_table_of_simple_cells_is_laid_out_by_rich_once(monkeypatch
     assert laid_out == [4, 4, 4]  # each table's first batch, and the batch of row 30
 
 
+def test_a_long_table_that_fits_the_terminal_is_printed_a_batch_at_a_time(monkeypatch):
+    """On a terminal too, a long table (a row per duplicate file) is not laid out whole by rich
+    (a few KB and 0.7 ms a row): the same lines, the rows after the first batch without rich."""
+    from rich.console import Console
+
+    import torchkit.cli.render as render
+    from torchkit.cli.render import Table, print_on_terminal
+
+    rows = [
+        [k // 4 + 1, f"class{k % 3}/img{k:05d}.png", "" if k % 4 else "a, b"] for k in range(20)
+    ]
+    table = Table(["group", "file", "classes"], rows, title="Exact duplicates")
+
+    def printed() -> str:
+        screen = io.StringIO()
+        out = Console(file=screen, force_terminal=True, color_system=None, width=100)
+        print_on_terminal([table], out)
+        return screen.getvalue()
+
+    whole = printed()
+    laid_out: list[int] = []
+    rich_table = render.rich_table
+    monkeypatch.setattr(render, "PLAIN_BATCH_ROWS", 4)
+    monkeypatch.setattr(
+        render,
+        "rich_table",
+        lambda table, **kw: laid_out.append(len(table.rows)) or rich_table(table, **kw),
+    )
+    assert [line.rstrip() for line in printed().splitlines()] == [
+        line.rstrip() for line in whole.splitlines()
+    ]
+    assert laid_out == [4]
+
+
 def test_memory_per_image_of_the_pass(tmp_path, monkeypatch):
     """What the main process gathers per image while the files are read is a compact row
     (about 60 bytes), not a tuple of Python objects (about 200 bytes), and the plot's sizes are

@@ -206,6 +206,16 @@ def print_on_terminal(tables: list[Table], out: Any = None) -> None:
     lines) rather than lose text."""
     out = out or console.stdout
     for table in tables:
+        if len(table.rows) > PLAIN_BATCH_ROWS:
+            widths = _text_widths(out, table)
+            if sum(w + 3 for w in widths) + 1 <= out.width:
+                # A long table that fits: its lines as a pipe gets them, a batch of rows at a
+                # time (rich held the whole layout, a few KB a row, and took minutes for
+                # 200,000 duplicate files); only its title and header lose their style.
+                encoding = getattr(out.file, "encoding", None)
+                out.file.write(render_plain_tables([table], out.width, encoding=encoding))
+                out.file.flush()
+                continue
         rendered = rich_table(table)
         # Measuring every cell is needed only when even MIN_COLUMN_WIDTH columns may not fit.
         if _least_width([MIN_COLUMN_WIDTH] * len(table.columns)) > out.width:
