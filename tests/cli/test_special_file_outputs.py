@@ -1,0 +1,106 @@
+"""Every command's single-file output (`-o FILE`, `--plot`, a converted checkpoint or tensor, an
+exported model) into a FIFO with a reader waiting, into `/dev/null`, and at a symbolic link to
+a regular file: a special file is written into (it stays what it is, and the reader gets the
+whole file), `/dev/null` is a discard, and `--force` replaces a link with the new file, leaving
+the file it pointed at as it was."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from disks import FifoReader
+from image_folders import write_image_folder
+from processes import run_torchkit_in_process
+
+from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
+
+# command line with OUT for the output; the output's name (its extension says its format).
+# The -o of eval, video-info, train, split, benchmark and extract-features is written as
+# summary's is (render.emit, atomic_write); each writer here goes through atomic_write,
+# atomic_write_bytes or atomic_path.
+WRITERS = {
+    "summary -o": (["summary", "ck.pt", "-o", "OUT"], "out.json"),
+    "env -o": (["env", "-o", "OUT"], "out.json"),
+    "dataset-stats -o": (["dataset-stats", "ds", "-o", "OUT"], "out.csv"),
+    "dataset-stats --plot": (["dataset-stats", "ds", "--plot", "OUT"], "out.png"),
+    "predict -o": (["predict", "ck.pt", "ds", "-o", "OUT"], "out.jsonl"),
+    "convert checkpoint": (["convert", "checkpoint", "ck.pt", "OUT"], "out.safetensors"),
+    "convert-syncbn": (["convert-syncbn", "ck.pt", "OUT"], "out.pt"),
+    "convert tensor": (["convert", "tensor", "ds/a/a_0.png", "OUT"], "out.npy"),
+    "export": (["export", "ck.pt", "OUT", "--to", "torchscript", "--no-verify"], "out.ts"),
+}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """An image folder `ds` and a torchkit checkpoint `ck.pt` of the convnet for its 8x8
+    images."""
+    from torchkit.core.models import resolve_model
+
+    root = tmp_path_factory.mktemp("inputs")
+    write_image_folder(root / "ds", {"a": 2, "b": 2})
+    torch.manual_seed(0)
+    model = resolve_model("convnet", in_channels=3, image_size=8, num_classes=2).model
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": "convnet",
+            "num_classes": 2,
+            "classes": ["a", "b"],
+            "model": model.state_dict(),
+            "preprocess": {"image_size": 8, "in_channels": 3},
+        },
+        root / "ck.pt",
+    )
+    return root
+
+
+def _run(inputs: Path, writer: str, out: str | Path, *extra: str):
+    args, _ = WRITERS[writer]
+    return run_torchkit_in_process(
+        *[str(out) if arg == "OUT" else arg for arg in args], *extra, cwd=inputs
+    )
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_fifo_is_written_into_in_full_and_stays_a_fifo(inputs, tmp_path, writer):
+    reader = FifoReader(tmp_path / WRITERS[writer][1])
+    link = tmp_path / f"link-{reader.path.name}"  # a link to the FIFO: the FIFO gets the file
+    link.symlink_to(reader.path)
+    done = _run(inputs, writer, link)
+    written = reader.result()  # fails if the FIFO was replaced by a regular file
+    assert done.returncode == 0, done.stderr
+    assert written
+    assert link.is_symlink() and sorted(os.listdir(tmp_path)) == sorted(
+        [link.name, reader.path.name]
+    )
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_dev_null_is_a_discard(inputs, writer):
+    done = _run(
+        inputs, writer, "/dev/null", *(["--to", "npy"] if writer == "convert tensor" else [])
+    )
+    if writer == "convert checkpoint":  # a format said by the name alone: .safetensors or .pt
+        assert done.returncode == 2 and "cannot tell the output format" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_force_replaces_a_link_not_the_file_it_points_at(inputs, tmp_path, writer):
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious\n")
+    link = tmp_path / WRITERS[writer][1]
+    link.symlink_to(target)
+    refused = _run(inputs, writer, link)
+    assert refused.returncode == 1 and "already exists" in refused.stderr
+    done = _run(inputs, writer, link, "--force")
+    assert done.returncode == 0, done.stderr
+    assert not link.is_symlink() and link.stat().st_size > 0
+    assert target.read_text() == "precious\n"
