@@ -362,7 +362,7 @@ def test_a_value_the_data_chose_then_edited_in_the_recipe_is_kept(runner, tmp_pa
     printed = runner.invoke(app, ["train", "--print-config"])
     assert printed.exit_code == 0, printed.stderr
     recipe = json.loads(printed.stdout)
-    assert recipe["defaults_from_data"]["image_size"] == 12
+    assert recipe["defaults_from_data"]["image_size"] == {"chosen": 12}
     recipe["image_size"] = 16
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(recipe))
@@ -382,6 +382,40 @@ def test_a_value_the_data_chose_then_edited_in_the_recipe_is_kept(runner, tmp_pa
             assert shown["model"] == ("resnet18" if data else "convnet"), (source, data)
 
 
+def test_a_textual_edit_of_a_printed_recipe_keeps_the_users_value(runner, tmp_path):
+    """`sed 's/"epochs": 25/"epochs": 40/' r.json` also changed the value recorded under
+    `defaults_from_data` (`"epochs": 25` there too), so the edit looked like the data's choice
+    and was discarded (25 again): the record now reads `"epochs": {"chosen": 25}`."""
+    printed = runner.invoke(app, ["train", "--print-config"])
+    assert printed.exit_code == 0, printed.stderr
+    assert printed.stdout.count('"epochs": 25') == 1
+    edited = tmp_path / "edited.json"
+    edited.write_text(printed.stdout.replace('"epochs": 25', '"epochs": 40'))
+    result = runner.invoke(app, ["train", "--config", str(edited), "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["epochs"] == 40 and "epochs" not in shown["defaults_from_data"]
+    assert shown["defaults_from_data"]["image_size"] == {"chosen": 12}  # left as chosen
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [["epochs", "image_size"], {"epochs": 25, "image_size": 12}],
+    ids=["names", "values"],
+)
+def test_older_records_of_the_data_chosen_options_still_read(tmp_path, recorded):
+    """Files written before `{"chosen": VALUE}`: a list of names (all chosen again), or each
+    name with its bare value (an edited one kept)."""
+    from torchkit.core.train.config_file import read_config_file
+
+    recipe = tmp_path / "old.json"
+    recipe.write_text(json.dumps({"epochs": 25, "image_size": 16, "lr": 0.5,
+                                  "defaults_from_data": recorded}))  # fmt: skip
+    options = read_config_file(recipe)
+    assert "epochs" not in options and options["lr"] == 0.5
+    assert ("image_size" in options) is isinstance(recorded, dict)
+
+
 def test_a_recipe_with_another_model_chooses_its_mean_and_std_again(runner, tmp_path):
     """A googlenet recipe's mean/std 0.5 (what torchvision's googlenet weights expect) were
     carried to `--config googlenet.json --model resnet18`, and ImageNet's from a resnet18 recipe
@@ -391,7 +425,7 @@ def test_a_recipe_with_another_model_chooses_its_mean_and_std_again(runner, tmp_
                                   "--std", "0.25", "--print-config"])  # fmt: skip
     assert printed.exit_code == 0, printed.stderr
     recipe = json.loads(printed.stdout)
-    assert recipe["defaults_from_data"]["mean"] == [0.5] * 3
+    assert recipe["defaults_from_data"]["mean"] == {"chosen": [0.5] * 3}
     assert "std" not in recipe["defaults_from_data"]  # the user's
     recipe_file = tmp_path / "googlenet.json"
     recipe_file.write_text(printed.stdout)

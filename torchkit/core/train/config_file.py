@@ -108,23 +108,45 @@ def _defaults_from_data(
 ) -> list[str]:
     """The option names a recipe says were filled from the data, to be chosen again. The
     recipe records each with the value the data chose: one whose value in the file differs was
-    edited by the user and is kept. (Older files list the names alone.)"""
+    edited by the user and is kept. (Older files list the names alone, or map each name to
+    the bare value.)"""
     chosen = run.get(DEFAULTS_FROM_DATA, [])
     if isinstance(chosen, Mapping) and all(isinstance(name, str) for name in chosen):
-        return [name for name, value in chosen.items() if options.get(name, value) == value]
+        recorded = {name: _recorded_value(value, source) for name, value in chosen.items()}
+        return [name for name, value in recorded.items() if options.get(name, value) == value]
     if not isinstance(chosen, list) or not all(isinstance(name, str) for name in chosen):
-        raise InputError(
-            f"{source}: `defaults_from_data` is not a mapping of option names to the values "
-            "the data chose",
-            "give the config.json a run wrote, or a file of option names and values",
-        )
+        raise _not_data_chosen(source)
     return chosen
+
+
+# Each value the data chose is recorded as `{"chosen": VALUE}`, never as `"name": VALUE`: the
+# option's own line reads `"epochs": 25`, and a textual edit of it (`sed 's/"epochs": 25/
+# "epochs": 40/'`) would change the record too, which would then say the data chose 40.
+CHOSEN = "chosen"
+
+
+def _recorded_value(entry: Any, source: str | Path) -> Any:
+    """The value an entry of `defaults_from_data` records: `{"chosen": VALUE}`, or the bare
+    value of files written before (no option's value is a mapping)."""
+    if not isinstance(entry, Mapping):
+        return entry
+    if set(entry) != {CHOSEN}:
+        raise _not_data_chosen(source)
+    return entry[CHOSEN]
+
+
+def _not_data_chosen(source: str | Path) -> InputError:
+    return InputError(
+        f"{source}: `defaults_from_data` is not a mapping of option names to the values "
+        "the data chose",
+        "give the config.json a run wrote, or a file of option names and values",
+    )
 
 
 def data_chosen(options: Mapping[str, Any], names: Collection[str]) -> dict[str, Any]:
     """`defaults_from_data` as a recipe records it: each option the data chose, with the value
-    it chose (as `options`, the JSON form, holds it)."""
-    return {name: options[name] for name in sorted(names) if name in options}
+    it chose (as `options`, the JSON form, holds it) as `{"chosen": VALUE}`."""
+    return {name: {CHOSEN: options[name]} for name in sorted(names) if name in options}
 
 
 # Keys of a hand-written recipe that name what one command line does, not a recipe: refused
