@@ -148,6 +148,35 @@ def test_a_fifo_named_safetensors_is_written_into_not_replaced(tmp_path):
     assert torch.equal(load(reader.result())["3.weight"], state["3.weight"])
 
 
+def test_a_name_without_an_extension_takes_the_format_of_to(tmp_path):
+    """`convert checkpoint last.pt /dev/stdout` (or /dev/null): "cannot tell the output format
+    from 'stdout' (end DST with .safetensors or .pt)", a name no pipe can have. --to says the
+    format; a --to the extension contradicts is refused."""
+    import os
+
+    from safetensors.torch import load
+
+    state = small_model().state_dict()
+    torch.save(state, tmp_path / "model.pth")
+    refused = convert(tmp_path / "model.pth", "/dev/null")
+    assert refused.exit_code == 2 and "pass --to for a name without one" in refused.stderr
+    read_end, write_end = os.pipe()
+    try:
+        ok(tmp_path / "model.pth", f"/dev/fd/{write_end}", "--to", "safetensors")
+        ok(tmp_path / "model.pth", "/dev/null", "--to", "pt")
+        torch.save(small_model().state_dict(), tmp_path / "other.pth")
+        ok("--average", tmp_path / "model.pth", tmp_path / "other.pth", "/dev/null", "--to", "pt")
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        written = reader.read()
+    assert torch.equal(load(written)["3.weight"], state["3.weight"])
+    contradicted = convert(tmp_path / "model.pth", tmp_path / "x.safetensors", "--to", "pt")
+    assert contradicted.exit_code == 2
+    assert "--to pt contradicts the extension of" in contradicted.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+
+
 def test_values_are_not_called_parameters(tmp_path):
     """The issue: `parameters 271098` for a model with 269,722 parameters. A state dict holds
     parameters and buffers (BatchNorm's running statistics and counter) without saying which

@@ -58,6 +58,11 @@ class TargetFormat(str, Enum):
     safetensors = "safetensors"
 
 
+class CheckpointFormat(str, Enum):
+    safetensors = "safetensors"
+    pt = "pt"
+
+
 class Layout(str, Enum):
     chw = "chw"
     hwc = "hwc"
@@ -383,6 +388,16 @@ def checkpoint(
             "--dtype", help="Cast floating-point tensors.", case_sensitive=False, show_default=False
         ),
     ] = None,
+    to: Annotated[
+        Optional[CheckpointFormat],
+        typer.Option(
+            "--to",
+            help="The format of DST [default: from its extension]; for a name without one "
+            "(/dev/stdout, /dev/null).",
+            case_sensitive=False,
+            show_default=False,
+        ),
+    ] = None,
     trust_checkpoint: TrustCheckpointOption = False,
     force: ForceOption = False,
     fmt: FormatOption = None,
@@ -423,6 +438,7 @@ def checkpoint(
             output=output,
             allow_nonfinite=allow_nonfinite,
             trust_checkpoint=trust_checkpoint,
+            to=to.value if to else None,
         )
         return
     if allow_nonfinite:
@@ -446,6 +462,7 @@ def checkpoint(
         dtype=dtype.value if dtype else None,
         trust_checkpoint=trust_checkpoint,
         force=force,
+        to=to.value if to else None,
     )
     if report.not_taken:
         from torchkit.cli import console
@@ -474,7 +491,7 @@ def checkpoint(
         ["entries left out", len(report.skipped_entries)],
     ]
     table = Table(["quantity", "value"], rows)
-    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force, written=[dst])
 
 
 def _average(
@@ -489,6 +506,7 @@ def _average(
     output,
     allow_nonfinite=False,
     trust_checkpoint=False,
+    to=None,
 ) -> None:
     from torchkit.core.convert.averaging import write_average
     from torchkit.core.convert.report_file import check_report_output
@@ -513,6 +531,7 @@ def _average(
         force=force,
         allow_nonfinite=allow_nonfinite,
         trust_checkpoint=trust_checkpoint,
+        to=to,
     )
     rows = [
         ["sources", ", ".join(report["sources"])],
@@ -524,7 +543,7 @@ def _average(
         ["tensors averaged (floating point)", report["averaged_tensors"]],
     ]
     emit(tables=[Table(["quantity", "value"], rows)], data=report, fmt=fmt, output=output,
-         force=force)  # fmt: skip
+         force=force, written=[destination])  # fmt: skip
 
 
 def shards(

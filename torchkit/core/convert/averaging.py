@@ -171,21 +171,20 @@ def write_average(
     force: bool = False,
     allow_nonfinite: bool = False,
     trust_checkpoint: bool = False,
+    to: str | None = None,
 ) -> dict[str, Any]:
     """Average `sources` into `destination` (checked before any work: not one of the sources,
     --force to replace; written atomically; nothing written when a source holds a NaN or an
-    infinity, unless `allow_nonfinite`). Returns the report."""
+    infinity, unless `allow_nonfinite`; `to`: "pt" for a name without an extension, such as
+    /dev/stdout). Returns the report."""
+    from torchkit.core.convert.checkpoint import TORCH_EXTENSIONS, output_extension
     from torchkit.core.io.files import require_input
     from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
     from torchkit.core.models.checkpoint import save_checkpoint
 
     checked = [require_input(path, what="checkpoint", kind="file") for path in sources]
     target = Path(destination)
-    if target.suffix.lower() not in (".pt", ".pth", ".ckpt", ".bin"):
-        raise UsageError(
-            f"cannot tell the output format from {target.name!r}",
-            "end DST with .pt (a torchkit checkpoint or a state dict, like the inputs)",
-        )
+    output_extension(target, to, TORCH_EXTENSIONS, ".pt (a checkpoint or a state dict, as read)")
     check_output_file(target, force, [InputPath.of(path, "checkpoint") for path in checked])
     averaged = average_checkpoints(
         checked, allow_nonfinite=allow_nonfinite, trust_checkpoint=trust_checkpoint

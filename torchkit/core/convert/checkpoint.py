@@ -248,6 +248,26 @@ def _check_writable(name: str, tensor: Any) -> None:
         )
 
 
+def output_extension(target: Path, to: str | None, extensions: tuple[str, ...], named: str) -> str:
+    """The format of the checkpoint written at `target`: `to` ("pt", "safetensors"), else the
+    extension of `target`, one of `extensions` (`named` says them). A name without one
+    (/dev/stdout, /dev/null, a FIFO) needs `to`; a `to` the extension contradicts is refused."""
+    suffix = target.suffix.lower()
+    if to is not None:
+        wanted = f".{to.lower()}"
+        if wanted not in extensions:
+            raise UsageError(f"--to {to} cannot be written here: DST is {named}")
+        if suffix and suffix != wanted and not (suffix in TORCH_EXTENSIONS and to == "pt"):
+            raise UsageError(f"--to {to} contradicts the extension of {target}")
+        return wanted
+    if suffix not in extensions:
+        raise UsageError(
+            f"cannot tell the output format from {target.name!r}",
+            f"end DST with {named} (.pth, .bin, .ckpt), or pass --to for a name without one",
+        )
+    return suffix
+
+
 def convert_checkpoint(
     src: str | os.PathLike,
     dst: str | os.PathLike,
@@ -258,16 +278,14 @@ def convert_checkpoint(
     dtype: str | None = None,
     trust_checkpoint: bool = False,
     force: bool = False,
+    to: str | None = None,
 ) -> CheckpointReport:
     """Load `src` on the CPU, pick the state dict, rename and cast it, write `dst`
-    (.safetensors, or a plain state dict for .pt/.pth/.bin/.ckpt)."""
+    (.safetensors, or a plain state dict for .pt/.pth/.bin/.ckpt; `to`, "safetensors" or "pt",
+    for a name without one: /dev/stdout, /dev/null)."""
     source = require_input(src, what="checkpoint", kind="file")
     target = Path(dst)
-    if target.suffix.lower() not in OUTPUT_EXTENSIONS:
-        raise UsageError(
-            f"cannot tell the output format from {target.name!r}",
-            "end DST with .safetensors or .pt (.pth, .bin, .ckpt)",
-        )
+    extension = output_extension(target, to, OUTPUT_EXTENSIONS, ".safetensors or .pt")
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     # Before the (slow) load: DST is never the source, and an existing DST needs --force.
@@ -307,7 +325,7 @@ def convert_checkpoint(
         out[renamed[old]] = tensor if tensor.is_contiguous() else tensor.contiguous()
 
     shared = 0
-    if target.suffix.lower() == ".safetensors":
+    if extension == ".safetensors":
         shared = _unshare(out)
         try:
             with atomic_path(target) as tmp, reporting_write_errors(target):
