@@ -107,16 +107,27 @@ def _tables(stats) -> list[Table]:
             )
         )
     if stats.duplicates:
-        # A group's classes on its first row only: repeated on every row, 25,000 copies
-        # spread over 125 classes made 200,000 rows of 900 characters each.
-        rows = [
-            [number, path, "" if k else ", ".join(group.classes)]
+        # A group's classes in a table of their own, a row a group: in a column of the file
+        # list they padded every file's row to the longest (25,000 copies spread over 125
+        # classes: 200,000 rows of 900 characters).
+        groups = [
+            [number, len(group.paths), ", ".join(group.classes)]
             for number, group in enumerate(stats.duplicates, 1)
-            for k, path in enumerate(group.paths)
         ]
-        tables.append(
-            Table(["group", "file", "classes"], rows, title="Exact duplicates (same bytes)")
-        )
+        files = [
+            [number, path]
+            for number, group in enumerate(stats.duplicates, 1)
+            for path in group.paths
+        ]
+        tables += [
+            Table(
+                ["group", "files", "classes"],
+                groups,
+                title="Exact duplicates (same bytes)",
+                align_right={"files"},
+            ),
+            Table(["group", "file"], files, title="Duplicate files"),
+        ]
     tables += _pair_tables(stats)
     return tables
 
