@@ -164,3 +164,51 @@ def test_augmix_and_its_severity_are_recorded_and_a_resume_or_replay_keeps_them(
         assert printed.exit_code == 0, printed.stderr
         recipe = json.loads(printed.stdout)
         assert (recipe["augment"], recipe["augmix_severity"]) == ("augmix", 2), again
+
+
+@pytest.mark.parametrize("digits", [False, True])
+def test_the_train_crop_size_crops_training_images_and_leaves_validation_at_the_image_size(
+    tmp_path, digits
+):
+    # torchvision's reference recipes train at 176 and evaluate at 224 (--train-crop-size).
+    from torchkit.core.data.sources.digits import digits_splits
+    from torchkit.core.data.sources.samples import Samples
+    from torchkit.core.train.config import TrainConfig
+    from torchkit.core.train.loaders import eval_dataset, preprocess_for, train_dataset
+    from torchkit.core.train.validation import resolve_defaults
+
+    if digits:
+        samples = digits_splits()["train"].subset(range(4))
+    else:
+        paths = []
+        for i in range(2):
+            paths.append(str(tmp_path / f"{i}.png"))
+            Image.fromarray(np.full((20, 16, 3), 40 * i, dtype=np.uint8)).save(paths[-1])
+        samples = Samples(classes=["a", "b"], labels=[0, 1], paths=paths)
+    config = resolve_defaults(
+        TrainConfig(image_size=12, resize_size=14, train_crop_size=8), is_digits=digits
+    )
+    preprocess = preprocess_for(config)
+    assert train_dataset(samples, preprocess, config)[0][0].shape[-2:] == (8, 8)
+    assert eval_dataset(samples, preprocess)[0][0].shape[-2:] == (12, 12)
+
+
+def test_the_train_crop_size_is_recorded_and_the_checkpoint_keeps_the_image_size(
+    runner, tmp_path, make_image_folder
+):
+    data = tmp_path / "data"
+    make_image_folder(data / "train", {"a": 4, "b": 4}, size=16)
+    make_image_folder(data / "val", {"a": 2, "b": 2}, size=16, seed=1)
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--image-size", "12", "--train-crop-size", "8",
+            "--epochs", "1", "-j", "0", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, [*args, "--model", "nets:TinyNet"])  # pooled: any size
+    assert result.exit_code == 0, result.stderr
+    assert load_checkpoint(out / "best.pt")["preprocess"]["image_size"] == 12
+    assert json.loads((out / "config.json").read_text())["options"]["train_crop_size"] == 8
+    # The convnet's classifier is sized for --image-size: refused before the run, one line.
+    refused = runner.invoke(app, [*args, "--model", "convnet", "--force"])
+    assert refused.exit_code == 2
+    assert "Error: --train-crop-size 8: convnet does not run on 8x8 images" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert load_checkpoint(out / "best.pt")["arch"] == "nets:TinyNet"  # the run is kept

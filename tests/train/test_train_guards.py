@@ -701,6 +701,7 @@ def test_metric_sums_are_float32_on_mps_and_evaluate_works_with_them(monkeypatch
         ),
         (["--augment", "none", "--crop-scale", "0.5,1"], "--crop-scale 0.5 1 has no effect"),
         (["--augment", "none", "--no-flip"], "--flip off has no effect: only a random crop"),
+        (["--augment", "none", "--train-crop-size", "8"], "--train-crop-size 8 has no effect"),
         # Each batch is mixed with itself reversed: a batch of one image is never mixed.
         (["--batch-size", "1", "--mixup-alpha", "0.2"], "--mixup-alpha 0.2 has no effect: only"),
         (["--batch-size", "1", "--cutmix-alpha", "1"], "--cutmix-alpha 1 has no effect: only"),

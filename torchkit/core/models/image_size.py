@@ -5,7 +5,7 @@ itself never called) and only after the model has failed, so a run that works pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
@@ -67,29 +67,40 @@ def smallest_side(model: Any, channels: int, side: int, *, dtype: Any = None) ->
     """The smallest square side above `side` at which `model` (in eval mode) runs, when it does
     not run at `side` but does at `LARGEST_SIDE_TRIED`; None otherwise (it runs at `side`, fails
     at every size, or cannot be copied to the meta device)."""
+    runs = meta_runner(model, channels, dtype=dtype)
+    if runs is None:
+        return None
+    if side >= LARGEST_SIDE_TRIED or runs(side) or not runs(LARGEST_SIDE_TRIED):
+        return None
+    low, high = side, LARGEST_SIDE_TRIED  # fails at low, runs at high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if runs(middle) else (middle, high)
+    return high
+
+
+def meta_runner(model: Any, channels: int, *, dtype: Any = None) -> Callable[[int], bool] | None:
+    """A function of a square side that says whether `model` (a meta-device copy in eval mode:
+    no compute) runs on an image of that side; None when the model cannot be copied to the
+    meta device (and is not judged)."""
     import torch
 
     # Inference mode (eval, predict) would make the copy's parameters inference tensors.
-    with torch.inference_mode(False), torch.no_grad():
+    with torch.inference_mode(False):
         try:
             copy = meta_copy(model).eval()
         except Exception:  # noqa: BLE001 - a model that cannot be copied is not judged here
             return None
 
-        def runs(n: int) -> bool:
+    def runs(n: int) -> bool:
+        with torch.inference_mode(False), torch.no_grad():
             try:
                 copy(torch.empty(1, channels, n, n, device="meta", dtype=dtype))
             except Exception:  # noqa: BLE001 - whatever the reason, not this side
                 return False
-            return True
+        return True
 
-        if side >= LARGEST_SIDE_TRIED or runs(side) or not runs(LARGEST_SIDE_TRIED):
-            return None
-        low, high = side, LARGEST_SIDE_TRIED  # fails at low, runs at high
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (low, middle) if runs(middle) else (middle, high)
-        return high
+    return runs
 
 
 def meta_copy(model: Any) -> Any:

@@ -89,8 +89,21 @@ class TrainConfig:
         metavar="N",
         parse=parse_image_side,
         show_default=False,
-        help=f"Training crop size. {data_default_help('image_size')} Also spelled --input-size; "
+        help="Crop size of training and of validation (recorded in the checkpoint: eval, predict "
+        f"and export crop to it). {data_default_help('image_size')} Also spelled --input-size; "
         "C,N,N is read as N.",
+    )
+    # torchvision's reference recipes train at a smaller crop than they evaluate at (176 and 224:
+    # FixRes's train-test resolution discrepancy); only the training transform reads it.
+    train_crop_size: int | None = option(
+        None,
+        panel=DATA_PANEL,
+        minimum=1,
+        metavar="N",
+        show_default=False,
+        help="Random crop size of training alone, where it differs from --image-size (which "
+        "validation, eval, predict and export crop to), e.g. 176 with --image-size 224. "
+        "Default: --image-size.",
     )
     resize_size: int | None = option(
         None,

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torchkit.core.data.batches import collate_skipping_unreadable
@@ -486,10 +486,20 @@ def default_workers_for(data: str) -> int:
     return 0 if data == DIGITS else default_workers()
 
 
+def train_preprocess(preprocess: Preprocess, config: TrainConfig) -> Preprocess:
+    """The preprocessing of training batches: the run's (`preprocess`, which validation and the
+    checkpoint keep) with its crop at --train-crop-size where one is given, for a random crop."""
+    if config.train_crop_size is None or config.augment == "none":
+        return preprocess
+    return replace(preprocess, image_size=int(config.train_crop_size))
+
+
 def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig):
     """The train split's dataset: in-memory images (digits) transformed in torch, files
-    through `make_dataset` and torchvision's transforms."""
+    through `make_dataset` and torchvision's transforms, cropped to --train-crop-size."""
     from torchkit.core.train import memory_images
+
+    preprocess = train_preprocess(preprocess, config)
 
     if memory_images.supports(
         samples,

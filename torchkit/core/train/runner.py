@@ -27,6 +27,7 @@ from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.config_file import DEFAULTS_FROM_DATA, data_chosen
 from torchkit.core.train.epochs import EpochDriver, evaluate_best_on_test
 from torchkit.core.train.interface import RunInfo, TrainCallbacks, TrainResult
+from torchkit.core.train.loaders import train_preprocess
 from torchkit.core.train.outputs import check_tensorboard, versions
 from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.setup import (
@@ -249,7 +250,8 @@ def _image_size_checked(state: TrainState) -> Iterator[None]:
     try:
         yield
     except RuntimeError as error:
-        preprocess = state.preprocess
+        # The training crop (--train-crop-size), the first size the model runs at.
+        preprocess = train_preprocess(state.preprocess, state.config)
         refusal = image_size_refusal(
             state.model,
             state.arch,

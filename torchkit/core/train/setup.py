@@ -30,7 +30,13 @@ from torchkit.core.train.class_weights import class_weights
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.config_file import DEFAULTS_FROM_DATA, data_chosen
 from torchkit.core.train.epoch_starts import EpochStarts
-from torchkit.core.train.loaders import TrainData, build_loaders, load_splits, preprocess_for
+from torchkit.core.train.loaders import (
+    TrainData,
+    build_loaders,
+    load_splits,
+    preprocess_for,
+    train_preprocess,
+)
 from torchkit.core.train.loop import StepContext, UnreadableImages
 from torchkit.core.train.resume import (
     ResumePoint,
@@ -436,6 +442,7 @@ def _build_model(
         fit_auxiliary_heads_to(model, resumed_weights)  # none in a run from googlenet's DEFAULT
     parameters = sum(p.numel() for p in model.parameters())
     switch_off_auxiliary_heads(model)
+    _check_train_crop_size(model, resolved.arch, preprocess, config)
     from torchkit.core.train.optim import backbone_trains, freeze_backbone
 
     if not backbone_trains(config):
@@ -444,6 +451,26 @@ def _build_model(
         model = ddp.convert_sync_bn(model)
     # (a checkpoint given as --model names its architecture)
     return model, resolved.arch, parameters
+
+
+def _check_train_crop_size(
+    model: Any, arch: str, preprocess: Preprocess, config: TrainConfig
+) -> None:
+    """A --train-crop-size other than --image-size needs a model that runs at both sizes: one
+    built for one input size (the convnet's classifier, a ViT) is refused before the run starts
+    (a meta-device copy tries the training size: no compute)."""
+    from torchkit.core.models.image_size import meta_runner
+
+    side = train_preprocess(preprocess, config).image_size
+    if side == preprocess.image_size:
+        return
+    runs = meta_runner(model, preprocess.in_channels)
+    if runs is not None and not runs(side):
+        raise UsageError(
+            f"--train-crop-size {side}: {arch} does not run on {side}x{side} images; it is "
+            f"built for --image-size {preprocess.image_size}",
+            "drop --train-crop-size, or train a model that takes any input size",
+        )
 
 
 def _to_device(model: Any, ctx: DistContext, config: TrainConfig) -> None:
@@ -483,10 +510,9 @@ def _warm_decoder(
         from torchkit.core.data.decoder_warm_up import start_decoder_warm_up
         from torchkit.core.data.device_decode import ready_decoder
 
+        size = train_preprocess(preprocess, config).image_size  # the training crop's
         start_decoder_warm_up(
-            functools.partial(
-                ready_decoder, first, ctx.device, preprocess.image_size, preprocess.interpolation
-            )
+            functools.partial(ready_decoder, first, ctx.device, size, preprocess.interpolation)
         )
 
 
@@ -540,6 +566,7 @@ def _step_context(
     from torchkit.core.train.class_weights import training_loss
     from torchkit.core.train.optim import set_frozen_norms_eval
 
+    side = train_preprocess(preprocess, config).image_size  # of the training batches
     wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model
     if config.compile:
         from torchkit.core.runtime.compiled import compile_module
@@ -564,7 +591,7 @@ def _step_context(
         mixup_alpha=config.mixup_alpha,
         cutmix_alpha=config.cutmix_alpha,
         distributed=ctx.is_distributed,
-        input_shape=(preprocess.in_channels,) + (preprocess.image_size,) * 2,
+        input_shape=(preprocess.in_channels, side, side),
         normalized_pixels=NormalizedPixels(preprocess.mean, preprocess.std),
         # On a GPU the JPEGs of the next batch are decoded while this one trains.
         decode_ahead=decode_ahead.decodes_ahead(config.decode, ctx.device),

@@ -263,6 +263,8 @@ def validate(config: TrainConfig) -> None:
             bad(f"--crop-scale must satisfy 0 < MIN <= MAX <= 1, not {low} {high}")
     if config.image_size is not None and config.image_size < 1:
         bad(f"--image-size must be positive, not {config.image_size}")
+    if config.train_crop_size is not None and config.train_crop_size < 1:
+        bad(f"--train-crop-size must be positive, not {config.train_crop_size}")
     if config.image_size is not None or config.resize_size is not None:
         from torchkit.core.data.preprocessing import check_image_memory
 
@@ -404,7 +406,7 @@ def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
         unused.append(("augmix_severity", "--augment augmix"))
     if config.augment == "none":  # resize and centre crop: no random crop, no flip
         random_crop = "a random crop (--augment other than none)"
-        unused += [("crop_scale", random_crop), ("flip", random_crop)]
+        unused += [(name, random_crop) for name in ("crop_scale", "flip", "train_crop_size")]
     if config.batch_size == 1:  # a batch is mixed with itself reversed: one image, nothing
         pairs = "a --batch-size of 2 or more (a batch mixes its own images)"
         unused += [("mixup_alpha", pairs), ("cutmix_alpha", pairs)]
