@@ -144,8 +144,11 @@ def test_a_fifo_named_safetensors_is_written_into_not_replaced(tmp_path):
     state = small_model().state_dict()
     torch.save(state, tmp_path / "model.pth")
     reader = FifoReader(tmp_path / "model.safetensors")
-    ok(tmp_path / "model.pth", reader.path)
-    assert torch.equal(load(reader.result())["3.weight"], state["3.weight"])
+    done = ok(tmp_path / "model.pth", reader.path, "--format", "json")
+    written = reader.result()
+    assert torch.equal(load(written)["3.weight"], state["3.weight"])
+    # the size written, not the FIFO's (0), as for /dev/null or /dev/stdout
+    assert json.loads(done.stdout)["file_bytes_after"] == len(written)
 
 
 def test_a_name_without_an_extension_takes_the_format_of_to(tmp_path):

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, UsageError
-from torchkit.core.io.files import atomic_path, require_input, safetensors_save
+from torchkit.core.io.files import atomic_path, require_input, safetensors_save, torch_save
 from torchkit.core.io.outputs import InputPath, check_output_file, reporting_write_errors
-from torchkit.core.models.checkpoint import is_torchkit_checkpoint, load_checkpoint, save_checkpoint
+from torchkit.core.models.checkpoint import is_torchkit_checkpoint, load_checkpoint
 
 log = logging.getLogger("torchkit")
 
@@ -330,11 +330,13 @@ def convert_checkpoint(
         try:
             with atomic_path(target) as tmp, reporting_write_errors(target):
                 safetensors_save(out, tmp, metadata={"format": "pt"})
+                file_bytes = tmp.stat().st_size  # a FIFO or /dev/null has no size to ask
         except (ValueError, RuntimeError) as error:
             raise CheckpointError(f"cannot write {target} as safetensors: {error}") from None
     else:
-        with reporting_write_errors(target):
-            save_checkpoint(out, target)
+        with atomic_path(target) as tmp, reporting_write_errors(target):
+            torch_save(out, tmp)
+            file_bytes = tmp.stat().st_size
 
     return CheckpointReport(
         source=str(source),
@@ -345,7 +347,7 @@ def convert_checkpoint(
         bytes_before=sum(_nbytes(t) for t in tensors.values()),
         bytes_after=sum(_nbytes(t) for t in out.values()),
         file_bytes_before=source.stat().st_size,
-        file_bytes_after=target.stat().st_size,
+        file_bytes_after=file_bytes,
         keys_renamed=sum(old != new for old, new in renamed.items()),
         prefix_stripped=stripped,
         prefix_added=add_prefix or None,
