@@ -89,9 +89,9 @@ class TrainConfig:
         metavar="N",
         parse=parse_image_side,
         show_default=False,
-        help="Crop size of training and of validation (recorded in the checkpoint: eval, predict "
-        f"and export crop to it). {data_default_help('image_size')} Also spelled --input-size; "
-        "C,N,N is read as N.",
+        help=f"Crop size. {data_default_help('image_size')} Validation crops to it, and eval, "
+        "predict and export through the checkpoint; training too, unless --train-crop-size. "
+        "Also spelled --input-size; C,N,N is read as N.",
     )
     # torchvision's reference recipes train at a smaller crop than they evaluate at (176 and 224:
     # FixRes's train-test resolution discrepancy); only the training transform reads it.
