@@ -173,3 +173,32 @@ def test_an_unknown_recorded_crop_mode_is_one_error_before_any_image(runner, tmp
         "not one of center, squash, border (the file is damaged or was not written by torchkit)"
     )
     assert not (tmp_path / "features").exists()
+
+
+def test_fine_tuning_a_checkpoint_with_an_unknown_crop_mode_names_the_file(runner, tmp_path):
+    """train blamed the option it was never given (`unknown --crop-mode 'zoom'`); a --crop-mode
+    given replaces the damaged value."""
+    checkpoint = tmp_path / "zoom.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    recorded = read_checkpoint(checkpoint)
+    recorded["preprocess"]["crop_mode"] = "zoom"
+    save_checkpoint(recorded, checkpoint)
+    args = ["train", "--data", "digits", "--weights", str(checkpoint), "--print-config"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: the preprocessing recorded in {checkpoint} is unusable: crop_mode 'zoom' is "
+        "not one of center, squash, border (the file is damaged or was not written by torchkit)"
+    )
+    result = runner.invoke(app, [*args, "--crop-mode", "squash"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["crop_mode"] == "squash"
+    # An interpolation eval resizes with and train does not: the file's, not the option's.
+    recorded["preprocess"].update(crop_mode="center", interpolation="lanczos")
+    save_checkpoint(recorded, checkpoint)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: {checkpoint} records interpolation 'lanczos', which train does not resize "
+        "with (give --interpolation bilinear, bicubic, nearest)"
+    )

@@ -69,6 +69,8 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     recorded = None  # what a torchkit checkpoint fine-tuned here was trained on
     if any(getattr(config, name) is None for name in PREPROCESS_OPTIONS):
         recorded = _fine_tuned_preprocess(config)
+    if recorded is not None:
+        _check_taken_values(recorded, config)
     if config.interpolation is None:
         chosen["interpolation"] = (recorded or Preprocess()).interpolation
     if config.crop_mode is None:
@@ -115,6 +117,22 @@ def _fine_tuned_preprocess(config: TrainConfig) -> Preprocess | None:
     if not is_checkpoint_path(source):
         return None
     return recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
+
+
+def _check_taken_values(recorded: Preprocess, config: TrainConfig) -> None:
+    """The recorded values the run takes (those its options leave unset) are usable: a damaged
+    file's value is named with the file, never blamed on the option it stands in for."""
+    source = config.weights or str(config.model)
+    given = [name for name in PREPROCESS_OPTIONS if getattr(config, name) is not None]
+    stand_in = Preprocess(mean=(0.5,), std=(0.5,))  # usable values for those the options give
+    taken = dataclasses.replace(recorded, **{name: getattr(stand_in, name) for name in given})
+    taken.check(source)
+    if config.interpolation is None and recorded.interpolation not in INTERPOLATIONS:
+        raise UsageError(
+            f"{source} records interpolation {recorded.interpolation!r}, which train does not "
+            "resize with",
+            "give --interpolation " + ", ".join(INTERPOLATIONS),
+        )
 
 
 def _crop_mode_of(model: str | None, weights: str | None, recorded: Preprocess | None) -> str:
