@@ -654,6 +654,23 @@ def test_special_files_are_written_into_never_replaced(tmp_path):
     atomic_write_text("/dev/null", "discarded")
 
 
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="needs a writable /dev/shm")
+def test_a_regular_file_under_dev_is_a_file_like_any_other():
+    """Every path under /dev and /proc was taken for a special file: `-o /dev/shm/x.json`
+    overwrote an existing file without --force, in place (not atomically)."""
+    from processes import run_torchkit_in_process
+
+    path = Path("/dev/shm") / f"torchkit-test-{os.getpid()}-{threading.get_ident()}.json"
+    path.write_text("precious\n")
+    try:
+        assert not is_special_file(path)
+        done = run_torchkit_in_process("env", "-o", path)
+        assert done.returncode == 1 and "already exists" in done.stderr
+        assert path.read_text() == "precious\n"
+    finally:
+        path.unlink()
+
+
 def _seeking_renaming_writer(path):
     """What writers given a name do: seek back (PIL, torch's zip), read the file back
     (export's verification), write a file beside the name and rename it over it

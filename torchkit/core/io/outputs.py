@@ -226,9 +226,11 @@ def check_not_written_in(
 
 
 def is_special_file(path: str | os.PathLike) -> bool:
-    """A FIFO, device, socket or /dev/stdout: written into, never replaced by a regular file."""
+    """A FIFO, device, socket or /dev/stdout: written into, never replaced by a regular file.
+    A regular file under /dev or /proc (/dev/shm/x.json) is a file like any other: refused
+    when it exists, unless --force, and replaced atomically."""
     text = os.fspath(path)
-    if text.startswith(("/dev/", "/proc/")):
+    if own_descriptor(text) is not None:  # also a `>> log.txt` stdout, or a closed one
         return True
     try:
         mode = os.stat(text).st_mode

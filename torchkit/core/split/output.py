@@ -23,6 +23,7 @@ from torchkit.core.io.outputs import (
     claim_folder,
     claimed_change,
     discard_tree,
+    is_special_file,
     kept_note,
     remove_marker,
     remove_tree,
@@ -257,7 +258,7 @@ def check_report_file(
     of your own beside the split is fine. A missing dataset is said first."""
     require_data(source)
     check_output_file(output, force, data_inputs(source), what="output")
-    if str(output).startswith(("/dev/", "/proc/")):
+    if is_special_file(output):
         return
     inside = os.path.relpath(os.path.realpath(output), os.path.realpath(out))
     if inside == os.pardir or inside.startswith(os.pardir + os.sep):
