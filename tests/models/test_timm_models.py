@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.data.preprocessing import Preprocess
+from torchkit.core.data.preprocessing import IMAGENET_MEAN, Preprocess
 from torchkit.core.data.transforms import eval_transform
 from torchkit.core.io.errors import OfflineError, TorchkitError, UsageError
 from torchkit.core.models import (
@@ -177,6 +177,57 @@ def test_train_takes_the_crop_mode_of_the_timm_tag_it_fine_tunes(runner):
         )
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.stdout)["crop_mode"] == expected, args
+
+
+def test_fine_tuning_a_timm_tag_takes_the_preprocessing_its_weights_were_trained_on(
+    hub_cache, runner, tmp_path
+):
+    """test_vit.r160_in1k's weights were trained on mean/std 0.5, bicubic, 160 px crops of
+    images resized to 160 / 0.95: train fed them ImageNet-normalised, bilinear images at the
+    data's default size (eval of the same tag fed the tag's). The tag's values are now the
+    defaults, chosen from the weights (a replay with another model chooses again); an option
+    given stays the user's."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg("test_vit.r160_in1k")
+    assert (cfg.mean, cfg.std, cfg.interpolation) == ((0.5,) * 3, (0.5,) * 3, "bicubic")
+    expected = {"image_size": 160, "resize_size": math.floor(160 / cfg.crop_pct)}
+    expected |= {"mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bicubic"}
+    expected |= {"crop_mode": "center"}
+    truth = timm.create_model("test_vit.r160_in1k")
+    cache_weights(hub_cache, cfg.hf_hub_id, truth)
+    data = write_image_folder(tmp_path / "data", {"a": 2, "b": 2}, size=12)
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["train", "--data", str(data), "--model", "timm/test_vit.r160_in1k", "--weights"]
+        + ["DEFAULT", "--epochs", "1", "--batch-size", "2", "--val-split", "0.5", "-j", "0"]
+        + ["--device", "cpu", "--seed", "0", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert {name: config["options"][name] for name in expected} == expected
+    assert set(expected) <= set(config["defaults_from_data"])
+    recorded = load_checkpoint(out / "best.pt")["preprocess"]
+    assert {name: recorded[name] for name in expected} == expected
+
+    def print_config(*args: str) -> dict:
+        given = runner.invoke(app, ["train", "--data", str(data), *args, "--print-config"])
+        assert given.exit_code == 0, given.stderr
+        return json.loads(given.stdout)
+
+    by_tag_name = print_config("--model", "timm/test_vit", "--weights", "r160_in1k")
+    assert {name: by_tag_name[name] for name in expected} == expected
+    tuned = ["--model", "timm/test_vit.r160_in1k", "--weights", "DEFAULT"]
+    given = print_config(*tuned, "--mean", "0.4", "--interpolation", "bilinear")
+    assert (given["mean"], given["std"]) == ([0.4] * 3, [0.5] * 3)
+    assert given["interpolation"] == "bilinear"
+    assert {"mean", "interpolation"}.isdisjoint(given["defaults_from_data"])
+    sized = print_config(*tuned, "--image-size", "80")  # the tag's crop ratio kept
+    assert (sized["image_size"], sized["resize_size"]) == (80, round(80 / cfg.crop_pct))
+    # Random weights: the data's defaults, as before.
+    random = print_config("--model", "timm/test_vit.r160_in1k")
+    assert (random["mean"], random["interpolation"]) == (list(IMAGENET_MEAN), "bilinear")
 
 
 def test_an_existing_path_named_like_a_timm_model_is_still_a_file(tmp_path, monkeypatch):

@@ -163,7 +163,15 @@ def timm_preprocess(
     or border); `image_size` replaces the input size (the crop ratio is kept)."""
     from timm.data import resolve_data_config
 
-    config = resolve_data_config({}, model=model)
+    return _preprocess_of(resolve_data_config({}, model=model), image_size, in_channels)
+
+
+def _preprocess_of(
+    config: dict[str, Any],
+    image_size: int | Sequence[int] | None = None,
+    in_channels: int | None = None,
+) -> Preprocess:
+    """`Preprocess` of a data config `resolve_data_config` gives (see `timm_preprocess`)."""
     size = size_pair(image_size)
     side = size[0] if size is not None else int(config["input_size"][1])
     channels = in_channels or int(config["input_size"][0])
@@ -184,17 +192,37 @@ def timm_preprocess(
     )
 
 
+def timm_weights_preprocess(spec: str, weights: str) -> Preprocess | None:
+    """The eval preprocessing of the pretrained config whose weights `--weights DEFAULT|TAG`
+    loads into `timm/NAME[.TAG]` (`timm_preprocess` of the model it builds), read from timm's
+    registry: no model built, nothing downloaded. What train fine-tunes those weights on; None
+    where timm registers no config."""
+    from timm.data import resolve_data_config
+    from timm.models import get_pretrained_cfg
+
+    config = get_pretrained_cfg(_tag_name(spec, weights))
+    if config is None:
+        return None
+    return _preprocess_of(resolve_data_config({}, pretrained_cfg=config.to_dict()))
+
+
 def timm_crop_mode(spec: str, weights: str | None = None) -> str:
     """The crop mode (`Preprocess.crop_mode`) of the pretrained config of `timm/NAME[.TAG]`
     with `--weights TAG` (another value: the spec's tag, else timm's default one), without
     building the model: what train evaluates and records for it."""
     from timm.models import get_pretrained_cfg
 
+    return _crop_mode(getattr(get_pretrained_cfg(_tag_name(spec, weights)), "crop_mode", None))
+
+
+def _tag_name(spec: str, weights: str | None) -> str:
+    """`NAME.TAG` of the pretrained config of `timm/NAME[.TAG]` with `--weights TAG`: the
+    spec's tag, else the TAG, else `NAME` (timm's default tag)."""
     name = require_timm_name(spec)
     arch, _, tag = name.partition(".")
     if weights and not tag and f"{arch}.{weights}" in _pretrained_tags(arch):
         name = f"{arch}.{weights}"
-    return _crop_mode(getattr(get_pretrained_cfg(name), "crop_mode", None))
+    return name
 
 
 def _crop_mode(value: Any) -> str:

@@ -89,7 +89,8 @@ class TrainConfig:
         metavar="N",
         parse=parse_image_side,
         show_default=False,
-        help=f"Crop size. {data_default_help('image_size')} Validation crops to it, and eval, "
+        help=f"Crop size. {data_default_help('image_size')} Fine-tuning a torchkit checkpoint "
+        "or timm's weights, the size they were trained at. Validation crops to it, and eval, "
         "predict and export through the checkpoint; training too, unless --train-crop-size. "
         "Also spelled --input-size; C,N,N is read as N.",
     )
@@ -111,13 +112,15 @@ class TrainConfig:
         minimum=1,
         show_default=False,
         help="Evaluation resize before the centre crop. Default: --image-size for digits, "
-        "--image-size/0.875 for image folders.",
+        "--image-size/0.875 for image folders; fine-tuning a torchkit checkpoint or timm's "
+        "weights, their resize-to-crop ratio.",
     )
     mean: tuple[float, ...] | None = option(
         None,
         panel=DATA_PANEL,
         parse=parse_floats,
         help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (the ImageNet default; "
+        "fine-tuning a torchkit checkpoint or timm's weights, the one they were trained on; "
         "`torchkit dataset-stats` computes your data's).",
     )
     std: tuple[float, ...] | None = option(
@@ -198,8 +201,8 @@ class TrainConfig:
         choices=INTERPOLATIONS,
         show_default=False,
         help="Resampling of every resize, in training and (recorded in the checkpoint) in eval, "
-        "predict and export. Default: bilinear; fine-tuning a torchkit checkpoint, the one it "
-        "records.",
+        "predict and export. Default: bilinear; fine-tuning a torchkit checkpoint or timm's "
+        "weights, the one they were trained with.",
     )
     crop_mode: str | None = option(  # of the eval transform; in the checkpoint
         None,

@@ -55,9 +55,10 @@ PREPROCESS_OPTIONS = ("image_size", "resize_size", "mean", "std", "interpolation
 
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
-    """Fill the None options from the data (the input size, resize, mean/std and interpolation
-    a fine-tuned torchkit checkpoint records; mean/std from the model and its weights); the
-    names filled go into `data_defaults`."""
+    """Fill the None options from the data and from what the weights fine-tuned were trained
+    on (the input size, resize, mean/std, interpolation and crop mode a torchkit checkpoint
+    records, or a timm tag's pretrained config gives; mean/std 0.5 for torchvision's googlenet
+    and inception_v3 weights); the names filled go into `data_defaults`."""
     from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, resize_for_crop
     from torchkit.core.models.builders import (
         TRANSFORM_INPUT_MEAN_STD,
@@ -66,19 +67,17 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
 
     table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
     chosen = {name: value for name, value in table.items() if getattr(config, name) is None}
-    recorded = None  # what a torchkit checkpoint fine-tuned here was trained on
+    model = chosen.get("model", config.model)
+    recorded = None  # what the weights fine-tuned here were trained on
     if any(getattr(config, name) is None for name in PREPROCESS_OPTIONS):
-        recorded = _fine_tuned_preprocess(config)
-    if recorded is not None:
-        _check_taken_values(recorded, config)
+        recorded = _fine_tuned_preprocess(config, model)
     if config.interpolation is None:
         chosen["interpolation"] = (recorded or Preprocess()).interpolation
     if config.crop_mode is None:
-        model = chosen.get("model", config.model)
         chosen["crop_mode"] = _crop_mode_of(model, config.weights, recorded)
     if recorded is not None:
-        # Its weights' input size and resize ratio, as eval takes them, not the data's defaults
-        # (a 12 px digits convnet at 224 px).
+        # The weights' input size and resize ratio, as eval takes them, not the data's defaults
+        # (a 12 px digits convnet at 224 px, a 384 px timm tag at 224 px).
         sizes = apply_overrides(
             recorded, image_size=config.image_size, resize_size=config.resize_size
         )
@@ -93,7 +92,7 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     mean, std = IMAGENET_MEAN, IMAGENET_STD
     if takes_transform_input_mean_std(str(config.model), config.weights):
         mean = std = TRANSFORM_INPUT_MEAN_STD  # what the weights expect (see builders)
-    elif recorded is not None:  # what a torchkit checkpoint's weights were trained on
+    elif recorded is not None:  # what the weights were trained on
         mean, std = three_channels(recorded.mean, ()), three_channels(recorded.std, ())
     resolved.mean = three_channels(resolved.mean, mean)
     resolved.std = three_channels(resolved.std, std)
@@ -107,22 +106,33 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     return resolved
 
 
-def _fine_tuned_preprocess(config: TrainConfig) -> Preprocess | None:
-    """The preprocessing recorded in the torchkit checkpoint a run fine-tunes (`--weights FILE`,
-    or `--model FILE` without --weights); None for any other weights."""
-    from torchkit.core.models.builders import is_checkpoint_path
+def _fine_tuned_preprocess(config: TrainConfig, model: str | None) -> Preprocess | None:
+    """What the weights a run fine-tunes were trained on: the preprocessing recorded in a
+    torchkit checkpoint (`--weights FILE`, or `--model FILE` without --weights), or the
+    pretrained config of the timm tag whose weights `--weights DEFAULT|TAG` loads into
+    `timm/NAME[.TAG]`; None for any other weights (and for none)."""
+    import os
+
+    from torchkit.core.models.builders import is_checkpoint_path, is_timm_spec
     from torchkit.core.models.resolver import recorded_preprocess
 
-    source = config.weights or str(config.model)
-    if not is_checkpoint_path(source):
-        return None
-    return recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
+    source = config.weights or str(model)
+    if is_checkpoint_path(source):
+        recorded = recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
+        if recorded is not None:
+            _check_taken_values(recorded, config, source)
+        return recorded
+    # timm's own weights, told from a weights file as the model builder tells them (_build_timm).
+    if config.weights and is_timm_spec(str(model)) and not os.path.exists(config.weights):
+        from torchkit.core.models.timm_models import timm_weights_preprocess
+
+        return timm_weights_preprocess(str(model), config.weights)
+    return None
 
 
-def _check_taken_values(recorded: Preprocess, config: TrainConfig) -> None:
+def _check_taken_values(recorded: Preprocess, config: TrainConfig, source: str) -> None:
     """The recorded values the run takes (those its options leave unset) are usable: a damaged
     file's value is named with the file, never blamed on the option it stands in for."""
-    source = config.weights or str(config.model)
     given = [name for name in PREPROCESS_OPTIONS if getattr(config, name) is not None]
     stand_in = Preprocess(mean=(0.5,), std=(0.5,))  # usable values for those the options give
     taken = dataclasses.replace(recorded, **{name: getattr(stand_in, name) for name in given})
@@ -136,8 +146,8 @@ def _check_taken_values(recorded: Preprocess, config: TrainConfig) -> None:
 
 
 def _crop_mode_of(model: str | None, weights: str | None, recorded: Preprocess | None) -> str:
-    """The eval crop mode a run takes when --crop-mode is not given: the fine-tuned torchkit
-    checkpoint's, a timm model's pretrained config's, else `center`."""
+    """The eval crop mode a run takes when --crop-mode is not given: the one the fine-tuned
+    weights were trained on, a timm model's pretrained config's, else `center`."""
     from torchkit.core.models.builders import is_timm_spec
 
     if recorded is not None:
