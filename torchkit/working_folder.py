@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchkit.core.io.errors import InputError
+    from torchkit.core.io.errors import InputError, TorchkitError
 
 
 def is_gone() -> bool:
@@ -35,6 +35,14 @@ def gone_error() -> InputError:
         "the working folder no longer exists (it was deleted while the shell was in it)",
         "cd to a folder that exists and run the command again",
     )
+
+
+def explain(error: TorchkitError) -> None:
+    """`error`, raised while the working folder is gone, hinting so: a relative path names
+    nothing there, and 'path not found: clip.mp4 (check the path)' sent the user to a path that
+    is right. Its message stays: it may be about an absolute path."""
+    if is_gone() and error.message != gone_error().message:
+        error.hint = "the working folder no longer exists: cd to a folder that exists and run again"
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -54,3 +54,17 @@ def test_a_relative_path_in_a_deleted_working_folder_is_one_error_line(image_fol
     assert result.exit_code == 1, result.stderr
     assert GONE in error_line(result.stderr), result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_relative_input_in_a_deleted_working_folder_says_why(tmp_path):
+    # Before: "Error: path not found: clip.mp4 (check the path)", sending the user to a path
+    # that is right: it names nothing because the folder it is relative to is gone.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    with working_directory(gone):
+        gone.rmdir()
+        result = CliRunner().invoke(app, ["video-info", "clip.mp4"])
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr)
+    assert "clip.mp4" in line and GONE in line, result.stderr
+    assert "check the path" not in line

@@ -349,6 +349,7 @@ class TorchkitGroup(TyperGroup):
                 raise typer.Exit(error.exit_code) from None  # rank 0 reports it, once
             if error.from_shared_inputs and _leave_to_local_rank_0():
                 raise typer.Exit(error.exit_code) from None  # local rank 0 reports it
+            working_folder.explain(error)
             _report(error, str(error))
             raise typer.Exit(error.exit_code) from None
         except BrokenPipeError:
