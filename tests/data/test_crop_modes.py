@@ -170,7 +170,8 @@ def test_an_unknown_recorded_crop_mode_is_one_error_before_any_image(runner, tmp
     assert result.exit_code == 1, result.stderr
     assert error_line(result.stderr) == (
         f"Error: the preprocessing recorded in {checkpoint} is unusable: crop_mode 'zoom' is "
-        "not one of center, squash, border (the file is damaged or was not written by torchkit)"
+        "not one of center, squash, border (it is the model file's fault, not the images'; "
+        "give --crop-mode to override it)"
     )
     assert not (tmp_path / "features").exists()
 
@@ -188,7 +189,8 @@ def test_fine_tuning_a_checkpoint_with_an_unknown_crop_mode_names_the_file(runne
     assert result.exit_code == 1, result.stderr
     assert error_line(result.stderr) == (
         f"Error: the preprocessing recorded in {checkpoint} is unusable: crop_mode 'zoom' is "
-        "not one of center, squash, border (the file is damaged or was not written by torchkit)"
+        "not one of center, squash, border (it is the model file's fault, not the images'; "
+        "give --crop-mode to override it)"
     )
     result = runner.invoke(app, [*args, "--crop-mode", "squash"])
     assert result.exit_code == 0, result.stderr
@@ -202,3 +204,33 @@ def test_fine_tuning_a_checkpoint_with_an_unknown_crop_mode_names_the_file(runne
         f"Error: {checkpoint} records interpolation 'lanczos', which train does not resize "
         "with (give --interpolation bilinear, bicubic, nearest)"
     )
+
+
+def test_predict_crop_mode_replaces_the_recorded_one(runner, tmp_path):
+    """eval, predict and extract-features take --crop-mode (one shared option) over the model
+    file's, as --image-size and --resize-size: a center file run with --crop-mode squash
+    answers as the squash file, and a damaged file's mode is replaced."""
+    images = _non_square_split(tmp_path / "data") / "val"
+    center = tmp_path / "center.pt"
+    write_convnet_checkpoint(center, in_channels=3, image_size=8, classes="ab")
+    recorded = read_checkpoint(center)
+    files = {}
+    for mode in ("center", "squash", "zoom"):
+        recorded["preprocess"].update(resize_size=10, crop_mode=mode)
+        files[mode] = tmp_path / f"{mode}.pt"
+        save_checkpoint(recorded, files[mode])
+
+    def logits(checkpoint: Path, *options: str) -> list[list[float]]:
+        result = runner.invoke(
+            app,
+            ["predict", str(checkpoint), str(images), "--logits", "--format", "json", "-j", "0"]
+            + ["--device", "cpu", *options],
+        )
+        assert result.exit_code == 0, result.stderr
+        return [[row["logit_0"], row["logit_1"]] for row in json.loads(result.stdout)]
+
+    squashed = logits(files["squash"])
+    assert logits(files["center"]) != squashed
+    assert logits(files["center"], "--crop-mode", "squash") == squashed
+    assert logits(files["zoom"], "--crop-mode", "squash") == squashed
+    assert logits(files["squash"], "--crop-mode", "center") == logits(files["center"])

@@ -159,6 +159,7 @@ def eval_command(
         classes=parse_class_names(classes) if classes else None,
         image_size=preprocess.image_size,
         resize_size=preprocess.resize_size,
+        crop_mode=preprocess.crop_mode,
         mean=preprocess.mean,
         std=preprocess.std,
         trust_checkpoint=trust_checkpoint,

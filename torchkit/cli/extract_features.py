@@ -244,6 +244,7 @@ def extract_features_command(
         file_format=array_format.value,
         image_size=preprocess.image_size,
         resize_size=preprocess.resize_size,
+        crop_mode=preprocess.crop_mode,
         mean=preprocess.mean,
         std=preprocess.std,
         run=run,

@@ -163,6 +163,7 @@ def predict_command(
         tta=tta.value,
         image_size=preprocess.image_size,
         resize_size=preprocess.resize_size,
+        crop_mode=preprocess.crop_mode,
         mean=preprocess.mean,
         std=preprocess.std,
         strict=strict,

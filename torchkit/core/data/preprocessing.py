@@ -181,13 +181,15 @@ class Preprocess:
         found = self.problem()
         if found is not None:
             name, what = found
-            option = {"image_size": "--image-size", "resize_size": "--resize-size"}.get(
-                name, f"--{name}"
-            )
+            option = {
+                "image_size": "--image-size",
+                "resize_size": "--resize-size",
+                "crop_mode": "--crop-mode",
+            }.get(name, f"--{name}")
             raise CheckpointError(
                 f"the preprocessing recorded in {source} is unusable: {what}",
                 f"it is the model file's fault, not the images'; give {option} to override it"
-                if name not in ("in_channels", "interpolation", "crop_mode")
+                if name not in ("in_channels", "interpolation")
                 else "the file is damaged or was not written by torchkit",
             )
         return self
@@ -208,8 +210,10 @@ def apply_overrides(
     resize_size: int | None = None,
     mean: tuple[float, ...] | None = None,
     std: tuple[float, ...] | None = None,
+    crop_mode: str | None = None,
 ) -> Preprocess:
-    """`--image-size/--resize-size/--mean/--std` on top of the model's preprocessing.
+    """`--image-size/--resize-size/--mean/--std/--crop-mode` on top of the model's
+    preprocessing.
 
     A new `--image-size` keeps the model's resize-to-crop ratio (256/224 for ImageNet models)
     unless `--resize-size` is given too. One mean/std value is used for every channel.
@@ -248,6 +252,10 @@ def apply_overrides(
         result = replace(result, std=values)
     if mean is not None or std is not None:
         check_normalization(result.mean, result.std)
+    if crop_mode is not None:
+        if crop_mode not in CROP_MODES:
+            raise UsageError(f"unknown --crop-mode {crop_mode!r}", "use " + ", ".join(CROP_MODES))
+        result = replace(result, crop_mode=crop_mode)
     return result
 
 

@@ -79,6 +79,7 @@ class FeatureRequest:
     file_format: str = "npy"
     image_size: int | None = None
     resize_size: int | None = None
+    crop_mode: str | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     strict: bool = False
@@ -266,6 +267,7 @@ def _extract(
             trust_checkpoint=request.trust_checkpoint,
             image_size=request.image_size,
             resize_size=request.resize_size,
+            crop_mode=request.crop_mode,
             mean=request.mean,
             std=request.std,
             allow_untrained=request.allow_untrained,

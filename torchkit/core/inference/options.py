@@ -5,7 +5,8 @@ cli.run_options:
 - InferenceOptions: how a command runs its model (batches, loader workers, device, precision,
   where images are decoded). A request contains one as its `run` (`request.run.batch_size`).
 - PreprocessOverrides: what the command line changes of a model's own preprocessing (crop
-  size, resize, mean and std or a --stats file); eval, predict and extract-features.
+  size, resize, crop mode, mean and std or a --stats file); eval, predict and
+  extract-features.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from torchkit.core.data.decode import INFERENCE_DECODES
-from torchkit.core.data.preprocessing import parse_floats
+from torchkit.core.data.preprocessing import CROP_MODES, parse_floats
 from torchkit.core.input_size import parse_image_side
 from torchkit.core.io.errors import UsageError
 from torchkit.core.option_specs import option, option_specs
@@ -109,6 +110,15 @@ class PreprocessOverrides:
         help="Shorter side before the centre crop (both sides for a model whose crop mode is "
         "squash, the longer one for border). Default: the checkpoint's, else keeps the "
         "model's resize/crop ratio (256/224 for ImageNet models).",
+    )
+    crop_mode: str | None = option(
+        None,
+        choices=CROP_MODES,
+        show_default=False,
+        help="How images are fitted to --image-size: center = the shorter side resized to "
+        "--resize-size, then a centre crop; squash = both sides resized (the aspect ratio is not "
+        "kept), then a centre crop; border = the longer side resized, the rest padded with the "
+        "mean colour. Default: the model file's, else a timm model's own, else center.",
     )
     # --mean, --std and --stats are read together (core.preprocessing.mean_std_options).
     mean: tuple[float, ...] | None = option(

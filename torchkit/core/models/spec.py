@@ -35,6 +35,7 @@ class ModelSpec:
     resize_size: int | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    crop_mode: str | None = None
     # One sample's input (C, H, W) that sizes a model built here (convnet, ViT, timm models):
     # summary's and benchmark's --input-size.
     sample_shape: tuple[int, ...] | None = None
@@ -80,7 +81,7 @@ def resolve_spec(
     needs_training: bool = False,
 ) -> ResolvedModel:
     """The model `spec` names, through the one model resolver, with the preprocessing it comes
-    with changed by `--image-size/--resize-size/--mean/--std`.
+    with changed by `--image-size/--resize-size/--mean/--std/--crop-mode`.
 
     `exported` and `new_head` are `resolve_model`'s. `predicting`: the command reports the
     model's predictions (eval, predict), so random weights are refused unless
@@ -118,6 +119,7 @@ def resolve_spec(
             resize_size=spec.resize_size,
             mean=spec.mean,
             std=spec.std,
+            crop_mode=spec.crop_mode,
         )
     if predicting or needs_training:
         # The options were checked above: what is still unusable came with the model (a std of

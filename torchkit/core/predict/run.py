@@ -52,6 +52,7 @@ class PredictRequest:
     tta: str = "none"
     image_size: int | None = None
     resize_size: int | None = None
+    crop_mode: str | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     strict: bool = False  # the first unreadable image (or non-finite output) is an error
@@ -112,6 +113,7 @@ class PredictRun:
             classes=request.classes,
             image_size=request.image_size,
             resize_size=request.resize_size,
+            crop_mode=request.crop_mode,
             mean=request.mean,
             std=request.std,
             trust_checkpoint=request.trust_checkpoint,
