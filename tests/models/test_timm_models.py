@@ -228,6 +228,14 @@ def test_fine_tuning_a_timm_tag_takes_the_preprocessing_its_weights_were_trained
     # Random weights: the data's defaults, as before.
     random = print_config("--model", "timm/test_vit.r160_in1k")
     assert (random["mean"], random["interpolation"]) == (list(IMAGENET_MEAN), "bilinear")
+    # AugMix cannot resample bicubic: the weights' interpolation, not an option never given.
+    refused = runner.invoke(app, ["train", "--data", str(data), *tuned, "--augment", "augmix"])
+    assert refused.exit_code == 2
+    assert error_line(refused.stderr) == (
+        "Error: --augment augmix cannot use bicubic, the weights' interpolation (torchvision's "
+        "AugMix resamples with bilinear or nearest) (give --interpolation bilinear, or another "
+        "--augment)"
+    )
 
 
 def test_an_existing_path_named_like_a_timm_model_is_still_a_file(tmp_path, monkeypatch):

@@ -198,9 +198,12 @@ def validate(config: TrainConfig) -> None:
     if config.augment == "augmix" and config.interpolation == "bicubic":
         # AugMix runs its operations on tensors, which torchvision resamples with nearest or
         # bilinear only: its shears and rotations would fail in the loader workers.
+        # Not given, bicubic is what the fine-tuned weights were trained with (a timm tag's).
+        chosen = "interpolation" in config.data_defaults
+        what = "bicubic, the weights' interpolation" if chosen else "--interpolation bicubic"
         bad(
-            "--augment augmix cannot use --interpolation bicubic (torchvision's AugMix resamples "
-            "with bilinear or nearest)",
+            f"--augment augmix cannot use {what} (torchvision's AugMix resamples with bilinear "
+            "or nearest)",
             "give --interpolation bilinear, or another --augment",
         )
     if config.decode not in DECODE_CHOICES:
