@@ -247,3 +247,41 @@ def test_a_legacy_text_pickle_is_named_and_loads_only_with_trust(tmp_path):
     result = run_torchkit_in_process("summary", "convnet", "--weights", tmp_path / "p0.pt")
     assert result.returncode == 1
     assert "torch.save's legacy format" in error_line(result.stderr)
+
+
+class _TruncatedNormalDraws(torch.overrides.TorchFunctionMode):
+    """Counts the draws of `torch.nn.init.trunc_normal_` (`normal_`, or `erfinv_` in older
+    torch; the function itself is not seen): googlenet's and inception_v3's own initialisation,
+    most of their build time. PyTorch's default init of their layers draws neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in ("normal_", "erfinv_")
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_googlenet_checkpoint_or_weights_file_skips_the_slow_random_initialisation(tmp_path):
+    """`model_from_checkpoint` (eval, predict, export...) and `googlenet --weights FILE` built
+    googlenet with torchvision's truncated-normal initialisation only to overwrite every weight
+    strictly from the file: built without it now, and every weight is still the file's."""
+    from torchkit.core.models.builders import build_model, model_from_checkpoint
+
+    torch.manual_seed(0)
+    trained = torchvision.models.googlenet(num_classes=2, aux_logits=False, init_weights=False)
+    checkpoint = {"format_version": 2, "arch": "googlenet", "num_classes": 2,
+                  "model": trained.state_dict(), "preprocess": {"image_size": 32}}  # fmt: skip
+    torch.save(trained.state_dict(), tmp_path / "weights.pth")
+    with _TruncatedNormalDraws() as draws:
+        rebuilt = model_from_checkpoint(checkpoint)
+        from_file = build_model("googlenet", 2, weights=str(tmp_path / "weights.pth"))
+        resolve_model("googlenet", weights=str(tmp_path / "weights.pth"))  # --weights FILE
+    assert draws.count == 0
+    weights = rebuilt.state_dict()  # strictly loaded: every one the file's
+    assert all(torch.equal(weights[key], value) for key, value in trained.state_dict().items())
+    assert torch.equal(from_file.fc.weight, trained.fc.weight)
+    with _TruncatedNormalDraws() as draws:  # the counter sees the initialiser's draws
+        torch.nn.init.trunc_normal_(torch.empty(4))
+    assert draws.count > 0

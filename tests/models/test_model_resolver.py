@@ -492,7 +492,7 @@ def test_a_vit_with_a_weights_file_is_built_for_its_size(
     )
     built = []
 
-    def record_size(name, num_classes, size):
+    def record_size(name, num_classes, size, **_):
         built.append(size)
         raise UsageError("stop here")  # the 86M-parameter model itself is not needed
 

@@ -37,6 +37,10 @@ IMAGE_SIZE_KWARGS = {"vit_": "image_size", "maxvit_": "input_size"}
 # Builders that print a FutureWarning ("the default weight initialization ... will be changed")
 # unless told which initialisation to use: the one they use now (truncated normal), said.
 INIT_KWARGS = {"googlenet": {"init_weights": True}, "inception_v3": {"init_weights": True}}
+# The same builders when every weight is overwritten right after, strictly (a checkpoint, a
+# weights file): their truncated-normal initialisation, half the build's time, is skipped; each
+# layer keeps PyTorch's own (cheap) initialisation, so no weight is ever left unset.
+LOADED_INIT_KWARGS = {name: {"init_weights": False} for name in INIT_KWARGS}
 
 
 def list_models() -> list[str]:
@@ -80,12 +84,15 @@ def build_model(
     image_size: int | tuple[int, int] = 224,
     in_channels: int = 3,
     trust_checkpoint: bool = False,
+    weights_follow: bool = False,
 ):
     """Build `name` with a head of `num_classes` outputs.
 
     `weights` is None (random init), a torchvision weights name such as "DEFAULT" (needs the
     internet or a warm cache), or a path to a state dict / checkpoint. With pretrained weights the
     model is built with the head the weights have, loaded, then the head is replaced.
+    `weights_follow`: the caller loads every weight right after, strictly (the random
+    initialisers that only cost time are skipped).
     """
     if name in BUILTIN_MODELS:
         side = image_size if isinstance(image_size, int) else image_size[-1]
@@ -108,7 +115,7 @@ def build_model(
         return _build_timm(name, num_classes, weights, image_size, in_channels, trust_checkpoint)
     require_torchvision_name(name)
     if weights is None or weights == "":
-        return torchvision_random(name, num_classes, image_size)
+        return torchvision_random(name, num_classes, image_size, weights_follow=weights_follow)
     if not os.path.exists(weights):
         if is_checkpoint_path(weights):
             raise InputError(f"weights file not found: {weights}", "check the path")
@@ -117,7 +124,7 @@ def build_model(
         return model
     import torchvision
 
-    model = torchvision.models.get_model(name, weights=None, **INIT_KWARGS.get(name, {}))
+    model = torchvision.models.get_model(name, weights=None, **LOADED_INIT_KWARGS.get(name, {}))
     load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
@@ -139,6 +146,7 @@ def model_from_checkpoint(
         image_size=preprocess.image_size,
         in_channels=preprocess.in_channels,
         trust_checkpoint=trust_checkpoint,
+        weights_follow=True,
     )
     state = extract_state_dict(checkpoint)
     fit_auxiliary_heads_to(model, state)  # googlenet's: a run from its pretrained weights has none
@@ -195,13 +203,21 @@ def _timm_has(name: str) -> bool:
     return name in timm.list_models()
 
 
-def torchvision_random(name: str, num_classes: int, image_size: int | tuple[int, int] = 224):
-    """A randomly initialised torchvision model; ViT and MaxViT are built for `image_size`."""
+def torchvision_random(
+    name: str,
+    num_classes: int,
+    image_size: int | tuple[int, int] = 224,
+    *,
+    weights_follow: bool = False,
+):
+    """A randomly initialised torchvision model; ViT and MaxViT are built for `image_size`.
+    `weights_follow`: every weight is loaded right after, strictly, so googlenet's and
+    inception_v3's slow initialisation is skipped (LOADED_INIT_KWARGS)."""
     import torchvision
 
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     kwarg = next((kw for prefix, kw in IMAGE_SIZE_KWARGS.items() if name.startswith(prefix)), None)
-    extra = dict(INIT_KWARGS.get(name, {}))
+    extra = dict((LOADED_INIT_KWARGS if weights_follow else INIT_KWARGS).get(name, {}))
     if kwarg == "image_size":
         if size[0] != size[1]:
             raise UsageError(f"{name} takes square images, not {size[0]}x{size[1]}")

@@ -490,7 +490,12 @@ def _from_torchvision(
         image_size = _weights_input(weights, trust_checkpoint)[0]
     size = _size(image_size, DEFAULT_IMAGE_SIZE)
     # With a weights file the head is sized from the file afterwards (fit_head_to).
-    model = torchvision_random(name, (num_classes or 1000) if weights is None else 1000, size)
+    model = torchvision_random(
+        name,
+        (num_classes or 1000) if weights is None else 1000,
+        size,
+        weights_follow=weights is not None,
+    )
     resolved = ResolvedModel(
         model,
         name,
