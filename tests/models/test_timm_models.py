@@ -228,6 +228,12 @@ def test_fine_tuning_a_timm_tag_takes_the_preprocessing_its_weights_were_trained
     # Random weights: the data's defaults, as before.
     random = print_config("--model", "timm/test_vit.r160_in1k")
     assert (random["mean"], random["interpolation"]) == (list(IMAGENET_MEAN), "bilinear")
+    # A crop_pct above 1 (the crop padded, as timm's eval pads it) was refused as a --resize-size
+    # smaller than --image-size, options never given.
+    padded = print_config("--model", "timm/volo_d4_448.sail_in1k", "--weights", "DEFAULT")
+    crop_pct = get_pretrained_cfg("volo_d4_448.sail_in1k").crop_pct
+    assert crop_pct > 1 and padded["image_size"] == 448
+    assert padded["resize_size"] == math.floor(448 / crop_pct)
     # AugMix cannot resample bicubic: the weights' interpolation, not an option never given.
     refused = runner.invoke(app, ["train", "--data", str(data), *tuned, "--augment", "augmix"])
     assert refused.exit_code == 2

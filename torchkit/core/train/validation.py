@@ -306,6 +306,8 @@ def validate(config: TrainConfig) -> None:
         config.resize_size is not None
         and config.image_size is not None
         and config.resize_size < config.image_size
+        # The weights' own ratio may pad the crop (timm's crop_pct above 1): eval takes it too.
+        and "resize_size" not in config.data_defaults
     ):
         bad(
             f"--resize-size {config.resize_size} is smaller than --image-size {config.image_size}",
