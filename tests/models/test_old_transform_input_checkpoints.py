@@ -165,3 +165,22 @@ def test_resuming_an_old_run_feeds_it_as_it_was_trained(tmp_path):
             fed,
             HALF if version == 1 else IMAGENET_STD,
         )
+
+
+def test_the_warning_about_an_old_checkpoint_gives_what_each_command_can_do(tmp_path, caplog):
+    """The warning told `export` to give --mean/--std, which export does not take: it now says
+    that the export records the checkpoint's mean/std and where the values go (eval or predict
+    of the exported file); eval, which takes them, is still told --mean/--std."""
+    checkpoint = _old_checkpoint(_trained_with_transform_input("googlenet"), "googlenet",
+                                 mean=(0.4, 0.45, 0.5), std=(0.2, 0.25, 0.3))  # fmt: skip
+    messages = {}
+    for command in ("export", "eval"):
+        path = tmp_path / f"{command}.pt"
+        save_checkpoint(checkpoint, path)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="torchkit"):
+            resolve_model(str(path), command=command)
+        (messages[command],) = [record.getMessage() for record in caplog.records]
+    assert "the export records the checkpoint's own: give --mean " in messages["export"]
+    assert "to eval or predict of the exported file" in messages["export"]
+    assert messages["eval"].endswith(messages["export"].split("give ")[1].split(" to eval")[0])

@@ -184,7 +184,7 @@ def resolve_model(
                 channels=in_channels,
             )
         else:
-            resolved = _from_file(spec, trust_checkpoint=trust_checkpoint, ema=ema)
+            resolved = _from_file(spec, trust_checkpoint=trust_checkpoint, ema=ema, command=command)
     else:
         # The head follows the weights when there are any; num_classes is applied below.
         build_classes = num_classes if weights is None else None
@@ -204,7 +204,7 @@ def resolve_model(
         else:
             resolved = _from_torchvision(spec, build_classes, weights, image_size, trust_checkpoint)
         if weights is not None and resolved.weights_source is None:
-            _load_file_weights(resolved, weights, trust_checkpoint, ema=ema)
+            _load_file_weights(resolved, weights, trust_checkpoint, ema=ema, command=command)
         elif ema:
             raise UsageError("--ema needs a torchkit checkpoint", "drop --ema")
     if require_trained and resolved.weights_source is None:
@@ -389,7 +389,9 @@ def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, in
     return size_pair(image_size) or (default, default)
 
 
-def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel:
+def _from_file(
+    path: str, *, trust_checkpoint: bool, ema: bool, command: str | None = None
+) -> ResolvedModel:
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
     loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
@@ -397,7 +399,7 @@ def _from_file(path: str, *, trust_checkpoint: bool, ema: bool) -> ResolvedModel
         model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=path)
         if ema:
             _load_ema(model, loaded, path)
-        preprocess = preprocess_as_trained(loaded, path)
+        preprocess = preprocess_as_trained(loaded, path, command=command)
         side = preprocess.image_size
         return ResolvedModel(
             model,
@@ -619,7 +621,12 @@ def _torchvision_pretrained(name: str, weights: str, enum):
 
 
 def _load_file_weights(
-    resolved: ResolvedModel, path: str, trust_checkpoint: bool, *, ema: bool
+    resolved: ResolvedModel,
+    path: str,
+    trust_checkpoint: bool,
+    *,
+    ema: bool,
+    command: str | None = None,
 ) -> None:
     """Load a weights file into `resolved.model` (its head sized from the file), taking the
     classes and preprocessing of a torchkit checkpoint along."""
@@ -667,7 +674,7 @@ def _load_file_weights(
         resolved.checkpoint = loaded
         resolved.classes = _checkpoint_classes(loaded, path)
         if loaded.get("preprocess"):
-            resolved.preprocess = preprocess_as_trained(loaded, path)
+            resolved.preprocess = preprocess_as_trained(loaded, path, command=command)
             resolved.preprocess_source = "checkpoint"
             side = resolved.preprocess.image_size
             resolved.sample_shape = (resolved.preprocess.in_channels, side, side)

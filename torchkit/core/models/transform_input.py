@@ -36,14 +36,17 @@ WITHOUT_TRANSFORM_INPUT_FROM = 2
 _warned: set[str] = set()
 
 
-def preprocess_as_trained(checkpoint: Mapping[str, Any], source: str) -> Preprocess:
+def preprocess_as_trained(
+    checkpoint: Mapping[str, Any], source: str, *, command: str | None = None
+) -> Preprocess:
     """The preprocessing a torchkit checkpoint records, with an older googlenet's or
     inception_v3's mean/std as the model every command rebuilds (without transform_input)
-    must be fed to answer as it was trained."""
+    must be fed to answer as it was trained. `command` reads the checkpoint: the warning's
+    advice is what that command can do (None: one that takes --mean/--std)."""
     preprocess = Preprocess.from_dict(checkpoint.get("preprocess"), source)
     if not _maybe_transform_input(checkpoint):
         return preprocess
-    as_trained = _as_trained(checkpoint, preprocess, source)
+    as_trained = _as_trained(checkpoint, preprocess, source, command)
     if as_trained is None:
         return preprocess
     return replace(preprocess, mean=as_trained[0], std=as_trained[1])
@@ -64,7 +67,7 @@ def mean_std_as_trained(
 
 
 def _as_trained(
-    checkpoint: Mapping[str, Any], recorded: Preprocess, source: str
+    checkpoint: Mapping[str, Any], recorded: Preprocess, source: str, command: str | None = None
 ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """`mean_std_as_trained` of a checkpoint `_maybe_transform_input` holds, which records
     `recorded`."""
@@ -77,14 +80,33 @@ def _as_trained(
         return TRANSFORM_INPUT_MEAN_STD, TRANSFORM_INPUT_MEAN_STD
     if source not in _warned:
         _warned.add(source)
-        fed_mean, fed_std = _equivalent(mean, std)
         log.warning(
             f"{source}: a {checkpoint.get('arch')} trained from torchvision's weights with a "
             "mean/std of its own; if torchkit trained it before checkpoint format 2, it trained "
-            "with torchvision's transform_input, and feeding it as trained takes --mean "
-            f"{_listed(fed_mean)} --std {_listed(fed_std)}"
+            "with torchvision's transform_input, and feeding it as trained takes "
+            + _how_to_feed(command, *_equivalent(mean, std))
         )
     return None
+
+
+# The commands whose images are normalised with --mean/--std (train; eval, predict and
+# extract-features through their inference options).
+TAKE_MEAN_STD = ("train", "eval", "predict", "extract-features")
+
+
+def _how_to_feed(command: str | None, mean: Sequence[float], std: Sequence[float]) -> str:
+    """The end of the warning: what the user of `command` does to feed the model `mean` and
+    `std` (export takes no --mean/--std: what it writes records the checkpoint's)."""
+    options = f"--mean {_listed(mean)} --std {_listed(std)}"
+    if command is None or command in TAKE_MEAN_STD:
+        return options
+    if command == "export":
+        return (
+            f"mean {_listed(mean)} and std {_listed(std)}; the export records the checkpoint's "
+            f"own: give {options} to eval or predict of the exported file, or normalise with "
+            "them wherever it runs"
+        )
+    return f"{options} in eval, predict and extract-features"
 
 
 def _maybe_transform_input(checkpoint: Mapping[str, Any]) -> bool:
