@@ -206,10 +206,10 @@ def test_fine_tuning_a_checkpoint_with_an_unknown_crop_mode_names_the_file(runne
     )
 
 
-def test_predict_crop_mode_replaces_the_recorded_one(runner, tmp_path):
-    """eval, predict and extract-features take --crop-mode (one shared option) over the model
-    file's, as --image-size and --resize-size: a center file run with --crop-mode squash
-    answers as the squash file, and a damaged file's mode is replaced."""
+def test_predict_crop_mode_and_interpolation_replace_the_recorded_ones(runner, tmp_path):
+    """eval, predict and extract-features take --crop-mode and --interpolation (options they
+    share) over the model file's, as --image-size and --resize-size: a center file run with
+    --crop-mode squash answers as the squash file, and a damaged file's mode is replaced."""
     images = _non_square_split(tmp_path / "data") / "val"
     center = tmp_path / "center.pt"
     write_convnet_checkpoint(center, in_channels=3, image_size=8, classes="ab")
@@ -234,3 +234,10 @@ def test_predict_crop_mode_replaces_the_recorded_one(runner, tmp_path):
     assert logits(files["center"], "--crop-mode", "squash") == squashed
     assert logits(files["zoom"], "--crop-mode", "squash") == squashed
     assert logits(files["squash"], "--crop-mode", "center") == logits(files["center"])
+    # --interpolation alike (eval's, predict's and extract-features' resizes).
+    recorded["preprocess"].update(crop_mode="center", interpolation="nearest")
+    save_checkpoint(recorded, files["zoom"])
+    nearest = logits(files["zoom"])
+    assert nearest != logits(files["center"])
+    assert logits(files["center"], "--interpolation", "nearest") == nearest
+    assert logits(files["zoom"], "--interpolation", "bilinear") == logits(files["center"])

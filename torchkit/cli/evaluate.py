@@ -160,6 +160,7 @@ def eval_command(
         image_size=preprocess.image_size,
         resize_size=preprocess.resize_size,
         crop_mode=preprocess.crop_mode,
+        interpolation=preprocess.interpolation,
         mean=preprocess.mean,
         std=preprocess.std,
         trust_checkpoint=trust_checkpoint,

@@ -245,6 +245,7 @@ def extract_features_command(
         image_size=preprocess.image_size,
         resize_size=preprocess.resize_size,
         crop_mode=preprocess.crop_mode,
+        interpolation=preprocess.interpolation,
         mean=preprocess.mean,
         std=preprocess.std,
         run=run,

@@ -164,6 +164,7 @@ def predict_command(
         image_size=preprocess.image_size,
         resize_size=preprocess.resize_size,
         crop_mode=preprocess.crop_mode,
+        interpolation=preprocess.interpolation,
         mean=preprocess.mean,
         std=preprocess.std,
         strict=strict,

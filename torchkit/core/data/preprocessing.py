@@ -189,7 +189,7 @@ class Preprocess:
             raise CheckpointError(
                 f"the preprocessing recorded in {source} is unusable: {what}",
                 f"it is the model file's fault, not the images'; give {option} to override it"
-                if name not in ("in_channels", "interpolation")
+                if name != "in_channels"
                 else "the file is damaged or was not written by torchkit",
             )
         return self
@@ -211,9 +211,10 @@ def apply_overrides(
     mean: tuple[float, ...] | None = None,
     std: tuple[float, ...] | None = None,
     crop_mode: str | None = None,
+    interpolation: str | None = None,
 ) -> Preprocess:
-    """`--image-size/--resize-size/--mean/--std/--crop-mode` on top of the model's
-    preprocessing.
+    """`--image-size/--resize-size/--mean/--std/--crop-mode/--interpolation` on top of the
+    model's preprocessing.
 
     A new `--image-size` keeps the model's resize-to-crop ratio (256/224 for ImageNet models)
     unless `--resize-size` is given too. One mean/std value is used for every channel.
@@ -256,6 +257,12 @@ def apply_overrides(
         if crop_mode not in CROP_MODES:
             raise UsageError(f"unknown --crop-mode {crop_mode!r}", "use " + ", ".join(CROP_MODES))
         result = replace(result, crop_mode=crop_mode)
+    if interpolation is not None:
+        if interpolation not in INTERPOLATIONS:
+            raise UsageError(
+                f"unknown --interpolation {interpolation!r}", "use " + ", ".join(INTERPOLATIONS)
+            )
+        result = replace(result, interpolation=interpolation)
     return result
 
 

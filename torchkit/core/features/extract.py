@@ -80,6 +80,7 @@ class FeatureRequest:
     image_size: int | None = None
     resize_size: int | None = None
     crop_mode: str | None = None
+    interpolation: str | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     strict: bool = False
@@ -268,6 +269,7 @@ def _extract(
             image_size=request.image_size,
             resize_size=request.resize_size,
             crop_mode=request.crop_mode,
+            interpolation=request.interpolation,
             mean=request.mean,
             std=request.std,
             allow_untrained=request.allow_untrained,

@@ -5,7 +5,7 @@ cli.run_options:
 - InferenceOptions: how a command runs its model (batches, loader workers, device, precision,
   where images are decoded). A request contains one as its `run` (`request.run.batch_size`).
 - PreprocessOverrides: what the command line changes of a model's own preprocessing (crop
-  size, resize, crop mode, mean and std or a --stats file); eval, predict and
+  size, resize, crop mode, interpolation, mean and std or a --stats file); eval, predict and
   extract-features.
 """
 
@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from torchkit.core.data.decode import INFERENCE_DECODES
-from torchkit.core.data.preprocessing import CROP_MODES, parse_floats
+from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, parse_floats
 from torchkit.core.input_size import parse_image_side
 from torchkit.core.io.errors import UsageError
 from torchkit.core.option_specs import option, option_specs
@@ -119,6 +119,13 @@ class PreprocessOverrides:
         "--resize-size, then a centre crop; squash = both sides resized (the aspect ratio is not "
         "kept), then a centre crop; border = the longer side resized, the rest padded with the "
         "mean colour. Default: the model file's, else a timm model's own, else center.",
+    )
+    interpolation: str | None = option(
+        None,
+        choices=INTERPOLATIONS,
+        show_default=False,
+        help="Resampling of the resize. Default: the model file's or its weights' (a timm "
+        "model's own), else bilinear.",
     )
     # --mean, --std and --stats are read together (core.preprocessing.mean_std_options).
     mean: tuple[float, ...] | None = option(

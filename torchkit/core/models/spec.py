@@ -36,6 +36,7 @@ class ModelSpec:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     crop_mode: str | None = None
+    interpolation: str | None = None
     # One sample's input (C, H, W) that sizes a model built here (convnet, ViT, timm models):
     # summary's and benchmark's --input-size.
     sample_shape: tuple[int, ...] | None = None
@@ -81,7 +82,7 @@ def resolve_spec(
     needs_training: bool = False,
 ) -> ResolvedModel:
     """The model `spec` names, through the one model resolver, with the preprocessing it comes
-    with changed by `--image-size/--resize-size/--mean/--std/--crop-mode`.
+    with changed by `--image-size/--resize-size/--mean/--std/--crop-mode/--interpolation`.
 
     `exported` and `new_head` are `resolve_model`'s. `predicting`: the command reports the
     model's predictions (eval, predict), so random weights are refused unless
@@ -120,6 +121,7 @@ def resolve_spec(
             mean=spec.mean,
             std=spec.std,
             crop_mode=spec.crop_mode,
+            interpolation=spec.interpolation,
         )
     if predicting or needs_training:
         # The options were checked above: what is still unusable came with the model (a std of

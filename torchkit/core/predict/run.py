@@ -53,6 +53,7 @@ class PredictRequest:
     image_size: int | None = None
     resize_size: int | None = None
     crop_mode: str | None = None
+    interpolation: str | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     strict: bool = False  # the first unreadable image (or non-finite output) is an error
@@ -114,6 +115,7 @@ class PredictRun:
             image_size=request.image_size,
             resize_size=request.resize_size,
             crop_mode=request.crop_mode,
+            interpolation=request.interpolation,
             mean=request.mean,
             std=request.std,
             trust_checkpoint=request.trust_checkpoint,
