@@ -184,3 +184,28 @@ def test_the_help_of_classes_says_what_a_model_without_names_gets(_torchkit_comm
         options = _torchkit_command.commands[command].params
         help_text = next(option.help for option in options if "--classes" in option.opts)
         assert "sorted order" in help_text, (command, help_text)
+
+
+@pytest.mark.parametrize("names", [["zebra", "ant", "cow"], ["1", "2", "10"]])
+def test_a_label_order_the_data_states_names_the_outputs_of_a_model_without_names(tmp_path, names):
+    """HF's ClassLabel names are in the dataset's own order (imagenet-1k, fashion_mnist): the
+    labels are output indices, no sorting guessed them. eval refused such data ('which of its
+    outputs is which class ... is a guess') and predict named the outputs by index."""
+    import torch
+    from parquet_files import png, write_parquet
+
+    model = write_convnet_checkpoint(tmp_path / "ck.pt", in_channels=3, image_size=8, classes="xyz")
+    weights = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), weights)
+    data = tmp_path / "pq" / "train-00000-of-00001.parquet"
+    write_parquet(data, [png(i) for i in range(6)], [i % 3 for i in range(6)], names=names)
+    spec = ["convnet", "--weights", weights, "--image-size", "8", "-j", "0"]
+    result = run_torchkit_in_process("eval", *spec, "--data", data, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    by_class = {row["label"]: row["index"] for row in json.loads(result.stdout)["per_class"]}
+    assert by_class == {name: index for index, name in enumerate(names)}
+    result = run_torchkit_in_process("predict", *spec, data, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    for row in json.loads(result.stdout):
+        assert row["class"] == names[row["class_index"]]
+    assert "in its label order, as eval" in " ".join(result.stderr.split())

@@ -91,7 +91,7 @@ def load_eval_samples(
     if classes:
         where = f"{source.spec} ({used})" if used else source.spec
         samples = relabelled(samples, classes, where)
-    else:
+    elif not source.classes_given:  # an order the data states is no guess (parquet, shards)
         refuse_guessed_class_order(samples.classes, source.spec)
     return EvalData(samples, used, source.root, notes)
 

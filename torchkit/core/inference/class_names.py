@@ -32,22 +32,24 @@ def unsettled_class_order(names: Sequence[str], data: str) -> str | None:
 
 
 def output_names_from_data(
-    data_classes: Sequence[str], num_outputs: int | None, data: str
+    data_classes: Sequence[str], num_outputs: int | None, data: str, *, given: bool = False
 ) -> tuple[list[str], str]:
     """predict's names for the outputs of a model that records none, and a note saying what
     they are: the classes of labelled `data` where eval would score with them (as many as the
-    outputs, in an order sorting settles), else each output's index."""
+    outputs, in an order the data states, `given`, or sorting settles), else each output's
+    index."""
     classes = list(data_classes)
     labelled = bool(classes) and "" not in classes
     why = ""
     if labelled and num_outputs not in (None, len(classes)):
         why = f"; the {len(classes)} classes of {data} are not its {num_outputs} outputs"
     elif labelled:
-        unsettled = unsettled_class_order(classes, data)
+        unsettled = None if given else unsettled_class_order(classes, data)
         if unsettled is None:
             note = (
                 f"the model records no class names: its outputs are named by the classes of "
-                f"{data} in sorted order, as eval names them (--classes names them otherwise)"
+                f"{data} in {'its label order' if given else 'sorted order'}, as eval names "
+                "them (--classes names them otherwise)"
             )
             return classes, note
         why = f"; {unsettled}"

@@ -30,6 +30,7 @@ class ImageSet:
     root: str  # what `path` is relative to ("" when paths are as typed)
     notes: list[str]
     stream: PathStream | None = None  # the paths still to come, for `-` alone (StreamedSamples)
+    classes_given: bool = False  # the data states its label order (`DataSource.classes_given`)
 
 
 def collect_images(
@@ -50,6 +51,7 @@ def collect_images(
         raise UsageError("- (stdin) given more than once")
     sets, notes = [], []
     read_as_data = False  # a folder, CSV or digits: where --split can apply
+    given = False  # the last data's `classes_given`
     for item in items:
         if item == STDIN:
             sets.append((item, _files(read_path_list(stdin, "image"), from_stdin=True), ""))
@@ -69,11 +71,12 @@ def collect_images(
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
         notes += found_notes
         sets.append((item, samples, source.root))
+        given = source.classes_given
     if split is not None and not read_as_data:
         raise UsageError(f"--split {split}: IMAGES are image files, which have no splits")
     if len(sets) == 1:
         _, samples, root = sets[0]
-        return ImageSet(samples, root, notes)
+        return ImageSet(samples, root, notes, classes_given=given)
     return ImageSet(_joined(sets), "", notes)
 
 

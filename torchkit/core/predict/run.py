@@ -186,7 +186,10 @@ class PredictRun:
         else:
             data = request.images[0] if len(request.images) == 1 else "IMAGES"
             self.classes, note = output_names_from_data(
-                self.image_set.samples.classes, outputs, data
+                self.image_set.samples.classes,
+                outputs,
+                data,
+                given=self.image_set.classes_given,
             )
             self.notes.append(note)
         if self._k(outputs) < request.topk:

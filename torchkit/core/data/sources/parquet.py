@@ -507,15 +507,19 @@ def _read(
         samples = Samples(list(file_names), labels, paths=paths, source=root, ids=ids)
         parts.setdefault(splits[index] if splits else "", []).append(samples)
     joined = {split: concatenate(members) for split, members in parts.items()}
+    # Class indices are the data's own label order; string labels are sorted (`_names`).
+    given = bool(labelled_files) and not any(f.string_labels for f in labelled_files)
     if splits is not None:
         ordered = {name: joined[name] for name in SPLIT_NAMES if name in joined}
-        return _split_source(spec, kind, root, ordered, classes)
+        source = _split_source(spec, kind, root, ordered, classes)
+        source.classes_given = given
+        return source
     samples = joined[""]
     if not len(samples):
         raise InputError(f"no rows in {spec}", "the parquet files hold no images")
     if classes is not None and labelled_files:
         samples = relabelled(samples, classes, spec)
-    return DataSource(spec, kind, root, {}, samples, list(samples.classes))
+    return DataSource(spec, kind, root, {}, samples, list(samples.classes), given)
 
 
 _CAST_HINT = "a column with missing labels? cast it to int or drop those rows"

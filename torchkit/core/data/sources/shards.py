@@ -791,6 +791,8 @@ def shards_source(
     if not found:
         raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
     file_classes = _class_file(root)
+    # classes.txt states the label order; names in the samples are sorted (`_labelled`).
+    given = bool(file_classes) or all(s.name is None for s in found)
     ids = [str(path) for path in paths]
 
     def samples_of(indices: list[int]) -> Samples:
@@ -813,11 +815,13 @@ def shards_source(
             ]
             if members:
                 parts[split] = samples_of(members)
-        return _split_source(spec, "split shards", root, parts, classes)
+        source = _split_source(spec, "split shards", root, parts, classes)
+        source.classes_given = given
+        return source
     whole = samples_of(list(range(len(found))))
     if classes is not None and whole.classes != [""]:
         whole = relabelled(whole, classes, spec)
-    return DataSource(spec, "shards", root, {}, whole, list(whole.classes))
+    return DataSource(spec, "shards", root, {}, whole, list(whole.classes), given)
 
 
 def _open_folder_tar(

@@ -65,6 +65,9 @@ class DataSource:
     splits: dict[str, Samples]
     whole: Samples | None
     classes: list[str]  # class names in label order ([""] for unlabelled images)
+    # Whether the data states its label order (HF's ClassLabel names, classes.txt beside
+    # shards, class indices) rather than torchkit sorting the names (folders, CSV, string labels).
+    classes_given: bool = False
 
     @property
     def is_split(self) -> bool:
