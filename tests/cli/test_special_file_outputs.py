@@ -6,8 +6,10 @@ the file it pointed at as it was."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,41 @@ def test_force_replaces_a_link_not_the_file_it_points_at(inputs, tmp_path, write
     assert done.returncode == 0, done.stderr
     assert not link.is_symlink() and link.stat().st_size > 0
     assert target.read_text() == "precious\n"
+
+
+# a file and its -o report (or two reports) given one FIFO
+SHARED = {
+    "convert tensor": ["convert", "tensor", "ds/a/a_0.png", "OUT", "--to", "npy", "-o", "OUT"],
+    "export": ["export", "ck.pt", "OUT", "--to", "torchscript", "--no-verify", "-o", "OUT"],
+    "convert-syncbn": ["convert-syncbn", "ck.pt", "OUT", "-o", "OUT"],
+    "dataset-stats": ["dataset-stats", "ds", "--plot", "OUT", "-o", "OUT"],
+}
+
+
+@pytest.mark.parametrize("command", SHARED)
+def test_two_outputs_into_one_fifo_are_refused_before_any_work(inputs, tmp_path, command):
+    """`convert tensor x.png /dev/stdout --to npy -o /dev/stdout`, or one FIFO for both: the
+    reader got the file and the report one after the other, as one stream. /dev/null (a
+    device) still takes both."""
+    fifo = tmp_path / "shared"
+    os.mkfifo(fifo)
+    received, stop = [], threading.Event()
+
+    def read_every_writer() -> None:  # each output opens the FIFO anew: none waits forever
+        while not stop.is_set():
+            with open(fifo, "rb") as handle:
+                received.append(handle.read())
+
+    reader = threading.Thread(target=read_every_writer, daemon=True)
+    reader.start()
+    args = [str(fifo) if arg == "OUT" else arg for arg in SHARED[command]]
+    done = run_torchkit_in_process(*args, cwd=inputs)
+    stop.set()
+    with contextlib.suppress(OSError):  # the reader's last open, let go
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    reader.join(30)
+    assert not any(received)
+    assert done.returncode == 1, done.stderr
+    assert "is the same file as" in done.stderr and "give each output its own file" in done.stderr
+    discarded = ["/dev/null" if arg == "OUT" else arg for arg in SHARED[command]]
+    assert run_torchkit_in_process(*discarded, cwd=inputs).returncode == 0

@@ -7,7 +7,12 @@ import os
 from collections.abc import Callable
 from pathlib import PurePath
 
-from torchkit.core.io.outputs import InputPath, check_not_written_in, check_output_file
+from torchkit.core.io.outputs import (
+    InputPath,
+    check_distinct_outputs,
+    check_not_written_in,
+    check_output_file,
+)
 
 
 def check_report_output(
@@ -30,5 +35,6 @@ def check_report_output(
     if not os.path.isdir(destination):
         inputs.append(InputPath.of(destination, "destination"))
     check_output_file(output, force, inputs, what="report")
+    check_distinct_outputs((destination, "destination"), (output, "report"))  # one FIFO, stdout
     if writes is not None:
         check_not_written_in(output, destination, writes, "destination")

@@ -36,6 +36,7 @@ from torchkit.core.io.errors import OutputWriteError, UsageError, first_line
 from torchkit.core.io.files import atomic_path
 from torchkit.core.io.outputs import (
     InputPath,
+    check_distinct_outputs,
     check_output_file,
     is_special_file,
     remove_tree,
@@ -122,6 +123,7 @@ def check_outputs(
         check_output_file(
             report, force, [*inputs, InputPath.of(out, "exported model")], what="report"
         )
+        check_distinct_outputs((out, "OUT"), (report, "report"))  # one FIFO, or stdout
 
 
 def _check_out(out: str | os.PathLike, inputs: list[InputPath], force: bool) -> Path:

@@ -188,12 +188,22 @@ def check_not_protected(folder: str | os.PathLike, what: str) -> None:
 
 def check_distinct_outputs(*outputs: tuple[str | os.PathLike | None, str]) -> None:
     """Two outputs of one command (`-o` and `--plot`, DST and `-o`) may not be one file: one
-    would overwrite the other. Special files (/dev/null, a FIFO) may take several."""
-    seen: dict[Path, str] = {}
+    would overwrite the other. A device (/dev/null, a terminal) may take several; a FIFO or
+    this process's stdout (a pipe) may not: its reader would get one file after the other."""
+    seen: dict[object, str] = {}
     for path, what in outputs:
-        if path is None or os.fspath(path) == "-" or is_special_file(path):
+        if path is None or os.fspath(path) == "-":
             continue
-        real = _real(path)
+        if is_special_file(path):
+            try:
+                info = os.stat(path)
+            except OSError:  # a closed descriptor: refused by check_output_file
+                continue
+            if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+                continue
+            real: object = (info.st_dev, info.st_ino)
+        else:
+            real = _real(path)
         if real in seen:
             raise OutputOverlapError(
                 f"{what} {_shown(path)} is the same file as {seen[real]}",
