@@ -103,8 +103,8 @@ def _reference_recipe(
         "trivialaugment": [T.TrivialAugmentWide(interpolation=mode)],
         "randaugment": [T.RandAugment(interpolation=mode, magnitude=magnitude)],
         "autoaugment": [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)],
-        "autoaugment-cifar10": [T.AutoAugment(T.AutoAugmentPolicy.CIFAR10, interpolation=mode)],
-        "autoaugment-svhn": [T.AutoAugment(T.AutoAugmentPolicy.SVHN, interpolation=mode)],
+        "autoaugment cifar10": [T.AutoAugment(T.AutoAugmentPolicy.CIFAR10, interpolation=mode)],
+        "autoaugment svhn": [T.AutoAugment(T.AutoAugmentPolicy.SVHN, interpolation=mode)],
         "augmix": [T.AugMix(interpolation=mode, severity=severity)],
     }[policy]
     steps += [T.PILToTensor(), T.ConvertImageDtype(torch.float32)]
@@ -115,8 +115,8 @@ def _reference_recipe(
 @pytest.mark.parametrize("decode", ["fast", "exact"])
 @pytest.mark.parametrize(
     "policy",
-    ["basic", "trivialaugment", "randaugment", "autoaugment", "autoaugment-cifar10",
-     "autoaugment-svhn", "augmix"],
+    ["basic", "trivialaugment", "randaugment", "autoaugment", "autoaugment cifar10",
+     "autoaugment svhn", "augmix"],
 )  # fmt: skip
 def test_the_train_transform_is_the_reference_scripts_recipe(image, tmp_path, policy, decode):
     # Same seed, same tensor as torchvision's reference recipe: the crop, flip, policy (its
@@ -128,9 +128,11 @@ def test_the_train_transform_is_the_reference_scripts_recipe(image, tmp_path, po
         if policy == "augmix" and interpolation == "bicubic":
             continue
         preprocess = Preprocess(image_size=16, resize_size=18, interpolation=interpolation)
+        augment, _, autoaugment_policy = policy.partition(" ")
         ours = train_transform(
             preprocess,
-            augment=policy,
+            augment=augment,
+            autoaugment_policy=autoaugment_policy or "imagenet",
             randaugment_magnitude=13,
             augmix_severity=7,
             random_erasing=0.5,

@@ -14,12 +14,10 @@ AUGMENT_POLICIES = (
     "trivialaugment",
     "randaugment",
     "autoaugment",
-    "autoaugment-cifar10",
-    "autoaugment-svhn",
     "augmix",
 )
-# --augment autoaugment-NAME: torchvision's AutoAugment policy NAME (`autoaugment`: ImageNet's).
-AUTOAUGMENT_PREFIX = "autoaugment-"
+# --autoaugment-policy: which of torchvision's AutoAugment policies `--augment autoaugment` runs.
+AUTOAUGMENT_POLICIES = ("imagenet", "cifar10", "svhn")
 
 
 def eval_transform(preprocess: Preprocess, *, pixels: bool = False, decode: str = "exact"):
@@ -111,13 +109,14 @@ def train_transform(
     augment: str = "basic",
     randaugment_magnitude: int = 9,
     augmix_severity: int = 3,
+    autoaugment_policy: str = "imagenet",
     random_erasing: float = 0.0,
     decode: str = "exact",
     decode_cpu_share: float = 0.0,
 ):
     """torchvision's train recipe: RandomResizedCrop + horizontal flip (`basic`), then a policy
     (`trivialaugment`, `randaugment` at `randaugment_magnitude`, `autoaugment`'s ImageNet
-    policy, `autoaugment-cifar10` or `-svhn`'s, `augmix` at `augmix_severity`), to tensor,
+    policy, or its `autoaugment_policy`, `augmix` at `augmix_severity`), to tensor,
     normalise, RandomErasing with probability `random_erasing`. `none` is the eval transform
     (resize, centre crop). Random draws come from torch's generator, which the training loaders
     seed per image and epoch.
@@ -147,7 +146,7 @@ def train_transform(
             cpu_share=decode_cpu_share,
         )
     mode = T.InterpolationMode(preprocess.interpolation)
-    levels = PolicyLevels(randaugment_magnitude, augmix_severity)
+    levels = PolicyLevels(randaugment_magnitude, augmix_severity, autoaugment_policy)
     if decode == "fast" and augment != "none":
         return _fast_train_transform(preprocess, flip, crop_scale, augment, levels, random_erasing)
     if augment == "none":
@@ -168,11 +167,13 @@ def train_transform(
 
 
 class PolicyLevels(NamedTuple):
-    """How strong the policies that take a level are: --randaugment-magnitude and
-    --augmix-severity (torchvision's reference script's defaults)."""
+    """How strong the policies that take a level are, --randaugment-magnitude and
+    --augmix-severity (torchvision's reference script's defaults), and which AutoAugment policy
+    runs."""
 
     randaugment_magnitude: int = 9
     augmix_severity: int = 3
+    autoaugment_policy: str = "imagenet"
 
 
 def _policy_steps(augment: str, levels: PolicyLevels, mode) -> list:
@@ -187,9 +188,7 @@ def _policy_steps(augment: str, levels: PolicyLevels, mode) -> list:
     if augment == "augmix":
         return [T.AugMix(severity=levels.augmix_severity, interpolation=mode)]
     if augment == "autoaugment":
-        return [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=mode)]
-    if augment.startswith(AUTOAUGMENT_PREFIX):
-        policy = T.AutoAugmentPolicy(augment.removeprefix(AUTOAUGMENT_PREFIX))
+        policy = T.AutoAugmentPolicy(levels.autoaugment_policy)
         return [T.AutoAugment(policy, interpolation=mode)]
     return []
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, parse_floats
-from torchkit.core.data.transforms import AUGMENT_POLICIES
+from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
 from torchkit.core.io.option_lists import list_items
 from torchkit.core.io.redaction import redact_urls
@@ -148,8 +148,14 @@ class TrainConfig:
         panel=DATA_PANEL,
         choices=AUGMENT_POLICIES,
         help="Augmentation policy: none (resize and centre crop), basic (random resized crop and "
-        "flip), or basic plus trivialaugment, randaugment, autoaugment (ImageNet's policy), "
-        "autoaugment-cifar10, autoaugment-svhn or augmix (torchvision's transforms).",
+        "flip), or basic plus trivialaugment, randaugment, autoaugment or augmix "
+        "(torchvision's transforms).",
+    )
+    autoaugment_policy: str = option(
+        "imagenet",
+        panel=DATA_PANEL,
+        choices=AUTOAUGMENT_POLICIES,
+        help="Which of AutoAugment's policies --augment autoaugment runs.",
     )
     randaugment_magnitude: int = option(
         9,

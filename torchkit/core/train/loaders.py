@@ -524,6 +524,7 @@ def train_dataset(samples: Samples, preprocess: Preprocess, config: TrainConfig)
             augment=config.augment,
             randaugment_magnitude=config.randaugment_magnitude,
             augmix_severity=config.augmix_severity,
+            autoaugment_policy=config.autoaugment_policy,
             random_erasing=config.random_erasing,
             # JPEGs decoded at a reduced size where the crop allows (core.decode); `exact`
             # decodes them whole; `device` leaves them to the main process (device_decode).

@@ -17,7 +17,7 @@ from torchkit.core.data.preprocessing import (
     apply_overrides,
     check_normalization,
 )
-from torchkit.core.data.transforms import AUGMENT_POLICIES
+from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError
 from torchkit.core.runtime.cpus import check_workers, usable_cpus
@@ -184,6 +184,11 @@ def validate(config: TrainConfig) -> None:
         bad(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
     if config.augment not in AUGMENT_POLICIES:
         bad(f"unknown --augment {config.augment!r}", "use " + ", ".join(AUGMENT_POLICIES))
+    if config.autoaugment_policy not in AUTOAUGMENT_POLICIES:
+        bad(
+            f"unknown --autoaugment-policy {config.autoaugment_policy!r}",
+            "use " + ", ".join(AUTOAUGMENT_POLICIES),
+        )
     if config.interpolation is not None and config.interpolation not in INTERPOLATIONS:
         bad(
             f"unknown --interpolation {config.interpolation!r}",
@@ -437,6 +442,8 @@ def unused_options(config: TrainConfig) -> list[tuple[str, str]]:
         unused.append(("randaugment_magnitude", "--augment randaugment"))
     if config.augment != "augmix":
         unused.append(("augmix_severity", "--augment augmix"))
+    if config.augment != "autoaugment":
+        unused.append(("autoaugment_policy", "--augment autoaugment"))
     if config.augment == "none":  # resize and centre crop: no random crop, no flip
         random_crop = "a random crop (--augment other than none)"
         unused += [(name, random_crop) for name in ("crop_scale", "flip", "train_crop_size")]
