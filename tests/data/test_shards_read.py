@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -410,6 +411,22 @@ def test_a_shard_written_again_while_a_run_reads_it_is_one_error_not_other_image
     tar_of(shard, {"y.ppm": light, "y.cls": b"1"})  # the same offsets and sizes
     with pytest.raises(StoredReadError, match="s-000000.tar was written again after it was"):
         samples.paths[0].read_bytes()
+
+
+def test_a_shard_under_another_inode_with_its_size_and_mtime_is_read(tmp_path, monkeypatch):
+    """FUSE mounts without stable inode numbers (sshfs without `use_ino`) give one file another
+    inode on each open, as a `cp -p` copy renamed over it does: the same bytes, read as listed
+    by a loader worker, which opens the shard itself."""
+    from torchkit.core.data.sources import open_data, shards
+
+    dark = b"P6\n2 2\n255\n" + bytes(12)
+    shard = tar_of(tmp_path / "s-000000.tar", {"x.ppm": dark, "x.cls": b"0"})
+    samples = open_data(str(shard)).whole
+    copy = tmp_path / "copy.tar"
+    shutil.copy2(shard, copy)  # its size and mtime, another inode
+    os.replace(copy, shard)
+    monkeypatch.setattr(shards, "_descriptors_pid", -1)  # a forked worker: its own descriptors
+    assert samples.paths[0].read_bytes() == dark
 
 
 def _png(size: int) -> bytes:

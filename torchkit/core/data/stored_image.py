@@ -43,12 +43,14 @@ class StoredReadError(InputError):
         super().__init__(message, hint)
 
 
-Stamp = tuple[int, int, int]
+Stamp = tuple[int, int]
 
 
 def file_stamp(info: os.stat_result) -> Stamp:
-    """What tells one version of a file from another: (inode, size, mtime)."""
-    return (info.st_ino, info.st_size, info.st_mtime_ns)
+    """What tells one version of a file from another: (size, mtime). Not the inode: FUSE mounts
+    without stable inode numbers (sshfs without `use_ino`, some cloud mounts) give one file
+    another inode on each open; a file renamed over it has the mtime of its own writing."""
+    return (info.st_size, info.st_mtime_ns)
 
 
 def check_unchanged(fd: int, stamp: Stamp | None, path: str) -> None:
