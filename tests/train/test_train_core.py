@@ -48,6 +48,7 @@ def test_digits_defaults_differ_from_image_folder_defaults_and_are_recorded():
     assert set(digits.data_defaults) == {
         "model", "image_size", "resize_size", "flip", "crop_scale", "best_metric", "ema",
         "epochs", "batch_size", "channels_last", "threads", "mean", "std",
+        "interpolation", "crop_mode",
     }  # fmt: skip
     assert (digits.threads, folder.threads) == (1, 0)
     assert (digits.best_metric, folder.best_metric) == ("loss", "top1")
