@@ -19,6 +19,7 @@ from torchkit.core.io.files import require_input
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import fit_auxiliary_heads_to, replace_head
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
+from torchkit.core.models.random_init import random_init_skipped
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
     create_timm_model,
@@ -91,12 +92,14 @@ def build_model(
     `weights` is None (random init), a torchvision weights name such as "DEFAULT" (needs the
     internet or a warm cache), or a path to a state dict / checkpoint. With pretrained weights the
     model is built with the head the weights have, loaded, then the head is replaced.
-    `weights_follow`: the caller loads every weight right after, strictly (the random
-    initialisers that only cost time are skipped).
+    `weights_follow`: the caller loads every weight right after, strictly. Whenever every weight
+    is loaded strictly (that, or a weights file), the random initialisers that only cost time
+    are skipped (random_init_skipped); never for `package.module:Callable`, the user's code.
     """
     if name in BUILTIN_MODELS:
         side = image_size if isinstance(image_size, int) else image_size[-1]
-        model = convnet_class()(num_classes, in_channels, side)
+        with random_init_skipped(weights_follow or bool(weights)):
+            model = convnet_class()(num_classes, in_channels, side)
         if weights not in (None, ""):
             load_weights_file(
                 model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint
@@ -112,7 +115,9 @@ def build_model(
             )
         return model
     if is_timm_spec(name):
-        return _build_timm(name, num_classes, weights, image_size, in_channels, trust_checkpoint)
+        return _build_timm(
+            name, num_classes, weights, image_size, in_channels, trust_checkpoint, weights_follow
+        )
     require_torchvision_name(name)
     if weights is None or weights == "":
         return torchvision_random(name, num_classes, image_size, weights_follow=weights_follow)
@@ -124,7 +129,8 @@ def build_model(
         return model
     import torchvision
 
-    model = torchvision.models.get_model(name, weights=None, **LOADED_INIT_KWARGS.get(name, {}))
+    with random_init_skipped():
+        model = torchvision.models.get_model(name, weights=None, **LOADED_INIT_KWARGS.get(name, {}))
     load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
@@ -161,20 +167,23 @@ def _build_timm(
     image_size: int | tuple[int, int],
     in_channels: int,
     trust_checkpoint: bool,
+    weights_follow: bool = False,
 ):
     """A timm model built as `resolve_model` builds it for the same image size and channels
     (so a checkpoint's weights fit the model rebuilt from its `arch`)."""
     if not weights:
-        return create_timm_model(
-            spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
-        )
+        with random_init_skipped(weights_follow):
+            return create_timm_model(
+                spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
+            )
     if not os.path.exists(weights):
         if is_checkpoint_path(weights):
             raise InputError(f"weights file not found: {weights}", "check the path")
         model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
         replace_head(model, num_classes)
         return model
-    model = create_timm_model(spec, image_size=image_size, in_channels=in_channels)
+    with random_init_skipped():
+        model = create_timm_model(spec, image_size=image_size, in_channels=in_channels)
     load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
@@ -211,8 +220,8 @@ def torchvision_random(
     weights_follow: bool = False,
 ):
     """A randomly initialised torchvision model; ViT and MaxViT are built for `image_size`.
-    `weights_follow`: every weight is loaded right after, strictly, so googlenet's and
-    inception_v3's slow initialisation is skipped (LOADED_INIT_KWARGS)."""
+    `weights_follow`: every weight is loaded right after, strictly, so the random initialisation
+    is skipped (random_init_skipped; googlenet's and inception_v3's own: LOADED_INIT_KWARGS)."""
     import torchvision
 
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -225,7 +234,10 @@ def torchvision_random(
     elif kwarg == "input_size" and size != (224, 224):
         extra["input_size"] = size
     try:
-        return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
+        with random_init_skipped(weights_follow):
+            return torchvision.models.get_model(
+                name, weights=None, num_classes=num_classes, **extra
+            )
     except (ValueError, AssertionError) as error:
         if kwarg is None or not extra:
             raise

@@ -47,6 +47,7 @@ from torchkit.core.models.heads import (
     refuse_unholdable_head,
     replace_head,
 )
+from torchkit.core.models.random_init import random_init_skipped
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
     base_name,
@@ -196,7 +197,9 @@ def resolve_model(
                 recorded_size, recorded_channels = _weights_input(weights, trust_checkpoint)
                 image_size = image_size or recorded_size
                 in_channels = in_channels or recorded_channels
-            resolved = _from_convnet(spec, build_classes, image_size, in_channels)
+            resolved = _from_convnet(
+                spec, build_classes, image_size, in_channels, weights_follow=weights is not None
+            )
         elif is_timm_spec(spec):
             resolved = _from_timm(
                 spec, build_classes, weights, image_size, in_channels, trust_checkpoint
@@ -457,11 +460,14 @@ def _from_convnet(
     num_classes: int | None,
     image_size: int | Sequence[int] | None,
     in_channels: int | None,
+    *,
+    weights_follow: bool = False,
 ) -> ResolvedModel:
     side = _size(image_size, CONVNET_IMAGE_SIZE)[-1]
     channels = in_channels or 3
     preprocess = plain_preprocess(channels, side)
-    model = convnet_class()(num_classes or 10, channels, side)
+    with random_init_skipped(weights_follow):  # a weights file is loaded into it, strictly
+        model = convnet_class()(num_classes or 10, channels, side)
     return ResolvedModel(
         model, name, "built-in", preprocess=preprocess, sample_shape=(channels, side, side)
     )
@@ -529,9 +535,10 @@ def _from_timm(
     if pretrained:
         model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
     else:
-        model = create_timm_model(
-            spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
-        )
+        with random_init_skipped(weights is not None):  # a weights file, loaded strictly
+            model = create_timm_model(
+                spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
+            )
     preprocess = timm_preprocess(model, image_size=image_size, in_channels=in_channels)
     return ResolvedModel(
         model,

@@ -1,0 +1,83 @@
+"""A model whose every weight is loaded right after, strictly (a checkpoint, `--weights FILE`) is
+built without its random initialisation, and is still exactly the model a normal build loaded
+with the same weights: parameters, persistent and non-persistent buffers, outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from torchkit.core.models import resolve_model
+from torchkit.core.models.builders import build_model, model_from_checkpoint
+from torchkit.core.models.checkpoint import load_weights_into
+from torchkit.core.models.random_init import random_init_skipped
+
+# (arch, image size): the digits convnet, a torchvision network, and a timm one whose
+# non-persistent buffers (attention bias indices) its constructor computes.
+MODELS = [("convnet", 8), ("resnet18", 32), ("timm/levit_128s", 224)]
+
+
+class _RandomDraws(torch.overrides.TorchFunctionMode):
+    """Counts the random draws (`normal_`, `uniform_`) torch's initialisers make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in ("normal_", "uniform_")
+        return func(*args, **(kwargs or {}))
+
+
+def _needs(arch: str) -> None:
+    if arch.startswith("timm/") and importlib.util.find_spec("timm") is None:
+        pytest.skip("timm is not installed")
+
+
+@pytest.mark.parametrize(("arch", "size"), MODELS)
+def test_a_checkpoints_model_is_built_without_random_draws_and_is_the_same(arch, size):
+    _needs(arch)
+    torch.manual_seed(0)
+    trained = build_model(arch, 3, image_size=size).eval()
+    checkpoint = {"format_version": 2, "arch": arch, "num_classes": 3,
+                  "model": trained.state_dict(), "preprocess": {"image_size": size}}  # fmt: skip
+    with _RandomDraws() as draws:
+        rebuilt = model_from_checkpoint(checkpoint).eval()
+    assert draws.count == 0
+    reference = build_model(arch, 3, image_size=size)  # built as ever, then loaded
+    load_weights_into(reference, trained.state_dict())
+    reference.eval()
+    assert rebuilt.state_dict().keys() == reference.state_dict().keys()
+    for (name, value), (_, expected) in zip(
+        [*rebuilt.named_parameters(), *rebuilt.named_buffers()],
+        [*reference.named_parameters(), *reference.named_buffers()],
+        strict=True,
+    ):
+        assert torch.equal(value, expected), name
+    images = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert torch.equal(rebuilt(images), reference(images))
+
+
+def test_a_weights_file_skips_the_draws_and_a_random_model_keeps_them(tmp_path):
+    """`--model resnet18 --weights FILE` and `--model convnet --weights FILE` draw nothing
+    before the file's weights; a model trained from random weights is initialised as ever, and
+    torch's initialisers are themselves again after every build, a failed one too."""
+    torch.manual_seed(0)
+    for arch, size in MODELS[:2]:
+        torch.save(build_model(arch, 3, image_size=size).state_dict(), tmp_path / f"{arch}.pt")
+        with _RandomDraws() as draws:
+            loaded = resolve_model(arch, weights=str(tmp_path / f"{arch}.pt"), image_size=size)
+        assert draws.count == 0
+        assert loaded.num_outputs == 3
+        with _RandomDraws() as draws:
+            resolve_model(arch, num_classes=3, image_size=size)
+        assert draws.count > 0
+    originals = torch.nn.init.kaiming_uniform_, torch.nn.init.trunc_normal_
+    with pytest.raises(RuntimeError), random_init_skipped():
+        raise RuntimeError("the build failed")
+    assert (torch.nn.init.kaiming_uniform_, torch.nn.init.trunc_normal_) == originals
+    assert "normal_" not in vars(torch.Tensor)  # torch's own method again
+    assert torch.empty(1000).normal_().std() > 0.5
