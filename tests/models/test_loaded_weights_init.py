@@ -12,7 +12,7 @@ import torch
 from torchkit.core.models import resolve_model
 from torchkit.core.models.builders import build_model, model_from_checkpoint
 from torchkit.core.models.checkpoint import load_weights_into
-from torchkit.core.models.random_init import random_init_skipped
+from torchkit.core.models.random_init import built_for_loading, skipped_weight_init
 
 # (arch, image size): the digits convnet, a torchvision network, and a timm one whose
 # non-persistent buffers (attention bias indices) its constructor computes.
@@ -76,8 +76,61 @@ def test_a_weights_file_skips_the_draws_and_a_random_model_keeps_them(tmp_path):
             resolve_model(arch, num_classes=3, image_size=size)
         assert draws.count > 0
     originals = torch.nn.init.kaiming_uniform_, torch.nn.init.trunc_normal_
-    with pytest.raises(RuntimeError), random_init_skipped():
+    with pytest.raises(RuntimeError), skipped_weight_init():
         raise RuntimeError("the build failed")
     assert (torch.nn.init.kaiming_uniform_, torch.nn.init.trunc_normal_) == originals
     assert "normal_" not in vars(torch.Tensor)  # torch's own method again
     assert torch.empty(1000).normal_().std() > 0.5
+
+
+def test_skipped_init_holds_only_in_its_thread_and_is_undone():
+    import threading
+
+    original = torch.nn.init.normal_
+    inside, other_ready, other_done = {}, threading.Event(), threading.Event()
+
+    def other_thread():
+        other_ready.wait(10)
+        inside["other"] = torch.nn.init.normal_(torch.zeros(1000))
+        inside["method"] = torch.zeros(1000).uniform_()
+        other_done.set()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    with skipped_weight_init() as skipped:
+        tensor, drawn = torch.zeros(1000), torch.zeros(10)
+        assert torch.nn.init.normal_(tensor) is tensor and not tensor.any()  # left as it was
+        assert drawn.normal_() is drawn and not drawn.any()
+        assert torch.nn.init.ones_(torch.zeros(3)).all()  # deterministic ones still run
+        assert skipped == [tensor.data_ptr(), drawn.data_ptr()]
+        other_ready.set()  # another thread initialises while this one skips
+        assert other_done.wait(10)
+    thread.join()
+    assert inside["other"].std() > 0.5 and inside["method"].any()  # it drew its numbers
+    assert torch.nn.init.normal_ is original
+    assert torch.nn.init.normal_(torch.zeros(1000)).std() > 0.5
+
+
+def test_a_random_tensor_the_load_does_not_write_means_a_normal_build():
+    """A non-persistent buffer drawn at random is not in the state dict: the model is built
+    again with its random values rather than kept with uninitialised memory."""
+
+    class Toy(torch.nn.Module):
+        def __init__(self, buffer: bool):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2)
+            if buffer:
+                noise = torch.nn.init.normal_(torch.zeros(4))
+                self.register_buffer("noise", noise, persistent=False)
+
+    builds = []
+
+    def build(buffer: bool):
+        builds.append(Toy(buffer))
+        return builds[-1]
+
+    model = built_for_loading(lambda: build(True))
+    assert len(builds) == 2 and model is builds[1] and model.noise.any()
+    builds.clear()
+    # Without the buffer every tensor left uninitialised is loaded: one build, kept.
+    assert built_for_loading(lambda: build(False)) is builds[0] and len(builds) == 1

@@ -19,7 +19,7 @@ from torchkit.core.io.files import require_input
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import fit_auxiliary_heads_to, replace_head
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
-from torchkit.core.models.random_init import random_init_skipped
+from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
     create_timm_model,
@@ -94,12 +94,13 @@ def build_model(
     model is built with the head the weights have, loaded, then the head is replaced.
     `weights_follow`: the caller loads every weight right after, strictly. Whenever every weight
     is loaded strictly (that, or a weights file), the random initialisers that only cost time
-    are skipped (random_init_skipped); never for `package.module:Callable`, the user's code.
+    are skipped (built_for_loading); never for `package.module:Callable`, the user's code.
     """
     if name in BUILTIN_MODELS:
         side = image_size if isinstance(image_size, int) else image_size[-1]
-        with random_init_skipped(weights_follow or bool(weights)):
-            model = convnet_class()(num_classes, in_channels, side)
+        model = built_for_loading(
+            lambda: convnet_class()(num_classes, in_channels, side), weights_follow or bool(weights)
+        )
         if weights not in (None, ""):
             load_weights_file(
                 model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint
@@ -129,8 +130,9 @@ def build_model(
         return model
     import torchvision
 
-    with random_init_skipped():
-        model = torchvision.models.get_model(name, weights=None, **LOADED_INIT_KWARGS.get(name, {}))
+    model = built_for_loading(
+        lambda: torchvision.models.get_model(name, weights=None, **LOADED_INIT_KWARGS.get(name, {}))
+    )
     load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
@@ -172,18 +174,21 @@ def _build_timm(
     """A timm model built as `resolve_model` builds it for the same image size and channels
     (so a checkpoint's weights fit the model rebuilt from its `arch`)."""
     if not weights:
-        with random_init_skipped(weights_follow):
-            return create_timm_model(
+        return built_for_loading(
+            lambda: create_timm_model(
                 spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
-            )
+            ),
+            weights_follow,
+        )
     if not os.path.exists(weights):
         if is_checkpoint_path(weights):
             raise InputError(f"weights file not found: {weights}", "check the path")
         model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
         replace_head(model, num_classes)
         return model
-    with random_init_skipped():
-        model = create_timm_model(spec, image_size=image_size, in_channels=in_channels)
+    model = built_for_loading(
+        lambda: create_timm_model(spec, image_size=image_size, in_channels=in_channels)
+    )
     load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 
@@ -221,7 +226,7 @@ def torchvision_random(
 ):
     """A randomly initialised torchvision model; ViT and MaxViT are built for `image_size`.
     `weights_follow`: every weight is loaded right after, strictly, so the random initialisation
-    is skipped (random_init_skipped; googlenet's and inception_v3's own: LOADED_INIT_KWARGS)."""
+    is skipped (built_for_loading; googlenet's and inception_v3's own: LOADED_INIT_KWARGS)."""
     import torchvision
 
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -234,10 +239,12 @@ def torchvision_random(
     elif kwarg == "input_size" and size != (224, 224):
         extra["input_size"] = size
     try:
-        with random_init_skipped(weights_follow):
-            return torchvision.models.get_model(
+        return built_for_loading(
+            lambda: torchvision.models.get_model(
                 name, weights=None, num_classes=num_classes, **extra
-            )
+            ),
+            weights_follow,
+        )
     except (ValueError, AssertionError) as error:
         if kwarg is None or not extra:
             raise

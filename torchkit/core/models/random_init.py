@@ -1,16 +1,30 @@
-"""Building a model whose every weight is loaded right after, strictly (a checkpoint, a weights
-file): its random initialisation, most of a large model's build time (vgg16 ~1.2 s of ~1.5 s on
-one thread), is skipped. Only the random initialisers are skipped; the deterministic ones
-(zeros, ones, constants, eye, dirac, fill_, zero_) still run, so a buffer a constructor computes
-and no state dict holds (a non-persistent one) is what it always is."""
+"""Building a model whose every weight comes from a file (a checkpoint, `--weights FILE`: a strict
+load follows), without first drawing random ones: most of a large model's build time (vgg16 ~1.2
+of ~1.5 s on one thread, convnext_base ~0.7 of ~1.2 s).
+
+While such a model is built, torch's random initialisers (`torch.nn.init`'s, and the Tensor
+methods `uniform_` and `normal_` that builders and timm's own truncated normal draw with) leave
+tensors as allocated, as transformers' `no_init_weights` does, and note which ones they left.
+The deterministic ones (zeros, ones, constants, eye, dirac, `fill_`, `zero_`) still run. The
+strict load writes every parameter and persistent buffer; when every tensor left uninitialised
+is one of those, the model is bit for bit the one a normal build gives. Otherwise (a random
+non-persistent buffer, a tensor kept outside the state dict) it is built again the normal way.
+Models built by user code (`package.module:Callable`), which may compute anything from their
+random weights, are always built the normal way (the callers' choice).
+
+The skip holds only in the thread that asked for it: torch is shared by the whole process, and
+another thread building a model at the same moment must get its random weights.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-# torch.nn.init's random initialisers (torchvision calls them as `nn.init.NAME`, torch's layers as
-# `init.NAME`: looked up on the module at each call) ...
+# torch.nn.init's random initialisers (torchvision calls them as `nn.init.NAME`, torch's layers
+# as `init.NAME`: looked up on the module at each call, so a wrapper installed there is run) ...
 RANDOM_INIT_FUNCTIONS = (
     "uniform_",
     "normal_",
@@ -22,36 +36,91 @@ RANDOM_INIT_FUNCTIONS = (
     "orthogonal_",
     "sparse_",
 )
-# ... and the Tensor methods they, and builders directly (ViT's position embedding,
-# `torch.empty(...).normal_(std=0.02)`), draw with: timm's own truncated normal among them.
+# ... and the Tensor methods builders draw with directly (ViT's position embedding,
+# `torch.empty(...).normal_(std=0.02)`; timm's trunc_normal_).
 RANDOM_TENSOR_METHODS = ("uniform_", "normal_")
 
+_skipping = threading.local()  # .skipped: data_ptr() of the tensors left, inside the context
+_install_lock = threading.Lock()
+_users = 0
+_originals: list[tuple[Any, str, Any]] = []  # (owner, name, what the owner itself held)
 
-def _unchanged(tensor, *args, **kwargs):
-    return tensor
+Model = TypeVar("Model")
 
 
-@contextlib.contextmanager
-def random_init_skipped(active: bool = True) -> Iterator[None]:
-    """While the model is built, torch's random initialisers leave tensors as they are (memory
-    not yet written): only for a model whose every parameter and persistent buffer a strict
-    load overwrites before it is used. Process-wide while it lasts, so only around a build."""
-    if not active:
-        yield
-        return
+def _skippable(original: Callable) -> Callable:
+    def init(tensor, *args, **kwargs):
+        skipped = getattr(_skipping, "skipped", None)
+        if skipped is None:
+            return original(tensor, *args, **kwargs)
+        if tensor.numel():
+            skipped.append(tensor.data_ptr())
+        return tensor
+
+    init.__wrapped__ = original  # type: ignore[attr-defined]
+    return init
+
+
+def _install() -> None:
     import torch
 
     targets = [(torch.nn.init, name) for name in RANDOM_INIT_FUNCTIONS]
     targets += [(torch.Tensor, name) for name in RANDOM_TENSOR_METHODS]
-    # What each owner itself held (Tensor's methods live on its C base: nothing to put back).
-    saved = [(owner, name, vars(owner).get(name)) for owner, name in targets]
+    for owner, name in targets:
+        # Tensor's methods live on its C base: nothing of the owner's own to put back.
+        _originals.append((owner, name, vars(owner).get(name)))
+        setattr(owner, name, _skippable(getattr(owner, name)))
+
+
+def _uninstall() -> None:
+    for owner, name, original in _originals:
+        if original is None:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
+    _originals.clear()
+
+
+@contextlib.contextmanager
+def skipped_weight_init() -> Iterator[list[int]]:
+    """Inside, torch's random initialisers leave tensors uninitialised in this thread and list
+    their `data_ptr()` in the list it gives (only where every tensor is loaded afterwards);
+    outside, and in other threads, nothing changes."""
+    global _users
+    with _install_lock:
+        if _users == 0:
+            _install()
+        _users += 1
+    outer = getattr(_skipping, "skipped", None)
+    skipped: list[int] = []
+    _skipping.skipped = skipped
     try:
-        for owner, name in targets:
-            setattr(owner, name, _unchanged)
-        yield
+        yield skipped
     finally:
-        for owner, name, original in saved:
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
+        _skipping.skipped = outer
+        if outer is not None:
+            outer += skipped
+        with _install_lock:
+            _users -= 1
+            if _users == 0:
+                _uninstall()
+
+
+def all_loaded(model: Any, skipped: list[int]) -> bool:
+    """Whether every tensor left uninitialised is one a strict `load_state_dict` writes (a
+    parameter or persistent buffer of `model`, by its memory)."""
+    loaded = {tensor.data_ptr() for tensor in model.state_dict(keep_vars=True).values()}
+    return all(pointer in loaded for pointer in skipped)
+
+
+def built_for_loading(build: Callable[[], Model], loaded: bool = True) -> Model:
+    """`build()` for a model whose every weight a strict load writes right after (`loaded`):
+    without random init when that leaves nothing the load does not write, else built again
+    the normal way. With `loaded` false, simply `build()`."""
+    if not loaded:
+        return build()
+    with skipped_weight_init() as skipped:
+        model = build()
+    if all_loaded(model, skipped):
+        return model
+    return build()

@@ -47,7 +47,7 @@ from torchkit.core.models.heads import (
     refuse_unholdable_head,
     replace_head,
 )
-from torchkit.core.models.random_init import random_init_skipped
+from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
     base_name,
@@ -466,8 +466,10 @@ def _from_convnet(
     side = _size(image_size, CONVNET_IMAGE_SIZE)[-1]
     channels = in_channels or 3
     preprocess = plain_preprocess(channels, side)
-    with random_init_skipped(weights_follow):  # a weights file is loaded into it, strictly
-        model = convnet_class()(num_classes or 10, channels, side)
+    # With a weights file, loaded into it strictly: built without random init.
+    model = built_for_loading(
+        lambda: convnet_class()(num_classes or 10, channels, side), weights_follow
+    )
     return ResolvedModel(
         model, name, "built-in", preprocess=preprocess, sample_shape=(channels, side, side)
     )
@@ -535,10 +537,12 @@ def _from_timm(
     if pretrained:
         model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
     else:
-        with random_init_skipped(weights is not None):  # a weights file, loaded strictly
-            model = create_timm_model(
+        model = built_for_loading(  # a weights file, loaded strictly: no random init
+            lambda: create_timm_model(
                 spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
-            )
+            ),
+            weights is not None,
+        )
     preprocess = timm_preprocess(model, image_size=image_size, in_channels=in_channels)
     return ResolvedModel(
         model,

@@ -8,7 +8,7 @@ from typing import Any
 
 from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.heads import find_head, fit_head_to, out_features, replace_head
-from torchkit.core.models.random_init import random_init_skipped
+from torchkit.core.models.random_init import skipped_weight_init
 from torchkit.core.models.usercode import is_callable_spec, user_code
 
 
@@ -44,7 +44,7 @@ def load_weights_file(
     if loaded is None:
         loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     state = with_densenet_key_names(model, strip_wrapper_prefix(model, extract_state_dict(loaded)))
-    with random_init_skipped():  # a head of the file's size: loaded from it right after
+    with skipped_weight_init():  # a head of the file's size: loaded from it right after
         fit_head_to(model, state)
     load_weights_into(model, state, source=path)
     if num_classes is not None and out_features(find_head(model)[1]) != num_classes:

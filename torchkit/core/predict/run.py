@@ -105,8 +105,7 @@ class PredictRun:
             raise UsageError(f"--topk must be at least 1, not {request.topk}")
         if request.strict and request.skip_errors:
             raise UsageError("--strict and --skip-errors contradict each other")
-        from torchkit.core.models import ModelSpec, exported_format_of, is_model_file, resolve_spec
-        from torchkit.core.predict.loading import resolve_loaded_model
+        from torchkit.core.models import ModelSpec, resolve_spec
 
         spec = ModelSpec(
             model=request.model,
@@ -122,17 +121,8 @@ class PredictRun:
             ema=request.ema,
             allow_untrained=request.allow_untrained,
         )
-        # A checkpoint's weights replace every random one: skip drawing them (loading.py).
-        from_file = (
-            request.weights is None
-            and not request.trust_checkpoint
-            and is_model_file(request.model)
-            and exported_format_of(request.model) is None
-        )
-        self.resolved = resolve_loaded_model(
-            lambda: resolve_spec(spec, command="predict", exported="runtime", predicting=True),
-            from_file=from_file,
-        )
+        # A checkpoint's model is built without the random weights it replaces (random_init.py).
+        self.resolved = resolve_spec(spec, command="predict", exported="runtime", predicting=True)
         check_amp_applies(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
         checkpoint = self.resolved.checkpoint
