@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoints import write_convnet_checkpoint
 from disks import FifoReader
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
-
-from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 # command line with OUT for the output; the output's name (its extension says its format).
 # The -o of eval, video-info, train, split, benchmark and extract-features is written as
@@ -41,23 +40,10 @@ WRITERS = {
 def inputs(tmp_path_factory) -> Path:
     """An image folder `ds` and a torchkit checkpoint `ck.pt` of the convnet for its 8x8
     images."""
-    from torchkit.core.models import resolve_model
-
     root = tmp_path_factory.mktemp("inputs")
     write_image_folder(root / "ds", {"a": 2, "b": 2})
     torch.manual_seed(0)
-    model = resolve_model("convnet", in_channels=3, image_size=8, num_classes=2).model
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": "convnet",
-            "num_classes": 2,
-            "classes": ["a", "b"],
-            "model": model.state_dict(),
-            "preprocess": {"image_size": 8, "in_channels": 3},
-        },
-        root / "ck.pt",
-    )
+    write_convnet_checkpoint(root / "ck.pt", in_channels=3, image_size=8, classes="ab")
     return root
 
 
