@@ -595,11 +595,25 @@ def test_the_pool_lets_each_result_go_once_handed_on():
     assert len(handed) == 12 and max(alive_later) == 0
 
 
+def _count_rich_layouts(monkeypatch, *, batch_rows: int) -> list[int]:
+    """Rows of each table rich lays out, with plain tables batched `batch_rows` at a time."""
+    import torchkit.cli.render as render
+
+    laid_out: list[int] = []
+    rich_table = render.rich_table
+    monkeypatch.setattr(render, "PLAIN_BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(
+        render,
+        "rich_table",
+        lambda table, **kw: laid_out.append(len(table.rows)) or rich_table(table, **kw),
+    )
+    return laid_out
+
+
 def test_a_long_plain_table_is_laid_out_in_batches_with_the_same_text(monkeypatch):
     """dataset-stats lists a row per duplicate file (every image of some data sets): rich lays
     a plain table out a batch of rows at a time (its layout costs KBs a row), and the text is
     the whole table's, character for character."""
-    import torchkit.cli.render as render
     from torchkit.cli.render import Table, render_plain_tables
 
     cells = ["cat", "dog/a b.png", "猫/写真.jpg", "", None, 1.5, 3, "[red]x[/]", "two\nlines"]
@@ -619,14 +633,7 @@ def test_a_long_plain_table_is_laid_out_in_batches_with_the_same_text(monkeypatc
     ]
     tables.append(Table(["a", "b"], [["y" * 600, "z" * 600]] * 5, title="wider than the page"))
     whole = render_plain_tables(tables)
-    laid_out: list[int] = []
-    rich_table = render.rich_table
-    monkeypatch.setattr(render, "PLAIN_BATCH_ROWS", 3)
-    monkeypatch.setattr(
-        render,
-        "rich_table",
-        lambda table, **kw: laid_out.append(len(table.rows)) or rich_table(table, **kw),
-    )
+    laid_out = _count_rich_layouts(monkeypatch, batch_rows=3)
     assert render_plain_tables(tables) == whole
     assert max(laid_out[:-1]) == 3 and laid_out[-1] == 5  # the wide table: wrapped as a whole
 
@@ -634,7 +641,6 @@ def test_a_long_plain_table_is_laid_out_in_batches_with_the_same_text(monkeypatc
 def test_a_long_plain_table_of_simple_cells_is_laid_out_by_rich_once(monkeypatch):
     """Rows after the first batch whose cells are printable ASCII that fits are laid out without
     rich (about 0.7 ms a row: 200,000 duplicate files took minutes), to the same text."""
-    import torchkit.cli.render as render
     from torchkit.cli.render import Table, render_plain_tables
 
     rows = [
@@ -646,14 +652,7 @@ def test_a_long_plain_table_of_simple_cells_is_laid_out_by_rich_once(monkeypatch
         Table(["x", "y"], [[1.5, None], [True, "z"]] * 8, title=None),
     ]
     whole = render_plain_tables(tables)
-    laid_out: list[int] = []
-    rich_table = render.rich_table
-    monkeypatch.setattr(render, "PLAIN_BATCH_ROWS", 4)
-    monkeypatch.setattr(
-        render,
-        "rich_table",
-        lambda table, **kw: laid_out.append(len(table.rows)) or rich_table(table, **kw),
-    )
+    laid_out = _count_rich_layouts(monkeypatch, batch_rows=4)
     assert render_plain_tables(tables) == whole
     assert laid_out == [4, 4, 4]  # each table's first batch, and the batch of row 30
 
@@ -663,7 +662,6 @@ def test_a_long_table_that_fits_the_terminal_is_printed_a_batch_at_a_time(monkey
     (a few KB and 0.7 ms a row): the same lines, the rows after the first batch without rich."""
     from rich.console import Console
 
-    import torchkit.cli.render as render
     from torchkit.cli.render import Table, print_on_terminal
 
     rows = [
@@ -678,14 +676,7 @@ def test_a_long_table_that_fits_the_terminal_is_printed_a_batch_at_a_time(monkey
         return screen.getvalue()
 
     whole = printed()
-    laid_out: list[int] = []
-    rich_table = render.rich_table
-    monkeypatch.setattr(render, "PLAIN_BATCH_ROWS", 4)
-    monkeypatch.setattr(
-        render,
-        "rich_table",
-        lambda table, **kw: laid_out.append(len(table.rows)) or rich_table(table, **kw),
-    )
+    laid_out = _count_rich_layouts(monkeypatch, batch_rows=4)
     assert [line.rstrip() for line in printed().splitlines()] == [
         line.rstrip() for line in whole.splitlines()
     ]
