@@ -60,9 +60,9 @@ def test_bad_augment_options_are_usage_errors(runner):
         assert result.exit_code == 2 and message in result.stderr, result.stderr
 
 
-def test_the_interpolation_and_policy_are_recorded_and_eval_uses_them(
-    runner, tmp_path, make_image_folder
-):
+def _train_one_epoch(runner, tmp_path, make_image_folder, *options: str):
+    """One epoch of the convnet at 8 px on a small split root, with `options`: its data folder,
+    its run folder and the result."""
     data = tmp_path / "data"
     make_image_folder(data / "train", {"a": 4, "b": 4}, size=12)
     make_image_folder(data / "val", {"a": 2, "b": 2}, size=12, seed=1)
@@ -70,8 +70,17 @@ def test_the_interpolation_and_policy_are_recorded_and_eval_uses_them(
     result = runner.invoke(
         app,
         ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
-         "-j", "0", "--augment", "trivialaugment", "--random-erasing", "0.25",
-         "--interpolation", "bicubic", "--out", str(out)],
+         "-j", "0", *options, "--out", str(out)],
+    )  # fmt: skip
+    return data, out, result
+
+
+def test_the_interpolation_and_policy_are_recorded_and_eval_uses_them(
+    runner, tmp_path, make_image_folder
+):
+    data, out, result = _train_one_epoch(
+        runner, tmp_path, make_image_folder,
+        "--augment", "trivialaugment", "--random-erasing", "0.25", "--interpolation", "bicubic",
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     checkpoint = load_checkpoint(out / "best.pt")
@@ -149,15 +158,9 @@ def test_the_train_transform_is_the_reference_scripts_recipe(image, tmp_path, po
 def test_augmix_and_its_severity_are_recorded_and_a_resume_or_replay_keeps_them(
     runner, tmp_path, make_image_folder
 ):
-    data = tmp_path / "data"
-    make_image_folder(data / "train", {"a": 4, "b": 4}, size=12)
-    make_image_folder(data / "val", {"a": 2, "b": 2}, size=12, seed=1)
-    out = tmp_path / "run"
-    result = runner.invoke(
-        app,
-        ["train", "--data", str(data), "--model", "convnet", "--image-size", "8", "--epochs", "1",
-         "-j", "0", "--augment", "augmix", "--augmix-severity", "2", "--out", str(out)],
-    )  # fmt: skip
+    data, out, result = _train_one_epoch(
+        runner, tmp_path, make_image_folder, "--augment", "augmix", "--augmix-severity", "2"
+    )
     assert result.exit_code == 0, result.stderr
     options = json.loads((out / "config.json").read_text())["options"]
     assert (options["augment"], options["augmix_severity"]) == ("augmix", 2)
