@@ -421,10 +421,17 @@ def test_worker_processes_give_the_rows_of_one_at_a_time(many_videos, monkeypatc
     pools = []
     real_map_chunks = video_run.map_chunks
 
-    def recorded(func, chunks, *, workers, on_result, preload=None):
+    def recorded(func, chunks, *, workers, on_result, preload=None, start_fresh=False):
         read = sum(len(chunk.videos) for chunk in chunks)
         pools.append((workers, read, {chunk.reading.decoder_threads for chunk in chunks}))
-        return real_map_chunks(func, chunks, workers=workers, on_result=on_result, preload=preload)
+        return real_map_chunks(
+            func,
+            chunks,
+            workers=workers,
+            on_result=on_result,
+            preload=preload,
+            start_fresh=start_fresh,
+        )
 
     monkeypatch.setattr(video_run, "map_chunks", recorded)
     monkeypatch.setattr(video_run, "usable_cpus", lambda: 2)

@@ -101,12 +101,21 @@ def map_chunks(
     workers: int,
     on_result: Callable[[T], None],
     preload: Callable[[], None] | None = None,
+    start_fresh: bool = False,
 ) -> None:
     """Call `func(chunk)` for every chunk, in `workers` processes (inline when 0 or 1), and hand
     each result to `on_result` in the parent as it arrives. An exception from `func` or from
     `on_result`, or an interrupt, stops the remaining work at once (the workers are terminated,
     not waited for) and propagates. `preload` runs in the parent before the workers fork from
-    it (Linux): what it imports, they have without importing it once each."""
+    it (Linux): what it imports, they have without importing it once each.
+
+    `start_fresh`: start every worker as a new interpreter (spawn) instead of forking this
+    process, for work in libraries that keep threads of their own (OpenCV, FFmpeg): a fork
+    copies their locks as they are, held ones included, and a worker that takes one waits
+    forever. The workers stay this process's children (they end with it); `preload` still runs
+    here first, and environment variables it sets reach them. (Not a forkserver: its workers
+    are the server's children and keep it alive, so nothing ends them when this process is
+    killed.)"""
     if workers <= 1 or len(chunks) <= 1:
         for chunk in chunks:
             on_result(func(chunk))
@@ -124,7 +133,7 @@ def map_chunks(
         preload()
     executor = ProcessPoolExecutor(
         max_workers=min(workers, len(chunks)),
-        mp_context=multiprocessing.get_context("fork" if use_fork else "spawn"),
+        mp_context=multiprocessing.get_context("fork" if use_fork and not start_fresh else "spawn"),
         initializer=_init_worker,
         initargs=(os.getpid(),),
     )

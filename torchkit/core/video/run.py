@@ -371,8 +371,17 @@ def _read_in_processes(
         _ChunkJob([(at, str(videos[at])) for at in chunk], reading, per_process)
         for chunk in chunked(positions, processes, most=VIDEOS_PER_CHUNK)
     ]
-    # cv2 imported before the workers fork: each has it without importing it again.
-    map_chunks(_read_chunk, jobs, workers=processes, on_result=arrived, preload=_import_cv2)
+    # Workers start as new interpreters, not forks of this process: a fork of a process whose
+    # OpenCV or FFmpeg threads ran copies their locks mid-use, and a worker that takes one hangs
+    # (a library user's process, or one that read videos before).
+    map_chunks(
+        _read_chunk,
+        jobs,
+        workers=processes,
+        on_result=arrived,
+        preload=_import_cv2,
+        start_fresh=True,
+    )
 
 
 @dataclass
