@@ -198,6 +198,51 @@ def test_the_train_crop_size_crops_training_images_and_leaves_validation_at_the_
     assert eval_dataset(samples, preprocess)[0][0].shape[-2:] == (12, 12)
 
 
+@pytest.mark.parametrize(
+    ("decode", "cpu_share"), [("fast", 0.0), ("exact", 0.0), ("device", 0.0), ("device", 1.0)]
+)
+def test_each_decode_crops_training_batches_to_the_train_crop_size(
+    tmp_path, monkeypatch, decode, cpu_share
+):
+    # The fast decode's reduced scale keeps the training crop's pixels across, and the device
+    # path (libjpeg on the CPU here) resizes to the training crop; validation keeps the image
+    # size. JPEGs large enough that their crops are decoded at a reduced scale.
+    import torchkit.core.data.decode as decode_module
+    from torchkit.core.data.device_decode import decoded_batch
+    from torchkit.core.data.sources.samples import Samples
+    from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
+    from torchkit.core.train.loaders import build_loaders, preprocess_for
+    from torchkit.core.train.validation import resolve_defaults
+
+    sides = []
+    reduction_for = decode_module.reduction_for
+
+    def recorded_reduction(width: int, height: int, image_size: int) -> int:
+        sides.append(image_size)
+        return reduction_for(width, height, image_size)
+
+    monkeypatch.setattr(decode_module, "reduction_for", recorded_reduction)
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"{i}.jpg"))
+        pixels = np.random.default_rng(i).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(paths[-1])
+    samples = Samples(classes=["a", "b"], labels=[0, 1, 0, 1], paths=paths)
+    config = resolve_defaults(
+        TrainConfig(image_size=12, resize_size=14, train_crop_size=8, decode=decode,
+                    decode_cpu_share=cpu_share, workers=0, batch_size=4),
+        is_digits=False,
+    )  # fmt: skip
+    loaders = build_loaders({"train": samples, "val": samples}, preprocess_for(config), config)
+    train = decoded_batch(next(iter(loaders.train)), torch.device("cpu"))
+    assert tuple(train.images.shape) == (4, 3, 8, 8)
+    assert tuple(next(iter(loaders.val)).images.shape) == (4, 3, 12, 12)
+    if decode == "fast" or cpu_share:
+        assert sides and set(sides) == {8}
+        # and --decode's help says so (it said --image-size's pixels)
+        assert "--train-crop-size" in " ".join(TRAIN_OPTIONS["decode"].help.split())
+
+
 def test_the_train_crop_size_is_recorded_and_the_checkpoint_keeps_the_image_size(
     runner, tmp_path, make_image_folder
 ):

@@ -189,6 +189,28 @@ def test_more_workers_than_the_machine_can_use_is_a_usage_error(runner, tmp_path
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "hint"),
+    [([], "a smaller --image-size)"), (["--train-crop-size", "6"], "a smaller --train-crop-size)")],
+)
+def test_running_out_of_gpu_memory_names_the_option_that_sizes_the_training_crop(
+    runner, tmp_path, monkeypatch, options, hint
+):
+    # With --train-crop-size the training batches are that size: a smaller --image-size only
+    # shrinks validation's.
+    import torchkit.core.train.runner as train_runner
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(train_runner, "_train", out_of_memory)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--epochs", "1", *options, "--out", str(out)])
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr)
+    assert line.startswith("Error: the GPU ran out of memory with --batch-size") and hint in line
+
+
 def test_non_finite_options_are_usage_errors_naming_the_option(tmp_path):
     cases = [
         ("--lr", "nan"), ("--weight-decay", "nan"), ("--momentum", "nan"),

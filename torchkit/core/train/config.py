@@ -177,19 +177,21 @@ class TrainConfig:
         help="Probability of erasing a random rectangle of each training image.",
     )
     # fast | exact | device | auto: training JPEGs decoded at 1/2..1/8 where the random crop
-    # keeps image-size pixels across (core.decode); exact decodes them whole; device decodes
-    # them on the training device (core.device_decode); auto (chosen when the run starts, and
-    # recorded resolved): device when training on CUDA from JPEG files, fast otherwise.
+    # keeps the training crop's size across (train-crop-size, else image-size; core.decode);
+    # exact decodes them whole; device decodes them on the training device (core.device_decode);
+    # auto (chosen when the run starts, and recorded resolved): device when training on CUDA
+    # from JPEG files, fast otherwise.
     decode: str = option(
         "auto",
         panel=DATA_PANEL,
         choices=DECODE_CHOICES,
         help="How training JPEGs are decoded: fast = at 1/2, 1/4 or 1/8 of their size where the "
-        "random crop still has --image-size pixels across (the same crops; pixels within about "
-        "0.5/255 on average); exact = whole, as eval does; device = whole batches on the "
-        "training device (nvJPEG on CUDA), cropped, resized and flipped there (the same crops; "
-        "pixels within 1/255 of exact on the CPU; flip and crop only, no PIL policies or random "
-        "erasing); auto = device when training on CUDA from JPEG files, fast otherwise.",
+        "random crop still has the training crop's size across (--train-crop-size, else "
+        "--image-size; the same crops; pixels within about 0.5/255 on average); exact = whole, "
+        "as eval does; device = whole batches on the training device (nvJPEG on CUDA), cropped, "
+        "resized and flipped there (the same crops; pixels within 1/255 of exact on the CPU; "
+        "flip and crop only, no PIL policies or random erasing); auto = device when training "
+        "on CUDA from JPEG files, fast otherwise.",
     )
     # With device decoding, a share of the JPEGs (by a hash of their paths: the same files every
     # epoch) is decoded by the loader workers as `fast` decodes them: a GPU's JPEG decoder and

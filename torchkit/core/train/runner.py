@@ -118,10 +118,12 @@ def _run_with_torch(
         distributed.barrier(ctx)
         return result
     except torch.OutOfMemoryError as error:
+        # Training's activations follow the training crop: --train-crop-size where given.
+        crop = "--train-crop-size" if config.train_crop_size is not None else "--image-size"
         raise DeviceError(
             f"the GPU ran out of memory with --batch-size {config.batch_size}",
             "use a smaller --batch-size (with --accum-steps to keep the effective batch), "
-            "--amp, or a smaller --image-size",
+            f"--amp, or a smaller {crop}",
         ) from error
     except RuntimeError as error:
         # A collective that timed out (--dist-timeout) or lost a rank: one error line.
@@ -245,8 +247,9 @@ def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder
 
 @contextlib.contextmanager
 def _image_size_checked(state: TrainState) -> Iterator[None]:
-    """A model too deep for --image-size fails at its first batch with torch's shape error:
-    that becomes one line naming the smallest size it takes (`image_size_refusal`)."""
+    """A model too deep for the training crop (--train-crop-size, else --image-size) fails at
+    its first batch with torch's shape error: that becomes one line naming the smallest size it
+    takes (`image_size_refusal`)."""
     try:
         yield
     except RuntimeError as error:
