@@ -629,6 +629,25 @@ def test_a_full_disk_is_one_error_naming_the_output_and_leaves_no_temporary(smal
     assert os.listdir(disk) == []
 
 
+def test_a_temporary_folder_that_cannot_be_made_is_named_not_the_special_output(
+    tmp_path, monkeypatch
+):
+    """The file for a special-file output is written in TMPDIR first: a TMPDIR removed since
+    it was looked up was reported as "cannot write /dev/null: No such file or directory"."""
+    import tempfile
+
+    gone = tmp_path / "gone"
+    monkeypatch.setattr(tempfile, "tempdir", str(gone))
+    expected = f"/dev/null: No such file .* in {gone}, .*TMPDIR"
+    with pytest.raises(OutputWriteError, match=expected), atomic_path("/dev/null") as staged:
+        staged.write_bytes(b"x")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    unreadable = OSError(errno.EACCES, "Permission denied", str(tmp_path / "input.png"))
+    with pytest.raises(OSError) as raised, atomic_path("/dev/null"):
+        raise unreadable  # an input's error, not the temporary folder's
+    assert raised.value is unreadable
+
+
 def test_a_full_disk_is_one_error_when_locking_and_leaves_no_lock(small_tmpfs):
     from disks import fill_disk
 

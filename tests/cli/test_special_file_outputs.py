@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 import torch
 from checkpoints import write_convnet_checkpoint
-from disks import FifoReader
+from disks import FifoReader, fill_disk
 from image_folders import write_image_folder
 from processes import run_torchkit_in_process
 
@@ -89,6 +90,25 @@ def test_force_replaces_a_link_not_the_file_it_points_at(inputs, tmp_path, write
     assert done.returncode == 0, done.stderr
     assert not link.is_symlink() and link.stat().st_size > 0
     assert target.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_full_temporary_folder_is_named_not_the_output(inputs, writer, small_tmpfs, monkeypatch):
+    """A file for a special file is written in TMPDIR first (its writer may seek): a full
+    TMPDIR was reported as "cannot write /dev/null: No space left on device", or as torch's
+    "unexpected pos 5632 vs 5584", sending the user to the output's disk."""
+    staging = fill_disk(small_tmpfs(64))
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))  # what TMPDIR=STAGING sets
+    to = {"convert tensor": ["--to", "npy"], "convert checkpoint": ["--to", "safetensors"]}
+    done = _run(inputs, writer, "/dev/null", *to.get(writer, []))
+    if done.returncode == 0:  # written into /dev/null as it is made: nothing staged
+        return
+    assert done.returncode == 1, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: cannot write /dev/null: No space left on device in ") and (
+        f"in {staging}, " in line and "set TMPDIR to a writable folder with room" in line
+    ), line
+    assert os.listdir(staging) == ["filler"]
 
 
 # a file and its -o report (or two reports) given one FIFO

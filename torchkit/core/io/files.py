@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import IO
 
 from torchkit.core.io.durability import fsync_directory, fsync_file
-from torchkit.core.io.errors import InputError
+from torchkit.core.io.errors import InputError, OutputWriteError
 from torchkit.core.io.outputs import (
+    as_write_error,
     check_claimed,
     is_special_file,
     own_descriptor,
     publish_file,
     remove_tree,
     synced_when_kept,
+    write_failure_reason,
 )
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
 
@@ -365,9 +367,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         # rename it over the name (safetensors), or read it back (export's verification). The
         # finished temporary file is written into it, in order, once the block succeeds.
         own = own_regular_descriptor(target)
-        with _reporting(target), tempfile.TemporaryDirectory() as folder:
-            written = Path(folder) / f"output{target.suffix}"
-            yield written
+        with _reporting(target), _staging_folder(target) as folder:
+            written = folder / f"output{target.suffix}"
+            try:
+                yield written
+            except Exception as error:
+                staging = _staging_error(target, written, error)
+                if staging is None:
+                    raise
+                raise staging from error
             opened = target if own is None else os.dup(own)  # `>>`: where the descriptor stands
             with open(written, "rb") as source, open(opened, "wb") as sink:
                 shutil.copyfileobj(source, sink, 2**20)
@@ -395,6 +403,41 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if lock_fd >= 0:
             os.close(lock_fd)
+
+
+@contextlib.contextmanager
+def _staging_folder(target: Path) -> Iterator[Path]:
+    """A new folder in TMPDIR, where the file for the special file `target` is written first
+    (removed at the end); one that cannot be made names TMPDIR, not the output."""
+    try:
+        staging = tempfile.TemporaryDirectory()
+    except OSError as error:  # a full or read-only TMPDIR, or none that can be written
+        place = os.path.dirname(error.filename) if error.filename else tempfile.gettempdir()
+        raise _staged_write_error(target, error.strerror or str(error), place) from error
+    with staging as folder:
+        yield Path(folder)
+
+
+def _staging_error(target: Path, staged: Path, error: BaseException) -> OutputWriteError | None:
+    """The OutputWriteError that `error`, raised while the file for `target` was written at
+    `staged` (in TMPDIR), means: a full or read-only TMPDIR is named as such, not as the
+    output's disk, where the user would look. None: not a write error of the staged file."""
+    cause = error.__cause__ if isinstance(error, OutputWriteError) else error
+    cause = cause or error
+    named = getattr(cause, "filename", None)
+    if named is not None and not os.path.abspath(named).startswith(f"{staged.parent}{os.sep}"):
+        return None  # another file's error (an input's)
+    if as_write_error(cause, staged) is None:
+        return None
+    return _staged_write_error(target, write_failure_reason(staged, cause), staged.parent.parent)
+
+
+def _staged_write_error(target: Path, reason: str, place: str | os.PathLike) -> OutputWriteError:
+    return OutputWriteError(
+        f"cannot write {target}: {reason} in {place}, where a file for a FIFO, device or "
+        "standard output is written first",
+        "free some space there, or set TMPDIR to a writable folder with room",
+    )
 
 
 def copy_bytes(source: str | os.PathLike, target: str | os.PathLike) -> None:

@@ -471,12 +471,12 @@ _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 def write_error(target: str | os.PathLike, error: BaseException) -> OutputWriteError:
     return OutputWriteError(
-        f"cannot write {_shown(target)}: {_write_failure_reason(target, error)}",
+        f"cannot write {_shown(target)}: {write_failure_reason(target, error)}",
         "free some space, check the permissions, or choose another output",
     )
 
 
-def _write_failure_reason(target: str | os.PathLike, error: BaseException) -> str:
+def write_failure_reason(target: str | os.PathLike, error: BaseException) -> str:
     """errno's words where there is an errno; otherwise what the file system says now (torch's
     and NumPy's writers report a short write without the reason)."""
     if isinstance(error, OSError) and error.strerror:
