@@ -244,6 +244,26 @@ def test_a_16_bit_colour_png_gives_the_same_8_bit_pixels_everywhere(files):
     assert np.array_equal(px.to_image(pixels, sixteen_bit=False), eight)
 
 
+def test_a_16_bit_colour_ppm_gives_the_same_8_bit_pixels_everywhere(tmp_path):
+    # A P6 of maxval 65535: PIL reads it as 8 bits, round(v / 257) as every loader scales;
+    # convert tensor keeps all 16 bits, as it does a 16-bit PNG's.
+    raw = np.random.default_rng(5).integers(0, 65536, (4, 6, 3), dtype=np.uint16)
+    raw[0, 0] = [386, 32767, 65535]  # 386 / 257 rounds up; its high byte is 1
+    path = tmp_path / "rgb16.ppm"
+    path.write_bytes(b"P6\n6 4\n65535\n" + raw.astype(">u2").tobytes())
+    eight = np.rint(raw / 257.0).astype(np.uint8)
+
+    assert np.array_equal(np.asarray(load_image(path, "RGB")), eight)
+    assert np.array_equal(dataset_pixels(path), eight)
+    assert np.array_equal(reduced_decode(path), eight)
+    result = scanned(path)
+    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(eight))
+    assert result.sixteen_bit == 1  # counted for the warning that they are scaled
+    pixels = read_image(path)
+    assert pixels.array.dtype == np.uint16 and np.array_equal(pixels.array, raw)
+    assert np.array_equal(px.to_image(pixels, sixteen_bit=False), eight)
+
+
 @pytest.mark.parametrize("name", ["cmyk.jpg", "palette.png"])
 def test_cmyk_and_palette_images_give_the_same_rgb_pixels_everywhere(files, name):
     path = files[name]

@@ -181,6 +181,44 @@ def test_native_mode_measures_16_bit_colour_at_16_bits(tmp_path):
     check(resized, np.stack(planes, axis=-1), 65535)
 
 
+def test_native_mode_measures_16_bit_ppm_at_16_bits(tmp_path):
+    """A P6/P5 of maxval over 255, written by hand (big-endian samples): --mode native
+    measures its samples / maxval, not the 8 bits PIL reads a P6 in; a maxval below 65535
+    is scaled to 16 bits as PIL scales a P5's, round(v / maxval * 65535)."""
+    rng = np.random.default_rng(11)
+    colour = rng.integers(0, 65536, (2, 3, 5, 3), dtype=np.uint16)
+    ten_bit = rng.integers(0, 1024, (3, 4, 3), dtype=np.uint16)
+    rgb, ten, gray = tmp_path / "rgb", tmp_path / "ten", tmp_path / "gray"
+    for folder in (rgb, ten, gray):
+        (folder / "a").mkdir(parents=True)
+
+    def ppm(path, magic, maxval, values):
+        height, width = values.shape[:2]
+        header = f"{magic}\n{width} {height}\n{maxval}\n".encode()
+        path.write_bytes(header + values.astype(">u2").tobytes())
+
+    ppm(rgb / "a" / "one.ppm", "P6", 65535, colour[0])
+    ppm(rgb / "a" / "two.ppm", "P6", 65535, colour[1])
+    ppm(ten / "a" / "ten.ppm", "P6", 1023, ten_bit)
+    ppm(gray / "a" / "gray.pgm", "P5", 65535, colour[0, ..., 0])
+
+    def check(stats, values, scale, atol=1e-12):
+        values = values.reshape(-1, values.shape[-1]).astype(np.float64) / scale
+        np.testing.assert_allclose(stats.mean, values.mean(0), rtol=0, atol=atol)
+        np.testing.assert_allclose(stats.std, values.std(0), rtol=0, atol=atol)
+
+    native = compute_dataset_stats(rgb, mode="native", workers=0)
+    assert native.channels == ["R", "G", "B"]
+    check(native, colour, 65535)
+    check(compute_dataset_stats(rgb, mode="rgb", workers=0), np.rint(colour / 257.0), 255)
+    tens = compute_dataset_stats(ten, mode="native", workers=0)
+    check(tens, np.rint(ten_bit / 1023 * 65535), 65535)
+    check(tens, ten_bit, 1023, atol=1e-5)  # 16 bits of a 10-bit sample: within 0.5 / 65535
+    one = compute_dataset_stats(gray, mode="native", workers=0)
+    assert one.channels == ["L"]
+    check(one, colour[0, ..., :1], 65535)
+
+
 def test_native_mode_refuses_mixed_channels(mixed_folder):
     with pytest.raises(InputError, match="same channels") as caught:
         compute_dataset_stats(mixed_folder, mode="native", workers=0)

@@ -10,8 +10,9 @@ device decodes of training, `convert tensor`, video-info's check for stills).
 - Images with more than 8 bits per sample (16-bit grayscale PNG/TIFF, PIL modes `I;16*`, and
   32-bit integer `I`) are scaled to 8 bits, `round(v / 257)` (65535 -> 255), before any mode
   conversion. PIL's own `convert()` clips them instead, so a 16-bit PNG becomes almost pure
-  white. 16-bit RGB(A) PNGs and TIFFs, which PIL reads as 8 bits itself (each sample's high
-  byte), are decoded by OpenCV at full depth (`sixteen_bit_colour`) and scaled the same way.
+  white. 16-bit RGB(A) PNGs and TIFFs and RGB PPMs of maxval over 255, which PIL reads as 8
+  bits itself, are decoded by OpenCV at full depth (`sixteen_bit_colour`) and scaled the same
+  way.
   `dataset-stats --mode rgb|gray` measures exactly these 8-bit pixels, so its mean/std are
   those of what the model is fed. Float images (`F`) keep PIL's conversion.
 - Palette images are expanded to RGB, or to RGBA where the palette has a transparent entry, and
@@ -184,8 +185,11 @@ def declares_16_bit_samples(image: Any) -> bool:
 
 def is_sixteen_bit_colour(image: Any) -> bool:
     """Whether an opened, not yet loaded image is an RGB or RGBA PNG or TIFF with 16 bits per
-    sample, which PIL decodes to 8 bits, keeping each sample's high byte. Only its tile says
-    so: once the image is loaded (a PNG's `getexif()` loads it) this is False."""
+    sample, which PIL decodes to 8 bits, keeping each sample's high byte, or an RGB PPM whose
+    maxval is over 255, which PIL decodes to 8 bits, scaled. Only its tile says so: once the
+    image is loaded (a PNG's `getexif()` loads it) this is False."""
+    if image.format == "PPM":
+        return image.mode == "RGB" and _ppm_maxval(image) > 255
     if image.mode not in ("RGB", "RGBA") or image.format not in ("PNG", "TIFF"):
         return False
     if not image.tile:
@@ -197,11 +201,23 @@ def is_sixteen_bit_colour(image: Any) -> bool:
     return ";16" in str(rawmode or "")
 
 
+def _ppm_maxval(image: Any) -> int:
+    """The maxval of an opened, not yet loaded PPM/PGM: its tile's (rawmode, maxval) args
+    when PIL scales its samples (any maxval but 255), else 255 (the raw 8-bit decoder)."""
+    if not image.tile:
+        return 255
+    args = image.tile[0][3]
+    if isinstance(args, tuple) and len(args) == 2 and isinstance(args[1], int):
+        return args[1]
+    return 255
+
+
 def sixteen_bit_colour(image: Any) -> Any | None:
-    """The full-depth pixels of an opened, not yet loaded 16-bit RGB(A) PNG or TIFF
+    """The full-depth pixels of an opened, not yet loaded 16-bit RGB(A) PNG or TIFF, or RGB PPM
     (`is_sixteen_bit_colour`): a uint16 (H, W, C) array in RGB(A) order, decoded by OpenCV
-    from the image's own stream (left where it was); None for any other image. Raises OSError
-    when OpenCV cannot decode it."""
+    from the image's own stream (left where it was); None for any other image. A PPM's samples
+    are scaled from its maxval to 0..65535 as PIL scales a 16-bit PGM's, round(v / maxval *
+    65535), samples over maxval taken as maxval. Raises OSError when OpenCV cannot decode it."""
     if not is_sixteen_bit_colour(image):
         return None
     import cv2
@@ -222,7 +238,13 @@ def sixteen_bit_colour(image: Any) -> Any | None:
         or array.shape[-1] < bands
     ):
         raise OSError("OpenCV cannot decode this 16-bit image")
-    return np.ascontiguousarray(array[..., [2, 1, 0, 3][:bands]])  # BGR(A) -> RGB(A)
+    array = np.ascontiguousarray(array[..., [2, 1, 0, 3][:bands]])  # BGR(A) -> RGB(A)
+    if image.format == "PPM":  # OpenCV gives a PPM's samples as stored, 0..maxval
+        maxval = _ppm_maxval(image)
+        array = np.minimum(array, maxval)
+        if maxval != 65535:
+            array = np.rint(array / maxval * 65535).astype(np.uint16)
+    return array
 
 
 def to_8bit(image: Any) -> Any:
