@@ -140,7 +140,7 @@ def test_native_mode_keeps_16_bit_range(tmp_path):
     assert stats.channels == ["L"]
     np.testing.assert_allclose(stats.mean, expected_mean, rtol=0, atol=1e-12)
     np.testing.assert_allclose(stats.std, expected_std, rtol=0, atol=1e-12)
-    assert stats.modes == {"L": 1, SIXTEEN_BIT_GRAY: 1, "1": 1}
+    assert stats.modes == {"L": 1, "I;16": 1, "1": 1}
 
 
 def test_native_mode_measures_16_bit_colour_at_16_bits(tmp_path):
@@ -217,6 +217,36 @@ def test_native_mode_measures_16_bit_ppm_at_16_bits(tmp_path):
     one = compute_dataset_stats(gray, mode="native", workers=0)
     assert one.channels == ["L"]
     check(one, colour[0, ..., :1], 65535)
+
+
+def test_modes_say_16_bit_images_are_16_bit(tmp_path, runner):
+    """PIL opens 16-bit colour as RGB(A) and 16-bit gray as I;16, I;16B or I (by format and
+    Pillow version): the modes list them as RGB;16, RGBA;16 and I;16, a 32-bit TIFF as I."""
+    import cv2
+
+    rng = np.random.default_rng(2)
+    folder = tmp_path / "deep" / "a"
+    folder.mkdir(parents=True)
+    colour = rng.integers(0, 65536, (3, 4, 4), dtype=np.uint16)
+    cv2.imwrite(str(folder / "rgb16.png"), colour[..., 2::-1])
+    cv2.imwrite(str(folder / "rgb16.tif"), colour[..., 2::-1])
+    cv2.imwrite(str(folder / "rgba16.png"), colour[..., [2, 1, 0, 3]])
+    (folder / "rgb16.ppm").write_bytes(
+        b"P6\n4 3\n65535\n" + colour[..., :3].astype(">u2").tobytes()
+    )
+    (folder / "gray16.pgm").write_bytes(
+        b"P5\n4 3\n65535\n" + colour[..., 0].astype(">u2").tobytes()
+    )
+    Image.fromarray(colour[..., 0]).save(folder / "gray16.png")
+    big_endian = colour[..., 0].astype(">u2").tobytes()
+    Image.frombytes("I;16B", (4, 3), big_endian).save(folder / "gray16b.tif")
+    Image.fromarray(colour[..., 0].astype(np.int32) << 15, "I").save(folder / "gray32.tif")
+    Image.fromarray(colour[..., :3].astype(np.uint8)).save(folder / "rgb8.png")
+    stats = compute_dataset_stats(tmp_path / "deep", workers=0)
+    assert stats.modes == {"RGB;16": 3, "I;16": 3, "RGBA;16": 1, "I": 1, "RGB": 1}
+    shown = runner.invoke(app, ["dataset-stats", str(tmp_path / "deep"), "-j", "0"])
+    assert shown.exit_code == 0, shown.stderr
+    assert "RGB;16" in shown.stdout and "RGBA;16" in shown.stdout
 
 
 def test_native_mode_refuses_mixed_channels(mixed_folder):
@@ -390,7 +420,7 @@ def test_report_counts_sizes_modes_formats_bytes(mixed_folder):
         "median": float(np.median(heights)),
         "max": heights.max(),
     }
-    assert report["modes"] == {"RGB": 3, "P": 2, "L": 1, "RGBA": 1, SIXTEEN_BIT_GRAY: 1}
+    assert report["modes"] == {"RGB": 3, "P": 2, "L": 1, "RGBA": 1, "I;16": 1}
     assert report["formats"] == {"PNG": 7, "JPEG": 1}
     image_files = READABLE + UNREADABLE
     assert report["total_bytes"] == sum(os.path.getsize(mixed_folder / n) for n in image_files)

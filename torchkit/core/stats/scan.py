@@ -329,7 +329,8 @@ def scan_files(
             if deep and mode != "native":
                 result.sixteen_bit += 1
             digest = hashlib.sha256(data).digest()
-            mode_code = codes.setdefault(native_mode, len(codes))
+            listed = listed_mode(native_mode, deep_colour=deep_colour, sixteen_bit=sixteen_bit)
+            mode_code = codes.setdefault(listed, len(codes))
             format_code = codes.setdefault(file_format or "?", len(codes))
             records.append((index, width, height, mode_code, format_code, len(data), digest))
             if phash is not None:
@@ -340,6 +341,18 @@ def scan_files(
         list(codes),
     )
     return result
+
+
+def listed_mode(pil_mode: str, *, deep_colour: bool, sixteen_bit: bool) -> str:
+    """The colour mode an image is listed under: PIL's, with 16-bit samples said as such
+    whatever PIL opens them as: `I;16` for grayscale (PIL's `I;16`, `I;16B`..., or `I` for a
+    16-bit PNG or PGM in some Pillow versions), `RGB;16` and `RGBA;16` for colour (which PIL
+    opens as `RGB` and `RGBA`: `image_files.is_sixteen_bit_colour`)."""
+    if deep_colour:
+        return f"{pil_mode};16"
+    if pil_mode in SIXTEEN_BIT_MODES or (pil_mode == "I" and sixteen_bit):
+        return "I;16"
+    return pil_mode
 
 
 def _native_pixels(image: Any, wanted: str) -> Any:
