@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import stat
 import tempfile
 import threading
@@ -18,6 +19,7 @@ import torch
 from checkpoints import write_convnet_checkpoint
 from disks import FifoReader, fill_disk
 from image_folders import write_image_folder
+from output_checks import error_line
 from processes import run_torchkit_in_process
 
 # command line with OUT for the output; the output's name (its extension says its format).
@@ -109,6 +111,36 @@ def test_a_full_temporary_folder_is_named_not_the_output(inputs, writer, small_t
         f"in {staging}, " in line and "set TMPDIR to a writable folder with room" in line
     ), line
     assert os.listdir(staging) == ["filler"]
+
+
+# and the -o of train, which would train first
+REFUSED_FIRST = {
+    **WRITERS,
+    "train -o": (["train", "--data", "ds", "--epochs", "1", "--out", "run", "-o", "OUT"], "o.json"),
+}
+
+
+@pytest.mark.parametrize("writer", REFUSED_FIRST)
+def test_a_socket_is_refused_before_any_work(inputs, tmp_path, monkeypatch, writer):
+    """A Unix socket cannot be opened to be written into: `train -o SOCKET` trained, then
+    failed as "OSError: [Errno 6] No such device or address: 'SOCKET'"."""
+    command, name = REFUSED_FIRST[writer]
+    monkeypatch.chdir(tmp_path)  # bound by its short relative name (a socket's path is short)
+    link = tmp_path / f"link-{name}"
+    link.symlink_to(name)
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(name)
+        for out in (tmp_path / name, link):
+            done = run_torchkit_in_process(
+                *[str(out) if arg == "OUT" else arg for arg in command], cwd=inputs
+            )
+            assert done.returncode == 1, done.stderr
+            assert error_line(done.stderr, besides="warnings").endswith(
+                f"is a socket, not a file: {out} (torchkit cannot open a socket to write into "
+                "it: give a file, a FIFO or a device)"
+            )
+            assert done.stdout == "" and not (inputs / "run").exists()
+    assert sorted(os.listdir(tmp_path)) == sorted([link.name, name])
 
 
 # a file and its -o report (or two reports) given one FIFO

@@ -283,6 +283,24 @@ def check_own_descriptor_open(path: str | os.PathLike, what: str) -> None:
         ) from None
 
 
+def check_not_socket(path: str | os.PathLike, what: str) -> None:
+    """A Unix socket (or a link to one) at a file output cannot be opened to be written: the
+    write at the end failed as "No such device or address", after all the work. This
+    process's own descriptor that is a socket (`-o /dev/stdout` under a service manager) is
+    written through the descriptor, not opened by its name."""
+    if own_descriptor(path) is not None:
+        return
+    try:
+        socket = stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return
+    if socket:
+        raise OutputExistsError(
+            f"{what} is a socket, not a file: {_shown(path)}",
+            "torchkit cannot open a socket to write into it: give a file, a FIFO or a device",
+        )
+
+
 def check_folders_above(path: str | os.PathLike, what: str) -> None:
     """The nearest existing folder above `path` is one: a file there (`-o notes.txt/x.json`)
     would fail the write only at the end, after all the work, as "File exists"."""
@@ -321,6 +339,7 @@ def check_output_file(
     target = Path(path)
     if is_special_file(target):
         check_own_descriptor_open(target, what)
+        check_not_socket(target, what)
         return target
     check_overlap(target, what, inputs)
     check_folders_above(target, what)
