@@ -745,6 +745,26 @@ def test_an_output_that_names_a_descriptor_of_a_file_is_added_to_it_not_truncate
     assert os.listdir(tmp_path) == ["log.txt"]
 
 
+@pytest.mark.parametrize("name", ["/dev/fd/{fd}", "/proc/self/fd/{fd}"])
+def test_an_output_that_names_a_descriptor_of_a_socket_is_written_through_it(name):
+    """`-o /dev/stdout` where stdout is a socket (a service manager's): a socket cannot be
+    opened by its name, so the write at the end failed as "OSError: [Errno 6] No such device
+    or address: '/dev/stdout'", after all the work."""
+    import socket
+
+    from torchkit.core.io.files import atomic_path
+
+    ours, reader = socket.socketpair()
+    with ours, reader:
+        output = name.format(fd=ours.fileno())
+        assert check_output_file(output, force=False) == Path(output)
+        atomic_write_text(output, "text\n")
+        with atomic_path(output) as path:
+            Path(path).write_bytes(b"bytes\n")
+        ours.shutdown(socket.SHUT_WR)
+        assert b"".join(iter(lambda: reader.recv(1 << 16), b"")) == b"text\nbytes\n"
+
+
 @pytest.mark.parametrize(("option", "what"), [("-o", "output"), ("--plot", "plot")])
 def test_an_output_naming_a_closed_descriptor_is_refused_before_any_work(
     image_folder, option, what

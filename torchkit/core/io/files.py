@@ -140,18 +140,21 @@ def json_text(value: object, **dumps_kwargs) -> str:
     return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
-def own_regular_descriptor(path: str | os.PathLike) -> int | None:
+def own_descriptor_written_through(path: str | os.PathLike) -> int | None:
     """The file descriptor of this process that `path` names (`-o /dev/stdout`), where it is
-    a regular file (`>> log.txt`): opened again by its name, the file would be truncated and
-    written from its start, over what the shell or earlier commands put there; written
-    through the descriptor, it is added where the descriptor stands (appended with `>>`)."""
+    written through the descriptor rather than opened again by its name: a regular file
+    (`>> log.txt`), which opened by its name would be truncated and written from its start,
+    over what the shell or earlier commands put there (through the descriptor, it is added
+    where the descriptor stands: appended with `>>`), and a socket (stdout under a service
+    manager), which cannot be opened by its name at all."""
     fd = own_descriptor(path)
     if fd is None:
         return None
     try:
-        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        mode = os.fstat(fd).st_mode
     except OSError:  # closed (`>&-`): opening the name reports it
         return None
+    return fd if stat.S_ISREG(mode) or stat.S_ISSOCK(mode) else None
 
 
 @contextlib.contextmanager
@@ -177,7 +180,7 @@ def atomic_write(
         open_kwargs.setdefault("errors", NAME_ERRORS)
     target = Path(path)
     if is_special_file(target):  # a FIFO or /dev/stdout is written into, never replaced
-        own = own_regular_descriptor(target)
+        own = own_descriptor_written_through(target)
         opened = target if own is None else os.dup(own)
         with _reporting(target), open(opened, mode, **open_kwargs) as handle:
             yield handle
@@ -366,7 +369,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         # writer: writers that want a name seek (PIL, torch's zip), write a file beside it and
         # rename it over the name (safetensors), or read it back (export's verification). The
         # finished temporary file is written into it, in order, once the block succeeds.
-        own = own_regular_descriptor(target)
+        own = own_descriptor_written_through(target)
         with _reporting(target), _staging_folder(target) as folder:
             written = folder / f"output{target.suffix}"
             try:
