@@ -1,9 +1,12 @@
 """The one form a URL is written or shown in (`core.io.redaction`): its password and the values
-of its signature, token and key parameters `***`, everything else kept."""
+of its secret parameters `***`, everything else kept; a local path never touched."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from processes import run_torchkit_in_process
 
 from torchkit.core.io.redaction import has_redacted_secret, redact_urls
 
@@ -14,6 +17,7 @@ from torchkit.core.io.redaction import has_redacted_secret, redact_urls
         ("https://me:p%40ss@host/d/x.tar", "https://me:***@host/d/x.tar"),
         ("https://ghp_token@host/x.tar", "https://***@host/x.tar"),  # a token as the user
         ("https://me:a@b@host/x.tar", "https://me:***@host/x.tar"),  # to the last @, as urllib
+        ("https://me:a:b%3Ac@host/x.tar", "https://me:***@host/x.tar"),  # a `:` in the password
         (
             "https://b.s3.amazonaws.com/x.tar?X-Amz-Algorithm=AWS4&X-Amz-Credential=AK%2F1"
             "&X-Amz-Security-Token=t&X-Amz-Signature=f00",
@@ -33,7 +37,9 @@ from torchkit.core.io.redaction import has_redacted_secret, redact_urls
             "https://h/a.tar::https://u:***@h/b.tar?key=***",
         ),
         ("https://[::1]:8000/x.tar?v=1", "https://[::1]:8000/x.tar?v=1"),
-        ("data/train?token=x", "data/train?token=***"),
+        ("https://[::1]:8000/x.tar?key=k", "https://[::1]:8000/x.tar?key=***"),
+        ("https:/h/x.tar?token=t", "https:/h/x.tar?token=***"),  # as --data reads it
+        ("s3://b/x.tar?X-Amz-Signature=f", "s3://b/x.tar?X-Amz-Signature=***"),
         ("flowers/", "flowers/"),
     ],
 )
@@ -41,6 +47,26 @@ def test_a_urls_secrets_are_replaced_and_the_rest_kept(url, shown):
     assert redact_urls(url) == shown
     assert redact_urls(shown) == shown
     assert has_redacted_secret(shown) == (shown != url)
+
+
+@pytest.mark.parametrize(
+    "path", ["data/train?token=x", "x?sig=1&key=2", "./a#access_token=z", "me:pw@host/x"]
+)
+def test_a_local_path_named_like_a_query_is_kept_exactly(path):
+    """A file or folder may be named `x?token=abc` (a legal name): it was saved and shown as
+    `x?token=***`, so a resume looked for a folder that is not there."""
+    assert redact_urls(path) == path
+    assert redact_urls(f"Note: reading {path}: 3 images") == f"Note: reading {path}: 3 images"
+    assert not has_redacted_secret(path)
+
+
+def test_train_records_a_local_path_named_like_a_query_as_given():
+    """config.json and the checkpoints (`--print-config` prints that record) said
+    `imgs?token=***`: `train --resume` then stopped at "dataset not found: imgs?token=***", and
+    `eval RUN/best.pt` read a folder of that name where there was one."""
+    printed = run_torchkit_in_process("train", "--data", "imgs?token=abc", "--print-config")
+    assert printed.returncode == 0, printed.stderr
+    assert json.loads(printed.stdout)["data"] == "imgs?token=abc"
 
 
 def test_urls_inside_a_message_are_redacted_and_the_message_kept():

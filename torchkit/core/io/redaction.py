@@ -1,6 +1,10 @@
 """URLs with their secrets replaced by `***`: the one form in which torchkit writes or shows a
 URL (config.json, checkpoints, metrics, meta.json, --print-config, messages, tables).
 
+Only URLs are touched: a `scheme://` (`https://`, `s3://` ...), or `https:/host` as `--data`
+reads it. A local path is kept exactly, also one named like a query (`data/x?token=1`), so a
+recorded run reads the same files again.
+
 A secret is the password of `USER:PASSWORD@` (a user given alone, as a token is, `***@`
 whole), and the value of a query or fragment parameter that names a signature, token, key or
 credential: `X-Amz-Signature`, `X-Amz-Credential`, `X-Amz-Security-Token`, Azure SAS `sig`,
@@ -14,11 +18,15 @@ import re
 
 REDACTED = "***"
 
-# `scheme://USERINFO@`: USERINFO runs to the last `@` before the host's end (as urllib reads it).
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)([^/?#\s]*)@")
-# `?NAME=VALUE`, `&NAME=VALUE`, `#NAME=VALUE` (OAuth puts access_token in the fragment); the
-# punctuation a message puts after a URL (`URL: why`, `(URL)`) is not the value's.
-_PARAMETER = re.compile(r"([?&#])([^=&#\s?]+)=([^&#\s]*?)(?=[:;,.)\]'\"]*(?:[&#\s]|$))")
+_SCHEME = r"[a-z][a-z0-9+.\-]*://|https?:/"
+_URL_START = re.compile(rf"(?i)(?:{_SCHEME})")
+# A `::` list (webdataset's) joins URLs: split only where a URL starts, not in `[::1]`.
+_LIST_JOIN = re.compile(rf"(?i)::(?={_SCHEME})")
+_URL_IN_TEXT = re.compile(rf"(?i)\b(?:{_SCHEME})\S*")
+_TRAILING_PUNCTUATION = ":;,.)]'\""
+_AUTHORITY_END = re.compile(r"[/?#]")
+# `?NAME=VALUE`, `&NAME=VALUE`, `#NAME=VALUE` (OAuth puts access_token in the fragment).
+_PARAMETER = re.compile(r"([?&#])([^=&#?]+)=([^&#]*)")
 _SECRET_NAME = re.compile(
     r"(?i)^(?:sig|key|auth|.*(?:token|secret|passw(?:or)?d|credential|signature|"
     r"api[-_]?key|access[-_]?key).*)$"
@@ -27,30 +35,68 @@ _SECRET_NAME = re.compile(
 
 def redact_urls(text: str) -> str:
     """`text` (a URL, a `::` list of them, or a message naming some) with every URL's secrets
-    replaced by `***`."""
-    text = _USERINFO.sub(_redacted_userinfo, text)
-    return _PARAMETER.sub(_redacted_parameter, text)
+    replaced by `***`; a URL ends at whitespace, the punctuation after it (`URL: why`, `(URL)`)
+    kept as the message's."""
+    return _URL_IN_TEXT.sub(_redacted_in_text, text)
 
 
-def has_redacted_secret(text: str) -> bool:
-    """Whether a URL in `text` carries a secret `redact_urls` replaced: a recorded URL that
-    would log in with `***`."""
-    for match in _USERINFO.finditer(text):
-        user, colon, password = match.group(2).partition(":")
-        if (password if colon else user) == REDACTED:
+def has_redacted_secret(value: str) -> bool:
+    """Whether a URL in `value` (a whole `--data`) carries a secret `redact_urls` replaced: a
+    recorded URL that would log in with `***`."""
+    for part in _LIST_JOIN.split(value):
+        start = _URL_START.match(part)
+        if start is None:
+            continue
+        authority, tail = _split_authority(part[start.end() :])
+        userinfo, at, _ = authority.rpartition("@")
+        user, colon, password = userinfo.partition(":")
+        if at and (password if colon else user) == REDACTED:
             return True
-    return any(
-        _SECRET_NAME.match(match.group(2)) and match.group(3) == REDACTED
-        for match in _PARAMETER.finditer(text)
+        if any(
+            value == REDACTED and _SECRET_NAME.match(name)
+            for _, name, value in _PARAMETER.findall(_parameters(tail))
+        ):
+            return True
+    return False
+
+
+def _redacted_in_text(match: re.Match[str]) -> str:
+    url = match.group(0)
+    kept = url.rstrip(_TRAILING_PUNCTUATION)
+    return _redacted_value(kept) + url[len(kept) :]
+
+
+def _redacted_value(value: str) -> str:
+    """`value` with each URL of its `::` list redacted; the rest as in `redact_urls`."""
+    return "::".join(
+        _redacted_url(part) if _URL_START.match(part) else redact_urls(part)
+        for part in _LIST_JOIN.split(value)
     )
 
 
-def _redacted_userinfo(match: re.Match[str]) -> str:
-    scheme, userinfo = match.group(1), match.group(2)
-    if not userinfo:
-        return match.group(0)
-    user, colon, _ = userinfo.partition(":")
-    return f"{scheme}{user}:{REDACTED}@" if colon else f"{scheme}{REDACTED}@"
+def _redacted_url(url: str) -> str:
+    scheme = _URL_START.match(url)
+    assert scheme is not None
+    authority, tail = _split_authority(url[scheme.end() :])
+    userinfo, at, host = authority.rpartition("@")  # the last `@`, as urllib reads it
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        authority = f"{user}:{REDACTED}@{host}" if colon else f"{REDACTED}@{host}"
+    path = tail[: len(tail) - len(_parameters(tail))]
+    parameters = _PARAMETER.sub(_redacted_parameter, _parameters(tail))
+    return f"{scheme.group(0)}{authority}{path}{parameters}"
+
+
+def _split_authority(rest: str) -> tuple[str, str]:
+    """`USERINFO@HOST:PORT` and what follows it (`/path?query#fragment`), as urllib splits."""
+    end = _AUTHORITY_END.search(rest)
+    return (rest, "") if end is None else (rest[: end.start()], rest[end.start() :])
+
+
+def _parameters(tail: str) -> str:
+    """The query and fragment of a URL's `tail`: from its first `?` or `#` on."""
+    start = re.search(r"[?#]", tail)
+    return "" if start is None else tail[start.start() :]
 
 
 def _redacted_parameter(match: re.Match[str]) -> str:
