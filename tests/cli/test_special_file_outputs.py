@@ -2,7 +2,8 @@
 exported model) into a FIFO with a reader waiting, into `/dev/null`, and at a symbolic link to
 a regular file: a special file is written into (it stays what it is, and the reader gets the
 whole file), `/dev/null` is a discard, and `--force` replaces a link with the new file, leaving
-the file it pointed at as it was."""
+the file it pointed at as it was; a full TMPDIR (where a special file's file is made first) is
+named as such, and a Unix socket is refused before any work."""
 
 from __future__ import annotations
 
