@@ -8,7 +8,7 @@ import json
 import pytest
 from processes import run_torchkit_in_process
 
-from torchkit.core.io.redaction import has_redacted_secret, redact_urls
+from torchkit.core.io.redaction import has_redacted_secret, is_secret_name, redact_urls
 
 
 @pytest.mark.parametrize(
@@ -67,6 +67,33 @@ def test_train_records_a_local_path_named_like_a_query_as_given():
     printed = run_torchkit_in_process("train", "--data", "imgs?token=abc", "--print-config")
     assert printed.returncode == 0, printed.stderr
     assert json.loads(printed.stdout)["data"] == "imgs?token=abc"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "token", "access_token", "X-Amz-Security-Token", "session_token", "sessionToken",
+        "secret", "client_secret", "password", "passwd", "pwd", "auth", "jwt",
+        "X-Amz-Signature", "X-Goog-Signature", "Signature", "sig", "auth_sig",
+        "X-Amz-Credential", "X-Goog-Credential", "key", "api_key", "apikey", "x-api-key",
+        "AWSAccessKeyId", "Key-Pair-Id", "subscription-key",
+    ],
+)  # fmt: skip
+def test_a_parameter_named_as_a_secret_is_redacted(name):
+    assert is_secret_name(name)
+    assert redact_urls(f"https://h/x.tar?v=1&{name}=s3cret") == f"https://h/x.tar?v=1&{name}=***"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "v", "page", "se", "sp", "sv", "sr", "Expires", "Policy", "X-Amz-Algorithm",
+        "X-Amz-Date", "X-Amz-SignedHeaders", "max-keys", "keyword", "design", "signal",
+    ],
+)  # fmt: skip
+def test_a_parameter_that_holds_no_secret_is_kept(name):
+    assert not is_secret_name(name)
+    assert redact_urls(f"https://h/x.tar?{name}=1") == f"https://h/x.tar?{name}=1"
 
 
 def test_urls_inside_a_message_are_redacted_and_the_message_kept():

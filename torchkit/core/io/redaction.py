@@ -6,10 +6,9 @@ reads it. A local path is kept exactly, also one named like a query (`data/x?tok
 recorded run reads the same files again.
 
 A secret is the password of `USER:PASSWORD@` (a user given alone, as a token is, `***@`
-whole), and the value of a query or fragment parameter that names a signature, token, key or
-credential: `X-Amz-Signature`, `X-Amz-Credential`, `X-Amz-Security-Token`, Azure SAS `sig`,
-`token`, `access_token`, `key`... Everything else is kept, so a recorded URL still says what
-data it was; a URL recorded so cannot be read again without its secret (`has_redacted_secret`).
+whole), and the value of a query or fragment parameter whose name is a secret's
+(`is_secret_name`). Everything else is kept, so a recorded URL still says what data it was; a
+URL recorded so cannot be read again without its secret (`has_redacted_secret`).
 """
 
 from __future__ import annotations
@@ -27,10 +26,22 @@ _TRAILING_PUNCTUATION = ":;,.)]'\""
 _AUTHORITY_END = re.compile(r"[/?#]")
 # `?NAME=VALUE`, `&NAME=VALUE`, `#NAME=VALUE` (OAuth puts access_token in the fragment).
 _PARAMETER = re.compile(r"([?&#])([^=&#?]+)=([^&#]*)")
-_SECRET_NAME = re.compile(
-    r"(?i)^(?:sig|key|auth|.*(?:token|secret|passw(?:or)?d|credential|signature|"
-    r"api[-_]?key|access[-_]?key).*)$"
+# The words of a parameter's name: split at `-`, `_`, `.` ... and where a lowercase letter
+# meets an uppercase one (`sessionToken`, `AWSAccessKeyId`).
+_CASE_CHANGE = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_NOT_ALNUM = re.compile(r"[^a-z0-9]+")
+_SECRET_WORD = re.compile(
+    r".*(?:token|secret|passw|credential|signature).*|.*(?:key|sig)|auth|pwd|jwt"
 )
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a URL parameter named `name` holds a secret: one of its words (above) contains
+    token, secret, passw(or)d, credential or signature, ends in key or sig (`key`, `apikey`,
+    `Key-Pair-Id`, `sig`, `auth_sig`), or is auth, pwd or jwt. Not secrets, so kept: `Policy`,
+    `Expires`, `X-Amz-SignedHeaders`, `max-keys`, Azure SAS's `sv`, `se`, `sp`..."""
+    words = _NOT_ALNUM.split(_CASE_CHANGE.sub("_", name).lower())
+    return any(_SECRET_WORD.fullmatch(word) for word in words)
 
 
 def redact_urls(text: str) -> str:
@@ -53,7 +64,7 @@ def has_redacted_secret(value: str) -> bool:
         if at and (password if colon else user) == REDACTED:
             return True
         if any(
-            value == REDACTED and _SECRET_NAME.match(name)
+            value == REDACTED and is_secret_name(name)
             for _, name, value in _PARAMETER.findall(_parameters(tail))
         ):
             return True
@@ -101,6 +112,6 @@ def _parameters(tail: str) -> str:
 
 def _redacted_parameter(match: re.Match[str]) -> str:
     mark, name, value = match.groups()
-    if not value or not _SECRET_NAME.match(name):
+    if not value or not is_secret_name(name):
         return match.group(0)
     return f"{mark}{name}={REDACTED}"
