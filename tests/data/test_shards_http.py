@@ -253,9 +253,9 @@ def test_a_urls_password_and_token_are_in_no_file_or_line_and_a_replay_asks_for_
     extract-features' meta.json recorded `--data` as typed, password and presigned token in
     clear (and eval's notes showed them); they record it with both `***`, and a replay of the
     recorded URL (eval without --data, train --resume) is one line asking for the URL again,
-    never a login with `***`."""
+    never a login with `***`. A raw space in a secret is the secret's: it was `*** q7x`."""
     host = server.url.removeprefix("http://")
-    data = f"http://me:p%20w@{host}/auth/shards/{PATTERN}?X-Amz-Signature=s3cret&v=1"
+    data = f"http://me:p%20w@{host}/auth/shards/{PATTERN}?X-Amz-Signature=s3cret q7x&v=1"
     shown = f"http://me:***@{host}/auth/shards/{PATTERN}?X-Amz-Signature=***&v=1"
     run = tmp_path / "run"
     trained = run_torchkit_in_process(
@@ -286,7 +286,7 @@ def test_a_urls_password_and_token_are_in_no_file_or_line_and_a_replay_asks_for_
     said = trained.stderr + scored.stdout + scored.stderr + features.stderr
     for file in [p for p in tmp_path.rglob("*") if p.is_file() and "cache" not in p.parts]:
         said += file.read_bytes().decode("latin-1")
-    assert "p%20w" not in said and "p w" not in said and "s3cret" not in said
+    assert "p%20w" not in said and "p w" not in said and "s3cret" not in said and "q7x" not in said
     for replay in (("eval", run / "best.pt", "--device", "cpu"), ("train", "--resume", run)):
         result = run_torchkit_in_process(*replay)
         assert result.returncode == 2, result.stderr

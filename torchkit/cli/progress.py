@@ -178,11 +178,14 @@ class TrainProgress:
         sizes = f"{info.train_size} train / {info.val_size} val"
         if info.test_size:
             sizes += f" / {info.test_size} test"
+        from torchkit.core.io.redaction import redact_url
+
+        data = redact_url(info.config.data)  # a URL whole: a raw space in its token hidden too
         what = "continuing" if info.resumed_from else "training"
         where = f"{info.device}" + (f" x {info.world_size}" if info.world_size > 1 else "")
         console.note(
             f"{what} {info.model} ({info.trainable:,} trainable parameters) on "
-            f"{info.config.data}: {sizes} images, {len(info.classes)} classes, {where}; "
+            f"{data}: {sizes} images, {len(info.classes)} classes, {where}; "
             f"writing {info.out_dir}"
         )
         if info.resumed_from:

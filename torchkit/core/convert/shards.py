@@ -59,7 +59,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
 )
 from torchkit.core.io.progress import Progress
-from torchkit.core.io.redaction import redact_urls
+from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.deferred_signals import signals_deferred
 
@@ -836,7 +836,7 @@ def convert_shards(
         )
     resume = partial is not None and not differences
     report = ShardsReport(
-        source=redact_urls(os.fspath(src)),  # a URL's password or token never recorded
+        source=redact_url(os.fspath(src)),  # a URL's password or token never recorded
         kind=data.kind,
         root=data.root,
         output=os.fspath(target),

@@ -47,7 +47,7 @@ from torchkit.core.io.outputs import (
     is_special_file,
 )
 from torchkit.core.io.progress import Progress
-from torchkit.core.io.redaction import redact_urls
+from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, resolve_spec
 from torchkit.core.runtime.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
 from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
@@ -508,7 +508,7 @@ def _run(
         "arch": resolved.arch,
         "model_source": resolved.weights_source or resolved.source,
         **resolved.details,
-        "data": redact_urls(options.data),
+        "data": redact_url(options.data),
         "split": data.split,
         "root": data.root,
         "device": str(device),

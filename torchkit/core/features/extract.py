@@ -38,7 +38,7 @@ from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.outputs import InputPath, OutputFolder
 from torchkit.core.io.progress import Progress
-from torchkit.core.io.redaction import redact_urls
+from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, require_model_files, resolve_spec
 from torchkit.core.models.image_size import first_batch_error
 from torchkit.core.predict.inputs import (
@@ -382,7 +382,7 @@ def _finish(
         "torchkit_version": __version__,
         **settings,
         "classes": source.classes,
-        "images": redact_urls(str(request.images)),
+        "images": redact_url(str(request.images)),
         "root": request.root,  # what index.csv's paths are relative to
         "split": request.split or ("all" if samples.splits else None),
         "num_images": len(samples),

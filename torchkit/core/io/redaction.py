@@ -9,6 +9,10 @@ A secret is the password of `USER:PASSWORD@` (a user given alone, as a token is,
 whole), and the value of a query or fragment parameter whose name is a secret's
 (`is_secret_name`). Everything else is kept, so a recorded URL still says what data it was; a
 URL recorded so cannot be read again without its secret (`has_redacted_secret`).
+
+Where a URL ends: a saved value (`redact_url`: `--data`, SRC) is a URL to its very end, a raw
+space in a secret included; in free text (`redact_urls`: a message, a table cell) a URL ends at
+whitespace, the punctuation a sentence puts after it (`URL: why`, `(URL)`) not its own.
 """
 
 from __future__ import annotations
@@ -44,15 +48,24 @@ def is_secret_name(name: str) -> bool:
     return any(_SECRET_WORD.fullmatch(word) for word in words)
 
 
+def redact_url(value: str) -> str:
+    """`value` as a whole (`--data`, SRC: a URL, a `::` list of them, or a local path) as it is
+    saved: each URL's secrets `***` to the URL's very end (a raw space in a token included); a
+    local path exactly as given (a URL inside another value, `pipe:curl URL`, as in free text)."""
+    return "::".join(
+        _redacted_url(part) if _URL_START.match(part) else redact_urls(part)
+        for part in _LIST_JOIN.split(value)
+    )
+
+
 def redact_urls(text: str) -> str:
-    """`text` (a URL, a `::` list of them, or a message naming some) with every URL's secrets
-    replaced by `***`; a URL ends at whitespace, the punctuation after it (`URL: why`, `(URL)`)
-    kept as the message's."""
+    """`text` (a message, a table cell) with every URL in it redacted (`redact_url`); a URL
+    ends at whitespace, the punctuation after it kept as the message's."""
     return _URL_IN_TEXT.sub(_redacted_in_text, text)
 
 
 def has_redacted_secret(value: str) -> bool:
-    """Whether a URL in `value` (a whole `--data`) carries a secret `redact_urls` replaced: a
+    """Whether a URL in `value` (a whole `--data`) carries a secret `redact_url` replaced: a
     recorded URL that would log in with `***`."""
     for part in _LIST_JOIN.split(value):
         start = _URL_START.match(part)
@@ -74,15 +87,7 @@ def has_redacted_secret(value: str) -> bool:
 def _redacted_in_text(match: re.Match[str]) -> str:
     url = match.group(0)
     kept = url.rstrip(_TRAILING_PUNCTUATION)
-    return _redacted_value(kept) + url[len(kept) :]
-
-
-def _redacted_value(value: str) -> str:
-    """`value` with each URL of its `::` list redacted; the rest as in `redact_urls`."""
-    return "::".join(
-        _redacted_url(part) if _URL_START.match(part) else redact_urls(part)
-        for part in _LIST_JOIN.split(value)
-    )
+    return redact_url(kept) + url[len(kept) :]
 
 
 def _redacted_url(url: str) -> str:

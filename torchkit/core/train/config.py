@@ -19,7 +19,7 @@ from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, parse_f
 from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
 from torchkit.core.io.option_lists import list_items
-from torchkit.core.io.redaction import redact_urls
+from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.train.defaults import DEFAULT_GAMMA, data_default_help
 from torchkit.core.train.option_specs import (
@@ -539,7 +539,7 @@ class TrainConfig:
         """Plain JSON-able values (tuples become lists), for config.json, checkpoints and
         --print-config: a URL's password or token as `***` (never saved; a replay asks for it)."""
         plain = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
-        plain["data"] = redact_urls(plain["data"])
+        plain["data"] = redact_url(plain["data"])
         return plain
 
     @classmethod

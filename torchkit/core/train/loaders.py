@@ -25,6 +25,7 @@ from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.data.transforms import eval_transform, train_transform
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
 from torchkit.core.train.config import TrainConfig
 
@@ -87,7 +88,8 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     train = splits["train"]
     if len(train.classes) < 2:
         raise InputError(
-            f"{config.data} has only one class ({train.classes[0] or 'no class folders'})",
+            f"{redact_url(config.data)} has only one class "
+            f"({train.classes[0] or 'no class folders'})",
             "a classifier needs at least two class folders",
         )
     counts = train.class_counts()
@@ -105,7 +107,7 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     if len(splits.get("val", [])) == 0 and not config.find_lr:  # the range test never validates
         raise InputError("the validation set is empty", _empty_val_hint(held_out, counts))
     if log.isEnabledFor(logging.WARNING):  # not on the ranks that print nothing
-        warn_cross_split_copies(config.data, splits)
+        warn_cross_split_copies(redact_url(config.data), splits)
     return TrainData(source, splits, split_record(source, splits), notes)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Collection, Iterable, Iterator
 from torchkit.core.data.sources import SPLIT_CSV
 from torchkit.core.io.errors import DeviceError, InputError, UsageError, on_every_rank
 from torchkit.core.io.outputs import InputPath
-from torchkit.core.io.redaction import redact_urls
+from torchkit.core.io.redaction import redact_url
 from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
@@ -226,7 +226,7 @@ def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder
     return TrainResult(
         out_dir=folder.path,
         model=state.arch,
-        data=redact_urls(config.data),
+        data=redact_url(config.data),
         epochs=state.start_epoch,
         best_epoch=state.best_epoch,
         best_val_top1=state.best_value("top1"),

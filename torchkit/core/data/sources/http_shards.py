@@ -60,7 +60,7 @@ from torchkit.core.io.errors import (
     UsageError,
 )
 from torchkit.core.io.outputs import remove_tree
-from torchkit.core.io.redaction import has_redacted_secret, redact_urls
+from torchkit.core.io.redaction import has_redacted_secret, redact_url
 
 if TYPE_CHECKING:
     from torchkit.core.data.stored_image import Blocks
@@ -136,7 +136,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
         return None
     parts = [_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in spec.split("::")]
     typed = "::".join(parts)
-    shown = redact_urls(typed)  # the data's name in every record and message
+    shown = redact_url(typed)  # the data's name in every record and message
     if not all(_URL.match(part) for part in parts):
         local = next(part for part in parts if not _URL.match(part))
         raise InputError(f"{shown} joins URLs and a path on disk ({local})", _HINT)
@@ -198,7 +198,7 @@ def _shown(url: str) -> str:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    return redact_urls(f"{parts.scheme}://{parts.netloc}{parts.path}")
+    return redact_url(f"{parts.scheme}://{parts.netloc}{parts.path}")
 
 
 def _folder_shards(url: str) -> list[str]:
