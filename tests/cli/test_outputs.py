@@ -788,6 +788,35 @@ def test_an_output_naming_a_closed_descriptor_is_refused_before_any_work(
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize("name", ["/dev/fd/{fd}", "/proc/thread-self/fd/{fd}"])
+def test_an_output_naming_a_descriptor_open_for_reading_is_refused_before_any_work(
+    image_folder, tmp_path, name
+):
+    """`-o /dev/stdin < notes.txt --force` replaced /dev/stdin (the link itself, for root) with
+    the report, and a pipe on stdin was opened again at its write end: the command wrote into
+    its own input."""
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    from torchkit.core.io.outputs import own_descriptor
+
+    assert [own_descriptor(f"/dev/std{n}") for n in ("in", "out", "err")] == [0, 1, 2]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    fd = os.open(notes, os.O_RDONLY)
+    try:
+        output = name.format(fd=fd)
+        done = run_torchkit_in_process("dataset-stats", image_folder, "-o", output, "--force")
+    finally:
+        os.close(fd)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr, besides="nothing") == (
+        f"Error: cannot write output {output}: file descriptor {fd} is open for reading only "
+        "(choose another output)"
+    )
+    assert done.stdout == "" and notes.read_text() == "mine\n"
+
+
 def test_check_output_file(tmp_path, dataset):
     existing = tmp_path / "stats.json"
     existing.write_text("{}")

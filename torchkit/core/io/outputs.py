@@ -249,11 +249,13 @@ def is_special_file(path: str | os.PathLike) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
-# This process's own file descriptors by name: /dev/stdout, /dev/stderr, /dev/fd/N,
-# /proc/self/fd/N.
+# This process's own file descriptors by name: /dev/stdin, /dev/stdout, /dev/stderr,
+# /dev/fd/N, /proc/self/fd/N, /proc/thread-self/fd/N.
 _OWN_DESCRIPTOR = re.compile(
-    r"/(?:dev/(?:(?P<std>stdout|stderr)|fd/(?P<fd>\d+))|proc/self/fd/(?P<proc>\d+))"
+    r"/(?:dev/(?:(?P<std>stdin|stdout|stderr)|fd/(?P<fd>\d+))"
+    r"|proc/(?:self|thread-self)/fd/(?P<proc>\d+))"
 )
+_STANDARD = {"stdin": 0, "stdout": 1, "stderr": 2}
 
 
 def own_descriptor(path: str | os.PathLike) -> int | None:
@@ -261,7 +263,9 @@ def own_descriptor(path: str | os.PathLike) -> int | None:
     found = _OWN_DESCRIPTOR.fullmatch(os.path.normpath(os.fspath(path)))
     if found is None:
         return None
-    return {"stdout": 1, "stderr": 2}.get(found["std"] or "") or int(found["fd"] or found["proc"])
+    if found["std"]:
+        return _STANDARD[found["std"]]
+    return int(found["fd"] or found["proc"])
 
 
 def check_own_descriptor_open(path: str | os.PathLike, what: str) -> None:
@@ -271,16 +275,27 @@ def check_own_descriptor_open(path: str | os.PathLike, what: str) -> None:
     fd = own_descriptor(path)
     if fd is None:
         return
+    name = {0: "standard input", 1: "standard output", 2: "standard error"}
+    named = name.get(fd, f"file descriptor {fd}")
     try:
         if closed_at_start(fd):  # opened on /dev/null since: still closed to the user
             raise OSError(errno.EBADF, os.strerror(errno.EBADF))
-        os.fstat(fd)
+        import fcntl
+
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
     except OSError as error:
-        name = {1: "standard output", 2: "standard error"}.get(fd, f"file descriptor {fd}")
         raise OutputWriteError(
             f"cannot write {what} {_shown(path)}: {error.strerror}",
-            f"{name} is closed: send it to a file or to /dev/null, or choose another output",
+            f"{named} is closed: send it to a file or to /dev/null, or choose another output",
         ) from None
+    if mode == os.O_RDONLY:
+        # Opened again by its name for writing, a pipe's read end became its write end (the
+        # command wrote into its own input); with --force, a file's name (`-o /dev/stdin <
+        # x.csv`) was replaced: the link /dev/stdin itself, by root.
+        raise OutputWriteError(
+            f"cannot write {what} {_shown(path)}: {named} is open for reading only",
+            "choose another output",
+        )
 
 
 def check_not_socket(path: str | os.PathLike, what: str) -> None:
