@@ -817,6 +817,23 @@ def test_an_output_naming_a_descriptor_open_for_reading_is_refused_before_any_wo
     assert done.stdout == "" and notes.read_text() == "mine\n"
 
 
+def test_a_block_device_is_an_existing_output(tmp_path):
+    """`-o /dev/sdb` overwrote the disk from its first byte without --force: a block device
+    holds data, as an existing file does."""
+    disk = tmp_path / "disk"
+    try:  # a device number no driver has (240-254: for local use): nothing is ever written
+        os.mknod(disk, stat.S_IFBLK | 0o600, os.makedev(251, 0))
+    except PermissionError:
+        pytest.skip("cannot make a device node here (needs root)")
+    link = tmp_path / "link"
+    link.symlink_to(disk)
+    for path in (disk, link):
+        with pytest.raises(OutputExistsError, match=f"output is a block device: {path} .*--force"):
+            check_output_file(path, force=False)
+        assert check_output_file(path, force=True) == path
+    assert stat.S_ISBLK(os.lstat(disk).st_mode)
+
+
 def test_check_output_file(tmp_path, dataset):
     existing = tmp_path / "stats.json"
     existing.write_text("{}")

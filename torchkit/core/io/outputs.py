@@ -316,6 +316,21 @@ def check_not_socket(path: str | os.PathLike, what: str) -> None:
         )
 
 
+def check_block_device(path: str | os.PathLike, force: bool, what: str) -> None:
+    """A block device (a disk, a partition) holds data that writing into it overwrites from
+    its first byte: like an existing file, it needs `force`. Other devices (/dev/null, a
+    terminal) take a stream."""
+    try:
+        block = stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return
+    if block and not force:
+        raise OutputExistsError(
+            f"{what} is a block device: {_shown(path)}",
+            "writing into it overwrites what it holds: pass --force to write into it anyway",
+        )
+
+
 def check_folders_above(path: str | os.PathLike, what: str) -> None:
     """The nearest existing folder above `path` is one: a file there (`-o notes.txt/x.json`)
     would fail the write only at the end, after all the work, as "File exists"."""
@@ -355,6 +370,7 @@ def check_output_file(
     if is_special_file(target):
         check_own_descriptor_open(target, what)
         check_not_socket(target, what)
+        check_block_device(target, force, what)
         return target
     check_overlap(target, what, inputs)
     check_folders_above(target, what)
