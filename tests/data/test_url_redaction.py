@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from output_checks import error_line
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.redaction import has_redacted_secret, is_secret_name, redact_url, redact_urls
@@ -18,6 +19,9 @@ from torchkit.core.io.redaction import has_redacted_secret, is_secret_name, reda
         ("https://ghp_token@host/x.tar", "https://***@host/x.tar"),  # a token as the user
         ("https://me:a@b@host/x.tar", "https://me:***@host/x.tar"),  # to the last @, as urllib
         ("https://me:a:b%3Ac@host/x.tar", "https://me:***@host/x.tar"),  # a `:` in the password
+        ("https://me:a/b@host/x.tar", "https://me:***@host/x.tar"),  # not a port: a password
+        ("https://me:a#b@host/x.tar?sig=s", "https://me:***@host/x.tar?sig=***"),
+        ("https://host:80/a@b/x.tar", "https://host:80/a@b/x.tar"),
         (
             "https://b.s3.amazonaws.com/x.tar?X-Amz-Algorithm=AWS4&X-Amz-Credential=AK%2F1"
             "&X-Amz-Security-Token=t&X-Amz-Signature=f00",
@@ -108,6 +112,17 @@ def test_a_saved_url_is_redacted_to_its_end_a_shown_one_to_its_first_space():
     assert (
         redact_url("pipe:curl -s https://h/x.tar?sig=1") == "pipe:curl -s https://h/x.tar?sig=***"
     )
+
+
+def test_a_raw_slash_or_hash_in_a_password_is_one_error_showing_none_of_it():
+    """urllib reads `https://me:q7/w0rd@host` as the host `me` with the port `q7`: the error
+    showed `https://me:q7/w0rd@...` and urllib's "nonnumeric port: 'q7'"."""
+    for data in ("https://me:q7/w0rd@127.0.0.1:9/x.tar", "https://me:q7#w0rd@127.0.0.1:9/x.tar"):
+        result = run_torchkit_in_process("dataset-stats", data)
+        assert result.returncode == 2, result.stderr
+        line = error_line(result.stderr)
+        assert line.startswith("Error: https://me:***@127.0.0.1:9/x.tar cannot be read"), line
+        assert "q7" not in result.stderr and "w0rd" not in result.stderr
 
 
 def test_urls_inside_a_message_are_redacted_and_the_message_kept():

@@ -28,6 +28,7 @@ _LIST_JOIN = re.compile(rf"(?i)::(?={_SCHEME})")
 _URL_IN_TEXT = re.compile(rf"(?i)\b(?:{_SCHEME})\S*")
 _TRAILING_PUNCTUATION = ":;,.)]'\""
 _AUTHORITY_END = re.compile(r"[/?#]")
+_NOT_A_PORT = re.compile(r"^[^\[\]]*:(?!\d*$)")  # `HOST:80` and `[::1]` are not
 # `?NAME=VALUE`, `&NAME=VALUE`, `#NAME=VALUE` (OAuth puts access_token in the fragment).
 _PARAMETER = re.compile(r"([?&#])([^=&#?]+)=([^&#]*)")
 # The words of a parameter's name: split at `-`, `_`, `.` ... and where a lowercase letter
@@ -104,9 +105,19 @@ def _redacted_url(url: str) -> str:
 
 
 def _split_authority(rest: str) -> tuple[str, str]:
-    """`USERINFO@HOST:PORT` and what follows it (`/path?query#fragment`), as urllib splits."""
+    """`USERINFO@HOST:PORT` and what follows it (`/path?query#fragment`), as urllib splits; but
+    a `USER:PASS` cut at a raw `/`, `?` or `#` in PASS (urllib reads `:PASS` as a port, which no
+    valid URL has) runs to the last `@`."""
     end = _AUTHORITY_END.search(rest)
-    return (rest, "") if end is None else (rest[: end.start()], rest[end.start() :])
+    if end is None:
+        return rest, ""
+    authority = rest[: end.start()]
+    at = rest.rfind("@")
+    if at > end.start() and "@" not in authority and _NOT_A_PORT.search(authority):
+        end = _AUTHORITY_END.search(rest, at)
+        if end is None:
+            return rest, ""
+    return rest[: end.start()], rest[end.start() :]
 
 
 def _parameters(tail: str) -> str:

@@ -145,6 +145,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
             f"{shown} is a recorded URL whose password or token was not saved",
             "give the URL with its secret again: --data URL",
         )
+    _check_ports(parts, shown)
     from torchkit.core.data.sources.shards import _is_tar_name, _open_shards, expand_braces
 
     urls = [url for part in typed.split("::") for url in expand_braces(part)]
@@ -174,6 +175,23 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
             )
     local = fetch_shards(urls, opened)
     return _open_shards(shown, local, classes, allow_unlabelled, by_split=by_split)
+
+
+def _check_ports(urls: Sequence[str], shown: str) -> None:
+    """UsageError for a URL whose `HOST:PORT` has no number after the `:`: a password's raw `/`,
+    `?` or `#` ends the host part, and urllib took the password for the port (its error quoted
+    that part of the password)."""
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        try:
+            _ = urlsplit(url).port  # ValueError: not a number
+        except ValueError:
+            raise UsageError(
+                f"{shown} cannot be read: a raw /, ? or # in its password ends its host there "
+                "(or its port is not a number)",
+                "write a password's /, ? and # as %2F, %3F and %23",
+            ) from None
 
 
 @dataclass(frozen=True)
