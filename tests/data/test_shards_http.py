@@ -432,6 +432,21 @@ def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
     assert "refused the connection" in error_line(result.stderr)
 
 
+def test_an_ipv6_host_is_no_list_of_urls(tmp_path, monkeypatch):
+    """The `::` of `http://[::1]:PORT/...` was read as a `::` list's: "joins URLs and a path on
+    disk (1]:PORT/...)"."""
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    try:
+        with socket.socket(socket.AF_INET6) as closed:
+            closed.bind(("::1", 0))
+            port = closed.getsockname()[1]
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    result = run_torchkit_in_process("dataset-stats", f"http://[::1]:{port}/s-000000.tar")
+    assert result.returncode == 1
+    assert f"[::1]:{port} refused the connection" in error_line(result.stderr)
+
+
 @pytest.mark.parametrize(
     ("folder", "manifest", "message"),
     [
