@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from torchkit.cli import app
-from torchkit.core.data.preprocessing import IMAGENET_MEAN, Preprocess
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.transforms import eval_transform
 from torchkit.core.io.errors import OfflineError, TorchkitError, UsageError
 from torchkit.core.models import (
@@ -225,9 +225,17 @@ def test_fine_tuning_a_timm_tag_takes_the_preprocessing_its_weights_were_trained
     assert {"mean", "interpolation"}.isdisjoint(given["defaults_from_data"])
     sized = print_config(*tuned, "--image-size", "80")  # the tag's crop ratio kept
     assert (sized["image_size"], sized["resize_size"]) == (80, round(80 / cfg.crop_pct))
-    # Random weights: the data's defaults, as before.
+    # Random weights: the tag's too, as timm's train.py takes them (test below).
     random = print_config("--model", "timm/test_vit.r160_in1k")
-    assert (random["mean"], random["interpolation"]) == (list(IMAGENET_MEAN), "bilinear")
+    assert {name: random[name] for name in expected} == expected
+    refused = runner.invoke(
+        app, ["train", "--data", str(data), "--model", "timm/test_vit", "--augment", "augmix"]
+    )
+    assert refused.exit_code == 2
+    assert error_line(refused.stderr).startswith(
+        "Error: --augment augmix cannot use bicubic, the interpolation of the model's "
+        "pretrained config (torchvision's AugMix"
+    )
     # A crop_pct above 1 (the crop padded, as timm's eval pads it) was refused as a --resize-size
     # smaller than --image-size, options never given.
     padded = print_config("--model", "timm/volo_d4_448.sail_in1k", "--weights", "DEFAULT")
@@ -242,6 +250,42 @@ def test_fine_tuning_a_timm_tag_takes_the_preprocessing_its_weights_were_trained
         "AugMix resamples with bilinear or nearest) (give --interpolation bilinear, or another "
         "--augment)"
     )
+
+
+@pytest.mark.parametrize(
+    "tag", ["test_resnet.r160_in1k", "test_efficientnet.r160_in1k", CROP_MODE_TAGS[0]]
+)
+def test_a_timm_model_from_random_weights_takes_its_pretrained_config_as_timms_train_does(
+    runner, tmp_path, tag
+):
+    """timm's train.py takes the data config of the model's pretrained_cfg whether or not it
+    loads the weights (`resolve_data_config(model=...)`): train from random weights took only
+    the tag's crop mode, and the data's size, resize, mean, std and interpolation."""
+    from timm.data import resolve_data_config
+
+    with torch.device("meta"):  # the config alone: no weights, no memory
+        model = timm.create_model(tag, pretrained=False)
+    truth = resolve_data_config({}, model=model)
+    side = truth["input_size"][1]
+    expected = {"image_size": side, "resize_size": math.floor(side / truth["crop_pct"])}
+    expected |= {"mean": list(truth["mean"]), "std": list(truth["std"])}
+    expected |= {"interpolation": truth["interpolation"], "crop_mode": truth["crop_mode"]}
+    data = write_image_folder(tmp_path / "data", {"a": 1, "b": 1}, size=8)
+
+    def print_config(*args: str) -> dict:
+        given = runner.invoke(
+            app, ["train", "--data", str(data), "--model", f"timm/{tag}", *args, "--print-config"]
+        )
+        assert given.exit_code == 0, given.stderr
+        return json.loads(given.stdout)
+
+    config = print_config()
+    assert {name: config[name] for name in expected} == expected
+    assert set(expected) <= set(config["defaults_from_data"])  # a replay chooses again
+    mine = print_config("--image-size", "64", "--mean", "0.3", "--interpolation", "nearest")
+    assert (mine["image_size"], mine["resize_size"]) == (64, math.floor(64 / truth["crop_pct"]))
+    assert (mine["mean"], mine["std"]) == ([0.3] * 3, list(truth["std"]))
+    assert mine["interpolation"] == "nearest"
 
 
 def test_an_existing_path_named_like_a_timm_model_is_still_a_file(tmp_path, monkeypatch):

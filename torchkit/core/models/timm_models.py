@@ -192,11 +192,12 @@ def _preprocess_of(
     )
 
 
-def timm_weights_preprocess(spec: str, weights: str) -> Preprocess | None:
-    """The eval preprocessing of the pretrained config whose weights `--weights DEFAULT|TAG`
-    loads into `timm/NAME[.TAG]` (`timm_preprocess` of the model it builds), read from timm's
-    registry: no model built, nothing downloaded. What train fine-tunes those weights on; None
-    where timm registers no config."""
+def timm_weights_preprocess(spec: str, weights: str | None = None) -> Preprocess | None:
+    """The eval preprocessing of the pretrained config of `timm/NAME[.TAG]` with `--weights
+    TAG` (another value or none: the spec's tag, else timm's default one), which
+    `timm_preprocess` of the model it builds gives, with or without its weights; read from
+    timm's registry: no model built, nothing downloaded. What train trains that model on;
+    None where timm registers no config."""
     from timm.data import resolve_data_config
     from timm.models import get_pretrained_cfg
 
@@ -204,15 +205,6 @@ def timm_weights_preprocess(spec: str, weights: str) -> Preprocess | None:
     if config is None:
         return None
     return _preprocess_of(resolve_data_config({}, pretrained_cfg=config.to_dict()))
-
-
-def timm_crop_mode(spec: str, weights: str | None = None) -> str:
-    """The crop mode (`Preprocess.crop_mode`) of the pretrained config of `timm/NAME[.TAG]`
-    with `--weights TAG` (another value: the spec's tag, else timm's default one), without
-    building the model: what train evaluates and records for it."""
-    from timm.models import get_pretrained_cfg
-
-    return _crop_mode(getattr(get_pretrained_cfg(_tag_name(spec, weights)), "crop_mode", None))
 
 
 def _tag_name(spec: str, weights: str | None) -> str:

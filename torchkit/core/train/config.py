@@ -89,9 +89,10 @@ class TrainConfig:
         metavar="N",
         parse=parse_image_side,
         show_default=False,
-        help=f"Crop size. {data_default_help('image_size')} Fine-tuning a torchkit checkpoint "
-        "or timm's weights, the size they were trained at. Validation crops to it, and eval, "
-        "predict and export through the checkpoint; training too, unless --train-crop-size. "
+        help=f"Crop size. {data_default_help('image_size')} Fine-tuning a torchkit checkpoint, "
+        "the size it was trained at; a timm model, its pretrained config's (weights loaded or "
+        "not, as timm's train.py takes it). Validation crops to it, and eval, predict and "
+        "export through the checkpoint; training too, unless --train-crop-size. "
         "Also spelled --input-size; C,N,N is read as N.",
     )
     # torchvision's reference recipes train at a smaller crop than they evaluate at (176 and 224:
@@ -112,16 +113,16 @@ class TrainConfig:
         minimum=1,
         show_default=False,
         help="Evaluation resize before the centre crop. Default: --image-size for digits, "
-        "--image-size/0.875 for image folders; fine-tuning a torchkit checkpoint or timm's "
-        "weights, their resize-to-crop ratio.",
+        "--image-size/0.875 for image folders; fine-tuning a torchkit checkpoint, its "
+        "resize-to-crop ratio; a timm model, its pretrained config's (crop_pct).",
     )
     mean: tuple[float, ...] | None = option(
         None,
         panel=DATA_PANEL,
         parse=parse_floats,
         help="Normalisation mean per channel, e.g. 0.485,0.456,0.406 (the ImageNet default; "
-        "fine-tuning a torchkit checkpoint or timm's weights, the one they were trained on; "
-        "`torchkit dataset-stats` computes your data's).",
+        "fine-tuning a torchkit checkpoint, the one it was trained on; a timm model, its "
+        "pretrained config's; `torchkit dataset-stats` computes your data's).",
     )
     std: tuple[float, ...] | None = option(
         None,
@@ -209,8 +210,8 @@ class TrainConfig:
         choices=INTERPOLATIONS,
         show_default=False,
         help="Resampling of every resize, in training and (recorded in the checkpoint) in eval, "
-        "predict and export. Default: bilinear; fine-tuning a torchkit checkpoint or timm's "
-        "weights, the one they were trained with.",
+        "predict and export. Default: bilinear; fine-tuning a torchkit checkpoint, the one it "
+        "was trained with; a timm model, its pretrained config's.",
     )
     crop_mode: str | None = option(  # of the eval transform; in the checkpoint
         None,
@@ -221,7 +222,7 @@ class TrainConfig:
         "images to --image-size: center = the shorter side resized to --resize-size, then a "
         "centre crop; squash = both sides resized to --resize-size (the aspect ratio is not "
         "kept), then a centre crop; border = the longer side resized, the rest padded with the "
-        "mean colour. Default: center; a timm model's own (its pretrained config's crop_mode); "
+        "mean colour. Default: center; a timm model's own (its pretrained config's); "
         "fine-tuning a torchkit checkpoint, the one it records.",
     )
     # Model and fine-tuning

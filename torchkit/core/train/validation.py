@@ -55,10 +55,11 @@ PREPROCESS_OPTIONS = ("image_size", "resize_size", "mean", "std", "interpolation
 
 
 def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
-    """Fill the None options from the data and from what the weights fine-tuned were trained
-    on (the input size, resize, mean/std, interpolation and crop mode a torchkit checkpoint
-    records, or a timm tag's pretrained config gives; mean/std 0.5 for torchvision's googlenet
-    and inception_v3 weights); the names filled go into `data_defaults`."""
+    """Fill the None options from the data and from what the model's weights were trained on
+    (the input size, resize, mean/std, interpolation and crop mode a torchkit checkpoint
+    records, or a timm model's pretrained config gives, weights loaded or not; mean/std 0.5 for
+    torchvision's googlenet and inception_v3 weights); the names filled go into
+    `data_defaults`."""
     from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, resize_for_crop
     from torchkit.core.models.builders import (
         TRANSFORM_INPUT_MEAN_STD,
@@ -68,13 +69,13 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     table = DIGITS_DEFAULTS if is_digits else FOLDER_DEFAULTS
     chosen = {name: value for name, value in table.items() if getattr(config, name) is None}
     model = chosen.get("model", config.model)
-    recorded = None  # what the weights fine-tuned here were trained on
+    recorded = None  # what the model's weights were trained on
     if any(getattr(config, name) is None for name in PREPROCESS_OPTIONS):
-        recorded = _fine_tuned_preprocess(config, model)
+        recorded = _model_preprocess(config, model)
     if config.interpolation is None:
         chosen["interpolation"] = (recorded or Preprocess()).interpolation
     if config.crop_mode is None:
-        chosen["crop_mode"] = _crop_mode_of(model, config.weights, recorded)
+        chosen["crop_mode"] = (recorded or Preprocess()).crop_mode
     if recorded is not None:
         # The weights' input size and resize ratio, as eval takes them, not the data's defaults
         # (a 12 px digits convnet at 224 px, a 384 px timm tag at 224 px).
@@ -106,11 +107,13 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     return resolved
 
 
-def _fine_tuned_preprocess(config: TrainConfig, model: str | None) -> Preprocess | None:
-    """What the weights a run fine-tunes were trained on: the preprocessing recorded in a
-    torchkit checkpoint (`--weights FILE`, or `--model FILE` without --weights), or the
-    pretrained config of the timm tag whose weights `--weights DEFAULT|TAG` loads into
-    `timm/NAME[.TAG]`; None for any other weights (and for none)."""
+def _model_preprocess(config: TrainConfig, model: str | None) -> Preprocess | None:
+    """What the model's weights were trained on: the preprocessing recorded in a torchkit
+    checkpoint (`--weights FILE`, or `--model FILE` without --weights), else, for
+    `timm/NAME[.TAG]`, the pretrained config of its tag (the one `--weights DEFAULT|TAG`
+    loads), also from random weights or a file that records nothing, as timm's train.py takes
+    it (`resolve_data_config(model=...)`: the model's pretrained_cfg, whatever its weights);
+    None for any other model."""
     import os
 
     from torchkit.core.models.builders import is_checkpoint_path, is_timm_spec
@@ -121,12 +124,14 @@ def _fine_tuned_preprocess(config: TrainConfig, model: str | None) -> Preprocess
         recorded = recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
         if recorded is not None:
             _check_taken_values(recorded, config, source)
-        return recorded
-    # timm's own weights, told from a weights file as the model builder tells them (_build_timm).
-    if config.weights and is_timm_spec(str(model)) and not os.path.exists(config.weights):
+            return recorded
+    if is_timm_spec(str(model)):
         from torchkit.core.models.timm_models import timm_weights_preprocess
 
-        return timm_weights_preprocess(str(model), config.weights)
+        # A tag named by --weights, told from a weights file as the model builder tells them
+        # (_build_timm).
+        tag = config.weights if config.weights and not os.path.exists(config.weights) else None
+        return timm_weights_preprocess(str(model), tag)
     return None
 
 
@@ -143,20 +148,6 @@ def _check_taken_values(recorded: Preprocess, config: TrainConfig, source: str) 
             "resize with",
             "give --interpolation " + ", ".join(INTERPOLATIONS),
         )
-
-
-def _crop_mode_of(model: str | None, weights: str | None, recorded: Preprocess | None) -> str:
-    """The eval crop mode a run takes when --crop-mode is not given: the one the fine-tuned
-    weights were trained on, a timm model's pretrained config's, else `center`."""
-    from torchkit.core.models.builders import is_timm_spec
-
-    if recorded is not None:
-        return recorded.crop_mode
-    if model is not None and is_timm_spec(str(model)):
-        from torchkit.core.models.timm_models import timm_crop_mode
-
-        return timm_crop_mode(str(model), weights)
-    return Preprocess().crop_mode
 
 
 def three_channels(
@@ -203,9 +194,15 @@ def validate(config: TrainConfig) -> None:
     if config.augment == "augmix" and config.interpolation == "bicubic":
         # AugMix runs its operations on tensors, which torchvision resamples with nearest or
         # bilinear only: its shears and rotations would fail in the loader workers.
-        # Not given, bicubic is what the fine-tuned weights were trained with (a timm tag's).
-        chosen = "interpolation" in config.data_defaults
-        what = "bicubic, the weights' interpolation" if chosen else "--interpolation bicubic"
+        # Not given, bicubic is what the model's weights were trained with (a timm tag's), or
+        # at random init its pretrained config's.
+        what = "--interpolation bicubic"
+        if "interpolation" in config.data_defaults:
+            from torchkit.core.models.builders import is_timm_spec
+
+            what = "bicubic, the weights' interpolation"
+            if config.weights is None and is_timm_spec(str(config.model)):
+                what = "bicubic, the interpolation of the model's pretrained config"
         bad(
             f"--augment augmix cannot use {what} (torchvision's AugMix resamples with bilinear "
             "or nearest)",
