@@ -572,6 +572,26 @@ def test_cli_plot(runner, mixed_folder, tmp_path):
     assert bad.exit_code == 2 and ERROR_LINE.search(bad.stderr)
 
 
+@pytest.mark.parametrize("option", ["--plot", "--leakage-csv"])
+def test_cli_a_file_written_to_stdout_sends_the_report_to_stderr(
+    runner, mixed_folder, make_image_folder, tmp_path, capfdbinary, option
+):
+    """`dataset-stats DATA --plot /dev/stdout > stats.png` (or `--leakage-csv /dev/stdout`):
+    the report was printed on stdout too, before the file, so the PNG began with the table."""
+    data = mixed_folder
+    if option == "--leakage-csv":  # a split root: splits to compare
+        data = tmp_path / "splits"
+        for split in ("train", "val"):
+            make_image_folder(data / split, {"a": 2, "b": 2})
+    args = ["dataset-stats", str(data), option, "/dev/stdout", "--format", "json", "-j", "0"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    report = json.JSONDecoder().raw_decode(result.stderr[result.stderr.index("{") :])[0]
+    assert result.stdout == "" and report["files"] > 0
+    written = capfdbinary.readouterr().out  # what reached descriptor 1: the file alone
+    assert written.startswith(b"\x89PNG" if option == "--plot" else b"path_a,split_a,")
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [

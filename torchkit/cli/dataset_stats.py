@@ -364,6 +364,7 @@ def dataset_stats(
             fmt=fmt,
             output=output,
             force=force,
+            written=[plot, leakage_csv],  # `--plot /dev/stdout`: the report goes to stderr
         )
         if plot is not None:
             written = plot_dataset_stats(stats, plot, force=force, painter=painter)
