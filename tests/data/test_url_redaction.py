@@ -125,6 +125,17 @@ def test_a_raw_slash_or_hash_in_a_password_is_one_error_showing_none_of_it():
         assert "q7" not in result.stderr and "w0rd" not in result.stderr
 
 
+def test_the_notes_naming_a_models_outputs_by_the_data_name_the_url_whole():
+    """predict's and eval's notes on a model without class names quoted IMAGES as typed: the
+    shown line cut the URL at the raw space in its token."""
+    from torchkit.core.inference.class_names import output_names_from_data
+
+    data = "https://h/x.tar?token=ab cd"
+    for outputs in (None, 2):
+        _, note = output_names_from_data(["b", "a", "10"], outputs, data)
+        assert "https://h/x.tar?token=*** " in note and "cd" not in note, note
+
+
 def test_urls_inside_a_message_are_redacted_and_the_message_kept():
     message = "cannot download https://me:pw@h/x.tar?sig=abc: HTTP 401 (check https://h/?a=b)"
     assert redact_urls(message) == (

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from torchkit.core.io.redaction import redact_url
+
 
 def unsettled_class_order(names: Sequence[str], data: str) -> str | None:
     """Why the classes `names` of `data` cannot name the outputs of a model that records no
@@ -14,7 +16,7 @@ def unsettled_class_order(names: Sequence[str], data: str) -> str | None:
     images differently by the data's form."""
     from torchkit.core.data.sources.csv_index import natural_key
 
-    names = list(names)
+    names, data = list(names), redact_url(data)  # a URL whole: a raw space in a token too
     if names == [str(index) for index in range(len(names))]:
         return None  # labels that are the outputs' indices (shards, parquet without class names)
     as_text, as_numbers = sorted(names), sorted(names, key=natural_key)
@@ -38,7 +40,7 @@ def output_names_from_data(
     they are: the classes of labelled `data` where eval would score with them (as many as the
     outputs, in an order the data states, `given`, or sorting settles), else each output's
     index."""
-    classes = list(data_classes)
+    classes, data = list(data_classes), redact_url(data)
     labelled = bool(classes) and "" not in classes
     why = ""
     if labelled and num_outputs not in (None, len(classes)):
