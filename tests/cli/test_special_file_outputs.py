@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -142,6 +143,31 @@ def test_a_socket_is_refused_before_any_work(inputs, tmp_path, monkeypatch, writ
             )
             assert done.stdout == "" and not (inputs / "run").exists()
     assert sorted(os.listdir(tmp_path)) == sorted([link.name, name])
+
+
+@pytest.mark.parametrize("writer", ["convert-syncbn", "dataset-stats -o"])
+def test_stdout_appended_to_an_input_is_refused_before_any_work(inputs, tmp_path, writer):
+    """`convert-syncbn ck.pt /dev/stdout >> ck.pt` appended the new checkpoint to the source
+    checkpoint, which no longer loaded; `dataset-stats ds -o /dev/stdout >> ds/notes.txt`
+    wrote into the data folder. Written through the descriptor as any file output is checked:
+    not an input, nor inside an input folder."""
+    shutil.copy(inputs / "ck.pt", tmp_path / "ck.pt")
+    write_image_folder(tmp_path / "ds", {"a": 2, "b": 2})
+    appended = tmp_path / ("ck.pt" if writer == "convert-syncbn" else "ds/notes.txt")
+    appended.touch()
+    before = appended.read_bytes()
+    fd = os.open(appended, os.O_WRONLY | os.O_APPEND)
+    try:
+        done = run_torchkit_in_process(
+            *[f"/dev/fd/{fd}" if arg == "OUT" else arg for arg in WRITERS[writer][0]],
+            cwd=tmp_path,
+        )
+    finally:
+        os.close(fd)
+    assert done.returncode == 1, done.stderr
+    relation = "is the model file ck.pt" if writer == "convert-syncbn" else "lies inside"
+    assert relation in error_line(done.stderr, besides="warnings")
+    assert appended.read_bytes() == before
 
 
 # a file and its -o report (or two reports) given one FIFO

@@ -371,6 +371,8 @@ def check_output_file(
         check_own_descriptor_open(target, what)
         check_not_socket(target, what)
         check_block_device(target, force, what)
+        if os.path.isfile(target):  # `-o /dev/stdout >> FILE`: appended to FILE, an input?
+            check_overlap(target, what, inputs)
         return target
     check_overlap(target, what, inputs)
     check_folders_above(target, what)
