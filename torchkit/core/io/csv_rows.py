@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import re
 from collections.abc import Iterable
 from typing import IO, Any
@@ -24,6 +25,9 @@ from typing import IO, Any
 # Whitespace (but a line end) at either end of a field in rendered rows: where a field may have
 # spaces around it. Quoted fields may match too; such rows are looked at field by field.
 _SPACED = re.compile(r"(?:^|[,\r\n])[^\S\r\n]|[^\S\r\n](?:[,\r\n]|$)")
+# Rows rendered at once: the rendered text of a million rows (a split.csv) held whole took
+# several times the memory of the rows themselves.
+_CHUNK_ROWS = 1000
 
 
 def _spaced(value: Any) -> bool:
@@ -57,10 +61,14 @@ class CsvWriter:
         self.writerows((row,))
 
     def writerows(self, rows: Iterable[Iterable[Any]]) -> None:
-        """Every row of `rows`, taken all before any is written: rows that come one at a time
-        (a stream to a pipe) go through `writerow` each."""
-        rows = [tuple(row) for row in rows]  # read twice when a field needs quoting
-        self._writer.writerows(rows)
+        """Every row of `rows`, a few thousand at a time (each taken before it is written):
+        rows that come one at a time (a stream to a pipe) go through `writerow` each."""
+        remaining = iter(rows)
+        while chunk := [tuple(row) for row in itertools.islice(remaining, _CHUNK_ROWS)]:
+            self._write_chunk(chunk)
+
+    def _write_chunk(self, rows: list[tuple]) -> None:
+        self._writer.writerows(rows)  # rows are read twice when a field needs quoting
         text = self._taken()
         carriage = self._quoting is not None and "\r" in text
         if carriage or _SPACED.search(text):

@@ -183,7 +183,10 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
     else:  # ids are relative to ROOT: one abspath instead of 100,000
         (base,) = absolute_as_opened([root])
         base += os.sep
-        sources = [base + i for i in samples.ids]
+        # The paths read are spelled so already where ROOT was given absolute: not copied.
+        sources = list(samples.paths)
+        if any(path != base + i for path, i in zip(sources, samples.ids, strict=True)):
+            sources = [base + i for i in samples.ids]
         if mode == "move":
             refuse_linked_folders(sources, root)
     keys = sample_keys(samples)

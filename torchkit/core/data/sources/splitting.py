@@ -46,7 +46,8 @@ def path_key(ident: str) -> str:
     """A stable name of the file a path names, for hashing and matching: "/"-separated,
     Unicode-NFC (macOS's NFD names and Linux's agree) and without the `.` and empty parts that
     name the same file (a CSV index's `./a.png` and `a//b.png` are `a.png` and `a/b.png`)."""
-    key = unicodedata.normalize("NFC", ident.replace(os.sep, "/"))
+    # (No replace where the separator is "/" already: it would copy every path.)
+    key = unicodedata.normalize("NFC", ident if os.sep == "/" else ident.replace(os.sep, "/"))
     if "//" in key or "/./" in key or key.startswith("./") or key.endswith(("/.", "/")):
         parts = [part for part in key.split("/") if part not in ("", ".")]
         key = ("/" if key.startswith("/") else "") + "/".join(parts)
