@@ -25,6 +25,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 from torchkit.cli import app
 from torchkit.core.features import FeatureRequest, extract_features
+from torchkit.core.features.layers import FeatureExtractor, LayerGraph
 from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
@@ -74,6 +75,70 @@ def run(runner, *args: str):
 def assert_close(actual: np.ndarray, expected: torch.Tensor) -> None:
     assert actual.shape == tuple(expected.shape)
     np.testing.assert_allclose(actual, expected.numpy(), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("traced", [True, False])
+def test_penultimate_of_a_distilled_deit_is_timms_pre_logits(monkeypatch, traced):
+    """A distilled DeiT averages two heads, on the class and on the distillation token: its
+    penultimate layer is the mean of their inputs, timm's forward_head(x, pre_logits=True),
+    not the input of one head; through torch.fx or, where it cannot trace, hooks."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "deit_tiny_distilled_patch16_224", pretrained=False, num_classes=2, img_size=32, depth=1
+    ).eval()
+    if not traced:
+        monkeypatch.setattr(LayerGraph, "_trace", lambda self: 1 / 0)
+    graph = LayerGraph(model, arch="deit")
+    assert graph.traced is traced
+    extractor = FeatureExtractor(graph, graph.resolve(["penultimate", "logits"]))
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        features = extractor(x)
+        tokens = model.forward_features(x)
+        pre_logits = model.forward_head(tokens, pre_logits=True)
+        logits = model(x)
+    torch.testing.assert_close(features["penultimate"], pre_logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(features["logits"], logits, rtol=0, atol=1e-6)
+    assert not torch.allclose(features["penultimate"], tokens[:, 1], atol=1e-3)  # head_dist's
+
+
+class _TwoNormedHeads(nn.Module):
+    """LeViT's distilled head in small: two heads (BatchNorm then Linear, traced through by
+    torch.fx) on the same pooled feature, their outputs averaged, named by get_classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Conv2d(3, 4, 3)
+        self.head = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 2))
+        self.head_dist = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 2))
+
+    def get_classifier(self):
+        return self.head, self.head_dist
+
+    def reset_classifier(self, num_classes: int) -> None:
+        raise NotImplementedError
+
+    def pooled(self, x):
+        return self.features(x).mean(dim=(2, 3))
+
+    def forward(self, x):
+        x = self.pooled(x)
+        return (self.head(x) + self.head_dist(x)) / 2
+
+
+def test_penultimate_of_heads_that_read_one_feature_is_that_feature():
+    torch.manual_seed(0)
+    model = _TwoNormedHeads().eval()
+    for norm in (model.head[0], model.head_dist[0]):  # statistics that change what they give
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.5, 2)
+    graph = LayerGraph(model, arch="two_heads")
+    assert graph.traced and graph.lookup("penultimate") == "mean"
+    extractor = FeatureExtractor(graph, graph.resolve(["penultimate"]))
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(extractor(x)["penultimate"], model.pooled(x), rtol=0, atol=0)
 
 
 def test_resnet18_checkpoint_matches_torchvision_and_truncated_sequential(runner, images, tmp_path):

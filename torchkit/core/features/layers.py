@@ -3,8 +3,10 @@
 Names are torch.fx node names as `torchvision.models.feature_extraction` gives them
 (`layer4.1.relu_1`); a module name (`layer4`, `features`) stands for its last node, as in
 `create_feature_extractor`. Two aliases cover the classic choices: `penultimate` (the input of the
-classifier head: ResNet's pooled feature, VGG's fc7 after its ReLU) and `logits` (the model's
-output). Models that torch.fx cannot trace fall back to forward hooks on module names.
+classifier head: ResNet's pooled feature, VGG's fc7 after its ReLU; of a model that averages
+several heads, as timm's distilled DeiT does, the mean of their inputs, timm's `pre_logits`) and
+`logits` (the model's output). Models that torch.fx cannot trace fall back to forward hooks on
+module names.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ NORMALIZATIONS = ("l2",)
 # Resolved "nodes" that are not graph nodes: captured by hooks instead.
 HEAD_INPUT = "<input of the classifier>"
 MODEL_OUTPUT = "<model output>"
+# The mean of several graph nodes (`LayerGraph.penultimate_nodes`): the inputs of the heads of a
+# model whose output is their outputs' mean.
+HEADS_MEAN = "<mean of the classifiers' inputs>"
 
 
 @dataclass
@@ -49,10 +54,13 @@ class LayerGraph:
         model.eval()
         self.model = model
         self.arch = arch
-        self.head_name = _head_name(model)
+        self.head_names = _head_names(model)
         self.nodes: list[str] = []
         self.ops: dict[str, str] = {}
         self.penultimate_node: str | None = None
+        # The heads' inputs, where they differ (DeiT's class and distillation tokens): the
+        # penultimate layer is their mean, as timm's forward_head(x, pre_logits=True) gives.
+        self.penultimate_nodes: list[str] = []
         self.logits_node: str | None = None
         self.trace_error: str | None = None
         self._graph_module = None
@@ -91,14 +99,12 @@ class LayerGraph:
                 continue
             self.nodes.append(name)
             self.ops[name] = _describe_node(node, self.model)
-            if (
-                self.penultimate_node is None
-                and node.op == "call_module"
-                and node.target == self.head_name
-                and node.args
-                and isinstance(node.args[0], fx.Node)
-            ):
-                self.penultimate_node = qualname.get(node.args[0])
+        inputs = [_module_input(graph, qualname, head) for head in self.head_names]
+        if inputs and all(inputs):
+            if len(set(inputs)) == 1:  # one head, or heads that read the same node (LeViT's)
+                self.penultimate_node = inputs[0]
+            else:
+                self.penultimate_nodes = inputs
         self._graph_module = fx.GraphModule(tracer.root, graph)
         self._qualname = qualname
 
@@ -115,7 +121,9 @@ class LayerGraph:
         if name == "penultimate":
             if self.penultimate_node:
                 return self.penultimate_node
-            return HEAD_INPUT if self.head_name else None
+            if self.penultimate_nodes:
+                return HEADS_MEAN
+            return HEAD_INPUT if self.head_names else None
         if name == "logits":
             if self.traced:
                 return self.logits_node
@@ -149,7 +157,9 @@ class LayerGraph:
         for alias in ALIASES:
             node = self.lookup(alias)
             if node is not None and alias not in self._node_set:
-                rows.append(LayerInfo(alias, "alias", shapes.get(node), alias_of=node))
+                # the heads' inputs have one shape: their mean's
+                shape = shapes.get(self.penultimate_nodes[0] if node == HEADS_MEAN else node)
+                rows.append(LayerInfo(alias, "alias", shape, alias_of=node))
         return rows
 
     def _shapes(self, image_size: int, in_channels: int) -> dict[str, list[int]]:
@@ -202,6 +212,8 @@ class FeatureExtractor:
         self._hooks: list[Any] = []  # handles, removed by close(): the model is the caller's
         self._fx = graph.traced
         nodes = list(dict.fromkeys(x.node for x in self.layers if x.node not in _MARKERS))
+        if self._needs(HEADS_MEAN):
+            nodes = list(dict.fromkeys([*nodes, *graph.penultimate_nodes]))
         if self._fx:
             from torchvision.models.feature_extraction import create_feature_extractor
 
@@ -220,11 +232,12 @@ class FeatureExtractor:
                 module = self.module.get_submodule(node)
                 self._hooks.append(module.register_forward_hook(self._keep_output(node)))
         if self._needs(HEAD_INPUT):
-            try:
-                head = self.module.get_submodule(graph.head_name)
-            except AttributeError as error:
-                raise _no_head_input(graph.arch) from error
-            self._hooks.append(head.register_forward_pre_hook(self._keep_input(HEAD_INPUT)))
+            for key, name in zip(self._head_keys(), graph.head_names, strict=True):
+                try:
+                    head = self.module.get_submodule(name)
+                except AttributeError as error:
+                    raise _no_head_input(graph.arch) from error
+                self._hooks.append(head.register_forward_pre_hook(self._keep_input(key)))
 
     def close(self) -> None:
         """Remove the hooks (they sit on modules shared with the caller's model)."""
@@ -234,6 +247,10 @@ class FeatureExtractor:
 
     def _needs(self, marker: str) -> bool:
         return any(layer.node == marker for layer in self.layers)
+
+    def _head_keys(self) -> list[str]:
+        """Where each head's captured input is kept (HEAD_INPUT: the mean of them all)."""
+        return [f"{HEAD_INPUT}{index}" for index in range(len(self._graph.head_names))]
 
     def _keep_output(self, key: str):
         def hook(module, inputs, output):
@@ -264,9 +281,12 @@ class FeatureExtractor:
             if layer.node == MODEL_OUTPUT:
                 value = output
             elif layer.node == HEAD_INPUT:
-                if HEAD_INPUT not in self._captured:
+                keys = self._head_keys()
+                if not all(key in self._captured for key in keys):
                     raise _no_head_input(self._graph.arch)
-                value = self._captured[HEAD_INPUT]
+                value = _mean([self._captured[key] for key in keys])
+            elif layer.node == HEADS_MEAN:
+                value = _mean([output[node] for node in self._graph.penultimate_nodes])
             elif self._fx:
                 value = output[layer.node]
             else:
@@ -322,7 +342,7 @@ def spatial_dims(shape) -> tuple[int, int]:
     return (1, 2) if first == second != third else (2, 3)
 
 
-_MARKERS = (HEAD_INPUT, MODEL_OUTPUT)
+_MARKERS = (HEAD_INPUT, MODEL_OUTPUT, HEADS_MEAN)
 
 
 def snapshot(value: Any) -> Any:
@@ -347,13 +367,42 @@ def _snapshot_outputs(graph_module) -> None:
     graph_module.recompile()
 
 
-def _head_name(model) -> str | None:
-    from torchkit.core.models import find_head
+def _mean(values: list[Any]) -> Any:
+    """The mean of tensors as timm's distilled models average their heads, (x + x_dist) / 2:
+    the one value itself."""
+    if len(values) == 1:
+        return values[0]
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total / len(values)
+
+
+def _head_names(model) -> list[str]:
+    """The names of the classifiers the model's output is made from (`classifier_heads`); none
+    where it has no classifier layer."""
+    from torchkit.core.models.heads import classifier_heads
 
     try:
-        return find_head(model)[0]
+        return [name for name, _ in classifier_heads(model)]
     except UsageError:
-        return None
+        return []
+
+
+def _module_input(graph, qualname: dict, module: str) -> str | None:
+    """The node the module named `module` reads, in a traced graph: the one node from outside
+    the module that its nodes take (a leaf module's call, or the nodes traced inside it, as in
+    LeViT's NormLinear heads); None where it is not one node or the module never runs."""
+    from torch import fx
+
+    prefix = module + "."
+    inside = {node for node, name in qualname.items() if name == module or name.startswith(prefix)}
+    outside: dict[Any, None] = {}
+    for node in graph.nodes:
+        if node in inside:
+            fx.node.map_arg((node.args, node.kwargs), lambda arg: outside.setdefault(arg))
+    read = [node for node in outside if node not in inside and node.op != "get_attr"]
+    return qualname.get(read[0]) if len(read) == 1 else None
 
 
 def _no_head_input(arch: str) -> TorchkitError:

@@ -37,6 +37,19 @@ def find_head(model) -> tuple[str, Any]:
     return last
 
 
+def classifier_heads(model) -> list[tuple[str, Any]]:
+    """(name, layer) of every classifier the model's output is made from: the layers of a timm
+    model whose `get_classifier` gives several (the distilled DeiT, PiT, LeViT... models: head
+    and head_dist, whose outputs the model averages), else `find_head`'s one."""
+    if _is_timm_style(model) and callable(getattr(model, "get_classifier", None)):
+        classifier = model.get_classifier()
+        if isinstance(classifier, tuple) and len(classifier) > 1:
+            names = {id(module): name for name, module in model.named_modules()}
+            if all(id(module) in names for module in classifier):
+                return [(names[id(module)], module) for module in classifier]
+    return [find_head(model)]
+
+
 def _timm_classifier(model) -> tuple[str, Any] | None:
     """(name, layer) of the classifier of a timm model; None for other models, and for timm
     models whose `get_classifier` is not one layer (DeiT's two heads: the generic search)."""
