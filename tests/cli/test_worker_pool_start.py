@@ -1,10 +1,12 @@
 """Worker processes started as new interpreters (`map_chunks(start_fresh=True)`, video-info's
 pool): what other threads of the command hold is not copied into them, and they end with the
-command however it ends."""
+command however it ends. Forked workers (convert's, dataset-stats') do not wait for threads the
+fork left behind."""
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -47,6 +49,46 @@ def test_a_lock_another_thread_holds_is_not_held_in_freshly_started_workers():
         done.set()
         holder.join()
     assert taken == [True, True]
+
+
+def _multiplies_a_large_tensor(_chunk: int) -> bool:
+    import torch
+
+    return bool((torch.ones(1_000_000) * 2).sum() == 2_000_000)  # in torch's OpenMP threads
+
+
+def test_forked_workers_compute_after_the_parent_used_torchs_threads():
+    """A fork does not copy torch's OpenMP threads, but libgomp still counts on them: the first
+    parallel op of a worker forked from a thread that had used them waited forever (a library
+    user's training, then `convert_tensor` on a folder of bfloat16 .pt files)."""
+    import torch
+
+    before = torch.get_num_threads()
+    results: list[bool] = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def compute_then_map() -> None:  # forked from the thread whose OpenMP threads exist
+        try:
+            torch.set_num_threads(2)
+            (torch.ones(1_000_000) * 2).sum()
+            map_chunks(_multiplies_a_large_tensor, [1, 2], workers=2, on_result=results.append)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            failed.append(error)
+        finally:
+            done.set()
+
+    threading.Thread(target=compute_then_map, daemon=True).start()
+    try:
+        finished = done.wait(30)
+        if not finished:  # hung workers: killed, so that the pool breaks and the thread returns
+            for process in multiprocessing.active_children():
+                process.kill()
+            done.wait(30)
+    finally:
+        torch.set_num_threads(before)
+    assert finished, "the workers waited for torch's threads"
+    assert not failed and results == [True, True]
 
 
 def test_freshly_started_workers_end_when_the_command_is_killed():

@@ -55,6 +55,13 @@ def _init_worker(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     end_with_parent(parent, signal.SIGTERM)
+    # A fork does not copy torch's OpenMP threads, but libgomp still counts on them: in a
+    # process that had used them (a library user's training before a conversion), a worker's
+    # first parallel op (a large tensor's copy) waited for them forever. One thread each, as
+    # torch's DataLoader workers: the workers are the parallelism.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 class _RaisedInWorker(Exception):
