@@ -143,6 +143,13 @@ def test_native_mode_keeps_16_bit_range(tmp_path):
     assert stats.modes == {"L": 1, "I;16": 1, "1": 1}
 
 
+def _resized_16_bit(plane: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """A uint16 plane resized bilinearly as 32-bit `I` (what `I;16`'s resize gives where
+    Pillow has one: Pillow 10 has none)."""
+    image = Image.fromarray(plane.astype(np.int32), "I")
+    return np.asarray(image.resize(size, Image.Resampling.BILINEAR))
+
+
 def test_native_mode_measures_16_bit_colour_at_16_bits(tmp_path):
     """PIL reads 16-bit RGB(A) PNGs and TIFFs as 8 bits (each sample's high byte): --mode
     native measures all 16 in RGB(A) order, --mode rgb the loaders' round(v / 257)."""
@@ -173,10 +180,7 @@ def test_native_mode_measures_16_bit_colour_at_16_bits(tmp_path):
     check(compute_dataset_stats(rgb, mode="rgb", workers=0), eight, 255)
     # --resize: each channel as a 16-bit grayscale image is resized
     resized = compute_dataset_stats(rgba, mode="native", resize=2, workers=0)
-    planes = [
-        np.asarray(Image.fromarray(colour[0, ..., c]).resize((3, 2), Image.Resampling.BILINEAR))
-        for c in range(4)
-    ]
+    planes = [_resized_16_bit(colour[0, ..., c], (3, 2)) for c in range(4)]
     assert resized.pixels == 6
     check(resized, np.stack(planes, axis=-1), 65535)
 
@@ -247,6 +251,22 @@ def test_modes_say_16_bit_images_are_16_bit(tmp_path, runner):
     shown = runner.invoke(app, ["dataset-stats", str(tmp_path / "deep"), "-j", "0"])
     assert shown.exit_code == 0, shown.stderr
     assert "RGB;16" in shown.stdout and "RGBA;16" in shown.stdout
+
+
+def test_native_mode_resizes_big_endian_16_bit_tiffs_as_their_values(tmp_path):
+    """A big-endian 16-bit TIFF (PIL's I;16B) measured after --resize: the values resized,
+    not their bytes swapped (PIL's own I;16B resize), the same as a little-endian copy."""
+    plane = np.random.default_rng(4).integers(0, 65536, (20, 30), dtype=np.uint16)
+    for name, mode, order in (("big", "I;16B", ">u2"), ("little", "I;16", "<u2")):
+        (tmp_path / name / "a").mkdir(parents=True)
+        raw = plane.astype(order).tobytes()
+        Image.frombytes(mode, (30, 20), raw).save(tmp_path / name / "a" / "x.tif")
+    expected = _resized_16_bit(plane, (15, 10)).astype(np.float64) / 65535
+    for name in ("big", "little"):
+        stats = compute_dataset_stats(tmp_path / name, mode="native", resize=10, workers=0)
+        assert stats.pixels == 150
+        np.testing.assert_allclose(stats.mean, [expected.mean()], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(stats.std, [expected.std()], rtol=0, atol=1e-12)
 
 
 def test_native_mode_refuses_mixed_channels(mixed_folder):

@@ -368,15 +368,20 @@ def _native_pixels(image: Any, wanted: str) -> Any:
 
 def _resized(pixels: Any, size: tuple[int, int]) -> Any:
     """`pixels` (PIL, or a uint16 (H, W, C) array) resized bilinearly to `size` (w, h): an
-    array channel by channel, each as the 16-bit grayscale image it is."""
+    array channel by channel, each as the 16-bit grayscale image it is. 16-bit samples are
+    resized as 32-bit `I` (the same values as `I;16`'s resize where Pillow has one): Pillow 10
+    cannot resize any 16-bit mode, and later ones resize `I;16B` (big-endian TIFFs) as if its
+    bytes were swapped. The result is counted as the 16-bit values it holds."""
     from PIL import Image
 
     if not isinstance(pixels, Image.Image):
         import numpy as np
 
-        planes = [Image.fromarray(pixels[..., c]) for c in range(pixels.shape[-1])]
+        planes = [Image.fromarray(pixels[..., c]).convert("I") for c in range(pixels.shape[-1])]
         planes = [plane.resize(size, Image.Resampling.BILINEAR) for plane in planes]
-        return np.stack([np.asarray(plane) for plane in planes], axis=-1)
+        return np.stack([np.asarray(plane) for plane in planes], axis=-1).astype(np.uint16)
+    if pixels.mode in SIXTEEN_BIT_MODES:
+        pixels = pixels.convert("I")
     return pixels.resize(size, Image.Resampling.BILINEAR)
 
 
