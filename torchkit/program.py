@@ -59,6 +59,9 @@ def ends_while_starting(handler: Any) -> bool:
 # The standard descriptors (0-2) this process was started without (`2>&-`), found closed and
 # opened on /dev/null by `open_closed_standard_descriptors`.
 _closed_at_start: frozenset[int] = frozenset()
+# The descriptors above 2 it was started with (`3>log.txt`), found there too; None: unknown
+# (torchkit called from someone's Python, or no descriptor listing).
+_inherited_at_start: frozenset[int] | None = None
 
 
 def open_closed_standard_descriptors() -> None:
@@ -68,9 +71,10 @@ def open_closed_standard_descriptors() -> None:
     write a library or a crashing worker makes to stderr at the C level landed in it. Python
     has already set sys.stdout/sys.stderr/sys.stdin to None for them, so they stay "closed" to
     torchkit; `closed_at_start` says which they were."""
-    global _closed_at_start
+    global _closed_at_start, _inherited_at_start
     if not runs_as_the_program():
         return
+    _inherited_at_start = _descriptors_above_2()
     closed = []
     for fd in (0, 1, 2):
         try:
@@ -87,6 +91,26 @@ def open_closed_standard_descriptors() -> None:
     _closed_at_start = frozenset(closed)
 
 
+def _descriptors_above_2() -> frozenset[int] | None:
+    """The open descriptors above 2 (None: no listing of them on this system)."""
+    for listing in ("/proc/self/fd", "/dev/fd"):
+        try:
+            names = os.listdir(listing)
+        except OSError:
+            continue
+        found = set()
+        for fd in (int(name) for name in names if name.isdigit() and int(name) > 2):
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                os.fstat(fd)
+                found.add(fd)
+        return frozenset(found)
+    return None
+
+
 def closed_at_start(fd: int) -> bool:
-    """Whether descriptor `fd` (0-2) was closed when the program started (now /dev/null)."""
-    return fd in _closed_at_start
+    """Whether descriptor `fd` was closed when the program started: one of 0-2 (now
+    /dev/null), or one above 2 it was not given (`-o /dev/fd/3` without `3>FILE`), which a
+    file torchkit opened itself (a run folder's lock) may hold by now."""
+    if fd in _closed_at_start:
+        return True
+    return fd > 2 and _inherited_at_start is not None and fd not in _inherited_at_start

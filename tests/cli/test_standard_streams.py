@@ -77,6 +77,27 @@ def test_an_output_naming_a_closed_stdout_is_still_refused(tmp_path, make_image_
     )
 
 
+def test_an_output_naming_a_descriptor_not_given_is_refused_before_any_work(
+    tmp_path, make_image_folder
+):
+    """`train -o /dev/fd/3` without `3>FILE`: by the time -o was checked, descriptor 3 was
+    the run folder's lock file, so the check passed; the run trained, then failed with "file
+    descriptor 3 is closed". A descriptor given (`3>stats.json`) is written."""
+    args = ["train", "--data", "digits", "--epochs", "1", "--out", "run", "-o", "/dev/fd/3"]
+    done = _torchkit(*args, redirect="", cwd=tmp_path)
+    assert done.returncode == 1
+    assert error_line(done.stderr, besides="warnings") == (
+        "Error: cannot write -o /dev/fd/3: Bad file descriptor (file descriptor 3 is closed: "
+        "send it to a file or to /dev/null, or choose another output)"
+    )
+    assert done.stdout == "" and not (tmp_path / "run").exists()
+    make_image_folder(tmp_path / "images", {"a": 2})
+    args = ["dataset-stats", "images", "-o", "/dev/fd/3", "--format", "json"]
+    given = _torchkit(*args, redirect="3>stats.json", cwd=tmp_path)
+    assert given.returncode == 0, given.stderr
+    assert json.loads((tmp_path / "stats.json").read_text())["files"] == 2
+
+
 def test_split_with_a_full_stderr_does_its_work(tmp_path, make_image_folder):
     """`split 2>/dev/full`: the first Note's failed write ended the command with exit 1 and no
     table on stdout (the split made all the same). Notes are best effort: exit 0, the table;
