@@ -364,7 +364,9 @@ def check_output_file(
 ) -> Path:
     """Check a file output (`-o FILE`, DST) before any work: not `-` (stdout), not an input nor
     inside an input folder, not a folder, not below a file, and not an existing file unless
-    `force`. Special files pass: they are written into."""
+    `force`. Special files are written into: they pass unless they cannot be written (a
+    socket, a descriptor closed or open for reading only), hold data (a block device, without
+    `force`) or are an input (`/dev/stdout >> FILE`)."""
     check_not_stdout(path, what)
     target = Path(path)
     if is_special_file(target):
