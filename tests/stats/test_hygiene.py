@@ -451,6 +451,31 @@ def test_fixed_counts_per_class_and_errors(runner, tmp_path):
     assert not (tmp_path / "s").exists() and not (tmp_path / "bad").exists()
 
 
+def test_fixed_with_groups_gives_every_split_a_group_and_warns_of_other_counts(tmp_path, caplog):
+    """--fixed with groups larger than its counts put every group of a class in train (three
+    patients of 5 images, --fixed 2,2: 10/5/0 or 15/0/0), test empty without a word."""
+    raw = tmp_path / "raw"
+    for name in ("cat", "dog"):
+        (raw / name).mkdir(parents=True)
+        for patient in range(3):
+            for shot in range(5):
+                path = raw / name / f"{name}{patient}_{shot}.png"
+                path.write_bytes(f"{name}/{patient}/{shot}".encode())
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        result = split_dataset(
+            raw, tmp_path / "out", fixed="2,2", group=r"^(\w+\d)_", mode="manifest"
+        )
+    assert result.counts == [[5, 5, 5], [5, 5, 5]]
+    assert (
+        "--fixed (val 2, test 2) is not met with whole groups for 2 class(es): "
+        "cat (val 5, test 5), dog (val 5, test 5)" in caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        plain = split_dataset(raw, tmp_path / "plain", fixed="2,2", mode="manifest")
+    assert plain.counts == [[11, 2, 2], [11, 2, 2]] and "--fixed" not in caplog.text
+
+
 @pytest.mark.parametrize("mode", ["copy", "symlink", "manifest"])
 def test_oversample_balances_train_with_numbered_repeats(tmp_path, mode):
     raw = make_files(tmp_path / "raw", {"cat": 20, "dog": 6})

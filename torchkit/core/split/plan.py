@@ -14,6 +14,7 @@ from pathlib import Path
 from torchkit.core.data.hashing import content_groups
 from torchkit.core.data.sources.discovery import class_folder_problem
 from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.splitting import deal_units
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import absolute_as_opened
 
@@ -107,11 +108,11 @@ def fixed_split(
         ranked = [members[name] for _, name in sorted(strata[label])]
         total = sum(len(unit) for unit in ranked)
         targets = [total - sum(fixed), *fixed]
-        filled = [0] * len(targets)
-        for unit in ranked:
-            part = max(range(len(targets)), key=lambda j: (targets[j] - filled[j], -j))
-            parts[part].extend(unit)
-            filled[part] += len(unit)
+        # Every split gets a group where the class has enough of them (as a ratio split does).
+        dealt = deal_units(ranked, targets, [1] * len(targets), at_least_one=True)
+        for part, units in zip(parts, dealt, strict=True):
+            for unit in units:
+                part.extend(unit)
     return [sorted(part) for part in parts]
 
 
@@ -288,6 +289,34 @@ def refuse_linked_folders(sources: list[str], root: Path) -> None:
                 "through a symbolic link",
                 "use --mode copy, symlink or hardlink, or put the folder itself in ROOT",
             )
+
+
+def warn_fixed_unmet(
+    classes: list[str], counts: list[list[int]], names: list[str], fixed: list[int], stratify: bool
+) -> None:
+    """--fixed with groups (`--group`, byte-identical files) that cannot be cut to its counts:
+    a warning naming the classes (or, unstratified, the splits) that got other counts."""
+
+    def held_out(row: list[int]) -> str:
+        return ", ".join(f"{n} {c}" for n, c in zip(names[1:], row[1:], strict=True))
+
+    wanted = held_out([0, *fixed])
+    if not stratify:
+        totals = [sum(row[j] for row in counts) for j in range(len(names))]
+        if totals[1:] != fixed:
+            log.warning(f"--fixed ({wanted}) is not met with whole groups: {held_out(totals)}")
+        return
+    unmet = [
+        f"{name or '(unlabelled)'} ({held_out(row)})"
+        for name, row in zip(classes, counts, strict=True)
+        if sum(row) and row[1:] != fixed
+    ]
+    if unmet:
+        log.warning(
+            f"--fixed ({wanted}) is not met with whole groups for {len(unmet)} class(es): "
+            + ", ".join(unmet[:5])
+            + (" ..." if len(unmet) > 5 else "")
+        )
 
 
 def warn_small(classes: list[str], counts: list[list[int]], names: list[str], stratify: bool):

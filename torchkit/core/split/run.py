@@ -70,6 +70,7 @@ from torchkit.core.split.plan import (
     load_split_input,
     oversample_repeats,
     refuse_linked_folders,
+    warn_fixed_unmet,
     warn_small,
 )
 from torchkit.core.split.report import SplitResult
@@ -219,6 +220,8 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
         counts[label][j] += 1
     if options.fixed is None:
         warn_small(samples.classes, counts, names, stratify)
+    else:
+        warn_fixed_unmet(samples.classes, counts, names, options.fixed, stratify)
 
     plan = Plan(
         sources=sources,

@@ -213,14 +213,16 @@ def _split_units(
         targets = largest_remainder_counts(
             sum(len(unit) for unit in units), weights, at_least_one=at_least_one
         )
-        dealt[label] = _deal_units(units, targets, weights, at_least_one)
+        dealt[label] = deal_units(units, targets, weights, at_least_one)
     return dealt
 
 
-def _deal_units(
+def deal_units(
     units: list[list[int]], targets: list[int], weights: Sequence, at_least_one: bool
 ) -> ClassParts:
-    """Give each unit to the part with the most samples still missing from its target."""
+    """Give each unit to the part with the most samples still missing from its target (the
+    earlier part on a tie); with `at_least_one`, a part of positive weight left without a
+    unit, where there are enough units, takes the smallest unit of the part with the most."""
     candidates = [j for j, w in enumerate(weights) if w > 0]
     filled = [0] * len(targets)
     chosen: ClassParts = [[] for _ in targets]
