@@ -136,6 +136,21 @@ def test_the_notes_naming_a_models_outputs_by_the_data_name_the_url_whole():
         assert "https://h/x.tar?token=*** " in note and "cd" not in note, note
 
 
+def test_extract_features_error_on_no_readable_image_names_the_url_whole():
+    """Its error quoted IMAGES as typed: the shown line cut the URL at the raw space in its
+    token."""
+    from types import SimpleNamespace
+
+    from torchkit.core.features.extract import _finish
+    from torchkit.core.io.errors import InputError
+
+    store = SimpleNamespace(progress=SimpleNamespace(rows=0))
+    request = SimpleNamespace(images="https://h/x.tar?token=ab cd")
+    with pytest.raises(InputError) as raised:
+        _finish(store, request, [1, 2], None, {}, [], "")
+    assert "https://h/x.tar?token=*** could" in raised.value.message, raised.value.message
+
+
 def test_urls_inside_a_message_are_redacted_and_the_message_kept():
     message = "cannot download https://me:pw@h/x.tar?sig=abc: HTTP 401 (check https://h/?a=b)"
     assert redact_urls(message) == (

@@ -374,7 +374,7 @@ def _finish(
     state = store.progress
     if state.rows == 0:
         raise InputError(
-            f"none of the {len(samples)} images in {request.images} could be read",
+            f"none of the {len(samples)} images in {redact_url(str(request.images))} could be read",
             "index.csv is not written; check the files",
         )
     index_columns, index_rows = ([], []) if store.streamed else _index_rows(samples, state.errors)
