@@ -350,7 +350,7 @@ def test_both_recipe_forms_choose_the_data_defaults_again_for_other_data(
         shown = json.loads(result.stdout)
         chosen = {k: shown[k] for k in ("model", "image_size", "resize_size", "threads")}
         assert chosen == {"model": "resnet18", "image_size": 224, "resize_size": 256,
-                          "threads": 0}, source  # fmt: skip
+                          "threads": None}, source  # fmt: skip
         assert (shown["flip"], shown["batch_size"], shown["epochs"]) == (True, 512, 1), source
         assert "flip" not in shown["defaults_from_data"], source
 

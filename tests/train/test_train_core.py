@@ -50,7 +50,7 @@ def test_digits_defaults_differ_from_image_folder_defaults_and_are_recorded():
         "epochs", "batch_size", "channels_last", "threads", "mean", "std",
         "interpolation", "crop_mode",
     }  # fmt: skip
-    assert (digits.threads, folder.threads) == (1, 0)
+    assert (digits.threads, folder.threads) == (1, None)  # None: core.runtime.threads
     assert (digits.best_metric, folder.best_metric) == ("loss", "top1")
     assert (digits.image_size, digits.batch_size, digits.epochs) == (12, 32, 25)
     assert (folder.batch_size, folder.epochs) == (64, 20)

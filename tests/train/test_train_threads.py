@@ -1,5 +1,6 @@
 """`train --threads`: the CPU threads torch computes with; one for digits by default (its tiny
-steps stall on two threads beside any other busy process), torch's own count for image folders."""
+steps stall on two threads beside any other busy process), the cores the loader workers leave free
+for image folders (core.runtime.threads)."""
 
 from __future__ import annotations
 
@@ -61,13 +62,23 @@ def test_digits_train_on_one_thread_and_give_the_process_its_count_back(tmp_path
     assert config["options"]["threads"] == 1 and "threads" in config["defaults_from_data"]
 
 
-def test_image_folders_keep_torchs_threads_unless_given(tmp_path, split_root, two_threads):
+def test_image_folders_take_the_cores_the_workers_leave_unless_given(
+    tmp_path, split_root, two_threads, monkeypatch
+):
+    """Was torch's one thread per core beside the loader's workers (on 2 cores with the default
+    worker: 3 busy threads, each operation waiting for the one the scheduler left out)."""
+    from torchkit.core.runtime import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 3)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the suite's
     seen = ThreadsSeen()
     run_training(TrainConfig(data=str(split_root), out=str(tmp_path / "a"), **TINY), seen)
-    assert options(tmp_path / "a")["options"]["threads"] == 0
+    assert options(tmp_path / "a")["options"]["threads"] is None  # chosen again on resume
     given = TrainConfig(data=str(split_root), out=str(tmp_path / "b"), threads=1, **TINY)
     run_training(given, seen)
-    assert seen.seen == [2, 1] and torch.get_num_threads() == 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's: torch's count is left as it is
+    run_training(TrainConfig(data=str(split_root), out=str(tmp_path / "c"), **TINY), seen)
+    assert seen.seen == [3, 1, 2] and torch.get_num_threads() == 2
     assert "threads" not in options(tmp_path / "b")["defaults_from_data"]
 
 

@@ -176,6 +176,7 @@ def run_benchmark(
     from torchkit.core.models import ModelSpec, resolve_spec
     from torchkit.core.models.resolver import has_random_weights, untrained_note
     from torchkit.core.runtime.device import resolve_amp_dtype, select_device
+    from torchkit.core.runtime.threads import compute_threads, torch_threads
 
     limit = check_options(options)
     device = select_device(options.device)
@@ -215,20 +216,21 @@ def run_benchmark(
     model = resolved.model
     name, source = resolved.arch, resolved.source
     del resolved
-    return benchmark_model(
-        model,
-        sample,
-        options,
-        device=device,
-        amp_dtype=amp_dtype,
-        memory_limit=limit,
-        name=name,
-        spec=spec if options.weights is None else f"{spec} --weights {options.weights}",
-        source=source,
-        progress=progress,
-        search_progress=search_progress,
-        timed=timed,
-    )
+    with torch_threads(compute_threads()):  # no loader: every usable core
+        return benchmark_model(
+            model,
+            sample,
+            options,
+            device=device,
+            amp_dtype=amp_dtype,
+            memory_limit=limit,
+            name=name,
+            spec=spec if options.weights is None else f"{spec} --weights {options.weights}",
+            source=source,
+            progress=progress,
+            search_progress=search_progress,
+            timed=timed,
+        )
 
 
 def benchmark_model(

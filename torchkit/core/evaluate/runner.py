@@ -404,6 +404,7 @@ def _run(
     from torchkit.core.data.batches import collate_skipping_unreadable
     from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
     from torchkit.core.data.device_decode import collate_encoded
+    from torchkit.core.runtime.threads import compute_threads, torch_threads
 
     device = ctx.device
     resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
@@ -456,19 +457,20 @@ def _run(
         device,
     )
     start = time.perf_counter()
-    local, errors, nonfinite_batches = predict(
-        model,
-        loader,
-        device,
-        k=k,
-        tta=options.tta,
-        amp=options.run.amp,
-        amp_dtype=amp_dtype,
-        channels_last=options.run.channels_last,
-        strict=options.strict,
-        progress=progress if ctx.is_main else None,
-        normalized=NormalizedPixels(preprocess.mean, preprocess.std),
-    )
+    with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
+        local, errors, nonfinite_batches = predict(
+            model,
+            loader,
+            device,
+            k=k,
+            tta=options.tta,
+            amp=options.run.amp,
+            amp_dtype=amp_dtype,
+            channels_last=options.run.channels_last,
+            strict=options.strict,
+            progress=progress if ctx.is_main else None,
+            normalized=NormalizedPixels(preprocess.mean, preprocess.std),
+        )
     seconds = time.perf_counter() - start
     predictions, errors, seconds, nonfinite_batches = _gather(
         local, errors, seconds, nonfinite_batches, k, ctx

@@ -255,7 +255,9 @@ def _extract(
     """`streamed`: the paths on stdin still to come, and the first of them (read already)."""
     import torch
 
+    from torchkit.core.data.dataset import inference_workers
     from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype, select_device
+    from torchkit.core.runtime.threads import compute_threads, torch_threads
 
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
     # the caller's RNG state is left as it was.
@@ -327,18 +329,20 @@ def _extract(
         later = listed_check(output.final, output.what) if streamed else None
         loader = _loader(image_set, preprocess, mode, request, device, streamed, later)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
-        _extract_rows(
-            store,
-            extractor,
-            loader,
-            samples,
-            request,
-            device,
-            normalized,
-            amp_dtype,
-            progress,
-            growing,
-        )
+        workers = inference_workers(samples, request.run.workers)  # as _loader's
+        with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
+            _extract_rows(
+                store,
+                extractor,
+                loader,
+                samples,
+                request,
+                device,
+                normalized,
+                amp_dtype,
+                progress,
+                growing,
+            )
         seconds = time.perf_counter() - started
         if growing is not None:
             fingerprint = growing.value(len(samples))

@@ -260,6 +260,7 @@ class PredictRun:
             collate_encoded_with_failures,
             decoded_with_indices,
         )
+        from torchkit.core.runtime.threads import compute_threads, torch_threads
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
         model = self.resolved.model.eval().to(self.device)
@@ -288,41 +289,43 @@ class PredictRun:
         start = time.perf_counter()
         first = True
         done = 0
-        try:
-            for batch in batches:
-                local = None
-                if batch is not None:
-                    try:
-                        if on_device:
-                            batch = decoded_with_indices(batch, self.device)
-                        local = self._score(
-                            model, batch, amp_dtype, memory_format, normalized, first=first
-                        )
-                    except TorchkitError as error:  # every rank stops with it, none waits forever
-                        local = {"failure": error}
-                    first = False
-                parts = _gather(local, ctx)
-                failures = [p["failure"] for p in parts if p is not None and "failure" in p]
-                if failures:  # gathered: the same on every rank, which rank 0 reports
-                    raise on_every_rank(failures[0])
-                records: list[tuple[list[str], list[Any]]] = []
-                failure = None
-                if ctx.is_main:
-                    try:
-                        for part in parts:
-                            if part is not None:
-                                records += self._records_of(part)
-                                done += len(part["order"])
-                    except TorchkitError as error:  # --strict: rank 0 decides for everyone
-                        failure = error
-                failure = _from_rank_zero(failure, ctx)
-                if failure is not None:
-                    raise on_every_rank(failure)
-                yield from records
-                if progress is not None and ctx.is_main:
-                    progress(done, total)
-        finally:
-            batches.close()  # the loader's workers stop (_batches)
+        with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
+            try:
+                for batch in batches:
+                    local = None
+                    if batch is not None:
+                        try:
+                            if on_device:
+                                batch = decoded_with_indices(batch, self.device)
+                            local = self._score(
+                                model, batch, amp_dtype, memory_format, normalized, first=first
+                            )
+                        # every rank stops with it, none waits forever
+                        except TorchkitError as error:
+                            local = {"failure": error}
+                        first = False
+                    parts = _gather(local, ctx)
+                    failures = [p["failure"] for p in parts if p is not None and "failure" in p]
+                    if failures:  # gathered: the same on every rank, which rank 0 reports
+                        raise on_every_rank(failures[0])
+                    records: list[tuple[list[str], list[Any]]] = []
+                    failure = None
+                    if ctx.is_main:
+                        try:
+                            for part in parts:
+                                if part is not None:
+                                    records += self._records_of(part)
+                                    done += len(part["order"])
+                        except TorchkitError as error:  # --strict: rank 0 decides for everyone
+                            failure = error
+                    failure = _from_rank_zero(failure, ctx)
+                    if failure is not None:
+                        raise on_every_rank(failure)
+                    yield from records
+                    if progress is not None and ctx.is_main:
+                        progress(done, total)
+            finally:
+                batches.close()  # the loader's workers stop (_batches)
         summary.images = len(samples)
         summary.seconds = time.perf_counter() - start
 

@@ -158,6 +158,7 @@ def summarize_model(
     the input C,N,N with the channels the model takes (`--image-size`, another spelling of
     `--input-size`)."""
     from torchkit.core.runtime.device import resolve_device
+    from torchkit.core.runtime.threads import compute_threads, torch_threads
 
     args = [size if isinstance(size, InputArg) else InputArg(tuple(size)) for size in input_sizes]
     if image_size is not None and args:
@@ -227,14 +228,15 @@ def summarize_model(
         InputSpec(shape, parse_dtype(arg.dtype) if arg.dtype else None, arg.name)
         for shape, arg in zip(shapes, args, strict=True)
     ]
-    return summarize(
-        model,
-        specs,
-        dtype=torch_dtype,
-        count_flops=count_flops,
-        train_mode=train_mode,
-        progress=progress,
-    )
+    with torch_threads(compute_threads()):
+        return summarize(
+            model,
+            specs,
+            dtype=torch_dtype,
+            count_flops=count_flops,
+            train_mode=train_mode,
+            progress=progress,
+        )
 
 
 @contextlib.contextmanager

@@ -462,8 +462,9 @@ class TrainConfig:
         show_default=False,
         help="CPU threads torch computes with (torch.set_num_threads; 0: torch's default, one "
         "per core). Small models run faster on one thread on a machine shared with other jobs, "
-        "and compute the same numbers whatever the core count. "
-        f"{data_default_help('threads')}",
+        "and compute the same numbers whatever the core count. Default: 1 for digits; for "
+        "image folders OMP_NUM_THREADS where set, else the cores the --workers leave free "
+        "(at least 1), as eval and predict.",
     )
     strict: bool = option(False, shared=True)
     # Outputs

@@ -47,7 +47,8 @@ FOLDER_DEFAULTS: dict[str, Any] = {
     "crop_scale": (0.08, 1.0),
     "best_metric": "top1",
     "ema": False,
-    "threads": 0,  # torch's default: one per core
+    # None: the cores the loader workers leave free (core.runtime.threads), as eval and predict
+    "threads": None,
 }
 
 

@@ -488,6 +488,11 @@ def default_workers_for(data: str) -> int:
     return 0 if data == DIGITS else default_workers()
 
 
+def loader_workers(config: TrainConfig) -> int:
+    """The worker processes of the run's loaders: --workers, else the data's default."""
+    return config.workers if config.workers is not None else default_workers_for(config.data)
+
+
 def train_preprocess(preprocess: Preprocess, config: TrainConfig) -> Preprocess:
     """The preprocessing of training batches: the run's (`preprocess`, which validation and the
     checkpoint keep) with its crop at --train-crop-size where one is given, for a random crop."""
@@ -572,7 +577,7 @@ def build_loaders(
     asked only then (training builds its model after its loaders, `setup.prepare_state`)."""
     import torch
 
-    workers = config.workers if config.workers is not None else default_workers_for(config.data)
+    workers = loader_workers(config)
     common: dict[str, Any] = {
         "num_workers": workers,
         "collate_fn": collate_skipping_unreadable,

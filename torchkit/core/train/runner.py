@@ -22,12 +22,13 @@ from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.runtime.launch import is_main_process
+from torchkit.core.runtime.threads import compute_threads
 from torchkit.core.train import ddp
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.config_file import DEFAULTS_FROM_DATA, data_chosen
 from torchkit.core.train.epochs import EpochDriver, evaluate_best_on_test
 from torchkit.core.train.interface import RunInfo, TrainCallbacks, TrainResult
-from torchkit.core.train.loaders import train_preprocess
+from torchkit.core.train.loaders import loader_workers, train_preprocess
 from torchkit.core.train.outputs import check_tensorboard, versions
 from torchkit.core.train.run_folder import RunFolder
 from torchkit.core.train.setup import (
@@ -106,8 +107,9 @@ def _run_with_torch(
     # unless given again, like every other option.
     plan = plan or plan_run(config, overrides)
     config = plan.config
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    threads = compute_threads(loader_workers(config), config.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
     try:
         ddp.check_ddp_device(ctx)
