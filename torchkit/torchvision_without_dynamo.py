@@ -13,6 +13,12 @@ Any other name asked of a stand-in imports the real dynamo and answers from it, 
 that needs more only loses the saving. The stand-ins leave sys.modules when the module's import
 ends, and `torch.compile` later in the process imports the real dynamo as usual. Nothing is done
 once dynamo is loaded. (The same saving for torch.optim: `core.train.dynamo_free`.)
+
+timm's modules run with the stand-ins too: timm decorates model methods with
+`torch.compiler.disable` as its model modules are imported (`timm.layers.disable_compiler`, in
+timm.models.naflexvit and others), which loaded dynamo in every process that names a timm model,
+even `train --print-config`, which only reads a tag's pretrained config from timm's registry
+(about half of `import timm`'s time).
 """
 
 from __future__ import annotations
@@ -44,12 +50,17 @@ def install() -> None:
     sys.meta_path.insert(0, _Finder())
 
 
+# The packages whose modules are imported with the stand-ins (module doc).
+PACKAGES = ("torchvision", "timm")
+
+
 class _Finder(WrappingFinder):
-    """Finds torchvision's modules as the other finders do; each runs with the stand-ins."""
+    """Finds torchvision's and timm's modules as the other finders do; each runs with the
+    stand-ins."""
 
     def wants(self, name: str) -> bool:
-        is_torchvision = name == "torchvision" or name.startswith("torchvision.")
-        return is_torchvision and not dynamo_loaded()  # once it is loaded, nothing to save
+        ours = name.partition(".")[0] in PACKAGES
+        return ours and not dynamo_loaded()  # once it is loaded, nothing to save
 
     def running(self, module: types.ModuleType) -> contextlib.AbstractContextManager[None]:
         return without_dynamo()

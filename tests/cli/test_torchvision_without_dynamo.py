@@ -3,11 +3,13 @@ processes, since this one has loaded both."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
 from image_folders import write_image_folder
 from processes import INHERITED
 from suite_paths import REPO
@@ -180,3 +182,33 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
         "summary False True",
         "with dynamo True",
     ]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
+def test_timm_imports_without_dynamo():
+    """timm decorates methods with torch.compiler.disable as its modules are imported, which
+    loaded dynamo (about half of `import timm`) even for `train --print-config`, which only
+    reads a tag's pretrained config. Its modules now run with the stand-ins (whose deferred
+    `disable` under torch.compile the torchvision test above checks), and its models run."""
+    lines = _python(
+        """
+        import sys
+        from torchkit.cli import main
+        from torchkit import torchvision_without_dynamo as light
+
+        sys.argv = ["python -m torchkit", "train", "--model", "timm/test_vit.r160_in1k",
+                    "--print-config", "-o", "/dev/null"]
+        try:
+            main()
+        except SystemExit as ended:
+            assert ended.code in (0, None), ended.code
+        import timm, torch
+        print("print-config", "timm.models.naflexvit" in sys.modules,
+              "torch._dynamo" in sys.modules, light.missing)
+        model = timm.create_model("test_vit", num_classes=2, img_size=32).eval()
+        with torch.no_grad():
+            print("a model", tuple(model(torch.randn(2, 3, 32, 32)).shape),
+                  "torch._dynamo" in sys.modules)
+        """
+    )
+    assert lines == ["print-config True False []", "a model (2, 2) False"]
