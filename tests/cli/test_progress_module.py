@@ -1,18 +1,22 @@
 """Progress bars are drawn by one module, `torchkit/cli/progress.py`: no other module imports
-rich.progress, and its bar shows done/total on a terminal and nothing off one."""
+rich.progress, and its bar shows done/total on a terminal and nothing off one; a process forked
+while a bar redraws from its thread can write to stderr."""
 
 from __future__ import annotations
 
 import ast
 import io
+import multiprocessing
+import sys
+import threading
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 import torchkit
-from torchkit.cli import console
-from torchkit.cli.progress import progress_bar
+from torchkit.cli import console, progress
+from torchkit.cli.progress import progress_bar, stderr_progress
 
 PACKAGE = Path(torchkit.__file__).parent
 PROGRESS_MODULE = PACKAGE / "cli" / "progress.py"
@@ -112,3 +116,53 @@ def test_a_hidden_bar_never_stops_so_older_rich_prints_no_empty_line(stderr, mon
     with progress_bar("reading") as update:
         update(1, 2)
     assert piped.file.getvalue() == ""
+
+
+def _writes_to_stderr() -> None:
+    console.stderr.print("Warning: a DataLoader worker's line")
+
+
+def _waits_in(code, thread: int) -> bool:
+    frame = sys._current_frames().get(thread)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_a_process_forked_mid_redraw_can_write_to_stderr(stderr):
+    """train's, eval's and extract-features' bars redraw from a thread while DataLoader
+    workers fork: a worker forked mid-redraw inherited the redraw's locks held, and hung at its
+    first line on stderr. The fork now waits for the redraw to end."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    stderr(True)
+    redrawing, redrawn = threading.Event(), threading.Event()
+
+    class Slow(ProgressColumn):
+        def render(self, task) -> Text:
+            if threading.current_thread() is not threading.main_thread():  # the redraw thread
+                redrawing.set()
+                redrawn.wait(30)
+            return Text("slow")
+
+    main = threading.get_ident()
+
+    def end_the_redraw_once_a_fork_waits_for_it() -> None:
+        while not redrawn.is_set():
+            if _waits_in(progress._hold_drawing.__code__, main):
+                redrawn.set()
+            redrawn.wait(0.01)
+
+    with stderr_progress(Slow()) as bar:
+        bar.add_task("epoch 1/1")
+        assert redrawing.wait(10)
+        threading.Thread(target=end_the_redraw_once_a_fork_waits_for_it, daemon=True).start()
+        child = multiprocessing.get_context("fork").Process(target=_writes_to_stderr)
+        child.start()
+        child.join(20)
+        redrawn.set()
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0

@@ -1,10 +1,17 @@
 """The one place commands draw progress on stderr: `stderr_progress` makes every rich Progress
 (hidden when stderr is not a terminal), `progress_bar` feeds one from core's (done, total)
 callback, and `TrainProgress` is `train`'s per-epoch display. rich is imported only when a bar
-is made, so `--help` and shell completion never load it."""
+is made, so `--help` and shell completion never load it.
+
+A bar that redraws from a thread (train's, eval's, extract-features') is up while DataLoader
+workers fork. A fork copies the locks of that thread's redraw as they are: a worker forked
+mid-redraw found the stderr console locked forever and hung at its first line on stderr (a
+warning, a `-v` note). So a fork first waits for a redraw in flight (`_hold_drawing`)."""
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -42,11 +49,39 @@ def stderr_progress(
         # rich before Textualize/rich#3905 (December 2025; 13.8 is allowed) stops a hidden bar
         # too, printing an empty line where stderr is not a terminal: above the `Error:` line.
         progress.stop = _nothing_to_stop  # type: ignore[method-assign]
+    else:
+        _drawn.add(progress)
     return progress
 
 
 def _nothing_to_stop() -> None:
     """A hidden bar's stop: it never started."""
+
+
+_drawn: weakref.WeakSet = weakref.WeakSet()  # the bars that may redraw (stderr_progress)
+_held: list = []  # the locks `_hold_drawing` took, for `_let_go`
+
+
+def _hold_drawing() -> None:
+    """Before a fork: take each bar's lock, then the stderr console's (the order a redraw
+    takes them in), so that no redraw is half done in the child; the child gets them free."""
+    locks = [progress.live._lock for progress in list(_drawn)]
+    stderr = vars(console).get("stderr")  # made on first use: none yet, nothing drawn
+    if stderr is not None:
+        locks.append(stderr._lock)
+    for lock in locks:
+        lock.acquire()
+        _held.append(lock)
+
+
+def _let_go() -> None:
+    """After the fork, in the parent and in the child alike."""
+    while _held:
+        _held.pop().release()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(before=_hold_drawing, after_in_parent=_let_go, after_in_child=_let_go)
 
 
 class ProgressUpdate:
