@@ -221,6 +221,22 @@ def test_move_never_empties_a_folder_that_a_class_folder_links_to(tmp_path, data
         assert tree_digest(data) == before and tree_digest(elsewhere) == kept
 
 
+def test_move_refuses_a_class_folder_linked_to_another_class_folder(tmp_path, data):
+    """Before: ROOT/kitty -> cat listed cat's files twice; the move stopped half-way (exit 1)
+    with `kitty/cat_0.png disappeared during the move`, and its rerun said another process had
+    deleted them."""
+    (data / "kitty").symlink_to("cat", target_is_directory=True)
+    before = tree_digest(data)
+    result = split(data, tmp_path / "out", "--mode", "move")
+    assert result.returncode == 2
+    assert error_line(result.stderr) == (
+        f"Error: --mode move would move each file of {data / 'cat'} twice: {data / 'cat'} and "
+        f"{data / 'kitty'} are one folder (a symbolic link leads from one to the other) (remove "
+        "the link from ROOT, or use --mode copy, symlink or hardlink)"
+    )
+    assert tree_digest(data) == before and not (tmp_path / "out").exists()
+
+
 def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
     before = tree_digest(data)
     names = [

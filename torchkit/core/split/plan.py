@@ -278,9 +278,11 @@ def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], boo
 
 def refuse_linked_folders(sources: list[str], root: Path) -> None:
     """--mode move takes only what lies in ROOT: a folder of ROOT that is a symbolic link to
-    one elsewhere (`ROOT/bird -> /data/birds`) would have that folder emptied. (A linked file
-    is moved as the link it is.)"""
+    one elsewhere (`ROOT/bird -> /data/birds`) would have that folder emptied, and one that
+    leads to another folder the move reads (`ROOT/kitty -> cat`) would move its files twice.
+    (A linked file is moved as the link it is.)"""
     real_root = os.path.realpath(root)
+    spelled: dict[str, str] = {}  # real folder -> the first folder of ROOT leading there
     for folder in sorted({os.path.dirname(source) for source in sources}):
         real = os.path.realpath(folder)
         if os.path.commonpath([real, real_root]) != real_root:
@@ -289,6 +291,15 @@ def refuse_linked_folders(sources: list[str], root: Path) -> None:
                 "through a symbolic link",
                 "use --mode copy, symlink or hardlink, or put the folder itself in ROOT",
             )
+        if real in spelled:
+            # Its files are listed twice (`ROOT/kitty -> cat`): the second move of each found
+            # it gone, and stopped half-way as if another process had deleted it.
+            raise UsageError(
+                f"--mode move would move each file of {real} twice: {spelled[real]} and "
+                f"{folder} are one folder (a symbolic link leads from one to the other)",
+                "remove the link from ROOT, or use --mode copy, symlink or hardlink",
+            )
+        spelled[real] = folder
 
 
 def warn_fixed_unmet(
