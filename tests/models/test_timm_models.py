@@ -288,6 +288,21 @@ def test_a_timm_model_from_random_weights_takes_its_pretrained_config_as_timms_t
     assert mine["interpolation"] == "nearest"
 
 
+def test_a_timm_model_from_random_weights_on_digits_takes_the_digits_defaults(runner):
+    """digits' 8 px images at the tag's 224 px would cost hundreds of times as much and match no
+    weights: from random weights its own defaults win; a tag's weights still bring their own."""
+    digits = {"image_size": 12, "resize_size": 12, "interpolation": "bilinear"}
+
+    def print_config(*args: str) -> dict:
+        given = runner.invoke(app, ["train", "--data", "digits", *args, "--print-config"])
+        assert given.exit_code == 0, given.stderr
+        return json.loads(given.stdout)
+
+    for model in ("timm/test_resnet.r160_in1k", "convnet"):
+        config = print_config("--model", model)
+        assert {name: config[name] for name in digits} == digits, model
+
+
 def test_an_existing_path_named_like_a_timm_model_is_still_a_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert is_timm_spec("timm/test_vit") and not is_model_file("timm/test_vit")

@@ -71,7 +71,7 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     model = chosen.get("model", config.model)
     recorded = None  # what the model's weights were trained on
     if any(getattr(config, name) is None for name in PREPROCESS_OPTIONS):
-        recorded = _model_preprocess(config, model)
+        recorded = _model_preprocess(config, model, is_digits=is_digits)
     if config.interpolation is None:
         chosen["interpolation"] = (recorded or Preprocess()).interpolation
     if config.crop_mode is None:
@@ -107,13 +107,17 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     return resolved
 
 
-def _model_preprocess(config: TrainConfig, model: str | None) -> Preprocess | None:
+def _model_preprocess(
+    config: TrainConfig, model: str | None, *, is_digits: bool
+) -> Preprocess | None:
     """What the model's weights were trained on: the preprocessing recorded in a torchkit
     checkpoint (`--weights FILE`, or `--model FILE` without --weights), else, for
     `timm/NAME[.TAG]`, the pretrained config of its tag (the one `--weights DEFAULT|TAG`
     loads), also from random weights or a file that records nothing, as timm's train.py takes
     it (`resolve_data_config(model=...)`: the model's pretrained_cfg, whatever its weights);
-    None for any other model."""
+    None for any other model, and for a timm model from random weights on `digits`, whose
+    defaults are those of its 8 px images (a 224 px input would cost 350 times as much and
+    match no weights)."""
     import os
 
     from torchkit.core.models.builders import is_checkpoint_path, is_timm_spec
@@ -131,6 +135,8 @@ def _model_preprocess(config: TrainConfig, model: str | None) -> Preprocess | No
         # A tag named by --weights, told from a weights file as the model builder tells them
         # (_build_timm).
         tag = config.weights if config.weights and not os.path.exists(config.weights) else None
+        if tag is None and not config.weights and is_digits:
+            return None
         return timm_weights_preprocess(str(model), tag)
     return None
 
