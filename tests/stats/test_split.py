@@ -704,6 +704,13 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _linked_twice(index: Path) -> Path:
+    """A CSV index listing one file twice, once through a symbolic link to its folder."""
+    _write(index.parent / "d" / "i.csv", "x")
+    (index.parent / "link").symlink_to("d", target_is_directory=True)
+    return _write(index, "path,label\nd/i.csv,x\nlink/i.csv,y\n")
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [
@@ -712,6 +719,8 @@ def _write(path: Path, text: str) -> Path:
         (lambda p: _write(p / "i.csv", "file,label\na.png,x\n"), "needs `path` and `label`"),
         (lambda p: _write(p / "i.csv", "path,label\nnope.png,x\n"), "do not exist: nope.png"),
         (lambda p: _write(p / "i.csv", "path,label\ni.csv,x\n./i.csv,y\n"), "same file twice"),
+        # through a linked folder: was split (a move stopped half-way: "disappeared")
+        (lambda p: _linked_twice(p / "i.csv"), "same file twice: d/i.csv and link/i.csv"),
         # folders every image-folder reader skips: the class would vanish from the output
         (lambda p: _write(p / "i.csv", "path,label\ni.csv,.x\n"), "'.x' cannot be a class folder"),
         (lambda p: _write(p / "i.csv", "path,label\ni.csv,__MACOSX\n"), "'__MACOSX' cannot be"),

@@ -216,7 +216,8 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
 
 def check_csv_sources(samples: Samples, source: Path) -> list[str]:
     """The absolute path of every file the CSV index lists (`absolute_as_opened`); an InputError
-    when one is missing or listed twice."""
+    when one is missing or listed twice (also by way of a linked folder: `kitty/a.png` where
+    `kitty` links to `cat`)."""
     missing = [i for i, p in zip(samples.ids, samples.paths, strict=True) if not os.path.isfile(p)]
     if missing:
         raise InputError(
@@ -226,8 +227,13 @@ def check_csv_sources(samples: Samples, source: Path) -> list[str]:
         )
     sources = absolute_as_opened(samples.paths)
     seen: dict[str, str] = {}
+    real_dirs: dict[str, str] = {}  # a folder reached through a symbolic link: the same files
     for ident, path in zip(samples.ids, sources, strict=True):
-        real = os.path.normcase(path)
+        folder, name = os.path.split(path)
+        if folder not in real_dirs:
+            real_dirs[folder] = os.path.realpath(folder)
+        real = path if real_dirs[folder] == folder else os.path.join(real_dirs[folder], name)
+        real = os.path.normcase(real)
         if real in seen:
             raise InputError(
                 f"{source} lists the same file twice: {seen[real]} and {ident}",
