@@ -202,6 +202,21 @@ def test_split_fills_empty_val_and_test_of_classes_of_two(runner, tmp_path):
     assert {r["label"] for r in rows if r["split"] == "train"} == {f"c{i:02d}" for i in range(30)}
 
 
+def test_a_class_too_small_for_every_split_follows_the_documented_policy(tmp_path, caplog):
+    """docs/commands/split.md: 1 file to train, 2 at 8:1:1 both to train (1:1:1: train and
+    val), 3 at 8:1:1 one in each split; a warning names the classes and what they lack."""
+    root = make_files(tmp_path / "raw", {"a": 10, "b": 1, "c": 2, "d": 3})
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        result = split_dataset(root, tmp_path / "out", mode="manifest")
+    assert result.counts == [[8, 1, 1], [1, 0, 0], [2, 0, 0], [1, 1, 1]]
+    assert (
+        "2 class(es) have too few images for every split: b (1: none in val/test), "
+        "c (2: none in val/test)" in caplog.text
+    )
+    even = split_dataset(root, tmp_path / "even", mode="manifest", ratio="1:1:1")
+    assert even.counts[1:3] == [[1, 0, 0], [1, 1, 0]]
+
+
 def test_fast_listing_matches_rglob(tmp_path):
     root = make_files(tmp_path / "tree", {"a": 2, "b": 1})
     (root / "a" / "deep" / ".hidden").mkdir(parents=True)
