@@ -434,3 +434,38 @@ def test_a_file_written_again_while_a_run_reads_it_is_one_error_not_other_rows(t
     write_parquet(path, [png(10 + i) for i in range(6)], [2, 1, 0] * 2)
     with pytest.raises(StoredReadError, match="data.parquet was written again after it was"):
         samples.paths[0].read_bytes()
+
+
+def test_threads_sharing_a_reader_take_turns_in_pyarrow(tmp_path, monkeypatch):
+    """`convert shards` reads ahead in threads, which shared one reader's pyarrow file: two in
+    it at once crashed the process now and then (double free or corruption, segfaults)."""
+    import threading
+
+    import torchkit.core.data.sources.parquet as parquet
+
+    images = [png(i) for i in range(2)]
+    path = write_parquet(tmp_path / "x.parquet", images, [0, 1], row_group_size=1)
+    reader = parquet.ParquetImages([str(path)], ["image"])
+    first_in, second_in = threading.Event(), threading.Event()
+    overlapped = []
+    real_image_bytes = parquet.image_bytes
+
+    def image_bytes(column):  # called while a thread reads a row group
+        if not first_in.is_set():
+            first_in.set()
+            # Bounded: where the threads take turns, the second one never comes in meanwhile.
+            overlapped.append(second_in.wait(timeout=0.3))
+        else:
+            second_in.set()
+        return real_image_bytes(column)
+
+    monkeypatch.setattr(parquet, "image_bytes", image_bytes)
+    read = {}
+    second = threading.Thread(
+        target=lambda: first_in.wait() and read.update(b=reader.read((0, 1, 0)))
+    )
+    second.start()
+    read["a"] = reader.read((0, 0, 0))
+    second.join()
+    assert overlapped == [False]
+    assert [read["a"], read["b"]] == images

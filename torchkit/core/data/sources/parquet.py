@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,21 @@ LABEL_COLUMN = "label"
 # The decoded image columns a process keeps (oldest dropped first; the last one always kept).
 CACHE_BYTES = 128 << 20
 _NEEDED_FOR = "reading parquet files"
+# The threads of a process share its readers (`convert shards` reads ahead in threads): their
+# open files, pyarrow readers and caches are used under this lock. Read at once from two
+# threads, one pyarrow reader (or a fresh process's state, reset by one thread while another
+# read) crashed the process: "double free or corruption", segmentation faults.
+_reading = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    """A forked child's own lock: one another thread held at the fork is never released."""
+    global _reading
+    _reading = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 log = logging.getLogger("torchkit")
 
 
@@ -139,14 +155,16 @@ class ParquetImages:
 
     def read(self, locator: tuple[int, int, int]) -> bytes:
         file, group, row = locator
-        value = self._row_group(file, group)[row].as_py()
+        with _reading:
+            images = self._row_group(file, group)
+        value = images[row].as_py()
         if value is None:
             raise NullImage("the row's image is null (no bytes)")
         return value
 
     def _row_group(self, file: int, group: int) -> Any:
         """The image bytes of one row group (a pyarrow binary array, nulls where the image or
-        its bytes are null), from the cache or read."""
+        its bytes are null), from the cache or read; called under `_reading`."""
         if self._pid != os.getpid():  # a fresh process (or a fork): nothing inherited
             self.__init__(self.files, self.columns, self.group_bytes, self.stamps)
             self._pid = os.getpid()
