@@ -237,6 +237,29 @@ def test_move_refuses_a_class_folder_linked_to_another_class_folder(tmp_path, da
     assert tree_digest(data) == before and not (tmp_path / "out").exists()
 
 
+def test_a_second_move_out_of_the_same_root_meanwhile_is_refused(tmp_path, data):
+    """Before: two moves out of one ROOT into two OUTs at once: the second stopped half-way
+    (`X disappeared during the move`), and its rerun took every file for one another process
+    had deleted (exit 0, an empty split). A move holds a flock on ROOT itself."""
+    import fcntl
+
+    before = tree_digest(data)
+    first = os.open(data, os.O_RDONLY)  # the flock a first move holds while it runs
+    try:
+        fcntl.flock(first, fcntl.LOCK_EX)
+        result = split(data, tmp_path / "second", "--mode", "move")
+    finally:
+        os.close(first)
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        f"Error: another torchkit split is moving the files out of {data} (wait for it to "
+        "finish; then split what it left, if anything)"
+    )
+    assert tree_digest(data) == before and not (tmp_path / "second").exists()
+    assert split(data, tmp_path / "copy", "--mode", "copy").returncode == 0  # copies need none
+    assert split(data, tmp_path / "after", "--mode", "move").returncode == 0  # released
+
+
 def test_split_names_torchkit_keeps_for_itself_are_usage_errors(tmp_path, data):
     before = tree_digest(data)
     names = [

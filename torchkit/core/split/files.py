@@ -7,7 +7,7 @@ import contextlib
 import errno
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,12 @@ from torchkit.core.data.hashing import file_digest
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write
-from torchkit.core.io.outputs import check_claimed, remove_tree, reporting_write_errors
+from torchkit.core.io.outputs import (
+    OutputLockedError,
+    check_claimed,
+    remove_tree,
+    reporting_write_errors,
+)
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.ahead import read_ahead
 from torchkit.core.runtime.signals import signals_held
@@ -125,6 +130,38 @@ def vanished(source: str) -> InputError:
     return InputError(
         f"{source} disappeared during the move", "rerun the same command to finish without it"
     )
+
+
+@contextlib.contextmanager
+def moving_out_of(root: str | os.PathLike) -> Iterator[None]:
+    """An exclusive `flock` on ROOT itself (its folder, or a CSV index's file: nothing is
+    written in it) while a move takes files out of it. A second move out of ROOT (into another
+    OUT) is refused: it would find the first one's files gone, stop half-way, and its rerun
+    would take every file for one another process deleted. (No flock, as on Windows: none.)"""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    try:
+        # O_NONBLOCK: a FIFO given as ROOT is not waited on here
+        fd = None if fcntl is None else os.open(root, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # missing: what follows says so, or needs no ROOT (a finished move)
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputLockedError(
+                    f"another torchkit split is moving the files out of {root}",
+                    "wait for it to finish; then split what it left, if anything",
+                ) from None
+            except OSError:  # a file system without flock
+                pass
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:

@@ -37,6 +37,7 @@ from torchkit.core.split.files import (
     check_hardlinks,
     check_sources_removable,
     finish_rows,
+    moving_out_of,
     place_files,
     write_manifest,
 )
@@ -126,7 +127,17 @@ def split_dataset(
     parts = len(counts) + 1 if counts is not None else len(fractions)
     names = check_names(SPLIT_NAMES[:parts] if names is None else names, parts)
     options = SplitOptions(fractions, counts, names, seed, stratify, group, mode, dedup, oversample)
-    out = Path(out)
+    # A move empties ROOT: a second move out of it (into another OUT) would find each file
+    # gone and report it deleted, so ROOT is held for the move's whole run.
+    with moving_out_of(source) if mode == "move" else contextlib.nullcontext():
+        return _split_or_finish(source, Path(out), options, force, progress)
+
+
+def _split_or_finish(
+    source, out: Path, options: SplitOptions, force: bool, progress: Progress | None
+) -> SplitResult:
+    """A new split into `out`, or the interrupted move recorded there finished."""
+    mode = options.mode
     inputs = data_inputs(source)
     # Before anything else, even the journal: OUT is never the dataset, in it or around it.
     check_not_protected(out, WHAT)
