@@ -98,6 +98,28 @@ def test_an_output_naming_a_descriptor_not_given_is_refused_before_any_work(
     assert json.loads((tmp_path / "stats.json").read_text())["files"] == 2
 
 
+def test_the_terminal_as_output_without_one_is_refused_before_any_work(tmp_path):
+    """`train -o /dev/tty` from cron or CI (no terminal; here a new session has none): the run
+    trained, then ended in "Error: OSError: [Errno 6] No such device or address"."""
+    args = ["train", "--data", "digits", "--epochs", "1", "--out", "run", "-o", "/dev/tty"]
+    env = {key: value for key, value in os.environ.items() if key not in INHERITED}
+    done = subprocess.run(
+        [sys.executable, "-m", "torchkit", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+        start_new_session=True,  # no controlling terminal
+    )
+    assert done.returncode == 1
+    assert error_line(done.stderr, besides="warnings") == (
+        "Error: cannot write -o /dev/tty: No such device or address (this process has no "
+        "terminal: choose another output)"
+    )
+    assert done.stdout == "" and not (tmp_path / "run").exists()
+
+
 def test_split_with_a_full_stderr_does_its_work(tmp_path, make_image_folder):
     """`split 2>/dev/full`: the first Note's failed write ended the command with exit 1 and no
     table on stdout (the split made all the same). Notes are best effort: exit 0, the table;

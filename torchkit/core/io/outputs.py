@@ -316,6 +316,22 @@ def check_not_socket(path: str | os.PathLike, what: str) -> None:
         )
 
 
+def check_terminal_present(path: str | os.PathLike, what: str) -> None:
+    """`-o /dev/tty` in a process with no terminal (cron, CI, `setsid`) cannot be opened: the
+    write at the end failed as "No such device or address", after all the work. Opening the
+    terminal does nothing else, so it is tried now (other devices are not: opening some of
+    them acts, a tape rewinds when closed)."""
+    if os.path.realpath(path) != "/dev/tty":
+        return
+    try:
+        os.close(os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY))
+    except OSError as error:
+        raise OutputWriteError(
+            f"cannot write {what} {_shown(path)}: {error.strerror}",
+            "this process has no terminal: choose another output",
+        ) from None
+
+
 def check_block_device(path: str | os.PathLike, force: bool, what: str) -> None:
     """A block device (a disk, a partition) holds data that writing into it overwrites from
     its first byte: like an existing file, it needs `force`. Other devices (/dev/null, a
@@ -372,6 +388,7 @@ def check_output_file(
     if is_special_file(target):
         check_own_descriptor_open(target, what)
         check_not_socket(target, what)
+        check_terminal_present(target, what)
         check_block_device(target, force, what)
         if os.path.isfile(target):  # `-o /dev/stdout >> FILE`: appended to FILE, an input?
             check_overlap(target, what, inputs)
