@@ -12,6 +12,7 @@ the checkpoint, finding the images and the whole pass over them; runs alternate 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -99,6 +100,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # torchkit keeps it (its thread policy)
 
     with tempfile.TemporaryDirectory() as tmp:
         root, checkpoint = Path(tmp) / "images", Path(tmp) / "model.pt"

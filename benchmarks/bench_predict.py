@@ -129,6 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # torchkit keeps it (its thread policy)
 
     with tempfile.TemporaryDirectory() as tmp:
         root, checkpoint = Path(tmp) / "images", Path(tmp) / "model.pt"
