@@ -762,6 +762,26 @@ def test_non_image_files_and_empty_classes_are_warned(runner, tmp_path, caplog):
     assert not (tmp_path / "out" / "train" / "empty").exists()
 
 
+def test_links_the_split_leaves_out_are_warned(tmp_path, caplog):
+    """A folder linked inside a class folder (ImageFolder reads its images) and an image link
+    to nothing were left out of the split without a word."""
+    root = make_files(tmp_path / "data", {"a": 3, "b": 3})
+    more = make_files(tmp_path / "elsewhere", {"more": 4})
+    (root / "a" / "more").symlink_to(more / "more", target_is_directory=True)
+    (root / "b" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "c").symlink_to(root / "a", target_is_directory=True)  # a class: read
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        result = split_dataset(root, tmp_path / "out", mode="manifest")
+    assert result.totals == [3, 3, 3] and result.classes == ["a", "b", "c"]
+    assert "1 symbolic link(s) to folders are not entered: their images are left out: " in (
+        caplog.text
+    )
+    assert f"left out: {os.path.join('a', 'more')}\n" in caplog.text + "\n"
+    assert f"1 image link(s) point nowhere and are left out: {os.path.join('b', 'gone.png')}" in (
+        caplog.text
+    )
+
+
 def test_many_files_of_one_name_are_named_in_linear_time(monkeypatch):
     """A CSV index of k files all named image.png in one class (`ID/image.png` datasets): each
     takes the next free `image-N.png` without trying every number below it again (k*k/2 tries

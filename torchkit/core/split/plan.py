@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.data.hashing import content_groups
-from torchkit.core.data.sources.discovery import class_folder_problem
+from torchkit.core.data.sources.discovery import class_folder_problem, list_unread_links
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import deal_units
 from torchkit.core.io.errors import InputError, UsageError
@@ -306,6 +306,23 @@ def refuse_linked_folders(sources: list[str], root: Path) -> None:
                 "remove the link from ROOT, or use --mode copy, symlink or hardlink",
             )
         spelled[real] = folder
+
+
+def warn_unread_links(root: Path, class_folders: bool) -> None:
+    """Warnings naming the symbolic links in ROOT that no reader reads, so the split leaves
+    them out: links to folders inside its class folders (or anywhere in a flat folder), whose
+    images ImageFolder would count, and links named like images that point nowhere."""
+    dangling, linked = list_unread_links(root)
+    if class_folders:  # a linked class folder itself is read: it is a class
+        linked = [path for path in linked if os.sep in path]
+    for found, what in (
+        (linked, "symbolic link(s) to folders are not entered: their images are left out"),
+        (dangling, "image link(s) point nowhere and are left out"),
+    ):
+        if found:
+            log.warning(
+                f"{len(found)} {what}: {', '.join(found[:3])}" + (" ..." if len(found) > 3 else "")
+            )
 
 
 def warn_fixed_unmet(

@@ -73,6 +73,7 @@ from torchkit.core.split.plan import (
     refuse_linked_folders,
     warn_fixed_unmet,
     warn_small,
+    warn_unread_links,
 )
 from torchkit.core.split.report import SplitResult
 
@@ -190,6 +191,8 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
     empty = [n for n, c in zip(samples.classes, samples.class_counts(), strict=True) if not c]
     if empty:
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
+    if not is_csv:
+        warn_unread_links(root, samples.classes != [""])
     if is_csv:
         sources = check_csv_sources(samples, root)
     else:  # ids are relative to ROOT: one abspath instead of 100,000

@@ -61,14 +61,18 @@ def class_folder_problem(name: str) -> str | None:
     return None
 
 
-def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
+def _scan_tree(
+    folder: str | os.PathLike,
+) -> tuple[list[str], list[str], list[str], list[str]]:
     """(image files, other files not hidden, symbolic links named like images that point
-    nowhere) under `folder`, AppleDouble files (`._NAME`) left out, unsorted, spelled as pathlib
-    spells them; symlinked files are included, symlinked folders not entered and unreadable
-    folders skipped, as `Path.rglob` does (`core.io.files.tree_entries`)."""
+    nowhere, symbolic links to folders) under `folder`, AppleDouble files (`._NAME`) left out,
+    unsorted, spelled as pathlib spells them; symlinked files are included, symlinked folders
+    not entered and unreadable folders skipped, as `Path.rglob` does
+    (`core.io.files.tree_entries`)."""
     images: list[str] = []
     others: list[str] = []
     dangling: list[str] = []
+    linked: list[str] = []
     for path, entry in tree_entries(folder):
         name = entry.name
         if is_apple_double(name):
@@ -84,11 +88,13 @@ def _scan_tree(folder: str | os.PathLike) -> tuple[list[str], list[str], list[st
         if not is_file:  # a link to a folder, a FIFO... or to nothing
             if image and not os.path.exists(path):
                 dangling.append(path)
+            elif entry.is_symlink() and os.path.isdir(path):
+                linked.append(path)
         elif image:
             images.append(path)
         elif not name.startswith("."):
             others.append(path)
-    return images, others, dangling
+    return images, others, dangling, linked
 
 
 def list_image_files(folder: str | os.PathLike) -> list[str]:
@@ -108,6 +114,14 @@ def list_dangling_image_links(folder: str | os.PathLike) -> list[str]:
     """Symbolic links under `folder`, recursively, named like image files but pointing nowhere,
     sorted (spelled as `list_image_files` spells paths, which leaves them out)."""
     return sorted(_scan_tree(folder)[2])
+
+
+def list_unread_links(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """(symbolic links named like images that point nowhere, symbolic links to folders) under
+    `folder`, relative to it, sorted: what the readers pass over without reading (torchvision's
+    ImageFolder follows links to folders, and fails on a link to nothing)."""
+    _, _, dangling, linked = _scan_tree(folder)
+    return relative_ids(sorted(dangling), folder), relative_ids(sorted(linked), folder)
 
 
 def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
