@@ -385,6 +385,30 @@ def test_folder_outputs_that_would_collide(tmp_path):
     assert "would both become x.npy" in result.stderr
 
 
+def test_folder_converts_every_image_file_the_datasets_read(tmp_path):
+    """GIF, PPM, PGM and JFIF files, which train and every dataset reader take, were skipped as
+    non-images: the arrays lacked them, with exit code 0. They are read, never written."""
+    src = tmp_path / "src" / "cat"
+    src.mkdir(parents=True)
+    images = {"a.gif": random_image("RGB").convert("P"), "b.ppm": random_image("RGB")}
+    images |= {"c.pgm": random_image("L"), "d.jfif": random_image("RGB")}
+    for name, image in images.items():
+        image.save(src / name, format="JPEG" if name.endswith(".jfif") else None)
+    dst = tmp_path / "dst"
+    summary = json.loads(ok(src.parent, dst, "--to", "npy", "-j", "0", "--format", "json").stdout)
+    assert (summary["converted"], summary["skipped"]) == (4, 0)
+    for name in images:
+        with Image.open(src / name) as image:
+            expected = np.asarray(image.convert("RGB") if image.mode == "P" else image)
+        np.testing.assert_array_equal(
+            np.load(dst / "cat" / Path(name).with_suffix(".npy")), expected
+        )
+    result = convert(src / "b.ppm", tmp_path / "x.gif")
+    assert result.exit_code == 2 and error_line(result.stderr).startswith(
+        "Error: .gif files are read, not written"
+    )
+
+
 def test_folder_needs_to_and_must_not_overlap(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -26,6 +26,7 @@ from torchkit.core.data.image_files import (
     sixteen_bit_colour,
     unreadable_image_errors,
 )
+from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS
 from torchkit.core.io.errors import (
     InputError,
     OutputWriteError,
@@ -61,16 +62,28 @@ IMAGE_FORMATS = {
     ".tif": "TIFF",
     ".tiff": "TIFF",
 }
+# Images read but not written: the other image files every dataset reader takes (GIF, PPM, PGM,
+# JFIF). A folder's were left out as non-images, so that its arrays lacked images training read.
+READ_ONLY_IMAGE_EXTENSIONS = tuple(sorted(IMAGE_EXTENSIONS - IMAGE_FORMATS.keys()))
 ARRAY_EXTENSIONS = (".npy",)
 TENSOR_EXTENSIONS = (".pt", ".pth", ".safetensors")
-EXTENSIONS = (*IMAGE_FORMATS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
+WRITTEN_EXTENSIONS = (*IMAGE_FORMATS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
+EXTENSIONS = (*IMAGE_FORMATS, *READ_ONLY_IMAGE_EXTENSIONS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
 SIXTEEN_BIT_FORMATS = ("PNG", "TIFF")
 DEFAULT_TENSOR_NAME = "image"
 
 
-def kind_of(extension: str) -> str:
-    """'image', 'array' (.npy) or 'tensor' (.pt, .pth, .safetensors)."""
+def kind_of(extension: str, *, output: bool = False) -> str:
+    """'image', 'array' (.npy) or 'tensor' (.pt, .pth, .safetensors); `output`: of a file to
+    write (READ_ONLY_IMAGE_EXTENSIONS are refused)."""
     extension = extension.lower()
+    if extension in READ_ONLY_IMAGE_EXTENSIONS:
+        if output:
+            raise UsageError(
+                f"{extension} files are read, not written",
+                "write one of: " + " ".join(WRITTEN_EXTENSIONS),
+            )
+        return "image"
     if extension in IMAGE_FORMATS:
         return "image"
     if extension in ARRAY_EXTENSIONS:
@@ -417,7 +430,7 @@ def write_pixels(
     """Write one image (or, for array/tensor formats, one batch) to `target`, in the format of
     `extension` (by default its own)."""
     extension = (extension or target.suffix).lower()
-    kind = kind_of(extension)
+    kind = kind_of(extension, output=True)
     if kind == "image":
         # 16-bit gray+alpha has no writer here (PIL has no such mode, OpenCV no 2-channel PNG).
         sixteen = IMAGE_FORMATS[extension] in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
@@ -457,7 +470,7 @@ def convert_file(
     an existing one only with `force`)."""
     result = FileResult(str(source))
     extension = (extension or target.suffix).lower()
-    target_kind = kind_of(extension)
+    target_kind = kind_of(extension, output=True)
     source_kind = kind_of(source.suffix)
     pixels = read_pixels(
         source,
@@ -500,7 +513,7 @@ def _target_extension(to: str | None) -> str | None:
     if to is None:
         return None
     extension = "." + to.lower().lstrip(".")
-    kind_of(extension)  # validates
+    kind_of(extension, output=True)  # validates
     return extension
 
 
@@ -637,9 +650,9 @@ def convert_tensor(
             raise UsageError(
                 f"{target} has no extension to say its format", "pass --to png|npy|pt|..."
             )
-        kind_of(extension)
+        kind_of(extension, output=True)
         file_target, split_batch = target, False
-    _validate(options, kind_of(extension))
+    _validate(options, kind_of(extension, output=True))
     _check_key(options.key, [source], extension)
     inputs = [InputPath.of(source, "source")]
     if not split_batch:
