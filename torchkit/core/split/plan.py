@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.data.hashing import content_groups
-from torchkit.core.data.sources.discovery import class_folder_problem, list_unread_links
+from torchkit.core.data.sources.discovery import class_folder_problem, list_left_out
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import deal_units
 from torchkit.core.io.errors import InputError, UsageError
@@ -257,11 +257,14 @@ def add_repeats(plan: Plan, repeats: list[tuple[int, int]], mode: str) -> None:
             plan.dests.append(_repeat_dest(plan.dests[index], number, free))
 
 
-def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], bool]:
-    """(samples, non-image files left out, whether it is a CSV index) of the data to split:
-    an image folder, a flat folder or a CSV index, read by `core.datasource`. Data that is
-    split already (a split root, a CSV with a split column, digits) is refused."""
-    from torchkit.core.data.sources import non_image_files, open_data
+def load_split_input(
+    source: str | os.PathLike,
+) -> tuple[Samples, tuple[list[str], list[str], list[str]], bool]:
+    """(samples, what the reader left out of a folder (`list_left_out`: non-image files,
+    image links to nothing, links to folders), whether it is a CSV index) of the data to
+    split: an image folder, a flat folder or a CSV index, read by `core.datasource`. Data
+    that is split already (a split root, a CSV with a split column, digits) is refused."""
+    from torchkit.core.data.sources import open_data
     from torchkit.core.data.stored_image import is_stored
 
     data = open_data(source, allow_unlabelled=True)
@@ -279,7 +282,9 @@ def load_split_input(source: str | os.PathLike) -> tuple[Samples, list[str], boo
             f"{data.describe()} holds its images in container files, not as image files",
             "train holds a validation split out itself (--val-split), recorded in RUN/split.csv",
         )
-    return data.whole, non_image_files(data), data.kind == "csv"
+    folder = data.kind in ("image folder", "flat folder")
+    left_out = list_left_out(Path(data.root)) if folder else ([], [], [])
+    return data.whole, left_out, data.kind == "csv"
 
 
 def refuse_linked_folders(sources: list[str], root: Path) -> None:
@@ -308,11 +313,10 @@ def refuse_linked_folders(sources: list[str], root: Path) -> None:
         spelled[real] = folder
 
 
-def warn_unread_links(root: Path, class_folders: bool) -> None:
+def warn_unread_links(dangling: list[str], linked: list[str], class_folders: bool) -> None:
     """Warnings naming the symbolic links in ROOT that no reader reads, so the split leaves
     them out: links to folders inside its class folders (or anywhere in a flat folder), whose
     images ImageFolder would count, and links named like images that point nowhere."""
-    dangling, linked = list_unread_links(root)
     if class_folders:  # a linked class folder itself is read: it is a class
         linked = [path for path in linked if os.sep in path]
     for found, what in (

@@ -116,12 +116,17 @@ def list_dangling_image_links(folder: str | os.PathLike) -> list[str]:
     return sorted(_scan_tree(folder)[2])
 
 
-def list_unread_links(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
-    """(symbolic links named like images that point nowhere, symbolic links to folders) under
-    `folder`, relative to it, sorted: what the readers pass over without reading (torchvision's
-    ImageFolder follows links to folders, and fails on a link to nothing)."""
-    _, _, dangling, linked = _scan_tree(folder)
-    return relative_ids(sorted(dangling), folder), relative_ids(sorted(linked), folder)
+def list_left_out(folder: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
+    """(files that are not images, hidden ones aside; symbolic links named like images that
+    point nowhere; symbolic links to folders) under `folder`, relative to it, sorted, in one
+    listing: what the readers pass over (torchvision's ImageFolder follows links to folders,
+    and fails on a link to nothing)."""
+    _, others, dangling, linked = _scan_tree(folder)
+    return (
+        relative_ids(sorted(others), folder),
+        relative_ids(sorted(dangling), folder),
+        relative_ids(sorted(linked), folder),
+    )
 
 
 def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
