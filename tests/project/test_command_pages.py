@@ -88,3 +88,18 @@ def test_every_option_a_page_names_exists(_torchkit_command):
         text = _without_other_programs(page.read_text(encoding="utf-8"))
         unknown = {name for name in _named(text) if name.startswith("--")} - known - FOREIGN
         assert not unknown, f"{page.relative_to(REPO)}: {sorted(unknown)}"
+
+
+def test_train_page_names_every_option_fixed_on_resume():
+    """train.md's list of the options that cannot change on resume is the one train enforces: an
+    option added to the rules (--interpolation, --crop-mode) cannot be left off the page."""
+    from torchkit.core.train.option_specs import default_flag
+    from torchkit.core.train.resume_rules import FIXED_ON_RESUME
+
+    text = _page("train")
+    rule = re.search(r"\*\*What may change on resume:\*\*(.*?)(?=^- \*\*|^## )", text, re.M | re.S)
+    assert rule, "train.md has no 'What may change on resume' item"
+    cannot = rule.group(1).split("cannot", 1)[1].split("; another value", 1)[0]
+    named = _named(cannot)
+    missing = [default_flag(name) for name in FIXED_ON_RESUME if default_flag(name) not in named]
+    assert not missing, missing
