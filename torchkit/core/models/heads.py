@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torchkit.core.io.errors import UsageError
@@ -48,6 +48,17 @@ def classifier_heads(model) -> list[tuple[str, Any]]:
             if all(id(module) in names for module in classifier):
                 return [(names[id(module)], module) for module in classifier]
     return [find_head(model)]
+
+
+def head_names(model) -> list[str]:
+    """The module names of the model's classifier heads (`classifier_heads`): what trains as
+    the head (--freeze-backbone, --head-lr-mult, --backbone-lr) is every parameter in them."""
+    return [name for name, _ in classifier_heads(model)]
+
+
+def in_heads(name: str, heads: Sequence[str]) -> bool:
+    """Whether the parameter or module `name` is one of the modules `heads` or lies inside one."""
+    return any(name == head or name.startswith(f"{head}.") for head in heads)
 
 
 def _timm_classifier(model) -> tuple[str, Any] | None:

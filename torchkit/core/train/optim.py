@@ -60,17 +60,6 @@ def no_decay_names(model: Any) -> set[str]:
     return names
 
 
-def head_prefix(model: Any) -> str:
-    from torchkit.core.models import find_head
-
-    name, _ = find_head(model)
-    return name
-
-
-def is_head_param(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
-
-
 def backbone_trains(config: TrainConfig) -> bool:
     """Whether the backbone's weights train: not with --freeze-backbone, nor at --backbone-lr 0,
     where its parameters need no gradients (computing them only costs backward time and
@@ -80,11 +69,13 @@ def backbone_trains(config: TrainConfig) -> bool:
 
 
 def freeze_backbone(model: Any) -> int:
-    """requires_grad=False on everything but the head; returns the number frozen."""
-    prefix = head_prefix(model)
+    """requires_grad=False on everything but the heads; returns the number frozen."""
+    from torchkit.core.models.heads import head_names, in_heads
+
+    heads = head_names(model)
     frozen = 0
     for name, param in model.named_parameters():
-        if not is_head_param(name, prefix):
+        if not in_heads(name, heads):
             param.requires_grad_(False)
             frozen += param.numel()
     return frozen
@@ -93,15 +84,20 @@ def freeze_backbone(model: Any) -> int:
 def set_frozen_norms_eval(model: Any) -> None:
     """Keep the normalisation layers of a frozen backbone in eval mode, so their running
     statistics stay those of the pretrained weights (frozen means frozen)."""
-    prefix = head_prefix(model)
+    from torchkit.core.models.heads import head_names, in_heads
+
+    heads = head_names(model)
     for name, module in model.named_modules():
-        if name and not is_head_param(name, prefix) and _is_norm(module):
+        if name and not in_heads(name, heads) and _is_norm(module):
             module.eval()
 
 
 def param_groups(model: Any, config: TrainConfig) -> list[ParamGroupSpec]:
-    """Backbone and head groups, each split into decayed and not decayed parameters."""
-    prefix = head_prefix(model)
+    """Backbone and head groups, each split into decayed and not decayed parameters (the head:
+    every classifier the output is made from, both of a distilled DeiT's or LeViT's)."""
+    from torchkit.core.models.heads import head_names, in_heads
+
+    heads = head_names(model)
     skip_decay = set() if config.decay_all else no_decay_names(model)
     head_lr, backbone_lr = config.lr, config.lr
     if config.backbone_lr is not None:
@@ -112,7 +108,7 @@ def param_groups(model: Any, config: TrainConfig) -> list[ParamGroupSpec]:
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        part = "head" if is_head_param(name, prefix) else "backbone"
+        part = "head" if in_heads(name, heads) else "backbone"
         decay = name not in skip_decay
         key = f"{part}_{'decay' if decay else 'no_decay'}"
         if key not in buckets:
