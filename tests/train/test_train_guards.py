@@ -424,7 +424,7 @@ def test_resume_accepts_the_default_val_split_given_again():
     saved = resolve_defaults(TrainConfig(), is_digits=False).to_dict()
     given = TrainConfig(resume="run", val_split=0.1)
     assert merge_for_resume(saved, given, overrides=["val_split"]).val_split in (None, 0.1)
-    with pytest.raises(CheckpointError, match="with --val-split unset, not 0.2"):
+    with pytest.raises(CheckpointError, match=r"with --val-split 0\.1 \(the default\), not 0\.2"):
         merge_for_resume(saved, TrainConfig(resume="run", val_split=0.2), overrides=["val_split"])
 
 

@@ -49,7 +49,7 @@ def merge_for_resume(
             if value is None or _same(name, value, old):
                 continue
             raise CheckpointError(
-                f"the checkpoint was trained with {option_name(name)} {show_value(old)}, "
+                f"the checkpoint was trained with {option_name(name)} {_shown(name, old)}, "
                 f"not {show_value(value)}",
                 f"{option_name(name)} cannot change on resume: {FIXED_ON_RESUME[name]}; drop "
                 f"it to continue the run, or start a new run from its weights with --weights",
@@ -67,6 +67,16 @@ def merge_for_resume(
         if name in base.data_defaults and name not in changes:
             setattr(merged, name, None)  # chosen again where the run goes on
     return merged
+
+
+def _shown(name: str, old: Any) -> str:
+    """The saved value as the run used it: a run not given --val-split held out the default
+    share, which "unset" would hide."""
+    if name == "val_split" and old is None:
+        from torchkit.core.data.sources.select import DEFAULT_VAL_SPLIT
+
+        return f"{show_value(DEFAULT_VAL_SPLIT)} (the default)"
+    return show_value(old)
 
 
 def _same(name: str, value: Any, old: Any) -> bool:
