@@ -4,6 +4,7 @@ SIGKILL of a real process), write errors and special files."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -941,3 +942,101 @@ def test_a_failed_run_with_nothing_put_in_its_folder_leaves_no_trace(tmp_path):
         (out / "tensorboard" / "events").write_text("x")
         raise RuntimeError("a bad image")
     assert os.listdir(tmp_path) == []
+
+
+# A file written where stdout goes: the report goes to stderr ---------------------------------
+
+
+@contextlib.contextmanager
+def _stdout_on(fd: int):
+    """Descriptor 1 is `fd` (closed afterwards) while the block runs, as `> TARGET` makes it."""
+    saved = os.dup(1)
+    os.dup2(fd, 1)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _convert_into(image: Path, target: object, *extra: str):
+    from processes import run_torchkit_in_process
+
+    args = ["convert", "tensor", image, target, "--to", "npy", "--layout", "hwc", "--dtype"]
+    return run_torchkit_in_process(*args, "uint8", *extra)
+
+
+def _npy_image(tmp_path: Path) -> tuple[Path, bytes]:
+    """A PNG, and the .npy bytes `convert tensor` writes of it."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
+    Image.fromarray(pixels).save(tmp_path / "x.png")
+    expected = io.BytesIO()
+    np.save(expected, pixels)
+    return tmp_path / "x.png", expected.getvalue()
+
+
+@pytest.mark.parametrize("name", ["link", "/proc/self/fd/1"])
+def test_a_file_written_into_a_piped_stdout_by_another_name_sends_the_report_to_stderr(
+    tmp_path, name
+):
+    """`convert tensor x.png LINK | ...` with LINK a link to /dev/stdout: the result table was
+    printed on stdout after the file's bytes, because stdout was recognised by its name only."""
+    image, expected = _npy_image(tmp_path)
+    (tmp_path / "link").symlink_to("/dev/stdout")
+    read_end, write_end = os.pipe()
+    piped: list[bytes] = []
+    reader = threading.Thread(target=lambda: piped.append(os.fdopen(read_end, "rb").read()))
+    reader.start()
+    with _stdout_on(write_end):
+        done = _convert_into(image, tmp_path / name if name == "link" else name)
+    reader.join(30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and "5x7x3" in done.stderr
+    assert piped == [expected]
+
+
+def test_a_fifo_that_is_also_stdout_gets_the_file_alone(tmp_path):
+    """`convert tensor x.png FIFO --force > FIFO`: the result table went into the FIFO after the
+    file's bytes."""
+    from disks import FifoReader
+
+    image, expected = _npy_image(tmp_path)
+    reader = FifoReader(tmp_path / "fifo")
+    with _stdout_on(os.open(reader.path, os.O_WRONLY)):
+        done = _convert_into(image, reader.path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and "5x7x3" in done.stderr
+    assert reader.result() == expected
+
+
+def test_a_file_that_is_also_stdout_is_replaced_and_the_report_goes_to_stderr(tmp_path):
+    """`convert tensor x.png out.npy --force > out.npy`: the result table was printed into the
+    file the shell opened, which the output replaced: lost, seen by nobody."""
+    image, expected = _npy_image(tmp_path)
+    out = tmp_path / "out.npy"
+    with _stdout_on(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        done = _convert_into(image, out, "--force")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and "5x7x3" in done.stderr
+    assert out.read_bytes() == expected
+
+
+def test_a_terminal_shared_with_stdout_keeps_the_report_on_stdout(tmp_path):
+    """`-o /dev/pts/N` on that terminal: a terminal takes both streams as they come, so the
+    report stays where it always goes."""
+    image, _ = _npy_image(tmp_path)
+    controller, terminal = os.openpty()
+    try:
+        with _stdout_on(os.dup(terminal)):
+            done = _convert_into(image, os.ttyname(terminal))
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert done.returncode == 0, done.stderr
+    assert "5x7x3" in done.stdout and "5x7x3" not in done.stderr

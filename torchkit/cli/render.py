@@ -365,16 +365,16 @@ def emit(
 ) -> None:
     """Write the result: tables (one or more), CSV of `tables[csv_table]`, or `data` as JSON;
     to stdout, or atomically to `output` (which needs --force to replace an existing file).
-    Where a file the command `written` is stdout itself (`export m.pt /dev/stdout | ...`), the
-    result goes to stderr, not after the file's bytes."""
+    Where a file the command `written` is stdout itself (`export m.pt /dev/stdout | ...`, a
+    link to it, the FIFO or file stdout goes to), the result goes to stderr, not into the file."""
     from torchkit.core.io.files import atomic_write_text
-    from torchkit.core.io.outputs import check_output_file, own_descriptor
+    from torchkit.core.io.outputs import check_output_file, shares_stdout
 
     output = report_file(output)
     if output is not None:
         check_output_file(output, force)
     screen = console.stdout
-    if output is None and any(own_descriptor(path) == 1 for path in written if path):
+    if output is None and any(shares_stdout(path) for path in written if path):
         screen = console.stderr
     if fmt == OutputFormat.json:
         stdout_encoding = getattr(screen.file, "encoding", None)

@@ -268,6 +268,47 @@ def own_descriptor(path: str | os.PathLike) -> int | None:
     return int(found["fd"] or found["proc"])
 
 
+def shares_stdout(path: str | os.PathLike) -> bool:
+    """What is written to `path` lands on this process's standard output, where a report printed
+    there would be mixed into it: stdout by its name (/dev/stdout, /dev/fd/1), or the same FIFO,
+    socket or regular file as stdout, found by identity rather than by name (a link to
+    /dev/stdout, `--plot FIFO > FIFO`, `--plot out.png --force > out.png`, also once that file
+    was replaced: `check_output_file` saw it). A terminal or another device shared with stdout
+    is not: it takes both streams as they come (`-o /dev/tty` on a terminal)."""
+    if own_descriptor(path) == 1:
+        return True
+    stdout = _stream_identity(1)
+    if stdout is None:
+        return False
+    seen = _STDOUT_WHEN_CHECKED.get(os.path.abspath(path))
+    return stdout in (seen, _stream_identity(path))
+
+
+def _stream_identity(target: str | os.PathLike | int) -> tuple[int, int] | None:
+    """Device and inode of the FIFO, socket or regular file at `target` (a path, links
+    followed, or a file descriptor); None for anything else (a terminal, /dev/null, nothing)."""
+    try:
+        info = os.fstat(target) if isinstance(target, int) else os.stat(target)
+    except OSError:
+        return None
+    mode = info.st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISREG(mode):
+        return (info.st_dev, info.st_ino)
+    return None
+
+
+# Absolute path -> the identity of stdout, for a file output that was stdout when checked
+# (`--plot out.png --force > out.png`): written atomically, it no longer is when the report is
+# printed, into the replaced file where nobody sees it.
+_STDOUT_WHEN_CHECKED: dict[str, tuple[int, int]] = {}
+
+
+def _note_stdout(path: str | os.PathLike) -> None:
+    stdout = _stream_identity(1)
+    if stdout is not None and _stream_identity(path) == stdout:
+        _STDOUT_WHEN_CHECKED[os.path.abspath(path)] = stdout
+
+
 def check_own_descriptor_open(path: str | os.PathLike, what: str) -> None:
     """`-o /dev/stdout` with stdout closed (`>&-`): refused before any work. The write at the
     end failed as "FileNotFoundError: ... '/dev/stdout'" (or a bare "Bad file descriptor"),
@@ -385,6 +426,7 @@ def check_output_file(
     `force`) or are an input (`/dev/stdout >> FILE`)."""
     check_not_stdout(path, what)
     target = Path(path)
+    _note_stdout(target)
     if is_special_file(target):
         check_own_descriptor_open(target, what)
         check_not_socket(target, what)
