@@ -103,3 +103,23 @@ def test_train_page_names_every_option_fixed_on_resume():
     named = _named(cannot)
     missing = [default_flag(name) for name in FIXED_ON_RESUME if default_flag(name) not in named]
     assert not missing, missing
+
+
+def test_recipe_edits_in_the_docs_change_an_option():
+    """An example that edits what `train --print-config` prints (`jq '.NAME = VALUE'`) sets a
+    value other than the default it prints: an edit that changes nothing teaches nothing."""
+    import json
+
+    from torchkit.core.train.config import TrainConfig
+
+    defaults = TrainConfig()
+    edits = [
+        (page, name, value)
+        for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+        for name, value in re.findall(
+            r"--print-config.*\| jq '\.(\w+) = ([^']+)'", page.read_text(encoding="utf-8")
+        )
+    ]
+    assert edits
+    unchanged = [(p.name, n) for p, n, v in edits if json.loads(v) == getattr(defaults, n)]
+    assert not unchanged, unchanged
