@@ -177,6 +177,33 @@ def test_a_tar_of_an_image_folder_or_a_split_root_reads_as_the_folder(world, tmp
         assert stats(archive, "--split", split) == stats(world / "split", "--split", split)
 
 
+def test_a_tar_of_an_image_folder_named_like_a_shard_reads_as_the_folder(world, tmp_path):
+    # `caltech-101.tar`, `photos-2024.tar` were read as unlabelled shards: one class in
+    # dataset-stats, and eval and train asked for KEY.cls files.
+    from torchkit.core.data.sources import open_data
+
+    archive = tar_folder(world / "images", tmp_path / "caltech-101.tar", wrapped=False)
+    assert stats(archive) == stats(world / "images")
+    model = world / "model.pt"
+    scores = [
+        run_json("eval", "--model", model, "--data", d)["top1"] for d in (archive, world / "images")
+    ]
+    assert scores[0] == scores[1]
+    # A shard keeps its name's meaning where an image has a member of its sample beside it.
+    shard = tmp_path / "unlabelled-000000.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in (
+            ("a/x.png", (world / "images/a/a_0.png").read_bytes()),
+            ("a/x.json", b"{}"),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert open_data(str(shard), allow_unlabelled=True).whole.ids == [
+        "unlabelled-000000.tar/a/x.png"
+    ]
+
+
 def test_a_tar_of_a_split_of_a_flat_folder_reads_as_that_split(world, tmp_path):
     # OUT/train/x.png (what split writes for a flat folder), tarred: every reader stopped
     # ("X.tar:train holds images but no class folders") while the folder reads unlabelled.

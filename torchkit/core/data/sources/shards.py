@@ -19,8 +19,9 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
   unlabelled images are taken, flat images or a split of them, `train/img.jpg`), read with the
   rules of folders on disk; all of it may lie in one folder named as the archive
-  (`tar cf X.tar X`). A `.tar` is a shard when it is
-  named `NAME-NNNNNN.tar` or some image in it has a `.cls`/`.json` label beside it. Ids are the
+  (`tar cf X.tar X`). A `.tar` is a shard when some image in it has a `.cls`/`.json` label
+  beside it, or when it is named `NAME-NNNNNN.tar` and does not lay out as an image folder
+  (`_holds_an_image_folder`: `caltech-101.tar` of `class/img.jpg` is a folder). Ids are the
   member paths (inside that one folder), as the unpacked folder's would be.
 
 Indexing is one pass over the tar headers (no data is read but the labels); an image is read by
@@ -511,7 +512,9 @@ def open_stored(
     if not _is_tar_name(spec) or not path.is_file():
         return None
     listing = list_tar(spec)
-    if _NUMBERED_SHARD.match(path.name) or _has_labelled_samples(listing):
+    if _has_labelled_samples(listing) or (
+        _NUMBERED_SHARD.match(path.name) and not _holds_an_image_folder(listing)
+    ):
         return _open_shards(
             spec, [spec], classes, allow_unlabelled, by_split=False, listed=[listing]
         )
@@ -542,6 +545,25 @@ def _has_labelled_samples(listing: TarListing) -> bool:
     keys = [(member, _key_and_extension(member)) for member in listing.members]
     labelled = {split[0] for _, split in keys if split and split[1] in ("cls", "json")}
     return any(split and split[0] in labelled and is_image_file(m) for m, split in keys)
+
+
+def _holds_an_image_folder(listing: TarListing) -> bool:
+    """Whether the tar lays out as an image folder: images, each in a folder and with no other
+    member of its webdataset sample beside it (a `KEY.json`, `KEY.txt`). A tar named like a shard
+    (`flowers-2024.tar`, `caltech-101.tar`) that holds one was read as unlabelled shards: one
+    class in dataset-stats, and train and eval refused it for want of `KEY.cls`."""
+    groups: dict[str, list[str]] = {}
+    for member in listing.members:
+        split = _key_and_extension(member)
+        if split is not None:
+            groups.setdefault(split[0], []).append(member)
+    images = [member for member in listing.members if is_image_file(member)]
+    return bool(images) and all(
+        "/" in _member_name(image)
+        and all(is_image_file(m) for m in groups.get(_key_and_extension(image)[0], ()))
+        for image in images
+        if _key_and_extension(image) is not None
+    )
 
 
 def _shard_samples(listing: TarListing, shown: str, reader: TarReader) -> list[ShardSample]:
