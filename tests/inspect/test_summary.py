@@ -172,6 +172,58 @@ def test_functional_products_on_parameters_are_counted():
         assert ours.flops == 2 * 10 * 8 * 24
 
 
+class OwnProduct(nn.Module):
+    """A user's leaf module: its own parameters in a matrix product, one not named weight."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        setattr(self, name, nn.Parameter(torch.randn(24, 8)))
+        self.bias = nn.Parameter(torch.zeros(24))
+
+    def forward(self, x):
+        return x @ getattr(self, self.name).t() + self.bias
+
+
+class Holder(nn.Module):
+    """OwnProduct with a child it never calls: the same forward, no longer a leaf."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.inner = OwnProduct(name)
+        self.unused = nn.Identity()
+
+    def forward(self, x):
+        return self.inner.forward(x)
+
+
+@pytest.mark.parametrize("name", ["w", "weight"])
+@pytest.mark.parametrize("shape", [(2, 5, 8), (10, 8)])
+def test_a_leaf_modules_own_products_count_every_row(name, shape):
+    """Per-sample counting (torchinfo's) gave such a leaf 0 mult-adds for `w` (a name without
+    weight or bias) and 2 * 216 for `weight` on 2x5 rows; the same forward in a module with an
+    unused child counted every row."""
+    expected = 10 * (8 * 24 + 24)
+    for model in (OwnProduct(name), Holder(name)):
+        ours = summarize(model, [shape])
+        assert ours.total_mult_adds == expected
+        assert ours.layers[0].mult_adds == expected
+        assert ours.flops == 2 * 10 * 8 * 24
+
+
+@pytest.mark.parametrize(
+    ("cell", "gates"), [(nn.LSTMCell(10, 20), 4), (nn.GRUCell(10, 20), 3), (nn.RNNCell(10, 20), 1)]
+)
+def test_recurrent_cells_count_each_sample_once(cell, gates):
+    """A cell's output is (N, H): the per-time-step rule of recurrent layers took it for N
+    samples of H steps and counted H = 20 times too many (as torchinfo does)."""
+    ours = summarize(cell, [(3, 10)])
+    assert ours.total_mult_adds == 3 * gates * 20 * (10 + 20 + 2)  # weights, both biases
+    assert torchinfo.summary(cell, input_size=(3, 10), verbose=0).total_mult_adds == (
+        20 * ours.total_mult_adds
+    )
+
+
 class TiedLanguageModel(nn.Module):
     """The head's weight is the embedding's (a tied-weights language model)."""
 

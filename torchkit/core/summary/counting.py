@@ -14,9 +14,13 @@ forward that returns its input, a bias it skips) adds no mult-adds, as it adds n
 mode records what the operations read). A matrix product on a parameter outside every leaf call (a
 functional `F.linear`: `nn.MultiheadAttention`'s input and output projections, torchvision Swin's
 qkv and proj), which per-leaf counting never sees, counts its mult-adds, and a parameter bias once
-per row, as a Linear layer's. Parameter totals count each parameter tensor once, however many
-modules hold it or call it. FLOPs come from `torch.utils.flop_counter.FlopCounterMode`, which sees
-every matmul and convolution, including the attention products that per-module counting cannot see.
+per row, as a Linear layer's; so does one inside a leaf call of any module but a Linear,
+convolution or recurrent layer (`x @ self.w` in a user's module, a recurrent cell), whose
+parameters torchinfo counts once per sample when named weight or bias (an LSTMCell's once per
+sample and hidden unit) and otherwise not at all. Parameter totals count each parameter tensor
+once, however many modules hold it or call it. FLOPs come from
+`torch.utils.flop_counter.FlopCounterMode`, which sees every matmul and convolution, including the
+attention products that per-module counting cannot see.
 
 A pruned layer (`torch.nn.utils.prune`) holds `weight_orig` and a `weight_mask` buffer and computes
 `weight = weight_orig * weight_mask` before each call; its mult-adds are those of the dense
@@ -157,7 +161,12 @@ def _call_inputs(args: tuple, kwargs: dict) -> Any:
 
 
 def leaf_mult_adds(
-    module: Any, output: Any, used: set[int] | None = None, inputs: Any = None
+    module: Any,
+    output: Any,
+    used: set[int] | None = None,
+    inputs: Any = None,
+    *,
+    counted: set[int] = frozenset(),
 ) -> int:
     """Mult-adds of one call of a leaf module (torchinfo's definition, Linear and transposed
     and unbatched convolutions corrected).
@@ -166,7 +175,9 @@ def leaf_mult_adds(
     the summary's forward pass records them; a parameter no operation read (a forward that
     returns its input, a bias it skips) adds nothing. None: every parameter counts. `inputs`:
     the call's arguments, whose first tensor a transposed convolution's weight is applied at
-    every position of (None: at every output position, torchinfo's overcount by stride**d)."""
+    every position of (None: at every output position, torchinfo's overcount by stride**d).
+    `counted`: the storages of parameters whose matrix products were counted during the call
+    (a leaf without a position rule, `_has_position_rule`), which add nothing more here."""
     from torch import nn
 
     first = next(iter_tensors(output), None)
@@ -197,6 +208,8 @@ def leaf_mult_adds(
             applied = getattr(module, name, param)
         if used is not None and _storage_key(applied) not in used:
             continue  # no operation of this call read it: nothing ran with it
+        if _storage_key(applied) in counted:
+            continue  # its matrix products were counted as they ran
         if name == "weight" and weight_positions is not None:
             total += weight_positions * param.numel()
         elif name in ("weight", "bias"):
@@ -207,6 +220,16 @@ def leaf_mult_adds(
             steps = shape[:-1] if isinstance(module, nn.RNNBase) else shape[:2]
             total += math.prod(steps) * param.numel()
     return total
+
+
+def _has_position_rule(module: Any) -> bool:
+    """Linear, convolutions and recurrent layers: `leaf_mult_adds` knows where their weights
+    work. Any other leaf's matrix products on its parameters (`x @ self.w` in a user's module)
+    are counted as they run, as products outside every leaf are: torchinfo's once-per-sample
+    rule, which also leaves out a parameter not named weight or bias, would miss the rows."""
+    from torch import nn
+
+    return isinstance(module, (nn.Linear, nn.modules.conv._ConvNd, nn.RNNBase))
 
 
 def _param_counts(module: Any) -> tuple[int, int]:
@@ -292,6 +315,10 @@ class _Recorder:
         self.model = model
         self.param_keys: set[int] | None = None
         self.last_product: int | None = None  # the output storage of the last counted product
+        # Row index of each leaf call in progress whose own matrix products on its parameters
+        # are counted as products (a leaf torchinfo's rule has no positions for: `x @ self.w`
+        # in a user's module) -> the storages of the parameters counted so.
+        self.product_leaves: dict[int, set[int]] = {}
 
     def functional_matmul(self, args: tuple) -> bool:
         """Count a matrix product (mm, addmm, bmm, baddbmm) that reads a parameter outside
@@ -301,12 +328,14 @@ class _Recorder:
         if self.param_keys is None:
             self.param_keys = {_storage_key(p) for p in self.model.parameters()}
         *bias, a, b = args[:3] if len(args) >= 3 else args[:2]
-        if _storage_key(a) not in self.param_keys and _storage_key(b) not in self.param_keys:
+        keys = {_storage_key(a), _storage_key(b)} & self.param_keys
+        if not keys:
             return False
         count = math.prod(a.shape) * b.shape[-1]
         if bias and _storage_key(bias[0]) in self.param_keys:
             count += math.prod(a.shape[:-1]) * b.shape[-1]
-        self._add_functional(count)
+            keys.add(_storage_key(bias[0]))
+        self._add_functional(count, keys)
         return True
 
     def functional_bias(self, args: tuple) -> None:
@@ -317,13 +346,22 @@ class _Recorder:
         if len(keys) == 2 and self.last_product in keys and self.param_keys:
             other = keys[1] if keys[0] == self.last_product else keys[0]
             if other in self.param_keys:
-                self._add_functional(tensors[keys.index(self.last_product)].numel())
+                self._add_functional(tensors[keys.index(self.last_product)].numel(), {other})
         self.last_product = None
 
-    def _add_functional(self, count: int) -> None:
+    def counts_products(self) -> bool:
+        """Whether a matrix product on a parameter counts now: outside every leaf call, or in
+        a leaf call that counts its own products."""
+        if not self.stack:
+            return False
+        return not self.leaf_reads or self.stack[-1][1].index in self.product_leaves
+
+    def _add_functional(self, count: int, keys: set[int]) -> None:
         self.total_mult_adds += count
         for _, row in self.stack:
             row.mult_adds += count
+        if self.stack and self.stack[-1][1].index in self.product_leaves:
+            self.product_leaves[self.stack[-1][1].index] |= keys
 
     def pre_hook(self, module: Any, args: tuple, kwargs: dict) -> None:
         key = id(module)
@@ -346,6 +384,8 @@ class _Recorder:
         self.stack.append((key, row))
         if row.leaf:
             self.leaf_reads[row.index] = set()
+            if not _has_position_rule(module):
+                self.product_leaves[row.index] = set()
 
     def post_hook(self, module: Any, args: tuple, output: Any) -> None:
         key = id(module)
@@ -366,10 +406,14 @@ class _Recorder:
         row.trainable = row.trainable_params == row.params if row.params else None
         if row.leaf:
             reads = self.leaf_reads.pop(row.index, None)
-            row.mult_adds = leaf_mult_adds(module, output, reads if self.tracking else None, args)
-            self.total_mult_adds += row.mult_adds
+            products = self.product_leaves.pop(row.index, set())
+            count = leaf_mult_adds(
+                module, output, reads if self.tracking else None, args, counted=products
+            )
+            row.mult_adds += count  # after the products counted during the call
+            self.total_mult_adds += count
             for _, parent in self.stack:
-                parent.mult_adds += row.mult_adds
+                parent.mult_adds += count
             self.activation_bytes += _new_output_bytes(args, output)
 
 
@@ -403,7 +447,7 @@ def _used_tensors(recorder: _Recorder) -> Any:
             # A view (alias, detach, t) reads nothing: FlopCounterMode's module tracker aliases
             # each call's outputs, which made a forward that returns a parameter as it is
             # count that parameter's mult-adds (and a Linear's `t` is read by its addmm).
-            functional = not recorder.leaf_reads and recorder.stack
+            functional = recorder.counts_products()
             product = functional and func in matmuls and recorder.functional_matmul(args)
             if functional and func is aten.add.Tensor:
                 recorder.functional_bias(args)
