@@ -224,6 +224,28 @@ def test_recurrent_cells_count_each_sample_once(cell, gates):
     )
 
 
+class UncalledChild(nn.Module):
+    """A module whose only child never runs: its own output is the activation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 3))
+        self.unused = nn.Identity()
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def test_outputs_of_calls_without_module_calls_inside_count_as_activations():
+    """MultiheadAttention calls no submodule (out_proj runs as F.linear): its outputs took no
+    memory in the forward/backward size, nor did UncalledChild's (0 bytes)."""
+    assert summarize(UncalledChild(), [(2, 6)]).forward_backward_mb == 2 * (2 * 3 * 4) / 1e6
+    attention = nn.MultiheadAttention(16, 4, batch_first=True)
+    ours = summarize(attention, [(2, 5, 16)] * 3)
+    # the output (2, 5, 16) and the head-averaged weights (2, 5, 5), kept and their gradients
+    assert ours.forward_backward_mb == 2 * (2 * 5 * 16 + 2 * 5 * 5) * 4 / 1e6
+
+
 class TiedLanguageModel(nn.Module):
     """The head's weight is the embedding's (a tied-weights language model)."""
 

@@ -102,7 +102,8 @@ class ModelSummary:
     total_mult_adds: int | None  # None without a hooked forward pass (see summarize_tree)
     flops: int | None  # None when FLOP counting was turned off or no forward ran
     input_mb: float | None
-    forward_backward_mb: float | None  # leaf outputs, kept for backward, and their gradients
+    forward_backward_mb: float | None  # outputs of calls with no module call inside (leaves),
+    # kept for backward, and their gradients
     params_mb: float
     buffers_mb: float
     total_mb: float | None
@@ -414,6 +415,9 @@ class _Recorder:
             self.total_mult_adds += count
             for _, parent in self.stack:
                 parent.mult_adds += count
+        if row.leaf or row.index == len(self.rows) - 1:
+            # a call inside which no other module ran (a leaf, or MultiheadAttention, whose
+            # out_proj is never called): its outputs are what the forward pass keeps
             self.activation_bytes += _new_output_bytes(args, output)
 
 
