@@ -200,10 +200,11 @@ def test_move_keeps_every_symbolic_link_pointing_at_its_file(tmp_path, data):
     assert again == expected
 
 
-def test_move_never_empties_a_folder_that_a_class_folder_links_to(tmp_path, data):
-    """Before: a class folder linked to one outside ROOT was emptied into OUT (exit 0)."""
+@pytest.mark.parametrize("link", ["bird", os.path.join("cat", "bird")])
+def test_move_never_empties_a_folder_that_a_class_folder_links_to(tmp_path, data, link):
+    """Before: a class folder linked to one outside ROOT was emptied into OUT (exit 0). A
+    folder linked inside a class folder is read as ImageFolder reads it: refused alike."""
     elsewhere = make_files(tmp_path / "elsewhere", {"bird": 4})
-    link = "bird"
     (data / link).symlink_to(elsewhere / "bird", target_is_directory=True)
     before, kept = tree_digest(data), tree_digest(elsewhere)
     for mode in ("move", "copy"):

@@ -217,7 +217,7 @@ def test_a_class_too_small_for_every_split_follows_the_documented_policy(tmp_pat
     assert even.counts[1:3] == [[1, 0, 0], [1, 1, 0]]
 
 
-def test_fast_listing_matches_rglob(tmp_path):
+def test_fast_listing_matches_image_folders_walk(tmp_path):
     root = make_files(tmp_path / "tree", {"a": 2, "b": 1})
     (root / "a" / "deep" / ".hidden").mkdir(parents=True)
     (root / "a" / "deep" / ".hidden" / "x.JPG").write_bytes(b"x")
@@ -229,10 +229,13 @@ def test_fast_listing_matches_rglob(tmp_path):
     (root / "b" / "link.png").symlink_to(root / "a" / "a_00.png")
     (root / "b" / "broken.png").symlink_to(tmp_path / "nothing.png")
     for folder in (root, root / "a", root / "b"):
+        # torchvision's ImageFolder: os.walk(followlinks=True), files named like images.
         expected = sorted(
-            str(p)
-            for p in folder.rglob("*")
-            if p.is_file() and p.suffix.lower() in {".png", ".jpg"}
+            os.path.join(top, name)
+            for top, _, names in os.walk(folder, followlinks=True)
+            for name in names
+            if os.path.isfile(os.path.join(top, name))
+            and os.path.splitext(name)[1].lower() in {".png", ".jpg"}
         )
         assert list_image_files(folder) == expected
 
@@ -762,21 +765,20 @@ def test_non_image_files_and_empty_classes_are_warned(runner, tmp_path, caplog):
     assert not (tmp_path / "out" / "train" / "empty").exists()
 
 
-def test_links_the_split_leaves_out_are_warned(tmp_path, caplog):
-    """A folder linked inside a class folder (ImageFolder reads its images) and an image link
-    to nothing were left out of the split without a word."""
+def test_linked_folders_are_split_and_the_links_left_out_are_warned(tmp_path, caplog):
+    """A folder linked inside a class folder (ImageFolder reads its images) was left out of the
+    split; now it is split, a loop is not entered, and both are named in warnings with an
+    image link to nothing."""
     root = make_files(tmp_path / "data", {"a": 3, "b": 3})
     more = make_files(tmp_path / "elsewhere", {"more": 4})
     (root / "a" / "more").symlink_to(more / "more", target_is_directory=True)
+    (root / "a" / "loop").symlink_to("..", target_is_directory=True)
     (root / "b" / "gone.png").symlink_to(tmp_path / "nowhere.png")
-    (root / "c").symlink_to(root / "a", target_is_directory=True)  # a class: read
     with caplog.at_level(logging.WARNING, logger="torchkit"):
         result = split_dataset(root, tmp_path / "out", mode="manifest")
-    assert result.totals == [3, 3, 3] and result.classes == ["a", "b", "c"]
-    assert "1 symbolic link(s) to folders are not entered: their images are left out: " in (
-        caplog.text
-    )
-    assert f"left out: {os.path.join('a', 'more')}\n" in caplog.text + "\n"
+    assert sum(result.totals) == 10 and result.classes == ["a", "b"]
+    assert f"1 linked folder(s) in {root} not entered: " in caplog.text
+    assert f"read already: {os.path.join('a', 'loop')}\n" in caplog.text + "\n"
     assert f"1 image link(s) point nowhere and are left out: {os.path.join('b', 'gone.png')}" in (
         caplog.text
     )

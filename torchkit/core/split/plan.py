@@ -259,9 +259,9 @@ def add_repeats(plan: Plan, repeats: list[tuple[int, int]], mode: str) -> None:
 
 def load_split_input(
     source: str | os.PathLike,
-) -> tuple[Samples, tuple[list[str], list[str], list[str]], bool]:
+) -> tuple[Samples, tuple[list[str], list[str]], bool]:
     """(samples, what the reader left out of a folder (`list_left_out`: non-image files,
-    image links to nothing, links to folders), whether it is a CSV index) of the data to
+    image links to nothing), whether it is a CSV index) of the data to
     split: an image folder, a flat folder or a CSV index, read by `core.datasource`. Data
     that is split already (a split root, a CSV with a split column, digits) is refused."""
     from torchkit.core.data.sources import open_data
@@ -283,7 +283,7 @@ def load_split_input(
             "train holds a validation split out itself (--val-split), recorded in RUN/split.csv",
         )
     folder = data.kind in ("image folder", "flat folder")
-    left_out = list_left_out(Path(data.root)) if folder else ([], [], [])
+    left_out = list_left_out(Path(data.root)) if folder else ([], [])
     return data.whole, left_out, data.kind == "csv"
 
 
@@ -313,20 +313,15 @@ def refuse_linked_folders(sources: list[str], root: Path) -> None:
         spelled[real] = folder
 
 
-def warn_unread_links(dangling: list[str], linked: list[str], class_folders: bool) -> None:
-    """Warnings naming the symbolic links in ROOT that no reader reads, so the split leaves
-    them out: links to folders inside its class folders (or anywhere in a flat folder), whose
-    images ImageFolder would count, and links named like images that point nowhere."""
-    if class_folders:  # a linked class folder itself is read: it is a class
-        linked = [path for path in linked if os.sep in path]
-    for found, what in (
-        (linked, "symbolic link(s) to folders are not entered: their images are left out"),
-        (dangling, "image link(s) point nowhere and are left out"),
-    ):
-        if found:
-            log.warning(
-                f"{len(found)} {what}: {', '.join(found[:3])}" + (" ..." if len(found) > 3 else "")
-            )
+def warn_dangling_links(dangling: list[str]) -> None:
+    """A warning naming the links in ROOT named like images that point nowhere: the split
+    leaves them out (torchvision's ImageFolder lists them, and fails on reading one)."""
+    if dangling:
+        log.warning(
+            f"{len(dangling)} image link(s) point nowhere and are left out: "
+            + ", ".join(dangling[:3])
+            + (" ..." if len(dangling) > 3 else "")
+        )
 
 
 def warn_fixed_unmet(

@@ -71,9 +71,9 @@ from torchkit.core.split.plan import (
     load_split_input,
     oversample_repeats,
     refuse_linked_folders,
+    warn_dangling_links,
     warn_fixed_unmet,
     warn_small,
-    warn_unread_links,
 )
 from torchkit.core.split.report import SplitResult
 
@@ -184,14 +184,14 @@ def _split_or_finish(
 def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResult:
     names, seed, stratify = options.names, options.seed, options.stratify
     group, mode = options.group, options.mode
-    samples, (non_images, dangling, linked), is_csv = load_split_input(source)
+    samples, (non_images, dangling), is_csv = load_split_input(source)
     root = Path(source)
     if non_images:
         log.warning(f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}")
     empty = [n for n, c in zip(samples.classes, samples.class_counts(), strict=True) if not c]
     if empty:
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
-    warn_unread_links(dangling, linked, class_folders=samples.classes != [""])
+    warn_dangling_links(dangling)
     if is_csv:
         sources = check_csv_sources(samples, root)
     else:  # ids are relative to ROOT: one abspath instead of 100,000

@@ -89,25 +89,24 @@ def _with_dangling_links(data: Any, samples: Samples, covered: list[str] | None)
     names them: either way they are unreadable files, counted and listed (fatal with
     `--strict`) by the one read that every file gets."""
     from torchkit.core.data.sources import concatenate
-    from torchkit.core.data.sources.discovery import list_dangling_image_links, relative_ids
+    from torchkit.core.data.sources.discovery import list_folders, relative_ids
 
     if data.kind not in ("image folder", "flat folder", "split root") or not samples.paths:
         return samples
     root = Path(data.root)
     found: list[tuple[str | None, int, str]] = []  # (split, label, path)
     if data.kind == "flat folder":
-        found = [(None, 0, path) for path in list_dangling_image_links(root)]
+        found = [(None, 0, path) for path in list_folders([root]).dangling[0]]
     else:
         index_of = {name: i for i, name in enumerate(samples.classes)}
         bases = [(None, root)] if data.kind == "image folder" else []
         bases += [(name, root / name) for name in (covered or []) if data.kind == "split root"]
         for split, base in bases:
-            for name in sorted(index_of):
-                if (base / name).is_dir():
-                    found += [
-                        (split, index_of[name], path)
-                        for path in list_dangling_image_links(base / name)
-                    ]
+            # One listing of the class folders, as the reader's (`discover_image_folder`).
+            names = [name for name in sorted(index_of) if (base / name).is_dir()]
+            listing = list_folders([base / name for name in names], within=root)
+            for name, links in zip(names, listing.dangling, strict=True):
+                found += [(split, index_of[name], path) for path in links]
     if not found:
         return samples
     paths = [path for *_, path in found]

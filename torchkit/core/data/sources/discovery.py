@@ -3,8 +3,10 @@ read as samples (`ROOT/<class>/<image>`, and a flat folder of images without cla
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.data.sources.samples import (
@@ -15,6 +17,8 @@ from torchkit.core.data.sources.samples import (
 )
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.files import tree_entries
+
+log = logging.getLogger("torchkit")
 
 IMAGE_EXTENSIONS = frozenset(
     {".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm", ".jfif"}
@@ -61,72 +65,130 @@ def class_folder_problem(name: str) -> str | None:
     return None
 
 
-def _scan_tree(
-    folder: str | os.PathLike,
-) -> tuple[list[str], list[str], list[str], list[str]]:
-    """(image files, other files not hidden, symbolic links named like images that point
-    nowhere, symbolic links to folders) under `folder`, AppleDouble files (`._NAME`) left out,
-    unsorted, spelled as pathlib spells them; symlinked files are included, symlinked folders
-    not entered and unreadable folders skipped, as `Path.rglob` does
-    (`core.io.files.tree_entries`)."""
-    images: list[str] = []
+@dataclass
+class FolderListing:
+    """What one listing of folders found: per folder listed (`tops`, in order) its image files
+    and its image links to nothing; in all of them the other files (hidden ones aside) and the
+    symbolic links to folders left unentered. Paths are spelled from the folder given, through
+    the links entered (`ROOT/cat/more/x.png`), sorted."""
+
+    images: list[list[str]]
+    dangling: list[list[str]]
+    others: list[str]
+    unentered: list[str]
+
+
+def list_folders(
+    tops: Sequence[str | os.PathLike], *, within: str | os.PathLike | None = None
+) -> FolderListing:
+    """The files under each of `tops`, recursively, as torchvision's `ImageFolder` walks a class
+    folder (`os.walk(followlinks=True)`: linked files and folders are read), AppleDouble files
+    (`._NAME`) left out and unreadable folders passed over. A linked folder is entered unless
+    its real path lies in, or holds, a folder read already (`within`, one of `tops`, or a
+    linked folder entered before it): a link back into the data (`cat/loop -> ..`) would read
+    files twice, or forever. Linked folders are entered after the plain folders, the nearer
+    and then the first by name first, so which path a file is read at does not depend on the
+    order the system lists a folder in. One `os.scandir` a folder; one `realpath` a link."""
+    read: set[str] = set()  # real paths of the folders read
+    holding: set[str] = set()  # the folders above them
+
+    def mark(real: str) -> None:
+        read.add(real)
+        parent = os.path.dirname(real)
+        while parent not in holding and parent != real:
+            holding.add(parent)
+            real, parent = parent, os.path.dirname(parent)
+
+    def read_already(real: str) -> bool:
+        if real in holding:
+            return True
+        while real not in read:
+            parent = os.path.dirname(real)
+            if parent == real:
+                return False
+            real = parent
+        return True
+
+    for fence in ([within] if within is not None else []) + list(tops):
+        mark(os.path.realpath(fence))
+    images: list[list[str]] = [[] for _ in tops]
+    dangling: list[list[str]] = [[] for _ in tops]
     others: list[str] = []
-    dangling: list[str] = []
-    linked: list[str] = []
-    for path, entry in tree_entries(folder):
-        name = entry.name
-        if is_apple_double(name):
-            continue
-        try:
-            is_file = entry.is_file()
-            if not is_file and not entry.is_symlink():
-                continue
-        except OSError:  # vanished while listing
-            continue
-        dot = name.rfind(".")  # Path.suffix's rule, without making a Path
-        image = 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS
-        if not is_file:  # a link to a folder, a FIFO... or to nothing
-            if image and not os.path.exists(path):
-                dangling.append(path)
-            elif entry.is_symlink() and os.path.isdir(path):
-                linked.append(path)
-        elif image:
-            images.append(path)
-        elif not name.startswith("."):
-            others.append(path)
-    return images, others, dangling, linked
+    unentered: list[str] = []
+    pending = [(str(Path(top)), n) for n, top in enumerate(tops)]
+    while pending:
+        links: list[tuple[int, str, int]] = []  # (depth, path, top) of the linked folders met
+        for folder, top in pending:
+            for path, entry in tree_entries(folder):
+                name = entry.name
+                if is_apple_double(name):
+                    continue
+                try:
+                    is_file = entry.is_file()
+                    if not is_file and not entry.is_symlink():
+                        continue
+                except OSError:  # vanished while listing
+                    continue
+                dot = name.rfind(".")  # Path.suffix's rule, without making a Path
+                image = 0 < dot < len(name) - 1 and name[dot:].lower() in IMAGE_EXTENSIONS
+                if not is_file:  # a link to a folder, a FIFO... or to nothing
+                    if image and not os.path.exists(path):
+                        dangling[top].append(path)
+                    elif os.path.isdir(path):
+                        links.append((path.count(os.sep), path, top))
+                elif image:
+                    images[top].append(path)
+                elif not name.startswith("."):
+                    others.append(path)
+        pending = []
+        for _, path, top in sorted(links):
+            real = os.path.realpath(path)
+            if read_already(real):
+                unentered.append(path)
+            else:
+                mark(real)
+                pending.append((path, top))
+    return FolderListing(
+        [sorted(found) for found in images],
+        [sorted(found) for found in dangling],
+        sorted(others),
+        sorted(unentered),
+    )
 
 
 def list_image_files(folder: str | os.PathLike) -> list[str]:
-    """Image files under `folder`, recursively, sorted: what `sorted(Path.rglob("*"))` filtered
-    by `is_file()` and extension gives, but with `os.scandir`, so 100,000 files take a fraction of
-    a second instead of several."""
-    return sorted(_scan_tree(folder)[0])
+    """Image files under `folder`, recursively, sorted (`list_folders`): what
+    `sorted(Path.rglob("*"))` filtered by `is_file()` and extension gives, linked folders
+    entered, but with `os.scandir`, so 100,000 files take a fraction of a second instead of
+    several."""
+    return list_folders([folder]).images[0]
 
 
-def list_non_image_files(folder: str | os.PathLike) -> list[str]:
+def list_non_image_files(
+    folder: str | os.PathLike, *, within: str | os.PathLike | None = None
+) -> list[str]:
     """Files under `folder` that image datasets leave out (not hidden ones such as .DS_Store),
     relative to `folder`, sorted."""
-    return relative_ids(sorted(_scan_tree(folder)[1]), folder)
+    return relative_ids(list_folders([folder], within=within).others, folder)
 
 
-def list_dangling_image_links(folder: str | os.PathLike) -> list[str]:
-    """Symbolic links under `folder`, recursively, named like image files but pointing nowhere,
-    sorted (spelled as `list_image_files` spells paths, which leaves them out)."""
-    return sorted(_scan_tree(folder)[2])
-
-
-def list_left_out(folder: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
+def list_left_out(folder: str | os.PathLike) -> tuple[list[str], list[str]]:
     """(files that are not images, hidden ones aside; symbolic links named like images that
-    point nowhere; symbolic links to folders) under `folder`, relative to it, sorted, in one
-    listing: what the readers pass over (torchvision's ImageFolder follows links to folders,
-    and fails on a link to nothing)."""
-    _, others, dangling, linked = _scan_tree(folder)
-    return (
-        relative_ids(sorted(others), folder),
-        relative_ids(sorted(dangling), folder),
-        relative_ids(sorted(linked), folder),
-    )
+    point nowhere) under `folder`, relative to it, sorted, in one listing: what the readers
+    pass over (torchvision's ImageFolder fails on a link to nothing)."""
+    listing = list_folders([folder])
+    return relative_ids(listing.others, folder), relative_ids(listing.dangling[0], folder)
+
+
+def warn_unentered(unentered: Sequence[str], folder: str | os.PathLike) -> None:
+    """The one warning naming the linked folders a listing of `folder` did not enter."""
+    if unentered:
+        shown = relative_ids(unentered[:3], folder)
+        log.warning(
+            f"{len(unentered)} linked folder(s) in {folder} not entered: each leads back into "
+            f"the data, above it, or to a folder read already: {', '.join(shown)}"
+            + (" ..." if len(unentered) > 3 else "")
+        )
 
 
 def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
@@ -139,9 +201,15 @@ def relative_ids(paths: Sequence[str], folder: str | os.PathLike) -> list[str]:
 
 
 def discover_image_folder(
-    root: str | os.PathLike, *, classes: Sequence[str] | None = None, allow_empty_classes=True
+    root: str | os.PathLike,
+    *,
+    classes: Sequence[str] | None = None,
+    allow_empty_classes=True,
+    within: str | os.PathLike | None = None,
 ) -> Samples:
-    """`ROOT/<class>/<image>` (searched recursively inside each class folder)."""
+    """`ROOT/<class>/<image>` (searched recursively inside each class folder, `list_folders`);
+    `within`: the data ROOT lies in (a split root), whose folders links are not followed
+    into."""
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"dataset folder not found: {folder}", "check --data")
@@ -167,9 +235,10 @@ def discover_image_folder(
             + ", ".join(class_list[:10])
             + (" ..." if len(class_list) > 10 else ""),
         )
+    listing = list_folders(class_dirs, within=folder if within is None else within)
+    warn_unentered(listing.unentered, folder)
     paths, labels = [], []
-    for class_dir in class_dirs:
-        files = list_image_files(class_dir)
+    for class_dir, files in zip(class_dirs, listing.images, strict=True):
         paths.extend(files)
         labels.extend([find_class(index_of, class_dir.name)] * len(files))
     if not paths:
@@ -196,12 +265,17 @@ def _refuse_links_around(folder: Path, class_dirs: list[Path]) -> None:
             )
 
 
-def discover_flat_folder(root: str | os.PathLike) -> Samples:
-    """A folder of images with no class folders (searched recursively): one unnamed class ""."""
+def discover_flat_folder(
+    root: str | os.PathLike, *, within: str | os.PathLike | None = None
+) -> Samples:
+    """A folder of images with no class folders (searched recursively, `list_folders`): one
+    unnamed class ""."""
     folder = Path(root)
     if not folder.is_dir():
         raise InputError(f"folder not found: {folder}", "check the path")
-    paths = list_image_files(folder)
+    listing = list_folders([folder], within=within)
+    warn_unentered(listing.unentered, folder)
+    paths = listing.images[0]
     if not paths:
         raise InputError(
             f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS))

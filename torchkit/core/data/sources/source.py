@@ -380,7 +380,7 @@ def _open_folder(
         for name in split_folders:
             # A split of a flat folder (`split` writes OUT/train/x.png): unlabelled split data.
             read = discover_flat_folder if flat or name in unlabelled else discover_image_folder
-            samples = read(path / name)
+            samples = read(path / name, within=path)
             samples.ids = relative_ids(samples.paths, path)
             samples.source = root
             parts[name] = samples
@@ -442,5 +442,5 @@ def non_image_files(source: DataSource, splits: Sequence[str] | None = None) -> 
     found: list[str] = []
     for name in SPLIT_NAMES:
         if name in splits:
-            found += [f"{name}{os.sep}{p}" for p in list_non_image_files(root / name)]
+            found += [f"{name}{os.sep}{p}" for p in list_non_image_files(root / name, within=root)]
     return found
