@@ -116,3 +116,25 @@ def test_a_split_manifest_keeps_class_folders_that_differ_only_in_spaces_apart(t
     write_convnet_checkpoint(model, in_channels=3, image_size=8, classes=SPACED)
     done = ok("eval", model, "--data", manifest, "--split", "test", *MODEL, "--format", "json")
     assert sorted(row["label"] for row in json.loads(done.stdout)["per_class"]) == sorted(SPACED)
+
+
+def test_rows_without_spaces_skip_the_pattern_search_and_every_ascii_space_is_still_quoted(
+    monkeypatch,
+):
+    # The pattern search took as long as writing the rows; plain ASCII rows never need it.
+    import torchkit.core.io.csv_rows as csv_rows
+
+    class Unsearchable:
+        def search(self, text: str):
+            raise AssertionError(f"searched {text!r}")
+
+    pattern = csv_rows._SPACED
+    monkeypatch.setattr(csv_rows, "_SPACED", Unsearchable())
+    assert csv_text([["path", "p"], ["a/b.png", 0.5], ["c,d.png", None]]) == (
+        'path,p\na/b.png,0.5\n"c,d.png",\n'
+    )
+    monkeypatch.setattr(csv_rows, "_SPACED", pattern)
+    for char in (chr(code) for code in range(128)):
+        if char.isspace() and char not in "\r\n":
+            assert csv_text([["x" + char, "y"], [char + "z", 1]]) == f'"x{char}",y\n"{char}z",1\n'
+    assert csv_text([["a\xa0", "b"]]) == '"a\xa0",b\n'  # non-ASCII text: the pattern decides
