@@ -892,6 +892,16 @@ def test_a_file_where_a_folder_should_be_is_refused_before_any_work(tmp_path):
         assert notes.read_text() == "mine\n" and not (tmp_path / "run").exists()
 
 
+def test_a_fifo_above_an_output_is_named_for_what_it_is(tmp_path):
+    """`-o FIFO/x.json` was refused as "FIFO is a file, not a folder"."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "gone").symlink_to(tmp_path / "nothing")
+    for above, kind in [("fifo", "a FIFO"), ("gone", "a symbolic link")]:
+        with pytest.raises(OutputWriteError) as raised:
+            check_output_file(tmp_path / above / "x.json", force=False)
+        assert raised.value.message.endswith(f"{tmp_path / above} is {kind}, not a folder")
+
+
 # A failed run removes what it wrote, and nothing else ------------------------------------------
 
 

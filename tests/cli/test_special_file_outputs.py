@@ -207,3 +207,38 @@ def test_two_outputs_into_one_fifo_are_refused_before_any_work(inputs, tmp_path,
     assert "is the same file as" in done.stderr and "give each output its own file" in done.stderr
     discarded = ["/dev/null" if arg == "OUT" else arg for arg in SHARED[command]]
     assert run_torchkit_in_process(*discarded, cwd=inputs).returncode == 0
+
+
+# Each command that writes a folder, with OUT for the folder.
+FOLDER_WRITERS = {
+    "train": ["train", "--data", "ds", "--model", "convnet", "--epochs", "1", "--out", "OUT"],
+    "split": ["split", "ds", "OUT"],
+    "convert tensor": ["convert", "tensor", "ds", "OUT", "--to", "npy"],
+    "extract-features": ["extract-features", "ck.pt", "ds", "--out", "OUT"],
+}
+
+
+@pytest.mark.parametrize("writer", FOLDER_WRITERS)
+def test_a_fifo_socket_or_device_as_an_output_folder_is_named_for_what_it_is(
+    inputs, tmp_path, monkeypatch, writer
+):
+    """`train --out SOCKET` was refused as "a file, not a folder", and `split ds FIFO` as
+    "cannot read FIFO/.torchkit-split.json: Not a directory": the refusal says what OUT is."""
+    monkeypatch.chdir(tmp_path)  # the socket bound by its short relative name
+    os.mkfifo(tmp_path / "fifo")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind("sock")
+        for out, kind in [(tmp_path / "fifo", "a FIFO"), (tmp_path / "sock", "a socket")] + [
+            (Path(os.devnull), "a device")
+        ]:
+            args = [str(out) if arg == "OUT" else arg for arg in FOLDER_WRITERS[writer]]
+            done = run_torchkit_in_process(*args, cwd=inputs)
+            line = error_line(done.stderr, besides="warnings")
+            if writer == "convert tensor":  # a usage error: a folder converts into a folder
+                assert done.returncode == 2, done.stderr
+                assert line.endswith(f"is a folder but {out} is {kind} (give a folder as DST)")
+            else:
+                assert done.returncode == 1, done.stderr
+                assert line.endswith(f"is {kind}, not a folder: {out} (give a folder name)")
+            assert done.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "sock"]  # nothing beside them

@@ -34,6 +34,7 @@ from torchkit.core.io.errors import (
     UsageError,
     first_line,
 )
+from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.files import atomic_path, require_input, safetensors_save, torch_save
 from torchkit.core.io.outputs import (
     InputPath,
@@ -691,7 +692,8 @@ def _convert_folder(
         )
     _validate(options, kind_of(to))
     if target.exists() and not target.is_dir():
-        raise UsageError(f"{source} is a folder but {target} is a file", "give a folder as DST")
+        kind = file_kind(os.stat(target).st_mode)  # a file, a FIFO, a device: said which
+        raise UsageError(f"{source} is a folder but {target} is {kind}", "give a folder as DST")
     # Checked and locked before the scan; filled in a hidden folder that replaces DST at the end.
     output = OutputFolder(
         target,

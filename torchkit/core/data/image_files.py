@@ -38,6 +38,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from torchkit.core.io.file_kinds import file_kind
+
 SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N"})
 # Integer modes with more than 8 bits per sample: scaled by `to_8bit`.
 HIGH_BIT_DEPTH_MODES = SIXTEEN_BIT_MODES | {"I"}
@@ -46,19 +48,6 @@ EXIF_ORIENTATION_TAG = 0x0112
 
 class NotARegularFile(OSError):
     """An image path that names something other than a regular file."""
-
-
-def file_kind(mode: int) -> str:
-    """What a path that is not a regular file is, for an error: "a FIFO", "a folder"..."""
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    return "a special file"
 
 
 def open_regular_file(path: str | os.PathLike) -> BinaryIO:

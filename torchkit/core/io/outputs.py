@@ -41,6 +41,7 @@ from torchkit.core.io.errors import (
     UsageError,
     first_line,
 )
+from torchkit.core.io.file_kinds import file_kind
 from torchkit.program import closed_at_start
 
 log = logging.getLogger("torchkit")
@@ -395,8 +396,9 @@ def check_folders_above(path: str | os.PathLike, what: str) -> None:
         if above.is_dir():
             return
         if above.exists() or above.is_symlink():
+            kind = file_kind((os.stat if above.exists() else os.lstat)(above).st_mode)
             raise OutputWriteError(
-                f"cannot write {what} {_shown(path)}: {_shown(above)} is a file, not a folder",
+                f"cannot write {what} {_shown(path)}: {_shown(above)} is {kind}, not a folder",
                 "give a path inside a folder",
             )
 
@@ -715,8 +717,9 @@ def check_replaceable(
         raise OutputExistsError(
             f"{what} is a symbolic link: {folder}", "give the real folder or a new name"
         )
-    if not folder.is_dir():
-        raise OutputExistsError(f"{what} is a file, not a folder: {folder}", "give a folder name")
+    if not folder.is_dir():  # a file, or a FIFO, socket or device: said which
+        kind = file_kind(os.stat(folder).st_mode)
+        raise OutputExistsError(f"{what} is {kind}, not a folder: {folder}", "give a folder name")
     if _is_empty_dir(folder):
         return False
     if not force:

@@ -128,6 +128,8 @@ def recover_split_leftovers(out: Path) -> None:
     this leaves empty, split.csv, the marker it added; files someone else put there stay), an
     earlier split still set aside is put back (a move that had started, with its journal
     written, had discarded it already), one being deleted is deleted."""
+    if not out.is_dir():  # nothing, or not a folder: `check_replaceable` says which
+        return
     if (out / DISCARDED).exists():
         remove_tree(out / DISCARDED)
     journal = read_journal(out)

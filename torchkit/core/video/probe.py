@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.data.image_files import file_kind
 from torchkit.core.io.errors import first_line
+from torchkit.core.io.file_kinds import file_kind
 from torchkit.core.io.files import holds_non_utf8
 from torchkit.core.video.containers import (
     SNIFF_BYTES,
