@@ -94,3 +94,22 @@ def test_dataset_stats_counts_the_images_of_linked_folders(tmp_path, make_image_
         os.path.join("cat", "more", "gone.png")
     ]
     assert f"1 linked folder(s) in {root} not entered" in result.stderr
+
+
+def test_an_output_in_a_folder_read_through_a_link_is_refused(tmp_path, make_image_folder):
+    """Before: `split ROOT /elsewhere/more/out` (ROOT/cat/more -> /elsewhere/more, or a class
+    folder linked there) wrote its copies into the data, exit 0, and the next read of ROOT took
+    them for images of cat."""
+    root, elsewhere = linked_tree(tmp_path, make_image_folder)
+    (root / "bird").symlink_to(elsewhere / "one", target_is_directory=True)
+    for folder, link in (
+        (elsewhere / "more", root / "cat" / "more"),
+        (elsewhere / "one", root / "bird"),
+    ):
+        out = folder / "out"
+        result = run_torchkit_in_process("split", str(root), str(out), "--mode", "copy")
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith(
+            f"Error: output folder {out} lies inside the linked data folder {link} "
+        )
+        assert not out.exists()

@@ -12,13 +12,21 @@ from torchkit.core.io.outputs import InputPath, check_overlap, folders_of_files
 
 
 def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[InputPath]:
-    """The inputs behind a `--data`/IMAGES argument: a folder (its whole tree), a CSV index (the
-    file, and the folders of the images it names) or a single file; nothing for `digits`."""
+    """The inputs behind a `--data`/IMAGES argument: a folder (its whole tree, and the linked
+    folders in it that the readers enter), a CSV index (the file, and the folders of the images
+    it names) or a single file; nothing for `digits`."""
+    from torchkit.core.data.sources.discovery import list_folders
+
     if data is None or os.fspath(data) == "digits":
         return []
     source = Path(data)
     if source.is_dir():
-        return [InputPath(source, f"{what} folder")]
+        # An output in a folder read through a link (`ROOT/cat/more -> /elsewhere/more`) would
+        # land in the data, and the next read of ROOT would take what was written for data.
+        linked = list_folders([source], links_only=True).entered
+        return [InputPath(source, f"{what} folder")] + [
+            InputPath(Path(path), f"linked {what} folder") for path in linked
+        ]
     if not source.is_file():
         return _named_shards(os.fspath(data), what)
     inputs = [InputPath(source, f"{what} file")]
