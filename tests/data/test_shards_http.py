@@ -494,6 +494,22 @@ def test_the_cache_folder_follows_torchkit_cache_then_xdg(monkeypatch, tmp_path)
     assert cache_folder() == Path.home() / ".cache" / "torchkit"
 
 
+def test_a_double_colon_in_a_token_or_password_is_the_urls_not_a_list_join(world, server):
+    """`URL?token=a::b` and `http://me:pa::ss@HOST/...` were split as `::` lists: "joins URLs
+    and a path on disk (b)", the error showing the rest of the token or password. A `::` in a
+    URL's query or credentials is the URL's; one before another URL still joins two."""
+    first, second = (f"{server.url}/shards/shard-00000{n}.tar" for n in (0, 1))
+    assert stats(f"{first}?token=a::b") == stats(world / "served" / "shards" / "shard-000000.tar")
+    assert ("GET", "/shards/shard-000000.tar?token=a::b") in server.requests
+    both = stats(f"{first}?sig=x::y::{second}?sig=z")
+    assert both == stats(world / "served" / "shards" / "shard-{000000..000001}.tar")
+    host = server.url.removeprefix("http://")
+    result = run_torchkit_in_process("dataset-stats", f"http://me:pa::ss@{host}/auth/shards/x.tar")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "HTTP 401" in line and "me:***@" in line and "ss@" not in line, line
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -9,7 +9,13 @@ import pytest
 from output_checks import error_line
 from processes import run_torchkit_in_process
 
-from torchkit.core.io.redaction import has_redacted_secret, is_secret_name, redact_url, redact_urls
+from torchkit.core.io.redaction import (
+    has_redacted_secret,
+    is_secret_name,
+    list_parts,
+    redact_url,
+    redact_urls,
+)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +58,27 @@ def test_a_urls_secrets_are_replaced_and_the_rest_kept(url, shown):
         assert redact(url) == shown
         assert redact(shown) == shown
     assert has_redacted_secret(shown) == (shown != url)
+
+
+@pytest.mark.parametrize(
+    ("spec", "parts"),
+    [
+        ("https://h/a.tar?token=a::b", ["https://h/a.tar?token=a::b"]),  # the query's own
+        ("https://h/a.tar#access_token=a::b", ["https://h/a.tar#access_token=a::b"]),
+        ("https://me:pa::ss@h/a.tar", ["https://me:pa::ss@h/a.tar"]),  # the password's
+        ("https://[::1]:8000/a.tar", ["https://[::1]:8000/a.tar"]),  # the host's
+        ("https://h/a.tar?sig=x::https://h/b.tar", ["https://h/a.tar?sig=x", "https://h/b.tar"]),
+        ("https://h/a.tar::b.tar", ["https://h/a.tar", "b.tar"]),  # a path after a path
+        ("a.tar::b.tar::https://h/c.tar", ["a.tar", "b.tar", "https://h/c.tar"]),
+        ("pipe:curl https://h/a?key=k::b", ["pipe:curl https://h/a?key=k::b"]),
+    ],
+)
+def test_a_double_colon_joins_a_list_only_outside_what_a_url_holds(spec, parts):
+    """The `::` list is read once for the reader and for redaction: in a URL's query or
+    credentials it is the URL's, and the reader took it for a join ("joins URLs and a path on
+    disk (b)", the rest of the token shown)."""
+    assert list_parts(spec) == parts
+    assert "::".join(list_parts(spec)) == spec
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,6 @@ REDACTED = "***"
 
 _SCHEME = r"[a-z][a-z0-9+.\-]*://|https?:/"
 _URL_START = re.compile(rf"(?i)(?:{_SCHEME})")
-# A `::` list (webdataset's) joins URLs: split only where a URL starts, not in `[::1]`.
-_LIST_JOIN = re.compile(rf"(?i)::(?={_SCHEME})")
 _URL_IN_TEXT = re.compile(rf"(?i)\b(?:{_SCHEME})\S*")
 _TRAILING_PUNCTUATION = ":;,.)]'\""
 _AUTHORITY_END = re.compile(r"[/?#]")
@@ -55,8 +53,39 @@ def redact_url(value: str) -> str:
     local path exactly as given (a URL inside another value, `pipe:curl URL`, as in free text)."""
     return "::".join(
         _redacted_url(part) if _URL_START.match(part) else redact_urls(part)
-        for part in _LIST_JOIN.split(value)
+        for part in list_parts(value)
     )
+
+
+def list_parts(value: str) -> list[str]:
+    """The parts of a `::` list (webdataset's: `--data`, SRC), the one reading of it. A `::`
+    joins two parts where a URL starts after it; elsewhere only outside a URL or in its path,
+    never in what a URL holds of its own: its host and `USER:PASSWORD@` (`https://[::1]:8000/`,
+    a password `pa::ss`), its query and fragment (`?token=a::b`). Read as a join, the rest of
+    a token was shown as "a path on disk"."""
+    parts: list[str] = []
+    start = 0
+    join = value.find("::")
+    while join != -1:
+        if _URL_START.match(value, join + 2) or not _in_own_text(value[start:join]):
+            parts.append(value[start:join])
+            start = join + 2
+        join = value.find("::", join + 2)
+    parts.append(value[start:])
+    return parts
+
+
+def _in_own_text(part: str) -> bool:
+    """Whether the end of `part` lies in the host, `USER:PASSWORD@`, query or fragment of the
+    URL it ends in (the URL it is, or one inside it, `pipe:curl URL`, running to its end)."""
+    url = part if _URL_START.match(part) else None
+    if url is None:
+        found = [m for m in _URL_IN_TEXT.finditer(part) if m.end() == len(part)]
+        url = found[-1].group(0) if found else None
+    if url is None:
+        return False
+    rest = url[_URL_START.match(url).end() :]
+    return "/" not in rest or re.search(r"[?#]", rest) is not None
 
 
 def redact_urls(text: str) -> str:
@@ -68,7 +97,7 @@ def redact_urls(text: str) -> str:
 def has_redacted_secret(value: str) -> bool:
     """Whether a URL in `value` (a whole `--data`) carries a secret `redact_url` replaced: a
     recorded URL that would log in with `***`."""
-    for part in _LIST_JOIN.split(value):
+    for part in list_parts(value):
         start = _URL_START.match(part)
         if start is None:
             continue

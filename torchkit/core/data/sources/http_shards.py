@@ -60,7 +60,7 @@ from torchkit.core.io.errors import (
     UsageError,
 )
 from torchkit.core.io.outputs import remove_tree
-from torchkit.core.io.redaction import has_redacted_secret, redact_url
+from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
 
 if TYPE_CHECKING:
     from torchkit.core.data.stored_image import Blocks
@@ -75,7 +75,6 @@ CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
 _HELD_OPEN = 128  # shards a process keeps open at most
 _CHUNK = 1 << 20
 _URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
-_LIST_JOIN = re.compile(r"::(?![^\[\]]*\])")  # not inside `[...]`
 # Statuses that mean a side file is not there (S3 answers 403 for a missing key).
 _ABSENT = (401, 403, 404, 410)
 _HINT = (
@@ -86,13 +85,7 @@ _HINT = (
 
 def is_url(spec: str) -> bool:
     """Whether `spec` (or a part of a `::` list) is an http(s) URL."""
-    return any(_URL.match(part) for part in _list_parts(spec))
-
-
-def _list_parts(spec: str) -> list[str]:
-    """The parts of a `::` list; the `::` of an IPv6 host (`https://[::1]:8000/x.tar`) joins
-    nothing."""
-    return _LIST_JOIN.split(spec)
+    return any(_URL.match(part) for part in list_parts(spec))
 
 
 def cache_folder() -> Path:
@@ -141,7 +134,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
     there; None if `spec` names no URL."""
     if not is_url(spec):
         return None
-    parts = [_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in _list_parts(spec)]
+    parts = [_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in list_parts(spec)]
     typed = "::".join(parts)
     shown = redact_url(typed)  # the data's name in every record and message
     if not all(_URL.match(part) for part in parts):
@@ -155,7 +148,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
     _check_ports(parts, shown)
     from torchkit.core.data.sources.shards import _is_tar_name, _open_shards, expand_braces
 
-    urls = [url for part in _list_parts(typed) for url in expand_braces(part)]
+    urls = [url for part in list_parts(typed) for url in expand_braces(part)]
     names = [_location(url).name for url in urls]
     by_split = False
     opened: dict[str, _Folder] = {}
