@@ -191,3 +191,14 @@ def test_every_line_the_cli_shows_is_redacted():
     from torchkit.cli.console import shown_text
 
     assert shown_text("see https://me:pw@h/x.tar\n") == "see https://me:***@h/x.tar\\n"
+
+
+def test_a_double_colon_in_a_token_names_no_local_shard_as_an_input(tmp_path, monkeypatch):
+    """The overlap check of outputs against inputs read the `::` list on its own: the end of
+    a token (`?token=x::b.tar`) named the local file b.tar as an input."""
+    from torchkit.core.data.sources.inputs import _named_shards
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "b.tar").write_bytes(b"")
+    assert _named_shards("https://h/a.tar?token=x::b.tar", "--data") == []
+    assert [str(i.path) for i in _named_shards("https://h/a.tar::b.tar", "--data")] == ["b.tar"]

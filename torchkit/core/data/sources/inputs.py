@@ -41,11 +41,12 @@ def _named_shards(spec: str, what: str) -> list[InputPath]:
     it names none (the reader says what is wrong with it); a URL names no file here."""
     from torchkit.core.data.sources.http_shards import is_url
     from torchkit.core.data.sources.shards import expand_braces, is_shard_pattern
+    from torchkit.core.io.redaction import list_parts
 
     if not is_shard_pattern(spec):
         return []
     try:
-        names = [name for part in spec.split("::") for name in expand_braces(part)]
+        names = [name for part in list_parts(spec) for name in expand_braces(part)]
     except TorchkitError:
         return []
     return [
