@@ -246,6 +246,28 @@ def test_outputs_of_calls_without_module_calls_inside_count_as_activations():
     assert ours.forward_backward_mb == 2 * (2 * 5 * 16 + 2 * 5 * 5) * 4 / 1e6
 
 
+class TokenIntoBlock(nn.Module):
+    """A class token expanded to the batch and passed to a submodule, as timm's CaiT does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.zeros(1, 1, 8))
+        self.block = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.block(self.token.expand(x.shape[0], -1, -1)) + x
+
+
+@pytest.mark.parametrize("on_meta", [True, False])
+def test_a_parameter_view_passed_to_a_module_is_counted(on_meta):
+    """Under no_grad such a view requires grad without a grad_fn, on which the module tracker
+    of FlopCounterMode failed: 'Cait cannot run on an input of shape ...: Expected gradient
+    function to be set' (exit 2) for a model that runs, in summary and benchmark alike."""
+    ours = summarize(TokenIntoBlock(), [(3, 1, 8)], on_meta=on_meta)
+    assert ours.flops == 2 * 3 * 8 * 8
+    assert ours.total_mult_adds == 3 * (8 * 8 + 8)
+
+
 class TiedLanguageModel(nn.Module):
     """The head's weight is the embedding's (a tied-weights language model)."""
 

@@ -498,6 +498,31 @@ def _check_meta_indices(func: Any, args: tuple) -> None:
         raise RuntimeError(checked[1].format(dtype=indices.dtype))
 
 
+class _GlobalOnly:
+    """Stands in for FlopCounterMode's module tracker, which attributes FLOPs to the modules
+    running (we read only the total, its "Global" entry) and fails on a view of a parameter
+    passed to a module under no_grad (it requires grad and has no grad_fn: timm's CaiT passes
+    its expanded class token so)."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _GlobalOnly:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _flop_counter() -> Any:
+    """A FlopCounterMode that counts the total only, without tracking modules."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    if "Global" in getattr(getattr(counter, "mod_tracker", None), "parents", ()):
+        counter.mod_tracker = _GlobalOnly()
+    return counter
+
+
 def _record(
     model: Any,
     inputs: list[Any],
@@ -525,9 +550,7 @@ def _record(
         # The dispatch modes' first calls would import torch._dynamo (2 s): deferred.
         with torch.no_grad(), without_dynamo(), _used_tensors(recorder):
             if count_flops:
-                from torch.utils.flop_counter import FlopCounterMode
-
-                with FlopCounterMode(display=False) as counter:
+                with _flop_counter() as counter:
                     model(*inputs, **(kwargs or {}))
                 flops = int(counter.get_total_flops())
             else:
@@ -865,10 +888,8 @@ def _run_script(model: Any, args: list[Any], kwargs: dict[str, Any], count_flops
     and nothing else): a forward that fails there runs again without the counter, which
     raises the error whole (or succeeds, without a FLOP count)."""
     if count_flops:
-        from torch.utils.flop_counter import FlopCounterMode
-
         try:
-            with FlopCounterMode(display=False) as counter:
+            with _flop_counter() as counter:
                 output = model(*args, **kwargs)
             return output, int(counter.get_total_flops())
         except Exception as error:  # noqa: BLE001 - the plain run below raises it whole
