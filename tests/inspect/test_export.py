@@ -775,3 +775,36 @@ def test_torch_jit_loads_deprecation_warning_is_not_the_users(tmp_path, monkeypa
         warnings.simplefilter("error")
         assert isinstance(load_checkpoint(path, trust_checkpoint=True), torch.jit.ScriptModule)
         assert load_exported(path).module is not None
+
+
+def test_eval_and_predict_of_an_exported_file_score_the_split_its_run_held_out(runner, tmp_path):
+    # A run on an unsplit folder holds out its val images, recorded in the checkpoint; the file
+    # exported from it carries the record, so eval of it on that folder scores those images,
+    # as eval of the checkpoint does, not the images the model trained on.
+    import sklearn.metrics  # noqa: F401  (eval scores in this process, without a helper's start)
+    from checkpoints import read_checkpoint, write_convnet_checkpoint
+
+    folder = write_image_folder(tmp_path / "flat", {"a": 4, "b": 4})
+    checkpoint = tmp_path / "best.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="ab")
+    state = read_checkpoint(checkpoint)
+    state["data"] = {
+        "version": 1, "spec": str(folder), "kind": "image folder", "root": str(folder),
+        "sizes": {"train": 6, "val": 2}, "held_out": {"val": ["a/a_1.png", "b/b_2.png"]},
+        "held_out_of": "all",
+    }  # fmt: skip
+    save_checkpoint(state, checkpoint)
+    out = tmp_path / "model.onnx"  # (TorchScript and .pt2 files carry the same metadata)
+    assert runner.invoke(app, ["export", str(checkpoint), str(out), "-q"]).exit_code == 0
+    for model in (checkpoint, out):
+        args = ["eval", str(model), "--data", str(folder), "--format", "json", "-j", "0"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert (report["split"], report["num_images"]) == ("val", 2), model
+        args = ["predict", str(model), str(folder), "--split", "val", "--format", "csv", "-j", "0"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.stderr
+        assert [r.split(",")[0] for r in result.stdout.splitlines()[1:]] == [
+            "a/a_1.png", "b/b_2.png",
+        ], model  # fmt: skip

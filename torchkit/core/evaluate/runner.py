@@ -409,7 +409,7 @@ def _run(
     device = ctx.device
     resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
     check_amp_applies(options.run, resolved.exported_format)
-    recorded = resolved.checkpoint.get("data") if resolved.checkpoint else None
+    recorded = resolved.data_record
     data = load_eval_samples(
         options.data, split=options.split, classes=resolved.classes, recorded=recorded
     )

@@ -209,6 +209,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         opset=opset,
         weights_source=resolved.weights_source,
         num_outputs=resolved.num_outputs,
+        data=resolved.data_record,
     )
     verification: Verification | None = None
     with _parents_removed_on_failure(target), atomic_path(target) as temporary:

@@ -278,7 +278,7 @@ def _extract(
         )
         source = resolve_spec(spec, command="extract-features", needs_training=True)
     # Every split at once (a `split` column tells them apart), unless --split picks one.
-    recorded = source.checkpoint.get("data") if source.checkpoint else None  # a held-out val
+    recorded = source.data_record  # a held-out val
     if streamed is None:
         image_set = collect_images([request.images], split=request.split, recorded=recorded)
     else:

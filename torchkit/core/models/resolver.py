@@ -93,6 +93,15 @@ class ResolvedModel:
     exported_format: str | None = None  # onnx | torchscript | exported-program
     # Outputs when the model has no classifier layer to read them from (an exported file).
     known_outputs: int | None = None
+    exported_data: Mapping[str, Any] | None = None  # an exported file's training data record
+
+    @property
+    def data_record(self) -> Mapping[str, Any] | None:
+        """The data its training run read and the split it held out (the checkpoint's `data`,
+        or that of the checkpoint an exported file was made from)."""
+        if self.checkpoint:
+            return self.checkpoint.get("data")
+        return self.exported_data
 
     @property
     def num_params(self) -> int:
@@ -316,6 +325,7 @@ def _from_exported(
         weights_source=f"exported ({fmt})",
         exported_format=fmt,
         known_outputs=len(classes) if classes else exported.num_outputs,
+        exported_data=exported.data,
     )
 
 

@@ -125,7 +125,6 @@ class PredictRun:
         self.resolved = resolve_spec(spec, command="predict", exported="runtime", predicting=True)
         check_amp_applies(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
-        checkpoint = self.resolved.checkpoint
         if STDIN in request.images and launched_by_torchrun():
             # torchrun's ranks share one stdin: rank 0 read the list (the CLI), the others
             # take it from rank 0 (each reading it too left all but one with none).
@@ -141,7 +140,7 @@ class PredictRun:
                 request.images,
                 split=request.split,
                 stdin=self.stdin,
-                recorded=checkpoint.get("data") if checkpoint else None,
+                recorded=self.resolved.data_record,
             )
         self.notes += self.image_set.notes
         self._name_outputs(outputs)

@@ -52,6 +52,11 @@ class ExportedModel:
         return meta.preprocess_of(self.metadata)
 
     @property
+    def data(self) -> dict[str, Any] | None:
+        """The training data record of the checkpoint it was exported from."""
+        return meta.data_of(self.metadata)
+
+    @property
     def arch(self) -> str | None:
         arch = self.metadata.get("arch")
         return str(arch) if arch is not None else None

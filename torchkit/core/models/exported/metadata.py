@@ -31,9 +31,12 @@ def build_metadata(
     opset: int | None,
     weights_source: str | None,
     num_outputs: int | None = None,
+    data: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The fields stored with an exported model; `batch_size` None means a dynamic batch."""
-    return {
+    """The fields stored with an exported model; `batch_size` None means a dynamic batch.
+    `data` is the checkpoint's record of its training data (the split the run held out), so
+    that eval of the file on that data scores the same images as eval of the checkpoint."""
+    fields = {
         "metadata_version": METADATA_VERSION,
         "torchkit_version": __version__,
         "format": fmt,
@@ -49,6 +52,9 @@ def build_metadata(
         "weights": weights_source,
         "num_outputs": num_outputs,
     }
+    if data:
+        fields["data"] = dict(data)
+    return fields
 
 
 def to_onnx_props(metadata: Mapping[str, Any]) -> dict[str, str]:
@@ -89,6 +95,11 @@ def from_extra_file(content: str | bytes | None) -> dict[str, Any]:
 def preprocess_of(metadata: Mapping[str, Any]) -> Preprocess | None:
     data = metadata.get("preprocess")
     return Preprocess.from_dict(data) if isinstance(data, dict) else None
+
+
+def data_of(metadata: Mapping[str, Any]) -> dict[str, Any] | None:
+    data = metadata.get("data")
+    return data if isinstance(data, dict) else None
 
 
 def classes_of(metadata: Mapping[str, Any]) -> list[str] | None:
