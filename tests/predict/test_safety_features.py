@@ -196,3 +196,23 @@ def test_reserving_the_arrays_falls_back_or_fails_cleanly(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "posix_fallocate", full)
     with pytest.raises(OutputWriteError, match=f"cannot write {tmp_path}: No space left"):
         reserve_space(path, tmp_path)
+
+
+@pytest.mark.parametrize("model", [["convnet"], ["--model", "convnet"]])
+def test_an_interrupt_with_out_after_model_option_keeps_its_note_and_exit_code(
+    model, tmp_path, monkeypatch
+):
+    # With --model, OUT comes in IMAGES' place as text: the interrupt's note joined it to a name
+    # and failed with `Error: TypeError ...` and exit 1, instead of 130 and the note.
+    import torchkit.core.features as features
+
+    out = tmp_path / "out"
+
+    def interrupted(request, **_):
+        (Path(request.out) / ".partial").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(features, "extract_features", interrupted)
+    done = run_torchkit_in_process("extract-features", *model, "digits", out, "--allow-untrained")
+    assert done.returncode == 130, done.stderr
+    assert f"the rows done so far are kept in {out}; add --resume to continue" in done.stderr
