@@ -381,10 +381,10 @@ def _mean(values: list[Any]) -> Any:
 def _head_names(model) -> list[str]:
     """The names of the classifiers the model's output is made from (`classifier_heads`); none
     where it has no classifier layer."""
-    from torchkit.core.models.heads import head_names
+    from torchkit.core.models.heads import classifier_heads
 
     try:
-        return head_names(model)
+        return [name for name, _ in classifier_heads(model)]
     except UsageError:
         return []
 

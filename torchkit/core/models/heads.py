@@ -51,14 +51,62 @@ def classifier_heads(model) -> list[tuple[str, Any]]:
 
 
 def head_names(model) -> list[str]:
-    """The module names of the model's classifier heads (`classifier_heads`): what trains as
-    the head (--freeze-backbone, --head-lr-mult, --backbone-lr) is every parameter in them."""
-    return [name for name, _ in classifier_heads(model)]
+    """Names of the modules and parameters that make the classifier head, what trains as the
+    head (--freeze-backbone, --head-lr-mult, --backbone-lr): every classifier the output is
+    made from (`classifier_heads`) and, of a timm model, the modules `get_classifier` names
+    and every parameter `reset_classifier` makes anew (a MetaFormer's MLP head, LeViT's and
+    RepViT's BatchNorm before the Linear, CrossViT's per-branch heads, VOLO's aux_head): all of
+    them are new, untrained layers when fine-tuning on other classes."""
+    names = [name for name, _ in classifier_heads(model)]
+    names += _timm_named_classifiers(model) + _made_anew_by_reset(model)
+    names = list(dict.fromkeys(names))  # each once, and none inside another
+    return [n for i, n in enumerate(names) if not in_heads(n, names[:i] + names[i + 1 :])]
 
 
 def in_heads(name: str, heads: Sequence[str]) -> bool:
     """Whether the parameter or module `name` is one of the modules `heads` or lies inside one."""
     return any(name == head or name.startswith(f"{head}.") for head in heads)
+
+
+def _timm_named_classifiers(model) -> list[str]:
+    """The names of the modules a timm model's `get_classifier` gives (one or a tuple)."""
+    if not (_is_timm_style(model) and callable(getattr(model, "get_classifier", None))):
+        return []
+    classifier = model.get_classifier()
+    wanted = {
+        id(module) for module in (classifier if isinstance(classifier, tuple) else [classifier])
+    }
+    return [name for name, module in model.named_modules() if name and id(module) in wanted]
+
+
+def _made_anew_by_reset(model) -> list[str]:
+    """The parameters a timm model's `reset_classifier` replaces, found on a copy of its
+    structure on the meta device (no weights copied, nothing computed); none where the copy or
+    the reset fails."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    if not _is_timm_style(model):
+        return []
+    try:
+        memo: dict[int, Any] = {}
+        for param in model.parameters():
+            memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"))
+        for buffer in model.buffers():
+            memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+        kept = list(memo.values())  # alive, so that a new parameter cannot take an old id
+        old = {id(tensor) for tensor in kept}
+        clone = copy.deepcopy(model, memo)
+        classes = getattr(model, "num_classes", None)
+        if not isinstance(classes, int):
+            classes = out_features(find_head(model)[1])
+        with torch.device("meta"):
+            clone.reset_classifier(classes)
+    except Exception:  # noqa: BLE001 - an unusual model: its named classifiers are the head
+        return []
+    return [name for name, param in clone.named_parameters() if id(param) not in old]
 
 
 def _timm_classifier(model) -> tuple[str, Any] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,7 @@ def backbone_trains(config: TrainConfig) -> bool:
     """Whether the backbone's weights train: not with --freeze-backbone, nor at --backbone-lr 0,
     where its parameters need no gradients (computing them only costs backward time and
     memory). Only --freeze-backbone also keeps its normalisation statistics
-    (`set_frozen_norms_eval`): at lr 0 they go on following the data, as in timm or torch."""
+    (`frozen_norms_to_eval`): at lr 0 they go on following the data, as in timm or torch."""
     return not config.freeze_backbone and config.backbone_lr != 0
 
 
@@ -81,15 +82,21 @@ def freeze_backbone(model: Any) -> int:
     return frozen
 
 
-def set_frozen_norms_eval(model: Any) -> None:
-    """Keep the normalisation layers of a frozen backbone in eval mode, so their running
-    statistics stay those of the pretrained weights (frozen means frozen)."""
+def frozen_norms_to_eval(model: Any) -> Callable[[], None]:
+    """What keeps the normalisation layers of a frozen backbone in eval mode (call it after
+    every `model.train()`), so their running statistics stay those of the pretrained weights
+    (frozen means frozen). The layers are found once: finding the head copies the structure of
+    a timm model."""
     from torchkit.core.models.heads import head_names, in_heads
 
     heads = head_names(model)
-    for name, module in model.named_modules():
-        if name and not in_heads(name, heads) and _is_norm(module):
+    norms = [m for n, m in model.named_modules() if n and not in_heads(n, heads) and _is_norm(m)]
+
+    def to_eval() -> None:
+        for module in norms:
             module.eval()
+
+    return to_eval
 
 
 def param_groups(model: Any, config: TrainConfig) -> list[ParamGroupSpec]:

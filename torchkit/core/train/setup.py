@@ -564,7 +564,7 @@ def _step_context(
     --compile), the loss, and the step's options."""
     from torchkit.core.data import decode_ahead
     from torchkit.core.train.class_weights import training_loss
-    from torchkit.core.train.optim import set_frozen_norms_eval
+    from torchkit.core.train.optim import frozen_norms_to_eval
 
     side = train_preprocess(preprocess, config).image_size  # of the training batches
     wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model
@@ -595,7 +595,7 @@ def _step_context(
         normalized_pixels=NormalizedPixels(preprocess.mean, preprocess.std),
         # On a GPU the JPEGs of the next batch are decoded while this one trains.
         decode_ahead=decode_ahead.decodes_ahead(config.decode, ctx.device),
-        frozen_norms=(lambda: set_frozen_norms_eval(model)) if config.freeze_backbone else None,
+        frozen_norms=frozen_norms_to_eval(model) if config.freeze_backbone else None,
         earliest_over_ranks=(
             functools.partial(_earliest_over_ranks, ctx) if ctx.is_distributed else None
         ),
