@@ -3,8 +3,10 @@ ends a worker whose parent is gone before it started (`core.data.dataset.Orphane
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import sys
 import time
 
 import pytest
@@ -76,6 +78,61 @@ def test_a_worker_whose_parent_died_before_it_started_ends_at_once():
     assert _worker_of_a_parent_that(dies_first=False) == b"started"
     # Before: the worker went on (torch then noted init as its parent and waited forever).
     assert _worker_of_a_parent_that(dies_first=True) == b""
+
+
+def _worker_left_by_a_killed_parent(*, forked_by_a_thread: bool) -> bytes:
+    """What a started worker wrote before it ended: a process makes the guard and forks a
+    worker (from its main thread, or from a thread that then ends), which starts (`guard(0)`,
+    writing "started") and waits for work; the process then ends while the worker waits.
+    After that the test lets the worker go on: a worker still alive then writes "alive"."""
+    import threading
+
+    out_read, out_write = os.pipe()
+    go_read, go_write = os.pipe()
+    started_read, started_write = os.pipe()
+    parent = os.fork()
+    if parent == 0:  # the loader's process
+        os.close(out_read)
+        os.close(go_write)
+        guard = OrphanedWorkerExit(lambda worker_id: os.write(out_write, b"started"))
+
+        def fork_worker() -> None:
+            if os.fork() == 0:  # its worker
+                guard(0)
+                os.write(started_write, b"s")
+                os.read(go_read, 1)  # waits for work, as a loader worker between batches
+                os.write(out_write, b" alive")
+                os._exit(0)
+
+        if forked_by_a_thread:
+            thread = threading.Thread(target=fork_worker)
+            thread.start()
+            thread.join()
+            while len(os.listdir("/proc/self/task")) > 1:  # the thread is gone from the kernel
+                pass
+        else:
+            fork_worker()
+        os.read(started_read, 1)
+        os._exit(0)  # the loader's process ends (as when killed) while its worker waits
+    for fd in (out_write, go_read, started_read, started_write):
+        os.close(fd)
+    try:
+        os.waitpid(parent, 0)  # gone, its worker started
+        with contextlib.suppress(BrokenPipeError):  # no worker left to read it
+            os.write(go_write, b"g")
+        return _wait_for_eof(out_read, timeout=2.0)
+    finally:
+        os.close(go_write)
+        os.close(out_read)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG")
+def test_a_started_worker_ends_with_its_killed_parent():
+    # Before: the worker ran on until torch's watchdog looked (up to 5 s), holding the run
+    # folder's lock: a rerun at once was refused as being written by the dead process.
+    assert _worker_left_by_a_killed_parent(forked_by_a_thread=False) == b"started"
+    # A worker forked by a thread is not ended with that thread (the watchdog ends it).
+    assert _worker_left_by_a_killed_parent(forked_by_a_thread=True) == b"started alive"
 
 
 def test_every_commands_loader_workers_start_with_the_guard(tmp_path, monkeypatch):

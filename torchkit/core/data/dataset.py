@@ -11,7 +11,7 @@ from typing import Any
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.runtime.cpus import usable_cpus
-from torchkit.core.runtime.orphans import exit_if_orphaned
+from torchkit.core.runtime.orphans import end_with_parent, exit_if_orphaned
 
 
 def worker_options(workers: int, then: Callable[[int], None] | None = None) -> dict[str, Any]:
@@ -26,18 +26,32 @@ def worker_options(workers: int, then: Callable[[int], None] | None = None) -> d
 
 
 class OrphanedWorkerExit:
-    """A forked DataLoader worker's first step: exit at once if the process that made the
-    loader is gone already. torch's watchdog notes the worker's parent only after this step,
-    so a worker forked just before its parent was killed took init as its parent, never saw
-    it die, and waited forever, keeping what it inherited open: the run folder's lock with
-    it, which refused every later run on that folder."""
+    """A forked DataLoader worker's first step: end with the process that made the loader.
+    torch's watchdog notes the worker's parent only after this step, so a worker forked just
+    before its parent was killed took init as its parent, never saw it die, and waited
+    forever, keeping what it inherited open: the run folder's lock with it, which refused
+    every later run on that folder. And a worker whose parent is killed later sees it only at
+    the watchdog's next look, up to 5 s on, holding that lock until then: a rerun at once
+    (a retry after the OOM killer, `timeout -s KILL`) was refused as "being written by another
+    torchkit process" with the dead PID. So a worker forked by the main thread is ended by
+    the kernel with its parent (`end_with_parent`); one forked by another thread (a loader
+    read ahead in a thread) is not, as the kernel would end it with that thread."""
 
     def __init__(self, then: Callable[[int], None] | None = None) -> None:
+        import threading
+
         self.parent = os.getpid()
+        self.main_thread = threading.main_thread().ident
         self.then = then
 
     def __call__(self, worker_id: int) -> None:
-        exit_if_orphaned(self.parent)
+        import threading
+
+        # A forked process runs on in the thread that forked it, with that thread's ident.
+        if threading.get_ident() == self.main_thread:
+            end_with_parent(self.parent)
+        else:
+            exit_if_orphaned(self.parent)
         if self.then is not None:
             self.then(worker_id)
 
