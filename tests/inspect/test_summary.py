@@ -224,6 +224,39 @@ def test_recurrent_cells_count_each_sample_once(cell, gates):
     )
 
 
+class OwnConvolution(nn.Module):
+    """A user's leaf module convolving with its own parameters (F.conv2d, F.conv_transpose2d)."""
+
+    def __init__(self, name: str, transposed: bool) -> None:
+        super().__init__()
+        self.name, self.transposed = name, transposed
+        setattr(
+            self,
+            name,
+            nn.Parameter(torch.randn(3, 4, 3, 3) if transposed else torch.randn(4, 3, 3, 3)),
+        )
+        self.bias = nn.Parameter(torch.zeros(4))
+
+    def forward(self, x):
+        kernel = getattr(self, self.name)
+        if self.transposed:
+            return nn.functional.conv_transpose2d(x, kernel, self.bias, stride=2)
+        return nn.functional.conv2d(x, kernel, self.bias)
+
+
+@pytest.mark.parametrize("name", ["kernel", "weight"])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_leaf_modules_own_convolutions_count_every_position(name, transposed):
+    """Such a leaf counted 0 (`kernel`) or its parameters once per sample (`weight`)."""
+    ours = summarize(OwnConvolution(name, transposed), [(2, 3, 6, 6)])
+    if transposed:  # the kernel (4 x 3 x 3 per input channel) at each of the 2 x 3 x 6 x 6 inputs
+        weights, outputs = 2 * 3 * 36 * (4 * 9), 2 * 4 * 13 * 13
+    else:  # 27 weights at each of the 2 x 4 x 4 x 4 outputs
+        weights, outputs = 2 * 4 * 16 * 27, 2 * 4 * 16
+    assert ours.total_mult_adds == weights + outputs  # and the bias at every output
+    assert ours.flops == 2 * weights
+
+
 class UncalledChild(nn.Module):
     """A module whose only child never runs: its own output is the activation."""
 

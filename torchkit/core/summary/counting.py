@@ -14,7 +14,8 @@ forward that returns its input, a bias it skips) adds no mult-adds, as it adds n
 mode records what the operations read). A matrix product on a parameter outside every leaf call (a
 functional `F.linear`: `nn.MultiheadAttention`'s input and output projections, torchvision Swin's
 qkv and proj), which per-leaf counting never sees, counts its mult-adds, and a parameter bias once
-per row, as a Linear layer's; so does one inside a leaf call of any module but a Linear,
+per row, as a Linear layer's (a convolution with a parameter weight: at every position, as a
+convolution layer's); so does one inside a leaf call of any module but a Linear,
 convolution or recurrent layer (`x @ self.w` in a user's module, a recurrent cell), whose
 parameters torchinfo counts once per sample when named weight or bias (an LSTMCell's once per
 sample and hidden unit) and otherwise not at all. Parameter totals count each parameter tensor
@@ -339,6 +340,24 @@ class _Recorder:
         self._add_functional(count, keys)
         return True
 
+    def functional_conv(self, args: tuple, output: Any) -> None:
+        """Count a convolution (`F.conv2d(x, self.kernel)`) whose weight is a parameter, where
+        a matrix product on it would count: the weight at every output position (at every input
+        position for a transposed one, as a layer's), a parameter bias once per output."""
+        if self.param_keys is None:
+            self.param_keys = {_storage_key(p) for p in self.model.parameters()}
+        source, weight, bias = args[:3]
+        if _storage_key(weight) not in self.param_keys:
+            return
+        per_position = weight.numel() // max(1, weight.shape[0])
+        transposed = len(args) > 6 and bool(args[6])
+        count = (source.numel() if transposed else output.numel()) * per_position
+        keys = {_storage_key(weight)}
+        if bias is not None and _storage_key(bias) in self.param_keys:
+            count += output.numel()
+            keys.add(_storage_key(bias))
+        self._add_functional(count, keys)
+
     def functional_bias(self, args: tuple) -> None:
         """A parameter added to the last counted product (the bias of an `F.linear` on 3-D
         inputs, which runs as a product, then an add): once per output, as addmm's."""
@@ -444,6 +463,7 @@ def _used_tensors(recorder: _Recorder) -> Any:
 
     aten = torch.ops.aten
     matmuls = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+    convolutions = {aten.convolution.default, aten._convolution.default}
 
     class UsedTensors(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -464,6 +484,8 @@ def _used_tensors(recorder: _Recorder) -> Any:
             result = func(*args, **(kwargs or {}))
             if product:
                 recorder.last_product = _storage_key(result)
+            elif functional and func in convolutions:
+                recorder.functional_conv(args, result)
             return result
 
     return UsedTensors()
