@@ -3,13 +3,15 @@ of images (10k, 100k, 1M), in seconds and peak memory.
 
 The data: tiny 8x8 PNGs (a few hundred distinct ones, hard-linked) spread over 100 classes,
 built once under ROOT/n<N>/ and reused: ROOT/n<N>/images/<class>/<image> (an image folder) and
-ROOT/n<N>/index.csv (a CSV index `path,label` of the same files). Each command runs as a real
+ROOT/n<N>/index.csv (a CSV index `path,label` of the same files); `--classes K` spreads them
+over K classes instead, under ROOT/n<N>-c<K>/. Each command runs as a real
 `python -m torchkit` process, once per data layout and size, with stderr on a pseudo-terminal
 so that its progress bar is drawn; the figure is the time until:
 
 - train (convnet, 8x8): its first optimiser step (the bar's first step; SIGTERM then stops it
   cleanly after that step);
-- eval and extract-features (untrained convnet): the first batch is counted;
+- eval, predict (`--format csv -o`) and extract-features (untrained convnet): the first batch is
+  counted;
 - dataset-stats: the listing is done (the bar shows its total) and, up to --full-stats-max
   images, the whole run (every image is read: that part is linear by nature);
 - split --mode manifest: the whole run.
@@ -53,7 +55,7 @@ DISTINCT = 300  # distinct PNGs, hard-linked over and over (ext4 allows 65,000 l
 LAYOUTS = ("folder", "csv")  # and "stdin", asked for: extract-features only
 STDIN_COMMANDS = ("extract-features",)
 LAYOUT_NAMES = {"folder": "image folder", "csv": "CSV index", "stdin": "paths piped for -"}
-COMMANDS = ("train", "eval", "extract-features", "dataset-stats", "split")
+COMMANDS = ("train", "eval", "extract-features", "predict", "dataset-stats", "split")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
 COUNT = re.compile(r"(\d+)/(\d+|\?)")  # a progress bar's done/total
 
@@ -63,7 +65,7 @@ def build_data(root: Path, images: int) -> Path:
     import numpy as np
     from PIL import Image
 
-    folder = root / f"n{images}"
+    folder = root / (f"n{images}" if CLASSES == 100 else f"n{images}-c{CLASSES}")
     index = folder / "index.csv"
     if index.exists():
         return folder
@@ -238,6 +240,21 @@ def plans(data: Path, layout: str, images: int, work: Path, full_stats: bool) ->
             "first batch",
             None if layout == "stdin" else "first batch",  # stdin: the whole run's memory
         ),  # fmt: skip
+        "predict": (
+            [
+                "predict",
+                *untrained,
+                spec,
+                "--format",
+                "csv",
+                "-o",
+                str(out / "predict.csv"),
+                "--force",
+            ],
+            {"first batch": first_counted},
+            "first batch",
+            "first batch",
+        ),  # fmt: skip
         "dataset-stats": (
             ["dataset-stats", spec],
             {"listed": listed(images)},
@@ -305,6 +322,7 @@ def run_profiled(output: str, arguments: list[str]) -> None:
 
 
 def main() -> None:
+    global CLASSES
     if sys.argv[1:2] == ["--run-profiled"]:  # the --profile runs: OUTPUT -- ARGUMENTS
         run_profiled(sys.argv[2], sys.argv[4:])
         return
@@ -319,8 +337,10 @@ def main() -> None:
     parser.add_argument("--full-stats-max", type=int, default=100_000,
                         help="dataset-stats reads every image up to this many images")  # fmt: skip
     parser.add_argument("--profile", type=Path, help="write a cProfile of each run here")
+    parser.add_argument("--classes", type=int, default=CLASSES, help="classes of the data")
     parser.add_argument("--json", type=Path, help="also save the figures to this file")
     args = parser.parse_args()
+    CLASSES = args.classes
     sizes = [int(s) for s in args.sizes.split(",")]
     commands = args.commands.split(",")
     layouts = args.layouts.split(",")
