@@ -181,6 +181,26 @@ def test_every_key_of_the_report_is_documented(clean_env):
     assert {key for key in keys if f"`{key}`" not in page} == set()
 
 
+@pytest.mark.parametrize(
+    "metadata",
+    [b"Metadata-Version: 2.1\nName: numpy\nVersion: 0.1\nAuthor: Andr\xe9\n", None],
+    ids=["latin-1-metadata", "no-metadata"],
+)
+def test_a_broken_package_record_neither_ends_the_report_nor_hides_the_package(
+    runner, monkeypatch, tmp_path, clean_env, metadata
+):
+    """A stale `.dist-info` earlier on the path (not UTF-8, or without METADATA) ended the
+    report in 'Error: UnicodeDecodeError', or made an installed numpy read as not installed."""
+    record = tmp_path / "numpy-0.1.dist-info"
+    record.mkdir()
+    if metadata is not None:
+        (record / "METADATA").write_bytes(metadata)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = runner.invoke(app, ["env", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["packages"]["numpy"] == np.__version__
+
+
 def test_output_file_and_force(runner, tmp_path, clean_env):
     target = tmp_path / "env.txt"  # a name that picks no format: --format does
     assert runner.invoke(app, ["env", "--format", "json", "-o", str(target)]).exit_code == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import Any
 from torchkit import __version__
 from torchkit.core.io.errors import DeviceError, first_line
 from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.runtime.extras import installed_version
 
 logger = logging.getLogger("torchkit")
 
@@ -175,16 +175,7 @@ def cpu_model() -> str:
 
 def package_versions() -> dict[str, str | None]:
     """Installed versions (None: not installed), from metadata, without importing anything."""
-    versions: dict[str, str | None] = {}
-    for key, distributions in PACKAGES:
-        versions[key] = None
-        for name in distributions:
-            try:
-                versions[key] = importlib.metadata.version(name)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return versions
+    return {key: installed_version(*distributions) for key, distributions in PACKAGES}
 
 
 def nvidia_driver() -> tuple[str | None, int | None]:
@@ -523,7 +514,7 @@ def check_torchvision_ops(torch) -> str | None:
         spec = None
     if spec is None:
         return None
-    tv_version = _distribution_version("torchvision") or "?"
+    tv_version = installed_version("torchvision") or "?"
     prefix = f"torchvision {tv_version} cannot run its operators with torch {torch.__version__}"
     advice = "install the torchvision release built for this torch"
     try:
@@ -568,10 +559,3 @@ def _load_torchvision_ops(torch, spec) -> None:
 
     if not torchvision.extension._has_ops():
         raise RuntimeError("torchvision's C++ extension did not load")
-
-
-def _distribution_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None

@@ -1,4 +1,5 @@
-"""The optional parts of torchkit's package (its extras), and the one error when one is missing.
+"""The optional parts of torchkit's package (its extras), the one error when one is missing, and
+the installed version of a package.
 
 torchkit is installed from its source (a clone or a git URL: the name `torchkit` on the public
 package index belongs to another project), so the hint names the clone, never `pip install
@@ -47,3 +48,24 @@ def import_extra(module: str, extra: str, needed_for: str) -> ModuleType:
             f"{needed_for} needs the {missing} package, which is not installed",
             install_hint(extra),
         ) from error
+
+
+def installed_version(*distributions: str) -> str | None:
+    """The version of the first of `distributions` that is installed, read from its metadata
+    without importing it; None when none is. A broken record (a `.dist-info` without METADATA,
+    one that is not UTF-8, an unreadable one) is passed over: a stale record earlier on the path
+    neither hides the package installed after it nor ends the command."""
+    import importlib.metadata  # here: the commands that import this module rarely need it
+
+    for name in distributions:
+        try:
+            for distribution in importlib.metadata.distributions(name=name):
+                try:
+                    version = distribution.version
+                except Exception:  # UnicodeDecodeError, OSError, a malformed header
+                    continue
+                if version:
+                    return str(version)
+        except Exception:  # an unreadable folder on sys.path
+            continue
+    return None

@@ -67,20 +67,16 @@ def is_run_file(name: str) -> bool:
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata
-
     import torch
+
+    from torchkit.core.runtime.extras import installed_version
 
     # The installed distribution's version (as `torchkit env` reports it): importing
     # torchvision only for its version would add 2 s to runs that do not use it (digits).
-    try:
-        torchvision = importlib.metadata.version("torchvision")
-    except importlib.metadata.PackageNotFoundError:
-        torchvision = ""
     return {
         "torchkit": __version__,
         "torch": torch.__version__,
-        "torchvision": torchvision,
+        "torchvision": installed_version("torchvision") or "",
         "python": platform.python_version(),
         "cuda": torch.version.cuda or "",
     }
