@@ -10,8 +10,96 @@ import pytest
 
 @pytest.fixture
 def three_of_64_cores(monkeypatch):
+    from torchkit.core.runtime import cpus
+
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: None)  # whatever limits this host
+
+
+def fake_proc(tmp_path, cgroup: str, mounts: list[tuple[str, str, str, str]], files: dict):
+    """A /proc/self with `cgroup` and one mountinfo line per (root, mount point under tmp_path,
+    type, options); `files` maps a path under tmp_path to its text (cpu.max, ...)."""
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text(cgroup)
+    lines = [
+        f"{30 + n} 23 0:{28 + n} {root} {tmp_path / point} rw,nosuid - {kind} {kind} {options}"
+        for n, (root, point, kind, options) in enumerate(mounts)
+    ]
+    (tmp_path / "proc/self/mountinfo").write_text("\n".join(lines) + "\n")
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return str(tmp_path / "proc")
+
+
+V2 = [("/", "fs/cgroup", "cgroup2", "rw,nsdelegate")]
+V1 = [
+    ("/", "fs/cgroup/memory", "cgroup", "rw,memory"),
+    ("/", "fs/cgroup/cpu,cpuacct", "cgroup", "rw,cpu,cpuacct"),
+]
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "mounts", "files", "quota"),
+    [
+        # cgroup v2 in its own namespace (docker --cpus 1.5): the mount's root is the container's.
+        ("0::/\n", V2, {"fs/cgroup/cpu.max": "150000 100000\n"}, 1.5),
+        ("0::/\n", V2, {"fs/cgroup/cpu.max": "max 100000\n"}, None),
+        # A Kubernetes pod: the tightest quota along the path wins (the pod's 4, not the job's 6).
+        (
+            "0::/kubepods/pod1/job\n",
+            V2,
+            {
+                "fs/cgroup/kubepods/pod1/cpu.max": "400000 100000\n",
+                "fs/cgroup/kubepods/pod1/job/cpu.max": "600000 100000\n",
+            },
+            4.0,
+        ),
+        # cgroup v1, the cpu controller mounted with cpuacct, the container's path as the root.
+        (
+            "5:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n",
+            [("/docker/abc", point, kind, options) for _, point, kind, options in V1],
+            {
+                "fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "200000\n",
+                "fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+                "fs/cgroup/memory/cpu.cfs_quota_us": "100000\n",  # not the cpu controller
+            },
+            2.0,
+        ),
+        (
+            "3:cpu,cpuacct:/\n",
+            V1,
+            {
+                "fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+                "fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+            },
+            None,
+        ),
+        ("0::/\n", V2, {}, None),  # no cpu controller
+    ],
+    ids=["v2-container", "v2-max", "v2-nested", "v1-container", "v1-none", "v2-no-controller"],
+)
+def test_cgroup_cpu_quota_is_read_as_containers_set_it(tmp_path, cgroup, mounts, files, quota):
+    from torchkit.core.runtime.cpus import cgroup_cpu_quota
+
+    assert cgroup_cpu_quota(fake_proc(tmp_path, cgroup, mounts, files)) == quota
+
+
+def test_usable_cpus_stay_within_the_cgroup_cpu_quota(monkeypatch):
+    """On a 64-core host a container limited to 1.5 CPUs used 64 threads and 8 loader workers
+    (every core its cpuset allows): now 2 cores, as nproc-aware runtimes (JVM, Go) count."""
+    from torchkit.core.data.dataset import default_workers
+    from torchkit.core.runtime import cpus
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: 1.5)
+    assert cpus.usable_cpus() == 2
+    assert default_workers() == 1
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: 0.2)
+    assert cpus.usable_cpus() == 1
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: 100.0)
+    assert cpus.usable_cpus() == 64
 
 
 def test_usable_cpus_counts_the_allowed_cores(three_of_64_cores):

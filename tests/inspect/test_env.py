@@ -181,6 +181,25 @@ def test_every_key_of_the_report_is_documented(clean_env):
     assert {key for key in keys if f"`{key}`" not in page} == set()
 
 
+def test_cpu_cores_within_a_cgroup_cpu_quota(runner, monkeypatch, clean_env):
+    """In a container limited to 1.5 CPUs on a 64-core host the report said 64 usable cores."""
+    from torchkit.core.runtime import cpus
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: 1.5)
+    monkeypatch.setattr(env, "cgroup_cpu_quota", lambda: 1.5)
+    result = runner.invoke(app, ["env", "--format", "json"])
+    assert json.loads(result.stdout)["cpu"] | {"model": None} == {
+        "model": None,
+        "logical_cores": 64,
+        "usable_cores": 2,
+        "quota": 1.5,
+    }
+    table = runner.invoke(app, ["env"]).stdout
+    assert "64 (2 usable by this process, cgroup CPU quota 1.5)" in table
+
+
 @pytest.mark.parametrize(
     "metadata",
     [b"Metadata-Version: 2.1\nName: numpy\nVersion: 0.1\nAuthor: Andr\xe9\n", None],

@@ -120,7 +120,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["OS", system["os"] or system["system"]],
         ["platform", system["description"]],
         ["CPU", cpu["model"]],
-        ["CPU cores", f"{cpu['logical_cores']} ({cpu['usable_cores']} usable by this process)"],
+        ["CPU cores", _cores(cpu)],
     ]
     torch_info, dist, cuda = report["torch"], report["distributed"], report["cuda"]
     if torch_info is not None:
@@ -158,6 +158,11 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["usable CUDA GPU", "yes" if cuda["usable"] else f"no: {cuda['problem']}"],
     ]
     return rows
+
+
+def _cores(cpu: dict[str, Any]) -> str:
+    quota = "" if cpu["quota"] is None else f", cgroup CPU quota {cpu['quota']:g}"
+    return f"{cpu['logical_cores']} ({cpu['usable_cores']} usable by this process{quota})"
 
 
 def flat_table(report: dict[str, Any]) -> Table:

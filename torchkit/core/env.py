@@ -22,7 +22,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.errors import DeviceError, first_line
-from torchkit.core.runtime.cpus import usable_cpus
+from torchkit.core.runtime.cpus import cgroup_cpu_quota, usable_cpus
 from torchkit.core.runtime.extras import installed_version
 
 logger = logging.getLogger("torchkit")
@@ -142,8 +142,12 @@ def os_name() -> str | None:
 
 
 def cpu_info() -> dict[str, Any]:
-    logical = os.cpu_count()
-    return {"model": cpu_model(), "logical_cores": logical, "usable_cores": usable_cpus()}
+    return {
+        "model": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable_cpus(),
+        "quota": cgroup_cpu_quota(),
+    }
 
 
 def cpu_model() -> str:
