@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,12 +99,17 @@ def frozen_norms_to_eval(model: Any) -> Callable[[], None]:
     return to_eval
 
 
-def param_groups(model: Any, config: TrainConfig) -> list[ParamGroupSpec]:
+def param_groups(
+    model: Any, config: TrainConfig, heads: Sequence[str] | None = None
+) -> list[ParamGroupSpec]:
     """Backbone and head groups, each split into decayed and not decayed parameters (the head:
-    every classifier the output is made from, both of a distilled DeiT's or LeViT's)."""
+    `heads`, module names, by default `head_names`: every layer timm makes anew for new
+    classes, both heads of a distilled DeiT or LeViT). A backbone that does not train
+    (`backbone_trains`) has no group."""
     from torchkit.core.models.heads import head_names, in_heads
 
-    heads = head_names(model)
+    heads = head_names(model) if heads is None else heads
+    backbone = backbone_trains(config)
     skip_decay = set() if config.decay_all else no_decay_names(model)
     head_lr, backbone_lr = config.lr, config.lr
     if config.backbone_lr is not None:
@@ -113,9 +118,10 @@ def param_groups(model: Any, config: TrainConfig) -> list[ParamGroupSpec]:
         head_lr = config.lr * config.head_lr_mult
     buckets: dict[str, ParamGroupSpec] = {}
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
         part = "head" if in_heads(name, heads) else "backbone"
+        # A frozen backbone has no group, also when `heads` are not those it was frozen by.
+        if not param.requires_grad or (part == "backbone" and not backbone):
+            continue
         decay = name not in skip_decay
         key = f"{part}_{'decay' if decay else 'no_decay'}"
         if key not in buckets:

@@ -61,24 +61,66 @@ def resume_point(
 
 
 def restore_training(
-    checkpoint: dict, resumed_from: Path, *, model: Any, optimizer: Any, schedule: Any, scaler: Any
+    checkpoint: dict,
+    resumed_from: Path,
+    *,
+    model: Any,
+    config: TrainConfig,
+    groups: list,
+    optimizer: Any,
+    schedule: Any,
+    scaler: Any,
 ) -> None:
     """The checkpoint's weights, optimiser state (with this run's --lr, --weight-decay and
-    --momentum), schedule and loss scale, in place."""
+    --momentum; `groups` are the optimiser's), schedule and loss scale, in place."""
     from torchkit.core.train.optim import load_optimizer_state
 
     load_weights_into(model, checkpoint["model"], source=str(resumed_from))
     try:
         load_optimizer_state(optimizer, checkpoint["optimizer"])
     except (ValueError, KeyError) as error:
+        _restore_earlier_heads(
+            checkpoint, resumed_from, error, model=model, config=config, groups=groups,
+            optimizer=optimizer,
+        )  # fmt: skip
+    schedule.load_state_dict(checkpoint["scheduler"])
+    if scaler is not None and checkpoint.get("scaler"):
+        scaler.load_state_dict(checkpoint["scaler"])
+
+
+def _restore_earlier_heads(
+    checkpoint: dict, resumed_from: Path, error: Exception, *, model, config, groups, optimizer
+) -> None:
+    """The optimiser state of a run that an earlier torchkit trained with fewer layers as the
+    head, moved onto this run's groups (with a warning that says what changes); else the
+    CheckpointError that the state does not fit."""
+    from torchkit.core.models.heads import head_names
+    from torchkit.core.train.earlier_heads import state_under_earlier_heads
+    from torchkit.core.train.optim import backbone_trains, load_optimizer_state
+
+    earlier = state_under_earlier_heads(
+        checkpoint["optimizer"], model=model, config=config, groups=groups, optimizer=optimizer
+    )
+    if earlier is None:
         raise CheckpointError(
             f"the optimizer state in {resumed_from} does not fit: {error}",
             "resume with the same --optimizer, --freeze-backbone and --backbone-lr "
             "(zero or not) as the run",
         ) from error
-    schedule.load_state_dict(checkpoint["scheduler"])
-    if scaler is not None and checkpoint.get("scaler"):
-        scaler.load_state_dict(checkpoint["scaler"])
+    load_optimizer_state(optimizer, earlier.state)
+    rest = (
+        "the rest of the head, frozen with the backbone until now, starts training"
+        if not backbone_trains(config)
+        else "the rest of the head trains at the head's learning rate from now on"
+    )
+    log.warning(
+        "%s was saved by an earlier torchkit that trained only %s as the head: it goes on with "
+        "%s as the head, the optimizer state moved along (%s)",
+        resumed_from,
+        ", ".join(earlier.heads),
+        ", ".join(head_names(model)),
+        rest,
+    )
 
 
 def realign_schedule(

@@ -220,6 +220,8 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
                 checkpoint,
                 plan.resumed_from,
                 model=model,
+                config=config,
+                groups=groups,
                 optimizer=optimizer,
                 schedule=schedule,
                 scaler=amp.scaler,
