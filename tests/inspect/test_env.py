@@ -181,6 +181,44 @@ def test_every_key_of_the_report_is_documented(clean_env):
     assert {key for key in keys if f"`{key}`" not in page} == set()
 
 
+GRACE = """processor\t: 0
+BogoMIPS\t: 2000.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x0
+CPU part\t: 0xd4f
+CPU revision\t: 0
+
+processor\t: 1
+CPU implementer\t: 0x41
+CPU part\t: 0xd4f
+"""
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "model"),
+    [
+        (GRACE, "ARM Neoverse-V2"),  # GH200; was "aarch64"
+        (GRACE.replace("0xd4f", "0xd0c"), "ARM Neoverse-N1"),  # Graviton2, Ampere Altra
+        (GRACE.replace("0x41", "0xc0").replace("0xd4f", "0xac3"), "Ampere Ampere-1"),
+        (GRACE.replace("0xd4f", "0xd99"), "ARM part 0xd99"),  # not in the table: the numbers
+        ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\ncpu MHz\t\t: 2595.1\n"
+         "model name\t: AMD EPYC 7B13\ncpu cores\t: 2\n", "AMD EPYC 7B13"),
+        ("processor\t: 0\ncpu\t\t: POWER9 (architected), altivec supported\nclock\t: 2.3GHz\n",
+         "POWER9 (architected), altivec supported"),
+        ("Processor\t: ARMv7 Processor rev 4 (v7l)\nCPU implementer\t: 0x41\nCPU part\t: 0xc07\n",
+         "ARMv7 Processor rev 4 (v7l)"),
+        ("", None),
+    ],
+    ids=["grace", "graviton2", "ampere-one", "unknown-arm", "x86", "power9", "armv7", "empty"],
+)  # fmt: skip
+def test_cpu_model_from_cpuinfo(cpuinfo, model):
+    """Arm kernels give no "model name": the report said "aarch64" where lscpu (and so
+    collect_env) names the core."""
+    assert env.cpuinfo_model(cpuinfo) == model
+
+
 def test_cpu_cores_within_a_cgroup_cpu_quota(runner, monkeypatch, clean_env):
     """In a container limited to 1.5 CPUs on a 64-core host the report said 64 usable cores."""
     from torchkit.core.runtime import cpus

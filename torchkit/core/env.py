@@ -154,11 +154,9 @@ def cpu_model() -> str:
     if sys.platform.startswith("linux"):
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    key, _, value = line.partition(":")
-                    # x86 says "model name"; some ARM kernels "Hardware", "Processor" or "CPU part".
-                    if key.strip() in ("model name", "Hardware", "Processor", "cpu model"):
-                        return value.strip()
+                model = cpuinfo_model(handle.read())
+            if model:
+                return model
         except OSError:
             pass
     elif sys.platform == "darwin":
@@ -175,6 +173,55 @@ def cpu_model() -> str:
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+# Arm CPUs name themselves only by numbers in /proc/cpuinfo (implementer, part); the names of
+# those PyTorch runs on (Graviton, Grace, Ampere, Kunpeng, A64FX, Jetson, Raspberry Pi), as
+# lscpu names them. Others read as "<implementer> part 0x...".
+ARM_IMPLEMENTERS = {
+    "0x41": "ARM", "0x42": "Broadcom", "0x43": "Cavium", "0x46": "Fujitsu", "0x48": "HiSilicon",
+    "0x4e": "NVIDIA", "0x50": "APM", "0x51": "Qualcomm", "0x53": "Samsung", "0x61": "Apple",
+    "0x6d": "Microsoft", "0xc0": "Ampere",
+}  # fmt: skip
+ARM_PARTS = {
+    ("0x41", "0xd03"): "Cortex-A53", ("0x41", "0xd05"): "Cortex-A55",
+    ("0x41", "0xd07"): "Cortex-A57", ("0x41", "0xd08"): "Cortex-A72",
+    ("0x41", "0xd09"): "Cortex-A73", ("0x41", "0xd0a"): "Cortex-A75",
+    ("0x41", "0xd0b"): "Cortex-A76", ("0x41", "0xd0c"): "Neoverse-N1",
+    ("0x41", "0xd0d"): "Cortex-A77", ("0x41", "0xd40"): "Neoverse-V1",
+    ("0x41", "0xd41"): "Cortex-A78", ("0x41", "0xd42"): "Cortex-A78AE",
+    ("0x41", "0xd44"): "Cortex-X1", ("0x41", "0xd46"): "Cortex-A510",
+    ("0x41", "0xd47"): "Cortex-A710", ("0x41", "0xd48"): "Cortex-X2",
+    ("0x41", "0xd49"): "Neoverse-N2", ("0x41", "0xd4a"): "Neoverse-E1",
+    ("0x41", "0xd4f"): "Neoverse-V2", ("0x41", "0xd80"): "Cortex-A520",
+    ("0x41", "0xd81"): "Cortex-A720", ("0x41", "0xd82"): "Cortex-X4",
+    ("0x41", "0xd84"): "Neoverse-V3", ("0x41", "0xd8e"): "Neoverse-N3",
+    ("0x46", "0x001"): "A64FX", ("0x48", "0xd01"): "Kunpeng-920",
+    ("0x4e", "0x004"): "Carmel", ("0xc0", "0xac3"): "Ampere-1", ("0xc0", "0xac4"): "Ampere-1a",
+}  # fmt: skip
+
+
+def cpuinfo_model(text: str) -> str | None:
+    """The CPU's name in the text of /proc/cpuinfo: x86's "model name", POWER's "cpu", an Arm
+    core's name from its implementer and part numbers (what lscpu shows), older Arm kernels'
+    "Processor" or "Hardware"; None when it names none."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon:
+            fields.setdefault(key.strip(), value.strip())
+    for key in ("model name", "cpu model", "cpu"):  # x86 (and LoongArch, MIPS), POWER
+        if fields.get(key):
+            return fields[key]
+    implementer = fields.get("CPU implementer", "").lower()
+    part = fields.get("CPU part", "").lower()
+    vendor = ARM_IMPLEMENTERS.get(implementer, f"implementer {implementer}")
+    if (implementer, part) in ARM_PARTS:
+        return f"{vendor} {ARM_PARTS[implementer, part]}"
+    named = fields.get("Processor") or fields.get("Hardware")
+    if named or not (implementer and part):
+        return named or None
+    return f"{vendor} part {part}"  # the numbers lscpu or the vendor's tables can name
 
 
 def package_versions() -> dict[str, str | None]:
