@@ -64,6 +64,33 @@ def test_the_streamed_files_are_those_of_a_listed_run(runner, photos, tmp_path, 
     )
 
 
+def test_a_name_that_is_not_utf8_streams_as_its_own_bytes(runner, photos, tmp_path):
+    """Before: `Error: UnicodeEncodeError: 'utf-8' codec can't encode character '\\udce9'`
+    (exit 1, no OUT) at the first batch naming it; now index.csv holds the name's own bytes,
+    as a listed run's does (`-` gives the same files as a CSV index of the same paths)."""
+    import os
+    import shutil
+
+    odd = tmp_path / "odd" / os.fsdecode(b"caf\xe9.png")
+    odd.parent.mkdir()
+    shutil.copy(photos[0], odd)
+    paths = [os.fsencode(p) for p in (photos[1], odd, photos[2])]
+    streamed = runner.invoke(
+        app, [*BASE, "-b", "2", "convnet", "-", str(tmp_path / "s")], input=b"\n".join(paths)
+    )
+    assert streamed.exit_code == 0, streamed.stderr
+    index = tmp_path / "list.csv"
+    index.write_bytes(b"path\n" + b"".join(p + b"\n" for p in paths))
+    by_list = runner.invoke(app, [*BASE, "-b", "2", "convnet", str(index), str(tmp_path / "l")])
+    assert by_list.exit_code == 0, by_list.stderr
+    lines = (tmp_path / "s" / "index.csv").read_bytes()
+    assert lines == (tmp_path / "l" / "index.csv").read_bytes()
+    assert b"\n1," + os.fsencode(odd) + b",," in lines
+    assert (tmp_path / "s" / "penultimate.npy").read_bytes() == (
+        tmp_path / "l" / "penultimate.npy"
+    ).read_bytes()
+
+
 def test_rows_are_written_before_the_list_ends(photos, tmp_path):
     """The first batches' rows and index lines are on disk while stdin still has paths to
     give (checked from the generator that gives them); memory holds only the paths in work."""

@@ -33,7 +33,13 @@ from typing import Any
 
 from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.io.files import atomic_path, atomic_write, atomic_write_text, torch_save
+from torchkit.core.io.files import (
+    NAME_ERRORS,
+    atomic_path,
+    atomic_write,
+    atomic_write_text,
+    torch_save,
+)
 from torchkit.core.io.outputs import (
     OutputFolder,
     is_torchkit_folder,
@@ -239,7 +245,8 @@ class FeatureStore:
             handle = self._appended.get(INDEX_FILE)
             if handle is None:
                 path = self.partial / INDEX_FILE
-                handle = open(path, "w", encoding="utf-8", newline="")  # noqa: SIM115
+                # A name that is not UTF-8 is written as its own bytes, as in a listed run's
+                handle = open(path, "w", encoding="utf-8", errors=NAME_ERRORS, newline="")  # noqa: SIM115
                 self._appended[INDEX_FILE] = handle
                 lines = [columns, *lines]
             handle.write(csv_text(lines))
