@@ -861,3 +861,17 @@ def test_a_large_split_holds_each_path_once_and_writes_split_csv_in_pieces(tmp_p
         tracemalloc.stop()
     assert len(manifest(tmp_path / "out")) == n
     assert peak / n < 800, peak / n  # was 1,180 at 3,000 files
+
+
+def test_splits_left_empty_by_groups_of_copies_are_named_in_a_warning(tmp_path, caplog):
+    # Each class's 20 files are byte-identical copies, one group kept in one split: val and test
+    # got nothing, and the only warning said the classes had "too few images" (20 each).
+    root = tmp_path / "copies"
+    for name in ("a", "b", "c"):
+        (root / name).mkdir(parents=True)
+        for i in range(20):
+            (root / name / f"{i:02d}.png").write_bytes(f"{name}".encode() * 3)
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        result = split_dataset(root, tmp_path / "out", mode="manifest")
+    assert result.counts == [[20, 0, 0]] * 3
+    assert "split(s) val, test are empty: no class could spare an image, or a group" in caplog.text

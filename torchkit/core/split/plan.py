@@ -353,12 +353,19 @@ def warn_fixed_unmet(
 
 
 def warn_small(classes: list[str], counts: list[list[int]], names: list[str], stratify: bool):
+    totals = [sum(row[j] for row in counts) for j in range(len(names))]
+    empty = [n for n, t in zip(names, totals, strict=True) if not t]
     if not stratify:
-        totals = [sum(row[j] for row in counts) for j in range(len(names))]
-        empty = [n for n, t in zip(names, totals, strict=True) if not t]
         if empty:
             log.warning(f"too few files: split(s) {', '.join(empty)} are empty")
         return
+    if empty:
+        # Said apart from the classes below: with byte-identical files kept together, classes
+        # of thousands of images can each be one group, and no class spares one for a split.
+        log.warning(
+            f"split(s) {', '.join(empty)} are empty: no class could spare an image, or a group "
+            "of images kept together, for them"
+        )
     short = [
         f"{name or '(unlabelled)'} ({sum(row)}: none in "
         + "/".join(n for n, c in zip(names, row, strict=True) if not c)
