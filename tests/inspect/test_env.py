@@ -465,6 +465,25 @@ def test_cuda_visible_devices_cut_short_is_a_warning(monkeypatch, value, stop, w
     ]
 
 
+@pytest.mark.parametrize(
+    ("value", "entry", "number", "used"),
+    [("0 1", "0 1", 0, "0"), ("0;1", "0;1", 0, "0"), ("0,1 2", "1 2", 1, "0,1")],
+)
+def test_cuda_visible_devices_separated_without_commas_is_a_warning(
+    monkeypatch, value, entry, number, used
+):
+    """CUDA_VISIBLE_DEVICES="0 1" on two GPUs: CUDA (and torch) read the index 0, ignore the rest;
+    env said nothing while the job ran on one GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    monkeypatch.setattr(torch.version, "cuda", SIMULATED_CUDA)
+    monkeypatch.setattr(env, "nvidia_driver", lambda: ("550.54.15", 3))
+    monkeypatch.setattr(env, "_probe_gpus", lambda torch: ([fake_gpu(0)], None))
+    assert collect_env()["diagnostics"] == [
+        f"CUDA_VISIBLE_DEVICES={value!r}: CUDA reads the entry {entry!r} as {number} and ignores "
+        f"the rest of it, so it uses GPU(s) {used}; separate GPU indices with commas, e.g. 0,1"
+    ]
+
+
 @pytest.mark.parametrize("value", ["0,1", "0,1,", "1"])
 def test_cuda_visible_devices_used_whole_is_not_a_warning(monkeypatch, value):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)

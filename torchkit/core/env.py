@@ -471,9 +471,10 @@ def _diagnose_cuda(
     visible = cuda["visible_devices"]
     driver_gpus = cuda["driver_gpu_count"]
     hides_all = visible is not None and not gpus and _hides_every_gpu(visible, driver_gpus)
-    cut_short = None if visible is None else _cut_short(visible, driver_gpus)
-    if cut_short:
-        diagnostics.append(cut_short)
+    if visible is not None:
+        for finding in (_misread(visible, driver_gpus), _cut_short(visible, driver_gpus)):
+            if finding:
+                diagnostics.append(finding)
     if hides_all:
         diagnostics.append(
             f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU; "
@@ -549,6 +550,22 @@ def _cut_short(visible: str, driver_gpus: int | None) -> str | None:
         f"CUDA_VISIBLE_DEVICES={visible!r} ends at {stop!r} ({why}): CUDA uses only "
         f"{','.join(entries)} and ignores the rest"
     )
+
+
+def _misread(visible: str, driver_gpus: int | None) -> str | None:
+    """Why CUDA reads fewer GPUs than CUDA_VISIBLE_DEVICES seems to list, when an index it uses
+    carries more text ("0 1", "0;1": CUDA reads the leading 0 and ignores the rest)."""
+    entries = visible_device_entries(visible, driver_gpus)
+    if not entries or entries[0].startswith(("GPU-", "MIG-")):
+        return None
+    for item in visible.split(",")[: len(entries)]:
+        if not re.fullmatch(r"\s*\+?[0-9]+\s*", item):
+            return (
+                f"CUDA_VISIBLE_DEVICES={visible!r}: CUDA reads the entry {item.strip()!r} as "
+                f"{_leading_number(item)} and ignores the rest of it, so it uses GPU(s) "
+                f"{','.join(entries)}; separate GPU indices with commas, e.g. 0,1"
+            )
+    return None
 
 
 def _hides_every_gpu(visible: str, driver_gpus: int | None) -> bool:
