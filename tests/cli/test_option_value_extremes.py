@@ -97,3 +97,17 @@ def test_a_num_classes_no_head_can_hold_is_refused_before_it_is_built(command, m
     if command == "summary":
         fits = run_torchkit_in_process(command, "convnet", "--num-classes", "40000")
         assert fits.returncode == 0, fits.stderr
+
+
+def test_a_num_classes_is_sized_for_every_classifier_layer_of_the_model(monkeypatch):
+    # GoogLeNet classifies three times (fc, aux1.fc2, aux2.fc2; 1,024 inputs each): 10,000
+    # classes fit in one (41 MB), not in three (123 MB). Before: built, only the first counted.
+    from torchkit.core.runtime import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: 10**8)  # half of it: 50 MB
+    result = run_torchkit_in_process("summary", "googlenet", "--num-classes", "10000")
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr) == (
+        "Error: --num-classes 10000 needs 0.1 GB for 3 classifiers of (1,024 + 1,024 + 1,024) x "
+        "10,000 weights, more than half the 0.1 GB free (give a smaller --num-classes)"
+    )

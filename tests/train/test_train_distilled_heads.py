@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from torchkit.core.models import replace_head
+from torchkit.core.models.heads import class_layers
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.optim import freeze_backbone, frozen_norms_to_eval, param_groups
 
@@ -115,3 +116,20 @@ def test_every_layer_made_anew_for_new_classes_trains_as_the_head(name, head):
     assert {n for g in groups if g.name.startswith("head") for n in g.names} == expected
     freeze_backbone(model)
     assert {n for n, p in model.named_parameters() if p.requires_grad} == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "layers"),
+    [
+        ("deit_tiny_distilled_patch16_224", ["head", "head_dist"]),
+        ("levit_128s", ["head.linear", "head_dist.linear"]),
+        ("metaformer", ["head.fc.fc2"]),  # not fc1: its outputs are the hidden layer's
+        ("volo", ["head", "aux_head"]),
+        ("crossvit_tiny_240", ["head.0", "head.1"]),
+        ("repvit_m1", ["head.head.l", "head.head_dist.l"]),
+    ],
+)
+def test_every_layer_of_the_classes_outputs_is_sized_for_a_new_num_classes(name, layers):
+    # What --num-classes is checked against memory with: each of them holds classes x inputs.
+    model = two_headed(name) if name in TWO_HEADS else _small(name)
+    assert sorted(n for n, _ in class_layers(model)) == sorted(layers)

@@ -11,6 +11,9 @@ from torchkit.core.runtime.memory import beyond_half_free
 # Wider than any classifier input of torchvision's and timm's models (regnet_y_128gf: 7,392): a
 # head of --num-classes outputs that fits in memory at this width fits every model's.
 WIDEST_HEAD_INPUT = 8192
+# The most layers of --num-classes outputs a model has: GoogLeNet's classifier and its two
+# auxiliary ones (a distilled DeiT, LeViT, VOLO, CrossViT, RepViT: two).
+MOST_CLASS_LAYERS = 3
 LARGEST_INDEX = 2**63 - 1  # int64: the most elements a tensor dimension holds
 _FEWER_CLASSES = "give a smaller --num-classes"
 
@@ -128,26 +131,52 @@ def _is_timm_style(model) -> bool:
     return callable(getattr(model, "reset_classifier", None))
 
 
-def refuse_unholdable_head(num_classes: int, head_inputs: Callable[[], int | None]) -> None:
-    """Refuse (usage error naming --num-classes), before the head is built, a classifier of
-    `num_classes` outputs past what a tensor can index or half the memory free can hold: its
+def class_layers(model) -> list[tuple[str, Any]]:
+    """(name, layer) of every layer whose outputs are the model's classes: the Linear and 1x1
+    convolution layers of the head (`head_names`: both of a distilled DeiT or LeViT, VOLO's
+    aux_head, CrossViT's per branch) as wide as its classifier, and GoogLeNet's and
+    Inception's auxiliary classifiers."""
+    from torch import nn
+
+    heads = head_names(model)
+    classes = out_features(find_head(model)[1])
+    found = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, (nn.Linear, nn.Conv2d))
+        and in_heads(f"{name}.weight", heads)  # VOLO's head names aux_head's parameters
+        and out_features(module) == classes
+    ]
+    return found + [aux for aux in auxiliary_heads(model) if aux not in found]
+
+
+def refuse_unholdable_head(
+    num_classes: int, head_inputs: Callable[[], Sequence[int] | None]
+) -> None:
+    """Refuse (usage error naming --num-classes), before the head is built, classifiers of
+    `num_classes` outputs past what a tensor can index or half the memory free can hold: their
     allocation ended in torch's "can't allocate memory" or an "Overflow" TypeError, or in the
-    OOM killer. `head_inputs` gives the head's input width, asked only near the limit (None:
-    unknown, taken as 1)."""
+    OOM killer. `head_inputs` gives the input width of each layer of `num_classes` outputs
+    (`class_layers`), asked only near the limit (None: unknown, one layer of 1 taken)."""
     if num_classes > LARGEST_INDEX:
         raise UsageError(
             f"--num-classes {num_classes} is more than a tensor can index (2**63 - 1)",
             _FEWER_CLASSES,
         )
-    if beyond_half_free(num_classes * (WIDEST_HEAD_INPUT + 1) * 4) is None:
+    if beyond_half_free(num_classes * (WIDEST_HEAD_INPUT + 1) * 4 * MOST_CLASS_LAYERS) is None:
         return
-    inputs = head_inputs() or 1
-    needed = num_classes * (inputs + 1) * 4  # float32 weights and biases
+    widths = list(head_inputs() or [1])
+    needed = num_classes * sum(inputs + 1 for inputs in widths) * 4  # float32 weights, biases
     free = beyond_half_free(needed)
     if free is not None:
+        if len(widths) == 1:
+            what = f"a classifier of {widths[0]:,} x {num_classes:,} weights"
+        else:
+            inputs = " + ".join(f"{inputs:,}" for inputs in widths)
+            what = f"{len(widths)} classifiers of ({inputs}) x {num_classes:,} weights"
         raise UsageError(
-            f"--num-classes {num_classes} needs {needed / 1e9:,.1f} GB for a classifier of "
-            f"{inputs:,} x {num_classes:,} weights, more than half the {free / 1e9:,.1f} GB free",
+            f"--num-classes {num_classes} needs {needed / 1e9:,.1f} GB for {what}, more than "
+            f"half the {free / 1e9:,.1f} GB free",
             _FEWER_CLASSES,
         )
 

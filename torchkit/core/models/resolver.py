@@ -41,6 +41,7 @@ from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.exported.formats import ONNX, TORCHSCRIPT, sniff_format
 from torchkit.core.models.exported.loading import load_exported
 from torchkit.core.models.heads import (
+    class_layers,
     find_head,
     in_features,
     out_features,
@@ -345,7 +346,9 @@ def _apply_num_classes(resolved: ResolvedModel, num_classes: int | None, new_hea
             f"{resolved.weights_source} has {outputs} outputs",
             "drop --num-classes (and --classes), or give class names matching the weights",
         )
-    refuse_unholdable_head(num_classes, lambda: in_features(find_head(resolved.model)[1]))
+    refuse_unholdable_head(
+        num_classes, lambda: [in_features(layer) for _, layer in class_layers(resolved.model)]
+    )
     replace_head(resolved.model, num_classes)
     resolved.classes = None  # the weights' class names belong to the old head
 
@@ -376,9 +379,10 @@ def _refuse_moved_classes(resolved: ResolvedModel, classes: Sequence[str], named
 
 def _head_inputs(
     spec: str, *, image_size: int | Sequence[int] | None, in_channels: int | None
-) -> int | None:
-    """The input width of the classifier of the architecture `spec` names, built on the meta
-    device (no memory, no weights); None for a model file, or a model not built so."""
+) -> list[int] | None:
+    """The input width of each classifier layer (`class_layers`) of the architecture `spec`
+    names, built on the meta device (no memory, no weights); None for a model file, or a
+    model not built so."""
     if is_model_file(spec):
         return None
     import torch
@@ -393,7 +397,7 @@ def _head_inputs(
                 built = _from_timm(spec, 2, None, image_size, in_channels, False)
             else:
                 built = _from_torchvision(spec, 2, None, image_size)
-        return in_features(find_head(built.model)[1])
+        return [in_features(layer) for _, layer in class_layers(built.model)]
     except Exception:  # noqa: BLE001 - the real build says what is wrong with the spec
         return None
 
