@@ -238,6 +238,54 @@ def test_cpu_cores_within_a_cgroup_cpu_quota(runner, monkeypatch, clean_env):
     assert "64 (2 usable by this process, cgroup CPU quota 1.5)" in table
 
 
+def fake_command(folder, name: str, body: str) -> str:
+    script = folder / name
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sh scripts stand in for the compiler")
+def test_cxx_compiler_is_the_one_torch_compile_would_run(monkeypatch, tmp_path):
+    """collect_env reports GCC; env names the compiler TorchInductor builds CPU code with."""
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CXX", raising=False)
+    fake_command(tmp_path, "g++", 'echo "g++ (Fake) 99.1"; echo "Copyright"')
+    assert env.cxx_compiler() == "g++ (Fake) 99.1"
+    monkeypatch.setenv("CXX", fake_command(tmp_path, "my-cxx", 'echo "clang version 20.1"'))
+    assert env.cxx_compiler() == "clang version 20.1"
+    monkeypatch.setenv("CXX", str(tmp_path / "missing-c++"))
+    assert env.cxx_compiler() is None
+    monkeypatch.setenv("CXX", fake_command(tmp_path, "failing", "echo half; exit 3"))
+    assert env.cxx_compiler() is None
+    monkeypatch.setenv("CXX", "'unclosed")
+    assert env.cxx_compiler() is None
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sh scripts stand in for the compiler")
+def test_a_hanging_compiler_does_not_hold_up_the_report(monkeypatch, tmp_path):
+    """A compiler that never answers, whose child keeps the pipe open after it is killed, is
+    given up on at the timeout with its whole process group."""
+    import time
+
+    marker = tmp_path / "child.pid"
+    hanging = fake_command(tmp_path, "hanging", f"sleep 60 & echo $! > {marker}; wait")
+    monkeypatch.setenv("CXX", hanging)
+    monkeypatch.setattr(env, "COMMAND_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    assert env.cxx_compiler() is None
+    assert time.monotonic() - started < 10
+    stat = f"/proc/{int(marker.read_text())}/stat"  # the child that held the pipe is gone too
+    if os.path.exists("/proc/self/stat"):
+        deadline = time.monotonic() + 5
+        while os.path.exists(stat) and time.monotonic() < deadline:
+            with open(stat) as handle:  # a zombie (Z) where nothing reaps it here
+                if handle.read().rpartition(")")[2].split()[0] == "Z":
+                    break
+        else:
+            assert not os.path.exists(stat)
+
+
 @pytest.mark.parametrize(
     "metadata",
     [b"Metadata-Version: 2.1\nName: numpy\nVersion: 0.1\nAuthor: Andr\xe9\n", None],

@@ -119,6 +119,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["Python executable", python["executable"]],
         ["OS", system["os"] or system["system"]],
         ["platform", system["description"]],
+        ["C++ compiler", system["compiler"] or "none (torch.compile needs one on the CPU)"],
         ["CPU", cpu["model"]],
         ["CPU cores", _cores(cpu)],
     ]

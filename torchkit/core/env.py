@@ -8,6 +8,7 @@ checked by loading its extension library, which is much faster than importing to
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.machinery
 import importlib.util
@@ -15,6 +16,8 @@ import logging
 import os
 import platform
 import re
+import shlex
+import signal
 import subprocess
 import sys
 import warnings
@@ -121,7 +124,56 @@ def platform_info() -> dict[str, Any]:
         "machine": platform.machine(),
         "libc": f"{libc} {libc_version}" if libc else None,
         "description": platform.platform(),
+        "compiler": cxx_compiler(),
     }
+
+
+# Seconds a command asked for a version may take: a hung or fake one never holds up the report.
+COMMAND_TIMEOUT_S = 5.0
+
+
+def cxx_compiler() -> str | None:
+    """The first line of `--version` of the C++ compiler torch.compile builds CPU code with
+    (TorchInductor's choice: $CXX, else g++, clang++ on macOS); None where it does not run,
+    where `torch.compile` on the CPU fails. (Not looked for on Windows, whose cl has no
+    --version.)"""
+    if sys.platform == "win32":
+        return None
+    command = os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")
+    try:
+        arguments = shlex.split(command)
+    except ValueError:
+        return None
+    lines = command_output([*arguments, "--version"]).splitlines() if arguments else []
+    return lines[0].strip() if lines and lines[0].strip() else None
+
+
+def command_output(arguments: list[str]) -> str:
+    """What `arguments` print on stdout when they exit with 0 within COMMAND_TIMEOUT_S, else "".
+    The command runs in a session of its own, ended whole at the timeout: a child it started
+    that keeps the pipe open cannot make the report wait for it."""
+    try:
+        process = subprocess.Popen(
+            arguments,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except (OSError, ValueError):
+        return ""
+    try:
+        output, _ = process.communicate(timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        if hasattr(os, "killpg"):
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)
+        process.kill()
+        if process.stdout is not None:
+            process.stdout.close()
+        process.wait()
+        return ""
+    return output.decode(errors="replace") if process.returncode == 0 else ""
 
 
 def os_name() -> str | None:
@@ -160,18 +212,9 @@ def cpu_model() -> str:
         except OSError:
             pass
     elif sys.platform == "darwin":
-        try:
-            result = subprocess.run(
-                ["sysctl", "-n", "machdep.cpu.brand_string"],
-                capture_output=True,
-                text=True,
-                timeout=2,
-                check=False,
-            )
-            if result.returncode == 0 and result.stdout.strip():
-                return result.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
+        brand = command_output(["sysctl", "-n", "machdep.cpu.brand_string"]).strip()
+        if brand:
+            return brand
     return platform.processor() or platform.machine() or "unknown"
 
 
