@@ -101,10 +101,14 @@ def test_the_optimizer_state_moves_onto_this_versions_head_groups(name, options,
 
 
 def test_other_groups_than_an_earlier_rule_makes_are_still_refused():
-    # The backbone frozen at --backbone-lr 0, resumed at 0.01: the groups differ by more.
+    # The backbone frozen at --backbone-lr 0, resumed at 0.01 (the CLI refuses that before,
+    # from the options): the groups differ by more.
     name = "levit_128s"
     checkpoint, _ = saved_by_the_earlier_rule(
         tiny(name), TrainConfig(epochs=1, lr=0.1, backbone_lr=0.0)
     )
-    with pytest.raises(CheckpointError, match=r"the optimizer state in R/last.pt does not fit"):
+    with pytest.raises(
+        CheckpointError, match=r"the optimizer state in R/last.pt does not fit"
+    ) as e:
         resumed(name, TrainConfig(epochs=1, lr=0.1, backbone_lr=0.01), checkpoint)
+    assert e.value.hint.endswith("start a new run from its weights with --weights R/last.pt")

@@ -428,6 +428,19 @@ def test_resume_accepts_the_default_val_split_given_again():
         merge_for_resume(saved, TrainConfig(resume="run", val_split=0.2), overrides=["val_split"])
 
 
+@pytest.mark.parametrize(("saved_lr", "given_lr"), [(0.0, 0.01), (None, 0.0), (0.01, 0.0)])
+def test_resume_refuses_backbone_lr_to_or_from_zero_before_any_work(saved_lr, given_lr):
+    # At 0 the backbone is frozen and has no parameter group. Before: refused only once the
+    # data was read and the model built, as an optimizer state that "does not fit".
+    saved = resolve_defaults(TrainConfig(backbone_lr=saved_lr), is_digits=False).to_dict()
+    with pytest.raises(CheckpointError, match=r"--backbone-lr cannot change to or from 0"):
+        merge_for_resume(saved, TrainConfig(resume="run", backbone_lr=given_lr), ["backbone_lr"])
+    # Another rate on the same side of 0 applies from the resumed step on.
+    same_side = 0.0 if saved_lr == 0 else 0.02
+    given = TrainConfig(resume="run", backbone_lr=same_side)
+    assert merge_for_resume(saved, given, ["backbone_lr"]).backbone_lr == same_side
+
+
 def test_resume_trains_with_the_new_lr_and_weight_decay_that_config_json_records(
     trained, tmp_path, runner
 ):

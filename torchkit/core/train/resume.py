@@ -104,8 +104,8 @@ def _restore_earlier_heads(
     if earlier is None:
         raise CheckpointError(
             f"the optimizer state in {resumed_from} does not fit: {error}",
-            "resume with the same --optimizer, --freeze-backbone and --backbone-lr "
-            "(zero or not) as the run",
+            "it was saved with other parameter groups (by another torchkit version?); start "
+            f"a new run from its weights with --weights {resumed_from}",
         ) from error
     load_optimizer_state(optimizer, earlier.state)
     rest = (

@@ -56,6 +56,7 @@ def merge_for_resume(
             )
         changes[name] = value
     merged = dataclasses.replace(base, **changes)
+    _refuse_backbone_lr_to_or_from_zero(base, merged)
     merged.resume = config.resume
     merged.force = config.force
     merged.dist_timeout = config.dist_timeout
@@ -67,6 +68,21 @@ def merge_for_resume(
         if name in base.data_defaults and name not in changes:
             setattr(merged, name, None)  # chosen again where the run goes on
     return merged
+
+
+def _refuse_backbone_lr_to_or_from_zero(base: TrainConfig, merged: TrainConfig) -> None:
+    """--backbone-lr may change on resume, but not to or from 0: at 0 the backbone is frozen
+    and has no parameter group, so the optimiser state is not of the parameters that would
+    train (refused here, before any work, not when the state does not load)."""
+    if (base.backbone_lr == 0) == (merged.backbone_lr == 0):
+        return
+    raise CheckpointError(
+        f"the checkpoint was trained with --backbone-lr {show_value(base.backbone_lr)}, not "
+        f"{show_value(merged.backbone_lr)}",
+        "--backbone-lr cannot change to or from 0 on resume: the optimizer state is of the "
+        "parameters that trained, and at 0 the backbone does not train; drop it to continue "
+        "the run, or start a new run from its weights with --weights",
+    )
 
 
 def _shown(name: str, old: Any) -> str:
