@@ -171,6 +171,23 @@ def test_report_says_what_collect_env_says_for_a_bug_report(runner, monkeypatch,
     assert system["os"] is None or system["os"] in table
 
 
+def test_other_torch_variables_set_are_reported(runner, monkeypatch, clean_env):
+    """NCCL_P2P_DISABLE (a DDP hang) or CUDA_DEVICE_ORDER (GPU numbering) were left out of the
+    report; secrets and CUDA_VISIBLE_DEVICES (the cuda section's) still are."""
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setenv("TORCH_HUB_TOKEN", "hunter2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("NOT_TORCH_RELATED", "x")
+    variables = collect_env(log_diagnostics=False)["environment"]
+    assert list(variables)[: len(env.ENVIRONMENT_VARIABLES)] == list(env.ENVIRONMENT_VARIABLES)
+    assert variables["NCCL_P2P_DISABLE"] == "1"
+    assert variables["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert not {"TORCH_HUB_TOKEN", "CUDA_VISIBLE_DEVICES", "NOT_TORCH_RELATED"} & set(variables)
+    table = runner.invoke(app, ["env"]).stdout
+    assert "NCCL_P2P_DISABLE=1" in table and "hunter2" not in table
+
+
 def test_every_key_of_the_report_is_documented(clean_env):
     page = (REPO / "docs" / "commands" / "env.md").read_text()
     report = collect_env(log_diagnostics=False)
@@ -178,6 +195,7 @@ def test_every_key_of_the_report_is_documented(clean_env):
         key for value in report.values() if isinstance(value, dict) for key in value
     }
     keys -= set(report["packages"])  # named as the packages are, not as keys
+    keys -= set(report["environment"]) - set(env.ENVIRONMENT_VARIABLES)  # by their prefixes
     assert {key for key in keys if f"`{key}`" not in page} == set()
 
 

@@ -73,6 +73,14 @@ ENVIRONMENT_VARIABLES = (
     "CUBLAS_WORKSPACE_CONFIG",
     "NCCL_DEBUG",
 )
+# Any other variable set with one of these prefixes is reported too (NCCL_P2P_DISABLE or
+# NCCL_SOCKET_IFNAME for a DDP hang, CUDA_DEVICE_ORDER for GPU numbering, TORCH_LOGS,
+# TORCHINDUCTOR_*, HIP_VISIBLE_DEVICES), but never one whose name says it holds a secret.
+ENVIRONMENT_PREFIXES = (
+    "OMP_", "KMP_", "GOMP_", "MKL_", "CUDA_", "CUBLAS", "CUDNN_", "NCCL_", "TORCH_",
+    "TORCHINDUCTOR_", "PYTORCH_", "HIP_", "ROCR_", "HSA_",
+)  # fmt: skip
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 
 # torchvision's C++ operator library has been called `_C` and, in newer releases, `_C_stable`.
 _TORCHVISION_LIBRARIES = ("_C_stable", "_C")
@@ -87,7 +95,7 @@ def collect_env(*, log_diagnostics: bool = True) -> dict[str, Any]:
         "python": python_info(),
         "platform": platform_info(),
         "cpu": cpu_info(),
-        "environment": {name: os.environ.get(name) for name in ENVIRONMENT_VARIABLES},
+        "environment": torch_environment(),
     }
     report.update(_torch_sections(diagnostics))
     report["packages"] = package_versions()
@@ -95,6 +103,21 @@ def collect_env(*, log_diagnostics: bool = True) -> dict[str, Any]:
     if log_diagnostics:
         for message in diagnostics:
             logger.warning(message)
+    return report
+
+
+def torch_environment() -> dict[str, str | None]:
+    """ENVIRONMENT_VARIABLES (None when not set), then the other variables set that start with
+    one of ENVIRONMENT_PREFIXES, by name."""
+    report: dict[str, str | None] = {name: os.environ.get(name) for name in ENVIRONMENT_VARIABLES}
+    for name in sorted(os.environ):
+        if (
+            name.startswith(ENVIRONMENT_PREFIXES)
+            and name not in report
+            and name != "CUDA_VISIBLE_DEVICES"  # the `cuda` section's
+            and not any(word in name.upper() for word in _SECRET_WORDS)
+        ):
+            report[name] = os.environ[name]
     return report
 
 
