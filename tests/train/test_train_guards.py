@@ -441,6 +441,24 @@ def test_resume_refuses_backbone_lr_to_or_from_zero_before_any_work(saved_lr, gi
     assert merge_for_resume(saved, given, ["backbone_lr"]).backbone_lr == same_side
 
 
+def test_resume_takes_head_lr_mult_in_place_of_the_runs_backbone_lr_and_back():
+    # Both set the head/backbone ratio. Before: the run's one and the one given again were
+    # refused together ("--backbone-lr and --head-lr-mult both set ... (give one)").
+    def resumed_with(saved: dict, **given):
+        return merge_for_resume(saved, TrainConfig(resume="run", **given), list(given))
+
+    with_backbone_lr = resolve_defaults(TrainConfig(backbone_lr=0.001), is_digits=False).to_dict()
+    merged = resumed_with(with_backbone_lr, head_lr_mult=10.0)
+    assert (merged.backbone_lr, merged.head_lr_mult) == (None, 10.0)
+    with_mult = resolve_defaults(TrainConfig(head_lr_mult=10.0), is_digits=False).to_dict()
+    merged = resumed_with(with_mult, backbone_lr=0.01)
+    assert (merged.backbone_lr, merged.head_lr_mult) == (0.01, None)
+    frozen = resolve_defaults(TrainConfig(backbone_lr=0.0), is_digits=False).to_dict()
+    with pytest.raises(CheckpointError, match=r"--backbone-lr 0, not --head-lr-mult 10") as e:
+        resumed_with(frozen, head_lr_mult=10.0)
+    assert "drop --head-lr-mult to continue the run" in e.value.hint
+
+
 def test_resume_trains_with_the_new_lr_and_weight_decay_that_config_json_records(
     trained, tmp_path, runner
 ):

@@ -55,6 +55,7 @@ def merge_for_resume(
                 f"it to continue the run, or start a new run from its weights with --weights",
             )
         changes[name] = value
+    _one_ratio(changes)
     merged = dataclasses.replace(base, **changes)
     _refuse_backbone_lr_to_or_from_zero(base, merged)
     merged.resume = config.resume
@@ -70,18 +71,34 @@ def merge_for_resume(
     return merged
 
 
+# Both set the head/backbone ratio (only one may be given): one given again replaces the run's.
+RATIO_OPTIONS = ("backbone_lr", "head_lr_mult")
+
+
+def _one_ratio(changes: dict[str, Any]) -> None:
+    """The run's --backbone-lr or --head-lr-mult unset when the other is given again (they
+    both set the ratio: kept, the two were refused as given together)."""
+    for given, other in (RATIO_OPTIONS, RATIO_OPTIONS[::-1]):
+        if changes.get(given) is not None and other not in changes:
+            changes[other] = None
+
+
 def _refuse_backbone_lr_to_or_from_zero(base: TrainConfig, merged: TrainConfig) -> None:
     """--backbone-lr may change on resume, but not to or from 0: at 0 the backbone is frozen
     and has no parameter group, so the optimiser state is not of the parameters that would
     train (refused here, before any work, not when the state does not load)."""
     if (base.backbone_lr == 0) == (merged.backbone_lr == 0):
         return
+    option, value = "--backbone-lr", show_value(merged.backbone_lr)
+    if merged.head_lr_mult is not None:  # given instead (`_one_ratio`)
+        option = "--head-lr-mult"
+        value = f"{option} {show_value(merged.head_lr_mult)}"
     raise CheckpointError(
         f"the checkpoint was trained with --backbone-lr {show_value(base.backbone_lr)}, not "
-        f"{show_value(merged.backbone_lr)}",
+        f"{value}",
         "--backbone-lr cannot change to or from 0 on resume: the optimizer state is of the "
-        "parameters that trained, and at 0 the backbone does not train; drop it to continue "
-        "the run, or start a new run from its weights with --weights",
+        f"parameters that trained, and at 0 the backbone does not train; drop {option} to "
+        "continue the run, or start a new run from its weights with --weights",
     )
 
 
