@@ -12,6 +12,7 @@ import platform
 import re
 import subprocess
 import sys
+import sysconfig
 from types import SimpleNamespace
 
 import numpy as np
@@ -85,6 +86,7 @@ def test_report_matches_independent_sources(clean_env):
     assert report["python"] == {
         "version": platform.python_version(),
         "implementation": platform.python_implementation(),
+        "free_threaded": sysconfig.get_config_var("Py_GIL_DISABLED") == 1,
         "executable": sys.executable,
     }
     assert report["platform"]["system"] == platform.system()
@@ -245,15 +247,26 @@ def test_cpu_cores_within_a_cgroup_cpu_quota(runner, monkeypatch, clean_env):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: 1.5)
     monkeypatch.setattr(env, "cgroup_cpu_quota", lambda: 1.5)
+    monkeypatch.setattr(env, "numa_nodes", lambda: 2)
     result = runner.invoke(app, ["env", "--format", "json"])
     assert json.loads(result.stdout)["cpu"] | {"model": None} == {
         "model": None,
         "logical_cores": 64,
         "usable_cores": 2,
         "quota": 1.5,
+        "numa_nodes": 2,
     }
     table = runner.invoke(app, ["env"]).stdout
-    assert "64 (2 usable by this process, cgroup CPU quota 1.5)" in table
+    assert "64 (2 usable by this process, cgroup CPU quota 1.5), 2 NUMA node(s)" in table
+
+
+def test_numa_nodes(tmp_path):
+    for name in ("node0", "node1", "online", "possible", "has_cpu", "nodefoo"):
+        (tmp_path / name).mkdir()
+    assert env.numa_nodes(str(tmp_path)) == 2
+    assert env.numa_nodes(str(tmp_path / "missing")) is None
+    if os.path.isdir("/sys/devices/system/node/node0"):
+        assert env.numa_nodes() >= 1
 
 
 def fake_command(folder, name: str, body: str) -> str:

@@ -115,7 +115,11 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
     python, system, cpu = report["python"], report["platform"], report["cpu"]
     rows: list[list[Any]] = [
         ["torchkit", report["torchkit_version"]],
-        ["Python", f"{python['version']} ({python['implementation']})"],
+        [
+            "Python",
+            f"{python['version']} ({python['implementation']}"
+            + (", free-threaded)" if python["free_threaded"] else ")"),
+        ],
         ["Python executable", python["executable"]],
         ["OS", system["os"] or system["system"]],
         ["platform", system["description"]],
@@ -163,7 +167,8 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
 
 def _cores(cpu: dict[str, Any]) -> str:
     quota = "" if cpu["quota"] is None else f", cgroup CPU quota {cpu['quota']:g}"
-    return f"{cpu['logical_cores']} ({cpu['usable_cores']} usable by this process{quota})"
+    numa = "" if not cpu["numa_nodes"] else f", {cpu['numa_nodes']} NUMA node(s)"
+    return f"{cpu['logical_cores']} ({cpu['usable_cores']} usable by this process{quota}){numa}"
 
 
 def flat_table(report: dict[str, Any]) -> Table:

@@ -20,6 +20,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import sysconfig
 import warnings
 from typing import Any
 
@@ -134,6 +135,8 @@ def python_info() -> dict[str, Any]:
     return {
         "version": platform.python_version(),
         "implementation": platform.python_implementation(),
+        # A free-threaded (no-GIL) build takes its own torch wheels (cp313t).
+        "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
         "executable": sys.executable,
     }
 
@@ -222,7 +225,17 @@ def cpu_info() -> dict[str, Any]:
         "logical_cores": os.cpu_count(),
         "usable_cores": usable_cpus(),
         "quota": cgroup_cpu_quota(),
+        "numa_nodes": numa_nodes(),
     }
+
+
+def numa_nodes(nodes: str = "/sys/devices/system/node") -> int | None:
+    """How many NUMA nodes Linux lists (a two-socket server: 2); None where it lists none."""
+    try:
+        count = sum(1 for name in os.listdir(nodes) if re.fullmatch(r"node[0-9]+", name))
+    except OSError:
+        return None
+    return count or None
 
 
 def cpu_model() -> str:
