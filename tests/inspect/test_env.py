@@ -260,6 +260,29 @@ def test_cpu_cores_within_a_cgroup_cpu_quota(runner, monkeypatch, clean_env):
     assert "64 (2 usable by this process, cgroup CPU quota 1.5), 2 NUMA node(s)" in table
 
 
+def test_cpu_libraries_of_the_torch_build():
+    """collect_env leaves MKL, oneDNN and OpenMP out; performance reports need them."""
+    config = torch.__config__.show()
+    info = collect_env(log_diagnostics=False)["torch"]
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    assert info["blas"] == (blas.group(1) if blas else None)
+    if torch.backends.mkldnn.is_available():
+        assert info["onednn_version"] and info["onednn_version"] in config
+    if torch.backends.openmp.is_available():
+        assert info["openmp"]
+    arm_build = (
+        "PyTorch built with:\n  - GCC 11.2\n  - Intel(R) MKL-DNN v3.5.3 (Git Hash abc)\n"
+        "  - OpenMP 201511 (a.k.a. OpenMP 4.5)\n  - Build settings: BLAS_INFO=open, CUDA=0\n"
+    )
+    assert env.cpu_libraries(arm_build) == {
+        "blas": "open",
+        "mkl_version": None,
+        "onednn_version": "3.5.3",
+        "openmp": "4.5",
+    }
+    assert set(env.cpu_libraries("").values()) == {None}
+
+
 def test_numa_nodes(tmp_path):
     for name in ("node0", "node1", "online", "possible", "has_cpu", "nodefoo"):
         (tmp_path / name).mkdir()

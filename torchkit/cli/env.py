@@ -140,6 +140,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
             ["CUDA available", torch_info["cuda_available"]],
             ["MPS available", torch_info["mps_available"]],
             ["CPU capability", torch_info["cpu_capability"]],
+            ["CPU libraries", _cpu_libraries(torch_info)],
             ["intra-op threads", torch_info["intra_op_threads"]],
             ["inter-op threads", torch_info["inter_op_threads"]],
         ]
@@ -163,6 +164,16 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["usable CUDA GPU", "yes" if cuda["usable"] else f"no: {cuda['problem']}"],
     ]
     return rows
+
+
+def _cpu_libraries(torch_info: dict[str, Any]) -> str:
+    names = [
+        ("BLAS", torch_info["blas"]),
+        ("MKL", torch_info["mkl_version"]),
+        ("oneDNN", torch_info["onednn_version"]),
+        ("OpenMP", torch_info["openmp"]),
+    ]
+    return ", ".join(f"{name} {value}" for name, value in names if value) or "none listed"
 
 
 def _cores(cpu: dict[str, Any]) -> str:

@@ -443,8 +443,34 @@ def _torch_build(torch) -> dict[str, Any]:
         "cuda_available": bool(torch.cuda.is_available()),
         "mps_available": bool(mps is not None and mps.is_available()),
         "cpu_capability": cpu_capability,
+        **cpu_libraries(_config_text(torch)),
         "intra_op_threads": torch.get_num_threads(),
         "inter_op_threads": torch.get_num_interop_threads(),
+    }
+
+
+def _config_text(torch) -> str:
+    try:
+        return str(torch.__config__.show())
+    except Exception:
+        return ""
+
+
+def cpu_libraries(config: str) -> dict[str, str | None]:
+    """The CPU math libraries torch was built with, from `torch.__config__.show()`: `blas`
+    (mkl, openblas, accelerate...), `mkl_version`, `onednn_version`, `openmp` (the version the
+    OpenMP runtime supports); None where the build says nothing of one."""
+
+    def found(pattern: str) -> str | None:
+        match = re.search(pattern, config)
+        return match.group(1) if match else None
+
+    openmp = re.search(r"OpenMP (\d+)(?: \(a\.k\.a\. OpenMP ([0-9.]+)\))?", config)
+    return {
+        "blas": found(r"BLAS_INFO=([^,\s]+)"),
+        "mkl_version": found(r"Math Kernel Library Version ([0-9][0-9.]*)"),
+        "onednn_version": found(r"(?:MKL-DNN|oneDNN) v([0-9][0-9.]*)"),
+        "openmp": (openmp.group(2) or openmp.group(1)) if openmp else None,
     }
 
 
