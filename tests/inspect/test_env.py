@@ -283,6 +283,18 @@ def test_cpu_libraries_of_the_torch_build():
     assert set(env.cpu_libraries("").values()) == {None}
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo")
+def test_cpu_model_unknown_is_null_not_the_architecture(runner, monkeypatch, tmp_path, clean_env):
+    """With /proc/cpuinfo unreadable the model read "x86_64" (uname's processor)."""
+    monkeypatch.setattr(env, "CPUINFO", str(tmp_path / "missing"))
+    result = runner.invoke(app, ["env", "--format", "json"])
+    assert json.loads(result.stdout)["cpu"]["model"] is None
+    assert env.cpu_model() == f"{platform.machine()} CPU"  # benchmark's device name
+    (tmp_path / "cpuinfo").write_text(GRACE)
+    monkeypatch.setattr(env, "CPUINFO", str(tmp_path / "cpuinfo"))
+    assert env.cpu_name() == env.cpu_model() == "ARM Neoverse-V2"
+
+
 def test_numa_nodes(tmp_path):
     for name in ("node0", "node1", "online", "possible", "has_cpu", "nodefoo"):
         (tmp_path / name).mkdir()

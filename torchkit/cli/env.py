@@ -124,7 +124,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["OS", system["os"] or system["system"]],
         ["platform", system["description"]],
         ["C++ compiler", system["compiler"] or "none (torch.compile needs one on the CPU)"],
-        ["CPU", cpu["model"]],
+        ["CPU", cpu["model"] or "unknown"],
         ["CPU cores", _cores(cpu)],
     ]
     torch_info, dist, cuda = report["torch"], report["distributed"], report["cuda"]

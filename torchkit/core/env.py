@@ -221,7 +221,7 @@ def os_name() -> str | None:
 
 def cpu_info() -> dict[str, Any]:
     return {
-        "model": cpu_model(),
+        "model": cpu_name(),
         "logical_cores": os.cpu_count(),
         "usable_cores": usable_cpus(),
         "quota": cgroup_cpu_quota(),
@@ -238,10 +238,21 @@ def numa_nodes(nodes: str = "/sys/devices/system/node") -> int | None:
     return count or None
 
 
+CPUINFO = "/proc/cpuinfo"
+
+
 def cpu_model() -> str:
+    """The CPU's name, else its architecture ("x86_64 CPU"): for a label that must say
+    something (benchmark's device name)."""
+    return cpu_name() or f"{platform.machine() or 'unknown'} CPU"
+
+
+def cpu_name() -> str | None:
+    """The CPU's name; None where the system does not say (`/proc/cpuinfo` unreadable): never
+    the machine's architecture in the name's place."""
     if sys.platform.startswith("linux"):
         try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            with open(CPUINFO, encoding="utf-8", errors="replace") as handle:
                 model = cpuinfo_model(handle.read())
             if model:
                 return model
@@ -251,7 +262,9 @@ def cpu_model() -> str:
         brand = command_output(["sysctl", "-n", "machdep.cpu.brand_string"]).strip()
         if brand:
             return brand
-    return platform.processor() or platform.machine() or "unknown"
+    elif sys.platform == "win32":
+        return platform.processor() or None  # "Intel64 Family 6 Model 85 Stepping 7, ..."
+    return None
 
 
 # Arm CPUs name themselves only by numbers in /proc/cpuinfo (implementer, part); the names of
