@@ -560,6 +560,31 @@ def test_resume_in_place_without_best_pt_gets_it_back_or_starts_the_best_over(
         assert summary["best_epoch"] is None and not (run / "best.pt").exists()
 
 
+def test_resume_in_place_replaces_a_best_pt_written_ahead_of_last_pt(trained, tmp_path, runner):
+    # A kill (or a full disk) between an epoch's best.pt and its last.pt left best.pt one epoch
+    # ahead, on a branch the resumed run does not follow: it was kept as "the run's own", so
+    # best.pt held epoch 3's lost weights while the summary named epoch 2 and tested best.pt.
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    last = read_checkpoint(run / "last.pt")
+    history = [dict(row) for row in last["history"]]
+    history[1] |= {"val_loss": 0.0, "val_top1": 1.0}  # epoch 2 stays the best, whatever comes
+    last |= {"history": history, "best_epoch": 2, "best_metric": 1.0}
+    torch.save(last, run / "last.pt")
+    lost = {key: torch.zeros_like(value) for key, value in last["model"].items()}
+    ahead = {**last, "epoch": 3, "best_epoch": 3, "model": lost}
+    torch.save({**ahead, "history": [*history, {**history[1], "epoch": 3}]}, run / "best.pt")
+    result = runner.invoke(
+        app, ["train", "--resume", str(run), "--epochs", "3", "--format", "json"]
+        + ["--trust-checkpoint"],  # TinyNet is code the checkpoint names
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["best_epoch"] == 2
+    best = read_checkpoint(run / "best.pt")
+    assert best["epoch"] == 2
+    assert all(torch.equal(best["model"][key], value) for key, value in last["model"].items())
+
+
 def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_path):
     from torchkit.core.train.checkpoints import best_checkpoint_for
 

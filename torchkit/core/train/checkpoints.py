@@ -173,16 +173,18 @@ def best_checkpoint_for(resumed: Path, checkpoint: dict) -> Path | None:
     if best_epoch is None:
         return None
     for candidate in (resumed.parent / BEST, resumed.parent / periodic_name(best_epoch)):
-        if candidate.is_file() and _holds_best_epoch(candidate, checkpoint):
+        if candidate.is_file() and holds_best_epoch(candidate, checkpoint):
             return candidate
     if checkpoint.get("epoch") == best_epoch and not checkpoint.get("epoch_progress"):
         return resumed
     return None
 
 
-def _holds_best_epoch(path: Path, checkpoint: dict) -> bool:
+def holds_best_epoch(path: Path, checkpoint: dict) -> bool:
     """Whether the file `path` is a checkpoint saved at the end of `checkpoint`'s best epoch by
-    the same run (its history up to that epoch is the checkpoint's)."""
+    the same run (its history up to that epoch is the checkpoint's). A run's own best.pt may
+    not be: a kill or a full disk between the writes of an epoch's best.pt and last.pt leaves
+    best.pt one epoch ahead of last.pt, on a branch the resumed run does not follow."""
     import torch
 
     best_epoch = checkpoint.get("best_epoch")
@@ -210,7 +212,7 @@ def copy_best_checkpoint(resumed: Path, checkpoint: dict, target: Path) -> Path 
     if found is None:
         return None
     copy_checkpoint(found, target)
-    if _holds_best_epoch(target, checkpoint):
+    if holds_best_epoch(target, checkpoint):
         return found
     remove_tree(target, ignore_errors=False)
     return None

@@ -32,7 +32,13 @@ from torchkit.core.io.outputs import (
 )
 from torchkit.core.runtime import distributed
 from torchkit.core.train.checkpoint_writer import CheckpointWriter
-from torchkit.core.train.checkpoints import BEST, LAST, copy_best_checkpoint, save_epoch
+from torchkit.core.train.checkpoints import (
+    BEST,
+    LAST,
+    copy_best_checkpoint,
+    holds_best_epoch,
+    save_epoch,
+)
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
     RUN_FILES,
@@ -174,12 +180,14 @@ class RunFolder:
 
     def carry_best(self, ctx: DistContext, resumed_from: Path, checkpoint: dict) -> bool:
         """A run resumed into another folder starts with the resumed run's best.pt (and one
-        continued in place whose best.pt was deleted gets it back from a checkpoint of that
-        epoch), so the folder holds the best epoch the summary names: whether that epoch's
-        weights were found (rank 0 looks; every rank learns the outcome)."""
+        continued in place whose best.pt was deleted, or is not of last.pt's best epoch, gets
+        it back from a checkpoint of that epoch), so the folder holds the best epoch the
+        summary names: whether that epoch's weights were found (rank 0 looks; every rank
+        learns the outcome)."""
 
         def carry() -> str | None:
-            if self.in_place and (self.path / BEST).is_file():
+            own = self.path / BEST
+            if self.in_place and own.is_file() and holds_best_epoch(own, checkpoint):
                 return BEST  # the run's own
             found = copy_best_checkpoint(resumed_from, checkpoint, self.path / BEST)
             return None if found is None else str(found)
