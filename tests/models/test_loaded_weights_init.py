@@ -14,20 +14,28 @@ from torchkit.core.models.builders import build_model, model_from_checkpoint
 from torchkit.core.models.checkpoint import load_weights_into
 from torchkit.core.models.random_init import built_for_loading, skipped_weight_init
 
-# (arch, image size): the digits convnet, a torchvision network, and a timm one whose
-# non-persistent buffers (attention bias indices) its constructor computes.
-MODELS = [("convnet", 8), ("resnet18", 32), ("timm/levit_128s", 224)]
+# (arch, image size): the digits convnet, a torchvision network, a timm one whose
+# non-persistent buffers (attention bias indices) its constructor computes, and two initialised
+# with timm's own truncated normal (`trunc_normal_`, `trunc_normal_tf_`).
+MODELS = [
+    ("convnet", 8),
+    ("resnet18", 32),
+    ("timm/levit_128s", 224),
+    ("timm/test_vit", 160),
+    ("timm/test_convnext", 160),
+]
 
 
 class _RandomDraws(torch.overrides.TorchFunctionMode):
-    """Counts the random draws (`normal_`, `uniform_`) torch's initialisers make."""
+    """Counts the random draws (`normal_`, `uniform_`) torch's initialisers make, and the
+    `erfinv_` timm's truncated normal turns a uniform draw into a normal one with."""
 
     def __init__(self) -> None:
         super().__init__()
         self.count = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += getattr(func, "__name__", "") in ("normal_", "uniform_")
+        self.count += getattr(func, "__name__", "") in ("normal_", "uniform_", "erfinv_")
         return func(*args, **(kwargs or {}))
 
 

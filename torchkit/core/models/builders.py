@@ -22,7 +22,7 @@ from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
-    create_timm_model,
+    built_timm_model,
     timm_pretrained,
 )
 from torchkit.core.models.usercode import call_model_factory, is_callable_spec
@@ -174,11 +174,12 @@ def _build_timm(
     """A timm model built as `resolve_model` builds it for the same image size and channels
     (so a checkpoint's weights fit the model rebuilt from its `arch`)."""
     if not weights:
-        return built_for_loading(
-            lambda: create_timm_model(
-                spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
-            ),
+        return built_timm_model(
+            spec,
             weights_follow,
+            num_classes=num_classes,
+            image_size=image_size,
+            in_channels=in_channels,
         )
     if not os.path.exists(weights):
         if is_checkpoint_path(weights):
@@ -186,9 +187,7 @@ def _build_timm(
         model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
         replace_head(model, num_classes)
         return model
-    model = built_for_loading(
-        lambda: create_timm_model(spec, image_size=image_size, in_channels=in_channels)
-    )
+    model = built_timm_model(spec, True, image_size=image_size, in_channels=in_channels)
     load_weights_file(model, weights, num_classes=num_classes, trust_checkpoint=trust_checkpoint)
     return model
 

@@ -3,8 +3,11 @@ load follows), without first drawing random ones: most of a large model's build 
 of ~1.5 s on one thread, convnext_base ~0.7 of ~1.2 s).
 
 While such a model is built, torch's random initialisers (`torch.nn.init`'s, and the Tensor
-methods `uniform_` and `normal_` that builders and timm's own truncated normal draw with) leave
-tensors as allocated, as transformers' `no_init_weights` does, and note which ones they left.
+methods `uniform_` and `normal_` that builders draw with) and timm's truncated normal (behind
+its `trunc_normal_`, `trunc_normal_tf_`, `lecun_normal_`: a uniform draw, then `erfinv_` and
+three more passes, most of a timm ViT's or ConvNeXt's build) leave tensors as allocated, as
+transformers' `no_init_weights` does, and note which ones they left. timm's is skipped when timm
+is imported before the build (`timm_models.built_timm_model`).
 The deterministic ones (zeros, ones, constants, eye, dirac, `fill_`, `zero_`) still run. The
 strict load writes every parameter and persistent buffer; when every tensor left uninitialised
 is one of those, the model is bit for bit the one a normal build gives. Otherwise (a random
@@ -19,6 +22,7 @@ another thread building a model at the same moment must get its random weights.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -39,6 +43,9 @@ RANDOM_INIT_FUNCTIONS = (
 # ... and the Tensor methods builders draw with directly (ViT's position embedding,
 # `torch.empty(...).normal_(std=0.02)`; timm's trunc_normal_).
 RANDOM_TENSOR_METHODS = ("uniform_", "normal_")
+# ... and the one function behind timm's truncated normals, looked up as a global at each call
+# (its callers import `trunc_normal_` & co. by name: patching those would miss most copies).
+TIMM_WEIGHT_INIT = ("timm.layers.weight_init", "_trunc_normal_")
 
 _skipping = threading.local()  # .skipped: data_ptr() of the tensors left, inside the context
 _install_lock = threading.Lock()
@@ -66,6 +73,10 @@ def _install() -> None:
 
     targets = [(torch.nn.init, name) for name in RANDOM_INIT_FUNCTIONS]
     targets += [(torch.Tensor, name) for name in RANDOM_TENSOR_METHODS]
+    module, name = TIMM_WEIGHT_INIT
+    timm_init = sys.modules.get(module)  # never imported here: only if a build already did
+    if hasattr(timm_init, name):
+        targets.append((timm_init, name))
     for owner, name in targets:
         # Tensor's methods live on its C base: nothing of the owner's own to put back.
         _originals.append((owner, name, vars(owner).get(name)))

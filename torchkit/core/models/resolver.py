@@ -52,7 +52,7 @@ from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
     base_name,
-    create_timm_model,
+    built_timm_model,
     imagenet_classes,
     size_pair,
     timm_preprocess,
@@ -551,11 +551,12 @@ def _from_timm(
     if pretrained:
         model = timm_pretrained(spec, weights, image_size=image_size, in_channels=in_channels)
     else:
-        model = built_for_loading(  # a weights file, loaded strictly: no random init
-            lambda: create_timm_model(
-                spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
-            ),
+        model = built_timm_model(  # a weights file, loaded strictly: no random init
+            spec,
             weights is not None,
+            num_classes=num_classes,
+            image_size=image_size,
+            in_channels=in_channels,
         )
     preprocess = timm_preprocess(model, image_size=image_size, in_channels=in_channels)
     return ResolvedModel(

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, Preprocess
 from torchkit.core.io.errors import OfflineError, UsageError, first_line
+from torchkit.core.models.random_init import built_for_loading
 
 TIMM_PREFIX = "timm/"
 DEFAULT_WEIGHTS = "DEFAULT"
@@ -103,6 +104,26 @@ def create_timm_model(
             f"cannot build {spec} for {size[0]}x{size[1]} images: {first_line(error)}",
             "choose another --image-size",
         ) from error
+
+
+def built_timm_model(
+    spec: str,
+    loaded: bool,
+    *,
+    num_classes: int | None = None,
+    image_size: int | Sequence[int] | None = None,
+    in_channels: int | None = None,
+):
+    """`create_timm_model`, without the random init a strict load overwrites right after
+    (`loaded`: built_for_loading). timm is imported first, so that its own truncated normal,
+    most of a ViT's or ConvNeXt's build, is skipped too."""
+    import_timm()
+    return built_for_loading(
+        lambda: create_timm_model(
+            spec, num_classes=num_classes, image_size=image_size, in_channels=in_channels
+        ),
+        loaded,
+    )
 
 
 def timm_pretrained(
