@@ -768,3 +768,22 @@ def test_agrees_with_a_hand_written_timing_loop(mode):
         torch.set_num_threads(threads)
     ratio = max(ours) / max(theirs)
     assert 0.5 <= ratio <= 2.0, (ours, theirs)
+
+
+def test_a_cpu_batch_beyond_the_available_memory_is_refused_before_any_run(runner, monkeypatch):
+    """Before: the run started, and a batch the machine could not hold was not an out-of-memory
+    error but the kernel's OOM killer (exit 137, every figure lost); now one error line, exit 1,
+    before any configuration runs."""
+    sample = (1, 28, 28)
+    counted = summarize(bench_run_model("convnet", sample), [(1, *sample)], count_flops=True)
+    train_image = (counted.input_mb + counted.forward_backward_mb / 2) * 1e6
+    monkeypatch.setattr(bench_run, "available_memory", lambda: int(100 * train_image))
+    args = ["benchmark", "convnet", "-i", "1,28,28", *FAST, "--mode", "both"]
+    refused = runner.invoke(app, [*args, "-b", "2,1000"])
+    assert refused.exit_code == 1, refused.stdout
+    assert refused.stdout == ""
+    assert error_line(refused.stderr).startswith(
+        "Error: convnet in train mode at batch 1000 needs at least"
+    )
+    fits = runner.invoke(app, [*args, "-b", "2,50", "--warmup", "0", "--iters", "1"])
+    assert fits.exit_code == 0, fits.stderr

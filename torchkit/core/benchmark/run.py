@@ -279,6 +279,8 @@ def benchmark_model(
         raise
     except UsageError as error:  # the model does not take this input: say which option
         raise UsageError(error.message, "check --input-size") from error
+    if device.type == "cpu" and not options.find_batch_size:  # the search predicts its own
+        _check_fits_in_memory(name, counted, options, amp_dtype)
     model.to(device)
     if options.channels_last:
         model.to(memory_format=torch.channels_last)
@@ -527,6 +529,36 @@ def _one_value_per_channel(error: BaseException) -> bool:
     """BatchNorm's refusal to train on a single value per channel: a batch of 1 whose feature
     map is 1x1 there (resnet18 at 32 px), which a larger batch trains on."""
     return "Expected more than 1 value per channel when training" in str(error)
+
+
+def _check_fits_in_memory(
+    name: str, counted: Any, options: BenchmarkOptions, amp_dtype: Any
+) -> None:
+    """Refuse, before any configuration runs, a CPU batch whose least memory is more than the
+    machine has available: the kernel overcommits, so such a run is not an out-of-memory error
+    but the OOM killer's SIGKILL (or a swapping machine). The least memory is the input batch
+    in infer mode; in train mode also the layers' outputs autograd keeps for the backward pass
+    (summary's count at batch 1, halved for a 16-bit --amp; a real step takes about twice it)."""
+    available = available_memory()
+    if available is None or counted.input_mb is None:
+        return
+    per_image = {"infer": counted.input_mb * MB, "train": counted.input_mb * MB}
+    if counted.forward_backward_mb is not None:
+        kept = counted.forward_backward_mb * MB / 2  # summary counts forward + backward
+        if amp_dtype is not None and amp_dtype.itemsize == 2:
+            kept /= 2
+        per_image["train"] += kept
+    for mode in options.modes:
+        batch = max(options.batch_sizes)
+        needed = batch * per_image[mode]
+        if needed > available:
+            what = "the input batch" if mode == "infer" else "the activations kept for backward"
+            raise TorchkitError(
+                f"{name} in {mode} mode at batch {batch} needs at least "
+                f"{needed / 1e9:,.1f} GB ({what}), more than the "
+                f"{available / 1e9:,.1f} GB of memory available",
+                "use a smaller --batch-size, or --find-batch-size",
+            )
 
 
 def _search(
