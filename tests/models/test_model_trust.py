@@ -316,6 +316,18 @@ def test_code_archives_need_trust(runner, world, command, name):
     line = error_line(result.stderr)
     assert "whose code runs when it is loaded" in line and "--trust-checkpoint" in line
     assert "Error: Error:" not in result.stderr
+    assert "ONNX files need no trust" in line
+
+
+@pytest.mark.parametrize("command", ["summary", "benchmark"])
+def test_untrusted_torchscript_hint_offers_no_onnx_where_onnx_is_refused(runner, world, command):
+    """Before: summary and benchmark, which refuse ONNX files, hinted 'ONNX files need no
+    trust' for an untrusted TorchScript file."""
+    args = [part.format(model=world / "model.ts") for part in COMMANDS[command]]
+    result = _invoke(runner, args, world)
+    assert result.exit_code == 1
+    line = error_line(result.stderr)
+    assert "--trust-checkpoint" in line and "ONNX" not in line
 
 
 @pytest.mark.parametrize(

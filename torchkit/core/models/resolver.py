@@ -296,11 +296,10 @@ def _from_exported(
             "give the torchkit checkpoint it was exported from",
         )
     if fmt != ONNX and not trust_checkpoint:
-        raise CheckpointError(
-            f"{path} is {title}, whose code runs when it is loaded",
-            "pass --trust-checkpoint to load it, only if you trust where it came from; "
-            "ONNX files need no trust",
-        )
+        hint = "pass --trust-checkpoint to load it, only if you trust where it came from"
+        if use != "module":  # summary and benchmark refuse ONNX files: no alternative there
+            hint += "; ONNX files need no trust"
+        raise CheckpointError(f"{path} is {title}, whose code runs when it is loaded", hint)
     exported = load_exported(path, fmt)
     exported.refuse_other_size(size, channels)
     shape = exported.input_shape
