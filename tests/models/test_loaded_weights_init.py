@@ -15,14 +15,15 @@ from torchkit.core.models.checkpoint import load_weights_into
 from torchkit.core.models.random_init import built_for_loading, skipped_weight_init
 
 # (arch, image size): the digits convnet, a torchvision network, a timm one whose
-# non-persistent buffers (attention bias indices) its constructor computes, and two initialised
-# with timm's own truncated normal (`trunc_normal_`, `trunc_normal_tf_`).
+# non-persistent buffers (attention bias indices) its constructor computes, two initialised with
+# timm's own truncated normal (`trunc_normal_`, `trunc_normal_tf_`), and an EfficientNet.
 MODELS = [
     ("convnet", 8),
     ("resnet18", 32),
     ("timm/levit_128s", 224),
     ("timm/test_vit", 160),
     ("timm/test_convnext", 160),
+    ("timm/test_efficientnet", 160),  # a squeeze-excite layer made and dropped
 ]
 
 
@@ -110,7 +111,7 @@ def test_skipped_init_holds_only_in_its_thread_and_is_undone():
         assert torch.nn.init.normal_(tensor) is tensor and not tensor.any()  # left as it was
         assert drawn.normal_() is drawn and not drawn.any()
         assert torch.nn.init.ones_(torch.zeros(3)).all()  # deterministic ones still run
-        assert skipped == [tensor.data_ptr(), drawn.data_ptr()]
+        assert [pointer for pointer, _ in skipped] == [tensor.data_ptr(), drawn.data_ptr()]
         other_ready.set()  # another thread initialises while this one skips
         assert other_done.wait(10)
     thread.join()
@@ -142,3 +143,27 @@ def test_a_random_tensor_the_load_does_not_write_means_a_normal_build():
     builds.clear()
     # Without the buffer every tensor left uninitialised is loaded: one build, kept.
     assert built_for_loading(lambda: build(False)) is builds[0] and len(builds) == 1
+
+
+def test_a_layer_the_build_throws_away_does_not_mean_a_second_build():
+    """timm's EfficientNet builder makes a squeeze-excite layer to probe its arguments and drops
+    it: the model is built once, unless it holds a tensor the load does not write, where the
+    dropped layer's values could have gone."""
+
+    class Toy(torch.nn.Module):
+        def __init__(self, keep_derived: bool):
+            super().__init__()
+            probe = torch.nn.Linear(4, 4)  # made, then dropped
+            self.linear = torch.nn.Linear(4, 2)
+            if keep_derived:
+                self.register_buffer("scale", probe.weight.detach() * 2, persistent=False)
+
+    builds = []
+
+    def build(keep_derived: bool):
+        builds.append(Toy(keep_derived))
+        return builds[-1]
+
+    assert built_for_loading(lambda: build(False)) is builds[0] and len(builds) == 1
+    builds.clear()
+    assert built_for_loading(lambda: build(True)) is builds[1] and builds[1].scale.any()

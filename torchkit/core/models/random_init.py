@@ -12,6 +12,9 @@ The deterministic ones (zeros, ones, constants, eye, dirac, `fill_`, `zero_`) st
 strict load writes every parameter and persistent buffer; when every tensor left uninitialised
 is one of those, the model is bit for bit the one a normal build gives. Otherwise (a random
 non-persistent buffer, a tensor kept outside the state dict) it is built again the normal way.
+A tensor left that the build threw away (timm's EfficientNet builder makes a squeeze-excite
+layer to probe its arguments) is fine unless the model holds tensors the load does not write,
+where its values could have gone.
 Models built by user code (`package.module:Callable`), which may compute anything from their
 random weights, are always built the normal way (the callers' choice).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -47,7 +51,7 @@ RANDOM_TENSOR_METHODS = ("uniform_", "normal_")
 # (its callers import `trunc_normal_` & co. by name: patching those would miss most copies).
 TIMM_WEIGHT_INIT = ("timm.layers.weight_init", "_trunc_normal_")
 
-_skipping = threading.local()  # .skipped: data_ptr() of the tensors left, inside the context
+_skipping = threading.local()  # .skipped: (data_ptr(), weakref) of the tensors left, inside
 _install_lock = threading.Lock()
 _users = 0
 _originals: list[tuple[Any, str, Any]] = []  # (owner, name, what the owner itself held)
@@ -61,7 +65,9 @@ def _skippable(original: Callable) -> Callable:
         if skipped is None:
             return original(tensor, *args, **kwargs)
         if tensor.numel():
-            skipped.append(tensor.data_ptr())
+            # A view's base is what the model would keep: while it lives, so may the values.
+            base = tensor if tensor._base is None else tensor._base
+            skipped.append((tensor.data_ptr(), weakref.ref(base)))
         return tensor
 
     init.__wrapped__ = original  # type: ignore[attr-defined]
@@ -93,17 +99,18 @@ def _uninstall() -> None:
 
 
 @contextlib.contextmanager
-def skipped_weight_init() -> Iterator[list[int]]:
+def skipped_weight_init() -> Iterator[list[tuple[int, weakref.ref]]]:
     """Inside, torch's random initialisers leave tensors uninitialised in this thread and list
-    their `data_ptr()` in the list it gives (only where every tensor is loaded afterwards);
-    outside, and in other threads, nothing changes."""
+    them in the list it gives, as (`data_ptr()`, a weak reference to the tensor or the base it
+    views) (only where every tensor is loaded afterwards); outside, and in other threads,
+    nothing changes."""
     global _users
     with _install_lock:
         if _users == 0:
             _install()
         _users += 1
     outer = getattr(_skipping, "skipped", None)
-    skipped: list[int] = []
+    skipped: list[tuple[int, weakref.ref]] = []
     _skipping.skipped = skipped
     try:
         yield skipped
@@ -117,11 +124,28 @@ def skipped_weight_init() -> Iterator[list[int]]:
                 _uninstall()
 
 
-def all_loaded(model: Any, skipped: list[int]) -> bool:
+def all_loaded(model: Any, skipped: list[tuple[int, weakref.ref]]) -> bool:
     """Whether every tensor left uninitialised is one a strict `load_state_dict` writes (a
-    parameter or persistent buffer of `model`, by its memory)."""
-    loaded = {tensor.data_ptr() for tensor in model.state_dict(keep_vars=True).values()}
-    return all(pointer in loaded for pointer in skipped)
+    parameter or persistent buffer of `model`, by its memory), or one gone with the build's
+    temporaries while `model` holds no tensor the load does not write."""
+    state = model.state_dict(keep_vars=True).values()
+    loaded = {tensor.data_ptr() for tensor in state}
+    if all(pointer in loaded for pointer, tensor in skipped if tensor() is not None):
+        return all(tensor() is not None for _, tensor in skipped) or _holds_only(model, state)
+    return False
+
+
+def _holds_only(model: Any, state: Any) -> bool:
+    """Whether every tensor `model`'s modules hold (parameters, buffers, tensor attributes) is
+    one of the state dict's."""
+    import torch
+
+    listed = {id(tensor) for tensor in state}
+    for module in model.modules():
+        held = [*module._parameters.values(), *module._buffers.values(), *vars(module).values()]
+        if any(isinstance(t, torch.Tensor) and id(t) not in listed for t in held):
+            return False
+    return True
 
 
 def built_for_loading(build: Callable[[], Model], loaded: bool = True) -> Model:
