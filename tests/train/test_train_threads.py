@@ -82,6 +82,24 @@ def test_image_folders_take_the_cores_the_workers_leave_unless_given(
     assert "threads" not in options(tmp_path / "b")["defaults_from_data"]
 
 
+def test_deterministic_runs_compute_on_torchs_threads_whatever_the_workers(
+    tmp_path, split_root, two_threads, monkeypatch
+):
+    """With --deterministic the numbers may not depend on --workers: a run killed with one
+    worker and resumed, or replayed with none, computed on 1 and 2 threads (other sums)."""
+    from torchkit.core.runtime import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 3)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the suite's
+    seen = ThreadsSeen()
+    for workers in (0, 1):
+        out = tmp_path / f"w{workers}"
+        tiny = {**TINY, "workers": workers}
+        config = TrainConfig(data=str(split_root), out=str(out), deterministic=True, **tiny)
+        run_training(config, seen)
+    assert seen.seen == [2, 2]  # torch's own count (two_threads), not 3 - workers
+
+
 def test_negative_threads_are_refused(runner, image_folder, tmp_path):
     out = tmp_path / "run"
     args = ["train", "--data", str(image_folder), "--threads", "-1", "--out", str(out)]

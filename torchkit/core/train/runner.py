@@ -108,6 +108,10 @@ def _run_with_torch(
     plan = plan or plan_run(config, overrides)
     config = plan.config
     threads = compute_threads(loader_workers(config), config.threads)
+    if config.deterministic and config.threads is None:
+        # Numbers that do not depend on --workers: torch's one thread per core, as before the
+        # rule (a resume or replay with other workers would compute other sums).
+        threads = None
     if threads is not None:
         torch.set_num_threads(threads)
     ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
