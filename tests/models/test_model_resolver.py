@@ -397,6 +397,16 @@ def test_model_code_that_exits_or_a_path_as_module_is_one_error_line(
     assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
 
 
+def test_a_file_name_as_module_is_hinted_as_the_module_name(tmp_path):
+    """Before: `oddnets.py:Shared`, run beside oddnets.py, hinted to run torchkit from the
+    folder that holds oddnets.py, which it already was."""
+    (tmp_path / "oddnets.py").write_text("def Shared():\n    pass\n")
+    result = run_torchkit_in_process("summary", "oddnets.py:Shared", "-i", "2", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("Error: cannot import model 'oddnets.py:Shared'")
+    assert result.stderr.strip().endswith("(name the module without .py: oddnets:Shared)")
+
+
 def test_summary_sizes_the_head_from_the_weights_and_trust_reaches_weights(in_world, runner):
     summary = ["summary", "-i", "3,32,32", "--format", "json", "--no-flops"]
     result = runner.invoke(app, [*summary, "resnet18", "--weights", "finetuned_2class.pt"])

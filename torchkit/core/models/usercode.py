@@ -52,10 +52,11 @@ def import_factory(spec: str):
         with user_code():
             module = importlib.import_module(module_name)
     except ImportError as error:
-        raise UsageError(
-            f"cannot import model {spec!r}: {error}",
-            f"run torchkit from the folder that holds {top}/ or {top}.py, or install it",
-        ) from error
+        if module_name.endswith(".py"):  # a file name where a module name belongs
+            hint = f"name the module without .py: {module_name[:-3]}:{attr}"
+        else:
+            hint = f"run torchkit from the folder that holds {top}/ or {top}.py, or install it"
+        raise UsageError(f"cannot import model {spec!r}: {error}", hint) from error
     try:
         return getattr(module, attr)
     except AttributeError as error:
