@@ -15,10 +15,6 @@ def recipe(data: Path, out: Path, workers: int) -> list[str]:
         "8", "--batch-size", "4", "--epochs", "3", "--deterministic", "--seed", "7",
         "--mixup-alpha", "0.4", "--ema", "--lr", "0.01", "--workers", str(workers),
         "--out", str(out), "--device", "cpu",  # bitwise comparisons: the CPU's kernels
-        # One torch thread whatever --workers and the cores (an image folder's default is the
-        # cores the workers leave: the runs compared differ in --workers, and sums over other
-        # thread counts round otherwise).
-        "--threads", "1",
     ]  # fmt: skip
 
 
