@@ -460,6 +460,19 @@ def test_bad_single_files(tmp_path):
     assert not (tmp_path / "x.npy").exists() and not (tmp_path / "x.png").exists()
 
 
+def test_a_32_bit_tiff_past_16_bits_is_named_an_unsupported_range_not_a_corrupt_file(tmp_path):
+    """Before: a readable mode-I TIFF with samples past 65535 was hinted 'the file is truncated,
+    corrupt or not an image'."""
+    wide = np.array([[-1, 70_000]], dtype=np.int32)
+    Image.fromarray(wide, mode="I").save(tmp_path / "wide.tif")
+    result = convert(tmp_path / "wide.tif", tmp_path / "wide.npy")
+    assert result.exit_code == 1
+    line = error_line(result.stderr, besides="nothing")
+    assert "32-bit integer samples lie in -1..70000, outside 0..65535" in line
+    assert line.endswith("(an unsupported sample range: save it as 16-bit or as 32-bit float)")
+    assert "corrupt" not in line and not (tmp_path / "wide.npy").exists()
+
+
 def test_tensors_numpy_lacks_and_images_too_large_for_the_encoder(tmp_path):
     float8 = torch.rand(3, 4, 4).to(torch.float8_e4m3fn)
     torch.save(float8, tmp_path / "float8.pt")

@@ -166,7 +166,7 @@ class TensorReport:
 # --- reading ----------------------------------------------------------------------------------
 
 
-def _pil_to_array(image) -> Any:
+def _pil_to_array(image, source: Path) -> Any:
     import numpy as np
 
     mode = image.mode
@@ -175,7 +175,12 @@ def _pil_to_array(image) -> Any:
     if mode == "I":
         array = np.asarray(image)
         if array.size and (array.min() < 0 or array.max() > 65535):
-            raise ValueError("32-bit integer pixels outside 0..65535")
+            # A readable file whose samples no image format torchkit writes can hold as they are.
+            raise InputError(
+                f"cannot convert image {source}: its 32-bit integer samples lie in "
+                f"{array.min()}..{array.max()}, outside 0..65535",
+                "an unsupported sample range: save it as 16-bit or as 32-bit float",
+            )
         return array.astype(np.uint16)
     if mode == "F":
         return np.asarray(image, dtype=np.float32)
@@ -199,7 +204,7 @@ def read_image(path: str | os.PathLike, *, exif: bool = True, name: str | None =
             array = sixteen_bit_colour(image)
             orientation = exif_orientation(image, exif=exif)
             if array is None:
-                array = _pil_to_array(image)
+                array = _pil_to_array(image, source)
     except unreadable_image_errors() as error:
         raise InputError(
             f"cannot read image {source}: {first_line(error)}",
