@@ -118,3 +118,26 @@ def test_freshly_started_workers_end_when_the_command_is_killed():
         for pid in processes_in_group(process.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_script_without_a_main_guard_runs_once_and_its_workers_work(tmp_path):
+    """Spawned workers ran the caller's `__main__` again first: a script without an `if
+    __name__ == "__main__"` guard died in each (a "worker process died" error) or started
+    again."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path[:0] = {sys.path!r}
+            from torchkit.core.runtime.pool import map_chunks
+            print("started", flush=True)
+            done = []
+            map_chunks(abs, [-1, -2, -3], workers=2, on_result=done.append, start_fresh=True)
+            print(sorted(done))
+            """
+        )
+    )
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split("\n") == ["started", "[1, 2, 3]", ""]

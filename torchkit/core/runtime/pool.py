@@ -20,7 +20,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from torchkit.core.io.errors import TorchkitError
@@ -101,6 +101,33 @@ def _stop(executor: Any) -> None:
     executor.shutdown(wait=True, cancel_futures=True)
 
 
+@contextlib.contextmanager
+def _without_main(*, spawned: bool) -> Iterator[None]:
+    """Processes spawned in the block do not import this process's `__main__` first, as
+    multiprocessing's spawn has them do: a user's script without an `if __name__ ==
+    "__main__"` guard would run again in each (and die there, or start its own pool), and the
+    `torchkit` script would import the whole CLI in each. The work they are sent names its
+    functions by module, which they import as they unpickle it."""
+    if not spawned:
+        yield
+        return
+    from multiprocessing import spawn
+
+    prepared = spawn.get_preparation_data
+
+    def without_main(name: str) -> dict:
+        data = prepared(name)
+        data.pop("init_main_from_name", None)
+        data.pop("init_main_from_path", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+    try:
+        yield
+    finally:
+        spawn.get_preparation_data = prepared
+
+
 def map_chunks(
     func: Callable[[Any], T],
     chunks: Sequence[Any],
@@ -120,9 +147,11 @@ def map_chunks(
     process, for work in libraries that keep threads of their own (OpenCV, FFmpeg): a fork
     copies their locks as they are, held ones included, and a worker that takes one waits
     forever. The workers stay this process's children (they end with it); `preload` still runs
-    here first, and environment variables it sets reach them. (Not a forkserver: its workers
-    are the server's children and keep it alive, so nothing ends them when this process is
-    killed.)"""
+    here first, and environment variables it sets reach them. They do not run this process's
+    `__main__` again (`_without_main`), so a script without an `if __name__ == "__main__"`
+    guard still works, and `func` must be importable by its module's name. (Not a forkserver:
+    its workers are the server's children and keep it alive, so nothing ends them when this
+    process is killed.)"""
     if workers <= 1 or len(chunks) <= 1:
         for chunk in chunks:
             on_result(func(chunk))
@@ -132,9 +161,8 @@ def map_chunks(
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    # fork on Linux, as torch's DataLoader does: workers start at once and a script that calls
-    # this without an `if __name__ == "__main__"` guard still works (spawn and forkserver would
-    # re-run it).
+    # fork on Linux, as torch's DataLoader does: workers start at once and share what this
+    # process imported.
     use_fork = sys.platform.startswith("linux")
     if use_fork and preload is not None:
         preload()
@@ -148,7 +176,7 @@ def map_chunks(
     try:
         # The workers start on the first submit: a signal then waits until they are all
         # known to the executor, so that stopping it stops every one of them.
-        with signals_held():
+        with signals_held(), _without_main(spawned=not use_fork or start_fresh):
             pending = {executor.submit(_call, func, chunk) for chunk in chunks}
         for future in as_completed(pending):
             # A done future holds its result: let it go once handed on, not at the end of the
