@@ -229,16 +229,23 @@ def test_a_16_bit_colour_png_gives_the_same_8_bit_pixels_everywhere(files):
     eight = np.rint(raw / 257.0).astype(np.uint8)
     assert not np.array_equal(pil_stored(path), eight)  # PIL alone: the high byte
 
+    _every_reader_scales_sixteen_bit_colour(path, raw)
+    result = scanned(path)
+    assert result.hashes[0][2] == phash_image(Image.fromarray(eight)) == phash_file(path)
+    gray = np.asarray(Image.fromarray(eight).convert("L"))
+    assert np.array_equal(np.asarray(load_image(path, "L")), gray)
+
+
+def _every_reader_scales_sixteen_bit_colour(path, raw: np.ndarray) -> None:
+    """The loaders, the reduced decode and the stats scan see round(v / 257); convert tensor
+    keeps all 16 bits, which made 8-bit are the loaders' pixels."""
+    eight = np.rint(raw / 257.0).astype(np.uint8)
     assert np.array_equal(np.asarray(load_image(path, "RGB")), eight)
     assert np.array_equal(dataset_pixels(path), eight)
     assert np.array_equal(reduced_decode(path), eight)
     result = scanned(path)
     assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(eight))
     assert result.sixteen_bit == 1  # counted for the warning that they are scaled
-    assert result.hashes[0][2] == phash_image(Image.fromarray(eight)) == phash_file(path)
-    gray = np.asarray(Image.fromarray(eight).convert("L"))
-    assert np.array_equal(np.asarray(load_image(path, "L")), gray)
-    # convert tensor keeps all 16 bits; made 8-bit, they are the loaders' pixels.
     pixels = read_image(path)
     assert pixels.array.dtype == np.uint16 and np.array_equal(pixels.array, raw)
     assert np.array_equal(px.to_image(pixels, sixteen_bit=False), eight)
@@ -251,17 +258,7 @@ def test_a_16_bit_colour_ppm_gives_the_same_8_bit_pixels_everywhere(tmp_path):
     raw[0, 0] = [386, 32767, 65535]  # 386 / 257 rounds up; its high byte is 1
     path = tmp_path / "rgb16.ppm"
     path.write_bytes(b"P6\n6 4\n65535\n" + raw.astype(">u2").tobytes())
-    eight = np.rint(raw / 257.0).astype(np.uint8)
-
-    assert np.array_equal(np.asarray(load_image(path, "RGB")), eight)
-    assert np.array_equal(dataset_pixels(path), eight)
-    assert np.array_equal(reduced_decode(path), eight)
-    result = scanned(path)
-    assert np.array_equal(result.accumulator.histograms[(("R", "G", "B"), 255)], histogram(eight))
-    assert result.sixteen_bit == 1  # counted for the warning that they are scaled
-    pixels = read_image(path)
-    assert pixels.array.dtype == np.uint16 and np.array_equal(pixels.array, raw)
-    assert np.array_equal(px.to_image(pixels, sixteen_bit=False), eight)
+    _every_reader_scales_sixteen_bit_colour(path, raw)
 
 
 @pytest.mark.parametrize("name", ["cmyk.jpg", "palette.png"])
