@@ -232,6 +232,29 @@ def test_random_weights_are_a_note_after_the_results(runner, tmp_path):
     assert "random weights" not in trained.stderr
 
 
+def test_train_mode_of_a_traced_torchscript_file_warns_it_runs_as_exported(runner, tmp_path):
+    """Before: `--mode train` of a traced file timed it silently, though tracing fixed its
+    dropout (and BatchNorm) in eval mode: the "train" step was not the model's training."""
+    model = nn.Sequential(tiny_conv(1), nn.Dropout(0.9)).eval()
+    sample = torch.randn(2, 1, 8, 8)
+    traced = torch.jit.trace(model, sample)
+    traced.train()
+    assert torch.equal(traced(sample), traced(sample))  # no dropout in train mode: as traced
+    path = tmp_path / "traced.pt"
+    torch.jit.save(traced, str(path))
+    args = ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+    train = runner.invoke(app, [*args, "--mode", "train", "--format", "json"])
+    assert train.exit_code == 0, train.stderr
+    assert json.loads(train.stdout)["results"][0]["mode"] == "train"
+    assert train.stderr.splitlines() == [
+        f"Warning: {path} is TorchScript: --mode train times it as it was exported (a traced "
+        "model keeps the eval-mode BatchNorm and dropout it was traced with), not as the model "
+        "trains; benchmark the checkpoint it came from for training figures"
+    ]
+    infer = runner.invoke(app, [*args, "--format", "json"])
+    assert infer.exit_code == 0 and "Warning" not in infer.stderr, infer.stderr
+
+
 def test_compile_goes_through_the_filter_of_torchs_no_cuda_runtime_warning(runner, monkeypatch):
     # benchmark --compile called torch.compile itself, so a CPU run on a machine with a CUDA
     # toolkit printed torch's "No CUDA runtime is found" (train already dropped it).

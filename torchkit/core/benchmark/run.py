@@ -35,6 +35,7 @@ from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
 from torchkit.core.io.option_lists import list_items
 from torchkit.core.io.progress import Progress
+from torchkit.core.models.exported.formats import TORCHSCRIPT
 from torchkit.core.models.image_size import ImageSizeError
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.runtime.compiled import compile_module
@@ -212,6 +213,14 @@ def run_benchmark(
             f"{resolved.arch} takes images: give --input-size as C,H,W, not "
             f"{','.join(map(str, sample))}",
             "the batch comes from --batch-size",
+        )
+    if resolved.exported_format == TORCHSCRIPT and "train" in options.modes:
+        # Tracing (what `torchkit export` does) records BatchNorm and dropout in the mode the
+        # model was in, eval: model.train() cannot switch them back on.
+        log.warning(
+            f"{spec} is TorchScript: --mode train times it as it was exported (a traced "
+            "model keeps the eval-mode BatchNorm and dropout it was traced with), not as the "
+            "model trains; benchmark the checkpoint it came from for training figures"
         )
     model = resolved.model
     name, source = resolved.arch, resolved.source
