@@ -481,6 +481,25 @@ def test_resuming_a_run_that_stopped_early_trains_nothing_unless_early_stop_is_r
     assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3, 4]
 
 
+def test_resuming_a_run_whose_patience_ran_out_at_its_last_epoch_says_it_did_not_stop_early(
+    runner, split_root, tmp_path
+):
+    """Its patience of 2 ran out at epoch 3 of its 3: a larger --epochs trains nothing more,
+    and the warning and summary say its rule is met, not that the run stopped early."""
+    out = tmp_path / "r"
+    args = ["--data", str(split_root), *FAST, "--lr", "1e-30", "--device", "cpu"]
+    first = train(runner, *args, "--epochs", "3", "--early-stop", "2", "--out", str(out))
+    assert first.exit_code == 0, first.stderr
+    trusted = "--trust-checkpoint"  # the run's model is code (nets:TinyNet)
+    again = train(runner, "--resume", str(out), trusted, "--epochs", "6", "--format", "json")
+    assert again.exit_code == 0, again.stderr
+    assert "the run's --early-stop rule is met after 3 epochs, 2 without" in again.stderr
+    assert "stopped early" not in again.stderr
+    summary = json.loads(again.stdout)
+    assert (summary["epochs"], summary["stopped_early"]) == (3, False)
+    assert [int(r["epoch"]) for r in metrics_rows(out)] == [1, 2, 3]
+
+
 def test_with_ema_best_pt_is_picked_by_the_ema_weights(runner, split_root, tmp_path):
     out = tmp_path / "r"
     args = ["--data", str(split_root), *FAST, "--epochs", "4", "--lr", "0.05", "--ema"]

@@ -129,7 +129,7 @@ class EpochDriver:
             and state.patience_spent(state.start_epoch)
         )
         if resumed_after_early_stop:  # nothing to train: the runner said so
-            result.stopped_early = True
+            result.stopped_early = state.resumed_stopped_early
             return
         for epoch in range(state.start_epoch, config.epochs):
             if mid_epoch:

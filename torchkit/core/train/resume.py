@@ -36,6 +36,9 @@ class ResumePoint:
     progress: EpochProgress = field(default_factory=EpochProgress)
     rng: Any = None
     world_changed: bool = False
+    # The saved run ended by its own --early-stop before its own --epochs (a run whose patience
+    # ran out at its last epoch trained every epoch it was asked for: not stopped early).
+    stopped_early: bool = False
 
 
 def saved_world_size(checkpoint: dict) -> int | None:
@@ -57,7 +60,17 @@ def resume_point(
         progress=progress,
         rng=rng,
         world_changed=int(saved_world_size(checkpoint) or 1) != ctx.world_size,
+        stopped_early=saved_run_stopped_early(checkpoint, start_epoch),
     )
+
+
+def saved_run_stopped_early(checkpoint: dict, epochs_done: int) -> bool:
+    """Whether the saved run stopped by its own --early-stop before its own --epochs."""
+    saved = checkpoint.get("config") or {}
+    patience, best = saved.get("early_stop") or 0, checkpoint.get("best_epoch")
+    if not patience or best is None or epochs_done >= int(saved.get("epochs") or 0):
+        return False
+    return epochs_done - int(best) >= int(patience)
 
 
 def restore_training(

@@ -434,9 +434,16 @@ def _announce(
     elif state.progress.batches > 0:
         return  # an epoch to finish, whatever --early-stop says
     elif state.patience_spent(state.start_epoch):  # the loop trains nothing (EpochDriver)
+        # A saved run whose patience ran out at its own last epoch did not stop early.
+        what = (
+            "the run stopped early"
+            if state.resumed_stopped_early
+            else "the run's --early-stop rule is met"
+        )
         log.warning(
-            "the run stopped early after %d epochs, %d without a better val %s (--early-stop "
-            "%d): nothing to train (pass a larger --early-stop, or --early-stop 0, to continue it)",
+            "%s after %d epochs, %d without a better val %s (--early-stop %d): nothing to "
+            "train (pass a larger --early-stop, or --early-stop 0, to continue it)",
+            what,
             state.start_epoch,
             state.start_epoch - state.best_epoch,
             config.best_metric,

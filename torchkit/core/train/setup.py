@@ -269,6 +269,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         history=point.history,
         progress=point.progress,
         resume_rng=point.rng,
+        resumed_stopped_early=point.stopped_early,
     )
 
 

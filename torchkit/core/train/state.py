@@ -52,6 +52,7 @@ class TrainState:
     history: list[dict] = field(default_factory=list)  # metrics.csv's rows
     progress: EpochProgress = field(default_factory=EpochProgress)  # of the epoch in progress
     resume_rng: Any = None  # this rank's random state inside the resumed epoch (None: seed)
+    resumed_stopped_early: bool = False  # the saved run stopped before its own --epochs
     # Where prepare_state's time went, (what, seconds) in order (`train -v`'s last line).
     setup_split: list[tuple[str, float]] = field(default_factory=list)
 
