@@ -21,7 +21,7 @@ MODELS = [
     ("convnet", 8),
     ("resnet18", 32),
     ("timm/levit_128s", 224),
-    ("timm/test_vit", 160),
+    ("timm/test_vit", 64),
     ("timm/test_convnext", 160),
     ("timm/test_efficientnet", 160),  # a squeeze-excite layer made and dropped
 ]
