@@ -164,7 +164,9 @@ def test_non_square_images_get_the_pixels_of_timms_own_eval_transform(tag):
 SHAPES = [(37, 61, 3), (90, 29, 3)]
 
 
-def test_train_takes_the_crop_mode_of_the_timm_tag_it_fine_tunes(runner):
+def test_train_takes_the_crop_mode_of_the_timm_tag_it_fine_tunes(runner, tmp_path):
+    # An image folder: on digits a model from random weights keeps the digits' defaults.
+    data = write_image_folder(tmp_path / "data", {"a": 1, "b": 1}, size=8)
     arch, tag = CROP_MODE_TAGS[0].split(".")
     for args, expected in [
         ([f"timm/{arch}.{tag}"], "squash"),
@@ -173,7 +175,7 @@ def test_train_takes_the_crop_mode_of_the_timm_tag_it_fine_tunes(runner):
         ([f"timm/{arch}.{tag}", "--crop-mode", "center"], "center"),
     ]:
         result = runner.invoke(
-            app, ["train", "--data", "digits", "--model", *args, "--print-config"]
+            app, ["train", "--data", str(data), "--model", *args, "--print-config"]
         )
         assert result.exit_code == 0, result.stderr
         assert json.loads(result.stdout)["crop_mode"] == expected, args
