@@ -25,6 +25,7 @@ from torchkit.core.data.device_decode import DeviceDecodeTransform, EncodedJpeg,
 from torchkit.core.data.hashing import hash_file, phash_bytes, phash_file, phash_image
 from torchkit.core.data.image_files import (
     NotARegularFile,
+    UnsupportedSamples,
     apply_exif_orientation,
     exif_orientation,
     load_image,
@@ -285,6 +286,50 @@ def test_a_transparent_palette_keeps_its_alpha_where_channels_are_kept(files):
     assert np.array_equal(read_image(path).array, rgba)
     # The loaders feed RGB: the same colours, the alpha dropped.
     assert np.array_equal(np.asarray(load_image(path, "RGB")), rgba[..., :3])
+
+
+def test_a_32_bit_integer_tiff_within_16_bits_is_scaled_as_16_bit_data(tmp_path):
+    """An `I` TIFF of 0..65535: round(v / 257) from every loader (PIL's convert clips it to
+    0..255: 1000 -> 255), measured so by dataset-stats."""
+    raw = np.array([[0, 1000, 30000], [65535, 386, 128]], dtype=np.int32)
+    path = tmp_path / "gray32.tif"
+    Image.fromarray(raw, mode="I").save(path)
+    eight = np.rint(raw / 257.0).astype(np.uint8)
+    rgb = np.repeat(eight[..., None], 3, axis=-1)
+    assert np.array_equal(np.asarray(load_image(path, "L")), eight)
+    assert np.array_equal(dataset_pixels(path), rgb)
+    assert np.array_equal(reduced_decode(path), rgb)
+    measured = scanned(path).accumulator.histograms[(("R", "G", "B"), 255)]
+    assert np.array_equal(measured, histogram(rgb))
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "named"),
+    [
+        ([[0, 70_000]], np.int32, "32-bit integer samples lie in 0..70000, outside 0..65535"),
+        ([[-1, 200]], np.int32, "32-bit integer samples lie in -1..200, outside 0..65535"),
+        ([[0, 0.5]], np.float32, "32-bit float samples lie in 0..0.5, which"),
+        ([[0, 255]], np.float32, "32-bit float samples lie in 0..255, which"),
+    ],
+    ids=["int-past-16-bits", "int-negative", "float-0-1", "float-0-255"],
+)
+def test_a_32_bit_tiff_no_scale_reads_right_is_refused_by_every_loader(
+    tmp_path, values, dtype, named
+):
+    """Before: an `I` TIFF past 65535 was clipped to 255 and a float one of 0..1 read as black
+    (PIL's conversion), silently. Now each reader refuses the file naming its range, as an
+    unreadable one (skipped, counted); dataset-stats --mode native still measures it."""
+    path = tmp_path / "deep.tif"
+    Image.fromarray(np.array(values, dtype=dtype)).save(path)
+    with pytest.raises(UnsupportedSamples, match=named) as caught:
+        load_image(path, "RGB")
+    assert isinstance(caught.value, unreadable_image_errors())
+    with pytest.raises(UnsupportedSamples, match=named):
+        reduced_decode(path)
+    _, _, _, item_error = make_dataset(Samples(["a"], [0], paths=[str(path)]), np.asarray)[0]
+    assert item_error == f"{path}: {caught.value}"
+    assert [reason for _, reason, _ in scanned(path).errors] == [str(caught.value)]
+    assert not scanned(path, "native").errors
 
 
 # --------------------------------------------------------------------------- unreadable files

@@ -8,13 +8,17 @@ device decodes of training, `convert tensor`, video-info's check for stills).
   writes to it, possibly forever. The check is race-free: the file is opened without blocking
   and `fstat`-ed before a byte is read.
 - Images with more than 8 bits per sample (16-bit grayscale PNG/TIFF, PIL modes `I;16*`, and
-  32-bit integer `I`) are scaled to 8 bits, `round(v / 257)` (65535 -> 255), before any mode
-  conversion. PIL's own `convert()` clips them instead, so a 16-bit PNG becomes almost pure
-  white. 16-bit RGB(A) PNGs and TIFFs and RGB PPMs of maxval over 255, which PIL reads as 8
-  bits itself, are decoded by OpenCV at full depth (`sixteen_bit_colour`) and scaled the same
-  way.
+  32-bit integer `I` whose samples all lie in 0..65535, taken as 16-bit data) are scaled to 8
+  bits, `round(v / 257)` (65535 -> 255), before any mode conversion. PIL's own `convert()` clips
+  them instead, so a 16-bit PNG becomes almost pure white. An `I` image with a sample outside
+  0..65535, and any 32-bit float image (`F`), is refused (`UnsupportedSamples`, one of the
+  unreadable errors): no fixed scale reads them right (PIL clips `I` to 0..255 and truncates
+  `F`, so a float image of 0..1 turns black), and a scale of each file's own range would give
+  the same pixels for different values. 16-bit RGB(A) PNGs and TIFFs and RGB PPMs of maxval
+  over 255, which PIL reads as 8 bits itself, are decoded by OpenCV at full depth
+  (`sixteen_bit_colour`) and scaled the same way.
   `dataset-stats --mode rgb|gray` measures exactly these 8-bit pixels, so its mean/std are
-  those of what the model is fed. Float images (`F`) keep PIL's conversion.
+  those of what the model is fed (`--mode native` measures 32-bit images in their own values).
 - Palette images are expanded to RGB, or to RGBA where the palette has a transparent entry, and
   bilevel images to L, wherever a file's own channels are kept (`expanded_mode`).
 - EXIF orientation, one rule. Every command that feeds a model or measures pixels (train, eval,
@@ -48,6 +52,11 @@ EXIF_ORIENTATION_TAG = 0x0112
 
 class NotARegularFile(OSError):
     """An image path that names something other than a regular file."""
+
+
+class UnsupportedSamples(ValueError):
+    """A readable 32-bit image whose samples the loaders cannot scale to 8 bits: `I` outside
+    0..65535, or `F` (`refuse_unscalable_samples`)."""
 
 
 def open_regular_file(path: str | os.PathLike) -> BinaryIO:
@@ -254,6 +263,25 @@ def to_8bit(image: Any) -> Any:
     return Image.fromarray(uint16_to_uint8(values))
 
 
+def refuse_unscalable_samples(image: Any) -> None:
+    """Raise `UnsupportedSamples` for a 32-bit image the loaders cannot feed a model as it is
+    (the module's rule): an `I` image with a sample outside 0..65535, any `F` image."""
+    if image.mode not in ("I", "F"):
+        return
+    import numpy as np
+
+    values = np.asarray(image)
+    low, high = (values.min(), values.max()) if values.size else (0, 0)
+    if image.mode == "I" and low >= 0 and high <= 65535:
+        return  # 16-bit data in a 32-bit file: scaled by to_8bit
+    kind = "integer" if image.mode == "I" else "float"
+    where = "outside 0..65535, " if image.mode == "I" else ""
+    raise UnsupportedSamples(
+        f"its 32-bit {kind} samples lie in {low:g}..{high:g}, {where}which torchkit cannot "
+        "scale to 8 bits: save it as 8- or 16-bit (dataset-stats --mode native measures it)"
+    )
+
+
 def expanded_mode(mode: str, info: dict) -> str:
     """The mode a file's own channels are kept in: a palette expanded (RGBA when it has a
     transparent entry, else RGB; RGBA from PA), bilevel as L, any other mode as it is."""
@@ -316,7 +344,8 @@ def pixels_in_mode(image: Any, mode: str, *, exif: bool) -> Any:
     """The pixels of an `opened_image` as a loaded 8-bit PIL image in `mode` (e.g. RGB): high
     bit depths scaled, then converted; turned by its EXIF orientation only when `exif`. The
     image itself (loaded) when it is already in `mode`, else a copy. Raises what decoding an
-    unreadable file raises (`unreadable_image_errors`)."""
+    unreadable file raises (`unreadable_image_errors`), and `UnsupportedSamples`."""
+    refuse_unscalable_samples(image)
     pixels = to_8bit(image)  # first: a PNG's EXIF loads it, and 16-bit colour needs its tile
     orientation = exif_orientation(image, exif=exif)
     if pixels.mode == mode:

@@ -14,6 +14,7 @@ from typing import Any
 from torchkit.core.data.image_files import (
     SIXTEEN_BIT_MODES,
     NotARegularFile,
+    UnsupportedSamples,
     declares_16_bit_samples,
     expanded_mode,
     is_sixteen_bit_colour,
@@ -254,7 +255,7 @@ class ChunkResult:
 def _describe(error: BaseException, size: int | None = None) -> str:
     from PIL import UnidentifiedImageError
 
-    if isinstance(error, (NotARegularFile, NonFinitePixels)):
+    if isinstance(error, (NotARegularFile, NonFinitePixels, UnsupportedSamples)):
         return str(error)
     if isinstance(error, FileNotFoundError):
         return "file not found"
