@@ -176,3 +176,30 @@ def test_every_commands_loader_workers_start_with_the_guard(tmp_path, monkeypatc
             assert isinstance(init, OrphanedWorkerExit), name
             assert init.parent == os.getpid()
             assert context.get_start_method() == "fork", name
+
+
+def test_workers_hand_batches_over_after_the_temporary_folder_was_removed(tmp_path):
+    """multiprocessing makes its temporary folder once a process and remembers it; removed
+    since (a library caller's TMPDIR), a worker could not hand its batch over and the loader
+    waited for it forever. It is now made again before the workers start."""
+    from multiprocessing import process
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchkit.core.data.dataset import worker_options
+
+    config = process.current_process()._config
+    before = config.get("tempdir")
+    gone = tmp_path / "pymp-gone"
+    config["tempdir"] = str(gone)  # made by an earlier call, then removed
+    try:
+        data = TensorDataset(torch.arange(8.0).reshape(8, 1))
+        loader = DataLoader(data, batch_size=4, num_workers=1, timeout=20, **worker_options(1))
+        assert [batch[0].sum().item() for batch in loader] == [6.0, 22.0]
+        assert config["tempdir"] != str(gone)
+    finally:
+        if before is None:
+            config.pop("tempdir", None)
+        else:
+            config["tempdir"] = before

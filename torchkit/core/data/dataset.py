@@ -19,10 +19,36 @@ def worker_options(workers: int, then: Callable[[int], None] | None = None) -> d
     (`loader_context`), each started by `OrphanedWorkerExit` and then `then`."""
     if workers <= 0:
         return {}
+    workers_temp_folder()
     context = loader_context()
     if context is None:  # not forked: the workers' parent is not the loader's process
         return {"worker_init_fn": then} if then is not None else {}
     return {"multiprocessing_context": context, "worker_init_fn": OrphanedWorkerExit(then)}
+
+
+def workers_temp_folder() -> str:
+    """multiprocessing's temporary folder, made here (in TMPDIR) before any worker is forked.
+    A worker hands each batch over through a socket in that folder (torch shares tensors by
+    file descriptor); made in the worker, a failure (a full disk, a folder removed since a
+    library caller made it) loses the batch in a thread of the worker, and the loader waits for
+    it forever. Made here it is an error, and the workers inherit the folder."""
+    import tempfile
+    from multiprocessing import process, util
+
+    from torchkit.core.io.errors import TorchkitError
+
+    config = process.current_process()._config
+    made = config.get("tempdir")
+    if made is not None and not os.path.isdir(made):
+        del config["tempdir"]  # removed since: made again
+    try:
+        return util.get_temp_dir()
+    except OSError as error:
+        raise TorchkitError(
+            f"cannot make the temporary folder loader workers hand batches over through, in "
+            f"{tempfile.gettempdir()}: {error.strerror or error}",
+            "free some space there, set TMPDIR to a writable folder with room, or use --workers 0",
+        ) from None
 
 
 class OrphanedWorkerExit:
