@@ -7,7 +7,6 @@ checkpoint takes `state_dict` beside EMA copies; `-v` after the command name."""
 from __future__ import annotations
 
 import csv
-import importlib.metadata
 import io
 import json
 import logging
@@ -147,14 +146,14 @@ def test_env_lists_onnx_onnxruntime_and_timm_installed_or_not(runner, monkeypatc
     versions = package_versions()
     for name in ("onnx", "onnxruntime", "timm"):
         assert name in versions
-    real = importlib.metadata.version
+    import torchkit.core.env as env
 
-    def without_them(name: str) -> str:
-        if name.startswith(("onnx", "timm")):
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real(name)
+    real = env.installed_version
 
-    monkeypatch.setattr(importlib.metadata, "version", without_them)
+    def without_them(*names: str) -> str | None:
+        return None if names[0].startswith(("onnx", "timm")) else real(*names)
+
+    monkeypatch.setattr(env, "installed_version", without_them)
     rows = dict(csv.reader(io.StringIO(runner.invoke(app, ["env", "--format", "csv"]).stdout)))
     assert all(f"packages.{name}" in rows for name in ("onnx", "onnxruntime", "timm"))
     table = runner.invoke(app, ["env"], env={"COLUMNS": "200"}).stdout

@@ -202,6 +202,8 @@ def test_json_has_no_yes_no_strings_anywhere(tmp_path):
         result = runner.invoke(app, [*args, "--format", "json"])
         assert result.exit_code == 0, (args, result.stderr)
         data = json.loads(result.stdout)
+        if args == ["env"]:  # the variables' values are the user's own text
+            data.pop("environment")
         texts = {text.strip().lower() for text in strings(data)}
         assert not texts & {"yes", "no", "true", "false", "none", "null", "nan"}, args
 
