@@ -552,17 +552,13 @@ def _holds_an_image_folder(listing: TarListing) -> bool:
     member of its webdataset sample beside it (a `KEY.json`, `KEY.txt`). A tar named like a shard
     (`flowers-2024.tar`, `caltech-101.tar`) that holds one was read as unlabelled shards: one
     class in dataset-stats, and train and eval refused it for want of `KEY.cls`."""
-    groups: dict[str, list[str]] = {}
-    for member in listing.members:
-        split = _key_and_extension(member)
-        if split is not None:
-            groups.setdefault(split[0], []).append(member)
-    images = [member for member in listing.members if is_image_file(member)]
+    keys = [(member, _key_and_extension(member)) for member in listing.members]
+    mixed = {split[0] for member, split in keys if split and not is_image_file(member)}
+    images = [(member, split) for member, split in keys if is_image_file(member)]
     return bool(images) and all(
-        "/" in _member_name(image)
-        and all(is_image_file(m) for m in groups.get(_key_and_extension(image)[0], ()))
-        for image in images
-        if _key_and_extension(image) is not None
+        "/" in _member_name(member) and split[0] not in mixed
+        for member, split in images
+        if split is not None
     )
 
 
