@@ -141,3 +141,21 @@ def test_a_script_without_a_main_guard_runs_once_and_its_workers_work(tmp_path):
     ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split("\n") == ["started", "[1, 2, 3]", ""]
+
+
+def test_workers_started_fresh_leave_the_preload_alone():
+    """`preload` imports what forked workers then share; workers started fresh import it
+    themselves, so the command did not run it (video-info imported OpenCV, a quarter of a
+    second, for nothing)."""
+    preloaded: list[bool] = []
+    done: list[int] = []
+    map_chunks(
+        abs,
+        [-1, -2],
+        workers=2,
+        on_result=done.append,
+        preload=lambda: preloaded.append(True),
+        start_fresh=True,
+    )
+    assert sorted(done) == [1, 2]
+    assert preloaded == []

@@ -146,8 +146,8 @@ def map_chunks(
     `start_fresh`: start every worker as a new interpreter (spawn) instead of forking this
     process, for work in libraries that keep threads of their own (OpenCV, FFmpeg): a fork
     copies their locks as they are, held ones included, and a worker that takes one waits
-    forever. The workers stay this process's children (they end with it); `preload` still runs
-    here first, and environment variables it sets reach them. They do not run this process's
+    forever. The workers stay this process's children (they end with it); `preload` is not run
+    (they would import what it imports once each anyway). They do not run this process's
     `__main__` again (`_without_main`), so a script without an `if __name__ == "__main__"`
     guard still works, and `func` must be importable by its module's name. (Not a forkserver:
     its workers are the server's children and keep it alive, so nothing ends them when this
@@ -163,12 +163,12 @@ def map_chunks(
 
     # fork on Linux, as torch's DataLoader does: workers start at once and share what this
     # process imported.
-    use_fork = sys.platform.startswith("linux")
+    use_fork = sys.platform.startswith("linux") and not start_fresh
     if use_fork and preload is not None:
         preload()
     executor = ProcessPoolExecutor(
         max_workers=min(workers, len(chunks)),
-        mp_context=multiprocessing.get_context("fork" if use_fork and not start_fresh else "spawn"),
+        mp_context=multiprocessing.get_context("fork" if use_fork else "spawn"),
         initializer=_init_worker,
         initargs=(os.getpid(),),
     )
@@ -176,7 +176,7 @@ def map_chunks(
     try:
         # The workers start on the first submit: a signal then waits until they are all
         # known to the executor, so that stopping it stops every one of them.
-        with signals_held(), _without_main(spawned=not use_fork or start_fresh):
+        with signals_held(), _without_main(spawned=not use_fork):
             pending = {executor.submit(_call, func, chunk) for chunk in chunks}
         for future in as_completed(pending):
             # A done future holds its result: let it go once handed on, not at the end of the

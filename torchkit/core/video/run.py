@@ -46,7 +46,7 @@ from torchkit.core.video.frames import (
     _sample_into,
     frame_name_prefixes,
 )
-from torchkit.core.video.probe import VideoInfo, _import_cv2, _Stopped, probe_video
+from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video
 
 # Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
 # makes the command run out of memory (--segments: frames.MAX_SEGMENTS). Each worker thread holds
@@ -374,14 +374,7 @@ def _read_in_processes(
     # Workers start as new interpreters, not forks of this process: a fork of a process whose
     # OpenCV or FFmpeg threads ran copies their locks mid-use, and a worker that takes one hangs
     # (a library user's process, or one that read videos before).
-    map_chunks(
-        _read_chunk,
-        jobs,
-        workers=processes,
-        on_result=arrived,
-        preload=_import_cv2,
-        start_fresh=True,
-    )
+    map_chunks(_read_chunk, jobs, workers=processes, on_result=arrived, start_fresh=True)
 
 
 @dataclass
