@@ -26,6 +26,7 @@ _URL_START = re.compile(rf"(?i)(?:{_SCHEME})")
 _URL_IN_TEXT = re.compile(rf"(?i)\b(?:{_SCHEME})\S*")
 _TRAILING_PUNCTUATION = ":;,.)]'\""
 _AUTHORITY_END = re.compile(r"[/?#]")
+_PARAMETERS_START = re.compile(r"[?#]")  # where a URL's query or fragment begins
 _NOT_A_PORT = re.compile(r"^[^\[\]]*:(?!\d*$)")  # `HOST:80` and `[::1]` are not
 # `?NAME=VALUE`, `&NAME=VALUE`, `#NAME=VALUE` (OAuth puts access_token in the fragment).
 _PARAMETER = re.compile(r"([?&#])([^=&#?]+)=([^&#]*)")
@@ -85,7 +86,7 @@ def _in_own_text(part: str) -> bool:
     if url is None:
         return False
     rest = url[_URL_START.match(url).end() :]
-    return "/" not in rest or re.search(r"[?#]", rest) is not None
+    return "/" not in rest or _PARAMETERS_START.search(rest) is not None
 
 
 def redact_urls(text: str) -> str:
@@ -107,8 +108,8 @@ def has_redacted_secret(value: str) -> bool:
         if at and (password if colon else user) == REDACTED:
             return True
         if any(
-            value == REDACTED and is_secret_name(name)
-            for _, name, value in _PARAMETER.findall(_parameters(tail))
+            secret == REDACTED and is_secret_name(name)
+            for _, name, secret in _PARAMETER.findall(_parameters(tail))
         ):
             return True
     return False
@@ -151,7 +152,7 @@ def _split_authority(rest: str) -> tuple[str, str]:
 
 def _parameters(tail: str) -> str:
     """The query and fragment of a URL's `tail`: from its first `?` or `#` on."""
-    start = re.search(r"[?#]", tail)
+    start = _PARAMETERS_START.search(tail)
     return "" if start is None else tail[start.start() :]
 
 
