@@ -283,6 +283,26 @@ def test_cpu_libraries_of_the_torch_build():
     assert set(env.cpu_libraries("").values()) == {None}
 
 
+def test_overview_rows_of_the_python_build_compiler_and_cpu_libraries(clean_env):
+    """env's table names a free-threaded Python, the C++ compiler torch.compile needs on the CPU
+    (or that there is none), and torch's CPU math libraries (or that the build lists none)."""
+    report = collect_env(log_diagnostics=False)
+    report["python"].update(version="3.13.1", implementation="CPython", free_threaded=True)
+    report["platform"]["compiler"] = "g++ (Fake) 99.1"
+    report["torch"].update(blas="mkl", mkl_version="2024.2", onednn_version="3.5.3", openmp="4.5")
+    rows = dict(report_tables(report)[0].rows)
+    assert rows["Python"] == "3.13.1 (CPython, free-threaded)"
+    assert rows["C++ compiler"] == "g++ (Fake) 99.1"
+    assert rows["CPU libraries"] == "BLAS mkl, MKL 2024.2, oneDNN 3.5.3, OpenMP 4.5"
+    report["python"]["free_threaded"] = False
+    report["platform"]["compiler"] = None
+    report["torch"].update(blas=None, mkl_version=None, onednn_version=None, openmp=None)
+    rows = dict(report_tables(report)[0].rows)
+    assert rows["Python"] == "3.13.1 (CPython)"
+    assert rows["C++ compiler"] == "none (torch.compile needs one on the CPU)"
+    assert rows["CPU libraries"] == "none listed"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/cpuinfo")
 def test_cpu_model_unknown_is_null_not_the_architecture(runner, monkeypatch, tmp_path, clean_env):
     """With /proc/cpuinfo unreadable the model read "x86_64" (uname's processor)."""
