@@ -656,9 +656,8 @@ def convert_tensor(
             raise UsageError(
                 f"{target} has no extension to say its format", "pass --to png|npy|pt|..."
             )
-        kind_of(extension, output=True)
         file_target, split_batch = target, False
-    _validate(options, kind_of(extension, output=True))
+    _validate(options, kind_of(extension, output=True))  # also refuses an unknown extension
     _check_key(options.key, [source], extension)
     inputs = [InputPath.of(source, "source")]
     if not split_batch:
