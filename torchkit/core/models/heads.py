@@ -44,12 +44,11 @@ def classifier_heads(model) -> list[tuple[str, Any]]:
     """(name, layer) of every classifier the model's output is made from: the layers of a timm
     model whose `get_classifier` gives several (the distilled DeiT, PiT, LeViT... models: head
     and head_dist, whose outputs the model averages), else `find_head`'s one."""
-    if _is_timm_style(model) and callable(getattr(model, "get_classifier", None)):
-        classifier = model.get_classifier()
-        if isinstance(classifier, tuple) and len(classifier) > 1:
-            names = {id(module): name for name, module in model.named_modules()}
-            if all(id(module) in names for module in classifier):
-                return [(names[id(module)], module) for module in classifier]
+    classifier = _timm_get_classifier(model)
+    if isinstance(classifier, tuple) and len(classifier) > 1:
+        names = {id(module): name for name, module in model.named_modules()}
+        if all(id(module) in names for module in classifier):
+            return [(names[id(module)], module) for module in classifier]
     return [find_head(model)]
 
 
@@ -73,9 +72,9 @@ def in_heads(name: str, heads: Sequence[str]) -> bool:
 
 def _timm_named_classifiers(model) -> list[str]:
     """The names of the modules a timm model's `get_classifier` gives (one or a tuple)."""
-    if not (_is_timm_style(model) and callable(getattr(model, "get_classifier", None))):
+    classifier = _timm_get_classifier(model)
+    if classifier is None:
         return []
-    classifier = model.get_classifier()
     wanted = {
         id(module) for module in (classifier if isinstance(classifier, tuple) else [classifier])
     }
@@ -117,12 +116,18 @@ def _timm_classifier(model) -> tuple[str, Any] | None:
     models whose `get_classifier` is not one layer (DeiT's two heads: the generic search)."""
     from torch import nn
 
-    if not (_is_timm_style(model) and callable(getattr(model, "get_classifier", None))):
-        return None
-    classifier = model.get_classifier()
+    classifier = _timm_get_classifier(model)
     if not isinstance(classifier, (nn.Linear, nn.Conv2d)):
         return None
     return next(((n, m) for n, m in model.named_modules() if m is classifier), None)
+
+
+def _timm_get_classifier(model) -> Any:
+    """What a timm model's `get_classifier` gives (a layer, or a tuple of them); None for
+    models without timm's classifier API."""
+    if _is_timm_style(model) and callable(getattr(model, "get_classifier", None)):
+        return model.get_classifier()
+    return None
 
 
 def _is_timm_style(model) -> bool:
