@@ -202,6 +202,19 @@ def test_a_tar_of_an_image_folder_named_like_a_shard_reads_as_the_folder(world, 
     assert open_data(str(shard), allow_unlabelled=True).whole.ids == [
         "unlabelled-000000.tar/a/x.png"
     ]
+    # So does one whose image has any other member beside it (a caption: no label).
+    captioned = tmp_path / "captioned-000000.tar"
+    with tarfile.open(captioned, "w") as tar:
+        for name, data in (
+            ("a/x.png", (world / "images/a/a_0.png").read_bytes()),
+            ("a/x.txt", b"a caption"),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert open_data(str(captioned), allow_unlabelled=True).whole.ids == [
+        "captioned-000000.tar/a/x.png"
+    ]
 
 
 def test_a_tar_of_a_split_of_a_flat_folder_reads_as_that_split(world, tmp_path):
