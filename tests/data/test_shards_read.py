@@ -177,15 +177,6 @@ def test_a_tar_of_an_image_folder_or_a_split_root_reads_as_the_folder(world, tmp
         assert stats(archive, "--split", split) == stats(world / "split", "--split", split)
 
 
-def _tar_of(path: Path, members: dict[str, bytes]) -> Path:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
-
-
 def test_a_tar_of_an_image_folder_named_like_a_shard_reads_as_the_folder(world, tmp_path):
     # `caltech-101.tar`, `photos-2024.tar` were read as unlabelled shards: one class in
     # dataset-stats, and eval and train asked for KEY.cls files.
@@ -200,14 +191,12 @@ def test_a_tar_of_an_image_folder_named_like_a_shard_reads_as_the_folder(world, 
     assert scores[0] == scores[1]
     # A shard keeps its name's meaning where an image has a member of its sample beside it.
     png = (world / "images/a/a_0.png").read_bytes()
-    shard = _tar_of(tmp_path / "unlabelled-000000.tar", {"a/x.png": png, "a/x.json": b"{}"})
+    shard = tar_of(tmp_path / "unlabelled-000000.tar", {"a/x.png": png, "a/x.json": b"{}"})
     assert open_data(str(shard), allow_unlabelled=True).whole.ids == [
         "unlabelled-000000.tar/a/x.png"
     ]
     # So does one whose image has any other member beside it (a caption: no label).
-    captioned = _tar_of(
-        tmp_path / "captioned-000000.tar", {"a/x.png": png, "a/x.txt": b"a caption"}
-    )
+    captioned = tar_of(tmp_path / "captioned-000000.tar", {"a/x.png": png, "a/x.txt": b"a caption"})
     assert open_data(str(captioned), allow_unlabelled=True).whole.ids == [
         "captioned-000000.tar/a/x.png"
     ]
