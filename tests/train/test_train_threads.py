@@ -62,6 +62,18 @@ def test_digits_train_on_one_thread_and_give_the_process_its_count_back(tmp_path
     assert config["options"]["threads"] == 1 and "threads" in config["defaults_from_data"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_run_refused_on_its_device_gives_the_process_its_count_back(tmp_path, two_threads):
+    """Was left on the run's one thread: the count was put back only once the device was set up."""
+    from torchkit.core.io.errors import DeviceError
+
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        run_training(
+            TrainConfig(out=str(tmp_path / "run"), epochs=1, **{**DIGITS, "device": "cuda"})
+        )
+    assert torch.get_num_threads() == 2
+
+
 def test_image_folders_take_the_cores_the_workers_leave_unless_given(
     tmp_path, split_root, two_threads, monkeypatch
 ):

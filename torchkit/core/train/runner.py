@@ -22,7 +22,7 @@ from torchkit.core.models.image_size import image_size_refusal
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.runtime.launch import is_main_process
-from torchkit.core.runtime.threads import compute_threads
+from torchkit.core.runtime.threads import compute_threads, torch_threads
 from torchkit.core.train import ddp
 from torchkit.core.train.config import TrainConfig
 from torchkit.core.train.config_file import DEFAULTS_FROM_DATA, data_chosen
@@ -92,7 +92,7 @@ def _run_with_torch(
     timeline: RunTimeline,
 ) -> TrainResult:
     """The run in this process (one rank under torchrun), with torch's global switches
-    (deterministic algorithms, cuDNN) put back as they were afterwards."""
+    (threads, deterministic algorithms, cuDNN) put back as they were afterwards."""
     import torch
 
     timeline.mark("importing torch")
@@ -101,19 +101,33 @@ def _run_with_torch(
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
         torch.backends.cudnn.benchmark_limit,
-        torch.get_num_threads(),
     )
     # The options first: a resumed run's device and collective timeout are its saved ones
     # unless given again, like every other option.
     plan = plan or plan_run(config, overrides)
-    config = plan.config
-    threads = compute_threads(loader_workers(config), config.threads)
-    if config.deterministic and config.threads is None:
+    threads = compute_threads(loader_workers(plan.config), plan.config.threads)
+    if plan.config.deterministic and plan.config.threads is None:
         # Numbers that do not depend on --workers: torch's one thread per core, as before the
         # rule (a resume or replay with other workers would compute other sums).
         threads = None
-    if threads is not None:
-        torch.set_num_threads(threads)
+    try:
+        with torch_threads(threads):
+            return _run_on_device(plan, folder, callbacks, timeline)
+    finally:
+        if torch.are_deterministic_algorithms_enabled() != flags[0]:
+            # (only when changed: the call imports torch._dynamo, seconds of start-up)
+            torch.use_deterministic_algorithms(flags[0])
+        cudnn = torch.backends.cudnn
+        cudnn.deterministic, cudnn.benchmark, cudnn.benchmark_limit = flags[1:]
+
+
+def _run_on_device(
+    plan: RunPlan, folder: RunFolder, callbacks: TrainCallbacks, timeline: RunTimeline
+) -> TrainResult:
+    """The run on its device (and process group under torchrun), its failures as one error."""
+    import torch
+
+    config = plan.config
     ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
     try:
         ddp.check_ddp_device(ctx)
@@ -139,13 +153,6 @@ def _run_with_torch(
         raise described from error
     finally:
         distributed.teardown(ctx)
-        if torch.are_deterministic_algorithms_enabled() != flags[0]:
-            # (only when changed: the call imports torch._dynamo, seconds of start-up)
-            torch.use_deterministic_algorithms(flags[0])
-        cudnn = torch.backends.cudnn
-        cudnn.deterministic, cudnn.benchmark, cudnn.benchmark_limit = flags[1:4]
-        if torch.get_num_threads() != flags[4]:
-            torch.set_num_threads(flags[4])
 
 
 def _train(
