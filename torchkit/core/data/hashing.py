@@ -51,6 +51,9 @@ _DRAFT = 4 * _SIDE  # a JPEG is decoded at the smallest DCT scale at least this 
 _REDUCED = 4 * _SIDE  # larger images are box-reduced by an integer factor to at least this
 _PREFIX = 64 * 1024  # bytes hashed first, before whole files
 _BLOCK = 1 << 20
+# DCT coefficients of 8-bit pixels below this are rounding noise (float64 error ~1e-11 on
+# sums of 1,024 products of pixels and cosines)
+_NOISE = 1e-6
 
 _dct_matrix: Any = None
 
@@ -155,6 +158,13 @@ def phash_image(image: Any) -> int:
     pixels = np.asarray(_cell_means(image), dtype=np.float64)
     matrix = _dct()
     coefficients = (matrix @ pixels @ matrix.T).ravel()
+    # Coefficients that are 0 in exact arithmetic (of an image flat along one axis or mirror
+    # symmetric: blank images, gradients, stripes, a centred shape on a plain background) come
+    # out as float noise of either sign, ~1e-11; where they are the median, their bits would
+    # be set by that noise (a half-size copy of a document scan landed 10 bits away). Snapped
+    # to 0 they are >= a median of 0, as in imagededup; no other bit changes, since a median
+    # that is not 0 lies at least _NOISE from every snapped coefficient.
+    coefficients[np.abs(coefficients) < _NOISE] = 0.0
     bits = coefficients >= np.median(coefficients[1:])
     return int.from_bytes(np.packbits(bits).tobytes(), "big")
 
