@@ -144,12 +144,13 @@ def predict(
 ) -> tuple[Predictions, list[str], int]:
     """Run `model` over `loader` (batches from `collate_skipping_unreadable`).
 
-    With flip TTA the softmax probabilities of the image and its mirror are averaged (in log
-    space, stably). Ranking uses the raw logits when there is no TTA, so the predicted class is
-    exactly `logits.argmax()`. `amp_dtype` is the autocast dtype (default: bfloat16 on CPUs,
-    float16 elsewhere). Returns the predictions (with, per image, whether all its outputs were
-    finite), the unreadable images and the number of batches with a non-finite output; with
-    `strict` it stops at the first unreadable image or the first batch with a non-finite output.
+    The probabilities are the logits' softmax; with flip TTA those of the image and its mirror
+    are averaged (in log space, stably). Ranking uses the raw logits when there is no TTA, so
+    the predicted class is exactly `logits.argmax()`. `amp_dtype` is the autocast dtype
+    (default: bfloat16 on CPUs, float16 elsewhere). Returns the predictions (with, per image,
+    whether all its outputs were finite), the unreadable images and the number of batches with
+    a non-finite output; with `strict` it stops at the first unreadable image or the first
+    batch with a non-finite output.
     Batches of 8-bit pixels are normalised on the device by `normalized`; batches of JPEG bytes
     (`--decode device`) are decoded there first.
     """
@@ -187,7 +188,7 @@ def predict(
                 finite, log_probs = scored.finite, scored.log_probs
                 top = ranked_classes(scored.scores, k)
                 parts["top"].append(top.cpu())
-                parts["probs"].append(log_probs.gather(1, top).exp().cpu())
+                parts["probs"].append(scored.probs.gather(1, top).cpu())
                 parts["loss"].append(-log_probs.gather(1, labels[:, None]).squeeze(1).cpu())
                 parts["indices"].append(batch.indices)
                 parts["labels"].append(batch.labels)

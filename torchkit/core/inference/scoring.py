@@ -1,8 +1,10 @@
 """One forward pass of a classifier over a batch, as `eval` and `predict` both score it.
 
 The same rule in both commands makes `predict`'s classes exactly `eval`'s: without TTA the
-ranking uses the raw logits (the class is `logits.argmax()`); with flip TTA the softmax
-probabilities of the image and its mirror are averaged (in log space, stably).
+ranking uses the raw logits (the class is `logits.argmax()`) and the probabilities are their
+softmax, exactly `torch.softmax(logits)` (the exponent of the log-softmax differs from it by an
+ulp in one row of eight); with flip TTA the softmax probabilities of the image and its mirror
+are averaged in log space (stably), which both ranks the classes and gives their probabilities.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ TTA_MODES = ("none", "flip")
 class BatchScores:
     logits: Any  # (N, C) float32 outputs of the images as given
     log_probs: Any  # (N, C) log-softmax, averaged over the TTA views
+    probs: Any  # (N, C) softmax of the logits; with TTA, exp(log_probs), in the ranking's order
     scores: Any  # (N, C) what ranks the classes: logits without TTA, log_probs with it
     finite: Any  # (N,) bool on the CPU: every output of every view of the image is finite
 
@@ -49,10 +52,10 @@ def score_batch(
     log_probs = F.log_softmax(outputs, dim=1)
     if tta == "flip":
         log_probs = torch.logsumexp(log_probs.view(2, count, -1), dim=0) - math.log(2)
-        scores = log_probs
+        scores, probs = log_probs, log_probs.exp()
     else:
-        scores = outputs
-    return BatchScores(outputs[:count], log_probs, scores, finite.cpu())
+        scores, probs = outputs, F.softmax(outputs, dim=1)
+    return BatchScores(outputs[:count], log_probs, probs, scores, finite.cpu())
 
 
 def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):

@@ -402,7 +402,7 @@ class PredictRun:
                 )
                 k = self._k(scored.scores.shape[1])
                 top = ranked_classes(scored.scores, k)
-                probs = scored.log_probs.gather(1, top).exp()
+                probs = scored.probs.gather(1, top)
             result.update(
                 indices=indices,
                 top=top.cpu().tolist(),
