@@ -329,7 +329,13 @@ def test_a_32_bit_tiff_no_scale_reads_right_is_refused_by_every_loader(
     _, _, _, item_error = make_dataset(Samples(["a"], [0], paths=[str(path)]), np.asarray)[0]
     assert item_error == f"{path}: {caught.value}"
     assert [reason for _, reason, _ in scanned(path).errors] == [str(caught.value)]
-    assert not scanned(path, "native").errors
+    native = scanned(path, "native")
+    assert not native.errors
+    # No pHash either (PIL's clipped pixels would hash unlike images alike): measured, unhashed.
+    with pytest.raises(UnsupportedSamples, match=named):
+        phash_file(path)
+    assert hash_file(path)[1] is None
+    assert not len(native.hashes) and native.unhashed == 1
 
 
 # --------------------------------------------------------------------------- unreadable files

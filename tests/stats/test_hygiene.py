@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw
 
 from torchkit.cli import app
 from torchkit.core.data import hashing, neardup
+from torchkit.core.data.image_files import UnsupportedSamples
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.split import split_dataset
 from torchkit.core.stats import compute_dataset_stats
@@ -291,6 +292,23 @@ def test_leakage_of_every_split_measured_and_no_leakage(leaky_root):
         compute_dataset_stats(leaky_root / "train", workers=1, pairs_required=True)
     with pytest.raises(UsageError, match="--near-threshold"):
         compute_dataset_stats(leaky_root, near_threshold=40)
+
+
+def test_float_tiffs_take_no_part_in_the_duplicate_search(tmp_path, caplog):
+    """32-bit float images, which every loader refuses, were hashed clipped by PIL: two
+    different ones of 0..1 both as black, a false leak at distance 0. Now they have no pHash:
+    measured by --mode native, left out of the search, with a warning for each kind."""
+    ramp = np.linspace(0, 0.99, 64 * 48, dtype=np.float32).reshape(48, 64)
+    save(Image.fromarray(ramp), tmp_path / "train" / "a" / "ramp.tif")
+    save(Image.fromarray(ramp[::-1, ::-1].copy()), tmp_path / "val" / "a" / "turned.tif")
+    with pytest.raises(UnsupportedSamples, match="float samples lie in 0..0.99"):
+        hashing.phash_file(tmp_path / "val" / "a" / "turned.tif")
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        stats = compute_dataset_stats(tmp_path, mode="native", workers=1)
+    assert stats.images == 1 and stats.leakage_checked and stats.leakage == []
+    assert stats.hashed_files == 0
+    assert "1 image(s) have 32-bit samples" in caplog.text
+    assert "1 file(s) of the other splits could not be read" in caplog.text
 
 
 def test_cli_json_table_and_pair_csv(runner, leaky_root, tmp_path):

@@ -24,9 +24,10 @@
   of a JPEG to within a few bits (identical for most images).
 
 Images are read as every loader reads them (`core.image_files`: regular files only, 16-bit
-images scaled to 8 bits, the pixels as stored: the EXIF orientation is not applied, so a photo
-and its rotated-by-tag copy hash as the pictures a model is fed). Nothing here prints or imports
-anything heavy at import time.
+images scaled to 8 bits, 32-bit ones that no fixed scale reads right refused with
+`UnsupportedSamples`, the pixels as stored: the EXIF orientation is not applied, so a photo
+and its rotated-by-tag copy hash as the pictures a model is fed). Nothing here prints or
+imports anything heavy at import time.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from torchkit.core.data.image_files import (
     open_regular_file,
     opened_image,
     read_regular_file,
+    refuse_unscalable_samples,
     to_8bit,
 )
 
@@ -128,7 +130,10 @@ def _dct() -> Any:
 
 def _gray(image: Any) -> Any:
     """`image` as 8-bit grayscale: 16-bit scaled first, palette and alpha images through RGB
-    (alpha dropped, as imagededup does)."""
+    (alpha dropped, as imagededup does). A 32-bit image no fixed scale reads right raises
+    `UnsupportedSamples`, as every loader does (PIL would clip it: float images of 0..1, all
+    but black, would hash alike)."""
+    refuse_unscalable_samples(image)
     image = to_8bit(image)
     if image.mode == "L":
         return image
@@ -161,7 +166,7 @@ def phash_image(image: Any) -> int:
     # Coefficients that are 0 in exact arithmetic (of an image flat along one axis or mirror
     # symmetric: blank images, gradients, stripes, a centred shape on a plain background) come
     # out as float noise of either sign, ~1e-11; where they are the median, their bits would
-    # be set by that noise (a half-size copy of a document scan landed 10 bits away). Snapped
+    # be set by that noise (a half-size copy of stripes landed 12 bits away). Snapped
     # to 0 they are >= a median of 0, as in imagededup; no other bit changes, since a median
     # that is not 0 lies at least _NOISE from every snapped coefficient.
     coefficients[np.abs(coefficients) < _NOISE] = 0.0

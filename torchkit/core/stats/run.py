@@ -204,12 +204,12 @@ def compute_dataset_stats(
     hashes = _RowsByIndex(hash_array(), total if perceptual else 0)
     names: dict[str, int] = {}  # mode and format names -> the codes the records use
     errors: list[tuple[int, str, int]] = []
-    sixteen_bit = done = hash_errors = 0
+    sixteen_bit = done = hash_errors = unhashed = 0
     if progress:
         progress(0, total)
 
     def take(result: ChunkResult) -> None:
-        nonlocal sixteen_bit, done, hash_errors
+        nonlocal sixteen_bit, done, hash_errors, unhashed
         if strict and result.errors:
             index, reason, _ = min(result.errors)
             raise InputError(
@@ -223,6 +223,7 @@ def compute_dataset_stats(
         hashes.put(result.hashes)
         errors.extend(result.errors)
         hash_errors += result.hash_errors
+        unhashed += result.unhashed
         sixteen_bit += result.sixteen_bit
         done += len(result.records) + len(result.errors) + result.hash_errors
         done += int((result.hashes["index"] >= len(samples)).sum())
@@ -244,6 +245,11 @@ def compute_dataset_stats(
         log.warning(
             f"{hash_errors} file(s) of the other splits could not be read: they take no part "
             "in the duplicate search"
+        )
+    if unhashed:
+        log.warning(
+            f"{unhashed} image(s) have 32-bit samples that cannot be scaled to 8 bits (as the "
+            "loaders refuse them): measured, but they take no part in the duplicate search"
         )
     if sixteen_bit:
         log.warning(

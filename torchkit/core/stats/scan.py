@@ -242,6 +242,9 @@ class ChunkResult:
     # HASH_DTYPE array of every decodable image, with `perceptual` (leakage check)
     hashes: Any = None
     hash_errors: int = 0  # files of other splits (hashed, not measured) that could not be read
+    # Images measured (--mode native) whose 32-bit samples no fixed scale reads right: no pHash
+    # (`image_files.refuse_unscalable_samples`), so no part in the duplicate search
+    unhashed: int = 0
     names: list[str] = field(default_factory=list)  # what the mode and format codes stand for
 
     def name_codes(self, table: dict[str, int]) -> Any:
@@ -312,7 +315,10 @@ def scan_files(
                     else:  # the 8-bit pixels torchkit's loaders feed a model, as stored
                         pixels = pixels_in_mode(image, wanted, exif=False)
                     if perceptual:  # from this decode: no second one (see core.hashing)
-                        phash = phash_image(image)
+                        try:
+                            phash = phash_image(image)
+                        except UnsupportedSamples:  # measured (native), but never hashed
+                            result.unhashed += 1
                     if resize:
                         pixels = _resized(pixels, resized_size(width, height, resize))
                     channels = (
