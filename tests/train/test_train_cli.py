@@ -761,6 +761,17 @@ def test_corrupt_image_is_skipped_with_a_warning_or_fatal_with_strict(runner, sp
     assert "broken.png" in error_line(strict)
 
 
+def test_an_unreadable_test_image_counts_among_the_skipped(runner, split_root, tmp_path):
+    """The test evaluation of best.pt runs after the epochs: its unreadable image was warned of
+    but left out of skipped_images (0)."""
+    (split_root / "test" / "cat" / "broken.png").write_bytes(b"\x89PNG not really")
+    args = ["--data", str(split_root), *FAST, "--out", str(tmp_path / "a"), "--format", "json"]
+    result = train(runner, *args)
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("Warning: skipped unreadable image") == 1
+    assert json.loads(result.stdout)["skipped_images"] == 1
+
+
 def test_unknown_model_suggests_names(runner, split_root, tmp_path):
     result = train(
         runner, "--data", str(split_root), "--model", "resnet81", "--out", str(tmp_path / "r")

@@ -26,6 +26,7 @@ from torchkit.core.train.loop import (
     DIVERGED_HINT,
     DivergedError,
     EpochProgress,
+    UnreadableImages,
     evaluate,
     train_one_epoch,
 )
@@ -268,6 +269,7 @@ class EpochDriver:
     def _finish(self) -> None:
         """curves.png and the summary's figures, once the loop is over."""
         state, result = self.state, self.result
+        share_unreadable(self.ctx, state.unreadable)  # a stopped epoch's too
         self.folder.close_tensorboard()
         if self.ctx.is_main and state.history and result.kept:
             drawn = time.perf_counter()
@@ -328,6 +330,7 @@ def epoch_row(ctx: DistContext, state: TrainState, callbacks: TrainCallbacks, ep
             "val_ema_top1": ema["top1"],
             "val_ema_top5": ema["top5"],
         }
+    share_unreadable(ctx, state.unreadable)
     check_val_finite(row, epoch + 1)
     return row
 
@@ -407,3 +410,20 @@ def evaluate_best_on_test(
             ctx, state, state.ema.module, state.loaders.test, full_precision=True
         )
         result.test_ema_top1 = ema["top1"]
+    share_unreadable(ctx, state.unreadable)
+    result.skipped_images = state.unreadable.count  # the test's unreadable images too
+
+
+def share_unreadable(ctx: DistContext, unreadable: UnreadableImages) -> None:
+    """Under torchrun only rank 0 warns and reports: the images the other ranks skipped since
+    the last call reach it, to be warned of and counted once. Every rank calls this at the
+    same point of the run (a collective)."""
+    mine, unreadable.unshared = unreadable.unshared, []
+    if not ctx.is_distributed:
+        return
+    gathered = distributed.gather_to_main(ctx, mine)
+    if gathered is not None:
+        for errors in gathered[1:]:
+            for error in errors:
+                unreadable.add(error)
+        unreadable.unshared = []

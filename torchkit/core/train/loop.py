@@ -125,14 +125,20 @@ class UnreadableImages:
     def __init__(self, strict: bool) -> None:
         self.strict = strict
         self.seen: set[str] = set()
+        self.unshared: list[str] = []  # seen since `share_unreadable` last sent them to rank 0
 
     def report(self, errors: list[str]) -> None:
         for error in errors:
             if self.strict:
                 raise InputError(f"unreadable image {error}", "fix or remove it, or drop --strict")
-            if error not in self.seen:
-                self.seen.add(error)
-                log.warning("skipped unreadable image %s", error)
+            self.add(error)
+
+    def add(self, error: str) -> None:
+        """One skipped image, warned of the first time (another rank's too, on rank 0)."""
+        if error not in self.seen:
+            self.seen.add(error)
+            self.unshared.append(error)
+            log.warning("skipped unreadable image %s", error)
 
     @property
     def count(self) -> int:
