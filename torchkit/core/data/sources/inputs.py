@@ -20,14 +20,18 @@ def data_inputs(data: str | os.PathLike | None, what: str = "data") -> list[Inpu
     if data is None or os.fspath(data) == "digits":
         return []
     source = Path(data)
-    if source.is_dir():
+    try:
+        is_dir, is_file = source.is_dir(), source.is_file()
+    except OSError:  # no file's name: a `::` list of (presigned) URLs longer than a path may be
+        is_dir = is_file = False
+    if is_dir:
         # An output in a folder read through a link (`ROOT/cat/more -> /elsewhere/more`) would
         # land in the data, and the next read of ROOT would take what was written for data.
         linked = list_folders([source], links_only=True).entered
         return [InputPath(source, f"{what} folder")] + [
             InputPath(Path(path), f"linked {what} folder") for path in linked
         ]
-    if not source.is_file():
+    if not is_file:
         return _named_shards(os.fspath(data), what)
     inputs = [InputPath(source, f"{what} file")]
     if source.suffix.lower() == ".csv":
