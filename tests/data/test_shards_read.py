@@ -63,6 +63,27 @@ def test_brace_patterns_expand_as_webdataset_writes_them():
     ]
 
 
+@pytest.mark.parametrize(
+    "pattern",
+    ["s-{0..11}.tar", "s-{0..-2}.tar", "s-{-05..1}.tar", "s-{00..10..5}.tar", "s-{9..1..-4}.tar"],
+)
+def test_brace_patterns_expand_as_webdatasets_braceexpand(pattern):
+    """`{0..11}` gave s-00.tar ... (a bound of 0 was taken for zero padding): the shards
+    `ShardWriter("s-%d.tar")` writes were "not found"; `-05` did not pad, `..step` was a name."""
+    from braceexpand import braceexpand
+
+    from torchkit.core.data.sources.shards import expand_braces
+
+    assert expand_braces(pattern) == list(braceexpand(pattern))
+
+
+def test_a_range_of_thousands_of_digits_is_one_error_line(tmp_path):
+    """int() refuses 4,300 digits: "Error: ValueError: Exceeds the limit ..." """
+    result = run_torchkit_in_process("dataset-stats", f"{tmp_path}/s-{{0..{'9' * 5000}}}.tar")
+    assert result.returncode == 1
+    assert "has a range of numbers over 30 digits long" in error_line(result.stderr)
+
+
 def test_dataset_stats_of_shards_is_that_of_their_folder(world):
     folder = stats(world / "images")
     assert stats(world / "shards") == folder

@@ -2,8 +2,9 @@
 
 What `--data` (or IMAGES) may name here, before folders and CSV indexes are tried:
 
-- WebDataset shards: a brace pattern as webdataset writes them (`DIR/train-{000000..000127}.tar`;
-  ranges `{a..b}` keep the zero padding, lists `{a,b}`), specs joined by `::` (webdataset's list
+- WebDataset shards: a brace pattern as webdataset (braceexpand) reads them
+  (`DIR/train-{000000..000127}.tar`; ranges `{a..b}` and `{a..b..step}`, zero padded where a
+  bound is written with a leading zero, lists `{a,b}`), specs joined by `::` (webdataset's list
   of URLs), one `NAME-NNNNNN.tar`, or a folder holding only `.tar` shards (with `classes.txt`,
   `classes.json`, `manifest.json` beside them). A folder whose shards are all named
   `{train,val,test}-NNNNNN.tar` is split data, like a split root; shards named one by one or by
@@ -388,7 +389,8 @@ def _damaged(path: str, count: int, reason: str) -> DamagedTar:
 
 def expand_braces(pattern: str) -> list[str]:
     """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar; `{x,y}` -> x, y (nested too), as
-    webdataset (braceexpand) expands shard names; a range keeps the padding of its bounds."""
+    webdataset (braceexpand) expands shard names; `{a..b..step}` steps, and a range is padded
+    to its longer bound where a bound has a leading zero (`{00..12}`, not `{0..12}`)."""
     start = pattern.find("{")
     if start < 0:
         return [pattern]
@@ -400,13 +402,24 @@ def expand_braces(pattern: str) -> list[str]:
     else:
         raise InputError(f"unbalanced braces in {pattern!r}", _SHARDS_HINT)
     body, head, tail = pattern[start + 1 : end], pattern[:start], pattern[end + 1 :]
-    numbers = re.fullmatch(r"(-?\d+)\.\.(-?\d+)", body)
+    numbers = re.fullmatch(r"(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?", body)
     if numbers:
-        low, high = numbers.groups()
-        width = max(len(low), len(high)) if low.startswith("0") or high.startswith("0") else 0
-        step = 1 if int(high) >= int(low) else -1
-        _check_count(pattern, abs(int(high) - int(low)) + 1)
-        choices = [str(n).zfill(width) for n in range(int(low), int(high) + step, step)]
+        low, high, by = numbers.groups()
+        if max(len(low), len(high), len(by or "")) > 30:  # int() refuses 4,300 digits
+            raise InputError(
+                f"{short_repr(pattern)} has a range of numbers over 30 digits long",
+                "check the braces: {000000..000127} names 128 shards",
+            )
+        # braceexpand's padding: a bound written with a leading zero (`00`, `-05`, not `0`
+        # itself) pads every number to the longer bound; `{0..15}` is 0, 1, ... 15.
+        padded = any(b.startswith(("0", "-0")) for b in (low, high) if b not in ("0", "-0"))
+        width = max(len(low), len(high)) if padded else 0
+        step = (int(by) or 1) if by else 1  # `{0..10..2}`: a step, its sign ignored
+        first, last = int(low), int(high)
+        count = abs(last - first) // step + 1
+        _check_count(pattern, count)
+        step = step if last >= first else -step
+        choices = [str(first + i * step).zfill(width) for i in range(count)]
     else:
         choices, depth, part = [], 0, ""
         for char in body:
