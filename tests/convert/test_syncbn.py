@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from output_checks import error_line
 from torch import nn
 
 from torchkit.cli import app
@@ -19,7 +20,7 @@ from torchkit.core.convert.syncbn import (
     find_batchnorm_layers,
     mark_checkpoint,
 )
-from torchkit.core.io.errors import UsageError
+from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 
@@ -198,6 +199,42 @@ def test_bad_target_and_lazy_layers_are_usage_errors():
         convert_batchnorm(nn.Sequential(nn.LazyBatchNorm2d()))
 
 
+def pruned_model() -> nn.Module:
+    """tiny_pickled_model with its BatchNorm weight pruned: the layer holds `weight_orig`
+    and a mask, and a hook makes `weight` from them."""
+    from torch.nn.utils import prune
+
+    model = tiny_pickled_model()
+    prune.l1_unstructured(model[1], "weight", amount=0.5)
+    with torch.no_grad():  # a leaf, so the model pickles
+        model[1].weight = model[1].weight_orig * model[1].weight_mask
+    return model
+
+
+class Positive(nn.Module):
+    def forward(self, weight):
+        return weight.abs()
+
+
+def test_a_pruned_or_parametrized_weight_is_refused_and_the_model_left_alone():
+    """The new layer kept an empty meta-device `weight` beside `weight_orig` (or the
+    parametrization): the converted model failed at its first forward pass."""
+    from torch.nn.utils import parametrize
+
+    parametrized = tiny_pickled_model()
+    parametrize.register_parametrization(parametrized[1], "weight", Positive())
+    for model in (pruned_model(), parametrized):
+        before = [type(m) for m in model.modules()]
+        with pytest.raises(InputError, match=r"layer 1 \(.*BatchNorm2d\) has no weight of its own"):
+            convert_batchnorm(model)
+        assert [type(m) for m in model.modules()] == before
+        assert all(t.device.type == "cpu" for t in model.state_dict().values())
+    synced = convert_batchnorm(tiny_pickled_model())[0]
+    parametrize.register_parametrization(synced[1], "weight", Positive())
+    with pytest.raises(InputError, match="no weight of its own"):
+        convert_batchnorm(synced, to="bn")
+
+
 def test_find_and_mark():
     model = mixed_model()
     assert [r["type"] for r in find_batchnorm_layers(model)] == batchnorm_dims(model)
@@ -374,6 +411,17 @@ def test_pickled_model_is_converted_and_reverted(runner, tmp_path):
     assert torch.equal(restored.eval()(x), expected)
     state, reference = restored.state_dict(), model.state_dict()
     assert all(torch.equal(state[k], reference[k]) for k in reference)
+
+
+def test_a_pruned_pickled_model_is_refused_and_nothing_written(runner, tmp_path):
+    source, synced = tmp_path / "pruned.pt", tmp_path / "sync.pt"
+    torch.save(pruned_model(), source)
+    result = runner.invoke(app, ["convert-syncbn", str(source), str(synced), "--trust-checkpoint"])
+    assert result.exit_code == 1
+    assert error_line(result.stderr).startswith(
+        "Error: layer 1 (BatchNorm2d) has no weight of its own (pruned or parametrized"
+    )
+    assert "prune.remove" in result.stderr and not synced.exists()
 
 
 def test_pickled_sync_model_without_record_needs_an_input_size(runner, tmp_path):

@@ -122,6 +122,7 @@ def convert_batchnorm(
         rows = []
         for name, old in targets:
             new = _to_sync(old, process_group)
+            _refuse_missing_state(name, old, new)
             replacements[id(old)] = new
             row = _conversion_row(name, old, new)
             row["dim_source"] = None  # only reverting has to work the dimensionality out
@@ -141,6 +142,7 @@ def convert_batchnorm(
         for name, old in targets:
             dim, source = dims[id(old)]
             new = _to_batchnorm(old, dim)
+            _refuse_missing_state(name, old, new)
             replacements[id(old)] = new
             row = _conversion_row(name, old, new)
             row["dim_source"] = source
@@ -157,6 +159,25 @@ def _refuse_uninitialised(targets: list[tuple[str, Any]]) -> None:
                 f"{name or 'the model'} is a lazy BatchNorm that has not seen any input",
                 "run one forward pass before converting",
             )
+
+
+def _refuse_missing_state(name: str, old: Any, new: Any) -> None:
+    """A layer whose weight torch.nn.utils.prune or parametrize replaced (a `weight_orig`
+    parameter and a hook, or a property) has no `weight` of its own to hand over: the new layer
+    would keep its empty meta-device one, and the model would fail at its first forward pass
+    (or be saved so). Refused before any layer is replaced."""
+    missing = [
+        key
+        for key, tensor in (*new._parameters.items(), *new._buffers.items())
+        if tensor is not None and key not in old._parameters and key not in old._buffers
+    ]
+    if missing:
+        raise InputError(
+            f"layer {name or '(model)'} ({type(old).__name__}) has no {' or '.join(missing)} of "
+            "its own (pruned or parametrized with torch.nn.utils), so it cannot be converted",
+            "make it permanent first (torch.nn.utils.prune.remove, or "
+            "torch.nn.utils.parametrize.remove_parametrizations), then convert",
+        )
 
 
 def _conversion_row(name: str, old: Any, new: Any) -> dict:
