@@ -370,6 +370,22 @@ def test_a_checkpoint_that_already_is_what_was_asked_converts_nothing(
     assert json.loads(listed.stdout)["count"] == 0  # the report agrees: none would be converted
 
 
+def test_a_checkpoint_without_batchnorm_is_not_marked(runner, tmp_path):
+    """ "has no BatchNorm layers: nothing was converted", yet DST was marked for SyncBatchNorm,
+    and `train --resume DST` on a CPU refused it as "trained with --sync-bn"."""
+    from checkpoints import read_checkpoint, write_convnet_checkpoint
+
+    source, destination = tmp_path / "convnet.pt", tmp_path / "sync.pt"
+    write_convnet_checkpoint(source, in_channels=3, image_size=8, classes="ab")
+    result = runner.invoke(
+        app, ["convert-syncbn", str(source), str(destination), "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["count"] == 0
+    assert "has no BatchNorm layers: nothing was converted" in result.stderr
+    assert not checkpoint_uses_sync_bn(read_checkpoint(destination))
+
+
 def test_pickled_model_is_converted_and_reverted(runner, tmp_path):
     model = tiny_pickled_model()
     x = torch.randn(2, 3, 4, 4)

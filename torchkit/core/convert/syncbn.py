@@ -520,9 +520,12 @@ def convert_saved_model(
     if is_torchkit_checkpoint(loaded):
         model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=str(src))
         model, rows = convert_batchnorm(model, to="sync")
+        # Without a BatchNorm layer there is nothing to synchronise: a mark would only make
+        # `train --resume` refuse a CPU, saying the run was trained with --sync-bn.
+        sync = bool(rows) and not revert
         if revert:
             model, rows = convert_batchnorm(model, to="bn")
-        if checkpoint_uses_sync_bn(loaded) != revert:
+        if rows and checkpoint_uses_sync_bn(loaded) != revert:
             # Its layers already are what was asked: listing them as converted misled.
             already = (
                 "is not marked for SyncBatchNorm (its model has BatchNorm layers)"
@@ -531,7 +534,7 @@ def convert_saved_model(
             )
             rows = []
         with reporting_write_errors(destination):
-            save_checkpoint(mark_checkpoint(loaded, sync=not revert), destination)
+            save_checkpoint(mark_checkpoint(loaded, sync=sync), destination)
         kind = "torchkit checkpoint"
     else:
         module = pickled_module(loaded)
