@@ -212,6 +212,18 @@ def test_a_list_of_presigned_urls_longer_than_a_path_may_be_reads_the_shards(wor
     assert stats(spec) == stats(world / "served" / "shards" / PATTERN)
 
 
+def test_the_cache_check_of_a_redirected_url_downloads_no_shard(server):
+    """urllib follows a redirected HEAD with a GET: each run's check of a cached shard began
+    its whole download where the server redirects (Hugging Face's `resolve/` URLs do)."""
+    url = f"{server.url}/moved/shards/{PATTERN}"
+    first = stats(url)
+    assert len(shard_downloads(server.requests)) == 8  # the redirect, then the shard
+    server.requests.clear()
+    assert stats(url) == first
+    assert shard_downloads(server.requests) == []
+    assert len([path for method, path in server.requests if method == "HEAD"]) == 8
+
+
 def test_a_url_with_a_space_or_a_non_ascii_letter_reads_as_a_browser_sends_it(
     world, server, tmp_path
 ):

@@ -34,9 +34,10 @@ class _Handler(SimpleHTTPRequestHandler):
     HEAD), and `/unsized/N/PATH.tar` its first N bytes with no Content-Length, then closes
     (other files under them: the file PATH, truthfully); `/gets-only/PATH` answers a GET with
     the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET; `/loop/PATH`
-    redirects (302) to itself; `/spa/PATH` the file PATH, or where there is none a 200 OK
-    HTML page, as a web app does; `/gzip/PATH` the file PATH gzipped, with `Content-Encoding:
-    gzip` (GET and HEAD, as S3 serves an object stored so), and `/gzip-cut/PATH.tar` the first
+    redirects (302) to itself, `/moved/PATH` (GET and HEAD) to `/PATH`; `/spa/PATH` the file
+    PATH, or where there is none a 200 OK HTML page, as a web app does; `/gzip/PATH` the file
+    PATH gzipped, with `Content-Encoding: gzip` (GET and HEAD, as S3 serves an object stored
+    so), and `/gzip-cut/PATH.tar` the first
     half of that, its Content-Length saying so; `/auth/PATH` the file PATH to a request with
     the Basic credentials `me:p w`, else 401."""
 
@@ -103,9 +104,18 @@ class _Handler(SimpleHTTPRequestHandler):
         self.send_error(401)
         return True
 
+    def _moved(self) -> bool:
+        """Answer a `/moved/` request with a redirect to the file; False for any other."""
+        if not self.path.startswith("/moved/"):
+            return False
+        self.send_response(302)
+        self.send_header("Location", self.path.removeprefix("/moved"))
+        self.end_headers()
+        return True
+
     def do_HEAD(self) -> None:
         self._record()
-        if self._refused():
+        if self._refused() or self._moved():
             return
         if self.path.startswith("/gets-only/"):
             self.send_error(403)
@@ -115,7 +125,7 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._record()
-        if self._refused() or self._gzipped(body=True):
+        if self._refused() or self._moved() or self._gzipped(body=True):
             return
         self.path = self.path.removeprefix("/gets-only")
         if self.path.startswith("/spa/"):

@@ -897,7 +897,7 @@ def _opened(url: str, method: str) -> Iterator[Any]:
     if credentials is not None:  # not sent on to where the server redirects, as curl does
         request.add_unredirected_header("Authorization", credentials)
     try:
-        response = urllib.request.urlopen(request, timeout=timeout_s())
+        response = _url_opener().open(request, timeout=timeout_s())
     except urllib.error.HTTPError as error:
         error.close()
         raise _HttpStatus(url, error.code, str(error.reason or "")) from None
@@ -919,6 +919,29 @@ def _opened(url: str, method: str) -> Iterator[Any]:
                 "which torchkit does not decode",
                 "serve the file as stored, without a Content-Encoding (or gzip)",
             )
+
+
+_OPENER: Any = None
+
+
+def _url_opener() -> Any:
+    """urllib's default opener (proxies from the environment...), but a redirected HEAD stays a
+    HEAD: urllib follows it with a GET, which started sending the whole shard for each cache
+    check where a server redirects (Hugging Face's `resolve/` URLs send every request to its
+    CDN)."""
+    global _OPENER
+    if _OPENER is None:
+        import urllib.request
+
+        class KeepHead(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, req, fp, code, msg, headers, newurl):
+                new = super().redirect_request(req, fp, code, msg, headers, newurl)
+                if new is not None and req.get_method() == "HEAD":
+                    new.method = "HEAD"
+                return new
+
+        _OPENER = urllib.request.build_opener(KeepHead)
+    return _OPENER
 
 
 # Content-Encodings a body is decoded from: what a server sends although asked for none (an S3
