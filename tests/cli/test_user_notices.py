@@ -340,9 +340,8 @@ def test_predict_summary_counts_the_unreadable_images(runner, world, tmp_path):
         (bad / f"x{i}.png").write_bytes(b"not an image")
     checkpoint = str(world["root"] / "good.pt")
     result = runner.invoke(app, ["predict", checkpoint, str(bad), "--format", "csv", *CPU])
-    assert result.exit_code == 0, result.stderr  # documented: a row with an error each
-    assert "Note: predicted 0 of 3 images in " in result.stderr
-    assert "; 3 unreadable" in result.stderr
+    assert result.exit_code == 1, result.stderr  # a row with an error each, and no result
+    assert error_line(result.stderr).startswith("Error: none of the 3 images could be read")
     mixed = runner.invoke(
         app, ["predict", checkpoint, str(bad), str(world["images"]), "--format", "csv", *CPU]
     )

@@ -327,6 +327,11 @@ class PredictRun:
                 batches.close()  # the loader's workers stop (_batches)
         summary.images = len(samples)
         summary.seconds = time.perf_counter() - start
+        # Error rows alone are no result: a script must not take them for one (rank 0 counts).
+        failure = _none_read(summary) if ctx.is_main else None
+        failure = _from_rank_zero(failure, ctx)
+        if failure is not None:
+            raise on_every_rank(failure)
 
     def _batches(self, dataset, workers: int, collate) -> Iterator[Any]:
         """This rank's batch of every step (None for a step past its last batch)."""
@@ -479,6 +484,17 @@ class PredictRun:
             values.append("" if ok else "non-finite output")
             records.append((keys, values))
         return records
+
+
+def _none_read(summary: PredictSummary) -> InputError | None:
+    """The error of a run whose every image was unreadable (the rule of every command that
+    reads many images: some unreadable ones are counted, none readable is a failure)."""
+    if not summary.images or summary.unreadable < summary.images:
+        return None
+    return InputError(
+        f"none of the {summary.images} images could be read",
+        f"the first, {summary.first_error}",
+    )
 
 
 def _digits(value: float) -> float:
