@@ -458,6 +458,19 @@ def test_pickled_sync_model_without_record_needs_an_input_size(runner, tmp_path)
     assert json.loads(worked.stdout)["layers"][0]["to_type"] == "BatchNorm2d"
 
 
+def test_an_input_size_reaches_a_layer_without_running_statistics(runner, tmp_path):
+    """One sample of --input-size was run: a SyncBatchNorm without running statistics (it
+    normalises with the batch's own) refused one value per channel, and the revert failed."""
+    model = nn.Sequential(nn.Linear(4, 6), nn.SyncBatchNorm(6, track_running_stats=False))
+    source, reverted = tmp_path / "net.pt", tmp_path / "bn.pt"
+    torch.save(model, source)
+    args = [str(source), str(reverted), "--trust-checkpoint", "--revert", "--format", "json"]
+    result = runner.invoke(app, ["convert-syncbn", *args, "--input-size", "4"])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["layers"][0]["dim_source"] == "2-D input"
+    assert type(torch.load(reverted, weights_only=False)[1]) is nn.BatchNorm1d
+
+
 NOTHING_TO_CONVERT = (
     "holds a plain state dict: BatchNorm and SyncBatchNorm have the same keys, so there is "
     "nothing to convert (load it into either model as it is; convert a torchkit checkpoint or "

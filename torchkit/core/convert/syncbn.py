@@ -552,7 +552,9 @@ def convert_saved_model(
             from torchkit.core.models.inputs import make_inputs
             from torchkit.core.summary.counting import model_device, model_dtype
 
-            example = make_inputs([(1, *sample_shape)], model_dtype(module), model_device(module))
+            # Two samples: a layer that normalises with the batch's own statistics (BatchNorm
+            # without running statistics) refuses one value per channel, even in eval mode.
+            example = make_inputs([(2, *sample_shape)], model_dtype(module), model_device(module))
         if isinstance(loaded, Mapping):
             # Every module of the dict ({'model': net, 'model_ema': ema}), not only the first:
             # a file reported as converted holds no layer left unconverted.
