@@ -5,7 +5,8 @@ that go with them: worker count, start method, seeding."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from torchkit.core.data.preprocessing import Preprocess
@@ -161,9 +162,20 @@ class ShardSampler:
 
     def __init__(self, size: int, rank: int = 0, world_size: int = 1) -> None:
         self.indices = range(rank, size, world_size)
+        self._withheld = False
 
     def __iter__(self):
-        return iter(self.indices)
+        return iter(range(0) if self._withheld else self.indices)
+
+    @contextmanager
+    def withheld(self) -> Iterator[None]:
+        """No index inside the block: a loader with persistent workers iterated there starts
+        its workers and hands them nothing yet (`train.loaders.Loaders.start_eval_workers`)."""
+        self._withheld = True
+        try:
+            yield
+        finally:
+            self._withheld = False
 
     def __len__(self) -> int:
         return len(self.indices)

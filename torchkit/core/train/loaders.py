@@ -458,6 +458,20 @@ class Loaders:
                 shutdown()
             loader._iterator = None
 
+    def start_eval_workers(self) -> None:
+        """Fork the validation and test loaders' workers now, before the train loader hands
+        its own workers any index. Handing a worker indices starts a thread (the feeder of its
+        multiprocessing queue), and a process forked beside a thread may deadlock in the child
+        on a lock that thread held (Python 3.12+ warns of it at each fork): forked at their
+        first evaluation, the validation workers were forked beside the train workers' feeder
+        threads, and the test workers beside the checkpoint writer's too. Forked here, every
+        worker of the run is forked before any of those threads exists; these are handed their
+        first indices at their first evaluation."""
+        for loader in (self.val, self.test):
+            if loader is not None and loader.num_workers > 0 and loader.persistent_workers:
+                with loader.sampler.withheld():
+                    iter(loader)  # persistent workers: the loader keeps them
+
 
 # The smallest batch validation splits its images into to share them among the workers.
 MIN_SHARED_EVAL_BATCH = 32
@@ -631,10 +645,16 @@ def build_loaders(
             batch_size = max(batch_size, IN_MEMORY_EVAL_BATCH)
         else:
             batch_size = eval_batch_size(-(-len(samples) // world), batch_size, workers)
+        # A generator of its own: each iterator the loader makes draws its workers' seed from
+        # it, not from torch's global random state (which the model is then built from when
+        # `Loaders.start_eval_workers` makes the first at set-up).
+        generator = torch.Generator()
+        generator.manual_seed(config.seed)
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=batch_size,
             sampler=ShardSampler(len(samples), rank, world),
+            generator=generator,
             **common,
         )
 

@@ -203,6 +203,8 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
         point = ResumePoint()
         if checkpoint is not None:
             point = resume_point(checkpoint, ctx, config, plan.resumed_from)
+        if not config.find_lr:
+            loaders.start_eval_workers()  # forked first: no thread runs beside them yet
         if point.progress.batches == 0 and not config.find_lr:
             # The workers read the first batches and the GPU's decoder readies itself while
             # the model is built and the rest is set up (first epoch: issue #30).
