@@ -31,6 +31,7 @@ from torchkit.core.features.store import (
     FILE_FORMATS,
     PARTIAL_DIR,
     FeatureStore,
+    data_location,
     known_files,
 )
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
@@ -317,7 +318,8 @@ def _extract(
         growing = None  # streamed: the fingerprint, as the paths come
         if streamed is None:
             fingerprint = _fingerprint(settings, samples)
-            store, finished = FeatureStore.open(output, fingerprint, len(samples))
+            data = data_location(image_set.root)
+            store, finished = FeatureStore.open(output, fingerprint, len(samples), data)
             if store is None:
                 return _result_from_meta(Path(request.out), finished)
         else:

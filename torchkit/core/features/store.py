@@ -71,10 +71,11 @@ class Progress:
     nonfinite: int = 0  # rows with a NaN or inf value in some layer
     nonfinite_first: str | None = None  # the image of the first of them
 
-    def to_json(self, fingerprint: str, total: int) -> dict:
+    def to_json(self, fingerprint: str, total: int, data: dict | None = None) -> dict:
         return {
             "fingerprint": fingerprint,
             "total": total,
+            **({"data": data} if data else {}),
             "done": self.done,
             "rows": self.rows,
             "errors": {str(k): v for k, v in self.errors.items()},
@@ -113,8 +114,10 @@ class FeatureStore:
         progress: Progress,
         *,
         streamed: bool = False,
+        data: dict | None = None,
     ) -> None:
         self.output = output
+        self.data = data  # where the images are (`data_location`), recorded for --resume
         self.streamed = streamed
         self.skipped = 0  # streamed: the images whose error line is written (errors are not kept)
         self._appended: dict[str, Any] = {}  # streamed: open files, by layer (and the index)
@@ -128,13 +131,15 @@ class FeatureStore:
 
     @classmethod
     def open(
-        cls, output: OutputFolder, fingerprint: str, total: int
+        cls, output: OutputFolder, fingerprint: str, total: int, data: dict | None = None
     ) -> tuple[FeatureStore | None, dict | None]:
         """(store, None) to work in, or (None, meta) when `--resume` finds OUT already complete.
 
         `output` was opened with `resume=True` only when --resume found something in OUT: then
         OUT is continued if it was started with the same fingerprint (same model, layers,
-        options and images). Otherwise nothing is written until the first rows are.
+        options and image names) on the same images (`data`, the folder their names are
+        relative to, however it is spelled). Otherwise nothing is written until the first
+        rows are.
         """
         folder = output.final
         partial, meta_path = folder / PARTIAL_DIR, folder / META_FILE
@@ -143,7 +148,8 @@ class FeatureStore:
             if progress_path.is_file():
                 state = read_json(progress_path)
                 _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "interrupted")
-                store = cls(output, fingerprint, total, Progress.from_json(state))
+                _check_data(state.get("data"), data, folder)
+                store = cls(output, fingerprint, total, Progress.from_json(state), data=data)
                 store._begin()
                 return store, None
             if meta_path.is_file():
@@ -165,7 +171,7 @@ class FeatureStore:
                 )
             output.begin()
             remove_tree(partial, ignore_errors=False)  # stopped before its first batch was recorded
-        return cls(output, fingerprint, total, Progress()), None
+        return cls(output, fingerprint, total, Progress(), data=data), None
 
     def _begin(self) -> None:
         """Make OUT (setting an old one aside with --force) and OUT/.partial."""
@@ -268,7 +274,7 @@ class FeatureStore:
                 array.flush()
         atomic_write_text(
             self.partial / PROGRESS_FILE,
-            json.dumps(self.progress.to_json(self.fingerprint, self.total)),
+            json.dumps(self.progress.to_json(self.fingerprint, self.total, self.data)),
         )
         if self.progress.rows > 0:
             self.output.keep()
@@ -397,6 +403,33 @@ _NO_FALLOCATE = {
     )
     if code is not None
 }
+
+
+def data_location(root: str) -> dict | None:
+    """Where the images whose names are relative to `root` are, whatever spelling names it
+    (`./a/`, an absolute path, a link to it): its real path and its (device, inode). None
+    where the root is no local folder (digits, URLs, image files as typed)."""
+    if not root:
+        return None
+    try:
+        info = os.stat(root)
+    except (OSError, ValueError):
+        return None
+    return {"path": os.path.realpath(root), "id": [info.st_dev, info.st_ino]}
+
+
+def _check_data(recorded: dict | None, current: dict | None, folder: Path) -> None:
+    """A run is resumed only on the images it was started with: the same names in another
+    folder are other images, whose rows would be mixed with the first folder's."""
+    if not recorded or not current:  # recorded since this check was added; local folders only
+        return
+    if recorded.get("path") == current["path"] or recorded.get("id") == current["id"]:
+        return
+    raise UsageError(
+        f"{folder} holds an interrupted extraction of the images in {recorded.get('path')}, "
+        f"not {current['path']}",
+        "resume with the IMAGES it was started with, or pass --force to start over",
+    )
 
 
 def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str) -> None:
