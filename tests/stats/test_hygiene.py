@@ -339,6 +339,21 @@ def test_cli_json_table_and_pair_csv(runner, leaky_root, tmp_path):
     assert "summary,leakage_exact,1" in long.stdout and "summary,leakage_near,1" in long.stdout
 
 
+def test_near_duplicates_not_looked_for_are_not_reported_as_none_found(runner, leaky_root):
+    """Split data without --near-duplicates: --format csv said `near_duplicates,0` and JSON had
+    an empty list, as if none were found; the within-split search never ran."""
+    args = ["dataset-stats", str(leaky_root), "-j", "1"]
+    long = runner.invoke(app, [*args, "--format", "csv"])
+    assert "summary,near_threshold,8" in long.stdout
+    assert "near_duplicates" not in long.stdout
+    data = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    assert data["near_duplicates_checked"] is False and data["near_duplicates"] == []
+    asked = runner.invoke(app, [*args, "--near-duplicates", "--format", "csv"])
+    assert "summary,near_duplicates,1" in asked.stdout
+    data = json.loads(runner.invoke(app, [*args, "--near-duplicates", "--format", "json"]).stdout)
+    assert data["near_duplicates_checked"] is True and len(data["near_duplicates"]) == 1
+
+
 def test_cli_pair_csv_refusals(runner, leaky_root, tmp_path):
     inside = runner.invoke(
         app, ["dataset-stats", str(leaky_root), "--leakage-csv", str(leaky_root / "p.csv")]

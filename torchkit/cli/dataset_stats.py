@@ -210,10 +210,9 @@ def _long_table(stats) -> Table:
             ["summary", "leakage_near", counts["near"]],
         ]
     if stats.near_threshold is not None:
-        rows += [
-            ["summary", "near_threshold", stats.near_threshold],
-            ["summary", "near_duplicates", len(stats.near_duplicates)],
-        ]
+        rows.append(["summary", "near_threshold", stats.near_threshold])
+    if stats.within_checked:  # not looked for without --near-duplicates: no count, not 0
+        rows.append(["summary", "near_duplicates", len(stats.near_duplicates)])
     for axis, values in (("width", stats.width), ("height", stats.height)):
         rows += [[axis, key, getattr(values, key)] for key in ("min", "median", "max")]
     rows += [["class", c.name, c.images] for c in stats.classes]

@@ -124,6 +124,8 @@ class DatasetStats:
             "leakage_exact": self.leakage_counts()["exact"],
             "leakage_near": self.leakage_counts()["near"],
             "leakage": [p.to_dict() for p in self.leakage],
+            # False: not looked for (no --near-duplicates), so the empty list says nothing
+            "near_duplicates_checked": self.within_checked,
             "near_duplicates": [p.to_dict() for p in self.near_duplicates],
         }
 
