@@ -421,6 +421,28 @@ def test_unlabelled_shards_train_only_as_a_test_split_and_say_they_are_unlabelle
     assert "the shards hold unlabelled images, which predict, extract-features and " in line
 
 
+def test_names_and_indices_paired_in_the_samples_label_as_webdataset_reads_cls(world, tmp_path):
+    """Without classes.txt the names were sorted: `dog` (KEY.cls 0) became class 2, so a
+    model's output i was not the class i webdataset's reader (and the exported model's user)
+    takes from KEY.cls. The pairs the samples hold now give the order."""
+    import webdataset as wds
+
+    from torchkit.core.data.sources import open_data
+
+    png = (world / "images" / "a" / "a_0.png").read_bytes()
+    shard = tmp_path / "pets-000000.tar"
+    names = ["dog", "cat", "bird"]
+    with wds.TarWriter(str(shard)) as sink:
+        for i in range(6):
+            sink.write(
+                {"__key__": f"s{i}", "png": png, "cls": i % 3, "json": {"label": names[i % 3]}}
+            )
+    source = open_data(str(shard))
+    assert source.classes == names
+    read = [int(s["cls"]) for s in wds.WebDataset(str(shard), shardshuffle=False)]
+    assert source.whole.labels == read == [0, 1, 2, 0, 1, 2]
+
+
 def test_a_whole_number_float_json_label_is_a_class_index(world, tmp_path):
     png = (world / "images" / "a" / "a_0.png").read_bytes()
     members = {"x.png": png, "x.json": b'{"label": 1.0}', "y.png": png, "y.json": b'{"cls": 0}'}

@@ -13,8 +13,10 @@ What `--data` (or IMAGES) may name here, before folders and CSV indexes are trie
   first dot of its basename): one image (an extension `is_image_file` knows) and its label, a
   `KEY.cls` (the class index as decimal text) or a `KEY.json` with "label" (a class name or an
   index) or "cls" (an index). Class names: `classes.txt` (one per line) or `classes.json` (a
-  list, or {name: index}) beside the shards; without one, the label names sorted naturally (as
-  class folders are), or, for indices only, "0", "1", ... up to the largest index. A sample's id
+  list, or {name: index}) beside the shards; without one, the names in the order of the
+  indices beside them where every sample has both, paired one to one (`_classes_by_index`),
+  else the label names sorted naturally (as class folders are), or, for indices only, "0",
+  "1", ... up to the largest index. A sample's id
   (the `path` column) is `SHARD/KEY.EXT` (`train-000003.tar/00042.jpg`), relative to the shards'
   folder; samples are in shard order, then member order.
 - a `.tar` of an image folder (`class/img.JPEG`, a split root `train/class/img.jpg`, or, where
@@ -702,6 +704,20 @@ def _class_file(folder: str) -> list[str] | None:
     return names
 
 
+def _classes_by_index(found: list[ShardSample]) -> list[str] | None:
+    """The class names in the order the samples' own indices give, where every labelled sample
+    has a name (`KEY.json` "label") and an index (`KEY.cls`, "cls"), and they pair one to one
+    over 0, 1, ... (as `ShardWriter` writes a dataset's names and indices): class i is the name
+    beside index i, as webdataset's reader labels it. None otherwise (the names are sorted)."""
+    pairs = {(s.name, s.index) for s in found if s.name is not None or s.index is not None}
+    if not pairs or any(name is None or index is None for name, index in pairs):
+        return None
+    by_index = {index: name for name, index in pairs}
+    if sorted(by_index) != list(range(len(pairs))) or len(set(by_index.values())) != len(pairs):
+        return None
+    return [by_index[index] for index in range(len(pairs))]
+
+
 def _labelled(
     samples: list[ShardSample], file_classes: list[str] | None, allow_unlabelled: bool
 ) -> tuple[list[str], list[int]]:
@@ -822,7 +838,10 @@ def shards_source(
     if not found:
         raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
     file_classes = _class_file(root)
-    # classes.txt states the label order; names in the samples are sorted (`_labelled`).
+    if file_classes is None:
+        file_classes = _classes_by_index(found)
+    # classes.txt (or the samples' own name-index pairs) states the label order; names in the
+    # samples alone are sorted (`_labelled`).
     given = bool(file_classes) or all(s.name is None for s in found)
     ids = [str(path) for path in paths]
 
