@@ -612,3 +612,25 @@ def test_every_module_of_a_pickled_dict_is_converted(runner, tmp_path):
     with torch.no_grad():
         assert torch.equal(restored["model"].eval()(x), net.eval()(x))
         assert torch.equal(restored["model_ema"].eval()(x), ema.eval()(x))
+
+
+def test_a_pickled_dict_of_modules_sharing_layers_is_listed_and_converted_alike(runner, tmp_path):
+    """Without DST the report listed the first module's layers alone, while SRC DST converted
+    the EMA copy's too; and a BatchNorm both modules hold became two SyncBatchNorm layers, listed
+    twice. Now a shared layer is listed and converted once, and stays shared."""
+    torch.manual_seed(0)
+    net = tiny_pickled_model()
+    ema = nn.Sequential(nn.Conv2d(3, 4, 3), *net[1:], nn.BatchNorm1d(5))  # net[1] serves both
+    source, synced = tmp_path / "both.pt", tmp_path / "sync.pt"
+    torch.save({"model": net, "model_ema": ema, "epoch": 3}, source)
+    args = ["--trust-checkpoint", "--format", "json"]
+    report = runner.invoke(app, ["convert-syncbn", str(source), *args])
+    assert report.exit_code == 0, report.stderr
+    converted = runner.invoke(app, ["convert-syncbn", str(source), str(synced), *args])
+    assert converted.exit_code == 0, converted.stderr
+    listed = [row["name"] for row in json.loads(report.stdout)["layers"]]
+    assert listed == [row["name"] for row in json.loads(converted.stdout)["layers"]]
+    assert listed == ["model.1", "model_ema.5"]
+    written = torch.load(synced, weights_only=False)
+    assert isinstance(written["model"][1], nn.SyncBatchNorm)
+    assert written["model"][1] is written["model_ema"][1]

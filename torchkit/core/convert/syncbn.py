@@ -72,15 +72,20 @@ def _batchnorm_dim(module: Any) -> int | None:
     return None
 
 
-def find_batchnorm_layers(model: Any, *, sync: bool = False) -> list[dict]:
+def find_batchnorm_layers(
+    model: Any, *, sync: bool = False, seen: set[int] | None = None
+) -> list[dict]:
     """One row per BatchNorm layer (SyncBatchNorm layers with `sync=True`), in registration
-    order: name, type, num_features, affine, track_running_stats."""
+    order: name, type, num_features, affine, track_running_stats. `seen`: ids of layers listed
+    already (in another model sharing them), left out; each listed layer's id is added."""
     from torch import nn
 
+    seen = set() if seen is None else seen
     rows = []
     for name, module in model.named_modules():
         wanted = isinstance(module, nn.SyncBatchNorm) if sync else _is_plain_batchnorm(module)
-        if wanted:
+        if wanted and id(module) not in seen:
+            seen.add(id(module))
             rows.append(_describe(name, module))
     return rows
 
@@ -101,6 +106,7 @@ def convert_batchnorm(
     to: str = "sync",
     process_group: Any = None,
     example_inputs: Sequence[Any] | None = None,
+    converted: dict[int, tuple[Any, Any]] | None = None,
 ) -> tuple[Any, list[dict]]:
     """Replace BatchNorm layers by SyncBatchNorm (`to="sync"`) or back (`to="bn"`).
 
@@ -109,14 +115,20 @@ def convert_batchnorm(
     track_running_stats, dim_source (how the BatchNorm dimensionality is known).
     `process_group` scopes the synchronisation of new SyncBatchNorm layers (default: the world).
     `example_inputs` (positional inputs of the model) tell `to="bn"` which dimensionality each
-    unrecorded SyncBatchNorm layer sees.
+    unrecorded SyncBatchNorm layer sees. `converted` (id -> (old layer, new layer)), shared by
+    the calls for several models that share layers: a layer converted in an earlier model takes
+    the same replacement here, unlisted, and the layers converted here are added.
     """
     if to not in TARGETS:
         raise UsageError(f"unknown conversion target {to!r}", "use 'sync' or 'bn'")
     from torch import nn
 
+    converted = {} if converted is None else converted
+    wanted = _is_plain_batchnorm if to == "sync" else lambda m: isinstance(m, nn.SyncBatchNorm)
+    found = [(n, m) for n, m in module.named_modules() if wanted(m)]
+    done = {id(m): converted[id(m)][1] for _, m in found if converted.get(id(m), (None,))[0] is m}
+    targets = [(n, m) for n, m in found if id(m) not in done]
     if to == "sync":
-        targets = [(n, m) for n, m in module.named_modules() if _is_plain_batchnorm(m)]
         _refuse_uninitialised(targets)
         replacements = {}
         rows = []
@@ -135,7 +147,6 @@ def convert_batchnorm(
                     type(old).__name__,
                 )
     else:
-        targets = [(n, m) for n, m in module.named_modules() if isinstance(m, nn.SyncBatchNorm)]
         dims = _deduce_dims(module, targets, example_inputs)
         replacements = {}
         rows = []
@@ -147,7 +158,8 @@ def convert_batchnorm(
             row = _conversion_row(name, old, new)
             row["dim_source"] = source
             rows.append(row)
-    return _replace(module, replacements), rows
+    converted.update({id(m): (m, replacements[id(m)]) for _, m in targets})
+    return _replace(module, {**done, **replacements}), rows
 
 
 def _refuse_uninitialised(targets: list[tuple[str, Any]]) -> None:
@@ -446,6 +458,30 @@ def _require_saved_model(source: str | os.PathLike) -> Path:
     )
 
 
+def modules_by_key(loaded: Mapping[str, Any]) -> list[tuple[str | None, Any]]:
+    """Every module of a pickled dict (`{'model': net, 'model_ema': ema}`), not only the first:
+    a file reported as converted holds no layer left unconverted. Each module once (the same
+    module under two keys keeps its first); the key is None when the dict holds one module,
+    whose rows keep their plain names."""
+    from torch import nn
+
+    named = [(key, value) for key, value in loaded.items() if isinstance(value, nn.Module)]
+    seen: set[int] = set()
+    modules = []
+    for key, value in named:
+        if id(value) not in seen:
+            seen.add(id(value))
+            modules.append((str(key) if len(named) > 1 else None, value))
+    return modules
+
+
+def _keyed(row: dict, key: str | None) -> dict:
+    """A layer's row named KEY.LAYER (KEY for the module itself) in a dict of several modules."""
+    if key is not None:
+        row["name"] = f"{key}.{row['name']}" if row["name"] != "(model)" else key
+    return row
+
+
 def batchnorm_report(
     spec: str,
     *,
@@ -467,6 +503,17 @@ def batchnorm_report(
         # What `train --resume` builds from it: its layers are SyncBatchNorm already.
         model, _ = convert_batchnorm(model, to="sync")
     layers = find_batchnorm_layers(model, sync=revert)
+    if loaded.source == "pickled model":
+        from torchkit.core.models.weights import read_model_file
+
+        held = read_model_file(spec, trust_checkpoint=trust_checkpoint)
+        if isinstance(held, Mapping):  # the layers of each module SRC DST converts, once
+            listed: set[int] = set()
+            layers = [
+                _keyed(row, key)
+                for key, module in modules_by_key(held)
+                for row in find_batchnorm_layers(module, sync=revert, seen=listed)
+            ]
     report = {
         "model": loaded.arch,
         "origin": loaded.source,
@@ -497,7 +544,6 @@ def convert_saved_model(
     `sample_shape` (one sample, no batch) lets `revert` see which BatchNorm each SyncBatchNorm
     layer stood for when the file does not record it.
     """
-    import torch
 
     from torchkit.core.io.files import atomic_path, torch_save
     from torchkit.core.io.outputs import reporting_write_errors
@@ -556,21 +602,14 @@ def convert_saved_model(
             # without running statistics) refuses one value per channel, even in eval mode.
             example = make_inputs([(2, *sample_shape)], model_dtype(module), model_device(module))
         if isinstance(loaded, Mapping):
-            # Every module of the dict ({'model': net, 'model_ema': ema}), not only the first:
-            # a file reported as converted holds no layer left unconverted.
-            named = [(k, v) for k, v in loaded.items() if isinstance(v, torch.nn.Module)]
             converted_of: dict[int, Any] = {}
+            layers: dict[int, tuple[Any, Any]] = {}  # a layer two modules share is one layer
             rows = []
-            for key, value in named:
-                if id(value) in converted_of:  # the same module under two keys
-                    continue
+            for key, value in modules_by_key(loaded):
                 converted_of[id(value)], value_rows = convert_batchnorm(
-                    value, to=to, example_inputs=example
+                    value, to=to, example_inputs=example, converted=layers
                 )
-                for row in value_rows:
-                    if len(named) > 1:
-                        row["name"] = f"{key}.{row['name']}" if row["name"] != "(model)" else key
-                    rows.append(row)
+                rows += [_keyed(row, key) for row in value_rows]
             loaded = {k: converted_of.get(id(v), v) for k, v in loaded.items()}
         else:
             loaded, rows = convert_batchnorm(module, to=to, example_inputs=example)
