@@ -77,3 +77,9 @@ def test_resume_takes_any_spelling_of_the_folder_and_refuses_another(runner, tmp
     )
     assert (tmp_path / "other/.partial/progress.json").read_bytes() == progress
     assert not (tmp_path / "other/index.csv").exists()
+
+    # A finished run: complete for its own folder, refused for another one.
+    assert "already complete" in extract(runner, "link/", "full", "--resume").stderr
+    finished = extract(runner, "c", "full", "--resume")
+    assert finished.exit_code == 2, finished.stderr
+    assert "Error: full holds a finished extraction of the images in " in finished.stderr

@@ -55,7 +55,7 @@ def test_the_streamed_files_are_those_of_a_listed_run(runner, photos, tmp_path, 
     assert len(index) == 1 + len(photos) and index[4].startswith(",") and "gone.png" in index[4]
     meta = [json.loads((tmp_path / out / "meta.json").read_text()) for out in ("s", "l")]
     assert meta[0]["num_images"] == 9 and meta[0]["num_rows"] == 7 and meta[0]["num_skipped"] == 2
-    differ = {"images", "root", "fingerprint"}  # IMAGES: `-` against the CSV
+    differ = {"images", "root", "images_location", "fingerprint"}  # IMAGES: `-` against the CSV
     assert {k: v for k, v in meta[0].items() if k not in differ} == {
         k: v for k, v in meta[1].items() if k not in differ
     }

@@ -390,6 +390,7 @@ def _finish(
         "classes": source.classes,
         "images": redact_url(str(request.images)),
         "root": request.root,  # what index.csv's paths are relative to
+        "images_location": store.data,  # the root's real path and (device, inode), for --resume
         "split": request.split or ("all" if samples.splits else None),
         "num_images": len(samples),
         "num_rows": state.rows,

@@ -75,7 +75,7 @@ class Progress:
         return {
             "fingerprint": fingerprint,
             "total": total,
-            **({"data": data} if data else {}),
+            **({"images_location": data} if data else {}),
             "done": self.done,
             "rows": self.rows,
             "errors": {str(k): v for k, v in self.errors.items()},
@@ -147,14 +147,15 @@ class FeatureStore:
             progress_path = partial / PROGRESS_FILE
             if progress_path.is_file():
                 state = read_json(progress_path)
-                _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "interrupted")
-                _check_data(state.get("data"), data, folder)
+                _check_fingerprint(state.get("fingerprint"), fingerprint, folder, "an interrupted")
+                _check_data(state.get("images_location"), data, folder, "an interrupted")
                 store = cls(output, fingerprint, total, Progress.from_json(state), data=data)
                 store._begin()
                 return store, None
             if meta_path.is_file():
                 meta = read_json(meta_path)
-                _check_fingerprint(meta.get("fingerprint"), fingerprint, folder, "finished")
+                _check_fingerprint(meta.get("fingerprint"), fingerprint, folder, "a finished")
+                _check_data(meta.get("images_location"), data, folder, "a finished")
                 if partial.is_dir():
                     output.begin()
                     remove_tree(partial)
@@ -418,7 +419,7 @@ def data_location(root: str) -> dict | None:
     return {"path": os.path.realpath(root), "id": [info.st_dev, info.st_ino]}
 
 
-def _check_data(recorded: dict | None, current: dict | None, folder: Path) -> None:
+def _check_data(recorded: dict | None, current: dict | None, folder: Path, what: str) -> None:
     """A run is resumed only on the images it was started with: the same names in another
     folder are other images, whose rows would be mixed with the first folder's."""
     if not recorded or not current:  # recorded since this check was added; local folders only
@@ -426,7 +427,7 @@ def _check_data(recorded: dict | None, current: dict | None, folder: Path) -> No
     if recorded.get("path") == current["path"] or recorded.get("id") == current["id"]:
         return
     raise UsageError(
-        f"{folder} holds an interrupted extraction of the images in {recorded.get('path')}, "
+        f"{folder} holds {what} extraction of the images in {recorded.get('path')}, "
         f"not {current['path']}",
         "resume with the IMAGES it was started with, or pass --force to start over",
     )
@@ -435,7 +436,7 @@ def _check_data(recorded: dict | None, current: dict | None, folder: Path) -> No
 def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str) -> None:
     if found != expected:
         raise UsageError(
-            f"{folder} holds a {what} extraction with another model, layers, options or images",
+            f"{folder} holds {what} extraction with another model, layers, options or images",
             "resume with the same command line, or pass --force to start over",
         )
 
