@@ -192,6 +192,21 @@ def test_revert_without_record_uses_the_input_or_the_neighbouring_layer():
         convert_batchnorm(nn.Sequential(nn.SyncBatchNorm(2), nn.ReLU()), to="bn")
 
 
+def test_a_batchnorm_after_pooling_and_flatten_is_reverted_to_batchnorm1d():
+    """A classifier head (pool, flatten, BatchNorm1d) converted elsewhere: the flattened layer
+    was taken for a BatchNorm2d like the pooling before it, a model that failed on its first
+    input ("expected 4D input (got 2D input)")."""
+    head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), head).eval()
+    x = torch.randn(2, 3, 5, 5)
+    expected = model(x)
+    synced = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # records nothing
+    reverted, rows = convert_batchnorm(synced, to="bn")
+    assert batchnorm_dims(reverted) == ["BatchNorm2d", "BatchNorm1d"]
+    assert rows[1]["dim_source"] == "like 2.1 (Flatten)"
+    assert torch.equal(reverted(x), expected)
+
+
 def test_bad_target_and_lazy_layers_are_usage_errors():
     with pytest.raises(UsageError, match="unknown conversion target"):
         convert_batchnorm(nn.BatchNorm1d(2), to="batchnorm")

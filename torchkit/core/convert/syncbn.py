@@ -16,11 +16,13 @@ activation from the model's forward pass. Any child module of a converted layer 
 SyncBatchNorm accepts any input of 2 or more dimensions, so it forgets whether it replaced a
 BatchNorm1d, 2d or 3d. Conversion records that on the layer (it survives pickling and deepcopy);
 for a SyncBatchNorm made elsewhere the dimensionality is taken from an example forward pass when
-one is given, else from the nearest convolution / linear / pooling layer registered before it.
+one is given, else from the nearest convolution / linear / pooling / flatten layer registered
+before it.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -357,6 +359,17 @@ def _observe_input_dims(
     return seen
 
 
+def _output_dim(module: Any) -> int | None:
+    """The dimensionality of what a layer hands on: a Flatten to the last dimension leaves
+    (N, C) or (N, C, L), BatchNorm1d's input, whatever it was given (a head's pooling, then
+    Flatten, then BatchNorm1d); any other layer's is its own."""
+    from torch import nn
+
+    if isinstance(module, nn.Flatten):
+        return 1 if module.end_dim == -1 and module.start_dim in (1, 2) else None
+    return _layer_dim(module)
+
+
 def _neighbour_dims(model: Any, layers: list[tuple[str, Any]]) -> dict[int, tuple[int, str]]:
     """The dimensionality of the nearest layer of known dimensionality registered before each
     SyncBatchNorm (or after it, for one that comes first)."""
@@ -366,12 +379,11 @@ def _neighbour_dims(model: Any, layers: list[tuple[str, Any]]) -> dict[int, tupl
     for index, (name, layer) in enumerate(ordered):
         if id(layer) not in wanted or id(layer) in found:
             continue
-        before = reversed(ordered[:index])
-        after = ordered[index + 1 :]
-        for neighbour_name, neighbour in (*before, *after):
+        before = ((n, m, _output_dim(m)) for n, m in reversed(ordered[:index]))
+        after = ((n, m, _layer_dim(m)) for n, m in ordered[index + 1 :])
+        for neighbour_name, neighbour, dim in itertools.chain(before, after):
             if id(neighbour) in wanted:
                 continue
-            dim = _layer_dim(neighbour)
             if dim is not None:
                 found[id(layer)] = (dim, f"like {neighbour_name} ({type(neighbour).__name__})")
                 break
