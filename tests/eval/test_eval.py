@@ -782,6 +782,8 @@ def test_topk_1_keeps_the_top1_accuracy_of_a_one_class_model(tmp_path):
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["top1"] == report["accuracy"] == report["per_class"][0]["top1"] == 1.0
+    # nor does a warning say it is left out (null in JSON and CSV)
+    assert "left out" not in result.stderr
     result = invoke(ckpt, "--data", data, "--topk", "1", "--format", "csv", "-j", "0")
     rows = {row["label"]: row for row in csv.DictReader(result.stdout.splitlines())}
     assert rows["a"]["top1"] == rows["all"]["top1"] == "1.0"

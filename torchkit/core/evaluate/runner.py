@@ -117,7 +117,9 @@ def resolve_topk(topk: int | None, num_classes: int) -> int:
         return min(DEFAULT_TOPK, num_classes)
     if topk < 1:
         raise UsageError(f"--topk must be at least 1, not {topk}")
-    if topk >= num_classes:  # `core.topk`: the accuracy is 1 by definition, reported as null
+    # `core.topk`: the accuracy is 1 by definition, reported as null; but for the top-1
+    # accuracy (k 1 of a 1-class model), which every output reports as it is
+    if topk >= num_classes and topk > 1:
         log.warning(
             "--topk %d with %d classes: every class is in the top %d, so its accuracy is left "
             "out (null in JSON and CSV)",
