@@ -191,6 +191,44 @@ def test_the_empty_batch_adds_nothing_and_a_model_that_cannot_run_one_is_one_err
         _empty_step(ctx, is_update=True, batch=4)
 
 
+def test_a_parameter_the_output_does_not_use_is_one_error_at_the_first_update():
+    """DDP waits for a gradient of every trainable parameter: a model with a layer its forward
+    never calls (it trains in one process) failed at its second step with torch's "Expected to
+    have finished reduction in the prior iteration", printed by every rank and advising DDP
+    arguments torchkit does not take. The first update now names the parameters, as an error
+    the ranks agree on (an all-reduce; here a world of one), before any weight changes."""
+    import functools
+
+    from graphed_training import batches, make_context
+
+    from torchkit.core.io.errors import UsageError
+    from torchkit.core.train import ddp, dynamo_free, loop
+
+    dynamo_free.mark_not_compiled()  # as training does: torch.optim imports dynamo (seconds)
+
+    def context(*, frozen: bool):
+        ctx = make_context(ema=False)
+        ctx.module.unused = nn.Linear(2, 2).requires_grad_(not frozen)  # never called
+        ctx.check_gradients = functools.partial(
+            ddp.refuse_untrained_parameters, dist_utils.DistContext(), ctx.module
+        )
+        return ctx
+
+    def train(ctx) -> None:
+        progress, unreadable = loop.EpochProgress(), loop.UnreadableImages(False)
+        loop.train_one_epoch(ctx, batches(2), progress, unreadable, epoch=1)
+
+    ctx = context(frozen=False)
+    before = {k: v.clone() for k, v in ctx.module.named_parameters()}
+    with pytest.raises(UsageError, match=r"parameters unused\.weight, unused\.bias take no part"):
+        train(ctx)
+    for key, value in ctx.module.named_parameters():
+        assert torch.equal(value, before[key]), key
+    frozen = context(frozen=True)  # DDP leaves parameters without requires_grad out
+    train(frozen)
+    assert frozen.check_gradients is None  # checked once, at the first update
+
+
 # -- validation with BatchNorm -------------------------------------------------------------------
 
 

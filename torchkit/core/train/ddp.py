@@ -9,7 +9,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError
+from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError, on_every_rank
+from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DEFAULT_TIMEOUT_S, DistContext
 
 log = logging.getLogger("torchkit")
@@ -67,6 +68,27 @@ def wrap_ddp(model: Any, ctx: DistContext) -> Any:
     if ctx.device.type == "cuda":
         return DistributedDataParallel(model, device_ids=[ctx.device.index])
     return DistributedDataParallel(model)
+
+
+def refuse_untrained_parameters(ctx: DistContext, module: Any) -> None:
+    """DDP (without find_unused_parameters, which would cost every step a search of the graph)
+    waits for a gradient of every trainable parameter: one that takes no part in the output
+    gets none, and the next step failed with torch's "Expected to have finished reduction in
+    the prior iteration", printed by every rank, whose advice names DDP's own arguments.
+    Checked after the run's first backward, on every rank together (one all-reduce)."""
+    names = [name for name, p in module.named_parameters() if p.requires_grad and p.grad is None]
+    if not distributed.any_rank(ctx, bool(names)):
+        return
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    what = f"the model's parameters {shown}" if names else "some of the model's parameters"
+    raise on_every_rank(
+        UsageError(
+            f"{what} take no part in its output, so they get no gradient, and distributed "
+            "training (DDP) needs one for every trainable parameter",
+            "remove them from the model, or freeze them (requires_grad=False); or train in "
+            "one process",
+        )
+    )
 
 
 def describe_collective_failure(

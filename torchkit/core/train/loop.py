@@ -101,6 +101,9 @@ class StepContext:
     # The earliest of the ranks' first non-finite-loss batches (-1: none), given this rank's:
     # every rank stops at the same check (None: a single process).
     earliest_over_ranks: Callable[[int], int] | None = None
+    # Under torchrun: refuses, on every rank, parameters the run's first backward gave no
+    # gradient (`ddp.refuse_untrained_parameters`); cleared once it has run.
+    check_gradients: Callable[[], None] | None = None
     # Turns a uint8 batch (what the train loader gives for image files) into the model's
     # input on the device: ToTensor + Normalize, bit for bit (core.decode.NormalizedPixels).
     normalized_pixels: Callable[..., Any] | None = None
@@ -307,6 +310,9 @@ def train_one_epoch(
                     if weighted is not None:
                         weighted.close()  # the update's last batch had no readable image
                     progress_state.last_lr = ctx.schedule.current_lr()
+                    if ctx.check_gradients is not None:
+                        check, ctx.check_gradients = ctx.check_gradients, None
+                        check()
                     _optimizer_step(ctx)
                 updates += 1
                 if timeline is not None:

@@ -604,6 +604,11 @@ def _step_context(
         earliest_over_ranks=(
             functools.partial(_earliest_over_ranks, ctx) if ctx.is_distributed else None
         ),
+        check_gradients=(
+            functools.partial(ddp.refuse_untrained_parameters, ctx, model)
+            if ctx.is_distributed
+            else None
+        ),
     )
 
 
