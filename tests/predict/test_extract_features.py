@@ -103,6 +103,70 @@ def test_penultimate_of_a_distilled_deit_is_timms_pre_logits(monkeypatch, traced
     assert not torch.allclose(features["penultimate"], tokens[:, 1], atol=1e-3)  # head_dist's
 
 
+def _timm_family(name: str):
+    """A small random model of a timm family and the square image side it takes."""
+    timm = pytest.importorskip("timm")
+    if name == "crossvit":  # two branches, a head each (a ModuleList): their tokens concatenated
+        model = timm.create_model(
+            "crossvit_tiny_240", img_size=48, img_scale=(1.0, 1.0), depth=((1, 1, 0),)
+        )
+        return model, 48
+    if name == "deit_distilled":  # the class and distillation tokens averaged
+        return timm.create_model("deit_tiny_distilled_patch16_224", img_size=32, depth=1), 32
+    if name == "levit":  # two heads (BatchNorm, Linear) on one pooled feature
+        from timm.models.levit import LevitDistilled
+
+        model = LevitDistilled(
+            img_size=32, embed_dim=(16, 24, 32), key_dim=4, num_heads=(1, 1, 1), depth=(1, 1, 1)
+        )
+        return model, 32
+    if name == "convformer":  # a MetaFormer: its pre-logits are the input of its MLP head
+        from timm.models.metaformer import MetaFormer, SepConv
+
+        return MetaFormer(depths=(1, 1, 1, 1), dims=(8, 8, 8, 16), token_mixers=SepConv), 32
+    if name == "test_vit":
+        return timm.create_model(name, img_size=32), 32
+    return timm.create_model(name), 32
+
+
+@pytest.mark.parametrize(
+    ("family", "hooks"),
+    [
+        ("crossvit", False),  # torch.fx cannot trace it: hooks
+        ("deit_distilled", False),
+        ("levit", False),
+        ("convformer", False),
+        ("convformer", True),
+        ("test_vit", False),
+        ("test_resnet", False),
+    ],
+)
+def test_penultimate_of_a_timm_model_is_its_forward_head_pre_logits(monkeypatch, family, hooks):
+    """Of a model with timm's API, `penultimate` is what timm defines as the features,
+    forward_head(forward_features(x), pre_logits=True), through torch.fx or hooks, beside the
+    logits of the same pass: also where that is no classifier's input (CrossViT's two branches
+    concatenated, a MetaFormer's before its MLP head). The model is left as it was."""
+    torch.manual_seed(0)
+    model, side = _timm_family(family)
+    model.eval()
+    if hooks:
+        monkeypatch.setattr(LayerGraph, "_trace", lambda self: 1 / 0)
+    graph = LayerGraph(model, arch=family)
+    extractor = FeatureExtractor(graph, graph.resolve(["penultimate", "logits"]))
+    x = torch.randn(2, 3, side, side)
+    try:
+        with torch.no_grad():
+            features = extractor(x)
+    finally:
+        extractor.close()
+    assert "forward_head" not in vars(model) and not hasattr(model, "torchkit_pre_logits")
+    with torch.no_grad():
+        pre_logits = model.forward_head(model.forward_features(x), pre_logits=True)
+        logits = model(x)
+    torch.testing.assert_close(features["penultimate"], pre_logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(features["logits"], logits, rtol=0, atol=1e-6)
+
+
 class _TwoNormedHeads(nn.Module):
     """LeViT's distilled head in small: two heads (BatchNorm then Linear, traced through by
     torch.fx) on the same pooled feature, their outputs averaged, named by get_classifier."""

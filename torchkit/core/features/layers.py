@@ -2,17 +2,19 @@
 
 Names are torch.fx node names as `torchvision.models.feature_extraction` gives them
 (`layer4.1.relu_1`); a module name (`layer4`, `features`) stands for its last node, as in
-`create_feature_extractor`. Two aliases cover the classic choices: `penultimate` (the input of the
-classifier head: ResNet's pooled feature, VGG's fc7 after its ReLU; of a model that averages
-several heads, as timm's distilled DeiT does, the mean of their inputs, timm's `pre_logits`) and
-`logits` (the model's output). Models that torch.fx cannot trace fall back to forward hooks on
-module names.
+`create_feature_extractor`. Two aliases cover the classic choices: `penultimate` (of a model with
+timm's API, what its `forward_head(x, pre_logits=True)` gives, as timm defines the feature;
+else the input of the classifier head: ResNet's pooled feature, VGG's fc7 after its ReLU; of a
+model that averages several heads, the mean of their inputs) and `logits` (the model's output).
+Models that torch.fx cannot trace fall back to forward hooks on module names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,12 @@ MODEL_OUTPUT = "<model output>"
 # The mean of several graph nodes (`LayerGraph.penultimate_nodes`): the inputs of the heads of a
 # model whose output is their outputs' mean.
 HEADS_MEAN = "<mean of the classifiers' inputs>"
+# The features timm's API defines (`has_pre_logits`): what the model's forward_head gives with
+# pre_logits=True for the features its forward passes it (CrossViT's two branches' class tokens
+# concatenated, a distilled DeiT's two tokens averaged, a MetaFormer's before its MLP head).
+PRE_LOGITS = "<forward_head(pre_logits=True)>"
+# The submodule the pre-logits are computed in while an extractor runs (`_PreLogitsTap`).
+_PRE_LOGITS_MODULE = "torchkit_pre_logits"
 
 
 @dataclass
@@ -54,6 +62,7 @@ class LayerGraph:
         model.eval()
         self.model = model
         self.arch = arch
+        self.pre_logits = has_pre_logits(model)
         self.head_names = _head_names(model)
         self.nodes: list[str] = []
         self.ops: dict[str, str] = {}
@@ -119,6 +128,8 @@ class LayerGraph:
             if matches:
                 return matches[-1]
         if name == "penultimate":
+            if self.pre_logits:
+                return PRE_LOGITS
             if self.penultimate_node:
                 return self.penultimate_node
             if self.penultimate_nodes:
@@ -177,6 +188,10 @@ class LayerGraph:
                         meta = node.meta.get("tensor_meta")
                         if meta is not None and hasattr(meta, "shape"):
                             shapes[name] = list(meta.shape)[1:]
+                    if self.pre_logits:
+                        features = self.model.forward_features(example)
+                        pre_logits = self.model.forward_head(features, pre_logits=True)
+                        shapes[PRE_LOGITS] = list(pre_logits.shape)[1:]
                 else:
                     layers = [Layer(n, n) for n in self.nodes]
                     for alias in ALIASES:
@@ -211,6 +226,8 @@ class FeatureExtractor:
         self._captured: dict[str, Any] = {}
         self._hooks: list[Any] = []  # handles, removed by close(): the model is the caller's
         self._fx = graph.traced
+        # Installed on the model while the extractor is made (torch.fx) or used (hooks).
+        self._tap = _PreLogitsTap(graph.model) if self._needs(PRE_LOGITS) else None
         nodes = list(dict.fromkeys(x.node for x in self.layers if x.node not in _MARKERS))
         if self._needs(HEADS_MEAN):
             nodes = list(dict.fromkeys([*nodes, *graph.penultimate_nodes]))
@@ -222,15 +239,33 @@ class FeatureExtractor:
                 if graph.logits_node is None:
                     raise _no_head_input(graph.arch)
                 nodes = list(dict.fromkeys([*nodes, graph.logits_node]))
-            self.module = create_feature_extractor(
-                graph.model, return_nodes=nodes, suppress_diff_warning=True
-            ).eval()
+            tracer_kwargs = None
+            if self._tap is not None:
+                nodes = list(dict.fromkeys([*nodes, _PRE_LOGITS_MODULE]))
+                tracer_kwargs = {"leaf_modules": [type(self._tap.module)]}
+            with self._tap.installed() if self._tap else contextlib.nullcontext():
+                try:
+                    module = create_feature_extractor(
+                        graph.model,
+                        return_nodes=nodes,
+                        tracer_kwargs=tracer_kwargs,
+                        suppress_diff_warning=True,
+                    )
+                except ValueError as error:  # the forward never calls forward_head
+                    if self._tap is None:
+                        raise
+                    raise _no_head_input(graph.arch) from error
+            self.module = module.eval()
             _snapshot_outputs(self.module)
         else:
             self.module = graph.model
             for node in nodes:
                 module = self.module.get_submodule(node)
                 self._hooks.append(module.register_forward_hook(self._keep_output(node)))
+            if self._tap is not None:
+                self._tap.install()
+                tap = self._tap.module
+                self._hooks.append(tap.register_forward_hook(self._keep_output(PRE_LOGITS)))
         if self._needs(HEAD_INPUT):
             for key, name in zip(self._head_keys(), graph.head_names, strict=True):
                 try:
@@ -244,6 +279,8 @@ class FeatureExtractor:
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        if self._tap is not None:
+            self._tap.remove()
 
     def _needs(self, marker: str) -> bool:
         return any(layer.node == marker for layer in self.layers)
@@ -268,9 +305,12 @@ class FeatureExtractor:
     def to(self, device, *, channels_last: bool = False) -> FeatureExtractor:
         import torch
 
-        self.module.to(device)
-        if channels_last:
-            self.module.to(memory_format=torch.channels_last)
+        # The pre-logits run in the model's own head, which torch.fx's module may not hold.
+        modules = [self.module, *([self._graph.model] if self._tap else [])]
+        for module in modules:
+            module.to(device)
+            if channels_last:
+                module.to(memory_format=torch.channels_last)
         return self
 
     def __call__(self, images) -> dict[str, Any]:
@@ -287,6 +327,10 @@ class FeatureExtractor:
                 value = _mean([self._captured[key] for key in keys])
             elif layer.node == HEADS_MEAN:
                 value = _mean([output[node] for node in self._graph.penultimate_nodes])
+            elif layer.node == PRE_LOGITS:
+                value = output[_PRE_LOGITS_MODULE] if self._fx else self._captured.get(PRE_LOGITS)
+                if value is None:  # the forward pass never called forward_head
+                    raise _no_head_input(self._graph.arch)
             elif self._fx:
                 value = output[layer.node]
             else:
@@ -342,7 +386,88 @@ def spatial_dims(shape) -> tuple[int, int]:
     return (1, 2) if first == second != third else (2, 3)
 
 
-_MARKERS = (HEAD_INPUT, MODEL_OUTPUT, HEADS_MEAN)
+_MARKERS = (HEAD_INPUT, MODEL_OUTPUT, HEADS_MEAN, PRE_LOGITS)
+
+
+def has_pre_logits(model: Any) -> bool:
+    """Whether `model` has timm's feature API: `forward_features(x)`, and a `forward_head` that
+    takes `pre_logits` (the features before the classifier, as the model defines them)."""
+    import inspect
+
+    head = getattr(model, "forward_head", None)
+    if not (callable(head) and callable(getattr(model, "forward_features", None))):
+        return False
+    try:
+        return "pre_logits" in inspect.signature(head).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
+
+
+class _PreLogitsTap:
+    """Makes the forward pass of a model with timm's API (`has_pre_logits`) also compute its
+    pre-logits from the features its forward gives its head. While installed, the model's
+    `forward_head` (patched on the instance) first passes its arguments, with pre_logits=True,
+    to the submodule `torchkit_pre_logits`, which runs the model's own forward_head; then it
+    runs as before. torch.fx keeps that submodule as one node (a leaf module) whose output the
+    extractor returns; without torch.fx a forward hook reads it. `remove` takes the patch and
+    the submodule off the model again."""
+
+    def __init__(self, model: Any) -> None:
+        import inspect
+
+        from torch import nn
+
+        head = model.forward_head
+        signature = inspect.signature(head)
+
+        class PreLogits(nn.Module):
+            def forward(self, *args: Any, **kwargs: Any) -> Any:
+                return head(*args, **kwargs)
+
+        self.module = PreLogits()
+        tap = self.module
+
+        def forward_head(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            if not bound.arguments.get("pre_logits"):
+                bound.arguments["pre_logits"] = True
+                tap(*bound.args, **bound.kwargs)
+            return head(*args, **kwargs)
+
+        self._model = model
+        self._patched = forward_head
+        self._earlier: Any = None  # an instance attribute forward_head the patch hides
+        self._installed = False
+
+    def install(self) -> None:
+        if self._installed:
+            return
+        model = self._model
+        if hasattr(model, _PRE_LOGITS_MODULE):
+            raise TorchkitError(f"the model already has an attribute {_PRE_LOGITS_MODULE}")
+        self._earlier = vars(model).get("forward_head")
+        model.add_module(_PRE_LOGITS_MODULE, self.module)
+        object.__setattr__(model, "forward_head", self._patched)
+        self._installed = True
+
+    def remove(self) -> None:
+        if not self._installed:
+            return
+        model = self._model
+        delattr(model, _PRE_LOGITS_MODULE)
+        if self._earlier is None:
+            del model.__dict__["forward_head"]
+        else:
+            object.__setattr__(model, "forward_head", self._earlier)
+        self._installed = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        self.install()
+        try:
+            yield
+        finally:
+            self.remove()
 
 
 def snapshot(value: Any) -> Any:
