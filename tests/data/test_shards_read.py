@@ -84,6 +84,22 @@ def test_a_range_of_thousands_of_digits_is_one_error_line(tmp_path):
     assert "has a range of numbers over 30 digits long" in error_line(result.stderr)
 
 
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("pipe:curl -s https://host/d/s-{0..3}.tar", "is a webdataset pipe: command"),
+        ("s3://bucket/d/s-{0..3}.tar", "not s3:// URLs"),
+        ("gs://bucket/d/s-0.tar", "not gs:// URLs"),
+    ],
+)
+def test_webdatasets_pipe_and_s3_forms_are_said_to_be_unread(spec, message):
+    """They were "shard not found" (check the pattern) or "dataset not found: s3:/bucket..."."""
+    result = run_torchkit_in_process("dataset-stats", spec)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert message in line and "not found" not in line, line
+
+
 def test_dataset_stats_of_shards_is_that_of_their_folder(world):
     folder = stats(world / "images")
     assert stats(world / "shards") == folder

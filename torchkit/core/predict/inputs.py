@@ -182,6 +182,11 @@ def require_images(items: Sequence[str]) -> None:
 
 def _not_found(item: str) -> InputError:
     # A missing image is not a missing dataset: say what was looked for.
+    from torchkit.core.data.sources.source import unfetched_url_error
+
+    unfetched = unfetched_url_error(item)
+    if unfetched is not None:
+        return unfetched
     if is_image_file(item):
         return InputError(f"image not found: {item}", "check the path")
     return InputError(

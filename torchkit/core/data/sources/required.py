@@ -23,4 +23,4 @@ def require_data(spec: str | os.PathLike) -> None:
     """`open_data`'s "dataset not found" for a `spec` that names a missing path."""
     text = os.fspath(spec)
     if not names_no_path(text) and not Path(text).exists():
-        raise not_found(Path(text))
+        raise not_found(text)

@@ -59,6 +59,7 @@ from torchkit.core.data.sources.source import (
     _split_source,
     relabelled,
     tagged,
+    unfetched_url_error,
     unlabelled_split_error,
 )
 from torchkit.core.data.sources.splitting import SPLIT_NAMES
@@ -464,6 +465,9 @@ def _shard_list(spec: str) -> list[str] | None:
         return None
     missing = [name for name in names if not os.path.isfile(name)]
     if missing:
+        unfetched = unfetched_url_error(missing[0])
+        if unfetched is not None:
+            raise unfetched
         raise InputError(
             f"shard not found: {missing[0]}"
             + (

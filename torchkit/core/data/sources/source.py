@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,7 @@ def open_data(
         return stored
     path = Path(text)
     if not path.exists():
-        raise not_found(path)
+        raise not_found(text)
     if path.is_file():
         if path.suffix.lower() != ".csv":
             raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
@@ -142,9 +143,36 @@ def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | Non
         return source, error
 
 
-def not_found(path: Path) -> InputError:
+def not_found(path: Path | str) -> InputError:
     """The error for data `spec` names that is not there."""
-    return InputError(f"dataset not found: {path}", GRAMMAR_HINT)
+    return unfetched_url_error(os.fspath(path)) or InputError(
+        f"dataset not found: {path}", GRAMMAR_HINT
+    )
+
+
+# `pipe:CMD` and `s3://`, `gs://`... (webdataset's other sources), also with the `//` a path
+# argument lost (`s3:/bucket`); a scheme of one letter is a Windows drive.
+_UNFETCHED = re.compile(r"^(pipe):|^([A-Za-z][A-Za-z0-9+.-]+):/", re.IGNORECASE)
+
+
+def unfetched_url_error(name: str) -> InputError | None:
+    """The error for a missing `name` that is a URL torchkit does not fetch (only http and
+    https), or webdataset's `pipe:` command, which was "not found" with a hint about folders
+    or shard patterns; None for any other name."""
+    found = _UNFETCHED.match(name)
+    if found is None or (found.group(2) or "").lower() in ("http", "https", "file"):
+        return None
+    if found.group(1):
+        return InputError(
+            f"{name} is a webdataset pipe: command, which torchkit does not run",
+            "give the shards' http(s) URL (https://HOST/DIR/NAME-{000000..000009}.tar), or copy "
+            "them to a folder first",
+        )
+    return InputError(
+        f"{name}: torchkit reads files and http(s) URLs, not {found.group(2).lower()}:// URLs",
+        "copy the data to a folder first (aws s3 cp, gsutil cp...), or give an https URL to it "
+        "(a presigned one)",
+    )
 
 
 def tagged(samples: Samples, split: str) -> Samples:
