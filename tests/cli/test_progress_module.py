@@ -132,7 +132,7 @@ def _waits_in(code, thread: int) -> bool:
 def test_a_process_forked_mid_redraw_can_write_to_stderr(stderr):
     """train's, eval's and extract-features' bars redraw from a thread while DataLoader
     workers fork: a worker forked mid-redraw inherited the redraw's locks held, and hung at its
-    first line on stderr. The fork now waits for the redraw to end."""
+    first line on stderr. The fork now ends the redraw thread, after its redraw, first."""
     from rich.progress import ProgressColumn
     from rich.text import Text
 
@@ -150,7 +150,7 @@ def test_a_process_forked_mid_redraw_can_write_to_stderr(stderr):
 
     def end_the_redraw_once_a_fork_waits_for_it() -> None:
         while not redrawn.is_set():
-            if _waits_in(progress._hold_drawing.__code__, main):
+            if _waits_in(progress._pause_redraws.__code__, main):
                 redrawn.set()
             redrawn.wait(0.01)
 
@@ -166,3 +166,27 @@ def test_a_process_forked_mid_redraw_can_write_to_stderr(stderr):
             child.kill()
             child.join()
     assert child.exitcode == 0
+
+
+def _bar_threads() -> list[str]:
+    return [thread.name for thread in threading.enumerate() if thread.name == "torchkit-progress"]
+
+
+def test_a_process_forks_without_the_bars_redraw_thread(stderr):
+    """Was forked beside rich's redraw thread (a lock the thread held stayed held in the child;
+    Python 3.12+ warns that the child may deadlock): a fork ends the thread first, and the
+    bar's next update starts it again, not the fork (the next worker's would be beside it)."""
+    from rich.progress import TextColumn
+
+    stderr(True)
+    with stderr_progress(TextColumn("{task.description}")) as bar:
+        task = bar.add_task("epoch 1/1")
+        assert _bar_threads() == ["torchkit-progress"]
+        child = multiprocessing.get_context("fork").Process(target=_bar_threads)
+        child.start()
+        child.join(20)
+        assert child.exitcode == 0
+        assert _bar_threads() == []
+        bar.update(task, description="epoch 1/1: step 1")
+        assert _bar_threads() == ["torchkit-progress"]
+    assert _bar_threads() == []

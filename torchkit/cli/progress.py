@@ -3,14 +3,18 @@
 callback, and `TrainProgress` is `train`'s per-epoch display. rich is imported only when a bar
 is made, so `--help` and shell completion never load it.
 
-A bar that redraws from a thread (train's, eval's, extract-features') is up while DataLoader
-workers fork. A fork copies the locks of that thread's redraw as they are: a worker forked
+A bar that redraws between updates does so from a thread of its own (`_Redraws`; rich's
+auto_refresh is off), and such a bar is up while DataLoader workers fork (train's, eval's,
+extract-features'). A fork copies the locks of a redraw in flight as they are: a worker forked
 mid-redraw found the stderr console locked forever and hung at its first line on stderr (a
-warning, a `-v` note). So a fork first waits for a redraw in flight (`_hold_drawing`)."""
+warning, a `-v` note); and a process forked beside any thread may deadlock so (Python 3.12+
+warns of it at each fork). So a fork first ends the bars' redraw threads, each after its redraw
+in flight (`_pause_redraws`); a bar's next update starts its thread again."""
 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,19 +42,43 @@ def stderr_progress(
     """
     from rich.progress import Progress
 
-    progress = Progress(
+    class Bar(Progress):
+        """A Progress whose redraws between updates come from a `_Redraws` thread."""
+
+        def start(self) -> None:
+            super().start()
+            if redraws is not None:
+                redraws.start()
+
+        def stop(self) -> None:
+            if redraws is not None:
+                redraws.stop()  # first: no redraw after the bar's last drawing
+            super().stop()
+
+        def add_task(self, *args: Any, **kwargs: Any) -> Any:
+            if redraws is not None:
+                redraws.resume()
+            return super().add_task(*args, **kwargs)
+
+        def update(self, *args: Any, **kwargs: Any) -> None:
+            if redraws is not None:
+                redraws.resume()
+            super().update(*args, **kwargs)
+
+    progress = Bar(
         *columns,
         console=console.stderr,
         disable=hidden or console.is_quiet() or not console.stderr.is_terminal,
         transient=transient,
-        auto_refresh=refresh_in_thread,
+        auto_refresh=False,
     )
+    redraws = _Redraws(progress) if refresh_in_thread and not progress.disable else None
+    if redraws is not None:
+        _bars.add(redraws)
     if progress.disable:
         # rich before Textualize/rich#3905 (December 2025; 13.8 is allowed) stops a hidden bar
         # too, printing an empty line where stderr is not a terminal: above the `Error:` line.
         progress.stop = _nothing_to_stop  # type: ignore[method-assign]
-    else:
-        _drawn.add(progress)
     return progress
 
 
@@ -58,30 +86,72 @@ def _nothing_to_stop() -> None:
     """A hidden bar's stop: it never started."""
 
 
-_drawn: weakref.WeakSet = weakref.WeakSet()  # the bars that may redraw (stderr_progress)
-_held: list = []  # the locks `_hold_drawing` took, for `_let_go`
+# Redraws a second between updates: rich's own for a Progress.
+REDRAWS_PER_SECOND = 10
 
 
-def _hold_drawing() -> None:
-    """Before a fork: take each bar's lock, then the stderr console's (the order a redraw
-    takes them in), so that no redraw is half done in the child; the child gets them free."""
-    locks = [progress.live._lock for progress in list(_drawn)]
-    stderr = vars(console).get("stderr")  # made on first use: none yet, nothing drawn
-    if stderr is not None:
-        locks.append(stderr._lock)
-    for lock in locks:
-        lock.acquire()
-        _held.append(lock)
+class _Redraws:
+    """A thread that redraws `bar` REDRAWS_PER_SECOND times a second from `start()` to
+    `stop()`. A fork ends it (`pause`, `_pause_redraws`); the bar's next update starts it again
+    (`resume`): restarted at once, it would run beside the next worker forked, as DataLoaders
+    fork theirs one after the other."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.thread: threading.Thread | None = None
+        self.done = threading.Event()
+        self.paused = False
+        self.switching = threading.Lock()  # a fork's pause and another thread's update
+
+    def start(self) -> None:
+        self.done = threading.Event()  # each thread its own: one still ending stays stopped
+        self.thread = threading.Thread(
+            target=self._run, args=(self.done,), name="torchkit-progress", daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.paused = False
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            self.done.set()
+            thread.join()  # after its redraw in flight
+
+    def pause(self) -> None:
+        with self.switching:
+            if self.thread is not None:
+                self.stop()
+                self.paused = True
+
+    def resume(self) -> None:
+        with self.switching:
+            if self.paused:
+                self.paused = False
+                self.start()
+
+    def _run(self, done: threading.Event) -> None:
+        while not done.wait(1 / REDRAWS_PER_SECOND):
+            self.bar.refresh()
 
 
-def _let_go() -> None:
-    """After the fork, in the parent and in the child alike."""
-    while _held:
-        _held.pop().release()
+_bars: weakref.WeakSet = weakref.WeakSet()  # every `_Redraws` made
+
+
+def _pause_redraws() -> None:
+    """Before a fork: end each bar's redraw thread, after its redraw in flight, so that the
+    child gets no lock a redraw held and the process forks without those threads."""
+    for redraws in list(_bars):
+        redraws.pause()
+
+
+def _forget_redraws() -> None:
+    """After the fork, in the child: it draws no bar."""
+    for redraws in list(_bars):
+        redraws.paused = False
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(before=_hold_drawing, after_in_parent=_let_go, after_in_child=_let_go)
+    os.register_at_fork(before=_pause_redraws, after_in_child=_forget_redraws)
 
 
 class ProgressUpdate:
