@@ -224,6 +224,21 @@ def test_find_pairs_names_each_copy_once_with_its_split():
     assert [(p.path_a, p.path_b, p.distance) for p in within] == [("val/a/3.png", "val/a/5.png", 1)]
 
 
+def test_every_near_copy_in_another_split_is_named_not_only_the_first_of_its_phash():
+    """A brightened half-size copy saved as JPEG and PNG in val (one pHash, 4 bits from the
+    train original): only the JPEG, the first of the two, was named; removing it left the
+    PNG leaked. Each is named once, by the train file."""
+    ids = ["train/a/p.png", "val/a/p_edit.jpg", "val/a/p_edit.png", "val/a/other.png"]
+    splits = ["train", "val", "val", "val"]
+    digests = [b"p" * 32, b"j" * 32, b"n" * 32, b"o" * 32]
+    phashes = [0, 0b1111, 0b1111, 2**64 - 1]
+    leak, _ = neardup.find_pairs(ids, splits, digests, phashes, threshold=8)
+    assert [(p.path_a, p.path_b, p.kind, p.distance) for p in leak] == [
+        ("train/a/p.png", "val/a/p_edit.jpg", "near", 4),
+        ("train/a/p.png", "val/a/p_edit.png", "near", 4),
+    ]
+
+
 def test_many_images_with_one_phash_give_a_pair_each_not_all_pairs():
     """3,000 different blank images (one pHash): n - 1 pairs, linked to the first one."""
     n = 3000

@@ -253,8 +253,9 @@ def find_pairs(
     pair each (`near`): the first files of the two in different splits, when they have any
     (leakage), and, with `within`, the first files of the two in each split they share.
     Contents with equal pHashes are linked to the first of them, one pair each, and searched
-    as one. So n copies of one image give n - 1 pairs, not n^2 / 2, and every leaked file is
-    named.
+    as one; a content of such a cluster that no pair names yet, in a later split than a first
+    file of a near cluster, is named once, paired with that file. So n copies of one image
+    give n - 1 pairs, not n^2 / 2, and every leaked file is named.
     """
     import numpy as np
 
@@ -302,17 +303,45 @@ def find_pairs(
         value = next((phashes[m] for m in members if phashes[m] is not None), None)
         if value is not None:
             clusters.setdefault(value, []).append(members)
-    cluster_firsts = []
+    cluster_firsts, cluster_parts = [], []
     for parts in clusters.values():
         first_files = [firsts_of(members) for members in parts]
         for other in first_files[1:]:
             link(first_files[0], other, 0)
         cluster_firsts.append(firsts_of([m for members in parts for m in members]))
+        cluster_parts.append(first_files)
     if len(clusters) > 1:
         values = np.array(list(clusters), dtype=np.uint64)
         a_idx, b_idx, dist = near_pairs(values, threshold)
-        for u, v, d in zip(a_idx.tolist(), b_idx.tolist(), dist.tolist(), strict=True):
+        near = sorted(zip(dist.tolist(), a_idx.tolist(), b_idx.tolist(), strict=True))
+        for d, u, v in near:
             link(cluster_firsts[u], cluster_firsts[v], d)
+        # Each pair of clusters is listed by its first files; a cluster's other contents (a
+        # JPEG beside its PNG, with one pHash, in a split of their own) are as near: each one
+        # still unnamed is named once, by the nearest cluster's first file of an earlier split.
+        # (A train file has no earlier split: never waiting to be named.)
+        named = {(p.path_a, p.split_a) for p in leakage} | {(p.path_b, p.split_b) for p in leakage}
+        waiting = [
+            [(s, f) for firsts in parts for s, f in firsts.items() if _split_rank(s) > 0]
+            for parts in cluster_parts
+        ]
+        for d, u, v in near:
+            for mine, theirs in ((u, v), (v, u)):
+                left = []
+                for split, file in waiting[mine]:
+                    if (ids[file], split) in named:
+                        continue
+                    earlier = [
+                        f
+                        for s, f in cluster_firsts[theirs].items()
+                        if s != split and place(f) < place(file)
+                    ]
+                    if earlier:
+                        leakage.append(pair(min(earlier, key=place), file, "near", d))
+                        named.add((ids[file], split))
+                    else:
+                        left.append((split, file))
+                waiting[mine] = left
 
     def order(p: DuplicatePair):
         return (p.kind != "exact", p.distance, _split_rank(p.split_a), p.path_a, p.path_b)
