@@ -27,6 +27,7 @@ from torchkit.cli import app
 from torchkit.core.features import FeatureRequest, extract_features
 from torchkit.core.features.layers import FeatureExtractor, LayerGraph
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.io.errors import TorchkitError
 from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
 ATOL = 1e-5
@@ -165,6 +166,39 @@ def test_penultimate_of_a_timm_model_is_its_forward_head_pre_logits(monkeypatch,
         logits = model(x)
     torch.testing.assert_close(features["penultimate"], pre_logits, rtol=0, atol=1e-6)
     torch.testing.assert_close(features["logits"], logits, rtol=0, atol=1e-6)
+
+
+class _TwoBranchHeads(nn.Module):
+    """CrossViT's heads in small, without timm's forward_head: one classifier per branch (a
+    ModuleList that get_classifier names), on features of different widths."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList([nn.Conv2d(3, 4, 3), nn.Conv2d(3, 6, 3)])
+        self.head = nn.ModuleList([nn.Linear(4, 2), nn.Linear(6, 2)])
+
+    def get_classifier(self):
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        raise NotImplementedError
+
+    def forward(self, x):
+        pooled = [branch(x).mean(dim=(2, 3)) for branch in self.branches]
+        return torch.stack([head(p) for head, p in zip(self.head, pooled, strict=True)]).mean(dim=0)
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_penultimate_of_heads_on_features_of_different_widths_is_refused(monkeypatch, hooks):
+    """Per-branch classifiers (a ModuleList) read features of different widths: no one of them
+    is the penultimate layer (one branch's was taken); the layers are there by name."""
+    if hooks:
+        monkeypatch.setattr(LayerGraph, "_trace", lambda self: 1 / 0)
+    graph = LayerGraph(_TwoBranchHeads().eval(), arch="two_branches")
+    assert graph.head_names == ["head.0", "head.1"]
+    extractor = FeatureExtractor(graph, graph.resolve(["penultimate"]))
+    with pytest.raises(TorchkitError, match=r"different shapes \(4, 6\)"):
+        extractor(torch.randn(2, 3, 8, 8))
 
 
 class _TwoNormedHeads(nn.Module):

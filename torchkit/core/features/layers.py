@@ -497,6 +497,14 @@ def _mean(values: list[Any]) -> Any:
     the one value itself."""
     if len(values) == 1:
         return values[0]
+    shapes = {tuple(value.shape) for value in values}
+    if len(shapes) > 1:  # heads on different features (branches of several widths)
+        raise TorchkitError(
+            "the classifiers read features of different shapes ("
+            + ", ".join("x".join(map(str, shape[1:])) for shape in sorted(shapes))
+            + "): `penultimate` is none of them",
+            "pick the layer by name instead of `penultimate` (--list-layers)",
+        )
     total = values[0]
     for value in values[1:]:
         total = total + value

@@ -43,12 +43,13 @@ def find_head(model) -> tuple[str, Any]:
 def classifier_heads(model) -> list[tuple[str, Any]]:
     """(name, layer) of every classifier the model's output is made from: the layers of a timm
     model whose `get_classifier` gives several (the distilled DeiT, PiT, LeViT... models: head
-    and head_dist, whose outputs the model averages), else `find_head`'s one."""
-    classifier = _timm_get_classifier(model)
-    if isinstance(classifier, tuple) and len(classifier) > 1:
+    and head_dist, whose outputs the model averages; CrossViT's ModuleList, one per branch),
+    else `find_head`'s one."""
+    classifiers = _layers_of(_timm_get_classifier(model))
+    if len(classifiers) > 1:
         names = {id(module): name for name, module in model.named_modules()}
-        if all(id(module) in names for module in classifier):
-            return [(names[id(module)], module) for module in classifier]
+        if all(id(module) in names for module in classifiers):
+            return [(names[id(module)], module) for module in classifiers]
     return [find_head(model)]
 
 
@@ -71,13 +72,11 @@ def in_heads(name: str, heads: Sequence[str]) -> bool:
 
 
 def _timm_named_classifiers(model) -> list[str]:
-    """The names of the modules a timm model's `get_classifier` gives (one or a tuple)."""
+    """The names of the modules a timm model's `get_classifier` gives (one or several)."""
     classifier = _timm_get_classifier(model)
     if classifier is None:
         return []
-    wanted = {
-        id(module) for module in (classifier if isinstance(classifier, tuple) else [classifier])
-    }
+    wanted = {id(classifier)} | {id(module) for module in _layers_of(classifier)}
     return [name for name, module in model.named_modules() if name and id(module) in wanted]
 
 
@@ -128,6 +127,18 @@ def _timm_get_classifier(model) -> Any:
     if _is_timm_style(model) and callable(getattr(model, "get_classifier", None)):
         return model.get_classifier()
     return None
+
+
+def _layers_of(classifier: Any) -> list[Any]:
+    """The layers of what a timm model's `get_classifier` gives: a tuple's (a distilled DeiT's
+    head and head_dist), a ModuleList's (CrossViT's head per branch), or the one layer."""
+    from torch import nn
+
+    if classifier is None:
+        return []
+    if isinstance(classifier, (tuple, list, nn.ModuleList)):
+        return list(classifier)
+    return [classifier]
 
 
 def _is_timm_style(model) -> bool:
