@@ -133,3 +133,15 @@ def test_every_layer_of_the_classes_outputs_is_sized_for_a_new_num_classes(name,
     # What --num-classes is checked against memory with: each of them holds classes x inputs.
     model = two_headed(name) if name in TWO_HEADS else _small(name)
     assert sorted(n for n, _ in class_layers(model)) == sorted(layers)
+
+
+def test_new_classes_keep_repvits_distillation_head():
+    """timm's RepViT drops its distillation head on reset_classifier unless told to keep it: new
+    classes keep the model timm builds for the name (whose checkpoint then loads into it)."""
+    model = _small("repvit_m1")
+    built = set(model.state_dict())
+    replace_head(model, 2)
+    assert set(model.state_dict()) == built
+    assert [layer.out_features for _, layer in class_layers(model)] == [2, 2]
+    with torch.no_grad():
+        assert model.eval()(torch.zeros(1, 3, 32, 32)).shape == (1, 2)

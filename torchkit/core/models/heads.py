@@ -104,7 +104,7 @@ def _made_anew_by_reset(model) -> list[str]:
         if not isinstance(classes, int):
             classes = out_features(find_head(model)[1])
         with torch.device("meta"):
-            clone.reset_classifier(classes)
+            _reset_timm_classifier(clone, classes)
     except Exception:  # noqa: BLE001 - an unusual model: its named classifiers are the head
         return []
     return [name for name, param in clone.named_parameters() if id(param) not in old]
@@ -139,6 +139,20 @@ def _layers_of(classifier: Any) -> list[Any]:
     if isinstance(classifier, (tuple, list, nn.ModuleList)):
         return list(classifier)
     return [classifier]
+
+
+def _reset_timm_classifier(model, num_classes: int) -> None:
+    """timm's `reset_classifier(num_classes)`, keeping the heads the model has: RepViT's drops
+    its distillation head unless told to keep it, and the model would no longer be the one timm
+    builds for its name (a checkpoint trained from it would not load into that)."""
+    import inspect
+
+    kwargs = {}
+    if "distillation" in inspect.signature(model.reset_classifier).parameters:
+        kwargs["distillation"] = any(
+            getattr(module, "distillation", None) is True for module in model.modules()
+        )
+    model.reset_classifier(num_classes, **kwargs)
 
 
 def _is_timm_style(model) -> bool:
@@ -212,7 +226,7 @@ def replace_head(model, num_classes: int) -> None:
     if out_features(head) == num_classes:
         return
     if _is_timm_style(model):
-        model.reset_classifier(num_classes)  # every head of the model, freshly initialised
+        _reset_timm_classifier(model, num_classes)  # every head, freshly initialised
         return
     _swap_layer(model, name, head, num_classes)
     for aux_name, aux_head in auxiliary_heads(model):  # their classes are the model's
