@@ -563,6 +563,35 @@ def test_special_files_and_dangling_links_are_refused_without_blocking(tmp_path)
         open_regular_file(tmp_path / "missing.png")
 
 
+def test_a_stop_just_as_an_image_file_opens_is_the_stop_not_a_bad_descriptor(tmp_path):
+    # Ctrl-C or SIGTERM is raised where Python next checks for signals: also just after the
+    # call that made the file object, which is then dropped and closes its descriptor. The
+    # opener closed it a second time, so a `split --mode move` stopped there ended in `Error:
+    # OSError: [Errno 9] Bad file descriptor` (exit 1, not 143). A profile hook raises at that
+    # very point: after `open` returns its file object.
+    import io
+    import sys
+
+    path = tmp_path / "x.png"
+    path.write_bytes(b"pixels")
+    fds_before = set(os.listdir("/proc/self/fd"))
+
+    def stop_after_open(frame, event, arg):
+        if event == "c_return" and arg is io.open:
+            sys.setprofile(None)
+            raise KeyboardInterrupt
+
+    sys.setprofile(stop_after_open)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            open_regular_file(path)
+    finally:
+        sys.setprofile(None)
+    assert set(os.listdir("/proc/self/fd")) <= fds_before  # closed once, not leaked
+    with open_regular_file(path) as handle:
+        assert handle.read() == b"pixels"
+
+
 def test_many_small_classes_still_hold_out_a_tenth_for_validation(tmp_path):
     # 4 images a class: 0.4 of an image each rounds to none, and training stopped on an empty
     # val set; the held-out tenth is taken across classes instead, and a note says so.

@@ -67,23 +67,33 @@ def open_regular_file(path: str | os.PathLike) -> BinaryIO:
 
     if isinstance(path, StoredImage):
         return path.open()
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, flags)
+        # The opener hands the descriptor to the file object inside `open` itself: a Ctrl-C
+        # or SIGTERM raised just after `os.fdopen` made the file object (which then closes
+        # it) was followed by a second close here, and ended as `Bad file descriptor`, not
+        # as the stop (or closed another thread's file that had taken the number meanwhile).
+        return open(path, "rb", opener=_regular_file_descriptor)
     except FileNotFoundError:
         if os.path.islink(path):
             raise NotARegularFile("not a regular file (a symbolic link to nothing)") from None
         raise
+
+
+def _regular_file_descriptor(path: str, _flags: int) -> int:
+    """`open_regular_file`'s opener: a descriptor of a regular file, opened without blocking
+    (`open`'s own flags for "rb" are not used)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotARegularFile(f"not a regular file ({file_kind(info.st_mode)})")
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+    return fd
 
 
 def read_regular_file(path: str | os.PathLike) -> bytes:
