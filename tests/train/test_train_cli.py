@@ -324,9 +324,18 @@ def test_accumulated_batches_train_as_one_batch_of_their_images(
     full = train(runner, *recipe, "--batch-size", "6", "--out", str(tmp_path / "full"))
     parts = train(
         runner, *recipe, "--batch-size", batch_size, "--accum-steps", accum_steps,
-        "--out", str(tmp_path / "parts"),
+        "--out", str(tmp_path / "parts"), "--format", "json",
     )  # fmt: skip
     assert full.exit_code == 0 and parts.exit_code == 0, full.stderr + parts.stderr
+    # global_batch_size is one forward-backward pass over the ranks; images_per_update what an
+    # optimizer step learns from (--accum-steps passes): in config.json and the JSON report.
+    config = json.loads((tmp_path / "parts" / "config.json").read_text())
+    per_update = int(batch_size) * int(accum_steps)
+    assert (config["global_batch_size"], config["images_per_update"]) == (
+        int(batch_size),
+        per_update,
+    )
+    assert json.loads(parts.stdout)["images_per_update"] == per_update
     ours = read_checkpoint(tmp_path / "full" / "last.pt")["model"]
     accumulated = read_checkpoint(tmp_path / "parts" / "last.pt")["model"]
     for key, value in ours.items():

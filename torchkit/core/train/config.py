@@ -560,6 +560,11 @@ class TrainConfig:
     def gamma_value(self) -> float:
         return self.gamma if self.gamma is not None else DEFAULT_GAMMA.get(self.scheduler, 0.1)
 
+    def images_per_update(self, world_size: int) -> int:
+        """The images one optimizer step learns from: a batch on every rank, --accum-steps
+        times (a last update of an epoch may have fewer)."""
+        return self.batch_size * world_size * self.accum_steps
+
 
 # Every option of `torchkit train`, by field name, in the order of its help.
 TRAIN_OPTIONS: dict[str, OptionSpec] = option_specs(TrainConfig)

@@ -108,6 +108,7 @@ class TrainResult:
     resumed_from: str | None = None
     is_main: bool = True
     world_size: int = 1
+    images_per_update: int = 0  # --batch-size x world size x --accum-steps
     history: list[dict] = field(default_factory=list)
     config: dict = field(default_factory=dict)
 

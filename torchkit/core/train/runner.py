@@ -253,6 +253,7 @@ def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder
         test_size=state.loaders.test_size,
         is_main=ctx.is_main,
         world_size=ctx.world_size,
+        images_per_update=config.images_per_update(ctx.world_size),
         history=state.history,
         config=config.to_dict(),
     )
@@ -367,7 +368,10 @@ def _config_json(ctx: DistContext, state: TrainState) -> dict:
         "data": {key: state.data.record[key] for key in ("spec", "kind", "root", "sizes")}
         | {"split_csv": SPLIT_CSV},
         "world_size": ctx.world_size,
+        # Images a forward-backward pass sees across the ranks, and images an optimizer step
+        # learns from (with --accum-steps, several such passes).
         "global_batch_size": config.batch_size * ctx.world_size,
+        "images_per_update": config.images_per_update(ctx.world_size),
         "device": str(ctx.device),
         "amp_dtype": state.amp.dtype,
         "resumed_from": state.resumed_name,
