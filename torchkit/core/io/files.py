@@ -519,3 +519,20 @@ def tree_entries(
                     yield prefix + name, entry
         except OSError:
             continue
+
+
+def folds_case(folder: str | os.PathLike) -> bool:
+    """Does `folder` take names that differ only by case for one name (vfat/exFAT disks,
+    macOS, Windows, a Samba share; a case-folding ext4 folder)? Probed: a temporary file is
+    made in it and looked up by its other-case name."""
+    fd, path = tempfile.mkstemp(prefix=".torchkit-case-probe-", dir=folder)
+    os.close(fd)
+    try:
+        head, name = os.path.split(path)
+        try:
+            return os.path.samestat(os.lstat(path), os.lstat(os.path.join(head, name.swapcase())))
+        except OSError:
+            return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -70,6 +70,7 @@ from torchkit.core.split.plan import (
     fixed_split,
     load_split_input,
     oversample_repeats,
+    refuse_case_twins,
     refuse_linked_folders,
     warn_dangling_links,
     warn_fixed_unmet,
@@ -280,6 +281,9 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
     writing = SplitOutput(out, sorted(set(names) | previous_split_names(out) | {MANIFEST}))
     try:
         writing.begin(names, mode, plan.dests)
+        if mode != "manifest":
+            with reporting_write_errors(out):  # the probe writes a file into OUT
+                refuse_case_twins(out, plan.dests)
         if mode == "move":
             # The plan goes to disk before the first file moves: an interrupted move can be
             # finished, so from here on nothing is undone; the earlier split is discarded.

@@ -1,0 +1,60 @@
+"""`torchkit split` at its edges: an OUT whose file system ignores case, `--oversample` with
+small classes and groups, and moves out of overlapping ROOTs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from output_checks import error_line
+from processes import run_torchkit_in_process
+
+from torchkit.core.io.files import folds_case
+from torchkit.core.split import plan as split_plan
+from torchkit.core.split.plan import case_twins
+
+
+def write_images(root: Path, names: list[str]) -> Path:
+    """ROOT/<name> for each `class/file` name, each file's bytes its own name."""
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(name.encode() * 3)
+    return root
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_the_case_probe_tells_this_file_system_apart_and_leaves_nothing(tmp_path):
+    assert folds_case(tmp_path) is False  # the suite's tmp folders are Linux file systems
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_case_twins_are_files_and_folders_that_differ_only_by_case():
+    assert case_twins(["train/cat/a.png", "train/dog/a.png", "val/cat/a.png"]) is None
+    assert case_twins(["train/Cat/a.png", "train/cat/b.png"]) == ("train/Cat", "train/cat")
+    assert case_twins(["train/x/a.JPG", "train/x/a.jpg"]) == ("train/x/a.JPG", "train/x/a.jpg")
+
+
+@pytest.mark.parametrize("mode", ["copy", "move"])
+def test_an_out_that_ignores_case_is_refused_before_one_class_overwrites_another(
+    tmp_path, monkeypatch, mode
+):
+    # Cat/ and cat/ are two classes on Linux; on an exFAT disk, macOS or a Samba share they are
+    # one folder, where cat's a.png would overwrite Cat's (and the rest mix two classes).
+    root = write_images(tmp_path / "root", [f"{c}/{i}.png" for c in ("Cat", "cat") for i in "ab"])
+    before = tree(root)
+    monkeypatch.setattr(split_plan, "folds_case", lambda folder: True, raising=False)
+    out = tmp_path / "out"
+    result = run_torchkit_in_process("split", root, out, "--ratio", "1:1", "--mode", mode)
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert "Cat and" in line and "cat" in line and "upper and lower case" in line, line
+    assert tree(root) == before
+    assert not out.exists()
