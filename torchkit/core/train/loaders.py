@@ -96,12 +96,12 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     empty = [name for name, count in zip(train.classes, counts, strict=True) if count == 0]
     held_out = "val" not in source.splits  # the val split is --val-split of train's images
     if empty:
-        shown = ", ".join(repr(name) for name in empty[:5])
-        more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
         val = splits.get("val")
         in_val = dict(zip(val.classes, val.class_counts(), strict=True)) if val else {}
+        if held_out:  # unsplit data: a class neither split has an image of has none at all
+            _refuse_classes_without_images(source, [n for n in empty if not in_val.get(n, 0)])
         raise InputError(
-            f"class {shown}{more} {'has' if len(empty) == 1 else 'have'} no training images",
+            f"{_classes_that(empty, 'has', 'have')} no training images",
             _empty_class_hint(held_out, [in_val.get(name, 0) for name in empty]),
         )
     if len(splits.get("val", [])) == 0 and not config.find_lr:  # the range test never validates
@@ -118,6 +118,37 @@ ONE_IMAGE_A_CLASS = (
     "validation images of their own (ROOT/train/ and ROOT/val/ folders, or a CSV index with a "
     "split column)"
 )
+
+
+def _refuse_classes_without_images(source: DataSource, names: list[str]) -> None:
+    """One error for classes of unsplit data with no image at all (an empty class folder, or
+    one of files no reader takes for images, such as a phone's .HEIC photos), naming what their
+    folders hold: --val-split is no part of it."""
+    if not names:
+        return
+    from torchkit.core.data.sources.discovery import IMAGE_EXTENSIONS, list_non_image_files
+
+    others: list[str] = []
+    if source.kind == "image folder":
+        for name in names:
+            found = list_non_image_files(os.path.join(source.root, name))
+            others += [os.path.join(name, path) for path in found]
+    held = ""
+    if others:
+        folders = "its folder holds" if len(names) == 1 else "their folders hold"
+        shown = ", ".join(others[:3]) + (" ..." if len(others) > 3 else "")
+        held = f": {folders} {len(others)} file(s) not read as images ({shown})"
+    raise InputError(
+        f"{_classes_that(names, 'has', 'have')} no images{held}",
+        "add images (" + ", ".join(sorted(IMAGE_EXTENSIONS)) + ") or remove the class",
+    )
+
+
+def _classes_that(names: list[str], one: str, many: str) -> str:
+    """`class 'a', 'b' and 3 more have` (the first five named) for messages."""
+    shown = ", ".join(repr(name) for name in names[:5])
+    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+    return f"class {shown}{more} {one if len(names) == 1 else many}"
 
 
 def _empty_class_hint(held_out: bool, held_out_counts: list[int]) -> str:

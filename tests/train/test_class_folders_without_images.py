@@ -1,0 +1,41 @@
+"""`train` on an image folder with a class folder that holds no image: one error saying so,
+never advice about --val-split or classes of one image."""
+
+from __future__ import annotations
+
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import run_torchkit_in_process
+
+TINY = ["--model", "nets:TinyNet", "--image-size", "8", "--workers", "0", "--epochs", "1"]
+
+
+def test_a_class_folder_of_files_that_are_not_images_is_named_as_such(tmp_path):
+    """Was: "class 'phone', 'spare' have no training images (a class of one image cannot be both
+    trained and validated on: add images, or give validation images of their own ...)"."""
+    root = write_image_folder(tmp_path / "data", {"cat": 3, "dog": 3})
+    (root / "phone").mkdir()
+    for number in range(4):
+        (root / "phone" / f"IMG_{number}.HEIC").write_bytes(b"\0\0\0\x18ftypheic")
+    (root / "spare").mkdir()  # empty
+    result = run_torchkit_in_process("train", "--data", root, *TINY, "--out", tmp_path / "run")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert line.startswith(
+        "Error: class 'phone', 'spare' have no images: their folders hold 4 file(s) not read "
+        "as images (phone/IMG_0.HEIC, phone/IMG_1.HEIC, phone/IMG_2.HEIC ...) (add images ("
+    ), line
+    assert "val-split" not in line and "one image" not in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_empty_class_folder_beside_a_class_of_one_image(tmp_path):
+    """The class with no image is the one to fix first; the one-image class trains."""
+    root = write_image_folder(tmp_path / "data", {"cat": 3, "dog": 1})
+    (root / "empty").mkdir()
+    result = run_torchkit_in_process("train", "--data", root, *TINY, "--out", tmp_path / "run")
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        "Error: class 'empty' has no images (add images (.bmp, .gif, .jfif, .jpeg, .jpg, .pgm, "
+        ".png, .ppm, .tif, .tiff, .webp) or remove the class)"
+    )
