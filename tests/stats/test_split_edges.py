@@ -58,3 +58,17 @@ def test_an_out_that_ignores_case_is_refused_before_one_class_overwrites_another
     assert "Cat and" in line and "cat" in line and "upper and lower case" in line, line
     assert tree(root) == before
     assert not out.exists()
+
+
+def test_oversample_names_the_classes_it_cannot_balance_having_no_train_image(tmp_path):
+    # At 1:8:1 a class of one file goes to val: train has none of it to repeat, so train is
+    # not balanced whatever the note's count of repeats says.
+    root = write_images(tmp_path / "root", [*(f"a/{i}.png" for i in range(10)), "b/0.png"])
+    out = tmp_path / "out"
+    args = ("split", root, out, "--ratio", "1:8:1", "--oversample", "--mode", "manifest")
+    result = run_torchkit_in_process(*args, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "--oversample cannot" in line]
+    assert warned == [
+        "Warning: --oversample cannot balance train for 1 class(es) with no image in it: b"
+    ], result.stderr

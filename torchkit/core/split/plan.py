@@ -386,6 +386,21 @@ def warn_fixed_unmet(
         )
 
 
+def warn_unbalanced(classes: list[str], counts: list[list[int]], names: list[str]) -> None:
+    """--oversample repeats train images: a class with none there (its few files all went to
+    the other splits) stays out of the first split, so the warning names it."""
+    absent = [
+        name or "(unlabelled)"
+        for name, row in zip(classes, counts, strict=True)
+        if sum(row) and not row[0]
+    ]
+    if absent:
+        log.warning(
+            f"--oversample cannot balance {names[0]} for {len(absent)} class(es) with no image "
+            f"in it: {', '.join(absent[:5])}" + (" ..." if len(absent) > 5 else "")
+        )
+
+
 def warn_small(classes: list[str], counts: list[list[int]], names: list[str], stratify: bool):
     totals = [sum(row[j] for row in counts) for j in range(len(names))]
     empty = [n for n, t in zip(names, totals, strict=True) if not t]

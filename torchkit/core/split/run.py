@@ -75,6 +75,7 @@ from torchkit.core.split.plan import (
     warn_dangling_links,
     warn_fixed_unmet,
     warn_small,
+    warn_unbalanced,
 )
 from torchkit.core.split.report import SplitResult
 
@@ -249,6 +250,7 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
             samples.labels, split_of, keys, seed, len(samples.classes)
         )
         add_repeats(plan, repeats, mode)
+        warn_unbalanced(samples.classes, counts, names)
     if mode == "hardlink":
         check_hardlinks(plan, out)
     if mode == "move":
