@@ -8,6 +8,7 @@ file raises the same error wherever it is read. Tiny images, in process."""
 from __future__ import annotations
 
 import inspect
+import io
 import os
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("image-decoding")
     paths = {name: folder / name for name in (
         "plain.jpg", "turned.jpg", "gray16.png", "rgb16.png", "cmyk.jpg", "palette.png",
-        "clear_palette.png", "garbage.jpg", "truncated.jpg",
+        "clear_palette.png", "garbage.jpg", "truncated.jpg", "damaged.tif",
     )}  # fmt: skip
     # The same pixels encoded the same way, with and without the tag: the same scan data.
     stored = Image.fromarray(picture(48, 32))
@@ -82,7 +83,22 @@ def files(tmp_path_factory) -> dict[str, Path]:
     paths["garbage.jpg"].write_bytes(b"\xff\xd8\xff" + b"not a picture" * 8)
     data = paths["plain.jpg"].read_bytes()
     paths["truncated.jpg"].write_bytes(data[: len(data) // 2])
+    paths["damaged.tif"].write_bytes(damaged_tiff())
     return paths
+
+
+def damaged_tiff() -> bytes:
+    """A TIFF whose strip offsets are typed FLOAT: PIL fails to load it with a TypeError."""
+    import struct
+
+    buffer = io.BytesIO()
+    Image.fromarray(picture(6, 4)).save(buffer, format="TIFF")
+    data = bytearray(buffer.getvalue())
+    ifd = struct.unpack_from("<I", data, 4)[0]  # little-endian, as PIL writes it ("II*\0")
+    for entry in range(ifd + 2, ifd + 2 + 12 * struct.unpack_from("<H", data, ifd)[0], 12):
+        if struct.unpack_from("<H", data, entry)[0] == 273:  # StripOffsets: LONG -> FLOAT
+            struct.pack_into("<H", data, entry + 2, 11)
+    return bytes(data)
 
 
 def pil_stored(path: Path, mode: str = "RGB") -> np.ndarray:
@@ -362,6 +378,9 @@ def _errors_of_every_reader(path: Path) -> dict[str, BaseException]:
     [
         ("garbage.jpg", UnidentifiedImageError, "cannot identify image file"),
         ("truncated.jpg", OSError, "truncated"),
+        # Was the TypeError itself: it ended train, eval and predict ("Error: TypeError: 'float'
+        # object cannot be interpreted as an integer", naming no file) instead of skipping it.
+        ("damaged.tif", OSError, "damaged image data (TypeError: "),
     ],
 )
 def test_an_unreadable_image_is_the_same_error_everywhere(files, name, kind, message):

@@ -29,7 +29,9 @@ device decodes of training, `convert tensor`, video-info's check for stills).
   `--no-exif`, because what it makes is the picture as viewed. Both ask `exif_orientation(image,
   exif=...)`, which has no default: every caller says which pixels it wants.
 - Unreadable images raise one family of errors, `unreadable_image_errors()`, from whichever
-  entry point reads them; commands word them their own way.
+  entry point reads them; commands word them their own way. Whatever else PIL's code raises
+  for a file opened by `opened_image` (a damaged TIFF's TypeError) is `DamagedImage`, one of
+  them: one bad file is skipped (or fatal with --strict), never the end of a run.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ EXIF_ORIENTATION_TAG = 0x0112
 
 class NotARegularFile(OSError):
     """An image path that names something other than a regular file."""
+
+
+class DamagedImage(OSError):
+    """A file PIL fails to decode with an error other than its usual ones (a damaged TIFF's
+    TypeError, a struct.error or IndexError of a damaged header): unreadable like any other."""
 
 
 class UnsupportedSamples(ValueError):
@@ -150,15 +157,34 @@ def opened_image(
             handle = stack.enter_context(open_regular_file(source))
             stream = io.BytesIO(handle.read()) if in_memory else handle
         try:
-            image = Image.open(stream)
-        except UnidentifiedImageError:
-            if name is None:
+            try:
+                image = Image.open(stream)
+            except UnidentifiedImageError:
+                if name is None:
+                    raise
+                # PIL names the file object (`<_io.BufferedReader name=13>`): name the path, as
+                # Image.open(path) does, so messages and reports do not change from run to run.
+                raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
+            with image:
+                yield image
+        except unreadable_image_errors():
+            raise
+        except Exception as error:
+            if not _raised_by_pil(error):
                 raise
-            # PIL names the file object (`<_io.BufferedReader name=13>`): name the path, as
-            # Image.open(path) does, so messages and reports do not change from run to run.
-            raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
-        with image:
-            yield image
+            raise DamagedImage(f"damaged image data ({type(error).__name__}: {error})") from error
+
+
+def _raised_by_pil(error: BaseException) -> bool:
+    """Whether PIL's own code raised `error` (its last Python frame is in PIL): a decoder's
+    answer to a damaged file, not a fault of the code around it."""
+    traceback = error.__traceback__
+    if traceback is None:
+        return False
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    module = traceback.tb_frame.f_globals.get("__name__", "")
+    return module == "PIL" or module.startswith("PIL.")
 
 
 def uint16_to_uint8(array: Any) -> Any:
