@@ -479,6 +479,34 @@ def test_list_layers_names_shapes_and_aliases(runner):
     assert "Error: --format npy does not apply to --list-layers" in wrong.stderr
 
 
+class _UnusedLayer(nn.Module):
+    """A layer that never runs (a ViT's attention dropout under fused attention), in a model
+    torch.fx cannot trace (control flow on a tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.unused = nn.Dropout()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.conv(x).mean(dim=(2, 3))
+        return self.fc(x) if x.sum() < 1e9 else self.fc(x) * 2
+
+
+def test_list_layers_of_an_untraced_model_shows_the_shapes_of_the_layers_that_run():
+    graph = LayerGraph(_UnusedLayer().eval(), arch="unused")
+    assert not graph.traced
+    shapes = {row.name: row.shape for row in graph.describe(8, 3)}
+    assert shapes == {
+        "conv": [4, 6, 6],
+        "unused": None,
+        "fc": [2],
+        "penultimate": [4],
+        "logits": [2],
+    }
+
+
 def test_list_layers_output_name_picks_the_format(runner, tmp_path):
     listing = tmp_path / "layers.json"
     result = run(runner, "convnet", "--list-layers", "--image-size", "16", "-o", str(listing))

@@ -200,7 +200,7 @@ class LayerGraph:
                             layers.append(Layer(node, node))
                     extractor = FeatureExtractor(self, layers)
                     try:
-                        for name, value in extractor(example).items():
+                        for name, value in extractor(example, partial=True).items():
                             if isinstance(value, torch.Tensor):
                                 shapes[name] = list(value.shape)[1:]
                     finally:
@@ -313,16 +313,24 @@ class FeatureExtractor:
                 module.to(memory_format=torch.channels_last)
         return self
 
-    def __call__(self, images) -> dict[str, Any]:
+    def __call__(self, images, *, partial: bool = False) -> dict[str, Any]:
+        """{layer name: value} of one forward pass of `images`; `partial`: the layers that did
+        not run in it (a ViT's attention dropout under fused attention) are left out, not an
+        error (what --list-layers shows of a model torch.fx cannot trace)."""
         self._captured.clear()
         output = self.module(images)
         results = {}
         for layer in self.layers:
+            hooked = not self._fx and layer.node not in (MODEL_OUTPUT, HEAD_INPUT)
+            if partial and hooked and layer.node not in self._captured:
+                continue
             if layer.node == MODEL_OUTPUT:
                 value = output
             elif layer.node == HEAD_INPUT:
                 keys = self._head_keys()
                 if not all(key in self._captured for key in keys):
+                    if partial:
+                        continue
                     raise _no_head_input(self._graph.arch)
                 value = _mean([self._captured[key] for key in keys])
             elif layer.node == HEADS_MEAN:
