@@ -1050,3 +1050,32 @@ def test_a_terminal_shared_with_stdout_keeps_the_report_on_stdout(tmp_path):
         os.close(controller)
     assert done.returncode == 0, done.stderr
     assert "5x7x3" in done.stdout and "5x7x3" not in done.stderr
+
+
+def test_torch_save_stopped_in_a_write_raises_the_stop_not_a_stream_error(tmp_path, monkeypatch):
+    # Ctrl-C or SIGTERM raises where the file object checks for signals: inside a write that
+    # torch's C++ writer made. The writer then failed its end of file on a position it had not
+    # advanced, and that RuntimeError ("[enforce fail at inline_container.cc] unexpected pos
+    # ...") replaced the stop: `convert-syncbn` stopped so ended with exit 1 and "cannot write
+    # DST ... (free some space ...)", not "Terminated." (143).
+    import io
+
+    import torch
+
+    from torchkit.core.io import files
+
+    class StoppedOnThirdWrite(io.BufferedWriter):
+        writes = 0
+
+        def write(self, data):
+            written = super().write(data)  # written, then the signal's exception
+            StoppedOnThirdWrite.writes += 1
+            if StoppedOnThirdWrite.writes == 3:
+                raise KeyboardInterrupt
+            return written
+
+    monkeypatch.setattr(
+        files, "open", lambda path, mode: StoppedOnThirdWrite(io.FileIO(path, mode)), raising=False
+    )
+    with pytest.raises(KeyboardInterrupt):
+        torch_save({f"w{i}": torch.ones(64) for i in range(8)}, tmp_path / "w.pt")

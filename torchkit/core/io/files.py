@@ -475,7 +475,51 @@ def torch_save(obj: object, path: str | os.PathLike) -> None:
     import torch
 
     with open(path, "wb") as handle:
-        torch.save(obj, handle)
+        try:
+            torch.save(obj, _WritesAfterAnError(handle))
+        except RuntimeError as error:
+            cause = _write_or_stop_behind(error)
+            if cause is None:
+                raise
+            raise cause from None
+
+
+def _write_or_stop_behind(error: BaseException) -> BaseException | None:
+    """The OSError or KeyboardInterrupt (Ctrl-C, SIGTERM) that a RuntimeError of torch.save
+    replaced, if any. torch's C++ writer does not advance its position on a write that
+    raised, so its end of file, written as the exception unwinds, fails on that position
+    ("unexpected pos ..."), and that error replaces the write's own: a full disk's, or the
+    stop Python raises inside a write (where the file object checks for signals)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError | KeyboardInterrupt):
+            return error
+        error = error.__context__
+    return None
+
+
+class _WritesAfterAnError:
+    """The file torch.save writes through, which drops the writes that come after one that
+    failed, or after the file was closed: a writer whose end of file was never written writes
+    it when it is destroyed, after `torch_save` closed the file, and an error there
+    (`write to closed file`) aborts the process."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+        self._failed = False
+
+    def write(self, data) -> int:
+        if self._failed or self._handle.closed:
+            return memoryview(data).nbytes
+        try:
+            return self._handle.write(data)
+        except BaseException:
+            self._failed = True
+            raise
+
+    def __getattr__(self, name: str):  # flush, seek: the file's own
+        return getattr(self._handle, name)
 
 
 def safetensors_save(
