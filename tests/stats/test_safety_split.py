@@ -253,8 +253,8 @@ def test_a_second_move_out_of_the_same_root_meanwhile_is_refused(tmp_path, data)
         os.close(first)
     assert result.returncode == 1
     assert error_line(result.stderr) == (
-        f"Error: another torchkit split is moving the files out of {data} (wait for it to "
-        "finish; then split what it left, if anything)"
+        f"Error: another torchkit split is moving files out of or into {data} or a folder in "
+        "it (wait for it to finish; then split what it left, if anything)"
     )
     assert tree_digest(data) == before and not (tmp_path / "second").exists()
     assert split(data, tmp_path / "copy", "--mode", "copy").returncode == 0  # copies need none

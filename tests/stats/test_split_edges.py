@@ -11,8 +11,11 @@ from output_checks import error_line
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.files import folds_case
+from torchkit.core.io.outputs import OutputLockedError
+from torchkit.core.split import files as split_files
 from torchkit.core.split import plan as split_plan
 from torchkit.core.split.plan import case_twins
+from torchkit.core.split.run import split_dataset
 
 
 def write_images(root: Path, names: list[str]) -> Path:
@@ -72,3 +75,64 @@ def test_oversample_names_the_classes_it_cannot_balance_having_no_train_image(tm
     assert warned == [
         "Warning: --oversample cannot balance train for 1 class(es) with no image in it: b"
     ], result.stderr
+
+
+def split_while_moving(monkeypatch, first: tuple, second: tuple):
+    """Run split_dataset(*first, mode="move") and, as it places its third file,
+    split_dataset(*second, mode="move") at the same time: (the first's counts, the second's
+    counts or its error)."""
+    place = split_files.move_file
+    seen: list = []
+
+    def move_file(source, dest, links=None):
+        seen.append(None)
+        if len(seen) == 3:
+            try:
+                seen.append(split_dataset(*second, mode="move", ratio="1:1").counts)
+            except OutputLockedError as error:
+                seen.append(str(error))
+        return place(source, dest, links)
+
+    monkeypatch.setattr(split_files, "move_file", move_file)
+    counts = split_dataset(*first, mode="move", ratio="1:1").counts
+    return counts, seen[3]
+
+
+def pngs(root: Path) -> list[str]:
+    return sorted(d for name, d in tree(root).items() if name.endswith(".png"))
+
+
+@pytest.mark.parametrize("first, second", [("root", "root/cat"), ("root/cat", "root")])
+def test_a_move_out_of_a_folder_inside_or_holding_a_moving_root_is_refused(
+    tmp_path, monkeypatch, first, second
+):
+    """Before: a move out of ROOT/cat while a move out of ROOT ran (or the other way round) was
+    not refused: it took the first one's files, which stopped half-way (`disappeared during the
+    move`), and its rerun left them out as deleted by another process."""
+    root = write_images(
+        tmp_path / "root", [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(4)]
+    )
+    taken = pngs(root if first == "root" else root / "cat")
+    counts, refused = split_while_moving(
+        monkeypatch, (tmp_path / first, tmp_path / "out1"), (tmp_path / second, tmp_path / "out2")
+    )
+    assert isinstance(refused, str) and "another torchkit split is moving" in refused, refused
+    assert str(root) in refused
+    assert sum(map(sum, counts)) == len(taken)
+    assert pngs(tmp_path / "out1") == taken and not (tmp_path / "out2").exists()
+
+
+def test_a_move_out_of_a_split_folder_being_written_is_refused(tmp_path, monkeypatch):
+    """Before: `split OUT1/train OUT2 --mode move` while `split ROOT OUT1 --mode move` wrote
+    OUT1 took the files placed so far: OUT1 ended (exit 0) without them, its split.csv listing
+    files that were gone."""
+    root = write_images(
+        tmp_path / "root", [f"{c}/{i}.png" for c in ("cat", "dog") for i in range(4)]
+    )
+    taken, out1 = pngs(root), tmp_path / "out1"
+    counts, refused = split_while_moving(
+        monkeypatch, (root, out1), (out1 / "train", tmp_path / "out2")
+    )
+    assert isinstance(refused, str) and f"into {out1}, which holds" in refused, refused
+    assert pngs(out1) == taken and sum(map(sum, counts)) == 8
+    assert not (tmp_path / "out2").exists()

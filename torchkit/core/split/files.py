@@ -134,34 +134,50 @@ def vanished(source: str) -> InputError:
 
 @contextlib.contextmanager
 def moving_out_of(root: str | os.PathLike) -> Iterator[None]:
-    """An exclusive `flock` on ROOT itself (its folder, or a CSV index's file: nothing is
-    written in it) while a move takes files out of it. A second move out of ROOT (into another
-    OUT) is refused: it would find the first one's files gone, stop half-way, and its rerun
-    would take every file for one another process deleted. (No flock, as on Windows: none.)"""
+    """`flock`s held while a move takes files out of `root`: exclusive on ROOT itself (its
+    folder, or a CSV index's file: nothing is written in it), shared on every folder above it.
+    So a second move out of ROOT, out of a folder inside it (`ROOT/cat`) or out of a folder
+    holding it, is refused: it would find the first one's files gone, stop half-way, and its
+    rerun would take every file for one another process deleted. Moves out of folders side by
+    side share the locks above them. (No flock, as on Windows: none.)"""
     try:
         import fcntl
     except ImportError:
         fcntl = None
+    held: list[int] = []
     try:
-        # O_NONBLOCK: a FIFO given as ROOT is not waited on here
-        fd = None if fcntl is None else os.open(root, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:  # missing: what follows says so, or needs no ROOT (a finished move)
-        fd = None
-    try:
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise OutputLockedError(
-                    f"another torchkit split is moving the files out of {root}",
-                    "wait for it to finish; then split what it left, if anything",
-                ) from None
-            except OSError:  # a file system without flock
-                pass
+        if fcntl is not None:
+            real = os.path.realpath(root)
+            above = [os.path.dirname(real)]
+            while os.path.dirname(above[-1]) != above[-1]:
+                above.append(os.path.dirname(above[-1]))
+            _lock(fcntl, root, fcntl.LOCK_EX, held, f"{root} or a folder in it")
+            for folder in above:
+                _lock(fcntl, folder, fcntl.LOCK_SH, held, f"{folder}, which holds {root}")
         yield
     finally:
-        if fd is not None:
+        for fd in held:
             os.close(fd)
+
+
+def _lock(fcntl: Any, path: str | os.PathLike, kind: int, held: list[int], what: str) -> None:
+    """A non-blocking flock of `kind` on `path`, its fd added to `held`; an OutputLockedError
+    naming `what` where another move holds it."""
+    try:
+        # O_NONBLOCK: a FIFO given as ROOT is not waited on here
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # missing: what follows says so, or needs no ROOT (a finished move)
+        return
+    held.append(fd)
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputLockedError(
+            f"another torchkit split is moving files out of or into {what}",
+            "wait for it to finish; then split what it left, if anything",
+        ) from None
+    except OSError:  # a file system without flock
+        pass
 
 
 def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:

@@ -184,6 +184,13 @@ def _split_or_finish(
 
 
 def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResult:
+    with contextlib.ExitStack() as held:  # the locks taken once OUT is made
+        return _plan_and_write(source, out, options, progress, held)
+
+
+def _plan_and_write(
+    source, out: Path, options: SplitOptions, progress, held: contextlib.ExitStack
+) -> SplitResult:
     names, seed, stratify = options.names, options.seed, options.stratify
     group, mode = options.group, options.mode
     samples, (non_images, dangling), is_csv = load_split_input(source)
@@ -284,6 +291,8 @@ def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResu
     try:
         writing.begin(names, mode, plan.dests)
         if mode != "manifest":
+            # Held while files go in: no move takes them out of OUT (or a folder in it).
+            held.enter_context(moving_out_of(out))
             with reporting_write_errors(out):  # the probe writes a file into OUT
                 refuse_case_twins(out, plan.dests)
         if mode == "move":
@@ -440,7 +449,7 @@ def _resume_move(
     sources = [row["source"] for row in rows]
     targets = [os.path.join(out, row["path"]) for row in rows]
     links = LinkTargets(sources, targets)
-    with _finish_hint(root, out):
+    with _finish_hint(root, out), moving_out_of(out):
         lost = finish_rows(sources, targets, out, links, progress)
     if lost:
         journal, rows = _drop_lost(root, out, journal, rows, lost)
