@@ -49,6 +49,13 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
     if isinstance(error, FileNotFoundError) and error.filename is None and working_folder.is_gone():
         gone = working_folder.gone_error()  # a relative path made absolute (os.getcwd)
         return gone.message, gone.hint
+    if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG and error.filename:
+        # A path the user gave (an input, an output, a model) that the file system cannot
+        # hold: wherever it is first looked at, the path is the news, not the OSError.
+        return (
+            f"file name too long: {os.fsdecode(error.filename)}",
+            "shorten it: a file system takes at most 255 bytes a name, 4,095 a path",
+        )
     return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
 
 
