@@ -4,6 +4,7 @@ small classes and groups, and moves out of overlapping ROOTs."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,24 @@ def tree(root: Path) -> dict[str, str]:
 
 def test_the_case_probe_tells_this_file_system_apart_and_leaves_nothing(tmp_path):
     assert folds_case(tmp_path) is False  # the suite's tmp folders are Linux file systems
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_case_probe_sees_a_folding_file_system_that_makes_up_inode_numbers(
+    tmp_path, monkeypatch
+):
+    # A case-insensitive FUSE file system (tried by hand over one) answers the other-case name
+    # with an inode number of its own: the folder listing tells that it is the same entry.
+    real_lstat = os.lstat
+
+    def lstat(path, *args, **kwargs):
+        folder, name = os.path.split(path)
+        if name.startswith(".TORCHKIT-CASE-PROBE-"):
+            return real_lstat(folder)  # found, under another inode number
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    assert folds_case(tmp_path) is True
     assert list(tmp_path.iterdir()) == []
 
 

@@ -568,15 +568,17 @@ def tree_entries(
 def folds_case(folder: str | os.PathLike) -> bool:
     """Does `folder` take names that differ only by case for one name (vfat/exFAT disks,
     macOS, Windows, a Samba share; a case-folding ext4 folder)? Probed: a temporary file is
-    made in it and looked up by its other-case name."""
+    made in it and looked up by its other-case name (one entry: where the file system makes up
+    inode numbers per name, as FUSE ones may, the folder lists no such other name)."""
     fd, path = tempfile.mkstemp(prefix=".torchkit-case-probe-", dir=folder)
     os.close(fd)
     try:
         head, name = os.path.split(path)
         try:
-            return os.path.samestat(os.lstat(path), os.lstat(os.path.join(head, name.swapcase())))
+            other = os.lstat(os.path.join(head, name.swapcase()))
         except OSError:
             return False
+        return os.path.samestat(os.lstat(path), other) or name.swapcase() not in os.listdir(head)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
