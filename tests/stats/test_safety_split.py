@@ -324,6 +324,29 @@ def test_sigterm_mid_move_leaves_every_file_in_one_place_and_a_rerun_finishes(tm
     assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "done"
 
 
+def test_a_move_killed_before_its_journal_is_undone_by_the_same_command(tmp_path):
+    # split.csv went to disk before the move's journal: killed between the two, OUT held a
+    # split.csv of files still in ROOT, which readers took for a finished split and the same
+    # command refused ("output folder already exists ... pass --force").
+    data = make_files(tmp_path / "data", {"cat": 6, "dog": 6})
+    expected = contents(data)
+    out = tmp_path / "out"
+    journal = out / ".torchkit-split.json"
+    slow = slow_io_env(tmp_path, journal, calls=("os.replace",), delay=1.5)
+    process = start_torchkit_process("split", str(data), str(out), "--mode", "move", env=slow)
+    wait_until((out / "split.csv").exists, process=process, what="split.csv")
+    code, _, _ = signal_and_wait(process, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    assert contents(data) == expected and not contents(out)  # nothing moved yet
+    refused = run_torchkit_in_process("dataset-stats", out)
+    assert refused.returncode == 1 and "unfinished split" in error_line(refused.stderr)
+
+    result = split(data, out, "--mode", "move")
+    assert result.returncode == 0, result.stderr
+    assert contents(out) == expected and not contents(data)
+    assert json.loads(journal.read_text())["state"] == "done"
+
+
 def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):
     data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
     out = tmp_path / "out"

@@ -249,6 +249,14 @@ def _held_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, str]:
         os.close(fd)
 
 
+def remove_dead_temporaries(target: str | os.PathLike) -> None:
+    """Remove the temporaries of `target` (`atomic_write`'s `.NAME.XXXXXXXX.tmp`) that killed
+    writers left beside it, for a caller that asks what their folder holds before it writes
+    `target` again; a live writer's stays."""
+    target = Path(target)
+    _remove_dead_temporaries(target, f".{target.name}.", ".tmp")
+
+
 def _remove_dead_temporaries(target: Path, prefix: str, suffix: str) -> None:
     """Remove the temporaries named `prefix`XXXXXXXX`suffix` (mkstemp's) beside `target`
     whose flock can be taken at once: a killed writer's (a SIGKILL cannot be caught, the

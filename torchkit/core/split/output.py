@@ -15,7 +15,7 @@ from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES, written_split_names
 from torchkit.core.io.errors import InputError, OutputExistsError
-from torchkit.core.io.files import atomic_write_text, tree_entries
+from torchkit.core.io.files import atomic_write_text, remove_dead_temporaries, tree_entries
 from torchkit.core.io.outputs import (
     MARKER,
     OutputOverlapError,
@@ -130,6 +130,8 @@ def recover_split_leftovers(out: Path) -> None:
     written, had discarded it already), one being deleted is deleted."""
     if not out.is_dir():  # nothing, or not a folder: `check_replaceable` says which
         return
+    for name in (JOURNAL, MANIFEST, MARKER):  # a write of them killed half-way
+        remove_dead_temporaries(out / name)
     if (out / DISCARDED).exists():
         remove_tree(out / DISCARDED)
     journal = read_journal(out)

@@ -151,7 +151,8 @@ def _split_or_finish(
             journal = read_journal(out)  # under the lock: another run may have finished it
             if journal is not None and journal.get("state") == "moving":
                 return _resume_move(source, out, journal, mode, progress)
-    if journal is not None and journal.get("mode") == "move":
+    # (A move killed before its plan was on disk left a "copying" journal: undone below.)
+    if journal is not None and journal.get("mode") == "move" and journal.get("state") != "copying":
         if mode == "move" and _same_move(journal, source, options):
             return _move_result(source, out, journal, already_done=True)
         raise OutputExistsError(
@@ -295,9 +296,22 @@ def _plan_and_write(
             held.enter_context(moving_out_of(out))
             with reporting_write_errors(out):  # the probe writes a file into OUT
                 refuse_case_twins(out, plan.dests)
+        if mode != "manifest":
+            # Until it is removed (or a move's replaces it), OUT is a half split: readers
+            # refuse it, a rerun removes what it lists and redoes it.
+            write_journal(
+                out,
+                {"state": "copying", "mode": mode, "names": names, "marked": writing.marked}
+                # What a rerun removes after a kill: these files and no other (`made`: OUT is
+                # the split's own, so that anything else in it is someone else's).
+                | {"made": not writing.existed, "dests": plan.dests}
+                | {"torchkit_version": __version__},
+            )
         if mode == "move":
             # The plan goes to disk before the first file moves: an interrupted move can be
             # finished, so from here on nothing is undone; the earlier split is discarded.
+            # (Killed before its journal says "moving", it has moved nothing: the journal
+            # above has the rerun start again, where split.csv alone was a finished split.)
             write_manifest(out, plan, names, mode)
             record = {
                 "state": "moving",
@@ -318,16 +332,6 @@ def _plan_and_write(
                 "torchkit_version": __version__,
             }
             write_journal(out, record)
-        elif mode != "manifest":
-            # Until it is removed, OUT is a half split: readers refuse it, a rerun redoes it.
-            write_journal(
-                out,
-                {"state": "copying", "mode": mode, "names": names, "marked": writing.marked}
-                # What a rerun removes after a kill: these files and no other (`made`: OUT is
-                # the split's own, so that anything else in it is someone else's).
-                | {"made": not writing.existed, "dests": plan.dests}
-                | {"torchkit_version": __version__},
-            )
     except BaseException as error:
         writing.abandon(error)
         raise
