@@ -1,5 +1,5 @@
-"""`train` on an image folder with a class folder that holds no image: one error saying so,
-never advice about --val-split or classes of one image."""
+"""`train` on the image folders users have: a class folder that holds no image (one error
+saying so, never advice about --val-split), empty files left by interrupted downloads."""
 
 from __future__ import annotations
 
@@ -39,3 +39,23 @@ def test_an_empty_class_folder_beside_a_class_of_one_image(tmp_path):
         "Error: class 'empty' has no images (add images (.bmp, .gif, .jfif, .jpeg, .jpg, .pgm, "
         ".png, .ppm, .tif, .tiff, .webp) or remove the class)"
     )
+
+
+def test_empty_files_in_two_splits_are_not_copies_inflating_val(tmp_path):
+    """Was: "Warning: 2 images have a byte-identical copy in another of the run's splits
+    (train/val; 1 group(s)): val and test figures are inflated", for two 0-byte files that
+    are no images and are skipped as unreadable."""
+    from torchkit.core.data.sources.samples import Samples
+    from torchkit.core.train.loaders import cross_split_copies
+
+    root = write_image_folder(tmp_path / "data", {"cat": 2})
+    (root / "cat" / "partial_1.jpg").write_bytes(b"")
+    (root / "cat" / "partial_2.jpg").write_bytes(b"")
+    (root / "cat" / "copy.png").write_bytes((root / "cat" / "cat_0.png").read_bytes())
+
+    def samples(*names: str) -> Samples:
+        return Samples(["cat"], [0] * len(names), paths=[str(root / "cat" / n) for n in names])
+
+    train = samples("cat_0.png", "cat_1.png", "partial_1.jpg")
+    val = samples("copy.png", "partial_2.jpg")
+    assert cross_split_copies({"train": train, "val": val}) == (2, 1)  # the PNG and its copy

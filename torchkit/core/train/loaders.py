@@ -203,7 +203,8 @@ def cross_split_copies(splits: dict[str, Samples]) -> tuple[int, int]:
     """(files, groups): the image files of `splits` that have a byte-identical copy in another
     split, and the groups of identical files they form. Cheap: files are grouped by size
     first, and only files that share a size with a file of another split are read
-    (`core.hashing.content_groups`). (0, 0) for in-memory data (digits)."""
+    (`core.hashing.content_groups`). Empty files are no copies: no image, each is skipped as
+    unreadable (an interrupted download leaves many). (0, 0) for in-memory data (digits)."""
     from torchkit.core.data.hashing import content_groups
 
     if any(samples.paths is None for samples in splits.values()):
@@ -222,8 +223,8 @@ def cross_split_copies(splits: dict[str, Samples]) -> tuple[int, int]:
     # Only sizes that occur in two splits can hide a copy across splits.
     candidates = [
         index
-        for members in by_size.values()
-        if len({owner[i] for i in members}) > 1
+        for size, members in by_size.items()
+        if size and len({owner[i] for i in members}) > 1
         for index in members
     ]
     files = groups = 0
