@@ -155,3 +155,20 @@ def test_a_move_out_of_a_split_folder_being_written_is_refused(tmp_path, monkeyp
     assert isinstance(refused, str) and f"into {out1}, which holds" in refused, refused
     assert pngs(out1) == taken and sum(map(sum, counts)) == 8
     assert not (tmp_path / "out2").exists()
+
+
+def test_a_move_refuses_a_file_named_like_its_temporary_copies(tmp_path):
+    """Before: `cat/.torchkit-move-a.png` was moved like any image; a rerun after a stop before
+    `cat/a.png` moved deleted it from OUT, where it was the only copy, taking it for the
+    unverified copy of a.png (and said another process had deleted it from ROOT)."""
+    hidden = ".TorchKit-Move-a.png"  # any case: one name where OUT ignores case
+    root = write_images(tmp_path / "root", ["cat/a.png", f"cat/{hidden}", "cat/b.png"])
+    before = tree(root)
+    result = run_torchkit_in_process("split", root, tmp_path / "out", "--mode", "move")
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(
+        f"Error: {root / 'cat' / hidden} is named like the temporary copies a move makes"
+    )
+    assert tree(root) == before and not (tmp_path / "out").exists()
+    copied = run_torchkit_in_process("split", root, tmp_path / "copy", "--mode", "copy")
+    assert copied.returncode == 0, copied.stderr

@@ -266,6 +266,19 @@ def check_hardlinks(plan: Plan, out: Path) -> None:
         )
 
 
+def refuse_temporary_names(plan: Plan) -> None:
+    """A move copies a file across file systems to `.torchkit-move-NAME` beside its place, and
+    its rerun deletes such copies of the files still in ROOT: a file of the data named so (in
+    any case) would be overwritten or deleted in OUT, where it is the only copy."""
+    for source, dest in zip(plan.sources, plan.dests, strict=True):
+        if dest.rpartition("/")[2].casefold().startswith(MOVE_TEMP):
+            raise InputError(
+                f"{source} is named like the temporary copies a move makes ({MOVE_TEMP}...), "
+                "which the move would overwrite and its rerun delete",
+                "rename that file, or use --mode copy, symlink or hardlink",
+            )
+
+
 def check_sources_removable(sources: Sequence[str]) -> None:
     """A move takes each file out of its folder: a folder the system will not let this process
     change (a read-only file system, no write permission) is refused before anything moves,

@@ -39,6 +39,7 @@ from torchkit.core.split.files import (
     finish_rows,
     moving_out_of,
     place_files,
+    refuse_temporary_names,
     write_manifest,
 )
 from torchkit.core.split.options import (
@@ -263,6 +264,7 @@ def _plan_and_write(
         check_hardlinks(plan, out)
     if mode == "move":
         check_sources_removable(plan.sources)
+        refuse_temporary_names(plan)
     totals = [sum(row[j] for row in counts) for j in range(len(names))]
     result = SplitResult(
         source=str(root),
