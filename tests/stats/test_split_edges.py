@@ -172,3 +172,29 @@ def test_a_move_refuses_a_file_named_like_its_temporary_copies(tmp_path):
     assert tree(root) == before and not (tmp_path / "out").exists()
     copied = run_torchkit_in_process("split", root, tmp_path / "copy", "--mode", "copy")
     assert copied.returncode == 0, copied.stderr
+
+
+def test_force_replaces_an_earlier_split_named_in_another_case_where_out_ignores_case(
+    tmp_path, monkeypatch
+):
+    """Before: on an OUT that ignores case, `--force` over an earlier split named `Train,Val`
+    set `Train` aside, then failed to set aside `train` (the same folder, gone already):
+    `Error: FileNotFoundError: ... train -> .torchkit-split-replaced/train`, exit 1."""
+    root = write_images(tmp_path / "root", [f"{c}/{i}.png" for c in ("cat", "dog") for i in "ab"])
+    out = tmp_path / "out"
+    first = run_torchkit_in_process("split", root, out, "--ratio", "1:1", "--names", "Train,Val")
+    assert first.returncode == 0, first.stderr
+    real_lexists, real_replace = os.path.lexists, os.replace
+
+    def on_disk(path) -> str:  # the spelling a case-insensitive file system finds for `path`
+        folder, name = os.path.split(os.fspath(path))
+        found = [n for n in os.listdir(folder) if n.casefold() == name.casefold()]
+        return os.path.join(folder, (found or [name])[0]) if os.path.isdir(folder) else path
+
+    monkeypatch.setattr(os.path, "lexists", lambda path: real_lexists(on_disk(path)))
+    monkeypatch.setattr(os, "replace", lambda a, b, **kw: real_replace(on_disk(a), b, **kw))
+    result = run_torchkit_in_process("split", root, out, "--ratio", "1:1", "--force")
+    monkeypatch.undo()
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".torchkit", "split.csv", "train", "val"]
+    assert len(tree(out / "train")) + len(tree(out / "val")) == 4

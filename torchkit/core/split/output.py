@@ -218,10 +218,14 @@ class SplitOutput:
                 write_marker(self.out, "split")
                 self.marked = True
             claim_folder(self.out, what=WHAT, command="split")
-            present = [n for n in self.doomed if os.path.lexists(self.out / n)]
-            if present:
-                (self.out / REPLACED).mkdir()
-                for name in present:
+            aside = False
+            for name in self.doomed:
+                # Looked up as each goes: where OUT ignores case, `Train` (the earlier split's)
+                # and `train` (this one's) are one folder, set aside by the first.
+                if os.path.lexists(self.out / name):
+                    if not aside:
+                        (self.out / REPLACED).mkdir()
+                        aside = True
                     os.replace(self.out / name, self.out / REPLACED / name)
 
     def keep(self) -> None:
