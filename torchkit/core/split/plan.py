@@ -219,13 +219,15 @@ def case_twins(dests: Sequence[str]) -> tuple[str, str] | None:
     (`train/Cat` and `train/cat`, `a.JPG` and `a.jpg`): one place where the file system ignores
     case. None where every name is distinct also there."""
     folders: set[str] = set()
-    for dest in dests:
-        folder = dest.rpartition("/")[0]
+    for folder in {dest.rpartition("/")[0] for dest in dests}:
         while folder and folder not in folders:
             folders.add(folder)
             folder = folder.rpartition("/")[0]
+    names = [*sorted(folders), *dests]
+    if len({name.casefold() for name in names}) == len(names):  # the common case, at C speed
+        return None
     seen: dict[str, str] = {}
-    for name in [*sorted(folders), *dests]:
+    for name in names:
         first = seen.setdefault(name.casefold(), name)
         if first != name:
             return first, name
