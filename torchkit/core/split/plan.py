@@ -5,6 +5,7 @@ place in OUT."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -223,11 +224,11 @@ def case_twins(dests: Sequence[str]) -> tuple[str, str] | None:
         while folder and folder not in folders:
             folders.add(folder)
             folder = folder.rpartition("/")[0]
-    names = [*sorted(folders), *dests]
-    if len({name.casefold() for name in names}) == len(names):  # the common case, at C speed
+    names = itertools.chain(sorted(folders), dests)
+    if len(set(map(str.casefold, names))) == len(folders) + len(dests):  # the common case
         return None
     seen: dict[str, str] = {}
-    for name in names:
+    for name in itertools.chain(sorted(folders), dests):
         first = seen.setdefault(name.casefold(), name)
         if first != name:
             return first, name
