@@ -80,6 +80,23 @@ def test_in_memory_pixels_are_the_pil_transforms(mode, sizes):
         assert torch.equal(ours, transform(Image.fromarray(image)))
 
 
+@pytest.mark.parametrize("shape", [(50, 3000, 3), (3000, 50, 3), (1, 100, 3)])
+def test_border_keeps_a_pixel_of_a_strip_whose_shorter_side_rounds_to_none(shape):
+    """Was: 'height and width must be > 0' from the resize, so eval and predict counted a
+    3000 x 50 image unreadable in `border` mode. Now its shorter side keeps one pixel, padded
+    with the mean colour to the crop, and the in-memory path gives the same pixels."""
+    preprocess = Preprocess(image_size=16, resize_size=18, mean=(0.2, 0.5, 0.9), crop_mode="border")
+    (image,) = _images([shape])
+    pixels = eval_transform(preprocess, pixels=True)(Image.fromarray(image))
+    assert pixels.shape == (3, 16, 16)
+    filled = (pixels == torch.tensor([51, 128, 230]).view(3, 1, 1)).all(dim=0)
+    assert 0 < (~filled).sum() <= 16  # one row (or column) of the image, the rest the border
+    ours = eval_pixels(
+        image[None], 18, 16, "bilinear", "RGB", crop_mode="border", mean=preprocess.mean
+    )[0]
+    assert torch.equal(ours, pixels)
+
+
 def test_trains_eval_of_in_memory_gray_images_pads_with_the_mean_colour():
     """Gray images in memory (as digits are) padded in `border` mode: the RGB mean colour, as
     the PIL transform pads the image converted to RGB."""

@@ -23,7 +23,9 @@ def resized_size(width: int, height: int, resize_size: int, crop_mode: str) -> t
         return resize_size, resize_size
     if crop_mode == "border":  # timm's ResizeKeepRatio(longest=1), its float steps
         ratio = max(height / resize_size, width / resize_size)
-        return round(width / ratio), round(height / ratio)
+        # At least a pixel: a strip (3000 x 50 at 18) rounds its shorter side to 0, which
+        # no resize makes (timm fails there; the image was counted unreadable).
+        return max(1, round(width / ratio)), max(1, round(height / ratio))
     short, long = min(width, height), max(width, height)
     new_long = int(resize_size * long / short)  # torchvision's Resize(int)
     return (resize_size, new_long) if width <= height else (new_long, resize_size)
