@@ -111,3 +111,16 @@ def test_a_num_classes_is_sized_for_every_classifier_layer_of_the_model(monkeypa
         "Error: --num-classes 10000 needs 0.1 GB for 3 classifiers of (1,024 + 1,024 + 1,024) x "
         "10,000 weights, more than half the 0.1 GB free (give a smaller --num-classes)"
     )
+
+
+def test_train_names_the_image_size_given_when_its_resize_is_past_memory(image_folder, tmp_path):
+    # The resize follows --image-size (the folder's 8/7 ratio). Before: "--resize-size 114286
+    # needs ...", an option the user never gave; eval's check names --image-size already.
+    out = tmp_path / "out"
+    words = [w.format(data=image_folder, ckpt="", out=out) for w in NORMALISING["train"]]
+    words[words.index("--image-size") + 1] = "100000"  # 120 GB an image, 156 GB resized
+    result = run_torchkit_in_process(*words)
+    assert result.returncode == 2, result.stderr
+    line = error_line(result.stderr)
+    assert line.startswith("Error: --image-size 100000 (resized to 114286 first) needs "), line
+    assert not out.exists()

@@ -309,7 +309,12 @@ def validate(config: TrainConfig) -> None:
 
         given = [("--image-size", config.image_size), ("--resize-size", config.resize_size)]
         option, side = max(((o, v) for o, v in given if v is not None), key=lambda ov: ov[1])
-        check_image_memory(side, 3, f"{option} {side}")
+        shown = f"{option} {side}"
+        if option == "--resize-size" and "resize_size" in config.data_defaults:
+            # The resize follows the crop (its ratio): name the option the user gave, as
+            # eval's check does (preprocessing.check_fits_in_memory).
+            shown = f"--image-size {config.image_size} (resized to {side} first)"
+        check_image_memory(side, 3, shown)
     if (
         config.resize_size is not None
         and config.image_size is not None
