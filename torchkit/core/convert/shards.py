@@ -803,7 +803,7 @@ def convert_shards(
     only one torchkit wrote), except an interrupted run of the same command on the same data
     with the same options, which is finished. Unreadable images are skipped with a warning
     and counted (`strict`: the first stops the run)."""
-    from torchkit.core.data.sources import open_data
+    from torchkit.core.data.sources import open_data, warn_empty_splits
     from torchkit.core.runtime.cpus import check_workers
     from torchkit.core.runtime.extras import import_extra
     from torchkit.core.runtime.pool import default_workers
@@ -820,6 +820,7 @@ def convert_shards(
         check_replaceable(target, False, what=WHAT)
     webdataset = import_extra("webdataset", "webdataset", COMMAND)
     data = open_data(src, allow_unlabelled=True)
+    warn_empty_splits(data)
     check_overlap(target, WHAT, _container_inputs(data))
     labelled = data.labelled
     # The names classes.txt lists: not the "" of an unlabelled split beside labelled ones.
@@ -855,8 +856,16 @@ def convert_shards(
                 report.records = _verified(target, partial, sets)
                 report.kept_shards = len(report.shards)
         folder = output.begin()
+        partial_manifest = _PartialManifest(folder / PARTIAL_MANIFEST, report)
         with output.reporting_write_errors():
             _remove_leftovers(folder)
+            if not (force or resume):
+                # Before anything else in OUT: a run killed before its first shard is listed
+                # is resumed by the same command, where classes.txt alone (or a whole shard
+                # not listed yet) made it "already exists (pass --force)". (A --force run
+                # killed so is started again by its own command; an old output it set aside
+                # is put back.)
+                partial_manifest.save()
             atomic_write_text(folder / CLASSES_FILE, classes_text)
         total = sum(len(s.order) for s in sets)
         done = sum(r.end - r.start for r in report.shards)
@@ -869,7 +878,6 @@ def convert_shards(
             if progress is not None:
                 progress(done, total)
 
-        partial_manifest = _PartialManifest(folder / PARTIAL_MANIFEST, report)
 
         def on_shard() -> None:
             partial_manifest.shard_done()

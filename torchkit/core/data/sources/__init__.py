@@ -38,6 +38,8 @@ API
         train's train/val(/test): the data's own, or a stratified seeded share held out.
     split_record(source, splits) -> dict       the checkpoint's `data` entry
     write_split_csv(path, splits)               RUN/split.csv: path,label,split (atomic)
+    warn_empty_splits(source)                   a warning per split folder holding no image
+                                                (`DataSource.empty_splits`, read as no split)
     non_image_files(source, splits=None)        what a folder source leaves out
     csv_samples(path, *, classes=None, allow_unlabelled=False) -> Samples
         every row of a CSV index in file order, labels as class names or mapped onto `classes`
@@ -76,6 +78,7 @@ from torchkit.core.data.sources.select import (
     SPLIT_CHOICES,
     select_split,
     training_splits,
+    warn_empty_splits,
 )
 from torchkit.core.data.sources.source import (
     KINDS,
@@ -105,5 +108,6 @@ __all__ = [
     "split_csv_text",
     "split_record",
     "training_splits",
+    "warn_empty_splits",
     "write_split_csv",
 ]

@@ -25,6 +25,17 @@ IMAGE_EXTENSIONS = frozenset(
 )
 
 
+class NoImagesError(InputError):
+    """A folder that holds no image (no class folders and no images, or class folders without
+    images): a split root reads such a split folder as no split, not as a refusal."""
+
+
+def no_images_error(where: str) -> NoImagesError:
+    return NoImagesError(
+        f"no images in {where}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS))
+    )
+
+
 def is_image_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in IMAGE_EXTENSIONS
 
@@ -230,7 +241,7 @@ def discover_image_folder(
                 f"{folder} holds images but no class folders",
                 "arrange it as ROOT/<class>/<image>",
             )
-        raise InputError(f"no class folders in {folder}", "arrange it as ROOT/<class>/<image>")
+        raise NoImagesError(f"no class folders in {folder}", "arrange it as ROOT/<class>/<image>")
     _refuse_links_around(folder, class_dirs)
     names = [d.name for d in class_dirs]
     refuse_spelling_twins(names, f"class folders in {folder}:")
@@ -252,9 +263,7 @@ def discover_image_folder(
         paths.extend(files)
         labels.extend([find_class(index_of, class_dir.name)] * len(files))
     if not paths:
-        raise InputError(
-            f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS))
-        )
+        raise no_images_error(str(folder))
     ids = relative_ids(paths, folder)
     return Samples(class_list, labels, paths=paths, source=str(folder), ids=ids)
 
@@ -287,8 +296,6 @@ def discover_flat_folder(
     warn_unentered(listing.unentered, folder)
     paths = listing.images[0]
     if not paths:
-        raise InputError(
-            f"no images in {folder}", "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS))
-        )
+        raise no_images_error(str(folder))
     ids = relative_ids(paths, folder)
     return Samples([""], [0] * len(paths), paths=paths, source=str(folder), ids=ids)

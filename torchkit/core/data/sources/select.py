@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from torchkit.core.data.sources.record import recorded_splits
 from torchkit.core.data.sources.samples import Samples
@@ -30,6 +30,24 @@ def _unsplit_hint() -> str:
     )
 
 
+def empty_split_error(source: DataSource, name: str, hint: str | None = None) -> InputError:
+    """The error for a split asked for whose folder holds no image (`DataSource.empty_splits`);
+    the hint names the splits there are, for --split."""
+    others = f"it has: {', '.join(source.splits)}; " if source.splits else ""
+    return InputError(
+        f"no images in {source.empty_splits[name]}: the {name} split of {source.spec} is empty",
+        hint or f"{others}--split NAME picks another",
+    )
+
+
+def warn_empty_splits(source: DataSource, used: Collection[str] = ()) -> None:
+    """One warning for each split folder of `source` that holds no image, but those named in
+    `used` (a split a training run held out of another, read under that name)."""
+    for name, where in source.empty_splits.items():
+        if name not in used:
+            log.warning(f"{where} holds no images: {source.spec} is read without a {name} split")
+
+
 def select_split(
     source: DataSource,
     split: str | None,
@@ -46,12 +64,26 @@ def select_split(
     with a note (`default_reason` says why that one). A split works wherever splits exist: in
     split data, and in unsplit data (or a split root without val/) whose held-out split a
     training run recorded (`recorded`: the checkpoint's `data` entry). Anywhere else it is a
-    UsageError, never ignored.
+    UsageError, never ignored. A split whose folder holds no image (`empty_splits`) is an
+    InputError when it is the one asked for (or the default), and a warning otherwise.
 
     `held_out_default` (eval): without --split, the data a training run used (`recorded`, same
     root) that has no test split of its own gives the split the run held out (its val), not
     the whole data, most of which the model trained on.
     """
+    chosen = _select_split(source, split, default, recorded, default_reason, held_out_default)
+    warn_empty_splits(source, set(chosen[0].splits or ()))
+    return chosen
+
+
+def _select_split(
+    source: DataSource,
+    split: str | None,
+    default: str,
+    recorded: Mapping | None,
+    default_reason: str,
+    held_out_default: bool,
+) -> tuple[Samples, list[str]]:
     if split is not None and split not in SPLIT_CHOICES:
         raise UsageError(f"unknown --split {split!r}", "use train, val, test or all")
     if split is None and held_out_default and recorded and "test" not in source.splits:
@@ -70,6 +102,8 @@ def select_split(
             return source.whole, notes
         split = default
         if default != ALL:
+            if default not in parts and default in source.empty_splits:
+                raise empty_split_error(source, default)
             if default not in parts:
                 raise UsageError(
                     f"{source.spec} has no {default} split (it has {', '.join(parts)})",
@@ -84,6 +118,8 @@ def select_split(
         raise UsageError(f"--split {split}: {source.spec} is not split data", _unsplit_hint())
     if split == ALL:
         return concatenate(list(parts.values())), notes
+    if split not in parts and split in source.empty_splits:
+        raise empty_split_error(source, split)
     if split not in parts:
         raise UsageError(
             f"{source.spec} has no {split} split", f"it has: {', '.join(parts)}; or --split all"
@@ -134,10 +170,19 @@ def training_splits(
     warning). Otherwise a stratified, seeded share (`val_split`, default 0.1) of train (split
     data without val, e.g. a CIFAR root with train/ and test/) or of everything (unsplit data)
     is held out for validation, with a note. `recorded` (a resumed run's checkpoint `data`
-    entry) gives back exactly the split that run held out.
+    entry) gives back exactly the split that run held out. A split folder that holds no image
+    counts as no split, with a warning (train's is an error).
     """
     if val_split is not None and not 0 < val_split < 1:
         raise UsageError(f"--val-split must be between 0 and 1, not {val_split}")
+    if source.splits and "train" not in source.splits:
+        if "train" in source.empty_splits:
+            raise empty_split_error(source, "train", "train reads ROOT/train/<class>/<image>")
+        raise InputError(
+            f"{source.spec} has no training split (it has {', '.join(source.splits)})",
+            "add train/ (or rows with split train)",
+        )
+    warn_empty_splits(source)
     rebuilt = recorded_splits(source, dict(recorded) if recorded else None)
     if rebuilt is not None:
         return rebuilt
@@ -149,11 +194,6 @@ def training_splits(
         return dict(source.splits), []
     fraction = DEFAULT_VAL_SPLIT if val_split is None else val_split
     if source.splits:
-        if "train" not in source.splits:
-            raise InputError(
-                f"{source.spec} has no training split (it has {', '.join(source.splits)})",
-                "add train/ (or rows with split train)",
-            )
         donor, what = source.splits["train"], "its train split"
     else:
         donor, what = source.whole, "its images"

@@ -49,16 +49,18 @@ from typing import Any
 from torchkit.core.data.sources.csv_index import natural_key
 from torchkit.core.data.sources.discovery import (
     IMAGE_EXTENSIONS,
+    NoImagesError,
     is_apple_double,
     is_image_file,
     is_skipped_folder,
+    no_images_error,
 )
 from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import (
     DataSource,
     _split_source,
     relabelled,
-    tagged,
+    split_root_source,
     unfetched_url_error,
     unlabelled_split_error,
 )
@@ -924,7 +926,7 @@ def _open_folder_tar(
                         f"{where} holds images but no class folders",
                         "arrange it as ROOT/<class>/<image>",
                     )
-                raise InputError(
+                raise NoImagesError(
                     f"no class folders in {where}", "arrange it as ROOT/<class>/<image>"
                 )
             chosen, labels = [], []
@@ -933,10 +935,7 @@ def _open_folder_tar(
                 chosen += inside
                 labels += [label] * len(inside)
         if not chosen:
-            raise InputError(
-                f"no images in {spec}" + (f":{base}" if base else ""),
-                "supported: " + ", ".join(sorted(IMAGE_EXTENSIONS)),
-            )
+            raise no_images_error(f"{spec}:{base}" if base else spec)
         paths = [
             StoredImage(f"{archive}/{prefix}{n}", reader, listing.locator(prefix + n))
             for n in chosen
@@ -962,25 +961,30 @@ def _open_folder_tar(
             name: any(n.startswith(f"{name}/") and "/" not in n[len(name) + 1 :] for n in names)
             for name in split_folders
         }
-        flat = all(with_images.values())
-        # test/x.png beside labelled train/ and val/: an unlabelled test split, as unpacked.
-        unlabelled = [
-            name
-            for name in split_folders
-            if with_images[name]
-            and not any(
+        with_folders = {
+            name: any(
                 f.startswith(f"{name}/") and not is_skipped_folder(f[len(name) + 1 :].split("/")[0])
                 for f in folders
             )
+            for name in split_folders
+        }
+        # An empty split folder (no class folder, no image) says nothing of the layout.
+        laid_out = [with_images[n] for n in split_folders if with_images[n] or with_folders[n]]
+        flat = bool(laid_out) and all(laid_out)
+        # test/x.png beside labelled train/ and val/: an unlabelled test split, as unpacked.
+        unlabelled = [
+            name for name in split_folders if with_images[name] and not with_folders[name]
         ]
         if (flat or unlabelled) and not allow_unlabelled:
             shown = [f"{spec}:{name}" for name in unlabelled]
             raise unlabelled_split_error(spec, shown, whole=flat)
-        parts = {name: samples_under(name, flat or name in unlabelled) for name in split_folders}
-        if flat:
-            splits = {name: tagged(parts[name], name) for name in split_folders}
-            return DataSource(spec, "tar split root", spec, splits, None, [""])
-        return _split_source(spec, "tar split root", spec, parts, classes)
+        parts, empty = {}, {}
+        for name in split_folders:
+            try:
+                parts[name] = samples_under(name, flat or name in unlabelled)
+            except NoImagesError:
+                empty[name] = f"{spec}:{name}"
+        return split_root_source(spec, "tar split root", spec, parts, empty, classes, flat=flat)
     if allow_unlabelled and (top_images or not top_folders):
         samples = samples_under("", True)
         return DataSource(spec, "tar flat folder", spec, {}, samples, [""])

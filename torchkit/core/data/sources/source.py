@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit.core.data.sources.csv_index import absolute_paths, class_order, read_index_rows
 from torchkit.core.data.sources.digits import DIGITS, digits_splits
 from torchkit.core.data.sources.discovery import (
+    NoImagesError,
     discover_flat_folder,
     discover_image_folder,
     is_apple_double,
@@ -69,6 +70,9 @@ class DataSource:
     # Whether the data states its label order (HF's ClassLabel names, classes.txt beside
     # shards, class indices) rather than torchkit sorting the names (folders, CSV, string labels).
     classes_given: bool = False
+    # The split folders there that hold no image, by split name, each as messages show it
+    # (`sr/test`): left out of `splits`; asking for one is an error, the others are warned of.
+    empty_splits: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_split(self) -> bool:
@@ -303,6 +307,34 @@ def _split_source(
     return DataSource(spec, kind, root, splits, None, names)
 
 
+def split_root_source(
+    spec: str,
+    kind: str,
+    root: str,
+    parts: dict[str, Samples],
+    empty: dict[str, str],
+    classes: Sequence[str] | None,
+    *,
+    flat: bool,
+) -> DataSource:
+    """The DataSource of a split root's `parts` (unpacked or in a .tar), its `empty` split
+    folders (name: as shown) left out; `flat`: every split is images without class folders.
+    A split root whose every split folder is empty is an InputError."""
+    if not parts:
+        shown = ", ".join(name + "/" for name in empty)
+        raise NoImagesError(
+            f"no images in {spec}: its split folders ({shown}) hold none",
+            "a split root holds ROOT/{train,val,test}/<class>/<image>",
+        )
+    if flat:
+        splits = {name: tagged(parts[name], name) for name in parts}
+        source = DataSource(spec, kind, root, splits, None, [""])
+    else:
+        source = _split_source(spec, kind, root, parts, classes)
+    source.empty_splits = empty
+    return source
+
+
 def _open_digits(classes: Sequence[str] | None) -> DataSource:
     return _split_source(DIGITS, "digits", "", digits_splits(), classes)
 
@@ -395,7 +427,9 @@ def _open_folder(
                 "move them into a split's class folders, or elsewhere",
             )
         listed = {name: _subfolders(path / name) for name in split_folders}
-        flat = all(images for _, images in listed.values())
+        # An empty split folder (no class folder, no image) says nothing of the layout.
+        laid_out = [images for folders, images in listed.values() if folders or images]
+        flat = bool(laid_out) and all(laid_out)
         # A split folder of images without class folders beside labelled ones: an unlabelled
         # test split (HF's label -1), read unlabelled where unlabelled images are taken, as
         # parquet and shards read theirs (`open_labelled`).
@@ -404,18 +438,19 @@ def _open_folder(
             raise unlabelled_split_error(
                 str(path), [str(path / name) for name in unlabelled], whole=flat
             )
-        parts = {}
+        parts, empty = {}, {}
         for name in split_folders:
             # A split of a flat folder (`split` writes OUT/train/x.png): unlabelled split data.
             read = discover_flat_folder if flat or name in unlabelled else discover_image_folder
-            samples = read(path / name, within=path)
+            try:
+                samples = read(path / name, within=path)
+            except NoImagesError:
+                empty[name] = str(path / name)
+                continue
             samples.ids = relative_ids(samples.paths, path)
             samples.source = root
             parts[name] = samples
-        if flat:
-            splits = {name: tagged(parts[name], name) for name in split_folders}
-            return DataSource(spec, "split root", root, splits, None, [""])
-        return _split_source(spec, "split root", root, parts, classes)
+        return split_root_source(spec, "split root", root, parts, empty, classes, flat=flat)
     if allow_unlabelled and (top_images or not folders):
         samples = discover_flat_folder(path)
         return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
