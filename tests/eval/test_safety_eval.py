@@ -53,6 +53,8 @@ def older_eval_output(folder: Path, *, marker: bool) -> None:
     folder.mkdir()
     for name in REPORTS:
         (folder / name).write_bytes(f"earlier {name}\n".encode())
+    earlier = {"num_images": 12, "num_skipped": 0, "accuracy": 0.5, "topk_accuracy": {"1": 0.5}}
+    (folder / "metrics.json").write_text(json.dumps(earlier) + "\n")
     if marker:
         (folder / ".torchkit").write_text('{"written_by": "torchkit", "command": "eval"}\n')
 
@@ -98,6 +100,14 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
     assert "Error: output folder" in refused.stderr
     assert "was not written by torchkit" in refused.stderr
     assert tree_digest(mine) == mine_before
+    # Only a name eval writes, but another tool's report: not an earlier eval's.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "metrics.json").write_text('{"accuracy": 0.99, "tool": "another"}\n')
+    theirs_before = tree_digest(theirs)
+    refused = run_torchkit_in_process(*EVAL, "--out", str(theirs), "--force", cwd=world)
+    assert refused.returncode == 1 and "was not written by torchkit" in error_line(refused.stderr)
+    assert tree_digest(theirs) == theirs_before
 
     older = tmp_path / "older"
     older_eval_output(older, marker=False)  # written before the .torchkit marker existed

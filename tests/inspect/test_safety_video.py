@@ -121,10 +121,18 @@ def test_force_replaces_only_an_earlier_frames_folder(tmp_path, clips):
     result = video_info(clips, "-k", "2", "--extract-frames", mine, "--force")
     assert result.returncode == 1 and "was not written by torchkit" in error_line(result.stderr)
     assert tree_digest(mine) == {"holiday.png": hashlib.sha256(b"not a frame of ours").hexdigest()}
-    # Frames written before the marker existed (only <video>_<frame>.png files) may be replaced.
+    # Photos named as frames are (<name>_<6 digits>.png) are still the user's: only a frames
+    # folder torchkit marked is replaced.
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("IMG_20240315_142530.png", "Screenshot_20240316_090000.png"):
+        (photos / name).write_bytes(b"a photo")
+    before = tree_digest(photos)
+    result = video_info(clips, "-k", "2", "--extract-frames", photos, "--force")
+    assert result.returncode == 1 and "was not written by torchkit" in error_line(result.stderr)
+    assert tree_digest(photos) == before
     old = tmp_path / "old"
-    old.mkdir()
-    (old / "a_000003.png").write_bytes(b"old frame")
+    assert video_info(clips, "-k", "2", "--extract-frames", old).returncode == 0
     result = video_info(clips, "-k", "3", "--extract-frames", old, "--force")
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in old.glob("*.png")) == [

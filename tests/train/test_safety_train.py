@@ -38,7 +38,8 @@ def old_run(folder: Path, *, marker: bool = True) -> Path:
     if marker:
         (folder / ".torchkit").write_text('{"written_by": "torchkit", "command": "train"}\n')
         (folder / "notes.txt").write_text("my notes on this run\n")
-    (folder / "config.json").write_text('{"options": {"seed": 99}}\n')
+    config = {"options": {"seed": 99}, "arch": "convnet", "classes": ["a", "b"], "preprocess": {}}
+    (folder / "config.json").write_text(json.dumps(config) + "\n")
     (folder / "metrics.csv").write_text("epoch,train_loss\n1,0.5\n2,0.4\n")
     (folder / "last.pt").write_bytes(os.urandom(3000))
     (folder / "best.pt").write_bytes(os.urandom(3000))
@@ -51,7 +52,8 @@ def old_run(folder: Path, *, marker: bool = True) -> Path:
 @pytest.fixture
 def world(tmp_path: Path) -> Path:
     """`ds` (an image folder), `index.csv` naming its images, `old` (an earlier torchkit run
-    holding a weights file and a stats file) and `mine` (a folder of the user's)."""
+    holding a weights file and a stats file), `mine` (a folder of the user's) and `yolo`
+    (another trainer's best.pt and last.pt)."""
     write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
     rows = [f"ds/{c}/{c}_{i}.png,{c}" for c in "ab" for i in range(6)]
     (tmp_path / "index.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
@@ -60,6 +62,9 @@ def world(tmp_path: Path) -> Path:
     (old / "stats.json").write_text('{"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}\n')
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("\\documentclass{article}\n")
+    (tmp_path / "yolo").mkdir()  # another trainer's weights: names a run has, no config.json
+    (tmp_path / "yolo" / "best.pt").write_bytes(os.urandom(1000))
+    (tmp_path / "yolo" / "last.pt").write_bytes(os.urandom(1000))
     return tmp_path
 
 
@@ -84,6 +89,7 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
             "run folder old contains the --stats file old/stats.json",
         ),
         ([*DATA, "--out", "mine", "--force"], world, "not empty and was not written by torchkit"),
+        ([*DATA, "--out", "yolo", "--force"], world, "not empty and was not written by torchkit"),
         ([*DATA, "--out", "old"], world, "run folder already exists: old (pass --resume old"),
         (
             [*DATA, "--out", "new", "-o", "ds/summary.json"],

@@ -44,6 +44,7 @@ from torchkit.core.io.outputs import (
     check_not_protected,
     check_output_file,
     check_overlap,
+    holds_json_record,
     is_special_file,
 )
 from torchkit.core.io.progress import Progress
@@ -282,6 +283,16 @@ def check_report_file(output: str | os.PathLike, spec: ModelSpec, options: EvalO
         )
 
 
+# The keys of the metrics.json of every eval --out, old or new.
+METRICS_KEYS = ("num_images", "num_skipped", "accuracy", "topk_accuracy")
+
+
+def _old_report_files(out: Path) -> tuple[str, ...]:
+    """KNOWN_FILES where `out` holds an eval's metrics.json, else nothing: a folder without the
+    marker is an earlier report only by its record, never by a name another tool uses too."""
+    return KNOWN_FILES if holds_json_record(out / "metrics.json", METRICS_KEYS) else ()
+
+
 def open_report_folder(spec: ModelSpec, options: EvalOptions) -> OutputFolder | None:
     """--out, checked and locked before the model and the data are read (None on torchrun
     ranks other than 0, which only check: rank 0 writes the reports)."""
@@ -295,7 +306,7 @@ def open_report_folder(spec: ModelSpec, options: EvalOptions) -> OutputFolder | 
         command="eval",
         force=options.force,
         inputs=inputs,
-        known_files=KNOWN_FILES,
+        known_files=_old_report_files(Path(options.out_dir)),
         # The reports are written into a hidden folder that replaces --out at the end: an old
         # report stays whole until the new one is complete, and a failed run leaves no trace.
         atomic=True,

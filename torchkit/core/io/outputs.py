@@ -3,7 +3,7 @@ torchkit never loses a user's file is enforced in one place.
 
 - An output may not be, contain or lie inside an input of the same command (`check_overlap`).
 - `--force` replaces a folder only if it is empty or torchkit wrote it (a `.torchkit` marker, or
-  only files that command writes); `/`, `~`, the working directory and its parents never.
+  only files that command writes beside the record it always writes: `holds_json_record`); `/`, `~`, the working directory and its parents never.
 - A folder being written is locked (`.NAME.torchkit-lock` beside it, `flock`); a second command
   on the same folder is refused at once with the holder's PID.
 - An old output replaced with `--force` is set aside (`.NAME.<hex>.replaced`) and put back if
@@ -700,6 +700,18 @@ def is_torchkit_folder(folder: Path, known_files: Collection[str] = ()) -> bool:
 
     names = [entry.name for entry in os.scandir(folder)]
     return bool(names) and all(any(fnmatch(n, pattern) for pattern in known_files) for n in names)
+
+
+def holds_json_record(path: Path, keys: Collection[str]) -> bool:
+    """`path` is a JSON object with every one of `keys`: how a command recognises a folder it
+    wrote before torchkit marked its outputs, by the record it always wrote there (config.json,
+    metrics.json). Names alone are anybody's: another trainer's `best.pt` and `last.pt`, another
+    tool's `metrics.json`, photos called `IMG_20240315_142530.png`."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and all(key in record for key in keys)
 
 
 def _is_empty_dir(folder: Path) -> bool:

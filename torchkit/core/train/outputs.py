@@ -17,6 +17,7 @@ from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.files import atomic_path, atomic_write_text, json_text
+from torchkit.core.io.outputs import holds_json_record
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
 
@@ -36,9 +37,10 @@ METRIC_COLUMNS = (
 EMA_COLUMNS = ("val_ema_loss", "val_ema_top1", "val_ema_top5")
 L1_COLUMN = "train_l1"  # with --l1: its penalty's mean, which train_loss leaves out
 
-# What a run folder holds (shell patterns, top-level names): a folder holding only these is a
-# torchkit run even without the `.torchkit` marker (runs made before it existed), so --force
-# may replace it. The last two are the temporaries of atomic writes that a killed run leaves.
+# What a run folder holds (shell patterns, top-level names): a folder holding only these, and
+# the config.json every run writes first, is a torchkit run even without the `.torchkit` marker
+# (runs made before it existed), so --force may replace it. The last two are the temporaries of
+# atomic writes that a killed run leaves.
 RUN_FILES = (
     "config.json",
     "split.csv",
@@ -53,6 +55,17 @@ RUN_FILES = (
     ".*.tmp",
     ".*.tmp.*",
 )
+
+
+# The keys of the config.json of every run, old or new.
+CONFIG_KEYS = ("options", "arch", "classes", "preprocess")
+
+
+def old_run_files(folder: Path) -> tuple[str, ...]:
+    """RUN_FILES where `folder` holds a run's config.json, else nothing: a folder without the
+    marker is an earlier run's only by its record, never by names another trainer uses too
+    (a `best.pt` and `last.pt` of its own)."""
+    return RUN_FILES if holds_json_record(folder / "config.json", CONFIG_KEYS) else ()
 
 
 def is_run_file(name: str) -> bool:

@@ -44,6 +44,7 @@ from torchkit.core.train.outputs import (
     RUN_FILES,
     TensorBoardLog,
     is_run_file,
+    old_run_files,
     write_config_json,
     write_curves_png,
     write_metrics_csv,
@@ -120,7 +121,7 @@ class RunFolder:
                     command="train",
                     force=config.force,
                     inputs=inputs,
-                    known_files=RUN_FILES,
+                    known_files=old_run_files(out),
                     what="run folder",
                     resume=in_place,
                     exists_hint=f"pass --resume {out} to continue that run, --force "

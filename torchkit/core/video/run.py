@@ -124,7 +124,8 @@ def inspect_videos(
                 command="video-info",
                 force=force,
                 inputs=inputs,
-                known_files=FRAME_FILES,
+                # No `known_files`: frame names (`<video>_<frame>.png`) are those of anybody's
+                # photos too (`IMG_20240315_142530.png`): --force replaces a marked folder only.
                 what="frames folder",
                 atomic=True,  # filled as a hidden temporary folder, in place at once at the end
             )
