@@ -198,3 +198,24 @@ def test_force_replaces_an_earlier_split_named_in_another_case_where_out_ignores
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == [".torchkit", "split.csv", "train", "val"]
     assert len(tree(out / "train")) + len(tree(out / "val")) == 4
+
+
+@pytest.mark.parametrize("first, second", [("index", "data"), ("data", "index")])
+def test_a_move_out_of_a_csv_index_and_one_out_of_the_folder_it_lists_are_refused_at_once(
+    tmp_path, monkeypatch, first, second
+):
+    """Before: a move out of `data/` while a move out of `lists/index.csv` (which lists the files
+    of data/) ran was not refused: it took the index's files, which stopped half-way. The other
+    way round the index's move was refused only by luck, when its files were gone already."""
+    data = write_images(tmp_path / "data", [f"{c}/{i}.png" for c in ("cat", "dog") for i in "abcd"])
+    (tmp_path / "lists").mkdir()
+    rows = [f"../data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
+    (tmp_path / "lists" / "index.csv").write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
+    taken = pngs(data)
+    roots = {"index": tmp_path / "lists" / "index.csv", "data": data}
+    counts, refused = split_while_moving(
+        monkeypatch, (roots[first], tmp_path / "out1"), (roots[second], tmp_path / "out2")
+    )
+    assert isinstance(refused, str) and "another torchkit split is moving" in refused, refused
+    assert sum(map(sum, counts)) == 8
+    assert pngs(tmp_path / "out1") == taken and not (tmp_path / "out2").exists()

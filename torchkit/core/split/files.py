@@ -133,13 +133,13 @@ def vanished(source: str) -> InputError:
 
 
 @contextlib.contextmanager
-def moving_out_of(root: str | os.PathLike) -> Iterator[None]:
-    """`flock`s held while a move takes files out of `root`: exclusive on ROOT itself (its
-    folder, or a CSV index's file: nothing is written in it), shared on every folder above it.
-    So a second move out of ROOT, out of a folder inside it (`ROOT/cat`) or out of a folder
-    holding it, is refused: it would find the first one's files gone, stop half-way, and its
-    rerun would take every file for one another process deleted. Moves out of folders side by
-    side share the locks above them. (No flock, as on Windows: none.)"""
+def moving_out_of(*roots: str | os.PathLike) -> Iterator[None]:
+    """`flock`s held while a move takes files out of `roots`: exclusive on each (a folder, or a
+    CSV index's file: nothing is written in it), shared on every folder above one that is not
+    one of them. So a second move out of ROOT, out of a folder inside it (`ROOT/cat`) or out of
+    a folder holding it, is refused: it would find the first one's files gone, stop half-way,
+    and its rerun would take every file for one another process deleted. Moves out of folders
+    side by side share the locks above them. (No flock, as on Windows: none.)"""
     try:
         import fcntl
     except ImportError:
@@ -147,17 +147,39 @@ def moving_out_of(root: str | os.PathLike) -> Iterator[None]:
     held: list[int] = []
     try:
         if fcntl is not None:
-            real = os.path.realpath(root)
-            above = [os.path.dirname(real)]
-            while os.path.dirname(above[-1]) != above[-1]:
-                above.append(os.path.dirname(above[-1]))
-            _lock(fcntl, root, fcntl.LOCK_EX, held, f"{root} or a folder in it")
-            for folder in above:
+            reals = {os.path.realpath(root): root for root in roots}
+            above: dict[str, str | os.PathLike] = {}
+            for real, root in reals.items():
+                folder = os.path.dirname(real)
+                while folder not in above and folder not in reals:
+                    above[folder] = root
+                    if os.path.dirname(folder) == folder:
+                        break
+                    folder = os.path.dirname(folder)
+            for root in reals.values():
+                _lock(fcntl, root, fcntl.LOCK_EX, held, f"{root} or a folder in it")
+            for folder, root in above.items():
                 _lock(fcntl, folder, fcntl.LOCK_SH, held, f"{folder}, which holds {root}")
         yield
     finally:
         for fd in held:
             os.close(fd)
+
+
+def source_folders(sources: Sequence[str], taken: str | os.PathLike) -> list[str]:
+    """The folders a move out of a CSV index (`taken`, locked already) empties, for
+    `moving_out_of`: the outermost ones, less those that hold the index (the lock on it holds
+    them, shared, already)."""
+    index = os.path.realpath(taken)
+    tops: list[str] = []
+    for folder in sorted({os.path.realpath(os.path.dirname(s)) for s in sources}):
+        outer, inside = folder, False
+        while os.path.dirname(outer) != outer and not inside:
+            outer = os.path.dirname(outer)
+            inside = outer in tops  # sorted: a folder comes after those holding it
+        if not inside and not index.startswith(folder.rstrip(os.sep) + os.sep):
+            tops.append(folder)
+    return tops
 
 
 def _lock(fcntl: Any, path: str | os.PathLike, kind: int, held: list[int], what: str) -> None:

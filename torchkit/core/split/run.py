@@ -40,6 +40,7 @@ from torchkit.core.split.files import (
     moving_out_of,
     place_files,
     refuse_temporary_names,
+    source_folders,
     write_manifest,
 )
 from torchkit.core.split.options import (
@@ -204,6 +205,8 @@ def _plan_and_write(
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
     warn_dangling_links(dangling)
     if is_csv:
+        if mode == "move":  # the folders it empties, wherever the index lists them
+            held.enter_context(moving_out_of(*source_folders(samples.paths, root)))
         sources = check_csv_sources(samples, root)
     else:  # ids are relative to ROOT: one abspath instead of 100,000
         (base,) = absolute_as_opened([root])
@@ -455,7 +458,8 @@ def _resume_move(
     sources = [row["source"] for row in rows]
     targets = [os.path.join(out, row["path"]) for row in rows]
     links = LinkTargets(sources, targets)
-    with _finish_hint(root, out), moving_out_of(out):
+    csv_folders = source_folders(sources, root) if os.path.isfile(root) else []
+    with _finish_hint(root, out), moving_out_of(out), moving_out_of(*csv_folders):
         lost = finish_rows(sources, targets, out, links, progress)
     if lost:
         journal, rows = _drop_lost(root, out, journal, rows, lost)
