@@ -124,3 +124,26 @@ def test_train_names_the_image_size_given_when_its_resize_is_past_memory(image_f
     line = error_line(result.stderr)
     assert line.startswith("Error: --image-size 100000 (resized to 114286 first) needs "), line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("side", [2**40, 2**63])
+def test_dataset_stats_refuses_a_resize_no_image_fits_in(side, image_folder):
+    # Before: PIL overflowed resizing each image, counted as damaged ("none of the 5 image
+    # files could be read"), exit 1: the images blamed for the option.
+    result = run_torchkit_in_process("dataset-stats", image_folder, "--resize", side, "-j", "0")
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).startswith(f"Error: --resize {side} needs "), result.stderr
+
+
+def test_dataset_stats_refuses_a_resize_past_half_the_memory(image_folder, monkeypatch):
+    # Before: each image was resized in memory anyway (--resize 100000: 30 GB an 8x8 image,
+    # left to the OOM killer). Here the machine has 10 MB, and 2,000 px need 48 MB.
+    import os
+
+    sysconf = os.sysconf
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 2560}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages.get(name) or sysconf(name))
+    result = run_torchkit_in_process("dataset-stats", image_folder, "--resize", 2000, "-j", "0")
+    assert result.returncode == 2, result.stderr
+    line = error_line(result.stderr)
+    assert line.startswith("Error: --resize 2000 needs ") and "half this machine's" in line, line

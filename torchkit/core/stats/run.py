@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD
+from torchkit.core.data.preprocessing import check_image_memory
 from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.io.errors import InputError, UsageError
@@ -163,6 +164,10 @@ def compute_dataset_stats(
         raise UsageError(f"unknown --mode {mode!r}", "use one of: " + ", ".join(STATS_MODES))
     if resize is not None and resize < 1:
         raise UsageError(f"--resize must be a positive number of pixels, not {resize}")
+    if resize is not None:
+        # Each image is resized in memory: a side no machine holds would have the OOM killer
+        # end a worker, or PIL overflow, counted as every image unreadable.
+        check_image_memory(resize, 3, f"--resize {resize}")
     check_near_threshold(near_threshold)
     check_workers(workers)
     samples, non_images, measured, notes, others = _stats_data(source, split)
