@@ -253,6 +253,28 @@ def test_a_killed_run_leaves_whole_shards_and_the_same_command_finishes_it(
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_run_killed_before_its_first_shard_is_finished_by_the_same_command(
+    tmp_path: Path, split_root: Path
+):
+    # The partial manifest came only after the first shard: killed before, OUT held
+    # classes.txt (and maybe a whole shard), which the same command refused ("output folder
+    # already exists ... pass --force") although the docs say it resumes.
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")
+    assert convert(split_root, reference, "--per-shard", "1").returncode == 0
+    slow = slow_io_env(tmp_path, out / "train-000000.tar", calls=("os.replace",), delay=2)
+    process = start_torchkit_process(*args, env=slow)
+    try:
+        wait_until((out / "classes.txt").exists, process=process, what="classes.txt")
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.communicate(timeout=60)
+    assert not shard_files(out)
+    done = convert(*args[2:])
+    assert done.returncode == 0, done.stderr
+    assert tree_bytes(out) == tree_bytes(reference)
+
+
 def test_sigterm_leaves_no_half_shard(tmp_path: Path, split_root: Path):
     out = tmp_path / "out"
     args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")

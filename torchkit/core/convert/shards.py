@@ -663,6 +663,12 @@ class _PartialManifest:
         if self.saved_at is None or time.monotonic() - self.saved_at >= PARTIAL_EVERY_S:
             self.save()
 
+    def start(self) -> None:
+        """Saved before any shard, listing none: OUT is an interrupted run from the start (the
+        first shard is still listed at once)."""
+        self.save()
+        self.saved_at = None
+
     def save(self) -> None:
         manifest = self.report.manifest(complete=False)
         atomic_write_text(self.path, json.dumps(manifest, indent=1) + "\n")
@@ -865,7 +871,7 @@ def convert_shards(
                 # not listed yet) made it "already exists (pass --force)". (A --force run
                 # killed so is started again by its own command; an old output it set aside
                 # is put back.)
-                partial_manifest.save()
+                partial_manifest.start()
             atomic_write_text(folder / CLASSES_FILE, classes_text)
         total = sum(len(s.order) for s in sets)
         done = sum(r.end - r.start for r in report.shards)
@@ -877,7 +883,6 @@ def convert_shards(
             done += count
             if progress is not None:
                 progress(done, total)
-
 
         def on_shard() -> None:
             partial_manifest.shard_done()
