@@ -15,6 +15,7 @@ from torchkit.core.io.files import folds_case
 from torchkit.core.io.outputs import OutputLockedError
 from torchkit.core.split import files as split_files
 from torchkit.core.split import plan as split_plan
+from torchkit.core.split.files import source_folders
 from torchkit.core.split.plan import case_twins
 from torchkit.core.split.run import split_dataset
 
@@ -219,3 +220,13 @@ def test_a_move_out_of_a_csv_index_and_one_out_of_the_folder_it_lists_are_refuse
     assert isinstance(refused, str) and "another torchkit split is moving" in refused, refused
     assert sum(map(sum, counts)) == 8
     assert pngs(tmp_path / "out1") == taken and not (tmp_path / "out2").exists()
+
+
+def test_a_csv_move_locks_a_few_folders_however_many_it_lists(tmp_path):
+    # One descriptor a locked folder: 500 folders of one image each are locked as their parent.
+    sources = [f"{tmp_path}/data/f{i}/img.png" for i in range(500)] + [f"{tmp_path}/b/c/z.png"]
+    index = tmp_path / "lists" / "index.csv"
+    assert source_folders(sources, index) == [f"{tmp_path}/b", f"{tmp_path}/data"]
+    assert source_folders([f"{tmp_path}/lists/a.png", f"{tmp_path}/lists/x/b.png"], index) == [
+        f"{tmp_path}/lists/x"  # the index's own folder is held through the index
+    ]
