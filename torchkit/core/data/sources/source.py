@@ -410,6 +410,7 @@ def _open_folder(
         )
     folders, top_images = _subfolders(path)
     _refuse_renamed_split(path, folders)
+    _refuse_other_split_names(path, folders)
     split_folders = [name for name in SPLIT_NAMES if name in folders]
     if split_folders:
         others = [name for name in folders if name not in SPLIT_NAMES]
@@ -491,6 +492,37 @@ def _refuse_renamed_split(path: Path, folders: Sequence[str]) -> None:
             "rename them train, val and test, or split again without --names; or read one as "
             f"an image folder: {path / renamed[0]}",
         )
+
+
+# Split folders as other tools name them (Roboflow's valid/, Keras' validation/, Fruits-360's
+# Training/ and Test/), casefolded: read as an image folder they would be classes.
+SPLIT_LIKE_NAMES = frozenset(
+    {"train", "training", "val", "valid", "validation", "dev", "test", "testing"}
+)
+
+
+def _refuse_other_split_names(path: Path, folders: Sequence[str]) -> None:
+    """Folders that are all splits under other names than train, val and test: beside one of
+    those (`train/` and `valid/`), or each holding class folders and no image of its own
+    (`Training/cat/`, `Test/cat/`), where they would silently be classes, and a model trained
+    on them would learn which split an image is in."""
+    if not folders or any(name.casefold() not in SPLIT_LIKE_NAMES for name in folders):
+        return
+    if all(name in SPLIT_NAMES for name in folders):
+        return
+    if not any(name in SPLIT_NAMES for name in folders):
+        for name in folders:
+            classes, images = _subfolders(path / name)
+            if images or not classes:
+                return  # images of their own: classes that happen to be named so
+    shown = ", ".join(name + "/" for name in folders)
+    trained = next((name for name in folders if name.casefold() in ("train", "training")), None)
+    raise InputError(
+        f"{path} holds {shown}: splits under other names than train/, val/ and test/, the "
+        "only ones torchkit reads as splits (it would take them for classes)",
+        "rename them train, val and test, or read one as an image folder: "
+        f"{path / (trained or folders[0])}",
+    )
 
 
 def non_image_files(source: DataSource, splits: Sequence[str] | None = None) -> list[str]:
