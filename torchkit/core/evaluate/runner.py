@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,7 @@ def predict(
     strict: bool = False,
     progress: Progress | None = None,
     normalized: NormalizedPixels | None = None,
+    batches: Iterator | None = None,
 ) -> tuple[Predictions, list[str], int]:
     """Run `model` over `loader` (batches from `collate_skipping_unreadable`).
 
@@ -155,7 +156,8 @@ def predict(
     a non-finite output; with `strict` it stops at the first unreadable image or the first
     batch with a non-finite output.
     Batches of 8-bit pixels are normalised on the device by `normalized`; batches of JPEG bytes
-    (`--decode device`) are decoded there first.
+    (`--decode device`) are decoded there first. `batches`: the loader's iterator, when it
+    was made before (its workers forked early), else the loader is iterated here.
     """
     import torch
 
@@ -170,7 +172,7 @@ def predict(
     nonfinite_batches = 0
     done = 0
     with torch.inference_mode():
-        for batch in loader:
+        for batch in loader if batches is None else batches:
             batch = decoded_batch(batch, device)  # as it is unless it holds JPEG bytes
             errors.extend(batch.errors)
             done += len(batch.errors)
@@ -418,51 +420,59 @@ def _run(
     from torchkit.core.data.batches import collate_skipping_unreadable
     from torchkit.core.data.dataset import inference_dataset, inference_workers, worker_options
     from torchkit.core.data.device_decode import collate_encoded
-    from torchkit.core.runtime.threads import compute_threads, torch_threads
+    from torchkit.core.runtime.threads import (
+        compute_threads,
+        torch_threads,
+        until_workers_forked,
+    )
 
     device = ctx.device
-    resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
-    check_amp_applies(options.run, resolved.exported_format)
-    recorded = resolved.data_record
-    data = load_eval_samples(
-        options.data, split=options.split, classes=resolved.classes, recorded=recorded
-    )
-    samples = data.samples
-    if ctx.is_main and options.notify is not None:
-        for note in data.notes:
-            options.notify(note)
-    classes = list(resolved.classes or samples.classes)
-    num_classes = resolved.num_outputs or len(classes)
-    if len(classes) != num_classes:
-        raise UsageError(
-            f"the model has {num_classes} outputs but the data has {len(classes)} classes "
-            f"({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})",
-            "pass --classes with the model's class names in label order",
+    # The loader's workers are forked before any thread of the command exists: the model is
+    # loaded and the data read on one thread (`until_workers_forked`), moved to its device and
+    # run on the command's threads once the workers are started.
+    with until_workers_forked():
+        resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
+        check_amp_applies(options.run, resolved.exported_format)
+        recorded = resolved.data_record
+        data = load_eval_samples(
+            options.data, split=options.split, classes=resolved.classes, recorded=recorded
         )
-    preprocess = resolved.preprocess
-    mode = image_mode(preprocess.in_channels)
-    model = resolved.model
-    k = resolve_topk(options.topk, num_classes)
-
-    amp_dtype = resolve_amp_dtype(options.run.amp_dtype, device) if options.run.amp else None
+        samples = data.samples
+        if ctx.is_main and options.notify is not None:
+            for note in data.notes:
+                options.notify(note)
+        classes = list(resolved.classes or samples.classes)
+        num_classes = resolved.num_outputs or len(classes)
+        if len(classes) != num_classes:
+            raise UsageError(
+                f"the model has {num_classes} outputs but the data has {len(classes)} classes "
+                f"({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})",
+                "pass --classes with the model's class names in label order",
+            )
+        preprocess = resolved.preprocess
+        mode = image_mode(preprocess.in_channels)
+        k = resolve_topk(options.topk, num_classes)
+        amp_dtype = resolve_amp_dtype(options.run.amp_dtype, device) if options.run.amp else None
+        # --decode device: JPEGs reach the batch as their bytes, decoded on the device
+        collate = collate_encoded if options.run.decode == "device" else collate_skipping_unreadable
+        dataset = inference_dataset(samples, preprocess, mode=mode, decode=options.run.decode)
+        workers = inference_workers(samples, options.run.workers)
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=options.run.batch_size,
+            sampler=ShardSampler(len(samples), ctx.rank, ctx.world_size),
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=device.type == "cuda",
+            **worker_options(workers),
+        )
+        batches = iter(loader)  # the workers are forked here
     info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
+    model = resolved.model
     model.eval()
     model.to(device)
     if options.run.channels_last:
         model.to(memory_format=torch.channels_last)
-    # --decode device: JPEGs reach the batch as their bytes, decoded on the device
-    collate = collate_encoded if options.run.decode == "device" else collate_skipping_unreadable
-    dataset = inference_dataset(samples, preprocess, mode=mode, decode=options.run.decode)
-    workers = inference_workers(samples, options.run.workers)
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=options.run.batch_size,
-        sampler=ShardSampler(len(samples), ctx.rank, ctx.world_size),
-        num_workers=workers,
-        collate_fn=collate,
-        pin_memory=device.type == "cuda",
-        **worker_options(workers),
-    )
     log.info(
         "evaluating %d images of %s with %s on %s",
         len(samples),
@@ -484,7 +494,9 @@ def _run(
             strict=options.strict,
             progress=progress if ctx.is_main else None,
             normalized=NormalizedPixels(preprocess.mean, preprocess.std),
+            batches=batches,
         )
+        del batches  # its workers stop
     seconds = time.perf_counter() - start
     predictions, errors, seconds, nonfinite_batches = _gather(
         local, errors, seconds, nonfinite_batches, k, ctx

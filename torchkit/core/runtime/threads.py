@@ -6,13 +6,19 @@ has more busy threads than cores (each worker decodes on a core of its own), and
 meet at a barrier after every operation: the one the scheduler left waiting holds all the others
 (on 2 cores with one worker, eval of a resnet18 ran at a third of its one-thread speed). So a
 command computes on the cores its workers leave free, and at least one.
+
+Until its loader's workers are forked, a command that has any computes on one thread
+(`until_workers_forked`): torch's first operation on more threads starts OpenMP's pool (loading
+a model's weights is one), whose threads stay for the life of the process, and a process forked
+beside a thread may deadlock in the child on a lock that thread held (Python 3.12+ warns at each
+such fork: "This process is multi-threaded, use of fork() may lead to deadlocks").
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from torchkit.core.runtime.cpus import usable_cpus
 
@@ -53,3 +59,10 @@ def torch_threads(threads: int | None) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+def until_workers_forked() -> AbstractContextManager[None]:
+    """One torch thread inside the block: what a command does before its DataLoader forks its
+    workers (resolving the model, reading the data) starts no OpenMP thread beside the fork. The
+    block ends once the loader's iterator is made (its workers are forked then)."""
+    return torch_threads(1)
