@@ -16,6 +16,8 @@ import torch
 from checkpoints import write_convnet_checkpoint
 from processes import run_torchkit_in_process
 
+from torchkit.cli import app
+
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "register_at_fork") or not os.path.isdir("/proc/self/task"),
     reason="Linux forks (the process's threads in /proc)",
@@ -72,10 +74,22 @@ def _command(command: str, model: Path, images: object, out: Path) -> list[objec
     return ["extract-features", model, images, out, "-j", 2]
 
 
-@pytest.mark.parametrize("command", ["eval"])
+@pytest.mark.parametrize("command", ["eval", "predict"])
 def test_workers_are_forked_before_the_model_starts_a_thread(
     command, forks, model, image_folder, tmp_path
 ):
     result = run_torchkit_in_process(*_command(command, model, image_folder, tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert forks == [[], []], forks  # two workers, no thread beside either
+
+
+@pytest.mark.parametrize("command", ["predict"])
+def test_streamed_workers_are_forked_before_the_model_starts_a_thread(
+    command, forks, model, image_folder, tmp_path, runner
+):
+    """Paths on stdin: the persistent workers are forked before the first paths are read."""
+    paths = sorted(str(path) for path in image_folder.rglob("*.png"))
+    args = [str(arg) for arg in _command(command, model, "-", tmp_path / "out")]
+    result = runner.invoke(app, args, input="\n".join(paths))
+    assert result.exit_code == 0, result.stderr
+    assert forks == [[], []], forks

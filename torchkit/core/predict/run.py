@@ -96,6 +96,7 @@ class PredictRun:
             launched_by_torchrun,
             setup,
         )
+        from torchkit.core.runtime.threads import until_workers_forked
 
         request = self.request
         if request.tta not in TTA_MODES:
@@ -121,8 +122,13 @@ class PredictRun:
             ema=request.ema,
             allow_untrained=request.allow_untrained,
         )
-        # A checkpoint's model is built without the random weights it replaces (random_init.py).
-        self.resolved = resolve_spec(spec, command="predict", exported="runtime", predicting=True)
+        # A checkpoint's model is built without the random weights it replaces (random_init.py),
+        # on one thread: its weights' copies start no OpenMP thread before the loader's workers
+        # are forked (`rows`).
+        with until_workers_forked():
+            self.resolved = resolve_spec(
+                spec, command="predict", exported="runtime", predicting=True
+            )
         check_amp_applies(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
         if STDIN in request.images and launched_by_torchrun():
@@ -259,15 +265,13 @@ class PredictRun:
             collate_encoded_with_failures,
             decoded_with_indices,
         )
-        from torchkit.core.runtime.threads import compute_threads, torch_threads
+        from torchkit.core.runtime.threads import (
+            compute_threads,
+            torch_threads,
+            until_workers_forked,
+        )
 
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
-        model = self.resolved.model.eval().to(self.device)
-        memory_format = (
-            torch.channels_last if request.run.channels_last else torch.contiguous_format
-        )
-        if request.run.channels_last:
-            model.to(memory_format=memory_format)
         preprocess = self.resolved.preprocess
         on_device = request.run.decode == "device"  # JPEGs decoded on the device, batch by batch
         dataset = inference_dataset(samples, preprocess, mode=self.mode, decode=request.run.decode)
@@ -280,6 +284,9 @@ class PredictRun:
         else:
             batches = self._batches(dataset, workers, collate)
             total = len(samples)
+        memory_format = (
+            torch.channels_last if request.run.channels_last else torch.contiguous_format
+        )
         amp_dtype = self._amp_dtype()
         summary = self.summary
         summary.images = len(samples)
@@ -288,8 +295,15 @@ class PredictRun:
         start = time.perf_counter()
         first = True
         done = 0
+        # The loader's workers are forked first, before the model is moved or run (which may
+        # start threads beside them: OpenMP's, a GPU driver's).
+        with until_workers_forked():
+            next(batches)  # its first yield: the workers are forked
         with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
             try:
+                model = self.resolved.model.eval().to(self.device)
+                if request.run.channels_last:
+                    model.to(memory_format=memory_format)
                 for batch in batches:
                     local = None
                     if batch is not None:
@@ -334,13 +348,15 @@ class PredictRun:
             raise on_every_rank(failure)
 
     def _batches(self, dataset, workers: int, collate) -> Iterator[Any]:
-        """This rank's batch of every step (None for a step past its last batch)."""
+        """This rank's batch of every step (None for a step past its last batch), after a
+        first None yielded once the loader's workers are forked."""
         batch_size, ctx = self.request.run.batch_size, self.ctx
         size = len(self.image_set.samples)
         batches = _interleaved_batches(size, batch_size, ctx.rank, ctx.world_size)
         loader = _loader(dataset, batches, workers, self.device, collate)
         own = iter(loader)
         try:
+            yield None  # started
             for _ in range(_steps(size, batch_size, ctx.world_size)):
                 yield next(own, None)
         finally:
@@ -351,7 +367,8 @@ class PredictRun:
     def _streamed_batches(self, dataset, workers: int, collate) -> Iterator[Any]:
         """The batches of the paths on stdin as they come (one process): each pass of the
         loader takes the paths piped so far (enough to keep its workers busy, at most), and
-        its workers stay from one pass to the next."""
+        its workers stay from one pass to the next. A first None is yielded once they are
+        forked."""
         batch_size = self.request.run.batch_size
         samples, stream = self.image_set.samples, self.image_set.stream
         # A pass ends with its workers idle while the last batch is read: with 32 batches a
@@ -361,6 +378,8 @@ class PredictRun:
         loader = _loader(dataset, passes, workers, self.device, collate, persistent=True)
         paths = self._first_paths
         try:
+            iter(loader)  # no batch yet: the persistent workers are forked, and stay
+            yield None  # started
             while paths:
                 keys = samples.keys(paths)
                 passes.batches = [
