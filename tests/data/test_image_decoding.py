@@ -404,6 +404,29 @@ def test_an_unreadable_image_is_the_same_error_everywhere(files, name, kind, mes
         read_image(path)
 
 
+def _raising_in_pil(error: BaseException):
+    """A method that raises `error` from a frame of PIL's own (as its decoders raise)."""
+    scope = {"__name__": "PIL.ImageFile", "error": error}
+    exec("def load(self):\n    raise error\n", scope)
+    return scope["load"]
+
+
+def test_only_pils_own_failures_count_as_damaged_files(files, monkeypatch):
+    """Whatever PIL raises decoding a file is an unreadable file; running out of memory is not
+    (it stops the command as before), nor is an error of the code around PIL."""
+    from PIL import PngImagePlugin
+
+    path = files["palette.png"]
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", _raising_in_pil(IndexError("7")))
+    with pytest.raises(OSError, match=r"^damaged image data \(IndexError: 7\)$"):
+        load_image(path, "RGB")
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", _raising_in_pil(MemoryError()))
+    with pytest.raises(MemoryError):
+        load_image(path, "RGB")
+    with pytest.raises(KeyError), opened_image(path):
+        raise KeyError("not PIL's")
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_a_fifo_is_refused_by_every_reader_without_blocking(tmp_path):
     fifo = tmp_path / "pipe.jpg"

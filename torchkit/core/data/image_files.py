@@ -167,8 +167,8 @@ def opened_image(
                 raise UnidentifiedImageError(f"cannot identify image file {name!r}") from None
             with image:
                 yield image
-        except unreadable_image_errors():
-            raise
+        except (MemoryError, *unreadable_image_errors()):
+            raise  # out of memory is no fault of the file
         except Exception as error:
             if not _raised_by_pil(error):
                 raise
