@@ -59,3 +59,19 @@ def test_empty_files_in_two_splits_are_not_copies_inflating_val(tmp_path):
     train = samples("cat_0.png", "cat_1.png", "partial_1.jpg")
     val = samples("copy.png", "partial_2.jpg")
     assert cross_split_copies({"train": train, "val": val}) == (2, 1)  # the PNG and its copy
+
+
+def test_a_class_with_test_images_only_is_told_to_get_training_images(tmp_path):
+    """A split root whose val/ is empty holds val out of train/: its class c, in test/ only,
+    was 'has no training images (a class of one image cannot be both trained and validated
+    on ...)'."""
+    root = tmp_path / "data"
+    write_image_folder(root / "train", {"a": 3, "b": 3})
+    write_image_folder(root / "test", {"a": 1, "b": 1, "c": 2})
+    (root / "train" / "c").mkdir()
+    (root / "val").mkdir()
+    result = run_torchkit_in_process("train", "--data", root, *TINY, "--out", tmp_path / "run")
+    assert result.returncode == 1
+    assert error_line(result.stderr) == (
+        "Error: class 'c' has no training images (add images to the folder or remove it)"
+    )

@@ -98,8 +98,13 @@ def load_splits(config: TrainConfig, recorded: dict | None = None) -> TrainData:
     if empty:
         val = splits.get("val")
         in_val = dict(zip(val.classes, val.class_counts(), strict=True)) if val else {}
-        if held_out:  # unsplit data: a class neither split has an image of has none at all
-            _refuse_classes_without_images(source, [n for n in empty if not in_val.get(n, 0)])
+        if held_out:  # train's images held out: a class no split has an image of has none
+            found = {name: 0 for name in empty}
+            for samples in splits.values():
+                for name, count in zip(samples.classes, samples.class_counts(), strict=True):
+                    if name in found:
+                        found[name] += count
+            _refuse_classes_without_images(source, [n for n in empty if not found[n]])
         raise InputError(
             f"{_classes_that(empty, 'has', 'have')} no training images",
             _empty_class_hint(held_out, [in_val.get(name, 0) for name in empty]),
@@ -154,9 +159,9 @@ def _classes_that(names: list[str], one: str, many: str) -> str:
 def _empty_class_hint(held_out: bool, held_out_counts: list[int]) -> str:
     """What gives classes without training images some: `held_out_counts`, the images
     --val-split held out of each (all it had)."""
-    if not held_out:
+    if not held_out or min(held_out_counts, default=0) == 0:  # none to give back
         return "add images to the folder or remove it"
-    if min(held_out_counts, default=0) >= 2:
+    if min(held_out_counts) >= 2:
         return "hold out a smaller --val-split, or add images"
     return ONE_IMAGE_A_CLASS
 
