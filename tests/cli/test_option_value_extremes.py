@@ -147,3 +147,13 @@ def test_dataset_stats_refuses_a_resize_past_half_the_memory(image_folder, monke
     assert result.returncode == 2, result.stderr
     line = error_line(result.stderr)
     assert line.startswith("Error: --resize 2000 needs ") and "half this machine's" in line, line
+
+
+@pytest.mark.parametrize("limit", ["0.5", "1e-9", "0.0001KB"])
+def test_benchmark_refuses_a_memory_limit_under_a_byte(limit):
+    # Before: taken as a limit of 0 bytes; the search then failed at batch 1 with "does not
+    # fit: over the memory limit", after building and running the model.
+    args = ["convnet", "--image-size", "8", "--find-batch-size", "--memory-limit", limit]
+    result = run_torchkit_in_process("benchmark", *args)
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).startswith(f"Error: invalid --memory-limit '{limit}'")

@@ -87,7 +87,8 @@ def parse_memory_limit(text: str) -> MemoryLimit:
     match = _SIZE.match(cleaned)
     unit = match.group(2).lower() if match else None
     size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
-    if not 0 < size < math.inf:  # `1e400GB` is inf, which no int holds
+    # `1e400GB` is inf, which no int holds; `0.5` is no byte (a limit no batch fits in)
+    if not 1 <= size < math.inf:
         raise UsageError(
             f"invalid --memory-limit {text!r}", "give a size such as 4GB, 512MiB, or 50%"
         )
