@@ -213,6 +213,22 @@ def test_force_replaces_only_empty_or_torchkit_folders(tmp_path):
         OutputFolder(tmp_path / "link", command="eval", force=True)
 
 
+def test_force_replaces_only_an_output_of_the_same_command(tmp_path):
+    """A marker names the command that wrote the folder: --force of another command (eval
+    --out, --extract-frames, convert over a training run) refuses it and touches nothing."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / MARKER).write_text('{"written_by": "torchkit", "command": "train"}\n')
+    (run / "best.pt").write_bytes(b"weights")
+    before = tree_digest(run)
+    for command in ("eval", "video-info", "convert tensor", "extract-features"):
+        with pytest.raises(OutputExistsError, match=f"torchkit train, not of {command}"):
+            OutputFolder(run, command=command, force=True)
+    assert tree_digest(run) == before
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no lock file left
+    OutputFolder(run, command="train", force=True).release()
+
+
 def test_a_new_output_is_marked_and_replaces_the_old_only_when_kept(tmp_path):
     run = _old_run(tmp_path / "run")
     before = tree_digest(run)

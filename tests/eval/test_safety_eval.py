@@ -108,6 +108,16 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
     refused = run_torchkit_in_process(*EVAL, "--out", str(theirs), "--force", cwd=world)
     assert refused.returncode == 1 and "was not written by torchkit" in error_line(refused.stderr)
     assert tree_digest(theirs) == theirs_before
+    # Another torchkit command's output (a training run): not an earlier eval's either.
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / ".torchkit").write_text('{"written_by": "torchkit", "command": "train"}\n')
+    (trained / "last.pt").write_bytes(b"hours of training")
+    trained_before = tree_digest(trained)
+    refused = run_torchkit_in_process(*EVAL, "--out", str(trained), "--force", cwd=world)
+    assert refused.returncode == 1
+    assert "holds the output of torchkit train, not of eval" in error_line(refused.stderr)
+    assert tree_digest(trained) == trained_before
 
     older = tmp_path / "older"
     older_eval_output(older, marker=False)  # written before the .torchkit marker existed

@@ -2,8 +2,9 @@
 torchkit never loses a user's file is enforced in one place.
 
 - An output may not be, contain or lie inside an input of the same command (`check_overlap`).
-- `--force` replaces a folder only if it is empty or torchkit wrote it (a `.torchkit` marker, or
-  only files that command writes beside the record it always writes: `holds_json_record`); `/`, `~`, the working directory and its parents never.
+- `--force` replaces a folder only if it is empty or the same command wrote it (a `.torchkit`
+  marker naming it, or only files that command writes beside the record it always writes:
+  `holds_json_record`); `/`, `~`, the working directory and its parents never.
 - A folder being written is locked (`.NAME.torchkit-lock` beside it, `flock`); a second command
   on the same folder is refused at once with the holder's PID.
 - An old output replaced with `--force` is set aside (`.NAME.<hex>.replaced`) and put back if
@@ -720,9 +721,17 @@ def _is_empty_dir(folder: Path) -> bool:
 
 
 def check_replaceable(
-    folder: Path, force: bool, *, what: str, known_files: Collection[str] = (), hint: str = ""
+    folder: Path,
+    force: bool,
+    *,
+    what: str,
+    known_files: Collection[str] = (),
+    hint: str = "",
+    command: str | None = None,
 ) -> bool:
-    """May `folder` be written? Returns whether it has content that `--force` will replace."""
+    """May `folder` be written? Returns whether it has content that `--force` will replace:
+    with `command`, only an output of that command (`eval --out RUN --force` never deletes a
+    training run whose marker says `train`)."""
     if not (folder.exists() or folder.is_symlink()):
         return False
     if folder.is_symlink():
@@ -743,6 +752,12 @@ def check_replaceable(
             f"{what} {folder} is not empty and was not written by torchkit",
             "--force only replaces torchkit's own outputs: choose another folder, or remove "
             "it yourself",
+        )
+    other = marker_command(folder)
+    if command is not None and other is not None and other != command:
+        raise OutputExistsError(
+            f"{what} {folder} holds the output of torchkit {other}, not of {command}",
+            f"--force only replaces an earlier output of {command}: choose another folder",
         )
     return True
 
@@ -1209,7 +1224,12 @@ class OutputFolder:
                 # A callable hint judges the folder as it is now: a killed run's leftovers gone
                 hint = exists_hint() if callable(exists_hint) else exists_hint
                 self.has_content = check_replaceable(
-                    self.final, force, what=what, known_files=known_files, hint=hint
+                    self.final,
+                    force,
+                    what=what,
+                    known_files=known_files,
+                    hint=hint,
+                    command=command,
                 )
             else:
                 self.has_content = self.final.is_dir() and not _is_empty_dir(self.final)
