@@ -112,6 +112,25 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
     assert tree_digest(world) == before  # not a byte changed, no run folder, no lock left behind
 
 
+def test_a_run_killed_before_its_first_checkpoint_is_not_offered_to_resume(world):
+    # What a SIGKILL before the first epoch ended leaves: the marker and config.json. The same
+    # command said "pass --resume old to continue that run", and --resume said only "no
+    # last.pt in old (give the run folder of an earlier `torchkit train`)".
+    killed = world / "killed"
+    killed.mkdir()
+    (killed / ".torchkit").write_text('{"written_by": "torchkit", "command": "train"}\n')
+    (killed / "config.json").write_text((world / "old" / "config.json").read_text())
+    again, resumed = run_each_in_process(
+        [["train", *TINY, *DATA, "--out", "killed"], ["train", "--resume", "killed"]], cwd=world
+    )
+    assert again.returncode == 1 and "--resume" not in error_line(again.stderr)
+    assert "stopped before its first checkpoint" in error_line(again.stderr)
+    assert "pass --force to start it again" in error_line(again.stderr)
+    assert resumed.returncode == 1
+    assert "stopped before its first checkpoint" in error_line(resumed.stderr)
+    assert "--force" in error_line(resumed.stderr)
+
+
 @pytest.fixture
 def trained(tmp_path: Path) -> Path:
     """A finished one-epoch run in `runs/run`, on `ds`."""

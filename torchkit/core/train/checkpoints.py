@@ -121,11 +121,22 @@ def prune_periodic(folder: Path, keep: int) -> list[Path]:
     return removed
 
 
+def stopped_before_first_checkpoint(folder: Path) -> bool:
+    """Whether `folder` is a run train began (config.json comes first) that holds no last.pt:
+    one killed before its first checkpoint, with nothing to resume."""
+    return (folder / "config.json").is_file() and not (folder / LAST).exists()
+
+
 def resume_path(spec: str) -> Path:
     """--resume DIR (its last.pt) or FILE."""
     path = Path(spec)
     if path.is_dir():
         candidate = path / LAST
+        if stopped_before_first_checkpoint(path):
+            raise CheckpointError(
+                f"no {LAST} in {path}: its run was stopped before its first checkpoint",
+                "start it again: the same command with --force instead of --resume",
+            )
         if not candidate.is_file():
             raise CheckpointError(
                 f"no {LAST} in {path}", "give the run folder of an earlier `torchkit train`"

@@ -38,6 +38,7 @@ from torchkit.core.train.checkpoints import (
     copy_best_checkpoint,
     holds_best_epoch,
     save_epoch,
+    stopped_before_first_checkpoint,
 )
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
@@ -124,8 +125,7 @@ class RunFolder:
                     known_files=old_run_files(out),
                     what="run folder",
                     resume=in_place,
-                    exists_hint=f"pass --resume {out} to continue that run, --force "
-                    "to overwrite it, or choose another --out",
+                    exists_hint=_exists_hint(out),
                     replaced_hint="nothing more was written there: continue a run folder you "
                     "moved with --resume NEW_PLACE, or start the run again",
                 )
@@ -323,6 +323,20 @@ class RunFolder:
 
         with contextlib.suppress(Exception):  # already failing: keep the first error
             atomic_write_bytes(self.path / "config.json", old)
+
+
+def _exists_hint(out: Path) -> str:
+    """What to do about an existing run folder: one killed before its first checkpoint has
+    nothing to continue, where `--resume` would only say it holds no last.pt."""
+    if stopped_before_first_checkpoint(out):
+        return (
+            "its run was stopped before its first checkpoint, so there is nothing to resume: "
+            "pass --force to start it again, or choose another --out"
+        )
+    return (
+        f"pass --resume {out} to continue that run, --force to overwrite it, "
+        "or choose another --out"
+    )
 
 
 def _check_in_place_resume(resumed_from: Path, out: Path) -> None:
