@@ -8,6 +8,7 @@ an epoch. A write that fails (a full disk) is a `cannot write` error; the previo
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -122,9 +123,11 @@ def prune_periodic(folder: Path, keep: int) -> list[Path]:
 
 
 def stopped_before_first_checkpoint(folder: Path) -> bool:
-    """Whether `folder` is a run train began (config.json comes first) that holds no last.pt:
-    one killed before its first checkpoint, with nothing to resume."""
-    return (folder / "config.json").is_file() and not (folder / LAST).exists()
+    """Whether `folder` is a run train began (config.json comes first) that holds neither
+    last.pt nor best.pt: one killed before its first checkpoint, with nothing to resume."""
+    return (folder / "config.json").is_file() and not any(
+        os.path.lexists(folder / name) for name in (LAST, BEST)
+    )
 
 
 def resume_path(spec: str) -> Path:
