@@ -74,7 +74,7 @@ def _command(command: str, model: Path, images: object, out: Path) -> list[objec
     return ["extract-features", model, images, out, "-j", 2]
 
 
-@pytest.mark.parametrize("command", ["eval", "predict"])
+@pytest.mark.parametrize("command", ["eval", "predict", "extract-features"])
 def test_workers_are_forked_before_the_model_starts_a_thread(
     command, forks, model, image_folder, tmp_path
 ):
@@ -83,7 +83,7 @@ def test_workers_are_forked_before_the_model_starts_a_thread(
     assert forks == [[], []], forks  # two workers, no thread beside either
 
 
-@pytest.mark.parametrize("command", ["predict"])
+@pytest.mark.parametrize("command", ["predict", "extract-features"])
 def test_streamed_workers_are_forked_before_the_model_starts_a_thread(
     command, forks, model, image_folder, tmp_path, runner
 ):

@@ -258,11 +258,16 @@ def _extract(
 
     from torchkit.core.data.dataset import inference_workers
     from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype, select_device
-    from torchkit.core.runtime.threads import compute_threads, torch_threads
+    from torchkit.core.runtime.threads import (
+        compute_threads,
+        torch_threads,
+        until_workers_forked,
+    )
 
     # A randomly initialised model (no --weights) must be the same again when a run resumes;
-    # the caller's RNG state is left as it was.
-    with torch.random.fork_rng(devices=[]):
+    # the caller's RNG state is left as it was. On one thread: the model is built and loaded
+    # starting no OpenMP thread before the loader's workers are forked (below).
+    with torch.random.fork_rng(devices=[]), until_workers_forked():
         torch.manual_seed(request.seed)
         spec = ModelSpec(
             model=request.model,
@@ -290,8 +295,9 @@ def _extract(
     request.root = image_set.root
     preprocess = source.preprocess
     mode = image_mode(preprocess.in_channels)  # before any output is made
-    graph = LayerGraph(source.model, arch=source.arch)
-    layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
+    with until_workers_forked():  # torch.fx traces the model
+        graph = LayerGraph(source.model, arch=source.arch)
+        layers = graph.resolve(list(request.layers) or list(DEFAULT_LAYERS))
     device = select_device(request.run.device)
     amp_dtype = resolve_amp_dtype(request.run.amp_dtype, device) if request.run.amp else None
     settings = {
@@ -313,7 +319,8 @@ def _extract(
         # for `device`, so the fingerprints of stores made before the option are unchanged).
         **({"decode": request.run.decode} if request.run.decode != "exact" else {}),
     }
-    extractor = FeatureExtractor(graph, layers).to(device, channels_last=request.run.channels_last)
+    with until_workers_forked():
+        extractor = FeatureExtractor(graph, layers)  # moved to the device once they are
     try:
         growing = None  # streamed: the fingerprint, as the paths come
         if streamed is None:
@@ -330,13 +337,19 @@ def _extract(
         # 8-bit crops normalised on the device; JPEG bytes decoded there with --decode device
         later = listed_check(output.final, output.what) if streamed else None
         loader = _loader(image_set, preprocess, mode, request, device, streamed, later)
+        # The loader's workers are forked first, before the model is moved or run (which may
+        # start threads beside them: OpenMP's, a GPU driver's).
+        with until_workers_forked():
+            batches = loader(store.progress.done)
+            next(batches)  # its first yield: the workers are forked
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         workers = inference_workers(samples, request.run.workers)  # as _loader's
         with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
+            extractor.to(device, channels_last=request.run.channels_last)
             _extract_rows(
                 store,
                 extractor,
-                loader,
+                batches,
                 samples,
                 request,
                 device,
@@ -417,7 +430,7 @@ def _finish(
 def _extract_rows(
     store: FeatureStore,
     extractor: FeatureExtractor,
-    loader,
+    batches: Iterator,
     samples: Samples,
     request: FeatureRequest,
     device,
@@ -445,7 +458,7 @@ def _extract_rows(
     if progress:
         progress(state.done, total)
     try:
-        for indices, images, failures in loader(state.done):
+        for indices, images, failures in batches:
             for index, reason in failures:
                 _skip(samples, index, reason, request.strict, state.errors)
             if images is not None:
@@ -622,7 +635,8 @@ def _loader(
     """A function start -> iterator of (indices, image batch or None, [(index, why)]): 8-bit
     crops, normalised on the device by the caller; JPEG bytes decoded there with --decode
     device. `streamed` (its first paths read already): the paths on stdin, taken as they come,
-    each lot `check`ed before it is read; its start is 0."""
+    each lot `check`ed before it is read; its start is 0. The iterator yields None first, once
+    the loader's workers are forked."""
     import torch
     from torch.utils.data import default_collate
 
@@ -663,7 +677,9 @@ def _loader(
             prefetch_factor=4 if workers else None,
             **worker_options(workers),
         )
-        yield from decoded(loader)
+        batches = iter(loader)
+        yield None  # started
+        yield from decoded(batches)
 
     def streamed_batches(start: int):
         # As predict streams: each pass of the loader takes the paths piped so far (at most
@@ -681,6 +697,8 @@ def _loader(
         )
         paths, most = streamed[1], batch_size * max(2, 32 * workers)  # type: ignore[index]
         try:
+            iter(loader)  # no batch yet: the persistent workers are forked, and stay
+            yield None  # started
             while paths:
                 keys = samples.keys(paths)  # type: ignore[attr-defined]
                 passes.batches = [
