@@ -157,3 +157,36 @@ def test_benchmark_refuses_a_memory_limit_under_a_byte(limit):
     result = run_torchkit_in_process("benchmark", *args)
     assert result.returncode == 2, result.stderr
     assert error_line(result.stderr).startswith(f"Error: invalid --memory-limit '{limit}'")
+
+
+@pytest.mark.parametrize(
+    ("destination", "extra", "shown"),
+    [
+        ("out.npy", ["--quality", "50"], "Error: --quality 50 has no effect here: "),
+        ("out.png", ["--quality", "50"], "Error: --quality 50 has no effect here: "),
+        ("out", ["--to", "png", "--quality", "50"], "Error: --quality 50 has no effect here: "),
+        ("out.png", ["--nrow", "3"], "Error: --nrow 3 goes with --grid "),
+    ],
+)
+def test_convert_tensor_refuses_image_options_that_would_do_nothing(
+    destination, extra, shown, image_folder, tmp_path
+):
+    # Before: written at full quality and without a grid, exit 0, the option silently ignored
+    # (as --key and --dtype for an image output are refused).
+    source = image_folder / "a" if destination == "out" else image_folder / "a" / "a_0.png"
+    result = run_torchkit_in_process("convert", "tensor", source, tmp_path / destination, *extra)
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr).startswith(shown), result.stderr
+    assert not (tmp_path / destination).exists()
+
+
+def test_convert_tensor_takes_quality_for_jpeg_and_webp_and_nrow_with_grid(image_folder, tmp_path):
+    source = image_folder / "a" / "a_0.png"
+    for name in ("q.jpg", "q.webp"):
+        result = run_torchkit_in_process(
+            "convert", "tensor", source, tmp_path / name, "--quality", 10
+        )
+        assert result.returncode == 0, result.stderr
+    grid = ["--grid", "--nrow", "2"]
+    result = run_torchkit_in_process("convert", "tensor", source, tmp_path / "g.png", *grid)
+    assert result.returncode == 0, result.stderr

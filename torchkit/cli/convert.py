@@ -164,13 +164,17 @@ def tensor(
         bool,
         typer.Option("--grid", help="Tile a batch into one image, as torchvision's make_grid."),
     ] = False,
-    nrow: Annotated[int, typer.Option("--nrow", help="Images per grid row.", min=1)] = 8,
+    nrow: Annotated[
+        Optional[int],
+        typer.Option("--nrow", help="With --grid: images per grid row. [default: 8]", min=1),
+    ] = None,
     no_exif: Annotated[
         bool, typer.Option("--no-exif", help="Ignore the EXIF orientation of images.")
     ] = False,
     quality: Annotated[
-        int, typer.Option("--quality", help="JPEG/WebP quality.", min=1, max=100)
-    ] = 95,
+        Optional[int],
+        typer.Option("--quality", help="JPEG/WebP quality. [default: 95]", min=1, max=100),
+    ] = None,
     workers: WorkersOption = None,
     strict: StrictOption = False,
     force: ForceOption = False,

@@ -72,6 +72,9 @@ WRITTEN_EXTENSIONS = (*IMAGE_FORMATS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
 EXTENSIONS = (*IMAGE_FORMATS, *READ_ONLY_IMAGE_EXTENSIONS, *ARRAY_EXTENSIONS, *TENSOR_EXTENSIONS)
 SIXTEEN_BIT_FORMATS = ("PNG", "TIFF")
 DEFAULT_TENSOR_NAME = "image"
+DEFAULT_NROW = 8
+DEFAULT_QUALITY = 95
+QUALITY_FORMATS = ("JPEG", "WEBP")  # the formats --quality applies to
 
 
 def kind_of(extension: str, *, output: bool = False) -> str:
@@ -113,8 +116,8 @@ class TensorOptions:
     key: str | None = None
     exif: bool = True
     grid: bool = False
-    nrow: int = 8
-    quality: int = 95
+    nrow: int | None = None  # images a grid row, with `grid`; None: DEFAULT_NROW
+    quality: int | None = None  # of JPEG and WebP outputs; None: DEFAULT_QUALITY
 
 
 @dataclass
@@ -404,7 +407,7 @@ def _write_image(path: Path, array: Any, quality: int, extension: str) -> None:
         from PIL import Image
 
         image = Image.fromarray(array)
-        extra = {"quality": quality} if image_format in ("JPEG", "WEBP") else {}
+        extra = {"quality": quality} if image_format in QUALITY_FORMATS else {}
         image.save(tmp, format=image_format, **extra)  # a regular file: atomic_path's
 
 
@@ -441,7 +444,8 @@ def write_pixels(
         # 16-bit gray+alpha has no writer here (PIL has no such mode, OpenCV no 2-channel PNG).
         sixteen = IMAGE_FORMATS[extension] in SIXTEEN_BIT_FORMATS and pixels.array.shape[-1] != 2
         array = px.to_image(pixels, sixteen_bit=sixteen, warn=warn)
-        _write_image(target, array, options.quality, extension)
+        quality = DEFAULT_QUALITY if options.quality is None else options.quality
+        _write_image(target, array, quality, extension)
     else:
         layout = options.layout or ("hwc" if kind == "array" else "chw")
         if options.dtype:
@@ -485,7 +489,7 @@ def convert_file(
         name=name,
     )
     if options.grid:
-        pixels = px.make_grid(pixels, nrow=options.nrow)
+        pixels = px.make_grid(pixels, nrow=options.nrow or DEFAULT_NROW)
     if target_kind == "image" and pixels.batch:
         images = pixels.images()
         if len(images) == 1:
@@ -531,8 +535,22 @@ def _validate(options: TensorOptions, target_kind: str | None) -> None:
             "--dtype sets the dtype of .npy/.pt/.safetensors outputs",
             "image files are 8-bit (16-bit for 16-bit PNG/TIFF sources)",
         )
-    if options.nrow < 1:
+    if options.nrow is not None and options.nrow < 1:
         raise UsageError("--nrow must be at least 1")
+
+
+def _check_image_options(options: TensorOptions, target_extension: str) -> None:
+    """--quality shapes JPEG and WebP outputs, --nrow a --grid: given where they do nothing,
+    they would be ignored, so they are refused (as --key and --dtype are)."""
+    quality_format = IMAGE_FORMATS.get(target_extension.lower()) in QUALITY_FORMATS
+    if options.quality is not None and not quality_format:
+        raise UsageError(
+            f"--quality {options.quality} has no effect here: it sets the quality of JPEG and "
+            "WebP outputs",
+            "drop --quality",
+        )
+    if options.nrow is not None and not options.grid:
+        raise UsageError(f"--nrow {options.nrow} goes with --grid", "add --grid, or drop --nrow")
 
 
 def _check_key(key: str | None, sources: Sequence[Path], target_extension: str) -> None:
@@ -659,6 +677,7 @@ def convert_tensor(
         file_target, split_batch = target, False
     _validate(options, kind_of(extension, output=True))  # also refuses an unknown extension
     _check_key(options.key, [source], extension)
+    _check_image_options(options, extension)
     inputs = [InputPath.of(source, "source")]
     if not split_batch:
         check_output_file(file_target, force, inputs)
@@ -728,6 +747,7 @@ def _convert_into(
     if not files:
         raise InputError(f"no convertible files in {source}", "supported: " + " ".join(EXTENSIONS))
     _check_key(options.key, files, to)
+    _check_image_options(options, to)
     seen: dict[Path, Path] = {}
     for relative in files:
         produced = relative.with_suffix(to)
