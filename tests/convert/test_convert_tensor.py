@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from torchkit.cli import app
 from torchkit.core.convert import pixels as px
 from torchkit.core.convert.tensor import read_image
+from torchkit.core.io import files
 
 runner = CliRunner()
 RNG = np.random.default_rng(0)
@@ -383,6 +384,30 @@ def test_folder_outputs_that_would_collide(tmp_path):
     result = convert(src, tmp_path / "dst", "--to", "npy")
     assert result.exit_code == 2
     assert "would both become x.npy" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("names", "twins"),
+    [(["A.png", "a.png"], "A.npy and a.npy"), (["Cat/x.png", "cat/y.png"], "Cat and cat")],
+)
+def test_folder_outputs_that_differ_only_by_case_on_a_case_folding_disk(
+    tmp_path, monkeypatch, names, twins
+):
+    # Two files on Linux; on an exFAT disk, macOS or a Samba share one file (or one folder
+    # taking in another's files): refused before anything is written, naming the two.
+    src = tmp_path / "src"
+    for name in names:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        random_image("RGB").save(src / name)
+    monkeypatch.setattr(files, "folds_case", lambda folder: True)
+    result = convert(src, tmp_path / "dst", "--to", "npy", "-j", "1")
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"{twins} would be one" in line and "upper and lower case" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    monkeypatch.undo()  # a file system that tells case apart keeps both, as before
+    ok(src, tmp_path / "dst", "--to", "npy", "-j", "1")
+    assert len(list((tmp_path / "dst").rglob("*.npy"))) == 2
 
 
 def test_folder_converts_every_image_file_the_datasets_read(tmp_path):

@@ -11,12 +11,11 @@ import pytest
 from output_checks import error_line
 from processes import run_torchkit_in_process
 
-from torchkit.core.io.files import folds_case
+from torchkit.core.io import files
+from torchkit.core.io.files import case_twins, folds_case
 from torchkit.core.io.outputs import OutputLockedError
 from torchkit.core.split import files as split_files
-from torchkit.core.split import plan as split_plan
 from torchkit.core.split.files import source_folders
-from torchkit.core.split.plan import case_twins
 from torchkit.core.split.run import split_dataset
 
 
@@ -73,7 +72,7 @@ def test_an_out_that_ignores_case_is_refused_before_one_class_overwrites_another
     # one folder, where cat's a.png would overwrite Cat's (and the rest mix two classes).
     root = write_images(tmp_path / "root", [f"{c}/{i}.png" for c in ("Cat", "cat") for i in "ab"])
     before = tree(root)
-    monkeypatch.setattr(split_plan, "folds_case", lambda folder: True, raising=False)
+    monkeypatch.setattr(files, "folds_case", lambda folder: True)
     out = tmp_path / "out"
     result = run_torchkit_in_process("split", root, out, "--ratio", "1:1", "--mode", mode)
     assert result.returncode == 1, result.stderr

@@ -35,7 +35,13 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
-from torchkit.core.io.files import atomic_path, require_input, safetensors_save, torch_save
+from torchkit.core.io.files import (
+    atomic_path,
+    refuse_case_twins,
+    require_input,
+    safetensors_save,
+    torch_save,
+)
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
@@ -792,6 +798,14 @@ def _convert_into(
         root = output.begin()
     except OutputWriteError as error:
         raise named_as_final(error, str(output.path), str(target)) from None
+    with reporting_write_errors(target):  # the probe writes a file into the output
+        refuse_case_twins(
+            [produced.as_posix() for produced in seen],
+            root,
+            "rename one of them in the source, or convert into a folder on a file system that "
+            "tells case apart",
+            shown=target,
+        )
     tasks = [
         (str(source), str(root), str(target), list(chunk), to, options)
         for chunk in chunked(files, workers, most=64)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -590,3 +591,42 @@ def folds_case(folder: str | os.PathLike) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def case_twins(names: Sequence[str]) -> tuple[str, str] | None:
+    """Two `/`-separated relative names, or folders on their way, that differ only by case
+    (`train/Cat` and `train/cat`, `a.JPG` and `a.jpg`): one place where the file system ignores
+    case. None where every name is distinct also there."""
+    folders: set[str] = set()
+    for folder in {name.rpartition("/")[0] for name in names}:
+        while folder and folder not in folders:
+            folders.add(folder)
+            folder = folder.rpartition("/")[0]
+    every = itertools.chain(sorted(folders), names)
+    if len(set(map(str.casefold, every))) == len(folders) + len(names):  # the common case
+        return None
+    seen: dict[str, str] = {}
+    for name in itertools.chain(sorted(folders), names):
+        first = seen.setdefault(name.casefold(), name)
+        if first != name:
+            return first, name
+    return None
+
+
+def refuse_case_twins(
+    names: Sequence[str], folder: Path, hint: str, *, shown: str | os.PathLike | None = None
+) -> None:
+    """An InputError, before any file is written, where two of the `names` (relative to
+    `folder`, taken from data on a file system that tells case apart) differ only by case and
+    `folder`'s file system ignores case: the second file would overwrite the first, or a folder
+    take in another's files. `shown`: the folder the error names (`folder` by default, which
+    the probe writes into)."""
+    twins = case_twins(names)
+    if twins is None or not folds_case(folder):
+        return
+    kind = "file" if twins[1] in set(names) else "folder"
+    raise InputError(
+        f"{twins[0]} and {twins[1]} would be one {kind} in {shown or folder}: its file system "
+        "does not tell upper and lower case apart",
+        hint,
+    )

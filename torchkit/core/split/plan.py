@@ -5,7 +5,6 @@ place in OUT."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -17,7 +16,7 @@ from torchkit.core.data.sources.discovery import class_folder_problem, list_left
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import deal_units
 from torchkit.core.io.errors import InputError, UsageError
-from torchkit.core.io.files import absolute_as_opened, folds_case
+from torchkit.core.io.files import absolute_as_opened
 
 log = logging.getLogger("torchkit")
 
@@ -213,42 +212,6 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
         folder = f"{names[s]}/" if unlabelled else f"{names[s]}/{samples.classes[label]}/"
         dests.append(free.claim(folder, stem, suffix))
     return dests
-
-
-def case_twins(dests: Sequence[str]) -> tuple[str, str] | None:
-    """Two OUT-relative destinations, or folders on their way, whose names differ only by case
-    (`train/Cat` and `train/cat`, `a.JPG` and `a.jpg`): one place where the file system ignores
-    case. None where every name is distinct also there."""
-    folders: set[str] = set()
-    for folder in {dest.rpartition("/")[0] for dest in dests}:
-        while folder and folder not in folders:
-            folders.add(folder)
-            folder = folder.rpartition("/")[0]
-    names = itertools.chain(sorted(folders), dests)
-    if len(set(map(str.casefold, names))) == len(folders) + len(dests):  # the common case
-        return None
-    seen: dict[str, str] = {}
-    for name in itertools.chain(sorted(folders), dests):
-        first = seen.setdefault(name.casefold(), name)
-        if first != name:
-            return first, name
-    return None
-
-
-def refuse_case_twins(out: Path, dests: Sequence[str]) -> None:
-    """An InputError, before any file is written, where two destinations differ only by case
-    and OUT's file system ignores case (the data comes from one that does not): the second
-    file would overwrite the first, or a class folder take in another class's files."""
-    twins = case_twins(dests)
-    if twins is None or not folds_case(out):
-        return
-    kind = "file" if twins[1] in set(dests) else "folder"
-    raise InputError(
-        f"{twins[0]} and {twins[1]} would be one {kind} in {out}: its file system does not "
-        "tell upper and lower case apart",
-        "rename one of them in the data, split into a folder on a file system that tells case "
-        "apart, or use --mode manifest",
-    )
 
 
 def check_csv_sources(samples: Samples, source: Path) -> list[str]:

@@ -20,7 +20,7 @@ from torchkit.core.data.sources.splitting import (
     stratified_split,
 )
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.io.files import absolute_as_opened, open_text
+from torchkit.core.io.files import absolute_as_opened, open_text, refuse_case_twins
 from torchkit.core.io.outputs import (
     OutputFolder,
     check_not_protected,
@@ -72,7 +72,6 @@ from torchkit.core.split.plan import (
     fixed_split,
     load_split_input,
     oversample_repeats,
-    refuse_case_twins,
     refuse_linked_folders,
     warn_dangling_links,
     warn_fixed_unmet,
@@ -300,7 +299,12 @@ def _plan_and_write(
             # Held while files go in: no move takes them out of OUT (or a folder in it).
             held.enter_context(moving_out_of(out))
             with reporting_write_errors(out):  # the probe writes a file into OUT
-                refuse_case_twins(out, plan.dests)
+                refuse_case_twins(
+                    plan.dests,
+                    out,
+                    "rename one of them in the data, split into a folder on a file system that "
+                    "tells case apart, or use --mode manifest",
+                )
         if mode != "manifest":
             # Until it is removed (or a move's replaces it), OUT is a half split: readers
             # refuse it, a rerun removes what it lists and redoes it.
