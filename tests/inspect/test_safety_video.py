@@ -32,6 +32,7 @@ from processes import (
 from torchkit.core.io.errors import UsageError
 from torchkit.core.io.outputs import remove_tree
 from torchkit.core.video import MAX_SEGMENTS, tsn_frame_indices
+from torchkit.core.video import run as video_run
 
 
 def write_video(path: Path, frames: int) -> Path:
@@ -138,6 +139,27 @@ def test_force_replaces_only_an_earlier_frames_folder(tmp_path, clips):
     assert sorted(p.name for p in old.glob("*.png")) == [
         f"{v}_{i:06d}.png" for v in "ab" for i in (4, 12, 20)
     ]
+
+
+def test_frames_of_videos_named_alike_but_for_case_stay_apart_where_case_is_ignored(
+    tmp_path, clip, monkeypatch
+):
+    # Clip_000012.png and clip_000012.png are one file on an exFAT disk, macOS or a Samba
+    # share: there the second video's frames are named as a repeated name's, clip-2_...
+    videos = tmp_path / "videos"
+    for name in ("a/Clip.avi", "b/clip.avi"):
+        (videos / name).parent.mkdir(parents=True)
+        (videos / name).write_bytes(clip.read_bytes())
+    monkeypatch.setattr(video_run, "folds_case", lambda folder: True)
+    result = video_info(videos, "-k", "1", "--extract-frames", tmp_path / "folded")
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in (tmp_path / "folded").glob("*.png"))
+    assert names == ["Clip_000012.png", "clip-2_000012.png"]
+    monkeypatch.undo()  # a file system that tells case apart: the names as before
+    result = video_info(videos, "-k", "1", "--extract-frames", tmp_path / "plain")
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in (tmp_path / "plain").glob("*.png"))
+    assert names == ["Clip_000012.png", "clip_000012.png"]
 
 
 def test_a_second_run_on_a_locked_frames_folder_is_refused_at_once(tmp_path, clips):

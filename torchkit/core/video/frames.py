@@ -155,22 +155,27 @@ def extract_frames(
     return [written[index] for index in indices]
 
 
-def frame_name_prefixes(videos: Sequence[str | os.PathLike]) -> dict[str, str]:
+def frame_name_prefixes(
+    videos: Sequence[str | os.PathLike], *, fold_case: bool = False
+) -> dict[str, str]:
     """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems (the
     lowest number free). Each stem's search goes on from the number it last gave: numbers below
     it are all taken, and a dataset of `<clip>/video.mp4` folders is named in linear time. A
-    `;` of the stem becomes `_`: the CSV's frame_files cell separates the files with `;`."""
+    `;` of the stem becomes `_`: the CSV's frame_files cell separates the files with `;`.
+    `fold_case`: the frames folder's file system ignores case, so stems that differ only by
+    case (`Clip`, `clip`) repeat too."""
     prefixes: dict[str, str] = {}
     used: set[str] = set()
     last_number: dict[str, int] = {}
+    key = str.casefold if fold_case else str
     for video in videos:
         stem = Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_") or "video"
-        prefix, n = stem, last_number.get(stem, 1)
-        while prefix in used:
+        prefix, n = stem, last_number.get(key(stem), 1)
+        while key(prefix) in used:
             n += 1
             prefix = f"{stem}-{n}"
-        last_number[stem] = n
-        used.add(prefix)
+        last_number[key(stem)] = n
+        used.add(key(prefix))
         prefixes[os.fspath(video)] = prefix
     return prefixes
 
@@ -240,8 +245,9 @@ class _FramesFolder:
     frames go to a hidden temporary folder beside it that replaces it (and an old one, with
     --force) only at the end, so it never holds a half-written set of frames."""
 
-    def __init__(self, folder: OutputFolder) -> None:
+    def __init__(self, folder: OutputFolder, folds_case: bool = False) -> None:
         self.folder = folder
+        self.folds_case = folds_case  # its file system ignores case: see frame_name_prefixes
         self.frames = 0
         self._lock = threading.Lock()
 

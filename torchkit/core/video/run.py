@@ -24,13 +24,14 @@ from pathlib import PurePath
 from typing import Any
 
 from torchkit.core.io.errors import UsageError
-from torchkit.core.io.files import STDIN
+from torchkit.core.io.files import STDIN, folds_case
 from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
     check_not_written_in,
     check_output_file,
     check_overlap,
+    reporting_write_errors,
 )
 from torchkit.core.io.path_lists import PathStream
 from torchkit.core.io.progress import Progress
@@ -130,7 +131,11 @@ def inspect_videos(
                 atomic=True,  # filled as a hidden temporary folder, in place at once at the end
             )
             stack.callback(out.release)
-            frames_folder = _FramesFolder(out)
+            # The frames go to a temporary folder beside it, on the same file system, which
+            # the probe's file is made in (and removed from).
+            with reporting_write_errors(out.final):
+                folding = folds_case(out.final.parent)
+            frames_folder = _FramesFolder(out, folding)
         results = _inspect(
             videos, exact, decode_check, segments, sample_mode, seed, frames_folder, workers,
             progress,
@@ -279,7 +284,7 @@ def _inspect(
         options = SegmentOptions(segments, sample_mode, seed)
         if frames_folder is not None:
             options.extract_dir = frames_folder.folder.final
-            options.names = frame_name_prefixes(videos)
+            options.names = frame_name_prefixes(videos, fold_case=frames_folder.folds_case)
             options.decoder_threads = reading.decoder_threads
     train = options is not None and sample_mode == "train"
     stop = threading.Event()
