@@ -85,6 +85,26 @@ def test_overlap_sees_through_symlinks_and_dotdot(tmp_path, dataset):
         )
 
 
+def test_an_input_named_through_the_output_folder_is_refused(tmp_path):
+    """`train --data OLD/link --out OLD --force`, the link (to a folder elsewhere) inside an
+    earlier run: set aside with OLD, every image was unreadable ('none of the 8 training
+    images could be read'); eval deleted the link with OLD. Now refused, nothing touched."""
+    from image_folders import write_image_folder
+    from output_checks import error_line
+    from processes import run_torchkit_in_process
+
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    old = _old_run(tmp_path / "old")
+    (old / "dslink").symlink_to(tmp_path / "ds")
+    before = tree_digest(tmp_path)
+    args = ["--data", "old/dslink", "--val-split", "0.3", "--out", "old", "--force"]
+    tiny = ["--model", "convnet", "--image-size", "8", "--epochs", "1", "--workers", "0"]
+    result = run_torchkit_in_process("train", *args, *tiny, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "run folder old contains the data folder old/dslink" in error_line(result.stderr)
+    assert tree_digest(tmp_path) == before
+
+
 def test_overlap_sees_a_second_path_to_the_same_folder(tmp_path, bind_view):
     """eval --data VIEW --out OUT --force, VIEW another path to OUT (a split output): the
     reports replaced OUT, and the images were deleted."""

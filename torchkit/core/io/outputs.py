@@ -128,6 +128,9 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
     out_chain = _file_ids(out, known)
     out_id = known[out]
     out_is_dir = out_id is not None and os.path.isdir(out)
+    # An input named through the output folder (`--data OUT/link`, the link to a folder
+    # elsewhere) is gone from its name once OUT is replaced, however it resolves.
+    out_named = Path(os.path.abspath(output)) if out_is_dir else None
     for item in inputs:
         if item is None:
             continue
@@ -139,7 +142,12 @@ def check_overlap(output: str | os.PathLike, what: str, inputs: Iterable[InputPa
                 f"{what} {_shown(output)} is the {item.what} {_shown(item.path)}",
                 "choose another output",
             )
-        if _is_within(source, out) or (out_is_dir and out_id in source_chain):
+        named = Path(os.path.abspath(item.path))
+        if (
+            _is_within(source, out)
+            or (out_is_dir and out_id in source_chain)
+            or (out_named is not None and _is_within(named, out_named))
+        ):
             raise OutputOverlapError(
                 f"{what} {_shown(output)} contains the {item.what} {_shown(item.path)}",
                 "choose an output outside the inputs",
