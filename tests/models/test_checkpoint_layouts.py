@@ -142,6 +142,45 @@ def test_a_half_precision_pickled_model_predicts(tmp_path, make_image_folder, dt
     assert len(result.stdout.splitlines()) == 3
 
 
+HALF_NET = """
+import torch
+from torch import nn
+
+
+def make(num_classes=2):
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    return nn.Sequential(net, nn.Linear(4, num_classes)).to(torch.{dtype})
+"""
+
+
+PREDICT = ("predict", "{spec}", "{images}", "--allow-untrained", "--format", "csv")
+TRAIN = ("train", "--model", "{spec}", "--data", "{images}", "--val-split", "0.5", "--epochs")
+TRAIN += ("1", "--batch-size", "2", "--out", "run")
+
+
+@pytest.mark.parametrize(
+    ("command", "dtype"),
+    [(PREDICT, "float16"), (PREDICT, "bfloat16"), (PREDICT, "float64"), (TRAIN, "float16")],
+    ids=["predict-float16", "predict-bfloat16", "predict-float64", "train-float16"],
+)
+def test_a_callable_that_builds_a_half_precision_model_runs_in_float32(
+    tmp_path, make_image_folder, dtype, command
+):
+    """`package.module:Callable` returning `model.half()` (or bfloat16, float64): before ->
+    'Error: the model fails on 16x16 images: Input type (float) and bias type (c10::Half)
+    should be the same (check --image-size ...)' in predict, eval and extract-features,
+    'Error: RuntimeError: Input type (float) ...' in train, exit 1; now the model runs in
+    float32, as the same model pickled does."""
+    module = f"halfnet_{command[0]}_{dtype}"  # one module a case: imports are cached
+    (tmp_path / f"{module}.py").write_text(HALF_NET.format(dtype=dtype))
+    images = make_image_folder(tmp_path / "images", {"a": 2, "b": 2}, size=16)
+    args = [arg.format(spec=f"{module}:make", images=images) for arg in command]
+    result = run_torchkit_in_process(
+        *args, "--image-size", "16", "--device", "cpu", "-j", "0", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def deflated(source: Path, target: Path) -> Path:
     """`source`, a torch.save archive, with its records deflated (as another zip tool writes)."""
     with (

@@ -60,7 +60,7 @@ from torchkit.core.models.timm_models import (
     timm_sample_shape,
 )
 from torchkit.core.models.transform_input import preprocess_as_trained
-from torchkit.core.models.usercode import call_model_factory
+from torchkit.core.models.usercode import call_model_factory, in_float32
 from torchkit.core.models.weights import (
     holds_weights_only,
     load_weights_file,
@@ -446,18 +446,6 @@ def _from_file(
         f"{path} is neither a torchkit checkpoint nor a pickled model",
         "name the architecture as MODEL and pass the weights as --weights PATH",
     )
-
-
-def in_float32(module):
-    """`module` with float16, bfloat16 or float64 weights cast to float32, as they are when
-    loaded into a model built here: the dtype a model was pickled in is a way to store it, and
-    every command feeds float32 batches (--amp and export's --dtype pick others themselves)."""
-    import torch
-
-    tensors = [*module.parameters(), *module.buffers()]
-    if any(t.is_floating_point() and t.dtype != torch.float32 for t in tensors):
-        module.float()
-    return module
 
 
 def _from_callable(spec: str, num_classes: int | None) -> ResolvedModel:

@@ -84,7 +84,20 @@ def call_model_factory(spec: str, *, num_classes: int | None = None) -> tuple[An
         ) from error
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
-    return model, takes_classes
+    return in_float32(model), takes_classes
+
+
+def in_float32(module):
+    """`module` with float16, bfloat16 or float64 weights cast to float32, as they are when
+    loaded into a model built here: the dtype a model was pickled or built in by the user's
+    code (`model.half()`) is a way to store it, and every command feeds float32 batches (--amp
+    and export's --dtype pick others themselves)."""
+    import torch
+
+    tensors = [*module.parameters(), *module.buffers()]
+    if any(t.is_floating_point() and t.dtype != torch.float32 for t in tensors):
+        module.float()
+    return module
 
 
 def _accepted_params(factory) -> set[str]:
