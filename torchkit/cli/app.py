@@ -423,8 +423,13 @@ def _terminate_like_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
+        # A command that was stopped, or that ignores the signals from now on (a torchrun rank
+        # that torchrun's agent stops after another rank's failure), keeps ignoring them while
+        # the process ends: a SIGTERM now printed a second `Terminated.` line.
+        ending = runs_as_the_program()
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            if not (ending and deferred_signals.is_ignore_later(signal.getsignal(sig))):
+                signal.signal(sig, handler)
 
 
 def _usage_error(error: ClickUsageError) -> NoReturn:

@@ -15,13 +15,13 @@ import io
 import logging
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from torchkit.core.io.errors import TorchkitError, first_line
 from torchkit.core.io.outputs import reporting_write_errors
+from torchkit.core.io.quiet import output_discarded
 from torchkit.core.models.exported import metadata as meta
 from torchkit.core.models.exported.formats import EXPORTED_PROGRAM, ONNX, TORCHSCRIPT
 
@@ -41,7 +41,7 @@ def exporter_output_hidden() -> Iterator[list[str]]:
     and of the command's results. Yields a list that receives the tracer's warnings (a traced
     branch or shape that became a constant), which are worth a line."""
     tracer: list[str] = []
-    with _output_discarded(), warnings.catch_warnings(record=True) as caught:
+    with output_discarded(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             yield tracer
@@ -49,37 +49,6 @@ def exporter_output_hidden() -> Iterator[list[str]]:
             for item in caught:
                 if item.category.__name__ == "TracerWarning" and not _library_code(item.filename):
                     tracer.append(_first_sentence(first_line(item.message)))
-
-
-@contextlib.contextmanager
-def _output_discarded() -> Iterator[None]:
-    """stdout and stderr discarded for the block: sys.stdout/sys.stderr (torch's loggers look
-    them up when they write) and file descriptors 1 and 2 (C++ writes there directly; torch's
-    ONNX exporter prints its graph dumps on 1)."""
-    sink_text = io.StringIO()
-    with (
-        contextlib.redirect_stdout(sink_text),
-        contextlib.redirect_stderr(sink_text),
-        tempfile.TemporaryFile() as sink,
-        contextlib.ExitStack() as restore,
-    ):
-        for fd, stream in ((1, sys.__stdout__), (2, sys.__stderr__)):
-            try:
-                if stream is not None:
-                    stream.flush()
-                saved = os.dup(fd)
-            except (OSError, ValueError):  # no such descriptor (an embedding application)
-                continue
-            restore.callback(os.close, saved)
-            restore.callback(os.dup2, saved, fd)
-            restore.callback(_flush, stream)
-            os.dup2(sink.fileno(), fd)
-        yield
-
-
-def _flush(stream: Any) -> None:
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        stream.flush()
 
 
 def _library_code(filename: str) -> bool:

@@ -125,6 +125,53 @@ def _timed_out(error: BaseException, elapsed: float, seconds: float) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+# Set in the process group's store by a rank that fails with its own error (the value: its exit
+# code): the ranks torchrun's agent then stops (SIGTERM) end with that code and print nothing.
+_FAILED_KEY = "torchkit/failed_exit_code"
+
+
+def record_failure(ctx: DistContext, exit_code: int) -> None:
+    """Tell the other ranks, through the store, that this rank ends with its own error (its
+    line names it). Nothing happens where the store does not answer."""
+    if not ctx.is_distributed or not ctx.initialised_here:
+        return
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    with contextlib.suppress(Exception):
+        _get_default_store().set(_FAILED_KEY, str(exit_code))
+
+
+def peer_failure_code(ctx: DistContext) -> int | None:
+    """The exit code another rank ended with after `record_failure`; 143 (SIGTERM's) when the
+    store no longer answers: it is served by rank 0's process unless torchrun's agent serves
+    it, so rank 0 has ended. None while the store answers and no rank recorded a failure."""
+    if not ctx.is_distributed or not ctx.initialised_here:
+        return None
+    import os
+    import socket
+
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    from torchkit.core.io.quiet import output_discarded
+
+    # Asked first whether the store's server is there at all, and asked without output: a
+    # request to a store whose server ended (or ends meanwhile) prints torch's warning with a
+    # C++ stack to stderr.
+    address = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0))
+    try:
+        socket.create_connection(address, timeout=2).close()
+    except OSError:
+        return 143
+    try:
+        with output_discarded():
+            store = _get_default_store()
+            if not store.check([_FAILED_KEY]):
+                return None
+            return int(store.get(_FAILED_KEY))
+    except Exception:
+        return 143
+
+
 def teardown(ctx: DistContext, *, wait: bool = False) -> None:
     """End the process group `setup` made (once; a group it joined stays). With `wait` (a run
     that ended well on every rank) the ranks first wait for each other: Gloo torn down on one

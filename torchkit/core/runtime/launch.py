@@ -106,6 +106,12 @@ _AGENT_VARIABLE = "TORCHELASTIC_RUN_ID"
 LOCAL_RANK_0_WAIT_S = 10.0
 
 
+def under_torchrun_agent() -> bool:
+    """Whether torchrun's agent started this process (and stops it, SIGTERM, when another rank
+    of its group fails)."""
+    return bool(os.environ.get(_AGENT_VARIABLE))
+
+
 def _ranks_connected() -> bool:
     dist = sys.modules.get("torch.distributed")  # never imported here: only asked
     return dist is not None and dist.is_available() and dist.is_initialized()
@@ -121,7 +127,7 @@ def leave_to_local_rank_0() -> bool:
     ended with its error. A rank that is not stopped reports the error itself: local rank 0 did
     not fail (the error was this rank's own), or not yet. Nothing is ever left unreported by
     every rank; at worst (a rank failing with another error meanwhile) that rank's is shown."""
-    if not os.environ.get(_AGENT_VARIABLE) or _ranks_connected():
+    if not under_torchrun_agent() or _ranks_connected():
         return False
     try:
         place = launch_env()

@@ -5,13 +5,24 @@ and the one error line of a collective that gave up (--dist-timeout).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.errors import DeviceError, TorchkitError, UsageError, on_every_rank
+from torchkit import deferred_signals
+from torchkit.core.io.errors import (
+    DeviceError,
+    Terminated,
+    TorchkitError,
+    UsageError,
+    on_every_rank,
+)
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DEFAULT_TIMEOUT_S, DistContext
+from torchkit.core.runtime.launch import under_torchrun_agent
 
 log = logging.getLogger("torchkit")
 
@@ -91,6 +102,42 @@ def refuse_untrained_parameters(ctx: DistContext, module: Any) -> None:
     )
 
 
+@contextlib.contextmanager
+def one_line_per_failure(ctx: DistContext) -> Iterator[None]:
+    """A rank that fails with its own error records it in the process group's store
+    (`distributed.record_failure`) before it ends. Under torchrun's agent, a rank other than 0
+    stopped by that failure (the agent's SIGTERM to the group, or a collective that lost the
+    failed rank) then ends with the failed rank's exit code and prints nothing, as after an
+    error every rank shares: the failed rank's line and torchrun's report say what happened.
+    A SIGTERM while no rank has failed (a user's `kill`, a scheduler) still ends the rank with
+    `Terminated.`, as in every command."""
+    try:
+        yield
+    except BaseException as error:
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Terminated):
+            raise
+        if isinstance(error, Terminated) or _lost_a_peer(error):
+            code = None
+            if not ctx.is_main and under_torchrun_agent():
+                code = distributed.peer_failure_code(ctx)
+            if code is not None:
+                # The agent's SIGTERM may come while this rank ends: it ends as it is.
+                deferred_signals.ignore_later((signal.SIGTERM, signal.SIGINT))
+                stopped = DeviceError(f"rank {ctx.rank}: stopped after another rank failed")
+                stopped.exit_code = code
+                raise on_every_rank(stopped) from None
+        else:
+            code = error.exit_code if isinstance(error, TorchkitError) else 1
+            distributed.record_failure(ctx, code)
+        raise
+
+
+def _lost_a_peer(error: BaseException) -> bool:
+    """Whether `error` is a collective's that lost its connection to another rank."""
+    text = str(error).lower() if isinstance(error, RuntimeError) else ""
+    return any(words in text for words in ("closed by peer", "reset by peer", "broken pipe"))
+
+
 def describe_collective_failure(
     ctx: DistContext, error: BaseException, timeout_s: float | None
 ) -> TorchkitError | None:
@@ -106,7 +153,7 @@ def describe_collective_failure(
             "look at the other ranks' output; raise --dist-timeout if one of them "
             "legitimately works alone that long",
         )
-    if "closed by peer" in text or "reset by peer" in text or "broken pipe" in text:
+    if _lost_a_peer(error):
         return DeviceError(
             f"rank {ctx.rank}: another process of the run ended",
             "its own output names the first error",

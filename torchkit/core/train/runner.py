@@ -130,13 +130,14 @@ def _run_on_device(
     config = plan.config
     ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
     try:
-        ddp.check_ddp_device(ctx)
-        result = _train(ctx, plan, folder, callbacks, timeline)
-        # Every rank leaves together: a rank tearing down Gloo while another still finishes its
-        # last collective made the latter abort at exit ("terminate called without an active
-        # exception", seen in about one full test run in four).
-        distributed.barrier(ctx)
-        return result
+        with ddp.one_line_per_failure(ctx):
+            ddp.check_ddp_device(ctx)
+            result = _train(ctx, plan, folder, callbacks, timeline)
+            # Every rank leaves together: a rank tearing down Gloo while another still finishes
+            # its last collective made the latter abort at exit ("terminate called without an
+            # active exception", seen in about one full test run in four).
+            distributed.barrier(ctx)
+            return result
     except torch.OutOfMemoryError as error:
         # Training's activations follow the training crop: --train-crop-size where given.
         crop = "--train-crop-size" if config.train_crop_size is not None else "--image-size"

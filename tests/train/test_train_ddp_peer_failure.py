@@ -1,0 +1,103 @@
+"""Under torchrun, a rank that fails alone is the run's one error line: the rank torchrun's agent
+then stops (SIGTERM) ends quietly with the failed rank's code, while a SIGTERM with no rank failed
+still says `Terminated.` (train/ddp.one_line_per_failure)."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+from gloo_ranks import run_ranks_under_agent
+from image_folders import write_image_folder
+from suite_paths import HELPERS
+
+from torchkit.core.io.errors import DeviceError, Terminated, UsageError
+from torchkit.core.train import ddp
+
+# A sitecustomize for the ranks: rank 0 cannot put best.pt in place (a full disk, as if its
+# disk alone were full); the other ranks are untouched.
+BEST_PT_FAILS_ON_RANK_0 = textwrap.dedent(
+    """
+    import os, sys
+
+    def _hook(event, args):
+        if event in ("os.rename", "os.replace", "os.link") and str(args[1]).endswith("best.pt"):
+            raise OSError(28, "No space left on device (test)", str(args[1]))
+
+    if os.environ.get("RANK") == "0":
+        sys.addaudithook(_hook)
+    """
+)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_the_rank_torchrun_stops_after_rank_0_fails_alone_prints_nothing(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BEST_PT_FAILS_ON_RANK_0)
+    data = tmp_path / "data"
+    for split, seed in (("train", 1), ("val", 2), ("test", 3)):
+        write_image_folder(data / split, {"a": 2, "b": 2}, seed=seed)
+    import gloo_ranks
+
+    started = gloo_ranks.start_torchkit_process
+
+    def with_site(*args, env=None, **kwargs):
+        env = {**(env or {}), "PYTHONPATH": f"{site}:{HELPERS}"}
+        return started(*args, env=env, **kwargs)
+
+    monkeypatch.setattr(gloo_ranks, "start_torchkit_process", with_site)
+    rank0, rank1 = run_ranks_under_agent(
+        "train", "--data", data, "--model", "nets:TinyNet", "--image-size", "8",
+        "--batch-size", "2", "--epochs", "1", "--workers", "0", "--device", "cpu",
+        "--out", tmp_path / "run", timeout=120,
+    )  # fmt: skip
+    assert rank0.returncode == 1, rank0.stderr[-2000:]
+    assert "Error: cannot write" in rank0.stderr and "best.pt" in rank0.stderr
+    # It was "Terminated." below rank 0's error (or a line of its own: "another process of the
+    # run ended"), as if it had been stopped for itself. Its code is rank 0's where it can read
+    # it: torchrun's agent serves the store; here rank 0 did, and went with it (143).
+    assert rank1.stderr == "" and rank1.returncode in (1, 143), rank1.stderr[-2000:]
+
+
+def rank(number: int) -> SimpleNamespace:
+    return SimpleNamespace(rank=number, is_main=number == 0)
+
+
+@pytest.mark.parametrize("agent", [True, False])
+def test_a_sigterm_with_no_rank_failed_still_ends_with_terminated(monkeypatch, agent):
+    # A user's kill (no rank recorded a failure), or no torchrun agent: as in every command.
+    monkeypatch.setattr(ddp.distributed, "peer_failure_code", lambda ctx: None if agent else 1)
+    monkeypatch.setattr(ddp, "under_torchrun_agent", lambda: agent)
+    with pytest.raises(Terminated), ddp.one_line_per_failure(rank(1)):
+        raise Terminated()
+
+
+def test_a_rank_stopped_after_another_failed_ends_with_its_code_quietly(monkeypatch):
+    monkeypatch.setattr(ddp.distributed, "peer_failure_code", lambda ctx: 2)
+    monkeypatch.setattr(ddp, "under_torchrun_agent", lambda: True)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(DeviceError) as caught, ddp.one_line_per_failure(rank(1)):
+            raise Terminated()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert caught.value.on_every_rank and caught.value.exit_code == 2
+    with pytest.raises(Terminated), ddp.one_line_per_failure(rank(0)):  # rank 0 says it
+        raise Terminated()
+
+
+def test_a_rank_that_fails_with_its_own_error_records_it(monkeypatch):
+    recorded = []
+    monkeypatch.setattr(ddp.distributed, "record_failure", lambda ctx, code: recorded.append(code))
+    with pytest.raises(UsageError), ddp.one_line_per_failure(rank(0)):
+        raise UsageError("bad")
+    with pytest.raises(OSError), ddp.one_line_per_failure(rank(1)):
+        raise OSError("disk")
+    with pytest.raises(KeyboardInterrupt), ddp.one_line_per_failure(rank(1)):
+        raise KeyboardInterrupt()  # Ctrl-C is no failure
+    assert recorded == [2, 1]
