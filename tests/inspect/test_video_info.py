@@ -20,6 +20,7 @@ from processes import PipeLines, start_torchkit_process
 from typer.testing import CliRunner
 
 from torchkit.cli import app
+from torchkit.cli.render import JsonArrayWriter, render_json
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.video import (
     find_videos,
@@ -1437,6 +1438,67 @@ def test_streamed_records_are_those_of_the_whole_list(videos, tmp_path, monkeypa
     assert len(whole) == 4
     from_stdin = streamed(["-"], stdin=io.StringIO(listed), **options)
     assert from_stdin == [info.to_dict() for info in whole]
+
+
+def test_json_is_the_whole_list_rendered_byte_for_byte(videos, broken, tmp_path):
+    """--format json streams its objects as they come: the text is the one the whole list
+    rendered at once gave, on stdout, in -o FILE and for paths on stdin."""
+    paths = [need(videos, name) for name in ("mjpg.avi", "mpeg4.mp4", "lossless.mkv")]
+    paths.append(broken["text"])
+    whole = render_json([info.to_dict() for info in inspect_videos(paths, segments=2)])
+    given = invoke(*paths, "-k", "2", "--format", "json")
+    assert given.exit_code == 1 and given.stdout == whole
+    target = tmp_path / "info.json"
+    assert invoke(*paths, "-k", "2", "-o", target).exit_code == 1
+    assert target.read_text(encoding="utf-8") == whole
+    listed = "".join(f"{path}\n" for path in paths)
+    piped = runner.invoke(app, ["video-info", "-", "-k", "2", "--format", "json"], input=listed)
+    assert piped.exit_code == 1 and piped.stdout == whole
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_rows_are_written_as_the_videos_are_read(videos, tmp_path, monkeypatch, fmt):
+    """The JSON array gathered every video before writing its first object; now each comes as
+    its video is read, as CSV rows do. A run that fails part-way (here: at its last video)
+    exits 1 with the rows written so far on stdout (a JSON array left open, so no parser takes
+    it for the whole) and no -o file at all."""
+    paths = [need(videos, name) for name in ("mjpg.avi", "mpeg4.mp4", "lossless.mkv")]
+    probe = video_run.probe_video
+
+    def stopping_at_the_last(path, **options):
+        if path == str(paths[-1]):
+            raise InputError("stopped at the last video")
+        return probe(path, **options)
+
+    monkeypatch.setattr(video_run, "probe_video", stopping_at_the_last)
+    failed = invoke(*paths, "--format", fmt, "-j", "0")
+    assert failed.exit_code == 1
+    assert error_line(failed.stderr) == "Error: stopped at the last video"
+    first = inspect_videos(paths[:2])
+    if fmt == "json":
+        assert failed.stdout == render_json([i.to_dict() for i in first]).removesuffix("\n]\n")
+    else:
+        assert [row["path"] for row in csv.DictReader(io.StringIO(failed.stdout))] == [
+            str(p) for p in paths[:2]
+        ]
+    assert invoke(*paths, "-o", tmp_path / f"info.{fmt}", "-j", "0").exit_code == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_json_array_written_an_item_at_a_time_is_the_whole_list_rendered():
+    items = [
+        {"path": "caf\u00e9 \u2028 x\udcff.mp4", "fps": float("nan"), "frame_indices": []},
+        {"nested": {"empty": {}, "list": [1, [2, 3]]}, "none": None},
+        {},
+    ]
+    for encoding in (None, "utf-8", "ascii"):
+        for count in range(len(items) + 1):
+            handle = io.StringIO()
+            array = JsonArrayWriter(handle, encoding)
+            for item in items[:count]:
+                array.add(item)
+            array.close()
+            assert handle.getvalue() == render_json(items[:count], encoding), (encoding, count)
 
 
 def test_a_video_listed_on_stdin_is_never_the_csv_output(videos, tmp_path):

@@ -156,6 +156,30 @@ def render_json(data: Any, encoding: str | None = None) -> str:
     return text
 
 
+class JsonArrayWriter:
+    """A JSON array written to `handle` an item at a time, as the items come: the text
+    `render_json` gives the whole list (`[]` for none), without holding the list. Under an
+    `encoding` that cannot write an item's characters, that item (not the whole array) gets
+    `render_json`'s JSON escapes. `close` ends the array; an array left open (an error
+    part-way) is no valid JSON, so a parser cannot take the part for the whole."""
+
+    def __init__(self, handle: Any, encoding: str | None = None) -> None:
+        self.handle = handle
+        self.encoding = encoding
+        self.items = 0
+        handle.write("[")
+
+    def add(self, item: Any) -> None:
+        # Each line of the item indented one level, as json.dumps nests it in the list; a
+        # JSON text holds no line break but those between its lines (strings escape theirs).
+        text = render_json(item, self.encoding).removesuffix("\n").replace("\n", "\n  ")
+        self.handle.write(("\n  " if self.items == 0 else ",\n  ") + text)
+        self.items += 1
+
+    def close(self) -> None:
+        self.handle.write("\n]\n" if self.items else "]\n")
+
+
 def render_csv(table: Table) -> str:
     from torchkit.core.io.csv_rows import csv_text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -15,9 +16,17 @@ from torchkit.cli.options import (
     NullOption,
     OutputOption,
     piped_paths,
+    seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit, report_file, resolve_format
+from torchkit.cli.render import (
+    JsonArrayWriter,
+    OutputFormat,
+    Table,
+    emit,
+    report_file,
+    resolve_format,
+)
 
 CSV_COLUMNS = [
     "path",
@@ -103,7 +112,9 @@ def video_info(
     seed: Annotated[
         int,
         typer.Option(
-            "--seed", min=0, help="Seed of the train-mode sampling (same seed, same frames)."
+            "--seed",
+            callback=seed_in_range,
+            help="Seed of the train-mode sampling (same seed, same frames).",
         ),
     ] = 0,
     extract_frames: Annotated[
@@ -160,10 +171,11 @@ def video_info(
     if fmt == OutputFormat.csv and extract_frames is not None:
         _check_csv_frames_folder(extract_frames)
     stdin = piped_paths(paths, null)
-    if fmt == OutputFormat.csv and extract_frames is None:
+    if fmt != OutputFormat.table and extract_frames is None:
         # One row per video as it is read: nothing held but the videos in work.
         tally = _write_streamed(
             paths,
+            fmt=fmt,
             output=output,
             force=force,
             stdin=stdin,
@@ -256,28 +268,29 @@ def _problems(tally: _Tally) -> str | None:
     return f"{bad} of {tally.videos} videos could not be read: {kinds}"
 
 
-def _write_streamed(paths, *, output: Path | None, force: bool, **options) -> _Tally:
-    """The CSV, a row per video as it is read (`stream_videos`): on stdout, each row at once
-    (a reader of the pipe gets it while the list on stdin is still being written); with -o,
-    written to a temporary file put in place at the end."""
-    from torchkit.core.io.csv_rows import CsvWriter
+def _write_streamed(
+    paths, *, fmt: OutputFormat, output: Path | None, force: bool, **options
+) -> _Tally:
+    """The CSV, or the JSON array, a row per video as it is read (`stream_videos`): on stdout,
+    each row at once (a reader of the pipe gets it while the list on stdin is still being
+    written); with -o, written to a temporary file put in place at the end."""
     from torchkit.core.io.files import atomic_write
     from torchkit.core.video import stream_videos
 
     to_file = report_file(output) is not None
     tally = _Tally()
 
-    def write(handle, read, flush: bool) -> None:
-        writer = CsvWriter(handle)
-        writer.writerow(CSV_COLUMNS)
+    def write(handle, read, flush: bool, encoding: str | None = None) -> None:
+        add, close = _row_writer(fmt, handle, encoding)
 
         def row(info) -> None:
             tally.add(info)
-            writer.writerow(_csv_row(info))
+            add(info)
             if flush:
                 handle.flush()
 
         read(row)
+        close()
 
     with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
         # Every check first (the inputs, the listed videos, -o), before any output is opened.
@@ -288,10 +301,26 @@ def _write_streamed(paths, *, output: Path | None, force: bool, **options) -> _T
             with atomic_write(output, "w", encoding="utf-8", newline="") as handle:
                 write(handle, read, flush=False)
         else:
-            write(console.stdout.file, read, flush=True)
+            stdout = console.stdout.file
+            write(stdout, read, flush=True, encoding=getattr(stdout, "encoding", None))
     if to_file:
         console.note(f"wrote {output}")
     return tally
+
+
+def _row_writer(
+    fmt: OutputFormat, handle, encoding: str | None
+) -> tuple[Callable[[Any], None], Callable[[], None]]:
+    """(add a video's row, end the output) for `fmt` on `handle`: CSV rows under their header,
+    or the items of a JSON array (as `emit` renders the whole list)."""
+    from torchkit.core.io.csv_rows import CsvWriter
+
+    if fmt == OutputFormat.json:
+        array = JsonArrayWriter(handle, encoding)
+        return (lambda info: array.add(info.to_dict())), array.close
+    writer = CsvWriter(handle)
+    writer.writerow(CSV_COLUMNS)
+    return (lambda info: writer.writerow(_csv_row(info))), (lambda: None)
 
 
 def _table(infos: list, *, exact: bool, segments: bool) -> Table:
