@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from torchkit.cli.options import (
+    SIZE_RULE,
     ForceOption,
     ModelOption,
     OutputOption,
@@ -122,9 +123,9 @@ def benchmark(
             "--memory-limit",
             metavar="SIZE|N%",
             show_default=False,
-            help="With --find-batch-size: the most peak memory a batch may take (4GB, 512MiB, "
-            "or a percentage of the memory available at the start on the CPU, of the GPU's "
-            "memory on CUDA). Peak memory is the growth of the process's RSS on the CPU, "
+            help="With --find-batch-size: the most peak memory a batch may take: a size, "
+            f"{SIZE_RULE}; or N% of the memory available at the start on the CPU, of the "
+            "GPU's memory on CUDA. Peak memory is the growth of the process's RSS on the CPU, "
             "max_memory_allocated on CUDA. [default: 50% on the CPU; none on CUDA]",
         ),
     ] = None,

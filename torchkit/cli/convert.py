@@ -11,6 +11,7 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.app import TorchkitGroup
 from torchkit.cli.options import (
+    SIZE_RULE,
     ForceOption,
     FormatOption,
     OutOption,
@@ -569,9 +570,8 @@ def shards(
         typer.Option(
             "--shard-size",
             metavar="SIZE",
-            help="Close a shard before it would pass SIZE: 1GB, 500MB (powers of 1000), "
-            "256MiB or 256M (powers of 1024), or bytes; a larger image gets a shard of its "
-            "own [default: 1GB unless --per-shard is given].",
+            help=f"Close a shard before it would pass SIZE: {SIZE_RULE}; a larger image gets "
+            "a shard of its own [default: 1GB unless --per-shard is given].",
             show_default=False,
         ),
     ] = None,

@@ -11,7 +11,8 @@
   The weights, loaded before the run, are not part of the growth; on the first run of a
   process, one-time allocations (oneDNN's kernels and caches) are.
 
-`--memory-limit` is a size (`2GB`, `512MiB`, `1e9` bytes) or a percentage: of the memory
+`--memory-limit` is a size as every size option reads it (`2GB` is 2*10^9 bytes, `512MiB` and
+`512M` 512*2^20, `1e9` bytes: core/io/sizes.py) or a percentage: of the memory
 available when the run starts on the CPU (`MemAvailable`), of the GPU's total memory on CUDA.
 """
 
@@ -21,39 +22,17 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
-import math
 import os
-import re
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.sizes import parse_size
 from torchkit.core.runtime.memory import available_memory, proc_kib
 
 CPU_DEFAULT_LIMIT = "50%"  # of the memory available at the start: room for the OS and others
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "ki": 2**10,
-    "kib": 2**10,
-    "mi": 2**20,
-    "mib": 2**20,
-    "gi": 2**30,
-    "gib": 2**30,
-    "ti": 2**40,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -72,7 +51,7 @@ class MemoryLimit:
 
 
 def parse_memory_limit(text: str) -> MemoryLimit:
-    """'2GB', '512MiB', '1.5G', '1000000' (bytes) or '50%'."""
+    """A size ('2GB', '512MiB', '1.5G', '1000000' bytes: `parse_size`) or '50%'."""
     cleaned = text.strip()
     if cleaned.endswith("%"):
         try:
@@ -84,15 +63,11 @@ def parse_memory_limit(text: str) -> MemoryLimit:
                 f"invalid --memory-limit {text!r}", "give a percentage in (0, 100], e.g. 50%"
             )
         return MemoryLimit(cleaned, fraction=percent / 100)
-    match = _SIZE.match(cleaned)
-    unit = match.group(2).lower() if match else None
-    size = float(match.group(1)) * _UNITS[unit] if match and unit in _UNITS else math.nan
-    # `1e400GB` is inf, which no int holds; `0.5` is no byte (a limit no batch fits in)
-    if not 1 <= size < math.inf:
-        raise UsageError(
-            f"invalid --memory-limit {text!r}", "give a size such as 4GB, 512MiB, or 50%"
-        )
-    return MemoryLimit(cleaned, bytes=int(size))
+    try:
+        size = parse_size(cleaned, "--memory-limit")
+    except UsageError as error:
+        raise UsageError(error.message, f"{error.hint}, or a percentage such as 50%") from None
+    return MemoryLimit(cleaned, bytes=size)
 
 
 def device_memory(device: Any) -> int:
