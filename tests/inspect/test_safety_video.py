@@ -251,6 +251,27 @@ def test_sigterm_mid_extraction_leaves_the_old_frames_folder(tmp_path, clip):
     assert sorted(os.listdir(tmp_path)) == ["frames", "long", "slow-io"]  # no temporary, lock
 
 
+def test_sigterm_as_the_new_frames_take_their_place_leaves_no_hidden_folder(tmp_path, clip):
+    # A stop in the swap at the end (all frames written in the hidden folder) was not
+    # abandoned: exit 143, the old folder in place, and .frames.XXXX.partial left with every
+    # new frame in it until a next run on the same folder.
+    video = tmp_path / "clip.avi"
+    video.write_bytes(clip.read_bytes())
+    frames = tmp_path / "frames"
+    slow = slow_io_env(tmp_path, frames, calls=["os.replace"], delay=3)  # the swap's renames
+    process = start_torchkit_process(
+        "video-info", str(video), "-k", "4", "--extract-frames", str(frames), env=slow
+    )
+    wait_until(
+        lambda: len(list(tmp_path.glob(".frames.*.partial/*.png"))) == 4,
+        process=process,
+        what="every new frame",
+    )
+    code, _, err = signal_and_wait(process, signal.SIGTERM)
+    assert code == 143 and "Terminated" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["clip.avi", "slow-io"]  # no frames, no temporary
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="worker processes need 2 cores")
 def test_sigterm_while_worker_processes_read_stops_them_all(tmp_path):
     """Many videos are read by worker processes: SIGTERM to the command ends it with 143 and

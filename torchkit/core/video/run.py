@@ -142,11 +142,10 @@ def inspect_videos(
         )  # fmt: skip
         if frames_folder is not None:
             # Keep the new frames (they replace the old folder) once there are any; with none
-            # written, the old frames folder stays as if nothing had run.
-            if frames_folder.frames:
-                frames_folder.folder.keep()
-            else:
-                frames_folder.folder.abandon()
+            # written, the old frames folder stays as if nothing had run. A stop or an error
+            # in the swap itself abandons them too (`finish`): `keep()` alone left the hidden
+            # folder with every new frame in it.
+            frames_folder.folder.finish(bool(frames_folder.frames))
         return results
 
 
