@@ -25,6 +25,7 @@ from torchvision.models.feature_extraction import create_feature_extractor, get_
 
 from torchkit.cli import app
 from torchkit.core.features import FeatureRequest, extract_features
+from torchkit.core.features import store as feature_store
 from torchkit.core.features.layers import FeatureExtractor, LayerGraph
 from torchkit.core.inference.options import InferenceOptions
 from torchkit.core.io.errors import TorchkitError
@@ -1056,3 +1057,44 @@ def test_resume_in_a_folder_torchkit_did_not_write_does_not_suggest_force(tmp_pa
         "OUT: this folder was not written by torchkit)"
     )
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+class _CaseNet(nn.Module):
+    """Two layers whose names differ only by case."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.Conv1 = nn.Conv2d(3, 2, 1)
+        self.conv1 = nn.Conv2d(3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.Conv1(x).mean((2, 3)) + self.conv1(x).mean((2, 3))
+
+
+def test_layers_named_alike_but_for_case_get_two_files_where_case_is_ignored(
+    runner, tmp_path, models_module, monkeypatch
+):
+    # Conv1.npy and conv1.npy are one file on an exFAT disk, macOS or a Samba share: there the
+    # second layer's file is named as a repeated name's, conv1_2.npy.
+    images = write_image_folder(tmp_path / "images", {"a": 1, "b": 1})
+    models_module.case_net = _CaseNet
+    args = (
+        f"{MODELS_MODULE}:case_net",
+        str(images),
+        "-l",
+        "Conv1",
+        "-l",
+        "conv1",
+        "-j",
+        "0",
+        "--image-size",
+        "8",
+    )
+    result = run(runner, *args, str(tmp_path / "plain"))  # a file system that tells case apart
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "plain").glob("*.npy")) == ["Conv1.npy", "conv1.npy"]
+    monkeypatch.setattr(feature_store, "folds_case", lambda folder: True)
+    result = run(runner, *args, str(tmp_path / "folded"))
+    assert result.exit_code == 0, result.stderr
+    meta = json.loads((tmp_path / "folded" / "meta.json").read_text())
+    assert [layer["file"] for layer in meta["layers"]] == ["Conv1.npy", "conv1_2.npy"]

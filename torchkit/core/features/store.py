@@ -38,6 +38,7 @@ from torchkit.core.io.files import (
     atomic_path,
     atomic_write,
     atomic_write_text,
+    folds_case,
     torch_save,
 )
 from torchkit.core.io.outputs import (
@@ -200,8 +201,9 @@ class FeatureStore:
         self._begin()
         used: set[str] = set()
         with reporting_write_errors(self.out):
+            fold = folds_case(self.partial)  # `Conv1.npy` and `conv1.npy` one file there
             for name, info in layers.items():
-                stem = _file_stem(name, used)
+                stem = _file_stem(name, used, fold)
                 info = {**info, "file": stem}
                 self.progress.layers[name] = info
                 path = self._partial_array(stem)
@@ -441,13 +443,16 @@ def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str
         )
 
 
-def _file_stem(name: str, used: set[str]) -> str:
+def _file_stem(name: str, used: set[str], fold_case: bool = False) -> str:
+    """The file name (without extension) of layer `name`'s array: its name, with `_2`, `_3`...
+    where another layer's took it (`used`, casefolded where the folder ignores case)."""
     stem = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "layer"
+    key = str.casefold if fold_case else str
     candidate, count = stem, 1
-    while candidate in used:
+    while key(candidate) in used:
         count += 1
         candidate = f"{stem}_{count}"
-    used.add(candidate)
+    used.add(key(candidate))
     return candidate
 
 
