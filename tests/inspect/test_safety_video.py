@@ -272,6 +272,26 @@ def test_sigterm_as_the_new_frames_take_their_place_leaves_no_hidden_folder(tmp_
     assert sorted(os.listdir(tmp_path)) == ["clip.avi", "slow-io"]  # no frames, no temporary
 
 
+def test_sigterm_while_the_old_frames_are_deleted_leaves_no_hidden_folder(tmp_path, clip):
+    # The new frames were in place and the old folder, renamed .frames.XXXX.discarded, was
+    # being deleted: the stop ended the delete half-way (exit 143), the hidden folder stayed.
+    video = tmp_path / "clip.avi"
+    video.write_bytes(clip.read_bytes())
+    frames = tmp_path / "frames"
+    assert video_info(video, "-k", "2", "--extract-frames", frames).returncode == 0
+    slow = slow_io_env(tmp_path, Path(".discarded"), calls=["os.replace"], delay=3, after=True)
+    process = start_torchkit_process(
+        "video-info", str(video), "-k", "4", "--extract-frames", str(frames), "--force", env=slow
+    )
+    wait_until(
+        lambda: list(tmp_path.glob(".frames.*.discarded")), process=process, what="the delete"
+    )
+    code, _, err = signal_and_wait(process, signal.SIGTERM)
+    assert code == 143 and "Terminated" in err and "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["clip.avi", "frames", "slow-io"]
+    assert len(list(frames.glob("*.png"))) == 4  # the new frames, whole
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="worker processes need 2 cores")
 def test_sigterm_while_worker_processes_read_stops_them_all(tmp_path):
     """Many videos are read by worker processes: SIGTERM to the command ends it with 143 and

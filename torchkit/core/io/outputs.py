@@ -1082,10 +1082,16 @@ def discard_tree(path: Path, gone: Path | None = None) -> None:
     if gone is None:
         gone = path.with_name(path.name.rsplit(".", 1)[0] + DISCARDED_SUFFIX)
     try:
-        os.replace(path, gone)
-    except OSError:
-        gone = path
-    remove_tree(gone)
+        try:
+            os.replace(path, gone)
+        except OSError:
+            gone = path
+        remove_tree(gone)
+    except BaseException:
+        # Ctrl-C or SIGTERM half-way (the CLI ignores a second one): the delete decided is
+        # finished, not left as a hidden folder of the old output until a next run.
+        remove_tree(gone if os.path.lexists(gone) else path)
+        raise
 
 
 def recover_leftovers(folder: Path) -> list[str]:
