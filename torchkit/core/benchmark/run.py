@@ -39,7 +39,7 @@ from torchkit.core.models.exported.formats import TORCHSCRIPT
 from torchkit.core.models.image_size import ImageSizeError
 from torchkit.core.models.inputs import make_inputs
 from torchkit.core.runtime.compiled import compile_module
-from torchkit.core.runtime.device import is_out_of_memory
+from torchkit.core.runtime.device import is_out_of_memory, to_channels_last
 from torchkit.core.runtime.memory import available_memory
 
 log = logging.getLogger("torchkit")
@@ -292,7 +292,7 @@ def benchmark_model(
         _check_fits_in_memory(name, counted, options, amp_dtype)
     model.to(device)
     if options.channels_last:
-        model.to(memory_format=torch.channels_last)
+        to_channels_last(model)
     # One graph per batch size and mode (dynamic=False): what a fixed-shape loop would run.
     runnable = compile_module(model, dynamic=False) if options.compile else model
     weights_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)

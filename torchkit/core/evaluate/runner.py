@@ -50,7 +50,12 @@ from torchkit.core.io.outputs import (
 from torchkit.core.io.progress import Progress
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.models import ModelSpec, resolve_spec
-from torchkit.core.runtime.device import amp_dtype_name, check_amp_dtype, resolve_amp_dtype
+from torchkit.core.runtime.device import (
+    amp_dtype_name,
+    check_amp_dtype,
+    resolve_amp_dtype,
+    to_channels_last,
+)
 from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
 from torchkit.core.runtime.launch import is_main_process
 from torchkit.core.runtime.plot_helper import PlotHelper, plot_helper
@@ -472,7 +477,7 @@ def _run(
     model.eval()
     model.to(device)
     if options.run.channels_last:
-        model.to(memory_format=torch.channels_last)
+        to_channels_last(model)
     log.info(
         "evaluating %d images of %s with %s on %s",
         len(samples),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
+from torchkit.core.runtime.device import to_channels_last
 
 logger = logging.getLogger("torchkit")
 
@@ -303,14 +304,12 @@ class FeatureExtractor:
         return hook
 
     def to(self, device, *, channels_last: bool = False) -> FeatureExtractor:
-        import torch
-
         # The pre-logits run in the model's own head, which torch.fx's module may not hold.
         modules = [self.module, *([self._graph.model] if self._tap else [])]
         for module in modules:
             module.to(device)
             if channels_last:
-                module.to(memory_format=torch.channels_last)
+                to_channels_last(module)
         return self
 
     def __call__(self, images, *, partial: bool = False) -> dict[str, Any]:

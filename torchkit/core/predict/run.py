@@ -26,6 +26,7 @@ from torchkit.core.predict.inputs import (
     streamed_images,
     streams_stdin,
 )
+from torchkit.core.runtime.device import to_channels_last
 
 log = logging.getLogger("torchkit")
 
@@ -303,7 +304,7 @@ class PredictRun:
             try:
                 model = self.resolved.model.eval().to(self.device)
                 if request.run.channels_last:
-                    model.to(memory_format=memory_format)
+                    to_channels_last(model)
                 for batch in batches:
                     local = None
                     if batch is not None:

@@ -103,6 +103,21 @@ def use_in_this_thread(device: Any) -> None:
         torch.cuda.set_device(device)
 
 
+def to_channels_last(module: Any) -> Any:
+    """`module` (in place) with its 4-D weights and buffers in the channels-last layout, as
+    `module.to(memory_format=torch.channels_last)` puts them, except that weights of other
+    ranks stay as they are: torch's call fails on a model that also holds 5-D ones (a Conv3d
+    inside an image model) with "required rank 4 tensor to use channels_last format"."""
+    import torch
+
+    def convert(tensor):
+        if tensor.dim() != 4:
+            return tensor
+        return tensor.contiguous(memory_format=torch.channels_last)
+
+    return module._apply(convert)  # what Module.to applies, to parameters and buffers alike
+
+
 def check_amp_dtype(amp: bool, amp_dtype: str) -> None:
     """--amp-dtype is one of auto, bf16, fp16, and a choice other than auto comes with --amp
     (without it the choice would silently do nothing)."""

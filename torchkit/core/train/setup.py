@@ -22,7 +22,11 @@ from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.norms import has_batch_norm
 from torchkit.core.models.transform_input import mean_std_as_trained
 from torchkit.core.runtime import distributed
-from torchkit.core.runtime.device import amp_dtype_name, warn_if_cpu_amp_is_emulated
+from torchkit.core.runtime.device import (
+    amp_dtype_name,
+    to_channels_last,
+    warn_if_cpu_amp_is_emulated,
+)
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
@@ -480,11 +484,9 @@ def _check_train_crop_size(
 
 def _to_device(model: Any, ctx: DistContext, config: TrainConfig) -> None:
     """The model on the run's device, channels-last with --channels-last, in place."""
-    import torch
-
     model.to(ctx.device)
     if config.channels_last:
-        model.to(memory_format=torch.channels_last)
+        to_channels_last(model)
 
 
 def _early_decoding(ctx: DistContext, config: TrainConfig) -> Callable[[Any], Any] | None:
