@@ -386,6 +386,19 @@ def test_folder_outputs_that_would_collide(tmp_path):
     assert "would both become x.npy" in result.stderr
 
 
+def test_a_batch_whose_images_are_named_as_another_files_output_is_refused(tmp_path):
+    # x.pt, a batch of two, becomes x_0.png and x_1.png: x_0.png's own output would be one of
+    # them, and one image would silently replace the other.
+    src = tmp_path / "src"
+    src.mkdir()
+    torch.save(torch.rand(2, 3, 4, 4), src / "x.pt")
+    random_image("RGB").save(src / "x_0.png")
+    result = convert(src, tmp_path / "dst", "--to", "png", "-j", "1")
+    assert result.exit_code == 2, result.stderr
+    assert "x.pt and x_0.png would both become x_0.png" in error_line(result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
 @pytest.mark.parametrize(
     ("names", "twins"),
     [(["A.png", "a.png"], "A.npy and a.npy"), (["Cat/x.png", "cat/y.png"], "Cat and cat")],

@@ -773,6 +773,9 @@ def _convert_into(
     report = TensorReport(str(source), str(target), folder=True, skipped=len(skipped))
     report.skipped_files = [str(p) for p in skipped]
     done = 0
+    # Output file -> the source that wrote it: a batch's images (`x.pt` -> `x_0.png`, `x_1.png`)
+    # are named only once it is read, and may be another source's output (`x_0.png` itself).
+    writer_of: dict[str, str] = {}
 
     def collect(results: list[FileResult]) -> None:
         nonlocal done
@@ -781,6 +784,13 @@ def _convert_into(
             for message in result.warnings:
                 log.warning(message)
             if result.error is None:
+                for written in result.written:
+                    first = writer_of.setdefault(written.path, result.source)
+                    if first != result.source:
+                        raise UsageError(
+                            f"{first} and {result.source} would both become {written.path}",
+                            "convert them separately",
+                        )
                 report.converted += 1
                 report.written.extend(result.written)
                 continue
