@@ -347,6 +347,23 @@ def test_a_move_killed_before_its_journal_is_undone_by_the_same_command(tmp_path
     assert json.loads(journal.read_text())["state"] == "done"
 
 
+@pytest.mark.parametrize("mode", ["move", "copy"])
+def test_a_split_killed_before_its_first_journal_is_redone_by_the_same_command(tmp_path, mode):
+    # Killed once OUT was made and marked, before any journal: OUT held only the marker, and
+    # the same command refused it ("output folder already exists ... pass --force").
+    data = make_files(tmp_path / "data", {"cat": 4, "dog": 4})
+    expected = contents(data)
+    out = tmp_path / "out"
+    slow = slow_io_env(tmp_path, out / ".torchkit-split.json", calls=("os.replace",), delay=3)
+    process = start_torchkit_process("split", str(data), str(out), "--mode", mode, env=slow)
+    wait_until((out / ".torchkit").exists, process=process, what="the marker")
+    code, _, _ = signal_and_wait(process, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    result = split(data, out, "--mode", mode)
+    assert result.returncode == 0, result.stderr
+    assert contents(out) == expected
+
+
 def test_sigterm_mid_copy_with_force_puts_the_earlier_split_back(tmp_path):
     data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})
     out = tmp_path / "out"
