@@ -612,8 +612,19 @@ def test_the_best_checkpoint_of_a_resumed_one_is_found_only_in_the_same_run(tmp_
 # -- 7. --amp: float16 with a GradScaler where bfloat16 is not native; fp16 on CPUs ---------------
 
 
+def _train_amp_dtype(device_type: str, amp_dtype: str) -> str:
+    """The autocast dtype train's --amp takes on a device of `device_type` (no such device
+    needed: nothing runs on it)."""
+    from torchkit.core.train.setup import build_amp
+
+    with warnings.catch_warnings():  # (a CUDA GradScaler without CUDA warns and disables)
+        warnings.simplefilter("ignore")
+        amp = build_amp(torch.device(device_type), TrainConfig(amp=True, amp_dtype=amp_dtype))
+    return amp.dtype
+
+
 def test_amp_auto_takes_bf16_only_on_gpus_that_compute_it_natively(monkeypatch):
-    from torchkit.core.train.setup import amp_dtype_for, build_amp
+    from torchkit.core.train.setup import build_amp
 
     asked = []
 
@@ -622,13 +633,11 @@ def test_amp_auto_takes_bf16_only_on_gpus_that_compute_it_natively(monkeypatch):
         return including_emulation  # a T4 or V100: bf16 only by emulation
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", t4_bf16_supported)
-    assert amp_dtype_for("cuda", "auto") == "float16" and asked == [False]
+    assert _train_amp_dtype("cuda", "auto") == "float16" and asked == [False]
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    assert amp_dtype_for("cuda", "auto") == "bfloat16"  # Ampere and later
-    assert amp_dtype_for("cpu", "auto") == amp_dtype_for("cuda", "bf16") == "bfloat16"
-    assert amp_dtype_for("cpu", "fp16") == "float16"
-    with pytest.raises(UsageError, match="--amp-dtype fp16 is not supported on mps"):
-        amp_dtype_for("mps", "fp16")
+    assert _train_amp_dtype("cuda", "auto") == "bfloat16"  # Ampere and later
+    assert _train_amp_dtype("cpu", "auto") == _train_amp_dtype("cuda", "bf16") == "bfloat16"
+    assert _train_amp_dtype("cpu", "fp16") == "float16"
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", t4_bf16_supported)
     for device, amp_dtype, expected in (
@@ -646,22 +655,49 @@ def test_amp_auto_takes_bf16_only_on_gpus_that_compute_it_natively(monkeypatch):
             assert scaler is None
 
 
+@pytest.mark.parametrize(
+    ("device_type", "native_cuda_bf16", "expected"),
+    [
+        ("cpu", None, {"auto": "bfloat16", "bf16": "bfloat16", "fp16": "float16"}),
+        ("cuda", True, {"auto": "bfloat16", "bf16": "bfloat16", "fp16": "float16"}),
+        ("cuda", False, {"auto": "float16", "bf16": "bfloat16", "fp16": "float16"}),
+        # MPS: torch's autocast default there is float16 (bfloat16 only from macOS 14 on)
+        ("mps", None, {"auto": "float16", "bf16": "bfloat16", "fp16": "float16"}),
+    ],
+)
+def test_train_takes_the_autocast_dtype_eval_predict_and_features_take(
+    monkeypatch, device_type, native_cuda_bf16, expected
+):
+    # One rule for every command: train once chose bf16 for auto on MPS (the others fp16) and
+    # refused --amp-dtype fp16 there (the others took it).
+    from torchkit.core.runtime.device import amp_dtype_name, resolve_amp_dtype
+
+    if native_cuda_bf16 is not None:
+        monkeypatch.setattr(
+            torch.cuda, "is_bf16_supported", lambda including_emulation=True: native_cuda_bf16
+        )
+    for choice, dtype in expected.items():
+        shared = resolve_amp_dtype(choice, torch.device(device_type))
+        assert str(shared) == f"torch.{dtype}"
+        assert _train_amp_dtype(device_type, choice) == dtype, (device_type, choice)
+        assert amp_dtype_name(shared) == {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+
+
 def test_bf16_on_a_gpu_that_emulates_it_warns_in_train_as_in_the_other_commands(
     monkeypatch, caplog
 ):
     # A T4 or V100 computes bfloat16 by emulation, slower than float32: eval, predict,
     # extract-features and benchmark warn before the run, and so does train.
     from torchkit.core.runtime.device import resolve_amp_dtype
-    from torchkit.core.train.setup import amp_dtype_for
 
     emulated = "this GPU has no native bfloat16: --amp-dtype bf16 is emulated and slow"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
-    assert amp_dtype_for("cuda", "bf16") == "bfloat16"
+    assert _train_amp_dtype("cuda", "bf16") == "bfloat16"
     assert resolve_amp_dtype("bf16", torch.device("cuda")) == torch.bfloat16
     assert [r.getMessage().startswith(emulated) for r in caplog.records] == [True, True]
     caplog.clear()
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    assert amp_dtype_for("cuda", "bf16") == "bfloat16" and amp_dtype_for("cpu", "bf16")
+    assert _train_amp_dtype("cuda", "bf16") == "bfloat16" and _train_amp_dtype("cpu", "bf16")
     assert caplog.records == []
 
 

@@ -128,12 +128,15 @@ def check_amp_dtype(amp: bool, amp_dtype: str) -> None:
 
 
 def resolve_amp_dtype(choice: str, device):
-    """The autocast dtype of `--amp-dtype auto|bf16|fp16` on `device` (a torch.dtype).
+    """The autocast dtype of `--amp-dtype auto|bf16|fp16` on `device` (a torch.dtype): the one
+    rule of every command (train, eval, predict, extract-features, benchmark).
 
     auto is bfloat16 where the device computes it natively: CPUs, and CUDA GPUs that support
-    it without emulation (compute capability 8.0 and up); float16 elsewhere (older GPUs, where
-    bfloat16 is only emulated and slow, and MPS). fp16 is allowed on CPUs too (torch has a CPU
-    float16 autocast). Asks the current CUDA device: call `select_device` first.
+    it without emulation (compute capability 8.0 and up); float16 elsewhere: older GPUs, where
+    bfloat16 is only emulated and slow, and MPS, whose autocast has float16 as its default
+    (`torch.get_autocast_dtype("mps")`) and takes bfloat16 only from macOS 14 on. bf16 and
+    fp16 are taken as asked on every device (torch has a CPU float16 autocast). Asks the
+    current CUDA device: call `select_device` first.
     """
     import torch
 

@@ -22,11 +22,7 @@ from torchkit.core.io.errors import CheckpointError, UsageError
 from torchkit.core.models.norms import has_batch_norm
 from torchkit.core.models.transform_input import mean_std_as_trained
 from torchkit.core.runtime import distributed
-from torchkit.core.runtime.device import (
-    amp_dtype_name,
-    to_channels_last,
-    warn_if_cpu_amp_is_emulated,
-)
+from torchkit.core.runtime.device import resolve_amp_dtype, to_channels_last
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train import ddp
 from torchkit.core.train.checkpoints import load_for_resume
@@ -94,41 +90,18 @@ def effective_config(
 
 
 def build_amp(device: Any, config: TrainConfig) -> Amp:
-    """--amp on `device`: autocast and, for float16, a GradScaler."""
+    """--amp on `device`: autocast in `resolve_amp_dtype`'s dtype (the one rule of every
+    command) and, for float16, a GradScaler."""
     import torch
 
     if not config.amp:
         return Amp(contextlib.nullcontext, None, "float32")
-    name = amp_dtype_for(device.type, config.amp_dtype)
-    dtype = getattr(torch, name)
-    warn_if_cpu_amp_is_emulated(device.type, amp_dtype_name(dtype))
-    # float16 needs its loss scaled (bfloat16 has float32's range): on CUDA, and on CPUs,
+    dtype = resolve_amp_dtype(config.amp_dtype, device)
+    name = str(dtype).rsplit(".", 1)[-1]
+    # float16 needs its loss scaled (bfloat16 has float32's range): on CUDA, MPS, and on CPUs,
     # where the same path runs (and is tested) without a GPU.
-    scaler = torch.amp.GradScaler(device.type) if name == "float16" else None
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     return Amp(lambda: torch.autocast(device.type, dtype=dtype), scaler, name)
-
-
-def amp_dtype_for(device_type: str, amp_dtype: str) -> str:
-    """The autocast dtype of --amp: "bfloat16" or "float16" (which gets a GradScaler).
-
-    auto: bfloat16 on CPUs, and on GPUs that compute in it natively (Ampere and later);
-    float16 on older GPUs (T4, V100), where `is_bf16_supported()` is true only by emulation,
-    which is slower than float32. fp16 runs on CUDA and on CPUs; other devices take bf16."""
-    from torchkit.core.runtime.device import cuda_bf16_native, warn_if_cuda_bf16_is_emulated
-
-    if amp_dtype == "bf16":
-        warn_if_cuda_bf16_is_emulated(device_type)
-        return "bfloat16"
-    if amp_dtype == "fp16":
-        if device_type not in ("cuda", "cpu"):
-            raise UsageError(
-                f"--amp-dtype fp16 is not supported on {device_type}",
-                "use --amp-dtype bf16 (or auto), or --device cuda or cpu",
-            )
-        return "float16"
-    if device_type == "cuda":
-        return "bfloat16" if cuda_bf16_native() else "float16"
-    return "bfloat16"
 
 
 def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> TrainState:
