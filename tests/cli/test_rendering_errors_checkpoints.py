@@ -479,6 +479,36 @@ def test_resolve_device_cpu_and_bad_names():
             resolve_device(bad)
 
 
+def test_resolve_device_takes_index_0_of_cpu_and_mps_only():
+    assert resolve_device("cpu:0") == torch.device("cpu")
+    for spec in ("cpu:5", "CPU:1", "mps:3"):
+        with pytest.raises(UsageError, match="there is one (CPU|MPS) device"):
+            resolve_device(spec)
+
+
+@pytest.mark.parametrize("spec", ["cpu:5", "mps:3"])
+@pytest.mark.parametrize("command", ["train", "eval", "predict"])
+def test_a_device_index_that_cannot_exist_is_refused(tmp_path, command, spec):
+    # Before: --device cpu:5 ran on the CPU, mps:3 on MPS 0, the index silently dropped.
+    data = write_image_folder(tmp_path / "data", {"a": 1, "b": 1})
+    model = tmp_path / "m.pt"
+    write_convnet_checkpoint(model, in_channels=3, image_size=8, classes="ab")
+    out = tmp_path / "out"
+    given = {
+        "train": ("train", "--data", data, "--model", "convnet", "--out", out, "--epochs", "1"),
+        "eval": ("eval", model, "--data", data, "--out", out),
+        "predict": ("predict", model, data),
+    }[command]
+    result = run_torchkit_in_process(*given, "--device", spec)
+    kind = spec.split(":")[0]
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: --device {spec}: there is one {kind.upper()} device, {kind}:0 "
+        f"(use --device {kind})"
+    )
+    assert result.stdout == "" and not out.exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without usable CUDA")
 @pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:1"])
 def test_resolve_device_cuda_unavailable(spec):

@@ -26,6 +26,12 @@ def resolve_device(spec: str = "auto"):
         if index is not None:
             raise UsageError(f"unknown device {spec!r}", "use auto, cpu, cuda, cuda:N or mps")
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if kind in ("cpu", "mps") and index is not None and int(index) != 0:
+        # torch has one CPU device and one MPS device: another index would be dropped silently.
+        raise UsageError(
+            f"--device {spec.strip()}: there is one {kind.upper()} device, {kind}:0",
+            f"use --device {kind}",
+        )
     if kind == "cpu":
         return torch.device("cpu")
     if kind == "mps":
