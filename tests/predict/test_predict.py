@@ -502,24 +502,28 @@ def test_an_exported_model_predicts_the_same_classes(runner, world, tmp_path, su
         assert float(got["probability"]) == pytest.approx(float(want["probability"]), abs=1e-4)
 
 
-def test_amp_on_an_onnx_model_is_refused_not_recorded_as_applied(runner, world, tmp_path):
+def test_amp_or_channels_last_on_an_onnx_model_is_refused_not_recorded_as_applied(
+    runner, world, tmp_path
+):
     """onnxruntime runs outside torch's autocast: eval --amp recorded amp: true, bf16 while its
-    numbers were the float32 run's. TorchScript runs under autocast and keeps --amp."""
+    numbers were the float32 run's; and it takes plain arrays: --channels-last was silently
+    ignored. TorchScript runs under autocast, as a torch module, and keeps both."""
     onnx_file, script = tmp_path / "model.onnx", tmp_path / "model.ts"
     for exported in (onnx_file, script):
         made = runner.invoke(app, ["export", str(world["ckpt"]), str(exported)])
         assert made.exit_code == 0, made.stderr
-    for command, data in (
-        ("predict", [str(world["flat"])]),
-        ("eval", ["--data", str(world["labelled"]), "--split", "test"]),
-    ):
-        args = [command, str(onnx_file), *data, "--amp", "--format", "csv", "-j", "0"]
-        result = runner.invoke(app, [*args, "--device", "cpu"])
-        assert result.exit_code == 2, result.stderr
-        assert result.stdout == ""
-        assert "--amp has no effect on an ONNX model" in error_line(result.stderr)
-    kept = invoke(runner, script, world["flat"], "--amp", "--trust-checkpoint", "-j", "0")
-    assert kept.exit_code == 0, kept.stderr
+    for option in ("--amp", "--channels-last"):
+        for command, data in (
+            ("predict", [str(world["flat"])]),
+            ("eval", ["--data", str(world["labelled"]), "--split", "test"]),
+        ):
+            args = [command, str(onnx_file), *data, option, "--format", "csv", "-j", "0"]
+            result = runner.invoke(app, [*args, "--device", "cpu"])
+            assert result.exit_code == 2, result.stderr
+            assert result.stdout == ""
+            assert f"{option} has no effect on an ONNX model" in error_line(result.stderr)
+        kept = invoke(runner, script, world["flat"], option, "--trust-checkpoint", "-j", "0")
+        assert kept.exit_code == 0, kept.stderr
 
 
 def test_csv_is_the_json_rows_formatted_with_repr_floats_and_empty_fields(runner, world, tmp_path):

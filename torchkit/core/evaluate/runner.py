@@ -32,8 +32,8 @@ from torchkit.core.evaluate.results import EvalResult, Predictions
 from torchkit.core.evaluate.source import load_eval_samples
 from torchkit.core.inference.options import (
     InferenceOptions,
-    check_amp_applies,
     check_inference_options,
+    check_torch_options_apply,
 )
 from torchkit.core.inference.scoring import TTA_MODES, score_batch
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, on_every_rank
@@ -437,7 +437,7 @@ def _run(
     # run on the command's threads once the workers are started.
     with until_workers_forked():
         resolved = resolve_spec(spec, command="eval", exported="runtime", predicting=True)
-        check_amp_applies(options.run, resolved.exported_format)
+        check_torch_options_apply(options.run, resolved.exported_format)
         recorded = resolved.data_record
         data = load_eval_samples(
             options.data, split=options.split, classes=resolved.classes, recorded=recorded

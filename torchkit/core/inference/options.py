@@ -77,15 +77,24 @@ def check_inference_options(run: InferenceOptions) -> None:
     check_workers(run.workers)
 
 
-def check_amp_applies(run: InferenceOptions, exported_format: str | None) -> None:
-    """Refuse --amp for an ONNX file: onnxruntime runs it in the precision it was exported in,
-    outside torch's autocast, so the run would be recorded as mixed precision while every
-    number is the float32 run's."""
-    if run.amp and exported_format == "onnx":  # core.models.exported.formats.ONNX
+def check_torch_options_apply(run: InferenceOptions, exported_format: str | None) -> None:
+    """Refuse --amp and --channels-last for an ONNX file: onnxruntime runs it in the precision
+    it was exported in, outside torch's autocast, so the run would be recorded as mixed
+    precision while every number is the float32 run's; and it takes its input as a plain
+    array, in the layout it chooses, so --channels-last would change nothing."""
+    if exported_format != "onnx":  # core.models.exported.formats.ONNX
+        return
+    if run.amp:
         raise UsageError(
             "--amp has no effect on an ONNX model: onnxruntime runs it in the precision it was "
             "exported in",
             "drop --amp, or export a float16 file: torchkit export ... --dtype float16",
+        )
+    if run.channels_last:
+        raise UsageError(
+            "--channels-last has no effect on an ONNX model: onnxruntime chooses its own "
+            "memory layout",
+            "drop --channels-last",
         )
 
 

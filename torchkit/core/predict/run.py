@@ -15,8 +15,8 @@ from typing import Any
 
 from torchkit.core.inference.options import (
     InferenceOptions,
-    check_amp_applies,
     check_inference_options,
+    check_torch_options_apply,
 )
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.io.files import STDIN
@@ -130,7 +130,7 @@ class PredictRun:
             self.resolved = resolve_spec(
                 spec, command="predict", exported="runtime", predicting=True
             )
-        check_amp_applies(request.run, self.resolved.exported_format)
+        check_torch_options_apply(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
         if STDIN in request.images and launched_by_torchrun():
             # torchrun's ranks share one stdin: rank 0 read the list (the CLI), the others
