@@ -305,7 +305,6 @@ def _plan_and_write(
                     "rename one of them in the data, split into a folder on a file system that "
                     "tells case apart, or use --mode manifest",
                 )
-        if mode != "manifest":
             # Until it is removed (or a move's replaces it), OUT is a half split: readers
             # refuse it, a rerun removes what it lists and redoes it.
             write_journal(
