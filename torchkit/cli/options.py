@@ -97,15 +97,12 @@ DeviceOption = Annotated[
 
 
 def seed_in_range(value: Optional[int]) -> Optional[int]:
-    """`--seed`'s check (core's range of seeds), as a callback rather than min/max: click would
-    print the 20-digit bounds beside the option in --help."""
-    from torchkit.core.train.config import SEEDS
+    """`--seed`'s check (core's one rule of seeds, runtime.seeding.check_seed) for every command
+    that takes one, as a callback rather than min/max: click would print the bounds beside the
+    option in --help, in its own wording."""
+    from torchkit.core.runtime.seeding import check_seed
 
-    if value is not None and value > SEEDS[1]:
-        raise typer.BadParameter(f"Input should be less than or equal to {SEEDS[1]}")
-    if value is not None and value < SEEDS[0]:
-        raise typer.BadParameter(f"Input should be greater than or equal to {SEEDS[0]}")
-    return value
+    return None if value is None else check_seed(value)
 
 
 SeedOption = Annotated[

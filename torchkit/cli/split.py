@@ -16,6 +16,7 @@ from torchkit.cli.options import (
     OutOption,
     OutputOption,
     product_path,
+    seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import Table, emit, report_file, resolve_format
@@ -138,7 +139,12 @@ def split(
         ),
     ] = True,
     seed: Annotated[
-        int, typer.Option("--seed", help="Seed of the shuffle: same seed, same split, anywhere.")
+        int,
+        typer.Option(
+            "--seed",
+            callback=seed_in_range,
+            help="Seed of the shuffle: same seed, same split, anywhere.",
+        ),
     ] = 0,
     group: Annotated[
         Optional[str],

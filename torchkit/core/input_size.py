@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from torchkit.core.io.errors import UsageError
-from torchkit.core.io.option_lists import list_items
+from torchkit.core.io.errors import UsageError, short_repr
+from torchkit.core.io.option_lists import number_items
 
 # torch counts a tensor's elements in a signed 64-bit integer: no tensor holds more.
 MAX_NUMEL = 2**63 - 1
@@ -25,12 +25,13 @@ def parse_input_size(text: str, given: str | None = None) -> tuple[int, ...]:
     cleaned = text.strip().strip("()[]")
     text = given if given is not None else text
     try:
-        parts = list_items(cleaned, "--input-size", separators=",x×", spaces=True)
-        size = tuple(int(part) for part in parts)
+        size = tuple(number_items(cleaned, "--input-size", int, separators=",x×", spaces=True))
     except (UsageError, ValueError):  # an empty part as in "3,,4", or not a number
         size = ()
     if not size or any(n <= 0 for n in size):
-        raise UsageError(f"invalid input size {text!r}", "give positive integers, e.g. 3,224,224")
+        raise UsageError(
+            f"invalid input size {short_repr(text)}", "give positive integers, e.g. 3,224,224"
+        )
     check_numel(size, text)  # before anything (a model built for it, say) is sized by it
     return size
 
@@ -54,13 +55,14 @@ def parse_image_side(text: str | None, option: str = "--image-size") -> int | No
     try:
         size = parse_input_size(text)
     except UsageError:
-        raise ValueError(f"{text!r} is not a positive size (give N, or C,N,N)") from None
+        raise ValueError(f"{short_repr(text)} is not a positive size (give N, or C,N,N)") from None
     if len(size) > 1 and size[-1] != size[-2]:
         raise ValueError(
-            f"{text!r} is not square: {option} is the side of a square crop (give N, or C,N,N)"
+            f"{short_repr(text)} is not square: {option} is the side of a square crop "
+            "(give N, or C,N,N)"
         )
     if len(size) > 4:
-        raise ValueError(f"{text!r} has {len(size)} dimensions (give N, or C,N,N)")
+        raise ValueError(f"{short_repr(text)} has {len(size)} dimensions (give N, or C,N,N)")
     return size[-1]
 
 

@@ -32,8 +32,8 @@ from torchkit.core.benchmark.steps import (
 )
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
 from torchkit.core.inference.options import check_batch_fits
-from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
-from torchkit.core.io.option_lists import list_items
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line, short_repr
+from torchkit.core.io.option_lists import number_items
 from torchkit.core.io.progress import Progress
 from torchkit.core.models.exported.formats import TORCHSCRIPT
 from torchkit.core.models.image_size import ImageSizeError
@@ -97,14 +97,15 @@ def parse_batch_sizes(values: Sequence[str] | str | None) -> tuple[int, ...]:
     for value in values:
         # Commas (with or without spaces around them) or spaces separate sizes.
         hint = "give positive integers separated by commas, e.g. 1,8,32"
-        for part in list_items(str(value), "--batch-size", spaces=True, hint=hint):
-            try:
-                size = int(part)
-            except ValueError:
-                size = 0
+        try:
+            parts = number_items(str(value), "--batch-size", int, spaces=True, hint=hint)
+        except ValueError:
+            parts = [0]
+        for size in parts:
             if size < 1:
                 raise UsageError(
-                    f"invalid --batch-size {value!r}", "give positive integers, e.g. 1,8,32"
+                    f"invalid --batch-size {short_repr(value)}",
+                    "give positive integers, e.g. 1,8,32",
                 )
             if size not in sizes:
                 sizes.append(size)

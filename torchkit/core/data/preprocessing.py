@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.errors import CheckpointError, InputError, UsageError
-from torchkit.core.io.option_lists import list_items
+from torchkit.core.io.errors import CheckpointError, InputError, UsageError, short_repr
+from torchkit.core.io.option_lists import number_items
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -337,17 +337,17 @@ def parse_floats(
     if text is None:
         return None
     example = "0.485,0.456,0.406" if count is None else ",".join(["0.5"] * count)
-    parts = list_items(text, option, spaces=True, hint=f"give numbers like {example}")
+    hint = f"give numbers like {example}"
     try:
-        values = tuple(float(p) for p in parts)
+        values = tuple(number_items(text, option, float, spaces=True, hint=hint))
     except ValueError as error:
         raise UsageError(
-            f"{option} must be numbers like 0.485,0.456,0.406, not {text!r}"
+            f"{option} must be numbers like 0.485,0.456,0.406, not {short_repr(text)}"
         ) from error
     if count is not None and len(values) != count:
-        raise UsageError(f"{option} needs {count} numbers, not {text!r}")
+        raise UsageError(f"{option} needs {count} numbers, not {short_repr(text)}")
     if not all(math.isfinite(v) for v in values):
-        raise UsageError(f"{option} must be finite numbers, not {text!r}")
+        raise UsageError(f"{option} must be finite numbers, not {short_repr(text)}")
     return values
 
 

@@ -8,7 +8,9 @@ value: it is a typo or a variable left unset, never an item the user meant to le
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import cache
+from typing import Any
 
 from torchkit.core.io.errors import UsageError
 
@@ -33,3 +35,22 @@ def list_items(
             raise UsageError(f"invalid {option} {text!r}: an empty item", hint)
         items.extend(words)
     return items
+
+
+def number_items(
+    text: str,
+    option: str,
+    kind: Callable[[str], Any],
+    *,
+    separators: str = ",",
+    spaces: bool = False,
+    hint: str | None = None,
+) -> list[Any]:
+    """The items of `option`'s value `text` (list_items) read by `kind` (int, float...), in ASCII
+    digits only: int() and float() also read other scripts' digits (`３`, `٣`), which an option
+    of one number refuses, so that a value means the same in every option and every script. A
+    ValueError for an item that is not such a number."""
+    items = list_items(text, option, separators=separators, spaces=spaces, hint=hint)
+    if not all(item.isascii() for item in items):
+        raise ValueError(f"{option} takes numbers in ASCII digits")
+    return [kind(item) for item in items]

@@ -6,7 +6,13 @@ import logging
 import os
 import random
 
+from torchkit.core.io.errors import UsageError, short_repr
+
 log = logging.getLogger("torchkit")
+
+# The seeds of every --seed: what Python's random, NumPy (np.random.seed: 0 to 2**32-1) and torch
+# all take, so that a seed one command accepts every other command accepts too.
+SEEDS = (0, 2**32 - 1)
 
 # splitmix64 (Steele, Lea and Flood, 2014): its state increment and its output function's two
 # multipliers; `train.loaders.mix_seed`/`mix_seeds` and `train.memory_images.uniforms` are
@@ -24,6 +30,17 @@ def splitmix_output(z):
         z = (z ^ (z >> np.uint64(30))) * first
         z = (z ^ (z >> np.uint64(27))) * second
         return z ^ (z >> np.uint64(31))
+
+
+def check_seed(seed: object) -> int:
+    """`seed` if it is one of SEEDS; a UsageError naming --seed otherwise (one wording for every
+    command, the CLI's check and core's)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEEDS[0] <= seed <= SEEDS[1]:
+        raise UsageError(
+            f"--seed {short_repr(seed)} is not a seed",
+            f"give a whole number from {SEEDS[0]} to {SEEDS[1]}",
+        )
+    return seed
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

@@ -11,7 +11,7 @@ from fractions import Fraction
 from torchkit.core.data.sources.discovery import is_folder_name
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import SPLIT_MANIFEST
-from torchkit.core.io.errors import UsageError
+from torchkit.core.io.errors import UsageError, short_repr
 from torchkit.core.io.option_lists import list_items
 
 log = logging.getLogger("torchkit")
@@ -24,7 +24,7 @@ RESERVED_PREFIX = ".torchkit"  # the marker, the journal, temporaries: never a s
 REPORT_KEYS = ("class", "name", "total", "repeats")
 
 
-_RATIO_PART = re.compile(r"(?=.{1,32}$)(\d+(\.\d*)?|\.\d+|\d+/\d+)")
+_RATIO_PART = re.compile(r"(?=.{1,32}$)(\d+(\.\d*)?|\.\d+|\d+/\d+)", re.ASCII)
 
 
 def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
@@ -42,19 +42,19 @@ def parse_ratio(text: str | Sequence[float]) -> list[Fraction]:
     # Plain numbers only, and short ones: Fraction("1e100000000") would compute a number of
     # 100 million digits (the command would hang and run out of memory).
     if any(not _RATIO_PART.fullmatch(p.strip()) for p in raw):
-        raise UsageError(f"cannot read --ratio {text!r}", hint)
+        raise UsageError(f"cannot read --ratio {short_repr(text)}", hint)
     try:
         parts = [Fraction(p.strip()) for p in raw]
     except (ValueError, ZeroDivisionError):
-        raise UsageError(f"cannot read --ratio {text!r}", hint) from None
+        raise UsageError(f"cannot read --ratio {short_repr(text)}", hint) from None
     if len(parts) not in (2, 3):
         raise UsageError(f"--ratio needs two or three parts, not {len(parts)}", hint)
     if any(p <= 0 for p in parts):
-        raise UsageError(f"every part of --ratio must be positive: {text!r}", hint)
+        raise UsageError(f"every part of --ratio must be positive: {short_repr(text)}", hint)
     total = sum(parts)
     if total != 1 and any(p < 1 for p in parts):
         raise UsageError(
-            f"--ratio {text!r} adds up to {float(total):g}, not 1",
+            f"--ratio {short_repr(text)} adds up to {float(total):g}, not 1",
             "fractions must add up to 1; or give proportions like 8:1:1",
         )
     return [p / total for p in parts]
@@ -68,11 +68,11 @@ def parse_fixed(text: str | Sequence[int]) -> list[int]:
         if not isinstance(text, str)
         else list_items(text, "--fixed", hint=hint)
     )
-    if len(raw) not in (1, 2) or not all(re.fullmatch(r"\d{1,9}", p.strip()) for p in raw):
-        raise UsageError(f"cannot read --fixed {text!r}", hint)
+    if len(raw) not in (1, 2) or not all(re.fullmatch(r"[0-9]{1,9}", p.strip()) for p in raw):
+        raise UsageError(f"cannot read --fixed {short_repr(text)}", hint)
     counts = [int(p) for p in raw]
     if any(c < 1 for c in counts):
-        raise UsageError(f"every count of --fixed must be at least 1: {text!r}", hint)
+        raise UsageError(f"every count of --fixed must be at least 1: {short_repr(text)}", hint)
     return counts
 
 

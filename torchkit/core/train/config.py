@@ -18,7 +18,8 @@ from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, parse_floats
 from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
 from torchkit.core.input_size import parse_image_side
-from torchkit.core.io.option_lists import list_items
+from torchkit.core.io.errors import short_repr
+from torchkit.core.io.option_lists import number_items
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.device import AMP_DTYPES
 from torchkit.core.train.defaults import DEFAULT_GAMMA, data_default_help
@@ -37,20 +38,16 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop")
 SCHEDULERS = ("cosine", "step", "multistep", "exponential", "plateau", "none")
 BEST_METRICS = ("top1", "loss")
 
-# The seeds torch.manual_seed takes (an int64 or a uint64).
-SEEDS = (-(2**63), 2**64 - 1)
-
 
 def parse_milestones(text: str | None, flag: str) -> tuple[int, ...]:
     """`--milestones 30,60` (commas or spaces) -> (30, 60); not given -> (). An
     OptionSpec.parse: a ValueError is a bad value of `flag`; an empty item a UsageError."""
     if text is None:
         return ()
-    items = list_items(text, flag, spaces=True, hint="give epochs like 30,60")
     try:
-        return tuple(int(p) for p in items)
+        return tuple(number_items(text, flag, int, spaces=True, hint="give epochs like 30,60"))
     except ValueError:
-        raise ValueError(f"expected epochs like 30,60, not {text!r}") from None
+        raise ValueError(f"expected epochs like 30,60, not {short_repr(text)}") from None
 
 
 @dataclass

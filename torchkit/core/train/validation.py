@@ -22,11 +22,11 @@ from torchkit.core.inference.options import check_batch_fits
 from torchkit.core.io.errors import UsageError
 from torchkit.core.runtime.cpus import check_workers, usable_cpus
 from torchkit.core.runtime.device import AMP_DTYPES
+from torchkit.core.runtime.seeding import check_seed
 from torchkit.core.train.config import (
     BEST_METRICS,
     OPTIMIZERS,
     SCHEDULERS,
-    SEEDS,
     TRAIN_OPTIONS,
     TrainConfig,
 )
@@ -342,8 +342,7 @@ def validate(config: TrainConfig) -> None:
             f"--milestones are the epochs after which the learning rate drops, from 1: not {given}",
             "e.g. --milestones 30,60",
         )
-    if not SEEDS[0] <= config.seed <= SEEDS[1]:
-        bad(f"--seed {config.seed} is outside torch's seeds, {SEEDS[0]} to {SEEDS[1]}")
+    check_seed(config.seed)
     if config.step_size < 1:
         bad(f"--step-size must be at least 1, not {config.step_size}")
     for name in ("save_every", "keep", "early_stop", "patience", "profile_steps"):
@@ -424,6 +423,33 @@ def validate(config: TrainConfig) -> None:
                 users,
                 _meant_instead(name, config),
             )
+        _warn_of_drops_after_the_run(config)
+
+
+def _warn_of_drops_after_the_run(config: TrainConfig) -> None:
+    """Warn of a step or multistep schedule whose drops all come after the last epoch (epoch
+    indices from 0: a drop after epoch N needs more than N epochs). Not refused: a --resume to
+    more epochs later reaches them."""
+    if config.epochs is None:  # not resolved yet
+        return
+    if config.scheduler == "multistep":
+        late = [m for m in sorted(config.milestones) if m >= config.epochs]
+        if late:
+            log.warning(
+                "--milestones %s: the run ends after --epochs %d, before the learning rate "
+                "drops after epoch %s (it drops there only in a run resumed to more epochs)",
+                ",".join(map(str, config.milestones)),
+                config.epochs,
+                ",".join(map(str, late)),
+            )
+    elif config.scheduler == "step" and config.step_size >= config.epochs:
+        log.warning(
+            "--step-size %d: the run ends after --epochs %d, before the learning rate first "
+            "drops (after epoch %d), so it never drops in this run",
+            config.step_size,
+            config.epochs,
+            config.step_size,
+        )
 
 
 # The options only some schedules read, and those schedules.

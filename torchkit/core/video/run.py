@@ -37,6 +37,7 @@ from torchkit.core.io.path_lists import PathStream
 from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
 from torchkit.core.runtime.pool import chunked, map_chunks
+from torchkit.core.runtime.seeding import check_seed
 from torchkit.core.video.containers import find_videos, video_key
 from torchkit.core.video.frames import (
     FRAME_FILES,
@@ -52,8 +53,7 @@ from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video
 # Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
 # makes the command run out of memory (--segments: frames.MAX_SEGMENTS). Each worker thread holds
 # an open decoder (FFmpeg starts its own threads for it): 64 at once is more than a disk or the
-# cores can feed. --seed is any whole number of 0 or more (NumPy's seeds), of any size: it is
-# hashed, not allocated.
+# cores can feed. --seed is one of every command's seeds (runtime.seeding.SEEDS).
 MAX_WORKERS = 64
 # Videos per worker process at the least: fewer are read sooner by this process's threads than a
 # process is started for them.
@@ -242,8 +242,7 @@ def _check_options(segments: int | None, workers: int | None, seed: int, sample_
             f"--workers must be between 0 and {MAX_WORKERS}, not {workers}",
             "more videos at once than a disk or the cores can feed only costs memory",
         )
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UsageError(f"--seed must be a whole number of 0 or more, not {seed}")
+    check_seed(seed)
     if sample_mode not in SAMPLE_MODES:
         raise UsageError(f"unknown sample mode {sample_mode!r}", "use 'test' or 'train'")
 
