@@ -7,6 +7,7 @@ import csv
 import io
 
 import pytest
+import sklearn.metrics  # noqa: F401 - eval scores in this process, with no helper to wait for
 import torch
 from image_folders import write_image_folder
 
