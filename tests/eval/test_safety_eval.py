@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
+import sklearn.metrics  # noqa: F401 - eval scores in this process, with no helper to wait for
 import torch
 from output_checks import error_line, hidden_siblings, tree_digest
 from processes import (
