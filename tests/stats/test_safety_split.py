@@ -332,7 +332,8 @@ def test_a_move_killed_before_its_journal_is_undone_by_the_same_command(tmp_path
     expected = contents(data)
     out = tmp_path / "out"
     journal = out / ".torchkit-split.json"
-    slow = slow_io_env(tmp_path, journal, calls=("os.replace",), delay=1.5)
+    # A pause once split.csv is in place: the kill lands before the journal says "moving".
+    slow = slow_io_env(tmp_path, out / "split.csv", calls=("os.replace",), delay=1.5, after=True)
     process = start_torchkit_process("split", str(data), str(out), "--mode", "move", env=slow)
     wait_until((out / "split.csv").exists, process=process, what="split.csv")
     code, _, _ = signal_and_wait(process, signal.SIGKILL)
