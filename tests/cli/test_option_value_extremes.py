@@ -156,7 +156,19 @@ def test_benchmark_refuses_a_memory_limit_under_a_byte(limit):
     args = ["convnet", "--image-size", "8", "--find-batch-size", "--memory-limit", limit]
     result = run_torchkit_in_process("benchmark", *args)
     assert result.returncode == 2, result.stderr
-    assert error_line(result.stderr).startswith(f"Error: invalid --memory-limit '{limit}'")
+    assert error_line(result.stderr).startswith(f"Error: --memory-limit '{limit}' is ")
+
+
+@pytest.mark.parametrize("limit", ["\uff13%", "0%", "101%", "half%"])
+def test_benchmark_refuses_a_memory_limit_percentage_out_of_range_or_not_in_ascii(limit):
+    # A full-width digit was read by float() as 3%: numbers in options are ASCII only.
+    args = ["convnet", "--image-size", "8", "--find-batch-size", "--memory-limit", limit]
+    result = run_torchkit_in_process("benchmark", *args)
+    assert result.returncode == 2, result.stderr
+    line = error_line(result.stderr)
+    assert line == f"Error: --memory-limit {limit!r} is not a percentage in (0, 100] (e.g. 50%)", (
+        line
+    )
 
 
 @pytest.mark.parametrize(

@@ -54,14 +54,12 @@ def parse_memory_limit(text: str) -> MemoryLimit:
     """A size ('2GB', '512MiB', '1.5G', '1000000' bytes: `parse_size`) or '50%'."""
     cleaned = text.strip()
     if cleaned.endswith("%"):
-        try:
-            percent = float(cleaned[:-1])
+        try:  # ASCII digits only, as every number in an option value
+            percent = float(cleaned[:-1]) if cleaned.isascii() else -1.0
         except ValueError:
             percent = -1.0
         if not 0 < percent <= 100:
-            raise UsageError(
-                f"invalid --memory-limit {text!r}", "give a percentage in (0, 100], e.g. 50%"
-            )
+            raise UsageError(f"--memory-limit {text!r} is not a percentage in (0, 100]", "e.g. 50%")
         return MemoryLimit(cleaned, fraction=percent / 100)
     try:
         size = parse_size(cleaned, "--memory-limit")
