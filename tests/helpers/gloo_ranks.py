@@ -141,12 +141,17 @@ def _kill_the_rest(started: list[subprocess.Popen]) -> None:
 
 
 def run_ranks_under_agent(
-    *args: object, world: int = 2, timeout: float = 60, cwd: Path = REPO
+    *args: object,
+    env: dict[str, str] | None = None,
+    world: int = 2,
+    timeout: float = 60,
+    cwd: Path = REPO,
 ) -> list[subprocess.CompletedProcess]:
     """Every rank of `python -m torchkit ARGS` as torchrun's agent runs them: with its
     TORCHELASTIC_RUN_ID, and once a rank ends with a non-zero code the others are sent SIGTERM,
     as the agent stops a failed worker group. [rank 0, rank 1, ...]."""
-    started = start_ranks(*args, env={"TORCHELASTIC_RUN_ID": "test"}, world=world, cwd=cwd)
+    agent = {"TORCHELASTIC_RUN_ID": "test", **(env or {})}
+    started = start_ranks(*args, env=agent, world=world, cwd=cwd)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:

@@ -34,26 +34,17 @@ BEST_PT_FAILS_ON_RANK_0 = textwrap.dedent(
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
-def test_the_rank_torchrun_stops_after_rank_0_fails_alone_prints_nothing(tmp_path, monkeypatch):
+def test_the_rank_torchrun_stops_after_rank_0_fails_alone_prints_nothing(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(BEST_PT_FAILS_ON_RANK_0)
     data = tmp_path / "data"
     for split, seed in (("train", 1), ("val", 2), ("test", 3)):
         write_image_folder(data / split, {"a": 2, "b": 2}, seed=seed)
-    import gloo_ranks
-
-    started = gloo_ranks.start_torchkit_process
-
-    def with_site(*args, env=None, **kwargs):
-        env = {**(env or {}), "PYTHONPATH": f"{site}:{HELPERS}"}
-        return started(*args, env=env, **kwargs)
-
-    monkeypatch.setattr(gloo_ranks, "start_torchkit_process", with_site)
     rank0, rank1 = run_ranks_under_agent(
         "train", "--data", data, "--model", "nets:TinyNet", "--image-size", "8",
         "--batch-size", "2", "--epochs", "1", "--workers", "0", "--device", "cpu",
-        "--out", tmp_path / "run", timeout=120,
+        "--out", tmp_path / "run", env={"PYTHONPATH": f"{site}:{HELPERS}"}, timeout=120,
     )  # fmt: skip
     assert rank0.returncode == 1, rank0.stderr[-2000:]
     assert "Error: cannot write" in rank0.stderr and "best.pt" in rank0.stderr
