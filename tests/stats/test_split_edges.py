@@ -229,3 +229,24 @@ def test_a_csv_move_locks_a_few_folders_however_many_it_lists(tmp_path):
     assert source_folders([f"{tmp_path}/lists/a.png", f"{tmp_path}/lists/x/b.png"], index) == [
         f"{tmp_path}/lists/x"  # the index's own folder is held through the index
     ]
+
+
+def test_a_csv_move_into_the_folder_holding_the_folders_it_lists_is_not_refused(
+    tmp_path, monkeypatch
+):
+    """Before: where the index lists more folders than a move holds open (here more than one),
+    their parent was locked in their place, and OUT inside that parent (beside the folders)
+    then refused by the move's own lock: 'another torchkit split is moving files out of or
+    into DATA, which holds DATA/out', exit 1."""
+    monkeypatch.setattr(split_files, "_MOST_LOCKS", 1)
+    data = write_images(tmp_path / "data", [f"{c}/{i}.png" for c in ("cat", "dog") for i in "ab"])
+    (tmp_path / "lists").mkdir()
+    rows = [f"../data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
+    (tmp_path / "lists" / "index.csv").write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
+    taken = pngs(data)
+    out = data / "out"
+    result = run_torchkit_in_process(
+        "split", tmp_path / "lists" / "index.csv", out, "--mode", "move", "--ratio", "1:1"
+    )
+    assert result.returncode == 0, result.stderr
+    assert pngs(out) == taken and not pngs(data / "cat") and not pngs(data / "dog")

@@ -133,13 +133,17 @@ def vanished(source: str) -> InputError:
 
 
 @contextlib.contextmanager
-def moving_out_of(*roots: str | os.PathLike) -> Iterator[None]:
+def moving_out_of(
+    *roots: str | os.PathLike, locked: Sequence[str | os.PathLike] = ()
+) -> Iterator[None]:
     """`flock`s held while a move takes files out of `roots`: exclusive on each (a folder, or a
     CSV index's file: nothing is written in it), shared on every folder above one that is not
     one of them. So a second move out of ROOT, out of a folder inside it (`ROOT/cat`) or out of
     a folder holding it, is refused: it would find the first one's files gone, stop half-way,
     and its rerun would take every file for one another process deleted. Moves out of folders
-    side by side share the locks above them. (No flock, as on Windows: none.)"""
+    side by side share the locks above them. `locked`: the roots of an earlier call this process
+    still holds, where the shared locks stop (a second flock on a folder, through another
+    descriptor, would be refused as another move's). (No flock, as on Windows: none.)"""
     try:
         import fcntl
     except ImportError:
@@ -148,10 +152,11 @@ def moving_out_of(*roots: str | os.PathLike) -> Iterator[None]:
     try:
         if fcntl is not None:
             reals = {os.path.realpath(root): root for root in roots}
+            held_already = {os.path.realpath(folder) for folder in locked}
             above: dict[str, str | os.PathLike] = {}
             for real, root in reals.items():
                 folder = os.path.dirname(real)
-                while folder not in above and folder not in reals:
+                while folder not in above and folder not in reals and folder not in held_already:
                     above[folder] = root
                     if os.path.dirname(folder) == folder:
                         break

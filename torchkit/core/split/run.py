@@ -203,9 +203,10 @@ def _plan_and_write(
     if empty:
         log.warning(f"class folder(s) with no images are left out: {', '.join(empty[:10])}")
     warn_dangling_links(dangling)
+    # The folders a move out of a CSV index empties, wherever the index lists them
+    emptied = source_folders(samples.paths, root) if is_csv and mode == "move" else []
     if is_csv:
-        if mode == "move":  # the folders it empties, wherever the index lists them
-            held.enter_context(moving_out_of(*source_folders(samples.paths, root)))
+        held.enter_context(moving_out_of(*emptied))
         sources = check_csv_sources(samples, root)
     else:  # ids are relative to ROOT: one abspath instead of 100,000
         (base,) = absolute_as_opened([root])
@@ -297,7 +298,7 @@ def _plan_and_write(
         writing.begin(names, mode, plan.dests)
         if mode != "manifest":
             # Held while files go in: no move takes them out of OUT (or a folder in it).
-            held.enter_context(moving_out_of(out))
+            held.enter_context(moving_out_of(out, locked=emptied))
             with reporting_write_errors(out):  # the probe writes a file into OUT
                 refuse_case_twins(
                     plan.dests,
@@ -462,7 +463,7 @@ def _resume_move(
     targets = [os.path.join(out, row["path"]) for row in rows]
     links = LinkTargets(sources, targets)
     csv_folders = source_folders(sources, root) if os.path.isfile(root) else []
-    with _finish_hint(root, out), moving_out_of(out), moving_out_of(*csv_folders):
+    with _finish_hint(root, out), moving_out_of(out, *csv_folders):
         lost = finish_rows(sources, targets, out, links, progress)
     if lost:
         journal, rows = _drop_lost(root, out, journal, rows, lost)
