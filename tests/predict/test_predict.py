@@ -657,3 +657,18 @@ def test_a_missing_image_or_folder_is_named_as_such(runner, world, tmp_path, nam
     result = invoke(runner, world["ckpt"], path)
     assert result.exit_code == 1 and result.stdout == ""
     assert message.format(path=path) in error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("s3://bucket/d/a.jpg", "torchkit reads files and http(s) URLs, not s3:// URLs"),
+        ("pipe:curl -s https://host/a.tar", "is a webdataset pipe: command"),
+    ],
+)
+def test_a_url_torchkit_does_not_fetch_is_said_so_not_missing(runner, world, name, message):
+    """Was "image not found: s3://bucket/d/a.jpg (check the path)"."""
+    result = invoke(runner, world["ckpt"], name)
+    assert result.exit_code == 1 and result.stdout == ""
+    line = error_line(result.stderr)
+    assert message in line and "not found" not in line, line
