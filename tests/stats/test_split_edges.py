@@ -231,22 +231,41 @@ def test_a_csv_move_locks_a_few_folders_however_many_it_lists(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("interrupted", [False, True])
 def test_a_csv_move_into_the_folder_holding_the_folders_it_lists_is_not_refused(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, interrupted
 ):
     """Before: where the index lists more folders than a move holds open (here more than one),
     their parent was locked in their place, and OUT inside that parent (beside the folders)
     then refused by the move's own lock: 'another torchkit split is moving files out of or
-    into DATA, which holds DATA/out', exit 1."""
+    into DATA, which holds DATA/out', exit 1; so was the rerun that finishes such a move."""
     monkeypatch.setattr(split_files, "_MOST_LOCKS", 1)
     data = write_images(tmp_path / "data", [f"{c}/{i}.png" for c in ("cat", "dog") for i in "ab"])
     (tmp_path / "lists").mkdir()
+    index = tmp_path / "lists" / "index.csv"
     rows = [f"../data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
-    (tmp_path / "lists" / "index.csv").write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
+    index.write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
     taken = pngs(data)
     out = data / "out"
-    result = run_torchkit_in_process(
-        "split", tmp_path / "lists" / "index.csv", out, "--mode", "move", "--ratio", "1:1"
-    )
+    if interrupted:  # stopped after one file: the rerun finishes the move
+        with monkeypatch.context() as patched:
+            patched.setattr(split_files, "move_file", stop_after_one(split_files.move_file))
+            with pytest.raises(KeyboardInterrupt):
+                split_dataset(index, out, mode="move", ratio="1:1")
+        assert '"state": "moving"' in (out / ".torchkit-split.json").read_text()
+    result = run_torchkit_in_process("split", index, out, "--mode", "move", "--ratio", "1:1")
     assert result.returncode == 0, result.stderr
     assert pngs(out) == taken and not pngs(data / "cat") and not pngs(data / "dog")
+
+
+def stop_after_one(move_file):
+    """`move_file` that raises KeyboardInterrupt (a Ctrl-C) once it has moved one file."""
+    moved: list[str] = []
+
+    def move(source, dest, links=None):
+        if moved:
+            raise KeyboardInterrupt
+        move_file(source, dest, links)
+        moved.append(source)
+
+    return move
