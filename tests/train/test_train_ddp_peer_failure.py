@@ -92,3 +92,27 @@ def test_a_rank_that_fails_with_its_own_error_records_it(monkeypatch):
     with pytest.raises(KeyboardInterrupt), ddp.one_line_per_failure(rank(1)):
         raise KeyboardInterrupt()  # Ctrl-C is no failure
     assert recorded == [2, 1]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_the_failed_ranks_code_reaches_the_others_through_the_store(monkeypatch):
+    """record_failure and peer_failure_code through a real store, as torchrun's agent serves
+    it: nothing while no rank failed, the failed rank's code once it recorded one, and 143
+    once the store's server is gone."""
+    from gloo_ranks import free_port
+    from torch.distributed import TCPStore, distributed_c10d
+
+    from torchkit.core.runtime import distributed
+    from torchkit.core.runtime.distributed import DistContext
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setattr(distributed_c10d, "_get_default_store", lambda: store)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    failed, stopped = (DistContext(rank=r, world_size=2, initialised_here=True) for r in (0, 1))
+    assert distributed.peer_failure_code(stopped) is None
+    distributed.record_failure(failed, 2)
+    assert distributed.peer_failure_code(stopped) == 2
+    assert distributed.peer_failure_code(DistContext(rank=1, world_size=2)) is None  # joined
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # no server there
+    assert distributed.peer_failure_code(stopped) == 143
