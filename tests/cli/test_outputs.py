@@ -1115,3 +1115,27 @@ def test_torch_save_stopped_in_a_write_raises_the_stop_not_a_stream_error(tmp_pa
     )
     with pytest.raises(KeyboardInterrupt):
         torch_save({f"w{i}": torch.ones(64) for i in range(8)}, tmp_path / "w.pt")
+
+
+def test_a_fifo_or_device_under_a_records_name_is_no_record_and_does_not_hang(tmp_path):
+    # `--force` recognises an older output by its config.json/metrics.json and a marked one by
+    # .torchkit; both were read with read_text, which waited for ever on a FIFO planted there.
+    from torchkit.core.io.outputs import holds_json_record, marker_command
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    os.mkfifo(folder / "metrics.json")
+    os.mkfifo(folder / ".torchkit")
+    answers: list[object] = []
+    reader = threading.Thread(
+        target=lambda: answers.extend(
+            [holds_json_record(folder / "metrics.json", ["accuracy"]), marker_command(folder)]
+        ),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(10)
+    assert answers == [False, None]
+    assert holds_json_record(Path("/dev/zero"), ["accuracy"]) is False
+    (folder / "config.json").write_text('{"options": {}, "arch": "convnet"}')
+    assert holds_json_record(folder / "config.json", ["options", "arch"])

@@ -679,10 +679,7 @@ def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> 
 def _marker_field(folder: Path, key: str) -> str | None:
     """A text field of the folder's marker, or None: no marker, no such field, or one that
     cannot be read."""
-    try:
-        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    record = _json_record(folder / MARKER)
     value = record.get(key) if isinstance(record, dict) else None
     return value if isinstance(value, str) else None
 
@@ -716,11 +713,31 @@ def holds_json_record(path: Path, keys: Collection[str]) -> bool:
     wrote before torchkit marked its outputs, by the record it always wrote there (config.json,
     metrics.json). Names alone are anybody's: another trainer's `best.pt` and `last.pt`, another
     tool's `metrics.json`, photos called `IMG_20240315_142530.png`."""
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    record = _json_record(path)
     return isinstance(record, dict) and all(key in record for key in keys)
+
+
+_RECORD_LIMIT = 1 << 20  # markers and config/metrics records are a few KB
+
+
+def _json_record(path: Path) -> object:
+    """The JSON value in the regular file `path`, or None: not there, not JSON, or not a regular
+    file. Opened without blocking and read only when regular, so a FIFO or a device planted
+    under a record's name cannot hang the check (or feed it without end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _RECORD_LIMIT:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return json.loads(handle.read(_RECORD_LIMIT).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _is_empty_dir(folder: Path) -> bool:
