@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def write_convnet_checkpoint(path: Path, *, in_channels: int, image_size: int, classes: str):
+def write_convnet_checkpoint(
+    path: Path, *, in_channels: int, image_size: int, classes: str, preprocess: dict | None = None
+):
     """A torchkit checkpoint of the built-in convnet for `in_channels` x `image_size` images,
-    one class per letter of `classes`; returns its model."""
+    one class per letter of `classes` (and `preprocess` as recorded, if given); returns its
+    model."""
     from torchkit.core.models import resolve_model
     from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
 
@@ -22,7 +25,7 @@ def write_convnet_checkpoint(path: Path, *, in_channels: int, image_size: int, c
             "num_classes": len(classes),
             "classes": list(classes),
             "model": model.state_dict(),
-            "preprocess": {"image_size": image_size, "in_channels": in_channels},
+            "preprocess": preprocess or {"image_size": image_size, "in_channels": in_channels},
         },
         path,
     )

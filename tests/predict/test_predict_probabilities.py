@@ -9,12 +9,11 @@ import io
 import pytest
 import sklearn.metrics  # noqa: F401 - eval scores in this process, with no helper to wait for
 import torch
+from checkpoints import write_convnet_checkpoint
 from image_folders import write_image_folder
 
 from torchkit.cli import app
 from torchkit.core.data.preprocessing import Preprocess
-from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
-from torchkit.core.models.convnet import convnet_class
 
 CLASSES = list("abcdefghij")
 
@@ -23,19 +22,14 @@ CLASSES = list("abcdefghij")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("probabilities")
     torch.manual_seed(0)
-    model = convnet_class()(len(CLASSES), 3, 12).eval()
     ckpt = root / "model.pt"
     preprocess = Preprocess(image_size=12, resize_size=12, mean=(0.5,) * 3, std=(0.25,) * 3)
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "arch": "convnet",
-            "num_classes": len(CLASSES),
-            "classes": CLASSES,
-            "model": model.state_dict(),
-            "preprocess": preprocess.to_dict(),
-        },
+    write_convnet_checkpoint(
         ckpt,
+        in_channels=3,
+        image_size=12,
+        classes="".join(CLASSES),
+        preprocess=preprocess.to_dict(),
     )
     data = write_image_folder(root / "data", {"a": 8, "b": 8}, size=12)
     return ckpt, data
