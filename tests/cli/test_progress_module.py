@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import io
 import multiprocessing
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -190,3 +192,44 @@ def test_a_process_forks_without_the_bars_redraw_thread(stderr):
         bar.update(task, description="epoch 1/1: step 1")
         assert _bar_threads() == ["torchkit-progress"]
     assert _bar_threads() == []
+
+
+# The thread that forks prints on stderr (holds the console's lock) while a redraw, in flight,
+# waits for that lock: the fork's wait for the redraw never ended.
+_FORK_WHILE_PRINTING = """
+import io, os, threading
+from rich.console import Console
+from rich.progress import ProgressColumn
+from rich.text import Text
+from torchkit.cli import console, progress
+
+console.stderr = Console(file=io.StringIO(), force_terminal=True, width=100)
+progress.FORK_WAITS_FOR_REDRAW_S = 0.2
+redrawing = threading.Event()
+
+class Seen(ProgressColumn):
+    def render(self, task):
+        if threading.current_thread() is not threading.main_thread():
+            redrawing.set()
+        return Text("seen")
+
+with progress.stderr_progress(Seen()) as bar:
+    with console.stderr._lock:  # as in a print
+        bar.add_task("epoch 1/1")
+        assert redrawing.wait(10)
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+print("forked")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_fork_made_while_printing_does_not_wait_forever_for_the_redraw():
+    """Hung: a fork waited for the redraw in flight, which waited for the console's lock that
+    the forking thread held. The fork now waits a bounded time, then goes on."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_WHILE_PRINTING], capture_output=True, text=True, timeout=10
+    )
+    assert (done.returncode, done.stdout) == (0, "forked\n"), done.stderr

@@ -9,7 +9,9 @@ extract-features'). A fork copies the locks of a redraw in flight as they are: a
 mid-redraw found the stderr console locked forever and hung at its first line on stderr (a
 warning, a `-v` note); and a process forked beside any thread may deadlock so (Python 3.12+
 warns of it at each fork). So a fork first ends the bars' redraw threads, each after its redraw
-in flight (`_pause_redraws`); a bar's next update starts its thread again."""
+in flight (`_pause_redraws`), waiting for that a few seconds at most: a fork made while its
+thread prints on stderr holds the console's lock that redraw waits for. A bar's next update
+starts its thread again."""
 
 from __future__ import annotations
 
@@ -88,6 +90,9 @@ def _nothing_to_stop() -> None:
 
 # Redraws a second between updates: rich's own for a Progress.
 REDRAWS_PER_SECOND = 10
+# The longest a fork waits for a bar's redraw in flight to end: one takes milliseconds, unless
+# the thread that forks holds what the redraw waits for (it forks while printing on stderr).
+FORK_WAITS_FOR_REDRAW_S = 5.0
 
 
 class _Redraws:
@@ -110,17 +115,21 @@ class _Redraws:
         )
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: float | None = None) -> None:
+        """End the thread after its redraw in flight, waiting for that at most `wait` seconds
+        (None: as long as it takes)."""
         self.paused = False
         thread, self.thread = self.thread, None
         if thread is not None:
             self.done.set()
-            thread.join()  # after its redraw in flight
+            thread.join(wait)  # after its redraw in flight
 
     def pause(self) -> None:
+        # A bounded wait: the thread that forks may hold the console's lock (it forks in a
+        # print), which the redraw in flight waits for: it would never end.
         with self.switching:
             if self.thread is not None:
-                self.stop()
+                self.stop(wait=FORK_WAITS_FOR_REDRAW_S)
                 self.paused = True
 
     def resume(self) -> None:
@@ -139,7 +148,8 @@ _bars: weakref.WeakSet = weakref.WeakSet()  # every `_Redraws` made
 
 def _pause_redraws() -> None:
     """Before a fork: end each bar's redraw thread, after its redraw in flight, so that the
-    child gets no lock a redraw held and the process forks without those threads."""
+    child gets no lock a redraw held and the process forks without those threads (a redraw
+    still waiting after FORK_WAITS_FOR_REDRAW_S is left: the fork goes on, never hangs)."""
     for redraws in list(_bars):
         redraws.pause()
 
