@@ -4,6 +4,8 @@ an image folder they were classes, and a model learnt which split an image is in
 
 from __future__ import annotations
 
+import tarfile
+
 import pytest
 from image_folders import write_image_folder
 
@@ -47,3 +49,31 @@ def test_classes_named_like_splits_are_not_taken_for_splits(tmp_path, layout):
             open_data(root)
         return
     assert open_data(root).classes == ["Test", "Training"]
+
+
+@pytest.mark.parametrize("folder_members", [True, False])  # `tar cf`, or files only
+@pytest.mark.parametrize("splits", [("Training", "Test"), ("train", "valid")])
+def test_a_tar_of_splits_under_other_names_is_refused_as_the_folder_is(
+    tmp_path, splits, folder_members
+):
+    root = tmp_path / "data"
+    for split in splits:
+        write_image_folder(root / split, {"apple": 1, "banana": 1})
+    archive = tmp_path / "data.tar"
+    with tarfile.open(archive, "w") as tar:
+        for path in sorted(root.rglob("*")):
+            if folder_members or path.is_file():
+                tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False)
+    with pytest.raises(InputError) as caught:
+        open_data(archive)  # was a tar image folder of the classes the splits' names
+    shown = ", ".join(name + "/" for name in sorted(splits))
+    assert str(caught.value).startswith(f"{archive} holds {shown}: splits under other names")
+    assert caught.value.hint == "rename them train, val and test"
+
+
+def test_a_tar_of_classes_named_like_splits_reads_them_as_classes(tmp_path):
+    root = write_image_folder(tmp_path / "data", {"Test": 1, "Training": 1})
+    archive = tmp_path / "data.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(root, arcname=".")
+    assert open_data(archive).classes == ["Test", "Training"]

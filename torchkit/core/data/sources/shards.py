@@ -59,6 +59,7 @@ from torchkit.core.data.sources.samples import Samples, index_class_names
 from torchkit.core.data.sources.source import (
     DataSource,
     _split_source,
+    refuse_other_split_names,
     relabelled,
     split_root_source,
     unfetched_url_error,
@@ -942,6 +943,15 @@ def _open_folder_tar(
         ]
         return Samples(class_names, labels, paths=paths, source=spec, ids=list(chosen))
 
+    def listed(base: str) -> tuple[list[str], bool]:
+        """(the folders in folder `base`, whether images lie directly in it), as
+        `source._subfolders` lists an unpacked folder."""
+        start = base + "/"
+        inside = {f[len(start) :].split("/")[0] for f in folders if f.startswith(start)}
+        images = any(n.startswith(start) and "/" not in n[len(start) :] for n in names)
+        return sorted(f for f in inside if f and not is_skipped_folder(f)), images
+
+    refuse_other_split_names(spec, top_folders, listed)
     split_folders = [name for name in SPLIT_NAMES if name in top_folders]
     if split_folders:
         others = [name for name in top_folders if name not in SPLIT_NAMES]
@@ -957,17 +967,9 @@ def _open_folder_tar(
             )
         # A split of a flat folder (`split` writes OUT/train/x.png), as `source._open_folder`
         # reads one unpacked: unlabelled split data.
-        with_images = {
-            name: any(n.startswith(f"{name}/") and "/" not in n[len(name) + 1 :] for n in names)
-            for name in split_folders
-        }
-        with_folders = {
-            name: any(
-                f.startswith(f"{name}/") and not is_skipped_folder(f[len(name) + 1 :].split("/")[0])
-                for f in folders
-            )
-            for name in split_folders
-        }
+        inside = {name: listed(name) for name in split_folders}
+        with_folders = {name: bool(inside[name][0]) for name in split_folders}
+        with_images = {name: inside[name][1] for name in split_folders}
         # An empty split folder (no class folder, no image) says nothing of the layout.
         laid_out = [with_images[n] for n in split_folders if with_images[n] or with_folders[n]]
         flat = bool(laid_out) and all(laid_out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -410,7 +410,9 @@ def _open_folder(
         )
     folders, top_images = _subfolders(path)
     _refuse_renamed_split(path, folders)
-    _refuse_other_split_names(path, folders)
+    refuse_other_split_names(
+        str(path), folders, lambda name: _subfolders(path / name), lambda name: str(path / name)
+    )
     split_folders = [name for name in SPLIT_NAMES if name in folders]
     if split_folders:
         others = [name for name in folders if name not in SPLIT_NAMES]
@@ -501,27 +503,36 @@ SPLIT_LIKE_NAMES = frozenset(
 )
 
 
-def _refuse_other_split_names(path: Path, folders: Sequence[str]) -> None:
-    """Folders that are all splits under other names than train, val and test: beside one of
-    those (`train/` and `valid/`), or each holding class folders and no image of its own
-    (`Training/cat/`, `Test/cat/`), where they would silently be classes, and a model trained
-    on them would learn which split an image is in."""
+def refuse_other_split_names(
+    root: str,
+    folders: Sequence[str],
+    listed: Callable[[str], tuple[Sequence[str], bool]],
+    readable: Callable[[str], str] | None = None,
+) -> None:
+    """Folders of `root` (a folder, or a .tar of one) that are all splits under other names than
+    train, val and test: beside one of those (`train/` and `valid/`), or each holding class
+    folders and no image of its own (`Training/cat/`, `Test/cat/`), where they would silently
+    be classes, and a model trained on them would learn which split an image is in.
+    `listed(name)`: (the folders in `name`, whether images lie directly in it); `readable(name)`:
+    the --data that reads folder `name` as an image folder (None: none, a tar's member)."""
     if not folders or any(name.casefold() not in SPLIT_LIKE_NAMES for name in folders):
         return
     if all(name in SPLIT_NAMES for name in folders):
         return
     if not any(name in SPLIT_NAMES for name in folders):
         for name in folders:
-            classes, images = _subfolders(path / name)
+            classes, images = listed(name)
             if images or not classes:
                 return  # images of their own: classes that happen to be named so
     shown = ", ".join(name + "/" for name in folders)
     trained = next((name for name in folders if name.casefold() in ("train", "training")), None)
+    hint = "rename them train, val and test"
+    if readable is not None:
+        hint += f", or read one as an image folder: {readable(trained or folders[0])}"
     raise InputError(
-        f"{path} holds {shown}: splits under other names than train/, val/ and test/, the "
+        f"{root} holds {shown}: splits under other names than train/, val/ and test/, the "
         "only ones torchkit reads as splits (it would take them for classes)",
-        "rename them train, val and test, or read one as an image folder: "
-        f"{path / (trained or folders[0])}",
+        hint,
     )
 
 
