@@ -341,7 +341,9 @@ def test_predict_summary_counts_the_unreadable_images(runner, world, tmp_path):
     checkpoint = str(world["root"] / "good.pt")
     result = runner.invoke(app, ["predict", checkpoint, str(bad), "--format", "csv", *CPU])
     assert result.exit_code == 1, result.stderr  # a row with an error each, and no result
-    assert error_line(result.stderr).startswith("Error: none of the 3 images could be read")
+    assert error_line(result.stderr).startswith(
+        f"Error: none of the 3 images in {bad} could be read"
+    )
     mixed = runner.invoke(
         app, ["predict", checkpoint, str(bad), str(world["images"]), "--format", "csv", *CPU]
     )

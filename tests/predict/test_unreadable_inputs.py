@@ -1,6 +1,6 @@
 """The one rule of the commands that read many images (docs/conventions.md): unreadable ones
 are counted in a warning and the run succeeds while some image was read; when none could be,
-it fails with one `Error: none of the N images ... could be read` line and exit 1."""
+it fails with one `Error: none of the N images in DATA could be read` line and exit 1."""
 
 from __future__ import annotations
 
@@ -79,8 +79,11 @@ def test_unreadable_images_exit_0_while_some_are_read_and_1_when_none_are(
     result = runner.invoke(app, args)
     if bad == 3:
         assert result.exit_code == 1, result.stderr
-        assert error_line(result.stderr).startswith("Error: none of the 3 image")
-        assert "could be read" in error_line(result.stderr)
+        # one wording, naming the data (predict's named no source)
+        files = "image files" if command == "dataset-stats" else "images"
+        assert error_line(result.stderr).startswith(
+            f"Error: none of the 3 {files} in {data} could be read"
+        )
         assert not output.exists()
         return
     assert result.exit_code == 0, result.stderr

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torchkit.core.io.errors import InputError
+
 
 @dataclass
 class Batch:
@@ -39,3 +41,10 @@ def collate_skipping_unreadable(items: list) -> Batch:
         torch.tensor([item[2] for item in good], dtype=torch.long),
         errors,
     )
+
+
+def none_read(count: int, source: str, hint: str | None = None) -> InputError:
+    """The error of a run that could read none of its `count` images (eval, predict,
+    extract-features: some unreadable ones are counted, none readable is a failure), in one
+    wording: `source` is the data as the user named it, a URL redacted."""
+    return InputError(f"none of the {count} images in {source} could be read", hint)

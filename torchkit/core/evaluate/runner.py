@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from torchkit.core.data.batches import none_read
 from torchkit.core.data.dataset import ShardSampler
 from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import image_mode
@@ -524,10 +525,7 @@ def _run(
     if not ctx.is_main:
         return None
     if len(predictions) == 0:
-        raise InputError(
-            f"none of the {len(samples)} images in {samples.source} could be read",
-            f"the first, {errors[0]}" if errors else None,
-        )
+        raise none_read(len(samples), samples.source, f"the first, {errors[0]}" if errors else None)
     metrics = compute_metrics(
         predictions.labels,
         predictions.predicted,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit import __version__
+from torchkit.core.data.batches import none_read
 from torchkit.core.data.decode import NormalizedPixels, model_input
 from torchkit.core.data.preprocessing import Preprocess, image_mode
 from torchkit.core.data.sources.digits import DIGITS
@@ -392,8 +393,9 @@ def _finish(
     """Move the arrays into OUT and write index.csv and meta.json; returns the meta."""
     state = store.progress
     if state.rows == 0:
-        raise InputError(
-            f"none of the {len(samples)} images in {redact_url(str(request.images))} could be read",
+        raise none_read(
+            len(samples),
+            redact_url(str(request.images)),
             "index.csv is not written; check the files",
         )
     index_columns, index_rows = ([], []) if store.streamed else _index_rows(samples, state.errors)

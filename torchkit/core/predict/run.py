@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchkit.core.data.batches import none_read
 from torchkit.core.inference.options import (
     InferenceOptions,
     check_inference_options,
@@ -180,11 +181,10 @@ class PredictRun:
         if self.resolved.classes:
             self.classes = list(self.resolved.classes)
         else:
-            data = request.images[0] if len(request.images) == 1 else "IMAGES"
             self.classes, note = output_names_from_data(
                 self.image_set.samples.classes,
                 outputs,
-                data,
+                self.data_name,
                 given=self.image_set.classes_given,
             )
             self.notes.append(note)
@@ -192,6 +192,14 @@ class PredictRun:
             k = self._k(outputs)
             classes = "class" if k == 1 else "classes"
             self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
+
+    @property
+    def data_name(self) -> str:
+        """IMAGES as messages name them: the one input as typed (a URL redacted), else IMAGES."""
+        from torchkit.core.io.redaction import redact_url
+
+        images = self.request.images
+        return redact_url(images[0]) if len(images) == 1 else "IMAGES"
 
     def _check_listed(self, paths: list[str]) -> None:
         if self.check_listed is not None:
@@ -343,7 +351,7 @@ class PredictRun:
         summary.images = len(samples)
         summary.seconds = time.perf_counter() - start
         # Error rows alone are no result: a script must not take them for one (rank 0 counts).
-        failure = _none_read(summary) if ctx.is_main else None
+        failure = _none_read(summary, self.data_name) if ctx.is_main else None
         failure = _from_rank_zero(failure, ctx)
         if failure is not None:
             raise on_every_rank(failure)
@@ -506,15 +514,12 @@ class PredictRun:
         return records
 
 
-def _none_read(summary: PredictSummary) -> InputError | None:
+def _none_read(summary: PredictSummary, data: str) -> InputError | None:
     """The error of a run whose every image was unreadable (the rule of every command that
     reads many images: some unreadable ones are counted, none readable is a failure)."""
     if not summary.images or summary.unreadable < summary.images:
         return None
-    return InputError(
-        f"none of the {summary.images} images could be read",
-        f"the first, {summary.first_error}",
-    )
+    return none_read(summary.images, data, f"the first, {summary.first_error}")
 
 
 def _digits(value: float) -> float:
