@@ -1,7 +1,10 @@
 """`train` on the image folders users have: a class folder that holds no image (one error
-saying so, never advice about --val-split), empty files left by interrupted downloads."""
+saying so, never advice about --val-split), empty files left by interrupted downloads, a class
+whose files are all unreadable."""
 
 from __future__ import annotations
+
+import os
 
 from image_folders import write_image_folder
 from output_checks import error_line
@@ -75,3 +78,23 @@ def test_a_class_with_test_images_only_is_told_to_get_training_images(tmp_path):
     assert error_line(result.stderr) == (
         "Error: class 'c' has no training images (add images to the folder or remove it)"
     )
+
+
+def test_a_class_whose_images_are_all_unreadable_is_named_once(tmp_path):
+    """Was only 'skipped unreadable image' per file: the model had an output for 'broken' that
+    it never trained on. 'partly' has training images that read: no warning of it."""
+    root = write_image_folder(tmp_path / "data", {"cat": 4, "partly": 3})
+    for folder, count in (("broken", 4), ("partly", 1)):
+        (root / folder).mkdir(exist_ok=True)
+        for number in range(count):
+            (root / folder / f"x{number}.jpg").write_bytes(b"not a jpeg")
+    args = ["--data", root, *TINY, "--epochs", "2", "--val-split", "0.25"]
+    result = run_torchkit_in_process("train", *args, "--out", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "no readable training" in line]
+    assert len(warned) == 1, result.stderr  # once, not per epoch
+    assert warned[0].startswith(
+        "Warning: class 'broken' has no readable training image (all skipped as unreadable; "
+        f"the first: {root / 'broken'}{os.sep}x"
+    ), warned
+    assert warned[0].endswith("fix or remove the files, or remove the class")

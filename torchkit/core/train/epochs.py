@@ -21,7 +21,7 @@ from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
 from torchkit.core.train.checkpoints import BEST
 from torchkit.core.train.interface import TOPK, TrainCallbacks, TrainResult
-from torchkit.core.train.loaders import mix_seed, train_batch_images
+from torchkit.core.train.loaders import mix_seed, train_batch_images, warn_classes_never_read
 from torchkit.core.train.loop import (
     DIVERGED_HINT,
     DivergedError,
@@ -331,6 +331,13 @@ def epoch_row(ctx: DistContext, state: TrainState, callbacks: TrainCallbacks, ep
             "val_ema_top5": ema["top5"],
         }
     share_unreadable(ctx, state.unreadable)
+    unreadable = state.unreadable
+    # Rank 0 has every rank's skipped images; the classes are checked again only for new ones.
+    if ctx.is_main and unreadable.count > unreadable.classes_checked_at:
+        unreadable.classes_checked_at = unreadable.count
+        warn_classes_never_read(
+            state.data.splits["train"], unreadable.seen, unreadable.classes_warned
+        )
     check_val_finite(row, epoch + 1)
     return row
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -250,6 +250,49 @@ def warn_cross_split_copies(data: str, splits: dict[str, Samples]) -> None:
             f"see them with `torchkit dataset-stats {data}` (`torchkit split` keeps copies "
             "in one split)"
         )
+
+
+def classes_never_read(train: Samples, errors: Collection[str]) -> dict[str, str]:
+    """The classes of `train` none of whose images could be read, each with its first image:
+    `errors` are the skipped images' `PATH: reason` (`core.dataset.make_dataset`). Known only
+    once each image was tried (no file is decoded before training)."""
+    if train.paths is None or not errors:
+        return {}
+    read_as = set()  # every `PATH` an error can start with (a path may hold ': ')
+    for error in errors:
+        at = error.find(": ")
+        while at != -1:
+            read_as.add(error[:at])
+            at = error.find(": ", at + 1)
+    unread = [0] * len(train.classes)
+    first: dict[int, str] = {}
+    for path, label in zip(train.paths, train.labels, strict=True):
+        if str(path) in read_as:
+            unread[label] += 1
+            first.setdefault(label, str(path))
+    counts = train.class_counts()
+    return {
+        train.classes[label]: shown
+        for label, shown in first.items()
+        if unread[label] == counts[label]
+    }
+
+
+def warn_classes_never_read(train: Samples, errors: Collection[str], warned: set[str]) -> None:
+    """One warning naming the training classes whose images were all unreadable (not yet in
+    `warned`, which it adds them to): the model keeps an output for a class it never saw, as
+    the "has no images" error refuses before training for a class without image files."""
+    found = classes_never_read(train, errors)
+    names = [name for name in found if name not in warned]
+    if not names:
+        return
+    warned.update(names)
+    log.warning(
+        f"{_classes_that(names, 'has', 'have')} no readable training image (all skipped as "
+        f"unreadable; the first: {found[names[0]]}): the model has an output for "
+        f"{'it' if len(names) == 1 else 'them'} that it is never trained on; fix or remove the "
+        "files, or remove the class"
+    )
 
 
 def preprocess_for(config: TrainConfig) -> Preprocess:

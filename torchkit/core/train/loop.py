@@ -129,6 +129,8 @@ class UnreadableImages:
         self.strict = strict
         self.seen: set[str] = set()
         self.unshared: list[str] = []  # seen since `share_unreadable` last sent them to rank 0
+        self.classes_warned: set[str] = set()  # training classes none of whose images read
+        self.classes_checked_at = 0  # `count` when the classes were last checked for those
 
     def report(self, errors: list[str]) -> None:
         for error in errors:
