@@ -354,11 +354,12 @@ def test_sigterm_while_the_model_is_built_after_the_workers_started_leaves_nothi
             "device", "--device", "cpu", "--out", "run"]  # fmt: skip
     process = start_torchkit_process(*args, cwd=tmp_path, env=env)
     wait_until(gate.exists, process=process, what="the model's construction")
-    # Epoch 1's loader workers were already reading: forked, so they carry the main process's
-    # command line (the curves helper does not).
+    # Epoch 1's loader workers were already reading, and the validation loader's were forked
+    # beside them before any thread started: forked, so they carry the main process's command
+    # line (the curves helper does not).
     command = Path(f"/proc/{process.pid}/cmdline").read_bytes()
     group = [pid for pid in processes_in_group(process.pid) if pid != process.pid]
-    assert sum(Path(f"/proc/{pid}/cmdline").read_bytes() == command for pid in group) == 2
+    assert sum(Path(f"/proc/{pid}/cmdline").read_bytes() == command for pid in group) == 2 + 2
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     gate.unlink(missing_ok=True)
