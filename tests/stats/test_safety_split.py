@@ -116,16 +116,35 @@ def test_force_over_another_commands_output_is_refused(tmp_path, data):
     assert tree_digest(run) == before
 
 
-def test_force_replaces_an_earlier_split_without_marker_and_keeps_other_files(tmp_path, data):
+def test_force_replaces_an_earlier_split_and_keeps_other_files(tmp_path, data):
     out = tmp_path / "out"
     assert split(data, out, "--names", "a,b,c").returncode == 0
-    (out / ".torchkit").unlink()  # as torchkit 0.x wrote it: split.csv and the split folders
-    result = split(data, out, "--force", "--ratio", "1:1")
-    assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == [".torchkit", "split.csv", "train", "val"]
-    (out / "keep.txt").write_text("mine")  # now marked: --force replaces the split, not this
-    assert split(data, out, "--force").returncode == 0
-    assert (out / "keep.txt").read_text() == "mine" and (out / "test").is_dir()
+    (out / "keep.txt").write_text("mine")  # --force replaces the split, not this
+    assert split(data, out, "--force", "--ratio", "1:1").returncode == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".torchkit",
+        "keep.txt",
+        "split.csv",
+        "train",
+        "val",
+    ]
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_force_over_an_unmarked_folder_with_a_split_csv_is_refused(tmp_path, data):
+    # Another tool's split: a split.csv whose `split` column names the folders beside it. It
+    # looked like an earlier torchkit split and --force replaced its folders.
+    out = tmp_path / "theirs"
+    make_files(out / "train", {"cat": 2})
+    make_files(out / "val", {"dog": 1})
+    (out / "split.csv").write_text(
+        "path,label,split\ntrain/cat/cat_00.png,cat,train\nval/dog/dog_00.png,dog,val\n"
+    )
+    before = tree_digest(out)
+    result = split(data, out, "--force")
+    assert result.returncode == 1, result.stderr
+    assert "was not written by torchkit" in error_line(result.stderr)
+    assert tree_digest(out) == before
 
 
 def test_report_file_may_not_be_an_input_or_a_file_the_split_writes(tmp_path, data):

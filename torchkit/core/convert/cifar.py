@@ -29,7 +29,6 @@ from torchkit.core.data.sources.discovery import class_folder_problem
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError, short_repr
 from torchkit.core.io.files import require_input
 from torchkit.core.io.outputs import (
-    MARKER,
     InputPath,
     OutputFolder,
     named_as_final,
@@ -58,7 +57,6 @@ _CHUNK_BYTES = 4 * MIB
 
 _CIFAR10_TRAIN = re.compile(r"data_batch_(\d+)")
 _CIFAR_NAMES = re.compile(r"data_batch_\d+|test_batch|batches\.meta|train|test|meta")
-_IMAGE_NAME = re.compile(r"\d+\.png")
 
 
 @dataclass
@@ -422,48 +420,18 @@ def _write_pngs(task: tuple[str, str, Any, list[str]]) -> int:
     return len(paths)
 
 
-def _looks_like_cifar_output(folder: Path) -> bool:
-    """A folder that `convert cifar` wrote before torchkit marked its outputs: only `train`
-    and `test`, holding only class folders of `<index>.png` files."""
-    try:
-        splits = list(os.scandir(folder))
-        if not splits or any(
-            s.name not in SPLITS or not s.is_dir(follow_symlinks=False) for s in splits
-        ):
-            return False
-        for split in splits:
-            for group in os.scandir(split.path):
-                if not group.is_dir(follow_symlinks=False):
-                    return False
-                for image in os.scandir(group.path):
-                    if not (
-                        _IMAGE_NAME.fullmatch(image.name) and image.is_file(follow_symlinks=False)
-                    ):
-                        return False
-    except OSError:
-        return False
-    return True
-
-
 def output_folder(
     out: str | os.PathLike, *, force: bool = False, inputs: Iterable[InputPath] = ()
 ) -> OutputFolder:
     """The checked and locked output folder of `convert cifar`: never an input, never inside
     one; an existing one is replaced (with `force`) only if torchkit wrote it."""
-    target = Path(out)
-    legacy = (
-        force
-        and target.is_dir()
-        and not target.is_symlink()
-        and not (target / MARKER).exists()
-        and _looks_like_cifar_output(target)
-    )
+    # No `known_files`: class folders of `<index>.png` are anybody's (MNIST as PNG from
+    # another script), so only the marker says that torchkit wrote a folder.
     return OutputFolder(
-        target,
+        Path(out),
         command="convert cifar",
         force=force,
         inputs=inputs,
-        known_files=SPLITS if legacy else (),
         what="output folder",
         atomic=True,
     )

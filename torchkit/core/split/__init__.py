@@ -46,7 +46,6 @@ from torchkit.core.split.output import (
     JOURNAL,
     WHAT,
     check_report_file,
-    glob_escape,
     recover_split_leftovers,
 )
 from torchkit.core.split.plan import (
@@ -70,7 +69,6 @@ __all__ = [
     "check_report_file",
     "dedup_units",
     "fixed_split",
-    "glob_escape",
     "group_names",
     "is_folder_name",
     "load_split_input",

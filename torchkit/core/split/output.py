@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -71,20 +70,6 @@ def previous_split_names(out: Path) -> set[str]:
     """The split folders of the earlier split in OUT, as its split.csv names them."""
     names = written_split_names(out)
     return {n for n in names if is_folder_name(n) and not n.startswith(RESERVED_PREFIX)}
-
-
-def known_files(out: Path) -> list[str]:
-    """What an earlier split (one written before OUT carried torchkit's marker) holds: split.csv
-    and the split folders it names. Without a split.csv nothing is known, so `--force` needs the
-    marker: a bare `train/` may be anybody's."""
-    if not (out / MANIFEST).is_file():
-        return []
-    return [MANIFEST, *(glob_escape(n) for n in sorted(previous_split_names(out)))]
-
-
-def glob_escape(name: str) -> str:
-    """`name` as an fnmatch pattern that matches only itself."""
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def discard_replaced(out: Path) -> None:

@@ -56,7 +56,6 @@ from torchkit.core.split.output import (
     WHAT,
     SplitOutput,
     discard_replaced,
-    known_files,
     previous_split_names,
     read_journal,
     recover_split_leftovers,
@@ -179,7 +178,6 @@ def _split_or_finish(
             out,
             force,
             what=WHAT,
-            known_files=known_files(out),
             hint="pass --force to replace the split in it",
         )
         return _split_into(source, out, options, progress)
