@@ -10,11 +10,11 @@ from processes import run_torchkit_in_process
 from typer.main import get_command
 
 from torchkit.cli import app
-from torchkit.cli.options import SIZE_RULE
 from torchkit.core.benchmark.memory import parse_memory_limit
 from torchkit.core.convert.shards import shard_options
 from torchkit.core.data.sources.http_shards import cache_limit
 from torchkit.core.io.errors import UsageError
+from torchkit.core.io.sizes import SIZE_RULE
 
 
 def _every_reading(text: str, monkeypatch) -> dict[str, int]:

@@ -9,7 +9,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 from torchkit.cli.options import (
-    SIZE_RULE,
     ForceOption,
     ModelOption,
     OutputOption,
@@ -30,6 +29,7 @@ from torchkit.cli.render import (
 )
 from torchkit.cli.run_options import DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions
+from torchkit.core.io.sizes import SIZE_RULE
 
 
 class BenchmarkMode(str, Enum):

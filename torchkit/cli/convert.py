@@ -11,7 +11,6 @@ import typer
 from torchkit.cli import console
 from torchkit.cli.app import TorchkitGroup
 from torchkit.cli.options import (
-    SIZE_RULE,
     ForceOption,
     FormatOption,
     OutOption,
@@ -24,6 +23,7 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import Table, emit, resolve_format
+from torchkit.core.io.sizes import SIZE_RULE
 
 convert_app = typer.Typer(
     cls=TorchkitGroup,

@@ -17,9 +17,6 @@ def _complete_device(incomplete: str) -> list[str]:
     ]
 
 
-# What every size option (--shard-size, --memory-limit) reads: core/io/sizes.py.
-SIZE_RULE = "1GB, 500MB (powers of 1000), 256MiB or 256M (powers of 1024), or bytes (4096, 1e9)"
-
 # None when not given: the format is then the one -o's name says (render.resolve_format).
 FormatOption = Annotated[
     Optional[OutputFormat],
