@@ -41,6 +41,7 @@ from torchkit.core.io.files import (
     folds_case,
     torch_save,
 )
+from torchkit.core.io.names import distinct_names
 from torchkit.core.io.outputs import (
     OutputFolder,
     is_torchkit_folder,
@@ -199,11 +200,10 @@ class FeatureStore:
         from numpy.lib.format import open_memmap
 
         self._begin()
-        used: set[str] = set()
         with reporting_write_errors(self.out):
             fold = folds_case(self.partial)  # `Conv1.npy` and `conv1.npy` one file there
-            for name, info in layers.items():
-                stem = _file_stem(name, used, fold)
+            stems = distinct_names(map(_file_stem, layers), separator="_", fold_case=fold)
+            for (name, info), stem in zip(layers.items(), stems, strict=True):
                 info = {**info, "file": stem}
                 self.progress.layers[name] = info
                 path = self._partial_array(stem)
@@ -443,17 +443,10 @@ def _check_fingerprint(found: str | None, expected: str, folder: Path, what: str
         )
 
 
-def _file_stem(name: str, used: set[str], fold_case: bool = False) -> str:
-    """The file name (without extension) of layer `name`'s array: its name, with `_2`, `_3`...
-    where another layer's took it (`used`, casefolded where the folder ignores case)."""
-    stem = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "layer"
-    key = str.casefold if fold_case else str
-    candidate, count = stem, 1
-    while key(candidate) in used:
-        count += 1
-        candidate = f"{stem}_{count}"
-    used.add(key(candidate))
-    return candidate
+def _file_stem(name: str) -> str:
+    """The file name (without extension) of layer `name`'s array before `distinct_names` makes
+    it differ from another layer's (`_2`, `_3`...): its name in file-name-safe characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "layer"
 
 
 def _npy_for_appending(path: Path, info: dict):

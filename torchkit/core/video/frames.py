@@ -11,6 +11,7 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write_bytes
+from torchkit.core.io.names import distinct_names
 from torchkit.core.io.outputs import (
     OutputFolder,
     OutputFolderReplacedError,
@@ -158,26 +159,14 @@ def extract_frames(
 def frame_name_prefixes(
     videos: Sequence[str | os.PathLike], *, fold_case: bool = False
 ) -> dict[str, str]:
-    """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems (the
-    lowest number free). Each stem's search goes on from the number it last gave: numbers below
-    it are all taken, and a dataset of `<clip>/video.mp4` folders is named in linear time. A
-    `;` of the stem becomes `_`: the CSV's frame_files cell separates the files with `;`.
+    """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems
+    (`distinct_names`, in linear time for a dataset of `<clip>/video.mp4` folders). A `;` of the
+    stem becomes `_`: the CSV's frame_files cell separates the files with `;`.
     `fold_case`: the frames folder's file system ignores case, so stems that differ only by
     case (`Clip`, `clip`) repeat too."""
-    prefixes: dict[str, str] = {}
-    used: set[str] = set()
-    last_number: dict[str, int] = {}
-    key = str.casefold if fold_case else str
-    for video in videos:
-        stem = Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_") or "video"
-        prefix, n = stem, last_number.get(key(stem), 1)
-        while key(prefix) in used:
-            n += 1
-            prefix = f"{stem}-{n}"
-        last_number[key(stem)] = n
-        used.add(key(prefix))
-        prefixes[os.fspath(video)] = prefix
-    return prefixes
+    stems = [Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_") or "video" for video in videos]
+    prefixes = distinct_names(stems, separator="-", fold_case=fold_case)
+    return {os.fspath(video): prefix for video, prefix in zip(videos, prefixes, strict=True)}
 
 
 def _sample_into(
