@@ -37,6 +37,7 @@ from torchkit.core.io.outputs import (
     is_write_error,
     recover_leftovers,
     reporting_write_errors,
+    write_marker,
 )
 
 
@@ -247,6 +248,37 @@ def test_force_replaces_only_an_output_of_the_same_command(tmp_path):
     assert tree_digest(run) == before
     assert sorted(os.listdir(tmp_path)) == ["run"]  # no lock file left
     OutputFolder(run, command="train", force=True).release()
+
+
+def test_a_folder_holding_only_the_same_commands_marker_is_empty_to_it(tmp_path):
+    """What a run killed between marking its folder and writing its first file leaves: the
+    marker and a dead writer's temporary. The same command starts again without --force and
+    finds the folder empty; another command, a live writer's temporary or any other file in it
+    is refused as before, and nothing is touched."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    write_marker(out, "eval")
+    (out / ".metrics.json.abcd1234.tmp").write_text("half")
+    before = tree_digest(out)
+    with pytest.raises(OutputExistsError, match="already exists"):
+        OutputFolder(out, command="train")
+    with pytest.raises(OutputExistsError, match="torchkit eval, not of train"):
+        OutputFolder(out, command="train", force=True)
+    with open(out / ".metrics.json.abcd1234.tmp") as live:  # its writer is alive
+        fcntl.flock(live, fcntl.LOCK_EX)
+        with pytest.raises(OutputExistsError, match="already exists"):
+            OutputFolder(out, command="eval")
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="already exists"):
+        OutputFolder(out, command="eval")
+    (out / "notes.txt").unlink()
+    assert tree_digest(out) == before
+    with OutputFolder(out, command="eval", atomic=True) as folder:
+        assert os.listdir(out) == [] and not folder.has_content
+        atomic_write_text(folder.begin() / "metrics.json", "{}\n")
+    assert sorted(os.listdir(out)) == [MARKER, "metrics.json"]
 
 
 def test_a_new_output_is_marked_and_replaces_the_old_only_when_kept(tmp_path):

@@ -275,6 +275,22 @@ def test_a_run_killed_before_its_first_shard_is_finished_by_the_same_command(
     assert tree_bytes(out) == tree_bytes(reference)
 
 
+def test_a_run_killed_before_its_partial_manifest_is_run_again_by_the_same_command(
+    tmp_path: Path, split_root: Path
+):
+    # Killed between marking OUT and writing its partial manifest: the marker and a dead
+    # writer's temporary were all there was, and the same command was refused ("output
+    # folder already exists ... pass --force").
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    assert convert(split_root, reference, "--per-shard", "2").returncode == 0
+    out.mkdir()
+    (out / ".torchkit").write_text('{"written_by": "torchkit", "command": "convert shards"}\n')
+    (out / ".manifest.partial.json.abcd1234.tmp").write_text('{"sha')
+    done = convert(split_root, out, "--per-shard", "2")
+    assert done.returncode == 0, done.stderr
+    assert tree_bytes(out) == tree_bytes(reference)
+
+
 def test_sigterm_leaves_no_half_shard(tmp_path: Path, split_root: Path):
     out = tmp_path / "out"
     args = ("convert", "shards", str(split_root), str(out), "--per-shard", "1")

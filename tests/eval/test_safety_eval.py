@@ -130,6 +130,19 @@ def test_force_replaces_an_earlier_eval_folder_and_nothing_else(world, tmp_path)
     assert hidden_siblings(older) == []
 
 
+def test_an_out_left_by_an_eval_killed_before_its_first_report_is_written_again(world, tmp_path):
+    # Killed between marking --out and its first report: the marker and a dead writer's
+    # temporary were all there was, and the same command was refused ("already exists").
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".torchkit").write_text('{"written_by": "torchkit", "command": "eval"}\n')
+    (out / ".metrics.json.abcd1234.tmp").write_text('{"accu')
+    done = run_torchkit_in_process(*EVAL, "--out", str(out), cwd=world)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted([".torchkit", *REPORTS])
+    assert hidden_siblings(out) == []
+
+
 def test_sigterm_stops_the_workers_and_a_second_run_is_refused(world, tmp_path):
     previous = tmp_path / "previous"
     older_eval_output(previous, marker=True)

@@ -823,7 +823,7 @@ def convert_shards(
     # interrupted run of this command aside: whether it resumes depends on the data).
     check_overlap(target, WHAT, inputs)
     if read_partial(target) is None and not force:
-        check_replaceable(target, False, what=WHAT)
+        check_replaceable(target, False, what=WHAT, command=COMMAND)
     webdataset = import_extra("webdataset", "webdataset", COMMAND)
     data = open_data(src, allow_unlabelled=True)
     warn_empty_splits(data)

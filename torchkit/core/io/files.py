@@ -27,6 +27,7 @@ from torchkit.core.io.outputs import (
     write_failure_reason,
 )
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
+from torchkit.core.io.temporaries import TEMPORARY, remove_if_unlocked
 
 try:
     import fcntl
@@ -224,11 +225,6 @@ def _rename_into_place(temporary: str, target: Path, synced_later: bool) -> None
         fsync_directory(target.parent)
 
 
-# The names `atomic_write` (`.NAME.XXXXXXXX.tmp`) and `atomic_path` (`.STEM.XXXXXXXX.tmp.SUFFIX`)
-# give their temporaries: mkstemp's 8 random characters.
-_TEMPORARY = re.compile(r"\.(?P<stem>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>\.[^.]+)?")
-
-
 def _held_temporary(target: Path, prefix: str, suffix: str) -> tuple[int, str]:
     """mkstemp's (fd, name) for a temporary of `target`, its flock held on the fd until the fd
     closes (a kill closes it too), after removing the temporaries of `target` that killed
@@ -269,7 +265,7 @@ def _remove_dead_temporaries(target: Path, prefix: str, suffix: str) -> None:
         return
     exact = re.compile(re.escape(prefix) + "[a-z0-9_]{8}" + re.escape(suffix))
     for name in [name for name in candidates if exact.fullmatch(name)]:
-        if _remove_if_unlocked(target.parent / name):
+        if remove_if_unlocked(target.parent / name):
             with contextlib.suppress(ValueError):  # another thread took it off already
                 candidates.remove(name)
 
@@ -289,37 +285,13 @@ def _temporaries_in(folder: Path) -> list[str]:
     names = _FOLDER_TEMPORARIES.get(key)
     if names is None:
         try:
-            names = [name for name in os.listdir(folder) if _TEMPORARY.fullmatch(name)]
+            names = [name for name in os.listdir(folder) if TEMPORARY.fullmatch(name)]
         except OSError:
             names = []
         if len(_FOLDER_TEMPORARIES) >= 4096:  # a long-lived process: stay small
             _FOLDER_TEMPORARIES.clear()
         _FOLDER_TEMPORARIES[key] = names
     return names
-
-
-def _remove_if_unlocked(path: Path) -> bool:
-    """Remove the regular file `path` if nobody holds its flock; whether it is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return True
-    except OSError:  # a link, or not ours to read: left alone
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a live writer holds it (or this file system has no flock)
-            return False
-        with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile: done
-            os.unlink(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[str]:
@@ -332,7 +304,7 @@ def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[
     except OSError:
         return removed
     for name in names:
-        found = _TEMPORARY.fullmatch(name)
+        found = TEMPORARY.fullmatch(name)
         if found is None or not owns(found["stem"] + (found["suffix"] or "")):
             continue
         path = folder / name

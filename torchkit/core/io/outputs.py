@@ -4,7 +4,9 @@ torchkit never loses a user's file is enforced in one place.
 - An output may not be, contain or lie inside an input of the same command (`check_overlap`).
 - `--force` replaces a folder only if it is empty or the same command wrote it (a `.torchkit`
   marker naming it, or only files that command writes beside the record it always writes:
-  `holds_json_record`); `/`, `~`, the working directory and its parents never.
+  `holds_json_record`); `/`, `~`, the working directory and its parents never. A folder
+  holding only the same command's marker (and its dead writers' temporaries) is empty: a run
+  killed before its first file (`clear_killed_start`).
 - A folder being written is locked (`.NAME.torchkit-lock` beside it, `flock`); a second command
   on the same folder is refused at once with the holder's PID.
 - An old output replaced with `--force` is set aside (`.NAME.<hex>.replaced`) and put back if
@@ -43,6 +45,7 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
+from torchkit.core.io.temporaries import TEMPORARY, is_unlocked, remove_if_unlocked
 from torchkit.program import closed_at_start
 
 log = logging.getLogger("torchkit")
@@ -745,6 +748,39 @@ def _is_empty_dir(folder: Path) -> bool:
         return next(entries, None) is None
 
 
+def killed_start_leftovers(folder: Path, command: str) -> list[Path] | None:
+    """The temporaries in `folder` when all it holds is what a run of `command` killed between
+    marking the folder and writing its first file left: the marker naming `command`, and
+    temporaries no live writer holds. None when it holds anything else (or another command's
+    marker, or none). To that command such a folder is as good as empty."""
+    if not folder.is_dir() or folder.is_symlink() or marker_command(folder) != command:
+        return None
+    leftovers = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:  # a folder of a million files: judged by its first few
+                if entry.name == MARKER:
+                    continue
+                path = folder / entry.name
+                if not (TEMPORARY.fullmatch(entry.name) and is_unlocked(path)):
+                    return None
+                leftovers.append(path)
+    except OSError:
+        return None
+    return leftovers
+
+
+def clear_killed_start(folder: Path, command: str) -> bool:
+    """Empty `folder` (its lock held) when `killed_start_leftovers` finds only a killed run's
+    start in it, so that running the command again is not refused as "already exists" and an
+    atomic output can take the folder's place. Whether it was emptied."""
+    leftovers = killed_start_leftovers(folder, command)
+    if leftovers is None or not all([remove_if_unlocked(path) for path in leftovers]):
+        return False
+    remove_marker(folder)
+    return True
+
+
 def check_replaceable(
     folder: Path,
     force: bool,
@@ -768,6 +804,8 @@ def check_replaceable(
         raise OutputExistsError(f"{what} is {kind}, not a folder: {folder}", "give a folder name")
     if _is_empty_dir(folder):
         return False
+    if command is not None and killed_start_leftovers(folder, command) is not None:
+        return False  # emptied by `OutputFolder` (`clear_killed_start`), its lock held
     if not force:
         raise OutputExistsError(
             f"{what} already exists: {folder}", hint or "pass --force to overwrite it"
@@ -1250,6 +1288,8 @@ class OutputFolder:
             self.notes = recover_leftovers(self.final)
             for note in self.notes:
                 log.warning(note)
+            if not resume:  # a run of this command killed before its first file
+                clear_killed_start(self.final, command)
             self._existed = self.final.is_dir()
             if not resume:
                 # A callable hint judges the folder as it is now: a killed run's leftovers gone

@@ -21,10 +21,10 @@ from torchkit.core.io.outputs import (
     check_output_file,
     claim_folder,
     claimed_change,
+    clear_killed_start,
     discard_tree,
     is_special_file,
     kept_note,
-    marker_command,
     remove_marker,
     remove_tree,
     remove_written,
@@ -118,8 +118,7 @@ def recover_split_leftovers(out: Path) -> None:
         return
     for name in (JOURNAL, MANIFEST, MARKER):  # a write of them killed half-way
         remove_dead_temporaries(out / name)
-    if os.listdir(out) == [MARKER] and marker_command(out) == "split":
-        remove_marker(out)  # killed before its journal: it wrote nothing else
+    clear_killed_start(out, "split")  # killed before its journal: it wrote nothing else
     if (out / DISCARDED).exists():
         remove_tree(out / DISCARDED)
     journal = read_journal(out)
