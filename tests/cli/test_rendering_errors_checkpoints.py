@@ -31,6 +31,7 @@ from torchkit.core.io.errors import (
     DeviceError,
     InputError,
     UsageError,
+    first_and_more,
 )
 from torchkit.core.io.files import (
     atomic_path,
@@ -824,3 +825,9 @@ def test_a_run_puts_torchs_cudnn_switches_back(monkeypatch, tmp_path):
         TrainConfig(out=str(tmp_path / "run"), device="cpu", epochs=1, cudnn_benchmark_limit=3)
     )
     assert cudnn.benchmark_limit == 7
+
+
+def test_lists_in_error_lines_name_the_first_few_and_count_the_rest():
+    assert first_and_more(["a", "b"], 3) == "a, b"
+    assert first_and_more(["a", "b", "c"], 3) == "a, b, c"
+    assert first_and_more(["a", "b", "c", "d", "e"], 3) == "a, b, c and 2 more"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class TorchkitError(Exception):
     """A failure the user can act on. `hint` says what to do about it."""
@@ -77,6 +79,12 @@ def short_repr(value: object) -> str:
     shown = reprlib.Repr()
     shown.maxlevel, shown.maxstring, shown.maxother = 2, 80, 80
     return shown.repr(value)
+
+
+def first_and_more(names: Sequence[str], shown: int) -> str:
+    """`a, b, c and 4 more`: the first `shown` names for an error line, the rest counted."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 TORCHSCRIPT_FAILURE = "The following operation failed in the TorchScript interpreter."

@@ -42,6 +42,7 @@ from torchkit.core.io.errors import (
     OutputWriteError,
     TorchkitError,
     UsageError,
+    first_and_more,
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
@@ -1076,7 +1077,7 @@ def remove_written(folder: Path, written: Iterable[str | os.PathLike]) -> list[s
 def kept_note(what: str, folder: Path, names: list[str], run: str = "this run") -> str:
     """Why a failed (or killed: `run`) run left its output folder: files it did not write are
     in it."""
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    shown = first_and_more(names, 3)
     return f"{what} {_shown(folder)} was kept: it holds files {run} did not write ({shown})"
 
 

@@ -18,6 +18,7 @@ from torchkit.core.io.errors import (
     Terminated,
     TorchkitError,
     UsageError,
+    first_and_more,
     on_every_rank,
 )
 from torchkit.core.runtime import distributed
@@ -90,7 +91,7 @@ def refuse_untrained_parameters(ctx: DistContext, module: Any) -> None:
     names = [name for name, p in module.named_parameters() if p.requires_grad and p.grad is None]
     if not distributed.any_rank(ctx, bool(names)):
         return
-    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    shown = first_and_more(names, 5)
     what = f"the model's parameters {shown}" if names else "some of the model's parameters"
     raise on_every_rank(
         UsageError(

@@ -24,7 +24,7 @@ from torchkit.core.data.sources.digits import DIGITS
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.stored_image import Blocks, read_blocks
 from torchkit.core.data.transforms import eval_transform, train_transform
-from torchkit.core.io.errors import InputError
+from torchkit.core.io.errors import InputError, first_and_more
 from torchkit.core.io.redaction import redact_url
 from torchkit.core.runtime.seeding import SPLITMIX_INCREMENT, SPLITMIX_MULTIPLIERS, splitmix_output
 from torchkit.core.train.config import TrainConfig
@@ -151,9 +151,8 @@ def _refuse_classes_without_images(source: DataSource, names: list[str]) -> None
 
 def _classes_that(names: list[str], one: str, many: str) -> str:
     """`class 'a', 'b' and 3 more have` (the first five named) for messages."""
-    shown = ", ".join(repr(name) for name in names[:5])
-    more = f" and {len(names) - 5} more" if len(names) > 5 else ""
-    return f"class {shown}{more} {one if len(names) == 1 else many}"
+    shown = first_and_more([repr(name) for name in names], 5)
+    return f"class {shown} {one if len(names) == 1 else many}"
 
 
 def _empty_class_hint(held_out: bool, held_out_counts: list[int]) -> str:
