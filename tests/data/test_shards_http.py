@@ -556,3 +556,81 @@ def test_a_folder_url_with_a_dot_in_its_name_reads_as_the_folder(world, server):
         shutil.copytree(world / "served" / "converted", dotted)
     found = stats(f"{server.url}/converted.v2")
     assert found["images"] == stats(world / "served" / "converted")["images"] == 18
+
+
+@pytest.mark.parametrize("data", [f"shards/{PATTERN}", "converted"], ids=["checked", "manifest"])
+def test_a_cached_dataset_reads_unchecked_with_a_warning_while_its_server_cannot_be_reached(
+    world, tmp_path, monkeypatch, data
+):
+    """Every run asks the server for manifest.json (and checks each shard by HEAD): with the
+    server down, a dataset whole in the cache was "cannot download .../manifest.json", so a node
+    without network could not read data it holds. A server that answers is still obeyed."""
+    served = tmp_path / "served"
+    shutil.copytree(world / "served" / "shards", served / "shards")
+    shutil.copytree(world / "served" / "converted", served / "converted")
+    with serving(served, tmp_path / "cache", monkeypatch) as httpd:
+        url, port = f"{httpd.url}/{data}", httpd.server_address[1]
+        first = stats(url)
+    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")  # server down
+    assert result.returncode == 0, result.stderr
+    assert {k: v for k, v in json.loads(result.stdout).items() if k != "source"} == first
+    (warning,) = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert f"cannot reach {httpd.url}/{data.split('/')[0]}/manifest.json" in warning, warning
+    assert "refused the connection; using the shards cached in" in warning, warning
+    assert "unchecked" in warning, warning
+    shutil.rmtree(served)  # the server answers again, 404: its data is gone
+    with serving(tmp_path / "empty", tmp_path / "cache", monkeypatch, port=port) as httpd:
+        gone = run_torchkit_in_process("dataset-stats", url)
+    assert gone.returncode == 1, gone.stderr
+    line = error_line(gone.stderr)
+    assert "HTTP 404" in line or "no manifest.json lies there" in line, line
+    assert "Warning:" not in gone.stderr
+
+
+def test_an_uncached_dataset_of_a_server_that_cannot_be_reached_is_its_network_error(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = run_torchkit_in_process("dataset-stats", f"http://127.0.0.1:{port}/converted/")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert f"cannot download http://127.0.0.1:{port}/converted/manifest.json" in line, line
+    assert "refused the connection" in line and "Warning:" not in result.stderr
+
+
+def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeypatch):
+    """A process stopped with Ctrl-Z while it downloads a shard holds the shard's lock: the
+    other runs waited for ever without a word. After LOCK_WAIT_WARNING_S one warning names the
+    shard (and the wait goes on: here the lock is let go once the warning is seen)."""
+    import fcntl
+    import logging
+
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setattr(http_shards, "LOCK_WAIT_WARNING_S", 0.0)
+    url = f"{server.url}/shards/shard-000000.tar"
+    folder = http_shards.shard_cache_folder(f"{server.url}/shards")
+    folder.mkdir(parents=True)
+    held = os.open(folder / ".shard-000000.tar.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    seen = []
+
+    class LetGo(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+            if len(seen) == 1:
+                os.close(held)  # the other process ends: its lock goes with it
+
+    handler = LetGo(logging.WARNING)
+    logging.getLogger("torchkit").addHandler(handler)
+    try:
+        (path,) = http_shards.fetch_shards([url])
+    finally:
+        logging.getLogger("torchkit").removeHandler(handler)
+    assert Path(path).is_file()
+    (message,) = seen
+    assert message.startswith(f"waiting for another torchkit process downloading {url} "), message
+    assert "Ctrl-Z" in message, message

@@ -159,9 +159,10 @@ class _Handler(SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serving(folder: Path, cache: Path, monkeypatch):
+def serving(folder: Path, cache: Path, monkeypatch, port: int = 0):
     """`http://127.0.0.1:PORT` serving `folder` (`.requests`: what it was asked), with
-    torchkit's cache in `cache`, no cache limit and no proxy in the way."""
+    torchkit's cache in `cache`, no cache limit and no proxy in the way; `port`: that of a
+    server stopped before (the same URLs), else any free one."""
     for name in ("http_proxy", "https_proxy", "all_proxy"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.upper(), raising=False)
@@ -169,7 +170,7 @@ def serving(folder: Path, cache: Path, monkeypatch):
     monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
     requests: list[tuple[str, str]] = []
     handler = functools.partial(_Handler, requests=requests, directory=str(folder))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"

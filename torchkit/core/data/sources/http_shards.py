@@ -29,8 +29,16 @@ sha256, a whole tar up to its end-of-archive marker: a server whose Content-Leng
 cuts the body short with no HTTP error): a failed or killed download leaves nothing under the
 shard's name. A lock file per shard makes processes
 that share the cache (torchrun's ranks, two runs at once) download each shard once: the others
-wait for it, then use it. Every socket operation times out after TIMEOUT_S seconds
-(`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is one error naming the URL and why.
+wait for it, then use it (a warning after LOCK_WAIT_WARNING_S seconds says so: a process
+stopped with Ctrl-Z holds the lock until it resumes or ends). Every socket operation times out
+after TIMEOUT_S seconds (`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is one error naming
+the URL and why.
+
+A server that cannot be reached at all (no HTTP answer: a refused connection, an unknown host,
+no answer in time) when its side files are fetched leaves the cache as it is: its manifest.json,
+classes and shards are used unchecked, with one warning, and the server is asked nothing more
+that run but the shards the cache lacks (whose download fails as any other). A server that
+answers is obeyed as always (a 404 deletes, a changed shard is downloaded again).
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ log = logging.getLogger("torchkit")
 TIMEOUT_S = 30.0  # seconds any socket operation may take (connect, each read)
 MAX_TIMEOUT_S = 86400.0  # a day: the socket module overflows on much longer timeouts
 DOWNLOAD_THREADS = 4
+LOCK_WAIT_WARNING_S = 5.0  # a wait for another process's download this long says so
 SIDE_FILES = ("manifest.json", "classes.txt", "classes.json")
 CACHE_LIMIT_VARIABLE = "TORCHKIT_CACHE_LIMIT"
 _HELD_OPEN = 128  # shards a process keeps open at most
@@ -153,17 +162,16 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
     by_split = False
     opened: dict[str, _Folder] = {}
     if len(urls) == 1 and not _is_tar_name(names[0]):  # `https://host/dir/`: a folder of shards
-        folder_url = urls[0]
-        urls, by_split = _folder_shards(folder_url), True
-        where = _location(urls[0])
-        folder = opened[where.folder] = _open_folder(where.folder, where.query)
+        folder = _open_folder(_folder_url(urls[0]), _location(urls[0]).query)
+        urls, by_split = _folder_shards(urls[0], folder), True
+        opened[_location(urls[0]).folder] = folder
         streamed = _streamed_source(shown, folder, classes, allow_unlabelled)
         if streamed is not None:
             return streamed
         log.info(
             "%s/manifest.json lists no samples per shard (written before torchkit streamed "
             "shards): every shard is downloaded first",
-            _shown(where.folder),
+            _shown(folder.url),
         )
     for url in urls:
         if not _is_tar_name(_location(url).name):
@@ -219,14 +227,28 @@ def _shown(url: str) -> str:
     return redact_url(f"{parts.scheme}://{parts.netloc}{parts.path}")
 
 
-def _folder_shards(url: str) -> list[str]:
-    """The shard URLs the manifest.json at the folder URL `url` lists, in its order."""
+def _folder_url(url: str) -> str:
+    """The folder URL `url` (`https://host/dir/?query`) names: no query, fragment or last `/`."""
+    return url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+
+
+def _folder_shards(url: str, opened: _Folder) -> list[str]:
+    """The shard URLs the manifest.json of the folder URL `url` lists, in its order (`opened`:
+    its cache folder, the server's manifest.json fetched into it)."""
     from urllib.parse import quote
 
-    folder = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
-    query = _location(url).query
-    manifest = _get_small(f"{folder}/manifest.json{query}")
+    folder, query = opened.url, opened.query
+    try:
+        manifest = (opened.path / "manifest.json").read_bytes()
+    except FileNotFoundError:
+        manifest = None
+    except OSError as error:
+        raise InputError(
+            f"cannot read {opened.path / 'manifest.json'}: {error.strerror or error}"
+        ) from None
     if manifest is None:
+        if opened.unreachable is not None:  # never fetched: the server's silence is the error
+            raise opened.unreachable
         raise InputError(
             f"{_shown(url)} names no .tar shard, and no manifest.json lies there",
             "HTTP lists no folder: " + _HINT,
@@ -277,6 +299,9 @@ class _Folder:
     query: str
     path: Path  # its cache folder
     manifest: dict[str, dict[str, Any]]  # from its manifest.json; {} without one
+    # The error of a server that gave no HTTP answer for the side files: the cache is then used
+    # unchecked (no HEAD), as it is. None: the server answered.
+    unreachable: OfflineError | None = None
 
 
 def fetch_shards(urls: Sequence[str], opened: dict[str, _Folder] | None = None) -> list[str]:
@@ -335,7 +360,10 @@ def _open_folder(url: str, query: str) -> _Folder:
     for name in SIDE_FILES:
         if name == "classes.json" and (path / "classes.txt").exists():
             continue  # classes.txt comes first, as beside local shards
-        data = _get_small(f"{url}/{name}{query}")
+        try:
+            data = _get_small(f"{url}/{name}{query}")
+        except OfflineError as error:
+            return _unchecked_folder(url, query, path, error)
         if name == "manifest.json":
             try:
                 manifest = _manifest_entries(data, f"{_shown(url)}/{name}")
@@ -348,6 +376,27 @@ def _open_folder(url: str, query: str) -> _Folder:
             with _writing_the_cache():
                 atomic_write_bytes(path / name, data)
     return _Folder(url, query, path, manifest)
+
+
+def _unchecked_folder(url: str, query: str, path: Path, error: OfflineError) -> _Folder:
+    """The cache folder of `url` as it is, for a server that gave no HTTP answer: `error`
+    where it holds neither manifest.json nor a shard (nothing was cached: the error it is)."""
+    cached_manifest = path / "manifest.json"
+    has_shard = any(
+        entry.name.endswith(".tar") and not entry.name.startswith(".") for entry in os.scandir(path)
+    )
+    if not cached_manifest.is_file() and not has_shard:
+        raise error
+    manifest: dict[str, dict[str, Any]] = {}
+    if cached_manifest.is_file():
+        with contextlib.suppress(InputError, OSError):  # another tool's: no checksums then
+            manifest = _manifest_entries(cached_manifest.read_bytes(), str(cached_manifest))
+    log.warning(
+        "%s; using the shards cached in %s unchecked (they may be out of date)",
+        error.message.replace("cannot download", "cannot reach", 1),
+        path,
+    )
+    return _Folder(url, query, path, manifest, unreachable=error)
 
 
 def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
@@ -390,8 +439,8 @@ class _Stopped(Exception):
 def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> None:
     target = folder.path / name
     expected = folder.manifest.get(name)
-    with _locked(folder.path / f".{name}.lock", stop):
-        if target.is_file() and _is_current(url, target, expected):
+    with _locked(folder.path / f".{name}.lock", stop, f"{_shown(url)} into {folder.path}"):
+        if target.is_file() and _is_current(url, target, expected, folder):
             return
         if stop.is_set():
             raise _Stopped
@@ -403,9 +452,11 @@ def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> N
 
 
 @contextlib.contextmanager
-def _locked(path: Path, stop: threading.Event) -> Iterator[None]:
+def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
     """An exclusive lock on `path` (created), shared with other processes; none where the
-    platform has no flock (the atomic rename keeps the cache whole there too)."""
+    platform has no flock (the atomic rename keeps the cache whole there too). A wait longer
+    than LOCK_WAIT_WARNING_S says once that another process holds it (`what` it downloads): one
+    stopped with Ctrl-Z holds it until resumed or ended, and the wait was silent for ever."""
     try:
         import fcntl
     except ImportError:
@@ -413,6 +464,7 @@ def _locked(path: Path, stop: threading.Event) -> Iterator[None]:
         return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
+        said_after = time.monotonic() + LOCK_WAIT_WARNING_S
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -420,6 +472,14 @@ def _locked(path: Path, stop: threading.Event) -> Iterator[None]:
             except BlockingIOError:  # another process downloads this shard: wait for it
                 if stop.is_set():
                     raise _Stopped from None
+                if said_after is not None and time.monotonic() >= said_after:
+                    said_after = None
+                    log.warning(
+                        "waiting for another torchkit process downloading %s (it holds %s; "
+                        "one stopped with Ctrl-Z holds it until resumed with fg, or ended)",
+                        what,
+                        path,
+                    )
                 time.sleep(0.1)
         yield
     finally:
@@ -430,8 +490,9 @@ def _record_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.json")  # hidden: a folder of shards skips it
 
 
-def _is_current(url: str, target: Path, expected: dict[str, Any] | None) -> bool:
-    """Whether the cached `target` is the shard `url` names now."""
+def _is_current(url: str, target: Path, expected: dict[str, Any] | None, folder: _Folder) -> bool:
+    """Whether the cached `target` is the shard `url` names now (as far as the cache knows,
+    where the server of `folder` cannot be reached)."""
     try:
         record = json.loads(_record_path(target).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -449,6 +510,8 @@ def _is_current(url: str, target: Path, expected: dict[str, Any] | None) -> bool
             return False
         _write_record(target, url, size, digest, _validators(record))
         return True
+    if folder.unreachable is not None:  # no HEAD: the size the download recorded, if any
+        return record.get("bytes") in (None, size)
     length, validators = _head(url)
     if length is None:  # a HEAD refused, or a body the server encodes: the validators alone
         return _same_version(record, validators) is True
@@ -796,7 +859,10 @@ class StreamedShards:
         if opened is not None:
             return opened
         stop = threading.Event()
-        room = _locked(self.folder.path / ".limit.lock", stop) if self.limit else None
+        room = None
+        if self.limit:  # the lock under which a download makes room in the cache
+            what = f"a shard into {self.folder.path}"
+            room = _locked(self.folder.path / ".limit.lock", stop, what)
         with room or contextlib.nullcontext():
             if self.limit is not None:
                 self._make_room(shard)
@@ -830,7 +896,7 @@ class StreamedShards:
         if not expected or expected["bytes"] is None:
             return None  # checked against the server (a HEAD): under the locks
         try:
-            if not _is_current(url, target, expected):
+            if not _is_current(url, target, expected, self.folder):
                 return None
             fd = os.open(target, os.O_RDONLY)
         except OSError:  # not there, or deleted meanwhile: fetch it
