@@ -649,3 +649,32 @@ def test_a_pickled_dict_of_modules_sharing_layers_is_listed_and_converted_alike(
     written = torch.load(synced, weights_only=False)
     assert isinstance(written["model"][1], nn.SyncBatchNorm)
     assert written["model"][1] is written["model_ema"][1]
+
+
+UNPICKLED: list[str] = []
+
+
+class CountsItsUnpickling(nn.Identity):
+    """A layer that notes each time a pickle of it is loaded: the code a trusted pickle runs."""
+
+    def __setstate__(self, state):
+        UNPICKLED.append(type(self).__name__)
+        super().__setstate__(state)
+
+
+@pytest.mark.parametrize(
+    "wrap", [lambda net: net, lambda net: {"model": net, "epoch": 3}], ids=["module", "dict"]
+)
+@pytest.mark.parametrize("with_destination", [False, True], ids=["list", "convert"])
+def test_a_pickled_model_is_unpickled_once_per_command(runner, tmp_path, wrap, with_destination):
+    """Listing the layers of a pickled model read the file twice (the model, then the modules
+    it holds): twice the load time, and the unpickling code --trust-checkpoint allowed ran
+    twice. Each command now unpickles SRC once."""
+    source, synced = tmp_path / "net.pt", tmp_path / "sync.pt"
+    torch.save(wrap(nn.Sequential(*tiny_pickled_model(), CountsItsUnpickling())), source)
+    UNPICKLED.clear()
+    args = [str(source), *([str(synced)] if with_destination else []), "--format", "json"]
+    result = runner.invoke(app, ["convert-syncbn", *args, "--trust-checkpoint"])
+    assert result.exit_code == 0, result.stderr
+    assert [row["name"] for row in json.loads(result.stdout)["layers"]] == ["1"]
+    assert UNPICKLED == ["CountsItsUnpickling"]

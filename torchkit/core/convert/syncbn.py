@@ -475,9 +475,9 @@ def modules_by_key(loaded: Mapping[str, Any]) -> list[tuple[str | None, Any]]:
     a file reported as converted holds no layer left unconverted. Each module once (the same
     module under two keys keeps its first); the key is None when the dict holds one module,
     whose rows keep their plain names."""
-    from torch import nn
+    from torchkit.core.models.weights import pickled_modules
 
-    named = [(key, value) for key, value in loaded.items() if isinstance(value, nn.Module)]
+    named = list((pickled_modules(loaded) or {}).items())
     seen: set[int] = set()
     modules = []
     for key, value in named:
@@ -515,17 +515,13 @@ def batchnorm_report(
         # What `train --resume` builds from it: its layers are SyncBatchNorm already.
         model, _ = convert_batchnorm(model, to="sync")
     layers = find_batchnorm_layers(model, sync=revert)
-    if loaded.source == "pickled model":
-        from torchkit.core.models.weights import read_model_file
-
-        held = read_model_file(spec, trust_checkpoint=trust_checkpoint)
-        if isinstance(held, Mapping):  # the layers of each module SRC DST converts, once
-            listed: set[int] = set()
-            layers = [
-                _keyed(row, key)
-                for key, module in modules_by_key(held)
-                for row in find_batchnorm_layers(module, sync=revert, seen=listed)
-            ]
+    if loaded.pickled_modules is not None:  # the layers of each module SRC DST converts, once
+        listed: set[int] = set()
+        layers = [
+            _keyed(row, key)
+            for key, module in modules_by_key(loaded.pickled_modules)
+            for row in find_batchnorm_layers(module, sync=revert, seen=listed)
+        ]
     report = {
         "model": loaded.arch,
         "origin": loaded.source,

@@ -65,6 +65,7 @@ from torchkit.core.models.weights import (
     holds_weights_only,
     load_weights_file,
     pickled_module,
+    pickled_modules,
     read_model_file,
     weights_only_error,
 )
@@ -95,6 +96,9 @@ class ResolvedModel:
     # Outputs when the model has no classifier layer to read them from (an exported file).
     known_outputs: int | None = None
     exported_data: Mapping[str, Any] | None = None  # an exported file's training data record
+    # Every module of a pickled dict by key (`{'model': net, 'model_ema': ema}`, `model` the
+    # first): what convert-syncbn lists and converts, without unpickling the file again.
+    pickled_modules: Mapping[Any, Any] | None = None
 
     @property
     def data_record(self) -> Mapping[str, Any] | None:
@@ -439,6 +443,7 @@ def _from_file(
             preprocess=plain_preprocess(stem_channels(module)),
             image_model=False,
             weights_source="pickled model",
+            pickled_modules=pickled_modules(loaded),
         )
     if holds_weights_only(loaded):
         raise weights_only_error(path)

@@ -85,11 +85,17 @@ def pickled_module(loaded: Any) -> Any:
 
     if isinstance(loaded, torch.nn.Module):
         return loaded
-    if isinstance(loaded, Mapping):
-        for value in loaded.values():
-            if isinstance(value, torch.nn.Module):
-                return value
-    return None
+    return next(iter((pickled_modules(loaded) or {}).values()), None)
+
+
+def pickled_modules(loaded: Any) -> dict[Any, Any] | None:
+    """Every `nn.Module` of a pickled dict (`{'model': net, 'model_ema': ema}`) by its key, in
+    the dict's order; None when `loaded` is no dict."""
+    import torch
+
+    if not isinstance(loaded, Mapping):
+        return None
+    return {key: value for key, value in loaded.items() if isinstance(value, torch.nn.Module)}
 
 
 def is_state_dict(loaded: Any) -> bool:
