@@ -231,6 +231,7 @@ LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29 (a 
     "test_train_ddp_faults",  # 35
     "test_torchvision_without_dynamo",  # 27: fresh processes
     "test_train_ddp",  # 23: torchrun on one node and on two, the same weights
+    "test_train_ddp_peer_failure",  # 2026-11-30: 23 s under load, two real ranks
     "test_train_cli",  # 19
     "test_model_resolver",  # 18
     "test_export",  # 18
