@@ -145,6 +145,7 @@ def resolve_model(
     exported: str = "refuse",
     command: str = "this command",
     require_trained: bool = False,
+    ahead: ReadAhead | None = None,
 ) -> ResolvedModel:
     """Build or load the model `spec` names.
 
@@ -166,7 +167,8 @@ def resolve_model(
     or "refuse" (one error that names `command`). TorchScript and torch.export run code from
     the file, so they need `trust_checkpoint`, as do pickles and the `package.module:Callable` a
     checkpoint names. `require_trained` refuses a model whose weights are random (no weights
-    file, no pretrained weights): predict, eval and extract-features.
+    file, no pretrained weights): predict, eval and extract-features. `ahead`: the model file
+    (MODEL, or `weights`) as the caller already read it, not read again.
     """
     if exported not in EXPORTED_USES:
         raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
@@ -199,29 +201,43 @@ def resolve_model(
                 channels=in_channels,
             )
         else:
-            resolved = _from_file(spec, trust_checkpoint=trust_checkpoint, ema=ema, command=command)
+            resolved = _from_file(
+                spec,
+                trust_checkpoint=trust_checkpoint,
+                ema=ema,
+                command=command,
+                loaded=ahead.content_if_read(spec, trust_checkpoint) if ahead else None,
+            )
     else:
         # The head follows the weights when there are any; num_classes is applied below.
         build_classes = num_classes if weights is None else None
+        # Read once: what sizes the model (convnet, ViT, timm) is what is then loaded into it.
+        if ahead is None or not ahead.reads(weights, trust_checkpoint):
+            ahead = ReadAhead(weights, trust_checkpoint) if weights is not None else None
         if is_callable_spec(spec):
             resolved = _from_callable(spec, build_classes)
         elif spec in BUILTIN_MODELS:
             if weights is not None and (image_size is None or in_channels is None):
                 # convnet's classifier is sized for its input: build it as the file's was
-                recorded_size, recorded_channels = _weights_input(weights, trust_checkpoint)
+                recorded_size, recorded_channels = _weights_input(ahead)
                 image_size = image_size or recorded_size
                 in_channels = in_channels or recorded_channels
             resolved = _from_convnet(
                 spec, build_classes, image_size, in_channels, weights_follow=weights is not None
             )
         elif is_timm_spec(spec):
-            resolved = _from_timm(
-                spec, build_classes, weights, image_size, in_channels, trust_checkpoint
-            )
+            resolved = _from_timm(spec, build_classes, weights, image_size, in_channels, ahead)
         else:
-            resolved = _from_torchvision(spec, build_classes, weights, image_size, trust_checkpoint)
+            resolved = _from_torchvision(spec, build_classes, weights, image_size, ahead)
         if weights is not None and resolved.weights_source is None:
-            _load_file_weights(resolved, weights, trust_checkpoint, ema=ema, command=command)
+            _load_file_weights(
+                resolved,
+                weights,
+                trust_checkpoint,
+                ema=ema,
+                command=command,
+                loaded=ahead.content_if_read(weights, trust_checkpoint) if ahead else None,
+            )
         elif ema:
             raise UsageError("--ema needs a torchkit checkpoint", "drop --ema")
     if require_trained and resolved.weights_source is None:
@@ -397,7 +413,7 @@ def _head_inputs(
             elif spec in BUILTIN_MODELS:
                 built = _from_convnet(spec, 2, image_size, in_channels)
             elif is_timm_spec(spec):
-                built = _from_timm(spec, 2, None, image_size, in_channels, False)
+                built = _from_timm(spec, 2, None, image_size, in_channels, None)
             else:
                 built = _from_torchvision(spec, 2, None, image_size)
         return [in_features(layer) for _, layer in class_layers(built.model)]
@@ -410,11 +426,17 @@ def _size(image_size: int | Sequence[int] | None, default: int) -> tuple[int, in
 
 
 def _from_file(
-    path: str, *, trust_checkpoint: bool, ema: bool, command: str | None = None
+    path: str,
+    *,
+    trust_checkpoint: bool,
+    ema: bool,
+    command: str | None = None,
+    loaded: Any = None,
 ) -> ResolvedModel:
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
-    loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
+    if loaded is None:  # else what was read of it ahead (train's defaults)
+        loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     if is_torchkit_checkpoint(loaded):
         model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=path)
         if ema:
@@ -493,7 +515,7 @@ def _from_torchvision(
     num_classes: int | None,
     weights: str | None,
     image_size: int | Sequence[int] | None,
-    trust_checkpoint: bool = False,
+    ahead: ReadAhead | None = None,
 ) -> ResolvedModel:
     """A torchvision model with random weights, torchvision's own, or a file's (loaded after
     this returns). ViT and MaxViT are built for `image_size`, else for the size a torchkit
@@ -503,7 +525,7 @@ def _from_torchvision(
     if weights is not None and not os.path.exists(weights) and not is_checkpoint_path(weights):
         return _torchvision_pretrained(name, weights, enum)
     if weights is not None and image_size is None and name.startswith(tuple(IMAGE_SIZE_KWARGS)):
-        image_size = _weights_input(weights, trust_checkpoint)[0]
+        image_size = _weights_input(ahead)[0]
     size = _size(image_size, DEFAULT_IMAGE_SIZE)
     # With a weights file the head is sized from the file afterwards (fit_head_to).
     model = torchvision_random(
@@ -529,7 +551,7 @@ def _from_timm(
     weights: str | None,
     image_size: int | Sequence[int] | None,
     in_channels: int | None,
-    trust_checkpoint: bool,
+    ahead: ReadAhead | None,
 ) -> ResolvedModel:
     """`timm/NAME[.TAG]`: random weights (offline), timm's pretrained ones (`DEFAULT` or a
     tag), or a file's, loaded after this returns. A torchkit checkpoint as the file says the
@@ -537,7 +559,7 @@ def _from_timm(
     pretrained = weights is not None and not os.path.exists(weights)
     pretrained = pretrained and not is_checkpoint_path(weights)
     if weights is not None and not pretrained and (image_size is None or in_channels is None):
-        recorded_size, recorded_channels = _weights_input(weights, trust_checkpoint)
+        recorded_size, recorded_channels = _weights_input(ahead)
         image_size = image_size or recorded_size
         in_channels = in_channels or recorded_channels
     if pretrained:
@@ -563,14 +585,45 @@ def _from_timm(
     )
 
 
-def _weights_input(path: str, trust_checkpoint: bool) -> tuple[int | None, int | None]:
-    """(image size, input channels) of the weights in `path`: those a torchkit checkpoint's
+class ReadAhead:
+    """A model file read at most once per command: what sizes the model or says its
+    preprocessing (train's defaults) is what is then loaded (a trusted pickle's code runs once).
+    """
+
+    def __init__(self, path: str, trust_checkpoint: bool) -> None:
+        self.path, self.trust_checkpoint = path, trust_checkpoint
+        self._read, self._content = False, None
+
+    def content(self) -> Any:
+        """What the file holds, read on the first call; None where it cannot be read (reported
+        when it is loaded)."""
+        if not self._read:
+            self._content = _read_if_readable(self.path, self.trust_checkpoint)
+            self._read = True
+        return self._content
+
+    def release(self) -> None:
+        """Let go of what was read (a later load reads the file again)."""
+        self._content = None
+
+    def reads(self, path: str | None, trust_checkpoint: bool) -> bool:
+        """Whether this is `path` as `trust_checkpoint` loads it."""
+        return (path, trust_checkpoint) == (self.path, self.trust_checkpoint)
+
+    def content_if_read(self, path: str | None, trust_checkpoint: bool) -> Any:
+        """What was read of `path` as `trust_checkpoint` loads it; None if nothing was."""
+        return self._content if self.reads(path, trust_checkpoint) else None
+
+
+def _weights_input(ahead: ReadAhead | None) -> tuple[int | None, int | None]:
+    """(image size, input channels) of the weights file: those a torchkit checkpoint's
     preprocessing records, else (None, the stem's channels); Nones when unknown."""
     from torchkit.core.models.checkpoint import extract_state_dict
 
-    loaded = _read_if_readable(path, trust_checkpoint)
+    loaded = ahead.content() if ahead is not None else None
     if loaded is None:
         return None, None
+    path = ahead.path
     try:
         preprocess = _preprocess_recorded_in(loaded, path)
         if preprocess is not None:
@@ -580,10 +633,16 @@ def _weights_input(path: str, trust_checkpoint: bool) -> tuple[int | None, int |
         return None, None  # reported properly when the weights are loaded
 
 
-def recorded_preprocess(path: str, *, trust_checkpoint: bool = False) -> Preprocess | None:
+def recorded_preprocess(
+    path: str, *, trust_checkpoint: bool = False, ahead: ReadAhead | None = None
+) -> Preprocess | None:
     """The preprocessing a torchkit checkpoint at `path` records (what its weights were trained
-    on); None for anything else, or a file that cannot be read (reported when it is loaded)."""
-    loaded = _read_if_readable(path, trust_checkpoint)
+    on); None for anything else, or a file that cannot be read (reported when it is loaded).
+    `ahead`, if it is `path`'s, reads it (once, for the load that follows)."""
+    if ahead is not None and ahead.reads(path, trust_checkpoint):
+        loaded = ahead.content()
+    else:
+        loaded = _read_if_readable(path, trust_checkpoint)
     try:
         return None if loaded is None else _preprocess_recorded_in(loaded, path)
     except (CheckpointError, UsageError):
@@ -645,9 +704,11 @@ def _load_file_weights(
     *,
     ema: bool,
     command: str | None = None,
+    loaded: Any = None,
 ) -> None:
     """Load a weights file into `resolved.model` (its head sized from the file), taking the
-    classes and preprocessing of a torchkit checkpoint along."""
+    classes and preprocessing of a torchkit checkpoint along; `loaded`: what was already read
+    from it, if anything."""
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
     if not os.path.exists(path) and not is_checkpoint_path(path):
@@ -664,7 +725,8 @@ def _load_file_weights(
             f"pass {path} alone as MODEL where a command takes exported files (predict, eval), "
             "or give the checkpoint it was exported from",
         )
-    loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
+    if loaded is None:
+        loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     torchkit_file = is_torchkit_checkpoint(loaded)
     if torchkit_file and not _same_architecture(str(loaded.get("arch")), resolved.arch):
         raise UsageError(

@@ -60,6 +60,9 @@ class RunPlan:
     config: TrainConfig
     resumed_from: Path | None = None
     checkpoint: dict | None = None
+    # The checkpoint given as --weights or --model, read once: for its recorded preprocessing,
+    # then for the model.
+    model_file: Any = None
 
 
 def plan_run(requested: TrainConfig, overrides) -> RunPlan:
@@ -73,8 +76,22 @@ def plan_run(requested: TrainConfig, overrides) -> RunPlan:
         as_trained = mean_std_as_trained(checkpoint, str(resumed_from))
         if as_trained is not None:  # an older googlenet's transform_input, as eval feeds it
             config = dataclasses.replace(config, mean=as_trained[0], std=as_trained[1])
-    config = resolve_defaults(config, is_digits=config.data == DIGITS)
-    return RunPlan(config, resumed_from, checkpoint)
+    model_file = _model_file(config)
+    config = resolve_defaults(config, is_digits=config.data == DIGITS, ahead=model_file)
+    return RunPlan(config, resumed_from, checkpoint, model_file)
+
+
+def _model_file(config: TrainConfig) -> Any:
+    """A `ReadAhead` of the checkpoint --weights or --model names, read when first asked for;
+    None for a model name."""
+    from torchkit.core.models.builders import is_checkpoint_path
+
+    source = config.weights or config.model
+    if not source or not is_checkpoint_path(str(source)):
+        return None
+    from torchkit.core.models.resolver import ReadAhead
+
+    return ReadAhead(str(source), config.trust_checkpoint)
 
 
 def effective_config(
@@ -150,6 +167,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             sync_bn,
             from_checkpoint=checkpoint is not None,
             resumed_weights=checkpoint.get("model") if checkpoint is not None else None,
+            model_file=plan.model_file,
         )
     )
     # The loaders come first, so that their workers read the first batches (and the GPU's
@@ -388,6 +406,7 @@ def _build_model(
     *,
     from_checkpoint: bool,
     resumed_weights: Any = None,
+    model_file: Any = None,
 ) -> tuple[Any, str, int]:
     """(model on the CPU, its architecture's name, its parameter count): a new head for the
     data's classes, whatever the weights had (a resumed run's weights come later: the
@@ -405,7 +424,10 @@ def _build_model(
         in_channels=preprocess.in_channels,
         new_head=True,  # fine-tuning: the data's classes, whatever the weights had
         command="train",
+        ahead=None if from_checkpoint else model_file,
     )
+    if model_file is not None:
+        model_file.release()  # the run holds the model, not the file's copy of its weights
     if resolved.source == "pickled model":
         raise UsageError(
             f"{arch} is a pickled model: train needs an architecture it can rebuild "

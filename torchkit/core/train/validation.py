@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import (
@@ -33,6 +33,9 @@ from torchkit.core.train.config import (
 from torchkit.core.train.defaults import DIGITS_DEFAULTS, FOLDER_DEFAULTS
 from torchkit.core.train.option_specs import default_flag
 
+if TYPE_CHECKING:
+    from torchkit.core.models.resolver import ReadAhead
+
 log = logging.getLogger("torchkit")
 
 # The largest thread count torch takes and the largest cuDNN benchmark limit: a C int each (a
@@ -54,12 +57,14 @@ MAX_MIX_ALPHA = 3.4e38
 PREPROCESS_OPTIONS = ("image_size", "resize_size", "mean", "std", "interpolation", "crop_mode")
 
 
-def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
+def resolve_defaults(
+    config: TrainConfig, *, is_digits: bool, ahead: ReadAhead | None = None
+) -> TrainConfig:
     """Fill the None options from the data and from what the model's weights were trained on
     (the input size, resize, mean/std, interpolation and crop mode a torchkit checkpoint
     records, or a timm model's pretrained config gives, weights loaded or not; mean/std 0.5 for
     torchvision's googlenet and inception_v3 weights); the names filled go into
-    `data_defaults`."""
+    `data_defaults`. `ahead` reads the model's checkpoint, once for the model built later."""
     from torchkit.core.data.preprocessing import IMAGENET_MEAN, IMAGENET_STD, resize_for_crop
     from torchkit.core.models.builders import (
         TRANSFORM_INPUT_MEAN_STD,
@@ -71,7 +76,7 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
     model = chosen.get("model", config.model)
     recorded = None  # what the model's weights were trained on
     if any(getattr(config, name) is None for name in PREPROCESS_OPTIONS):
-        recorded = _model_preprocess(config, model, is_digits=is_digits)
+        recorded = _model_preprocess(config, model, is_digits=is_digits, ahead=ahead)
     if config.interpolation is None:
         chosen["interpolation"] = (recorded or Preprocess()).interpolation
     if config.crop_mode is None:
@@ -108,7 +113,7 @@ def resolve_defaults(config: TrainConfig, *, is_digits: bool) -> TrainConfig:
 
 
 def _model_preprocess(
-    config: TrainConfig, model: str | None, *, is_digits: bool
+    config: TrainConfig, model: str | None, *, is_digits: bool, ahead: ReadAhead | None
 ) -> Preprocess | None:
     """What the model's weights were trained on: the preprocessing recorded in a torchkit
     checkpoint (`--weights FILE`, or `--model FILE` without --weights), else, for
@@ -125,7 +130,9 @@ def _model_preprocess(
 
     source = config.weights or str(model)
     if is_checkpoint_path(source):
-        recorded = recorded_preprocess(source, trust_checkpoint=config.trust_checkpoint)
+        recorded = recorded_preprocess(
+            source, trust_checkpoint=config.trust_checkpoint, ahead=ahead
+        )
         if recorded is not None:
             _check_taken_values(recorded, config, source)
             return recorded

@@ -1,0 +1,83 @@
+"""A weights file is read once per command: the read that sizes the model (its recorded image
+size and channels) is the one loaded into it, so a trusted pickle's code runs once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.checkpoints import read_checkpoint, write_convnet_checkpoint
+from tests.helpers.processes import run_torchkit_in_process
+
+
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """The paths `load_checkpoint` reads while the test runs."""
+    from torchkit.core.models import checkpoint
+
+    read: list[str] = []
+    load = checkpoint.load_checkpoint
+
+    def counted(path, **options):
+        read.append(str(path))
+        return load(path, **options)
+
+    monkeypatch.setattr(checkpoint, "load_checkpoint", counted)
+    return read
+
+
+@pytest.mark.parametrize("layout", ["checkpoint", "state dict"])
+def test_summary_of_a_weights_file_reads_it_once(tmp_path, reads, layout):
+    """`summary convnet --weights FILE` read FILE to size the convnet, then again to load it."""
+    weights = tmp_path / "weights.pt"
+    write_convnet_checkpoint(weights, in_channels=1, image_size=8, classes="ab")
+    size = []
+    if layout == "state dict":  # its channels read from the stem's weights; no size recorded
+        torch.save(read_checkpoint(weights)["model"], weights)
+        size = ["--image-size", "8"]
+    reads.clear()
+    result = run_torchkit_in_process(
+        "summary", "convnet", "--weights", weights, *size, "--trust-checkpoint", "--format", "json"
+    )
+    assert result.returncode == 0, result.stderr
+    assert reads == [str(weights)]
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A torchkit checkpoint of the convnet for 8x8 RGB images of classes a and b."""
+    path = tmp_path / "model.pt"
+    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes="ab")
+    return path
+
+
+def train(images, out) -> list:
+    return ["train", "--data", images, "--out", out, "--val-split", "0.4", "--epochs", "1",
+            "--batch-size", "2", "--workers", "0", "--device", "cpu"]  # fmt: skip
+
+
+COMMANDS = {  # eval reads once too, but its metrics helper process costs seconds
+    "predict": lambda model, images, out: ["predict", model, images, "--format", "json"],
+    "extract-features": lambda model, images, out: ["extract-features", model, images, out],
+    "export": lambda model, images, out: ["export", model, out / "model.ts"],
+    "benchmark": lambda model, images, out: ["benchmark", model, "--iters", "1", "--warmup", "0"],
+    "summary": lambda model, images, out: ["summary", model],
+    "train from MODEL": lambda model, images, out: [*train(images, out), "--model", model],
+    "train --weights": lambda model, images, out: [
+        *train(images, out),
+        "--model",
+        "convnet",
+        "--weights",
+        model,
+    ],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_reads_a_checkpoint_once(tmp_path, image_folder, checkpoint, reads, command):
+    """train read a checkpoint for the preprocessing it records, then again for its model."""
+    args = COMMANDS[command](checkpoint, image_folder, tmp_path / "out")
+    reads.clear()
+    result = run_torchkit_in_process(*args)
+    assert result.returncode == 0, result.stderr
+    assert reads.count(str(checkpoint)) == 1, reads
