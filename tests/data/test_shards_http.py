@@ -446,11 +446,16 @@ def test_a_server_that_never_answers_is_an_error_after_the_timeout(tmp_path, mon
     assert elapsed < 2
 
 
-def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+def port_nobody_listens_on() -> int:
+    """A local port that was bound and closed again: connecting to it is refused."""
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+        return closed.getsockname()[1]
+
+
+def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    port = port_nobody_listens_on()
     result = run_torchkit_in_process("dataset-stats", f"http://127.0.0.1:{port}/s-000000.tar")
     assert result.returncode == 1
     assert "refused the connection" in error_line(result.stderr)
@@ -591,9 +596,7 @@ def test_an_uncached_dataset_of_a_server_that_cannot_be_reached_is_its_network_e
     tmp_path, monkeypatch
 ):
     monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    port = port_nobody_listens_on()
     result = run_torchkit_in_process("dataset-stats", f"http://127.0.0.1:{port}/converted/")
     assert result.returncode == 1
     line = error_line(result.stderr)
