@@ -604,7 +604,7 @@ class ReadAhead:
 
     def release(self) -> None:
         """Let go of what was read (a later load reads the file again)."""
-        self._content = None
+        self._read, self._content = False, None
 
     def reads(self, path: str | None, trust_checkpoint: bool) -> bool:
         """Whether this is `path` as `trust_checkpoint` loads it."""
