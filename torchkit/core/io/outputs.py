@@ -1203,10 +1203,6 @@ def recover_leftovers(folder: Path) -> list[str]:
     return notes
 
 
-# A temporary of `atomic_write` (`.NAME.XXXXXXXX.tmp`) or `atomic_path` (`.STEM.XXXXXXXX.tmpSUFFIX`)
-_TEMPORARY_OF = re.compile(r"\.(.+)\.[a-z0-9_]{8}\.tmp(.*)", re.DOTALL)
-
-
 def _killed_runs_names(folder: Path) -> list[str]:
     """What a killed run that had set an old output aside wrote into `folder`: the names in its
     `WRITTEN_JOURNAL` (a torn last line is one it never began), the temporaries of those names
@@ -1225,8 +1221,8 @@ def _killed_runs_names(folder: Path) -> list[str]:
     for parent, own in by_parent.items():
         with contextlib.suppress(OSError):
             for entry in os.listdir(parent):
-                match = _TEMPORARY_OF.fullmatch(entry)
-                if match and match[1] + match[2] in own:
+                match = TEMPORARY.fullmatch(entry)
+                if match and match["stem"] + (match["suffix"] or "") in own:
                     names.append(os.path.join(parent, entry))
     return [*names, os.fspath(folder / MARKER), os.fspath(journal)]
 

@@ -16,8 +16,8 @@ except ImportError:  # Windows: no flock to tell a dead writer from a live one
     fcntl = None
 
 # The names `atomic_write` (`.NAME.XXXXXXXX.tmp`) and `atomic_path` (`.STEM.XXXXXXXX.tmp.SUFFIX`)
-# give their temporaries: mkstemp's 8 random characters.
-TEMPORARY = re.compile(r"\.(?P<stem>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>\.[^.]+)?")
+# give their temporaries: mkstemp's 8 random characters (any name, a newline in it too).
+TEMPORARY = re.compile(r"\.(?P<stem>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>\.[^.]+)?", re.DOTALL)
 
 
 def _open_unlocked(path: Path) -> int | None:
