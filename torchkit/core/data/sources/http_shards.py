@@ -382,9 +382,8 @@ def _unchecked_folder(url: str, query: str, path: Path, error: OfflineError) -> 
     """The cache folder of `url` as it is, for a server that gave no HTTP answer: `error`
     where it holds neither manifest.json nor a shard (nothing was cached: the error it is)."""
     cached_manifest = path / "manifest.json"
-    has_shard = any(
-        entry.name.endswith(".tar") and not entry.name.startswith(".") for entry in os.scandir(path)
-    )
+    with os.scandir(path) as entries:
+        has_shard = any(_is_cached_shard(entry.name) for entry in entries)
     if not cached_manifest.is_file() and not has_shard:
         raise error
     manifest: dict[str, dict[str, Any]] = {}
@@ -484,6 +483,11 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _is_cached_shard(name: str) -> bool:
+    """Whether the cache folder's entry `name` is a shard (not a hidden temporary or record)."""
+    return name.endswith(".tar") and not name.startswith(".")
 
 
 def _record_path(target: Path) -> Path:
@@ -923,7 +927,7 @@ class StreamedShards:
         mine = {self.names[number] for number in self._held} | {name}
         cached = []
         for entry in os.scandir(self.folder.path):
-            if entry.name.endswith(".tar") and not entry.name.startswith("."):
+            if _is_cached_shard(entry.name):
                 with contextlib.suppress(FileNotFoundError):
                     info = entry.stat()
                     cached.append((info.st_atime, entry.name, info.st_size))
