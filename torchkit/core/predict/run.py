@@ -21,6 +21,7 @@ from torchkit.core.inference.options import (
 )
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.io.files import STDIN
+from torchkit.core.io.redaction import redact_url
 from torchkit.core.predict.inputs import (
     LoaderPass,
     collect_images,
@@ -196,8 +197,6 @@ class PredictRun:
     @property
     def data_name(self) -> str:
         """IMAGES as messages name them: the one input as typed (a URL redacted), else IMAGES."""
-        from torchkit.core.io.redaction import redact_url
-
         images = self.request.images
         return redact_url(images[0]) if len(images) == 1 else "IMAGES"
 
