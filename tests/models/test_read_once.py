@@ -81,3 +81,19 @@ def test_each_command_reads_a_checkpoint_once(tmp_path, image_folder, checkpoint
     result = run_torchkit_in_process(*args)
     assert result.returncode == 0, result.stderr
     assert reads.count(str(checkpoint)) == 1, reads
+
+
+def test_only_convert_syncbn_keeps_every_module_of_a_pickled_dict(tmp_path):
+    # {'model': net, 'model_ema': ema}: a command that runs the model keeps `model` alone; an
+    # EMA copy held for the whole run would double its memory.
+    import torch
+    from torch import nn
+
+    from torchkit.core.models import ModelSpec, resolve_spec
+
+    path = tmp_path / "pickled.pt"
+    torch.save({"model": nn.Linear(2, 2), "model_ema": nn.Linear(2, 2)}, path)
+    spec = ModelSpec(model=str(path), trust_checkpoint=True)
+    assert resolve_spec(spec, command="predict").pickled_modules is None
+    kept = resolve_spec(spec, command="convert-syncbn", every_pickled_module=True)
+    assert list(kept.pickled_modules) == ["model", "model_ema"]

@@ -509,7 +509,7 @@ def batchnorm_report(
     named = ModelSpec(
         model=spec, weights=weights, trust_checkpoint=trust_checkpoint, num_classes=num_classes
     )
-    loaded = resolve_spec(named, command="convert-syncbn", new_head=True)
+    loaded = resolve_spec(named, command="convert-syncbn", new_head=True, every_pickled_module=True)
     model = loaded.model
     if loaded.checkpoint is not None and checkpoint_uses_sync_bn(loaded.checkpoint):
         # What `train --resume` builds from it: its layers are SyncBatchNorm already.

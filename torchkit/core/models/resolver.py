@@ -146,6 +146,7 @@ def resolve_model(
     command: str = "this command",
     require_trained: bool = False,
     ahead: ReadAhead | None = None,
+    every_pickled_module: bool = False,
 ) -> ResolvedModel:
     """Build or load the model `spec` names.
 
@@ -169,6 +170,8 @@ def resolve_model(
     checkpoint names. `require_trained` refuses a model whose weights are random (no weights
     file, no pretrained weights): predict, eval and extract-features. `ahead`: the model file
     (MODEL, or `weights`) as the caller already read it, not read again.
+    `every_pickled_module`: a pickled dict's modules are kept by key in `pickled_modules`
+    (convert-syncbn lists and converts each); else only the first is kept.
     """
     if exported not in EXPORTED_USES:
         raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
@@ -207,6 +210,7 @@ def resolve_model(
                 ema=ema,
                 command=command,
                 loaded=ahead.content_if_read(spec, trust_checkpoint) if ahead else None,
+                every_pickled_module=every_pickled_module,
             )
     else:
         # The head follows the weights when there are any; num_classes is applied below.
@@ -432,6 +436,7 @@ def _from_file(
     ema: bool,
     command: str | None = None,
     loaded: Any = None,
+    every_pickled_module: bool = False,
 ) -> ResolvedModel:
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
@@ -465,7 +470,9 @@ def _from_file(
             preprocess=plain_preprocess(stem_channels(module)),
             image_model=False,
             weights_source="pickled model",
-            pickled_modules=pickled_modules(loaded),
+            # Kept only for a caller that asks (convert-syncbn): the others would hold every
+            # module of the dict (an EMA copy too) for the whole run.
+            pickled_modules=pickled_modules(loaded) if every_pickled_module else None,
         )
     if holds_weights_only(loaded):
         raise weights_only_error(path)

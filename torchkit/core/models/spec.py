@@ -80,6 +80,7 @@ def resolve_spec(
     new_head: bool = False,
     predicting: bool = False,
     needs_training: bool = False,
+    every_pickled_module: bool = False,
 ) -> ResolvedModel:
     """The model `spec` names, through the one model resolver, with the preprocessing it comes
     with changed by `--image-size/--resize-size/--mean/--std/--crop-mode/--interpolation`.
@@ -89,7 +90,8 @@ def resolve_spec(
     `spec.allow_untrained`, and preprocessing the model file records that no image could go
     through is an error before any image is read. `needs_training`: the command's output means
     nothing with random weights either (extract-features): refused the same way, and its images
-    go through the model's preprocessing, checked the same way.
+    go through the model's preprocessing, checked the same way. `every_pickled_module` is
+    `resolve_model`'s.
     """
     from torchkit.core.data.preprocessing import apply_overrides
 
@@ -112,6 +114,7 @@ def resolve_spec(
         exported=exported,
         command=command,
         require_trained=(predicting or needs_training) and not spec.allow_untrained,
+        every_pickled_module=every_pickled_module,
     )
     if resolved.preprocess is not None:
         resolved.preprocess = apply_overrides(
