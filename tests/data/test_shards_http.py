@@ -604,6 +604,26 @@ def test_an_uncached_dataset_of_a_server_that_cannot_be_reached_is_its_network_e
     assert "refused the connection" in line and "Warning:" not in result.stderr
 
 
+def test_a_folder_url_whose_cache_lacks_manifest_json_is_the_network_error_without_a_warning(
+    world, tmp_path, monkeypatch
+):
+    """A folder URL reads the shards its manifest.json lists: with that file gone from the
+    cache, the server down was 'Warning: ... using the shards cached ... unchecked' and then
+    the error that the manifest cannot be downloaded; now the error alone."""
+    served = tmp_path / "served"
+    shutil.copytree(world / "served" / "converted", served / "converted")
+    with serving(served, tmp_path / "cache", monkeypatch) as httpd:
+        url = f"{httpd.url}/converted"
+        stats(url)
+    (manifest,) = (tmp_path / "cache").rglob("manifest.json")
+    manifest.unlink()  # the shards stay
+    result = run_torchkit_in_process("dataset-stats", url)  # server down
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert f"cannot download {url}/manifest.json" in line and "refused the connection" in line
+    assert "Warning:" not in result.stderr, result.stderr
+
+
 def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeypatch):
     """A process stopped with Ctrl-Z while it downloads a shard holds the shard's lock: the
     other runs waited for ever without a word. After LOCK_WAIT_WARNING_S one warning names the

@@ -162,7 +162,7 @@ def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
     by_split = False
     opened: dict[str, _Folder] = {}
     if len(urls) == 1 and not _is_tar_name(names[0]):  # `https://host/dir/`: a folder of shards
-        folder = _open_folder(_folder_url(urls[0]), _location(urls[0]).query)
+        folder = _open_folder(_folder_url(urls[0]), _location(urls[0]).query, listed=True)
         urls, by_split = _folder_shards(urls[0], folder), True
         opened[_location(urls[0]).folder] = folder
         streamed = _streamed_source(shown, folder, classes, allow_unlabelled)
@@ -343,9 +343,9 @@ def _writing_the_cache() -> Iterator[None]:
         raise OutputWriteError(error.message, _CACHE_ROOM_HINT) from None
 
 
-def _open_folder(url: str, query: str) -> _Folder:
+def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
     """The cache folder of the folder URL `url`, with the server's side files in it (and none
-    the server no longer has)."""
+    the server no longer has); `listed`: its shards are those its manifest.json lists."""
     path = shard_cache_folder(url)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -363,7 +363,7 @@ def _open_folder(url: str, query: str) -> _Folder:
         try:
             data = _get_small(f"{url}/{name}{query}")
         except OfflineError as error:
-            return _unchecked_folder(url, query, path, error)
+            return _unchecked_folder(url, query, path, error, listed)
         if name == "manifest.json":
             try:
                 manifest = _manifest_entries(data, f"{_shown(url)}/{name}")
@@ -378,14 +378,19 @@ def _open_folder(url: str, query: str) -> _Folder:
     return _Folder(url, query, path, manifest)
 
 
-def _unchecked_folder(url: str, query: str, path: Path, error: OfflineError) -> _Folder:
+def _unchecked_folder(
+    url: str, query: str, path: Path, error: OfflineError, listed: bool
+) -> _Folder:
     """The cache folder of `url` as it is, for a server that gave no HTTP answer: `error`
-    where it holds neither manifest.json nor a shard (nothing was cached: the error it is)."""
+    where it holds no manifest.json and (unless `listed`: shards are those it lists) no shard
+    (nothing usable was cached: the error it is, with no warning that the cache is used)."""
     cached_manifest = path / "manifest.json"
-    with os.scandir(path) as entries:
-        has_shard = any(_is_cached_shard(entry.name) for entry in entries)
-    if not cached_manifest.is_file() and not has_shard:
-        raise error
+    if not cached_manifest.is_file():
+        if listed:
+            raise error
+        with os.scandir(path) as entries:
+            if not any(_is_cached_shard(entry.name) for entry in entries):
+                raise error
     manifest: dict[str, dict[str, Any]] = {}
     if cached_manifest.is_file():
         with contextlib.suppress(InputError, OSError):  # another tool's: no checksums then
