@@ -138,9 +138,11 @@ def timeout_s() -> float:
 # --- which specs are ours -------------------------------------------------------------------
 
 
-def open_stored(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool) -> Any:
+def open_stored(
+    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool, every_image: bool = False
+) -> Any:
     """The shards the URLs in `spec` name (module docstring), fetched into the cache and read
-    there; None if `spec` names no URL."""
+    there; None if `spec` names no URL. (`every_image` concerns folder layouts: none here.)"""
     if not is_url(spec):
         return None
     parts = [_URL.sub(lambda m: m.group(1).lower() + "://", part, 1) for part in list_parts(spec)]
@@ -301,7 +303,7 @@ class _Folder:
     manifest: dict[str, dict[str, Any]]  # from its manifest.json; {} without one
     # The error of a server that gave no HTTP answer for the side files: the cache is then used
     # unchecked (no HEAD), as it is. None: the server answered.
-    unreachable: OfflineError | None = None
+    unreachable: _Unreachable | None = None
 
 
 def fetch_shards(urls: Sequence[str], opened: dict[str, _Folder] | None = None) -> list[str]:
@@ -362,7 +364,7 @@ def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
             continue  # classes.txt comes first, as beside local shards
         try:
             data = _get_small(f"{url}/{name}{query}")
-        except OfflineError as error:
+        except _Unreachable as error:
             return _unchecked_folder(url, query, path, error, listed)
         if name == "manifest.json":
             try:
@@ -379,7 +381,7 @@ def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
 
 
 def _unchecked_folder(
-    url: str, query: str, path: Path, error: OfflineError, listed: bool
+    url: str, query: str, path: Path, error: _Unreachable, listed: bool
 ) -> _Folder:
     """The cache folder of `url` as it is, for a server that gave no HTTP answer: `error`
     where it holds no manifest.json and (unless `listed`: shards are those it lists) no shard
@@ -396,8 +398,9 @@ def _unchecked_folder(
         with contextlib.suppress(InputError, OSError):  # another tool's: no checksums then
             manifest = _manifest_entries(cached_manifest.read_bytes(), str(cached_manifest))
     log.warning(
-        "%s; using the shards cached in %s unchecked (they may be out of date)",
-        error.message.replace("cannot download", "cannot reach", 1),
+        "cannot reach %s: %s; using the shards cached in %s unchecked (they may be out of date)",
+        error.shown,
+        error.why,
         path,
     )
     return _Folder(url, query, path, manifest, unreachable=error)
@@ -1120,35 +1123,51 @@ class _HttpStatus(InputError):
         return (InputError, (self.message, self.hint))
 
 
-def _network_error(url: str, reason: object) -> TorchkitError:
+class _Unreachable(OfflineError):
+    """No answer from the server for `url` (`shown`, as messages show it): `why` says what
+    happened instead."""
+
+    def __init__(self, shown: str, why: str, hint: str) -> None:
+        super().__init__(f"cannot download {shown}: {why}", hint)
+        self.shown = shown
+        self.why = why
+
+    def __reduce__(self):
+        return (type(self), (self.shown, self.why, self.hint))
+
+
+def _network_error(url: str, reason: object) -> _Unreachable:
     import socket
     import ssl
     from urllib.parse import urlsplit
 
-    where = f"cannot download {_shown(url)}"
+    shown = _shown(url)
     host = urlsplit(url).netloc.rpartition("@")[2]
     if isinstance(reason, TimeoutError):  # socket.timeout too
-        return OfflineError(
-            f"{where}: no answer within {timeout_s():g} s",
+        return _Unreachable(
+            shown,
+            f"no answer within {timeout_s():g} s",
             "the server is unreachable or slow: try again, or allow more time with "
             "TORCHKIT_HTTP_TIMEOUT=SECONDS",
         )
     if isinstance(reason, socket.gaierror):
-        return OfflineError(
-            f"{where}: the host {host} cannot be found ({reason.strerror or reason})",
+        return _Unreachable(
+            shown,
+            f"the host {host} cannot be found ({reason.strerror or reason})",
             "check the URL and the network connection",
         )
     if isinstance(reason, ConnectionRefusedError):
-        return OfflineError(
-            f"{where}: {host} refused the connection", "check the URL and that the server runs"
+        return _Unreachable(
+            shown, f"{host} refused the connection", "check the URL and that the server runs"
         )
     if isinstance(reason, ssl.SSLError):
-        return OfflineError(
-            f"{where}: {getattr(reason, 'reason', None) or reason}",
+        return _Unreachable(
+            shown,
+            str(getattr(reason, "reason", None) or reason),
             "the server's certificate or TLS failed: check the URL",
         )
     text = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
-    return OfflineError(f"{where}: {text}", "check the URL and the network connection")
+    return _Unreachable(shown, text, "check the URL and the network connection")
 
 
 def _head(url: str) -> tuple[int | None, dict[str, str | None]]:
