@@ -21,7 +21,7 @@ from image_folders import write_image_folder as write_images
 from output_checks import error_line
 from processes import dataset_stats as stats
 from processes import run_json, run_torchkit_in_process
-from shards import serving, shard_downloads, write_shards
+from shards import failing_proxy, serving, shard_downloads, write_shards
 
 CLASSES = "abc"
 PATTERN = "shard-{000000..000003}.tar"
@@ -622,6 +622,37 @@ def test_a_folder_url_whose_cache_lacks_manifest_json_is_the_network_error_witho
     line = error_line(result.stderr)
     assert f"cannot download {url}/manifest.json" in line and "refused the connection" in line
     assert "Warning:" not in result.stderr, result.stderr
+
+
+def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_path, monkeypatch):
+    """Behind a proxy, a server that cannot be reached answers through it: 502 Bad Gateway, 504
+    Gateway Timeout, or 503 (squid's for a host it cannot connect to or resolve, a load
+    balancer's with no server behind it). Read as the server's answer, they made a cached
+    dataset an error; now they read as no answer, naming the status. A 500 is the server's own
+    failure: an error, as ever."""
+    served = tmp_path / "served"
+    shutil.copytree(world / "served" / "converted", served / "converted")
+    with serving(served, tmp_path / "cache", monkeypatch) as httpd:
+        url = f"{httpd.url}/converted"
+        first = stats(url)
+    for status in (502, 503, 504, 500):
+        with failing_proxy(status, monkeypatch) as proxy:
+            cached = run_torchkit_in_process("dataset-stats", url, "--format", "json")
+            uncached = run_torchkit_in_process("dataset-stats", f"{httpd.url}/other/")
+        assert proxy.requests[0] == ("GET", f"{url}/manifest.json")
+        assert uncached.returncode == 1, uncached.stdout
+        line = error_line(uncached.stderr)
+        assert f"cannot download {httpd.url}/other/manifest.json: HTTP {status} " in line, line
+        assert "Warning:" not in uncached.stderr, uncached.stderr
+        if status == 500:
+            assert cached.returncode == 1, cached.stdout
+            assert f"{url}/manifest.json: HTTP 500 " in error_line(cached.stderr)
+            continue
+        assert cached.returncode == 0, cached.stderr
+        assert {k: v for k, v in json.loads(cached.stdout).items() if k != "source"} == first
+        (warning,) = [line for line in cached.stderr.splitlines() if line.startswith("Warning:")]
+        assert f"cannot reach {url}/manifest.json: HTTP {status} " in warning, warning
+        assert "unchecked" in warning, warning
 
 
 def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeypatch):

@@ -1,12 +1,13 @@
 """WebDataset shards for the shard tests: written with webdataset's own ShardWriter, and served by a
-real local http.server that records what it was asked (data/test_shards_*.py)."""
+real local http.server that records what it was asked, or cut off by a proxy that reaches no server
+(data/test_shards_*.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
@@ -184,3 +185,46 @@ def serving(folder: Path, cache: Path, monkeypatch, port: int = 0):
 
 def shard_downloads(requests: list[tuple[str, str]]) -> list[str]:
     return sorted(path for method, path in requests if method == "GET" and path.endswith(".tar"))
+
+
+class _Gateway(BaseHTTPRequestHandler):
+    """A proxy that reaches no server: every request answered with the status `status`."""
+
+    def __init__(self, *args, status: int, requests: list, **kwargs) -> None:
+        self.status = status
+        self.requests = requests
+        super().__init__(*args, **kwargs)
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.requests.append((self.command, self.path))  # a proxy is asked for the whole URL
+        self.send_error(self.status)
+
+    do_HEAD = do_GET
+
+
+@contextlib.contextmanager
+def failing_proxy(status: int, monkeypatch):
+    """A real local HTTP proxy (`http_proxy`, as urllib reads it) that answers every request
+    with `status` (502 Bad Gateway...), as one does whose way to the server is cut;
+    `.requests`: what it was asked."""
+    from torchkit.core.data.sources import http_shards
+
+    requests: list[tuple[str, str]] = []
+    handler = functools.partial(_Gateway, status=status, requests=requests)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{httpd.server_address[1]}")
+    # urllib's opener reads the proxies once, when it is built: built again with this one.
+    monkeypatch.setattr(http_shards, "_OPENER", None)
+    httpd.requests = requests
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

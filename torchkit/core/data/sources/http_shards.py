@@ -35,10 +35,11 @@ after TIMEOUT_S seconds (`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is 
 the URL and why.
 
 A server that cannot be reached at all (no HTTP answer: a refused connection, an unknown host,
-no answer in time) when its side files are fetched leaves the cache as it is: its manifest.json,
-classes and shards are used unchecked, with one warning, and the server is asked nothing more
-that run but the shards the cache lacks (whose download fails as any other). A server that
-answers is obeyed as always (a 404 deletes, a changed shard is downloaded again).
+no answer in time, or a proxy's or gateway's HTTP 502, 503 or 504 in its place) when its side
+files are fetched leaves the cache as it is: its manifest.json, classes and shards are used
+unchecked, with one warning, and the server is asked nothing more that run but the shards the
+cache lacks (whose download fails as any other). A server that answers is obeyed as always (a
+404 deletes, a changed shard is downloaded again, a 500 is an error).
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ _CHUNK = 1 << 20
 _URL = re.compile(r"^(https?):/+(?=[^/])", re.IGNORECASE)
 # Statuses that mean a side file is not there (S3 answers 403 for a missing key).
 _ABSENT = (401, 403, 404, 410)
+# Statuses that say no server answered: what a proxy or gateway (a load balancer) sends in its
+# place when it cannot reach it (502 Bad Gateway, 504 Gateway Timeout; squid answers 503 for a
+# host it cannot connect to or resolve, a load balancer with no server behind it 503), or a
+# server sends that is down for maintenance (503). None of them says anything of the files.
+_NO_ANSWER = (502, 503, 504)
 _HINT = (
     "name shards by URL as https://HOST/DIR/NAME-{000000..000009}.tar, URLs joined by ::, or "
     "the URL of a folder with the manifest.json `torchkit convert shards` writes"
@@ -978,6 +984,13 @@ def _opened(url: str, method: str) -> Iterator[Any]:
         response = _url_opener().open(request, timeout=timeout_s())
     except urllib.error.HTTPError as error:
         error.close()
+        if error.code in _NO_ANSWER:
+            raise _Unreachable(
+                _shown(url),
+                _status_text(error.code, str(error.reason or "")),
+                "no server answered it: the server is down, or a proxy or gateway on the way "
+                "cannot reach it; try again later",
+            ) from None
         raise _HttpStatus(url, error.code, str(error.reason or "")) from None
     except urllib.error.URLError as error:
         raise _network_error(url, error.reason) from None
@@ -1115,8 +1128,7 @@ class _HttpStatus(InputError):
             hint = "the server's redirects lead nowhere (a loop, or too many): check the URL"
         else:
             hint = "torchkit reads a shard from a 200 OK response"
-        reason = " ".join(reason.split())  # one line: urllib's redirect loop reason has three
-        super().__init__(f"cannot download {_shown(url)}: HTTP {code} {reason}".rstrip(), hint)
+        super().__init__(f"cannot download {_shown(url)}: {_status_text(code, reason)}", hint)
         self.code = code
 
     def __reduce__(self):
@@ -1125,7 +1137,7 @@ class _HttpStatus(InputError):
 
 class _Unreachable(OfflineError):
     """No answer from the server for `url` (`shown`, as messages show it): `why` says what
-    happened instead."""
+    happened instead (no connection, no answer in time, a proxy's `_NO_ANSWER` status)."""
 
     def __init__(self, shown: str, why: str, hint: str) -> None:
         super().__init__(f"cannot download {shown}: {why}", hint)
@@ -1134,6 +1146,11 @@ class _Unreachable(OfflineError):
 
     def __reduce__(self):
         return (type(self), (self.shown, self.why, self.hint))
+
+
+def _status_text(code: int, reason: str) -> str:
+    """`HTTP 404 Not Found`: one line (urllib's redirect loop reason has three)."""
+    return f"HTTP {code} {' '.join(reason.split())}".rstrip()
 
 
 def _network_error(url: str, reason: object) -> _Unreachable:
