@@ -1292,6 +1292,29 @@ def test_extract_frames_of_a_whole_file_whose_header_overstates_samples_its_deco
     assert rows[0]["frame_indices"] == tsn_frame_indices(17, 4)
 
 
+def test_extract_frames_of_a_file_whose_header_understates_samples_its_decoded_frames(
+    tmp_path, videos
+):
+    """An AVI whose stream header says 11 frames for 17 (as an MPEG-PS file's count, reckoned
+    from a duration that leaves out its first timestamp, says 30 for 40): --extract-frames
+    sampled from the header's count, so the video's last frames were never sampled, and the
+    row (`ok`) differed from --exact's. Now decoding on past the count tells, and the row is
+    the one --exact gives, its frames written."""
+    data = bytearray(need(videos, "mjpg.avi").read_bytes())
+    struct.pack_into("<I", data, data.find(b"strh") + 40, 11)  # the video stream's dwLength
+    avi = tmp_path / "short_header.avi"
+    avi.write_bytes(bytes(data))
+    code, exact = json_rows(avi, "-k", "4", "--exact")
+    assert code == 0 and exact[0]["frames"] == 17 and exact[0]["frames_header"] == 11
+    out = tmp_path / "frames"
+    code, (row,) = json_rows(avi, "-k", "4", "--extract-frames", out)
+    assert code == 0 and {**row, "frame_files": None} == exact[0]
+    assert row["frame_indices"] == tsn_frame_indices(17, 4) == [2, 6, 10, 14]
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        f"short_header_{index:06d}.png" for index in row["frame_indices"]
+    ]
+
+
 def test_a_truncated_row_leaves_none_of_its_frames_in_the_folder(
     tmp_path, videos, broken, monkeypatch
 ):

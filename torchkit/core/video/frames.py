@@ -43,6 +43,11 @@ class _PastTheEnd(InputError):
     """A sampled frame the header declares does not decode: the video ends early."""
 
 
+class _PastTheHeader(InputError):
+    """Frames decode past the count the indices were sampled from: the header understates it
+    (an MPEG-PS file's count reckoned from a duration that leaves out its first timestamp)."""
+
+
 @dataclass
 class SegmentOptions:
     """TSN sampling for each video, and where to write the sampled frames (if anywhere)."""
@@ -112,14 +117,17 @@ def extract_frames(
     prefix: str,
     stop: threading.Event | None = None,
     decoder_threads: int | None = None,
+    sampled_from: int | None = None,
 ) -> list[Path]:
     """Decode `path` from the start and write the frames at `indices` (sorted, repeats allowed)
     as PNG files `<prefix>_<index>.png` in `out_dir`; one path per index, in order.
 
     Frames are read sequentially (grab, retrieve only the wanted ones) because seeking by frame
     number is inexact for many codecs; one frame is in memory at a time. `stop` set ends it
-    early (`_Stopped`). A failure removes the frames already written: a video whose row is an
-    error leaves no frames behind."""
+    early (`_Stopped`). `sampled_from`: the header's frame count the indices were drawn from,
+    checked by decoding on to its end: a frame past it raises `_PastTheHeader` (the indices
+    leave the video's last frames out). A failure removes the frames already written: a video
+    whose row is an error leaves no frames behind."""
     cv2 = _import_cv2()
     wanted = sorted(set(indices))
     written: dict[int, Path] = {}
@@ -147,6 +155,15 @@ def extract_frames(
             target = out_dir / frame_file_name(prefix, index)
             atomic_write_bytes(target, encoded.tobytes())
             written[index] = target
+        if sampled_from is not None:
+            while capture.grab():  # the last segment's half at most, then one frame
+                position += 1
+                if position > sampled_from:
+                    raise _PastTheHeader(
+                        f"frames decode past the {sampled_from:,} its header declares"
+                    )
+                if stop is not None and position % 64 == 0 and stop.is_set():
+                    raise _Stopped()
     except BaseException:
         for target in written.values():
             remove_tree(target)  # the command's own frames, in its locked output folder
@@ -184,12 +201,15 @@ def _sample_into(
         if frames_folder is not None:
             try:
                 _extract_into(info, options, frames_folder, stop)
-            except _PastTheEnd:
+            except (_PastTheEnd, _PastTheHeader) as error:
                 # A whole file whose header overstates its frames (an AVI's stream length, a
-                # variable rate's duration x fps): the header's count is wrong, not the file.
-                # Its frames are counted as --exact counts them and sampled from that count,
-                # the same row --exact gives; a file not known to be whole is truncated.
-                if not info.known_whole or info.frames_source == "decoded":
+                # variable rate's duration x fps), or any whose frames go on past its header's
+                # count (an MPEG-PS duration that leaves out its first timestamp): the header's
+                # count is wrong, not the file. Its frames are counted as --exact counts them
+                # and sampled from that count, the same row --exact gives; a file not known to
+                # be whole that ends early is truncated.
+                past_the_end = isinstance(error, _PastTheEnd)
+                if (past_the_end and not info.known_whole) or info.frames_source == "decoded":
                     raise
                 if not recount_frames(info, stop, options.decoder_threads):
                     raise
@@ -224,6 +244,8 @@ def _extract_into(
         options.names[info.path],
         stop,
         options.decoder_threads,
+        # a header's count is an estimate: decoding on past it tells one that leaves frames out
+        sampled_from=None if info.frames_source == "decoded" else info.frames,
     )
     info.frame_files = [str(options.extract_dir / f.name) for f in files]
     frames_folder.wrote(len(files))
