@@ -310,6 +310,27 @@ def test_fps_is_a_float_not_truncated(tmp_path, videos):
     assert "29.97 " in table and "0.567" in table and "32x24" in table  # 17 / 29.97 s
 
 
+def test_the_table_shows_a_slow_or_fast_rate_and_a_short_duration_not_zero(tmp_path, videos):
+    """A time-lapse of a frame an hour showed fps 0, and a high-speed clip (17 frames at
+    100,000 fps) a duration of 0.000: 3 decimals left no digit. Below 1 fps, and below a
+    millisecond, the table gives 3 significant digits (JSON and CSV carry every digit)."""
+    data = need(videos, "mjpg.avi").read_bytes()
+    for name, scale, rate in (("hourly.avi", 3600, 1), ("fast.avi", 1, 100_000)):
+        retimed = bytearray(data)
+        struct.pack_into("<II", retimed, retimed.find(b"strh") + 28, scale, rate)
+        (tmp_path / name).write_bytes(bytes(retimed))
+    _, rows = json_rows(tmp_path / "hourly.avi", tmp_path / "fast.avi")
+    assert [(row["fps"], row["duration_s"]) for row in rows] == [
+        (pytest.approx(1 / 3600), pytest.approx(17 * 3600)),
+        (pytest.approx(100_000), pytest.approx(17 / 100_000)),
+    ]
+    lines = table_text(tmp_path, tmp_path / "hourly.avi", tmp_path / "fast.avi").splitlines()
+    hourly = next(line for line in lines if "hourly.avi" in line)
+    fast = next(line for line in lines if "fast.avi" in line)
+    assert " 0.000278 " in hourly and " 61200.000 " in hourly
+    assert " 100000 " in fast and " 0.00017 " in fast
+
+
 def test_exact_counts_by_decoding(tmp_path, videos):
     paths = list(videos.values())
     code, rows = json_rows(*paths, "--exact")

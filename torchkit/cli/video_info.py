@@ -345,7 +345,7 @@ def _table(infos: list, *, exact: bool, segments: bool) -> Table:
             resolution,
             frames,
             _format_fps(info.fps),
-            None if info.duration_s is None else f"{info.duration_s:.3f}",
+            _format_duration(info.duration_s),
             info.codec,
             info.container,
         ]
@@ -396,10 +396,21 @@ def _join(values: list | None, separator: str) -> str | None:
 
 
 def _format_fps(fps: float | None) -> str | None:
-    """29.97 stays 29.97 and 25.0 shows as 25 (3 decimals at most; JSON/CSV carry all of them)."""
+    """29.97 stays 29.97 and 25.0 shows as 25 (3 decimals at most; JSON/CSV carry all of them);
+    below 1, 3 significant digits: a time-lapse of a frame an hour is 0.000278, not 0."""
     if fps is None:
         return None
+    if fps < 1:
+        return f"{fps:.3g}"
     return f"{fps:.3f}".rstrip("0").rstrip(".")
+
+
+def _format_duration(seconds: float | None) -> str | None:
+    """3 decimals; 3 significant digits below a millisecond, which 3 decimals show as 0.000 (a
+    frame of a 10,000 fps camera)."""
+    if seconds is None:
+        return None
+    return f"{seconds:.3g}" if 0 < seconds < 0.001 else f"{seconds:.3f}"
 
 
 def _human_size(size: int | None) -> str | None:
