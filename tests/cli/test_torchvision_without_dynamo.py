@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 from image_folders import write_image_folder
 from processes import INHERITED
 from suite_paths import REPO
@@ -25,53 +24,6 @@ def _python(script: str, **env: str) -> list[str]:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout.split("\n")[:-1]
-
-
-IMPORTS = """
-import sys
-from torchkit import torchvision_without_dynamo as light
-light.install()
-import torch
-import torchvision
-import torchvision.datasets, torchvision.io, torchvision.models, torchvision.ops
-import torchvision.transforms, torchvision.transforms.v2, torchvision.transforms.v2.functional
-from torchvision import tv_tensors
-
-def loaded():
-    return "torch._dynamo" in sys.modules
-"""
-
-
-def test_torchvision_imports_without_dynamo_and_compiling_still_works():
-    lines = _python(
-        IMPORTS
-        + """
-        print("after the imports", loaded(), light.missing)
-        image = tv_tensors.Image(torch.zeros(1, 2, 2))
-        wrapped = tv_tensors.wrap(torch.ones(1, 2, 2), like=image)
-        print("wrap", type(wrapped).__name__, loaded())
-        resized = torchvision.transforms.v2.Resize(4)(image)
-        print("a v2 transform", tuple(resized.shape), loaded())
-        roi_align = sys.modules["torchvision.ops.roi_align"]
-        print("is_compile_supported", roi_align.is_compile_supported("cpu"), loaded())
-        from torch._dynamo.utils import is_compile_supported
-        print("the real one", is_compile_supported("cpu"))
-        compiled = torch.compile(
-            lambda x: tv_tensors.wrap(x * 2, like=image).sum(), backend="eager"
-        )
-        print("compiled", float(compiled(torch.ones(1, 2, 2))))
-        print("wrap once dynamo is loaded", type(tv_tensors.wrap(image, like=image)).__name__)
-        """.replace("\n        ", "\n")
-    )
-    assert lines == [
-        "after the imports False []",
-        "wrap Image False",
-        "a v2 transform (1, 4, 4) False",
-        "is_compile_supported True True",  # imports the real one when called
-        "the real one True",
-        "compiled 8.0",
-        "wrap once dynamo is loaded Image",
-    ]
 
 
 def test_install_adds_the_finder_once_whatever_the_environment(monkeypatch):
@@ -115,23 +67,48 @@ def test_a_name_the_stand_ins_lack_comes_from_the_real_dynamo_and_then_nothing_i
     ]
 
 
-def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_would(tmp_path):
+TIMM = importlib.util.find_spec("timm") is not None
+
+
+def test_commands_torchvision_and_timm_never_import_dynamo_and_compiling_still_works(tmp_path):
     """Whole commands, one after another in one fresh process as `python -m torchkit` runs
     them: the CLI installs the finder before any import of torchvision (the loaders, the
-    transforms, torchvision's models). summary's FLOP count runs torch's dispatch modes, whose
-    first calls would import torch._dynamo (2 s): under `without_dynamo` they do not, and they
-    count what they count with dynamo loaded. First, the built-in digits with the convnet need
-    no torchvision at all: train (AdamW, then SGD), then eval and predict (their crops made
-    without it)."""
+    transforms, torchvision's models). First, the built-in digits with the convnet need no
+    torchvision at all: train (AdamW, then SGD), then eval and predict (their crops made without
+    it). Then torchvision's other modules and tv_tensors, and timm: timm decorates methods with
+    torch.compiler.disable as its modules are imported, which loaded dynamo (about half of
+    `import timm`) even for `train --print-config`, which only reads a tag's pretrained config.
+    summary's FLOP count runs torch's dispatch modes, whose first calls would import
+    torch._dynamo (2 s): under `without_dynamo` they do not, and they count what they count with
+    dynamo loaded. Last, the stand-in's is_compile_supported imports the real dynamo when it is
+    called, and torch.compile works through the deferred `disable` of tv_tensors.wrap. (One
+    process for all: each is a torch start-up. matplotlib and scikit-learn are imported first, as
+    the suite's own process does, so that the commands draw and score here rather than in a
+    helper process per command, which would import them again each time: what a helper imports
+    is no part of this process.)"""
     write_image_folder(tmp_path / "ds" / "train", {"a": 4, "b": 4})
     write_image_folder(tmp_path / "ds" / "val", {"a": 2, "b": 2})
+    timm = """
+        torchkit("train", "--model", "timm/test_vit.r160_in1k", "--print-config", "-o",
+                 "/dev/null")
+        import timm
+        mark("print-config", "timm.models.naflexvit" in sys.modules, loaded(), light.missing)
+        model = timm.create_model("test_vit", num_classes=2, img_size=32).eval()
+        with torch.no_grad():
+            mark("a timm model", tuple(model(torch.randn(2, 3, 32, 32)).shape), loaded())
+        """
     lines = _python(
         f"""
         import os, sys
+        import matplotlib.figure, sklearn.metrics
         os.chdir({str(tmp_path)!r})
         from torchkit.cli import main
+        from torchkit import torchvision_without_dynamo as light
 
         marks = open({str(tmp_path / "marks")!r}, "w", buffering=1)  # stdout has the JSON
+
+        def mark(*words):
+            print(*words, file=marks)
 
         def loaded():
             return "torch._dynamo" in sys.modules
@@ -142,7 +119,7 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
                 main()
             except SystemExit as ended:
                 assert ended.code in (0, None), (args, ended.code)
-            print(args[0], loaded(), file=marks)
+            mark(args[0], loaded())
 
         torchkit("train", "--data", "digits", "--epochs", "1", "--out", "digits-run",
                  "--format", "json")
@@ -150,26 +127,48 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
                  "--optimizer", "sgd", "--lr", "0.01", "--out", "digits-sgd", "--format", "json")
         torchkit("eval", "digits-run/best.pt", "--data", "digits", "--format", "json")
         torchkit("predict", "digits-run/best.pt", "digits", "--format", "json")
-        print("digits", "torchvision" in sys.modules, file=marks)
+        mark("digits", "torchvision" in sys.modules)
         torchkit("train", "--data", "ds", "--model", "resnet18", "--image-size", "16",
                  "--epochs", "1", "--workers", "0", "--device", "cpu", "--out", "run",
                  "--format", "json")
         torchkit("eval", "run/best.pt", "--data", "ds", "--workers", "0", "--device", "cpu",
                  "--format", "json")
-        print("torchvision", "torchvision.models" in sys.modules,
-              "torchvision.transforms" in sys.modules, file=marks)
+        mark("torchvision", "torchvision.models" in sys.modules,
+             "torchvision.transforms" in sys.modules)
 
+        import torch
+        import torchvision
+        import torchvision.datasets, torchvision.io, torchvision.models, torchvision.ops
+        import torchvision.transforms, torchvision.transforms.v2
+        import torchvision.transforms.v2.functional
+        from torchvision import tv_tensors
+        mark("after the imports", loaded(), light.missing)
+        image = tv_tensors.Image(torch.zeros(1, 2, 2))
+        wrapped = tv_tensors.wrap(torch.ones(1, 2, 2), like=image)
+        mark("wrap", type(wrapped).__name__, loaded())
+        resized = torchvision.transforms.v2.Resize(4)(image)
+        mark("a v2 transform", tuple(resized.shape), loaded())
+        {timm if TIMM else ""}
         from torchkit.core.models.builders import build_model
         from torchkit.core.summary import summarize
 
         model = build_model("convnet", num_classes=10, image_size=28)
         first = summarize(model, [(1, 3, 28, 28)])
-        print("summary", loaded(), first.flops > 0, file=marks)
-        import torch._dynamo
+        mark("summary", loaded(), first.flops > 0)
+        roi_align = sys.modules["torchvision.ops.roi_align"]
+        mark("is_compile_supported", roi_align.is_compile_supported("cpu"), loaded())
+        from torch._dynamo.utils import is_compile_supported
+        mark("the real one", is_compile_supported("cpu"))
         again = summarize(model, [(1, 3, 28, 28)])
-        print("with dynamo", again.flops == first.flops, file=marks)
+        mark("with dynamo", again.flops == first.flops)
+        compiled = torch.compile(
+            lambda x: tv_tensors.wrap(x * 2, like=image).sum(), backend="eager"
+        )
+        mark("compiled", float(compiled(torch.ones(1, 2, 2))))
+        mark("wrap once dynamo is loaded", type(tv_tensors.wrap(image, like=image)).__name__)
         """
     )
+    timm_lines = ["train False", "print-config True False []", "a timm model (2, 2) False"]
     assert lines and (tmp_path / "marks").read_text().splitlines() == [
         "train False",
         "train False",  # sgd: the other optimiser step torchkit takes without dynamo
@@ -179,36 +178,14 @@ def test_train_eval_and_summary_never_import_dynamo_and_count_the_flops_dynamo_w
         "train False",
         "eval False",
         "torchvision True True",
+        "after the imports False []",
+        "wrap Image False",
+        "a v2 transform (1, 4, 4) False",
+        *(timm_lines if TIMM else []),
         "summary False True",
+        "is_compile_supported True True",  # imports the real one when called
+        "the real one True",
         "with dynamo True",
+        "compiled 8.0",
+        "wrap once dynamo is loaded Image",
     ]
-
-
-@pytest.mark.skipif(importlib.util.find_spec("timm") is None, reason="needs timm")
-def test_timm_imports_without_dynamo():
-    """timm decorates methods with torch.compiler.disable as its modules are imported, which
-    loaded dynamo (about half of `import timm`) even for `train --print-config`, which only
-    reads a tag's pretrained config. Its modules now run with the stand-ins (whose deferred
-    `disable` under torch.compile the torchvision test above checks), and its models run."""
-    lines = _python(
-        """
-        import sys
-        from torchkit.cli import main
-        from torchkit import torchvision_without_dynamo as light
-
-        sys.argv = ["python -m torchkit", "train", "--model", "timm/test_vit.r160_in1k",
-                    "--print-config", "-o", "/dev/null"]
-        try:
-            main()
-        except SystemExit as ended:
-            assert ended.code in (0, None), ended.code
-        import timm, torch
-        print("print-config", "timm.models.naflexvit" in sys.modules,
-              "torch._dynamo" in sys.modules, light.missing)
-        model = timm.create_model("test_vit", num_classes=2, img_size=32).eval()
-        with torch.no_grad():
-            print("a model", tuple(model(torch.randn(2, 3, 32, 32)).shape),
-                  "torch._dynamo" in sys.modules)
-        """
-    )
-    assert lines == ["print-config True False []", "a model (2, 2) False"]
