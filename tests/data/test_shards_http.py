@@ -655,6 +655,34 @@ def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_
         assert "unchecked" in warning, warning
 
 
+def test_a_folder_urls_manifest_is_parsed_once_a_run(world, tmp_path, monkeypatch):
+    """A streamed folder's manifest.json lists every sample (millions of them in a large
+    dataset): it was parsed three times a run, where the side files were fetched, where its
+    shards were listed and where their samples were; with the server down, as many times."""
+    served = tmp_path / "served"
+    shutil.copytree(world / "served" / "converted", served / "converted")
+    manifest = (served / "converted" / "manifest.json").read_bytes()
+    parsed = []
+    real_loads = json.loads
+
+    def loads(data, *args, **kwargs):
+        if data in (manifest, manifest.decode()):
+            parsed.append(1)
+        return real_loads(data, *args, **kwargs)
+
+    with serving(served, tmp_path / "cache", monkeypatch) as httpd:
+        url = f"{httpd.url}/converted"
+        monkeypatch.setattr(json, "loads", loads)
+        first = stats(url)
+        assert len(parsed) == 1
+    parsed.clear()
+    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")  # server down
+    assert result.returncode == 0, result.stderr
+    assert "unchecked" in result.stderr, result.stderr
+    assert len(parsed) == 1
+    assert {k: v for k, v in real_loads(result.stdout).items() if k != "source"} == first
+
+
 def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeypatch):
     """A process stopped with Ctrl-Z while it downloads a shard holds the shard's lock: the
     other runs waited for ever without a word. After LOCK_WAIT_WARNING_S one warning names the

@@ -55,7 +55,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -246,37 +246,41 @@ def _folder_shards(url: str, opened: _Folder) -> list[str]:
     from urllib.parse import quote
 
     folder, query = opened.url, opened.query
-    try:
-        manifest = (opened.path / "manifest.json").read_bytes()
-    except FileNotFoundError:
-        manifest = None
-    except OSError as error:
-        raise InputError(
-            f"cannot read {opened.path / 'manifest.json'}: {error.strerror or error}"
-        ) from None
-    if manifest is None:
+    if opened.unusable is not None:
+        raise opened.unusable
+    if opened.document is None:
         if opened.unreachable is not None:  # never fetched: the server's silence is the error
             raise opened.unreachable
         raise InputError(
             f"{_shown(url)} names no .tar shard, and no manifest.json lies there",
             "HTTP lists no folder: " + _HINT,
         )
-    entries = _manifest_entries(manifest, f"{_shown(folder)}/manifest.json")
+    entries = opened.manifest
     if not entries:
         raise InputError(f"{_shown(folder)}/manifest.json lists no shard", _HINT)
     return [f"{folder}/{quote(name)}{query}" for name in entries]
 
 
-def _manifest_entries(data: bytes | None, where: str) -> dict[str, dict[str, Any]]:
-    """manifest.json's shards: name -> {"bytes": int, "sha256": str} (either may be absent)."""
+def _read_manifest(
+    data: bytes | None, where: str
+) -> tuple[Any, dict[str, dict[str, Any]], InputError | None]:
+    """manifest.json's bytes (None: there is none) parsed, once a run: (the document, its
+    shards as `_manifest_entries` gives them, None); (None, {}, why) for one torchkit cannot
+    read (not JSON, no list of shards: another tool's)."""
     if data is None:
-        return {}
+        return None, {}, None
     try:
-        manifest = json.loads(data)
+        document = json.loads(data)
+        return document, _manifest_entries(document, where), None
     except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
-        raise InputError(
-            f"{where} is not JSON", "serve the manifest.json convert shards wrote"
-        ) from None
+        why = InputError(f"{where} is not JSON", "serve the manifest.json convert shards wrote")
+    except InputError as error:
+        why = error
+    return None, {}, why
+
+
+def _manifest_entries(manifest: Any, where: str) -> dict[str, dict[str, Any]]:
+    """manifest.json's shards: name -> {"bytes": int, "sha256": str} (either may be absent)."""
     shards = manifest.get("shards") if isinstance(manifest, dict) else None
     if not isinstance(shards, list):
         raise InputError(f"{where} lists no shards", "serve the manifest.json convert shards wrote")
@@ -310,6 +314,11 @@ class _Folder:
     # The error of a server that gave no HTTP answer for the side files: the cache is then used
     # unchecked (no HEAD), as it is. None: the server answered.
     unreachable: _Unreachable | None = None
+    # manifest.json as parsed (None: there is none, or `unusable` says why torchkit cannot
+    # read it): what a folder URL's shards and samples are listed from. Not for StreamedShards
+    # to carry into every process: it may list millions of samples.
+    document: Any = None
+    unusable: InputError | None = None
 
 
 def fetch_shards(urls: Sequence[str], opened: dict[str, _Folder] | None = None) -> list[str]:
@@ -364,7 +373,7 @@ def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
         ) from None
     from torchkit.core.io.files import atomic_write_bytes
 
-    manifest: dict[str, dict[str, Any]] = {}
+    document, manifest, unusable = None, {}, None
     for name in SIDE_FILES:
         if name == "classes.json" and (path / "classes.txt").exists():
             continue  # classes.txt comes first, as beside local shards
@@ -373,17 +382,16 @@ def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
         except _Unreachable as error:
             return _unchecked_folder(url, query, path, error, listed)
         if name == "manifest.json":
-            try:
-                manifest = _manifest_entries(data, f"{_shown(url)}/{name}")
-            except InputError as error:  # another tool's manifest.json: no checksums then
-                log.info("%s", error)
+            document, manifest, unusable = _read_manifest(data, f"{_shown(url)}/{name}")
+            if unusable is not None:  # another tool's manifest.json: no checksums then
+                log.info("%s", unusable)
         if data is None:
             with contextlib.suppress(FileNotFoundError):
                 remove_tree(path / name, ignore_errors=False)
         else:
             with _writing_the_cache():
                 atomic_write_bytes(path / name, data)
-    return _Folder(url, query, path, manifest)
+    return _Folder(url, query, path, manifest, document=document, unusable=unusable)
 
 
 def _unchecked_folder(
@@ -399,17 +407,25 @@ def _unchecked_folder(
         with os.scandir(path) as entries:
             if not any(_is_cached_shard(entry.name) for entry in entries):
                 raise error
-    manifest: dict[str, dict[str, Any]] = {}
-    if cached_manifest.is_file():
-        with contextlib.suppress(InputError, OSError):  # another tool's: no checksums then
-            manifest = _manifest_entries(cached_manifest.read_bytes(), str(cached_manifest))
+    data, unreadable = None, None
+    try:
+        data = cached_manifest.read_bytes()
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        reason = error.strerror or error
+        unreadable = InputError(f"cannot read {cached_manifest}: {reason}")
+    # Another tool's manifest.json: no checksums then.
+    document, manifest, unusable = _read_manifest(data, f"{_shown(url)}/manifest.json")
     log.warning(
         "cannot reach %s: %s; using the shards cached in %s unchecked (they may be out of date)",
         error.shown,
         error.why,
         path,
     )
-    return _Folder(url, query, path, manifest, unreachable=error)
+    return _Folder(
+        url, query, path, manifest, error, document=document, unusable=unreadable or unusable
+    )
 
 
 def _run_all(jobs: list[tuple[str, _Folder, str]]) -> None:
@@ -692,13 +708,12 @@ class _ShardSamples:
     labels: list[int | None]
 
 
-def _manifest_samples(path: Path) -> list[_ShardSamples] | None:
-    """The samples of each shard the manifest.json at `path` lists, from its records alone
+def _manifest_samples(manifest: Any) -> list[_ShardSamples] | None:
+    """The samples of each shard the parsed manifest.json lists, from its records alone
     (`convert shards` keeps them: positions `start` to `end` but the unreadable ones, keyed
     `{split}_{position:08d}` (`sample_...` for `shard-` shards), with `extensions` and
     `labels`); None where it lacks them, or they do not add up."""
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
         found = []
         for entry in manifest["shards"]:
             split, extensions, labels = entry["split"], entry["extensions"], entry["labels"]
@@ -715,7 +730,7 @@ def _manifest_samples(path: Path) -> list[_ShardSamples] | None:
             ):
                 return None
             found.append(_ShardSamples(entry["name"], size, keys, extensions, labels))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return found or None
 
@@ -736,7 +751,7 @@ def _streamed_source(
     from torchkit.core.data.sources.shards import ShardSample, shards_source, split_by_name
     from torchkit.core.data.stored_image import StoredImage
 
-    shards = _manifest_samples(folder.path / "manifest.json")
+    shards = _manifest_samples(folder.document)
     if shards is None:
         return None
     limit = cache_limit()
@@ -748,7 +763,8 @@ def _streamed_source(
             f"allow at least {largest} bytes, better a few shards' worth",
         )
     names = [shard.name for shard in shards]
-    reader = StreamedShards(folder, names, [shard.bytes for shard in shards], limit)
+    carried = replace(folder, document=None)  # pickled into each loader worker
+    reader = StreamedShards(carried, names, [shard.bytes for shard in shards], limit)
     found, paths = [], []
     for number, shard in enumerate(shards):
         for key, extension, label in zip(shard.keys, shard.extensions, shard.labels, strict=True):
