@@ -3,7 +3,8 @@ command exists (train's: train/test_train_worker_forks.py): a process forked bes
 deadlock in the child on a lock that thread held (Python 3.12+ warns of it: "This process is
 multi-threaded, use of fork() may lead to deadlocks"). They loaded the model on torch's threads
 first, and its weights' copies started OpenMP's pool, whose threads the workers were forked
-beside."""
+beside. An ONNX model's onnxruntime started threads as the model was read (importing it starts
+one, its session a pool): the file is read with onnx, its session made at the first batch."""
 
 from __future__ import annotations
 
@@ -53,6 +54,15 @@ def model(tmp_path) -> Path:
 
 
 @pytest.fixture
+def onnx_model(model, tmp_path) -> Path:
+    """`model` exported to ONNX, unverified (verifying would import onnxruntime here)."""
+    path = tmp_path / "model.onnx"
+    result = run_torchkit_in_process("export", model, path, "--no-verify")
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+@pytest.fixture
 def forks(model, image_folder):
     """The threads started since the test began that run beside each fork, one list a fork."""
     before = torch.get_num_threads()
@@ -81,6 +91,15 @@ def test_workers_are_forked_before_the_model_starts_a_thread(
     result = run_torchkit_in_process(*_command(command, model, image_folder, tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert forks == [[], []], forks  # two workers, no thread beside either
+
+
+@pytest.mark.parametrize("command", ["eval", "predict"])
+def test_workers_are_forked_before_an_onnx_model_starts_a_thread(
+    command, onnx_model, forks, image_folder, tmp_path
+):
+    result = run_torchkit_in_process(*_command(command, onnx_model, image_folder, tmp_path / "o"))
+    assert result.returncode == 0, result.stderr
+    assert forks == [[], []], forks
 
 
 @pytest.mark.parametrize("command", ["predict", "extract-features"])

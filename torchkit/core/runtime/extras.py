@@ -44,10 +44,22 @@ def import_extra(module: str, extra: str, needed_for: str) -> ModuleType:
         missing = (error.name or "").split(".")[0]
         if missing not in {package.split(".")[0] for package in EXTRAS[extra]}:
             raise  # a package of the extra is there but broken: not a missing extra
-        raise MissingExtraError(
-            f"{needed_for} needs the {missing} package, which is not installed",
-            install_hint(extra),
-        ) from error
+        raise _missing(missing, extra, needed_for) from error
+
+
+def require_extra(module: str, extra: str, needed_for: str) -> None:
+    """`import_extra`'s error when `module` is not installed, without importing it: for a
+    package whose import starts threads, imported later (onnxruntime: after a fork)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:  # None too where sys.modules holds None
+        raise _missing(module, extra, needed_for)
+
+
+def _missing(package: str, extra: str, needed_for: str) -> MissingExtraError:
+    return MissingExtraError(
+        f"{needed_for} needs the {package} package, which is not installed", install_hint(extra)
+    )
 
 
 def installed_version(*distributions: str) -> str | None:

@@ -148,6 +148,8 @@ class ExportedModel:
             else:
                 with torch.no_grad():
                     output = self._run(data)
+        except TorchkitError:
+            raise  # the runtime did not load (`_OnnxSession`): said so already
         except Exception as error:
             shape = "x".join(map(str, data.shape))
             raise RuntimeFailure(
@@ -193,34 +195,59 @@ def load_exported(path: str | os.PathLike, fmt: str | None = None) -> ExportedMo
     except TorchkitError:
         raise
     except Exception as error:
-        raise RuntimeFailure(
-            f"{RUNTIMES[fmt]} cannot load {source}: {first_line(error, with_type=True)}",
-            "is it a complete file written by this version of the exporter?",
-        ) from error
+        raise _cannot_load(fmt, source, error) from error
+
+
+def _cannot_load(fmt: str, source: Path, error: Exception) -> RuntimeFailure:
+    return RuntimeFailure(
+        f"{RUNTIMES[fmt]} cannot load {source}: {first_line(error, with_type=True)}",
+        "is it a complete file written by this version of the exporter?",
+    )
 
 
 def _load_onnx(source: Path) -> ExportedModel:
-    from torchkit.core.runtime.extras import import_extra
+    """The file read with onnx (its metadata, its output's width); onnxruntime, whose import
+    starts a thread and whose session starts its pool, waits for the first batch
+    (`_OnnxSession`): eval and predict read the model before their loader's workers fork, and
+    a process forked beside a thread may deadlock in the child on a lock that thread held."""
+    from torchkit.core.runtime.extras import import_extra, require_extra
 
-    onnxruntime = import_extra("onnxruntime", "export", f"running the ONNX model {source}")
+    needed_for = f"running the ONNX model {source}"
+    require_extra("onnxruntime", "export", needed_for)
+    onnx = import_extra("onnx", "export", needed_for)
+    model = onnx.load(os.fspath(source), load_external_data=False)  # ORT reads the weights
+    metadata = meta.from_onnx_props({prop.key: prop.value for prop in model.metadata_props})
+    dims = model.graph.output[0].type.tensor_type.shape.dim if model.graph.output else []
+    if dims and dims[-1].HasField("dim_value") and "num_outputs" not in metadata:
+        metadata["num_outputs"] = int(dims[-1].dim_value)
+    return ExportedModel(os.fspath(source), ONNX, metadata, _OnnxSession(source), True)
 
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3  # errors only: no optimizer notes on the user's terminal
-    session = onnxruntime.InferenceSession(
-        os.fspath(source), sess_options=options, providers=["CPUExecutionProvider"]
-    )
-    props = session.get_modelmeta().custom_metadata_map
-    input_name = session.get_inputs()[0].name
-    output_name = session.get_outputs()[0].name
-    metadata = meta.from_onnx_props(props)
-    width = session.get_outputs()[0].shape[-1] if session.get_outputs()[0].shape else None
-    if isinstance(width, int) and "num_outputs" not in metadata:
-        metadata["num_outputs"] = width
 
-    def run(array):
-        return session.run([output_name], {input_name: array})[0]
+class _OnnxSession:
+    """An onnxruntime session on the CPU, made at the first call: an N,C,H,W array to the first
+    output's array."""
 
-    return ExportedModel(os.fspath(source), ONNX, metadata, run, _numpy_runtime=True)
+    def __init__(self, source: Path) -> None:
+        self.source = source
+        self.session: Any = None
+
+    def __call__(self, array: Any) -> Any:
+        if self.session is None:
+            self.session = self._start()
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        return self.session.run([outputs[0].name], {inputs[0].name: array})[0]
+
+    def _start(self) -> Any:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3  # errors only: no optimizer notes on the user's terminal
+        try:
+            return onnxruntime.InferenceSession(
+                os.fspath(self.source), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as error:
+            raise _cannot_load(ONNX, self.source, error) from error
 
 
 def jit_load(source: str | os.PathLike, **kwargs: Any) -> Any:
