@@ -212,7 +212,7 @@ def test_an_interrupted_run_resumes_and_other_options_need_force(tmp_path: Path,
     assert convert(split_root, out, "--per-shard", 2).returncode == 0
     _interrupted_copy(out, 2)
     (out / "train-000001.tar").write_bytes(b"damaged")  # kept only if its SHA-256 matches
-    (out / ".val-000000.tar.x1y2z3.tmp").write_bytes(b"half a shard")
+    (out / ".val-000000.tar.x1y2z3w4.tmp").write_bytes(b"half a shard")  # atomic_write's
 
     done = convert(split_root, out, "--per-shard", 2, "--seed", "1")
     assert done.returncode == 1

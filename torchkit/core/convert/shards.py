@@ -49,7 +49,7 @@ from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.shards import class_names_in_text
 from torchkit.core.io import sizes
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
-from torchkit.core.io.files import atomic_write, atomic_write_text
+from torchkit.core.io.files import atomic_write, atomic_write_text, remove_stale_temporaries
 from torchkit.core.io.outputs import (
     MARKER,
     InputPath,
@@ -86,10 +86,6 @@ PARTIAL_EVERY_S = 2.0  # the partial manifest is rewritten at most this often
 MAX_WARNED = 10  # unreadable images named one by one; the others are counted
 
 _SHARD_FILE = re.compile(r"(?:train|val|test|shard)-\d{6,}\.tar")
-# What a killed run leaves: the temporary files of atomic_write (`.NAME.<random>.tmp`).
-_TEMPORARY = re.compile(
-    r"\.(?:(?:train|val|test|shard)-\d{6,}\.tar|manifest(?:\.partial)?\.json|classes\.txt)\..+\.tmp"
-)
 # PIL format -> the extension an image of it is stored under, when its file's own is not one
 # that shard readers take for an image: a CSV index may name `x.dat`, `x.json` or `x.cls` (the
 # latter two replaced the sample's label member and left it without an image).
@@ -739,15 +735,22 @@ def _verified(folder: Path, partial: dict, sets: Sequence[ShardSet]) -> dict[str
 
 
 def _remove_leftovers(folder: Path, keep: Iterable[str] = ()) -> None:
-    """Remove what a killed run left in `folder`: temporary files, and (given `keep`, the
-    shards of the finished output) shard files that are not among them."""
+    """Remove what a killed run left in `folder` (locked: no other writer): the temporaries of
+    the files this command writes, and (given `keep`, the shards of the finished output) shard
+    files that are not among them, which a reader of the folder would take for its own."""
+    remove_stale_temporaries(folder, _writes_name)
     kept = set(keep)
+    if not kept:
+        return
     for entry in os.scandir(folder):
-        stale_shard = kept and _SHARD_FILE.fullmatch(entry.name) and entry.name not in kept
-        if (_TEMPORARY.fullmatch(entry.name) or stale_shard) and entry.is_file(
-            follow_symlinks=False
-        ):
+        stale_shard = _SHARD_FILE.fullmatch(entry.name) and entry.name not in kept
+        if stale_shard and entry.is_file(follow_symlinks=False):
             remove_tree(Path(entry.path), ignore_errors=False)
+
+
+def _writes_name(name: str) -> bool:
+    """Whether `name` is a file this command writes in OUT (its temporaries are its own)."""
+    return name in (MANIFEST, PARTIAL_MANIFEST, CLASSES_FILE) or bool(_SHARD_FILE.fullmatch(name))
 
 
 def _container_inputs(data: Any) -> list[InputPath]:
