@@ -331,6 +331,23 @@ def test_the_table_shows_a_slow_or_fast_rate_and_a_short_duration_not_zero(tmp_p
     assert " 100000 " in fast and " 0.00017 " in fast
 
 
+def test_a_raw_dv_file_has_its_own_rate_and_frame_count(tmp_path):
+    """FFmpeg's DV demuxer gives its time base as the average rate: 5 PAL frames read as 12,000
+    frames at 60,000 fps, and --exact called the whole file truncated (exit 1). The rate is
+    the time between its first two frames, in every mode; a DV file under another name too."""
+    dv = tmp_path / "tape.dv"
+    if not write_video(dv, "dvsd", 720, 576, 25.0, 5):
+        pytest.skip("this OpenCV build cannot write DV")
+    assert sniff_container(dv.read_bytes()[:512]) == "dv"
+    shutil.copyfile(dv, tmp_path / "renamed.mov")
+    for mode in ((), ("--exact",), ("--no-decode-check",)):
+        code, rows = json_rows(dv, tmp_path / "renamed.mov", *mode)
+        assert code == 0, rows
+        for row in rows:
+            assert (row["fps"], row["frames"], row["frames_header"]) == (25.0, 5, 5), mode
+            assert (row["duration_s"], row["container"], row["status"]) == (0.2, "dv", "ok")
+
+
 def test_exact_counts_by_decoding(tmp_path, videos):
     paths = list(videos.values())
     code, rows = json_rows(*paths, "--exact")

@@ -127,6 +127,8 @@ def sniff_container(head: bytes) -> str | None:
         return "y4m"
     if head[:4] == b"\x06\x0e\x2b\x34":
         return "mxf"
+    if head[:3] == b"\x1f\x07\x00" and head[3:4] in (b"\x3f", b"\xbf"):
+        return "dv"  # raw DV: the header block of its first frame (the top bit: 625/50 lines)
     # Animated images FFmpeg reads as videos (a GIF saved as .mp4 is common): their own names, as
     # the column says what the bytes are. Still ones are refused before (`still_image_format`).
     image = next((name for magic, name in _IMAGE_MAGIC if head.startswith(magic)), None)

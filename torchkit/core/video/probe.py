@@ -14,6 +14,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +361,8 @@ def _probe_into(
         fps = capture.get(cv2.CAP_PROP_FPS)
         info.fps = float(fps) if fps and math.isfinite(fps) and fps > 0 else None
         declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
+        if sniffed == "dv":
+            declared_frames = _raw_dv_timing(cv2, path, decoder_threads, info, declared_frames)
         # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
         info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
         undecodable = (
@@ -405,6 +408,35 @@ def _probe_into(
         info.known_whole = True  # its sizes say so (a header count it falls short of is wrong)
     if cut:
         info.fail(cut, "truncated")
+
+
+def _raw_dv_timing(
+    cv2, path: Path, decoder_threads: int | None, info: VideoInfo, declared_frames: float
+) -> float:
+    """A raw DV file's rate (into `info.fps`) and frame count, from the time between its first
+    two frames: FFmpeg's DV demuxer gives its time base (1/60000 s) as the average rate, so a
+    PAL file of 10 frames read as 24,000 frames at 60,000 fps (and `--exact` called it
+    truncated). DV runs at a constant rate, so one interval is the rate, and FFmpeg's duration
+    (its frames over that rate) is right. The count is unchanged where the two frames are not
+    there or agree with the header."""
+    capture = _open_capture(cv2, path, decoder_threads)
+    if capture is None:
+        return declared_frames
+    try:
+        times = []
+        while len(times) < 2 and capture.grab():
+            times.append(capture.get(cv2.CAP_PROP_POS_MSEC))
+    finally:
+        capture.release()
+    if len(times) < 2 or not all(math.isfinite(t) for t in times) or times[1] <= times[0]:
+        return declared_frames
+    # 25, 29.97 (30000/1001), 50, 59.94: whole rates or over 1001, as DV's are
+    rate = float(Fraction(1000 / (times[1] - times[0])).limit_denominator(1001))
+    if info.fps is None or declared_frames <= 0 or math.isclose(rate, info.fps, rel_tol=1e-3):
+        return declared_frames
+    duration = declared_frames / info.fps
+    info.fps = rate
+    return float(round(duration * rate))
 
 
 def _take_decoded_count(info: VideoInfo, decoded: int, end_s: float | None) -> None:
