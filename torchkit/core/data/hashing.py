@@ -5,28 +5,27 @@
   first grouped by size (one `stat` each), then by a hash of their first 64 KiB, and only files
   that still collide are hashed whole. Compressed images rarely share a size, so a folder of
   JPEGs or PNGs is mostly stat-ed, not read.
-- `phash_bytes(data)` / `phash_image(image)`: a 64-bit perceptual hash (pHash), as imagededup's
-  PHash defines it: the image in grayscale, resized to 32x32, its 2-D DCT-II, the top-left 8x8
+- `phash_bytes(data)` / `phash_image(image)`: a 64-bit perceptual hash (pHash), bit for bit
+  imagededup's PHash (0.3.x) of the same 8-bit pixels: the image in RGB (any other mode through
+  RGBA, alpha dropped), resized to 32x32 by PIL's Lanczos filter from the whole image, then
+  converted to gray (PIL's L), its 2-D DCT-II (scipy's, as imagededup computes it, so that
+  coefficients equal in exact arithmetic compare as they do there), the top-left 8x8
   coefficients, each bit set when a coefficient is >= the median of the 63 that are not the DC
-  term (bits in row-major order, the first the most significant). The resize is a box filter,
-  the mean of each of the 32x32 cells: images over 255 pixels a side are first box-reduced by
-  an integer factor to 128 to 255 pixels (exact means, cheap), then PIL's box filter averages
-  the pixels whose centres fall in each cell (cheaper than the Hamming or Lanczos filters, and
-  as robust on the benchmark). An image made of equal blocks gives back its 32x32 pattern, and
-  a 32x32 image is not resized, so its hash is exactly imagededup's. A JPEG is
-  decoded straight to grayscale at 1/2, 1/4 or 1/8 of its size (PIL's `draft()`, the DCT
-  scaling of libjpeg) but no smaller than 128 pixels a side. A PNG has no reduced decode (zlib,
-  then row filters that each depend on the row above): its whole decode is most of the cost of
-  its hash (OpenCV's libpng decodes it about 10% faster than PIL, which the extra copy to
-  PIL's gray conversion takes back: not used). Re-encoded or resized copies of an image land a
-  few bits apart (the threshold: see `core.neardup`), unrelated images about 32. `phash_image`
-  of an image decoded whole (what dataset-stats decodes anyway) agrees with the reduced decode
-  of a JPEG to within a few bits (identical for most images).
+  term (bits in row-major order, the first the most significant). A gray image is resized as
+  it is, a third of the work and the same bits. No reduced decode: a JPEG decoded at 1/2 to
+  1/8 of its size (PIL's `draft()`) or box-reduced first gives other 32x32 pixels, and bits
+  that differ from imagededup's (up to 8 on a symmetric scan and its half-size copy), so every
+  image is decoded whole, which on large JPEGs is most of the hash's cost. Re-encoded or
+  resized copies of an image land a few bits apart (the threshold: see `core.neardup`),
+  unrelated images about 32.
 
 Images are read as every loader reads them (`core.image_files`: regular files only, 16-bit
 images scaled to 8 bits, 32-bit ones that no fixed scale reads right refused with
-`UnsupportedSamples`, the pixels as stored: the EXIF orientation is not applied, so a photo
-and its rotated-by-tag copy hash as the pictures a model is fed). Nothing here prints or
+`UnsupportedSamples`, the pixels as stored: the EXIF orientation is not applied, as
+imagededup does not apply it either, so a photo and its rotated-by-tag copy hash as the
+pictures a model is fed). The one difference from imagededup: images of more than 8 bits a
+sample, which PIL's conversion clips (a 16-bit gray PNG hashes as blank white there) or cuts
+to its high byte (16-bit colour), are scaled, round(v / 257). Nothing here prints or
 imports anything heavy at import time.
 """
 
@@ -49,15 +48,8 @@ from torchkit.core.data.image_files import (
 HASH_BITS = 64
 _SIDE = 32  # the image is resized to _SIDE x _SIDE before the DCT
 _KEEP = 8  # the top-left _KEEP x _KEEP DCT coefficients make the hash
-_DRAFT = 4 * _SIDE  # a JPEG is decoded at the smallest DCT scale at least this big
-_REDUCED = 4 * _SIDE  # larger images are box-reduced by an integer factor to at least this
 _PREFIX = 64 * 1024  # bytes hashed first, before whole files
 _BLOCK = 1 << 20
-# DCT coefficients of 8-bit pixels below this are rounding noise (float64 error ~1e-11 on
-# sums of 1,024 products of pixels and cosines)
-_NOISE = 1e-6
-
-_dct_matrix: Any = None
 
 
 def file_digest(path: str | os.PathLike) -> bytes:
@@ -115,84 +107,44 @@ def content_groups(paths: Sequence[str | os.PathLike]) -> list[list[int]]:
 # --------------------------------------------------------------------------- perceptual hash
 
 
-def _dct() -> Any:
-    """The first _KEEP rows of the unnormalised DCT-II matrix of size _SIDE (what
-    `scipy.fft.dct(x)` computes, up to a factor 2 that no bit depends on)."""
-    global _dct_matrix
-    if _dct_matrix is None:
-        import numpy as np
-
-        k = np.arange(_KEEP)[:, None]
-        n = np.arange(_SIDE)[None, :]
-        _dct_matrix = np.cos(np.pi * k * (2 * n + 1) / (2 * _SIDE))
-    return _dct_matrix
-
-
-def _gray(image: Any) -> Any:
-    """`image` as 8-bit grayscale: 16-bit scaled first, palette and alpha images through RGB
-    (alpha dropped, as imagededup does). A 32-bit image no fixed scale reads right raises
-    `UnsupportedSamples`, as every loader does (PIL would clip it: float images of 0..1, all
-    but black, would hash alike)."""
-    refuse_unscalable_samples(image)
-    image = to_8bit(image)
-    if image.mode == "L":
-        return image
-    # RGBA straight to L: the same pixels as through RGB (PIL's L ignores alpha), a copy less.
-    if image.mode not in ("RGB", "RGBA", "1", "I", "F"):
-        image = image.convert("RGB")
-    return image.convert("L")
-
-
-def _cell_means(image: Any) -> Any:
-    """`image` as the _SIDE x _SIDE gray image the hash is made of: the mean of each cell."""
+def _hashed_pixels(image: Any) -> Any:
+    """`image` as the 32x32 8-bit gray image imagededup's PHash takes the DCT of: the 8-bit
+    pixels every loader reads (16-bit scaled first, where imagededup's PIL conversion clips
+    them; a 32-bit image no fixed scale reads right raises `UnsupportedSamples`), any mode but
+    RGB through RGBA to RGB (alpha dropped, not composited), resized to 32x32 by PIL's Lanczos
+    filter from the whole image, then converted to L. A gray image is resized as it is: its
+    RGB copy has three equal channels, resized alike, whose L is the same value again."""
     from PIL import Image
 
-    gray = _gray(image)
-    factor = min(gray.size) // _REDUCED
-    if factor >= 2:  # an integer box reduction first: exact means, and cheap
-        gray = gray.reduce(factor)
-    if gray.size != (_SIDE, _SIDE):  # the mean of the pixels whose centres fall in each cell
-        gray = gray.resize((_SIDE, _SIDE), Image.Resampling.BOX)
-    return gray
+    refuse_unscalable_samples(image)
+    image = to_8bit(image)
+    if image.mode not in ("RGB", "L"):
+        image = image.convert("RGBA").convert("RGB")
+    return image.resize((_SIDE, _SIDE), Image.Resampling.LANCZOS).convert("L")
 
 
 def phash_image(image: Any) -> int:
     """The 64-bit pHash of a PIL image (see the module docstring)."""
     import numpy as np
+    from scipy.fftpack import dct  # imagededup's DCT: the same float rounding, the same ties
 
-    pixels = np.asarray(_cell_means(image), dtype=np.float64)
-    matrix = _dct()
-    coefficients = (matrix @ pixels @ matrix.T).ravel()
-    # Coefficients that are 0 in exact arithmetic (of an image flat along one axis or mirror
-    # symmetric: blank images, gradients, stripes, a centred shape on a plain background) come
-    # out as float noise of either sign, ~1e-11; where they are the median, their bits would
-    # be set by that noise (a half-size copy of stripes landed 12 bits away). Snapped
-    # to 0 they are >= a median of 0, as in imagededup; no other bit changes, since a median
-    # that is not 0 lies at least _NOISE from every snapped coefficient.
-    coefficients[np.abs(coefficients) < _NOISE] = 0.0
+    pixels = np.asarray(_hashed_pixels(image))
+    coefficients = dct(dct(pixels, axis=0), axis=1)[:_KEEP, :_KEEP].ravel()
     bits = coefficients >= np.median(coefficients[1:])
     return int.from_bytes(np.packbits(bits).tobytes(), "big")
 
 
-def _reduced_phash(image: Any) -> int:
-    """`phash_image` of an opened image, from a reduced decode where the format allows it."""
-    if image.format == "JPEG":
-        image.draft("L", (_DRAFT, _DRAFT))
-    return phash_image(image)
-
-
 def phash_bytes(data: bytes) -> int:
-    """The 64-bit pHash of an image file's contents, from a reduced decode where the format
-    allows it (JPEG). Raises `core.image_files.unreadable_image_errors()` for data that is not
-    a readable image."""
+    """The 64-bit pHash of an image file's contents. Raises
+    `core.image_files.unreadable_image_errors()` for data that is not a readable image."""
     with opened_image(data) as image:
-        return _reduced_phash(image)
+        return phash_image(image)
 
 
 def phash_file(path: str | os.PathLike) -> int:
     """`phash_bytes` of the file at `path` (regular files only; errors name the path)."""
     with opened_image(path, in_memory=True) as image:
-        return _reduced_phash(image)
+        return phash_image(image)
 
 
 def hash_file(path: str | os.PathLike, *, perceptual: bool = True) -> tuple[bytes, int | None]:
