@@ -1353,6 +1353,27 @@ def test_extract_frames_of_a_file_whose_header_understates_samples_its_decoded_f
     ]
 
 
+def test_only_an_unfragmented_iso_file_counts_its_frames_in_its_header(tmp_path):
+    """Extraction decodes on past the header's count except where the count is a sample
+    table's: an MP4 whose moov lists its samples. A fragmented MP4's count is FFmpeg's
+    reckoning from the duration, as any other format's."""
+    from torchkit.core.video.containers import iso_lists_every_frame
+
+    box = lambda kind, payload: struct.pack(">I4s", 8 + len(payload), kind) + payload  # noqa: E731
+    files = {
+        "plain.mp4": box(b"ftyp", b"isom") + box(b"moov", b"x" * 8) + box(b"mdat", b"y" * 8),
+        "fragmented.mp4": box(b"ftyp", b"isom") + box(b"moov", b"x") + box(b"moof", b"z" * 8)
+        + box(b"mdat", b"y" * 8),
+        "no_moov.mp4": box(b"ftyp", b"isom") + box(b"mdat", b"y" * 8),
+    }  # fmt: skip
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    assert iso_lists_every_frame(tmp_path / "plain.mp4", "mp4")
+    assert not iso_lists_every_frame(tmp_path / "plain.mp4", "avi")
+    assert not iso_lists_every_frame(tmp_path / "fragmented.mp4", "mp4")
+    assert not iso_lists_every_frame(tmp_path / "no_moov.mp4", "mp4")
+
+
 def test_a_truncated_row_leaves_none_of_its_frames_in_the_folder(
     tmp_path, videos, broken, monkeypatch
 ):

@@ -274,6 +274,21 @@ def _iso_fourcc(handle, size: int) -> str | None:
     return None
 
 
+def iso_lists_every_frame(path: str | os.PathLike, container: str | None) -> bool:
+    """Whether an MP4/MOV/3GP file's header count is its sample table's, a line per frame: a
+    file whose moov holds its samples, not a fragmented one (`moof` boxes), whose count FFmpeg
+    reckons from the duration. False for other formats, or a structure that cannot be read."""
+    if container not in ("mp4", "mov", "3gp"):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            kinds = {kind for kind, _, _ in _iso_children(handle, 0, size)}
+    except OSError:
+        return False
+    return b"moov" in kinds and b"moof" not in kinds
+
+
 # --- truncation ---------------------------------------------------------------------------------
 #
 # A copy cut short (a download or transfer that stopped, a disk that filled up) often still opens:

@@ -18,6 +18,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
     write_error,
 )
+from torchkit.core.video.containers import iso_lists_every_frame
 from torchkit.core.video.probe import (
     VideoInfo,
     _error_text,
@@ -244,11 +245,18 @@ def _extract_into(
         options.names[info.path],
         stop,
         options.decoder_threads,
-        # a header's count is an estimate: decoding on past it tells one that leaves frames out
-        sampled_from=None if info.frames_source == "decoded" else info.frames,
+        sampled_from=None if _count_is_exact(info) else info.frames,
     )
     info.frame_files = [str(options.extract_dir / f.name) for f in files]
     frames_folder.wrote(len(files))
+
+
+def _count_is_exact(info: VideoInfo) -> bool:
+    """Whether `info.frames` is a count no frame lies past: decoded, or an MP4's sample table's
+    (decoding on to its end to make sure would double the work of `--segments 1`). Elsewhere a
+    header's count can be an estimate, and decoding on past it tells one that leaves frames
+    out."""
+    return info.frames_source == "decoded" or iso_lists_every_frame(info.path, info.container)
 
 
 class _FramesFolder:
