@@ -52,16 +52,35 @@ def painter():
     started.close()
 
 
-def test_the_helper_draws_the_file_the_run_draws(painter, tmp_path):
+def test_the_helper_draws_the_file_the_run_draws_through_ctrl_c_sigterm_and_a_fork(
+    painter, tmp_path
+):
+    """One helper, many plots (each helper is a Python importing matplotlib: one for all of
+    these): the run's own file; Ctrl-C and SIGTERM do not stop it (the run decides how to
+    stop, and still draws its last plot); a forked process (DataLoader workers are forked from
+    the run) does not keep it alive: their copy of its stdin is closed at once, or the helper
+    would wait for them after the run closed it."""
     assert painter.paint(tmp_path / "helper.png", HISTORY, 3)
     write_curves_png(tmp_path / "run.png", HISTORY, 3)
     assert (tmp_path / "helper.png").read_bytes() == (tmp_path / "run.png").read_bytes()
-    assert painter.paint(tmp_path / "again.png", HISTORY[:2], None)  # one helper, many plots
+    painter.process.send_signal(signal.SIGINT)
+    painter.process.send_signal(signal.SIGTERM)
+    assert painter.paint(tmp_path / "again.png", HISTORY[:2], None)
     assert (tmp_path / "again.png").stat().st_size > 1000
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-    process = painter.process
-    painter.close()
-    assert process.returncode == 0  # it ended because its stdin closed, not killed
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the forked child
+        time.sleep(20)
+        os._exit(0)
+    try:
+        process = painter.process
+        started = time.monotonic()
+        painter.close()
+        # It ended because its stdin closed, not killed (a used helper ends, not killed).
+        assert time.monotonic() - started < 4 and process.returncode == 0
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 def test_a_dead_helper_leaves_the_plot_to_the_run(painter, tmp_path):
@@ -96,32 +115,6 @@ def test_a_helper_unless_matplotlib_is_already_imported(monkeypatch):
     started.close()
     monkeypatch.setitem(sys.modules, "matplotlib.figure", object())
     assert CurvesPainter.start() is None
-
-
-def test_ctrl_c_and_sigterm_do_not_stop_the_helper(painter, tmp_path):
-    # The run decides how to stop, and still draws its last plot.
-    assert painter.paint(tmp_path / "first.png", HISTORY, None)  # it is serving by now
-    painter.process.send_signal(signal.SIGINT)
-    painter.process.send_signal(signal.SIGTERM)
-    assert painter.paint(tmp_path / "after.png", HISTORY, None)
-
-
-def test_a_forked_process_does_not_keep_the_helper_alive(painter, tmp_path):
-    # DataLoader workers are forked from the run: their copy of the helper's stdin is closed
-    # at once, or the helper would wait for them after the run closed it.
-    assert painter.paint(tmp_path / "used.png", HISTORY, None)  # a used helper ends, not killed
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the forked child
-        time.sleep(20)
-        os._exit(0)
-    try:
-        process = painter.process
-        started = time.monotonic()
-        painter.close()
-        assert time.monotonic() - started < 4 and process.returncode == 0
-    finally:
-        os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
 
 
 def test_an_unused_helper_is_not_waited_for(painter):
