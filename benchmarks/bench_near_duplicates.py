@@ -7,9 +7,10 @@ resized (0.5x, 0.75x, 2x, a 128 px thumbnail), slightly brighter, slightly blurr
 apart, cropped by 5% on each side. Then:
 
 1. Quality: recall of the planted pairs and the false pairs (any other pair within the
-   threshold) at thresholds 4 to 12, for torchkit's pHash (`core.hashing`, reduced decode) and
-   for imagededup's PHash on the same files; torchkit's search (`core.neardup.near_pairs`) is
-   checked against all pairs. This is how the default `--near-threshold` was chosen.
+   threshold) at thresholds 4 to 12, for torchkit's pHash (`core.hashing`, imagededup's PHash
+   bit for bit: how many of its hashes differ is printed) and for imagededup's PHash on the
+   same files; torchkit's search (`core.neardup.near_pairs`) is checked against all pairs.
+   This is how the default `--near-threshold` was chosen.
 2. Speed: images/s of torchkit's hash pass (`core.stats.hash_pass`: SHA-256 + pHash per file,
    worker processes) and of imagededup's `encode_images` with as many workers (its defaults
    otherwise), on the same files, JPEG and PNG apart and together (best of --repeat runs, run
@@ -230,6 +231,8 @@ def quality(made, torchkit, oracle, oracle_name: str) -> None:
         f"\n1. Quality: {len(paths)} images, {len(truth)} planted copies "
         f"({sum(k in HARD for k in truth.values())} of them 5% crops, reported apart)"
     )
+    differ = sum(a != b for a, b in zip(torchkit, oracle, strict=True))
+    print(f"   hashes that differ from {oracle_name}'s: {differ} of {len(paths)}")
     results = {}
     for name, hashes in (("torchkit", torchkit), (oracle_name, oracle)):
         values = np.array(hashes, dtype=np.uint64)

@@ -27,11 +27,11 @@ from torchkit.core.data.sources.splitting import SPLIT_NAMES
 
 BITS = 64
 # The default `--near-threshold`, measured with benchmarks/bench_near_duplicates.py (1,600
-# images, 400 planted copies, 36 of them 5% crops): every re-encoded (JPEG quality 50 to 95,
-# PNG), resized (0.5x to 2x, 128 px thumbnails), 10% brighter or slightly blurred copy lay
-# within 4 bits of its original, so 8 leaves a margin of 4; it also finds about half of the
-# 5%-cropped copies, with 12 false pairs among 1.28 million (imagededup's PHash at 8: 13, same
-# recall; at its default of 10: 26).
+# images, 400 planted copies, 36 of them 5% crops; the pHash is imagededup's, bit for bit):
+# every re-encoded (JPEG quality 50 to 95, PNG), resized (0.5x to 2x, 128 px thumbnails), 10%
+# brighter or slightly blurred copy lay within 6 bits of its original (all but JPEG quality 50
+# within 4), so 8 leaves a margin of 2; it also finds about half of the 5%-cropped copies,
+# with 13 false pairs among 1.28 million (at imagededup's default of 10: 26).
 DEFAULT_NEAR_THRESHOLD = 8
 MAX_THRESHOLD = 24  # beyond it, pHash no longer separates copies from different images
 _BLOCK_CELLS = 1 << 22  # pairs compared at once by the all-pairs path
