@@ -1263,6 +1263,24 @@ def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
     assert rows[1]["frame_files"][0] == str(out / "clip-2_000000.png")
 
 
+def test_videos_with_long_names_get_frames_whose_names_fit(tmp_path, videos):
+    """A video named with 240 bytes (120 two-byte letters: a long title) is a valid name, but
+    its frames' names (and their temporaries) were longer than a file name may be: the whole
+    run failed with "File name too long". The stem is cut, whole letters at a time, and two
+    videos that differ only after the cut are told apart as same-named ones are."""
+    source = need(videos, "mjpg.avi")
+    first, second = tmp_path / ("é" * 120 + ".avi"), tmp_path / ("é" * 119 + "x.avi")
+    for video in (first, second):
+        shutil.copyfile(source, video)
+    out = tmp_path / "frames"
+    code, rows = json_rows(first, second, "-k", "2", "--extract-frames", out)
+    assert code == 0, rows
+    names = [Path(f).name for row in rows for f in row["frame_files"]]
+    assert sorted(names) == sorted(p.name for p in out.iterdir() if p.suffix == ".png")
+    assert len(set(names)) == 4 and all(len(os.fsencode(n)) <= 255 - 14 for n in names)
+    assert {n.rsplit("_", 1)[0] for n in names} == {"é" * 110, "é" * 110 + "-2"}
+
+
 def test_the_csv_frame_files_cell_splits_on_semicolons_into_the_frames(tmp_path, videos):
     """The cell joins a video's frame files with `;`: `semi;colon.avi`'s frames, or a frames
     folder `a;b`, made it ambiguous. Frame names hold no `;`, and a CSV report refuses such a

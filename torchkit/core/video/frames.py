@@ -174,15 +174,35 @@ def extract_frames(
     return [written[index] for index in indices]
 
 
+# The bytes of a stem in a frame's name: a file name holds 255 bytes at most (ext4, XFS, APFS),
+# the frame is written as a temporary `.NAME.XXXXXXXX.tmp` (14 bytes more: core.io.files), and
+# the frame's name adds up to 21 to the stem ("-2" for a repeat, up to 6 bytes, then "_", the
+# index's digits, up to 10, and ".png"): a video whose stem held 231 bytes or more (a long
+# title in Chinese is 3 bytes a character) made the whole run fail with "File name too long".
+MAX_STEM_BYTES = 255 - 14 - 21
+
+
+def _fitting(stem: str) -> str:
+    """`stem` cut, whole characters at a time, to MAX_STEM_BYTES bytes as the file system
+    encodes it."""
+    while len(os.fsencode(stem)) > MAX_STEM_BYTES:
+        stem = stem[: min(len(stem) - 1, MAX_STEM_BYTES)]
+    return stem
+
+
 def frame_name_prefixes(
     videos: Sequence[str | os.PathLike], *, fold_case: bool = False
 ) -> dict[str, str]:
     """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems
     (`distinct_names`, in linear time for a dataset of `<clip>/video.mp4` folders). A `;` of the
-    stem becomes `_`: the CSV's frame_files cell separates the files with `;`.
+    stem becomes `_`: the CSV's frame_files cell separates the files with `;`; a stem too long
+    for a frame's name to fit in a file name is cut (`_fitting`).
     `fold_case`: the frames folder's file system ignores case, so stems that differ only by
     case (`Clip`, `clip`) repeat too."""
-    stems = [Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_") or "video" for video in videos]
+    stems = [
+        _fitting(Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_")) or "video"
+        for video in videos
+    ]
     prefixes = distinct_names(stems, separator="-", fold_case=fold_case)
     return {os.fspath(video): prefix for video, prefix in zip(videos, prefixes, strict=True)}
 
