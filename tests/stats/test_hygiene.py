@@ -369,7 +369,24 @@ def test_float_tiffs_take_no_part_in_the_duplicate_search(tmp_path, caplog):
     assert stats.images == 1 and stats.leakage_checked and stats.leakage == []
     assert stats.hashed_files == 0
     assert "1 image(s) have 32-bit samples" in caplog.text
-    assert "1 file(s) of the other splits could not be read" in caplog.text
+    assert "1 file(s) of the other splits are not images torchkit can hash" in caplog.text
+
+
+def test_byte_identical_undecodable_files_in_two_splits_are_an_exact_leak(tmp_path, caplog):
+    """A damaged file copied into val and test (and one in train) has no pHash, but its SHA-256
+    still finds the copies: exact pairs, as for any other copy, the first in train measured
+    (listed unreadable) and the others hashed, not measured."""
+    damaged = encoded(scene(31, 64, 48), "JPEG")[:300]
+    for split in ("train", "val", "test"):
+        save(scene(32 + len(split), 64, 48), tmp_path / split / "a" / "fine.png")
+        (tmp_path / split / "a" / "damaged.jpg").write_bytes(damaged)
+    with caplog.at_level(logging.WARNING, logger="torchkit"):
+        stats = compute_dataset_stats(tmp_path, workers=1)
+    pairs = [(p.split_a, p.split_b, p.kind, p.distance) for p in stats.leakage]
+    assert pairs == [("train", "test", "exact", 0), ("train", "val", "exact", 0)]
+    assert [p.path_b for p in stats.leakage] == ["test/a/damaged.jpg", "val/a/damaged.jpg"]
+    assert [u.path for u in stats.unreadable] == ["train/a/damaged.jpg"]
+    assert "2 file(s) of the other splits are not images torchkit can hash" in caplog.text
 
 
 def test_cli_json_table_and_pair_csv(runner, leaky_root, tmp_path):

@@ -135,11 +135,14 @@ def find_duplicates(
     samples: Samples,
     others: Samples | None,
     hashes: Any,
+    digests_only: Any,
     checked: bool,
     threshold: int,
     within: bool,
 ) -> None:
-    """Fill in the leakage report of `stats` from the hashes of the pass."""
+    """Fill in the leakage report of `stats` from the hashes of the pass: `hashes`
+    (`scan.HASH_DTYPE` rows) and the SHA-256 of the files read that have no pHash
+    (`digests_only`, `scan.DIGEST_DTYPE` rows: undecodable files, found by their exact copies)."""
     from torchkit.core.data.neardup import find_pairs
 
     n = len(samples)
@@ -148,8 +151,10 @@ def find_duplicates(
     splits = list(own) + ([] if others is None else list(others.splits or []))
     digests: list[bytes | None] = [None] * len(ids)
     phashes: list[int | None] = [None] * len(ids)
-    for index, digest, phash in hashes.tolist():  # `scan.HASH_DTYPE` rows
+    for index, digest, phash in hashes.tolist():
         digests[index], phashes[index] = digest, phash
+    for index, digest in digests_only.tolist():
+        digests[index] = digest
     leaked, near = find_pairs(ids, splits, digests, phashes, threshold=threshold, within=within)
     stats.leakage_checked = checked
     stats.near_threshold = threshold

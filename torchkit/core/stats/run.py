@@ -21,6 +21,7 @@ from torchkit.core.stats.scan import (
     Accumulator,
     ChunkResult,
     default_stats_workers,
+    digest_array,
     hash_array,
     record_array,
     run_chunks,
@@ -207,14 +208,15 @@ def compute_dataset_stats(
     # chunks come, so the rows are in index order, and no chunk's arrays are kept.
     records = _RowsByIndex(record_array(), len(samples))
     hashes = _RowsByIndex(hash_array(), total if perceptual else 0)
+    digests = _RowsByIndex(digest_array(), total if perceptual else 0)  # files without a pHash
     names: dict[str, int] = {}  # mode and format names -> the codes the records use
     errors: list[tuple[int, str, int]] = []
-    sixteen_bit = done = hash_errors = unhashed = 0
+    sixteen_bit = done = hash_errors = no_phash = unhashed = 0
     if progress:
         progress(0, total)
 
     def take(result: ChunkResult) -> None:
-        nonlocal sixteen_bit, done, hash_errors, unhashed
+        nonlocal sixteen_bit, done, hash_errors, no_phash, unhashed
         if strict and result.errors:
             index, reason, _ = min(result.errors)
             raise InputError(
@@ -226,17 +228,19 @@ def compute_dataset_stats(
             codes = result.name_codes(names)
             records.put(result.records, mode=codes, format=codes)
         hashes.put(result.hashes)
+        digests.put(result.digests)
         errors.extend(result.errors)
         hash_errors += result.hash_errors
+        no_phash += result.no_phash
         unhashed += result.unhashed
         sixteen_bit += result.sixteen_bit
-        done += len(result.records) + len(result.errors) + result.hash_errors
+        done += len(result.records) + len(result.errors) + result.hash_errors + result.no_phash
         done += int((result.hashes["index"] >= len(samples)).sum())
         if progress:
             progress(done, total)
 
     run_chunks(tasks, workers, take)
-    records, hashes = records.rows(), hashes.rows()
+    records, hashes, digests = records.rows(), hashes.rows(), digests.rows()
     errors.sort()
     if not len(records):
         index, reason, _ = errors[0]
@@ -251,10 +255,16 @@ def compute_dataset_stats(
             f"{hash_errors} file(s) of the other splits could not be read: they take no part "
             "in the duplicate search"
         )
+    if no_phash:
+        log.warning(
+            f"{no_phash} file(s) of the other splits are not images torchkit can hash (not "
+            "decodable, or 32-bit samples it cannot scale): only their byte-identical copies "
+            "are looked for"
+        )
     if unhashed:
         log.warning(
             f"{unhashed} image(s) have 32-bit samples that cannot be scaled to 8 bits (as the "
-            "loaders refuse them): measured, but they take no part in the duplicate search"
+            "loaders refuse them): measured, but only their byte-identical copies are looked for"
         )
     if sixteen_bit:
         log.warning(
@@ -265,7 +275,9 @@ def compute_dataset_stats(
     stats = summarise(samples, mode, resize, accumulator, records, list(names), errors, non_images)
     stats.split, stats.notes = measured, notes
     if perceptual:
-        find_duplicates(stats, samples, others, hashes, checked, near_threshold, near_duplicates)
+        find_duplicates(
+            stats, samples, others, hashes, digests, checked, near_threshold, near_duplicates
+        )
     return stats
 
 

@@ -214,6 +214,9 @@ RECORD_DTYPE = [
 ]
 # One row per hashed image (`ChunkResult.hashes`): its index, SHA-256 and 64-bit pHash.
 HASH_DTYPE = [("index", "<i8"), ("sha256", "V32"), ("phash", "<u8")]
+# One row per file read whose image has no pHash (`ChunkResult.digests`: not decodable, or 32-bit
+# samples no fixed scale reads right): its SHA-256 still finds its byte-identical copies.
+DIGEST_DTYPE = [("index", "<i8"), ("sha256", "V32")]
 
 
 def record_array(rows: Sequence[tuple] = ()) -> Any:
@@ -231,6 +234,13 @@ def hash_array(rows: Sequence[tuple] = ()) -> Any:
     return np.array(list(rows), dtype=HASH_DTYPE)
 
 
+def digest_array(rows: Sequence[tuple] = ()) -> Any:
+    """`rows` (index, sha256) as a DIGEST_DTYPE array."""
+    import numpy as np
+
+    return np.array(list(rows), dtype=DIGEST_DTYPE)
+
+
 @dataclass
 class ChunkResult:
     records: Any  # RECORD_DTYPE array, one row per readable image
@@ -242,6 +252,9 @@ class ChunkResult:
     # HASH_DTYPE array of every decodable image, with `perceptual` (leakage check)
     hashes: Any = None
     hash_errors: int = 0  # files of other splits (hashed, not measured) that could not be read
+    # DIGEST_DTYPE array of the files read that have no pHash, with `perceptual`
+    digests: Any = None
+    no_phash: int = 0  # files of other splits read, but with no pHash (in `digests`)
     # Images measured (--mode native) whose 32-bit samples no fixed scale reads right: no pHash
     # (`image_files.refuse_unscalable_samples`), so no part in the duplicate search
     unhashed: int = 0
@@ -285,12 +298,15 @@ def scan_files(
 
     from torchkit.core.data.hashing import phash_image
 
-    result = ChunkResult(record_array(), [], Accumulator(), hashes=hash_array())
+    result = ChunkResult(
+        record_array(), [], Accumulator(), hashes=hash_array(), digests=digest_array()
+    )
     if not measure:
         _hash_files(start, paths, result)
         return result
     records: list[tuple] = []
     hashes: list[tuple] = []
+    digests: list[tuple] = []  # files read without a pHash: their copies are still found
     codes: dict[str, int] = {}
     with warnings.catch_warnings():
         # PIL's warnings (palette transparency, bomb sizes, odd EXIF) would interleave with the
@@ -331,6 +347,8 @@ def scan_files(
                     )
             except Exception as error:  # noqa: BLE001 - any decoder failure means unreadable
                 result.errors.append((index, _describe(error, len(data)), len(data)))
+                if perceptual:
+                    digests.append((index, hashlib.sha256(data).digest()))
                 continue
             deep = native_mode in SIXTEEN_BIT_MODES or native_mode == "I" or deep_colour
             if deep and mode != "native":
@@ -342,9 +360,12 @@ def scan_files(
             records.append((index, width, height, mode_code, format_code, len(data), digest))
             if phash is not None:
                 hashes.append((index, digest, phash))
-    result.records, result.hashes, result.names = (
+            elif perceptual:
+                digests.append((index, digest))
+    result.records, result.hashes, result.digests, result.names = (
         record_array(records),
         hash_array(hashes),
+        digest_array(digests),
         list(codes),
     )
     return result
@@ -393,10 +414,12 @@ def _resized(pixels: Any, size: tuple[int, int]) -> Any:
 
 
 def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
-    """SHA-256 and pHash of each file (`core.hashing.hash_file`); unreadable ones are counted."""
+    """SHA-256 and pHash of each file (`core.hashing.hash_file`); unreadable ones are counted,
+    and those read but without a pHash keep their SHA-256 (`result.digests`)."""
     from torchkit.core.data.hashing import hash_file
 
     hashes: list[tuple] = []
+    digests: list[tuple] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for offset, path in enumerate(paths):
@@ -405,11 +428,12 @@ def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
             except OSError:
                 result.hash_errors += 1
                 continue
-            if phash is None:  # not an image PIL can decode: unreadable, no copy of anything
-                result.hash_errors += 1
+            if phash is None:  # not an image torchkit decodes: only its exact copies are found
+                result.no_phash += 1
+                digests.append((start + offset, digest))
                 continue
             hashes.append((start + offset, digest, phash))
-    result.hashes = hash_array(hashes)
+    result.hashes, result.digests = hash_array(hashes), digest_array(digests)
 
 
 def hash_pass(
@@ -431,7 +455,7 @@ def hash_pass(
         nonlocal done
         for index, digest, phash in result.hashes.tolist():
             found[index] = (digest, phash)
-        done += len(result.hashes) + result.hash_errors
+        done += len(result.hashes) + result.hash_errors + result.no_phash
         if progress:
             progress(done, n)
 
