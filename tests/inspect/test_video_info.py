@@ -1263,6 +1263,26 @@ def test_extract_frames_with_repeats_and_same_named_videos(tmp_path, videos):
     assert rows[1]["frame_files"][0] == str(out / "clip-2_000000.png")
 
 
+def test_a_hidden_video_given_by_name_gets_frames_that_are_not_hidden(tmp_path, videos):
+    """`.clip.avi` (given by name: a folder's search leaves hidden files out) wrote
+    `.clip_000004.png`, a hidden file that `ls` and a dataset read of the folder pass over."""
+    hidden, bare = tmp_path / ".clip.avi", tmp_path / ".avi"
+    for video in (hidden, bare):
+        shutil.copyfile(need(videos, "mjpg.avi"), video)
+    out = tmp_path / "frames"
+    code, rows = json_rows(hidden, bare, "-k", "1", "--extract-frames", out)
+    assert code == 0, rows
+    assert [Path(row["frame_files"][0]).name for row in rows] == [
+        "clip_000008.png",
+        "avi_000008.png",
+    ]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".torchkit",
+        "avi_000008.png",
+        "clip_000008.png",
+    ]
+
+
 def test_videos_with_long_names_get_frames_whose_names_fit(tmp_path, videos):
     """A video named with 240 bytes (120 two-byte letters: a long title) is a valid name, but
     its frames' names (and their temporaries) were longer than a file name may be: the whole

@@ -195,12 +195,14 @@ def frame_name_prefixes(
 ) -> dict[str, str]:
     """A distinct file-name prefix per video: its stem, with -2, -3... for repeated stems
     (`distinct_names`, in linear time for a dataset of `<clip>/video.mp4` folders). A `;` of the
-    stem becomes `_`: the CSV's frame_files cell separates the files with `;`; a stem too long
-    for a frame's name to fit in a file name is cut (`_fitting`).
+    stem becomes `_`: the CSV's frame_files cell separates the files with `;`; a hidden video's
+    leading dots are dropped (its frames would be hidden files, which `ls`, and torchkit reading
+    the folder as a dataset, pass over); a stem too long for a frame's name to fit in a file
+    name is cut (`_fitting`).
     `fold_case`: the frames folder's file system ignores case, so stems that differ only by
     case (`Clip`, `clip`) repeat too."""
     stems = [
-        _fitting(Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_")) or "video"
+        _fitting(Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_").lstrip(".")) or "video"
         for video in videos
     ]
     prefixes = distinct_names(stems, separator="-", fold_case=fold_case)
