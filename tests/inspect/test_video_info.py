@@ -618,6 +618,23 @@ def test_a_recording_stopped_before_its_first_frame_is_not_called_truncated(
         assert probe_video(path, decode_check=False).frames_header == 0
 
 
+def test_a_whole_audio_only_flv_is_not_called_truncated(tmp_path):
+    """An FLV whose header declares audio alone (a podcast's recording) read `truncated or
+    corrupt flv file`: a whole file called damaged. It says there is no video in it."""
+
+    def tag(kind: int, data: bytes, ms: int) -> bytes:
+        head = struct.pack(">B", kind) + len(data).to_bytes(3, "big") + ms.to_bytes(3, "big")
+        return head + bytes(4) + data + struct.pack(">I", 11 + len(data))
+
+    pcm = bytes([0x3E]) + bytes(882)  # linear PCM, 44.1 kHz, 16-bit, mono: 10 ms
+    audio = b"FLV\x01\x04" + struct.pack(">I", 9) + bytes(4)  # flags: audio only
+    audio += b"".join(tag(8, pcm, 10 * i) for i in range(20))
+    (tmp_path / "podcast.flv").write_bytes(audio)
+    code, (row,) = json_rows(tmp_path / "podcast.flv")
+    assert code == 1 and (row["container"], row["status"]) == ("flv", "unreadable")
+    assert row["error"].startswith("no video FFmpeg can open in this flv file"), row["error"]
+
+
 def test_a_header_whose_frames_do_not_decode_is_unreadable(tmp_path, videos, monkeypatch):
     """The frame data overwritten (not cut): the size is whole, no frame decodes."""
     import torchkit.core.video as video

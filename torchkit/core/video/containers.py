@@ -139,6 +139,12 @@ def sniff_container(head: bytes) -> str | None:
     return None
 
 
+def declares_no_video(head: bytes, container: str | None) -> bool:
+    """Whether a file's first bytes say it holds no video: an FLV header's flags with the audio
+    bit alone (a whole audio-only FLV, where FFmpeg finds no video to open)."""
+    return container == "flv" and len(head) > 4 and head[4] & 0x05 == 0x04
+
+
 _IMAGE_MAGIC = (
     (b"\x89PNG\r\n\x1a\n", "PNG"),
     (b"\xff\xd8\xff", "JPEG"),

@@ -25,6 +25,7 @@ from torchkit.core.video.containers import (
     SNIFF_BYTES,
     container_fourcc,
     declared_size,
+    declares_no_video,
     fourcc_text,
     last_picture_rows,
     sniff_container,
@@ -350,6 +351,7 @@ def _probe_into(
             info.fail(cut, "truncated")
         else:
             whole = declared is not None and declared == info.size_bytes
+            whole = whole or declares_no_video(head, sniffed)  # nothing cut: no video in it
             info.fail(_describe_unopenable(info.size_bytes, sniffed, whole))
         return
     if info.container is None:  # FFmpeg knows a format we do not sniff: trust the name
