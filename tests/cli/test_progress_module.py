@@ -1,6 +1,7 @@
 """Progress bars are drawn by one module, `torchkit/cli/progress.py`: no other module imports
 rich.progress, and its bar shows done/total on a terminal and nothing off one; a process forked
-while a bar redraws from its thread can write to stderr."""
+while a bar redraws from its thread, or while another thread writes on stderr, can write to
+stderr."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+from multiprocessing import popen_fork
 from pathlib import Path
 
 import pytest
@@ -59,7 +61,7 @@ def stderr(monkeypatch):
     """Swaps the CLI's stderr console for one writing to a string, a terminal or not."""
 
     def make(terminal: bool) -> Console:
-        made = Console(file=io.StringIO(), force_terminal=terminal, width=100)
+        made = console.make_console(file=io.StringIO(), force_terminal=terminal, width=100)
         monkeypatch.setattr(console, "stderr", made, raising=False)
         return made
 
@@ -194,18 +196,27 @@ def test_a_process_forks_without_the_bars_redraw_thread(stderr):
     assert _bar_threads() == []
 
 
-# The thread that forks prints on stderr (holds the console's lock) while a redraw, in flight,
-# waits for that lock: the fork's wait for the redraw never ended.
+# The thread that forks prints on stderr (its write forks) while the bar redraws from its
+# thread: a fork's wait for a redraw in flight that waits for the print's lock never ended.
 _FORK_WHILE_PRINTING = """
 import io, os, threading
-from rich.console import Console
 from rich.progress import ProgressColumn
 from rich.text import Text
 from torchkit.cli import console, progress
 
-console.stderr = Console(file=io.StringIO(), force_terminal=True, width=100)
-progress.FORK_WAITS_FOR_REDRAW_S = 0.2
 redrawing = threading.Event()
+
+class Forking(io.StringIO):
+    armed = False
+
+    def write(self, text):
+        if self.armed and threading.current_thread() is threading.main_thread():
+            self.armed = False
+            child = os.fork()
+            if child == 0:
+                os._exit(0)
+            assert os.waitpid(child, 0)[1] == 0
+        return super().write(text)
 
 class Seen(ProgressColumn):
     def render(self, task):
@@ -213,14 +224,13 @@ class Seen(ProgressColumn):
             redrawing.set()
         return Text("seen")
 
+terminal = Forking()
+console.stderr = console.make_console(file=terminal, force_terminal=True, width=100)
 with progress.stderr_progress(Seen()) as bar:
-    with console.stderr._lock:  # as in a print
-        bar.add_task("epoch 1/1")
-        assert redrawing.wait(10)
-        child = os.fork()
-        if child == 0:
-            os._exit(0)
-    assert os.waitpid(child, 0)[1] == 0
+    bar.add_task("epoch 1/1")
+    assert redrawing.wait(10)
+    terminal.armed = True
+    console.warn("forking")
 print("forked")
 """
 
@@ -228,8 +238,71 @@ print("forked")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
 def test_a_fork_made_while_printing_does_not_wait_forever_for_the_redraw():
     """Hung: a fork waited for the redraw in flight, which waited for the console's lock that
-    the forking thread held. The fork now waits a bounded time, then goes on."""
+    the forking thread held. A redraw waits for no write: it skips its tick."""
     done = subprocess.run(
         [sys.executable, "-c", _FORK_WHILE_PRINTING], capture_output=True, text=True, timeout=10
     )
     assert (done.returncode, done.stdout) == (0, "forked\n"), done.stderr
+
+
+class _StallingTerminal(io.StringIO):
+    """A terminal that stops taking the lines of any thread but the main one (a stalled ssh
+    link) until `resume` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled, self.resume = threading.Event(), threading.Event()
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            self.stalled.set()
+            self.resume.wait(30)
+        return super().write(text)
+
+
+@pytest.fixture
+def stalling_stderr(monkeypatch):
+    """The CLI's stderr console on a `_StallingTerminal`."""
+    terminal = _StallingTerminal()
+    made = console.make_console(file=terminal, force_terminal=True, width=100)
+    monkeypatch.setattr(console, "stderr", made, raising=False)
+    yield terminal
+    terminal.resume.set()
+
+
+def _in_a_fork_hook(thread: int) -> bool:
+    """`thread` runs a hook of os.fork's, called by multiprocessing's fork start."""
+    frame = sys._current_frames().get(thread)
+    return frame is not None and getattr(frame.f_back, "f_code", None) is (
+        popen_fork.Popen._launch.__code__
+    )
+
+
+def test_a_process_forked_while_another_thread_writes_on_stderr_can_write(stalling_stderr):
+    """A fork beside a thread that was writing a line (a warning from a thread of core's; a bar's
+    redraw on a terminal that stalled for more than the 5 s a fork waited for it) gave the child
+    the console's lock held: it hung at its first line on stderr. A fork now waits for the
+    write in flight."""
+    terminal, main = stalling_stderr, threading.get_ident()
+    threading.Thread(target=console.warn, args=("a thread's warning",), daemon=True).start()
+    assert terminal.stalled.wait(10)
+
+    def resume_once_the_fork_waits() -> None:
+        while not terminal.resume.is_set():
+            if _in_a_fork_hook(main):
+                terminal.resume.set()
+            terminal.resume.wait(0.01)
+
+    threading.Thread(target=resume_once_the_fork_waits, daemon=True).start()
+    child = multiprocessing.get_context("fork").Process(target=_writes_to_stderr)
+    child.start()
+    terminal.resume.set()  # the fork went ahead (or waited, and it is set already)
+    child.join(10)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0
+    assert "a thread's warning" in terminal.getvalue()

@@ -3,16 +3,22 @@
 rich turns colour off by itself when the stream is not a terminal and when NO_COLOR is set.
 `console.stdout` and `console.stderr` are made on first use, so that shell completion and
 `--help`, which print neither, do not import rich's console.
+
+Every write on stdout and stderr holds `write_lock`, and so does a fork (`_hold_writes`): a
+process forked mid-write (a progress bar's redraw, another thread's warning) got the locks that
+write held in rich and in the stream, held for ever, and hung at its first line on stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,24 +31,65 @@ if TYPE_CHECKING:
     stderr: Console
 
 
+# Held by each write on stdout or stderr and by a fork. Re-entrant: a print's write holds it
+# already, and a fork may be made by a thread that is printing. Taken before the locks of these
+# consoles and of a progress bar's Live, so no thread waits for it holding one of those.
+write_lock = threading.RLock()
+
+
+def _hold_writes() -> None:
+    """Before a fork: wait for the write in flight, if any (no timeout: it ends unless the
+    terminal stops taking output, and then the forking thread's next line would wait too)."""
+    write_lock.acquire()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; in the child, the forking thread holds it
+    os.register_at_fork(
+        before=_hold_writes, after_in_parent=write_lock.release, after_in_child=write_lock.release
+    )
+
+
 def __getattr__(name: str) -> Any:
     if name not in ("stdout", "stderr"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # emoji=False: `:fire:` in a path or class name is printed as it is, not as an emoji.
+    if name == "stdout":
+        made = make_console(file=_Results(), soft_wrap=True, emoji=False)
+    else:
+        made = make_console(stderr=True, soft_wrap=True, emoji=False)
+    globals()[name] = made  # made once: later look-ups find the module attribute
+    return made
+
+
+def make_console(**options: Any) -> Console:
+    """A rich Console (`options` are its own) whose every write holds `write_lock`, and whose
+    broken pipe ends the command at its error boundary: what `stdout` and `stderr` are."""
+    return _console_class()(**options)
+
+
+@functools.cache
+def _console_class() -> type[Console]:
     from rich.console import Console
 
     class _Console(Console):
+        # Every print, log, control and Live refresh writes inside a buffer context: holding
+        # the lock over it holds it over the rendering and the write, before rich's own lock.
+        def _enter_buffer(self) -> None:
+            write_lock.acquire()
+            super()._enter_buffer()
+
+        def _exit_buffer(self) -> None:
+            try:
+                super()._exit_buffer()
+            finally:
+                write_lock.release()
+
         def on_broken_pipe(self) -> None:
             # rich's own exits with 1 on the spot; the command's error boundary ends it as
             # GNU tools end (`cli.app.exit_quietly_on_broken_pipe`), after its clean-up.
             raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
-    # emoji=False: `:fire:` in a path or class name is printed as it is, not as an emoji.
-    if name == "stdout":
-        made = _Console(file=_Results(), soft_wrap=True, emoji=False)
-    else:
-        made = _Console(stderr=True, soft_wrap=True, emoji=False)
-    globals()[name] = made  # made once: later look-ups find the module attribute
-    return made
+    return _Console
 
 
 _results: list = []  # the stream results go to while `results_only_on_stdout` runs
@@ -71,14 +118,14 @@ class _Results:
         return _NOWHERE if target is None else target  # no stdout at all (`>&-`, pythonw)
 
     def write(self, text: str) -> int:
-        with _reporting_write_errors():
+        with write_lock, _reporting_write_errors():
             target = self._target()
             if isinstance(getattr(target, "buffer", None), io.RawIOBase):
                 return _write_unbuffered(target, text)
             return target.write(text)
 
     def flush(self) -> None:
-        with _reporting_write_errors():
+        with write_lock, _reporting_write_errors():
             self._target().flush()
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...
@@ -148,11 +195,12 @@ class _BestEffort(io.TextIOBase):
 
         data = memoryview(text.encode(self._encoding, "backslashreplace"))
         try:
-            while data:
-                try:
-                    data = data[os.write(self._fd, data) :]
-                except BlockingIOError:  # a non-blocking stderr that is full for now
-                    select.select([], [self._fd], [])
+            with write_lock:  # a warning's write, a print's (sent to stderr), rich's
+                while data:
+                    try:
+                        data = data[os.write(self._fd, data) :]
+                    except BlockingIOError:  # a non-blocking stderr that is full for now
+                        select.select([], [self._fd], [])
         except OSError:
             pass  # dropped: a diagnostic must not stop or fail the work
         return len(text)

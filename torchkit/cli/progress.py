@@ -9,9 +9,11 @@ extract-features'). A fork copies the locks of a redraw in flight as they are: a
 mid-redraw found the stderr console locked forever and hung at its first line on stderr (a
 warning, a `-v` note); and a process forked beside any thread may deadlock so (Python 3.12+
 warns of it at each fork). So a fork first ends the bars' redraw threads, each after its redraw
-in flight (`_pause_redraws`), waiting for that a few seconds at most: a fork made while its
-thread prints on stderr holds the console's lock that redraw waits for. A bar's next update
-starts its thread again."""
+in flight (`_pause_redraws`), and then holds the console's `write_lock` (`console._hold_writes`)
+until it is made. A redraw, and every drawing of a bar, holds that lock too, taken before any
+of rich's; a redraw never waits for it (it skips a tick instead), so a fork's wait for the
+thread ends even when the thread that forks is printing. A bar's next update starts the thread
+again."""
 
 from __future__ import annotations
 
@@ -47,15 +49,23 @@ def stderr_progress(
     class Bar(Progress):
         """A Progress whose redraws between updates come from a `_Redraws` thread."""
 
+        # rich's Live takes its lock, then the console's buffer (and `write_lock`) to draw:
+        # here `write_lock` is taken first, as every other writer takes it.
         def start(self) -> None:
-            super().start()
+            with console.write_lock:
+                super().start()
             if redraws is not None:
                 redraws.start()
 
         def stop(self) -> None:
             if redraws is not None:
                 redraws.stop()  # first: no redraw after the bar's last drawing
-            super().stop()
+            with console.write_lock:
+                super().stop()
+
+        def refresh(self) -> None:
+            with console.write_lock:
+                super().refresh()
 
         def add_task(self, *args: Any, **kwargs: Any) -> Any:
             if redraws is not None:
@@ -90,9 +100,6 @@ def _nothing_to_stop() -> None:
 
 # Redraws a second between updates: rich's own for a Progress.
 REDRAWS_PER_SECOND = 10
-# The longest a fork waits for a bar's redraw in flight to end: one takes milliseconds, unless
-# the thread that forks holds what the redraw waits for (it forks while printing on stderr).
-FORK_WAITS_FOR_REDRAW_S = 5.0
 
 
 class _Redraws:
@@ -115,21 +122,18 @@ class _Redraws:
         )
         self.thread.start()
 
-    def stop(self, wait: float | None = None) -> None:
-        """End the thread after its redraw in flight, waiting for that at most `wait` seconds
-        (None: as long as it takes)."""
+    def stop(self) -> None:
+        """End the thread after its redraw in flight."""
         self.paused = False
         thread, self.thread = self.thread, None
         if thread is not None:
             self.done.set()
-            thread.join(wait)  # after its redraw in flight
+            thread.join()  # after its redraw in flight, which waits for no lock this one holds
 
     def pause(self) -> None:
-        # A bounded wait: the thread that forks may hold the console's lock (it forks in a
-        # print), which the redraw in flight waits for: it would never end.
         with self.switching:
             if self.thread is not None:
-                self.stop(wait=FORK_WAITS_FOR_REDRAW_S)
+                self.stop()
                 self.paused = True
 
     def resume(self) -> None:
@@ -140,7 +144,15 @@ class _Redraws:
 
     def _run(self, done: threading.Event) -> None:
         while not done.wait(1 / REDRAWS_PER_SECOND):
-            self.bar.refresh()
+            # Never waits for the lock, so a fork made in a print (which holds it) ends this
+            # thread at once; a tick that meets a write in flight is skipped for the next.
+            if not console.write_lock.acquire(blocking=False):
+                continue
+            try:
+                if not done.is_set():
+                    self.bar.refresh()
+            finally:
+                console.write_lock.release()
 
 
 _bars: weakref.WeakSet = weakref.WeakSet()  # every `_Redraws` made
@@ -148,8 +160,8 @@ _bars: weakref.WeakSet = weakref.WeakSet()  # every `_Redraws` made
 
 def _pause_redraws() -> None:
     """Before a fork: end each bar's redraw thread, after its redraw in flight, so that the
-    child gets no lock a redraw held and the process forks without those threads (a redraw
-    still waiting after FORK_WAITS_FOR_REDRAW_S is left: the fork goes on, never hangs)."""
+    child gets no lock a redraw held and the process forks without those threads (then
+    `console._hold_writes`, registered first, so run last, holds the writes until the fork)."""
     for redraws in list(_bars):
         redraws.pause()
 
