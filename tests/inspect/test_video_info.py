@@ -348,6 +348,21 @@ def test_a_raw_dv_file_has_its_own_rate_and_frame_count(tmp_path):
             assert (row["duration_s"], row["container"], row["status"]) == (0.2, "dv", "ok")
 
 
+def test_a_cut_copy_of_a_raw_dv_file_is_truncated(tmp_path):
+    """Raw DV frames are all one size (144,000 bytes for PAL): a copy cut inside a frame read
+    `ok`; it is `truncated`, a whole file and one cut between frames `ok`."""
+    dv = tmp_path / "tape.dv"
+    if not write_video(dv, "dvsd", 720, 576, 25.0, 5):
+        pytest.skip("this OpenCV build cannot write DV")
+    data = dv.read_bytes()
+    assert len(data) == 5 * 144_000
+    (tmp_path / "cut.dv").write_bytes(data[:600_000])
+    (tmp_path / "four.dv").write_bytes(data[: 4 * 144_000])
+    code, rows = json_rows(dv, tmp_path / "cut.dv", tmp_path / "four.dv", "--skip-errors")
+    assert [row["status"] for row in rows] == ["ok", "truncated", "ok"]
+    assert "600,000 of the 720,000 bytes" in rows[1]["error"]
+
+
 def test_exact_counts_by_decoding(tmp_path, videos):
     paths = list(videos.values())
     code, rows = json_rows(*paths, "--exact")

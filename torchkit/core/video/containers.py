@@ -312,7 +312,8 @@ _MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for
 
 def declared_size(path: str | os.PathLike, container: str | None, size: int) -> int | None:
     """How many bytes the container structure of a `size`-byte file says it holds, for the
-    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS, Y4M, MPEG-PS);
+    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS, Y4M, MPEG-PS,
+    raw DV);
     None when the format does not say or the structure cannot be read (so nothing is claimed
     about the file)."""
     if container == "mpeg-ts":
@@ -327,6 +328,7 @@ def declared_size(path: str | os.PathLike, container: str | None, size: int) -> 
         "asf": _asf_objects_end,
         "y4m": _y4m_frames_end,
         "mpeg-ps": _mpeg_ps_end,
+        "dv": _dv_frames_end,
     }
     reader = readers.get(container or "")
     if reader is None:
@@ -538,6 +540,25 @@ def _y4m_frames_end(handle, size: int) -> int | None:
                 return None
             return offset + max(len(line) + 1, len(_Y4M_FRAME)) + frame_bytes
         offset += line_end + 1 + frame_bytes
+    return None
+
+
+_DIF_SEQUENCE = 150 * 80  # bytes: 150 DIF blocks of 80 bytes
+_DIF_SEQUENCES = 48  # a DV frame's at most (DVCPRO HD 1080i50: 12 sequences on 4 channels)
+
+
+def _dv_frames_end(handle, size: int) -> int | None:
+    """The end of the last frame of a raw DV file: its frames are all one size, whole DIF
+    sequences up to the next frame's first (the header block of sequence 0, channel 0), so a
+    cut copy ends inside one. None where the second frame's start is not found."""
+    for sequences in range(1, _DIF_SEQUENCES + 1):
+        start = sequences * _DIF_SEQUENCE
+        if start >= size:
+            return None
+        handle.seek(start)
+        block = handle.read(3)
+        if len(block) == 3 and block[0] == 0x1F and block[1] >> 3 == 0 and block[2] == 0:
+            return -(-size // start) * start
     return None
 
 
