@@ -683,6 +683,31 @@ def test_a_folder_urls_manifest_is_parsed_once_a_run(world, tmp_path, monkeypatc
     assert {k: v for k, v in real_loads(result.stdout).items() if k != "source"} == first
 
 
+def test_downloading_shards_lists_the_cache_folder_once_not_once_a_shard(server, monkeypatch):
+    """Each download listed the whole cache folder for a killed download's temporary file: the
+    first read of 4,000 shards took 58 s where 1,000 took 4 s. atomic_write already removes a
+    dead writer's temporaries, from one listing of the folder."""
+    from torchkit.core.data.sources import http_shards
+
+    folder = str(http_shards.shard_cache_folder(f"{server.url}/shards"))
+    listed = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def scandir(path="."):
+        listed.append(os.fspath(path))
+        return real_scandir(path)
+
+    def listdir(path="."):
+        listed.append(os.fspath(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    paths = http_shards.fetch_shards([f"{server.url}/shards/shard-00000{i}.tar" for i in range(4)])
+    assert all(Path(path).is_file() for path in paths)
+    assert listed.count(folder) <= 1, listed
+
+
 def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeypatch):
     """A process stopped with Ctrl-Z while it downloads a shard holds the shard's lock: the
     other runs waited for ever without a word. After LOCK_WAIT_WARNING_S one warning names the

@@ -250,10 +250,13 @@ def test_a_cached_shard_opens_while_a_download_holds_the_cache_limits_lock(
 
 
 def test_a_temporary_file_a_killed_download_left_is_deleted_by_the_next(server, tmp_path):
-    train = open_data(f"{server.url}/converted").splits["train"]
-    folder = next((tmp_path / "cache").rglob("manifest.json")).parent
-    stale = folder / ".train-000000.tar.abc123.tmp"
+    from torchkit.core.data.sources.http_shards import shard_cache_folder
+
+    folder = shard_cache_folder(f"{server.url}/converted")
+    folder.mkdir(parents=True)
+    stale = folder / ".train-000000.tar.abcd1234.tmp"  # atomic_write's name, left before the run
     stale.write_bytes(b"half a shard")
+    train = open_data(f"{server.url}/converted").splits["train"]
     train.paths[0].read_bytes()
     assert not stale.exists()
     assert (folder / "train-000000.tar").is_file()

@@ -45,7 +45,6 @@ cache lacks (whose download fails as any other). A server that answers is obeyed
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import json
 import logging
@@ -473,10 +472,8 @@ def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> N
             return
         if stop.is_set():
             raise _Stopped
-        # Holding the shard's lock, no download of it is in flight: a temporary file of it is
-        # what a killed process left.
-        for stale in folder.path.glob(f".{glob.escape(name)}.*.tmp"):
-            remove_tree(stale)
+        # A temporary file of it that a killed download left is removed by atomic_write, from
+        # one listing of the folder a process (not one a shard: a glob each was quadratic).
         _download(url, target, expected, stop)
 
 
