@@ -636,6 +636,7 @@ def test_a_recording_stopped_before_its_first_frame_is_not_called_truncated(
 def test_a_whole_audio_only_flv_is_not_called_truncated(tmp_path):
     """An FLV whose header declares audio alone (a podcast's recording) read `truncated or
     corrupt flv file`: a whole file called damaged. It says there is no video in it."""
+    from torchkit.core.video.containers import declares_no_video
 
     def tag(kind: int, data: bytes, ms: int) -> bytes:
         head = struct.pack(">B", kind) + len(data).to_bytes(3, "big") + ms.to_bytes(3, "big")
@@ -648,6 +649,13 @@ def test_a_whole_audio_only_flv_is_not_called_truncated(tmp_path):
     code, (row,) = json_rows(tmp_path / "podcast.flv")
     assert code == 1 and (row["container"], row["status"]) == ("flv", "unreadable")
     assert row["error"].startswith("no video FFmpeg can open in this flv file"), row["error"]
+    # An MPEG-PS file's system header bounds its streams: audio 1, video 0 (or 1)
+    pack = b"\x00\x00\x01\xba\x44" + bytes(8) + b"\xf8"
+    system = b"\x00\x00\x01\xbb\x00\x09\x80\x00\x01\x04"
+    assert declares_no_video(pack + system + b"\x20\x7f", "mpeg-ps")
+    assert not declares_no_video(pack + system + b"\x21\x7f", "mpeg-ps")
+    assert not declares_no_video(pack + system + b"\x20\x7f", "mpg")
+    assert not declares_no_video(b"FLV\x01\x05" + bytes(8), "flv")  # audio and video
 
 
 def test_a_header_whose_frames_do_not_decode_is_unreadable(tmp_path, videos, monkeypatch):

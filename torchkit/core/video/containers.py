@@ -140,9 +140,15 @@ def sniff_container(head: bytes) -> str | None:
 
 
 def declares_no_video(head: bytes, container: str | None) -> bool:
-    """Whether a file's first bytes say it holds no video: an FLV header's flags with the audio
-    bit alone (a whole audio-only FLV, where FFmpeg finds no video to open)."""
-    return container == "flv" and len(head) > 4 and head[4] & 0x05 == 0x04
+    """Whether a file's first bytes say it holds audio and no video (where FFmpeg then finds no
+    video to open, the file is not damaged): an FLV header's flags with the audio bit alone, an
+    MPEG-PS system header's video bound of 0 (after the first pack's header)."""
+    if container == "flv":
+        return len(head) > 4 and head[4] & 0x05 == 0x04
+    if container == "mpeg-ps":
+        at = head.find(b"\x00\x00\x01\xbb", 0, 32)  # the system header: bounds at 9 and 10
+        return at >= 0 and len(head) > at + 10 and head[at + 10] & 0x1F == 0 and head[at + 9] > 3
+    return False
 
 
 _IMAGE_MAGIC = (
