@@ -77,8 +77,8 @@ def video_info(
             "--decode-check/--no-decode-check",
             help="Decode the first frame of each video to prove it is readable and, in formats "
             "that record no sizes (FLV, Ogg, MPEG-PS...), the last frames its header declares "
-            "to prove it is whole. --no-decode-check decodes nothing (but a raw DV file's first two "
-            "frames, for its rate): it reads the headers, and "
+            "to prove it is whole. --no-decode-check decodes nothing (but a raw DV file's first "
+            "two frames, for its rate): it reads the headers, and "
             "the sizes MP4/MOV, AVI, MKV/WebM, WMV/ASF and MPEG-TS files record, which a copy "
             "cut short falls short of.",
         ),
