@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from image_folders import write_image_folder
 from output_checks import error_line
-from processes import processes_in_group, run_torchkit_process, signal_and_wait, wait_until
+from processes import processes_in_group, run_torchkit_in_process, signal_and_wait, wait_until
 
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.models import build_model
@@ -90,11 +90,12 @@ def check_locked_then_terminated(
     process: subprocess.Popen, gate: Path, second: Sequence[str], *, cwd: Path
 ) -> None:
     """Once the gated `process` (with two DataLoader workers) reaches its gate, `second`, a run
-    on the same output, is refused naming its PID; SIGTERM then ends it (143) and its workers."""
+    on the same output, is refused naming its PID; SIGTERM then ends it (143) and its workers.
+    The refused run is in this process: the lock, not a process boundary, refuses it."""
     try:
         wait_until(gate.exists, process=process, what="the first batch")
         assert len(processes_in_group(process.pid)) >= 3  # the command and its two workers
-        refused = run_torchkit_process(*second, cwd=cwd)
+        refused = run_torchkit_in_process(*second, cwd=cwd)
         assert refused.returncode == 1, refused.stderr
         line = error_line(refused.stderr, besides="nothing")
         assert "is being written by another torchkit process" in line
