@@ -812,7 +812,7 @@ def convert_shards(
     only one torchkit wrote), except an interrupted run of the same command on the same data
     with the same options, which is finished. Unreadable images are skipped with a warning
     and counted (`strict`: the first stops the run)."""
-    from torchkit.core.data.sources import open_data, warn_empty_splits
+    from torchkit.core.data.sources import open_data, warn_empty_splits, warn_stray_images
     from torchkit.core.runtime.cpus import check_workers
     from torchkit.core.runtime.extras import import_extra
     from torchkit.core.runtime.pool import default_workers
@@ -830,6 +830,7 @@ def convert_shards(
     webdataset = import_extra("webdataset", "webdataset", COMMAND)
     data = open_data(src, allow_unlabelled=True)
     warn_empty_splits(data)
+    warn_stray_images(data)
     check_overlap(target, WHAT, _container_inputs(data))
     labelled = data.labelled
     # The names classes.txt lists: not the "" of an unlabelled split beside labelled ones.

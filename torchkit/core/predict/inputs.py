@@ -60,13 +60,14 @@ def collect_images(
             sets.append((item, _files([item], from_stdin=False), ""))
             continue
         # Shards (a pattern names no file), a .tar of images, parquet files: data in containers.
-        source = open_container_data(item, None, True)
+        # Predict reads no labels: images beside class folders are read too (`every_image`).
+        source = open_container_data(item, None, True, every_image=True)
         if source is None:
             if os.path.isfile(item) and not item.lower().endswith(".csv"):
                 raise InputError(f"{item} is neither an image, a folder nor a CSV index")
             if item != "digits" and not os.path.lexists(item):
                 raise _not_found(item)
-            source = open_data(item, allow_unlabelled=True)
+            source = open_data(item, allow_unlabelled=True, every_image=True)
         read_as_data = True
         samples, found_notes = select_split(source, split, default="all", recorded=recorded)
         notes += found_notes

@@ -257,14 +257,25 @@ def add_repeats(plan: Plan, repeats: list[tuple[int, int]], mode: str) -> None:
             plan.dests.append(_repeat_dest(plan.dests[index], number, free))
 
 
+# What becomes of the images beside the class folders, which are not split, by --mode.
+STRAYS_FATE = {
+    "copy": "and not copied",
+    "symlink": "and not linked",
+    "hardlink": "and not linked",
+    "move": "and stay where they are",
+    "manifest": "and not listed",
+}
+
+
 def load_split_input(
-    source: str | os.PathLike,
+    source: str | os.PathLike, mode: str = "copy"
 ) -> tuple[Samples, tuple[list[str], list[str]], bool]:
     """(samples, what the reader left out of a folder (`list_left_out`: non-image files,
     image links to nothing), whether it is a CSV index) of the data to
     split: an image folder, a flat folder or a CSV index, read by `core.datasource`. Data
-    that is split already (a split root, a CSV with a split column, digits) is refused."""
-    from torchkit.core.data.sources import open_data
+    that is split already (a split root, a CSV with a split column, digits) is refused.
+    Images beside class folders are warned of, with what `mode` does with them (nothing)."""
+    from torchkit.core.data.sources import open_data, warn_stray_images
     from torchkit.core.data.stored_image import is_stored
 
     data = open_data(source, allow_unlabelled=True)
@@ -282,6 +293,7 @@ def load_split_input(
             f"{data.describe()} holds its images in container files, not as image files",
             "train holds a validation split out itself (--val-split), recorded in RUN/split.csv",
         )
+    warn_stray_images(data, STRAYS_FATE[mode])
     folder = data.kind in ("image folder", "flat folder")
     left_out = list_left_out(Path(data.root)) if folder else ([], [])
     return data.whole, left_out, data.kind == "csv"

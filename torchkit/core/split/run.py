@@ -193,7 +193,7 @@ def _plan_and_write(
 ) -> SplitResult:
     names, seed, stratify = options.names, options.seed, options.stratify
     group, mode = options.group, options.mode
-    samples, (non_images, dangling), is_csv = load_split_input(source)
+    samples, (non_images, dangling), is_csv = load_split_input(source, mode)
     root = Path(source)
     if non_images:
         log.warning(f"skipped {len(non_images)} non-image file(s), e.g. {non_images[0]}")

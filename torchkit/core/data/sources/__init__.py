@@ -40,6 +40,8 @@ API
     write_split_csv(path, splits)               RUN/split.csv: path,label,split (atomic)
     warn_empty_splits(source)                   a warning per split folder holding no image
                                                 (`DataSource.empty_splits`, read as no split)
+    warn_stray_images(source, fate="")         a warning per folder with images beside its class
+                                                folders, which are not read (`DataSource.strays`)
     non_image_files(source, splits=None)        what a folder source leaves out
     csv_samples(path, *, classes=None, allow_unlabelled=False) -> Samples
         every row of a CSV index in file order, labels as class names or mapped onto `classes`
@@ -79,6 +81,7 @@ from torchkit.core.data.sources.select import (
     select_split,
     training_splits,
     warn_empty_splits,
+    warn_stray_images,
 )
 from torchkit.core.data.sources.source import (
     KINDS,
@@ -109,5 +112,6 @@ __all__ = [
     "split_record",
     "training_splits",
     "warn_empty_splits",
+    "warn_stray_images",
     "write_split_csv",
 ]

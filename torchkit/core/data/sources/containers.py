@@ -1,7 +1,8 @@
 """Data stored in container files rather than as image files: which reader opens a `--data`
 spec that names some (tar shards, a .tar of an image folder, parquet files).
 
-Each reader module has `open_stored(spec, classes, allow_unlabelled) -> DataSource | None`:
+Each reader module has `open_stored(spec, classes, allow_unlabelled, every_image=False) ->
+DataSource | None` (`every_image`: as `source.open_data`'s, for folder layouts in archives):
 None when `spec` is not its kind (decided from the name and a listing, never by reading the
 data), else the data with `StoredImage` paths (`core.stored_image`). Readers are imported only
 when `open_data` asks, so that `digits` and `--help` never import them.
@@ -21,12 +22,16 @@ READERS: tuple[str, ...] = (
 )
 
 
-def open_container_data(spec: str, classes: Sequence[str] | None, allow_unlabelled: bool) -> Any:
+def open_container_data(
+    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool, every_image: bool = False
+) -> Any:
     """The `DataSource` `spec` names if a container reader recognises it, else None (the
     readers import `source`, which asks here: no import back)."""
     for name in READERS:
         reader = importlib.import_module(name)
-        opened = reader.open_stored(spec, classes, allow_unlabelled)
+        opened = reader.open_stored(
+            spec, classes, allow_unlabelled, every_image and allow_unlabelled
+        )
         if opened is not None:
             return opened
     return None

@@ -224,9 +224,10 @@ def image_bytes(column: Any) -> Any:
 
 
 def open_stored(
-    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
+    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool, every_image: bool = False
 ) -> DataSource | None:
-    """The parquet data `spec` names, or None when it names none (from names only)."""
+    """The parquet data `spec` names, or None when it names none (from names only).
+    (`every_image` concerns folder layouts, which parquet rows have not.)"""
     found = _parquet_files(spec)
     if found is None:
         return None

@@ -14,7 +14,7 @@ from torchkit.core.data.sources.splitting import (
     spread_note,
     stratified_split,
 )
-from torchkit.core.io.errors import InputError, UsageError
+from torchkit.core.io.errors import InputError, UsageError, first_and_more
 
 log = logging.getLogger("torchkit")
 
@@ -48,6 +48,22 @@ def warn_empty_splits(source: DataSource, used: Collection[str] = ()) -> None:
             log.warning(f"{where} holds no images: {source.spec} is read without a {name} split")
 
 
+def warn_stray_images(source: DataSource, fate: str = "") -> None:
+    """One warning per folder of `source` with image files beside its class folders
+    (`DataSource.strays`), which no reader of labels reads: `N images beside the class folders
+    of D are not read: a.png, b.png and 3 more`; `fate` adds what follows for the command
+    (split's `and not copied`)."""
+    for where, names in source.strays.items():
+        count = len(names)
+        what = "1 image" if count == 1 else f"{count} images"
+        verb = "is" if count == 1 else "are"
+        log.warning(
+            f"{what} beside the class folders of {where} {verb} not read"
+            + (f" {fate}" if fate else "")
+            + f": {first_and_more(names, 3)}"
+        )
+
+
 def select_split(
     source: DataSource,
     split: str | None,
@@ -73,6 +89,7 @@ def select_split(
     """
     chosen = _select_split(source, split, default, recorded, default_reason, held_out_default)
     warn_empty_splits(source, set(chosen[0].splits or ()))
+    warn_stray_images(source)
     return chosen
 
 
@@ -183,6 +200,7 @@ def training_splits(
             "add train/ (or rows with split train)",
         )
     warn_empty_splits(source)
+    warn_stray_images(source)
     rebuilt = recorded_splits(source, dict(recorded) if recorded else None)
     if rebuilt is not None:
         return rebuilt

@@ -519,9 +519,10 @@ def _shard_order(name: str) -> tuple:
 
 
 def open_stored(
-    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
+    spec: str, classes: Sequence[str] | None, allow_unlabelled: bool, every_image: bool = False
 ) -> DataSource | None:
-    """The shards or `.tar` archive `spec` names (module docstring), or None if it names none."""
+    """The shards or `.tar` archive `spec` names (module docstring), or None if it names none.
+    `every_image`: a `.tar` of a folder is read as `source.open_data` reads one with it."""
     listed = _shard_list(spec)
     if listed is not None:
         return _open_shards(spec, listed, classes, allow_unlabelled, by_split=False)
@@ -540,7 +541,7 @@ def open_stored(
         return _open_shards(
             spec, [spec], classes, allow_unlabelled, by_split=False, listed=[listing]
         )
-    return _open_folder_tar(spec, listing, classes, allow_unlabelled)
+    return _open_folder_tar(spec, listing, classes, allow_unlabelled, every_image)
 
 
 @dataclass
@@ -882,10 +883,14 @@ def shards_source(
 
 
 def _open_folder_tar(
-    spec: str, listing: TarListing, classes: Sequence[str] | None, allow_unlabelled: bool
+    spec: str,
+    listing: TarListing,
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    every_image: bool = False,
 ) -> DataSource:
     """A `.tar` of an image folder, a split root or (unlabelled) flat images: the rules of
-    `source._open_folder`, on the member paths."""
+    `source._open_folder` (the class-folder rule, `DataSource.strays`), on the member paths."""
     # macOS tar stores extended attributes as `._NAME` members: never images.
     names = [
         name
@@ -951,6 +956,23 @@ def _open_folder_tar(
         images = any(n.startswith(start) and "/" not in n[len(start) :] for n in names)
         return sorted(f for f in inside if f and not is_skipped_folder(f)), images
 
+    def in_subfolders(base: str) -> bool:
+        """Whether images lie in the visible subfolders of folder `base` ("" = the root)."""
+        start = base + "/" if base else ""
+        return any(
+            n.startswith(start)
+            and "/" in n[len(start) :]
+            and not is_skipped_folder(n[len(start) :].split("/")[0])
+            for n in names
+        )
+
+    def beside(base: str) -> list[str]:
+        """The images directly in folder `base` ("" = the root), as named in it, sorted."""
+        start = base + "/" if base else ""
+        return sorted(
+            n[len(start) :] for n in names if n.startswith(start) and "/" not in n[len(start) :]
+        )
+
     refuse_other_split_names(spec, top_folders, listed)
     split_folders = [name for name in SPLIT_NAMES if name in top_folders]
     if split_folders:
@@ -965,35 +987,44 @@ def _open_folder_tar(
                 "a split root holds only train/, val/ and test/; an image folder only class "
                 "folders",
             )
-        # A split of a flat folder (`split` writes OUT/train/x.png), as `source._open_folder`
-        # reads one unpacked: unlabelled split data.
+        # The class-folder rule, as `source._open_split_root` reads one unpacked: a split folder
+        # is unlabelled where its subfolders hold no image (a split of a flat folder, `split`
+        # writes OUT/train/x.png; an unlabelled test split beside labelled ones).
         inside = {name: listed(name) for name in split_folders}
-        with_folders = {name: bool(inside[name][0]) for name in split_folders}
-        with_images = {name: inside[name][1] for name in split_folders}
-        # An empty split folder (no class folder, no image) says nothing of the layout.
-        laid_out = [with_images[n] for n in split_folders if with_images[n] or with_folders[n]]
-        flat = bool(laid_out) and all(laid_out)
-        # test/x.png beside labelled train/ and val/: an unlabelled test split, as unpacked.
         unlabelled = [
-            name for name in split_folders if with_images[name] and not with_folders[name]
+            name
+            for name in split_folders
+            if inside[name][1] and (every_image or not in_subfolders(name))
         ]
-        if (flat or unlabelled) and not allow_unlabelled:
+        # An empty split folder (no class folder, no image) says nothing of the layout.
+        laid_out = [name for name in split_folders if inside[name][0] or inside[name][1]]
+        flat = bool(laid_out) and all(name in unlabelled for name in laid_out)
+        if unlabelled and not allow_unlabelled:
             shown = [f"{spec}:{name}" for name in unlabelled]
             raise unlabelled_split_error(spec, shown, whole=flat)
-        parts, empty = {}, {}
+        parts, empty, strays = {}, {}, {}
         for name in split_folders:
             try:
-                parts[name] = samples_under(name, flat or name in unlabelled)
+                parts[name] = samples_under(name, name in unlabelled)
             except NoImagesError:
                 empty[name] = f"{spec}:{name}"
-        return split_root_source(spec, "tar split root", spec, parts, empty, classes, flat=flat)
-    if allow_unlabelled and (top_images or not top_folders):
+                continue
+            if inside[name][1] and name not in unlabelled:
+                strays[f"{spec}:{name}"] = beside(name)
+        source = split_root_source(spec, "tar split root", spec, parts, empty, classes, flat=flat)
+        source.strays = strays
+        return source
+    flat = not top_folders or top_images and (every_image or not in_subfolders(""))
+    if allow_unlabelled and flat:
         samples = samples_under("", True)
         return DataSource(spec, "tar flat folder", spec, {}, samples, [""])
     samples = samples_under("", False)
     if classes is not None:
         samples = relabelled(samples, classes, spec)
-    return DataSource(spec, "tar image folder", spec, {}, samples, list(samples.classes))
+    source = DataSource(spec, "tar image folder", spec, {}, samples, list(samples.classes))
+    if top_images:
+        source.strays[spec] = beside("")
+    return source
 
 
 def _wrapping_folder(spec: str, names: list[str], folders: set[str]) -> str:

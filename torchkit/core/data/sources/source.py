@@ -73,6 +73,9 @@ class DataSource:
     # The split folders there that hold no image, by split name, each as messages show it
     # (`sr/test`): left out of `splits`; asking for one is an error, the others are warned of.
     empty_splits: dict[str, str] = field(default_factory=dict)
+    # Images beside class folders, which no reader of labels reads (the class-folder rule): by
+    # folder as messages show it (`D`, `sr/train`, `x.tar:train`), their names in it, sorted.
+    strays: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def is_split(self) -> bool:
@@ -93,6 +96,7 @@ def open_data(
     *,
     classes: Sequence[str] | None = None,
     allow_unlabelled: bool = False,
+    every_image: bool = False,
 ) -> DataSource:
     """The data `spec` names (the one `--data` grammar of every command):
 
@@ -108,13 +112,20 @@ def open_data(
 
     `classes`: label by these names (a model's classes) instead of the data's own; a class the
     data has that is not among them is an InputError.
+
+    The class-folder rule: a folder whose subfolders hold images is an image folder, and image
+    files beside those subfolders are read by no reader of labels (`DataSource.strays`; the
+    caller warns, `select.warn_stray_images`); a folder with images only at its top level is
+    flat. `every_image` (with `allow_unlabelled`; predict and extract-features, which read no
+    labels): such a folder is read whole instead, as a flat folder.
     """
     text = os.fspath(spec)
+    every_image = every_image and allow_unlabelled
     if text == DIGITS:
         return _open_digits(classes)
     from torchkit.core.data.sources.containers import open_container_data
 
-    stored = open_container_data(text, classes, allow_unlabelled)
+    stored = open_container_data(text, classes, allow_unlabelled, every_image)
     if stored is not None:
         return stored
     path = Path(text)
@@ -126,7 +137,7 @@ def open_data(
         return _open_csv(path, text, classes, allow_unlabelled)
     if not path.is_dir():
         raise InputError(f"{path} is neither a folder nor a CSV index", GRAMMAR_HINT)
-    return _open_folder(path, text, classes, allow_unlabelled)
+    return _open_folder(path, text, classes, allow_unlabelled, every_image)
 
 
 def open_labelled(spec: str | os.PathLike) -> tuple[DataSource, InputError | None]:
@@ -388,19 +399,36 @@ def csv_samples(
     )
 
 
-def _subfolders(path: Path) -> tuple[list[str], bool]:
-    """(visible subfolder names, sorted; whether image files lie directly in `path`)."""
+def _subfolders(path: Path) -> tuple[list[str], list[str]]:
+    """(visible subfolder names, the image files directly in `path`: both sorted names)."""
     try:
         entries = list(path.iterdir())
     except OSError as error:
         raise InputError(f"cannot list {path}: {error.strerror or error}") from None
     folders = sorted(p.name for p in entries if not is_skipped_folder(p.name) and p.is_dir())
-    images = any(is_image_file(p) and not is_apple_double(p.name) and p.is_file() for p in entries)
+    images = sorted(
+        p.name for p in entries if is_image_file(p) and not is_apple_double(p.name) and p.is_file()
+    )
     return folders, images
 
 
+def _class_folder_samples(
+    folder: Path, classes: Sequence[str] | None = None, within: Path | None = None
+) -> Samples | None:
+    """`folder` read as an image folder where its subfolders hold images (the class-folder
+    rule), None where they hold none."""
+    try:
+        return discover_image_folder(folder, classes=classes, within=within)
+    except NoImagesError:
+        return None
+
+
 def _open_folder(
-    path: Path, spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
+    path: Path,
+    spec: str,
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    every_image: bool = False,
 ) -> DataSource:
     root = str(path)
     if unfinished_split(path):
@@ -411,7 +439,10 @@ def _open_folder(
     folders, top_images = _subfolders(path)
     _refuse_renamed_split(path, folders)
     refuse_other_split_names(
-        str(path), folders, lambda name: _subfolders(path / name), lambda name: str(path / name)
+        str(path),
+        folders,
+        lambda name: _listed(path / name),
+        lambda name: str(path / name),
     )
     split_folders = [name for name in SPLIT_NAMES if name in folders]
     if split_folders:
@@ -429,36 +460,77 @@ def _open_folder(
                 f"({', '.join(n + '/' for n in split_folders)})",
                 "move them into a split's class folders, or elsewhere",
             )
-        listed = {name: _subfolders(path / name) for name in split_folders}
-        # An empty split folder (no class folder, no image) says nothing of the layout.
-        laid_out = [images for folders, images in listed.values() if folders or images]
-        flat = bool(laid_out) and all(laid_out)
-        # A split folder of images without class folders beside labelled ones: an unlabelled
-        # test split (HF's label -1), read unlabelled where unlabelled images are taken, as
-        # parquet and shards read theirs (`open_labelled`).
-        unlabelled = [n for n in split_folders if listed[n][1] and not listed[n][0]]
-        if (flat or unlabelled) and not allow_unlabelled:
-            raise unlabelled_split_error(
-                str(path), [str(path / name) for name in unlabelled], whole=flat
-            )
-        parts, empty = {}, {}
-        for name in split_folders:
-            # A split of a flat folder (`split` writes OUT/train/x.png): unlabelled split data.
-            read = discover_flat_folder if flat or name in unlabelled else discover_image_folder
-            try:
-                samples = read(path / name, within=path)
-            except NoImagesError:
-                empty[name] = str(path / name)
-                continue
-            samples.ids = relative_ids(samples.paths, path)
-            samples.source = root
-            parts[name] = samples
-        return split_root_source(spec, "split root", root, parts, empty, classes, flat=flat)
+        return _open_split_root(path, spec, split_folders, classes, allow_unlabelled, every_image)
+    if folders and not (every_image and top_images):
+        samples = _class_folder_samples(path, classes)
+        if samples is not None:
+            source = DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
+            if top_images:
+                source.strays[root] = top_images
+            return source
     if allow_unlabelled and (top_images or not folders):
         samples = discover_flat_folder(path)
         return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
+    # Class folders without images, or images without class folders: its error.
     samples = discover_image_folder(path, classes=classes)
     return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
+
+
+def _listed(folder: Path) -> tuple[list[str], bool]:
+    """(visible subfolder names, whether images lie directly in `folder`)."""
+    folders, images = _subfolders(folder)
+    return folders, bool(images)
+
+
+def _open_split_root(
+    path: Path,
+    spec: str,
+    split_folders: list[str],
+    classes: Sequence[str] | None,
+    allow_unlabelled: bool,
+    every_image: bool,
+) -> DataSource:
+    """The split root `path` of `split_folders`: each an image folder, or images without class
+    folders (read unlabelled), by the class-folder rule of `open_data`."""
+    root = str(path)
+    listed = {name: _subfolders(path / name) for name in split_folders}
+    read: dict[str, Samples] = {}  # split folders read to tell their layout
+    unlabelled = []  # split folders of images without class folders holding any
+    for name in split_folders:
+        folders, images = listed[name]
+        if not images:
+            continue
+        if folders and not every_image:
+            samples = _class_folder_samples(path / name, within=path)
+            if samples is not None:
+                read[name] = samples
+                continue
+        unlabelled.append(name)
+    # An empty split folder (no class folder, no image) says nothing of the layout.
+    laid_out = [name for name in split_folders if any(listed[name])]
+    # A split of a flat folder (`split` writes OUT/train/x.png): unlabelled split data.
+    flat = bool(laid_out) and all(name in unlabelled for name in laid_out)
+    # A split folder of images without class folders beside labelled ones: an unlabelled
+    # test split (HF's label -1), read unlabelled where unlabelled images are taken, as
+    # parquet and shards read theirs (`open_labelled`).
+    if unlabelled and not allow_unlabelled:
+        raise unlabelled_split_error(root, [str(path / name) for name in unlabelled], whole=flat)
+    parts, empty, strays = {}, {}, {}
+    for name in split_folders:
+        reader = discover_flat_folder if name in unlabelled else discover_image_folder
+        try:
+            samples = read[name] if name in read else reader(path / name, within=path)
+        except NoImagesError:
+            empty[name] = str(path / name)
+            continue
+        if name in read:
+            strays[str(path / name)] = listed[name][1]
+        samples.ids = relative_ids(samples.paths, path)
+        samples.source = root
+        parts[name] = samples
+    source = split_root_source(spec, "split root", root, parts, empty, classes, flat=flat)
+    source.strays = strays
+    return source
 
 
 def unlabelled_split_error(root: str, unlabelled: Sequence[str], *, whole: bool) -> InputError:
