@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,7 +220,27 @@ def _load_onnx(source: Path) -> ExportedModel:
     dims = model.graph.output[0].type.tensor_type.shape.dim if model.graph.output else []
     if dims and dims[-1].HasField("dim_value") and "num_outputs" not in metadata:
         metadata["num_outputs"] = int(dims[-1].dim_value)
+    weights = {tensor.name for tensor in model.graph.initializer}
+    inputs = [item for item in model.graph.input if item.name not in weights]
+    if inputs:
+        tensor = inputs[0].type.tensor_type
+        shape = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim]
+        half = tensor.elem_type == onnx.TensorProto.FLOAT16
+        _record_graph_input(metadata, shape, "float16" if half else "float32")
     return ExportedModel(os.fspath(source), ONNX, metadata, _OnnxSession(source), True)
+
+
+def _record_graph_input(metadata: dict[str, Any], shape: Sequence[int | None], dtype: str) -> None:
+    """What a file's graph says of its input, where its torchkit record does not (a file torch
+    exported without torchkit): one sample's C, H, W and a fixed batch size when the graph fixes
+    them, and the dtype, so that its images are sized and batched as the graph takes them."""
+    if "input_shape" in metadata or len(shape) != 4:
+        return
+    if all(isinstance(n, int) and n > 0 for n in shape[1:]):
+        metadata["input_shape"] = [int(n) for n in shape[1:]]
+    if isinstance(shape[0], int) and shape[0] > 0:
+        metadata["batch_size"] = int(shape[0])
+    metadata.setdefault("dtype", dtype)
 
 
 class _OnnxSession:
@@ -230,12 +250,14 @@ class _OnnxSession:
     def __init__(self, source: Path) -> None:
         self.source = source
         self.session: Any = None
+        self.names: tuple[str, str] = ("", "")  # the first input's, the first output's
 
     def __call__(self, array: Any) -> Any:
         if self.session is None:
             self.session = self._start()
-        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
-        return self.session.run([outputs[0].name], {inputs[0].name: array})[0]
+            self.names = (self.session.get_inputs()[0].name, self.session.get_outputs()[0].name)
+        input_name, output_name = self.names
+        return self.session.run([output_name], {input_name: array})[0]
 
     def _start(self) -> Any:
         import onnxruntime
@@ -276,9 +298,23 @@ def _load_exported_program(source: Path) -> ExportedModel:
 
     extra = {meta.EXTRA_FILE: ""}
     program = torch.export.load(os.fspath(source), extra_files=extra)
-    return ExportedModel(
-        os.fspath(source),
-        EXPORTED_PROGRAM,
-        meta.from_extra_file(extra[meta.EXTRA_FILE]),
-        program.module(),
-    )
+    metadata = meta.from_extra_file(extra[meta.EXTRA_FILE])
+    example = _program_input(program)
+    if example is not None:
+        shape = [n if isinstance(n, int) else None for n in example.shape]
+        half = example.dtype == torch.float16
+        _record_graph_input(metadata, shape, "float16" if half else "float32")
+    return ExportedModel(os.fspath(source), EXPORTED_PROGRAM, metadata, program.module())
+
+
+def _program_input(program: Any) -> Any:
+    """The fake tensor of a torch.export program's first input (its dims ints where fixed,
+    symbols where dynamic); None when the program does not say."""
+    try:
+        first = program.graph_signature.user_inputs[0]
+        for node in program.graph.nodes:
+            if node.op == "placeholder" and node.name == first:
+                return node.meta.get("val")
+    except (AttributeError, IndexError, TypeError):
+        pass
+    return None
