@@ -9,11 +9,16 @@ preprocessing options on top of what the model comes with (`--image-size`, `--re
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
+from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.io.errors import UsageError
 from torchkit.core.models.resolver import ResolvedModel, resolve_model
 from torchkit.core.models.specs import is_model_file
+
+log = logging.getLogger("torchkit")
 
 
 @dataclass
@@ -126,9 +131,32 @@ def resolve_spec(
             crop_mode=spec.crop_mode,
             interpolation=spec.interpolation,
         )
+    # a file torch exported without torchkit: say what its images are fed as
+    exported_bare = (
+        resolved.exported_format is not None and resolved.preprocess_source == "defaults"
+    )
+    if (predicting or needs_training) and exported_bare:
+        log.warning(assumed_preprocess(model, resolved.preprocess))
     if predicting or needs_training:
         # The options were checked above: what is still unusable came with the model (a std of
         # 0 would make every image "unreadable", a mean too long a shape error mid-output).
         from_weights = weights is not None and resolved.preprocess_source == "checkpoint"
         resolved.preprocess.check(weights if from_weights else model)
     return resolved
+
+
+def assumed_preprocess(model: str, preprocess: Preprocess) -> str:
+    """The warning for an exported file that records no preprocessing (torch exported it
+    without torchkit): the images go through what is said here, which its training may not
+    have used, and the scores with them."""
+
+    def listed(values: tuple[float, ...]) -> str:
+        return " ".join(f"{value:g}" for value in values)
+
+    size = preprocess.image_size
+    return (
+        f"{Path(model).name} records no preprocessing (torchkit export did not write it): "
+        f"assuming images resized to {preprocess.resize_size}, {preprocess.crop_mode} crop "
+        f"{size}x{size}, mean {listed(preprocess.mean)}, std {listed(preprocess.std)}; "
+        "--resize-size, --crop-mode, --mean and --std set what it was trained with"
+    )
