@@ -227,36 +227,41 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # own order, by number of tests, sent the 23 s multi-node test and the 15 s digits run last,
 # and one worker finished them alone while the other idled. A module missing here keeps its
 # place after these; a stale entry costs nothing.
-LONGEST_MODULES = (  # seconds of test time each, a 2-core run of 2026-11-29 (a slow hour)
-    "test_train_ddp_faults",  # 35
-    "test_torchvision_without_dynamo",  # 27: fresh processes
-    "test_train_ddp",  # 23: torchrun on one node and on two, the same weights
-    "test_train_ddp_peer_failure",  # 2026-11-30: 23 s under load, two real ranks
-    "test_train_cli",  # 19
-    "test_model_resolver",  # 18
-    "test_export",  # 18
-    "test_train_digits_target",  # 17, one test
-    "test_eval",  # 16
-    "test_plot_helper",  # 16: real helper processes
-    "test_train_resume",  # 15
-    "test_safety_train",  # 2026-11-30: 10 s of CPU in one process (full disks in this process)
-    "test_convert_shards",  # 14
-    "test_shards_read",  # 13
-    "test_eval_guards",  # 13
-    "test_predict",  # 2026-11-30: 8.7 s of CPU in one process (DDP ranks, stdin streaming)
-    "test_timm_models",  # 13
-    "test_safety_eval",  # 13
-    "test_benchmark",  # 13
-    "test_safety_convert",  # 12
-    "test_safety_features",  # 12
-    "test_train_guards",  # 11
-    "test_decode_ahead",  # 11
-    "test_curves_painter",  # 11
-    "test_deferred_signals",  # 10
-    "test_broken_pipe",  # 9
-    "test_user_notices",  # 2026-11-30: 6.9 s of CPU in one process (stdout onto /dev/full)
-    "test_process_exit",  # 2026-11-30: 6.1 s of CPU in one process (real exits)
-    "test_epoch_starts",  # 2026-11-30: 6.0 s of CPU in one process (16 with its bad-model process)
+LONGEST_MODULES = (  # seconds of test time each: a 2-core run of 2026-11-30 (a slow hour, 6:35)
+    "test_train_ddp_faults",  # 62: 2-rank worlds
+    "test_torchvision_without_dynamo",  # 46 (65 before its fresh processes were merged)
+    "test_train_ddp",  # 45: torchrun on one node and on two, the same weights
+    "test_train_cli",  # 32
+    "test_model_resolver",  # 21
+    "test_train_ddp_peer_failure",  # 20, one test: two real ranks under an agent
+    "test_benchmark",  # 19
+    "test_train_resume",  # 18
+    "test_convert_shards",  # 18
+    "test_eval",  # 17: torchrun
+    "test_shards_read",  # 16
+    "test_train_guards",  # 16
+    "test_decode_ahead",  # 16
+    "test_eval_guards",  # 14
+    "test_export",  # 14
+    "test_plot_helper",  # 13: real helper processes
+    "test_predict",  # 13
+    "test_shards_http",  # 12
+    "test_safety_train",  # 10
+    "test_standard_streams",  # 10
+    "test_curves_painter",  # 10
+    "test_process_exit",  # 10: real exits
+    "test_train_digits_target",  # 9, one test
+    "test_eval_scorer",  # 9
+    "test_broken_pipe",  # 8
+    "test_timm_models",  # 8
+    "test_safety_features",  # 8
+    "test_deferred_signals",  # 8
+    "test_user_notices",  # 7
+    "test_safety_eval",  # 6
+    "test_safety_split",  # 6
+    "test_model_trust",  # 6
+    "test_safety_convert",  # 6
+    "test_epoch_starts",  # 5
 )
 
 
