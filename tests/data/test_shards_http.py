@@ -708,6 +708,34 @@ def test_downloading_shards_lists_the_cache_folder_once_not_once_a_shard(server,
     assert listed.count(folder) <= 1, listed
 
 
+def test_a_cache_on_a_read_only_disk_reads_while_its_server_cannot_be_reached(
+    world, tmp_path, monkeypatch, bind_view
+):
+    """A node without network reading a cache shared read-only: each cached shard's check made
+    its lock file, 'Error: OSError: [Errno 30] Read-only file system: .../.shard-000000.tar.lock'.
+    A cached shard needs no lock where there is nothing to ask or download; a shard the cache
+    lacks is the cache's write error."""
+    import subprocess
+
+    served = tmp_path / "served"
+    shutil.copytree(world / "served" / "shards", served / "shards")
+    with serving(served, tmp_path / "cache", monkeypatch) as httpd:
+        url = f"{httpd.url}/shards/{PATTERN}"
+        first = stats(url)
+    view = bind_view(tmp_path / "cache")
+    if subprocess.run(["mount", "-o", "remount,ro,bind", view], capture_output=True).returncode:
+        pytest.skip("cannot mount read-only here")
+    monkeypatch.setenv("TORCHKIT_CACHE", str(view))
+    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")  # server down
+    assert result.returncode == 0, result.stderr
+    assert {k: v for k, v in json.loads(result.stdout).items() if k != "source"} == first
+    assert "unchecked" in result.stderr, result.stderr
+    more = run_torchkit_in_process("dataset-stats", url.replace("003}", "004}"))
+    assert more.returncode == 1
+    line = error_line(more.stderr)
+    assert ".shard-000004.tar.lock: Read-only file system" in line and "TORCHKIT_CACHE" in line
+
+
 def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeypatch):
     """A process stopped with Ctrl-Z while it downloads a shard holds the shard's lock: the
     other runs waited for ever without a word. After LOCK_WAIT_WARNING_S one warning names the

@@ -67,7 +67,7 @@ from torchkit.core.io.errors import (
     TorchkitError,
     UsageError,
 )
-from torchkit.core.io.outputs import remove_tree
+from torchkit.core.io.outputs import remove_tree, reporting_write_errors
 from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
 
 if TYPE_CHECKING:
@@ -467,6 +467,12 @@ class _Stopped(Exception):
 def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> None:
     target = folder.path / name
     expected = folder.manifest.get(name)
+    # With the server unreachable there is nothing to ask it: a cached shard (renamed into
+    # place whole) is read without its lock file, which a read-only cache (a node without
+    # network sharing one) cannot hold.
+    unasked = folder.unreachable is not None and target.is_file()
+    if unasked and _is_current(url, target, expected, folder):
+        return
     with _locked(folder.path / f".{name}.lock", stop, f"{_shown(url)} into {folder.path}"):
         if target.is_file() and _is_current(url, target, expected, folder):
             return
@@ -488,7 +494,8 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
     except ImportError:
         yield
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    with _writing_the_cache(), reporting_write_errors(path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         said_after = time.monotonic() + LOCK_WAIT_WARNING_S
         while True:
