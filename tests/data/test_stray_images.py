@@ -61,8 +61,15 @@ def test_a_folder_with_images_only_at_its_top_stays_unlabelled(tmp_path):
     source = open_data(flat, allow_unlabelled=True)
     assert source.kind == "flat folder" and source.classes == [""] and len(source.whole) == 2
     assert source.strays == {}
-    with pytest.raises(InputError):
-        open_data(flat)
+    # Where labels are needed: said so, not "no images in flat" (it has two).
+    with pytest.raises(InputError, match=r"flat holds images but no class folders holding any"):
+        open_labelled(flat)
+    archive = tmp_path / "flat.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(flat, arcname="flat")
+    assert open_data(archive, allow_unlabelled=True).kind == "tar flat folder"
+    with pytest.raises(InputError, match=r"flat.tar holds images but no class folders holding"):
+        open_labelled(archive)
 
 
 def test_class_folders_without_strays_warn_of_nothing(tmp_path, caplog):

@@ -1018,6 +1018,11 @@ def _open_folder_tar(
     if allow_unlabelled and flat:
         samples = samples_under("", True)
         return DataSource(spec, "tar flat folder", spec, {}, samples, [""])
+    if top_images and top_folders and not in_subfolders(""):
+        raise InputError(
+            f"{spec} holds images but no class folders holding any",
+            "arrange it as ROOT/<class>/<image>",
+        )
     samples = samples_under("", False)
     if classes is not None:
         samples = relabelled(samples, classes, spec)

@@ -471,7 +471,12 @@ def _open_folder(
     if allow_unlabelled and (top_images or not folders):
         samples = discover_flat_folder(path)
         return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
-    # Class folders without images, or images without class folders: its error.
+    if top_images and folders:  # subfolders without images beside images: unlabelled
+        raise InputError(
+            f"{path} holds images but no class folders holding any",
+            "arrange it as ROOT/<class>/<image>",
+        )
+    # Class folders without images, or no folder: its error.
     samples = discover_image_folder(path, classes=classes)
     return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
 
