@@ -53,13 +53,17 @@ def model(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture
-def onnx_model(model, tmp_path) -> Path:
-    """`model` exported to ONNX, unverified (verifying would import onnxruntime here)."""
-    path = tmp_path / "model.onnx"
-    result = run_torchkit_in_process("export", model, path, "--no-verify")
+@pytest.fixture(scope="module")
+def onnx_model(tmp_path_factory) -> Path:
+    """`model`'s convnet exported to ONNX, unverified (verifying would import onnxruntime
+    here), once for the module."""
+    folder = tmp_path_factory.mktemp("onnx")
+    write_convnet_checkpoint(folder / "model.pt", in_channels=3, image_size=16, classes="ab")
+    result = run_torchkit_in_process(
+        "export", folder / "model.pt", folder / "model.onnx", "--no-verify"
+    )
     assert result.returncode == 0, result.stderr
-    return path
+    return folder / "model.onnx"
 
 
 @pytest.fixture
