@@ -202,6 +202,16 @@ def test_a_url_presigned_for_get_alone_reads_again_from_the_cache(server):
     assert stats(url) == first
 
 
+def test_a_head_answered_503_downloads_the_shard_again(server):
+    """A 503 said no server answered for the side files, but one answering a cached shard's
+    HEAD with it (S3 slowing requests down) does not make the run fail: the GET decides."""
+    url = f"{server.url}/busy-head/shards/shard-000000.tar"
+    first = stats(url)
+    server.requests.clear()
+    assert stats(url) == first
+    assert shard_downloads(server.requests) == ["/busy-head/shards/shard-000000.tar"]
+
+
 def test_a_list_of_presigned_urls_longer_than_a_path_may_be_reads_the_shards(world, server):
     """Each presigned URL carries its own signature (no pattern can name them), and a few
     joined by :: pass the 4,096 bytes of a path: the check of the outputs against the data

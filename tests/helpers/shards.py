@@ -34,7 +34,8 @@ class _Handler(SimpleHTTPRequestHandler):
     `/lying/N/PATH.tar` answers the file PATH.tar whole with a Content-Length of N (GET and
     HEAD), and `/unsized/N/PATH.tar` its first N bytes with no Content-Length, then closes
     (other files under them: the file PATH, truthfully); `/gets-only/PATH` answers a GET with
-    the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET; `/loop/PATH`
+    the file PATH and a HEAD with 403, as S3 does for a URL presigned for GET (`/busy-head/PATH`
+    with 503, as S3 slowing requests down); `/loop/PATH`
     redirects (302) to itself, `/moved/PATH` (GET and HEAD) to `/PATH`; `/spa/PATH` the file
     PATH, or where there is none a 200 OK HTML page, as a web app does; `/gzip/PATH` the file
     PATH gzipped, with `Content-Encoding: gzip` (GET and HEAD, as S3 serves an object stored
@@ -121,6 +122,9 @@ class _Handler(SimpleHTTPRequestHandler):
         if self.path.startswith("/gets-only/"):
             self.send_error(403)
             return
+        if self.path.startswith("/busy-head/"):
+            self.send_error(503)
+            return
         if not self._gzipped(body=False) and not self._lie(body=False):
             super().do_HEAD()
 
@@ -128,7 +132,7 @@ class _Handler(SimpleHTTPRequestHandler):
         self._record()
         if self._refused() or self._moved() or self._gzipped(body=True):
             return
-        self.path = self.path.removeprefix("/gets-only")
+        self.path = self.path.removeprefix("/gets-only").removeprefix("/busy-head")
         if self.path.startswith("/spa/"):
             self.path = self.path.removeprefix("/spa")
             if not Path(self.translate_path(self.path)).is_file():

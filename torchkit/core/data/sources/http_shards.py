@@ -1010,6 +1010,7 @@ def _opened(url: str, method: str) -> Iterator[Any]:
                 _status_text(error.code, str(error.reason or "")),
                 "no server answered it: the server is down, or a proxy or gateway on the way "
                 "cannot reach it; try again later",
+                error.code,
             ) from None
         raise _HttpStatus(url, error.code, str(error.reason or "")) from None
     except urllib.error.URLError as error:
@@ -1157,15 +1158,16 @@ class _HttpStatus(InputError):
 
 class _Unreachable(OfflineError):
     """No answer from the server for `url` (`shown`, as messages show it): `why` says what
-    happened instead (no connection, no answer in time, a proxy's `_NO_ANSWER` status)."""
+    happened instead (no connection, no answer in time, a proxy's `_NO_ANSWER` `status`)."""
 
-    def __init__(self, shown: str, why: str, hint: str) -> None:
+    def __init__(self, shown: str, why: str, hint: str, status: int | None = None) -> None:
         super().__init__(f"cannot download {shown}: {why}", hint)
         self.shown = shown
         self.why = why
+        self.status = status
 
     def __reduce__(self):
-        return (type(self), (self.shown, self.why, self.hint))
+        return (type(self), (self.shown, self.why, self.hint, self.status))
 
 
 def _status_text(code: int, reason: str) -> str:
@@ -1211,11 +1213,16 @@ def _head(url: str) -> tuple[int | None, dict[str, str | None]]:
     """(Content-Length, `_validators`) a HEAD request gives, None where the server says none;
     (None, no validators) where it answers a HEAD with no 200: the shard is then downloaded
     again, and the GET says what is wrong, if anything (a presigned URL,
-    `?X-Amz-Signature=...`, is signed for GET alone: S3 refuses its HEAD with 403)."""
+    `?X-Amz-Signature=...`, is signed for GET alone: S3 refuses its HEAD with 403; S3 slowing
+    requests down answers 503)."""
     try:
         with _opened(url, "HEAD") as response:
             return _content_length(response), _validators(response.headers)
     except _HttpStatus:
+        return None, _validators({})
+    except _Unreachable as error:
+        if error.status is None:  # no answer at all: the GET would get none either
+            raise
         return None, _validators({})
 
 
