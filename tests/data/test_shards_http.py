@@ -471,6 +471,24 @@ def test_nobody_listening_is_one_error(tmp_path, monkeypatch):
     assert "refused the connection" in error_line(result.stderr)
 
 
+def test_a_proxy_nobody_listens_on_is_named_not_the_server(tmp_path, monkeypatch):
+    """Through http_proxy, a refused connection is the proxy's: the error said the server
+    refused it ("example.invalid refused the connection"), sending the user to the wrong host."""
+    from torchkit.core.data.sources import http_shards
+
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    port = port_nobody_listens_on()
+    monkeypatch.setenv("http_proxy", f"http://me:secret@127.0.0.1:{port}")
+    monkeypatch.setattr(http_shards, "_OPENER", None)  # built again with the proxy
+    result = run_torchkit_in_process("dataset-stats", "http://example.invalid/s-000000.tar")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert f"the proxy 127.0.0.1:{port} refused the connection" in line, line
+    assert "http_proxy" in line and "secret" not in line, line
+
+
 def test_an_ipv6_host_is_no_list_of_urls(tmp_path, monkeypatch):
     """The `::` of `http://[::1]:PORT/...` was read as a `::` list's: "joins URLs and a path on
     disk (1]:PORT/...)"."""

@@ -1189,6 +1189,15 @@ def _network_error(url: str, reason: object) -> _Unreachable:
             "the server is unreachable or slow: try again, or allow more time with "
             "TORCHKIT_HTTP_TIMEOUT=SECONDS",
         )
+    proxy = _proxy_for(url)
+    if proxy is not None and isinstance(reason, socket.gaierror | ConnectionRefusedError):
+        # The connection was the proxy's (also an https tunnel's): not the server's to fix.
+        proxy_host, variable = proxy
+        if isinstance(reason, ConnectionRefusedError):
+            why = f"the proxy {proxy_host} refused the connection"
+        else:
+            why = f"the proxy host {proxy_host} cannot be found ({reason.strerror or reason})"
+        return _Unreachable(shown, why, f"check the proxy {variable} names, and that it runs")
     if isinstance(reason, socket.gaierror):
         return _Unreachable(
             shown,
@@ -1207,6 +1216,25 @@ def _network_error(url: str, reason: object) -> _Unreachable:
         )
     text = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
     return _Unreachable(shown, text, "check the URL and the network connection")
+
+
+def _proxy_for(url: str) -> tuple[str, str] | None:
+    """(HOST:PORT, the variable that names it) of the proxy a request for `url` goes through
+    (`http_proxy`, `https_proxy`... as urllib's opener read them, less `no_proxy`'s hosts), or
+    None: the proxy's own `USER:PASSWORD@` never shown."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    for handler in _url_opener().handlers:
+        if isinstance(handler, urllib.request.ProxyHandler):
+            proxy = handler.proxies.get(parts.scheme)
+            host = parts.netloc.rpartition("@")[2]
+            if not proxy or urllib.request.proxy_bypass(host):
+                return None
+            address = urlsplit(proxy if "://" in proxy else f"http://{proxy}").netloc
+            return address.rpartition("@")[2], f"{parts.scheme}_proxy"
+    return None
 
 
 def _head(url: str) -> tuple[int | None, dict[str, str | None]]:
