@@ -499,6 +499,31 @@ def test_load_exported_reads_an_onnx_file_torchkit_did_not_write(world, tmp_path
     np.testing.assert_allclose(loaded(x.numpy()), truth(world["convnet"], x), atol=1e-4)
 
 
+class FixedRows(nn.Module):
+    def forward(self, x):
+        return x.reshape(2, -1)
+
+
+def test_an_onnx_run_that_fails_is_one_error_without_onnxruntimes_log_line(tmp_path, capfd):
+    """onnxruntime logged a red '[E:onnxruntime:...] Non-zero status code returned while
+    running Reshape node' on descriptor 2 besides the exception torchkit makes its Error line
+    of (export's verification, eval, predict)."""
+    out = tmp_path / "rows.onnx"
+    axes = {"x": {0: "n"}}
+    torch.onnx.export(
+        FixedRows(),
+        (torch.randn(2, 3),),
+        str(out),
+        dynamo=False,
+        input_names=["x"],
+        dynamic_axes=axes,
+    )
+    capfd.readouterr()
+    with pytest.raises(RuntimeFailure, match="onnxruntime fails on an input of shape 3x3"):
+        load_exported(out).run_batch(torch.zeros(3, 3))
+    assert capfd.readouterr().err == ""
+
+
 def test_load_exported_refuses_what_is_not_an_exported_model(world, tmp_path):
     assert sniff_format(world["root"] / "convnet.pt") is None  # a checkpoint, not a TorchScript
     with pytest.raises(InputError, match="not an exported model"):

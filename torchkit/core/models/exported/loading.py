@@ -263,7 +263,9 @@ class _OnnxSession:
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
-        options.log_severity_level = 3  # errors only: no optimizer notes on the user's terminal
+        # fatal only: no optimizer notes, and no red log line of a failed run beside the error
+        # its exception becomes (the one Error line the user sees)
+        options.log_severity_level = 4
         try:
             return onnxruntime.InferenceSession(
                 os.fspath(self.source), sess_options=options, providers=["CPUExecutionProvider"]
