@@ -734,10 +734,14 @@ def test_torch_warnings_while_probing_become_diagnostics(monkeypatch, clean_env)
 
 
 def test_report_without_an_importable_torch(monkeypatch, runner, clean_env):
+    """Which torch is installed was nowhere in the report when `import torch` failed, where a
+    bug report needs it most: it is in `packages` and in the warning."""
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     report = collect_env()
     assert report["torch"] is None and report["gpus"] == []
-    assert report["diagnostics"][0].startswith("torch cannot be imported: ")
+    installed = importlib.metadata.version("torch")
+    assert report["diagnostics"][0].startswith(f"torch {installed} cannot be imported: ")
+    assert report["packages"]["torch"] == installed
     assert report["packages"]["numpy"] == np.__version__
     assert "Python executable" in runner.invoke(app, ["env"]).stdout
     result = runner.invoke(app, ["env", "--require-cuda"])
@@ -745,7 +749,7 @@ def test_report_without_an_importable_torch(monkeypatch, runner, clean_env):
     assert result.stderr.splitlines() == [
         line for line in result.stderr.splitlines() if line.startswith("Error: ")
     ]
-    assert result.stderr.startswith("Error: no usable CUDA GPU: torch cannot be imported")
+    assert result.stderr.startswith(f"Error: no usable CUDA GPU: torch {installed} cannot be")
 
 
 def test_cudnn_version_formats():

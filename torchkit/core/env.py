@@ -33,6 +33,8 @@ logger = logging.getLogger("torchkit")
 
 # Report key -> distributions that provide it (the first one installed wins).
 PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # torch's record says which torch is installed also where `import torch` fails.
+    ("torch", ("torch",)),
     ("torchvision", ("torchvision",)),
     ("numpy", ("numpy",)),
     ("pillow", ("pillow", "pillow-simd")),
@@ -402,7 +404,9 @@ def _torch_sections(diagnostics: list[str]) -> dict[str, Any]:
     try:
         import torch
     except Exception as error:  # a broken install must still give a report
-        message = f"torch cannot be imported: {first_line(error)}"
+        installed = installed_version("torch")
+        which = f"torch {installed}" if installed else "torch"
+        message = f"{which} cannot be imported: {first_line(error)}"
         diagnostics.append(message)
         cuda.update(problem=message, hint="reinstall torch")
         return {"torch": None, "distributed": None, "cuda": cuda, "gpus": []}
