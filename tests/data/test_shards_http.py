@@ -657,13 +657,13 @@ def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_
     Gateway Timeout, or 503 (squid's for a host it cannot connect to or resolve, a load
     balancer's with no server behind it). Read as the server's answer, they made a cached
     dataset an error; now they read as no answer, naming the status. A 500 is the server's own
-    failure: an error, as ever."""
+    failure, a 407 the proxy's wish for a login (whose hint was that of any status): errors."""
     served = tmp_path / "served"
     shutil.copytree(world / "served" / "converted", served / "converted")
     with serving(served, tmp_path / "cache", monkeypatch) as httpd:
         url = f"{httpd.url}/converted"
         first = stats(url)
-    for status in (502, 503, 504, 500):
+    for status in (502, 503, 504, 500, 407):
         with failing_proxy(status, monkeypatch) as proxy:
             cached = run_torchkit_in_process("dataset-stats", url, "--format", "json")
             uncached = run_torchkit_in_process("dataset-stats", f"{httpd.url}/other/")
@@ -672,9 +672,11 @@ def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_
         line = error_line(uncached.stderr)
         assert f"cannot download {httpd.url}/other/manifest.json: HTTP {status} " in line, line
         assert "Warning:" not in uncached.stderr, uncached.stderr
-        if status == 500:
+        if status == 407:  # the proxy wants a login, which its URL gives
+            assert "put USER:PASSWORD@ before its host in http_proxy" in line, line
+        if status in (407, 500):
             assert cached.returncode == 1, cached.stdout
-            assert f"{url}/manifest.json: HTTP 500 " in error_line(cached.stderr)
+            assert f"{url}/manifest.json: HTTP {status} " in error_line(cached.stderr)
             continue
         assert cached.returncode == 0, cached.stderr
         assert {k: v for k, v in json.loads(cached.stdout).items() if k != "source"} == first

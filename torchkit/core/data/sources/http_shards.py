@@ -1145,6 +1145,8 @@ class _HttpStatus(InputError):
             hint = "check the URL: {000000..000009} names every shard from the first to the last"
         elif code >= 500:
             hint = "the server failed: try again later"
+        elif code == 407:  # urllib logs in with the USER:PASSWORD@ of the proxy's URL
+            hint = "the proxy wants a login: put USER:PASSWORD@ before its host in http_proxy"
         elif 300 <= code < 400:
             hint = "the server's redirects lead nowhere (a loop, or too many): check the URL"
         else:
