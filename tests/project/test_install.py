@@ -72,6 +72,21 @@ def test_export_to_onnx_without_the_extra_writes_nothing(runner, monkeypatch, tm
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_export_to_onnx_without_onnxruntime_says_so_before_any_work(runner, monkeypatch, tmp_path):
+    """The verification's runtime was found missing after the model was built and traced, in an
+    error naming the temporary file (`.m.x1y2.tmp.onnx`) instead of OUT."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    out = tmp_path / "m.onnx"
+    result = runner.invoke(app, ["export", "convnet", str(out), "--num-classes", "3"])
+    assert result.exit_code == 1, result.output
+    line = error_line(result.stderr)
+    assert line.startswith(
+        "Error: verifying an ONNX export (--no-verify skips it) needs the onnxruntime package"
+    ), line
+    assert "Note:" not in result.stderr  # said before the model is built (its random weights)
+    assert sorted(tmp_path.iterdir()) == []
+
+
 def test_running_an_onnx_file_without_the_extra_is_one_error(runner, monkeypatch, tmp_path):
     model = tmp_path / "m.onnx"
     model.write_bytes(b"\x08\x07")  # the runtime is asked for before the file is parsed

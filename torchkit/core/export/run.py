@@ -165,6 +165,7 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         raise UsageError(f"--image-size must be positive, not {request.image_size}")
     require_model_files(request.model, request.weights)
     target = _check_out(request.out, model_inputs(request.model, request.weights), request.force)
+    _require_runtime(fmt, request.verify)
     step = _stepper(progress)
 
     spec = ModelSpec(
@@ -252,6 +253,19 @@ def export_model(request: ExportRequest, progress: Progress | None = None) -> Ex
         verification=_verdict(verification),
         output_spread=verification.output_spread if verification else None,
     )
+
+
+def _require_runtime(fmt: str, verifying: bool) -> None:
+    """ONNX's packages, before any work: a missing onnxruntime was found after the model was
+    built and traced, in an error naming the temporary file instead of OUT."""
+    from torchkit.core.runtime.extras import require_extra
+
+    if fmt == fm.ONNX:
+        require_extra("onnx", "export", "exporting to ONNX")
+        if verifying:
+            require_extra(
+                "onnxruntime", "export", "verifying an ONNX export (--no-verify skips it)"
+            )
 
 
 def _verdict(verification: Verification | None) -> str:
