@@ -190,6 +190,26 @@ def test_other_torch_variables_set_are_reported(runner, monkeypatch, clean_env):
     assert "NCCL_P2P_DISABLE=1" in table and "hunter2" not in table
 
 
+def test_variables_that_change_kernels_and_numbers_are_reported(monkeypatch, clean_env):
+    """ATEN_CPU_CAPABILITY (torch's CPU kernels: `CPU capability DEFAULT` on an AVX-512 CPU),
+    oneDNN's and TF32's numerics, triton's, a preloaded allocator and torchkit's own variables
+    were left out: `environment (none set)`."""
+    variables = {
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_DEFAULT_FPMATH_MODE": "BF16",
+        "DNNL_MAX_CPU_ISA": "AVX2",
+        "NVIDIA_TF32_OVERRIDE": "0",
+        "TRITON_INTERPRET": "1",
+        "MIOPEN_FIND_MODE": "NORMAL",
+        "LD_PRELOAD": "/usr/lib/libtcmalloc.so.4",
+        "TORCHKIT_HTTP_TIMEOUT": "5",
+    }
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    reported = collect_env(log_diagnostics=False)["environment"]
+    assert {name: reported.get(name) for name in variables} == variables
+
+
 def test_every_key_of_the_report_is_documented(clean_env):
     page = (REPO / "docs" / "commands" / "env.md").read_text()
     report = collect_env(log_diagnostics=False)

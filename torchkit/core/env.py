@@ -78,10 +78,14 @@ ENVIRONMENT_VARIABLES = (
 )
 # Any other variable set with one of these prefixes is reported too (NCCL_P2P_DISABLE or
 # NCCL_SOCKET_IFNAME for a DDP hang, CUDA_DEVICE_ORDER for GPU numbering, TORCH_LOGS,
-# TORCHINDUCTOR_*, HIP_VISIBLE_DEVICES), but never one whose name says it holds a secret.
+# TORCHINDUCTOR_*, HIP_VISIBLE_DEVICES; ATEN_CPU_CAPABILITY, which lowers the CPU kernels torch
+# picks, ONEDNN_DEFAULT_FPMATH_MODE, NVIDIA_TF32_OVERRIDE and TRITON_* numbers and speed,
+# LD_PRELOAD an allocator or OpenMP runtime loaded ahead of torch's, TORCHKIT_* torchkit's own),
+# but never one whose name says it holds a secret.
 ENVIRONMENT_PREFIXES = (
     "OMP_", "KMP_", "GOMP_", "MKL_", "CUDA_", "CUBLAS", "CUDNN_", "NCCL_", "TORCH_",
-    "TORCHINDUCTOR_", "PYTORCH_", "HIP_", "ROCR_", "HSA_",
+    "TORCHINDUCTOR_", "PYTORCH_", "HIP_", "ROCR_", "HSA_", "MIOPEN_", "ATEN_", "ONEDNN_", "DNNL_",
+    "TRITON_", "NVIDIA_TF32_OVERRIDE", "LD_PRELOAD", "TORCHKIT_",
 )  # fmt: skip
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 
