@@ -364,6 +364,18 @@ def test_a_full_cache_disk_is_one_error_pointing_to_the_caches_settings(
     assert not [name for name in left if not name.endswith(".lock")], left
 
 
+def test_a_dataset_whole_in_a_full_cache_reads(server, small_tmpfs, monkeypatch):
+    """Every run wrote the server's side files into the cache again, also unchanged: with the
+    cache's disk full, a dataset it held whole was "cannot write .../manifest.json: No space
+    left on device"."""
+    cache = small_tmpfs(512)
+    monkeypatch.setenv("TORCHKIT_CACHE", str(cache))
+    url = f"{server.url}/converted"
+    first = stats(url, "--workers", "0")
+    fill_disk(cache)
+    assert stats(url, "--workers", "0") == first
+
+
 def test_a_redirect_loop_is_one_error_line(server, tmp_path):
     result = run_torchkit_in_process("dataset-stats", f"{server.url}/loop/shard-000000.tar")
     assert result.returncode == 1

@@ -387,10 +387,18 @@ def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
         if data is None:
             with contextlib.suppress(FileNotFoundError):
                 remove_tree(path / name, ignore_errors=False)
-        else:
+        elif not _holds(path / name, data):  # unchanged, it is not written: a full disk reads
             with _writing_the_cache():
                 atomic_write_bytes(path / name, data)
     return _Folder(url, query, path, manifest, document=document, unusable=unusable)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether the file at `path` holds `data` (read only where the sizes agree)."""
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _unchecked_folder(
