@@ -80,6 +80,11 @@ class LayerCall:
     leaf: bool
 
 
+class MetaPassFailed(Exception):
+    """The meta-device pass could not run the model, and `summarize` was told not to run it for
+    real (a model built on the meta device has no values to run with)."""
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """One input of the forward pass: its full shape (batch included), its dtype (None: the
@@ -665,6 +670,7 @@ def summarize(
     on_meta: bool = True,
     train_mode: bool = False,
     progress: Callable[[str], None] | None = None,
+    run_for_real: bool = True,
 ) -> ModelSummary:
     """Summarize `model` on random inputs of `input_shapes` (full shapes, batch included, or
     InputSpecs with a dtype and a keyword each) or on the given `inputs` (tensors, positional).
@@ -706,6 +712,8 @@ def summarize(
             recorder, flops = _record(copy_on_meta, meta_args, count_flops, meta_kwargs, train_mode)
             state = _state_sizes(copy_on_meta)  # lazy parameters exist only in the copy
         except Exception as error:  # noqa: BLE001 - any failure means: run it for real
+            if not run_for_real:
+                raise MetaPassFailed(first_line(error)) from error
             log.info("the meta-device pass failed (%s); running the model for real", error)
             recorder = None
         finally:

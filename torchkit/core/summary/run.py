@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -10,18 +11,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.input_size import check_numel, parse_input_size, square_sample
-from torchkit.core.io.errors import UsageError
+from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
-from torchkit.core.models.builders import BUILTIN_MODELS
+from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec
 from torchkit.core.models.resolver import has_random_weights, untrained_note
 from torchkit.core.summary.counting import (
     SCRIPT_NOTE,
     InputSpec,
+    MetaPassFailed,
     ModelSummary,
     is_script_module,
+    model_device,
     summarize,
     summarize_tree,
 )
+
+log = logging.getLogger("torchkit")
 
 DTYPES = {
     "float32": "float32",
@@ -158,7 +163,6 @@ def summarize_model(
     the input C,N,N with the channels the model takes (`--image-size`, another spelling of
     `--input-size`)."""
     from torchkit.core.runtime.device import resolve_device
-    from torchkit.core.runtime.threads import compute_threads, torch_threads
 
     args = [size if isinstance(size, InputArg) else InputArg(tuple(size)) for size in input_sizes]
     if image_size is not None and args:
@@ -187,15 +191,96 @@ def summarize_model(
         sample_shape=None if sample is None else tuple(sample),
         image_size=image_size,
     )
+    summary_options = dict(
+        args=args,
+        image_size=image_size,
+        batch_size=batch_size,
+        torch_dtype=torch_dtype,
+        target=target,
+        count_flops=count_flops,
+        no_batch_dim=no_batch_dim,
+        params_only=params_only,
+        train_mode=train_mode,
+        progress=progress,
+    )
+    loaded = _built_on_meta(named) if weights is None and _named_architecture(spec) else None
+    noted = loaded is not None
+    if loaded is not None:
+        _note_random_weights(loaded, spec, notify)
+        try:
+            return _summarize_loaded(loaded, **summary_options)
+        except MetaPassFailed as error:
+            log.info("%s does not run on the meta device (%s): building it for real", spec, error)
     with _sized_by_input(spec, sample):
-        loaded = resolve_spec(
-            named,
-            command="summary",
-            exported="module",
-            new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
-        )
+        loaded = _resolve(named)
+    if not noted:
+        _note_random_weights(loaded, spec, notify)
+    return _summarize_loaded(loaded, **summary_options)
+
+
+def _resolve(named: ModelSpec) -> Any:
+    return resolve_spec(
+        named,
+        command="summary",
+        exported="module",
+        new_head=True,  # `--num-classes` shows the model as it would be fine-tuned
+    )
+
+
+def _named_architecture(spec: str) -> bool:
+    """convnet, a torchvision classification model's name or `timm/NAME`: built by code
+    torchkit knows, which a random build (no --weights) lets run on the meta device (a file or
+    a run folder is loaded; a user's `package.module:Callable` is built once, the normal way)."""
+    if os.path.exists(spec):
+        return False
+    if spec in BUILTIN_MODELS or is_timm_spec(spec):
+        return True
+    import torchvision
+
+    return spec in torchvision.models.list_models(module=torchvision.models)
+
+
+def _built_on_meta(named: ModelSpec) -> Any:
+    """The randomly initialised model `named` names built on the meta device: the summary
+    needs its shapes, not its values, and a big model (vit_h_14: 632M parameters, 2.5 GB and
+    most of a minute to initialise) costs nothing there. None when its builder reads tensor
+    values (RegNet's widths) or fails there for any other reason: it is then built for real,
+    which gives the real error."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return _resolve(named)
+    except TorchkitError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure means: build it for real
+        log.info("%s cannot be built on the meta device (%s)", named.model, first_line(error))
+        return None
+
+
+def _note_random_weights(loaded: Any, spec: str, notify: Callable[[str], None] | None) -> None:
     if notify is not None and has_random_weights(loaded):
         notify(untrained_note(spec, "summary"))
+
+
+def _summarize_loaded(
+    loaded: Any,
+    *,
+    args: list[InputArg],
+    image_size: int | None,
+    batch_size: int | None,
+    torch_dtype: Any,
+    target: Any,
+    count_flops: bool,
+    no_batch_dim: bool,
+    params_only: bool,
+    train_mode: bool,
+    progress: Callable[[str], None] | None,
+) -> ModelSummary:
+    """The summary of the model `loaded` holds, on `target` (a model built on the meta device
+    stays there: its forward pass runs there and nowhere else, and the summary names `target`)."""
+    from torchkit.core.runtime.threads import compute_threads, torch_threads
+
     notes = []
     if image_size is not None:
         args = [InputArg(square_sample(loaded.sample_shape, image_size))]
@@ -211,32 +296,51 @@ def summarize_model(
             )
     model: Any = loaded.model
     image_model = loaded.image_model
-    del loaded
+    on_meta = model_device(model).type == "meta"
     if torch_dtype is not None and torch_dtype.is_floating_point:
         model = model.to(torch_dtype)
-    model = model.to(target)
+    if not on_meta:
+        model = model.to(target)
     if not args:
         if train_mode:
             raise UsageError("--train-mode needs a forward pass", "give --input-size (-i)")
         if is_script_module(model):
             notes.insert(0, SCRIPT_NOTE)
-        return summarize_tree(model, notes=notes)
-    shapes = full_shapes(
-        [arg.size for arg in args], batch_size, image_model=image_model, no_batch_dim=no_batch_dim
-    )
-    specs = [
-        InputSpec(shape, parse_dtype(arg.dtype) if arg.dtype else None, arg.name)
-        for shape, arg in zip(shapes, args, strict=True)
-    ]
-    with torch_threads(compute_threads()):
-        return summarize(
-            model,
-            specs,
-            dtype=torch_dtype,
-            count_flops=count_flops,
-            train_mode=train_mode,
-            progress=progress,
+        result = summarize_tree(model, notes=notes)
+    else:
+        shapes = full_shapes(
+            [arg.size for arg in args],
+            batch_size,
+            image_model=image_model,
+            no_batch_dim=no_batch_dim,
         )
+        specs = [
+            InputSpec(shape, parse_dtype(arg.dtype) if arg.dtype else None, arg.name)
+            for shape, arg in zip(shapes, args, strict=True)
+        ]
+        with torch_threads(compute_threads()):
+            result = summarize(
+                model,
+                specs,
+                dtype=torch_dtype,
+                count_flops=count_flops,
+                train_mode=train_mode,
+                progress=progress,
+                run_for_real=not on_meta,
+            )
+    if on_meta:
+        result.device = _device_name(target)
+    return result
+
+
+def _device_name(device: Any) -> str:
+    """What a model moved to `device` reports as its device (`cuda` -> `cuda:0`, `mps:0`)."""
+    import torch
+
+    if device.type == "cpu" or device.index is not None:
+        return str(device)
+    index = torch.cuda.current_device() if device.type == "cuda" else 0
+    return f"{device.type}:{index}"
 
 
 @contextlib.contextmanager
