@@ -280,6 +280,45 @@ def test_cpu_cores_within_a_cgroup_cpu_quota(runner, monkeypatch, clean_env):
     assert "64 (2 usable by this process, cgroup CPU quota 1.5), 2 NUMA node(s)" in table
 
 
+# /proc/cpuinfo's names of the CPU_FEATURES on x86.
+CPUINFO_FLAGS = {"avx512_f": "avx512f"}
+
+
+@pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")),
+    reason="the flags of x86 Linux's /proc/cpuinfo",
+)
+def test_cpu_features_agree_with_proc_cpuinfo():
+    """AMX, AVX-512 BF16 and VNNI, which decide how fast bfloat16 and int8 run on the CPU, were
+    not in the report (`cpu_capability` says AVX512 with or without them)."""
+    flags = set()
+    with open("/proc/cpuinfo") as handle:
+        for line in handle:
+            if line.startswith("flags"):
+                flags = set(line.partition(":")[2].split())
+                break
+    features = env.cpu_features(torch)
+    arm = {"neon", "bf16", "i8mm", "sve", "sve2", "sve_bf16", "sme", "sme2"}
+    x86 = [name for name in env.CPU_FEATURES if name not in arm]
+    listed = {name for name in x86 if CPUINFO_FLAGS.get(name, name) in flags}
+    amx = {name for name in listed if name.startswith("amx_")}  # the OS must enable it too
+    assert listed - amx <= set(features) <= listed
+    assert set(features) - (listed - amx) <= amx
+
+
+def test_cpu_features_of_a_torch_before_get_capabilities():
+    checks = {
+        "_is_avx2_supported": lambda: True,
+        "_is_avx512_supported": lambda: True,
+        "_is_vnni_supported": lambda: False,
+        "_is_avx512_bf16_supported": lambda: True,
+        "_is_amx_tile_supported": lambda: True,
+    }
+    old_torch = SimpleNamespace(cpu=SimpleNamespace(**checks))
+    assert env.cpu_features(old_torch) == ["avx2", "avx512_f", "avx512_bf16", "amx_tile"]
+    assert env.cpu_features(SimpleNamespace()) is None
+
+
 def test_cpu_libraries_of_the_torch_build():
     """collect_env leaves MKL, oneDNN and OpenMP out; performance reports need them."""
     config = torch.__config__.show()
@@ -310,14 +349,18 @@ def test_overview_rows_of_the_python_build_compiler_and_cpu_libraries(clean_env)
     report["python"].update(version="3.13.1", implementation="CPython", free_threaded=True)
     report["platform"]["compiler"] = "g++ (Fake) 99.1"
     report["torch"].update(blas="mkl", mkl_version="2024.2", onednn_version="3.5.3", openmp="4.5")
+    report["torch"]["cpu_features"] = ["avx512_f", "amx_tile", "amx_bf16"]
     rows = dict(report_tables(report)[0].rows)
+    assert rows["CPU features"] == "avx512_f amx_tile amx_bf16"
     assert rows["Python"] == "3.13.1 (CPython, free-threaded)"
     assert rows["C++ compiler"] == "g++ (Fake) 99.1"
     assert rows["CPU libraries"] == "BLAS mkl, MKL 2024.2, oneDNN 3.5.3, OpenMP 4.5"
     report["python"]["free_threaded"] = False
     report["platform"]["compiler"] = None
     report["torch"].update(blas=None, mkl_version=None, onednn_version=None, openmp=None)
+    report["torch"]["cpu_features"] = None
     rows = dict(report_tables(report)[0].rows)
+    assert rows["CPU features"] == "unknown"
     assert rows["Python"] == "3.13.1 (CPython)"
     assert rows["C++ compiler"] == "none (torch.compile needs one on the CPU)"
     assert rows["CPU libraries"] == "none listed"

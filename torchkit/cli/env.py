@@ -140,6 +140,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
             ["CUDA available", torch_info["cuda_available"]],
             ["MPS available", torch_info["mps_available"]],
             ["CPU capability", torch_info["cpu_capability"]],
+            ["CPU features", _cpu_features(torch_info["cpu_features"])],
             ["CPU libraries", _cpu_libraries(torch_info)],
             ["intra-op threads", torch_info["intra_op_threads"]],
             ["inter-op threads", torch_info["inter_op_threads"]],
@@ -164,6 +165,12 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["usable CUDA GPU", "yes" if cuda["usable"] else f"no: {cuda['problem']}"],
     ]
     return rows
+
+
+def _cpu_features(features: list[str] | None) -> str:
+    if features is None:
+        return "unknown"
+    return " ".join(features) or "none listed"
 
 
 def _cpu_libraries(torch_info: dict[str, Any]) -> str:

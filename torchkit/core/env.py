@@ -464,10 +464,43 @@ def _torch_build(torch) -> dict[str, Any]:
         "cuda_available": bool(torch.cuda.is_available()),
         "mps_available": bool(mps is not None and mps.is_available()),
         "cpu_capability": cpu_capability,
+        "cpu_features": cpu_features(torch),
         **cpu_libraries(_config_text(torch)),
         "intra_op_threads": torch.get_num_threads(),
         "inter_op_threads": torch.get_num_interop_threads(),
     }
+
+
+# The instruction-set extensions that decide which CPU kernels torch and oneDNN run (AMX or
+# AVX-512 BF16 for bfloat16 autocast, VNNI for int8, SVE on Arm): `cpu_capability` names only
+# the widest vector ISA (AVX512 on a CPU with or without AMX).
+CPU_FEATURES = (
+    "avx2", "avx512_f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+    "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "neon", "bf16", "i8mm", "sve", "sve2", "sve_bf16", "sme", "sme2",
+)  # fmt: skip
+# Torch releases before torch.cpu.get_capabilities() answer for a few of them one by one.
+_CPU_FEATURE_CHECKS = {
+    "avx2": "_is_avx2_supported", "avx512_f": "_is_avx512_supported",
+    "avx512_vnni": "_is_vnni_supported", "avx512_bf16": "_is_avx512_bf16_supported",
+    "amx_tile": "_is_amx_tile_supported", "amx_fp16": "_is_amx_fp16_supported",
+}  # fmt: skip
+
+
+def cpu_features(torch) -> list[str] | None:
+    """The CPU_FEATURES this CPU has, as torch detects them (cpuinfo, which also knows whether
+    the OS enabled AMX); None where torch cannot say."""
+    cpu = getattr(torch, "cpu", None)
+    try:
+        capabilities = dict(cpu.get_capabilities())
+    except Exception:
+        capabilities = {}
+        for name, check in _CPU_FEATURE_CHECKS.items():
+            with contextlib.suppress(Exception):
+                capabilities[name] = bool(getattr(cpu, check)())
+    if not capabilities:
+        return None
+    return [name for name in CPU_FEATURES if capabilities.get(name) is True]
 
 
 def _config_text(torch) -> str:
