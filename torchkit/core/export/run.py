@@ -42,6 +42,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
     reporting_write_errors,
 )
+from torchkit.core.io.temporaries import temporary_affixes
 from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.image_size import image_size_refusal
@@ -141,7 +142,8 @@ def _check_out(out: str | os.PathLike, inputs: list[InputPath], force: bool) -> 
     if parent.is_dir():
         # A folder we may not write into is found now, not after a slow export.
         with reporting_write_errors(target):
-            fd, probe = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=parent)
+            prefix, suffix = temporary_affixes(target.stem)
+            fd, probe = tempfile.mkstemp(suffix, prefix, dir=parent)
             os.close(fd)
             remove_tree(Path(probe), ignore_errors=False)
     return target

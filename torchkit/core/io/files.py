@@ -27,7 +27,12 @@ from torchkit.core.io.outputs import (
     write_failure_reason,
 )
 from torchkit.core.io.outputs import reporting_write_errors as _reporting
-from torchkit.core.io.temporaries import TEMPORARY, remove_if_unlocked
+from torchkit.core.io.temporaries import (
+    TEMPORARY,
+    remove_if_unlocked,
+    temporary_affixes,
+    temporary_stem,
+)
 
 try:
     import fcntl
@@ -190,7 +195,7 @@ def atomic_write(
     check_claimed(target, writing=True)  # its folder is still the one begun: never made again
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = _held_temporary(target, f".{target.name}.", ".tmp")
+        fd, tmp_name = _held_temporary(target, *temporary_affixes(target.name))
     lock_fd = -1
     try:
         if fcntl is not None:  # Windows cannot rename a file that is open
@@ -251,7 +256,7 @@ def remove_dead_temporaries(target: str | os.PathLike) -> None:
     writers left beside it, for a caller that asks what their folder holds before it writes
     `target` again; a live writer's stays."""
     target = Path(target)
-    _remove_dead_temporaries(target, f".{target.name}.", ".tmp")
+    _remove_dead_temporaries(target, *temporary_affixes(target.name))
 
 
 def _remove_dead_temporaries(target: Path, prefix: str, suffix: str) -> None:
@@ -297,15 +302,17 @@ def _temporaries_in(folder: Path) -> list[str]:
 def remove_stale_temporaries(folder: Path, owns: Callable[[str], bool]) -> list[str]:
     """Remove the temporaries a killed writer left in `folder` (a SIGKILL cannot be caught, so
     the writer's own clean-up never ran), for the final names `owns` accepts: only files the
-    caller writes itself, in a folder it holds locked. Returns the names removed."""
+    caller writes itself, in a folder it holds locked (`owns` is asked `temporary_stem`: a
+    name too long for its temporary to hold comes as its shortened form). Returns the names
+    removed."""
     removed = []
     try:
         names = sorted(os.listdir(folder))
     except OSError:
         return removed
     for name in names:
-        found = TEMPORARY.fullmatch(name)
-        if found is None or not owns(found["stem"] + (found["suffix"] or "")):
+        stem = temporary_stem(name)
+        if stem is None or not owns(stem):
             continue
         path = folder / name
         if path.is_file() and not path.is_symlink():
@@ -367,7 +374,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     check_claimed(target, writing=True)
     with _reporting(target):
         target.parent.mkdir(parents=True, exist_ok=True)
-        lock_fd, tmp_name = _held_temporary(target, f".{target.stem}.", f".tmp{target.suffix}")
+        lock_fd, tmp_name = _held_temporary(target, *temporary_affixes(target.stem, target.suffix))
     if fcntl is None:  # no lock to hold, and Windows cannot rename a file that is open
         os.close(lock_fd)
         lock_fd = -1

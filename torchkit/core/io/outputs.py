@@ -46,7 +46,15 @@ from torchkit.core.io.errors import (
     first_line,
 )
 from torchkit.core.io.file_kinds import file_kind
-from torchkit.core.io.temporaries import TEMPORARY, is_unlocked, remove_if_unlocked
+from torchkit.core.io.temporaries import (
+    TEMPORARY,
+    fitting,
+    is_unlocked,
+    remove_if_unlocked,
+    temporary_affixes,
+    temporary_stem,
+    temporary_stems,
+)
 from torchkit.program import closed_at_start
 
 log = logging.getLogger("torchkit")
@@ -549,9 +557,9 @@ def is_write_error(error: BaseException, target: str | os.PathLike | None = None
         named = os.path.abspath(os.fspath(error.filename))
         out = os.path.abspath(os.fspath(target))
         # the output, something inside it, or its temporary sibling (`.NAME.<hex>.tmp`)
-        temporary = os.path.dirname(named) == os.path.dirname(out) and os.path.basename(
-            named
-        ).startswith(f".{Path(out).stem}.")
+        temporary = os.path.dirname(named) == os.path.dirname(out) and _is_temporary_of(
+            os.path.basename(named), os.path.basename(out)
+        )
         return named == out or temporary or _is_within(Path(named), Path(out))
     text = str(error).lower()
     if "(os error 28)" in text or "no space left" in text:  # safetensors' SafetensorError
@@ -572,6 +580,15 @@ def is_write_error(error: BaseException, target: str | os.PathLike | None = None
             )
         )
     return False
+
+
+def _is_temporary_of(name: str, output: str) -> bool:
+    """Whether the file `name` is a temporary written for the file `output` beside it: one of
+    `atomic_write`'s or `atomic_path`'s, or another (`.STEM.` anything) of a plot's arrays or
+    a writability probe's."""
+    stem = Path(output).stem
+    prefixes = {f".{stem}.", temporary_affixes(output)[0], temporary_affixes(stem)[0]}
+    return any(name.startswith(prefix) for prefix in prefixes)
 
 
 def _file_system_full_or_read_only(target: str | os.PathLike) -> bool:
@@ -600,8 +617,15 @@ _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 def write_error(target: str | os.PathLike, error: BaseException) -> OutputWriteError:
     return OutputWriteError(
         f"cannot write {_shown(target)}: {write_failure_reason(target, error)}",
-        "free some space, check the permissions, or choose another output",
+        _WRITE_HINTS.get(getattr(error, "errno", None), _WRITE_HINT),
     )
+
+
+_WRITE_HINT = "free some space, check the permissions, or choose another output"
+# Where the errno says which: space and permissions are no help with a name too long.
+_WRITE_HINTS = {
+    errno.ENAMETOOLONG: "shorten it: a file system takes at most 255 bytes a name, 4,095 a path",
+}
 
 
 def write_failure_reason(target: str | os.PathLike, error: BaseException) -> str:
@@ -749,11 +773,15 @@ def _is_empty_dir(folder: Path) -> bool:
         return next(entries, None) is None
 
 
-def killed_start_leftovers(folder: Path, command: str) -> list[Path] | None:
-    """The temporaries in `folder` when all it holds is what a run of `command` killed between
-    marking the folder and writing its first file left: the marker naming `command`, and
-    temporaries no live writer holds. None when it holds anything else (or another command's
-    marker, or none). To that command such a folder is as good as empty."""
+def killed_start_leftovers(
+    folder: Path, command: str, start_files: Collection[str] = ()
+) -> list[Path] | None:
+    """What is in `folder` besides the marker when all it holds is what a run of `command`
+    killed before its first result left: the marker naming `command`, temporaries no live
+    writer holds, and the files `start_files` names (what the command writes before anything
+    worth keeping: train's config.json, split.csv and TensorBoard log, see `_is_start_file`).
+    None when it holds anything else (or another command's marker, or none). To that command
+    such a folder is as good as empty (with `start_files`: replaced without `--force`)."""
     if not folder.is_dir() or folder.is_symlink() or marker_command(folder) != command:
         return None
     leftovers = []
@@ -763,12 +791,32 @@ def killed_start_leftovers(folder: Path, command: str) -> list[Path] | None:
                 if entry.name == MARKER:
                     continue
                 path = folder / entry.name
-                if not (TEMPORARY.fullmatch(entry.name) and is_unlocked(path)):
+                temporary = TEMPORARY.fullmatch(entry.name) and is_unlocked(path)
+                if not (temporary or _is_start_file(entry, start_files)):
                     return None
                 leftovers.append(path)
     except OSError:
         return None
     return leftovers
+
+
+def _is_start_file(entry: os.DirEntry, start_files: Collection[str]) -> bool:
+    """Whether `entry` is one of `start_files` (fnmatch patterns): a regular file whose name
+    matches one, or a folder holding only regular files that `FOLDER/PATTERN` patterns match
+    (a TensorBoard log's event files, never a user's notes put beside them)."""
+    from fnmatch import fnmatchcase
+
+    if entry.is_file(follow_symlinks=False):
+        return any(fnmatchcase(entry.name, pattern) for pattern in start_files)
+    inside = [p.split("/", 1)[1] for p in start_files if p.startswith(f"{entry.name}/")]
+    if not inside or not entry.is_dir(follow_symlinks=False):
+        return False
+    with os.scandir(entry.path) as files:
+        return all(
+            file.is_file(follow_symlinks=False)
+            and any(fnmatchcase(file.name, pattern) for pattern in inside)
+            for file in files
+        )
 
 
 def clear_killed_start(folder: Path, command: str) -> bool:
@@ -830,7 +878,14 @@ def check_replaceable(
 
 
 def lock_path(folder: Path) -> Path:
-    return folder.parent / f".{folder.name}{LOCK_SUFFIX}"
+    return folder.parent / f".{_sibling_base(folder)}{LOCK_SUFFIX}"
+
+
+def _sibling_base(folder: Path) -> str:
+    """The name of `folder` in the names of the files beside it that its writer makes: its lock
+    (`.NAME.torchkit-lock`) and `.NAME.<12 hex>.partial`, `.replaced`, `.discarded`; cut
+    (`fitting`) where those would not fit in a file name (a NAME of 232 bytes or more)."""
+    return fitting(folder.name, len(".") + len(".") + 12 + len(DISCARDED_SUFFIX))
 
 
 class FolderLock:
@@ -1095,11 +1150,11 @@ def tell_note(note: str, error: BaseException | None) -> None:
 
 
 def _sibling(folder: Path, suffix: str) -> Path:
-    return folder.parent / f".{folder.name}.{uuid.uuid4().hex[:12]}{suffix}"
+    return folder.parent / f".{_sibling_base(folder)}.{uuid.uuid4().hex[:12]}{suffix}"
 
 
 def _leftovers(folder: Path, suffix: str) -> list[Path]:
-    prefix = f".{folder.name}."
+    prefix = f".{_sibling_base(folder)}."
     try:
         names = os.listdir(folder.parent)
     except OSError:
@@ -1215,14 +1270,15 @@ def _killed_runs_names(folder: Path) -> list[str]:
                 name = json.loads(line)
                 if isinstance(name, str) and not os.path.isabs(name):
                     names.append(os.path.normpath(os.path.join(folder, name)))
-    by_parent: dict[str, set[str]] = {}
+    by_parent: dict[str, set[str]] = {}  # what `temporary_stem` reads from their temporaries
     for path in names:
-        by_parent.setdefault(os.path.dirname(path), set()).add(os.path.basename(path))
+        by_parent.setdefault(os.path.dirname(path), set()).update(
+            temporary_stems(os.path.basename(path))
+        )
     for parent, own in by_parent.items():
         with contextlib.suppress(OSError):
             for entry in os.listdir(parent):
-                match = TEMPORARY.fullmatch(entry)
-                if match and match["stem"] + (match["suffix"] or "") in own:
+                if temporary_stem(entry) in own:
                     names.append(os.path.join(parent, entry))
     return [*names, os.fspath(folder / MARKER), os.fspath(journal)]
 
@@ -1237,6 +1293,10 @@ class OutputFolder:
     output back in place and no trace of itself.
 
     `resume=True` continues an existing folder in place: no `--force` rules, nothing set aside.
+    `start_files` names what the command writes before anything worth keeping
+    (`killed_start_leftovers`): a folder holding only those, the marker and temporaries, is a
+    run of the command killed before its first result, replaced without `--force` (set aside
+    like an old output, and put back if the new run keeps nothing: `replaces_killed_start`).
     `atomic=True` fills a hidden temporary folder that replaces the output only at the end, so
     the output never holds a half-written result.
 
@@ -1258,6 +1318,7 @@ class OutputFolder:
         atomic: bool = False,
         exists_hint: str | Callable[[], str] = "",
         replaced_hint: str = "",
+        start_files: Collection[str] = (),
     ) -> None:
         check_not_stdout(path, what)
         self.final = Path(path)
@@ -1288,12 +1349,17 @@ class OutputFolder:
             if not resume:  # a run of this command killed before its first file
                 clear_killed_start(self.final, command)
             self._existed = self.final.is_dir()
+            self.replaces_killed_start = (
+                not resume
+                and bool(start_files)
+                and killed_start_leftovers(self.final, command, start_files) is not None
+            )
             if not resume:
                 # A callable hint judges the folder as it is now: a killed run's leftovers gone
                 hint = exists_hint() if callable(exists_hint) else exists_hint
                 self.has_content = check_replaceable(
                     self.final,
-                    force,
+                    force or self.replaces_killed_start,
                     what=what,
                     known_files=known_files,
                     hint=hint,

@@ -5,10 +5,11 @@ writer's (a SIGKILL cannot be caught, but the kernel drops the lock)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import stat
-from pathlib import Path
+from pathlib import Path, PurePath
 
 try:
     import fcntl
@@ -16,8 +17,61 @@ except ImportError:  # Windows: no flock to tell a dead writer from a live one
     fcntl = None
 
 # The names `atomic_write` (`.NAME.XXXXXXXX.tmp`) and `atomic_path` (`.STEM.XXXXXXXX.tmp.SUFFIX`)
-# give their temporaries: mkstemp's 8 random characters (any name, a newline in it too).
+# give their temporaries: mkstemp's 8 random characters (any name, a newline in it too). A
+# NAME (STEM) too long for that to fit in a file name is shortened (`temporary_affixes`).
 TEMPORARY = re.compile(r"\.(?P<stem>.+)\.[a-z0-9_]{8}\.tmp(?P<suffix>\.[^.]+)?", re.DOTALL)
+
+# The bytes of a file name (ext4, XFS, Btrfs, APFS, NTFS's 255 UTF-16 units at least).
+NAME_MAX = 255
+_RANDOM = 8  # mkstemp's random characters
+# A SUFFIX kept in the temporary's name at most: a writer goes by a file's extension (np.save
+# adds `.npy` to a name without it); a longer one is no extension any writer knows.
+_SUFFIX_MAX = 16
+
+
+def temporary_affixes(stem: str, suffix: str = "") -> tuple[str, str]:
+    """mkstemp's prefix and suffix of a temporary of the file `stem + suffix`: `.STEM.` and
+    `.tmp.SUFFIX` (`.tmp` without one), STEM `fitting` a file name with the rest (a valid
+    output name of 242 bytes or more is not: its temporary's STEM is shortened)."""
+    if len(os.fsencode(suffix)) > _SUFFIX_MAX:
+        stem, suffix = stem + suffix, ""
+    ending = f".tmp{suffix}"
+    return f".{fitting(stem, 2 + _RANDOM + len(os.fsencode(ending)), suffix)}.", ending
+
+
+def fitting(name: str, extra: int, hashed_tail: str = "") -> str:
+    """`name`, or where `extra` bytes more would not fit in a file name (what a hidden file
+    beside it adds: a dot, a random part, a suffix), its head cut, whole characters at a time,
+    ending in `~` and 8 hex digits of the hash of `name + hashed_tail` (the whole name it is
+    cut from): still one name for each, so that a writer finds its killed predecessors' files
+    by the name it writes."""
+    room = NAME_MAX - extra
+    if len(os.fsencode(name)) <= room:
+        return name
+    digest = hashlib.sha256(os.fsencode(name + hashed_tail)).hexdigest()[:8]
+    head, budget = name, room - len(f"~{digest}")
+    while len(os.fsencode(head)) > budget:
+        head = head[: min(len(head) - 1, budget)]
+    return f"{head}~{digest}"
+
+
+def temporary_stems(name: str) -> set[str]:
+    """What `TEMPORARY` reads (its stem and suffix joined) from the names of the temporaries
+    `atomic_write` and `atomic_path` give the file `name`: `name` itself, or the shortened
+    names of a long one."""
+    path = PurePath(name)
+    stems = set()
+    for stem, suffix in ((name, ""), (path.stem, path.suffix)):
+        prefix, ending = temporary_affixes(stem, suffix)
+        stems.add(prefix[1:-1] + ending[len(".tmp") :])
+    return stems
+
+
+def temporary_stem(name: str) -> str | None:
+    """What `TEMPORARY` reads from the file name `name` (stem and suffix joined: the name of
+    the file it is a temporary of, or of a long one its shortened name), or None: not one."""
+    found = TEMPORARY.fullmatch(name)
+    return None if found is None else found["stem"] + (found["suffix"] or "")
 
 
 def _open_unlocked(path: Path) -> int | None:

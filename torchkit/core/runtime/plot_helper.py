@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.io.outputs import is_special_file, remove_tree
+from torchkit.core.io.temporaries import temporary_affixes
 from torchkit.core.runtime.helper_process import HelperProcess
 
 SERVICE = "torchkit.core.plotting"
@@ -107,7 +108,8 @@ def _saved_array(value: Any, target: str, saved: list[str]) -> Any:
     import numpy as np
 
     folder, name = os.path.split(target)
-    fd, array_path = tempfile.mkstemp(prefix=f".{Path(name).stem}.", suffix=".tmp.npy", dir=folder)
+    prefix, suffix = temporary_affixes(Path(name).stem, ".npy")
+    fd, array_path = tempfile.mkstemp(suffix, prefix, dir=folder)
     saved.append(array_path)
     with os.fdopen(fd, "wb") as handle:
         np.save(handle, value, allow_pickle=False)
