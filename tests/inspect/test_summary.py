@@ -721,6 +721,23 @@ def test_table_and_csv_output(runner, tmp_path):
     assert again.exit_code == 1 and "already exists" in again.stderr
 
 
+class OptionalTargets(nn.Module):
+    """Passes None beside a tensor, as a detection model passes its absent targets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Identity()
+
+    def forward(self, x):
+        return self.inner((x, None))
+
+
+def test_none_inside_a_shape_is_shown_in_the_table(runner):
+    table = runner.invoke(app, ["summary", f"{__name__}:OptionalTargets", "-i", "3"])
+    assert table.exit_code == 0, table.stderr
+    assert "[1×3, None]" in table.stdout and "[1×3, ]" not in table.stdout
+
+
 def test_checkpoint_model_uses_its_image_size(runner, tmp_path):
     path = tmp_path / "best.pt"
     model = write_convnet_checkpoint(path, in_channels=1, image_size=10, classes="abcd")

@@ -314,12 +314,18 @@ def _compact_shape(shape: Any) -> str:
     if isinstance(shape, str):
         return shape
     if isinstance(shape, dict):
-        return "{" + ", ".join(f"{k}: {_compact_shape(v)}" for k, v in shape.items()) + "}"
+        return "{" + ", ".join(f"{k}: {_item_shape(v)}" for k, v in shape.items()) + "}"
     if shape and all(isinstance(n, int) for n in shape):
         return "×".join(map(str, shape))
     if not shape:
         return "scalar" if isinstance(shape, list) else ""
-    return "[" + ", ".join(_compact_shape(item) for item in shape) + "]"
+    return "[" + ", ".join(_item_shape(item) for item in shape) + "]"
+
+
+def _item_shape(shape: Any) -> str:
+    """One item of a tuple, list or dict: None (no targets given to a detection model's
+    transform) is shown, not left blank as in `[1×3×320×320, ]`."""
+    return "None" if shape is None else _compact_shape(shape)
 
 
 def _shape_text(shape: Any) -> str:
