@@ -668,8 +668,9 @@ def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_
     """Behind a proxy, a server that cannot be reached answers through it: 502 Bad Gateway, 504
     Gateway Timeout, or 503 (squid's for a host it cannot connect to or resolve, a load
     balancer's with no server behind it). Read as the server's answer, they made a cached
-    dataset an error; now they read as no answer, naming the status. A 500 is the server's own
-    failure, a 407 the proxy's wish for a login (whose hint was that of any status): errors."""
+    dataset an error; now they read as no answer, naming the status, and so does a proxy's 407
+    (it wants a login: its hint was that of any status). A 500 is the server's own failure: an
+    error, as ever."""
     served = tmp_path / "served"
     shutil.copytree(world / "served" / "converted", served / "converted")
     with serving(served, tmp_path / "cache", monkeypatch) as httpd:
@@ -686,7 +687,7 @@ def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_
         assert "Warning:" not in uncached.stderr, uncached.stderr
         if status == 407:  # the proxy wants a login, which its URL gives
             assert "put USER:PASSWORD@ before its host in http_proxy" in line, line
-        if status in (407, 500):
+        if status == 500:
             assert cached.returncode == 1, cached.stdout
             assert f"{url}/manifest.json: HTTP {status} " in error_line(cached.stderr)
             continue
@@ -695,6 +696,26 @@ def test_a_proxys_gateway_status_reads_the_cache_unchecked_naming_it(world, tmp_
         (warning,) = [line for line in cached.stderr.splitlines() if line.startswith("Warning:")]
         assert f"cannot reach {url}/manifest.json: HTTP {status} " in warning, warning
         assert "unchecked" in warning, warning
+
+
+def test_an_https_proxys_status_reads_as_an_http_proxys(tmp_path, monkeypatch):
+    """An https URL goes through the proxy's tunnel (CONNECT), whose refusal urllib raises as
+    "Tunnel connection failed: 407 ...": an unreachable server still (a cache is used
+    unchecked), but the hint was to check the URL and the network; now the status is said as
+    an http URL's is, with its hint."""
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    url = "https://example.invalid/data/shard-000000.tar"
+    for status, words in (
+        (407, "put USER:PASSWORD@ before its host in https_proxy"),
+        (502, "no server answered"),
+        (403, "the proxy refuses to connect to the server"),
+    ):
+        with failing_proxy(status, monkeypatch) as proxy:
+            result = run_torchkit_in_process("dataset-stats", url)
+        assert proxy.requests[0] == ("CONNECT", "example.invalid:443")
+        assert result.returncode == 1
+        line = error_line(result.stderr)
+        assert "manifest.json: HTTP " + str(status) in line and words in line, line
 
 
 def test_a_folder_urls_manifest_is_parsed_once_a_run(world, tmp_path, monkeypatch):

@@ -206,14 +206,14 @@ class _Gateway(BaseHTTPRequestHandler):
         self.requests.append((self.command, self.path))  # a proxy is asked for the whole URL
         self.send_error(self.status)
 
-    do_HEAD = do_GET
+    do_HEAD = do_CONNECT = do_GET  # CONNECT: an https URL's tunnel
 
 
 @contextlib.contextmanager
 def failing_proxy(status: int, monkeypatch):
-    """A real local HTTP proxy (`http_proxy`, as urllib reads it) that answers every request
-    with `status` (502 Bad Gateway...), as one does whose way to the server is cut;
-    `.requests`: what it was asked."""
+    """A real local HTTP proxy (`http_proxy` and `https_proxy`, as urllib reads them) that
+    answers every request (an https URL's CONNECT too) with `status` (502 Bad Gateway...), as
+    one does whose way to the server is cut; `.requests`: what it was asked."""
     from torchkit.core.data.sources import http_shards
 
     requests: list[tuple[str, str]] = []
@@ -223,7 +223,8 @@ def failing_proxy(status: int, monkeypatch):
     thread.start()
     for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{httpd.server_address[1]}")
+    for name in ("http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{httpd.server_address[1]}")
     # urllib's opener reads the proxies once, when it is built: built again with this one.
     monkeypatch.setattr(http_shards, "_OPENER", None)
     httpd.requests = requests

@@ -89,7 +89,8 @@ _ABSENT = (401, 403, 404, 410)
 # Statuses that say no server answered: what a proxy or gateway (a load balancer) sends in its
 # place when it cannot reach it (502 Bad Gateway, 504 Gateway Timeout; squid answers 503 for a
 # host it cannot connect to or resolve, a load balancer with no server behind it 503), or a
-# server sends that is down for maintenance (503). None of them says anything of the files.
+# server sends that is down for maintenance (503). None of them says anything of the files;
+# nor does a proxy's 407 (it wants a login), never a server's.
 _NO_ANSWER = (502, 503, 504)
 _HINT = (
     "name shards by URL as https://HOST/DIR/NAME-{000000..000009}.tar, URLs joined by ::, or "
@@ -1012,15 +1013,7 @@ def _opened(url: str, method: str) -> Iterator[Any]:
         response = _url_opener().open(request, timeout=timeout_s())
     except urllib.error.HTTPError as error:
         error.close()
-        if error.code in _NO_ANSWER:
-            raise _Unreachable(
-                _shown(url),
-                _status_text(error.code, str(error.reason or "")),
-                "no server answered it: the server is down, or a proxy or gateway on the way "
-                "cannot reach it; try again later",
-                error.code,
-            ) from None
-        raise _HttpStatus(url, error.code, str(error.reason or "")) from None
+        raise _status_error(url, error.code, str(error.reason or "")) from None
     except urllib.error.URLError as error:
         raise _network_error(url, error.reason) from None
     except (OSError, http.client.HTTPException, ValueError) as error:
@@ -1153,8 +1146,6 @@ class _HttpStatus(InputError):
             hint = "check the URL: {000000..000009} names every shard from the first to the last"
         elif code >= 500:
             hint = "the server failed: try again later"
-        elif code == 407:  # urllib logs in with the USER:PASSWORD@ of the proxy's URL
-            hint = "the proxy wants a login: put USER:PASSWORD@ before its host in http_proxy"
         elif 300 <= code < 400:
             hint = "the server's redirects lead nowhere (a loop, or too many): check the URL"
         else:
@@ -1185,11 +1176,36 @@ def _status_text(code: int, reason: str) -> str:
     return f"HTTP {code} {' '.join(reason.split())}".rstrip()
 
 
-def _network_error(url: str, reason: object) -> _Unreachable:
+def _status_error(url: str, code: int, reason: str, tunnel: bool = False) -> TorchkitError:
+    """The error of an answer `code` other than 200: `_NO_ANSWER`'s, a proxy's 407 and any
+    answer to an https URL's tunnel (`tunnel`: the proxy's CONNECT) say no server answered."""
+    if code == 407:  # urllib logs in with the USER:PASSWORD@ of the proxy's URL
+        hint = "the proxy wants a login: put USER:PASSWORD@ before its host in https_proxy"
+        hint = hint if tunnel else hint.replace("https_proxy", "http_proxy")
+    elif code in _NO_ANSWER:
+        hint = (
+            "no server answered it: the server is down, or a proxy or gateway on the way "
+            "cannot reach it; try again later"
+        )
+    elif tunnel:
+        hint = "the proxy refuses to connect to the server: check https_proxy and no_proxy"
+    else:
+        return _HttpStatus(url, code, reason)
+    return _Unreachable(_shown(url), _status_text(code, reason), hint, code)
+
+
+# How http.client raises a proxy's answer other than 200 to the CONNECT of an https URL.
+_TUNNEL_REFUSED = re.compile(r"Tunnel connection failed: (\d{3})\b ?(.*)")
+
+
+def _network_error(url: str, reason: object) -> TorchkitError:
     import socket
     import ssl
     from urllib.parse import urlsplit
 
+    tunnel = _TUNNEL_REFUSED.match(str(reason)) if isinstance(reason, OSError) else None
+    if tunnel is not None:  # the proxy's answer, as for an http URL
+        return _status_error(url, int(tunnel[1]), tunnel[2], tunnel=True)
     shown = _shown(url)
     host = urlsplit(url).netloc.rpartition("@")[2]
     if isinstance(reason, TimeoutError):  # socket.timeout too
