@@ -67,19 +67,48 @@ def test_a_sigterm_with_no_rank_failed_still_ends_with_terminated(monkeypatch, a
         raise Terminated()
 
 
-def test_a_rank_stopped_after_another_failed_ends_with_its_code_quietly(monkeypatch):
+@pytest.fixture
+def signal_handlers_kept():
+    """The SIGTERM and SIGINT handlers put back after a test of a rank that ignores them."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("number", [0, 1])
+def test_a_rank_stopped_after_another_failed_ends_with_its_code_quietly(
+    monkeypatch, signal_handlers_kept, number
+):
+    # Rank 0 too: it said `Terminated.` (or "another process of the run ended") below the
+    # failed rank's own error, two failures for one.
     monkeypatch.setattr(ddp.distributed, "peer_failure_code", lambda ctx: 2)
     monkeypatch.setattr(ddp, "under_torchrun_agent", lambda: True)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        with pytest.raises(DeviceError) as caught, ddp.one_line_per_failure(rank(1)):
-            raise Terminated()
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    assert caught.value.on_every_rank and caught.value.exit_code == 2
-    with pytest.raises(Terminated), ddp.one_line_per_failure(rank(0)):  # rank 0 says it
+    with pytest.raises(DeviceError) as caught, ddp.one_line_per_failure(rank(number)):
         raise Terminated()
+    assert caught.value.reported_by_another_rank and caught.value.exit_code == 2
+
+
+def test_rank_0_stopped_after_another_failed_prints_nothing(
+    monkeypatch, signal_handlers_kept, tmp_path
+):
+    """Through the CLI: rank 0's run stopped by torchrun's SIGTERM after rank 1 recorded its
+    failure ends with rank 1's code and no line of its own."""
+    from processes import run_torchkit_in_process
+
+    from torchkit.core.train import runner
+
+    def stopped(*args, **kwargs):
+        raise Terminated()
+
+    monkeypatch.setattr(runner, "_train", stopped)
+    monkeypatch.setattr(ddp.distributed, "peer_failure_code", lambda ctx: 1)
+    monkeypatch.setattr(ddp, "under_torchrun_agent", lambda: True)
+    done = run_torchkit_in_process(
+        "train", "--data", "digits", "--model", "nets:TinyNet", "--epochs", "1",
+        "--device", "cpu", "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert (done.returncode, done.stderr, done.stdout) == (1, "", "")
 
 
 def test_a_rank_that_fails_with_its_own_error_records_it(monkeypatch):
@@ -114,5 +143,8 @@ def test_the_failed_ranks_code_reaches_the_others_through_the_store(monkeypatch)
     distributed.record_failure(failed, 2)
     assert distributed.peer_failure_code(stopped) == 2
     assert distributed.peer_failure_code(DistContext(rank=1, world_size=2)) is None  # joined
+    assert distributed.peer_failure_code(failed) == 2  # rank 0 reads another rank's failure
     monkeypatch.setenv("MASTER_PORT", str(free_port()))  # no server there
     assert distributed.peer_failure_code(stopped) == 143
+    # Rank 0 outlived the store's server: torchrun's agent, not a failed rank, is gone.
+    assert distributed.peer_failure_code(failed) is None

@@ -352,6 +352,8 @@ class TorchkitGroup(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except TorchkitError as error:
+            if error.reported_by_another_rank:
+                raise typer.Exit(error.exit_code) from None  # the failed rank's line says it
             if error.on_every_rank and not _is_main_process():
                 raise typer.Exit(error.exit_code) from None  # rank 0 reports it, once
             if error.from_shared_inputs and _leave_to_local_rank_0():

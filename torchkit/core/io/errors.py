@@ -16,6 +16,9 @@ class TorchkitError(Exception):
     # missing data folder, an unreadable checkpoint): raised before the ranks connect, it is
     # reported by the node's local rank 0 alone under torchrun (launch.leave_to_local_rank_0).
     from_shared_inputs = False
+    # Another rank of a torchrun world failed first and printed its own line: this rank, rank 0
+    # included, ends with that rank's exit code and says nothing (train/ddp.one_line_per_failure).
+    reported_by_another_rank = False
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)

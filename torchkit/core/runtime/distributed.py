@@ -144,7 +144,8 @@ def record_failure(ctx: DistContext, exit_code: int) -> None:
 def peer_failure_code(ctx: DistContext) -> int | None:
     """The exit code another rank ended with after `record_failure`; 143 (SIGTERM's) when the
     store no longer answers: it is served by rank 0's process unless torchrun's agent serves
-    it, so rank 0 has ended. None while the store answers and no rank recorded a failure."""
+    it, so rank 0 has ended (asked by rank 0 itself: None, its agent has ended and no rank
+    said it failed). None while the store answers and no rank recorded a failure."""
     if not ctx.is_distributed or not ctx.initialised_here:
         return None
     import os
@@ -161,7 +162,7 @@ def peer_failure_code(ctx: DistContext) -> int | None:
     try:
         socket.create_connection(address, timeout=2).close()
     except OSError:
-        return 143
+        return None if ctx.is_main else 143
     try:
         with output_discarded():
             store = _get_default_store()
@@ -169,7 +170,7 @@ def peer_failure_code(ctx: DistContext) -> int | None:
                 return None
             return int(store.get(_FAILED_KEY))
     except Exception:
-        return 143
+        return None if ctx.is_main else 143
 
 
 def teardown(ctx: DistContext, *, wait: bool = False) -> None:

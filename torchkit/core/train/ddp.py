@@ -106,27 +106,26 @@ def refuse_untrained_parameters(ctx: DistContext, module: Any) -> None:
 @contextlib.contextmanager
 def one_line_per_failure(ctx: DistContext) -> Iterator[None]:
     """A rank that fails with its own error records it in the process group's store
-    (`distributed.record_failure`) before it ends. Under torchrun's agent, a rank other than 0
-    stopped by that failure (the agent's SIGTERM to the group, or a collective that lost the
-    failed rank) then ends with the failed rank's exit code and prints nothing, as after an
-    error every rank shares: the failed rank's line and torchrun's report say what happened.
-    A SIGTERM while no rank has failed (a user's `kill`, a scheduler) still ends the rank with
-    `Terminated.`, as in every command."""
+    (`distributed.record_failure`) before it ends. Under torchrun's agent, a rank stopped by
+    that failure (the agent's SIGTERM to the group, or a collective that lost the failed rank),
+    rank 0 included, then ends with the failed rank's exit code and prints nothing: the failed
+    rank's line and torchrun's report say what happened, once. A SIGTERM while no rank has
+    failed (a user's `kill`, a scheduler) still ends the rank with `Terminated.`, as in every
+    command."""
     try:
         yield
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, Terminated):
             raise
         if isinstance(error, Terminated) or _lost_a_peer(error):
-            code = None
-            if not ctx.is_main and under_torchrun_agent():
-                code = distributed.peer_failure_code(ctx)
+            code = distributed.peer_failure_code(ctx) if under_torchrun_agent() else None
             if code is not None:
                 # The agent's SIGTERM may come while this rank ends: it ends as it is.
                 deferred_signals.ignore_later((signal.SIGTERM, signal.SIGINT))
                 stopped = DeviceError(f"rank {ctx.rank}: stopped after another rank failed")
                 stopped.exit_code = code
-                raise on_every_rank(stopped) from None
+                stopped.reported_by_another_rank = True
+                raise stopped from None
         else:
             code = error.exit_code if isinstance(error, TorchkitError) else 1
             distributed.record_failure(ctx, code)
