@@ -1235,6 +1235,34 @@ def test_segments_in_test_and_train_mode(tmp_path, videos):
     assert "2 6 10 14" in table_text(tmp_path, path, "-k", "4")
 
 
+def test_a_video_s_train_mode_frames_do_not_change_with_the_others_listed(
+    tmp_path, videos, monkeypatch
+):
+    """Train mode's "same seed, same frames" holds for each video whatever else is listed:
+    its stream is seeded by --seed and its name in its input (relative to the folder given,
+    however that is spelled), not by its place in the list. Before, a video added in front
+    (a new clip sorted first) changed every other video's frames."""
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for name in ("b.avi", "c.avi", "d.avi"):
+        shutil.copyfile(need(videos, "mjpg.avi"), clips / name)
+    options = {"segments": 6, "sample_mode": "train", "seed": 3, "workers": 1}
+
+    def frames(*paths) -> dict[str, list[int]]:
+        infos = inspect_videos(list(paths), **options)
+        return {Path(info.path).name: info.frame_indices for info in infos}
+
+    before = frames(clips)
+    assert len({tuple(indices) for indices in before.values()}) == 3  # a stream each
+    shutil.copyfile(need(videos, "mjpg.avi"), clips / "a.avi")
+    after = frames(clips)
+    assert list(after) == ["a.avi", "b.avi", "c.avi", "d.avi"]
+    assert {name: after[name] for name in before} == before
+    monkeypatch.chdir(tmp_path)
+    assert frames("clips/") == frames(Path("clips").absolute()) == after
+    assert frames("clips/c.avi") == frames("./clips/c.avi")  # a file: its path as given
+
+
 def test_extract_frames_writes_the_sampled_frames_losslessly(tmp_path, videos):
     path = need(videos, "lossless.mkv")  # FFV1: decoded frames equal what was written
     out = tmp_path / "frames"

@@ -115,7 +115,8 @@ def video_info(
         typer.Option(
             "--seed",
             callback=seed_in_range,
-            help="Seed of the train-mode sampling (same seed, same frames).",
+            help="Seed of the train-mode sampling: same seed, same frames of a video, whatever "
+            "else is listed (its stream follows its path in the folder given).",
         ),
     ] = 0,
     extract_frames: Annotated[

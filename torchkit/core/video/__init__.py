@@ -12,6 +12,7 @@ threads; `stream_videos`, their records as they come).
 from torchkit.core.video.containers import (
     VIDEO_EXTENSIONS,
     declared_size,
+    find_named_videos,
     find_videos,
     is_video_file,
     sniff_container,
@@ -55,6 +56,7 @@ __all__ = [
     "declared_size",
     "default_video_workers",
     "extract_frames",
+    "find_named_videos",
     "find_videos",
     "fourcc_to_text",
     "frame_file_name",

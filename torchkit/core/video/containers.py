@@ -56,7 +56,15 @@ def find_videos(
     files `stdin` lists, one per line (one that is gone is a row with its error, as in predict).
     A file given or listed keeps its spelling (`./clip.mp4`, as `find .` prints it), which the
     rows echo as predict's do; a folder's videos are spelled as `tree_entries` spells them."""
-    found: list[str] = []
+    return list(find_named_videos(paths, stdin))
+
+
+def find_named_videos(
+    paths: Iterable[str | os.PathLike], stdin: Iterable[str] | None = None
+) -> dict[str, str]:
+    """`find_videos`' videos, in order, each with its name in the input it was found in
+    (`input_name`): what seeds its train-mode sampling, whatever else is in the list."""
+    found: dict[str, str] = {}
     seen: set[str] = set()
     named = [os.fspath(p) for p in paths]
     if not named:
@@ -64,6 +72,7 @@ def find_videos(
     if named.count(STDIN) > 1:
         raise UsageError("- (stdin) given more than once")
     for path in named:
+        folder = None
         if path == STDIN:
             candidates = read_path_list(stdin, "video")
         elif not os.path.exists(path):
@@ -77,17 +86,26 @@ def find_videos(
                         f"looked for {', '.join(sorted(VIDEO_EXTENSIONS))}",
                     )
                 logger.warning("no video files in %s", path)
-            candidates = videos
+            candidates, folder = videos, path
         else:
             candidates = [path]
         for candidate in candidates:
             key = video_key(candidate)
             if key not in seen:
                 seen.add(key)
-                found.append(candidate)
+                found[candidate] = input_name(candidate, folder)
     if not found:
         raise InputError("no video files found in the given folders", "check the paths")
     return found
+
+
+def input_name(video: str, folder: str | None = None) -> str:
+    """The name of `video` in the input it comes from: its path relative to the `folder` given
+    that it was found in (`clips/a/v.mp4` in `clips/` is `a/v.mp4`, however `clips` is
+    spelled), else its path as given or listed, `.` and `//` aside; `/`-separated."""
+    if folder is not None:
+        video = os.path.relpath(video, folder)
+    return os.path.normpath(video).replace(os.sep, "/")
 
 
 def video_key(path: str | os.PathLike) -> str:

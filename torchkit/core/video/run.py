@@ -38,7 +38,7 @@ from torchkit.core.io.progress import Progress
 from torchkit.core.runtime.cpus import usable_cpus
 from torchkit.core.runtime.pool import chunked, map_chunks
 from torchkit.core.runtime.seeding import check_seed
-from torchkit.core.video.containers import find_videos, video_key
+from torchkit.core.video.containers import find_named_videos, input_name, video_key
 from torchkit.core.video.frames import (
     FRAME_FILES,
     MAX_SEGMENTS,
@@ -100,8 +100,9 @@ def inspect_videos(
 
     `exact` counts frames by decoding; `decode_check` decodes the first (see `probe_video`).
     `segments` also samples TSN frame indices from each video's frame count (train mode draws
-    from an independent stream per video, seeded by `seed` and the video's position, so results
-    do not depend on the thread schedule); `extract_dir` writes those frames as PNG (through
+    from an independent stream per video, seeded by `seed` and the video's name in its input,
+    `containers.input_name`: neither the thread schedule nor the other videos listed change
+    it); `extract_dir` writes those frames as PNG (through
     `core.outputs`: never a video or a folder of them, `--force` only over an earlier frames
     folder, locked, filled beside it and put in place at the end: the old one stays if the run
     fails, is stopped or writes no frame). `report` is the `-o` file the caller will write:
@@ -111,7 +112,8 @@ def inspect_videos(
     _check_options(segments, workers, seed, sample_mode)
     if extract_dir is not None and segments is None:
         raise UsageError("--extract-frames needs --segments K", "say how many frames to sample")
-    videos = find_videos(paths, stdin)
+    named = find_named_videos(paths, stdin)
+    videos = list(named)
     inputs = video_inputs([p for p in paths if os.fspath(p) != STDIN], videos)
     if report is not None:
         check_output_file(report, force, inputs)
@@ -138,7 +140,7 @@ def inspect_videos(
             frames_folder = _FramesFolder(out, folding)
         results = _inspect(
             videos, exact, decode_check, segments, sample_mode, seed, frames_folder, workers,
-            progress,
+            progress, named,
         )  # fmt: skip
         if frames_folder is not None:
             # Keep the new frames (they replace the old folder) once there are any; with none
@@ -172,13 +174,14 @@ def stream_videos(
     _check_options(segments, workers, seed, sample_mode)
     options = (exact, decode_check, segments, sample_mode, seed)
     if [os.fspath(p) for p in paths] != [STDIN]:
-        videos = find_videos(paths, stdin)
+        named = find_named_videos(paths, stdin)
+        videos = list(named)
         if report is not None:
             inputs = video_inputs([p for p in paths if os.fspath(p) != STDIN], videos)
             check_output_file(report, force, inputs)
 
         def read(on_record: Callable[[VideoInfo], None]) -> None:
-            _inspect(videos, *options, None, workers, progress, on_record=on_record)
+            _inspect(videos, *options, None, workers, progress, named, on_record)
 
         return read
     chunks = _ListedVideos(stdin).chunks(_chunk_size(workers))
@@ -196,7 +199,7 @@ def stream_videos(
                 progress(before + count, None)  # type: ignore[misc]
 
             chunk_progress = advance if progress is not None else None
-            _inspect(chunk, *options, None, workers, chunk_progress, done, on_record)
+            _inspect(chunk, *options, None, workers, chunk_progress, None, on_record)
             done += len(chunk)
 
     return read_listed
@@ -265,12 +268,12 @@ def _inspect(
     frames_folder: _FramesFolder | None,
     workers: int | None,
     progress: Progress | None,
-    first: int = 0,
+    names: dict[str, str] | None = None,
     on_record: Callable[[VideoInfo], None] | None = None,
 ) -> list[VideoInfo]:
-    """The records of `videos` (which come `first` in the whole list: train-mode seeds), in
-    order; with `on_record`, each handed to it as soon as those before it are, and none kept
-    (the list returned is empty)."""
+    """The records of `videos` (`names`: each one's name in its input, which seeds its
+    train-mode sampling; None: its path as listed), in order; with `on_record`, each handed to
+    it as soon as those before it are, and none kept (the list returned is empty)."""
     threads = default_video_workers() if workers is None else workers
     # One video decoded at length alone (--exact, or its frames extracted; one video or -j 1)
     # keeps FFmpeg's threads for itself.
@@ -291,7 +294,9 @@ def _inspect(
 
     def sample(position: int, info: VideoInfo) -> VideoInfo:
         if options is not None and info.status == "ok":
-            stream = _video_seed(seed, first + position) if train else None
+            video = videos[position]
+            name = names[video] if names is not None else input_name(video)
+            stream = _video_seed(seed, name) if train else None
             _sample_into(info, options, stream, frames_folder, stop)
         return info
 
@@ -445,9 +450,13 @@ def _run_all(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _video_seed(seed: int, position: int) -> Any:
-    """The stream of the video at `position` of the list: the one `SeedSequence(seed).spawn`
-    gives it, whichever part of the list is read."""
+def _video_seed(seed: int, name: str) -> Any:
+    """The stream of the video `name`d so in its input (`containers.input_name`): one of
+    `SeedSequence(seed)`'s, keyed by the name's hash, whatever else the list holds and
+    wherever in it the video is."""
+    import hashlib
+
     import numpy as np
 
-    return np.random.SeedSequence(seed, spawn_key=(position,))
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).digest()
+    return np.random.SeedSequence(seed, spawn_key=(int.from_bytes(digest[:16], "little"),))
