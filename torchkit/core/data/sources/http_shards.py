@@ -35,10 +35,11 @@ after TIMEOUT_S seconds (`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is 
 the URL and why.
 
 A server that cannot be reached at all (no HTTP answer: a refused connection, an unknown host,
-no answer in time, or a proxy's or gateway's HTTP 502, 503 or 504 in its place) when its side
-files are fetched leaves the cache as it is: its manifest.json, classes and shards are used
-unchecked, with one warning, and the server is asked nothing more that run but the shards the
-cache lacks (whose download fails as any other). A server that answers is obeyed as always (a
+no answer in time, a proxy's or gateway's HTTP 502, 503 or 504 in its place, or a proxy's
+refusal: its 407, its answer to an https URL's CONNECT) when its side files are fetched
+leaves the cache as it is: its manifest.json, classes and shards are used unchecked, with one
+warning, and the server is asked nothing more that run but the shards the cache lacks (whose
+download fails as any other). A server that answers is obeyed as always (a
 404 deletes, a changed shard is downloaded again, a 500 is an error).
 """
 
