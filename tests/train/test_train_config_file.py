@@ -126,6 +126,38 @@ def test_a_value_of_the_wrong_type_is_named_in_a_users_words(runner, tmp_path, c
     assert said.replace("h.json", str(recipe)) in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("content", "args", "said"),
+    [
+        ({"lr": -1}, [], "Error: h.json: --lr must be positive, not -1"),
+        ({"lr": float("nan")}, [], "Error: h.json: --lr must be a finite number, not nan"),
+        ({"augment": "Basic"}, [], "Error: h.json: unknown --augment 'Basic'"),
+        ({"mean": [0.5, 0.5]}, [], "Error: h.json: --mean takes 3 values"),
+        ({"backbone_lr": 0.1}, ["--head-lr-mult", "2"], "Error: h.json: --backbone-lr and"),
+        # the command line's own value: the file has nothing to do with it
+        ({"lr": 0.1, "lr_max": 5.0}, ["--lr", "-1"], "Error: --lr must be positive, not -1"),
+    ],
+)
+def test_a_bad_value_from_the_recipe_names_the_recipe(runner, tmp_path, content, args, said):
+    """A value of the right type but out of range or not a choice read "Error: --lr must be
+    positive, not -1": no --lr on the command line, and the recipe not named."""
+    recipe = tmp_path / "h.json"
+    recipe.write_text(json.dumps(content))
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config", *args])
+    assert result.exit_code == 2, result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(said.replace("h.json", str(recipe))), result.stderr
+
+
+def test_a_bad_value_from_the_recipe_on_stdin_names_stdin_when_training(runner, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--config", "-", "--out", out], input='{"lr": -1}')
+    assert result.exit_code == 2, result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert errors == ["Error: the recipe on stdin: --lr must be positive, not -1"]
+    assert not out.exists()
+
+
 def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):
     """`--config -` was "config file not found: -"."""
     printed = runner.invoke(app, ["train", "--print-config", "--lr", "0.01", "-e", "3"])

@@ -7,6 +7,7 @@ in one loop. Only the parameters that are not training options are declared here
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import signal
 from pathlib import Path
@@ -129,15 +130,17 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     is_main = is_main_process()
     config = _config_from(values, stats)
     given = _given_options(ctx)
+    from_file = contextlib.nullcontext()
     if config_file is not None:
-        config = _with_config_file(config, config_file, given)
+        config, from_file = _with_config_file(config, config_file, given)
     if print_config:
         from torchkit.core.train.setup import effective_config
 
         if not is_main:  # torchrun: one copy, rank 0's (the ranks raced to write -o FILE)
             return
-        emit(tables=[], data=effective_config(config, given), fmt=OutputFormat.json,
-             output=output, force=force)  # fmt: skip
+        with from_file:
+            effective = effective_config(config, given)
+        emit(tables=[], data=effective, fmt=OutputFormat.json, output=output, force=force)
         return
     if config.find_lr and is_main:
         from torchkit.core.train.lr_find import ignored_options
@@ -159,7 +162,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
         logging.getLogger("torchkit").setLevel(logging.ERROR)
     display = TrainProgress(enabled=is_main)
     # -o is checked (with the run folder, against every input) by run_training before any work.
-    with StopOnSignal(graceful_from_start=not is_main) as stop, display:
+    with StopOnSignal(graceful_from_start=not is_main) as stop, display, from_file:
         display.stop = stop
         result = run_training(
             config,
@@ -218,18 +221,29 @@ def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:
     )
 
 
-def _with_config_file(config: TrainConfig, path: Path, given: list[str]) -> TrainConfig:
+def _with_config_file(
+    config: TrainConfig, path: Path, given: list[str]
+) -> tuple[TrainConfig, contextlib.AbstractContextManager]:
+    """`config` with the recipe's options, and the context in which an error about one of
+    them names the recipe."""
     import sys
 
     from torchkit.core.io.errors import UsageError
-    from torchkit.core.train.config_file import apply_config_file, read_config_file
+    from torchkit.core.train.config_file import (
+        apply_config_file,
+        naming_the_recipe,
+        read_config_file,
+        recipe_source,
+    )
 
     if config.resume is not None:
         raise UsageError(
             "--config starts a new run from a recipe; --resume continues a run with its own",
             "drop one of them",
         )
-    return apply_config_file(config, read_config_file(path, sys.stdin), given)
+    file_options = read_config_file(path, sys.stdin)
+    config = apply_config_file(config, file_options, given)
+    return config, naming_the_recipe(recipe_source(path), file_options, given)
 
 
 def _given_options(ctx: typer.Context) -> list[str]:

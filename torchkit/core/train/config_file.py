@@ -16,11 +16,12 @@ lists the options the data chose (`defaults_from_data`), which a replay chooses 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import IO, Any
@@ -47,12 +48,11 @@ _PIPE_IT = "pipe a recipe in: torchkit train --print-config ... | torchkit train
 def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str, Any]:
     """The options in `path`: a config.json's `options` block, or the whole mapping. `-` reads
     them from `stdin` (JSON, or YAML when it does not start as JSON does)."""
-    if str(path) == STDIN:
+    source = recipe_source(path)
+    if source == STDIN_SOURCE:
         text = _read_stdin(stdin)
-        source: str | Path = STDIN_SOURCE
         is_yaml = not text.lstrip().startswith(("{", "["))
     else:
-        source = Path(path)
         try:
             text = source.read_text(encoding="utf-8-sig")
         except FileNotFoundError:
@@ -382,4 +382,37 @@ def apply_config_file(
         raise UsageError(f"bad config file option: {error}") from error
 
 
-__all__ = ["apply_config_file", "option_name", "read_config_file"]
+def recipe_source(path: str | Path) -> str | Path:
+    """How errors name the recipe `--config` gave: its path, or `the recipe on stdin`."""
+    return STDIN_SOURCE if str(path) == STDIN else Path(path)
+
+
+@contextlib.contextmanager
+def naming_the_recipe(
+    source: str | Path, file_options: Collection[str], given: Collection[str]
+) -> Iterator[None]:
+    """A usage error about an option whose value the recipe gave (a range or a choice, checked
+    when the run is planned: "--lr must be positive, not -1") names the recipe in front
+    ("recipe.json: --lr must be positive, not -1"): the command line has no --lr to fix."""
+    try:
+        yield
+    except UsageError as error:
+        from_file = [name for name in file_options if name not in given]
+        if any(_names_option(error.message, name) for name in from_file):
+            error.message = f"{source}: {error.message}"
+        raise
+
+
+def _names_option(message: str, name: str) -> bool:
+    """Whether `message` names the option `name` as the command line spells it (`--lr`, not
+    within `--lr-min`)."""
+    return re.search(rf"(?<![\w-]){re.escape(option_name(name))}(?![\w-])", message) is not None
+
+
+__all__ = [
+    "apply_config_file",
+    "naming_the_recipe",
+    "option_name",
+    "read_config_file",
+    "recipe_source",
+]
