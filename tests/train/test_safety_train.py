@@ -112,23 +112,71 @@ def test_outputs_that_overlap_an_input_are_refused_and_nothing_is_touched(world)
     assert tree_digest(world) == before  # not a byte changed, no run folder, no lock left behind
 
 
-def test_a_run_killed_before_its_first_checkpoint_is_not_offered_to_resume(world):
-    # What a SIGKILL before the first epoch ended leaves: the marker and config.json. The same
-    # command said "pass --resume old to continue that run", and --resume said only "no
-    # last.pt in old (give the run folder of an earlier `torchkit train`)".
-    killed = world / "killed"
-    killed.mkdir()
-    (killed / ".torchkit").write_text('{"written_by": "torchkit", "command": "train"}\n')
-    (killed / "config.json").write_text((world / "old" / "config.json").read_text())
-    again, resumed = run_each_in_process(
-        [["train", *TINY, *DATA, "--out", "killed"], ["train", "--resume", "killed"]], cwd=world
+def killed_start(folder: Path, config: Path) -> Path:
+    """What a SIGKILL before the first checkpoint leaves of `train --tensorboard --out FOLDER`
+    (seen with a real process): the marker, config.json, split.csv and the TensorBoard log."""
+    folder.mkdir()
+    (folder / ".torchkit").write_text('{"written_by": "torchkit", "command": "train"}\n')
+    (folder / "config.json").write_text(config.read_text())
+    (folder / "split.csv").write_text("path,label,split\na/a_0.png,a,train\n")
+    (folder / "tensorboard").mkdir()
+    (folder / "tensorboard" / "events.out.tfevents.1.host.1.0").write_bytes(os.urandom(88))
+    return folder
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_without_force(world):
+    # It was "run folder already exists: killed (its run was stopped before its first
+    # checkpoint, so there is nothing to resume: pass --force to start it again ...)".
+    killed = killed_start(world / "killed", world / "old" / "config.json")
+    before = tree_digest(killed)
+    resumed, failed = run_each_in_process(
+        [
+            ["train", "--resume", "killed"],
+            ["train", *TINY, *DATA, "--model", "no_such_module:Net", "--out", "killed"],
+        ],
+        cwd=world,
     )
+    assert resumed.returncode == 1
+    assert "stopped before its first checkpoint" in error_line(resumed.stderr)
+    assert "the command that started it, without --resume" in error_line(resumed.stderr)
+    assert failed.returncode == 2 and "no_such_module" in error_line(failed.stderr)
+    assert tree_digest(killed) == before  # a run that fails puts the killed start back
+    again = run_torchkit_in_process(
+        "train", *TINY, *DATA, "--epochs", "1", "--out", "killed", cwd=world
+    )
+    assert again.returncode == 0, again.stderr
+    assert (killed / "last.pt").is_file() and not (killed / "tensorboard").exists()
+    assert hidden_siblings(killed) == []
+
+
+@pytest.mark.parametrize("mine", ["notes.txt", "tensorboard/notes.txt"])
+def test_a_killed_start_holding_a_users_file_still_needs_force(world, mine):
+    killed = killed_start(world / "killed", world / "old" / "config.json")
+    (killed / mine).write_text("my notes\n")
+    before = tree_digest(world)
+    again = run_torchkit_in_process("train", *TINY, *DATA, "--out", "killed", cwd=world)
     assert again.returncode == 1 and "--resume" not in error_line(again.stderr)
     assert "stopped before its first checkpoint" in error_line(again.stderr)
     assert "pass --force to start it again" in error_line(again.stderr)
-    assert resumed.returncode == 1
-    assert "stopped before its first checkpoint" in error_line(resumed.stderr)
-    assert "--force" in error_line(resumed.stderr)
+    assert tree_digest(world) == before
+
+
+def test_a_run_stopped_in_its_first_epoch_saves_last_pt_over_a_killed_start(world):
+    """Ctrl-C or SIGTERM inside the first epoch of a run that replaces a killed start saves
+    last.pt (as in a new folder): the killed start held nothing worth more than that epoch."""
+    from torchkit.core.io.outputs import OutputFolder
+    from torchkit.core.train.outputs import START_FILES
+    from torchkit.core.train.run_folder import RunFolder
+
+    killed = killed_start(world / "killed", world / "old" / "config.json")
+    folder = RunFolder()
+    folder.output = OutputFolder(killed, command="train", start_files=START_FILES)
+    assert folder.output.replaces_killed_start
+    folder.path = folder.output.begin()
+    assert folder.save_stopped({"epoch": 1, "model": {}})
+    folder.release(ok=True)
+    assert sorted(p.name for p in killed.iterdir()) == [".torchkit", "last.pt"]
+    assert hidden_siblings(killed) == []
 
 
 @pytest.fixture

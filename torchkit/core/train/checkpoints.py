@@ -138,7 +138,7 @@ def resume_path(spec: str) -> Path:
         if stopped_before_first_checkpoint(path):
             raise CheckpointError(
                 f"no {LAST} in {path}: its run was stopped before its first checkpoint",
-                "start it again: the same command with --force instead of --resume",
+                "start it again: the command that started it, without --resume",
             )
         if not candidate.is_file():
             raise CheckpointError(

@@ -61,6 +61,12 @@ RUN_FILES = (
 CONFIG_KEYS = ("options", "arch", "classes", "preprocess")
 
 
+# What a run writes before its first checkpoint: a run folder holding only these (with the
+# marker and temporaries) is a run killed before it saved anything, started again without
+# --force (`OutputFolder`'s start_files).
+START_FILES = ("config.json", "split.csv", "tensorboard/events.out.tfevents.*")
+
+
 def old_run_files(folder: Path) -> tuple[str, ...]:
     """RUN_FILES where `folder` holds a run's config.json, else nothing: a folder without the
     marker is an earlier run's only by its record, never by names another trainer uses too

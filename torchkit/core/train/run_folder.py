@@ -43,6 +43,7 @@ from torchkit.core.train.checkpoints import (
 from torchkit.core.train.curves_painter import CurvesPainter
 from torchkit.core.train.outputs import (
     RUN_FILES,
+    START_FILES,
     TensorBoardLog,
     is_run_file,
     old_run_files,
@@ -126,6 +127,7 @@ class RunFolder:
                     what="run folder",
                     resume=in_place,
                     exists_hint=_exists_hint(out),
+                    start_files=START_FILES,
                     replaced_hint="nothing more was written there: continue a run folder you "
                     "moved with --resume NEW_PLACE, or start the run again",
                 )
@@ -245,10 +247,12 @@ class RunFolder:
         """last.pt of a run stopped inside an epoch, if it is worth more than what the folder
         held before: yes once the run has saved a checkpoint, when it continues a run in place,
         or when the folder held nothing; not when it would replace an earlier run (--force)
-        with a first, unfinished epoch. Whether it was saved (else the new run goes)."""
+        with a first, unfinished epoch (a run killed before its first checkpoint is worth
+        less). Whether it was saved (else the new run goes)."""
         self.wait_saved()  # the epoch before is on disk (or its error raised) first
         output = self.output
-        if not (output is None or output.resume or not output.has_content or self.saved_any):
+        worth_less = output is None or not output.has_content or output.replaces_killed_start
+        if not (worth_less or output.resume or self.saved_any):
             return False
         save_epoch(self.path, checkpoint, is_best=False, save_every=0, keep=0)
         self._saved()
