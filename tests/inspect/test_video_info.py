@@ -1508,25 +1508,54 @@ def test_extract_frames_needs_segments(tmp_path, videos):
     assert invoke(need(videos, "mjpg.avi"), "--segments", "0").exit_code == 2
 
 
-@pytest.mark.parametrize(
-    ("frames", "message"),
-    [(0, "the video has no frames to sample"), (None, "the container does not say how many")],
-)
-def test_zero_or_unknown_frame_count_is_an_error_row_when_sampling(
-    monkeypatch, videos, frames, message
+@pytest.mark.parametrize("frames", [0, None])
+def test_zero_frames_is_an_error_row_and_an_unknown_count_is_decoded_when_sampling(
+    monkeypatch, videos, frames
 ):
+    """A header that says 0 frames is an empty video; one that gives no count (a browser's
+    MediaRecorder WebM, a live MKV, a raw stream) is counted by decoding, as --exact counts.
+    Before, no count was an `unreadable` row ("pass --exact"), even with --extract-frames."""
     import torchkit.core.video.run as run
 
     original = run.probe_video
 
     def without_frames(path, **options):
         info = original(path, **options)
-        info.frames = frames
+        info.frames = info.frames_header = frames
         return info
 
     monkeypatch.setattr(run, "probe_video", without_frames)
     (info,) = inspect_videos([need(videos, "mjpg.avi")], segments=3)
-    assert info.error.startswith(message) and info.frame_indices is None
+    if frames == 0:
+        assert info.error.startswith("the video has no frames to sample")
+        assert info.frame_indices is None
+    else:
+        assert (info.status, info.frames, info.frames_source) == ("ok", 17, "decoded")
+        assert info.frame_indices == tsn_frame_indices(17, 3)
+
+
+def test_segments_of_a_raw_stream_without_a_frame_count(tmp_path):
+    """A raw MPEG-2 stream (.m2v) gives no frame count: --segments counts its frames by
+    decoding (the table says so), and --extract-frames writes them; before, its row was
+    `unreadable` ("the container does not say how many frames it holds"), exit 1."""
+    clip = tmp_path / "clip.m2v"
+    if not write_video(clip, "MPG2", 48, 32, 25.0, 12):
+        pytest.skip("this OpenCV build cannot write raw MPEG-2 video")
+    assert probe_video(clip).frames is None
+    code, (row,) = json_rows(clip, "--segments", "3")
+    assert code == 0 and row["status"] == "ok", row
+    assert (row["frames"], row["frames_source"], row["frame_indices"]) == (
+        12,
+        "decoded",
+        [2, 6, 10],
+    )
+    assert "12 (decoded)" in table_text(tmp_path, clip, "--segments", "3")
+    frames = tmp_path / "frames"
+    result = invoke(clip, "--segments", "3", "--extract-frames", frames)
+    assert result.exit_code == 0, result.stderr
+    assert sorted(p.name for p in frames.glob("*.png")) == [
+        "clip_000002.png", "clip_000006.png", "clip_000010.png"
+    ]  # fmt: skip
 
 
 def test_k_is_no_longer_listed_but_old_scripts_still_run(videos):

@@ -340,6 +340,8 @@ def _table(infos: list, *, exact: bool, segments: bool) -> Table:
         frames: Any = info.frames
         if info.frames_differ:
             frames = f"{info.frames} (header {info.frames_header})"
+        elif not exact and info.frames_header is None and info.frames_source == "decoded":
+            frames = f"{info.frames} (decoded)"
         resolution = None if info.width is None else f"{info.width}x{info.height}"
         row: list[Any] = [
             info.path,

@@ -216,10 +216,12 @@ def _sample_into(
     frames_folder: _FramesFolder | None = None,
     stop: threading.Event | None = None,
 ) -> None:
-    if info.frames is None:
-        info.fail("the container does not say how many frames it holds (pass --exact)")
-        return
     try:
+        # A container that records no frame count (a browser's MediaRecorder WebM, a live MKV,
+        # a raw .m2v or .h264 stream): counted by decoding, as --exact counts.
+        if info.frames is None and not recount_frames(info, stop, options.decoder_threads):
+            info.fail("the video could not be opened again to count its frames")
+            return
         info.frame_indices = tsn_frame_indices(info.frames, options.num_segments, options.mode, rng)
         if frames_folder is not None:
             try:

@@ -283,10 +283,10 @@ def _inspect(
     options = None
     if segments is not None:
         options = SegmentOptions(segments, sample_mode, seed)
+        options.decoder_threads = reading.decoder_threads  # to extract, or count, its frames
         if frames_folder is not None:
             options.extract_dir = frames_folder.folder.final
             options.names = frame_name_prefixes(videos, fold_case=frames_folder.folds_case)
-            options.decoder_threads = reading.decoder_threads
     train = options is not None and sample_mode == "train"
     stop = threading.Event()
     records: list[VideoInfo] = []
