@@ -127,6 +127,33 @@ def test_a_value_of_the_wrong_type_is_named_in_a_users_words(runner, tmp_path, c
 
 
 @pytest.mark.parametrize(
+    ("name", "text"),
+    [("recipe.cfg", "lr: 0.2\nepochs: 3\n"), ("recipe", '{"lr": 0.2, "epochs": 3}')],
+)
+def test_a_recipe_named_neither_json_nor_yaml_is_read_by_its_content(runner, tmp_path, name, text):
+    """A YAML recipe without .yaml or .yml (`recipe.cfg`, `<(yq ...)`'s /dev/fd/63) was
+    "not valid JSON": it is told apart as `--config -` tells stdin's."""
+    recipe = tmp_path / name
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert (shown["lr"], shown["epochs"]) == (0.2, 3)
+
+
+def test_a_toml_recipe_is_refused_as_toml(runner, tmp_path):
+    """Was "r.toml is not valid JSON", a format the user never gave."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("lr = 0.2\n")
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.strip() == (
+        f"Error: {recipe} is TOML, and --config reads JSON or YAML (write it as JSON or YAML: "
+        "torchkit train --print-config prints JSON)"
+    )
+
+
+@pytest.mark.parametrize(
     ("content", "args", "said"),
     [
         ({"lr": -1}, [], "Error: h.json: --lr must be positive, not -1"),

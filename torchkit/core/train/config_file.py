@@ -47,20 +47,24 @@ _PIPE_IT = "pipe a recipe in: torchkit train --print-config ... | torchkit train
 
 def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str, Any]:
     """The options in `path`: a config.json's `options` block, or the whole mapping. `-` reads
-    them from `stdin` (JSON, or YAML when it does not start as JSON does)."""
+    them from `stdin`. JSON, or YAML: a .yaml or .yml file, or one without .json (stdin) that
+    does not start as JSON does."""
     source = recipe_source(path)
     if source == STDIN_SOURCE:
         text = _read_stdin(stdin)
-        is_yaml = not text.lstrip().startswith(("{", "["))
     else:
+        if source.suffix.lower() == ".toml":
+            raise UsageError(
+                f"{source} is TOML, and --config reads JSON or YAML",
+                "write it as JSON or YAML: torchkit train --print-config prints JSON",
+            )
         try:
             text = source.read_text(encoding="utf-8-sig")
         except FileNotFoundError:
             raise InputError(f"config file not found: {source}") from None
         except (OSError, UnicodeDecodeError) as error:
             raise InputError(f"cannot read config file {source}: {error}") from error
-        is_yaml = source.suffix.lower() in (".yaml", ".yml")
-    data = _parse(text, source, is_yaml)
+    data = _parse(text, source, _is_yaml(source, text))
     if not isinstance(data, Mapping):
         raise InputError(f"{source} holds a {type(data).__name__}, not option names and values")
     options = data.get("options", data) if "options" in data else data
@@ -80,6 +84,15 @@ def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str
         carried.pop("data_defaults", None)  # what a run records, never an option
         carried.pop(DEFAULTS_FROM_DATA, None)
     return _checked(carried, source)
+
+
+def _is_yaml(source: str | Path, text: str) -> bool:
+    """Whether a recipe is YAML: by its suffix (.yaml, .yml; .json is JSON), else, as on stdin
+    or from `<(...)`, unless it starts as JSON does."""
+    suffix = source.suffix.lower() if isinstance(source, Path) else ""
+    if suffix in (".yaml", ".yml", ".json"):
+        return suffix != ".json"
+    return not text.lstrip().startswith(("{", "["))
 
 
 def _read_stdin(stdin: IO[str] | None) -> str:
