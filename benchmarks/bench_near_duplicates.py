@@ -25,6 +25,11 @@ apart, cropped by 5% on each side. Then:
 4. What the leakage check costs `dataset-stats` on a split root (--stats-images, 8:1:1, the
    JPEG/PNG folder of bench_dataset_stats.py): the default run (train measured, val and test
    hashed) against --no-leakage.
+5. Why every image is decoded whole (--large-images photo-like JPEGs of 128x96 to 4000x3000):
+   images/s of the exact hash and of the box filter it replaced, and their ratio; and of the
+   hash from a reduced decode (PIL's `draft()` and `reduce()` to --floors px a side), with how
+   many of its hashes differ from the exact one and by how many bits. Hash only (the other
+   splits' files) and decode + hash (the measured split's).
 
 imagededup is a dev-only dependency (`uv add --dev imagededup`); without it the comparison is
 skipped with a message and an independent pHash written from imagededup's definition (DCT-II of
@@ -484,6 +489,125 @@ def stats_cost(work: Path, images: int, workers: int, repeat: int) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- reduced decode
+
+LARGE_SIZES = ((128, 96), (320, 240), (640, 480), (1024, 768), (1600, 1200), (2592, 1944))
+LARGE_SIZES += ((4000, 3000),)
+
+
+def large_photo(index: int):
+    """A photo-like JPEG subject of one of LARGE_SIZES (portrait every other one): a smooth
+    background drawn small and scaled up, shapes, noise, a blur in proportion to its size."""
+    from PIL import Image, ImageFilter
+
+    width, height = LARGE_SIZES[index % len(LARGE_SIZES)]
+    if index % 2:
+        width, height = height, width
+    rng = np.random.default_rng([1, index])
+    small = scene(rng, max(16, width // 4), max(16, height // 4), family=20_000 + index)
+    image = small.resize((width, height), Image.Resampling.BILINEAR)
+    noise = rng.integers(-12, 13, (height, width, 3), dtype=np.int16)
+    image = Image.fromarray(np.clip(np.asarray(image, np.int16) + noise, 0, 255).astype(np.uint8))
+    return image.filter(ImageFilter.GaussianBlur(0.8 * max(1.0, width / 640)))
+
+
+def _make_large(task) -> str:
+    folder, index = task
+    path = Path(folder) / f"large_{index:04d}.jpg"
+    quality = int(np.random.default_rng([2, index]).integers(70, 96))
+    large_photo(index).save(path, quality=quality)
+    return str(path)
+
+
+def box_phash(image, reduced: bool) -> int:
+    """The pHash dataset-stats used before 2026-11-30, kept here to compare speeds: a JPEG
+    decoded to gray at the smallest DCT scale of at least 128 px (when `reduced`), any image
+    box-reduced by an integer factor to 128-255 px, then PIL's box filter to 32x32; the DCT's
+    8x8 with coefficients under 1e-6 snapped to 0."""
+    from PIL import Image
+
+    if reduced and image.format == "JPEG":
+        image.draft("L", (128, 128))
+    gray = image.convert("L")
+    factor = min(gray.size) // 128
+    if factor >= 2:
+        gray = gray.reduce(factor)
+    pixels = np.asarray(gray.resize((32, 32), Image.Resampling.BOX), dtype=np.float64)
+    basis = np.cos(np.pi * np.outer(np.arange(8), 2 * np.arange(32) + 1) / 64)
+    coefficients = (basis @ pixels @ basis.T).ravel()
+    coefficients[np.abs(coefficients) < 1e-6] = 0.0
+    bits = coefficients >= np.median(coefficients[1:])
+    return int("".join("1" if b else "0" for b in bits), 2)
+
+
+def floor_phash(image, floor: int, reduced: bool) -> int:
+    """torchkit's pHash of `image` first brought down to about `floor` px a side: a JPEG
+    decoded at a DCT scale (`draft`, when `reduced`: PIL picks the smallest of 1/2, 1/4, 1/8
+    at least `floor` on both sides), then an integer `reduce()` per axis to at least `floor`.
+    What a reduced decode would cost in bits; floor 0 is the hash itself."""
+    from torchkit.core.data.hashing import phash_image
+
+    if floor and reduced and image.format == "JPEG":
+        image.draft("RGB", (floor, floor))
+    if floor:
+        image.load()
+        factors = (max(1, image.size[0] // floor), max(1, image.size[1] // floor))
+        if max(factors) >= 2:
+            image = image.reduce(factors)
+    return phash_image(image)
+
+
+def reduced_decode(work: Path, images: int, floors: list[int], workers: int) -> None:
+    """Why the pHash decodes every image whole: images/s of the hash from a reduced decode
+    (per floor) against the exact hash and the old box filter, and how many hashes differ
+    from the exact one (imagededup's bits), on large photo-like JPEGs."""
+    import io
+    import multiprocessing
+
+    from PIL import Image
+
+    folder = work / "large"
+    folder.mkdir(parents=True, exist_ok=True)
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        paths = pool.map(_make_large, [(str(folder), i) for i in range(images)])
+    data = [Path(p).read_bytes() for p in paths]
+    print(
+        f"\n5. Reduced decode: {images} JPEGs of {LARGE_SIZES[0][0]}x{LARGE_SIZES[0][1]} to "
+        f"{LARGE_SIZES[-1][0]}x{LARGE_SIZES[-1][1]}, one process, images/s by CPU time;"
+        "\n   hash only (the other splits: decode as the hash likes) and decode + hash (the"
+        "\n   measured split: the whole decode its statistics need, then the hash); bits apart"
+        "\n   from the exact hash (imagededup's), as a histogram [0, 1, 2, ...]"
+    )
+
+    def rate(hasher, reduced: bool) -> tuple[float, list[int]]:
+        start = cpu_seconds()
+        hashes = []
+        for d in data:
+            with Image.open(io.BytesIO(d)) as image:
+                if not reduced:
+                    image.load()
+                hashes.append(hasher(image, reduced))
+        return len(data) / (cpu_seconds() - start), hashes
+
+    for reduced in (True, False):
+        label = "hash only" if reduced else "decode + hash"
+        exact_rate, exact = rate(lambda image, r: floor_phash(image, 0, r), reduced)
+        old_rate, _ = rate(box_phash, reduced)
+        print(
+            f"   {label}: exact {exact_rate:6.1f}/s, old box filter {old_rate:6.1f}/s, "
+            f"exact / old {exact_rate / old_rate:.2f}x"
+        )
+        for floor in floors:
+            floor_rate, hashes = rate(lambda image, r, f=floor: floor_phash(image, f, r), reduced)
+            apart = np.array([bin(a ^ b).count("1") for a, b in zip(hashes, exact, strict=True)])
+            print(
+                f"     floor {floor:5d} px: {floor_rate:6.1f}/s ({floor_rate / old_rate:.2f}x the "
+                f"old), {100 * np.mean(apart == 0):5.1f}% exact, bits apart "
+                f"{np.bincount(apart).tolist()}"
+            )
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1200, help="originals of parts 1 and 2")
@@ -495,6 +619,10 @@ def main() -> None:
         help="hash counts of the search scaling (1000000 takes minutes)",
     )
     parser.add_argument("--stats-images", type=int, default=3000, help="part 4 (0: skip)")
+    parser.add_argument("--large-images", type=int, default=140, help="part 5 (0: skip)")
+    parser.add_argument(
+        "--floors", default="1024,512,256,128,64", help="part 5's reduced decode sizes, px"
+    )
     parser.add_argument("--workers", type=int, default=None, help="default: all cores")
     args = parser.parse_args()
 
@@ -528,6 +656,9 @@ def main() -> None:
             scaling(work, args.scale, workers, sizes)
         if args.stats_images:
             stats_cost(work, args.stats_images, workers, args.repeat)
+        if args.large_images:
+            floors = [int(n) for n in args.floors.split(",") if n]
+            reduced_decode(work, args.large_images, floors, workers)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
