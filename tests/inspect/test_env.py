@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -88,6 +89,8 @@ def test_report_matches_independent_sources(clean_env):
         "implementation": platform.python_implementation(),
         "free_threaded": sysconfig.get_config_var("Py_GIL_DISABLED") == 1,
         "executable": sys.executable,
+        "environment": report["python"]["environment"],  # test_python_environment
+        "torch_installer": report["python"]["torch_installer"],
     }
     assert report["platform"]["system"] == platform.system()
     assert report["cpu"]["logical_cores"] == os.cpu_count()
@@ -116,6 +119,28 @@ def test_report_matches_independent_sources(clean_env):
     assert report["cuda"]["visible_devices"] is None
     assert len(report["gpus"]) == report["cuda"]["device_count"]
     assert report["cuda"]["usable"] == any(gpu["usable"] for gpu in report["gpus"])
+
+
+def test_python_environment_and_torch_installer(tmp_path, clean_env):
+    """Whether torch came from pip, uv or conda, into a venv or a conda environment (a clash of
+    conda's MKL or OpenMP with the wheels'), was not in the report; collect_env lists pip's and
+    conda's packages for that."""
+    report = collect_env(log_diagnostics=False)
+    python = report["python"]
+    record = importlib.metadata.distribution("torch").read_text("INSTALLER")
+    assert python["torch_installer"] == (record.strip() if record and record.strip() else None)
+    expected = "venv" if sys.prefix != sys.base_prefix else "system"
+    if (Path(sys.prefix) / "conda-meta").is_dir():
+        expected = "conda"
+    assert python["environment"] == expected
+    (tmp_path / "env" / "conda-meta").mkdir(parents=True)
+    assert env.python_environment(str(tmp_path / "env"), "/usr") == "conda"
+    assert env.python_environment(str(tmp_path), "/usr") == "venv"
+    assert env.python_environment(str(tmp_path), str(tmp_path)) == "system"
+    assert env.installer("no-such-distribution-here") is None
+    rows = dict(report_tables(report)[0].rows)
+    installed_by = f", torch installed by {python['torch_installer']}"
+    assert rows["Python environment"] == expected + (installed_by if record else "")
 
 
 def test_json_format(runner, clean_env):

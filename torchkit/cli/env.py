@@ -121,6 +121,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
             + (", free-threaded)" if python["free_threaded"] else ")"),
         ],
         ["Python executable", python["executable"]],
+        ["Python environment", _python_environment(python)],
         ["OS", system["os"] or system["system"]],
         ["platform", system["description"]],
         ["C++ compiler", system["compiler"] or "none (torch.compile needs one on the CPU)"],
@@ -165,6 +166,11 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["usable CUDA GPU", "yes" if cuda["usable"] else f"no: {cuda['problem']}"],
     ]
     return rows
+
+
+def _python_environment(python: dict[str, Any]) -> str:
+    installer = python["torch_installer"]
+    return python["environment"] + (f", torch installed by {installer}" if installer else "")
 
 
 def _cpu_features(features: list[str] | None) -> str:

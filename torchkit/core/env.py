@@ -144,7 +144,32 @@ def python_info() -> dict[str, Any]:
         # A free-threaded (no-GIL) build takes its own torch wheels (cp313t).
         "free_threaded": bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
         "executable": sys.executable,
+        "environment": python_environment(),
+        "torch_installer": installer("torch"),
     }
+
+
+def python_environment(prefix: str | None = None, base_prefix: str | None = None) -> str:
+    """What Python runs in: "conda" (a conda environment, whose MKL and OpenMP may clash with
+    those of torch's pip wheels), "venv" (uv's, virtualenv's, `python -m venv`'s) or "system"."""
+    prefix = sys.prefix if prefix is None else prefix
+    base_prefix = sys.base_prefix if base_prefix is None else base_prefix
+    if os.path.isdir(os.path.join(prefix, "conda-meta")):
+        return "conda"
+    return "venv" if os.path.realpath(prefix) != os.path.realpath(base_prefix) else "system"
+
+
+def installer(distribution: str) -> str | None:
+    """The tool that installed `distribution` (its record's INSTALLER: pip, uv, conda...);
+    None when it is not installed or its record does not say."""
+    import importlib.metadata
+
+    try:
+        text = importlib.metadata.distribution(distribution).read_text("INSTALLER")
+    except Exception:  # not installed, or a broken record
+        return None
+    words = (text or "").split()
+    return words[0] if words else None
 
 
 def platform_info() -> dict[str, Any]:
