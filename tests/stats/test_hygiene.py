@@ -162,6 +162,15 @@ def test_phash_is_imagededups_bit_for_bit():
     assert bits_apart(scan, half) == 2
 
 
+def test_phash_of_a_large_jpeg_is_from_its_whole_decode(tmp_path):
+    """A JPEG large enough for a reduced decode hashes from its whole decode, as imagededup's:
+    this one decoded at 1/2 or 1/4 scale (PIL's draft() to 256 or 512 px a side) hashes 2 bits
+    off, by the old box filter 4."""
+    data = encoded(scene(37, 1200, 900), "JPEG", quality=85)
+    (tmp_path / "large.jpg").write_bytes(data)
+    assert hashing.hash_file(tmp_path / "large.jpg")[1] == reference_phash(data)
+
+
 def test_phash_matches_imagededup_when_installed(tmp_path):
     phash_module = pytest.importorskip("imagededup.methods")
     phash = phash_module.PHash(verbose=False)
