@@ -343,6 +343,29 @@ def test_sigterm_mid_move_leaves_every_file_in_one_place_and_a_rerun_finishes(tm
     assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "done"
 
 
+def test_a_second_move_out_of_a_root_half_moved_by_a_killed_one_is_refused(tmp_path):
+    # The second move went ahead: ROOT ended split across two outputs, each with half a split.
+    data = make_files(tmp_path / "data", {"cat": 8, "dog": 7})
+    out, other = tmp_path / "out", tmp_path / "other"
+    process = start_torchkit_process(
+        "split", str(data), str(out), "--mode", "move", env=slow_io_env(tmp_path, out)
+    )
+    wait_until(lambda: len(list(out.rglob("*.png"))) >= 3, process=process, what="a few moves")
+    code, _, _ = signal_and_wait(process, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    before = tree_digest(tmp_path)
+    refused = split(data, other, "--mode", "move")
+    assert refused.returncode == 1
+    assert error_line(refused.stderr) == (
+        f"Error: {data} is half moved into {out}: a split --mode move into it stopped (finish "
+        f"that move first: torchkit split {data} {out} --mode move)"
+    )
+    assert tree_digest(tmp_path) == before  # nothing moved, no other made
+
+    assert split(data, out, "--mode", "move").returncode == 0  # as the error says
+    assert not contents(data) and not (data / ".torchkit-split-moving.json").exists()
+
+
 def test_a_move_killed_before_its_journal_is_undone_by_the_same_command(tmp_path):
     # split.csv went to disk before the move's journal: killed between the two, OUT held a
     # split.csv of files still in ROOT, which readers took for a finished split and the same

@@ -56,6 +56,9 @@ from torchkit.core.split.output import (
     WHAT,
     SplitOutput,
     discard_replaced,
+    forget_moving,
+    half_moved_into,
+    note_moving,
     previous_split_names,
     read_journal,
     recover_split_leftovers,
@@ -160,6 +163,12 @@ def _split_or_finish(
             "move them elsewhere first, or choose another output folder",
         )
 
+    if mode == "move" and (moving := half_moved_into(Path(source))) is not None:
+        # Its files are in two places already: a second move would put them in three.
+        raise InputError(
+            f"{source} is half moved into {moving}: a split --mode move into it stopped",
+            f"finish that move first: torchkit split {source} {moving} --mode move",
+        )
     # The dataset before OUT's rules: a missing one is not reported as an OUT that "already
     # exists". (An interrupted or finished move, above, needs no dataset to say so.)
     require_data(source)
@@ -338,6 +347,7 @@ def _plan_and_write(
                 "counts": counts,
                 "torchkit_version": __version__,
             }
+            note_moving(root, out)
             write_journal(out, record)
     except BaseException as error:
         writing.abandon(error)
@@ -347,6 +357,7 @@ def _plan_and_write(
         with _finish_hint(root, out), reporting_write_errors(out):
             place_files(plan, out, mode, progress)
             write_journal(out, record | {"state": "done"})
+        forget_moving(root)
         return result
     try:
         with reporting_write_errors(out):
@@ -466,6 +477,7 @@ def _resume_move(
     if lost:
         journal, rows = _drop_lost(root, out, journal, rows, lost)
     write_journal(out, journal | {"state": "done"})
+    forget_moving(root)
     return _move_result(root, out, journal, rows=rows, resumed=True)
 
 
