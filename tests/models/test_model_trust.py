@@ -272,6 +272,26 @@ def test_export_of_random_weights_says_so(runner, tmp_path):
     ]
 
 
+def test_an_export_of_random_weights_is_refused_where_its_model_would_be(runner, world, tmp_path):
+    """Was: predict and eval ran it silently, noise reported as predictions, while the model it
+    was exported from (convnet, no --weights) is refused."""
+    args = ["export", "convnet", "random.onnx", "--num-classes", len(CLASSES), "-q"]
+    made = _invoke(runner, args, tmp_path)
+    assert made.exit_code == 0, made.stderr
+    for command in (
+        ["predict", "random.onnx", world / "images"],
+        ["eval", "random.onnx", "--data", world / "images"],
+    ):
+        refused = _invoke(runner, [*command, "--format", "json"], tmp_path)
+        assert refused.exit_code == 2 and refused.stdout == "", refused.stderr
+        assert error_line(refused.stderr).startswith(
+            "Error: random.onnx holds random weights (exported from convnet without --weights)"
+        )
+        assert "--allow-untrained to run it anyway" in refused.stderr
+    allowed = [*command, "--allow-untrained", "--format", "json"]
+    assert _invoke(runner, allowed, tmp_path).exit_code == 0
+
+
 def test_export_of_a_checkpoint_does_not_warn(world, runner, tmp_path):
     args = ["export", world / "model.pt", tmp_path / "m.onnx", "--format", "json"]
     result = _invoke(runner, args, tmp_path)

@@ -202,6 +202,7 @@ def resolve_model(
                 command=command,
                 size=size_pair(image_size),
                 channels=in_channels,
+                require_trained=require_trained,
             )
         else:
             resolved = _from_file(
@@ -310,9 +311,11 @@ def _from_exported(
     command: str,
     size: tuple[int, int] | None = None,
     channels: int | None = None,
+    require_trained: bool = False,
 ) -> ResolvedModel:
     """A file `torchkit export` wrote, with the classes and preprocessing stored in it; `size`
-    and `channels` asked for must be the ones it records."""
+    and `channels` asked for must be the ones it records. `require_trained` refuses a file
+    exported from random weights, as the model it was exported from is refused."""
     title = EXPORTED_TITLES[fmt]
     if use == "refuse" or (use == "module" and fmt != TORCHSCRIPT):
         raise UsageError(
@@ -326,6 +329,18 @@ def _from_exported(
         raise CheckpointError(f"{path} is {title}, whose code runs when it is loaded", hint)
     exported = load_exported(path, fmt)
     exported.refuse_other_size(size, channels)
+    arch = exported.arch
+    # torchkit records the weights' source, null for random ones (built by name, no --weights);
+    # a model built by code may load its own, and a file torch wrote records nothing
+    recorded = exported.metadata
+    random = "weights" in recorded and recorded["weights"] is None
+    if require_trained and random and arch is not None and not is_callable_spec(arch):
+        raise UsageError(
+            f"{path} holds random weights (exported from {arch} without --weights): its "
+            "answers would be noise",
+            "export a trained checkpoint, or a model with --weights DEFAULT|FILE; "
+            "--allow-untrained to run it anyway",
+        )
     shape = exported.input_shape
     preprocess = exported.preprocess
     if preprocess is None:  # not written by torchkit: ImageNet-style, sized from its input
