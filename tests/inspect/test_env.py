@@ -384,8 +384,10 @@ def test_overview_rows_of_the_python_build_compiler_and_cpu_libraries(clean_env)
     report["platform"]["compiler"] = None
     report["torch"].update(blas=None, mkl_version=None, onednn_version=None, openmp=None)
     report["torch"]["cpu_features"] = None
+    report["torch"].update(hip_version="6.2.41133", cudnn_version=None, miopen_version="3.2.0")
     rows = dict(report_tables(report)[0].rows)
     assert rows["CPU features"] == "unknown"
+    assert rows["MIOpen"] == "3.2.0" and "cuDNN" not in rows
     assert rows["Python"] == "3.13.1 (CPython)"
     assert rows["C++ compiler"] == "none (torch.compile needs one on the CPU)"
     assert rows["CPU libraries"] == "none listed"
@@ -841,12 +843,20 @@ def test_report_without_an_importable_torch(monkeypatch, runner, clean_env):
 
 
 def test_cudnn_version_formats():
-    def fake(number):
+    def fake(number, hip=None):
         return SimpleNamespace(
-            backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: number))
+            backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: number)),
+            version=SimpleNamespace(hip=hip, cuda=None if hip else "12.4"),
         )
 
+    # A ROCm build's torch.backends.cudnn is MIOpen, its version MAJOR*1000000 + MINOR*1000 +
+    # PATCH: MIOpen 3.2.0 read as cuDNN "300.20.0".
+    rocm = fake(3002000, hip="6.2.41133")
+    assert (env._cudnn_version(rocm), env._miopen_version(rocm)) == (None, "3.2.0")
+    assert env._miopen_version(fake(3004001, hip="6.4")) == "3.4.1"
+
     assert env._cudnn_version(fake(92600)) == "9.26.0"
+    assert env._miopen_version(fake(92600)) is None  # a CUDA build
     assert env._cudnn_version(fake(90100)) == "9.1.0"
     assert env._cudnn_version(fake(8902)) == "8.9.2"
     assert env._cudnn_version(fake(None)) is None

@@ -136,7 +136,7 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
                 "torch build",
                 torch_info["build"] + (" (debug)" if torch_info["debug_build"] else ""),
             ],
-            ["cuDNN", torch_info["cudnn_version"] or "none"],
+            _dnn_library_row(torch_info),
             ["CUDA architectures", " ".join(torch_info["cuda_arch_list"]) or "none"],
             ["CUDA available", torch_info["cuda_available"]],
             ["MPS available", torch_info["mps_available"]],
@@ -166,6 +166,12 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
         ["usable CUDA GPU", "yes" if cuda["usable"] else f"no: {cuda['problem']}"],
     ]
     return rows
+
+
+def _dnn_library_row(torch_info: dict[str, Any]) -> list[Any]:
+    if torch_info["hip_version"]:  # a ROCm build runs MIOpen where CUDA's runs cuDNN
+        return ["MIOpen", torch_info["miopen_version"] or "none"]
+    return ["cuDNN", torch_info["cudnn_version"] or "none"]
 
 
 def _python_environment(python: dict[str, Any]) -> str:

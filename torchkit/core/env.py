@@ -485,6 +485,7 @@ def _torch_build(torch) -> dict[str, Any]:
         "cuda_version": cuda_version,
         "hip_version": hip_version,
         "cudnn_version": _cudnn_version(torch),
+        "miopen_version": _miopen_version(torch),
         "cuda_arch_list": arch_list,
         "cuda_available": bool(torch.cuda.is_available()),
         "mps_available": bool(mps is not None and mps.is_available()),
@@ -554,10 +555,10 @@ def cpu_libraries(config: str) -> dict[str, str | None]:
 
 
 def _cudnn_version(torch) -> str | None:
-    try:
-        number = torch.backends.cudnn.version()
-    except Exception:
+    """cuDNN's version; None on a ROCm build, where `torch.backends.cudnn` is MIOpen."""
+    if getattr(torch.version, "hip", None):
         return None
+    number = _dnn_library_number(torch)
     if not number:
         return None
     # cuDNN 9 encodes 9.26.0 as 92600; cuDNN 8 encoded 8.9.2 as 8902.
@@ -566,6 +567,24 @@ def _cudnn_version(torch) -> str | None:
     else:
         major, minor, patch = number // 1000, number % 1000 // 100, number % 100
     return f"{major}.{minor}.{patch}"
+
+
+def _miopen_version(torch) -> str | None:
+    """MIOpen's version on a ROCm build (what `torch.backends.cudnn` runs there); else None."""
+    if not getattr(torch.version, "hip", None):
+        return None
+    number = _dnn_library_number(torch)
+    if not number:
+        return None
+    # torch encodes MIOpen 3.2.0 as 3002000 (major * 1000000 + minor * 1000 + patch).
+    return f"{number // 1000000}.{number % 1000000 // 1000}.{number % 1000}"
+
+
+def _dnn_library_number(torch) -> int | None:
+    try:
+        return torch.backends.cudnn.version()
+    except Exception:
+        return None
 
 
 def _distributed(torch) -> dict[str, Any]:
