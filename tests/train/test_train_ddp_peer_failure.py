@@ -148,3 +148,15 @@ def test_the_failed_ranks_code_reaches_the_others_through_the_store(monkeypatch)
     assert distributed.peer_failure_code(stopped) == 143
     # Rank 0 outlived the store's server: torchrun's agent, not a failed rank, is gone.
     assert distributed.peer_failure_code(failed) is None
+
+
+def test_a_peer_lost_without_a_word_is_told_to_look_at_torchruns_report():
+    """Rank 1 killed (SIGKILL) says nothing and records nothing: rank 0's one line pointed at
+    rank 1's "own output", which is empty; torchrun's report names the signal."""
+    ctx = SimpleNamespace(rank=0, is_main=True, is_distributed=True)
+    error = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    described = ddp.describe_collective_failure(ctx, error, None)
+    assert str(described) == (
+        "rank 0: another process of the run ended (its own output says why; torchrun's report "
+        "names one that was killed outright)"
+    )

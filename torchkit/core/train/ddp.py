@@ -156,6 +156,6 @@ def describe_collective_failure(
     if _lost_a_peer(error):
         return DeviceError(
             f"rank {ctx.rank}: another process of the run ended",
-            "its own output names the first error",
+            "its own output says why; torchrun's report names one that was killed outright",
         )
     return None
