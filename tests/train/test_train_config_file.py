@@ -153,6 +153,26 @@ def test_a_toml_recipe_is_refused_as_toml(runner, tmp_path):
     )
 
 
+def test_whole_numbers_where_numbers_go_print_as_the_command_line_gives_them(runner, tmp_path):
+    """`lr: 1` stayed the int 1 (the printed recipe and config.json read 1 where `--lr 1`
+    gives 1.0), and an int too large for a float ended in 'Error: OverflowError: int too
+    large to convert to float' once the run started."""
+    recipe = tmp_path / "h.json"
+    options = {"lr": 1, "warmup_epochs": 2, "mean": [0, 0, 1], "crop_scale": [1, 1], "clip_grad": 5}
+    recipe.write_text(json.dumps(options))
+    from_file = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    typed = ["--lr", "1", "--warmup-epochs", "2", "--mean", "0,0,1", "--crop-scale", "1,1"]
+    from_line = runner.invoke(app, ["train", *typed, "--clip-grad", "5", "--print-config"])
+    assert from_file.exit_code == from_line.exit_code == 0, from_file.stderr + from_line.stderr
+    assert from_file.stdout == from_line.stdout
+    recipe.write_text('{"lr": 1' + "0" * 400 + "}")
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--out", tmp_path / "run"])
+    assert result.exit_code == 2, result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert errors == [f"Error: {recipe}: --lr must be a finite number, not inf (nan and inf are "
+                      "not option values)"]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("content", "args", "said"),
     [

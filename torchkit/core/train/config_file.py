@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import difflib
 import json
+import math
 import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import fields
@@ -327,8 +328,26 @@ def _checked(options: Mapping[str, Any], source: str | Path) -> dict[str, Any]:
                 f"{option_name(name)} in {source} is {shown}, not {_described(types[name])}",
                 "give the value as the command line would",
             )
-        checked[name] = value
+        checked[name] = _as_floats(value, types[name])
     return checked
+
+
+def _as_floats(value: Any, annotation: str) -> Any:
+    """A whole number where a number goes, as the float the command line makes of it (`lr: 1`
+    as 1.0, `mean: [0, 0, 1]` as 0.0s and 1.0): a recipe then prints, and a run records in its
+    config.json, what `--lr 1` gives. One too large for a float is inf, which the run refuses."""
+    if "float" not in annotation:
+        return value
+
+    def as_float(number: Any) -> Any:
+        if not isinstance(number, int) or isinstance(number, bool):
+            return number
+        try:
+            return float(number)
+        except OverflowError:
+            return math.inf if number > 0 else -math.inf
+
+    return tuple(map(as_float, value)) if isinstance(value, tuple) else as_float(value)
 
 
 def _fits(value: Any, annotation: str) -> bool:
