@@ -1263,6 +1263,19 @@ def test_a_video_s_train_mode_frames_do_not_change_with_the_others_listed(
     assert frames("clips/c.avi") == frames("./clips/c.avi")  # a file: its path as given
 
 
+def test_the_frames_written_are_counted_in_words(tmp_path, videos):
+    """Before: "Note: wrote 1 frames to ..."."""
+    from torchkit.core.io.wording import counted
+
+    assert [counted(n, "frame") for n in (0, 1, 2)] == ["0 frames", "1 frame", "2 frames"]
+    assert [counted(n, "class", "classes") for n in (1, 3)] == ["1 class", "3 classes"]
+    clip = need(videos, "mjpg.avi")
+    for segments, words in (("1", "wrote 1 frame to"), ("2", "wrote 2 frames to")):
+        out = tmp_path / segments
+        result = invoke(clip, "--segments", segments, "--extract-frames", out)
+        assert result.exit_code == 0 and f"Note: {words} {out}\n" in result.stderr, result.stderr
+
+
 def test_extract_frames_writes_the_sampled_frames_losslessly(tmp_path, videos):
     path = need(videos, "lossless.mkv")  # FFV1: decoded frames equal what was written
     out = tmp_path / "frames"

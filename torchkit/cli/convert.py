@@ -24,6 +24,7 @@ from torchkit.cli.options import (
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import Table, emit, resolve_format
 from torchkit.core.io.sizes import SIZE_RULE
+from torchkit.core.io.wording import counted
 
 convert_app = typer.Typer(
     cls=TorchkitGroup,
@@ -333,7 +334,7 @@ def cifar(
     emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
     if report.seconds:
         console.note(
-            f"{report.images} images in {report.seconds:.1f} s "
+            f"{counted(report.images, 'image')} in {report.seconds:.1f} s "
             f"({report.images / report.seconds:,.0f} images/s)"
         )
 

@@ -29,6 +29,7 @@ from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import FORMAT_RULE, OutputFormat, Table, emit, report_file, resolve_format
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
+from torchkit.core.io.wording import counted
 
 
 class ArrayFormat(str, Enum):
@@ -379,7 +380,8 @@ def _report(result) -> None:
     speed = f", {result.images_per_second:.1f} images/s" if result.seconds > 0 else ""
     resumed = f" (resumed at image {result.resumed_from + 1})" if result.resumed_from else ""
     console.note(
-        f"wrote {result.num_rows} rows for {result.num_images} images to {result.out}"
+        f"wrote {counted(result.num_rows, 'row')} for {counted(result.num_images, 'image')} "
+        f"to {result.out}"
         f"{resumed}{speed}"
     )
     if result.skipped:

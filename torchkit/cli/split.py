@@ -20,6 +20,7 @@ from torchkit.cli.options import (
 )
 from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import Table, emit, report_file, resolve_format
+from torchkit.core.io.wording import counted
 
 
 class SplitMode(str, Enum):
@@ -59,9 +60,9 @@ def _describe(result) -> str:
     group = f", {result.groups} groups by --group" if result.groups else ""
     files = sum(result.totals)
     action = (
-        f"listed {files} files"
+        f"listed {counted(files, 'file')}"
         if result.mode == "manifest"
-        else f"{done[result.mode]} {files} files into {result.out}"
+        else f"{done[result.mode]} {counted(files, 'file')} into {result.out}"
     )
     resumed = "finished the interrupted move: " if result.resumed else ""
     repeats = (

@@ -27,6 +27,7 @@ from torchkit.cli.render import (
     report_file,
     resolve_format,
 )
+from torchkit.core.io.wording import counted
 
 CSV_COLUMNS = [
     "path",
@@ -223,7 +224,7 @@ def video_info(
     if extract_frames is not None:
         written = {f for info in infos for f in info.frame_files or []}
         if written:
-            console.note(f"wrote {len(written)} frames to {extract_frames}")
+            console.note(f"wrote {counted(len(written), 'frame')} to {extract_frames}")
         else:
             console.note(f"no frame was written: {extract_frames} is as it was")
     _finish(tally, skip_errors)

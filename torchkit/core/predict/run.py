@@ -22,6 +22,7 @@ from torchkit.core.inference.options import (
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.io.files import STDIN
 from torchkit.core.io.redaction import redact_url
+from torchkit.core.io.wording import counted
 from torchkit.core.predict.inputs import (
     LoaderPass,
     collect_images,
@@ -191,8 +192,8 @@ class PredictRun:
             self.notes.append(note)
         if self._k(outputs) < request.topk:
             k = self._k(outputs)
-            classes = "class" if k == 1 else "classes"
-            self.notes.append(f"--topk {request.topk} is more than the {k} {classes}; using {k}")
+            classes = counted(k, "class", "classes")
+            self.notes.append(f"--topk {request.topk} is more than the {classes}; using {k}")
 
     @property
     def data_name(self) -> str:

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.wording import counted
 from torchkit.core.models.checkpoint import load_checkpoint, load_weights_into
 from torchkit.core.runtime import distributed
 from torchkit.core.runtime.distributed import DistContext
@@ -81,7 +82,7 @@ class EpochDriver:
     def phase(self) -> str:
         """'N epochs' this invocation finished (a resumed one counts), and a stopped one."""
         finished = self.result.epochs - self.state.start_epoch
-        name = f"{finished} epoch" + ("" if finished == 1 else "s")
+        name = counted(finished, "epoch")
         return name + (" and part of one (stopped)" if self.stopped_in_epoch else "")
 
     def time_split(self) -> str:

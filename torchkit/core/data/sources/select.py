@@ -15,6 +15,7 @@ from torchkit.core.data.sources.splitting import (
     stratified_split,
 )
 from torchkit.core.io.errors import InputError, UsageError, first_and_more
+from torchkit.core.io.wording import counted
 
 log = logging.getLogger("torchkit")
 
@@ -55,7 +56,7 @@ def warn_stray_images(source: DataSource, fate: str = "") -> None:
     (split's `and not copied`)."""
     for where, names in source.strays.items():
         count = len(names)
-        what = "1 image" if count == 1 else f"{count} images"
+        what = counted(count, "image")
         verb = "is" if count == 1 else "are"
         log.warning(
             f"{what} beside the class folders of {where} {verb} not read"
