@@ -205,6 +205,27 @@ def test_a_bad_value_from_the_recipe_on_stdin_names_stdin_when_training(runner, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("content", "hint"),
+    [
+        ({"crop_scale": "0.08,1"}, '(write a list in brackets, such as [1, 2], not a string such '
+                                   'as "1,2")'),
+        ({"epochs": "3"}, "(write a whole number such as 3, without quotes)"),
+        ({"lr": "1e-3"}, "(write a number such as 0.1, without quotes)"),
+        ({"flip": "yes"}, "(write true or false, without quotes)"),
+        ({"optimizer": 3}, '(write a string, such as "adamw")'),
+    ],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_says_how_a_recipe_writes_it(runner, tmp_path, content, hint):
+    """The hint was "give the value as the command line would", which is what `crop_scale:
+    0.08,1` and `epochs: "3"` had done."""
+    recipe = tmp_path / "h.json"
+    recipe.write_text(json.dumps(content))
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.strip().endswith(hint), result.stderr
+
+
 def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):
     """`--config -` was "config file not found: -"."""
     printed = runner.invoke(app, ["train", "--print-config", "--lr", "0.01", "-e", "3"])

@@ -326,7 +326,7 @@ def _checked(options: Mapping[str, Any], source: str | Path) -> dict[str, Any]:
         if not _fits(value, types[name]):
             raise UsageError(
                 f"{option_name(name)} in {source} is {shown}, not {_described(types[name])}",
-                "give the value as the command line would",
+                _how_to_write(types[name]),
             )
         checked[name] = _as_floats(value, types[name])
     return checked
@@ -385,6 +385,22 @@ def _described(annotation: str) -> str:
     if optional != "None":
         return described
     return described.replace(" or ", ", ") + " or null"
+
+
+def _how_to_write(annotation: str) -> str:
+    """How a recipe writes a value of `annotation`: not as the command line types it (`--mean
+    0.5,0.5,0.5`, `--epochs 3`), but as a JSON or YAML value of that kind."""
+    kind = annotation.partition(" | ")[0]
+    if kind.startswith("tuple["):
+        return 'write a list in brackets, such as [1, 2], not a string such as "1,2"'
+    examples = {
+        "int": "a whole number such as 3",
+        "float": "a number such as 0.1",
+        "bool": "true or false",
+    }
+    if kind in examples:
+        return f"write {examples[kind]}, without quotes"
+    return 'write a string, such as "adamw"'
 
 
 def _fits_items(values: tuple, annotation: str) -> bool:
