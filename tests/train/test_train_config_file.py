@@ -226,6 +226,26 @@ def test_a_value_of_the_wrong_type_says_how_a_recipe_writes_it(runner, tmp_path,
     assert result.stderr.strip().endswith(hint), result.stderr
 
 
+def test_print_config_never_writes_over_the_recipe_it_reads(runner, tmp_path):
+    """`--config r.json --print-config -o r.json --force` replaced the recipe it read, which a
+    training run (and every command) refuses: an output may not be an input."""
+    recipe = tmp_path / "r.json"
+    recipe.write_text('{"lr": 0.1}')
+    link = tmp_path / "link.json"
+    link.symlink_to(recipe)
+    for given in (recipe, link):
+        args = ["train", "--config", given, "--lr", "0.2", "--print-config", "-o", recipe]
+        result = runner.invoke(app, [*map(str, args), "--force"])
+        assert result.exit_code == 1, result.stdout
+        said = f"Error: -o {recipe} is the --config file {given} (choose another output)"
+        assert result.stderr.strip() == said
+        assert recipe.read_text() == '{"lr": 0.1}'
+    other = tmp_path / "other.json"
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config", "-o", other])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(other.read_text())["lr"] == 0.1
+
+
 def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):
     """`--config -` was "config file not found: -"."""
     printed = runner.invoke(app, ["train", "--print-config", "--lr", "0.01", "-e", "3"])

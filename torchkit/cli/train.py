@@ -112,7 +112,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     from torchkit.cli.app import runs_as_the_program
     from torchkit.cli.progress import TrainProgress
     from torchkit.cli.train_tables import csv_row_table, lr_find_table, summary_table
-    from torchkit.core.io.outputs import InputPath
+    from torchkit.core.io.outputs import InputPath, check_output_file
     from torchkit.core.runtime.launch import is_main_process
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal
@@ -128,6 +128,12 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     output = report_file(output)
     _refuse_output_meant_as_out(output, values["out"])
     is_main = is_main_process()
+    # The files this command reads besides the data: -o may be none of them.
+    option_files = [
+        InputPath.of(path, what)
+        for path, what in ((stats, "--stats file"), (config_file, "--config file"))
+        if path is not None and str(path) != "-"
+    ]
     config = _config_from(values, stats)
     given = _given_options(ctx)
     from_file = contextlib.nullcontext()
@@ -138,6 +144,8 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
 
         if not is_main:  # torchrun: one copy, rank 0's (the ranks raced to write -o FILE)
             return
+        if output is not None:  # `--config r.json --print-config -o r.json` replaced the recipe
+            check_output_file(output, force, option_files, what="-o")
         with from_file:
             effective = effective_config(config, given)
         emit(tables=[], data=effective, fmt=OutputFormat.json, output=output, force=force)
@@ -168,11 +176,7 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
             config,
             display,
             overrides=given,
-            inputs=[
-                InputPath.of(path, what)
-                for path, what in ((stats, "--stats file"), (config_file, "--config file"))
-                if path is not None and str(path) != "-"
-            ],
+            inputs=option_files,
             output_file=output if is_main else None,
             process_age=process_age() if runs_as_the_program() else None,
         )
