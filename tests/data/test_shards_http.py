@@ -327,6 +327,19 @@ def test_a_urls_password_and_token_are_in_no_file_or_line_and_a_replay_asks_for_
         assert f"{shown} is a recorded URL whose password or token was not saved" in line
 
 
+def test_dataset_stats_names_url_data_as_given_not_by_its_cache_folder(server):
+    """dataset-stats' `source` (JSON, and the table's title) was the cache folder the shards
+    were read from (TORCHKIT_CACHE/shards/<hash>), a path the user never gave; it is the URL
+    as given, its secrets `***`, as eval's `data` records it."""
+    host = server.url.removeprefix("http://")
+    data = f"http://me:p%20w@{host}/auth/shards/{PATTERN}?X-Amz-Signature=s3cret&v=1"
+    shown = f"http://me:***@{host}/auth/shards/{PATTERN}?X-Amz-Signature=***&v=1"
+    assert run_json("dataset-stats", data)["source"] == shown
+    table = run_torchkit_in_process("dataset-stats", data)
+    assert table.returncode == 0, table.stderr
+    assert "s3cret" not in table.stdout and "cache" not in table.stdout
+
+
 def test_the_cache_folder_of_a_url_is_named_without_its_credentials():
     """The folder's name was a hash of the URL with `USER:PASSWORD@`: a password's hash on
     disk, and another folder (the shards downloaded again) for each password."""

@@ -84,7 +84,7 @@ def plot_dataset_stats(
     image at `path`; drawn by the plot helper `painter` where it answers."""
     import numpy as np
 
-    target = check_plot_output(path, force, data_inputs(stats.source))
+    target = check_plot_output(path, force, data_inputs(stats.root))
     sizes = np.asarray(stats.sizes, dtype=np.int64).reshape(-1, 3)[:, :2]
     values: dict[str, Any] = {
         "names": [drawable(c.name or "(unlabelled)") for c in stats.classes],

@@ -77,6 +77,9 @@ class DatasetStats:
     sizes: Any = field(default_factory=list, repr=False)
     # Remarks for the user (which split was measured and why); not part of to_dict().
     notes: list[str] = field(default_factory=list, repr=False)
+    # Where the files lie (torchkit's cache for URL shards, which `source` does not name):
+    # what an output may not be written into. Not part of to_dict().
+    root: str = field(default="", repr=False)
     # Leakage (split data): exact and near duplicates whose members lie in different splits,
     # found among the files of every split; near duplicates within one split on request.
     leakage_checked: bool = False
@@ -176,7 +179,7 @@ def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool
 
     from torchkit.core.data.neardup import PAIR_COLUMNS
 
-    target = check_output_file(path, force, data_inputs(stats.source), what="leakage CSV")
+    target = check_output_file(path, force, data_inputs(stats.root), what="leakage CSV")
     pairs = [*stats.leakage, *stats.near_duplicates]
     rows = (["" if v is None else v for v in pair.to_dict().values()] for pair in pairs)
     atomic_write_text(target, csv_text([PAIR_COLUMNS, *rows]))
@@ -245,6 +248,7 @@ def summarise(
     ]
     return DatasetStats(
         source=samples.source,
+        root=samples.source,
         split=None,
         mode=mode,
         resize=resize,

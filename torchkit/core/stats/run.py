@@ -245,7 +245,7 @@ def compute_dataset_stats(
     if not len(records):
         index, reason, _ = errors[0]
         raise InputError(
-            f"none of the {total} image files in {samples.source} could be read",
+            f"none of the {total} image files in {_data_name(source, samples)} could be read",
             f"the first, {samples.ids[index]}: {reason}",
         )
     if errors:
@@ -273,12 +273,22 @@ def compute_dataset_stats(
             "measures their full range"
         )
     stats = summarise(samples, mode, resize, accumulator, records, list(names), errors, non_images)
-    stats.split, stats.notes = measured, notes
+    stats.source, stats.split, stats.notes = _data_name(source, samples), measured, notes
     if perceptual:
         find_duplicates(
             stats, samples, others, hashes, digests, checked, near_threshold, near_duplicates
         )
     return stats
+
+
+def _data_name(source: str | os.PathLike, samples: Samples) -> str:
+    """The data as the report names it: URL shards by their URL as given (its password and
+    tokens `***`), not by the cache folder they were read from; other data by its root."""
+    from torchkit.core.data.sources.http_shards import is_url
+    from torchkit.core.io.redaction import redact_url
+
+    given = os.fspath(source)
+    return redact_url(given) if is_url(given) else samples.source
 
 
 class _RowsByIndex:
