@@ -234,3 +234,18 @@ def test_accumulated_batches_weigh_classes_as_one_batch_of_their_images(
     accumulated = read_checkpoint(tmp_path / "parts" / "last.pt")["model"]
     for key, value in one_batch.items():
         assert torch.allclose(accumulated[key], value, atol=1e-6), key
+
+
+@pytest.mark.parametrize("print_config", [False, True], ids=["run", "print-config"])
+def test_the_weights_file_is_never_the_output(runner, tmp_path, print_config):
+    """`train --class-weights w.txt -o w.txt --force` replaced the weights file with the
+    summary after the run (--print-config with the recipe): an output may not be an input."""
+    weights = tmp_path / "w.txt"
+    weights.write_text("1\n" * 10)
+    args = ["train", "--class-weights", weights, "--out", tmp_path / "run", "-o", weights]
+    result = runner.invoke(app, [*map(str, args), "--force", "--epochs", "1"]
+                           + (["--print-config"] if print_config else []))  # fmt: skip
+    assert result.exit_code == 1, result.stdout
+    said = f"Error: -o {weights} is the --class-weights file {weights} (choose another output)"
+    assert said in result.stderr.splitlines()
+    assert weights.read_text() == "1\n" * 10 and not (tmp_path / "run").exists()

@@ -145,7 +145,9 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
         if not is_main:  # torchrun: one copy, rank 0's (the ranks raced to write -o FILE)
             return
         if output is not None:  # `--config r.json --print-config -o r.json` replaced the recipe
-            check_output_file(output, force, option_files, what="-o")
+            from torchkit.core.train.run_folder import option_inputs
+
+            check_output_file(output, force, option_files + option_inputs(config), what="-o")
         with from_file:
             effective = effective_config(config, given)
         emit(tables=[], data=effective, fmt=OutputFormat.json, output=output, force=force)

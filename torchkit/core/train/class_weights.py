@@ -17,8 +17,17 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import read_text
+from torchkit.core.io.outputs import InputPath
 
 NONE, BALANCED = "none", "balanced"
+
+
+def class_weights_inputs(spec: str | None) -> list[InputPath]:
+    """The file `--class-weights FILE` reads, which no output of the run may replace; none for
+    `none` and `balanced`."""
+    if spec is None or spec in (NONE, BALANCED):
+        return []
+    return [InputPath.of(spec, "--class-weights file")]
 
 
 def balanced_weights(counts: Sequence[int]) -> list[float]:

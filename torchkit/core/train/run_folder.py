@@ -158,13 +158,9 @@ class RunFolder:
         return out, in_place
 
     def _inputs(self, plan: RunPlan, in_place: bool) -> list[InputPath]:
-        """What the run reads: the data, the --weights file, the --stats file, and the
+        """What the run reads: its options' files, the --stats and --config files, and the
         checkpoint it resumes (unless it continues that run in place)."""
-        from torchkit.core.models import model_inputs
-
-        config = plan.config
-        inputs = data_inputs(config.data) + model_inputs(config.model, config.weights)
-        inputs += self.extra_inputs
+        inputs = option_inputs(plan.config) + self.extra_inputs
         if plan.resumed_from is not None and not in_place:
             inputs.append(InputPath(plan.resumed_from, "checkpoint to resume"))
         return inputs
@@ -327,6 +323,19 @@ class RunFolder:
 
         with contextlib.suppress(Exception):  # already failing: keep the first error
             atomic_write_bytes(self.path / "config.json", old)
+
+
+def option_inputs(config: TrainConfig) -> list[InputPath]:
+    """The files and folders a run's options name for it to read: the data, the model's or
+    --weights' checkpoint, the --class-weights file."""
+    from torchkit.core.models import model_inputs
+    from torchkit.core.train.class_weights import class_weights_inputs
+
+    return (
+        data_inputs(config.data)
+        + model_inputs(config.model, config.weights)
+        + class_weights_inputs(config.class_weights)
+    )
 
 
 def _exists_hint(out: Path) -> str:
