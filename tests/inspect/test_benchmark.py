@@ -524,6 +524,33 @@ def test_find_batch_size_in_train_mode_goes_past_a_batch_too_small_for_batchnorm
         search_batch_size(too_small, start=1, max_batch=1)
 
 
+class OneTimeCache(nn.Module):
+    """Keeps 30 MB it fills on its first call, as oneDNN's kernels and caches are made once in a
+    process: memory no batch size changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.cache = None
+
+    def forward(self, x):
+        if x.device.type != "meta" and self.cache is None:
+            self.cache = torch.ones(30 * 10**6 // 4)
+        return self.fc(x)
+
+
+def test_find_batch_size_with_warmup_0_does_not_count_one_time_memory_against_the_limit():
+    """With --warmup 0 nothing primed the process before the search, so its first trial counted
+    the one-time allocations: 'batch 1 does not fit: over the memory limit (30.0 MB)' at a
+    20 MB limit where --warmup 1 found a batch. The search's trials run untimed anyway."""
+    opts = options(warmup=0, batch_sizes=(1,), find_batch_size=True, memory_limit="20MB")
+    opts.max_batch_size = 4
+    result = benchmark_model(OneTimeCache(), (8,), opts)
+    (search,) = result.batch_size_search
+    assert (search.batch_size, search.stopped_by) == (4, "max batch size")
+    assert result.results[0].warmup == 0
+
+
 def test_find_batch_size_does_not_run_a_batch_predicted_not_to_fit(monkeypatch):
     monkeypatch.setattr(bench_run, "available_memory", lambda: 400 * 10**6)
     tried = []

@@ -324,7 +324,9 @@ def benchmark_model(
         settings=_settings(options, context.dtype),
     )
     with _cudnn_benchmark(device):
-        if options.warmup and not options.compile:  # --warmup 0: nothing runs untimed
+        # --warmup 0: nothing runs untimed, but a search's trials run untimed anyway, and the
+        # first one must not count the process's one-time allocations against the limit.
+        if (options.warmup or options.find_batch_size) and not options.compile:
             context.prime()
         if options.find_batch_size:
             limit_bytes = _limit_bytes(memory_limit, device)
