@@ -26,6 +26,8 @@ from processes import (
     wait_until,
 )
 
+from torchkit.core.split.files import moving_out_of
+
 
 def make_files(root: Path, counts: dict[str, int]) -> Path:
     """ROOT/<class>/<class>_<i>.png with distinct bytes (split never decodes them)."""
@@ -343,8 +345,10 @@ def test_sigterm_mid_move_leaves_every_file_in_one_place_and_a_rerun_finishes(tm
     assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "done"
 
 
-def test_a_second_move_out_of_a_root_half_moved_by_a_killed_one_is_refused(tmp_path):
+def test_a_root_half_moved_by_a_killed_move_is_refused_to_another_move_and_to_readers(tmp_path):
     # The second move went ahead: ROOT ended split across two outputs, each with half a split.
+    # And a copy split, dataset-stats, train and eval of ROOT read the half left there as if it
+    # were all of it.
     data = make_files(tmp_path / "data", {"cat": 8, "dog": 7})
     out, other = tmp_path / "out", tmp_path / "other"
     process = start_torchkit_process(
@@ -361,6 +365,26 @@ def test_a_second_move_out_of_a_root_half_moved_by_a_killed_one_is_refused(tmp_p
         f"that move first: torchkit split {data} {out} --mode move)"
     )
     assert tree_digest(tmp_path) == before  # nothing moved, no other made
+    readers = [
+        ["split", data, other, "--mode", mode] for mode in ("copy", "symlink", "manifest")
+    ] + [
+        ["dataset-stats", data],
+        ["train", "--data", data, "--model", "nets:TinyNet", "--out", other, "--epochs", "1"],
+        ["eval", "--model", "convnet", "--allow-untrained", "--data", data],
+    ]
+    for args, result in zip(readers, run_each_in_process(readers), strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert error_line(result.stderr) == error_line(refused.stderr), args
+    # A move that runs now holds ROOT's lock (here the test's): it is not called stopped.
+    with moving_out_of(data):
+        running = run_each_in_process(readers[:1] + readers[3:4])
+    for result in running:
+        assert result.returncode == 1, result.stderr
+        assert error_line(result.stderr) == (
+            f"Error: {data} is being moved into {out} by a torchkit split --mode move running "
+            f"now (wait for it to finish, then read {out})"
+        )
+    assert tree_digest(tmp_path) == before
 
     assert split(data, out, "--mode", "move").returncode == 0  # as the error says
     assert not contents(data) and not (data / ".torchkit-split-moving.json").exists()

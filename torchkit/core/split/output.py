@@ -11,6 +11,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.moving import moving_record
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES, written_split_names
 from torchkit.core.io.errors import InputError, OutputExistsError
@@ -66,41 +67,20 @@ def remove_journal(out: Path) -> None:
     remove_tree(out / JOURNAL, ignore_errors=False)
 
 
-# Beside the data a move empties (in ROOT, hidden: no reader takes it for data; beside a CSV
-# index), while the move runs: the OUT it moves into. A second split out of that ROOT learns
-# from it, and from OUT's journal, that the first move stopped half-way (`half_moved_into`).
-MOVING = ".torchkit-split-moving.json"
-
-
-def _moving_record(root: Path) -> Path:
-    return root / MOVING if root.is_dir() else root.with_name(f".{root.name}{MOVING}")
-
-
 def note_moving(root: Path, out: Path) -> None:
-    """Record beside ROOT's files that a move into `out` begins. Where that place cannot be
-    written (a CSV index in a read-only folder) the move goes on without it."""
+    """Record beside ROOT's files that a move into `out` begins (`moving_record`: a second
+    split out of that ROOT, and every reader of it, learns from it and from OUT's journal that
+    the move has not finished). Where that place cannot be written (a CSV index in a read-only
+    folder) the move goes on without it."""
     record = json.dumps({"out": os.path.realpath(out)}) + "\n"
     with contextlib.suppress(OSError):
-        atomic_write_text(_moving_record(root), record)
+        atomic_write_text(moving_record(root), record)
 
 
 def forget_moving(root: Path) -> None:
     """The move's record in ROOT, once the move is done."""
     with contextlib.suppress(OSError):
-        _moving_record(root).unlink(missing_ok=True)
-
-
-def half_moved_into(root: Path) -> Path | None:
-    """The OUT of a move out of `root` that stopped half-way (its journal still says the move
-    runs), or None (no record, or one whose move was finished or whose OUT is gone)."""
-    try:
-        record = json.loads(_moving_record(root).read_text(encoding="utf-8"))
-        out = Path(record["out"])
-        journal = read_journal(out)
-    except (OSError, ValueError, TypeError, KeyError, InputError):
-        return None
-    moving = journal is not None and journal.get("state") == "moving"
-    return out if moving and journal.get("root") == os.path.realpath(root) else None
+        moving_record(root).unlink(missing_ok=True)
 
 
 def previous_split_names(out: Path) -> set[str]:

@@ -12,6 +12,11 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
+from torchkit.core.data.sources.moving import (
+    half_moved_into,
+    refuse_half_moved,
+    stopped_move_error,
+)
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -57,7 +62,6 @@ from torchkit.core.split.output import (
     SplitOutput,
     discard_replaced,
     forget_moving,
-    half_moved_into,
     note_moving,
     previous_split_names,
     read_journal,
@@ -165,10 +169,12 @@ def _split_or_finish(
 
     if mode == "move" and (moving := half_moved_into(Path(source))) is not None:
         # Its files are in two places already: a second move would put them in three.
-        raise InputError(
-            f"{source} is half moved into {moving}: a split --mode move into it stopped",
-            f"finish that move first: torchkit split {source} {moving} --mode move",
-        )
+        # (One running now holds ROOT's lock, taken above: refused there.)
+        raise stopped_move_error(source, moving)
+    if mode != "move":
+        # Half of it is in OUT1 (or on its way there): a split of what is left would pass
+        # for a split of the whole.
+        refuse_half_moved(Path(source))
     # The dataset before OUT's rules: a missing one is not reported as an OUT that "already
     # exists". (An interrupted or finished move, above, needs no dataset to say so.)
     require_data(source)

@@ -20,6 +20,7 @@ from torchkit.core.data.sources.discovery import (
     list_non_image_files,
     relative_ids,
 )
+from torchkit.core.data.sources.moving import refuse_half_moved
 from torchkit.core.data.sources.samples import Samples, class_index, find_class, nfc
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -353,6 +354,7 @@ def _open_digits(classes: Sequence[str] | None) -> DataSource:
 def _open_csv(
     path: Path, spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
 ) -> DataSource:
+    refuse_half_moved(path)
     samples = csv_samples(path, classes=classes, allow_unlabelled=allow_unlabelled)
     root = str(path.parent)
     if samples.splits is None:
@@ -436,6 +438,7 @@ def _open_folder(
             f"{path} is an unfinished split (a torchkit split was stopped while writing it)",
             "run the split command again",
         )
+    refuse_half_moved(path)
     folders, top_images = _subfolders(path)
     _refuse_renamed_split(path, folders)
     refuse_other_split_names(

@@ -21,15 +21,21 @@ UNFINISHED_STATES = ("copying", "moving")
 SPLIT_MANIFEST = "split.csv"  # what torchkit split writes in OUT: path, label, split, source
 
 
-def unfinished_split(folder: str | os.PathLike) -> bool:
-    """Is `folder` a split that torchkit split has not finished writing (a killed run)? Its
-    split folders hold only part of the images: read as data, it would pass for a split."""
+def split_journal(folder: str | os.PathLike) -> dict | None:
+    """The journal torchkit split keeps in `folder` (None: none, or not one it can read)."""
     try:
         with open(os.path.join(folder, SPLIT_JOURNAL), encoding="utf-8") as handle:
             record = json.load(handle)
     except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and record.get("state") in UNFINISHED_STATES
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def unfinished_split(folder: str | os.PathLike) -> bool:
+    """Is `folder` a split that torchkit split has not finished writing (a killed run)? Its
+    split folders hold only part of the images: read as data, it would pass for a split."""
+    record = split_journal(folder)
+    return record is not None and record.get("state") in UNFINISHED_STATES
 
 
 def written_split_names(folder: str | os.PathLike) -> set[str]:
