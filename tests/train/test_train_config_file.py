@@ -246,6 +246,26 @@ def test_print_config_never_writes_over_the_recipe_it_reads(runner, tmp_path):
     assert json.loads(other.read_text())["lr"] == 0.1
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("r.json", "", "r.json holds no options"),  # was "not valid JSON: Expecting value"
+        ("r.yaml", "# lr: 0.1\n", "r.yaml holds no options"),  # was "holds a NoneType"
+        ("r.json", "null", "r.json holds no options"),
+        ("r.json", "3", "r.json holds a number, not option names and values"),  # "an int"
+        ("r.yaml", "lr\n", "r.yaml holds a string, not option names and values"),  # "a str"
+    ],
+)
+def test_a_recipe_without_options_says_so_in_a_users_words(runner, tmp_path, name, text, said):
+    recipe = tmp_path / name
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 1, result.stdout
+    assert result.stderr.strip() == (
+        f"Error: {tmp_path / said} (torchkit train --print-config prints a recipe to start from)"
+    )
+
+
 def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):
     """`--config -` was "config file not found: -"."""
     printed = runner.invoke(app, ["train", "--print-config", "--lr", "0.01", "-e", "3"])

@@ -65,9 +65,11 @@ def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str
             raise InputError(f"config file not found: {source}") from None
         except (OSError, UnicodeDecodeError) as error:
             raise InputError(f"cannot read config file {source}: {error}") from error
-    data = _parse(text, source, _is_yaml(source, text))
+    data = _parse(text, source, _is_yaml(source, text)) if text.strip() else None
+    if data is None:  # an empty file, or YAML of comments alone
+        raise InputError(f"{source} holds no options", _PRINT_ONE)
     if not isinstance(data, Mapping):
-        raise InputError(f"{source} holds a {type(data).__name__}, not option names and values")
+        raise InputError(f"{source} holds {_a_kind(data)}, not option names and values", _PRINT_ONE)
     options = data.get("options", data) if "options" in data else data
     if not isinstance(options, Mapping):
         raise InputError(f"{source}: `options` is not a mapping of option names and values")
@@ -85,6 +87,17 @@ def read_config_file(path: str | Path, stdin: IO[str] | None = None) -> dict[str
         carried.pop("data_defaults", None)  # what a run records, never an option
         carried.pop(DEFAULTS_FROM_DATA, None)
     return _checked(carried, source)
+
+
+_PRINT_ONE = "torchkit train --print-config prints a recipe to start from"
+
+
+def _a_kind(value: Any) -> str:
+    """What a JSON or YAML value is, in its own words: a list, not Python's `list`."""
+    for kind, words in ((bool, "true or false"), (str, "a string"), (list, "a list")):
+        if isinstance(value, kind):
+            return words
+    return "a number" if isinstance(value, int | float) else f"a {type(value).__name__}"
 
 
 def _is_yaml(source: str | Path, text: str) -> bool:
