@@ -213,7 +213,8 @@ def test_a_bad_value_from_the_recipe_on_stdin_names_stdin_when_training(runner, 
         ({"epochs": "3"}, "(write a whole number such as 3, without quotes)"),
         ({"lr": "1e-3"}, "(write a number such as 0.1, without quotes)"),
         ({"flip": "yes"}, "(write true or false, without quotes)"),
-        ({"optimizer": 3}, '(write a string, such as "adamw")'),
+        ({"optimizer": 3}, '(write a string, in quotes where YAML would read a number, date or '
+                           'true: "2024")'),
     ],
 )  # fmt: skip
 def test_a_value_of_the_wrong_type_says_how_a_recipe_writes_it(runner, tmp_path, content, hint):
@@ -264,6 +265,24 @@ def test_a_recipe_without_options_says_so_in_a_users_words(runner, tmp_path, nam
     assert result.stderr.strip() == (
         f"Error: {tmp_path / said} (torchkit train --print-config prints a recipe to start from)"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("data: 2024-01-01\n", "--data in r.yaml is 2024-01-01, not a string"),
+        ("data: null\n", "--data in r.yaml is null, not a string"),
+        ("amp: null\n", "--amp in r.yaml is null, not true or false"),
+        ("optimizer: yes\n", "--optimizer in r.yaml is true, not a string"),
+    ],
+)
+def test_a_wrong_value_is_shown_as_the_file_writes_it(runner, tmp_path, text, said):
+    """Was Python's repr: "is datetime.date(2024, 1, 1)", "is None", "is True"."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.startswith(f"Error: {said.replace('r.yaml', str(recipe))} (write ")
 
 
 def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import difflib
 import json
 import math
@@ -333,7 +334,7 @@ def _checked(options: Mapping[str, Any], source: str | Path) -> dict[str, Any]:
                 f"invalid {option_name(name)} '' in {source}: an empty value",
                 "give a value, or leave the key out",
             )
-        shown = short_repr(value)  # as the file writes it: [0.1], not (0.1,)
+        shown = _as_written(value)
         if isinstance(value, list):
             value = tuple(value)
         if not _fits(value, types[name]):
@@ -361,6 +362,16 @@ def _as_floats(value: Any, annotation: str) -> Any:
             return math.inf if number > 0 else -math.inf
 
     return tuple(map(as_float, value)) if isinstance(value, tuple) else as_float(value)
+
+
+def _as_written(value: Any) -> str:
+    """A value as the file writes it: [0.1], not (0.1,); null, true, a YAML date 2024-01-01,
+    not Python's None, True, datetime.date(2024, 1, 1)."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return short_repr(value)
 
 
 def _fits(value: Any, annotation: str) -> bool:
@@ -413,7 +424,7 @@ def _how_to_write(annotation: str) -> str:
     }
     if kind in examples:
         return f"write {examples[kind]}, without quotes"
-    return 'write a string, such as "adamw"'
+    return 'write a string, in quotes where YAML would read a number, date or true: "2024"'
 
 
 def _fits_items(values: tuple, annotation: str) -> bool:
