@@ -147,15 +147,19 @@ def image_kinds() -> dict[str, bytes]:
 
 
 def test_phash_is_imagededups_bit_for_bit():
-    """Every kind of image hashes as the reference written from imagededup's definition: the
-    resize is PIL's Lanczos from the whole image, not a box filter or a reduced JPEG decode
-    (which gave other bits for large, tiny, odd-sized and bilevel images)."""
+    """The exact hash (floor 0, --exact-phash): every kind of image hashes as the reference
+    written from imagededup's definition, the resize PIL's Lanczos from the whole image, not a
+    box filter (which gave other bits for large, tiny, odd-sized and bilevel images). The
+    default too on images under twice the floor (512 px) a side, which it resizes whole."""
     kinds = image_kinds()
     for name, data in kinds.items():
-        assert hashing.phash_bytes(data) == reference_phash(data), name
+        reference = reference_phash(data)
+        assert hashing.phash_bytes(data, floor=0) == reference, name
         with Image.open(io.BytesIO(data)) as image:  # dataset-stats' whole decode: the same
             image.load()
-            assert hashing.phash_image(image) == reference_phash(data), name
+            assert hashing.phash_image(image, floor=0) == reference, name
+            if max(image.size) < 2 * hashing.PHASH_FLOOR:
+                assert hashing.phash_bytes(data) == reference, name
     # A symmetric scan and its half-size copy: 2 bits apart, as in imagededup (the box filter
     # and reduced decode put them 12 apart).
     scan, half = hashing.phash_bytes(kinds["scan.png"]), hashing.phash_bytes(kinds["scan_half.png"])
@@ -163,12 +167,37 @@ def test_phash_is_imagededups_bit_for_bit():
 
 
 def test_phash_of_a_large_jpeg_is_from_its_whole_decode(tmp_path):
-    """A JPEG large enough for a reduced decode hashes from its whole decode, as imagededup's:
-    this one decoded at 1/2 or 1/4 scale (PIL's draft() to 256 or 512 px a side) hashes 2 bits
-    off, by the old box filter 4."""
+    """The exact hash: a JPEG large enough for a reduced decode hashes from its whole decode,
+    as imagededup's. The default decodes it at half its size (PIL's draft(): both sides stay
+    >= 256 px) and lands 2 bits off, as the old box filter's reduced decode did 4."""
     data = encoded(scene(37, 1200, 900), "JPEG", quality=85)
     (tmp_path / "large.jpg").write_bytes(data)
-    assert hashing.hash_file(tmp_path / "large.jpg")[1] == reference_phash(data)
+    exact = hashing.hash_file(tmp_path / "large.jpg", floor=0)[1]
+    assert exact == reference_phash(data)
+    assert bits_apart(hashing.hash_file(tmp_path / "large.jpg")[1], exact) == 2
+    for floor, decoded in ((0, (1200, 900)), (hashing.PHASH_FLOOR, (600, 450))):
+        with Image.open(io.BytesIO(data)) as image:
+            hashing.phash_image(image, floor=floor)
+            assert image.size == decoded
+
+
+def symmetric_scan(side: int) -> Image.Image:
+    yy, xx = np.mgrid[0:side, 0:side]
+    disc = (xx - side / 2) ** 2 + (yy - side / 2) ** 2 < (side * 7 / 24) ** 2
+    return Image.fromarray(np.where(disc, 200, 30).astype(np.uint8))
+
+
+def test_default_phash_of_a_large_symmetric_scan_keeps_its_geometry():
+    """The default reduces a 2,400 px scan by 9 per side, which does not divide 2,400: resized
+    as if its last, partial pixel were a whole one, the disc moved off centre by a fraction
+    of a pixel, and coefficients that are 0 by symmetry took bits by sign (36 bits from the
+    exact hash). PIL's reducing_gap resizes the reduced pixels with the image's own box: 2
+    bits from the exact hash, and as far from a half-size copy (4 bits) as the exact one."""
+    scan = symmetric_scan(2400)
+    half = scan.resize((1200, 1200), Image.Resampling.LANCZOS)
+    default = hashing.phash_image(scan)
+    assert bits_apart(default, hashing.phash_image(scan, floor=0)) <= 2
+    assert bits_apart(default, hashing.phash_image(half)) <= 4
 
 
 def test_phash_matches_imagededup_when_installed(tmp_path):
@@ -424,6 +453,42 @@ def test_cli_json_table_and_pair_csv(runner, leaky_root, tmp_path):
     assert "Near duplicates within a split (1 pairs)" in table.stdout
     long = runner.invoke(app, ["dataset-stats", str(leaky_root), "-j", "1", "--format", "csv"])
     assert "summary,leakage_exact,1" in long.stdout and "summary,leakage_near,1" in long.stdout
+
+
+def test_exact_phash_option_reaches_every_hash(runner, tmp_path, monkeypatch):
+    """--exact-phash hashes the measured split's images and the other splits' files from their
+    whole decode (floor 0); without it, both are reduced to the default floor first."""
+    for seed, split in enumerate(("train", "train", "val", "test")):
+        save(scene(50 + seed), tmp_path / split / "a" / f"{seed}.png")
+    floors: list[int] = []
+    phash_image = hashing.phash_image
+
+    def recorded(image, *, floor=hashing.PHASH_FLOOR):
+        floors.append(floor)
+        return phash_image(image, floor=floor)
+
+    monkeypatch.setattr(hashing, "phash_image", recorded)
+    args = ["dataset-stats", str(tmp_path), "-j", "1", "--near-duplicates", "--format", "json"]
+    for option, floor in (["--exact-phash"], 0), ([], hashing.PHASH_FLOOR):
+        floors.clear()
+        result = runner.invoke(app, [*args, *option])
+        assert result.exit_code == 0, result.stderr
+        assert floors == [floor] * 4  # 2 measured (train), 2 hashed (val, test)
+        assert json.loads(result.stdout)["leakage_checked"] is True
+
+
+def test_exact_phash_in_worker_processes(tmp_path):
+    """A JPEG in val (hashed, not measured) and a PNG of its decoded pixels in train: with
+    `exact_phash` both hash from the same whole pixels in the worker processes, distance 0;
+    by default the JPEG is decoded at half its size and this one lands 2 bits off."""
+    jpeg = encoded(scene(40, 600, 520), "JPEG", quality=85)
+    (tmp_path / "val" / "a").mkdir(parents=True)
+    (tmp_path / "val" / "a" / "photo.jpg").write_bytes(jpeg)
+    save(Image.open(io.BytesIO(jpeg)).convert("RGB"), tmp_path / "train" / "a" / "photo.png")
+    save(scene(41), tmp_path / "train" / "a" / "other.png")
+    for exact, workers, distance in ((True, 2, 0), (False, 1, 2)):
+        stats = compute_dataset_stats(tmp_path, workers=workers, exact_phash=exact)
+        assert [(p.path_b, p.distance) for p in stats.leakage] == [("val/a/photo.jpg", distance)]
 
 
 def test_near_duplicates_not_looked_for_are_not_reported_as_none_found(runner, leaky_root):

@@ -5,21 +5,26 @@
   first grouped by size (one `stat` each), then by a hash of their first 64 KiB, and only files
   that still collide are hashed whole. Compressed images rarely share a size, so a folder of
   JPEGs or PNGs is mostly stat-ed, not read.
-- `phash_bytes(data)` / `phash_image(image)`: a 64-bit perceptual hash (pHash), bit for bit
-  imagededup's PHash (0.3.x) of the same 8-bit pixels: the image in RGB (any other mode through
-  RGBA, alpha dropped), resized to 32x32 by PIL's Lanczos filter from the whole image, then
-  converted to gray (PIL's L), its 2-D DCT-II (scipy's, as imagededup computes it, so that
-  coefficients equal in exact arithmetic compare as they do there), the top-left 8x8
-  coefficients, each bit set when a coefficient is >= the median of the 63 that are not the DC
-  term (bits in row-major order, the first the most significant). A gray image is resized as
-  it is, a third of the work and the same bits. No reduced decode: a JPEG decoded at 1/2 to
-  1/8 of its size (PIL's `draft()`) or reduced by an integer factor first gives other 32x32
-  pixels, and a coefficient next to the median crosses it (two bits change). Measured on
-  photo-like JPEGs of 128x96 to 4000x3000 (benchmarks/bench_near_duplicates.py, part 5): from
-  1,024 px a side 3% of the hashes differ from imagededup's, from 256 px 9%, and the old box
-  filter's speed needs 128 px or less, where 19-31% differ; so every image is decoded whole,
-  which on large JPEGs is most of the hash's cost. Re-encoded or resized copies of an image
-  land a few bits apart (the threshold: see `core.neardup`), unrelated images about 32.
+- `phash_bytes(data)` / `phash_image(image)`: a 64-bit perceptual hash (pHash) of
+  imagededup's PHash (0.3.x) kind: the image in RGB (any other mode through RGBA, alpha
+  dropped), resized to 32x32 by PIL's Lanczos filter, then converted to gray (PIL's L), its 2-D
+  DCT-II (scipy's, as imagededup computes it, so that coefficients equal in exact arithmetic
+  compare as they do there), the top-left 8x8 coefficients, each bit set when a coefficient is
+  >= the median of the 63 that are not the DC term (bits in row-major order, the first the
+  most significant). A gray image is resized as it is, a third of the work and the same bits.
+- `floor` (PHASH_FLOOR, 256 px, by default): a large image is first brought down to `floor` to
+  2 x `floor` - 1 px a side, a JPEG not yet decoded by a reduced decode (PIL's `draft()`: 1/2,
+  1/4 or 1/8 scale, the largest that keeps both sides >= `floor`), then any image by an
+  integer `reduce()` per axis, and the Lanczos resize starts from there. An image under
+  2 x `floor` px on both sides is resized whole: its hash is imagededup's bit for bit. On a
+  large one the reduced pixels differ a little, and a coefficient next to the median can cross
+  it: measured on photo-like JPEGs of 128x96 to 4000x3000 (benchmarks/bench_near_duplicates.py,
+  part 5), 9% of the hashes differ from imagededup's at floor 256, by 2 to 6 bits (2 on most;
+  every planted copy still found at the default threshold), for 8x the speed on the other
+  splits' files (whose decode is the hash's cost) and 2x on the measured split's. `floor=0`
+  decodes and resizes every image whole: imagededup's bits exactly (dataset-stats
+  --exact-phash). Re-encoded or resized copies of an image land a few bits apart (the
+  threshold: see `core.neardup`), unrelated images about 32.
 
 Images are read as every loader reads them (`core.image_files`: regular files only, 16-bit
 images scaled to 8 bits, 32-bit ones that no fixed scale reads right refused with
@@ -50,6 +55,9 @@ from torchkit.core.data.image_files import (
 HASH_BITS = 64
 _SIDE = 32  # the image is resized to _SIDE x _SIDE before the DCT
 _KEEP = 8  # the top-left _KEEP x _KEEP DCT coefficients make the hash
+# Large images are brought down to PHASH_FLOOR..2*PHASH_FLOOR-1 px a side before the resize
+# (0: never): 8x the speed of the whole decode on large JPEGs, 9% of hashes a few bits off.
+PHASH_FLOOR = 256
 _PREFIX = 64 * 1024  # bytes hashed first, before whole files
 _BLOCK = 1 << 20
 
@@ -109,56 +117,72 @@ def content_groups(paths: Sequence[str | os.PathLike]) -> list[list[int]]:
 # --------------------------------------------------------------------------- perceptual hash
 
 
-def _hashed_pixels(image: Any) -> Any:
+def _hashed_pixels(image: Any, floor: int) -> Any:
     """`image` as the 32x32 8-bit gray image imagededup's PHash takes the DCT of: the 8-bit
     pixels every loader reads (16-bit scaled first, where imagededup's PIL conversion clips
     them; a 32-bit image no fixed scale reads right raises `UnsupportedSamples`), any mode but
-    RGB through RGBA to RGB (alpha dropped, not composited), resized to 32x32 by PIL's Lanczos
-    filter from the whole image, then converted to L. A gray image is resized as it is: its
-    RGB copy has three equal channels, resized alike, whose L is the same value again."""
+    RGB through RGBA to RGB (alpha dropped, not composited), brought down to `floor` px a side
+    (see the module docstring; 0: the whole image), resized to 32x32 by PIL's Lanczos filter,
+    then converted to L. A gray image is resized as it is: its RGB copy has three equal
+    channels, resized alike, whose L is the same value again."""
     from PIL import Image
 
+    box = None  # the part of a reduced decode that is the image (its last pixel may overhang)
+    if floor:
+        # A JPEG not yet decoded is decoded at a reduced scale (a no-op on any other image,
+        # and on one already loaded: dataset-stats' measured split, decoded whole).
+        drafted = image.draft(None, (floor, floor))
+        box = None if drafted is None else drafted[1]
     refuse_unscalable_samples(image)
     image = to_8bit(image)
     if image.mode not in ("RGB", "L"):
-        image = image.convert("RGBA").convert("RGB")
-    return image.resize((_SIDE, _SIDE), Image.Resampling.LANCZOS).convert("L")
+        image = image.convert("RGBA").convert("RGB")  # before any reduce: not of indices
+    # `reducing_gap`: PIL first reduce()s by (side // floor) per axis, and resizes from the
+    # reduced pixels with a box that keeps the image's geometry (a side the factor does not
+    # divide ends in a partial pixel: resized as a whole one, a symmetric scan shifted by a
+    # fraction of a pixel lay 36 bits from its exact hash).
+    gap = floor / _SIDE if floor else None
+    resized = image.resize((_SIDE, _SIDE), Image.Resampling.LANCZOS, box=box, reducing_gap=gap)
+    return resized.convert("L")
 
 
-def phash_image(image: Any) -> int:
-    """The 64-bit pHash of a PIL image (see the module docstring)."""
+def phash_image(image: Any, *, floor: int = PHASH_FLOOR) -> int:
+    """The 64-bit pHash of a PIL image (see the module docstring); `floor=0`: imagededup's
+    bits exactly, from the whole image. A JPEG not yet loaded is decoded at a reduced scale."""
     import numpy as np
     from scipy.fftpack import dct  # imagededup's DCT: the same float rounding, the same ties
 
-    pixels = np.asarray(_hashed_pixels(image))
+    pixels = np.asarray(_hashed_pixels(image, floor))
     coefficients = dct(dct(pixels, axis=0), axis=1)[:_KEEP, :_KEEP].ravel()
     bits = coefficients >= np.median(coefficients[1:])
     return int.from_bytes(np.packbits(bits).tobytes(), "big")
 
 
-def phash_bytes(data: bytes) -> int:
-    """The 64-bit pHash of an image file's contents. Raises
+def phash_bytes(data: bytes, *, floor: int = PHASH_FLOOR) -> int:
+    """The 64-bit pHash of an image file's contents (`floor`: see `phash_image`). Raises
     `core.image_files.unreadable_image_errors()` for data that is not a readable image."""
     with opened_image(data) as image:
-        return phash_image(image)
+        return phash_image(image, floor=floor)
 
 
-def phash_file(path: str | os.PathLike) -> int:
+def phash_file(path: str | os.PathLike, *, floor: int = PHASH_FLOOR) -> int:
     """`phash_bytes` of the file at `path` (regular files only; errors name the path)."""
     with opened_image(path, in_memory=True) as image:
-        return phash_image(image)
+        return phash_image(image, floor=floor)
 
 
-def hash_file(path: str | os.PathLike, *, perceptual: bool = True) -> tuple[bytes, int | None]:
-    """(SHA-256 of the bytes, pHash or None) of one file, reading it once. The pHash is None
-    when `perceptual` is off or the bytes are not an image PIL can decode; OSError when the
-    file cannot be read at all."""
+def hash_file(
+    path: str | os.PathLike, *, perceptual: bool = True, floor: int = PHASH_FLOOR
+) -> tuple[bytes, int | None]:
+    """(SHA-256 of the bytes, pHash or None) of one file, reading it once (`floor`: see
+    `phash_image`). The pHash is None when `perceptual` is off or the bytes are not an image
+    PIL can decode; OSError when the file cannot be read at all."""
     data = read_regular_file(path)
     digest = hashlib.sha256(data).digest()
     if not perceptual:
         return digest, None
     try:
-        return digest, phash_bytes(data)
+        return digest, phash_bytes(data, floor=floor)
     except Exception:  # noqa: BLE001 - any decoder failure: no perceptual hash
         return digest, None
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from torchkit.core.data.hashing import PHASH_FLOOR
 from torchkit.core.data.image_files import (
     SIXTEEN_BIT_MODES,
     NotARegularFile,
@@ -290,10 +291,13 @@ def scan_files(
     resize: int | None,
     measure: bool = True,
     perceptual: bool = False,
+    phash_floor: int = PHASH_FLOOR,
 ) -> ChunkResult:
     """Read, hash, decode and count the pixels of `paths` (a chunk starting at index `start`).
-    `perceptual`: also each image's pHash (`result.hashes`). Without `measure` the files are
-    only read and hashed (the other splits' files of the leakage check): nothing is counted."""
+    `perceptual`: also each image's pHash (`result.hashes`; `phash_floor`: see
+    `core.hashing.phash_image`, 0 for imagededup's bits exactly). Without `measure` the files
+    are only read and hashed (the other splits' files of the leakage check): nothing is
+    counted."""
     from PIL import Image
 
     from torchkit.core.data.hashing import phash_image
@@ -302,7 +306,7 @@ def scan_files(
         record_array(), [], Accumulator(), hashes=hash_array(), digests=digest_array()
     )
     if not measure:
-        _hash_files(start, paths, result)
+        _hash_files(start, paths, result, phash_floor)
         return result
     records: list[tuple] = []
     hashes: list[tuple] = []
@@ -332,7 +336,7 @@ def scan_files(
                         pixels = pixels_in_mode(image, wanted, exif=False)
                     if perceptual:  # from this decode: no second one (see core.hashing)
                         try:
-                            phash = phash_image(image)
+                            phash = phash_image(image, floor=phash_floor)
                         except UnsupportedSamples:  # measured (native), but never hashed
                             result.unhashed += 1
                     if resize:
@@ -413,7 +417,7 @@ def _resized(pixels: Any, size: tuple[int, int]) -> Any:
     return pixels.resize(size, Image.Resampling.BILINEAR)
 
 
-def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
+def _hash_files(start: int, paths: Sequence[str], result: ChunkResult, floor: int) -> None:
     """SHA-256 and pHash of each file (`core.hashing.hash_file`); unreadable ones are counted,
     and those read but without a pHash keep their SHA-256 (`result.digests`)."""
     from torchkit.core.data.hashing import hash_file
@@ -424,7 +428,7 @@ def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
         warnings.simplefilter("ignore")
         for offset, path in enumerate(paths):
             try:
-                digest, phash = hash_file(path)
+                digest, phash = hash_file(path, floor=floor)
             except OSError:
                 result.hash_errors += 1
                 continue
@@ -437,17 +441,20 @@ def _hash_files(start: int, paths: Sequence[str], result: ChunkResult) -> None:
 
 
 def hash_pass(
-    paths: Sequence[str], *, workers: int | None = None, progress: Progress | None = None
+    paths: Sequence[str],
+    *,
+    workers: int | None = None,
+    progress: Progress | None = None,
+    phash_floor: int = PHASH_FLOOR,
 ) -> list[tuple[bytes, int] | None]:
     """(SHA-256, pHash) of every file, or None for one that cannot be read or decoded: the
-    pass the leakage check makes over the files it does not measure, in worker processes."""
+    pass the leakage check makes over the files it does not measure, in worker processes
+    (`phash_floor`: see `core.hashing.phash_image`)."""
     workers = default_stats_workers() if workers is None else workers
     n = len(paths)
     size = max(1, min(_MAX_CHUNK, math.ceil(n / max(1, workers * 4))))
-    tasks = [
-        (start, paths[start : start + size], paths[start : start + size], "rgb", None, False, True)
-        for start in range(0, n, size)
-    ]
+    chunks = [(start, paths[start : start + size]) for start in range(0, n, size)]
+    tasks = [(start, p, p, "rgb", None, False, True, phash_floor) for start, p in chunks]
     found: list[tuple[bytes, int] | None] = [None] * n
     done = 0
 
@@ -480,6 +487,7 @@ def scan_tasks(
     offset: int = 0,
     measure: bool = True,
     perceptual: bool = False,
+    phash_floor: int = PHASH_FLOOR,
     total: int | None = None,
 ) -> list[tuple]:
     """`scan_files` tasks for `samples`, whose indices start at `offset`; chunks are sized for
@@ -496,6 +504,7 @@ def scan_tasks(
             resize,
             measure,
             perceptual,
+            phash_floor,
         )
         for start in range(0, n, size)
     ]
