@@ -285,6 +285,27 @@ def test_a_wrong_value_is_shown_as_the_file_writes_it(runner, tmp_path, text, sa
     assert result.stderr.startswith(f"Error: {said.replace('r.yaml', str(recipe))} (write ")
 
 
+def test_a_choice_in_any_case_is_taken_as_the_command_line_takes_it(runner, tmp_path):
+    """`--optimizer AdamW` is adamw, and `"optimizer": "AdamW"` in a recipe was refused:
+    "unknown optimizer 'AdamW'"."""
+    choices = {
+        "optimizer": "AdamW",
+        "scheduler": "Cosine",
+        "amp_dtype": "BF16",
+        "augment": "TrivialAugment",
+        "best_metric": "Top1",
+        "crop_mode": "Squash",
+    }
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps(choices))
+    from_file = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    typed = [f"--{name.replace('_', '-')}={value}" for name, value in choices.items()]
+    from_line = runner.invoke(app, ["train", *typed, "--print-config"])
+    assert from_file.exit_code == from_line.exit_code == 0, from_file.stderr + from_line.stderr
+    assert from_file.stdout == from_line.stdout
+    assert json.loads(from_file.stdout)["optimizer"] == "adamw"
+
+
 def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):
     """`--config -` was "config file not found: -"."""
     printed = runner.invoke(app, ["train", "--print-config", "--lr", "0.01", "-e", "3"])

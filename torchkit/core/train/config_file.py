@@ -335,6 +335,7 @@ def _checked(options: Mapping[str, Any], source: str | Path) -> dict[str, Any]:
                 "give a value, or leave the key out",
             )
         shown = _as_written(value)
+        value = _as_choice(value, TRAIN_OPTIONS[name].choices)
         if isinstance(value, list):
             value = tuple(value)
         if not _fits(value, types[name]):
@@ -362,6 +363,14 @@ def _as_floats(value: Any, annotation: str) -> Any:
             return math.inf if number > 0 else -math.inf
 
     return tuple(map(as_float, value)) if isinstance(value, tuple) else as_float(value)
+
+
+def _as_choice(value: Any, choices: tuple[str, ...]) -> Any:
+    """A choice spelt in any case as the choice (`AdamW` as adamw), as the command line takes
+    it; any other value as it is."""
+    if not isinstance(value, str):
+        return value
+    return next((choice for choice in choices if choice.lower() == value.lower()), value)
 
 
 def _as_written(value: Any) -> str:
