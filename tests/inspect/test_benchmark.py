@@ -433,6 +433,34 @@ def test_train_loss_covers_auxiliary_outputs_and_models_without_a_classifier():
         training_loss(torch.zeros(4, dtype=torch.long), 4, lambda width: labels)
 
 
+class ArgmaxOnly(nn.Module):
+    """Answers class indices: nothing floating-point to train on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(x).argmax(1)
+
+
+def frozen() -> nn.Module:
+    return Recorder().requires_grad_(False)
+
+
+@pytest.mark.parametrize(
+    ("build", "reason"),
+    [(frozen, "no trainable parameters"), (ArgmaxOnly, "no floating-point tensor")],
+)
+def test_mode_both_of_a_model_that_cannot_train_stops_before_timing_infer(build, reason):
+    """`--mode both` timed every infer configuration first, then stopped with the train mode's
+    usage error (exit 2), the infer figures lost: the error comes before any timing."""
+    timed = []
+    with pytest.raises(UsageError, match=reason):
+        benchmark_model(build(), (8,), options(mode="both", batch_sizes=(2, 4)), timed=timed.append)
+    assert timed == []
+
+
 # --- --find-batch-size -----------------------------------------------------------------------
 
 

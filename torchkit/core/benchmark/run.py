@@ -29,6 +29,7 @@ from torchkit.core.benchmark.steps import (
     StepSettings,
     make_infer_step,
     make_train_step,
+    trainable_parameters,
 )
 from torchkit.core.benchmark.timing import Timings, check_budget, time_steps
 from torchkit.core.inference.options import check_batch_fits
@@ -281,6 +282,8 @@ def benchmark_model(
         )
     name = name or type(model).__name__
     spec = spec or name
+    if "train" in options.modes:  # before any configuration is timed, not after infer's
+        trainable_parameters(model)
 
     # summary's counter, on a meta-device copy at batch 1: per-image figures at no cost.
     try:
@@ -399,16 +402,22 @@ class _Context:
         """One step of each mode at a small batch, not measured: what the first step of a
         process loads once (oneDNN's kernels and caches, cuBLAS handles, autograd's engine)
         does not count as the first configuration's memory. A failure here shows again,
-        reported, in the run itself."""
+        reported, in the run itself; a model the mode cannot run at any batch (nothing to
+        train on) stops here, before infer's configurations are timed and lost."""
         for mode in self.options.modes:
             step = release = None
-            with contextlib.suppress(Exception):
+            try:
                 step, release = self._step(mode, PRIME_BATCH[mode])
                 step()
-            if release is not None:
-                release()
-            step = release = None
-            _free(self.device)
+            except UsageError:
+                raise
+            except Exception:  # the run itself reports it
+                pass
+            finally:
+                if release is not None:
+                    release()
+                step = release = None
+                _free(self.device)
 
     def trial(self, mode: str, batch: int, limit_bytes: int | None) -> batch_search.Trial:
         """A few steps at `batch`: does it fit (no out-of-memory, peak within the limit)?"""

@@ -68,12 +68,7 @@ def make_train_step(model: Any, images: Any, settings: StepSettings) -> TrainSte
     import torch
 
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        from torchkit.core.io.errors import UsageError
-
-        raise UsageError("the model has no trainable parameters", "benchmark it with --mode infer")
-    optimizer = torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM)
+    optimizer = torch.optim.SGD(trainable_parameters(model), lr=SGD_LR, momentum=SGD_MOMENTUM)
     float16 = settings.amp_dtype == torch.float16
     scaler = torch.amp.GradScaler(settings.device.type) if float16 else None
     generator = torch.Generator().manual_seed(1)
@@ -100,6 +95,16 @@ def make_train_step(model: Any, images: Any, settings: StepSettings) -> TrainSte
         return loss
 
     return TrainStep(step, optimizer)
+
+
+def trainable_parameters(model: Any) -> list[Any]:
+    """The parameters the train step's optimizer steps; a UsageError where there are none."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        from torchkit.core.io.errors import UsageError
+
+        raise UsageError("the model has no trainable parameters", "benchmark it with --mode infer")
+    return params
 
 
 def training_loss(output: Any, batch: int, labels_for: Callable[[int], Any]) -> Any:
