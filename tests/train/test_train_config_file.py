@@ -178,7 +178,7 @@ def test_whole_numbers_where_numbers_go_print_as_the_command_line_gives_them(run
     [
         ({"lr": -1}, [], "Error: h.json: --lr must be positive, not -1"),
         ({"lr": float("nan")}, [], "Error: h.json: --lr must be a finite number, not nan"),
-        ({"augment": "Basic"}, [], "Error: h.json: unknown --augment 'Basic'"),
+        ({"augment": "fancy"}, [], "Error: h.json: unknown --augment 'fancy'"),
         ({"mean": [0.5, 0.5]}, [], "Error: h.json: --mean takes 3 values"),
         ({"backbone_lr": 0.1}, ["--head-lr-mult", "2"], "Error: h.json: --backbone-lr and"),
         # the command line's own value: the file has nothing to do with it
