@@ -319,6 +319,46 @@ def test_train_mode_option(runner):
     assert result.exit_code == 2 and "--train-mode needs a forward pass" in result.stderr
 
 
+class NoOutputs(nn.Module):
+    def forward(self, x):
+        return ()
+
+
+class LossOfNothing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.nothing = NoOutputs()
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        self.nothing(x)
+        return self.head(x).sum()
+
+
+def loss_of_nothing() -> nn.Module:
+    return LossOfNothing()
+
+
+def test_an_empty_tuple_output_is_told_apart_from_a_0_d_tensor(runner):
+    # Both read "scalar" in the table and [] in JSON.
+    data = invoke_json(runner, f"{HERE}:loss_of_nothing", "-i", "4")
+    assert [row["output_shape"] for row in data["layers"]] == [[], "empty tuple", [1, 1]]
+    table = runner.invoke(app, ["summary", f"{HERE}:loss_of_nothing", "-i", "4"])
+    rows = {line.split()[1]: line for line in table.stdout.splitlines() if "│" in line}
+    assert "scalar" in rows["LossOfNothing"] and "scalar" not in rows["nothing"]
+    assert "empty tuple" in rows["nothing"]
+
+
+def test_train_mode_on_one_value_per_channel_hints_at_the_batch_size(runner):
+    # The hint said "check --input-size (and --dtype)", where BatchNorm needs a larger batch.
+    result = runner.invoke(app, ["summary", f"{HERE}:aux_net", "-i", "4", "--train-mode"])
+    assert result.exit_code == 2
+    assert error_line(result.stderr).endswith(
+        "(BatchNorm in training mode needs more than one value per channel: give --batch-size "
+        "2 or more, or leave out --train-mode)"
+    )
+
+
 def test_input_spec_keywords_in_core():
     ours = summarize(
         TokenModel(),

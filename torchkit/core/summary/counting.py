@@ -141,13 +141,14 @@ class ModelSummary:
 
 def shape_of(obj: Any) -> Any:
     """Shapes, nested as the value is: a tensor gives [N, C, H, W], a tuple or list of tensors a
-    list of those, a dict a dict of them; anything else its type name."""
+    list of those ("empty tuple", "empty list": not a 0-d tensor's []), a dict a dict of them;
+    anything else its type name."""
     import torch
 
     if isinstance(obj, torch.Tensor):
         return list(obj.shape)
     if isinstance(obj, (list, tuple)):
-        return [shape_of(item) for item in obj]
+        return [shape_of(item) for item in obj] if obj else f"empty {type(obj).__name__}"
     if isinstance(obj, dict):
         return {str(key): shape_of(value) for key, value in obj.items()}
     if obj is None:
@@ -161,7 +162,7 @@ def _call_inputs(args: tuple, kwargs: dict) -> Any:
         return args[0]
     if tensor_kwargs:
         return [*args, tensor_kwargs] if args else tensor_kwargs
-    return list(args)
+    return list(args) if args else None  # called without inputs: nothing to show
 
 
 # --- counting ------------------------------------------------------------------------------
@@ -738,7 +739,7 @@ def summarize(
             raise UsageError(
                 f"{type(model).__name__} cannot run on an input of shape {_shapes_text(specs)}: "
                 f"{first_line(error)}",
-                "check --input-size (and --dtype)",
+                _run_failure_hint(error),
             ) from error
 
     total_params, trainable_params, param_bytes, buffer_bytes = state
@@ -775,6 +776,17 @@ def _image_size_refusal(
     if dtype is not None and not dtype.is_floating_point:
         return None
     return image_size_refusal(model, type(model).__name__, specs[0].shape, error, dtype=dtype)
+
+
+def _run_failure_hint(error: Exception) -> str:
+    """What to change when the forward pass fails: the inputs, or, for BatchNorm in training
+    mode on one value per channel (a batch of one 1x1 image, one row), the batch."""
+    if "more than 1 value per channel when training" in str(error):
+        return (
+            "BatchNorm in training mode needs more than one value per channel: give "
+            "--batch-size 2 or more, or leave out --train-mode"
+        )
+    return "check --input-size (and --dtype)"
 
 
 def _shapes_text(specs: Sequence[InputSpec]) -> str:
@@ -896,7 +908,7 @@ def _summarize_script(
         raise UsageError(
             f"{_module_type(model)} cannot run on an input of shape {_shapes_text(specs)}: "
             f"{first_line(error)}",
-            "check --input-size (and --dtype)",
+            _run_failure_hint(error),
         ) from error
     finally:
         for module, training in modes:
