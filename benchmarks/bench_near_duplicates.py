@@ -7,10 +7,11 @@ resized (0.5x, 0.75x, 2x, a 128 px thumbnail), slightly brighter, slightly blurr
 apart, cropped by 5% on each side. Then:
 
 1. Quality: recall of the planted pairs and the false pairs (any other pair within the
-   threshold) at thresholds 4 to 12, for torchkit's pHash (`core.hashing`, imagededup's PHash
-   bit for bit: how many of its hashes differ is printed) and for imagededup's PHash on the
-   same files; torchkit's search (`core.neardup.near_pairs`) is checked against all pairs.
-   This is how the default `--near-threshold` was chosen.
+   threshold) at thresholds 4 to 12, for torchkit's pHash (`core.hashing`, its default: images
+   of 512 px or more a side reduced first; how many of its hashes, and of the exact hash's,
+   differ from imagededup's is printed) and for imagededup's PHash on the same files;
+   torchkit's search (`core.neardup.near_pairs`) is checked against all pairs. This is how the
+   default `--near-threshold` was chosen.
 2. Speed: images/s of torchkit's hash pass (`core.stats.hash_pass`: SHA-256 + pHash per file,
    worker processes) and of imagededup's `encode_images` with as many workers (its defaults
    otherwise), on the same files, JPEG and PNG apart and together (best of --repeat runs, run
@@ -25,11 +26,12 @@ apart, cropped by 5% on each side. Then:
 4. What the leakage check costs `dataset-stats` on a split root (--stats-images, 8:1:1, the
    JPEG/PNG folder of bench_dataset_stats.py): the default run (train measured, val and test
    hashed) against --no-leakage.
-5. Why every image is decoded whole (--large-images photo-like JPEGs of 128x96 to 4000x3000):
-   images/s of the exact hash and of the box filter it replaced, and their ratio; and of the
-   hash from a reduced decode (PIL's `draft()` and `reduce()` to --floors px a side), with how
-   many of its hashes differ from the exact one and by how many bits. Hash only (the other
-   splits' files) and decode + hash (the measured split's).
+5. The reduced decode (--large-images photo-like JPEGs of 128x96 to 4000x3000): images/s of
+   the exact hash (`--exact-phash`, whole decode) and of the old box filter, and their ratio;
+   and of the hash from a reduced decode (`core.hashing.phash_image(image, floor=F)`: PIL's
+   `draft()` and `reduce()` to --floors px a side; 256 is the default), with how many of its
+   hashes differ from the exact one and by how many bits. Hash only (the other splits' files)
+   and decode + hash (the measured split's).
 
 imagededup is a dev-only dependency (`uv add --dev imagededup`); without it the comparison is
 skipped with a message and an independent pHash written from imagededup's definition (DCT-II of
@@ -205,10 +207,12 @@ def imagededup_hashes(root: Path, paths: list[str], workers: int) -> list[int]:
     return [int(by_name[os.path.normpath(p)], 16) for p in paths]
 
 
-def torchkit_hashes(paths: list[str], workers: int) -> list[int]:
+def torchkit_hashes(paths: list[str], workers: int, floor: int | None = None) -> list[int]:
+    """torchkit's pHashes of `paths`: the default (`floor` None), or from `floor` px."""
     from torchkit.core.stats import hash_pass
 
-    return [h[1] for h in hash_pass(paths, workers=workers)]
+    options = {} if floor is None else {"phash_floor": floor}
+    return [h[1] for h in hash_pass(paths, workers=workers, **options)]
 
 
 def have_imagededup() -> bool:
@@ -222,7 +226,7 @@ def have_imagededup() -> bool:
 # --------------------------------------------------------------------------- the parts
 
 
-def quality(made, torchkit, oracle, oracle_name: str) -> None:
+def quality(made, torchkit, exact, oracle, oracle_name: str) -> None:
     from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, near_pairs, popcount
 
     paths = [p for p, _, _ in made]
@@ -236,8 +240,9 @@ def quality(made, torchkit, oracle, oracle_name: str) -> None:
         f"\n1. Quality: {len(paths)} images, {len(truth)} planted copies "
         f"({sum(k in HARD for k in truth.values())} of them 5% crops, reported apart)"
     )
-    differ = sum(a != b for a, b in zip(torchkit, oracle, strict=True))
-    print(f"   hashes that differ from {oracle_name}'s: {differ} of {len(paths)}")
+    for name, hashes in (("torchkit (default)", torchkit), ("torchkit --exact-phash", exact)):
+        differ = sum(a != b for a, b in zip(hashes, oracle, strict=True))
+        print(f"   {name}: hashes that differ from {oracle_name}'s: {differ} of {len(paths)}")
     results = {}
     for name, hashes in (("torchkit", torchkit), (oracle_name, oracle)):
         values = np.array(hashes, dtype=np.uint64)
@@ -540,31 +545,16 @@ def box_phash(image, reduced: bool) -> int:
     return int("".join("1" if b else "0" for b in bits), 2)
 
 
-def floor_phash(image, floor: int, reduced: bool) -> int:
-    """torchkit's pHash of `image` first brought down to about `floor` px a side: a JPEG
-    decoded at a DCT scale (`draft`, when `reduced`: PIL picks the smallest of 1/2, 1/4, 1/8
-    at least `floor` on both sides), then an integer `reduce()` per axis to at least `floor`.
-    What a reduced decode would cost in bits; floor 0 is the hash itself."""
-    from torchkit.core.data.hashing import phash_image
-
-    if floor and reduced and image.format == "JPEG":
-        image.draft("RGB", (floor, floor))
-    if floor:
-        image.load()
-        factors = (max(1, image.size[0] // floor), max(1, image.size[1] // floor))
-        if max(factors) >= 2:
-            image = image.reduce(factors)
-    return phash_image(image)
-
-
 def reduced_decode(work: Path, images: int, floors: list[int], workers: int) -> None:
-    """Why the pHash decodes every image whole: images/s of the hash from a reduced decode
-    (per floor) against the exact hash and the old box filter, and how many hashes differ
-    from the exact one (imagededup's bits), on large photo-like JPEGs."""
+    """Images/s of the hash from a reduced decode (per floor; the default is 256) against the
+    exact hash and the old box filter, and how many hashes differ from the exact one
+    (imagededup's bits), on large photo-like JPEGs."""
     import io
     import multiprocessing
 
     from PIL import Image
+
+    from torchkit.core.data.hashing import phash_image
 
     folder = work / "large"
     folder.mkdir(parents=True, exist_ok=True)
@@ -591,14 +581,18 @@ def reduced_decode(work: Path, images: int, floors: list[int], workers: int) -> 
 
     for reduced in (True, False):
         label = "hash only" if reduced else "decode + hash"
-        exact_rate, exact = rate(lambda image, r: floor_phash(image, 0, r), reduced)
+        # Decode + hash: the image is loaded whole first, so draft() does nothing (the
+        # measured split); hash only: a JPEG is decoded at a reduced scale (the other splits).
+        exact_rate, exact = rate(lambda image, r: phash_image(image, floor=0), reduced)
         old_rate, _ = rate(box_phash, reduced)
         print(
             f"   {label}: exact {exact_rate:6.1f}/s, old box filter {old_rate:6.1f}/s, "
             f"exact / old {exact_rate / old_rate:.2f}x"
         )
         for floor in floors:
-            floor_rate, hashes = rate(lambda image, r, f=floor: floor_phash(image, f, r), reduced)
+            floor_rate, hashes = rate(
+                lambda image, r, f=floor: phash_image(image, floor=f), reduced
+            )
             apart = np.array([bin(a ^ b).count("1") for a, b in zip(hashes, exact, strict=True)])
             print(
                 f"     floor {floor:5d} px: {floor_rate:6.1f}/s ({floor_rate / old_rate:.2f}x the "
@@ -639,6 +633,7 @@ def main() -> None:
         print(f"generated {len(made)} images in {time.perf_counter() - start:.0f} s")
         paths = [p for p, _, _ in made]
         ours = torchkit_hashes(paths, workers)
+        exact = torchkit_hashes(paths, workers, floor=0)
         if oracle:
             theirs = [*imagededup_hashes(root, paths, workers)]
             name = "imagededup PHash"
@@ -649,7 +644,7 @@ def main() -> None:
             )
             theirs = [reference_phash(p) for p in paths]
             name = "reference pHash"
-        quality(made, ours, theirs, name)
+        quality(made, ours, exact, theirs, name)
         speed(root, made, workers, args.repeat, oracle)
         if args.scale:
             sizes = [int(n) for n in args.search_sizes.split(",") if n]
