@@ -228,11 +228,16 @@ def test_variables_that_change_kernels_and_numbers_are_reported(monkeypatch, cle
         "MIOPEN_FIND_MODE": "NORMAL",
         "LD_PRELOAD": "/usr/lib/libtcmalloc.so.4",
         "TORCHKIT_HTTP_TIMEOUT": "5",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": "/data/hf",
+        "XDG_CACHE_HOME": "/data/cache",
     }
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_TOKEN", "hunter2")
     reported = collect_env(log_diagnostics=False)["environment"]
     assert {name: reported.get(name) for name in variables} == variables
+    assert "HF_TOKEN" not in reported
 
 
 def test_every_key_of_the_report_is_documented(clean_env):

@@ -80,12 +80,14 @@ ENVIRONMENT_VARIABLES = (
 # NCCL_SOCKET_IFNAME for a DDP hang, CUDA_DEVICE_ORDER for GPU numbering, TORCH_LOGS,
 # TORCHINDUCTOR_*, HIP_VISIBLE_DEVICES; ATEN_CPU_CAPABILITY, which lowers the CPU kernels torch
 # picks, ONEDNN_DEFAULT_FPMATH_MODE, NVIDIA_TF32_OVERRIDE and TRITON_* numbers and speed,
-# LD_PRELOAD an allocator or OpenMP runtime loaded ahead of torch's, TORCHKIT_* torchkit's own),
-# but never one whose name says it holds a secret.
+# LD_PRELOAD an allocator or OpenMP runtime loaded ahead of torch's, TORCHKIT_* torchkit's own,
+# HF_HUB_OFFLINE and HF_HOME timm's weights, XDG_CACHE_HOME where the caches go), but never one
+# whose name says it holds a secret (HF_TOKEN).
 ENVIRONMENT_PREFIXES = (
     "OMP_", "KMP_", "GOMP_", "MKL_", "CUDA_", "CUBLAS", "CUDNN_", "NCCL_", "TORCH_",
     "TORCHINDUCTOR_", "PYTORCH_", "HIP_", "ROCR_", "HSA_", "MIOPEN_", "ATEN_", "ONEDNN_", "DNNL_",
-    "TRITON_", "NVIDIA_TF32_OVERRIDE", "LD_PRELOAD", "TORCHKIT_",
+    "TRITON_", "NVIDIA_TF32_OVERRIDE", "LD_PRELOAD", "TORCHKIT_", "HF_HUB_", "HF_HOME",
+    "XDG_CACHE_HOME",
 )  # fmt: skip
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 
