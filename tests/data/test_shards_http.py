@@ -340,6 +340,24 @@ def test_dataset_stats_names_url_data_as_given_not_by_its_cache_folder(server):
     assert "s3cret" not in table.stdout and "cache" not in table.stdout
 
 
+def test_eval_of_url_shards_none_readable_names_the_url_not_the_cache_folder(world, server):
+    """eval's 'none of the N images in ... could be read' named the cache folder the shards were
+    read from; it names the data as given, as dataset-stats, predict and extract-features do."""
+    broken = world / "broken-images"
+    for name in CLASSES:
+        (broken / name).mkdir(parents=True, exist_ok=True)
+        (broken / name / f"{name}_0.png").write_bytes(b"not a png")
+    served = world / "served" / "unreadable"
+    served.mkdir(exist_ok=True)
+    write_shards(str(served / "shard-%06d.tar"), broken, maxcount=5)
+    url = f"{server.url}/unreadable/shard-000000.tar?token=s3cret"
+    result = run_torchkit_in_process("eval", world / "model.pt", "--data", url, "--device", "cpu")
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"none of the 3 images in {server.url}/unreadable/shard-000000.tar?token=***" in line
+    assert "s3cret" not in result.stderr
+
+
 def test_the_cache_folder_of_a_url_is_named_without_its_credentials():
     """The folder's name was a hash of the URL with `USER:PASSWORD@`: a password's hash on
     disk, and another folder (the shards downloaded again) for each password."""

@@ -525,7 +525,8 @@ def _run(
     if not ctx.is_main:
         return None
     if len(predictions) == 0:
-        raise none_read(len(samples), samples.source, f"the first, {errors[0]}" if errors else None)
+        first = f"the first, {errors[0]}" if errors else None
+        raise none_read(len(samples), redact_url(options.data), first)  # not the cache folder
     metrics = compute_metrics(
         predictions.labels,
         predictions.predicted,
