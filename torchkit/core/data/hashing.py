@@ -15,25 +15,26 @@
 - `floor` (PHASH_FLOOR, 256 px, by default): a large image is first brought down to `floor` to
   2 x `floor` - 1 px a side, a JPEG not yet decoded by a reduced decode (PIL's `draft()`: 1/2,
   1/4 or 1/8 scale, the largest that keeps both sides >= `floor`), then any image by an
-  integer `reduce()` per axis, and the Lanczos resize starts from there. An image under
-  2 x `floor` px on both sides is resized whole: its hash is imagededup's bit for bit. On a
-  large one the reduced pixels differ a little, and a coefficient next to the median can cross
-  it: measured on photo-like JPEGs of 128x96 to 4000x3000 (benchmarks/bench_near_duplicates.py,
-  part 5), 9% of the hashes differ from imagededup's at floor 256, by 2 to 6 bits (2 on most;
-  every planted copy still found at the default threshold), for 8x the speed on the other
-  splits' files (whose decode is the hash's cost) and 2x on the measured split's. `floor=0`
-  decodes and resizes every image whole: imagededup's bits exactly (dataset-stats
-  --exact-phash). Re-encoded or resized copies of an image land a few bits apart (the
-  threshold: see `core.neardup`), unrelated images about 32.
+  integer `reduce()` per axis, and the Lanczos resize starts from there, with the box that
+  keeps the image's geometry (PIL's `reducing_gap`: a side the factor does not divide ends in
+  a partial pixel). An image under 2 x `floor` px on both sides is resized whole: its hash is
+  imagededup's bit for bit. On a large one the reduced pixels differ a little, and a
+  coefficient next to the median can cross it: on photo-like JPEGs of 128x96 to 4000x3000
+  (benchmarks/bench_near_duplicates.py, part 5) 9-11% of the hashes differ from imagededup's
+  at floor 256, each by 2 bits (every planted copy of part 1 still found at the default
+  threshold), for 7.6x the speed on the other splits' files (whose decode is the hash's cost)
+  and 2.2x on the measured split's. `floor=0` decodes and resizes every image whole:
+  imagededup's bits exactly (dataset-stats --exact-phash). Re-encoded or resized copies of an
+  image land a few bits apart (the threshold: see `core.neardup`), unrelated images about 32.
 
 Images are read as every loader reads them (`core.image_files`: regular files only, 16-bit
 images scaled to 8 bits, 32-bit ones that no fixed scale reads right refused with
 `UnsupportedSamples`, the pixels as stored: the EXIF orientation is not applied, as
 imagededup does not apply it either, so a photo and its rotated-by-tag copy hash as the
-pictures a model is fed). The one difference from imagededup: images of more than 8 bits a
-sample, which PIL's conversion clips (a 16-bit gray PNG hashes as blank white there) or cuts
-to its high byte (16-bit colour), are scaled, round(v / 257). Nothing here prints or
-imports anything heavy at import time.
+pictures a model is fed). The other difference from imagededup, at any floor: images of
+more than 8 bits a sample, which PIL's conversion clips (a 16-bit gray PNG hashes as blank
+white there) or cuts to its high byte (16-bit colour), are scaled, round(v / 257). Nothing
+here prints or imports anything heavy at import time.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ HASH_BITS = 64
 _SIDE = 32  # the image is resized to _SIDE x _SIDE before the DCT
 _KEEP = 8  # the top-left _KEEP x _KEEP DCT coefficients make the hash
 # Large images are brought down to PHASH_FLOOR..2*PHASH_FLOOR-1 px a side before the resize
-# (0: never): 8x the speed of the whole decode on large JPEGs, 9% of hashes a few bits off.
+# (0: never): 7.6x the speed of the whole decode on large JPEGs, 1 hash in 10 2 bits off.
 PHASH_FLOOR = 256
 _PREFIX = 64 * 1024  # bytes hashed first, before whole files
 _BLOCK = 1 << 20

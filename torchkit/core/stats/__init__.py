@@ -12,11 +12,12 @@ recipe returns.
 Leakage between splits (issue #20). Of split data (a split root, a CSV with a split column) the
 statistics are of one split (train by default), but the files of the other splits are read in
 the same pass too, hashed and not measured: each file's SHA-256 (exact copies) and 64-bit pHash
-(`core.hashing`: imagededup's PHash; of a measured file from the decode its statistics need)
-go to `core.neardup.find_pairs`, which lists the exact and near duplicates whose members lie
-in different splits (and, with `near_duplicates`, those within one split). A file read but not
-decoded (or of 32-bit samples no fixed scale reads right) has no pHash: its SHA-256 alone still
-finds its byte-identical copies. `leakage=False` skips that (and the other splits' files).
+(`core.hashing`: of imagededup's PHash kind; of a measured file from the decode its
+statistics need) go to `core.neardup.find_pairs`, which lists the exact and near duplicates
+whose members lie in different splits (and, with `near_duplicates`, those within one split).
+A file read but not decoded (or of 32-bit samples no fixed scale reads right) has no pHash:
+its SHA-256 alone still finds its byte-identical copies. `leakage=False` skips that (and the
+other splits' files).
 
 Modules: scan (the pass: reading, hashing, counting, in worker processes), report (DatasetStats,
 the duplicates), plot (the plot and the output checks) and run (`compute_dataset_stats`).
