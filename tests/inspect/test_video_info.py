@@ -198,6 +198,10 @@ def test_sniff_container_and_fourcc():
     assert sniff_container(b"\x1a\x45\xdf\xa3\x9fB\x86\x81\x01B\xf7\x81\x01B\x82\x84webm") == "webm"
     assert sniff_container(b"\x1a\x45\xdf\xa3\xa3B\x86\x81\x01B\x82\x88matroska") == "mkv"
     assert sniff_container(b"G" + b"x" * 300) is None  # one 'G' is not an MPEG-TS sync pattern
+    # M2TS/MTS (AVCHD): a 4-byte timestamp before each 188-byte packet; was not recognised
+    m2ts = (b"\x00\x01\x02\x03G" + bytes(187)) * 3
+    assert sniff_container(m2ts) == "m2ts"
+    assert sniff_container(m2ts[4:]) is None  # 192 bytes apart, not 188
     assert sniff_container(b"hello world") is None
     assert fourcc_to_text(cv2.VideoWriter_fourcc(*"MJPG")) == "MJPG"
     assert fourcc_to_text(0.0) is None
@@ -1143,6 +1147,9 @@ def test_container_sizes_of_hand_made_files(tmp_path):
     packet = b"G" + bytes(187)
     assert declared(packet * 3, "mpeg-ts") == 3 * 188
     assert declared(packet * 3 + b"G" + bytes(10), "mpeg-ts") == 4 * 188
+    m2ts = bytes(4) + packet  # a timestamp before each packet: 192 bytes
+    assert declared(m2ts * 2, "m2ts") == 2 * 192
+    assert declared(m2ts * 2 + bytes(10), "m2ts") == 3 * 192
     assert declared(packet, "flv") is None and declared(packet, None) is None
     guid = bytes.fromhex  # ASF objects: a GUID and a 64-bit little-endian size
     properties = guid("a1dcab8c47a9cf118ee400c00c205365") + struct.pack("<Q", 104) + bytes(80)

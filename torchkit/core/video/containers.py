@@ -22,6 +22,7 @@ VIDEO_EXTENSIONS = frozenset(
     }
 )  # fmt: skip
 TS_PACKET = 188
+M2TS_PACKET = 192  # M2TS/MTS (AVCHD, Blu-ray): a 4-byte timestamp before each TS packet
 SNIFF_BYTES = 512  # enough for an EBML DocType and two MPEG-TS packet starts
 
 
@@ -139,6 +140,8 @@ def sniff_container(head: bytes) -> str | None:
         return "mpeg-video"
     if head[:1] == b"\x47" and head[188:189] == b"\x47":  # sync bytes of two 188-byte packets
         return "mpeg-ts"
+    if head[4:5] == b"\x47" and head[4 + M2TS_PACKET : 5 + M2TS_PACKET] == b"\x47":
+        return "m2ts"  # the same sync bytes, 192 bytes apart after the first timestamp
     if head[:8] == b"\x30\x26\xb2\x75\x8e\x66\xcf\x11":
         return "asf"
     if head[:9] == b"YUV4MPEG2":
@@ -336,12 +339,13 @@ _MAX_BOXES = 100_000  # a fragmented MP4 has two boxes per fragment; a bound for
 
 def declared_size(path: str | os.PathLike, container: str | None, size: int) -> int | None:
     """How many bytes the container structure of a `size`-byte file says it holds, for the
-    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS, Y4M, MPEG-PS,
+    formats that record it (MP4/MOV/3GP, AVI, Matroska/WebM, ASF/WMV, MPEG-TS, M2TS, Y4M, MPEG-PS,
     raw DV);
     None when the format does not say or the structure cannot be read (so nothing is claimed
     about the file)."""
-    if container == "mpeg-ts":
-        return -(-size // TS_PACKET) * TS_PACKET  # a partial last packet ends mid-stream
+    packet = {"mpeg-ts": TS_PACKET, "m2ts": M2TS_PACKET}.get(container or "")
+    if packet is not None:
+        return -(-size // packet) * packet  # a partial last packet ends mid-stream
     readers = {
         "mp4": _iso_boxes_end,
         "mov": _iso_boxes_end,
