@@ -306,6 +306,22 @@ def test_a_choice_in_any_case_is_taken_as_the_command_line_takes_it(runner, tmp_
     assert json.loads(from_file.stdout)["optimizer"] == "adamw"
 
 
+def test_a_recipes_paths_starting_with_a_tilde_are_in_the_home_folder(
+    runner, tmp_path, monkeypatch
+):
+    """`out: ~/runs/x` in a recipe trained into a folder named `~` in the working directory,
+    which the summary showed as `~/runs/x`: the shell expands an unquoted `--out ~/runs/x`."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("out: ~/runs/x\nclass_weights: ~/w.txt\nmodel: convnet\n")
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["out"] == str(home / "runs" / "x")
+    assert shown["class_weights"] == str(home / "w.txt") and shown["model"] == "convnet"
+
+
 def test_config_dash_reads_the_recipe_print_config_pipes_in(runner):
     """`--config -` was "config file not found: -"."""
     printed = runner.invoke(app, ["train", "--print-config", "--lr", "0.01", "-e", "3"])

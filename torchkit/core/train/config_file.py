@@ -22,6 +22,7 @@ import datetime
 import difflib
 import json
 import math
+import os
 import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import fields
@@ -343,8 +344,21 @@ def _checked(options: Mapping[str, Any], source: str | Path) -> dict[str, Any]:
                 f"{option_name(name)} in {source} is {shown}, not {_described(types[name])}",
                 _how_to_write(types[name]),
             )
-        checked[name] = _as_floats(value, types[name])
+        checked[name] = _as_floats(_home_expanded(name, value), types[name])
     return checked
+
+
+# The options whose value is a path (or may be one: a model's checkpoint, a weights file).
+PATH_OPTIONS = ("data", "out", "weights", "model", "class_weights")
+
+
+def _home_expanded(name: str, value: Any) -> Any:
+    """A path option's `~/...` with the home folder in its place, as the shell puts it in an
+    unquoted `--out ~/runs/x`: a recipe's `out: ~/runs/x` trained into a folder named `~` in
+    the working directory, and the summary's `~/runs/x` read as the home folder's."""
+    if name in PATH_OPTIONS and isinstance(value, str) and value.startswith("~"):
+        return os.path.expanduser(value)
+    return value
 
 
 def _as_floats(value: Any, annotation: str) -> Any:
