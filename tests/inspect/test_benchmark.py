@@ -255,6 +255,21 @@ def test_train_mode_of_a_traced_torchscript_file_warns_it_runs_as_exported(runne
     assert infer.exit_code == 0 and "Warning" not in infer.stderr, infer.stderr
 
 
+def test_compile_of_a_torchscript_file_is_a_usage_error(runner, tmp_path):
+    """`--compile` of a TorchScript file ended in torch's own refusal, as an unexpected error:
+    'Error: RuntimeError: torch.compile does not support compiling torch.jit.script ... (set
+    TORCHKIT_DEBUG=1 to see the traceback)', exit 1."""
+    path = tmp_path / "traced.ts"
+    torch.jit.save(torch.jit.trace(tiny_conv(1).eval(), torch.randn(2, 1, 8, 8)), str(path))
+    args = ["benchmark", str(path), "--trust-checkpoint", "-i", "1,8,8", "-b", "2", *FAST]
+    result = runner.invoke(app, [*args, "--compile"])
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result.stderr) == (
+        f"Error: --compile cannot compile {path}: it is TorchScript, which torch.compile "
+        "refuses (drop --compile; TorchScript runs through its own JIT)"
+    )
+
+
 def test_compile_goes_through_the_filter_of_torchs_no_cuda_runtime_warning(runner, monkeypatch):
     # benchmark --compile called torch.compile itself, so a CPU run on a machine with a CUDA
     # toolkit printed torch's "No CUDA runtime is found" (train already dropped it).

@@ -282,6 +282,11 @@ def benchmark_model(
         )
     name = name or type(model).__name__
     spec = spec or name
+    if options.compile and isinstance(model, torch.jit.ScriptModule):
+        raise UsageError(
+            f"--compile cannot compile {spec}: it is TorchScript, which torch.compile refuses",
+            "drop --compile; TorchScript runs through its own JIT",
+        )
     if "train" in options.modes:  # before any configuration is timed, not after infer's
         trainable_parameters(model)
 
