@@ -1045,6 +1045,60 @@ def test_exact_durations_of_a_variable_rate_video_run_to_its_last_frame(tmp_path
     assert (steady.frames, steady.fps, steady.duration_s) == (40, 25.0, 40 / 25.0)
 
 
+def _iso_box(data: bytes, kind: bytes, parent: tuple[int, int] | None) -> tuple[int, int]:
+    """(start, end) of the first box `kind` in the box `parent` (start, end), or in the file."""
+    at, end = (0, len(data)) if parent is None else (parent[0] + 8, parent[1])
+    while at + 8 <= end:
+        size, found = struct.unpack(">I4s", data[at : at + 8])
+        if found == kind:
+            return at, at + size
+        at += size
+    raise AssertionError(f"no {kind} box")
+
+
+def sparse_mp4(path: Path) -> bool:
+    """3 frames 600 s apart, the last lasting 1/25 s (ffprobe: 1200.04 s): an OpenCV MP4 whose
+    sample times (stts), durations and edit list are rewritten (version-0 boxes, moov last)."""
+    if not write_video(path, "mp4v", 16, 16, 25, 3):
+        return False
+    data = bytearray(path.read_bytes())
+
+    def get(at: int) -> int:
+        return struct.unpack_from(">I", data, at)[0]
+
+    moov = _iso_box(data, b"moov", None)
+    trak = _iso_box(data, b"trak", moov)
+    mdia = _iso_box(data, b"mdia", trak)
+    mvhd, mdhd = _iso_box(data, b"mvhd", moov)[0] + 8, _iso_box(data, b"mdhd", mdia)[0] + 8
+    movie, media = get(mvhd + 12), get(mdhd + 12)  # the timescales
+    elst = _iso_box(data, b"elst", _iso_box(data, b"edts", trak))[0] + 8
+    for at, scale in ((mvhd + 16, movie), (mdhd + 16, media), (elst + 8, movie)):
+        struct.pack_into(">I", data, at, scale * 120004 // 100)  # durations: 1200.04 s
+    struct.pack_into(">I", data, _iso_box(data, b"tkhd", trak)[0] + 28, movie * 120004 // 100)
+    minf = _iso_box(data, b"minf", mdia)
+    stbl = _iso_box(data, b"stbl", minf)
+    stts = _iso_box(data, b"stts", stbl)
+    times = struct.pack(">I4sIIIIII", 32, b"stts", 0, 2, 2, 600 * media, 1, media // 25)
+    grow = len(times) - (stts[1] - stts[0])
+    data[stts[0] : stts[1]] = times
+    for box in (moov, trak, mdia, minf, stbl):
+        struct.pack_into(">I", data, box[0], get(box[0]) + grow)
+    path.write_bytes(bytes(data))
+    return True
+
+
+def test_exact_duration_of_an_mp4_ends_with_its_last_frame_s_own_duration(tmp_path):
+    """--exact added 1 / (average fps) for the last frame: 3 frames 600 s apart in 1200.04 s
+    (an average of 0.0025 fps) read 1200 + 400 = 1600 s; the sample table says 0.04 s."""
+    path = tmp_path / "sparse.mp4"
+    if not sparse_mp4(path):
+        pytest.skip("this OpenCV cannot write mp4v")
+    exact = probe_video(path, exact=True)
+    assert (exact.status, exact.frames_decoded) == ("ok", 3)
+    assert exact.duration_s == pytest.approx(1200.04)
+    assert probe_video(path).duration_s == pytest.approx(1200.04)  # the header's, as before
+
+
 def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
     tmp_path, whole_videos, monkeypatch
 ):

@@ -282,29 +282,75 @@ def _iso_children(handle, start: int, end: int) -> Iterator[tuple[bytes, int, in
         offset += length
 
 
-def _iso_fourcc(handle, size: int) -> str | None:
-    """The sample entry type of the first video track (its handler is `vide`) of an ISO file."""
+def _iso_child(handle, kind: bytes, start: int, end: int) -> tuple[int, int] | None:
+    """The first box of type `kind` between `start` and `end`: (where its data starts, ends)."""
+    return next(((s, e) for k, s, e in _iso_children(handle, start, end) if k == kind), None)
 
-    def child(kind: bytes, start: int, end: int) -> tuple[int, int] | None:
-        return next(((s, e) for k, s, e in _iso_children(handle, start, end) if k == kind), None)
 
-    def field(box: tuple[int, int] | None, at: int) -> bytes:
-        if box is None:
-            return b""
-        handle.seek(box[0] + at)
-        return handle.read(4)
+def _iso_field(handle, box: tuple[int, int] | None, at: int, length: int = 4) -> bytes:
+    """`length` bytes `at` bytes into `box`'s data (b"" for no box, fewer past its end)."""
+    if box is None or box[0] + at >= box[1]:
+        return b""
+    handle.seek(box[0] + at)
+    return handle.read(min(length, box[1] - box[0] - at))
 
-    index = child(b"moov", 0, size)
+
+def _iso_video_media(handle, size: int) -> tuple[int, int] | None:
+    """The `mdia` box of the first video track (its handler is `vide`) of an ISO file."""
+    index = _iso_child(handle, b"moov", 0, size)
     tracks = [(s, e) for k, s, e in _iso_children(handle, *index) if k == b"trak"] if index else []
     for track in tracks:
-        media = child(b"mdia", *track)
-        if media is None or field(child(b"hdlr", *media), 8) != b"vide":
-            continue
-        table = child(b"minf", *media)
-        table = table and child(b"stbl", *table)
-        # stsd: version and flags, the entry count, then the first entry's size and type
-        return fourcc_text(field(table and child(b"stsd", *table), 12))
+        media = _iso_child(handle, b"mdia", *track)
+        if media is not None and _iso_field(handle, _iso_child(handle, b"hdlr", *media), 8) == (
+            b"vide"
+        ):
+            return media
     return None
+
+
+def _iso_sample_table(handle, media: tuple[int, int]) -> tuple[int, int] | None:
+    table = _iso_child(handle, b"minf", *media)
+    return table and _iso_child(handle, b"stbl", *table)
+
+
+def _iso_fourcc(handle, size: int) -> str | None:
+    """The sample entry type of the first video track of an ISO file."""
+    media = _iso_video_media(handle, size)
+    table = media and _iso_sample_table(handle, media)
+    # stsd: version and flags, the entry count, then the first entry's size and type
+    return fourcc_text(_iso_field(handle, table and _iso_child(handle, b"stsd", *table), 12))
+
+
+def last_frame_duration(
+    path: str | os.PathLike, container: str | None, frames: int
+) -> float | None:
+    """How long the last of the `frames` frames of an MP4/MOV/3GP file's video lasts, in
+    seconds, as its sample table records it (the last `stts` entry over the `mdhd` timescale);
+    None for other formats, a fragmented file (no samples in its `moov`), a table of another
+    number of samples (not the track decoded) or a structure that cannot be read."""
+    if container not in ("mp4", "mov", "3gp") or frames <= 0:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            media = _iso_video_media(handle, os.fstat(handle.fileno()).st_size)
+            if media is None:
+                return None
+            header = _iso_child(handle, b"mdhd", *media)
+            # mdhd: version and flags, then two times of 4 bytes (version 1: 8) and the timescale
+            version = _iso_field(handle, header, 0, 1)
+            scale = _iso_field(handle, header, 20 if version == b"\x01" else 12)
+            table = _iso_sample_table(handle, media)
+            times = table and _iso_child(handle, b"stts", *table)
+            # stts: version and flags, the entry count, then (count, delta) entries
+            entries = int.from_bytes(_iso_field(handle, times, 4), "big")
+            data = _iso_field(handle, times, 8, 8 * entries)
+    except OSError:
+        return None
+    if len(scale) < 4 or not entries or len(data) != 8 * entries:
+        return None
+    counts = sum(int.from_bytes(data[i : i + 4], "big") for i in range(0, len(data), 8))
+    timescale, ticks = int.from_bytes(scale, "big"), int.from_bytes(data[-4:], "big")
+    return ticks / timescale if counts == frames and timescale and ticks else None
 
 
 def iso_lists_every_frame(path: str | os.PathLike, container: str | None) -> bool:

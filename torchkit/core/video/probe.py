@@ -27,6 +27,7 @@ from torchkit.core.video.containers import (
     declared_size,
     declares_no_video,
     fourcc_text,
+    last_frame_duration,
     last_picture_rows,
     sniff_container,
     still_image_format,
@@ -257,11 +258,13 @@ def count_frames(capture, stop: threading.Event | None = None) -> int:
 
 
 def _decode_to_end(
-    cv2, capture, stop: threading.Event | None = None, fps: float | None = None
+    cv2, capture, stop: threading.Event | None = None, info: VideoInfo | None = None
 ) -> tuple[int, float | None]:
     """`count_frames`, and the time the last frame ends at by its timestamp (None unknown, or
-    without `cv2`: not asked for): for a variable frame rate, the video's length, which the
-    count over the rate is not."""
+    without `cv2` and `info`: not asked for): for a variable frame rate, the video's length,
+    which the count over the rate is not. The last frame lasts as long as the container
+    records (MP4/MOV/3GP), else 1 / `info.fps`: FFmpeg's rate, which in an MP4 is the frames
+    over the duration, 400 s a frame for 3 frames 600 s apart."""
     count, start_ms = 0, None
     while capture.grab():
         count += 1
@@ -269,9 +272,11 @@ def _decode_to_end(
             start_ms = capture.get(cv2.CAP_PROP_POS_MSEC)
         if stop is not None and count % 64 == 0 and stop.is_set():
             raise _Stopped()
+    fps = info.fps if info is not None else None
     if not fps or not start_ms or not math.isfinite(start_ms) or start_ms < 0:
         return count, None
-    return count, start_ms / 1000 + 1 / fps
+    own = last_frame_duration(info.path, info.container, count)
+    return count, start_ms / 1000 + (own if own is not None else 1 / fps)
 
 
 def probe_video(
@@ -378,7 +383,7 @@ def _probe_into(
             info.fail(cut or "no video stream", "truncated" if cut else "unreadable")
             return
         if exact:
-            decoded, end_s = _decode_to_end(cv2, capture, stop, info.fps)
+            decoded, end_s = _decode_to_end(cv2, capture, stop, info)
             _take_decoded_count(info, decoded, end_s)
             if info.frames_decoded == 0 and not cut:
                 info.fail(undecodable)
@@ -397,7 +402,7 @@ def _probe_into(
                     capture.release()
                     capture = _open_capture(cv2, path, decoder_threads)
                     if capture is not None:
-                        decoded, end_s = _decode_to_end(cv2, capture, stop, info.fps)
+                        decoded, end_s = _decode_to_end(cv2, capture, stop, info)
                         reached = _position(end_s, info.fps)
                         cut = _frames_short(decoded, info.frames_header, reached)
                 info.known_whole = not cut
@@ -463,7 +468,7 @@ def recount_frames(
     if capture is None:
         return False
     try:
-        _take_decoded_count(info, *_decode_to_end(cv2, capture, stop, info.fps))
+        _take_decoded_count(info, *_decode_to_end(cv2, capture, stop, info))
     finally:
         capture.release()
     return True
