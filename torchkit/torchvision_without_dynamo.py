@@ -12,7 +12,8 @@ those two modules answer those names:
 Any other name asked of a stand-in imports the real dynamo and answers from it, so a torchvision
 that needs more only loses the saving. The stand-ins leave sys.modules when the module's import
 ends, and `torch.compile` later in the process imports the real dynamo as usual. Nothing is done
-once dynamo is loaded. (The same saving for torch.optim: `core.train.dynamo_free`.)
+once dynamo is loaded. (The same saving for torch.optim: `core.train.dynamo_free`; and for
+DistributedDataParallel, which asks `get_optimize_ddp_mode`: `core.train.ddp.wrap_ddp`.)
 
 timm's modules run with the stand-ins too: timm decorates model methods with
 `torch.compiler.disable` as its model modules are imported (`timm.layers.disable_compiler`, in
@@ -113,6 +114,7 @@ def _place() -> None:
     package, utils = _StandIn(DYNAMO), _StandIn(DYNAMO_UTILS)
     package.__dict__.update(__path__=[], disable=disable, utils=utils)
     utils.is_compile_supported = is_compile_supported
+    utils.get_optimize_ddp_mode = get_optimize_ddp_mode
     sys.modules[DYNAMO], sys.modules[DYNAMO_UTILS] = package, utils
 
 
@@ -135,6 +137,13 @@ def _real(name: str) -> types.ModuleType:
 def is_compile_supported(device_type: Any) -> Any:
     """torch._dynamo.utils.is_compile_supported, imported when called."""
     return _real(DYNAMO_UTILS).is_compile_supported(device_type)
+
+
+def get_optimize_ddp_mode() -> str:
+    """torch._dynamo.utils.get_optimize_ddp_mode while dynamo is not loaded: the mode of its
+    config's default (`optimize_ddp = True`), which nothing can have changed without loading
+    it. DDP's constructor asks it (the C++ reducer, not the one compiled DDP runs)."""
+    return "ddp_optimizer"
 
 
 def disable(fn: Callable | None = None, recursive: bool = True, **options: Any) -> Any:

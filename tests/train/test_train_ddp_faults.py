@@ -39,7 +39,8 @@ NET = "nets:BNNet"
 
 # A sitecustomize for the ranks: with TORCHKIT_TEST_NO_SHARED_FS=OUT, every access of a rank to a
 # path in OUT is logged to TORCHKIT_TEST_AUDIT_LOG.RANK, and refused on ranks other than 0, as
-# if OUT were on a disk only rank 0's node has.
+# if OUT were on a disk only rank 0's node has; the modules of torch._dynamo a rank imports are
+# logged to TORCHKIT_TEST_AUDIT_LOG.imports.RANK.
 NO_SHARED_FS = textwrap.dedent(
     """
     import os, sys
@@ -50,7 +51,17 @@ NO_SHARED_FS = textwrap.dedent(
     _busy = []
 
     def _hook(event, args):
-        if _busy or event not in _EVENTS or not args:
+        if _busy or not args:
+            return
+        if event == "import" and str(args[0]).startswith("torch._dynamo"):
+            _busy.append(1)
+            try:
+                with open(os.environ["TORCHKIT_TEST_AUDIT_LOG"] + ".imports." + _rank, "a") as log:
+                    log.write(f"import {args[0]}\\n")
+            finally:
+                _busy.pop()
+            return
+        if event not in _EVENTS:
             return
         if not isinstance(args[0], (str, bytes, os.PathLike)):
             return
@@ -245,6 +256,19 @@ def test_validation_under_ddp_measures_the_weights_best_pt_holds(uninterrupted, 
     assert report["loss"] == pytest.approx(row["val_loss"], rel=1e-6, abs=0)
     csv_row = (out / "metrics.csv").read_text().splitlines()[summary["best_epoch"]].split(",")
     assert float(csv_row[3]) == pytest.approx(report["loss"], rel=1e-5, abs=0)
+
+
+# -- the ranks' start-up ----------------------------------------------------------------------
+
+
+def test_ddp_ranks_that_do_not_compile_never_import_dynamo(uninterrupted):
+    """Wrapping the model in DistributedDataParallel and its first forward imported
+    torch._dynamo (inductor, sympy) in every rank: seconds of each rank's start."""
+    _, done, _, audit_log = uninterrupted
+    summary_of(done)
+    for rank in (0, 1):
+        imports = Path(f"{audit_log}.imports.{rank}")
+        assert not imports.exists(), imports.read_text()
 
 
 # -- the test evaluation without a shared file system ---------------------------------------------

@@ -74,12 +74,28 @@ def convert_sync_bn(model: Any) -> Any:
     return converted
 
 
-def wrap_ddp(model: Any, ctx: DistContext) -> Any:
+def wrap_ddp(model: Any, ctx: DistContext, *, compiled: bool = False) -> Any:
+    """`model` in DistributedDataParallel. Unless it will be `compiled`, without importing
+    torch._dynamo (inductor, sympy: seconds of every rank's start): DDP's constructor asks
+    dynamo's config which reducer to use, and its forward's `_inside_ddp_forward`, wrapped in
+    `torch._disable_dynamo`, imports dynamo on its first call. Both run once under the stand-ins
+    of `without_dynamo`, whose answers are those of a dynamo never configured (the C++ reducer)
+    and a deferred `disable` (the context itself while nothing compiles), which the wrapper
+    caches for every later call."""
     from torch.nn.parallel import DistributedDataParallel
 
-    if ctx.device.type == "cuda":
-        return DistributedDataParallel(model, device_ids=[ctx.device.index])
-    return DistributedDataParallel(model)
+    from torchkit.torchvision_without_dynamo import without_dynamo
+
+    devices = {"device_ids": [ctx.device.index]} if ctx.device.type == "cuda" else {}
+    if compiled:
+        return DistributedDataParallel(model, **devices)
+    with without_dynamo():
+        wrapped = DistributedDataParallel(model, **devices)
+        inside_forward = getattr(wrapped, "_inside_ddp_forward", None)
+        if inside_forward is not None:  # (a torch without it has nothing to cache)
+            with inside_forward():
+                pass
+    return wrapped
 
 
 def refuse_untrained_parameters(ctx: DistContext, module: Any) -> None:

@@ -569,7 +569,7 @@ def _step_context(
     from torchkit.core.train.optim import frozen_norms_to_eval
 
     side = train_preprocess(preprocess, config).image_size  # of the training batches
-    wrapped = ddp.wrap_ddp(model, ctx) if ctx.is_distributed else model
+    wrapped = ddp.wrap_ddp(model, ctx, compiled=config.compile) if ctx.is_distributed else model
     if config.compile:
         from torchkit.core.runtime.compiled import compile_module
 
