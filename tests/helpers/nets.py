@@ -275,3 +275,13 @@ class DictNet(TinyNet):
 class ScoreNet(TinyNet):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x)[:, 0]
+
+
+class MaskedNet(TinyNet):
+    """TinyNet whose last class is masked: its logit is -inf for every image (a model that rules
+    classes out), so an image of that class has an infinite loss (eval/test_eval_masked_logits)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        logits[:, -1] = -math.inf
+        return logits

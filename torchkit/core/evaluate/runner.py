@@ -390,6 +390,16 @@ def _evaluate(
             ),
             _nonfinite_hint(result.info["amp_dtype"], strict=False),
         )
+    masked = _masked_true_class(result.predictions)
+    if len(masked):
+        log.warning(
+            "the loss is infinite for %d of %d image(s): the model gives their true class a "
+            "-inf logit, a probability of 0 (first: %s) (the mean loss is inf, null in JSON; "
+            "the accuracy and the other metrics count them as any other image)",
+            len(masked),
+            len(result.predictions),
+            _sample_name(result.predictions, result.samples, masked[0]),
+        )
     if folder is not None:
         from torchkit.core.evaluate.reports import write_reports
 
@@ -573,16 +583,26 @@ def _nonfinite_message(
     """Which images got a NaN or inf output: how many (`whole`: of how many evaluated), in how
     many batches, and the first of them."""
     bad = np.flatnonzero(~predictions.finite)
-    first = int(predictions.indices[bad[0]]) if len(bad) else 0
-    if samples.paths is not None:
-        name = samples.paths[first]
-    else:
-        name = samples.ids[first] if samples.ids else str(first)
+    name = _sample_name(predictions, samples, bad[0] if len(bad) else None)
     of = f" of {len(predictions)}" if whole else ""
     return (
         f"the model's outputs are not finite (NaN or inf) for {len(bad)}{of} image(s) in "
         f"{batches} batch(es) (first: {name})"
     )
+
+
+def _masked_true_class(predictions: Predictions) -> np.ndarray:
+    """The rows whose loss is +inf though their outputs are scorable: the model masks their
+    true class with a -inf logit (the rows of NaN outputs have a NaN loss, warned of apart)."""
+    return np.flatnonzero(predictions.finite & np.isposinf(predictions.loss))
+
+
+def _sample_name(predictions: Predictions, samples: Samples, row: int | None) -> str:
+    """How the warnings name the image of a row of `predictions` (None: the first sample)."""
+    first = int(predictions.indices[row]) if row is not None else 0
+    if samples.paths is not None:
+        return samples.paths[first]
+    return samples.ids[first] if samples.ids else str(first)
 
 
 def _nonfinite_hint(amp_dtype: str | None, *, strict: bool) -> str:

@@ -5,6 +5,10 @@ ranking uses the raw logits (the class is `logits.argmax()`) and the probabiliti
 softmax, exactly `torch.softmax(logits)` (the exponent of the log-softmax differs from it by an
 ulp in one row of eight); with flip TTA the softmax probabilities of the image and its mirror
 are averaged in log space (stably), which both ranks the classes and gives their probabilities.
+
+A -inf logit masks a class (a model that rules classes out): its probability is 0, it ranks
+last, and the image is scored as any other. An image is unusable only where some output is NaN
+or +inf, or every output is -inf (no class left): those are counted and warned about.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ class BatchScores:
     log_probs: Any  # (N, C) log-softmax, averaged over the TTA views
     probs: Any  # (N, C) softmax of the logits; with TTA, exp(log_probs), in the ranking's order
     scores: Any  # (N, C) what ranks the classes: logits without TTA, log_probs with it
-    finite: Any  # (N,) bool on the CPU: every output of every view of the image is finite
+    # (N,) bool on the CPU: every view of the image has scorable outputs (`scorable_rows`)
+    finite: Any
 
 
 def score_batch(
@@ -48,7 +53,7 @@ def score_batch(
     count = len(images)
     views = torch.cat([images, images.flip(3)]) if tta == "flip" else images
     outputs = forward(model, views, device, amp_dtype, amp, first=first)
-    finite = torch.isfinite(outputs).view(-1, count, outputs.shape[1]).all(dim=2).all(dim=0)
+    finite = scorable_rows(outputs).view(-1, count).all(dim=0)
     log_probs = F.log_softmax(outputs, dim=1)
     if tta == "flip":
         log_probs = torch.logsumexp(log_probs.view(2, count, -1), dim=0) - math.log(2)
@@ -56,6 +61,13 @@ def score_batch(
     else:
         scores, probs = outputs, F.softmax(outputs, dim=1)
     return BatchScores(outputs[:count], log_probs, probs, scores, finite.cpu())
+
+
+def scorable_rows(outputs):
+    """(N,) bool: each row of (N, C) logits holds no NaN or +inf and some logit above -inf. A
+    -inf logit alone is a masked class, not a failure: softmax gives it 0 and the rest add up
+    to 1; a row of -inf only has no softmax (NaN)."""
+    return (outputs < math.inf).all(dim=1) & (outputs > -math.inf).any(dim=1)
 
 
 def forward(model, images, device, autocast_dtype, amp: bool, *, first: bool):
