@@ -74,10 +74,10 @@ def test_the_helper_draws_the_file_the_run_draws_through_ctrl_c_sigterm_and_a_fo
         os._exit(0)
     try:
         process = painter.process
-        started = time.monotonic()
         painter.close()
-        # It ended because its stdin closed, not killed (a used helper ends, not killed).
-        assert time.monotonic() - started < 4 and process.returncode == 0
+        # It ended because its stdin closed, not killed (a used helper ends, not killed; one
+        # whose stdin the fork kept open would have been killed after close's wait).
+        assert process.returncode == 0
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
