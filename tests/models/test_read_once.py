@@ -97,3 +97,83 @@ def test_only_convert_syncbn_keeps_every_module_of_a_pickled_dict(tmp_path):
     assert resolve_spec(spec, command="predict").pickled_modules is None
     kept = resolve_spec(spec, command="convert-syncbn", every_pickled_module=True)
     assert list(kept.pickled_modules) == ["model", "model_ema"]
+
+
+# Models sized from their weights: ViT and MaxViT (position embeddings, attention grids) are built
+# for the image size a torchkit checkpoint records, timm's for that size and its channels.
+def _tiny_torchvision(name: str, weights=None, num_classes: int = 1000, **size):
+    """vit_b_16 and maxvit_t as torchvision builds them for `size`, with few, narrow layers (the
+    real ones are 86M and 31M parameters): the same image_size / input_size keywords."""
+    from torchvision.models.maxvit import MaxVit
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    assert weights is None
+    if name == "vit_b_16":
+        image_size = size.get("image_size", 224)
+        return VisionTransformer(image_size, 16, 1, 1, 8, 8, num_classes=num_classes)
+    assert name == "maxvit_t", name
+    return MaxVit(size.get("input_size", (224, 224)), stem_channels=8, partition_size=2,
+                  block_channels=[8], block_layers=[1], head_dim=4, stochastic_depth_prob=0.0,
+                  num_classes=num_classes)  # fmt: skip
+
+
+SIZED = {"vit_b_16": 32, "maxvit_t": 64, "timm/test_vit": 32}  # what each checkpoint records
+
+
+@pytest.fixture(params=list(SIZED))
+def sized(request, tmp_path, monkeypatch):
+    """(arch, a torchkit checkpoint of it built for SIZED[arch] px RGB images, classes a b)."""
+    import torchvision
+
+    from torchkit.core.models import resolve_model
+    from torchkit.core.models.checkpoint import FORMAT_VERSION, save_checkpoint
+
+    arch, size = request.param, SIZED[request.param]
+    if arch.startswith("timm/"):
+        pytest.importorskip("timm")
+    else:
+        monkeypatch.setattr(torchvision.models, "get_model", _tiny_torchvision)
+    model = resolve_model(arch, image_size=size, num_classes=2).model
+    path = tmp_path / "sized.pt"
+    save_checkpoint(
+        {
+            "format_version": FORMAT_VERSION,
+            "arch": arch,
+            "num_classes": 2,
+            "classes": ["a", "b"],
+            "model": model.state_dict(),
+            "preprocess": {"image_size": size, "in_channels": 3},
+        },
+        path,
+    )
+    return arch, path
+
+
+SIZED_COMMANDS = {
+    "summary": lambda arch, path, images, out: ["summary", arch, "--weights", path],
+    "train": lambda arch, path, images, out: [*train(images, out), "--model", arch, "--weights",
+                                              path],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", SIZED_COMMANDS)
+def test_a_model_sized_from_its_weights_reads_them_once(
+    tmp_path, image_folder, sized, reads, command
+):
+    """The read that says the image size the model is built for is the one loaded into it."""
+    arch, path = sized
+    reads.clear()
+    result = run_torchkit_in_process(*SIZED_COMMANDS[command](arch, path, image_folder,
+                                                              tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert reads.count(str(path)) == 1, reads
+
+
+def test_the_resolver_reads_the_weights_of_a_sized_model_once(sized, reads):
+    from torchkit.core.models import ModelSpec, resolve_spec
+
+    arch, path = sized
+    reads.clear()
+    resolved = resolve_spec(ModelSpec(model=arch, weights=str(path)), command="summary")
+    assert resolved.sample_shape == (3, SIZED[arch], SIZED[arch])  # built for the recorded size
+    assert reads == [str(path)]
