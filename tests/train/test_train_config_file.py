@@ -649,3 +649,18 @@ def test_a_recipe_with_another_model_chooses_its_mean_and_std_again(runner, tmp_
     result = runner.invoke(app, ["train", *args, "--print-config"])
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["mean"] == [0.5] * 3
+
+
+@pytest.mark.parametrize(("recipe_names_data", "noted"), [(True, False), (False, True)])
+def test_the_no_data_note_is_left_out_when_the_recipe_names_the_data(
+    runner, tmp_path, recipe_names_data, noted
+):
+    """A replayed config.json names its data (`"data": "digits"`): "no --data given: training on
+    digits" would be false there. A recipe without `data` still gets the note. (The bad --lr
+    stops the run right after the note.)"""
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"lr": -1, **({"data": "digits"} if recipe_names_data else {})}))
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.stderr
+    assert "--lr must be positive" in result.stderr
+    assert ("no --data given" in result.stderr) is noted, result.stderr

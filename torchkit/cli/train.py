@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import signal
+from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -137,8 +138,9 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     config = _config_from(values, stats)
     given = _given_options(ctx)
     from_file = contextlib.nullcontext()
+    recipe_options: Collection[str] = ()
     if config_file is not None:
-        config, from_file = _with_config_file(config, config_file, given)
+        config, from_file, recipe_options = _with_config_file(config, config_file, given)
     if print_config:
         from torchkit.core.train.setup import effective_config
 
@@ -161,7 +163,8 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
                 f"--find-lr runs the learning-rate range test only (--find-lr-iters steps, no "
                 f"training): {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored"
             )
-    if "data" not in given and config.resume is None and is_main and config.data == DEFAULTS.data:
+    data_named = "data" in given or "data" in recipe_options  # a replayed config.json names it
+    if not data_named and config.resume is None and is_main and config.data == DEFAULTS.data:
         console.note(
             "no --data given: training on digits, the 1,797 8x8 handwritten digits "
             "bundled with scikit-learn"
@@ -229,9 +232,9 @@ def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:
 
 def _with_config_file(
     config: TrainConfig, path: Path, given: list[str]
-) -> tuple[TrainConfig, contextlib.AbstractContextManager]:
-    """`config` with the recipe's options, and the context in which an error about one of
-    them names the recipe."""
+) -> tuple[TrainConfig, contextlib.AbstractContextManager, Collection[str]]:
+    """`config` with the recipe's options, the context in which an error about one of
+    them names the recipe, and the names of the options the recipe gives."""
     import sys
 
     from torchkit.core.io.errors import UsageError
@@ -249,7 +252,7 @@ def _with_config_file(
         )
     file_options = read_config_file(path, sys.stdin)
     config = apply_config_file(config, file_options, given)
-    return config, naming_the_recipe(recipe_source(path), file_options, given)
+    return config, naming_the_recipe(recipe_source(path), file_options, given), set(file_options)
 
 
 def _given_options(ctx: typer.Context) -> list[str]:
