@@ -105,7 +105,8 @@ def data(tmp_path_factory):
 
 
 def _run(command: str, data, *more):
-    model = ["nets:MaskedNet", "--data", data] if command == "eval" else ["nets:MaskedNet", data]
+    """`command` of nets:MaskedNet on `data`, then `more` (extract-features: OUT first)."""
+    model = ["nets:MaskedNet", *(["--data"] if command == "eval" else []), data]
     return run_torchkit_in_process(
         command, *model, "--device", "cpu", "--workers", "0", "--image-size", "8",
         "--allow-untrained", *more,
@@ -155,3 +156,16 @@ def test_predict_of_a_masking_model_writes_probability_0_and_no_error(data):
         "-inf"
     ] * 7
     assert all(line.endswith(",") for line in lines[1:])  # an empty error column
+
+
+def test_extract_features_keeps_masked_logits_without_a_warning(data, tmp_path):
+    """The logits layer holds the -inf as computed; only NaN, +inf (a float16 overflow among
+    them) or a row of -inf alone are non-finite features."""
+    out = tmp_path / "features"
+    done = _run("extract-features", data, out, "--layer", "logits", "--strict")
+    assert done.returncode == 0, done.stderr
+    assert "non-finite" not in done.stderr
+    assert _strict_json((out / "meta.json").read_text())["num_nonfinite"] == 0
+    logits = np.load(out / "logits.npy")
+    assert logits.shape == (7, 3) and np.isneginf(logits[:, 2]).all()
+    assert np.isfinite(logits[:, :2]).all()

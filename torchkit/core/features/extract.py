@@ -36,6 +36,7 @@ from torchkit.core.features.store import (
     known_files,
 )
 from torchkit.core.inference.options import InferenceOptions, check_inference_options
+from torchkit.core.inference.scoring import scorable_rows
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import NAME_ERRORS, open_text, require_input
 from torchkit.core.io.outputs import InputPath, OutputFolder
@@ -475,7 +476,9 @@ def _extract_rows(
                 arrays = {layer.name: _reduce(outputs, layer, request, images) for layer in layers}
                 failed = {index for index, _reason in failures}
                 rows = [index for index in indices if index not in failed]
-                nonfinite, first = _check_finite(arrays, rows, samples, request, amp_dtype)
+                nonfinite, first = _check_finite(
+                    arrays, rows, samples, request, amp_dtype, logits=outputs.get("logits")
+                )
                 if not store.allocated:
                     for layer in layers:
                         _warn_pool(request.pool, layer.name, list(outputs[layer.name].shape[1:]))
@@ -523,16 +526,30 @@ def _image_size_checked(extractor: FeatureExtractor, images, *, first: bool) -> 
 
 
 def _check_finite(
-    arrays: dict, rows: list[int], samples: Samples, request: FeatureRequest, amp_dtype
+    arrays: dict,
+    rows: list[int],
+    samples: Samples,
+    request: FeatureRequest,
+    amp_dtype,
+    *,
+    logits=None,
 ) -> tuple[int, str | None]:
     """(how many, the first image) of the rows of a batch that have a NaN or inf value in some
-    layer (`rows`: the image index of each row); with --strict any is an error."""
+    layer (`rows`: the image index of each row); with --strict any is an error. In the `logits`
+    layer (the model's outputs as computed) a -inf is a masked class, as eval and predict score
+    it: fine where the model gave it, not where storing overflowed (float16)."""
     import numpy as np
 
     finite = np.ones(len(rows), dtype=bool)
     bad_layers = []
     for name, values in arrays.items():
-        ok = np.isfinite(values.reshape(len(rows), -1)).all(axis=1)
+        values = values.reshape(len(rows), -1)
+        ok = np.isfinite(values)
+        if name == "logits" and logits is not None and logits.shape == values.shape:
+            ok = (ok | np.isneginf(logits.float().cpu().numpy())).all(axis=1)
+            ok &= scorable_rows(logits).cpu().numpy()
+        else:
+            ok = ok.all(axis=1)
         if not ok.all():
             bad_layers.append(name)
             finite &= ok
