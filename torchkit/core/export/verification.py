@@ -28,8 +28,10 @@ class VerificationError(TorchkitError):
 @dataclass
 class Verification:
     batch_sizes: list[int]
-    max_abs_diff: float  # over every output of every batch; inf when one is not finite
-    reference_scale: float  # max |PyTorch output|
+    # over every output of every batch: an infinity both give (a -inf logit masking a class)
+    # differs by 0, one on one side only or a NaN by inf
+    max_abs_diff: float
+    reference_scale: float  # max |PyTorch output| over its finite outputs
     tolerance: float  # atol + rtol * reference_scale
     # The most one output differs between two of the random inputs, in PyTorch: a constant
     # (an export that ignored its input) is within the tolerance of every reference when this
@@ -89,9 +91,9 @@ def verify(
                 f"{batch.shape[0]}, PyTorch {tuple(reference.shape)}",
                 "pass --static-batch if the model fixes its batch size",
             )
-        diff = (output - reference).abs().max().item() if output.numel() else 0.0
+        diff = _max_abs_diff(output, reference)
         worst = max(worst, diff if math.isfinite(diff) else math.inf)
-        scale = max(scale, reference.abs().max().item() if reference.numel() else 0.0)
+        scale = max(scale, _finite_scale(reference))
     sizes = [int(batch.shape[0]) for batch in batches]
     result = Verification(
         batch_sizes=list(dict.fromkeys(sizes)),  # a fixed batch is run twice, said once
@@ -119,8 +121,28 @@ def output_spread(references: Sequence[Any]) -> float:
     rows = torch.cat([reference.reshape(reference.shape[0], -1) for reference in references])
     if rows.shape[0] < 2 or rows.shape[1] == 0:
         return 0.0
-    spread = (rows.amax(0) - rows.amin(0)).max().item()
+    highest, lowest = rows.amax(0), rows.amin(0)
+    # an output that is the same infinity for every input (a masked class) does not move
+    spread = torch.where(highest == lowest, 0.0, highest - lowest).max().item()
     return spread if math.isfinite(spread) else math.inf
+
+
+def _max_abs_diff(output: Any, reference: Any) -> float:
+    """max |output - reference|, where equal infinities differ by 0 (inf - inf is NaN)."""
+    import torch
+
+    if not output.numel():
+        return 0.0
+    return torch.where(output == reference, 0.0, (output - reference).abs()).max().item()
+
+
+def _finite_scale(reference: Any) -> float:
+    """max |reference| over its finite outputs (0 when none is): an infinite one would make the
+    relative tolerance infinite, and any export pass."""
+    import torch
+
+    finite = reference[torch.isfinite(reference)]
+    return finite.abs().max().item() if finite.numel() else 0.0
 
 
 def _run(exported: ExportedModel, batch: Any, runtime: str) -> Any:
