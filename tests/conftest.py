@@ -228,24 +228,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # and one worker finished them alone while the other idled. A module missing here keeps its
 # place after these; a stale entry costs nothing.
 LONGEST_MODULES = (  # seconds of test time each: a 2-core run of 2026-11-30 (a slow hour, 6:35)
-    "test_train_ddp_faults",  # 62: 2-rank worlds
     "test_torchvision_without_dynamo",  # 46 (65 before its fresh processes were merged)
-    "test_train_ddp",  # 45: torchrun on one node and on two, the same weights
+    "test_train_ddp_faults",  # 43 (62 before DDP ranks stopped importing dynamo): 2-rank worlds
+    "test_train_ddp",  # 33 (45 before, the same): torchrun on one node and on two
     "test_train_cli",  # 32
     "test_model_resolver",  # 21
-    "test_train_ddp_peer_failure",  # 20, one test: two real ranks under an agent
     "test_benchmark",  # 19
     "test_train_resume",  # 18
     "test_convert_shards",  # 18
     "test_eval",  # 17: torchrun
-    "test_shards_read",  # 16
-    "test_train_guards",  # 16
     "test_decode_ahead",  # 16
+    "test_shards_read",  # 14 (16 before DDP ranks stopped importing dynamo)
     "test_eval_guards",  # 14
     "test_export",  # 14
     "test_plot_helper",  # 13: real helper processes
     "test_predict",  # 13
     "test_shards_http",  # 12
+    "test_train_ddp_peer_failure",  # 12 (20 before, the same): two real ranks under an agent
+    "test_train_guards",  # 11 (16 before, the same)
     "test_safety_train",  # 10
     "test_standard_streams",  # 10
     "test_curves_painter",  # 10
