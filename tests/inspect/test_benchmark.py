@@ -880,3 +880,25 @@ def test_a_cpu_batch_beyond_the_available_memory_is_refused_before_any_run(runne
     )
     fits = runner.invoke(app, [*args, "-b", "2,50", "--warmup", "0", "--iters", "1"])
     assert fits.exit_code == 0, fits.stderr
+
+
+# --- --find-batch-size: what is shown, where it cannot measure, a later mode's failure --------
+
+
+def test_small_limits_and_peaks_are_shown_with_their_digits(runner, monkeypatch):
+    """`--memory-limit 300KB` was titled 'limit 0 MB' beside a peak of 0.4 marked over it, and
+    a CPU peak of a few pages showed as 0.0."""
+    peaks = iter([100_000, 400_000, 4_096])  # trials at batch 1 and 2, then the timed batch 1
+    monkeypatch.setattr(MemoryProbe, "start", lambda self: None)
+    monkeypatch.setattr(MemoryProbe, "stop", lambda self: next(peaks))
+    args = ["benchmark", "convnet", "-i", "1,12,12", *FAST, "--find-batch-size"]
+    result = runner.invoke(app, [*args, "--memory-limit", "300KB", "--max-batch-size", "4"])
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())  # as one line, however the title wraps
+    assert "limit 0.300 MB" in text
+    cells = [line.split("│") for line in result.stdout.splitlines() if "│" in line]
+    cells = [[cell.strip() for cell in line[1:-1]] for line in cells]
+    assert ["infer", "1", "0.100", "fits"] in cells
+    assert ["infer", "2", "0.400", "over the memory limit"] in cells
+    (row,) = [line for line in cells if len(line) == 8]
+    assert row[:2] == ["infer", "1"] and row[5] == "0.00400"

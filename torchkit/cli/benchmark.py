@@ -29,7 +29,7 @@ from torchkit.cli.render import (
 )
 from torchkit.cli.run_options import DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions
-from torchkit.core.io.sizes import SIZE_RULE
+from torchkit.core.io.sizes import SIZE_RULE, format_megabytes
 
 
 class BenchmarkMode(str, Enum):
@@ -320,7 +320,7 @@ def _results_table(result: Any) -> Table:
                 f"{row.images_per_s:,.1f}",
                 f"{row.latency_median_ms:,.3f}",
                 f"{row.latency_p90_ms:,.3f}",
-                "" if row.peak_memory_mb is None else f"{row.peak_memory_mb:,.1f}",
+                "" if row.peak_memory_mb is None else format_megabytes(row.peak_memory_mb),
                 "" if row.tflops is None else f"{row.tflops:.4f}",
                 row.iters,
             ]
@@ -337,11 +337,11 @@ def _search_table(result: Any) -> Table:
     rows = []
     for search in result.batch_size_search:
         for trial in search.trials:
-            peak = "" if trial.peak_memory_mb is None else f"{trial.peak_memory_mb:,.1f}"
+            peak = "" if trial.peak_memory_mb is None else format_megabytes(trial.peak_memory_mb)
             rows.append([search.mode, trial.batch_size, peak, trial.reason])
     limits = [
         f"{s.mode}: batch {s.batch_size} (stopped by {s.stopped_by}"
-        + ("" if s.memory_limit_mb is None else f", limit {s.memory_limit_mb:,.0f} MB")
+        + ("" if s.memory_limit_mb is None else f", limit {format_megabytes(s.memory_limit_mb)} MB")
         + ("" if s.not_fitting is None else f"; {s.not_fitting} did not fit")
         + f"; within {s.precision:.0%})"
         for s in result.batch_size_search

@@ -619,7 +619,7 @@ def _search(
     return batch_search.BatchSearch(
         mode=mode,
         batch_size=found,
-        memory_limit_mb=None if limit_bytes is None else _round(limit_bytes / MB, 3),
+        memory_limit_mb=None if limit_bytes is None else _round(limit_bytes / MB, 6),  # bytes
         stopped_by=stopped_by,
         trials=trials,
         precision=batch_search.PRECISION,

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchkit.core.io.errors import TorchkitError
+from torchkit.core.io.sizes import format_megabytes
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"
@@ -89,7 +90,11 @@ def search_batch_size(
             hint = "start lower with --batch-size, raise --memory-limit, or use --amp"
         raise TorchkitError(
             f"batch {start} does not fit: {first.reason}"
-            + (f" ({first.peak_memory_mb:.1f} MB)" if first.peak_memory_mb is not None else ""),
+            + (
+                ""
+                if first.peak_memory_mb is None
+                else f" ({format_megabytes(first.peak_memory_mb)} MB)"
+            ),
             hint,
         )
     good, bad = start, None

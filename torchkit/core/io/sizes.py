@@ -8,6 +8,7 @@ a bare number (`4096`, `1.5e9`) is bytes.
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -43,3 +44,14 @@ def parse_size(text: str, what: str) -> int:
     if size > LARGEST:
         raise UsageError(f"{what} {short_repr(text)} is more than 8 EiB (2^63-1 bytes)", HINT)
     return size
+
+
+def format_megabytes(megabytes: float) -> str:
+    """Megabytes (10^6 bytes) as tables and messages show them: one decimal from 10 MB up
+    ("1,234.5"), three significant digits below ("7.30", "0.300", "0.00410"), where one decimal
+    (or none) would show a limit of 300KB, or a CPU peak of a few pages, as 0."""
+    rounded = float(f"{megabytes:.3g}")  # 9.996 is 10.0, not 10.00
+    if rounded == 0 or not math.isfinite(rounded) or abs(rounded) >= 10:
+        return f"{megabytes:,.1f}"
+    decimals = 2 - math.floor(math.log10(abs(rounded)))
+    return f"{megabytes:.{decimals}f}"
