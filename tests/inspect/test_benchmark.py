@@ -902,3 +902,19 @@ def test_small_limits_and_peaks_are_shown_with_their_digits(runner, monkeypatch)
     assert ["infer", "2", "0.400", "over the memory limit"] in cells
     (row,) = [line for line in cells if len(line) == 8]
     assert row[:2] == ["infer", "1"] and row[5] == "0.00400"
+
+
+def test_find_batch_size_is_refused_where_no_peak_can_be_measured(runner, monkeypatch):
+    """Without /proc (macOS) every trial's peak was None and counted as fitting: the CPU search
+    doubled up to --max-batch-size unchecked."""
+    monkeypatch.setattr(bench_memory, "rss_bytes", lambda: None)
+    args = ["benchmark", "convnet", "-i", "1,12,12", *FAST, "--find-batch-size"]
+    result = runner.invoke(app, [*args, "--max-batch-size", "8"])
+    assert result.exit_code == 2, result.stdout
+    line = error_line(result.stderr, besides="nothing")
+    assert "--find-batch-size cannot measure peak memory here" in line and "/proc" in line
+    with pytest.raises(UsageError, match="cannot measure"):  # the core entry checks it too
+        benchmark_model(tiny_conv(), (1, 8, 8), options(find_batch_size=True, batch_sizes=(1,)))
+    with pytest.raises(UsageError, match="CPU's memory, not the GPU's"):
+        bench_memory.check_search_measures(torch.device("mps"))
+    bench_memory.check_search_measures(torch.device("cuda", 0))  # max_memory_allocated

@@ -83,6 +83,27 @@ def device_memory(device: Any) -> int:
     return available
 
 
+def check_search_measures(device: Any) -> None:
+    """Refuse `--find-batch-size` where no trial's peak can be measured: every trial would
+    count as fitting, and the search double up to `--max-batch-size` unchecked. On MPS the
+    probe reads the CPU's RSS, not the GPU's memory; where /proc is missing (macOS) it reads
+    nothing. `getrusage`'s `ru_maxrss` is no substitute: a peak over the process's life that
+    cannot be reset, it says nothing of a trial that stays below an earlier one, and without
+    the RSS now there is no baseline to take the growth from."""
+    if device.type == "cuda":
+        return
+    if device.type == "mps":
+        why = "on mps it would read the CPU's memory, not the GPU's"
+    elif rss_bytes() is None:
+        why = "this system does not tell a process its resident memory (no /proc)"
+    else:
+        return
+    raise UsageError(
+        f"--find-batch-size cannot measure peak memory here: {why}",
+        "compare batch sizes with --batch-size 1,8,32, or search on a CUDA GPU",
+    )
+
+
 def rss_bytes() -> int | None:
     """The resident set size of this process now (Linux), else None."""
     try:

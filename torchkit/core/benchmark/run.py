@@ -16,6 +16,7 @@ from torchkit.core.benchmark.memory import (
     CPU_DEFAULT_LIMIT,
     MemoryLimit,
     MemoryProbe,
+    check_search_measures,
     parse_memory_limit,
 )
 from torchkit.core.benchmark.report import (
@@ -183,6 +184,8 @@ def run_benchmark(
 
     limit = check_options(options)
     device = select_device(options.device)
+    if options.find_batch_size:  # before the model is built
+        check_search_measures(device)
     amp_dtype = resolve_amp_dtype(options.amp_dtype, device) if options.amp else None
     sample = tuple(options.input_size) if options.input_size else None
     model_spec = ModelSpec(
@@ -275,6 +278,8 @@ def benchmark_model(
         device = select_device(options.device)
         if options.amp and amp_dtype is None:
             amp_dtype = resolve_amp_dtype(options.amp_dtype, device)
+    if options.find_batch_size:
+        check_search_measures(device)
     sample = tuple(int(n) for n in sample_shape)
     if options.channels_last and len(sample) != 3:
         raise UsageError(
