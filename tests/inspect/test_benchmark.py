@@ -918,3 +918,26 @@ def test_find_batch_size_is_refused_where_no_peak_can_be_measured(runner, monkey
     with pytest.raises(UsageError, match="CPU's memory, not the GPU's"):
         bench_memory.check_search_measures(torch.device("mps"))
     bench_memory.check_search_measures(torch.device("cuda", 0))  # max_memory_allocated
+
+
+def test_mode_both_shows_infers_rows_when_the_train_search_finds_no_batch(runner, monkeypatch):
+    """A train search that failed ('batch 1 does not fit') threw away the infer search and the
+    infer configuration already timed."""
+
+    def trial(self, mode, batch, limit):
+        if mode == "train":
+            return Trial(batch, False, 0.8, OVER_LIMIT)
+        return Trial(batch, True, 0.1, "fits")
+
+    monkeypatch.setattr(bench_run._Context, "trial", trial)
+    monkeypatch.setattr(bench_memory, "release_free_memory", lambda: None)  # 0.4 s a gc
+    args = ["benchmark", "convnet", "-i", "1,12,12", *FAST, "--mode", "both"]
+    args += ["--find-batch-size", "--max-batch-size", "2", "--memory-limit", "300KB"]
+    result = runner.invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert [(row["mode"], row["batch_size"]) for row in data["results"]] == [("infer", 2)]
+    assert [search["mode"] for search in data["batch_size_search"]] == ["infer"]
+    assert "the 1 configuration(s) timed before the error are shown" in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("Error: batch 1 does not fit: over the memory limit (0.800 MB)")

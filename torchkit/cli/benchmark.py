@@ -198,7 +198,7 @@ def benchmark(
         run_benchmark,
     )
     from torchkit.core.input_size import parse_input_size
-    from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.errors import TorchkitError, UsageError
     from torchkit.core.summary.run import check_output
 
     model, extra = model_and_rest(model, model_option, [])
@@ -256,13 +256,17 @@ def benchmark(
                 notify=random_weights.append,
                 timed=timed.append,
             )
-    except KeyboardInterrupt:
-        # Ctrl-C in a long comparison: the configurations already timed are shown, not lost
-        # (an -o file is left as it was, as for any interrupted command).
+    except (KeyboardInterrupt, TorchkitError) as error:
+        # Ctrl-C in a long comparison, or an error in a later configuration (--mode both: a
+        # train search that finds no batch): the configurations already timed are shown, not
+        # lost, before the command stops as it would have (an -o file is left as it was, as
+        # for any command that fails).
         if timed and output is None:
             _show(timed[-1], fmt, None, force)
             done = len(timed[-1].results)
-            console.note(f"interrupted: the {done} configuration(s) timed so far are shown")
+            when = "so far" if isinstance(error, KeyboardInterrupt) else "before the error"
+            stopped = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            console.note(f"{stopped}: the {done} configuration(s) timed {when} are shown")
         raise
     for note in random_weights:
         console.note(note)
