@@ -36,6 +36,16 @@ def no_images_error(where: str) -> NoImagesError:
     )
 
 
+CLASS_FOLDERS_HINT = "arrange it as ROOT/<class>/<image>"
+
+
+def no_class_folders_error(where: str, *, beside_empty_ones: bool = False) -> InputError:
+    """Images in `where` (a folder, or one in a .tar), where labels are needed, but no class
+    folders (`beside_empty_ones`: subfolders, none holding an image)."""
+    holding = " holding any" if beside_empty_ones else ""
+    return InputError(f"{where} holds images but no class folders{holding}", CLASS_FOLDERS_HINT)
+
+
 def is_image_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in IMAGE_EXTENSIONS
 
@@ -237,11 +247,8 @@ def discover_image_folder(
     class_dirs = sorted(p for p in folder.iterdir() if p.is_dir() and not is_skipped_folder(p.name))
     if not class_dirs:
         if any(is_image_file(p) and not is_apple_double(p.name) for p in folder.iterdir()):
-            raise InputError(
-                f"{folder} holds images but no class folders",
-                "arrange it as ROOT/<class>/<image>",
-            )
-        raise NoImagesError(f"no class folders in {folder}", "arrange it as ROOT/<class>/<image>")
+            raise no_class_folders_error(str(folder))
+        raise NoImagesError(f"no class folders in {folder}", CLASS_FOLDERS_HINT)
     _refuse_links_around(folder, class_dirs)
     names = [d.name for d in class_dirs]
     refuse_spelling_twins(names, f"class folders in {folder}:")

@@ -48,11 +48,13 @@ from typing import Any
 
 from torchkit.core.data.sources.csv_index import natural_key
 from torchkit.core.data.sources.discovery import (
+    CLASS_FOLDERS_HINT,
     IMAGE_EXTENSIONS,
     NoImagesError,
     is_apple_double,
     is_image_file,
     is_skipped_folder,
+    no_class_folders_error,
     no_images_error,
 )
 from torchkit.core.data.sources.samples import Samples, index_class_names
@@ -928,13 +930,8 @@ def _open_folder_tar(
             if not class_names:
                 where = f"{spec}:{base}" if base else spec
                 if any("/" not in n[len(start) :] for n in names if n.startswith(start)):
-                    raise InputError(
-                        f"{where} holds images but no class folders",
-                        "arrange it as ROOT/<class>/<image>",
-                    )
-                raise NoImagesError(
-                    f"no class folders in {where}", "arrange it as ROOT/<class>/<image>"
-                )
+                    raise no_class_folders_error(where)
+                raise NoImagesError(f"no class folders in {where}", CLASS_FOLDERS_HINT)
             chosen, labels = [], []
             for label, name in enumerate(class_names):
                 inside = sorted(n for n in names if n.startswith(f"{start}{name}/"))
@@ -1019,10 +1016,7 @@ def _open_folder_tar(
         samples = samples_under("", True)
         return DataSource(spec, "tar flat folder", spec, {}, samples, [""])
     if top_images and top_folders and not in_subfolders(""):
-        raise InputError(
-            f"{spec} holds images but no class folders holding any",
-            "arrange it as ROOT/<class>/<image>",
-        )
+        raise no_class_folders_error(spec, beside_empty_ones=True)
     samples = samples_under("", False)
     if classes is not None:
         samples = relabelled(samples, classes, spec)

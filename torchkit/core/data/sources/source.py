@@ -18,6 +18,7 @@ from torchkit.core.data.sources.discovery import (
     is_image_file,
     is_skipped_folder,
     list_non_image_files,
+    no_class_folders_error,
     relative_ids,
 )
 from torchkit.core.data.sources.moving import refuse_half_moved
@@ -475,10 +476,7 @@ def _open_folder(
         samples = discover_flat_folder(path)
         return DataSource(spec, "flat folder", root, {}, samples, list(samples.classes))
     if top_images and folders:  # subfolders without images beside images: unlabelled
-        raise InputError(
-            f"{path} holds images but no class folders holding any",
-            "arrange it as ROOT/<class>/<image>",
-        )
+        raise no_class_folders_error(str(path), beside_empty_ones=True)
     # Class folders without images, or no folder: its error.
     samples = discover_image_folder(path, classes=classes)
     return DataSource(spec, "image folder", root, {}, samples, list(samples.classes))
