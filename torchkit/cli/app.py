@@ -22,7 +22,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from torchkit import __version__, deferred_signals, working_folder
 from torchkit.cli import console
-from torchkit.core.io.errors import first_line
+from torchkit.core.io.errors import NAME_TOO_LONG_HINT, first_line
 from torchkit.program import ends_while_starting
 from torchkit.program import runs_as_the_program as runs_as_the_program  # its old home
 from torchkit.switches import switched_on
@@ -54,7 +54,7 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
         # hold: wherever it is first looked at, the path is the news, not the OSError.
         return (
             f"file name too long: {os.fsdecode(error.filename)}",
-            "shorten it: a file system takes at most 255 bytes a name, 4,095 a path",
+            NAME_TOO_LONG_HINT,
         )
     return first_line(error, with_type=True), f"set {DEBUG_ENV}=1 to see the traceback"
 

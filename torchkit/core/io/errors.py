@@ -34,6 +34,10 @@ class TorchkitError(Exception):
         return (type(self), (self.message, self.hint))
 
 
+# The hint for a path the file system cannot hold (ENAMETOOLONG), wherever it is met.
+NAME_TOO_LONG_HINT = "shorten it: a file system takes at most 255 bytes a name, 4,095 a path"
+
+
 class UsageError(TorchkitError):
     """Options that contradict each other or cannot be parsed: exit code 2, like click."""
 

@@ -38,6 +38,7 @@ from typing import IO
 from torchkit import __version__
 from torchkit.core.io.durability import fsync_directory, sync_file_system
 from torchkit.core.io.errors import (
+    NAME_TOO_LONG_HINT,
     OutputExistsError,
     OutputWriteError,
     TorchkitError,
@@ -624,7 +625,7 @@ def write_error(target: str | os.PathLike, error: BaseException) -> OutputWriteE
 _WRITE_HINT = "free some space, check the permissions, or choose another output"
 # Where the errno says which: space and permissions are no help with a name too long.
 _WRITE_HINTS = {
-    errno.ENAMETOOLONG: "shorten it: a file system takes at most 255 bytes a name, 4,095 a path",
+    errno.ENAMETOOLONG: NAME_TOO_LONG_HINT,
 }
 
 
