@@ -49,10 +49,15 @@ def fitting(name: str, extra: int, hashed_tail: str = "") -> str:
     if len(os.fsencode(name)) <= room:
         return name
     digest = hashlib.sha256(os.fsencode(name + hashed_tail)).hexdigest()[:8]
-    head, budget = name, room - len(f"~{digest}")
-    while len(os.fsencode(head)) > budget:
-        head = head[: min(len(head) - 1, budget)]
-    return f"{head}~{digest}"
+    return f"{cut_to_bytes(name, room - len(f'~{digest}'))}~{digest}"
+
+
+def cut_to_bytes(text: str, budget: int) -> str:
+    """`text`'s head, whole characters at a time, of at most `budget` bytes as the file system
+    encodes it."""
+    while len(os.fsencode(text)) > budget:
+        text = text[: min(len(text) - 1, budget)]
+    return text
 
 
 def temporary_stems(name: str) -> set[str]:

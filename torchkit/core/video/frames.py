@@ -18,6 +18,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
     write_error,
 )
+from torchkit.core.io.temporaries import cut_to_bytes
 from torchkit.core.video.containers import iso_lists_every_frame
 from torchkit.core.video.probe import (
     VideoInfo,
@@ -182,14 +183,6 @@ def extract_frames(
 MAX_STEM_BYTES = 255 - 14 - 21
 
 
-def _fitting(stem: str) -> str:
-    """`stem` cut, whole characters at a time, to MAX_STEM_BYTES bytes as the file system
-    encodes it."""
-    while len(os.fsencode(stem)) > MAX_STEM_BYTES:
-        stem = stem[: min(len(stem) - 1, MAX_STEM_BYTES)]
-    return stem
-
-
 def frame_name_prefixes(
     videos: Sequence[str | os.PathLike], *, fold_case: bool = False
 ) -> dict[str, str]:
@@ -198,11 +191,14 @@ def frame_name_prefixes(
     stem becomes `_`: the CSV's frame_files cell separates the files with `;`; a hidden video's
     leading dots are dropped (its frames would be hidden files, which `ls`, and torchkit reading
     the folder as a dataset, pass over); a stem too long for a frame's name to fit in a file
-    name is cut (`_fitting`).
+    name is cut to MAX_STEM_BYTES.
     `fold_case`: the frames folder's file system ignores case, so stems that differ only by
     case (`Clip`, `clip`) repeat too."""
     stems = [
-        _fitting(Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_").lstrip(".")) or "video"
+        cut_to_bytes(
+            Path(video).stem.replace(FRAME_FILES_SEPARATOR, "_").lstrip("."), MAX_STEM_BYTES
+        )
+        or "video"
         for video in videos
     ]
     prefixes = distinct_names(stems, separator="-", fold_case=fold_case)
