@@ -18,7 +18,7 @@ from torchkit.core.io.outputs import (
     remove_tree,
     write_error,
 )
-from torchkit.core.io.temporaries import cut_to_bytes
+from torchkit.core.io.temporaries import NAME_MAX, cut_to_bytes
 from torchkit.core.video.containers import iso_lists_every_frame
 from torchkit.core.video.probe import (
     VideoInfo,
@@ -180,7 +180,7 @@ def extract_frames(
 # the frame's name adds up to 21 to the stem ("-2" for a repeat, up to 6 bytes, then "_", the
 # index's digits, up to 10, and ".png"): a video whose stem held 231 bytes or more (a long
 # title in Chinese is 3 bytes a character) made the whole run fail with "File name too long".
-MAX_STEM_BYTES = 255 - 14 - 21
+MAX_STEM_BYTES = NAME_MAX - 14 - 21
 
 
 def frame_name_prefixes(
