@@ -13,7 +13,7 @@ from typing import Any
 from torchkit.core.input_size import check_numel, parse_input_size, square_sample
 from torchkit.core.io.errors import TorchkitError, UsageError, first_line
 from torchkit.core.models import ModelSpec, model_inputs, resolve_spec
-from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec
+from torchkit.core.models.builders import BUILTIN_MODELS, is_timm_spec, list_models
 from torchkit.core.models.resolver import has_random_weights, untrained_note
 from torchkit.core.summary.counting import (
     SCRIPT_NOTE,
@@ -233,11 +233,7 @@ def _named_architecture(spec: str) -> bool:
     a run folder is loaded; a user's `package.module:Callable` is built once, the normal way)."""
     if os.path.exists(spec):
         return False
-    if spec in BUILTIN_MODELS or is_timm_spec(spec):
-        return True
-    import torchvision
-
-    return spec in torchvision.models.list_models(module=torchvision.models)
+    return spec in BUILTIN_MODELS or is_timm_spec(spec) or spec in list_models()
 
 
 def _built_on_meta(named: ModelSpec) -> Any:
