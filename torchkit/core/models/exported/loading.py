@@ -227,7 +227,9 @@ def _load_onnx(source: Path) -> ExportedModel:
         shape = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim]
         half = tensor.elem_type == onnx.TensorProto.FLOAT16
         _record_graph_input(metadata, shape, "float16" if half else "float32")
-    return ExportedModel(os.fspath(source), ONNX, metadata, _OnnxSession(source), True)
+    return ExportedModel(
+        os.fspath(source), ONNX, metadata, _OnnxSession(source), _numpy_runtime=True
+    )
 
 
 def _record_graph_input(metadata: dict[str, Any], shape: Sequence[int | None], dtype: str) -> None:
