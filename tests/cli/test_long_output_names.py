@@ -13,7 +13,7 @@ import pytest
 from processes import run_torchkit_in_process
 
 from torchkit.core.io.files import atomic_path, atomic_write
-from torchkit.core.io.outputs import write_error
+from torchkit.core.io.outputs import is_write_error, write_error
 from torchkit.core.io.temporaries import temporary_stem, temporary_stems
 
 # 255 bytes with its extension; 245 bytes of two-byte letters; 242, the first that failed.
@@ -58,6 +58,9 @@ def test_a_long_name_is_written_and_a_killed_writers_temporary_of_it_removed(
     assert len(os.fsencode(temporary)) <= 255
     assert temporary_stem(temporary) in temporary_stems(name)
     assert temporary_stem(temporary) not in temporary_stems(twin)
+    # a permission error naming the temporary is the output's, not an input's
+    denied = PermissionError(errno.EACCES, "Permission denied", str(first / temporary))
+    assert is_write_error(denied, first / name)
     assert (first / name).read_text(encoding="utf-8") == "first\n" and _hidden(first) == []
     # Killed writers' temporaries (nobody holds their flock), there before this process
     # writes into the folder: the target's and its twin's.

@@ -587,8 +587,13 @@ def _is_temporary_of(name: str, output: str) -> bool:
     """Whether the file `name` is a temporary written for the file `output` beside it: one of
     `atomic_write`'s or `atomic_path`'s, or another (`.STEM.` anything) of a plot's arrays or
     a writability probe's."""
-    stem = Path(output).stem
-    prefixes = {f".{stem}.", temporary_affixes(output)[0], temporary_affixes(stem)[0]}
+    stem, suffix = Path(output).stem, Path(output).suffix
+    prefixes = {
+        f".{stem}.",
+        temporary_affixes(output)[0],  # atomic_write's
+        temporary_affixes(stem, suffix)[0],  # atomic_path's, which keeps the suffix
+        temporary_affixes(stem)[0],
+    }
     return any(name.startswith(prefix) for prefix in prefixes)
 
 
