@@ -90,7 +90,7 @@ def reference_phash(data: bytes) -> int:
     import scipy.fft
 
     with Image.open(io.BytesIO(data)) as image:
-        if image.mode.startswith("I;16"):
+        if image.mode == "I" or image.mode.startswith("I;16"):  # Pillow 10 opens 16-bit PNGs as I
             image = Image.fromarray(np.rint(np.asarray(image) / 257).astype(np.uint8))
         if image.mode != "RGB":
             image = image.convert("RGBA").convert("RGB")
