@@ -17,6 +17,7 @@ from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import deal_units
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import absolute_as_opened
+from torchkit.core.io.temporaries import NAME_MAX, cut_to_bytes
 
 log = logging.getLogger("torchkit")
 
@@ -138,9 +139,6 @@ def oversample_repeats(
     return repeats, extra
 
 
-NAME_MAX = 255  # bytes in one file name on Linux and macOS (UTF-16 units on Windows)
-
-
 class FreeNames:
     """Destination names not yet taken, compared by casefold (also distinct on macOS and
     Windows): `base + stem + tag + suffix`, else the first free `base + stem + tag-N + suffix`
@@ -175,10 +173,7 @@ def _fitting(stem: str, tail: str) -> str:
     room = NAME_MAX - len(os.fsencode(tail))
     if len(os.fsencode(name)) <= NAME_MAX or room < 0:
         return name
-    stem = stem[:room]
-    while len(os.fsencode(stem)) > room:
-        stem = stem[:-1]
-    return stem + tail
+    return cut_to_bytes(stem, room) + tail
 
 
 def _repeat_dest(dest: str, number: int, free: FreeNames) -> str:
