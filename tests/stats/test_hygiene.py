@@ -476,7 +476,12 @@ def test_exact_phash_option_reaches_every_hash(runner, tmp_path, monkeypatch):
         result = runner.invoke(app, [*args, *option])
         assert result.exit_code == 0, result.stderr
         assert floors == [floor] * 4  # 2 measured (train), 2 hashed (val, test)
-        assert json.loads(result.stdout)["leakage_checked"] is True
+        data = json.loads(result.stdout)
+        assert data["leakage_checked"] is True
+        assert data["exact_phash"] is (floor == 0)  # the report says which hash it used
+    no_hash = runner.invoke(app, [*args[:4], "--no-leakage", "--format", "json"])
+    assert no_hash.exit_code == 0, no_hash.stderr
+    assert json.loads(no_hash.stdout)["exact_phash"] is None
 
 
 def test_exact_phash_in_worker_processes(tmp_path):

@@ -84,6 +84,8 @@ class DatasetStats:
     # found among the files of every split; near duplicates within one split on request.
     leakage_checked: bool = False
     near_threshold: int | None = None
+    # the pHash from the whole decode (--exact-phash) or from a reduced one; None: no pHash
+    exact_phash: bool | None = None
     leakage: list[DuplicatePair] = field(default_factory=list)
     near_duplicates: list[DuplicatePair] = field(default_factory=list)
     within_checked: bool = False  # near duplicates within a split were looked for
@@ -124,6 +126,7 @@ class DatasetStats:
             "duplicates": [{"paths": d.paths, "classes": d.classes} for d in self.duplicates],
             "leakage_checked": self.leakage_checked,
             "near_threshold": self.near_threshold,
+            "exact_phash": self.exact_phash,
             "leakage_exact": self.leakage_counts()["exact"],
             "leakage_near": self.leakage_counts()["near"],
             "leakage": [p.to_dict() for p in self.leakage],

@@ -292,6 +292,7 @@ def compute_dataset_stats(
         find_duplicates(
             stats, samples, others, hashes, digests, checked, near_threshold, near_duplicates
         )
+        stats.exact_phash = exact_phash
     return stats
 
 
