@@ -175,6 +175,13 @@ def serving(folder: Path, cache: Path, monkeypatch, port: int = 0):
     monkeypatch.delenv("TORCHKIT_CACHE_LIMIT", raising=False)
     requests: list[tuple[str, str]] = []
     handler = functools.partial(_Handler, requests=requests, directory=str(folder))
+    with _running(handler, requests, port) as httpd:
+        yield httpd
+
+
+@contextlib.contextmanager
+def _running(handler, requests: list, port: int = 0):
+    """A ThreadingHTTPServer of `handler` on 127.0.0.1 (`.url`, `.requests`), stopped after."""
     httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -218,18 +225,11 @@ def failing_proxy(status: int, monkeypatch):
 
     requests: list[tuple[str, str]] = []
     handler = functools.partial(_Gateway, status=status, requests=requests)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    for name in ("no_proxy", "NO_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("http_proxy", "https_proxy"):
-        monkeypatch.setenv(name, f"http://127.0.0.1:{httpd.server_address[1]}")
-    # urllib's opener reads the proxies once, when it is built: built again with this one.
-    monkeypatch.setattr(http_shards, "_OPENER", None)
-    httpd.requests = requests
-    try:
+    with _running(handler, requests) as httpd:
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        for name in ("http_proxy", "https_proxy"):
+            monkeypatch.setenv(name, httpd.url)
+        # urllib's opener reads the proxies once, when it is built: built again with this one.
+        monkeypatch.setattr(http_shards, "_OPENER", None)
         yield httpd
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
