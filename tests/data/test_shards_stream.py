@@ -289,3 +289,70 @@ def test_a_cached_shard_deleted_before_it_is_listed_is_fetched_again(
     )
     assert len(calls) == 2 and cached.is_file()
     assert shard_downloads(server.requests) == ["/converted/train-000000.tar"] * 2
+
+
+def test_a_shard_deleted_to_make_room_takes_its_lock_file_with_it(
+    world, server, tmp_path, monkeypatch
+):
+    """Each fetched shard's lock file stayed when the cache limit deleted the shard: a long
+    run over many shards left one lock file per shard it ever read. A lock file goes with its
+    shard, also one an earlier run left."""
+    monkeypatch.setenv("TORCHKIT_CACHE_LIMIT", str(2 * shard_bytes(world)))
+    from torchkit.core.data.sources.http_shards import shard_cache_folder
+
+    folder = shard_cache_folder(f"{server.url}/converted")
+    folder.mkdir(parents=True)
+    (folder / ".val-000001.tar.lock").touch()  # an earlier run's, its shard long deleted
+    train = open_data(f"{server.url}/converted").splits["train"]
+    for image in train.paths[::4]:  # one image of each of the 6 shards
+        image.read_bytes()
+    cached = sorted(p.name for p in folder.glob("*.tar"))
+    assert cached == ["train-000004.tar", "train-000005.tar"]
+    locks = sorted(p.name for p in folder.glob(".*.lock"))
+    assert locks == [".limit.lock"] + [f".{name}.lock" for name in cached], locks
+
+
+def test_a_lock_file_deleted_while_a_process_waits_for_it_is_made_again_and_locked(tmp_path):
+    """A waiting process that gets the lock of a file deleted meanwhile (the cache limit's
+    clean-up) locks the file there now, so two processes never download one shard at once."""
+    import fcntl
+
+    from torchkit.core.data.sources.http_shards import _locked
+
+    path = tmp_path / ".shard-000000.tar.lock"
+    held = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    inside, leave = threading.Event(), threading.Event()
+
+    def wait_for_it() -> None:
+        with _locked(path, threading.Event(), "a shard"):
+            inside.set()
+            leave.wait(30)
+
+    waiting = threading.Thread(target=wait_for_it)
+    waiting.start()
+    try:
+        while _open_count(path) < 2:  # the waiter opened it too
+            assert waiting.is_alive()
+            time.sleep(0.001)
+        path.unlink()  # deleted while locked, as _delete_lock does
+        os.close(held)
+        assert inside.wait(30)
+        other = os.open(path, os.O_RDWR)  # the waiter made it again
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+    finally:
+        leave.set()
+        waiting.join()
+
+
+def _open_count(path: Path) -> int:
+    """How many descriptors of this process are open on `path`."""
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return found

@@ -483,7 +483,7 @@ def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> N
     unasked = folder.unreachable is not None and target.is_file()
     if unasked and _is_current(url, target, expected, folder):
         return
-    with _locked(folder.path / f".{name}.lock", stop, f"{_shown(url)} into {folder.path}"):
+    with _locked(_lock_path(target), stop, f"{_shown(url)} into {folder.path}"):
         if target.is_file() and _is_current(url, target, expected, folder):
             return
         if stop.is_set():
@@ -504,29 +504,82 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
     except ImportError:
         yield
         return
-    with _writing_the_cache(), reporting_write_errors(path):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    said_after: float | None = time.monotonic() + LOCK_WAIT_WARNING_S
+    while True:
+        with _writing_the_cache(), reporting_write_errors(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:  # another process downloads this shard: wait for it
+                    if stop.is_set():
+                        raise _Stopped from None
+                    if said_after is not None and time.monotonic() >= said_after:
+                        said_after = None
+                        log.warning(
+                            "waiting for another torchkit process downloading %s (it holds "
+                            "%s; one stopped with Ctrl-Z holds it until resumed with fg, or "
+                            "ended)",
+                            what,
+                            path,
+                        )
+                    time.sleep(0.1)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _is_at(fd, path):
+            break
+        os.close(fd)  # deleted while we waited (`_delete_lock`): lock the one there now
     try:
-        said_after = time.monotonic() + LOCK_WAIT_WARNING_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:  # another process downloads this shard: wait for it
-                if stop.is_set():
-                    raise _Stopped from None
-                if said_after is not None and time.monotonic() >= said_after:
-                    said_after = None
-                    log.warning(
-                        "waiting for another torchkit process downloading %s (it holds %s; "
-                        "one stopped with Ctrl-Z holds it until resumed with fg, or ended)",
-                        what,
-                        path,
-                    )
-                time.sleep(0.1)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the file at `path` (not deleted or replaced)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _delete_lock(path: Path) -> None:
+    """Delete the lock file `path` unless a process holds it: locked first, then deleted while
+    locked, so that a process that opened it meanwhile gets it after, finds it gone (`_is_at`)
+    and locks a new one (`_locked`). Without flock, lock files are kept."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # gone already, or a cache it may not change
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _is_at(fd, path):
+            os.unlink(path)
+    except OSError:  # held (BlockingIOError): its holder is using it
+        pass
+    finally:
+        os.close(fd)
+
+
+def _lock_path(target: Path) -> Path:
+    """The lock file of the cached shard `target`."""
+    return target.with_name(f".{target.name}.lock")
+
+
+def _locked_name(entry: str) -> str:
+    """The shard name whose lock file the cache folder's entry `entry` is; "" for another."""
+    if entry.startswith(".") and entry.endswith(".lock"):
+        return entry[1 : -len(".lock")]
+    return ""
 
 
 def _is_cached_shard(name: str) -> bool:
@@ -965,16 +1018,20 @@ class StreamedShards:
 
     def _make_room(self, shard: int) -> None:
         """Delete the least recently used shards of the folder (but those this process has
-        open) until the shard fits within the limit beside the others."""
+        open) until the shard fits within the limit beside the others, with their lock files
+        and those of shards no longer cached (a lock file per shard ever fetched piled up)."""
         assert self.limit is not None
         name = self.names[shard]
         mine = {self.names[number] for number in self._held} | {name}
         cached = []
+        locks = []
         for entry in os.scandir(self.folder.path):
             if _is_cached_shard(entry.name):
                 with contextlib.suppress(FileNotFoundError):
                     info = entry.stat()
                     cached.append((info.st_atime, entry.name, info.st_size))
+            elif _is_cached_shard(_locked_name(entry.name)):
+                locks.append(_locked_name(entry.name))
         present = {entry_name: size for _, entry_name, size in cached}
         total = sum(present.values()) - present.get(name, 0) + self.sizes[shard]
         for _, other, size in sorted(cached):
@@ -988,6 +1045,9 @@ class StreamedShards:
                 remove_tree(_record_path(self.folder.path / other), ignore_errors=False)
             total -= size
             log.info("%s: deleted %s from the cache to make room", CACHE_LIMIT_VARIABLE, other)
+        for locked in locks:
+            if locked != name and not (self.folder.path / locked).exists():
+                _delete_lock(_lock_path(self.folder.path / locked))
 
 
 # --- HTTP -------------------------------------------------------------------------------------
