@@ -940,4 +940,23 @@ def test_mode_both_shows_infers_rows_when_the_train_search_finds_no_batch(runner
     assert [search["mode"] for search in data["batch_size_search"]] == ["infer"]
     assert "the 1 configuration(s) timed before the error are shown" in result.stderr
     last = result.stderr.splitlines()[-1]
-    assert last.startswith("Error: batch 1 does not fit: over the memory limit (0.800 MB)")
+    assert last.startswith(
+        "Error: batch 1 does not fit: over the memory limit (peak 0.800 MB, limit 0.300 MB)"
+    )
+
+
+def test_a_first_batch_over_the_limit_names_its_peak_and_the_limit(runner, monkeypatch):
+    """'batch 1 does not fit: over the memory limit (0.800 MB)' gave the peak, not the limit
+    it was over (a percentage's limit is known only once resolved)."""
+    monkeypatch.setattr(MemoryProbe, "start", lambda self: None)
+    monkeypatch.setattr(MemoryProbe, "stop", lambda self: 1_234_567_890)
+    monkeypatch.setattr(bench_memory, "available_memory", lambda: 2 * 10**9)
+    args = ["benchmark", "convnet", "-i", "1,12,12", *FAST, "--find-batch-size"]
+    result = runner.invoke(app, [*args, "--memory-limit", "25%"])
+    assert result.exit_code == 1, result.stdout
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(
+        "Error: batch 1 does not fit: over the memory limit (peak 1,234.6 MB, limit 500.0 MB)"
+    )
+    with pytest.raises(TorchkitError, match=r"limit \(peak 2\.00 MB\) \("):  # no limit given
+        search_batch_size(lambda b, t: Trial(b, False, 2.0, OVER_LIMIT), start=1, max_batch=4)

@@ -612,11 +612,13 @@ def _search(
             return batch_search.Trial(batch, False, None, batch_search.PREDICTED_OVER)
         return context.trial(mode, batch, limit_bytes)
 
+    limit_mb = None if limit_bytes is None else _round(limit_bytes / MB, 6)
     found, stopped_by, trials = batch_search.search_batch_size(
         try_batch,
         start=options.batch_sizes[0],
         max_batch=options.search_limit,
         precision=batch_search.PRECISION,
+        limit_mb=limit_mb,
     )
     if search_progress is not None:
         search_progress(mode, found, trials, False)
@@ -624,7 +626,7 @@ def _search(
     return batch_search.BatchSearch(
         mode=mode,
         batch_size=found,
-        memory_limit_mb=None if limit_bytes is None else _round(limit_bytes / MB, 6),  # bytes
+        memory_limit_mb=limit_mb,
         stopped_by=stopped_by,
         trials=trials,
         precision=batch_search.PRECISION,

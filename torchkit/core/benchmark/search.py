@@ -66,12 +66,15 @@ def search_batch_size(
     start: int,
     max_batch: int,
     precision: float = PRECISION,
+    limit_mb: float | None = None,
 ) -> tuple[int, str, list[Trial]]:
     """(largest batch that fits, why the search stopped, the trials in the order run).
     `try_batch(batch, trials_so_far)` runs one trial. Assumes that a batch fits when a larger
     one does (memory grows with the batch). The bisection stops once the smallest batch that
     did not fit is at most `precision` (a fraction) above the largest that fitted: the batch
-    found is then within that much of the largest that fits; `precision=0` searches exactly."""
+    found is then within that much of the largest that fits; `precision=0` searches exactly.
+    `limit_mb`, the limit the trials' peaks were held to, is named beside a peak over it when
+    not even the first batch fits."""
     trials: list[Trial] = []
 
     def attempt(batch: int) -> Trial:
@@ -89,13 +92,7 @@ def search_batch_size(
         else:
             hint = "start lower with --batch-size, raise --memory-limit, or use --amp"
         raise TorchkitError(
-            f"batch {start} does not fit: {first.reason}"
-            + (
-                ""
-                if first.peak_memory_mb is None
-                else f" ({format_megabytes(first.peak_memory_mb)} MB)"
-            ),
-            hint,
+            f"batch {start} does not fit: {first.reason}" + _peak(first, limit_mb), hint
         )
     good, bad = start, None
     while bad is None:
@@ -115,6 +112,17 @@ def search_batch_size(
         else:
             bad, reason = middle, trial.reason
     return good, reason, trials
+
+
+def _peak(trial: Trial, limit_mb: float | None) -> str:
+    """What a trial's error line adds: its peak and the limit it was held to, in one format
+    (`(peak 0.800 MB, limit 0.300 MB)`); nothing for a trial with no peak (out of memory)."""
+    if trial.peak_memory_mb is None:
+        return ""
+    peak = f"peak {format_megabytes(trial.peak_memory_mb)} MB"
+    if limit_mb is None:
+        return f" ({peak})"
+    return f" ({peak}, limit {format_megabytes(limit_mb)} MB)"
 
 
 def predicted_peak(batch: int, trials: list[Trial]) -> float | None:
