@@ -15,6 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from fragmented_mp4 import fragmented_mp4, media_timescale
 from output_checks import error_line
 from processes import PipeLines, start_torchkit_process
 from typer.testing import CliRunner
@@ -1097,6 +1098,56 @@ def test_exact_duration_of_an_mp4_ends_with_its_last_frame_s_own_duration(tmp_pa
     assert (exact.status, exact.frames_decoded) == ("ok", 3)
     assert exact.duration_s == pytest.approx(1200.04)
     assert probe_video(path).duration_s == pytest.approx(1200.04)  # the header's, as before
+
+
+def fragmented_copy(path: Path, **layout) -> Path:
+    """A 5-frame MP4 in fragments (`fragmented_mp4`): 3 frames of 0.04 s, one of 2 s and a
+    last of 0.04 s (2.16 s in all: an average of 2.31 fps, so 1 / fps is 0.432 s)."""
+    source = path.with_name("plain.mp4")
+    if not write_video(source, "mp4v", 16, 16, 25, 5):
+        pytest.skip("this OpenCV cannot write mp4v")
+    data = source.read_bytes()
+    scale = media_timescale(data)
+    frame = scale * 4 // 100
+    durations = [frame] * 3 + [2 * scale, frame]
+    layout.setdefault("fragments", [3, 1, 1])
+    path.write_bytes(fragmented_mp4(data, durations, default_duration=frame, **layout))
+    return path
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {},
+        {"last_from": "tfhd"},
+        {"last_from": "trex"},
+        {"in_moov": 3, "fragments": [1, 1]},
+    ],
+    ids=["trun", "tfhd", "trex", "moov-first"],
+)
+def test_exact_duration_of_a_fragmented_mp4_ends_with_its_last_frame_s_own_duration(
+    tmp_path, layout
+):
+    """--exact gave a fragmented MP4's last frame 1 / (average fps), not the duration its
+    fragment records (the run's own, its fragment header's default or the track's): 2.12 +
+    0.432 = 2.552 s for a 2.16 s video (ffprobe: 2.16 s)."""
+    path = fragmented_copy(tmp_path / "fragmented.mp4", **layout)
+    exact = probe_video(path, exact=True)
+    assert (exact.status, exact.frames_decoded) == ("ok", 5)
+    assert exact.duration_s == pytest.approx(2.16)
+
+
+def test_a_fragmented_mp4_whose_moov_holds_its_first_frames_counts_them_all(tmp_path):
+    """`-movflags frag_keyframe` puts the first fragment's samples in the moov, and FFmpeg's
+    frame count is theirs alone: 3 of 5 frames, so the duration read 1.3 s for 2.16 s and
+    --segments sampled the first 3 frames only; the fragments' runs count the other 2."""
+    path = fragmented_copy(tmp_path / "fragmented.mp4", in_moov=3, fragments=[1, 1])
+    info = probe_video(path)
+    assert (info.status, info.frames_header, info.frames_source) == ("ok", 5, "header")
+    assert info.duration_s == pytest.approx(2.16)
+    assert probe_video(path, exact=True).frames_differ is False
+    code, rows = json_rows(path, "--segments", "5")
+    assert code == 0 and rows[0]["frame_indices"] == [0, 1, 2, 3, 4]
 
 
 def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(

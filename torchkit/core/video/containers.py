@@ -7,6 +7,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.data.image_files import opened_image
@@ -295,16 +296,18 @@ def _iso_field(handle, box: tuple[int, int] | None, at: int, length: int = 4) ->
     return handle.read(min(length, box[1] - box[0] - at))
 
 
-def _iso_video_media(handle, size: int) -> tuple[int, int] | None:
-    """The `mdia` box of the first video track (its handler is `vide`) of an ISO file."""
-    index = _iso_child(handle, b"moov", 0, size)
-    tracks = [(s, e) for k, s, e in _iso_children(handle, *index) if k == b"trak"] if index else []
+def _iso_video_track(
+    handle, moov: tuple[int, int]
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The `trak` box of the first video track (its handler is `vide`) in an ISO file's `moov`,
+    and its `mdia` box; None when there is none."""
+    tracks = [(s, e) for k, s, e in _iso_children(handle, *moov) if k == b"trak"]
     for track in tracks:
         media = _iso_child(handle, b"mdia", *track)
         if media is not None and _iso_field(handle, _iso_child(handle, b"hdlr", *media), 8) == (
             b"vide"
         ):
-            return media
+            return track, media
     return None
 
 
@@ -315,42 +318,149 @@ def _iso_sample_table(handle, media: tuple[int, int]) -> tuple[int, int] | None:
 
 def _iso_fourcc(handle, size: int) -> str | None:
     """The sample entry type of the first video track of an ISO file."""
-    media = _iso_video_media(handle, size)
-    table = media and _iso_sample_table(handle, media)
+    moov = _iso_child(handle, b"moov", 0, size)
+    track = moov and _iso_video_track(handle, moov)
+    table = track and _iso_sample_table(handle, track[1])
     # stsd: version and flags, the entry count, then the first entry's size and type
     return fourcc_text(_iso_field(handle, table and _iso_child(handle, b"stsd", *table), 12))
+
+
+_ISO_FORMATS = ("mp4", "mov", "3gp")
 
 
 def last_frame_duration(
     path: str | os.PathLike, container: str | None, frames: int
 ) -> float | None:
     """How long the last of the `frames` frames of an MP4/MOV/3GP file's video lasts, in
-    seconds, as its sample table records it (the last `stts` entry over the `mdhd` timescale);
-    None for other formats, a fragmented file (no samples in its `moov`), a table of another
-    number of samples (not the track decoded) or a structure that cannot be read."""
-    if container not in ("mp4", "mov", "3gp") or frames <= 0:
+    seconds, as the file records it (`iso_video_samples`); None for other formats, samples of
+    another number (not the track decoded) or a structure that cannot be read."""
+    samples = iso_video_samples(path, container) if frames > 0 else None
+    return samples.last_s if samples is not None and samples.count == frames else None
+
+
+def fragmented_frame_count(path: str | os.PathLike, container: str | None) -> int | None:
+    """The frames of a fragmented MP4/MOV/3GP file's video (`moof` boxes): its `moov`'s
+    samples and its fragments'. FFmpeg's count is the `moov`'s alone (1 of 6 frames when the
+    first fragment is in the `moov`, as `-movflags frag_keyframe` writes it). None for an
+    unfragmented file (its `moov` lists every frame) or another format."""
+    if container not in _ISO_FORMATS or iso_lists_every_frame(path, container):
+        return None
+    samples = iso_video_samples(path, container)
+    return samples.count if samples is not None and samples.fragmented and samples.count else None
+
+
+@dataclass(frozen=True)
+class IsoSamples:
+    """The samples of an ISO file's first video track: how many, how long the last one lasts
+    in seconds (None: not recorded), and whether fragments hold some."""
+
+    count: int
+    last_s: float | None
+    fragmented: bool
+
+
+def iso_video_samples(path: str | os.PathLike, container: str | None) -> IsoSamples | None:
+    """The samples of an MP4/MOV/3GP file's first video track: those its `moov`'s sample table
+    lists and those its fragments' runs (`moof` boxes) hold; the last one's duration, over the
+    `mdhd` timescale, is its last fragment's last sample's (the `trun` duration, else its
+    `tfhd`'s default, else the `trex` one), or the last `stts` entry's in a file without
+    fragments. None for other formats or a structure that cannot be read."""
+    if container not in _ISO_FORMATS:
         return None
     try:
         with open(path, "rb") as handle:
-            media = _iso_video_media(handle, os.fstat(handle.fileno()).st_size)
-            if media is None:
+            size = os.fstat(handle.fileno()).st_size
+            moov = _iso_child(handle, b"moov", 0, size)
+            track = moov and _iso_video_track(handle, moov)
+            if not track:
                 return None
-            header = _iso_child(handle, b"mdhd", *media)
+            header = _iso_child(handle, b"mdhd", *track[1])
             # mdhd: version and flags, then two times of 4 bytes (version 1: 8) and the timescale
             version = _iso_field(handle, header, 0, 1)
             scale = _iso_field(handle, header, 20 if version == b"\x01" else 12)
-            table = _iso_sample_table(handle, media)
-            times = table and _iso_child(handle, b"stts", *table)
-            # stts: version and flags, the entry count, then (count, delta) entries
-            entries = int.from_bytes(_iso_field(handle, times, 4), "big")
-            data = _iso_field(handle, times, 8, 8 * entries)
+            count, ticks = _iso_table_samples(handle, track[1])
+            in_fragments, last_ticks = _iso_fragment_samples(handle, size, moov, track[0])
     except OSError:
         return None
-    if len(scale) < 4 or not entries or len(data) != 8 * entries:
-        return None
+    if in_fragments:
+        count, ticks = count + in_fragments, last_ticks
+    timescale = int.from_bytes(scale, "big") if len(scale) == 4 else 0
+    last_s = ticks / timescale if timescale and ticks else None
+    return IsoSamples(count, last_s, bool(in_fragments))
+
+
+def _iso_table_samples(handle, media: tuple[int, int]) -> tuple[int, int]:
+    """(the samples a track's `moov` sample table lists, the last one's duration in ticks):
+    the `stts` entries' counts and the last entry's delta; (0, 0) for none."""
+    table = _iso_sample_table(handle, media)
+    times = table and _iso_child(handle, b"stts", *table)
+    # stts: version and flags, the entry count, then (count, delta) entries
+    entries = int.from_bytes(_iso_field(handle, times, 4), "big")
+    data = _iso_field(handle, times, 8, 8 * entries)
+    if not entries or len(data) != 8 * entries:
+        return 0, 0
     counts = sum(int.from_bytes(data[i : i + 4], "big") for i in range(0, len(data), 8))
-    timescale, ticks = int.from_bytes(scale, "big"), int.from_bytes(data[-4:], "big")
-    return ticks / timescale if counts == frames and timescale and ticks else None
+    return counts, int.from_bytes(data[-4:], "big")
+
+
+def _iso_fragment_samples(
+    handle, size: int, moov: tuple[int, int], track: tuple[int, int]
+) -> tuple[int, int]:
+    """(the samples of the `track` the fragments of an ISO file hold, the last one's duration
+    in ticks); (0, 0) for a file without fragments. Each `moof` holds a `traf` per track (its
+    `tfhd` names the track), each with `trun` runs of samples, whose durations are the run's
+    own, else the `tfhd`'s default, else the `trex` one the `moov` gives the track."""
+    # tkhd: version and flags, two times of 4 bytes (version 1: 8), then the track's ID
+    header = _iso_child(handle, b"tkhd", *track)
+    track_id = _iso_field(handle, header, 20 if _iso_field(handle, header, 0, 1) == b"\x01" else 12)
+    extends = _iso_child(handle, b"mvex", *moov)
+    # trex: version and flags, the track's ID, its default description index, then duration
+    default = next(
+        (
+            _iso_field(handle, (s, e), 12)
+            for k, s, e in (_iso_children(handle, *extends) if extends else ())
+            if k == b"trex" and _iso_field(handle, (s, e), 4) == track_id
+        ),
+        b"",
+    )
+    samples, last = 0, 0
+    for kind, start, end in _iso_children(handle, 0, size):
+        if kind != b"moof":
+            continue
+        for part, part_start, part_end in _iso_children(handle, start, end):
+            if part != b"traf":
+                continue
+            # tfhd: version and flags, the track's ID, then the fields its flags say are there:
+            # a base offset (8 bytes), a description index (4), the default duration (4)
+            fields = _iso_field(handle, _iso_child(handle, b"tfhd", part_start, part_end), 0, 24)
+            if len(fields) < 8 or fields[4:8] != track_id:
+                continue
+            flags = int.from_bytes(fields[1:4], "big")
+            at = 8 + (8 if flags & 0x1 else 0) + (4 if flags & 0x2 else 0)
+            fragment_default = fields[at : at + 4] if flags & 0x8 else default
+            for run, run_start, run_end in _iso_children(handle, part_start, part_end):
+                if run == b"trun":
+                    count, ticks = _iso_run_samples(handle, (run_start, run_end), fragment_default)
+                    if count:
+                        samples, last = samples + count, ticks
+    return samples, last
+
+
+def _iso_run_samples(handle, run: tuple[int, int], default: bytes) -> tuple[int, int]:
+    """(the samples of a `trun` box, the last one's duration in ticks: its own where the run
+    records durations, else `default`)."""
+    # trun: version and flags, the sample count, a data offset and the first sample's flags
+    # where the flags say, then a record per sample of the fields the flags say (4 bytes each:
+    # duration 0x100, size 0x200, flags 0x400, composition offset 0x800)
+    head = _iso_field(handle, run, 0, 8)
+    if len(head) < 8:
+        return 0, 0
+    flags, count = int.from_bytes(head[1:4], "big"), int.from_bytes(head[4:8], "big")
+    if not count or not flags & 0x100:
+        return count, int.from_bytes(default, "big") if len(default) == 4 else 0
+    record = 4 * bin(flags & 0xF00).count("1")
+    first = 8 + 4 * bin(flags & 0x5).count("1")
+    return count, int.from_bytes(_iso_field(handle, run, first + (count - 1) * record), "big")
 
 
 def iso_lists_every_frame(path: str | os.PathLike, container: str | None) -> bool:

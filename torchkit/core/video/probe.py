@@ -27,6 +27,7 @@ from torchkit.core.video.containers import (
     declared_size,
     declares_no_video,
     fourcc_text,
+    fragmented_frame_count,
     last_frame_duration,
     last_picture_rows,
     sniff_container,
@@ -370,6 +371,9 @@ def _probe_into(
         declared_frames = capture.get(cv2.CAP_PROP_FRAME_COUNT)
         if sniffed == "dv":
             declared_frames = _raw_dv_timing(cv2, path, decoder_threads, info, declared_frames)
+        # FFmpeg counts a fragmented MP4's moov samples alone (those of its first fragment, as
+        # `-movflags frag_keyframe` writes it): its fragments' runs hold the rest.
+        declared_frames = fragmented_frame_count(path, sniffed) or declared_frames
         # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
         info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
         undecodable = (
