@@ -10,6 +10,7 @@ import importlib
 import io
 import json
 import math
+import signal
 import sys
 import time
 import uuid
@@ -17,6 +18,7 @@ import uuid
 import pytest
 import torch
 from output_checks import error_line
+from processes import signal_and_wait, start_torchkit_process, wait_until
 from torch import nn
 
 from torchkit.cli import app
@@ -306,14 +308,108 @@ def test_ctrl_c_shows_the_configurations_already_timed(runner, monkeypatch, tmp_
     assert result.exit_code == 130
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert [(row["mode"], row["batch_size"]) for row in rows] == [("infer", "1"), ("infer", "2")]
-    assert "the 2 configuration(s) timed so far" in result.stderr
+    assert "interrupted: the 2 of 4 configuration(s) timed so far are shown" in result.stderr
     assert result.stderr.splitlines()[-1] == "Interrupted."
 
-    calls.clear()  # -o FILE: an interrupted run writes nothing
-    interrupt_at[0] = 2
+    calls.clear()  # interrupted before the first configuration was timed: -o FILE not written
+    interrupt_at[0] = 1
     report = tmp_path / "bench.json"
     assert runner.invoke(app, [*args, "-o", str(report)]).exit_code == 130
     assert not report.exists()
+
+
+def test_a_stopped_run_writes_what_it_timed_to_its_output_file(runner, monkeypatch, tmp_path):
+    """With -o FILE the configurations timed before Ctrl-C or an error were lost (the file was
+    not written, and nothing shown): they are written, JSON saying the run is not complete,
+    and the command still ends as it would have."""
+    real_time_steps, calls, stop = bench_run.time_steps, [], {}
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == stop["at"]:
+            raise stop["with"]
+        return real_time_steps(*args, **kwargs)
+
+    monkeypatch.setattr(bench_run, "time_steps", stopping)
+    monkeypatch.setattr(bench_memory, "release_free_memory", lambda: None)  # 0.4 s a gc
+    args = ["benchmark", "convnet", "-i", "1,12,12", "-b", "1,2,3", *FAST]
+    report = tmp_path / "bench.json"
+
+    calls.clear()
+    stop.update({"at": 3, "with": KeyboardInterrupt})
+    result = runner.invoke(app, [*args, "-o", str(report)])
+    assert result.exit_code == 130
+    data = json.loads(report.read_text())
+    assert [row["batch_size"] for row in data["results"]] == [1, 2]
+    assert (data["complete"], data["stopped"], data["error"]) == (False, "interrupted", None)
+    assert f"the 2 of 3 configuration(s) timed so far are written to {report}" in result.stderr
+
+    calls.clear()
+    stop.update({"at": 2, "with": TorchkitError("the disk caught fire", "put it out")})
+    result = runner.invoke(app, [*args, "-o", str(report), "--force"])
+    assert result.exit_code == 1
+    data = json.loads(report.read_text())
+    assert [row["batch_size"] for row in data["results"]] == [1]
+    assert data["complete"] is False and data["stopped"] == "failed"
+    assert data["error"] == "the disk caught fire (put it out)"
+    assert error_line(result.stderr) == "Error: the disk caught fire (put it out)"
+
+    table = tmp_path / "bench.txt"  # the table says so in its title
+    calls.clear()
+    result = runner.invoke(app, [*args, "-o", str(table)])
+    assert result.exit_code == 1
+    assert "failed after 1 of 3 configurations" in " ".join(table.read_text().split())
+
+    log = tmp_path / "bench.csv"  # --append adds the rows timed
+    calls.clear()
+    stop.update({"at": 3, "with": KeyboardInterrupt})
+    assert runner.invoke(app, [*args, "-o", str(log), "--append"]).exit_code == 130
+    rows = list(csv.DictReader(io.StringIO(log.read_text())))
+    assert [row["batch_size"] for row in rows] == ["1", "2"]
+
+    calls.clear()  # a run that is not stopped says it is complete
+    stop["at"] = 0
+    assert runner.invoke(app, [*args, "-o", str(report), "--force"]).exit_code == 0
+    data = json.loads(report.read_text())
+    assert (data["complete"], data["stopped"], data["error"]) == (True, None, None)
+    assert len(data["results"]) == 3
+
+
+STALLS_AT_BATCH_2 = """
+import os
+import time
+from torch import nn
+
+class StallsAtBatch2(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if x.device.type != "meta" and x.shape[0] == 2:
+            open(os.environ["BENCH_STALLED"], "w").close()
+            time.sleep(600)  # until the test's SIGTERM
+        return self.fc(x)
+
+def build():
+    return StallsAtBatch2()
+"""
+
+
+def test_sigterm_writes_the_configurations_timed_to_the_output_file(tmp_path):
+    """A scheduler's SIGTERM in the second configuration: the first one's row is in -o FILE,
+    marked as not complete, and the command exits 143 as every terminated command does."""
+    (tmp_path / "stalls.py").write_text(STALLS_AT_BATCH_2)
+    stalled, report = tmp_path / "stalled", tmp_path / "bench.json"
+    args = ["benchmark", "stalls:build", "-i", "8", "-b", "1,2", *FAST, "-o", str(report)]
+    process = start_torchkit_process(*args, cwd=tmp_path, env={"BENCH_STALLED": str(stalled)})
+    wait_until(stalled.exists, process=process, what="the second configuration")
+    code, _, err = signal_and_wait(process, signal.SIGTERM, timeout=60)
+    assert code == 143, err
+    assert err.splitlines()[-1] == "Terminated." and "Traceback" not in err
+    data = json.loads(report.read_text())
+    assert [row["batch_size"] for row in data["results"]] == [1]
+    assert (data["complete"], data["stopped"]) == (False, "terminated")
 
 
 # --- timing -----------------------------------------------------------------------------------
@@ -938,7 +1034,7 @@ def test_mode_both_shows_infers_rows_when_the_train_search_finds_no_batch(runner
     data = json.loads(result.stdout)
     assert [(row["mode"], row["batch_size"]) for row in data["results"]] == [("infer", 2)]
     assert [search["mode"] for search in data["batch_size_search"]] == ["infer"]
-    assert "the 1 configuration(s) timed before the error are shown" in result.stderr
+    assert "failed: the 1 of 2 configuration(s) timed before the error are shown" in result.stderr
     last = result.stderr.splitlines()[-1]
     assert last.startswith(
         "Error: batch 1 does not fit: over the memory limit (peak 0.800 MB, limit 0.300 MB)"

@@ -257,25 +257,48 @@ def benchmark(
                 timed=timed.append,
             )
     except (KeyboardInterrupt, TorchkitError) as error:
-        # Ctrl-C in a long comparison, or an error in a later configuration (--mode both: a
-        # train search that finds no batch): the configurations already timed are shown, not
-        # lost, before the command stops as it would have (an -o file is left as it was, as
-        # for any command that fails).
-        if timed and output is None:
-            _show(timed[-1], fmt, None, force)
-            done = len(timed[-1].results)
-            when = "so far" if isinstance(error, KeyboardInterrupt) else "before the error"
-            stopped = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-            console.note(f"{stopped}: the {done} configuration(s) timed {when} are shown")
+        # Ctrl-C or SIGTERM in a long comparison, or an error in a later configuration (--mode
+        # both: a train search that finds no batch): the configurations already timed are
+        # shown, or written to -o FILE (JSON: "complete": false), not lost, before the command
+        # stops as it would have.
+        if timed:
+            _keep_timed(timed[-1], error, fmt, output, force, append)
         raise
     for note in random_weights:
         console.note(note)
+    _write(result, fmt, output, force, append)
 
+
+def _keep_timed(
+    result: Any, error: BaseException, fmt: OutputFormat, output: Any, force: bool, append: bool
+) -> None:
+    """What a stopped run timed, written as a finished run's result is, marked as stopped."""
+    from torchkit.cli import console
+    from torchkit.core.io.errors import Terminated
+
+    if isinstance(error, Terminated):
+        result.mark_stopped("terminated")
+    elif isinstance(error, KeyboardInterrupt):
+        result.mark_stopped("interrupted")
+    else:
+        result.mark_stopped("failed", str(error))
+    _write(result, fmt, output, force, append)
+    when = "before the error" if result.stopped == "failed" else "so far"
+    where = "shown" if output is None else f"written to {output}"
+    console.note(
+        f"{result.stopped}: the {len(result.results)} of {result.planned} configuration(s) "
+        f"timed {when} are {where}"
+    )
+
+
+def _write(result: Any, fmt: OutputFormat, output: Any, force: bool, append: bool) -> None:
+    """The result as --format, -o and --append ask."""
+    from torchkit.cli import console
+    from torchkit.cli.render import render_csv
+    from torchkit.core.benchmark import COLUMNS, append_csv
+
+    csv_table = Table(columns=list(COLUMNS), rows=result.rows())
     if append:
-        from torchkit.cli.render import render_csv
-        from torchkit.core.benchmark import append_csv
-
-        csv_table = Table(columns=list(COLUMNS), rows=result.rows())
         left_out = append_csv(output, render_csv(csv_table))
         console.note(f"added {len(result.results)} row(s) to {output}")
         if left_out:
@@ -284,14 +307,6 @@ def benchmark(
                 "the rows were added without it; write a new file (-o NEW.csv) to record it"
             )
         return
-    _show(result, fmt, output, force)
-
-
-def _show(result: Any, fmt: OutputFormat, output: Any, force: bool) -> None:
-    """The results as --format and -o ask."""
-    from torchkit.core.benchmark import COLUMNS
-
-    csv_table = Table(columns=list(COLUMNS), rows=result.rows())
     tables = [_results_table(result)]
     if result.batch_size_search:
         tables.append(_search_table(result))
@@ -332,9 +347,16 @@ def _results_table(result: Any) -> Table:
         ],
         title=f"{result.model} on {'x'.join(map(str, result.input_size))} inputs, "
         f"{result.device} ({result.device_name}), {', '.join(settings)}; per image: "
-        f"{per_image}",
+        f"{per_image}" + _stopped(result),
         align_right={"Batch", "Images/s", "Median ms", "p90 ms", "Peak MB", "TFLOP/s", "Iters"},
     )
+
+
+def _stopped(result: Any) -> str:
+    """The title's word on a run that stopped before its last configuration."""
+    if result.complete:
+        return ""
+    return f"; {result.stopped} after {len(result.results)} of {result.planned} configurations"
 
 
 def _search_table(result: Any) -> Table:

@@ -60,6 +60,9 @@ COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(BenchmarkRow))
 ADDED_COLUMNS: tuple[str, ...] = ("spec",)
 
 
+STOPPED_HOW = ("interrupted", "terminated", "failed")  # Ctrl-C, SIGTERM, an error
+
+
 @dataclass
 class BenchmarkResult:
     model: str
@@ -75,6 +78,23 @@ class BenchmarkResult:
     settings: dict[str, Any]
     results: list[BenchmarkRow] = field(default_factory=list)
     batch_size_search: list[BatchSearch] = field(default_factory=list)
+    # False for a run stopped before every configuration was timed: the results are those
+    # timed before it stopped, `stopped` says how (STOPPED_HOW) and `error` what failed.
+    complete: bool = True
+    stopped: str | None = None
+    error: str | None = None
+
+    @property
+    def planned(self) -> int:
+        """How many configurations the run was to time (one per mode with a search)."""
+        per_mode = 1 if self.settings["find_batch_size"] else len(self.settings["batch_sizes"])
+        return len(self.settings["modes"]) * per_mode
+
+    def mark_stopped(self, how: str, error: str | None = None) -> None:
+        """Record that the run stopped here (`how`: one of STOPPED_HOW)."""
+        if how not in STOPPED_HOW:
+            raise ValueError(f"unknown way to stop: {how!r}")
+        self.complete, self.stopped, self.error = False, how, error
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -185,8 +205,8 @@ def append_csv(path: str | os.PathLike, csv_text: str, *, wait_s: float = 60.0) 
         newline = "\r\n" if "\r\n" in existing.split("\n", 1)[0] + "\n" else "\n"
         buffer = io.StringIO()
         writer = CsvWriter(buffer, lineterminator=newline)
-        for row in new_rows:
-            writer.writerow([row[name] for name in found])
+        for row in new_rows:  # an empty field read back is a missing value, written as one
+            writer.writerow([row[name] or None for name in found])
         joiner = "" if existing.endswith(("\n", "\r")) else newline
         atomic_write_text(target, existing + joiner + buffer.getvalue())
     return left_out
