@@ -12,6 +12,7 @@ import json
 import math
 import signal
 import sys
+import threading
 import time
 import uuid
 
@@ -756,6 +757,49 @@ def test_cuda_probe_reports_max_memory_allocated(monkeypatch):
     assert probe.stop() == 123_456_789 and calls[-1] == "sync"
 
 
+def test_mps_peak_is_the_memory_allocated_on_the_gpu_not_the_cpus_rss(monkeypatch):
+    """On --device mps the rows reported the growth of the CPU process's RSS as their peak
+    (memory_kind cpu_rss_growth): MPS keeps no peak, so the GPU's allocation is sampled."""
+    readings, calls, sampled = iter([100 * 10**6, 700 * 10**6]), [], threading.Event()
+
+    def allocated() -> int:
+        value = next(readings, None)
+        if value is None:  # both read: the probe's own thread has seen the peak
+            sampled.set()
+            return 150 * 10**6
+        return value
+
+    monkeypatch.setattr(torch.mps, "current_allocated_memory", allocated)
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(torch.mps, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(bench_memory, "rss_bytes", lambda: pytest.fail("read the CPU's RSS"))
+    probe = MemoryProbe(torch.device("mps"))
+    assert probe.kind == "mps_allocated_sampled"
+    probe.start()
+    assert calls == ["sync", "empty"]
+    assert sampled.wait(timeout=30)
+    assert probe.stop() == 700 * 10**6 and calls[-1] == "sync"
+
+
+def test_cpu_peak_is_sampled_where_the_rss_peak_cannot_be_reset(monkeypatch):
+    readings, sampled = iter([50 * 10**6, 60 * 10**6, 400 * 10**6]), threading.Event()
+
+    def rss() -> int:
+        value = next(readings, None)
+        if value is None:
+            sampled.set()
+            return 70 * 10**6
+        return value
+
+    monkeypatch.setattr(bench_memory, "rss_bytes", rss)
+    monkeypatch.setattr(bench_memory, "_reset_rss_peak", lambda: False)  # not Linux's VmHWM
+    monkeypatch.setattr(bench_memory, "release_free_memory", lambda: None)
+    probe = MemoryProbe(torch.device("cpu"))
+    probe.start()
+    assert sampled.wait(timeout=30)
+    assert probe.stop() == 350 * 10**6  # the peak less the RSS at the start
+
+
 def test_cuda_steps_are_synchronised(monkeypatch):
     synced = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
@@ -1011,7 +1055,7 @@ def test_find_batch_size_is_refused_where_no_peak_can_be_measured(runner, monkey
     assert "--find-batch-size cannot measure peak memory here" in line and "/proc" in line
     with pytest.raises(UsageError, match="cannot measure"):  # the core entry checks it too
         benchmark_model(tiny_conv(), (1, 8, 8), options(find_batch_size=True, batch_sizes=(1,)))
-    with pytest.raises(UsageError, match="CPU's memory, not the GPU's"):
+    with pytest.raises(UsageError, match="on mps the peak is only sampled"):
         bench_memory.check_search_measures(torch.device("mps"))
     bench_memory.check_search_measures(torch.device("cuda", 0))  # max_memory_allocated
 

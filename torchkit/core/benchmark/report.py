@@ -42,7 +42,7 @@ class BenchmarkRow:
     latency_median_ms: float  # per batch (one step)
     latency_p90_ms: float
     peak_memory_mb: float | None  # memory_kind says what it measures; None where unknown
-    memory_kind: str  # cuda_max_allocated or cpu_rss_growth
+    memory_kind: str  # cuda_max_allocated, mps_allocated_sampled or cpu_rss_growth
     mult_adds_per_image: int  # of the forward pass, from `summary`'s counter
     flops_per_image: int | None  # of the forward pass (FlopCounterMode)
     step_flops_per_image: int | None  # what one step computes: forward, or 3x forward to train
