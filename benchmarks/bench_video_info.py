@@ -13,11 +13,14 @@ own thread count for every decoder instead of one each. `--extract K` also times
 `--segments K --extract-frames` (PNG frames written) with one decoder thread a video against
 FFmpeg's count. `--list N` instead times finding the videos among N files in 10 folders
 (`find_videos`) against `Path.rglob` with a `Path` check of each entry (its way before).
+`--raw` makes raw MPEG-2 streams (`.m2v`), whose container gives no frame count, and times
+`--segments 3` on them (each counted by decoding, as the loop then counts them too).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")  # the writer's notes on the MPG2 tag
 
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
@@ -34,13 +38,16 @@ from torchkit.core.video import default_video_workers, inspect_videos  # noqa: E
 from torchkit.core.video import run as video_run  # noqa: E402
 
 
-def make_videos(folder: Path, count: int) -> list[Path]:
-    """Small clips in two common containers: MJPG/AVI and MPEG-4/MP4, 160x120, 2 s at 24 fps."""
+def make_videos(folder: Path, count: int, raw: bool = False) -> list[Path]:
+    """Small clips in two common containers: MJPG/AVI and MPEG-4/MP4, 160x120, 2 s at 24 fps
+    (`raw`: raw MPEG-2 streams, which record no frame count)."""
     rng = np.random.default_rng(0)
     base = rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)
     paths = []
     for index in range(count):
         fourcc, ext = ("MJPG", ".avi") if index % 2 else ("mp4v", ".mp4")
+        if raw:
+            fourcc, ext = "MPG2", ".m2v"
         path = folder / f"clip_{index:04d}{ext}"
         writer = cv2.VideoWriter(
             str(path), cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*fourcc), 24.0, (160, 120)
@@ -143,6 +150,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--extract", type=int, metavar="K", help="also time K frames extracted")
     parser.add_argument("--list", type=int, metavar="N", help="time finding N videos, only")
+    parser.add_argument("--raw", action="store_true", help="raw MPEG-2 streams, --segments 3")
     args = parser.parse_args()
     if args.list:
         compare_listing(args.list, args.repeats)
@@ -150,16 +158,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        paths = make_videos(folder, args.videos)
-        expected = baseline(paths, args.exact)
-        infos = inspect_videos([folder], exact=args.exact, workers=args.workers)
+        paths = make_videos(folder, args.videos, args.raw)
+        counting = args.exact or args.raw  # a raw stream's frames are counted to be sampled
+        reading = {"exact": args.exact, "workers": args.workers}
+        if args.raw:
+            reading["segments"] = 3
+        expected = baseline(paths, counting)
+        infos = inspect_videos([folder], **reading)
         got = [(i.width, i.height, i.frames, i.fps) for i in infos]
         assert got == expected, "torchkit and the baseline disagree"
         assert all(info.error is None for info in infos)
 
-        plain = best_time(lambda: baseline(paths, args.exact), args.repeats)
+        plain = best_time(lambda: baseline(paths, counting), args.repeats)
         ours = best_time(
-            lambda: inspect_videos([folder], exact=args.exact, workers=args.workers),
+            lambda: inspect_videos([folder], **reading),
             args.repeats,
         )
         processes = video_run._worker_processes(len(paths), workers_of(args))
@@ -167,7 +179,7 @@ def main() -> None:
         at_least = video_run.MIN_VIDEOS_PER_PROCESS
         video_run.MIN_VIDEOS_PER_PROCESS = 10**9
         threads_only = best_time(
-            lambda: inspect_videos([folder], exact=args.exact, workers=args.workers),
+            lambda: inspect_videos([folder], **reading),
             args.repeats,
         )
         threads_only_headers = best_time(
@@ -178,12 +190,22 @@ def main() -> None:
         one_each = video_run.DECODER_THREADS
         video_run.DECODER_THREADS = None  # FFmpeg's choice: a thread per core for each decoder
         ffmpeg_threads = best_time(
-            lambda: inspect_videos([folder], exact=args.exact, workers=args.workers),
+            lambda: inspect_videos([folder], **reading),
             args.repeats,
         )
         video_run.DECODER_THREADS = one_each
+        gathered = None
+        if args.raw:  # the count left to the process that gathers the rows (as before)
+            in_processes = video_run._read_in_processes
+
+            def uncounted(videos, how, *rest):
+                return in_processes(videos, dataclasses.replace(how, count_missing=False), *rest)
+
+            video_run._read_in_processes = uncounted
+            gathered = best_time(lambda: inspect_videos([folder], **reading), args.repeats)
+            video_run._read_in_processes = in_processes
         headers_only = None
-        if not args.exact:  # --no-decode-check: the same work as the plain loop
+        if not counting:  # --no-decode-check: the same work as the plain loop
             headers_only = best_time(
                 lambda: inspect_videos([folder], decode_check=False, workers=args.workers),
                 args.repeats,
@@ -195,8 +217,9 @@ def main() -> None:
             }
 
     workers = workers_of(args)
-    mode = "exact frame counts" if args.exact else "header metadata"
-    print(f"{args.videos} videos (160x120, 48 frames, MJPG/AVI + MPEG-4/MP4), {mode}")
+    mode = "exact frame counts" if counting else "header metadata"
+    kinds = "MPEG-2 raw streams, --segments 3" if args.raw else "MJPG/AVI + MPEG-4/MP4"
+    print(f"{args.videos} videos (160x120, 48 frames, {kinds}), {mode}")
     print(f"CPUs: {os.cpu_count()}, torchkit: {workers} at once in {processes} process(es)")
     print(f"plain cv2.VideoCapture loop: {args.videos / plain:9.1f} files/s  ({plain:.3f} s)")
     print(f"torchkit video-info:         {args.videos / ours:9.1f} files/s  ({ours:.3f} s)")
@@ -205,6 +228,11 @@ def main() -> None:
     print(f"ratio (torchkit / one process):   {threads_only / ours:9.2f}x")
     print(f"torchkit, FFmpeg's decoder threads: {args.videos / ffmpeg_threads:9.1f} files/s")
     print(f"ratio (one decoder thread / FFmpeg's): {ffmpeg_threads / ours:6.2f}x")
+    if gathered is not None:
+        print(
+            f"torchkit, counted where the rows are gathered: {args.videos / gathered:9.1f} files/s"
+        )
+        print(f"ratio (counted in the workers / there): {gathered / ours:6.2f}x")
     if headers_only is not None:
         rate = args.videos / headers_only
         print(f"torchkit --no-decode-check:  {rate:9.1f} files/s  ({headers_only:.3f} s)")

@@ -1683,6 +1683,36 @@ def test_segments_of_a_raw_stream_without_a_frame_count(tmp_path):
     ]  # fmt: skip
 
 
+def test_many_videos_without_a_frame_count_are_counted_in_the_worker_processes(
+    tmp_path, monkeypatch
+):
+    """From 128 videos on, those whose container gives no frame count were counted by decoding
+    one at a time in the process that gathers the rows (to sample them); the worker processes
+    that read them count them now, and the rows are those of one video at a time, in order."""
+    import torchkit.core.video.frames as frames
+
+    clip = tmp_path / "clip.m2v"
+    if not write_video(clip, "MPG2", 48, 32, 25.0, 12):
+        pytest.skip("this OpenCV build cannot write raw MPEG-2 video")
+    clips = [clip]
+    for index in range(5):
+        clips.append(tmp_path / f"clip{index}.m2v")
+        os.link(clip, clips[-1])
+    options = {"segments": 3, "sample_mode": "train", "seed": 5}
+    one_at_a_time = [info.to_dict() for info in inspect_videos(clips, workers=0, **options)]
+    assert {(row["frames"], row["frames_source"]) for row in one_at_a_time} == {(12, "decoded")}
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("counted in the process that gathers the rows")
+
+    monkeypatch.setattr(frames, "recount_frames", not_here)
+    monkeypatch.setattr(video_run, "MIN_VIDEOS_PER_PROCESS", 3)
+    monkeypatch.setattr(video_run, "usable_cpus", lambda: 2)
+    assert video_run._worker_processes(len(clips), 4) == 2
+    parallel = inspect_videos(clips, workers=4, **options)
+    assert [info.to_dict() for info in parallel] == one_at_a_time
+
+
 def test_k_is_no_longer_listed_but_old_scripts_still_run(videos):
     """-k is --topk in eval and predict: --segments lists no short flag, and `-k K` (its short
     flag before) still means --segments K, unlisted. Before: --help listed -k for --segments."""

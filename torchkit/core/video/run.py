@@ -48,7 +48,7 @@ from torchkit.core.video.frames import (
     _sample_into,
     frame_name_prefixes,
 )
-from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video
+from torchkit.core.video.probe import VideoInfo, _Stopped, probe_video, recount_frames
 
 # Upper bounds of the numeric options: a larger value is a usage error (exit 2), so that no value
 # makes the command run out of memory (--segments: frames.MAX_SEGMENTS). Each worker thread holds
@@ -279,7 +279,10 @@ def _inspect(
     # keeps FFmpeg's threads for itself.
     at_length = exact or frames_folder is not None
     alone = at_length and (threads <= 1 or len(videos) == 1)
-    reading = _Reading(exact, decode_check, None if alone else DECODER_THREADS)
+    # Sampling needs a count: one the header does not give is decoded where the video is read
+    # (a worker process, many at once), not one video at a time where the records are gathered.
+    count_missing = segments is not None
+    reading = _Reading(exact, decode_check, None if alone else DECODER_THREADS, count_missing)
     options = None
     if segments is not None:
         options = SegmentOptions(segments, sample_mode, seed)
@@ -331,20 +334,30 @@ def _worker_processes(total: int, threads: int) -> int:
 
 @dataclass
 class _Reading:
-    """How each video is read: `probe_video`'s options."""
+    """How each video is read: `probe_video`'s options, and whether a video whose container
+    gives no frame count has its frames counted by decoding (`count_missing`: to sample them)."""
 
     exact: bool
     decode_check: bool
     decoder_threads: int | None
+    count_missing: bool = False
 
     def probe(self, path: str | os.PathLike, stop: threading.Event | None = None) -> VideoInfo:
-        return probe_video(
+        info = probe_video(
             path,
             exact=self.exact,
             decode_check=self.decode_check,
             stop=stop,
             decoder_threads=self.decoder_threads,
         )
+        if self.count_missing and info.status == "ok" and info.frames is None:
+            try:
+                recount_frames(info, stop, self.decoder_threads)
+            except _Stopped:
+                raise
+            except Exception:  # left uncounted: sampling counts it again and says why not
+                pass
+        return info
 
 
 def _read_in_processes(
