@@ -206,3 +206,14 @@ def test_every_dash_o_keeps_dot_slash_dash_a_file():
                 assert str(param.process_value(ctx, "-")) == "-", path
                 seen.append(" ".join(path))
     assert len(seen) >= 12 and "train" in seen and "predict" in seen, seen
+
+
+def test_rates_read_the_same_in_every_table_and_message():
+    """One formatter for images/s (eval's table, train's, benchmark's, the progress lines,
+    predict's, convert's and extract-features' notes): eval's showed 3739 beside train's 4,196,
+    extract-features' 3739.4."""
+    from torchkit.cli.render import format_rate
+
+    shown = [format_rate(v) for v in (3739.4, 1_234_567.8, 99.96, 12.345, 0.5123, 0, 5)]
+    assert shown == ["3,739", "1,234,568", "100", "12.3", "0.512", "0", "5.00"]
+    assert [format_rate(v) for v in (None, float("nan"), float("inf"))] == ["", "", ""]

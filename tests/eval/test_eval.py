@@ -334,6 +334,21 @@ def test_table_output_and_split_choice(setup, report):
     assert int(rows["all"]["support"]) == data["num_images"]
 
 
+def test_images_per_second_has_thousands_separators_in_the_table_only(setup, monkeypatch):
+    """The table showed 'Images/s 3739' where train's shows '4,196': one formatter for every
+    table and message; JSON keeps the plain number."""
+    from torchkit.core.evaluate.results import EvalResult
+
+    monkeypatch.setattr(EvalResult, "images_per_second", property(lambda self: 3739.4))
+    args = [setup["ckpt"], "--data", setup["data"], "--workers", "0"]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "Images/s" in line]
+    assert line.split()[-2:] == ["3,739", "│"]
+    data = json.loads(invoke(*args, "--format", "json").stdout)
+    assert data["images_per_second"] == 3739.4
+
+
 def test_many_classes_table_leaves_out_empty_rows(setup, tmp_path):
     classes = [*CLASSES, *(f"extra_{i:02d}" for i in range(55))]
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ from torchkit.cli.render import (
     Table,
     emit,
     fixed_format,
+    format_rate,
     readable_number,
     report_file,
     resolve_format,
@@ -336,7 +337,7 @@ def _results_table(result: Any) -> Table:
             [
                 row.mode,
                 row.batch_size,
-                f"{row.images_per_s:,.1f}",
+                format_rate(row.images_per_s),
                 f"{row.latency_median_ms:,.3f}",
                 f"{row.latency_p90_ms:,.3f}",
                 "" if row.peak_memory_mb is None else format_megabytes(row.peak_memory_mb),

@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, resolve_format
+from torchkit.cli.render import Table, emit, format_rate, resolve_format
 from torchkit.core.io.sizes import SIZE_RULE
 from torchkit.core.io.wording import counted
 
@@ -335,7 +335,7 @@ def cifar(
     if report.seconds:
         console.note(
             f"{counted(report.images, 'image')} in {report.seconds:.1f} s "
-            f"({report.images / report.seconds:,.0f} images/s)"
+            f"({format_rate(report.images / report.seconds)} images/s)"
         )
 
 

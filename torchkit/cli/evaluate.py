@@ -23,7 +23,7 @@ from torchkit.cli.options import (
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, report_file, resolve_format
+from torchkit.cli.render import Table, emit, format_rate, report_file, resolve_format
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
@@ -224,15 +224,11 @@ def summary_table(result) -> Table:
         ("Loss", result.loss),
         ("Images", result.num_images),
         ("Skipped (unreadable)", len(result.skipped)),
-        ("Images/s", _rate(result.images_per_second)),
+        ("Images/s", format_rate(result.images_per_second)),
     ]
     if result.num_nonfinite:  # NaN or inf outputs: those predictions mean nothing
         rows.insert(-1, ("Non-finite outputs", result.num_nonfinite))
     return Table(["Metric", "Value"], rows, title="Evaluation", align_right={"Value"})
-
-
-def _rate(value: float) -> int | None:
-    return None if value != value else int(round(value))  # NaN (no time measured): blank
 
 
 def per_class_table(result) -> Table:

@@ -26,7 +26,15 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import FORMAT_RULE, OutputFormat, Table, emit, report_file, resolve_format
+from torchkit.cli.render import (
+    FORMAT_RULE,
+    OutputFormat,
+    Table,
+    emit,
+    format_rate,
+    report_file,
+    resolve_format,
+)
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 from torchkit.core.io.wording import counted
@@ -377,7 +385,7 @@ def _report(result) -> None:
     for layer in result.layers:
         shape = "x".join(map(str, layer.shape))
         console.note(f"{layer.name} ({layer.node}): {shape} {layer.dtype} -> {layer.file}")
-    speed = f", {result.images_per_second:.1f} images/s" if result.seconds > 0 else ""
+    speed = f", {format_rate(result.images_per_second)} images/s" if result.seconds > 0 else ""
     resumed = f" (resumed at image {result.resumed_from + 1})" if result.resumed_from else ""
     console.note(
         f"wrote {counted(result.num_rows, 'row')} for {counted(result.num_images, 'image')} "

@@ -294,10 +294,12 @@ def write_csv(records, columns: list[str], handle: IO[str]) -> None:
 
 
 def _report(run, output: Path | None) -> None:
+    from torchkit.cli.render import format_rate
+
     summary = run.summary
     line = (
         f"predicted {summary.predicted} of {summary.images} images in {summary.seconds:.2f} s"
-        + (f" ({summary.images_per_second:,.0f} images/s)" if summary.predicted else "")
+        + (f" ({format_rate(summary.images_per_second)} images/s)" if summary.predicted else "")
     )
     if summary.unreadable:  # "predicted 0 of 3 images ...; 3 unreadable": no success implied
         line += f"; {summary.unreadable} unreadable"

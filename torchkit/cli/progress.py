@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from torchkit.cli import console
+from torchkit.cli.render import format_rate
 
 if TYPE_CHECKING:
     from rich.progress import Progress, ProgressColumn
@@ -255,7 +256,7 @@ def _rate_column(unit: str) -> ProgressColumn:
     class Rate(ProgressColumn):
         def render(self, task: Any) -> Text:
             speed = task.finished_speed or task.speed
-            return Text(f"{speed:.1f} {unit}" if speed else f"- {unit}", style="cyan")
+            return Text(f"{format_rate(speed)} {unit}" if speed else f"- {unit}", style="cyan")
 
     return Rate()
 
@@ -342,7 +343,7 @@ class TrainProgress:
             return
         stats = (
             f"loss {info.loss:.4f}  top1 {info.top1:.4f}  lr {info.lr:.2e}  "
-            f"{info.images_per_s:,.0f} img/s"
+            f"{format_rate(info.images_per_s)} img/s"
         )
         self._progress.update(self._task, completed=info.step, stats=stats)
 
@@ -370,7 +371,7 @@ class TrainProgress:
             line += f"  ema loss {row['val_ema_loss']:.4f} top1 {row['val_ema_top1']:.4f}"
         line += (
             f"  lr {row['lr']:.2e}  {row['epoch_time_s']:.1f}s  "
-            f"{row['images_per_s']:,.0f} img/s" + ("  *best" if is_best else "")
+            f"{format_rate(row['images_per_s'])} img/s" + ("  *best" if is_best else "")
         )
         console.stderr.print(line, highlight=False, markup=False, soft_wrap=True)
 

@@ -102,6 +102,17 @@ def readable_number(value: float, unit: str = "") -> str:
     return f"{value:g} {unit}".rstrip()
 
 
+def format_rate(per_second: float | None) -> str:
+    """A rate (images/s) as people read it, in every table and message: a whole number with
+    thousands separators from 100 up ("3,739"), three significant digits below ("12.3",
+    "0.512"); blank when unknown (None, NaN). CSV and JSON keep the plain number."""
+    if per_second is None or not math.isfinite(per_second):
+        return ""
+    if abs(per_second) >= 99.95 or per_second == 0:
+        return f"{per_second:,.0f}"
+    return f"{per_second:#.3g}".rstrip(".")
+
+
 def format_cell(value: Any) -> str:
     """A value as a table's cell shows it: control characters escaped (`console.shown_text`);
     CSV and JSON keep a name as it is."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchkit.cli.render import Table, to_json_value
+from torchkit.cli.render import Table, format_rate, to_json_value
 
 
 def lr_find_table(result) -> Table:
@@ -59,7 +59,7 @@ def summary_table(result) -> Table:
             rows.append((f"Test top-1, EMA weights ({weights})", result.test_ema_top1))
     rows += [
         ("Last train loss", result.last_train_loss),
-        ("Train images/s", "" if result.images_per_s is None else f"{result.images_per_s:,.0f}"),
+        ("Train images/s", format_rate(result.images_per_s)),
         ("Time", f"{result.total_seconds:.1f} s"),
     ]
     if result.skipped_images:
