@@ -807,8 +807,8 @@ def test_a_cache_on_a_read_only_disk_reads_while_its_server_cannot_be_reached(
 ):
     """A node without network reading a cache shared read-only: each cached shard's check made
     its lock file, 'Error: OSError: [Errno 30] Read-only file system: .../.shard-000000.tar.lock'.
-    A cached shard needs no lock where there is nothing to ask or download; a shard the cache
-    lacks is the cache's write error."""
+    A cached shard needs no lock where there is nothing to download; a shard the cache lacks is
+    one error naming it and the read-only cache."""
     import subprocess
 
     served = tmp_path / "served"
@@ -827,7 +827,8 @@ def test_a_cache_on_a_read_only_disk_reads_while_its_server_cannot_be_reached(
     more = run_torchkit_in_process("dataset-stats", url.replace("003}", "004}"))
     assert more.returncode == 1
     line = error_line(more.stderr)
-    assert ".shard-000004.tar.lock: Read-only file system" in line and "TORCHKIT_CACHE" in line
+    assert f"cannot download {url[: url.index('{')]}000004.tar into {view}/shards/" in line, line
+    assert "Read-only file system" in line and "TORCHKIT_CACHE" in line, line
 
 
 def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeypatch):
@@ -863,3 +864,39 @@ def test_a_wait_for_another_processs_download_of_a_shard_says_so(server, monkeyp
     (message,) = seen
     assert message.startswith(f"waiting for another torchkit process downloading {url} "), message
     assert "Ctrl-Z" in message, message
+
+
+@pytest.mark.parametrize(
+    "data", ["shards/shard-{000000..000002}.tar", "converted"], ids=["checked", "manifest"]
+)
+def test_a_read_only_cache_reads_what_it_holds_current_while_its_server_answers(
+    server, tmp_path, monkeypatch, bind_view, data
+):
+    """A cache shared read-only was read with its server down, but with the server up each
+    cached shard's check took its lock file: 'cannot write .../.shard-000000.tar.lock:
+    Read-only file system'. One rule: a shard the cache holds current needs no lock, the server
+    reachable or not; one it lacks is one error naming it and the read-only cache."""
+    import subprocess
+
+    url = f"{server.url}/{data}"
+    first = stats(url)
+    view = bind_view(tmp_path / "cache")
+    if subprocess.run(["mount", "-o", "remount,ro,bind", view], capture_output=True).returncode:
+        pytest.skip("cannot mount read-only here")
+    monkeypatch.setenv("TORCHKIT_CACHE", str(view))
+    server.requests.clear()
+    result = run_torchkit_in_process("dataset-stats", url, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert {k: v for k, v in json.loads(result.stdout).items() if k != "source"} == first
+    assert "Warning:" not in result.stderr, result.stderr
+    assert server.requests and shard_downloads(server.requests) == []  # asked, not fetched
+    if data == "converted":  # a shard gone from the cache: the stream fetches it when read
+        next((tmp_path / "cache").rglob("shard-000001.tar")).unlink()
+    else:  # one more shard than the cache holds
+        url = f"{server.url}/shards/{PATTERN}"
+    missing = run_torchkit_in_process("dataset-stats", url, "--workers", "0")
+    assert missing.returncode == 1, missing.stderr
+    line = error_line(missing.stderr)
+    assert f"{server.url}/{data.split('/')[0]}/shard-00000" in line, line
+    assert "Read-only file system" in line and str(view) in line, line
+    assert "TORCHKIT_CACHE" in line and ".lock" not in line, line

@@ -29,7 +29,9 @@ sha256, a whole tar up to its end-of-archive marker: a server whose Content-Leng
 cuts the body short with no HTTP error): a failed or killed download leaves nothing under the
 shard's name. A lock file per shard makes processes
 that share the cache (torchrun's ranks, two runs at once) download each shard once: the others
-wait for it, then use it (a warning after LOCK_WAIT_WARNING_S seconds says so: a process
+wait for it, then use it; a shard the cache holds current is read without it, the server
+reachable or not (a cache shared read-only has none to take), and the cache limit deletes a
+shard's lock file with it (a warning after LOCK_WAIT_WARNING_S seconds says so: a process
 stopped with Ctrl-Z holds the lock until it resumes or ends). Every socket operation times out
 after TIMEOUT_S seconds (`$TORCHKIT_HTTP_TIMEOUT` overrides it). Any failure is one error naming
 the URL and why.
@@ -46,6 +48,7 @@ download fails as any other). A server that answers is obeyed as always (a
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -68,7 +71,7 @@ from torchkit.core.io.errors import (
     TorchkitError,
     UsageError,
 )
-from torchkit.core.io.outputs import remove_tree, reporting_write_errors
+from torchkit.core.io.outputs import as_write_error, remove_tree, reporting_write_errors
 from torchkit.core.io.redaction import has_redacted_secret, list_parts, redact_url
 
 if TYPE_CHECKING:
@@ -350,6 +353,20 @@ def fetch_shards(urls: Sequence[str], opened: dict[str, _Folder] | None = None) 
 
 # A write into the cache that fails (a full disk): no output option of the command moves it.
 _CACHE_ROOM_HINT = "free some space, or set TORCHKIT_CACHE to a writable folder with room"
+# ...and one into a cache torchkit may not write (a read-only disk, a shared cache).
+_CACHE_READ_ONLY_HINT = (
+    "the cache lacks it or holds an old copy: set TORCHKIT_CACHE to a folder torchkit may "
+    "write, or fetch the data into this cache where it may be written"
+)
+
+
+def _unwritable_cache(what: str, error: OSError) -> OutputWriteError:
+    """The error of a cache that cannot take `what` (`URL into FOLDER`: a shard to download)."""
+    room = error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return OutputWriteError(
+        f"cannot download {what}: {error.strerror or error}",
+        _CACHE_ROOM_HINT if room else _CACHE_READ_ONLY_HINT,
+    )
 
 
 @contextlib.contextmanager
@@ -386,9 +403,14 @@ def _open_folder(url: str, query: str, listed: bool = False) -> _Folder:
             document, manifest, unusable = _read_manifest(data, f"{_shown(url)}/{name}")
             if unusable is not None:  # another tool's manifest.json: no checksums then
                 log.info("%s", unusable)
-        if data is None:
-            with contextlib.suppress(FileNotFoundError):
-                remove_tree(path / name, ignore_errors=False)
+        if data is None:  # a read-only cache that holds it: one error naming it
+            gone = path / name
+            with (
+                _writing_the_cache(),
+                reporting_write_errors(gone),
+                contextlib.suppress(FileNotFoundError),
+            ):
+                remove_tree(gone, ignore_errors=False)
         elif not _holds(path / name, data):  # unchanged, it is not written: a full disk reads
             with _writing_the_cache():
                 atomic_write_bytes(path / name, data)
@@ -477,20 +499,31 @@ class _Stopped(Exception):
 def _fetch_one(url: str, folder: _Folder, name: str, stop: threading.Event) -> None:
     target = folder.path / name
     expected = folder.manifest.get(name)
-    # With the server unreachable there is nothing to ask it: a cached shard (renamed into
-    # place whole) is read without its lock file, which a read-only cache (a node without
-    # network sharing one) cannot hold.
-    unasked = folder.unreachable is not None and target.is_file()
-    if unasked and _is_current(url, target, expected, folder):
+    # A shard the cache holds current (renamed into place whole) is read without its lock
+    # file, the server reachable or not: a cache shared read-only has none to take. The lock
+    # is for a download.
+    seen = _version(target)
+    if seen is not None and _is_current(url, target, expected, folder):
         return
     with _locked(_lock_path(target), stop, f"{_shown(url)} into {folder.path}"):
-        if target.is_file() and _is_current(url, target, expected, folder):
+        # Another process may have fetched it meanwhile: checked again only if it changed.
+        now = _version(target)
+        if now is not None and now != seen and _is_current(url, target, expected, folder):
             return
         if stop.is_set():
             raise _Stopped
         # A temporary file of it that a killed download left is removed by atomic_write, from
         # one listing of the folder a process (not one a shard: a glob each was quadratic).
         _download(url, target, expected, stop)
+
+
+def _version(target: Path) -> tuple[int, int, int] | None:
+    """What tells one cached copy of the shard `target` from another (None: no file there)."""
+    try:
+        info = target.stat()
+    except FileNotFoundError:
+        return None
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
 
 
 @contextlib.contextmanager
@@ -506,8 +539,12 @@ def _locked(path: Path, stop: threading.Event, what: str) -> Iterator[None]:
         return
     said_after: float | None = time.monotonic() + LOCK_WAIT_WARNING_S
     while True:
-        with _writing_the_cache(), reporting_write_errors(path):
+        try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:  # a cache that cannot be written (read-only, full)
+            if as_write_error(error, path) is None:
+                raise
+            raise _unwritable_cache(what, error) from None
         try:
             while True:
                 try:
@@ -609,7 +646,8 @@ def _is_current(url: str, target: Path, expected: dict[str, Any] | None, folder:
         digest = _file_sha256(target)  # a copy from before the record: hashed once
         if digest != expected["sha256"]:
             return False
-        _write_record(target, url, size, digest, _validators(record))
+        with contextlib.suppress(OutputWriteError):  # a read-only cache: hashed each run
+            _write_record(target, url, size, digest, _validators(record))
         return True
     if folder.unreachable is not None:  # no HEAD: the size the download recorded, if any
         return record.get("bytes") in (None, size)
@@ -970,7 +1008,9 @@ class StreamedShards:
             try:
                 _fetch_one(url, self.folder, name, stop)
             except OutputWriteError as error:  # the cache's disk: the limit may leave room
-                hint = f"{error.hint}, or {CACHE_LIMIT_VARIABLE} below the room it has"
+                hint = error.hint
+                if hint == _CACHE_ROOM_HINT:
+                    hint = f"{hint}, or {CACHE_LIMIT_VARIABLE} below the room it has"
                 raise ShardFetchError(error.message, hint) from None
             except TorchkitError as error:
                 raise ShardFetchError(error.message, error.hint) from None
