@@ -331,6 +331,10 @@ def epoch_row(ctx: DistContext, state: TrainState, callbacks: TrainCallbacks, ep
             "val_ema_top1": ema["top1"],
             "val_ema_top5": ema["top5"],
         }
+        if ema["masked"]:
+            row["val_ema_masked"] = ema["masked"]
+    if val["masked"]:  # images val_loss leaves out: their true class is masked
+        row["val_masked"] = val["masked"]
     share_unreadable(ctx, state.unreadable)
     unreadable = state.unreadable
     # Rank 0 has every rank's skipped images; the classes are checked again only for new ones.
@@ -371,14 +375,37 @@ def evaluate_over_ranks(
         channels_last=state.config.channels_last and not full_precision,
         normalized_pixels=state.step_ctx.normalized_pixels,
     )
-    loss_sum, top1, topk, count = distributed.all_reduce_sum(ctx, sums.as_list())
+    loss_sum, top1, topk, count, masked = distributed.all_reduce_sum(ctx, sums.as_list())
+    split = "test" if loader is state.loaders.test else "validation"
     if count == 0:  # every image unreadable: no metric, not a perfect loss of 0
-        split = "test" if loader is state.loaders.test else "validation"
         raise InputError(
             f"none of the {len(loader.dataset)} {split} images could be read",
             "see the warnings above; fix or remove the unreadable files",
         )
-    return {"loss": loss_sum / count, "top1": top1 / count, "top5": topk / count}
+    if masked == count:
+        raise InputError(
+            f"the model gives the true class of every {split} image a -inf logit (it masks "
+            f"that class): no {split} loss can be computed",
+            "check the labels against the classes the model masks",
+        )
+    if masked and ctx.is_main and split not in state.masked_warned:
+        state.masked_warned.add(split)
+        log.warning(
+            "the model gives the true class of %d of %d %s images a -inf logit (it masks that "
+            "class): their loss is infinite, so the %s loss is the mean over the others (the "
+            "accuracies count every image%s)",
+            masked,
+            count,
+            split,
+            split,
+            "" if split == "test" else "; metrics.csv's val_masked counts them each epoch",
+        )
+    return {
+        "loss": loss_sum / (count - masked),
+        "top1": top1 / count,
+        "top5": topk / count,
+        "masked": int(masked),
+    }
 
 
 def evaluate_best_on_test(

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.core.io.errors import InputError, TorchkitError, on_every_rank
+from torchkit.core.io.errors import InputError, TorchkitError, UsageError, on_every_rank
 from torchkit.core.train import dynamo_free
 
 log = logging.getLogger("torchkit")
@@ -31,6 +32,25 @@ class DivergedError(TorchkitError):
 
 # What a DivergedError tells the user to do, whichever loss showed the divergence.
 DIVERGED_HINT = "nothing of this epoch was saved; lower --lr, or add --clip-grad or --warmup-epochs"
+
+
+def masked_loss_error(criterion: Any, where: str) -> TorchkitError:
+    """The error of a training loss that a -inf logit (a model that masks classes) made
+    infinite at `where`: not a divergence, and no step can train on it."""
+    smoothing = getattr(criterion, "label_smoothing", 0.0)
+    instead = "a large negative logit such as -1e4 instead of -inf"
+    if smoothing > 0:  # its loss spreads over every class: any -inf one makes it infinite
+        return UsageError(
+            f"--label-smoothing {smoothing:g} needs finite logits: the model gives a class a "
+            f"-inf logit (it masks the class), so the smoothed training loss is infinite "
+            f"({where})",
+            f"train without --label-smoothing, or have the model mask with {instead}",
+        )
+    return InputError(
+        f"the training loss is infinite at {where}: the model gives a training image's true "
+        "class a -inf logit (it masks that class), a loss no step can train on",
+        f"check the labels against the classes the model masks, or have it mask with {instead}",
+    )
 
 
 def accumulator_dtype(device: Any):
@@ -221,8 +241,15 @@ def train_one_epoch(
         the weights are the same on every rank, so each rank finds the same)."""
         hint = DIVERGED_HINT
         local = int(sums.first_bad)
-        bad = local if ctx.earliest_over_ranks is None else ctx.earliest_over_ranks(local)
+        # 2 x step, + 1 unless a mask made it infinite: the earliest step's cause on every rank.
+        coded = -1 if local < 0 else 2 * local + (0 if bool(sums.bad_masked) else 1)
+        if ctx.earliest_over_ranks is not None:
+            coded = ctx.earliest_over_ranks(coded)
+        bad = coded // 2 if coded >= 0 else -1
         # The earliest bad step of every rank and weights DDP keeps equal: the same on each.
+        if bad >= 0 and coded % 2 == 0:
+            where = f"epoch {epoch}, step {bad} of {total}"
+            raise on_every_rank(masked_loss_error(ctx.criterion, where))
         if bad >= 0:
             raise on_every_rank(
                 DivergedError(
@@ -512,9 +539,12 @@ class EvalSums:
     top1: float = 0.0
     topk: float = 0.0
     count: float = 0.0
+    # Images whose true class the model gives a -inf logit (it masks it): their loss is
+    # infinite and left out of `loss_sum`; they count in the accuracies as any other.
+    masked: float = 0.0
 
     def as_list(self) -> list[float]:
-        return [self.loss_sum, self.top1, self.topk, self.count]
+        return [self.loss_sum, self.top1, self.topk, self.count, self.masked]
 
 
 def evaluate(
@@ -531,16 +561,19 @@ def evaluate(
     """Sums of cross-entropy, top-1 and top-k hits over this process's shard of `loader`
     (the caller reduces them over ranks). `module` is the plain model: no DDP collectives, so
     shards of different lengths are fine. Batches of 8-bit pixels are normalised on the device
-    by `normalized_pixels`, as in training."""
+    by `normalized_pixels`, as in training. The loss of an image whose true class a model that
+    masks classes gives a -inf logit is infinite: counted apart (`EvalSums.masked`), not
+    summed, where its other logits are scorable (a NaN or +inf is a divergence: summed)."""
     import torch
     import torch.nn.functional as F
 
     from torchkit.core.data.padded_batches import BatchPadder, pads_short_batches
+    from torchkit.core.inference.scoring import scorable_rows
     from torchkit.core.topk import ranked_classes
 
     was_training = module.training
     module.eval()
-    sums = torch.zeros(4, dtype=accumulator_dtype(device), device=device)
+    sums = torch.zeros(5, dtype=accumulator_dtype(device), device=device)
     ctx = StepContext(
         None,
         module,
@@ -565,10 +598,14 @@ def evaluate(
             k = min(topk, outputs.shape[1])
             best = ranked_classes(outputs, k)  # ties ranked as eval ranks them
             hits = best == labels[:, None]
-            sums[0] += F.cross_entropy(outputs, labels, reduction="sum").to(sums.dtype)
+            losses = F.cross_entropy(outputs, labels, reduction="none")
+            masked = scorable_rows(outputs) & (
+                outputs.gather(1, labels[:, None])[:, 0] == -math.inf
+            )
+            sums[0] += losses.masked_fill(masked, 0.0).sum().to(sums.dtype)
             sums[1] += hits[:, 0].sum()
             sums[2] += hits.any(dim=1).sum()
             sums[3] += labels.shape[0]
+            sums[4] += masked.sum()
     module.train(was_training)
-    loss_sum, top1, topk_hits, count = sums.tolist()
-    return EvalSums(loss_sum, top1, topk_hits, count)
+    return EvalSums(*sums.tolist())

@@ -36,6 +36,9 @@ METRIC_COLUMNS = (
 )
 EMA_COLUMNS = ("val_ema_loss", "val_ema_top1", "val_ema_top5")
 L1_COLUMN = "train_l1"  # with --l1: its penalty's mean, which train_loss leaves out
+# With a model that gives an image's true class a -inf logit (it masks the class): how many
+# validation images the validation losses leave out (their loss is infinite).
+MASKED_COLUMNS = ("val_masked", "val_ema_masked")
 
 # What a run folder holds (shell patterns, top-level names): a folder holding only these, and
 # the config.json every run writes first, is a torchkit run even without the `.torchkit` marker
@@ -111,6 +114,7 @@ def metric_columns(history: list[dict]) -> list[str]:
         columns += EMA_COLUMNS
     if any(L1_COLUMN in row for row in history):
         columns.append(L1_COLUMN)
+    columns += [name for name in MASKED_COLUMNS if any(name in row for row in history)]
     return columns
 
 

@@ -50,6 +50,8 @@ class TrainState:
     best_metric: float | None = None
     best_epoch: int | None = None
     history: list[dict] = field(default_factory=list)  # metrics.csv's rows
+    # The splits ("validation", "test") whose masked true classes were warned of: once a run.
+    masked_warned: set[str] = field(default_factory=set)
     progress: EpochProgress = field(default_factory=EpochProgress)  # of the epoch in progress
     resume_rng: Any = None  # this rank's random state inside the resumed epoch (None: seed)
     resumed_stopped_early: bool = False  # the saved run stopped before its own --epochs

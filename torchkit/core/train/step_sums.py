@@ -1,14 +1,17 @@
 """The epoch's running training sums, kept on the device.
 
 The loss sum (the criterion's: what the validation loss measures), the --l1 penalty's sum, the
-correct predictions, and the number of the first batch whose loss was not finite (-1: none) are
-only read every so often (the progress bar, the finite check), so adding to them never waits for
-the device. They are changed in place, never rebound: a CUDA graph that adds to them
-(`--cuda-graphs`, core.train.graphed_step) and the host that reads them share the same tensors.
+correct predictions, the number of the first batch whose loss was not finite (-1: none) and
+whether that batch's logits were finite but for -inf ones (a model that masks classes: the mask,
+not a divergence, made its loss infinite) are only read every so often (the progress bar, the
+finite check), so adding to them never waits for the device. They are changed in place, never
+rebound: a CUDA graph that adds to them (`--cuda-graphs`, core.train.graphed_step) and the host
+that reads them share the same tensors.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -23,12 +26,14 @@ class StepSums:
         self.l1_sum = torch.zeros((), dtype=dtype, device=device)
         self.correct = torch.zeros((), dtype=dtype, device=device)
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+        self.bad_masked = torch.zeros((), dtype=torch.bool, device=device)
 
     def reset(self) -> None:
         self.loss_sum.zero_()
         self.l1_sum.zero_()
         self.correct.zero_()
         self.first_bad.fill_(-1)
+        self.bad_masked.fill_(False)
 
     def add(
         self,
@@ -57,6 +62,9 @@ class StepSums:
             detached = loss.detach()
             trained = detached if l1 is None else detached + l1.detach()
             keep = torch.isfinite(trained) | (self.first_bad >= 0)
+            # No NaN or +inf (amax is NaN with one), and a -inf: a masked class.
+            masked = (outputs.amax() < math.inf) & (outputs.amin() == -math.inf)
+            self.bad_masked.copy_(torch.where(keep, self.bad_masked, masked))
             self.first_bad.copy_(torch.where(keep, self.first_bad, batch_no))
             self.loss_sum += detached.to(self.dtype) * count
             if l1 is not None:
