@@ -730,6 +730,27 @@ def test_missing_path_and_empty_folder_are_one_line_errors(tmp_path, videos):
         find_videos([tmp_path / "nope.mp4"])
 
 
+def test_a_symbolic_link_loop_named_is_a_row_not_a_path_not_found(tmp_path, videos):
+    """A link that leads back to itself (or two that lead to each other) exists, but no file is
+    found through it: named on the command line it stopped the run with `path not found` (a
+    path that is there), where the same name piped to `-` was a row; it is a row with its
+    error, the other videos read, as an unreadable file named is. A dangling link stays `path
+    not found`."""
+    loop, first, second = tmp_path / "loop.mp4", tmp_path / "a.mp4", tmp_path / "b.mp4"
+    loop.symlink_to(loop.name)
+    first.symlink_to(second.name)
+    second.symlink_to(first.name)
+    good = need(videos, "mjpg.avi")
+    code, rows = json_rows(loop, first, good)
+    assert code == 1 and [row["status"] for row in rows] == ["unreadable", "unreadable", "ok"]
+    assert {row["error"] for row in rows[:2]} == {"cannot read: Too many levels of symbolic links"}
+    dangling = tmp_path / "gone.mp4"
+    dangling.symlink_to("nowhere.mp4")
+    assert error_line(invoke(dangling, good).stderr) == (
+        f"Error: path not found: {dangling} (check the path)"
+    )
+
+
 def test_output_file_needs_force(tmp_path, videos):
     target = tmp_path / "info.txt"  # a name that picks no format: --format does
     path = need(videos, "mjpg.avi")

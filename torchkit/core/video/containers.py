@@ -3,6 +3,7 @@ container structure declares (which tells a copy cut short from a whole file).""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -77,7 +78,7 @@ def find_named_videos(
         folder = None
         if path == STDIN:
             candidates = read_path_list(stdin, "video")
-        elif not os.path.exists(path):
+        elif not os.path.exists(path) and not _link_loop(path):
             raise InputError(f"path not found: {path}", "check the path")
         elif os.path.isdir(path):
             videos = _videos_in(path)
@@ -99,6 +100,17 @@ def find_named_videos(
     if not found:
         raise InputError("no video files found in the given folders", "check the paths")
     return found
+
+
+def _link_loop(path: str) -> bool:
+    """Whether `path` is a symbolic link that leads back to itself (ELOOP): it exists, but no
+    file is found through it. Named on the command line, it is a row with that error (as an
+    unreadable file is), not `path not found`."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        return error.errno == errno.ELOOP
+    return False
 
 
 def input_name(video: str, folder: str | None = None) -> str:
