@@ -48,6 +48,19 @@ def model(tmp_path_factory) -> Path:
     return path
 
 
+def test_the_writer_writes_none_as_an_empty_field_and_an_empty_string_quoted():
+    """One rule for every CSV: a missing value (None) is an empty field, an empty string `""`
+    (PostgreSQL's CSV, Python's QUOTE_NOTNULL); a row of one field is `""` either way, as the
+    csv module writes it (an empty line is no row). Before, both were empty fields."""
+    rows = [["k", "v"], ["none", None], ["empty", ""], ["", None], [None, "x"], [""], [None]]
+    for terminator in ("\n", "\r\n"):
+        text = csv_text(rows, terminator)
+        expected = ["k,v", "none,", 'empty,""', '"",', ",x", '""', '""', ""]
+        assert text == terminator.join(expected)
+    many = [["a", "b"], *([["x", "y"]] * 2500), ["z", ""]]  # past one chunk of rows
+    assert csv_text(many).endswith('x,y\nz,""\n')
+
+
 def test_the_writer_quotes_a_carriage_return_and_keeps_other_rows_as_csv_writes_them():
     rows = [["path", "n"], ["cr\rback.png", 1], ["plain.png", None], ["a,b", 2.5]]
     text = csv_text(rows)

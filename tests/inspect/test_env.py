@@ -172,6 +172,23 @@ def test_table_and_csv_formats(runner, clean_env):
         assert values["gpus"] == ""  # the key is there even with no GPU
 
 
+def test_csv_tells_an_empty_cuda_visible_devices_from_an_unset_one(runner, monkeypatch):
+    """Before: `cuda.visible_devices,` for both, though "" hides every GPU and unset hides none;
+    now an empty string is a quoted empty field, and a missing value (null) an empty one."""
+    rows = {}
+    for value in ("", None):
+        if value is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        result = runner.invoke(app, ["env", "--format", "csv"])
+        assert result.exit_code == 0, result.stderr
+        rows[value] = next(
+            line for line in result.stdout.splitlines() if line.startswith("cuda.visible_devices,")
+        )
+    assert rows == {"": 'cuda.visible_devices,""', None: "cuda.visible_devices,"}
+
+
 def test_report_says_what_collect_env_says_for_a_bug_report(runner, monkeypatch, clean_env):
     # torch's collect_env gives the OS by name, libc, a debug build, the variables that change
     # how torch runs and triton's version; the report said none of them.

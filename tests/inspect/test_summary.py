@@ -714,7 +714,7 @@ def test_table_and_csv_output(runner, tmp_path):
     assert result.exit_code == 0, result.stderr
     lines = out.read_text().splitlines()
     assert lines[0] == "depth,name,type,input_shape,output_shape,params,trainable,mult_adds,call"
-    assert lines[1].startswith('0,,ConvNet,"[1, 3, 28, 28]","[1, 10]",')  # default 3x28x28
+    assert lines[1].startswith('0,"",ConvNet,"[1, 3, 28, 28]","[1, 10]",')  # the root: name ''
     params = sum(p.numel() for p in resolve_model("convnet").model.parameters())
     assert lines[-1].startswith(f",(total),,,,{params},")
     again = runner.invoke(app, ["summary", "convnet", "--format", "csv", "-o", str(out)])

@@ -340,8 +340,8 @@ def _results_table(result: Any) -> Table:
                 format_rate(row.images_per_s),
                 f"{row.latency_median_ms:,.3f}",
                 f"{row.latency_p90_ms:,.3f}",
-                "" if row.peak_memory_mb is None else format_megabytes(row.peak_memory_mb),
-                "" if row.tflops is None else f"{row.tflops:.4f}",
+                None if row.peak_memory_mb is None else format_megabytes(row.peak_memory_mb),
+                None if row.tflops is None else f"{row.tflops:.4f}",
                 row.iters,
             ]
             for row in result.results

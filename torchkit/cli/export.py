@@ -227,22 +227,22 @@ def _result_table(data: dict) -> Table:
         ["format", data["format"]],
         ["path", data["path"]],
         ["model", data["arch"]],
-        ["opset", data["opset"] if data["opset"] is not None else ""],
+        ["opset", data["opset"]],
         ["dtype", data["dtype"]],
         ["dynamic batch", data["dynamic_batch"]],
         ["input shape", _shape(data)],
-        ["classes", data["num_classes"] if data["num_classes"] is not None else ""],
+        ["classes", data["num_classes"]],
         ["class names stored", data["classes_stored"]],
         ["metadata", data["metadata"]],
         ["file size (bytes)", f"{data['file_bytes']:,}"],
         ["verified", _verified_cell(data)],
-        ["max abs diff", f"{diff:.3g}" if diff is not None else ""],
+        ["max abs diff", f"{diff:.3g}" if diff is not None else None],
         [
             "tolerance",
             f"{data['tolerance']:.3g} (atol {data['atol']:g} + rtol {data['rtol']:g} x max "
             "|output|)"
             if data["tolerance"] is not None
-            else "",
+            else None,
         ],
         ["seconds", f"{data['seconds']:.2f}"],
     ]

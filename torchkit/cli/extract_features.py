@@ -374,8 +374,8 @@ def _list_layers(
     emit(tables=[table], data=data, fmt=fmt, output=output, force=force)
 
 
-def _shape(shape: tuple[int, ...] | None) -> str:
-    return "x".join(map(str, shape)) if shape is not None else ""
+def _shape(shape: tuple[int, ...] | None) -> str | None:
+    return "x".join(map(str, shape)) if shape is not None else None
 
 
 def _report(result) -> None:

@@ -194,7 +194,7 @@ class JsonArrayWriter:
 def render_csv(table: Table) -> str:
     from torchkit.core.io.csv_rows import csv_text
 
-    return csv_text([table.columns, *(["" if v is None else v for v in row] for row in table.rows)])
+    return csv_text([table.columns, *table.rows])  # None an empty field, "" a quoted one
 
 
 def rich_table(

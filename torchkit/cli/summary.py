@@ -229,13 +229,16 @@ def summary(
                 _shape_text(row.input_shape),
                 _shape_text(row.output_shape),
                 row.params,
-                trainable_label(row) or "",
+                trainable_label(row),
                 row.mult_adds,
                 row.call,
             ]
             for row in rows
         ]
-        + [["", "(total)", "", "", "", totals["total_params"], "", totals["total_mult_adds"], ""]],
+        + [
+            [None, "(total)", None, None, None, totals["total_params"], None]
+            + [totals["total_mult_adds"], None]
+        ],
     )
     if fmt == OutputFormat.csv:
         emit(tables=[csv_table], data=None, fmt=fmt, output=output, force=force)
@@ -328,9 +331,9 @@ def _item_shape(shape: Any) -> str:
     return "None" if shape is None else _compact_shape(shape)
 
 
-def _shape_text(shape: Any) -> str:
+def _shape_text(shape: Any) -> str | None:
     if shape is None:
-        return ""
+        return None  # no shape: an empty CSV field
     if isinstance(shape, str):
         return shape
     return json.dumps(shape, separators=(", ", ": "))

@@ -800,16 +800,18 @@ def _index_rows(samples: Samples, errors: dict[int, str]) -> tuple[list[str], li
 
 
 def _index_lines(samples: Samples, indices: Iterable[int], errors: dict, row: int) -> list[list]:
-    """The index.csv lines of `indices` (in order), whose first readable image is row `row`."""
+    """The index.csv lines of `indices` (in order), whose first readable image is row `row`;
+    None (an empty field) where there is no row, label or error."""
     lines = []
     ids = samples.ids or samples.paths
+    labelled = samples.classes != [""]  # [""]: unlabelled images
     for index in indices:
         name = ids[index] if ids else str(index)
-        label = samples.classes[samples.labels[index]]
+        label = samples.classes[samples.labels[index]] if labelled else None
         if index in errors:
-            line = ["", name, label, errors[index]]
+            line = [None, name, label, errors[index]]
         else:
-            line = [row, name, label, ""]
+            line = [row, name, label, None]
             row += 1
         if samples.splits:
             line.append(samples.splits[index])

@@ -11,6 +11,13 @@ fields holding either character), with the `\\n` line end.
 A field with spaces around it (a class folder `" cat"` or `"cat "`) is quoted too: readers that
 strip the spaces around an unquoted field (torchkit's CSV index reads a hand-written
 `a.png, cat` as class `cat`) keep those of a quoted one.
+
+A missing value (None) is an empty field, and an empty string a quoted one (`""`): `env
+--format csv` tells CUDA_VISIBLE_DEVICES unset from set to "" (which hides every GPU). This is
+the convention of PostgreSQL's CSV and of Python's `csv.QUOTE_NOTNULL` (whose reader, from
+Python 3.13, reads an unquoted empty field as None); readers that do not tell them apart read
+both as empty, as before. (A row of one field writes either as `""`, as the csv module does:
+an empty line is no row.)
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ _SPACED = re.compile(r"(?:^|[,\r\n])[^\S\r\n]|[^\S\r\n](?:[,\r\n]|$)")
 # The ASCII characters `_SPACED` calls whitespace. The pattern tries every position of a chunk
 # (as long as writing the rows); a substring search for each of these is a hundred times faster.
 _ASCII_SPACES = " \t\x0b\x0c\x1c\x1d\x1e\x1f"
+# Where rendered rows hold an empty field (None or ""): these are looked at row by row.
+_EMPTY_FIELD = re.compile(r"^,|,,|,$|,\r?\n|\n,", re.MULTILINE)
 # Rows rendered at once: the rendered text of a million rows (a split.csv) held whole took
 # several times the memory of the rows themselves.
 _CHUNK_ROWS = 1000
@@ -45,20 +54,27 @@ def _may_be_spaced(text: str) -> bool:
     return _SPACED.search(text) is not None
 
 
+def _empty_text(row: tuple) -> bool:
+    """Whether `row`, of more than one field, holds an empty string (written `""`, above)."""
+    return len(row) > 1 and any(value == "" and isinstance(value, str) for value in row)
+
+
 def _field(value: Any) -> str:
     """`value` as one field as the csv module writes it, quoted where it holds a comma, a
-    quote or a line end, or has spaces around it."""
-    text = "" if value is None else str(value)
-    if _spaced(text) or any(char in text for char in ',"\r\n'):
+    quote or a line end, has spaces around it, or is an empty string (None: an empty field)."""
+    if value is None:
+        return ""
+    text = str(value)
+    if not text or _spaced(text) or any(char in text for char in ',"\r\n'):
         return '"' + text.replace('"', '""') + '"'
     return text
 
 
 class CsvWriter:
     """`csv.writer(handle, lineterminator=...)` (`writerow`, `writerows`) that also quotes a
-    field holding a carriage return or with spaces around it (above). Rows are rendered at C
-    speed; only text that holds a carriage return or spaces beside a comma or a line end is
-    rendered again row by row."""
+    field holding a carriage return, with spaces around it, or empty, None being an empty
+    field (above). Rows are rendered at C speed; only text that holds a carriage return, an
+    empty field or spaces beside a comma or a line end is rendered again row by row."""
 
     def __init__(self, handle: IO[str], lineterminator: str = "\n") -> None:
         self._handle, self._end = handle, lineterminator
@@ -81,13 +97,13 @@ class CsvWriter:
         self._writer.writerows(rows)  # rows are read twice when a field needs quoting
         text = self._taken()
         carriage = self._quoting is not None and "\r" in text
-        if carriage or _may_be_spaced(text):
+        if carriage or _may_be_spaced(text) or _EMPTY_FIELD.search(text):
             text = "".join(self._quoted_line(row) for row in rows)
         self._handle.write(text)
 
     def _quoted_line(self, row: tuple) -> str:
         """`row` as one line, its fields quoted where a reader needs it (above)."""
-        if any(_spaced(value) for value in row):
+        if _empty_text(row) or any(_spaced(value) for value in row):
             return ",".join(_field(value) for value in row) + self._end
         self._writer.writerow(row)
         line = self._taken()

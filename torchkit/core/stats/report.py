@@ -184,7 +184,7 @@ def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool
 
     target = check_output_file(path, force, data_inputs(stats.root), what="leakage CSV")
     pairs = [*stats.leakage, *stats.near_duplicates]
-    rows = (["" if v is None else v for v in pair.to_dict().values()] for pair in pairs)
+    rows = (list(pair.to_dict().values()) for pair in pairs)  # None: an empty field
     atomic_write_text(target, csv_text([PAIR_COLUMNS, *rows]))
     return target
 
