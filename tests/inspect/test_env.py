@@ -52,8 +52,11 @@ def clean_env(monkeypatch):
 SIMULATED_CUDA = torch.version.cuda or "12.4"
 
 
-def simulate_no_gpu(monkeypatch, init_error: str, *, cuda=SIMULATED_CUDA, driver=(None, None)):
-    """A torch build (`cuda` None: CPU only) on a machine where CUDA does not initialise."""
+def simulate_no_gpu(
+    monkeypatch, init_error: str, *, cuda=SIMULATED_CUDA, driver=(None, None), driver_cuda=None
+):
+    """A torch build (`cuda` None: CPU only) on a machine where CUDA does not initialise;
+    `driver_cuda`: the newest CUDA the driver supports (None: no libcuda)."""
 
     def failing_init():
         raise RuntimeError(init_error)
@@ -63,6 +66,7 @@ def simulate_no_gpu(monkeypatch, init_error: str, *, cuda=SIMULATED_CUDA, driver
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "init", failing_init)
     monkeypatch.setattr(env, "nvidia_driver", lambda: driver)
+    monkeypatch.setattr(env, "cuda_driver_version", lambda: driver_cuda)
 
 
 def fake_gpu(index: int, *, usable: bool = True, error: str | None = None) -> dict:
@@ -550,6 +554,66 @@ def test_cuda_build_without_driver_simulated(runner, monkeypatch, clean_env):
     table = runner.invoke(app, ["env"])  # without --require-cuda: the report and the warning
     assert table.exit_code == 0 and "torch build" in table.stdout
     assert table.stderr.startswith("Warning: torch ")
+
+
+class FakeLibcuda:
+    """libcuda as ctypes loads it: cuDriverGetVersion writes `version`, returns `status`."""
+
+    def __init__(self, version: int, status: int = 0) -> None:
+        self.version, self.status, self.calls = version, status, []
+
+    def cuDriverGetVersion(self, pointer) -> int:  # noqa: N802 (the C function's name)
+        pointer._obj.value = self.version
+        self.calls.append("cuDriverGetVersion")
+        return self.status
+
+
+def test_the_driver_cuda_version_comes_from_libcuda_without_cuinit(monkeypatch):
+    """Before: only torch's build CUDA was reported, never what the driver supports (nvidia-smi's
+    "CUDA Version"). cuDriverGetVersion needs no cuInit: the only call made is that one."""
+    libraries = {"libcuda.so.1": FakeLibcuda(12040), "old.so": FakeLibcuda(11080)}
+    libraries |= {"failing.so": FakeLibcuda(12040, status=3), "zero.so": FakeLibcuda(0)}
+
+    def load(name):
+        if name not in libraries:
+            raise OSError(f"{name}: cannot open shared object file")
+        return libraries[name]
+
+    monkeypatch.setattr(env.ctypes, "CDLL", load)
+    assert env.cuda_driver_version(("libcuda.so.1",)) == "12.4"
+    assert libraries["libcuda.so.1"].calls == ["cuDriverGetVersion"]
+    assert env.cuda_driver_version(("missing.so", "old.so")) == "11.8"  # the next name tried
+    assert env.cuda_driver_version(("missing.so",)) is None  # no driver
+    assert env.cuda_driver_version(("failing.so",)) is None
+    assert env.cuda_driver_version(("zero.so",)) is None
+    monkeypatch.setattr(env.ctypes, "CDLL", lambda name: object())  # no such function
+    assert env.cuda_driver_version(("libcuda.so.1",)) is None
+
+
+def test_no_libcuda_is_no_driver_cuda_version(tmp_path):
+    assert env.cuda_driver_version((str(tmp_path / "libcuda.so.1"),)) is None
+
+
+def test_the_report_shows_the_driver_cuda_version_and_a_driver_too_old(
+    runner, monkeypatch, clean_env
+):
+    message = "The NVIDIA driver on your system is too old (found version 11080)"
+    simulate_no_gpu(monkeypatch, message, cuda="12.4", driver=("520.61.05", 1), driver_cuda="11.8")
+    monkeypatch.setattr(env, "check_torchvision_ops", lambda torch: None)
+    report = collect_env()
+    assert report["cuda"]["driver_cuda_version"] == "11.8"
+    too_old = "the NVIDIA driver supports CUDA 11.8 at most, torch is built for 12.4"
+    assert report["cuda"]["hint"] == (
+        f"{too_old}: update the NVIDIA driver, or install a torch build for CUDA 11.8 or older"
+    )
+    assert report["diagnostics"] == [
+        f"torch {torch.__version__} is a CUDA 12.4 build but cannot use CUDA: {message} ({too_old})"
+    ]
+    table = runner.invoke(app, ["env"])
+    assert table.exit_code == 0
+    assert re.search(r"NVIDIA driver +│ 520\.61\.05 \(CUDA 11\.8, 1 GPUs\)", table.stdout)
+    csv_rows = runner.invoke(app, ["env", "--format", "csv"]).stdout.splitlines()
+    assert "cuda.driver_cuda_version,11.8" in csv_rows
 
 
 @pytest.mark.parametrize("value", ["", "-1", "none", "NoDevFiles"])

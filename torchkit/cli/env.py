@@ -155,17 +155,23 @@ def _overview_rows(report: dict[str, Any]) -> list[list[Any]]:
     set_variables = [f"{name}={value}" for name, value in report["environment"].items() if value]
     rows.append(["environment", ", ".join(set_variables) or "(none set)"])
     visible = cuda["visible_devices"]
-    driver = cuda["driver_version"]
     rows += [
         ["CUDA_VISIBLE_DEVICES", "(not set)" if visible is None else repr(visible)],
-        [
-            "NVIDIA driver",
-            f"{driver} ({cuda['driver_gpu_count']} GPUs)" if driver else "not found",
-        ],
+        ["NVIDIA driver", _driver(cuda)],
         ["CUDA GPUs", cuda["device_count"]],
         ["usable CUDA GPU", "yes" if cuda["usable"] else f"no: {cuda['problem']}"],
     ]
     return rows
+
+
+def _driver(cuda: dict[str, Any]) -> str:
+    """`550.54 (CUDA 12.4, 2 GPUs)`: the driver, the newest CUDA it supports, its GPUs."""
+    driver, cuda_version = cuda["driver_version"], cuda["driver_cuda_version"]
+    if not driver and not cuda_version:
+        return "not found"
+    supports = f"CUDA {cuda_version}, " if cuda_version else ""
+    gpus = cuda["driver_gpu_count"]
+    return f"{driver or 'version unknown'} ({supports}{'?' if gpus is None else gpus} GPUs)"
 
 
 def _dnn_library_row(torch_info: dict[str, Any]) -> list[Any]:

@@ -381,6 +381,30 @@ def nvidia_driver() -> tuple[str | None, int | None]:
     return None, None
 
 
+# The CUDA driver library (libcuda), which torch loads to run CUDA code.
+CUDA_DRIVER_LIBRARIES = {"win32": ("nvcuda.dll",), "linux": ("libcuda.so.1", "libcuda.so")}
+
+
+def cuda_driver_version(names: tuple[str, ...] | None = None) -> str | None:
+    """The newest CUDA version the installed driver supports ("12.4": nvidia-smi's "CUDA
+    Version"), from cuDriverGetVersion, which needs no cuInit: no context is made and no GPU
+    touched, so it costs a library load. None where there is no driver (no libcuda). `names`:
+    the libraries to try (CUDA_DRIVER_LIBRARIES for this system by default)."""
+    if names is None:
+        system = "linux" if sys.platform.startswith("linux") else sys.platform
+        names = CUDA_DRIVER_LIBRARIES.get(system, ())
+    for name in names:
+        try:
+            library = ctypes.CDLL(name)
+            version = ctypes.c_int(0)
+            if library.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+                return None
+        except (OSError, AttributeError):  # not there; a library without the function
+            continue
+        return f"{version.value // 1000}.{version.value % 1000 // 10}"  # 12040 -> 12.4
+    return None
+
+
 def visible_device_entries(value: str, driver_gpus: int | None = None) -> list[str]:
     """The devices CUDA_VISIBLE_DEVICES lets through, in order, read as the CUDA runtime reads
     it (PyTorch's `torch.cuda._parse_visible_devices` mirrors the same rule).
@@ -426,6 +450,7 @@ def _torch_sections(diagnostics: list[str]) -> dict[str, Any]:
     cuda: dict[str, Any] = {
         "visible_devices": visible,
         "driver_version": driver_version,
+        "driver_cuda_version": cuda_driver_version(),
         "driver_gpu_count": driver_gpus,
         "device_count": 0,
         "usable": False,
@@ -708,12 +733,17 @@ def _diagnose_cuda(
         reason = init_error or "no CUDA device found"
         # Hiding every GPU explains "no CUDA GPUs are available", but not a missing driver.
         if not hides_all or "driver" in reason.lower():
+            too_old = _driver_too_old(torch.version.cuda, cuda["driver_cuda_version"])
             diagnostics.append(
                 f"torch {torch.__version__} is a {build} build but cannot use CUDA: {reason}"
+                + (f" ({too_old})" if too_old else "")
             )
             cuda.update(
                 problem=reason,
-                hint="install or update the NVIDIA driver (nvidia-smi should list the GPU)"
+                hint=f"{too_old}: update the NVIDIA driver, or install a torch build for CUDA "
+                f"{cuda['driver_cuda_version']} or older"
+                if too_old
+                else "install or update the NVIDIA driver (nvidia-smi should list the GPU)"
                 if torch.version.cuda
                 else "install or update the ROCm driver (rocm-smi should list the GPU)",
             )
@@ -730,6 +760,20 @@ def _diagnose_cuda(
         )
         return
     cuda.update(usable=True, problem=None, hint=None)
+
+
+def _driver_too_old(build_cuda: str | None, driver_cuda: str | None) -> str | None:
+    """What to say where torch's CUDA is newer than the newest the driver supports (a CUDA
+    12.4 build on a driver of CUDA 11.8); None where it is not, or either is not known."""
+
+    def numbers(version: str | None) -> tuple[int, ...] | None:
+        match = re.match(r"(\d+)\.(\d+)", version or "")
+        return (int(match.group(1)), int(match.group(2))) if match else None
+
+    build, driver = numbers(build_cuda), numbers(driver_cuda)
+    if build is None or driver is None or build <= driver:
+        return None
+    return f"the NVIDIA driver supports CUDA {driver_cuda} at most, torch is built for {build_cuda}"
 
 
 def _cut_short(visible: str, driver_gpus: int | None) -> str | None:
