@@ -900,3 +900,38 @@ def test_a_read_only_cache_reads_what_it_holds_current_while_its_server_answers(
     assert f"{server.url}/{data.split('/')[0]}/shard-00000" in line, line
     assert "Read-only file system" in line and str(view) in line, line
     assert "TORCHKIT_CACHE" in line and ".lock" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("headers", "said"),
+    [
+        ({}, "the server, or the proxy {proxy} that http_proxy names, refuses it"),
+        ({"Via": "1.1 squid"}, "the server, or the proxy {proxy} that http_proxy names"),
+        ({"Proxy-Status": "gw; error=http_request_denied"}, "the proxy {proxy} refuses to ask"),
+        ({"X-Squid-Error": "ERR_ACCESS_DENIED 0"}, "the proxy {proxy} refuses to ask the server"),
+        ({"Proxy-Status": "gw; received-status=403"}, "(the server refuses it: check the URL"),
+    ],
+    ids=["no-sign", "via", "proxy-status-error", "squid-error", "proxy-status-received"],
+)
+def test_a_403_through_a_proxy_is_the_proxys_only_where_it_says_so(
+    tmp_path, monkeypatch, headers, said
+):
+    """Through http_proxy a 403 said "the server refuses it", also the proxy's own refusal (a
+    rule of the proxy's: another host to fix). It is the proxy's where the answer says so
+    (RFC 9209's Proxy-Status error, squid's X-Squid-Error: no server answered, as a refused
+    CONNECT), the server's where the proxy says it passed the server's on, and where nothing
+    tells (a Via is added to the server's answers too) both are named."""
+    monkeypatch.setenv("TORCHKIT_CACHE", str(tmp_path / "cache"))
+    url = "http://example.invalid/data/shard-000000.tar"
+    with failing_proxy(403, monkeypatch, headers) as proxy:
+        result = run_torchkit_in_process("dataset-stats", url)
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "HTTP 403" in line and said.format(proxy=proxy.url.removeprefix("http://")) in line, line
+
+
+def test_a_403_without_a_proxy_is_the_servers(server):
+    result = run_torchkit_in_process("dataset-stats", f"{server.url}/status/403/shard-000000.tar")
+    assert result.returncode == 1
+    line = error_line(result.stderr)
+    assert "HTTP 403" in line and "(the server refuses it: check the URL" in line, line

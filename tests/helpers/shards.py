@@ -199,11 +199,13 @@ def shard_downloads(requests: list[tuple[str, str]]) -> list[str]:
 
 
 class _Gateway(BaseHTTPRequestHandler):
-    """A proxy that reaches no server: every request answered with the status `status`."""
+    """A proxy that reaches no server: every request answered with the status `status` (and the
+    headers `extra`)."""
 
-    def __init__(self, *args, status: int, requests: list, **kwargs) -> None:
+    def __init__(self, *args, status: int, requests: list, extra: dict, **kwargs) -> None:
         self.status = status
         self.requests = requests
+        self.extra = extra
         super().__init__(*args, **kwargs)
 
     def log_message(self, *args) -> None:
@@ -211,20 +213,28 @@ class _Gateway(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.requests.append((self.command, self.path))  # a proxy is asked for the whole URL
-        self.send_error(self.status)
+        if not self.extra:
+            self.send_error(self.status)
+            return
+        self.send_response(self.status)
+        for name, value in self.extra.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     do_HEAD = do_CONNECT = do_GET  # CONNECT: an https URL's tunnel
 
 
 @contextlib.contextmanager
-def failing_proxy(status: int, monkeypatch):
+def failing_proxy(status: int, monkeypatch, headers: dict | None = None):
     """A real local HTTP proxy (`http_proxy` and `https_proxy`, as urllib reads them) that
     answers every request (an https URL's CONNECT too) with `status` (502 Bad Gateway...), as
-    one does whose way to the server is cut; `.requests`: what it was asked."""
+    one does whose way to the server is cut, with `headers` if given; `.requests`: what it was
+    asked."""
     from torchkit.core.data.sources import http_shards
 
     requests: list[tuple[str, str]] = []
-    handler = functools.partial(_Gateway, status=status, requests=requests)
+    handler = functools.partial(_Gateway, status=status, requests=requests, extra=headers or {})
     with _running(handler, requests) as httpd:
         for name in ("no_proxy", "NO_PROXY"):
             monkeypatch.delenv(name, raising=False)

@@ -38,7 +38,8 @@ the URL and why.
 
 A server that cannot be reached at all (no HTTP answer: a refused connection, an unknown host,
 no answer in time, a proxy's or gateway's HTTP 502, 503 or 504 in its place, or a proxy's
-refusal: its 407, its answer to an https URL's CONNECT) when its side files are fetched
+refusal: its 407, its answer to an https URL's CONNECT, an answer it says it made itself:
+`_answered_by`) when its side files are fetched
 leaves the cache as it is: its manifest.json, classes and shards are used unchecked, with one
 warning, and the server is asked nothing more that run but the shards the cache lacks (whose
 download fails as any other). A server that answers is obeyed as always (a
@@ -1114,7 +1115,7 @@ def _opened(url: str, method: str) -> Iterator[Any]:
         response = _url_opener().open(request, timeout=timeout_s())
     except urllib.error.HTTPError as error:
         error.close()
-        raise _status_error(url, error.code, str(error.reason or "")) from None
+        raise _status_error(url, error.code, str(error.reason or ""), error.headers) from None
     except urllib.error.URLError as error:
         raise _network_error(url, error.reason) from None
     except (OSError, http.client.HTTPException, ValueError) as error:
@@ -1238,10 +1239,17 @@ def _credentials(url: str) -> str | None:
 
 
 class _HttpStatus(InputError):
-    """A response other than 200 OK."""
+    """A response other than 200 OK (`proxy`: the `_proxy_for` it came through, if any)."""
 
-    def __init__(self, url: str, code: int, reason: str) -> None:
-        if code in (401, 403):
+    def __init__(
+        self, url: str, code: int, reason: str, proxy: tuple[str, str] | None = None
+    ) -> None:
+        if code == 403 and proxy is not None:  # a proxy's own 403 can look like the server's
+            hint = (
+                f"the server, or the proxy {proxy[0]} that {proxy[1]} names, refuses it: "
+                "check the URL, that you may read it, and the proxy's rules"
+            )
+        elif code in (401, 403):
             hint = "the server refuses it: check the URL and that you may read it"
         elif code == 404 or code == 410:
             hint = "check the URL: {000000..000009} names every shard from the first to the last"
@@ -1277,9 +1285,21 @@ def _status_text(code: int, reason: str) -> str:
     return f"HTTP {code} {' '.join(reason.split())}".rstrip()
 
 
-def _status_error(url: str, code: int, reason: str, tunnel: bool = False) -> TorchkitError:
-    """The error of an answer `code` other than 200: `_NO_ANSWER`'s, a proxy's 407 and any
-    answer to an https URL's tunnel (`tunnel`: the proxy's CONNECT) say no server answered."""
+def _status_error(
+    url: str, code: int, reason: str, headers: Any = None, tunnel: bool = False
+) -> TorchkitError:
+    """The error of an answer `code` other than 200 (`headers`: the response's): `_NO_ANSWER`'s,
+    a proxy's 407, any answer to an https URL's tunnel (`tunnel`: the proxy's CONNECT) and one
+    the proxy says it made itself (`_answered_by`) say no server answered."""
+    proxy = _proxy_for(url)
+    by = _answered_by(headers) if proxy is not None and not tunnel else None
+    if by == "proxy":
+        hint = (
+            f"the proxy {proxy[0]} refuses to ask the server: check {proxy[1]}, no_proxy and "
+            "the proxy's rules"
+        )
+        if code not in (407, *_NO_ANSWER):
+            return _Unreachable(_shown(url), _status_text(code, reason), hint, code)
     if code == 407:  # urllib logs in with the USER:PASSWORD@ of the proxy's URL
         hint = "the proxy wants a login: put USER:PASSWORD@ before its host in https_proxy"
         hint = hint if tunnel else hint.replace("https_proxy", "http_proxy")
@@ -1290,9 +1310,26 @@ def _status_error(url: str, code: int, reason: str, tunnel: bool = False) -> Tor
         )
     elif tunnel:
         hint = "the proxy refuses to connect to the server: check https_proxy and no_proxy"
-    else:
-        return _HttpStatus(url, code, reason)
+    else:  # the server's answer, or one a proxy's 403 cannot be told from
+        return _HttpStatus(url, code, reason, None if by == "server" else proxy)
     return _Unreachable(_shown(url), _status_text(code, reason), hint, code)
+
+
+def _answered_by(headers: Any) -> str | None:
+    """Who made a response that came through a proxy, as far as it says: "proxy" where the
+    proxy says it made it itself (an RFC 9209 `Proxy-Status` naming an `error`, sent with the
+    errors a proxy generates, or squid's `X-Squid-Error`), "server" where the proxy says it
+    passed on the server's (a `Proxy-Status` with `received-status` and no error), else None.
+    A `Via` says neither: a proxy adds it to every answer it passes on, so without these a
+    proxy's 403 cannot be told from the server's."""
+    if headers is None:
+        return None
+    status = headers.get("Proxy-Status") or ""
+    if headers.get("X-Squid-Error") or re.search(r";\s*error\s*=", status, re.IGNORECASE):
+        return "proxy"
+    if re.search(r";\s*received-status\s*=", status, re.IGNORECASE):
+        return "server"
+    return None
 
 
 # How http.client raises a proxy's answer other than 200 to the CONNECT of an https URL.
