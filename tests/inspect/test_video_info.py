@@ -1209,6 +1209,26 @@ def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
     assert probe_video(path, exact=True).status == "truncated"
 
 
+def test_an_mp4_without_its_index_is_truncated_not_a_file_without_video(tmp_path, videos):
+    """An MP4 recording still being written (FFmpeg's mdat says 0: to the end of the file,
+    until its index, the moov, is written at the end), or a copy cut right before its moov:
+    its boxes end with the file, so it read `unreadable`, "no video FFmpeg can open in this mp4
+    file (no video track, or a damaged one)"; no whole MP4 lacks its index: truncated."""
+    data = need(videos, "mpeg4.mp4").read_bytes()
+    index = _iso_box(data, b"moov", None)[0]
+    cut, recording = tmp_path / "cut.mp4", tmp_path / "recording.mp4"
+    cut.write_bytes(data[:index])
+    unfinished = bytearray(data[:index])
+    struct.pack_into(">I", unfinished, _iso_box(data, b"mdat", None)[0], 0)
+    recording.write_bytes(bytes(unfinished))
+    code, rows = json_rows(cut, recording)
+    assert code == 1 and [row["status"] for row in rows] == ["truncated", "truncated"]
+    assert {row["error"] for row in rows} == {
+        "truncated: no index (moov box), which a recorder writes when it finishes: still "
+        "being written, stopped before the end, or a copy cut short"
+    }
+
+
 def test_the_cut_mp4_of_the_issue_on_the_command_line(tmp_path, whole_videos):
     """`a copy of an MP4 cut to its first megabyte` (here: its first third), which opened and
     was reported healthy, `--exact` showing 71 (header 241) with exit code 0."""

@@ -479,15 +479,29 @@ def iso_lists_every_frame(path: str | os.PathLike, container: str | None) -> boo
     """Whether an MP4/MOV/3GP file's header count is its sample table's, a line per frame: a
     file whose moov holds its samples, not a fragmented one (`moof` boxes), whose count FFmpeg
     reckons from the duration. False for other formats, or a structure that cannot be read."""
-    if container not in ("mp4", "mov", "3gp"):
-        return False
+    kinds = _iso_top_level_kinds(path, container)
+    return b"moov" in kinds and b"moof" not in kinds
+
+
+def iso_index_missing(path: str | os.PathLike, container: str | None) -> bool:
+    """Whether an MP4/MOV/3GP file holds media data (`mdat`) but no index (`moov`), which
+    every whole file has: a recorder writes it when it finishes (FFmpeg, phones, OpenCV), so
+    this is a recording still being written or stopped before the end, or a copy cut short."""
+    kinds = _iso_top_level_kinds(path, container)
+    return b"mdat" in kinds and b"moov" not in kinds
+
+
+def _iso_top_level_kinds(path: str | os.PathLike, container: str | None) -> set[bytes]:
+    """The types of an MP4/MOV/3GP file's top-level boxes (none for other formats, or where
+    the file cannot be read)."""
+    if container not in _ISO_FORMATS:
+        return set()
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            kinds = {kind for kind, _, _ in _iso_children(handle, 0, size)}
+            return {kind for kind, _, _ in _iso_children(handle, 0, size)}
     except OSError:
-        return False
-    return b"moov" in kinds and b"moof" not in kinds
+        return set()
 
 
 # --- truncation ---------------------------------------------------------------------------------

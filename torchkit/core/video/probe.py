@@ -28,6 +28,7 @@ from torchkit.core.video.containers import (
     declares_no_video,
     fourcc_text,
     fragmented_frame_count,
+    iso_index_missing,
     last_frame_duration,
     last_picture_rows,
     sniff_container,
@@ -166,6 +167,17 @@ def _picture_cut(path: Path, container: str | None, size: int) -> str | None:
     if rows is None or rows[0] >= rows[1]:
         return None
     return f"truncated: its last picture stops at macroblock row {rows[0]:,} of {rows[1]:,}"
+
+
+def _index_missing(path: Path, container: str | None) -> str | None:
+    """A message when an MP4/MOV/3GP file has media data but no index (moov), whose sizes
+    then say nothing: a recording not finished (its mdat runs to the end) or cut short."""
+    if not iso_index_missing(path, container):
+        return None
+    return (
+        "truncated: no index (moov box), which a recorder writes when it finishes: still "
+        "being written, stopped before the end, or a copy cut short"
+    )
 
 
 def _frame_slack(header: int) -> int:
@@ -353,6 +365,7 @@ def _probe_into(
     judge_by_frames = declared is None and not cut
     capture = _open_capture(cv2, path, decoder_threads)
     if capture is None:
+        cut = cut or _index_missing(path, sniffed)
         if cut:
             info.fail(cut, "truncated")
         else:
