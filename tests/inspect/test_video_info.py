@@ -1109,6 +1109,25 @@ def sparse_mp4(path: Path) -> bool:
     return True
 
 
+def test_a_rotated_video_reads_as_displayed_and_its_frames_are_upright(tmp_path):
+    """A phone's upright video is stored wide, with a display matrix (tkhd) that turns it a
+    quarter: width and height are the displayed ones (OpenCV turns its frames as FFmpeg's
+    players do), and --extract-frames writes the frames turned, as the row describes them."""
+    path = tmp_path / "phone.mp4"
+    if not write_video(path, "mp4v", 48, 32, 25, 3):
+        pytest.skip("this OpenCV cannot write mp4v")
+    data = bytearray(path.read_bytes())
+    header = _iso_box(data, b"tkhd", _iso_box(data, b"trak", _iso_box(data, b"moov", None)))
+    # version-0 tkhd: the matrix 40 bytes into its data, 16.16 fixed point (2.30 for w)
+    struct.pack_into(
+        ">9i", data, header[0] + 8 + 40, 0, 1 << 16, 0, -(1 << 16), 0, 0, 0, 0, 1 << 30
+    )
+    path.write_bytes(bytes(data))
+    code, (row,) = json_rows(path, "--segments", "1", "--extract-frames", tmp_path / "frames")
+    assert code == 0 and (row["width"], row["height"]) == (32, 48)
+    assert cv2.imread(row["frame_files"][0]).shape == (48, 32, 3)
+
+
 def test_exact_duration_of_an_mp4_ends_with_its_last_frame_s_own_duration(tmp_path):
     """--exact added 1 / (average fps) for the last frame: 3 frames 600 s apart in 1200.04 s
     (an average of 0.0025 fps) read 1200 + 400 = 1600 s; the sample table says 0.04 s."""
