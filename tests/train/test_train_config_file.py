@@ -213,8 +213,8 @@ def test_a_bad_value_from_the_recipe_on_stdin_names_stdin_when_training(runner, 
         ({"epochs": "3"}, "(write a whole number such as 3, without quotes)"),
         ({"lr": "1e-3"}, "(write a number such as 0.1, without quotes)"),
         ({"flip": "yes"}, "(write true or false, without quotes)"),
-        ({"optimizer": 3}, '(write a string, in quotes where YAML would read a number, date or '
-                           'true: "2024")'),
+        ({"optimizer": 3}, '(write a string, in quotes where YAML would read a number, true or '
+                           'null: "2024")'),
     ],
 )  # fmt: skip
 def test_a_value_of_the_wrong_type_says_how_a_recipe_writes_it(runner, tmp_path, content, hint):
@@ -270,10 +270,10 @@ def test_a_recipe_without_options_says_so_in_a_users_words(runner, tmp_path, nam
 @pytest.mark.parametrize(
     ("text", "said"),
     [
-        ("data: 2024-01-01\n", "--data in r.yaml is 2024-01-01, not a string"),
+        ("data: !!timestamp 2024-01-01\n", "--data in r.yaml is 2024-01-01, not a string"),
         ("data: null\n", "--data in r.yaml is null, not a string"),
         ("amp: null\n", "--amp in r.yaml is null, not true or false"),
-        ("optimizer: yes\n", "--optimizer in r.yaml is true, not a string"),
+        ("optimizer: true\n", "--optimizer in r.yaml is true, not a string"),
     ],
 )
 def test_a_wrong_value_is_shown_as_the_file_writes_it(runner, tmp_path, text, said):
@@ -381,6 +381,45 @@ def test_print_config_written_to_yaml_reads_back_and_yaml_exponents_are_floats(r
     assert (shown["lr"], shown["weight_decay"]) == (0.001, 50000.0)
 
 
+@pytest.mark.parametrize(
+    ("text", "read_as"),
+    [
+        ("lr: 0.1\nepochs: 010\nmodel: 2024-01-01\n", {"epochs": 10, "model": "2024-01-01"}),
+        ("epochs: 0o17\nbatch_size: 0x10\nlr: +.5\namp: True\n", {"epochs": 15, "amp": True}),
+        ("out: 1:30\nmodel: on\n", {"out": "1:30", "model": "on"}),
+    ],
+)
+def test_yaml_recipes_read_plain_values_by_yaml_12(runner, tmp_path, text, read_as):
+    """PyYAML reads YAML 1.1: `epochs: 010` was 8 (octal), `model: 2024-01-01` a date that was
+    refused, `out: 1:30` the number 90 (base 60) and `model: on` true; YAML 1.2 (and JSON)
+    read 10, the strings "2024-01-01", "1:30" and "on", 0o17 as 15 and 0x10 as 16."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    for name, value in read_as.items():  # `out` as given, or made absolute
+        assert shown[name] == value or str(shown[name]).endswith(f"/{value}"), shown[name]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("lr: 1:30\n", "--lr in r.yaml is '1:30', not a number"),  # was lr 90
+        ("amp: yes\n", "--amp in r.yaml is 'yes', not true or false"),  # was true
+        ("flip: off\n", "--flip in r.yaml is 'off', not true, false or null"),  # was false
+        ("epochs: 1_000\n", "--epochs in r.yaml is '1_000', not a whole number"),  # was 1000
+        ("optimizer: yes\n", "r.yaml: unknown --optimizer 'yes'"),  # was "is true, not a string"
+    ],
+)
+def test_yaml_11_only_forms_are_refused_naming_the_key_and_the_file(runner, tmp_path, text, said):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 2, result.stdout
+    assert result.stderr.startswith(f"Error: {said.replace('r.yaml', str(recipe))}")
+
+
 def test_config_with_resume_is_refused(runner, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text("{}")
@@ -463,7 +502,7 @@ def test_a_yaml_alias_bomb_is_a_short_error_line(runner, tmp_path):
         # were "Error: ValueError: Exceeds the limit (4300 digits)..." with the debug hint
         ("d.json", '{"epochs": ' + "9" * 5000 + "}", "holds a value Python cannot read"),
         ("e.yaml", "epochs: " + "9" * 5000, "holds a value Python cannot read"),
-        ("f.yaml", "lr: 2001-13-45", "holds a value Python cannot read: month must be in"),
+        ("f.yaml", "lr: !!timestamp 2001-13-45", "holds a value Python cannot read: month must"),
         # were "TypeError: 'int' object is not iterable" and "unhashable type: 'list'"
         (
             "g.json",

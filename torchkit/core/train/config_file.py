@@ -286,8 +286,44 @@ def _unreadable_value(source: str | Path, error: ValueError) -> InputError:
     return InputError(f"{source} holds a value Python cannot read: {why}")
 
 
+# YAML 1.2's core schema, which reads a plain scalar as true/false, an integer or a number only
+# in these forms (JSON's, and 0o/0x integers). PyYAML reads YAML 1.1, where `lr: 1:30` is 90
+# (base 60), `amp: no`, `on` and `y` are booleans, `epochs: 010` is 8 (octal), `1_000` 1000,
+# `2024-01-01` a date, and `1e-3` (no dot) a string; in a recipe each of these is the string
+# it reads as, which an option of another type refuses by name.
+_YAML_12_SCALARS = {
+    "tag:yaml.org,2002:bool": (r"true|True|TRUE|false|False|FALSE", "tTfF"),
+    "tag:yaml.org,2002:int": (r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", "-+0123456789"),
+    "tag:yaml.org,2002:float": (
+        r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+        "-+0123456789.",
+    ),
+}
+# The implicit tags of YAML 1.1 that the core schema reads otherwise or not at all (null and
+# `<<` merges are kept: they read the same in both).
+_YAML_11_ONLY = {
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:timestamp",
+    "tag:yaml.org,2002:value",
+}
+
+
+def _yaml_12_int(loader: Any, node: Any) -> int:
+    """A YAML 1.2 integer: decimal (`010` is 10, not YAML 1.1's octal 8), 0o octal, 0x hex."""
+    text = loader.construct_scalar(node)
+    sign, digits = (-1, text[1:]) if text.startswith("-") else (1, text.lstrip("+"))
+    for prefix, base in (("0o", 8), ("0x", 16)):
+        if digits.startswith(prefix):
+            return sign * int(digits[2:], base)
+    return sign * int(digits, 10)
+
+
 def _unique_keys_yaml_loader() -> type:
-    """PyYAML's SafeLoader, a key given twice in one mapping raising DuplicateKey."""
+    """PyYAML's SafeLoader reading plain scalars by YAML 1.2's core schema (above), a key given
+    twice in one mapping raising DuplicateKey."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
@@ -305,13 +341,13 @@ def _unique_keys_yaml_loader() -> type:
                     pass
             return super().construct_mapping(node, deep=deep)
 
-    # YAML 1.1 reads a number with an exponent but no dot or no exponent sign (1e-3, 1.0e5:
-    # what json.dumps and people write) as a string; YAML 1.2, and JSON, read it as a float.
-    UniqueKeyLoader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-        list("-+0123456789"),
-    )
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML_11_ONLY]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    for tag, (pattern, first) in _YAML_12_SCALARS.items():
+        UniqueKeyLoader.add_implicit_resolver(tag, re.compile(rf"^(?:{pattern})$"), list(first))
+    UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _yaml_12_int)
     return UniqueKeyLoader
 
 
@@ -447,7 +483,7 @@ def _how_to_write(annotation: str) -> str:
     }
     if kind in examples:
         return f"write {examples[kind]}, without quotes"
-    return 'write a string, in quotes where YAML would read a number, date or true: "2024"'
+    return 'write a string, in quotes where YAML would read a number, true or null: "2024"'
 
 
 def _fits_items(values: tuple, annotation: str) -> bool:

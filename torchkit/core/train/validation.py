@@ -181,9 +181,9 @@ def validate(config: TrainConfig) -> None:
 
     check_finite(config)
     if config.optimizer not in OPTIMIZERS:
-        bad(f"unknown optimizer {config.optimizer!r}", "use " + ", ".join(OPTIMIZERS))
+        bad(f"unknown --optimizer {config.optimizer!r}", "use " + ", ".join(OPTIMIZERS))
     if config.scheduler not in SCHEDULERS:
-        bad(f"unknown scheduler {config.scheduler!r}", "use " + ", ".join(SCHEDULERS))
+        bad(f"unknown --scheduler {config.scheduler!r}", "use " + ", ".join(SCHEDULERS))
     if config.best_metric is not None and config.best_metric not in BEST_METRICS:
         bad(f"unknown --best-metric {config.best_metric!r}", "use " + ", ".join(BEST_METRICS))
     if config.augment not in AUGMENT_POLICIES:
