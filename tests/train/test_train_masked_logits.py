@@ -73,11 +73,11 @@ def test_validation_images_of_a_masked_class_are_left_out_of_the_loss(data, tmp_
 @pytest.mark.parametrize(
     ("smoothing", "code", "message"),
     [
-        ("0", 1, "the training loss is infinite at epoch 1, step 1 of 2: the model gives a "
+        ("0", 1, "the training loss is infinite (epoch 1, step 1 of 2): the model gives a "
          "training image's true class a -inf logit (it masks that class)"),
         ("0.1", 2, "--label-smoothing 0.1 needs finite logits: the model gives a class a -inf "
          "logit (it masks the class), so the smoothed training loss is infinite (epoch 1, step "
-         "1 of 2) (train without --label-smoothing"),
+         "1 of 2) (train with --label-smoothing 0"),
     ],
     ids=["true-class-masked", "label-smoothing"],
 )  # fmt: skip
@@ -91,6 +91,19 @@ def test_a_training_loss_a_mask_makes_infinite_is_said_so_not_diverged(
     assert done.returncode == code, done.stderr
     line = error_line(done.stderr)
     assert message in line and "diverged" not in line, line
+
+
+def test_the_learning_rate_range_test_of_a_masking_model_says_why_its_loss_is_infinite(
+    data, tmp_path
+):
+    """--find-lr stopped at once, "Stopped on a diverging loss: yes", with no step taken."""
+    done = run_torchkit_in_process(
+        "train", "--data", data, "--val-split", "0.5", "--model", "nets:MaskedNet", "--epochs",
+        "1", *RECIPE, "--find-lr", "--label-smoothing", "0", "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr)
+    assert "the training loss is infinite (the learning-rate range test): the model " in line, line
 
 
 def test_a_nan_validation_loss_is_still_a_divergence(data, tmp_path, monkeypatch):

@@ -44,10 +44,10 @@ def masked_loss_error(criterion: Any, where: str) -> TorchkitError:
             f"--label-smoothing {smoothing:g} needs finite logits: the model gives a class a "
             f"-inf logit (it masks the class), so the smoothed training loss is infinite "
             f"({where})",
-            f"train without --label-smoothing, or have the model mask with {instead}",
+            f"train with --label-smoothing 0, or have the model mask with {instead}",
         )
     return InputError(
-        f"the training loss is infinite at {where}: the model gives a training image's true "
+        f"the training loss is infinite ({where}): the model gives a training image's true "
         "class a -inf logit (it masks that class), a loss no step can train on",
         f"check the labels against the classes the model masks, or have it mask with {instead}",
     )

@@ -19,7 +19,8 @@ from typing import Any
 
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.train import dynamo_free
-from torchkit.core.train.loop import to_device, train_mode
+from torchkit.core.train.loop import masked_loss_error, to_device, train_mode
+from torchkit.core.train.step_sums import masks_classes
 
 _END = object()
 
@@ -175,7 +176,10 @@ def find_lr(
         train_mode(step_ctx)  # a frozen backbone's norms in eval mode, as training runs them
         optimizer.zero_grad(set_to_none=True)
         with step_ctx.autocast():
-            loss = step_ctx.criterion(step_ctx.model(images), labels)
+            outputs = step_ctx.model(images)
+            loss = step_ctx.criterion(outputs, labels)
+        if not math.isfinite(float(loss.detach())) and bool(masks_classes(outputs)):
+            raise masked_loss_error(step_ctx.criterion, "the learning-rate range test")
         if step_ctx.scaler is not None:
             step_ctx.scaler.scale(loss).backward()
             step_ctx.scaler.step(optimizer)

@@ -15,6 +15,12 @@ import math
 from typing import Any
 
 
+def masks_classes(outputs: Any) -> Any:
+    """A device bool: the (N, C) logits hold a -inf (a masked class) and no NaN or +inf (amax
+    is NaN with one), so a mask, not a divergence, makes their loss infinite, if it is."""
+    return (outputs.amax() < math.inf) & (outputs.amin() == -math.inf)
+
+
 class StepSums:
     """`add()` after each batch's forward; `reset()` at the start of an epoch."""
 
@@ -62,8 +68,7 @@ class StepSums:
             detached = loss.detach()
             trained = detached if l1 is None else detached + l1.detach()
             keep = torch.isfinite(trained) | (self.first_bad >= 0)
-            # No NaN or +inf (amax is NaN with one), and a -inf: a masked class.
-            masked = (outputs.amax() < math.inf) & (outputs.amin() == -math.inf)
+            masked = masks_classes(outputs)
             self.bad_masked.copy_(torch.where(keep, self.bad_masked, masked))
             self.first_bad.copy_(torch.where(keep, self.first_bad, batch_no))
             self.loss_sum += detached.to(self.dtype) * count
