@@ -1106,6 +1106,29 @@ def test_fine_tuning_a_one_channel_checkpoint_is_one_error_line(runner, split_ro
     assert not out.exists()
 
 
+def test_fine_tuning_a_fixed_size_checkpoint_at_another_image_size_is_refused_before_the_run(
+    runner, split_root, tmp_path
+):
+    """`--model RUN/best.pt --image-size N` of a checkpoint whose model is built for the size it
+    records (the convnet's classifier; a ViT's position embeddings) started the run, then died
+    at its first batch with torch's "mat1 and mat2 shapes cannot be multiplied" (exit 1). Now
+    one usage error before the run, naming both sizes."""
+    from checkpoints import write_convnet_checkpoint
+
+    checkpoint = tmp_path / "small.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=12, classes="abc")
+    out = tmp_path / "tuned"
+    args = ["--data", str(split_root), "--model", str(checkpoint), "-j", "0", "--out", str(out)]
+    result = train(runner, *args, "--image-size", "16")
+    assert result.exit_code == 2, result.stderr
+    assert error_line(result) == (
+        f"Error: --image-size 16: {checkpoint} (convnet) does not run on 16x16 images; it is "
+        "built for the 12 px its checkpoint records (drop --image-size to fine-tune at 12, or "
+        "train a new --model convnet at 16)"
+    )
+    assert not out.exists()
+
+
 def test_fine_tuning_a_torchkit_checkpoint_normalises_as_it_was_trained(
     runner, split_root, tmp_path
 ):

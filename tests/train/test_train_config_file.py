@@ -420,6 +420,58 @@ def test_yaml_11_only_forms_are_refused_naming_the_key_and_the_file(runner, tmp_
     assert result.stderr.startswith(f"Error: {said.replace('r.yaml', str(recipe))}")
 
 
+@pytest.mark.parametrize(
+    ("text", "side"),
+    [
+        ("input_size: [3, 224, 224]\n", 224),  # timm's train.py's args.yaml
+        ("input-size: [1, 3, 64, 64]\n", 64),
+        ("img_size: 48\n", 48),  # timm's other key
+        ("--input-size: 32\n", 32),
+    ],
+)
+def test_timms_input_size_in_a_recipe_is_the_image_size(runner, tmp_path, text, side):
+    """Was "unknown option 'input_size' in r.yaml (did you mean train_crop_size?)", though
+    --input-size 3,224,224 is taken on the command line."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["image_size"] == side and "input_size" not in shown
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "input_size: [1, 28, 28]\n",
+            "'input_size' in r.yaml is [1, 28, 28], which is a 1-channel shape, and train feeds "
+            "its model 3-channel (RGB) images (give [3, N, N], or the side N of the square crop)",
+        ),
+        ("input_size: [3, 224, 160]\n", "'input_size' in r.yaml is [3, 224, 160], which is not "),
+        ("input_size: [3, 0, 0]\n", "'input_size' in r.yaml is [3, 0, 0], which is not a "),
+        ("input_size: [3, 8, 8]\nimage_size: 8\n", "--image-size is given twice in r.yaml"),
+    ],
+)
+def test_an_input_size_train_cannot_take_is_refused_naming_key_and_file(
+    runner, tmp_path, text, said
+):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text)
+    result = runner.invoke(app, ["train", "--config", str(recipe), "--print-config"])
+    assert result.exit_code in (1, 2), result.stdout
+    assert result.stderr.startswith(f"Error: {said.replace('r.yaml', str(recipe))}")
+
+
+def test_train_refuses_an_input_size_of_other_than_3_channels(runner):
+    """`--input-size 1,28,28` trained at 28 on RGB images, the 1 dropped unread."""
+    result = runner.invoke(app, ["train", "--input-size", "1,28,28", "--print-config"])
+    assert result.exit_code == 2, result.stdout
+    assert "'1,28,28' is a 1-channel shape, and train feeds its model 3-channel" in result.stderr
+    taken = runner.invoke(app, ["train", "--input-size", "3,28,28", "--print-config"])
+    assert taken.exit_code == 0 and json.loads(taken.stdout)["image_size"] == 28
+
+
 def test_config_with_resume_is_refused(runner, tmp_path):
     recipe = tmp_path / "recipe.json"
     recipe.write_text("{}")

@@ -66,6 +66,24 @@ def parse_image_side(text: str | None, option: str = "--image-size") -> int | No
     return size[-1]
 
 
+# The channels of the images `train` feeds its model: always RGB.
+TRAIN_CHANNELS = 3
+
+
+def parse_rgb_image_side(text: str | None, option: str = "--image-size") -> int | None:
+    """`parse_image_side` for `train`, which feeds its model 3-channel (RGB) images: a shape
+    whose channels are not 3 (`1,28,28`) is refused, where they were dropped unread."""
+    side = parse_image_side(text, option)
+    if side is not None:
+        size = parse_input_size(text)
+        if len(size) >= 3 and size[-3] != TRAIN_CHANNELS:
+            raise ValueError(
+                f"{short_repr(text)} is a {size[-3]}-channel shape, and train feeds its model "
+                f"{TRAIN_CHANNELS}-channel (RGB) images (give N, or 3,N,N)"
+            )
+    return side
+
+
 def square_sample(known: Sequence[int] | None, side: int) -> tuple[int, int, int]:
     """One sample of `side` x `side` with the channels of the sample the model is known to take
     (`known`, C,H,W), 3 when it is not known."""

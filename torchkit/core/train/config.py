@@ -17,7 +17,7 @@ from typing import Any
 from torchkit.core.data.decode import DECODE_CHOICES
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, parse_floats
 from torchkit.core.data.transforms import AUGMENT_POLICIES, AUTOAUGMENT_POLICIES
-from torchkit.core.input_size import parse_image_side
+from torchkit.core.input_size import parse_rgb_image_side
 from torchkit.core.io.errors import short_repr
 from torchkit.core.io.option_lists import number_items
 from torchkit.core.io.redaction import redact_url
@@ -84,13 +84,13 @@ class TrainConfig:
         panel=DATA_PANEL,
         flags=("--image-size", "--input-size"),
         metavar="N",
-        parse=parse_image_side,
+        parse=parse_rgb_image_side,
         show_default=False,
         help=f"Crop size. {data_default_help('image_size')} Fine-tuning a torchkit checkpoint, "
         "the size it was trained at; a timm model, its pretrained config's (weights loaded or "
         "not, as timm's train.py takes it). Validation crops to it, and eval, predict and "
         "export through the checkpoint; training too, unless --train-crop-size. "
-        "Also spelled --input-size; C,N,N is read as N.",
+        "Also spelled --input-size; 3,N,N is read as N.",
     )
     # torchvision's reference recipes train at a smaller crop than they evaluate at (176 and 224:
     # FixRes's train-test resolution discrepancy); only the training transform reads it.

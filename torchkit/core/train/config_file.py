@@ -29,6 +29,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import IO, Any
 
+from torchkit.core.input_size import parse_rgb_image_side
 from torchkit.core.io.errors import InputError, UsageError, short_repr
 from torchkit.core.runtime.launch import launch_env
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
@@ -192,9 +193,35 @@ NOT_IN_A_RECIPE = {
 }
 
 
+# Keys of other recipes that name a torchkit option: timm's train.py writes the crop as
+# `input_size: [3, 224, 224]` (or `img_size: 224`); `--input-size` is image_size's other name.
+KEY_ALIASES = {"input_size": "image_size", "img_size": "image_size"}
+
+
 def _field_name(key: Any) -> str:
-    """The option a key of a file names: `lr`, `--lr`, `image-size` and `image_size` alike."""
-    return str(key).lstrip("-").replace("-", "_")
+    """The option a key of a file names: `lr`, `--lr`, `image-size` and `image_size` alike,
+    and `input_size` (KEY_ALIASES) as `image_size`."""
+    name = str(key).lstrip("-").replace("-", "_")
+    return KEY_ALIASES.get(name, name)
+
+
+def _image_side(key: Any, value: Any, source: str | Path) -> Any:
+    """A shape given for the crop (`input_size: [3, 224, 224]`, timm's) as the side the command
+    line's `--input-size 3,224,224` gives: 224; refused by key and file where it is not square
+    or its channels are not 3. Any other value as it is."""
+    if not isinstance(value, list) or not value:
+        return value
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in value):
+        return value  # refused as a list where a whole number goes
+    text = ",".join(map(str, value))
+    try:
+        return parse_rgb_image_side(text, option_name("image_size"))
+    except ValueError as error:  # its own hint, "(give N, or C,N,N)", is the command line's
+        why = re.sub(r" \(give [^()]*\)$", "", str(error)).removeprefix(f"{short_repr(text)} ")
+        raise UsageError(
+            f"{short_repr(str(key))} in {source} is {_as_written(value)}, which {why}",
+            "give [3, N, N], or the side N of the square crop",
+        ) from None
 
 
 def _refuse_run_keys(options: Mapping[str, Any], source: str | Path) -> None:
@@ -371,6 +398,8 @@ def _checked(options: Mapping[str, Any], source: str | Path) -> dict[str, Any]:
                 f"invalid {option_name(name)} '' in {source}: an empty value",
                 "give a value, or leave the key out",
             )
+        if name == "image_size":
+            value = _image_side(key, value, source)
         shown = _as_written(value)
         value = _as_choice(value, TRAIN_OPTIONS[name].choices)
         if isinstance(value, list):

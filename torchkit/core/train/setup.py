@@ -446,7 +446,9 @@ def _build_model(
         fit_auxiliary_heads_to(model, resumed_weights)  # none in a run from googlenet's DEFAULT
     parameters = sum(p.numel() for p in model.parameters())
     switch_off_auxiliary_heads(model)
-    _check_train_crop_size(model, resolved.arch, preprocess, config)
+    from_file = resolved.preprocess_source == "checkpoint"
+    built_for = resolved.preprocess.image_size if from_file else None
+    _check_image_sizes(model, resolved.arch, preprocess, config, built_for=built_for)
     from torchkit.core.train.optim import backbone_trains, freeze_backbone
 
     if not backbone_trains(config):
@@ -457,19 +459,35 @@ def _build_model(
     return model, resolved.arch, parameters
 
 
-def _check_train_crop_size(
-    model: Any, arch: str, preprocess: Preprocess, config: TrainConfig
+def _check_image_sizes(
+    model: Any, arch: str, preprocess: Preprocess, config: TrainConfig, *, built_for: int | None
 ) -> None:
-    """A --train-crop-size other than --image-size needs a model that runs at both sizes: one
-    built for one input size (the convnet's classifier, a ViT) is refused before the run starts
-    (a meta-device copy tries the training size: no compute)."""
-    from torchkit.core.models.image_size import meta_runner
+    """Sizes a model built for one input size (the convnet's classifier, a ViT's position
+    embeddings) cannot train at, refused before the run starts (a meta-device copy tries them:
+    no compute): an --image-size other than the one a checkpoint fine-tuned as --model records
+    (`built_for`: its model is built for that size), and a --train-crop-size other than
+    --image-size. A model too deep for small images is left to the first batch's refusal,
+    which names the smallest size it takes."""
+    from torchkit.core.models.image_size import meta_runner, smallest_side
 
     side = train_preprocess(preprocess, config).image_size
-    if side == preprocess.image_size:
+    resized = built_for is not None and built_for != preprocess.image_size
+    if not resized and side == preprocess.image_size:
         return
     runs = meta_runner(model, preprocess.in_channels)
-    if runs is not None and not runs(side):
+    if runs is None:
+        return
+    if resized and not runs(preprocess.image_size):
+        size = preprocess.image_size
+        if smallest_side(model, preprocess.in_channels, size) is None:
+            raise UsageError(
+                f"--image-size {size}: {config.weights or config.model} ({arch}) does not run "
+                f"on {size}x{size} images; it is built for the {built_for} px its checkpoint "
+                "records",
+                f"drop --image-size to fine-tune at {built_for}, or train a new --model {arch} "
+                f"at {size}",
+            )
+    if side != preprocess.image_size and not runs(side):
         raise UsageError(
             f"--train-crop-size {side}: {arch} does not run on {side}x{side} images; it is "
             f"built for --image-size {preprocess.image_size}",
