@@ -1030,9 +1030,56 @@ def variable_rate_live_mkv(data: bytes, slow_from: int) -> bytes:
         cluster = out.find(bytes.fromhex("1f43b675"), end)
     duration = out.find(bytes.fromhex("448988"))  # Duration, an 8-byte float in ms
     struct.pack_into(">d", out, duration + 3, last + 80.0)
+    # and the video track's DURATION tag (TagString, FFmpeg's HH:MM:SS.nnnnnnnnn) to match
+    tag = out.find(bytes.fromhex("4487"), out.find(b"DURATION")) + 3
+    seconds = (last + 80) / 1000
+    text = f"{int(seconds // 3600):02d}:{int(seconds % 3600 // 60):02d}:{seconds % 60:012.9f}"
+    assert len(text) == 18 and out[tag + 2 : tag + 3] == b":"
+    out[tag : tag + 18] = text.encode()
     segment = out.find(bytes.fromhex("18538067"))
     out[segment + 4 : segment + 12] = bytes.fromhex("01ffffffffffffff")
     return bytes(out)
+
+
+def longer_than_its_video_mkv(data: bytes, tags_last: bool = False) -> bytes:
+    """The Matroska file `data` (FFmpeg's: 1.6 s of video) with a Duration of 16 s, as beside a
+    longer audio stream: FFmpeg gives the video that duration. Its video track's DURATION tag
+    still says 1.6 s; `tags_last`: its Tags moved after the clusters (a Void where they were,
+    the SeekHead pointing at them), as mkvmerge writes them."""
+    out = bytearray(data)
+    duration = out.find(bytes.fromhex("448988"))  # Duration, an 8-byte float in ms
+    struct.pack_into(">d", out, duration + 3, 10 * struct.unpack_from(">d", out, duration + 3)[0])
+    if not tags_last:
+        return bytes(out)
+    tags_id = bytes.fromhex("1254c367")
+    tags = out.find(tags_id, out.find(tags_id) + 4)  # the first is the SeekHead's entry
+    size, length = ebml_size(out, tags + 4)
+    element = bytes(out[tags : tags + 4 + length + size])
+    void = b"\xec\x01" + (len(element) - 9).to_bytes(7, "big")  # a Void of the same length
+    out[tags : tags + len(element)] = void + bytes(len(element) - 9)
+    segment = out.find(bytes.fromhex("18538067"))
+    segment_data = segment + 4 + ebml_size(out, segment + 4)[1]
+    seek = out.find(bytes.fromhex("53ab84") + tags_id) + 7  # then SeekPosition: 53ac, size
+    assert out[seek : seek + 2] == bytes.fromhex("53ac")
+    width = ebml_size(out, seek + 2)[0]
+    out[seek + 3 : seek + 3 + width] = (len(out) - segment_data).to_bytes(width, "big")
+    return bytes(out) + element  # the Segment's size runs to the file's end: unchanged
+
+
+@pytest.mark.parametrize("tags_last", [False, True], ids=["tags-first", "tags-last"])
+def test_an_mkv_whose_video_is_shorter_than_the_file_counts_the_video_s_frames(tmp_path, tags_last):
+    """FFmpeg gives a Matroska video the file's duration (its longest stream's: 40 frames
+    beside 16 s of audio), and OpenCV's count is that duration times the rate: the row read 400
+    frames and 16 s, and --segments sampled frames past the video's end (row ok, exit 0). The
+    video track's own DURATION tag counts it: 40."""
+    path = tmp_path / "with-audio.mkv"
+    if not write_video(path, "FFV1", 16, 16, 25.0, 40):  # small: SeekPositions of 2 bytes
+        pytest.skip("this OpenCV build cannot write FFV1")
+    path.write_bytes(longer_than_its_video_mkv(path.read_bytes(), tags_last))
+    info = probe_video(path)
+    assert (info.status, info.frames_header, info.duration_s) == ("ok", 40, 1.6)
+    code, (row,) = json_rows(path, "--segments", "4")
+    assert code == 0 and row["frame_indices"] == [5, 15, 25, 35]
 
 
 def test_a_whole_variable_rate_file_without_sizes_is_ok_and_its_cut_copy_truncated(
@@ -1218,6 +1265,7 @@ def test_a_whole_file_whose_header_overstates_its_frames_is_not_truncated(
     monkeypatch.setattr(
         probe, "_open_capture", lambda cv2, p, *threads: Overstating(opened(cv2, p, *threads))
     )
+    monkeypatch.setattr(probe, "matroska_video_frames", lambda *args: None)  # no track tags
     info = probe_video(path)
     assert (info.status, info.frames_header) == ("ok", 45)
     exact = probe_video(path, exact=True)

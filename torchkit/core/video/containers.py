@@ -4,6 +4,7 @@ container structure declares (which tells a copy cut short from a whole file).""
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import re
@@ -667,25 +668,172 @@ def _ebml_number(data: bytes, position: int, *, keep_marker: bool) -> tuple[int,
     return (-1 if value == (1 << (7 * length)) - 1 else value), length
 
 
+def _ebml_elements(data: bytes, position: int, end: int | None = None):
+    """The EBML elements of `data` from `position` to `end` (its length): (ID, where its data
+    starts, its length: -1 for an unknown one, which runs to its parent's end and ends the
+    walk). The last may run past `data`: the caller checks what it reads."""
+    end = len(data) if end is None else end
+    while position < end:
+        element = _ebml_number(data, position, keep_marker=True)
+        length = element and _ebml_number(data, position + element[1], keep_marker=False)
+        if not length:
+            return
+        start = position + element[1] + length[1]
+        yield element[0], start, length[0]
+        if length[0] < 0:
+            return
+        position = start + length[0]
+
+
 def _ebml_segment_end(handle, size: int) -> int | None:
     """The end of the Segment of a Matroska/WebM file (None when it is written as unknown, as
     live recordings do)."""
     handle.seek(0)
     head = handle.read(4096)
-    position = 0
-    for _ in range(8):  # the EBML header, then perhaps Void elements, then the Segment
-        element = _ebml_number(head, position, keep_marker=True)
-        if element is None:
-            return None
-        element_id, id_length = element
-        length = _ebml_number(head, position + id_length, keep_marker=False)
-        if length is None or length[0] < 0:
-            return None
-        data_start = position + id_length + length[1]
-        if element_id == 0x18538067:  # Segment
-            return data_start + length[0]
-        position = data_start + length[0]
+    # the EBML header, then perhaps Void elements, then the Segment
+    for element_id, start, length in itertools.islice(_ebml_elements(head, 0), 8):
+        if element_id == _MKV_SEGMENT:
+            return None if length < 0 else start + length
     return None
+
+
+# --- a Matroska/WebM video track's own length ---------------------------------------------------
+#
+# FFmpeg gives a Matroska file's duration, the longest stream's, as its video's, and OpenCV's
+# frame count is that duration times the frame rate: 50 frames for 5 beside 2 s of audio. The
+# muxers record each track's own length as a tag (FFmpeg's DURATION, mkvmerge's DURATION and
+# NUMBER_OF_FRAMES) in the Tags near the start, or where the SeekHead says.
+
+_MKV_SEGMENT, _MKV_SEEK_HEAD, _MKV_TRACKS, _MKV_TAGS = (
+    0x18538067,
+    0x114D9B74,
+    0x1654AE6B,
+    0x1254C367,
+)
+_MKV_CLUSTER = 0x1F43B675
+_MKV_HEAD = 1 << 16  # the Segment's first bytes read for its Tracks and Tags
+_MKV_MAX_TAGS = 1 << 20  # Tags elsewhere in the file are read if no bigger than this
+_MKV_DURATION = re.compile(r"(\d+):(\d\d):(\d\d(?:\.\d*)?)")
+
+
+def matroska_video_frames(
+    path: str | os.PathLike, container: str | None, fps: float | None
+) -> int | None:
+    """The frames of the first video track of a Matroska/WebM file as its tags record them:
+    NUMBER_OF_FRAMES, or its DURATION times `fps`. None for other formats, a file without the
+    tags (a browser's recording) or a structure that cannot be read."""
+    if container not in ("mkv", "webm"):
+        return None
+    try:
+        with open(path, "rb") as handle:
+            tags = _matroska_track_tags(handle)
+    except OSError:
+        return None
+    if tags is None:
+        return None
+    try:
+        if "NUMBER_OF_FRAMES" in tags:
+            return int(tags["NUMBER_OF_FRAMES"])
+        match = _MKV_DURATION.fullmatch(tags.get("DURATION", ""))
+    except ValueError:
+        return None
+    if match is None or not fps:
+        return None
+    hours, minutes, seconds = match.groups()
+    return round((int(hours) * 3600 + int(minutes) * 60 + float(seconds)) * fps)
+
+
+def _matroska_track_tags(handle) -> dict[str, str] | None:
+    """The simple tags (name: text) of the first video track of a Matroska/WebM file."""
+    head = handle.read(_MKV_HEAD)
+    segment = next((s for i, s, _ in _ebml_elements(head, 0) if i == _MKV_SEGMENT), None)
+    if segment is None:
+        return None
+    found: dict[int, tuple[int, int]] = {}
+    for element_id, start, length in _ebml_elements(head, segment):
+        if element_id == _MKV_CLUSTER:
+            break
+        if element_id in (_MKV_SEEK_HEAD, _MKV_TRACKS, _MKV_TAGS) and 0 <= start + length <= len(
+            head
+        ):
+            found.setdefault(element_id, (start, start + length))
+    if _MKV_TRACKS not in found:
+        return None
+    uid = _matroska_video_uid(head, *found[_MKV_TRACKS])
+    if uid is None:
+        return None
+    if _MKV_TAGS in found:
+        tags, start, end = head, *found[_MKV_TAGS]
+    else:
+        at = _matroska_seek_position(head, found.get(_MKV_SEEK_HEAD), _MKV_TAGS)
+        if at is None:
+            return None
+        handle.seek(segment + at)
+        tags = handle.read(_MKV_MAX_TAGS)
+        element = next(_ebml_elements(tags, 0), None)
+        if element is None or element[0] != _MKV_TAGS or element[2] < 0:
+            return None
+        start, end = element[1], element[1] + element[2]
+        if end > len(tags):
+            return None
+    return _matroska_simple_tags(tags, start, end, uid)
+
+
+def _children(data: bytes, start: int, end: int) -> dict[int, bytes]:
+    """The first child element of each ID of the element `data[start:end]`, as bytes."""
+    found: dict[int, bytes] = {}
+    for element_id, at, length in _ebml_elements(data, start, end):
+        if length < 0:
+            break
+        found.setdefault(element_id, data[at : at + length])
+    return found
+
+
+def _matroska_video_uid(data: bytes, start: int, end: int) -> int | None:
+    """The TrackUID of the first video track (TrackType 1) in the Tracks `data[start:end]`."""
+    for element_id, at, length in _ebml_elements(data, start, end):
+        if element_id == 0xAE and length >= 0:  # TrackEntry
+            entry = _children(data, at, at + length)
+            if int.from_bytes(entry.get(0x83, b""), "big") == 1:  # TrackType: video
+                uid = entry.get(0x73C5)  # TrackUID
+                return None if uid is None else int.from_bytes(uid, "big")
+    return None
+
+
+def _matroska_seek_position(
+    data: bytes, seek_head: tuple[int, int] | None, wanted: int
+) -> int | None:
+    """Where the SeekHead says the element `wanted` is, from the Segment's data start."""
+    if seek_head is None:
+        return None
+    for element_id, at, length in _ebml_elements(data, *seek_head):
+        if element_id == 0x4DBB and length >= 0:  # Seek: SeekID, SeekPosition
+            seek = _children(data, at, at + length)
+            if int.from_bytes(seek.get(0x53AB, b""), "big") == wanted and 0x53AC in seek:
+                return int.from_bytes(seek[0x53AC], "big")
+    return None
+
+
+def _matroska_simple_tags(data: bytes, start: int, end: int, uid: int) -> dict[str, str]:
+    """The simple tags (TagName: TagString) of the Tags `data[start:end]` whose Targets name
+    the track `uid`."""
+    tags: dict[str, str] = {}
+    for element_id, at, length in _ebml_elements(data, start, end):
+        if element_id != 0x7373 or length < 0:  # Tag: Targets, SimpleTag...
+            continue
+        targets = _children(data, at, at + length).get(0x63C0, b"")
+        track = _children(targets, 0, len(targets)).get(0x63C5)  # TagTrackUID
+        if track is None or int.from_bytes(track, "big") != uid:
+            continue
+        for child_id, child_at, child_length in _ebml_elements(data, at, at + length):
+            if child_id == 0x67C8 and child_length >= 0:  # SimpleTag: TagName, TagString
+                simple = _children(data, child_at, child_at + child_length)
+                name, text = (
+                    simple.get(key, b"").decode("utf-8", "replace").rstrip("\x00")
+                    for key in (0x45A3, 0x4487)
+                )
+                tags.setdefault(name, text)
+    return tags
 
 
 _Y4M_MAX_HEADER = 4096

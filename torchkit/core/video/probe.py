@@ -31,6 +31,7 @@ from torchkit.core.video.containers import (
     iso_index_missing,
     last_frame_duration,
     last_picture_rows,
+    matroska_video_frames,
     sniff_container,
     still_image_format,
 )
@@ -387,6 +388,11 @@ def _probe_into(
         # FFmpeg counts a fragmented MP4's moov samples alone (those of its first fragment, as
         # `-movflags frag_keyframe` writes it): its fragments' runs hold the rest.
         declared_frames = fragmented_frame_count(path, sniffed) or declared_frames
+        # and a Matroska file's count is its longest stream's duration times the video's rate
+        # (50 frames for 5 beside 2 s of audio): the video track's own tags say less.
+        own = matroska_video_frames(path, sniffed, info.fps)
+        if own is not None and 0 < own < declared_frames:
+            declared_frames = float(own)
         # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
         info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
         undecodable = (
