@@ -1082,6 +1082,40 @@ def test_an_mkv_whose_video_is_shorter_than_the_file_counts_the_video_s_frames(t
     assert code == 0 and row["frame_indices"] == [5, 15, 25, 35]
 
 
+def longer_audio_flv(data: bytes, seconds: float) -> bytes:
+    """The FLV file `data` (OpenCV's: video alone) with audio from where its video ends up to
+    `seconds`, its duration (onMetaData) that long: a whole file whose audio runs on."""
+    out = bytearray(data)
+    out[4] = 0x05  # the header's flags: audio and video
+    at = out.find(b"duration\x00") + 9  # an AMF number: a big-endian double
+    start = int(struct.unpack_from(">d", out, at)[0] * 1000)
+    struct.pack_into(">d", out, at, seconds)
+    for ms in range(start, int(seconds * 1000), 40):
+        body = b"\x30" + bytes(220)  # PCM, 5.5 kHz, 8-bit mono: 40 ms
+        time = (ms & 0xFFFFFF).to_bytes(3, "big") + bytes([ms >> 24])
+        tag = b"\x08" + len(body).to_bytes(3, "big") + time + bytes(3) + body
+        out += tag + struct.pack(">I", len(tag))  # each tag followed by its size
+    return bytes(out)
+
+
+def test_a_whole_flv_whose_audio_runs_on_after_its_video_is_not_truncated(tmp_path):
+    """FLV records no sizes, so a count short of its header's (duration x fps) meant a cut:
+    1.6 s of video beside 4 s of audio read `truncated: 40 of the 100 frames its header
+    declares decode` (exit 1). Its last tag, of any stream, reaches the duration: the file is
+    whole, its row the 40 frames decoded. A copy cut short is still truncated."""
+    path = tmp_path / "talk.flv"
+    if not write_video(path, "FLV1", 48, 32, 25.0, 40):
+        pytest.skip("this OpenCV build cannot write FLV")
+    path.write_bytes(longer_audio_flv(path.read_bytes(), 4.0))
+    for options in ({}, {"exact": True}):
+        info = probe_video(path, **options)
+        assert (info.status, info.frames, info.frames_header) == ("ok", 40, 100), options
+        assert (info.frames_source, info.duration_s) == ("decoded", 1.6), options
+    cut = cut_copy(path, tmp_path, 0.7)
+    for options in ({}, {"exact": True}):
+        assert probe_video(cut, **options).status == "truncated", options
+
+
 def test_a_whole_variable_rate_file_without_sizes_is_ok_and_its_cut_copy_truncated(
     tmp_path, whole_videos
 ):

@@ -186,6 +186,33 @@ def declares_no_video(head: bytes, container: str | None) -> bool:
     return False
 
 
+_FLV_TAG_HEADER = 11  # type, data size (3 bytes), timestamp (3 + 1), stream ID (3)
+
+
+def flv_last_tag_s(path: str | os.PathLike) -> float | None:
+    """The time, in seconds, of an FLV file's last tag of any stream (audio, video, script):
+    its last 4 bytes give that tag's size, so one read finds it. None where they do not lead
+    to a tag (a copy cut inside one, not an FLV file)."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < 4 + _FLV_TAG_HEADER:
+                return None
+            handle.seek(size - 4)
+            length = int.from_bytes(handle.read(4), "big")
+            if not _FLV_TAG_HEADER <= length <= size - 4:
+                return None
+            handle.seek(size - 4 - length)
+            tag = handle.read(_FLV_TAG_HEADER)
+    except OSError:
+        return None
+    if tag[0] & 0x1F not in (8, 9, 18) or int.from_bytes(tag[1:4], "big") + _FLV_TAG_HEADER != (
+        length
+    ):
+        return None
+    return (int.from_bytes(tag[4:7], "big") | tag[7] << 24) / 1000
+
+
 _IMAGE_MAGIC = (
     (b"\x89PNG\r\n\x1a\n", "PNG"),
     (b"\xff\xd8\xff", "JPEG"),

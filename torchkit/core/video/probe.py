@@ -26,6 +26,7 @@ from torchkit.core.video.containers import (
     container_fourcc,
     declared_size,
     declares_no_video,
+    flv_last_tag_s,
     fourcc_text,
     fragmented_frame_count,
     iso_index_missing,
@@ -197,6 +198,18 @@ def _frames_short(decoded: int, header: int | None, reached: int = 0) -> str | N
     if header is None or max(decoded, reached) >= header - _frame_slack(header):
         return None
     return f"truncated: {decoded:,} of the {header:,} frames its header declares decode"
+
+
+def _runs_on_past_its_video(path: Path, container: str | None, info: VideoInfo) -> bool:
+    """Whether a file whose video ends before its header's count (reckoned from the file's
+    duration) has other streams that run on to that duration (audio longer than the video),
+    so it is whole, not cut: an FLV's last tag, of any stream, reaches it."""
+    end_s = flv_last_tag_s(path) if container == "flv" else None
+    header = info.frames_header
+    # the last tag starts a frame of its own: one more frame position
+    return (
+        bool(end_s and header) and _frames_short(0, header, _position(end_s, info.fps) + 1) is None
+    )
 
 
 def _position(end_s: float | None, fps: float | None) -> int:
@@ -413,6 +426,8 @@ def _probe_into(
             elif not cut and judge_by_frames:
                 reached = _position(end_s, info.fps)
                 cut = _frames_short(info.frames_decoded, info.frames_header, reached)
+                if cut and _runs_on_past_its_video(path, sniffed, info):
+                    cut = None  # whole: its audio runs on after its video
         else:
             info.frames, info.frames_source = info.frames_header, "header"
             # Decoding the first frame tells a readable video from a header with broken data,
@@ -428,6 +443,9 @@ def _probe_into(
                         decoded, end_s = _decode_to_end(cv2, capture, stop, info)
                         reached = _position(end_s, info.fps)
                         cut = _frames_short(decoded, info.frames_header, reached)
+                        if cut and _runs_on_past_its_video(path, sniffed, info):
+                            cut = None  # whole, with fewer frames: those decoded are the row's
+                            _take_decoded_count(info, decoded, end_s)
                 info.known_whole = not cut
     finally:
         if capture is not None:
