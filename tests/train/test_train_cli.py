@@ -1129,6 +1129,34 @@ def test_fine_tuning_a_fixed_size_checkpoint_at_another_image_size_is_refused_be
     assert not out.exists()
 
 
+def test_fine_tuning_weights_of_the_same_classes_in_another_order_keeps_each_output_its_class(
+    runner, split_root, tmp_path
+):
+    """Weights whose classes are the data's in another order (a folder sorts numbered classes
+    as text, `1, 10, 2`, a CSV index of it as numbers) kept their head as it was: every output
+    was renamed to the class at its place in the data, a trained head silently scrambled. Its
+    rows now follow the data's order, with a warning."""
+    from checkpoints import write_convnet_checkpoint
+
+    checkpoint = tmp_path / "shuffled.pt"
+    write_convnet_checkpoint(checkpoint, in_channels=3, image_size=8, classes="bca")
+    saved = read_checkpoint(checkpoint)
+    saved["classes"] = ["bee", "cat", "ant"]  # split_root's classes, outputs 0, 1, 2
+    torch.save(saved, checkpoint)
+    out = tmp_path / "tuned"
+    result = train(
+        runner, "--data", str(split_root), "--model", str(checkpoint), "-j", "0", "--epochs",
+        "1", "--optimizer", "sgd", "--momentum", "0", "--weight-decay", "0", "--lr", "1e-12",
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "names the data's classes in another order (bee, cat, ant)" in result.stderr
+    tuned = read_checkpoint(out / "last.pt")
+    assert tuned["classes"] == ["ant", "bee", "cat"]
+    for key in ("classifier.4.weight", "classifier.4.bias"):
+        torch.testing.assert_close(tuned["model"][key], saved["model"][key][[2, 0, 1]])
+
+
 def test_fine_tuning_a_torchkit_checkpoint_normalises_as_it_was_trained(
     runner, split_root, tmp_path
 ):

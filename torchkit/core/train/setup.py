@@ -162,7 +162,7 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             ctx,
             config,
             arch,
-            len(classes),
+            classes,
             preprocess,
             sync_bn,
             from_checkpoint=checkpoint is not None,
@@ -400,7 +400,7 @@ def _build_model(
     ctx: DistContext,
     config: TrainConfig,
     arch: str,
-    num_classes: int,
+    classes: list[str],
     preprocess: Preprocess,
     sync_bn: bool,
     *,
@@ -418,7 +418,7 @@ def _build_model(
     resolved = resolve_model(
         arch,
         weights=None if from_checkpoint else config.weights,
-        num_classes=num_classes,
+        num_classes=len(classes),
         trust_checkpoint=config.trust_checkpoint,
         image_size=preprocess.image_size,
         in_channels=preprocess.in_channels,
@@ -442,6 +442,8 @@ def _build_model(
             "fine-tune weights trained on RGB images",
         )
     model = resolved.model
+    if not from_checkpoint and resolved.classes:
+        _order_head_as(model, resolved.classes, classes, config.weights or arch)
     if isinstance(resumed_weights, Mapping):
         fit_auxiliary_heads_to(model, resumed_weights)  # none in a run from googlenet's DEFAULT
     parameters = sum(p.numel() for p in model.parameters())
@@ -457,6 +459,34 @@ def _build_model(
         model = ddp.convert_sync_bn(model)
     # (a checkpoint given as --model names its architecture)
     return model, resolved.arch, parameters
+
+
+def _order_head_as(model: Any, recorded: list[str], classes: list[str], source: str) -> None:
+    """Fine-tuning weights that name the data's classes in another order (a folder sorts
+    numbered classes as text, `1, 10, 2`, a CSV index as numbers, `1, 2, 10`): their head is
+    kept for the same classes, its outputs put in the data's order (row by row of each class
+    layer), so that each output goes on meaning the class it was trained on."""
+    import torch
+
+    from torchkit.core.data.sources.samples import nfc
+    from torchkit.core.models.heads import class_layers
+
+    names, wanted = [nfc(str(name)) for name in recorded], [nfc(name) for name in classes]
+    if names == wanted or sorted(names) != sorted(wanted) or len(set(names)) != len(names):
+        return
+    order = torch.tensor([names.index(name) for name in wanted])
+    with torch.no_grad():
+        for _, layer in class_layers(model):
+            for tensor in (layer.weight, layer.bias):
+                if tensor is not None:
+                    tensor.copy_(tensor[order.to(tensor.device)])
+    shown = ", ".join(map(str, recorded[:6])) + (" ..." if len(recorded) > 6 else "")
+    log.warning(
+        "%s names the data's classes in another order (%s): its head's outputs are put in "
+        "the data's order, each still the class it was trained on",
+        source,
+        shown,
+    )
 
 
 def _check_image_sizes(
