@@ -287,11 +287,64 @@ def _flag_template(name: str):
     return option
 
 
+# ctx.meta key: each single-valued option's values as the command line gives them, in order.
+_GIVEN_VALUES = "torchkit.given_values"
+
+
+def _recording_values(parser, ctx) -> None:
+    """Make `parser` record in ctx.meta every value of each single-valued option (click keeps
+    only the last). Left as it is where the parser is not built as click's 8.x is."""
+    given: dict[str, list] = ctx.meta.setdefault(_GIVEN_VALUES, {})
+    options = [
+        *getattr(parser, "_long_opt", {}).values(),
+        *getattr(parser, "_short_opt", {}).values(),
+    ]
+    for option in {id(option): option for option in options}.values():
+        param = getattr(option, "obj", None)
+        if getattr(option, "action", None) != "store" or not isinstance(param, TyperOption):
+            continue
+        if param.multiple or param.count or param.is_flag:
+            continue
+
+        def recording(value, state, process=option.process, name=param.name):
+            given.setdefault(name, []).append(value)
+            return process(value, state)
+
+        option.process = recording
+
+
+def _warn_of_repeated_options(command, ctx) -> None:
+    """A single-valued option given again with another value (`--lr 1 ... --lr 2`) takes the last,
+    as click (and most command lines) do, so that `$BASE --epochs 6` overrides BASE's: said in a
+    warning, never silently. A recipe's value that the command line overrides is no repeat."""
+    names = {param.name: param for param in command.params if isinstance(param, TyperOption)}
+    for name, values in ctx.meta.get(_GIVEN_VALUES, {}).items():
+        shown = [v if isinstance(v, str) else " ".join(map(str, v)) for v in values]
+        if len(set(shown)) < 2 or name not in names:
+            continue
+        flag = "/".join(sorted(names[name].opts, key=len))  # -e/--epochs
+        times = "twice" if len(shown) == 2 else f"{len(shown)} times"
+        console.warn(
+            f"{flag} is given {times} ({', then '.join(shown)}): the last, {shown[-1]}, is used"
+        )
+
+
 class TorchkitCommand(TyperCommand):
+    def make_parser(self, ctx):
+        parser = super().make_parser(ctx)
+        if not ctx.resilient_parsing:  # completion: nothing is run, nothing to say
+            _recording_values(parser, ctx)
+        return parser
+
+    def parse_args(self, ctx, args):
+        rest = super().parse_args(ctx, args)
+        _warn_of_repeated_options(self, ctx)
+        return rest
+
     def invoke(self, ctx):
         # The command line is parsed (and --help printed) by now: from here on, stdout carries
-        # the command's result alone.
-        with console.results_only_on_stdout():
+        # the command's result alone. What it reads is held to its end (the data's locks).
+        with console.results_only_on_stdout(), held_until_the_command_ends():
             return super().invoke(ctx)
 
     def format_help(self, ctx, formatter):
