@@ -59,7 +59,7 @@ def test_eval_starts_its_process_group_with_the_collective_timeout(rank_without_
 
     with pytest.raises(DeviceError) as caught:
         options = EvalOptions(data="digits", run=InferenceOptions(device="cpu"))
-        evaluate(ModelSpec(model="convnet"), options)
+        evaluate(ModelSpec(model="convnet", allow_untrained=True), options)
     _check_one_start(rank_without_peers, caught.value)
 
 
@@ -76,7 +76,8 @@ def test_predict_starts_its_process_group_with_the_collective_timeout(rank_witho
         )
     )
     with pytest.raises(DeviceError) as caught:
-        run.setup()
+        run.setup()  # (the group is joined once the loader's workers are forked)
+        list(run.rows())
     _check_one_start(rank_without_peers, caught.value)
 
 
@@ -198,3 +199,43 @@ def test_extract_features_under_torchrun_is_refused_on_every_rank_before_any_wor
         assert line.startswith("Error: extract-features runs in one process: under torchrun")
         assert "run it without torchrun" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]
+
+
+def test_an_error_before_the_forks_joins_the_group_then_is_the_error(rank_without_peers):
+    """A rank that fails before its loader's workers are forked joins first, as it did when
+    the group came first, so the others learn of it instead of waiting for it to join; its
+    own error is what it reports, not the join's."""
+    ctx = distributed.place("cpu")
+    with pytest.raises(ValueError, match="bad data"), distributed.JoinedAfterForks(ctx):
+        raise ValueError("bad data")
+    assert len(rank_without_peers) == 1 and not ctx.initialised_here
+
+
+def test_ctrl_c_before_the_forks_ends_the_rank_without_joining(rank_without_peers):
+    ctx = distributed.place("cpu")
+    with pytest.raises(KeyboardInterrupt), distributed.JoinedAfterForks(ctx):
+        raise KeyboardInterrupt
+    assert rank_without_peers == []
+
+
+def test_the_group_is_joined_once_at_the_forks_or_at_the_end(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    starts: list[dict] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(starts))
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: starts.append(kwargs))
+    monkeypatch.setattr(dist, "barrier", lambda: None)
+    ctx = distributed.place("cpu")
+    assert (ctx.rank, ctx.world_size, ctx.backend) == (1, 2, None) and starts == []
+    with distributed.JoinedAfterForks(ctx, 7) as join:
+        join()
+        join()
+    assert len(starts) == 1 and starts[0]["timeout"] == timedelta(seconds=7)
+    assert (ctx.backend, ctx.initialised_here) == ("gloo", True)
+    starts.clear()
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(starts))
+    later = distributed.place("cpu")
+    with distributed.JoinedAfterForks(later):
+        pass  # no workers to fork: joined at the end
+    assert len(starts) == 1 and later.initialised_here

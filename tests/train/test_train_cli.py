@@ -622,18 +622,23 @@ def test_resume_runs_on_the_saved_device_unless_another_is_given(
     first = [*FAST, "--epochs", "1", "--device", "cpu", "--dist-timeout", "77"]
     assert train(runner, "--data", str(split_root), *first, "--out", str(out)).exit_code == 0
     asked = []
-    setup = distributed.setup
+    place, join = distributed.place, distributed.join
 
-    def spy(device_spec, timeout_s=None, **kwargs):
-        asked.append((device_spec, timeout_s))
-        return setup(device_spec, timeout_s, **kwargs)
+    def place_spy(device_spec):
+        asked.append(device_spec)
+        return place(device_spec)
 
-    monkeypatch.setattr(distributed, "setup", spy)
+    def join_spy(ctx, timeout_s=None, **kwargs):
+        asked.append(timeout_s)
+        return join(ctx, timeout_s, **kwargs)
+
+    monkeypatch.setattr(distributed, "place", place_spy)
+    monkeypatch.setattr(distributed, "join", join_spy)
     trusted = "--trust-checkpoint"
     assert train(runner, "--resume", str(out), "--epochs", "2", trusted).exit_code == 0
     again = train(runner, "--resume", str(out), "--epochs", "3", "--device", "auto", trusted)
     assert again.exit_code == 0, again.stderr
-    assert asked == [("cpu", 1800.0), ("auto", 1800.0)]
+    assert asked == ["cpu", 1800.0, "auto", 1800.0]
 
 
 class _Records(logging.Handler):

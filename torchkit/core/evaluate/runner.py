@@ -57,7 +57,13 @@ from torchkit.core.runtime.device import (
     resolve_amp_dtype,
     to_channels_last,
 )
-from torchkit.core.runtime.distributed import DistContext, all_gather, setup, teardown
+from torchkit.core.runtime.distributed import (
+    DistContext,
+    JoinedAfterForks,
+    all_gather,
+    place,
+    teardown,
+)
 from torchkit.core.runtime.launch import is_main_process
 from torchkit.core.runtime.plot_helper import PlotHelper, plot_helper
 from torchkit.core.topk import DEFAULT_TOPK, ranked_classes
@@ -362,13 +368,15 @@ def _evaluate(
     scorer: Any = None,
     painter: PlotHelper | None = None,
 ) -> EvalResult | None:
-    ctx = setup(options.run.device)
+    # The process group is joined once the loader's workers are forked (`JoinedAfterForks`).
+    ctx = place(options.run.device)
     previous_level = log.level
     if not ctx.is_main:
         log.setLevel(logging.ERROR)  # only rank 0 warns
     ok = False
     try:
-        run = _run(spec, options, ctx, progress, scorer)
+        with JoinedAfterForks(ctx) as join:
+            run = _run(spec, options, ctx, progress, scorer, join)
         ok = True
     finally:
         log.setLevel(previous_level)
@@ -430,7 +438,10 @@ def _run(
     ctx: DistContext,
     progress: Progress | None,
     scorer: Any = None,
+    join: Callable[[], None] | None = None,
 ) -> tuple[EvalResult, list[str]] | None:
+    """The images scored on this rank and gathered on rank 0; `join` joins the process group
+    once the loader's workers are forked."""
     import torch
 
     from torchkit.core.data.batches import collate_skipping_unreadable
@@ -483,6 +494,8 @@ def _run(
             **worker_options(workers),
         )
         batches = iter(loader)  # the workers are forked here
+    if join is not None:
+        join()  # Gloo's threads start: after the forks
     info_amp_dtype = None if amp_dtype is None else amp_dtype_name(amp_dtype)
     model = resolved.model
     model.eval()

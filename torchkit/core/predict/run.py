@@ -8,6 +8,7 @@ rank 0, which yields them in order: one output, the same rows as one process.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -96,8 +97,10 @@ class PredictRun:
         from torchkit.core.data.preprocessing import image_mode
         from torchkit.core.inference.scoring import TTA_MODES
         from torchkit.core.runtime.distributed import (
+            JoinedAfterForks,
             broadcast_from_main,
             launched_by_torchrun,
+            place,
             setup,
         )
         from torchkit.core.runtime.threads import until_workers_forked
@@ -157,7 +160,9 @@ class PredictRun:
         preprocess = self.resolved.preprocess
         self.mode = image_mode(preprocess.in_channels)
         if getattr(self, "ctx", None) is None:  # after the images: a missing one said first
-            self.ctx = setup(request.run.device)
+            # The process group is joined once the loader's workers are forked (`_records`).
+            self.ctx = place(request.run.device)
+        self._join = JoinedAfterForks(self.ctx)
         self.device = self.ctx.device
         self.info = {
             "model": request.model,
@@ -239,10 +244,16 @@ class PredictRun:
         """Tear down the process group this run made. After a run that ended well on every
         rank, the ranks first wait for each other: Gloo torn down on one rank while another
         still talks to it aborts that process ("terminate called without an active
-        exception"). After a failure nobody waits (a rank that never got here would hang it)."""
+        exception"). After a failure nobody waits (a rank that never got here would hang it).
+        A rank that fails before it joined the group (before its workers were forked) joins
+        it first, unless Ctrl-C or SIGTERM ends it: the others learn of the failure instead
+        of waiting for it to join (`JoinedAfterForks`)."""
         if getattr(self, "ctx", None) is not None:
             from torchkit.core.runtime.distributed import teardown
 
+            join = getattr(self, "_join", None)
+            if join is not None and not ok:
+                join.ended(sys.exc_info()[1] or RuntimeError("the run ended early"))
             teardown(self.ctx, wait=ok)
 
     def rows(self, progress: Progress | None = None) -> Iterator[dict[str, Any]]:
@@ -308,6 +319,7 @@ class PredictRun:
         # start threads beside them: OpenMP's, a GPU driver's).
         with until_workers_forked():
             next(batches)  # its first yield: the workers are forked
+        self._join()  # Gloo's threads start: after the forks
         with torch_threads(compute_threads(workers, tiny_inputs=samples.images is not None)):
             try:
                 model = self.resolved.model.eval().to(self.device)

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from torchkit.core.io.errors import DeviceError, TorchkitError, first_line, on_every_rank
@@ -57,27 +58,41 @@ def setup(
     A process group that already exists (made by the caller) is joined as it is, with its
     ranks. `timeout_option` is the command's option that sets `timeout_s`, named in the hint
     when the ranks do not all join in time."""
-    from datetime import timedelta
+    return join(place(device_spec), timeout_s, timeout_option=timeout_option)
 
-    import torch.distributed as dist
 
+def place(device_spec: str) -> DistContext:
+    """This process's rank, world and device, without the process group (`join` starts it):
+    what a command needs to fork its loader's workers before the group's threads exist."""
     from torchkit.core.runtime.device import select_device
 
     # One device rule for every command: a CUDA device becomes the current one, and under
     # torchrun each rank takes cuda:LOCAL_RANK (an explicit cuda:N is refused).
     if not joins_process_group():
         return DistContext(device=select_device(device_spec))
-    existing = dist.is_initialized()
     launch = launch_env()
-    if existing:
+    rank, world_size = launch.rank, launch.world_size
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():  # made by the caller
         rank, world_size = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world_size = launch.rank, launch.world_size
-    local_rank = launch.local_rank
-    device = select_device(device_spec, local_rank=local_rank, world_size=world_size)
-    if existing:
-        return DistContext(rank, world_size, local_rank, device, dist.get_backend())
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    device = select_device(device_spec, local_rank=launch.local_rank, world_size=world_size)
+    return DistContext(rank, world_size, launch.local_rank, device)
+
+
+def join(
+    ctx: DistContext, timeout_s: float | None = None, *, timeout_option: str | None = None
+) -> DistContext:
+    """`ctx` (from `place`) with its process group: started under torchrun (Gloo's threads
+    with it), or the caller's, as it is. A world of one has none: `ctx` as it is."""
+    if not joins_process_group() or ctx.backend is not None:
+        return ctx
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        ctx.backend = dist.get_backend()
+        return ctx
+    rank, world_size = ctx.rank, ctx.world_size
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
     seconds = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     started = time.monotonic()
     try:
@@ -105,7 +120,46 @@ def setup(
             f"{seconds:g} s: {first_line(error)}",
             hint,
         ) from error
-    return DistContext(rank, world_size, local_rank, device, backend, initialised_here=True)
+    ctx.backend, ctx.initialised_here = backend, True
+    return ctx
+
+
+class JoinedAfterForks:
+    """The process group joined once a command's loader workers are forked (calling it joins):
+    `init_process_group` starts Gloo's threads, and a process forked beside a thread may
+    deadlock in the child on a lock that thread held. So everything up to the forks runs
+    before the group exists (`place` gives the rank, world and device it needs).
+
+    Used as a context around that work: an error in it before the join joins first, then
+    propagates, as it did when the work came after the join: the other ranks learn of it as of
+    any rank's failure, where they would wait for this rank to join until the timeout. (A
+    failure to join then is left unsaid: the error is the cause.) A block that ends well
+    without calling it has joined at its end."""
+
+    def __init__(
+        self, ctx: DistContext, timeout_s: float | None = None, *, timeout_option: str | None = None
+    ) -> None:
+        self.ctx, self.timeout_s, self.timeout_option = ctx, timeout_s, timeout_option
+        self.tried = False
+
+    def __call__(self) -> None:
+        if not self.tried:
+            self.tried = True
+            join(self.ctx, self.timeout_s, timeout_option=self.timeout_option)
+
+    def __enter__(self) -> JoinedAfterForks:
+        return self
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        self.ended(error)
+
+    def ended(self, error: BaseException | None) -> None:
+        """The work ended (with `error`, or None): the group joined if it is not yet."""
+        if error is None:
+            self()
+        elif isinstance(error, Exception) and not self.tried:  # not Ctrl-C, not SIGTERM
+            with contextlib.suppress(Exception):
+                self()
 
 
 # What Gloo and torch's store say when a peer's connection went away (the process crashed or

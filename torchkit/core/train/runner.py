@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 from torchkit.core.data.sources import SPLIT_CSV
 from torchkit.core.io.errors import DeviceError, InputError, UsageError, on_every_rank
@@ -128,11 +128,14 @@ def _run_on_device(
     import torch
 
     config = plan.config
-    ctx = distributed.setup(config.device, config.dist_timeout, timeout_option="--dist-timeout")
+    # The process group is joined once the loaders' workers are forked (`JoinedAfterForks`).
+    ctx = distributed.place(config.device)
+    join = distributed.JoinedAfterForks(ctx, config.dist_timeout, timeout_option="--dist-timeout")
     try:
         with ddp.one_line_per_failure(ctx):
-            ddp.check_ddp_device(ctx)
-            result = _train(ctx, plan, folder, callbacks, timeline)
+            with join:
+                ddp.check_ddp_device(ctx)
+                result = _train(ctx, plan, folder, callbacks, timeline, join)
             # Every rank leaves together: a rank tearing down Gloo while another still finishes
             # its last collective made the latter abort at exit ("terminate called without an
             # active exception", seen in about one full test run in four).
@@ -162,13 +165,15 @@ def _train(
     folder: RunFolder,
     callbacks: TrainCallbacks,
     timeline: RunTimeline,
+    join: Callable[[], None],
 ) -> TrainResult:
-    """This rank's part of the run: set up, write the run files, train and test (or the range
-    test). A failure removes a new run that saved nothing and puts an earlier one back."""
+    """This rank's part of the run: set up (joining the process group with `join` once the
+    loaders' workers are forked), write the run files, train and test (or the range test). A
+    failure removes a new run that saved nothing and puts an earlier one back."""
     state: TrainState | None = None
     try:
         try:
-            state = _set_up(ctx, plan, folder)
+            state = _set_up(ctx, plan, folder, join)
             result = _begin(ctx, plan, state, folder)
             timeline.mark("set-up", setup_details(state, time.perf_counter() - timeline.last))
             if state.config.find_lr:
@@ -213,16 +218,26 @@ def setup_details(state: TrainState, seconds: float) -> str:
     return ", ".join(f"{what} {max(0.0, s):.2f} s" for what, s in steps)
 
 
-def _set_up(ctx: DistContext, plan: RunPlan, folder: RunFolder) -> TrainState:
+def _set_up(
+    ctx: DistContext, plan: RunPlan, folder: RunFolder, join: Callable[[], None]
+) -> TrainState:
     """Everything that can fail on bad input, before anything is written: the options' own
-    checks, the run folder (checked and locked), then data, model and training state."""
+    checks, the run folder (checked and locked), then data, model and training state. Under
+    torchrun the folder is checked once the ranks have joined (rank 0 tells the others the
+    outcome), after the loaders' workers are forked: none is forked beside Gloo's threads."""
     config = plan.config
     sync_bn = ddp.check_sync_bn(ctx, config.sync_bn, plan.resumed_from)
     if config.tensorboard:
         check_tensorboard()
     amp = build_amp(ctx.device, config)
-    folder.open(ctx, plan)
-    return prepare_state(ctx, plan, amp, sync_bn)
+    if not ctx.is_distributed:
+        folder.open(ctx, plan)  # no other rank to tell: before the data is read
+
+    def joined() -> None:
+        join()
+        folder.open(ctx, plan)
+
+    return prepare_state(ctx, plan, amp, sync_bn, after_forks=joined)
 
 
 def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder) -> TrainResult:

@@ -121,11 +121,19 @@ def build_amp(device: Any, config: TrainConfig) -> Amp:
     return Amp(lambda: torch.autocast(device.type, dtype=dtype), scaler, name)
 
 
-def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> TrainState:
+def prepare_state(
+    ctx: DistContext,
+    plan: RunPlan,
+    amp: Amp,
+    sync_bn: bool,
+    after_forks: Callable[[], None] | None = None,
+) -> TrainState:
     """Data, model and training state of the run (restored from the checkpoint when resuming),
     everything checked before anything is written. The first epoch's batches are asked for
     (and, decoding on a GPU, its decoder readied) before the model is built, so that both run
-    while the rest sets up; the loaders' workers are stopped again if a later step fails."""
+    while the rest sets up; the loaders' workers are stopped again if a later step fails.
+    `after_forks` runs once every loader worker is forked (under torchrun: joining the process
+    group, whose threads no worker may be forked beside)."""
 
     from torchkit.core.runtime.seeding import seed_everything
 
@@ -207,6 +215,10 @@ def prepare_state(ctx: DistContext, plan: RunPlan, amp: Amp, sync_bn: bool) -> T
             if not starts.decoding_early:  # else decoding the first batches readies it
                 _warm_decoder(ctx, config, data, preprocess)
         split.mark("starting the workers")
+        if after_forks is not None:
+            after_forks()
+            if ctx.is_distributed:
+                split.mark("joining the ranks")
         model, arch, parameters = build_model()
         split.mark("model")
         _to_device(model, ctx, config)
