@@ -1116,6 +1116,48 @@ def test_a_whole_flv_whose_audio_runs_on_after_its_video_is_not_truncated(tmp_pa
         assert probe_video(cut, **options).status == "truncated", options
 
 
+def mpeg_pts(b: bytes) -> int:
+    """A PES packet's 33-bit PTS from its 5 bytes."""
+    return (b[0] >> 1 & 7) << 30 | b[1] << 22 | (b[2] >> 1) << 15 | b[3] << 7 | b[4] >> 1
+
+
+def longer_audio_mpg(data: bytes, seconds: float) -> bytes:
+    """OpenCV's MPEG-1 program stream `data` (video alone) with an audio stream's packets
+    (stream 0xC0, a PTS each, empty frames) every 40 ms from its first frame's time up to
+    `seconds`: a whole file whose audio runs on after its video."""
+    video = data.find(b"\x00\x00\x01\xe0")  # MPEG-1 PES: the length, then PTS (and DTS)
+    first = mpeg_pts(data[video + 6 : video + 11])
+    out = bytearray(data)
+    for ms in range(0, int(seconds * 1000), 40):
+        pts = first + 90 * ms
+        field = bytes(
+            [0x21 | (pts >> 29 & 0x0E), pts >> 22 & 0xFF, 0x01 | (pts >> 14 & 0xFE)]
+            + [pts >> 7 & 0xFF, 0x01 | (pts << 1 & 0xFE)]
+        )
+        assert mpeg_pts(field) == pts
+        body = field + bytes(200)
+        out += data[:12] + b"\x00\x00\x01\xc0" + struct.pack(">H", len(body)) + body  # a pack
+    return bytes(out)
+
+
+def test_a_whole_mpeg_ps_whose_audio_runs_on_after_its_video_is_not_truncated(tmp_path):
+    """FFmpeg reckons an MPEG-PS file's duration from the timestamps at its end, of any
+    stream: 1.6 s of video beside 4 s of audio read `truncated: 40 of the 99 frames its header
+    declares decode` (exit 1), which a cut never gives (it ends every stream, and the
+    duration with them). The file is whole, its row the 40 frames decoded."""
+    path = tmp_path / "talk.mpg"
+    if not write_video(path, "MPG2", 48, 32, 25.0, 40):
+        pytest.skip("this OpenCV build cannot write MPEG-PS")
+    data = path.read_bytes()
+    if data[:4] != b"\x00\x00\x01\xba" or data[4] >> 4 != 0b0010:
+        pytest.skip("not the MPEG-1 program stream this test extends")
+    path.write_bytes(longer_audio_mpg(data, 4.0))
+    for options in ({}, {"exact": True}):
+        info = probe_video(path, **options)
+        assert (info.status, info.frames, info.frames_header) == ("ok", 40, 99), options
+        assert (info.frames_source, info.duration_s) == ("decoded", 1.6), options
+
+
 def test_a_whole_variable_rate_file_without_sizes_is_ok_and_its_cut_copy_truncated(
     tmp_path, whole_videos
 ):

@@ -203,7 +203,11 @@ def _frames_short(decoded: int, header: int | None, reached: int = 0) -> str | N
 def _runs_on_past_its_video(path: Path, container: str | None, info: VideoInfo) -> bool:
     """Whether a file whose video ends before its header's count (reckoned from the file's
     duration) has other streams that run on to that duration (audio longer than the video),
-    so it is whole, not cut: an FLV's last tag, of any stream, reaches it."""
+    so it is whole, not cut: an FLV's last tag, of any stream, reaches it; an MPEG-PS file's
+    duration is what FFmpeg reads from the timestamps at its end, of any stream, so a video
+    short of it always ends before another stream (a cut ends them all, and the duration)."""
+    if container == "mpeg-ps":
+        return True
     end_s = flv_last_tag_s(path) if container == "flv" else None
     header = info.frames_header
     # the last tag starts a frame of its own: one more frame position
