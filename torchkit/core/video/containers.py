@@ -738,7 +738,7 @@ _MKV_SEGMENT, _MKV_SEEK_HEAD, _MKV_TRACKS, _MKV_TAGS = (
     0x1254C367,
 )
 _MKV_CLUSTER = 0x1F43B675
-_MKV_HEAD = 1 << 16  # the Segment's first bytes read for its Tracks and Tags
+_MKV_HEAD = 1 << 14  # the first bytes read for the Tracks and Tags (writers put them first)
 _MKV_MAX_TAGS = 1 << 20  # Tags elsewhere in the file are read if no bigger than this
 _MKV_DURATION = re.compile(r"(\d+):(\d\d):(\d\d(?:\.\d*)?)")
 
