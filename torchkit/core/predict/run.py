@@ -488,7 +488,8 @@ class PredictRun:
             values: list[Any] = [ids[index] if ids else str(index)]
             if splits:
                 values.append(splits[index])
-            values.append(label_names[labels[index]] if labels else "")
+            # No true label (unlabelled images, whose one class is ""): None, an empty CSV field.
+            values.append((label_names[labels[index]] or None) if labels else None)
             if index in errors:
                 summary.unreadable += 1
                 message = errors[index]
@@ -521,7 +522,7 @@ class PredictRun:
                     values += (names[label], p)
             if logits:
                 values += [_digits(v) for v in logits[position]]
-            values.append("" if ok else "non-finite output")
+            values.append(None if ok else "non-finite output")
             records.append((keys, values))
         return records
 
