@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import shutil
 import urllib.error
 from pathlib import Path
 
@@ -831,6 +832,45 @@ def test_resume_with_another_model_or_class_count_is_refused(runner, split_root,
     assert other_data.exit_code == 1
     assert "trained on 3 classes" in error_line(other_data)
     assert read_checkpoint(out / "last.pt")["epoch"] == 2  # untouched
+
+
+def test_resume_on_a_csv_index_of_the_runs_numbered_class_folders_goes_on_as_on_the_folders(
+    runner, tmp_path
+):
+    """A folder sorts numbered classes as text (`1, 10, 2`), a CSV index of the same images as
+    numbers (`1, 2, 10`): resuming the folder's run on its index was refused as "trained on 3
+    classes (1, 10, 2), the data has 3 (1, 2, 10)", though the same form of other class names
+    resumes. The index is now labelled in the run's order and goes on as the folders do."""
+    data = tmp_path / "data"
+    counts = {"1": 4, "2": 4, "10": 4}
+    write_image_folder(data / "train", counts, seed=1)
+    write_image_folder(data / "val", {name: 2 for name in counts}, seed=2)
+    with (data / "index.csv").open("w", newline="") as handle:
+        rows = csv.writer(handle)
+        rows.writerow(["path", "label", "split"])
+        for split in ("train", "val"):
+            for name in ("1", "10", "2"):  # as the folders list them
+                for image in sorted((data / split / name).iterdir()):
+                    rows.writerow([image.relative_to(data).as_posix(), name, split])
+    first = tmp_path / "first"
+    args = [*FAST, "--epochs", "1", "--device", "cpu", "--deterministic"]
+    assert train(runner, "--data", str(data), *args, "--out", str(first)).exit_code == 0
+    assert read_checkpoint(first / "last.pt")["classes"] == ["1", "10", "2"]
+    shutil.copytree(first, tmp_path / "second")
+    more = ["--epochs", "2", "--trust-checkpoint"]
+    on_folders = train(runner, "--resume", str(first), *more)
+    assert on_folders.exit_code == 0, on_folders.stderr
+    on_index = train(
+        runner, "--resume", str(tmp_path / "second"), "--data", str(data / "index.csv"), *more
+    )
+    assert on_index.exit_code == 0, on_index.stderr
+    folders, index = (
+        read_checkpoint(first / "last.pt"),
+        read_checkpoint(tmp_path / "second" / "last.pt"),
+    )
+    assert index["classes"] == ["1", "10", "2"]
+    for key, value in folders["model"].items():
+        assert torch.equal(index["model"][key], value), key
 
 
 def test_resume_on_data_with_another_number_of_training_images_says_it_is_not_exact(

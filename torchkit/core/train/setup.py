@@ -148,6 +148,8 @@ def prepare_state(
     set_cudnn_switches(ctx.device.type, config)
     # A resumed run takes back the split it recorded (held-out val images included).
     data = load_splits(config, checkpoint.get("data") if checkpoint is not None else None)
+    if checkpoint is not None:
+        _label_in_the_runs_order(data, list(checkpoint["classes"]), str(config.data))
     train = data.splits["train"]
     drop_last = _drop_last(ctx, config, checkpoint)
     config = _resolve_decode(ctx, config, data)
@@ -372,6 +374,22 @@ def _resolve_decode(ctx: DistContext, config: TrainConfig, data: TrainData) -> T
     return dataclasses.replace(
         config, decode=decode, decode_cpu_share=share, data_defaults=defaults
     )
+
+
+def _label_in_the_runs_order(data: TrainData, saved: list[str], where: str) -> None:
+    """The run's classes named by the data in another order (a folder sorts numbered classes
+    as text, `1, 10, 2`, a CSV index of it as numbers): every split labelled in the run's
+    order, in place, as the weights' outputs are. Other classes are left to
+    `_check_resumed_classes`."""
+    from torchkit.core.data.sources.samples import nfc
+    from torchkit.core.data.sources.source import relabelled
+
+    classes = list(data.splits["train"].classes)
+    names, theirs = [nfc(str(name)) for name in saved], [nfc(name) for name in classes]
+    if names == theirs or sorted(names) != sorted(theirs) or len(set(names)) != len(names):
+        return
+    for split, samples in data.splits.items():
+        data.splits[split] = relabelled(samples, saved, f"{where} ({split})")
 
 
 def _check_resumed_classes(checkpoint: dict, classes: list[str]) -> None:
