@@ -23,6 +23,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from torchkit import __version__, deferred_signals, working_folder
 from torchkit.cli import console
 from torchkit.core.io.errors import NAME_TOO_LONG_HINT, first_line
+from torchkit.core.io.folder_locks import held_until_the_command_ends
 from torchkit.program import ends_while_starting
 from torchkit.program import runs_as_the_program as runs_as_the_program  # its old home
 from torchkit.switches import switched_on

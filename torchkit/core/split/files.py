@@ -15,6 +15,7 @@ from torchkit.core.data.hashing import file_digest
 from torchkit.core.io.csv_rows import CsvWriter
 from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError, UsageError
 from torchkit.core.io.files import atomic_write
+from torchkit.core.io.folder_locks import flock_path, held_exclusively
 from torchkit.core.io.outputs import (
     OutputLockedError,
     check_claimed,
@@ -141,30 +142,27 @@ def moving_out_of(
     one of them. So a second move out of ROOT, out of a folder inside it (`ROOT/cat`) or out of
     a folder holding it, is refused: it would find the first one's files gone, stop half-way,
     and its rerun would take every file for one another process deleted. Moves out of folders
-    side by side share the locks above them. `locked`: the roots of an earlier call this process
+    side by side share the locks above them. A command reading ROOT or a folder in it holds a
+    shared one on ROOT (`lock_for_reading`): the move is refused while it reads, and it while
+    the move runs. `locked`: the roots of an earlier call this process
     still holds, where the shared locks stop (a second flock on a folder, through another
     descriptor, would be refused as another move's). (No flock, as on Windows: none.)"""
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
     held: list[int] = []
     try:
-        if fcntl is not None:
-            reals = {os.path.realpath(root): root for root in roots}
-            held_already = {os.path.realpath(folder) for folder in locked}
-            above: dict[str, str | os.PathLike] = {}
-            for real, root in reals.items():
-                folder = os.path.dirname(real)
-                while folder not in above and folder not in reals and folder not in held_already:
-                    above[folder] = root
-                    if os.path.dirname(folder) == folder:
-                        break
-                    folder = os.path.dirname(folder)
-            for root in reals.values():
-                _lock(fcntl, root, fcntl.LOCK_EX, held, f"{root} or a folder in it")
-            for folder, root in above.items():
-                _lock(fcntl, folder, fcntl.LOCK_SH, held, f"{folder}, which holds {root}")
+        reals = {os.path.realpath(root): root for root in roots}
+        held_already = {os.path.realpath(folder) for folder in locked}
+        above: dict[str, str | os.PathLike] = {}
+        for real, root in reals.items():
+            folder = os.path.dirname(real)
+            while folder not in above and folder not in reals and folder not in held_already:
+                above[folder] = root
+                if os.path.dirname(folder) == folder:
+                    break
+                folder = os.path.dirname(folder)
+        for root in reals.values():
+            _lock(root, True, held, f"{root} or a folder in it")
+        for folder, root in above.items():
+            _lock(folder, False, held, f"{folder}, which holds {root}")
         yield
     finally:
         for fd in held:
@@ -201,24 +199,26 @@ def _outermost(folders: set[str], index: str) -> list[str]:
     return list(tops)
 
 
-def _lock(fcntl: Any, path: str | os.PathLike, kind: int, held: list[int], what: str) -> None:
-    """A non-blocking flock of `kind` on `path`, its fd added to `held`; an OutputLockedError
-    naming `what` where another move holds it."""
+def _lock(path: str | os.PathLike, exclusive: bool, held: list[int], what: str) -> None:
+    """A non-blocking flock on `path` (a missing one needs none: what follows says so, or needs
+    no ROOT, as a finished move), its fd added to `held`; an OutputLockedError where another
+    process holds one: another move's, or (shared, where this one is exclusive) those of the
+    commands that read `path` (`core.data.sources.moving.lock_for_reading`)."""
     try:
-        # O_NONBLOCK: a FIFO given as ROOT is not waited on here
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:  # missing: what follows says so, or needs no ROOT (a finished move)
-        return
-    held.append(fd)
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        fd = flock_path(path, exclusive=exclusive)
     except BlockingIOError:
+        if exclusive and not held_exclusively(path):
+            raise OutputLockedError(
+                f"another torchkit command is reading {path}, or another torchkit split is "
+                "moving files out of a folder in it",
+                "wait for it to finish",
+            ) from None
         raise OutputLockedError(
             f"another torchkit split is moving files out of or into {what}",
             "wait for it to finish; then split what it left, if anything",
         ) from None
-    except OSError:  # a file system without flock
-        pass
+    if fd is not None:
+        held.append(fd)
 
 
 def move_file(source: str, dest: str, links: LinkTargets | None = None) -> None:

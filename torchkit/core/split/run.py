@@ -12,11 +12,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.moving import (
-    half_moved_into,
-    refuse_half_moved,
-    stopped_move_error,
-)
+from torchkit.core.data.sources.moving import lock_for_reading, moving_here
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -138,8 +134,11 @@ def split_dataset(
     names = check_names(SPLIT_NAMES[:parts] if names is None else names, parts)
     options = SplitOptions(fractions, counts, names, seed, stratify, group, mode, dedup, oversample)
     # A move empties ROOT: a second move out of it (into another OUT) would find each file
-    # gone and report it deleted, so ROOT is held for the move's whole run.
-    with moving_out_of(source) if mode == "move" else contextlib.nullcontext():
+    # gone and report it deleted, and a reader would read part of it, so ROOT is held for the
+    # move's whole run (and its own reading of ROOT takes no reader's lock).
+    if mode != "move":
+        return _split_or_finish(source, Path(out), options, force, progress)
+    with moving_out_of(source), moving_here(source):
         return _split_or_finish(source, Path(out), options, force, progress)
 
 
@@ -167,14 +166,10 @@ def _split_or_finish(
             "move them elsewhere first, or choose another output folder",
         )
 
-    if mode == "move" and (moving := half_moved_into(Path(source))) is not None:
-        # Its files are in two places already: a second move would put them in three.
-        # (One running now holds ROOT's lock, taken above: refused there.)
-        raise stopped_move_error(source, moving)
-    if mode != "move":
-        # Half of it is in OUT1 (or on its way there): a split of what is left would pass
-        # for a split of the whole.
-        refuse_half_moved(Path(source))
+    # Half of it is in OUT1 (or on its way there): a split of what is left would pass for a
+    # split of the whole, and a second move would put its files in three places. (A move
+    # running now holds ROOT's lock, or a folder's above it: a move is refused there, above.)
+    lock_for_reading(Path(source))
     # The dataset before OUT's rules: a missing one is not reported as an OUT that "already
     # exists". (An interrupted or finished move, above, needs no dataset to say so.)
     require_data(source)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchkit.core.data.sources.moving import MOVING, refuse_moved_inside
 from torchkit.core.data.sources.samples import (
     Samples,
     class_index,
@@ -114,7 +115,9 @@ def list_folders(
     files twice, or forever. Linked folders are entered after the plain folders, the nearer
     and then the first by name first, so which path a file is read at does not depend on the
     order the system lists a folder in. One `os.scandir` a folder; one `realpath` a link.
-    `links_only`: only the links are looked at (for `entered`), in half the time."""
+    `links_only`: only the links are looked at (for `entered`), in half the time. A folder
+    under `tops` that a move has half emptied (its record met) is an InputError
+    (`moving.refuse_moved_inside`)."""
     read: set[str] = set()  # real paths of the folders read
     holding: set[str] = set()  # the folders above them
 
@@ -143,6 +146,9 @@ def list_folders(
     entered: list[str] = []
     unentered: list[str] = []
     pending = [(str(Path(top)), n) for n, top in enumerate(tops)]
+    # The data's own record is its reader's to look at (`lock_for_reading`); those of folders
+    # in it are looked at here, where the listing meets them.
+    own = {folder for folder, _ in pending} if within is None else set()
     while pending:
         links: list[tuple[int, str, int]] = []  # (depth, path, top) of the linked folders met
         for folder, top in pending:
@@ -150,6 +156,8 @@ def list_folders(
                 name = entry.name
                 if is_apple_double(name):
                     continue
+                if name == MOVING and (os.path.dirname(path) or ".") not in own:
+                    refuse_moved_inside(os.path.dirname(path))  # a move emptied part of it
                 try:
                     if links_only and not entry.is_symlink():
                         continue

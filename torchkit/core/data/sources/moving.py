@@ -1,15 +1,18 @@
 """The record a `split --mode move` keeps beside the data it empties, and what readers make of
-it: a ROOT half moved into OUT holds part of its images, read as data it would pass for whole."""
+it: a ROOT half moved into OUT holds part of its images, read as data it would pass for whole;
+and the lock readers hold so that no move empties what they read while they read it."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from torchkit.core.data.sources.splitting import split_journal
 from torchkit.core.io.errors import InputError
+from torchkit.core.io.folder_locks import flock_path, held_exclusively, hold, is_held
 
 # Beside the data a move empties (in ROOT, hidden: no reader takes it for data; beside a CSV
 # index), while the move runs: the OUT it moves into.
@@ -42,46 +45,88 @@ def stopped_move_error(root: str | os.PathLike, out: Path) -> InputError:
     )
 
 
-def refuse_half_moved(root: Path) -> None:
-    """Data to read that a move has half emptied: an InputError that says how to finish the
-    move, or, where the move holds `root`'s lock (`core.split.files.moving_out_of`), that it is
-    being moved now. The shared lock taken here keeps a move from starting while it looks."""
-    if not moving_record(root).exists():  # the common case: one stat
-        return
-    with _shared_lock(root) as free:
-        out = half_moved_into(root)
+def lock_for_reading(path: Path) -> None:
+    """Hold `path` (data to read: a folder, or a CSV index) against `split --mode move` until
+    the command ends (`core.io.folder_locks`), and refuse it where a move has half emptied it,
+    or empties it now.
+
+    The lock is a shared flock on `path` and on every folder above it (a move out of any of
+    them empties it too); a move takes an exclusive one on what it empties (`moving_out_of` in
+    `core.split.files`), so neither starts while the other runs. An InputError where a move
+    holds one of them (it says into which OUT, where the move has recorded it), or where the
+    record of a move out of one of them says that move stopped half-way (with the command that
+    finishes it). A process that moves `path` itself (`moving_here`) takes no lock: its move's
+    exclusive one would refuse it."""
+    real = os.path.realpath(path)
+    places = [real]
+    while os.path.dirname(places[-1]) != places[-1]:
+        places.append(os.path.dirname(places[-1]))
+    if real not in _moving_here:
+        for place in places:
+            if is_held(place):
+                continue
+            try:
+                fd = flock_path(place, exclusive=False)
+            except BlockingIOError:
+                raise _being_moved_error(path, place, real) from None
+            if fd is not None:
+                hold(place, fd)
+    for place in places:
+        at = path if place == real else Path(place)
+        if not moving_record(at).exists():  # the common case: one stat
+            continue
+        out = half_moved_into(at)
+        if out is not None and place == real:
+            raise stopped_move_error(path, out)
+        if out is not None:
+            raise InputError(
+                f"{path} lies in {place}, which is half moved into {out}: a split --mode move "
+                "into it stopped",
+                f"finish that move first: torchkit split {place} {out} --mode move",
+            )
+
+
+def refuse_moved_inside(folder: str) -> None:
+    """A reader listing data met the record of a move out of `folder`, in it: an InputError
+    where that move has not finished (it stopped, or runs now), whose files are part in
+    `folder`, part in its OUT. (A move that starts later, out of a folder inside the data read,
+    is not refused: the readers' locks are on the data and the folders above it.)"""
+    out = half_moved_into(Path(folder))
     if out is None:
         return
-    if not free:
+    if held_exclusively(folder):
         raise InputError(
-            f"{root} is being moved into {out} by a torchkit split --mode move running now",
-            f"wait for it to finish, then read {out}",
+            f"{folder} is being moved into {out} by a torchkit split --mode move running now",
+            "wait for it to finish",
         )
-    raise stopped_move_error(root, out)
+    raise stopped_move_error(folder, out)
+
+
+def _being_moved_error(path: Path, place: str, real: str) -> InputError:
+    """The error for reading `path` while a split holds `place` (`path`'s real path `real`, or
+    a folder above it) exclusively: moving files out of it, or (as its OUT) into it."""
+    what = f"{path} is" if place == real else f"{path} lies in {place}, which is"
+    out = half_moved_into(path if place == real else Path(place))
+    if out is None:  # a move still planning, or a split writing into `place`
+        return InputError(
+            f"{what} being emptied or written by a torchkit split running now",
+            "wait for it to finish",
+        )
+    return InputError(
+        f"{what} being moved into {out} by a torchkit split --mode move running now",
+        f"wait for it to finish, then read {out}",
+    )
+
+
+_moving_here: set[str] = set()  # the real paths this process moves files out of
 
 
 @contextlib.contextmanager
-def _shared_lock(path: Path):
-    """A non-blocking shared flock on `path`, held inside: whether it was free (True where
-    there is no flock to ask)."""
+def moving_here(root: str | os.PathLike) -> Iterator[None]:
+    """This process moves files out of `root` inside: its reading of `root` takes no lock."""
+    real = os.path.realpath(root)
+    _moving_here.add(real)
     try:
-        import fcntl
-    except ImportError:
-        yield True
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        yield True
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            free = True
-        except BlockingIOError:
-            free = False
-        except OSError:  # a file system without flock
-            free = True
-        yield free
+        yield
     finally:
-        os.close(fd)
+        _moving_here.discard(real)

@@ -21,7 +21,7 @@ from torchkit.core.data.sources.discovery import (
     no_class_folders_error,
     relative_ids,
 )
-from torchkit.core.data.sources.moving import refuse_half_moved
+from torchkit.core.data.sources.moving import lock_for_reading
 from torchkit.core.data.sources.samples import Samples, class_index, find_class, nfc
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -355,7 +355,7 @@ def _open_digits(classes: Sequence[str] | None) -> DataSource:
 def _open_csv(
     path: Path, spec: str, classes: Sequence[str] | None, allow_unlabelled: bool
 ) -> DataSource:
-    refuse_half_moved(path)
+    lock_for_reading(path)
     samples = csv_samples(path, classes=classes, allow_unlabelled=allow_unlabelled)
     root = str(path.parent)
     if samples.splits is None:
@@ -439,7 +439,7 @@ def _open_folder(
             f"{path} is an unfinished split (a torchkit split was stopped while writing it)",
             "run the split command again",
         )
-    refuse_half_moved(path)
+    lock_for_reading(path)
     folders, top_images = _subfolders(path)
     _refuse_renamed_split(path, folders)
     refuse_other_split_names(

@@ -1,0 +1,227 @@
+"""`split --mode move` and the commands that read the folder it empties: a reader holds a shared
+flock on what it reads (and the folders above it) until it ends, a move an exclusive one on what
+it empties, so neither starts while the other runs; a folder inside a half-moved ROOT is refused
+like ROOT; a read-only folder, or one without flock, is still read."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from output_checks import error_line, tree_digest
+from processes import (
+    run_each_in_process,
+    run_torchkit_in_process,
+    start_torchkit_process,
+    wait_until,
+)
+
+from torchkit.core.split import files as split_files
+from torchkit.core.split.files import moving_out_of
+
+
+def make_files(root: Path, counts: dict[str, int]) -> Path:
+    """ROOT/<class>/<class>_<i>.png with distinct bytes (split never decodes them)."""
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            (root / name / f"{name}_{i:02d}.png").write_bytes(f"{name}/{i}".encode() * 7)
+    return root
+
+
+def read_shared(path: Path) -> bool:
+    """Does a reader hold `path` (a shared flock, which an exclusive one cannot join)?"""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # and no move's exclusive one
+            return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_move_is_refused_while_a_command_reads_root_and_runs_once_it_has_ended(
+    tmp_path, make_image_folder
+):
+    # Before: a reader listed ROOT, then a move emptied it while the reader still ran (train
+    # and eval read for minutes after listing): classes vanished, listed files were gone.
+    data = make_image_folder(tmp_path / "data", {"cat": 2, "dog": 2})
+    before = tree_digest(data)
+    fifo = tmp_path / "report"
+    os.mkfifo(fifo)  # the reader ends by writing its report: it waits there for this test
+    reader = start_torchkit_process("dataset-stats", str(data), "-o", str(fifo), "--format", "json")
+    try:
+        wait_until(lambda: read_shared(data), process=reader, what="the reader's lock")
+        refused = run_each_in_process(
+            [["split", where, tmp_path / "out", "--mode", "move"] for where in (data, tmp_path)]
+        )
+        assert refused[0].returncode == 1
+        assert error_line(refused[0].stderr) == (
+            f"Error: another torchkit command is reading {data}, or another torchkit split is "
+            "moving files out of a folder in it (wait for it to finish)"
+        )
+        # A move out of the folder holding ROOT would empty it too.
+        assert refused[1].returncode == 1
+        assert f"command is reading {tmp_path}," in error_line(refused[1].stderr)
+        assert tree_digest(data) == before and not (tmp_path / "out").exists()
+        report = json.loads(fifo.read_text())
+        _, err = reader.communicate(timeout=120)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert reader.returncode == 0, err
+    assert report["images"] == 4 and report["num_classes"] == 2  # none vanished
+    moved = run_torchkit_in_process("split", data, tmp_path / "out", "--mode", "move")
+    assert moved.returncode == 0, moved.stderr  # the reader's lock went with it
+
+
+def stop_a_move(monkeypatch, root: Path, out: Path) -> None:
+    """`split ROOT OUT --mode move`, stopped after 4 files (the power went out)."""
+    from torchkit.core.split import split_dataset
+
+    real_move, moved = split_files.move_file, []
+
+    def crash_after_four(source, dest, **options):
+        if len(moved) == 4:
+            raise KeyboardInterrupt
+        real_move(source, dest, **options)
+        moved.append(source)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(split_files, "move_file", crash_after_four)
+        with pytest.raises(KeyboardInterrupt):
+            split_dataset(root, out, mode="move")
+
+
+@pytest.fixture
+def half_moved(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """(ROOT, OUT): a move of ROOT into OUT stopped after 4 files."""
+    data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
+    stop_a_move(monkeypatch, data, tmp_path / "out")
+    return data, tmp_path / "out"
+
+
+def test_a_folder_inside_a_half_moved_root_is_refused_like_root(tmp_path, half_moved):
+    # Before: ROOT itself was refused, but `--data ROOT/cat` read the cat images left in ROOT
+    # as the whole class, and `split ROOT/cat OTHER --mode move` moved them into a second OUT.
+    data, out = half_moved
+    cat, other = data / "cat", tmp_path / "other"
+    readers = [
+        ["dataset-stats", cat],
+        ["split", cat, other, "--mode", "copy"],
+        ["split", cat, other, "--mode", "move"],
+        ["dataset-stats", data / "index.csv"],  # a CSV index in it
+    ]
+    (data / "index.csv").write_text("path,label\ndog/dog_04.png,dog\n")
+    before = tree_digest(tmp_path)
+    real = os.path.realpath(data)
+    for args, result in zip(readers, run_each_in_process(readers), strict=True):
+        where = args[1]
+        assert result.returncode == 1, (args, result.stderr)
+        assert error_line(result.stderr) == (
+            f"Error: {where} lies in {real}, which is half moved into {out}: a split --mode "
+            f"move into it stopped (finish that move first: torchkit split {real} {out} "
+            "--mode move)"
+        ), args
+    # While that move runs (it holds ROOT: here the test does), it says so.
+    with moving_out_of(data):
+        running = run_torchkit_in_process("dataset-stats", cat)
+    assert running.returncode == 1
+    assert error_line(running.stderr) == (
+        f"Error: {cat} lies in {real}, which is being moved into {out} by a torchkit split "
+        f"--mode move running now (wait for it to finish, then read {out})"
+    )
+    assert tree_digest(tmp_path) == before
+    assert run_torchkit_in_process("split", real, out, "--mode", "move").returncode == 0
+    assert run_torchkit_in_process("dataset-stats", cat).returncode == 1  # empty now: no images
+
+
+def test_data_holding_a_half_moved_folder_is_refused(tmp_path, monkeypatch):
+    # Before: with `split ROOT/cat OUT --mode move` stopped (or running), `train --data ROOT`
+    # read the cat images left in ROOT/cat as the whole class, and `split ROOT OUT2 --mode
+    # move` moved them into a second OUT.
+    data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
+    cat, out = data / "cat", tmp_path / "out"
+    stop_a_move(monkeypatch, cat, out)
+    before = tree_digest(tmp_path)
+    readers = [
+        ["dataset-stats", data],
+        ["split", data, tmp_path / "other", "--mode", "copy"],
+        ["split", data, tmp_path / "other", "--mode", "move"],
+    ]
+    for args, result in zip(readers, run_each_in_process(readers), strict=True):
+        assert result.returncode == 1, (args, result.stderr)
+        assert error_line(result.stderr) == (
+            f"Error: {cat} is half moved into {out}: a split --mode move into it stopped "
+            f"(finish that move first: torchkit split {cat} {out} --mode move)"
+        ), args
+    with moving_out_of(cat):  # that move runs now
+        running = run_torchkit_in_process("dataset-stats", data)
+    assert running.returncode == 1
+    assert error_line(running.stderr) == (
+        f"Error: {cat} is being moved into {out} by a torchkit split --mode move running now "
+        "(wait for it to finish)"
+    )
+    assert tree_digest(tmp_path) == before
+    assert run_torchkit_in_process("split", cat, out, "--mode", "move").returncode == 0
+    assert run_torchkit_in_process("split", data, tmp_path / "other").returncode == 0
+
+
+def test_a_move_that_has_not_recorded_its_out_yet_refuses_readers_too(tmp_path):
+    # Before: a move still planning (hashing ROOT for duplicates) had written no record yet,
+    # so a reader went ahead and read ROOT while it was emptied.
+    data = make_files(tmp_path / "data", {"cat": 2, "dog": 2})
+    with moving_out_of(data):
+        results = run_each_in_process([["dataset-stats", data], ["dataset-stats", data / "cat"]])
+    assert [r.returncode for r in results] == [1, 1]
+    assert error_line(results[0].stderr) == (
+        f"Error: {data} is being emptied or written by a torchkit split running now (wait for "
+        "it to finish)"
+    )
+    assert error_line(results[1].stderr) == (
+        f"Error: {data / 'cat'} lies in {os.path.realpath(data)}, which is being emptied or "
+        "written by a torchkit split running now (wait for it to finish)"
+    )
+
+
+def test_a_read_only_dataset_is_read_and_nothing_is_written_in_it(tmp_path, make_image_folder):
+    data = make_image_folder(tmp_path / "data", {"cat": 2, "dog": 2})
+    folders = [data, data / "cat", data / "dog"]
+    for folder in folders:
+        folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        before = sorted(os.listdir(tmp_path)), tree_digest(data)
+        result = run_torchkit_in_process("dataset-stats", data, "--format", "json")
+        assert result.returncode == 0, result.stderr
+        assert (sorted(os.listdir(tmp_path)), tree_digest(data)) == before
+    finally:
+        for folder in folders:
+            folder.chmod(stat.S_IRWXU)
+
+
+def test_without_flock_on_folders_readers_and_moves_go_ahead(
+    tmp_path, make_image_folder, monkeypatch
+):
+    # NFS (and other file systems) may refuse a flock on a folder: no lock then, and no error.
+    data = make_image_folder(tmp_path / "data", {"cat": 3, "dog": 3})
+    real_flock = fcntl.flock
+
+    def no_flock_on_folders(fd, operation):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.ENOLCK, "No locks available")
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", no_flock_on_folders)
+    results = run_each_in_process(
+        [["dataset-stats", data], ["split", data, tmp_path / "out", "--mode", "move"]]
+    )
+    assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
+    assert not list(data.rglob("*.png"))
