@@ -155,27 +155,33 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-class ShardSampler:
+class WithholdingSampler:
+    """A sampler that `withheld()` empties for a while: a loader with persistent workers
+    iterated there starts its workers and hands them nothing yet
+    (`train.loaders.Loaders.start_workers`)."""
+
+    _withheld = False
+
+    @contextmanager
+    def withheld(self) -> Iterator[None]:
+        """No index inside the block."""
+        self._withheld = True
+        try:
+            yield
+        finally:
+            self._withheld = False
+
+
+class ShardSampler(WithholdingSampler):
     """Indices rank, rank + world_size, ...: the evaluation shards of all ranks cover every
     image exactly once (torch's DistributedSampler pads the shards with repeated images, which
     would then be counted twice). Eval's loader and train's validation and test loaders."""
 
     def __init__(self, size: int, rank: int = 0, world_size: int = 1) -> None:
         self.indices = range(rank, size, world_size)
-        self._withheld = False
 
     def __iter__(self):
         return iter(range(0) if self._withheld else self.indices)
-
-    @contextmanager
-    def withheld(self) -> Iterator[None]:
-        """No index inside the block: a loader with persistent workers iterated there starts
-        its workers and hands them nothing yet (`train.loaders.Loaders.start_eval_workers`)."""
-        self._withheld = True
-        try:
-            yield
-        finally:
-            self._withheld = False
 
     def __len__(self) -> int:
         return len(self.indices)

@@ -17,7 +17,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from torchkit.core.data.batches import collate_skipping_unreadable
-from torchkit.core.data.dataset import ShardSampler, make_dataset, seed_worker, worker_options
+from torchkit.core.data.dataset import (
+    ShardSampler,
+    WithholdingSampler,
+    make_dataset,
+    seed_worker,
+    worker_options,
+)
 from torchkit.core.data.preprocessing import Preprocess
 from torchkit.core.data.sources import DataSource, open_labelled, split_record, training_splits
 from torchkit.core.data.sources.digits import DIGITS
@@ -306,7 +312,7 @@ def preprocess_for(config: TrainConfig) -> Preprocess:
     )
 
 
-class EpochSampler:
+class EpochSampler(WithholdingSampler):
     """Yields (epoch, index) pairs: this rank's share of epoch `epoch`'s order.
 
     Shuffled orders are `randperm(n)` seeded with seed + epoch (as DistributedSampler), padded
@@ -366,6 +372,8 @@ class EpochSampler:
         return order
 
     def __iter__(self):
+        if self._withheld:
+            return
         for index in self._order()[self.skip :]:
             yield (self.epoch, index)
 
@@ -537,16 +545,18 @@ class Loaders:
                 shutdown()
             loader._iterator = None
 
-    def start_eval_workers(self) -> None:
-        """Fork the validation and test loaders' workers now, before the train loader hands
-        its own workers any index. Handing a worker indices starts a thread (the feeder of its
-        multiprocessing queue), and a process forked beside a thread may deadlock in the child
-        on a lock that thread held (Python 3.12+ warns of it at each fork): forked at their
-        first evaluation, the validation workers were forked beside the train workers' feeder
-        threads, and the test workers beside the checkpoint writer's too. Forked here, every
-        worker of the run is forked before any of those threads exists; these are handed their
-        first indices at their first evaluation."""
-        for loader in (self.val, self.test):
+    def start_workers(self, *, train: bool = False) -> None:
+        """Fork the validation and test loaders' workers now (and the train loader's with
+        `train`: where no epoch is started early, a run resumed mid-epoch), before the train
+        loader hands its own workers any index. Handing a worker indices starts a thread (the
+        feeder of its multiprocessing queue), and a process forked beside a thread may
+        deadlock in the child on a lock that thread held (Python 3.12+ warns of it at each
+        fork): forked at their first evaluation, the validation workers were forked beside the
+        train workers' feeder threads, and the test workers beside the checkpoint writer's
+        too; the train workers of a resumed epoch beside Gloo's under torchrun. Forked here,
+        every worker of the run is forked before any of those threads exists; each loader
+        hands its workers their first indices when it is first read."""
+        for loader in (self.val, self.test, self.train if train else None):
             if loader is not None and loader.num_workers > 0 and loader.persistent_workers:
                 with loader.sampler.withheld():
                     iter(loader)  # persistent workers: the loader keeps them
@@ -726,7 +736,7 @@ def build_loaders(
             batch_size = eval_batch_size(-(-len(samples) // world), batch_size, workers)
         # A generator of its own: each iterator the loader makes draws its workers' seed from
         # it, not from torch's global random state (which the model is then built from when
-        # `Loaders.start_eval_workers` makes the first at set-up).
+        # `Loaders.start_workers` makes the first at set-up).
         generator = torch.Generator()
         generator.manual_seed(config.seed)
         return torch.utils.data.DataLoader(

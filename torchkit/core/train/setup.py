@@ -209,7 +209,9 @@ def prepare_state(
         if checkpoint is not None:
             point = resume_point(checkpoint, ctx, config, plan.resumed_from)
         if not config.find_lr:
-            loaders.start_eval_workers()  # forked first: no thread runs beside them yet
+            # Forked first: no thread runs beside them yet (the train loader's are forked with
+            # the first epoch's batches below, unless that epoch is resumed in its middle).
+            loaders.start_workers(train=point.progress.batches > 0)
         if point.progress.batches == 0 and not config.find_lr:
             # The workers read the first batches and the GPU's decoder readies itself while
             # the model is built and the rest is set up (first epoch: issue #30).
