@@ -46,9 +46,7 @@ def test_every_worker_is_forked_before_the_run_starts_a_thread(tmp_path):
     assert forks == [[], [], []], forks  # train, val, test: one worker each, no thread beside
 
 
-def test_a_run_resumed_mid_epoch_forks_every_worker_before_the_process_group(
-    tmp_path, monkeypatch
-):
+def test_a_run_resumed_mid_epoch_forks_every_worker_before_the_process_group(tmp_path, monkeypatch):
     """Every worker is forked before the process group is joined (`distributed.join`; under
     torchrun Gloo's threads start there): the train workers of an epoch resumed in its middle
     were forked as that epoch began, after the join, beside Gloo's threads."""
