@@ -31,6 +31,14 @@ def test_each_spelling_of_an_option_counts(runner):
     ]
 
 
+def test_values_that_are_not_text_are_shown_too(runner, tmp_path):
+    """In-process callers pass a Path as it is: that was a TypeError, not a value."""
+    first, last = tmp_path / "a", tmp_path / "b"
+    result = runner.invoke(app, ["train", "--out", first, "--out", last, "--print-config"])
+    assert result.exit_code == 0, result.stderr
+    assert f"is given twice ({first}, then {last}): the last, {last}, is used" in result.stderr
+
+
 def test_every_command_warns_alike(runner, tmp_path):
     out = tmp_path / "env.csv"
     result = runner.invoke(app, ["env", "--format", "json", "-o", str(out), "--format", "csv"])

@@ -320,7 +320,8 @@ def _warn_of_repeated_options(command, ctx) -> None:
     warning, never silently. A recipe's value that the command line overrides is no repeat."""
     names = {param.name: param for param in command.params if isinstance(param, TyperOption)}
     for name, values in ctx.meta.get(_GIVEN_VALUES, {}).items():
-        shown = [v if isinstance(v, str) else " ".join(map(str, v)) for v in values]
+        # nargs > 1 gives a tuple; in-process callers may pass any object (a Path)
+        shown = [" ".join(map(str, v)) if isinstance(v, tuple | list) else str(v) for v in values]
         if len(set(shown)) < 2 or name not in names:
             continue
         flag = "/".join(sorted(names[name].opts, key=len))  # -e/--epochs
