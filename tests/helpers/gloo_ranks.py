@@ -12,8 +12,10 @@ launch it for real: test_train_ddp.py, test_eval.py."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -177,3 +179,46 @@ def error_lines_of(ranks: list[subprocess.CompletedProcess]) -> list[str]:
 
 def stderr_of(ranks: list[subprocess.CompletedProcess]) -> str:
     return "\n".join(f"--- rank {number}\n{done.stderr}" for number, done in enumerate(ranks))
+
+
+# A sitecustomize for the ranks (`watching_forks`): each fork of a rank appends a line to
+# TORCHKIT_TEST_FORK_LOG.RANK, the names of the threads of the process as it forks (OpenMP's
+# and Gloo's too: threading knows only Python's).
+_FORK_WATCH = textwrap.dedent(
+    """
+    import os
+
+    _log = os.environ.get("TORCHKIT_TEST_FORK_LOG")
+
+    def _note_fork():
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{task}/comm") as comm:
+                    names.append(comm.read().strip())
+            except OSError:  # the thread ended meanwhile
+                pass
+        with open(f"{_log}.{os.environ.get('RANK')}", "a") as log:
+            log.write(" ".join(sorted(names)) + "\\n")
+
+    if _log:
+        os.register_at_fork(before=_note_fork)
+    """
+)
+
+
+def watching_forks(folder: Path) -> dict[str, str]:
+    """The environment of ranks that note the threads of their process at each fork, in
+    `folder` (made; Linux: /proc): `forks_noted(folder, rank)` reads them."""
+    (folder / "site").mkdir(parents=True, exist_ok=True)
+    (folder / "site" / "sitecustomize.py").write_text(_FORK_WATCH)
+    return {
+        "PYTHONPATH": f"{folder / 'site'}{os.pathsep}{HELPERS}",
+        "TORCHKIT_TEST_FORK_LOG": str(folder / "forks"),
+    }
+
+
+def forks_noted(folder: Path, rank: int) -> list[list[str]]:
+    """The threads of rank `rank` at each of its forks (`watching_forks`), one list a fork."""
+    log = folder / f"forks.{rank}"
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []

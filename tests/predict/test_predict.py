@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import add_ema_weights, ema_refusals
-from gloo_ranks import run_ranks, stderr_of
+from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
 from processes import PipeLines, start_torchkit_process
@@ -451,7 +451,8 @@ def test_ema_refuses_what_eval_refuses_with_evals_error(runner, world, tmp_path,
 
 def test_two_ddp_processes_give_the_same_rows(world, runner, tmp_path):
     # A folder and `-`: torchrun's ranks share one stdin, which only one of them could read
-    # (the others stopped with "no image paths on stdin"); rank 0 reads it for all.
+    # (the others stopped with "no image paths on stdin"); rank 0 reads it for all, through
+    # the process group, whose threads start after each rank's loader worker is forked.
     listed = "".join(f"{world['flat'] / name}\n" for name in ("g.png", "a.png", "gone.png"))
     single = invoke(
         runner, world["ckpt"], world["flat"], "-", "--format", "csv", "-b", "2", "-j", "0",
@@ -463,12 +464,16 @@ def test_two_ddp_processes_give_the_same_rows(world, runner, tmp_path):
     try:
         ranks = run_ranks(
             "predict", world["ckpt"], world["flat"], "-", "--format", "csv", "--batch-size", "2",
-            "--workers", "0", "-o", tmp_path / "ddp.csv", "--device", "cpu", timeout=300,
-            stdin=read,
+            "--workers", "1", "-o", tmp_path / "ddp.csv", "--device", "cpu", timeout=300,
+            stdin=read, env=watching_forks(tmp_path / "watch"),
         )  # fmt: skip
     finally:
         os.close(read)
     assert [done.returncode for done in ranks] == [0, 0], stderr_of(ranks)
+    for rank in (0, 1):  # its worker, forked with the main thread alone (Linux: /proc)
+        forks = forks_noted(tmp_path / "watch", rank)
+        assert len(forks) == (1 if os.path.isdir("/proc/self/task") else 0), forks
+        assert all(len(threads) == 1 for threads in forks), forks
     assert ranks[1].stdout == ""  # rank 0 writes the rows
     ddp = read_csv((tmp_path / "ddp.csv").read_text())
     expected = read_csv(single.stdout)

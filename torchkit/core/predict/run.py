@@ -26,6 +26,8 @@ from torchkit.core.io.redaction import redact_url
 from torchkit.core.io.wording import counted
 from torchkit.core.predict.inputs import (
     LoaderPass,
+    PathKey,
+    StreamedSamples,
     collect_images,
     streamed_images,
     streams_stdin,
@@ -101,7 +103,6 @@ class PredictRun:
             broadcast_from_main,
             launched_by_torchrun,
             place,
-            setup,
         )
         from torchkit.core.runtime.threads import until_workers_forked
 
@@ -138,10 +139,18 @@ class PredictRun:
             )
         check_torch_options_apply(request.run, self.resolved.exported_format)
         outputs = self.resolved.num_outputs
+        preprocess = self.resolved.preprocess
+        self.mode = image_mode(preprocess.in_channels)
+        self._listed: tuple | None = None
         if STDIN in request.images and launched_by_torchrun():
             # torchrun's ranks share one stdin: rank 0 read the list (the CLI), the others
-            # take it from rank 0 (each reading it too left all but one with none).
-            self.ctx = setup(request.run.device)
+            # take it from rank 0 (each reading it too left all but one with none), through
+            # the process group. Its threads start as it is joined, after the loader's
+            # workers are forked: before the list is known, they find each path in its key.
+            self.ctx = place(request.run.device)
+            self._join = JoinedAfterForks(self.ctx)
+            with self._join:
+                self._listed = self._start_loader(StreamedSamples())
             self.stdin = broadcast_from_main(self.ctx, self.stdin if self.ctx.is_main else None)
         if streams_stdin(request.images):
             self.image_set = streamed_images(self.stdin, request.split)
@@ -157,8 +166,6 @@ class PredictRun:
             )
         self.notes += self.image_set.notes
         self._name_outputs(outputs)
-        preprocess = self.resolved.preprocess
-        self.mode = image_mode(preprocess.in_channels)
         if getattr(self, "ctx", None) is None:  # after the images: a missing one said first
             # The process group is joined once the loader's workers are forked (`_records`).
             self.ctx = place(request.run.device)
@@ -248,6 +255,7 @@ class PredictRun:
         A rank that fails before it joined the group (before its workers were forked) joins
         it first, unless Ctrl-C or SIGTERM ends it: the others learn of the failure instead
         of waiting for it to join (`JoinedAfterForks`)."""
+        self._listed = None  # a loader `rows` never took: its workers stop
         if getattr(self, "ctx", None) is not None:
             from torchkit.core.runtime.distributed import teardown
 
@@ -279,12 +287,8 @@ class PredictRun:
         """(the columns, the values) of every row, batch by batch."""
         import torch
 
-        from torchkit.core.data.dataset import inference_dataset, inference_workers
         from torchkit.core.data.decode import NormalizedPixels
-        from torchkit.core.data.device_decode import (
-            collate_encoded_with_failures,
-            decoded_with_indices,
-        )
+        from torchkit.core.data.device_decode import decoded_with_indices
         from torchkit.core.runtime.threads import (
             compute_threads,
             torch_threads,
@@ -294,11 +298,12 @@ class PredictRun:
         request, samples, ctx = self.request, self.image_set.samples, self.ctx
         preprocess = self.resolved.preprocess
         on_device = request.run.decode == "device"  # JPEGs decoded on the device, batch by batch
-        dataset = inference_dataset(samples, preprocess, mode=self.mode, decode=request.run.decode)
+        dataset, collate, workers = self._loader_parts(samples)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
-        collate = collate_encoded_with_failures if on_device else _collate
-        workers = inference_workers(samples, request.run.workers)
-        if self.image_set.stream is not None:
+        if self._listed is not None:
+            batches = self._listed_batches(*self._listed)
+            total = len(samples)
+        elif self.image_set.stream is not None:
             batches = self._streamed_batches(dataset, workers, collate)
             total = None  # known once the list ends
         else:
@@ -367,6 +372,48 @@ class PredictRun:
         failure = _from_rank_zero(failure, ctx)
         if failure is not None:
             raise on_every_rank(failure)
+
+    def _loader_parts(self, samples) -> tuple[Any, Any, int]:
+        """(the dataset, the collate function, the workers) of the loader over `samples`."""
+        from torchkit.core.data.dataset import inference_dataset, inference_workers
+        from torchkit.core.data.device_decode import collate_encoded_with_failures
+
+        run = self.request.run
+        dataset = inference_dataset(
+            samples, self.resolved.preprocess, mode=self.mode, decode=run.decode
+        )
+        collate = collate_encoded_with_failures if run.decode == "device" else _collate
+        return dataset, collate, inference_workers(samples, run.workers)
+
+    def _start_loader(self, samples: StreamedSamples) -> tuple[Any, LoaderPass]:
+        """A loader over `samples`, whose paths come with their keys, its persistent workers
+        forked now (on one torch thread), before the paths are known; and its batch sampler."""
+        from torchkit.core.runtime.threads import until_workers_forked
+
+        dataset, collate, workers = self._loader_parts(samples)
+        passes = LoaderPass()
+        loader = _loader(dataset, passes, workers, self.ctx.device, collate, persistent=True)
+        with until_workers_forked():
+            iter(loader)  # no batch yet: the persistent workers are forked, and stay
+        return loader, passes
+
+    def _listed_batches(self, loader, passes: LoaderPass) -> Iterator[Any]:
+        """`_batches` from the loader `_start_loader` made before the list came (torchrun
+        with `-`): this rank's batches as the keys of their paths."""
+        batch_size, ctx = self.request.run.batch_size, self.ctx
+        paths, size = self.image_set.samples.paths, len(self.image_set.samples)
+        passes.batches = [
+            [PathKey(index, paths[index]) for index in batch]
+            for batch in _interleaved_batches(size, batch_size, ctx.rank, ctx.world_size)
+        ]
+        self._listed = None  # the loader goes with this generator
+        own = iter(loader)
+        try:
+            yield None  # started
+            for _ in range(_steps(size, batch_size, ctx.world_size)):
+                yield next(own, None)
+        finally:
+            del own, loader
 
     def _batches(self, dataset, workers: int, collate) -> Iterator[Any]:
         """This rank's batch of every step (None for a step past its last batch), after a
