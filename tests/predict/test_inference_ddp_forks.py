@@ -1,10 +1,11 @@
-"""Under torchrun every command forks its DataLoader workers before the process group starts
-Gloo's threads (gloo_tcp_loop, pt_gloo_runloop; rank 0's TCPStore server without torchrun's
-agent): a process forked beside a thread may deadlock in the child on a lock that thread held
-(the rule of one process: test_train_worker_forks.py, test_inference_worker_forks.py). They
-were forked after `init_process_group`, beside those threads. One Gloo world of two ranks per
-command, all started at once; each rank's sitecustomize notes the threads at each fork
-(`gloo_ranks.watching_forks`). Predict's list on stdin: test_predict.py's torchrun test."""
+"""Under torchrun eval and predict fork their DataLoader workers before the process group
+starts Gloo's threads (gloo_tcp_loop, pt_gloo_runloop; rank 0's TCPStore server without
+torchrun's agent): a process forked beside a thread may deadlock in the child on a lock that
+thread held (the rule of one process: test_inference_worker_forks.py). They were forked after
+`init_process_group`, beside those threads. One Gloo world of two ranks per command, both
+started at once; each rank's sitecustomize notes the threads at each fork
+(`gloo_ranks.watching_forks`). train's: test_train_ddp.py; predict's list on stdin:
+test_predict.py's torchrun test."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.skipif(
     reason="torch.distributed and Linux forks (the process's threads in /proc)",
 )
 
-COMMANDS = ("train", "eval", "predict")
+COMMANDS = ("eval", "predict")
 
 
 @dataclass
@@ -35,19 +36,14 @@ class World:
 def worlds(tmp_path_factory) -> World:
     root = tmp_path_factory.mktemp("ddp-forks")
     data = root / "data"
-    for split, seed in (("train", 1), ("val", 2), ("test", 3)):
-        write_image_folder(data / split, {"a": 2, "b": 2}, seed=seed)
+    write_image_folder(data, {"a": 2, "b": 2})
     model = root / "model.pt"
     write_convnet_checkpoint(model, in_channels=3, image_size=8, classes="ab")
     common = ["--device", "cpu", "-j", "1"]
     args = {
-        "train": [
-            "train", "--data", data, "--model", "nets:TinyNet", "--image-size", "8",
-            "--batch-size", "2", "--epochs", "1", "--out", root / "run", *common,
-        ],
         "eval": ["eval", model, "--data", data, "-o", root / "eval.json", *common],
-        "predict": ["predict", model, data / "test", "-o", root / "predictions.csv", *common],
-    }  # fmt: skip
+        "predict": ["predict", model, data, "-o", root / "predictions.csv", *common],
+    }
     started = {
         command: start_ranks(*args[command], env=watching_forks(root / command))
         for command in COMMANDS
@@ -61,15 +57,10 @@ def worlds(tmp_path_factory) -> World:
     return World(forks, errors)
 
 
-@pytest.mark.parametrize(
-    ("command", "workers"),
-    [("train", 3), ("eval", 1), ("predict", 1)],  # train: its train, val and test loaders
-)
-def test_every_rank_forks_its_workers_before_the_process_group_starts_a_thread(
-    worlds, command, workers
-):
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_rank_forks_its_workers_before_the_process_group_starts_a_thread(worlds, command):
     assert command not in worlds.errors, worlds.errors.get(command, "")[-3000:]
     for rank, forks in enumerate(worlds.forks[command]):
-        # One worker a loader, each forked with the main thread alone.
-        assert len(forks) == workers, (rank, forks)
+        # Its one worker, forked with the main thread alone.
+        assert len(forks) == 1, (rank, forks)
         assert all(len(threads) == 1 for threads in forks), (rank, forks)

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from gloo_ranks import error_lines_of, free_port, run_ranks, start_ranks, stderr_of
+from gloo_ranks import (
+    error_lines_of,
+    forks_noted,
+    free_port,
+    run_ranks,
+    start_ranks,
+    stderr_of,
+    watching_forks,
+)
 from image_folders import write_image_folder
 from output_checks import error_line
 from suite_paths import HELPERS, REPO
@@ -32,14 +40,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def recipe(data: Path, out: Path, batch_size: int) -> list[str]:
+def recipe(data: Path, out: Path, batch_size: int, workers: int = 0) -> list[str]:
     # Augmentation stays on (random crops and flips): it is seeded per image, so two processes
-    # see exactly the images one process sees. TinyNet has no dropout or BatchNorm, whose
-    # per-process randomness and batch statistics would legitimately differ.
+    # see exactly the images one process sees (with loader workers or without). TinyNet has no
+    # dropout or BatchNorm, whose per-process randomness and batch statistics would
+    # legitimately differ.
     return [
         "train", "--data", str(data), "--model", "nets:TinyNet", "--image-size", "8",
         "--batch-size", str(batch_size), "--epochs", "2", "--optimizer", "sgd", "--lr", "0.2",
-        "--workers", "0", "--device", "cpu", "--out", str(out), "--format", "json",
+        "--workers", str(workers), "--device", "cpu", "--out", str(out), "--format", "json",
     ]  # fmt: skip
 
 
@@ -80,6 +89,7 @@ class Launched:
     one_node_result: tuple[int, str, str]
     two_nodes: Path
     node_results: list[tuple[int, str, str]]
+    watched: Path  # the one node's forks (`gloo_ranks.watching_forks`)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +100,11 @@ def launched(tmp_path_factory) -> Launched:
     write_image_folder(data / "val", {"a": 3, "b": 2}, seed=2)  # odd: uneven shards
     write_image_folder(data / "test", {"a": 2, "b": 3}, seed=3)
     two_port = free_port()
-    one_node = start_ranks(*recipe(data, root / "one-node", batch_size=4))
+    # The one node's ranks with a loader worker each, their forks watched.
+    watched = root / "watched"
+    one_node = start_ranks(
+        *recipe(data, root / "one-node", batch_size=4, workers=1), env=watching_forks(watched)
+    )
     nodes = []
     for node in (0, 1):
         launch = [
@@ -102,7 +116,9 @@ def launched(tmp_path_factory) -> Launched:
     rank0, rank1, *node_results = finish([*one_node, *nodes])
     # As one torchrun agent would report them: the first failure's code, every rank's output.
     one_node_result = (rank0[0] or rank1[0], rank0[1] + rank1[1], rank0[2] + rank1[2])
-    return Launched(data, root / "one-node", one_node_result, root / "two-nodes", node_results)
+    return Launched(
+        data, root / "one-node", one_node_result, root / "two-nodes", node_results, watched
+    )
 
 
 def test_two_gloo_processes_match_one_process_with_the_same_global_batch(
@@ -175,6 +191,19 @@ def test_two_nodes_train_to_the_same_weights_as_one_node_with_two_processes(laun
         for name in ("train_loss", "train_top1", "val_loss", "val_top1"):
             assert row[name] == pytest.approx(want[name], abs=1e-5), name
     assert printed[0]["test_top1"] == reference["test_top1"]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="the threads in Linux's /proc")
+def test_every_rank_forks_its_workers_before_the_process_group_starts_a_thread(launched):
+    """Each rank's train, validation and test workers are forked with the main thread alone:
+    they were forked after `init_process_group`, beside Gloo's threads (gloo_tcp_loop,
+    pt_gloo_runloop; rank 0's TCPStore server), and a process forked beside a thread may
+    deadlock in the child on a lock that thread held (eval's and predict's:
+    test_inference_ddp_forks.py)."""
+    assert launched.one_node_result[0] == 0, launched.one_node_result[2][-3000:]
+    for rank in (0, 1):
+        forks = forks_noted(launched.watched, rank)
+        assert len(forks) == 3 and all(len(threads) == 1 for threads in forks), (rank, forks)
 
 
 def test_a_refusal_on_rank_0_is_an_error_on_every_rank_not_a_hang(tmp_path):
