@@ -11,11 +11,12 @@ import pytest
 from output_checks import error_line
 from processes import run_torchkit_in_process
 
+from torchkit.core.data.sources import moving
+from torchkit.core.data.sources.moving import source_folders
 from torchkit.core.io import files
 from torchkit.core.io.files import case_twins, folds_case
 from torchkit.core.io.outputs import OutputLockedError
 from torchkit.core.split import files as split_files
-from torchkit.core.split.files import source_folders
 from torchkit.core.split.run import split_dataset
 
 
@@ -239,7 +240,7 @@ def test_a_csv_move_into_the_folder_holding_the_folders_it_lists_is_not_refused(
     their parent was locked in their place, and OUT inside that parent (beside the folders)
     then refused by the move's own lock: 'another torchkit split is moving files out of or
     into DATA, which holds DATA/out', exit 1; so was the rerun that finishes such a move."""
-    monkeypatch.setattr(split_files, "_MOST_LOCKS", 1)
+    monkeypatch.setattr(moving, "_MOST_LOCKS", 1)
     data = write_images(tmp_path / "data", [f"{c}/{i}.png" for c in ("cat", "dog") for i in "ab"])
     (tmp_path / "lists").mkdir()
     index = tmp_path / "lists" / "index.csv"

@@ -21,6 +21,8 @@ from processes import (
     wait_until,
 )
 
+from torchkit.core.data.sources import open_data
+from torchkit.core.io.folder_locks import held_until_the_command_ends
 from torchkit.core.split import files as split_files
 from torchkit.core.split.files import moving_out_of
 
@@ -225,3 +227,28 @@ def test_without_flock_on_folders_readers_and_moves_go_ahead(
     )
     assert [r.returncode for r in results] == [0, 0], [r.stderr for r in results]
     assert not list(data.rglob("*.png"))
+
+
+def test_the_folders_a_csv_index_lists_are_held_and_looked_at_too(tmp_path, monkeypatch):
+    # Before: with the index in lists/ and its images in data/, a move out of data/ went ahead
+    # while the index was read, and the index was read after a move out of data/ had stopped.
+    data = make_files(tmp_path / "data", {"cat": 6, "dog": 5})
+    (tmp_path / "lists").mkdir()
+    index = tmp_path / "lists" / "index.csv"
+    rows = [f"../data/{p.parent.name}/{p.name},{p.parent.name}" for p in data.rglob("*.png")]
+    index.write_text("path,label\n" + "\n".join(sorted(rows)) + "\n")
+    out, real = tmp_path / "out", os.path.realpath(data)
+    with held_until_the_command_ends():  # a command reading the index, as the CLI runs one
+        open_data(index)
+        refused = run_torchkit_in_process("split", data, out, "--mode", "move")
+    assert refused.returncode == 1
+    assert error_line(refused.stderr).startswith(
+        f"Error: another torchkit command is reading {data}, or"
+    )
+    stop_a_move(monkeypatch, data, out)
+    stopped = run_torchkit_in_process("dataset-stats", index)
+    assert stopped.returncode == 1
+    assert error_line(stopped.stderr) == (
+        f"Error: {real}/cat lies in {real}, which is half moved into {out}: a split --mode move "
+        f"into it stopped (finish that move first: torchkit split {real} {out} --mode move)"
+    )

@@ -169,36 +169,6 @@ def moving_out_of(
             os.close(fd)
 
 
-_MOST_LOCKS = 64  # a move holds a descriptor for each folder it locks
-
-
-def source_folders(sources: Sequence[str], taken: str | os.PathLike) -> list[str]:
-    """The folders a move out of a CSV index (`taken`, locked already) empties, for
-    `moving_out_of`: the outermost ones, less those that hold the index (the lock on it holds
-    them, shared, already); their parents instead where they are too many to hold open."""
-    index = os.path.realpath(taken)
-    folders = {os.path.realpath(os.path.dirname(source)) for source in sources}
-    while True:
-        tops = _outermost(folders, index)
-        parents = {os.path.dirname(folder) for folder in tops}
-        if len(tops) <= _MOST_LOCKS or parents == set(tops):
-            return tops
-        folders = parents
-
-
-def _outermost(folders: set[str], index: str) -> list[str]:
-    """`folders` less those inside another of them, and those holding `index`."""
-    tops: dict[str, None] = {}  # a set, in order
-    for folder in sorted(folders):
-        outer, inside = folder, False
-        while os.path.dirname(outer) != outer and not inside:
-            outer = os.path.dirname(outer)
-            inside = outer in tops  # sorted: a folder comes after those holding it
-        if not inside and not index.startswith(folder.rstrip(os.sep) + os.sep):
-            tops[folder] = None
-    return list(tops)
-
-
 def _lock(path: str | os.PathLike, exclusive: bool, held: list[int], what: str) -> None:
     """A non-blocking flock on `path` (a missing one needs none: what follows says so, or needs
     no ROOT, as a finished move), its fd added to `held`; an OutputLockedError where another

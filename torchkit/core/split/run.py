@@ -12,7 +12,7 @@ from pathlib import Path
 
 from torchkit import __version__
 from torchkit.core.data.sources.inputs import data_inputs
-from torchkit.core.data.sources.moving import lock_for_reading, moving_here
+from torchkit.core.data.sources.moving import lock_for_reading, moving_here, source_folders
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -41,7 +41,6 @@ from torchkit.core.split.files import (
     moving_out_of,
     place_files,
     refuse_temporary_names,
-    source_folders,
     write_manifest,
 )
 from torchkit.core.split.options import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from torchkit.core.data.sources.splitting import split_journal
@@ -57,20 +57,34 @@ def lock_for_reading(path: Path) -> None:
     record of a move out of one of them says that move stopped half-way (with the command that
     finishes it). A process that moves `path` itself (`moving_here`) takes no lock: its move's
     exclusive one would refuse it."""
+    _hold_and_look(path, locking=os.path.realpath(path) not in _moving_here)
+
+
+def lock_listed_for_reading(index: Path, paths: Sequence[str]) -> None:
+    """`lock_for_reading` for the folders of the images `paths` the CSV index `index` lists
+    (`source_folders`), where a move out of them would empty what it reads. (A move out of
+    the index itself, `moving_here`, holds them exclusively: it takes them, and is refused
+    there where another move holds them.)"""
+    if os.path.realpath(index) in _moving_here:
+        return
+    for folder in source_folders(paths, index):
+        _hold_and_look(Path(folder), locking=True)
+
+
+def _hold_and_look(path: Path, *, locking: bool) -> None:
     real = os.path.realpath(path)
     places = [real]
     while os.path.dirname(places[-1]) != places[-1]:
         places.append(os.path.dirname(places[-1]))
-    if real not in _moving_here:
-        for place in places:
-            if is_held(place):
-                continue
-            try:
-                fd = flock_path(place, exclusive=False)
-            except BlockingIOError:
-                raise _being_moved_error(path, place, real) from None
-            if fd is not None:
-                hold(place, fd)
+    for place in places if locking else ():
+        if is_held(place):
+            continue
+        try:
+            fd = flock_path(place, exclusive=False)
+        except BlockingIOError:
+            raise _being_moved_error(path, place, real) from None
+        if fd is not None:
+            hold(place, fd)
     for place in places:
         at = path if place == real else Path(place)
         if not moving_record(at).exists():  # the common case: one stat
@@ -116,6 +130,38 @@ def _being_moved_error(path: Path, place: str, real: str) -> InputError:
         f"{what} being moved into {out} by a torchkit split --mode move running now",
         f"wait for it to finish, then read {out}",
     )
+
+
+_MOST_LOCKS = 64  # a descriptor is held for each folder locked
+
+
+def source_folders(sources: Sequence[str], taken: str | os.PathLike) -> list[str]:
+    """The folders of the files `sources` a CSV index (`taken`, locked already) lists, to lock:
+    those a move out of it empties (`moving_out_of` in `core.split.files`), those its readers
+    read. The outermost ones, less those that hold the index (the lock on it holds them, shared,
+    already); their parents instead where they are too many to hold open."""
+    index = os.path.realpath(taken)
+    # (realpath once a folder: a reader's index may list a million files in a few folders)
+    folders = {os.path.realpath(folder) for folder in {os.path.dirname(p) for p in sources}}
+    while True:
+        tops = _outermost(folders, index)
+        parents = {os.path.dirname(folder) for folder in tops}
+        if len(tops) <= _MOST_LOCKS or parents == set(tops):
+            return tops
+        folders = parents
+
+
+def _outermost(folders: set[str], index: str) -> list[str]:
+    """`folders` less those inside another of them, and those holding `index`."""
+    tops: dict[str, None] = {}  # a set, in order
+    for folder in sorted(folders):
+        outer, inside = folder, False
+        while os.path.dirname(outer) != outer and not inside:
+            outer = os.path.dirname(outer)
+            inside = outer in tops  # sorted: a folder comes after those holding it
+        if not inside and not index.startswith(folder.rstrip(os.sep) + os.sep):
+            tops[folder] = None
+    return list(tops)
 
 
 _moving_here: set[str] = set()  # the real paths this process moves files out of

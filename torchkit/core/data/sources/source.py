@@ -21,7 +21,7 @@ from torchkit.core.data.sources.discovery import (
     no_class_folders_error,
     relative_ids,
 )
-from torchkit.core.data.sources.moving import lock_for_reading
+from torchkit.core.data.sources.moving import lock_for_reading, lock_listed_for_reading
 from torchkit.core.data.sources.samples import Samples, class_index, find_class, nfc
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -357,6 +357,7 @@ def _open_csv(
 ) -> DataSource:
     lock_for_reading(path)
     samples = csv_samples(path, classes=classes, allow_unlabelled=allow_unlabelled)
+    lock_listed_for_reading(path, samples.paths)
     root = str(path.parent)
     if samples.splits is None:
         return DataSource(spec, "csv", root, {}, samples, list(samples.classes))
