@@ -47,11 +47,15 @@ def test_every_command_lists_both_names(command):
 
 
 def test_train_takes_input_size_as_its_crop_size():
+    """Train feeds its model RGB images (the digits too): a shape of other channels is refused
+    (`1,16,16` trained at 16 on 3 channels, the 1 dropped unread)."""
     result = run_torchkit_in_process(
-        "train", "--data", "digits", "--input-size", "1,16,16", "--print-config"
+        "train", "--data", "digits", "--input-size", "3,16,16", "--print-config"
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["image_size"] == 16
+    gray = run_torchkit_in_process("train", "--input-size", "1,16,16", "--print-config")
+    assert gray.returncode == 2 and "is a 1-channel shape" in gray.stderr
 
 
 def test_extract_features_takes_input_size_as_its_crop_size():
