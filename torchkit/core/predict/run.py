@@ -301,13 +301,15 @@ class PredictRun:
         dataset, collate, workers = self._loader_parts(samples)
         normalized = NormalizedPixels(preprocess.mean, preprocess.std)
         if self._listed is not None:
-            batches = self._listed_batches(*self._listed)
+            batches = self._batches(self._listed_loader)
             total = len(samples)
         elif self.image_set.stream is not None:
-            batches = self._streamed_batches(dataset, workers, collate)
+            batches = self._streamed_batches(workers)
             total = None  # known once the list ends
         else:
-            batches = self._batches(dataset, workers, collate)
+            batches = self._batches(
+                lambda own: _loader(dataset, own, workers, self.device, collate)
+            )
             total = len(samples)
         memory_format = (
             torch.channels_last if request.run.channels_last else torch.contiguous_format
@@ -387,7 +389,8 @@ class PredictRun:
 
     def _start_loader(self, samples: StreamedSamples) -> tuple[Any, LoaderPass]:
         """A loader over `samples`, whose paths come with their keys, its persistent workers
-        forked now (on one torch thread), before the paths are known; and its batch sampler."""
+        forked now (on one torch thread), before the paths are known; and its batch sampler,
+        whose batches each pass of the loader reads."""
         from torchkit.core.runtime.threads import until_workers_forked
 
         dataset, collate, workers = self._loader_parts(samples)
@@ -397,31 +400,22 @@ class PredictRun:
             iter(loader)  # no batch yet: the persistent workers are forked, and stay
         return loader, passes
 
-    def _listed_batches(self, loader, passes: LoaderPass) -> Iterator[Any]:
-        """`_batches` from the loader `_start_loader` made before the list came (torchrun
-        with `-`): this rank's batches as the keys of their paths."""
-        batch_size, ctx = self.request.run.batch_size, self.ctx
-        paths, size = self.image_set.samples.paths, len(self.image_set.samples)
-        passes.batches = [
-            [PathKey(index, paths[index]) for index in batch]
-            for batch in _interleaved_batches(size, batch_size, ctx.rank, ctx.world_size)
-        ]
-        self._listed = None  # the loader goes with this generator
-        own = iter(loader)
-        try:
-            yield None  # started
-            for _ in range(_steps(size, batch_size, ctx.world_size)):
-                yield next(own, None)
-        finally:
-            del own, loader
+    def _listed_loader(self, batches: list[list[int]]) -> Any:
+        """The loader `_start_loader` made before the list came (torchrun with `-`), set to
+        `batches` as the keys of their paths."""
+        loader, passes = self._listed
+        self._listed = None  # the loader goes with `_batches`
+        paths = self.image_set.samples.paths
+        passes.batches = [[PathKey(index, paths[index]) for index in batch] for batch in batches]
+        return loader
 
-    def _batches(self, dataset, workers: int, collate) -> Iterator[Any]:
+    def _batches(self, loader_of: Callable[[list[list[int]]], Any]) -> Iterator[Any]:
         """This rank's batch of every step (None for a step past its last batch), after a
-        first None yielded once the loader's workers are forked."""
+        first None yielded once the loader's workers are forked; `loader_of(batches)` is the
+        loader of this rank's batches (lists of indices)."""
         batch_size, ctx = self.request.run.batch_size, self.ctx
         size = len(self.image_set.samples)
-        batches = _interleaved_batches(size, batch_size, ctx.rank, ctx.world_size)
-        loader = _loader(dataset, batches, workers, self.device, collate)
+        loader = loader_of(_interleaved_batches(size, batch_size, ctx.rank, ctx.world_size))
         own = iter(loader)
         try:
             yield None  # started
@@ -432,7 +426,7 @@ class PredictRun:
             # when an error leaves the caller's frame alive in a traceback.
             del own, loader
 
-    def _streamed_batches(self, dataset, workers: int, collate) -> Iterator[Any]:
+    def _streamed_batches(self, workers: int) -> Iterator[Any]:
         """The batches of the paths on stdin as they come (one process): each pass of the
         loader takes the paths piped so far (enough to keep its workers busy, at most), and
         its workers stay from one pass to the next. A first None is yielded once they are
@@ -442,11 +436,9 @@ class PredictRun:
         # A pass ends with its workers idle while the last batch is read: with 32 batches a
         # worker in a pass (when the list is piped faster than it is read), a few per cent.
         most = batch_size * max(2, 32 * workers)
-        passes = LoaderPass()
-        loader = _loader(dataset, passes, workers, self.device, collate, persistent=True)
+        loader, passes = self._start_loader(samples)
         paths = self._first_paths
         try:
-            iter(loader)  # no batch yet: the persistent workers are forked, and stay
             yield None  # started
             while paths:
                 keys = samples.keys(paths)

@@ -4,7 +4,9 @@
 plain run is a world of one and every function here is then a no-op. NCCL drives GPUs, Gloo
 everything else. Only rank 0 writes files and reports. Every command that runs under torchrun
 (train, eval, predict) starts and ends its process group here, with the same collective
-timeout: a rank that stops answering ends the run with an error, not a hang.
+timeout: a rank that stops answering ends the run with an error, not a hang. Each joins it
+once its loader's workers are forked (`place`, then `JoinedAfterForks`): the group starts
+Gloo's threads, and no worker may be forked beside a thread.
 """
 
 from __future__ import annotations
