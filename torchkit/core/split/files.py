@@ -142,11 +142,11 @@ def moving_out_of(
     one of them. So a second move out of ROOT, out of a folder inside it (`ROOT/cat`) or out of
     a folder holding it, is refused: it would find the first one's files gone, stop half-way,
     and its rerun would take every file for one another process deleted. Moves out of folders
-    side by side share the locks above them. A command reading ROOT or a folder in it holds a
-    shared one on ROOT (`lock_for_reading`): the move is refused while it reads, and it while
-    the move runs. `locked`: the roots of an earlier call this process
-    still holds, where the shared locks stop (a second flock on a folder, through another
-    descriptor, would be refused as another move's). (No flock, as on Windows: none.)"""
+    side by side share the locks above them. A command reading ROOT, a folder in it or a CSV
+    index listing files in it holds a shared one on ROOT (`lock_for_reading`): the move is
+    refused while it reads, and it while the move runs. `locked`: the roots of an earlier call
+    this process still holds, where the shared locks stop (a second flock on a folder, through
+    another descriptor, would be refused as another move's). (No flock, as on Windows: none.)"""
     held: list[int] = []
     try:
         reals = {os.path.realpath(root): root for root in roots}

@@ -72,6 +72,7 @@ def lock_listed_for_reading(index: Path, paths: Sequence[str]) -> None:
 
 
 def _hold_and_look(path: Path, *, locking: bool) -> None:
+    """`lock_for_reading`'s work: the locks (where `locking`), then the records."""
     real = os.path.realpath(path)
     places = [real]
     while os.path.dirname(places[-1]) != places[-1]:
