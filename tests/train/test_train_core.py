@@ -491,3 +491,20 @@ def test_googlenet_and_inception_train_on_their_main_logits(arch, size):
     assert aux and not trainable & set(aux) and "fc.weight" in trainable
     reference = torchvision.models.get_model(arch, num_classes=2, init_weights=False)
     assert model.state_dict().keys() == reference.state_dict().keys()
+
+
+def test_a_head_of_tens_of_thousands_of_classes_in_another_order_is_reordered_in_linear_time():
+    """Fine-tuning weights that name the data's classes in another order: each class was looked
+    for by a scan of the weights' class list, 40,000 classes took about 10 s."""
+    import time
+
+    from torchkit.core.train.setup import _order_head_as
+
+    recorded = [f"n{i:08d}" for i in range(40_000)]
+    model = nn.Sequential(nn.Flatten(), nn.Linear(1, len(recorded)))
+    with torch.no_grad():
+        model[1].bias.copy_(torch.arange(len(recorded), dtype=torch.float32))
+    started = time.perf_counter()
+    _order_head_as(model, recorded, recorded[::-1], "weights.pt")
+    assert time.perf_counter() - started < 2
+    assert model[1].bias[:3].tolist() == [39_999.0, 39_998.0, 39_997.0]

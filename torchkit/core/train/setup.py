@@ -506,7 +506,8 @@ def _order_head_as(model: Any, recorded: list[str], classes: list[str], source: 
     names, wanted = [nfc(str(name)) for name in recorded], [nfc(name) for name in classes]
     if names == wanted or sorted(names) != sorted(wanted) or len(set(names)) != len(names):
         return
-    order = torch.tensor([names.index(name) for name in wanted])
+    position = {name: index for index, name in enumerate(names)}  # one look-up a class
+    order = torch.tensor([position[name] for name in wanted])
     with torch.no_grad():
         for _, layer in class_layers(model):
             for tensor in (layer.weight, layer.bias):
