@@ -252,3 +252,18 @@ def test_the_folders_a_csv_index_lists_are_held_and_looked_at_too(tmp_path, monk
         f"Error: {real}/cat lies in {real}, which is half moved into {out}: a split --mode move "
         f"into it stopped (finish that move first: torchkit split {real} {out} --mode move)"
     )
+
+
+def test_a_move_out_of_a_class_folder_is_refused_while_its_root_is_read(tmp_path):
+    # Before: `split ROOT/cat OUT --mode move` went ahead while `train --data ROOT` read ROOT:
+    # the cat images vanished under it.
+    data = make_files(tmp_path / "data", {"cat": 2, "dog": 2})
+    with held_until_the_command_ends():  # a command reading ROOT, as the CLI runs one
+        open_data(data, allow_unlabelled=True)
+        refused = run_torchkit_in_process("split", data / "cat", tmp_path / "out", "--mode", "move")
+    assert refused.returncode == 1
+    assert error_line(refused.stderr).startswith(
+        f"Error: another torchkit command is reading {data / 'cat'}, or"
+    )
+    moved = run_torchkit_in_process("split", data / "cat", tmp_path / "out", "--mode", "move")
+    assert moved.returncode == 0, moved.stderr

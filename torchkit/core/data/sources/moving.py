@@ -71,6 +71,16 @@ def lock_listed_for_reading(index: Path, paths: Sequence[str]) -> None:
         _hold_and_look(Path(folder), locking=True)
 
 
+def lock_subfolders_for_reading(root: Path, names: Sequence[str]) -> None:
+    """`lock_for_reading` for the folders `names` of the folder `root` (its class or split
+    folders), where a move out of one (`split ROOT/cat OUT --mode move`) would empty part of
+    what is read; none where they are more than a command holds open (`_MOST_LOCKS`)."""
+    if len(names) > _MOST_LOCKS or os.path.realpath(root) in _moving_here:
+        return
+    for name in names:
+        _hold_and_look(root / name, locking=True)
+
+
 def _hold_and_look(path: Path, *, locking: bool) -> None:
     """`lock_for_reading`'s work: the locks (where `locking`), then the records."""
     real = os.path.realpath(path)

@@ -21,7 +21,11 @@ from torchkit.core.data.sources.discovery import (
     no_class_folders_error,
     relative_ids,
 )
-from torchkit.core.data.sources.moving import lock_for_reading, lock_listed_for_reading
+from torchkit.core.data.sources.moving import (
+    lock_for_reading,
+    lock_listed_for_reading,
+    lock_subfolders_for_reading,
+)
 from torchkit.core.data.sources.samples import Samples, class_index, find_class, nfc
 from torchkit.core.data.sources.splitting import (
     SPLIT_NAMES,
@@ -442,6 +446,7 @@ def _open_folder(
         )
     lock_for_reading(path)
     folders, top_images = _subfolders(path)
+    lock_subfolders_for_reading(path, folders)
     _refuse_renamed_split(path, folders)
     refuse_other_split_names(
         str(path),
