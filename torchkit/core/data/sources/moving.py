@@ -97,9 +97,10 @@ def _hold_and_look(path: Path, *, locking: bool) -> None:
         if fd is not None:
             hold(place, fd)
     for place in places:
-        at = path if place == real else Path(place)
-        if not moving_record(at).exists():  # the common case: one stat
+        record = moving_record(path) if place == real else os.path.join(place, MOVING)
+        if not os.path.exists(record):  # the common case: one stat
             continue
+        at = path if place == real else Path(place)
         out = half_moved_into(at)
         if out is not None and place == real:
             raise stopped_move_error(path, out)
