@@ -480,7 +480,7 @@ def test_googlenet_and_inception_train_on_their_main_logits(arch, size):
 
     config = TrainConfig(model=arch, epochs=1)
     model, _, _ = _build_model(
-        None, config, arch, 2, Preprocess(image_size=size), False, from_checkpoint=False
+        None, config, arch, ["a", "b"], Preprocess(image_size=size), False, from_checkpoint=False
     )
     model.train()
     logits = model(torch.rand(2, 3, size, size))
