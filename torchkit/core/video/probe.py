@@ -279,6 +279,11 @@ def _open_capture(cv2, path: Path, decoder_threads: int | None = None):
     if not capture.isOpened():
         capture.release()
         return None
+    # Frames and sizes as displayed (a phone's display matrix applied): OpenCV 5 does it by
+    # default, 4.x only when asked (it is not an open parameter there).
+    auto_orientation = getattr(cv2, "CAP_PROP_ORIENTATION_AUTO", None)
+    if auto_orientation is not None:
+        capture.set(auto_orientation, 1)
     return capture
 
 
