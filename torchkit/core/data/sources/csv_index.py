@@ -235,8 +235,18 @@ def _refuse_undecoded_bytes(source: Path, paths: list[str], labels: list[str] | 
 
 
 def natural_key(text: str):
-    """Class names that are integers sort as numbers ("2" before "10"), before the others."""
-    return (0, int(text), "") if text.strip().lstrip("-").isdigit() else (1, 0, text)
+    """Class names that are integers sort as numbers ("2" before "10"), before the others; two
+    spellings of one number ("1", "01") by their text, so the order never depends on the order
+    they come in (a set's, which differs between processes)."""
+    body = text.strip()
+    digits = body[1:] if body[:1] == "-" else body
+    # isdecimal, not isdigit: "²" is a digit that int() refuses.
+    if digits.isdecimal():
+        try:
+            return (0, int(body), text)
+        except ValueError:  # more digits than int() converts from text (4,300)
+            pass
+    return (1, 0, text)
 
 
 def class_order(

@@ -1,0 +1,38 @@
+"""The labels of a CSV index: numbered classes sort as numbers, every label reads, and the class
+order is the same in every process (torchrun's ranks, train then resume)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from image_folders import write_image_folder
+from processes import dataset_stats
+
+from torchkit.core.data.sources.csv_index import natural_key
+
+
+def write_index(folder: Path, labels: list[str]) -> Path:
+    """folder/index.csv naming one generated image per label, `imgs/x_<i>.png`."""
+    write_image_folder(folder / "imgs", {"x": len(labels)})
+    rows = "".join(f"imgs/x/x_{i}.png,{label}\n" for i, label in enumerate(labels))
+    index = folder / "index.csv"
+    index.write_text("path,label\n" + rows, encoding="utf-8")
+    return index
+
+
+def test_two_spellings_of_one_number_sort_the_same_whatever_order_they_come_in():
+    """Labels "1" and "01" are two classes of one number: they sorted in the order they came in, a
+    set's, which differs between processes (PYTHONHASHSEED), so two ranks could number them
+    differently. Now by their text."""
+    names = ["1", "01", "001", "2", "10"]
+    assert sorted(names, key=natural_key) == ["001", "01", "1", "2", "10"]
+    assert sorted(reversed(names), key=natural_key) == ["001", "01", "1", "2", "10"]
+
+
+def test_labels_that_look_like_numbers_but_are_not_read(tmp_path):
+    """A superscript digit ("²" is a digit to str.isdigit), "--1" and a number too long for
+    int() were an `Error: ValueError: invalid literal for int()`; now they are classes named as
+    written, after the numbers."""
+    labels = ["²", "--1", "9" * 5000, "2", "a"]
+    found = dataset_stats(write_index(tmp_path, labels))
+    assert [c["name"] for c in found["classes"]] == ["2", "--1", "9" * 5000, "a", "²"]
