@@ -3,9 +3,10 @@
     uv run python scripts/generate_completions.py          # (re)write the files
     uv run python scripts/generate_completions.py --check  # exit 1 if a committed file is stale
 
-The scripts are what `torchkit --show-completion` prints: thin shell glue that calls torchkit back
-with `_TORCHKIT_COMPLETE=complete_<shell>`, so commands and options added later complete without
-regenerating; only a change of program name or of Typer's templates makes them stale.
+The scripts are what `torchkit --show-completion` prints (torchkit.cli.completion): thin shell glue
+that calls torchkit back with `_TORCHKIT_COMPLETE=complete_<shell>`, so commands and options added
+later complete without regenerating; only a change of program name or of the templates (Typer's,
+and what cli/completion.py adds to them) makes them stale.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from typer._completion_shared import get_completion_script
 from typer.main import get_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,16 +34,12 @@ def program_name() -> str:
 
 def completion_scripts() -> dict[str, str]:
     """File name -> contents, for every supported shell."""
+    from torchkit.cli.completion import PROGRAM, completion_script
+
     prog = program_name()
-    # The variable Typer's own `--show-completion` uses: _TORCHKIT_COMPLETE for `torchkit`.
-    complete_var = "_{}_COMPLETE".format(prog.replace("-", "_").upper())
-    return {
-        f"{prog}.{shell}": get_completion_script(
-            prog_name=prog, complete_var=complete_var, shell=shell
-        )
-        + "\n"
-        for shell in SHELLS
-    }
+    if prog != PROGRAM:
+        raise SystemExit(f"the app is named {prog}, its completion scripts {PROGRAM}")
+    return {f"{prog}.{shell}": completion_script(shell) + "\n" for shell in SHELLS}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@ bash itself where it is installed, and the zsh and fish protocols) without impor
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -194,3 +195,113 @@ def test_install_completion_installs_the_shell_it_is_given(tmp_path):
     assert shown.returncode == 0 and "complete --command torchkit" in shown.stdout
     unknown = run_torchkit_process("--install-completion", "tcsh", env=env)
     assert unknown.returncode == 2 and unknown.stderr.startswith("Error: unknown shell 'tcsh'")
+
+
+def _install(monkeypatch, home, *argv):
+    """`torchkit ARGV` (--install-completion / --show-completion) with HOME=home, in this
+    process: its exit code."""
+    from torchkit.cli.app import _completion_for_named_shell
+
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(SystemExit) as ended:
+        _completion_for_named_shell(app, list(argv))
+    return ended.value.code
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_install_completion_into_a_read_only_home_is_one_error_line(
+    shell, small_tmpfs, monkeypatch, capfd
+):
+    """A read-only HOME ended `--install-completion SHELL` in an OSError traceback."""
+    from output_checks import error_line
+
+    home = small_tmpfs(64)
+    subprocess.run(["mount", "-o", "remount,ro", str(home)], check=True)
+    assert _install(monkeypatch, home, "--install-completion", shell) == 1
+    line = error_line(capfd.readouterr().err, besides="nothing")
+    assert line.startswith(f"Error: cannot write {home}/") and "Read-only file system" in line
+
+
+def test_install_completion_adds_to_the_rc_file_and_keeps_it(tmp_path, monkeypatch, capfd):
+    """The rc file is only added to: its link, its permissions, its last line without a line
+    end, and a second install leaves it as the first left it."""
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    (dotfiles / "bashrc").write_text("# mine\nalias ll='ls -l'")
+    (dotfiles / "bashrc").chmod(0o600)
+    (tmp_path / ".bashrc").symlink_to(dotfiles / "bashrc")
+    for _ in range(2):
+        assert _install(monkeypatch, tmp_path, "--install-completion", "bash") == 0
+    script = tmp_path / ".bash_completions" / "torchkit.sh"
+    assert (tmp_path / ".bashrc").is_symlink()
+    assert (dotfiles / "bashrc").read_text() == f"# mine\nalias ll='ls -l'\nsource '{script}'\n"
+    assert (dotfiles / "bashrc").stat().st_mode & 0o777 == 0o600
+    assert script.read_text() == (REPO / "completions" / "torchkit.bash").read_text()
+    assert "bash completion installed in" in capfd.readouterr().out
+
+
+def test_a_full_disk_leaves_the_rc_file_as_it_was(small_tmpfs):
+    """Typer rewrote ~/.bashrc in place: on a full disk it was cut at a page, its last line
+    lost and the new one half written."""
+    from torchkit.core.io.errors import OutputWriteError
+    from torchkit.core.io.files import add_missing_lines
+
+    home = small_tmpfs(64)
+    rc = home / ".bashrc"
+    rc.write_bytes(b"# my settings\n" + b"x" * 4060 + b"\n")
+    before = rc.read_bytes()
+    with contextlib.suppress(OSError), open(home / "filler", "wb") as filler:
+        filler.write(b"\0" * 128 * 1024)
+    with pytest.raises(OutputWriteError, match="No space left on device"):
+        add_missing_lines(rc, ["source '/home/me/.bash_completions/torchkit.sh'"])
+    assert rc.read_bytes() == before
+    assert sorted(path.name for path in home.iterdir()) == [".bashrc", "filler"]
+
+
+@pytest.mark.parametrize("shell", [None, "sh"])
+def test_install_completion_from_a_shell_it_cannot_complete_in_says_so(
+    shell, monkeypatch, tmp_path, capfd
+):
+    """From sh (or where no shell was found) `--install-completion` printed Typer's `Shell sh
+    is not supported.` on stdout."""
+    monkeypatch.setattr(
+        importlib.import_module("torchkit.cli.app"), "_current_shell", lambda: shell
+    )
+    assert _install(monkeypatch, tmp_path, "--install-completion") == 2
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    line = captured.err.strip()
+    assert line.startswith("Error: --install-completion completes in bash, zsh, fish")
+    assert f"the current shell is {shell or 'unknown'}" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
+def test_bash_walks_into_a_folder_without_a_space(tmp_path):
+    """Typer's bash script ended a single candidate with a space, a folder too: `torchkit eval
+    ru<TAB>` gave `runs/ `, and a second TAB could not go on into it."""
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "best.pt").write_text("")
+    script = f"""
+source {REPO / "completions" / "torchkit.bash"}
+compopt() {{ echo "compopt $1 $2"; }}
+for word in ru runs/r1/b; do
+    COMP_WORDS=(torchkit eval "$word"); COMP_CWORD=2
+    _torchkit_completion torchkit
+    printf '%s\\n' "${{COMPREPLY[@]}}" ---
+done
+"""
+    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path},
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    folder, file, _ = done.stdout.split("---\n")
+    assert folder.split("\n") == ["compopt -o nospace", "runs/", ""]
+    assert file.split("\n") == ["runs/r1/best.pt", ""]

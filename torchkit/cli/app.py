@@ -716,21 +716,50 @@ COMPLETION_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
 
 
 def _completion_for_named_shell(typer_app: typer.Typer, argv: list[str]) -> None:
-    """`torchkit --install-completion zsh`: Typer's two completion options are flags, so the
-    shell named after them was ignored and the current shell's script installed (bash's, from a
-    bash prompt). Given a shell, they act for that shell (exit 0), or refuse one they do not
-    know (exit 2); anything else is left to Typer."""
-    if len(argv) != 2 or argv[0] not in ("--install-completion", "--show-completion"):
+    """`torchkit --install-completion [SHELL]` and `--show-completion [SHELL]`. Typer's two
+    completion options are flags, so a shell named after them was ignored and the current
+    shell's script installed (bash's, from a bash prompt); and Typer's installation rewrote the
+    rc file in place (a full disk cut it short) and ended a read-only HOME in a traceback. Here
+    they act for the shell named, or the current one (exit 0), refuse a shell they do not know
+    (exit 2), and a file that cannot be written is one `Error:` line (exit 1); anything else is
+    left to Typer."""
+    if not argv or len(argv) > 2 or argv[0] not in ("--install-completion", "--show-completion"):
         return
-    option, shell = argv
-    if shell not in COMPLETION_SHELLS:
-        console.stderr.print(
-            f"[bold red]Error:[/] unknown shell {shell!r} for {option} (use one of "
-            f"{', '.join(COMPLETION_SHELLS)}, or none for the current shell)",
-            highlight=False,
-            soft_wrap=True,
+    from torchkit.core.io.errors import TorchkitError
+
+    try:
+        _complete_for_shell(typer_app, *argv)
+    except TorchkitError as error:
+        _report(error, str(error))
+        raise SystemExit(error.exit_code) from None
+
+
+def _complete_for_shell(typer_app: typer.Typer, option: str, named: str | None = None) -> None:
+    from torchkit.cli.completion import completion_script, install_completion
+    from torchkit.core.io.errors import UsageError
+
+    shells = ", ".join(COMPLETION_SHELLS)
+    shell = named if named is not None else _current_shell()
+    if named is not None and named not in COMPLETION_SHELLS:
+        raise UsageError(
+            f"unknown shell {named!r} for {option}",
+            f"use one of {shells}, or none for the current shell",
         )
-        raise SystemExit(2)
+    if shell not in COMPLETION_SHELLS:
+        raise UsageError(
+            f"{option} completes in {shells}; the current shell is {shell or 'unknown'}",
+            f"name the shell: {option} bash",
+        )
+    if shell in ("bash", "zsh", "fish"):
+        if option == "--show-completion":
+            with _reporting_stdout_write_errors():
+                _require_stdout()
+                typer.echo(completion_script(shell))
+        else:
+            path = install_completion(shell)
+            typer.secho(f"{shell} completion installed in {path}", fg="green")
+            typer.echo("Completion will take effect once you restart the terminal")
+        raise SystemExit(0)
     from typer.completion import install_callback, show_callback
 
     act = install_callback if option == "--install-completion" else show_callback
@@ -738,6 +767,13 @@ def _completion_for_named_shell(typer_app: typer.Typer, argv: list[str]) -> None
     with command.make_context("torchkit", [], resilient_parsing=True) as ctx:
         ctx.resilient_parsing = False  # the callbacks do nothing while parsing resiliently
         act(ctx, None, shell)  # exits
+
+
+def _current_shell() -> str | None:
+    """The shell torchkit runs from, as Typer finds it (its parent processes)."""
+    from typer.completion import _get_shell_name
+
+    return _get_shell_name()
 
 
 class _TorchkitTyper(typer.Typer):

@@ -1,8 +1,10 @@
-"""Shell completion of model specs, without importing torch at TAB time."""
+"""Shell completion: model specs without importing torch at TAB time; the scripts themselves
+and their installation (`--install-completion`)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def complete_model_name(incomplete: str) -> list[str]:
@@ -33,3 +35,67 @@ def _model_files(incomplete: str) -> list[str]:
         elif entry.name.endswith(MODEL_FILE_SUFFIXES):
             found.append(path)
     return found
+
+
+# --- the scripts and their installation ---------------------------------------------------------
+
+PROGRAM = "torchkit"
+
+# Typer's bash script ends every single candidate with a space, a folder (`runs/`) too, so
+# that TAB could not walk on into it: told not to there, as bash's own file completion does
+# (compopt is bash 4's: quiet on bash 3.2, whose folders keep the space).
+_BASH_RETURN = "\n    return 0\n}"
+_BASH_FOLDER_WITHOUT_SPACE = (
+    "\n    if [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == */ ]]; then"
+    "\n        compopt -o nospace 2>/dev/null"
+    "\n    fi"
+)
+
+
+def completion_script(shell: str) -> str:
+    """The script that completes torchkit in `shell`: Typer's, which calls torchkit back."""
+    from typer._completion_shared import get_completion_script
+
+    from torchkit.cli.app import COMPLETE_ENV
+
+    script = get_completion_script(prog_name=PROGRAM, complete_var=COMPLETE_ENV, shell=shell)
+    if shell == "bash":
+        if script.count(_BASH_RETURN) != 1:
+            raise RuntimeError("Typer's bash completion script changed: see cli/completion.py")
+        script = script.replace(_BASH_RETURN, _BASH_FOLDER_WITHOUT_SPACE + _BASH_RETURN)
+    return script
+
+
+def _zsh_lines(zshrc: Path) -> list[str]:
+    """What ~/.zshrc needs (Typer's lines): ~/.zfunc on fpath and compinit, and a menu to pick
+    from unless the file sets styles of its own."""
+    lines = ["fpath+=~/.zfunc; autoload -Uz compinit; compinit"]
+    try:
+        own_styles = "zstyle" in zshrc.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        own_styles = False
+    return lines if own_styles else [*lines, "zstyle ':completion:*' menu select"]
+
+
+def install_completion(shell: str, home: Path | None = None) -> Path:
+    """Write `shell`'s script where that shell (as Typer sets it up) reads it, and add what its
+    rc file lacks to load it; returns the script's path. bash, zsh and fish; the user's rc file
+    is only ever added to, and replaced whole (`add_missing_lines`)."""
+    from torchkit.core.io.files import add_missing_lines, atomic_write_text
+
+    home = Path.home() if home is None else home
+    script = completion_script(shell) + "\n"
+    if shell == "bash":
+        path = home / ".bash_completions" / f"{PROGRAM}.sh"
+        atomic_write_text(path, script)
+        add_missing_lines(home / ".bashrc", [f"source '{path}'"])
+    elif shell == "zsh":
+        path = home / ".zfunc" / f"_{PROGRAM}"
+        atomic_write_text(path, script)
+        add_missing_lines(home / ".zshrc", _zsh_lines(home / ".zshrc"))
+    elif shell == "fish":
+        path = home / ".config" / "fish" / "completions" / f"{PROGRAM}.fish"
+        atomic_write_text(path, script)
+    else:
+        raise ValueError(f"torchkit installs no {shell} completion itself")
+    return path

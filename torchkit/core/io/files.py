@@ -346,6 +346,33 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         handle.write(data)
 
 
+def add_missing_lines(path: str | os.PathLike, lines: Sequence[str]) -> list[str]:
+    """Add each of `lines` that the user's text file `path` (a shell's rc file) does not hold
+    yet at its end, making the file where there is none; returns the lines added. The file is
+    replaced whole, by a new one with its permissions renamed into place, so that a full disk
+    or a kill leaves it as it was, never cut short; through a symlink, its target is changed."""
+    target = Path(os.path.realpath(path))
+    try:
+        with _reporting(target):
+            existing = target.read_bytes()
+            mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        existing, mode = b"", None
+    text = existing.decode("utf-8", NAME_ERRORS)
+    added = [line for line in lines if line not in text]
+    if not added:
+        return []
+    joiner = "" if not text or text.endswith("\n") else "\n"
+
+    def keep_mode(temporary: Path) -> None:
+        if mode is not None:
+            os.chmod(temporary, mode)
+
+    with atomic_write(target, "wb", check=keep_mode) as handle:
+        handle.write(existing + (joiner + "\n".join(added) + "\n").encode("utf-8", NAME_ERRORS))
+    return added
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path` for writers that want a file name (torch.save,
