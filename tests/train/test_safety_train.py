@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from disks import fill_disk
 from image_folders import write_image_folder
 from output_checks import error_line, hidden_siblings, tree_digest
 from processes import (
@@ -420,3 +421,52 @@ def test_a_run_failing_before_its_first_checkpoint_keeps_files_put_in_its_folder
         f"cannot read a.png; run folder {out} was kept: it holds files this run did not write "
         "(notes.txt)"
     )
+
+
+def test_a_disk_full_when_tensorboard_starts_is_one_error_line(tmp_path, small_tmpfs, monkeypatch):
+    """`--tensorboard` on a disk that fills as its event file is started: one `cannot write
+    RUN/tensorboard` line (was an `OSError: [Errno 28]` line without a path, under the
+    traceback of TensorBoard's writer thread), and nothing left of the run."""
+    from torchkit.core.train import outputs
+
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    disk = small_tmpfs(64)
+    real = outputs.summary_writer_class()
+
+    def filled_first():
+        fill_disk(disk)
+        return real
+
+    monkeypatch.setattr(outputs, "summary_writer_class", filled_first)
+    run = disk / "run"
+    done = run_torchkit_in_process(
+        "train", *TINY, *DATA, "--epochs", "1", "--tensorboard", "--out", run, cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr)
+    assert line.startswith(f"Error: cannot write {run}/tensorboard: No space left on device")
+    assert "Exception in thread" not in done.stderr
+    assert os.listdir(disk) == ["filler"]
+
+
+def test_tensorboard_scalars_on_a_full_disk_are_one_error_line(tmp_path, monkeypatch):
+    """The epoch's scalars, written by TensorBoard's thread, meet a full disk: one `cannot
+    write RUN/tensorboard` line, not an `OSError` line without a path."""
+    import errno
+
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    def full(self, filename, file_content, binary_mode=False):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(gfile.LocalFileSystem, "append", full)  # every record after the first
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    run = tmp_path / "run"
+    done = run_torchkit_in_process(
+        "train", *TINY, *DATA, "--epochs", "1", "--tensorboard", "--out", run, cwd=tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr)
+    assert line.startswith(f"Error: cannot write {run}/tensorboard: No space left on device")
+    assert "Exception in thread" not in done.stderr
+    assert hidden_siblings(run) == []

@@ -12,12 +12,13 @@ import csv
 import io
 import math
 import platform
+import threading
 from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
 from torchkit.core.io.files import atomic_path, atomic_write_text, json_text
-from torchkit.core.io.outputs import holds_json_record
+from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
 from torchkit.core.topk import topk_informative, topk_name
 
@@ -239,20 +240,43 @@ def summary_writer_class():
 
 
 class TensorBoardLog:
-    """Scalars per epoch (and the training loss per update) under OUT/tensorboard."""
+    """Scalars per epoch (and the training loss per update) under OUT/tensorboard. A full or
+    read-only disk is one write error naming the folder, as for the run's other files."""
 
     def __init__(self, folder: Path, purge_step: int | None = None) -> None:
-        self.writer = summary_writer_class()(log_dir=str(folder), purge_step=purge_step)
+        self.folder = folder
+        _quiet_writer_thread_errors()
+        with reporting_write_errors(folder):
+            self.writer = summary_writer_class()(log_dir=str(folder), purge_step=purge_step)
 
     def epoch(self, row: dict) -> None:
         epoch = row["epoch"]
-        for name, value in row.items():
-            if name != "epoch" and isinstance(value, (int, float)):
-                group = "val" if name.startswith("val") else "train"
-                if name in ("lr", "epoch_time_s", "images_per_s"):
-                    group = "run"
-                self.writer.add_scalar(f"{group}/{name}", value, epoch)
-        self.writer.flush()
+        with reporting_write_errors(self.folder):
+            for name, value in row.items():
+                if name != "epoch" and isinstance(value, (int, float)):
+                    group = "val" if name.startswith("val") else "train"
+                    if name in ("lr", "epoch_time_s", "images_per_s"):
+                        group = "run"
+                    self.writer.add_scalar(f"{group}/{name}", value, epoch)
+            self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        with reporting_write_errors(self.folder):
+            self.writer.close()
+
+
+def _quiet_writer_thread_errors() -> None:
+    """TensorBoard writes the event file on a thread of its own, which keeps a failed write's
+    error for the writer's next call (raised there, and reported as one line) and then raises it
+    again as it ends: that second one, a thread's traceback on stderr, is left out."""
+    previous = threading.excepthook
+    if getattr(previous, "torchkit_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        if type(args.thread).__module__.startswith("tensorboard."):
+            return
+        previous(args)
+
+    hook.torchkit_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
