@@ -156,6 +156,32 @@ def test_model_names_complete_without_importing_torch(words):
     assert not imported & HEAVY, f"completion imported {sorted(imported & HEAVY)}"
 
 
+def _all_commands(command, path="torchkit"):
+    """(path, command) of every command under `command`, groups' subcommands included."""
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _all_commands(sub, f"{path} {name}")
+    if not hasattr(command, "commands"):
+        yield path, command
+
+
+def test_every_model_option_and_argument_completes_model_names():
+    """`predict --model resn<TAB>` (and summary's, export's, benchmark's, extract-features')
+    completed nothing: only MODEL and the --model of train and eval offered the names."""
+    root = get_command(app)
+    found = []
+    for path, command in _all_commands(root):
+        with command.make_context(path, [], resilient_parsing=True) as ctx:
+            for param in command.get_params(ctx):
+                if "--model" not in getattr(param, "opts", ()) and param.metavar != "MODEL":
+                    continue
+                found.append(f"{path} {param.opts[0]}")
+                names = [item.value for item in param.shell_complete(ctx, "resn")]
+                assert "resnet18" in names, f"{path} {param.opts}: {names[:5]}"
+    assert {"torchkit predict --model", "torchkit summary --model", "torchkit eval --model"} <= {
+        " ".join(entry.split()[:3]) for entry in found
+    }, found
+
+
 def test_model_specs_complete_model_files_and_folders(tmp_path, monkeypatch):
     from torchkit.cli.completion import complete_model_name
 

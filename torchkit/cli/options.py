@@ -169,6 +169,7 @@ ModelOption = Annotated[
         metavar="MODEL",
         help="The model, as the MODEL argument takes it (give one of them).",
         show_default=False,
+        autocompletion=_complete_model,
     ),
 ]
 # eval's --model also names the architecture of a weights file given as MODEL (`FILE --model
