@@ -145,6 +145,17 @@ def test_dictionary_encoded_labels_are_read_as_their_class_names(tmp_path):
     assert counts == {"cat": 1, "dog": 2}
 
 
+def test_an_empty_class_name_is_one_error_line_naming_its_rows(tmp_path):
+    # "" trained as a class of that name: the name torchkit gives unlabelled images.
+    data = write_labelled_by_name(tmp_path / "d.parquet", ["a", "", "b", ""])
+    for command in ("dataset-stats", "train"):
+        result = run_torchkit_in_process(command, *(["--data"] if command == "train" else []), data)
+        assert result.returncode == 1
+        assert error_line(result.stderr).startswith(
+            f"Error: {data} has 2 row(s) with an empty label (row 1, 3)"
+        )
+
+
 def test_a_float_or_bool_label_column_is_refused_by_eval_and_a_warning_for_stats(world, tmp_path):
     # pandas writes an int column with a missing value as float64: it was read as no labels
     # ("has no label column (its columns: image, label)"), silently so by dataset-stats.

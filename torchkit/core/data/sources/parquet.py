@@ -19,7 +19,7 @@ come from HF's metadata in the parquet schema (`huggingface` key: info.features.
 from `ROOT/dataset_info.json`; without either, integer labels are named "0", "1", ... up to the
 largest (string labels: sorted naturally, as a CSV index's labels are). No label column, or rows
 without a label (null or HF's -1): unlabelled data where that is allowed (dataset-stats, predict,
-extract-features), else an error naming the file and rows.
+extract-features), else an error naming the file and rows. An empty class name is an error.
 
 A sample's id (the `path` column of outputs) is `FILE/ROW`, FILE relative to ROOT (to the file's
 folder for one file) and ROW the row in that file from 0: `data/train-00000-of-00002.parquet/123`.
@@ -336,6 +336,8 @@ class _File:
         self.label_problem: str | None = None
         if self.label_column is not None:
             self.labels = self._read_labels(handle, self.label_column)
+            if self.string_labels:
+                self._refuse_empty_names()
         elif LABEL_COLUMN in schema.names:
             kind = _label_type(schema.field(LABEL_COLUMN).type)
             labels = self._read_labels(handle, LABEL_COLUMN) if pa.types.is_floating(kind) else []
@@ -355,6 +357,18 @@ class _File:
             return handle.read(columns=[column], use_threads=False).column(0).to_pylist()
         except (OSError, pa.ArrowException) as error:
             raise InputError(f"cannot read {self.path}: {first_line(error)}") from None
+
+    def _refuse_empty_names(self) -> None:
+        """An empty class name ("") is an error naming its rows, as in a CSV index or a shard's
+        KEY.json: class "" is what torchkit calls unlabelled images, and such rows trained as
+        a class of that name (null is the way to leave a row unlabelled)."""
+        empty = [row for row, label in enumerate(self.labels or ()) if label == ""]
+        if empty:
+            raise InputError(
+                f"{self.path} has {len(empty)} row(s) with an empty label "
+                f"(row {', '.join(map(str, empty[:5]))}{', ...' if len(empty) > 5 else ''})",
+                "give each row its class name, or null for a row without a label",
+            )
 
     def missing_labels(self) -> list[int]:
         """Rows without a label: null, or negative (HF's -1 for "no label")."""
