@@ -349,3 +349,23 @@ def test_seed_help_shows_no_20_digit_bounds(path):
     are still usage errors (test_train_cli)."""
     text = help_text(path, 80)
     assert "9223372036854775808" not in text and "18446744073709551615" not in text
+
+
+def test_every_model_option_is_also_m(_torchkit_command):
+    """`train -m` and `eval -m` took the model, but `predict -m` (summary, export, benchmark,
+    extract-features) was `No such option: -m`: one spelling in every command."""
+    from processes import run_torchkit_in_process
+
+    with_model = []
+    for path in COMMANDS:
+        command = _torchkit_command
+        for name in path:
+            command = command.commands[name]
+        for param in command.params:
+            if "--model" in getattr(param, "opts", ()):
+                with_model.append(path[0])
+                assert "-m" in param.opts, f"torchkit {' '.join(path)}: {param.opts}"
+    assert {"train", "eval", "predict", "summary", "export", "benchmark"} <= set(with_model)
+    done = run_torchkit_in_process("summary", "-m", "convnet", "--params-only", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"] == "ConvNet"

@@ -166,6 +166,7 @@ ModelOption = Annotated[
     Optional[str],
     typer.Option(
         "--model",
+        "-m",
         metavar="MODEL",
         help="The model, as the MODEL argument takes it (give one of them).",
         show_default=False,
