@@ -331,3 +331,30 @@ done
     folder, file, _ = done.stdout.split("---\n")
     assert folder.split("\n") == ["compopt -o nospace", "runs/", ""]
     assert file.split("\n") == ["runs/r1/best.pt", ""]
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
+def test_zsh_completes_at_the_first_tab_from_fpath(tmp_path):
+    """Installed on fpath (`~/.zfunc/_torchkit`, as --install-completion zsh does), the script
+    is autoloaded at the first TAB and run in place of the completion: Typer's only registered
+    its function then, so the first TAB of every new shell completed nothing."""
+    (tmp_path / "_torchkit").write_text((REPO / "completions" / "torchkit.zsh").read_text())
+    script = f"""
+fpath=({tmp_path} $fpath)
+compdef() {{ echo "compdef $*" }}
+_arguments() {{ echo "_arguments $*" }}
+words=(torchkit train --dev); CURRENT=3
+autoload -Uz _torchkit
+_torchkit
+"""
+    path = f"{CONSOLE_SCRIPT.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(
+        ["zsh", "-f", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith('_arguments *: :(("--device":'), done.stdout

@@ -52,6 +52,19 @@ _BASH_FOLDER_WITHOUT_SPACE = (
 )
 
 
+# Typer's zsh script only registers its function (compdef), which suits a sourced script; from
+# fpath (`~/.zfunc/_torchkit`, where --install-completion puts it) zsh autoloads the file at the
+# first TAB and runs it in place of the completion, so that the first TAB of every shell
+# completed nothing. As click's own script does: autoloaded, it completes at once.
+_ZSH_COMPDEF = "\ncompdef _torchkit_completion torchkit"
+_ZSH_AUTOLOADED_OR_SOURCED = """
+if [[ $zsh_eval_context[-1] == loadautofunc ]]; then
+  _torchkit_completion "$@"
+else
+  compdef _torchkit_completion torchkit
+fi"""
+
+
 def completion_script(shell: str) -> str:
     """The script that completes torchkit in `shell`: Typer's, which calls torchkit back."""
     from typer._completion_shared import get_completion_script
@@ -63,6 +76,10 @@ def completion_script(shell: str) -> str:
         if script.count(_BASH_RETURN) != 1:
             raise RuntimeError("Typer's bash completion script changed: see cli/completion.py")
         script = script.replace(_BASH_RETURN, _BASH_FOLDER_WITHOUT_SPACE + _BASH_RETURN)
+    elif shell == "zsh":
+        if not script.endswith(_ZSH_COMPDEF):
+            raise RuntimeError("Typer's zsh completion script changed: see cli/completion.py")
+        script = script.removesuffix(_ZSH_COMPDEF) + _ZSH_AUTOLOADED_OR_SOURCED
     return script
 
 
