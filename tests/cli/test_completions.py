@@ -358,3 +358,20 @@ _torchkit
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith('_arguments *: :(("--device":'), done.stdout
+
+
+def test_install_completion_writes_where_zdotdir_and_xdg_config_home_say(
+    tmp_path, monkeypatch, capfd
+):
+    """With ZDOTDIR set zsh reads $ZDOTDIR/.zshrc, and fish its completions from
+    $XDG_CONFIG_HOME/fish: Typer wrote under HOME, where those shells never looked."""
+    home, zdot, config = (tmp_path / name for name in ("home", "zdot", "config"))
+    monkeypatch.setenv("ZDOTDIR", str(zdot))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    assert _install(monkeypatch, home, "--install-completion", "zsh") == 0
+    assert _install(monkeypatch, home, "--install-completion", "fish") == 0
+    assert "fpath+=~/.zfunc" in (zdot / ".zshrc").read_text()
+    assert (home / ".zfunc" / "_torchkit").is_file()
+    assert (config / "fish" / "completions" / "torchkit.fish").is_file()
+    assert sorted(path.name for path in home.iterdir()) == [".zfunc"]
+    assert f"fish completion installed in {config}" in capfd.readouterr().out.replace("\n", "")

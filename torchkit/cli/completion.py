@@ -94,6 +94,13 @@ def _zsh_lines(zshrc: Path) -> list[str]:
     return lines if own_styles else [*lines, "zstyle ':completion:*' menu select"]
 
 
+def _folder_from_environment(name: str) -> Path | None:
+    """The absolute folder the variable `name` gives (a relative one is ignored, as the XDG
+    specification says), or None."""
+    value = os.environ.get(name, "")
+    return Path(value) if os.path.isabs(value) else None
+
+
 def install_completion(shell: str, home: Path | None = None) -> Path:
     """Write `shell`'s script where that shell (as Typer sets it up) reads it, and add what its
     rc file lacks to load it; returns the script's path. bash, zsh and fish; the user's rc file
@@ -102,6 +109,10 @@ def install_completion(shell: str, home: Path | None = None) -> Path:
 
     home = Path.home() if home is None else home
     script = completion_script(shell) + "\n"
+    # Where the shell reads its files: zsh's rc file from ZDOTDIR, fish's from XDG_CONFIG_HOME,
+    # where set (Typer wrote under HOME alone, which those shells then never read).
+    zsh_dot = _folder_from_environment("ZDOTDIR") or home
+    config = _folder_from_environment("XDG_CONFIG_HOME") or home / ".config"
     if shell == "bash":
         path = home / ".bash_completions" / f"{PROGRAM}.sh"
         atomic_write_text(path, script)
@@ -109,9 +120,9 @@ def install_completion(shell: str, home: Path | None = None) -> Path:
     elif shell == "zsh":
         path = home / ".zfunc" / f"_{PROGRAM}"
         atomic_write_text(path, script)
-        add_missing_lines(home / ".zshrc", _zsh_lines(home / ".zshrc"))
+        add_missing_lines(zsh_dot / ".zshrc", _zsh_lines(zsh_dot / ".zshrc"))
     elif shell == "fish":
-        path = home / ".config" / "fish" / "completions" / f"{PROGRAM}.fish"
+        path = config / "fish" / "completions" / f"{PROGRAM}.fish"
         atomic_write_text(path, script)
     else:
         raise ValueError(f"torchkit installs no {shell} completion itself")
