@@ -49,7 +49,7 @@ def _column(columns: list[str], name: str) -> int | None:
 def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> IndexRows:
     """The rows of the CSV index at `csv_path`; InputError (one line) for a missing file or
     column, text that is not UTF-8 (but for the bytes of file names) or not CSV, no rows, and
-    rows with an empty path, an empty label, a split other than train, val or test or a path
+    rows with an empty path or one holding a NUL byte, an empty label, a split other than train, val or test or a path
     whose spaces around it are a typo (`_refuse_spaced_paths`).
     `labelled=False`: the label column may be missing, or empty in every row (unlabelled images)."""
     source = Path(csv_path)
@@ -59,6 +59,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     labels: list[str] = []
     splits: list[str] = []
     no_path: list[int] = []
+    nul_path: list[int] = []
     no_label: list[tuple[int, int]] = []  # (line, row)
     bad_split: list[tuple[int, str]] = []
     spaced: list[tuple[int, int]] = []  # (line, row) of paths with spaces around them
@@ -71,6 +72,12 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             header = next(reader, None)
             # "path, label" (a space after the comma) names the columns too.
             columns = [] if header is None else [name.strip() for name in header]
+            if any("\0" in name for name in columns):
+                # UTF-16 (pandas' encoding="utf-16", Excel's "Unicode Text") reads so as UTF-8.
+                raise InputError(
+                    f"{source} is not UTF-8 text (its first line holds NUL bytes: UTF-16?)",
+                    "save it as CSV UTF-8 (with or without BOM)",
+                )
             if "path" not in columns or (labelled and "label" not in columns):
                 has = ", ".join(columns) if columns else "nothing: the file is empty"
                 raise InputError(
@@ -91,6 +98,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 path = row[path_at] if path_at < width else ""
                 if not path.strip():
                     no_path.append(line)
+                elif "\0" in path:  # no file name holds one: open() raised ValueError
+                    nul_path.append(line)
                 elif path[:1].isspace() or path[-1:].isspace():
                     spaced.append((line, len(paths)))
                 paths.append(path)
@@ -121,6 +130,12 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         raise InputError(
             f"{source} has {len(no_path)} row(s) with an empty path (line {_lines(no_path)})",
             "every row needs a path and a label",
+        )
+    if nul_path:
+        raise InputError(
+            f"{source} has {len(nul_path)} row(s) whose path holds a NUL byte "
+            f"(line {_lines(nul_path)})",
+            "no file name holds a NUL byte: fix those paths",
         )
     if no_label and not labelled and len(no_label) == len(paths):
         # Unlabelled images: what `split` writes for a flat folder (an empty label column).

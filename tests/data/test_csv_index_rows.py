@@ -1,12 +1,14 @@
-"""The labels of a CSV index: numbered classes sort as numbers, every label reads, and the class
-order is the same in every process (torchrun's ranks, train then resume)."""
+"""The rows of a CSV index: numbered classes sort as numbers, every label reads, the class order
+is the same in every process (torchrun's ranks, train then resume); bytes no CSV index holds
+are one error line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from image_folders import write_image_folder
-from processes import dataset_stats
+from output_checks import error_line
+from processes import dataset_stats, run_torchkit_in_process
 
 from torchkit.core.data.sources.csv_index import natural_key
 
@@ -36,3 +38,27 @@ def test_labels_that_look_like_numbers_but_are_not_read(tmp_path):
     labels = ["²", "--1", "9" * 5000, "2", "a"]
     found = dataset_stats(write_index(tmp_path, labels))
     assert [c["name"] for c in found["classes"]] == ["2", "--1", "9" * 5000, "a", "²"]
+
+
+def test_a_path_holding_a_nul_byte_is_an_error_naming_its_line(tmp_path):
+    """It was `Error: ValueError: embedded null byte` in dataset-stats, a skipped image in
+    eval, and a path with a NUL byte in predict's rows."""
+    index = write_index(tmp_path, ["a", "b", "a"])
+    rows = index.read_text(encoding="utf-8").splitlines()
+    rows[2] = rows[2].replace(".png", "\0.png")
+    index.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    result = run_torchkit_in_process("dataset-stats", index)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(
+        f"Error: {index} has 1 row(s) whose path holds a NUL byte (line 3)"
+    )
+
+
+def test_a_utf16_index_is_said_to_be_no_utf8(tmp_path):
+    """pandas' to_csv(encoding="utf-16") reads as UTF-8 with a NUL byte after each letter: the
+    error named columns `p\\x00a\\x00t\\x00h\\x00`."""
+    index = write_index(tmp_path, ["a", "b"])
+    index.write_bytes(index.read_text(encoding="utf-8").encode("utf-16"))
+    result = run_torchkit_in_process("dataset-stats", index)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(f"Error: {index} is not UTF-8 text")
