@@ -62,3 +62,22 @@ def test_a_utf16_index_is_said_to_be_no_utf8(tmp_path):
     result = run_torchkit_in_process("dataset-stats", index)
     assert result.returncode == 1
     assert error_line(result.stderr).startswith(f"Error: {index} is not UTF-8 text")
+
+
+def test_a_row_of_more_fields_than_the_header_is_an_error_naming_its_line(tmp_path):
+    """An unquoted comma in a path (`a,b.png,cat`) read as the file `a` of a new class `b.png`
+    (the file counted unreadable, exit 0), as pandas refuses. Empty fields past the header
+    (a spreadsheet's trailing commas) are no fields."""
+    index = write_index(tmp_path, ["a", "b", "a", "b"])
+    rows = index.read_text(encoding="utf-8").splitlines()
+    rows[1] += ",,"
+    rows[3] = rows[3].replace("imgs/", "imgs/x,")
+    index.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    result = run_torchkit_in_process("dataset-stats", index)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(
+        f"Error: {index} has 1 row(s) with more fields than its header names (line 4)"
+    )
+    rows[3] = rows[3].replace("imgs/x,", "imgs/")
+    index.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert dataset_stats(index)["images"] == 4

@@ -49,8 +49,9 @@ def _column(columns: list[str], name: str) -> int | None:
 def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> IndexRows:
     """The rows of the CSV index at `csv_path`; InputError (one line) for a missing file or
     column, text that is not UTF-8 (but for the bytes of file names) or not CSV, no rows, and
-    rows with an empty path or one holding a NUL byte, an empty label, a split other than train, val or test or a path
-    whose spaces around it are a typo (`_refuse_spaced_paths`).
+    rows with more fields than the header, an empty path or one holding a NUL byte, an empty
+    label, a split other than train, val or test or a path whose spaces around it are a typo
+    (`_refuse_spaced_paths`).
     `labelled=False`: the label column may be missing, or empty in every row (unlabelled images)."""
     source = Path(csv_path)
     if not source.is_file():
@@ -60,6 +61,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     splits: list[str] = []
     no_path: list[int] = []
     nul_path: list[int] = []
+    too_wide: list[int] = []  # rows of more (non-empty) fields than the header names
     no_label: list[tuple[int, int]] = []  # (line, row)
     bad_split: list[tuple[int, str]] = []
     spaced: list[tuple[int, int]] = []  # (line, row) of paths with spaces around them
@@ -95,6 +97,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 if not row:  # a blank line is no row
                     continue
                 width = len(row)
+                if width > len(columns) and any(field.strip() for field in row[len(columns) :]):
+                    too_wide.append(first)
                 path = row[path_at] if path_at < width else ""
                 if not path.strip():
                     no_path.append(line)
@@ -122,6 +126,14 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         raise InputError(f"cannot read {source} (line {line}): {error}") from None
     if not paths:
         raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
+    if too_wide:
+        # An unquoted comma in a path or label: its fields shift (`a,b.png,cat` was the file
+        # `a` of class `b.png`), as pandas refuses such a row.
+        raise InputError(
+            f"{source} has {len(too_wide)} row(s) with more fields than its header names "
+            f"(line {_lines(too_wide)})",
+            'quote a path or label that holds a comma: "a,b.png",cat',
+        )
     if spaced_labels:
         _keep_quoted_labels(source, label_at, labels, spaced_labels)
         no_label = [(line, row) for line, row in no_label if not labels[row]]
