@@ -81,3 +81,18 @@ def test_a_row_of_more_fields_than_the_header_is_an_error_naming_its_line(tmp_pa
     rows[3] = rows[3].replace("imgs/x,", "imgs/")
     index.write_text("\n".join(rows) + "\n", encoding="utf-8")
     assert dataset_stats(index)["images"] == 4
+
+
+def test_an_index_listing_itself_is_refused_before_a_move_takes_it(tmp_path):
+    """`split --mode move` moved the index into OUT/<split>/<class>/ as one of its images (a
+    rerun to finish the move then found no index); other commands counted it unreadable."""
+    index = write_index(tmp_path, ["a", "b", "a", "b"])
+    with index.open("a", encoding="utf-8") as handle:
+        handle.write("./index.csv,a\n")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = run_torchkit_in_process(
+        "split", index, tmp_path.parent / "out", "--mode", "move", "--ratio", "1,1"
+    )
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(f"Error: {index} lists itself as an image (line 6)")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

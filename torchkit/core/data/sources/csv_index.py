@@ -50,8 +50,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     """The rows of the CSV index at `csv_path`; InputError (one line) for a missing file or
     column, text that is not UTF-8 (but for the bytes of file names) or not CSV, no rows, and
     rows with more fields than the header, an empty path or one holding a NUL byte, an empty
-    label, a split other than train, val or test or a path whose spaces around it are a typo
-    (`_refuse_spaced_paths`).
+    label, a split other than train, val or test, a path whose spaces around it are a typo
+    (`_refuse_spaced_paths`) or that names the index itself.
     `labelled=False`: the label column may be missing, or empty in every row (unlabelled images)."""
     source = Path(csv_path)
     if not source.is_file():
@@ -62,6 +62,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     no_path: list[int] = []
     nul_path: list[int] = []
     too_wide: list[int] = []  # rows of more (non-empty) fields than the header names
+    own_name: list[tuple[int, int]] = []  # (line, row) of paths named as the index is
     no_label: list[tuple[int, int]] = []  # (line, row)
     bad_split: list[tuple[int, str]] = []
     spaced: list[tuple[int, int]] = []  # (line, row) of paths with spaces around them
@@ -104,6 +105,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                     no_path.append(line)
                 elif "\0" in path:  # no file name holds one: open() raised ValueError
                     nul_path.append(line)
+                elif os.path.basename(path) == source.name:
+                    own_name.append((line, len(paths)))
                 elif path[:1].isspace() or path[-1:].isspace():
                     spaced.append((line, len(paths)))
                 paths.append(path)
@@ -159,6 +162,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "every row needs a path and a label",
         )
     _refuse_spaced_paths(source, paths, spaced)
+    _refuse_itself(source, paths, own_name)
     if bad_split:
         raise InputError(
             f"{source} has {len(bad_split)} row(s) with a split other than train, val or test "
@@ -241,6 +245,25 @@ def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int,
             f"{source} has {len(typos)} row(s) whose path has spaces around it that the file's "
             f"name has not (line {_lines_and_values(typos)})",
             "remove the spaces around the path: paths are read exactly as written",
+        )
+
+
+def _refuse_itself(source: Path, paths: list[str], named: list[tuple[int, int]]) -> None:
+    """A row naming the index itself (`named`: the (line, row) of the paths with its name) is
+    an error: it is no image, and `split --mode move` moved the index into OUT as one (a
+    rerun then found no index to finish the move with)."""
+    base = str(source.parent)
+    found = []
+    for line, row in named:
+        try:
+            if os.path.samefile(os.path.join(base, paths[row]), source):
+                found.append(line)
+        except (OSError, ValueError):
+            continue
+    if found:
+        raise InputError(
+            f"{source} lists itself as an image (line {_lines(found)})",
+            "remove that row: a CSV index lists image files",
         )
 
 
