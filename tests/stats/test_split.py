@@ -722,6 +722,12 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _index_of_a(index: Path, rows: str) -> Path:
+    """A CSV index `path,label` with `rows`, beside a file a.png they may list."""
+    _write(index.parent / "a.png", "x")
+    return _write(index, "path,label\n" + rows)
+
+
 def _linked_twice(index: Path) -> Path:
     """A CSV index listing one file twice, once through a symbolic link to its folder."""
     _write(index.parent / "d" / "i.csv", "x")
@@ -736,12 +742,12 @@ def _linked_twice(index: Path) -> Path:
         (lambda p: (p / "empty").mkdir() or p / "empty", "no images"),
         (lambda p: _write(p / "i.csv", "file,label\na.png,x\n"), "needs `path` and `label`"),
         (lambda p: _write(p / "i.csv", "path,label\nnope.png,x\n"), "do not exist: nope.png"),
-        (lambda p: _write(p / "i.csv", "path,label\ni.csv,x\n./i.csv,y\n"), "same file twice"),
+        (lambda p: _index_of_a(p / "i.csv", "a.png,x\n./a.png,y\n"), "same file twice"),
         # through a linked folder: was split (a move stopped half-way: "disappeared")
         (lambda p: _linked_twice(p / "i.csv"), "same file twice: d/i.csv and link/i.csv"),
         # folders every image-folder reader skips: the class would vanish from the output
-        (lambda p: _write(p / "i.csv", "path,label\ni.csv,.x\n"), "'.x' cannot be a class folder"),
-        (lambda p: _write(p / "i.csv", "path,label\ni.csv,__MACOSX\n"), "'__MACOSX' cannot be"),
+        (lambda p: _index_of_a(p / "i.csv", "a.png,.x\n"), "'.x' cannot be a class folder"),
+        (lambda p: _index_of_a(p / "i.csv", "a.png,__MACOSX\n"), "'__MACOSX' cannot be"),
     ],
 )
 def test_cli_bad_input(runner, tmp_path, setup, message):
