@@ -96,3 +96,15 @@ def test_an_index_listing_itself_is_refused_before_a_move_takes_it(tmp_path):
     assert result.returncode == 1
     assert error_line(result.stderr).startswith(f"Error: {index} lists itself as an image (line 6)")
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_header_repeated_by_joining_two_indexes_is_an_error_naming_its_line(tmp_path):
+    """`cat a.csv b.csv > all.csv` (the second with a BOM, as Excel saves it) read the second
+    header as an image `path` of a class `label`: a class of no image, exit 0."""
+    index = write_index(tmp_path, ["a", "b", "a", "b"])
+    rows = index.read_text(encoding="utf-8").splitlines()
+    rows.insert(3, "\ufeffpath,label")
+    index.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    result = run_torchkit_in_process("dataset-stats", index)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(f"Error: {index} repeats its header in line 4")

@@ -63,6 +63,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     nul_path: list[int] = []
     too_wide: list[int] = []  # rows of more (non-empty) fields than the header names
     own_name: list[tuple[int, int]] = []  # (line, row) of paths named as the index is
+    header_again: list[tuple[int, int]] = []  # (line, row) of rows that repeat the header
+    own = source.name
     no_label: list[tuple[int, int]] = []  # (line, row)
     bad_split: list[tuple[int, str]] = []
     spaced: list[tuple[int, int]] = []  # (line, row) of paths with spaces around them
@@ -105,10 +107,12 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                     no_path.append(line)
                 elif "\0" in path:  # no file name holds one: open() raised ValueError
                     nul_path.append(line)
-                elif os.path.basename(path) == source.name:
-                    own_name.append((line, len(paths)))
                 elif path[:1].isspace() or path[-1:].isspace():
                     spaced.append((line, len(paths)))
+                if path.endswith(own) and os.path.basename(path) == own:
+                    own_name.append((line, len(paths)))
+                if "path" in path and [f.strip().lstrip("\ufeff") for f in row] == columns:
+                    header_again.append((first, len(paths)))
                 paths.append(path)
                 if has_label:
                     # "a.png, cat" is class cat, as "path, label" names the label column.
@@ -129,6 +133,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         raise InputError(f"cannot read {source} (line {line}): {error}") from None
     if not paths:
         raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
+    _refuse_repeated_header(source, paths, header_again)
     if too_wide:
         # An unquoted comma in a path or label: its fields shift (`a,b.png,cat` was the file
         # `a` of class `b.png`), as pandas refuses such a row.
@@ -245,6 +250,19 @@ def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int,
             f"{source} has {len(typos)} row(s) whose path has spaces around it that the file's "
             f"name has not (line {_lines_and_values(typos)})",
             "remove the spaces around the path: paths are read exactly as written",
+        )
+
+
+def _refuse_repeated_header(source: Path, paths: list[str], found: list[tuple[int, int]]) -> None:
+    """A row that repeats the header (`cat a.csv b.csv`: two indexes joined whole) is an error
+    naming its line, where no file has the path column's name: it was read as an image
+    `path` of a class `label`, which train gave an output and eval called an unknown class."""
+    base = str(source.parent)
+    lines = [line for line, row in found if not os.path.lexists(os.path.join(base, paths[row]))]
+    if lines:
+        raise InputError(
+            f"{source} repeats its header in line {_lines(lines)} (indexes joined whole?)",
+            "the first line alone names the columns: remove the others",
         )
 
 
