@@ -381,12 +381,22 @@ def test_a_rank_that_stops_answering_ends_the_run_after_dist_timeout(uninterrupt
 
     The timeout holds every wait of the run, also the ranks' join and their set-up's
     collectives, which a busy machine can put seconds apart: it is 3 s, or a third of what the
-    same run took without a hang on this machine just now, whichever is longer."""
-    _, _, seconds, _ = uninterrupted
+    same run took without a hang on this machine just now, whichever is longer.
+
+    The collective's error is told as it is: rank 0 no longer ran the model on the meta device
+    first (the check for images too small for it), which imported sympy and torch._dynamo
+    (seconds of CPU before the error line)."""
+    _, _, seconds, audit_log = uninterrupted
     timeout = max(3, math.ceil(seconds / 3))
+    out, imports = tmp_path / "run", tmp_path / "log"
     ranks = start_ranks(
-        *recipe(data, tmp_path / "run", "--dist-timeout", str(timeout)),
-        env={"TORCHKIT_TEST_HANG": f"1:3:{10 * timeout}"},
+        *recipe(data, out, "--dist-timeout", str(timeout)),
+        env={
+            "TORCHKIT_TEST_HANG": f"1:3:{10 * timeout}",
+            "PYTHONPATH": f"{audit_log.parent}{os.pathsep}{HELPERS}",  # NO_SHARED_FS's audit
+            "TORCHKIT_TEST_NO_SHARED_FS": str(out),
+            "TORCHKIT_TEST_AUDIT_LOG": str(imports),
+        },
     )
     try:
         rank0 = finish(ranks[0], timeout=120 + timeout)
@@ -401,6 +411,8 @@ def test_a_rank_that_stops_answering_ends_the_run_after_dist_timeout(uninterrupt
         "that long)"
     ], rank0.stderr[-3000:]
     assert "Traceback" not in rank0.stderr
+    dynamo = Path(f"{imports}.imports.0")
+    assert not dynamo.exists(), dynamo.read_text()[:3000]
 
 
 def test_dist_timeout_reaches_init_process_group(monkeypatch):

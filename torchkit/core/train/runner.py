@@ -177,13 +177,13 @@ def _train(
             result = _begin(ctx, plan, state, folder)
             timeline.mark("set-up", setup_details(state, time.perf_counter() - timeline.last))
             if state.config.find_lr:
-                with _image_size_checked(state):
+                with _image_size_checked(ctx, state):
                     _find_lr(ctx, state, folder, result)
                 timeline.mark("the range test")
             else:
                 _announce(ctx, state, folder, callbacks)
                 epochs = EpochDriver(ctx, state, folder, callbacks, result)
-                with _image_size_checked(state):
+                with _image_size_checked(ctx, state):
                     epochs.run()
                 timeline.mark(epochs.phase(), epochs.time_split())
                 _branch_without_training(ctx, plan, state, folder, result)
@@ -276,13 +276,17 @@ def _begin(ctx: DistContext, plan: RunPlan, state: TrainState, folder: RunFolder
 
 
 @contextlib.contextmanager
-def _image_size_checked(state: TrainState) -> Iterator[None]:
+def _image_size_checked(ctx: DistContext, state: TrainState) -> Iterator[None]:
     """A model too deep for the training crop (--train-crop-size, else --image-size) fails at
     its first batch with torch's shape error: that becomes one line naming the smallest size it
-    takes (`image_size_refusal`)."""
+    takes (`image_size_refusal`). A collective that timed out or lost a rank is not judged: the
+    model's run on the meta device imports sympy and torch._dynamo (seconds) before that error
+    is told (`_run_on_device` describes it)."""
     try:
         yield
     except RuntimeError as error:
+        if ddp.describe_collective_failure(ctx, error, None) is not None:
+            raise
         # The training crop (--train-crop-size), the first size the model runs at.
         preprocess = train_preprocess(state.preprocess, state.config)
         refusal = image_size_refusal(
