@@ -237,7 +237,6 @@ LONGEST_MODULES = (  # seconds of test time each: a 2-core run of 2026-11-30 (a 
     "test_train_resume",  # 18
     "test_convert_shards",  # 18
     "test_eval",  # 17: torchrun
-    "test_inference_ddp_forks",  # 20 alone on a busy machine: two 2-rank worlds at once
     "test_decode_ahead",  # 16
     "test_shards_read",  # 14 (16 before DDP ranks stopped importing dynamo)
     "test_eval_guards",  # 14
