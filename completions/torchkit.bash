@@ -4,9 +4,15 @@ _torchkit_completion() {
     COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \
                    COMP_CWORD=$COMP_CWORD \
                    _TORCHKIT_COMPLETE=complete_bash $1 ) )
-    if [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == */ ]]; then
-        compopt -o nospace 2>/dev/null
-    fi
+    local i
+    for i in "${!COMPREPLY[@]}"; do
+        if [[ -e ${COMPREPLY[i]} ]] && compopt -o filenames 2>/dev/null; then
+            for i in "${!COMPREPLY[@]}"; do
+                [[ -d ${COMPREPLY[i]} ]] && COMPREPLY[i]=${COMPREPLY[i]%/}
+            done
+            break
+        fi
+    done
     return 0
 }
 

@@ -304,15 +304,19 @@ def test_install_completion_from_a_shell_it_cannot_complete_in_says_so(
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="no torchkit console script")
-def test_bash_walks_into_a_folder_without_a_space(tmp_path):
-    """Typer's bash script ended a single candidate with a space, a folder too: `torchkit eval
-    ru<TAB>` gave `runs/ `, and a second TAB could not go on into it."""
+def test_bash_completes_model_files_and_folders_as_file_names(tmp_path):
+    """Typer's bash script inserted candidates as they were: `torchkit eval my<TAB>` made `my
+    run/` two words, and `ru<TAB>` gave `runs/ `, whose space stopped a second TAB going on into
+    it. Where candidates are files or folders, bash is told they are file names (it quotes
+    them, and ends a folder with its slash, not a space); options and model names are not."""
     (tmp_path / "runs" / "r1").mkdir(parents=True)
     (tmp_path / "runs" / "r1" / "best.pt").write_text("")
+    (tmp_path / "my run").mkdir()
+    (tmp_path / "my run" / "best.pt").write_text("")
     script = f"""
 source {REPO / "completions" / "torchkit.bash"}
 compopt() {{ echo "compopt $1 $2"; }}
-for word in ru runs/r1/b; do
+for word in ru runs/r1/b my 'my\\ run/b' --dev resnet1; do
     COMP_WORDS=(torchkit eval "$word"); COMP_CWORD=2
     _torchkit_completion torchkit
     printf '%s\\n' "${{COMPREPLY[@]}}" ---
@@ -328,9 +332,16 @@ done
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    folder, file, _ = done.stdout.split("---\n")
-    assert folder.split("\n") == ["compopt -o nospace", "runs/", ""]
-    assert file.split("\n") == ["runs/r1/best.pt", ""]
+    folder, file, spaced_folder, spaced_file, option, names, _ = [
+        found.splitlines() for found in done.stdout.split("---\n")
+    ]
+    as_file_names = "compopt -o filenames"
+    assert folder == [as_file_names, "runs"]  # bash adds the slash, and no space
+    assert file == [as_file_names, "runs/r1/best.pt"]
+    assert spaced_folder == [as_file_names, "my run"]
+    assert spaced_file == [as_file_names, "my run/best.pt"]
+    assert option == ["--device"]
+    assert "resnet18" in names and as_file_names not in names
 
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")

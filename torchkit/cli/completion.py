@@ -41,15 +41,23 @@ def _model_files(incomplete: str) -> list[str]:
 
 PROGRAM = "torchkit"
 
-# Typer's bash script ends every single candidate with a space, a folder (`runs/`) too, so
-# that TAB could not walk on into it: told not to there, as bash's own file completion does
-# (compopt is bash 4's: quiet on bash 3.2, whose folders keep the space).
+# Typer's bash script inserts candidates as they are: a model file or folder with a space or a
+# quote in its name (`my run/best.pt`) became two words, and a folder (`runs/`) got a space
+# after it, so that TAB could not walk on into it. Where a candidate is a file or folder, bash
+# is told to treat them as file names, as its own file completion does: it quotes them (inside
+# a quote the user opened too) and ends a folder with its slash instead of a space, so the
+# folders' own slashes are left to it. (compopt is bash 4's: bash 3.2 keeps Typer's way.)
 _BASH_RETURN = "\n    return 0\n}"
-_BASH_FOLDER_WITHOUT_SPACE = (
-    "\n    if [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == */ ]]; then"
-    "\n        compopt -o nospace 2>/dev/null"
-    "\n    fi"
-)
+_BASH_AS_FILE_NAMES = """
+    local i
+    for i in "${!COMPREPLY[@]}"; do
+        if [[ -e ${COMPREPLY[i]} ]] && compopt -o filenames 2>/dev/null; then
+            for i in "${!COMPREPLY[@]}"; do
+                [[ -d ${COMPREPLY[i]} ]] && COMPREPLY[i]=${COMPREPLY[i]%/}
+            done
+            break
+        fi
+    done"""
 
 
 # Typer's zsh script only registers its function (compdef), which suits a sourced script; from
@@ -75,7 +83,7 @@ def completion_script(shell: str) -> str:
     if shell == "bash":
         if script.count(_BASH_RETURN) != 1:
             raise RuntimeError("Typer's bash completion script changed: see cli/completion.py")
-        script = script.replace(_BASH_RETURN, _BASH_FOLDER_WITHOUT_SPACE + _BASH_RETURN)
+        script = script.replace(_BASH_RETURN, _BASH_AS_FILE_NAMES + _BASH_RETURN)
     elif shell == "zsh":
         if not script.endswith(_ZSH_COMPDEF):
             raise RuntimeError("Typer's zsh completion script changed: see cli/completion.py")
