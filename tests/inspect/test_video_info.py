@@ -1158,6 +1158,19 @@ def test_a_whole_mpeg_ps_whose_audio_runs_on_after_its_video_is_not_truncated(tm
         assert (info.frames_source, info.duration_s) == ("decoded", 1.6), options
 
 
+def test_a_long_flv_cut_short_is_truncated_without_exact(tmp_path):
+    """The decode check seeks 4 frames before the header's last and reads on; FFmpeg lets a
+    seek past the video's end succeed, and the seek's target was counted as reached: within a
+    header of 400 frames or more's slack (1%), so a 600-frame FLV cut in half read `ok`, 600
+    frames (exit 0; --exact: truncated). A seek is counted only where a frame decodes after it."""
+    path = tmp_path / "long.flv"
+    if not write_video(path, "FLV1", 16, 16, 25.0, 600):
+        pytest.skip("this OpenCV build cannot write FLV")
+    assert probe_video(path).status == "ok"
+    cut = probe_video(cut_copy(path, tmp_path, 0.5))
+    assert cut.status == "truncated" and "of the 600 frames its header declares" in cut.error
+
+
 def test_a_whole_variable_rate_file_without_sizes_is_ok_and_its_cut_copy_truncated(
     tmp_path, whole_videos
 ):

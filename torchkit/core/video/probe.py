@@ -231,11 +231,20 @@ def _tail_decodes(cv2, capture, header: int, decoded: int) -> str | None:
     if start > decoded:
         if not capture.set(cv2.CAP_PROP_POS_FRAMES, start):
             return None  # this file cannot seek by frame: say nothing rather than guess
-        reached = start
+        # FFmpeg lets a seek past the video's end succeed: the frames before `start` are
+        # there only if the one after it decodes (not counted, a 400-frame header's slack
+        # of 4 took any cut: a cut FLV of 600 frames read ok)
+        if not capture.grab():
+            return _frame_missing(start, header)
+        reached = start + 1
     while reached < header and capture.grab():
         reached += 1
     if reached >= header - _frame_slack(header):
         return None
+    return _frame_missing(reached, header)
+
+
+def _frame_missing(reached: int, header: int) -> str:
     return (
         f"truncated: frame {reached + 1:,} of the {header:,} its header declares does not "
         "decode (--exact counts those that do)"
