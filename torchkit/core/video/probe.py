@@ -200,13 +200,24 @@ def _frames_short(decoded: int, header: int | None, reached: int = 0) -> str | N
     return f"truncated: {decoded:,} of the {header:,} frames its header declares decode"
 
 
-def _runs_on_past_its_video(path: Path, container: str | None, info: VideoInfo) -> bool:
+# Formats whose header count FFmpeg reckons from the file's duration, its longest stream's,
+# where the container's sizes say the bytes are all there but nothing of the video's own
+# length: beside audio that runs on, the count overstates the video's frames (100 for 25). An
+# MKV/WebM whose tags record its video track's own length is counted from them instead;
+# MP4/MOV/3GP and AVI count the video's samples, Y4M and raw DV hold video alone.
+_COUNT_FROM_FILE_DURATION = frozenset({"mpeg-ts", "m2ts", "mpeg-ps", "asf", "mkv", "webm"})
+
+
+def _runs_on_past_its_video(
+    path: Path, container: str | None, info: VideoInfo, sizes_whole: bool
+) -> bool:
     """Whether a file whose video ends before its header's count (reckoned from the file's
     duration) has other streams that run on to that duration (audio longer than the video),
-    so it is whole, not cut: an FLV's last tag, of any stream, reaches it; an MPEG-PS file's
-    duration is what FFmpeg reads from the timestamps at its end, of any stream, so a video
-    short of it always ends before another stream (a cut ends them all, and the duration)."""
-    if container == "mpeg-ps":
+    so it is whole, not cut: its container's sizes say it is all there (`sizes_whole`); an
+    FLV's last tag, of any stream, reaches it; an MPEG-PS or MPEG-TS file's duration is what
+    FFmpeg reads from the timestamps at its end, of any stream, so a video short of it always
+    ends before another stream (a cut ends them all, and the duration)."""
+    if sizes_whole or container in ("mpeg-ps", "mpeg-ts", "m2ts"):
         return True
     end_s = flv_last_tag_s(path) if container == "flv" else None
     header = info.frames_header
@@ -393,7 +404,8 @@ def _probe_into(
     cut = _shortfall(info, declared) or _picture_cut(path, sniffed, info.size_bytes)
     # Where the container's sizes say the file is whole, frames short of the header's count
     # are an estimate or a decoder's quirk, not a cut: decoding is the evidence only where the
-    # sizes say nothing (and the end is not sought where they do: no time spent).
+    # sizes say nothing (the end is not sought where they do, but for a count reckoned from
+    # the file's duration, below: the frames there, not a cut).
     judge_by_frames = declared is None and not cut
     capture = _open_capture(cv2, path, decoder_threads)
     if capture is None:
@@ -424,6 +436,12 @@ def _probe_into(
         own = matroska_video_frames(path, sniffed, info.fps)
         if own is not None and 0 < own < declared_frames:
             declared_frames = float(own)
+        # a count from the file's duration is checked against the video's frames, as where
+        # the format records no sizes: the sizes tell a cut, not audio that runs on
+        sizes_whole = declared is not None and not cut
+        judge_by_frames = judge_by_frames or (
+            sizes_whole and sniffed in _COUNT_FROM_FILE_DURATION and own is None
+        )
         # 0: the header's duration is 0 (an unknown one reads as a negative count, shown as none)
         info.frames_header = 0 if declared_frames == 0 else _positive_int(declared_frames)
         undecodable = (
@@ -444,7 +462,7 @@ def _probe_into(
             elif not cut and judge_by_frames:
                 reached = _position(end_s, info.fps)
                 cut = _frames_short(info.frames_decoded, info.frames_header, reached)
-                if cut and _runs_on_past_its_video(path, sniffed, info):
+                if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
                     cut = None  # whole: its audio runs on after its video
         else:
             info.frames, info.frames_source = info.frames_header, "header"
@@ -461,7 +479,7 @@ def _probe_into(
                         decoded, end_s = _decode_to_end(cv2, capture, stop, info)
                         reached = _position(end_s, info.fps)
                         cut = _frames_short(decoded, info.frames_header, reached)
-                        if cut and _runs_on_past_its_video(path, sniffed, info):
+                        if cut and _runs_on_past_its_video(path, sniffed, info, sizes_whole):
                             cut = None  # whole, with fewer frames: those decoded are the row's
                             _take_decoded_count(info, decoded, end_s)
                 info.known_whole = not cut
