@@ -1,6 +1,7 @@
 """A model that masks classes with -inf logits (eval, predict): softmax gives them 0, they rank
 last, and the image is scored as any other; only NaN, +inf or a row of -inf alone is a
-non-finite output. An image whose true class is masked has an infinite loss, said once."""
+non-finite output. An image whose true class is masked has an infinite loss: left out of the
+mean loss (counted in `num_masked`, said once), as train leaves it out."""
 
 from __future__ import annotations
 
@@ -113,30 +114,66 @@ def _run(command: str, data, *more):
     )  # fmt: skip
 
 
-def test_eval_of_a_masking_model_warns_only_of_the_infinite_loss(data, tmp_path):
+def test_eval_of_a_masking_model_leaves_masked_images_out_of_the_loss(data, tmp_path):
+    """As train's validation and test losses: the images whose true class is masked are left
+    out of the loss (the mean was inf, null in JSON) and counted in `num_masked`."""
     out = tmp_path / "report"
-    done = _run("eval", data, "--num-classes", "3", "--format", "json", "--out", out)
+    done = _run("eval", data, "--num-classes", "3", "--out", out)
     assert done.returncode == 0, done.stderr
     assert "not finite" not in done.stderr
+    (masked_row,) = [line for line in done.stdout.splitlines() if "Masked" in line]
+    assert [cell.strip() for cell in masked_row.split("│")][1:3] == ["Masked (not in loss)", "2"]
     warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning:")]
     assert warnings == [
-        "Warning: the loss is infinite for 2 of 7 image(s): the model gives their true class a "
-        f"-inf logit, a probability of 0 (first: {data / 'c' / 'c_0.png'}) (the mean loss is "
-        "inf, null in JSON; the accuracy and the other metrics count them as any other image)"
+        "Warning: the model gives the true class of 2 of 7 images a -inf logit (it masks that "
+        "class): their loss is infinite, so the loss is the mean over the others (the "
+        f"accuracies count every image; num_masked counts them; first: {data / 'c' / 'c_0.png'})"
     ]
-    result = _strict_json(done.stdout)
+    result = _strict_json((out / "metrics.json").read_text())
     assert result["num_nonfinite"] == 0 and result["num_images"] == 7
-    assert result["loss"] is None
-    losses = {row["label"]: row["loss"] for row in result["per_class"]}
-    assert losses["c"] is None and math.isfinite(losses["a"]) and math.isfinite(losses["b"])
-    metrics = _strict_json((out / "metrics.json").read_text())
-    assert metrics["loss"] is None and metrics["num_nonfinite"] == 0
+    assert result["num_masked"] == 2
     rows = (out / "predictions.csv").read_text().splitlines()
     header = rows[0].split(",")
+    losses = []
     for line in rows[1:]:
         row = dict(zip(header, line.split(","), strict=True))
         assert float(row["probability_3"]) == 0.0 and row["class_3"] == "c"
         assert (row["loss"] == "inf") == (row["label"] == "c")
+        losses += [] if row["label"] == "c" else [float(row["loss"])]
+    assert len(losses) == 5 and result["loss"] == pytest.approx(np.mean(losses), rel=1e-6)
+    per_class = {row["label"]: row for row in result["per_class"]}
+    assert per_class["c"]["loss"] is None and per_class["c"]["masked"] == 2
+    assert per_class["a"]["masked"] == per_class["b"]["masked"] == 0
+    assert math.isfinite(per_class["a"]["loss"]) and math.isfinite(per_class["b"]["loss"])
+    header, *rows = (out / "per_class.csv").read_text().splitlines()
+    masked = header.split(",").index("masked")
+    assert [row.split(",")[masked] for row in rows] == ["0", "0", "2"]
+
+
+def test_train_and_eval_of_the_same_masking_checkpoint_give_the_same_loss(tmp_path):
+    """train's test loss of best.pt and eval's loss of best.pt on the same test images leave
+    out the same masked images: one number (eval's was inf)."""
+    root = tmp_path / "data"
+    for split in ("train", "val", "test"):
+        write_image_folder(root / split, dict.fromkeys("abc", 3), seed=len(split))
+    run = tmp_path / "run"
+    trained = run_torchkit_in_process(
+        "train", "--data", root, "--model", "nets:EvalMaskedNet", "--epochs", "1",
+        "--image-size", "8", "--resize-size", "8", "--batch-size", "4", "--workers", "0",
+        "--device", "cpu", "--no-ema", "--out", run, "--format", "json",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    reported = json.loads(trained.stdout)
+    assert reported["test_size"] == 9 and math.isfinite(reported["test_loss"])
+    done = run_torchkit_in_process(
+        "eval", run / "best.pt", "--data", root, "--split", "test", "--device", "cpu",
+        "--workers", "0", "--format", "json", "--trust-checkpoint",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = _strict_json(done.stdout)
+    assert result["num_images"] == 9 and result["num_masked"] == 3
+    assert result["accuracy"] == reported["test_top1"]
+    assert result["loss"] == pytest.approx(reported["test_loss"], rel=1e-6, abs=1e-6)
 
 
 def test_predict_of_a_masking_model_writes_probability_0_and_no_error(data):
@@ -169,3 +206,28 @@ def test_extract_features_keeps_masked_logits_without_a_warning(data, tmp_path):
     logits = np.load(out / "logits.npy")
     assert logits.shape == (7, 3) and np.isneginf(logits[:, 2]).all()
     assert np.isfinite(logits[:, :2]).all()
+
+
+def test_the_masked_loss_rule_reads_arrays_and_tensors_alike():
+    """One rule for train's sums (tensors on the device) and eval's predictions (NumPy): a +inf
+    loss of a scorable row is masked, a NaN or +inf one of an unscorable row is not."""
+    from torchkit.core.inference.masked_loss import dataset_loss, masked_true_class
+
+    losses, scorable = [0.5, math.inf, math.inf, math.nan], [True, True, False, False]
+    assert masked_true_class(np.array(losses), np.array(scorable)).tolist() == [
+        False, True, False, False
+    ]  # fmt: skip
+    assert masked_true_class(torch.tensor(losses), torch.tensor(scorable)).tolist() == [
+        False, True, False, False
+    ]  # fmt: skip
+    some = dataset_loss(3.0, 4, 1)
+    assert some.loss == 1.0 and some.masked_warning("test").startswith(
+        "the model gives the true class of 1 of 4 test images a -inf logit"
+    )
+    assert dataset_loss(3.0, 4, 0).masked_warning() is None
+    every = dataset_loss(0.0, 2, 2)
+    assert every.loss is None
+    assert every.none_left("validation") == (
+        "the model gives the true class of every one of the 2 validation images a -inf logit "
+        "(it masks that class): no validation loss can be computed"
+    )

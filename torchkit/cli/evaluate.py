@@ -228,6 +228,9 @@ def summary_table(result) -> Table:
     ]
     if result.num_nonfinite:  # NaN or inf outputs: those predictions mean nothing
         rows.insert(-1, ("Non-finite outputs", result.num_nonfinite))
+    if result.num_masked:  # a -inf true-class logit: left out of the loss, as train does
+        after_loss = [name for name, _ in rows].index("Loss") + 1
+        rows.insert(after_loss, ("Masked (not in loss)", result.num_masked))
     return Table(["Metric", "Value"], rows, title="Evaluation", align_right={"Value"})
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics
+from torchkit.core.inference.masked_loss import DatasetLoss, dataset_loss, masked_true_class
 from torchkit.core.topk import DEFAULT_TOPK, reported_topk, topk_name
 
 # The rows `eval --format csv` adds below the classes (their `index` is empty): the overall
@@ -36,6 +37,18 @@ class Predictions:
     @property
     def confidence(self) -> np.ndarray:
         return self.topk_probs[:, 0]
+
+    @property
+    def masked(self) -> np.ndarray:
+        """(N,) bool: the images whose true class the model masks with a -inf logit, left out
+        of the loss as train leaves them out (`core.inference.masked_loss`)."""
+        return masked_true_class(self.loss, self.finite)
+
+    def mean_loss(self) -> DatasetLoss:
+        """The loss over the images not `masked` (`DatasetLoss`: None where every one is)."""
+        masked = self.masked
+        kept = np.where(masked, 0.0, self.loss.astype(np.float64))
+        return dataset_loss(kept.sum(), len(self), masked.sum())
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -82,7 +95,7 @@ class EvalResult:
     metrics: ClassificationMetrics
     predictions: Predictions
     samples: Samples
-    loss: float
+    loss: float | None  # over the images whose true class is not masked (`num_masked`)
     skipped: list[str]  # "path: reason" of each unreadable image
     seconds: float  # wall time of the inference loop (data loading included)
     info: dict[str, Any]
@@ -100,6 +113,12 @@ class EvalResult:
         """Images for which the model gave a NaN or infinite output (their predictions and
         loss mean nothing)."""
         return int((~self.predictions.finite).sum())
+
+    @property
+    def num_masked(self) -> int:
+        """Images whose true class the model masks with a -inf logit: their loss is infinite,
+        left out of `loss` (the accuracies count them)."""
+        return int(self.predictions.masked.sum())
 
     @property
     def images_per_second(self) -> float:
@@ -131,7 +150,8 @@ class EvalResult:
 
     def per_class_columns(self) -> list[str]:
         """per_class.csv's and `--format csv`'s columns (one set of names: `label` the class
-        name, `index` its index, `top1` its accuracy, `top5` its top-k, `loss` its mean)."""
+        name, `index` its index, `top1` its accuracy, `top5` its top-k, `loss` its mean, and
+        where the model masks some image's true class, `masked`: their count)."""
         return [
             "label",
             "index",
@@ -142,18 +162,25 @@ class EvalResult:
             "f1",
             *dict.fromkeys([topk_name(1), topk_name(self.topk)]),  # one column if k is 1
             "loss",
+            *(["masked"] if self.num_masked else []),
             *[f"confused_with_{i}" for i in range(1, CONFUSED_SHOWN + 1)],
         ]
 
     def per_class_records(self) -> list[dict[str, Any]]:
         """One dict per class, keyed by `per_class_columns()` but for `confused_with` (a list
-        of {"class", "count"}); a class without images has no accuracy or loss (None)."""
+        of {"class", "count"}); a class without images has no accuracy or loss (None), nor one
+        whose every image's true class is masked a loss (train's rule: masked images are left
+        out of it)."""
         m, p = self.metrics, self.predictions
         count = len(self.classes)
         support = np.bincount(p.labels, minlength=count)
         top_hits = (p.topk_labels[:, : self.topk] == p.labels[:, None]).any(axis=1)
         top_hits = np.bincount(p.labels, weights=top_hits, minlength=count)
-        loss_sums = np.bincount(p.labels, weights=p.loss.astype(np.float64), minlength=count)
+        masked = p.masked
+        kept = np.where(masked, 0.0, p.loss.astype(np.float64))
+        loss_sums = np.bincount(p.labels, weights=kept, minlength=count)
+        masked_counts = np.bincount(p.labels, weights=masked, minlength=count)
+        with_masked = bool(masked.any())
         correct = m.pairs.correct()
         records = []
         for label, name in enumerate(self.classes):
@@ -175,7 +202,8 @@ class EvalResult:
                         mean(correct[label]),
                         reported_topk(mean(top_hits[label]), self.topk, count),
                     ),
-                    "loss": mean(loss_sums[label]),
+                    "loss": dataset_loss(loss_sums[label], n, masked_counts[label]).loss,
+                    **({"masked": int(masked_counts[label])} if with_masked else {}),
                     "confused_with": [
                         {"class": other, "count": number}
                         for other, number in self.confused_with(label)
@@ -197,7 +225,8 @@ class EvalResult:
             m, images = self.metrics, self.num_images
             summaries = {
                 "all": {"support": images, "predicted": images, "f1": m.f1_micro,
-                        **self._top_figures(m.accuracy, self.topk_accuracy), "loss": self.loss},
+                        **self._top_figures(m.accuracy, self.topk_accuracy), "loss": self.loss,
+                        "masked": self.num_masked},
                 "macro avg": {"support": images, "precision": m.precision_macro,
                               "recall": m.recall_macro, "f1": m.f1_macro},
                 "weighted avg": {"support": images, "precision": m.precision_weighted,
@@ -215,6 +244,7 @@ class EvalResult:
             "num_images": self.num_images,
             "num_skipped": len(self.skipped),
             "num_nonfinite": self.num_nonfinite,
+            "num_masked": self.num_masked,
             "num_classes": len(self.classes),
             **self._top_figures(m.accuracy, self.topk_accuracy),
             "accuracy": m.accuracy,  # = top1, as before

@@ -398,15 +398,12 @@ def _evaluate(
             ),
             _nonfinite_hint(result.info["amp_dtype"], strict=False),
         )
-    masked = _masked_true_class(result.predictions)
-    if len(masked):
+    masked = np.flatnonzero(result.predictions.masked)
+    if len(masked):  # train's warning of the same images (`core.inference.masked_loss`)
+        first = _sample_name(result.predictions, result.samples, masked[0])
+        measured = result.predictions.mean_loss()
         log.warning(
-            "the loss is infinite for %d of %d image(s): the model gives their true class a "
-            "-inf logit, a probability of 0 (first: %s) (the mean loss is inf, null in JSON; "
-            "the accuracy and the other metrics count them as any other image)",
-            len(masked),
-            len(result.predictions),
-            _sample_name(result.predictions, result.samples, masked[0]),
+            "%s", measured.masked_warning(counted=f"; num_masked counts them; first: {first}")
         )
     if folder is not None:
         from torchkit.core.evaluate.reports import write_reports
@@ -580,7 +577,7 @@ def _run(
         metrics=metrics,
         predictions=predictions,
         samples=samples,
-        loss=float(predictions.loss.astype(np.float64).mean()),
+        loss=predictions.mean_loss().loss,
         skipped=errors,
         seconds=seconds,
         info=info,
@@ -602,12 +599,6 @@ def _nonfinite_message(
         f"the model's outputs are not finite (NaN or inf) for {len(bad)}{of} image(s) in "
         f"{batches} batch(es) (first: {name})"
     )
-
-
-def _masked_true_class(predictions: Predictions) -> np.ndarray:
-    """The rows whose loss is +inf though their outputs are scorable: the model masks their
-    true class with a -inf logit (the rows of NaN outputs have a NaN loss, warned of apart)."""
-    return np.flatnonzero(predictions.finite & np.isposinf(predictions.loss))
 
 
 def _sample_name(predictions: Predictions, samples: Samples, row: int | None) -> str:

@@ -15,6 +15,7 @@ import math
 import time
 from typing import Any
 
+from torchkit.core.inference.masked_loss import dataset_loss
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.wording import counted
 from torchkit.core.models.checkpoint import load_checkpoint, load_weights_into
@@ -382,29 +383,20 @@ def evaluate_over_ranks(
             f"none of the {len(loader.dataset)} {split} images could be read",
             "see the warnings above; fix or remove the unreadable files",
         )
-    if masked == count:
+    measured = dataset_loss(loss_sum, count, masked)  # eval's rule: masked images left out
+    if measured.loss is None:
         raise InputError(
-            f"the model gives the true class of every {split} image a -inf logit (it masks "
-            f"that class): no {split} loss can be computed",
-            "check the labels against the classes the model masks",
+            measured.none_left(split), "check the labels against the classes the model masks"
         )
     if masked and ctx.is_main and split not in state.masked_warned:
         state.masked_warned.add(split)
-        log.warning(
-            "the model gives the true class of %d of %d %s images a -inf logit (it masks that "
-            "class): their loss is infinite, so the %s loss is the mean over the others (the "
-            "accuracies count every image%s)",
-            masked,
-            count,
-            split,
-            split,
-            "" if split == "test" else "; metrics.csv's val_masked counts them each epoch",
-        )
+        where = "" if split == "test" else "; metrics.csv's val_masked counts them each epoch"
+        log.warning("%s", measured.masked_warning(split, where))
     return {
-        "loss": loss_sum / (count - masked),
+        "loss": measured.loss,
         "top1": top1 / count,
         "top5": topk / count,
-        "masked": int(masked),
+        "masked": measured.masked,
     }
 
 

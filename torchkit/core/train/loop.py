@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -568,6 +567,7 @@ def evaluate(
     import torch.nn.functional as F
 
     from torchkit.core.data.padded_batches import BatchPadder, pads_short_batches
+    from torchkit.core.inference.masked_loss import masked_true_class
     from torchkit.core.inference.scoring import scorable_rows
     from torchkit.core.topk import ranked_classes
 
@@ -599,9 +599,7 @@ def evaluate(
             best = ranked_classes(outputs, k)  # ties ranked as eval ranks them
             hits = best == labels[:, None]
             losses = F.cross_entropy(outputs, labels, reduction="none")
-            masked = scorable_rows(outputs) & (
-                outputs.gather(1, labels[:, None])[:, 0] == -math.inf
-            )
+            masked = masked_true_class(losses, scorable_rows(outputs))
             sums[0] += losses.masked_fill(masked, 0.0).sum().to(sums.dtype)
             sums[1] += hits[:, 0].sum()
             sums[2] += hits.any(dim=1).sum()
