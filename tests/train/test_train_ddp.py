@@ -199,7 +199,7 @@ def test_every_rank_forks_its_workers_before_the_process_group_starts_a_thread(l
     they were forked after `init_process_group`, beside Gloo's threads (gloo_tcp_loop,
     pt_gloo_runloop; rank 0's TCPStore server), and a process forked beside a thread may
     deadlock in the child on a lock that thread held (eval's and predict's:
-    test_inference_ddp_forks.py)."""
+    test_eval.py's and test_predict.py's torchrun tests)."""
     assert launched.one_node_result[0] == 0, launched.one_node_result[2][-3000:]
     for rank in (0, 1):
         forks = forks_noted(launched.watched, rank)
