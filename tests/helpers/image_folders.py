@@ -38,3 +38,12 @@ def _sixteen_bit_gray_mode() -> str:
 
 
 SIXTEEN_BIT_GRAY = _sixteen_bit_gray_mode()
+
+
+def make_class_files(root: Path, counts: dict[str, int]) -> Path:
+    """ROOT/<class>/<class>_<i>.png with distinct bytes (split never decodes them)."""
+    for name, count in counts.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            (root / name / f"{name}_{i:02d}.png").write_bytes(f"{name}/{i}".encode() * 7)
+    return root

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from disks import slow_io_env
+from image_folders import make_class_files as make_files
 from output_checks import error_line, tree_digest
 from processes import (
     processes_in_group,
@@ -27,15 +28,6 @@ from processes import (
 )
 
 from torchkit.core.split.files import moving_out_of
-
-
-def make_files(root: Path, counts: dict[str, int]) -> Path:
-    """ROOT/<class>/<class>_<i>.png with distinct bytes (split never decodes them)."""
-    for name, count in counts.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            (root / name / f"{name}_{i:02d}.png").write_bytes(f"{name}/{i}".encode() * 7)
-    return root
 
 
 def contents(root: Path) -> dict[str, str]:

@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from image_folders import make_class_files as make_files
 from output_checks import error_line, tree_digest
 from processes import (
     run_each_in_process,
@@ -25,15 +26,6 @@ from torchkit.core.data.sources import open_data
 from torchkit.core.io.folder_locks import held_until_the_command_ends
 from torchkit.core.split import files as split_files
 from torchkit.core.split.files import moving_out_of
-
-
-def make_files(root: Path, counts: dict[str, int]) -> Path:
-    """ROOT/<class>/<class>_<i>.png with distinct bytes (split never decodes them)."""
-    for name, count in counts.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for i in range(count):
-            (root / name / f"{name}_{i:02d}.png").write_bytes(f"{name}/{i}".encode() * 7)
-    return root
 
 
 def read_shared(path: Path) -> bool:
