@@ -44,11 +44,14 @@ class Predictions:
         of the loss as train leaves them out (`core.inference.masked_loss`)."""
         return masked_true_class(self.loss, self.finite)
 
+    def unmasked_loss(self, masked: np.ndarray) -> np.ndarray:
+        """(N,) float64 losses, 0 for the `masked` images (their sums are the loss's)."""
+        return np.where(masked, 0.0, self.loss.astype(np.float64))
+
     def mean_loss(self) -> DatasetLoss:
         """The loss over the images not `masked` (`DatasetLoss`: None where every one is)."""
         masked = self.masked
-        kept = np.where(masked, 0.0, self.loss.astype(np.float64))
-        return dataset_loss(kept.sum(), len(self), masked.sum())
+        return dataset_loss(self.unmasked_loss(masked).sum(), len(self), masked.sum())
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -177,8 +180,7 @@ class EvalResult:
         top_hits = (p.topk_labels[:, : self.topk] == p.labels[:, None]).any(axis=1)
         top_hits = np.bincount(p.labels, weights=top_hits, minlength=count)
         masked = p.masked
-        kept = np.where(masked, 0.0, p.loss.astype(np.float64))
-        loss_sums = np.bincount(p.labels, weights=kept, minlength=count)
+        loss_sums = np.bincount(p.labels, weights=p.unmasked_loss(masked), minlength=count)
         masked_counts = np.bincount(p.labels, weights=masked, minlength=count)
         with_masked = bool(masked.any())
         correct = m.pairs.correct()

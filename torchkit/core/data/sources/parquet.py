@@ -366,7 +366,7 @@ class _File:
         if empty:
             raise InputError(
                 f"{self.path} has {len(empty)} row(s) with an empty label "
-                f"(row {', '.join(map(str, empty[:5]))}{', ...' if len(empty) > 5 else ''})",
+                f"(row {_first_rows(empty)})",
                 "give each row its class name, or null for a row without a label",
             )
 
@@ -593,9 +593,9 @@ def _labelled(files: list[_File], allow_unlabelled: bool) -> bool:
                 f"{file.path} has no label column (its columns: {', '.join(file.column_names)})",
                 "labels are a `label` column (HF's ClassLabel: class indices, or class names)",
             )
-        shown = ", ".join(str(row) for row in missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise InputError(
-            f"{file.path} has {len(missing)} row(s) without a label (null or -1; row {shown})",
+            f"{file.path} has {len(missing)} row(s) without a label (null or -1; row "
+            f"{_first_rows(missing)})",
             "give labelled data, or predict or dataset-stats, which read unlabelled images",
         )
     return True
@@ -640,3 +640,8 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
             "labels are class indices 0..N-1 of HF's ClassLabel names",
         )
     return names
+
+
+def _first_rows(rows: list[int]) -> str:
+    """`3, 8, 9, 12, 40, ...`: the first rows an error names."""
+    return ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
