@@ -186,3 +186,27 @@ def test_a_skipped_step_does_not_bias_the_smoothed_loss():
         lambda batch, lr: next(losses), lambda: iter([None] * 10), lr_schedule(1e-4, 1e-1, 4)
     )
     assert result.smoothed == pytest.approx([2.0, 2.0, 2.0])
+
+
+def test_lr_find_csv_holds_the_rates_tried_and_the_suggestion_whole(tmp_path):
+    """lr_find.csv wrote its figures as `.6g` with its own csv.writer: the rates read back were
+    not the ones stepped nor JSON's suggested_lr, and in a long sweep neighbouring rates read
+    the same. The shared CSV writer writes floats as repr: each reads back exactly."""
+    lrs = list(lr_find.lr_sweep(1e-7, 10.0, 40))
+    losses = [2.0 - math.log10(lr) / 100 + lr for lr in lrs]
+    result = lr_find.LRFindResult(lrs=lrs, losses=losses, smoothed=losses)
+    result.suggested_lr = suggest(lrs, losses)
+    assert result.suggested_lr is not None
+
+    class Painted:  # the plot is not what this test reads
+        def draw(self, *args, **kwargs) -> bool:
+            return True
+
+    lr_find.write_lr_find(tmp_path, result, painter=Painted())
+    with open(tmp_path / "lr_find.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["lr", "loss", "smoothed_loss"]
+    assert [float(row["lr"]) for row in rows] == lrs
+    assert [float(row["loss"]) for row in rows] == losses
+    assert [float(row["smoothed_loss"]) for row in rows] == losses
+    assert result.suggested_lr in [float(row["lr"]) for row in rows]

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,35 @@ def test_the_run_info_and_the_result_name_one_k_for_the_top_k_figures(split_root
     result = run_training(config, seen)
     assert seen.info.topk == result.topk == result.to_dict()["topk"] == DEFAULT_TOPK
     assert len(seen.info.classes) == 3 and result.to_dict()["best_val_top5"] is None
+
+
+def test_metrics_csv_keeps_every_figure_whole_and_leaves_unknown_ones_empty(tmp_path):
+    """metrics.csv went through its own csv.writer with floats as `.6g`: a throughput of
+    1234567.5 images/s read 1.23457e+06 and every loss and rate lost its last digits, so the
+    file disagreed with the checkpoint's history and `--format json`. It is written by the
+    shared CSV writer now, as every other CSV: a float as repr (it reads back exactly), a
+    figure not known (no val_loss, a top-5 of 3 classes) an empty field, NaN as `nan`."""
+    from torchkit.core.train.outputs import write_metrics_csv
+
+    history = [
+        {"epoch": 1, "train_loss": 0.6931471805599453, "train_top1": 0.123456789,
+         "val_loss": None, "val_top1": 0.5, "val_top5": 1.0, "lr": 0.0009938441702975689,
+         "epoch_time_s": 12.345678901, "images_per_s": 1234567.5},
+        {"epoch": 2, "train_loss": math.nan, "train_top1": 0.25, "val_loss": math.inf,
+         "val_top1": 0.75, "val_top5": 1.0, "lr": 1e-05, "epoch_time_s": 0.5,
+         "images_per_s": 98765.4321},
+    ]  # fmt: skip
+    write_metrics_csv(tmp_path / "metrics.csv", history, num_classes=3)
+    text = (tmp_path / "metrics.csv").read_text()
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert list(rows[0]) == list(history[0])  # the columns and their order as before
+    for row, epoch in zip(rows, history, strict=True):
+        for name, value in epoch.items():
+            if name == "val_top5" or value is None:  # 3 classes: top-5 says nothing
+                assert row[name] == ""
+            elif isinstance(value, float) and math.isnan(value):
+                assert row[name] == "nan"
+            else:
+                assert float(row[name]) == value, name
+    assert text.splitlines()[1].startswith("1,0.6931471805599453,0.123456789,,0.5,,")
+    assert "1234567.5" in text and "e+06" not in text

@@ -200,16 +200,13 @@ def find_lr(
 def write_lr_find(folder, result: LRFindResult, painter: Any = None) -> list:
     """lr_find.csv (lr, loss, smoothed_loss) and lr_find.png in `folder`; the plot drawn by the
     plot helper `painter` (`core.runtime.plot_helper`) where it answers."""
-    import csv
-    import io
-
+    from torchkit.core.io.csv_rows import csv_text
     from torchkit.core.io.files import atomic_write_text
 
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["lr", "loss", "smoothed_loss"])
-    writer.writerows((f"{a:.6g}", f"{b:.6g}", f"{c:.6g}") for a, b, c in result.rows())
-    atomic_write_text(folder / "lr_find.csv", buffer.getvalue())
+    # The shared CSV writer: floats as repr writes them, so a rate read back is the one tried
+    # (and JSON's suggested_lr is one of them).
+    text = csv_text([("lr", "loss", "smoothed_loss"), *result.rows()])
+    atomic_write_text(folder / "lr_find.csv", text)
     values = {
         "lrs": result.lrs,
         "losses": result.losses,

@@ -8,8 +8,6 @@ its checkpoint has.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import platform
 import threading
@@ -17,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkit import __version__
+from torchkit.core.io.csv_rows import csv_text
 from torchkit.core.io.files import atomic_path, atomic_write_text, json_text
 from torchkit.core.io.outputs import holds_json_record, reporting_write_errors
 from torchkit.core.topk import DEFAULT_TOPK as TOPK
@@ -128,23 +127,12 @@ def topk_blanked(row: dict, num_classes: int) -> dict:
 
 
 def write_metrics_csv(path: Path, history: list[dict], num_classes: int) -> None:
-    """metrics.csv: one row per epoch; `val_top5` is empty with 5 classes or fewer."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    """metrics.csv: one row per epoch; `val_top5` is empty with 5 classes or fewer. Written by
+    the shared CSV writer, as every CSV torchkit writes: a float as repr writes it (the
+    checkpoint's history exactly, as JSON gives it), a missing value an empty field."""
     columns = metric_columns(history)
-    writer.writerow(columns)
-    for row in history:
-        row = topk_blanked(row, num_classes)
-        writer.writerow([_csv_value(row.get(name)) for name in columns])
-    atomic_write_text(path, buffer.getvalue())
-
-
-def _csv_value(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return value
+    rows = ([topk_blanked(row, num_classes).get(name) for name in columns] for row in history)
+    atomic_write_text(path, csv_text([columns, *rows]))
 
 
 # A loss curve whose values span more than this factor is drawn on a log axis, so one bad epoch
