@@ -108,3 +108,16 @@ def test_a_header_repeated_by_joining_two_indexes_is_an_error_naming_its_line(tm
     result = run_torchkit_in_process("dataset-stats", index)
     assert result.returncode == 1
     assert error_line(result.stderr).startswith(f"Error: {index} repeats its header in line 4")
+
+
+def test_a_symlinked_index_reads_the_images_beside_the_file_it_leads_to(tmp_path):
+    """`ln -s /data/set/index.csv here/index.csv`: its paths were joined to the link's folder,
+    so every image was unreadable ("file not found", exit 0). The index's own folder is what
+    its paths are relative to, however it is reached."""
+    index = write_index(tmp_path / "set", ["a", "b", "a"])
+    (tmp_path / "here").mkdir()
+    link = tmp_path / "here" / "index.csv"
+    link.symlink_to(index)
+    found = dataset_stats(link)
+    assert (found["images"], found["unreadable_count"]) == (3, 0)
+    assert [c["images"] for c in found["classes"]] == [2, 1]

@@ -274,12 +274,9 @@ def _render(run, columns: list[str], fmt: PredictFormat, handle: IO[str], progre
 
 def _full(row: dict[str, Any], columns: list[str]) -> dict[str, Any]:
     """Every column in every row: what is not known is null (an error row's class, the true
-    label of an image outside any class folder), as the CSV's empty field."""
-    full = {column: row.get(column) for column in columns}
-    for column in ("error", "label"):
-        if full.get(column) == "":
-            full[column] = None
-    return full
+    label of an image outside any class folder; core gives None for both), as the CSV's empty
+    field."""
+    return {column: row.get(column) for column in columns}
 
 
 def write_csv(records, columns: list[str], handle: IO[str]) -> None:

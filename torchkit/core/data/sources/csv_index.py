@@ -1,7 +1,8 @@
 """CSV indexes: `path,label` with an optional `split` column (what `split --mode manifest` and
 `train`'s RUN/split.csv write). UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8"),
 a file name that is not UTF-8 as its own bytes; relative paths are relative to the CSV's
-folder; every bad row is named by its line. Paths are read exactly as written; labels and splits
+folder (the folder of the file a symbolic link to the index leads to); every bad row is named
+by its line. Paths are read exactly as written; labels and splits
 without the spaces around them (as the header's names are: a hand-written `a.png, cat` is class
 `cat`), but for a quoted label, read as written (what torchkit's CSV writer writes for a class
 folder `" cat"` or `"cat "`)."""
@@ -32,6 +33,20 @@ class IndexRows:
     paths: list[str]
     labels: list[str] | None
     splits: list[str] | None
+
+    @property
+    def base(self) -> Path:
+        """The folder the relative paths are relative to (`index_folder`)."""
+        return index_folder(self.source)
+
+
+def index_folder(source: Path) -> Path:
+    """The folder a CSV index's relative paths are relative to: the index's own, also where it
+    is reached through a symbolic link (`ln -s /data/set/index.csv here/`: the images lie
+    beside the file the link leads to, as a script's imports lie beside the script)."""
+    if source.is_symlink():
+        return Path(os.path.realpath(source)).parent
+    return source.parent
 
 
 def _lines(numbers: list[int]) -> str:
@@ -238,7 +253,7 @@ def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int,
     """A path is read exactly as written (a file name may start or end with a space), but one
     with spaces around it that names no file while the path without them does is a typo
     ("label, path": a space after the comma), refused naming its lines."""
-    base = str(source.parent)
+    base = str(index_folder(source))
     typos = [
         (line, paths[row])
         for line, row in spaced
@@ -257,7 +272,7 @@ def _refuse_repeated_header(source: Path, paths: list[str], found: list[tuple[in
     """A row that repeats the header (`cat a.csv b.csv`: two indexes joined whole) is an error
     naming its line, where no file has the path column's name: it was read as an image
     `path` of a class `label`, which train gave an output and eval called an unknown class."""
-    base = str(source.parent)
+    base = str(index_folder(source))
     lines = [line for line, row in found if not os.path.lexists(os.path.join(base, paths[row]))]
     if lines:
         raise InputError(
@@ -270,7 +285,7 @@ def _refuse_itself(source: Path, paths: list[str], named: list[tuple[int, int]])
     """A row naming the index itself (`named`: the (line, row) of the paths with its name) is
     an error: it is no image, and `split --mode move` moved the index into OUT as one (a
     rerun then found no index to finish the move with)."""
-    base = str(source.parent)
+    base = str(index_folder(source))
     found = []
     for line, row in named:
         try:
@@ -291,7 +306,7 @@ def _refuse_undecoded_bytes(source: Path, paths: list[str], labels: list[str] | 
     the CSV is text in another encoding (Latin-1 from Excel), refused as before."""
     if not holds_non_utf8("".join(paths)) and not holds_non_utf8("".join(labels or ())):
         return
-    base = str(source.parent)
+    base = str(index_folder(source))
     for index, path in enumerate(paths):
         in_path = holds_non_utf8(path)
         if in_path and os.path.lexists(os.path.join(base, path)):
@@ -346,10 +361,10 @@ def _pathlib_may_respell(path: str) -> bool:
 
 
 def absolute_paths(rows: IndexRows) -> list[str]:
-    """The files the rows name: relative paths joined to the CSV's folder (as `str(base / p)`
-    spells them, but by concatenation where that is the same text: a million Path objects
-    take seconds)."""
-    base = rows.source.parent
+    """The files the rows name: relative paths joined to the CSV's folder (`IndexRows.base`; as
+    `str(base / p)` spells them, but by concatenation where that is the same text: a million
+    Path objects take seconds)."""
+    base = rows.base
     if os.sep != "/":
         return [p if os.path.isabs(p) else str(base / p) for p in rows.paths]
     text = str(base)

@@ -8,7 +8,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchkit.core.data.sources.csv_index import absolute_paths, class_order, read_index_rows
+from torchkit.core.data.sources.csv_index import (
+    absolute_paths,
+    class_order,
+    index_folder,
+    read_index_rows,
+)
 from torchkit.core.data.sources.digits import DIGITS, digits_splits
 from torchkit.core.data.sources.discovery import (
     NoImagesError,
@@ -362,7 +367,7 @@ def _open_csv(
     lock_for_reading(path)
     samples = csv_samples(path, classes=classes, allow_unlabelled=allow_unlabelled)
     lock_listed_for_reading(path, samples.paths)
-    root = str(path.parent)
+    root = str(index_folder(path))
     if samples.splits is None:
         return DataSource(spec, "csv", root, {}, samples, list(samples.classes))
     parts = {}
