@@ -14,9 +14,11 @@ from torchkit.cli.options import (
     ForceOption,
     FormatOption,
     ImageSetArgument,
+    ImageSetOption,
     OutputOption,
     StrictOption,
     WorkersOption,
+    data_and_rest,
     split_option,
 )
 from torchkit.cli.progress import progress_bar
@@ -230,7 +232,8 @@ def _long_table(stats) -> Table:
 
 
 def dataset_stats(
-    root: ImageSetArgument,
+    root: ImageSetArgument = None,
+    data: ImageSetOption = None,
     split: Annotated[
         Optional[DataSplit],
         split_option(
@@ -349,6 +352,7 @@ def dataset_stats(
     )
 
     fmt = resolve_format(fmt, output)
+    root = _root(root, data)
     # Refuse outputs that would fail before the long pass, not after it.
     check_outputs(root, output, plot, force=force, leakage_csv=leakage_csv)
     # --plot: matplotlib imports in a helper process during the pass over the images.
@@ -385,6 +389,15 @@ def dataset_stats(
             written = write_pairs_csv(stats, leakage_csv, force=force)
             pairs = len(stats.leakage) + len(stats.near_duplicates)
             console.note(f"wrote {written} ({pairs} pairs)")
+
+
+def _root(root: str | None, data: str | None) -> str:
+    from torchkit.core.io.errors import UsageError
+
+    root, _ = data_and_rest(data, [root] if root is not None else [], name="ROOT", after=0)
+    if root is None:
+        raise UsageError("missing ROOT", "give it, or as --data ROOT")
+    return root
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
+    data_option,
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
@@ -42,13 +43,10 @@ def eval_command(
     model: Annotated[Optional[str], model_argument("runtime")] = None,
     data: Annotated[
         Optional[str],
-        typer.Option(
-            "--data",
-            "-d",
-            help="Image folder ROOT/<class>/<image>, a split root with test/, a CSV index "
+        data_option(
+            "Image folder ROOT/<class>/<image>, a split root with test/, a CSV index "
             "(path,label) or `digits`. Default: the data a torchkit checkpoint was trained on "
-            "(scored on its held-out split).",
-            show_default=False,
+            "(scored on its held-out split)."
         ),
     ] = None,
     split: Annotated[

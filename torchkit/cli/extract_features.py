@@ -19,6 +19,8 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
+    data_and_rest,
+    data_option,
     model_and_rest,
     model_argument,
     piped_paths,
@@ -77,7 +79,7 @@ def extract_features_command(
         typer.Argument(
             help="An image folder (ROOT/<class>/<image>), a split root, a flat folder of "
             "images, a CSV index with path,label columns, an image file, digits, or - for paths "
-            "on stdin (one per line; with --null, NUL-separated).",
+            "on stdin (one per line; with --null, NUL-separated); or --data.",
             metavar="IMAGES",
             show_default=False,
         ),
@@ -92,6 +94,7 @@ def extract_features_command(
     ] = None,
     out_option: OutOption = None,
     model_option: ModelOption = None,
+    data: Annotated[Optional[str], data_option(argument="IMAGES")] = None,
     layer: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -216,6 +219,9 @@ def extract_features_command(
     listing_format, array_format = _formats(fmt, output, array_format, list_layers)
     given = [p for p in (images, out) if p is not None]
     model, rest = model_and_rest(model, model_option, given)
+    if data is not None:  # IMAGES given as --data: the first word left is OUT
+        data, rest = data_and_rest(data, rest, name="IMAGES", after=0 if out_option else 1)
+        rest = [data, *rest]
     if len(rest) > 2:
         raise UsageError(f"unexpected extra argument: {rest[2]}", "give MODEL, IMAGES and OUT")
     images, out = (list(rest) + [None, None])[:2]

@@ -237,15 +237,49 @@ StatsOption = Annotated[
         help="Mean and std from `torchkit dataset-stats ROOT -o FILE.json`.",
     ),
 ]
+
+
+def data_option(
+    help: str | None = None, *, argument: str | None = None, several: bool = False
+) -> Any:
+    """`--data`/`-d`, the data of every data-reading command (train's is generated from the
+    same spelling, core.train.config): text, whose values complete as paths, as a positional's
+    do. `help`: the command's own; `argument`: the positional it stands for (`ROOT`), of which
+    the help says so; `several`: it may be repeated, each adding to the positional ones."""
+    if help is None:
+        help = f"The data, as the {argument} argument takes it " + (
+            f"(repeat for several; they add to {argument}, read after it)."
+            if several
+            else "(give one of them)."
+        )
+    return typer.Option("--data", "-d", help=help, show_default=False)
+
+
+def data_and_rest(option: Any, words: list[Any], *, name: str, after: int) -> tuple[Any, list]:
+    """The data given as --data or positionally (`words`: what the shell gave from its place
+    on); with --data, those words are the `after` positionals that follow it (`split --data
+    raw/ out/`: out/ is OUT). A word left over for the data's own place is the data given
+    twice: a usage error."""
+    from torchkit.core.io.errors import UsageError
+
+    if option is None:
+        return (words[0] if words else None), list(words[1:])
+    if len(words) > after:
+        raise UsageError(f"{name} given twice: {words[0]} and --data {option}", "give one of them")
+    return option, list(words)
+
+
 # Text, not a Path: a Path would make `https://host/x.tar` `https:/host/x.tar`.
 ImageSetArgument = Annotated[
-    str,
+    Optional[str],
     typer.Argument(
         help="Image folder (ROOT/<class>/<image>), split root (ROOT/train/, val/, test/), flat "
-        "folder of images, or CSV index with path,label (and optional split) columns.",
+        "folder of images, or CSV index with path,label (and optional split) columns; or --data.",
+        metavar="ROOT",
         show_default=False,
     ),
 ]
+ImageSetOption = Annotated[Optional[str], data_option(argument="ROOT")]
 
 
 NullOption = Annotated[

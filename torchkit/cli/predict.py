@@ -19,6 +19,7 @@ from torchkit.cli.options import (
     StrictOption,
     TrustCheckpointOption,
     WeightsOption,
+    data_option,
     model_and_rest,
     model_argument,
     piped_paths,
@@ -47,12 +48,13 @@ def predict_command(
         typer.Argument(
             help="Image folders (searched recursively, labelled or not), split roots, CSV "
             "indexes, image files, or - for paths on stdin (one per line; with --null, "
-            "NUL-separated).",
+            "NUL-separated); or --data.",
             metavar="IMAGES...",
             show_default=False,
         ),
     ] = None,
     model_option: ModelOption = None,
+    data: Annotated[Optional[list[str]], data_option(argument="IMAGES", several=True)] = None,
     weights: WeightsOption = None,
     ema: EmaOption = False,
     classes: Annotated[
@@ -148,6 +150,7 @@ def predict_command(
 
     fmt = resolve_format(fmt, output, PredictFormat)
     model, images = model_and_rest(model, model_option, list(images or []))
+    images += data or []  # --data adds to IMAGES, after them: rows come in input order
     request = PredictRequest(
         model=model,
         images=list(images),

@@ -13,8 +13,10 @@ from torchkit.cli.options import (
     ForceOption,
     FormatOption,
     ImageSetArgument,
+    ImageSetOption,
     OutOption,
     OutputOption,
+    data_and_rest,
     product_path,
     seed_in_range,
 )
@@ -86,7 +88,7 @@ def _dedup_note(result) -> str | None:
 
 
 def split(
-    root: ImageSetArgument,
+    root: ImageSetArgument = None,
     out: Annotated[
         Optional[Path],
         typer.Argument(
@@ -96,6 +98,7 @@ def split(
         ),
     ] = None,
     out_option: OutOption = None,
+    data: ImageSetOption = None,
     ratio: Annotated[
         Optional[str],
         typer.Option(
@@ -206,7 +209,7 @@ def split(
     from torchkit.core.split import check_report_file, split_dataset
 
     fmt = resolve_format(fmt, output)
-    out = product_path(out, out_option)
+    root, out = _root_and_out(root, out, data, out_option)
     split_names = (
         None if names is None else list_items(names, "--names", hint="e.g. --names train,val,test")
     )
@@ -239,6 +242,18 @@ def split(
     if kept:
         console.note(kept)
     emit(tables=[_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)
+
+
+def _root_and_out(root, out, data, out_option) -> tuple[str, Path]:
+    """ROOT as the first positional or --data; with --data, the first positional is OUT
+    (`split --data raw/ out/`), unless --out names it."""
+    from torchkit.core.io.errors import UsageError
+
+    words = [word for word in (root, out) if word is not None]
+    root, rest = data_and_rest(data, words, name="ROOT", after=0 if out_option else 1)
+    if root is None:
+        raise UsageError("missing ROOT", "give it, or as --data ROOT")
+    return root, Path(product_path(rest[0] if rest else None, out_option))
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,156 @@
+"""`--data` names the data of every command that reads a dataset, as train's and eval's does: a
+script that writes `--data DIR` everywhere ran into a usage error on predict, extract-features,
+dataset-stats and split, which took their images only as a positional argument (kept). Giving
+both is a usage error, except on predict, whose several inputs --data adds to."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+from checkpoints import write_convnet_checkpoint
+from output_checks import error_line
+from typer._completion_classes import ZshComplete
+from typer.main import get_command
+
+from torchkit.cli import app
+
+CPU = ["--device", "cpu", "-j", "0"]
+DATA_COMMANDS = ["predict", "extract-features", "dataset-stats", "split", "eval", "train"]
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model.pt"
+    write_convnet_checkpoint(path, in_channels=3, image_size=8, classes="ab")
+    return path
+
+
+def _ok(result):
+    assert result.exit_code == 0, result.stderr
+    return result
+
+
+def test_dataset_stats_takes_data(runner, image_folder):
+    args = ["dataset-stats", "--format", "json", "-j", "0"]
+    positional = _ok(runner.invoke(app, [*args, str(image_folder)]))
+    option = _ok(runner.invoke(app, [*args, "--data", str(image_folder)]))
+    short = _ok(runner.invoke(app, [*args, "-d", str(image_folder)]))
+    assert json.loads(option.stdout) == json.loads(positional.stdout) == json.loads(short.stdout)
+    assert json.loads(option.stdout)["images"] == 5
+
+
+def test_split_takes_data_and_then_out(runner, image_folder, tmp_path):
+    """With --data, the positional left is OUT (as with --model, MODEL's place goes on)."""
+    made = {}
+    for name, args in {
+        "positional": [str(image_folder), str(tmp_path / "positional")],
+        "data": ["--data", str(image_folder), str(tmp_path / "data")],
+        "both_options": ["--data", str(image_folder), "--out", str(tmp_path / "both_options")],
+    }.items():
+        _ok(runner.invoke(app, ["split", *args, "--mode", "manifest", "--format", "json"]))
+        made[name] = (tmp_path / name / "split.csv").read_bytes()
+    assert made["data"] == made["positional"] == made["both_options"]
+    assert len(made["data"].splitlines()) == 6
+
+
+def test_predict_takes_data_repeated_after_its_images(runner, model, make_image_folder, tmp_path):
+    first = make_image_folder(tmp_path / "first", {"a": 2, "b": 1}, size=8)
+    second = make_image_folder(tmp_path / "second", {"a": 1, "b": 1}, size=8)
+    args = ["predict", str(model), "--format", "csv", *CPU]
+    positional = _ok(runner.invoke(app, [*args, str(first), str(second)]))
+    option = _ok(runner.invoke(app, [*args, "--data", str(first), "-d", str(second)]))
+    mixed = _ok(runner.invoke(app, [*args, "--data", str(second), str(first)]))
+    assert option.stdout == positional.stdout == mixed.stdout
+    assert len(positional.stdout.splitlines()) == 6
+    assert "given twice" not in option.stderr  # many values: no repeat
+    by_model_option = _ok(
+        runner.invoke(
+            app,
+            ["predict", "--model", str(model), "--data", str(first), "-d", str(second)] + args[2:],
+        )
+    )
+    assert by_model_option.stdout == positional.stdout
+
+
+def test_extract_features_takes_data_and_then_out(runner, model, image_folder, tmp_path):
+    args = ["extract-features", str(model), *CPU]
+    _ok(runner.invoke(app, [*args, str(image_folder), str(tmp_path / "positional")]))
+    _ok(runner.invoke(app, [*args, "--data", str(image_folder), str(tmp_path / "data")]))
+    _ok(runner.invoke(app, [*args, "-d", str(image_folder), "--out", str(tmp_path / "options")]))
+    index = (tmp_path / "positional" / "index.csv").read_bytes()
+    assert (tmp_path / "data" / "index.csv").read_bytes() == index
+    assert (tmp_path / "options" / "index.csv").read_bytes() == index
+    assert len(index.splitlines()) == 6
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "extra"),
+    [
+        ("dataset-stats", "ROOT", []),
+        ("split", "ROOT", ["OUT"]),
+        ("extract-features", "IMAGES", ["OUT"]),
+    ],
+)
+def test_data_given_twice_is_one_usage_error(runner, image_folder, tmp_path, command, name, extra):
+    model = ["convnet", "--allow-untrained"] if command == "extract-features" else []
+    outs = [str(tmp_path / word) for word in extra]
+    result = runner.invoke(
+        app, [command, *model, str(image_folder), *outs, "--data", str(image_folder)]
+    )
+    assert result.exit_code == 2
+    line = error_line(result.stderr, besides="nothing")
+    assert f"{name} given twice: {image_folder} and --data {image_folder}" in line
+    assert "(give one of them)" in line
+    assert not any((tmp_path / word).exists() for word in extra)
+
+
+@pytest.mark.parametrize("command", ["dataset-stats", "split"])
+def test_no_data_at_all_is_one_usage_error(runner, command, tmp_path):
+    out = ["--out", str(tmp_path / "out")] if command == "split" else []
+    result = runner.invoke(app, [command, *out])
+    assert result.exit_code == 2
+    assert "missing ROOT (give it, or as --data ROOT)" in error_line(result.stderr)
+
+
+def test_a_repeated_data_of_one_input_takes_the_last_and_says_so(runner, image_folder, tmp_path):
+    """The rule of every single-valued option (test_repeated_options)."""
+    other = tmp_path / "other"
+    other.mkdir()
+    result = runner.invoke(
+        app, ["dataset-stats", "-d", str(other), "--data", str(image_folder), "-j", "0"]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert (
+        f"Warning: -d/--data is given twice ({other}, then {image_folder}): the last, "
+        f"{image_folder}, is used"
+    ) in result.stderr
+
+
+@pytest.mark.parametrize("command", DATA_COMMANDS)
+def test_help_lists_data(runner, command):
+    result = _ok(runner.invoke(app, [command, "--help"], terminal_width=200))
+    assert "--data" in result.stdout and "-d" in result.stdout
+
+
+@functools.cache
+def _command():
+    return get_command(app)
+
+
+def _zsh_candidates(monkeypatch, words: str) -> str:
+    """What `torchkit WORDS<TAB>` gets in zsh, in process (the protocol the scripts call)."""
+    monkeypatch.setenv("_TYPER_COMPLETE_ARGS", words)
+    return ZshComplete(_command(), {}, "torchkit", "_TORCHKIT_COMPLETE").complete()
+
+
+@pytest.mark.parametrize("command", DATA_COMMANDS)
+def test_data_completes_its_name_and_then_paths(monkeypatch, command):
+    """`--da<TAB>` offers --data, and its value completes as a positional's: with the shell's
+    own file completion (zsh `_files`; bash's `-o default` and fish likewise on no candidates)."""
+    assert '"--data"' in _zsh_candidates(monkeypatch, f"torchkit {command} --da")
+    assert _zsh_candidates(monkeypatch, f"torchkit {command} --data pho") == "_files"
+    for param in _command().commands[command].params:
+        if "--data" in getattr(param, "opts", ()):
+            assert param.shell_complete(None, "pho") == []
