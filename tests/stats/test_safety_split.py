@@ -558,6 +558,18 @@ def test_a_disk_with_no_room_for_the_lock_is_an_error_and_the_earlier_split_stay
     assert tree_digest(disk) == before  # no lock file left beside OUT
 
 
+@pytest.mark.parametrize("mode", ["copy", "manifest"])
+def test_a_disk_with_room_for_the_lock_but_not_the_marker_leaves_no_out(data, small_tmpfs, mode):
+    from disks import fill_disk
+
+    disk = fill_disk(small_tmpfs(64), leave=4096)  # one page: the lock's PID, no marker
+    result = split(data, disk / "out", "--mode", mode)
+    assert result.returncode == 1, result.stderr
+    line = error_line(result.stderr)
+    assert f"cannot write {disk / 'out'}" in line and "No space left" in line, line
+    assert os.listdir(disk) == ["filler"]  # no OUT holding an empty .torchkit marker
+
+
 @pytest.mark.parametrize("forced", [False, True])
 def test_a_failed_split_keeps_files_copied_into_out_while_it_ran(tmp_path, forced):
     """A file the user copies into OUT (or into a split folder) while the split copies is not

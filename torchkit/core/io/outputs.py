@@ -707,7 +707,14 @@ def write_marker(folder: Path, command: str, *, replaces: str | None = None) -> 
     if replaces is not None:
         record["replaces"] = replaces
     with reporting_write_errors(folder / MARKER):
-        (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        try:
+            (folder / MARKER).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        except BaseException:
+            # Written where there was none: a half-written (empty) marker left by a full disk
+            # would keep the folder of a run that wrote nothing, claimed as torchkit's.
+            with contextlib.suppress(OSError):
+                (folder / MARKER).unlink(missing_ok=True)
+            raise
 
 
 def _marker_field(folder: Path, key: str) -> str | None:
