@@ -337,6 +337,29 @@ def test_sigterm_mid_move_leaves_every_file_in_one_place_and_a_rerun_finishes(tm
     assert json.loads((out / ".torchkit-split.json").read_text())["state"] == "done"
 
 
+def test_a_move_across_file_systems_onto_a_full_disk_loses_nothing_and_leaves_no_half_copy(
+    tmp_path, small_tmpfs
+):
+    from disks import fill_disk
+
+    data = make_files(tmp_path / "data", {"cat": 10, "dog": 10})  # a 4 KiB page a file there
+    expected = contents(data)
+    disk = fill_disk(small_tmpfs(256), leave=48 * 1024)  # room for about half of them
+    out = disk / "out"
+    result = split(data, out, "--mode", "move")
+    assert result.returncode == 1, result.stderr
+    assert f"cannot write {out}" in error_line(result.stderr, besides="warnings")
+    assert "stopped half-way" in result.stderr
+    in_root, in_out = contents(data), contents(out)
+    assert in_out and not set(in_root) & set(in_out) and in_root | in_out == expected
+    assert not [p for p in out.rglob("*") if p.name.startswith(".torchkit-move-")]  # half copy
+
+    (disk / "filler").unlink()  # room made: the rerun finishes the move
+    result = split(data, out, "--mode", "move")
+    assert result.returncode == 0, result.stderr
+    assert contents(out) == expected and not contents(data)
+
+
 def test_a_root_half_moved_by_a_killed_move_is_refused_to_another_move_and_to_readers(tmp_path):
     # The second move went ahead: ROOT ended split across two outputs, each with half a split.
     # And a copy split, dataset-stats, train and eval of ROOT read the half left there as if it

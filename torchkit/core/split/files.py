@@ -233,9 +233,15 @@ def _move_file(source: str, dest: str, links: LinkTargets | None) -> None:
         if os.lstat(dest).st_size != size:  # a rename cannot change a file; checked anyway
             raise InputError(f"{dest} does not match {source} after the move")
         return
-    shutil.copy2(source, temporary)
-    with open(temporary, "rb") as handle:
-        os.fsync(handle.fileno())
+    try:
+        shutil.copy2(source, temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+    except BaseException:
+        # A full disk (or a stop) part-way: the source is whole where it was; the half copy
+        # goes, not left to hold the space the user must free before the rerun.
+        remove_tree(Path(temporary))
+        raise
     if os.stat(temporary).st_size != size or file_digest(temporary) != file_digest(source):
         remove_tree(Path(temporary), ignore_errors=False)
         raise InputError(f"the copy of {source} in {folder} differs from it; the source is kept")
