@@ -10,7 +10,9 @@ import importlib
 import io
 import json
 import math
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -881,7 +883,6 @@ def test_append_to_a_file_with_other_columns_is_refused_before_any_work(runner, 
 
 def test_append_leaves_the_file_whole_when_the_write_fails(runner, tmp_path, monkeypatch):
     import errno
-    import os
 
     out = tmp_path / "bench.csv"
     args = ["benchmark", "convnet", "-i", "1,28,28", "-b", "1", *FAST, "-o", str(out), "--append"]
@@ -897,6 +898,54 @@ def test_append_leaves_the_file_whole_when_the_write_fails(runner, tmp_path, mon
     monkeypatch.undo()
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv"]  # no temporary left
+
+
+BUILT_MARKER = """
+from pathlib import Path
+from torch import nn
+
+def build():
+    Path("built").touch()  # in the working directory: the test's tmp_path
+    return nn.Linear(8, 4)
+"""
+
+
+@pytest.mark.parametrize("where", ["read-only", "missing-in-read-only", "existing", "folder"])
+def test_an_output_it_cannot_write_is_refused_before_the_model_is_built(
+    runner, tmp_path, small_tmpfs, model_module, where
+):
+    """-o FILE in a folder that takes no file (a read-only disk, or a folder to be made on one)
+    was found only when the results of the whole run were written: it is refused with the
+    other checks of -o (an existing file without --force, a folder), before the model is built
+    and anything timed. --append is held to the same rules."""
+    spec = model_module(BUILT_MARKER)
+    if where in ("read-only", "missing-in-read-only"):
+        disk = small_tmpfs(64)
+        (disk / "old.csv").write_text("x\n")
+        done = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("cannot remount the tmpfs read-only")
+        out = disk / ("bench.csv" if where == "read-only" else "new/bench.csv")
+        expected, code = "Read-only file system", 1
+    elif where == "existing":
+        out = tmp_path / "bench.csv"
+        out.write_text("x\n")
+        expected, code = "already exists", 1
+    else:
+        out = tmp_path / "folder"
+        out.mkdir()
+        expected, code = "is a directory", 2
+    args = ["benchmark", spec, "-i", "8", *FAST, "-o", str(out)]
+    for extra in ([], ["--append"]) if where != "existing" else ([],):
+        result = runner.invoke(app, [*args, *extra])
+        assert result.exit_code == code, (extra, result.stderr)
+        assert expected in error_line(result.stderr, besides="nothing"), extra
+        assert "benchmarking" not in result.stderr
+        assert not (tmp_path / "built").exists(), extra  # the model was never built
+    if where == "existing":
+        assert out.read_text() == "x\n"
+    elif where != "folder":
+        assert os.listdir(disk) == ["old.csv"]  # no probe nor folder left
 
 
 # --- errors -----------------------------------------------------------------------------------

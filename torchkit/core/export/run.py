@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,12 +36,10 @@ from torchkit.core.io.files import atomic_path
 from torchkit.core.io.outputs import (
     InputPath,
     check_distinct_outputs,
+    check_folder_writable,
     check_output_file,
     is_special_file,
-    remove_tree,
-    reporting_write_errors,
 )
-from torchkit.core.io.temporaries import temporary_affixes
 from torchkit.core.models import model_inputs, require_model_files
 from torchkit.core.models.exported.metadata import build_metadata
 from torchkit.core.models.image_size import image_size_refusal
@@ -139,13 +136,7 @@ def _check_out(out: str | os.PathLike, inputs: list[InputPath], force: bool) -> 
         raise OutputWriteError(
             f"cannot write {target}: {existing} is a file, not a folder", "choose another output"
         )
-    if parent.is_dir():
-        # A folder we may not write into is found now, not after a slow export.
-        with reporting_write_errors(target):
-            prefix, suffix = temporary_affixes(target.stem)
-            fd, probe = tempfile.mkstemp(suffix, prefix, dir=parent)
-            os.close(fd)
-            remove_tree(Path(probe), ignore_errors=False)
+    check_folder_writable(target)  # found now, not after a slow export
     return target
 
 

@@ -425,6 +425,28 @@ def check_folders_above(path: str | os.PathLike, what: str) -> None:
             )
 
 
+def check_folder_writable(path: str | os.PathLike) -> None:
+    """The folder a file output `path` goes into takes a new file, before any work (a probe
+    made and removed there; a folder still to be made, the nearest one above it): a read-only
+    disk or a folder without write permission is found now, not when the result of a long run
+    is written. Special files are written into, never beside: not probed."""
+    import tempfile
+
+    target = Path(path)
+    if is_special_file(target):
+        return
+    existing = target.absolute().parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():  # below a file: `check_folders_above` says so
+        return
+    with reporting_write_errors(target):
+        prefix, suffix = temporary_affixes(target.stem)
+        fd, probe = tempfile.mkstemp(suffix, prefix, dir=existing)
+        os.close(fd)
+        remove_tree(Path(probe), ignore_errors=False)
+
+
 def check_not_stdout(path: str | os.PathLike, what: str) -> None:
     """`-` is standard output only where a command prints its report (`-o -`, which the callers
     take as stdout before they get here): a file or folder a command makes that is named `-`
