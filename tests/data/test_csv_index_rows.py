@@ -121,3 +121,66 @@ def test_a_symlinked_index_reads_the_images_beside_the_file_it_leads_to(tmp_path
     found = dataset_stats(link)
     assert (found["images"], found["unreadable_count"]) == (3, 0)
     assert [c["images"] for c in found["classes"]] == [2, 1]
+
+
+def _with_rows(index: Path, *rows: str, header: str | None = None) -> Path:
+    """`index` with `rows` appended (and its header replaced by `header`)."""
+    lines = index.read_text(encoding="utf-8").splitlines()
+    if header is not None:
+        lines[0] = header
+    index.write_text("\n".join([*lines, *rows]) + "\n", encoding="utf-8")
+    return index
+
+
+def test_one_image_given_two_labels_is_one_error_naming_both_lines_in_every_command(tmp_path):
+    """train trained the image as both classes and dataset-stats counted it in both (exit 0),
+    while split refused it: every command refuses it now, naming the two lines (`./` or not)."""
+    index = _with_rows(write_index(tmp_path, ["a", "b", "a", "b"]), "./imgs/x/x_0.png,b")
+    expected = (
+        f"Error: {index} gives './imgs/x/x_0.png' two labels: 'a' in line 2 and 'b' in line 6"
+    )
+    for command in (
+        ["dataset-stats", index],
+        ["split", index, tmp_path / "out", "--mode", "manifest"],
+        ["train", "--data", index, "--model", "nets:TinyNet", "--out", tmp_path / "run"],
+    ):
+        result = run_torchkit_in_process(*command)
+        assert result.returncode == 1
+        assert error_line(result.stderr).startswith(expected), command
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+def test_one_image_in_two_splits_is_an_error_naming_both_lines(tmp_path):
+    """The same file in train and val leaked into the validation of the model trained on it."""
+    index = write_index(tmp_path, ["a", "b"])
+    rows = index.read_text(encoding="utf-8").splitlines()
+    lines = ["path,label,split", rows[1] + ",train", rows[2] + ",train", rows[1] + ",val"]
+    index.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = run_torchkit_in_process("dataset-stats", index, "--split", "all")
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(
+        f"Error: {index} gives 'imgs/x/x_0.png' two splits: 'train' in line 2 and 'val' in line 4"
+    )
+
+
+def test_a_row_repeated_with_its_label_is_read_once_with_a_warning_unless_repeats_are_numbered(
+    tmp_path,
+):
+    """A repeated row (two indexes joined) was trained and counted twice, and refused by split;
+    now each command reads it once and says so. Rows a `repeat` column numbers are repeats
+    on purpose (what split --oversample --mode manifest writes for train): all read."""
+    index = _with_rows(write_index(tmp_path, ["a", "b", "a"]), "imgs/x/x_0.png,a")
+    result = run_torchkit_in_process("dataset-stats", index, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"Warning: {index} lists 1 image(s) again with the same label (line 5 repeats line 2)"
+        in (result.stderr)
+    )
+    assert '"images": 3' in result.stdout
+    split = run_torchkit_in_process("split", index, tmp_path / "out", "--mode", "manifest")
+    assert split.returncode == 0, split.stderr
+    assert len((tmp_path / "out" / "split.csv").read_text().splitlines()) == 4
+    rows = index.read_text(encoding="utf-8").splitlines()
+    numbered = [rows[0] + ",repeat"] + [row + ",0" for row in rows[1:-1]] + [rows[-1] + ",1"]
+    index.write_text("\n".join(numbered) + "\n", encoding="utf-8")
+    assert dataset_stats(index)["images"] == 4

@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchkit.core.data.sources.samples import nfc, refuse_spelling_twins
@@ -27,12 +27,16 @@ _SHOWN = 5  # line numbers named in one error
 class IndexRows:
     """The rows of a CSV index, in file order: paths as written, labels and splits without the
     spaces around them, quoted labels as written (`labels` is None without a label column,
-    `splits` None without a split column)."""
+    `splits` None without a split column). A row that repeats an earlier row (one file, with
+    the same label and split) is left out (`repeated`: its line and the earlier row's), but
+    where a `repeat` column says the rows are repeated on purpose (`split --oversample --mode
+    manifest`'s, which train reads so)."""
 
     source: Path
     paths: list[str]
     labels: list[str] | None
     splits: list[str] | None
+    repeated: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def base(self) -> Path:
@@ -72,6 +76,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     if not source.is_file():
         raise InputError(f"CSV index not found: {source}", "check the path")
     paths: list[str] = []
+    firsts: list[int] = []  # the line each row starts on
     labels: list[str] = []
     splits: list[str] = []
     no_path: list[int] = []
@@ -129,6 +134,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 if "path" in path and [f.strip().lstrip("\ufeff") for f in row] == columns:
                     header_again.append((first, len(paths)))
                 paths.append(path)
+                firsts.append(first)
                 if has_label:
                     # "a.png, cat" is class cat, as "path, label" names the label column.
                     written = row[label_at] if label_at < width else ""
@@ -189,7 +195,9 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             f"(line {_lines_and_values(bad_split)})",
             "the split column takes train, val or test",
         )
-    return IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+    rows = IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
+    _drop_repeated_rows(rows, firsts, on_purpose="repeat" in columns)
+    return rows
 
 
 def _keep_quoted_labels(
@@ -279,6 +287,77 @@ def _refuse_repeated_header(source: Path, paths: list[str], found: list[tuple[in
             f"{source} repeats its header in line {_lines(lines)} (indexes joined whole?)",
             "the first line alone names the columns: remove the others",
         )
+
+
+def _path_keys(rows: IndexRows) -> list[str]:
+    """One key per row that two rows naming one file share: the path as written, where every
+    path is a plain relative one; else the normalized absolute path (`./a.png`, `a//b.png`,
+    `x/../a.png` and `/data/a.png` name `a.png` too). A file reached through a linked folder
+    under another name is not matched (split refuses it, reading real folders)."""
+    text = "\n" + "\n".join(rows.paths)
+    if not any(mark in text for mark in ("\n/", "\n.", "/.", "//")):
+        return rows.paths
+    base = os.path.abspath(rows.base)
+    return [os.path.normpath(os.path.join(base, path)) for path in rows.paths]
+
+
+def _drop_repeated_rows(rows: IndexRows, firsts: list[int], *, on_purpose: bool) -> None:
+    """Rows naming one file: an error where they give it two labels (its label is a guess:
+    train trained it as both) or put it in two splits (it leaks from one into the other), each
+    naming the lines of the first such pair; else the later rows are left out of `rows`, their
+    lines in `rows.repeated` (the caller warns), but where they are repeats `on_purpose`."""
+    keys = _path_keys(rows)
+    if len(set(keys)) == len(keys):
+        return
+    first_row: dict[str, int] = {}
+    labels, splits = rows.labels, rows.splits
+    two_labels: list[tuple[int, int]] = []
+    two_splits: list[tuple[int, int]] = []
+    repeats: list[int] = []
+    for row, key in enumerate(keys):
+        earlier = first_row.setdefault(key, row)
+        if earlier == row:
+            continue
+        if labels is not None and labels[earlier] != labels[row]:
+            two_labels.append((earlier, row))
+        elif splits is not None and splits[earlier] != splits[row]:
+            two_splits.append((earlier, row))
+        else:
+            repeats.append(row)
+            rows.repeated.append((firsts[row], firsts[earlier]))
+    for pairs, values, what, hint in (
+        (two_labels, labels, "labels", "an image has one label: fix or remove one of the rows"),
+        (two_splits, splits, "splits", "an image in two splits leaks from one into the other"),
+    ):
+        if pairs:
+            earlier, row = pairs[0]
+            more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
+            raise InputError(
+                f"{rows.source} gives {rows.paths[row]!r} two {what}: {values[earlier]!r} in line "
+                f"{firsts[earlier]} and {values[row]!r} in line {firsts[row]}{more}",
+                hint,
+            )
+    if on_purpose or not repeats:
+        rows.repeated = []
+        return
+    dropped = set(repeats)
+    kept = [row for row in range(len(keys)) if row not in dropped]
+    rows.paths = [rows.paths[row] for row in kept]
+    rows.labels = None if labels is None else [labels[row] for row in kept]
+    rows.splits = None if splits is None else [splits[row] for row in kept]
+
+
+def repeated_rows_warning(rows: IndexRows) -> str | None:
+    """The warning for the rows `read_index_rows` left out as repeats, None for none."""
+    if not rows.repeated:
+        return None
+    shown = ", ".join(f"line {line} repeats line {first}" for line, first in rows.repeated[:3])
+    more = ", ..." if len(rows.repeated) > 3 else ""
+    return (
+        f"{rows.source} lists {len(rows.repeated)} image(s) again with the same label "
+        f"({shown}{more}): each is read once (a `repeat` column, as split --oversample "
+        "--mode manifest writes, keeps repeated rows)"
+    )
 
 
 def _refuse_itself(source: Path, paths: list[str], named: list[tuple[int, int]]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -13,6 +14,7 @@ from torchkit.core.data.sources.csv_index import (
     class_order,
     index_folder,
     read_index_rows,
+    repeated_rows_warning,
 )
 from torchkit.core.data.sources.digits import DIGITS, digits_splits
 from torchkit.core.data.sources.discovery import (
@@ -39,6 +41,8 @@ from torchkit.core.data.sources.splitting import (
 )
 from torchkit.core.io.errors import InputError
 from torchkit.core.io.outputs import marker_command
+
+log = logging.getLogger("torchkit")
 
 KINDS = (
     "digits",
@@ -387,6 +391,9 @@ def csv_samples(
     """Every row of a CSV index, in file order (`splits` set when it has a split column)."""
     rows = read_index_rows(path, labelled=not allow_unlabelled)
     source = rows.source
+    repeated = repeated_rows_warning(rows)
+    if repeated:
+        log.warning(repeated)
     if rows.labels is None:  # unlabelled images
         names, labels = [""], [0] * len(rows.paths)
     else:
