@@ -141,11 +141,16 @@ def test_command_lists_show_each_summary_as_one_paragraph():
 # --- JSON -----------------------------------------------------------------------------------------
 
 
-def test_weights_download_line_goes_to_stderr(monkeypatch):
+def test_weights_download_line_goes_to_stderr(monkeypatch, tmp_path):
     """torch.hub writes `Downloading: "https://..."` with sys.stdout.write; `--format json` on
     stdout must stay parseable the first time the weights are fetched."""
     import torchvision
     import torchvision.models._api as api
+
+    from torchkit.core.models import hub_cache
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))  # an empty cache: a download starts
+    monkeypatch.setattr(hub_cache, "_unreachable", lambda url: None)  # the server answers
 
     def download(url, *args, **kwargs):
         sys.stdout.write(f'Downloading: "{url}" to /cache/checkpoints/weights.pth\n')

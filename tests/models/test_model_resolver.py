@@ -17,8 +17,9 @@ import pytest
 import torch
 import torchvision
 from image_folders import write_image_folder
+from offline import offline_env, unreachable_proxy
 from PIL import Image
-from processes import run_torchkit_in_process
+from processes import run_torchkit_in_process, run_torchkit_process
 from safetensors.torch import save_file
 from torch import nn
 
@@ -642,10 +643,16 @@ def test_a_googlenet_run_from_weights_without_aux_heads_loads_everywhere(
     assert resumed.returncode == 0, resumed.stderr
 
 
-def _torchvisions_weights_offline(monkeypatch, arch: str) -> dict:
+def _torchvisions_weights_offline(monkeypatch, tmp_path, arch: str) -> dict:
     """torchvision's own builder with its DEFAULT weights (it sets `transform_input=True`), the
-    weights a hand-made state dict with its auxiliary heads, as torchvision's file has them."""
+    weights a hand-made state dict with its auxiliary heads, as torchvision's file has them,
+    "downloaded" into an empty cache from a server that answers."""
     import torchvision.models._api as api
+
+    from torchkit.core.models import hub_cache
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    monkeypatch.setattr(hub_cache, "_unreachable", lambda url: None)
 
     torch.manual_seed(0)
     source = torchvision.models.get_model(
@@ -672,13 +679,13 @@ def _torchvisions_weights_offline(monkeypatch, arch: str) -> dict:
 
 @pytest.mark.parametrize(("arch", "size"), [("googlenet", 48), ("inception_v3", 80)])
 def test_googlenet_and_inception_default_weights_answer_as_torchvisions_pipeline(
-    monkeypatch, arch, size
+    monkeypatch, tmp_path, arch, size
 ):
     """`eval googlenet --weights DEFAULT`: torchvision's documented pipeline (its weights'
     transforms, then its model, which re-normalises with `transform_input`) and torchkit's (the
     same resize and crop, mean/std 0.5, a model without `transform_input`, as every command
     rebuilds one from a checkpoint) give the same outputs."""
-    _torchvisions_weights_offline(monkeypatch, arch)
+    _torchvisions_weights_offline(monkeypatch, tmp_path, arch)
     truth = torchvision.models.get_model(arch, weights="DEFAULT").eval()
     assert truth.transform_input
     resolved = resolve_model(arch, weights="DEFAULT")
@@ -712,7 +719,7 @@ def test_a_googlenet_run_from_default_weights_rebuilds_the_model_it_trained(
     from torchkit.core.models.checkpoint import load_checkpoint
     from torchkit.core.train import setup
 
-    _torchvisions_weights_offline(monkeypatch, "googlenet")
+    _torchvisions_weights_offline(monkeypatch, tmp_path, "googlenet")
     built = []
     build = setup._build_model
     monkeypatch.setattr(
@@ -771,3 +778,42 @@ def test_a_weights_cache_that_cannot_be_made_is_named_not_taken_for_offline(tmp_
         f"Error: cannot write the weights cache {cache}: Not a directory (set TORCH_HOME to a "
         "folder torchkit may write, or pass --weights PATH to a local file)"
     )
+
+
+SQUEEZENET_URL = torchvision.models.SqueezeNet1_1_Weights.DEFAULT.url
+
+
+def test_default_weights_offline_are_one_error_line_and_no_download_started(tmp_path):
+    # torch.hub printed `Downloading: "https://..."` first: a download seemed to start.
+    with unreachable_proxy() as proxy:
+        done = run_torchkit_process(
+            "summary", "squeezenet1_1", "--weights", "DEFAULT", env=offline_env(proxy, tmp_path)
+        )
+    assert done.returncode == 1 and done.stdout == ""
+    cache = tmp_path / "torch" / "hub" / "checkpoints"
+    assert done.stderr.splitlines() == [
+        "Error: cannot download the DEFAULT weights of squeezenet1_1: download.pytorch.org "
+        "cannot be reached ([Errno 111] Connection refused) (connect to the internet once, or "
+        f"save {SQUEEZENET_URL} in the weights cache {cache}; or pass --weights PATH to a "
+        "local file)"
+    ]
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # nothing half-written
+
+
+def test_default_weights_in_torch_hubs_cache_are_read_with_no_network(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    weights = torchvision.models.squeezenet1_1().state_dict()
+    cache = tmp_path / "torch" / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(weights, cache / Path(SQUEEZENET_URL).name)
+    with unreachable_proxy() as proxy:
+        for name, value in offline_env(proxy, tmp_path).items():
+            monkeypatch.setenv(name, value)
+        resolved = resolve_model("squeezenet1_1", weights="DEFAULT")
+        args = ["squeezenet1_1", "--weights", "DEFAULT", "-i", "3,64,64", "--depth", "0"]
+        done = run_torchkit_in_process("summary", *args, "--no-flops", "--format", "json")
+    assert resolved.weights_source == "torchvision weights" and len(resolved.classes) == 1000
+    for key, value in resolved.model.state_dict().items():
+        assert torch.equal(value, weights[key]), key
+    assert done.returncode == 0 and done.stderr == ""
+    assert json.loads(done.stdout)["totals"]["total_params"] == 1_235_496

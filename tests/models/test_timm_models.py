@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from image_folders import write_image_folder
+from offline import offline_env, unreachable_proxy
 from output_checks import error_line
 from PIL import Image
 from processes import run_torchkit_process
@@ -508,23 +509,43 @@ def test_an_unreachable_hub_fails_at_once_or_reads_the_cache(unreachable_hub):
     assert time.monotonic() - started < 10 and resolved.weights_source == "timm weights"
 
 
-def test_default_weights_offline_in_a_real_process(tmp_path):
-    result = run_torchkit_process(
-        "summary",
-        "timm/test_resnet",
-        "--weights",
-        "DEFAULT",
-        "--format",
-        "json",
-        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
-        cwd=tmp_path,
-    )
+GCVIT_URL = (  # weights timm downloads through torch.hub, not from the Hugging Face Hub
+    "https://github.com/rwightman/pytorch-image-models/releases/download/"
+    "v0.1-weights-morevit/gcvit_xxtiny_224_nvidia-d1d86009.pth"
+)
+
+
+@pytest.mark.parametrize("name", ["test_resnet", "gcvit_xxtiny"])
+def test_default_weights_offline_in_a_real_process(tmp_path, name):
+    """One error line and nothing before it: gcvit's weights (torch.hub's cache) printed
+    torch.hub's `Downloading: "https://..."` first, and the hint named the Hub's cache."""
+    with unreachable_proxy() as proxy:
+        result = run_torchkit_process(
+            "summary",
+            f"timm/{name}",
+            "--weights",
+            "DEFAULT",
+            "--format",
+            "json",
+            env=offline_env(proxy, tmp_path / "home"),
+            cwd=tmp_path,
+        )
     assert result.returncode == 1 and result.stdout == ""
-    line = error_line(result.stderr, besides="warnings")
-    assert line.startswith(
-        "Error: cannot download the pretrained weights of timm/test_resnet: they are not in the "
-        "cache and the Hub cannot be reached ("
-    )
+    line = error_line(result.stderr, besides="nothing")
+    if name == "test_resnet":
+        assert line.startswith(
+            "Error: cannot download the pretrained weights of timm/test_resnet: they are not in "
+            "the cache and the Hub cannot be reached ("
+        )
+    else:
+        cache = tmp_path / "home" / "torch" / "hub" / "checkpoints"
+        assert line == (
+            "Error: cannot download the pretrained weights of timm/gcvit_xxtiny: github.com "
+            "cannot be reached ([Errno 111] Connection refused) (connect to the internet once, "
+            f"or save {GCVIT_URL} in the weights cache {cache}; or pass --weights PATH to a "
+            "local file)"
+        )
+        assert timm.get_pretrained_cfg("gcvit_xxtiny").url == GCVIT_URL
 
 
 def test_default_weights_come_from_the_cache_with_imagenet_classes(hub_cache, runner):

@@ -14,10 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from torchkit.core.data.preprocessing import Preprocess
-from torchkit.core.io.errors import InputError, OfflineError, OutputWriteError, UsageError
+from torchkit.core.io.errors import InputError, OfflineError, UsageError
 from torchkit.core.io.files import require_input
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import fit_auxiliary_heads_to, replace_head
+from torchkit.core.models.hub_cache import (
+    hub_checkpoints_dir,
+    require_downloadable,
+    weights_cache_error,
+)
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.timm_models import (
@@ -256,25 +261,34 @@ def torchvision_pretrained(name: str, weights: str):
 
     torch.hub writes `Downloading: "https://..." to ~/.cache/...` with `sys.stdout.write`: that
     line goes to stderr here, so that stdout carries only a command's result (`--format json`
-    stays parseable the first time the weights are needed, not only later)."""
+    stays parseable the first time the weights are needed, not only later). It is written only
+    once the download can start: offline, one error line and nothing before it
+    (`require_downloadable`)."""
     import contextlib
     import sys
     import urllib.error
 
     import torchvision
 
+    enum = torchvision_weights_enum(name)
+    try:
+        chosen = enum.verify(weights) if enum is not None else None
+    except (KeyError, ValueError):
+        chosen = None  # torchvision's own error below says which names it has
+    if chosen is not None:
+        require_downloadable(chosen.url, f"the {weights} weights of {name}")
     try:
         with contextlib.redirect_stdout(sys.stderr):
             model = torchvision.models.get_model(name, weights=weights)
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
-        cache_error = _weights_cache_error(error)
+        cache_error = weights_cache_error(error)
         if cache_error is not None:
             raise cache_error from error
         if isinstance(error, FileNotFoundError):
             raise
         raise OfflineError(
             f"cannot download the {weights} weights of {name}: {error}",
-            "connect to the internet once so they are cached in ~/.cache/torch, "
+            f"connect to the internet once so they are cached in {hub_checkpoints_dir()}, "
             "or pass --weights PATH to a local file",
         ) from error
     except ValueError as error:
@@ -284,26 +298,6 @@ def torchvision_pretrained(name: str, weights: str):
         # rebuilds from a checkpoint of it (transform_input off) is then the model trained.
         model.transform_input = False
     return model
-
-
-def _weights_cache_error(error: BaseException) -> OutputWriteError | None:
-    """The folder torch.hub keeps downloaded weights in (`$TORCH_HOME/hub/checkpoints`, else
-    under `$XDG_CACHE_HOME` or `~/.cache`) that cannot be made or written: a read-only or
-    missing home was "Error: FileNotFoundError: ..." or "cannot download ... (connect to the
-    internet ...)". None for an error about anything else."""
-    import torch.hub
-
-    filename = getattr(error, "filename", None)
-    if not isinstance(error, OSError) or filename is None:
-        return None
-    cache = os.path.abspath(os.path.join(torch.hub.get_dir(), "checkpoints"))
-    named = os.path.abspath(os.fsdecode(filename))
-    if not (named == cache or cache.startswith(named + os.sep) or named.startswith(cache + os.sep)):
-        return None
-    return OutputWriteError(
-        f"cannot write the weights cache {cache}: {error.strerror or error}",
-        "set TORCH_HOME to a folder torchkit may write, or pass --weights PATH to a local file",
-    )
 
 
 # torchvision builds googlenet and inception_v3 with `transform_input=True` for its own weights

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, Preprocess
 from torchkit.core.io.errors import OfflineError, UsageError, first_line
+from torchkit.core.models.hub_cache import hub_checkpoints_dir, require_downloadable
 from torchkit.core.models.random_init import built_for_loading
 
 TIMM_PREFIX = "timm/"
@@ -156,6 +157,9 @@ def timm_pretrained(
             f"timm has no pretrained weights for {TIMM_PREFIX}{name}",
             "train it from random weights (drop --weights), or pass --weights PATH",
         )
+    url = _torch_hub_url(name)
+    if url is not None:  # not on the Hugging Face Hub: torch.hub's cache, checked first
+        require_downloadable(url, f"the pretrained weights of {TIMM_PREFIX}{name}")
     try:
         with contextlib.redirect_stdout(sys.stderr), _cache_only_when_the_hub_is_unreachable():
             return create_timm_model(
@@ -165,12 +169,29 @@ def timm_pretrained(
                 pretrained=True,
             )
     except (OSError, ConnectionError, TimeoutError) as error:
+        cache = "~/.cache/huggingface" if url is None else hub_checkpoints_dir()
         raise OfflineError(
             f"cannot download the pretrained weights of {TIMM_PREFIX}{name}: "
             + _download_failure(error),
-            "connect to the internet once so they are cached in ~/.cache/huggingface, or "
+            f"connect to the internet once so they are cached in {cache}, or "
             "pass --weights PATH to a local file",
         ) from error
+
+
+def _torch_hub_url(name: str) -> str | None:
+    """The URL timm downloads the weights of `NAME.TAG` from through torch.hub (and its
+    cache), as timm chooses: weights not on the Hugging Face Hub (or without huggingface_hub);
+    None for the Hub's, or weights in a file."""
+    import importlib.util
+
+    from timm.models import get_pretrained_cfg
+
+    config = get_pretrained_cfg(name)
+    if config is None or config.file or config.state_dict or config.source == "local-dir":
+        return None
+    if config.hf_hub_id and importlib.util.find_spec("huggingface_hub") is not None:
+        return None
+    return config.url or None
 
 
 def timm_preprocess(
