@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import os
 import re
 from collections.abc import Iterable
 from typing import IO, Any
@@ -125,3 +126,22 @@ def csv_text(rows: Iterable[Iterable[Any]], lineterminator: str = "\n") -> str:
     buffer = io.StringIO()
     CsvWriter(buffer, lineterminator).writerows(rows)
     return buffer.getvalue()
+
+
+def write_csv_file(
+    path: str | os.PathLike,
+    rows: Iterable[Iterable[Any]],
+    *,
+    header: Iterable[Any] | None = None,
+) -> None:
+    """`header` (if given) and `rows` written to `path` as `csv_text` writes them, byte for
+    byte, atomically (`atomic_write`: a temporary file renamed into place) and streamed in
+    chunks as they are taken from `rows`: a million rows' text (a split.csv of 60 MB, eval's
+    predictions.csv of 200 MB) is never held whole."""
+    from torchkit.core.io.files import atomic_write
+
+    with atomic_write(path, "w", encoding="utf-8", newline="") as handle:
+        writer = CsvWriter(handle)
+        if header is not None:
+            writer.writerow(header)
+        writer.writerows(rows)

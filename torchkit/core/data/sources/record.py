@@ -10,14 +10,14 @@ since, and eval / extract-features / predict given the checkpoint and the same d
 
 from __future__ import annotations
 
-import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.source import DataSource, tagged
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, path_key
-from torchkit.core.io.csv_rows import CsvWriter
+from torchkit.core.io.csv_rows import csv_text, write_csv_file
 from torchkit.core.io.errors import InputError
 
 RECORD_VERSION = 1
@@ -91,23 +91,22 @@ def recorded_splits(
     return {split: parts[split] for split in SPLIT_NAMES if split in parts}, notes
 
 
-def split_csv_text(splits: dict[str, Samples]) -> str:
-    """`path,label,split` for every image of `splits` (label: the class name)."""
-    buffer = io.StringIO()
-    writer = CsvWriter(buffer)
-    writer.writerow(SPLIT_CSV_COLUMNS)
+def split_csv_rows(splits: dict[str, Samples]) -> Iterator[tuple]:
+    """A row `path,label,split` for every image of `splits` (label: the class name), one at a
+    time."""
     for name, samples in splits.items():
         classes = samples.classes
-        writer.writerows(
-            (ident, classes[label], name)
-            for ident, label in zip(samples.ids, samples.labels, strict=True)
-        )
-    return buffer.getvalue()
+        for ident, label in zip(samples.ids, samples.labels, strict=True):
+            yield ident, classes[label], name
+
+
+def split_csv_text(splits: dict[str, Samples]) -> str:
+    """split.csv's text: the header, then `split_csv_rows`."""
+    return csv_text([SPLIT_CSV_COLUMNS, *split_csv_rows(splits)])
 
 
 def write_split_csv(path: str | os.PathLike, splits: dict[str, Samples]) -> Path:
-    """Write `split_csv_text(splits)` to `path` atomically."""
-    from torchkit.core.io.files import atomic_write_text
-
-    atomic_write_text(path, split_csv_text(splits))
+    """Write split.csv (`split_csv_rows`) to `path` atomically, streamed: a million images'
+    text (60 MB) is never held whole."""
+    write_csv_file(path, split_csv_rows(splits), header=SPLIT_CSV_COLUMNS)
     return Path(path)
