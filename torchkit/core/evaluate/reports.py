@@ -8,12 +8,13 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchkit.core.io.csv_rows import csv_text
+from torchkit.core.io.csv_rows import csv_text, write_csv_file
 from torchkit.core.io.files import atomic_path, atomic_write_text, drawable
 from torchkit.core.io.outputs import reporting_write_errors
 
@@ -72,17 +73,17 @@ def write_reports(
         cm = result.metrics.confusion
         atomic_write_text(paths["confusion_matrix.csv"], confusion_csv_text(cm, classes))
     else:
-        text = confusion_pairs_csv_text(result.metrics.pairs, classes)
-        atomic_write_text(paths["confusion_pairs.csv"], text)
+        pairs = confusion_pairs_rows(result.metrics.pairs, classes)
+        write_csv_file(paths["confusion_pairs.csv"], pairs, header=CONFUSION_PAIRS_COLUMNS)
         log.warning(
             "%d classes: confusion_pairs.csv lists the confusion matrix's non-zero cells "
             "(true,predicted,count); confusion_matrix.csv and .png are written up to %d classes",
             len(classes),
             DENSE_CONFUSION_MAX_CLASSES,
         )
-    atomic_write_text(
-        paths["predictions.csv"], _csv_text(prediction_columns(result), prediction_rows(result))
-    )
+    # A row per image: streamed to the file, never its whole text (200 MB at 1M images, top 5).
+    predictions = prediction_rows(result)
+    write_csv_file(paths["predictions.csv"], predictions, header=prediction_columns(result))
     if dense:
         plot_confusion_matrix(
             cm, classes, paths["confusion_matrix.png"], normalize=normalize, painter=painter
@@ -116,18 +117,17 @@ def confusion_csv_text(cm: np.ndarray, classes: list[str]) -> str:
     return _csv_text([CONFUSION_CORNER, *classes], rows)
 
 
-def confusion_pairs_csv_text(pairs: ConfusionPairs, classes: list[str]) -> str:
-    """confusion_pairs.csv: a header `true,predicted,count`, then one row per non-zero cell of
-    the confusion matrix (true and predicted class names), by true class, then predicted class
-    (in label order)."""
+def confusion_pairs_rows(pairs: ConfusionPairs, classes: list[str]) -> Iterator[tuple]:
+    """confusion_pairs.csv's rows (its header: CONFUSION_PAIRS_COLUMNS, `true,predicted,count`):
+    one per non-zero cell of the confusion matrix (true and predicted class names), by true
+    class, then predicted class (in label order)."""
     names = np.asarray(classes, dtype=object)
-    rows = zip(
+    return zip(
         names[pairs.true].tolist(),
         names[pairs.predicted].tolist(),
         pairs.count.tolist(),
         strict=True,
     )
-    return _csv_text(CONFUSION_PAIRS_COLUMNS, rows)
 
 
 def prediction_columns(result: EvalResult) -> list[str]:

@@ -792,17 +792,19 @@ def _layer_specs(layers, outputs: dict, arrays: dict) -> dict[str, dict]:
 INDEX_COLUMNS = ["row", "path", "label", "error"]
 
 
-def _index_rows(samples: Samples, errors: dict[int, str]) -> tuple[list[str], list[list]]:
+def _index_rows(samples: Samples, errors: dict[int, str]) -> tuple[list[str], Iterator[list]]:
     """index.csv: one line per image in index order, its row in the arrays (empty if skipped),
-    its path (relative to the data root), its class name; and its split for split data."""
+    its path (relative to the data root), its class name; and its split for split data. The
+    lines come one at a time, as they are written (a million of them: 50 MB of text)."""
     columns = INDEX_COLUMNS + (["split"] if samples.splits else [])
     return columns, _index_lines(samples, range(len(samples)), errors, 0)
 
 
-def _index_lines(samples: Samples, indices: Iterable[int], errors: dict, row: int) -> list[list]:
+def _index_lines(
+    samples: Samples, indices: Iterable[int], errors: dict, row: int
+) -> Iterator[list]:
     """The index.csv lines of `indices` (in order), whose first readable image is row `row`;
     None (an empty field) where there is no row, label or error."""
-    lines = []
     ids = samples.ids or samples.paths
     labelled = samples.classes != [""]  # [""]: unlabelled images
     for index in indices:
@@ -815,8 +817,7 @@ def _index_lines(samples: Samples, indices: Iterable[int], errors: dict, row: in
             row += 1
         if samples.splits:
             line.append(samples.splits[index])
-        lines.append(line)
-    return lines
+        yield line
 
 
 def _append_index(store: FeatureStore, samples: Samples, indices: list[int]) -> None:

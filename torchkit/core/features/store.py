@@ -27,11 +27,12 @@ import logging
 import os
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchkit.core.io.csv_rows import csv_text
+from torchkit.core.io.csv_rows import csv_text, write_csv_file
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import (
     NAME_ERRORS,
@@ -247,7 +248,7 @@ class FeatureStore:
         for name, values in arrays.items():
             self._array(name)[row : row + len(values)] = values
 
-    def append_index(self, columns: list[str], lines: list[list]) -> None:
+    def append_index(self, columns: list[str], lines: Iterable[list]) -> None:
         """Streamed: the index.csv lines of a batch, after its header (written first)."""
         self._begin()
         with reporting_write_errors(self.out):
@@ -283,14 +284,15 @@ class FeatureStore:
             self.output.keep()
 
     def finish(
-        self, file_format: str, index_columns: list[str], index_rows: list[list], meta: dict
+        self, file_format: str, index_columns: list[str], index_rows: Iterable[list], meta: dict
     ) -> dict[str, Path]:
-        """Put every layer's file in OUT, then index.csv and meta.json; returns the files."""
+        """Put every layer's file in OUT, then index.csv (its rows streamed from `index_rows`)
+        and meta.json; returns the files."""
         with reporting_write_errors(self.out):
             return self._finish(file_format, index_columns, index_rows, meta)
 
     def _finish(
-        self, file_format: str, index_columns: list[str], index_rows: list[list], meta: dict
+        self, file_format: str, index_columns: list[str], index_rows: Iterable[list], meta: dict
     ) -> dict[str, Path]:
         rows = self.progress.rows
         self._close_arrays()
@@ -315,7 +317,7 @@ class FeatureStore:
             self.output.wrote(self.out / INDEX_FILE)
             os.replace(self.partial / INDEX_FILE, self.out / INDEX_FILE)
         else:
-            atomic_write_text(self.out / INDEX_FILE, csv_text([index_columns, *index_rows]))
+            write_csv_file(self.out / INDEX_FILE, index_rows, header=index_columns)
         atomic_write_text(self.out / META_FILE, json.dumps(meta, indent=2) + "\n")
         remove_tree(self.partial)
         return files

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -12,9 +13,8 @@ from typing import Any
 from torchkit.core.data.neardup import DuplicatePair
 from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.samples import Samples
-from torchkit.core.io.csv_rows import csv_text
+from torchkit.core.io.csv_rows import write_csv_file
 from torchkit.core.io.errors import InputError
-from torchkit.core.io.files import atomic_write_text
 from torchkit.core.io.outputs import (
     check_output_file,
 )
@@ -183,9 +183,9 @@ def write_pairs_csv(stats: DatasetStats, path: str | os.PathLike, *, force: bool
     from torchkit.core.data.neardup import PAIR_COLUMNS
 
     target = check_output_file(path, force, data_inputs(stats.root), what="leakage CSV")
-    pairs = [*stats.leakage, *stats.near_duplicates]
+    pairs = itertools.chain(stats.leakage, stats.near_duplicates)
     rows = (list(pair.to_dict().values()) for pair in pairs)  # None: an empty field
-    atomic_write_text(target, csv_text([PAIR_COLUMNS, *rows]))
+    write_csv_file(target, rows, header=PAIR_COLUMNS)
     return target
 
 
