@@ -480,3 +480,20 @@ def test_threads_sharing_a_reader_take_turns_in_pyarrow(tmp_path, monkeypatch):
     second.join()
     assert overlapped == [False]
     assert [read["a"], read["b"]] == images
+
+
+def test_an_empty_classlabel_name_is_one_error_line_naming_the_rows_of_that_class(tmp_path):
+    """HF's ClassLabel names ["a", "", "c"]: the rows of class 1 trained as a class of no name
+    and printed with no label (class "" is what torchkit calls unlabelled images), exit 0."""
+    data = tmp_path / "d.parquet"
+    write_parquet(data, [png(i) for i in range(4)], [0, 1, 2, 1], names=["a", "", "c"])
+    for command in ("dataset-stats", "train"):
+        result = run_torchkit_in_process(command, *(["--data"] if command == "train" else []), data)
+        assert result.returncode == 1
+        assert error_line(result.stderr).startswith(
+            f"Error: {data} has 2 row(s) of class 1, whose ClassLabel name is empty (row 1, 3)"
+        )
+    write_parquet(data, [png(0)], [0], names=["a", "", "c"])
+    assert "name class 1 with an empty name" in error_line(
+        run_torchkit_in_process("dataset-stats", data).stderr
+    )

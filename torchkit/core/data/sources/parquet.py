@@ -633,6 +633,8 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
             f"the class names of {spec} name {twice!r} twice",
             "HF's ClassLabel names are unique: fix the dataset's metadata",
         )
+    if "" in names:
+        _refuse_empty_class_name(spec, files, names.index(""))
     if largest >= len(names):
         where = next(f.path for f in files if largest in f.labels)
         raise InputError(
@@ -640,6 +642,24 @@ def _names(spec: str, root: str, files: list[_File], splits: list[str | None] | 
             "labels are class indices 0..N-1 of HF's ClassLabel names",
         )
     return names
+
+
+def _refuse_empty_class_name(spec: str, files: list[_File], empty: int) -> None:
+    """An empty class name among HF's ClassLabel names (class `empty`) is an error naming the
+    rows of that class, as an empty string label is: class "" is what torchkit calls unlabelled
+    images, so its rows trained as a class of no name and printed with no label."""
+    for file in files:
+        rows = [row for row, label in enumerate(file.labels or ()) if label == empty]
+        if rows:
+            raise InputError(
+                f"{file.path} has {len(rows)} row(s) of class {empty}, whose ClassLabel name is "
+                f"empty (row {_first_rows(rows)})",
+                "give every class a name in the ClassLabel feature of the dataset's metadata",
+            )
+    raise InputError(
+        f"the ClassLabel names of {spec} name class {empty} with an empty name",
+        "give every class a name in the ClassLabel feature of the dataset's metadata",
+    )
 
 
 def _first_rows(rows: list[int]) -> str:
