@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from image_folders import write_image_folder
+from output_checks import error_line
+from processes import run_torchkit_in_process
 
 from torchkit.cli import app
 from torchkit.core.data.sources import csv_samples, open_data
@@ -770,6 +773,34 @@ def test_non_image_files_and_empty_classes_are_warned(runner, tmp_path, caplog):
     assert "no images are left out: empty" in caplog.text
     assert result.totals == [2, 2, 2] and calls[-1] == (6, 6)
     assert not (tmp_path / "out" / "train" / "empty").exists()
+
+
+def test_a_listed_file_that_is_no_image_is_left_out_with_a_warning_or_refused_with_strict(
+    tmp_path,
+):
+    """A CSV index listing `notes.txt` with a label: train and dataset-stats skip it as an
+    unreadable image, split copied it into OUT/<split>/<class>/ as one. Now it is left out
+    (a file PIL opens is an image whatever its name; one named like an image is not opened)."""
+    root = make_files(tmp_path / "data", {"a": 3, "b": 3})
+    write_image_folder(tmp_path / "png", {"p": 1})
+    shutil.copy(tmp_path / "png" / "p" / "p_0.png", root / "scan.dat")
+    (root / "notes.txt").write_text("not an image")
+    rows = [f"{p.relative_to(root).as_posix()},{p.parent.name}" for p in root.rglob("*.png")]
+    index = root / "i.csv"
+    index.write_text("path,label\n" + "\n".join([*rows, "notes.txt,a", "scan.dat,b"]) + "\n")
+    result = run_torchkit_in_process("split", index, tmp_path / "out", "--mode", "manifest")
+    assert result.returncode == 0, result.stderr
+    assert f"Warning: {index} lists 1 file(s) that are not images, left out: notes.txt" in (
+        result.stderr
+    )
+    listed = sorted(Path(r["source"]).name for r in manifest(tmp_path / "out"))
+    assert len(listed) == 7 and "scan.dat" in listed and "notes.txt" not in listed
+    strict = run_torchkit_in_process("split", index, tmp_path / "strict", "--strict")
+    assert strict.returncode == 1
+    assert error_line(strict.stderr).startswith(
+        f"Error: {index} lists 1 file(s) that are not images: notes.txt"
+    )
+    assert not (tmp_path / "strict").exists()
 
 
 def test_linked_folders_are_split_and_the_links_left_out_are_warned(tmp_path, caplog):

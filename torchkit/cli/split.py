@@ -177,6 +177,14 @@ def split(
             case_sensitive=False,
         ),
     ] = SplitMode.copy,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Refuse a CSV index that lists a file that is not an image, instead of "
+            "leaving it out with a warning.",
+        ),
+    ] = False,
     force: ForceOption = False,
     fmt: FormatOption = None,
     output: OutputOption = None,
@@ -230,6 +238,7 @@ def split(
             dedup=dedup_groups,
             fixed=fixed,
             oversample=oversample,
+            strict=strict,
         )
     if result.already_done:
         console.note(

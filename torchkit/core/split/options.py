@@ -146,6 +146,7 @@ class SplitOptions:
     mode: str
     dedup: bool
     oversample: bool
+    strict: bool = False  # a CSV row naming a file that is not an image is an error
 
     @property
     def ratio(self) -> list[float] | None:

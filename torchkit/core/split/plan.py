@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkit.core.data.hashing import content_groups
-from torchkit.core.data.sources.discovery import class_folder_problem, list_left_out
+from torchkit.core.data.sources.discovery import (
+    class_folder_problem,
+    is_image_file,
+    list_left_out,
+)
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.splitting import deal_units
 from torchkit.core.io.errors import InputError, UsageError
@@ -207,6 +211,46 @@ def destinations(samples: Samples, split_of: list[int], names: list[str], is_csv
         folder = f"{names[s]}/" if unlabelled else f"{names[s]}/{samples.classes[label]}/"
         dests.append(free.claim(folder, stem, suffix))
     return dests
+
+
+def listed_images(
+    samples: Samples, sources: list[str], source: Path, strict: bool = False
+) -> tuple[Samples, list[str]]:
+    """The rows of the CSV index `source` that name images, and their `sources` (files
+    `check_csv_sources` found): a listed file that is not named like an image and that PIL
+    cannot open (`notes.txt`) is left out with a warning counting them, as train and
+    dataset-stats skip it as unreadable; `strict` (or none left): an InputError instead.
+    (Files named like images are not opened, as no image of a folder is: split copies bytes.)"""
+    others = [
+        index
+        for index, path in enumerate(sources)
+        if not is_image_file(path) and not _opens_as_image(path)
+    ]
+    if not others:
+        return samples, sources
+    shown = ", ".join(samples.ids[i] for i in others[:3]) + (" ..." if len(others) > 3 else "")
+    if strict or len(others) == len(samples):
+        raise InputError(
+            f"{source} lists {len(others)} file(s) that are not images: {shown}",
+            "a CSV index lists image files"
+            if len(others) == len(samples)
+            else "remove those rows, or drop --strict to leave them out",
+        )
+    log.warning(f"{source} lists {len(others)} file(s) that are not images, left out: {shown}")
+    dropped = set(others)
+    kept = [i for i in range(len(samples)) if i not in dropped]
+    return samples.subset(kept), [sources[i] for i in kept]
+
+
+def _opens_as_image(path: str) -> bool:
+    """Whether PIL recognizes the file `path` as an image (its header alone is read)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path):
+            return True
+    except Exception:  # PIL raises OSError, SyntaxError, ValueError... for what it cannot read
+        return False
 
 
 def check_csv_sources(samples: Samples, source: Path) -> list[str]:

@@ -71,6 +71,7 @@ from torchkit.core.split.plan import (
     dedup_units,
     destinations,
     fixed_split,
+    listed_images,
     load_split_input,
     oversample_repeats,
     refuse_linked_folders,
@@ -99,13 +100,15 @@ def split_dataset(
     dedup: bool = True,
     fixed: str | Sequence[int] | None = None,
     oversample: bool = False,
+    strict: bool = False,
 ) -> SplitResult:
     """Split the image folder, flat folder or CSV index `source` into `out`/<split>/... (data
     that is split already is refused: see `load_split_input`).
 
     `ratio` (8:1:1 by default) or `fixed` (`N[,M]` images per class in val[, test], the rest in
     train) sets the sizes; `dedup` keeps byte-identical files in one split; `oversample`
-    balances train's classes by repeating images (not with `mode="move"`).
+    balances train's classes by repeating images (not with `mode="move"`); `strict` refuses a
+    CSV index that lists a file that is not an image (left out with a warning otherwise).
 
     See the module docstring. Raises UsageError for bad options, InputError for bad input,
     OutputOverlapError for an OUT that is, holds or lies inside the dataset (or is `.`),
@@ -131,7 +134,9 @@ def split_dataset(
     fractions = None if counts is not None else parse_ratio("8:1:1" if ratio is None else ratio)
     parts = len(counts) + 1 if counts is not None else len(fractions)
     names = check_names(SPLIT_NAMES[:parts] if names is None else names, parts)
-    options = SplitOptions(fractions, counts, names, seed, stratify, group, mode, dedup, oversample)
+    options = SplitOptions(
+        fractions, counts, names, seed, stratify, group, mode, dedup, oversample, strict
+    )
     # A move empties ROOT: a second move out of it (into another OUT) would find each file
     # gone and report it deleted, and a reader would read part of it, so ROOT is held for the
     # move's whole run (and its own reading of ROOT takes no reader's lock).
@@ -215,6 +220,7 @@ def _plan_and_write(
     if is_csv:
         held.enter_context(moving_out_of(*emptied))
         sources = check_csv_sources(samples, root)
+        samples, sources = listed_images(samples, sources, root, options.strict)
     else:  # ids are relative to ROOT: one abspath instead of 100,000
         (base,) = absolute_as_opened([root])
         base += os.sep
