@@ -16,9 +16,14 @@ from pathlib import Path
 import pytest
 from disks import fill_disk, slow_io_env
 from image_folders import write_image_folder
-from output_checks import error_line
+from output_checks import error_line, tree_digest
 from PIL import Image
-from processes import run_torchkit_in_process, start_torchkit_process, wait_until
+from processes import (
+    run_torchkit_in_process,
+    run_torchkit_process,
+    start_torchkit_process,
+    wait_until,
+)
 
 from torchkit.core.convert.shards import closed_size, parse_size
 
@@ -565,6 +570,31 @@ def test_a_full_disk_is_one_error_and_leaves_no_half_shard(
     assert "No space left on device" in error_line(done.stderr)
     left = sorted(p.name for p in out.iterdir()) if out.exists() else []
     assert not [n for n in left if n.endswith(".tmp")]
+
+
+def test_a_forced_rerun_on_a_full_disk_leaves_the_old_output_as_it_was(
+    tmp_path: Path, small_tmpfs, make_image_folder
+):
+    """`convert shards SRC OUT --force` over a complete OUT on a disk with a few pages left:
+    where the disk filled as the first name was recorded (.torchkit-written), closing that
+    journal failed again and stopped the clean-up, so the old output stayed hidden in
+    .OUT.<hex>.replaced (classes.txt, manifest and shards gone from OUT) behind a raw
+    "OSError: [Errno 28]". Whatever page the disk fills at, OUT is now as it was, byte for
+    byte and file for file, after one Error line (a real process)."""
+    data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6}, size=64)
+    mount = small_tmpfs(512)
+    out = mount / "out"
+    assert convert(data, out, "--per-shard", 2).returncode == 0
+    before = tree_digest(mount)
+    for leave in (4, 8, 12):  # KiB: the marker, the journal, classes.txt
+        fill_disk(mount, leave=leave * 1024)
+        done = run_torchkit_process(
+            "convert", "shards", str(data), str(out), "--per-shard", "2", "--force"
+        )
+        assert done.returncode == 1, (leave, done.stderr)
+        assert "No space left on device" in error_line(done.stderr, besides="nothing"), leave
+        (mount / "filler").unlink()
+        assert tree_digest(mount) == before, leave
 
 
 def test_round_trip_dataset_stats_of_the_shards_equal_the_source(tmp_path: Path, split_root: Path):

@@ -1318,6 +1318,15 @@ def _killed_runs_names(folder: Path) -> list[str]:
     return [*names, os.fspath(folder / MARKER), os.fspath(journal)]
 
 
+def _close_quietly(journal: IO[bytes]) -> None:
+    """Close a `WRITTEN_JOURNAL`: a line its failed flush left in the buffer (the disk filled)
+    fails the close again, which stopped `abandon` before the old output went back (left set
+    aside, hidden, behind a raw OSError). The file is closed all the same; the names it lists
+    are in `written_into` too, and the journal is removed with them."""
+    with contextlib.suppress(OSError):
+        journal.close()
+
+
 class OutputFolder:
     """One output folder of one command, from the checks to the end of the run.
 
@@ -1531,7 +1540,7 @@ class OutputFolder:
             if self._claim is not None:  # no more appends; the names written stay recorded
                 self._claim = dataclasses.replace(self._claim, journal=None)
                 _CLAIMED[os.path.abspath(self._claim.path)] = self._claim
-            journal.close()
+            _close_quietly(journal)
             if remove:
                 with contextlib.suppress(OSError):
                     os.unlink(self.final / WRITTEN_JOURNAL)
@@ -1666,7 +1675,7 @@ class OutputFolder:
 
     def release(self) -> None:
         if self._journal is not None:
-            self._journal.close()
+            _close_quietly(self._journal)
             self._journal = None
         self._unclaim()
         _CLAIMED.pop(os.path.abspath(self.final), None)  # one made under this lock
