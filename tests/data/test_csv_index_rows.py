@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from image_folders import write_image_folder
 from output_checks import error_line
 from processes import dataset_stats, run_torchkit_in_process
@@ -184,3 +185,31 @@ def test_a_row_repeated_with_its_label_is_read_once_with_a_warning_unless_repeat
     numbered = [rows[0] + ",repeat"] + [row + ",0" for row in rows[1:-1]] + [rows[-1] + ",1"]
     index.write_text("\n".join(numbered) + "\n", encoding="utf-8")
     assert dataset_stats(index)["images"] == 4
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("~/x.png", "1 row(s) whose path starts with ~ (line 5: ~/x.png), which only a shell"),
+        ("https://host/x.png", "1 row(s) whose path is a URL (line 5: https://host/x.png)"),
+        ("C:\\data\\x.png", "1 row(s) whose path is a Windows path (line 5: C:\\data\\x.png)"),
+        ("imgs\\x\\x_0.png", "1 row(s) whose path holds backslashes (line 5: imgs\\x\\x_0.png)"),
+    ],
+)
+def test_a_path_written_for_a_shell_the_web_or_windows_is_an_error_naming_its_line(
+    tmp_path, path, message
+):
+    """Read literally, each was an unreadable "file not found" (`DIR/~/x.png`; a URL's `//`
+    even lost: `DIR/https:/host/x.png`), exit 0. A file named so is read, as it is written."""
+    index = _with_rows(write_index(tmp_path, ["a", "b", "a"]), f'"{path}",a')
+    result = run_torchkit_in_process("dataset-stats", index)
+    assert result.returncode == 1
+    assert error_line(result.stderr).startswith(f"Error: {index} has {message}")
+    if path == "imgs\\x\\x_0.png":
+        assert error_line(result.stderr).endswith(
+            "(write / between folders: imgs/x/x_0.png is there)"
+        )
+    if path[0] == "~":
+        (tmp_path / "~").mkdir()
+        (tmp_path / "~" / "x.png").hardlink_to(tmp_path / "imgs" / "x" / "x_0.png")
+        assert dataset_stats(index)["images"] == 4

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +189,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "every row needs a path and a label",
         )
     _refuse_spaced_paths(source, paths, spaced)
+    _refuse_foreign_paths(source, paths, firsts)
     _refuse_itself(source, paths, own_name)
     if bad_split:
         raise InputError(
@@ -274,6 +276,68 @@ def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int,
             f"name has not (line {_lines_and_values(typos)})",
             "remove the spaces around the path: paths are read exactly as written",
         )
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")
+_DRIVE = re.compile(r"[A-Za-z]:[\\/]")
+
+
+def _foreign_kind(path: str) -> str | None:
+    """What kind of path, read literally here, `path` is written as for another place: `~`
+    (a shell expands it, torchkit does not), a URL, a Windows path; None for other paths."""
+    if path[:1] == "~":
+        return "home"
+    if _URL.match(path):
+        return "url"
+    if os.sep == "/" and _DRIVE.match(path):
+        return "drive"
+    if os.sep == "/" and "\\" in path:
+        return "backslash"
+    return None
+
+
+def _refuse_foreign_paths(source: Path, paths: list[str], firsts: list[int]) -> None:
+    """Paths that name no file because they are written for a shell (`~/x.png`), the web
+    (`https://...`) or Windows (`C:\\data\\x.png`, `cat\\x.png`) are an error naming their
+    lines, where each was an unreadable "file not found" (`CSV_FOLDER/~/x.png`). Read as
+    written, relative to the index's folder (a file may be named so: then it is read)."""
+    text = "".join(paths)
+    if "~" not in text and ":/" not in text and "\\" not in text:
+        return
+    base = str(index_folder(source))
+    found: dict[str, list[tuple[int, str]]] = {}
+    for row, path in enumerate(paths):
+        kind = _foreign_kind(path)
+        if kind is not None and not os.path.lexists(os.path.join(base, path)):
+            found.setdefault(kind, []).append((firsts[row], path))
+    if not found:
+        return
+    kind, rows = next(iter(found.items()))
+    what = f"{source} has {len(rows)} row(s) whose path "
+    # As written: repr would double a Windows path's backslashes.
+    shown = "; ".join(f"line {line}: {path}" for line, path in rows[:3])
+    shown = f"({shown}{'; ...' if len(rows) > 3 else ''})"
+    if kind == "home":
+        raise InputError(
+            f"{what}starts with ~ {shown}, which only a shell expands",
+            "write the path out, e.g. /home/me/x.png, or relative to the CSV's folder",
+        )
+    if kind == "url":
+        raise InputError(
+            f"{what}is a URL {shown}: a CSV index lists image files",
+            "download the images and list their files, relative to the CSV's folder",
+        )
+    if kind == "drive":
+        raise InputError(
+            f"{what}is a Windows path {shown}",
+            "write paths relative to the CSV's folder, or absolute, with / between folders",
+        )
+    slashed = rows[0][1].replace("\\", "/")
+    there = os.path.lexists(os.path.join(base, slashed))
+    raise InputError(
+        f"{what}holds backslashes {shown}: Windows separators, part of a file name here",
+        f"write / between folders: {slashed} is there" if there else "write / between folders",
+    )
 
 
 def _refuse_repeated_header(source: Path, paths: list[str], found: list[tuple[int, int]]) -> None:
