@@ -292,3 +292,19 @@ class EvalMaskedNet(MaskedNet):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) if not self.training else TinyNet.forward(self, x)
+
+
+class LazyNet(nn.Module):
+    """TinyNet with lazy layers (LazyConv2d, LazyBatchNorm2d, LazyLinear): no weight has a shape
+    until the first forward pass. The 2x2 max-pool refuses 1x1 images ("Output size is too
+    small"). Its 171 parameters: conv 3*4*3*3 + 4, BatchNorm 4 + 4, linear 16*3 + 3."""
+
+    def __init__(self, num_classes: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.LazyConv2d(4, 3, padding=1)
+        self.bn = nn.LazyBatchNorm2d()
+        self.pool = nn.Sequential(nn.MaxPool2d(2), nn.AdaptiveAvgPool2d(2))
+        self.fc = nn.LazyLinear(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1))

@@ -656,6 +656,34 @@ def test_a_full_disk_is_one_error_line_and_leaves_nothing(runner, world, small_t
     assert os.listdir(disk) == ["filler"]
 
 
+@pytest.mark.parametrize("old_out", [True, False])
+def test_a_report_the_full_disk_refuses_leaves_the_old_out_and_report(
+    world, tmp_path, small_tmpfs, old_out
+):
+    """`export CK OUT -o REPORT --force` where the disk of REPORT is full: the new OUT was left
+    in place of the old one while the command failed. Both old files are as they were now, a
+    new OUT that replaced nothing is gone, and nothing is left beside them (a real process)."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    out = folder / "m.ts"
+    if old_out:
+        out.write_bytes(b"the old model")
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    ck = str(world["root"] / "convnet.pt")
+    done = run_torchkit_process("export", ck, str(out), "-o", str(report), "--force")
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr, besides="nothing")
+    assert line.startswith(f"Error: cannot write {report}: No space left"), line
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "report.json"]
+    assert os.listdir(folder) == (["m.ts"] if old_out else [])
+    if old_out:
+        assert out.read_bytes() == b"the old model"
+
+
 def test_an_operator_onnx_lacks_is_one_error_line_naming_it(world, tmp_path):
     # A real process: the exporter's C++ graph dump goes to file descriptor 2, not sys.stderr.
     out = tmp_path / "svd.onnx"

@@ -23,7 +23,7 @@ from torchkit.cli.options import (
     model_argument,
     product_path,
 )
-from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, report_file, resolve_format
 
 
 class ExportFormat(str, Enum):
@@ -152,6 +152,7 @@ def export(
     from torchkit.cli.progress import progress_bar
     from torchkit.core.export import ExportRequest, check_outputs, export_model
     from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.outputs import ReplacedFiles
 
     fmt = resolve_format(fmt, output)
     model, rest = model_and_rest(model, model_option, [out] if out is not None else [])
@@ -177,15 +178,26 @@ def export(
         verify=verify,
         force=force,
     )
-    with progress_bar("Exporting") as progress:
-        result = export_model(request, progress=progress)
-    data = result.to_dict()
-    if fmt == OutputFormat.csv:
-        # One row, the JSON keys as columns: easy to append to a log of exports.
-        tables = [Table(columns=list(data), rows=[[_csv_cell(v) for v in data.values()]])]
-    else:
-        tables = [_result_table(data)]
-    emit(tables=tables, data=data, fmt=fmt, output=output, force=force, written=[out])
+    # An old OUT and report replaced with --force are set aside until both new ones are in
+    # place: a report that cannot be written (a full disk) leaves both old files as they were.
+    replaced = ReplacedFiles()
+    try:
+        replaced.set_aside(out)  # before export_model checks OUT again
+        with progress_bar("Exporting") as progress:
+            result = export_model(request, progress=progress)
+        replaced.wrote(out)
+        data = result.to_dict()
+        if fmt == OutputFormat.csv:
+            # One row, the JSON keys as columns: easy to append to a log of exports.
+            tables = [Table(columns=list(data), rows=[[_csv_cell(v) for v in data.values()]])]
+        else:
+            tables = [_result_table(data)]
+        replaced.set_aside(report_file(output))  # before emit checks it again
+        emit(tables=tables, data=data, fmt=fmt, output=output, force=force, written=[out])
+    except BaseException:
+        replaced.put_back()
+        raise
+    replaced.keep()
     if result.verification == "skipped":
         console.warn(f"{result.path} was not verified (--no-verify)")
     elif result.verification == "inconclusive":

@@ -121,6 +121,7 @@ def check_outputs(
         check_output_file(
             report, force, [*inputs, InputPath.of(out, "exported model")], what="report"
         )
+        check_folder_writable(report)  # found now, not after a slow export
         check_distinct_outputs((out, "OUT"), (report, "report"))  # one FIFO, or stdout
 
 

@@ -561,6 +561,80 @@ def _rename_if_free(source: str | os.PathLike, name: str | os.PathLike) -> bool:
     return True
 
 
+class ReplacedFiles:
+    """The file outputs of one command whose later steps can still fail (export's OUT, then its
+    `-o` report): an old file that `--force` replaces is set aside first, as an old output
+    folder is (`.NAME.<hex>.replaced` beside it; here a hard link, so that the name keeps the
+    old file until the new one is renamed over it), and a failure before `keep()` removes every
+    new file and puts every old one back (`put_back`). Without it, a disk that filled while the
+    report was written left the new OUT in place of the old one, with the command failed."""
+
+    def __init__(self) -> None:
+        self._files: list[tuple[Path, Path | None]] = []  # (an output, its old file set aside)
+        self._new: dict[Path, FileId | None] = {}  # the new files where none was set aside
+
+    def set_aside(self, path: str | os.PathLike | None) -> None:
+        """Before `path` is written, and before its last `check_output_file` (which records the
+        old file's change time: the link changes it). Stdout and special files, written into
+        and never replaced, have nothing to set aside."""
+        if path is None or os.fspath(path) == "-" or is_special_file(path):
+            return
+        target = Path(path)
+        aside = None
+        if os.path.lexists(target) and not os.path.isdir(target):
+            aside = _sibling(target, REPLACED_SUFFIX)
+            with reporting_write_errors(target):
+                _link_or_copy(target, aside)
+        self._files.append((target, aside))
+
+    def wrote(self, path: str | os.PathLike | None) -> None:
+        """`path` holds its new file now: where nothing was set aside, a failure removes that
+        file (and no other that someone put there since)."""
+        for target, aside in self._files:
+            if path is not None and target == Path(path) and aside is None:
+                self._new[target] = _lstat_id(target)
+
+    def keep(self) -> None:
+        """The new files are the result: the old ones set aside are deleted."""
+        files, self._files = self._files, []
+        self._new.clear()
+        for _, aside in files:
+            if aside is not None:
+                remove_tree(aside)
+
+    def put_back(self) -> None:
+        """The command failed: each old file goes back to its name (over the new one), each new
+        file that replaced nothing is removed."""
+        files, self._files = self._files, []
+        for target, aside in reversed(files):
+            if aside is None:
+                new = self._new.get(target)
+                if new is not None and _lstat_id(target) == new:
+                    remove_tree(target)
+            elif _lstat_id(aside) is not None and _lstat_id(aside) == _lstat_id(target):
+                remove_tree(aside)  # never replaced: the old file is still at its name
+            elif os.path.lexists(aside):
+                os.replace(aside, target)
+        self._new.clear()
+
+
+def _link_or_copy(source: Path, name: Path) -> None:
+    """A second name for the file (or link) `source`: a hard link, or a copy on a file system
+    without them."""
+    try:
+        os.link(source, name, follow_symlinks=False)
+    except OSError as error:
+        if error.errno not in (
+            errno.EPERM,
+            errno.ENOTSUP,
+            errno.EOPNOTSUPP,
+            errno.EMLINK,
+            errno.ENOSYS,
+        ):
+            raise
+        shutil.copy2(source, name, follow_symlinks=False)
+
+
 # -- write errors -----------------------------------------------------------------------------
 
 

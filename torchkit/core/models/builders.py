@@ -23,6 +23,7 @@ from torchkit.core.models.hub_cache import (
     require_downloadable,
     weights_cache_error,
 )
+from torchkit.core.models.lazy import materialize_lazy_layers
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.timm_models import (
@@ -113,6 +114,9 @@ def build_model(
         return model
     if is_callable_spec(name):
         model, took_classes = call_model_factory(name, num_classes=num_classes)
+        # lazy layers (LazyLinear...) sized for the images it takes, before the head and load
+        side = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        materialize_lazy_layers(model, (in_channels, *side), name)
         if not took_classes:
             replace_head(model, num_classes)
         if weights:

@@ -48,6 +48,7 @@ from torchkit.core.models.heads import (
     refuse_unholdable_head,
     replace_head,
 )
+from torchkit.core.models.lazy import has_lazy_weights, materialize_lazy_layers
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
@@ -234,6 +235,8 @@ def resolve_model(
             resolved = _from_timm(spec, build_classes, weights, image_size, in_channels, ahead)
         else:
             resolved = _from_torchvision(spec, build_classes, weights, image_size, ahead)
+        if resolved.source == "callable":  # before a head, weights or optimizer use them
+            _size_lazy_layers(resolved, image_size, in_channels, ahead)
         if weights is not None and resolved.weights_source is None:
             _load_file_weights(
                 resolved,
@@ -523,6 +526,25 @@ def _from_convnet(
     return ResolvedModel(
         model, name, "built-in", preprocess=preprocess, sample_shape=(channels, side, side)
     )
+
+
+def _size_lazy_layers(
+    resolved: ResolvedModel,
+    image_size: int | Sequence[int] | None,
+    in_channels: int | None,
+    ahead: ReadAhead | None,
+) -> None:
+    """The lazy layers (LazyLinear, LazyConv2d...) of a model the user's code built, sized for
+    the input the command feeds: the size and channels asked for, else those a weights file
+    records, else the default size and the model's first convolution's channels (3 for a
+    lazy one). Its preprocessing then takes the channels its first layer got."""
+    if not has_lazy_weights(resolved.model):
+        return
+    recorded_size, recorded_channels = _weights_input(ahead)
+    side = _size(image_size or recorded_size, DEFAULT_IMAGE_SIZE)
+    channels = in_channels or recorded_channels or stem_channels(resolved.model) or 3
+    materialize_lazy_layers(resolved.model, (channels, *side), resolved.arch)
+    resolved.preprocess = plain_preprocess(stem_channels(resolved.model))
 
 
 def _stem_channels_of(state: Mapping[str, Any]) -> int | None:

@@ -1,0 +1,156 @@
+"""Models with lazy layers (`nets:LazyNet`: LazyConv2d, LazyBatchNorm2d, LazyLinear), built by
+the user's code: the resolver sizes them with one forward pass of the input the command feeds,
+so that every command takes them ("Attempted to use an uninitialized parameter" in train, a
+0-channel model refused, before), a checkpoint of one loads into a fresh one, and a size the
+model cannot take is one error line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torchinfo
+from image_folders import write_image_folder
+from nets import LazyNet
+from output_checks import error_line
+from processes import run_torchkit_in_process
+from torch import nn
+
+from torchkit.core.io.errors import UsageError
+from torchkit.core.models import resolve_model
+from torchkit.core.models.lazy import materialize_lazy_layers
+
+
+def lazy_net_params(classes: int) -> int:
+    """LazyNet's parameters, counted by hand: conv, BatchNorm, linear (16 inputs)."""
+    return (3 * 4 * 3 * 3 + 4) + (4 + 4) + (16 * classes + classes)
+
+
+def sized_lazy_net(num_classes: int = 3, side: int = 8) -> nn.Module:
+    """A LazyNet sized as torch sizes it: by a first forward pass (the reference)."""
+    model = LazyNet(num_classes)
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, side, side))
+    return model.train()
+
+
+def test_the_resolver_sizes_lazy_layers_without_touching_batchnorm():
+    resolved = resolve_model("nets:LazyNet", num_classes=2, image_size=8)
+    model = resolved.model
+    assert resolved.num_params == lazy_net_params(2) == 154
+    assert resolved.num_outputs == 2 and resolved.preprocess.in_channels == 3
+    assert type(model.fc) is nn.Linear and model.fc.in_features == 16
+    assert type(model.conv) is nn.Conv2d and model.conv.weight.shape == (4, 3, 3, 3)
+    assert model.training  # given back in the mode it was built in
+    assert model.bn.num_batches_tracked.item() == 0  # the sizing pass ran in eval mode
+    assert torch.equal(model.bn.running_mean, torch.zeros(4))
+    assert torch.equal(model.bn.running_var, torch.ones(4))
+
+
+def test_a_lazy_models_weights_load_into_a_fresh_one(tmp_path):
+    torch.manual_seed(0)
+    source = sized_lazy_net()
+    torch.save(source.state_dict(), tmp_path / "lazy.pt")
+    loaded = resolve_model("nets:LazyNet", weights=str(tmp_path / "lazy.pt"))
+    assert loaded.weights_source == "state dict" and loaded.num_outputs == 3
+    for key, value in source.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[key], value), key
+
+
+def test_every_command_takes_a_lazy_model(tmp_path):
+    data = tmp_path / "data"
+    write_image_folder(data / "train", {"a": 4, "b": 4})
+    write_image_folder(data / "val", {"a": 2, "b": 2}, seed=1)
+    run = tmp_path / "run"
+    trained = run_torchkit_in_process(
+        "train", "--data", data, "--model", "nets:LazyNet", "--image-size", "8", "--epochs", "1",
+        "--batch-size", "4", "--workers", "0", "--device", "cpu", "--out", run, "-q",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    best = run / "best.pt"
+    trusted = (best, "--trust-checkpoint")
+    # The checkpoint's model, sized again for its 8x8 images, then loaded.
+    evaluated = run_torchkit_in_process(
+        "eval", *trusted, "--data", data, "--split", "val", "--device", "cpu", "--format", "json"
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["num_images"] == 4
+    predicted = run_torchkit_in_process(
+        "predict", *trusted, data / "val", "--device", "cpu", "--format", "json"
+    )
+    assert predicted.returncode == 0, predicted.stderr
+    assert len(json.loads(predicted.stdout)) == 4
+    features = run_torchkit_in_process(
+        "extract-features", *trusted, data / "val", tmp_path / "features", "--layer", "fc",
+        "--device", "cpu",
+    )  # fmt: skip
+    assert features.returncode == 0, features.stderr
+    assert (tmp_path / "features" / "fc.npy").is_file()
+    exported = run_torchkit_in_process("export", *trusted, tmp_path / "lazy.pt")
+    assert exported.returncode == 0, exported.stderr
+    synced = run_torchkit_in_process("convert-syncbn", *trusted, tmp_path / "sync.pt")
+    assert synced.returncode == 0, synced.stderr
+
+    # summary's counts, of the name and of the checkpoint, are torchinfo's of LazyNet sized by
+    # torch itself (and the hand count)
+    truth = torchinfo.summary(sized_lazy_net(2), input_size=(1, 3, 8, 8), verbose=0)
+    assert truth.total_params == lazy_net_params(2)
+    for spec in (["nets:LazyNet", "--num-classes", "2", "-i", "3,8,8"], [*trusted]):
+        summary = run_torchkit_in_process("summary", *spec, "--no-flops", "--format", "json")
+        assert summary.returncode == 0, summary.stderr
+        totals = json.loads(summary.stdout)["totals"]
+        assert (totals["total_params"], totals["trainable_params"]) == (
+            truth.total_params,
+            truth.trainable_params,
+        )
+    benchmark = run_torchkit_in_process(
+        "benchmark", "nets:LazyNet", "-i", "3,8,8", "-b", "2", "--warmup", "0", "--iters", "1",
+        "--device", "cpu", "--format", "json",
+    )  # fmt: skip
+    assert benchmark.returncode == 0, benchmark.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["summary", "nets:LazyNet", "-i", "3,1,1"],
+        ["train", "--data", "digits", "--model", "nets:LazyNet", "--image-size", "1"],
+    ],
+)
+def test_a_size_a_lazy_model_cannot_take_is_one_error_line(args, tmp_path):
+    done = run_torchkit_in_process(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert error_line(done.stderr, besides="warnings") == (
+        "Error: nets:LazyNet cannot run on 1x1 images: Given input size: (4x1x1). Calculated "
+        "output size: (4x0x0). Output size is too small (the smallest it takes is 2: use "
+        "--image-size 2 or larger)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+class WideInput(nn.Module):
+    """A lazy layer behind a fixed one: 3x8x8 inputs only (192 features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fixed = nn.Linear(192, 5)
+        self.head = nn.LazyLinear(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.fixed(x.flatten(1)))
+
+
+def test_a_lazy_model_that_fails_at_another_size_names_it():
+    with pytest.raises(UsageError) as caught:
+        materialize_lazy_layers(WideInput(), (3, 4, 4), "mine:WideInput")
+    message = caught.value.message
+    assert message.startswith(
+        "mine:WideInput has lazy layers that could not be sized by a 3x4x4 (CxHxW) input: "
+        "RuntimeError: "
+    )
+    assert message.endswith("shapes cannot be multiplied (1x48 and 192x5)")
+    assert caught.value.hint.startswith("give the image size (and channels) it takes")
+    model = WideInput()
+    assert materialize_lazy_layers(model, (3, 8, 8), "mine:WideInput")
+    assert model.head.weight.shape == (2, 5)
