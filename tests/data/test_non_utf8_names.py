@@ -92,13 +92,35 @@ def test_dataset_stats_output_files_hold_what_stdout_does(data, tmp_path):
     assert b"bad\xffcls" in (tmp_path / "stats.txt").read_bytes()
     # CSV and tables carry the bytes on stdout (a real process: its stdout writes the bytes of
     # surrogates, where the in-process runner's cannot), whatever the locale: Python's stdout
-    # is strict but in the C locale (PYTHONIOENCODING=utf-8 makes it so here).
-    for name, fmt, strict in (("stats.csv", "csv", False), ("stats.txt", "table", True)):
-        command = [sys.executable, "-m", "torchkit", "dataset-stats", str(data), "--format", fmt]
-        env = {**os.environ, **({"PYTHONIOENCODING": "utf-8"} if strict else {})}
-        shown = subprocess.run(command, capture_output=True, cwd=REPO, timeout=300, env=env)
-        assert shown.returncode == 0, shown.stderr
-        assert shown.stdout == (tmp_path / name).read_bytes()
+    # is strict but in the C locale. One process runs both commands, each with fd 1 on its own
+    # file: CSV under the locale's error handler, the table once stdout is made strict (as
+    # PYTHONIOENCODING=utf-8 makes it).
+    shown = {"csv": tmp_path / "shown.csv", "table": tmp_path / "shown.txt"}
+    script = (
+        "import os, sys\n"
+        "from torchkit.cli import main\n"
+        "data, csv_file, table_file = sys.argv[1:]\n"
+        "for fmt, strict, target in (('csv', False, csv_file), ('table', True, table_file)):\n"
+        "    sys.stdout.flush()\n"
+        "    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n"
+        "    os.dup2(fd, 1)\n"
+        "    os.close(fd)\n"
+        "    if strict:\n"
+        "        sys.stdout.reconfigure(encoding='utf-8', errors='strict')\n"
+        "    sys.argv = ['torchkit', 'dataset-stats', data, '--format', fmt]\n"
+        "    try:\n"
+        "        main()\n"
+        "    except SystemExit as ended:\n"
+        "        assert ended.code in (0, None), ended.code\n"
+        "    sys.stdout.flush()\n"
+    )
+    args = [str(data), str(shown["csv"]), str(shown["table"])]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, cwd=REPO, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert shown["csv"].read_bytes() == (tmp_path / "stats.csv").read_bytes()
+    assert shown["table"].read_bytes() == (tmp_path / "stats.txt").read_bytes()
 
 
 def test_video_info_output_files_name_the_video(tmp_path):
