@@ -281,6 +281,21 @@ def test_split_data_predicts_every_split_with_a_split_column(runner, world):
     assert rows[0]["path"].startswith("train/")
 
 
+def test_several_labelled_inputs_keep_each_images_label(runner, world, tmp_path):
+    """With two labelled inputs (a split root and a CSV index) the `label` column was empty,
+    where one labelled input fills it; an image file given beside them has no label."""
+    index = tmp_path / "index.csv"
+    flat = world["flat"]
+    index.write_text(f"path,label\n{flat / 'a.png'},zebra\n{flat / 'b.png'},{CLASSES[1]}\n")
+    result = invoke(
+        runner, world["ckpt"], world["labelled"], index, flat / "d.png", "--format", "csv"
+    )
+    assert result.exit_code == 0, result.stderr
+    rows = read_csv(result.stdout)
+    labels = [row["label"] for row in rows]
+    assert labels == [name for name in CLASSES for _ in range(2)] * 2 + ["zebra", CLASSES[1], ""]
+
+
 def test_split_where_there_is_none_is_a_usage_error(runner, world):
     result = invoke(runner, world["ckpt"], world["flat"], "--split", "val")
     assert result.exit_code == 2 and result.stderr.startswith("Error: ")

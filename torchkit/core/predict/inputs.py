@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.core.data.sources.discovery import is_image_file
-from torchkit.core.data.sources.samples import Samples
+from torchkit.core.data.sources.samples import Samples, class_index, find_class, nfc
 from torchkit.core.io.errors import InputError, UsageError
 from torchkit.core.io.files import STDIN, read_path_list
 from torchkit.core.io.path_lists import PathStream
@@ -206,20 +206,36 @@ def _files(paths: list[str], *, from_stdin: bool) -> Samples:
 
 
 def _joined(sets: list[tuple[str, Samples, str]]) -> Samples:
-    """Several inputs as one list, each path prefixed with its input as typed; the classes of
-    labelled inputs are not merged (predict does not read labels)."""
+    """Several inputs as one list, each path prefixed with its input as typed, each image with
+    its input's label (the `label` column, as of one input). Its classes are "" (the class of
+    unlabelled images, index 0) and then the labelled inputs' class names, merged by name in
+    the order they come: not a model's class order, so a model that records no class names
+    has its outputs named by index with several inputs (`output_names_from_data`)."""
     paths: list[str] = []
     ids: list[str] = []
     splits: list[str] = []
+    labels: list[int] = []
+    classes = [""]
+    index_of = class_index(classes)
     any_split = any(samples.splits for _, samples, _ in sets)
     for item, samples, root in sets:
         paths += list(samples.paths or [])
         ids += [os.path.join(item, name) if root else name for name in samples.ids]
         if any_split:
             splits += list(samples.splits or [""] * len(samples))
+        mapping = []
+        for name in samples.classes:
+            found = find_class(index_of, name)
+            if found is None:  # a new name: indexed as `class_index` would (no rebuild)
+                found = len(classes)
+                classes.append(name)
+                index_of.setdefault(name, found)
+                index_of.setdefault(nfc(name), found)
+            mapping.append(found)
+        labels += [mapping[label] for label in samples.labels]
     if any(samples.paths is None for _, samples, _ in sets):
         raise UsageError("digits cannot be combined with other IMAGES", "predict it on its own")
-    joined = Samples([""], [0] * len(paths), paths=paths, source="IMAGES", ids=ids)
+    joined = Samples(classes, labels, paths=paths, source="IMAGES", ids=ids)
     if any_split:
         joined.splits = splits
     return joined
