@@ -294,6 +294,23 @@ class EvalMaskedNet(MaskedNet):
         return super().forward(x) if not self.training else TinyNet.forward(self, x)
 
 
+def tiny_vit(num_classes: int = 3, image_size: int = 32) -> nn.Module:
+    """torchvision's VisionTransformer at its smallest (one layer, width 16, 8 px patches), for
+    the fine-tuning tests (`--model nets:tiny_vit`): built for `image_size`, which torchkit
+    passes (its position embeddings follow the size)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(
+        image_size=image_size,
+        patch_size=8,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        mlp_dim=32,
+        num_classes=num_classes,
+    )
+
+
 class LazyNet(nn.Module):
     """TinyNet with lazy layers (LazyConv2d, LazyBatchNorm2d, LazyLinear): no weight has a shape
     until the first forward pass. The 2x2 max-pool refuses 1x1 images ("Output size is too

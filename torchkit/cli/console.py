@@ -335,11 +335,18 @@ def _escape(text: str) -> str:
 
 
 class _StderrHandler(logging.Handler):
-    """Shows core's `logging.getLogger("torchkit")` warnings as `Warning: ...` lines."""
+    """Shows core's `logging.getLogger("torchkit")` warnings as `Warning: ...` lines. A warning
+    logged with `extra={"note": True}` is a remark shown by default (not only with -v) as a
+    `Note: ...` line, and not with -q, as `note` is."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        is_note = record.levelno == logging.WARNING and getattr(record, "note", False)
+        if is_note and _quiet:
+            return
         label = {logging.WARNING: "Warning", logging.ERROR: "Error"}.get(record.levelno, "Note")
         style = "yellow" if record.levelno >= logging.WARNING else "dim"
+        if is_note:
+            label, style = "Note", "dim"
         _stderr().print(
             f"[{style}]{label}:[/] {_escape(record.getMessage())}",
             highlight=False,

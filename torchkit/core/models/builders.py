@@ -113,7 +113,10 @@ def build_model(
             )
         return model
     if is_callable_spec(name):
-        model, took_classes = call_model_factory(name, num_classes=num_classes)
+        # the size it was trained at, for a factory that takes it (a ViT's position embeddings)
+        model, took_classes = call_model_factory(
+            name, num_classes=num_classes, image_size=image_size
+        )
         # lazy layers (LazyLinear...) sized for the images it takes, before the head and load
         side = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         materialize_lazy_layers(model, (in_channels, *side), name)

@@ -49,6 +49,7 @@ from torchkit.core.models.heads import (
     replace_head,
 )
 from torchkit.core.models.lazy import has_lazy_weights, materialize_lazy_layers
+from torchkit.core.models.position_embeddings import resampled_position_embeddings
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
@@ -221,7 +222,9 @@ def resolve_model(
         if ahead is None or not ahead.reads(weights, trust_checkpoint):
             ahead = ReadAhead(weights, trust_checkpoint) if weights is not None else None
         if is_callable_spec(spec):
-            resolved = _from_callable(spec, build_classes)
+            if weights is not None and image_size is None:  # a factory that takes the size
+                image_size = _weights_input(ahead)[0]  # is built for the file's, if recorded
+            resolved = _from_callable(spec, build_classes, image_size)
         elif spec in BUILTIN_MODELS:
             if weights is not None and (image_size is None or in_channels is None):
                 # convnet's classifier is sized for its input: build it as the file's was
@@ -431,7 +434,7 @@ def _head_inputs(
     try:
         with torch.device("meta"):
             if is_callable_spec(spec):
-                built = _from_callable(spec, 2)
+                built = _from_callable(spec, 2, image_size)
             elif spec in BUILTIN_MODELS:
                 built = _from_convnet(spec, 2, image_size, in_channels)
             elif is_timm_spec(spec):
@@ -500,10 +503,13 @@ def _from_file(
     )
 
 
-def _from_callable(spec: str, num_classes: int | None) -> ResolvedModel:
+def _from_callable(
+    spec: str, num_classes: int | None, image_size: int | Sequence[int] | None = None
+) -> ResolvedModel:
     """`package.module:Callable`. Without num_classes the factory is called with no arguments,
-    so models without a classifier head (feature extractors, two-input networks) work too."""
-    model, _ = call_model_factory(spec, num_classes=num_classes)
+    so models without a classifier head (feature extractors, two-input networks) work too; one
+    that takes `image_size` gets the size asked for (a ViT's position embeddings follow it)."""
+    model, _ = call_model_factory(spec, num_classes=num_classes, image_size=image_size)
     preprocess = plain_preprocess(stem_channels(model))
     return ResolvedModel(model, spec, "callable", preprocess=preprocess, image_model=False)
 
@@ -898,4 +904,6 @@ def _load_ema(model, checkpoint: Mapping[str, Any], path: str) -> None:
         raise CheckpointError(f"checkpoint {path} holds no EMA weights", "drop --ema")
     state = strip_module_prefix(checkpoint["model_ema"])
     state.pop("n_averaged", None)  # torch.optim.swa_utils.AveragedModel's counter
-    load_weights_into(model, state, source=f"the EMA weights of {path}")
+    source = f"the EMA weights of {path}"
+    state = resampled_position_embeddings(model, state, source=source)
+    load_weights_into(model, state, source=source)

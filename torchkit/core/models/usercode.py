@@ -8,7 +8,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchkit.core.io.errors import InputError, TorchkitError, UsageError, first_line
@@ -65,22 +65,36 @@ def import_factory(spec: str):
         ) from error
 
 
-def call_model_factory(spec: str, *, num_classes: int | None = None) -> tuple[Any, bool]:
-    """Import `package.module:Callable` and call it, with `num_classes` when it is given and the
-    callable accepts it. Returns (the nn.Module it built, whether num_classes was passed)."""
+def call_model_factory(
+    spec: str,
+    *,
+    num_classes: int | None = None,
+    image_size: int | Sequence[int] | None = None,
+) -> tuple[Any, bool]:
+    """Import `package.module:Callable` and call it, with `num_classes` and `image_size` (an
+    int for square images, else (H, W)) when they are given and the callable accepts them: a
+    ViT is built for the images it is fed. Returns (the nn.Module it built, whether
+    num_classes was passed)."""
     import torch
 
     factory = import_factory(spec)
-    takes_classes = num_classes is not None and "num_classes" in _accepted_params(factory)
+    accepted = _accepted_params(factory)
+    takes_classes = num_classes is not None and "num_classes" in accepted
+    kwargs: dict[str, Any] = {"num_classes": num_classes} if takes_classes else {}
+    if image_size is not None and "image_size" in accepted:
+        side = tuple(int(n) for n in ([image_size] if isinstance(image_size, int) else image_size))
+        kwargs["image_size"] = side[0] if len(set(side)) == 1 else side
     try:
         with user_code():
-            model = factory(num_classes=num_classes) if takes_classes else factory()
+            model = factory(**kwargs)
     except TorchkitError:
         raise
     except Exception as error:  # the user's code failed: say where, in one line
+        hint = "fix the callable, or set TORCHKIT_DEBUG=1 to see the traceback"
+        if "image_size" in kwargs:  # a ViT refuses a size its patches do not divide
+            hint = f"check --image-size, here {kwargs['image_size']} px; or {hint}"
         raise InputError(
-            f"{spec} could not build a model: {first_line(error, with_type=True)}",
-            "fix the callable, or set TORCHKIT_DEBUG=1 to see the traceback",
+            f"{spec} could not build a model: {first_line(error, with_type=True)}", hint
         ) from error
     if not isinstance(model, torch.nn.Module):
         raise UsageError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
