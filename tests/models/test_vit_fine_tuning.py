@@ -1,8 +1,11 @@
 """Fine-tuning gaps of `NAME --weights FILE`: a ViT's weights for one image size used at another
-(the position embeddings resampled, as torchvision's reference scripts and timm do)."""
+(the position embeddings resampled, as torchvision's reference scripts and timm do), and a
+training checkpoint not torchkit's that holds two sets of weights (timm's `state_dict` and
+`state_dict_ema`): the load says which it used."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -98,3 +101,94 @@ def test_timm_vit_embeddings_are_resampled_as_timm_does(tmp_path):
         "divide into 16 px patches: their position embeddings cannot be resampled (use an "
         "--image-size that is a multiple of 16, such as 48 or 64)"
     )
+
+
+def timm_checkpoint(path: Path) -> tuple[dict, dict]:
+    """A checkpoint as timm's train.py saves one with --model-ema: `state_dict` and
+    `state_dict_ema` (DDP's `module.` on the EMA's keys), its options as an argparse
+    Namespace. Returns (model weights, EMA weights)."""
+    from nets import TinyNet
+
+    torch.manual_seed(0)
+    model, averaged = TinyNet(3).state_dict(), TinyNet(3).state_dict()
+    torch.save(
+        {
+            "epoch": 7,
+            "arch": "tinynet",
+            "state_dict": model,
+            "state_dict_ema": {f"module.{key}": value for key, value in averaged.items()},
+            "optimizer": {"state": {}, "param_groups": []},
+            "args": argparse.Namespace(model="tinynet", model_ema=True, lr=0.1),
+            "version": 2,
+            "metric": 71.5,
+        },
+        path,
+    )
+    return model, averaged
+
+
+@pytest.mark.parametrize(
+    ("flags", "note", "used"),
+    [
+        (
+            (),
+            "ck.pth.tar holds the model's weights (state_dict) and their EMA (state_dict_ema): "
+            "loaded state_dict; --ema loads state_dict_ema",
+            0,
+        ),
+        (
+            ("--ema",),
+            "ck.pth.tar: loaded its EMA weights (state_dict_ema), not the model's (state_dict)",
+            1,
+        ),  # fmt: skip
+    ],
+    ids=["model", "ema"],
+)
+def test_a_timm_checkpoint_says_which_weights_it_loads(tmp_path, image_folder, flags, note, used):
+    """timm's train.py checkpoint as --weights: before -> 'holds a pickled argparse.Namespace
+    ... pass --trust-checkpoint' (its `args`), and nothing said of the EMA weights beside the
+    model's. It loads without trust; a note says which weights were used and how to take the
+    others, and those are the ones evaluated."""
+    from nets import TinyNet
+
+    weights = timm_checkpoint(tmp_path / "ck.pth.tar")[used]
+    done = run_torchkit_in_process(
+        "predict", "nets:TinyNet", "--weights", "ck.pth.tar", image_folder, *flags,
+        "--format", "json", "--device", "cpu", "-j", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"Note: {note}" in " ".join(done.stderr.split())
+    resolved = resolve_model("nets:TinyNet", weights=str(tmp_path / "ck.pth.tar"), ema=bool(used))
+    reference = TinyNet(3)
+    reference.load_state_dict(weights)
+    for key, value in reference.state_dict().items():
+        assert torch.equal(resolved.model.state_dict()[key], value), key
+    quiet = run_torchkit_in_process(
+        "predict", "nets:TinyNet", "--weights", "ck.pth.tar", image_folder, *flags, "-q",
+        "--device", "cpu", "-j", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert quiet.returncode == 0 and "Note" not in quiet.stderr
+
+
+def test_train_from_a_timm_checkpoint_names_the_way_to_its_ema_weights(tmp_path, image_folder):
+    """train's --ema keeps an EMA of the run, so its note points to `convert checkpoint --key`
+    for the file's EMA weights; that file then fine-tunes them."""
+    _, averaged = timm_checkpoint(tmp_path / "ck.pth.tar")
+    common = ("--data", image_folder, "--val-split", "0.5", "--epochs", "1", "--batch-size", "2")
+    common += ("--device", "cpu", "-j", "0", "--image-size", "8")
+    done = run_torchkit_in_process(
+        "train", "--model", "nets:TinyNet", "--weights", "ck.pth.tar", *common, "--out", "run",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    hint = (
+        "loaded state_dict; to fine-tune the EMA weights, keep them alone with `torchkit "
+        "convert checkpoint ck.pth.tar EMA.pt --key state_dict_ema` and pass EMA.pt as --weights"
+    )
+    assert hint in " ".join(done.stderr.split())
+    converted = run_torchkit_in_process(
+        "convert", "checkpoint", "ck.pth.tar", "EMA.pt", "--key", "state_dict_ema", cwd=tmp_path
+    )
+    assert converted.returncode == 0, converted.stderr
+    loaded = resolve_model("nets:TinyNet", weights=str(tmp_path / "EMA.pt")).model.state_dict()
+    assert all(torch.equal(loaded[key], value) for key, value in averaged.items())

@@ -44,7 +44,6 @@ CHECKPOINT_KEYS = (
 
 def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) -> Any:
     """Load a checkpoint on the CPU, whatever device it was saved from."""
-    import torch
 
     source = require_input(path, what="checkpoint", kind="file")
     if source.stat().st_size == 0:
@@ -65,11 +64,11 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
             # pickle_protocol=4): a raw warning on the user's terminal, an error under -W error.
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
             if source.suffix.lower() != ".safetensors":
-                return torch.load(source, map_location="cpu", weights_only=not trust_checkpoint)
+                return _torch_load(source, trust_checkpoint)
             # torch.save's file under a .safetensors name: torch.load would hand a path that
             # ends so to safetensors (recent torch), so it gets the open file.
             with open(source, "rb") as handle:
-                return torch.load(handle, map_location="cpu", weights_only=not trust_checkpoint)
+                return _torch_load(handle, trust_checkpoint)
     except pickle.UnpicklingError as error:
         blocked = None if trust_checkpoint else _blocked_global(error)
         if blocked is None:
@@ -87,6 +86,26 @@ def load_checkpoint(path: str | os.PathLike, *, trust_checkpoint: bool = False) 
         ) from error
     except Exception as error:  # truncated or junk files raise anything (KeyError, EOFError...)
         raise _unreadable(source, error, trusted=trust_checkpoint) from error
+
+
+def _torch_load(file: Any, trust_checkpoint: bool) -> Any:
+    """torch.load on the CPU; without trust, weights only, plus the harmless classes of
+    common training checkpoints (`safe_classes`)."""
+    import torch
+
+    if trust_checkpoint:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    with torch.serialization.safe_globals(safe_classes()):
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def safe_classes() -> list[type]:
+    """Classes a weights-only load rebuilds besides tensors and plain values: timm's train.py
+    (and many another script) saves its options as an `argparse.Namespace` beside the weights,
+    a bag of attributes whose values are held to the same rules (no code runs)."""
+    import argparse
+
+    return [argparse.Namespace]
 
 
 def _refuse_code_archives(source: Path, kind: str | None) -> None:
@@ -278,6 +297,10 @@ def is_torchkit_checkpoint(obj: Any) -> bool:
     return isinstance(obj, Mapping) and "format_version" in obj and "model" in obj
 
 
+# Where training scripts keep a model's weights in their checkpoints, in the order looked for.
+MODEL_WEIGHT_KEYS = ("state_dict", "model", "model_state_dict", "net", "module")
+
+
 def extract_state_dict(obj: Any) -> dict:
     """The model weights of a torchkit checkpoint, a plain state dict, a common wrapper
     (`{'state_dict': ...}`, `{'model': ...}`), or a pickled module (trusted loading only)."""
@@ -293,7 +316,7 @@ def extract_state_dict(obj: Any) -> dict:
         return strip_module_prefix(obj)
     # The model's own weights before an EMA copy beside them, as in torchkit's checkpoints
     # (--ema picks the copy) and timm's tools.
-    for key in ("state_dict", "model", "model_state_dict", "net", "module", "model_ema"):
+    for key in (*MODEL_WEIGHT_KEYS, "model_ema"):
         if key in obj:
             return extract_state_dict(obj[key])
     raise CheckpointError(

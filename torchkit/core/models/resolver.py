@@ -9,6 +9,7 @@ without `module.`/`_orig_mod.`, `.safetensors`) whose classifier sizes the head.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -71,6 +72,8 @@ from torchkit.core.models.weights import (
     read_model_file,
     weights_only_error,
 )
+
+log = logging.getLogger("torchkit")
 
 DEFAULT_IMAGE_SIZE = 224
 CONVNET_IMAGE_SIZE = 28  # the built-in `convnet` is MNIST-sized
@@ -783,13 +786,15 @@ def _load_file_weights(
             f"{path} holds a {loaded.get('arch')}, not a {resolved.arch}",
             f"drop the model name and pass {path} alone, or name {loaded.get('arch')}",
         )
-    ema_key = None if torchkit_file or not ema else _ema_key(loaded)
+    file_ema_key = None if torchkit_file else _ema_key(loaded)
+    ema_key = file_ema_key if ema else None
     if ema and not torchkit_file and ema_key is None:
         raise UsageError(
             f"--ema needs EMA weights; {path} has none (it is neither a torchkit checkpoint "
             f"nor a checkpoint with {' or '.join(OTHER_EMA_KEYS)})",
             "drop --ema",
         )
+    used = None if file_ema_key is None else _weights_used(path, loaded, file_ema_key, ema, command)
     if ema_key is not None:  # AveragedModel's counter (torchvision's scripts) is no weight
         loaded = {key: value for key, value in loaded[ema_key].items() if key != "n_averaged"}
     load_weights_file(resolved.model, path, loaded=loaded)
@@ -798,6 +803,8 @@ def _load_file_weights(
     resolved.weights_source = "torchkit checkpoint" if torchkit_file else "state dict"
     if ema_key is not None:  # which weights of the file were used
         resolved.weights_source = f"state dict ({ema_key})"
+    if used is not None:  # a file of two sets of weights: which one this is
+        log.warning(used, extra=NOTE)
     if not torchkit_file and resolved.source == "torchvision":
         _as_torchvision_builds(resolved, path)
     if torchkit_file:
@@ -813,6 +820,38 @@ def _load_file_weights(
 # Where other training scripts keep their EMA weights beside the model's: timm's train.py
 # (`state_dict` and `state_dict_ema`), DeiT's and others' (`model` and `model_ema`).
 OTHER_EMA_KEYS = ("state_dict_ema", "model_ema")
+
+
+# The commands whose --ema takes a file's EMA weights (train's --ema keeps its own EMA).
+EMA_COMMANDS = ("eval", "predict", "export", "extract-features")
+NOTE = {"note": True}  # a log record the CLI shows as a Note, by default
+
+
+def _weights_used(path: str, loaded: Any, ema_key: str, ema: bool, command: str | None) -> str:
+    """Which of the two sets of weights a training checkpoint not torchkit's holds (timm's
+    `state_dict` and `state_dict_ema`) were loaded, and how to take the other."""
+    from torchkit.core.models.checkpoint import MODEL_WEIGHT_KEYS
+
+    model_key = next((key for key in MODEL_WEIGHT_KEYS if key in loaded and key != ema_key), None)
+    if ema:
+        return f"{path}: loaded its EMA weights ({ema_key})" + (
+            f", not the model's ({model_key})" if model_key else ""
+        )
+    if model_key is None:  # the EMA copy alone: extract_state_dict's last resort
+        return f"{path} holds only EMA weights ({ema_key}): loaded those"
+    if command in EMA_COMMANDS:
+        other = f"--ema loads {ema_key}"
+    elif command == "train":
+        other = (
+            f"to fine-tune the EMA weights, keep them alone with `torchkit convert checkpoint "
+            f"{path} EMA.pt --key {ema_key}` and pass EMA.pt as --weights"
+        )
+    else:
+        other = f"`torchkit convert checkpoint {path} EMA.pt --key {ema_key}` keeps those alone"
+    return (
+        f"{path} holds the model's weights ({model_key}) and their EMA ({ema_key}): loaded "
+        f"{model_key}; {other}"
+    )
 
 
 def _ema_key(loaded: Any) -> str | None:
