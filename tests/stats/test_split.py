@@ -745,6 +745,11 @@ def _linked_twice(index: Path) -> Path:
         (lambda p: (p / "empty").mkdir() or p / "empty", "no images"),
         (lambda p: _write(p / "i.csv", "file,label\na.png,x\n"), "needs `path` and `label`"),
         (lambda p: _write(p / "i.csv", "path,label\nnope.png,x\n"), "do not exist: nope.png"),
+        # a folder is there: "do not exist" misled
+        (
+            lambda p: _write(p / "sub" / "b.png", "x") and _index_of_a(p / "i.csv", "sub,x\n"),
+            "are not files (a folder?): sub",
+        ),
         # the data resolver's rule, every command's: one file of two labels is an error
         (lambda p: _index_of_a(p / "i.csv", "a.png,x\n./a.png,y\n"), "'x' in line 2 and 'y' in"),
         # through a linked folder: was split (a move stopped half-way: "disappeared")

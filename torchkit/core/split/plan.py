@@ -257,7 +257,19 @@ def check_csv_sources(samples: Samples, source: Path) -> list[str]:
     """The absolute path of every file the CSV index lists (`absolute_as_opened`); an InputError
     when one is missing or listed twice (also by way of a linked folder: `kitty/a.png` where
     `kitty` links to `cat`)."""
-    missing = [i for i, p in zip(samples.ids, samples.paths, strict=True) if not os.path.isfile(p)]
+    absent = [
+        (i, p) for i, p in zip(samples.ids, samples.paths, strict=True) if not os.path.isfile(p)
+    ]
+    # A folder or a FIFO is there, but no file to split ("do not exist" misled).
+    others = [i for i, p in absent if os.path.exists(p)]
+    missing = [i for i, p in absent if not os.path.exists(p)]
+    if others:
+        raise InputError(
+            f"{len(others)} path(s) listed in {source} are not files (a folder?): "
+            + ", ".join(others[:3])
+            + (" ..." if len(others) > 3 else ""),
+            "a CSV index lists image files",
+        )
     if missing:
         raise InputError(
             f"{len(missing)} file(s) listed in {source} do not exist: {', '.join(missing[:3])}"
