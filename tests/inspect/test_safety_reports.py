@@ -267,6 +267,34 @@ def test_full_disk_is_one_error_and_leaves_nothing(runner, work, monkeypatch, fu
     assert tree_digest(work) == before
 
 
+# The command's main output (written first, then the -o report), its first run and its rerun.
+REPORT_LAST = {
+    "split": (["split", "ds", "out"], ["--seed", "5"]),
+    "convert checkpoint": (["convert", "checkpoint", "ck.pt", "w.pt"], ["--dtype", "float16"]),
+    "convert-syncbn": (["convert-syncbn", "net.pt", "s.pt", "--trust-checkpoint"], ["--revert"]),
+    "eval --out": (["eval", "ck.pt", "--data", "ds", "--out", "ev"], ["--topk", "2"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REPORT_LAST))
+def test_a_report_on_a_read_only_disk_is_refused_before_the_main_output_is_replaced(
+    runner, work, monkeypatch, small_tmpfs, case
+):
+    disk = small_tmpfs(64)
+    if subprocess.run(["mount", "-o", "remount,ro", str(disk)]).returncode != 0:
+        pytest.skip("cannot remount the tmpfs read-only")
+    monkeypatch.chdir(work)
+    first, rerun = REPORT_LAST[case]
+    assert runner.invoke(app, first).exit_code == 0
+    before = tree_digest(work)
+    report = disk / "report.json"
+    result = runner.invoke(app, [*first, *rerun, "--force", "--format", "json", "-o", report])
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr, besides="warnings")
+    assert line.startswith(f"Error: cannot write {report}: Read-only file system"), line
+    assert tree_digest(work) == before  # the earlier output as it was, not the rerun's
+
+
 # -- SIGTERM during dataset-stats' pass ---------------------------------------------------------
 
 
