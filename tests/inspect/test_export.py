@@ -662,10 +662,11 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_out_and_report(
 ):
     """`export CK OUT -o REPORT --force` where the disk of REPORT is full: the new OUT was left
     in place of the old one while the command failed. Both old files are as they were now, a
-    new OUT that replaced nothing is gone, and nothing is left beside them (a real process)."""
+    new OUT that replaced nothing is gone (and the folder made for it), and nothing is left
+    beside them (a real process)."""
     folder = tmp_path / "models"
     folder.mkdir()
-    out = folder / "m.ts"
+    out = folder / "m.ts" if old_out else folder / "made" / "m.ts"  # a folder export makes
     if old_out:
         out.write_bytes(b"the old model")
     disk = small_tmpfs(64)

@@ -583,6 +583,7 @@ class ReplacedFiles:
     def __init__(self) -> None:
         self._files: list[tuple[Path, Path | None]] = []  # (an output, its old file set aside)
         self._new: dict[Path, FileId | None] = {}  # the new files where none was set aside
+        self._missing: list[Path] = []  # folders above the outputs not there yet, deepest first
 
     def set_aside(self, path: str | os.PathLike | None) -> None:
         """Before `path` is written, and before its last `check_output_file` (which records the
@@ -592,6 +593,10 @@ class ReplacedFiles:
             return
         target = Path(path)
         aside = None
+        folder = target.absolute().parent
+        while not os.path.lexists(folder) and folder != folder.parent:
+            self._missing.append(folder)  # made by the writer: removed again on failure
+            folder = folder.parent
         if os.path.lexists(target) and not os.path.isdir(target):
             aside = _sibling(target, REPLACED_SUFFIX)
             with reporting_write_errors(target):
@@ -609,13 +614,15 @@ class ReplacedFiles:
         """The new files are the result: the old ones set aside are deleted."""
         files, self._files = self._files, []
         self._new.clear()
+        self._missing.clear()
         for _, aside in files:
             if aside is not None:
                 remove_tree(aside)
 
     def put_back(self) -> None:
         """The command failed: each old file goes back to its name (over the new one), each new
-        file that replaced nothing is removed."""
+        file that replaced nothing is removed, and the folders made for them that this leaves
+        empty."""
         files, self._files = self._files, []
         for target, aside in reversed(files):
             if aside is None:
@@ -627,6 +634,10 @@ class ReplacedFiles:
             elif os.path.lexists(aside):
                 os.replace(aside, target)
         self._new.clear()
+        missing, self._missing = self._missing, []
+        for made in missing:  # those left empty
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
 
 
 def _link_or_copy(source: Path, name: Path) -> None:
