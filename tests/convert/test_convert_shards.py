@@ -18,12 +18,7 @@ from disks import fill_disk, slow_io_env
 from image_folders import write_image_folder
 from output_checks import error_line, tree_digest
 from PIL import Image
-from processes import (
-    run_torchkit_in_process,
-    run_torchkit_process,
-    start_torchkit_process,
-    wait_until,
-)
+from processes import run_torchkit_in_process, start_torchkit_process, wait_until
 
 from torchkit.core.convert.shards import closed_size, parse_size
 
@@ -580,7 +575,7 @@ def test_a_forced_rerun_on_a_full_disk_leaves_the_old_output_as_it_was(
     journal failed again and stopped the clean-up, so the old output stayed hidden in
     .OUT.<hex>.replaced (classes.txt, manifest and shards gone from OUT) behind a raw
     "OSError: [Errno 28]". Whatever page the disk fills at, OUT is now as it was, byte for
-    byte and file for file, after one Error line (a real process)."""
+    byte and file for file, after one Error line."""
     data = make_image_folder(tmp_path / "data", {"a": 6, "b": 6}, size=64)
     mount = small_tmpfs(512)
     out = mount / "out"
@@ -588,9 +583,7 @@ def test_a_forced_rerun_on_a_full_disk_leaves_the_old_output_as_it_was(
     before = tree_digest(mount)
     for leave in (4, 8, 12):  # KiB: the marker, the journal, classes.txt
         fill_disk(mount, leave=leave * 1024)
-        done = run_torchkit_process(
-            "convert", "shards", str(data), str(out), "--per-shard", "2", "--force"
-        )
+        done = convert(data, out, "--per-shard", "2", "--force")
         assert done.returncode == 1, (leave, done.stderr)
         assert "No space left on device" in error_line(done.stderr, besides="nothing"), leave
         (mount / "filler").unlink()
