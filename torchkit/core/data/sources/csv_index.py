@@ -77,7 +77,6 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
     if not source.is_file():
         raise InputError(f"CSV index not found: {source}", "check the path")
     paths: list[str] = []
-    firsts: list[int] = []  # the line each row starts on
     labels: list[str] = []
     splits: list[str] = []
     no_path: list[int] = []
@@ -135,7 +134,6 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 if "path" in path and [f.strip().lstrip("\ufeff") for f in row] == columns:
                     header_again.append((first, len(paths)))
                 paths.append(path)
-                firsts.append(first)
                 if has_label:
                     # "a.png, cat" is class cat, as "path, label" names the label column.
                     written = row[label_at] if label_at < width else ""
@@ -189,7 +187,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "every row needs a path and a label",
         )
     _refuse_spaced_paths(source, paths, spaced)
-    _refuse_foreign_paths(source, paths, firsts)
+    _refuse_foreign_paths(source, paths)
     _refuse_itself(source, paths, own_name)
     if bad_split:
         raise InputError(
@@ -198,7 +196,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             "the split column takes train, val or test",
         )
     rows = IndexRows(source, paths, labels if has_label else None, splits if has_split else None)
-    _drop_repeated_rows(rows, firsts, on_purpose="repeat" in columns)
+    _drop_repeated_rows(rows, on_purpose="repeat" in columns)
     return rows
 
 
@@ -296,7 +294,7 @@ def _foreign_kind(path: str) -> str | None:
     return None
 
 
-def _refuse_foreign_paths(source: Path, paths: list[str], firsts: list[int]) -> None:
+def _refuse_foreign_paths(source: Path, paths: list[str]) -> None:
     """Paths that name no file because they are written for a shell (`~/x.png`), the web
     (`https://...`) or Windows (`C:\\data\\x.png`, `cat\\x.png`) are an error naming their
     lines, where each was an unreadable "file not found" (`CSV_FOLDER/~/x.png`). Read as
@@ -309,10 +307,12 @@ def _refuse_foreign_paths(source: Path, paths: list[str], firsts: list[int]) -> 
     for row, path in enumerate(paths):
         kind = _foreign_kind(path)
         if kind is not None and not os.path.lexists(os.path.join(base, path)):
-            found.setdefault(kind, []).append((firsts[row], path))
+            found.setdefault(kind, []).append((row, path))
     if not found:
         return
     kind, rows = next(iter(found.items()))
+    firsts = _row_lines(source)
+    rows = [(firsts[row], path) for row, path in rows]
     what = f"{source} has {len(rows)} row(s) whose path "
     # As written: repr would double a Windows path's backslashes.
     shown = "; ".join(f"line {line}: {path}" for line, path in rows[:3])
@@ -365,7 +365,22 @@ def _path_keys(rows: IndexRows) -> list[str]:
     return [os.path.normpath(os.path.join(base, path)) for path in rows.paths]
 
 
-def _drop_repeated_rows(rows: IndexRows, firsts: list[int], *, on_purpose: bool) -> None:
+def _row_lines(source: Path) -> list[int]:
+    """The line each row of the index starts on, read again (only for the rows an error or a
+    warning names: a number per row of a million-row index costs its reading time)."""
+    lines: list[int] = []
+    with open_text(source, "utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        next(reader, None)
+        line = reader.line_num
+        for row in reader:
+            first, line = line + 1, reader.line_num
+            if row:  # a blank line is no row, as `read_index_rows` reads them
+                lines.append(first)
+    return lines
+
+
+def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
     """Rows naming one file: an error where they give it two labels (its label is a guess:
     train trained it as both) or put it in two splits (it leaks from one into the other), each
     naming the lines of the first such pair; else the later rows are left out of `rows`, their
@@ -373,6 +388,7 @@ def _drop_repeated_rows(rows: IndexRows, firsts: list[int], *, on_purpose: bool)
     keys = _path_keys(rows)
     if len(set(keys)) == len(keys):
         return
+    firsts = _row_lines(rows.source)
     first_row: dict[str, int] = {}
     labels, splits = rows.labels, rows.splits
     two_labels: list[tuple[int, int]] = []
