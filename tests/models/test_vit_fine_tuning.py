@@ -77,6 +77,15 @@ def test_a_vit_fine_tunes_and_evaluates_at_another_size(tmp_path, make_image_fol
     )
     assert alone.returncode == 0, alone.stderr
     assert "resampled" not in alone.stderr  # built for the 16 px it records
+    # the checkpoint as --model is rebuilt as it records: its refusal names the way that works
+    refused = run_torchkit_in_process(
+        "train", "--model", "run/best.pt", "--trust-checkpoint", "--data", images,
+        "--image-size", "24", "--val-split", "0.5", "--out", "run2", *common, cwd=tmp_path,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert error_line(refused.stderr).endswith(
+        f"or name it: --model {VIT} --weights run/best.pt resamples its position embeddings)"
+    )
 
 
 def test_timm_vit_embeddings_are_resampled_as_timm_does(tmp_path):

@@ -532,6 +532,7 @@ def _check_image_sizes(
     --image-size. A model too deep for small images is left to the first batch's refusal,
     which names the smallest size it takes."""
     from torchkit.core.models.image_size import meta_runner, smallest_side
+    from torchkit.core.models.position_embeddings import position_grids
 
     side = train_preprocess(preprocess, config).image_size
     resized = built_for is not None and built_for != preprocess.image_size
@@ -543,12 +544,18 @@ def _check_image_sizes(
     if resized and not runs(preprocess.image_size):
         size = preprocess.image_size
         if smallest_side(model, preprocess.in_channels, size) is None:
+            hint = f"drop --image-size to fine-tune at {built_for}, or train a new --model {arch} "
+            hint += f"at {size}"
+            if config.weights is None and any(position_grids(model)):  # a ViT as --model FILE
+                hint += (
+                    f", or name it: --model {arch} --weights {config.model} resamples its "
+                    "position embeddings"
+                )
             raise UsageError(
                 f"--image-size {size}: {config.weights or config.model} ({arch}) does not run "
                 f"on {size}x{size} images; it is built for the {built_for} px its checkpoint "
                 "records",
-                f"drop --image-size to fine-tune at {built_for}, or train a new --model {arch} "
-                f"at {size}",
+                hint,
             )
     if side != preprocess.image_size and not runs(side):
         raise UsageError(
