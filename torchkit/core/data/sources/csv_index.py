@@ -407,7 +407,7 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
             rows.repeated.append((firsts[row], firsts[earlier]))
     for pairs, values, what, hint in (
         (two_labels, labels, "labels", "an image has one label: fix or remove one of the rows"),
-        (two_splits, splits, "splits", "an image in two splits leaks from one into the other"),
+        (two_splits, splits, "splits", "keep one of the rows: an image in two splits leaks"),
     ):
         if pairs:
             earlier, row = pairs[0]
