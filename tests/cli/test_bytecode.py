@@ -130,3 +130,33 @@ def test_an_environment_the_installer_compiled_is_read_as_it_is(monkeypatch, tmp
         pytest.skip("needs a writable virtual environment")
     assert bytecode.keep_bytecode_cache() is None
     assert sys.dont_write_bytecode is True and sys.pycache_prefix is None
+
+
+def test_a_full_disk_leaves_no_cut_short_bytecode_to_fail_the_next_start(
+    small_tmpfs, tmp_path, monkeypatch
+):
+    """A .pyc that the disk had room for only part of was renamed into place all the same: every
+    later import of that module failed ("EOFError: marshal data too short"), room made or not."""
+    import importlib
+    import importlib._bootstrap_external as external
+    import marshal
+
+    from disks import fill_disk
+
+    name = "torchkit_test_big_module"
+    (tmp_path / f"{name}.py").write_text(f"DATA = {bytes(range(256)) * 400!r}\n")  # a 100 KB .pyc
+    cache = fill_disk(small_tmpfs(256), leave=32 * 1024)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "pycache_prefix", str(cache / "pyc"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    monkeypatch.setattr(external, "_write_atomic", external._write_atomic)  # put back after
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    bytecode.keep_bytecode_cache()  # what every torchkit start calls first
+    assert len(importlib.import_module(name).DATA) == 102_400
+    cached = importlib.util.cache_from_source(str(tmp_path / f"{name}.py"))
+    if os.path.exists(cached):  # none, or a whole one
+        with open(cached, "rb") as handle:
+            marshal.loads(handle.read()[16:])
+    (cache / "filler").unlink()  # room made: the next start imports it
+    del sys.modules[name]
+    assert len(importlib.import_module(name).DATA) == 102_400
