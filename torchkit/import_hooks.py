@@ -9,7 +9,6 @@ import importlib.abc
 import sys
 import threading
 import types
-from collections.abc import Iterator
 from typing import Any
 
 
@@ -25,10 +24,8 @@ class WrappingFinder(importlib.abc.MetaPathFinder):
     def wants(self, name: str) -> bool:
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def running(self, module: types.ModuleType) -> Iterator[None]:
+    def running(self, module: types.ModuleType) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
-        yield
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if getattr(self._asking, "now", False) or not self.wants(name):

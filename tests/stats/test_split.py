@@ -23,7 +23,7 @@ from processes import run_torchkit_in_process
 
 from torchkit.cli import app
 from torchkit.core.data.sources import csv_samples, open_data
-from torchkit.core.data.sources.discovery import discover_image_folder, list_image_files
+from torchkit.core.data.sources.discovery import discover_image_folder, list_folders
 from torchkit.core.data.sources.splitting import largest_remainder_counts, stratified_split
 from torchkit.core.io.errors import InputError, OutputExistsError, UsageError
 from torchkit.core.split import files as split_files
@@ -240,7 +240,7 @@ def test_fast_listing_matches_image_folders_walk(tmp_path):
             if os.path.isfile(os.path.join(top, name))
             and os.path.splitext(name)[1].lower() in {".png", ".jpg"}
         )
-        assert list_image_files(folder) == expected
+        assert list_folders([folder]).images[0] == expected
 
 
 # --------------------------------------------------------------------------- the split itself

@@ -186,8 +186,3 @@ def hash_file(
         return digest, phash_bytes(data, floor=floor)
     except Exception:  # noqa: BLE001 - any decoder failure: no perceptual hash
         return digest, None
-
-
-def hex_hash(value: int) -> str:
-    """A 64-bit hash as 16 hexadecimal digits (imagededup's spelling)."""
-    return f"{value:016x}"

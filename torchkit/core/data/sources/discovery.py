@@ -195,14 +195,6 @@ def list_folders(
     )
 
 
-def list_image_files(folder: str | os.PathLike) -> list[str]:
-    """Image files under `folder`, recursively, sorted (`list_folders`): what
-    `sorted(Path.rglob("*"))` filtered by `is_file()` and extension gives, linked folders
-    entered, but with `os.scandir`, so 100,000 files take a fraction of a second instead of
-    several."""
-    return list_folders([folder]).images[0]
-
-
 def list_non_image_files(
     folder: str | os.PathLike, *, within: str | os.PathLike | None = None
 ) -> list[str]:
@@ -243,7 +235,6 @@ def discover_image_folder(
     root: str | os.PathLike,
     *,
     classes: Sequence[str] | None = None,
-    allow_empty_classes=True,
     within: str | os.PathLike | None = None,
 ) -> Samples:
     """`ROOT/<class>/<image>` (searched recursively inside each class folder, `list_folders`);
