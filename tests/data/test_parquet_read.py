@@ -497,3 +497,16 @@ def test_an_empty_classlabel_name_is_one_error_line_naming_the_rows_of_that_clas
     assert "name class 1 with an empty name" in error_line(
         run_torchkit_in_process("dataset-stats", data).stderr
     )
+
+
+def test_an_image_of_a_path_alone_is_unreadable_naming_that_path(tmp_path):
+    """HF's Image {bytes: null, path: "x.png"} (a dataset saved without its images embedded)
+    was "the row's image is null (no bytes)", which hid the file it names."""
+    data = write_parquet(
+        tmp_path / "d.parquet", [png(0), None], [0, 1], image_paths=[None, "imgs/x.png"]
+    )
+    result = run_torchkit_in_process("dataset-stats", data, "--strict")
+    assert result.returncode == 1
+    assert "the row's image has no bytes, only a path (imgs/x.png), which torchkit does not " in (
+        error_line(result.stderr)
+    )

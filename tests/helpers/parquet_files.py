@@ -24,9 +24,11 @@ def write_parquet(
     *,
     names: Sequence[str] | None = CLASSES_LIST,
     row_group_size: int = 4,
+    image_paths: Sequence[str | None] | None = None,
 ) -> Path:
     """A parquet file as HF's `datasets` writes one: an `image` struct {bytes, path}, an int
-    `label`, and the `huggingface` schema metadata naming the features."""
+    `label`, and the `huggingface` schema metadata naming the features. `image_paths`: each
+    image's `path` (a null image with a path: a dataset saved without its images embedded)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -36,7 +38,13 @@ def write_parquet(
     if labels is None:
         features.pop("label")
     metadata = {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
-    columns: dict = {"image": [None if b is None else {"bytes": b, "path": None} for b in images]}
+    paths = image_paths or [None] * len(images)
+    columns: dict = {
+        "image": [
+            None if b is None and p is None else {"bytes": b, "path": p}
+            for b, p in zip(images, paths, strict=True)
+        ]
+    }
     if labels is not None:
         columns["label"] = labels
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -159,8 +159,28 @@ class ParquetImages:
             images = self._row_group(file, group)
         value = images[row].as_py()
         if value is None:
-            raise NullImage("the row's image is null (no bytes)")
+            raise NullImage(self._null_reason(file, group, row))
         return value
+
+    def _null_reason(self, file: int, group: int, row: int) -> str:
+        """Why a row has no image bytes: an HF Image of a `path` alone (a dataset saved without
+        its images embedded) says which file it names, which torchkit does not open."""
+        pa = import_extra_pyarrow()
+        column = self.columns[file]
+        try:
+            with _reading:
+                _, handle = self._opened[file]
+                table = handle.read_row_group(group, columns=[column], use_threads=False)
+            value = table.column(0)[row].as_py()
+        except (KeyError, OSError, pa.ArrowException):
+            value = None
+        path = value.get("path") if isinstance(value, dict) else None
+        if not path:
+            return "the row's image is null (no bytes)"
+        return (
+            f"the row's image has no bytes, only a path ({path}), which torchkit does not open: "
+            "save the dataset with its images embedded"
+        )
 
     def _row_group(self, file: int, group: int) -> Any:
         """The image bytes of one row group (a pyarrow binary array, nulls where the image or
