@@ -112,6 +112,18 @@ def test_timm_vit_embeddings_are_resampled_as_timm_does(tmp_path):
     )
 
 
+def test_a_torchvision_vit_at_a_size_its_patches_do_not_divide_names_sizes_that_work():
+    """Before -> 'cannot build vit_b_16 for 56x56 images: Input shape indivisible by patch
+    size!' and no way forward; now the hint names the sizes around it that its patches divide
+    (the refusal comes at the build, before any weight is made)."""
+    refused = run_torchkit_in_process("summary", "vit_b_16", "--input-size", "3,56,56")
+    assert refused.returncode == 2
+    assert error_line(refused.stderr) == (
+        "Error: cannot build vit_b_16 for 56x56 images: Input shape indivisible by patch size! "
+        "(use an --image-size that is a multiple of 16, such as 48 or 64)"
+    )
+
+
 def timm_checkpoint(path: Path) -> tuple[dict, dict]:
     """A checkpoint as timm's train.py saves one with --model-ema: `state_dict` and
     `state_dict_ema` (DDP's `module.` on the EMA's keys), its options as an argparse

@@ -260,7 +260,17 @@ def torchvision_random(
         if kwarg is None or not extra:
             raise
         reason = " ".join(str(error).split())  # MaxViT's spans two lines
-        raise UsageError(f"cannot build {name} for {size[0]}x{size[1]} images: {reason}") from error
+        hint = None
+        patch = name.rsplit("_", 1)[-1]
+        if kwarg == "image_size" and patch.isdigit():  # vit_b_16: 16 px patches
+            step, side = int(patch), size[0]
+            low = max(step, side // step * step)
+            hint = (
+                f"use an --image-size that is a multiple of {step}, such as {low} or {low + step}"
+            )
+        raise UsageError(
+            f"cannot build {name} for {size[0]}x{size[1]} images: {reason}", hint
+        ) from error
 
 
 def torchvision_pretrained(name: str, weights: str):
