@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoints import write_convnet_checkpoint
 from nets import tiny_vit
 from output_checks import error_line
 from processes import run_torchkit_in_process
@@ -77,6 +78,17 @@ def test_a_vit_fine_tunes_and_evaluates_at_another_size(tmp_path, make_image_fol
     )
     assert alone.returncode == 0, alone.stderr
     assert "resampled" not in alone.stderr  # built for the 16 px it records
+    named = run_torchkit_in_process(
+        "eval", VIT, "--weights", "run/best.pt", "--data", images, *common, cwd=tmp_path
+    )
+    assert named.returncode == 0, named.stderr
+    assert "resampled" not in named.stderr  # the factory built for the 16 px it records
+    # a checkpoint of another architecture is refused as one, not built for at its size
+    write_convnet_checkpoint(tmp_path / "conv.pt", in_channels=3, image_size=28, classes="ab")
+    other = run_torchkit_in_process(
+        "eval", VIT, "--weights", "conv.pt", "--data", images, cwd=tmp_path
+    )
+    assert error_line(other.stderr).startswith(f"Error: conv.pt holds a convnet, not a {VIT}")
     # the checkpoint as --model is rebuilt as it records: its refusal names the way that works
     refused = run_torchkit_in_process(
         "train", "--model", "run/best.pt", "--trust-checkpoint", "--data", images,

@@ -225,8 +225,8 @@ def resolve_model(
         if ahead is None or not ahead.reads(weights, trust_checkpoint):
             ahead = ReadAhead(weights, trust_checkpoint) if weights is not None else None
         if is_callable_spec(spec):
-            if weights is not None and image_size is None:  # a factory that takes the size
-                image_size = _weights_input(ahead)[0]  # is built for the file's, if recorded
+            if weights is not None and image_size is None and _records_arch(ahead, spec):
+                image_size = _weights_input(ahead)[0]  # a factory that takes it: as trained
             resolved = _from_callable(spec, build_classes, image_size)
         elif spec in BUILTIN_MODELS:
             if weights is not None and (image_size is None or in_channels is None):
@@ -666,6 +666,13 @@ class ReadAhead:
     def content_if_read(self, path: str | None, trust_checkpoint: bool) -> Any:
         """What was read of `path` as `trust_checkpoint` loads it; None if nothing was."""
         return self._content if self.reads(path, trust_checkpoint) else None
+
+
+def _records_arch(ahead: ReadAhead | None, spec: str) -> bool:
+    """Whether the weights file is a torchkit checkpoint of `spec` (one of another
+    architecture is refused as such when it is loaded, not built for at its size)."""
+    loaded = ahead.content() if ahead is not None else None
+    return isinstance(loaded, Mapping) and loaded.get("arch") == spec
 
 
 def _weights_input(ahead: ReadAhead | None) -> tuple[int | None, int | None]:
