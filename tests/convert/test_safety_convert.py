@@ -469,3 +469,42 @@ def test_report_beside_the_outputs_in_the_working_directory(work):
     report = json.loads((work / "report.json").read_text())
     assert report["written"] == [{"path": "one.npy", "shape": [8, 8, 3], "dtype": "uint8"}]
     assert np.load(work / "one.npy").shape == (8, 8, 3)
+
+
+def _old_dst_and_source(kind: str, folder: Path) -> tuple[list[str], Path]:
+    """(the command line before DST, the DST it writes) of one file-writing convert command."""
+    if kind == "checkpoint":
+        return ["convert", "checkpoint", str(write_state_dict(folder / "src.pt"))], folder / "d.pt"
+    if kind == "average":
+        sources = [write_state_dict(folder / f"src{i}.pt") for i in range(2)]
+        return ["convert", "checkpoint", "--average", *map(str, sources)], folder / "d.pt"
+    if kind == "tensor":
+        np.save(folder / "src.npy", np.arange(12, dtype=np.float32).reshape(3, 4))
+        return ["convert", "tensor", str(folder / "src.npy")], folder / "d.pt"
+    from checkpoints import write_convnet_checkpoint
+
+    source = folder / "convnet.pt"
+    write_convnet_checkpoint(source, in_channels=3, image_size=8, classes="ab")
+    return ["convert-syncbn", str(source)], folder / "d.pt"
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "average", "tensor", "syncbn"])
+def test_a_report_the_full_disk_refuses_leaves_the_old_dst_and_report(tmp_path, small_tmpfs, kind):
+    """`convert ... SRC DST -o REPORT --force` where REPORT's disk is full: the new DST was left
+    in place of the old one while the command failed. Both old files are as they were, and
+    nothing is left beside them."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    before, dst = _old_dst_and_source(kind, folder)
+    dst.write_bytes(b"the old result")
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    done = run_torchkit_in_process(*before, dst, "-o", report, "--force")
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr).startswith(f"Error: cannot write {report}: No space left")
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "report.json"]
+    assert dst.read_bytes() == b"the old result"
+    assert not [name for name in os.listdir(folder) if name.startswith(".")]

@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, format_rate, resolve_format
+from torchkit.cli.render import Table, emit, format_rate, report_file, resolve_format
 from torchkit.core.io.sizes import SIZE_RULE
 from torchkit.core.io.wording import counted
 
@@ -201,6 +201,7 @@ def tensor(
     """
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor, writes_file
+    from torchkit.core.io.outputs import ReplacedFiles
 
     fmt = resolve_format(fmt, output)
     dst = product_path(dst, out_option, name="DST")
@@ -218,16 +219,37 @@ def tensor(
         nrow=nrow,
         quality=quality,
     )
-    with progress_bar("converting") as progress:
-        report = convert_tensor(
-            src,
-            dst,
-            options,
-            force=force,
-            workers=workers,
-            strict=strict,
-            progress=progress,
+    # A file DST that --force replaces is set aside until the report is written too (export's
+    # rule): a report the disk has no room for leaves the old DST and report as they were. A
+    # folder DST is OutputFolder's, which has replaced the old one once the conversion is done.
+    with ReplacedFiles() as replaced:
+        one_file = not Path(src).is_dir() and not Path(dst).is_dir()
+        if one_file:
+            replaced.set_aside(dst)  # before convert_tensor checks DST again
+        with progress_bar("converting") as progress:
+            report = convert_tensor(
+                src,
+                dst,
+                options,
+                force=force,
+                workers=workers,
+                strict=strict,
+                progress=progress,
+            )
+        if one_file and not Path(dst).is_dir():  # not a batch split into a new folder
+            replaced.wrote(dst)
+        _emit_tensor_report(report, fmt, output, force, dst, replaced)
+    if report.failed:  # as `cp -r`: the others are converted, and the command failed
+        from torchkit.core.io.errors import InputError
+
+        raise InputError(
+            f"{report.failed} of {report.converted + report.failed} files could not be "
+            f"converted into {report.destination}",
+            "the warnings above say which and why; --strict stops at the first",
         )
+
+
+def _emit_tensor_report(report, fmt, output, force, dst, replaced) -> None:
     if report.folder:
         table = Table(
             ["converted", "skipped", "failed", "files written", "destination"],
@@ -247,15 +269,8 @@ def tensor(
             ["file", "shape", "dtype"],
             [[w.path, _shape(w.shape), w.dtype] for w in report.written],
         )
+    replaced.set_aside(report_file(output))  # before emit checks it again
     emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force, written=[dst])
-    if report.failed:  # as `cp -r`: the others are converted, and the command failed
-        from torchkit.core.io.errors import InputError
-
-        raise InputError(
-            f"{report.failed} of {report.converted + report.failed} files could not be "
-            f"converted into {report.destination}",
-            "the warnings above say which and why; --strict stops at the first",
-        )
 
 
 def cifar(
@@ -426,6 +441,7 @@ def checkpoint(
     from torchkit.core.convert.checkpoint import convert_checkpoint
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.outputs import ReplacedFiles
 
     fmt = resolve_format(fmt, output)
     if out_option is not None:  # --out DST: every path given is a source
@@ -458,18 +474,26 @@ def checkpoint(
         )
     src, dst = paths
     check_report_output(output, force, source=src, destination=dst)
+    # An old DST and report replaced with --force are set aside until both new ones are in
+    # place (export's rule): a report the disk has no room for leaves both as they were.
+    with ReplacedFiles() as replaced:
+        replaced.set_aside(dst)  # before convert_checkpoint checks DST again
+        report = convert_checkpoint(
+            src,
+            dst,
+            key=key,
+            strip_prefix=strip_prefix,
+            add_prefix=add_prefix,
+            dtype=dtype.value if dtype else None,
+            trust_checkpoint=trust_checkpoint,
+            force=force,
+            to=to.value if to else None,
+        )
+        replaced.wrote(dst)
+        _emit_checkpoint_report(report, fmt, output, force, dst, replaced)
 
-    report = convert_checkpoint(
-        src,
-        dst,
-        key=key,
-        strip_prefix=strip_prefix,
-        add_prefix=add_prefix,
-        dtype=dtype.value if dtype else None,
-        trust_checkpoint=trust_checkpoint,
-        force=force,
-        to=to.value if to else None,
-    )
+
+def _emit_checkpoint_report(report, fmt, output, force, dst, replaced) -> None:
     if report.not_taken:
         from torchkit.cli import console
 
@@ -497,6 +521,7 @@ def checkpoint(
         ["entries left out", len(report.skipped_entries)],
     ]
     table = Table(["quantity", "value"], rows)
+    replaced.set_aside(report_file(output))  # before emit checks it again
     emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force, written=[dst])
 
 
@@ -517,6 +542,7 @@ def _average(
     from torchkit.core.convert.averaging import write_average
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.io.errors import UsageError
+    from torchkit.core.io.outputs import ReplacedFiles
 
     if len(paths) < 3:
         raise UsageError(
@@ -531,14 +557,21 @@ def _average(
     *sources, destination = paths
     for source in sources:
         check_report_output(output, force, source=source, destination=destination)
-    report = write_average(
-        sources,
-        destination,
-        force=force,
-        allow_nonfinite=allow_nonfinite,
-        trust_checkpoint=trust_checkpoint,
-        to=to,
-    )
+    with ReplacedFiles() as replaced:  # as a single conversion's DST and report
+        replaced.set_aside(destination)
+        report = write_average(
+            sources,
+            destination,
+            force=force,
+            allow_nonfinite=allow_nonfinite,
+            trust_checkpoint=trust_checkpoint,
+            to=to,
+        )
+        replaced.wrote(destination)
+        _emit_average_report(report, fmt, output, force, destination, replaced)
+
+
+def _emit_average_report(report, fmt, output, force, destination, replaced) -> None:
     rows = [
         ["sources", ", ".join(report["sources"])],
         ["destination", report["destination"]],
@@ -548,6 +581,7 @@ def _average(
         ["values (parameters and buffers)", report["values"]],
         ["tensors averaged (floating point)", report["averaged_tensors"]],
     ]
+    replaced.set_aside(report_file(output))  # before emit checks it again
     emit(tables=[Table(["quantity", "value"], rows)], data=report, fmt=fmt, output=output,
          force=force, written=[destination])  # fmt: skip
 

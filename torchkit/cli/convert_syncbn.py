@@ -18,7 +18,7 @@ from torchkit.cli.options import (
     model_argument,
     product_path,
 )
-from torchkit.cli.render import Table, emit, resolve_format
+from torchkit.cli.render import Table, emit, report_file, resolve_format
 
 REPORT_COLUMNS = ["name", "type", "num_features", "affine", "track_running_stats"]
 CONVERSION_COLUMNS = [
@@ -91,6 +91,7 @@ def convert_syncbn(
       torchkit convert-syncbn net-sync.pt net-bn.pt --trust-checkpoint --revert -i 3,224,224
     """
     from torchkit.core.convert import syncbn
+    from torchkit.core.io.outputs import ReplacedFiles
 
     fmt = resolve_format(fmt, output)
     destination = product_path(destination, out_option, required=False, name="DST")
@@ -98,61 +99,70 @@ def convert_syncbn(
         destination = str(destination)
     # Every output, before any work: not SRC nor the weights, not each other, --force to replace.
     syncbn.check_outputs(source, destination, output, weights=weights, force=force)
-    if destination is None:
-        if input_size is not None or image_size is not None:
-            raise typer.BadParameter(
-                "goes with SRC DST --revert", param_hint="'--input-size/--image-size'"
+    with ReplacedFiles() as replaced:
+        if destination is None:
+            if input_size is not None or image_size is not None:
+                raise typer.BadParameter(
+                    "goes with SRC DST --revert", param_hint="'--input-size/--image-size'"
+                )
+            report = syncbn.batchnorm_report(
+                source,
+                revert=revert,
+                num_classes=num_classes,
+                weights=weights,
+                trust_checkpoint=trust_checkpoint,
             )
-        report = syncbn.batchnorm_report(
-            source,
-            revert=revert,
-            num_classes=num_classes,
-            weights=weights,
-            trust_checkpoint=trust_checkpoint,
-        )
-        columns = REPORT_COLUMNS
-        title = (
-            f"{report['count']} {'SyncBatchNorm' if revert else 'BatchNorm'} layers of "
-            f"{report['model']} would become {report['target']}"
-        )
-    else:
-        if weights is not None or num_classes is not None:
-            raise typer.BadParameter(
-                "go with a model name, not with SRC DST", param_hint="'--weights/--num-classes'"
+            columns = REPORT_COLUMNS
+            title = (
+                f"{report['count']} {'SyncBatchNorm' if revert else 'BatchNorm'} layers of "
+                f"{report['model']} would become {report['target']}"
             )
-        from torchkit.core.input_size import parse_input_size, square_sample
+        else:
+            if weights is not None or num_classes is not None:
+                raise typer.BadParameter(
+                    "go with a model name, not with SRC DST", param_hint="'--weights/--num-classes'"
+                )
+            from torchkit.core.input_size import parse_input_size, square_sample
 
-        if input_size is not None and image_size is not None:
-            raise typer.BadParameter(
-                "--image-size and --input-size both give the sample", param_hint="'--image-size'"
+            if input_size is not None and image_size is not None:
+                raise typer.BadParameter(
+                    "--image-size and --input-size both give the sample",
+                    param_hint="'--image-size'",
+                )
+            if not revert and (input_size is not None or image_size is not None):
+                # converting to SyncBatchNorm needs no sample: it would be ignored
+                raise typer.BadParameter(
+                    "goes with SRC DST --revert", param_hint="'--input-size/--image-size'"
+                )
+            sample_shape = None
+            if input_size is not None:
+                sample_shape = parse_input_size(input_size)
+            elif image_size is not None:
+                sample_shape = square_sample(None, image_size)
+            # An old DST and report replaced with --force are set aside until both new ones are in
+            # place (export's rule): a report the disk has no room for leaves both as they were.
+            replaced.set_aside(destination)  # before convert_saved_model checks DST again
+            report = syncbn.convert_saved_model(
+                source,
+                destination,
+                revert=revert,
+                trust_checkpoint=trust_checkpoint,
+                force=force,
+                sample_shape=sample_shape,
             )
-        if not revert and (input_size is not None or image_size is not None):
-            # converting to SyncBatchNorm needs no sample: it would be ignored
-            raise typer.BadParameter(
-                "goes with SRC DST --revert", param_hint="'--input-size/--image-size'"
-            )
-        sample_shape = None
-        if input_size is not None:
-            sample_shape = parse_input_size(input_size)
-        elif image_size is not None:
-            sample_shape = square_sample(None, image_size)
-        report = syncbn.convert_saved_model(
-            source,
-            destination,
-            revert=revert,
-            trust_checkpoint=trust_checkpoint,
-            force=force,
-            sample_shape=sample_shape,
+            replaced.wrote(destination)
+            columns = CONVERSION_COLUMNS if revert else CONVERSION_COLUMNS[:-1]
+            title = f"{report['count']} layers converted to {report['target']} ({report['kind']})"
+        table = Table(
+            columns=columns,
+            rows=[[row[c] for c in columns] for row in report["layers"]],
+            title=title,
+            align_right={"num_features"},
         )
-        columns = CONVERSION_COLUMNS if revert else CONVERSION_COLUMNS[:-1]
-        title = f"{report['count']} layers converted to {report['target']} ({report['kind']})"
-    table = Table(
-        columns=columns,
-        rows=[[row[c] for c in columns] for row in report["layers"]],
-        title=title,
-        align_right={"num_features"},
-    )
-    emit(tables=[table], data=report, fmt=fmt, output=output, force=force, written=[destination])
+        replaced.set_aside(report_file(output))  # before emit checks it again
+        emit(
+            tables=[table], data=report, fmt=fmt, output=output, force=force, written=[destination]
+        )
     if destination is not None:
         console.note(f"wrote {report['destination']}")
 

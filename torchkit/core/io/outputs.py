@@ -585,6 +585,17 @@ class ReplacedFiles:
         self._new: dict[Path, FileId | None] = {}  # the new files where none was set aside
         self._missing: list[Path] = []  # folders above the outputs not there yet, deepest first
 
+    def __enter__(self) -> ReplacedFiles:
+        return self
+
+    def __exit__(self, exc_type, *_: object) -> None:
+        """The block's outputs are kept when it ends well, and put back when it raises
+        (SIGINT and SIGTERM included)."""
+        if exc_type is None:
+            self.keep()
+        else:
+            self.put_back()
+
     def set_aside(self, path: str | os.PathLike | None) -> None:
         """Before `path` is written, and before its last `check_output_file` (which records the
         old file's change time: the link changes it). Stdout and special files, written into
@@ -752,6 +763,37 @@ _WRITE_HINTS = {
 }
 
 
+SHARED_MEMORY = Path("/dev/shm")  # where worker processes' semaphores and batches live
+_SHARED_MEMORY_SIGNS = ("</torch_", "shared memory", "shm")
+
+
+def shared_memory_full(error: BaseException) -> OutputWriteError | None:
+    """The error that `error` means where it is a full /dev/shm: the semaphores of a worker
+    pool (an OSError ENOSPC naming no file) or torch's shared memory for a DataLoader worker's
+    batch ("unable to write to file </torch_...>: No space left on device (28)"). A container's
+    is 64 MB unless made larger; the output's disk, which a bare ENOSPC was blamed on, may
+    have all the room it needs. None: not that, or /dev/shm has room."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG):
+        named = error.filename
+        if named is not None and not os.path.abspath(os.fspath(named)).startswith(
+            f"{SHARED_MEMORY}{os.sep}"
+        ):
+            return None
+    else:
+        text = str(error)
+        if not any(sign in text for sign in _SHARED_MEMORY_SIGNS) or not (
+            "No space left" in text or "(28)" in text
+        ):
+            return None
+    if _file_system_problem(SHARED_MEMORY / "x") != errno.ENOSPC:
+        return None
+    return OutputWriteError(
+        f"no space left in {SHARED_MEMORY}, the shared memory that worker processes pass "
+        "their work through",
+        "free some there, use --workers 0, or give it more room: docker run --shm-size=1g",
+    )
+
+
 def write_failure_reason(target: str | os.PathLike, error: BaseException) -> str:
     """errno's words where there is an errno; otherwise what the file system says now (torch's
     and NumPy's writers report a short write without the reason)."""
@@ -771,6 +813,10 @@ def as_write_error(error: BaseException, target: str | os.PathLike) -> OutputWri
     576 vs 534"), NumPy's "120000 requested and 12160 written" (the file system says why)."""
     if isinstance(error, OutputWriteError):
         return error
+    if _file_system_problem(target) is None:  # the output's disk has room: another one's?
+        shared = shared_memory_full(error)
+        if shared is not None:
+            return shared
     if is_write_error(error, target):
         return write_error(target, error)
     text = str(error)
