@@ -213,3 +213,17 @@ def test_a_path_written_for_a_shell_the_web_or_windows_is_an_error_naming_its_li
         (tmp_path / "~").mkdir()
         (tmp_path / "~" / "x.png").hardlink_to(tmp_path / "imgs" / "x" / "x_0.png")
         assert dataset_stats(index)["images"] == 4
+
+
+def test_an_index_of_semicolons_or_tabs_is_said_to_be_so(tmp_path):
+    """Excel saves "CSV" with semicolons where the decimal mark is a comma: the error named a
+    column `path;label` and asked for `path` and `label` columns, which it seemed to have."""
+    index = write_index(tmp_path, ["a", "b"])
+    text = index.read_text(encoding="utf-8")
+    for separator, name in ((";", "semicolons"), ("\t", "tabs")):
+        index.write_text(text.replace(",", separator), encoding="utf-8")
+        result = run_torchkit_in_process("dataset-stats", index)
+        assert result.returncode == 1
+        assert error_line(result.stderr).startswith(
+            f"Error: {index} separates its columns with {name}, not commas (line 1: "
+        )

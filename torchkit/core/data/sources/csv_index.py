@@ -105,6 +105,14 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                 )
             if "path" not in columns or (labelled and "label" not in columns):
                 has = ", ".join(columns) if columns else "nothing: the file is empty"
+                for separator, name in ((";", "semicolons"), ("\t", "tabs")):
+                    if len(columns) == 1 and "path" in columns[0].split(separator):
+                        # Excel's "CSV" where the decimal mark is a comma (de, fr...): `;`.
+                        raise InputError(
+                            f"{source} separates its columns with {name}, not commas "
+                            f"(line 1: {header[0]!r})",
+                            "write it with commas between the columns, e.g. path,label",
+                        )
                 raise InputError(
                     f"{source} needs `path` and `label` columns (line 1 has {has})",
                     "the first line names the columns, e.g. path,label or path,label,split"
