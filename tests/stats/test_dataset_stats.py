@@ -14,8 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from disks import fill_disk
 from image_folders import SIXTEEN_BIT_GRAY
+from output_checks import error_line
 from PIL import Image
+from processes import run_torchkit_in_process
 
 from torchkit.cli import app
 from torchkit.core.io.errors import InputError
@@ -827,3 +830,30 @@ def test_memory_per_image_of_the_pass(tmp_path, monkeypatch):
     assert stats.images == n and stats.duplicate_files == n - 10
     assert stats.sizes.shape == (n, 3)
     assert gathered[0] / n < 100, gathered
+
+
+def test_a_side_csv_the_full_disk_refuses_leaves_the_old_report_and_csv(
+    tmp_path, make_image_folder, small_tmpfs
+):
+    """`dataset-stats DATA -o REPORT --leakage-csv PAIRS --force` where the disk of PAIRS is
+    full: the new report was left in place of the old one while the command failed. Both old
+    files are as they were now, and nothing is left beside them."""
+    data = tmp_path / "splits"
+    for split in ("train", "val"):
+        make_image_folder(data / split, {"a": 2, "b": 2})
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    report = reports / "stats.json"
+    report.write_text('{"old": "report"}\n')
+    disk = small_tmpfs(64)
+    pairs = disk / "pairs.csv"
+    pairs.write_text("old,pairs\n")
+    fill_disk(disk)
+    args = ["dataset-stats", data, "-o", report, "--leakage-csv", pairs, "--force", "-j", "0"]
+    done = run_torchkit_in_process(*args)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr).startswith(f"Error: cannot write {pairs}: No space left")
+    assert pairs.read_text() == "old,pairs\n"
+    assert sorted(os.listdir(disk)) == ["filler", "pairs.csv"]
+    assert report.read_text() == '{"old": "report"}\n'
+    assert os.listdir(reports) == ["stats.json"]

@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     split_option,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, report_file, resolve_format
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
 from torchkit.core.io.wording import counted
 
@@ -343,6 +343,7 @@ def dataset_stats(
 
       torchkit dataset-stats data/split --near-duplicates --leakage-csv pairs.csv
     """
+    from torchkit.core.io.outputs import ReplacedFiles
     from torchkit.core.runtime.plot_helper import plot_helper
     from torchkit.core.stats import (
         check_outputs,
@@ -374,21 +375,34 @@ def dataset_stats(
             )
         for note in stats.notes:
             console.note(note)
-        emit(
-            tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
-            data=stats.to_dict(),
-            fmt=fmt,
-            output=output,
-            force=force,
-            written=[plot, leakage_csv],  # `--plot /dev/stdout`: the report goes to stderr
-        )
-        if plot is not None:
-            written = plot_dataset_stats(stats, plot, force=force, painter=painter)
-            console.note(f"wrote {written}")
-        if leakage_csv is not None:
-            written = write_pairs_csv(stats, leakage_csv, force=force)
-            pairs = len(stats.leakage) + len(stats.near_duplicates)
-            console.note(f"wrote {written} ({pairs} pairs)")
+        # The report, plot and pairs an earlier run wrote are set aside until all the new ones
+        # are in place (export's rule): a plot or CSV the disk has no room for leaves every old
+        # file as it was, not a new report beside them.
+        notes = []
+        with ReplacedFiles() as replaced:
+            replaced.set_aside(report_file(output))  # before each writer checks its file again
+            emit(
+                tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
+                data=stats.to_dict(),
+                fmt=fmt,
+                output=output,
+                force=force,
+                written=[plot, leakage_csv],  # `--plot /dev/stdout`: the report goes to stderr
+            )
+            replaced.wrote(report_file(output))
+            if plot is not None:
+                replaced.set_aside(plot)
+                written = plot_dataset_stats(stats, plot, force=force, painter=painter)
+                replaced.wrote(plot)
+                notes.append(f"wrote {written}")
+            if leakage_csv is not None:
+                replaced.set_aside(leakage_csv)
+                written = write_pairs_csv(stats, leakage_csv, force=force)
+                replaced.wrote(leakage_csv)
+                pairs = len(stats.leakage) + len(stats.near_duplicates)
+                notes.append(f"wrote {written} ({pairs} pairs)")
+        for note in notes:  # once every file is in place
+            console.note(note)
 
 
 def _root(root: str | None, data: str | None) -> str:
