@@ -207,20 +207,28 @@ def test_model_specs_complete_the_files_torchkit_export_writes(tmp_path, monkeyp
     assert complete_model_name("m.") == ["m.onnx", "m.pt2", "m.ts"]
 
 
-def test_install_completion_installs_the_shell_it_is_given(tmp_path):
-    """`--install-completion zsh` from a bash prompt installed bash's script."""
-    from processes import run_torchkit_process
+def test_install_completion_installs_the_shell_it_is_given(tmp_path, monkeypatch, capfd):
+    """`--install-completion zsh` from a bash prompt installed bash's script. Through the app
+    as `main` calls it (its own `__call__` reads the words), in this process."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SHELL", "/bin/bash")
 
-    env = {"HOME": str(tmp_path), "SHELL": "/bin/bash"}
-    done = run_torchkit_process("--install-completion", "zsh", env=env)
-    assert done.returncode == 0, done.stderr
+    def torchkit(*words: str) -> tuple[int, str, str]:
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as ended:
+            app(args=list(words), prog_name="torchkit")
+        shown = capfd.readouterr()
+        return ended.value.code, shown.out, shown.err
+
+    code, _, err = torchkit("--install-completion", "zsh")
+    assert code == 0, err
     assert "_TORCHKIT_COMPLETE=complete_zsh" in (tmp_path / ".zfunc" / "_torchkit").read_text()
     assert "fpath+=~/.zfunc" in (tmp_path / ".zshrc").read_text()
     assert not (tmp_path / ".bash_completions").exists()
-    shown = run_torchkit_process("--show-completion", "fish", env=env)
-    assert shown.returncode == 0 and "complete --command torchkit" in shown.stdout
-    unknown = run_torchkit_process("--install-completion", "tcsh", env=env)
-    assert unknown.returncode == 2 and unknown.stderr.startswith("Error: unknown shell 'tcsh'")
+    code, out, _ = torchkit("--show-completion", "fish")
+    assert code == 0 and "complete --command torchkit" in out
+    code, _, err = torchkit("--install-completion", "tcsh")
+    assert code == 2 and err.startswith("Error: unknown shell 'tcsh'")
 
 
 def _install(monkeypatch, home, *argv):
