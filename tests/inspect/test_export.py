@@ -22,7 +22,7 @@ import torchvision
 from disks import FifoReader, fill_disk
 from image_folders import write_image_folder
 from output_checks import error_line
-from processes import run_torchkit_process
+from processes import run_torchkit_in_process, run_torchkit_process
 from torch import nn
 from typer.testing import CliRunner
 
@@ -663,7 +663,7 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_out_and_report(
     """`export CK OUT -o REPORT --force` where the disk of REPORT is full: the new OUT was left
     in place of the old one while the command failed. Both old files are as they were now, a
     new OUT that replaced nothing is gone (and the folder made for it), and nothing is left
-    beside them (a real process)."""
+    beside them."""
     folder = tmp_path / "models"
     folder.mkdir()
     out = folder / "m.ts" if old_out else folder / "made" / "m.ts"  # a folder export makes
@@ -674,7 +674,7 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_out_and_report(
     report.write_text('{"old": "report"}\n')
     fill_disk(disk)
     ck = str(world["root"] / "convnet.pt")
-    done = run_torchkit_process("export", ck, str(out), "-o", str(report), "--force")
+    done = run_torchkit_in_process("export", ck, out, "-o", report, "--force")
     assert done.returncode == 1, done.stderr
     line = error_line(done.stderr, besides="nothing")
     assert line.startswith(f"Error: cannot write {report}: No space left"), line
