@@ -284,13 +284,30 @@ def test_find_lr_starts_the_helper_before_torch_and_draws_with_it(runner, monkey
     assert not [p for p in out.iterdir() if p.suffix == ".npy"]
 
 
-def test_a_full_disk_is_the_commands_own_error(run_torchkit, small_tmpfs, tmp_path):
-    # A real process, so a real helper: it fails to write the plot (its small .npy fits), the
-    # command draws it itself and reports the full disk as it always did.
+def test_a_full_disk_is_the_commands_own_error(runner, monkeypatch, small_tmpfs, tmp_path):
+    # A real helper (started here as a command started without matplotlib starts one): it fails
+    # to write the plot (its small .npy fits), the command draws it itself and reports the full
+    # disk as it always did.
     data = write_image_folder(tmp_path / "data", {"a": 3, "b": 2})
     disk = small_tmpfs(16)
-    result = run_torchkit("dataset-stats", str(data), "-j", "0", "--plot", str(disk / "p.png"))
-    assert result.returncode == 1
+    answers: list = []
+
+    def start():
+        helper = _spawned()
+        call = helper.helper.call
+
+        def recorded(request, service=None):
+            answers.append(call(request, service))
+            return answers[-1]
+
+        helper.helper.call = recorded
+        return helper
+
+    monkeypatch.setattr(plot_helper, "start_plot_helper", start)
+    args = ["dataset-stats", str(data), "-j", "0", "--plot", str(disk / "p.png")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert answers == [None]  # the helper was asked and could not draw it: drawn here
     line = error_line(result.stderr)
     assert f"cannot write {disk / 'p.png'}" in line and "No space left" in line
     assert list(disk.iterdir()) == []
