@@ -2175,19 +2175,3 @@ def test_a_video_listed_on_stdin_is_never_the_csv_output(videos, tmp_path):
     assert "is the video" in error_line(refused.stderr)
     assert clip.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.avi"]
-
-
-# --- fast start ----------------------------------------------------------------------------------
-
-
-def test_help_does_not_import_cv2_or_torch():
-    code = (
-        "import sys\n"
-        "from typer.testing import CliRunner\n"
-        "from torchkit.cli import app\n"
-        "result = CliRunner().invoke(app, ['video-info', '--help'])\n"
-        "assert result.exit_code == 0 and '--segments' in result.stdout, result.stdout\n"
-        "heavy = {'cv2', 'torch'} & set(sys.modules)\n"
-        "assert not heavy, heavy\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
