@@ -18,7 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from disks import slow_io_env
+from disks import fill_disk, slow_io_env
 from output_checks import check_refused_untouched, error_line, tree_digest
 from processes import (
     processes_in_group,
@@ -327,6 +327,29 @@ def test_a_full_disk_is_an_error_not_a_skipped_video(tmp_path, small_tmpfs, clip
     assert f"cannot write {disk / 'frames'}" in line and "No space left" in line
     assert "could not be read" not in result.stderr
     assert tree_digest(clips) == before and os.listdir(disk) == []
+
+
+def test_a_report_the_full_disk_refuses_leaves_the_old_frames_and_report(
+    tmp_path, small_tmpfs, clips
+):
+    """`video-info -k K --extract-frames DIR -o REPORT --force` where REPORT's disk is full: the
+    new frames had replaced the old folder while the command failed. The old frames folder and
+    report are as they were now, and nothing is left beside them."""
+    old = tmp_path / "frames"
+    assert video_info(clips, "-k", "2", "--extract-frames", old).returncode == 0
+    before = tree_digest(old)
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    args = ["-k", "3", "--extract-frames", old, "-o", report, "--force", "-j", "0"]
+    result = video_info(clips, *args)
+    assert result.returncode == 1, result.stderr
+    assert error_line(result.stderr).startswith(f"Error: cannot write {report}: No space left")
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "report.json"]
+    assert tree_digest(old) == before
+    assert sorted(os.listdir(tmp_path)) == ["clips", "frames", disk.name]
 
 
 def test_a_frames_folder_removed_while_frames_are_written_stops_the_run(

@@ -166,6 +166,7 @@ def video_info(
       torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/
     """
     from torchkit.cli.options import former_short_flag
+    from torchkit.core.io.outputs import ReplacedFiles
     from torchkit.core.video import inspect_videos
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
@@ -191,33 +192,48 @@ def video_info(
         )
         _finish(tally, skip_errors)
         return
-    with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
-        infos = inspect_videos(
-            paths,
-            exact=exact,
-            decode_check=decode_check,
-            segments=segments,
-            sample_mode=sample_mode.value,
-            seed=seed,
-            extract_dir=extract_frames,
-            force=force,
-            workers=workers,
-            progress=advance,
-            report=report_file(output),  # checked against the videos before the work
-            stdin=stdin,
-        )
 
-    if fmt == OutputFormat.csv:
-        table = _csv_table(infos)
-    else:
-        table = _table(infos, exact=exact, segments=segments is not None)
-    emit(
-        tables=[table],
-        data=[info.to_dict() for info in infos],
-        fmt=fmt,
-        output=output,
-        force=force,
+    def write_report(infos) -> None:
+        if fmt == OutputFormat.csv:
+            table = _csv_table(infos)
+        else:
+            table = _table(infos, exact=exact, segments=segments is not None)
+        replaced.set_aside(report_file(output))  # before emit checks it again
+        emit(
+            tables=[table],
+            data=[info.to_dict() for info in infos],
+            fmt=fmt,
+            output=output,
+            force=force,
+        )
+        replaced.wrote(report_file(output))
+
+    # An -o file is written before the new frames replace an old folder, with an old report set
+    # aside: a report the disk has no room for leaves the old frames and report as they were,
+    # and a failed swap of the frames puts the old report back. Stdout, and a report inside the
+    # frames folder (which is not there yet), after the frames.
+    to_file = report_file(output) is not None and not (
+        extract_frames is not None and _lies_in(report_file(output), extract_frames)
     )
+    with ReplacedFiles() as replaced:
+        with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
+            infos = inspect_videos(
+                paths,
+                exact=exact,
+                decode_check=decode_check,
+                segments=segments,
+                sample_mode=sample_mode.value,
+                seed=seed,
+                extract_dir=extract_frames,
+                force=force,
+                workers=workers,
+                progress=advance,
+                report=report_file(output),  # checked against the videos before the work
+                stdin=stdin,
+                before_keep=write_report if to_file else None,
+            )
+        if not to_file:
+            write_report(infos)
     tally = _Tally()
     for info in infos:
         tally.add(info)
@@ -269,6 +285,13 @@ def _problems(tally: _Tally) -> str | None:
         return None
     kinds = ", ".join(f"{tally.statuses[s]} {s}" for s in STATUSES[1:] if tally.statuses.get(s))
     return f"{bad} of {tally.videos} videos could not be read: {kinds}"
+
+
+def _lies_in(path: Path | str, folder: Path) -> bool:
+    import os
+
+    real, top = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, top]) == top
 
 
 def _write_streamed(

@@ -95,6 +95,7 @@ def inspect_videos(
     progress: Progress | None = None,
     report: str | os.PathLike | None = None,
     stdin: Iterable[str] | None = None,
+    before_keep: Callable[[list[VideoInfo]], None] | None = None,
 ) -> list[VideoInfo]:
     """Metadata of every video in `paths` (files, or folders searched recursively), in order.
 
@@ -107,7 +108,9 @@ def inspect_videos(
     folder, locked, filled beside it and put in place at the end: the old one stays if the run
     fails, is stopped or writes no frame). `report` is the `-o` file the caller will write:
     checked with the rest, before any work. Unreadable videos come back with `error` set. A
-    path `-` stands for the files `stdin` lists.
+    path `-` stands for the files `stdin` lists. `before_keep(results)` runs before the new
+    frames replace the old folder (the caller writes its report there): if it raises, the old
+    frames folder stays.
     """
     _check_options(segments, workers, seed, sample_mode)
     if extract_dir is not None and segments is None:
@@ -142,6 +145,13 @@ def inspect_videos(
             videos, exact, decode_check, segments, sample_mode, seed, frames_folder, workers,
             progress, named,
         )  # fmt: skip
+        try:
+            if before_keep is not None:
+                before_keep(results)
+        except BaseException as error:
+            if frames_folder is not None:
+                frames_folder.folder.finish(False, error)
+            raise
         if frames_folder is not None:
             # Keep the new frames (they replace the old folder) once there are any; with none
             # written, the old frames folder stays as if nothing had run. A stop or an error
