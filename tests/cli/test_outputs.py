@@ -717,6 +717,61 @@ def test_a_temporary_folder_that_cannot_be_made_is_named_not_the_special_output(
     assert raised.value is unreadable
 
 
+# Run in a mount namespace of its own whose /dev/shm is a small tmpfs, the commands through the
+# app in-process: 16 KiB has no room for a worker pool's semaphores, 64 KiB for its first
+# batches' images, not for their labels.
+FULL_SHARED_MEMORY = """
+import json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from processes import run_torchkit_in_process
+results = []
+for size, args in (
+    ("16k", "predict -m ck.pt images -j 2 -b 5 -o out/p.csv"),
+    ("16k", "eval ck.pt -d images -j 2 -b 5"),
+    ("64k", "eval ck.pt -d images -j 2 -b 5"),
+):
+    subprocess.run(["mount", "-o", f"remount,size={size}", "/dev/shm"], check=True)
+    result = run_torchkit_in_process(*args.split(), cwd=sys.argv[2])
+    results.append([result.returncode, result.stderr])
+print(json.dumps(results))
+"""
+
+
+def test_a_full_dev_shm_is_named_not_blamed_on_the_output_nor_a_hang(tmp_path, image_folder):
+    """A full /dev/shm (Docker's is 64 MB) failed predict as "cannot write out/p.csv: No space
+    left on device", on a disk with room, eval as "OSError: [Errno 28] No space left on
+    device", and, where the labels of a batch found no room, eval waited for good."""
+    import json
+    import shutil
+
+    from checkpoints import write_convnet_checkpoint
+    from suite_paths import HELPERS
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare")
+    write_convnet_checkpoint(tmp_path / "ck.pt", in_channels=3, image_size=8, classes="ab")
+    mounted = 'mount -t tmpfs -o size=16k tmpfs /dev/shm && exec "$@"'
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", mounted, "sh", sys.executable, "-c", FULL_SHARED_MEMORY]
+        + [str(HELPERS), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip("cannot make a mount namespace here (needs root)")
+    assert done.returncode == 0, done.stderr
+    for code, stderr in json.loads(done.stdout.splitlines()[-1]):
+        assert code == 1
+        line = [text for text in stderr.splitlines() if text.startswith("Error:")]
+        assert line == [
+            "Error: no space left in /dev/shm, the shared memory that worker processes pass "
+            "their work through (free some there, use --workers 0, or give it more room: "
+            "docker run --shm-size=1g)"
+        ], stderr
+    assert not list(tmp_path.glob("out/*"))  # no file, whole or half
+
+
 def test_a_full_disk_is_one_error_when_locking_and_leaves_no_lock(small_tmpfs):
     from disks import fill_disk
 

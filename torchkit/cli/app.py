@@ -50,6 +50,11 @@ def describe_unexpected(error: BaseException) -> tuple[str, str]:
     if isinstance(error, FileNotFoundError) and error.filename is None and working_folder.is_gone():
         gone = working_folder.gone_error()  # a relative path made absolute (os.getcwd)
         return gone.message, gone.hint
+    from torchkit.core.io.outputs import shared_memory_full
+
+    shared = shared_memory_full(error)  # a bare "No space left on device": where?
+    if shared is not None:
+        return shared.message, shared.hint
     if isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG and error.filename:
         # A path the user gave (an input, an output, a model) that the file system cannot
         # hold: wherever it is first looked at, the path is the news, not the OSError.

@@ -32,13 +32,21 @@ def collate_skipping_unreadable(items: list) -> Batch:
     errors = [item[3] for item in items if item[0] is None]
     if not good:
         return Batch(None, None, None, errors)
+    labels = torch.tensor([item[1] for item in good], dtype=torch.long)
+    indices = torch.tensor([item[2] for item in good], dtype=torch.long)
+    if torch.utils.data.get_worker_info() is not None:
+        # Into shared memory here, as the images are, not later in the queue's feeder thread:
+        # a full /dev/shm there lost the batch with a printed traceback, and the main process
+        # waited for it for ever. Here it is the worker's error, which the main process reports.
+        labels.share_memory_()
+        indices.share_memory_()
     return Batch(
         # default_collate stacks a DataLoader worker's batch straight into shared memory: a
         # plain stack would be copied there again to reach the main process, and fresh pages
         # for every batch cost as much kernel time as the copy.
         torch.utils.data.default_collate([item[0] for item in good]),
-        torch.tensor([item[1] for item in good], dtype=torch.long),
-        torch.tensor([item[2] for item in good], dtype=torch.long),
+        labels,
+        indices,
         errors,
     )
 
