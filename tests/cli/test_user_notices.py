@@ -167,19 +167,13 @@ def test_results_on_an_unbuffered_stdout_are_written_whole_or_fail(monkeypatch, 
                 console.stdout.file.write(result)
 
 
-def test_help_still_shows_and_a_closed_pipe_stays_quiet():
+def test_help_still_shows():
+    # Help into a reader that leaves early (`| head -c 1`): cli/test_broken_pipe.py (exit 141,
+    # nothing on stderr).
     shown = subprocess.run(
         [sys.executable, "-m", "torchkit", "--help"], capture_output=True, text=True, cwd=REPO
     )
     assert shown.returncode == 0 and "Usage: torchkit" in shown.stdout and not shown.stderr
-    piped = subprocess.run(
-        f"'{sys.executable}' -m torchkit --help | head -c 1",
-        shell=True,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    assert "Traceback" not in piped.stderr and "Error" not in piped.stderr
 
 
 # -- 2. a dangling image link in a folder is unreadable for dataset-stats -------------------------
