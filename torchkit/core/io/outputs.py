@@ -13,6 +13,8 @@ torchkit never loses a user's file is enforced in one place.
   the new run fails, is interrupted or terminated before it has written something worth keeping;
   one left behind by a killed run is put back (or reported) by the next run on that folder,
   which removes only the names the killed run wrote (`.torchkit-written`, appended before each).
+  An old file output is set aside the same way (`ReplacedFiles`, flocked while its run lives);
+  one a killed run left is removed by the next run replacing that file.
 
 Everything is checked before any work; nothing here prints (warnings go to the `torchkit` log).
 """
@@ -584,6 +586,7 @@ class ReplacedFiles:
         self._files: list[tuple[Path, Path | None]] = []  # (an output, its old file set aside)
         self._new: dict[Path, FileId | None] = {}  # the new files where none was set aside
         self._missing: list[Path] = []  # folders above the outputs not there yet, deepest first
+        self._held: list[int] = []  # descriptors holding the flock of each old file set aside
 
     def __enter__(self) -> ReplacedFiles:
         return self
@@ -609,10 +612,33 @@ class ReplacedFiles:
             self._missing.append(folder)  # made by the writer: removed again on failure
             folder = folder.parent
         if os.path.lexists(target) and not os.path.isdir(target):
+            # The old file's flock is held until the end (a hard link shares it): a second run
+            # replacing the same file is refused, and the next run after a SIGKILL can tell a
+            # killed run's set-aside from a live one's (`remove_dead_replaced_files`).
+            if self._hold(target):
+                for note in remove_dead_replaced_files(target):
+                    log.warning(note)
             aside = _sibling(target, REPLACED_SUFFIX)
             with reporting_write_errors(target):
                 _link_or_copy(target, aside)
+            if _lstat_id(aside) != _lstat_id(target):  # a copy: a file of its own to hold
+                self._hold(aside)
         self._files.append((target, aside))
+
+    def _hold(self, path: Path) -> bool:
+        """Take the flock of the regular file `path` until `keep()` or `put_back()`; whether it
+        was taken (not a link, readable, a file system with flock). Held by another process: a
+        live torchkit run is replacing the same file, refused."""
+        fd = _locked_file(path)
+        if fd is None:
+            return False
+        self._held.append(fd)
+        return True
+
+    def _release(self) -> None:
+        held, self._held = self._held, []
+        for fd in held:
+            os.close(fd)
 
     def wrote(self, path: str | os.PathLike | None) -> None:
         """`path` holds its new file now: where nothing was set aside, a failure removes that
@@ -626,29 +652,84 @@ class ReplacedFiles:
         files, self._files = self._files, []
         self._new.clear()
         self._missing.clear()
-        for _, aside in files:
-            if aside is not None:
-                remove_tree(aside)
+        try:
+            for _, aside in files:
+                if aside is not None:
+                    remove_tree(aside)
+        finally:
+            self._release()
 
     def put_back(self) -> None:
         """The command failed: each old file goes back to its name (over the new one), each new
         file that replaced nothing is removed, and the folders made for them that this leaves
         empty."""
         files, self._files = self._files, []
-        for target, aside in reversed(files):
-            if aside is None:
-                new = self._new.get(target)
-                if new is not None and _lstat_id(target) == new:
-                    remove_tree(target)
-            elif _lstat_id(aside) is not None and _lstat_id(aside) == _lstat_id(target):
-                remove_tree(aside)  # never replaced: the old file is still at its name
-            elif os.path.lexists(aside):
-                os.replace(aside, target)
+        try:
+            for target, aside in reversed(files):
+                if aside is None:
+                    new = self._new.get(target)
+                    if new is not None and _lstat_id(target) == new:
+                        remove_tree(target)
+                elif _lstat_id(aside) is not None and _lstat_id(aside) == _lstat_id(target):
+                    remove_tree(aside)  # never replaced: the old file is still at its name
+                elif os.path.lexists(aside):
+                    os.replace(aside, target)
+        finally:
+            self._release()
         self._new.clear()
         missing, self._missing = self._missing, []
         for made in missing:  # those left empty
             with contextlib.suppress(OSError):
                 os.rmdir(made)
+
+
+def _locked_file(path: Path) -> int | None:
+    """A descriptor of the regular file `path` holding its flock, or None where it cannot be
+    taken (a link, not readable, no flock here). `OutputLockedError` where another process
+    holds it: a live run replacing the same file."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+    except BlockingIOError:
+        os.close(fd)
+        raise OutputLockedError(
+            f"{path} is being replaced by another torchkit process",
+            "wait for it to finish, or choose another name",
+        ) from None
+    except OSError:  # no flock on this file system
+        pass
+    os.close(fd)
+    return None
+
+
+def remove_dead_replaced_files(target: Path) -> list[str]:
+    """Remove the old files of `target` (`.NAME.<hex>.replaced`) that `ReplacedFiles` of killed
+    runs set aside (SIGKILL, a power cut: no `put_back` ran), with the flock of `target` held
+    by the caller; returns what was done, as sentences for a warning. A live run holds its
+    set-aside's flock: left alone. `target` itself is never changed: it is whole (files are
+    renamed into place), the old file where that run never replaced it, else the complete
+    new file it wrote, which is kept as a whole output folder is (`recover_leftovers`)."""
+    notes: list[str] = []
+    for aside in _leftovers(target, REPLACED_SUFFIX):
+        if _lstat_id(aside) == _lstat_id(target):  # never replaced: the same file, twice
+            with contextlib.suppress(OSError):
+                os.unlink(aside)
+            continue
+        if os.path.lexists(aside) and remove_if_unlocked(aside):  # not a live run's
+            notes.append(
+                f"removed {aside}: the earlier {target}, set aside by a torchkit run that was "
+                f"killed after it had put a new {target.name} in its place"
+            )
+    return notes
 
 
 def _link_or_copy(source: Path, name: Path) -> None:
