@@ -23,9 +23,7 @@ from typing import Any
 from torchkit.core.data.image_files import uint16_to_uint8 as _uint16_to_uint8
 from torchkit.core.io.errors import InputError
 
-LAYOUTS = ("chw", "hwc")
 DTYPES = ("uint8", "float32", "float16")
-SCALES = (1, 255)
 MAX_CHANNELS = 4
 
 Warn = Callable[[str], None]

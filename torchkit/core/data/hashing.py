@@ -53,7 +53,6 @@ from torchkit.core.data.image_files import (
     to_8bit,
 )
 
-HASH_BITS = 64
 _SIDE = 32  # the image is resized to _SIDE x _SIDE before the DCT
 _KEEP = 8  # the top-left _KEEP x _KEEP DCT coefficients make the hash
 # Large images are brought down to PHASH_FLOOR..2*PHASH_FLOOR-1 px a side before the resize

@@ -20,10 +20,6 @@ from torchkit.core.runtime.plot_helper import PlotHelper
 class CurvesPainter(PlotHelper):
     """The run's side of a started plot helper."""
 
-    @property
-    def painted(self) -> bool:
-        return self.answered
-
     def paint(self, path: Path, history: list[dict], best_epoch: int | None) -> bool:
         """Whether the helper wrote curves.png at `path` (False: the caller draws it)."""
         return self.draw("curves", path, history=history, best_epoch=best_epoch)

@@ -72,8 +72,6 @@ from torchkit.core.data.stored_image import Stamp, StoredImage, check_unchanged,
 from torchkit.core.io.errors import InputError, short_repr
 from torchkit.core.io.files import read_text
 
-SHARD_KINDS = ("shards", "split shards")
-TAR_KINDS = ("tar image folder", "tar flat folder", "tar split root")
 _SPLIT_SHARD = re.compile(r"^(train|val|test)-\d+\.tar$")
 _NUMBERED_SHARD = re.compile(r"^.+-\d+\.tar$", re.IGNORECASE)
 _SIDE_FILES = ("classes.txt", "classes.json", "manifest.json")
