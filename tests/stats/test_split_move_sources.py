@@ -119,3 +119,21 @@ def test_a_file_deleted_while_a_split_runs_is_named_and_out_is_left_as_it_was(
         "the files that are there)"
     )
     assert not os.path.lexists(out)
+
+
+def test_move_out_of_a_csv_index_in_a_folder_that_cannot_be_changed_goes_on(
+    runner, tmp_path, unchangeable
+):
+    """The move's record beside the index (`.INDEX.torchkit-split-moving.json`) cannot be
+    written there: the move goes on without it, as it was meant to, where it failed as
+    "cannot write .../.index.csv.torchkit-split-moving.json: Read-only file system"."""
+    images = make_files(tmp_path / "images", {"a": 3, "b": 3})
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    rows = [f"{path},{path.parent.name}" for path in sorted(images.rglob("*.png"))]
+    (listed / "index.csv").write_text("\n".join(["path,label", *rows]) + "\n")
+    unchangeable(listed)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["split", str(listed / "index.csv"), str(out), "--mode", "move"])
+    assert result.exit_code == 0, result.stderr
+    assert not list(images.rglob("*.png")) and len(list(out.rglob("*.png"))) == 6

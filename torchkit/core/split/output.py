@@ -14,7 +14,7 @@ from torchkit.core.data.sources.inputs import data_inputs
 from torchkit.core.data.sources.moving import moving_record
 from torchkit.core.data.sources.required import require_data
 from torchkit.core.data.sources.splitting import SPLIT_JOURNAL, SPLIT_NAMES, written_split_names
-from torchkit.core.io.errors import InputError, OutputExistsError
+from torchkit.core.io.errors import InputError, OutputExistsError, OutputWriteError
 from torchkit.core.io.files import atomic_write_text, remove_dead_temporaries, tree_entries
 from torchkit.core.io.outputs import (
     MARKER,
@@ -73,7 +73,8 @@ def note_moving(root: Path, out: Path) -> None:
     the move has not finished). Where that place cannot be written (a CSV index in a read-only
     folder) the move goes on without it."""
     record = json.dumps({"out": os.path.realpath(out)}) + "\n"
-    with contextlib.suppress(OSError):
+    # OutputWriteError: atomic_write's word for the read-only (or full) disk
+    with contextlib.suppress(OSError, OutputWriteError):
         atomic_write_text(moving_record(root), record)
 
 
