@@ -41,10 +41,6 @@ class Pixels:
     def batch(self) -> bool:
         return self.array.ndim == 4
 
-    @property
-    def is_float(self) -> bool:
-        return self.array.dtype.kind == "f"
-
     def images(self) -> list[Pixels]:
         """The single images of a batch (or this image)."""
         if not self.batch:
