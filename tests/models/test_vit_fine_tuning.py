@@ -124,6 +124,21 @@ def test_timm_vit_embeddings_are_resampled_as_timm_does(tmp_path):
     )
 
 
+def test_embeddings_that_fit_a_non_square_grid_load_as_they_are(tmp_path, caplog):
+    """Weights of a timm ViT built for 64x144 images (a 4x9 grid: 36 patches, a square count)
+    loaded into the same model: before -> taken for a 6x6 grid and 'resampled from 6x6 to
+    4x9', every position embedding moved, exit 0. They fit: loaded as they are, no note."""
+    pytest.importorskip("timm")
+    path = tmp_path / "wide.pt"
+    state = resolve_model("timm/test_vit", image_size=(64, 144), num_classes=2).model.state_dict()
+    assert state["pos_embed"].shape[1] == 1 + 4 * 9
+    torch.save(state, path)
+    with caplog.at_level("WARNING", logger="torchkit"):
+        resolved = resolve_model("timm/test_vit", weights=str(path), image_size=(64, 144))
+    assert torch.equal(resolved.model.pos_embed.detach(), state["pos_embed"])
+    assert "resampled" not in caplog.text
+
+
 def test_a_torchvision_vit_at_a_size_its_patches_do_not_divide_names_sizes_that_work():
     """Before -> 'cannot build vit_b_16 for 56x56 images: Input shape indivisible by patch
     size!' and no way forward; now the hint names the sizes around it that its patches divide

@@ -128,11 +128,14 @@ def position_grids(model: Any) -> Iterator[PositionGrid]:
 
 
 def _old_grid(theirs: Any, layout: PositionGrid, model: Any) -> tuple[int, int] | None:
-    """The square patch grid of the weights' embeddings; None where they are not position
-    embeddings of this ViT's width on a square grid (the strict load reports what is wrong)."""
+    """The square patch grid of the weights' embeddings; None where they already fit the model
+    (as many as its own: loaded as they are, as timm does) or are not position embeddings of
+    this ViT's width on a square grid (the strict load reports what is wrong)."""
     own = model.state_dict().get(layout.key)
     shape = tuple(getattr(theirs, "shape", ()))
     if own is None or len(shape) != 3 or shape[0] != 1 or shape[-1] != own.shape[-1]:
+        return None
+    if shape == tuple(own.shape):  # a non-square grid of a square count (4x9) is not 6x6
         return None
     side = math.isqrt(max(shape[1] - layout.prefix_tokens, 0))
     if side < 1 or side * side != shape[1] - layout.prefix_tokens:
