@@ -6,6 +6,7 @@ training checkpoint not torchkit's that holds two sets of weights (timm's `state
 from __future__ import annotations
 
 import argparse
+import collections
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,41 @@ def timm_checkpoint(path: Path) -> tuple[dict, dict]:
         path,
     )
     return model, averaged
+
+
+class NamespaceState:
+    """Pickles as an argparse.Namespace rebuilt with `state` (pickle's BUILD: a dict, or a
+    (dict, attributes to set) pair), as a hostile file could write one."""
+
+    def __init__(self, state: object) -> None:
+        self.state = state
+
+    def __reduce__(self):
+        return (argparse.Namespace, (), self.state)
+
+
+def test_a_namespace_lets_no_code_through(tmp_path):
+    """The weights-only load rebuilds timm's `args` Namespace, and nothing more: a value that
+    runs a command when unpickled is still refused by name, and an attribute that would turn
+    the Namespace into another class fails the load; either way one error, nothing run."""
+    from hostile_pickles import RunsShell
+
+    from torchkit.core.io.errors import CheckpointError
+    from torchkit.core.models.checkpoint import load_checkpoint
+
+    marker = tmp_path / "ran"
+    hostile = {
+        "runs.pt": (argparse.Namespace(lr=0.1, hook=RunsShell(marker)), "a pickled posix.system"),
+        "recast.pt": (
+            NamespaceState((None, {"__class__": collections.OrderedDict})),
+            "__class__ assignment only supported",
+        ),
+    }
+    for name, (args, why) in hostile.items():
+        torch.save({"state_dict": {"w": torch.zeros(1)}, "args": args}, tmp_path / name)
+        with pytest.raises(CheckpointError, match=why):
+            load_checkpoint(tmp_path / name)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize(
