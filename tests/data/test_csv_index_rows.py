@@ -227,3 +227,25 @@ def test_an_index_of_semicolons_or_tabs_is_said_to_be_so(tmp_path):
         assert error_line(result.stderr).startswith(
             f"Error: {index} separates its columns with {name}, not commas (line 1: "
         )
+
+
+def test_one_image_labelled_in_two_unicode_spellings_of_one_name_is_named_as_such(tmp_path):
+    """`café` composed in one row and decomposed (macOS) in another read as one class: the
+    error said the image had two labels, 'café' and 'café'. The spellings are named instead."""
+    index = _with_rows(write_index(tmp_path, ["caf\u00e9", "b"]), "imgs/x/x_0.png,cafe\u0301")
+    result = run_torchkit_in_process("dataset-stats", index)
+    assert result.returncode == 1
+    assert "two Unicode spellings" in error_line(result.stderr)
+    assert "two labels" not in result.stderr
+
+
+def test_a_repeated_row_of_an_unlabelled_index_is_not_said_to_repeat_a_label(tmp_path):
+    index = write_index(tmp_path, ["a", "b"])
+    paths = [row.split(",")[0] for row in index.read_text(encoding="utf-8").splitlines()[1:]]
+    index.write_text("\n".join(["path", *paths, paths[0]]) + "\n", encoding="utf-8")
+    result = run_torchkit_in_process("dataset-stats", index, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert f"Warning: {index} lists 1 image(s) again (line 4 repeats line 2): each is read" in (
+        result.stderr
+    )
+    assert '"images": 2' in result.stdout

@@ -406,13 +406,16 @@ def _drop_repeated_rows(rows: IndexRows, *, on_purpose: bool) -> None:
         earlier = first_row.setdefault(key, row)
         if earlier == row:
             continue
-        if labels is not None and labels[earlier] != labels[row]:
+        same_label = labels is None or labels[earlier] == labels[row]
+        if not same_label and nfc(labels[earlier]) != nfc(labels[row]):
             two_labels.append((earlier, row))
         elif splits is not None and splits[earlier] != splits[row]:
             two_splits.append((earlier, row))
-        else:
+        elif same_label:
             repeats.append(row)
             rows.repeated.append((firsts[row], firsts[earlier]))
+        # else one label in two Unicode spellings: both rows kept, for `class_order` to refuse
+        # the spellings by name (as "two labels: 'café' and 'café'" could not).
     for pairs, values, what, hint in (
         (two_labels, labels, "labels", "an image has one label: fix or remove one of the rows"),
         (two_splits, splits, "splits", "keep one of the rows: an image in two splits leaks"),
@@ -441,8 +444,9 @@ def repeated_rows_warning(rows: IndexRows) -> str | None:
         return None
     shown = ", ".join(f"line {line} repeats line {first}" for line, first in rows.repeated[:3])
     more = ", ..." if len(rows.repeated) > 3 else ""
+    same = "" if rows.labels is None else " with the same label"  # unlabelled: none to name
     return (
-        f"{rows.source} lists {len(rows.repeated)} image(s) again with the same label "
+        f"{rows.source} lists {len(rows.repeated)} image(s) again{same} "
         f"({shown}{more}): each is read once (a `repeat` column, as split --oversample "
         "--mode manifest writes, keeps repeated rows)"
     )
