@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, format_rate, report_file, resolve_format
+from torchkit.cli.render import Table, emit, format_rate, resolve_format
 from torchkit.core.io.sizes import SIZE_RULE
 from torchkit.core.io.wording import counted
 
@@ -269,8 +269,8 @@ def _emit_tensor_report(report, fmt, output, force, dst, replaced) -> None:
             ["file", "shape", "dtype"],
             [[w.path, _shape(w.shape), w.dtype] for w in report.written],
         )
-    replaced.set_aside(report_file(output))  # before emit checks it again
-    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force, written=[dst])
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force,
+         written=[dst], replaced=replaced)  # fmt: skip
 
 
 def cifar(
@@ -521,8 +521,8 @@ def _emit_checkpoint_report(report, fmt, output, force, dst, replaced) -> None:
         ["entries left out", len(report.skipped_entries)],
     ]
     table = Table(["quantity", "value"], rows)
-    replaced.set_aside(report_file(output))  # before emit checks it again
-    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force, written=[dst])
+    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force,
+         written=[dst], replaced=replaced)  # fmt: skip
 
 
 def _average(
@@ -581,9 +581,8 @@ def _emit_average_report(report, fmt, output, force, destination, replaced) -> N
         ["values (parameters and buffers)", report["values"]],
         ["tensors averaged (floating point)", report["averaged_tensors"]],
     ]
-    replaced.set_aside(report_file(output))  # before emit checks it again
     emit(tables=[Table(["quantity", "value"], rows)], data=report, fmt=fmt, output=output,
-         force=force, written=[destination])  # fmt: skip
+         force=force, written=[destination], replaced=replaced)  # fmt: skip
 
 
 def shards(

@@ -18,7 +18,7 @@ from torchkit.cli.options import (
     model_argument,
     product_path,
 )
-from torchkit.cli.render import Table, emit, report_file, resolve_format
+from torchkit.cli.render import Table, emit, resolve_format
 
 REPORT_COLUMNS = ["name", "type", "num_features", "affine", "track_running_stats"]
 CONVERSION_COLUMNS = [
@@ -159,9 +159,14 @@ def convert_syncbn(
             title=title,
             align_right={"num_features"},
         )
-        replaced.set_aside(report_file(output))  # before emit checks it again
         emit(
-            tables=[table], data=report, fmt=fmt, output=output, force=force, written=[destination]
+            tables=[table],
+            data=report,
+            fmt=fmt,
+            output=output,
+            force=force,
+            written=[destination],
+            replaced=replaced,
         )
     if destination is not None:
         console.note(f"wrote {report['destination']}")

@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     split_option,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import OutputFormat, Table, emit, report_file, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 from torchkit.core.data.neardup import DEFAULT_NEAR_THRESHOLD, MAX_THRESHOLD  # light: no numpy
 from torchkit.core.io.wording import counted
 
@@ -380,7 +380,6 @@ def dataset_stats(
         # file as it was, not a new report beside them.
         notes = []
         with ReplacedFiles() as replaced:
-            replaced.set_aside(report_file(output))  # before each writer checks its file again
             emit(
                 tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
                 data=stats.to_dict(),
@@ -388,10 +387,10 @@ def dataset_stats(
                 output=output,
                 force=force,
                 written=[plot, leakage_csv],  # `--plot /dev/stdout`: the report goes to stderr
+                replaced=replaced,
             )
-            replaced.wrote(report_file(output))
             if plot is not None:
-                replaced.set_aside(plot)
+                replaced.set_aside(plot)  # before each writer checks its file again
                 written = plot_dataset_stats(stats, plot, force=force, painter=painter)
                 replaced.wrote(plot)
                 notes.append(f"wrote {written}")

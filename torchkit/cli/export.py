@@ -23,7 +23,7 @@ from torchkit.cli.options import (
     model_argument,
     product_path,
 )
-from torchkit.cli.render import OutputFormat, Table, emit, report_file, resolve_format
+from torchkit.cli.render import OutputFormat, Table, emit, resolve_format
 
 
 class ExportFormat(str, Enum):
@@ -180,8 +180,7 @@ def export(
     )
     # An old OUT and report replaced with --force are set aside until both new ones are in
     # place: a report that cannot be written (a full disk) leaves both old files as they were.
-    replaced = ReplacedFiles()
-    try:
+    with ReplacedFiles() as replaced:
         replaced.set_aside(out)  # before export_model checks OUT again
         with progress_bar("Exporting") as progress:
             result = export_model(request, progress=progress)
@@ -192,12 +191,15 @@ def export(
             tables = [Table(columns=list(data), rows=[[_csv_cell(v) for v in data.values()]])]
         else:
             tables = [_result_table(data)]
-        replaced.set_aside(report_file(output))  # before emit checks it again
-        emit(tables=tables, data=data, fmt=fmt, output=output, force=force, written=[out])
-    except BaseException:
-        replaced.put_back()
-        raise
-    replaced.keep()
+        emit(
+            tables=tables,
+            data=data,
+            fmt=fmt,
+            output=output,
+            force=force,
+            written=[out],
+            replaced=replaced,
+        )
     if result.verification == "skipped":
         console.warn(f"{result.path} was not verified (--no-verify)")
     elif result.verification == "inconclusive":

@@ -16,6 +16,8 @@ from torchkit.cli import console
 if TYPE_CHECKING:
     from rich.table import Table as RichTable
 
+    from torchkit.core.io.outputs import ReplacedFiles
+
 
 class OutputFormat(str, Enum):
     table = "table"
@@ -397,16 +399,21 @@ def emit(
     force: bool = False,
     csv_table: int = 0,
     written: Iterable[str | os.PathLike | None] = (),
+    replaced: ReplacedFiles | None = None,
 ) -> None:
     """Write the result: tables (one or more), CSV of `tables[csv_table]`, or `data` as JSON;
     to stdout, or atomically to `output` (which needs --force to replace an existing file).
     Where a file the command `written` is stdout itself (`export m.pt /dev/stdout | ...`, a
-    link to it, the FIFO or file stdout goes to), the result goes to stderr, not into the file."""
+    link to it, the FIFO or file stdout goes to), the result goes to stderr, not into the file.
+    `replaced`: the command's other outputs, whose old files go back with the old `output` if
+    the command fails after this (`ReplacedFiles`)."""
     from torchkit.core.io.files import atomic_write_text
     from torchkit.core.io.outputs import check_output_file, shares_stdout
 
     output = report_file(output)
     if output is not None:
+        if replaced is not None:
+            replaced.set_aside(output)  # before the check, which records the old file's state
         check_output_file(output, force)
     screen = console.stdout
     if output is None and any(shares_stdout(path) for path in written if path):
@@ -430,4 +437,6 @@ def emit(
         screen.file.flush()
     else:
         atomic_write_text(output, text)
+        if replaced is not None:
+            replaced.wrote(output)
         console.note(f"wrote {output}")

@@ -198,15 +198,14 @@ def video_info(
             table = _csv_table(infos)
         else:
             table = _table(infos, exact=exact, segments=segments is not None)
-        replaced.set_aside(report_file(output))  # before emit checks it again
         emit(
             tables=[table],
             data=[info.to_dict() for info in infos],
             fmt=fmt,
             output=output,
             force=force,
+            replaced=replaced,
         )
-        replaced.wrote(report_file(output))
 
     # An -o file is written before the new frames replace an old folder, with an old report set
     # aside: a report the disk has no room for leaves the old frames and report as they were,
