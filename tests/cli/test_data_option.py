@@ -106,6 +106,26 @@ def test_data_given_twice_is_one_usage_error(runner, image_folder, tmp_path, com
     assert not any((tmp_path / word).exists() for word in extra)
 
 
+@pytest.mark.parametrize("command", ["split", "extract-features"])
+def test_with_data_the_argument_is_out_also_beside_out_option(
+    runner, image_folder, tmp_path, command
+):
+    """`split --data raw/ out/ --out other/` said `ROOT given twice: out/ and --data raw/`, and
+    `--out out/` naming the same OUT was refused so, where `split raw/ out/ --out out/` runs:
+    with --data, the argument is OUT, held to --out as OUT always is."""
+    model = ["convnet", "--allow-untrained"] if command == "extract-features" else []
+    out, other = tmp_path / "out", tmp_path / "other"
+    args = [command, *model, "--data", str(image_folder), str(out)]
+    result = runner.invoke(app, [*args, "--out", str(other)])
+    assert result.exit_code == 2
+    line = error_line(result.stderr, besides="nothing")
+    assert f"OUT {out} and --out {other} name two outputs" in line
+    assert not out.exists() and not other.exists()
+    if command == "split":
+        _ok(runner.invoke(app, [*args, "--out", str(out), "--mode", "manifest", "-q"]))
+        assert len((out / "split.csv").read_bytes().splitlines()) == 6
+
+
 @pytest.mark.parametrize("command", ["dataset-stats", "split"])
 def test_no_data_at_all_is_one_usage_error(runner, command, tmp_path):
     out = ["--out", str(tmp_path / "out")] if command == "split" else []

@@ -219,8 +219,8 @@ def extract_features_command(
     listing_format, array_format = _formats(fmt, output, array_format, list_layers)
     given = [p for p in (images, out) if p is not None]
     model, rest = model_and_rest(model, model_option, given)
-    if data is not None:  # IMAGES given as --data: the first word left is OUT
-        data, rest = data_and_rest(data, rest, name="IMAGES", after=0 if out_option else 1)
+    if data is not None:  # IMAGES given as --data: the first word left is OUT (even with --out)
+        data, rest = data_and_rest(data, rest, name="IMAGES", after=1)
         rest = [data, *rest]
     if len(rest) > 2:
         raise UsageError(f"unexpected extra argument: {rest[2]}", "give MODEL, IMAGES and OUT")

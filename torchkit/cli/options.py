@@ -258,8 +258,9 @@ def data_option(
 def data_and_rest(option: Any, words: list[Any], *, name: str, after: int) -> tuple[Any, list]:
     """The data given as --data or positionally (`words`: what the shell gave from its place
     on); with --data, those words are the `after` positionals that follow it (`split --data
-    raw/ out/`: out/ is OUT). A word left over for the data's own place is the data given
-    twice: a usage error."""
+    raw/ out/`: out/ is OUT, whether --out is given or not: product_path then holds the two to
+    one output, as it does without --data). A word left over for the data's own place is the
+    data given twice: a usage error."""
     from torchkit.core.io.errors import UsageError
 
     if option is None:

@@ -255,11 +255,11 @@ def split(
 
 def _root_and_out(root, out, data, out_option) -> tuple[str, Path]:
     """ROOT as the first positional or --data; with --data, the first positional is OUT
-    (`split --data raw/ out/`), unless --out names it."""
+    (`split --data raw/ out/`), held to --out as OUT is (the same path, or a usage error)."""
     from torchkit.core.io.errors import UsageError
 
     words = [word for word in (root, out) if word is not None]
-    root, rest = data_and_rest(data, words, name="ROOT", after=0 if out_option else 1)
+    root, rest = data_and_rest(data, words, name="ROOT", after=1)
     if root is None:
         raise UsageError("missing ROOT", "give it, or as --data ROOT")
     return root, Path(product_path(rest[0] if rest else None, out_option))
