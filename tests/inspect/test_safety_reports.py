@@ -295,6 +295,30 @@ def test_a_report_on_a_read_only_disk_is_refused_before_the_main_output_is_repla
     assert tree_digest(work) == before  # the earlier output as it was, not the rerun's
 
 
+@pytest.mark.parametrize("case", ["split", "eval --out"])
+def test_a_report_the_full_disk_refuses_leaves_the_main_output_as_it_was(
+    runner, work, monkeypatch, small_tmpfs, case
+):
+    """`split ds out --force -o REPORT` and `eval ... --out ev --force -o REPORT` where REPORT's
+    disk is full: the new split or reports had replaced the earlier ones while the command
+    failed. The earlier output and report are as they were, and nothing is left beside them."""
+    monkeypatch.chdir(work)
+    first, rerun = REPORT_LAST[case]
+    assert runner.invoke(app, first).exit_code == 0
+    before = tree_digest(work)
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    result = runner.invoke(app, [*first, *rerun, "--force", "--format", "json", "-o", report])
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr, besides="warnings")
+    assert line.startswith(f"Error: cannot write {report}: No space left"), line
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "report.json"]
+    assert tree_digest(work) == before  # the earlier output as it was, not the rerun's
+
+
 # -- SIGTERM during dataset-stats' pass ---------------------------------------------------------
 
 

@@ -214,6 +214,7 @@ def split(
       torchkit split data/raw data/split --fixed 20,20 --oversample --mode symlink
     """
     from torchkit.core.io.option_lists import list_items
+    from torchkit.core.io.outputs import ReplacedFiles
     from torchkit.core.split import check_report_file, split_dataset
 
     fmt = resolve_format(fmt, output)
@@ -223,34 +224,53 @@ def split(
     )
     if report_file(output) is not None:
         check_report_file(output, force, root, out, split_names)
-    with progress_bar(f"Splitting ({mode.value})") as update:
-        result = split_dataset(
-            root,
-            out,
-            ratio=ratio,
-            names=split_names,
-            seed=seed,
-            stratify=stratify,
-            group=group,
-            mode=mode.value,
+    reported = []
+
+    def write_report(result) -> None:
+        emit(
+            tables=[_table(result)],
+            data=result.to_dict(),
+            fmt=fmt,
+            output=output,
             force=force,
-            progress=update,
-            dedup=dedup_groups,
-            fixed=fixed,
-            oversample=oversample,
-            strict=strict,
+            replaced=replaced,
         )
-    if result.already_done:
-        console.note(
-            f"the move of {result.source} into {result.out} is already done: nothing to move"
-        )
-    console.note(_describe(result))
-    for note in result.notes:
-        console.note(note)
-    kept = _dedup_note(result)
-    if kept:
-        console.note(kept)
-    emit(tables=[_table(result)], data=result.to_dict(), fmt=fmt, output=output, force=force)
+        reported.append(output)
+
+    # An -o file is written before the new split replaces an earlier one in OUT, with an old
+    # report set aside: a report the disk has no room for leaves the earlier split and report
+    # as they were, and a split that fails after it puts the old report back. Stdout after.
+    with ReplacedFiles() as replaced:
+        with progress_bar(f"Splitting ({mode.value})") as update:
+            result = split_dataset(
+                root,
+                out,
+                ratio=ratio,
+                names=split_names,
+                seed=seed,
+                stratify=stratify,
+                group=group,
+                mode=mode.value,
+                force=force,
+                progress=update,
+                dedup=dedup_groups,
+                fixed=fixed,
+                oversample=oversample,
+                strict=strict,
+                before_keep=write_report if report_file(output) is not None else None,
+            )
+        if result.already_done:
+            console.note(
+                f"the move of {result.source} into {result.out} is already done: nothing to move"
+            )
+        console.note(_describe(result))
+        for note in result.notes:
+            console.note(note)
+        kept = _dedup_note(result)
+        if kept:
+            console.note(kept)
+        if not reported:
+            write_report(result)
 
 
 def _root_and_out(root, out, data, out_option) -> tuple[str, Path]:

@@ -328,13 +328,18 @@ def open_report_folder(spec: ModelSpec, options: EvalOptions) -> OutputFolder | 
 
 
 def evaluate(
-    spec: ModelSpec, options: EvalOptions, progress: Progress | None = None
+    spec: ModelSpec,
+    options: EvalOptions,
+    progress: Progress | None = None,
+    before_keep: Callable[[EvalResult], None] | None = None,
 ) -> EvalResult | None:
     """Evaluate a classifier on a labelled image set; write the reports when `out_dir` is set.
 
     Returns the result on rank 0 (or in a single process) and None on the other ranks. The
     output folder is checked (and locked) before any work; an old one is replaced only once
-    the new reports are all written.
+    the new reports are all written. `before_keep(result)` runs (with `out_dir`) once they
+    are, before the new folder replaces the old one: if it raises (the caller's `-o` report
+    did not fit on its disk), the old folder stays.
     """
     if options.tta not in TTA_MODES:
         raise UsageError(f"unknown --tta {options.tta!r}", "use none or flip")
@@ -354,7 +359,7 @@ def evaluate(
             painter = shared or own
             folder = open_report_folder(spec, options) if options.out_dir is not None else None
             with folder if folder is not None else contextlib.nullcontext():
-                return _evaluate(spec, options, progress, folder, scorer, painter)
+                return _evaluate(spec, options, progress, folder, scorer, painter, before_keep)
     finally:
         if scorer is not None:
             scorer.close()
@@ -367,6 +372,7 @@ def _evaluate(
     folder: OutputFolder | None,
     scorer: Any = None,
     painter: PlotHelper | None = None,
+    before_keep: Callable[[EvalResult], None] | None = None,
 ) -> EvalResult | None:
     # The process group is joined once the loader's workers are forked (`JoinedAfterForks`).
     ctx = place(options.run.device)
@@ -423,6 +429,8 @@ def _evaluate(
             raise OutputWriteError(
                 error.message.replace(str(folder.path), str(folder.final)), error.hint
             ) from error
+        if before_keep is not None:
+            before_keep(result)  # raising: `folder`'s exit puts the old folder back
         folder.keep()  # the new reports replace the old folder
         result.written = [str(folder.final / path.name) for path in written]
         result.report_seconds = time.perf_counter() - start

@@ -7,7 +7,7 @@ import contextlib
 import csv
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torchkit import __version__
@@ -101,6 +101,7 @@ def split_dataset(
     fixed: str | Sequence[int] | None = None,
     oversample: bool = False,
     strict: bool = False,
+    before_keep: Callable[[SplitResult], None] | None = None,
 ) -> SplitResult:
     """Split the image folder, flat folder or CSV index `source` into `out`/<split>/... (data
     that is split already is refused: see `load_split_input`).
@@ -109,6 +110,9 @@ def split_dataset(
     train) sets the sizes; `dedup` keeps byte-identical files in one split; `oversample`
     balances train's classes by repeating images (not with `mode="move"`); `strict` refuses a
     CSV index that lists a file that is not an image (left out with a warning otherwise).
+    `before_keep(result)` runs before a new split replaces the files of an earlier one in `out`
+    (a move: before the first file moves): if it raises (the caller's `-o` report did not fit
+    on its disk), the earlier split stays. A finished or resumed move does not call it.
 
     See the module docstring. Raises UsageError for bad options, InputError for bad input,
     OutputOverlapError for an OUT that is, holds or lies inside the dataset (or is `.`),
@@ -141,13 +145,18 @@ def split_dataset(
     # gone and report it deleted, and a reader would read part of it, so ROOT is held for the
     # move's whole run (and its own reading of ROOT takes no reader's lock).
     if mode != "move":
-        return _split_or_finish(source, Path(out), options, force, progress)
+        return _split_or_finish(source, Path(out), options, force, progress, before_keep)
     with moving_out_of(source), moving_here(source):
-        return _split_or_finish(source, Path(out), options, force, progress)
+        return _split_or_finish(source, Path(out), options, force, progress, before_keep)
 
 
 def _split_or_finish(
-    source, out: Path, options: SplitOptions, force: bool, progress: Progress | None
+    source,
+    out: Path,
+    options: SplitOptions,
+    force: bool,
+    progress: Progress | None,
+    before_keep: Callable[[SplitResult], None] | None,
 ) -> SplitResult:
     """A new split into `out`, or the interrupted move recorded there finished."""
     mode = options.mode
@@ -194,16 +203,21 @@ def _split_or_finish(
             what=WHAT,
             hint="pass --force to replace the split in it",
         )
-        return _split_into(source, out, options, progress)
+        return _split_into(source, out, options, progress, before_keep)
 
 
-def _split_into(source, out: Path, options: SplitOptions, progress) -> SplitResult:
+def _split_into(source, out: Path, options: SplitOptions, progress, before_keep) -> SplitResult:
     with contextlib.ExitStack() as held:  # the locks taken once OUT is made
-        return _plan_and_write(source, out, options, progress, held)
+        return _plan_and_write(source, out, options, progress, held, before_keep)
 
 
 def _plan_and_write(
-    source, out: Path, options: SplitOptions, progress, held: contextlib.ExitStack
+    source,
+    out: Path,
+    options: SplitOptions,
+    progress,
+    held: contextlib.ExitStack,
+    before_keep: Callable[[SplitResult], None] | None = None,
 ) -> SplitResult:
     names, seed, stratify = options.names, options.seed, options.stratify
     group, mode = options.group, options.mode
@@ -329,6 +343,8 @@ def _plan_and_write(
                 | {"made": not writing.existed, "dests": plan.dests}
                 | {"torchkit_version": __version__},
             )
+        if mode == "move" and before_keep is not None:
+            before_keep(result)  # while the earlier split can still be put back, as below
         if mode == "move":
             # The plan goes to disk before the first file moves: an interrupted move can be
             # finished, so from here on nothing is undone; the earlier split is discarded.
@@ -370,6 +386,8 @@ def _plan_and_write(
             if mode != "manifest":
                 place_files(plan, out, mode, progress)
             write_manifest(out, plan, names, mode)
+        if before_keep is not None:
+            before_keep(result)
     except BaseException as error:
         writing.abandon(error)
         raise
