@@ -56,8 +56,10 @@ def test_a_killed_runs_set_aside_goes_at_the_next_replacement_and_a_live_runs_st
     run.stdin.flush()
     assert run.stdout.readline().strip() == "replaced"
     (aside,) = _asides(tmp_path)
-    with ReplacedFiles() as second:  # the live run's set-aside is left alone
-        second.set_aside(target)
+    # Its new file at the name, the old one set aside: still refused (a failure of the live run
+    # would put the old file back over the second run's), and its set-aside is left alone.
+    with pytest.raises(OutputLockedError, match=f"{target} is being replaced by another"):
+        ReplacedFiles().set_aside(target)
     assert _asides(tmp_path) == [aside] and aside.read_bytes() == b"old"
     _kill(run)
     with caplog.at_level(logging.WARNING, logger="torchkit"), ReplacedFiles() as third:
@@ -75,3 +77,21 @@ def test_a_run_killed_before_it_replaced_the_file_leaves_it_as_it_was(tmp_path, 
         replaced.set_aside(target)
     assert os.listdir(tmp_path) == ["report.json"] and target.read_bytes() == b"old"
     assert caplog.text == ""  # nothing lost, nothing to say
+
+
+def test_one_file_under_two_output_names_is_set_aside_under_both(tmp_path):
+    """`dataset-stats -o a.json --leakage-csv b.csv` where b.csv is a hard link of a.json: the
+    second name was refused as "being replaced by another torchkit process" (flock refuses a
+    second descriptor of the same process); both names get their old file back on failure."""
+    first, second = tmp_path / "a.json", tmp_path / "b.csv"
+    first.write_bytes(b"old")
+    os.link(first, second)
+    with pytest.raises(KeyboardInterrupt), ReplacedFiles() as replaced:
+        for target in (first, second):
+            replaced.set_aside(target)
+            target.with_name("new").write_bytes(b"new")
+            os.replace(target.with_name("new"), target)
+            replaced.wrote(target)
+        raise KeyboardInterrupt
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.csv"]
+    assert os.path.samefile(first, second) and first.read_bytes() == b"old"

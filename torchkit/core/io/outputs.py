@@ -468,10 +468,11 @@ def check_output_file(
     what: str = "output",
 ) -> Path:
     """Check a file output (`-o FILE`, DST) before any work: not `-` (stdout), not an input nor
-    inside an input folder, not a folder, not below a file, and not an existing file unless
-    `force`. Special files are written into: they pass unless they cannot be written (a
-    socket, a descriptor closed or open for reading only), hold data (a block device, without
-    `force`) or are an input (`/dev/stdout >> FILE`)."""
+    inside an input folder, not a folder, not below a file, not an existing file unless
+    `force`, and in a folder that takes a new file (`check_folder_writable`). Special files
+    are written into: they pass unless they cannot be written (a socket, a descriptor closed
+    or open for reading only), hold data (a block device, without `force`) or are an input
+    (`/dev/stdout >> FILE`)."""
     check_not_stdout(path, what)
     target = Path(path)
     _note_stdout(target)
@@ -615,8 +616,16 @@ class ReplacedFiles:
             # The old file's flock is held until the end (a hard link shares it): a second run
             # replacing the same file is refused, and the next run after a SIGKILL can tell a
             # killed run's set-aside from a live one's (`remove_dead_replaced_files`).
+            held = len(self._held)
             if self._hold(target):
-                for note in remove_dead_replaced_files(target):
+                try:
+                    notes = remove_dead_replaced_files(target)
+                except OutputLockedError:  # not this run's to hold, even without put_back
+                    for fd in self._held[held:]:
+                        os.close(fd)
+                    del self._held[held:]
+                    raise
+                for note in notes:
                     log.warning(note)
             aside = _sibling(target, REPLACED_SUFFIX)
             with reporting_write_errors(target):
@@ -628,7 +637,13 @@ class ReplacedFiles:
     def _hold(self, path: Path) -> bool:
         """Take the flock of the regular file `path` until `keep()` or `put_back()`; whether it
         was taken (not a link, readable, a file system with flock). Held by another process: a
-        live torchkit run is replacing the same file, refused."""
+        live torchkit run is replacing the same file, refused. A file this run holds already
+        (one file under two of its output names, hard links) is held: flock would refuse the
+        second descriptor as if another run held it."""
+        with contextlib.suppress(OSError):
+            here = os.lstat(path)
+            if any(os.path.samestat(os.fstat(fd), here) for fd in self._held):
+                return True
         fd = _locked_file(path)
         if fd is None:
             return False
@@ -683,10 +698,10 @@ class ReplacedFiles:
                 os.rmdir(made)
 
 
-def _locked_file(path: Path) -> int | None:
+def _locked_file(path: Path, name: Path | None = None) -> int | None:
     """A descriptor of the regular file `path` holding its flock, or None where it cannot be
     taken (a link, not readable, no flock here). `OutputLockedError` where another process
-    holds it: a live run replacing the same file."""
+    holds it: a live run replacing the same file (`name`, if not `path` itself)."""
     try:
         import fcntl
     except ImportError:  # Windows: no flock
@@ -702,7 +717,7 @@ def _locked_file(path: Path) -> int | None:
     except BlockingIOError:
         os.close(fd)
         raise OutputLockedError(
-            f"{path} is being replaced by another torchkit process",
+            f"{name or path} is being replaced by another torchkit process",
             "wait for it to finish, or choose another name",
         ) from None
     except OSError:  # no flock on this file system
@@ -715,9 +730,11 @@ def remove_dead_replaced_files(target: Path) -> list[str]:
     """Remove the old files of `target` (`.NAME.<hex>.replaced`) that `ReplacedFiles` of killed
     runs set aside (SIGKILL, a power cut: no `put_back` ran), with the flock of `target` held
     by the caller; returns what was done, as sentences for a warning. A live run holds its
-    set-aside's flock: left alone. `target` itself is never changed: it is whole (files are
-    renamed into place), the old file where that run never replaced it, else the complete
-    new file it wrote, which is kept as a whole output folder is (`recover_leftovers`)."""
+    set-aside's flock: `OutputLockedError`, as where it still holds `target` (it put a new file
+    there and may yet put the old one back over this run's). `target` itself is never changed:
+    it is whole (files are renamed into place), the old file where that run never replaced it,
+    else the complete new file it wrote, kept as a whole output folder is (`recover_leftovers`).
+    """
     notes: list[str] = []
     for aside in _leftovers(target, REPLACED_SUFFIX):
         if _lstat_id(aside) == _lstat_id(target):  # never replaced: the same file, twice
@@ -729,6 +746,10 @@ def remove_dead_replaced_files(target: Path) -> list[str]:
                 f"removed {aside}: the earlier {target}, set aside by a torchkit run that was "
                 f"killed after it had put a new {target.name} in its place"
             )
+        elif os.path.lexists(aside):
+            fd = _locked_file(aside, target)  # OutputLockedError: a live run's
+            if fd is not None:
+                os.close(fd)
     return notes
 
 
