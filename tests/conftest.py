@@ -25,6 +25,19 @@ BYTECODE_CACHE = keep_bytecode_cache()
 if BYTECODE_CACHE:
     os.environ.setdefault("PYTHONPYCACHEPREFIX", BYTECODE_CACHE)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the prefix keeps sources free of .pyc
+
+
+def _interruptible() -> None:
+    # A shell starts a background job (`uv run pytest ... &`) with SIGINT ignored, and Python
+    # then keeps it ignored: the tests that Ctrl-C a command (in process, or a torchkit process
+    # that inherits the disposition) would see nothing happen. Ctrl-C as in a terminal.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_interruptible()
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One worker per core already: torch's intra-op threads (one per core in every worker and
     # in every torchkit process a test starts) would only fight over the same cores. Set before
@@ -37,6 +50,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # each time (+40 s for the suite on 2 cores); the torchkit processes tests start use helpers.
 import matplotlib.figure  # noqa: E402, F401
 import pytest  # noqa: E402
+
+# The same for scikit-learn's metrics: an eval run in this process scores its predictions
+# itself, as eval does where sklearn is imported already, where it would otherwise start a
+# scorer helper process (core.evaluate.metrics.start_scorer) that imports sklearn again, about
+# 1.2 s of CPU per in-process eval, and only in the workers whose earlier modules had not
+# imported sklearn. eval/test_eval_scorer.py takes it out of sys.modules to test the helper;
+# the torchkit processes tests start use it.
+import sklearn.metrics  # noqa: E402, F401
 
 # The helpers behind the fixtures live in tests/helpers/ by job. The names test modules imported
 # from here before they moved are imported here too, so that `from conftest import NAME` keeps
