@@ -817,3 +817,22 @@ def test_default_weights_in_torch_hubs_cache_are_read_with_no_network(tmp_path, 
         assert torch.equal(value, weights[key]), key
     assert done.returncode == 0 and done.stderr == ""
     assert json.loads(done.stdout)["totals"]["total_params"] == 1_235_496
+
+
+def test_a_damaged_cached_weights_file_is_named(tmp_path, monkeypatch):
+    """A file in torch.hub's cache cut short (a download copied by hand, as the offline hint
+    says to): before -> 'Error: RuntimeError: PytorchStreamReader failed reading zip archive:
+    not a ZIP archive...', no path. Its name's SHA-256 prefix says it is not the file."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    cached = tmp_path / "torch" / "hub" / "checkpoints" / SQUEEZENET_URL.rsplit("/", 1)[-1]
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"PK\x03\x04cut short")
+    done = run_torchkit_in_process("summary", "squeezenet1_1", "--weights", "DEFAULT")
+    assert done.returncode == 1 and done.stdout == ""
+    prefix = cached.name.rsplit("-", 1)[-1].split(".")[0]
+    assert done.stderr.splitlines() == [
+        f"Error: the cached file of the DEFAULT weights of squeezenet1_1 is damaged: {cached} "
+        f"(its SHA-256 does not begin with {prefix}, as its name says) (delete it so that it is "
+        f"downloaded again, or save {SQUEEZENET_URL} there whole)"
+    ]
+    assert cached.read_bytes() == b"PK\x03\x04cut short"

@@ -20,6 +20,7 @@ from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import fit_auxiliary_heads_to, replace_head
 from torchkit.core.models.hub_cache import (
     hub_checkpoints_dir,
+    refuse_damaged_cached_file,
     require_downloadable,
     weights_cache_error,
 )
@@ -295,8 +296,13 @@ def torchvision_pretrained(name: str, weights: str):
     if chosen is not None:
         require_downloadable(chosen.url, f"the {weights} weights of {name}")
     try:
-        with contextlib.redirect_stdout(sys.stderr):
-            model = torchvision.models.get_model(name, weights=weights)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                model = torchvision.models.get_model(name, weights=weights)
+        except Exception:  # a cached file that fails to load: damaged, or the error below
+            if chosen is not None:
+                refuse_damaged_cached_file(chosen.url, f"the {weights} weights of {name}")
+            raise
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as error:
         cache_error = weights_cache_error(error)
         if cache_error is not None:

@@ -10,14 +10,16 @@ where to put it."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import os
+import re
 import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 
-from torchkit.core.io.errors import OfflineError, OutputWriteError
+from torchkit.core.io.errors import CheckpointError, OfflineError, OutputWriteError
 
 # How long the one probe of the download server waits for an answer before taking it for
 # unreachable (a refused connection or an unknown host fail at once).
@@ -62,6 +64,29 @@ def require_downloadable(url: str, what: str) -> None:
             f"connect to the internet once, or save {url} in the weights cache {folder}; "
             "or pass --weights PATH to a local file",
         )
+
+
+def refuse_damaged_cached_file(url: str, what: str) -> None:
+    """A CheckpointError naming `url`'s cached file when it is not the file its name promises
+    (torch.hub's names carry the first hex digits of the file's SHA-256, checked only when it
+    downloads): a copy cut short or put there by hand failed to load with pickle's or zip's
+    words and no path. Nothing when it is whole, missing, or its name carries no hash; called
+    once the load has failed, so the file is read through only then."""
+    cached = cached_weights_file(url)
+    named = re.search(r"-([a-f0-9]+)\.", os.path.basename(cached))  # torch.hub.HASH_REGEX
+    if named is None or not os.path.isfile(cached):
+        return
+    digest = hashlib.sha256()
+    with open(cached, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest().startswith(named.group(1)):
+        return
+    raise CheckpointError(
+        f"the cached file of {what} is damaged: {cached} (its SHA-256 does not begin with "
+        f"{named.group(1)}, as its name says)",
+        f"delete it so that it is downloaded again, or save {url} there whole",
+    )
 
 
 def weights_cache_error(error: BaseException) -> OutputWriteError | None:

@@ -15,7 +15,11 @@ from typing import Any
 
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, Preprocess
 from torchkit.core.io.errors import OfflineError, UsageError, first_line
-from torchkit.core.models.hub_cache import hub_checkpoints_dir, require_downloadable
+from torchkit.core.models.hub_cache import (
+    hub_checkpoints_dir,
+    refuse_damaged_cached_file,
+    require_downloadable,
+)
 from torchkit.core.models.random_init import built_for_loading
 
 TIMM_PREFIX = "timm/"
@@ -161,13 +165,18 @@ def timm_pretrained(
     if url is not None:  # not on the Hugging Face Hub: torch.hub's cache, checked first
         require_downloadable(url, f"the pretrained weights of {TIMM_PREFIX}{name}")
     try:
-        with contextlib.redirect_stdout(sys.stderr), _cache_only_when_the_hub_is_unreachable():
-            return create_timm_model(
-                TIMM_PREFIX + name,
-                image_size=image_size,
-                in_channels=in_channels,
-                pretrained=True,
-            )
+        try:
+            with contextlib.redirect_stdout(sys.stderr), _cache_only_when_the_hub_is_unreachable():
+                return create_timm_model(
+                    TIMM_PREFIX + name,
+                    image_size=image_size,
+                    in_channels=in_channels,
+                    pretrained=True,
+                )
+        except Exception:  # a cached file that fails to load: damaged, or the error below
+            if url is not None:
+                refuse_damaged_cached_file(url, f"the pretrained weights of {TIMM_PREFIX}{name}")
+            raise
     except (OSError, ConnectionError, TimeoutError) as error:
         cache = "~/.cache/huggingface" if url is None else hub_checkpoints_dir()
         raise OfflineError(
