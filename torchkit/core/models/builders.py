@@ -26,6 +26,7 @@ from torchkit.core.models.hub_cache import (
 )
 from torchkit.core.models.lazy import materialize_lazy_layers
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
+from torchkit.core.models.position_embeddings import patch_multiple_hint
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
@@ -264,11 +265,7 @@ def torchvision_random(
         hint = None
         patch = name.rsplit("_", 1)[-1]
         if kwarg == "image_size" and patch.isdigit():  # vit_b_16: 16 px patches
-            step, side = int(patch), size[0]
-            low = max(step, side // step * step)
-            hint = (
-                f"use an --image-size that is a multiple of {step}, such as {low} or {low + step}"
-            )
+            hint = patch_multiple_hint(size[0], int(patch))
         raise UsageError(
             f"cannot build {name} for {size[0]}x{size[1]} images: {reason}", hint
         ) from error

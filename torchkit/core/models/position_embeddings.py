@@ -148,15 +148,19 @@ def _refuse_partial_patches(layout: PositionGrid, source: str) -> None:
     patch, and the resampled grid would not be the image's."""
     if all(side % patch == 0 for side, patch in zip(layout.image, layout.patch, strict=True)):
         return
-    patch = _shown_side(layout.patch)
-    step = layout.patch[0]
-    low = max(step, layout.image[0] // step * step)
     raise UsageError(
         f"the weights in {source} are for another image size, and {_shown(layout.image)} "
-        f"images do not divide into {patch} px patches: their position embeddings cannot be "
-        "resampled",
-        f"use an --image-size that is a multiple of {patch}, such as {low} or {low + step}",
+        f"images do not divide into {_shown_side(layout.patch)} px patches: their position "
+        "embeddings cannot be resampled",
+        patch_multiple_hint(layout.image[0], layout.patch[0]),
     )
+
+
+def patch_multiple_hint(side: int, patch: int) -> str:
+    """The hint for a ViT asked for `side` px images that its `patch` px patches do not
+    divide: the multiples of `patch` either side of it."""
+    low = max(patch, side // patch * patch)
+    return f"use an --image-size that is a multiple of {patch}, such as {low} or {low + patch}"
 
 
 def _class_of(module: str, name: str) -> type | None:
