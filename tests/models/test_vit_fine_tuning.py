@@ -276,3 +276,18 @@ def test_train_from_a_timm_checkpoint_names_the_way_to_its_ema_weights(tmp_path,
     assert converted.returncode == 0, converted.stderr
     loaded = resolve_model("nets:TinyNet", weights=str(tmp_path / "EMA.pt")).model.state_dict()
     assert all(torch.equal(loaded[key], value) for key, value in averaged.items())
+
+
+def test_a_timm_checkpoint_loads_with_torch_2_4s_allowlist(tmp_path, monkeypatch):
+    """torch 2.4 (the lowest torchkit takes) has add_safe_globals but no safe_globals context:
+    every weights-only load failed there ('module torch.serialization has no attribute
+    safe_globals'). Its allowlist is used, and left as it was found."""
+    from torchkit.core.models.checkpoint import load_checkpoint
+
+    monkeypatch.delattr(torch.serialization, "safe_globals")
+    model, _ = timm_checkpoint(tmp_path / "ck.pth.tar")
+    before = torch.serialization.get_safe_globals()
+    loaded = load_checkpoint(tmp_path / "ck.pth.tar")
+    assert loaded["args"] == argparse.Namespace(model="tinynet", model_ema=True, lr=0.1)
+    assert all(torch.equal(loaded["state_dict"][key], value) for key, value in model.items())
+    assert torch.serialization.get_safe_globals() == before

@@ -7,12 +7,13 @@ A torchkit checkpoint is a dict of tensors and plain Python values, so it loads 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
 import stat
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,29 @@ def _torch_load(file: Any, trust_checkpoint: bool) -> Any:
 
     if trust_checkpoint:
         return torch.load(file, map_location="cpu", weights_only=False)
-    with torch.serialization.safe_globals(safe_classes()):
+    with _allowed_classes(safe_classes()):
         return torch.load(file, map_location="cpu", weights_only=True)
+
+
+@contextlib.contextmanager
+def _allowed_classes(classes: list[type]) -> Iterator[None]:
+    """`classes` allowed to a weights-only load while the block runs, as
+    `torch.serialization.safe_globals` (torch 2.5) allows them; torch 2.4, which has only
+    add/get/clear_safe_globals, gets its earlier list back the same way."""
+    import torch
+
+    serialization = torch.serialization
+    if hasattr(serialization, "safe_globals"):
+        with serialization.safe_globals(classes):
+            yield
+        return
+    before = serialization.get_safe_globals()
+    serialization.add_safe_globals(classes)
+    try:
+        yield
+    finally:
+        serialization.clear_safe_globals()
+        serialization.add_safe_globals(before)
 
 
 def safe_classes() -> list[type]:
