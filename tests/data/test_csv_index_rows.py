@@ -124,6 +124,20 @@ def test_a_symlinked_index_reads_the_images_beside_the_file_it_leads_to(tmp_path
     assert [c["images"] for c in found["classes"]] == [2, 1]
 
 
+def test_an_index_linked_into_its_image_folder_from_elsewhere_reads_the_images_there(tmp_path):
+    """`ln -s ~/splits/train.csv /data/flowers/`: read beside the link before links were
+    followed, then joined to ~/splits/ (none of the images could be read); the link's folder
+    is taken where the files are there and not beside the file it leads to."""
+    index = write_index(tmp_path / "set", ["a", "b", "a"])
+    (tmp_path / "splits").mkdir()
+    elsewhere = index.rename(tmp_path / "splits" / "train.csv")
+    link = tmp_path / "set" / "train.csv"
+    link.symlink_to(Path("..") / "splits" / "train.csv")
+    found = dataset_stats(link)
+    assert (found["images"], found["unreadable_count"]) == (3, 0)
+    assert run_torchkit_in_process("dataset-stats", elsewhere).returncode == 1  # none there
+
+
 def _with_rows(index: Path, *rows: str, header: str | None = None) -> Path:
     """`index` with `rows` appended (and its header replaced by `header`)."""
     lines = index.read_text(encoding="utf-8").splitlines()

@@ -1,11 +1,11 @@
 """CSV indexes: `path,label` with an optional `split` column (what `split --mode manifest` and
 `train`'s RUN/split.csv write). UTF-8 with or without a byte-order mark (Excel's "CSV UTF-8"),
 a file name that is not UTF-8 as its own bytes; relative paths are relative to the CSV's
-folder (the folder of the file a symbolic link to the index leads to); every bad row is named
-by its line. Paths are read exactly as written; labels and splits
-without the spaces around them (as the header's names are: a hand-written `a.png, cat` is class
-`cat`), but for a quoted label, read as written (what torchkit's CSV writer writes for a class
-folder `" cat"` or `"cat "`)."""
+folder (the folder of the file a symbolic link to the index leads to, or the link's own where
+the files are there and not beside that file); every bad row is named by its line. Paths are
+read exactly as written; labels and splits without the spaces around them (as the header's
+names are: a hand-written `a.png, cat` is class `cat`), but for a quoted label, read as
+written (what torchkit's CSV writer writes for a class folder `" cat"` or `"cat "`)."""
 
 from __future__ import annotations
 
@@ -42,16 +42,27 @@ class IndexRows:
     @property
     def base(self) -> Path:
         """The folder the relative paths are relative to (`index_folder`)."""
-        return index_folder(self.source)
+        return index_folder(self.source, self.paths)
 
 
-def index_folder(source: Path) -> Path:
-    """The folder a CSV index's relative paths are relative to: the index's own, also where it
+def index_folder(source: Path, paths: Sequence[str]) -> Path:
+    """The folder a CSV index's relative `paths` are relative to: the index's own, also where it
     is reached through a symbolic link (`ln -s /data/set/index.csv here/`: the images lie
-    beside the file the link leads to, as a script's imports lie beside the script)."""
-    if source.is_symlink():
-        return Path(os.path.realpath(source)).parent
-    return source.parent
+    beside the file the link leads to, as a script's imports lie beside the script). But the
+    link's folder where the first relative path names a file there and none beside the file
+    linked to: an index linked into its image folder from elsewhere (`ln -s ~/splits/train.csv
+    /data/flowers/`), read so before links were followed."""
+    if not source.is_symlink():
+        return source.parent
+    real = Path(os.path.realpath(source)).parent
+    first = next((path for path in paths if path.strip() and not os.path.isabs(path)), None)
+    if (
+        first is not None
+        and not os.path.lexists(os.path.join(real, first))
+        and os.path.lexists(os.path.join(source.parent, first))
+    ):
+        return source.parent
+    return real
 
 
 def _lines(numbers: list[int]) -> str:
@@ -269,7 +280,7 @@ def _refuse_spaced_paths(source: Path, paths: list[str], spaced: list[tuple[int,
     """A path is read exactly as written (a file name may start or end with a space), but one
     with spaces around it that names no file while the path without them does is a typo
     ("label, path": a space after the comma), refused naming its lines."""
-    base = str(index_folder(source))
+    base = str(index_folder(source, paths))
     typos = [
         (line, paths[row])
         for line, row in spaced
@@ -310,7 +321,7 @@ def _refuse_foreign_paths(source: Path, paths: list[str]) -> None:
     text = "".join(paths)
     if "~" not in text and ":/" not in text and "\\" not in text:
         return
-    base = str(index_folder(source))
+    base = str(index_folder(source, paths))
     found: dict[str, list[tuple[int, str]]] = {}
     for row, path in enumerate(paths):
         kind = _foreign_kind(path)
@@ -352,7 +363,7 @@ def _refuse_repeated_header(source: Path, paths: list[str], found: list[tuple[in
     """A row that repeats the header (`cat a.csv b.csv`: two indexes joined whole) is an error
     naming its line, where no file has the path column's name: it was read as an image
     `path` of a class `label`, which train gave an output and eval called an unknown class."""
-    base = str(index_folder(source))
+    base = str(index_folder(source, paths))
     lines = [line for line, row in found if not os.path.lexists(os.path.join(base, paths[row]))]
     if lines:
         raise InputError(
@@ -456,7 +467,7 @@ def _refuse_itself(source: Path, paths: list[str], named: list[tuple[int, int]])
     """A row naming the index itself (`named`: the (line, row) of the paths with its name) is
     an error: it is no image, and `split --mode move` moved the index into OUT as one (a
     rerun then found no index to finish the move with)."""
-    base = str(index_folder(source))
+    base = str(index_folder(source, paths))
     found = []
     for line, row in named:
         try:
@@ -477,7 +488,7 @@ def _refuse_undecoded_bytes(source: Path, paths: list[str], labels: list[str] | 
     the CSV is text in another encoding (Latin-1 from Excel), refused as before."""
     if not holds_non_utf8("".join(paths)) and not holds_non_utf8("".join(labels or ())):
         return
-    base = str(index_folder(source))
+    base = str(index_folder(source, paths))
     for index, path in enumerate(paths):
         in_path = holds_non_utf8(path)
         if in_path and os.path.lexists(os.path.join(base, path)):

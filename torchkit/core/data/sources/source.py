@@ -371,7 +371,7 @@ def _open_csv(
     lock_for_reading(path)
     samples = csv_samples(path, classes=classes, allow_unlabelled=allow_unlabelled)
     lock_listed_for_reading(path, samples.paths)
-    root = str(index_folder(path))
+    root = str(index_folder(path, samples.ids))
     if samples.splits is None:
         return DataSource(spec, "csv", root, {}, samples, list(samples.classes))
     parts = {}
