@@ -510,3 +510,33 @@ def test_an_image_of_a_path_alone_is_unreadable_naming_that_path(tmp_path):
     assert "the row's image has no bytes, only a path (imgs/x.png), which torchkit does not " in (
         error_line(result.stderr)
     )
+
+
+def test_rows_of_paths_alone_read_their_row_group_once_for_their_paths(tmp_path, monkeypatch):
+    """A dataset saved without its images embedded has a null image in every row: each row's
+    message read its row group again, so dataset-stats of 20,000 such rows took 50 s (2.6 s
+    before the path was named), growing with the square of the rows."""
+    import pyarrow.parquet as pq
+
+    import torchkit.core.data.sources.parquet as parquet
+
+    count = 40
+    paths = [None] + [f"imgs/{i}.png" for i in range(1, count)]
+    data = write_parquet(
+        tmp_path / "d.parquet", [png(0)] + [None] * (count - 1), None, row_group_size=count,
+        image_paths=paths,
+    )  # fmt: skip
+    reads = []
+    real_read = pq.ParquetFile.read_row_group
+
+    def read_row_group(self, *args, **kwargs):  # counted, then read as ever
+        reads.append(args)
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", read_row_group)
+    reader = parquet.ParquetImages([str(data)], ["image"])
+    assert reader.read((0, 0, 0)) == png(0)
+    for row in range(1, count):
+        with pytest.raises(parquet.NullImage, match=rf"only a path \(imgs/{row}\.png\)"):
+            reader.read((0, 0, row))
+    assert len(reads) == 2  # the images, then their paths

@@ -127,6 +127,8 @@ class ParquetImages:
         self._opened: dict[int, Any] = {}
         self._cache: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._cached_bytes = 0
+        # The `path` fields of the last row group a null image was found in (`_image_paths`).
+        self._paths: tuple[tuple[int, int], Any] | None = None
 
     def __getstate__(self) -> dict:
         return {
@@ -165,22 +167,34 @@ class ParquetImages:
     def _null_reason(self, file: int, group: int, row: int) -> str:
         """Why a row has no image bytes: an HF Image of a `path` alone (a dataset saved without
         its images embedded) says which file it names, which torchkit does not open."""
-        pa = import_extra_pyarrow()
-        column = self.columns[file]
-        try:
-            with _reading:
-                _, handle = self._opened[file]
-                table = handle.read_row_group(group, columns=[column], use_threads=False)
-            value = table.column(0)[row].as_py()
-        except (KeyError, OSError, pa.ArrowException):
-            value = None
-        path = value.get("path") if isinstance(value, dict) else None
+        with _reading:
+            paths = self._image_paths(file, group)
+        path = None if paths is None else paths[row].as_py()
         if not path:
             return "the row's image is null (no bytes)"
         return (
             f"the row's image has no bytes, only a path ({path}), which torchkit does not open: "
             "save the dataset with its images embedded"
         )
+
+    def _image_paths(self, file: int, group: int) -> Any:
+        """The `path` field of a row group's images (None where they have none), that of the
+        last row group asked for kept: a dataset saved without its images embedded has a null
+        image in every row, and reading its row group again for each took time growing with
+        the square of its rows. Called under `_reading`."""
+        if self._paths is not None and self._paths[0] == (file, group):
+            return self._paths[1]
+        pa = import_extra_pyarrow()
+        try:
+            _, handle = self._opened[file]
+            table = handle.read_row_group(group, columns=[self.columns[file]], use_threads=False)
+            images = table.column(0).combine_chunks()
+            has_path = pa.types.is_struct(images.type) and images.type.get_field_index("path") >= 0
+            paths = images.field("path") if has_path else None
+        except (KeyError, OSError, pa.ArrowException):
+            paths = None
+        self._paths = ((file, group), paths)
+        return paths
 
     def _row_group(self, file: int, group: int) -> Any:
         """The image bytes of one row group (a pyarrow binary array, nulls where the image or
