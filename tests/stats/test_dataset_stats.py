@@ -853,6 +853,7 @@ def test_a_side_csv_the_full_disk_refuses_leaves_the_old_report_and_csv(
     done = run_torchkit_in_process(*args)
     assert done.returncode == 1, done.stderr
     assert error_line(done.stderr).startswith(f"Error: cannot write {pairs}: No space left")
+    assert "wrote" not in done.stderr  # the new report was put back: not said to be written
     assert pairs.read_text() == "old,pairs\n"
     assert sorted(os.listdir(disk)) == ["filler", "pairs.csv"]
     assert report.read_text() == '{"old": "report"}\n'

@@ -343,6 +343,8 @@ def dataset_stats(
 
       torchkit dataset-stats data/split --near-duplicates --leakage-csv pairs.csv
     """
+    from functools import partial
+
     from torchkit.core.io.outputs import ReplacedFiles
     from torchkit.core.runtime.plot_helper import plot_helper
     from torchkit.core.stats import (
@@ -377,8 +379,7 @@ def dataset_stats(
             console.note(note)
         # The report, plot and pairs an earlier run wrote are set aside until all the new ones
         # are in place (export's rule): a plot or CSV the disk has no room for leaves every old
-        # file as it was, not a new report beside them.
-        notes = []
+        # file as it was, not a new report beside them. The "wrote" notes follow then.
         with ReplacedFiles() as replaced:
             emit(
                 tables=[_long_table(stats)] if fmt == OutputFormat.csv else _tables(stats),
@@ -393,15 +394,13 @@ def dataset_stats(
                 replaced.set_aside(plot)  # before each writer checks its file again
                 written = plot_dataset_stats(stats, plot, force=force, painter=painter)
                 replaced.wrote(plot)
-                notes.append(f"wrote {written}")
+                replaced.when_kept(partial(console.note, f"wrote {written}"))
             if leakage_csv is not None:
                 replaced.set_aside(leakage_csv)
                 written = write_pairs_csv(stats, leakage_csv, force=force)
                 replaced.wrote(leakage_csv)
                 pairs = len(stats.leakage) + len(stats.near_duplicates)
-                notes.append(f"wrote {written} ({pairs} pairs)")
-        for note in notes:  # once every file is in place
-            console.note(note)
+                replaced.when_kept(partial(console.note, f"wrote {written} ({pairs} pairs)"))
 
 
 def _root(root: str | None, data: str | None) -> str:

@@ -406,7 +406,7 @@ def emit(
     Where a file the command `written` is stdout itself (`export m.pt /dev/stdout | ...`, a
     link to it, the FIFO or file stdout goes to), the result goes to stderr, not into the file.
     `replaced`: the command's other outputs, whose old files go back with the old `output` if
-    the command fails after this (`ReplacedFiles`)."""
+    the command fails after this (`ReplacedFiles`); "wrote FILE" is said when they are kept."""
     from torchkit.core.io.files import atomic_write_text
     from torchkit.core.io.outputs import check_output_file, shares_stdout
 
@@ -437,6 +437,8 @@ def emit(
         screen.file.flush()
     else:
         atomic_write_text(output, text)
-        if replaced is not None:
+        if replaced is None:
+            console.note(f"wrote {output}")
+        else:  # said once every output is in place: a later failure puts the old file back
             replaced.wrote(output)
-        console.note(f"wrote {output}")
+            replaced.when_kept(lambda: console.note(f"wrote {output}"))

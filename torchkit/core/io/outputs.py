@@ -588,6 +588,7 @@ class ReplacedFiles:
         self._new: dict[Path, FileId | None] = {}  # the new files where none was set aside
         self._missing: list[Path] = []  # folders above the outputs not there yet, deepest first
         self._held: list[int] = []  # descriptors holding the flock of each old file set aside
+        self._when_kept: list[Callable[[], None]] = []  # `when_kept`'s, in order
 
     def __enter__(self) -> ReplacedFiles:
         return self
@@ -628,11 +629,14 @@ class ReplacedFiles:
                 for note in notes:
                     log.warning(note)
             aside = _sibling(target, REPLACED_SUFFIX)
+            # Listed before it is made: a stop right after the link still removes it.
+            self._files.append((target, aside))
             with reporting_write_errors(target):
                 _link_or_copy(target, aside)
             if _lstat_id(aside) != _lstat_id(target):  # a copy: a file of its own to hold
                 self._hold(aside)
-        self._files.append((target, aside))
+        else:
+            self._files.append((target, aside))
 
     def _hold(self, path: Path) -> bool:
         """Take the flock of the regular file `path` until `keep()` or `put_back()`; whether it
@@ -662,6 +666,11 @@ class ReplacedFiles:
             if path is not None and target == Path(path) and aside is None:
                 self._new[target] = _lstat_id(target)
 
+    def when_kept(self, then: Callable[[], None]) -> None:
+        """Call `then` (the caller's "wrote FILE" note) once the new files are kept, and never
+        if they are put back: a note before a failure named a file the failure took back."""
+        self._when_kept.append(then)
+
     def keep(self) -> None:
         """The new files are the result: the old ones set aside are deleted."""
         files, self._files = self._files, []
@@ -673,12 +682,16 @@ class ReplacedFiles:
                     remove_tree(aside)
         finally:
             self._release()
+        then, self._when_kept = self._when_kept, []
+        for function in then:
+            function()
 
     def put_back(self) -> None:
         """The command failed: each old file goes back to its name (over the new one), each new
         file that replaced nothing is removed, and the folders made for them that this leaves
         empty."""
         files, self._files = self._files, []
+        self._when_kept.clear()
         try:
             for target, aside in reversed(files):
                 if aside is None:
