@@ -70,7 +70,6 @@ from torchkit.core.data.sources.record import (
     SPLIT_CSV,
     SPLIT_CSV_COLUMNS,
     recorded_splits,
-    split_csv_text,
     split_record,
     write_split_csv,
 )
@@ -108,7 +107,6 @@ __all__ = [
     "open_labelled",
     "recorded_splits",
     "select_split",
-    "split_csv_text",
     "split_record",
     "training_splits",
     "warn_empty_splits",

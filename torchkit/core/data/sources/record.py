@@ -17,7 +17,7 @@ from pathlib import Path
 from torchkit.core.data.sources.samples import Samples
 from torchkit.core.data.sources.source import DataSource, tagged
 from torchkit.core.data.sources.splitting import SPLIT_NAMES, path_key
-from torchkit.core.io.csv_rows import csv_text, write_csv_file
+from torchkit.core.io.csv_rows import write_csv_file
 from torchkit.core.io.errors import InputError
 
 RECORD_VERSION = 1
@@ -98,11 +98,6 @@ def split_csv_rows(splits: dict[str, Samples]) -> Iterator[tuple]:
         classes = samples.classes
         for ident, label in zip(samples.ids, samples.labels, strict=True):
             yield ident, classes[label], name
-
-
-def split_csv_text(splits: dict[str, Samples]) -> str:
-    """split.csv's text: the header, then `split_csv_rows`."""
-    return csv_text([SPLIT_CSV_COLUMNS, *split_csv_rows(splits)])
 
 
 def write_split_csv(path: str | os.PathLike, splits: dict[str, Samples]) -> Path:
