@@ -550,6 +550,11 @@ def publish_file(temporary: str | os.PathLike, target: str | os.PathLike) -> Non
     )
 
 
+# What `os.link` raises on a file system (or a file) that takes no hard link: FAT/exFAT, some
+# network and FUSE file systems, a file at its filesystem's link limit.
+NO_HARD_LINK = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS)
+
+
 def _rename_if_free(source: str | os.PathLike, name: str | os.PathLike) -> bool:
     """Rename `source` to `name` only where nothing is at `name` (a hard link, then the old
     name removed: a rename would replace what another process put there at the same moment).
@@ -559,13 +564,7 @@ def _rename_if_free(source: str | os.PathLike, name: str | os.PathLike) -> bool:
     except FileExistsError:
         return False
     except OSError as error:  # a file system without hard links: a plain rename, checked first
-        if error.errno not in (
-            errno.EPERM,
-            errno.ENOTSUP,
-            errno.EOPNOTSUPP,
-            errno.EMLINK,
-            errno.ENOSYS,
-        ):
+        if error.errno not in NO_HARD_LINK:
             raise
         if os.path.lexists(name):
             return False
@@ -772,13 +771,7 @@ def _link_or_copy(source: Path, name: Path) -> None:
     try:
         os.link(source, name, follow_symlinks=False)
     except OSError as error:
-        if error.errno not in (
-            errno.EPERM,
-            errno.ENOTSUP,
-            errno.EOPNOTSUPP,
-            errno.EMLINK,
-            errno.ENOSYS,
-        ):
+        if error.errno not in NO_HARD_LINK:
             raise
         shutil.copy2(source, name, follow_symlinks=False)
 
