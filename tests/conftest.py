@@ -270,6 +270,7 @@ LONGEST_MODULES = (  # seconds of test time each: a 2-core run of 2026-11-30 (a 
     "test_safety_train",  # 10
     "test_standard_streams",  # 10
     "test_curves_painter",  # 10
+    "test_extract_features",  # 10 (2026-12-01: 30 of a loaded run's test time, 5 s of CPU)
     "test_process_exit",  # 10: real exits
     "test_train_digits_target",  # 9, one test
     "test_eval_scorer",  # 9
@@ -279,10 +280,13 @@ LONGEST_MODULES = (  # seconds of test time each: a 2-core run of 2026-11-30 (a 
     "test_deferred_signals",  # 8
     "test_user_notices",  # 7
     "test_safety_eval",  # 6
+    "test_train_background_save",  # 6 (2026-12-01, as test_extract_features: 17)
     "test_safety_split",  # 6
     "test_model_trust",  # 6
     "test_safety_convert",  # 6
     "test_epoch_starts",  # 5
+    "test_train_config_file",  # 4 (2026-12-01, as test_extract_features: 13)
+    "test_read_once",  # 4 (the same: 11)
 )
 
 
