@@ -24,7 +24,7 @@ from torchkit.cli.options import (
     model_argument,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, format_rate, report_file, resolve_format
+from torchkit.cli.render import ReportAtSwap, Table, format_rate, report_file, resolve_format
 from torchkit.cli.run_options import DEFAULT_PREPROCESS, DEFAULT_RUN, with_inference_options
 from torchkit.core.inference.options import InferenceOptions, PreprocessOverrides
 
@@ -146,7 +146,6 @@ def eval_command(
     from torchkit.core.evaluate import EvalOptions, ModelSpec, evaluate, parse_class_names
     from torchkit.core.evaluate.runner import check_report_file
     from torchkit.core.evaluate.source import recorded_data
-    from torchkit.core.io.outputs import ReplacedFiles
     from torchkit.core.runtime.launch import is_main_process
 
     fmt = resolve_format(fmt, output)
@@ -183,45 +182,28 @@ def eval_command(
     )
     if report_file(output) is not None:
         check_report_file(output, spec, options)  # before any work, not after it
-    reported = []
 
-    def write_report(result) -> None:
+    def render(result) -> tuple[list[Table], dict]:
         if fmt == "csv":  # per_class.csv's columns and plain numbers, with the overall rows
             tables = [Table(result.per_class_columns(), result.per_class_rows(with_summary=True))]
         else:
             tables = [summary_table(result), per_class_table(result)]
-        emit(
-            tables=tables,
-            data=result.to_dict(),
-            fmt=fmt,
-            output=output,
-            force=force,
-            replaced=replaced,
-        )
-        reported.append(output)
+        return tables, result.to_dict()
 
-    # An -o file is written before the new reports replace an old --out folder, with an old
-    # report set aside: a report the disk has no room for leaves the old folder and report as
-    # they were, and a failed swap of the folder puts the old report back. Stdout after.
-    with ReplacedFiles() as replaced:
+    # An -o file is written before the new reports replace an old --out folder (ReportAtSwap).
+    with ReportAtSwap(render, fmt=fmt, output=output, force=force) as report:
         # Under torchrun only rank 0 shows progress (it evaluates its share of the images).
         with progress_bar(
             "evaluating", refresh_in_thread=True, hidden=not is_main_process()
         ) as advance:
-            result = evaluate(
-                spec,
-                options,
-                progress=advance,
-                before_keep=write_report if report_file(output) is not None else None,
-            )
+            result = evaluate(spec, options, progress=advance, before_keep=report.before_keep)
         if result is None:  # a torchrun rank other than 0: rank 0 reports
             return
         if result.written:
             console.note(
                 f"wrote {len(result.written)} reports to {out} in {result.report_seconds:.2f} s"
             )
-        if not reported:
-            write_report(result)
+        report.after(result)
 
 
 def _recorded_data(find, spec) -> str:

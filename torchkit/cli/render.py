@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -442,3 +442,48 @@ def emit(
         else:  # said once every output is in place: a later failure puts the old file back
             replaced.wrote(output)
             replaced.when_kept(lambda: console.note(f"wrote {output}"))
+
+
+class ReportAtSwap:
+    """The result of a command whose main output replaces an earlier one only at its very end
+    (eval's --out, split's OUT, video-info's --extract-frames). An -o file is written just
+    before that swap (`before_keep`, handed to the core function), its old file set aside
+    (`ReplacedFiles`): a report the disk has no room for leaves the earlier output and report
+    as they were, and a swap that fails after it puts the old report back. Stdout, and a run
+    that swaps nothing, get the result after (`after`). `render(result)` gives emit's tables
+    and data; `to_file` False writes even an -o file after (one inside the output swapped in).
+    """
+
+    def __init__(
+        self,
+        render: Callable[[Any], tuple[list[Table], Any]],
+        *,
+        fmt: OutputFormat,
+        output: Path | None,
+        force: bool,
+        to_file: bool | None = None,
+    ) -> None:
+        from torchkit.core.io.outputs import ReplacedFiles
+
+        self._render, self._fmt, self._output, self._force = render, fmt, output, force
+        self._replaced = ReplacedFiles()
+        self._written = False
+        at_swap = report_file(output) is not None if to_file is None else to_file
+        self.before_keep = self._write if at_swap else None
+
+    def __enter__(self) -> ReportAtSwap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._replaced.__exit__(*exc)
+
+    def _write(self, result: Any) -> None:
+        tables, data = self._render(result)
+        emit(tables=tables, data=data, fmt=self._fmt, output=self._output, force=self._force,
+             replaced=self._replaced)  # fmt: skip
+        self._written = True
+
+    def after(self, result: Any) -> None:
+        """Write the result where `before_keep` has not."""
+        if not self._written:
+            self._write(result)

@@ -21,7 +21,7 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, report_file, resolve_format
+from torchkit.cli.render import ReportAtSwap, Table, report_file, resolve_format
 from torchkit.core.io.wording import counted
 
 
@@ -214,7 +214,6 @@ def split(
       torchkit split data/raw data/split --fixed 20,20 --oversample --mode symlink
     """
     from torchkit.core.io.option_lists import list_items
-    from torchkit.core.io.outputs import ReplacedFiles
     from torchkit.core.split import check_report_file, split_dataset
 
     fmt = resolve_format(fmt, output)
@@ -224,23 +223,8 @@ def split(
     )
     if report_file(output) is not None:
         check_report_file(output, force, root, out, split_names)
-    reported = []
-
-    def write_report(result) -> None:
-        emit(
-            tables=[_table(result)],
-            data=result.to_dict(),
-            fmt=fmt,
-            output=output,
-            force=force,
-            replaced=replaced,
-        )
-        reported.append(output)
-
-    # An -o file is written before the new split replaces an earlier one in OUT, with an old
-    # report set aside: a report the disk has no room for leaves the earlier split and report
-    # as they were, and a split that fails after it puts the old report back. Stdout after.
-    with ReplacedFiles() as replaced:
+    # An -o file is written before the new split replaces an earlier one in OUT (ReportAtSwap).
+    with ReportAtSwap(_rendered, fmt=fmt, output=output, force=force) as report:
         with progress_bar(f"Splitting ({mode.value})") as update:
             result = split_dataset(
                 root,
@@ -257,7 +241,7 @@ def split(
                 fixed=fixed,
                 oversample=oversample,
                 strict=strict,
-                before_keep=write_report if report_file(output) is not None else None,
+                before_keep=report.before_keep,
             )
         if result.already_done:
             console.note(
@@ -269,8 +253,11 @@ def split(
         kept = _dedup_note(result)
         if kept:
             console.note(kept)
-        if not reported:
-            write_report(result)
+        report.after(result)
+
+
+def _rendered(result) -> tuple[list[Table], dict]:
+    return [_table(result)], result.to_dict()
 
 
 def _root_and_out(root, out, data, out_option) -> tuple[str, Path]:

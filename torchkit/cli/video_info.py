@@ -22,8 +22,8 @@ from torchkit.cli.progress import progress_bar
 from torchkit.cli.render import (
     JsonArrayWriter,
     OutputFormat,
+    ReportAtSwap,
     Table,
-    emit,
     report_file,
     resolve_format,
 )
@@ -166,7 +166,6 @@ def video_info(
       torchkit video-info clip.mp4 --segments 8 --sample-mode train --extract-frames frames/
     """
     from torchkit.cli.options import former_short_flag
-    from torchkit.core.io.outputs import ReplacedFiles
     from torchkit.core.video import inspect_videos
 
     segments = former_short_flag(segments, segments_short, option="--segments", flag="-k")
@@ -193,28 +192,19 @@ def video_info(
         _finish(tally, skip_errors)
         return
 
-    def write_report(infos) -> None:
+    def render(infos) -> tuple[list[Table], list]:
         if fmt == OutputFormat.csv:
             table = _csv_table(infos)
         else:
             table = _table(infos, exact=exact, segments=segments is not None)
-        emit(
-            tables=[table],
-            data=[info.to_dict() for info in infos],
-            fmt=fmt,
-            output=output,
-            force=force,
-            replaced=replaced,
-        )
+        return [table], [info.to_dict() for info in infos]
 
-    # An -o file is written before the new frames replace an old folder, with an old report set
-    # aside: a report the disk has no room for leaves the old frames and report as they were,
-    # and a failed swap of the frames puts the old report back. Stdout, and a report inside the
-    # frames folder (which is not there yet), after the frames.
+    # An -o file is written before the new frames replace an old folder (ReportAtSwap). A report
+    # inside the frames folder (which is not there yet) after the frames.
     to_file = report_file(output) is not None and not (
         extract_frames is not None and _lies_in(report_file(output), extract_frames)
     )
-    with ReplacedFiles() as replaced:
+    with ReportAtSwap(render, fmt=fmt, output=output, force=force, to_file=to_file) as report:
         with progress_bar("reading videos", eta=False, refresh_in_thread=True) as advance:
             infos = inspect_videos(
                 paths,
@@ -229,10 +219,9 @@ def video_info(
                 progress=advance,
                 report=report_file(output),  # checked against the videos before the work
                 stdin=stdin,
-                before_keep=write_report if to_file else None,
+                before_keep=report.before_keep,
             )
-        if not to_file:
-            write_report(infos)
+        report.after(infos)
     tally = _Tally()
     for info in infos:
         tally.add(info)
