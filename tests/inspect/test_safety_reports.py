@@ -319,6 +319,24 @@ def test_a_report_the_full_disk_refuses_leaves_the_main_output_as_it_was(
     assert tree_digest(work) == before  # the earlier output as it was, not the rerun's
 
 
+def test_summary_to_a_read_only_disk_is_refused_before_the_model_is_built(
+    runner, work, monkeypatch, small_tmpfs
+):
+    disk = small_tmpfs(64)
+    if subprocess.run(["mount", "-o", "remount,ro", str(disk)]).returncode != 0:
+        pytest.skip("cannot remount the tmpfs read-only")
+    monkeypatch.chdir(work)
+    (work / "built_marker.py").write_text(
+        "from pathlib import Path\nfrom torch import nn\n\n\ndef make():\n"
+        "    Path('built').touch()\n    return nn.Linear(8, 4)\n"
+    )
+    result = runner.invoke(app, ["summary", "built_marker:make", "-i", "8", "-o", disk / "s.txt"])
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(f"Error: cannot write {disk / 's.txt'}: Read-only file system"), line
+    assert not (work / "built").exists()  # found with the other -o checks, not at the end
+
+
 # -- SIGTERM during dataset-stats' pass ---------------------------------------------------------
 
 
