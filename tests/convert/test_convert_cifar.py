@@ -588,3 +588,28 @@ def test_variant_the_source_does_not_hold_is_a_usage_error(cifar10, tmp_path):
     assert result.exit_code == 2
     assert "holds no CIFAR-100 dataset, only CIFAR-10" in error_line(result.stderr)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_report_the_full_disk_refuses_leaves_the_old_output(cifar10, tmp_path, small_tmpfs):
+    """`convert cifar SRC OUT --force -o REPORT` where REPORT's disk is full: the new PNGs had
+    replaced the old OUT while the command failed. OUT and the report are as they were."""
+    from disks import fill_disk
+
+    folder, _, _ = cifar10
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["convert", "cifar", str(folder), str(out), "-j", "0"]).exit_code == 0
+    (out / "train" / CIFAR10_CLASSES[0] / "old-only.png").write_bytes(b"")  # gone if replaced
+    before = tree_digest(out)
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    args = ["convert", "cifar", str(folder), str(out), "-j", "0", "--force", "-o", str(report)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr, besides="nothing")
+    assert line.startswith(f"Error: cannot write {report}: No space left"), line
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "report.json"]
+    assert tree_digest(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", disk.name]  # nothing beside

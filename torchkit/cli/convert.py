@@ -22,7 +22,7 @@ from torchkit.cli.options import (
     seed_in_range,
 )
 from torchkit.cli.progress import progress_bar
-from torchkit.cli.render import Table, emit, format_rate, resolve_format
+from torchkit.cli.render import ReportAtSwap, Table, emit, format_rate, resolve_format
 from torchkit.core.io.sizes import SIZE_RULE
 from torchkit.core.io.wording import counted
 
@@ -328,16 +328,28 @@ def cifar(
     out = product_path(out, out_option)
     check_report_output(output, force, source=src, destination=out, writes=writes_file)
 
-    with progress_bar("writing PNGs") as progress:
-        report = convert_cifar(
-            src,
-            out,
-            label_type=label_type.value if label_type else None,
-            variant=variant.value if variant else None,
-            force=force,
-            workers=workers,
-            progress=progress,
+    # An -o file is written before the new PNGs replace an old OUT (ReportAtSwap).
+    with ReportAtSwap(_cifar_rendered, fmt=fmt, output=output, force=force) as written:
+        with progress_bar("writing PNGs") as progress:
+            report = convert_cifar(
+                src,
+                out,
+                label_type=label_type.value if label_type else None,
+                variant=variant.value if variant else None,
+                force=force,
+                workers=workers,
+                progress=progress,
+                before_keep=written.before_keep,
+            )
+        written.after(report)
+    if report.seconds:
+        console.note(
+            f"{counted(report.images, 'image')} in {report.seconds:.1f} s "
+            f"({format_rate(report.images / report.seconds)} images/s)"
         )
+
+
+def _cifar_rendered(report) -> tuple[list[Table], dict]:
     rows = [
         [split, count, len(report.classes), str(Path(report.output) / split)]
         for split, count in report.counts.items()
@@ -346,12 +358,7 @@ def cifar(
     table = Table(
         ["split", "images", "classes", "folder"], rows, title=title, align_right={"images"}
     )
-    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force)
-    if report.seconds:
-        console.note(
-            f"{counted(report.images, 'image')} in {report.seconds:.1f} s "
-            f"({format_rate(report.images / report.seconds)} images/s)"
-        )
+    return [table], report.to_dict()
 
 
 def checkpoint(

@@ -19,7 +19,7 @@ import re
 import tarfile
 import time
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
@@ -444,13 +444,18 @@ def write_cifar(
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    before_keep: Callable[[CifarReport], None] | None = None,
 ) -> CifarReport:
     """Write `data` as PNG folders into `out`: built in a hidden folder beside it that replaces
     it only once every image is written, so a failure or an interrupt leaves `out` as it was.
-    `out` may be an `OutputFolder` made (checked and locked) beforehand with `output_folder`."""
+    `out` may be an `OutputFolder` made (checked and locked) beforehand with `output_folder`.
+    `before_keep(report)` runs before that swap: if it raises, `out` stays as it was."""
     output = out if isinstance(out, OutputFolder) else output_folder(out, force=force)
     with output:
-        return _fill(output, data, workers, progress)
+        report = _fill(output, data, workers, progress)
+        if before_keep is not None:
+            before_keep(report)  # raising: `output`'s exit puts the old folder back
+        return report
 
 
 def _fill(
@@ -525,16 +530,23 @@ def convert_cifar(
     force: bool = False,
     workers: int | None = None,
     progress: Progress | None = None,
+    before_keep: Callable[[CifarReport], None] | None = None,
 ) -> CifarReport:
     """CIFAR-10/100 python archive or folder -> `out/{train,test}/<class>/<index>.png`. The
     output is checked (never the source nor inside or around it; an existing one replaced only
-    with `force`, and only if torchkit wrote it) and locked before the slow read."""
+    with `force`, and only if torchkit wrote it) and locked before the slow read.
+    `before_keep(report)` runs once every PNG is written, before the new folder replaces an
+    old one: if it raises (the caller's `-o` report did not fit on its disk), the old stays."""
     check_workers(workers)
     source = require_input(src, what="CIFAR source")
     output = output_folder(out, force=force, inputs=[InputPath.of(source, "CIFAR source")])
     started = time.perf_counter()
+
+    def timed(report: CifarReport) -> None:
+        report.seconds = time.perf_counter() - started  # the read included
+        if before_keep is not None:
+            before_keep(report)
+
     with output:
         data = read_cifar(source, label_type=label_type, variant=variant)
-        report = write_cifar(data, output, workers=workers, progress=progress)
-    report.seconds = time.perf_counter() - started
-    return report
+        return write_cifar(data, output, workers=workers, progress=progress, before_keep=timed)
