@@ -508,3 +508,28 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_dst_and_report(tmp_path, 
     assert sorted(os.listdir(disk)) == ["filler", "report.json"]
     assert dst.read_bytes() == b"the old result"
     assert not [name for name in os.listdir(folder) if name.startswith(".")]
+
+
+def test_a_report_the_full_disk_refuses_leaves_the_old_folder_dst(tmp_path, small_tmpfs):
+    """`convert tensor SRC_DIR DST_DIR --to npy --force -o REPORT` where REPORT's disk is full:
+    the new DST folder had replaced the old one while the command failed. DST and the report
+    are as they were."""
+    source = tmp_path / "arrays"
+    source.mkdir()
+    np.save(source / "a.npy", np.arange(12, dtype=np.float32).reshape(3, 4))
+    dst = tmp_path / "out"
+    args = ["convert", "tensor", source, dst, "--to", "pt"]
+    assert run_torchkit_in_process(*args).returncode == 0
+    (dst / "old-only.pt").write_bytes(b"")  # gone if the folder is replaced
+    before = tree_digest(dst)
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    done = run_torchkit_in_process(*args, "--force", "-o", report)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr).startswith(f"Error: cannot write {report}: No space left")
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "report.json"]
+    assert tree_digest(dst) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["arrays", disk.name, "out"])

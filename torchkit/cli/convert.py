@@ -201,7 +201,6 @@ def tensor(
     """
     from torchkit.core.convert.report_file import check_report_output
     from torchkit.core.convert.tensor import TensorOptions, convert_tensor, writes_file
-    from torchkit.core.io.outputs import ReplacedFiles
 
     fmt = resolve_format(fmt, output)
     dst = product_path(dst, out_option, name="DST")
@@ -220,12 +219,15 @@ def tensor(
         quality=quality,
     )
     # A file DST that --force replaces is set aside until the report is written too (export's
-    # rule): a report the disk has no room for leaves the old DST and report as they were. A
-    # folder DST is OutputFolder's, which has replaced the old one once the conversion is done.
-    with ReplacedFiles() as replaced:
+    # rule), and a folder DST (OutputFolder's) is swapped in only after an -o file is written
+    # (ReportAtSwap): a report the disk has no room for leaves the old DST and report as they
+    # were. (A file SRC into a folder DST: the files it writes there are not set aside.)
+    with ReportAtSwap(
+        _tensor_rendered, fmt=fmt, output=output, force=force, written=[dst]
+    ) as reporting:
         one_file = not Path(src).is_dir() and not Path(dst).is_dir()
         if one_file:
-            replaced.set_aside(dst)  # before convert_tensor checks DST again
+            reporting.replaced.set_aside(dst)  # before convert_tensor checks DST again
         with progress_bar("converting") as progress:
             report = convert_tensor(
                 src,
@@ -235,10 +237,11 @@ def tensor(
                 workers=workers,
                 strict=strict,
                 progress=progress,
+                before_keep=reporting.before_keep,
             )
         if one_file and not Path(dst).is_dir():  # not a batch split into a new folder
-            replaced.wrote(dst)
-        _emit_tensor_report(report, fmt, output, force, dst, replaced)
+            reporting.replaced.wrote(dst)
+        reporting.after(report)
     if report.failed:  # as `cp -r`: the others are converted, and the command failed
         from torchkit.core.io.errors import InputError
 
@@ -249,7 +252,7 @@ def tensor(
         )
 
 
-def _emit_tensor_report(report, fmt, output, force, dst, replaced) -> None:
+def _tensor_rendered(report) -> tuple[list[Table], dict]:
     if report.folder:
         table = Table(
             ["converted", "skipped", "failed", "files written", "destination"],
@@ -269,8 +272,7 @@ def _emit_tensor_report(report, fmt, output, force, dst, replaced) -> None:
             ["file", "shape", "dtype"],
             [[w.path, _shape(w.shape), w.dtype] for w in report.written],
         )
-    emit(tables=[table], data=report.to_dict(), fmt=fmt, output=output, force=force,
-         written=[dst], replaced=replaced)  # fmt: skip
+    return [table], report.to_dict()
 
 
 def cifar(

@@ -451,7 +451,8 @@ class ReportAtSwap:
     (`ReplacedFiles`): a report the disk has no room for leaves the earlier output and report
     as they were, and a swap that fails after it puts the old report back. Stdout, and a run
     that swaps nothing, get the result after (`after`). `render(result)` gives emit's tables
-    and data; `to_file` False writes even an -o file after (one inside the output swapped in).
+    and data; `to_file` False writes even an -o file after (one inside the output swapped in);
+    `written` is emit's. The command's own file outputs may join `replaced`.
     """
 
     def __init__(
@@ -462,11 +463,13 @@ class ReportAtSwap:
         output: Path | None,
         force: bool,
         to_file: bool | None = None,
+        written: Iterable[str | os.PathLike | None] = (),
     ) -> None:
         from torchkit.core.io.outputs import ReplacedFiles
 
         self._render, self._fmt, self._output, self._force = render, fmt, output, force
-        self._replaced = ReplacedFiles()
+        self._others = list(written)
+        self.replaced = ReplacedFiles()
         self._written = False
         at_swap = report_file(output) is not None if to_file is None else to_file
         self.before_keep = self._write if at_swap else None
@@ -475,12 +478,12 @@ class ReportAtSwap:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._replaced.__exit__(*exc)
+        self.replaced.__exit__(*exc)
 
     def _write(self, result: Any) -> None:
         tables, data = self._render(result)
         emit(tables=tables, data=data, fmt=self._fmt, output=self._output, force=self._force,
-             replaced=self._replaced)  # fmt: skip
+             written=self._others, replaced=self.replaced)  # fmt: skip
         self._written = True
 
     def after(self, result: Any) -> None:

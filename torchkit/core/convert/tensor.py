@@ -647,17 +647,22 @@ def convert_tensor(
     workers: int | None = None,
     strict: bool = False,
     progress: Progress | None = None,
+    before_keep: Callable[[TensorReport], None] | None = None,
 ) -> TensorReport:
     """Convert one file, or every supported file of a folder tree, by extension. Every output
     is checked before any work: never an input, never inside the input folder, an existing one
-    replaced only with `force` (a folder only if torchkit wrote it)."""
+    replaced only with `force` (a folder only if torchkit wrote it). `before_keep(report)` runs
+    (a folder SRC) once every file is written, before the new folder replaces an old DST: if
+    it raises (the caller's `-o` report did not fit on its disk), the old DST stays."""
     check_workers(workers)
     options = options or TensorOptions()
     source = require_input(src, what="source")
     target = Path(dst)
     to = _target_extension(options.to)
     if source.is_dir():
-        return _convert_folder(source, target, to, options, force, workers, strict, progress)
+        return _convert_folder(
+            source, target, to, options, force, workers, strict, progress, before_keep
+        )
 
     kind_of(source.suffix)  # an unknown source extension is a usage error
     special = is_special_file(target)  # /dev/stdout, /dev/fd/N, a FIFO: written into
@@ -714,6 +719,7 @@ def _convert_folder(
     workers: int | None,
     strict: bool,
     progress: Progress | None,
+    before_keep: Callable[[TensorReport], None] | None = None,
 ) -> TensorReport:
     if to is None:
         raise UsageError(
@@ -734,8 +740,10 @@ def _convert_folder(
     )
     with output:
         report = _convert_into(output, source, target, to, options, workers, strict, progress)
-    report.failures.sort()
-    report.written.sort(key=lambda w: w.path)
+        report.failures.sort()
+        report.written.sort(key=lambda w: w.path)
+        if before_keep is not None:
+            before_keep(report)  # raising: `output`'s exit puts the old folder back
     return report
 
 
