@@ -4,6 +4,7 @@ are one error line."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,11 @@ def test_a_path_holding_a_nul_byte_is_an_error_naming_its_line(tmp_path):
     index.write_text("\n".join(rows) + "\n", encoding="utf-8")
     result = run_torchkit_in_process("dataset-stats", index)
     assert result.returncode == 1
+    # Python 3.10's csv stops at the NUL before the row's fields are known
     assert error_line(result.stderr).startswith(
-        f"Error: {index} has 1 row(s) whose path holds a NUL byte (line 3)"
+        f"Error: {index} has "
+        + ("1 row(s) whose path" if sys.version_info >= (3, 11) else "a row whose text")
+        + " holds a NUL byte (line 3)"
     )
 
 

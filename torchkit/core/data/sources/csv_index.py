@@ -109,11 +109,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
             # "path, label" (a space after the comma) names the columns too.
             columns = [] if header is None else [name.strip() for name in header]
             if any("\0" in name for name in columns):
-                # UTF-16 (pandas' encoding="utf-16", Excel's "Unicode Text") reads so as UTF-8.
-                raise InputError(
-                    f"{source} is not UTF-8 text (its first line holds NUL bytes: UTF-16?)",
-                    "save it as CSV UTF-8 (with or without BOM)",
-                )
+                raise _nul_byte_error(source, 1)
             if "path" not in columns or (labelled and "label" not in columns):
                 has = ", ".join(columns) if columns else "nothing: the file is empty"
                 for separator, name in ((";", "semicolons"), ("\t", "tabs")):
@@ -169,6 +165,8 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
                     splits.append(split)
     except csv.Error as error:
         line = reader.line_num if reader is not None else 1
+        if "NUL" in str(error):  # Python 3.10's csv refuses a NUL byte that 3.11 reads
+            raise _nul_byte_error(source, line) from None
         raise InputError(f"cannot read {source} (line {line}): {error}") from None
     if not paths:
         raise InputError(f"no rows in CSV index {source}", "add one row per image: path,label")
@@ -194,7 +192,7 @@ def read_index_rows(csv_path: str | os.PathLike, *, labelled: bool = True) -> In
         raise InputError(
             f"{source} has {len(nul_path)} row(s) whose path holds a NUL byte "
             f"(line {_lines(nul_path)})",
-            "no file name holds a NUL byte: fix those paths",
+            NUL_PATH_HINT,
         )
     if no_label and not labelled and len(no_label) == len(paths):
         # Unlabelled images: what `split` writes for a flat folder (an empty label column).
@@ -356,6 +354,22 @@ def _refuse_foreign_paths(source: Path, paths: list[str]) -> None:
     raise InputError(
         f"{what}holds backslashes {shown}: Windows separators, part of a file name here",
         f"write / between folders: {slashed} is there" if there else "write / between folders",
+    )
+
+
+NUL_PATH_HINT = "no file name holds a NUL byte: fix those paths"
+
+
+def _nul_byte_error(source: Path, line: int) -> InputError:
+    """A NUL byte on the header line is UTF-16 (pandas' encoding="utf-16", Excel's "Unicode
+    Text") read as UTF-8; on another line, a path that holds one (no file name can)."""
+    if line == 1:
+        return InputError(
+            f"{source} is not UTF-8 text (its first line holds NUL bytes: UTF-16?)",
+            "save it as CSV UTF-8 (with or without BOM)",
+        )
+    return InputError(
+        f"{source} has a row whose text holds a NUL byte (line {line})", NUL_PATH_HINT
     )
 
 
