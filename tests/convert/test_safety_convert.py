@@ -533,3 +533,28 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_folder_dst(tmp_path, smal
     assert sorted(os.listdir(disk)) == ["filler", "report.json"]
     assert tree_digest(dst) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["arrays", disk.name, "out"])
+
+
+def test_a_report_the_full_disk_refuses_leaves_the_old_file_in_a_folder_dst(tmp_path, small_tmpfs):
+    """`convert tensor FILE FOLDER --to pt --force -o REPORT` where REPORT's disk is full: the
+    file it wrote into FOLDER had replaced the old one there. The old file, the folder's other
+    files and the report are as they were."""
+    source = tmp_path / "one.npy"
+    np.save(source, np.arange(12, dtype=np.float32).reshape(3, 4))
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "one.pt").write_bytes(b"the old result")
+    (dst / "other.txt").write_text("kept")
+    before = tree_digest(dst)
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    done = run_torchkit_in_process(
+        "convert", "tensor", source, dst, "--to", "pt", "--force", "-o", report
+    )
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr).startswith(f"Error: cannot write {report}: No space left")
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "report.json"]
+    assert tree_digest(dst) == before

@@ -218,16 +218,13 @@ def tensor(
         nrow=nrow,
         quality=quality,
     )
-    # A file DST that --force replaces is set aside until the report is written too (export's
-    # rule), and a folder DST (OutputFolder's) is swapped in only after an -o file is written
-    # (ReportAtSwap): a report the disk has no room for leaves the old DST and report as they
-    # were. (A file SRC into a folder DST: the files it writes there are not set aside.)
+    # The files a file SRC writes (DST, or into a folder DST) that --force replaces are set
+    # aside until the report is written too (export's rule), and a folder SRC's new DST
+    # (OutputFolder's) is swapped in only after an -o file is written (ReportAtSwap): a report
+    # the disk has no room for leaves the old DST and report as they were.
     with ReportAtSwap(
         _tensor_rendered, fmt=fmt, output=output, force=force, written=[dst]
     ) as reporting:
-        one_file = not Path(src).is_dir() and not Path(dst).is_dir()
-        if one_file:
-            reporting.replaced.set_aside(dst)  # before convert_tensor checks DST again
         with progress_bar("converting") as progress:
             report = convert_tensor(
                 src,
@@ -238,9 +235,8 @@ def tensor(
                 strict=strict,
                 progress=progress,
                 before_keep=reporting.before_keep,
+                replaced=reporting.replaced,
             )
-        if one_file and not Path(dst).is_dir():  # not a batch split into a new folder
-            reporting.replaced.wrote(dst)
         reporting.after(report)
     if report.failed:  # as `cp -r`: the others are converted, and the command failed
         from torchkit.core.io.errors import InputError

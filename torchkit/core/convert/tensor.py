@@ -46,6 +46,7 @@ from torchkit.core.io.outputs import (
     InputPath,
     OutputFolder,
     OutputFolderReplacedError,
+    ReplacedFiles,
     as_write_error,
     check_claimed,
     check_not_stdout,
@@ -478,12 +479,14 @@ def convert_file(
     inputs: Sequence[InputPath] | None = None,
     name: str | None = None,
     extension: str | None = None,
+    replaced: ReplacedFiles | None = None,
 ) -> FileResult:
     """Convert one file, into the format of `extension` (by default `target`'s own). A batch
     written as images becomes `<stem>_<i><ext>` beside `target` when `split_batch`, else it
     needs --grid. Raises TorchkitError on bad input. With `inputs`, every file about to be
     written is checked first (`check_output_file`: not an input, not inside an input folder,
-    an existing one only with `force`)."""
+    an existing one only with `force`). With `replaced`, each old file is set aside there
+    first and each new one recorded: the caller's later failure puts the old files back."""
     result = FileResult(str(source))
     extension = (extension or target.suffix).lower()
     target_kind = kind_of(extension, output=True)
@@ -513,11 +516,15 @@ def convert_file(
             ]
     else:
         outputs = [(pixels, target)]
-    if inputs is not None:
-        for _, path in outputs:
+    for _, path in outputs:
+        if replaced is not None:
+            replaced.set_aside(path)  # before its last check, which records the old file
+        if inputs is not None:
             check_output_file(path, force, inputs)
     for image, path in outputs:
         written = write_pixels(image, path, options, result.warnings.append, extension)
+        if replaced is not None:
+            replaced.wrote(path)
         result.written.append(written)
     return result
 
@@ -648,12 +655,15 @@ def convert_tensor(
     strict: bool = False,
     progress: Progress | None = None,
     before_keep: Callable[[TensorReport], None] | None = None,
+    replaced: ReplacedFiles | None = None,
 ) -> TensorReport:
     """Convert one file, or every supported file of a folder tree, by extension. Every output
     is checked before any work: never an input, never inside the input folder, an existing one
     replaced only with `force` (a folder only if torchkit wrote it). `before_keep(report)` runs
     (a folder SRC) once every file is written, before the new folder replaces an old DST: if
-    it raises (the caller's `-o` report did not fit on its disk), the old DST stays."""
+    it raises (the caller's `-o` report did not fit on its disk), the old DST stays. A file
+    SRC's outputs (DST, or the files it writes into a folder DST) are set aside in `replaced`
+    instead, whose `put_back` gives the old ones back when the caller fails after this."""
     check_workers(workers)
     options = options or TensorOptions()
     source = require_input(src, what="source")
@@ -700,6 +710,7 @@ def convert_tensor(
         force=force,
         inputs=inputs,
         extension=extension,
+        replaced=replaced,
     )
     for message in result.warnings:
         log.warning(message)

@@ -13,10 +13,6 @@ from torchkit.core.evaluate.metrics import CONFUSED_SHOWN, ClassificationMetrics
 from torchkit.core.inference.masked_loss import DatasetLoss, dataset_loss, masked_true_class
 from torchkit.core.topk import DEFAULT_TOPK, reported_topk, topk_name
 
-# The rows `eval --format csv` adds below the classes (their `index` is empty): the overall
-# accuracy, top-k, loss and micro F1, then scikit-learn's classification-report averages.
-SUMMARY_ROWS = ("all", "macro avg", "weighted avg")
-
 
 @dataclass
 class Predictions:
@@ -215,8 +211,9 @@ class EvalResult:
         return records
 
     def per_class_rows(self, *, with_summary: bool = False) -> list[list]:
-        """per_class.csv's rows (confused classes as `name:count`); `with_summary` adds the
-        SUMMARY_ROWS, as `--format csv` prints them."""
+        """per_class.csv's rows (confused classes as `name:count`); `with_summary` adds the rows
+        `--format csv` prints below the classes (their `index` empty): `all` (accuracy, top-k,
+        loss, micro F1), then the classification-report averages `macro avg`, `weighted avg`."""
         columns = self.per_class_columns()
         rows = []
         for record in self.per_class_records():
