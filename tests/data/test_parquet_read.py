@@ -7,6 +7,7 @@ skip."""
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +175,25 @@ def test_whole_number_float_labels_are_class_indices(tmp_path):
     data = write_labelled_by_name(tmp_path / "d.parquet", [0.0, 2.0, 2.0])
     counts = {c["name"]: c["images"] for c in stats(data)["classes"]}
     assert counts == {"0": 1, "1": 0, "2": 2}
+
+
+def test_one_parquet_file_is_named_by_its_path_not_its_folder(world, tmp_path):
+    """`dataset-stats x.parquet` titled its report "Dataset ." (JSON `"source": "."`), refused
+    `--plot p.png` beside it as lying "inside the data folder .", and `eval -v` said
+    "evaluating 2 images of .": the data is the file."""
+    write_parquet(tmp_path / "x.parquet", [png(0), png(1)], [0, 1])
+    table = run_torchkit_in_process("dataset-stats", "x.parquet", "--plot", "p.png", cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].strip() == "Dataset x.parquet"
+    assert (tmp_path / "p.png").is_file()
+    found = run_torchkit_in_process("dataset-stats", "x.parquet", "--format", "json", cwd=tmp_path)
+    assert json.loads(found.stdout)["source"] == "x.parquet"
+    scored = run_torchkit_in_process(
+        "eval", world / "model.pt", "--data", "x.parquet", "-v", "-j", "0", "--device", "cpu",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    assert "evaluating 2 images of x.parquet with convnet" in scored.stderr
 
 
 def test_class_names_that_repeat_a_name_are_one_error_line(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -191,6 +192,23 @@ def test_outputs_may_not_be_nor_hold_the_shards_a_pattern_or_list_names(world, t
         assert result.returncode == 1, (command, result.stderr)
         assert " shard " in error_line(result.stderr), command
     assert tree_digest(shards) == before
+
+
+def test_one_shard_or_a_pattern_is_named_as_given_not_by_its_folder(world, tmp_path):
+    """`dataset-stats shard-000000.tar` titled its report with the shard's folder (JSON
+    `source`) and refused `--plot p.png` beside it as lying inside that data folder."""
+    shutil.copy(world / "shards" / "shard-000000.tar", tmp_path)
+    for spec in ("shard-000000.tar", "shard-{000000..000000}.tar"):
+        table = run_torchkit_in_process("dataset-stats", spec, "--plot", "p.png", cwd=tmp_path)
+        assert table.returncode == 0, table.stderr
+        assert table.stdout.splitlines()[0].strip() == f"Dataset {spec}"
+        (tmp_path / "p.png").unlink()
+    found = run_torchkit_in_process(
+        "dataset-stats", "shard-000000.tar", "-o", "s.json", cwd=tmp_path
+    )
+    assert found.returncode == 0, found.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["source"] == "shard-000000.tar"
+    assert stats(world / "shards")["images"] == 18  # a folder of shards: still the folder
 
 
 def tar_folder(folder: Path, archive: Path, *, wrapped: bool) -> Path:

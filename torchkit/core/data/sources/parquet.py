@@ -558,6 +558,9 @@ def _read(
         [f.stamp for f in files],
     )
     index_of = class_index(names)  # a label in another Unicode spelling is its class too
+    # One file is named by its path (as a CSV index is), not by its folder: `dataset-stats
+    # x.parquet` titled its report "Dataset ." and refused `--plot p.png` as lying inside it.
+    named = spec if kind == "parquet file" else root
     parts: dict[str, list[Samples]] = {}
     for index, file in enumerate(files):
         if id(file) in with_labels:
@@ -571,7 +574,7 @@ def _read(
             StoredImage(f"{file.path}{os.sep}{row}", reader, (index, group, in_group))
             for row, (group, in_group) in enumerate(file.locators)
         ]
-        samples = Samples(list(file_names), labels, paths=paths, source=root, ids=ids)
+        samples = Samples(list(file_names), labels, paths=paths, source=named, ids=ids)
         parts.setdefault(splits[index] if splits else "", []).append(samples)
     joined = {split: concatenate(members) for split, members in parts.items()}
     # Class indices are the data's own label order; string labels are sorted (`_names`).

@@ -525,7 +525,7 @@ def open_stored(
     `every_image`: a `.tar` of a folder is read as `source.open_data` reads one with it."""
     listed = _shard_list(spec)
     if listed is not None:
-        return _open_shards(spec, listed, classes, allow_unlabelled, by_split=False)
+        return _open_shards(spec, listed, classes, allow_unlabelled, by_split=False, named=spec)
     path = Path(spec)
     if path.is_dir():
         found = _folder_shards(path)
@@ -539,7 +539,7 @@ def open_stored(
         _NUMBERED_SHARD.match(path.name) and not _holds_an_image_folder(listing)
     ):
         return _open_shards(
-            spec, [spec], classes, allow_unlabelled, by_split=False, listed=[listing]
+            spec, [spec], classes, allow_unlabelled, by_split=False, listed=[listing], named=spec
         )
     return _open_folder_tar(spec, listing, classes, allow_unlabelled, every_image)
 
@@ -800,7 +800,10 @@ def _open_shards(
     *,
     by_split: bool,
     listed: list[TarListing] | None = None,
+    named: str | None = None,
 ) -> DataSource:
+    """The DataSource of `shards`; `named`: what the samples' source is called, where not
+    their folder (`shards_source`)."""
     names = [os.path.basename(shard) for shard in shards]
     by_split = split_by_name(spec, names) if by_split else False
     folders = {os.path.dirname(os.path.abspath(shard)) for shard in shards}
@@ -813,7 +816,9 @@ def _open_shards(
         readers[shown] = TarReader(shard, listing.stamp)
         found += _shard_samples(listing, shown, readers[shown])
     paths = [StoredImage(f"{s.shard}/{s.image}", readers[s.shard], s.locator) for s in found]
-    return shards_source(spec, root, found, paths, classes, allow_unlabelled, by_split=by_split)
+    return shards_source(
+        spec, root, found, paths, classes, allow_unlabelled, by_split=by_split, named=named
+    )
 
 
 def split_by_name(spec: str, names: Sequence[str]) -> bool:
@@ -839,10 +844,12 @@ def shards_source(
     allow_unlabelled: bool,
     *,
     by_split: bool,
+    named: str | None = None,
 ) -> DataSource:
     """The DataSource of the shards' samples `found` (shard order, then member order), read
     through `paths`; class names from `classes.txt`/`classes.json` in `root`, split by their
-    shards' names when `by_split` (`split_by_name`)."""
+    shards' names when `by_split` (`split_by_name`). The samples' source is `named` (one shard
+    or a pattern, as given: their folder would name more than the data), else `root`."""
     if not found:
         raise InputError(f"no samples in the shards {spec} names", _SHARDS_HINT)
     file_classes = _class_file(root)
@@ -860,7 +867,7 @@ def shards_source(
             class_names,
             labels,
             paths=[paths[i] for i in indices],
-            source=root,
+            source=named or root,
             ids=[ids[i] for i in indices],
         )
 
