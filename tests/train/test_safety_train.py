@@ -470,3 +470,78 @@ def test_tensorboard_scalars_on_a_full_disk_are_one_error_line(tmp_path, monkeyp
     assert line.startswith(f"Error: cannot write {run}/tensorboard: No space left on device")
     assert "Exception in thread" not in done.stderr
     assert hidden_siblings(run) == []
+
+
+# -- the -o summary on a full disk --------------------------------------------------------------
+
+
+def full_report(small_tmpfs) -> Path:
+    """An earlier summary on a file system with no byte free: the next one cannot be written."""
+    disk = small_tmpfs(64)
+    report = disk / "summary.json"
+    report.write_text('{"old": "summary"}\n')
+    fill_disk(disk)
+    return report
+
+
+def test_a_summary_the_full_disk_refuses_says_the_finished_run_is_kept_and_where(
+    tmp_path, small_tmpfs
+):
+    """train's exception to "a report the disk refuses costs nothing": a finished run is worth
+    more than its summary, so the new run (which replaced the old one at its first checkpoint)
+    stays, and the error line says so and where; the old summary is as it was."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    old_run(tmp_path / "run")
+    report = full_report(small_tmpfs)
+    args = [*TINY, *DATA, "--epochs", "1", "--out", "run", "--force", "-o", report]
+    done = run_torchkit_in_process("train", *args, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert error_line(done.stderr).startswith(
+        f"Error: cannot write {report}: No space left on device; the finished run is kept in run ("
+    )
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["epoch"] == 1  # the new
+    assert report.read_text() == '{"old": "summary"}\n'
+    assert sorted(os.listdir(report.parent)) == ["filler", "summary.json"]
+    assert hidden_siblings(tmp_path / "run") == []
+
+
+def test_kept_note_of_an_interrupted_run_says_how_to_continue_it():
+    """An interrupted run whose summary cannot be written: the note names last.pt's run and
+    the --resume that continues it (the line the summary's failure took the place of)."""
+    from types import SimpleNamespace
+
+    from torchkit.cli.train import _kept_run
+
+    stopped = SimpleNamespace(out_dir=Path("runs/r1"), interrupted=True)
+    assert _kept_run(stopped) == (
+        "the run is kept in runs/r1 (last.pt saved; continue with "
+        "`torchkit train --resume runs/r1`)"
+    )
+
+
+def test_a_range_test_summary_the_full_disk_refuses_leaves_the_earlier_run(tmp_path, small_tmpfs):
+    """`train --find-lr --out RUN --force -o REPORT` where REPORT's disk is full: the range
+    test's files had replaced the earlier run in RUN while the command failed. A range test is
+    no finished training: its report is written before its files replace RUN, so RUN and
+    REPORT are as they were; with room, the same command writes both."""
+    write_image_folder(tmp_path / "ds", {"a": 6, "b": 6})
+    run = old_run(tmp_path / "run")
+    before = tree_digest(run)
+    report = full_report(small_tmpfs)
+    args = [*TINY, *DATA, "--find-lr", "--find-lr-iters", "3", "--out", "run", "--force"]
+    done = run_torchkit_in_process("train", *args, "-o", report, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    line = error_line(done.stderr)
+    assert line.startswith(f"Error: cannot write {report}: No space left on device ("), line
+    assert tree_digest(run) == before
+    assert hidden_siblings(run) == []
+    assert report.read_text() == '{"old": "summary"}\n'
+    assert sorted(os.listdir(report.parent)) == ["filler", "summary.json"]
+
+    (report.parent / "filler").unlink()
+    done = run_torchkit_in_process("train", *args, "-o", report, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"Note: wrote {report}" in done.stderr
+    assert json.loads(report.read_text())["lr_find_iterations"] == 3
+    names = [".torchkit", "config.json", "lr_find.csv", "lr_find.png", "split.csv"]
+    assert sorted(os.listdir(run)) == names  # the range test's run, in place of the earlier

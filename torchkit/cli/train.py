@@ -8,6 +8,7 @@ in one loop. Only the parameters that are not training options are declared here
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import signal
 from collections.abc import Collection
@@ -18,7 +19,15 @@ import typer
 
 from torchkit.cli import console
 from torchkit.cli.options import FormatOption, OutputOption, StatsOption
-from torchkit.cli.render import OutputFormat, emit, fixed_format, report_file, resolve_format
+from torchkit.cli.render import (
+    OutputFormat,
+    ReportAtSwap,
+    Table,
+    emit,
+    fixed_format,
+    report_file,
+    resolve_format,
+)
 from torchkit.cli.spec_options import declared_parameters, field_value, option_parameters
 from torchkit.core.train.config import TRAIN_OPTIONS, TrainConfig
 from torchkit.core.train.option_specs import OUTPUTS_PANEL
@@ -112,8 +121,8 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
     """
     from torchkit.cli.app import runs_as_the_program
     from torchkit.cli.progress import TrainProgress
-    from torchkit.cli.train_tables import csv_row_table, lr_find_table, summary_table
-    from torchkit.core.io.outputs import InputPath, check_output_file
+    from torchkit.core.io.errors import TorchkitError
+    from torchkit.core.io.outputs import InputPath, check_output_file, tell_note
     from torchkit.core.runtime.launch import is_main_process
     from torchkit.core.train import run_training
     from torchkit.core.train.stop_signal import StopOnSignal
@@ -174,17 +183,32 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
 
         logging.getLogger("torchkit").setLevel(logging.ERROR)
     display = TrainProgress(enabled=is_main)
+    # A range test's -o file is written before its files replace an earlier run folder
+    # (ReportAtSwap): a report the disk refuses leaves that run as it was. A training run is
+    # kept from its first checkpoint on; its summary comes after, as below.
+    report = ReportAtSwap(
+        functools.partial(_rendered, fmt=fmt, find_lr=True),
+        fmt=fmt,
+        output=output,
+        force=force,
+        to_file=None if config.find_lr and is_main else False,
+    )
     # -o is checked (with the run folder, against every input) by run_training before any work.
-    with StopOnSignal(graceful_from_start=not is_main) as stop, display, from_file:
-        display.stop = stop
-        result = run_training(
-            config,
-            display,
-            overrides=given,
-            inputs=option_files,
-            output_file=output if is_main else None,
-            process_age=process_age() if runs_as_the_program() else None,
-        )
+    with report:
+        with StopOnSignal(graceful_from_start=not is_main) as stop, display, from_file:
+            display.stop = stop
+            result = run_training(
+                config,
+                display,
+                overrides=given,
+                inputs=option_files,
+                output_file=output if is_main else None,
+                process_age=process_age() if runs_as_the_program() else None,
+                before_keep=report.before_keep,
+            )
+        if config.find_lr and result.is_main:
+            report.after(result)  # stdout, once the progress display is gone
+            return
     # Under torchrun a rank may stop because another one was signalled: the run's signal.
     terminated = stop.terminated or (stop.signum is None and result.stop_signal == signal.SIGTERM)
     code = 143 if terminated else 130
@@ -201,14 +225,12 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
             markup=False,
         )
         raise typer.Exit(code)
-    data = result.to_dict()
-    if fmt == OutputFormat.csv:  # the JSON's plain values, never the table's display strings
-        table = csv_row_table(data)
-    else:
-        table = lr_find_table(result) if config.find_lr else summary_table(result)
-    emit(tables=[table], data=data, fmt=fmt, output=output, force=force)
-    if config.find_lr:
-        return
+    tables, data = _rendered(result, fmt=fmt, find_lr=False)
+    try:
+        emit(tables=tables, data=data, fmt=fmt, output=output, force=force)
+    except TorchkitError as error:  # a full disk: the run is not lost with its summary
+        tell_note(_kept_run(result), error)
+        raise
     if result.interrupted:
         console.stderr.print(
             f"{word}: saved {result.out_dir / 'last.pt'}; continue with "
@@ -217,6 +239,26 @@ def train_command(ctx: typer.Context, **values: Any) -> None:
             markup=False,
         )
         raise typer.Exit(code)
+
+
+def _rendered(result: Any, *, fmt: OutputFormat, find_lr: bool) -> tuple[list[Table], dict]:
+    """The summary's table and JSON data (--find-lr: the range test's)."""
+    from torchkit.cli.train_tables import csv_row_table, lr_find_table, summary_table
+
+    data = result.to_dict()
+    if fmt == OutputFormat.csv:  # the JSON's plain values, never the table's display strings
+        return [csv_row_table(data)], data
+    return [lr_find_table(result) if find_lr else summary_table(result)], data
+
+
+def _kept_run(result: Any) -> str:
+    """What the error line of a summary that could not be written adds: the run is kept."""
+    if result.interrupted:
+        return (
+            f"the run is kept in {result.out_dir} (last.pt saved; continue with "
+            f"`torchkit train --resume {result.out_dir}`)"
+        )
+    return f"the finished run is kept in {result.out_dir}"
 
 
 def _config_from(values: dict[str, Any], stats: Path | None) -> TrainConfig:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,10 +63,14 @@ class RunFolder:
     (every rank learns the outcome); the writing methods run on rank 0 only."""
 
     def __init__(
-        self, inputs: Iterable[InputPath] = (), output_file: str | os.PathLike | None = None
+        self,
+        inputs: Iterable[InputPath] = (),
+        output_file: str | os.PathLike | None = None,
+        before_keep: Callable[[Any], None] | None = None,
     ) -> None:
         self.extra_inputs: list[InputPath] = list(inputs)  # read by the caller (--stats)
         self.output_file = output_file  # the caller's -o FILE, checked with the folder
+        self.before_keep = before_keep  # writes -o FILE before the range test's files are kept
         self.path: Path | None = None
         self.in_place = False  # continues the resumed run in its own folder
         self.output: OutputFolder | None = None  # rank 0, from `open` to `release`
@@ -283,11 +287,17 @@ class RunFolder:
         else:
             write()
 
-    def write_lr_find(self, found: Any) -> None:
-        """lr_find.csv and lr_find.png of the range test: the run's only result."""
+    def write_lr_find(self, found: Any, result: Any) -> None:
+        """lr_find.csv and lr_find.png of the range test: the run's only result. The caller's
+        report of it (`before_keep(result)`) is written before they replace an earlier run
+        (--force): a report the disk refuses leaves that run as it was."""
         from torchkit.core.train.lr_find import write_lr_find
 
+        if self.output is not None:
+            self.output.wrote(self.path / "lr_find.png")  # drawn by the painter's process
         write_lr_find(self.path, found, painter=self.painter)
+        if self.before_keep is not None:
+            self.before_keep(result)  # raising: `release` puts the earlier run back
         if self.output is not None:
             self.output.keep()
 

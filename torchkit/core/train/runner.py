@@ -53,6 +53,7 @@ def run_training(
     inputs: Iterable[InputPath] = (),
     output_file: str | os.PathLike | None = None,
     process_age: float | None = None,
+    before_keep: Callable[[TrainResult], None] | None = None,
 ) -> TrainResult:
     """Train as `config` says. With `config.resume`, the saved run's options are used except
     those named in `overrides` (default: the options of `config` that differ from the defaults).
@@ -61,10 +62,13 @@ def run_training(
     be, contain or lie inside one. `output_file` is where the caller will write the summary
     (-o FILE): it is checked with the run folder, before any work. `process_age`: seconds the
     process had run before this call, where the process is this run's (`train -v`'s last line
-    then counts from the process's start).
+    then counts from the process's start). `before_keep(result)` (the caller's -o FILE) runs
+    once a range test (--find-lr) has written its files, before they replace an earlier run
+    folder: if it raises, that folder is put back. A training run is kept from its first
+    checkpoint on, long before its summary: its caller writes the summary after.
     """
     started = time.perf_counter()
-    folder = RunFolder(inputs, output_file)
+    folder = RunFolder(inputs, output_file, _timed(before_keep, started))
     try:
         plan = None
         if not config.resume and not distributed.joins_process_group():
@@ -81,6 +85,21 @@ def run_training(
     except BaseException as error:
         folder.release(ok=False, error=error)
         raise
+
+
+def _timed(
+    before_keep: Callable[[TrainResult], None] | None, started: float
+) -> Callable[[TrainResult], None] | None:
+    """`before_keep` given the result with its time so far: the report written before the
+    run ends counts up to that point."""
+    if before_keep is None:
+        return None
+
+    def report(result: TrainResult) -> None:
+        result.total_seconds = time.perf_counter() - started
+        before_keep(result)
+
+    return report
 
 
 def _run_with_torch(
@@ -420,11 +439,11 @@ def _find_lr(ctx: DistContext, state: TrainState, folder: RunFolder, result: Tra
         iterations=config.find_lr_iters,
         lr=config.lr,
     )
-    if ctx.is_main:
-        folder.write_lr_find(found)
     result.suggested_lr = found.suggested_lr
     result.lr_find_iterations = len(found.lrs)
     result.lr_find_diverged = found.diverged
+    if ctx.is_main:
+        folder.write_lr_find(found, result)  # the result first: its report precedes the keep
 
 
 def _announce(
