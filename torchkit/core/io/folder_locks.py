@@ -10,8 +10,10 @@ kept by `hold` until `held_until_the_command_ends` (entered around every command
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 
 def flock_path(path: str | os.PathLike, *, exclusive: bool) -> int | None:
@@ -46,6 +48,84 @@ def held_exclusively(path: str | os.PathLike) -> bool:
     if fd is not None:
         os.close(fd)
     return False
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """The process holding a flock that refused torchkit, as far as can be told: any process
+    may hold one (`flock FILE CMD` in a script, a backup tool), not only another torchkit run."""
+
+    pid: int | None
+    name: str | None  # its command name (`flock`), where known
+    torchkit: bool  # known to be torchkit: it wrote its PID in the lock file, or runs torchkit
+
+    def __str__(self) -> str:
+        if self.torchkit:
+            return "another torchkit process" + (f" (PID {self.pid})" if self.pid else "")
+        if self.pid is None:
+            return "another process (a torchkit run?)"
+        return f"another process (PID {self.pid}" + (f", {self.name})" if self.name else ")")
+
+
+def lock_holder(path: str | os.PathLike | int, recorded_pid: int | None = None) -> LockHolder:
+    """Who holds the flock on `path` (a path or a descriptor of it): the PID in Linux's
+    /proc/locks, taken for torchkit where it is `recorded_pid` (the PID a torchkit lock file
+    holds) or its command line runs torchkit. Without /proc/locks, `recorded_pid` alone."""
+    pid = flock_holder(path)
+    if pid is None:
+        return LockHolder(recorded_pid, None, torchkit=recorded_pid is not None)
+    torchkit = pid == recorded_pid or _runs_torchkit(pid)
+    return LockHolder(pid, _command_name(pid), torchkit=torchkit)
+
+
+def flock_holder(path: str | os.PathLike | int) -> int | None:
+    """The PID of a process holding a flock on `path` (a writer before readers) as Linux's
+    /proc/locks lists it (`1: FLOCK  ADVISORY  WRITE 4242 fe:00:2146553 0 EOF`: device major
+    and minor in hex, then the inode); None where it cannot be told (no /proc/locks, a holder
+    in another PID namespace, shown as 0 or -1). Read only once a lock has refused a command."""
+    try:
+        found = os.stat(path)
+        with open("/proc/locks", encoding="ascii", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    file_id = (os.major(found.st_dev), os.minor(found.st_dev), found.st_ino)
+    holders: list[tuple[bool, int]] = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":  # "N: -> FLOCK ...": a waiter, not a holder
+            continue
+        try:
+            pid = int(fields[4])
+            major, minor, inode = fields[5].split(":")
+            lock_id = (int(major, 16), int(minor, 16), int(inode))
+        except ValueError:
+            continue
+        if lock_id == file_id and pid > 0:
+            holders.append((fields[3] != "WRITE", pid))
+    return min(holders)[1] if holders else None
+
+
+def _command_name(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def _runs_torchkit(pid: int) -> bool:
+    """Whether process `pid` is this one or runs torchkit (`torchkit ...`, `python -m
+    torchkit ...`), from its command line."""
+    if pid == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            words = handle.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    named = any(os.path.basename(word) == "torchkit" for word in words[:2])
+    return named or ("-m", "torchkit") in itertools.pairwise(words)
 
 
 # The locks held until the end of each command running (nested where a command runs another

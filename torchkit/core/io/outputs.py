@@ -80,7 +80,8 @@ class OutputOverlapError(TorchkitError):
 
 
 class OutputLockedError(TorchkitError):
-    """Another torchkit process is writing the same output folder."""
+    """Another process holds the lock of an output: a torchkit run writing it, or any other
+    process holding a flock on it (`folder_locks.lock_holder` says which, where it can)."""
 
 
 class OutputFolderReplacedError(TorchkitError):
@@ -727,15 +728,32 @@ def _locked_file(path: Path, name: Path | None = None) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
     except BlockingIOError:
+        from torchkit.core.io.folder_locks import lock_holder
+
+        # Any process may hold a flock on the file (`flock report.json CMD`); a torchkit run
+        # replacing it holds it through its set-aside, a hard link beside it (or is that file).
+        holder = lock_holder(fd)
+        if name is not None or _held_as_set_aside(path, os.fstat(fd)):
+            holder = dataclasses.replace(holder, torchkit=True)
         os.close(fd)
+        doing = "is being replaced by" if holder.torchkit else "is locked by"
         raise OutputLockedError(
-            f"{name or path} is being replaced by another torchkit process",
-            "wait for it to finish, or choose another name",
+            f"{name or path} {doing} {holder}", "wait for it to finish, or choose another name"
         ) from None
     except OSError:  # no flock on this file system
         pass
     os.close(fd)
     return None
+
+
+def _held_as_set_aside(path: Path, info: os.stat_result) -> bool:
+    """Whether the file `path` (of stat `info`) has a set-aside of `ReplacedFiles` beside it
+    (`.NAME.<hex>.replaced`, a hard link of it): a torchkit run is replacing it."""
+    for aside in _leftovers(path, REPLACED_SUFFIX):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(os.lstat(aside), info):
+                return True
+    return False
 
 
 def remove_dead_replaced_files(target: Path) -> list[str]:
@@ -1196,11 +1214,19 @@ class FolderLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read_pid(fd)
+                from torchkit.core.io.folder_locks import lock_holder
+
+                # Any process may hold it (`flock .NAME.torchkit-lock CMD` in a script), not
+                # only a torchkit run, which writes its PID in the file.
+                holder = lock_holder(fd, _read_pid(fd))
                 os.close(fd)
+                if holder.torchkit:
+                    raise OutputLockedError(
+                        f"{what} {folder} is being written by {holder}",
+                        "wait for it to finish, or choose another folder",
+                    ) from None
                 raise OutputLockedError(
-                    f"{what} {folder} is being written by another torchkit process"
-                    + (f" (PID {holder})" if holder else ""),
+                    f"{what} {folder} is locked by {holder}, which holds {self.path}",
                     "wait for it to finish, or choose another folder",
                 ) from None
             # The holder before us may have removed the file after we opened it: only a lock

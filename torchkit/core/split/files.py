@@ -177,6 +177,13 @@ def _lock(path: str | os.PathLike, exclusive: bool, held: list[int], what: str) 
     try:
         fd = flock_path(path, exclusive=exclusive)
     except BlockingIOError:
+        from torchkit.core.io.folder_locks import lock_holder
+
+        holder = lock_holder(path)
+        if holder.pid is not None and not holder.torchkit:  # `flock DIR CMD` in a script
+            raise OutputLockedError(
+                f"{path} is locked by {holder}", "wait for it to finish"
+            ) from None
         if exclusive and not held_exclusively(path):
             raise OutputLockedError(
                 f"another torchkit command is reading {path}, or another torchkit split is "
