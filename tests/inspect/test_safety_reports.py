@@ -319,6 +319,37 @@ def test_a_report_the_full_disk_refuses_leaves_the_main_output_as_it_was(
     assert tree_digest(work) == before  # the earlier output as it was, not the rerun's
 
 
+# Commands whose -o report is their only output (a CSV of benchmark's rows, env's report).
+REPORT_ONLY = {
+    "summary": ["summary", "ck.pt"],
+    "benchmark": ["benchmark", "ck.pt", "-b", "1", "--device", "cpu", "--warmup", "1"]
+    + ["--iters", "1"],
+    "env": ["env"],
+}
+
+
+@pytest.mark.parametrize("case", list(REPORT_ONLY))
+def test_a_report_only_output_the_full_disk_refuses_leaves_the_old_report(
+    runner, work, monkeypatch, small_tmpfs, case
+):
+    """`--force -o REPORT` on a full disk for a command with no other output: the old report
+    is as it was (the new one is written aside and renamed over it), nothing is left beside
+    it, and nothing else changed."""
+    monkeypatch.chdir(work)
+    before = tree_digest(work)
+    disk = small_tmpfs(64)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    result = runner.invoke(app, [*REPORT_ONLY[case], "--force", "--format", "json", "-o", report])
+    assert result.exit_code == 1, result.stderr
+    line = error_line(result.stderr, besides="anything")
+    assert line.startswith(f"Error: cannot write {report}: No space left"), line
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "report.json"]
+    assert tree_digest(work) == before
+
+
 def test_summary_to_a_read_only_disk_is_refused_before_the_model_is_built(
     runner, work, monkeypatch, small_tmpfs
 ):

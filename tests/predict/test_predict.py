@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from checkpoints import add_ema_weights, ema_refusals
+from disks import fill_disk
 from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
@@ -347,6 +348,21 @@ def test_output_file_rules(runner, world, tmp_path):
     written = invoke(runner, world["ckpt"], world["flat"], "-o", out, "--force", "--format", "csv")
     assert written.exit_code == 0, written.stderr
     assert len(read_csv(out.read_text())) == 7
+
+
+def test_force_on_a_full_disk_leaves_the_earlier_predictions(runner, world, small_tmpfs):
+    """`-o FILE --force` is predict's only output: on a full disk the rows are written aside
+    and never renamed over the earlier file, which is as it was, with nothing beside it."""
+    disk = small_tmpfs(64)
+    out = disk / "predictions.csv"
+    out.write_text("path,class\nold.png,cat\n")
+    fill_disk(disk)
+    done = invoke(runner, world["ckpt"], world["flat"], "-o", out, "--force", "--format", "csv")
+    assert done.exit_code == 1, done.stderr
+    line = error_line(done.stderr)
+    assert line.startswith(f"Error: cannot write {out}: No space left on device"), line
+    assert out.read_text() == "path,class\nold.png,cat\n"
+    assert sorted(os.listdir(disk)) == ["filler", "predictions.csv"]
 
 
 def test_output_file_may_not_be_an_image_listed_on_stdin_nor_beside_one(runner, world, tmp_path):

@@ -169,6 +169,27 @@ def test_full_disk_is_an_error_not_sigbus_and_the_old_out_comes_back(world, smal
     assert sorted(os.listdir(disk)) == ["filler", "out"]
 
 
+def test_a_report_for_a_run_is_refused_before_the_old_out_is_touched(world, small_tmpfs):
+    """`extract-features ... OUT --force -o REPORT`: a run has no -o report (-o is the
+    --list-layers listing's), so a REPORT that a full disk would refuse can never cost OUT; the
+    usage error comes first, with OUT and REPORT as they were."""
+    disk = small_tmpfs(64)
+    out = disk / "out"
+    older_output(out, marker=True)
+    before = tree_digest(out)
+    report = disk / "report.json"
+    report.write_text('{"old": "report"}\n')
+    fill_disk(disk)
+    result = run_torchkit_in_process(*FEATURES, str(out), "--force", "-o", str(report), cwd=world)
+    assert result.returncode == 2, result.stderr
+    assert error_line(result.stderr, besides="nothing").startswith(
+        "Error: -o/--output applies to the --list-layers listing; a run writes its features to OUT"
+    )
+    assert tree_digest(out) == before
+    assert report.read_text() == '{"old": "report"}\n'
+    assert sorted(os.listdir(disk)) == ["filler", "out", "report.json"]
+
+
 def test_reserving_the_arrays_falls_back_or_fails_cleanly(tmp_path, monkeypatch):
     """Where posix_fallocate is not supported a new array is filled with zeros instead (its
     header untouched); a full disk while reserving is one OutputWriteError naming OUT."""
