@@ -174,3 +174,39 @@ def test_both_reports_agree_with_sklearn_from_predictions_csv(tmp_path, monkeypa
         )
         others = sorted((-cm[label, j], j) for j in labels if j != label and cm[label, j])
         assert row["confused_with"] == [{"class": classes[j], "count": -n} for n, j in others]
+
+
+def test_the_per_class_table_shows_the_classes_of_lowest_f1_and_says_how_to_see_all():
+    """1,000 ImageNet classes printed 1,000 rows: the table shows MOST_CLASS_ROWS, those of
+    lowest F1 (then most images, then label order), and says how many it leaves out and where
+    every class is; per_class.csv's rows (--format csv) and JSON keep all 1,000."""
+    from torchkit.cli.evaluate import MOST_CLASS_ROWS, per_class_table
+    from torchkit.cli.render import render_plain_tables
+
+    num_classes = 1000
+    rng = np.random.default_rng(0)
+    y_true = np.repeat(np.arange(num_classes), 2)
+    y_pred = np.where(rng.random(len(y_true)) < 0.6, y_true, rng.integers(0, 999, len(y_true)))
+    topk = np.stack([y_pred, (y_pred + 1) % num_classes], axis=1)
+    metrics = compute_metrics(y_true, y_pred, topk, num_classes, 2)
+    classes = [f"c{i}" for i in range(num_classes)]
+    predictions = Predictions(
+        y_true, y_true, topk, np.full((len(y_true), 2), 0.5, np.float32),
+        np.ones(len(y_true), np.float32), np.ones(len(y_true), bool),
+    )  # fmt: skip
+    samples = Samples(classes, y_true.tolist(), paths=[f"{i}.png" for i in range(len(y_true))])
+    result = EvalResult(classes, metrics, predictions, samples, 1.0, [], 1.0, {}, topk=2)
+
+    table = per_class_table(result)
+    worst = sorted(range(num_classes), key=lambda c: (metrics.f1[c], -metrics.support[c], c))
+    assert [row[1] for row in table.rows] == worst[:MOST_CLASS_ROWS]
+    assert [row[0] for row in table.rows] == [classes[c] for c in worst[:MOST_CLASS_ROWS]]
+    shown = render_plain_tables([table], width=120)
+    assert len(shown.splitlines()) < MOST_CLASS_ROWS + 12  # not a line per class
+    words = " ".join(shown.split())  # the title wraps
+    assert f"Per class, the {MOST_CLASS_ROWS} with the lowest F1" in words
+    assert (
+        f"{num_classes - MOST_CLASS_ROWS} of 1,000 classes not shown: --format csv or json, or "
+        "--out's per_class.csv, list them all" in words
+    )
+    assert len(result.per_class_rows()) == len(result.to_dict()["per_class"]) == num_classes

@@ -31,6 +31,9 @@ from torchkit.core.inference.options import InferenceOptions, PreprocessOverride
 # With more classes than this, the terminal's per-class table leaves out the classes that have
 # no images and were never predicted (per_class.csv and JSON always list every class).
 COMPACT_TABLE_ABOVE = 50
+# The most rows the per-class table shows: those of the lowest F1 where there are more (1,000
+# ImageNet classes printed 1,000 rows); CSV, JSON and --out's per_class.csv list every class.
+MOST_CLASS_ROWS = 50
 
 
 class TTA(str, Enum):
@@ -258,7 +261,16 @@ def per_class_table(result) -> Table:
             ]
         )
     title = "Per class (a precision or recall with nothing to divide by is 0)"
-    if len(rows) < len(result.classes):
+    if len(rows) > MOST_CLASS_ROWS:
+        # The classes worth a look first: lowest F1, then the most images, then label order.
+        rows = sorted(rows, key=lambda row: (row[5], -row[2], row[1]))[:MOST_CLASS_ROWS]
+        hidden = len(result.classes) - len(rows)
+        title = (
+            f"Per class, the {len(rows)} with the lowest F1 (a precision or recall with nothing "
+            f"to divide by is 0); {hidden:,} of {len(result.classes):,} classes not shown: "
+            "--format csv or json, or --out's per_class.csv, list them all"
+        )
+    elif len(rows) < len(result.classes):
         left_out = len(result.classes) - len(rows)
         title += f"; {left_out} classes without images or predictions not shown"
     return Table(
