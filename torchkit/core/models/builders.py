@@ -9,7 +9,7 @@ import difflib
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from torchkit.core.io.files import require_input
 from torchkit.core.models.convnet import convnet_class
 from torchkit.core.models.heads import fit_auxiliary_heads_to, replace_head
 from torchkit.core.models.hub_cache import (
+    http_status_error,
     hub_checkpoints_dir,
     refuse_damaged_cached_file,
     require_downloadable,
@@ -26,11 +27,16 @@ from torchkit.core.models.hub_cache import (
 )
 from torchkit.core.models.lazy import materialize_lazy_layers
 from torchkit.core.models.model_files import MODEL_FILE_SUFFIXES
-from torchkit.core.models.position_embeddings import patch_multiple_hint
+from torchkit.core.models.position_embeddings import (
+    patch_multiple_hint,
+    position_grids,
+    resampled_position_embeddings,
+)
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.timm_models import (
     TIMM_PREFIX,
     built_timm_model,
+    size_pair,
     timm_pretrained,
 )
 from torchkit.core.models.usercode import call_model_factory, is_callable_spec
@@ -152,28 +158,87 @@ def build_model(
 
 
 def model_from_checkpoint(
-    checkpoint: Mapping[str, Any], *, trust_checkpoint: bool = False, source: str = "the checkpoint"
+    checkpoint: Mapping[str, Any],
+    *,
+    trust_checkpoint: bool = False,
+    source: str = "the checkpoint",
+    image_size: int | tuple[int, int] | None = None,
+    note_resampling: bool = True,
 ):
     """Rebuild the model a torchkit checkpoint was trained with and load its weights. An `arch`
     that names code (`package.module:Callable`) is imported only with `trust_checkpoint`: a file
-    never chooses what runs without the user's say."""
+    never chooses what runs without the user's say.
+
+    `image_size` (N or (H, W)) other than the size the checkpoint records: a ViT is built for it
+    instead and its position embeddings resampled to its patch grid (a Note says so, unless
+    `note_resampling` is False: the EMA weights loaded next say it); a size its patches do not
+    divide is refused before it is built. Any other model is built for the recorded size."""
     from torchkit.core.models.checkpoint import extract_state_dict, load_weights_into
 
     arch, num_classes = checkpoint_arch(checkpoint, source)
     require_trusted_arch(arch, source, trust_checkpoint)
     preprocess = Preprocess.from_dict(checkpoint.get("preprocess"), source)
-    model = build_model(
-        arch,
-        num_classes,
-        image_size=preprocess.image_size,
-        in_channels=preprocess.in_channels,
-        trust_checkpoint=trust_checkpoint,
-        weights_follow=True,
-    )
+
+    def built_for(size: int | tuple[int, int]):
+        return build_model(
+            arch,
+            num_classes,
+            image_size=size,
+            in_channels=preprocess.in_channels,
+            trust_checkpoint=trust_checkpoint,
+            weights_follow=True,
+        )
+
+    model = built_for(preprocess.image_size)
     state = extract_state_dict(checkpoint)
+    wanted = size_pair(image_size)
+    recorded = (preprocess.image_size, preprocess.image_size)
+    if wanted is not None and wanted != recorded and any(position_grids(model)):
+        model = _vit_rebuilt_for(model, wanted, built_for, arch=arch, source=source)
+        state = resampled_position_embeddings(model, state, source=source, note=note_resampling)
     fit_auxiliary_heads_to(model, state)  # googlenet's: a run from its pretrained weights has none
     load_weights_into(model, state, source=f"the {arch} checkpoint")
     return model
+
+
+def _vit_rebuilt_for(
+    model: Any,
+    size: tuple[int, int],
+    built_for: Callable[[tuple[int, int]], Any],
+    *,
+    arch: str,
+    source: str,
+) -> Any:
+    """The checkpoint's ViT (`model`, built for the size it records) built again for `size`
+    images; refused before the build when its patches do not divide `size` (the model would
+    drop the pixels past the last whole patch), and after it when the builder did not take the
+    size (a `package.module:Callable` without an `image_size` parameter)."""
+    grids = list(position_grids(model))
+    trained = grids[0].image
+    shown = f"{size[0]}x{size[1]}"
+    if size[0] != size[1] and any(grid.square_only for grid in grids):
+        raise UsageError(
+            f"{source} holds a ViT trained on {trained[0]}x{trained[1]} images, which takes "
+            f"square images only, not {shown}",
+            "give an input size whose height and width are the same",
+        )
+    for grid in grids:
+        for side, patch in zip(size, grid.patch, strict=True):
+            if side % patch:
+                raise UsageError(
+                    f"{source} holds a ViT trained on {trained[0]}x{trained[1]} images, and "
+                    f"{shown} images do not divide into its {patch} px patches: its position "
+                    "embeddings cannot be resampled to them",
+                    patch_multiple_hint(side, patch),
+                )
+    rebuilt = built_for(size)
+    if [grid.image for grid in position_grids(rebuilt)] != [size] * len(grids):
+        raise UsageError(
+            f"{source} holds a ViT trained on {trained[0]}x{trained[1]} images, and {arch} "
+            f"builds none for {shown} images (it takes no image_size)",
+            f"drop --image-size to run it at {trained[0]}, or give {arch} an image_size parameter",
+        )
+    return rebuilt
 
 
 def _build_timm(
@@ -306,6 +371,9 @@ def torchvision_pretrained(name: str, weights: str):
             raise cache_error from error
         if isinstance(error, FileNotFoundError):
             raise
+        if isinstance(error, urllib.error.HTTPError):  # the server answered: online already
+            url = chosen.url if chosen is not None else error.url
+            raise http_status_error(error, url, f"the {weights} weights of {name}") from error
         raise OfflineError(
             f"cannot download the {weights} weights of {name}: {error}",
             f"connect to the internet once so they are cached in {hub_checkpoints_dir()}, "

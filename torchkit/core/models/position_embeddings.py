@@ -33,14 +33,16 @@ class PositionGrid:
     image: tuple[int, int]  # the image size the model is built for
     align_corners: bool
     antialias: bool
+    square_only: bool = False  # torchvision's: built for one side, its grid is square
 
 
 def resampled_position_embeddings(
-    model: Any, state: Mapping[str, Any], *, source: str
+    model: Any, state: Mapping[str, Any], *, source: str, note: bool = True
 ) -> Mapping[str, Any]:
     """`state` with each ViT position embedding of another patch grid than `model`'s
-    resampled to it (a note says from which grid to which); anything else is left to the
-    strict load that follows. An image size the patches do not divide is refused."""
+    resampled to it (a note says from which grid to which, unless `note` is False); anything
+    else is left to the strict load that follows. An image size the patches do not divide is
+    refused."""
     resampled: dict[str, Any] | None = None
     for layout in position_grids(model):
         theirs = state.get(layout.key)
@@ -51,6 +53,8 @@ def resampled_position_embeddings(
         if resampled is None:
             resampled = dict(state)
         resampled[layout.key] = resample(theirs, layout.grid, layout=layout, old_grid=old)
+        if not note:
+            continue
         log.warning(
             "%s: position embeddings resampled from %s to %s (the weights' patch grid to that "
             "of %s images in %s px patches)",
@@ -107,6 +111,7 @@ def position_grids(model: Any) -> Iterator[PositionGrid]:
                 image=(side, side),
                 align_corners=True,  # torchvision's interpolate_embeddings
                 antialias=False,
+                square_only=True,
             )
         elif timm_vit is not None and isinstance(module, timm_vit):
             embed = getattr(module, "patch_embed", None)

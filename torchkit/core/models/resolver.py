@@ -50,7 +50,10 @@ from torchkit.core.models.heads import (
     replace_head,
 )
 from torchkit.core.models.lazy import has_lazy_weights, materialize_lazy_layers
-from torchkit.core.models.position_embeddings import resampled_position_embeddings
+from torchkit.core.models.position_embeddings import (
+    position_grids,
+    resampled_position_embeddings,
+)
 from torchkit.core.models.random_init import built_for_loading
 from torchkit.core.models.specs import is_model_file
 from torchkit.core.models.timm_models import (
@@ -152,6 +155,7 @@ def resolve_model(
     require_trained: bool = False,
     ahead: ReadAhead | None = None,
     every_pickled_module: bool = False,
+    resize_checkpoint: bool = True,
 ) -> ResolvedModel:
     """Build or load the model `spec` names.
 
@@ -177,6 +181,10 @@ def resolve_model(
     (MODEL, or `weights`) as the caller already read it, not read again.
     `every_pickled_module`: a pickled dict's modules are kept by key in `pickled_modules`
     (convert-syncbn lists and converts each); else only the first is kept.
+    `resize_checkpoint`: a torchkit checkpoint as MODEL whose ViT was trained at another size
+    than `image_size` is rebuilt for it, its position embeddings resampled (a Note says so), as
+    for `NAME --weights FILE`; train passes False (its own check refuses the size, naming
+    `--model NAME --weights FILE`).
     """
     if exported not in EXPORTED_USES:
         raise ValueError(f"exported must be one of {EXPORTED_USES}, not {exported!r}")
@@ -217,6 +225,7 @@ def resolve_model(
                 command=command,
                 loaded=ahead.content_if_read(spec, trust_checkpoint) if ahead else None,
                 every_pickled_module=every_pickled_module,
+                image_size=image_size if resize_checkpoint else None,
             )
     else:
         # The head follows the weights when there are any; num_classes is applied below.
@@ -461,17 +470,30 @@ def _from_file(
     command: str | None = None,
     loaded: Any = None,
     every_pickled_module: bool = False,
+    image_size: int | Sequence[int] | None = None,
 ) -> ResolvedModel:
+    """A model file as MODEL: a torchkit checkpoint's model rebuilt (a ViT for `image_size`
+    when that is not the size it records), or a pickled module."""
     from torchkit.core.models.checkpoint import is_torchkit_checkpoint
 
     if loaded is None:  # else what was read of it ahead (train's defaults)
         loaded = read_model_file(path, trust_checkpoint=trust_checkpoint)
     if is_torchkit_checkpoint(loaded):
-        model = model_from_checkpoint(loaded, trust_checkpoint=trust_checkpoint, source=path)
+        model = model_from_checkpoint(
+            loaded,
+            trust_checkpoint=trust_checkpoint,
+            source=path,
+            image_size=image_size,
+            note_resampling=not ema,  # one note: that of the EMA weights, which are used
+        )
         if ema:
             _load_ema(model, loaded, path)
         preprocess = preprocess_as_trained(loaded, path, command=command)
         side = preprocess.image_size
+        sample = (preprocess.in_channels, side, side)
+        built = [grid.image for grid in position_grids(model)]
+        if built and built[0] != sample[1:]:  # a ViT rebuilt for image_size
+            sample = (preprocess.in_channels, *built[0])
         return ResolvedModel(
             model,
             str(loaded["arch"]),
@@ -479,7 +501,7 @@ def _from_file(
             classes=_checkpoint_classes(loaded, path),
             preprocess=preprocess,
             preprocess_source="checkpoint" if loaded.get("preprocess") else "defaults",
-            sample_shape=(preprocess.in_channels, side, side),
+            sample_shape=sample,
             checkpoint=loaded,
             weights_source="torchkit checkpoint",
         )

@@ -457,6 +457,8 @@ def _build_model(
         new_head=True,  # fine-tuning: the data's classes, whatever the weights had
         command="train",
         ahead=None if from_checkpoint else model_file,
+        # --model FILE continues the model it records: _check_image_sizes refuses another size
+        resize_checkpoint=False,
     )
     if model_file is not None:
         model_file.release()  # the run holds the model, not the file's copy of its weights
