@@ -463,7 +463,8 @@ def test_default_weights_offline_are_one_clear_error(hub_cache, runner):
     with pytest.raises(OfflineError) as caught:
         resolve_model("timm/test_resnet", weights="DEFAULT")
     assert caught.value.message.startswith("cannot download the pretrained weights of timm/")
-    assert "~/.cache/huggingface" in caught.value.hint and "--weights PATH" in caught.value.hint
+    # The cache in use (HF_HOME here), not "~/.cache/huggingface" whatever HF_HOME said.
+    assert f"cached in {hub_cache}," in caught.value.hint and "--weights PATH" in caught.value.hint
     result = runner.invoke(app, ["summary", "timm/test_resnet", "--weights", "DEFAULT"])
     assert result.exit_code == 1 and result.stdout == ""
     assert "cannot download" in error_line(result.stderr, besides="warnings")
@@ -536,6 +537,10 @@ def test_default_weights_offline_in_a_real_process(tmp_path, name):
         assert line.startswith(
             "Error: cannot download the pretrained weights of timm/test_resnet: they are not in "
             "the cache and the Hub cannot be reached ("
+        )
+        assert line.endswith(  # HF_HOME's cache, not ~/.cache/huggingface
+            f"(connect to the internet once so they are cached in {tmp_path / 'home/hf/hub'}, "
+            "or pass --weights PATH to a local file)"
         )
     else:
         cache = tmp_path / "home" / "torch" / "hub" / "checkpoints"

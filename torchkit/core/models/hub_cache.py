@@ -19,11 +19,20 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from torchkit.core.io.errors import CheckpointError, OfflineError, OutputWriteError
+from torchkit.core.io.errors import (
+    CheckpointError,
+    InputError,
+    OfflineError,
+    OutputWriteError,
+    TorchkitError,
+)
 
 # How long the one probe of the download server waits for an answer before taking it for
 # unreachable (a refused connection or an unknown host fail at once).
 PROBE_TIMEOUT_S = 5.0
+
+# HTTP statuses that say the server has no such file: going online would not help.
+NOT_THERE_STATUSES = (404, 410)
 
 
 def hub_checkpoints_dir() -> str:
@@ -40,9 +49,9 @@ def cached_weights_file(url: str) -> str:
 
 def require_downloadable(url: str, what: str) -> None:
     """Nothing when `url`'s file is in torch.hub's cache, or can be downloaded into it; else an
-    OutputWriteError (a cache that cannot be made or written) or an OfflineError (the server
-    gives no answer) that names `what` (`the DEFAULT weights of resnet18`), with nothing
-    printed and nothing written."""
+    OutputWriteError (a cache that cannot be made or written), an OfflineError (the server
+    gives no answer) or an InputError (it answers that it has no such file, 404) that names
+    `what` (`the DEFAULT weights of resnet18`), with nothing printed and nothing written."""
     cached = cached_weights_file(url)
     if os.path.isfile(cached):
         return
@@ -56,7 +65,10 @@ def require_downloadable(url: str, what: str) -> None:
         if cache_error is None:
             raise
         raise cache_error from error
-    reason = _unreachable(url)
+    try:
+        reason = _unreachable(url)
+    except urllib.error.HTTPError as error:  # no such file there
+        raise http_status_error(error, url, what) from error
     if reason is not None:
         raise OfflineError(
             f"cannot download {what}: {urllib.parse.urlparse(url).netloc} cannot be reached "
@@ -106,16 +118,37 @@ def weights_cache_error(error: BaseException) -> OutputWriteError | None:
     )
 
 
+def http_status_error(error: urllib.error.HTTPError, url: str, what: str) -> TorchkitError:
+    """The error line for a server that answered the download of `url` (`what`) with an HTTP
+    error status: it was reached, so "connect to the internet" would not help. A 404 (or 410)
+    says the file is not there; another status (403, 503...), that the server refused it."""
+    status = f"HTTP {error.code} {error.reason}".rstrip()
+    error.close()  # the error page's response, not read
+    cached = cached_weights_file(url)
+    if error.code in NOT_THERE_STATUSES:
+        return InputError(
+            f"cannot download {what}: the server has no file at {url} ({status})",
+            f"if you have the file, save it as {cached}; or pass --weights PATH to a local file",
+        )
+    return OfflineError(
+        f"cannot download {what}: the server refused {url} ({status})",
+        f"try again later, or save the file as {cached}; or pass --weights PATH to a local file",
+    )
+
+
 def _unreachable(url: str) -> str | None:
     """Why the server of `url` gives no answer (no network, unknown host, refused, timed out,
     a proxy that cannot connect), in a few words; None when it answers at all, an HTTP error
-    status included (the download then says what is wrong). One HEAD request through urllib,
-    as torch.hub downloads (the same proxies), without retries."""
+    status included (the download then says what is wrong), but for one that says there is
+    no such file (404, 410): that HTTPError is raised. One HEAD request through urllib, as
+    torch.hub downloads (the same proxies), without retries."""
     request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": "torchkit"})
     try:
         with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S):
             return None
-    except urllib.error.HTTPError:
+    except urllib.error.HTTPError as error:
+        if error.code in NOT_THERE_STATUSES:
+            raise
         return None
     except urllib.error.URLError as error:
         return str(error.reason)

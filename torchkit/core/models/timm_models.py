@@ -9,13 +9,17 @@ from __future__ import annotations
 import contextlib
 import difflib
 import math
+import os
 import sys
+import urllib.error
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torchkit.core.data.preprocessing import CROP_MODES, INTERPOLATIONS, Preprocess
-from torchkit.core.io.errors import OfflineError, UsageError, first_line
+from torchkit.core.io.errors import InputError, OfflineError, UsageError, first_line
 from torchkit.core.models.hub_cache import (
+    NOT_THERE_STATUSES,
+    http_status_error,
     hub_checkpoints_dir,
     refuse_damaged_cached_file,
     require_downloadable,
@@ -178,10 +182,25 @@ def timm_pretrained(
                 refuse_damaged_cached_file(url, f"the pretrained weights of {TIMM_PREFIX}{name}")
             raise
     except (OSError, ConnectionError, TimeoutError) as error:
-        cache = "~/.cache/huggingface" if url is None else hub_checkpoints_dir()
+        what = f"the pretrained weights of {TIMM_PREFIX}{name}"
+        if url is not None and isinstance(error, urllib.error.HTTPError):
+            raise http_status_error(error, url, what) from error  # the server answered
+        answer = _hub_answer(error)
+        if answer is not None:  # the Hub answered, with an error status: online already
+            status, address = answer
+            if status in NOT_THERE_STATUSES:
+                raise InputError(
+                    f"cannot download {what}: the Hub has no file at {address} (HTTP {status})",
+                    "pass --weights PATH to a local file",
+                ) from error
+            raise OfflineError(
+                f"cannot download {what}: the Hub refused {address} (HTTP {status})",
+                "try again later, or pass --weights PATH to a local file",
+            ) from error
+        # Where they would be cached: HF_HOME, HF_HUB_CACHE or XDG_CACHE_HOME move it.
+        cache = hf_hub_cache_dir() if url is None else hub_checkpoints_dir()
         raise OfflineError(
-            f"cannot download the pretrained weights of {TIMM_PREFIX}{name}: "
-            + _download_failure(error),
+            f"cannot download {what}: " + _download_failure(error),
             f"connect to the internet once so they are cached in {cache}, or "
             "pass --weights PATH to a local file",
         ) from error
@@ -347,6 +366,35 @@ def _hub_answers(endpoint: str) -> bool:
     except Exception:  # noqa: BLE001 - whatever the transport raises: no answer
         return False
     return True
+
+
+def hf_hub_cache_dir() -> str:
+    """The folder the Hugging Face Hub's client caches downloads in (`HF_HUB_CACHE`, else
+    `HF_HOME/hub`, else under `XDG_CACHE_HOME` or `~/.cache/huggingface`), as it reads them."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return os.path.join(os.path.expanduser("~"), ".cache", "huggingface", "hub")
+    return os.path.abspath(os.path.expanduser(constants.HF_HUB_CACHE))
+
+
+def _hub_answer(error: BaseException) -> tuple[int, str] | None:
+    """(HTTP status, URL) of the error answer the Hub gave behind `error` (huggingface_hub's
+    HfHubHTTPError, raised as it is or behind its LocalEntryNotFoundError, which it also raises
+    for a Hub it cannot reach); None where the Hub gave no answer."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        try:
+            response = getattr(cause, "response", None)
+        except Exception:  # noqa: BLE001 - httpx raises where an error has no response
+            response = None
+        status = getattr(response, "status_code", None)
+        if isinstance(status, int) and status >= 400:
+            return status, str(getattr(response, "url", "") or "") or "the Hub"
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def _download_failure(error: BaseException) -> str:
