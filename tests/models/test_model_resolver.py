@@ -1,13 +1,12 @@
 """One model resolver: the same MODEL [--weights W] means the same model in `summary`,
 `extract-features` and `convert-syncbn` (same parameter count, same logits for the same input),
 for every kind of spec; plus the user-visible cases of issue #16 (one error line, the JSON
-alone on stdout of a real process)."""
+alone on stdout)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -19,7 +18,7 @@ import torchvision
 from image_folders import write_image_folder
 from offline import offline_env, unreachable_proxy
 from PIL import Image
-from processes import run_torchkit_in_process, run_torchkit_process
+from processes import run_torchkit_in_process
 from safetensors.torch import save_file
 from torch import nn
 
@@ -133,7 +132,7 @@ SPECS = {
     "pickled_module+trust": ("full.pt", None, True, "net", (3, 32, 32)),
     "callable+state_dict": (f"{PKG}.nets:Net", "net_sd.pt", False, "net", (3, 32, 32)),
     "callable+pickled_weights+trust": (f"{PKG}.nets:Net", "full.pt", True, "net", (3, 32, 32)),
-    "resnet18+finetuned_2class": ("resnet18", "finetuned_2class.pt", False, "resnet", (3, 64, 64)),
+    "resnet18+finetuned_2class": ("resnet18", "finetuned_2class.pt", False, "resnet", (3, 32, 32)),
 }
 
 
@@ -303,29 +302,18 @@ def test_a_pickled_module_needs_trust_wherever_it_is_loaded(in_world, spec, weig
 
 
 # -- what the user sees: with the working directory off sys.path, as for the installed
-#    `torchkit` (`python -m` would make it importable by itself); a real subprocess where
-#    stdout is the subject -------------------------------------------------------------------
+#    `torchkit` (`python -m` would make it importable by itself); in this process, whose
+#    sys.stdout and sys.stderr the runner keeps apart as a real process's are ---------------
 
 
-def torchkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    script = Path(sys.executable).parent / "torchkit"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run(
-        [str(script), *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=120
-    )
-
-
-def test_summary_of_a_printing_callable_keeps_json_on_stdout(world):
-    result = torchkit(
-        "summary",
-        f"{PKG}.nets:Net",
-        "-i",
-        "3,8,8",
-        "--format",
-        "json",
-        "--no-flops",
+def test_summary_of_a_printing_callable_keeps_json_on_stdout(in_world):
+    # What the module and the callable print goes through sys.stdout, which the command points
+    # at stderr (console.results_only_on_stdout) in this process as in a real one.
+    world = in_world
+    result = run_torchkit_in_process(
+        "summary", f"{PKG}.nets:Net", "-i", "3,8,8", "--format", "json", "--no-flops",
         cwd=world["root"],
-    )
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)  # nothing but the JSON
     assert data["totals"]["total_params"] == n_params(world["net"])
@@ -783,12 +771,21 @@ def test_a_weights_cache_that_cannot_be_made_is_named_not_taken_for_offline(tmp_
 SQUEEZENET_URL = torchvision.models.SqueezeNet1_1_Weights.DEFAULT.url
 
 
-def test_default_weights_offline_are_one_error_line_and_no_download_started(tmp_path):
+def offline_here(monkeypatch: pytest.MonkeyPatch, proxy: str, home: Path) -> None:
+    """`offline_env` for this process: urllib's shared opener, which read the proxies of the
+    environment when it was made, is made again from these (as in a process starting now)."""
+    import urllib.request
+
+    for name, value in offline_env(proxy, home).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(urllib.request, "_opener", None)
+
+
+def test_default_weights_offline_are_one_error_line_and_no_download_started(tmp_path, monkeypatch):
     # torch.hub printed `Downloading: "https://..."` first: a download seemed to start.
     with unreachable_proxy() as proxy:
-        done = run_torchkit_process(
-            "summary", "squeezenet1_1", "--weights", "DEFAULT", env=offline_env(proxy, tmp_path)
-        )
+        offline_here(monkeypatch, proxy, tmp_path)
+        done = run_torchkit_in_process("summary", "squeezenet1_1", "--weights", "DEFAULT")
     assert done.returncode == 1 and done.stdout == ""
     cache = tmp_path / "torch" / "hub" / "checkpoints"
     assert done.stderr.splitlines() == [
@@ -807,8 +804,7 @@ def test_default_weights_in_torch_hubs_cache_are_read_with_no_network(tmp_path, 
     cache.mkdir(parents=True)
     torch.save(weights, cache / Path(SQUEEZENET_URL).name)
     with unreachable_proxy() as proxy:
-        for name, value in offline_env(proxy, tmp_path).items():
-            monkeypatch.setenv(name, value)
+        offline_here(monkeypatch, proxy, tmp_path)
         resolved = resolve_model("squeezenet1_1", weights="DEFAULT")
         args = ["squeezenet1_1", "--weights", "DEFAULT", "-i", "3,64,64", "--depth", "0"]
         done = run_torchkit_in_process("summary", *args, "--no-flops", "--format", "json")
