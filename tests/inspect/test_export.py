@@ -22,7 +22,7 @@ import torchvision
 from disks import FifoReader, fill_disk
 from image_folders import write_image_folder
 from output_checks import error_line
-from processes import run_torchkit_in_process, run_torchkit_process
+from processes import run_torchkit_in_process
 from torch import nn
 from typer.testing import CliRunner
 
@@ -685,12 +685,15 @@ def test_a_report_the_full_disk_refuses_leaves_the_old_out_and_report(
         assert out.read_bytes() == b"the old model"
 
 
-def test_an_operator_onnx_lacks_is_one_error_line_naming_it(world, tmp_path):
-    # A real process: the exporter's C++ graph dump goes to file descriptor 2, not sys.stderr.
+def test_an_operator_onnx_lacks_is_one_error_line_naming_it(world, tmp_path, capfd):
+    # The exporter's C++ graph dump goes to file descriptor 2, not sys.stderr: capfd holds
+    # descriptors 1 and 2 while the command runs in this process.
     out = tmp_path / "svd.onnx"
-    done = run_torchkit_process(
+    capfd.readouterr()
+    done = run_torchkit_in_process(
         "export", f"{PKG}.nets:Svd", str(out), "--image-size", "8", cwd=world["root"]
     )
+    assert capfd.readouterr() == ("", "")
     assert done.returncode == 1
     line = error_line(done.stderr, besides="nothing")
     assert "aten::linalg_svdvals" in line and "not supported" in line
