@@ -22,7 +22,7 @@ from image_folders import write_image_folder
 from offline import offline_env, unreachable_proxy
 from output_checks import error_line
 from PIL import Image
-from processes import run_torchkit_process
+from processes import run_torchkit_in_process, run_torchkit_process
 from safetensors.torch import save_file
 from torch import nn
 
@@ -516,14 +516,13 @@ GCVIT_URL = (  # weights timm downloads through torch.hub, not from the Hugging 
 )
 
 
-@pytest.mark.parametrize("name", ["test_resnet", "gcvit_xxtiny"])
-def test_default_weights_offline_in_a_real_process(tmp_path, name):
-    """One error line and nothing before it: gcvit's weights (torch.hub's cache) printed
-    torch.hub's `Downloading: "https://..."` first, and the hint named the Hub's cache."""
+def test_default_weights_offline_in_a_real_process(tmp_path):
+    """One error line and nothing before it, and the hint names the Hub's cache HF_HOME sets:
+    a real process, as huggingface_hub reads HF_HOME when it is imported."""
     with unreachable_proxy() as proxy:
         result = run_torchkit_process(
             "summary",
-            f"timm/{name}",
+            "timm/test_resnet",
             "--weights",
             "DEFAULT",
             "--format",
@@ -533,24 +532,40 @@ def test_default_weights_offline_in_a_real_process(tmp_path, name):
         )
     assert result.returncode == 1 and result.stdout == ""
     line = error_line(result.stderr, besides="nothing")
-    if name == "test_resnet":
-        assert line.startswith(
-            "Error: cannot download the pretrained weights of timm/test_resnet: they are not in "
-            "the cache and the Hub cannot be reached ("
+    assert line.startswith(
+        "Error: cannot download the pretrained weights of timm/test_resnet: they are not in "
+        "the cache and the Hub cannot be reached ("
+    )
+    assert line.endswith(  # HF_HOME's cache, not ~/.cache/huggingface
+        f"(connect to the internet once so they are cached in {tmp_path / 'home/hf/hub'}, "
+        "or pass --weights PATH to a local file)"
+    )
+
+
+def test_default_weights_torch_hub_downloads_offline_are_one_error_line(tmp_path, monkeypatch):
+    """gcvit's weights (torch.hub's cache) printed torch.hub's `Downloading: "https://..."`
+    before the error. In this process: torch.hub reads TORCH_HOME when it downloads, and
+    urllib's shared opener is made again from the proxies set here."""
+    import urllib.request
+
+    monkeypatch.chdir(tmp_path)
+    with unreachable_proxy() as proxy:
+        for name, value in offline_env(proxy, tmp_path / "home").items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(urllib.request, "_opener", None)
+        result = run_torchkit_in_process(
+            "summary", "timm/gcvit_xxtiny", "--weights", "DEFAULT", "--format", "json"
         )
-        assert line.endswith(  # HF_HOME's cache, not ~/.cache/huggingface
-            f"(connect to the internet once so they are cached in {tmp_path / 'home/hf/hub'}, "
-            "or pass --weights PATH to a local file)"
-        )
-    else:
-        cache = tmp_path / "home" / "torch" / "hub" / "checkpoints"
-        assert line == (
-            "Error: cannot download the pretrained weights of timm/gcvit_xxtiny: github.com "
-            "cannot be reached ([Errno 111] Connection refused) (connect to the internet once, "
-            f"or save {GCVIT_URL} in the weights cache {cache}; or pass --weights PATH to a "
-            "local file)"
-        )
-        assert timm.get_pretrained_cfg("gcvit_xxtiny").url == GCVIT_URL
+    assert result.returncode == 1 and result.stdout == ""
+    line = error_line(result.stderr, besides="nothing")
+    cache = tmp_path / "home" / "torch" / "hub" / "checkpoints"
+    assert line == (
+        "Error: cannot download the pretrained weights of timm/gcvit_xxtiny: github.com "
+        "cannot be reached ([Errno 111] Connection refused) (connect to the internet once, "
+        f"or save {GCVIT_URL} in the weights cache {cache}; or pass --weights PATH to a "
+        "local file)"
+    )
+    assert timm.get_pretrained_cfg("gcvit_xxtiny").url == GCVIT_URL
 
 
 def test_default_weights_come_from_the_cache_with_imagenet_classes(hub_cache, runner):
