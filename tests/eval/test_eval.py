@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gloo_ranks import forks_noted, watching_forks
+from gloo_ranks import forks_noted, run_ranks, stderr_of, watching_forks
 from output_checks import error_line
 from PIL import Image
 from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, top_k_accuracy_score
@@ -845,26 +843,26 @@ def test_confusion_matrix_png_is_readable_with_100_classes(tmp_path):
 
 
 def test_torchrun_two_processes_give_the_same_numbers(setup, report, tmp_path):
-    """2 Gloo processes over 41 images (21 + 20: nothing padded, nothing dropped). Each rank
-    forks its loader worker before the process group starts Gloo's threads (gloo_tcp_loop,
+    """2 Gloo processes over 41 images (21 + 20: nothing padded, nothing dropped), started as
+    torchrun starts them (gloo_ranks: its variables, without its agent, whose own start cost
+    seconds; eval reads the agent's variable only when a rank fails). Each rank forks its
+    loader worker before the process group starts Gloo's threads (gloo_tcp_loop,
     pt_gloo_runloop; rank 0's TCPStore server): a process forked beside a thread may deadlock
     in the child on a lock that thread held (predict's: test_predict.py's torchrun test)."""
     out = tmp_path / "ddp"
     watch = tmp_path / "watch"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-        "--standalone", "-m", "torchkit", "eval", str(setup["ckpt"]),
-        "--data", str(setup["data"]), "--out", str(out), "--format", "json", "--topk", "3",
-        "--workers", "1", "--batch-size", "7", "--device", "cpu",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NO_COLOR": "1", **watching_forks(watch)}
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    ranks = run_ranks(
+        "eval", setup["ckpt"], "--data", setup["data"], "--out", out, "--format", "json",
+        "--topk", "3", "--workers", "1", "--batch-size", "7", "--device", "cpu",
+        env=watching_forks(watch), timeout=300,
+    )  # fmt: skip
+    assert [done.returncode for done in ranks] == [0, 0], stderr_of(ranks)[-3000:]
     for rank in (0, 1):  # its one worker, forked with the main thread alone (Linux: /proc)
         forks = forks_noted(watch, rank)
         assert len(forks) == (1 if os.path.isdir("/proc/self/task") else 0), (rank, forks)
         assert all(len(threads) == 1 for threads in forks), (rank, forks)
-    ddp = json.loads(proc.stdout)  # printed once, by rank 0 only
+    assert ranks[1].stdout == ""  # printed once, by rank 0 only
+    ddp = json.loads(ranks[0].stdout)
     single = report["json"]
     assert ddp["world_size"] == 2 and single["world_size"] == 1
     for key in ("num_images", "accuracy", "topk_accuracy", "f1_macro", "f1_weighted"):

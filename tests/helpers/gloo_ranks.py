@@ -7,7 +7,7 @@ rank's own exit code and output are seen, a signal reaches one rank only, and a 
 hangs fails the test instead of being killed by the agent. It also spares each launch the
 agent's own start (a Python importing torch and the elastic machinery: about 6 s of a
 2-core machine's time). The tests of torchrun's own part (its rendezvous, several nodes)
-launch it for real: test_train_ddp.py, test_eval.py."""
+launch it for real: test_train_ddp.py."""
 
 from __future__ import annotations
 
