@@ -33,6 +33,33 @@ def split_root(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def curves_not_rasterised(request, monkeypatch):
+    """curves.png is laid out from each run's history by torchkit's own `curves_figure`, but
+    not rasterised: matplotlib's Agg took 0.15-0.2 s of a tiny run's 0.3 s, in every run here.
+    The file is a 1x1 PNG written as the real one is (atomically, where the run writes it).
+    The drawn image is checked by the tests that request `real_curves` (the digits run here),
+    test_curves_painter.py and test_train_core.py."""
+    if "real_curves" in request.fixturenames:
+        return
+    from PIL import Image
+
+    from torchkit.core.io.files import atomic_path
+    from torchkit.core.train import outputs, run_folder
+
+    def laid_out_only(path: Path, history: list[dict], best_epoch: int | None = None) -> None:
+        outputs.curves_figure(history, best_epoch)
+        with atomic_path(path) as tmp:
+            Image.new("RGB", (1, 1)).save(tmp, format="PNG")
+
+    monkeypatch.setattr(run_folder, "write_curves_png", laid_out_only)
+
+
+@pytest.fixture
+def real_curves() -> None:
+    """curves.png drawn as torchkit draws it (see `curves_not_rasterised`)."""
+
+
 def train(runner, *args: str):
     return runner.invoke(app, ["train", *args])
 
@@ -49,7 +76,9 @@ def error_line(result) -> str:
     return lines[0]
 
 
-def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(runner, tmp_path):
+def test_digits_by_default_writes_the_run_and_reports_best_pt_test_accuracy(
+    runner, tmp_path, real_curves
+):
     out = tmp_path / "run"
     # On the CPU, as the hand-written check below and eval's exact agreement compute.
     args = ["--epochs", "1", "--out", str(out), "--format", "json", "--device", "cpu"]
