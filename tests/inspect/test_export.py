@@ -198,10 +198,10 @@ MODELS = {
         "--weights",
         str(root / "resnet18_4.pt"),
         "--image-size",
-        "32",
+        "16",  # layer4 sees 1x1: the same graph, a third less work than 32x32
     ],
 }
-SAMPLE = {"convnet": (3, 28, 28), "resnet18": (3, 32, 32)}
+SAMPLE = {"convnet": (3, 28, 28), "resnet18": (3, 16, 16)}
 
 
 def export(runner, *args: str):
@@ -297,8 +297,8 @@ def test_round_trip_in_the_formats_own_runtime_at_batch_1_and_3(runner, world, t
         assert stored["preprocess"] == PREPROCESS.to_dict()
     else:  # a state dict has no class names; --image-size keeps torchvision's crop ratio
         assert stored["classes"] is None
-        assert stored["preprocess"]["image_size"] == 32
-        assert stored["preprocess"]["resize_size"] == round(32 * 256 / 224)
+        assert stored["preprocess"]["image_size"] == 16
+        assert stored["preprocess"]["resize_size"] == round(16 * 256 / 224)  # 18
 
     loaded = load_exported(out)  # what `predict` will use
     assert loaded.format == fmt and loaded.arch == name
