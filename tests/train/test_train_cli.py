@@ -15,6 +15,7 @@ import torch
 from checkpoints import read_checkpoint
 from gloo_ranks import BAD_LAUNCHES, set_launch_env
 from image_folders import write_image_folder
+from run_curves import lay_out_curves_only
 
 from torchkit.cli import app
 from torchkit.core.models.checkpoint import CHECKPOINT_KEYS
@@ -35,24 +36,10 @@ def split_root(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def curves_not_rasterised(request, monkeypatch):
-    """curves.png is laid out from each run's history by torchkit's own `curves_figure`, but
-    not rasterised: matplotlib's Agg took 0.15-0.2 s of a tiny run's 0.3 s, in every run here.
-    The file is a 1x1 PNG written as the real one is (atomically, where the run writes it).
-    The drawn image is checked by the tests that request `real_curves` (the digits run here),
-    test_curves_painter.py and test_train_core.py."""
-    if "real_curves" in request.fixturenames:
-        return
-    from PIL import Image
-
-    from torchkit.core.io.files import atomic_path
-    from torchkit.core.train import outputs, run_folder
-
-    def laid_out_only(path: Path, history: list[dict], best_epoch: int | None = None) -> None:
-        outputs.curves_figure(history, best_epoch)
-        with atomic_path(path) as tmp:
-            Image.new("RGB", (1, 1)).save(tmp, format="PNG")
-
-    monkeypatch.setattr(run_folder, "write_curves_png", laid_out_only)
+    """curves.png laid out, not rasterised (run_curves.py), except for tests that request
+    `real_curves`."""
+    if "real_curves" not in request.fixturenames:
+        lay_out_curves_only(monkeypatch)
 
 
 @pytest.fixture
